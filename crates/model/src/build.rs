@@ -1,0 +1,150 @@
+//! Building the node-local [`ServicePort`]s of one Service from its converted objects.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use crate::categorize::{EndpointCandidate, categorize_endpoints, sort_endpoints};
+use crate::convert::{PortInfo, ServiceInfo, SliceInfo};
+use crate::key::{Family, PortKey};
+use crate::node::NodeState;
+use crate::service_port::{Endpoint, ServicePort};
+
+/// Collects the endpoints of one Service port (matched by name and protocol) of one family,
+/// de-duplicated by `IP:port` (a local copy wins, as upstream) and sorted by `IP:port`.
+fn candidates<'a>(
+    port: &PortInfo,
+    family: Family,
+    slices: impl Iterator<Item = &'a SliceInfo>,
+    node_name: &str,
+) -> Vec<EndpointCandidate> {
+    let mut by_addr: BTreeMap<String, EndpointCandidate> = BTreeMap::new();
+    for slice in slices {
+        for slice_port in slice
+            .ports
+            .iter()
+            .filter(|p| p.name == port.name && p.protocol == port.protocol)
+        {
+            for ep in slice
+                .endpoints
+                .iter()
+                .filter(|e| Family::of(&e.ip) == family)
+            {
+                let is_local = !node_name.is_empty() && ep.node_name.as_deref() == Some(node_name);
+                let candidate = EndpointCandidate {
+                    endpoint: Endpoint {
+                        ip: ep.ip,
+                        port: slice_port.port,
+                        is_local,
+                        ready: ep.ready,
+                        serving: ep.serving,
+                        terminating: ep.terminating,
+                    },
+                    zone_hints: ep.zone_hints.clone(),
+                    node_hints: ep.node_hints.clone(),
+                };
+                let key = candidate.endpoint.addr().to_string();
+                if is_local || !by_addr.contains_key(&key) {
+                    by_addr.insert(key, candidate);
+                }
+            }
+        }
+    }
+    // BTreeMap over the "IP:port" string is already upstream's sort order.
+    by_addr.into_values().collect()
+}
+
+fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = ips
+        .iter()
+        .copied()
+        .filter(|ip| Family::of(ip) == family)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Computes every [`ServicePort`] (per port, per family) of one Service.
+pub(crate) fn service_ports(
+    svc: &ServiceInfo,
+    slices: &HashMap<String, SliceInfo>,
+    node: &NodeState,
+) -> Vec<ServicePort> {
+    let mut slice_names: Vec<&String> = slices.keys().collect();
+    slice_names.sort();
+    let mut out = Vec::new();
+    for cluster_ip in &svc.cluster_ips {
+        let family = Family::of(cluster_ip);
+        for port in &svc.ports {
+            let mut sp = ServicePort {
+                key: PortKey {
+                    service: svc.key.clone(),
+                    port_name: port.name.clone(),
+                    protocol: port.protocol,
+                    family,
+                },
+                cluster_ip: *cluster_ip,
+                port: port.port,
+                node_port: port.node_port,
+                external_ips: of_family(&svc.external_ips, family),
+                load_balancer_ips: of_family(&svc.load_balancer_ips, family),
+                source_ranges: {
+                    let mut r: Vec<_> = svc
+                        .source_ranges
+                        .iter()
+                        .copied()
+                        .filter(|n| Family::of(&n.addr()) == family)
+                        .collect();
+                    r.sort();
+                    r.dedup();
+                    r
+                },
+                session_affinity: svc.session_affinity,
+                external_policy_local: svc.external_policy_local,
+                internal_policy_local: svc.internal_policy_local,
+                health_check_node_port: svc.health_check_node_port,
+                cluster_endpoints: Vec::new(),
+                local_endpoints: Vec::new(),
+                has_any_endpoints: false,
+                local_ready_endpoints: 0,
+                serving_endpoint_ips: Vec::new(),
+            };
+            let cands = candidates(
+                port,
+                family,
+                slice_names.iter().filter_map(|n| slices.get(*n)),
+                &node.name,
+            );
+            let cat = categorize_endpoints(
+                &cands,
+                sp.uses_cluster_endpoints(),
+                sp.uses_local_endpoints(),
+                &node.name,
+                node.zone.as_deref(),
+            );
+            sp.cluster_endpoints = cat.cluster;
+            sp.local_endpoints = cat.local;
+            sort_endpoints(&mut sp.cluster_endpoints);
+            sort_endpoints(&mut sp.local_endpoints);
+            sp.has_any_endpoints = cat.has_any;
+            let mut local_ready: Vec<IpAddr> = cands
+                .iter()
+                .filter(|c| c.endpoint.is_local && c.endpoint.ready)
+                .map(|c| c.endpoint.ip)
+                .collect();
+            local_ready.sort();
+            local_ready.dedup();
+            sp.local_ready_endpoints = u32::try_from(local_ready.len()).unwrap_or(u32::MAX);
+            let mut serving: Vec<IpAddr> = cands
+                .iter()
+                .filter(|c| c.endpoint.serving)
+                .map(|c| c.endpoint.ip)
+                .collect();
+            serving.sort();
+            serving.dedup();
+            sp.serving_endpoint_ips = serving;
+            out.push(sp);
+        }
+    }
+    out
+}

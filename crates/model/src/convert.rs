@@ -1,0 +1,587 @@
+//! Kubernetes objects → small, Kubernetes-free records.
+//!
+//! Two kinds of problems are distinguished, as kube-proxy does:
+//! - a [`ConversionError`] makes the whole object unusable (no name, a port out of range, an
+//!   unknown protocol). The model then keeps the object's previous good version, so a broken
+//!   update never tears down working rules.
+//! - a [`Warning`] drops one bad value (an unparseable external IP, source range or endpoint
+//!   address) and keeps the rest, exactly as upstream ignores such values with a log line.
+//!
+//! Both name the object and the field, so an operator can find the problem in one look.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::event::{Kind, ObjectRef};
+use crate::ip::{parse_cidr_sloppy, parse_ip_sloppy};
+use crate::key::{Protocol, ServiceKey};
+use crate::service_port::SessionAffinity;
+
+/// Label naming the proxy that owns a Service; others must ignore it.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label marking a Service headless for proxies.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label tying an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Node label holding the node's zone, used for zone hints.
+pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+/// Taint the cluster autoscaler puts on nodes it is about to delete.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+/// Session affinity timeout when the Service does not set one (3 hours, the API default).
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
+
+/// An object that cannot be used at all; the model keeps its previous version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{object}: field {field}: {message}")]
+pub struct ConversionError {
+    /// The object at fault.
+    pub object: ObjectRef,
+    /// The field path at fault (`spec.ports[0].port`).
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// A value that was ignored; the rest of the object is used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// The object holding the value.
+    pub object: ObjectRef,
+    /// The field path of the value.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: field {}: {} (ignored)",
+            self.object, self.field, self.message
+        )
+    }
+}
+
+/// Collects problems found while converting one object.
+struct Checker<'a> {
+    object: &'a ObjectRef,
+    warnings: &'a mut Vec<Warning>,
+}
+
+impl Checker<'_> {
+    fn error(&self, field: impl Into<String>, message: impl Into<String>) -> ConversionError {
+        ConversionError {
+            object: self.object.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn warn(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.warnings.push(Warning {
+            object: self.object.clone(),
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn port(&self, field: String, value: i32) -> Result<u16, ConversionError> {
+        match u16::try_from(value) {
+            Ok(p) if p > 0 => Ok(p),
+            _ => Err(self.error(field, format!("port {value} is not in 1-65535"))),
+        }
+    }
+
+    /// A port where 0 means "none".
+    fn optional_port(
+        &self,
+        field: String,
+        value: Option<i32>,
+    ) -> Result<Option<u16>, ConversionError> {
+        match value {
+            None | Some(0) => Ok(None),
+            Some(v) => self.port(field, v).map(Some),
+        }
+    }
+
+    fn protocol(&self, field: String, value: Option<&str>) -> Result<Protocol, ConversionError> {
+        match value {
+            None => Ok(Protocol::Tcp),
+            Some(p) => Protocol::parse(p).ok_or_else(|| {
+                self.error(
+                    field,
+                    format!("unknown protocol {p:?} (want TCP, UDP or SCTP)"),
+                )
+            }),
+        }
+    }
+
+    fn ips(&mut self, field: &str, values: &[String]) -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            match parse_ip_sloppy(v) {
+                Some(ip) => out.push(ip),
+                None => self.warn(
+                    format!("{field}[{i}]"),
+                    format!("{v:?} is not an IP address"),
+                ),
+            }
+        }
+        out
+    }
+}
+
+fn object_ref(kind: Kind, meta: &ObjectMeta) -> ObjectRef {
+    ObjectRef {
+        kind,
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
+fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), ConversionError> {
+    let err = |field: &str| ConversionError {
+        object: object.clone(),
+        field: field.to_string(),
+        message: "must be set".to_string(),
+    };
+    if object.name.is_empty() {
+        return Err(err("metadata.name"));
+    }
+    if namespaced && object.namespace.is_empty() {
+        return Err(err("metadata.namespace"));
+    }
+    Ok(())
+}
+
+/// Why a Service gets no rules at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// `clusterIP` is empty or `None`.
+    Headless,
+    /// `type: ExternalName`.
+    ExternalName,
+}
+
+/// One entry of `spec.ports`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// The port's name; endpoints match by name and protocol.
+    pub name: String,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The Service port number.
+    pub port: u16,
+    /// The node port, if allocated.
+    pub node_port: Option<u16>,
+}
+
+/// A Service reduced to what proxying needs (all families together).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// Namespace and name.
+    pub key: ServiceKey,
+    /// Set when the Service gets no rules (headless, ExternalName).
+    pub ignored: Option<Ignored>,
+    /// The `service.kubernetes.io/service-proxy-name` label, if any.
+    pub proxy_name_label: Option<String>,
+    /// Whether the `service.kubernetes.io/headless` label is present.
+    pub headless_label: bool,
+    /// `spec.clusterIPs` (or `spec.clusterIP`), at most one per family.
+    pub cluster_ips: Vec<IpAddr>,
+    /// `spec.ports`.
+    pub ports: Vec<PortInfo>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<IpAddr>,
+    /// Load-balancer ingress IPs with `ipMode` unset or `VIP`.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`, canonical.
+    pub source_ranges: Vec<IpNet>,
+    /// ClientIP affinity.
+    pub session_affinity: Option<SessionAffinity>,
+    /// externalTrafficPolicy Local on a NodePort or LoadBalancer Service.
+    pub external_policy_local: bool,
+    /// internalTrafficPolicy Local.
+    pub internal_policy_local: bool,
+    /// `spec.healthCheckNodePort`, only when the Service needs a health check.
+    pub health_check_node_port: Option<u16>,
+}
+
+/// Converts a Service. Errors make the whole Service unusable; warnings drop single values.
+pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo, ConversionError> {
+    let object = object_ref(Kind::Service, &svc.metadata);
+    require_identity(&object, true)?;
+    let mut c = Checker {
+        object: &object,
+        warnings,
+    };
+    let labels = svc.metadata.labels.as_ref();
+    let proxy_name_label = labels
+        .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
+        .cloned();
+    let headless_label = labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS));
+    let key = ServiceKey::new(object.namespace.clone(), object.name.clone());
+    let empty_spec = Default::default();
+    let spec = svc.spec.as_ref().unwrap_or(&empty_spec);
+    let type_ = spec.type_.as_deref().unwrap_or("ClusterIP");
+
+    let mut info = ServiceInfo {
+        key,
+        ignored: None,
+        proxy_name_label,
+        headless_label,
+        cluster_ips: Vec::new(),
+        ports: Vec::new(),
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        source_ranges: Vec::new(),
+        session_affinity: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    };
+    if type_ == "ExternalName" {
+        info.ignored = Some(Ignored::ExternalName);
+        return Ok(info);
+    }
+    if !matches!(type_, "ClusterIP" | "NodePort" | "LoadBalancer") {
+        return Err(c.error("spec.type", format!("unknown Service type {type_:?}")));
+    }
+    let cluster_ip = spec.cluster_ip.as_deref().unwrap_or("");
+    if cluster_ip.is_empty() || cluster_ip == "None" {
+        info.ignored = Some(Ignored::Headless);
+        return Ok(info);
+    }
+
+    // clusterIPs[0] always equals clusterIP; fall back to clusterIP alone for old objects.
+    let raw_ips: Vec<String> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips.clone(),
+        _ => vec![cluster_ip.to_string()],
+    };
+    for (i, raw) in raw_ips.iter().enumerate() {
+        let field = if spec.cluster_ips.is_some() {
+            format!("spec.clusterIPs[{i}]")
+        } else {
+            "spec.clusterIP".into()
+        };
+        let ip = parse_ip_sloppy(raw)
+            .ok_or_else(|| c.error(field.clone(), format!("{raw:?} is not an IP address")))?;
+        if info
+            .cluster_ips
+            .iter()
+            .any(|have| have.is_ipv4() == ip.is_ipv4())
+        {
+            return Err(c.error(field, "two cluster IPs of the same family"));
+        }
+        info.cluster_ips.push(ip);
+    }
+
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let port = c.port(format!("spec.ports[{i}].port"), p.port)?;
+        let protocol = c.protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
+        let node_port = c.optional_port(format!("spec.ports[{i}].nodePort"), p.node_port)?;
+        let name = p.name.clone().unwrap_or_default();
+        if info
+            .ports
+            .iter()
+            .any(|q| q.name == name && q.protocol == protocol)
+        {
+            return Err(c.error(
+                format!("spec.ports[{i}].name"),
+                format!("duplicate port {name:?}/{protocol}"),
+            ));
+        }
+        info.ports.push(PortInfo {
+            name,
+            protocol,
+            port,
+            node_port,
+        });
+    }
+
+    info.external_ips = c.ips(
+        "spec.externalIPs",
+        spec.external_ips.as_deref().unwrap_or_default(),
+    );
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        let Some(raw) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        // ipMode Proxy: the load balancer delivers to the node itself, so no VIP rules.
+        if ing.ip_mode.as_deref().is_some_and(|m| m != "VIP") {
+            continue;
+        }
+        match parse_ip_sloppy(raw) {
+            Some(ip) => info.load_balancer_ips.push(ip),
+            None => c.warn(
+                format!("status.loadBalancer.ingress[{i}].ip"),
+                format!("{raw:?} is not an IP address"),
+            ),
+        }
+    }
+    for (i, raw) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        match parse_cidr_sloppy(raw) {
+            Some(net) => info.source_ranges.push(net),
+            None => c.warn(
+                format!("spec.loadBalancerSourceRanges[{i}]"),
+                format!("{raw:?} is not a CIDR"),
+            ),
+        }
+    }
+
+    if spec.session_affinity.as_deref() == Some("ClientIP") {
+        let configured = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds);
+        let timeout_seconds = match configured {
+            None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+            Some(t) if (1..=86_400).contains(&t) => t as u32,
+            Some(t) => {
+                return Err(c.error(
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                    format!("{t} is not in 1-86400"),
+                ));
+            }
+        };
+        info.session_affinity = Some(SessionAffinity { timeout_seconds });
+    }
+
+    let external_type = matches!(type_, "NodePort" | "LoadBalancer");
+    info.external_policy_local =
+        external_type && spec.external_traffic_policy.as_deref() == Some("Local");
+    info.internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    if type_ == "LoadBalancer" && info.external_policy_local {
+        info.health_check_node_port = c.optional_port(
+            "spec.healthCheckNodePort".to_string(),
+            spec.health_check_node_port,
+        )?;
+    }
+    Ok(info)
+}
+
+/// One port of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlicePort {
+    /// The port name (matches a Service port name).
+    pub name: String,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The endpoint port number (the DNAT target).
+    pub port: u16,
+}
+
+/// One endpoint of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    /// `addresses[0]`.
+    pub ip: IpAddr,
+    /// `nodeName`.
+    pub node_name: Option<String>,
+    /// `conditions.ready`, nil = true.
+    pub ready: bool,
+    /// `conditions.serving`, nil = true.
+    pub serving: bool,
+    /// `conditions.terminating`, nil = false.
+    pub terminating: bool,
+    /// `hints.forZones[].name`.
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes[].name`.
+    pub node_hints: Vec<String>,
+}
+
+/// An EndpointSlice reduced to what proxying needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceInfo {
+    /// The slice's own name (unique within the namespace).
+    pub name: String,
+    /// The Service it belongs to (`kubernetes.io/service-name` label); `None` for slices no
+    /// Service owns, which are ignored.
+    pub service: Option<ServiceKey>,
+    /// Usable ports (nil names and nil/0 ports are dropped, as upstream does).
+    pub ports: Vec<SlicePort>,
+    /// Endpoints with a parseable first address.
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+/// Converts an EndpointSlice.
+pub fn endpoint_slice(
+    slice: &EndpointSlice,
+    warnings: &mut Vec<Warning>,
+) -> Result<SliceInfo, ConversionError> {
+    let object = object_ref(Kind::EndpointSlice, &slice.metadata);
+    require_identity(&object, true)?;
+    let mut c = Checker {
+        object: &object,
+        warnings,
+    };
+    let service = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        .filter(|s| !s.is_empty())
+        .map(|svc| ServiceKey::new(object.namespace.clone(), svc.clone()));
+    if service.is_none() {
+        c.warn(
+            format!("metadata.labels[{LABEL_SERVICE_NAME}]"),
+            "not set: the slice belongs to no Service",
+        );
+    }
+    let mut info = SliceInfo {
+        name: object.name.clone(),
+        service,
+        ports: Vec::new(),
+        endpoints: Vec::new(),
+    };
+    if slice.address_type == "FQDN" {
+        return Ok(info);
+    }
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let Some(name) = p.name.clone() else {
+            c.warn(format!("ports[{i}].name"), "nil port name");
+            continue;
+        };
+        let port = match p.port {
+            None | Some(0) => {
+                c.warn(format!("ports[{i}].port"), "nil or zero port");
+                continue;
+            }
+            Some(v) => c.port(format!("ports[{i}].port"), v)?,
+        };
+        let protocol = c.protocol(format!("ports[{i}].protocol"), p.protocol.as_deref())?;
+        info.ports.push(SlicePort {
+            name,
+            protocol,
+            port,
+        });
+    }
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let Some(raw) = ep.addresses.first() else {
+            c.warn(format!("endpoints[{i}].addresses"), "no address");
+            continue;
+        };
+        let Some(ip) = parse_ip_sloppy(raw) else {
+            c.warn(
+                format!("endpoints[{i}].addresses[0]"),
+                format!("{raw:?} is not an IP address"),
+            );
+            continue;
+        };
+        let cond = ep.conditions.as_ref();
+        let hints = ep.hints.as_ref();
+        info.endpoints.push(SliceEndpoint {
+            ip,
+            node_name: ep.node_name.clone(),
+            ready: cond.and_then(|c| c.ready).unwrap_or(true),
+            serving: cond.and_then(|c| c.serving).unwrap_or(true),
+            terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+            zone_hints: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|z| z.name.clone())
+                .collect(),
+            node_hints: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|n| n.name.clone())
+                .collect(),
+        });
+    }
+    Ok(info)
+}
+
+/// A Node reduced to what proxying needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    /// The Node's name.
+    pub name: String,
+    /// InternalIP addresses, in status order.
+    pub internal_ips: Vec<IpAddr>,
+    /// ExternalIP addresses, in status order.
+    pub external_ips: Vec<IpAddr>,
+    /// The `topology.kubernetes.io/zone` label.
+    pub zone: Option<String>,
+    /// `spec.podCIDRs` (or `spec.podCIDR`).
+    pub pod_cidrs: Vec<IpNet>,
+    /// Whether `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Whether the autoscaler's to-be-deleted taint is present.
+    pub to_be_deleted: bool,
+}
+
+/// Converts a Node.
+pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, ConversionError> {
+    let object = object_ref(Kind::Node, &node.metadata);
+    require_identity(&object, false)?;
+    let mut c = Checker {
+        object: &object,
+        warnings,
+    };
+    let mut info = NodeInfo {
+        name: object.name.clone(),
+        zone: node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_TOPOLOGY_ZONE))
+            .cloned(),
+        deleting: node.metadata.deletion_timestamp.is_some(),
+        ..NodeInfo::default()
+    };
+    let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for (i, a) in addresses.into_iter().flatten().enumerate() {
+        let target = match a.type_.as_str() {
+            "InternalIP" => &mut info.internal_ips,
+            "ExternalIP" => &mut info.external_ips,
+            _ => continue,
+        };
+        match parse_ip_sloppy(&a.address) {
+            Some(ip) => target.push(ip),
+            None => c.warn(
+                format!("status.addresses[{i}].address"),
+                format!("{:?} is not an IP address", a.address),
+            ),
+        }
+    }
+    if let Some(spec) = &node.spec {
+        let cidrs: Vec<String> = match (&spec.pod_cidrs, &spec.pod_cidr) {
+            (Some(list), _) if !list.is_empty() => list.clone(),
+            (_, Some(one)) if !one.is_empty() => vec![one.clone()],
+            _ => Vec::new(),
+        };
+        for (i, raw) in cidrs.iter().enumerate() {
+            match parse_cidr_sloppy(raw) {
+                Some(net) => info.pod_cidrs.push(net),
+                None => c.warn(
+                    format!("spec.podCIDRs[{i}]"),
+                    format!("{raw:?} is not a CIDR"),
+                ),
+            }
+        }
+        info.to_be_deleted = spec
+            .taints
+            .iter()
+            .flatten()
+            .any(|t| t.key == TAINT_TO_BE_DELETED);
+    }
+    Ok(info)
+}

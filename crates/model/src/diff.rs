@@ -1,0 +1,107 @@
+//! What changed between two snapshots: the only thing a backend needs to do O(changes) work.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::key::PortKey;
+use crate::model::Snapshot;
+use crate::service_port::ServicePort;
+
+/// The before and after of one Service port. `old: None` is an addition, `new: None` a removal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The state the backend last received (or `None` if the port is new to it).
+    pub old: Option<Arc<ServicePort>>,
+    /// The state to program now (or `None` if the port is gone).
+    pub new: Option<Arc<ServicePort>>,
+}
+
+/// A set of Service-port changes plus whether the node's own properties changed.
+///
+/// Diffs compose: [`Diff::merge`] folds a later diff into an earlier one so that a backend that
+/// was busy (or rate limited) receives one diff covering everything since its last sync, with the
+/// oldest `old` and the newest `new` of every port, and nothing for ports that changed back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diff {
+    /// Changed ports, ordered by key.
+    pub changes: BTreeMap<PortKey, Change>,
+    /// The node's IPs, zone, podCIDRs or eligibility changed.
+    pub node_changed: bool,
+}
+
+impl Diff {
+    /// A diff that describes the whole snapshot as new: what a backend receives on its first
+    /// sync and after a failure, so start-up and recovery take the same code path as any change.
+    pub fn full(snapshot: &Snapshot) -> Diff {
+        let changes = snapshot
+            .ports
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    Change {
+                        old: None,
+                        new: Some(v.clone()),
+                    },
+                )
+            })
+            .collect();
+        Diff {
+            changes,
+            node_changed: true,
+        }
+    }
+
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty() && !self.node_changed
+    }
+
+    /// Records one port's transition, folding it into any earlier change of the same port.
+    pub fn record(
+        &mut self,
+        key: PortKey,
+        old: Option<Arc<ServicePort>>,
+        new: Option<Arc<ServicePort>>,
+    ) {
+        use std::collections::btree_map::Entry;
+        match self.changes.entry(key) {
+            Entry::Vacant(e) => {
+                if old != new {
+                    e.insert(Change { old, new });
+                }
+            }
+            Entry::Occupied(mut e) => {
+                e.get_mut().new = new;
+                if e.get().old == e.get().new {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    /// Folds a later diff into this one.
+    pub fn merge(&mut self, later: Diff) {
+        self.node_changed |= later.node_changed;
+        for (key, change) in later.changes {
+            self.record(key, change.old, change.new);
+        }
+    }
+
+    /// Ports that are new or changed, with their new state.
+    pub fn upserted(&self) -> impl Iterator<Item = (&PortKey, &Arc<ServicePort>)> {
+        self.changes
+            .iter()
+            .filter_map(|(k, c)| c.new.as_ref().map(|n| (k, n)))
+    }
+
+    /// Ports that are gone, with their last state.
+    pub fn removed(&self) -> impl Iterator<Item = (&PortKey, &Arc<ServicePort>)> {
+        self.changes
+            .iter()
+            .filter_map(|(k, c)| match (&c.old, &c.new) {
+                (Some(old), None) => Some((k, old)),
+                _ => None,
+            })
+    }
+}

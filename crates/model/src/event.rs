@@ -1,0 +1,104 @@
+//! The one event vocabulary every source speaks.
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// The kinds of objects the model understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// core/v1 Service.
+    Service,
+    /// discovery/v1 EndpointSlice.
+    EndpointSlice,
+    /// core/v1 Node (only this node's object matters).
+    Node,
+}
+
+impl Kind {
+    /// The Kubernetes `kind` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+        }
+    }
+}
+
+/// A Kubernetes object a source observed.
+#[derive(Debug, Clone)]
+pub enum Object {
+    /// A Service.
+    Service(Box<Service>),
+    /// An EndpointSlice.
+    EndpointSlice(Box<EndpointSlice>),
+    /// A Node.
+    Node(Box<Node>),
+}
+
+impl Object {
+    /// The object's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::Node(_) => Kind::Node,
+        }
+    }
+
+    /// The reference (kind, namespace, name) naming this object in errors and deletes.
+    pub fn reference(&self) -> ObjectRef {
+        let meta = match self {
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
+            Object::Node(o) => &o.metadata,
+        };
+        ObjectRef {
+            kind: self.kind(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Names an object: used for deletes and in every error message.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    /// The object's kind.
+    pub kind: Kind,
+    /// Its namespace (empty for cluster-scoped kinds such as Node).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind.as_str(), self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
+        }
+    }
+}
+
+/// What a source tells the model.
+///
+/// A relist (the file was edited, a watch restarted after `410 Gone`) is a [`Event::Replace`]:
+/// the model swaps in the new set of objects at once and diffs it against the old, so a relist
+/// never produces a transient teardown.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// An object was created or updated.
+    Apply(Object),
+    /// An object was deleted.
+    Delete(ObjectRef),
+    /// The complete current set of objects of the given kinds; objects of these kinds that are
+    /// not listed no longer exist.
+    Replace {
+        /// The kinds this list is complete for.
+        kinds: Vec<Kind>,
+        /// Every object of those kinds.
+        objects: Vec<Object>,
+    },
+}

@@ -1,0 +1,29 @@
+//! kpng's node-local model: what *this node* must do for every Service port.
+//!
+//! Sources hand Kubernetes objects (Services, EndpointSlices, Nodes) to [`Model::apply`] as
+//! [`Event`]s. The model converts them into small, Kubernetes-free types, selects the endpoints
+//! each Service port may use from this node (upstream kube-proxy's `CategorizeEndpoints`), and
+//! returns a [`Diff`] naming only the Service ports that changed. Backends consume the diff plus a
+//! read-only [`Snapshot`]; they never see a Kubernetes type.
+//!
+//! The crate is pure: no I/O, no clock, no async. Newcomers should start with [`Model`].
+
+mod build;
+mod categorize;
+pub mod convert;
+mod diff;
+mod event;
+pub mod ip;
+mod key;
+mod model;
+mod node;
+mod service_port;
+
+pub use categorize::{CategorizedEndpoints, EndpointCandidate, categorize_endpoints};
+pub use convert::{ConversionError, Warning};
+pub use diff::{Change, Diff};
+pub use event::{Event, Kind, Object, ObjectRef};
+pub use key::{Family, PortKey, Protocol, ServiceKey};
+pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
+pub use node::NodeState;
+pub use service_port::{Endpoint, ServicePort, SessionAffinity};

@@ -1,0 +1,590 @@
+//! Model tests: conversion rules, incremental diffs, relists, node changes.
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::event::{Event, Kind, Object, ObjectRef};
+
+fn service(value: Value) -> Object {
+    Object::Service(Box::new(
+        serde_json::from_value(value).expect("valid Service JSON"),
+    ))
+}
+
+fn slice(value: Value) -> Object {
+    Object::EndpointSlice(Box::new(
+        serde_json::from_value(value).expect("valid EndpointSlice JSON"),
+    ))
+}
+
+fn node(value: Value) -> Object {
+    Object::Node(Box::new(
+        serde_json::from_value(value).expect("valid Node JSON"),
+    ))
+}
+
+fn svc(name: &str, spec: Value) -> Object {
+    service(json!({"metadata": {"namespace": "ns", "name": name}, "spec": spec}))
+}
+
+/// A slice of service `svc` named `name`, port `p80`/TCP → `target`, with endpoints given as
+/// (ip, node, ready, serving, terminating).
+fn eps(svc: &str, name: &str, target: i32, endpoints: &[(&str, &str, bool, bool, bool)]) -> Object {
+    let addr_type = if endpoints.first().is_some_and(|e| e.0.contains(':')) {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    slice(json!({
+        "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": addr_type,
+        "ports": [{"name": "p80", "port": target, "protocol": "TCP"}],
+        "endpoints": endpoints.iter().map(|(ip, node, r, s, t)| json!({
+            "addresses": [ip], "nodeName": node,
+            "conditions": {"ready": r, "serving": s, "terminating": t}
+        })).collect::<Vec<_>>()
+    }))
+}
+
+fn basic_spec() -> Value {
+    json!({"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"], "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}]})
+}
+
+fn model() -> Model {
+    Model::new(ModelConfig {
+        node_name: "node-a".into(),
+        ..ModelConfig::default()
+    })
+}
+
+fn key(name: &str, family: Family) -> PortKey {
+    PortKey {
+        service: ServiceKey::new("ns", name),
+        port_name: "p80".into(),
+        protocol: Protocol::Tcp,
+        family,
+    }
+}
+
+fn endpoint_strings(eps: &[crate::Endpoint]) -> Vec<String> {
+    eps.iter().map(|e| e.to_string()).collect()
+}
+
+#[test]
+fn cluster_ip_service_with_endpoints() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("web", basic_spec())));
+    let out = m.apply(Event::Apply(eps(
+        "web",
+        "web-1",
+        8080,
+        &[
+            ("10.0.2.1", "node-b", true, true, false),
+            ("10.0.1.1", "node-a", true, true, false),
+            ("10.0.3.1", "node-c", false, false, false),
+        ],
+    )));
+    assert_eq!(out.diff.changes.len(), 1);
+    let port = &m.snapshot().ports[&key("web", Family::V4)];
+    assert_eq!(port.cluster_ip.to_string(), "10.96.0.10");
+    assert_eq!(port.port, 80);
+    // Sorted by "IP:port"; the slice port (8080) is the target; unready endpoints are left out.
+    assert_eq!(
+        endpoint_strings(&port.cluster_endpoints),
+        ["10.0.1.1:8080", "10.0.2.1:8080"]
+    );
+    assert!(port.local_endpoints.is_empty());
+    assert!(port.has_any_endpoints);
+    assert_eq!(port.local_ready_endpoints, 1);
+    assert_eq!(port.serving_endpoint_ips.len(), 2);
+}
+
+#[test]
+fn one_endpoint_change_yields_exactly_one_port_in_the_diff() {
+    let mut m = model();
+    for i in 0..50 {
+        m.apply(Event::Apply(svc(
+            &format!("s{i}"),
+            json!({"clusterIP": format!("10.96.1.{i}"), "ports": [{"name": "p80", "port": 80}]}),
+        )));
+        m.apply(Event::Apply(eps(
+            &format!("s{i}"),
+            &format!("s{i}-x"),
+            80,
+            &[("10.0.0.1", "node-b", true, true, false)],
+        )));
+    }
+    let out = m.apply(Event::Apply(eps(
+        "s7",
+        "s7-x",
+        80,
+        &[("10.0.0.2", "node-b", true, true, false)],
+    )));
+    assert_eq!(out.diff.changes.len(), 1);
+    let (k, change) = out.diff.changes.iter().next().expect("one change");
+    assert_eq!(k, &key("s7", Family::V4));
+    assert_eq!(
+        endpoint_strings(&change.old.as_ref().expect("old").cluster_endpoints),
+        ["10.0.0.1:80"]
+    );
+    assert_eq!(
+        endpoint_strings(&change.new.as_ref().expect("new").cluster_endpoints),
+        ["10.0.0.2:80"]
+    );
+    // Applying the same object again changes nothing.
+    let again = m.apply(Event::Apply(eps(
+        "s7",
+        "s7-x",
+        80,
+        &[("10.0.0.2", "node-b", true, true, false)],
+    )));
+    assert!(again.diff.is_empty());
+}
+
+#[test]
+fn dual_stack_service_gets_one_port_per_family() {
+    let mut m = model();
+    m.apply(Event::Apply(svc(
+        "ds",
+        json!({
+            "clusterIP": "10.96.0.20", "clusterIPs": ["10.96.0.20", "fd00:96::20"],
+            "externalIPs": ["192.0.2.7", "2001:db8::7"],
+            "ports": [{"name": "p80", "port": 80}]
+        }),
+    )));
+    m.apply(Event::Apply(eps(
+        "ds",
+        "ds-v4",
+        80,
+        &[("10.0.0.1", "node-a", true, true, false)],
+    )));
+    m.apply(Event::Apply(eps(
+        "ds",
+        "ds-v6",
+        80,
+        &[("fd00::1", "node-a", true, true, false)],
+    )));
+    let v4 = &m.snapshot().ports[&key("ds", Family::V4)];
+    let v6 = &m.snapshot().ports[&key("ds", Family::V6)];
+    assert_eq!(
+        v4.external_ips
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>(),
+        ["192.0.2.7"]
+    );
+    assert_eq!(
+        v6.external_ips
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>(),
+        ["2001:db8::7"]
+    );
+    assert_eq!(endpoint_strings(&v4.cluster_endpoints), ["10.0.0.1:80"]);
+    assert_eq!(endpoint_strings(&v6.cluster_endpoints), ["[fd00::1]:80"]);
+}
+
+#[test]
+fn services_that_get_no_rules() {
+    let cases = [
+        (
+            "headless",
+            json!({"metadata": {"namespace": "ns", "name": "x"}, "spec": {"clusterIP": "None", "ports": [{"port": 80}]}}),
+        ),
+        (
+            "no cluster IP",
+            json!({"metadata": {"namespace": "ns", "name": "x"}, "spec": {"ports": [{"port": 80}]}}),
+        ),
+        (
+            "ExternalName",
+            json!({"metadata": {"namespace": "ns", "name": "x"}, "spec": {"type": "ExternalName", "externalName": "example.com", "clusterIP": "10.96.0.1"}}),
+        ),
+        (
+            "other proxy",
+            json!({"metadata": {"namespace": "ns", "name": "x", "labels": {"service.kubernetes.io/service-proxy-name": "other"}}, "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}),
+        ),
+        (
+            "headless label",
+            json!({"metadata": {"namespace": "ns", "name": "x", "labels": {"service.kubernetes.io/headless": ""}}, "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}),
+        ),
+    ];
+    for (name, value) in cases {
+        let mut m = model();
+        let out = m.apply(Event::Apply(service(value)));
+        assert!(out.errors.is_empty(), "{name}: {:?}", out.errors);
+        assert!(m.snapshot().ports.is_empty(), "{name}: expected no ports");
+    }
+}
+
+#[test]
+fn service_proxy_name_label_naming_us_is_ours() {
+    let mut m = Model::new(ModelConfig {
+        node_name: "n".into(),
+        service_proxy_name: Some("kpng".into()),
+        node_ips: vec![],
+    });
+    m.apply(Event::Apply(service(json!({"metadata": {"namespace": "ns", "name": "x", "labels": {"service.kubernetes.io/service-proxy-name": "kpng"}}, "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}))));
+    assert_eq!(m.snapshot().ports.len(), 1);
+}
+
+#[test]
+fn sloppy_ips_are_written_canonically_and_invalid_ones_warn() {
+    let mut m = model();
+    let out = m.apply(Event::Apply(svc(
+        "lb",
+        json!({
+            "type": "LoadBalancer",
+            "clusterIP": "172.30.0.041",
+            "externalIPs": ["192.168.099.011", "not-an-ip"],
+            "loadBalancerSourceRanges": [" 203.0.113.000/025 ", "garbage"],
+            "ports": [{"name": "p80", "port": 80, "nodePort": 30080}]
+        }),
+    )));
+    let port = &m.snapshot().ports[&key("lb", Family::V4)];
+    assert_eq!(port.cluster_ip.to_string(), "172.30.0.41");
+    assert_eq!(port.external_ips[0].to_string(), "192.168.99.11");
+    assert_eq!(port.source_ranges[0].to_string(), "203.0.113.0/25");
+    let fields: Vec<String> = out.warnings.iter().map(|w| w.field.clone()).collect();
+    assert_eq!(
+        fields,
+        ["spec.externalIPs[1]", "spec.loadBalancerSourceRanges[1]"]
+    );
+    assert!(
+        out.warnings[0].to_string().contains("Service ns/lb"),
+        "{}",
+        out.warnings[0]
+    );
+}
+
+#[test]
+fn invalid_update_keeps_the_last_good_version() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("web", basic_spec())));
+    let before = m.snapshot().clone();
+    let out = m.apply(Event::Apply(svc(
+        "web",
+        json!({"clusterIP": "10.96.0.10", "ports": [{"name": "p80", "port": 70000}]}),
+    )));
+    assert_eq!(out.errors.len(), 1);
+    assert_eq!(out.errors[0].field, "spec.ports[0].port");
+    assert_eq!(
+        out.errors[0].to_string(),
+        "Service ns/web: field spec.ports[0].port: port 70000 is not in 1-65535"
+    );
+    assert!(out.diff.is_empty());
+    assert_eq!(m.snapshot(), &before);
+
+    let out = m.apply(Event::Apply(svc("web", json!({"clusterIP": "10.96.0.10", "ports": [{"name": "p80", "port": 80, "protocol": "ICMP"}]}))));
+    assert_eq!(out.errors[0].field, "spec.ports[0].protocol");
+    let out = m.apply(Event::Apply(service(
+        json!({"metadata": {"namespace": "ns"}, "spec": basic_spec()}),
+    )));
+    assert_eq!(out.errors[0].field, "metadata.name");
+}
+
+#[test]
+fn endpoint_ports_match_by_name_and_protocol() {
+    let mut m = model();
+    m.apply(Event::Apply(svc(
+        "mp",
+        json!({"clusterIP": "10.96.0.30", "ports": [
+            {"name": "http", "port": 80, "protocol": "TCP"},
+            {"name": "dns", "port": 53, "protocol": "UDP"},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP"}
+        ]}),
+    )));
+    m.apply(Event::Apply(slice(json!({
+        "metadata": {"namespace": "ns", "name": "mp-1", "labels": {"kubernetes.io/service-name": "mp"}},
+        "addressType": "IPv4",
+        "ports": [
+            {"name": "http", "port": 8080, "protocol": "TCP"},
+            {"name": "dns", "port": 5353, "protocol": "UDP"},
+            {"name": "dns", "port": 9999, "protocol": "TCP"},
+            {"port": 1234, "protocol": "TCP"}
+        ],
+        "endpoints": [{"addresses": ["10.0.0.5"]}]
+    }))));
+    let get = |name: &str, protocol: Protocol| {
+        let k = PortKey {
+            service: ServiceKey::new("ns", "mp"),
+            port_name: name.into(),
+            protocol,
+            family: Family::V4,
+        };
+        endpoint_strings(&m.snapshot().ports[&k].cluster_endpoints)
+    };
+    assert_eq!(get("http", Protocol::Tcp), ["10.0.0.5:8080"]);
+    assert_eq!(get("dns", Protocol::Udp), ["10.0.0.5:5353"]);
+    assert!(get("dns-tcp", Protocol::Tcp).is_empty());
+}
+
+#[test]
+fn duplicate_endpoint_across_slices_prefers_the_local_copy() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("dup", json!({"clusterIP": "10.96.0.40", "internalTrafficPolicy": "Local", "ports": [{"name": "p80", "port": 80}]}))));
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-a",
+        80,
+        &[("10.0.0.9", "node-z", true, true, false)],
+    )));
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-b",
+        80,
+        &[("10.0.0.9", "node-a", true, true, false)],
+    )));
+    let port = &m.snapshot().ports[&key("dup", Family::V4)];
+    assert_eq!(endpoint_strings(&port.local_endpoints), ["10.0.0.9:80"]);
+}
+
+#[test]
+fn load_balancer_ingress_and_policies() {
+    let mut m = model();
+    m.apply(Event::Apply(service(json!({
+        "metadata": {"namespace": "ns", "name": "lb"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.50", "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000,
+                 "ports": [{"name": "p80", "port": 80, "nodePort": 30050}]},
+        "status": {"loadBalancer": {"ingress": [
+            {"ip": "198.51.100.1"}, {"ip": "198.51.100.2", "ipMode": "VIP"},
+            {"ip": "198.51.100.3", "ipMode": "Proxy"}, {"hostname": "lb.example.com"}
+        ]}}
+    }))));
+    let port = &m.snapshot().ports[&key("lb", Family::V4)];
+    let lbs: Vec<String> = port
+        .load_balancer_ips
+        .iter()
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(lbs, ["198.51.100.1", "198.51.100.2"]);
+    assert!(port.external_policy_local);
+    assert_eq!(port.health_check_node_port, Some(32000));
+    assert_eq!(port.node_port, Some(30050));
+
+    // eTP Local on a ClusterIP Service means nothing; a NodePort gets no health check port.
+    m.apply(Event::Apply(svc("cip", json!({"clusterIP": "10.96.0.51", "externalTrafficPolicy": "Local", "healthCheckNodePort": 32001, "ports": [{"name": "p80", "port": 80}]}))));
+    let port = &m.snapshot().ports[&key("cip", Family::V4)];
+    assert!(!port.external_policy_local);
+    assert_eq!(port.health_check_node_port, None);
+}
+
+#[test]
+fn session_affinity_timeout() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("aff", json!({"clusterIP": "10.96.0.60", "sessionAffinity": "ClientIP", "ports": [{"name": "p80", "port": 80}]}))));
+    m.apply(Event::Apply(svc("aff2", json!({"clusterIP": "10.96.0.61", "sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}, "ports": [{"name": "p80", "port": 80}]}))));
+    assert_eq!(
+        m.snapshot().ports[&key("aff", Family::V4)]
+            .session_affinity
+            .map(|a| a.timeout_seconds),
+        Some(10800)
+    );
+    assert_eq!(
+        m.snapshot().ports[&key("aff2", Family::V4)]
+            .session_affinity
+            .map(|a| a.timeout_seconds),
+        Some(60)
+    );
+}
+
+#[test]
+fn replace_with_the_same_objects_is_a_no_op_and_missing_objects_are_removed() {
+    let mut m = model();
+    let objects = vec![
+        svc("a", basic_spec()),
+        svc(
+            "b",
+            json!({"clusterIP": "10.96.0.11", "ports": [{"name": "p80", "port": 80}]}),
+        ),
+        eps("a", "a-1", 80, &[("10.0.0.1", "node-b", true, true, false)]),
+    ];
+    let all = vec![Kind::Service, Kind::EndpointSlice, Kind::Node];
+    let first = m.apply(Event::Replace {
+        kinds: all.clone(),
+        objects: objects.clone(),
+    });
+    assert_eq!(first.diff.changes.len(), 2);
+    let again = m.apply(Event::Replace {
+        kinds: all.clone(),
+        objects: objects.clone(),
+    });
+    assert!(again.diff.is_empty(), "{:?}", again.diff);
+    let without_b = m.apply(Event::Replace {
+        kinds: all,
+        objects: objects[..1].to_vec(),
+    });
+    let keys: Vec<String> = without_b
+        .diff
+        .changes
+        .keys()
+        .map(|k| k.service.name.clone())
+        .collect();
+    assert_eq!(keys, ["a", "b"], "a lost its slice, b is gone");
+    assert!(without_b.diff.changes[&key("b", Family::V4)].new.is_none());
+    assert!(
+        m.snapshot().ports[&key("a", Family::V4)]
+            .cluster_endpoints
+            .is_empty()
+    );
+}
+
+#[test]
+fn replace_keeps_the_previous_version_of_a_broken_object() {
+    let mut m = model();
+    let all = vec![Kind::Service, Kind::EndpointSlice];
+    m.apply(Event::Replace {
+        kinds: all.clone(),
+        objects: vec![svc("a", basic_spec())],
+    });
+    let broken = svc(
+        "a",
+        json!({"clusterIP": "10.96.0.10", "ports": [{"name": "p80", "port": -1}]}),
+    );
+    let out = m.apply(Event::Replace {
+        kinds: all,
+        objects: vec![broken],
+    });
+    assert_eq!(out.errors.len(), 1);
+    assert!(out.diff.is_empty());
+    assert_eq!(m.snapshot().ports.len(), 1);
+}
+
+#[test]
+fn slice_moving_to_another_service_updates_both() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("a", basic_spec())));
+    m.apply(Event::Apply(svc(
+        "b",
+        json!({"clusterIP": "10.96.0.11", "ports": [{"name": "p80", "port": 80}]}),
+    )));
+    m.apply(Event::Apply(eps(
+        "a",
+        "shared",
+        80,
+        &[("10.0.0.1", "node-b", true, true, false)],
+    )));
+    let out = m.apply(Event::Apply(eps(
+        "b",
+        "shared",
+        80,
+        &[("10.0.0.1", "node-b", true, true, false)],
+    )));
+    assert_eq!(out.diff.changes.len(), 2);
+    assert!(
+        m.snapshot().ports[&key("a", Family::V4)]
+            .cluster_endpoints
+            .is_empty()
+    );
+    assert_eq!(
+        m.snapshot().ports[&key("b", Family::V4)]
+            .cluster_endpoints
+            .len(),
+        1
+    );
+    let out = m.apply(Event::Delete(ObjectRef {
+        kind: Kind::EndpointSlice,
+        namespace: "ns".into(),
+        name: "shared".into(),
+    }));
+    assert_eq!(out.diff.changes.len(), 1);
+}
+
+#[test]
+fn node_zone_change_recomputes_topology() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("z", basic_spec())));
+    m.apply(Event::Apply(slice(json!({
+        "metadata": {"namespace": "ns", "name": "z-1", "labels": {"kubernetes.io/service-name": "z"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}],
+        "endpoints": [
+            {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": "zone-a"}]}},
+            {"addresses": ["10.0.0.2"], "hints": {"forZones": [{"name": "zone-b"}]}}
+        ]
+    }))));
+    assert_eq!(
+        m.snapshot().ports[&key("z", Family::V4)]
+            .cluster_endpoints
+            .len(),
+        2
+    );
+    let out = m.apply(Event::Apply(node(json!({
+        "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-b"}},
+        "spec": {"podCIDRs": ["10.244.1.0/24"]},
+        "status": {"addresses": [{"type": "ExternalIP", "address": "203.0.113.9"}, {"type": "InternalIP", "address": "192.168.100.1"}]}
+    }))));
+    assert!(out.diff.node_changed);
+    assert_eq!(out.diff.changes.len(), 1);
+    assert_eq!(
+        endpoint_strings(&m.snapshot().ports[&key("z", Family::V4)].cluster_endpoints),
+        ["10.0.0.2:80"]
+    );
+    let state = &m.snapshot().node;
+    assert!(state.known && state.eligible());
+    assert_eq!(
+        state.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+        ["192.168.100.1"]
+    );
+    assert_eq!(state.pod_cidrs[0].to_string(), "10.244.1.0/24");
+
+    // Other nodes are ignored.
+    let out = m.apply(Event::Apply(node(json!({"metadata": {"name": "node-x"}}))));
+    assert!(out.diff.is_empty());
+}
+
+#[test]
+fn node_eligibility() {
+    let mut m = model();
+    m.apply(Event::Apply(node(json!({"metadata": {"name": "node-a"}, "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}}))));
+    assert!(!m.snapshot().node.eligible());
+    m.apply(Event::Apply(node(
+        json!({"metadata": {"name": "node-a", "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+    )));
+    assert!(!m.snapshot().node.eligible());
+    m.apply(Event::Apply(node(json!({"metadata": {"name": "node-a"}}))));
+    assert!(m.snapshot().node.eligible());
+}
+
+#[test]
+fn node_ip_override_wins() {
+    let mut m = Model::new(ModelConfig {
+        node_name: "node-a".into(),
+        service_proxy_name: None,
+        node_ips: vec!["192.0.2.1".parse().expect("ip")],
+    });
+    m.apply(Event::Apply(node(json!({"metadata": {"name": "node-a"}, "status": {"addresses": [{"type": "InternalIP", "address": "10.1.1.1"}]}}))));
+    assert_eq!(
+        m.snapshot().node.ips,
+        vec!["192.0.2.1".parse::<std::net::IpAddr>().expect("ip")]
+    );
+}
+
+#[test]
+fn diff_merge_folds_and_cancels() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("a", basic_spec())));
+    let mut pending = m
+        .apply(Event::Apply(eps(
+            "a",
+            "a-1",
+            80,
+            &[("10.0.0.1", "node-b", true, true, false)],
+        )))
+        .diff;
+    pending.merge(
+        m.apply(Event::Delete(ObjectRef {
+            kind: Kind::EndpointSlice,
+            namespace: "ns".into(),
+            name: "a-1".into(),
+        }))
+        .diff,
+    );
+    assert!(
+        pending.is_empty(),
+        "a change and its undo cancel out: {pending:?}"
+    );
+    let full = Diff::full(m.snapshot());
+    assert_eq!(full.changes.len(), 1);
+    assert_eq!(full.upserted().count(), 1);
+}
