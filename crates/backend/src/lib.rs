@@ -1,0 +1,122 @@
+//! The contract between kpng's model and everything that consumes it, and the machinery every
+//! consumer shares.
+//!
+//! - [`Backend`]: one small synchronous trait. `to-file`, `to-local nft` and every later backend
+//!   implement it; the in-process path and the gRPC client drive the same trait.
+//! - [`runner::run`]: the sync loop. It feeds source events into the [`kpng_model::Model`],
+//!   accumulates diffs, honours `--min-sync-period`, retries failures with a full resync, runs the
+//!   periodic syncs, and keeps [`health::ProxyHealth`] and [`metrics::ProxyMetrics`] current.
+//!
+//! A backend therefore only answers one question: "make the node match this snapshot, given
+//! that this diff is what changed since your last successful sync".
+
+pub mod health;
+pub mod metrics;
+pub mod runner;
+
+use std::time::Duration;
+
+use kpng_model::{Diff, Family, Snapshot};
+use prometheus_client::registry::Registry;
+
+/// What a backend is asked to do on one sync.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncRequest<'a> {
+    /// What changed since the last *successful* sync. On a full sync it lists every port as new.
+    pub diff: &'a Diff,
+    /// The complete desired state, for lookups beyond the diff.
+    pub snapshot: &'a Snapshot,
+    /// A full sync: the first one, the one after a failure, and the periodic full resync. The
+    /// backend must converge from any state of its own objects, not just apply the diff.
+    pub full: bool,
+}
+
+/// What a sync did, for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Number of operations sent to the data plane (rules, elements, writes); 0 means nothing
+    /// needed to change.
+    pub operations: usize,
+}
+
+/// Why a sync failed. The runner logs it, counts it and retries with a full sync.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A kernel or data-plane transaction was refused.
+    #[error("{backend} transaction of {operations} operations failed: {message}")]
+    Transaction {
+        /// Which backend.
+        backend: &'static str,
+        /// How many operations the refused transaction held.
+        operations: usize,
+        /// What the data plane said.
+        message: String,
+    },
+    /// An I/O error talking to the data plane or writing output.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Anything else, described.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A consumer of the node-local model: a sink that writes it somewhere, or a backend that
+/// programs the node.
+///
+/// Contract:
+/// - `sync` MUST be idempotent: the same request twice leaves the same state.
+/// - After `sync` returns `Ok`, the data plane MUST match `snapshot` for every family the backend
+///   handles. After `Err`, the runner calls again with `full: true` and the backend must
+///   converge without relying on what the failed call did.
+/// - A backend MUST NOT remove working state because of bad input: the model never hands it
+///   invalid objects, and an empty snapshot is only sent when the cluster really is empty.
+/// - Leaving the process (SIGTERM) MUST leave the data plane as it is; only [`Backend::cleanup`]
+///   removes it.
+pub trait Backend: Send {
+    /// Short name, used in logs, metrics and `/proxyMode` (`file`, `nftables`, …).
+    fn name(&self) -> &'static str;
+
+    /// The IP families this backend programs (health and metrics are reported per family).
+    fn families(&self) -> Vec<Family> {
+        Family::ALL.to_vec()
+    }
+
+    /// Registers the backend's own metrics (e.g. `…_nftables_sync_failures_total`).
+    fn register_metrics(&self, _registry: &mut Registry) {}
+
+    /// Makes the data plane match the request.
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError>;
+
+    /// Removes everything this backend ever installed.
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+/// Timing of the sync loop, kube-proxy's semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncTiming {
+    /// Minimum time between two syncs (`--min-sync-period`, default 1 s; 0 = sync at once).
+    pub min_sync_period: Duration,
+    /// Periodic sync and retry ceiling (`--sync-period`, default 30 s). Also sets the health
+    /// timeout: a change queued for longer than twice this without a sync makes `/healthz` fail.
+    pub sync_period: Duration,
+    /// Periodic *full* resync (`--full-sync-period`, default 1 h; 0 disables).
+    pub full_sync_period: Duration,
+}
+
+impl Default for SyncTiming {
+    fn default() -> Self {
+        SyncTiming {
+            min_sync_period: Duration::from_secs(1),
+            sync_period: Duration::from_secs(30),
+            full_sync_period: Duration::from_secs(3600),
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Metrics with kube-proxy's names, types, labels and buckets, plus kpng's own.
+//!
+//! Every metric lives in one [`ProxyMetrics`] value registered into a caller-owned
+//! [`Registry`] (no globals), so tests can build as many as they like.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family as MetricFamily;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use kpng_model::Family;
+
+/// The `ip_family` label kube-proxy puts on per-proxier metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabel {
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
+}
+
+impl From<Family> for FamilyLabel {
+    fn from(f: Family) -> Self {
+        FamilyLabel {
+            ip_family: f.label().to_string(),
+        }
+    }
+}
+
+/// Labels of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NoLocalLabel {
+    /// `internal` or `external`.
+    pub traffic_policy: String,
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
+}
+
+/// An HTTP status code label (`proxy_healthz_total{code="200"}`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// The status code.
+    pub code: String,
+}
+
+/// An object kind label for kpng's own input counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `Service`, `EndpointSlice` or `Node`.
+    pub kind: String,
+}
+
+/// A backend label for kpng's own sync counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabel {
+    /// The backend's name.
+    pub backend: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+type DurationHistograms = MetricFamily<FamilyLabel, Histogram, fn() -> Histogram>;
+
+fn sync_duration_histogram() -> Histogram {
+    // kube-proxy: 1 ms doubling 15 times (up to ~16 s).
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Every metric the sync loop and the HTTP endpoints maintain.
+#[derive(Clone, Debug)]
+pub struct ProxyMetrics {
+    /// `kubeproxy_sync_proxy_rules_duration_seconds`.
+    pub sync_duration: DurationHistograms,
+    /// `kubeproxy_sync_full_proxy_rules_duration_seconds`.
+    pub full_sync_duration: DurationHistograms,
+    /// `kubeproxy_sync_partial_proxy_rules_duration_seconds`.
+    pub partial_sync_duration: DurationHistograms,
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`: set after every successful sync.
+    pub last_sync_timestamp: MetricFamily<FamilyLabel, FloatGauge>,
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`: set when a change is queued.
+    pub last_queued_timestamp: MetricFamily<FamilyLabel, FloatGauge>,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
+    pub endpoint_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`.
+    pub endpoint_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_service_changes_total`.
+    pub service_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_service_changes_pending`.
+    pub service_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+    pub no_local_endpoints: MetricFamily<NoLocalLabel, Gauge>,
+    /// `kubeproxy_proxy_healthz_total`.
+    pub healthz_total: MetricFamily<CodeLabel, Counter>,
+    /// `kubeproxy_proxy_livez_total`.
+    pub livez_total: MetricFamily<CodeLabel, Counter>,
+    /// `kpng_objects_seen_total`: objects received from the source.
+    pub objects_seen: MetricFamily<KindLabel, Counter>,
+    /// `kpng_objects_applied_total`: objects accepted into the model.
+    pub objects_applied: MetricFamily<KindLabel, Counter>,
+    /// `kpng_object_errors_total`: objects rejected (their last good version kept).
+    pub object_errors: MetricFamily<KindLabel, Counter>,
+    /// `kpng_sync_failures_total`: failed syncs of any backend.
+    pub sync_failures: MetricFamily<BackendLabel, Counter>,
+    /// `kpng_sync_operations_total`: data-plane operations sent.
+    pub sync_operations: MetricFamily<BackendLabel, Counter>,
+    /// `kpng_model_service_ports`: Service ports in the model, per family.
+    pub model_service_ports: MetricFamily<FamilyLabel, Gauge>,
+}
+
+impl ProxyMetrics {
+    /// Creates the metrics and registers them.
+    pub fn new(registry: &mut Registry) -> ProxyMetrics {
+        let m = ProxyMetrics {
+            sync_duration: MetricFamily::new_with_constructor(sync_duration_histogram),
+            full_sync_duration: MetricFamily::new_with_constructor(sync_duration_histogram),
+            partial_sync_duration: MetricFamily::new_with_constructor(sync_duration_histogram),
+            last_sync_timestamp: MetricFamily::default(),
+            last_queued_timestamp: MetricFamily::default(),
+            endpoint_changes_total: Counter::default(),
+            endpoint_changes_pending: Gauge::default(),
+            service_changes_total: Counter::default(),
+            service_changes_pending: Gauge::default(),
+            no_local_endpoints: MetricFamily::default(),
+            healthz_total: MetricFamily::default(),
+            livez_total: MetricFamily::default(),
+            objects_seen: MetricFamily::default(),
+            objects_applied: MetricFamily::default(),
+            object_errors: MetricFamily::default(),
+            sync_failures: MetricFamily::default(),
+            sync_operations: MetricFamily::default(),
+            model_service_ports: MetricFamily::default(),
+        };
+        let r = registry;
+        r.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            m.sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            m.full_sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            m.partial_sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            m.last_sync_timestamp.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            m.last_queued_timestamp.clone(),
+        );
+        // prometheus-client appends `_total` to counter names.
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            m.endpoint_changes_total.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            m.endpoint_changes_pending.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            m.service_changes_total.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            m.service_changes_pending.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            m.no_local_endpoints.clone(),
+        );
+        r.register(
+            "kubeproxy_proxy_healthz",
+            "Cumulative proxy healthz HTTP status",
+            m.healthz_total.clone(),
+        );
+        r.register(
+            "kubeproxy_proxy_livez",
+            "Cumulative proxy livez HTTP status",
+            m.livez_total.clone(),
+        );
+        r.register(
+            "kpng_objects_seen",
+            "Objects received from the source",
+            m.objects_seen.clone(),
+        );
+        r.register(
+            "kpng_objects_applied",
+            "Objects accepted into the model",
+            m.objects_applied.clone(),
+        );
+        r.register(
+            "kpng_object_errors",
+            "Objects rejected as invalid (their last good version is kept)",
+            m.object_errors.clone(),
+        );
+        r.register(
+            "kpng_sync_failures",
+            "Failed syncs, by backend",
+            m.sync_failures.clone(),
+        );
+        r.register(
+            "kpng_sync_operations",
+            "Data-plane operations sent, by backend",
+            m.sync_operations.clone(),
+        );
+        r.register(
+            "kpng_model_service_ports",
+            "Service ports in the node-local model",
+            m.model_service_ports.clone(),
+        );
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    #[test]
+    fn names_match_kube_proxy() {
+        let mut registry = Registry::default();
+        let m = ProxyMetrics::new(&mut registry);
+        m.sync_duration
+            .get_or_create(&Family::V4.into())
+            .observe(0.002);
+        m.last_sync_timestamp
+            .get_or_create(&Family::V4.into())
+            .set(1.5);
+        m.endpoint_changes_total.inc();
+        m.healthz_total
+            .get_or_create(&CodeLabel { code: "200".into() })
+            .inc();
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encode");
+        for needle in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\",ip_family=\"IPv4\"} 0",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\",ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.5",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
+            "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! The sync loop shared by every sink and backend.
+//!
+//! It owns the [`Model`] and one [`Backend`]. Source events are applied to the model as they
+//! arrive and their diffs are merged into one pending diff; the backend is synced:
+//! - not before Services, EndpointSlices and Nodes have all been listed once (a source signals a
+//!   complete list with [`Event::Replace`]), so a half-known cluster is never programmed;
+//! - at most once per `min_sync_period`;
+//! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
+//!   every `full_sync_period`;
+//! - with an empty partial sync every `sync_period`, so backends can re-check cheap things.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use kpng_model::{Diff, Event, Family, Kind, Model};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use crate::health::ProxyHealth;
+use crate::metrics::ProxyMetrics;
+use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
+use crate::{Backend, SyncRequest, SyncTiming};
+
+/// The kinds a source must list before anything is programmed.
+const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+
+/// The outcome of one sync, published for tests, benchmarks and the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Counts syncs since start (successful or not).
+    pub generation: u64,
+    /// Whether the backend accepted it.
+    pub ok: bool,
+    /// Whether it was a full sync.
+    pub full: bool,
+    /// Operations sent to the data plane.
+    pub operations: usize,
+    /// How long the backend took.
+    pub duration: Duration,
+}
+
+/// Everything the loop needs.
+pub struct Runner {
+    model: Model,
+    backend: Box<dyn Backend>,
+    timing: SyncTiming,
+    metrics: ProxyMetrics,
+    health: Arc<ProxyHealth>,
+    reports: watch::Sender<Option<SyncReport>>,
+}
+
+impl Runner {
+    /// Assembles a runner. `health` must cover the backend's families.
+    pub fn new(
+        model: Model,
+        backend: Box<dyn Backend>,
+        timing: SyncTiming,
+        metrics: ProxyMetrics,
+        health: Arc<ProxyHealth>,
+    ) -> Runner {
+        let (reports, _) = watch::channel(None);
+        Runner {
+            model,
+            backend,
+            timing,
+            metrics,
+            health,
+            reports,
+        }
+    }
+
+    /// A receiver of the latest [`SyncReport`].
+    pub fn subscribe(&self) -> watch::Receiver<Option<SyncReport>> {
+        self.reports.subscribe()
+    }
+
+    /// Runs until the event channel closes. Rules stay as they are when it returns.
+    pub async fn run(self, events: mpsc::Receiver<Event>) {
+        let families = self.backend.families();
+        let mut state = LoopState {
+            runner: self,
+            families,
+            pending: Diff::default(),
+            need_full: true,
+            listed: BTreeSet::new(),
+            last_sync: None,
+            last_full: None,
+            retry_at: None,
+            retry_delay: Duration::ZERO,
+            generation: 0,
+            pending_services: 0,
+            pending_endpoints: 0,
+        };
+        state
+            .runner
+            .health
+            .set_node_eligible(state.runner.model.snapshot().node.eligible());
+        state.run(events).await;
+    }
+}
+
+struct LoopState {
+    runner: Runner,
+    families: Vec<Family>,
+    pending: Diff,
+    need_full: bool,
+    listed: BTreeSet<Kind>,
+    last_sync: Option<Instant>,
+    last_full: Option<Instant>,
+    retry_at: Option<Instant>,
+    retry_delay: Duration,
+    generation: u64,
+    pending_services: i64,
+    pending_endpoints: i64,
+}
+
+impl LoopState {
+    async fn run(&mut self, mut events: mpsc::Receiver<Event>) {
+        loop {
+            let deadline = self.next_deadline(Instant::now());
+            tokio::select! {
+                biased;
+                event = events.recv() => match event {
+                    Some(event) => {
+                        self.handle(event);
+                        // Apply everything already queued before syncing once.
+                        while let Ok(event) = events.try_recv() {
+                            self.handle(event);
+                        }
+                    }
+                    None => {
+                        info!("source closed; leaving the data plane as it is");
+                        return;
+                    }
+                },
+                _ = sleep_until(deadline) => self.sync(),
+            }
+        }
+    }
+
+    fn ready(&self) -> bool {
+        REQUIRED_KINDS.iter().all(|k| self.listed.contains(k))
+    }
+
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        if !self.ready() {
+            return None;
+        }
+        if let Some(at) = self.retry_at {
+            return Some(at);
+        }
+        let Some(last) = self.last_sync else {
+            return Some(now);
+        };
+        if self.need_full || !self.pending.is_empty() {
+            return Some((last + self.runner.timing.min_sync_period).max(now));
+        }
+        let periodic = last + self.runner.timing.sync_period;
+        let full = self
+            .last_full
+            .filter(|_| !self.runner.timing.full_sync_period.is_zero())
+            .map(|t| t + self.runner.timing.full_sync_period);
+        Some(full.map_or(periodic, |f| f.min(periodic)))
+    }
+
+    fn handle(&mut self, event: Event) {
+        let m = &self.runner.metrics;
+        let (kind, listed) = match &event {
+            Event::Apply(o) => (Some(o.kind()), Vec::new()),
+            Event::Delete(r) => (Some(r.kind), Vec::new()),
+            Event::Replace { kinds, objects } => {
+                for o in objects {
+                    m.objects_seen
+                        .get_or_create(&KindLabel {
+                            kind: o.kind().as_str().into(),
+                        })
+                        .inc();
+                }
+                (None, kinds.clone())
+            }
+        };
+        if let Some(kind) = kind {
+            m.objects_seen
+                .get_or_create(&KindLabel {
+                    kind: kind.as_str().into(),
+                })
+                .inc();
+        }
+        let outcome = self.runner.model.apply(event);
+        for w in &outcome.warnings {
+            warn!("{w}");
+        }
+        for e in &outcome.errors {
+            error!("rejected {e}; keeping its last good version");
+            m.object_errors
+                .get_or_create(&KindLabel {
+                    kind: e.object.kind.as_str().into(),
+                })
+                .inc();
+        }
+        if outcome.applied > 0 {
+            let label = KindLabel {
+                kind: kind.map_or("List", |k| k.as_str()).into(),
+            };
+            m.objects_applied
+                .get_or_create(&label)
+                .inc_by(outcome.applied as u64);
+        }
+        self.listed.extend(listed);
+
+        let diff = outcome.diff;
+        if diff.is_empty() {
+            return;
+        }
+        if diff.node_changed {
+            self.runner
+                .health
+                .set_node_eligible(self.runner.model.snapshot().node.eligible());
+        }
+        // kube-proxy counts Service and EndpointSlice changes separately; a relist counts as both.
+        let changes = diff.changes.len() as i64;
+        match kind {
+            Some(Kind::Service) => self.pending_services += changes,
+            Some(Kind::EndpointSlice) => self.pending_endpoints += changes,
+            Some(Kind::Node) => {}
+            None => {
+                self.pending_services += changes;
+                self.pending_endpoints += changes;
+            }
+        }
+        m.service_changes_pending.set(self.pending_services);
+        m.endpoint_changes_pending.set(self.pending_endpoints);
+        let now = SystemTime::now();
+        let touched: BTreeSet<Family> = if diff.node_changed {
+            self.families.iter().copied().collect()
+        } else {
+            diff.changes.keys().map(|k| k.family).collect()
+        };
+        for family in touched.into_iter().filter(|f| self.families.contains(f)) {
+            self.runner.health.queued(family, now);
+            m.last_queued_timestamp
+                .get_or_create(&family.into())
+                .set(unix_seconds(now));
+        }
+        self.pending.merge(diff);
+    }
+
+    fn sync(&mut self) {
+        let now = Instant::now();
+        let timing = self.runner.timing;
+        let full_due = self.last_full.is_some_and(|t| {
+            !timing.full_sync_period.is_zero() && now >= t + timing.full_sync_period
+        });
+        let full = self.need_full || full_due;
+        let snapshot = self.runner.model.snapshot();
+        let diff = if full {
+            Diff::full(snapshot)
+        } else {
+            std::mem::take(&mut self.pending)
+        };
+        let started = std::time::Instant::now();
+        let result = self.runner.backend.sync(&SyncRequest {
+            diff: &diff,
+            snapshot,
+            full,
+        });
+        let duration = started.elapsed();
+        self.generation += 1;
+        self.last_sync = Some(now);
+        let backend = BackendLabel {
+            backend: self.runner.backend.name().to_string(),
+        };
+        let m = &self.runner.metrics;
+        let report = match result {
+            Ok(stats) => {
+                let wall = SystemTime::now();
+                for family in &self.families {
+                    let label: FamilyLabel = (*family).into();
+                    m.sync_duration
+                        .get_or_create(&label)
+                        .observe(duration.as_secs_f64());
+                    let by_kind = if full {
+                        &m.full_sync_duration
+                    } else {
+                        &m.partial_sync_duration
+                    };
+                    by_kind
+                        .get_or_create(&label)
+                        .observe(duration.as_secs_f64());
+                    m.last_sync_timestamp
+                        .get_or_create(&label)
+                        .set(unix_seconds(wall));
+                    self.runner.health.updated(*family, wall);
+                }
+                m.sync_operations
+                    .get_or_create(&backend)
+                    .inc_by(stats.operations as u64);
+                m.service_changes_total
+                    .inc_by(self.pending_services.max(0) as u64);
+                m.endpoint_changes_total
+                    .inc_by(self.pending_endpoints.max(0) as u64);
+                self.pending_services = 0;
+                self.pending_endpoints = 0;
+                m.service_changes_pending.set(0);
+                m.endpoint_changes_pending.set(0);
+                self.record_model_gauges();
+                if full {
+                    self.pending = Diff::default();
+                    self.last_full = Some(now);
+                }
+                self.need_full = false;
+                self.retry_at = None;
+                self.retry_delay = Duration::ZERO;
+                if stats.operations > 0 || full {
+                    info!(backend = %backend.backend, full, operations = stats.operations, ?duration, "synced");
+                } else {
+                    debug!(backend = %backend.backend, ?duration, "periodic sync, nothing to change");
+                }
+                SyncReport {
+                    generation: self.generation,
+                    ok: true,
+                    full,
+                    operations: stats.operations,
+                    duration,
+                }
+            }
+            Err(e) => {
+                m.sync_failures.get_or_create(&backend).inc();
+                self.need_full = true;
+                self.pending = Diff::default();
+                self.retry_delay = if self.retry_delay.is_zero() {
+                    timing.min_sync_period.max(Duration::from_millis(500))
+                } else {
+                    (self.retry_delay * 2).min(timing.sync_period)
+                };
+                self.retry_at = Some(now + self.retry_delay);
+                error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {e}");
+                SyncReport {
+                    generation: self.generation,
+                    ok: false,
+                    full,
+                    operations: 0,
+                    duration,
+                }
+            }
+        };
+        self.runner.reports.send_replace(Some(report));
+    }
+
+    fn record_model_gauges(&self) {
+        let m = &self.runner.metrics;
+        let snapshot = self.runner.model.snapshot();
+        for family in &self.families {
+            let mut ports = 0i64;
+            let (mut internal, mut external) = (0i64, 0i64);
+            for sp in snapshot.family(*family) {
+                ports += 1;
+                let no_local = sp.has_any_endpoints && sp.local_endpoints.is_empty();
+                if sp.internal_policy_local && no_local {
+                    internal += 1;
+                }
+                if sp.external_policy_local && sp.externally_accessible() && no_local {
+                    external += 1;
+                }
+            }
+            m.model_service_ports
+                .get_or_create(&(*family).into())
+                .set(ports);
+            for (policy, n) in [("internal", internal), ("external", external)] {
+                let label = NoLocalLabel {
+                    traffic_policy: policy.into(),
+                    ip_family: family.label().into(),
+                };
+                m.no_local_endpoints.get_or_create(&label).set(n);
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,224 @@
+//! Sync-loop behaviour with a fake backend and paused time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kpng_model::{ModelConfig, Object};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+
+use super::*;
+use crate::{BackendError, SyncStats};
+
+#[derive(Default)]
+struct Calls {
+    /// (full, number of changed ports, ports in snapshot)
+    log: Mutex<Vec<(bool, usize, usize)>>,
+    fail: AtomicBool,
+}
+
+struct FakeBackend(Arc<Calls>);
+
+impl Backend for FakeBackend {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn families(&self) -> Vec<Family> {
+        vec![Family::V4]
+    }
+    fn sync(&mut self, r: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        self.0.log.lock().expect("lock").push((
+            r.full,
+            r.diff.changes.len(),
+            r.snapshot.ports.len(),
+        ));
+        if self.0.fail.load(Ordering::SeqCst) {
+            return Err(BackendError::Other("injected failure".into()));
+        }
+        Ok(SyncStats {
+            operations: r.diff.changes.len(),
+        })
+    }
+}
+
+fn service(name: &str, ip: &str) -> Object {
+    Object::Service(Box::new(
+        serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": name},
+            "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": 80}]}}))
+        .expect("service"),
+    ))
+}
+
+fn all_kinds(objects: Vec<Object>) -> Event {
+    Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects,
+    }
+}
+
+struct Harness {
+    calls: Arc<Calls>,
+    tx: mpsc::Sender<Event>,
+    reports: watch::Receiver<Option<SyncReport>>,
+    metrics: ProxyMetrics,
+    health: Arc<ProxyHealth>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+fn start(timing: SyncTiming) -> Harness {
+    let calls = Arc::new(Calls::default());
+    let mut registry = Registry::default();
+    let metrics = ProxyMetrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(&[Family::V4], timing.sync_period * 2));
+    let model = Model::new(ModelConfig {
+        node_name: "n".into(),
+        ..ModelConfig::default()
+    });
+    let runner = Runner::new(
+        model,
+        Box::new(FakeBackend(calls.clone())),
+        timing,
+        metrics.clone(),
+        health.clone(),
+    );
+    let reports = runner.subscribe();
+    let (tx, rx) = mpsc::channel(16);
+    let task = tokio::spawn(runner.run(rx));
+    Harness {
+        calls,
+        tx,
+        reports,
+        metrics,
+        health,
+        _task: task,
+    }
+}
+
+fn log(h: &Harness) -> Vec<(bool, usize, usize)> {
+    h.calls.log.lock().expect("lock").clone()
+}
+
+async fn settle() {
+    // Let the runner task process what is queued (time is paused; this only yields).
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_programmed_before_every_kind_is_listed() {
+    let h = start(SyncTiming::default());
+    h.tx.send(Event::Apply(service("a", "10.96.0.1")))
+        .await
+        .expect("send");
+    h.tx.send(Event::Replace {
+        kinds: vec![Kind::Service],
+        objects: vec![service("a", "10.96.0.1")],
+    })
+    .await
+    .expect("send");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        log(&h).is_empty(),
+        "synced before EndpointSlices and Nodes were listed"
+    );
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(
+        log(&h),
+        vec![(true, 1, 1)],
+        "one full sync once everything is listed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn changes_within_min_sync_period_are_merged_into_one_partial_sync() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::from_secs(1),
+        ..SyncTiming::default()
+    });
+    h.tx.send(all_kinds(vec![])).await.expect("send");
+    settle().await;
+    h.tx.send(Event::Apply(service("a", "10.96.0.1")))
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h).len(), 1, "still rate limited");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(log(&h), vec![(true, 0, 0), (false, 2, 2)]);
+    assert_eq!(h.metrics.service_changes_total.get(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sync_is_retried_as_a_full_sync_and_health_turns_bad_then_good() {
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(10),
+        ..SyncTiming::default()
+    };
+    let mut h = start(timing);
+    h.tx.send(all_kinds(vec![])).await.expect("send");
+    settle().await;
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(Event::Apply(service("a", "10.96.0.1")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h).last(), Some(&(false, 1, 1)));
+    assert!(!h.reports.borrow_and_update().as_ref().expect("report").ok);
+    // Retries back off (0.5 s, 1 s, 2 s, …, capped at the sync period) and are full syncs.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(log(&h).last(), Some(&(true, 1, 1)));
+    assert_eq!(
+        h.metrics
+            .sync_failures
+            .get_or_create(&BackendLabel {
+                backend: "fake".into()
+            })
+            .get(),
+        2
+    );
+    // Still failing after 2 × sync period: unhealthy.
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    assert!(
+        !h.health
+            .is_healthy(SystemTime::now() + Duration::from_secs(21))
+    );
+    h.calls.fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(h.reports.borrow().as_ref().expect("report").ok);
+    assert!(h.health.is_healthy(SystemTime::now()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn periodic_and_full_resyncs() {
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(30),
+        full_sync_period: Duration::from_secs(90),
+    };
+    let h = start(timing);
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(
+        log(&h),
+        vec![(true, 1, 1), (false, 0, 1)],
+        "periodic sync carries an empty diff"
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let l = log(&h);
+    assert_eq!(
+        l.last(),
+        Some(&(true, 1, 1)),
+        "full resync after full_sync_period: {l:?}"
+    );
+}
