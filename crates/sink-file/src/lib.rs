@@ -1,0 +1,213 @@
+//! The `to-file` sink: writes the node-local model as readable YAML in a stable order.
+//!
+//! The output is what this node must do, in one page: every Service port per family with its
+//! VIPs and the endpoints each traffic policy selects. It is rewritten atomically after every
+//! change (write to a temporary file in the same directory, then rename), so a reader never sees
+//! half a file. With `-` it prints one YAML document per sync to standard output. The same
+//! rendering is the golden format of the model's tests.
+//!
+//! Rendering is O(Service ports) per sync: this sink is for humans and tests, not for scale.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_model::{Endpoint, ServicePort, Snapshot};
+use serde::Serialize;
+
+/// Where the sink writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Standard output, one `---`-separated document per sync.
+    Stdout,
+    /// A file, replaced atomically on every sync.
+    File(PathBuf),
+}
+
+impl Output {
+    /// Parses the `--output` flag: `-` is standard output.
+    pub fn parse(s: &str) -> Output {
+        if s == "-" {
+            Output::Stdout
+        } else {
+            Output::File(PathBuf::from(s))
+        }
+    }
+}
+
+/// The `to-file` sink.
+#[derive(Debug)]
+pub struct FileSink {
+    output: Output,
+    last: Option<String>,
+}
+
+impl FileSink {
+    /// A sink writing to `output`.
+    pub fn new(output: Output) -> FileSink {
+        FileSink { output, last: None }
+    }
+}
+
+impl Backend for FileSink {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let text = render(request.snapshot)
+            .map_err(|e| BackendError::Other(format!("rendering YAML: {e}")))?;
+        if self.last.as_deref() == Some(text.as_str()) {
+            return Ok(SyncStats { operations: 0 });
+        }
+        match &self.output {
+            Output::Stdout => {
+                let mut out = std::io::stdout().lock();
+                write!(out, "---\n{text}")
+                    .and_then(|_| out.flush())
+                    .map_err(|source| BackendError::Io {
+                        context: "writing to standard output".into(),
+                        source,
+                    })?;
+            }
+            Output::File(path) => write_atomically(path, &text)?,
+        }
+        self.last = Some(text);
+        Ok(SyncStats { operations: 1 })
+    }
+}
+
+fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), BackendError> {
+    let io = |context: String| move |source| BackendError::Io { context, source };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(&dir).map_err(io(format!(
+        "creating a temporary file in {}",
+        dir.display()
+    )))?;
+    tmp.write_all(text.as_bytes())
+        .map_err(io(format!("writing {}", tmp.path().display())))?;
+    tmp.persist(path).map_err(|e| BackendError::Io {
+        context: format!("replacing {}", path.display()),
+        source: e.error,
+    })?;
+    Ok(())
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeView<'a> {
+    name: &'a str,
+    known: bool,
+    eligible: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ips: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zone: Option<&'a str>,
+    #[serde(rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pod_cidrs: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PortView<'a> {
+    service: String,
+    port_name: &'a str,
+    protocol: &'static str,
+    family: &'static str,
+    #[serde(rename = "clusterIP")]
+    cluster_ip: String,
+    port: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_port: Option<u16>,
+    #[serde(rename = "externalIPs", skip_serializing_if = "Vec::is_empty")]
+    external_ips: Vec<String>,
+    #[serde(rename = "loadBalancerIPs", skip_serializing_if = "Vec::is_empty")]
+    load_balancer_ips: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    load_balancer_source_ranges: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_affinity_timeout_seconds: Option<u32>,
+    external_traffic_policy: &'static str,
+    internal_traffic_policy: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    health_check_node_port: Option<u16>,
+    has_any_endpoints: bool,
+    local_ready_endpoints: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster_endpoints: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    local_endpoints: Option<Vec<String>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotView<'a> {
+    node: NodeView<'a>,
+    service_ports: Vec<PortView<'a>>,
+}
+
+fn strings<T: ToString>(items: &[T]) -> Vec<String> {
+    items.iter().map(ToString::to_string).collect()
+}
+
+/// `10.244.1.2:8080`, with ` local` / ` terminating` when they apply.
+fn endpoint_label(e: &Endpoint) -> String {
+    let mut s = e.addr().to_string();
+    if e.is_local {
+        s.push_str(" local");
+    }
+    if e.terminating {
+        s.push_str(" terminating");
+    }
+    s
+}
+
+fn policy(local: bool) -> &'static str {
+    if local { "Local" } else { "Cluster" }
+}
+
+fn port_view(p: &ServicePort) -> PortView<'_> {
+    let eps = |v: &[Endpoint]| v.iter().map(endpoint_label).collect::<Vec<_>>();
+    PortView {
+        service: p.key.service.to_string(),
+        port_name: &p.key.port_name,
+        protocol: p.key.protocol.as_str(),
+        family: p.key.family.label(),
+        cluster_ip: p.cluster_ip.to_string(),
+        port: p.port,
+        node_port: p.node_port,
+        external_ips: strings(&p.external_ips),
+        load_balancer_ips: strings(&p.load_balancer_ips),
+        load_balancer_source_ranges: strings(&p.source_ranges),
+        session_affinity_timeout_seconds: p.session_affinity.map(|a| a.timeout_seconds),
+        external_traffic_policy: policy(p.external_policy_local),
+        internal_traffic_policy: policy(p.internal_policy_local),
+        health_check_node_port: p.health_check_node_port,
+        has_any_endpoints: p.has_any_endpoints,
+        local_ready_endpoints: p.local_ready_endpoints,
+        cluster_endpoints: p
+            .uses_cluster_endpoints()
+            .then(|| eps(&p.cluster_endpoints)),
+        local_endpoints: p.uses_local_endpoints().then(|| eps(&p.local_endpoints)),
+    }
+}
+
+/// Renders a snapshot as the `to-file` YAML.
+pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeError> {
+    let node = &snapshot.node;
+    let view = SnapshotView {
+        node: NodeView {
+            name: &node.name,
+            known: node.known,
+            eligible: node.eligible(),
+            ips: strings(&node.ips),
+            zone: node.zone.as_deref(),
+            pod_cidrs: strings(&node.pod_cidrs),
+        },
+        service_ports: snapshot.ports.values().map(|p| port_view(p)).collect(),
+    };
+    serde_saphyr::to_string(&view)
+}

@@ -1,0 +1,16 @@
+//! The `file` source: Kubernetes manifests on disk, watched for changes.
+//!
+//! The input is what `kubectl get svc,endpointslices,nodes -A -o yaml` prints: a YAML stream of
+//! `---`-separated documents, any of which may be a `kind: List`. Every load is sent to the model
+//! as one [`kpng_model::Event::Replace`], so the model diffs it against the previous load and
+//! backends see only what changed.
+//!
+//! A load that fails (a document that does not parse, an object the model cannot use) is
+//! reported with the document index, kind, namespace/name and field, and *nothing* is sent: the
+//! last good state stays programmed until the file is fixed.
+
+mod parse;
+mod watch;
+
+pub use parse::{Loaded, ManifestError, parse_manifests};
+pub use watch::{FileSource, LoadError, SourceError};

@@ -1,0 +1,275 @@
+//! Manifest text → model objects, with errors that say exactly where.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use kpng_model::{Object, convert};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// Why a manifest file was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ManifestError {
+    /// 1-based document index in the YAML stream.
+    pub document: usize,
+    /// 1-based index inside a `kind: List`, when the object is a list item.
+    pub item: Option<usize>,
+    /// The line the document starts on (1-based).
+    pub line: usize,
+    /// The object's kind, when known.
+    pub kind: Option<String>,
+    /// `namespace/name` (or `name`), when known.
+    pub object: Option<String>,
+    /// The field path at fault, when known (`spec.ports[0].port`).
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {}", self.document)?;
+        if let Some(item) = self.item {
+            write!(f, " item {item}")?;
+        }
+        write!(f, " (line {})", self.line)?;
+        match (&self.kind, &self.object) {
+            (Some(k), Some(o)) => write!(f, ", {k} {o}")?,
+            (Some(k), None) => write!(f, ", {k}")?,
+            _ => {}
+        }
+        if let Some(field) = &self.field {
+            write!(f, ", field {field}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// A successfully parsed manifest file.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// The objects, in file order.
+    pub objects: Vec<Object>,
+    /// Kinds that were skipped because kpng does not use them (each named once).
+    pub skipped_kinds: BTreeSet<String>,
+}
+
+/// Splits a YAML stream into documents, returning each with its 1-based start line.
+fn documents(text: &str) -> Vec<(usize, String)> {
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    let mut start = 1;
+    for (i, line) in text.lines().enumerate() {
+        let is_separator = line == "---" || line.starts_with("--- ") || line.starts_with("---\t");
+        if is_separator {
+            docs.push((start, std::mem::take(&mut current)));
+            start = i + 2;
+            // `--- key: value` keeps content after the marker.
+            if let Some(rest) = line.get(4..).filter(|r| !r.trim().is_empty()) {
+                current.push_str(rest);
+                current.push('\n');
+                start = i + 1;
+            }
+        } else if line == "..." {
+            continue;
+        } else {
+            current.push_str(line);
+            current.push('\n');
+        }
+    }
+    docs.push((start, current));
+    docs
+}
+
+fn name_of(value: &Value) -> Option<String> {
+    let meta = value.get("metadata")?;
+    let name = meta.get("name")?.as_str()?;
+    Some(match meta.get("namespace").and_then(Value::as_str) {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    })
+}
+
+/// Where an object came from, for error messages.
+#[derive(Clone, Copy)]
+struct Origin {
+    document: usize,
+    item: Option<usize>,
+    line: usize,
+}
+
+impl Origin {
+    fn error(
+        &self,
+        value: Option<&Value>,
+        kind: Option<&str>,
+        field: Option<String>,
+        message: String,
+    ) -> ManifestError {
+        ManifestError {
+            document: self.document,
+            item: self.item,
+            line: self.line,
+            kind: kind.map(str::to_string),
+            object: value.and_then(name_of),
+            field,
+            message,
+        }
+    }
+}
+
+fn typed<T: DeserializeOwned>(
+    value: Value,
+    origin: Origin,
+    kind: &str,
+) -> Result<T, ManifestError> {
+    let copy = value.clone();
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != ".").then_some(path);
+        origin.error(Some(&copy), Some(kind), field, e.into_inner().to_string())
+    })
+}
+
+fn object(
+    value: Value,
+    origin: Origin,
+    loaded: &mut Loaded,
+    origins: &mut Vec<Origin>,
+) -> Result<(), ManifestError> {
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let Some(kind) = kind else {
+        return Err(origin.error(Some(&value), None, Some("kind".into()), "missing".into()));
+    };
+    let mut warnings = Vec::new();
+    let conversion = |e: convert::ConversionError| {
+        let name = if e.object.namespace.is_empty() {
+            e.object.name.clone()
+        } else {
+            format!("{}/{}", e.object.namespace, e.object.name)
+        };
+        ManifestError {
+            object: Some(name),
+            ..origin.error(None, Some(&kind), Some(e.field), e.message)
+        }
+    };
+    let object = match kind.as_str() {
+        "Service" => {
+            let svc = typed(value, origin, &kind)?;
+            convert::service(&svc, &mut warnings).map_err(conversion)?;
+            Object::Service(Box::new(svc))
+        }
+        "EndpointSlice" => {
+            let slice = typed(value, origin, &kind)?;
+            convert::endpoint_slice(&slice, &mut warnings).map_err(conversion)?;
+            Object::EndpointSlice(Box::new(slice))
+        }
+        "Node" => {
+            let node = typed(value, origin, &kind)?;
+            convert::node(&node, &mut warnings).map_err(conversion)?;
+            Object::Node(Box::new(node))
+        }
+        other => {
+            loaded.skipped_kinds.insert(other.to_string());
+            return Ok(());
+        }
+    };
+    loaded.objects.push(object);
+    origins.push(origin);
+    Ok(())
+}
+
+/// Parses a manifest file. Any error rejects the whole file (the caller keeps its last good load).
+pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
+    let mut loaded = Loaded::default();
+    let mut origins = Vec::new();
+    for (index, (line, doc)) in documents(text).into_iter().enumerate() {
+        let document = index + 1;
+        let origin = Origin {
+            document,
+            item: None,
+            line,
+        };
+        if doc
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        {
+            continue;
+        }
+        let value: Value = serde_saphyr::from_str(&doc)
+            .map_err(|e| origin.error(None, None, None, format!("invalid YAML: {e}")))?;
+        if value.is_null() {
+            continue;
+        }
+        let kind = value
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if kind == "List" || (kind.ends_with("List") && value.get("items").is_some()) {
+            let items = match value.get("items") {
+                Some(Value::Array(items)) => items.clone(),
+                Some(Value::Null) | None => Vec::new(),
+                Some(_) => {
+                    return Err(origin.error(
+                        None,
+                        Some(&kind),
+                        Some("items".into()),
+                        "must be a list".into(),
+                    ));
+                }
+            };
+            let item_kind = kind
+                .strip_suffix("List")
+                .filter(|k| !k.is_empty())
+                .map(str::to_string);
+            for (i, mut item) in items.into_iter().enumerate() {
+                if let (Some(k), Some(map)) = (&item_kind, item.as_object_mut()) {
+                    map.entry("kind")
+                        .or_insert_with(|| Value::String(k.clone()));
+                }
+                object(
+                    item,
+                    Origin {
+                        item: Some(i + 1),
+                        ..origin
+                    },
+                    &mut loaded,
+                    &mut origins,
+                )?;
+            }
+        } else {
+            object(value, origin, &mut loaded, &mut origins)?;
+        }
+    }
+    reject_duplicates(&loaded, &origins)?;
+    Ok(loaded)
+}
+
+fn reject_duplicates(loaded: &Loaded, origins: &[Origin]) -> Result<(), ManifestError> {
+    let mut seen: BTreeMap<kpng_model::ObjectRef, Origin> = BTreeMap::new();
+    for (o, origin) in loaded.objects.iter().zip(origins) {
+        let r = o.reference();
+        if let Some(first) = seen.insert(r.clone(), *origin) {
+            let name = if r.namespace.is_empty() {
+                r.name.clone()
+            } else {
+                format!("{}/{}", r.namespace, r.name)
+            };
+            return Err(ManifestError {
+                kind: Some(r.kind.as_str().to_string()),
+                object: Some(name),
+                field: Some("metadata.name".into()),
+                message: format!("defined twice (first in document {})", first.document),
+                ..origin.error(None, None, None, String::new())
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,130 @@
+//! Parser tests: streams, lists, and errors that say where.
+
+use super::*;
+
+const STREAM: &str = r#"
+# a comment before the first document
+apiVersion: v1
+kind: Service
+metadata: {namespace: default, name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: default
+  name: web-abc
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.2]
+  nodeName: node-a
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {namespace: default, name: ignored}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+---
+"#;
+
+#[test]
+fn parses_a_yaml_stream_and_skips_unknown_kinds() {
+    let loaded = parse_manifests(STREAM).expect("parses");
+    let kinds: Vec<&str> = loaded.objects.iter().map(|o| o.kind().as_str()).collect();
+    assert_eq!(kinds, ["Service", "EndpointSlice", "Node"]);
+    assert_eq!(
+        loaded.skipped_kinds.iter().collect::<Vec<_>>(),
+        ["ConfigMap"]
+    );
+}
+
+#[test]
+fn parses_kubectl_list_output() {
+    let text = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {namespace: a, name: s1}
+  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {namespace: a, name: s1-x, labels: {kubernetes.io/service-name: s1}}
+  addressType: IPv4
+  endpoints: []
+metadata: {resourceVersion: ""}
+---
+apiVersion: v1
+kind: ServiceList
+items:
+- metadata: {namespace: a, name: s2}
+  spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}
+"#;
+    let loaded = parse_manifests(text).expect("parses");
+    let names: Vec<String> = loaded
+        .objects
+        .iter()
+        .map(|o| o.reference().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["Service a/s1", "EndpointSlice a/s1-x", "Service a/s2"]
+    );
+}
+
+#[test]
+fn errors_name_document_object_and_field() {
+    struct Case {
+        name: &'static str,
+        text: &'static str,
+        want: &'static str,
+    }
+    let cases = [
+        Case {
+            name: "YAML syntax error in document 2",
+            text: "kind: Node\nmetadata: {name: a}\n---\nkind: Service\nmetadata: {name: [oops\n",
+            want: "document 2 (line 4): invalid YAML",
+        },
+        Case {
+            name: "wrong type",
+            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: eighty}]}\n",
+            want: "document 1 (line 1), Service ns/web, field spec.ports[0].port: invalid type",
+        },
+        Case {
+            name: "invalid value",
+            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n",
+            want: "document 1 (line 1), Service ns/web, field spec.ports[0].port: port 0 is not in 1-65535",
+        },
+        Case {
+            name: "list item",
+            text: "kind: List\nitems:\n- kind: Node\n  metadata: {name: a}\n- kind: EndpointSlice\n  metadata: {namespace: ns, name: s}\n  addressType: IPv4\n  endpoints: []\n  ports: [{name: x, port: 99999}]\n",
+            want: "document 1 item 2 (line 1), EndpointSlice ns/s, field ports[0].port",
+        },
+        Case {
+            name: "missing kind",
+            text: "metadata: {name: a}\n",
+            want: "document 1 (line 1), field kind: missing",
+        },
+        Case {
+            name: "duplicate",
+            text: "kind: Node\nmetadata: {name: a}\n---\nkind: Node\nmetadata: {name: a}\n",
+            want: "document 2 (line 4), Node a, field metadata.name: defined twice (first in document 1)",
+        },
+    ];
+    for case in cases {
+        let err = parse_manifests(case.text).expect_err(case.name).to_string();
+        assert!(
+            err.starts_with(case.want),
+            "{}: got {err:?}, want prefix {:?}",
+            case.name,
+            case.want
+        );
+    }
+}

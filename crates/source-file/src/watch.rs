@@ -1,0 +1,186 @@
+//! Watching the manifest file: inotify on its directory, a short debounce, content comparison.
+//!
+//! The *directory* is watched, not the file, because editors and `kubectl`/ConfigMap mounts
+//! replace files (write a new file, rename it over the old one, or swap a `..data` symlink):
+//! a watch on the old inode would go silent. Any event in the directory triggers a re-read, and
+//! a re-read whose content is unchanged does nothing.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kpng_model::{Event, Kind};
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::parse::{Loaded, ManifestError, parse_manifests};
+
+/// Errors that stop the source.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The directory could not be watched.
+    #[error("cannot watch {path}: {source}")]
+    Watch {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: notify::Error,
+    },
+}
+
+/// Why one load failed (the source keeps its last good state and goes on watching).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The content was rejected.
+    #[error("{path}: {source}")]
+    Manifest {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        #[source]
+        source: ManifestError,
+    },
+}
+
+/// The `file` source.
+#[derive(Debug, Clone)]
+pub struct FileSource {
+    path: PathBuf,
+    debounce: Duration,
+}
+
+impl FileSource {
+    /// A source reading `path`, re-reading it `debounce` after the last change event.
+    pub fn new(path: impl Into<PathBuf>, debounce: Duration) -> FileSource {
+        FileSource {
+            path: path.into(),
+            debounce,
+        }
+    }
+
+    /// Reads and parses the file once.
+    pub fn load(&self) -> Result<(String, Loaded), LoadError> {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| LoadError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
+        let loaded = parse_manifests(&text).map_err(|source| LoadError::Manifest {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok((text, loaded))
+    }
+
+    fn directory(&self) -> PathBuf {
+        match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => Path::new(".").to_path_buf(),
+        }
+    }
+
+    /// Sends the file's content as [`Event::Replace`] now and after every change, until the
+    /// receiver is dropped. Broken content is logged and skipped.
+    pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), SourceError> {
+        let (notify_tx, mut notify_rx) = mpsc::unbounded_channel();
+        let mut watcher = notify::recommended_watcher(move |res| {
+            // The receiver only goes away when the source stops.
+            let _ = notify_tx.send(res);
+        })
+        .map_err(|source| SourceError::Watch {
+            path: self.directory(),
+            source,
+        })?;
+        watcher
+            .watch(&self.directory(), RecursiveMode::NonRecursive)
+            .map_err(|source| SourceError::Watch {
+                path: self.directory(),
+                source,
+            })?;
+
+        let mut state = ReloadState::default();
+        if !self.reload(&events, &mut state).await {
+            return Ok(());
+        }
+        loop {
+            match notify_rx.recv().await {
+                None => return Ok(()),
+                Some(Err(e)) => warn!("file watch error on {}: {e}", self.directory().display()),
+                Some(Ok(_)) => {}
+            }
+            // Debounce: wait until the directory has been quiet for `debounce`.
+            loop {
+                match tokio::time::timeout(self.debounce, notify_rx.recv()).await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return Ok(()),
+                    Err(_) => break,
+                }
+            }
+            if !self.reload(&events, &mut state).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Re-reads the file; returns false when the receiver is gone.
+    async fn reload(&self, events: &mpsc::Sender<Event>, state: &mut ReloadState) -> bool {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) => {
+                // Mid-replace the file may be briefly missing; the next event re-reads it.
+                warn!(
+                    "cannot read {}: {e}; keeping the last good state",
+                    self.path.display()
+                );
+                return true;
+            }
+        };
+        if state.good.as_deref() == Some(text.as_str())
+            || state.bad.as_deref() == Some(text.as_str())
+        {
+            return true;
+        }
+        match parse_manifests(&text) {
+            Err(e) => {
+                error!("{}: {e}; keeping the last good state", self.path.display());
+                state.bad = Some(text);
+                true
+            }
+            Ok(loaded) => {
+                for kind in &loaded.skipped_kinds {
+                    warn!(
+                        "{}: skipping objects of kind {kind}: kpng does not use them",
+                        self.path.display()
+                    );
+                }
+                info!(
+                    "{}: loaded {} objects",
+                    self.path.display(),
+                    loaded.objects.len()
+                );
+                state.good = Some(text);
+                state.bad = None;
+                let event = Event::Replace {
+                    kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+                    objects: loaded.objects,
+                };
+                events.send(event).await.is_ok()
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct ReloadState {
+    good: Option<String>,
+    bad: Option<String>,
+}

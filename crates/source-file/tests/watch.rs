@@ -1,0 +1,79 @@
+//! The file source against a real file system: edits, broken edits, editor-style replacement.
+
+use std::time::Duration;
+
+use kpng_model::{Event, Object};
+use kpng_source_file::FileSource;
+use tokio::sync::mpsc;
+
+fn manifest(ip: &str) -> String {
+    format!(
+        "kind: Service\nmetadata: {{namespace: ns, name: web}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+    )
+}
+
+fn cluster_ip(event: &Event) -> String {
+    let Event::Replace { objects, .. } = event else {
+        panic!("expected Replace, got {event:?}")
+    };
+    let Some(Object::Service(svc)) = objects.first() else {
+        panic!("expected a Service")
+    };
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.clone())
+        .unwrap_or_default()
+}
+
+async fn next(rx: &mut mpsc::Receiver<Event>) -> Option<Event> {
+    tokio::time::timeout(Duration::from_secs(3), rx.recv())
+        .await
+        .ok()
+        .flatten()
+}
+
+#[tokio::test]
+async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, manifest("10.96.0.1")).expect("write");
+    let (tx, mut rx) = mpsc::channel(8);
+    let source = FileSource::new(&path, Duration::from_millis(50));
+    let task = tokio::spawn(source.run(tx));
+
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("initial load")),
+        "10.96.0.1"
+    );
+
+    // An in-place edit.
+    std::fs::write(&path, manifest("10.96.0.2")).expect("write");
+    assert_eq!(cluster_ip(&next(&mut rx).await.expect("edit")), "10.96.0.2");
+
+    // A broken edit sends nothing (the last good state stays).
+    std::fs::write(&path, "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 0}]}\n").expect("write");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(600), rx.recv())
+            .await
+            .is_err(),
+        "broken edit was sent"
+    );
+
+    // An editor that writes a new file and renames it over the old one.
+    let tmp = dir.path().join(".cluster.yaml.swp");
+    std::fs::write(&tmp, manifest("10.96.0.3")).expect("write");
+    std::fs::rename(&tmp, &path).expect("rename");
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("replace")),
+        "10.96.0.3"
+    );
+
+    // And later edits of the replaced file are still seen.
+    std::fs::write(&path, manifest("10.96.0.4")).expect("write");
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("edit after replace")),
+        "10.96.0.4"
+    );
+
+    task.abort();
+}
