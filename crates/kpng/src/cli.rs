@@ -1,0 +1,185 @@
+//! The command line: `kpng <source> [source flags] <sink> [backend] [flags]`.
+//!
+//! Node and proxy flags are global: they may stand anywhere on the line, as kube-proxy users
+//! expect to paste them.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// kpng: a Kubernetes service proxy (kube-proxy next generation).
+///
+/// A source turns cluster state (Services, EndpointSlices, Nodes) into a small node-local model;
+/// a sink consumes it. Examples:
+///
+///   kpng file --input examples/cluster.yaml to-file --output -
+#[derive(Debug, Parser)]
+#[command(name = "kpng", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    /// Flags that apply wherever they are written.
+    #[command(flatten)]
+    pub global: GlobalFlags,
+    /// What to read cluster state from.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Node, proxy and server flags (kube-proxy's names and defaults).
+#[derive(Debug, Args, Clone)]
+pub struct GlobalFlags {
+    /// This node's name; endpoints with this nodeName are local. Default: the OS hostname.
+    #[arg(
+        long,
+        global = true,
+        alias = "hostname-override",
+        env = "KPNG_NODE_NAME"
+    )]
+    pub node_name: Option<String>,
+
+    /// This node's IP(s), overriding the Node object's addresses (comma-separated, one per family).
+    #[arg(long, global = true, alias = "bind-address", value_delimiter = ',')]
+    pub node_ip: Vec<IpAddr>,
+
+    /// Serve Services labelled service.kubernetes.io/service-proxy-name=NAME (others with that
+    /// label belong to another proxy).
+    #[arg(long, global = true)]
+    pub service_proxy_name: Option<String>,
+
+    /// The cluster's pod CIDR(s), one per family: traffic from outside them is masqueraded.
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub cluster_cidr: Vec<ipnet::IpNet>,
+
+    /// Masquerade all traffic to ClusterIPs.
+    #[arg(long, global = true)]
+    pub masquerade_all: bool,
+
+    /// Addresses that accept NodePort traffic: `primary` (the node's IPs) or CIDRs.
+    #[arg(long, global = true, value_delimiter = ',', default_value = "primary")]
+    pub nodeport_addresses: Vec<String>,
+
+    /// Where /healthz and /livez are served (kube-proxy's health server).
+    #[arg(long, global = true, default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: SocketAddr,
+
+    /// Where /metrics, /healthz and /proxyMode are served; empty disables.
+    #[arg(long, global = true, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
+
+    /// Minimum time between two syncs (0 = sync at once).
+    #[arg(long, global = true, default_value = "1s", value_parser = parse_duration)]
+    pub min_sync_period: Duration,
+
+    /// Periodic sync interval; a change unsynced for twice this makes /healthz fail.
+    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration)]
+    pub sync_period: Duration,
+
+    /// Periodic full resync interval (0 disables).
+    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration)]
+    pub full_sync_period: Duration,
+
+    /// Log filter (tracing syntax, e.g. `info`, `kpng=debug`); RUST_LOG wins when set.
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+}
+
+/// The first word: a source, or a standalone command.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Read Kubernetes manifests (a YAML stream or a `kind: List`) from a file, and watch it.
+    File(FileSource),
+    /// Print the version.
+    Version,
+}
+
+/// `kpng file …`.
+#[derive(Debug, Args)]
+pub struct FileSource {
+    /// The manifest file (what `kubectl get svc,endpointslices,nodes -A -o yaml` prints).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// How long the file must be quiet after a change before it is re-read.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub debounce: Duration,
+    /// Where the model goes.
+    #[command(subcommand)]
+    pub sink: Sink,
+}
+
+/// The second word: where the model goes.
+#[derive(Debug, Subcommand)]
+pub enum Sink {
+    /// Write the node-local model as YAML.
+    ToFile(ToFile),
+}
+
+/// `… to-file …`.
+#[derive(Debug, Args)]
+pub struct ToFile {
+    /// Output file, replaced atomically on every change; `-` prints to standard output.
+    #[arg(long, default_value = "-")]
+    pub output: String,
+}
+
+/// Parses `1s`, `500ms`, `1h`, or a bare `0`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration (e.g. 1s, 500ms, 1h): {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn global_flags_anywhere() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "file",
+            "--input",
+            "x.yaml",
+            "--node-name",
+            "n1",
+            "to-file",
+            "--output",
+            "-",
+            "--masquerade-all",
+            "--min-sync-period",
+            "0",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.node_name.as_deref(), Some("n1"));
+        assert!(cli.global.masquerade_all);
+        assert_eq!(cli.global.min_sync_period, Duration::ZERO);
+        let Command::File(f) = cli.command else {
+            panic!("file source")
+        };
+        let Sink::ToFile(t) = f.sink;
+        assert_eq!(t.output, "-");
+    }
+
+    #[test]
+    fn hostname_override_alias() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "--hostname-override",
+            "n2",
+            "file",
+            "--input",
+            "x",
+            "to-file",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.node_name.as_deref(), Some("n2"));
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

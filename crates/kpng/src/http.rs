@@ -1,0 +1,131 @@
+//! kube-proxy's HTTP endpoints.
+//!
+//! - health server (`--healthz-bind-address`, default `0.0.0.0:10256`): `/healthz`, `/livez`
+//!   with kube-proxy's JSON body and status rules;
+//! - metrics server (`--metrics-bind-address`, default `127.0.0.1:10249`): `/metrics`
+//!   (Prometheus/OpenMetrics text), `/healthz` (plain `ok`) and `/proxyMode`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use kpng_backend::health::ProxyHealth;
+use kpng_backend::metrics::{CodeLabel, ProxyMetrics};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone)]
+struct HealthState {
+    health: Arc<ProxyHealth>,
+    metrics: ProxyMetrics,
+}
+
+fn health_answer(state: &HealthState, healthz: bool) -> Response {
+    let report = state.health.report(SystemTime::now(), healthz);
+    let code = CodeLabel {
+        code: report.status.to_string(),
+    };
+    let counter = if healthz {
+        &state.metrics.healthz_total
+    } else {
+        &state.metrics.livez_total
+    };
+    counter.get_or_create(&code).inc();
+    let status = StatusCode::from_u16(report.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        report.body,
+    )
+        .into_response()
+}
+
+async fn healthz(State(state): State<HealthState>) -> Response {
+    health_answer(&state, true)
+}
+
+async fn livez(State(state): State<HealthState>) -> Response {
+    health_answer(&state, false)
+}
+
+/// Binds the health server now (so a port conflict fails start-up) and returns its future.
+pub async fn health_server(
+    addr: SocketAddr,
+    health: Arc<ProxyHealth>,
+    metrics: ProxyMetrics,
+) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+        .with_state(HealthState { health, metrics });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the health server to {addr} (--healthz-bind-address)"))?;
+    Ok(async move { axum::serve(listener, app).await })
+}
+
+#[derive(Clone)]
+struct MetricsState {
+    registry: Arc<Registry>,
+    proxy_mode: &'static str,
+}
+
+async fn metrics(State(state): State<MetricsState>) -> Response {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+async fn proxy_mode_text(State(state): State<MetricsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        state.proxy_mode,
+    )
+        .into_response()
+}
+
+async fn plain_ok() -> &'static str {
+    "ok"
+}
+
+/// Binds the metrics server now and returns its future.
+pub async fn metrics_server(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    proxy_mode: &'static str,
+) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(plain_ok))
+        .route("/proxyMode", get(proxy_mode_text))
+        .with_state(MetricsState {
+            registry,
+            proxy_mode,
+        });
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("binding the metrics server to {addr} (--metrics-bind-address)")
+    })?;
+    Ok(async move { axum::serve(listener, app).await })
+}

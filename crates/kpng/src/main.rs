@@ -1,0 +1,31 @@
+//! `kpng`: a Kubernetes service proxy.
+//!
+//! `kpng <source> [flags] <sink> [backend] [flags]`: a source turns cluster state into the
+//! node-local model, a sink consumes it. See `kpng --help`.
+
+mod cli;
+mod http;
+mod run;
+
+use std::io::IsTerminal;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.global.log_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match run::main(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("kpng: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Wiring: source → model → runner → sink, plus the HTTP servers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use kpng_backend::Backend;
+use kpng_backend::SyncTiming;
+use kpng_backend::health::ProxyHealth;
+use kpng_backend::metrics::ProxyMetrics;
+use kpng_backend::runner::Runner;
+use kpng_model::{Model, ModelConfig};
+use kpng_sink_file::{FileSink, Output};
+use kpng_source_file::FileSource;
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+use tracing::info;
+
+use crate::cli::{Cli, Command, GlobalFlags, Sink};
+
+/// Runs the command line.
+pub fn main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Version => {
+            println!("kpng {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::File(file) => {
+            let backend: Box<dyn Backend> = match file.sink {
+                Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
+            };
+            let source = FileSource::new(file.input, file.debounce);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(serve(cli.global, backend, |tx| async move {
+                source.run(tx).await.map_err(anyhow::Error::from)
+            }))
+        }
+    }
+}
+
+/// The OS hostname, lower-cased as kube-proxy does.
+fn hostname() -> anyhow::Result<String> {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .or_else(|_| std::env::var("COMPUTERNAME"))
+        .context("cannot determine the hostname; pass --node-name")?;
+    let name = raw.trim().to_lowercase();
+    if name.is_empty() {
+        bail!("the hostname is empty; pass --node-name");
+    }
+    Ok(name)
+}
+
+/// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
+/// Rules are left in place on exit.
+async fn serve<F, Fut>(
+    flags: GlobalFlags,
+    backend: Box<dyn Backend>,
+    source: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(mpsc::Sender<kpng_model::Event>) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let node_name = match flags.node_name.clone() {
+        Some(n) => n,
+        None => hostname()?,
+    };
+    info!(node = %node_name, backend = backend.name(), "starting kpng");
+    let model = Model::new(ModelConfig {
+        node_name,
+        service_proxy_name: flags.service_proxy_name.clone(),
+        node_ips: flags.node_ip.clone(),
+    });
+    let timing = SyncTiming {
+        min_sync_period: flags.min_sync_period,
+        sync_period: flags.sync_period,
+        full_sync_period: flags.full_sync_period,
+    };
+    let mut registry = Registry::default();
+    backend.register_metrics(&mut registry);
+    let metrics = ProxyMetrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(
+        &backend.families(),
+        timing.sync_period * 2,
+    ));
+    let proxy_mode = backend.name();
+
+    let health_server =
+        crate::http::health_server(flags.healthz_bind_address, health.clone(), metrics.clone())
+            .await?;
+    let metrics_server = if flags.metrics_bind_address.trim().is_empty() {
+        None
+    } else {
+        let addr: SocketAddr = flags.metrics_bind_address.parse().with_context(|| {
+            format!(
+                "--metrics-bind-address {:?} is not HOST:PORT",
+                flags.metrics_bind_address
+            )
+        })?;
+        Some(crate::http::metrics_server(addr, Arc::new(registry), proxy_mode).await?)
+    };
+
+    let runner = Runner::new(model, backend, timing, metrics, health);
+    let (tx, rx) = mpsc::channel(1024);
+    let source_task = tokio::spawn(source(tx));
+    tokio::spawn(async move {
+        if let Err(e) = health_server.await {
+            tracing::error!("health server stopped: {e}");
+        }
+    });
+    if let Some(server) = metrics_server {
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!("metrics server stopped: {e}");
+            }
+        });
+    }
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = runner.run(rx) => {
+            // The runner only ends when the source does.
+            match source_task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(anyhow::anyhow!("source task failed: {e}")),
+            }
+        }
+        _ = tokio::signal::ctrl_c() => { info!("interrupted; leaving rules in place"); Ok(()) }
+        _ = sigterm.recv() => { info!("terminated; leaving rules in place"); Ok(()) }
+    }
+}

@@ -1,0 +1,131 @@
+//! Finding (and if need be building) this crate's helper binaries.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use crate::error::{Error, Result};
+use crate::netns::run;
+
+/// Environment variable naming a directory that holds `kpng-echo` and `kpng-probe`;
+/// when set, [`bin_path`] looks only there and never builds.
+pub const ENV_BIN_DIR: &str = "KPNG_TESTKIT_BIN_DIR";
+
+/// Binaries already located by this process (also serialises builds).
+static FOUND: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+
+/// Path of one of this crate's binaries (`"kpng-echo"`, `"kpng-probe"`).
+///
+/// It exists because cargo does not build a dev-dependency's binaries for the
+/// tests of the crate that depends on it. Lookup order:
+///
+/// 1. `$KPNG_TESTKIT_BIN_DIR/NAME` if that variable is set (an error if missing).
+/// 2. `NAME` in the profile directory of the running test executable: the
+///    executable's own directory, or its parent when that is `deps`
+///    (`target/debug/deps/foo-HASH` -> `target/debug/NAME`).
+/// 3. Otherwise, or when a file under this crate's `src/` is newer than the binary,
+///    it runs `cargo build -p kpng-testkit --bins` (`$CARGO`, else `cargo`) with
+///    that target directory and profile, and returns the fresh binary. The first
+///    call may therefore take a while (and wait for cargo's build lock).
+///
+/// The result is cached for the life of the process.
+pub fn bin_path(name: &str) -> Result<PathBuf> {
+    let mut guard = FOUND
+        .lock()
+        .map_err(|_| Error::Other("bin_path cache poisoned by a panic".into()))?;
+    let cache = guard.get_or_insert_with(HashMap::new);
+    if let Some(p) = cache.get(name) {
+        return Ok(p.clone());
+    }
+    let path = locate(name)?;
+    cache.insert(name.to_owned(), path.clone());
+    Ok(path)
+}
+
+fn locate(name: &str) -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(ENV_BIN_DIR) {
+        let p = Path::new(&dir).join(name);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::Other(format!(
+                "{ENV_BIN_DIR} is set but {} does not exist",
+                p.display()
+            )))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the test executable", e))?;
+    let mut dir = exe
+        .parent()
+        .ok_or_else(|| Error::Other(format!("{} has no parent directory", exe.display())))?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().unwrap_or(dir);
+    }
+    let candidate = dir.join(name);
+    if candidate.is_file() && !sources_newer_than(&candidate) {
+        return Ok(candidate);
+    }
+    build(dir)?;
+    if candidate.is_file() {
+        Ok(candidate)
+    } else {
+        Err(Error::Other(format!(
+            "built kpng-testkit's binaries but {} is still missing; set {ENV_BIN_DIR} \
+             to the directory holding {name}",
+            candidate.display()
+        )))
+    }
+}
+
+/// Whether any file under this crate's `src/` was modified after `bin`.
+fn sources_newer_than(bin: &Path) -> bool {
+    let Some(built) = mtime(bin) else { return true };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    newest_mtime(&src).is_some_and(|t| t > built)
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+fn newest_mtime(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = entry.path();
+        let t = if p.is_dir() {
+            newest_mtime(&p)
+        } else {
+            mtime(&p)
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+/// `cargo build -p kpng-testkit --bins` into the target dir and profile that
+/// `profile_dir` (e.g. `target/debug`) belongs to.
+fn build(profile_dir: &Path) -> Result<()> {
+    let target_dir = profile_dir.parent().ok_or_else(|| {
+        Error::Other(format!(
+            "{} is not inside a cargo target directory; set {ENV_BIN_DIR}",
+            profile_dir.display()
+        ))
+    })?;
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        Some(other) => other,
+        None => "dev",
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let mut cmd = Command::new(cargo);
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .args(["-p", "kpng-testkit", "--bins", "--profile", profile])
+        .arg("--target-dir")
+        .arg(target_dir);
+    run(&mut cmd).map(drop)
+}
