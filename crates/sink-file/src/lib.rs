@@ -209,5 +209,9 @@ pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeErro
         },
         service_ports: snapshot.ports.values().map(|p| port_view(p)).collect(),
     };
-    serde_saphyr::to_string(&view)
+    let mut text = serde_saphyr::to_string(&view)?;
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    Ok(text)
 }

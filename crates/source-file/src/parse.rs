@@ -183,7 +183,25 @@ fn object(
 }
 
 /// Parses a manifest file. Any error rejects the whole file (the caller keeps its last good load).
+///
+/// A file with no document at all (empty, or only comments) is rejected too: it is far more
+/// often a file caught mid-write than a cluster without Services. Write `kind: List` with
+/// `items: []` to mean "nothing".
 pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
+    if text
+        .lines()
+        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#') || l.trim() == "---")
+    {
+        return Err(ManifestError {
+            document: 1,
+            item: None,
+            line: 1,
+            kind: None,
+            object: None,
+            field: None,
+            message: "the file holds no document (write `kind: List` with `items: []` for an empty cluster)".into(),
+        });
+    }
     let mut loaded = Loaded::default();
     let mut origins = Vec::new();
     for (index, (line, doc)) in documents(text).into_iter().enumerate() {

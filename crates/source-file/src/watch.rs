@@ -115,14 +115,18 @@ impl FileSource {
             match notify_rx.recv().await {
                 None => return Ok(()),
                 Some(Err(e)) => warn!("file watch error on {}: {e}", self.directory().display()),
+                Some(Ok(event)) if !is_write(&event) => continue,
                 Some(Ok(_)) => {}
             }
-            // Debounce: wait until the directory has been quiet for `debounce`.
+            // Debounce: wait until the directory has been quiet for `debounce`, but never longer
+            // than ten debounce periods, so a directory that is always busy cannot starve us.
+            let give_up = tokio::time::Instant::now() + self.debounce * 10;
             loop {
-                match tokio::time::timeout(self.debounce, notify_rx.recv()).await {
-                    Ok(Some(_)) => continue,
+                let quiet_until = (tokio::time::Instant::now() + self.debounce).min(give_up);
+                match tokio::time::timeout_at(quiet_until, notify_rx.recv()).await {
+                    Ok(Some(_)) if tokio::time::Instant::now() < give_up => continue,
                     Ok(None) => return Ok(()),
-                    Err(_) => break,
+                    _ => break,
                 }
             }
             if !self.reload(&events, &mut state).await {
@@ -176,6 +180,16 @@ impl FileSource {
                 events.send(event).await.is_ok()
             }
         }
+    }
+}
+
+/// Whether an event can have changed the file: reads (open, access, close after reading) cannot.
+fn is_write(event: &notify::Event) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
     }
 }
 

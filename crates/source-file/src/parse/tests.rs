@@ -108,6 +108,11 @@ fn errors_name_document_object_and_field() {
             want: "document 1 item 2 (line 1), EndpointSlice ns/s, field ports[0].port",
         },
         Case {
+            name: "empty file",
+            text: "# nothing here\n---\n",
+            want: "document 1 (line 1): the file holds no document",
+        },
+        Case {
             name: "missing kind",
             text: "metadata: {name: a}\n",
             want: "document 1 (line 1), field kind: missing",
@@ -127,4 +132,10 @@ fn errors_name_document_object_and_field() {
             case.want
         );
     }
+}
+
+#[test]
+fn an_explicitly_empty_list_is_fine() {
+    let loaded = parse_manifests("kind: List\nitems: []\n").expect("parses");
+    assert!(loaded.objects.is_empty());
 }
