@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs the system packages the tests need (when
+# missing and when we are root), then runs every test, clippy and rustfmt.
+#
+# Root-only tests (real packets in network namespaces) run when this runs as root; without root
+# they print why they skip, and under CI=true they fail instead of skipping.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "== installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "== missing ${need[*]} and not root: root-only tests will skip"
+  fi
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --locked
