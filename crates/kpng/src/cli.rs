@@ -55,6 +55,27 @@ pub struct GlobalFlags {
     #[arg(long, global = true)]
     pub masquerade_all: bool,
 
+    /// How pod traffic is recognised: ClusterCIDR, NodeCIDR, BridgeInterface,
+    /// InterfaceNamePrefix or None.
+    #[arg(long, global = true, default_value = "ClusterCIDR", value_parser = ["ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", "None"])]
+    pub detect_local_mode: String,
+
+    /// The pod bridge, with --detect-local-mode BridgeInterface.
+    #[arg(long, global = true)]
+    pub pod_bridge_interface: Option<String>,
+
+    /// The pod interface prefix, with --detect-local-mode InterfaceNamePrefix.
+    #[arg(long, global = true)]
+    pub pod_interface_name_prefix: Option<String>,
+
+    /// The fwmark bit that marks connections for masquerading (0-31).
+    #[arg(long, global = true, alias = "iptables-masquerade-bit", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub masquerade_bit: u8,
+
+    /// The Service CIDR(s): traffic to unallocated ClusterIPs inside them is dropped.
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub service_cidr: Vec<ipnet::IpNet>,
+
     /// Addresses that accept NodePort traffic: `primary` (the node's IPs) or CIDRs.
     #[arg(long, global = true, value_delimiter = ',', default_value = "primary")]
     pub nodeport_addresses: Vec<String>,
@@ -89,6 +110,8 @@ pub struct GlobalFlags {
 pub enum Command {
     /// Read Kubernetes manifests (a YAML stream or a `kind: List`) from a file, and watch it.
     File(FileSource),
+    /// Remove everything kpng's backends installed on this node, then exit.
+    Cleanup,
     /// Print the version.
     Version,
 }
@@ -112,6 +135,34 @@ pub struct FileSource {
 pub enum Sink {
     /// Write the node-local model as YAML.
     ToFile(ToFile),
+    /// Program this node with a backend.
+    ToLocal(ToLocal),
+}
+
+/// `… to-local <backend>`.
+#[derive(Debug, Args)]
+pub struct ToLocal {
+    /// The backend.
+    #[command(subcommand)]
+    pub backend: LocalBackend,
+}
+
+/// The backends that program this node.
+#[derive(Debug, Subcommand)]
+pub enum LocalBackend {
+    /// nftables (kube-proxy nftables mode, with a constant-size ruleset).
+    Nft(NftArgs),
+}
+
+/// `… to-local nft …`.
+#[derive(Debug, Args)]
+pub struct NftArgs {
+    /// Print every transaction instead of applying it (no root needed).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The `nft` binary to run.
+    #[arg(long, default_value = "nft")]
+    pub nft_binary: String,
 }
 
 /// `… to-file …`.
@@ -158,7 +209,9 @@ mod tests {
         let Command::File(f) = cli.command else {
             panic!("file source")
         };
-        let Sink::ToFile(t) = f.sink;
+        let Sink::ToFile(t) = f.sink else {
+            panic!("to-file sink")
+        };
         assert_eq!(t.output, "-");
     }
 
@@ -181,5 +234,37 @@ mod tests {
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+}
+
+#[cfg(test)]
+mod nft_tests {
+    use super::*;
+
+    #[test]
+    fn to_local_nft() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "file",
+            "--input",
+            "x.yaml",
+            "to-local",
+            "nft",
+            "--dry-run",
+            "--cluster-cidr",
+            "10.244.0.0/16,fd00:244::/48",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.cluster_cidr.len(), 2);
+        let Command::File(f) = cli.command else {
+            panic!("file source")
+        };
+        let Sink::ToLocal(ToLocal {
+            backend: LocalBackend::Nft(n),
+        }) = f.sink
+        else {
+            panic!("nft")
+        };
+        assert!(n.dry_run);
     }
 }

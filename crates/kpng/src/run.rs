@@ -16,7 +16,59 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use crate::cli::{Cli, Command, GlobalFlags, Sink};
+use kpng_backend_nft::exec::{DryRun, NftCommand, NftExec};
+use kpng_backend_nft::ruleset::DetectLocal;
+use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
+
+use crate::cli::{Cli, Command, GlobalFlags, LocalBackend, NftArgs, Sink};
+
+/// The nftables backend configured from the flags.
+fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
+    let detect_local = match flags.detect_local_mode.as_str() {
+        "ClusterCIDR" => DetectLocal::ClusterCidr(flags.cluster_cidr.clone()),
+        "NodeCIDR" => DetectLocal::NodeCidr,
+        "BridgeInterface" => DetectLocal::BridgeInterface(
+            flags
+                .pod_bridge_interface
+                .clone()
+                .context("--detect-local-mode BridgeInterface needs --pod-bridge-interface")?,
+        ),
+        "InterfaceNamePrefix" => {
+            DetectLocal::InterfaceNamePrefix(flags.pod_interface_name_prefix.clone().context(
+                "--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix",
+            )?)
+        }
+        _ => DetectLocal::None,
+    };
+    let nodeport_addresses = if flags.nodeport_addresses.iter().all(|a| a == "primary") {
+        NodePortAddresses::Primary
+    } else {
+        let cidrs = flags
+            .nodeport_addresses
+            .iter()
+            .map(|a| {
+                a.parse::<ipnet::IpNet>().with_context(|| {
+                    format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`")
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        NodePortAddresses::Cidrs(cidrs)
+    };
+    let config = NftConfig {
+        masquerade_all: flags.masquerade_all,
+        masquerade_bit: flags.masquerade_bit,
+        detect_local,
+        nodeport_addresses,
+        service_cidrs: flags.service_cidr.clone(),
+        ..NftConfig::default()
+    };
+    let exec: Box<dyn NftExec> = if args.dry_run {
+        Box::new(DryRun)
+    } else {
+        Box::new(NftCommand::with_binary(&args.nft_binary))
+    };
+    Ok(NftBackend::new(config, exec))
+}
 
 /// Runs the command line.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
@@ -25,9 +77,18 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             println!("kpng {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        Command::Cleanup => {
+            let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
+            nft.cleanup().context("removing kpng's nftables tables")?;
+            println!("kpng: removed the kpng nftables tables");
+            Ok(())
+        }
         Command::File(file) => {
-            let backend: Box<dyn Backend> = match file.sink {
+            let backend: Box<dyn Backend> = match &file.sink {
                 Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
+                Sink::ToLocal(local) => match &local.backend {
+                    LocalBackend::Nft(args) => Box::new(nft_backend(&cli.global, args)?),
+                },
             };
             let source = FileSource::new(file.input, file.debounce);
             let runtime = tokio::runtime::Builder::new_multi_thread()

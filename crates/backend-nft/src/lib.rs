@@ -1,0 +1,350 @@
+//! kpng's nftables backend: upstream kube-proxy nftables-mode behaviour with a ruleset whose
+//! size does not grow with Services or endpoints.
+//!
+//! - [`ruleset`]: the constant table (named sets, maps and a fixed set of chains);
+//! - [`elements`]: one Service port → its set/map elements (all per-Service state lives there);
+//! - [`store`]: desired elements with their owners, diffed into minimal add/delete operations;
+//! - [`exec`]: one `nft -f -` per transaction (atomic), or a dry run, or a recorder for tests.
+//!
+//! A full sync (start-up, after a failure, periodically) atomically replaces our tables, which
+//! also adopts whatever a previous run left; established connections are untouched because their
+//! NAT lives in conntrack. Every other sync sends only the elements that changed. The kernel
+//! table is never read back. See `docs/nftables.md`.
+
+pub mod elements;
+pub mod exec;
+mod local_addrs;
+pub mod ruleset;
+mod script;
+pub mod store;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_model::{Family, PortKey, Snapshot};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use tracing::{debug, warn};
+
+use crate::exec::NftExec;
+use crate::ruleset::{DetectLocal, Fam, StaticConfig};
+use crate::store::{Element, ElementStore, OwnerId};
+
+/// Which addresses accept NodePort traffic (`--nodeport-addresses`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// The node's primary IPs (nftables mode's default).
+    Primary,
+    /// Every local address inside these CIDRs (loopback excluded).
+    Cidrs(Vec<IpNet>),
+}
+
+/// Configuration of the nftables backend.
+#[derive(Debug, Clone)]
+pub struct NftConfig {
+    /// Our table's name in both families (`kpng`).
+    pub table: String,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `--masquerade-bit` (14 → mark 0x4000).
+    pub masquerade_bit: u8,
+    /// `--detect-local-mode` with its parameters.
+    pub detect_local: DetectLocal,
+    /// `--nodeport-addresses`.
+    pub nodeport_addresses: NodePortAddresses,
+    /// `--service-cidr`: traffic to unallocated IPs inside them is dropped.
+    pub service_cidrs: Vec<IpNet>,
+    /// The families to program.
+    pub families: Vec<Family>,
+}
+
+impl Default for NftConfig {
+    fn default() -> Self {
+        NftConfig {
+            table: "kpng".into(),
+            masquerade_all: false,
+            masquerade_bit: 14,
+            detect_local: DetectLocal::None,
+            nodeport_addresses: NodePortAddresses::Primary,
+            service_cidrs: Vec::new(),
+            families: Family::ALL.to_vec(),
+        }
+    }
+}
+
+/// Owner id of the node-level elements (node-port addresses, Service CIDRs).
+const NODE_OWNER: OwnerId = 0;
+
+#[derive(Debug)]
+struct FamilyState {
+    fam: Fam,
+    store: ElementStore,
+    /// Dynamic chains that exist in the kernel.
+    chains: BTreeSet<String>,
+    /// The static configuration last committed; `None` until the first full sync succeeds.
+    committed: Option<StaticConfig>,
+}
+
+/// The nftables backend's own metrics.
+#[derive(Debug, Clone, Default)]
+struct NftMetrics {
+    sync_failures: Counter,
+    cleanup_failures: Counter,
+}
+
+/// The nftables backend.
+pub struct NftBackend {
+    config: NftConfig,
+    exec: Box<dyn NftExec>,
+    owners: HashMap<PortKey, OwnerId>,
+    next_owner: OwnerId,
+    states: Vec<FamilyState>,
+    metrics: NftMetrics,
+    warned_no_node_ip: bool,
+}
+
+impl NftBackend {
+    /// A backend that commits through `exec`.
+    pub fn new(config: NftConfig, exec: Box<dyn NftExec>) -> NftBackend {
+        let states = config
+            .families
+            .iter()
+            .map(|f| FamilyState {
+                fam: Fam(*f),
+                store: ElementStore::new(),
+                chains: BTreeSet::new(),
+                committed: None,
+            })
+            .collect();
+        NftBackend {
+            config,
+            exec,
+            owners: HashMap::new(),
+            next_owner: NODE_OWNER + 1,
+            states,
+            metrics: NftMetrics::default(),
+            warned_no_node_ip: false,
+        }
+    }
+
+    fn owner(&mut self, key: &PortKey) -> OwnerId {
+        if let Some(id) = self.owners.get(key) {
+            return *id;
+        }
+        let id = self.next_owner;
+        self.next_owner = self.next_owner.wrapping_add(1).max(NODE_OWNER + 1);
+        self.owners.insert(key.clone(), id);
+        id
+    }
+
+    /// Node-level elements of one family: NodePort addresses and Service CIDRs.
+    fn node_elements(&mut self, fam: Fam, snapshot: &Snapshot) -> Vec<Element> {
+        let family = fam.0;
+        let loopback = |ip: &IpAddr| ip.is_loopback();
+        let nodeport_ips: Vec<IpAddr> = match &self.config.nodeport_addresses {
+            NodePortAddresses::Primary => {
+                let ips: Vec<IpAddr> = snapshot
+                    .node
+                    .ips
+                    .iter()
+                    .copied()
+                    .filter(|ip| Family::of(ip) == family)
+                    .collect();
+                if ips.is_empty() && !self.warned_no_node_ip && family == Family::V4 {
+                    warn!(
+                        "the node's IPs are unknown (no Node object and no --node-ip): NodePorts are not served"
+                    );
+                    self.warned_no_node_ip = true;
+                }
+                ips
+            }
+            NodePortAddresses::Cidrs(cidrs) => local_addrs::local_addresses()
+                .into_iter()
+                .filter(|ip| Family::of(ip) == family && cidrs.iter().any(|c| c.contains(ip)))
+                .collect(),
+        };
+        let mut out: Vec<Element> = nodeport_ips
+            .into_iter()
+            .filter(|ip| !loopback(ip))
+            .map(|ip| Element {
+                set: "nodeport-ips",
+                key: ip.to_string(),
+                value: None,
+                comment: None,
+            })
+            .collect();
+        let cidrs = IpNet::aggregate(&self.config.service_cidrs);
+        out.extend(
+            cidrs
+                .iter()
+                .filter(|c| Family::of(&c.addr()) == family)
+                .map(|c| Element {
+                    set: "service-cidrs",
+                    key: c.to_string(),
+                    value: None,
+                    comment: None,
+                }),
+        );
+        out
+    }
+
+    fn static_config(&self, fam: Fam, snapshot: &Snapshot) -> StaticConfig {
+        StaticConfig::new(
+            fam,
+            self.config.masquerade_all,
+            self.config.masquerade_bit,
+            &self.config.detect_local,
+            &snapshot.node,
+        )
+    }
+
+    fn fail(&self, index: usize, ops: usize, e: exec::ExecError) -> BackendError {
+        self.metrics.sync_failures.inc();
+        BackendError::Transaction {
+            backend: "nftables",
+            operations: ops,
+            message: format!("{} table: {e}", self.states[index].fam.table_family()),
+        }
+    }
+
+    fn sync_family(
+        &mut self,
+        index: usize,
+        request: &SyncRequest<'_>,
+    ) -> Result<usize, BackendError> {
+        let fam = self.states[index].fam;
+        let family = fam.0;
+        let cfg = self.static_config(fam, request.snapshot);
+        let full = request.full || self.states[index].committed.as_ref() != Some(&cfg);
+        let node_ips = request.snapshot.node.ips.clone();
+        if full {
+            let mut store = ElementStore::new();
+            let mut ignored = Vec::new();
+            for port in request.snapshot.family(family) {
+                let owner = self.owner(&port.key);
+                store.set_owner(
+                    owner,
+                    elements::port_elements(port, owner, &node_ips),
+                    &mut ignored,
+                );
+            }
+            let node = self.node_elements(fam, request.snapshot);
+            store.set_owner(NODE_OWNER, node, &mut ignored);
+            let all = store.all();
+            let (text, chains) = script::replace(fam, &self.config.table, &cfg, &all);
+            let ops = all.len() + chains.len();
+            self.states[index].committed = None;
+            self.exec.run(&text).map_err(|e| self.fail(index, ops, e))?;
+            let state = &mut self.states[index];
+            state.store = store;
+            state.chains = chains;
+            state.committed = Some(cfg);
+            return Ok(ops);
+        }
+
+        let mut ops = Vec::new();
+        for (key, change) in request
+            .diff
+            .changes
+            .iter()
+            .filter(|(k, _)| k.family == family)
+        {
+            let owner = self.owner(key);
+            let wanted = change
+                .new
+                .as_ref()
+                .map(|p| elements::port_elements(p, owner, &node_ips))
+                .unwrap_or_default();
+            self.states[index].store.set_owner(owner, wanted, &mut ops);
+        }
+        if request.diff.node_changed {
+            let node = self.node_elements(fam, request.snapshot);
+            self.states[index]
+                .store
+                .set_owner(NODE_OWNER, node, &mut ops);
+        }
+        if ops.is_empty() {
+            return Ok(0);
+        }
+        let count = ops.len();
+        let (text, new_chains) =
+            script::partial(fam, &self.config.table, &self.states[index].chains, ops);
+        if let Err(e) = self.exec.run(&text) {
+            // Our in-memory view is now ahead of the kernel: force the next sync to be full.
+            self.states[index].committed = None;
+            return Err(self.fail(index, count, e));
+        }
+        self.states[index].chains.extend(new_chains);
+        Ok(count)
+    }
+
+    fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {
+        for (key, change) in &request.diff.changes {
+            if change.new.is_none() {
+                self.owners.remove(key);
+            }
+        }
+    }
+}
+
+impl Backend for NftBackend {
+    fn name(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn families(&self) -> Vec<Family> {
+        self.config.families.clone()
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Number of times the nftables transaction failed",
+            self.metrics.sync_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+            "Number of times the nftables cleanup failed",
+            self.metrics.cleanup_failures.clone(),
+        );
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let mut operations = 0;
+        let mut first_error = None;
+        for index in 0..self.states.len() {
+            match self.sync_family(index, request) {
+                Ok(n) => operations += n,
+                Err(e) => {
+                    warn!("{e}");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        self.forget_removed_ports(request);
+        debug!(operations, "nftables sync done");
+        Ok(SyncStats { operations })
+    }
+
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        let text = script::cleanup(&self.config.table, &self.config.families);
+        self.exec.run(&text).map_err(|e| {
+            self.metrics.cleanup_failures.inc();
+            BackendError::Other(format!("removing the {} tables: {e}", self.config.table))
+        })?;
+        for state in &mut self.states {
+            state.store = ElementStore::new();
+            state.chains.clear();
+            state.committed = None;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

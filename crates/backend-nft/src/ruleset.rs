@@ -1,0 +1,534 @@
+//! The constant part of the ruleset: one table per family, named sets and maps, and a fixed set
+//! of chains. Nothing here grows with Services or endpoints: those live in set/map elements
+//! (see [`crate::elements`]). The only chains added at run time are one random-selection chain
+//! per *distinct endpoint count* (`cluster-n3` …) and one affinity-recording chain per distinct
+//! affinity timeout.
+
+use std::fmt::Write as _;
+
+use ipnet::IpNet;
+use kpng_model::{Family, NodeState};
+
+/// Family-specific nft spellings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fam(pub Family);
+
+impl Fam {
+    /// The table family (`ip` / `ip6`).
+    pub fn table_family(self) -> &'static str {
+        match self.0 {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+    /// The address type (`ipv4_addr` / `ipv6_addr`).
+    pub fn addr_type(self) -> &'static str {
+        match self.0 {
+            Family::V4 => "ipv4_addr",
+            Family::V6 => "ipv6_addr",
+        }
+    }
+    /// The header keyword for addresses (`ip` / `ip6`), as in `ip daddr`.
+    pub fn l3(self) -> &'static str {
+        self.table_family()
+    }
+    /// Loopback, which never takes NodePort traffic in nftables mode.
+    pub fn loopback(self) -> &'static str {
+        match self.0 {
+            Family::V4 => "127.0.0.0/8",
+            Family::V6 => "::1",
+        }
+    }
+}
+
+/// How kpng tells pod traffic from other traffic (`--detect-local-mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetectLocal {
+    /// No detection: every source counts as "not a pod".
+    None,
+    /// Sources inside the cluster's pod CIDRs (`--cluster-cidr`).
+    ClusterCidr(Vec<IpNet>),
+    /// Sources inside this node's pod CIDRs (from the Node object).
+    NodeCidr,
+    /// Traffic entering from this bridge (`--pod-bridge-interface`).
+    BridgeInterface(String),
+    /// Traffic entering from interfaces with this prefix (`--pod-interface-name-prefix`).
+    InterfaceNamePrefix(String),
+}
+
+/// Everything that shapes the constant rules of one family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticConfig {
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `1 << --masquerade-bit`.
+    pub mark: u32,
+    /// Match for "this packet comes from a pod", e.g. `ip saddr 10.244.0.0/16`; `None` when the
+    /// family has no detector.
+    pub local_match: Option<String>,
+    /// The negation of `local_match`.
+    pub non_local_match: Option<String>,
+}
+
+impl StaticConfig {
+    /// Derives the per-family configuration from the flags and the node.
+    pub fn new(
+        fam: Fam,
+        masquerade_all: bool,
+        masquerade_bit: u8,
+        detect: &DetectLocal,
+        node: &NodeState,
+    ) -> Self {
+        let cidr_match = |cidrs: Vec<IpNet>| -> (Option<String>, Option<String>) {
+            let mine: Vec<String> = cidrs
+                .iter()
+                .filter(|c| Family::of(&c.addr()) == fam.0)
+                .map(|c| c.to_string())
+                .collect();
+            match mine.len() {
+                0 => (None, None),
+                1 => (
+                    Some(format!("{} saddr {}", fam.l3(), mine[0])),
+                    Some(format!("{} saddr != {}", fam.l3(), mine[0])),
+                ),
+                _ => {
+                    let set = mine.join(", ");
+                    (
+                        Some(format!("{} saddr {{ {set} }}", fam.l3())),
+                        Some(format!("{} saddr != {{ {set} }}", fam.l3())),
+                    )
+                }
+            }
+        };
+        let (local_match, non_local_match) = match detect {
+            DetectLocal::None => (None, None),
+            DetectLocal::ClusterCidr(c) => cidr_match(c.clone()),
+            DetectLocal::NodeCidr => cidr_match(node.pod_cidrs.clone()),
+            DetectLocal::BridgeInterface(b) => (
+                Some(format!("iifname \"{b}\"")),
+                Some(format!("iifname != \"{b}\"")),
+            ),
+            DetectLocal::InterfaceNamePrefix(p) => (
+                Some(format!("iifname \"{p}*\"")),
+                Some(format!("iifname != \"{p}*\"")),
+            ),
+        };
+        StaticConfig {
+            masquerade_all,
+            mark: 1u32 << masquerade_bit.min(31),
+            local_match,
+            non_local_match,
+        }
+    }
+}
+
+/// The kinds of random-selection chains, one per distinct endpoint count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PickKind {
+    /// VIP traffic to cluster-policy endpoints (`cluster-n<k>`).
+    Cluster,
+    /// VIP traffic to local-policy endpoints (`local-n<k>`).
+    Local,
+    /// NodePort traffic to cluster-policy endpoints (`nodeport-cluster-n<k>`).
+    NodePortCluster,
+    /// NodePort traffic to local-policy endpoints (`nodeport-local-n<k>`).
+    NodePortLocal,
+}
+
+impl PickKind {
+    /// The chain's name prefix.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            PickKind::Cluster => "cluster-n",
+            PickKind::Local => "local-n",
+            PickKind::NodePortCluster => "nodeport-cluster-n",
+            PickKind::NodePortLocal => "nodeport-local-n",
+        }
+    }
+    /// The slot map the chain selects from.
+    pub fn endpoints_map(self) -> &'static str {
+        match self {
+            PickKind::Cluster => "cluster-endpoints",
+            PickKind::Local => "local-endpoints",
+            PickKind::NodePortCluster => "nodeport-cluster-endpoints",
+            PickKind::NodePortLocal => "nodeport-local-endpoints",
+        }
+    }
+    /// The chain name for `n` endpoints.
+    pub fn chain(self, n: usize) -> String {
+        format!("{}{n}", self.prefix())
+    }
+}
+
+/// A chain created on demand (its name and its single rule).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DynamicChain {
+    /// Random selection among `n` endpoint slots.
+    Pick(PickKind, usize),
+    /// Record ClientIP affinity with this timeout (seconds).
+    AffinityTimeout(u32),
+}
+
+impl DynamicChain {
+    /// The chain's name.
+    pub fn name(&self) -> String {
+        match self {
+            DynamicChain::Pick(kind, n) => kind.chain(*n),
+            DynamicChain::AffinityTimeout(t) => format!("affinity-t{t}"),
+        }
+    }
+
+    /// Parses a chain name produced by [`DynamicChain::name`].
+    pub fn parse(name: &str) -> Option<DynamicChain> {
+        // Longest prefixes first: "nodeport-cluster-n" before "cluster-n".
+        for kind in [
+            PickKind::NodePortCluster,
+            PickKind::NodePortLocal,
+            PickKind::Cluster,
+            PickKind::Local,
+        ] {
+            if let Some(n) = name
+                .strip_prefix(kind.prefix())
+                .and_then(|n| n.parse().ok())
+            {
+                return Some(DynamicChain::Pick(kind, n));
+            }
+        }
+        name.strip_prefix("affinity-t")
+            .and_then(|t| t.parse().ok())
+            .map(DynamicChain::AffinityTimeout)
+    }
+
+    /// The chain's rules.
+    pub fn rules(&self, fam: Fam) -> Vec<String> {
+        let l3 = fam.l3();
+        match self {
+            DynamicChain::Pick(kind @ (PickKind::Cluster | PickKind::Local), n) => vec![format!(
+                "dnat {l3} to {l3} daddr . meta l4proto . th dport . numgen random mod {n} map @{}",
+                kind.endpoints_map()
+            )],
+            DynamicChain::Pick(kind, n) => vec![format!(
+                "dnat {l3} to meta l4proto . th dport . numgen random mod {n} map @{}",
+                kind.endpoints_map()
+            )],
+            DynamicChain::AffinityTimeout(t) => vec![
+                // An entry that points at an endpoint which is gone: forget it. The packet is
+                // dropped once; the client's retransmission is balanced afresh.
+                format!(
+                    "ct mark . {l3} daddr . th dport != @affinity-valid delete @affinity {{ {l3} saddr . ct mark : {l3} daddr . th dport }} drop"
+                ),
+                format!(
+                    "update @affinity {{ {l3} saddr . ct mark timeout {t}s : {l3} daddr . th dport }}"
+                ),
+            ],
+        }
+    }
+}
+
+/// Renders the whole constant part of one family's table, as one `table … { … }` block.
+pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
+    let (f, a, l3) = (fam.table_family(), fam.addr_type(), fam.l3());
+    let mark = format!("{:#x}", cfg.mark);
+    let vip = format!("{a} . inet_proto . inet_service");
+    let mut s = String::new();
+    let _ = writeln!(s, "table {f} {table} {{");
+    let _ = writeln!(
+        s,
+        "\tcomment \"Kubernetes Services, managed by kpng: do not edit\""
+    );
+    let sets: [(&str, String, &str); 12] = [
+        ("cluster-ips", format!("type {a}"), "Active ClusterIPs"),
+        (
+            "nodeport-ips",
+            format!("type {a}"),
+            "IPs that accept NodePort traffic",
+        ),
+        (
+            "service-cidrs",
+            format!("type {a}; flags interval"),
+            "ServiceCIDRs: unallocated ClusterIPs are dropped",
+        ),
+        (
+            "firewall-ips",
+            format!("type {vip}"),
+            "destinations subject to loadBalancerSourceRanges",
+        ),
+        (
+            "firewall-allow",
+            format!("type {vip} . {a}; flags interval"),
+            "destination . allowed source range",
+        ),
+        (
+            "hairpin-connections",
+            format!("type {a} . {a} . inet_proto . inet_service"),
+            "endpoints reaching themselves",
+        ),
+        (
+            "affinity-valid",
+            format!("type mark . {a} . inet_service"),
+            "affinity id . live endpoint",
+        ),
+        (
+            "service-ips",
+            format!("type {vip} : verdict"),
+            "ClusterIP, external IP and load-balancer IP dispatch",
+        ),
+        (
+            "service-nodeports",
+            "type inet_proto . inet_service : verdict".into(),
+            "NodePort dispatch",
+        ),
+        (
+            "no-endpoint-services",
+            format!("type {vip} : verdict"),
+            "drop or reject VIP traffic without endpoints",
+        ),
+        (
+            "no-endpoint-nodeports",
+            "type inet_proto . inet_service : verdict".into(),
+            "drop or reject NodePort traffic without endpoints",
+        ),
+        (
+            "affinity-timeouts",
+            "type mark : verdict".into(),
+            "affinity id to its recording chain",
+        ),
+    ];
+    for (name, decl, comment) in sets {
+        let kind = if decl.contains(": ") { "map" } else { "set" };
+        let _ = writeln!(s, "\t{kind} {name} {{ {decl}; comment \"{comment}\"; }}");
+    }
+    for pick in ["cluster-pick", "local-pick"] {
+        let _ = writeln!(s, "\tmap {pick} {{ type {vip} : verdict; }}");
+    }
+    for pick in ["nodeport-cluster-pick", "nodeport-local-pick"] {
+        let _ = writeln!(
+            s,
+            "\tmap {pick} {{ type inet_proto . inet_service : verdict; }}"
+        );
+    }
+    for m in ["cluster-endpoints", "local-endpoints"] {
+        let _ = writeln!(
+            s,
+            "\tmap {m} {{ typeof {l3} daddr . meta l4proto . th dport . numgen random mod 1 : {l3} daddr . tcp dport; }}"
+        );
+    }
+    for m in ["nodeport-cluster-endpoints", "nodeport-local-endpoints"] {
+        let _ = writeln!(
+            s,
+            "\tmap {m} {{ typeof meta l4proto . th dport . numgen random mod 1 : {l3} daddr . tcp dport; }}"
+        );
+    }
+    for m in ["affinity-ids-cluster", "affinity-ids-local"] {
+        let _ = writeln!(s, "\tmap {m} {{ type {vip} : mark; }}");
+    }
+    for m in [
+        "nodeport-affinity-ids-cluster",
+        "nodeport-affinity-ids-local",
+    ] {
+        let _ = writeln!(s, "\tmap {m} {{ type inet_proto . inet_service : mark; }}");
+    }
+    let _ = writeln!(
+        s,
+        "\tmap affinity {{ type {a} . mark : {a} . inet_service; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: client . affinity id → endpoint\"; }}"
+    );
+
+    let chain = |s: &mut String, name: &str, base: Option<&str>, rules: &[String]| {
+        let _ = writeln!(s, "\tchain {name} {{");
+        if let Some(base) = base {
+            let _ = writeln!(s, "\t\t{base}; policy accept;");
+        }
+        for r in rules {
+            let _ = writeln!(s, "\t\t{r}");
+        }
+        let _ = writeln!(s, "\t}}");
+    };
+    let r = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let vipkey = format!("{l3} daddr . meta l4proto . th dport");
+    let masq = format!("meta mark set meta mark or {mark}");
+
+    // Filter: firewall (loadBalancerSourceRanges) before DNAT, no-endpoint and wrong-port checks after.
+    chain(
+        &mut s,
+        "filter-prerouting-pre-dnat",
+        Some("type filter hook prerouting priority -110"),
+        &r(&["ct state new jump firewall-check"]),
+    );
+    chain(
+        &mut s,
+        "filter-output-pre-dnat",
+        Some("type filter hook output priority -110"),
+        &r(&["ct state new jump firewall-check"]),
+    );
+    chain(
+        &mut s,
+        "filter-input",
+        Some("type filter hook input priority 0"),
+        &r(&[
+            "ct state new jump nodeport-endpoints-check",
+            "ct state new jump service-endpoints-check",
+        ]),
+    );
+    for hook in ["forward", "output"] {
+        chain(
+            &mut s,
+            &format!("filter-{hook}"),
+            Some(&format!("type filter hook {hook} priority 0")),
+            &r(&[
+                "ct state new jump service-endpoints-check",
+                "ct state new jump cluster-ips-check",
+            ]),
+        );
+    }
+    chain(
+        &mut s,
+        "firewall-check",
+        None,
+        &[format!(
+            "{vipkey} @firewall-ips {vipkey} . {l3} saddr != @firewall-allow drop"
+        )],
+    );
+    chain(
+        &mut s,
+        "service-endpoints-check",
+        None,
+        &[format!("{vipkey} vmap @no-endpoint-services")],
+    );
+    chain(
+        &mut s,
+        "nodeport-endpoints-check",
+        None,
+        &[format!(
+            "{l3} daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports"
+        )],
+    );
+    chain(
+        &mut s,
+        "cluster-ips-check",
+        None,
+        &[
+            format!("{l3} daddr @cluster-ips reject"),
+            format!("{l3} daddr @service-cidrs drop"),
+        ],
+    );
+    chain(&mut s, "reject-chain", None, &r(&["reject"]));
+
+    // NAT: dispatch.
+    chain(
+        &mut s,
+        "nat-prerouting",
+        Some("type nat hook prerouting priority dstnat"),
+        &r(&["jump services"]),
+    );
+    chain(
+        &mut s,
+        "nat-output",
+        Some("type nat hook output priority -100"),
+        &r(&["jump services"]),
+    );
+    chain(
+        &mut s,
+        "nat-postrouting",
+        Some("type nat hook postrouting priority srcnat"),
+        &r(&["jump masquerading"]),
+    );
+    let mut services = Vec::new();
+    if cfg.masquerade_all {
+        services.push(format!("{l3} daddr @cluster-ips {masq}"));
+    } else if let Some(non_local) = &cfg.non_local_match {
+        services.push(format!("{l3} daddr @cluster-ips {non_local} {masq}"));
+    }
+    services.push(format!("{vipkey} vmap @service-ips"));
+    services.push(format!(
+        "{l3} daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports"
+    ));
+    chain(&mut s, "services", None, &services);
+    chain(
+        &mut s,
+        "masquerading",
+        None,
+        &[
+            format!(
+                "meta mark and {mark} != 0 meta mark set meta mark xor {mark} masquerade fully-random"
+            ),
+            format!(
+                "ct status dnat {l3} saddr . {l3} daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random"
+            ),
+        ],
+    );
+
+    // Entry chains of external traffic (node ports, external IPs, load-balancer IPs) and of
+    // affinity Services. Each exists for VIPs (keyed by daddr) and for node ports (keyed by port).
+    for (prefix, key) in [
+        ("", vipkey.clone()),
+        ("nodeport-", "meta l4proto . th dport".to_string()),
+    ] {
+        let pick = |list: &str| format!("{key} vmap @{prefix}{list}-pick");
+        let affinity_ids =
+            |list: &str| format!("ct mark set {key} map @{prefix}affinity-ids-{list}");
+        for list in ["cluster", "local"] {
+            chain(
+                &mut s,
+                &format!("{prefix}affinity-{list}"),
+                None,
+                &[
+                    affinity_ids(list),
+                    format!(
+                        "meta l4proto {{ tcp, udp, sctp }} dnat {l3} to {l3} saddr . ct mark map @affinity"
+                    ),
+                    pick(list),
+                ],
+            );
+        }
+        for affinity in [false, true] {
+            let suffix = if affinity { "-affinity" } else { "" };
+            let to = |list: &str| {
+                if affinity {
+                    format!("goto {prefix}affinity-{list}")
+                } else {
+                    pick(list)
+                }
+            };
+            let to_cluster = if affinity {
+                to("cluster")
+            } else {
+                pick("cluster")
+            };
+            chain(
+                &mut s,
+                &format!("{prefix}external-cluster{suffix}"),
+                None,
+                &[masq.clone(), to_cluster.clone()],
+            );
+            let mut local = Vec::new();
+            if let Some(pod) = &cfg.local_match {
+                // Pods reach every endpoint, unmasqueraded (kube-proxy's short-circuit).
+                local.push(format!("{pod} {}", to("cluster")));
+            }
+            local.push(format!("fib saddr type local {masq}"));
+            local.push(format!("fib saddr type local {}", to("cluster")));
+            local.push(to("local"));
+            chain(
+                &mut s,
+                &format!("{prefix}external-local{suffix}"),
+                None,
+                &local,
+            );
+        }
+    }
+
+    // Affinity recording, right after DNAT: the packet now carries the chosen endpoint.
+    for (name, hook) in [
+        ("affinity-record-prerouting", "prerouting"),
+        ("affinity-record-output", "output"),
+    ] {
+        chain(
+            &mut s,
+            name,
+            Some(&format!("type filter hook {hook} priority -99")),
+            &r(&["ct state new ct status dnat ct mark vmap @affinity-timeouts"]),
+        );
+    }
+    let _ = writeln!(s, "}}");
+    s
+}

@@ -1,0 +1,309 @@
+//! Backend tests against a recording executor: golden transactions, minimal diffs, failure
+//! recovery and the constant-size principle.
+
+use std::path::PathBuf;
+
+use kpng_backend::{Backend, SyncRequest};
+use kpng_model::{Diff, Event, Kind, Model, ModelConfig};
+
+use super::*;
+use crate::exec::Recorder;
+
+fn repo_file(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name)
+}
+
+fn model_from(yaml: &str) -> Model {
+    let loaded = kpng_source_file::parse_manifests(yaml).expect("manifest parses");
+    let mut model = Model::new(ModelConfig {
+        node_name: "node1".into(),
+        ..ModelConfig::default()
+    });
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    model
+}
+
+fn config() -> NftConfig {
+    NftConfig {
+        detect_local: DetectLocal::ClusterCidr(vec![
+            "10.244.0.0/16".parse().expect("cidr"),
+            "fd00:244::/48".parse().expect("cidr"),
+        ]),
+        service_cidrs: vec!["10.96.0.0/16".parse().expect("cidr")],
+        ..NftConfig::default()
+    }
+}
+
+fn backend() -> (NftBackend, Recorder) {
+    let recorder = Recorder::default();
+    (
+        NftBackend::new(config(), Box::new(recorder.clone())),
+        recorder,
+    )
+}
+
+fn scripts(r: &Recorder) -> Vec<String> {
+    r.scripts.lock().expect("lock").clone()
+}
+
+fn full_sync(b: &mut NftBackend, model: &Model) -> usize {
+    let diff = Diff::full(model.snapshot());
+    b.sync(&SyncRequest {
+        diff: &diff,
+        snapshot: model.snapshot(),
+        full: true,
+    })
+    .expect("sync")
+    .operations
+}
+
+fn check_golden(name: &str, text: &str) {
+    let path = repo_file(&format!("tests/golden/{name}"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, text).expect("write golden");
+    }
+    let want =
+        std::fs::read_to_string(&path).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
+    assert_eq!(
+        text, want,
+        "{name} changed; inspect and rerun with UPDATE_GOLDEN=1 if intended"
+    );
+}
+
+#[test]
+fn example_cluster_full_transactions_are_golden() {
+    let yaml = std::fs::read_to_string(repo_file("../../examples/cluster.yaml")).expect("example");
+    let model = model_from(&yaml);
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let s = scripts(&r);
+    assert_eq!(s.len(), 2, "one transaction per family");
+    check_golden("example-full.ip.nft", &s[0]);
+    check_golden("example-full.ip6.nft", &s[1]);
+}
+
+const ONE_SERVICE: &str = "
+kind: Node
+metadata: {name: node1}
+status: {addresses: [{type: InternalIP, address: 192.168.100.1}]}
+---
+kind: Service
+metadata: {namespace: ns, name: web}
+spec: {type: NodePort, clusterIP: 10.96.0.10, ports: [{name: http, port: 80, nodePort: 30080}]}
+---
+kind: EndpointSlice
+metadata: {namespace: ns, name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node1}
+- {addresses: [10.244.2.2], nodeName: node2}
+";
+
+#[test]
+fn one_endpoint_change_is_a_minimal_transaction() {
+    let mut model = model_from(ONE_SERVICE);
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let changed = ONE_SERVICE.replace("10.244.2.2", "10.244.2.9");
+    let loaded = kpng_source_file::parse_manifests(&changed).expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    assert_eq!(out.diff.changes.len(), 1);
+    let stats = b
+        .sync(&SyncRequest {
+            diff: &out.diff,
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect("sync");
+    let s = scripts(&r);
+    assert_eq!(
+        s.len(),
+        3,
+        "two full transactions, then one partial for IPv4 only"
+    );
+    assert_eq!(
+        s[2],
+        "delete element ip kpng cluster-endpoints {\n\t10.96.0.10 . tcp . 80 . 1,\n}\n\
+         delete element ip kpng nodeport-cluster-endpoints {\n\ttcp . 30080 . 1,\n}\n\
+         add element ip kpng cluster-endpoints {\n\t10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080,\n}\n\
+         add element ip kpng nodeport-cluster-endpoints {\n\ttcp . 30080 . 1 : 10.244.2.9 . 8080,\n}\n"
+    );
+    assert_eq!(stats.operations, 4);
+}
+
+#[test]
+fn a_new_endpoint_count_adds_its_chain_once() {
+    let mut model = model_from(ONE_SERVICE);
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let three = ONE_SERVICE.replace("- {addresses: [10.244.2.2], nodeName: node2}", "- {addresses: [10.244.2.2], nodeName: node2}\n- {addresses: [10.244.2.3], nodeName: node2}");
+    let loaded = kpng_source_file::parse_manifests(&three).expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    b.sync(&SyncRequest {
+        diff: &out.diff,
+        snapshot: model.snapshot(),
+        full: false,
+    })
+    .expect("sync");
+    let s = scripts(&r);
+    let last = s.last().expect("script");
+    assert!(last.starts_with("add chain ip kpng cluster-n3\nadd rule ip kpng cluster-n3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @cluster-endpoints\n"), "{last}");
+    assert!(
+        last.contains("add chain ip kpng nodeport-cluster-n3\n"),
+        "{last}"
+    );
+    assert!(
+        last.contains("10.96.0.10 . tcp . 80 comment \"ns/web:http\" : goto cluster-n3"),
+        "{last}"
+    );
+}
+
+#[test]
+fn an_unchanged_relist_sends_nothing() {
+    let mut model = model_from(ONE_SERVICE);
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let loaded = kpng_source_file::parse_manifests(ONE_SERVICE).expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    assert!(out.diff.is_empty());
+    let stats = b
+        .sync(&SyncRequest {
+            diff: &out.diff,
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect("sync");
+    assert_eq!(stats.operations, 0);
+    assert_eq!(scripts(&r).len(), 2, "no transaction for an empty diff");
+}
+
+#[test]
+fn a_failed_partial_sync_makes_the_next_sync_a_full_replace() {
+    let mut model = model_from(ONE_SERVICE);
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let loaded =
+        kpng_source_file::parse_manifests(&ONE_SERVICE.replace("10.244.2.2", "10.244.2.9"))
+            .expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    *r.fail_with.lock().expect("lock") = Some("injected".into());
+    let err = b
+        .sync(&SyncRequest {
+            diff: &out.diff,
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect_err("fails");
+    assert!(err.to_string().contains("injected"), "{err}");
+    *r.fail_with.lock().expect("lock") = None;
+    // Even a partial request with an empty diff now rebuilds the IPv4 table.
+    let empty = Diff::default();
+    b.sync(&SyncRequest {
+        diff: &empty,
+        snapshot: model.snapshot(),
+        full: false,
+    })
+    .expect("sync");
+    let last = scripts(&r).last().cloned().expect("script");
+    assert!(
+        last.starts_with("add table ip kpng\ndelete table ip kpng\ntable ip kpng {"),
+        "{last}"
+    );
+    assert!(
+        last.contains("10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080"),
+        "{last}"
+    );
+}
+
+fn many_services(n: usize, endpoints: usize) -> String {
+    let mut y = String::from("kind: Node\nmetadata: {name: node1}\n");
+    for i in 0..n {
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        y.push_str(&format!(
+            "---\nkind: Service\nmetadata: {{namespace: ns, name: s{i}}}\nspec: {{clusterIP: {ip}, ports: [{{name: p, port: 80}}]}}\n"
+        ));
+        y.push_str(&format!(
+            "---\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: s{i}-1, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080}}]\nendpoints:\n"
+        ));
+        for e in 0..endpoints {
+            y.push_str(&format!(
+                "- {{addresses: [10.244.{}.{}]}}\n",
+                e,
+                i % 250 + 1
+            ));
+        }
+    }
+    y
+}
+
+fn count_rules(script: &str) -> (usize, usize) {
+    let chains = script
+        .lines()
+        .filter(|l| l.trim_start().starts_with("chain ") || l.starts_with("add chain "))
+        .count();
+    let elements = script
+        .lines()
+        .filter(|l| l.starts_with('\t') && l.ends_with(','))
+        .count();
+    (chains, elements)
+}
+
+#[test]
+fn ruleset_size_does_not_grow_with_services() {
+    let mut sizes = Vec::new();
+    for n in [10, 1000] {
+        let model = model_from(&many_services(n, 3));
+        let (mut b, r) = backend();
+        full_sync(&mut b, &model);
+        let s = scripts(&r);
+        let (chains, elements) = count_rules(&s[0]);
+        let rules = s[0]
+            .lines()
+            .filter(|l| l.starts_with("\t\t") && !l.contains("type ") && !l.contains("policy"))
+            .count();
+        sizes.push((n, chains, rules, elements));
+    }
+    let (_, chains_small, rules_small, elements_small) = sizes[0];
+    let (_, chains_big, rules_big, elements_big) = sizes[1];
+    assert_eq!(
+        chains_small, chains_big,
+        "chains must not grow with Services: {sizes:?}"
+    );
+    assert_eq!(
+        rules_small, rules_big,
+        "rules must not grow with Services: {sizes:?}"
+    );
+    assert!(
+        elements_big > 50 * elements_small,
+        "state lives in elements: {sizes:?}"
+    );
+}
+
+#[test]
+fn cleanup_removes_both_tables() {
+    let (mut b, r) = backend();
+    b.cleanup().expect("cleanup");
+    assert_eq!(
+        scripts(&r),
+        vec![
+            "add table ip kpng\ndelete table ip kpng\nadd table ip6 kpng\ndelete table ip6 kpng\n"
+        ]
+    );
+}
