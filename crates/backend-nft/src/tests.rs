@@ -31,7 +31,7 @@ fn config() -> NftConfig {
     NftConfig {
         detect_local: DetectLocal::ClusterCidr(vec![
             "10.244.0.0/16".parse().expect("cidr"),
-            "fd00:244::/48".parse().expect("cidr"),
+            "fd00:244::/32".parse().expect("cidr"),
         ]),
         service_cidrs: vec!["10.96.0.0/16".parse().expect("cidr")],
         ..NftConfig::default()

@@ -252,7 +252,7 @@ mod nft_tests {
             "nft",
             "--dry-run",
             "--cluster-cidr",
-            "10.244.0.0/16,fd00:244::/48",
+            "10.244.0.0/16,fd00:244::/32",
         ])
         .expect("parses");
         assert_eq!(cli.global.cluster_cidr.len(), 2);

@@ -41,7 +41,7 @@ pub mod addr {
     /// `clusterCIDR` setting would name it.
     pub const CLUSTER_CIDR_V4: &str = "10.244.0.0/16";
     /// The whole cluster's pod CIDR.
-    pub const CLUSTER_CIDR_V6: &str = "fd00:244::/48";
+    pub const CLUSTER_CIDR_V6: &str = "fd00:244::/32";
     /// node1's bridge (`cbr0`) address: its pods' default gateway.
     pub const NODE1_POD_GW_V4: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 1);
     /// node1's bridge (`cbr0`) address: its pods' default gateway.
@@ -508,7 +508,8 @@ impl Cluster {
             for pod in self.pods.iter().filter(|p| p.node == n.id) {
                 s.push_str(&format!(
                     "link add veth-{0} type veth peer name eth0 netns {1}\n\
-                     link set veth-{0} master cbr0 up\n",
+                     link set veth-{0} master cbr0 up\n\
+                     link set dev veth-{0} type bridge_slave hairpin on\n",
                     pod.name,
                     pod.ns.name()
                 ));
