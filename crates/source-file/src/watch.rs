@@ -90,7 +90,15 @@ impl FileSource {
 
     /// Sends the file's content as [`Event::Replace`] now and after every change, until the
     /// receiver is dropped. Broken content is logged and skipped.
+    ///
+    /// When the path is a directory, every `*.yaml`, `*.yml` and `*.json` file in it is one
+    /// manifest: the first load is one `Replace` of all of them, and a change re-reads only the
+    /// files that changed and sends `Apply`/`Delete` for their objects. That keeps one change
+    /// O(that file) however large the cluster.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), SourceError> {
+        if self.path.is_dir() {
+            return crate::dir::run(self.path, self.debounce, events).await;
+        }
         let (notify_tx, mut notify_rx) = mpsc::unbounded_channel();
         let mut watcher = notify::recommended_watcher(move |res| {
             // The receiver only goes away when the source stops.
@@ -184,7 +192,7 @@ impl FileSource {
 }
 
 /// Whether an event can have changed the file: reads (open, access, close after reading) cannot.
-fn is_write(event: &notify::Event) -> bool {
+pub(crate) fn is_write(event: &notify::Event) -> bool {
     use notify::event::{AccessKind, AccessMode, EventKind};
     match event.kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,

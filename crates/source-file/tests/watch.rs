@@ -77,3 +77,47 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
 
     task.abort();
 }
+
+#[tokio::test]
+async fn a_directory_is_read_per_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let svc = |name: &str, ip: &str| {
+        format!(
+            "kind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    };
+    std::fs::write(dir.path().join("a.yaml"), svc("a", "10.96.0.1")).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.2")).expect("write");
+    std::fs::write(dir.path().join("notes.txt"), "not a manifest").expect("write");
+    let (tx, mut rx) = mpsc::channel(8);
+    let task = tokio::spawn(FileSource::new(dir.path(), Duration::from_millis(50)).run(tx));
+
+    let Some(Event::Replace { objects, .. }) = next(&mut rx).await else {
+        panic!("initial Replace")
+    };
+    assert_eq!(objects.len(), 2);
+
+    // Changing one file sends only its objects.
+    std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.3")).expect("write");
+    match next(&mut rx).await {
+        Some(Event::Apply(Object::Service(s))) => assert_eq!(s.metadata.name.as_deref(), Some("b")),
+        other => panic!("expected Apply of b, got {other:?}"),
+    }
+    // A broken file keeps its objects; removing a file deletes them.
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "kind: Service\nmetadata: {name: [\n",
+    )
+    .expect("write");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+            .await
+            .is_err()
+    );
+    std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
+    match next(&mut rx).await {
+        Some(Event::Delete(r)) => assert_eq!(r.name, "a"),
+        other => panic!("expected Delete of a, got {other:?}"),
+    }
+    task.abort();
+}

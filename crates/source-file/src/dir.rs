@@ -1,0 +1,170 @@
+//! Directory input: one manifest per file, re-read per file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kpng_model::{Event, Kind, Object, ObjectRef};
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::parse::parse_manifests;
+use crate::watch::{SourceError, is_write};
+
+fn is_manifest(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    ) && !path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.'))
+}
+
+/// What the directory held at its last good read, per file.
+#[derive(Default)]
+struct DirState {
+    /// File → the text last read (good or bad) and the objects of its last good read.
+    files: BTreeMap<PathBuf, (String, Vec<ObjectRef>)>,
+}
+
+impl DirState {
+    /// Re-reads one file. Returns the events it implies (none when unchanged or broken).
+    fn reload(&mut self, path: &Path) -> Vec<Event> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // The file is gone: so are its objects.
+                let Some((_, refs)) = self.files.remove(path) else {
+                    return Vec::new();
+                };
+                info!(
+                    "{}: removed, deleting its {} objects",
+                    path.display(),
+                    refs.len()
+                );
+                return refs.into_iter().map(Event::Delete).collect();
+            }
+            Err(e) => {
+                warn!(
+                    "cannot read {}: {e}; keeping its last good state",
+                    path.display()
+                );
+                return Vec::new();
+            }
+        };
+        if self.files.get(path).is_some_and(|(last, _)| *last == text) {
+            return Vec::new();
+        }
+        match parse_manifests(&text) {
+            Err(e) => {
+                error!("{}: {e}; keeping its last good state", path.display());
+                let refs = self.files.remove(path).map(|(_, r)| r).unwrap_or_default();
+                self.files.insert(path.to_path_buf(), (text, refs));
+                Vec::new()
+            }
+            Ok(loaded) => {
+                let new_refs: Vec<ObjectRef> =
+                    loaded.objects.iter().map(Object::reference).collect();
+                let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();
+                let old = self.files.remove(path).map(|(_, r)| r).unwrap_or_default();
+                let mut events: Vec<Event> = old
+                    .into_iter()
+                    .filter(|r| !keep.contains(r))
+                    .map(Event::Delete)
+                    .collect();
+                events.extend(loaded.objects.into_iter().map(Event::Apply));
+                self.files.insert(path.to_path_buf(), (text, new_refs));
+                events
+            }
+        }
+    }
+}
+
+/// Runs the directory source until the receiver is dropped.
+pub(crate) async fn run(
+    dir: PathBuf,
+    debounce: Duration,
+    events: mpsc::Sender<Event>,
+) -> Result<(), SourceError> {
+    let (notify_tx, mut notify_rx) = mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |res| {
+        let _ = notify_tx.send(res);
+    })
+    .map_err(|source| SourceError::Watch {
+        path: dir.clone(),
+        source,
+    })?;
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(|source| SourceError::Watch {
+            path: dir.clone(),
+            source,
+        })?;
+
+    // First load: every file, as one complete list.
+    let mut state = DirState::default();
+    let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_manifest(p))
+            .collect(),
+        Err(e) => {
+            error!("cannot list {}: {e}", dir.display());
+            Vec::new()
+        }
+    };
+    paths.sort();
+    let mut objects = Vec::new();
+    for path in &paths {
+        for event in state.reload(path) {
+            if let Event::Apply(o) = event {
+                objects.push(o);
+            }
+        }
+    }
+    info!(
+        "{}: loaded {} objects from {} files",
+        dir.display(),
+        objects.len(),
+        paths.len()
+    );
+    let replace = Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects,
+    };
+    if events.send(replace).await.is_err() {
+        return Ok(());
+    }
+
+    loop {
+        let mut changed: BTreeSet<PathBuf> = BTreeSet::new();
+        match notify_rx.recv().await {
+            None => return Ok(()),
+            Some(Err(e)) => warn!("file watch error on {}: {e}", dir.display()),
+            Some(Ok(ev)) if is_write(&ev) => changed.extend(ev.paths),
+            Some(Ok(_)) => continue,
+        }
+        let give_up = tokio::time::Instant::now() + debounce * 10;
+        loop {
+            let quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);
+            match tokio::time::timeout_at(quiet_until, notify_rx.recv()).await {
+                Ok(Some(Ok(ev))) if is_write(&ev) => changed.extend(ev.paths),
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err(_) => break,
+            }
+            if tokio::time::Instant::now() >= give_up {
+                break;
+            }
+        }
+        for path in changed.iter().filter(|p| is_manifest(p)) {
+            for event in state.reload(path) {
+                if events.send(event).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
