@@ -1,5 +1,6 @@
-//! Running transactions: one `nft -f -` process per transaction, so each is one atomic kernel
-//! commit (the knftables design). Behind a trait so tests and `--dry-run` need no kernel.
+//! Running transactions. Each script is one atomic kernel commit, whether it goes through
+//! libnftables in-process ([`libnftables::LibNftables`], the default) or one `nft -f -` process
+//! ([`NftCommand`], the fallback). Behind a trait so tests and `--dry-run` need no kernel.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -126,3 +127,5 @@ impl NftExec for Recorder {
         }
     }
 }
+
+pub mod libnftables;

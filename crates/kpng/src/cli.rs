@@ -160,7 +160,11 @@ pub struct NftArgs {
     /// Print every transaction instead of applying it (no root needed).
     #[arg(long)]
     pub dry_run: bool,
-    /// The `nft` binary to run.
+    /// How transactions reach the kernel: `library` (libnftables in-process, one long-lived
+    /// netlink socket), `command` (one `nft -f -` process each), or `auto` (library if it loads).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "library", "command"])]
+    pub nft_exec: String,
+    /// The `nft` binary, for `--nft-exec command`.
     #[arg(long, default_value = "nft")]
     pub nft_binary: String,
 }

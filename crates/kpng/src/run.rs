@@ -16,6 +16,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
 
+use kpng_backend_nft::exec::libnftables::LibNftables;
 use kpng_backend_nft::exec::{DryRun, NftCommand, NftExec};
 use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
@@ -62,10 +63,22 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
         service_cidrs: flags.service_cidr.clone(),
         ..NftConfig::default()
     };
-    let exec: Box<dyn NftExec> = if args.dry_run {
-        Box::new(DryRun)
-    } else {
-        Box::new(NftCommand::with_binary(&args.nft_binary))
+    let exec: Box<dyn NftExec> = match (args.dry_run, args.nft_exec.as_str()) {
+        (true, _) => Box::new(DryRun),
+        (false, "command") => Box::new(NftCommand::with_binary(&args.nft_binary)),
+        (false, "library") => {
+            Box::new(LibNftables::open().context("loading libnftables (--nft-exec library)")?)
+        }
+        (false, _) => match LibNftables::open() {
+            Ok(lib) => Box::new(lib),
+            Err(e) => {
+                tracing::info!(
+                    "libnftables unavailable ({e}); running `{}` per transaction",
+                    args.nft_binary
+                );
+                Box::new(NftCommand::with_binary(&args.nft_binary))
+            }
+        },
     };
     Ok(NftBackend::new(config, exec))
 }

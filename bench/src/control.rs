@@ -1,0 +1,298 @@
+//! Control plane: cold programming, one-change latency, operations per change, peak RSS.
+//!
+//! kpng runs in a fresh network namespace on a directory of manifests (one file per Service).
+//! Cold programming is the first full sync as kpng measures it around the backend call (and,
+//! separately, the wall time from process start, which includes reading N files). One change is
+//! an atomic rewrite (rename) of one Service's file with a different endpoint; its latency runs
+//! from just before the rename to the timestamp of kpng's "synced" log line, which is written
+//! after `nft` has committed the transaction.
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use kpng_testkit::Netns;
+
+use crate::stats::percentile;
+use crate::workload::{self, Endpoints, NODE_IP};
+
+/// Figures of one control-plane run.
+#[derive(Debug)]
+pub struct ControlResult {
+    n: usize,
+    m: usize,
+    cold_backend: Duration,
+    cold_wall: Duration,
+    cold_ops: usize,
+    change_p50: Duration,
+    change_p99: Duration,
+    change_backend_p50: Duration,
+    ops_per_change: f64,
+    peak_rss_mb: f64,
+}
+
+impl ControlResult {
+    /// The table header matching [`ControlResult::markdown_row`].
+    pub fn markdown_header() -> &'static str {
+        "| Services × endpoints | cold: nft transaction | cold: process start → programmed | elements | one change p50 | one change p99 | of which nft p50 | ops / change | kpng peak RSS |\n|---|---|---|---|---|---|---|---|---|\n"
+    }
+
+    /// One table row.
+    pub fn markdown_row(&self) -> String {
+        format!(
+            "| {} × {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} | {:.0} MB |",
+            self.n,
+            self.m,
+            self.cold_backend.as_secs_f64(),
+            self.cold_wall.as_secs_f64(),
+            self.cold_ops,
+            self.change_p50.as_secs_f64() * 1000.0,
+            self.change_p99.as_secs_f64() * 1000.0,
+            self.change_backend_p50.as_secs_f64() * 1000.0,
+            self.ops_per_change,
+            self.peak_rss_mb
+        )
+    }
+}
+
+/// kpng inside a namespace, killed on drop.
+pub struct Kpng {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Kpng {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One `synced` line of kpng's log.
+pub struct SyncLine {
+    /// When kpng logged it.
+    pub at: SystemTime,
+    /// Whether it was a full sync.
+    pub full: bool,
+    /// Operations sent.
+    pub operations: usize,
+    /// The backend's own duration.
+    pub duration: Duration,
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let (num, unit) = s
+        .find(|c: char| c.is_alphabetic() || c == 'µ')
+        .map(|i| s.split_at(i))?;
+    let v: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "s" => v,
+        "ms" => v / 1e3,
+        "µs" | "us" => v / 1e6,
+        "ns" => v / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(secs))
+}
+
+fn parse_sync_line(line: &str) -> Option<SyncLine> {
+    if !line.contains(" synced ") {
+        return None;
+    }
+    let at = humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?;
+    let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
+    Some(SyncLine {
+        at,
+        full: field("full=")? == "true",
+        operations: field("operations=")?.parse().ok()?,
+        duration: parse_duration(field("duration=")?)?,
+    })
+}
+
+impl Kpng {
+    /// Starts kpng on `input` inside `ns`, logging to `log`.
+    pub fn start(ns: &Netns, kpng: &str, input: &Path, log: &Path) -> Result<Kpng, String> {
+        let file =
+            std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let input = input.display().to_string();
+        let child = ns
+            .command([
+                kpng,
+                "file",
+                "--input",
+                &input,
+                "--node-name",
+                "node1",
+                "--min-sync-period",
+                "0",
+                "--debounce",
+                "0",
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:10256",
+                "--cluster-cidr",
+                "10.128.0.0/9",
+                "to-local",
+                "nft",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .map_err(|e| format!("starting kpng: {e}"))?;
+        Ok(Kpng {
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// The pid (kpng itself: `ip netns exec` execs it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Every sync line logged so far.
+    pub fn syncs(&self) -> Vec<SyncLine> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(parse_sync_line)
+            .collect()
+    }
+
+    /// Waits until at least `count` sync lines exist.
+    pub fn wait_for_syncs(
+        &mut self,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<SyncLine>, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let syncs = self.syncs();
+            if syncs.len() >= count {
+                return Ok(syncs);
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "kpng exited ({status}); log:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no sync after {timeout:?}; log:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// Peak resident memory of a process, in MB.
+pub fn peak_rss_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<f64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    /// Creates `/tmp/kpng-bench-<pid>-<tag>`.
+    pub fn new(tag: &str) -> Result<Scratch, String> {
+        let dir = std::env::temp_dir().join(format!("kpng-bench-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("manifests"))
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the control-plane benchmark for `n` Services × `m` endpoints.
+pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResult, String> {
+    let scratch = Scratch::new(&format!("cp{n}"))?;
+    let manifests = scratch.0.join("manifests");
+    workload::generate(&manifests, n, m, Endpoints::Unique)
+        .map_err(|e| format!("generating: {e}"))?;
+    let ns = Netns::new("kbc").map_err(|e| e.to_string())?;
+    ns.run_ok(["ip", "addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"])
+        .map_err(|e| e.to_string())?;
+
+    let started = Instant::now();
+    let mut kpng = Kpng::start(&ns, kpng, &manifests, &scratch.0.join("kpng.log"))?;
+    let cold = kpng.wait_for_syncs(1, Duration::from_secs(600))?;
+    let cold_wall = started.elapsed();
+    let first = &cold[0];
+    if !first.full {
+        return Err("the first sync was not a full sync".into());
+    }
+
+    let mut latencies = Vec::new();
+    let mut backend = Vec::new();
+    let mut ops = 0usize;
+    let mut generations = std::collections::HashMap::new();
+    for k in 0..changes {
+        let i = (k * 7919 + 13) % n;
+        let generation = generations.entry(i).or_insert(0usize);
+        *generation += 1;
+        let generation = *generation;
+        // Space the changes: each is measured on its own. (Back to back, a transaction that
+        // deletes elements makes the next one wait for an RCU grace period in the kernel.)
+        std::thread::sleep(Duration::from_millis(50));
+        let before = kpng.syncs().len();
+        let t = SystemTime::now();
+        workload::rewrite(&manifests, i, m, Endpoints::Unique, generation)
+            .map_err(|e| format!("rewriting: {e}"))?;
+        let syncs = kpng.wait_for_syncs(before + 1, Duration::from_secs(30))?;
+        let line = &syncs[before];
+        latencies.push(line.at.duration_since(t).unwrap_or_default().as_secs_f64());
+        backend.push(line.duration.as_secs_f64());
+        ops += line.operations;
+    }
+    Ok(ControlResult {
+        n,
+        m,
+        cold_backend: first.duration,
+        cold_wall,
+        cold_ops: first.operations,
+        change_backend_p50: Duration::from_secs_f64(percentile(&mut backend, 50.0)),
+        change_p50: Duration::from_secs_f64(percentile(&mut latencies, 50.0)),
+        change_p99: Duration::from_secs_f64(percentile(&mut latencies, 99.0)),
+        ops_per_change: ops as f64 / changes.max(1) as f64,
+        peak_rss_mb: peak_rss_mb(kpng.pid()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_kpng_sync_lines() {
+        let l = super::parse_sync_line(
+            "2026-11-30T08:37:10.171735Z  INFO kpng_backend::runner: synced backend=nftables full=false operations=4 duration=406.009µs",
+        )
+        .expect("parses");
+        assert!(!l.full);
+        assert_eq!(l.operations, 4);
+        assert_eq!(l.duration.as_nanos(), 406_009);
+        assert_eq!(
+            super::parse_duration("1.5s").map(|d| d.as_millis()),
+            Some(1500)
+        );
+    }
+}
