@@ -5,6 +5,7 @@
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4
 //! kpng-bench data-plane --services 30000
+//! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
 //! Needs root (network namespaces, nftables). Internal subcommands `connect` and `serve` run
 //! inside the namespaces.
@@ -36,6 +37,19 @@ fn main() -> ExitCode {
         .map(|p| p.display().to_string())
         .unwrap_or(kpng);
     let result = match args.get(1).map(String::as_str) {
+        Some("gen") => {
+            let out = flag(&args, "--out").unwrap_or_else(|| "workload".into());
+            std::fs::create_dir_all(&out)
+                .and_then(|_| {
+                    workload::generate(
+                        std::path::Path::new(&out),
+                        num(&args, "--services", 1000),
+                        num(&args, "--endpoints", 4),
+                        workload::Endpoints::Unique,
+                    )
+                })
+                .map_err(|e| format!("generating into {out}: {e}"))
+        }
         Some("serve") => {
             data::serve(&flag(&args, "--listen").unwrap_or_else(|| "0.0.0.0:8080".into()))
         }

@@ -55,9 +55,10 @@ pub fn service_manifest(i: usize, m: usize, endpoints: Endpoints, generation: us
     if dual {
         let _ = writeln!(
             y,
-            "  clusterIPs: [{}, \"fd00:96::{:x}\"]",
+            "  clusterIPs: [{}, \"fd00:96::{:x}:{:x}\"]",
             cluster_ip(i),
-            i + 1
+            (i + 1) >> 16,
+            (i + 1) & 0xffff
         );
     }
     if kind == "LoadBalancer" && i % 20 == 9 {
@@ -108,10 +109,12 @@ pub fn service_manifest(i: usize, m: usize, endpoints: Endpoints, generation: us
             "---\nkind: EndpointSlice\nmetadata: {{namespace: bench, name: s{i}-v6, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv6\nports: [{{name: http, port: {TARGET_PORT}, protocol: TCP}}]\nendpoints:\n"
         );
         for j in 0..m {
+            let idx = i * m + j + 1;
             let _ = writeln!(
                 y,
-                "- {{addresses: [\"fd00:244::{:x}\"], nodeName: node{}}}",
-                i * m + j + 1,
+                "- {{addresses: [\"fd00:244::{:x}:{:x}\"], nodeName: node{}}}",
+                idx >> 16,
+                idx & 0xffff,
                 (i + j) % 10
             );
         }

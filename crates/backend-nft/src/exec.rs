@@ -31,6 +31,51 @@ pub enum ExecError {
 pub trait NftExec: Send {
     /// Commits `script` atomically, or nothing of it.
     fn run(&mut self, script: &str) -> Result<(), ExecError>;
+
+    /// Commits a full-sync script (the whole table). Executors may route these differently:
+    /// see [`Auto`].
+    fn run_full(&mut self, script: &str) -> Result<(), ExecError> {
+        self.run(script)
+    }
+}
+
+/// The default: small (partial) transactions through a warm libnftables context, full ones
+/// through an `nft -f -` process. Parsing a whole table costs libnftables hundreds of MB at
+/// 30k Services; in a child process that memory is returned when it exits instead of staying in
+/// kpng. Without libnftables everything goes through the process.
+pub struct Auto {
+    library: Option<libnftables::LibNftables>,
+    command: NftCommand,
+}
+
+impl Auto {
+    /// Uses libnftables when it loads, `binary` otherwise and for full syncs.
+    pub fn new(binary: &str) -> Auto {
+        let library = match libnftables::LibNftables::open() {
+            Ok(lib) => Some(lib),
+            Err(e) => {
+                tracing::info!("libnftables unavailable ({e}); running `{binary}` per transaction");
+                None
+            }
+        };
+        Auto {
+            library,
+            command: NftCommand::with_binary(binary),
+        }
+    }
+}
+
+impl NftExec for Auto {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
+        match &mut self.library {
+            Some(lib) => lib.run(script),
+            None => self.command.run(script),
+        }
+    }
+
+    fn run_full(&mut self, script: &str) -> Result<(), ExecError> {
+        self.command.run(script)
+    }
 }
 
 /// The real thing: `nft -f -`.

@@ -103,6 +103,7 @@ pub struct NftBackend {
     states: Vec<FamilyState>,
     metrics: NftMetrics,
     warned_no_node_ip: bool,
+    warned_v6_affinity: bool,
 }
 
 impl NftBackend {
@@ -126,6 +127,7 @@ impl NftBackend {
             states,
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
+            warned_v6_affinity: false,
         }
     }
 
@@ -190,6 +192,39 @@ impl NftBackend {
         out
     }
 
+    /// The elements of one port. IPv6 ClientIP affinity is left out: nft 1.0.6 corrupts
+    /// packet-path map updates whose key is longer than 16 bytes (client IPv6 address + id), so
+    /// IPv6 Services with affinity are balanced without stickiness (a warning says so).
+    fn port_elements(
+        &self,
+        port: &kpng_model::ServicePort,
+        owner: OwnerId,
+        node_ips: &[IpAddr],
+    ) -> Vec<Element> {
+        if port.session_affinity.is_some() && port.key.family == Family::V6 {
+            let mut plain = port.clone();
+            plain.session_affinity = None;
+            return elements::port_elements(&plain, owner, node_ips);
+        }
+        elements::port_elements(port, owner, node_ips)
+    }
+
+    fn warn_unsupported(&mut self, request: &SyncRequest<'_>) {
+        if self.warned_v6_affinity {
+            return;
+        }
+        if let Some((key, _)) = request
+            .diff
+            .upserted()
+            .find(|(k, p)| k.family == Family::V6 && p.session_affinity.is_some())
+        {
+            warn!(
+                "{key}: ClientIP session affinity is not applied to IPv6 with this nft (1.0.6 corrupts IPv6 affinity entries); traffic is balanced without stickiness"
+            );
+            self.warned_v6_affinity = true;
+        }
+    }
+
     fn static_config(&self, fam: Fam, snapshot: &Snapshot) -> StaticConfig {
         StaticConfig::new(
             fam,
@@ -217,26 +252,30 @@ impl NftBackend {
         let fam = self.states[index].fam;
         let family = fam.0;
         let cfg = self.static_config(fam, request.snapshot);
-        let full = request.full || self.states[index].committed.as_ref() != Some(&cfg);
+        // A node change (IPs, pod CIDRs) is rare and touches node-level elements and the
+        // load-balancer firewall exception of every port: simplest done as a full sync.
+        let full = request.full
+            || request.diff.node_changed
+            || self.states[index].committed.as_ref() != Some(&cfg);
         let node_ips = request.snapshot.node.ips.clone();
         if full {
             let mut store = ElementStore::new();
             let mut ignored = Vec::new();
             for port in request.snapshot.family(family) {
                 let owner = self.owner(&port.key);
-                store.set_owner(
-                    owner,
-                    elements::port_elements(port, owner, &node_ips),
-                    &mut ignored,
-                );
+                let elements = self.port_elements(port, owner, &node_ips);
+                store.change_owner(owner, &[], &elements, &mut ignored);
             }
             let node = self.node_elements(fam, request.snapshot);
-            store.set_owner(NODE_OWNER, node, &mut ignored);
+            store.change_owner(NODE_OWNER, &[], &node, &mut ignored);
             let all = store.all();
             let (text, chains) = script::replace(fam, &self.config.table, &cfg, &all);
             let ops = all.len() + chains.len();
+            drop(all);
             self.states[index].committed = None;
-            self.exec.run(&text).map_err(|e| self.fail(index, ops, e))?;
+            self.exec
+                .run_full(&text)
+                .map_err(|e| self.fail(index, ops, e))?;
             let state = &mut self.states[index];
             state.store = store;
             state.chains = chains;
@@ -252,18 +291,19 @@ impl NftBackend {
             .filter(|(k, _)| k.family == family)
         {
             let owner = self.owner(key);
-            let wanted = change
-                .new
-                .as_ref()
-                .map(|p| elements::port_elements(p, owner, &node_ips))
+            let old = change
+                .old
+                .as_deref()
+                .map(|p| self.port_elements(p, owner, &node_ips))
                 .unwrap_or_default();
-            self.states[index].store.set_owner(owner, wanted, &mut ops);
-        }
-        if request.diff.node_changed {
-            let node = self.node_elements(fam, request.snapshot);
+            let new = change
+                .new
+                .as_deref()
+                .map(|p| self.port_elements(p, owner, &node_ips))
+                .unwrap_or_default();
             self.states[index]
                 .store
-                .set_owner(NODE_OWNER, node, &mut ops);
+                .change_owner(owner, &old, &new, &mut ops);
         }
         if ops.is_empty() {
             return Ok(0);
@@ -312,6 +352,7 @@ impl Backend for NftBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        self.warn_unsupported(request);
         let mut operations = 0;
         let mut first_error = None;
         for index in 0..self.states.len() {

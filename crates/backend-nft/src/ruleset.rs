@@ -411,7 +411,13 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
             format!("{l3} daddr @service-cidrs drop"),
         ],
     );
-    chain(&mut s, "reject-chain", None, &r(&["reject"]));
+    // A TCP reset where TCP is concerned: on IPv6 an ICMPv6 unreachable left clients waiting.
+    chain(
+        &mut s,
+        "reject-chain",
+        None,
+        &r(&["meta l4proto tcp reject with tcp reset", "reject"]),
+    );
 
     // NAT: dispatch.
     chain(

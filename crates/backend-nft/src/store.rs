@@ -46,15 +46,31 @@ pub enum ElementOp {
 /// An owner of elements: an interned Service-port id.
 pub type OwnerId = u32;
 
+/// Owners of one element, sorted by owner id. Almost always exactly one, so a small vector
+/// (not a map, whose first node alone would cost ~600 bytes per element at 300k elements).
 #[derive(Debug, Default)]
 struct Owners {
-    /// Owner → the value it wants.
-    wants: BTreeMap<OwnerId, Payload>,
+    /// (owner, the value it wants), sorted by owner.
+    wants: Vec<(OwnerId, Payload)>,
 }
 
 impl Owners {
     fn effective(&self) -> Option<&Payload> {
-        self.wants.values().next()
+        self.wants.first().map(|(_, p)| p)
+    }
+
+    fn set(&mut self, owner: OwnerId, payload: Option<Payload>) {
+        match (
+            self.wants.binary_search_by_key(&owner, |(o, _)| *o),
+            payload,
+        ) {
+            (Ok(i), Some(p)) => self.wants[i].1 = p,
+            (Ok(i), None) => {
+                self.wants.remove(i);
+            }
+            (Err(i), Some(p)) => self.wants.insert(i, (owner, p)),
+            (Err(_), None) => {}
+        }
     }
 }
 
@@ -62,7 +78,6 @@ impl Owners {
 #[derive(Debug, Default)]
 pub struct ElementStore {
     elements: HashMap<(SetName, String), Owners>,
-    by_owner: HashMap<OwnerId, Vec<Element>>,
 }
 
 impl ElementStore {
@@ -81,14 +96,18 @@ impl ElementStore {
         self.elements.is_empty()
     }
 
-    /// Replaces everything `owner` wants with `wanted`, appending the resulting kernel
-    /// operations to `ops`.
-    pub fn set_owner(&mut self, owner: OwnerId, wanted: Vec<Element>, ops: &mut Vec<ElementOp>) {
-        let old = self.by_owner.remove(&owner).unwrap_or_default();
-        if old == wanted {
-            if !wanted.is_empty() {
-                self.by_owner.insert(owner, wanted);
-            }
+    /// Moves `owner` from wanting `old` to wanting `new`, appending the resulting kernel
+    /// operations to `ops`. `old` must be exactly what the owner was last given (the backend
+    /// recomputes it from the previous state of the Service port, so the store need not keep a
+    /// copy of every element per owner).
+    pub fn change_owner(
+        &mut self,
+        owner: OwnerId,
+        old: &[Element],
+        new: &[Element],
+        ops: &mut Vec<ElementOp>,
+    ) {
+        if old == new {
             return;
         }
         let payload = |e: &Element| (e.value.clone(), e.comment.clone());
@@ -96,24 +115,20 @@ impl ElementStore {
             .iter()
             .map(|e| ((e.set, e.key.as_str()), payload(e)))
             .collect();
-        let new_keys: HashMap<(SetName, &str), Payload> = wanted
+        let new_keys: HashMap<(SetName, &str), Payload> = new
             .iter()
             .map(|e| ((e.set, e.key.as_str()), payload(e)))
             .collect();
-
         // Elements this owner no longer wants, or wants with another value.
-        for e in &old {
+        for e in old {
             if new_keys.get(&(e.set, e.key.as_str())) != Some(&payload(e)) {
                 self.update((e.set, e.key.clone()), owner, None, ops);
             }
         }
-        for e in &wanted {
+        for e in new {
             if old_keys.get(&(e.set, e.key.as_str())) != Some(&payload(e)) {
                 self.update((e.set, e.key.clone()), owner, Some(payload(e)), ops);
             }
-        }
-        if !wanted.is_empty() {
-            self.by_owner.insert(owner, wanted);
         }
     }
 
@@ -127,14 +142,7 @@ impl ElementStore {
     ) {
         let entry = self.elements.entry(id.clone()).or_default();
         let before = entry.effective().cloned();
-        match value {
-            Some(v) => {
-                entry.wants.insert(owner, v);
-            }
-            None => {
-                entry.wants.remove(&owner);
-            }
-        }
+        entry.set(owner, value);
         let after = entry.effective().cloned();
         if entry.wants.is_empty() {
             self.elements.remove(&id);
@@ -206,6 +214,27 @@ pub fn order_ops(ops: Vec<ElementOp>) -> (Vec<(SetName, String)>, Vec<Element>) 
 mod tests {
     use super::*;
 
+    /// Test helper keeping what each owner was given, as the backend does through the diff.
+    #[derive(Default)]
+    struct Tracked {
+        store: ElementStore,
+        given: HashMap<OwnerId, Vec<Element>>,
+    }
+
+    impl Tracked {
+        fn set_owner(&mut self, owner: OwnerId, new: Vec<Element>, ops: &mut Vec<ElementOp>) {
+            let old = self.given.remove(&owner).unwrap_or_default();
+            self.store.change_owner(owner, &old, &new, ops);
+            self.given.insert(owner, new);
+        }
+        fn all(&self) -> Vec<Element> {
+            self.store.all()
+        }
+        fn is_empty(&self) -> bool {
+            self.store.is_empty()
+        }
+    }
+
     fn el(set: SetName, key: &str, value: Option<&str>) -> Element {
         Element {
             set,
@@ -217,7 +246,7 @@ mod tests {
 
     #[test]
     fn shared_elements_are_added_once_and_removed_with_their_last_owner() {
-        let mut s = ElementStore::new();
+        let mut s = Tracked::default();
         let mut ops = Vec::new();
         s.set_owner(1, vec![el("cluster-ips", "10.96.0.1", None)], &mut ops);
         s.set_owner(2, vec![el("cluster-ips", "10.96.0.1", None)], &mut ops);
@@ -242,7 +271,7 @@ mod tests {
 
     #[test]
     fn value_change_is_delete_then_add_and_unchanged_is_nothing() {
-        let mut s = ElementStore::new();
+        let mut s = Tracked::default();
         let mut ops = Vec::new();
         s.set_owner(
             1,
@@ -269,7 +298,7 @@ mod tests {
 
     #[test]
     fn lowest_owner_wins_conflicts() {
-        let mut s = ElementStore::new();
+        let mut s = Tracked::default();
         let mut ops = Vec::new();
         s.set_owner(5, vec![el("m", "k", Some("five"))], &mut ops);
         ops.clear(); // committed
@@ -282,7 +311,7 @@ mod tests {
 
     #[test]
     fn add_then_delete_in_one_batch_cancels() {
-        let mut s = ElementStore::new();
+        let mut s = Tracked::default();
         let mut ops = Vec::new();
         s.set_owner(1, vec![el("m", "k", Some("v"))], &mut ops);
         s.set_owner(1, vec![], &mut ops);

@@ -161,7 +161,8 @@ pub struct NftArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// How transactions reach the kernel: `library` (libnftables in-process, one long-lived
-    /// netlink socket), `command` (one `nft -f -` process each), or `auto` (library if it loads).
+    /// netlink socket), `command` (one `nft -f -` process each), or `auto` (the library for small
+    /// transactions, a process for full syncs).
     #[arg(long, default_value = "auto", value_parser = ["auto", "library", "command"])]
     pub nft_exec: String,
     /// The `nft` binary, for `--nft-exec command`.

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 use kpng_backend_nft::exec::libnftables::LibNftables;
-use kpng_backend_nft::exec::{DryRun, NftCommand, NftExec};
+use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
 use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
@@ -69,16 +69,7 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
         (false, "library") => {
             Box::new(LibNftables::open().context("loading libnftables (--nft-exec library)")?)
         }
-        (false, _) => match LibNftables::open() {
-            Ok(lib) => Box::new(lib),
-            Err(e) => {
-                tracing::info!(
-                    "libnftables unavailable ({e}); running `{}` per transaction",
-                    args.nft_binary
-                );
-                Box::new(NftCommand::with_binary(&args.nft_binary))
-            }
-        },
+        (false, _) => Box::new(Auto::new(&args.nft_binary)),
     };
     Ok(NftBackend::new(config, exec))
 }

@@ -61,9 +61,9 @@ pub struct ApplyOutcome {
 pub struct Model {
     config: ModelConfig,
     services: HashMap<ServiceKey, ServiceInfo>,
-    /// Slices by namespace, then slice name.
-    slices: HashMap<(String, String), SliceInfo>,
-    /// Slices of each Service: slice name → slice. Kept in step with `slices`.
+    /// Every known slice (namespace, name) → the Service it belongs to (if any).
+    slice_owners: HashMap<(String, String), Option<ServiceKey>>,
+    /// Slices of each Service: slice name → slice (each slice stored once, here).
     slices_by_service: HashMap<ServiceKey, HashMap<String, SliceInfo>>,
     node: Option<NodeInfo>,
     snapshot: Snapshot,
@@ -151,7 +151,17 @@ impl Model {
         dirty: &mut BTreeSet<ServiceKey>,
     ) {
         let id = (namespace, info.name.clone());
-        if self.slices.get(&id) == Some(&info) {
+        let unchanged = match self.slice_owners.get(&id) {
+            Some(Some(owner)) => {
+                self.slices_by_service
+                    .get(owner)
+                    .and_then(|s| s.get(&info.name))
+                    == Some(&info)
+            }
+            Some(None) => info.service.is_none(),
+            None => false,
+        };
+        if unchanged {
             return;
         }
         self.remove_slice(&id, dirty);
@@ -162,17 +172,17 @@ impl Model {
                 .or_default()
                 .insert(info.name.clone(), info.clone());
         }
-        self.slices.insert(id, info);
+        self.slice_owners.insert(id, info.service);
     }
 
     fn remove_slice(&mut self, id: &(String, String), dirty: &mut BTreeSet<ServiceKey>) {
-        let Some(old) = self.slices.remove(id) else {
+        let Some(owner) = self.slice_owners.remove(id) else {
             return;
         };
-        let Some(service) = old.service else { return };
+        let Some(service) = owner else { return };
         dirty.insert(service.clone());
         if let Some(by_name) = self.slices_by_service.get_mut(&service) {
-            by_name.remove(&old.name);
+            by_name.remove(&id.1);
             if by_name.is_empty() {
                 self.slices_by_service.remove(&service);
             }
@@ -246,7 +256,7 @@ impl Model {
         }
         if kinds.contains(&Kind::EndpointSlice) {
             let gone: Vec<(String, String)> = self
-                .slices
+                .slice_owners
                 .keys()
                 .filter(|(ns, name)| {
                     !kept(&ObjectRef {

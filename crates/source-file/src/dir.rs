@@ -25,8 +25,16 @@ fn is_manifest(path: &Path) -> bool {
 /// What the directory held at its last good read, per file.
 #[derive(Default)]
 struct DirState {
-    /// File → the text last read (good or bad) and the objects of its last good read.
-    files: BTreeMap<PathBuf, (String, Vec<ObjectRef>)>,
+    /// File → a hash of the text last read (good or bad) and the objects of its last good
+    /// read. A hash, not the text: at 30k files the texts alone would be tens of MB.
+    files: BTreeMap<PathBuf, (u64, Vec<ObjectRef>)>,
+}
+
+fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
 }
 
 impl DirState {
@@ -54,14 +62,15 @@ impl DirState {
                 return Vec::new();
             }
         };
-        if self.files.get(path).is_some_and(|(last, _)| *last == text) {
+        let hash = text_hash(&text);
+        if self.files.get(path).is_some_and(|(last, _)| *last == hash) {
             return Vec::new();
         }
         match parse_manifests(&text) {
             Err(e) => {
                 error!("{}: {e}; keeping its last good state", path.display());
                 let refs = self.files.remove(path).map(|(_, r)| r).unwrap_or_default();
-                self.files.insert(path.to_path_buf(), (text, refs));
+                self.files.insert(path.to_path_buf(), (hash, refs));
                 Vec::new()
             }
             Ok(loaded) => {
@@ -75,7 +84,7 @@ impl DirState {
                     .map(Event::Delete)
                     .collect();
                 events.extend(loaded.objects.into_iter().map(Event::Apply));
-                self.files.insert(path.to_path_buf(), (text, new_refs));
+                self.files.insert(path.to_path_buf(), (hash, new_refs));
                 events
             }
         }
