@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kpng_model::{Endpoint, ServicePort};
 
+use crate::ruleset::PickKind;
 use crate::store::{Element, OwnerId};
 
 /// Affinity ids live in this range of the conntrack mark (`0x6b7` = "kp" in the top 12 bits), so
@@ -147,12 +148,17 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
                 ));
             }
             let map = if local {
-                "local-endpoints"
+                PickKind::Local
             } else {
-                "cluster-endpoints"
-            };
+                PickKind::Cluster
+            }
+            .slot_map(sp.key.protocol);
             for (slot, e) in eps.iter().enumerate() {
-                out.push(el(map, format!("{key} . {slot}"), Some(ep_value(e))));
+                out.push(el(
+                    map,
+                    format!("{vip} . {} . {slot}", sp.port),
+                    Some(ep_value(e)),
+                ));
             }
             if affinity {
                 let id = if local { id_local } else { id_cluster };
@@ -199,12 +205,13 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
                 Some(format!("goto nodeport-{list}-n{}", eps.len())),
             ));
             let map = if local {
-                "nodeport-local-endpoints"
+                PickKind::NodePortLocal
             } else {
-                "nodeport-cluster-endpoints"
-            };
+                PickKind::NodePortCluster
+            }
+            .slot_map(sp.key.protocol);
             for (slot, e) in eps.iter().enumerate() {
-                out.push(el(map, format!("{key} . {slot}"), Some(ep_value(e))));
+                out.push(el(map, format!("{node_port} . {slot}"), Some(ep_value(e))));
             }
             if affinity {
                 let id = if local { id_local } else { id_cluster };

@@ -7,7 +7,10 @@
 use std::fmt::Write as _;
 
 use ipnet::IpNet;
-use kpng_model::{Family, NodeState};
+use kpng_model::{Family, NodeState, Protocol};
+
+/// The L4 protocols a Service port can use, in rule order.
+const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
 /// Family-specific nft spellings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,13 +148,40 @@ impl PickKind {
             PickKind::NodePortLocal => "nodeport-local-n",
         }
     }
-    /// The slot map the chain selects from.
-    pub fn endpoints_map(self) -> &'static str {
-        match self {
-            PickKind::Cluster => "cluster-endpoints",
-            PickKind::Local => "local-endpoints",
-            PickKind::NodePortCluster => "nodeport-cluster-endpoints",
-            PickKind::NodePortLocal => "nodeport-local-endpoints",
+    /// Every kind, in declaration order.
+    pub const ALL: [PickKind; 4] = [
+        PickKind::Cluster,
+        PickKind::Local,
+        PickKind::NodePortCluster,
+        PickKind::NodePortLocal,
+    ];
+
+    /// Whether the slots are keyed by VIP (else by node port only).
+    pub fn keyed_by_vip(self) -> bool {
+        matches!(self, PickKind::Cluster | PickKind::Local)
+    }
+
+    /// The slot map the chain selects from, for one L4 protocol.
+    ///
+    /// One map per protocol because the map's value type must name the protocol's port
+    /// (`tcp dport`): with a shared map nft 1.0.6 silently restricts the rule to TCP, and with
+    /// `th dport` it refuses rules added in a later transaction.
+    pub fn slot_map(self, protocol: Protocol) -> &'static str {
+        use PickKind::*;
+        use Protocol::*;
+        match (self, protocol) {
+            (Cluster, Tcp) => "cluster-endpoints-tcp",
+            (Cluster, Udp) => "cluster-endpoints-udp",
+            (Cluster, Sctp) => "cluster-endpoints-sctp",
+            (Local, Tcp) => "local-endpoints-tcp",
+            (Local, Udp) => "local-endpoints-udp",
+            (Local, Sctp) => "local-endpoints-sctp",
+            (NodePortCluster, Tcp) => "nodeport-cluster-endpoints-tcp",
+            (NodePortCluster, Udp) => "nodeport-cluster-endpoints-udp",
+            (NodePortCluster, Sctp) => "nodeport-cluster-endpoints-sctp",
+            (NodePortLocal, Tcp) => "nodeport-local-endpoints-tcp",
+            (NodePortLocal, Udp) => "nodeport-local-endpoints-udp",
+            (NodePortLocal, Sctp) => "nodeport-local-endpoints-sctp",
         }
     }
     /// The chain name for `n` endpoints.
@@ -203,14 +233,17 @@ impl DynamicChain {
     pub fn rules(&self, fam: Fam) -> Vec<String> {
         let l3 = fam.l3();
         match self {
-            DynamicChain::Pick(kind @ (PickKind::Cluster | PickKind::Local), n) => vec![format!(
-                "dnat {l3} to {l3} daddr . meta l4proto . th dport . numgen random mod {n} map @{}",
-                kind.endpoints_map()
-            )],
-            DynamicChain::Pick(kind, n) => vec![format!(
-                "dnat {l3} to meta l4proto . th dport . numgen random mod {n} map @{}",
-                kind.endpoints_map()
-            )],
+            DynamicChain::Pick(kind, n) => PROTOCOLS
+                .iter()
+                .map(|proto| {
+                    let p = proto.lower();
+                    let daddr = if kind.keyed_by_vip() { format!("{l3} daddr . ") } else { String::new() };
+                    format!(
+                        "meta l4proto {p} dnat {l3} to {daddr}{p} dport . numgen random mod {n} map @{}",
+                        kind.slot_map(*proto)
+                    )
+                })
+                .collect(),
             DynamicChain::AffinityTimeout(t) => vec![
                 // An entry that points at an endpoint which is gone: forget it. The packet is
                 // dropped once; the client's retransmission is balanced afresh.
@@ -307,17 +340,20 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
             "\tmap {pick} {{ type inet_proto . inet_service : verdict; }}"
         );
     }
-    for m in ["cluster-endpoints", "local-endpoints"] {
-        let _ = writeln!(
-            s,
-            "\tmap {m} {{ typeof {l3} daddr . meta l4proto . th dport . numgen random mod 1 : {l3} daddr . tcp dport; }}"
-        );
-    }
-    for m in ["nodeport-cluster-endpoints", "nodeport-local-endpoints"] {
-        let _ = writeln!(
-            s,
-            "\tmap {m} {{ typeof meta l4proto . th dport . numgen random mod 1 : {l3} daddr . tcp dport; }}"
-        );
+    for kind in PickKind::ALL {
+        for proto in PROTOCOLS {
+            let p = proto.lower();
+            let daddr = if kind.keyed_by_vip() {
+                format!("{l3} daddr . ")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                s,
+                "\tmap {} {{ typeof {daddr}{p} dport . numgen random mod 1 : {l3} daddr . {p} dport; }}",
+                kind.slot_map(proto)
+            );
+        }
     }
     for m in ["affinity-ids-cluster", "affinity-ids-local"] {
         let _ = writeln!(s, "\tmap {m} {{ type {vip} : mark; }}");

@@ -131,10 +131,10 @@ fn one_endpoint_change_is_a_minimal_transaction() {
     );
     assert_eq!(
         s[2],
-        "delete element ip kpng cluster-endpoints {\n\t10.96.0.10 . tcp . 80 . 1,\n}\n\
-         delete element ip kpng nodeport-cluster-endpoints {\n\ttcp . 30080 . 1,\n}\n\
-         add element ip kpng cluster-endpoints {\n\t10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080,\n}\n\
-         add element ip kpng nodeport-cluster-endpoints {\n\ttcp . 30080 . 1 : 10.244.2.9 . 8080,\n}\n"
+        "delete element ip kpng cluster-endpoints-tcp {\n\t10.96.0.10 . 80 . 1,\n}\n\
+         delete element ip kpng nodeport-cluster-endpoints-tcp {\n\t30080 . 1,\n}\n\
+         add element ip kpng cluster-endpoints-tcp {\n\t10.96.0.10 . 80 . 1 : 10.244.2.9 . 8080,\n}\n\
+         add element ip kpng nodeport-cluster-endpoints-tcp {\n\t30080 . 1 : 10.244.2.9 . 8080,\n}\n"
     );
     assert_eq!(stats.operations, 4);
 }
@@ -158,7 +158,15 @@ fn a_new_endpoint_count_adds_its_chain_once() {
     .expect("sync");
     let s = scripts(&r);
     let last = s.last().expect("script");
-    assert!(last.starts_with("add chain ip kpng cluster-n3\nadd rule ip kpng cluster-n3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @cluster-endpoints\n"), "{last}");
+    assert!(
+        last.starts_with(
+            "add chain ip kpng cluster-n3\n\
+             add rule ip kpng cluster-n3 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 3 map @cluster-endpoints-tcp\n\
+             add rule ip kpng cluster-n3 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 3 map @cluster-endpoints-udp\n\
+             add rule ip kpng cluster-n3 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 3 map @cluster-endpoints-sctp\n"
+        ),
+        "{last}"
+    );
     assert!(
         last.contains("add chain ip kpng nodeport-cluster-n3\n"),
         "{last}"
@@ -227,7 +235,7 @@ fn a_failed_partial_sync_makes_the_next_sync_a_full_replace() {
         "{last}"
     );
     assert!(
-        last.contains("10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080"),
+        last.contains("10.96.0.10 . 80 . 1 : 10.244.2.9 . 8080"),
         "{last}"
     );
 }
