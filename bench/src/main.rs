@@ -50,6 +50,7 @@ fn main() -> ExitCode {
                 })
                 .map_err(|e| format!("generating into {out}: {e}"))
         }
+        Some("mem") => mem(&flag(&args, "--input").unwrap_or_else(|| "workload".into())),
         Some("serve") => {
             data::serve(&flag(&args, "--listen").unwrap_or_else(|| "0.0.0.0:8080".into()))
         }
@@ -125,5 +126,103 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
         std::fs::write("docs/benchmarks.md", doc)
             .map_err(|e| format!("writing docs/benchmarks.md: {e}"))?;
     }
+    Ok(())
+}
+
+fn rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+/// `kpng-bench mem --input DIR`: resident memory after each stage of loading a workload, to
+/// see where memory goes (parsed objects, the model, its snapshot).
+fn mem(input: &str) -> Result<(), String> {
+    use kpng_model::{Event, Kind, Model, ModelConfig};
+    println!("start: {:.0} MB", rss_mb());
+    if std::env::var_os("KPNG_MEM_STREAM_ONLY").is_some() {
+        let mut paths: Vec<_> = std::fs::read_dir(input)
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        paths.sort();
+        let mut model = Model::new(ModelConfig {
+            node_name: "node1".into(),
+            ..ModelConfig::default()
+        });
+        for p in &paths {
+            let text = std::fs::read_to_string(p).map_err(|e| e.to_string())?;
+            for o in kpng_source_file::parse_manifests(&text)
+                .map_err(|e| e.to_string())?
+                .objects
+            {
+                model.apply(Event::Apply(o));
+            }
+        }
+        println!(
+            "streamed into a model: {:.0} MB ({} ports)",
+            rss_mb(),
+            model.snapshot().ports.len()
+        );
+        return Ok(());
+    }
+    let mut objects = Vec::new();
+    let mut paths: Vec<_> = std::fs::read_dir(input)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    paths.sort();
+    for p in &paths {
+        let text = std::fs::read_to_string(p).map_err(|e| e.to_string())?;
+        objects.extend(
+            kpng_source_file::parse_manifests(&text)
+                .map_err(|e| e.to_string())?
+                .objects,
+        );
+    }
+    println!("parsed {} objects: {:.0} MB", objects.len(), rss_mb());
+    let mut model = Model::new(ModelConfig {
+        node_name: "node1".into(),
+        ..ModelConfig::default()
+    });
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects,
+    });
+    println!(
+        "model applied ({} changes), objects dropped: {:.0} MB",
+        out.diff.changes.len(),
+        rss_mb()
+    );
+    drop(out);
+    println!("diff dropped: {:.0} MB", rss_mb());
+    println!("snapshot ports: {}", model.snapshot().ports.len());
+    drop(model);
+    println!("model dropped: {:.0} MB", rss_mb());
+    // The same, streamed: one file at a time straight into the model.
+    let mut model = Model::new(ModelConfig {
+        node_name: "node1".into(),
+        ..ModelConfig::default()
+    });
+    for p in &paths {
+        let text = std::fs::read_to_string(p).map_err(|e| e.to_string())?;
+        for o in kpng_source_file::parse_manifests(&text)
+            .map_err(|e| e.to_string())?
+            .objects
+        {
+            model.apply(Event::Apply(o));
+        }
+    }
+    println!(
+        "streamed into a new model: {:.0} MB ({} ports)",
+        rss_mb(),
+        model.snapshot().ports.len()
+    );
     Ok(())
 }

@@ -305,7 +305,11 @@ impl LoopState {
                 self.pending_endpoints = 0;
                 m.service_changes_pending.set(0);
                 m.endpoint_changes_pending.set(0);
-                self.record_model_gauges();
+                // These gauges walk every Service port: keep them off the per-change path
+                // (they are refreshed by full and periodic syncs, at least every sync period).
+                if full || diff.is_empty() {
+                    self.record_model_gauges();
+                }
                 if full {
                     self.pending = Diff::default();
                     self.last_full = Some(now);

@@ -9,6 +9,14 @@ mod run;
 
 use std::io::IsTerminal;
 
+/// jemalloc instead of glibc's allocator: loading a large cluster allocates and frees many
+/// small objects from several threads, and glibc keeps that memory in fragmented per-thread
+/// arenas (measured at 30k Services: glibc peaks at 565 MB, and `MALLOC_ARENA_MAX=1` alone
+/// brings it to 475 MB); jemalloc returns it.
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
