@@ -32,12 +32,19 @@ fn el(set: &'static str, key: String, value: Option<String>) -> Element {
     }
 }
 
+/// nft refuses element comments over 128 bytes (a long `namespace/name:port` can exceed it).
+const MAX_COMMENT: usize = 127;
+
 fn commented(set: &'static str, key: String, value: String, comment: &str) -> Element {
+    let mut end = comment.len().min(MAX_COMMENT);
+    while !comment.is_char_boundary(end) {
+        end -= 1;
+    }
     Element {
         set,
         key,
         value: Some(value),
-        comment: Some(comment.to_string()),
+        comment: Some(comment[..end].to_string()),
     }
 }
 

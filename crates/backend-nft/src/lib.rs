@@ -14,6 +14,7 @@
 pub mod elements;
 pub mod exec;
 mod local_addrs;
+pub mod netlink;
 pub mod ruleset;
 mod script;
 pub mod store;
@@ -85,6 +86,19 @@ struct FamilyState {
     chains: BTreeSet<String>,
     /// The static configuration last committed; `None` until the first full sync succeeds.
     committed: Option<StaticConfig>,
+    /// What the kernel's table is known to be: `Unknown` until probed once at start-up.
+    kernel: KernelTable,
+}
+
+/// What we know of our table in the kernel (read once, at start-up; never in the sync loop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KernelTable {
+    /// Not looked at yet.
+    Unknown,
+    /// No such table.
+    Absent,
+    /// A table whose comment (the skeleton id) is this.
+    Skeleton(String),
 }
 
 /// The nftables backend's own metrics.
@@ -104,9 +118,19 @@ pub struct NftBackend {
     metrics: NftMetrics,
     warned_no_node_ip: bool,
     warned_v6_affinity: bool,
+    /// Element writes over netlink (see [`netlink`]); `None`: everything goes as nft text.
+    netlink: Option<netlink::NetlinkWriter>,
 }
 
 impl NftBackend {
+    /// Sends set and map elements over netlink instead of nft text: no parsing (a 300k-element
+    /// load takes ~0.7 s instead of ~2.7 s), and ~50 µs per small change. Chains and the
+    /// skeleton still go through `exec`.
+    pub fn with_netlink(mut self, writer: netlink::NetlinkWriter) -> NftBackend {
+        self.netlink = Some(writer);
+        self
+    }
+
     /// A backend that commits through `exec`.
     pub fn new(config: NftConfig, exec: Box<dyn NftExec>) -> NftBackend {
         let states = config
@@ -117,6 +141,7 @@ impl NftBackend {
                 store: ElementStore::new(),
                 chains: BTreeSet::new(),
                 committed: None,
+                kernel: KernelTable::Unknown,
             })
             .collect();
         NftBackend {
@@ -128,6 +153,7 @@ impl NftBackend {
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
             warned_v6_affinity: false,
+            netlink: None,
         }
     }
 
@@ -235,12 +261,12 @@ impl NftBackend {
         )
     }
 
-    fn fail(&self, index: usize, ops: usize, e: exec::ExecError) -> BackendError {
+    fn fail_with(&self, index: usize, ops: usize, message: String) -> BackendError {
         self.metrics.sync_failures.inc();
         BackendError::Transaction {
             backend: "nftables",
             operations: ops,
-            message: format!("{} table: {e}", self.states[index].fam.table_family()),
+            message: format!("{} table: {message}", self.states[index].fam.table_family()),
         }
     }
 
@@ -259,28 +285,7 @@ impl NftBackend {
             || self.states[index].committed.as_ref() != Some(&cfg);
         let node_ips = request.snapshot.node.ips.clone();
         if full {
-            let mut store = ElementStore::new();
-            let mut ignored = Vec::new();
-            for port in request.snapshot.family(family) {
-                let owner = self.owner(&port.key);
-                let elements = self.port_elements(port, owner, &node_ips);
-                store.change_owner(owner, &[], &elements, &mut ignored);
-            }
-            let node = self.node_elements(fam, request.snapshot);
-            store.change_owner(NODE_OWNER, &[], &node, &mut ignored);
-            let all = store.all();
-            let (text, chains) = script::replace(fam, &self.config.table, &cfg, &all);
-            let ops = all.len() + chains.len();
-            drop(all);
-            self.states[index].committed = None;
-            self.exec
-                .run_full(&text)
-                .map_err(|e| self.fail(index, ops, e))?;
-            let state = &mut self.states[index];
-            state.store = store;
-            state.chains = chains;
-            state.committed = Some(cfg);
-            return Ok(ops);
+            return self.full_sync(index, request, cfg);
         }
 
         let mut ops = Vec::new();
@@ -309,15 +314,172 @@ impl NftBackend {
             return Ok(0);
         }
         let count = ops.len();
-        let (text, new_chains) =
-            script::partial(fam, &self.config.table, &self.states[index].chains, ops);
-        if let Err(e) = self.exec.run(&text) {
+        let result = if self.netlink.is_some() {
+            self.partial_over_netlink(index, ops)
+        } else {
+            let (text, new_chains) =
+                script::partial(fam, &self.config.table, &self.states[index].chains, ops);
+            self.exec
+                .run(&text)
+                .map(|()| self.states[index].chains.extend(new_chains))
+                .map_err(|e| e.to_string())
+        };
+        if let Err(message) = result {
             // Our in-memory view is now ahead of the kernel: force the next sync to be full.
             self.states[index].committed = None;
-            return Err(self.fail(index, count, e));
+            return Err(self.fail_with(index, count, message));
         }
-        self.states[index].chains.extend(new_chains);
         Ok(count)
+    }
+
+    /// Creates the dynamic chains `elements` need that do not exist yet, in one text
+    /// transaction of its own (an unused chain does nothing, so this is safe before the
+    /// elements that use it).
+    fn ensure_chains<'e>(
+        &mut self,
+        index: usize,
+        elements: impl Iterator<Item = &'e Element>,
+    ) -> Result<(), String> {
+        let fam = self.states[index].fam;
+        let missing: BTreeSet<_> = elements
+            .filter_map(|e| script::referenced_chain(&e.value))
+            .filter(|c| !self.states[index].chains.contains(&c.name()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let text = script::ensure_chains(fam, &self.config.table, missing.iter());
+        self.exec.run(&text).map_err(|e| e.to_string())?;
+        self.states[index]
+            .chains
+            .extend(missing.iter().map(|c| c.name()));
+        Ok(())
+    }
+
+    fn partial_over_netlink(
+        &mut self,
+        index: usize,
+        ops: Vec<store::ElementOp>,
+    ) -> Result<(), String> {
+        let (deletes, adds) = store::order_ops(ops);
+        self.ensure_chains(index, adds.iter())?;
+        let deletes: Vec<(&str, &str)> = deletes.iter().map(|(s, k)| (*s, k.as_str())).collect();
+        let family = self.states[index].fam.0;
+        let table = self.config.table.clone();
+        match &mut self.netlink {
+            Some(nl) => nl
+                .apply(family, &table, &[], &deletes, &adds)
+                .map_err(|e| e.to_string()),
+            None => Err("no netlink writer".into()),
+        }
+    }
+
+    /// Rebuilds the whole family. With netlink, and when the kernel's table already has this
+    /// skeleton, that is one atomic netlink transaction flushing and refilling every set (the
+    /// affinity map is kept); without a table, the skeleton goes as text and then the elements;
+    /// otherwise one atomic text transaction replaces the table.
+    fn full_sync(
+        &mut self,
+        index: usize,
+        request: &SyncRequest<'_>,
+        cfg: StaticConfig,
+    ) -> Result<usize, BackendError> {
+        let fam = self.states[index].fam;
+        let node_ips = request.snapshot.node.ips.clone();
+        let t0 = std::time::Instant::now();
+        let mut store = ElementStore::new();
+        for port in request.snapshot.family(fam.0) {
+            let owner = self.owner(&port.key);
+            store.add_owned(owner, self.port_elements(port, owner, &node_ips));
+        }
+        store.add_owned(NODE_OWNER, self.node_elements(fam, request.snapshot));
+        let t_store = t0.elapsed();
+        // The text path sorts (stable scripts, golden files); netlink does not care.
+        let all = if self.netlink.is_some() {
+            store.all_unsorted()
+        } else {
+            store.all()
+        };
+        let t_all = t0.elapsed();
+        let skeleton = ruleset::skeleton(fam, &self.config.table, &cfg);
+        let comment = ruleset::skeleton_comment(&skeleton)
+            .unwrap_or_default()
+            .to_string();
+        self.states[index].committed = None;
+
+        if self.netlink.is_some() && self.states[index].kernel == KernelTable::Unknown {
+            self.states[index].kernel = probe_table(fam, &self.config.table);
+        }
+        let kernel = if self.netlink.is_some() {
+            self.states[index].kernel.clone()
+        } else {
+            KernelTable::Unknown
+        };
+        let ops = all.len();
+        let result: Result<BTreeSet<String>, String> = match kernel {
+            KernelTable::Skeleton(c) if c == comment => {
+                // Adopt: same skeleton; refill every set atomically.
+                self.states[index].chains.clear();
+                self.ensure_chains(index, all.iter())
+                    .map(|()| self.states[index].chains.clone())
+                    .and_then(|chains| {
+                        let flush = ruleset::element_sets(&skeleton);
+                        let flush: Vec<&str> = flush.iter().map(String::as_str).collect();
+                        let table = self.config.table.clone();
+                        match &mut self.netlink {
+                            Some(nl) => nl
+                                .apply(fam.0, &table, &flush, &[], &all)
+                                .map(|()| chains)
+                                .map_err(|e| e.to_string()),
+                            None => Err("no netlink writer".into()),
+                        }
+                    })
+            }
+            KernelTable::Absent => {
+                // Nothing works yet, so nothing can be interrupted: skeleton, then elements.
+                let (text, chains) = script::replace(fam, &self.config.table, &cfg, &[]);
+                self.exec
+                    .run_full(&text)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        self.states[index].chains = chains.clone();
+                        self.ensure_chains(index, all.iter())?;
+                        let table = self.config.table.clone();
+                        match &mut self.netlink {
+                            Some(nl) => nl
+                                .apply(fam.0, &table, &[], &[], &all)
+                                .map_err(|e| e.to_string()),
+                            None => Err("no netlink writer".into()),
+                        }?;
+                        Ok(self.states[index].chains.clone())
+                    })
+            }
+            _ => {
+                let (text, chains) = script::replace(fam, &self.config.table, &cfg, &all);
+                self.exec
+                    .run_full(&text)
+                    .map(|()| chains)
+                    .map_err(|e| e.to_string())
+            }
+        };
+        debug!(?t_store, ?t_all, total = ?t0.elapsed(), "full sync timings");
+        drop(all);
+        match result {
+            Ok(chains) => {
+                let state = &mut self.states[index];
+                state.store = store;
+                state.chains = chains;
+                state.committed = Some(cfg);
+                state.kernel = KernelTable::Skeleton(comment);
+                Ok(ops)
+            }
+            Err(message) => {
+                // Look again next time: the failure may have left anything.
+                self.states[index].kernel = KernelTable::Unknown;
+                self.states[index].chains.clear();
+                Err(self.fail_with(index, ops, message))
+            }
+        }
     }
 
     fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {
@@ -384,6 +546,29 @@ impl Backend for NftBackend {
             state.committed = None;
         }
         Ok(())
+    }
+}
+
+/// Reads our table's comment with an element-less listing (`nft -t`; milliseconds even at
+/// 100k Services). Start-up only.
+fn probe_table(fam: Fam, table: &str) -> KernelTable {
+    let out = std::process::Command::new("nft")
+        .args(["-t", "list", "table", fam.table_family(), table])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            KernelTable::Skeleton(
+                ruleset::skeleton_comment(&text)
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        }
+        Ok(_) => KernelTable::Absent,
+        Err(e) => {
+            warn!("cannot run `nft -t list table`: {e}; replacing the table");
+            KernelTable::Skeleton(String::new())
+        }
     }
 }
 

@@ -259,16 +259,17 @@ impl DynamicChain {
 }
 
 /// Renders the whole constant part of one family's table, as one `table … { … }` block.
+///
+/// The table comment carries an id (a hash of everything else in the block), so that a later
+/// run can tell, from a cheap element-less listing, whether the table in the kernel has
+/// exactly this skeleton and can be adopted by replacing elements only.
 pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
     let (f, a, l3) = (fam.table_family(), fam.addr_type(), fam.l3());
     let mark = format!("{:#x}", cfg.mark);
     let vip = format!("{a} . inet_proto . inet_service");
     let mut s = String::new();
     let _ = writeln!(s, "table {f} {table} {{");
-    let _ = writeln!(
-        s,
-        "\tcomment \"Kubernetes Services, managed by kpng: do not edit\""
-    );
+    let _ = writeln!(s, "\tcomment \"{COMMENT_MARK}\"");
     let sets: [(&str, String, &str); 12] = [
         ("cluster-ips", format!("type {a}"), "Active ClusterIPs"),
         (
@@ -572,5 +573,42 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
         );
     }
     let _ = writeln!(s, "}}");
-    s
+    let id = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    };
+    s.replace(COMMENT_MARK, &table_comment(id))
+}
+
+const COMMENT_MARK: &str = "@@KPNG-COMMENT@@";
+
+fn table_comment(id: u64) -> String {
+    format!("Kubernetes Services, managed by kpng: do not edit (skeleton {id:016x})")
+}
+
+/// The table comment of a skeleton rendered by [`skeleton`] (what `nft list` shows).
+pub fn skeleton_comment(skeleton: &str) -> Option<&str> {
+    skeleton
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("comment \""))
+        .and_then(|c| c.strip_suffix('"'))
+}
+
+/// The sets and maps a skeleton declares whose elements kpng owns: every one but the dynamic
+/// `affinity` map, whose entries the packet path writes (keeping them keeps stickiness across
+/// restarts and full syncs).
+pub fn element_sets(skeleton: &str) -> Vec<String> {
+    skeleton
+        .lines()
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("set ")
+                .or_else(|| l.trim().strip_prefix("map "))
+        })
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|name| *name != "affinity")
+        .map(str::to_string)
+        .collect()
 }

@@ -20,7 +20,7 @@ fn element_text(e: &Element) -> String {
 }
 
 /// Dynamic chains a verdict refers to.
-fn referenced_chain(value: &Option<String>) -> Option<DynamicChain> {
+pub fn referenced_chain(value: &Option<String>) -> Option<DynamicChain> {
     value
         .as_deref()
         .and_then(|v| v.strip_prefix("goto "))
@@ -112,6 +112,34 @@ pub fn partial(
     }
     add_elements(&mut out, fam, table, adds.iter());
     (out, new_chains.iter().map(DynamicChain::name).collect())
+}
+
+/// Creates (or resets) dynamic chains: `add` + `flush` + rules is idempotent.
+pub fn ensure_chains<'c>(
+    fam: Fam,
+    table: &str,
+    chains: impl Iterator<Item = &'c DynamicChain>,
+) -> String {
+    let mut out = String::new();
+    for chain in chains {
+        let _ = writeln!(
+            out,
+            "add chain {} {table} {}\nflush chain {} {table} {}",
+            fam.table_family(),
+            chain.name(),
+            fam.table_family(),
+            chain.name()
+        );
+        for rule in chain.rules(fam) {
+            let _ = writeln!(
+                out,
+                "add rule {} {table} {} {rule}",
+                fam.table_family(),
+                chain.name()
+            );
+        }
+    }
+    out
 }
 
 /// Removes our tables (whether or not they exist).

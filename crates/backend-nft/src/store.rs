@@ -168,6 +168,30 @@ impl ElementStore {
         }
     }
 
+    /// Adds everything a new owner wants, moving the elements in: the fast path of a full
+    /// sync, where the store starts empty and no operations are needed.
+    pub fn add_owned(&mut self, owner: OwnerId, elements: Vec<Element>) {
+        for e in elements {
+            let entry = self.elements.entry((e.set, e.key)).or_default();
+            entry.set(owner, Some((e.value, e.comment)));
+        }
+    }
+
+    /// Every desired element, in no particular order (cheaper than [`ElementStore::all`]).
+    pub fn all_unsorted(&self) -> Vec<Element> {
+        self.elements
+            .iter()
+            .filter_map(|((set, key), owners)| {
+                owners.effective().map(|(value, comment)| Element {
+                    set,
+                    key: key.clone(),
+                    value: value.clone(),
+                    comment: comment.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Every desired element, sorted (for full syncs and golden tests).
     pub fn all(&self) -> Vec<Element> {
         let mut out: Vec<Element> = self

@@ -160,9 +160,9 @@ pub struct NftArgs {
     /// Print every transaction instead of applying it (no root needed).
     #[arg(long)]
     pub dry_run: bool,
-    /// How transactions reach the kernel: `library` (libnftables in-process, one long-lived
-    /// netlink socket), `command` (one `nft -f -` process each), or `auto` (the library for small
-    /// transactions, a process for full syncs).
+    /// How changes reach the kernel: `auto` (set elements over netlink; chains through
+    /// libnftables; whole-table replaces through an `nft -f -` process), `library` (everything
+    /// as nft text through libnftables in-process) or `command` (an `nft -f -` process each).
     #[arg(long, default_value = "auto", value_parser = ["auto", "library", "command"])]
     pub nft_exec: String,
     /// The `nft` binary, for `--nft-exec command`.

@@ -18,6 +18,7 @@ use tracing::info;
 
 use kpng_backend_nft::exec::libnftables::LibNftables;
 use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
+use kpng_backend_nft::netlink::NetlinkWriter;
 use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
@@ -71,7 +72,17 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
         }
         (false, _) => Box::new(Auto::new(&args.nft_binary)),
     };
-    Ok(NftBackend::new(config, exec))
+    let backend = NftBackend::new(config, exec);
+    if args.dry_run || args.nft_exec != "auto" {
+        return Ok(backend);
+    }
+    match NetlinkWriter::open() {
+        Ok(writer) => Ok(backend.with_netlink(writer)),
+        Err(e) => {
+            tracing::info!("netlink writer unavailable ({e}); sending elements as nft text");
+            Ok(backend)
+        }
+    }
 }
 
 /// Runs the command line.
