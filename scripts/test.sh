@@ -32,3 +32,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace --locked
+
+echo "== benchmark smoke run (kpng-bench all --quick)"
+if [ "$(id -u)" = 0 ]; then
+  cargo build --quiet --locked -p kpng -p kpng-bench
+  target/debug/kpng-bench all --quick --kpng target/debug/kpng > /tmp/kpng-bench-quick.md
+  tail -n 12 /tmp/kpng-bench-quick.md
+else
+  echo "skipping the benchmark smoke run: needs root (network namespaces, nftables)"
+fi

@@ -19,16 +19,21 @@ use crate::workload::{self, Endpoints, NODE_IP};
 /// Figures of one control-plane run.
 #[derive(Debug)]
 pub struct ControlResult {
-    n: usize,
-    m: usize,
-    cold_backend: Duration,
+    /// Services.
+    pub n: usize,
+    /// Endpoints per Service.
+    pub m: usize,
+    /// The first full sync as kpng measured it.
+    pub cold_backend: Duration,
     cold_wall: Duration,
     cold_ops: usize,
     change_p50: Duration,
-    change_p99: Duration,
+    /// One change, 99th percentile.
+    pub change_p99: Duration,
     change_backend_p50: Duration,
     ops_per_change: f64,
-    peak_rss_mb: f64,
+    /// kpng's peak RSS.
+    pub peak_rss_mb: f64,
 }
 
 impl ControlResult {

@@ -28,6 +28,20 @@ pub struct DataResult {
 }
 
 impl DataResult {
+    /// (p50 ratio, rate ratio) of kpng's last Service against the floor.
+    pub fn last_vs_floor(&self) -> (f64, f64) {
+        let p50 = |c: &Case| percentile(&mut c.latencies_us.clone(), 50.0);
+        let floor = self.cases.iter().find(|c| c.label.starts_with("floor"));
+        let last = self
+            .cases
+            .iter()
+            .find(|c| c.label.ends_with("last Service"));
+        match (floor, last) {
+            (Some(f), Some(l)) => (p50(l) / p50(f), l.rate / f.rate),
+            _ => (f64::NAN, f64::NAN),
+        }
+    }
+
     /// A markdown table, ratios against the floor first.
     pub fn markdown(&self) -> String {
         let mut s = format!(

@@ -104,20 +104,25 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     report.push_str(&stats::machine_header());
     report.push_str("\n## Control plane (nftables backend)\n\n");
     report.push_str(control::ControlResult::markdown_header());
+    let mut control_results = Vec::new();
     for (n, m) in sizes {
         eprintln!("control plane: {n} Services × {m} endpoints …");
         let r = control::run(kpng, *n, *m, changes)?;
         report.push_str(&r.markdown_row());
         report.push('\n');
+        control_results.push(r);
     }
     let data_sizes: &[usize] = if quick { &[1000] } else { &[1000, 30_000] };
     report.push_str("\n## Data plane: TCP connect latency to the last-added Service\n\n");
+    let mut data_results = Vec::new();
     for n in data_sizes {
         eprintln!("data plane: {n} Services …");
         let r = data::run(kpng, *n, if quick { 600 } else { 3000 })?;
         report.push_str(&r.markdown());
         report.push('\n');
+        data_results.push(r);
     }
+    report.push_str(&targets(&control_results, &data_results));
     println!("{report}");
     if write_docs {
         let doc = format!(
@@ -225,4 +230,69 @@ fn mem(input: &str) -> Result<(), String> {
         model.snapshot().ports.len()
     );
     Ok(())
+}
+
+/// The targets, each with the measured figure and its ratio to the target.
+fn targets(control: &[control::ControlResult], data: &[data::DataResult]) -> String {
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    let find = |n: usize| control.iter().find(|r| r.n == n);
+    let verdict = |ok: bool, ratio: f64| {
+        format!(
+            "{} ({ratio:.2}× the target)",
+            if ok { "met" } else { "**missed**" }
+        )
+    };
+    if let Some(r) = find(30_000) {
+        let s = r.cold_backend.as_secs_f64();
+        rows.push((
+            "cold programming 30k × 4 ≤ 1 s".into(),
+            format!("{s:.2} s"),
+            verdict(s <= 1.0, s / 1.0),
+        ));
+        let p99 = r.change_p99.as_secs_f64() * 1000.0;
+        rows.push((
+            "one change at 30k, p99 ≤ 5 ms".into(),
+            format!("{p99:.1} ms"),
+            verdict(p99 <= 5.0, p99 / 5.0),
+        ));
+        rows.push((
+            "kpng RSS at 30k × 4 ≤ 150 MB".into(),
+            format!("{:.0} MB", r.peak_rss_mb),
+            verdict(r.peak_rss_mb <= 150.0, r.peak_rss_mb / 150.0),
+        ));
+        if let Some(small) = find(1000) {
+            let ratio = r.change_p99.as_secs_f64() / small.change_p99.as_secs_f64();
+            rows.push((
+                "one change flat in N: 30k p99 ≤ 2 × 1k p99".into(),
+                format!("{ratio:.2}×"),
+                verdict(ratio <= 2.0, ratio / 2.0),
+            ));
+        }
+    }
+    if let Some(r) = find(100_000) {
+        let s = r.cold_backend.as_secs_f64();
+        rows.push((
+            "cold programming 100k × 2 ≤ 3 s".into(),
+            format!("{s:.2} s"),
+            verdict(s <= 3.0, s / 3.0),
+        ));
+    }
+    if let Some(d) = data.iter().rev().next() {
+        let (lat, rate) = d.last_vs_floor();
+        rows.push((
+            "first-packet p50, last Service, ≤ 1.1 × floor".into(),
+            format!("{lat:.2}×"),
+            verdict(lat <= 1.1, lat / 1.1),
+        ));
+        rows.push((
+            "new connections/s ≥ 0.9 × floor".into(),
+            format!("{rate:.2}×"),
+            verdict(rate >= 0.9, 0.9 / rate),
+        ));
+    }
+    let mut s = String::from("\n## Targets\n\n| target | measured | verdict |\n|---|---|---|\n");
+    for (t, m, v) in rows {
+        s.push_str(&format!("| {t} | {m} | {v} |\n"));
+    }
+    s
 }
