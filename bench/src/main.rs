@@ -277,7 +277,7 @@ fn targets(control: &[control::ControlResult], data: &[data::DataResult]) -> Str
             verdict(s <= 3.0, s / 3.0),
         ));
     }
-    if let Some(d) = data.iter().rev().next() {
+    if let Some(d) = data.last() {
         let (lat, rate) = d.last_vs_floor();
         rows.push((
             "first-packet p50, last Service, ≤ 1.1 × floor".into(),
