@@ -113,6 +113,8 @@ pub struct NftBackend {
     config: NftConfig,
     exec: Box<dyn NftExec>,
     owners: HashMap<PortKey, OwnerId>,
+    /// The reverse of `owners`, to recompute an owner's elements when a shared element passes to it.
+    owner_keys: HashMap<OwnerId, PortKey>,
     next_owner: OwnerId,
     states: Vec<FamilyState>,
     metrics: NftMetrics,
@@ -148,6 +150,7 @@ impl NftBackend {
             config,
             exec,
             owners: HashMap::new(),
+            owner_keys: HashMap::new(),
             next_owner: NODE_OWNER + 1,
             states,
             metrics: NftMetrics::default(),
@@ -164,11 +167,12 @@ impl NftBackend {
         let id = self.next_owner;
         self.next_owner = self.next_owner.wrapping_add(1).max(NODE_OWNER + 1);
         self.owners.insert(key.clone(), id);
+        self.owner_keys.insert(id, key.clone());
         id
     }
 
     /// Node-level elements of one family: NodePort addresses and Service CIDRs.
-    fn node_elements(&mut self, fam: Fam, snapshot: &Snapshot) -> Vec<Element> {
+    fn node_elements(&self, fam: Fam, snapshot: &Snapshot) -> Vec<Element> {
         let family = fam.0;
         let loopback = |ip: &IpAddr| ip.is_loopback();
         let nodeport_ips: Vec<IpAddr> = match &self.config.nodeport_addresses {
@@ -180,12 +184,6 @@ impl NftBackend {
                     .copied()
                     .filter(|ip| Family::of(ip) == family)
                     .collect();
-                if ips.is_empty() && !self.warned_no_node_ip && family == Family::V4 {
-                    warn!(
-                        "the node's IPs are unknown (no Node object and no --node-ip): NodePorts are not served"
-                    );
-                    self.warned_no_node_ip = true;
-                }
                 ips
             }
             NodePortAddresses::Cidrs(cidrs) => local_addrs::local_addresses()
@@ -236,6 +234,15 @@ impl NftBackend {
     }
 
     fn warn_unsupported(&mut self, request: &SyncRequest<'_>) {
+        if !self.warned_no_node_ip
+            && self.config.nodeport_addresses == NodePortAddresses::Primary
+            && request.snapshot.node.ips.is_empty()
+        {
+            warn!(
+                "the node's IPs are unknown (no Node object and no --node-ip): NodePorts are not served"
+            );
+            self.warned_no_node_ip = true;
+        }
         if self.warned_v6_affinity {
             return;
         }
@@ -249,6 +256,26 @@ impl NftBackend {
             );
             self.warned_v6_affinity = true;
         }
+    }
+
+    /// Recomputes `owner`'s copy of `e` (same set and key) from the model.
+    fn resolve(
+        &self,
+        owner: OwnerId,
+        e: &Element,
+        fam: Fam,
+        snapshot: &Snapshot,
+        node_ips: &[IpAddr],
+    ) -> Option<Element> {
+        let elements = if owner == NODE_OWNER {
+            self.node_elements(fam, snapshot)
+        } else {
+            let port = snapshot.ports.get(self.owner_keys.get(&owner)?)?;
+            self.port_elements(port, owner, node_ips)
+        };
+        elements
+            .into_iter()
+            .find(|x| x.set == e.set && x.key == e.key)
     }
 
     fn static_config(&self, fam: Fam, snapshot: &Snapshot) -> StaticConfig {
@@ -289,6 +316,7 @@ impl NftBackend {
         }
 
         let mut ops = Vec::new();
+        let mut store = std::mem::take(&mut self.states[index].store);
         for (key, change) in request
             .diff
             .changes
@@ -306,10 +334,12 @@ impl NftBackend {
                 .as_deref()
                 .map(|p| self.port_elements(p, owner, &node_ips))
                 .unwrap_or_default();
-            self.states[index]
-                .store
-                .change_owner(owner, &old, &new, &mut ops);
+            let this: &NftBackend = self;
+            let resolve =
+                |o: OwnerId, e: &Element| this.resolve(o, e, fam, request.snapshot, &node_ips);
+            store.change_owner(owner, &old, &new, &mut ops, &resolve);
         }
+        self.states[index].store = store;
         if ops.is_empty() {
             return Ok(0);
         }
@@ -388,18 +418,24 @@ impl NftBackend {
         let node_ips = request.snapshot.node.ips.clone();
         let t0 = std::time::Instant::now();
         let mut store = ElementStore::new();
+        let (mut all, mut index_of) = (Vec::new(), HashMap::new());
         for port in request.snapshot.family(fam.0) {
             let owner = self.owner(&port.key);
-            store.add_owned(owner, self.port_elements(port, owner, &node_ips));
+            store.build(
+                owner,
+                self.port_elements(port, owner, &node_ips),
+                &mut all,
+                &mut index_of,
+            );
         }
-        store.add_owned(NODE_OWNER, self.node_elements(fam, request.snapshot));
+        let node = self.node_elements(fam, request.snapshot);
+        store.build(NODE_OWNER, node, &mut all, &mut index_of);
+        drop(index_of);
         let t_store = t0.elapsed();
         // The text path sorts (stable scripts, golden files); netlink does not care.
-        let all = if self.netlink.is_some() {
-            store.all_unsorted()
-        } else {
-            store.all()
-        };
+        if self.netlink.is_none() {
+            all.sort();
+        }
         let t_all = t0.elapsed();
         let skeleton = ruleset::skeleton(fam, &self.config.table, &cfg);
         let comment = ruleset::skeleton_comment(&skeleton)
@@ -484,8 +520,10 @@ impl NftBackend {
 
     fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {
         for (key, change) in &request.diff.changes {
-            if change.new.is_none() {
-                self.owners.remove(key);
+            if change.new.is_none()
+                && let Some(id) = self.owners.remove(key)
+            {
+                self.owner_keys.remove(&id);
             }
         }
     }

@@ -1,12 +1,19 @@
-//! The desired set/map elements, owned by Service ports, diffed into minimal operations.
+//! Which Service port owns which set/map element, diffed into minimal operations.
 //!
 //! Several Service ports may want the same element (every port of a Service puts its ClusterIP
-//! in `cluster-ips`; two Services may hairpin the same pod). The store therefore keeps, per
-//! element, which ports want it and with what value; the element's effective value is that of
-//! its lowest-numbered owner. Changing one port's elements yields exactly the element additions,
-//! deletions and value replacements that change the kernel's view, nothing more.
+//! in `cluster-ips`; two Services may hairpin the same pod). The store keeps, per element, which
+//! ports want it and with what value; the element's effective value is that of its
+//! lowest-numbered owner. Changing one port's elements yields exactly the additions, deletions
+//! and value replacements that change the kernel's view.
+//!
+//! It stores 64-bit hashes, not the elements' text: at 30k Services that is ≈40 bytes per element
+//! instead of several hundred. Elements themselves are always recomputed from the model (a full
+//! sync generates them all; a partial sync, those of the changed ports); in the rare case where
+//! a shared element passes to another owner, the caller's resolver recomputes that owner's copy.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::hash::{Hash, Hasher};
 
 /// A set or map of our table, by name (`cluster-ips`, `service-ips`, …).
 pub type SetName = &'static str;
@@ -24,8 +31,23 @@ pub struct Element {
     pub comment: Option<String>,
 }
 
-/// What an owner wants for an element: its value and comment.
-type Payload = (Option<String>, Option<String>);
+impl Element {
+    /// The element's identity: its set and key.
+    fn key_hash(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.set.hash(&mut h);
+        self.key.hash(&mut h);
+        h.finish()
+    }
+
+    /// What an owner wants for it: value and comment.
+    fn payload_hash(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.value.hash(&mut h);
+        self.comment.hash(&mut h);
+        h.finish()
+    }
+}
 
 /// An element change to send to the kernel.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,8 +58,6 @@ pub enum ElementOp {
         set: SetName,
         /// The key.
         key: String,
-        /// The value it had (to track references to chains).
-        old_value: Option<String>,
     },
     /// Add this element (after any delete of the same key).
     Add(Element),
@@ -46,38 +66,50 @@ pub enum ElementOp {
 /// An owner of elements: an interned Service-port id.
 pub type OwnerId = u32;
 
-/// Owners of one element, sorted by owner id. Almost always exactly one, so a small vector
-/// (not a map, whose first node alone would cost ~600 bytes per element at 300k elements).
-#[derive(Debug, Default)]
-struct Owners {
-    /// (owner, the value it wants), sorted by owner.
-    wants: Vec<(OwnerId, Payload)>,
+/// The owners of one element with the payload each wants, sorted by owner. Almost always one.
+#[derive(Debug, Clone)]
+enum Owners {
+    One(OwnerId, u64),
+    Many(Vec<(OwnerId, u64)>),
 }
 
 impl Owners {
-    fn effective(&self) -> Option<&Payload> {
-        self.wants.first().map(|(_, p)| p)
+    fn effective(&self) -> Option<(OwnerId, u64)> {
+        match self {
+            Owners::One(o, p) => Some((*o, *p)),
+            Owners::Many(v) => v.first().copied(),
+        }
     }
 
-    fn set(&mut self, owner: OwnerId, payload: Option<Payload>) {
-        match (
-            self.wants.binary_search_by_key(&owner, |(o, _)| *o),
-            payload,
-        ) {
-            (Ok(i), Some(p)) => self.wants[i].1 = p,
+    /// Sets (`Some`) or clears (`None`) `owner`'s wish; returns false when no owner is left.
+    fn set(&mut self, owner: OwnerId, payload: Option<u64>) -> bool {
+        let mut v = match std::mem::replace(self, Owners::Many(Vec::new())) {
+            Owners::One(o, p) => vec![(o, p)],
+            Owners::Many(v) => v,
+        };
+        match (v.binary_search_by_key(&owner, |(o, _)| *o), payload) {
+            (Ok(i), Some(p)) => v[i].1 = p,
             (Ok(i), None) => {
-                self.wants.remove(i);
+                v.remove(i);
             }
-            (Err(i), Some(p)) => self.wants.insert(i, (owner, p)),
+            (Err(i), Some(p)) => v.insert(i, (owner, p)),
             (Err(_), None) => {}
         }
+        *self = match v.as_slice() {
+            [(o, p)] => Owners::One(*o, *p),
+            _ => Owners::Many(v),
+        };
+        !matches!(self, Owners::Many(v) if v.is_empty())
     }
 }
 
-/// Desired elements with their owners.
+/// Recomputes `owner`'s copy of an element (same set and key), when it becomes the effective one.
+pub type Resolve<'a> = &'a dyn Fn(OwnerId, &Element) -> Option<Element>;
+
+/// Desired elements (as hashes) with their owners.
 #[derive(Debug, Default)]
 pub struct ElementStore {
-    elements: HashMap<(SetName, String), Owners>,
+    elements: HashMap<u64, Owners>,
 }
 
 impl ElementStore {
@@ -96,118 +128,124 @@ impl ElementStore {
         self.elements.is_empty()
     }
 
+    /// Full-sync fast path: adds what `owner` wants to a store being built from empty, and
+    /// collects the effective elements (deduplicated, lowest owner winning) into `out`.
+    /// `index` maps element identities to their place in `out`.
+    pub fn build(
+        &mut self,
+        owner: OwnerId,
+        elements: Vec<Element>,
+        out: &mut Vec<Element>,
+        index: &mut HashMap<u64, usize>,
+    ) {
+        for e in elements {
+            let (kh, ph) = (e.key_hash(), e.payload_hash());
+            match self.elements.entry(kh) {
+                Entry::Vacant(v) => {
+                    v.insert(Owners::One(owner, ph));
+                    index.insert(kh, out.len());
+                    out.push(e);
+                }
+                Entry::Occupied(mut o) => {
+                    let before = o.get().effective();
+                    o.get_mut().set(owner, Some(ph));
+                    let after = o.get().effective();
+                    if before != after
+                        && after.map(|(w, _)| w) == Some(owner)
+                        && let Some(i) = index.get(&kh)
+                    {
+                        out[*i] = e;
+                    }
+                }
+            }
+        }
+    }
+
     /// Moves `owner` from wanting `old` to wanting `new`, appending the resulting kernel
     /// operations to `ops`. `old` must be exactly what the owner was last given (the backend
-    /// recomputes it from the previous state of the Service port, so the store need not keep a
-    /// copy of every element per owner).
+    /// recomputes it from the previous state of the Service port).
     pub fn change_owner(
         &mut self,
         owner: OwnerId,
         old: &[Element],
         new: &[Element],
         ops: &mut Vec<ElementOp>,
+        resolve: Resolve<'_>,
     ) {
         if old == new {
             return;
         }
-        let payload = |e: &Element| (e.value.clone(), e.comment.clone());
-        let old_keys: HashMap<(SetName, &str), Payload> = old
+        let old_ids: HashMap<u64, u64> = old
             .iter()
-            .map(|e| ((e.set, e.key.as_str()), payload(e)))
+            .map(|e| (e.key_hash(), e.payload_hash()))
             .collect();
-        let new_keys: HashMap<(SetName, &str), Payload> = new
+        let new_ids: HashMap<u64, u64> = new
             .iter()
-            .map(|e| ((e.set, e.key.as_str()), payload(e)))
+            .map(|e| (e.key_hash(), e.payload_hash()))
             .collect();
-        // Elements this owner no longer wants, or wants with another value.
         for e in old {
-            if new_keys.get(&(e.set, e.key.as_str())) != Some(&payload(e)) {
-                self.update((e.set, e.key.clone()), owner, None, ops);
+            let kh = e.key_hash();
+            if new_ids.get(&kh) != Some(&e.payload_hash()) && !new_ids.contains_key(&kh) {
+                self.update(e, owner, None, ops, resolve);
             }
         }
         for e in new {
-            if old_keys.get(&(e.set, e.key.as_str())) != Some(&payload(e)) {
-                self.update((e.set, e.key.clone()), owner, Some(payload(e)), ops);
+            if old_ids.get(&e.key_hash()) != Some(&e.payload_hash()) {
+                self.update(e, owner, Some(e), ops, resolve);
             }
         }
     }
 
-    /// Sets (`Some`) or clears (`None`) one owner's wish for one element.
+    /// Sets (`Some`) or clears (`None`) one owner's wish for the element with `e`'s identity.
     fn update(
         &mut self,
-        id: (SetName, String),
+        e: &Element,
         owner: OwnerId,
-        value: Option<Payload>,
+        wanted: Option<&Element>,
         ops: &mut Vec<ElementOp>,
+        resolve: Resolve<'_>,
     ) {
-        let entry = self.elements.entry(id.clone()).or_default();
-        let before = entry.effective().cloned();
-        entry.set(owner, value);
-        let after = entry.effective().cloned();
-        if entry.wants.is_empty() {
-            self.elements.remove(&id);
-        }
-        if before == after {
+        let kh = e.key_hash();
+        let (before, after) = match self.elements.entry(kh) {
+            Entry::Vacant(v) => match wanted {
+                None => return,
+                Some(w) => {
+                    v.insert(Owners::One(owner, w.payload_hash()));
+                    (None, Some((owner, w.payload_hash())))
+                }
+            },
+            Entry::Occupied(mut o) => {
+                let before = o.get().effective();
+                let left = o.get_mut().set(owner, wanted.map(Element::payload_hash));
+                let after = o.get().effective();
+                if !left {
+                    o.remove();
+                }
+                (before, after)
+            }
+        };
+        if before.map(|(_, p)| p) == after.map(|(_, p)| p) {
             return;
         }
-        let (set, key) = id;
-        if let Some((old_value, _)) = before {
+        if before.is_some() {
             ops.push(ElementOp::Delete {
-                set,
-                key: key.clone(),
-                old_value,
+                set: e.set,
+                key: e.key.clone(),
             });
         }
-        if let Some((value, comment)) = after {
-            ops.push(ElementOp::Add(Element {
-                set,
-                key,
-                value,
-                comment,
-            }));
+        if let Some((winner, _)) = after {
+            let element = if winner == owner {
+                wanted.cloned()
+            } else {
+                resolve(winner, e)
+            };
+            match element {
+                Some(element) => ops.push(ElementOp::Add(element)),
+                None => {
+                    tracing::warn!(set = e.set, key = %e.key, "owner {winner} of a shared element no longer produces it")
+                }
+            }
         }
-    }
-
-    /// Adds everything a new owner wants, moving the elements in: the fast path of a full
-    /// sync, where the store starts empty and no operations are needed.
-    pub fn add_owned(&mut self, owner: OwnerId, elements: Vec<Element>) {
-        for e in elements {
-            let entry = self.elements.entry((e.set, e.key)).or_default();
-            entry.set(owner, Some((e.value, e.comment)));
-        }
-    }
-
-    /// Every desired element, in no particular order (cheaper than [`ElementStore::all`]).
-    pub fn all_unsorted(&self) -> Vec<Element> {
-        self.elements
-            .iter()
-            .filter_map(|((set, key), owners)| {
-                owners.effective().map(|(value, comment)| Element {
-                    set,
-                    key: key.clone(),
-                    value: value.clone(),
-                    comment: comment.clone(),
-                })
-            })
-            .collect()
-    }
-
-    /// Every desired element, sorted (for full syncs and golden tests).
-    pub fn all(&self) -> Vec<Element> {
-        let mut out: Vec<Element> = self
-            .elements
-            .iter()
-            .filter_map(|((set, key), owners)| {
-                owners.effective().map(|(value, comment)| Element {
-                    set,
-                    key: key.clone(),
-                    value: value.clone(),
-                    comment: comment.clone(),
-                })
-            })
-            .collect();
-        out.sort();
-        out
     }
 }
 
@@ -215,10 +253,11 @@ impl ElementStore {
 /// A delete and an add of the same key (a value change) thus become "replace" in one commit.
 pub fn order_ops(ops: Vec<ElementOp>) -> (Vec<(SetName, String)>, Vec<Element>) {
     let mut deletes = Vec::new();
-    let mut adds: BTreeMap<(SetName, String), Element> = BTreeMap::new();
+    let mut adds: std::collections::BTreeMap<(SetName, String), Element> =
+        std::collections::BTreeMap::new();
     for op in ops {
         match op {
-            ElementOp::Delete { set, key, .. } => {
+            ElementOp::Delete { set, key } => {
                 // A delete that cancels an add earlier in this batch: the kernel never saw it.
                 if adds.remove(&(set, key.clone())).is_none() {
                     deletes.push((set, key));
@@ -238,7 +277,7 @@ pub fn order_ops(ops: Vec<ElementOp>) -> (Vec<(SetName, String)>, Vec<Element>) 
 mod tests {
     use super::*;
 
-    /// Test helper keeping what each owner was given, as the backend does through the diff.
+    /// Test helper keeping what each owner was given, as the backend does through the model.
     #[derive(Default)]
     struct Tracked {
         store: ElementStore,
@@ -248,14 +287,14 @@ mod tests {
     impl Tracked {
         fn set_owner(&mut self, owner: OwnerId, new: Vec<Element>, ops: &mut Vec<ElementOp>) {
             let old = self.given.remove(&owner).unwrap_or_default();
-            self.store.change_owner(owner, &old, &new, ops);
+            let given = self.given.clone();
+            let resolve = move |o: OwnerId, e: &Element| {
+                given
+                    .get(&o)
+                    .and_then(|v| v.iter().find(|x| x.set == e.set && x.key == e.key).cloned())
+            };
+            self.store.change_owner(owner, &old, &new, ops, &resolve);
             self.given.insert(owner, new);
-        }
-        fn all(&self) -> Vec<Element> {
-            self.store.all()
-        }
-        fn is_empty(&self) -> bool {
-            self.store.is_empty()
         }
     }
 
@@ -286,11 +325,10 @@ mod tests {
             ops,
             vec![ElementOp::Delete {
                 set: "cluster-ips",
-                key: "10.96.0.1".into(),
-                old_value: None
+                key: "10.96.0.1".into()
             }]
         );
-        assert!(s.is_empty());
+        assert!(s.store.is_empty());
     }
 
     #[test]
@@ -321,16 +359,20 @@ mod tests {
     }
 
     #[test]
-    fn lowest_owner_wins_conflicts() {
+    fn lowest_owner_wins_conflicts_and_the_next_takes_over() {
         let mut s = Tracked::default();
         let mut ops = Vec::new();
         s.set_owner(5, vec![el("m", "k", Some("five"))], &mut ops);
         ops.clear(); // committed
         s.set_owner(3, vec![el("m", "k", Some("three"))], &mut ops);
-        assert_eq!(s.all(), vec![el("m", "k", Some("three"))]);
-        let (deletes, adds) = order_ops(ops);
+        let (deletes, adds) = order_ops(std::mem::take(&mut ops));
         assert_eq!(deletes, vec![("m", "k".to_string())]);
         assert_eq!(adds, vec![el("m", "k", Some("three"))]);
+        // Owner 3 goes away: owner 5's value comes back (recomputed through the resolver).
+        s.set_owner(3, vec![], &mut ops);
+        let (deletes, adds) = order_ops(ops);
+        assert_eq!(deletes, vec![("m", "k".to_string())]);
+        assert_eq!(adds, vec![el("m", "k", Some("five"))]);
     }
 
     #[test]
@@ -341,5 +383,26 @@ mod tests {
         s.set_owner(1, vec![], &mut ops);
         let (deletes, adds) = order_ops(ops);
         assert!(deletes.is_empty() && adds.is_empty());
+    }
+
+    #[test]
+    fn building_from_empty_deduplicates_with_the_lowest_owner_winning() {
+        let mut store = ElementStore::new();
+        let (mut out, mut index) = (Vec::new(), HashMap::new());
+        store.build(
+            7,
+            vec![el("m", "k", Some("seven")), el("s", "a", None)],
+            &mut out,
+            &mut index,
+        );
+        store.build(
+            2,
+            vec![el("m", "k", Some("two")), el("s", "a", None)],
+            &mut out,
+            &mut index,
+        );
+        store.build(9, vec![el("m", "k", Some("nine"))], &mut out, &mut index);
+        assert_eq!(out, vec![el("m", "k", Some("two")), el("s", "a", None)]);
+        assert_eq!(store.len(), 2);
     }
 }

@@ -625,7 +625,7 @@ fn service_port(i: u32, family: Family, endpoints: u32) -> ServicePort {
 /// them.
 fn generated(family: Family, services: u32, endpoints: u32) -> Vec<Element> {
     let mut store = ElementStore::new();
-    let mut ignored = Vec::new();
+    let (mut all, mut index) = (Vec::new(), std::collections::HashMap::new());
     let node_ips: Vec<IpAddr> = match family {
         Family::V4 => vec!["192.168.100.1".parse().expect("ip")],
         Family::V6 => vec!["fd00:100::1".parse().expect("ip")],
@@ -633,9 +633,10 @@ fn generated(family: Family, services: u32, endpoints: u32) -> Vec<Element> {
     for i in 0..services {
         let sp = service_port(i, family, endpoints);
         let elements = port_elements(&sp, i + 1, &node_ips);
-        store.change_owner(i + 1, &[], &elements, &mut ignored);
+        store.build(i + 1, elements, &mut all, &mut index);
     }
-    store.all()
+    all.sort();
+    all
 }
 
 // ---------------------------------------------------------------------------------------------

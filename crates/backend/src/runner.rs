@@ -92,6 +92,7 @@ impl Runner {
             generation: 0,
             pending_services: 0,
             pending_endpoints: 0,
+            listing_kinds: Vec::new(),
         };
         state
             .runner
@@ -114,6 +115,8 @@ struct LoopState {
     generation: u64,
     pending_services: i64,
     pending_endpoints: i64,
+    /// The kinds of the streamed list in progress (complete at `ListDone`).
+    listing_kinds: Vec<Kind>,
 }
 
 impl LoopState {
@@ -180,6 +183,19 @@ impl LoopState {
                 }
                 (None, kinds.clone())
             }
+            Event::ListStart { kinds } => {
+                self.listing_kinds = kinds.clone();
+                (None, Vec::new())
+            }
+            Event::ListItem(o) => {
+                m.objects_seen
+                    .get_or_create(&KindLabel {
+                        kind: o.kind().as_str().into(),
+                    })
+                    .inc();
+                (None, Vec::new())
+            }
+            Event::ListDone => (None, std::mem::take(&mut self.listing_kinds)),
         };
         if let Some(kind) = kind {
             m.objects_seen

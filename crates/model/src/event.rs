@@ -101,4 +101,16 @@ pub enum Event {
         /// Every object of those kinds.
         objects: Vec<Object>,
     },
+    /// The same as `Replace`, streamed: a complete list of these kinds begins, its objects
+    /// follow as [`Event::ListItem`], and [`Event::ListDone`] ends it. Nothing changes in the
+    /// snapshot until `ListDone`, so a relist never causes a transient teardown, and no event
+    /// ever holds a whole cluster's objects at once.
+    ListStart {
+        /// The kinds the list is complete for.
+        kinds: Vec<Kind>,
+    },
+    /// One object of the list in progress.
+    ListItem(Object),
+    /// The list in progress is complete.
+    ListDone,
 }

@@ -67,6 +67,17 @@ pub struct Model {
     slices_by_service: HashMap<ServiceKey, HashMap<String, SliceInfo>>,
     node: Option<NodeInfo>,
     snapshot: Snapshot,
+    /// A streamed list in progress.
+    listing: Option<Listing>,
+}
+
+/// A streamed list ([`Event::ListStart`] … [`Event::ListDone`]) in progress.
+#[derive(Debug, Default)]
+struct Listing {
+    kinds: Vec<Kind>,
+    seen: HashSet<ObjectRef>,
+    dirty: BTreeSet<ServiceKey>,
+    node_dirty: bool,
 }
 
 impl Model {
@@ -96,7 +107,33 @@ impl Model {
             }
             Event::Delete(reference) => self.delete(&reference, &mut dirty, &mut node_dirty),
             Event::Replace { kinds, objects } => {
-                self.replace(&kinds, objects, &mut out, &mut dirty, &mut node_dirty);
+                let mut listing = Listing {
+                    kinds,
+                    ..Listing::default()
+                };
+                for object in objects {
+                    self.list_item(&mut listing, object, &mut out);
+                }
+                self.finish_listing(listing, &mut dirty, &mut node_dirty);
+            }
+            Event::ListStart { kinds } => {
+                self.listing = Some(Listing {
+                    kinds,
+                    ..Listing::default()
+                });
+            }
+            Event::ListItem(object) => match self.listing.take() {
+                Some(mut listing) => {
+                    self.list_item(&mut listing, object, &mut out);
+                    self.listing = Some(listing);
+                }
+                // An item outside a list: treat it as an update.
+                None => self.apply_object(object, &mut out, &mut dirty, &mut node_dirty),
+            },
+            Event::ListDone => {
+                if let Some(listing) = self.listing.take() {
+                    self.finish_listing(listing, &mut dirty, &mut node_dirty);
+                }
             }
         }
         self.refresh(dirty, node_dirty, &mut out.diff);
@@ -218,22 +255,31 @@ impl Model {
 
     /// Swaps in a complete list of objects of the given kinds. Objects that fail conversion keep
     /// their previous version, so a relist with one broken object changes nothing about it.
-    fn replace(
+    fn list_item(&mut self, listing: &mut Listing, object: Object, out: &mut ApplyOutcome) {
+        if !listing.kinds.contains(&object.kind()) {
+            return;
+        }
+        listing.seen.insert(object.reference());
+        self.apply_object(object, out, &mut listing.dirty, &mut listing.node_dirty);
+    }
+
+    /// Ends a list: objects of its kinds that were not listed (and not kept because of an
+    /// error) are gone.
+    fn finish_listing(
         &mut self,
-        kinds: &[Kind],
-        objects: Vec<Object>,
-        out: &mut ApplyOutcome,
+        listing: Listing,
         dirty: &mut BTreeSet<ServiceKey>,
         node_dirty: &mut bool,
     ) {
-        let mut seen: HashSet<ObjectRef> = HashSet::new();
-        for object in objects {
-            if !kinds.contains(&object.kind()) {
-                continue;
-            }
-            seen.insert(object.reference());
-            self.apply_object(object, out, dirty, node_dirty);
-        }
+        let Listing {
+            kinds,
+            seen,
+            dirty: listed_dirty,
+            node_dirty: listed_node_dirty,
+        } = listing;
+        dirty.extend(listed_dirty);
+        *node_dirty |= listed_node_dirty;
+        let kinds = &kinds[..];
         // Anything of these kinds not listed (and not kept because of an error) is gone.
         let kept = |r: &ObjectRef| seen.contains(r);
         if kinds.contains(&Kind::Service) {

@@ -112,7 +112,8 @@ pub(crate) async fn run(
             source,
         })?;
 
-    // First load: every file, as one complete list.
+    // First load: every file, as one complete list, streamed object by object so that no
+    // event ever holds the whole cluster.
     let mut state = DirState::default();
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
         Ok(entries) => entries
@@ -125,25 +126,27 @@ pub(crate) async fn run(
         }
     };
     paths.sort();
-    let mut objects = Vec::new();
+    let kinds = vec![Kind::Service, Kind::EndpointSlice, Kind::Node];
+    if events.send(Event::ListStart { kinds }).await.is_err() {
+        return Ok(());
+    }
+    let mut count = 0usize;
     for path in &paths {
         for event in state.reload(path) {
             if let Event::Apply(o) = event {
-                objects.push(o);
+                count += 1;
+                if events.send(Event::ListItem(o)).await.is_err() {
+                    return Ok(());
+                }
             }
         }
     }
     info!(
-        "{}: loaded {} objects from {} files",
+        "{}: loaded {count} objects from {} files",
         dir.display(),
-        objects.len(),
         paths.len()
     );
-    let replace = Event::Replace {
-        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
-        objects,
-    };
-    if events.send(replace).await.is_err() {
+    if events.send(Event::ListDone).await.is_err() {
         return Ok(());
     }
 

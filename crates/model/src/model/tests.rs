@@ -588,3 +588,59 @@ fn diff_merge_folds_and_cancels() {
     assert_eq!(full.changes.len(), 1);
     assert_eq!(full.upserted().count(), 1);
 }
+
+#[test]
+fn a_streamed_list_changes_nothing_until_it_is_done() {
+    let mut m = model();
+    let all = vec![Kind::Service, Kind::EndpointSlice, Kind::Node];
+    m.apply(Event::Replace {
+        kinds: all.clone(),
+        objects: vec![
+            svc("a", basic_spec()),
+            svc(
+                "b",
+                json!({"clusterIP": "10.96.0.11", "ports": [{"name": "p80", "port": 80}]}),
+            ),
+        ],
+    });
+    assert!(
+        m.apply(Event::ListStart { kinds: all.clone() })
+            .diff
+            .is_empty()
+    );
+    // Relist with "a" unchanged, "b" missing and "c" new.
+    assert!(
+        m.apply(Event::ListItem(svc("a", basic_spec())))
+            .diff
+            .is_empty()
+    );
+    assert!(
+        m.apply(Event::ListItem(svc(
+            "c",
+            json!({"clusterIP": "10.96.0.12", "ports": [{"name": "p80", "port": 80}]})
+        )))
+        .diff
+        .is_empty()
+    );
+    assert_eq!(
+        m.snapshot().ports.len(),
+        2,
+        "nothing changes before ListDone"
+    );
+    let done = m.apply(Event::ListDone).diff;
+    let names: Vec<String> = done
+        .changes
+        .keys()
+        .map(|k| k.service.name.clone())
+        .collect();
+    assert_eq!(names, ["b", "c"]);
+    assert!(done.changes[&key("b", Family::V4)].new.is_none());
+    // The same list again: no change at all.
+    m.apply(Event::ListStart { kinds: all });
+    m.apply(Event::ListItem(svc("a", basic_spec())));
+    m.apply(Event::ListItem(svc(
+        "c",
+        json!({"clusterIP": "10.96.0.12", "ports": [{"name": "p80", "port": 80}]}),
+    )));
+    assert!(m.apply(Event::ListDone).diff.is_empty());
+}
