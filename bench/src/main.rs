@@ -151,6 +151,15 @@ fn rss_mb() -> f64 {
 fn mem(input: &str) -> Result<(), String> {
     use kpng_model::{Event, Kind, Model, ModelConfig};
     println!("start: {:.0} MB", rss_mb());
+    println!(
+        "sizes: ServicePort {} B, Endpoint {} B, SliceInfo {} B, SliceEndpoint {} B, ServiceInfo {} B, PortKey {} B",
+        std::mem::size_of::<kpng_model::ServicePort>(),
+        std::mem::size_of::<kpng_model::Endpoint>(),
+        std::mem::size_of::<kpng_model::convert::SliceInfo>(),
+        std::mem::size_of::<kpng_model::convert::SliceEndpoint>(),
+        std::mem::size_of::<kpng_model::convert::ServiceInfo>(),
+        std::mem::size_of::<kpng_model::PortKey>(),
+    );
     if std::env::var_os("KPNG_MEM_STREAM_ONLY").is_some() {
         let mut paths: Vec<_> = std::fs::read_dir(input)
             .map_err(|e| e.to_string())?

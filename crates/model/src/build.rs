@@ -1,6 +1,6 @@
 //! Building the node-local [`ServicePort`]s of one Service from its converted objects.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::categorize::{EndpointCandidate, categorize_endpoints, sort_endpoints};
@@ -67,11 +67,9 @@ fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
 /// Computes every [`ServicePort`] (per port, per family) of one Service.
 pub(crate) fn service_ports(
     svc: &ServiceInfo,
-    slices: &HashMap<String, SliceInfo>,
+    slices: &[SliceInfo],
     node: &NodeState,
 ) -> Vec<ServicePort> {
-    let mut slice_names: Vec<&String> = slices.keys().collect();
-    slice_names.sort();
     let mut out = Vec::new();
     for cluster_ip in &svc.cluster_ips {
         let family = Family::of(cluster_ip);
@@ -109,12 +107,7 @@ pub(crate) fn service_ports(
                 local_ready_endpoints: 0,
                 serving_endpoint_ips: Vec::new(),
             };
-            let cands = candidates(
-                port,
-                family,
-                slice_names.iter().filter_map(|n| slices.get(*n)),
-                &node.name,
-            );
+            let cands = candidates(port, family, slices.iter(), &node.name);
             let cat = categorize_endpoints(
                 &cands,
                 sp.uses_cluster_endpoints(),

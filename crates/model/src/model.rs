@@ -64,7 +64,7 @@ pub struct Model {
     /// Every known slice (namespace, name) → the Service it belongs to (if any).
     slice_owners: HashMap<(String, String), Option<ServiceKey>>,
     /// Slices of each Service: slice name → slice (each slice stored once, here).
-    slices_by_service: HashMap<ServiceKey, HashMap<String, SliceInfo>>,
+    slices_by_service: HashMap<ServiceKey, Vec<SliceInfo>>,
     node: Option<NodeInfo>,
     snapshot: Snapshot,
     /// A streamed list in progress.
@@ -160,8 +160,15 @@ impl Model {
             },
             Object::EndpointSlice(slice) => {
                 match convert::endpoint_slice(&slice, &mut out.warnings) {
-                    Ok(info) => {
+                    Ok(mut info) => {
                         out.applied += 1;
+                        // Only locality matters: keep a node name only when it is ours (saves a
+                        // string per endpoint, most of them remote).
+                        for ep in &mut info.endpoints {
+                            if ep.node_name.as_deref() != Some(self.config.node_name.as_str()) {
+                                ep.node_name = None;
+                            }
+                        }
                         let namespace = slice.metadata.namespace.clone().unwrap_or_default();
                         self.insert_slice(namespace, info, dirty);
                     }
@@ -192,7 +199,7 @@ impl Model {
             Some(Some(owner)) => {
                 self.slices_by_service
                     .get(owner)
-                    .and_then(|s| s.get(&info.name))
+                    .and_then(|s| s.iter().find(|x| x.name == info.name))
                     == Some(&info)
             }
             Some(None) => info.service.is_none(),
@@ -204,10 +211,10 @@ impl Model {
         self.remove_slice(&id, dirty);
         if let Some(service) = &info.service {
             dirty.insert(service.clone());
-            self.slices_by_service
-                .entry(service.clone())
-                .or_default()
-                .insert(info.name.clone(), info.clone());
+            // Sorted by name: the order slices are merged in (first copy of an endpoint wins).
+            let slices = self.slices_by_service.entry(service.clone()).or_default();
+            let at = slices.partition_point(|x| x.name < info.name);
+            slices.insert(at, info.clone());
         }
         self.slice_owners.insert(id, info.service);
     }
@@ -219,7 +226,7 @@ impl Model {
         let Some(service) = owner else { return };
         dirty.insert(service.clone());
         if let Some(by_name) = self.slices_by_service.get_mut(&service) {
-            by_name.remove(&id.1);
+            by_name.retain(|x| x.name != id.1);
             if by_name.is_empty() {
                 self.slices_by_service.remove(&service);
             }
@@ -377,7 +384,7 @@ impl Model {
                 diff.node_changed = true;
             }
         }
-        let no_slices = HashMap::new();
+        let no_slices = Vec::new();
         for key in dirty {
             let new_ports = match self.services.get(&key) {
                 Some(svc) if self.owns(svc) => {
