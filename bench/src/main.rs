@@ -146,8 +146,28 @@ fn rss_mb() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// `kpng-bench mem --input DIR`: resident memory after each stage of loading a workload, to
-/// see where memory goes (parsed objects, the model, its snapshot).
+/// The manifest files of a workload directory, sorted.
+fn manifest_paths(input: &str) -> Result<Vec<std::path::PathBuf>, String> {
+    let mut paths: Vec<_> = std::fs::read_dir(input)
+        .map_err(|e| format!("listing {input}: {e}"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    paths.sort();
+    Ok(paths)
+}
+
+/// Parses one manifest file into objects.
+fn objects_of(path: &std::path::Path) -> Result<Vec<kpng_model::Object>, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    Ok(kpng_source_file::parse_manifests(&text)
+        .map_err(|e| e.to_string())?
+        .objects)
+}
+
+/// `kpng-bench mem --input DIR`: resident memory at each stage of loading a workload (parsed
+/// objects held at once, the model, the same model streamed), to see where memory goes.
+/// `KPNG_MEM_STREAM_ONLY=1` measures only the streamed model, in a fresh process.
 fn mem(input: &str) -> Result<(), String> {
     use kpng_model::{Event, Kind, Model, ModelConfig};
     println!("start: {:.0} MB", rss_mb());
@@ -160,81 +180,49 @@ fn mem(input: &str) -> Result<(), String> {
         std::mem::size_of::<kpng_model::convert::ServiceInfo>(),
         std::mem::size_of::<kpng_model::PortKey>(),
     );
-    if std::env::var_os("KPNG_MEM_STREAM_ONLY").is_some() {
-        let mut paths: Vec<_> = std::fs::read_dir(input)
-            .map_err(|e| e.to_string())?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        paths.sort();
-        let mut model = Model::new(ModelConfig {
+    let paths = manifest_paths(input)?;
+    let new_model = || {
+        Model::new(ModelConfig {
             node_name: "node1".into(),
             ..ModelConfig::default()
-        });
+        })
+    };
+    let streamed = |model: &mut Model| -> Result<(), String> {
         for p in &paths {
-            let text = std::fs::read_to_string(p).map_err(|e| e.to_string())?;
-            for o in kpng_source_file::parse_manifests(&text)
-                .map_err(|e| e.to_string())?
-                .objects
-            {
+            for o in objects_of(p)? {
                 model.apply(Event::Apply(o));
             }
         }
-        println!(
-            "streamed into a model: {:.0} MB ({} ports)",
-            rss_mb(),
-            model.snapshot().ports.len()
-        );
-        return Ok(());
-    }
-    let mut objects = Vec::new();
-    let mut paths: Vec<_> = std::fs::read_dir(input)
-        .map_err(|e| e.to_string())?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    paths.sort();
-    for p in &paths {
-        let text = std::fs::read_to_string(p).map_err(|e| e.to_string())?;
-        objects.extend(
-            kpng_source_file::parse_manifests(&text)
-                .map_err(|e| e.to_string())?
-                .objects,
-        );
-    }
-    println!("parsed {} objects: {:.0} MB", objects.len(), rss_mb());
-    let mut model = Model::new(ModelConfig {
-        node_name: "node1".into(),
-        ..ModelConfig::default()
-    });
-    let out = model.apply(Event::Replace {
-        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
-        objects,
-    });
-    println!(
-        "model applied ({} changes), objects dropped: {:.0} MB",
-        out.diff.changes.len(),
-        rss_mb()
-    );
-    drop(out);
-    println!("diff dropped: {:.0} MB", rss_mb());
-    println!("snapshot ports: {}", model.snapshot().ports.len());
-    drop(model);
-    println!("model dropped: {:.0} MB", rss_mb());
-    // The same, streamed: one file at a time straight into the model.
-    let mut model = Model::new(ModelConfig {
-        node_name: "node1".into(),
-        ..ModelConfig::default()
-    });
-    for p in &paths {
-        let text = std::fs::read_to_string(p).map_err(|e| e.to_string())?;
-        for o in kpng_source_file::parse_manifests(&text)
-            .map_err(|e| e.to_string())?
-            .objects
-        {
-            model.apply(Event::Apply(o));
+        Ok(())
+    };
+    if std::env::var_os("KPNG_MEM_STREAM_ONLY").is_none() {
+        let mut objects = Vec::new();
+        for p in &paths {
+            objects.extend(objects_of(p)?);
         }
+        println!(
+            "parsed {} objects, all held: {:.0} MB",
+            objects.len(),
+            rss_mb()
+        );
+        let mut model = new_model();
+        let out = model.apply(Event::Replace {
+            kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+            objects,
+        });
+        println!(
+            "model applied ({} changes), objects dropped: {:.0} MB",
+            out.diff.changes.len(),
+            rss_mb()
+        );
+        drop(out);
+        drop(model);
+        println!("model dropped: {:.0} MB", rss_mb());
     }
+    let mut model = new_model();
+    streamed(&mut model)?;
     println!(
-        "streamed into a new model: {:.0} MB ({} ports)",
+        "streamed into a model: {:.0} MB ({} ports)",
         rss_mb(),
         model.snapshot().ports.len()
     );

@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kpng_model::{Event, Kind, Object, ObjectRef};
-use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use crate::dirwatch::DirWatch;
 use crate::parse::parse_manifests;
-use crate::watch::{SourceError, is_write};
+use crate::watch::SourceError;
 
 fn is_manifest(path: &Path) -> bool {
     matches!(
@@ -97,20 +97,7 @@ pub(crate) async fn run(
     debounce: Duration,
     events: mpsc::Sender<Event>,
 ) -> Result<(), SourceError> {
-    let (notify_tx, mut notify_rx) = mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |res| {
-        let _ = notify_tx.send(res);
-    })
-    .map_err(|source| SourceError::Watch {
-        path: dir.clone(),
-        source,
-    })?;
-    watcher
-        .watch(&dir, RecursiveMode::NonRecursive)
-        .map_err(|source| SourceError::Watch {
-            path: dir.clone(),
-            source,
-        })?;
+    let mut watch = DirWatch::new(&dir)?;
 
     // First load: every file, as one complete list, streamed object by object so that no
     // event ever holds the whole cluster.
@@ -151,26 +138,9 @@ pub(crate) async fn run(
     }
 
     loop {
-        let mut changed: BTreeSet<PathBuf> = BTreeSet::new();
-        match notify_rx.recv().await {
-            None => return Ok(()),
-            Some(Err(e)) => warn!("file watch error on {}: {e}", dir.display()),
-            Some(Ok(ev)) if is_write(&ev) => changed.extend(ev.paths),
-            Some(Ok(_)) => continue,
-        }
-        let give_up = tokio::time::Instant::now() + debounce * 10;
-        loop {
-            let quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);
-            match tokio::time::timeout_at(quiet_until, notify_rx.recv()).await {
-                Ok(Some(Ok(ev))) if is_write(&ev) => changed.extend(ev.paths),
-                Ok(Some(_)) => {}
-                Ok(None) => return Ok(()),
-                Err(_) => break,
-            }
-            if tokio::time::Instant::now() >= give_up {
-                break;
-            }
-        }
+        let Some(changed) = watch.next_writes(debounce).await else {
+            return Ok(());
+        };
         for path in changed.iter().filter(|p| is_manifest(p)) {
             for event in state.reload(path) {
                 if events.send(event).await.is_err() {

@@ -14,6 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 mod dir;
+mod dirwatch;
 mod parse;
 mod watch;
 

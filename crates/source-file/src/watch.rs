@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kpng_model::{Event, Kind};
-use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use crate::dirwatch::DirWatch;
 use crate::parse::{Loaded, ManifestError, parse_manifests};
 
 /// Errors that stop the source.
@@ -92,50 +92,22 @@ impl FileSource {
     /// receiver is dropped. Broken content is logged and skipped.
     ///
     /// When the path is a directory, every `*.yaml`, `*.yml` and `*.json` file in it is one
-    /// manifest: the first load is one `Replace` of all of them, and a change re-reads only the
-    /// files that changed and sends `Apply`/`Delete` for their objects. That keeps one change
+    /// manifest: the first load is one streamed list of all of them, and a change re-reads only
+    /// the files that changed and sends `Apply`/`Delete` for their objects. That keeps one change
     /// O(that file) however large the cluster.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), SourceError> {
         if self.path.is_dir() {
             return crate::dir::run(self.path, self.debounce, events).await;
         }
-        let (notify_tx, mut notify_rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |res| {
-            // The receiver only goes away when the source stops.
-            let _ = notify_tx.send(res);
-        })
-        .map_err(|source| SourceError::Watch {
-            path: self.directory(),
-            source,
-        })?;
-        watcher
-            .watch(&self.directory(), RecursiveMode::NonRecursive)
-            .map_err(|source| SourceError::Watch {
-                path: self.directory(),
-                source,
-            })?;
+        let mut watch = DirWatch::new(&self.directory())?;
 
         let mut state = ReloadState::default();
         if !self.reload(&events, &mut state).await {
             return Ok(());
         }
         loop {
-            match notify_rx.recv().await {
-                None => return Ok(()),
-                Some(Err(e)) => warn!("file watch error on {}: {e}", self.directory().display()),
-                Some(Ok(event)) if !is_write(&event) => continue,
-                Some(Ok(_)) => {}
-            }
-            // Debounce: wait until the directory has been quiet for `debounce`, but never longer
-            // than ten debounce periods, so a directory that is always busy cannot starve us.
-            let give_up = tokio::time::Instant::now() + self.debounce * 10;
-            loop {
-                let quiet_until = (tokio::time::Instant::now() + self.debounce).min(give_up);
-                match tokio::time::timeout_at(quiet_until, notify_rx.recv()).await {
-                    Ok(Some(_)) if tokio::time::Instant::now() < give_up => continue,
-                    Ok(None) => return Ok(()),
-                    _ => break,
-                }
+            if watch.next_writes(self.debounce).await.is_none() {
+                return Ok(());
             }
             if !self.reload(&events, &mut state).await {
                 return Ok(());
@@ -188,16 +160,6 @@ impl FileSource {
                 events.send(event).await.is_ok()
             }
         }
-    }
-}
-
-/// Whether an event can have changed the file: reads (open, access, close after reading) cannot.
-pub(crate) fn is_write(event: &notify::Event) -> bool {
-    use notify::event::{AccessKind, AccessMode, EventKind};
-    match event.kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) => false,
-        _ => true,
     }
 }
 
