@@ -13,6 +13,7 @@
 pub mod health;
 pub mod metrics;
 pub mod runner;
+pub mod service_health;
 
 use std::time::Duration;
 

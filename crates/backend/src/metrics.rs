@@ -105,6 +105,8 @@ pub struct ProxyMetrics {
     pub sync_operations: MetricFamily<BackendLabel, Counter>,
     /// `kpng_model_service_ports`: Service ports in the model, per family.
     pub model_service_ports: MetricFamily<FamilyLabel, Gauge>,
+    /// `kpng_service_healthcheck_failures_total`: health-check servers that could not start.
+    pub healthcheck_failures: Counter,
 }
 
 impl ProxyMetrics {
@@ -129,6 +131,7 @@ impl ProxyMetrics {
             sync_failures: MetricFamily::default(),
             sync_operations: MetricFamily::default(),
             model_service_ports: MetricFamily::default(),
+            healthcheck_failures: Counter::default(),
         };
         let r = registry;
         r.register(
@@ -221,6 +224,11 @@ impl ProxyMetrics {
             "kpng_model_service_ports",
             "Service ports in the node-local model",
             m.model_service_ports.clone(),
+        );
+        r.register(
+            "kpng_service_healthcheck_failures",
+            "Service health-check servers that could not be started (retried at the next sync)",
+            m.healthcheck_failures.clone(),
         );
         m
     }

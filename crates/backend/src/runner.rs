@@ -21,10 +21,20 @@ use tracing::{debug, error, info, warn};
 use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
+use crate::service_health::{ServiceHealthServers, wanted};
 use crate::{Backend, SyncRequest, SyncTiming};
 
 /// The kinds a source must list before anything is programmed.
 const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+
+/// Where Service health checks listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthCheckAddresses {
+    /// The node's IPs (`--nodeport-addresses primary`).
+    NodeIps,
+    /// Every address (`0.0.0.0` and `[::]`).
+    All,
+}
 
 /// The outcome of one sync, published for tests, benchmarks and the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +53,7 @@ pub struct SyncReport {
 
 /// Everything the loop needs.
 pub struct Runner {
+    service_health: Option<(ServiceHealthServers, HealthCheckAddresses)>,
     model: Model,
     backend: Box<dyn Backend>,
     timing: SyncTiming,
@@ -62,6 +73,7 @@ impl Runner {
     ) -> Runner {
         let (reports, _) = watch::channel(None);
         Runner {
+            service_health: None,
             model,
             backend,
             timing,
@@ -69,6 +81,17 @@ impl Runner {
             health,
             reports,
         }
+    }
+
+    /// Serves the Service health checks (`healthCheckNodePort`) after every successful sync:
+    /// part of every backend that programs the node.
+    pub fn with_service_health(mut self, addresses: HealthCheckAddresses) -> Runner {
+        let servers = ServiceHealthServers::new(
+            self.health.clone(),
+            self.metrics.healthcheck_failures.clone(),
+        );
+        self.service_health = Some((servers, addresses));
+        self
     }
 
     /// A receiver of the latest [`SyncReport`].
@@ -138,7 +161,7 @@ impl LoopState {
                         return;
                     }
                 },
-                _ = sleep_until(deadline) => self.sync(),
+                _ = sleep_until(deadline) => self.sync().await,
             }
         }
     }
@@ -263,7 +286,7 @@ impl LoopState {
         self.pending.merge(diff);
     }
 
-    fn sync(&mut self) {
+    async fn sync(&mut self) {
         let now = Instant::now();
         let timing = self.runner.timing;
         let full_due = self.last_full.is_some_and(|t| {
@@ -366,7 +389,24 @@ impl LoopState {
                 }
             }
         };
+        let ok = report.ok;
         self.runner.reports.send_replace(Some(report));
+        if ok {
+            self.sync_service_health().await;
+        }
+    }
+
+    async fn sync_service_health(&mut self) {
+        let snapshot = self.runner.model.snapshot();
+        let Some((servers, addresses)) = &mut self.runner.service_health else {
+            return;
+        };
+        let checks = wanted(snapshot);
+        let addresses: Vec<std::net::IpAddr> = match addresses {
+            HealthCheckAddresses::NodeIps => snapshot.node.ips.clone(),
+            HealthCheckAddresses::All => Vec::new(),
+        };
+        servers.sync(&checks, &addresses).await;
     }
 
     fn record_model_gauges(&self) {

@@ -100,6 +100,28 @@ pub struct GlobalFlags {
     #[arg(long, global = true, default_value = "1h", value_parser = parse_duration)]
     pub full_sync_period: Duration,
 
+    /// Conntrack entries per CPU for nf_conntrack_max (0: leave it).
+    #[arg(long, global = true, default_value_t = 32768)]
+    pub conntrack_max_per_core: u64,
+    /// Minimum nf_conntrack_max.
+    #[arg(long, global = true, default_value_t = 131072)]
+    pub conntrack_min: u64,
+    /// Idle timeout of established TCP connections (0: leave it).
+    #[arg(long, global = true, default_value = "24h", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_established: Duration,
+    /// Timeout of TCP connections in CLOSE_WAIT (0: leave it).
+    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_close_wait: Duration,
+    /// Accept out-of-window TCP packets instead of marking them invalid.
+    #[arg(long, global = true)]
+    pub conntrack_tcp_be_liberal: bool,
+    /// Idle timeout of UDP flows (0: leave it).
+    #[arg(long, global = true, default_value = "0", value_parser = parse_duration)]
+    pub conntrack_udp_timeout: Duration,
+    /// Idle timeout of UDP streams (0: leave it).
+    #[arg(long, global = true, default_value = "0", value_parser = parse_duration)]
+    pub conntrack_udp_timeout_stream: Duration,
+
     /// Log filter (tracing syntax, e.g. `info`, `kpng=debug`); RUST_LOG wins when set.
     #[arg(long, global = true, default_value = "info")]
     pub log_level: String,

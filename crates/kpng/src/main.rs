@@ -4,6 +4,7 @@
 //! node-local model, a sink consumes it. See `kpng --help`.
 
 mod cli;
+mod conntrack;
 mod http;
 mod run;
 

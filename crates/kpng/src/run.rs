@@ -8,7 +8,7 @@ use kpng_backend::Backend;
 use kpng_backend::SyncTiming;
 use kpng_backend::health::ProxyHealth;
 use kpng_backend::metrics::ProxyMetrics;
-use kpng_backend::runner::Runner;
+use kpng_backend::runner::{HealthCheckAddresses, Runner};
 use kpng_model::{Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
@@ -181,7 +181,29 @@ where
         Some(crate::http::metrics_server(addr, Arc::new(registry), proxy_mode).await?)
     };
 
-    let runner = Runner::new(model, backend, timing, metrics, health);
+    let programs_the_node = backend.name() != "file";
+    let mut runner = Runner::new(model, backend, timing, metrics, health);
+    if programs_the_node {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u64)
+            .unwrap_or(1);
+        crate::conntrack::ConntrackSettings {
+            max_per_core: flags.conntrack_max_per_core,
+            min: flags.conntrack_min,
+            tcp_established: flags.conntrack_tcp_timeout_established,
+            tcp_close_wait: flags.conntrack_tcp_timeout_close_wait,
+            tcp_be_liberal: flags.conntrack_tcp_be_liberal,
+            udp: flags.conntrack_udp_timeout,
+            udp_stream: flags.conntrack_udp_timeout_stream,
+        }
+        .apply(std::path::Path::new("/proc/sys"), cpus);
+        let addresses = if flags.nodeport_addresses.iter().all(|a| a == "primary") {
+            HealthCheckAddresses::NodeIps
+        } else {
+            HealthCheckAddresses::All
+        };
+        runner = runner.with_service_health(addresses);
+    }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
     tokio::spawn(async move {

@@ -1598,3 +1598,108 @@ fn nothing_is_left_behind() {
     drop(echo);
     drop(dir);
 }
+
+/// GETs `url` from inside `ns` with curl: (status, headers lower-cased, body). Retries briefly:
+/// health-check servers open right after a sync.
+fn http_get(ns: &Netns, url: &str) -> (u16, BTreeMap<String, String>, String) {
+    let mut last = String::new();
+    for _ in 0..20 {
+        if let Ok(out) = ns.run_ok(["curl", "-s", "-i", "--max-time", "2", url]) {
+            let text = out.replace("\r\n", "\n");
+            let (head, body) = text.split_once("\n\n").unwrap_or((&text, ""));
+            let mut lines = head.lines();
+            let status = lines
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let headers = lines
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_string()))
+                .collect();
+            return (status, headers, body.to_string());
+        }
+        last = format!("no answer from {url}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{last}");
+}
+
+#[test]
+fn health_check_node_port_reports_local_ready_endpoints() {
+    require_root!();
+    let c = Cluster::create("nft-hc").expect("cluster");
+    let _echo = echo_all(&c);
+    let lb = |eps: Eps<'_>| {
+        manifest(&[svc(
+            "hc",
+            60,
+            "LoadBalancer",
+            "externalTrafficPolicy: Local, healthCheckNodePort: 32160",
+            eps,
+        )])
+    };
+    let mut k = Kpng::start(
+        &c.node1.ns,
+        &lb(&[
+            ("pod1a", Cond::Ready),
+            ("pod1b", Cond::Ready),
+            ("pod2a", Cond::Ready),
+        ]),
+        &[],
+    );
+    let url = format!("http://{}:32160/any/path", addr::NODE1_LAN_V4);
+    let body = |n: u32| {
+        format!(
+            "{{\n\t\"service\": {{\n\t\t\"namespace\": \"default\",\n\t\t\"name\": \"hc\"\n\t}},\n\t\"localEndpoints\": {n},\n\t\"serviceProxyHealthy\": true\n}}"
+        )
+    };
+
+    // Two local ready endpoints (pod2a is on node2): 200, weight 2.
+    let (status, headers, text) = http_get(&c.ext.ns, &url);
+    assert_eq!(status, 200, "{headers:?} {text}");
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    assert_eq!(
+        headers.get("x-content-type-options").map(String::as_str),
+        Some("nosniff")
+    );
+    assert_eq!(
+        headers
+            .get("x-load-balancing-endpoint-weight")
+            .map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(text, body(2));
+
+    // A terminating local endpoint does not count; with none ready locally: 503.
+    k.apply(&lb(&[("pod1a", Cond::Draining), ("pod2a", Cond::Ready)]));
+    let (status, headers, text) = http_get(&c.ext.ns, &url);
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(
+        headers
+            .get("x-load-balancing-endpoint-weight")
+            .map(String::as_str),
+        Some("0")
+    );
+    assert_eq!(text, body(0));
+
+    // The Service turns eTP Cluster: the health check closes.
+    k.apply(&manifest(&[svc(
+        "hc",
+        60,
+        "LoadBalancer",
+        "",
+        &[("pod1a", Cond::Ready)],
+    )]));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        c.ext
+            .ns
+            .run_ok(["curl", "-s", "--max-time", "1", &url])
+            .is_err(),
+        "health check still open"
+    );
+}

@@ -1,0 +1,157 @@
+//! Health-check servers on loopback: status, headers and body for 0/1/2 endpoints, an unhealthy
+//! proxy, closing, and a port already in use.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use kpng_model::Family;
+
+use super::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// (status, headers lower-cased, body)
+fn get(port: u16, path: &str) -> std::io::Result<(u16, HashMap<String, String>, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_string()))
+        .collect();
+    Ok((status, headers, body.to_string()))
+}
+
+fn servers(healthy: bool) -> (ServiceHealthServers, Counter) {
+    let health = Arc::new(ProxyHealth::new(&[Family::V4], Duration::from_secs(60)));
+    if !healthy {
+        health.queued(Family::V4, SystemTime::UNIX_EPOCH);
+    }
+    let failures = Counter::default();
+    (
+        ServiceHealthServers::new(health, failures.clone()),
+        failures,
+    )
+}
+
+#[test]
+fn body_is_kube_proxys_byte_for_byte() {
+    assert_eq!(
+        body(&ServiceKey::new("shop", "storefront"), 2, true),
+        "{\n\t\"service\": {\n\t\t\"namespace\": \"shop\",\n\t\t\"name\": \"storefront\"\n\t},\n\t\"localEndpoints\": 2,\n\t\"serviceProxyHealthy\": true\n}"
+    );
+}
+
+#[tokio::test]
+async fn answers_by_local_endpoint_count_and_closes_with_the_service() {
+    let (mut hc, _) = servers(true);
+    let port = free_port();
+    let key = ServiceKey::new("shop", "storefront");
+    let loopback = [IpAddr::from([127, 0, 0, 1])];
+    for (count, want_status) in [(0u32, 503u16), (1, 200), (2, 200)] {
+        let wanted = BTreeMap::from([(
+            key.clone(),
+            HealthCheck {
+                port,
+                local_endpoints: count,
+            },
+        )]);
+        hc.sync(&wanted, &loopback).await;
+        let (status, headers, text) =
+            tokio::task::spawn_blocking(move || get(port, "/any/path?x=1"))
+                .await
+                .expect("join")
+                .expect("get");
+        assert_eq!(status, want_status, "{count} endpoints");
+        assert_eq!(
+            headers.get("content-type").map(String::as_str),
+            Some("application/json")
+        );
+        assert_eq!(
+            headers.get("x-content-type-options").map(String::as_str),
+            Some("nosniff")
+        );
+        assert_eq!(
+            headers.get("x-load-balancing-endpoint-weight").cloned(),
+            Some(count.to_string())
+        );
+        assert_eq!(text, body(&key, count, true));
+    }
+    hc.sync(&BTreeMap::new(), &loopback).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        tokio::task::spawn_blocking(move || get(port, "/"))
+            .await
+            .expect("join")
+            .is_err(),
+        "closed with its Service"
+    );
+}
+
+#[tokio::test]
+async fn an_unhealthy_proxy_answers_503_even_with_endpoints() {
+    let (mut hc, _) = servers(false);
+    let port = free_port();
+    let key = ServiceKey::new("ns", "svc");
+    hc.sync(
+        &BTreeMap::from([(
+            key.clone(),
+            HealthCheck {
+                port,
+                local_endpoints: 3,
+            },
+        )]),
+        &[IpAddr::from([127, 0, 0, 1])],
+    )
+    .await;
+    let (status, _, text) = tokio::task::spawn_blocking(move || get(port, "/healthz"))
+        .await
+        .expect("join")
+        .expect("get");
+    assert_eq!(status, 503);
+    assert_eq!(text, body(&key, 3, false));
+}
+
+#[tokio::test]
+async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
+    let (mut hc, failures) = servers(true);
+    let port = free_port();
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    let key = ServiceKey::new("ns", "svc");
+    let wanted = BTreeMap::from([(
+        key.clone(),
+        HealthCheck {
+            port,
+            local_endpoints: 1,
+        },
+    )]);
+    let loopback = [IpAddr::from([127, 0, 0, 1])];
+    hc.sync(&wanted, &loopback).await;
+    assert_eq!(failures.get(), 1);
+    assert!(hc.serving().is_empty());
+    drop(squatter);
+    hc.sync(&wanted, &loopback).await;
+    assert_eq!(hc.serving(), BTreeMap::from([(key, port)]));
+    let (status, _, _) = tokio::task::spawn_blocking(move || get(port, "/"))
+        .await
+        .expect("join")
+        .expect("get");
+    assert_eq!(status, 200);
+}

@@ -1,0 +1,189 @@
+//! Conntrack sysctls at start-up, as kube-proxy sets them (`--conntrack-*`).
+//!
+//! A proxy node terminates every Service connection in conntrack, so the table must be large
+//! enough and its timeouts sane. Values of 0 mean "leave it". The table size is only ever
+//! raised (an administrator's larger value stands), and its hash table grows with it. A
+//! read-only `/proc/sys` (an unprivileged container) is a warning, never fatal.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+/// The `--conntrack-*` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConntrackSettings {
+    /// Entries per CPU (`--conntrack-max-per-core`, 32768).
+    pub max_per_core: u64,
+    /// Minimum table size (`--conntrack-min`, 131072).
+    pub min: u64,
+    /// `--conntrack-tcp-timeout-established` (24h).
+    pub tcp_established: Duration,
+    /// `--conntrack-tcp-timeout-close-wait` (1h).
+    pub tcp_close_wait: Duration,
+    /// `--conntrack-tcp-be-liberal`: accept out-of-window TCP packets instead of marking them
+    /// invalid.
+    pub tcp_be_liberal: bool,
+    /// `--conntrack-udp-timeout` (0: leave).
+    pub udp: Duration,
+    /// `--conntrack-udp-timeout-stream` (0: leave).
+    pub udp_stream: Duration,
+}
+
+/// One sysctl to write: (path under /proc/sys, value, only if larger than the current value).
+type Write = (&'static str, u64, bool);
+
+impl ConntrackSettings {
+    /// The writes these settings call for on a machine with `cpus` CPUs.
+    pub fn writes(&self, cpus: u64) -> Vec<Write> {
+        let mut out = Vec::new();
+        if self.max_per_core > 0 {
+            let max = (self.max_per_core * cpus).max(self.min);
+            out.push(("net/netfilter/nf_conntrack_max", max, true));
+        }
+        let secs = |d: Duration| d.as_secs();
+        if secs(self.tcp_established) > 0 {
+            out.push((
+                "net/netfilter/nf_conntrack_tcp_timeout_established",
+                secs(self.tcp_established),
+                false,
+            ));
+        }
+        if secs(self.tcp_close_wait) > 0 {
+            out.push((
+                "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+                secs(self.tcp_close_wait),
+                false,
+            ));
+        }
+        if self.tcp_be_liberal {
+            out.push(("net/netfilter/nf_conntrack_tcp_be_liberal", 1, false));
+        }
+        if secs(self.udp) > 0 {
+            out.push((
+                "net/netfilter/nf_conntrack_udp_timeout",
+                secs(self.udp),
+                false,
+            ));
+        }
+        if secs(self.udp_stream) > 0 {
+            out.push((
+                "net/netfilter/nf_conntrack_udp_timeout_stream",
+                secs(self.udp_stream),
+                false,
+            ));
+        }
+        out
+    }
+
+    /// Applies the settings under `proc_sys` (normally `/proc/sys`). Problems are warnings.
+    pub fn apply(&self, proc_sys: &Path, cpus: u64) {
+        for (name, value, only_raise) in self.writes(cpus) {
+            let path: PathBuf = proc_sys.join(name);
+            let current = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            if current == Some(value) || (only_raise && current.is_some_and(|c| c >= value)) {
+                continue;
+            }
+            match std::fs::write(&path, value.to_string()) {
+                Ok(()) => {
+                    info!("set {} to {value}", path.display());
+                    if name.ends_with("nf_conntrack_max") {
+                        raise_hashsize(value / 4);
+                    }
+                }
+                Err(e) => warn!(
+                    "cannot set {} to {value} ({e}); continuing with {current:?}",
+                    path.display()
+                ),
+            }
+        }
+    }
+}
+
+/// The conntrack hash table should have a bucket per four entries (kube-proxy's rule).
+fn raise_hashsize(buckets: u64) {
+    let path = Path::new("/sys/module/nf_conntrack/parameters/hashsize");
+    let current = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if current.is_some_and(|c| c >= buckets) {
+        return;
+    }
+    if let Err(e) = std::fs::write(path, buckets.to_string()) {
+        warn!("cannot set {} to {buckets} ({e})", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> ConntrackSettings {
+        ConntrackSettings {
+            max_per_core: 32768,
+            min: 131072,
+            tcp_established: Duration::from_secs(86400),
+            tcp_close_wait: Duration::from_secs(3600),
+            tcp_be_liberal: false,
+            udp: Duration::ZERO,
+            udp_stream: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn table_size_is_per_core_with_a_floor() {
+        let w = settings().writes(2);
+        assert_eq!(
+            w[0],
+            ("net/netfilter/nf_conntrack_max", 131072, true),
+            "2 × 32768 is below the minimum"
+        );
+        assert_eq!(settings().writes(8)[0].1, 262144);
+        let none = ConntrackSettings {
+            max_per_core: 0,
+            ..settings()
+        };
+        assert!(
+            none.writes(8)
+                .iter()
+                .all(|(n, _, _)| !n.ends_with("nf_conntrack_max"))
+        );
+    }
+
+    #[test]
+    fn applies_into_a_proc_tree_raising_but_never_lowering_the_size() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nf = dir.path().join("net/netfilter");
+        std::fs::create_dir_all(&nf).expect("mkdir");
+        for (f, v) in [
+            ("nf_conntrack_max", "524288"),
+            ("nf_conntrack_tcp_timeout_established", "432000"),
+            ("nf_conntrack_tcp_timeout_close_wait", "60"),
+            ("nf_conntrack_tcp_be_liberal", "0"),
+        ] {
+            std::fs::write(nf.join(f), v).expect("write");
+        }
+        let s = ConntrackSettings {
+            tcp_be_liberal: true,
+            ..settings()
+        };
+        s.apply(dir.path(), 2);
+        let read = |f: &str| std::fs::read_to_string(nf.join(f)).expect("read");
+        assert_eq!(
+            read("nf_conntrack_max"),
+            "524288",
+            "an administrator's larger value stands"
+        );
+        assert_eq!(read("nf_conntrack_tcp_timeout_established"), "86400");
+        assert_eq!(read("nf_conntrack_tcp_timeout_close_wait"), "3600");
+        assert_eq!(read("nf_conntrack_tcp_be_liberal"), "1");
+        // A read-only or missing tree is only a warning.
+        ConntrackSettings {
+            udp: Duration::from_secs(30),
+            ..settings()
+        }
+        .apply(Path::new("/nonexistent"), 2);
+    }
+}
