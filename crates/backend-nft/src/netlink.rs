@@ -1293,6 +1293,24 @@ impl NetlinkWriter {
 
     /// Makes room for the batch in the send buffer and for one ACK per message in the receive
     /// buffer. The kernel doubles what it is given; a datagram must fit in `sndbuf - 32`.
+    /// Sets a socket buffer with the `*FORCE` option (root / `CAP_NET_ADMIN`), else with the plain
+    /// one, which `net.core.{w,r}mem_max` caps.
+    fn grow_buffer(
+        &self,
+        force: libc::c_int,
+        plain: libc::c_int,
+        bytes: usize,
+        what: &'static str,
+    ) -> Result<(), NetlinkError> {
+        let v = bytes.min(i32::MAX as usize / 2) as libc::c_int;
+        if self.sock.set_opt(libc::SOL_SOCKET, force, v).is_err() {
+            self.sock
+                .set_opt(libc::SOL_SOCKET, plain, v)
+                .map_err(io_err(what))?;
+        }
+        Ok(())
+    }
+
     fn size_buffers(&mut self, bytes: usize, messages: usize) -> Result<(), NetlinkError> {
         let want_snd = bytes + 64 * 1024;
         if want_snd > self.sndbuf {
@@ -1301,33 +1319,24 @@ impl NetlinkWriter {
                 .get_int(libc::SOL_SOCKET, libc::SO_SNDBUF)
                 .map_or(0, |v| v.max(0) as usize);
             if current < want_snd + 32 {
-                let v = want_snd.min(i32::MAX as usize / 2) as libc::c_int;
-                if self
-                    .sock
-                    .set_opt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v)
-                    .is_err()
-                {
-                    // Without CAP_NET_ADMIN: as large as net.core.wmem_max allows.
-                    self.sock
-                        .set_opt(libc::SOL_SOCKET, libc::SO_SNDBUF, v)
-                        .map_err(io_err("setting SO_SNDBUF"))?;
-                }
+                self.grow_buffer(
+                    libc::SO_SNDBUFFORCE,
+                    libc::SO_SNDBUF,
+                    want_snd,
+                    "setting SO_SNDBUF",
+                )?;
             }
             self.sndbuf = want_snd;
         }
         // An ACK skb costs well under 2 KiB of receive buffer (truesize) with capped ACKs.
         let want_rcv = (messages + 16) * 2048 + 256 * 1024;
         if want_rcv > self.rcvbuf {
-            let v = want_rcv.min(i32::MAX as usize / 2) as libc::c_int;
-            if self
-                .sock
-                .set_opt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v)
-                .is_err()
-            {
-                self.sock
-                    .set_opt(libc::SOL_SOCKET, libc::SO_RCVBUF, v)
-                    .map_err(io_err("setting SO_RCVBUF"))?;
-            }
+            self.grow_buffer(
+                libc::SO_RCVBUFFORCE,
+                libc::SO_RCVBUF,
+                want_rcv,
+                "setting SO_RCVBUF",
+            )?;
             self.rcvbuf = want_rcv;
         }
         Ok(())
