@@ -52,6 +52,58 @@ fn ep_value(e: &Endpoint) -> String {
     format!("{} . {}", e.ip, e.port)
 }
 
+/// One way into a Service port: a VIP (`ip . proto . port`) or the node port (`proto . port`).
+struct Entry {
+    /// The key of its pick and affinity-id elements.
+    key: String,
+    /// What its slot keys start with (`ip . port` or `nodePort`).
+    slot_prefix: String,
+    /// Whether this is the node port.
+    node_port: bool,
+    /// Whether it needs a pick-map element (entry chains go through the pick map).
+    pick: bool,
+}
+
+impl Entry {
+    /// The pick element, endpoint slots and affinity id of one endpoint list.
+    fn list_elements(
+        &self,
+        out: &mut Vec<Element>,
+        eps: &[Endpoint],
+        local: bool,
+        protocol: kpng_model::Protocol,
+        affinity_ids: Option<(u32, u32)>,
+    ) {
+        if eps.is_empty() {
+            return;
+        }
+        let kind = PickKind::of(self.node_port, local);
+        if self.pick {
+            out.push(el(
+                kind.pick_map(),
+                self.key.clone(),
+                Some(format!("goto {}", kind.chain(eps.len()))),
+            ));
+        }
+        let map = kind.slot_map(protocol);
+        for (slot, e) in eps.iter().enumerate() {
+            out.push(el(
+                map,
+                format!("{} . {slot}", self.slot_prefix),
+                Some(ep_value(e)),
+            ));
+        }
+        if let Some((cluster, local_id)) = affinity_ids {
+            let id = if local { local_id } else { cluster };
+            out.push(el(
+                kind.affinity_ids_map(),
+                self.key.clone(),
+                Some(format!("{id:#x}")),
+            ));
+        }
+    }
+}
+
 /// Builds every element of one Service port. `node_ips` are the node's own addresses: a
 /// load-balancer source range that contains one lets traffic from the LB IPs themselves in, as
 /// kube-proxy does.
@@ -139,43 +191,22 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
     let mut vips: Vec<&IpAddr> = vec![&sp.cluster_ip];
     vips.extend(external_vips.iter().copied());
     for (i, vip) in vips.iter().enumerate() {
-        let is_cluster_ip = i == 0;
-        let key = vip_key(vip);
+        // A plain ClusterIP jumps straight to its n-chain; pick maps serve the entry chains.
+        let pick = i > 0 || affinity;
+        let entry = Entry {
+            key: vip_key(vip),
+            slot_prefix: format!("{vip} . {}", sp.port),
+            node_port: false,
+            pick,
+        };
         for (eps, local) in lists {
-            if eps.is_empty() {
-                continue;
-            }
-            let list = if local { "local" } else { "cluster" };
-            // A plain ClusterIP jumps straight to its n-chain; pick maps serve the entry chains.
-            if !is_cluster_ip || affinity {
-                out.push(el(
-                    if local { "local-pick" } else { "cluster-pick" },
-                    key.clone(),
-                    Some(format!("goto {list}-n{}", eps.len())),
-                ));
-            }
-            let map = if local {
-                PickKind::Local
-            } else {
-                PickKind::Cluster
-            }
-            .slot_map(sp.key.protocol);
-            for (slot, e) in eps.iter().enumerate() {
-                out.push(el(
-                    map,
-                    format!("{vip} . {} . {slot}", sp.port),
-                    Some(ep_value(e)),
-                ));
-            }
-            if affinity {
-                let id = if local { id_local } else { id_cluster };
-                let ids = if local {
-                    "affinity-ids-local"
-                } else {
-                    "affinity-ids-cluster"
-                };
-                out.push(el(ids, key.clone(), Some(format!("{id:#x}"))));
-            }
+            entry.list_elements(
+                &mut out,
+                eps,
+                local,
+                sp.key.protocol,
+                affinity.then_some((id_cluster, id_local)),
+            );
         }
     }
 
@@ -197,38 +228,20 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
                 Some(reject_or_drop.into()),
             ));
         }
+        let entry = Entry {
+            key,
+            slot_prefix: node_port.to_string(),
+            node_port: true,
+            pick: true,
+        };
         for (eps, local) in lists {
-            if eps.is_empty() {
-                continue;
-            }
-            let list = if local { "local" } else { "cluster" };
-            out.push(el(
-                if local {
-                    "nodeport-local-pick"
-                } else {
-                    "nodeport-cluster-pick"
-                },
-                key.clone(),
-                Some(format!("goto nodeport-{list}-n{}", eps.len())),
-            ));
-            let map = if local {
-                PickKind::NodePortLocal
-            } else {
-                PickKind::NodePortCluster
-            }
-            .slot_map(sp.key.protocol);
-            for (slot, e) in eps.iter().enumerate() {
-                out.push(el(map, format!("{node_port} . {slot}"), Some(ep_value(e))));
-            }
-            if affinity {
-                let id = if local { id_local } else { id_cluster };
-                let ids = if local {
-                    "nodeport-affinity-ids-local"
-                } else {
-                    "nodeport-affinity-ids-cluster"
-                };
-                out.push(el(ids, key.clone(), Some(format!("{id:#x}"))));
-            }
+            entry.list_elements(
+                &mut out,
+                eps,
+                local,
+                sp.key.protocol,
+                affinity.then_some((id_cluster, id_local)),
+            );
         }
     }
 

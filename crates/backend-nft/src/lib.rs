@@ -386,6 +386,23 @@ impl NftBackend {
         Ok(())
     }
 
+    /// One netlink transaction on this family's table.
+    fn netlink_apply(
+        &mut self,
+        index: usize,
+        flush: &[&str],
+        deletes: &[(&str, &str)],
+        adds: &[Element],
+    ) -> Result<(), String> {
+        let family = self.states[index].fam.0;
+        match &mut self.netlink {
+            Some(nl) => nl
+                .apply(family, &self.config.table, flush, deletes, adds)
+                .map_err(|e| e.to_string()),
+            None => Err("no netlink writer".into()),
+        }
+    }
+
     fn partial_over_netlink(
         &mut self,
         index: usize,
@@ -394,14 +411,7 @@ impl NftBackend {
         let (deletes, adds) = store::order_ops(ops);
         self.ensure_chains(index, adds.iter())?;
         let deletes: Vec<(&str, &str)> = deletes.iter().map(|(s, k)| (*s, k.as_str())).collect();
-        let family = self.states[index].fam.0;
-        let table = self.config.table.clone();
-        match &mut self.netlink {
-            Some(nl) => nl
-                .apply(family, &table, &[], &deletes, &adds)
-                .map_err(|e| e.to_string()),
-            None => Err("no netlink writer".into()),
-        }
+        self.netlink_apply(index, &[], &deletes, &adds)
     }
 
     /// Rebuilds the whole family. With netlink, and when the kernel's table already has this
@@ -416,7 +426,6 @@ impl NftBackend {
     ) -> Result<usize, BackendError> {
         let fam = self.states[index].fam;
         let node_ips = request.snapshot.node.ips.clone();
-        let t0 = std::time::Instant::now();
         let mut store = ElementStore::new();
         let (mut all, mut index_of) = (Vec::new(), HashMap::new());
         for port in request.snapshot.family(fam.0) {
@@ -431,12 +440,10 @@ impl NftBackend {
         let node = self.node_elements(fam, request.snapshot);
         store.build(NODE_OWNER, node, &mut all, &mut index_of);
         drop(index_of);
-        let t_store = t0.elapsed();
         // The text path sorts (stable scripts, golden files); netlink does not care.
         if self.netlink.is_none() {
             all.sort();
         }
-        let t_all = t0.elapsed();
         let skeleton = ruleset::skeleton(fam, &self.config.table, &cfg);
         let comment = ruleset::skeleton_comment(&skeleton)
             .unwrap_or_default()
@@ -452,24 +459,14 @@ impl NftBackend {
             KernelTable::Unknown
         };
         let ops = all.len();
-        let result: Result<BTreeSet<String>, String> = match kernel {
+        let result: Result<(), String> = match kernel {
             KernelTable::Skeleton(c) if c == comment => {
                 // Adopt: same skeleton; refill every set atomically.
                 self.states[index].chains.clear();
+                let flush = ruleset::element_sets(&skeleton);
+                let flush: Vec<&str> = flush.iter().map(String::as_str).collect();
                 self.ensure_chains(index, all.iter())
-                    .map(|()| self.states[index].chains.clone())
-                    .and_then(|chains| {
-                        let flush = ruleset::element_sets(&skeleton);
-                        let flush: Vec<&str> = flush.iter().map(String::as_str).collect();
-                        let table = self.config.table.clone();
-                        match &mut self.netlink {
-                            Some(nl) => nl
-                                .apply(fam.0, &table, &flush, &[], &all)
-                                .map(|()| chains)
-                                .map_err(|e| e.to_string()),
-                            None => Err("no netlink writer".into()),
-                        }
-                    })
+                    .and_then(|()| self.netlink_apply(index, &flush, &[], &all))
             }
             KernelTable::Absent => {
                 // Nothing works yet, so nothing can be interrupted: skeleton, then elements.
@@ -478,33 +475,24 @@ impl NftBackend {
                     .run_full(&text)
                     .map_err(|e| e.to_string())
                     .and_then(|()| {
-                        self.states[index].chains = chains.clone();
+                        self.states[index].chains = chains;
                         self.ensure_chains(index, all.iter())?;
-                        let table = self.config.table.clone();
-                        match &mut self.netlink {
-                            Some(nl) => nl
-                                .apply(fam.0, &table, &[], &[], &all)
-                                .map_err(|e| e.to_string()),
-                            None => Err("no netlink writer".into()),
-                        }?;
-                        Ok(self.states[index].chains.clone())
+                        self.netlink_apply(index, &[], &[], &all)
                     })
             }
             _ => {
                 let (text, chains) = script::replace(fam, &self.config.table, &cfg, &all);
                 self.exec
                     .run_full(&text)
-                    .map(|()| chains)
+                    .map(|()| self.states[index].chains = chains)
                     .map_err(|e| e.to_string())
             }
         };
-        debug!(?t_store, ?t_all, total = ?t0.elapsed(), "full sync timings");
         drop(all);
         match result {
-            Ok(chains) => {
+            Ok(()) => {
                 let state = &mut self.states[index];
                 state.store = store;
-                state.chains = chains;
                 state.committed = Some(cfg);
                 state.kernel = KernelTable::Skeleton(comment);
                 Ok(ops)

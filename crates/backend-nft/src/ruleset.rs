@@ -156,6 +156,36 @@ impl PickKind {
         PickKind::NodePortLocal,
     ];
 
+    /// The kind for an entry point (a node port or a VIP) and an endpoint list.
+    pub fn of(node_port: bool, local: bool) -> PickKind {
+        match (node_port, local) {
+            (false, false) => PickKind::Cluster,
+            (false, true) => PickKind::Local,
+            (true, false) => PickKind::NodePortCluster,
+            (true, true) => PickKind::NodePortLocal,
+        }
+    }
+
+    /// The verdict map from an entry point to its `*-n<k>` chain.
+    pub fn pick_map(self) -> &'static str {
+        match self {
+            PickKind::Cluster => "cluster-pick",
+            PickKind::Local => "local-pick",
+            PickKind::NodePortCluster => "nodeport-cluster-pick",
+            PickKind::NodePortLocal => "nodeport-local-pick",
+        }
+    }
+
+    /// The map from an entry point to its list's affinity id.
+    pub fn affinity_ids_map(self) -> &'static str {
+        match self {
+            PickKind::Cluster => "affinity-ids-cluster",
+            PickKind::Local => "affinity-ids-local",
+            PickKind::NodePortCluster => "nodeport-affinity-ids-cluster",
+            PickKind::NodePortLocal => "nodeport-affinity-ids-local",
+        }
+    }
+
     /// Whether the slots are keyed by VIP (else by node port only).
     pub fn keyed_by_vip(self) -> bool {
         matches!(self, PickKind::Cluster | PickKind::Local)

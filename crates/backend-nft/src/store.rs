@@ -185,7 +185,8 @@ impl ElementStore {
             .collect();
         for e in old {
             let kh = e.key_hash();
-            if new_ids.get(&kh) != Some(&e.payload_hash()) && !new_ids.contains_key(&kh) {
+            // Gone altogether; a changed value is handled below as a new wish.
+            if !new_ids.contains_key(&kh) {
                 self.update(e, owner, None, ops, resolve);
             }
         }

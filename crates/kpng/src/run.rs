@@ -111,9 +111,14 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            runtime.block_on(serve(cli.global, backend, |tx| async move {
-                source.run(tx).await.map_err(anyhow::Error::from)
-            }))
+            // Backends that program the node also get conntrack sysctls and health checks.
+            let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
+            runtime.block_on(serve(
+                cli.global,
+                backend,
+                programs_the_node,
+                |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
+            ))
         }
     }
 }
@@ -136,6 +141,7 @@ fn hostname() -> anyhow::Result<String> {
 async fn serve<F, Fut>(
     flags: GlobalFlags,
     backend: Box<dyn Backend>,
+    programs_the_node: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -181,7 +187,6 @@ where
         Some(crate::http::metrics_server(addr, Arc::new(registry), proxy_mode).await?)
     };
 
-    let programs_the_node = backend.name() != "file";
     let mut runner = Runner::new(model, backend, timing, metrics, health);
     if programs_the_node {
         let cpus = std::thread::available_parallelism()

@@ -19,4 +19,4 @@ mod parse;
 mod watch;
 
 pub use parse::{Loaded, ManifestError, parse_manifests};
-pub use watch::{FileSource, LoadError, SourceError};
+pub use watch::{FileSource, SourceError};

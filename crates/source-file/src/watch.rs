@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::dirwatch::DirWatch;
-use crate::parse::{Loaded, ManifestError, parse_manifests};
+use crate::parse::parse_manifests;
 
 /// Errors that stop the source.
 #[derive(Debug, thiserror::Error)]
@@ -26,29 +26,6 @@ pub enum SourceError {
         /// Why.
         #[source]
         source: notify::Error,
-    },
-}
-
-/// Why one load failed (the source keeps its last good state and goes on watching).
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The content was rejected.
-    #[error("{path}: {source}")]
-    Manifest {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong, and where.
-        #[source]
-        source: ManifestError,
     },
 }
 
@@ -66,19 +43,6 @@ impl FileSource {
             path: path.into(),
             debounce,
         }
-    }
-
-    /// Reads and parses the file once.
-    pub fn load(&self) -> Result<(String, Loaded), LoadError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| LoadError::Read {
-            path: self.path.clone(),
-            source,
-        })?;
-        let loaded = parse_manifests(&text).map_err(|source| LoadError::Manifest {
-            path: self.path.clone(),
-            source,
-        })?;
-        Ok((text, loaded))
     }
 
     fn directory(&self) -> PathBuf {
