@@ -10,6 +10,10 @@
 //! Needs root (network namespaces, nftables). Internal subcommands `connect` and `serve` run
 //! inside the namespaces.
 
+/// The same allocator as kpng, so `mem` measures what kpng would hold.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod control;
 mod data;
 mod stats;
@@ -134,8 +138,10 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Resident memory of this process, and the bytes jemalloc reports live in allocations, so
+/// `mem` tells what a structure really holds from what the allocator keeps around it.
+fn rss_mb() -> String {
+    let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
@@ -143,7 +149,12 @@ fn rss_mb() -> f64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
+        .unwrap_or(f64::NAN);
+    let _ = tikv_jemalloc_ctl::epoch::advance();
+    let live = tikv_jemalloc_ctl::stats::allocated::read()
+        .map(|b| b as f64 / 1048576.0)
+        .unwrap_or(f64::NAN);
+    format!("{rss:.0} MB resident, {live:.0} MB allocated")
 }
 
 /// The manifest files of a workload directory, sorted.
@@ -170,7 +181,7 @@ fn objects_of(path: &std::path::Path) -> Result<Vec<kpng_model::Object>, String>
 /// `KPNG_MEM_STREAM_ONLY=1` measures only the streamed model, in a fresh process.
 fn mem(input: &str) -> Result<(), String> {
     use kpng_model::{Event, Kind, Model, ModelConfig};
-    println!("start: {:.0} MB", rss_mb());
+    println!("start: {}", rss_mb());
     println!(
         "sizes: ServicePort {} B, Endpoint {} B, SliceInfo {} B, SliceEndpoint {} B, ServiceInfo {} B, PortKey {} B",
         std::mem::size_of::<kpng_model::ServicePort>(),
@@ -200,29 +211,25 @@ fn mem(input: &str) -> Result<(), String> {
         for p in &paths {
             objects.extend(objects_of(p)?);
         }
-        println!(
-            "parsed {} objects, all held: {:.0} MB",
-            objects.len(),
-            rss_mb()
-        );
+        println!("parsed {} objects, all held: {}", objects.len(), rss_mb());
         let mut model = new_model();
         let out = model.apply(Event::Replace {
             kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
             objects,
         });
         println!(
-            "model applied ({} changes), objects dropped: {:.0} MB",
+            "model applied ({} changes), objects dropped: {}",
             out.diff.changes.len(),
             rss_mb()
         );
         drop(out);
         drop(model);
-        println!("model dropped: {:.0} MB", rss_mb());
+        println!("model dropped: {}", rss_mb());
     }
     let mut model = new_model();
     streamed(&mut model)?;
     println!(
-        "streamed into a model: {:.0} MB ({} ports)",
+        "streamed into a model: {} ({} ports)",
         rss_mb(),
         model.snapshot().ports.len()
     );

@@ -103,6 +103,18 @@ impl Owners {
     }
 }
 
+/// What one element means while a store is built from empty ([`ElementStore::build_one`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Built {
+    /// A new identity: send it.
+    Emit,
+    /// Already sent with the value that stays effective.
+    Skip,
+    /// This owner's different value now wins over the one already sent (two Service ports
+    /// want one key with different values, and the lower-numbered came later).
+    Supersede,
+}
+
 /// Recomputes `owner`'s copy of an element (same set and key), when it becomes the effective one.
 pub type Resolve<'a> = &'a dyn Fn(OwnerId, &Element) -> Option<Element>;
 
@@ -128,9 +140,31 @@ impl ElementStore {
         self.elements.is_empty()
     }
 
-    /// Full-sync fast path: adds what `owner` wants to a store being built from empty, and
-    /// collects the effective elements (deduplicated, lowest owner winning) into `out`.
-    /// `index` maps element identities to their place in `out`.
+    /// Full-sync step: records that `owner` wants `e` in a store being built from empty, and
+    /// says what that means for the elements already emitted. Owners may come in any order;
+    /// the lowest-numbered one's value wins.
+    pub fn build_one(&mut self, owner: OwnerId, e: &Element) -> Built {
+        let (kh, ph) = (e.key_hash(), e.payload_hash());
+        match self.elements.entry(kh) {
+            Entry::Vacant(v) => {
+                v.insert(Owners::One(owner, ph));
+                Built::Emit
+            }
+            Entry::Occupied(mut o) => {
+                let before = o.get().effective().map(|(_, p)| p);
+                o.get_mut().set(owner, Some(ph));
+                if o.get().effective().map(|(_, p)| p) == before {
+                    Built::Skip
+                } else {
+                    Built::Supersede
+                }
+            }
+        }
+    }
+
+    /// Full-sync path that keeps the elements: adds what `owner` wants to a store being built
+    /// from empty, and collects the effective elements (deduplicated, lowest owner winning)
+    /// into `out`. `index` maps element identities to their place in `out`.
     pub fn build(
         &mut self,
         owner: OwnerId,
@@ -139,21 +173,14 @@ impl ElementStore {
         index: &mut HashMap<u64, usize>,
     ) {
         for e in elements {
-            let (kh, ph) = (e.key_hash(), e.payload_hash());
-            match self.elements.entry(kh) {
-                Entry::Vacant(v) => {
-                    v.insert(Owners::One(owner, ph));
-                    index.insert(kh, out.len());
+            match self.build_one(owner, &e) {
+                Built::Emit => {
+                    index.insert(e.key_hash(), out.len());
                     out.push(e);
                 }
-                Entry::Occupied(mut o) => {
-                    let before = o.get().effective();
-                    o.get_mut().set(owner, Some(ph));
-                    let after = o.get().effective();
-                    if before != after
-                        && after.map(|(w, _)| w) == Some(owner)
-                        && let Some(i) = index.get(&kh)
-                    {
+                Built::Skip => {}
+                Built::Supersede => {
+                    if let Some(i) = index.get(&e.key_hash()) {
                         out[*i] = e;
                     }
                 }
