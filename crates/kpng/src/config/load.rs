@@ -40,6 +40,7 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     if let Value::Object(known) = &template {
         find_unknown(&object, known, "", &mut unknown_fields);
     }
+    unknown_fields.sort();
     for field in &unknown_fields {
         remove_path(&mut object, field);
     }

@@ -4,9 +4,10 @@
 //!
 //! Every field is optional in the file, as in Go: a missing field or `null` is the zero value
 //! (loading strips `null`s first), and kube-proxy's defaulting turns zeros into defaults
-//! (`mapping.rs`). Fields are declared in alphabetical order, the order kube-proxy writes them.
-//! No field is skipped when serialising: the serialised default is also the list of known
-//! fields that loading checks a file against (`load.rs`).
+//! (`mapping.rs`). Fields are declared in the byte order of their JSON names, the order in which
+//! kube-proxy writes them (Go's YAML writer sorts keys). No field is skipped when serialising: the
+//! serialised default is also the list of known fields that loading checks a file against
+//! (`load.rs`).
 
 use std::collections::BTreeMap;
 
@@ -72,10 +73,10 @@ pub struct KubeProxyConfiguration {
     pub port_range: String,
     /// Re-enable metrics hidden since this version.
     pub show_hidden_metrics_for_version: String,
-    /// Settings of the Windows kernelspace mode.
-    pub winkernel: WinkernelConfiguration,
     /// Windows service-control-manager integration.
     pub windows_run_as_service: bool,
+    /// Settings of the Windows kernelspace mode.
+    pub winkernel: WinkernelConfiguration,
 }
 
 /// `clientConnection` (component-base `ClientConnectionConfiguration`).

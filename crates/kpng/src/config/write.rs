@@ -4,7 +4,8 @@
 //! fields, keys in kube-proxy's order, Go durations), so it reads back into kpng without a
 //! warning and into kube-proxy unchanged. kpng-only flags (`--service-cidr`,
 //! `--service-proxy-name`, `--full-sync-period`, the sink's flags) have no field and are not
-//! written; neither can a `minSyncPeriod` of 0 be, since the file format reads 0 as "1s".
+//! written; neither can a `minSyncPeriod` of 0 nor an empty (disabled) `--metrics-bind-address`
+//! be, since the file format reads 0 as "1s" and an empty address as the default one.
 
 use anyhow::Context;
 
