@@ -271,6 +271,21 @@ mod tests {
     }
 
     #[test]
+    fn durations_in_go_and_humantime_syntax() {
+        for (text, want) in [
+            ("0", Some(Duration::ZERO)),
+            ("1m0s", Some(Duration::from_secs(60))),
+            ("1.5s", Some(Duration::from_millis(1500))),
+            ("500ms", Some(Duration::from_millis(500))),
+            ("1 hour", Some(Duration::from_secs(3600))),
+            ("30", None),
+            ("-1s", None),
+        ] {
+            assert_eq!(parse_duration(text).ok(), want, "{text}");
+        }
+    }
+
+    #[test]
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
