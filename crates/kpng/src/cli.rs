@@ -29,6 +29,21 @@ pub struct Cli {
 /// Node, proxy and server flags (kube-proxy's names and defaults).
 #[derive(Debug, Args, Clone)]
 pub struct GlobalFlags {
+    /// A kube-proxy configuration file (KubeProxyConfiguration v1alpha1, YAML or JSON, e.g. the
+    /// `config.conf` of the kube-proxy ConfigMap); flags given on the command line win over it.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Write the effective configuration as a KubeProxyConfiguration to FILE (`-`: standard
+    /// output) and exit without running the command.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub write_config_to: Option<String>,
+
+    /// How the `kube` source reaches the API server, from `--config`'s `clientConnection` and
+    /// the source's own flags (see `config::ClientConnection`).
+    #[arg(skip)]
+    pub client_connection: crate::config::ClientConnection,
+
     /// This node's name; endpoints with this nodeName are local. Default: the OS hostname.
     #[arg(
         long,
@@ -200,13 +215,11 @@ pub struct ToFile {
     pub output: String,
 }
 
-/// Parses `1s`, `500ms`, `1h`, or a bare `0`.
+/// Parses Go's duration syntax as kube-proxy's flags do (`1s`, `500ms`, `1m0s`, `1.5h`, `0`),
+/// and humantime's spelled-out forms (`1 hour`) as kpng always has.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration (e.g. 1s, 500ms, 1h): {e}"))
+    crate::config::parse_go_duration(s)
+        .or_else(|go_error| humantime::parse_duration(s).map_err(|_| go_error))
 }
 
 #[cfg(test)]
@@ -255,6 +268,21 @@ mod tests {
         ])
         .expect("parses");
         assert_eq!(cli.global.node_name.as_deref(), Some("n2"));
+    }
+
+    #[test]
+    fn durations_in_go_and_humantime_syntax() {
+        for (text, want) in [
+            ("0", Some(Duration::ZERO)),
+            ("1m0s", Some(Duration::from_secs(60))),
+            ("1.5s", Some(Duration::from_millis(1500))),
+            ("500ms", Some(Duration::from_millis(500))),
+            ("1 hour", Some(Duration::from_secs(3600))),
+            ("30", None),
+            ("-1s", None),
+        ] {
+            assert_eq!(parse_duration(text).ok(), want, "{text}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! node-local model, a sink consumes it. See `kpng --help`.
 
 mod cli;
+mod config;
 mod conntrack;
 mod http;
 mod run;
@@ -18,10 +19,19 @@ use std::io::IsTerminal;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let matches = cli::Cli::command().get_matches();
+    let mut cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The configuration file comes first: it may set the log level.
+    let report = match config::apply(&mut cli.global, &matches) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("kpng: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.global.log_level));
     tracing_subscriber::fmt()
@@ -29,7 +39,17 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match run::main(cli) {
+    for note in &report.notes {
+        tracing::info!("--config: {note}");
+    }
+    for warning in &report.warnings {
+        tracing::warn!("--config: {warning}");
+    }
+    let result = match cli.global.write_config_to.clone() {
+        Some(destination) => config::write_effective(&cli.global, &destination),
+        None => run::main(cli),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
