@@ -96,7 +96,13 @@ fn cluster_ip_service_with_endpoints() {
     assert!(port.local_endpoints.is_empty());
     assert!(port.has_any_endpoints);
     assert_eq!(port.local_ready_endpoints, 1);
-    assert_eq!(port.serving_endpoint_ips.len(), 2);
+    assert_eq!(
+        port.serving_endpoints,
+        [
+            "10.0.1.1:8080".parse().expect("addr"),
+            "10.0.2.1:8080".parse().expect("addr")
+        ]
+    );
 }
 
 #[test]
