@@ -10,6 +10,7 @@
 //! Needs root (network namespaces, nftables). Internal subcommands `connect` and `serve` run
 //! inside the namespaces.
 
+mod conntrack;
 mod control;
 mod data;
 mod stats;
@@ -68,6 +69,10 @@ fn main() -> ExitCode {
             num(&args, "--connects", 2000),
         )
         .map(|r| println!("{}", r.markdown())),
+        Some("conntrack") => {
+            conntrack::run(num(&args, "--entries", 1_000_000)).map(|r| println!("{}", r.markdown()))
+        }
+        Some("conntrack-inner") => conntrack::inner(num(&args, "--entries", 1_000_000)),
         Some("all") => all(
             &kpng,
             args.iter().any(|a| a == "--quick"),

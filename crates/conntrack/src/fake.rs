@@ -9,7 +9,7 @@ use kpng_model::Family;
 
 use crate::Error;
 use crate::flow::Flow;
-use crate::reconciler::FlowTable;
+use crate::reconciler::{FlowTable, TableSize};
 use crate::socket::DeleteOutcome;
 use crate::wire::DumpFilter;
 
@@ -33,6 +33,8 @@ pub struct FakeState {
     pub deletes: Vec<Vec<Flow>>,
     /// When set, every operation fails (a broken socket, missing permissions).
     pub failing: bool,
+    /// The size reported to the dump planner (`None`: unknown).
+    pub size: Option<TableSize>,
 }
 
 impl FakeTable {
@@ -112,6 +114,10 @@ impl FlowTable for FakeTable {
             }
         }
         Ok(outcome)
+    }
+
+    fn size(&mut self) -> Option<TableSize> {
+        self.state().size
     }
 
     fn local_addresses(&mut self, family: Family) -> Result<Vec<IpAddr>, Error> {

@@ -9,6 +9,8 @@ use kpng_model::Family;
 pub const IPPROTO_UDP: u8 = 17;
 /// `IPPROTO_TCP`, for tests and benchmarks that create unrelated entries.
 pub const IPPROTO_TCP: u8 = 6;
+/// `IPS_DST_NAT`: the entry's destination was rewritten (a Service DNAT).
+pub const IPS_DST_NAT: u32 = 1 << 5;
 
 /// One direction of a conntrack entry: who sent, to whom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,11 +54,14 @@ pub struct Flow {
     pub id: Option<u32>,
     /// The conntrack zone (`CTA_ZONE`), when not the default one.
     pub zone: Option<u16>,
+    /// The status bits (`CTA_STATUS`, `IPS_*`).
+    pub status: u32,
 }
 
 impl Flow {
     /// A UDP entry with the given directions (no id, default zone): for tests and for
-    /// creating entries.
+    /// creating entries. It counts as DNATed when the reply comes from somewhere else than
+    /// the original destination.
     pub fn udp(original: Tuple, reply: Tuple) -> Flow {
         Flow {
             protocol: IPPROTO_UDP,
@@ -64,7 +69,18 @@ impl Flow {
             reply,
             id: None,
             zone: None,
+            status: if reply.src == original.dst {
+                0
+            } else {
+                IPS_DST_NAT
+            },
         }
+    }
+
+    /// Whether the entry was DNATed (`IPS_DST_NAT`): what every Service flow is once its
+    /// port is programmed.
+    pub fn is_dnat(&self) -> bool {
+        self.status & IPS_DST_NAT != 0
     }
 
     /// The entry's IP family (that of its original source).

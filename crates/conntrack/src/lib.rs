@@ -9,13 +9,13 @@
 //! which deletes exactly those entries (rule: [`StaleFilter`]) so the next packet is
 //! load-balanced again.
 //!
-//! How it scales: entries are read with dumps filtered in the kernel (family and UDP always;
-//! destination address and port per frontend when there are few, see
-//! [`DEFAULT_MAX_NARROW_DUMPS`]), decided in memory without allocating per entry, and deleted
-//! by exact tuple and id in batches of many requests per `send()` on one long-lived netlink
-//! socket ([`ConntrackSocket`]). No process is started, nothing else is flushed.
+//! How it scales: entries are read with dumps filtered in the kernel (family, UDP and
+//! `IPS_DST_NAT` in steady state; by destination for frontends seen for the first time; see
+//! [`Reconciler`]), decided in memory without allocating per entry, and deleted by exact
+//! tuple and id in batches of many requests per `send()` on one long-lived netlink socket
+//! ([`ConntrackSocket`]). No process is started, nothing else is flushed.
 //!
-//! Start with [`Reconciler`] and [`ports_to_check`]. The crate depends only on the model.
+//! Start with [`Reconciler`] and [`pass_needed`]. The crate depends only on the model.
 
 mod flow;
 mod local_addrs;
@@ -24,16 +24,19 @@ mod socket;
 mod stale;
 mod wire;
 
+#[cfg(test)]
+mod test_support;
+
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 
 pub use flow::{Flow, IPPROTO_TCP, IPPROTO_UDP, Tuple};
 pub use local_addrs::local_addresses;
 pub use reconciler::{
-    DEFAULT_MAX_NARROW_DUMPS, FlowTable, KernelTable, Pass, Reconciler, ports_to_check,
+    FALLBACK_MAX_NARROW_DUMPS, FlowTable, KernelTable, Pass, Reconciler, TableSize, pass_needed,
 };
 pub use socket::{ConntrackSocket, DeleteOutcome};
-pub use stale::StaleFilter;
+pub use stale::{Frontend, StaleFilter};
 pub use wire::DumpFilter;
 
 /// Why talking to the kernel's conntrack table failed. The reconciler's caller logs it,

@@ -70,10 +70,11 @@ pub fn local_addresses(family: Family) -> Result<Vec<IpAddr>, Error> {
                     }
                 }
                 RTM_NEWADDR => {
-                    if let Some(ip) = address_of(payload) {
-                        if Family::of(&ip) == family && !out.contains(&ip) {
-                            out.push(ip);
-                        }
+                    if let Some(ip) = address_of(payload)
+                        && Family::of(&ip) == family
+                        && !out.contains(&ip)
+                    {
+                        out.push(ip);
                     }
                 }
                 _ => {}

@@ -19,6 +19,26 @@ use kpng_model::{Family, Protocol, ServicePort};
 use crate::flow::{Flow, IPPROTO_UDP};
 use crate::wire::DumpFilter;
 
+/// Where a Service port receives UDP traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frontend {
+    /// A Service IP (ClusterIP, external IP, load-balancer IP) and the Service port.
+    Ip(SocketAddr),
+    /// A node port, on any of the node's addresses.
+    NodePort(u16),
+}
+
+impl Frontend {
+    /// The kernel-filtered dump that returns exactly this frontend's UDP entries (for a node
+    /// port: to any address; [`StaleFilter::is_stale`] checks that it is the node's).
+    pub fn dump(&self) -> DumpFilter {
+        match self {
+            Frontend::Ip(dst) => DumpFilter::UdpTo(*dst),
+            Frontend::NodePort(port) => DumpFilter::UdpToPort(*port),
+        }
+    }
+}
+
 /// The frontends of the UDP Service ports of one family and the serving endpoints behind
 /// each: decides whether an entry is stale.
 #[derive(Debug, Clone)]
@@ -111,25 +131,16 @@ impl<'a> StaleFilter<'a> {
         }
     }
 
-    /// The dumps that see every entry [`StaleFilter::is_stale`] could flag: one narrow dump
-    /// per frontend while there are at most `max_narrow` of them (each costs one walk of the
-    /// kernel's table, and returns only that frontend's entries), else one dump of every UDP
-    /// entry of the family.
-    pub fn dumps(&self, max_narrow: usize) -> Vec<DumpFilter> {
-        if self.is_empty() {
-            return Vec::new();
-        }
-        if self.frontend_count() > max_narrow {
-            return vec![DumpFilter::Udp];
-        }
-        let mut dumps: Vec<DumpFilter> = self
+    /// Every frontend, in order.
+    pub fn frontends(&self) -> Vec<Frontend> {
+        let mut out: Vec<Frontend> = self
             .frontends
             .keys()
-            .map(|dst| DumpFilter::UdpTo(*dst))
-            .chain(self.node_ports.keys().map(|p| DumpFilter::UdpToPort(*p)))
+            .map(|dst| Frontend::Ip(*dst))
+            .chain(self.node_ports.keys().map(|p| Frontend::NodePort(*p)))
             .collect();
-        dumps.sort();
-        dumps
+        out.sort();
+        out
     }
 }
 

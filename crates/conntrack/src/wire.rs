@@ -15,7 +15,7 @@ use netlink_packet_netfilter::conntrack::{
 };
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
-use crate::flow::{Flow, IPPROTO_UDP, Tuple};
+use crate::flow::{Flow, IPPROTO_UDP, IPS_DST_NAT, Tuple};
 
 /// `NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW`: the type of every entry in a dump.
 const CT_NEW_MESSAGE: u16 = 1 << 8;
@@ -23,9 +23,20 @@ const CT_NEW_MESSAGE: u16 = 1 << 8;
 // Top-level conntrack attributes (`enum ctattr_type`).
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_STATUS: u16 = 3;
 const CTA_ID: u16 = 12;
+const CTA_NAT_DST: u16 = 13;
 const CTA_ZONE: u16 = 18;
 const CTA_FILTER: u16 = 25;
+const CTA_STATUS_MASK: u16 = 26;
+// Inside CTA_NAT_DST, and inside its CTA_NAT_PROTO.
+const CTA_NAT_V4_MINIP: u16 = 1;
+const CTA_NAT_V4_MAXIP: u16 = 2;
+const CTA_NAT_PROTO: u16 = 3;
+const CTA_NAT_V6_MINIP: u16 = 4;
+const CTA_NAT_V6_MAXIP: u16 = 5;
+const CTA_PROTONAT_PORT_MIN: u16 = 1;
+const CTA_PROTONAT_PORT_MAX: u16 = 2;
 // Inside a tuple.
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
@@ -55,6 +66,9 @@ const FILTER_PROTO_DST_PORT: u32 = 1 << 5;
 pub enum DumpFilter {
     /// Every UDP entry.
     Udp,
+    /// Every DNATed UDP entry (`IPS_DST_NAT`, kernel 6.1+; older kernels ignore the status
+    /// filter and send every UDP entry).
+    UdpDnat,
     /// UDP entries whose original destination is this address and port (a Service IP).
     UdpTo(SocketAddr),
     /// UDP entries whose original destination port is this, on any address (a node port).
@@ -67,6 +81,7 @@ impl DumpFilter {
         flow.protocol == IPPROTO_UDP
             && match self {
                 DumpFilter::Udp => true,
+                DumpFilter::UdpDnat => flow.is_dnat(),
                 DumpFilter::UdpTo(dst) => flow.original.dst == *dst,
                 DumpFilter::UdpToPort(port) => flow.original.dst.port() == *port,
             }
@@ -126,8 +141,19 @@ pub(crate) fn dump_request(out: &mut Vec<u8>, seq: u32, family: Family, filter: 
     let mut flags = FILTER_PROTO_NUM;
     let mut tuple = Vec::new();
     let mut proto = vec![ProtoTuple::Protocol(Protocol::Udp)];
+    let mut status = Vec::new();
     match filter {
         DumpFilter::Udp => {}
+        DumpFilter::UdpDnat => {
+            status.push(DefaultNla::new(
+                CTA_STATUS,
+                IPS_DST_NAT.to_be_bytes().to_vec(),
+            ));
+            status.push(DefaultNla::new(
+                CTA_STATUS_MASK,
+                IPS_DST_NAT.to_be_bytes().to_vec(),
+            ));
+        }
         DumpFilter::UdpTo(dst) => {
             flags |= FILTER_IP_DST | FILTER_PROTO_DST_PORT;
             tuple.push(NlTuple::Ip(vec![IPTuple::DestinationAddress(dst.ip())]));
@@ -143,10 +169,11 @@ pub(crate) fn dump_request(out: &mut Vec<u8>, seq: u32, family: Family, filter: 
         CTA_FILTER_ORIG_FLAGS,
         flags.to_ne_bytes().to_vec(),
     )];
-    let attributes = vec![
+    let mut attributes = vec![
         nested(CTA_TUPLE_ORIG, &tuple),
         nested(CTA_FILTER, &filter_flags),
     ];
+    attributes.extend(status);
     append(
         out,
         seq,
@@ -187,13 +214,42 @@ pub(crate) fn delete_request(out: &mut Vec<u8>, seq: u32, flow: &Flow, ack: bool
     );
 }
 
+/// `CTA_NAT_DST`: DNAT the entry to `to`, as a Service rule would (the kernel then derives
+/// the reply tuple and sets `IPS_DST_NAT`).
+fn nat_destination(to: SocketAddr) -> DefaultNla {
+    let port = [
+        DefaultNla::new(CTA_PROTONAT_PORT_MIN, to.port().to_be_bytes().to_vec()),
+        DefaultNla::new(CTA_PROTONAT_PORT_MAX, to.port().to_be_bytes().to_vec()),
+    ];
+    let (min, max, ip) = match to.ip() {
+        IpAddr::V4(ip) => (CTA_NAT_V4_MINIP, CTA_NAT_V4_MAXIP, ip.octets().to_vec()),
+        IpAddr::V6(ip) => (CTA_NAT_V6_MINIP, CTA_NAT_V6_MAXIP, ip.octets().to_vec()),
+    };
+    let range = [
+        DefaultNla::new(min, ip.clone()),
+        DefaultNla::new(max, ip),
+        nested(CTA_NAT_PROTO, &port),
+    ];
+    nested(CTA_NAT_DST, &range)
+}
+
 /// A request creating this entry with the given timeout in seconds (tests and benchmarks).
+/// A DNATed flow ([`Flow::is_dnat`]) is created the way a Service rule makes it: original
+/// tuple plus a DNAT to its reply source.
 pub(crate) fn create_request(out: &mut Vec<u8>, seq: u32, flow: &Flow, timeout: u32, ack: bool) {
+    let reply = if flow.is_dnat() {
+        flow.original.reversed()
+    } else {
+        flow.reply
+    };
     let mut attributes = vec![
         ConntrackAttribute::CtaTupleOrig(tuple_attributes(flow.protocol, &flow.original)),
-        ConntrackAttribute::CtaTupleReply(tuple_attributes(flow.protocol, &flow.reply)),
+        ConntrackAttribute::CtaTupleReply(tuple_attributes(flow.protocol, &reply)),
         ConntrackAttribute::CtaTimeout(timeout),
     ];
+    if flow.is_dnat() {
+        attributes.push(ConntrackAttribute::Other(nat_destination(flow.reply.src)));
+    }
     if let Some(zone) = flow.zone {
         attributes.push(ConntrackAttribute::Other(DefaultNla::new(
             CTA_ZONE,
@@ -311,12 +367,14 @@ fn parse_flow(payload: &[u8]) -> Option<Flow> {
     let mut reply = None;
     let mut id = None;
     let mut zone = None;
+    let mut status = 0;
     for attribute in NlasIterator::new(payload.get(4..)?) {
         let attribute = attribute.ok()?;
         let value = attribute.value();
         match attribute.kind() {
             CTA_TUPLE_ORIG => original = Some(parse_tuple(value)?),
             CTA_TUPLE_REPLY => reply = Some(parse_tuple(value)?),
+            CTA_STATUS => status = u32::from_be_bytes(value.get(..4)?.try_into().ok()?),
             CTA_ID => id = Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?)),
             CTA_ZONE => zone = Some(u16::from_be_bytes(value.get(..2)?.try_into().ok()?)),
             _ => {}
@@ -330,6 +388,7 @@ fn parse_flow(payload: &[u8]) -> Option<Flow> {
         reply: reply.tuple()?,
         id,
         zone: zone.or(original.zone),
+        status,
     })
 }
 

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use kpng_conntrack::{ConntrackSocket, DumpFilter, Flow, IPPROTO_TCP, Tuple};
-use kpng_model::Family;
+use kpng_conntrack::{ConntrackSocket, DumpFilter, Flow, IPPROTO_TCP, Reconciler, Tuple};
+use kpng_model::{Family, PortKey, Protocol, ServiceKey, ServicePort};
 use kpng_testkit::{Netns, require_root};
 
 const INSIDE: &str = "KPNG_CONNTRACK_TEST_NETNS";
@@ -99,7 +99,22 @@ fn create_dump_filter_and_delete_by_tuple() {
             .iter()
             .find(|f| f.original == stale.original)
             .expect("stale entry dumped");
+        // Created with a DNAT, as a Service rule makes it: the kernel derived the reply.
         assert_eq!(found.reply, stale.reply);
+        assert!(found.is_dnat());
+        // DNATed entries only (status filter).
+        let plain = Flow::udp(
+            Tuple::new(sa("10.244.1.5:4010"), sa("8.8.8.8:53")),
+            Tuple::new(sa("8.8.8.8:53"), sa("10.244.1.5:4010")),
+        );
+        s.create(&[plain], Duration::from_secs(600)).expect("plain");
+        let dnat = dump(&mut s, Family::V4, DumpFilter::UdpDnat);
+        assert_eq!(dnat.len(), 4, "{dnat:#?}");
+        assert!(dnat.iter().all(Flow::is_dnat));
+        let plain = dump(&mut s, Family::V4, DumpFilter::UdpTo(sa("8.8.8.8:53")));
+        assert_eq!(plain.len(), 1);
+        assert!(!plain[0].is_dnat());
+        s.delete(&plain).expect("delete the plain one");
         let udp6 = dump(&mut s, Family::V6, DumpFilter::Udp);
         assert_eq!(udp6.len(), 1);
         assert_eq!(udp6[0].original, v6.original);
@@ -157,5 +172,97 @@ fn batches_of_thousands() {
         let outcome = s.delete(&dumped[..2500]).expect("delete");
         assert_eq!(outcome.deleted, 2500);
         assert_eq!(dump(&mut s, Family::V4, DumpFilter::Udp).len(), 500);
+    });
+}
+
+fn dns_port(serving: &str) -> ServicePort {
+    ServicePort {
+        key: PortKey {
+            service: ServiceKey::new("kube-system", "dns"),
+            port_name: "dns".into(),
+            protocol: Protocol::Udp,
+            family: Family::V4,
+        },
+        cluster_ip: "10.96.0.10".parse().expect("ip"),
+        port: 53,
+        node_port: Some(30053),
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        source_ranges: Vec::new(),
+        session_affinity: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        cluster_endpoints: Vec::new(),
+        local_endpoints: Vec::new(),
+        has_any_endpoints: true,
+        local_ready_endpoints: 0,
+        serving_endpoints: vec![sa(serving)],
+    }
+}
+
+#[test]
+fn reconciler_passes_against_the_kernel() {
+    require_root!();
+    in_fresh_netns("reconciler_passes_against_the_kernel", || {
+        std::process::Command::new("ip")
+            .args(["addr", "add", "192.168.100.1/32", "dev", "lo"])
+            .status()
+            .expect("ip addr add");
+        let mut s = ConntrackSocket::open().expect("socket");
+        let keep = [
+            dnat("10.244.1.5:4000", "10.96.0.10:53", "10.244.2.7:53"),
+            dnat("10.244.1.5:4001", "8.8.8.8:53", "8.8.8.8:53"),
+            dnat(
+                "10.244.1.5:4002",
+                "192.168.100.2:30053",
+                "192.168.100.2:30053",
+            ),
+        ];
+        let first_stale = [
+            dnat("10.244.1.5:5000", "10.96.0.10:53", "10.244.2.9:53"),
+            dnat("10.244.1.5:5001", "10.96.0.10:53", "10.96.0.10:53"),
+            dnat(
+                "192.168.100.10:5002",
+                "192.168.100.1:30053",
+                "10.244.2.9:53",
+            ),
+            dnat(
+                "192.168.100.10:5003",
+                "192.168.100.1:30053",
+                "192.168.100.1:30053",
+            ),
+        ];
+        s.create(&keep, Duration::from_secs(600)).expect("create");
+        s.create(&first_stale, Duration::from_secs(600))
+            .expect("create");
+        let mut reconciler = Reconciler::open().expect("reconciler");
+        let ports = [dns_port("10.244.2.7:53")];
+        let pass = reconciler
+            .reconcile(Family::V4, &ports)
+            .expect("first pass");
+        assert_eq!(pass.outcome.deleted, 4, "{pass:?}");
+        let left: Vec<Tuple> = dump(&mut s, Family::V4, DumpFilter::Udp)
+            .iter()
+            .map(|f| f.original)
+            .collect();
+        let mut expected: Vec<Tuple> = keep.iter().map(|f| f.original).collect();
+        expected.sort_by_key(|t| (t.src, t.dst));
+        assert_eq!(left, expected);
+
+        // The endpoint is replaced: one dump of the DNATed entries finds the stale ones.
+        let pinned_to_old = dnat("10.244.1.5:6000", "10.96.0.10:53", "10.244.2.8:53");
+        s.create(&[pinned_to_old], Duration::from_secs(600))
+            .expect("create");
+        let ports = [dns_port("10.244.2.8:53")];
+        let pass = reconciler
+            .reconcile(Family::V4, &ports)
+            .expect("second pass");
+        assert_eq!(pass.dumps, [DumpFilter::UdpDnat]);
+        // The entry to the old endpoint 10.244.2.7 is stale now; the new one stays.
+        assert_eq!(pass.outcome.deleted, 1, "{pass:?}");
+        let left = dump(&mut s, Family::V4, DumpFilter::UdpTo(sa("10.96.0.10:53")));
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].original, pinned_to_old.original);
     });
 }
