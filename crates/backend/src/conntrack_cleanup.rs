@@ -35,7 +35,13 @@ impl ConntrackCleanup {
     /// Runs the passes a successful sync calls for: per family, when the sync was full, when
     /// it changed a UDP port in a way that can strand entries, or when the last pass failed.
     /// Each pass sees every Service port of its family in `snapshot`.
-    pub fn after_sync(&mut self, families: &[Family], diff: &Diff, snapshot: &Snapshot, full: bool) {
+    pub fn after_sync(
+        &mut self,
+        families: &[Family],
+        diff: &Diff,
+        snapshot: &Snapshot,
+        full: bool,
+    ) {
         for &family in families {
             if !self.retry.contains(&family) && !pass_needed(family, diff, full) {
                 continue;

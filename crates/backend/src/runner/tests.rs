@@ -284,9 +284,12 @@ async fn stale_udp_entries_are_deleted_after_syncs_that_can_strand_them() {
             .get()
     };
     // The first (full) sync: the entry pinned to an endpoint that is gone by now goes.
-    h.tx.send(all_kinds(vec![udp_service("10.96.0.10"), udp_slice("10.244.2.7")]))
-        .await
-        .expect("send");
+    h.tx.send(all_kinds(vec![
+        udp_service("10.96.0.10"),
+        udp_slice("10.244.2.7"),
+    ]))
+    .await
+    .expect("send");
     settle().await;
     assert_eq!(fake.flows(), [unrelated]);
     assert_eq!(deleted(), 1);
