@@ -73,7 +73,7 @@ pub struct PassFigures {
 impl PassFigures {
     /// Deleted exactly the stale entries, nothing else.
     pub fn exact(&self) -> bool {
-        self.deleted == self.stale && self.before - self.after == self.stale
+        self.deleted == self.stale && self.before.checked_sub(self.after) == Some(self.stale)
     }
 
     fn line(&self) -> String {
