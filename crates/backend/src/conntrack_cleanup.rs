@@ -65,15 +65,36 @@ impl ConntrackCleanup {
                             .conntrack_reconciler_failures
                             .get_or_create(&label)
                             .inc();
-                        warn!(%family, refused = outcome.failed, "the kernel refused to delete stale UDP conntrack entries, will retry after the next sync: {}",
-                            outcome.first_error.as_ref().map(ToString::to_string).unwrap_or_default());
+                        let why = outcome
+                            .first_error
+                            .as_ref()
+                            .map(ToString::to_string)
+                            .unwrap_or_default();
+                        warn!(
+                            %family,
+                            refused = outcome.failed,
+                            "the kernel refused to delete stale UDP conntrack entries, \
+                             will retry after the next sync: {why}"
+                        );
                     } else {
                         self.retry.remove(&family);
                     }
                     if outcome.deleted > 0 {
-                        info!(%family, deleted = outcome.deleted, scanned = pass.scanned, duration = ?pass.duration, "deleted stale UDP conntrack entries");
+                        info!(
+                            %family,
+                            deleted = outcome.deleted,
+                            scanned = pass.scanned,
+                            duration = ?pass.duration,
+                            "deleted stale UDP conntrack entries"
+                        );
                     } else {
-                        debug!(%family, scanned = pass.scanned, dumps = pass.dumps.len(), duration = ?pass.duration, "no stale UDP conntrack entries");
+                        debug!(
+                            %family,
+                            scanned = pass.scanned,
+                            dumps = pass.dumps.len(),
+                            duration = ?pass.duration,
+                            "no stale UDP conntrack entries"
+                        );
                     }
                 }
                 Err(e) => {
@@ -82,7 +103,10 @@ impl ConntrackCleanup {
                         .conntrack_reconciler_failures
                         .get_or_create(&label)
                         .inc();
-                    warn!(%family, "UDP conntrack cleanup failed, will retry after the next sync: {e}");
+                    warn!(
+                        %family,
+                        "UDP conntrack cleanup failed, will retry after the next sync: {e}"
+                    );
                 }
             }
         }
