@@ -403,14 +403,13 @@ impl LoopState {
             }
         };
         let ok = report.ok;
-        if ok && let Some(conntrack) = &mut self.runner.conntrack {
-            // After the data plane changed, before the sync is reported: a client's next
-            // packet then follows the new rules.
-            conntrack.after_sync(&self.families, &diff, self.runner.model.snapshot(), full);
-        }
         self.runner.reports.send_replace(Some(report));
         if ok {
             self.sync_service_health().await;
+            // Once the data plane has changed: a client's next packet follows the new rules.
+            if let Some(conntrack) = &mut self.runner.conntrack {
+                conntrack.after_sync(&self.families, &diff, self.runner.model.snapshot(), full);
+            }
         }
     }
 
