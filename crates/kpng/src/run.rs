@@ -111,12 +111,20 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            // Backends that program the node also get conntrack sysctls and health checks.
+            // Backends that program the node also get conntrack sysctls and health checks,
+            // and, when they really change the data plane, UDP conntrack cleanup.
             let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
+            let cleans_conntrack = match &file.sink {
+                Sink::ToLocal(local) => match &local.backend {
+                    LocalBackend::Nft(args) => !args.dry_run,
+                },
+                Sink::ToFile(_) => false,
+            };
             runtime.block_on(serve(
                 cli.global,
                 backend,
                 programs_the_node,
+                cleans_conntrack,
                 |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
             ))
         }
@@ -142,6 +150,7 @@ async fn serve<F, Fut>(
     flags: GlobalFlags,
     backend: Box<dyn Backend>,
     programs_the_node: bool,
+    cleans_conntrack: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -208,6 +217,12 @@ where
             HealthCheckAddresses::All
         };
         runner = runner.with_service_health(addresses);
+    }
+    if cleans_conntrack {
+        match kpng_conntrack::Reconciler::open() {
+            Ok(reconciler) => runner = runner.with_conntrack_cleanup(reconciler),
+            Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
+        }
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
