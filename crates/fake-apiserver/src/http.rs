@@ -2,6 +2,7 @@
 //! `WatchEvent` JSON lines, in the shapes the real API server sends.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -53,6 +54,9 @@ pub(crate) struct Shared {
     pub store: Mutex<Store>,
     pub config: ServerConfig,
     pub requests: Mutex<Vec<RequestRecord>>,
+    /// Set while stopping: requests still arriving on open connections get their connection
+    /// cut instead of an answer, as in a real outage.
+    pub down: AtomicBool,
 }
 
 impl Shared {
@@ -138,6 +142,12 @@ async fn handle(
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
         });
+    if shared.down.load(Ordering::SeqCst) {
+        let cut = futures::stream::once(async {
+            Err::<String, _>(std::io::Error::other("the API server is down"))
+        });
+        return Response::new(Body::from_stream(cut));
+    }
     if method != Method::GET {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,

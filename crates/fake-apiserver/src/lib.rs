@@ -30,6 +30,7 @@ mod store;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -101,6 +102,7 @@ impl Builder {
                 store: Mutex::new(Store::default()),
                 config: self.config,
                 requests: Mutex::new(Vec::new()),
+                down: AtomicBool::new(false),
             }),
             runtime: Some(runtime),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -270,10 +272,20 @@ impl FakeApiServer {
         let Some(running) = self.running.take() else {
             return;
         };
+        self.shared.down.store(true, Ordering::SeqCst);
         let _ = running.shutdown.send(());
-        self.store().notify(Notice::Drop);
-        // Connections close at once (idle ones by the graceful shutdown, watches by the drop).
-        let _ = running.done.recv_timeout(Duration::from_secs(10));
+        // Connections close at once: idle ones by the graceful shutdown, watches by the drop,
+        // requests racing with it by `down`. Repeat the drop for watches that were starting.
+        for _ in 0..100 {
+            self.store().notify(Notice::Drop);
+            if running
+                .done
+                .recv_timeout(Duration::from_millis(100))
+                .is_ok()
+            {
+                break;
+            }
+        }
     }
 
     /// Ends an outage: serves again on the same address.
@@ -281,6 +293,7 @@ impl FakeApiServer {
         if self.running.is_some() {
             return Ok(());
         }
+        self.shared.down.store(false, Ordering::SeqCst);
         self.serve()
     }
 
