@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     /// Set while stopping: requests still arriving on open connections get their connection
     /// cut instead of an answer, as in a real outage.
     pub down: AtomicBool,
+    /// Resources the client may not read (`403 Forbidden`, as with missing RBAC rules).
+    pub forbidden: Mutex<std::collections::BTreeSet<Resource>>,
 }
 
 impl Shared {
@@ -161,6 +163,19 @@ async fn handle(
     let Some((resource, namespace, name)) = route(&path, &shared.config) else {
         return not_found();
     };
+    let forbidden = shared
+        .forbidden
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&resource);
+    if forbidden {
+        let message = format!(
+            "{} is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot list resource \"{}\" at the cluster scope",
+            resource.plural(),
+            resource.plural()
+        );
+        return error(StatusCode::FORBIDDEN, "Forbidden", &message);
+    }
     if let Some(name) = name {
         return get(&shared, resource, namespace.as_deref().unwrap_or(""), &name);
     }

@@ -103,6 +103,7 @@ impl Builder {
                 config: self.config,
                 requests: Mutex::new(Vec::new()),
                 down: AtomicBool::new(false),
+                forbidden: Mutex::default(),
             }),
             runtime: Some(runtime),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -295,6 +296,21 @@ impl FakeApiServer {
         }
         self.shared.down.store(false, Ordering::SeqCst);
         self.serve()
+    }
+
+    /// Refuses every request for `resource` with `403 Forbidden` (as a missing RBAC rule does),
+    /// or serves it again.
+    pub fn forbid(&self, resource: Resource, forbidden: bool) {
+        let mut set = self
+            .shared
+            .forbidden
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if forbidden {
+            set.insert(resource);
+        } else {
+            set.remove(&resource);
+        }
     }
 
     /// Whether the server accepts connections.

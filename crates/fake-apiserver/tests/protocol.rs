@@ -125,6 +125,14 @@ async fn list_with_selectors_pagination_and_discovery() {
             .items
             .is_empty()
     );
+    server.forbid(kpng_fake_apiserver::Resource::Nodes, true);
+    let refused = nodes.list(&ListParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "{refused:?}"
+    );
+    server.forbid(kpng_fake_apiserver::Resource::Nodes, false);
+    assert!(nodes.list(&ListParams::default()).await.is_ok());
     let auth = server.requests()[0].authorization.clone();
     assert_eq!(auth.as_deref(), Some("Bearer fake-token"));
 }

@@ -162,7 +162,15 @@ impl ErrorLog {
             }
             watcher::Error::WatchFailed(kube::Error::SerdeError(e)) => {
                 // Every occurrence is a different object: always reported.
-                error!("skipped a {what} that does not decode: {e}; the watch goes on");
+                error!("skipped an undecodable {what}: {e}; the watch goes on");
+                return;
+            }
+            // kube-client reads a watch line that is not a valid event as a Status, which
+            // any JSON object is: code 0 means an object that does not decode.
+            watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 0 => {
+                error!(
+                    "skipped an undecodable {what} (a field has the wrong type); the watch goes on"
+                );
                 return;
             }
             watcher::Error::InitialListFailed(kube::Error::SerdeError(e)) => {
