@@ -3,7 +3,8 @@
 //! It owns the [`Model`] and one [`Backend`]. Source events are applied to the model as they
 //! arrive and their diffs are merged into one pending diff; the backend is synced:
 //! - not before Services, EndpointSlices and Nodes have all been listed once (a source signals a
-//!   complete list with [`Event::Replace`]), so a half-known cluster is never programmed;
+//!   complete list with [`Event::Replace`] or [`Event::ListDone`]), so a half-known cluster is
+//!   never programmed;
 //! - at most once per `min_sync_period`;
 //! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
 //!   every `full_sync_period`;
