@@ -331,3 +331,70 @@ async fn an_undecodable_watch_event_is_skipped_and_the_watch_goes_on() {
     assert_eq!(names(&events, Kind::Service), ["later"], "{events:#?}");
     assert!(names(&events, Kind::EndpointSlice).is_empty());
 }
+
+#[tokio::test]
+async fn master_overrides_the_kubeconfig_and_works_alone() {
+    use k8s_openapi::api::core::v1::Node;
+    let server = FakeApiServer::start().expect("server");
+    server.apply(node("node1")).expect("apply");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A kubeconfig pointing nowhere useful: --master wins.
+    let stale = dir.path().join("stale");
+    std::fs::write(
+        &stale,
+        server
+            .kubeconfig()
+            .replace(&server.url(), "http://127.0.0.1:9"),
+    )
+    .expect("write");
+    let cases = [
+        ("kubeconfig + master", Some(stale), Some(server.url())),
+        ("master alone", None, Some(server.url())),
+    ];
+    for (what, kubeconfig, master) in cases {
+        let (client, url) = client(&ClientOptions {
+            kubeconfig,
+            master,
+            ..ClientOptions::default()
+        })
+        .await
+        .expect("client");
+        assert!(url.starts_with(&server.url()), "{what}: {url}");
+        let nodes: kube::Api<Node> = kube::Api::all(client);
+        let list = nodes.list(&Default::default()).await;
+        assert_eq!(list.map(|l| l.items.len()).ok(), Some(1), "{what}");
+    }
+}
+
+#[tokio::test]
+async fn bad_client_flags_are_clear_errors() {
+    let cases = [
+        (
+            ClientOptions {
+                master: Some("http://[not a url".into()),
+                ..ClientOptions::default()
+            },
+            "--master",
+        ),
+        (
+            ClientOptions {
+                kubeconfig: Some("/nonexistent/kubeconfig".into()),
+                ..ClientOptions::default()
+            },
+            "--kubeconfig /nonexistent/kubeconfig",
+        ),
+    ];
+    for (options, want) in cases {
+        let Err(err) = client(&options).await else {
+            panic!("{want}: accepted")
+        };
+        assert!(err.to_string().contains(want), "{err}");
+    }
+    // Neither flag and not in a Pod: the error says what to pass.
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        let Err(err) = client(&ClientOptions::default()).await else {
+            panic!("in-cluster configuration outside a cluster")
+        };
+        assert!(err.to_string().contains("pass --kubeconfig PATH"), "{err}");
+    }
+}
