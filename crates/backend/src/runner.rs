@@ -212,10 +212,14 @@ impl LoopState {
             })
             .inc();
         match kind {
-            Kind::Service => m.service_changes_total.inc(),
-            Kind::EndpointSlice => m.endpoint_changes_total.inc(),
-            Kind::Node | Kind::ServiceCidr => 0,
-        };
+            Kind::Service => {
+                m.service_changes_total.inc();
+            }
+            Kind::EndpointSlice => {
+                m.endpoint_changes_total.inc();
+            }
+            Kind::Node | Kind::ServiceCidr => {}
+        }
     }
 
     fn handle(&mut self, event: Event) {
