@@ -242,8 +242,8 @@ impl FakeApiServer {
         self.store().rv()
     }
 
-    /// Forgets the change history (an etcd compaction): watches resuming from an older
-    /// resourceVersion get `410 Gone` and must relist.
+    /// Forgets the change history (an etcd compaction): watches resuming from any
+    /// resourceVersion a client holds get `410 Gone` and must relist.
     pub fn compact(&self) {
         self.store().compact();
     }

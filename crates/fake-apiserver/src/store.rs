@@ -279,10 +279,12 @@ impl Store {
         Ok(self.commit(resource, ChangeType::Deleted, object, Some(previous)))
     }
 
-    /// Forgets the whole history: a watch from any RV older than the current one gets
-    /// `410 Gone`, as after an etcd compaction.
+    /// Forgets the whole history, as an etcd compaction after a write elsewhere in the cluster:
+    /// the RV moves on, so a watch from any RV a client holds gets `410 Gone`, whether it is
+    /// open now or starts later.
     pub fn compact(&mut self) {
         self.history.clear();
+        self.rv += 1;
         self.compacted = self.rv;
     }
 
@@ -375,10 +377,10 @@ mod tests {
         );
         s.compact();
         assert!(
-            s.watch_from(Resource::Services, rv3).is_none(),
+            s.watch_from(Resource::Services, rv4).is_none(),
             "410 after compaction"
         );
-        assert!(s.watch_from(Resource::Services, rv4).is_some());
+        assert!(s.watch_from(Resource::Services, s.rv()).is_some());
     }
 
     #[test]
