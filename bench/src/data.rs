@@ -23,11 +23,25 @@ struct Case {
 /// Figures of one data-plane run.
 #[derive(Debug)]
 pub struct DataResult {
-    n: usize,
+    /// Services.
+    pub n: usize,
     cases: Vec<Case>,
+    /// How loading the kube-proxy-shaped ruleset went ("0.52 s", "> 300 s").
+    pub kube_proxy_load: String,
 }
 
 impl DataResult {
+    /// (p50 µs, p99 µs, connections/s) of the first case whose label starts with `prefix`.
+    pub fn figures(&self, prefix: &str) -> Option<(f64, f64, f64)> {
+        let c = self.cases.iter().find(|c| c.label.starts_with(prefix))?;
+        let mut l = c.latencies_us.clone();
+        Some((
+            percentile(&mut l, 50.0),
+            percentile(&mut l, 99.0),
+            c.rate,
+        ))
+    }
+
     /// (p50 ratio, rate ratio) of kpng's last Service against the floor.
     pub fn last_vs_floor(&self) -> (f64, f64) {
         let p50 = |c: &Case| percentile(&mut c.latencies_us.clone(), 50.0);
@@ -66,6 +80,10 @@ impl DataResult {
                 c.rate / floor_rate
             ));
         }
+        s.push_str(&format!(
+            "\n(kube-proxy-shaped nftables ruleset for these Services loaded with `nft -f` in {})\n",
+            self.kube_proxy_load
+        ));
         s
     }
 }
@@ -203,7 +221,17 @@ pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> 
         ))
         .map_err(|e| e.to_string())?;
 
-    let cases: Vec<(String, &Netns, String)> = vec![
+    // The kube-proxy-shaped nftables ruleset of the same Services, when it loads in time.
+    let kube_proxy = Netns::new("kbq").map_err(|e| e.to_string())?;
+    let _server_q = prepare(&kube_proxy, &me)?;
+    let kube_proxy_load = crate::kube_proxy_nft::load_for_data_plane(
+        &kube_proxy,
+        &manifests,
+        &scratch.0,
+        crate::kube_proxy_nft::DATA_PLANE_CAP,
+    )?;
+
+    let mut cases: Vec<(String, &Netns, String)> = vec![
         (
             format!("kpng nft, {n} Services, last Service"),
             &with_kpng,
@@ -225,6 +253,13 @@ pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> 
             format!("10.244.0.1:{TARGET_PORT}"),
         ),
     ];
+    if kube_proxy_load.loaded() {
+        cases.push((
+            format!("{}, {n} Services, last Service", crate::kube_proxy_nft::LABEL),
+            &kube_proxy,
+            format!("{last}:80"),
+        ));
+    }
     let rounds = 5;
     let mut results: Vec<Case> = cases
         .iter()
@@ -299,5 +334,9 @@ pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> 
     for (i, r) in rates.iter_mut().enumerate() {
         results[i].rate = percentile(r, 50.0);
     }
-    Ok(DataResult { n, cases: results })
+    Ok(DataResult {
+        n,
+        cases: results,
+        kube_proxy_load: kube_proxy_load.label(),
+    })
 }
