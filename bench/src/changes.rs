@@ -102,8 +102,13 @@ pub fn run(
             let t = SystemTime::now();
             write_service(manifests, i, &rolling_manifest(i, m, step))?;
             let syncs = kpng.wait_for_syncs(before + 1, Duration::from_secs(30))?;
-            out.rolling_steps
-                .push(syncs[before].at.duration_since(t).unwrap_or_default().as_secs_f64());
+            out.rolling_steps.push(
+                syncs[before]
+                    .at
+                    .duration_since(t)
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            );
         }
     }
     let (mut syncs_total, mut ops_total) = (0usize, 0usize);
@@ -169,8 +174,16 @@ mod tests {
                 let old = workload::endpoint_ip(i * m + j).to_string();
                 let new = workload::endpoint_ip(i * m + j + ROLLING_OFFSET).to_string();
                 let is_replaced = j < replaced;
-                assert_eq!(text.contains(&new), is_replaced, "step {step}, endpoint {j}");
-                assert_eq!(text.contains(&old), !is_replaced, "step {step}, endpoint {j}");
+                assert_eq!(
+                    text.contains(&new),
+                    is_replaced,
+                    "step {step}, endpoint {j}"
+                );
+                assert_eq!(
+                    text.contains(&old),
+                    !is_replaced,
+                    "step {step}, endpoint {j}"
+                );
             }
         }
     }

@@ -66,7 +66,8 @@ pub fn control_section(kube_proxy: &[KubeProxyNftControl], control: &[ControlRes
             k.add_one
                 .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0))
                 .unwrap_or_else(|| "—".into()),
-            cold.map(|c| format!("{c:.2} s")).unwrap_or_else(|| "—".into()),
+            cold.map(|c| format!("{c:.2} s"))
+                .unwrap_or_else(|| "—".into()),
             cold.map(|c| ratio_label(k.cold.secs() / c, !k.cold.loaded()))
                 .unwrap_or_else(|| "—".into()),
             one.map(|o| format!("{:.1} ms", o * 1000.0))
@@ -191,7 +192,9 @@ pub fn write_plots(
         },
         &latency,
     )?;
-    Ok("\n## Plots\n\n![Cold programming time against Services](img/cold-programming.png)\n\n\
+    Ok(
+        "\n## Plots\n\n![Cold programming time against Services](img/cold-programming.png)\n\n\
         ![TCP connect latency p50 against Services](img/connect-latency.png)\n"
-        .into())
+            .into(),
+    )
 }

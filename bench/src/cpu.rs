@@ -9,7 +9,12 @@ fn ticks_per_second() -> f64 {
         .arg("CLK_TCK")
         .output()
         .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
         .filter(|t| *t > 0.0)
         .unwrap_or(100.0)
 }

@@ -35,11 +35,7 @@ impl DataResult {
     pub fn figures(&self, prefix: &str) -> Option<(f64, f64, f64)> {
         let c = self.cases.iter().find(|c| c.label.starts_with(prefix))?;
         let mut l = c.latencies_us.clone();
-        Some((
-            percentile(&mut l, 50.0),
-            percentile(&mut l, 99.0),
-            c.rate,
-        ))
+        Some((percentile(&mut l, 50.0), percentile(&mut l, 99.0), c.rate))
     }
 
     /// (p50 ratio, rate ratio) of kpng's last Service against the floor.
@@ -255,7 +251,10 @@ pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> 
     ];
     if kube_proxy_load.loaded() {
         cases.push((
-            format!("{}, {n} Services, last Service", crate::kube_proxy_nft::LABEL),
+            format!(
+                "{}, {n} Services, last Service",
+                crate::kube_proxy_nft::LABEL
+            ),
             &kube_proxy,
             format!("{last}:80"),
         ));

@@ -94,7 +94,10 @@ fn endpoint_base(sp: &ServicePort, ep: &Endpoint) -> String {
 /// The table, its base chains, static chains, sets and maps: kube-proxy's `setupNFTables`.
 fn render_setup(out: &mut String) {
     let t = "ip kube-proxy";
-    let _ = writeln!(out, "add table {t} {{ comment \"rules for kube-proxy\" ; }}");
+    let _ = writeln!(
+        out,
+        "add table {t} {{ comment \"rules for kube-proxy\" ; }}"
+    );
     let base = [
         ("filter-prerouting", "filter", "prerouting", "-110"),
         ("filter-input", "filter", "input", "-110"),
@@ -128,7 +131,12 @@ fn render_setup(out: &mut String) {
     }
     let sets = [
         ("set", "cluster-ips", "ipv4_addr", "Active ClusterIPs"),
-        ("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic"),
+        (
+            "set",
+            "nodeport-ips",
+            "ipv4_addr",
+            "IPs that accept NodePort traffic",
+        ),
         (
             "map",
             "service-ips",
@@ -171,11 +179,17 @@ fn render_setup(out: &mut String) {
         ("filter-prerouting", "ct state new jump firewall-check"),
         ("filter-input", "ct state new jump nodeport-endpoints-check"),
         ("filter-input", "ct state new jump service-endpoints-check"),
-        ("filter-forward", "ct state new jump service-endpoints-check"),
+        (
+            "filter-forward",
+            "ct state new jump service-endpoints-check",
+        ),
         ("filter-forward", "ct state new jump cluster-ips-check"),
         ("filter-output", "ct state new jump service-endpoints-check"),
         ("filter-output", "ct state new jump firewall-check"),
-        ("filter-output-post-dnat", "ct state new jump cluster-ips-check"),
+        (
+            "filter-output-post-dnat",
+            "ct state new jump cluster-ips-check",
+        ),
         ("nat-prerouting", "jump services"),
         ("nat-output", "jump services"),
         ("nat-postrouting", "jump masquerading"),
@@ -288,7 +302,10 @@ pub fn render_port(out: &mut String, sp: &ServicePort) {
                 "add set {t} affinity-{eb} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {}s ; }}",
                 a.timeout_seconds
             );
-            let _ = writeln!(out, "add rule {t} {chain} update @affinity-{eb} {{ ip saddr }}");
+            let _ = writeln!(
+                out,
+                "add rule {t} {chain} update @affinity-{eb} {{ ip saddr }}"
+            );
         }
         let _ = writeln!(
             out,
@@ -331,7 +348,10 @@ pub fn render_port(out: &mut String, sp: &ServicePort) {
                 let _ = writeln!(out, "add rule {t} {external_chain} goto {local_chain}");
             }
         } else {
-            let _ = writeln!(out, "add rule {t} {external_chain} jump mark-for-masquerade");
+            let _ = writeln!(
+                out,
+                "add rule {t} {external_chain} jump mark-for-masquerade"
+            );
             let _ = writeln!(out, "add rule {t} {external_chain} goto {service_chain}");
         }
     }
@@ -593,7 +613,10 @@ mod tests {
     fn hash_is_eight_base32_characters_and_stable() {
         let h = hash8("bench/s1/tcp/http");
         assert_eq!(h.len(), 8);
-        assert!(h.chars().all(|c| c.is_ascii_uppercase() || ('2'..='7').contains(&c)));
+        assert!(
+            h.chars()
+                .all(|c| c.is_ascii_uppercase() || ('2'..='7').contains(&c))
+        );
         assert_eq!(h, hash8("bench/s1/tcp/http"));
         assert_ne!(h, hash8("bench/s2/tcp/http"));
     }
@@ -606,13 +629,25 @@ mod tests {
             (0, "add chain ip kube-proxy endpoint-", 3),
             (0, "numgen random mod 3 vmap { 0 : goto endpoint-", 1),
             (0, "dnat to 10.128.0.", 3),
-            (0, "add element ip kube-proxy service-ips { 10.96.0.1 . tcp . 80", 1),
+            (
+                0,
+                "add element ip kube-proxy service-ips { 10.96.0.1 . tcp . 80",
+                1,
+            ),
             (0, "add chain ip kube-proxy external-", 0),
             // NodePort: an external chain, reached from service-nodeports.
-            (6, "add element ip kube-proxy service-nodeports { tcp . 20006", 1),
+            (
+                6,
+                "add element ip kube-proxy service-nodeports { tcp . 20006",
+                1,
+            ),
             (6, "add rule ip kube-proxy external-", 2),
             // LoadBalancer with eTP Local: local chain over the node's endpoints, VIP element.
-            (9, "add element ip kube-proxy service-ips { 198.18.0.10 . tcp . 80", 1),
+            (
+                9,
+                "add element ip kube-proxy service-ips { 198.18.0.10 . tcp . 80",
+                1,
+            ),
             (9, "fib saddr type local goto service-", 1),
             // ClientIP affinity: a dynamic set and an update per endpoint.
             (1, "flags dynamic,timeout", 3),

@@ -140,7 +140,10 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     report.push_str("\n### Change scripts (file event → committed transaction)\n\n");
     report.push_str(changes::ScriptResults::markdown_header());
     for r in &control_results {
-        report.push_str(&r.scripts.markdown_row(r.n, r.m, (r.change_p50, r.change_p99)));
+        report.push_str(
+            &r.scripts
+                .markdown_row(r.n, r.m, (r.change_p50, r.change_p99)),
+        );
         report.push('\n');
     }
     let kube_proxy = comparison::run_control(quick)?;

@@ -41,15 +41,19 @@ pub fn load_font() -> Result<(), String> {
         .map_err(|_| format!("{FONT_PATH} is not a usable font"))
 }
 
-/// A range around `values` on a log axis, a little wider than the data (and never empty).
+/// The decades around `values` on a log axis (never empty), so that ticks fall on powers of 10.
 fn log_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     let (lo, hi) = values
         .filter(|v| v.is_finite() && *v > 0.0)
-        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
     if !lo.is_finite() {
         return 1.0..10.0;
     }
-    (lo / 2.0)..(hi * 2.0)
+    let lo = 10f64.powf(lo.log10().floor());
+    let hi = 10f64.powf(hi.log10().ceil()).max(lo * 10.0);
+    lo..hi
 }
 
 /// Draws `series` (log–log) into the PNG at `path`. [`load_font`] must have succeeded.
@@ -111,12 +115,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_range_is_wider_than_the_data_and_never_empty() {
+    fn log_range_spans_whole_decades_and_is_never_empty() {
         let cases: &[(&[f64], std::ops::Range<f64>)] = &[
-            (&[1000.0, 30000.0], 500.0..60000.0),
-            (&[1000.0], 500.0..2000.0),
+            (&[1000.0, 30000.0], 1000.0..100000.0),
+            (&[1000.0], 1000.0..10000.0),
             (&[], 1.0..10.0),
-            (&[0.0, f64::NAN, 4.0], 2.0..8.0),
+            (&[0.0, f64::NAN, 4.0], 1.0..10.0),
+            (&[0.13, 51.8], 0.1..100.0),
         ];
         for (values, want) in cases {
             assert_eq!(log_range(values.iter().copied()), *want, "{values:?}");
