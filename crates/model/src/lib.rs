@@ -10,6 +10,7 @@
 
 mod build;
 mod categorize;
+pub mod cluster;
 pub mod convert;
 mod diff;
 mod event;
@@ -20,6 +21,7 @@ mod node;
 mod service_port;
 
 pub use categorize::{CategorizedEndpoints, EndpointCandidate, categorize_endpoints};
+pub use cluster::{ClusterConfig, ClusterModel, ClusterOutcome, ServiceSource, node_state};
 pub use convert::{ConversionError, Warning};
 pub use diff::{Change, Diff};
 pub use event::{Event, Kind, Object, ObjectRef};
