@@ -24,8 +24,11 @@ fn svc(name: &str, extra: Value) -> Event {
     ))
 }
 
-/// A slice of `svc` with endpoints (ip, node, zone hint).
-fn slice(svc: &str, eps: &[(&str, &str, Option<&str>)]) -> Event {
+/// An endpoint: (ip, node, zone hint).
+type Ep<'a> = (&'a str, &'a str, Option<&'a str>);
+
+/// A slice of `svc` with these endpoints.
+fn slice(svc: &str, eps: &[Ep<'_>]) -> Event {
     Event::Apply(object(
         "EndpointSlice",
         json!({
@@ -56,7 +59,7 @@ fn node_named(name: &str, zone: &str) -> NodeState {
 #[test]
 fn views_depend_on_the_node_only_through_locality_and_hints() {
     // (case, endpoints, node, depends on the node)
-    let cases: &[(&str, &[(&str, &str, Option<&str>)], &str, bool)] = &[
+    let cases: &[(&str, &[Ep<'_>], &str, bool)] = &[
         (
             "remote endpoints only",
             &[("10.0.0.1", "n1", None), ("10.0.0.2", "n2", None)],
