@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpng_model::{Diff, Event, Family, Kind, Model};
+use kpng_model::{ApplyOutcome, Diff, Event, Family, Kind, Model, Snapshot};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -51,10 +51,68 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
+/// Where the runner's node-local state comes from: the in-process [`Model`] fed with
+/// Kubernetes objects, or a remote brain's state received over the API. Both drive the same
+/// backend through the same loop.
+pub trait NodeModel: Send + 'static {
+    /// What the source sends.
+    type Input: Send + 'static;
+    /// What one input carries, for the input metrics (before it is applied).
+    fn describe(input: &Self::Input) -> InputInfo;
+    /// Applies one input: the diff of the snapshot, problems, and kinds now completely listed.
+    fn apply(&mut self, input: Self::Input) -> ApplyOutcome;
+    /// The current node-local state.
+    fn snapshot(&self) -> &Snapshot;
+}
+
+/// What one input carries: counted in `kpng_objects_seen_total` and the change counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputInfo {
+    /// The kind of a single-object change (`None` for lists and remote updates, which count as
+    /// both Service and endpoint changes).
+    pub kind: Option<Kind>,
+    /// The kinds of the objects it carries, one entry per object.
+    pub objects: Vec<Kind>,
+}
+
+impl NodeModel for Model {
+    type Input = Event;
+
+    fn describe(event: &Event) -> InputInfo {
+        match event {
+            Event::Apply(o) => InputInfo {
+                kind: Some(o.kind()),
+                objects: vec![o.kind()],
+            },
+            Event::Delete(r) => InputInfo {
+                kind: Some(r.kind),
+                objects: vec![r.kind],
+            },
+            Event::Replace { objects, .. } => InputInfo {
+                kind: None,
+                objects: objects.iter().map(|o| o.kind()).collect(),
+            },
+            Event::ListItem(o) => InputInfo {
+                kind: None,
+                objects: vec![o.kind()],
+            },
+            Event::ListStart { .. } | Event::ListDone => InputInfo::default(),
+        }
+    }
+
+    fn apply(&mut self, event: Event) -> ApplyOutcome {
+        Model::apply(self, event)
+    }
+
+    fn snapshot(&self) -> &Snapshot {
+        Model::snapshot(self)
+    }
+}
+
 /// Everything the loop needs.
-pub struct Runner {
+pub struct Runner<M: NodeModel = Model> {
     service_health: Option<(ServiceHealthServers, HealthCheckAddresses)>,
-    model: Model,
+    model: M,
     backend: Box<dyn Backend>,
     timing: SyncTiming,
     metrics: ProxyMetrics,
@@ -62,15 +120,15 @@ pub struct Runner {
     reports: watch::Sender<Option<SyncReport>>,
 }
 
-impl Runner {
+impl<M: NodeModel> Runner<M> {
     /// Assembles a runner. `health` must cover the backend's families.
     pub fn new(
-        model: Model,
+        model: M,
         backend: Box<dyn Backend>,
         timing: SyncTiming,
         metrics: ProxyMetrics,
         health: Arc<ProxyHealth>,
-    ) -> Runner {
+    ) -> Runner<M> {
         let (reports, _) = watch::channel(None);
         Runner {
             service_health: None,
@@ -85,7 +143,7 @@ impl Runner {
 
     /// Serves the Service health checks (`healthCheckNodePort`) after every successful sync:
     /// part of every backend that programs the node.
-    pub fn with_service_health(mut self, addresses: HealthCheckAddresses) -> Runner {
+    pub fn with_service_health(mut self, addresses: HealthCheckAddresses) -> Runner<M> {
         let servers = ServiceHealthServers::new(
             self.health.clone(),
             self.metrics.healthcheck_failures.clone(),
@@ -100,7 +158,7 @@ impl Runner {
     }
 
     /// Runs until the event channel closes. Rules stay as they are when it returns.
-    pub async fn run(self, events: mpsc::Receiver<Event>) {
+    pub async fn run(self, events: mpsc::Receiver<M::Input>) {
         let families = self.backend.families();
         let mut state = LoopState {
             runner: self,
@@ -115,7 +173,6 @@ impl Runner {
             generation: 0,
             pending_services: 0,
             pending_endpoints: 0,
-            listing_kinds: Vec::new(),
         };
         state
             .runner
@@ -125,8 +182,8 @@ impl Runner {
     }
 }
 
-struct LoopState {
-    runner: Runner,
+struct LoopState<M: NodeModel> {
+    runner: Runner<M>,
     families: Vec<Family>,
     pending: Diff,
     need_full: bool,
@@ -138,12 +195,10 @@ struct LoopState {
     generation: u64,
     pending_services: i64,
     pending_endpoints: i64,
-    /// The kinds of the streamed list in progress (complete at `ListDone`).
-    listing_kinds: Vec<Kind>,
 }
 
-impl LoopState {
-    async fn run(&mut self, mut events: mpsc::Receiver<Event>) {
+impl<M: NodeModel> LoopState<M> {
+    async fn run(&mut self, mut events: mpsc::Receiver<M::Input>) {
         loop {
             let deadline = self.next_deadline(Instant::now());
             tokio::select! {
@@ -191,39 +246,13 @@ impl LoopState {
         Some(full.map_or(periodic, |f| f.min(periodic)))
     }
 
-    fn handle(&mut self, event: Event) {
+    fn handle(&mut self, event: M::Input) {
         let m = &self.runner.metrics;
-        let (kind, listed) = match &event {
-            Event::Apply(o) => (Some(o.kind()), Vec::new()),
-            Event::Delete(r) => (Some(r.kind), Vec::new()),
-            Event::Replace { kinds, objects } => {
-                for o in objects {
-                    m.objects_seen
-                        .get_or_create(&KindLabel {
-                            kind: o.kind().as_str().into(),
-                        })
-                        .inc();
-                }
-                (None, kinds.clone())
-            }
-            Event::ListStart { kinds } => {
-                self.listing_kinds = kinds.clone();
-                (None, Vec::new())
-            }
-            Event::ListItem(o) => {
-                m.objects_seen
-                    .get_or_create(&KindLabel {
-                        kind: o.kind().as_str().into(),
-                    })
-                    .inc();
-                (None, Vec::new())
-            }
-            Event::ListDone => (None, std::mem::take(&mut self.listing_kinds)),
-        };
-        if let Some(kind) = kind {
+        let InputInfo { kind, objects } = M::describe(&event);
+        for o in objects {
             m.objects_seen
                 .get_or_create(&KindLabel {
-                    kind: kind.as_str().into(),
+                    kind: o.as_str().into(),
                 })
                 .inc();
         }
@@ -247,7 +276,7 @@ impl LoopState {
                 .get_or_create(&label)
                 .inc_by(outcome.applied as u64);
         }
-        self.listed.extend(listed);
+        self.listed.extend(outcome.listed.iter().copied());
 
         let diff = outcome.diff;
         if diff.is_empty() {
