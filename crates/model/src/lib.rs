@@ -20,7 +20,9 @@ mod model;
 mod node;
 mod service_port;
 
-pub use categorize::{CategorizedEndpoints, EndpointCandidate, categorize_endpoints};
+pub use categorize::{
+    CategorizedEndpoints, EndpointCandidate, categorize_endpoints, sort_endpoints,
+};
 pub use cluster::{ClusterConfig, ClusterModel, ClusterOutcome, ServiceSource, node_state};
 pub use convert::{ConversionError, Warning};
 pub use diff::{Change, Diff};

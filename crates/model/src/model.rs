@@ -38,6 +38,52 @@ impl Snapshot {
     pub fn family(&self, family: Family) -> impl Iterator<Item = &Arc<ServicePort>> {
         self.ports.values().filter(move |p| p.key.family == family)
     }
+
+    /// Replaces every port of Service `key` with `new_ports` (all of them: a port left out is
+    /// gone) and records in `diff` only the ports that really changed. Equal ports keep their
+    /// `Arc`, so an unchanged Service costs nothing downstream.
+    pub fn replace_service(
+        &mut self,
+        key: &ServiceKey,
+        new_ports: Vec<ServicePort>,
+        diff: &mut Diff,
+    ) {
+        let first = PortKey {
+            service: key.clone(),
+            port_name: String::new(),
+            protocol: Protocol::Tcp,
+            family: Family::V4,
+        };
+        let old_keys: Vec<PortKey> = self
+            .ports
+            .range(first..)
+            .take_while(|(k, _)| &k.service == key)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut new_by_key: BTreeMap<PortKey, ServicePort> =
+            new_ports.into_iter().map(|p| (p.key.clone(), p)).collect();
+        for old_key in old_keys {
+            let replacement = new_by_key.remove(&old_key);
+            let old = self.ports.get(&old_key).cloned();
+            match replacement {
+                Some(port) if old.as_deref() == Some(&port) => {}
+                Some(port) => {
+                    let port = Arc::new(port);
+                    self.ports.insert(old_key.clone(), port.clone());
+                    diff.record(old_key, old, Some(port));
+                }
+                None => {
+                    self.ports.remove(&old_key);
+                    diff.record(old_key, old, None);
+                }
+            }
+        }
+        for (k, port) in new_by_key {
+            let port = Arc::new(port);
+            self.ports.insert(k.clone(), port.clone());
+            diff.record(k, None, Some(port));
+        }
+    }
 }
 
 /// What applying one event produced.
@@ -133,51 +179,7 @@ impl Model {
                 Some(source) => source.ports_for(&self.snapshot.node),
                 None => Vec::new(),
             };
-            self.replace_service_ports(&key, new_ports, diff);
-        }
-    }
-
-    fn replace_service_ports(
-        &mut self,
-        key: &ServiceKey,
-        new_ports: Vec<ServicePort>,
-        diff: &mut Diff,
-    ) {
-        let first = PortKey {
-            service: key.clone(),
-            port_name: String::new(),
-            protocol: Protocol::Tcp,
-            family: Family::V4,
-        };
-        let old_keys: Vec<PortKey> = self
-            .snapshot
-            .ports
-            .range(first..)
-            .take_while(|(k, _)| &k.service == key)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let mut new_by_key: BTreeMap<PortKey, ServicePort> =
-            new_ports.into_iter().map(|p| (p.key.clone(), p)).collect();
-        for old_key in old_keys {
-            let replacement = new_by_key.remove(&old_key);
-            let old = self.snapshot.ports.get(&old_key).cloned();
-            match replacement {
-                Some(port) if old.as_deref() == Some(&port) => {}
-                Some(port) => {
-                    let port = Arc::new(port);
-                    self.snapshot.ports.insert(old_key.clone(), port.clone());
-                    diff.record(old_key, old, Some(port));
-                }
-                None => {
-                    self.snapshot.ports.remove(&old_key);
-                    diff.record(old_key, old, None);
-                }
-            }
-        }
-        for (k, port) in new_by_key {
-            let port = Arc::new(port);
-            self.snapshot.ports.insert(k.clone(), port.clone());
-            diff.record(k, None, Some(port));
+            self.snapshot.replace_service(&key, new_ports, diff);
         }
     }
 }
