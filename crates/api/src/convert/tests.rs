@@ -68,7 +68,7 @@ fn kpng_fields_describe_the_service_as_kpng_does() {
         (
             "default/web",
             "ClusterIP",
-            0,
+            5353,
             &[
                 ("10.244.1.2", true, true, true),
                 ("10.244.2.2", false, true, true),
