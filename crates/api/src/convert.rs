@@ -6,7 +6,8 @@
 //! [`kpng_model::ServicePort`], so that [`decode_service`] rebuilds exactly the ports
 //! [`encode_service`] was given:
 //! - per port and family (`Service.KpngPorts`): whether any endpoint exists, the local ready
-//!   count, the serving IPs;
+//!   count, the serving IPs that are not sent as endpoints (so that an endpoint change leaves
+//!   the Service value as it is);
 //! - per endpoint and port (`Endpoint.Kpng.Ports`): the DNAT port, which lists (cluster / local
 //!   policy) hold it, locality and conditions.
 //!
@@ -176,9 +177,15 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
             family: family_to_wire(sp.key.family) as i32,
             has_any_endpoints: sp.has_any_endpoints,
             local_ready_endpoints: sp.local_ready_endpoints,
-            serving_endpoint_i_ps: sp
+            serving_only_i_ps: sp
                 .serving_endpoint_ips
                 .iter()
+                .filter(|ip| {
+                    !sp.cluster_endpoints
+                        .iter()
+                        .chain(sp.local_endpoints.iter())
+                        .any(|e| e.serving && e.ip == **ip)
+                })
                 .map(|i| i.to_string())
                 .collect(),
         });
@@ -457,11 +464,16 @@ pub fn decode_service(
                 Some(s) => {
                     sp.has_any_endpoints = s.has_any_endpoints;
                     sp.local_ready_endpoints = s.local_ready_endpoints;
-                    sp.serving_endpoint_ips = sorted(parse_ips(
-                        &what,
-                        "KpngPorts.ServingEndpointIPs",
-                        &s.serving_endpoint_i_ps,
-                    )?);
+                    let mut serving =
+                        parse_ips(&what, "KpngPorts.ServingOnlyIPs", &s.serving_only_i_ps)?;
+                    serving.extend(
+                        sp.cluster_endpoints
+                            .iter()
+                            .chain(sp.local_endpoints.iter())
+                            .filter(|e| e.serving)
+                            .map(|e| e.ip),
+                    );
+                    sp.serving_endpoint_ips = sorted(serving);
                 }
                 None => {
                     let all = sp.all_reachable_endpoints();

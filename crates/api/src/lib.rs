@@ -6,6 +6,8 @@
 pub mod convert;
 #[cfg(test)]
 mod fixtures;
+pub mod hub;
+pub mod metrics;
 
 /// The generated `localv1` messages, `Sets` server and client.
 #[allow(missing_docs, clippy::all)]
