@@ -8,7 +8,7 @@ use kpng_backend::Backend;
 use kpng_backend::SyncTiming;
 use kpng_backend::health::ProxyHealth;
 use kpng_backend::metrics::ProxyMetrics;
-use kpng_backend::runner::{HealthCheckAddresses, Runner};
+use kpng_backend::runner::{HealthCheckAddresses, NodeModel, Runner};
 use kpng_model::{Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
@@ -22,7 +22,7 @@ use kpng_backend_nft::netlink::NetlinkWriter;
 use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
-use crate::cli::{Cli, Command, GlobalFlags, LocalBackend, NftArgs, Sink};
+use crate::cli::{BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NftArgs, NodeSink, Sink};
 
 /// The nftables backend configured from the flags.
 fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
@@ -99,28 +99,105 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::File(file) => {
-            let backend: Box<dyn Backend> = match &file.sink {
-                Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
-                Sink::ToLocal(local) => match &local.backend {
-                    LocalBackend::Nft(args) => Box::new(nft_backend(&cli.global, args)?),
-                },
-            };
             let source = FileSource::new(file.input, file.debounce);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            // Backends that program the node also get conntrack sysctls and health checks.
-            let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
-            runtime.block_on(serve(
+            let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
+            let (backend, programs_the_node) = match &file.sink {
+                Sink::ToApi(to_api) => {
+                    return runtime()?
+                        .block_on(crate::brain::serve(cli.global, to_api, run_source));
+                }
+                Sink::ToFile(t) => (
+                    Box::new(FileSink::new(Output::parse(&t.output))) as Box<dyn Backend>,
+                    false,
+                ),
+                Sink::ToLocal(local) => (local_backend(&cli.global, &local.backend)?, true),
+            };
+            let flags = cli.global;
+            runtime()?.block_on(async move {
+                let model = Model::new(model_config(&flags)?);
+                serve(flags, model, backend, programs_the_node, run_source).await
+            })
+        }
+        Command::Local(local) => {
+            let backend = local_backend(&cli.global, &local.backend)?;
+            runtime()?.block_on(serve_remote(cli.global, &local.brain, backend, true))
+        }
+        Command::Api(api) => {
+            let programs_the_node = matches!(api.sink, NodeSink::ToLocal(_));
+            let backend = node_sink(&cli.global, &api.sink)?;
+            runtime()?.block_on(serve_remote(
                 cli.global,
+                &api.brain,
                 backend,
                 programs_the_node,
-                |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
             ))
         }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn local_backend(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(match backend {
+        LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
+    })
+}
+
+fn node_sink(flags: &GlobalFlags, sink: &NodeSink) -> anyhow::Result<Box<dyn Backend>> {
+    match sink {
+        NodeSink::ToFile(t) => Ok(Box::new(FileSink::new(Output::parse(&t.output)))),
+        NodeSink::ToLocal(local) => local_backend(flags, &local.backend),
+    }
+}
+
+fn node_name(flags: &GlobalFlags) -> anyhow::Result<String> {
+    match flags.node_name.clone() {
+        Some(n) => Ok(n),
+        None => hostname(),
+    }
+}
+
+fn model_config(flags: &GlobalFlags) -> anyhow::Result<ModelConfig> {
+    Ok(ModelConfig {
+        node_name: node_name(flags)?,
+        service_proxy_name: flags.service_proxy_name.clone(),
+        node_ips: flags.node_ip.clone(),
+    })
+}
+
+/// A brain's node-local model into one backend: the same runner as in-process, fed by the
+/// Watch stream instead of Kubernetes objects.
+async fn serve_remote(
+    flags: GlobalFlags,
+    brain: &BrainFlags,
+    backend: Box<dyn Backend>,
+    programs_the_node: bool,
+) -> anyhow::Result<()> {
+    let node_name = node_name(&flags)?;
+    let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
+    let config = kpng_api::client::WatchConfig {
+        addr: brain.api.clone(),
+        tls: kpng_api::addr::TlsFiles {
+            cert: brain.api_tls_cert.clone(),
+            key: brain.api_tls_key.clone(),
+            ca: brain.api_tls_ca.clone(),
+        },
+        tls_server_name: brain.api_tls_server_name.clone(),
+        node_name,
+        retry_min: std::time::Duration::from_millis(100),
+        retry_max: brain.api_retry_max,
+    };
+    serve(flags, model, backend, programs_the_node, |tx| async move {
+        kpng_api::client::watch(config, tx).await;
+        Ok(())
+    })
+    .await
 }
 
 /// The OS hostname, lower-cased as kube-proxy does.
@@ -138,26 +215,19 @@ fn hostname() -> anyhow::Result<String> {
 
 /// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
 /// Rules are left in place on exit.
-async fn serve<F, Fut>(
+async fn serve<M, F, Fut>(
     flags: GlobalFlags,
+    model: M,
     backend: Box<dyn Backend>,
     programs_the_node: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce(mpsc::Sender<kpng_model::Event>) -> Fut,
+    M: NodeModel,
+    F: FnOnce(mpsc::Sender<M::Input>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let node_name = match flags.node_name.clone() {
-        Some(n) => n,
-        None => hostname()?,
-    };
-    info!(node = %node_name, backend = backend.name(), "starting kpng");
-    let model = Model::new(ModelConfig {
-        node_name,
-        service_proxy_name: flags.service_proxy_name.clone(),
-        node_ips: flags.node_ip.clone(),
-    });
+    info!(node = %model.snapshot().node.name, backend = backend.name(), "starting kpng");
     let timing = SyncTiming {
         min_sync_period: flags.min_sync_period,
         sync_period: flags.sync_period,
