@@ -157,6 +157,8 @@ pub struct FileSource {
 }
 
 /// The second word: where the model goes.
+// The variants are the command words (`to-file`, `to-local`, `to-api`).
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Subcommand)]
 pub enum Sink {
     /// Write the node-local model as YAML.
@@ -213,6 +215,7 @@ pub struct ApiSource {
 }
 
 /// Sinks of one node's model (a brain's stream is one node's view, so it cannot feed `to-api`).
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Subcommand)]
 pub enum NodeSink {
     /// Write the node-local model as YAML.
