@@ -166,11 +166,7 @@ async fn an_unmodified_kpng_client_sees_every_service_and_endpoint() {
     assert!(!remote.local && scopes.internal && !scopes.external);
     // KPNG's port resolution (Endpoint.PortMapping) finds every port of every endpoint.
     for (path, ep) in &endpoints {
-        let svc = &services[&path
-            .rsplitn(2, '/')
-            .nth(1)
-            .expect("service path")
-            .to_string()];
+        let svc = &services[path.rsplit_once('/').expect("service path").0];
         for port in &svc.ports {
             let by_name = ep.port_overrides.iter().any(|o| o.name == port.name);
             assert!(
