@@ -232,7 +232,7 @@ fn three_nodes_follow_one_brain_through_a_restart() {
         wait_until(
             "every node synced from the brain",
             || count(k, "synced backend=") >= 1,
-            &logs,
+            logs,
         );
     }
 
@@ -291,7 +291,7 @@ fn three_nodes_follow_one_brain_through_a_restart() {
             wait_until(
                 "the node noticed the brain is gone",
                 || count(k, "brain unreachable") >= 1,
-                &logs,
+                logs,
             );
         }
         // Rules stay: new connections work without the brain.
@@ -304,7 +304,7 @@ fn three_nodes_follow_one_brain_through_a_restart() {
             wait_until(
                 "the node watches the new brain",
                 || count(k, "watching the brain") >= 2,
-                &logs,
+                logs,
             );
         }
         flow.join().expect("udp thread")
@@ -336,7 +336,7 @@ fn three_nodes_follow_one_brain_through_a_restart() {
         wait_until(
             "every node synced the change",
             || count(k, "synced backend=") > *before,
-            &logs,
+            logs,
         );
     }
     for pod in ["pod1b", "pod2a", "pod3a"] {
