@@ -5,11 +5,13 @@
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4
 //! kpng-bench data-plane --services 30000
+//! kpng-bench api --services 30000 --endpoints 4 --clients 1000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
 //! Needs root (network namespaces, nftables). Internal subcommands `connect` and `serve` run
 //! inside the namespaces.
 
+mod api;
 mod control;
 mod data;
 mod stats;
@@ -68,6 +70,14 @@ fn main() -> ExitCode {
             num(&args, "--connects", 2000),
         )
         .map(|r| println!("{}", r.markdown())),
+        Some("api") => api::run(
+            &kpng,
+            num(&args, "--services", 30_000),
+            num(&args, "--endpoints", 4),
+            num(&args, "--clients", 1000),
+            num(&args, "--changes", 5),
+        )
+        .map(|r| println!("{}{}", api::ApiResult::markdown_header(), r.markdown_row())),
         Some("all") => all(
             &kpng,
             args.iter().any(|a| a == "--quick"),
@@ -75,7 +85,7 @@ fn main() -> ExitCode {
         ),
         _ => {
             eprintln!(
-                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane"
+                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api"
             );
             return ExitCode::from(2);
         }
@@ -121,6 +131,19 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
         report.push_str(&r.markdown());
         report.push('\n');
         data_results.push(r);
+    }
+    report.push_str("\n## API: one brain, simulated node clients (gRPC over a Unix socket)\n\n");
+    report.push_str(api::ApiResult::markdown_header());
+    let api_sizes: &[(usize, usize)] = if quick {
+        &[(1000, 50)]
+    } else {
+        &[(30_000, 1000)]
+    };
+    for (n, clients) in api_sizes {
+        eprintln!("api: {n} Services × 4 endpoints, {clients} clients …");
+        let r = api::run(kpng, *n, 4, *clients, if quick { 3 } else { 5 })?;
+        report.push_str(&r.markdown_row());
+        report.push('\n');
     }
     report.push_str(&targets(&control_results, &data_results));
     println!("{report}");
