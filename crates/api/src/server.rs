@@ -116,7 +116,7 @@ async fn serve_watch(
     peer: Option<std::net::SocketAddr>,
 ) {
     let mut registration: Option<Registration> = None;
-    loop {
+    'stream: loop {
         let request = tokio::select! {
             r = requests.message() => r,
             _ = tx.closed() => break,
@@ -144,7 +144,7 @@ async fn serve_watch(
         loop {
             let pending = tokio::select! {
                 p = reg.slot.next() => p,
-                _ = tx.closed() => return,
+                _ = tx.closed() => break 'stream,
             };
             let mut sent = 0u64;
             let mut synced = false;
@@ -155,7 +155,7 @@ async fn serve_watch(
                     sent += 1;
                 }
                 if tx.send(Ok(op)).await.is_err() {
-                    return;
+                    break 'stream;
                 }
             }
             hub.metrics().ops.inc_by(sent);
