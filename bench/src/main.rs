@@ -6,12 +6,18 @@
 //! kpng-bench control-plane --services 30000 --endpoints 4
 //! kpng-bench data-plane --services 30000
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
+//! kpng-bench conntrack --entries 1000000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
-//! Needs root (network namespaces, nftables). Internal subcommands `connect` and `serve` run
-//! inside the namespaces.
+//! Needs root (network namespaces, nftables, conntrack). Internal subcommands `connect`,
+//! `serve` and `conntrack-inner` run inside the namespaces.
+
+/// The same allocator as kpng, so `mem` measures what kpng would hold.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod api;
+mod conntrack;
 mod control;
 mod data;
 mod stats;
@@ -78,6 +84,10 @@ fn main() -> ExitCode {
             num(&args, "--changes", 5),
         )
         .map(|r| println!("{}{}", api::ApiResult::markdown_header(), r.markdown_row())),
+        Some("conntrack") => {
+            conntrack::run(num(&args, "--entries", 1_000_000)).map(|r| println!("{}", r.markdown()))
+        }
+        Some("conntrack-inner") => conntrack::inner(num(&args, "--entries", 1_000_000)),
         Some("all") => all(
             &kpng,
             args.iter().any(|a| a == "--quick"),
@@ -85,7 +95,7 @@ fn main() -> ExitCode {
         ),
         _ => {
             eprintln!(
-                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api"
+                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | conntrack [--entries N]"
             );
             return ExitCode::from(2);
         }
@@ -145,7 +155,12 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
         report.push_str(&r.markdown_row());
         report.push('\n');
     }
-    report.push_str(&targets(&control_results, &data_results));
+    let entries = if quick { 10_000 } else { 1_000_000 };
+    eprintln!("UDP conntrack cleanup: {entries} unrelated entries …");
+    let cleanup = conntrack::run(entries)?;
+    report.push_str("\n## UDP conntrack cleanup\n\n");
+    report.push_str(&cleanup.markdown());
+    report.push_str(&targets(&control_results, &data_results, &cleanup));
     println!("{report}");
     if write_docs {
         let doc = format!(
@@ -157,8 +172,10 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Resident memory of this process, and the bytes jemalloc reports live in allocations, so
+/// `mem` tells what a structure really holds from what the allocator keeps around it.
+fn rss_mb() -> String {
+    let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
@@ -166,7 +183,12 @@ fn rss_mb() -> f64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
+        .unwrap_or(f64::NAN);
+    let _ = tikv_jemalloc_ctl::epoch::advance();
+    let live = tikv_jemalloc_ctl::stats::allocated::read()
+        .map(|b| b as f64 / 1048576.0)
+        .unwrap_or(f64::NAN);
+    format!("{rss:.0} MB resident, {live:.0} MB allocated")
 }
 
 /// The manifest files of a workload directory, sorted.
@@ -193,7 +215,7 @@ fn objects_of(path: &std::path::Path) -> Result<Vec<kpng_model::Object>, String>
 /// `KPNG_MEM_STREAM_ONLY=1` measures only the streamed model, in a fresh process.
 fn mem(input: &str) -> Result<(), String> {
     use kpng_model::{Event, Kind, Model, ModelConfig};
-    println!("start: {:.0} MB", rss_mb());
+    println!("start: {}", rss_mb());
     println!(
         "sizes: ServicePort {} B, Endpoint {} B, SliceInfo {} B, SliceEndpoint {} B, ServiceInfo {} B, PortKey {} B",
         std::mem::size_of::<kpng_model::ServicePort>(),
@@ -223,29 +245,25 @@ fn mem(input: &str) -> Result<(), String> {
         for p in &paths {
             objects.extend(objects_of(p)?);
         }
-        println!(
-            "parsed {} objects, all held: {:.0} MB",
-            objects.len(),
-            rss_mb()
-        );
+        println!("parsed {} objects, all held: {}", objects.len(), rss_mb());
         let mut model = new_model();
         let out = model.apply(Event::Replace {
             kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
             objects,
         });
         println!(
-            "model applied ({} changes), objects dropped: {:.0} MB",
+            "model applied ({} changes), objects dropped: {}",
             out.diff.changes.len(),
             rss_mb()
         );
         drop(out);
         drop(model);
-        println!("model dropped: {:.0} MB", rss_mb());
+        println!("model dropped: {}", rss_mb());
     }
     let mut model = new_model();
     streamed(&mut model)?;
     println!(
-        "streamed into a model: {:.0} MB ({} ports)",
+        "streamed into a model: {} ({} ports)",
         rss_mb(),
         model.snapshot().ports.len()
     );
@@ -253,7 +271,11 @@ fn mem(input: &str) -> Result<(), String> {
 }
 
 /// The issue's targets, each with the measured figure and its ratio to the target.
-fn targets(control: &[control::ControlResult], data: &[data::DataResult]) -> String {
+fn targets(
+    control: &[control::ControlResult],
+    data: &[data::DataResult],
+    cleanup: &conntrack::ConntrackResult,
+) -> String {
     let mut rows: Vec<(String, String, String)> = Vec::new();
     let find = |n: usize| control.iter().find(|r| r.n == n);
     let verdict = |ok: bool, ratio: f64| {
@@ -310,6 +332,23 @@ fn targets(control: &[control::ControlResult], data: &[data::DataResult]) -> Str
             verdict(rate >= 0.9, 0.9 / rate),
         ));
     }
+    let pass = &cleanup.after_change;
+    let secs = pass.duration.as_secs_f64();
+    rows.push((
+        format!(
+            "UDP conntrack cleanup after a change, {} unrelated entries, ≤ 1 s, none deleted",
+            cleanup.unrelated
+        ),
+        format!(
+            "{secs:.2} s, {}",
+            if pass.exact() {
+                "none deleted"
+            } else {
+                "**unrelated entries deleted**"
+            }
+        ),
+        verdict(secs <= 1.0 && pass.exact(), secs / 1.0),
+    ));
     let mut s = String::from("\n## Targets\n\n| target | measured | verdict |\n|---|---|---|\n");
     for (t, m, v) in rows {
         s.push_str(&format!("| {t} | {m} | {v} |\n"));

@@ -7,10 +7,17 @@
 //! - a backend keeps its rules while the brain is away (nothing is sent, nothing changes);
 //! - the `Reset` replay after a reconnect becomes a minimal diff: unchanged Services produce
 //!   no change at all, Services that vanished meanwhile are removed.
+//!
+//! The runner's change counters come from the stream: every `Service` value set or deleted is
+//! a Service change, every `Endpoint` value an endpoint change. The brain forwards no
+//! EndpointSlice trigger times, so `kubeproxy_network_programming_duration_seconds` is observed
+//! only where the Kubernetes objects are seen (an in-process `kube` source), not on API nodes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
+
+use ipnet::IpNet;
 
 use hyper_util::rt::TokioIo;
 use kpng_backend::runner::{InputInfo, NodeModel};
@@ -22,7 +29,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tracing::{info, warn};
 
 use crate::addr::{ApiAddr, TlsFiles};
-use crate::convert::{DecodeError, decode_node, decode_service};
+use crate::convert::{DecodeError, decode_node, decode_service, decode_service_cidrs};
 use crate::proto;
 use crate::proto::op_item::Op;
 use crate::proto::sets_client::SetsClient;
@@ -32,8 +39,14 @@ use crate::proto::sets_client::SetsClient;
 pub struct RemoteUpdate {
     /// The node's properties, when they were sent.
     pub node: Option<NodeState>,
+    /// The cluster's ServiceCIDR ranges, when they were sent (or reset).
+    pub service_cidrs: Option<Vec<IpNet>>,
     /// Every touched Service with all its ports now (empty: the Service is gone).
     pub services: Vec<(ServiceKey, Vec<ServicePort>)>,
+    /// Services whose `Service` value was set or deleted (kube-proxy's Service changes).
+    pub service_changes: Vec<ServiceKey>,
+    /// `Endpoint` values set or deleted (kube-proxy's endpoint changes).
+    pub endpoint_changes: usize,
 }
 
 /// The node-local state received from a brain, as the runner's model.
@@ -61,8 +74,13 @@ impl RemoteModel {
 impl NodeModel for RemoteModel {
     type Input = RemoteUpdate;
 
-    fn describe(_: &RemoteUpdate) -> InputInfo {
-        InputInfo::default()
+    fn describe(update: &RemoteUpdate) -> InputInfo {
+        // No Kubernetes object reaches this node: only the change counters move.
+        InputInfo {
+            service_changes: update.service_changes.len() as u64,
+            endpoint_changes: update.endpoint_changes as u64,
+            ..InputInfo::default()
+        }
     }
 
     fn apply(&mut self, update: RemoteUpdate) -> ApplyOutcome {
@@ -76,6 +94,12 @@ impl NodeModel for RemoteModel {
                 diff.node_changed = true;
             }
         }
+        if let Some(cidrs) = update.service_cidrs
+            && cidrs != self.snapshot.service_cidrs
+        {
+            self.snapshot.service_cidrs = cidrs;
+            diff.node_changed = true;
+        }
         for (key, ports) in update.services {
             self.snapshot.replace_service(&key, ports, &mut diff);
         }
@@ -88,6 +112,8 @@ impl NodeModel for RemoteModel {
         ApplyOutcome {
             diff,
             listed,
+            services_changed: update.service_changes,
+            slices_changed: update.endpoint_changes,
             ..ApplyOutcome::default()
         }
     }
@@ -103,8 +129,12 @@ pub struct WireState {
     services: BTreeMap<ServiceKey, proto::Service>,
     endpoints: BTreeMap<ServiceKey, BTreeMap<String, proto::Endpoint>>,
     node: Option<NodeState>,
+    service_cidrs: Vec<IpNet>,
     touched: BTreeSet<ServiceKey>,
     node_touched: bool,
+    service_cidrs_touched: bool,
+    service_changes: BTreeSet<ServiceKey>,
+    endpoint_changes: usize,
 }
 
 fn bad_path(path: &str, set: &str) -> DecodeError {
@@ -151,6 +181,8 @@ impl WireState {
                 self.touched.extend(self.endpoints.keys().cloned());
                 self.services.clear();
                 self.endpoints.clear();
+                self.service_cidrs.clear();
+                self.service_cidrs_touched = true;
             }
             Some(Op::Set(value)) => {
                 let r = value.r#ref.unwrap_or_default();
@@ -160,7 +192,8 @@ impl WireState {
                         let service = proto::Service::decode(value.bytes)
                             .map_err(|e| decode_error("Service", &r.path, e))?;
                         self.services.insert(key.clone(), service);
-                        self.touched.insert(key);
+                        self.touched.insert(key.clone());
+                        self.service_changes.insert(key);
                     }
                     Ok(proto::Set::EndpointsSet) => {
                         let (key, ep_key) = endpoint_path(&r.path)?;
@@ -171,12 +204,19 @@ impl WireState {
                             .or_default()
                             .insert(ep_key, endpoint);
                         self.touched.insert(key);
+                        self.endpoint_changes += 1;
                     }
                     Ok(proto::Set::KpngNodeSet) => {
                         let node = proto::KpngNode::decode(value.bytes)
                             .map_err(|e| decode_error("Node", &r.path, e))?;
                         self.node = Some(decode_node(&node)?);
                         self.node_touched = true;
+                    }
+                    Ok(proto::Set::KpngServiceCidRsSet) => {
+                        let value = proto::KpngServiceCidRs::decode(value.bytes)
+                            .map_err(|e| decode_error("ServiceCIDRs", &r.path, e))?;
+                        self.service_cidrs = decode_service_cidrs(&value)?;
+                        self.service_cidrs_touched = true;
                     }
                     // Sets we do not watch.
                     _ => {}
@@ -187,12 +227,15 @@ impl WireState {
                     let key = service_path(&r.path)?;
                     self.services.remove(&key);
                     self.endpoints.remove(&key);
-                    self.touched.insert(key);
+                    self.touched.insert(key.clone());
+                    self.service_changes.insert(key);
                 }
                 Ok(proto::Set::EndpointsSet) => {
                     let (key, ep_key) = endpoint_path(&r.path)?;
                     if let Some(eps) = self.endpoints.get_mut(&key) {
-                        eps.remove(&ep_key);
+                        if eps.remove(&ep_key).is_some() {
+                            self.endpoint_changes += 1;
+                        }
                         if eps.is_empty() {
                             self.endpoints.remove(&key);
                         }
@@ -216,7 +259,13 @@ impl WireState {
             } else {
                 None
             },
+            service_cidrs: std::mem::take(&mut self.service_cidrs_touched)
+                .then(|| self.service_cidrs.clone()),
             services: Vec::new(),
+            service_changes: std::mem::take(&mut self.service_changes)
+                .into_iter()
+                .collect(),
+            endpoint_changes: std::mem::take(&mut self.endpoint_changes),
         };
         let empty = BTreeMap::new();
         for key in std::mem::take(&mut self.touched) {

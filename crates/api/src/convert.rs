@@ -6,7 +6,7 @@
 //! [`kpng_model::ServicePort`], so that [`decode_service`] rebuilds exactly the ports
 //! [`encode_service`] was given:
 //! - per port and family (`Service.KpngPorts`): whether any endpoint exists, the local ready
-//!   count, the serving IPs that are not sent as endpoints (so that an endpoint change leaves
+//!   count, the serving endpoints (`IP:port`) that are not sent as endpoints (so that an endpoint change leaves
 //!   the Service value as it is);
 //! - per endpoint and port (`Endpoint.Kpng.Ports`): the DNAT port, which lists (cluster / local
 //!   policy) hold it, locality and conditions.
@@ -16,11 +16,11 @@
 //! The path key of an endpoint is its IP.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use kpng_model::{
-    Endpoint, Family, NodeState, PortKey, Protocol, ServiceKey, ServicePort, SessionAffinity,
+    Endpoint, Family, Name, NodeState, PortKey, Protocol, ServiceKey, ServicePort, SessionAffinity,
     ip::parse_ip_sloppy, sort_endpoints,
 };
 use prost::Message;
@@ -120,7 +120,7 @@ fn service_type(ports: &[&ServicePort]) -> &'static str {
 /// One endpoint's messages under construction: its ports by (name, protocol).
 #[derive(Default)]
 struct EndpointBuild {
-    ports: BTreeMap<(String, Protocol), proto::KpngEndpointPort>,
+    ports: BTreeMap<(Name, Protocol), proto::KpngEndpointPort>,
     internal: bool,
     external: bool,
 }
@@ -133,8 +133,8 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
     let first = *ports.first()?;
     let key = &first.key.service;
     let mut service = proto::Service {
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
+        namespace: key.namespace.to_string(),
+        name: key.name.to_string(),
         r#type: service_type(&ports).to_string(),
         external_traffic_to_local: first.external_policy_local,
         internal_traffic_to_local: first.internal_policy_local,
@@ -150,9 +150,9 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
     let mut external_ips = Vec::new();
     let mut lb_ips = Vec::new();
     let mut ranges: Vec<IpNet> = Vec::new();
-    let mut mappings: BTreeMap<(String, Protocol), proto::PortMapping> = BTreeMap::new();
+    let mut mappings: BTreeMap<(Name, Protocol), proto::PortMapping> = BTreeMap::new();
     // The endpoint port of each Service port, when every endpoint agrees (KPNG's TargetPort).
-    let mut targets: BTreeMap<(String, Protocol), Option<u16>> = BTreeMap::new();
+    let mut targets: BTreeMap<(Name, Protocol), Option<u16>> = BTreeMap::new();
     let mut endpoints: BTreeMap<IpAddr, (Endpoint, EndpointBuild)> = BTreeMap::new();
     for sp in &ports {
         if !cluster_ips.contains(&sp.cluster_ip) {
@@ -165,28 +165,28 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
         mappings
             .entry(pk.clone())
             .or_insert_with(|| proto::PortMapping {
-                name: sp.key.port_name.clone(),
+                name: sp.key.port_name.to_string(),
                 protocol: protocol_to_wire(sp.key.protocol) as i32,
                 port: port_i32(sp.port),
                 node_port: sp.node_port.map_or(0, port_i32),
                 ..proto::PortMapping::default()
             });
         service.kpng_ports.push(proto::KpngPortStatus {
-            name: sp.key.port_name.clone(),
+            name: sp.key.port_name.to_string(),
             protocol: protocol_to_wire(sp.key.protocol) as i32,
             family: family_to_wire(sp.key.family) as i32,
             has_any_endpoints: sp.has_any_endpoints,
             local_ready_endpoints: sp.local_ready_endpoints,
-            serving_only_i_ps: sp
-                .serving_endpoint_ips
+            serving_only_endpoints: sp
+                .serving_endpoints
                 .iter()
-                .filter(|ip| {
+                .filter(|addr| {
                     !sp.cluster_endpoints
                         .iter()
                         .chain(sp.local_endpoints.iter())
-                        .any(|e| e.serving && e.ip == **ip)
+                        .any(|e| e.serving && e.addr() == **addr)
                 })
-                .map(|i| i.to_string())
+                .map(|a| a.to_string())
                 .collect(),
         });
         for (list, in_cluster) in [(&sp.cluster_endpoints, true), (&sp.local_endpoints, false)] {
@@ -208,7 +208,7 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
                         .ports
                         .entry(pk.clone())
                         .or_insert_with(|| proto::KpngEndpointPort {
-                            name: sp.key.port_name.clone(),
+                            name: sp.key.port_name.to_string(),
                             protocol: protocol_to_wire(sp.key.protocol) as i32,
                             port: port_i32(ep.port),
                             is_local: ep.is_local,
@@ -284,6 +284,26 @@ fn parse_ips(what: &str, field: &str, values: &[String]) -> Result<Vec<IpAddr>, 
                 .ok_or_else(|| error(what, field, format!("{v:?} is not an IP address")))
         })
         .collect()
+}
+
+fn parse_endpoints(
+    what: &str,
+    field: &str,
+    values: &[String],
+) -> Result<Vec<SocketAddr>, DecodeError> {
+    values
+        .iter()
+        .map(|v| {
+            v.parse()
+                .map_err(|_| error(what, field, format!("{v:?} is not an IP:port")))
+        })
+        .collect()
+}
+
+fn sorted_endpoints(mut v: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    v.sort();
+    v.dedup();
+    v
 }
 
 fn family_ips(set: Option<&proto::IpSet>, family: Family) -> &[String] {
@@ -403,7 +423,7 @@ pub fn decode_service(
             let mut sp = ServicePort {
                 key: PortKey {
                     service: key.clone(),
-                    port_name: mapping.name.clone(),
+                    port_name: mapping.name.as_str().into(),
                     protocol,
                     family,
                 },
@@ -425,7 +445,7 @@ pub fn decode_service(
                 local_endpoints: Vec::new(),
                 has_any_endpoints: false,
                 local_ready_endpoints: 0,
-                serving_endpoint_ips: Vec::new(),
+                serving_endpoints: Vec::new(),
             };
             for (ip, ep, ep_what) in &decoded_eps {
                 if Family::of(ip) != family {
@@ -464,23 +484,26 @@ pub fn decode_service(
                 Some(s) => {
                     sp.has_any_endpoints = s.has_any_endpoints;
                     sp.local_ready_endpoints = s.local_ready_endpoints;
-                    let mut serving =
-                        parse_ips(&what, "KpngPorts.ServingOnlyIPs", &s.serving_only_i_ps)?;
+                    let mut serving = parse_endpoints(
+                        &what,
+                        "KpngPorts.ServingOnlyEndpoints",
+                        &s.serving_only_endpoints,
+                    )?;
                     serving.extend(
                         sp.cluster_endpoints
                             .iter()
                             .chain(sp.local_endpoints.iter())
                             .filter(|e| e.serving)
-                            .map(|e| e.ip),
+                            .map(|e| e.addr()),
                     );
-                    sp.serving_endpoint_ips = sorted(serving);
+                    sp.serving_endpoints = sorted_endpoints(serving);
                 }
                 None => {
                     let all = sp.all_reachable_endpoints();
                     sp.has_any_endpoints = !all.is_empty();
                     sp.local_ready_endpoints =
                         u32::try_from(sp.local_endpoints.len()).unwrap_or(u32::MAX);
-                    sp.serving_endpoint_ips = sorted(all.iter().map(|e| e.ip).collect());
+                    sp.serving_endpoints = sorted_endpoints(all.iter().map(|e| e.addr()).collect());
                 }
             }
             out.push(sp);
@@ -532,6 +555,31 @@ fn legacy_endpoint(
     if ep.local {
         sp.local_endpoints.push(endpoint);
     }
+}
+
+/// Encodes the cluster's ServiceCIDR ranges.
+pub fn encode_service_cidrs(cidrs: &[IpNet]) -> Bytes {
+    Bytes::from(
+        proto::KpngServiceCidRs {
+            cid_rs: cidrs.iter().map(|n| n.to_string()).collect(),
+        }
+        .encode_to_vec(),
+    )
+}
+
+/// Decodes the cluster's ServiceCIDR ranges (sorted, without duplicates).
+pub fn decode_service_cidrs(value: &proto::KpngServiceCidRs) -> Result<Vec<IpNet>, DecodeError> {
+    let mut cidrs = value
+        .cid_rs
+        .iter()
+        .map(|raw| {
+            raw.parse::<IpNet>()
+                .map_err(|_| error("ServiceCIDRs", "CIDRs", format!("{raw:?} is not a CIDR")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    cidrs.sort();
+    cidrs.dedup();
+    Ok(cidrs)
 }
 
 /// Encodes the watching node's properties.

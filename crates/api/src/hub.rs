@@ -14,9 +14,13 @@
 //!   only real differences become ops. Nothing is ever recomputed for every node on a change.
 //! - The first request (and a node rename or zone change) re-evaluates every Service from a
 //!   shared snapshot of the entries, not a per-watcher copy.
+//! - The cluster's ServiceCIDR ranges (one shared list) go to every watcher after its `Reset`
+//!   and whenever they change.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use ipnet::IpNet;
 
 use kpng_model::{
     ClusterModel, ClusterOutcome, Event, Kind, NodeState, ServiceKey, ServicePort, ServiceSource,
@@ -24,7 +28,7 @@ use kpng_model::{
 };
 use tokio::sync::Notify;
 
-use crate::convert::{ServiceMessages, encode_node, encode_service};
+use crate::convert::{ServiceMessages, encode_node, encode_service, encode_service_cidrs};
 use crate::metrics::ApiMetrics;
 use crate::proto;
 use crate::proto::op_item::Op;
@@ -87,6 +91,9 @@ pub struct Pending {
     pub old_node: Option<NodeState>,
     /// The node state to compute views with now.
     pub node: NodeState,
+    /// The cluster's ServiceCIDR ranges, when they must be sent (a change, or a replay while
+    /// there are some).
+    pub service_cidrs: Option<Arc<Vec<IpNet>>>,
 }
 
 impl Pending {
@@ -94,7 +101,10 @@ impl Pending {
         // Before its first change set (`old_node: None`) a watcher waits for the replay.
         self.replay
             || self.old_node.as_ref().is_some_and(|old| {
-                self.base.is_some() || !self.changes.is_empty() || *old != self.node
+                self.base.is_some()
+                    || !self.changes.is_empty()
+                    || *old != self.node
+                    || self.service_cidrs.is_some()
             })
     }
 
@@ -135,12 +145,20 @@ impl Pending {
 }
 
 impl Pending {
-    /// The ops of this change set, in protocol order: `Reset` (first request), the node's
-    /// properties (when they changed), then per Service its `Service` Set, its `Endpoint` Sets
+    /// The ops of this change set, in protocol order: `Reset` (first request), the ServiceCIDR
+    /// ranges (first request or when they changed), the node's properties (when they changed),
+    /// then per Service its `Service` Set, its `Endpoint` Sets
     /// and Deletes, and its `Service` Delete last, so an endpoint never exists without its
     /// Service. Ends with `Sync` unless nothing at all changed for this watcher.
     pub fn ops(&self) -> impl Iterator<Item = proto::OpItem> + '_ {
         let reset = self.replay.then(|| op(Op::Reset(proto::EmptyOp {})));
+        let cidrs = self.service_cidrs.as_ref().map(|cidrs| {
+            set(
+                proto::Set::KpngServiceCidRsSet,
+                "cluster".to_string(),
+                encode_service_cidrs(cidrs),
+            )
+        });
         let node = (self.replay || self.old_node.as_ref() != Some(&self.node)).then(|| {
             set(
                 proto::Set::KpngNodeSet,
@@ -158,6 +176,7 @@ impl Pending {
         let mut synced = false;
         reset
             .into_iter()
+            .chain(cidrs)
             .chain(node)
             .chain(services)
             .map(Some)
@@ -335,6 +354,7 @@ struct Watcher {
 struct State {
     cluster: ClusterModel,
     entries: Arc<Entries>,
+    service_cidrs: Arc<Vec<IpNet>>,
     listed: BTreeSet<Kind>,
     synced: bool,
     watchers: HashMap<u64, Watcher>,
@@ -342,6 +362,12 @@ struct State {
 }
 
 impl State {
+    /// The ServiceCIDR ranges a replay sends: none when there are none (`Reset` already means
+    /// "no ranges") or before the cluster is listed.
+    fn replay_cidrs(&self) -> Option<Arc<Vec<IpNet>>> {
+        (self.synced && !self.service_cidrs.is_empty()).then(|| self.service_cidrs.clone())
+    }
+
     fn node(&self, name: &str) -> NodeState {
         node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
     }
@@ -436,6 +462,7 @@ impl Hub {
             pending: Mutex::new(Pending {
                 replay: state.synced,
                 base: state.synced.then(|| state.entries.clone()),
+                service_cidrs: state.replay_cidrs(),
                 node: state.node(node_name),
                 ..Pending::default()
             }),
@@ -481,6 +508,18 @@ impl Hub {
                 }
             }
         }
+        if out.service_cidrs_changed {
+            let cidrs = state.cluster.service_cidrs();
+            if cidrs != *state.service_cidrs {
+                state.service_cidrs = Arc::new(cidrs);
+                if state.synced {
+                    for (id, w) in &state.watchers {
+                        w.slot.lock().service_cidrs = Some(state.service_cidrs.clone());
+                        touched.insert(*id);
+                    }
+                }
+            }
+        }
         for name in &out.nodes {
             let node = state.node(name);
             for (id, w) in state.watchers.iter().filter(|(_, w)| &w.node_name == name) {
@@ -499,6 +538,7 @@ impl Hub {
                 let mut pending = w.slot.lock();
                 pending.replay = true;
                 pending.base = Some(state.entries.clone());
+                pending.service_cidrs = state.replay_cidrs();
                 pending.changes.clear();
                 touched.insert(*id);
             }

@@ -55,7 +55,8 @@ pub struct NftConfig {
     pub detect_local: DetectLocal,
     /// `--nodeport-addresses`.
     pub nodeport_addresses: NodePortAddresses,
-    /// `--service-cidr`: traffic to unallocated IPs inside them is dropped.
+    /// `--service-cidr`: traffic to unallocated IPs inside them is dropped (as inside the
+    /// cluster's ServiceCIDR objects, which come with the snapshot).
     pub service_cidrs: Vec<IpNet>,
     /// The families to program.
     pub families: Vec<Family>,
@@ -165,7 +166,10 @@ impl NftBackend {
             return *id;
         }
         let id = self.next_owner;
-        self.next_owner = self.next_owner.wrapping_add(1).max(NODE_OWNER + 1);
+        self.next_owner = match self.next_owner.wrapping_add(1) {
+            store::SHARED => NODE_OWNER + 1,
+            next => next.max(NODE_OWNER + 1),
+        };
         self.owners.insert(key.clone(), id);
         self.owner_keys.insert(id, key.clone());
         id
@@ -201,7 +205,15 @@ impl NftBackend {
                 comment: None,
             })
             .collect();
-        let cidrs = IpNet::aggregate(&self.config.service_cidrs);
+        // `--service-cidr` and the cluster's ServiceCIDR objects alike.
+        let all: Vec<IpNet> = self
+            .config
+            .service_cidrs
+            .iter()
+            .chain(&snapshot.service_cidrs)
+            .copied()
+            .collect();
+        let cidrs = IpNet::aggregate(&all);
         out.extend(
             cidrs
                 .iter()
@@ -362,17 +374,16 @@ impl NftBackend {
         Ok(count)
     }
 
-    /// Creates the dynamic chains `elements` need that do not exist yet, in one text
+    /// Creates the dynamic chains in `needed` that do not exist yet, in one text
     /// transaction of its own (an unused chain does nothing, so this is safe before the
     /// elements that use it).
-    fn ensure_chains<'e>(
+    fn ensure_chains(
         &mut self,
         index: usize,
-        elements: impl Iterator<Item = &'e Element>,
+        needed: impl Iterator<Item = ruleset::DynamicChain>,
     ) -> Result<(), String> {
         let fam = self.states[index].fam;
-        let missing: BTreeSet<_> = elements
-            .filter_map(|e| script::referenced_chain(&e.value))
+        let missing: BTreeSet<_> = needed
             .filter(|c| !self.states[index].chains.contains(&c.name()))
             .collect();
         if missing.is_empty() {
@@ -409,7 +420,11 @@ impl NftBackend {
         ops: Vec<store::ElementOp>,
     ) -> Result<(), String> {
         let (deletes, adds) = store::order_ops(ops);
-        self.ensure_chains(index, adds.iter())?;
+        self.ensure_chains(
+            index,
+            adds.iter()
+                .filter_map(|e| script::referenced_chain(&e.value)),
+        )?;
         let deletes: Vec<(&str, &str)> = deletes.iter().map(|(s, k)| (*s, k.as_str())).collect();
         self.netlink_apply(index, &[], &deletes, &adds)
     }
@@ -425,25 +440,6 @@ impl NftBackend {
         cfg: StaticConfig,
     ) -> Result<usize, BackendError> {
         let fam = self.states[index].fam;
-        let node_ips = request.snapshot.node.ips.clone();
-        let mut store = ElementStore::new();
-        let (mut all, mut index_of) = (Vec::new(), HashMap::new());
-        for port in request.snapshot.family(fam.0) {
-            let owner = self.owner(&port.key);
-            store.build(
-                owner,
-                self.port_elements(port, owner, &node_ips),
-                &mut all,
-                &mut index_of,
-            );
-        }
-        let node = self.node_elements(fam, request.snapshot);
-        store.build(NODE_OWNER, node, &mut all, &mut index_of);
-        drop(index_of);
-        // The text path sorts (stable scripts, golden files); netlink does not care.
-        if self.netlink.is_none() {
-            all.sort();
-        }
         let skeleton = ruleset::skeleton(fam, &self.config.table, &cfg);
         let comment = ruleset::skeleton_comment(&skeleton)
             .unwrap_or_default()
@@ -458,37 +454,16 @@ impl NftBackend {
         } else {
             KernelTable::Unknown
         };
-        let ops = all.len();
-        let result: Result<(), String> = match kernel {
-            KernelTable::Skeleton(c) if c == comment => {
-                // Adopt: same skeleton; refill every set atomically.
-                self.states[index].chains.clear();
-                let flush = ruleset::element_sets(&skeleton);
-                let flush: Vec<&str> = flush.iter().map(String::as_str).collect();
-                self.ensure_chains(index, all.iter())
-                    .and_then(|()| self.netlink_apply(index, &flush, &[], &all))
-            }
-            KernelTable::Absent => {
-                // Nothing works yet, so nothing can be interrupted: skeleton, then elements.
-                let (text, chains) = script::replace(fam, &self.config.table, &cfg, &[]);
-                self.exec
-                    .run_full(&text)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| {
-                        self.states[index].chains = chains;
-                        self.ensure_chains(index, all.iter())?;
-                        self.netlink_apply(index, &[], &[], &all)
-                    })
-            }
-            _ => {
-                let (text, chains) = script::replace(fam, &self.config.table, &cfg, &all);
-                self.exec
-                    .run_full(&text)
-                    .map(|()| self.states[index].chains = chains)
-                    .map_err(|e| e.to_string())
-            }
+        let adopt = matches!(&kernel, KernelTable::Skeleton(c) if *c == comment);
+        let streamed = if adopt || kernel == KernelTable::Absent {
+            self.streamed_full(index, request.snapshot, &cfg, &skeleton, adopt)
+        } else {
+            None
         };
-        drop(all);
+        let (result, store, ops) = match streamed {
+            Some(done) => done,
+            None => self.collected_full(index, request.snapshot, &cfg, &skeleton, adopt),
+        };
         match result {
             Ok(()) => {
                 let state = &mut self.states[index];
@@ -504,6 +479,171 @@ impl NftBackend {
                 Err(self.fail_with(index, ops, message))
             }
         }
+    }
+
+    /// Calls `f` with the elements of every Service port of the family, one port at a time,
+    /// then with the node-level elements.
+    fn each_owner(
+        &mut self,
+        fam: Fam,
+        snapshot: &Snapshot,
+        mut f: impl FnMut(OwnerId, Vec<Element>),
+    ) {
+        let node_ips = snapshot.node.ips.clone();
+        for port in snapshot.family(fam.0) {
+            let owner = self.owner(&port.key);
+            f(owner, self.port_elements(port, owner, &node_ips));
+        }
+        f(NODE_OWNER, self.node_elements(fam, snapshot));
+    }
+
+    /// The full sync over netlink, encoding elements as they are generated so that no list of
+    /// every element is ever held (that list was the largest allocation of a cold start).
+    /// `None` when two owners disagree about an element in a way only the collected path
+    /// resolves (rare: conflicting Services); nothing was sent then.
+    fn streamed_full(
+        &mut self,
+        index: usize,
+        snapshot: &Snapshot,
+        cfg: &StaticConfig,
+        skeleton: &str,
+        adopt: bool,
+    ) -> Option<(Result<(), String>, ElementStore, usize)> {
+        let fam = self.states[index].fam;
+        let mut store = ElementStore::new();
+        let mut batch = match netlink::ElementBatch::new(fam.0, &self.config.table) {
+            Ok(batch) => batch,
+            Err(e) => return Some((Err(e.to_string()), ElementStore::new(), 0)),
+        };
+        let mut chains = BTreeSet::new();
+        let (mut superseded, mut failed) = (false, None);
+        if adopt {
+            for set in ruleset::element_sets(skeleton) {
+                if let Err(e) = batch.flush(&set) {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+        }
+        self.each_owner(fam, snapshot, |owner, elements| {
+            for e in elements {
+                match store.build_one(owner, &e) {
+                    store::Built::Emit => {
+                        chains.extend(script::referenced_chain(&e.value));
+                        if let Err(err) = batch.add(&e) {
+                            failed.get_or_insert(err.to_string());
+                        }
+                    }
+                    store::Built::Skip => {}
+                    store::Built::Supersede => superseded = true,
+                }
+            }
+        });
+        if superseded {
+            debug!("conflicting elements: full sync through the collected path");
+            return None;
+        }
+        let ops = batch.adds();
+        if let Some(message) = failed {
+            return Some((Err(message), store, ops));
+        }
+        let result = if adopt {
+            // Same skeleton: refill every set atomically (the affinity map is kept).
+            self.states[index].chains.clear();
+            self.ensure_chains(index, chains.into_iter())
+        } else {
+            // Nothing works yet, so nothing can be interrupted: skeleton, then elements.
+            let (text, skeleton_chains) = script::replace(fam, &self.config.table, cfg, &[]);
+            self.exec
+                .run_full(&text)
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    self.states[index].chains = skeleton_chains;
+                    self.ensure_chains(index, chains.into_iter())
+                })
+        };
+        let result = result.and_then(|()| self.commit_streamed(fam, snapshot, batch));
+        Some((result, store, ops))
+    }
+
+    /// Sends a streamed full-sync batch; an element the kernel rejects is found again by
+    /// regenerating the same sequence.
+    fn commit_streamed(
+        &mut self,
+        fam: Fam,
+        snapshot: &Snapshot,
+        batch: netlink::ElementBatch,
+    ) -> Result<(), String> {
+        let Some(mut writer) = self.netlink.take() else {
+            return Err("no netlink writer".into());
+        };
+        let this: &NftBackend = self;
+        let describe = |op: netlink::Operation, n: usize| match op {
+            netlink::Operation::Add => this.nth_full_element(fam, snapshot, n),
+            _ => None,
+        };
+        let result = writer.commit(batch, &describe).map_err(|e| e.to_string());
+        self.netlink = Some(writer);
+        result
+    }
+
+    /// The `n`th element a streamed full sync emitted (for error messages only).
+    fn nth_full_element(&self, fam: Fam, snapshot: &Snapshot, n: usize) -> Option<String> {
+        let node_ips = &snapshot.node.ips;
+        let mut store = ElementStore::new();
+        let per_port = snapshot.family(fam.0).filter_map(|port| {
+            let owner = *self.owners.get(&port.key)?;
+            Some((owner, self.port_elements(port, owner, node_ips)))
+        });
+        let node = std::iter::once((NODE_OWNER, self.node_elements(fam, snapshot)));
+        per_port
+            .chain(node)
+            .flat_map(|(owner, elements)| elements.into_iter().map(move |e| (owner, e)))
+            .filter(|(owner, e)| store.build_one(*owner, e) == store::Built::Emit)
+            .nth(n)
+            .map(|(_, e)| match e.value {
+                Some(v) => format!("{} : {v}", e.key),
+                None => e.key,
+            })
+    }
+
+    /// The full sync that first collects every element: for the text path (dry runs, goldens,
+    /// a table with another skeleton, replaced in one text transaction) and for conflicts.
+    fn collected_full(
+        &mut self,
+        index: usize,
+        snapshot: &Snapshot,
+        cfg: &StaticConfig,
+        skeleton: &str,
+        adopt: bool,
+    ) -> (Result<(), String>, ElementStore, usize) {
+        let fam = self.states[index].fam;
+        let mut store = ElementStore::new();
+        let (mut all, mut index_of) = (Vec::new(), HashMap::new());
+        self.each_owner(fam, snapshot, |owner, elements| {
+            store.build(owner, elements, &mut all, &mut index_of);
+        });
+        drop(index_of);
+        let ops = all.len();
+        let result = if adopt {
+            self.states[index].chains.clear();
+            let flush = ruleset::element_sets(skeleton);
+            let flush: Vec<&str> = flush.iter().map(String::as_str).collect();
+            let needed: BTreeSet<_> = all
+                .iter()
+                .filter_map(|e| script::referenced_chain(&e.value))
+                .collect();
+            self.ensure_chains(index, needed.into_iter())
+                .and_then(|()| self.netlink_apply(index, &flush, &[], &all))
+        } else {
+            // The text path sorts (stable scripts, golden files).
+            all.sort();
+            let (text, chains) = script::replace(fam, &self.config.table, cfg, &all);
+            self.exec
+                .run_full(&text)
+                .map(|()| self.states[index].chains = chains)
+                .map_err(|e| e.to_string())
+        };
+        (result, store, ops)
     }
 
     fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {

@@ -33,7 +33,6 @@
 //! argument.
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -596,97 +595,324 @@ struct MsgInfo {
     elems: Vec<(u32, u32)>,
 }
 
-/// A whole transaction, ready to send.
+/// A whole transaction, ready to send: its messages lie in several buffers (`parts`), sent
+/// together as one datagram with `sendmsg`, so the elements are never copied into one buffer.
 #[derive(Debug)]
 struct Batch {
-    buf: Vec<u8>,
+    parts: Vec<Vec<u8>>,
     /// Sequence number of `BATCH_BEGIN`; message `i` has `first_seq + 1 + i`.
     first_seq: u32,
     msgs: Vec<MsgInfo>,
 }
 
-/// Builds the messages of one operation on one set, splitting when the element nest is full.
-struct SetMessages<'a> {
-    batch: &'a mut Batch,
-    family: u8,
-    table: &'a str,
-    set: &'a str,
-    op: Operation,
-    /// (message start, elements nest start) of the open message.
-    open: Option<(usize, usize)>,
+impl Batch {
+    /// Total size of the datagram.
+    fn len(&self) -> usize {
+        self.parts.iter().map(Vec::len).sum()
+    }
 }
 
-impl SetMessages<'_> {
-    fn open_msg(&mut self) -> (usize, usize) {
-        let (ty, flags) = match self.op {
-            Operation::Add => (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE),
-            _ => (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK),
+/// Size of the buffers messages are framed into. A message is at most ~64 KiB, so a buffer
+/// wastes at most that; pages not yet written cost no memory.
+const SEGMENT: usize = 1 << 20;
+
+/// Room a new message needs in its buffer: headers, table and set names, a full nest.
+const MESSAGE_ROOM: usize = MAX_ELEMENTS_NEST + 1024;
+
+/// One message of a run, framed in place in the run's buffers.
+#[derive(Debug)]
+struct RunMsg {
+    /// Which buffer of the run, and where in it the message starts.
+    segment: usize,
+    start: usize,
+    /// (offset of the element from the message start, the caller's index for it).
+    elems: Vec<(u32, u32)>,
+}
+
+/// The messages of one operation on one set, framed as elements arrive. Sequence numbers are
+/// written when the whole batch is put in order ([`ElementBatch::frame`]).
+#[derive(Debug)]
+struct SetRun {
+    op: Operation,
+    set: String,
+    layout: Layout,
+    segments: Vec<Vec<u8>>,
+    msgs: Vec<RunMsg>,
+    /// The elements nest of the last message, while it is open.
+    open_nest: Option<usize>,
+}
+
+impl SetRun {
+    fn push(&mut self, family: u8, table: &str, elem: &[u8], index: u32) {
+        if let Some(nest) = self.open_nest
+            && self.segments.last().map_or(0, Vec::len) - nest + elem.len() > MAX_ELEMENTS_NEST
+        {
+            self.close();
+        }
+        if self.open_nest.is_none() {
+            self.open(family, table);
+        }
+        let (Some(buf), Some(msg)) = (self.segments.last_mut(), self.msgs.last_mut()) else {
+            return;
         };
-        let b = &mut self.batch;
-        let seq = b
-            .first_seq
-            .wrapping_add(1)
-            .wrapping_add(b.msgs.len() as u32);
-        let msg = msg_start(
-            &mut b.buf,
-            (NFNL_SUBSYS_NFTABLES << 8) | ty,
-            flags,
-            seq,
-            self.family,
-            0,
-        );
-        put_str(&mut b.buf, NFTA_SET_ELEM_LIST_TABLE, self.table);
-        put_str(&mut b.buf, NFTA_SET_ELEM_LIST_SET, self.set);
-        b.msgs.push(MsgInfo {
-            op: self.op,
-            set: self.set.to_string(),
+        msg.elems.push(((buf.len() - msg.start) as u32, index));
+        buf.extend_from_slice(elem);
+    }
+
+    fn open(&mut self, family: u8, table: &str) {
+        let room = self
+            .segments
+            .last()
+            .is_some_and(|b| b.capacity() - b.len() >= MESSAGE_ROOM);
+        if !room {
+            self.segments.push(Vec::with_capacity(SEGMENT));
+        }
+        let segment = self.segments.len() - 1;
+        let buf = &mut self.segments[segment];
+        let start = open_element_msg(buf, family, table, &self.set, self.op);
+        self.open_nest =
+            (self.op != Operation::Flush).then(|| nest_start(buf, NFTA_SET_ELEM_LIST_ELEMENTS));
+        self.msgs.push(RunMsg {
+            segment,
+            start,
             elems: Vec::new(),
         });
-        let nest = if self.op == Operation::Flush {
-            0
-        } else {
-            nest_start(&mut b.buf, NFTA_SET_ELEM_LIST_ELEMENTS)
-        };
-        (msg, nest)
     }
 
-    /// Appends one encoded `NFTA_LIST_ELEM` attribute that stands for caller element `index`.
-    fn push(&mut self, elem: &[u8], index: usize) {
-        if let Some((msg, nest)) = self.open
-            && self.batch.buf.len() - nest + elem.len() > MAX_ELEMENTS_NEST
-        {
-            self.close_msg(msg, nest);
-            self.open = None;
+    fn close(&mut self) {
+        if let (Some(nest), Some(msg), Some(buf)) = (
+            self.open_nest.take(),
+            self.msgs.last(),
+            self.segments.last_mut(),
+        ) {
+            nest_end(buf, nest);
+            msg_end(buf, msg.start);
         }
-        let (msg, _) = match self.open {
-            Some(open) => open,
+    }
+}
+
+/// Starts an element message (`NEWSETELEM` to add, `DELSETELEM` to delete or flush) on `set`,
+/// sequence number still 0; returns where it starts.
+fn open_element_msg(buf: &mut Vec<u8>, family: u8, table: &str, set: &str, op: Operation) -> usize {
+    let (ty, flags) = match op {
+        Operation::Add => (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE),
+        _ => (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK),
+    };
+    let msg = msg_start(buf, (NFNL_SUBSYS_NFTABLES << 8) | ty, flags, 0, family, 0);
+    put_str(buf, NFTA_SET_ELEM_LIST_TABLE, table);
+    put_str(buf, NFTA_SET_ELEM_LIST_SET, set);
+    msg
+}
+
+/// Writes the sequence number of the message starting at `start`.
+fn set_seq(buf: &mut [u8], start: usize, seq: u32) {
+    buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
+}
+
+/// One transaction being assembled element by element: flushes, deletes and adds are encoded
+/// and framed into messages as they come, grouped per set.
+///
+/// Why not a list of elements: a full sync at 30k Services has ~300k elements, whose text
+/// would be ~60 MB held at once; framed, they are ~14 MB, and the caller can generate them
+/// one Service at a time. Each element gets an index per operation (0, 1, … in the order
+/// given) so an error the kernel reports can be traced back to it ([`NetlinkWriter::commit`]).
+#[derive(Debug)]
+pub struct ElementBatch {
+    family: Family,
+    table: String,
+    flushes: Vec<String>,
+    runs: Vec<SetRun>,
+    deletes: u32,
+    adds: u32,
+    scratch: Vec<u8>,
+}
+
+impl ElementBatch {
+    /// An empty transaction on one family's table.
+    pub fn new(family: Family, table: &str) -> Result<ElementBatch, NetlinkError> {
+        check_name(table).map_err(|reason| NetlinkError::Encode {
+            set: table.to_string(),
+            element: String::new(),
+            reason: format!("table {reason}"),
+        })?;
+        Ok(ElementBatch {
+            family,
+            table: table.to_string(),
+            flushes: Vec::new(),
+            runs: Vec::new(),
+            deletes: 0,
+            adds: 0,
+            scratch: Vec::with_capacity(512),
+        })
+    }
+
+    /// Whether the transaction would do nothing.
+    pub fn is_empty(&self) -> bool {
+        self.flushes.is_empty() && self.runs.is_empty()
+    }
+
+    /// Number of elements added so far.
+    pub fn adds(&self) -> usize {
+        self.adds as usize
+    }
+
+    /// Empties `set` first (flushes go before every delete and add).
+    pub fn flush(&mut self, set: &str) -> Result<(), NetlinkError> {
+        check_name(set).map_err(|reason| NetlinkError::Encode {
+            set: set.to_string(),
+            element: String::new(),
+            reason: format!("set {reason}"),
+        })?;
+        self.flushes.push(set.to_string());
+        Ok(())
+    }
+
+    /// Removes the element with `key` from `set` (deletes go before every add, so a delete and
+    /// an add of the same key replace its value).
+    pub fn delete(&mut self, set: &str, key: &str) -> Result<(), NetlinkError> {
+        let index = self.deletes;
+        self.encode(Operation::Delete, set, key, None, None, index)?;
+        self.deletes += 1;
+        Ok(())
+    }
+
+    /// Adds `e` to its set.
+    pub fn add(&mut self, e: &Element) -> Result<(), NetlinkError> {
+        let index = self.adds;
+        self.encode(
+            Operation::Add,
+            e.set,
+            &e.key,
+            e.value.as_deref(),
+            e.comment.as_deref(),
+            index,
+        )?;
+        self.adds += 1;
+        Ok(())
+    }
+
+    fn encode(
+        &mut self,
+        op: Operation,
+        set: &str,
+        key: &str,
+        value: Option<&str>,
+        comment: Option<&str>,
+        index: u32,
+    ) -> Result<(), NetlinkError> {
+        let (family, fam) = (self.family, nfproto(self.family));
+        let run = self.run(op, set, key)?;
+        // A delete names the element by its key only (and, for ranges, both ends).
+        let layout = match op {
+            Operation::Add => run.layout,
+            _ => Layout {
+                data: Data::None,
+                ..run.layout
+            },
+        };
+        let scratch = &mut self.scratch;
+        scratch.clear();
+        encode_element(scratch, &layout, family, key, value, comment).map_err(|reason| {
+            NetlinkError::Encode {
+                set: set.to_string(),
+                element: describe(key, value),
+                reason,
+            }
+        })?;
+        let i = self.runs.iter().rposition(|r| r.op == op && r.set == set);
+        if let Some(run) = i.and_then(|i| self.runs.get_mut(i)) {
+            run.push(fam, &self.table, &self.scratch, index);
+        }
+        Ok(())
+    }
+
+    /// The run of `op` on `set`, created (with the set's layout) on first use.
+    fn run(&mut self, op: Operation, set: &str, example: &str) -> Result<&SetRun, NetlinkError> {
+        let i = match self.runs.iter().rposition(|r| r.op == op && r.set == set) {
+            Some(i) => i,
             None => {
-                let open = self.open_msg();
-                self.open = Some(open);
-                open
+                check_name(set).map_err(|reason| NetlinkError::Encode {
+                    set: set.to_string(),
+                    element: example.to_string(),
+                    reason: format!("set {reason}"),
+                })?;
+                self.runs.push(SetRun {
+                    op,
+                    set: set.to_string(),
+                    layout: layout_or_err(set, example)?,
+                    segments: Vec::new(),
+                    msgs: Vec::new(),
+                    open_nest: None,
+                });
+                self.runs.len() - 1
             }
         };
-        let b = &mut self.batch;
-        let offset = (b.buf.len() - msg) as u32;
-        if let Some(info) = b.msgs.last_mut() {
-            info.elems.push((offset, index as u32));
-        }
-        b.buf.extend_from_slice(elem);
+        Ok(&self.runs[i])
     }
 
-    fn close_msg(&mut self, msg: usize, nest: usize) {
-        if self.op != Operation::Flush {
-            nest_end(&mut self.batch.buf, nest);
+    /// Puts the transaction in order: `BATCH_BEGIN`, flushes, deletes, adds, `BATCH_END`,
+    /// numbering the messages from `first_seq`.
+    fn frame(self, first_seq: u32) -> Batch {
+        let fam = nfproto(self.family);
+        let mut head = Vec::new();
+        let begin = msg_start(
+            &mut head,
+            NFNL_MSG_BATCH_BEGIN,
+            NLM_F_REQUEST,
+            first_seq,
+            libc::AF_UNSPEC as u8,
+            NFNL_SUBSYS_NFTABLES,
+        );
+        msg_end(&mut head, begin);
+        let mut msgs = Vec::new();
+        let mut seq = first_seq;
+        for set in &self.flushes {
+            seq = seq.wrapping_add(1);
+            let msg = open_element_msg(&mut head, fam, &self.table, set, Operation::Flush);
+            msg_end(&mut head, msg);
+            set_seq(&mut head, msg, seq);
+            msgs.push(MsgInfo {
+                op: Operation::Flush,
+                set: set.clone(),
+                elems: Vec::new(),
+            });
         }
-        msg_end(&mut self.batch.buf, msg);
-    }
-
-    fn finish(mut self) {
-        if self.op == Operation::Flush {
-            let (msg, nest) = self.open_msg();
-            self.close_msg(msg, nest);
-        } else if let Some((msg, nest)) = self.open.take() {
-            self.close_msg(msg, nest);
+        let mut parts = vec![head];
+        let (mut runs, adds): (Vec<SetRun>, Vec<SetRun>) = self
+            .runs
+            .into_iter()
+            .partition(|r| r.op == Operation::Delete);
+        runs.extend(adds);
+        for mut run in runs {
+            run.close();
+            for msg in run.msgs {
+                seq = seq.wrapping_add(1);
+                if let Some(buf) = run.segments.get_mut(msg.segment) {
+                    set_seq(buf, msg.start, seq);
+                }
+                msgs.push(MsgInfo {
+                    op: run.op,
+                    set: run.set.clone(),
+                    elems: msg.elems,
+                });
+            }
+            parts.extend(run.segments);
+        }
+        let mut tail = Vec::new();
+        let end = msg_start(
+            &mut tail,
+            NFNL_MSG_BATCH_END,
+            NLM_F_REQUEST,
+            seq.wrapping_add(1),
+            libc::AF_UNSPEC as u8,
+            NFNL_SUBSYS_NFTABLES,
+        );
+        msg_end(&mut tail, end);
+        parts.push(tail);
+        Batch {
+            parts,
+            first_seq,
+            msgs,
         }
     }
 }
@@ -788,20 +1014,6 @@ fn encode_element(
     Ok(())
 }
 
-/// Groups indices by set, in order of first appearance (one run of messages per set).
-fn by_set<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, Vec<usize>)> {
-    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    for (i, name) in names.enumerate() {
-        let g = *index.entry(name).or_insert_with(|| {
-            groups.push((name, Vec::new()));
-            groups.len() - 1
-        });
-        groups[g].1.push(i);
-    }
-    groups
-}
-
 fn nfproto(family: Family) -> u8 {
     match family {
         Family::V4 => libc::NFPROTO_IPV4 as u8,
@@ -810,129 +1022,6 @@ fn nfproto(family: Family) -> u8 {
 }
 
 impl Batch {
-    /// Encodes a whole transaction: flushes, then deletes, then adds, framed by
-    /// `BATCH_BEGIN`/`BATCH_END`. Nothing is sent; an element that cannot be encoded is an
-    /// error naming it.
-    fn build(
-        first_seq: u32,
-        family: Family,
-        table: &str,
-        flush: &[&str],
-        deletes: &[(&str, &str)],
-        adds: &[Element],
-    ) -> Result<Batch, NetlinkError> {
-        let bad_name = |what: &str, name: &str, reason: String| NetlinkError::Encode {
-            set: name.to_string(),
-            element: String::new(),
-            reason: format!("{what} {reason}"),
-        };
-        check_name(table).map_err(|r| bad_name("table", table, r))?;
-        let fam = nfproto(family);
-        let mut batch = Batch {
-            buf: Vec::with_capacity(64 + (deletes.len() + adds.len()) * 64),
-            first_seq,
-            msgs: Vec::new(),
-        };
-        let begin = msg_start(
-            &mut batch.buf,
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
-            first_seq,
-            libc::AF_UNSPEC as u8,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        msg_end(&mut batch.buf, begin);
-
-        for set in flush {
-            check_name(set).map_err(|r| bad_name("set", set, r))?;
-            SetMessages {
-                batch: &mut batch,
-                family: fam,
-                table,
-                set,
-                op: Operation::Flush,
-                open: None,
-            }
-            .finish();
-        }
-
-        let mut scratch = Vec::with_capacity(512);
-        for (set, indices) in by_set(deletes.iter().map(|(s, _)| *s)) {
-            let layout = layout_or_err(set, deletes[indices[0]].1)?;
-            let mut msgs = SetMessages {
-                batch: &mut batch,
-                family: fam,
-                table,
-                set,
-                op: Operation::Delete,
-                open: None,
-            };
-            for i in indices {
-                let key = deletes[i].1;
-                scratch.clear();
-                // A delete names the element by its key only (and, for ranges, both ends).
-                let layout = Layout {
-                    data: Data::None,
-                    ..layout
-                };
-                encode_element(&mut scratch, &layout, family, key, None, None).map_err(
-                    |reason| NetlinkError::Encode {
-                        set: set.to_string(),
-                        element: key.to_string(),
-                        reason,
-                    },
-                )?;
-                msgs.push(&scratch, i);
-            }
-            msgs.finish();
-        }
-
-        for (set, indices) in by_set(adds.iter().map(|e| e.set)) {
-            let layout = layout_or_err(set, &adds[indices[0]].key)?;
-            let mut msgs = SetMessages {
-                batch: &mut batch,
-                family: fam,
-                table,
-                set,
-                op: Operation::Add,
-                open: None,
-            };
-            for i in indices {
-                let e = &adds[i];
-                scratch.clear();
-                encode_element(
-                    &mut scratch,
-                    &layout,
-                    family,
-                    &e.key,
-                    e.value.as_deref(),
-                    e.comment.as_deref(),
-                )
-                .map_err(|reason| NetlinkError::Encode {
-                    set: set.to_string(),
-                    element: describe(&e.key, e.value.as_deref()),
-                    reason,
-                })?;
-                msgs.push(&scratch, i);
-            }
-            msgs.finish();
-        }
-
-        let end_seq = first_seq
-            .wrapping_add(1)
-            .wrapping_add(batch.msgs.len() as u32);
-        let end = msg_start(
-            &mut batch.buf,
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST,
-            end_seq,
-            libc::AF_UNSPEC as u8,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        msg_end(&mut batch.buf, end);
-        Ok(batch)
-    }
-
     /// The sequence number after this batch's `BATCH_END`.
     fn next_seq(&self) -> u32 {
         self.first_seq
@@ -1043,6 +1132,9 @@ mod sys {
     use std::io;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+    /// How many buffers one datagram may be gathered from (`UIO_MAXIOV` is 1024).
+    pub(super) const MAX_PARTS: usize = 1000;
+
     /// A `NETLINK_NETFILTER` socket, closed on drop.
     #[derive(Debug)]
     pub(super) struct Socket {
@@ -1112,13 +1204,25 @@ mod sys {
             Ok(value)
         }
 
-        /// Sends one datagram to the kernel (port id 0: an unconnected netlink socket's
-        /// default destination). Netlink datagrams go out whole or not at all.
-        pub(super) fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        /// Sends one datagram, gathered from `parts`, to the kernel (port id 0: an unconnected
+        /// netlink socket's default destination). Netlink datagrams go out whole or not at
+        /// all. At most [`MAX_PARTS`] parts.
+        pub(super) fn send(&self, parts: &[Vec<u8>]) -> io::Result<usize> {
+            let mut iov: Vec<libc::iovec> = parts
+                .iter()
+                .map(|p| libc::iovec {
+                    iov_base: p.as_ptr() as *mut libc::c_void,
+                    iov_len: p.len(),
+                })
+                .collect();
+            // SAFETY: an all-zero msghdr is a valid empty one (null name, no control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len() as _;
             loop {
-                // SAFETY: `buf` is a live slice; the kernel reads at most `buf.len()` bytes.
-                let n =
-                    unsafe { libc::send(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), 0) };
+                // SAFETY: `msg` points at `iov`, which points at the live buffers of `parts`,
+                // each with its true length; the kernel only reads them. Both outlive the call.
+                let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, 0) };
                 if n >= 0 {
                     return Ok(n as usize);
                 }
@@ -1239,55 +1343,77 @@ impl NetlinkWriter {
         deletes: &[(&str, &str)],
         adds: &[Element],
     ) -> Result<(), NetlinkError> {
-        if flush.is_empty() && deletes.is_empty() && adds.is_empty() {
+        let mut batch = ElementBatch::new(family, table)?;
+        for set in flush {
+            batch.flush(set)?;
+        }
+        for (set, key) in deletes {
+            batch.delete(set, key)?;
+        }
+        for e in adds {
+            batch.add(e)?;
+        }
+        self.commit(batch, &|op, i| match op {
+            Operation::Delete => deletes.get(i).map(|(_, key)| key.to_string()),
+            _ => adds.get(i).map(|e| describe(&e.key, e.value.as_deref())),
+        })
+    }
+
+    /// Sends `batch` as one transaction and waits for the kernel's answer.
+    /// `describe(operation, index)` names the element the kernel rejected (the index counts
+    /// the batch's deletes or adds in the order they were given), for the error message.
+    pub fn commit(
+        &mut self,
+        batch: ElementBatch,
+        describe: &dyn Fn(Operation, usize) -> Option<String>,
+    ) -> Result<(), NetlinkError> {
+        if batch.is_empty() {
             return Ok(());
         }
-        let batch = Batch::build(self.seq, family, table, flush, deletes, adds)?;
+        let (flushes, deletes, adds) = (batch.flushes.len(), batch.deletes, batch.adds);
+        let table = batch.table.clone();
+        let table = table.as_str();
+        let mut batch = batch.frame(self.seq);
         self.seq = batch.next_seq();
+        if batch.parts.len() > sys::MAX_PARTS {
+            batch.parts = vec![batch.parts.concat()];
+        }
+        let bytes = batch.len();
         tracing::debug!(
-            bytes = batch.buf.len(),
+            bytes,
             messages = batch.msgs.len(),
-            flushes = flush.len(),
-            deletes = deletes.len(),
-            adds = adds.len(),
+            flushes,
+            deletes,
+            adds,
             "netlink element batch"
         );
-        self.size_buffers(batch.buf.len(), batch.msgs.len())?;
+        self.size_buffers(bytes, batch.msgs.len())?;
         if self.maybe_stale {
             self.drain_stale();
         }
         self.maybe_stale = true;
 
-        let sent = self.sock.send(&batch.buf).map_err(|e| {
+        let sent = self.sock.send(&batch.parts).map_err(|e| {
             let hint = if e.raw_os_error() == Some(libc::EMSGSIZE) {
                 " (larger than the socket send buffer: SO_SNDBUFFORCE needs CAP_NET_ADMIN)"
             } else {
                 ""
             };
             io_err(format!(
-                "sending a batch of {} bytes in {} messages{hint}",
-                batch.buf.len(),
+                "sending a batch of {bytes} bytes in {} messages{hint}",
                 batch.msgs.len()
             ))(e)
         })?;
-        if sent != batch.buf.len() {
+        if sent != bytes {
             return Err(NetlinkError::Protocol(format!(
-                "sent {sent} of {} bytes",
-                batch.buf.len()
+                "sent {sent} of {bytes} bytes"
             )));
         }
         let errors = self.read_acks(&batch)?;
         self.maybe_stale = false;
         match errors.first() {
             None => Ok(()),
-            Some(first) => Err(rejected(
-                &batch,
-                table,
-                first,
-                errors.len() - 1,
-                deletes,
-                adds,
-            )),
+            Some(first) => Err(rejected(&batch, table, first, errors.len() - 1, describe)),
         }
     }
 
@@ -1432,8 +1558,7 @@ fn rejected(
     table: &str,
     first: &AckError,
     more: usize,
-    deletes: &[(&str, &str)],
-    adds: &[Element],
+    describe: &dyn Fn(Operation, usize) -> Option<String>,
 ) -> NetlinkError {
     let (operation, set, element) = match first.index.checked_sub(1) {
         None => (Operation::Batch, None, None),
@@ -1444,14 +1569,7 @@ fn rejected(
                 // before the first element points at the table or set attribute.
                 let pos = info.elems.partition_point(|(o, _)| *o <= off);
                 let (_, index) = *info.elems.get(pos.checked_sub(1)?)?;
-                let index = index as usize;
-                Some(match info.op {
-                    Operation::Delete => deletes.get(index)?.1.to_string(),
-                    _ => {
-                        let e = adds.get(index)?;
-                        describe(&e.key, e.value.as_deref())
-                    }
-                })
+                describe(info.op, index as usize)
             });
             (info.op, Some(info.set.clone()), element)
         }
@@ -1762,6 +1880,28 @@ mod tests {
         ));
     }
 
+    /// The whole encoding path of [`NetlinkWriter::apply`], without a socket.
+    fn build_batch(
+        first_seq: u32,
+        family: Family,
+        table: &str,
+        flush: &[&str],
+        deletes: &[(&str, &str)],
+        adds: &[Element],
+    ) -> Result<Batch, NetlinkError> {
+        let mut batch = ElementBatch::new(family, table)?;
+        for set in flush {
+            batch.flush(set)?;
+        }
+        for (set, key) in deletes {
+            batch.delete(set, key)?;
+        }
+        for e in adds {
+            batch.add(e)?;
+        }
+        Ok(batch.frame(first_seq))
+    }
+
     #[test]
     fn bad_text_is_an_error_naming_the_element() {
         let bad = |set: &'static str, key: &str, value: Option<&str>| {
@@ -1771,7 +1911,7 @@ mod tests {
                 value: value.map(str::to_string),
                 comment: None,
             };
-            Batch::build(1, Family::V4, "kpng", &[], &[], &[e]).expect_err("must fail")
+            build_batch(1, Family::V4, "kpng", &[], &[], &[e]).expect_err("must fail")
         };
         let e = bad("cluster-ips", "10.96.0.300", None);
         assert!(e.to_string().contains("cluster-ips"), "{e}");
@@ -1796,7 +1936,7 @@ mod tests {
         bad("cluster-ips", "10.96.0.1", Some("drop"));
         bad("no-such-set", "10.96.0.1", None);
         let deletes = [("service-cidrs", "10.0.0.0/33")];
-        assert!(Batch::build(1, Family::V4, "kpng", &[], &deletes, &[]).is_err());
+        assert!(build_batch(1, Family::V4, "kpng", &[], &deletes, &[]).is_err());
     }
 
     #[test]
@@ -1810,13 +1950,14 @@ mod tests {
             })
             .collect();
         let deletes = [("service-ips", "10.96.0.1 . tcp . 80")];
-        let b = Batch::build(100, Family::V4, "kpng", &["cluster-ips"], &deletes, &adds)
+        let b = build_batch(100, Family::V4, "kpng", &["cluster-ips"], &deletes, &adds)
             .expect("builds");
         assert!(b.msgs.len() > 3, "{} messages", b.msgs.len());
         assert_eq!(b.msgs[0].op, Operation::Flush);
         assert_eq!(b.msgs[1].op, Operation::Delete);
         // Walk the datagram: BEGIN, the messages with consecutive sequence numbers, END.
-        let mut rest = &b.buf[..];
+        let whole = b.parts.concat();
+        let mut rest = &whole[..];
         let mut seqs = Vec::new();
         let mut elements = 0;
         while !rest.is_empty() {

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 /// a sink consumes it. Examples:
 ///
 ///   kpng file --input examples/cluster.yaml to-file --output -
+///   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
 #[derive(Debug, Parser)]
 #[command(name = "kpng", version, propagate_version = true, max_term_width = 100)]
 pub struct Cli {
@@ -29,6 +30,21 @@ pub struct Cli {
 /// Node, proxy and server flags (kube-proxy's names and defaults).
 #[derive(Debug, Args, Clone)]
 pub struct GlobalFlags {
+    /// A kube-proxy configuration file (KubeProxyConfiguration v1alpha1, YAML or JSON, e.g. the
+    /// `config.conf` of the kube-proxy ConfigMap); flags given on the command line win over it.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Write the effective configuration as a KubeProxyConfiguration to FILE (`-`: standard
+    /// output) and exit without running the command.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub write_config_to: Option<String>,
+
+    /// How the `kube` source reaches the API server, from `--config`'s `clientConnection` and
+    /// the source's own flags (see `config::ClientConnection`).
+    #[arg(skip)]
+    pub client_connection: crate::config::ClientConnection,
+
     /// This node's name; endpoints with this nodeName are local. Default: the OS hostname.
     #[arg(
         long,
@@ -42,8 +58,8 @@ pub struct GlobalFlags {
     #[arg(long, global = true, alias = "bind-address", value_delimiter = ',')]
     pub node_ip: Vec<IpAddr>,
 
-    /// Serve Services labelled service.kubernetes.io/service-proxy-name=NAME (others with that
-    /// label belong to another proxy).
+    /// Serve only the Services labelled service.kubernetes.io/service-proxy-name=NAME (without
+    /// it: only the Services without that label, as kube-proxy).
     #[arg(long, global = true)]
     pub service_proxy_name: Option<String>,
 
@@ -132,6 +148,9 @@ pub struct GlobalFlags {
 pub enum Command {
     /// Read Kubernetes manifests (a YAML stream or a `kind: List`) from a file, and watch it.
     File(FileSource),
+    /// Watch the Kubernetes API server (as kube-proxy does): Services, EndpointSlices, this
+    /// node's Node and ServiceCIDRs.
+    Kube(KubeSource),
     /// Program this node from a brain (`kpng … to-api`): KPNG's split mode, `local --api ADDR nft`.
     Local(LocalSource),
     /// Use a brain (`kpng … to-api`) as the source of this node's model, for any node sink.
@@ -151,6 +170,27 @@ pub struct FileSource {
     /// How long the file must be quiet after a change before it is re-read.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub debounce: Duration,
+    /// Where the model goes.
+    #[command(subcommand)]
+    pub sink: Sink,
+}
+
+/// `kpng kube …`: kube-proxy's client flags.
+#[derive(Debug, Args)]
+pub struct KubeSource {
+    /// The kubeconfig file. Without it and without --master, kpng uses its Pod's service
+    /// account (in-cluster configuration).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's URL (overrides the kubeconfig's server).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Requests per second to the API server (0 or less: no limit).
+    #[arg(long, default_value_t = 5.0)]
+    pub kube_api_qps: f32,
+    /// Requests allowed in a burst above --kube-api-qps.
+    #[arg(long, default_value_t = 10)]
+    pub kube_api_burst: u32,
     /// Where the model goes.
     #[command(subcommand)]
     pub sink: Sink,
@@ -281,13 +321,11 @@ pub struct ToFile {
     pub output: String,
 }
 
-/// Parses `1s`, `500ms`, `1h`, or a bare `0`.
+/// Parses Go's duration syntax as kube-proxy's flags do (`1s`, `500ms`, `1m0s`, `1.5h`, `0`),
+/// and humantime's spelled-out forms (`1 hour`) as kpng always has.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration (e.g. 1s, 500ms, 1h): {e}"))
+    crate::config::parse_go_duration(s)
+        .or_else(|go_error| humantime::parse_duration(s).map_err(|_| go_error))
 }
 
 #[cfg(test)]
@@ -336,6 +374,52 @@ mod tests {
         ])
         .expect("parses");
         assert_eq!(cli.global.node_name.as_deref(), Some("n2"));
+    }
+
+    #[test]
+    fn durations_in_go_and_humantime_syntax() {
+        for (text, want) in [
+            ("0", Some(Duration::ZERO)),
+            ("1m0s", Some(Duration::from_secs(60))),
+            ("1.5s", Some(Duration::from_millis(1500))),
+            ("500ms", Some(Duration::from_millis(500))),
+            ("1 hour", Some(Duration::from_secs(3600))),
+            ("30", None),
+            ("-1s", None),
+        ] {
+            assert_eq!(parse_duration(text).ok(), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn kube_source_flags() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "kube",
+            "--kubeconfig",
+            "/etc/kpng/kubeconfig",
+            "--kube-api-qps",
+            "20",
+            "--service-proxy-name",
+            "kpng",
+            "to-local",
+            "nft",
+            "--dry-run",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.service_proxy_name.as_deref(), Some("kpng"));
+        let Command::Kube(k) = cli.command else {
+            panic!("kube source")
+        };
+        assert_eq!(
+            k.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/etc/kpng/kubeconfig"))
+        );
+        assert_eq!(
+            (k.master, k.kube_api_qps, k.kube_api_burst),
+            (None, 20.0, 10)
+        );
+        assert!(matches!(k.sink, Sink::ToLocal(_)));
     }
 
     #[test]

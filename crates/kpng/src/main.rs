@@ -5,6 +5,7 @@
 
 mod brain;
 mod cli;
+mod config;
 mod conntrack;
 mod http;
 mod run;
@@ -19,23 +20,70 @@ use std::io::IsTerminal;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
+
+/// `--log-level`, with kube's own crates silenced unless it names them: they log every
+/// failed attempt while the API server is down, and the `kube` source already reports an
+/// outage, a refusal or a bad object once itself.
+fn log_filter(spec: &str) -> String {
+    let mut filter = spec.to_string();
+    for chatty in ["kube_client", "kube_runtime"] {
+        if !spec.contains(chatty) {
+            filter.push_str(&format!(",{chatty}=off"));
+        }
+    }
+    filter
+}
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let matches = cli::Cli::command().get_matches();
+    let mut cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The configuration file comes first: it may set the log level.
+    let report = match config::apply(&mut cli.global, &matches) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("kpng: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.global.log_level));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(&cli.global.log_level)));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match run::main(cli) {
+    for note in &report.notes {
+        tracing::info!("--config: {note}");
+    }
+    for warning in &report.warnings {
+        tracing::warn!("--config: {warning}");
+    }
+    let result = match cli.global.write_config_to.clone() {
+        Some(destination) => config::write_effective(&cli.global, &destination),
+        None => run::main(cli),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("kpng: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kube_crates_are_quiet_unless_named() {
+        assert_eq!(
+            super::log_filter("info"),
+            "info,kube_client=off,kube_runtime=off"
+        );
+        assert_eq!(
+            super::log_filter("info,kube_client=debug"),
+            "info,kube_client=debug,kube_runtime=off"
+        );
     }
 }

@@ -12,6 +12,7 @@ use kpng_backend::runner::{HealthCheckAddresses, NodeModel, Runner};
 use kpng_model::{Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
+use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -23,6 +24,15 @@ use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
 use crate::cli::{BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NftArgs, NodeSink, Sink};
+
+/// The async runtime every source runs on.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
 
 /// The nftables backend configured from the flags.
 fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
@@ -101,46 +111,136 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::File(file) => {
             let source = FileSource::new(file.input, file.debounce);
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
-            let (backend, programs_the_node) = match &file.sink {
-                Sink::ToApi(to_api) => {
-                    return runtime()?
-                        .block_on(crate::brain::serve(cli.global, to_api, run_source));
-                }
-                Sink::ToFile(t) => (
-                    Box::new(FileSink::new(Output::parse(&t.output))) as Box<dyn Backend>,
-                    false,
-                ),
-                Sink::ToLocal(local) => (local_backend(&cli.global, &local.backend)?, true),
-            };
+            if let Sink::ToApi(to_api) = &file.sink {
+                return runtime()?.block_on(crate::brain::serve(cli.global, to_api, run_source));
+            }
+            let (backend, programs_the_node, cleans_conntrack) =
+                sink_backend(&cli.global, &file.sink)?;
             let flags = cli.global;
             runtime()?.block_on(async move {
                 let model = Model::new(model_config(&flags)?);
-                serve(flags, model, backend, programs_the_node, run_source).await
+                serve(
+                    flags,
+                    model,
+                    backend,
+                    programs_the_node,
+                    cleans_conntrack,
+                    run_source,
+                )
+                .await
             })
         }
         Command::Local(local) => {
             let backend = local_backend(&cli.global, &local.backend)?;
-            runtime()?.block_on(serve_remote(cli.global, &local.brain, backend, true))
+            let cleans_conntrack = backend_cleans_conntrack(&local.backend);
+            runtime()?.block_on(serve_remote(
+                cli.global,
+                &local.brain,
+                backend,
+                true,
+                cleans_conntrack,
+            ))
         }
         Command::Api(api) => {
-            let programs_the_node = matches!(api.sink, NodeSink::ToLocal(_));
+            let (programs_the_node, cleans_conntrack) = match &api.sink {
+                NodeSink::ToLocal(local) => (true, backend_cleans_conntrack(&local.backend)),
+                NodeSink::ToFile(_) => (false, false),
+            };
             let backend = node_sink(&cli.global, &api.sink)?;
             runtime()?.block_on(serve_remote(
                 cli.global,
                 &api.brain,
                 backend,
                 programs_the_node,
+                cleans_conntrack,
             ))
+        }
+        Command::Kube(kube) => {
+            let mut flags = cli.global;
+            // A brain serves every node: it watches every Node and needs no name of its own.
+            let brain = matches!(kube.sink, Sink::ToApi(_));
+            let node_name = if brain {
+                None
+            } else {
+                let name = node_name(&flags)?;
+                flags.node_name = Some(name.clone());
+                Some(name)
+            };
+            // Flags given on the command line, else `clientConnection` of --config, else the
+            // flags' defaults.
+            let cc = flags.client_connection.clone();
+            let options = ClientOptions {
+                kubeconfig: cc.kubeconfig.or(kube.kubeconfig),
+                master: kube.master,
+                qps: cc.kube_api_qps.unwrap_or(kube.kube_api_qps),
+                burst: cc.kube_api_burst.unwrap_or(kube.kube_api_burst),
+            };
+            let config = SourceConfig {
+                node_name,
+                service_proxy_name: flags.service_proxy_name.clone(),
+            };
+            let connect = async move {
+                let (client, server) = kpng_source_kube::client(&options).await?;
+                info!(%server, "reading cluster state from the API server");
+                anyhow::Ok(KubeSource::new(client, config))
+            };
+            let run_source = |source: KubeSource| {
+                move |tx| async move {
+                    source.run(tx).await;
+                    Ok(())
+                }
+            };
+            if let Sink::ToApi(to_api) = &kube.sink {
+                return runtime()?.block_on(async move {
+                    let source = connect.await?;
+                    crate::brain::serve(flags, to_api, run_source(source)).await
+                });
+            }
+            let (backend, programs_the_node, cleans_conntrack) = sink_backend(&flags, &kube.sink)?;
+            runtime()?.block_on(async move {
+                let model = Model::new(model_config(&flags)?);
+                let source = connect.await?;
+                serve(
+                    flags,
+                    model,
+                    backend,
+                    programs_the_node,
+                    cleans_conntrack,
+                    run_source(source),
+                )
+                .await
+            })
         }
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
+/// The backend of an in-process sink (not `to-api`), whether it programs the node (conntrack
+/// sysctls, Service health checks) and whether it cleans stale UDP conntrack entries (it
+/// really changes the data plane).
+fn sink_backend(
+    flags: &GlobalFlags,
+    sink: &Sink,
+) -> anyhow::Result<(Box<dyn Backend>, bool, bool)> {
+    Ok(match sink {
+        Sink::ToFile(t) => (
+            Box::new(FileSink::new(Output::parse(&t.output))),
+            false,
+            false,
+        ),
+        Sink::ToLocal(local) => (
+            local_backend(flags, &local.backend)?,
+            true,
+            backend_cleans_conntrack(&local.backend),
+        ),
+        Sink::ToApi(_) => bail!("to-api is served by the brain, not a node backend"),
+    })
+}
+
+/// Whether the backend changes the data plane, so that stale UDP conntrack entries must go.
+fn backend_cleans_conntrack(backend: &LocalBackend) -> bool {
+    match backend {
+        LocalBackend::Nft(args) => !args.dry_run,
+    }
 }
 
 fn local_backend(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<Box<dyn Backend>> {
@@ -178,6 +278,7 @@ async fn serve_remote(
     brain: &BrainFlags,
     backend: Box<dyn Backend>,
     programs_the_node: bool,
+    cleans_conntrack: bool,
 ) -> anyhow::Result<()> {
     let node_name = node_name(&flags)?;
     let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
@@ -193,10 +294,17 @@ async fn serve_remote(
         retry_min: std::time::Duration::from_millis(100),
         retry_max: brain.api_retry_max,
     };
-    serve(flags, model, backend, programs_the_node, |tx| async move {
-        kpng_api::client::watch(config, tx).await;
-        Ok(())
-    })
+    serve(
+        flags,
+        model,
+        backend,
+        programs_the_node,
+        cleans_conntrack,
+        |tx| async move {
+            kpng_api::client::watch(config, tx).await;
+            Ok(())
+        },
+    )
     .await
 }
 
@@ -220,6 +328,7 @@ async fn serve<M, F, Fut>(
     model: M,
     backend: Box<dyn Backend>,
     programs_the_node: bool,
+    cleans_conntrack: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -278,6 +387,12 @@ where
             HealthCheckAddresses::All
         };
         runner = runner.with_service_health(addresses);
+    }
+    if cleans_conntrack {
+        match kpng_conntrack::Reconciler::open() {
+            Ok(reconciler) => runner = runner.with_conntrack_cleanup(reconciler),
+            Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
+        }
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));

@@ -96,3 +96,57 @@ fn follows_edits_and_keeps_the_last_good_output_on_a_broken_edit() {
         "precise error expected in:\n{stderr}"
     );
 }
+
+#[test]
+fn config_file_and_flags_make_the_written_configuration() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/testdata/kube-proxy/kubeadm-v1.33.conf"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["--config", fixture, "--write-config-to", "-", "version"])
+        .args(["--sync-period", "5s"])
+        .output()
+        .expect("run kpng");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stdout.contains("kpng 0."),
+        "exits before running the command"
+    );
+    assert!(
+        stderr.contains("INFO kpng: --config: mode is empty"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    for line in [
+        "clusterCIDR: 10.244.0.0/16",
+        "  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf",
+        "mode: nftables",
+        "  syncPeriod: 5s",
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} in:\n{stdout}");
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.conf");
+    std::fs::write(
+        &bad,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nnftables:\n  masqueradeBit: 40\nmode: nftables\n",
+    )
+    .expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .arg("--config")
+        .arg(&bad)
+        .arg("version")
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("field nftables.masqueradeBit: 40 is not in 0-31"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing runs after a bad file");
+}

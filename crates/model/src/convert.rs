@@ -14,11 +14,12 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::event::{Kind, ObjectRef};
 use crate::ip::{parse_cidr_sloppy, parse_ip_sloppy};
-use crate::key::{Protocol, ServiceKey};
+use crate::key::{Name, Protocol, ServiceKey};
 use crate::service_port::SessionAffinity;
 
 /// Label naming the proxy that owns a Service; others must ignore it.
@@ -27,6 +28,10 @@ pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Label tying an EndpointSlice to its Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// EndpointSlice annotation: when the change the slice reflects was triggered (network
+/// programming latency is measured from it).
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 /// Node label holding the node's zone, used for zone hints.
 pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// Taint the cluster autoscaler puts on nodes it is about to delete.
@@ -139,8 +144,8 @@ impl Checker<'_> {
 fn object_ref(kind: Kind, meta: &ObjectMeta) -> ObjectRef {
     ObjectRef {
         kind,
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_default().into(),
+        name: meta.name.clone().unwrap_or_default().into(),
     }
 }
 
@@ -172,7 +177,7 @@ pub enum Ignored {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortInfo {
     /// The port's name; endpoints match by name and protocol.
-    pub name: String,
+    pub name: Name,
     /// The protocol.
     pub protocol: Protocol,
     /// The Service port number.
@@ -285,7 +290,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         let port = c.port(format!("spec.ports[{i}].port"), p.port)?;
         let protocol = c.protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
         let node_port = c.optional_port(format!("spec.ports[{i}].nodePort"), p.node_port)?;
-        let name = p.name.clone().unwrap_or_default();
+        let name: Name = p.name.clone().unwrap_or_default().into();
         if info
             .ports
             .iter()
@@ -380,7 +385,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlicePort {
     /// The port name (matches a Service port name).
-    pub name: String,
+    pub name: Name,
     /// The protocol.
     pub protocol: Protocol,
     /// The endpoint port number (the DNAT target).
@@ -393,7 +398,7 @@ pub struct SliceEndpoint {
     /// `addresses[0]`.
     pub ip: IpAddr,
     /// `nodeName`.
-    pub node_name: Option<String>,
+    pub node_name: Option<Name>,
     /// `conditions.ready`, nil = true.
     pub ready: bool,
     /// `conditions.serving`, nil = true.
@@ -410,7 +415,7 @@ pub struct SliceEndpoint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceInfo {
     /// The slice's own name (unique within the namespace).
-    pub name: String,
+    pub name: Name,
     /// The Service it belongs to (`kubernetes.io/service-name` label); `None` for slices no
     /// Service owns, which are ignored.
     pub service: Option<ServiceKey>,
@@ -467,7 +472,7 @@ pub fn endpoint_slice(
         };
         let protocol = c.protocol(format!("ports[{i}].protocol"), p.protocol.as_deref())?;
         info.ports.push(SlicePort {
-            name,
+            name: name.into(),
             protocol,
             port,
         });
@@ -488,7 +493,7 @@ pub fn endpoint_slice(
         let hints = ep.hints.as_ref();
         info.endpoints.push(SliceEndpoint {
             ip,
-            node_name: ep.node_name.clone(),
+            node_name: ep.node_name.as_deref().map(Name::from),
             ready: cond.and_then(|c| c.ready).unwrap_or(true),
             serving: cond.and_then(|c| c.serving).unwrap_or(true),
             terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
@@ -537,7 +542,7 @@ pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, Conver
         warnings,
     };
     let mut info = NodeInfo {
-        name: object.name.clone(),
+        name: object.name.to_string(),
         zone: node
             .metadata
             .labels
@@ -584,4 +589,53 @@ pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, Conver
             .any(|t| t.key == TAINT_TO_BE_DELETED);
     }
     Ok(info)
+}
+
+/// A ServiceCIDR reduced to its ranges.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceCidrInfo {
+    /// The object's name (ServiceCIDRs are cluster-scoped).
+    pub name: String,
+    /// `spec.cidrs`, canonical.
+    pub cidrs: Vec<IpNet>,
+}
+
+/// Converts a ServiceCIDR. Every range counts, whatever the object's status: kube-proxy too
+/// drops traffic to every range of every ServiceCIDR it sees.
+pub fn service_cidr(
+    object: &ServiceCIDR,
+    warnings: &mut Vec<Warning>,
+) -> Result<ServiceCidrInfo, ConversionError> {
+    let reference = object_ref(Kind::ServiceCidr, &object.metadata);
+    require_identity(&reference, false)?;
+    let mut c = Checker {
+        object: &reference,
+        warnings,
+    };
+    let mut info = ServiceCidrInfo {
+        name: reference.name.to_string(),
+        cidrs: Vec::new(),
+    };
+    let cidrs = object.spec.as_ref().and_then(|s| s.cidrs.as_ref());
+    for (i, raw) in cidrs.into_iter().flatten().enumerate() {
+        match parse_cidr_sloppy(raw) {
+            Some(net) => info.cidrs.push(net),
+            None => c.warn(format!("spec.cidrs[{i}]"), format!("{raw:?} is not a CIDR")),
+        }
+    }
+    Ok(info)
+}
+
+/// The `endpoints.kubernetes.io/last-change-trigger-time` annotation of an EndpointSlice: when
+/// the change that this version of the slice reflects happened (a Pod became ready, …). `None`
+/// when absent or not an RFC 3339 time, as upstream ignores such values.
+pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<std::time::SystemTime> {
+    let raw = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
+    let at: k8s_openapi::jiff::Timestamp = raw.parse().ok()?;
+    let since_epoch = std::time::Duration::from_nanos(u64::try_from(at.as_nanosecond()).ok()?);
+    std::time::SystemTime::UNIX_EPOCH.checked_add(since_epoch)
 }

@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::cluster::{ClusterConfig, ClusterModel, node_state};
+use ipnet::IpNet;
+
+use crate::cluster::{ClusterConfig, ClusterModel, TriggerTime, node_state};
 use crate::convert::{ConversionError, Warning};
 use crate::diff::Diff;
 use crate::event::{Event, Kind};
@@ -17,8 +19,9 @@ use crate::service_port::ServicePort;
 pub struct ModelConfig {
     /// This node's name (`--node-name` / `--hostname-override`): decides which endpoints are local.
     pub node_name: String,
-    /// `--service-proxy-name`: Services labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are ours; any other value means another proxy owns them.
+    /// `--service-proxy-name`: when set, only Services labelled
+    /// `service.kubernetes.io/service-proxy-name` with this value are ours; when unset, only
+    /// Services without that label are (the label names the proxy that owns a Service).
     pub service_proxy_name: Option<String>,
     /// `--node-ip` / `--bind-address`: when set, these are the node's IPs whatever the Node says.
     pub node_ips: Vec<IpAddr>,
@@ -31,6 +34,9 @@ pub struct Snapshot {
     pub node: NodeState,
     /// Every Service port of every family, ordered by key.
     pub ports: BTreeMap<PortKey, Arc<ServicePort>>,
+    /// The ranges of every ServiceCIDR object, sorted, without duplicates: traffic to an IP
+    /// inside them that no Service owns is dropped (kube-proxy's "unallocated ClusterIP" rule).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl Snapshot {
@@ -50,7 +56,7 @@ impl Snapshot {
     ) {
         let first = PortKey {
             service: key.clone(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
             family: Family::V4,
         };
@@ -100,6 +106,15 @@ pub struct ApplyOutcome {
     /// Kinds whose complete list this event finished (the runner programs nothing before
     /// Services, EndpointSlices and Nodes have all been listed once).
     pub listed: Vec<Kind>,
+    /// Services whose object changed, appeared or disappeared (what kube-proxy counts as
+    /// pending Service changes), in the order seen.
+    pub services_changed: Vec<ServiceKey>,
+    /// EndpointSlices whose content changed, appeared or disappeared (kube-proxy's pending
+    /// endpoint changes).
+    pub slices_changed: usize,
+    /// The last-change trigger times of the changed (not deleted) slices that carry one: network
+    /// programming latency is measured from them once the change is programmed.
+    pub trigger_times: Vec<TriggerTime>,
 }
 
 /// The node-local model. Feed it [`Event`]s; read [`Model::snapshot`].
@@ -143,8 +158,18 @@ impl Model {
             errors: touched.errors,
             applied: touched.applied,
             listed: touched.listed,
-            ..ApplyOutcome::default()
+            services_changed: touched.services_changed,
+            slices_changed: touched.slices_changed,
+            trigger_times: touched.trigger_times,
+            diff: Diff::default(),
         };
+        if touched.service_cidrs_changed {
+            let cidrs = self.cluster.service_cidrs();
+            if cidrs != self.snapshot.service_cidrs {
+                self.snapshot.service_cidrs = cidrs;
+                out.diff.node_changed = true;
+            }
+        }
         let node_dirty = touched.nodes.contains(&self.config.node_name);
         self.refresh(touched.services, node_dirty, &mut out.diff);
         out

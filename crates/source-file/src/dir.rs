@@ -100,8 +100,10 @@ pub(crate) async fn run(
     let mut watch = DirWatch::new(&dir)?;
 
     // First load: every file, as one complete list, streamed object by object so that no
-    // event ever holds the whole cluster.
-    let mut state = DirState::default();
+    // event ever holds the whole cluster. Reading and parsing tens of thousands of files is
+    // blocking work: it runs on a blocking thread, which also keeps the parser's short-lived
+    // allocations apart from the model's (less fragmentation after a large load).
+    let state = DirState::default();
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -113,27 +115,42 @@ pub(crate) async fn run(
         }
     };
     paths.sort();
-    let kinds = vec![Kind::Service, Kind::EndpointSlice, Kind::Node];
-    if events.send(Event::ListStart { kinds }).await.is_err() {
+    let kinds = Kind::ALL.to_vec();
+    if events
+        .send(Event::ListStart {
+            kinds: kinds.clone(),
+        })
+        .await
+        .is_err()
+    {
         return Ok(());
     }
-    let mut count = 0usize;
-    for path in &paths {
-        for event in state.reload(path) {
-            if let Event::Apply(o) = event {
-                count += 1;
-                if events.send(Event::ListItem(o)).await.is_err() {
-                    return Ok(());
+    let loader_events = events.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        let mut state = state;
+        let mut count = 0usize;
+        for path in &paths {
+            for event in state.reload(path) {
+                if let Event::Apply(o) = event {
+                    count += 1;
+                    if loader_events.blocking_send(Event::ListItem(o)).is_err() {
+                        return None;
+                    }
                 }
             }
         }
-    }
+        Some((state, count, paths))
+    })
+    .await;
+    let Ok(Some((mut state, count, paths))) = loaded else {
+        return Ok(());
+    };
     info!(
         "{}: loaded {count} objects from {} files",
         dir.display(),
         paths.len()
     );
-    if events.send(Event::ListDone).await.is_err() {
+    if events.send(Event::ListDone { kinds }).await.is_err() {
         return Ok(());
     }
 

@@ -97,7 +97,7 @@ fn a_reconnect_replay_is_a_minimal_diff() {
             .snapshot()
             .ports
             .keys()
-            .any(|k| k.service.name == "empty")
+            .any(|k| &*k.service.name == "empty")
     );
 }
 
@@ -118,7 +118,7 @@ fn node_ip_override_wins_over_the_brain() {
     };
     model.apply(RemoteUpdate {
         node: Some(node),
-        services: Vec::new(),
+        ..RemoteUpdate::default()
     });
     assert_eq!(
         model.snapshot().node.ips,
@@ -170,4 +170,90 @@ fn backoff_doubles_with_jitter_up_to_the_cap() {
     }
     b.reset();
     assert!(b.next_delay() <= Duration::from_millis(100));
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> Event {
+    Event::Apply(kpng_model::Object::ServiceCidr(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
+            .expect("ServiceCIDR"),
+    )))
+}
+
+#[test]
+fn service_cidrs_reach_the_node_snapshot_and_a_change_is_a_node_change() {
+    let hub = hub();
+    hub.apply(service_cidr(
+        "kubernetes",
+        &["10.96.0.0/16", "fd00:96::/112"],
+    ));
+    let reg = hub.register("n1");
+    let (mut wire, mut model) = (WireState::default(), RemoteModel::new("n1", Vec::new()));
+    deliver(&reg, &mut wire, &mut model);
+    let want: Vec<IpNet> = vec![
+        "10.96.0.0/16".parse().expect("net"),
+        "fd00:96::/112".parse().expect("net"),
+    ];
+    assert_eq!(model.snapshot().service_cidrs, want);
+
+    // A second object adds a range: only the ranges are sent, and the node changed.
+    hub.apply(service_cidr("extra", &["10.97.0.0/16"]));
+    let (changes, node_changed) = deliver(&reg, &mut wire, &mut model);
+    assert_eq!((changes, node_changed), (0, true));
+    assert_eq!(model.snapshot().service_cidrs.len(), 3);
+
+    // A reconnect replay of the same ranges changes nothing.
+    let again = hub.register("n1");
+    assert_eq!(deliver(&again, &mut wire, &mut model), (0, false));
+    assert_eq!(model.snapshot().service_cidrs.len(), 3);
+
+    // Every object gone: no ranges.
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::ServiceCidr,
+        namespace: "".into(),
+        name: "kubernetes".into(),
+    }));
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::ServiceCidr,
+        namespace: "".into(),
+        name: "extra".into(),
+    }));
+    assert_eq!(deliver(&reg, &mut wire, &mut model), (0, true));
+    assert!(model.snapshot().service_cidrs.is_empty());
+}
+
+#[test]
+fn change_counters_count_service_and_endpoint_values() {
+    let hub = hub();
+    let reg = hub.register("n1");
+    let (mut wire, mut model) = (WireState::default(), RemoteModel::new("n1", Vec::new()));
+    deliver(&reg, &mut wire, &mut model);
+    // One endpoint more for one Service: its Endpoint value is new, its Service value is not.
+    hub.apply(Event::Apply(kpng_model::Object::EndpointSlice(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": "extra-ep",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [{"addresses": ["10.244.9.9"], "nodeName": "n3"}]
+        }))
+        .expect("slice"),
+    ))));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("rt");
+    for op in rt.block_on(reg.slot.next()).ops() {
+        wire.apply(op).expect("valid op");
+    }
+    let (update, errors) = wire.take_update();
+    assert!(errors.is_empty(), "{errors:?}");
+    let info = RemoteModel::describe(&update);
+    assert!(
+        info.objects.is_empty(),
+        "no Kubernetes object reaches a node"
+    );
+    assert_eq!(info.endpoint_changes, 1, "{update:?}");
+    assert_eq!(info.service_changes, 0, "{update:?}");
+    let out = model.apply(update);
+    assert_eq!(out.slices_changed, 1);
+    assert!(out.trigger_times.is_empty());
 }

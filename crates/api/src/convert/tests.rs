@@ -24,7 +24,7 @@ fn decode_messages(
             )
         })
         .collect();
-    assert_eq!(service.namespace, key.namespace);
+    assert_eq!(service.namespace, *key.namespace);
     (service, endpoints)
 }
 

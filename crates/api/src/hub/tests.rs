@@ -52,6 +52,10 @@ fn describe(item: proto::OpItem) -> String {
                     format!("set ep {}{local}", r.path)
                 }
                 proto::Set::KpngNodeSet => format!("node {}", r.path),
+                proto::Set::KpngServiceCidRsSet => {
+                    let v = proto::KpngServiceCidRs::decode(v.bytes).expect("cidrs");
+                    format!("cidrs {}", v.cid_rs.join(","))
+                }
                 other => format!("set {other:?}"),
             }
         }
@@ -266,4 +270,37 @@ fn renaming_the_watched_node_moves_locality() {
         ops.contains(&"set ep default/np-local/10.244.2.3 local".to_string()),
         "{ops:?}"
     );
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> Event {
+    Event::Apply(kpng_model::Object::ServiceCidr(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
+            .expect("ServiceCIDR"),
+    )))
+}
+
+#[test]
+fn service_cidrs_follow_the_reset_and_every_change_goes_to_every_watcher() {
+    let hub = hub();
+    hub.apply(service_cidr("kubernetes", &["10.96.0.0/16"]));
+    hub.apply(fixtures::cluster_event());
+    let (n1, n2) = (hub.register("n1"), hub.register("n2"));
+    for reg in [&n1, &n2] {
+        let ops = next(reg);
+        assert_eq!(
+            ops[..3],
+            [
+                "reset",
+                "cidrs 10.96.0.0/16",
+                &format!("node {}", reg.node_name())
+            ]
+        );
+    }
+    // The same ranges again: nothing to send.
+    hub.apply(service_cidr("copy", &["10.96.0.0/16"]));
+    assert!(!ready(&n1) && !ready(&n2));
+    hub.apply(service_cidr("extra", &["10.97.0.0/16"]));
+    for reg in [&n1, &n2] {
+        assert_eq!(next(reg), ["cidrs 10.96.0.0/16,10.97.0.0/16", "sync"]);
+    }
 }

@@ -9,6 +9,9 @@ fn object(kind: &str, value: Value) -> Object {
     match kind {
         "Service" => Object::Service(Box::new(serde_json::from_value(value).expect("service"))),
         "Node" => Object::Node(Box::new(serde_json::from_value(value).expect("node"))),
+        "ServiceCIDR" => {
+            Object::ServiceCidr(Box::new(serde_json::from_value(value).expect("cidr")))
+        }
         _ => Object::EndpointSlice(Box::new(serde_json::from_value(value).expect("slice"))),
     }
 }
@@ -180,4 +183,60 @@ fn a_complete_list_reports_its_kinds_and_removes_missing_nodes() {
     assert_eq!(out.listed, [Kind::Node]);
     assert!(out.nodes.contains("gone") && out.nodes.contains("kept"));
     assert!(cluster.node("gone").is_none());
+}
+
+#[test]
+fn interleaved_lists_of_every_node_end_separately_with_their_counters() {
+    // A brain (no `only_node`) fed by the kube source: one list per kind, interleaved.
+    let mut cluster = ClusterModel::new(ClusterConfig::default());
+    for kinds in [
+        vec![Kind::Service],
+        vec![Kind::EndpointSlice],
+        vec![Kind::ServiceCidr],
+    ] {
+        assert!(cluster.apply(Event::ListStart { kinds }).listed.is_empty());
+    }
+    let items = [
+        svc("web", json!({})),
+        slice("web", &[("10.0.0.1", "n1", None), ("10.0.0.2", "n2", None)]),
+        Event::Apply(object(
+            "ServiceCIDR",
+            json!({"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}),
+        )),
+    ];
+    for item in items {
+        let Event::Apply(object) = item else {
+            unreachable!()
+        };
+        let out = cluster.apply(Event::ListItem(object));
+        assert!(
+            out.services.is_empty() && !out.service_cidrs_changed,
+            "reported at ListDone"
+        );
+    }
+    let done = cluster.apply(Event::ListDone {
+        kinds: vec![Kind::EndpointSlice],
+    });
+    assert_eq!(done.listed, [Kind::EndpointSlice]);
+    assert_eq!(done.services.len(), 1);
+    assert!(!done.service_cidrs_changed);
+    let done = cluster.apply(Event::ListDone {
+        kinds: vec![Kind::ServiceCidr],
+    });
+    assert!(done.service_cidrs_changed);
+    assert_eq!(
+        cluster.service_cidrs(),
+        ["10.96.0.0/16".parse::<ipnet::IpNet>().expect("net")]
+    );
+    // Slices keep every node name (a brain serves all of them).
+    let source = cluster.source(&ServiceKey::new("ns", "web")).expect("web");
+    assert!(source.depends_on_node("n2"));
+
+    // Counters: a changed Service and a changed slice; an unchanged one counts nothing.
+    let out = cluster.apply(svc("web", json!({"clusterIP": "10.96.0.11"})));
+    assert_eq!(out.services_changed, [ServiceKey::new("ns", "web")]);
+    let out = cluster.apply(slice("web", &[("10.0.0.1", "n1", None)]));
+    assert_eq!(out.slices_changed, 1);
+    let out = cluster.apply(slice("web", &[("10.0.0.1", "n1", None)]));
+    assert_eq!((out.slices_changed, out.services_changed.len()), (0, 0));
 }

@@ -1,0 +1,169 @@
+//! `--config FILE`: kube-proxy's configuration file (`kubeproxy.config.k8s.io/v1alpha1`
+//! `KubeProxyConfiguration`) as the source of kpng's flag values, and `--write-config-to`.
+//!
+//! An administrator replacing kube-proxy already has this file in the `kube-proxy` ConfigMap.
+//! Loading it: parse (`load.rs`: YAML or JSON, unknown fields collected), map with kube-proxy's
+//! defaulting and validation (`mapping.rs`: errors name the field, unsupported settings become
+//! warnings), then overlay the values on the flags: a flag given on the command line (or its
+//! environment variable) wins over the file, a flag left at its default takes the file's value.
+//! kube-proxy itself ignores most flags when `--config` is given (only `--hostname-override` and
+//! the logging flags win); letting every explicit flag win is a superset of that.
+
+mod duration;
+mod load;
+mod mapping;
+mod v1alpha1;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+
+use crate::cli::GlobalFlags;
+
+pub use duration::parse as parse_go_duration;
+
+/// `clientConnection` of the file, for the `kube` source, whose flags of the same names
+/// (`--kubeconfig`, `--kube-api-qps`, `--kube-api-burst`) fill it too. When a flag was given on
+/// the command line its value is here; otherwise the file's; `None` means neither, so the
+/// source's own default (in-cluster configuration, 5 QPS, burst 10) applies:
+/// `flags.client_connection.kubeconfig.or(kube_args.kubeconfig)`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClientConnection {
+    /// `clientConnection.kubeconfig` / `--kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `clientConnection.qps` / `--kube-api-qps`.
+    pub kube_api_qps: Option<f32>,
+    /// `clientConnection.burst` / `--kube-api-burst`.
+    pub kube_api_burst: Option<u32>,
+}
+
+/// What loading the file has to say, logged once logging is set up (its level may come from
+/// the file).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Report {
+    /// Settings kpng ignores or replaces, one line each, naming the field.
+    pub warnings: Vec<String>,
+    /// Informational lines.
+    pub notes: Vec<String>,
+}
+
+/// Applies `--config` (if given) to the flags; flags given on the command line win.
+pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Report> {
+    let mut report = Report::default();
+    if let Some(path) = flags.config.clone() {
+        let (settings, file_report) = read(&path)?;
+        overlay(flags, settings, |id| given_on_command_line(matches, id));
+        report = file_report;
+    }
+    let cc = &mut flags.client_connection;
+    if let Some(v) = command_line_value(matches, "kubeconfig") {
+        cc.kubeconfig = Some(PathBuf::from(v));
+    }
+    if let Some(v) = command_line_value(matches, "kube_api_qps").and_then(|v| v.parse().ok()) {
+        cc.kube_api_qps = Some(v);
+    }
+    if let Some(v) = command_line_value(matches, "kube_api_burst").and_then(|v| v.parse().ok()) {
+        cc.kube_api_burst = Some(v);
+    }
+    Ok(report)
+}
+
+/// Reads and maps one configuration file.
+fn read(path: &Path) -> anyhow::Result<(mapping::FileSettings, Report)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading --config {}", path.display()))?;
+    from_text(&text).with_context(|| format!("--config {}", path.display()))
+}
+
+/// Parses and maps the text of a configuration file.
+fn from_text(text: &str) -> anyhow::Result<(mapping::FileSettings, Report)> {
+    let parsed = load::parse(text)?;
+    let mapped = mapping::map(&parsed.config)?;
+    let mut warnings = mapped.warnings;
+    if !parsed.unknown_fields.is_empty() {
+        warnings.push(format!(
+            "{}: not fields of {}; ignored",
+            parsed.unknown_fields.join(", "),
+            v1alpha1::API_VERSION
+        ));
+    }
+    let report = Report {
+        warnings,
+        notes: mapped.notes,
+    };
+    Ok((mapped.settings, report))
+}
+
+/// Sets every flag that was not given explicitly to the file's value.
+fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(&str) -> bool) {
+    macro_rules! take {
+        ($($field:ident),* $(,)?) => {
+            $( if !given(stringify!($field)) { flags.$field = file.$field; } )*
+        };
+    }
+    take!(
+        node_name,
+        node_ip,
+        cluster_cidr,
+        masquerade_all,
+        detect_local_mode,
+        pod_bridge_interface,
+        pod_interface_name_prefix,
+        masquerade_bit,
+        nodeport_addresses,
+        healthz_bind_address,
+        metrics_bind_address,
+        min_sync_period,
+        sync_period,
+        conntrack_max_per_core,
+        conntrack_min,
+        conntrack_tcp_timeout_established,
+        conntrack_tcp_timeout_close_wait,
+        conntrack_tcp_be_liberal,
+        conntrack_udp_timeout,
+        conntrack_udp_timeout_stream,
+        log_level,
+        client_connection,
+    );
+}
+
+/// Whether the argument `id` was given on the command line or through its environment
+/// variable, at the top level or in any subcommand (global flags may stand anywhere). An id
+/// no command defines is simply not given.
+pub fn given_on_command_line(matches: &ArgMatches, id: &str) -> bool {
+    command_line_matches(matches, id).is_some()
+}
+
+/// The matches of the (sub)command where `id` was given explicitly.
+fn command_line_matches<'m>(matches: &'m ArgMatches, id: &str) -> Option<&'m ArgMatches> {
+    let here = matches.ids().any(|i| i.as_str() == id)
+        && matches!(
+            matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+    if here {
+        return Some(matches);
+    }
+    matches
+        .subcommand()
+        .and_then(|(_, sub)| command_line_matches(sub, id))
+}
+
+/// The last value of `id` as written on the command line, if it was given explicitly.
+fn command_line_value(matches: &ArgMatches, id: &str) -> Option<String> {
+    let m = command_line_matches(matches, id)?;
+    let mut raw = m.try_get_raw(id).ok().flatten()?;
+    raw.next_back().map(|v| v.to_string_lossy().into_owned())
+}
+
+/// `--write-config-to`: writes the effective configuration (`-`: standard output).
+pub fn write_effective(flags: &GlobalFlags, destination: &str) -> anyhow::Result<()> {
+    let config = write::effective(flags)?;
+    write::write_to(destination, &write::render(&config)?)
+}

@@ -1,0 +1,472 @@
+//! A KubeProxyConfiguration → kpng's flag values, with kube-proxy's defaulting and validation,
+//! and the list of what kpng does not honour.
+//!
+//! The rules, per field (docs/deploy.md has the table):
+//! - **mapped**: the value becomes the flag of the same meaning (`clusterCIDR` → `--cluster-cidr`);
+//!   zero or `null` takes kube-proxy's default, as kube-proxy's defaulting does.
+//! - **mode**: kpng programs nftables. `nftables` reads the `nftables` section; empty (kube-proxy's
+//!   Linux default, iptables) and `iptables` read the `iptables` section, as kube-proxy would, and
+//!   `iptables` warns that nftables is programmed instead; `ipvs`, `kernelspace` and anything else
+//!   are errors.
+//! - **unsupported**: a field asking for something kpng does not do warns, naming the field, but
+//!   only when it differs from its zero value or kube-proxy's default, so that a stock kubeadm
+//!   file loads silently.
+//! - **no effect**: fields that change nothing observable in kpng are accepted silently
+//!   (`clientConnection.contentType`: kpng speaks JSON; `bindAddressHardFail`: kpng always stops
+//!   when it cannot bind; `logging.flushFrequency` and `logging.options`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ipnet::IpNet;
+
+use super::ClientConnection;
+use super::duration::format;
+use super::v1alpha1::KubeProxyConfiguration;
+
+/// kube-proxy's health server port.
+pub const HEALTHZ_PORT: u16 = 10256;
+/// kube-proxy's metrics server port.
+pub const METRICS_PORT: u16 = 10249;
+/// kube-proxy's default `syncPeriod`.
+pub const SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// kube-proxy's default `minSyncPeriod`.
+pub const MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+/// kube-proxy's default `configSyncPeriod`.
+pub const CONFIG_SYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
+
+/// What a configuration file sets, in the types of kpng's flags. Each field is named like the
+/// `GlobalFlags` field (= clap argument id) it fills, so that an explicit flag can win over it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileSettings {
+    /// `hostnameOverride`, trimmed and lower-cased as kube-proxy does.
+    pub node_name: Option<String>,
+    /// `bindAddress`, unless unspecified (`0.0.0.0`, `::`).
+    pub node_ip: Vec<IpAddr>,
+    /// `clusterCIDR`.
+    pub cluster_cidr: Vec<IpNet>,
+    /// `<section>.masqueradeAll`.
+    pub masquerade_all: bool,
+    /// `detectLocalMode` (empty: `ClusterCIDR`).
+    pub detect_local_mode: String,
+    /// `detectLocal.bridgeInterface`.
+    pub pod_bridge_interface: Option<String>,
+    /// `detectLocal.interfaceNamePrefix`.
+    pub pod_interface_name_prefix: Option<String>,
+    /// `<section>.masqueradeBit`.
+    pub masquerade_bit: u8,
+    /// `nodePortAddresses` (unset: `primary`, nftables mode's default).
+    pub nodeport_addresses: Vec<String>,
+    /// `healthzBindAddress`.
+    pub healthz_bind_address: SocketAddr,
+    /// `metricsBindAddress`.
+    pub metrics_bind_address: String,
+    /// `<section>.minSyncPeriod`.
+    pub min_sync_period: Duration,
+    /// `<section>.syncPeriod`.
+    pub sync_period: Duration,
+    /// `conntrack.maxPerCore`.
+    pub conntrack_max_per_core: u64,
+    /// `conntrack.min`.
+    pub conntrack_min: u64,
+    /// `conntrack.tcpEstablishedTimeout`.
+    pub conntrack_tcp_timeout_established: Duration,
+    /// `conntrack.tcpCloseWaitTimeout`.
+    pub conntrack_tcp_timeout_close_wait: Duration,
+    /// `conntrack.tcpBeLiberal`.
+    pub conntrack_tcp_be_liberal: bool,
+    /// `conntrack.udpTimeout`.
+    pub conntrack_udp_timeout: Duration,
+    /// `conntrack.udpStreamTimeout`.
+    pub conntrack_udp_timeout_stream: Duration,
+    /// `logging.verbosity` as a tracing level.
+    pub log_level: String,
+    /// `clientConnection`, for the `kube` source.
+    pub client_connection: ClientConnection,
+}
+
+/// The result of mapping one file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mapped {
+    /// The values for kpng's flags.
+    pub settings: FileSettings,
+    /// One line per field kpng does not honour, naming the field.
+    pub warnings: Vec<String>,
+    /// Information worth a log line that is not a problem (how an empty `mode` is read).
+    pub notes: Vec<String>,
+}
+
+/// Which mode section the sync periods and masquerade settings come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Section {
+    IpTables,
+    NfTables,
+}
+
+/// Maps a parsed file; errors name the field at fault.
+pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
+    let mut warnings = Vec::new();
+    let mut notes = Vec::new();
+    let nodeport_note = "NodePorts are served on the node's primary IPs unless nodePortAddresses \
+                         says otherwise, never on 127.0.0.1";
+    let section = match config.mode.as_str() {
+        "nftables" => Section::NfTables,
+        "" => {
+            notes.push(format!(
+                "mode is empty (kube-proxy's Linux default, iptables): kpng programs nftables \
+                 with the iptables section's settings, as kube-proxy would read them; \
+                 {nodeport_note}"
+            ));
+            Section::IpTables
+        }
+        "iptables" => {
+            warnings.push(format!(
+                "mode \"iptables\": kpng has no iptables backend yet and programs nftables with \
+                 the iptables section's settings; {nodeport_note}"
+            ));
+            Section::IpTables
+        }
+        "ipvs" => bail!(
+            "field mode: \"ipvs\" is not supported; kpng programs nftables (set mode to \
+             \"nftables\"; the ipvs section does not carry over)"
+        ),
+        "kernelspace" => bail!(
+            "field mode: \"kernelspace\" is kube-proxy's Windows mode; kpng programs nftables on \
+             Linux (set mode to \"nftables\")"
+        ),
+        other => bail!(
+            "field mode: unknown proxy mode {other:?} (kube-proxy's modes are iptables, ipvs, \
+             nftables and kernelspace; kpng runs nftables)"
+        ),
+    };
+    let (prefix, masquerade_all, masquerade_bit, sync_period, min_sync_period) = match section {
+        Section::NfTables => {
+            let s = &config.nftables;
+            (
+                "nftables",
+                s.masquerade_all,
+                s.masquerade_bit,
+                s.sync_period,
+                s.min_sync_period,
+            )
+        }
+        Section::IpTables => {
+            let s = &config.iptables;
+            (
+                "iptables",
+                s.masquerade_all,
+                s.masquerade_bit,
+                s.sync_period,
+                s.min_sync_period,
+            )
+        }
+    };
+    let masquerade_bit = match masquerade_bit {
+        None => 14,
+        Some(bit) => u8::try_from(bit)
+            .ok()
+            .filter(|b| *b <= 31)
+            .with_context(|| format!("field {prefix}.masqueradeBit: {bit} is not in 0-31"))?,
+    };
+    let sync_period = non_zero_or(sync_period.0, SYNC_PERIOD);
+    let min_sync_period = non_zero_or(min_sync_period.0, MIN_SYNC_PERIOD);
+    if min_sync_period > sync_period {
+        bail!(
+            "field {prefix}.minSyncPeriod: {} must not exceed {prefix}.syncPeriod ({})",
+            format(min_sync_period),
+            format(sync_period)
+        );
+    }
+
+    let node_ip = bind_address(&config.bind_address)?;
+    let ipv6_defaults = node_ip.first().is_some_and(IpAddr::is_ipv6)
+        || config
+            .bind_address
+            .trim()
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_ipv6());
+    let (any, loopback): (IpAddr, IpAddr) = if ipv6_defaults {
+        ("::".parse()?, "::1".parse()?)
+    } else {
+        ("0.0.0.0".parse()?, "127.0.0.1".parse()?)
+    };
+    let healthz_bind_address = listen_address(
+        "healthzBindAddress",
+        &config.healthz_bind_address,
+        SocketAddr::new(any, HEALTHZ_PORT),
+    )?;
+    let metrics_bind_address = listen_address(
+        "metricsBindAddress",
+        &config.metrics_bind_address,
+        SocketAddr::new(loopback, METRICS_PORT),
+    )?
+    .to_string();
+
+    let detect_local_mode = match config.detect_local_mode.as_str() {
+        "" => "ClusterCIDR".to_string(),
+        m @ ("ClusterCIDR" | "NodeCIDR" | "BridgeInterface" | "InterfaceNamePrefix" | "None") => {
+            m.to_string()
+        }
+        other => bail!(
+            "field detectLocalMode: unknown mode {other:?} (ClusterCIDR, NodeCIDR, \
+             BridgeInterface or InterfaceNamePrefix)"
+        ),
+    };
+    let conntrack = &config.conntrack;
+    let count = |field: &str, value: Option<i32>, default: u64| -> anyhow::Result<u64> {
+        match value {
+            None => Ok(default),
+            Some(n) => u64::try_from(n)
+                .with_context(|| format!("field conntrack.{field}: {n} is negative")),
+        }
+    };
+    let client = &config.client_connection;
+    let settings = FileSettings {
+        node_name: Some(config.hostname_override.trim().to_lowercase()).filter(|n| !n.is_empty()),
+        node_ip,
+        cluster_cidr: cluster_cidrs(&config.cluster_cidr)?,
+        masquerade_all,
+        detect_local_mode,
+        pod_bridge_interface: non_empty(&config.detect_local.bridge_interface),
+        pod_interface_name_prefix: non_empty(&config.detect_local.interface_name_prefix),
+        masquerade_bit,
+        nodeport_addresses: nodeport_addresses(config.node_port_addresses.as_deref())?,
+        healthz_bind_address,
+        metrics_bind_address,
+        min_sync_period,
+        sync_period,
+        conntrack_max_per_core: count("maxPerCore", conntrack.max_per_core, 32768)?,
+        conntrack_min: count("min", conntrack.min, 131072)?,
+        conntrack_tcp_timeout_established: conntrack
+            .tcp_established_timeout
+            .map_or(Duration::from_secs(24 * 3600), |d| d.0),
+        conntrack_tcp_timeout_close_wait: conntrack
+            .tcp_close_wait_timeout
+            .map_or(Duration::from_secs(3600), |d| d.0),
+        conntrack_tcp_be_liberal: conntrack.tcp_be_liberal,
+        conntrack_udp_timeout: conntrack.udp_timeout.0,
+        conntrack_udp_timeout_stream: conntrack.udp_stream_timeout.0,
+        log_level: log_level(config.logging.verbosity).to_string(),
+        client_connection: ClientConnection {
+            kubeconfig: non_empty(&client.kubeconfig).map(PathBuf::from),
+            kube_api_qps: Some(client.qps).filter(|q| *q > 0.0),
+            kube_api_burst: u32::try_from(client.burst).ok().filter(|b| *b > 0),
+        },
+    };
+    if client.qps < 0.0 {
+        bail!("field clientConnection.qps: {} is negative", client.qps);
+    }
+    if client.burst < 0 {
+        bail!("field clientConnection.burst: {} is negative", client.burst);
+    }
+    warnings.extend(unsupported(config, section));
+    Ok(Mapped {
+        settings,
+        warnings,
+        notes,
+    })
+}
+
+/// kube-proxy's defaulting: a zero duration means "the default".
+fn non_zero_or(value: Duration, default: Duration) -> Duration {
+    if value.is_zero() { default } else { value }
+}
+
+/// `Some(trimmed)` unless blank.
+fn non_empty(s: &str) -> Option<String> {
+    Some(s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// klog verbosity → a tracing level: kube-proxy logs routine detail at 2 and debugging at 4+.
+fn log_level(verbosity: u32) -> &'static str {
+    match verbosity {
+        0..=3 => "info",
+        4 => "debug",
+        _ => "trace",
+    }
+}
+
+/// `bindAddress`: the node IP override; empty or unspecified means none. A comma-separated
+/// dual-stack pair is accepted (newer kube-proxy versions read one).
+fn bind_address(text: &str) -> anyhow::Result<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let ip: IpAddr = part
+            .parse()
+            .map_err(|_| anyhow::anyhow!("field bindAddress: {part:?} is not an IP address"))?;
+        if !ip.is_unspecified() {
+            out.push(ip);
+        }
+    }
+    Ok(out)
+}
+
+/// `IP:port`, or a bare IP that gets the default port (kube-proxy's `AppendPortIfNeeded`);
+/// empty means the default address.
+fn listen_address(field: &str, text: &str, default: SocketAddr) -> anyhow::Result<SocketAddr> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(default);
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bare = text.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<IpAddr>() {
+        Ok(ip) => Ok(SocketAddr::new(ip, default.port())),
+        Err(_) => bail!(
+            "field {field}: {text:?} is not IP:port (e.g. 0.0.0.0:{})",
+            default.port()
+        ),
+    }
+}
+
+/// `clusterCIDR`: one CIDR or a dual-stack pair, comma-separated.
+fn cluster_cidrs(text: &str) -> anyhow::Result<Vec<IpNet>> {
+    let mut out: Vec<IpNet> = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let net: IpNet = part
+            .parse()
+            .map_err(|_| anyhow::anyhow!("field clusterCIDR: {part:?} is not a CIDR"))?;
+        if out
+            .iter()
+            .any(|o| o.addr().is_ipv4() == net.addr().is_ipv4())
+        {
+            bail!(
+                "field clusterCIDR: {text:?} has two CIDRs of one family (at most one IPv4 and one IPv6)"
+            );
+        }
+        out.push(net);
+    }
+    Ok(out)
+}
+
+/// `nodePortAddresses`: `primary` alone, or CIDRs; unset means `primary` (nftables mode).
+fn nodeport_addresses(list: Option<&[String]>) -> anyhow::Result<Vec<String>> {
+    let list: Vec<String> = list
+        .unwrap_or_default()
+        .iter()
+        .map(|s| s.trim().to_string())
+        .collect();
+    if list.is_empty() {
+        return Ok(vec!["primary".into()]);
+    }
+    if list.len() > 1 && list.iter().any(|a| a == "primary") {
+        bail!("field nodePortAddresses: \"primary\" cannot be combined with CIDRs");
+    }
+    for a in list.iter().filter(|a| *a != "primary") {
+        if a.parse::<IpNet>().is_err() {
+            bail!("field nodePortAddresses: {a:?} is not a CIDR or \"primary\"");
+        }
+    }
+    Ok(list)
+}
+
+/// Fields set to something kpng does not do, one warning each.
+fn unsupported(config: &KubeProxyConfiguration, section: Section) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut warn = |field: &str, why: &str| out.push(format!("{field}: {why}; ignored"));
+    if !config.feature_gates.is_empty() {
+        let gates: Vec<String> = config
+            .feature_gates
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        warn(
+            &format!("featureGates ({})", gates.join(", ")),
+            "kpng has no feature gates",
+        );
+    }
+    if !matches!(config.logging.format.as_str(), "" | "text") {
+        warn(
+            &format!("logging.format {:?}", config.logging.format),
+            "kpng logs text",
+        );
+    }
+    if config
+        .logging
+        .vmodule
+        .as_ref()
+        .is_some_and(|v| !v.is_empty())
+    {
+        warn(
+            "logging.vmodule",
+            "kpng has no per-file verbosity (--log-level takes a tracing filter, e.g. kpng=debug)",
+        );
+    }
+    if config.enable_profiling {
+        warn("enableProfiling", "kpng serves no /debug/pprof");
+    }
+    if !config.show_hidden_metrics_for_version.is_empty() {
+        warn("showHiddenMetricsForVersion", "kpng hides no metrics");
+    }
+    if config.oom_score_adj.is_some() {
+        warn(
+            "oomScoreAdj",
+            "kpng leaves its OOM score to the kubelet (the pod's priority and QoS class)",
+        );
+    }
+    let resync = config.config_sync_period.0;
+    if !resync.is_zero() && resync != CONFIG_SYNC_PERIOD {
+        warn(
+            "configSyncPeriod",
+            "kpng's watches have no periodic resync (full syncs: --full-sync-period)",
+        );
+    }
+    if !config.port_range.is_empty() {
+        warn("portRange", "unused since kube-proxy's userspace mode");
+    }
+    if section == Section::IpTables && config.iptables.localhost_node_ports == Some(true) {
+        warn(
+            "iptables.localhostNodePorts",
+            "NodePorts on 127.0.0.1 are an iptables-mode feature that kpng's nftables rules do not have",
+        );
+    }
+    let ipvs = &config.ipvs;
+    let ipvs_set: Vec<&str> = [
+        (
+            "ipvs.excludeCIDRs",
+            ipvs.exclude_cidrs.as_ref().is_some_and(|c| !c.is_empty()),
+        ),
+        ("ipvs.minSyncPeriod", !ipvs.min_sync_period.0.is_zero()),
+        ("ipvs.scheduler", !ipvs.scheduler.is_empty()),
+        ("ipvs.strictARP", ipvs.strict_arp),
+        (
+            "ipvs.syncPeriod",
+            !ipvs.sync_period.0.is_zero() && ipvs.sync_period.0 != SYNC_PERIOD,
+        ),
+        ("ipvs.tcpFinTimeout", !ipvs.tcp_fin_timeout.0.is_zero()),
+        ("ipvs.tcpTimeout", !ipvs.tcp_timeout.0.is_zero()),
+        ("ipvs.udpTimeout", !ipvs.udp_timeout.0.is_zero()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    if !ipvs_set.is_empty() {
+        warn(&ipvs_set.join(", "), "settings of the ipvs mode");
+    }
+    let win = &config.winkernel;
+    let win_set: Vec<&str> = [
+        ("winkernel.enableDSR", win.enable_dsr),
+        (
+            "winkernel.forwardHealthCheckVip",
+            win.forward_health_check_vip,
+        ),
+        ("winkernel.networkName", !win.network_name.is_empty()),
+        (
+            "winkernel.rootHnsEndpointName",
+            !win.root_hns_endpoint_name.is_empty(),
+        ),
+        ("winkernel.sourceVip", !win.source_vip.is_empty()),
+        ("windowsRunAsService", config.windows_run_as_service),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    if !win_set.is_empty() {
+        warn(&win_set.join(", "), "settings of kube-proxy on Windows");
+    }
+    out
+}

@@ -1,0 +1,753 @@
+//! Table-driven tests of `--config`: real installer files, field mappings, errors, warnings,
+//! flag precedence and the written configuration.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{CommandFactory, FromArgMatches};
+
+use super::mapping::FileSettings;
+use super::*;
+use crate::cli::Cli;
+
+const KUBEADM: &str = include_str!("../../testdata/kube-proxy/kubeadm-v1.33.conf");
+const KIND: &str = include_str!("../../testdata/kube-proxy/kind-v1.33.conf");
+
+/// What kube-proxy itself writes with `--write-config-to` (1.33, no flags): every default
+/// spelled out, mode empty.
+const KUBE_PROXY_DEFAULTS: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 10
+  contentType: application/vnd.kubernetes.protobuf
+  kubeconfig: ""
+  qps: 5
+clusterCIDR: ""
+configSyncPeriod: 15m0s
+conntrack:
+  maxPerCore: 32768
+  min: 131072
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: 1h0m0s
+  tcpEstablishedTimeout: 24h0m0s
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: 0.0.0.0:10256
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: true
+  masqueradeAll: false
+  masqueradeBit: 14
+  minSyncPeriod: 1s
+  syncPeriod: 30s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 30s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 5s
+  format: text
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: 127.0.0.1:10249
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: 14
+  minSyncPeriod: 1s
+  syncPeriod: 30s
+nodePortAddresses: null
+oomScoreAdj: -999
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+const HEAD: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+/// A minimal file with `body` appended.
+fn doc(body: &str) -> String {
+    format!("{HEAD}{body}")
+}
+
+/// kube-proxy's defaults for nftables mode, as kpng's flag values.
+fn defaults() -> FileSettings {
+    FileSettings {
+        node_name: None,
+        node_ip: vec![],
+        cluster_cidr: vec![],
+        masquerade_all: false,
+        detect_local_mode: "ClusterCIDR".into(),
+        pod_bridge_interface: None,
+        pod_interface_name_prefix: None,
+        masquerade_bit: 14,
+        nodeport_addresses: vec!["primary".into()],
+        healthz_bind_address: "0.0.0.0:10256".parse().unwrap(),
+        metrics_bind_address: "127.0.0.1:10249".into(),
+        min_sync_period: Duration::from_secs(1),
+        sync_period: Duration::from_secs(30),
+        conntrack_max_per_core: 32768,
+        conntrack_min: 131072,
+        conntrack_tcp_timeout_established: Duration::from_secs(86400),
+        conntrack_tcp_timeout_close_wait: Duration::from_secs(3600),
+        conntrack_tcp_be_liberal: false,
+        conntrack_udp_timeout: Duration::ZERO,
+        conntrack_udp_timeout_stream: Duration::ZERO,
+        log_level: "info".into(),
+        client_connection: ClientConnection::default(),
+    }
+}
+
+#[test]
+fn stock_kubeadm_file_loads_without_a_warning() {
+    let (settings, report) = from_text(KUBEADM).unwrap();
+    assert_eq!(report.warnings, Vec::<String>::new());
+    assert_eq!(report.notes.len(), 1, "{:?}", report.notes);
+    assert!(
+        report.notes[0].contains("mode is empty"),
+        "{:?}",
+        report.notes
+    );
+    assert_eq!(
+        settings,
+        FileSettings {
+            cluster_cidr: vec!["10.244.0.0/16".parse().unwrap()],
+            client_connection: ClientConnection {
+                kubeconfig: Some("/var/lib/kube-proxy/kubeconfig.conf".into()),
+                ..Default::default()
+            },
+            ..defaults()
+        }
+    );
+}
+
+#[test]
+fn kind_file_warns_only_that_iptables_becomes_nftables() {
+    let (settings, report) = from_text(KIND).unwrap();
+    assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
+    assert!(
+        report.warnings[0].starts_with("mode \"iptables\": kpng has no iptables backend yet"),
+        "{:?}",
+        report.warnings
+    );
+    assert_eq!(
+        settings.conntrack_max_per_core, 0,
+        "kind leaves the table size alone"
+    );
+    assert_eq!(settings.min_sync_period, Duration::from_secs(1));
+}
+
+#[test]
+fn kube_proxys_own_defaults_warn_about_what_kpng_lacks() {
+    let (settings, report) = from_text(KUBE_PROXY_DEFAULTS).unwrap();
+    let fields: Vec<&str> = report
+        .warnings
+        .iter()
+        .map(|w| w.split(':').next().unwrap())
+        .collect();
+    assert_eq!(fields, ["oomScoreAdj", "iptables.localhostNodePorts"]);
+    assert_eq!(
+        settings,
+        FileSettings {
+            client_connection: ClientConnection {
+                kube_api_qps: Some(5.0),
+                kube_api_burst: Some(10),
+                ..Default::default()
+            },
+            ..defaults()
+        }
+    );
+}
+
+#[test]
+fn fields_map_onto_flags() {
+    let cases: Vec<(&str, String, FileSettings)> = vec![
+        ("empty file body", doc(""), defaults()),
+        (
+            "nftables section",
+            doc("mode: nftables\nnftables:\n  masqueradeAll: true\n  masqueradeBit: 10\n  syncPeriod: 1m0s\n  minSyncPeriod: 2s\niptables:\n  masqueradeBit: 3\n"),
+            FileSettings {
+                masquerade_all: true,
+                masquerade_bit: 10,
+                sync_period: Duration::from_secs(60),
+                min_sync_period: Duration::from_secs(2),
+                ..defaults()
+            },
+        ),
+        (
+            "empty mode reads the iptables section, as kube-proxy",
+            doc("mode: \"\"\niptables:\n  masqueradeAll: true\n  masqueradeBit: 3\n  syncPeriod: 10s\nnftables:\n  masqueradeBit: 9\n"),
+            FileSettings {
+                masquerade_all: true,
+                masquerade_bit: 3,
+                sync_period: Duration::from_secs(10),
+                ..defaults()
+            },
+        ),
+        (
+            "nftables mode: zero periods take the defaults",
+            doc("mode: nftables\nnftables:\n  syncPeriod: 0s\n  minSyncPeriod: 0s\n"),
+            defaults(),
+        ),
+        (
+            "dual-stack cluster CIDR",
+            doc("clusterCIDR: 10.244.0.0/16, fd00:10:244::/56\n"),
+            FileSettings {
+                cluster_cidr: vec![
+                    "10.244.0.0/16".parse().unwrap(),
+                    "fd00:10:244::/56".parse().unwrap(),
+                ],
+                ..defaults()
+            },
+        ),
+        (
+            "bind address is the node IP",
+            doc("bindAddress: 192.168.1.5\n"),
+            FileSettings {
+                node_ip: vec!["192.168.1.5".parse().unwrap()],
+                ..defaults()
+            },
+        ),
+        (
+            "IPv6 bind address moves the default listen addresses",
+            doc("bindAddress: \"::\"\n"),
+            FileSettings {
+                healthz_bind_address: "[::]:10256".parse().unwrap(),
+                metrics_bind_address: "[::1]:10249".into(),
+                ..defaults()
+            },
+        ),
+        (
+            "listen addresses get default ports",
+            doc("healthzBindAddress: 10.0.0.1\nmetricsBindAddress: \"[fd00::1]\"\n"),
+            FileSettings {
+                healthz_bind_address: "10.0.0.1:10256".parse().unwrap(),
+                metrics_bind_address: "[fd00::1]:10249".into(),
+                ..defaults()
+            },
+        ),
+        (
+            "listen addresses with ports",
+            doc("healthzBindAddress: 0.0.0.0:1234\nmetricsBindAddress: 0.0.0.0:10249\n"),
+            FileSettings {
+                healthz_bind_address: "0.0.0.0:1234".parse().unwrap(),
+                metrics_bind_address: "0.0.0.0:10249".into(),
+                ..defaults()
+            },
+        ),
+        (
+            "hostname override is trimmed and lower-cased",
+            doc("hostnameOverride: \" Node-1 \"\n"),
+            FileSettings {
+                node_name: Some("node-1".into()),
+                ..defaults()
+            },
+        ),
+        (
+            "bridge interface detection",
+            doc("detectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cni0\n"),
+            FileSettings {
+                detect_local_mode: "BridgeInterface".into(),
+                pod_bridge_interface: Some("cni0".into()),
+                ..defaults()
+            },
+        ),
+        (
+            "interface prefix detection",
+            doc("detectLocalMode: InterfaceNamePrefix\ndetectLocal:\n  interfaceNamePrefix: veth\n"),
+            FileSettings {
+                detect_local_mode: "InterfaceNamePrefix".into(),
+                pod_interface_name_prefix: Some("veth".into()),
+                ..defaults()
+            },
+        ),
+        (
+            "node port CIDRs",
+            doc("nodePortAddresses: [10.0.0.0/8, \"fd00::/8\"]\n"),
+            FileSettings {
+                nodeport_addresses: vec!["10.0.0.0/8".into(), "fd00::/8".into()],
+                ..defaults()
+            },
+        ),
+        (
+            "conntrack: explicit zeros leave the sysctls",
+            doc("conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n"),
+            FileSettings {
+                conntrack_max_per_core: 0,
+                conntrack_min: 0,
+                conntrack_tcp_timeout_established: Duration::ZERO,
+                conntrack_tcp_timeout_close_wait: Duration::ZERO,
+                ..defaults()
+            },
+        ),
+        (
+            "conntrack: every value",
+            doc("conntrack:\n  maxPerCore: 1000\n  min: 2000\n  tcpEstablishedTimeout: 2h\n  tcpCloseWaitTimeout: 60s\n  tcpBeLiberal: true\n  udpTimeout: 30s\n  udpStreamTimeout: 5m0s\n"),
+            FileSettings {
+                conntrack_max_per_core: 1000,
+                conntrack_min: 2000,
+                conntrack_tcp_timeout_established: Duration::from_secs(7200),
+                conntrack_tcp_timeout_close_wait: Duration::from_secs(60),
+                conntrack_tcp_be_liberal: true,
+                conntrack_udp_timeout: Duration::from_secs(30),
+                conntrack_udp_timeout_stream: Duration::from_secs(300),
+                ..defaults()
+            },
+        ),
+        (
+            "verbosity 4 is debug",
+            doc("logging:\n  verbosity: 4\n"),
+            FileSettings {
+                log_level: "debug".into(),
+                ..defaults()
+            },
+        ),
+        (
+            "client connection",
+            doc("clientConnection:\n  kubeconfig: /etc/k.conf\n  qps: 20\n  burst: 40\n"),
+            FileSettings {
+                client_connection: ClientConnection {
+                    kubeconfig: Some("/etc/k.conf".into()),
+                    kube_api_qps: Some(20.0),
+                    kube_api_burst: Some(40),
+                },
+                ..defaults()
+            },
+        ),
+        (
+            "JSON",
+            r#"{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+                "mode": "nftables", "clusterCIDR": "10.1.0.0/16", "nftables": {"masqueradeAll": true}}"#
+                .to_string(),
+            FileSettings {
+                cluster_cidr: vec!["10.1.0.0/16".parse().unwrap()],
+                masquerade_all: true,
+                ..defaults()
+            },
+        ),
+    ];
+    for (name, text, want) in cases {
+        let (got, _) = from_text(&text).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+#[test]
+fn bad_values_are_errors_naming_the_field() {
+    let cases = [
+        ("mode: ipvs\n", "field mode: \"ipvs\" is not supported"),
+        (
+            "mode: kernelspace\n",
+            "field mode: \"kernelspace\" is kube-proxy's Windows mode",
+        ),
+        (
+            "mode: userspace\n",
+            "field mode: unknown proxy mode \"userspace\"",
+        ),
+        (
+            "mode: NFTables\n",
+            "field mode: unknown proxy mode \"NFTables\"",
+        ),
+        (
+            "mode: nftables\nnftables:\n  masqueradeBit: 32\n",
+            "field nftables.masqueradeBit: 32 is not in 0-31",
+        ),
+        (
+            "iptables:\n  masqueradeBit: -1\n",
+            "field iptables.masqueradeBit: -1 is not in 0-31",
+        ),
+        (
+            "mode: nftables\nnftables:\n  syncPeriod: 10s\n  minSyncPeriod: 1m\n",
+            "field nftables.minSyncPeriod: 1m0s must not exceed nftables.syncPeriod (10s)",
+        ),
+        (
+            "clusterCIDR: 10.244.0.0\n",
+            "field clusterCIDR: \"10.244.0.0\" is not a CIDR",
+        ),
+        (
+            "clusterCIDR: 10.1.0.0/16,10.2.0.0/16\n",
+            "field clusterCIDR: \"10.1.0.0/16,10.2.0.0/16\" has two CIDRs of one family",
+        ),
+        (
+            "bindAddress: node1\n",
+            "field bindAddress: \"node1\" is not an IP address",
+        ),
+        (
+            "healthzBindAddress: localhost:10256\n",
+            "field healthzBindAddress: \"localhost:10256\" is not IP:port",
+        ),
+        (
+            "detectLocalMode: Bridge\n",
+            "field detectLocalMode: unknown mode \"Bridge\"",
+        ),
+        (
+            "nodePortAddresses: [primary, 10.0.0.0/8]\n",
+            "field nodePortAddresses: \"primary\" cannot be combined with CIDRs",
+        ),
+        (
+            "nodePortAddresses: [10.0.0.1]\n",
+            "field nodePortAddresses: \"10.0.0.1\" is not a CIDR or \"primary\"",
+        ),
+        (
+            "conntrack:\n  maxPerCore: -1\n",
+            "field conntrack.maxPerCore: -1 is negative",
+        ),
+        (
+            "conntrack:\n  udpTimeout: 5\n",
+            "field conntrack.udpTimeout: invalid type: integer",
+        ),
+        (
+            "conntrack:\n  udpTimeout: 5x\n",
+            "field conntrack.udpTimeout: \"5x\" is not a duration (unknown unit \"x\"",
+        ),
+        (
+            "conntrack:\n  tcpEstablishedTimeout: -1s\n",
+            "field conntrack.tcpEstablishedTimeout: \"-1s\" is not a duration (negative",
+        ),
+        (
+            "nftables:\n  masqueradeAll: maybe\n",
+            "field nftables.masqueradeAll: invalid type: string \"maybe\", expected a boolean",
+        ),
+        (
+            "clientConnection:\n  burst: -5\n",
+            "field clientConnection.burst: -5 is negative",
+        ),
+    ];
+    for (body, want) in cases {
+        let err = format!("{:#}", from_text(&doc(body)).expect_err(body));
+        assert!(err.contains(want), "{body:?}:\n  got  {err}\n  want {want}");
+    }
+    for (text, want) in [
+        (
+            "kind: KubeProxyConfiguration\n",
+            "field apiVersion: kpng reads \"kubeproxy.config.k8s.io/v1alpha1\", found \"\"",
+        ),
+        (
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n",
+            "(write the file as v1alpha1",
+        ),
+        (
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n",
+            "field kind: expected \"KubeProxyConfiguration\", found \"KubeletConfiguration\"",
+        ),
+        (
+            "",
+            "expected a KubeProxyConfiguration mapping, found an empty document",
+        ),
+        (
+            "- a\n",
+            "expected a KubeProxyConfiguration mapping, found a list",
+        ),
+        ("mode: [\n", "invalid YAML"),
+        ("{\"kind\": ", "invalid JSON"),
+    ] {
+        let err = format!("{:#}", from_text(text).expect_err(text));
+        assert!(err.contains(want), "{text:?}:\n  got  {err}\n  want {want}");
+    }
+}
+
+#[test]
+fn unsupported_settings_warn_naming_the_field() {
+    let cases: [(&str, &[&str]); 13] = [
+        (
+            "featureGates:\n  Foo: true\n  Bar: false\n",
+            &["featureGates (Bar=false, Foo=true): kpng has no feature gates; ignored"],
+        ),
+        ("featureGates: {}\n", &[]),
+        (
+            "logging:\n  format: json\n",
+            &["logging.format \"json\": kpng logs text; ignored"],
+        ),
+        (
+            "logging:\n  format: text\n  flushFrequency: 5s\n  vmodule: [{filePattern: proxier, verbosity: 4}]\n",
+            &["logging.vmodule: kpng has no per-file verbosity"],
+        ),
+        (
+            "enableProfiling: true\nshowHiddenMetricsForVersion: \"1.32\"\n",
+            &[
+                "enableProfiling: kpng serves no /debug/pprof; ignored",
+                "showHiddenMetricsForVersion: kpng hides no metrics; ignored",
+            ],
+        ),
+        (
+            "oomScoreAdj: -999\n",
+            &["oomScoreAdj: kpng leaves its OOM score to the kubelet"],
+        ),
+        ("configSyncPeriod: 15m0s\n", &[]),
+        (
+            "configSyncPeriod: 1m\n",
+            &["configSyncPeriod: kpng's watches have no periodic resync"],
+        ),
+        (
+            "portRange: 30000-32767\n",
+            &["portRange: unused since kube-proxy's userspace mode; ignored"],
+        ),
+        (
+            "mode: nftables\niptables:\n  localhostNodePorts: true\n",
+            &[],
+        ),
+        (
+            "ipvs:\n  syncPeriod: 30s\n  scheduler: rr\n  strictARP: true\n",
+            &["ipvs.scheduler, ipvs.strictARP: settings of the ipvs mode; ignored"],
+        ),
+        (
+            "winkernel:\n  networkName: flannel\nwindowsRunAsService: true\n",
+            &[
+                "winkernel.networkName, windowsRunAsService: settings of kube-proxy on Windows; ignored",
+            ],
+        ),
+        (
+            "bindAddressHardFail: true\nclientConnection:\n  contentType: application/vnd.kubernetes.protobuf\n  acceptContentTypes: application/json\n",
+            &[],
+        ),
+    ];
+    for (body, want) in cases {
+        let (_, report) = from_text(&doc(body)).unwrap_or_else(|e| panic!("{body:?}: {e:#}"));
+        let mut warnings = report.warnings.clone();
+        // Every case leaves `mode` empty except where it says; only the warnings matter here.
+        warnings.retain(|w| !w.starts_with("mode "));
+        assert_eq!(warnings.len(), want.len(), "{body:?}: {warnings:?}");
+        for (got, want) in warnings.iter().zip(want.iter()) {
+            assert!(
+                got.starts_with(want),
+                "{body:?}:\n  got  {got}\n  want {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn unknown_fields_warn_once_naming_each() {
+    let text = doc(
+        "udpIdleTimeout: 250ms\nconntrack:\n  max: 0\n  min: 5\nmasqueradeAll: true\nmetadata:\n  name: config\nfeatureGates:\n  AnyGate: true\n",
+    );
+    let (settings, report) = from_text(&text).unwrap();
+    assert_eq!(
+        settings.conntrack_min, 5,
+        "known fields next to unknown ones still apply"
+    );
+    assert!(
+        !settings.masquerade_all,
+        "a top-level masqueradeAll is not a v1alpha1 field"
+    );
+    let unknown: Vec<&String> = report
+        .warnings
+        .iter()
+        .filter(|w| w.contains("not fields of"))
+        .collect();
+    assert_eq!(
+        unknown,
+        [
+            "conntrack.max, masqueradeAll, metadata, udpIdleTimeout: not fields of kubeproxy.config.k8s.io/v1alpha1; ignored"
+        ]
+    );
+}
+
+/// Parses a kpng command line and applies its `--config`, as `main` does.
+fn run_cli(args: &[&str]) -> anyhow::Result<(crate::cli::GlobalFlags, Report)> {
+    let matches = Cli::command().try_get_matches_from(args)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    let report = apply(&mut cli.global, &matches)?;
+    Ok((cli.global, report))
+}
+
+#[test]
+fn explicit_flags_win_over_the_file_and_defaults_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    std::fs::write(
+        &path,
+        doc("mode: nftables\nclusterCIDR: 10.244.0.0/16\nhostnameOverride: from-file\nnftables:\n  syncPeriod: 1m\n  minSyncPeriod: 5s\n  masqueradeBit: 9\n  masqueradeAll: true\nconntrack:\n  maxPerCore: 0\nmetricsBindAddress: 0.0.0.0:10249\nclientConnection:\n  kubeconfig: /from/file\n  qps: 7\n"),
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    let (flags, report) = run_cli(&[
+        "kpng",
+        "--config",
+        path,
+        "--sync-period",
+        "2m",
+        "file",
+        "--input",
+        "x.yaml",
+        "--hostname-override",
+        "From-Flag",
+        "to-file",
+        "--masquerade-bit",
+        "3",
+        "--metrics-bind-address",
+        "",
+    ])
+    .unwrap();
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    // Given on the command line, before, between or after the subcommands: the flag wins.
+    assert_eq!(flags.sync_period, Duration::from_secs(120));
+    assert_eq!(flags.node_name.as_deref(), Some("From-Flag"));
+    assert_eq!(flags.masquerade_bit, 3);
+    assert_eq!(
+        flags.metrics_bind_address, "",
+        "an explicit empty value wins too"
+    );
+    // Left at their defaults: the file's values.
+    assert_eq!(flags.min_sync_period, Duration::from_secs(5));
+    assert!(flags.masquerade_all);
+    assert_eq!(flags.cluster_cidr, ["10.244.0.0/16".parse().unwrap()]);
+    assert_eq!(flags.conntrack_max_per_core, 0);
+    assert_eq!(
+        flags.client_connection,
+        ClientConnection {
+            kubeconfig: Some("/from/file".into()),
+            kube_api_qps: Some(7.0),
+            kube_api_burst: None,
+        }
+    );
+    // Flags the file does not speak of keep their defaults.
+    assert_eq!(flags.full_sync_period, Duration::from_secs(3600));
+    assert_eq!(
+        flags.healthz_bind_address,
+        "0.0.0.0:10256".parse::<SocketAddr>().unwrap()
+    );
+}
+
+#[test]
+fn without_config_the_flags_are_untouched() {
+    let (flags, report) = run_cli(&["kpng", "file", "--input", "x", "to-file"]).unwrap();
+    assert_eq!(report, Report::default());
+    assert_eq!(flags.sync_period, Duration::from_secs(30));
+    assert_eq!(flags.client_connection, ClientConnection::default());
+}
+
+#[test]
+fn a_missing_or_broken_file_is_an_error_naming_it() {
+    let err = run_cli(&["kpng", "--config", "/nonexistent/kp.conf", "version"]).unwrap_err();
+    assert!(
+        format!("{err:#}").starts_with("reading --config /nonexistent/kp.conf: "),
+        "{err:#}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.conf");
+    std::fs::write(&path, doc("mode: ipvs\n")).unwrap();
+    let err = run_cli(&["kpng", "--config", path.to_str().unwrap(), "version"]).unwrap_err();
+    let want = format!("--config {}: field mode: \"ipvs\"", path.display());
+    assert!(format!("{err:#}").starts_with(&want), "{err:#}");
+}
+
+#[test]
+fn given_on_command_line_sees_every_level_and_unknown_ids() {
+    let matches = Cli::command()
+        .try_get_matches_from([
+            "kpng",
+            "file",
+            "--input",
+            "x",
+            "to-file",
+            "--sync-period",
+            "1s",
+        ])
+        .unwrap();
+    assert!(given_on_command_line(&matches, "sync_period"));
+    assert!(given_on_command_line(&matches, "input"));
+    assert!(
+        !given_on_command_line(&matches, "min_sync_period"),
+        "a default is not given"
+    );
+    assert!(!given_on_command_line(&matches, "no_such_flag"));
+    // How the `kube` source's flags reach `ClientConnection`: the value as written.
+    assert_eq!(
+        command_line_value(&matches, "sync_period").as_deref(),
+        Some("1s")
+    );
+    assert_eq!(command_line_value(&matches, "input").as_deref(), Some("x"));
+    assert_eq!(command_line_value(&matches, "min_sync_period"), None);
+}
+
+#[test]
+fn written_configuration_reads_back_to_the_same_flags() {
+    let (flags, _) = run_cli(&[
+        "kpng",
+        "--cluster-cidr",
+        "10.244.0.0/16,fd00::/56",
+        "--node-ip",
+        "192.168.1.5,fd00::5",
+        "--node-name",
+        "n1",
+        "--masquerade-all",
+        "--masquerade-bit",
+        "7",
+        "--detect-local-mode",
+        "InterfaceNamePrefix",
+        "--pod-interface-name-prefix",
+        "veth",
+        "--nodeport-addresses",
+        "192.168.0.0/16",
+        "--healthz-bind-address",
+        "[::]:10256",
+        "--metrics-bind-address",
+        "0.0.0.0:9999",
+        "--sync-period",
+        "45s",
+        "--min-sync-period",
+        "250ms",
+        "--conntrack-max-per-core",
+        "0",
+        "--conntrack-tcp-timeout-established",
+        "0",
+        "--conntrack-tcp-be-liberal",
+        "--conntrack-udp-timeout",
+        "30s",
+        "--log-level",
+        "debug",
+        "file",
+        "--input",
+        "x",
+        "to-file",
+    ])
+    .unwrap();
+    let text = write::render(&write::effective(&flags).unwrap()).unwrap();
+    let (settings, report) = from_text(&text).unwrap();
+    assert_eq!(report, Report::default(), "{text}");
+    let mut back = flags.clone();
+    overlay(&mut back, settings, |_| false);
+    // Unset client settings are written as kube-proxy's defaults.
+    assert_eq!(
+        back.client_connection,
+        ClientConnection {
+            kubeconfig: None,
+            kube_api_qps: Some(5.0),
+            kube_api_burst: Some(10),
+        }
+    );
+    back.client_connection = flags.client_connection.clone();
+    assert_eq!(format!("{back:?}"), format!("{flags:?}"), "{text}");
+}
+
+#[test]
+fn written_default_configuration_is_kube_proxys_shape() {
+    let (flags, _) = run_cli(&["kpng", "version"]).unwrap();
+    let text = write::render(&write::effective(&flags).unwrap()).unwrap();
+    let want = include_str!("../../testdata/kube-proxy/kpng-effective-defaults.yaml");
+    assert_eq!(text, want, "got:\n{text}");
+}

@@ -1,0 +1,191 @@
+//! `--write-config-to`: the effective configuration as a KubeProxyConfiguration.
+//!
+//! The output is what kube-proxy would write for the same settings in nftables mode (all
+//! fields, keys in kube-proxy's order, Go durations), so it reads back into kpng without a
+//! warning and into kube-proxy unchanged. kpng-only flags (`--service-cidr`,
+//! `--service-proxy-name`, `--full-sync-period`, the sink's flags) have no field and are not
+//! written; neither can a `minSyncPeriod` of 0 nor an empty (disabled) `--metrics-bind-address`
+//! be, since the file format reads 0 as "1s" and an empty address as the default one.
+
+use anyhow::Context;
+
+use super::ClientConnection;
+use super::duration::GoDuration;
+use super::mapping::{CONFIG_SYNC_PERIOD, MIN_SYNC_PERIOD, SYNC_PERIOD};
+use super::v1alpha1::{
+    API_VERSION, ClientConnectionConfiguration, ConntrackConfiguration, DetectLocalConfiguration,
+    IpTablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration, LoggingConfiguration,
+    LoggingOptions, NfTablesConfiguration, OutputRouting,
+};
+use crate::cli::GlobalFlags;
+
+/// The effective configuration of these flags.
+pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> {
+    let client = &flags.client_connection;
+    let i32_field = |name: &str, v: u64| {
+        i32::try_from(v).with_context(|| format!("{name} {v} does not fit the file's int32 field"))
+    };
+    let bind_address = if flags.node_ip.is_empty() {
+        "0.0.0.0".to_string()
+    } else {
+        let ips: Vec<String> = flags.node_ip.iter().map(ToString::to_string).collect();
+        ips.join(",")
+    };
+    let cluster_cidr: Vec<String> = flags.cluster_cidr.iter().map(ToString::to_string).collect();
+    let buffer = OutputRouting {
+        info_buffer_size: Some(serde_json::Value::String("0".into())),
+        split_stream: None,
+    };
+    Ok(KubeProxyConfiguration {
+        api_version: API_VERSION.into(),
+        bind_address,
+        bind_address_hard_fail: true,
+        client_connection: client_connection(client),
+        cluster_cidr: cluster_cidr.join(","),
+        config_sync_period: GoDuration(CONFIG_SYNC_PERIOD),
+        conntrack: ConntrackConfiguration {
+            max_per_core: Some(i32_field(
+                "--conntrack-max-per-core",
+                flags.conntrack_max_per_core,
+            )?),
+            min: Some(i32_field("--conntrack-min", flags.conntrack_min)?),
+            tcp_be_liberal: flags.conntrack_tcp_be_liberal,
+            tcp_close_wait_timeout: Some(GoDuration(flags.conntrack_tcp_timeout_close_wait)),
+            tcp_established_timeout: Some(GoDuration(flags.conntrack_tcp_timeout_established)),
+            udp_stream_timeout: GoDuration(flags.conntrack_udp_timeout_stream),
+            udp_timeout: GoDuration(flags.conntrack_udp_timeout),
+        },
+        detect_local: DetectLocalConfiguration {
+            bridge_interface: flags.pod_bridge_interface.clone().unwrap_or_default(),
+            interface_name_prefix: flags.pod_interface_name_prefix.clone().unwrap_or_default(),
+        },
+        detect_local_mode: flags.detect_local_mode.clone(),
+        enable_profiling: false,
+        feature_gates: Default::default(),
+        healthz_bind_address: flags.healthz_bind_address.to_string(),
+        hostname_override: flags.node_name.clone().unwrap_or_default(),
+        iptables: IpTablesConfiguration {
+            localhost_node_ports: Some(true),
+            masquerade_all: false,
+            masquerade_bit: Some(14),
+            min_sync_period: GoDuration(MIN_SYNC_PERIOD),
+            sync_period: GoDuration(SYNC_PERIOD),
+        },
+        ipvs: IpvsConfiguration {
+            sync_period: GoDuration(SYNC_PERIOD),
+            ..Default::default()
+        },
+        kind: KIND.into(),
+        logging: LoggingConfiguration {
+            flush_frequency: Some(serde_json::Value::String("5s".into())),
+            format: "text".into(),
+            options: LoggingOptions {
+                json: buffer.clone(),
+                text: buffer,
+            },
+            verbosity: verbosity(&flags.log_level),
+            vmodule: None,
+        },
+        metrics_bind_address: flags.metrics_bind_address.clone(),
+        mode: "nftables".into(),
+        nftables: NfTablesConfiguration {
+            masquerade_all: flags.masquerade_all,
+            masquerade_bit: Some(i32::from(flags.masquerade_bit)),
+            min_sync_period: GoDuration(flags.min_sync_period),
+            sync_period: GoDuration(flags.sync_period),
+        },
+        node_port_addresses: Some(flags.nodeport_addresses.clone()),
+        oom_score_adj: None,
+        port_range: String::new(),
+        show_hidden_metrics_for_version: String::new(),
+        winkernel: Default::default(),
+        windows_run_as_service: false,
+    })
+}
+
+/// `clientConnection` with kube-proxy's defaults for what is not set (kpng speaks JSON).
+fn client_connection(client: &ClientConnection) -> ClientConnectionConfiguration {
+    ClientConnectionConfiguration {
+        accept_content_types: String::new(),
+        burst: client
+            .kube_api_burst
+            .and_then(|b| i32::try_from(b).ok())
+            .unwrap_or(10),
+        content_type: "application/json".into(),
+        kubeconfig: client
+            .kubeconfig
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        qps: client.kube_api_qps.unwrap_or(5.0),
+    }
+}
+
+/// A `--log-level` as klog verbosity (the inverse of the mapping on reading).
+fn verbosity(log_level: &str) -> u32 {
+    match log_level.trim() {
+        "debug" => 4,
+        "trace" => 5,
+        _ => 0,
+    }
+}
+
+/// Fields Go leaves out when empty (`omitempty`), as dotted paths.
+const OMIT_EMPTY: [&str; 6] = [
+    "featureGates",
+    "windowsRunAsService",
+    "logging.format",
+    "logging.vmodule",
+    "logging.options.json.splitStream",
+    "logging.options.text.splitStream",
+];
+
+/// Renders the configuration as YAML, keys sorted and empty `omitempty` fields left out, as
+/// kube-proxy writes it.
+pub fn render(config: &KubeProxyConfiguration) -> anyhow::Result<String> {
+    let mut value = serde_json::to_value(config).context("serialising the configuration")?;
+    for path in OMIT_EMPTY {
+        omit_if_empty(&mut value, path);
+    }
+    // A whole-number QPS as Go writes it (`5`, not `5.0`).
+    if let Some(qps) = value.pointer_mut("/clientConnection/qps")
+        && let Some(whole) = qps.as_f64().filter(|q| q.fract() == 0.0 && q.abs() < 1e15)
+    {
+        *qps = serde_json::Value::from(whole as i64);
+    }
+    serde_saphyr::to_string(&value).map_err(|e| anyhow::anyhow!("rendering YAML: {e}"))
+}
+
+/// Removes the field at a dotted path when it is null, false, "" or an empty map or list.
+fn omit_if_empty(value: &mut serde_json::Value, path: &str) {
+    use serde_json::Value;
+    let Value::Object(map) = value else { return };
+    match path.split_once('.') {
+        Some((head, rest)) => {
+            if let Some(inner) = map.get_mut(head) {
+                omit_if_empty(inner, rest);
+            }
+        }
+        None => {
+            let empty = match map.get(path) {
+                Some(Value::Null | Value::Bool(false)) => true,
+                Some(Value::String(s)) => s.is_empty(),
+                Some(Value::Object(m)) => m.is_empty(),
+                Some(Value::Array(a)) => a.is_empty(),
+                _ => false,
+            };
+            if empty {
+                map.remove(path);
+            }
+        }
+    }
+}
+
+/// Writes the text to a file, or to standard output for `-`.
+pub fn write_to(destination: &str, text: &str) -> anyhow::Result<()> {
+    if destination == "-" {
+        print!("{text}");
+        return Ok(());
+    }
+    std::fs::write(destination, text).with_context(|| format!("writing {destination}"))
+}

@@ -1,0 +1,355 @@
+//! `deploy/` is what an administrator applies: every document must be a valid Kubernetes object
+//! (read into the k8s-openapi type without losing a field), the RBAC rules exactly what kpng
+//! watches, the DaemonSet consistent with the ConfigMap, and the ConfigMap's configuration must
+//! load with `kpng --config` without a warning.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every document of every `deploy/*.yaml`, with the file it came from.
+fn documents() -> Vec<(String, Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "deploy/ holds no manifests");
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        out.extend(
+            docs.into_iter()
+                .filter(|d| !d.is_null())
+                .map(|d| (name.clone(), d)),
+        );
+    }
+    out
+}
+
+/// Reads a document into its typed object and checks that writing it back gives the same
+/// document: a misspelt or misplaced field would be dropped by the typed read.
+fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
+    let object: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{file}: {} is not a valid object: {e}", doc["kind"]));
+    let back = serde_json::to_value(&object).unwrap();
+    if let Some(path) = difference(doc, &back, String::new()) {
+        panic!(
+            "{file}: {} field {path} is not what its type reads",
+            doc["kind"]
+        );
+    }
+    object
+}
+
+/// The first path where two documents differ, e.g. `spec.template.spec.hostNetwrok`.
+fn difference(a: &Value, b: &Value, path: String) -> Option<String> {
+    let at = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.keys()
+                .chain(y.keys())
+                .find_map(|k| match (x.get(k), y.get(k)) {
+                    (Some(v), Some(w)) => difference(v, w, at(k)),
+                    _ => Some(at(k)),
+                })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (v, w))| difference(v, w, format!("{path}[{i}]"))),
+        _ => (a != b).then_some(path),
+    }
+}
+
+struct Deploy {
+    service_account: ServiceAccount,
+    role: ClusterRole,
+    binding: ClusterRoleBinding,
+    config_map: ConfigMap,
+    daemon_set: DaemonSet,
+}
+
+fn deploy() -> Deploy {
+    let (mut sa, mut role, mut binding, mut cm, mut ds) = (None, None, None, None, None);
+    for (file, doc) in documents() {
+        match doc["kind"].as_str().unwrap_or_default() {
+            "ServiceAccount" => sa = Some(typed(&file, &doc)),
+            "ClusterRole" => role = Some(typed(&file, &doc)),
+            "ClusterRoleBinding" => binding = Some(typed(&file, &doc)),
+            "ConfigMap" => cm = Some(typed(&file, &doc)),
+            "DaemonSet" => ds = Some(typed(&file, &doc)),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+    Deploy {
+        service_account: sa.expect("a ServiceAccount"),
+        role: role.expect("a ClusterRole"),
+        binding: binding.expect("a ClusterRoleBinding"),
+        config_map: cm.expect("a ConfigMap"),
+        daemon_set: ds.expect("a DaemonSet"),
+    }
+}
+
+#[test]
+fn rbac_grants_exactly_what_the_kube_source_watches() {
+    let d = deploy();
+    let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for rule in d.role.rules.unwrap() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for group in rule.api_groups.unwrap() {
+            for resource in rule.resources.clone().unwrap() {
+                let verbs = grants.entry(format!("{group}/{resource}")).or_default();
+                verbs.extend(rule.verbs.iter().cloned());
+                verbs.sort();
+            }
+        }
+    }
+    let want: BTreeMap<String, Vec<String>> = [
+        ("/services", vec!["list", "watch"]),
+        ("/nodes", vec!["get", "list", "watch"]),
+        ("discovery.k8s.io/endpointslices", vec!["list", "watch"]),
+        ("networking.k8s.io/servicecidrs", vec!["list", "watch"]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
+    .collect();
+    assert_eq!(grants, want);
+
+    let sa = &d.service_account.metadata;
+    assert_eq!(d.binding.role_ref.kind, "ClusterRole");
+    assert_eq!(
+        Some(&d.binding.role_ref.name),
+        d.role.metadata.name.as_ref()
+    );
+    let subjects = d.binding.subjects.unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(Some(&subjects[0].name), sa.name.as_ref());
+    assert_eq!(subjects[0].namespace, sa.namespace);
+    let pod = d.daemon_set.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name, sa.name);
+}
+
+#[test]
+fn daemon_set_runs_like_kube_proxy() {
+    let d = deploy();
+    let ds = d.daemon_set;
+    // system-node-critical is admitted only in kube-system.
+    assert_eq!(ds.metadata.namespace.as_deref(), Some("kube-system"));
+    assert_eq!(
+        d.config_map.metadata.namespace.as_deref(),
+        Some("kube-system")
+    );
+    assert_eq!(
+        d.service_account.metadata.namespace.as_deref(),
+        Some("kube-system")
+    );
+    let spec = ds.spec.unwrap();
+    assert_eq!(
+        spec.selector.match_labels,
+        spec.template.metadata.as_ref().unwrap().labels
+    );
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    let tolerations = pod.tolerations.unwrap();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists")
+                && t.key.is_none()
+                && t.effect.is_none()),
+        "tolerates every taint: {tolerations:?}"
+    );
+    assert_eq!(
+        pod.node_selector
+            .unwrap()
+            .get("kubernetes.io/os")
+            .map(String::as_str),
+        Some("linux")
+    );
+    assert_eq!(pod.containers.len(), 1);
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.security_context.as_ref().unwrap().privileged,
+        Some(true),
+        "nftables and conntrack sysctls on the host"
+    );
+    let env = c.env.as_ref().unwrap();
+    let node_name = env.iter().find(|e| e.name == "NODE_NAME").unwrap();
+    assert_eq!(
+        node_name
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap()
+            .field_path,
+        "spec.nodeName"
+    );
+    let args = c.args.as_ref().unwrap();
+    assert!(
+        args.contains(&"--hostname-override=$(NODE_NAME)".to_string()),
+        "{args:?}"
+    );
+    let probe = c
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(probe.path.as_deref(), Some("/livez"));
+    let probe_port = match &probe.port {
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => *p,
+        other => panic!("probe port {other:?}"),
+    };
+
+    // The configuration file the args name is a key of the mounted ConfigMap, and the
+    // kubeconfig it names is another.
+    let config_arg = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--config="))
+        .expect("--config=PATH");
+    let (dir, key) = config_arg.rsplit_once('/').unwrap();
+    let mount = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    assert_eq!(
+        volume.config_map.as_ref().unwrap().name,
+        d.config_map.metadata.name.clone().unwrap()
+    );
+    let data = d.config_map.data.unwrap();
+    let config: Value = serde_saphyr::from_str(&data[key]).unwrap();
+    let kubeconfig_path = config["clientConnection"]["kubeconfig"].as_str().unwrap();
+    let (kdir, kkey) = kubeconfig_path.rsplit_once('/').unwrap();
+    assert_eq!(kdir, dir, "the kubeconfig is in the same ConfigMap");
+    let kubeconfig: Value = serde_saphyr::from_str(&data[kkey]).unwrap();
+    let cluster = &kubeconfig["clusters"][0]["cluster"];
+    assert!(cluster["server"].as_str().unwrap().starts_with("https://"));
+    assert_eq!(
+        cluster["certificate-authority"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    );
+    assert_eq!(
+        kubeconfig["users"][0]["user"]["tokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    // The probe's port is the health server's.
+    let healthz = config["healthzBindAddress"].as_str().unwrap();
+    assert!(
+        healthz.ends_with(&format!(":{probe_port}")),
+        "{healthz} vs probe {probe_port}"
+    );
+}
+
+#[test]
+fn the_daemon_sets_command_line_and_config_load_without_a_warning() {
+    let d = deploy();
+    let pod = d.daemon_set.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let data = d.config_map.data.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.conf");
+    std::fs::write(&config, &data["config.conf"]).unwrap();
+
+    // The container's command line, with the kubelet's $(NODE_NAME) expansion and the config
+    // file where this test put it. `kube` takes no flag here (its API server comes from the
+    // file's clientConnection), so the rest of the line parses the same under any source;
+    // `file` stands in for it, and `--write-config-to -` stops kpng before it starts.
+    let args = c.args.clone().unwrap();
+    assert_eq!(args[0], "kube");
+    let mut line: Vec<String> = vec!["file".into(), "--input".into(), "/dev/null".into()];
+    line.extend(args[1..].iter().map(|a| {
+        if a.starts_with("--config=") {
+            format!("--config={}", config.display())
+        } else {
+            a.replace("$(NODE_NAME)", "node-1")
+        }
+    }));
+    line.extend(["--write-config-to".into(), "-".into()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(&line)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "kpng {line:?} failed:\n{stderr}");
+    assert!(
+        !stderr.contains("WARN") && !stderr.contains("ERROR"),
+        "{stderr}"
+    );
+    let effective: Value = serde_saphyr::from_str(&stdout).unwrap();
+    assert_eq!(effective["mode"], "nftables");
+    assert_eq!(effective["hostnameOverride"], "node-1");
+    assert_eq!(effective["clusterCIDR"], "10.244.0.0/16");
+    assert_eq!(
+        effective["clientConnection"]["kubeconfig"],
+        "/var/lib/kpng/kubeconfig.conf"
+    );
+}
+
+#[test]
+fn dockerfile_builds_the_binary_the_daemon_set_runs() {
+    let d = deploy();
+    let pod = d.daemon_set.spec.unwrap().template.spec.unwrap();
+    let command = pod.containers[0].command.clone().unwrap();
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let from: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(
+        from,
+        ["rust:1.95-bookworm AS build", "debian:bookworm-slim"]
+    );
+    assert!(dockerfile.contains("cargo build --release --locked -p kpng"));
+    for package in ["nftables", "conntrack", "iproute2"] {
+        assert!(dockerfile.contains(&format!(" {package} ")), "{package}");
+    }
+    assert!(
+        dockerfile.contains(&format!("COPY --from=build /out/kpng {}", command[0])),
+        "the image puts kpng where the DaemonSet runs it ({})",
+        command[0]
+    );
+}
