@@ -11,6 +11,7 @@
 //! that this diff is what changed since your last successful sync".
 
 pub mod health;
+pub mod host;
 pub mod metrics;
 pub mod runner;
 pub mod service_health;
