@@ -16,17 +16,23 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
 
+use kpng_backend::host::DetectLocal;
+use kpng_backend_iptables::exec::{
+    DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode,
+};
+use kpng_backend_iptables::{
+    IptablesBackend, IptablesConfig, NodePortAddresses as IptablesNodePorts,
+};
 use kpng_backend_nft::exec::libnftables::LibNftables;
 use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
 use kpng_backend_nft::netlink::NetlinkWriter;
-use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
-use crate::cli::{Cli, Command, GlobalFlags, LocalBackend, NftArgs, Sink};
+use crate::cli::{Cli, Command, GlobalFlags, IptablesArgs, LocalBackend, NftArgs, Sink};
 
-/// The nftables backend configured from the flags.
-fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
-    let detect_local = match flags.detect_local_mode.as_str() {
+/// `--detect-local-mode` and its parameters.
+fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
+    Ok(match flags.detect_local_mode.as_str() {
         "ClusterCIDR" => DetectLocal::ClusterCidr(flags.cluster_cidr.clone()),
         "NodeCIDR" => DetectLocal::NodeCidr,
         "BridgeInterface" => DetectLocal::BridgeInterface(
@@ -41,20 +47,44 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
             )?)
         }
         _ => DetectLocal::None,
-    };
-    let nodeport_addresses = if flags.nodeport_addresses.iter().all(|a| a == "primary") {
-        NodePortAddresses::Primary
-    } else {
-        let cidrs = flags
-            .nodeport_addresses
-            .iter()
-            .map(|a| {
-                a.parse::<ipnet::IpNet>().with_context(|| {
-                    format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`")
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        NodePortAddresses::Cidrs(cidrs)
+    })
+}
+
+/// `--nodeport-addresses` as given.
+enum NodePortFlag {
+    /// Not given: the backend's default.
+    Unset,
+    /// `primary`.
+    Primary,
+    /// CIDRs.
+    Cidrs(Vec<ipnet::IpNet>),
+}
+
+/// Parses `--nodeport-addresses`.
+fn nodeport_flag(flags: &GlobalFlags) -> anyhow::Result<NodePortFlag> {
+    if flags.nodeport_addresses.is_empty() {
+        return Ok(NodePortFlag::Unset);
+    }
+    if flags.nodeport_addresses.iter().all(|a| a == "primary") {
+        return Ok(NodePortFlag::Primary);
+    }
+    let cidrs = flags
+        .nodeport_addresses
+        .iter()
+        .map(|a| {
+            a.parse::<ipnet::IpNet>()
+                .with_context(|| format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(NodePortFlag::Cidrs(cidrs))
+}
+
+/// The nftables backend configured from the flags.
+fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
+    let detect_local = detect_local(flags)?;
+    let nodeport_addresses = match nodeport_flag(flags)? {
+        NodePortFlag::Unset | NodePortFlag::Primary => NodePortAddresses::Primary,
+        NodePortFlag::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs),
     };
     let config = NftConfig {
         masquerade_all: flags.masquerade_all,
@@ -85,6 +115,92 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
     }
 }
 
+/// Whether conntrack's `tcp_be_liberal` is on: the flag (applied at start-up) or the sysctl
+/// as the node has it (kube-proxy reads the sysctl).
+fn tcp_be_liberal(flags: &GlobalFlags) -> bool {
+    flags.conntrack_tcp_be_liberal
+        || std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
+            .is_ok_and(|v| v.trim() != "0")
+}
+
+/// The iptables backend configured from the flags.
+fn iptables_backend(flags: &GlobalFlags, args: &IptablesArgs) -> anyhow::Result<IptablesBackend> {
+    let nodeport_addresses = match nodeport_flag(flags)? {
+        NodePortFlag::Unset => IptablesNodePorts::AllLocal,
+        NodePortFlag::Primary => IptablesNodePorts::Primary,
+        NodePortFlag::Cidrs(cidrs) => IptablesNodePorts::Cidrs(cidrs),
+    };
+    let config = IptablesConfig {
+        masquerade_all: flags.masquerade_all,
+        masquerade_bit: flags.masquerade_bit,
+        detect_local: detect_local(flags)?,
+        nodeport_addresses,
+        localhost_node_ports: args.iptables_localhost_nodeports,
+        tcp_be_liberal: tcp_be_liberal(flags),
+        ..IptablesConfig::default()
+    };
+    let ipt: Box<dyn Iptables> = if args.dry_run {
+        Box::new(IptablesDryRun)
+    } else {
+        let mode = match Mode::parse(&args.iptables_mode) {
+            Some(mode) => mode,
+            None => {
+                detect_mode().context("choosing the iptables variant (--iptables-mode auto)")?
+            }
+        };
+        info!("programming iptables-{}", mode.name());
+        Box::new(IptablesCommand::new(mode))
+    };
+    Ok(IptablesBackend::new(config, ipt))
+}
+
+/// Where Service health checks listen for a backend: the node IPs, unless NodePorts are served
+/// on more than those.
+fn health_check_addresses(flags: &GlobalFlags, backend: &LocalBackend) -> HealthCheckAddresses {
+    let primary_only = flags.nodeport_addresses.iter().all(|a| a == "primary");
+    match backend {
+        // nftables mode: unset means `primary`.
+        LocalBackend::Nft(_) if primary_only => HealthCheckAddresses::NodeIps,
+        // iptables mode: unset means every local address.
+        LocalBackend::Iptables(_) if primary_only && !flags.nodeport_addresses.is_empty() => {
+            HealthCheckAddresses::NodeIps
+        }
+        _ => HealthCheckAddresses::All,
+    }
+}
+
+/// `kpng cleanup`: every backend's tables and chains.
+fn cleanup() -> anyhow::Result<()> {
+    let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
+    nft.cleanup().context("removing kpng's nftables tables")?;
+    println!("kpng: removed the kpng nftables tables");
+    let mut failed = Vec::new();
+    for mode in [Mode::Legacy, Mode::Nft] {
+        let probe = std::process::Command::new(mode.save_binary(kpng_model::Family::V4))
+            .arg("--version")
+            .output();
+        if !probe.is_ok_and(|o| o.status.success()) {
+            println!(
+                "kpng: iptables-{} is not installed; nothing to remove there",
+                mode.name()
+            );
+            continue;
+        }
+        let mut ipt = IptablesBackend::new(
+            IptablesConfig::default(),
+            Box::new(IptablesCommand::new(mode)),
+        );
+        match ipt.cleanup() {
+            Ok(()) => println!("kpng: removed kpng's iptables-{} chains", mode.name()),
+            Err(e) => failed.push(format!("iptables-{}: {e}", mode.name())),
+        }
+    }
+    if !failed.is_empty() {
+        bail!("removing iptables chains: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
 /// Runs the command line.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -92,17 +208,13 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             println!("kpng {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Cleanup => {
-            let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
-            nft.cleanup().context("removing kpng's nftables tables")?;
-            println!("kpng: removed the kpng nftables tables");
-            Ok(())
-        }
+        Command::Cleanup => cleanup(),
         Command::File(file) => {
             let backend: Box<dyn Backend> = match &file.sink {
                 Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
                 Sink::ToLocal(local) => match &local.backend {
                     LocalBackend::Nft(args) => Box::new(nft_backend(&cli.global, args)?),
+                    LocalBackend::Iptables(args) => Box::new(iptables_backend(&cli.global, args)?),
                 },
             };
             let source = FileSource::new(file.input, file.debounce);
@@ -112,13 +224,13 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             // Backends that program the node also get conntrack sysctls and health checks.
-            let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
-            runtime.block_on(serve(
-                cli.global,
-                backend,
-                programs_the_node,
-                |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
-            ))
+            let health_checks = match &file.sink {
+                Sink::ToLocal(local) => Some(health_check_addresses(&cli.global, &local.backend)),
+                Sink::ToFile(_) => None,
+            };
+            runtime.block_on(serve(cli.global, backend, health_checks, |tx| async move {
+                source.run(tx).await.map_err(anyhow::Error::from)
+            }))
         }
     }
 }
@@ -137,11 +249,12 @@ fn hostname() -> anyhow::Result<String> {
 }
 
 /// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
-/// Rules are left in place on exit.
+/// Rules are left in place on exit. `health_checks`: for backends that program the node, where
+/// Service health checks listen (they also get the conntrack sysctls).
 async fn serve<F, Fut>(
     flags: GlobalFlags,
     backend: Box<dyn Backend>,
-    programs_the_node: bool,
+    health_checks: Option<HealthCheckAddresses>,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -188,7 +301,7 @@ where
     };
 
     let mut runner = Runner::new(model, backend, timing, metrics, health);
-    if programs_the_node {
+    if let Some(addresses) = health_checks {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get() as u64)
             .unwrap_or(1);
@@ -202,11 +315,6 @@ where
             udp_stream: flags.conntrack_udp_timeout_stream,
         }
         .apply(std::path::Path::new("/proc/sys"), cpus);
-        let addresses = if flags.nodeport_addresses.iter().all(|a| a == "primary") {
-            HealthCheckAddresses::NodeIps
-        } else {
-            HealthCheckAddresses::All
-        };
         runner = runner.with_service_health(addresses);
     }
     let (tx, rx) = mpsc::channel(1024);

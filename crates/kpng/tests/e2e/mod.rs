@@ -86,6 +86,15 @@ impl Backend {
         format!("{tag}-{what}")
     }
 
+    /// The variant's `iptables` tool, for iptables backends.
+    pub fn iptables_tool(self) -> Option<&'static str> {
+        match self {
+            Backend::Nft => None,
+            Backend::IptablesLegacy => Some("iptables-legacy"),
+            Backend::IptablesNft => Some("iptables-nft"),
+        }
+    }
+
     /// How this backend differs by design.
     pub fn behaviour(self) -> Behaviour {
         match self {

@@ -1296,3 +1296,57 @@ pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
         "health check still open"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// iptables only: kube-proxy's chains, and repair after someone flushes the tables.
+// ---------------------------------------------------------------------------------------
+
+/// The rules carry kube-proxy's chain names, and a periodic sync rewrites them after someone
+/// flushed every table (kube-proxy's canary-chain check).
+pub fn iptables_chains_and_flush_repair(b: Backend) {
+    require_root!();
+    let tool = b.iptables_tool().expect("an iptables backend");
+    let c = Cluster::create(&b.prefix("flush")).expect("cluster");
+    let _echo = echo_all(&c);
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &["--sync-period", "1s"],
+    );
+    let node = &c.node1.ns;
+    let saved = node
+        .run_ok([&format!("{tool}-save"), "-t", "nat"])
+        .expect("save");
+    let chain = kpng_backend_iptables::names::PortChains::new("default/web:tcp", "tcp").cluster;
+    assert!(
+        saved.contains(&format!(":{chain} ")) && saved.contains("-j KUBE-SERVICES"),
+        "kube-proxy's chains in node1:\n{saved}"
+    );
+    let pod = &c.pod("pod1a").ns;
+    let target = sa(cip(10, false), SVC_PORT);
+    assert_direct(
+        &probe(pod, Proto::Tcp, target, OK_T),
+        &["pod2a"],
+        addr::POD1A_V4.into(),
+    );
+
+    let (ok, failed) = k.sync_counts();
+    for table in ["nat", "filter", "mangle"] {
+        node.run_ok([tool, "-t", table, "-F"]).expect("flush");
+        node.run_ok([tool, "-t", table, "-X"])
+            .expect("delete chains");
+    }
+    // (No probe in between: the next periodic sync may repair it at any moment.)
+    k.wait_synced(ok, failed);
+    assert!(k.stderr().contains("were flushed"), "{}", k.stderr());
+    let saved = node
+        .run_ok([&format!("{tool}-save"), "-t", "nat"])
+        .expect("save");
+    assert!(saved.contains(&format!(":{chain} ")), "rewritten:\n{saved}");
+    assert_direct(
+        &probe(pod, Proto::Tcp, target, OK_T),
+        &["pod2a"],
+        addr::POD1A_V4.into(),
+    );
+}
