@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
-//! kpng-bench control-plane --services 30000 --endpoints 4
+//! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
 //! kpng-bench data-plane --services 30000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
@@ -59,15 +59,23 @@ fn main() -> ExitCode {
             data::serve(&flag(&args, "--listen").unwrap_or_else(|| "0.0.0.0:8080".into()))
         }
         Some("connect") => data::connect_cmd(&args),
-        Some("control-plane") => control::run(
-            &kpng,
-            num(&args, "--services", 1000),
-            num(&args, "--endpoints", 4),
-            num(&args, "--changes", 100),
-        )
-        .map(|r| println!("{}", r.markdown_row())),
+        Some("control-plane") => match flag(&args, "--backend")
+            .as_deref()
+            .map_or(Some(control::BackendKind::Nft), control::BackendKind::parse)
+        {
+            None => Err("--backend: nft, iptables-nft or iptables-legacy".into()),
+            Some(backend) => control::run(
+                &kpng,
+                backend,
+                num(&args, "--services", 1000),
+                num(&args, "--endpoints", 4),
+                num(&args, "--changes", 100),
+            )
+            .map(|r| println!("{}", r.markdown_row())),
+        },
         Some("data-plane") => data::run(
             &kpng,
+            &control::BackendKind::ALL,
             num(&args, "--services", 1000),
             num(&args, "--connects", 2000),
         )
@@ -96,7 +104,7 @@ fn main() -> ExitCode {
 /// Runs every benchmark and prints (and optionally writes) the report.
 fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     if !kpng_testkit::is_root() {
-        return Err("needs root (network namespaces, nftables)".into());
+        return Err("needs root (network namespaces, nftables, iptables)".into());
     }
     let sizes: &[(usize, usize)] = if quick {
         &[(1000, 4)]
@@ -106,22 +114,37 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     let changes = if quick { 20 } else { 100 };
     let mut report = String::new();
     report.push_str(&stats::machine_header());
-    report.push_str("\n## Control plane (nftables backend)\n\n");
+    report.push_str("\n## Control plane\n\n");
     report.push_str(control::ControlResult::markdown_header());
     let mut control_results = Vec::new();
     for (n, m) in sizes {
-        eprintln!("control plane: {n} Services × {m} endpoints …");
-        let r = control::run(kpng, *n, *m, changes)?;
-        report.push_str(&r.markdown_row());
-        report.push('\n');
-        control_results.push(r);
+        for backend in control::BackendKind::ALL {
+            // iptables rewrites whole chains of rules: its cold sync at 100k Services takes
+            // minutes, which says nothing the 30k row does not.
+            if backend != control::BackendKind::Nft && *n > 30_000 {
+                continue;
+            }
+            eprintln!(
+                "control plane: {} with {n} Services × {m} endpoints …",
+                backend.label()
+            );
+            let r = control::run(kpng, backend, *n, *m, changes)?;
+            report.push_str(&r.markdown_row());
+            report.push('\n');
+            control_results.push(r);
+        }
     }
     let data_sizes: &[usize] = if quick { &[1000] } else { &[1000, 30_000] };
     report.push_str("\n## Data plane: TCP connect latency to the last-added Service\n\n");
     let mut data_results = Vec::new();
     for n in data_sizes {
         eprintln!("data plane: {n} Services …");
-        let r = data::run(kpng, *n, if quick { 600 } else { 3000 })?;
+        let r = data::run(
+            kpng,
+            &control::BackendKind::ALL,
+            *n,
+            if quick { 600 } else { 3000 },
+        )?;
         report.push_str(&r.markdown());
         report.push('\n');
         data_results.push(r);
@@ -239,7 +262,12 @@ fn mem(input: &str) -> Result<(), String> {
 /// The issue's targets, each with the measured figure and its ratio to the target.
 fn targets(control: &[control::ControlResult], data: &[data::DataResult]) -> String {
     let mut rows: Vec<(String, String, String)> = Vec::new();
-    let find = |n: usize| control.iter().find(|r| r.n == n);
+    // The targets are the nftables backend's.
+    let find = |n: usize| {
+        control
+            .iter()
+            .find(|r| r.n == n && r.backend == control::BackendKind::Nft)
+    };
     let verdict = |ok: bool, ratio: f64| {
         format!(
             "{} ({ratio:.2}× the target)",
