@@ -149,9 +149,22 @@ fn iptables_backend(flags: &GlobalFlags, args: &IptablesArgs) -> anyhow::Result<
             }
         };
         info!("programming iptables-{}", mode.name());
+        remove_nft_tables();
         Box::new(IptablesCommand::new(mode))
     };
     Ok(IptablesBackend::new(config, ipt))
+}
+
+/// Removes the nftables backend's tables, so that a node switched from `to-local nft` to
+/// `to-local iptables` does not keep a second set of DNAT rules (kube-proxy's iptables mode
+/// likewise removes its nftables mode's tables at start-up). Best effort: without `nft` there
+/// is nothing to remove.
+fn remove_nft_tables() {
+    let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
+    match nft.cleanup() {
+        Ok(()) => tracing::debug!("no kpng nftables tables left behind"),
+        Err(e) => tracing::debug!("not removing kpng's nftables tables: {e}"),
+    }
 }
 
 /// Where Service health checks listen for a backend: the node IPs, unless NodePorts are served
