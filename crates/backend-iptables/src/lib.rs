@@ -123,6 +123,9 @@ pub struct IptablesBackend {
     states: Vec<FamilyState>,
     metrics: IptablesMetrics,
     local_addresses: LocalAddresses,
+    /// The interface addresses last read (CIDR node-port addresses only): refreshed at full
+    /// syncs and node changes, not on every change.
+    known_addresses: Vec<IpAddr>,
 }
 
 impl IptablesBackend {
@@ -144,6 +147,7 @@ impl IptablesBackend {
             states,
             metrics: IptablesMetrics::default(),
             local_addresses: Box::new(kpng_backend::host::local_addresses),
+            known_addresses: Vec::new(),
         }
     }
 
@@ -154,10 +158,6 @@ impl IptablesBackend {
     }
 
     fn static_config(&self, family: Family, snapshot: &Snapshot) -> StaticConfig {
-        let locals = match self.config.nodeport_addresses {
-            NodePortAddresses::Cidrs(_) => (self.local_addresses)(),
-            _ => Vec::new(),
-        };
         let inputs = StaticInputs {
             masquerade_all: self.config.masquerade_all,
             masquerade_bit: self.config.masquerade_bit,
@@ -166,7 +166,7 @@ impl IptablesBackend {
             localhost_node_ports: self.config.localhost_node_ports,
             tcp_be_liberal: self.config.tcp_be_liberal,
         };
-        StaticConfig::new(&inputs, family, &snapshot.node, &locals)
+        StaticConfig::new(&inputs, family, &snapshot.node, &self.known_addresses)
     }
 
     fn exec_error(&self, family: Family, what: &str, e: ExecError) -> BackendError {
@@ -445,7 +445,8 @@ fn diff_port(script: &mut Script, old: Option<&PortRules>, new: Option<&PortRule
     }
 }
 
-/// Jumps from built-in chains into ours, recognised by their target (our chain names).
+/// Our top-level chains per table: `cleanup` deletes them, and every rule of a built-in chain
+/// that jumps to one of them.
 const OUR_TOP_CHAINS: [(Table, &[&str]); 3] = [
     (Table::Mangle, &[CANARY]),
     (
@@ -505,6 +506,12 @@ impl Backend for IptablesBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let rebuilding = self.states.iter().any(|s| s.committed.is_none());
+        if matches!(self.config.nodeport_addresses, NodePortAddresses::Cidrs(_))
+            && (request.full || request.diff.node_changed || rebuilding)
+        {
+            self.known_addresses = (self.local_addresses)();
+        }
         let mut operations = 0;
         let mut first_error = None;
         for index in 0..self.states.len() {

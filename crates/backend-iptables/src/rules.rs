@@ -168,10 +168,10 @@ pub fn render(port: &ServicePort, ctx: &RenderContext) -> PortRules {
     // What the filter table does with traffic that reaches no endpoint.
     let no_endpoints = comment(&format!("{name} has no endpoints"));
     let no_local = comment(&format!("{name} has no local endpoints"));
-    let (internal_filter, external_filter) = if has_endpoints {
-        (("DROP", &no_local), ("DROP", &no_local))
+    let (filter_target, filter_why) = if has_endpoints {
+        ("DROP", &no_local)
     } else {
-        (("REJECT", &no_endpoints), ("REJECT", &no_endpoints))
+        ("REJECT", &no_endpoints)
     };
 
     let l4 = format!("-m {proto} -p {proto}");
@@ -192,16 +192,18 @@ pub fn render(port: &ServicePort, ctx: &RenderContext) -> PortRules {
             ),
         );
     } else {
-        let (target, why) = internal_filter;
         shared(
             Table::Filter,
             SERVICES,
-            format!("{why} {} -j {target}", to(&port.cluster_ip, port.port)),
+            format!(
+                "{filter_why} {} -j {filter_target}",
+                to(&port.cluster_ip, port.port)
+            ),
         );
     }
 
     // External IPs.
-    let (ext_target, ext_why) = external_filter;
+    let (ext_target, ext_why) = (filter_target, filter_why);
     for ip in &port.external_ips {
         if has_endpoints {
             shared(
