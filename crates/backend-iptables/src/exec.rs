@@ -192,6 +192,12 @@ impl Iptables for IptablesCommand {
     }
 }
 
+/// Whether `family` can be programmed with `mode` (its nat table can be read). A node booted
+/// with IPv6 disabled cannot; kube-proxy then runs IPv4 only, and so does kpng.
+pub fn family_usable(mode: Mode, family: Family) -> bool {
+    run(&mode.save_binary(family), &["-t", "nat"], None).is_ok()
+}
+
 /// Picks the variant the node already uses, as kube-proxy's image does (iptables-wrapper):
 /// kubelet's hint chains first (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY` in mangle), then
 /// whichever variant holds more rules; nft when undecided. A variant whose tools are missing

@@ -9,7 +9,7 @@ use kpng_backend::SyncTiming;
 use kpng_backend::health::ProxyHealth;
 use kpng_backend::metrics::ProxyMetrics;
 use kpng_backend::runner::{HealthCheckAddresses, Runner};
-use kpng_model::{Model, ModelConfig};
+use kpng_model::{Family, Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
 use prometheus_client::registry::Registry;
@@ -18,7 +18,7 @@ use tracing::info;
 
 use kpng_backend::host::DetectLocal;
 use kpng_backend_iptables::exec::{
-    DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode,
+    DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode, family_usable,
 };
 use kpng_backend_iptables::{
     IptablesBackend, IptablesConfig, NodePortAddresses as IptablesNodePorts,
@@ -139,20 +139,40 @@ fn iptables_backend(flags: &GlobalFlags, args: &IptablesArgs) -> anyhow::Result<
         tcp_be_liberal: tcp_be_liberal(flags),
         ..IptablesConfig::default()
     };
-    let ipt: Box<dyn Iptables> = if args.dry_run {
-        Box::new(IptablesDryRun)
-    } else {
-        let mode = match Mode::parse(&args.iptables_mode) {
-            Some(mode) => mode,
-            None => {
-                detect_mode().context("choosing the iptables variant (--iptables-mode auto)")?
-            }
-        };
-        info!("programming iptables-{}", mode.name());
-        remove_nft_tables();
-        Box::new(IptablesCommand::new(mode))
+    if args.dry_run {
+        return Ok(IptablesBackend::new(config, Box::new(IptablesDryRun)));
+    }
+    let mode = match Mode::parse(&args.iptables_mode) {
+        Some(mode) => mode,
+        None => detect_mode().context("choosing the iptables variant (--iptables-mode auto)")?,
     };
-    Ok(IptablesBackend::new(config, ipt))
+    // As kube-proxy: a family whose iptables does not work (IPv6 disabled) is not programmed.
+    let families: Vec<Family> = Family::ALL
+        .into_iter()
+        .filter(|f| {
+            let usable = family_usable(mode, *f);
+            if !usable {
+                tracing::warn!(
+                    "{f}: {} does not work here; not programming {f}",
+                    mode.save_binary(*f)
+                );
+            }
+            usable
+        })
+        .collect();
+    if families.is_empty() {
+        bail!(
+            "iptables-{} works for neither IPv4 nor IPv6 on this node",
+            mode.name()
+        );
+    }
+    info!("programming iptables-{}", mode.name());
+    remove_nft_tables();
+    let ipt: Box<dyn Iptables> = Box::new(IptablesCommand::new(mode));
+    Ok(IptablesBackend::new(
+        IptablesConfig { families, ..config },
+        ipt,
+    ))
 }
 
 /// Removes the nftables backend's tables, so that a node switched from `to-local nft` to
@@ -189,7 +209,7 @@ fn cleanup() -> anyhow::Result<()> {
     println!("kpng: removed the kpng nftables tables");
     let mut failed = Vec::new();
     for mode in [Mode::Legacy, Mode::Nft] {
-        let probe = std::process::Command::new(mode.save_binary(kpng_model::Family::V4))
+        let probe = std::process::Command::new(mode.save_binary(Family::V4))
             .arg("--version")
             .output();
         if !probe.is_ok_and(|o| o.status.success()) {
