@@ -256,14 +256,26 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            // Backends that program the node also get conntrack sysctls and health checks.
+            // Backends that program the node also get conntrack sysctls and health checks,
+            // and, when they really change the data plane, UDP conntrack cleanup.
             let health_checks = match &file.sink {
                 Sink::ToLocal(local) => Some(health_check_addresses(&cli.global, &local.backend)),
                 Sink::ToFile(_) => None,
             };
-            runtime.block_on(serve(cli.global, backend, health_checks, |tx| async move {
-                source.run(tx).await.map_err(anyhow::Error::from)
-            }))
+            let cleans_conntrack = match &file.sink {
+                Sink::ToLocal(local) => match &local.backend {
+                    LocalBackend::Nft(args) => !args.dry_run,
+                    LocalBackend::Iptables(args) => !args.dry_run,
+                },
+                Sink::ToFile(_) => false,
+            };
+            runtime.block_on(serve(
+                cli.global,
+                backend,
+                health_checks,
+                cleans_conntrack,
+                |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
+            ))
         }
     }
 }
@@ -288,6 +300,7 @@ async fn serve<F, Fut>(
     flags: GlobalFlags,
     backend: Box<dyn Backend>,
     health_checks: Option<HealthCheckAddresses>,
+    cleans_conntrack: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -349,6 +362,12 @@ where
         }
         .apply(std::path::Path::new("/proc/sys"), cpus);
         runner = runner.with_service_health(addresses);
+    }
+    if cleans_conntrack {
+        match kpng_conntrack::Reconciler::open() {
+            Ok(reconciler) => runner = runner.with_conntrack_cleanup(reconciler),
+            Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
+        }
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
