@@ -104,7 +104,16 @@ pub trait Iptables: Send {
     fn reads_kernel(&self) -> bool {
         true
     }
+    /// How many Service chains one restore should create at most; `None`: no limit.
+    fn chains_per_restore(&self) -> Option<usize> {
+        None
+    }
 }
+
+/// iptables-nft's restore takes time quadratic in the chains one transaction declares (with
+/// `--noflush`; measured with 1.8.9: 16k chains 9 s in one transaction, 2 s in batches of
+/// 2000; 50k chains over 7 minutes): batches of this many keep it linear.
+pub const NFT_CHAINS_PER_RESTORE: usize = 2000;
 
 /// The real thing: one restore process per transaction.
 #[derive(Debug, Clone)]
@@ -189,6 +198,14 @@ impl Iptables for IptablesCommand {
 
     fn describe(&self) -> String {
         format!("iptables-{}", self.mode.name())
+    }
+
+    fn chains_per_restore(&self) -> Option<usize> {
+        match self.mode {
+            Mode::Nft => Some(NFT_CHAINS_PER_RESTORE),
+            // The legacy variant rewrites the whole table at every commit: one commit is best.
+            Mode::Legacy => None,
+        }
     }
 }
 
@@ -289,6 +306,8 @@ pub struct Recorded {
     pub fail_restores: usize,
     /// How often `route_localnet` was set.
     pub route_localnet: usize,
+    /// What [`Iptables::chains_per_restore`] answers.
+    pub chains_per_restore: Option<usize>,
 }
 
 /// Records transactions for tests; shares its state with its clones.
@@ -342,6 +361,10 @@ impl Iptables for Recorder {
 
     fn describe(&self) -> String {
         "recorder".into()
+    }
+
+    fn chains_per_restore(&self) -> Option<usize> {
+        self.with(|r| r.chains_per_restore)
     }
 }
 

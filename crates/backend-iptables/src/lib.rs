@@ -37,7 +37,7 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
 use crate::exec::{ExecError, Iptables};
-use crate::rules::{CANARY, PortRules, SERVICES, SharedRule, Table};
+use crate::rules::{CANARY, MARK_MASQ, PortRules, SERVICES, SharedRule, Table};
 use crate::save::Saved;
 use crate::script::Script;
 pub use crate::skeleton::NodePortAddresses;
@@ -196,7 +196,7 @@ impl IptablesBackend {
         Ok(())
     }
 
-    fn record_rule_counts(&self, index: usize, script: &Script) {
+    fn record_rule_counts(&self, index: usize, transactions: &[Script]) {
         let state = &self.states[index];
         let Some(cfg) = &state.committed else {
             return;
@@ -208,6 +208,7 @@ impl IptablesBackend {
             };
             let ports = counted(table).map_or(0, |i| state.port_rules[i]);
             let total = skeleton::fixed_rule_count(cfg, table) + ports;
+            let written: usize = transactions.iter().map(|t| t.rules_written(table)).sum();
             self.metrics
                 .rules_total
                 .get_or_create(&label)
@@ -215,8 +216,23 @@ impl IptablesBackend {
             self.metrics
                 .rules_last
                 .get_or_create(&label)
-                .set(script.rules_written(table) as i64);
+                .set(written as i64);
         }
+    }
+
+    /// Commits the transactions in order; stops at the first failure.
+    fn commit_all(
+        &mut self,
+        index: usize,
+        transactions: &[Script],
+        full: bool,
+    ) -> Result<usize, BackendError> {
+        let mut operations = 0;
+        for t in transactions.iter().filter(|t| !t.is_empty()) {
+            self.commit(index, t, full)?;
+            operations += t.operations();
+        }
+        Ok(operations)
     }
 
     /// Rewrites every chain of the family and removes stale Service chains.
@@ -263,28 +279,35 @@ impl IptablesBackend {
                 script.append(table, chain, &spec);
             }
         }
-        let mut ports = HashMap::new();
+        let rendered: Vec<(PortKey, PortRules)> = snapshot
+            .family(family)
+            .map(|port| (port.key.clone(), rules::render(port, &cfg.render)))
+            .collect();
+        let total_chains: usize = rendered.iter().map(|(_, r)| r.chains.len()).sum();
+        let limit = self
+            .ipt
+            .chains_per_restore()
+            .filter(|limit| total_chains > *limit);
+        let mut parts = Vec::new();
         let mut port_rules = [0; 2];
-        for port in snapshot.family(family) {
-            let rules = rules::render(port, &cfg.render);
+        for (_, rules) in &rendered {
             for r in &rules.shared {
                 script.append(r.table, r.chain, &r.spec);
             }
-            for c in &rules.chains {
-                script.declare(Table::Nat, &c.name);
-                for spec in &c.rules {
-                    script.append(Table::Nat, &c.name, spec);
-                }
+            let own = own_chains(rules);
+            if limit.is_some() {
+                parts.push(own);
+            } else {
+                script.extend(own);
             }
-            add_counts(&mut port_rules, &rules, 1);
-            ports.insert(port.key.clone(), rules);
+            add_counts(&mut port_rules, rules, 1);
         }
         for spec in cfg.node_port_tail() {
             script.append(Table::Nat, SERVICES, &spec);
         }
-        let desired: HashSet<&str> = ports
-            .values()
-            .flat_map(|p: &PortRules| p.chains.iter().map(|c| c.name.as_str()))
+        let desired: HashSet<&str> = rendered
+            .iter()
+            .flat_map(|(_, p)| p.chains.iter().map(|c| c.name.as_str()))
             .collect();
         for chain in nat
             .chains
@@ -294,13 +317,28 @@ impl IptablesBackend {
             script.delete_chain(Table::Nat, chain);
         }
 
-        self.commit(index, &script, true)?;
+        let mut transactions = Vec::new();
+        if let Some(limit) = limit {
+            // The port chains first, whole ports per transaction; they jump to KUBE-MARK-MASQ,
+            // which must exist (with its rule) before them.
+            let mut first = Script::default();
+            first.declare(Table::Nat, MARK_MASQ);
+            for (chain, spec) in cfg.rules(Table::Nat) {
+                if chain == MARK_MASQ {
+                    first.append(Table::Nat, chain, &spec);
+                }
+            }
+            transactions.push(first);
+            transactions.extend(batches(parts, limit));
+        }
+        transactions.push(script);
+        let operations = self.commit_all(index, &transactions, true)?;
         let state = &mut self.states[index];
         state.committed = Some(cfg);
-        state.ports = ports;
+        state.ports = rendered.into_iter().collect();
         state.port_rules = port_rules;
-        self.record_rule_counts(index, &script);
-        Ok(script.operations())
+        self.record_rule_counts(index, &transactions);
+        Ok(operations)
     }
 
     /// Sends only what the diff changed.
@@ -311,7 +349,8 @@ impl IptablesBackend {
         cfg: &StaticConfig,
     ) -> Result<usize, BackendError> {
         let family = self.states[index].family;
-        let mut script = Script::default();
+        let mut main = Script::default();
+        let mut parts = Vec::new();
         let mut updates = Vec::new();
         for (key, change) in request
             .diff
@@ -320,12 +359,30 @@ impl IptablesBackend {
             .filter(|(k, _)| k.family == family)
         {
             let new = change.new.as_deref().map(|p| rules::render(p, &cfg.render));
-            diff_port(&mut script, self.states[index].ports.get(key), new.as_ref());
+            parts.push(diff_port(
+                &mut main,
+                self.states[index].ports.get(key),
+                new.as_ref(),
+            ));
             updates.push((key.clone(), new));
         }
-        if !script.is_empty() {
-            self.commit(index, &script, false)?;
-        }
+        let declared: usize = parts.iter().map(Script::declarations).sum();
+        let transactions = match self.ipt.chains_per_restore() {
+            Some(limit) if declared > limit => {
+                let mut t = batches(parts, limit);
+                t.push(main);
+                t
+            }
+            _ => {
+                let mut one = Script::default();
+                for part in parts {
+                    one.extend(part);
+                }
+                one.extend(main);
+                vec![one]
+            }
+        };
+        let operations = self.commit_all(index, &transactions, false)?;
         let state = &mut self.states[index];
         for (key, new) in updates {
             if let Some(old) = state.ports.remove(&key) {
@@ -336,10 +393,10 @@ impl IptablesBackend {
                 state.ports.insert(key, new);
             }
         }
-        if !script.is_empty() {
-            self.record_rule_counts(index, &script);
+        if operations > 0 {
+            self.record_rule_counts(index, &transactions);
         }
-        Ok(script.operations())
+        Ok(operations)
     }
 
     /// Whether someone flushed our tables (the mangle canary chain is gone).
@@ -391,8 +448,40 @@ fn add_counts(counts: &mut [usize; 2], rules: &PortRules, sign: isize) {
     }
 }
 
-/// The restore lines that turn `old` (committed) into `new` for one port.
-fn diff_port(script: &mut Script, old: Option<&PortRules>, new: Option<&PortRules>) {
+/// A port's own chains, declared (created or flushed) and filled.
+fn own_chains(rules: &PortRules) -> Script {
+    let mut script = Script::default();
+    for c in &rules.chains {
+        script.declare(Table::Nat, &c.name);
+        for spec in &c.rules {
+            script.append(Table::Nat, &c.name, spec);
+        }
+    }
+    script
+}
+
+/// Groups per-port scripts into transactions declaring at most `limit` chains each (a port is
+/// never split, so that its chains only ever jump to chains that exist).
+fn batches(parts: Vec<Script>, limit: usize) -> Vec<Script> {
+    let mut out: Vec<Script> = Vec::new();
+    let mut current = Script::default();
+    for part in parts {
+        let n = part.declarations();
+        if n > 0 && current.declarations() > 0 && current.declarations() + n > limit {
+            out.push(std::mem::take(&mut current));
+        }
+        current.extend(part);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// The restore lines that turn `old` (committed) into `new` for one port: edits of the shared
+/// chains and deletions of gone chains go to `main`; the returned script rewrites the port's
+/// changed chains (it must be committed before or with `main`).
+fn diff_port(main: &mut Script, old: Option<&PortRules>, new: Option<&PortRules>) -> Script {
     let empty = PortRules::default();
     let (old, new) = (old.unwrap_or(&empty), new.unwrap_or(&empty));
     // Shared chains: rules are a multiset; order within them does not matter (the NodePort
@@ -413,11 +502,11 @@ fn diff_port(script: &mut Script, old: Option<&PortRules>, new: Option<&PortRule
             && *n > 0
         {
             *n -= 1;
-            script.delete_rule(r.table, r.chain, &r.spec);
+            main.delete_rule(r.table, r.chain, &r.spec);
         }
     }
     for r in added {
-        script.insert_first(r.table, r.chain, &r.spec);
+        main.insert_first(r.table, r.chain, &r.spec);
     }
     // Own chains: rewrite the changed ones, delete the gone ones.
     let before: HashMap<&str, &Vec<String>> = old
@@ -425,15 +514,16 @@ fn diff_port(script: &mut Script, old: Option<&PortRules>, new: Option<&PortRule
         .iter()
         .map(|c| (c.name.as_str(), &c.rules))
         .collect();
+    let mut own = Script::default();
     let mut kept = HashSet::new();
     for c in &new.chains {
         kept.insert(c.name.as_str());
         if before.get(c.name.as_str()) == Some(&&c.rules) {
             continue;
         }
-        script.declare(Table::Nat, &c.name);
+        own.declare(Table::Nat, &c.name);
         for spec in &c.rules {
-            script.append(Table::Nat, &c.name, spec);
+            own.append(Table::Nat, &c.name, spec);
         }
     }
     for c in old
@@ -441,8 +531,9 @@ fn diff_port(script: &mut Script, old: Option<&PortRules>, new: Option<&PortRule
         .iter()
         .filter(|c| !kept.contains(c.name.as_str()))
     {
-        script.delete_chain(Table::Nat, &c.name);
+        main.delete_chain(Table::Nat, &c.name);
     }
+    own
 }
 
 /// Our top-level chains per table: `cleanup` deletes them, and every rule of a built-in chain

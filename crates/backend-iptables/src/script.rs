@@ -67,6 +67,23 @@ impl Script {
         s.delete.push(format!("-X {chain}"));
     }
 
+    /// Appends everything of `other` (its declarations, edits and deletions keep their place in
+    /// the rendered order).
+    pub fn extend(&mut self, other: Script) {
+        for (table, theirs) in other.tables {
+            let mine = self.section(table);
+            mine.declare.extend(theirs.declare);
+            mine.edits.extend(theirs.edits);
+            mine.delete.extend(theirs.delete);
+            mine.rule_lines += theirs.rule_lines;
+        }
+    }
+
+    /// Chain declarations (creations or flushes) in every table.
+    pub fn declarations(&self) -> usize {
+        self.tables.values().map(|s| s.declare.len()).sum()
+    }
+
     /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
         self.tables
@@ -127,6 +144,24 @@ mod tests {
         assert_eq!(s.operations(), 6);
         assert_eq!(s.rules_written(Table::Nat), 1);
         assert_eq!(s.rules_written(Table::Filter), 0);
+    }
+
+    #[test]
+    fn extend_keeps_declarations_first_and_deletions_last() {
+        let mut a = Script::default();
+        a.append(Table::Nat, "KUBE-SERVICES", "-j KUBE-SVC-A");
+        a.delete_chain(Table::Nat, "KUBE-SVC-OLD");
+        let mut b = Script::default();
+        b.declare(Table::Nat, "KUBE-SVC-A");
+        b.append(Table::Nat, "KUBE-SVC-A", "-j KUBE-SEP-A");
+        a.extend(b);
+        assert_eq!(
+            a.render(),
+            "*nat\n:KUBE-SVC-OLD - [0:0]\n:KUBE-SVC-A - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-A\n\
+             -A KUBE-SVC-A -j KUBE-SEP-A\n-X KUBE-SVC-OLD\nCOMMIT\n"
+        );
+        assert_eq!(a.declarations(), 2);
+        assert_eq!(a.rules_written(Table::Nat), 2);
     }
 
     #[test]

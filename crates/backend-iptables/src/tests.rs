@@ -432,9 +432,11 @@ fn replay(tables: &mut BTreeMap<String, SimTable>, input: &str) {
             t.insert(chain.to_owned(), Vec::new());
         } else if let Some(rest) = line.strip_prefix("-A ") {
             let (chain, spec) = rest.split_once(' ').expect("rule");
+            assert_target_exists(t, spec, line);
             t.entry(chain.to_owned()).or_default().push(spec.to_owned());
         } else if let Some(rest) = line.strip_prefix("-I ") {
             let (chain, spec) = rest.split_once(" 1 ").expect("insert");
+            assert_target_exists(t, spec, line);
             t.entry(chain.to_owned())
                 .or_default()
                 .insert(0, spec.to_owned());
@@ -452,6 +454,18 @@ fn replay(tables: &mut BTreeMap<String, SimTable>, input: &str) {
         } else {
             panic!("unexpected line {line}");
         }
+    }
+}
+
+/// iptables refuses a jump to a chain that does not exist.
+fn assert_target_exists(table: &SimTable, spec: &str, line: &str) {
+    if let Some(target) = spec.split(" -j ").nth(1).and_then(|t| t.split(' ').next())
+        && target.starts_with("KUBE-")
+    {
+        assert!(
+            table.contains_key(target),
+            "jump to a missing chain: {line}"
+        );
     }
 }
 
@@ -523,26 +537,67 @@ fn cluster(n: usize, seed: usize) -> String {
 
 #[test]
 fn partial_syncs_converge_to_a_full_sync() {
-    let mut model = model_from(&cluster(12, 0));
+    // Unbatched (legacy), and in small batches (as iptables-nft does with 2000 chains).
+    for limit in [None, Some(3)] {
+        let mut model = model_from(&cluster(12, 0));
+        let (mut b, r) = backend_with(IptablesConfig {
+            families: vec![Family::V4],
+            ..config()
+        });
+        r.0.lock().expect("lock").chains_per_restore = limit;
+        full_sync(&mut b, &model);
+        for (n, seed) in [(12, 1), (15, 2), (9, 3), (12, 4), (0, 5), (6, 6), (20, 7)] {
+            let diff = apply(&mut model, &cluster(n, seed));
+            sync(&mut b, &model, &diff, false);
+        }
+        let mut kernel = BTreeMap::new();
+        for input in inputs(&r) {
+            replay(&mut kernel, &input);
+        }
+        let (mut fresh, fr) = backend_with(IptablesConfig {
+            families: vec![Family::V4],
+            ..config()
+        });
+        full_sync(&mut fresh, &model);
+        let mut want = BTreeMap::new();
+        replay(&mut want, &inputs(&fr)[0]);
+        assert_eq!(normalized(&kernel), normalized(&want), "limit {limit:?}");
+    }
+}
+
+#[test]
+fn many_new_chains_are_created_in_batches_of_whole_ports() {
+    let model = model_from(&cluster(12, 0));
     let (mut b, r) = backend_with(IptablesConfig {
         families: vec![Family::V4],
         ..config()
     });
+    r.0.lock().expect("lock").chains_per_restore = Some(4);
     full_sync(&mut b, &model);
-    for (n, seed) in [(12, 1), (15, 2), (9, 3), (12, 4), (0, 5), (6, 6)] {
-        let diff = apply(&mut model, &cluster(n, seed));
-        sync(&mut b, &model, &diff, false);
+    let s = inputs(&r);
+    assert!(s.len() > 3, "batched: {}", s.len());
+    assert_eq!(
+        s[0], "*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\nCOMMIT\n",
+        "KUBE-MARK-MASQ exists before the chains that jump to it"
+    );
+    let last = s.last().expect("final");
+    assert!(last.contains(":KUBE-SERVICES - [0:0]"), "{last}");
+    assert!(
+        !last.contains(":KUBE-SEP-"),
+        "port chains come before: {last}"
+    );
+    for batch in &s[1..s.len() - 1] {
+        let declared: Vec<&str> = batch.lines().filter_map(|l| l.strip_prefix(':')).collect();
+        // A batch only exceeds the limit when one port alone has more chains.
+        assert!(!declared.is_empty(), "{batch}");
+        for line in batch.lines().filter(|l| l.starts_with("-A ")) {
+            let target = line.split(" -j ").nth(1).and_then(|t| t.split(' ').next());
+            if let Some(t) = target.filter(|t| names::is_service_chain(t)) {
+                assert!(
+                    declared.iter().any(|d| d.starts_with(&format!("{t} "))),
+                    "{t} jumped to before it exists:\n{batch}"
+                );
+            }
+        }
     }
-    let mut kernel = BTreeMap::new();
-    for input in inputs(&r) {
-        replay(&mut kernel, &input);
-    }
-    let (mut fresh, fr) = backend_with(IptablesConfig {
-        families: vec![Family::V4],
-        ..config()
-    });
-    full_sync(&mut fresh, &model);
-    let mut want = BTreeMap::new();
-    replay(&mut want, &inputs(&fr)[0]);
-    assert_eq!(normalized(&kernel), normalized(&want));
 }
