@@ -18,7 +18,7 @@ pub mod ruleset;
 mod script;
 pub mod store;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -55,7 +55,8 @@ pub struct NftConfig {
     pub detect_local: DetectLocal,
     /// `--nodeport-addresses`.
     pub nodeport_addresses: NodePortAddresses,
-    /// `--service-cidr`: traffic to unallocated IPs inside them is dropped.
+    /// `--service-cidr`: traffic to unallocated IPs inside them is dropped (as inside the
+    /// cluster's ServiceCIDR objects, which come with the snapshot).
     pub service_cidrs: Vec<IpNet>,
     /// The families to program.
     pub families: Vec<Family>,
@@ -112,9 +113,11 @@ struct NftMetrics {
 pub struct NftBackend {
     config: NftConfig,
     exec: Box<dyn NftExec>,
-    owners: HashMap<PortKey, OwnerId>,
+    /// Service port → its owner id. B-trees, not hash maps: at 30k ports a hash table at half
+    /// load holds twice the entries' size in empty buckets.
+    owners: BTreeMap<PortKey, OwnerId>,
     /// The reverse of `owners`, to recompute an owner's elements when a shared element passes to it.
-    owner_keys: HashMap<OwnerId, PortKey>,
+    owner_keys: BTreeMap<OwnerId, PortKey>,
     next_owner: OwnerId,
     states: Vec<FamilyState>,
     metrics: NftMetrics,
@@ -149,8 +152,8 @@ impl NftBackend {
         NftBackend {
             config,
             exec,
-            owners: HashMap::new(),
-            owner_keys: HashMap::new(),
+            owners: BTreeMap::new(),
+            owner_keys: BTreeMap::new(),
             next_owner: NODE_OWNER + 1,
             states,
             metrics: NftMetrics::default(),
@@ -204,7 +207,15 @@ impl NftBackend {
                 comment: None,
             })
             .collect();
-        let cidrs = IpNet::aggregate(&self.config.service_cidrs);
+        // `--service-cidr` and the cluster's ServiceCIDR objects alike.
+        let all: Vec<IpNet> = self
+            .config
+            .service_cidrs
+            .iter()
+            .chain(&snapshot.service_cidrs)
+            .copied()
+            .collect();
+        let cidrs = IpNet::aggregate(&all);
         out.extend(
             cidrs
                 .iter()

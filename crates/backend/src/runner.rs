@@ -1,9 +1,11 @@
 //! The sync loop shared by every sink and backend.
 //!
-//! It owns the [`Model`] and one [`Backend`]. Source events are applied to the model as they
-//! arrive and their diffs are merged into one pending diff; the backend is synced:
+//! It owns a [`NodeModel`] (the in-process [`Model`], or a remote brain's state) and one
+//! [`Backend`]. Source inputs are applied to the model as they arrive and their diffs are merged
+//! into one pending diff; the backend is synced:
 //! - not before Services, EndpointSlices and Nodes have all been listed once (a source signals a
-//!   complete list with [`Event::Replace`]), so a half-known cluster is never programmed;
+//!   complete list with [`Event::Replace`] or [`Event::ListDone`]; a brain's first change set
+//!   counts as all of them), so a half-known cluster is never programmed;
 //! - at most once per `min_sync_period`;
 //! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
 //!   every `full_sync_period`;
@@ -11,12 +13,18 @@
 //!
 //! After a successful sync, backends that program the node also get their Service health
 //! checks served and stale UDP conntrack entries deleted.
+//! It also keeps kube-proxy's change metrics: every Service or EndpointSlice event counts in
+//! `…_changes_total`; the ones that changed the model count as pending until the next sync; and
+//! the EndpointSlices' last-change trigger times become `network_programming_duration_seconds`
+//! once a sync has programmed them.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpng_model::{Diff, Event, Family, Kind, Model};
+use kpng_model::{
+    ApplyOutcome, Diff, Event, Family, Kind, Model, ServiceKey, Snapshot, TriggerTime,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -55,11 +63,79 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
+/// Where the runner's node-local state comes from: the in-process [`Model`] fed with
+/// Kubernetes objects, or a remote brain's state received over the API. Both drive the same
+/// backend through the same loop.
+pub trait NodeModel: Send + 'static {
+    /// What the source sends.
+    type Input: Send + 'static;
+    /// What one input carries, for the input metrics (before it is applied).
+    fn describe(input: &Self::Input) -> InputInfo;
+    /// Applies one input: the diff of the snapshot, problems, kinds now completely listed and
+    /// kube-proxy's change counters.
+    fn apply(&mut self, input: Self::Input) -> ApplyOutcome;
+    /// The current node-local state.
+    fn snapshot(&self) -> &Snapshot;
+}
+
+/// What one input carries: counted in `kpng_objects_seen_total` and kube-proxy's
+/// `…_changes_total` before it is applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputInfo {
+    /// The kind of a single-object change (`None` for lists and remote updates): labels
+    /// `kpng_objects_applied_total`.
+    pub kind: Option<Kind>,
+    /// The kinds of the Kubernetes objects it carries, one entry per object.
+    pub objects: Vec<Kind>,
+    /// Service changes it carries (`kubeproxy_sync_proxy_rules_service_changes_total`).
+    pub service_changes: u64,
+    /// Endpoint changes it carries (`kubeproxy_sync_proxy_rules_endpoint_changes_total`).
+    pub endpoint_changes: u64,
+}
+
+impl InputInfo {
+    /// An input carrying these Kubernetes objects: each Service and EndpointSlice is one change.
+    pub fn objects(kind: Option<Kind>, objects: Vec<Kind>) -> InputInfo {
+        let count = |k: Kind| objects.iter().filter(|o| **o == k).count() as u64;
+        InputInfo {
+            kind,
+            service_changes: count(Kind::Service),
+            endpoint_changes: count(Kind::EndpointSlice),
+            objects,
+        }
+    }
+}
+
+impl NodeModel for Model {
+    type Input = Event;
+
+    fn describe(event: &Event) -> InputInfo {
+        match event {
+            Event::Apply(o) | Event::ListItem(o) => {
+                InputInfo::objects(Some(o.kind()), vec![o.kind()])
+            }
+            Event::Delete(r) => InputInfo::objects(Some(r.kind), vec![r.kind]),
+            Event::Replace { objects, .. } => {
+                InputInfo::objects(None, objects.iter().map(|o| o.kind()).collect())
+            }
+            Event::ListStart { .. } | Event::ListDone { .. } => InputInfo::default(),
+        }
+    }
+
+    fn apply(&mut self, event: Event) -> ApplyOutcome {
+        Model::apply(self, event)
+    }
+
+    fn snapshot(&self) -> &Snapshot {
+        Model::snapshot(self)
+    }
+}
+
 /// Everything the loop needs.
-pub struct Runner {
+pub struct Runner<M: NodeModel = Model> {
     service_health: Option<(ServiceHealthServers, HealthCheckAddresses)>,
     conntrack: Option<ConntrackCleanup>,
-    model: Model,
+    model: M,
     backend: Box<dyn Backend>,
     timing: SyncTiming,
     metrics: ProxyMetrics,
@@ -67,15 +143,15 @@ pub struct Runner {
     reports: watch::Sender<Option<SyncReport>>,
 }
 
-impl Runner {
+impl<M: NodeModel> Runner<M> {
     /// Assembles a runner. `health` must cover the backend's families.
     pub fn new(
-        model: Model,
+        model: M,
         backend: Box<dyn Backend>,
         timing: SyncTiming,
         metrics: ProxyMetrics,
         health: Arc<ProxyHealth>,
-    ) -> Runner {
+    ) -> Runner<M> {
         let (reports, _) = watch::channel(None);
         Runner {
             service_health: None,
@@ -91,7 +167,7 @@ impl Runner {
 
     /// Serves the Service health checks (`healthCheckNodePort`) after every successful sync:
     /// part of every backend that programs the node.
-    pub fn with_service_health(mut self, addresses: HealthCheckAddresses) -> Runner {
+    pub fn with_service_health(mut self, addresses: HealthCheckAddresses) -> Runner<M> {
         let servers = ServiceHealthServers::new(
             self.health.clone(),
             self.metrics.healthcheck_failures.clone(),
@@ -102,7 +178,7 @@ impl Runner {
 
     /// Deletes stale UDP conntrack entries after every successful sync that can leave some
     /// (see `kpng_conntrack::pass_needed`): part of every backend that programs the node.
-    pub fn with_conntrack_cleanup(mut self, reconciler: kpng_conntrack::Reconciler) -> Runner {
+    pub fn with_conntrack_cleanup(mut self, reconciler: kpng_conntrack::Reconciler) -> Runner<M> {
         self.conntrack = Some(ConntrackCleanup::new(reconciler, self.metrics.clone()));
         self
     }
@@ -113,7 +189,7 @@ impl Runner {
     }
 
     /// Runs until the event channel closes. Rules stay as they are when it returns.
-    pub async fn run(self, events: mpsc::Receiver<Event>) {
+    pub async fn run(self, events: mpsc::Receiver<M::Input>) {
         let families = self.backend.families();
         let mut state = LoopState {
             runner: self,
@@ -126,9 +202,10 @@ impl Runner {
             retry_at: None,
             retry_delay: Duration::ZERO,
             generation: 0,
-            pending_services: 0,
+            pending_services: BTreeSet::new(),
             pending_endpoints: 0,
-            listing_kinds: Vec::new(),
+            pending_triggers: Vec::new(),
+            started: SystemTime::now(),
         };
         state
             .runner
@@ -138,8 +215,8 @@ impl Runner {
     }
 }
 
-struct LoopState {
-    runner: Runner,
+struct LoopState<M: NodeModel> {
+    runner: Runner<M>,
     families: Vec<Family>,
     pending: Diff,
     need_full: bool,
@@ -149,14 +226,19 @@ struct LoopState {
     retry_at: Option<Instant>,
     retry_delay: Duration,
     generation: u64,
-    pending_services: i64,
+    /// Services whose object changed since the last sync (kube-proxy's pending Service changes).
+    pending_services: BTreeSet<ServiceKey>,
+    /// EndpointSlice changes since the last sync.
     pending_endpoints: i64,
-    /// The kinds of the streamed list in progress (complete at `ListDone`).
-    listing_kinds: Vec<Kind>,
+    /// Trigger times of the endpoint changes not programmed yet.
+    pending_triggers: Vec<TriggerTime>,
+    /// When the loop started: earlier trigger times are not measured (as upstream, which
+    /// ignores changes from before the proxy started).
+    started: SystemTime,
 }
 
-impl LoopState {
-    async fn run(&mut self, mut events: mpsc::Receiver<Event>) {
+impl<M: NodeModel> LoopState<M> {
+    async fn run(&mut self, mut events: mpsc::Receiver<M::Input>) {
         loop {
             let deadline = self.next_deadline(Instant::now());
             tokio::select! {
@@ -204,43 +286,26 @@ impl LoopState {
         Some(full.map_or(periodic, |f| f.min(periodic)))
     }
 
-    fn handle(&mut self, event: Event) {
+    /// Counts what one input carries in kube-proxy's and kpng's input metrics.
+    fn count_seen(&self, info: &InputInfo) {
         let m = &self.runner.metrics;
-        let (kind, listed) = match &event {
-            Event::Apply(o) => (Some(o.kind()), Vec::new()),
-            Event::Delete(r) => (Some(r.kind), Vec::new()),
-            Event::Replace { kinds, objects } => {
-                for o in objects {
-                    m.objects_seen
-                        .get_or_create(&KindLabel {
-                            kind: o.kind().as_str().into(),
-                        })
-                        .inc();
-                }
-                (None, kinds.clone())
-            }
-            Event::ListStart { kinds } => {
-                self.listing_kinds = kinds.clone();
-                (None, Vec::new())
-            }
-            Event::ListItem(o) => {
-                m.objects_seen
-                    .get_or_create(&KindLabel {
-                        kind: o.kind().as_str().into(),
-                    })
-                    .inc();
-                (None, Vec::new())
-            }
-            Event::ListDone => (None, std::mem::take(&mut self.listing_kinds)),
-        };
-        if let Some(kind) = kind {
+        for kind in &info.objects {
             m.objects_seen
                 .get_or_create(&KindLabel {
                     kind: kind.as_str().into(),
                 })
                 .inc();
         }
-        let outcome = self.runner.model.apply(event);
+        m.service_changes_total.inc_by(info.service_changes);
+        m.endpoint_changes_total.inc_by(info.endpoint_changes);
+    }
+
+    fn handle(&mut self, input: M::Input) {
+        let info = M::describe(&input);
+        self.count_seen(&info);
+        let kind = info.kind;
+        let outcome = self.runner.model.apply(input);
+        let m = &self.runner.metrics;
         for w in &outcome.warnings {
             warn!("{w}");
         }
@@ -260,7 +325,15 @@ impl LoopState {
                 .get_or_create(&label)
                 .inc_by(outcome.applied as u64);
         }
-        self.listed.extend(listed);
+        self.listed.extend(outcome.listed.iter().copied());
+        self.pending_services.extend(outcome.services_changed);
+        self.pending_endpoints += outcome.slices_changed as i64;
+        m.service_changes_pending
+            .set(self.pending_services.len() as i64);
+        m.endpoint_changes_pending.set(self.pending_endpoints);
+        let started = self.started;
+        self.pending_triggers
+            .extend(outcome.trigger_times.into_iter().filter(|t| t.at > started));
 
         let diff = outcome.diff;
         if diff.is_empty() {
@@ -271,19 +344,7 @@ impl LoopState {
                 .health
                 .set_node_eligible(self.runner.model.snapshot().node.eligible());
         }
-        // kube-proxy counts Service and EndpointSlice changes separately; a relist counts as both.
-        let changes = diff.changes.len() as i64;
-        match kind {
-            Some(Kind::Service) => self.pending_services += changes,
-            Some(Kind::EndpointSlice) => self.pending_endpoints += changes,
-            Some(Kind::Node) => {}
-            None => {
-                self.pending_services += changes;
-                self.pending_endpoints += changes;
-            }
-        }
-        m.service_changes_pending.set(self.pending_services);
-        m.endpoint_changes_pending.set(self.pending_endpoints);
+        let m = &self.runner.metrics;
         let now = SystemTime::now();
         let touched: BTreeSet<Family> = if diff.node_changed {
             self.families.iter().copied().collect()
@@ -325,6 +386,11 @@ impl LoopState {
             backend: self.runner.backend.name().to_string(),
         };
         let m = &self.runner.metrics;
+        // As kube-proxy, a sync attempt takes every pending change, whatever its outcome.
+        self.pending_services.clear();
+        self.pending_endpoints = 0;
+        m.service_changes_pending.set(0);
+        m.endpoint_changes_pending.set(0);
         let report = match result {
             Ok(stats) => {
                 let wall = SystemTime::now();
@@ -349,14 +415,15 @@ impl LoopState {
                 m.sync_operations
                     .get_or_create(&backend)
                     .inc_by(stats.operations as u64);
-                m.service_changes_total
-                    .inc_by(self.pending_services.max(0) as u64);
-                m.endpoint_changes_total
-                    .inc_by(self.pending_endpoints.max(0) as u64);
-                self.pending_services = 0;
-                self.pending_endpoints = 0;
-                m.service_changes_pending.set(0);
-                m.endpoint_changes_pending.set(0);
+                // Programmed now: how long since each endpoint change was triggered.
+                for trigger in std::mem::take(&mut self.pending_triggers) {
+                    if self.families.contains(&trigger.family) {
+                        let latency = wall.duration_since(trigger.at).unwrap_or_default();
+                        m.network_programming_duration
+                            .get_or_create(&trigger.family.into())
+                            .observe(latency.as_secs_f64());
+                    }
+                }
                 // These gauges walk every Service port: keep them off the per-change path
                 // (they are refreshed by full and periodic syncs, at least every sync period).
                 if full || diff.is_empty() {

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 /// a sink consumes it. Examples:
 ///
 ///   kpng file --input examples/cluster.yaml to-file --output -
+///   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
 #[derive(Debug, Parser)]
 #[command(name = "kpng", version, propagate_version = true, max_term_width = 100)]
 pub struct Cli {
@@ -57,8 +58,8 @@ pub struct GlobalFlags {
     #[arg(long, global = true, alias = "bind-address", value_delimiter = ',')]
     pub node_ip: Vec<IpAddr>,
 
-    /// Serve Services labelled service.kubernetes.io/service-proxy-name=NAME (others with that
-    /// label belong to another proxy).
+    /// Serve only the Services labelled service.kubernetes.io/service-proxy-name=NAME (without
+    /// it: only the Services without that label, as kube-proxy).
     #[arg(long, global = true)]
     pub service_proxy_name: Option<String>,
 
@@ -148,6 +149,13 @@ pub struct GlobalFlags {
 pub enum Command {
     /// Read Kubernetes manifests (a YAML stream or a `kind: List`) from a file, and watch it.
     File(FileSource),
+    /// Watch the Kubernetes API server (as kube-proxy does): Services, EndpointSlices, this
+    /// node's Node and ServiceCIDRs.
+    Kube(KubeSource),
+    /// Program this node from a brain (`kpng … to-api`): KPNG's split mode, `local --api ADDR nft`.
+    Local(LocalSource),
+    /// Use a brain (`kpng … to-api`) as the source of this node's model, for any node sink.
+    Api(ApiSource),
     /// Remove everything kpng's backends installed on this node, then exit.
     Cleanup,
     /// Print the version.
@@ -168,13 +176,111 @@ pub struct FileSource {
     pub sink: Sink,
 }
 
+/// `kpng kube …`: kube-proxy's client flags.
+#[derive(Debug, Args)]
+pub struct KubeSource {
+    /// The kubeconfig file. Without it and without --master, kpng uses its Pod's service
+    /// account (in-cluster configuration).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's URL (overrides the kubeconfig's server).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Requests per second to the API server (0 or less: no limit).
+    #[arg(long, default_value_t = 5.0)]
+    pub kube_api_qps: f32,
+    /// Requests allowed in a burst above --kube-api-qps.
+    #[arg(long, default_value_t = 10)]
+    pub kube_api_burst: u32,
+    /// Where the model goes.
+    #[command(subcommand)]
+    pub sink: Sink,
+}
+
 /// The second word: where the model goes.
+// The variants are the command words (`to-file`, `to-local`, `to-api`).
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Subcommand)]
 pub enum Sink {
     /// Write the node-local model as YAML.
     ToFile(ToFile),
     /// Program this node with a backend.
     ToLocal(ToLocal),
+    /// Serve every node's model over gRPC (KPNG localv1 `Sets/Watch`): be a brain.
+    ToApi(ToApi),
+}
+
+/// Where a brain is and how to authenticate to it.
+#[derive(Debug, Args, Clone)]
+pub struct BrainFlags {
+    /// The brain: tcp://HOST:PORT, unix:///PATH or HOST:PORT.
+    #[arg(long, default_value = "tcp://127.0.0.1:12090")]
+    pub api: kpng_api::addr::ApiAddr,
+    /// Client certificate (PEM) for a brain that requires mTLS; with --api-tls-key.
+    #[arg(long)]
+    pub api_tls_cert: Option<PathBuf>,
+    /// Client key (PEM).
+    #[arg(long)]
+    pub api_tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) that signs the brain's certificate; any TLS flag turns TLS on.
+    #[arg(long)]
+    pub api_tls_ca: Option<PathBuf>,
+    /// The name in the brain's certificate (default: the host of --api).
+    #[arg(long)]
+    pub api_tls_server_name: Option<String>,
+    /// Longest delay between reconnection attempts (they start at 100ms, doubling, jittered).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub api_retry_max: Duration,
+}
+
+/// `kpng local …`.
+#[derive(Debug, Args)]
+pub struct LocalSource {
+    /// The brain.
+    #[command(flatten)]
+    pub brain: BrainFlags,
+    /// The backend.
+    #[command(subcommand)]
+    pub backend: LocalBackend,
+}
+
+/// `kpng api …`.
+#[derive(Debug, Args)]
+pub struct ApiSource {
+    /// The brain.
+    #[command(flatten)]
+    pub brain: BrainFlags,
+    /// Where this node's model goes.
+    #[command(subcommand)]
+    pub sink: NodeSink,
+}
+
+/// Sinks of one node's model (a brain's stream is one node's view, so it cannot feed `to-api`).
+#[allow(clippy::enum_variant_names)]
+#[derive(Debug, Subcommand)]
+pub enum NodeSink {
+    /// Write the node-local model as YAML.
+    ToFile(ToFile),
+    /// Program this node with a backend.
+    ToLocal(ToLocal),
+}
+
+/// `… to-api …`.
+#[derive(Debug, Args)]
+pub struct ToApi {
+    /// Where to listen: tcp://IP:PORT (loopback by default; 0.0.0.0 only when asked) or
+    /// unix:///PATH.
+    #[arg(long, default_value = "tcp://127.0.0.1:12090")]
+    pub listen: kpng_api::addr::ApiAddr,
+    /// Server certificate (PEM); with --listen-tls-key, turns TLS on.
+    #[arg(long)]
+    pub listen_tls_cert: Option<PathBuf>,
+    /// Server key (PEM).
+    #[arg(long)]
+    pub listen_tls_key: Option<PathBuf>,
+    /// CA bundle (PEM): clients must present a certificate it signed (mTLS).
+    #[arg(long)]
+    pub listen_tls_ca: Option<PathBuf>,
 }
 
 /// `… to-local <backend>`.
@@ -313,6 +419,37 @@ mod tests {
     }
 
     #[test]
+    fn kube_source_flags() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "kube",
+            "--kubeconfig",
+            "/etc/kpng/kubeconfig",
+            "--kube-api-qps",
+            "20",
+            "--service-proxy-name",
+            "kpng",
+            "to-local",
+            "nft",
+            "--dry-run",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.service_proxy_name.as_deref(), Some("kpng"));
+        let Command::Kube(k) = cli.command else {
+            panic!("kube source")
+        };
+        assert_eq!(
+            k.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/etc/kpng/kubeconfig"))
+        );
+        assert_eq!(
+            (k.master, k.kube_api_qps, k.kube_api_burst),
+            (None, 20.0, 10)
+        );
+        assert!(matches!(k.sink, Sink::ToLocal(_)));
+    }
+
+    #[test]
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
@@ -402,6 +539,64 @@ mod nft_tests {
                 "ipvs"
             ])
             .is_err()
+        );
+    }
+}
+
+#[cfg(test)]
+mod api_tests {
+    use super::*;
+
+    #[test]
+    fn split_mode_command_lines() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "file",
+            "--input",
+            "x.yaml",
+            "to-api",
+            "--listen",
+            "unix:///run/kpng.sock",
+        ])
+        .expect("brain");
+        let Command::File(FileSource {
+            sink: Sink::ToApi(t),
+            ..
+        }) = cli.command
+        else {
+            panic!("to-api")
+        };
+        assert_eq!(t.listen, "unix:///run/kpng.sock".parse().expect("addr"));
+
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "local",
+            "--api",
+            "unix:///run/kpng.sock",
+            "nft",
+            "--dry-run",
+            "--node-name",
+            "n1",
+        ])
+        .expect("local");
+        let Command::Local(l) = cli.command else {
+            panic!("local")
+        };
+        let LocalBackend::Nft(n) = l.backend else {
+            panic!("nft")
+        };
+        assert!(n.dry_run);
+        assert_eq!(cli.global.node_name.as_deref(), Some("n1"));
+
+        let cli = Cli::try_parse_from(["kpng", "api", "to-file", "--output", "-"]).expect("api");
+        let Command::Api(a) = cli.command else {
+            panic!("api")
+        };
+        assert_eq!(a.brain.api, "127.0.0.1:12090".parse().expect("addr"));
+        assert!(matches!(a.sink, NodeSink::ToFile(_)));
+        assert!(
+            Cli::try_parse_from(["kpng", "api", "to-api"]).is_err(),
+            "no relay"
         );
     }
 }

@@ -8,10 +8,11 @@ use kpng_backend::Backend;
 use kpng_backend::SyncTiming;
 use kpng_backend::health::ProxyHealth;
 use kpng_backend::metrics::ProxyMetrics;
-use kpng_backend::runner::{HealthCheckAddresses, Runner};
+use kpng_backend::runner::{HealthCheckAddresses, NodeModel, Runner};
 use kpng_model::{Family, Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
+use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -28,7 +29,18 @@ use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
 use kpng_backend_nft::netlink::NetlinkWriter;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
-use crate::cli::{Cli, Command, GlobalFlags, IptablesArgs, LocalBackend, NftArgs, Sink};
+use crate::cli::{
+    BrainFlags, Cli, Command, GlobalFlags, IptablesArgs, LocalBackend, NftArgs, NodeSink, Sink,
+};
+
+/// The async runtime every source runs on.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
 
 /// `--detect-local-mode` and its parameters.
 fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
@@ -243,41 +255,208 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cleanup => cleanup(),
         Command::File(file) => {
-            let backend: Box<dyn Backend> = match &file.sink {
-                Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
-                Sink::ToLocal(local) => match &local.backend {
-                    LocalBackend::Nft(args) => Box::new(nft_backend(&cli.global, args)?),
-                    LocalBackend::Iptables(args) => Box::new(iptables_backend(&cli.global, args)?),
-                },
-            };
             let source = FileSource::new(file.input, file.debounce);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            // Backends that program the node also get conntrack sysctls and health checks,
-            // and, when they really change the data plane, UDP conntrack cleanup.
-            let health_checks = match &file.sink {
-                Sink::ToLocal(local) => Some(health_check_addresses(&cli.global, &local.backend)),
-                Sink::ToFile(_) => None,
-            };
-            let cleans_conntrack = match &file.sink {
-                Sink::ToLocal(local) => match &local.backend {
-                    LocalBackend::Nft(args) => !args.dry_run,
-                    LocalBackend::Iptables(args) => !args.dry_run,
-                },
-                Sink::ToFile(_) => false,
-            };
-            runtime.block_on(serve(
+            let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
+            if let Sink::ToApi(to_api) = &file.sink {
+                return runtime()?.block_on(crate::brain::serve(cli.global, to_api, run_source));
+            }
+            let (backend, health_checks, cleans_conntrack) = sink_backend(&cli.global, &file.sink)?;
+            let flags = cli.global;
+            runtime()?.block_on(async move {
+                let model = Model::new(model_config(&flags)?);
+                serve(
+                    flags,
+                    model,
+                    backend,
+                    health_checks,
+                    cleans_conntrack,
+                    run_source,
+                )
+                .await
+            })
+        }
+        Command::Local(local) => {
+            let backend = local_backend(&cli.global, &local.backend)?;
+            let cleans_conntrack = backend_cleans_conntrack(&local.backend);
+            let health_checks = Some(health_check_addresses(&cli.global, &local.backend));
+            runtime()?.block_on(serve_remote(
                 cli.global,
+                &local.brain,
                 backend,
                 health_checks,
                 cleans_conntrack,
-                |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
             ))
         }
+        Command::Api(api) => {
+            let (health_checks, cleans_conntrack) = match &api.sink {
+                NodeSink::ToLocal(local) => (
+                    Some(health_check_addresses(&cli.global, &local.backend)),
+                    backend_cleans_conntrack(&local.backend),
+                ),
+                NodeSink::ToFile(_) => (None, false),
+            };
+            let backend = node_sink(&cli.global, &api.sink)?;
+            runtime()?.block_on(serve_remote(
+                cli.global,
+                &api.brain,
+                backend,
+                health_checks,
+                cleans_conntrack,
+            ))
+        }
+        Command::Kube(kube) => {
+            let mut flags = cli.global;
+            // A brain serves every node: it watches every Node and needs no name of its own.
+            let brain = matches!(kube.sink, Sink::ToApi(_));
+            let node_name = if brain {
+                None
+            } else {
+                let name = node_name(&flags)?;
+                flags.node_name = Some(name.clone());
+                Some(name)
+            };
+            // Flags given on the command line, else `clientConnection` of --config, else the
+            // flags' defaults.
+            let cc = flags.client_connection.clone();
+            let options = ClientOptions {
+                kubeconfig: cc.kubeconfig.or(kube.kubeconfig),
+                master: kube.master,
+                qps: cc.kube_api_qps.unwrap_or(kube.kube_api_qps),
+                burst: cc.kube_api_burst.unwrap_or(kube.kube_api_burst),
+            };
+            let config = SourceConfig {
+                node_name,
+                service_proxy_name: flags.service_proxy_name.clone(),
+            };
+            let connect = async move {
+                let (client, server) = kpng_source_kube::client(&options).await?;
+                info!(%server, "reading cluster state from the API server");
+                anyhow::Ok(KubeSource::new(client, config))
+            };
+            let run_source = |source: KubeSource| {
+                move |tx| async move {
+                    source.run(tx).await;
+                    Ok(())
+                }
+            };
+            if let Sink::ToApi(to_api) = &kube.sink {
+                return runtime()?.block_on(async move {
+                    let source = connect.await?;
+                    crate::brain::serve(flags, to_api, run_source(source)).await
+                });
+            }
+            let (backend, health_checks, cleans_conntrack) = sink_backend(&flags, &kube.sink)?;
+            runtime()?.block_on(async move {
+                let model = Model::new(model_config(&flags)?);
+                let source = connect.await?;
+                serve(
+                    flags,
+                    model,
+                    backend,
+                    health_checks,
+                    cleans_conntrack,
+                    run_source(source),
+                )
+                .await
+            })
+        }
     }
+}
+
+/// The backend of an in-process sink (not `to-api`), where its Service health checks listen
+/// when it programs the node (it then also gets the conntrack sysctls), and whether it cleans
+/// stale UDP conntrack entries (it really changes the data plane).
+fn sink_backend(
+    flags: &GlobalFlags,
+    sink: &Sink,
+) -> anyhow::Result<(Box<dyn Backend>, Option<HealthCheckAddresses>, bool)> {
+    Ok(match sink {
+        Sink::ToFile(t) => (
+            Box::new(FileSink::new(Output::parse(&t.output))),
+            None,
+            false,
+        ),
+        Sink::ToLocal(local) => (
+            local_backend(flags, &local.backend)?,
+            Some(health_check_addresses(flags, &local.backend)),
+            backend_cleans_conntrack(&local.backend),
+        ),
+        Sink::ToApi(_) => bail!("to-api is served by the brain, not a node backend"),
+    })
+}
+
+/// Whether the backend changes the data plane, so that stale UDP conntrack entries must go.
+fn backend_cleans_conntrack(backend: &LocalBackend) -> bool {
+    match backend {
+        LocalBackend::Nft(args) => !args.dry_run,
+        LocalBackend::Iptables(args) => !args.dry_run,
+    }
+}
+
+fn local_backend(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(match backend {
+        LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
+        LocalBackend::Iptables(args) => Box::new(iptables_backend(flags, args)?),
+    })
+}
+
+fn node_sink(flags: &GlobalFlags, sink: &NodeSink) -> anyhow::Result<Box<dyn Backend>> {
+    match sink {
+        NodeSink::ToFile(t) => Ok(Box::new(FileSink::new(Output::parse(&t.output)))),
+        NodeSink::ToLocal(local) => local_backend(flags, &local.backend),
+    }
+}
+
+fn node_name(flags: &GlobalFlags) -> anyhow::Result<String> {
+    match flags.node_name.clone() {
+        Some(n) => Ok(n),
+        None => hostname(),
+    }
+}
+
+fn model_config(flags: &GlobalFlags) -> anyhow::Result<ModelConfig> {
+    Ok(ModelConfig {
+        node_name: node_name(flags)?,
+        service_proxy_name: flags.service_proxy_name.clone(),
+        node_ips: flags.node_ip.clone(),
+    })
+}
+
+/// A brain's node-local model into one backend: the same runner as in-process, fed by the
+/// Watch stream instead of Kubernetes objects.
+async fn serve_remote(
+    flags: GlobalFlags,
+    brain: &BrainFlags,
+    backend: Box<dyn Backend>,
+    health_checks: Option<HealthCheckAddresses>,
+    cleans_conntrack: bool,
+) -> anyhow::Result<()> {
+    let node_name = node_name(&flags)?;
+    let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
+    let config = kpng_api::client::WatchConfig {
+        addr: brain.api.clone(),
+        tls: kpng_api::addr::TlsFiles {
+            cert: brain.api_tls_cert.clone(),
+            key: brain.api_tls_key.clone(),
+            ca: brain.api_tls_ca.clone(),
+        },
+        tls_server_name: brain.api_tls_server_name.clone(),
+        node_name,
+        retry_min: std::time::Duration::from_millis(100),
+        retry_max: brain.api_retry_max,
+    };
+    serve(
+        flags,
+        model,
+        backend,
+        health_checks,
+        cleans_conntrack,
+        |tx| async move {
+            kpng_api::client::watch(config, tx).await;
+            Ok(())
+        },
+    )
+    .await
 }
 
 /// The OS hostname, lower-cased as kube-proxy does.
@@ -296,27 +475,20 @@ fn hostname() -> anyhow::Result<String> {
 /// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
 /// Rules are left in place on exit. `health_checks`: for backends that program the node, where
 /// Service health checks listen (they also get the conntrack sysctls).
-async fn serve<F, Fut>(
+async fn serve<M, F, Fut>(
     flags: GlobalFlags,
+    model: M,
     backend: Box<dyn Backend>,
     health_checks: Option<HealthCheckAddresses>,
     cleans_conntrack: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce(mpsc::Sender<kpng_model::Event>) -> Fut,
+    M: NodeModel,
+    F: FnOnce(mpsc::Sender<M::Input>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let node_name = match flags.node_name.clone() {
-        Some(n) => n,
-        None => hostname()?,
-    };
-    info!(node = %node_name, backend = backend.name(), "starting kpng");
-    let model = Model::new(ModelConfig {
-        node_name,
-        service_proxy_name: flags.service_proxy_name.clone(),
-        node_ips: flags.node_ip.clone(),
-    });
+    info!(node = %model.snapshot().node.name, backend = backend.name(), "starting kpng");
     let timing = SyncTiming {
         min_sync_period: flags.min_sync_period,
         sync_period: flags.sync_period,
