@@ -1184,8 +1184,7 @@ pub fn nothing_is_left_behind(b: Backend) {
     // SIGKILL is sent, but a process with many threads takes a moment to finish dying.
     let gone = || {
         !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z"))
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"))
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     while !gone() && std::time::Instant::now() < deadline {
