@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kpng_testkit::Netns;
 
-use crate::control::{Kpng, Scratch};
+use crate::control::{BackendKind, Kpng, Scratch};
 use crate::stats::percentile;
 use crate::workload::{self, Endpoints, NODE_IP, TARGET_PORT};
 
@@ -45,7 +45,7 @@ impl DataResult {
         let last = self
             .cases
             .iter()
-            .find(|c| c.label.ends_with("last Service"));
+            .find(|c| c.label.starts_with("kpng nft,") && c.label.ends_with("last Service"));
         match (floor, last) {
             (Some(f), Some(l)) => (p50(l) / p50(f), l.rate / f.rate),
             _ => (f64::NAN, f64::NAN),
@@ -193,8 +193,13 @@ fn run_json(ns: &Netns, args: &[String]) -> Result<serde_json::Value, String> {
     serde_json::from_str(out.trim()).map_err(|e| format!("bad output {out:?}: {e}"))
 }
 
-/// Runs the data-plane benchmark for `n` Services.
-pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> {
+/// Runs the data-plane benchmark for `n` Services, with kpng on each of `backends`.
+pub fn run(
+    kpng: &str,
+    backends: &[BackendKind],
+    n: usize,
+    connects: usize,
+) -> Result<DataResult, String> {
     let me: PathBuf = std::env::current_exe().map_err(|e| e.to_string())?;
     let me = me.display().to_string();
     let scratch = Scratch::new(&format!("dp{n}"))?;
@@ -202,10 +207,16 @@ pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> 
     workload::generate(&manifests, n, 4, Endpoints::Local4)
         .map_err(|e| format!("generating: {e}"))?;
 
-    let with_kpng = Netns::new("kbk").map_err(|e| e.to_string())?;
-    let _server_k = prepare(&with_kpng, &me)?;
-    let mut kp = Kpng::start(&with_kpng, kpng, &manifests, &scratch.0.join("kpng.log"))?;
-    kp.wait_for_syncs(1, Duration::from_secs(600))?;
+    // One namespace with its own kpng per backend.
+    let mut with_kpng = Vec::new();
+    for backend in backends {
+        let ns = Netns::new("kbk").map_err(|e| e.to_string())?;
+        let server = prepare(&ns, &me)?;
+        let log = scratch.0.join(format!("kpng-{}.log", backend.label()));
+        let mut kp = Kpng::start(&ns, kpng, *backend, &manifests, &log)?;
+        kp.wait_for_syncs(1, Duration::from_secs(600))?;
+        with_kpng.push((*backend, ns, server, kp));
+    }
 
     let last = workload::cluster_ip(workload::last_plain_service(n));
     let first = workload::cluster_ip(0);
@@ -227,17 +238,21 @@ pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> 
         crate::kube_proxy_nft::DATA_PLANE_CAP,
     )?;
 
-    let mut cases: Vec<(String, &Netns, String)> = vec![
-        (
-            format!("kpng nft, {n} Services, last Service"),
-            &with_kpng,
+    let mut cases: Vec<(String, &Netns, String)> = Vec::new();
+    for (backend, ns, _, _) in &with_kpng {
+        let label = backend.label();
+        cases.push((
+            format!("kpng {label}, {n} Services, last Service"),
+            ns,
             format!("{last}:80"),
-        ),
-        (
-            format!("kpng nft, {n} Services, first Service"),
-            &with_kpng,
+        ));
+        cases.push((
+            format!("kpng {label}, {n} Services, first Service"),
+            ns,
             format!("{first}:80"),
-        ),
+        ));
+    }
+    cases.extend([
         (
             "floor: one static DNAT rule".to_string(),
             &floor,
@@ -248,7 +263,7 @@ pub fn run(kpng: &str, n: usize, connects: usize) -> Result<DataResult, String> 
             &floor,
             format!("10.244.0.1:{TARGET_PORT}"),
         ),
-    ];
+    ]);
     if kube_proxy_load.loaded() {
         cases.push((
             format!(

@@ -13,7 +13,6 @@
 
 pub mod elements;
 pub mod exec;
-mod local_addrs;
 pub mod netlink;
 pub mod ruleset;
 mod script;
@@ -23,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kpng_backend::host as local_addrs;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::metrics::counter::Counter;

@@ -44,20 +44,7 @@ impl Fam {
     }
 }
 
-/// How kpng tells pod traffic from other traffic (`--detect-local-mode`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DetectLocal {
-    /// No detection: every source counts as "not a pod".
-    None,
-    /// Sources inside the cluster's pod CIDRs (`--cluster-cidr`).
-    ClusterCidr(Vec<IpNet>),
-    /// Sources inside this node's pod CIDRs (from the Node object).
-    NodeCidr,
-    /// Traffic entering from this bridge (`--pod-bridge-interface`).
-    BridgeInterface(String),
-    /// Traffic entering from interfaces with this prefix (`--pod-interface-name-prefix`).
-    InterfaceNamePrefix(String),
-}
+pub use kpng_backend::host::DetectLocal;
 
 /// Everything that shapes the constant rules of one family.
 #[derive(Debug, Clone, PartialEq, Eq)]
