@@ -26,7 +26,7 @@ pub struct DataResult {
     /// Services.
     pub n: usize,
     cases: Vec<Case>,
-    /// How loading the kube-proxy-shaped ruleset went ("0.52 s", "> 300 s").
+    /// How loading the kube-proxy-shaped ruleset went ("0.52 s", "> 150 s").
     pub kube_proxy_load: String,
 }
 

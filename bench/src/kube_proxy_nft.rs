@@ -425,7 +425,7 @@ pub enum LoadOutcome {
 }
 
 impl LoadOutcome {
-    /// "0.42 s" or "> 300 s".
+    /// "0.42 s" or "> 150 s".
     pub fn label(&self) -> String {
         match self {
             LoadOutcome::Loaded(d) => format!("{:.2} s", d.as_secs_f64()),
