@@ -192,10 +192,20 @@ impl NftBackend {
                     .collect();
                 ips
             }
-            NodePortAddresses::Cidrs(cidrs) => local_addrs::local_addresses()
-                .into_iter()
-                .filter(|ip| Family::of(ip) == family && cidrs.iter().any(|c| c.contains(ip)))
-                .collect(),
+            NodePortAddresses::Cidrs(cidrs) => {
+                // As upstream: a family none of the CIDRs belongs to matches all its addresses.
+                let of_family: Vec<&IpNet> = cidrs
+                    .iter()
+                    .filter(|c| Family::of(&c.addr()) == family)
+                    .collect();
+                local_addrs::local_addresses()
+                    .into_iter()
+                    .filter(|ip| {
+                        Family::of(ip) == family
+                            && (of_family.is_empty() || of_family.iter().any(|c| c.contains(ip)))
+                    })
+                    .collect()
+            }
         };
         let mut out: Vec<Element> = nodeport_ips
             .into_iter()

@@ -40,8 +40,6 @@ pub enum NodePortScope {
     PrimaryIps,
     /// Every local address (loopback aside).
     AllLocal,
-    /// Nowhere.
-    Nowhere,
 }
 
 /// What happens to traffic a Service address does not serve (a port no Service uses).
@@ -60,8 +58,6 @@ pub struct Behaviour {
     pub wrong_port: Unserved,
     /// NodePort addresses without `--nodeport-addresses`.
     pub default_node_port_addresses: NodePortScope,
-    /// With `--nodeport-addresses` CIDRs of one family only: the other family's NodePorts.
-    pub node_port_family_without_cidr: NodePortScope,
     /// IPv4 NodePorts also answer on 127.0.0.1 by default.
     pub localhost_node_ports: bool,
 }
@@ -101,13 +97,11 @@ impl Backend {
             Backend::Nft => Behaviour {
                 wrong_port: Unserved::Rejected,
                 default_node_port_addresses: NodePortScope::PrimaryIps,
-                node_port_family_without_cidr: NodePortScope::Nowhere,
                 localhost_node_ports: false,
             },
             Backend::IptablesLegacy | Backend::IptablesNft => Behaviour {
                 wrong_port: Unserved::Untouched,
                 default_node_port_addresses: NodePortScope::AllLocal,
-                node_port_family_without_cidr: NodePortScope::AllLocal,
                 localhost_node_ports: true,
             },
         }

@@ -323,7 +323,7 @@ pub fn node_port_default_addresses_and_loopback(b: Backend) {
         OK_T,
     );
     match behaviour.default_node_port_addresses {
-        NodePortScope::PrimaryIps | NodePortScope::Nowhere => {
+        NodePortScope::PrimaryIps => {
             assert_outcome(&r, Outcome::Refused, "pod → cbr0 address node port")
         }
         NodePortScope::AllLocal => assert_masqueraded(&r, &all),
@@ -1122,16 +1122,11 @@ pub fn node_port_addresses_cidrs(b: Backend) {
     let lan_v4 = IpAddr::from(addr::NODE1_LAN_V4);
     let r = probe(&c.ext.ns, Proto::Tcp, sa(lan_v4, node_port(10)), REJECT_T);
     assert_outcome(&r, Outcome::Refused, &format!("ext → {lan_v4} node port"));
-    // No IPv6 CIDR given: IPv6 node ports are served nowhere (nftables backend) or, as
-    // upstream's NodePortAddresses does, on every local IPv6 address (iptables backend).
+    // No IPv6 CIDR given: as upstream's NodePortAddresses, every local IPv6 address serves
+    // IPv6 node ports.
     let lan_v6 = IpAddr::from(addr::NODE1_LAN_V6);
-    let r = probe(&c.ext.ns, Proto::Tcp, sa(lan_v6, node_port(10)), REJECT_T);
-    match b.behaviour().node_port_family_without_cidr {
-        NodePortScope::Nowhere | NodePortScope::PrimaryIps => {
-            assert_outcome(&r, Outcome::Refused, &format!("ext → {lan_v6} node port"))
-        }
-        NodePortScope::AllLocal => assert_masqueraded(&r, &["pod2a"]),
-    }
+    let r = probe(&c.ext.ns, Proto::Tcp, sa(lan_v6, node_port(10)), OK_T);
+    assert_masqueraded(&r, &["pod2a"]);
     // The ClusterIP is not affected.
     let r = probe(&pod.ns, Proto::Tcp, sa(cip(10, false), SVC_PORT), OK_T);
     assert_direct(&r, &["pod2a"], pod.ipv4.into());
