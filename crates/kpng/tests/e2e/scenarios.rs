@@ -607,7 +607,7 @@ pub fn session_affinity_client_ip(b: Backend) {
     let c = Cluster::create(&b.prefix("aff")).expect("cluster");
     let _echo = echo_all(&c);
     let affinity = "externalIPs: [198.51.100.80], sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}";
-    // IPv4 only: kpng does not apply affinity to IPv6 (see `session_affinity_dual_stack`).
+    // IPv4 here; IPv6 in `session_affinity_dual_stack`.
     let mut k = Kpng::start(
         b,
         &c.node1.ns,
