@@ -127,9 +127,16 @@ pub fn run(
         }
         // Wait for the first commit, then until kpng has been quiet for a while.
         kpng.wait_for_syncs(before + 1, Duration::from_secs(60))?;
+        // "Quiet" must outlast a sync in progress: a slow backend (iptables-legacy: ≈1.5 s per
+        // sync at 10k) would otherwise look quiet while it writes the rest of the burst.
         let mut seen = before;
         loop {
-            std::thread::sleep(QUIET);
+            let slowest = kpng.syncs()[before..]
+                .iter()
+                .map(|s| s.duration)
+                .max()
+                .unwrap_or_default();
+            std::thread::sleep(QUIET.max(slowest * 2 + QUIET));
             let now = kpng.syncs().len();
             if now == seen {
                 break;

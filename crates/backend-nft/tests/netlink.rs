@@ -516,13 +516,30 @@ fn every_set_type(family: Family) -> Vec<Element> {
             Some("0x6b70000f"),
             None,
         ),
-        el(
+    ];
+    // The dynamic affinity maps differ per family (see `Fam::affinity`).
+    match family {
+        Family::V4 => v.push(el(
             "affinity",
             &format!("{client} . 0x6b70000e"),
             Some(&format!("{ep} . 8080")),
             None,
-        ),
-    ];
+        )),
+        Family::V6 => {
+            v.push(el(
+                "affinity-addr",
+                "0x6b70000e . 2952585853",
+                Some(&ep.to_string()),
+                None,
+            ));
+            v.push(el(
+                "affinity-port",
+                "0x6b70000e . 2952585853",
+                Some("8080"),
+                None,
+            ));
+        }
+    }
     for slot in 0..3 {
         v.push(el(
             "cluster-endpoints-udp",
