@@ -1,0 +1,364 @@
+//! kpng's userspace backend: an L4 proxy in tokio for TCP and UDP Services, portable except for
+//! how traffic is captured.
+//!
+//! - [`proxy`]: one listener per Service port and way in (ClusterIP, or node port / external
+//!   IPs / load-balancer IPs), round robin over the endpoints the model selected, ClientIP
+//!   affinity ([`balancer`]), traffic policies ([`routing`]), UDP sessions ([`sessions`]) and
+//!   graceful drain. Runs on tasks of the runtime handed to [`UserspaceBackend::new`].
+//! - [`entries`] + [`store`]: what the capture must do (which VIP and port goes to which
+//!   listener, which are refused or dropped), as owned entries diffed into minimal operations.
+//! - [`capture`]: the OS-specific part behind the [`capture::Capture`] trait; on Linux a
+//!   constant nftables ruleset with maps ([`capture::nft`]).
+//!
+//! [`Backend::sync`] is synchronous and quick: it binds listeners for new ports, hands changed
+//! endpoint lists to the running listeners, and commits the capture changes.
+//!
+//! Differences from the kernel backends, by design: endpoints see the node as the client
+//! (client IPs are not preserved, whatever the traffic policy); established connections end
+//! when kpng stops; SCTP is not proxied. See `docs/backends.md`.
+
+pub mod balancer;
+pub mod capture;
+pub mod entries;
+pub mod metrics;
+pub mod proxy;
+pub mod routing;
+pub mod sessions;
+pub mod store;
+#[cfg(test)]
+mod testutil;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+
+use ipnet::IpNet;
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_model::{Family, NodeState, PortKey, Protocol, ServicePort, Snapshot};
+use prometheus_client::registry::Registry;
+use tokio::runtime::Handle;
+use tracing::{debug, warn};
+
+use crate::capture::Capture;
+use crate::entries::{Entry, ListenerPorts, NodePortAddresses};
+use crate::metrics::ProxyMetrics;
+use crate::proxy::{Listener, PortShared, ProxySettings};
+use crate::routing::{LocalSources, Scope};
+use crate::store::{EntryStore, NODE_OWNER, Op, OwnerId};
+
+/// Which sources count as pods of this node or the cluster, for externalTrafficPolicy Local's
+/// exception (pods and the node itself may use every endpoint).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodSources {
+    /// No pod detection: only the node's own addresses are exempt.
+    None,
+    /// These CIDRs (`--detect-local-mode ClusterCIDR` with `--cluster-cidr`).
+    Cidrs(Vec<IpNet>),
+    /// The node's pod CIDRs from its Node object (`--detect-local-mode NodeCIDR`).
+    NodeCidr,
+}
+
+/// Configuration of the userspace backend.
+#[derive(Debug, Clone)]
+pub struct UserspaceConfig {
+    /// The families to proxy.
+    pub families: Vec<Family>,
+    /// Where node ports are served (`--nodeport-addresses`).
+    pub nodeport_addresses: NodePortAddresses,
+    /// `--service-cidr`: traffic to unallocated IPs inside is dropped.
+    pub service_cidrs: Vec<IpNet>,
+    /// Pod detection for externalTrafficPolicy Local.
+    pub pod_sources: PodSources,
+    /// Data-path timeouts.
+    pub settings: ProxySettings,
+}
+
+impl Default for UserspaceConfig {
+    fn default() -> Self {
+        UserspaceConfig {
+            families: Family::ALL.to_vec(),
+            nodeport_addresses: NodePortAddresses::Primary,
+            service_cidrs: Vec::new(),
+            pod_sources: PodSources::None,
+            settings: ProxySettings::default(),
+        }
+    }
+}
+
+/// One proxied Service port.
+struct PortProxy {
+    owner: OwnerId,
+    shared: Arc<PortShared>,
+    internal: Listener,
+    external: Option<Listener>,
+    entries: Vec<Entry>,
+}
+
+impl PortProxy {
+    fn listener_ports(&self) -> ListenerPorts {
+        ListenerPorts {
+            internal: self.internal.port,
+            external: self.external.as_ref().map(|l| l.port),
+        }
+    }
+}
+
+/// The userspace backend.
+pub struct UserspaceBackend {
+    config: UserspaceConfig,
+    runtime: Handle,
+    capture: Box<dyn Capture>,
+    ports: HashMap<PortKey, PortProxy>,
+    store: EntryStore,
+    node_entries: Vec<Entry>,
+    node_ips: Vec<IpAddr>,
+    local_sources: Arc<RwLock<LocalSources>>,
+    next_owner: OwnerId,
+    metrics: ProxyMetrics,
+    /// False after a failed capture call: the next sync replaces the capture whole.
+    capture_in_sync: bool,
+    warned_sctp: bool,
+}
+
+impl UserspaceBackend {
+    /// A backend whose proxy runs on `runtime` and whose listeners `capture` feeds.
+    pub fn new(
+        config: UserspaceConfig,
+        capture: Box<dyn Capture>,
+        runtime: Handle,
+    ) -> UserspaceBackend {
+        UserspaceBackend {
+            config,
+            runtime,
+            capture,
+            ports: HashMap::new(),
+            store: EntryStore::new(),
+            node_entries: Vec::new(),
+            node_ips: Vec::new(),
+            local_sources: Arc::new(RwLock::new(LocalSources::default())),
+            next_owner: NODE_OWNER + 1,
+            metrics: ProxyMetrics::default(),
+            capture_in_sync: false,
+            warned_sctp: false,
+        }
+    }
+
+    /// The listener ports of a Service port (tests and diagnostics).
+    pub fn listener_ports(&self, key: &PortKey) -> Option<ListenerPorts> {
+        self.ports.get(key).map(PortProxy::listener_ports)
+    }
+
+    /// Whether this backend proxies `key` at all (family configured, protocol supported).
+    fn handles(&mut self, key: &PortKey) -> bool {
+        if !self.config.families.contains(&key.family) {
+            return false;
+        }
+        if key.protocol == Protocol::Sctp {
+            if !self.warned_sctp {
+                warn!("{key}: SCTP Services are not served by the userspace proxy");
+                self.warned_sctp = true;
+            }
+            return false;
+        }
+        true
+    }
+
+    /// Re-reads the node: its IPs, node-port addresses and the sources exempt from
+    /// externalTrafficPolicy Local.
+    fn update_node(&mut self, node: &NodeState) {
+        self.node_ips = node.ips.clone();
+        let mut nets: Vec<IpNet> = node.ips.iter().map(|ip| IpNet::from(*ip)).collect();
+        match &self.config.pod_sources {
+            PodSources::None => {}
+            PodSources::Cidrs(c) => nets.extend(c.iter().copied()),
+            PodSources::NodeCidr => nets.extend(node.pod_cidrs.iter().copied()),
+        }
+        if let Ok(mut s) = self.local_sources.write() {
+            *s = LocalSources { nets };
+        }
+        self.node_entries = entries::node_entries(
+            &self.config.nodeport_addresses,
+            &node.ips,
+            &self.config.service_cidrs,
+            &self.config.families,
+        );
+    }
+
+    /// Creates or updates the proxy of one port and records its entries' changes in `ops`.
+    fn upsert(&mut self, sp: &ServicePort, ops: &mut Vec<Op>) -> Result<(), BackendError> {
+        let key = &sp.key;
+        let (runtime, settings) = (self.runtime.clone(), self.config.settings);
+        let bind = |scope: Scope, shared: &Arc<PortShared>| {
+            proxy::listen(
+                &runtime,
+                key.family,
+                key.protocol,
+                scope,
+                shared.clone(),
+                settings,
+            )
+            .map_err(|source| BackendError::Io {
+                context: format!("{key}: opening the {} listener", scope.as_str()),
+                source,
+            })
+        };
+        let external_needed = sp.externally_accessible();
+        let port = match self.ports.remove(key) {
+            Some(mut p) => {
+                p.shared.update(sp);
+                match (&p.external, external_needed) {
+                    (None, true) => p.external = Some(bind(Scope::External, &p.shared)?),
+                    (Some(_), false) => p.external = None,
+                    _ => {}
+                }
+                p
+            }
+            None => {
+                let shared = Arc::new(PortShared::new(
+                    sp,
+                    self.local_sources.clone(),
+                    self.metrics.clone(),
+                ));
+                let internal = bind(Scope::Internal, &shared)?;
+                let external = if external_needed {
+                    Some(bind(Scope::External, &shared)?)
+                } else {
+                    None
+                };
+                let owner = self.next_owner;
+                self.next_owner = self.next_owner.wrapping_add(1).max(NODE_OWNER + 1);
+                PortProxy {
+                    owner,
+                    shared,
+                    internal,
+                    external,
+                    entries: Vec::new(),
+                }
+            }
+        };
+        let mut port = port;
+        let entries = entries::port_entries(sp, port.listener_ports(), &self.node_ips);
+        self.store.change(port.owner, &port.entries, &entries, ops);
+        port.entries = entries;
+        self.ports.insert(key.clone(), port);
+        Ok(())
+    }
+
+    /// Stops proxying one port (its listeners close; its connections drain).
+    fn remove(&mut self, key: &PortKey, ops: &mut Vec<Op>) {
+        if let Some(port) = self.ports.remove(key) {
+            self.store.change(port.owner, &port.entries, &[], ops);
+        }
+    }
+
+    /// Rebuilds everything from the snapshot and replaces the capture.
+    fn full_sync(&mut self, snapshot: &Snapshot) -> Result<usize, BackendError> {
+        self.capture_in_sync = false;
+        self.update_node(&snapshot.node);
+        let wanted: Vec<&Arc<ServicePort>> = snapshot
+            .ports
+            .values()
+            .filter(|sp| self.handles(&sp.key))
+            .collect();
+        let keep: std::collections::HashSet<&PortKey> = wanted.iter().map(|sp| &sp.key).collect();
+        self.ports.retain(|k, _| keep.contains(k));
+        self.store = EntryStore::new();
+        for port in self.ports.values_mut() {
+            port.entries.clear();
+        }
+        let mut ignored = Vec::new();
+        self.store
+            .change(NODE_OWNER, &[], &self.node_entries, &mut ignored);
+        for sp in wanted {
+            self.upsert(sp, &mut ignored)?;
+        }
+        let entries = self.store.entries();
+        let n = self.capture.replace(&entries).map_err(capture_error)?;
+        self.capture_in_sync = true;
+        Ok(n)
+    }
+
+    fn partial_sync(&mut self, request: &SyncRequest<'_>) -> Result<usize, BackendError> {
+        let mut ops = Vec::new();
+        if request.diff.node_changed {
+            let old = std::mem::take(&mut self.node_entries);
+            self.update_node(&request.snapshot.node);
+            self.store
+                .change(NODE_OWNER, &old, &self.node_entries, &mut ops);
+            // Node IPs decide the load-balancer firewall's hairpin exception of every port.
+            let all: Vec<Arc<ServicePort>> = request
+                .snapshot
+                .ports
+                .values()
+                .filter(|sp| self.ports.contains_key(&sp.key))
+                .cloned()
+                .collect();
+            for sp in all {
+                self.upsert(&sp, &mut ops)?;
+            }
+        }
+        for (key, change) in &request.diff.changes {
+            if !self.handles(key) {
+                continue;
+            }
+            match &change.new {
+                Some(sp) => self.upsert(sp, &mut ops)?,
+                None => self.remove(key, &mut ops),
+            }
+        }
+        self.capture.update(&ops).map_err(capture_error)
+    }
+}
+
+fn capture_error(e: capture::CaptureError) -> BackendError {
+    BackendError::Transaction {
+        backend: "userspace",
+        operations: 0,
+        message: e.to_string(),
+    }
+}
+
+impl Backend for UserspaceBackend {
+    fn name(&self) -> &'static str {
+        "userspace"
+    }
+
+    fn families(&self) -> Vec<Family> {
+        self.config.families.clone()
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.metrics.register(registry);
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let result = if request.full || !self.capture_in_sync {
+            self.full_sync(request.snapshot)
+        } else {
+            self.partial_sync(request)
+        };
+        match result {
+            Ok(operations) => {
+                debug!(operations, ports = self.ports.len(), "userspace sync done");
+                Ok(SyncStats { operations })
+            }
+            Err(e) => {
+                self.capture_in_sync = false;
+                Err(e)
+            }
+        }
+    }
+
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.capture.cleanup().map_err(|e| {
+            BackendError::Other(format!("removing the userspace proxy's capture: {e}"))
+        })?;
+        self.ports.clear();
+        self.store = EntryStore::new();
+        self.capture_in_sync = false;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
