@@ -112,7 +112,9 @@ impl Routing {
             Scope::Internal if self.internal_local => in_list(&self.local),
             Scope::Internal => in_list(&self.cluster),
             // Short-circuited clients may use cluster endpoints under a Local policy.
-            Scope::External if self.external_local => in_list(&self.local) || in_list(&self.cluster),
+            Scope::External if self.external_local => {
+                in_list(&self.local) || in_list(&self.cluster)
+            }
             Scope::External => in_list(&self.cluster),
         }
     }

@@ -82,7 +82,11 @@ impl EntryStore {
 
     /// Every effective entry, sorted (what a full replace writes).
     pub fn entries(&self) -> Vec<Entry> {
-        let mut all: Vec<Entry> = self.claims.keys().filter_map(|k| self.effective(k)).collect();
+        let mut all: Vec<Entry> = self
+            .claims
+            .keys()
+            .filter_map(|k| self.effective(k))
+            .collect();
         all.sort();
         all
     }

@@ -18,7 +18,12 @@ pub fn endpoint(ip: &str, local: bool) -> Endpoint {
 
 /// A ClusterIP Service port `default/NAME` on `CLUSTER_IP:80` with these cluster endpoints
 /// (the local list holds the local ones), cluster policies, no affinity.
-pub fn service_port(name: &str, protocol: Protocol, cluster_ip: &str, eps: &[Endpoint]) -> ServicePort {
+pub fn service_port(
+    name: &str,
+    protocol: Protocol,
+    cluster_ip: &str,
+    eps: &[Endpoint],
+) -> ServicePort {
     let cluster_ip: IpAddr = cluster_ip.parse().expect("cluster ip");
     ServicePort {
         key: PortKey {

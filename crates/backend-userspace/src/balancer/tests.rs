@@ -93,7 +93,11 @@ fn affinity_to_an_endpoint_that_left_is_forgotten() {
     assert_eq!(b.pick(client(2), t0), Some(ep(2)), "client 2 keeps ep 2");
     let again = b.pick(client(1), t0).unwrap();
     assert_ne!(again, ep(1), "client 1 moved off the endpoint that left");
-    assert_eq!(b.pick(client(1), t0), Some(again), "and sticks to the new one");
+    assert_eq!(
+        b.pick(client(1), t0),
+        Some(again),
+        "and sticks to the new one"
+    );
 }
 
 #[test]

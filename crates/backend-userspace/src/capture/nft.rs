@@ -319,7 +319,10 @@ pub fn skeleton(family: Family, table: &str) -> String {
         ("cluster-ips", format!("type {a}")),
         ("service-cidrs", format!("type {a}; flags interval")),
         ("firewall-ips", format!("type {vip}")),
-        ("firewall-allow", format!("type {vip} . {a}; flags interval")),
+        (
+            "firewall-allow",
+            format!("type {vip} . {a}; flags interval"),
+        ),
         ("listener-ports", "type inet_proto . inet_service".into()),
     ];
     let mut s = format!(
@@ -345,7 +348,9 @@ pub fn skeleton(family: Family, table: &str) -> String {
             "type filter hook input priority 0",
             vec![
                 "ct state new ct status ! dnat meta l4proto . th dport @listener-ports drop".into(),
-                format!("ct state new ct status ! dnat {nodeport} meta l4proto . th dport vmap @nodeport-verdicts"),
+                format!(
+                    "ct state new ct status ! dnat {nodeport} meta l4proto . th dport vmap @nodeport-verdicts"
+                ),
                 format!("ct state new ct status ! dnat {vipkey} vmap @vip-verdicts"),
             ],
         ),
@@ -383,22 +388,31 @@ pub fn skeleton(family: Family, table: &str) -> String {
         (
             "reject-chain",
             "",
-            vec!["meta l4proto tcp reject with tcp reset".into(), "reject".into()],
+            vec![
+                "meta l4proto tcp reject with tcp reset".into(),
+                "reject".into(),
+            ],
         ),
         (
             "nat-prerouting",
             "type nat hook prerouting priority dstnat",
             vec![
                 format!("meta l4proto {{ tcp, udp }} redirect to : {vipkey} map @vip-listeners"),
-                format!("{nodeport} meta l4proto {{ tcp, udp }} redirect to : meta l4proto . th dport map @nodeport-listeners"),
+                format!(
+                    "{nodeport} meta l4proto {{ tcp, udp }} redirect to : meta l4proto . th dport map @nodeport-listeners"
+                ),
             ],
         ),
         (
             "nat-output",
             "type nat hook output priority -100",
             vec![
-                format!("meta l4proto {{ tcp, udp }} dnat {f} to {f} saddr : {vipkey} map @vip-listeners"),
-                format!("{nodeport} meta l4proto {{ tcp, udp }} dnat {f} to {f} saddr : meta l4proto . th dport map @nodeport-listeners"),
+                format!(
+                    "meta l4proto {{ tcp, udp }} dnat {f} to {f} saddr : {vipkey} map @vip-listeners"
+                ),
+                format!(
+                    "{nodeport} meta l4proto {{ tcp, udp }} dnat {f} to {f} saddr : meta l4proto . th dport map @nodeport-listeners"
+                ),
             ],
         ),
     ];

@@ -28,7 +28,10 @@ fn a_client_keeps_its_session_and_endpoint() {
     assert!(t.insert(client(1), ep(1), 7, t0).is_none());
     let s = t.touch(client(1), t0 + secs(1)).unwrap();
     assert_eq!((s.endpoint, s.value), (ep(1), 7));
-    assert!(t.touch(client(2), t0).is_none(), "another port is another client");
+    assert!(
+        t.touch(client(2), t0).is_none(),
+        "another port is another client"
+    );
     assert_eq!(t.len(), 1);
 }
 
@@ -38,16 +41,20 @@ fn sessions_end_after_the_idle_timeout_in_both_directions() {
     let mut t: SessionTable<Replies> = SessionTable::new(secs(30));
     // (client, seconds of its last datagram, seconds of its last reply)
     let sessions: [(u16, u64, Option<u64>); 4] = [
-        (1, 0, None),      // silent since t0
-        (2, 20, None),     // spoke recently
-        (3, 0, Some(25)),  // the endpoint replied recently
-        (4, 0, Some(5)),   // replies stopped long ago
+        (1, 0, None),     // silent since t0
+        (2, 20, None),    // spoke recently
+        (3, 0, Some(25)), // the endpoint replied recently
+        (4, 0, Some(5)),  // replies stopped long ago
     ];
     for (c, spoke, replied) in sessions {
         t.insert(client(c), ep(1), Replies::default(), t0);
         t.touch(client(c), t0 + secs(spoke));
         if let Some(r) = replied {
-            t.touch(client(c), t0 + secs(spoke)).unwrap().value.0.set(Some(t0 + secs(r)));
+            t.touch(client(c), t0 + secs(spoke))
+                .unwrap()
+                .value
+                .0
+                .set(Some(t0 + secs(r)));
         }
     }
     let ended = t.expire(t0 + secs(40), |r| r.0.get());
@@ -81,7 +88,10 @@ fn sessions_of_endpoints_that_left_end_and_others_stay() {
     values.sort();
     assert_eq!(values, [1, 4]);
     assert_eq!(t.len(), 4);
-    assert!(t.touch(client(1), t0).is_none(), "its next datagram starts over");
+    assert!(
+        t.touch(client(1), t0).is_none(),
+        "its next datagram starts over"
+    );
 }
 
 #[test]

@@ -30,7 +30,10 @@ fn only_what_changed_becomes_an_operation() {
         vec![Op::Add(a[0].clone()), Op::Add(a[1].clone())]
     );
     assert_eq!(change(&mut s, 1, &a, &a), vec![], "no change, no operation");
-    let b = [vip(1, Action::Redirect(41000)), vip(2, Action::Redirect(41001))];
+    let b = [
+        vip(1, Action::Redirect(41000)),
+        vip(2, Action::Redirect(41001)),
+    ];
     assert_eq!(
         change(&mut s, 1, &a, &b),
         vec![Op::Delete(a[1].clone()), Op::Add(b[1].clone())],
@@ -63,13 +66,20 @@ fn a_key_claimed_twice_goes_to_the_lowest_owner_and_passes_on_without_a_hole() {
     let mut s = EntryStore::new();
     let mine = [vip(1, Action::Redirect(41000))];
     let theirs = [vip(1, Action::Redirect(42000))];
-    assert_eq!(change(&mut s, 2, &[], &theirs), vec![Op::Add(theirs[0].clone())]);
+    assert_eq!(
+        change(&mut s, 2, &[], &theirs),
+        vec![Op::Add(theirs[0].clone())]
+    );
     assert_eq!(
         change(&mut s, 1, &[], &mine),
         vec![Op::Delete(theirs[0].clone()), Op::Add(mine[0].clone())],
         "the lower owner takes over"
     );
-    assert_eq!(change(&mut s, 2, &theirs, &[]), vec![], "the loser leaving changes nothing");
+    assert_eq!(
+        change(&mut s, 2, &theirs, &[]),
+        vec![],
+        "the loser leaving changes nothing"
+    );
     assert_eq!(change(&mut s, 2, &[], &theirs), vec![]);
     assert_eq!(
         change(&mut s, 1, &mine, &[]),

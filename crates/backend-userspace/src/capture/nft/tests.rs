@@ -28,11 +28,20 @@ fn sample_entries() -> Vec<Entry> {
         port,
     };
     vec![
-        e(vip("10.96.0.10", Protocol::Tcp, 80), Action::Redirect(41000)),
-        e(vip("10.96.0.10", Protocol::Udp, 53), Action::Redirect(41001)),
+        e(
+            vip("10.96.0.10", Protocol::Tcp, 80),
+            Action::Redirect(41000),
+        ),
+        e(
+            vip("10.96.0.10", Protocol::Udp, 53),
+            Action::Redirect(41001),
+        ),
         e(vip("10.96.0.11", Protocol::Tcp, 80), Action::Refuse),
         e(vip("198.51.100.8", Protocol::Tcp, 80), Action::Drop),
-        e(vip("fd00:96::a", Protocol::Tcp, 80), Action::Redirect(41002)),
+        e(
+            vip("fd00:96::a", Protocol::Tcp, 80),
+            Action::Redirect(41002),
+        ),
         e(
             EntryKey::NodePort {
                 family: Family::V4,
@@ -49,7 +58,10 @@ fn sample_entries() -> Vec<Entry> {
             },
             Action::Refuse,
         ),
-        e(EntryKey::ClusterIp("10.96.0.10".parse().unwrap()), Action::Member),
+        e(
+            EntryKey::ClusterIp("10.96.0.10".parse().unwrap()),
+            Action::Member,
+        ),
         e(
             EntryKey::FirewallVip {
                 ip: "198.51.100.8".parse().unwrap(),
