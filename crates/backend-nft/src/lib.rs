@@ -165,7 +165,10 @@ impl NftBackend {
             return *id;
         }
         let id = self.next_owner;
-        self.next_owner = self.next_owner.wrapping_add(1).max(NODE_OWNER + 1);
+        self.next_owner = match self.next_owner.wrapping_add(1) {
+            store::SHARED => NODE_OWNER + 1,
+            next => next.max(NODE_OWNER + 1),
+        };
         self.owners.insert(key.clone(), id);
         self.owner_keys.insert(id, key.clone());
         id

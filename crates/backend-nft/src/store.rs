@@ -41,11 +41,12 @@ impl Element {
     }
 
     /// What an owner wants for it: value and comment.
-    fn payload_hash(&self) -> u64 {
+    fn payload_hash(&self) -> Payload {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.value.hash(&mut h);
         self.comment.hash(&mut h);
-        h.finish()
+        let h = h.finish();
+        (h ^ (h >> 32)) as Payload
     }
 }
 
@@ -66,42 +67,24 @@ pub enum ElementOp {
 /// An owner of elements: an interned Service-port id.
 pub type OwnerId = u32;
 
-/// The owners of one element with the payload each wants, sorted by owner. Almost always one.
-#[derive(Debug, Clone)]
-enum Owners {
-    One(OwnerId, u64),
-    Many(Vec<(OwnerId, u64)>),
+/// What an owner wants for an element: a 32-bit hash of value and comment. (A collision would
+/// hide one value change until the next full sync; at 2^-32 per change that is accepted for
+/// halving the store, which at 30k Services holds ~300k elements.)
+pub type Payload = u32;
+
+/// The one owner of an element and its payload; `owner == SHARED` means several owners,
+/// listed in [`ElementStore::shared`].
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    owner: OwnerId,
+    payload: Payload,
 }
 
-impl Owners {
-    fn effective(&self) -> Option<(OwnerId, u64)> {
-        match self {
-            Owners::One(o, p) => Some((*o, *p)),
-            Owners::Many(v) => v.first().copied(),
-        }
-    }
+/// The effective owner of an element and its payload, if anyone wants it.
+type Effective = Option<(OwnerId, Payload)>;
 
-    /// Sets (`Some`) or clears (`None`) `owner`'s wish; returns false when no owner is left.
-    fn set(&mut self, owner: OwnerId, payload: Option<u64>) -> bool {
-        let mut v = match std::mem::replace(self, Owners::Many(Vec::new())) {
-            Owners::One(o, p) => vec![(o, p)],
-            Owners::Many(v) => v,
-        };
-        match (v.binary_search_by_key(&owner, |(o, _)| *o), payload) {
-            (Ok(i), Some(p)) => v[i].1 = p,
-            (Ok(i), None) => {
-                v.remove(i);
-            }
-            (Err(i), Some(p)) => v.insert(i, (owner, p)),
-            (Err(_), None) => {}
-        }
-        *self = match v.as_slice() {
-            [(o, p)] => Owners::One(*o, *p),
-            _ => Owners::Many(v),
-        };
-        !matches!(self, Owners::Many(v) if v.is_empty())
-    }
-}
+/// The owner id that marks a shared element (never handed out to a Service port).
+pub const SHARED: OwnerId = OwnerId::MAX;
 
 /// What one element means while a store is built from empty ([`ElementStore::build_one`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,10 +101,14 @@ pub enum Built {
 /// Recomputes `owner`'s copy of an element (same set and key), when it becomes the effective one.
 pub type Resolve<'a> = &'a dyn Fn(OwnerId, &Element) -> Option<Element>;
 
-/// Desired elements (as hashes) with their owners.
+/// Desired elements (as hashes) with their owners: 16 bytes per element in the common case
+/// of one owner.
 #[derive(Debug, Default)]
 pub struct ElementStore {
-    elements: HashMap<u64, Owners>,
+    elements: HashMap<u64, Slot>,
+    /// Elements with several owners (a Service's ClusterIP wanted by each of its ports, …),
+    /// with the payload each wants, sorted by owner; the lowest owner's payload is effective.
+    shared: HashMap<u64, Vec<(OwnerId, Payload)>>,
 }
 
 impl ElementStore {
@@ -144,22 +131,81 @@ impl ElementStore {
     /// says what that means for the elements already emitted. Owners may come in any order;
     /// the lowest-numbered one's value wins.
     pub fn build_one(&mut self, owner: OwnerId, e: &Element) -> Built {
-        let (kh, ph) = (e.key_hash(), e.payload_hash());
-        match self.elements.entry(kh) {
-            Entry::Vacant(v) => {
-                v.insert(Owners::One(owner, ph));
-                Built::Emit
-            }
-            Entry::Occupied(mut o) => {
-                let before = o.get().effective().map(|(_, p)| p);
-                o.get_mut().set(owner, Some(ph));
-                if o.get().effective().map(|(_, p)| p) == before {
-                    Built::Skip
-                } else {
-                    Built::Supersede
-                }
-            }
+        let (before, after) = self.set(e.key_hash(), owner, Some(e.payload_hash()));
+        match before {
+            None => Built::Emit,
+            Some((_, p)) if after.map(|(_, q)| q) == Some(p) => Built::Skip,
+            Some(_) => Built::Supersede,
         }
+    }
+
+    /// Sets (`Some`) or clears (`None`) `owner`'s wish for the element `kh`; returns the
+    /// effective (owner, payload) before and after.
+    fn set(&mut self, kh: u64, owner: OwnerId, payload: Option<Payload>) -> (Effective, Effective) {
+        let mut slot = match self.elements.entry(kh) {
+            Entry::Vacant(v) => {
+                return match payload {
+                    None => (None, None),
+                    Some(payload) => {
+                        v.insert(Slot { owner, payload });
+                        (None, Some((owner, payload)))
+                    }
+                };
+            }
+            Entry::Occupied(o) => o,
+        };
+        let current = *slot.get();
+        if current.owner != SHARED {
+            let before = Some((current.owner, current.payload));
+            return match payload {
+                _ if current.owner != owner && payload.is_none() => (before, before),
+                None => {
+                    slot.remove();
+                    (before, None)
+                }
+                Some(payload) if current.owner == owner => {
+                    slot.get_mut().payload = payload;
+                    (before, Some((owner, payload)))
+                }
+                Some(payload) => {
+                    let mut owners = vec![(current.owner, current.payload), (owner, payload)];
+                    owners.sort_unstable_by_key(|(o, _)| *o);
+                    let after = owners.first().copied();
+                    *slot.get_mut() = Slot {
+                        owner: SHARED,
+                        payload: 0,
+                    };
+                    self.shared.insert(kh, owners);
+                    (before, after)
+                }
+            };
+        }
+        let owners = self.shared.entry(kh).or_default();
+        let before = owners.first().copied();
+        match (owners.binary_search_by_key(&owner, |(o, _)| *o), payload) {
+            (Ok(i), Some(p)) => owners[i].1 = p,
+            (Ok(i), None) => {
+                owners.remove(i);
+            }
+            (Err(i), Some(p)) => owners.insert(i, (owner, p)),
+            (Err(_), None) => {}
+        }
+        let after = owners.first().copied();
+        match owners.as_slice() {
+            [] => {
+                self.shared.remove(&kh);
+                slot.remove();
+            }
+            [(owner, payload)] => {
+                *slot.get_mut() = Slot {
+                    owner: *owner,
+                    payload: *payload,
+                };
+                self.shared.remove(&kh);
+            }
+            _ => {}
+        }
+        (before, after)
     }
 
     /// Full-sync path that keeps the elements: adds what `owner` wants to a store being built
@@ -202,11 +248,11 @@ impl ElementStore {
         if old == new {
             return;
         }
-        let old_ids: HashMap<u64, u64> = old
+        let old_ids: HashMap<u64, Payload> = old
             .iter()
             .map(|e| (e.key_hash(), e.payload_hash()))
             .collect();
-        let new_ids: HashMap<u64, u64> = new
+        let new_ids: HashMap<u64, Payload> = new
             .iter()
             .map(|e| (e.key_hash(), e.payload_hash()))
             .collect();
@@ -233,25 +279,7 @@ impl ElementStore {
         ops: &mut Vec<ElementOp>,
         resolve: Resolve<'_>,
     ) {
-        let kh = e.key_hash();
-        let (before, after) = match self.elements.entry(kh) {
-            Entry::Vacant(v) => match wanted {
-                None => return,
-                Some(w) => {
-                    v.insert(Owners::One(owner, w.payload_hash()));
-                    (None, Some((owner, w.payload_hash())))
-                }
-            },
-            Entry::Occupied(mut o) => {
-                let before = o.get().effective();
-                let left = o.get_mut().set(owner, wanted.map(Element::payload_hash));
-                let after = o.get().effective();
-                if !left {
-                    o.remove();
-                }
-                (before, after)
-            }
-        };
+        let (before, after) = self.set(e.key_hash(), owner, wanted.map(Element::payload_hash));
         if before.map(|(_, p)| p) == after.map(|(_, p)| p) {
             return;
         }
