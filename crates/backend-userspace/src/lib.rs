@@ -185,6 +185,7 @@ impl UserspaceBackend {
     }
 
     /// Creates or updates the proxy of one port and records its entries' changes in `ops`.
+    /// Counts as one operation of its own (the running listeners took a new state).
     fn upsert(&mut self, sp: &ServicePort, ops: &mut Vec<Op>) -> Result<(), BackendError> {
         let key = &sp.key;
         let (runtime, settings) = (self.runtime.clone(), self.config.settings);
@@ -278,8 +279,11 @@ impl UserspaceBackend {
         Ok(n)
     }
 
+    /// Applies the diff: every port touched counts one operation (its listeners took the new
+    /// state), plus one per capture change.
     fn partial_sync(&mut self, request: &SyncRequest<'_>) -> Result<usize, BackendError> {
         let mut ops = Vec::new();
+        let mut ports_touched = 0;
         if request.diff.node_changed {
             let old = std::mem::take(&mut self.node_entries);
             self.update_node(&request.snapshot.node);
@@ -305,8 +309,9 @@ impl UserspaceBackend {
                 Some(sp) => self.upsert(sp, &mut ops)?,
                 None => self.remove(key, &mut ops),
             }
+            ports_touched += 1;
         }
-        self.capture.update(&ops).map_err(capture_error)
+        Ok(ports_touched + self.capture.update(&ops).map_err(capture_error)?)
     }
 }
 

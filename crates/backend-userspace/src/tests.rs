@@ -295,10 +295,11 @@ async fn listeners_stay_across_changes_and_only_changed_entries_are_sent() {
     let ports = b.listener_ports(&sp.key).unwrap();
     assert_eq!(ports.external, None, "a ClusterIP Service has one listener");
 
-    // An endpoint change touches no capture entry.
+    // An endpoint change touches no capture entry: one operation, the listener's new state.
     let (c, _tc) = tcp_endpoint("c").await;
     let more = with_endpoints(Protocol::Tcp, &[a.clone(), c]);
-    assert_eq!(change(&mut b, Some(&sp), Some(&more)).unwrap(), 0);
+    assert_eq!(change(&mut b, Some(&sp), Some(&more)).unwrap(), 1);
+    assert_eq!(recorder.calls().last(), Some(&Recorded::Update(vec![])));
     assert_eq!(b.listener_ports(&sp.key), Some(ports));
 
     // A node port adds a listener and its entries, nothing else.

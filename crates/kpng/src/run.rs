@@ -22,7 +22,27 @@ use kpng_backend_nft::netlink::NetlinkWriter;
 use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
-use crate::cli::{Cli, Command, GlobalFlags, LocalBackend, NftArgs, Sink};
+use kpng_backend_userspace::entries::NodePortAddresses as UserspaceNodePorts;
+use kpng_backend_userspace::proxy::ProxySettings;
+use kpng_backend_userspace::{PodSources, UserspaceBackend, UserspaceConfig};
+
+use crate::cli::{Cli, Command, GlobalFlags, LocalBackend, NftArgs, Sink, UserspaceArgs};
+
+/// `--nodeport-addresses`: `None` for `primary`, else the CIDRs.
+fn nodeport_cidrs(flags: &GlobalFlags) -> anyhow::Result<Option<Vec<ipnet::IpNet>>> {
+    if flags.nodeport_addresses.iter().all(|a| a == "primary") {
+        return Ok(None);
+    }
+    flags
+        .nodeport_addresses
+        .iter()
+        .map(|a| {
+            a.parse::<ipnet::IpNet>()
+                .with_context(|| format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()
+        .map(Some)
+}
 
 /// The nftables backend configured from the flags.
 fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
@@ -42,19 +62,9 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
         }
         _ => DetectLocal::None,
     };
-    let nodeport_addresses = if flags.nodeport_addresses.iter().all(|a| a == "primary") {
-        NodePortAddresses::Primary
-    } else {
-        let cidrs = flags
-            .nodeport_addresses
-            .iter()
-            .map(|a| {
-                a.parse::<ipnet::IpNet>().with_context(|| {
-                    format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`")
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        NodePortAddresses::Cidrs(cidrs)
+    let nodeport_addresses = match nodeport_cidrs(flags)? {
+        None => NodePortAddresses::Primary,
+        Some(cidrs) => NodePortAddresses::Cidrs(cidrs),
     };
     let config = NftConfig {
         masquerade_all: flags.masquerade_all,
@@ -85,6 +95,42 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
     }
 }
 
+/// The userspace backend configured from the flags; its proxy runs on `runtime`.
+fn userspace_backend(
+    flags: &GlobalFlags,
+    args: &UserspaceArgs,
+    runtime: tokio::runtime::Handle,
+) -> anyhow::Result<UserspaceBackend> {
+    use kpng_backend_userspace::capture::nft::NftCapture;
+    let nodeport_addresses = match nodeport_cidrs(flags)? {
+        None => UserspaceNodePorts::Primary,
+        Some(cidrs) => UserspaceNodePorts::Cidrs(cidrs),
+    };
+    // The proxy sees client addresses, not interfaces: only address-based pod detection
+    // applies to externalTrafficPolicy Local's exception for pods.
+    let pod_sources = match flags.detect_local_mode.as_str() {
+        "ClusterCIDR" => PodSources::Cidrs(flags.cluster_cidr.clone()),
+        "NodeCIDR" => PodSources::NodeCidr,
+        _ => PodSources::None,
+    };
+    let config = UserspaceConfig {
+        nodeport_addresses,
+        service_cidrs: flags.service_cidr.clone(),
+        pod_sources,
+        settings: ProxySettings {
+            connect_timeout: args.connect_timeout,
+            udp_idle_timeout: args.udp_timeout,
+        },
+        ..UserspaceConfig::default()
+    };
+    let capture = if args.dry_run {
+        NftCapture::dry_run(config.families.clone())
+    } else {
+        NftCapture::with_binary(config.families.clone(), &args.nft_binary)
+    };
+    Ok(UserspaceBackend::new(config, Box::new(capture), runtime))
+}
+
 /// Runs the command line.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -96,21 +142,32 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
             nft.cleanup().context("removing kpng's nftables tables")?;
             println!("kpng: removed the kpng nftables tables");
+            let mut userspace = kpng_backend_userspace::capture::nft::NftCapture::new(
+                kpng_model::Family::ALL.to_vec(),
+            );
+            kpng_backend_userspace::capture::Capture::cleanup(&mut userspace)
+                .context("removing the userspace proxy's nftables tables")?;
+            println!("kpng: removed the kpng-userspace nftables tables");
             Ok(())
         }
         Command::File(file) => {
-            let backend: Box<dyn Backend> = match &file.sink {
-                Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
-                Sink::ToLocal(local) => match &local.backend {
-                    LocalBackend::Nft(args) => Box::new(nft_backend(&cli.global, args)?),
-                },
-            };
-            let source = FileSource::new(file.input, file.debounce);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
+            let backend: Box<dyn Backend> = match &file.sink {
+                Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
+                Sink::ToLocal(local) => match &local.backend {
+                    LocalBackend::Nft(args) => Box::new(nft_backend(&cli.global, args)?),
+                    LocalBackend::Userspace(args) => Box::new(userspace_backend(
+                        &cli.global,
+                        args,
+                        runtime.handle().clone(),
+                    )?),
+                },
+            };
+            let source = FileSource::new(file.input, file.debounce);
             // Backends that program the node also get conntrack sysctls and health checks.
             let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
             runtime.block_on(serve(
