@@ -201,12 +201,6 @@ impl Kpng {
         write_atomically(&self.input, manifest);
         self.wait_synced(before);
     }
-
-    fn stop(&mut self) {
-        if let Some(p) = self.proc.take() {
-            p.kill().expect("kill kpng");
-        }
-    }
 }
 
 fn echo_all(c: &Cluster) -> Vec<Spawned> {
@@ -369,7 +363,7 @@ fn node_port_external_ip_and_no_endpoints() {
         for target in [
             np(false, 10),
             np(true, 10),
-            sa("198.51.100.10".parse().unwrap(), SVC_PORT),
+            sa("198.51.100.10".parse().expect("ip"), SVC_PORT),
         ] {
             let m = spread(&c.ext.ns, proto, target, 6);
             assert_eq!(names(&m), set(&two), "ext {proto} {target}: {m:?}");
@@ -382,7 +376,7 @@ fn node_port_external_ip_and_no_endpoints() {
     let r = probe(
         &c.node1.ns,
         Proto::Tcp,
-        sa("127.0.0.1".parse().unwrap(), node_port(10)),
+        sa("127.0.0.1".parse().expect("ip"), node_port(10)),
         REJECT_T,
     );
     assert_outcome(
