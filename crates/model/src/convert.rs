@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::event::{Kind, ObjectRef};
 use crate::ip::{parse_cidr_sloppy, parse_ip_sloppy};
-use crate::key::{Protocol, ServiceKey};
+use crate::key::{Name, Protocol, ServiceKey};
 use crate::service_port::SessionAffinity;
 
 /// Label naming the proxy that owns a Service; others must ignore it.
@@ -139,8 +139,8 @@ impl Checker<'_> {
 fn object_ref(kind: Kind, meta: &ObjectMeta) -> ObjectRef {
     ObjectRef {
         kind,
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_default().into(),
+        name: meta.name.clone().unwrap_or_default().into(),
     }
 }
 
@@ -172,7 +172,7 @@ pub enum Ignored {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortInfo {
     /// The port's name; endpoints match by name and protocol.
-    pub name: String,
+    pub name: Name,
     /// The protocol.
     pub protocol: Protocol,
     /// The Service port number.
@@ -285,7 +285,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         let port = c.port(format!("spec.ports[{i}].port"), p.port)?;
         let protocol = c.protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
         let node_port = c.optional_port(format!("spec.ports[{i}].nodePort"), p.node_port)?;
-        let name = p.name.clone().unwrap_or_default();
+        let name: Name = p.name.clone().unwrap_or_default().into();
         if info
             .ports
             .iter()
@@ -380,7 +380,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlicePort {
     /// The port name (matches a Service port name).
-    pub name: String,
+    pub name: Name,
     /// The protocol.
     pub protocol: Protocol,
     /// The endpoint port number (the DNAT target).
@@ -393,7 +393,7 @@ pub struct SliceEndpoint {
     /// `addresses[0]`.
     pub ip: IpAddr,
     /// `nodeName`.
-    pub node_name: Option<String>,
+    pub node_name: Option<Name>,
     /// `conditions.ready`, nil = true.
     pub ready: bool,
     /// `conditions.serving`, nil = true.
@@ -410,7 +410,7 @@ pub struct SliceEndpoint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceInfo {
     /// The slice's own name (unique within the namespace).
-    pub name: String,
+    pub name: Name,
     /// The Service it belongs to (`kubernetes.io/service-name` label); `None` for slices no
     /// Service owns, which are ignored.
     pub service: Option<ServiceKey>,
@@ -467,7 +467,7 @@ pub fn endpoint_slice(
         };
         let protocol = c.protocol(format!("ports[{i}].protocol"), p.protocol.as_deref())?;
         info.ports.push(SlicePort {
-            name,
+            name: name.into(),
             protocol,
             port,
         });
@@ -488,7 +488,7 @@ pub fn endpoint_slice(
         let hints = ep.hints.as_ref();
         info.endpoints.push(SliceEndpoint {
             ip,
-            node_name: ep.node_name.clone(),
+            node_name: ep.node_name.as_deref().map(Name::from),
             ready: cond.and_then(|c| c.ready).unwrap_or(true),
             serving: cond.and_then(|c| c.serving).unwrap_or(true),
             terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
@@ -537,7 +537,7 @@ pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, Conver
         warnings,
     };
     let mut info = NodeInfo {
-        name: object.name.clone(),
+        name: object.name.to_string(),
         zone: node
             .metadata
             .labels

@@ -55,8 +55,8 @@ impl Object {
         };
         ObjectRef {
             kind: self.kind(),
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default().into(),
+            name: meta.name.clone().unwrap_or_default().into(),
         }
     }
 }
@@ -67,9 +67,9 @@ pub struct ObjectRef {
     /// The object's kind.
     pub kind: Kind,
     /// Its namespace (empty for cluster-scoped kinds such as Node).
-    pub namespace: String,
+    pub namespace: crate::key::Name,
     /// Its name.
-    pub name: String,
+    pub name: crate::key::Name,
 }
 
 impl std::fmt::Display for ObjectRef {

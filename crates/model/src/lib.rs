@@ -23,7 +23,7 @@ pub use categorize::{CategorizedEndpoints, EndpointCandidate, categorize_endpoin
 pub use convert::{ConversionError, Warning};
 pub use diff::{Change, Diff};
 pub use event::{Event, Kind, Object, ObjectRef};
-pub use key::{Family, PortKey, Protocol, ServiceKey};
+pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
 pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
 pub use node::NodeState;
 pub use service_port::{Endpoint, ServicePort, SessionAffinity};

@@ -8,7 +8,7 @@ use crate::build::service_ports;
 use crate::convert::{self, ConversionError, NodeInfo, ServiceInfo, SliceInfo, Warning};
 use crate::diff::Diff;
 use crate::event::{Event, Kind, Object, ObjectRef};
-use crate::key::{Family, PortKey, Protocol, ServiceKey};
+use crate::key::{Family, Name, PortKey, Protocol, ServiceKey};
 use crate::node::NodeState;
 use crate::service_port::ServicePort;
 
@@ -62,7 +62,7 @@ pub struct Model {
     config: ModelConfig,
     services: HashMap<ServiceKey, ServiceInfo>,
     /// Every known slice (namespace, name) → the Service it belongs to (if any).
-    slice_owners: HashMap<(String, String), Option<ServiceKey>>,
+    slice_owners: HashMap<(Name, Name), Option<ServiceKey>>,
     /// Slices of each Service: slice name → slice (each slice stored once, here).
     slices_by_service: HashMap<ServiceKey, Vec<SliceInfo>>,
     node: Option<NodeInfo>,
@@ -169,7 +169,16 @@ impl Model {
                                 ep.node_name = None;
                             }
                         }
-                        let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+                        // The owning Service's key already holds the namespace: share it.
+                        let namespace = match &info.service {
+                            Some(service) => service.namespace.clone(),
+                            None => slice
+                                .metadata
+                                .namespace
+                                .as_deref()
+                                .unwrap_or_default()
+                                .into(),
+                        };
                         self.insert_slice(namespace, info, dirty);
                     }
                     Err(e) => out.errors.push(e),
@@ -188,12 +197,7 @@ impl Model {
         }
     }
 
-    fn insert_slice(
-        &mut self,
-        namespace: String,
-        info: SliceInfo,
-        dirty: &mut BTreeSet<ServiceKey>,
-    ) {
+    fn insert_slice(&mut self, namespace: Name, info: SliceInfo, dirty: &mut BTreeSet<ServiceKey>) {
         let id = (namespace, info.name.clone());
         let unchanged = match self.slice_owners.get(&id) {
             Some(Some(owner)) => {
@@ -219,7 +223,7 @@ impl Model {
         self.slice_owners.insert(id, info.service);
     }
 
-    fn remove_slice(&mut self, id: &(String, String), dirty: &mut BTreeSet<ServiceKey>) {
+    fn remove_slice(&mut self, id: &(Name, Name), dirty: &mut BTreeSet<ServiceKey>) {
         let Some(owner) = self.slice_owners.remove(id) else {
             return;
         };
@@ -253,7 +257,7 @@ impl Model {
                 );
             }
             Kind::Node => {
-                if reference.name == self.config.node_name && self.node.take().is_some() {
+                if *reference.name == *self.config.node_name && self.node.take().is_some() {
                     *node_dirty = true;
                 }
             }
@@ -308,7 +312,7 @@ impl Model {
             }
         }
         if kinds.contains(&Kind::EndpointSlice) {
-            let gone: Vec<(String, String)> = self
+            let gone: Vec<(Name, Name)> = self
                 .slice_owners
                 .keys()
                 .filter(|(ns, name)| {
@@ -327,8 +331,8 @@ impl Model {
         if kinds.contains(&Kind::Node) {
             let ours = ObjectRef {
                 kind: Kind::Node,
-                namespace: String::new(),
-                name: self.config.node_name.clone(),
+                namespace: "".into(),
+                name: self.config.node_name.as_str().into(),
             };
             if !kept(&ours) && self.node.take().is_some() {
                 *node_dirty = true;
@@ -405,7 +409,7 @@ impl Model {
     ) {
         let first = PortKey {
             service: key.clone(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
             family: Family::V4,
         };

@@ -147,7 +147,7 @@ fn object(
     let mut warnings = Vec::new();
     let conversion = |e: convert::ConversionError| {
         let name = if e.object.namespace.is_empty() {
-            e.object.name.clone()
+            e.object.name.to_string()
         } else {
             format!("{}/{}", e.object.namespace, e.object.name)
         };
@@ -273,7 +273,7 @@ fn reject_duplicates(loaded: &Loaded, origins: &[Origin]) -> Result<(), Manifest
         let r = o.reference();
         if let Some(first) = seen.insert(r.clone(), *origin) {
             let name = if r.namespace.is_empty() {
-                r.name.clone()
+                r.name.to_string()
             } else {
                 format!("{}/{}", r.namespace, r.name)
             };

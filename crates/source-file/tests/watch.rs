@@ -117,7 +117,7 @@ async fn a_directory_is_read_per_file() {
     );
     std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
     match next(&mut rx).await {
-        Some(Event::Delete(r)) => assert_eq!(r.name, "a"),
+        Some(Event::Delete(r)) => assert_eq!(&*r.name, "a"),
         other => panic!("expected Delete of a, got {other:?}"),
     }
     task.abort();

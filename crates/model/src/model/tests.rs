@@ -418,7 +418,7 @@ fn replace_with_the_same_objects_is_a_no_op_and_missing_objects_are_removed() {
         .diff
         .changes
         .keys()
-        .map(|k| k.service.name.clone())
+        .map(|k| k.service.name.to_string())
         .collect();
     assert_eq!(keys, ["a", "b"], "a lost its slice, b is gone");
     assert!(without_b.diff.changes[&key("b", Family::V4)].new.is_none());
@@ -631,7 +631,7 @@ fn a_streamed_list_changes_nothing_until_it_is_done() {
     let names: Vec<String> = done
         .changes
         .keys()
-        .map(|k| k.service.name.clone())
+        .map(|k| k.service.name.to_string())
         .collect();
     assert_eq!(names, ["b", "c"]);
     assert!(done.changes[&key("b", Family::V4)].new.is_none());
