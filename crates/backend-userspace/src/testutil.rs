@@ -28,7 +28,7 @@ pub fn service_port(
     ServicePort {
         key: PortKey {
             service: ServiceKey::new("default", name),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol,
             family: Family::of(&cluster_ip),
         },
