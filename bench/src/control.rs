@@ -115,8 +115,20 @@ fn parse_sync_line(line: &str) -> Option<SyncLine> {
 }
 
 impl Kpng {
-    /// Starts kpng on `input` inside `ns`, logging to `log`.
+    /// Starts kpng on `input` inside `ns` with the nftables backend, logging to `log`.
     pub fn start(ns: &Netns, kpng: &str, input: &Path, log: &Path) -> Result<Kpng, String> {
+        Kpng::start_with(ns, kpng, input, log, &["to-local", "nft"])
+    }
+
+    /// Starts kpng on `input` inside `ns` with the sink and backend `sink_args`
+    /// (`["to-local", "userspace"]`, …), logging to `log`.
+    pub fn start_with(
+        ns: &Netns,
+        kpng: &str,
+        input: &Path,
+        log: &Path,
+        sink_args: &[&str],
+    ) -> Result<Kpng, String> {
         let file =
             std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
         let input = input.display().to_string();
@@ -138,9 +150,8 @@ impl Kpng {
                 "127.0.0.1:10256",
                 "--cluster-cidr",
                 "10.128.0.0/9",
-                "to-local",
-                "nft",
             ])
+            .args(sink_args)
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()

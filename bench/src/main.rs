@@ -7,7 +7,8 @@
 //! kpng-bench data-plane --services 30000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
-//! Needs root (network namespaces, nftables). Internal subcommands `connect` and `serve` run
+//! Needs root (network namespaces, nftables). The data plane compares the nftables and
+//! userspace backends with the floor. Internal subcommands `connect` and `serve` run
 //! inside the namespaces.
 
 /// The same allocator as kpng, so `mem` measures what kpng would hold.
@@ -66,11 +67,15 @@ fn main() -> ExitCode {
             num(&args, "--changes", 100),
         )
         .map(|r| println!("{}", r.markdown_row())),
-        Some("data-plane") => data::run(
-            &kpng,
-            num(&args, "--services", 1000),
-            num(&args, "--connects", 2000),
-        )
+        Some("data-plane") => {
+            let n = num(&args, "--services", 1000);
+            data::run(
+                &kpng,
+                n,
+                num(&args, "--connects", 2000),
+                n <= data::USERSPACE_MAX_SERVICES,
+            )
+        }
         .map(|r| println!("{}", r.markdown())),
         Some("all") => all(
             &kpng,
@@ -121,7 +126,14 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     let mut data_results = Vec::new();
     for n in data_sizes {
         eprintln!("data plane: {n} Services …");
-        let r = data::run(kpng, *n, if quick { 600 } else { 3000 })?;
+        let userspace = *n <= data::USERSPACE_MAX_SERVICES;
+        if !userspace {
+            report.push_str(&format!(
+                "(The userspace backend is measured up to {} Services: it holds one or two sockets per Service port.)\n\n",
+                data::USERSPACE_MAX_SERVICES
+            ));
+        }
+        let r = data::run(kpng, *n, if quick { 600 } else { 3000 }, userspace)?;
         report.push_str(&r.markdown());
         report.push('\n');
         data_results.push(r);
