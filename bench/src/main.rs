@@ -5,16 +5,18 @@
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4
 //! kpng-bench data-plane --services 30000
+//! kpng-bench conntrack --entries 1000000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
-//! Needs root (network namespaces, nftables). The data plane compares the nftables and
-//! userspace backends with the floor. Internal subcommands `connect` and `serve` run
-//! inside the namespaces.
+//! Needs root (network namespaces, nftables, conntrack). The data plane compares the nftables
+//! and userspace backends with the floor. Internal subcommands `connect`, `serve` and
+//! `conntrack-inner` run inside the namespaces.
 
 /// The same allocator as kpng, so `mem` measures what kpng would hold.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+mod conntrack;
 mod control;
 mod data;
 mod stats;
@@ -77,6 +79,10 @@ fn main() -> ExitCode {
             )
         }
         .map(|r| println!("{}", r.markdown())),
+        Some("conntrack") => {
+            conntrack::run(num(&args, "--entries", 1_000_000)).map(|r| println!("{}", r.markdown()))
+        }
+        Some("conntrack-inner") => conntrack::inner(num(&args, "--entries", 1_000_000)),
         Some("all") => all(
             &kpng,
             args.iter().any(|a| a == "--quick"),
@@ -84,7 +90,7 @@ fn main() -> ExitCode {
         ),
         _ => {
             eprintln!(
-                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane"
+                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | conntrack [--entries N]"
             );
             return ExitCode::from(2);
         }
@@ -138,7 +144,12 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
         report.push('\n');
         data_results.push(r);
     }
-    report.push_str(&targets(&control_results, &data_results));
+    let entries = if quick { 10_000 } else { 1_000_000 };
+    eprintln!("UDP conntrack cleanup: {entries} unrelated entries …");
+    let cleanup = conntrack::run(entries)?;
+    report.push_str("\n## UDP conntrack cleanup\n\n");
+    report.push_str(&cleanup.markdown());
+    report.push_str(&targets(&control_results, &data_results, &cleanup));
     println!("{report}");
     if write_docs {
         let doc = format!(
@@ -249,7 +260,11 @@ fn mem(input: &str) -> Result<(), String> {
 }
 
 /// The issue's targets, each with the measured figure and its ratio to the target.
-fn targets(control: &[control::ControlResult], data: &[data::DataResult]) -> String {
+fn targets(
+    control: &[control::ControlResult],
+    data: &[data::DataResult],
+    cleanup: &conntrack::ConntrackResult,
+) -> String {
     let mut rows: Vec<(String, String, String)> = Vec::new();
     let find = |n: usize| control.iter().find(|r| r.n == n);
     let verdict = |ok: bool, ratio: f64| {
@@ -306,6 +321,23 @@ fn targets(control: &[control::ControlResult], data: &[data::DataResult]) -> Str
             verdict(rate >= 0.9, 0.9 / rate),
         ));
     }
+    let pass = &cleanup.after_change;
+    let secs = pass.duration.as_secs_f64();
+    rows.push((
+        format!(
+            "UDP conntrack cleanup after a change, {} unrelated entries, ≤ 1 s, none deleted",
+            cleanup.unrelated
+        ),
+        format!(
+            "{secs:.2} s, {}",
+            if pass.exact() {
+                "none deleted"
+            } else {
+                "**unrelated entries deleted**"
+            }
+        ),
+        verdict(secs <= 1.0 && pass.exact(), secs / 1.0),
+    ));
     let mut s = String::from("\n## Targets\n\n| target | measured | verdict |\n|---|---|---|\n");
     for (t, m, v) in rows {
         s.push_str(&format!("| {t} | {m} | {v} |\n"));

@@ -615,7 +615,7 @@ fn service_port(i: u32, family: Family, endpoints: u32) -> ServicePort {
         health_check_node_port: None,
         has_any_endpoints: !no_endpoints,
         local_ready_endpoints: local.len() as u32,
-        serving_endpoint_ips: eps.iter().map(|e| e.ip).collect(),
+        serving_endpoints: eps.iter().map(|e| e.addr()).collect(),
         cluster_endpoints: eps,
         local_endpoints: local,
     }

@@ -10,6 +10,7 @@
 //! A backend therefore only answers one question: "make the node match this snapshot, given
 //! that this diff is what changed since your last successful sync".
 
+pub mod conntrack_cleanup;
 pub mod health;
 pub mod metrics;
 pub mod runner;

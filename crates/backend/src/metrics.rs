@@ -107,6 +107,13 @@ pub struct ProxyMetrics {
     pub model_service_ports: MetricFamily<FamilyLabel, Gauge>,
     /// `kpng_service_healthcheck_failures_total`: health-check servers that could not start.
     pub healthcheck_failures: Counter,
+    /// `kubeproxy_conntrack_reconciler_sync_duration_seconds`: one UDP conntrack cleanup pass.
+    pub conntrack_reconciler_duration: DurationHistograms,
+    /// `kubeproxy_conntrack_reconciler_deleted_entries_total`: stale UDP entries deleted.
+    pub conntrack_reconciler_deleted: MetricFamily<FamilyLabel, Counter>,
+    /// `kpng_conntrack_reconciler_failures_total`: cleanup passes that failed (retried after
+    /// the next sync).
+    pub conntrack_reconciler_failures: MetricFamily<FamilyLabel, Counter>,
 }
 
 impl ProxyMetrics {
@@ -132,6 +139,11 @@ impl ProxyMetrics {
             sync_operations: MetricFamily::default(),
             model_service_ports: MetricFamily::default(),
             healthcheck_failures: Counter::default(),
+            conntrack_reconciler_duration: MetricFamily::new_with_constructor(
+                sync_duration_histogram,
+            ),
+            conntrack_reconciler_deleted: MetricFamily::default(),
+            conntrack_reconciler_failures: MetricFamily::default(),
         };
         let r = registry;
         r.register(
@@ -230,6 +242,21 @@ impl ProxyMetrics {
             "Service health-check servers that could not be started (retried at the next sync)",
             m.healthcheck_failures.clone(),
         );
+        r.register(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            m.conntrack_reconciler_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            m.conntrack_reconciler_deleted.clone(),
+        );
+        r.register(
+            "kpng_conntrack_reconciler_failures",
+            "UDP conntrack cleanup passes that failed (retried after the next sync)",
+            m.conntrack_reconciler_failures.clone(),
+        );
         m
     }
 }
@@ -253,6 +280,12 @@ mod tests {
         m.healthz_total
             .get_or_create(&CodeLabel { code: "200".into() })
             .inc();
+        m.conntrack_reconciler_duration
+            .get_or_create(&Family::V6.into())
+            .observe(0.3);
+        m.conntrack_reconciler_deleted
+            .get_or_create(&Family::V4.into())
+            .inc_by(3);
         let mut text = String::new();
         encode(&mut text, &registry).expect("encode");
         for needle in [
@@ -261,6 +294,11 @@ mod tests {
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.5",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
             "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
+            "# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.256\",ip_family=\"IPv6\"} 0",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.512\",ip_family=\"IPv6\"} 1",
+            "# TYPE kubeproxy_conntrack_reconciler_deleted_entries counter",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }

@@ -8,6 +8,9 @@
 //! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
 //!   every `full_sync_period`;
 //! - with an empty partial sync every `sync_period`, so backends can re-check cheap things.
+//!
+//! After a successful sync, backends that program the node also get their Service health
+//! checks served and stale UDP conntrack entries deleted.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
@@ -54,6 +58,7 @@ pub struct SyncReport {
 /// Everything the loop needs.
 pub struct Runner {
     service_health: Option<(ServiceHealthServers, HealthCheckAddresses)>,
+    conntrack: Option<ConntrackCleanup>,
     model: Model,
     backend: Box<dyn Backend>,
     timing: SyncTiming,
@@ -74,6 +79,7 @@ impl Runner {
         let (reports, _) = watch::channel(None);
         Runner {
             service_health: None,
+            conntrack: None,
             model,
             backend,
             timing,
@@ -91,6 +97,13 @@ impl Runner {
             self.metrics.healthcheck_failures.clone(),
         );
         self.service_health = Some((servers, addresses));
+        self
+    }
+
+    /// Deletes stale UDP conntrack entries after every successful sync that can leave some
+    /// (see `kpng_conntrack::pass_needed`): part of every backend that programs the node.
+    pub fn with_conntrack_cleanup(mut self, reconciler: kpng_conntrack::Reconciler) -> Runner {
+        self.conntrack = Some(ConntrackCleanup::new(reconciler, self.metrics.clone()));
         self
     }
 
@@ -393,6 +406,10 @@ impl LoopState {
         self.runner.reports.send_replace(Some(report));
         if ok {
             self.sync_service_health().await;
+            // Once the data plane has changed: a client's next packet follows the new rules.
+            if let Some(conntrack) = &mut self.runner.conntrack {
+                conntrack.after_sync(&self.families, &diff, self.runner.model.snapshot(), full);
+            }
         }
     }
 

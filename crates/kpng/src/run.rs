@@ -168,12 +168,24 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 },
             };
             let source = FileSource::new(file.input, file.debounce);
-            // Backends that program the node also get conntrack sysctls and health checks.
+            // Backends that program the node also get conntrack sysctls and health checks,
+            // and, when they really change the data plane, UDP conntrack cleanup.
             let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
+            let cleans_conntrack = match &file.sink {
+                Sink::ToLocal(local) => match &local.backend {
+                    LocalBackend::Nft(args) => !args.dry_run,
+                    // The proxy's UDP conntrack entries are client → listener, never pinned to
+                    // an endpoint: the endpoint-based cleanup does not apply (a session moves
+                    // inside the proxy when its endpoint leaves).
+                    LocalBackend::Userspace(_) => false,
+                },
+                Sink::ToFile(_) => false,
+            };
             runtime.block_on(serve(
                 cli.global,
                 backend,
                 programs_the_node,
+                cleans_conntrack,
                 |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
             ))
         }
@@ -199,6 +211,7 @@ async fn serve<F, Fut>(
     flags: GlobalFlags,
     backend: Box<dyn Backend>,
     programs_the_node: bool,
+    cleans_conntrack: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -265,6 +278,12 @@ where
             HealthCheckAddresses::All
         };
         runner = runner.with_service_health(addresses);
+    }
+    if cleans_conntrack {
+        match kpng_conntrack::Reconciler::open() {
+            Ok(reconciler) => runner = runner.with_conntrack_cleanup(reconciler),
+            Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
+        }
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));

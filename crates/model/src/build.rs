@@ -1,7 +1,7 @@
 //! Building the node-local [`ServicePort`]s of one Service from its converted objects.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::categorize::{EndpointCandidate, categorize_endpoints, sort_endpoints};
 use crate::convert::{PortInfo, ServiceInfo, SliceInfo};
@@ -105,7 +105,7 @@ pub(crate) fn service_ports(
                 local_endpoints: Vec::new(),
                 has_any_endpoints: false,
                 local_ready_endpoints: 0,
-                serving_endpoint_ips: Vec::new(),
+                serving_endpoints: Vec::new(),
             };
             let cands = candidates(port, family, slices.iter(), &node.name);
             let cat = categorize_endpoints(
@@ -128,14 +128,14 @@ pub(crate) fn service_ports(
             local_ready.sort();
             local_ready.dedup();
             sp.local_ready_endpoints = u32::try_from(local_ready.len()).unwrap_or(u32::MAX);
-            let mut serving: Vec<IpAddr> = cands
+            let mut serving: Vec<SocketAddr> = cands
                 .iter()
                 .filter(|c| c.endpoint.serving)
-                .map(|c| c.endpoint.ip)
+                .map(|c| c.endpoint.addr())
                 .collect();
             serving.sort();
             serving.dedup();
-            sp.serving_endpoint_ips = serving;
+            sp.serving_endpoints = serving;
             out.push(sp);
         }
     }

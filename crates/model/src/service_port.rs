@@ -84,9 +84,10 @@ pub struct ServicePort {
     pub has_any_endpoints: bool,
     /// Number of local endpoints that are ready (terminating excluded): the health-check answer.
     pub local_ready_endpoints: u32,
-    /// IPs of every *serving* endpoint, whatever its policy or locality: UDP conntrack entries whose
-    /// reply source is not among these are stale.
-    pub serving_endpoint_ips: Vec<IpAddr>,
+    /// Every *serving* endpoint (`IP:port`, the DNAT target), whatever its policy, topology hints,
+    /// locality or terminating state; sorted. UDP conntrack entries to this port whose reply
+    /// source is none of these are stale (kube-proxy's conntrack reconciler).
+    pub serving_endpoints: Vec<SocketAddr>,
 }
 
 impl ServicePort {

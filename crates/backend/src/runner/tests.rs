@@ -66,6 +66,10 @@ struct Harness {
 }
 
 fn start(timing: SyncTiming) -> Harness {
+    start_with(timing, None)
+}
+
+fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>) -> Harness {
     let calls = Arc::new(Calls::default());
     let mut registry = Registry::default();
     let metrics = ProxyMetrics::new(&mut registry);
@@ -74,13 +78,16 @@ fn start(timing: SyncTiming) -> Harness {
         node_name: "n".into(),
         ..ModelConfig::default()
     });
-    let runner = Runner::new(
+    let mut runner = Runner::new(
         model,
         Box::new(FakeBackend(calls.clone())),
         timing,
         metrics.clone(),
         health.clone(),
     );
+    if let Some(reconciler) = conntrack {
+        runner = runner.with_conntrack_cleanup(reconciler);
+    }
     let reports = runner.subscribe();
     let (tx, rx) = mpsc::channel(16);
     let task = tokio::spawn(runner.run(rx));
@@ -221,4 +228,113 @@ async fn periodic_and_full_resyncs() {
         Some(&(true, 1, 1)),
         "full resync after full_sync_period: {l:?}"
     );
+}
+
+fn udp_service(ip: &str) -> Object {
+    Object::Service(Box::new(
+        serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": "dns"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}}))
+        .expect("service"),
+    ))
+}
+
+fn udp_slice(endpoint: &str) -> Object {
+    Object::EndpointSlice(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "dns-1",
+                "labels": {"kubernetes.io/service-name": "dns"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
+            "endpoints": [{"addresses": [endpoint]}]}))
+        .expect("slice"),
+    ))
+}
+
+fn udp_flow(client: &str, dst: &str, reply_src: &str) -> kpng_conntrack::Flow {
+    let sa = |s: &str| s.parse().expect("socket address");
+    kpng_conntrack::Flow::udp(
+        kpng_conntrack::Tuple::new(sa(client), sa(dst)),
+        kpng_conntrack::Tuple::new(sa(reply_src), sa(client)),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_udp_entries_are_deleted_after_syncs_that_can_strand_them() {
+    use kpng_conntrack::fake::FakeTable;
+    let unrelated = udp_flow("10.244.1.9:4000", "8.8.8.8:53", "8.8.8.8:53");
+    let before_start = udp_flow("10.244.1.9:4001", "10.96.0.10:53", "10.244.2.9:53");
+    let fake = FakeTable::new(vec![unrelated, before_start], vec![]);
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(30),
+        full_sync_period: Duration::ZERO,
+    };
+    let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
+    let h = start_with(timing, Some(reconciler));
+    let deleted = || {
+        h.metrics
+            .conntrack_reconciler_deleted
+            .get_or_create(&Family::V4.into())
+            .get()
+    };
+    let failures = || {
+        h.metrics
+            .conntrack_reconciler_failures
+            .get_or_create(&Family::V4.into())
+            .get()
+    };
+    // The first (full) sync: the entry pinned to an endpoint that is gone by now goes.
+    h.tx.send(all_kinds(vec![
+        udp_service("10.96.0.10"),
+        udp_slice("10.244.2.7"),
+    ]))
+    .await
+    .expect("send");
+    settle().await;
+    assert_eq!(fake.flows(), [unrelated]);
+    assert_eq!(deleted(), 1);
+
+    // The endpoint is replaced: the entry pinned to the old one goes.
+    let pinned = udp_flow("10.244.1.9:4002", "10.96.0.10:53", "10.244.2.7:53");
+    fake.state().flows.push(pinned);
+    h.tx.send(Event::Apply(udp_slice("10.244.2.8")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(fake.flows(), [unrelated]);
+    assert_eq!(deleted(), 2);
+
+    // Syncs that cannot strand an entry read nothing: a TCP Service, a periodic sync.
+    let dumps = fake.state().dumps.len();
+    h.tx.send(Event::Apply(service("web", "10.96.0.1")))
+        .await
+        .expect("send");
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(log(&h).len(), 4, "{:?}", log(&h));
+    assert_eq!(fake.state().dumps.len(), dumps);
+
+    // A failed pass is counted, never fatal, and retried after the next (periodic) sync.
+    fake.state().failing = true;
+    let pinned = udp_flow("10.244.1.9:4003", "10.96.0.10:53", "10.244.2.8:53");
+    fake.state().flows.push(pinned);
+    h.tx.send(Event::Apply(udp_slice("10.244.2.6")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(failures(), 1);
+    assert!(h.reports.borrow().as_ref().expect("report").ok);
+    fake.state().failing = false;
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(fake.flows(), [unrelated]);
+    assert_eq!((deleted(), failures()), (3, 1));
+
+    // A failed backend sync runs no pass.
+    h.calls.fail.store(true, Ordering::SeqCst);
+    let dumps = fake.state().dumps.len();
+    h.tx.send(Event::Apply(udp_slice("10.244.2.5")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(fake.state().dumps.len(), dumps);
 }

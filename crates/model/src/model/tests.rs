@@ -96,7 +96,13 @@ fn cluster_ip_service_with_endpoints() {
     assert!(port.local_endpoints.is_empty());
     assert!(port.has_any_endpoints);
     assert_eq!(port.local_ready_endpoints, 1);
-    assert_eq!(port.serving_endpoint_ips.len(), 2);
+    assert_eq!(
+        port.serving_endpoints,
+        [
+            "10.0.1.1:8080".parse().expect("addr"),
+            "10.0.2.1:8080".parse().expect("addr")
+        ]
+    );
 }
 
 #[test]
@@ -643,4 +649,36 @@ fn a_streamed_list_changes_nothing_until_it_is_done() {
         json!({"clusterIP": "10.96.0.12", "ports": [{"name": "p80", "port": 80}]}),
     )));
     assert!(m.apply(Event::ListDone).diff.is_empty());
+}
+
+#[test]
+fn serving_endpoints_ignore_readiness_policy_and_locality() {
+    // What the UDP conntrack cleanup keeps: every serving endpoint, terminating or not,
+    // whether or not the port's policies would pick it; not-serving ones are left out.
+    let mut m = model();
+    let mut spec = basic_spec();
+    spec["internalTrafficPolicy"] = json!("Local");
+    m.apply(Event::Apply(svc("web", spec)));
+    m.apply(Event::Apply(eps(
+        "web",
+        "web-1",
+        8080,
+        &[
+            ("10.0.1.1", "node-a", true, true, false),
+            ("10.0.2.1", "node-b", true, true, false),
+            ("10.0.2.2", "node-b", false, true, true),
+            ("10.0.2.3", "node-b", false, false, true),
+        ],
+    )));
+    let port = &m.snapshot().ports[&key("web", Family::V4)];
+    assert_eq!(
+        endpoint_strings(port.internal_endpoints()),
+        ["10.0.1.1:8080"]
+    );
+    let serving: Vec<String> = port
+        .serving_endpoints
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(serving, ["10.0.1.1:8080", "10.0.2.1:8080", "10.0.2.2:8080"]);
 }

@@ -1,0 +1,376 @@
+use std::sync::Arc;
+
+use kpng_model::{Change, Diff};
+
+use super::*;
+use crate::fake::FakeTable;
+use crate::flow::IPPROTO_TCP;
+use crate::test_support::{flow, ip, sa, udp_port};
+
+const NODE: &str = "192.168.100.1";
+
+/// kube-dns-like (ClusterIP + node port) and one more UDP Service.
+fn ports(dns_serving: &[&str]) -> Vec<ServicePort> {
+    let mut dns = udp_port("dns", "10.96.0.10", 53, dns_serving);
+    dns.node_port = Some(30053);
+    vec![
+        dns,
+        udp_port("stats", "10.96.0.20", 8125, &["10.244.1.4:8125"]),
+    ]
+}
+
+/// Entries that must survive every pass below.
+fn unrelated() -> Vec<Flow> {
+    let mut tcp = flow("10.244.1.9:4100", "10.96.0.10:53", "10.244.2.1:53");
+    tcp.protocol = IPPROTO_TCP;
+    vec![
+        flow("10.244.1.9:4000", "10.96.0.10:53", "10.244.2.7:53"),
+        flow("10.244.1.9:4001", "8.8.8.8:53", "8.8.8.8:53"),
+        flow("10.244.1.9:4002", "192.168.100.2:30053", "10.244.2.1:53"),
+        flow("[fd00::9]:4003", "[fd00:96::a]:53", "[fd00:244::1]:53"),
+        tcp,
+    ]
+}
+
+fn dnat_stale() -> Vec<Flow> {
+    vec![
+        flow("10.244.1.9:5000", "10.96.0.10:53", "10.244.2.1:53"),
+        flow(
+            "192.168.100.10:5001",
+            "192.168.100.1:30053",
+            "10.244.2.1:53",
+        ),
+    ]
+}
+
+fn never_dnated() -> Vec<Flow> {
+    vec![
+        flow("10.244.1.9:5002", "10.96.0.10:53", "10.96.0.10:53"),
+        flow(
+            "192.168.100.10:5003",
+            "192.168.100.1:30053",
+            "192.168.100.1:30053",
+        ),
+    ]
+}
+
+fn table(flows: Vec<Flow>) -> FakeTable {
+    FakeTable::new(flows, vec![ip(NODE), ip("fd00:100::1")])
+}
+
+fn originals(flows: &[Flow]) -> Vec<Tuple> {
+    let mut v: Vec<Tuple> = flows.iter().map(|f| f.original).collect();
+    v.sort_by_key(|t| (t.src, t.dst));
+    v
+}
+
+#[test]
+fn first_pass_reads_each_new_frontend_and_deletes_every_stale_entry() {
+    let all: Vec<Flow> = [unrelated(), dnat_stale(), never_dnated()].concat();
+    let fake = table(all);
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    let ports = ports(&["10.244.2.7:53"]);
+    let pass = reconciler.reconcile(Family::V4, &ports).expect("pass");
+    assert_eq!((pass.frontends, pass.new_frontends), (3, 3));
+    // Every frontend is new (a start-up): one narrow dump each, no DNAT dump.
+    assert_eq!(
+        pass.dumps,
+        [
+            DumpFilter::UdpTo(sa("10.96.0.10:53")),
+            DumpFilter::UdpTo(sa("10.96.0.20:8125")),
+            DumpFilter::UdpToPort(30053),
+        ]
+    );
+    assert_eq!(
+        (pass.stale, pass.outcome.deleted, pass.outcome.gone),
+        (4, 4, 0)
+    );
+    assert_eq!(originals(&fake.flows()), originals(&unrelated()));
+}
+
+#[test]
+fn later_passes_read_only_dnated_entries_and_new_frontends() {
+    let fake = table(unrelated());
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    let before = ports(&["10.244.2.7:53", "10.244.2.1:53"]);
+    reconciler
+        .reconcile(Family::V4, &before)
+        .expect("first pass");
+    // 10.244.2.1 goes away; entries pinned to it are stale. A never-DNATed entry to a
+    // frontend that has long been programmed cannot appear; if one does, it is left.
+    fake.state().flows.extend(dnat_stale());
+    fake.state().flows.extend(never_dnated());
+    fake.state().dumps.clear();
+    let after = ports(&["10.244.2.7:53"]);
+    let pass = reconciler.reconcile(Family::V4, &after).expect("pass");
+    assert_eq!(pass.new_frontends, 0);
+    assert_eq!(pass.dumps, [DumpFilter::UdpDnat]);
+    assert_eq!(fake.state().dumps, [(Family::V4, DumpFilter::UdpDnat)]);
+    assert_eq!(pass.outcome.deleted, 2);
+    assert_eq!(
+        originals(&fake.flows()),
+        originals(&[unrelated(), never_dnated()].concat())
+    );
+
+    // A new external IP is a new frontend: its never-DNATed entries are looked for too.
+    let mut grown = ports(&["10.244.2.7:53"]);
+    grown[0].external_ips = vec![ip("198.51.100.10")];
+    let early = flow(
+        "192.168.100.10:6000",
+        "198.51.100.10:53",
+        "198.51.100.10:53",
+    );
+    fake.state().flows.push(early);
+    let pass = reconciler.reconcile(Family::V4, &grown).expect("pass");
+    assert_eq!(
+        pass.dumps,
+        [
+            DumpFilter::UdpDnat,
+            DumpFilter::UdpTo(sa("198.51.100.10:53"))
+        ]
+    );
+    assert_eq!(pass.outcome.deleted, 1);
+    assert!(!fake.flows().contains(&early));
+}
+
+#[test]
+fn a_port_that_gets_endpoints_back_is_new_again() {
+    let fake = table(unrelated());
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    reconciler
+        .reconcile(Family::V4, &ports(&["10.244.2.7:53"]))
+        .expect("pass");
+    // Scaled to zero: the port is left alone (its traffic is rejected), and forgotten.
+    let zero = ports(&[]);
+    let pass = reconciler.reconcile(Family::V4, &zero).expect("pass");
+    assert_eq!(
+        (pass.frontends, pass.new_frontends),
+        (1, 0),
+        "only the other Service"
+    );
+    // Scaled back to a new endpoint: the entry still pinned to the old one and one sent
+    // while nothing was programmed are both stale.
+    let pinned_to_old = flow("10.244.1.9:7000", "10.96.0.10:53", "10.244.2.7:53");
+    let unprogrammed = flow("10.244.1.9:7001", "10.96.0.10:53", "10.96.0.10:53");
+    fake.state().flows.extend([pinned_to_old, unprogrammed]);
+    let pass = reconciler
+        .reconcile(Family::V4, &ports(&["10.244.2.8:53"]))
+        .expect("pass");
+    assert_eq!(pass.new_frontends, 2);
+    assert!(pass.dumps.contains(&DumpFilter::UdpTo(sa("10.96.0.10:53"))));
+    let left = fake.flows();
+    assert!(!left.contains(&pinned_to_old) && !left.contains(&unprogrammed));
+}
+
+#[test]
+fn many_new_frontends_in_a_large_table_use_one_dump_of_every_udp_entry() {
+    let fake = table(unrelated());
+    fake.state().size = Some(TableSize {
+        entries: 10_000,
+        buckets: 262_144,
+    });
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    let pass = reconciler
+        .reconcile(Family::V4, &ports(&["10.244.2.7:53"]))
+        .expect("pass");
+    assert_eq!(pass.dumps, [DumpFilter::Udp]);
+    fake.state().size = Some(TableSize {
+        entries: 1_000_000,
+        buckets: 262_144,
+    });
+    reconciler.forget_checked();
+    let pass = reconciler
+        .reconcile(Family::V4, &ports(&["10.244.2.7:53"]))
+        .expect("pass");
+    assert_eq!(pass.dumps.len(), 3, "narrow: {:?}", pass.dumps);
+    assert_eq!(originals(&fake.flows()), originals(&unrelated()));
+}
+
+#[test]
+fn narrow_dumps_pay_off_in_large_tables_only() {
+    let cases = [
+        // (entries, buckets, narrow dumps, worth it)
+        (1_000_000, 262_144, 1, true),
+        (1_000_000, 262_144, 8, true),
+        (1_000_000, 262_144, 9, false),
+        (100_000, 262_144, 4, true),
+        (100_000, 262_144, 5, false),
+        (10_000, 262_144, 1, false),
+        (10_000, 1024, 1, true),
+    ];
+    for (entries, buckets, n, expected) in cases {
+        let size = TableSize { entries, buckets };
+        assert_eq!(
+            size.narrow_dumps_pay_off(n),
+            expected,
+            "{size:?}, {n} dumps"
+        );
+    }
+}
+
+#[test]
+fn a_failed_pass_deletes_nothing_and_keeps_its_frontends_new() {
+    let fake = table([unrelated(), dnat_stale()].concat());
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    fake.state().failing = true;
+    assert!(
+        reconciler
+            .reconcile(Family::V4, &ports(&["10.244.2.7:53"]))
+            .is_err()
+    );
+    fake.state().failing = false;
+    assert_eq!(fake.flows().len(), unrelated().len() + 2);
+    let pass = reconciler
+        .reconcile(Family::V4, &ports(&["10.244.2.7:53"]))
+        .expect("pass");
+    assert_eq!(pass.new_frontends, 3);
+    assert_eq!(pass.outcome.deleted, 2);
+}
+
+#[test]
+fn no_udp_port_with_serving_endpoints_reads_nothing() {
+    let fake = table(unrelated());
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    let mut tcp = ports(&["10.244.2.7:53"]);
+    for p in &mut tcp {
+        p.key.protocol = Protocol::Tcp;
+    }
+    let mut idle = ports(&[]);
+    idle[1].serving_endpoints.clear();
+    for ports in [Vec::new(), idle, tcp] {
+        let pass = reconciler.reconcile(Family::V4, &ports).expect("pass");
+        assert!(pass.dumps.is_empty());
+    }
+    assert!(fake.state().dumps.is_empty());
+    assert_eq!(fake.flows().len(), unrelated().len());
+}
+
+#[test]
+fn ipv6_passes_see_ipv6_entries_only() {
+    let stale6 = flow("[fd00::9]:5000", "[fd00:96::a]:53", "[fd00:244::1]:53");
+    let fake = table([unrelated(), dnat_stale(), vec![stale6]].concat());
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    let ports6 = [udp_port("dns6", "fd00:96::a", 53, &["[fd00:244::7]:53"])];
+    let pass = reconciler.reconcile(Family::V6, &ports6).expect("pass");
+    assert_eq!(
+        pass.outcome.deleted, 2,
+        "the unrelated one too: it is stale for v6"
+    );
+    let left = fake.flows();
+    assert!(!left.contains(&stale6));
+    assert_eq!(left.len(), unrelated().len() + 2 - 1);
+}
+
+/// A diff with one change of port `p` from `old` to `new` serving endpoints.
+fn change(old: Option<ServicePort>, new: Option<ServicePort>) -> Diff {
+    let key = old
+        .as_ref()
+        .or(new.as_ref())
+        .map(|p| p.key.clone())
+        .expect("a port");
+    let mut diff = Diff::default();
+    diff.changes.insert(
+        key,
+        Change {
+            old: old.map(Arc::new),
+            new: new.map(Arc::new),
+        },
+    );
+    diff
+}
+
+#[test]
+fn which_syncs_need_a_pass() {
+    let dns = |serving: &[&str]| udp_port("dns", "10.96.0.10", 53, serving);
+    let with_external = {
+        let mut p = dns(&["10.244.2.7:53"]);
+        p.external_ips = vec![ip("198.51.100.10")];
+        p
+    };
+    let mut tcp_old = dns(&["10.244.2.7:53"]);
+    tcp_old.key.protocol = Protocol::Tcp;
+    let mut tcp_new = dns(&[]);
+    tcp_new.key.protocol = Protocol::Tcp;
+    let mut moved = dns(&["10.244.2.7:53"]);
+    moved.port = 5353;
+    let cases = [
+        ("nothing", Diff::default(), false),
+        (
+            "new UDP port with endpoints",
+            change(None, Some(dns(&["10.244.2.7:53"]))),
+            true,
+        ),
+        (
+            "new UDP port without endpoints",
+            change(None, Some(dns(&[]))),
+            false,
+        ),
+        (
+            "scale-up",
+            change(
+                Some(dns(&["10.244.2.7:53"])),
+                Some(dns(&["10.244.2.7:53", "10.244.2.8:53"])),
+            ),
+            false,
+        ),
+        (
+            "lost an endpoint",
+            change(
+                Some(dns(&["10.244.2.7:53", "10.244.2.8:53"])),
+                Some(dns(&["10.244.2.7:53"])),
+            ),
+            true,
+        ),
+        (
+            "endpoint replaced",
+            change(Some(dns(&["10.244.2.7:53"])), Some(dns(&["10.244.2.8:53"]))),
+            true,
+        ),
+        (
+            "scaled to zero",
+            change(Some(dns(&["10.244.2.7:53"])), Some(dns(&[]))),
+            false,
+        ),
+        (
+            "back from zero",
+            change(Some(dns(&[])), Some(dns(&["10.244.2.7:53"]))),
+            true,
+        ),
+        (
+            "gained an external IP",
+            change(Some(dns(&["10.244.2.7:53"])), Some(with_external.clone())),
+            true,
+        ),
+        (
+            "lost an external IP",
+            change(Some(with_external), Some(dns(&["10.244.2.7:53"]))),
+            false,
+        ),
+        (
+            "port number changed",
+            change(Some(dns(&["10.244.2.7:53"])), Some(moved)),
+            true,
+        ),
+        (
+            "port removed",
+            change(Some(dns(&["10.244.2.7:53"])), None),
+            false,
+        ),
+        (
+            "TCP endpoint gone",
+            change(Some(tcp_old), Some(tcp_new)),
+            false,
+        ),
+    ];
+    for (what, diff, needed) in cases {
+        assert_eq!(pass_needed(Family::V4, &diff, false), needed, "{what}");
+        assert!(
+            pass_needed(Family::V4, &diff, true),
+            "{what}: full syncs always"
+        );
+        assert!(
+            !pass_needed(Family::V6, &diff, false),
+            "{what}: other family"
+        );
+    }
+}

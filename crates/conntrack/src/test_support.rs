@@ -1,0 +1,53 @@
+//! Builders shared by the unit tests.
+
+use std::net::{IpAddr, SocketAddr};
+
+use kpng_model::{Family, PortKey, Protocol, ServiceKey, ServicePort};
+
+use crate::flow::{Flow, Tuple};
+
+pub(crate) fn sa(s: &str) -> SocketAddr {
+    s.parse().expect("socket address")
+}
+
+pub(crate) fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+/// A UDP Service port `name` on `vip:port` with these serving endpoints.
+pub(crate) fn udp_port(name: &str, vip: &str, port: u16, serving: &[&str]) -> ServicePort {
+    let cluster_ip = ip(vip);
+    let mut serving: Vec<SocketAddr> = serving.iter().map(|s| sa(s)).collect();
+    serving.sort();
+    ServicePort {
+        key: PortKey {
+            service: ServiceKey::new("ns", name),
+            port_name: "dns".into(),
+            protocol: Protocol::Udp,
+            family: Family::of(&cluster_ip),
+        },
+        cluster_ip,
+        port,
+        node_port: None,
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        source_ranges: Vec::new(),
+        session_affinity: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        cluster_endpoints: Vec::new(),
+        local_endpoints: Vec::new(),
+        has_any_endpoints: !serving.is_empty(),
+        local_ready_endpoints: 0,
+        serving_endpoints: serving,
+    }
+}
+
+/// A UDP flow `client → dst` whose reply comes from `reply_src` (DNATed when that differs).
+pub(crate) fn flow(client: &str, dst: &str, reply_src: &str) -> Flow {
+    Flow::udp(
+        Tuple::new(sa(client), sa(dst)),
+        Tuple::new(sa(reply_src), sa(client)),
+    )
+}

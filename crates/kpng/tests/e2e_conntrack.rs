@@ -1,0 +1,409 @@
+//! Real-packet end-to-end tests of the UDP conntrack cleanup of `kpng … to-local nft`.
+//!
+//! A long-lived UDP client keeps sending on ONE connected socket (one conntrack entry, as
+//! DNS and statsd clients do) to a Service of a throw-away cluster (`kpng_testkit::Cluster`,
+//! kpng in node1 on a manifest file it watches), while the Service's endpoints change under
+//! it. Without the cleanup every packet would follow the entry's first DNAT decision for as
+//! long as the client keeps sending. Root only (skipped otherwise, failing under `CI`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kpng_testkit::{
+    Cluster, Netns, Outcome, Probe, ProbeResult, Spawned, addr, bin_path, require_root,
+};
+
+/// Port of every echo server (the EndpointSlice port) and of the Service.
+const EP_PORT: u16 = 8080;
+const SVC_PORT: u16 = 53;
+/// How long the client takes at most to reach the new endpoint after a sync.
+const WITHIN: Duration = Duration::from_secs(3);
+
+const NODES: &str = r#"apiVersion: v1
+kind: Node
+metadata: {name: node1}
+spec: {podCIDRs: [10.244.1.0/24, "fd00:244:1::/64"]}
+status:
+  addresses:
+  - {type: InternalIP, address: 192.168.100.1}
+  - {type: InternalIP, address: "fd00:100::1"}
+"#;
+
+fn pod_ips(pod: &str) -> (IpAddr, IpAddr, &'static str) {
+    match pod {
+        "pod1a" => (addr::POD1A_V4.into(), addr::POD1A_V6.into(), "node1"),
+        "pod1b" => (addr::POD1B_V4.into(), addr::POD1B_V6.into(), "node1"),
+        "pod2a" => (addr::POD2A_V4.into(), addr::POD2A_V6.into(), "node2"),
+        other => panic!("unknown pod {other}"),
+    }
+}
+
+fn cip(n: u8, v6: bool) -> IpAddr {
+    if v6 {
+        format!("fd00:96::{n:x}").parse().expect("v6 cluster IP")
+    } else {
+        format!("10.96.0.{n}").parse().expect("v4 cluster IP")
+    }
+}
+
+/// A dual-stack UDP Service `name` (ClusterIPs number `n`, port 53 → 8080, node port
+/// `30000+n`) and its EndpointSlices with these (ready) pods.
+fn udp_service(name: &str, n: u8, pods: &[&str]) -> String {
+    let mut out = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: {name}}}\n\
+         spec: {{type: NodePort, clusterIP: {v4}, clusterIPs: [{v4}, \"{v6}\"], \
+         ipFamilies: [IPv4, IPv6], ipFamilyPolicy: RequireDualStack, ports: [\
+         {{name: dns, port: {SVC_PORT}, protocol: UDP, targetPort: {EP_PORT}, nodePort: {np}}}]}}\n",
+        v4 = cip(n, false),
+        v6 = cip(n, true),
+        np = 30000 + u16::from(n),
+    );
+    for (fam, v6) in [("IPv4", false), ("IPv6", true)] {
+        out.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: default, name: {name}-{fam}, \
+             labels: {{kubernetes.io/service-name: {name}}}}}\n\
+             addressType: {fam}\nports: [{{name: dns, port: {EP_PORT}, protocol: UDP}}]\nendpoints:"
+        ));
+        if pods.is_empty() {
+            out.push_str(" []");
+        }
+        out.push('\n');
+        for pod in pods {
+            let (ip4, ip6, node) = pod_ips(pod);
+            let ip = if v6 { ip6 } else { ip4 };
+            out.push_str(&format!("- {{addresses: [\"{ip}\"], nodeName: {node}}}\n"));
+        }
+    }
+    out
+}
+
+fn manifest(objects: &[String]) -> String {
+    let mut s = NODES.to_owned();
+    for o in objects {
+        s.push_str("---\n");
+        s.push_str(o);
+    }
+    s
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write manifest");
+    std::fs::rename(&tmp, path).expect("rename manifest");
+}
+
+/// `kpng file … to-local nft` in node1 on a manifest it watches.
+struct Kpng {
+    proc: Spawned,
+    input: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Kpng {
+    #[track_caller]
+    fn start(ns: &Netns, manifest: &str) -> Kpng {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("cluster.yaml");
+        write_atomically(&input, manifest);
+        let args: Vec<String> = [
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+            &input.display().to_string(),
+            "--node-name",
+            "node1",
+            "--cluster-cidr",
+            &format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6),
+            "--service-cidr",
+            &format!("{},{}", addr::SERVICE_CIDR_V4, addr::SERVICE_CIDR_V6),
+            "--min-sync-period",
+            "0",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--metrics-bind-address",
+            "",
+            "to-local",
+            "nft",
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut k = Kpng {
+            proc: ns.spawn(&args).expect("start kpng"),
+            input,
+            _dir: dir,
+        };
+        k.wait_synced(0);
+        k
+    }
+
+    fn syncs(&self) -> usize {
+        self.proc.stderr_text().matches("synced backend=").count()
+    }
+
+    #[track_caller]
+    fn wait_synced(&mut self, before: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.syncs() <= before {
+            let err = self.proc.stderr_text();
+            assert!(!err.contains("sync failed"), "kpng failed to sync:\n{err}");
+            if let Ok(Some(status)) = self.proc.try_wait() {
+                panic!("kpng exited ({status}):\n{err}");
+            }
+            assert!(Instant::now() < deadline, "kpng did not sync:\n{err}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Rewrite the manifest and wait until kpng synced it.
+    #[track_caller]
+    fn apply(&mut self, manifest: &str) {
+        let before = self.syncs();
+        write_atomically(&self.input, manifest);
+        self.wait_synced(before);
+    }
+}
+
+/// A UDP client sending one datagram every 20 ms on one connected socket, reporting each
+/// answer (or failure) as it comes.
+struct Client {
+    proc: Spawned,
+    target: SocketAddr,
+}
+
+impl Client {
+    #[track_caller]
+    fn start(ns: &Netns, target: SocketAddr) -> Client {
+        let probe = Probe::udp(target)
+            .count(100_000)
+            .interval(Duration::from_millis(20))
+            .timeout(Duration::from_millis(150));
+        let bin = bin_path("kpng-probe").expect("kpng-probe");
+        let mut args = vec![bin.display().to_string()];
+        args.extend(probe.args());
+        Client {
+            proc: ns.spawn(&args).expect("start the UDP client"),
+            target,
+        }
+    }
+
+    /// The next attempt's result.
+    #[track_caller]
+    fn next(&mut self) -> ProbeResult {
+        let line = self
+            .proc
+            .wait_for_line(|_| true, Duration::from_secs(5))
+            .expect("client output");
+        ProbeResult::from_json_line(&line).expect("probe line")
+    }
+
+    /// Waits until an answer comes from `server` (within `within`); returns the client's
+    /// socket address seen in it.
+    #[track_caller]
+    fn wait_for(&mut self, server: &str, within: Duration) -> SocketAddr {
+        let deadline = Instant::now() + within;
+        let mut seen = Vec::new();
+        loop {
+            let r = self.next();
+            if r.outcome == Outcome::Ok && r.server_name.as_deref() == Some(server) {
+                return r.client_addr.expect("client address");
+            }
+            seen.push(r.to_string());
+            assert!(
+                Instant::now() < deadline,
+                "{}: no answer from {server} within {within:?}; the last {} answers: {:?}",
+                self.target,
+                seen.len().min(5),
+                &seen[seen.len().saturating_sub(5)..]
+            );
+        }
+    }
+
+    /// Waits until an attempt fails (nothing answers any more).
+    #[track_caller]
+    fn wait_for_failure(&mut self, within: Duration) -> ProbeResult {
+        let deadline = Instant::now() + within;
+        loop {
+            let r = self.next();
+            if r.outcome != Outcome::Ok {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: still answered after {within:?}: {r}",
+                self.target
+            );
+        }
+    }
+
+    /// The next `n` attempts are all answered by `server`.
+    #[track_caller]
+    fn all_from(&mut self, server: &str, n: usize) {
+        for _ in 0..n {
+            let r = self.next();
+            assert_eq!(
+                r.server_name.as_deref(),
+                Some(server),
+                "{}: expected only {server}: {r}",
+                self.target
+            );
+        }
+    }
+}
+
+/// `conntrack -L` lines in `ns` (UDP, one family) that contain every one of `needles`.
+fn conntrack_lines(ns: &Netns, v6: bool, needles: &[String]) -> Vec<String> {
+    let family = if v6 { "ipv6" } else { "ipv4" };
+    let out = ns
+        .run_ok(["conntrack", "-L", "-p", "udp", "-f", family, "-o", "id"])
+        .expect("conntrack -L");
+    out.lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n.as_str())))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `id=` of the one entry matching `needles`.
+#[track_caller]
+fn entry_id(ns: &Netns, v6: bool, needles: &[String]) -> String {
+    let lines = conntrack_lines(ns, v6, needles);
+    assert_eq!(lines.len(), 1, "one entry for {needles:?}: {lines:#?}");
+    lines[0]
+        .split_whitespace()
+        .find(|w| w.starts_with("id="))
+        .expect("conntrack -o id prints id=")
+        .to_owned()
+}
+
+/// The `conntrack -L` field of a client's source port (with the separator, so that port
+/// 4000 does not match 40001).
+fn port_of(a: SocketAddr) -> String {
+    format!("sport={} ", a.port())
+}
+
+#[test]
+fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive() {
+    require_root!();
+    let c = Cluster::create("ct-rep").expect("cluster");
+    let _echo: Vec<Spawned> = c
+        .pods
+        .iter()
+        .map(|p| p.start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let mut k = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[
+            udp_service("dns", 30, &["pod1a"]),
+            udp_service("other", 31, &["pod2a"]),
+        ]),
+    );
+    let client = c.pod("pod1b");
+    let mut dns: Vec<Client> = [false, true]
+        .map(|v6| Client::start(&client.ns, SocketAddr::new(cip(30, v6), SVC_PORT)))
+        .into();
+    for d in &mut dns {
+        d.wait_for("pod1a", WITHIN);
+    }
+    // Unrelated flows of the same client: through another UDP Service that does not change,
+    // and straight to a pod. Their entries must be the same ones after the cleanup.
+    let mut other = Client::start(&client.ns, SocketAddr::new(cip(31, false), SVC_PORT));
+    let other_src = other.wait_for("pod2a", WITHIN);
+    let mut direct = Client::start(&client.ns, c.pod("pod2a").addr_v4(EP_PORT));
+    let direct_src = direct.wait_for("pod2a", WITHIN);
+    let other_entry = [format!("dst={}", cip(31, false)), port_of(other_src)];
+    let direct_entry = [format!("dst={}", addr::POD2A_V4), port_of(direct_src)];
+    let ids_before = (
+        entry_id(&c.node1.ns, false, &other_entry),
+        entry_id(&c.node1.ns, false, &direct_entry),
+    );
+
+    // pod1a is replaced by pod2a while the clients keep sending (pod1a still answers: only
+    // the cleanup moves the clients).
+    k.apply(&manifest(&[
+        udp_service("dns", 30, &["pod2a"]),
+        udp_service("other", 31, &["pod2a"]),
+    ]));
+    for d in &mut dns {
+        d.wait_for("pod2a", WITHIN);
+        d.all_from("pod2a", 10);
+    }
+    other.all_from("pod2a", 5);
+    direct.all_from("pod2a", 5);
+    let ids_after = (
+        entry_id(&c.node1.ns, false, &other_entry),
+        entry_id(&c.node1.ns, false, &direct_entry),
+    );
+    assert_eq!(ids_before, ids_after, "unrelated entries were deleted");
+    let log = k.proc.stderr_text();
+    assert!(
+        log.contains("deleted stale UDP conntrack entries"),
+        "kpng did not report the cleanup:\n{log}"
+    );
+}
+
+#[test]
+fn a_udp_service_scaled_to_zero_and_back_serves_its_clients_again() {
+    require_root!();
+    let c = Cluster::create("ct-zero").expect("cluster");
+    let mut echo1a = Some(c.pod("pod1a").start_echo(EP_PORT).expect("echo"));
+    let _echo2a = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
+    let mut k = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[udp_service("stats", 40, &["pod1a"])]),
+    );
+    let client = c.pod("pod1b");
+    let mut stats = Client::start(&client.ns, SocketAddr::new(cip(40, false), SVC_PORT));
+    stats.wait_for("pod1a", WITHIN);
+
+    // Scaled to zero: the pod goes away. Its client keeps sending into the old entry.
+    if let Some(p) = echo1a.take() {
+        p.kill().expect("stop pod1a's server");
+    }
+    k.apply(&manifest(&[udp_service("stats", 40, &[])]));
+    stats.wait_for_failure(WITHIN);
+
+    // Scaled back up, on another pod: the client's traffic resumes there within the sync.
+    k.apply(&manifest(&[udp_service("stats", 40, &["pod2a"])]));
+    stats.wait_for("pod2a", WITHIN);
+    stats.all_from("pod2a", 10);
+}
+
+#[test]
+fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is() {
+    require_root!();
+    let c = Cluster::create("ct-early").expect("cluster");
+    let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
+    // kpng is not running yet (a node booting): the client's datagrams to the ClusterIP leave
+    // node1 un-NATed (to `ext`, which drops them), and node1 tracks them as such, because
+    // something else on the node (here: a CNI-like forward rule) already uses conntrack.
+    c.node1
+        .ns
+        .nft(
+            "table inet cni {\n chain forward {\n  type filter hook forward priority 0;\n  \
+             ct state established,related accept\n }\n}\n",
+        )
+        .expect("a conntrack user in node1");
+    let client = c.pod("pod1b");
+    let target = SocketAddr::new(cip(50, false), SVC_PORT);
+    let mut early = Client::start(&client.ns, target);
+    let r = early.next();
+    assert_eq!(r.outcome, Outcome::Timeout, "nothing programmed yet: {r}");
+    let src = r.client_addr.expect("client address");
+    let unnated = [
+        format!("dst={} ", cip(50, false)),
+        port_of(src),
+        format!("src={} ", cip(50, false)),
+    ];
+    assert_eq!(
+        conntrack_lines(&c.node1.ns, false, &unnated).len(),
+        1,
+        "an un-NATed entry (its reply comes from the ClusterIP itself)"
+    );
+    let _k = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[udp_service("late", 50, &["pod2a"])]),
+    );
+    early.wait_for("pod2a", WITHIN);
+    early.all_from("pod2a", 5);
+}
