@@ -32,6 +32,26 @@ pub enum EntryKey {
         /// The node port.
         port: u16,
     },
+    /// Traffic to an external VIP (external IP, load-balancer IP) of an externalTrafficPolicy
+    /// Local port, from this node or one of its pods.
+    VipShortCircuit {
+        /// The VIP.
+        ip: IpAddr,
+        /// The L4 protocol.
+        protocol: Protocol,
+        /// The Service port.
+        port: u16,
+    },
+    /// Traffic to the node port of an externalTrafficPolicy Local port, from this node or one
+    /// of its pods.
+    NodePortShortCircuit {
+        /// The family of the addresses.
+        family: Family,
+        /// The L4 protocol.
+        protocol: Protocol,
+        /// The node port.
+        port: u16,
+    },
     /// A ClusterIP: traffic to it on a port no Service port uses is refused.
     ClusterIp(IpAddr),
     /// A load-balancer IP and port with `loadBalancerSourceRanges`: other sources are dropped.
@@ -67,6 +87,9 @@ pub enum EntryKey {
     NodePortAddresses(IpNet),
     /// A Service CIDR: traffic to an unallocated IP in it is dropped.
     ServiceCidr(IpNet),
+    /// Pod addresses (`--detect-local-mode ClusterCIDR` or `NodeCIDR`): their traffic to an
+    /// externalTrafficPolicy Local port is short-circuited.
+    PodCidr(IpNet),
 }
 
 impl EntryKey {
@@ -74,13 +97,16 @@ impl EntryKey {
     pub fn family(&self) -> Family {
         match self {
             EntryKey::Vip { ip, .. }
+            | EntryKey::VipShortCircuit { ip, .. }
             | EntryKey::ClusterIp(ip)
             | EntryKey::FirewallVip { ip, .. }
             | EntryKey::FirewallAllow { ip, .. } => Family::of(ip),
-            EntryKey::NodePort { family, .. } | EntryKey::Listener { family, .. } => *family,
-            EntryKey::NodePortAddresses(net) | EntryKey::ServiceCidr(net) => {
-                Family::of(&net.addr())
-            }
+            EntryKey::NodePort { family, .. }
+            | EntryKey::NodePortShortCircuit { family, .. }
+            | EntryKey::Listener { family, .. } => *family,
+            EntryKey::NodePortAddresses(net)
+            | EntryKey::ServiceCidr(net)
+            | EntryKey::PodCidr(net) => Family::of(&net.addr()),
         }
     }
 }
@@ -128,6 +154,9 @@ pub struct ListenerPorts {
     /// The listener of the node port, external IPs and load-balancer IPs (when the port has
     /// any of them).
     pub external: Option<u16>,
+    /// The listener for this node's and its pods' traffic to those addresses, when
+    /// externalTrafficPolicy is Local (they may use every endpoint).
+    pub short_circuit: Option<u16>,
 }
 
 /// Every entry of one Service port, given its listeners. `node_ips` are the node's own
@@ -190,6 +219,40 @@ pub fn port_entries(sp: &ServicePort, listeners: ListenerPorts, node_ips: &[IpAd
         }));
     }
 
+    // externalTrafficPolicy Local: this node and its pods reach every endpoint, whether or
+    // not any is local (kube-proxy's short-circuit).
+    if let Some(short_circuit) = listeners.short_circuit
+        && sp.external_policy_local
+        && !sp.cluster_endpoints.is_empty()
+    {
+        let action = Action::Redirect(short_circuit);
+        for ip in sp.external_ips.iter().chain(&sp.load_balancer_ips) {
+            out.push(Entry {
+                key: EntryKey::VipShortCircuit {
+                    ip: *ip,
+                    protocol,
+                    port,
+                },
+                action,
+            });
+        }
+        if let Some(node_port) = sp.node_port {
+            out.push(Entry {
+                key: EntryKey::NodePortShortCircuit {
+                    family,
+                    protocol,
+                    port: node_port,
+                },
+                action,
+            });
+        }
+        out.push(member(EntryKey::Listener {
+            family,
+            protocol,
+            port: short_circuit,
+        }));
+    }
+
     if !sp.source_ranges.is_empty() {
         let ranges = IpNet::aggregate(&sp.source_ranges);
         let node_inside = node_ips
@@ -225,11 +288,12 @@ pub enum NodePortAddresses {
 }
 
 /// The node-level entries: where node ports are served (loopback never is, as in nftables
-/// mode) and the Service CIDRs.
+/// mode), the Service CIDRs and the pod CIDRs whose traffic is short-circuited.
 pub fn node_entries(
     nodeport_addresses: &NodePortAddresses,
     node_ips: &[IpAddr],
     service_cidrs: &[IpNet],
+    pod_cidrs: &[IpNet],
     families: &[Family],
 ) -> Vec<Entry> {
     let nets: Vec<IpNet> = match nodeport_addresses {
@@ -248,6 +312,11 @@ pub fn node_entries(
         IpNet::aggregate(&service_cidrs.to_vec())
             .into_iter()
             .map(|n| member(EntryKey::ServiceCidr(n))),
+    );
+    out.extend(
+        IpNet::aggregate(&pod_cidrs.to_vec())
+            .into_iter()
+            .map(|n| member(EntryKey::PodCidr(n))),
     );
     out.retain(|e| families.contains(&e.key.family()));
     out

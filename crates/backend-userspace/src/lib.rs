@@ -30,7 +30,7 @@ mod testutil;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
@@ -43,19 +43,21 @@ use crate::capture::Capture;
 use crate::entries::{Entry, ListenerPorts, NodePortAddresses};
 use crate::metrics::ProxyMetrics;
 use crate::proxy::{Listener, PortShared, ProxySettings};
-use crate::routing::{LocalSources, Scope};
+use crate::routing::Scope;
 use crate::store::{EntryStore, NODE_OWNER, Op, OwnerId};
 
-/// Which sources count as pods of this node or the cluster, for externalTrafficPolicy Local's
-/// exception (pods and the node itself may use every endpoint).
+/// The pod addresses the capture recognises by source (`--detect-local-mode ClusterCIDR` or
+/// `NodeCIDR`), for externalTrafficPolicy Local's exception: pods (and the node itself) may
+/// use every endpoint. Interface-based detection is the capture's own business
+/// ([`capture::nft::PodMatch`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodSources {
-    /// No pod detection: only the node's own addresses are exempt.
+pub enum PodCidrs {
+    /// None by address.
     None,
-    /// These CIDRs (`--detect-local-mode ClusterCIDR` with `--cluster-cidr`).
-    Cidrs(Vec<IpNet>),
-    /// The node's pod CIDRs from its Node object (`--detect-local-mode NodeCIDR`).
-    NodeCidr,
+    /// These CIDRs (`--cluster-cidr`).
+    Static(Vec<IpNet>),
+    /// The node's pod CIDRs, from its Node object.
+    Node,
 }
 
 /// Configuration of the userspace backend.
@@ -67,8 +69,8 @@ pub struct UserspaceConfig {
     pub nodeport_addresses: NodePortAddresses,
     /// `--service-cidr`: traffic to unallocated IPs inside is dropped.
     pub service_cidrs: Vec<IpNet>,
-    /// Pod detection for externalTrafficPolicy Local.
-    pub pod_sources: PodSources,
+    /// Pod detection by address, for externalTrafficPolicy Local.
+    pub pod_cidrs: PodCidrs,
     /// Data-path timeouts.
     pub settings: ProxySettings,
 }
@@ -79,7 +81,7 @@ impl Default for UserspaceConfig {
             families: Family::ALL.to_vec(),
             nodeport_addresses: NodePortAddresses::Primary,
             service_cidrs: Vec::new(),
-            pod_sources: PodSources::None,
+            pod_cidrs: PodCidrs::None,
             settings: ProxySettings::default(),
         }
     }
@@ -91,6 +93,7 @@ struct PortProxy {
     shared: Arc<PortShared>,
     internal: Listener,
     external: Option<Listener>,
+    short_circuit: Option<Listener>,
     entries: Vec<Entry>,
 }
 
@@ -99,6 +102,7 @@ impl PortProxy {
         ListenerPorts {
             internal: self.internal.port,
             external: self.external.as_ref().map(|l| l.port),
+            short_circuit: self.short_circuit.as_ref().map(|l| l.port),
         }
     }
 }
@@ -112,7 +116,6 @@ pub struct UserspaceBackend {
     store: EntryStore,
     node_entries: Vec<Entry>,
     node_ips: Vec<IpAddr>,
-    local_sources: Arc<RwLock<LocalSources>>,
     next_owner: OwnerId,
     metrics: ProxyMetrics,
     /// False after a failed capture call: the next sync replaces the capture whole.
@@ -135,7 +138,6 @@ impl UserspaceBackend {
             store: EntryStore::new(),
             node_entries: Vec::new(),
             node_ips: Vec::new(),
-            local_sources: Arc::new(RwLock::new(LocalSources::default())),
             next_owner: NODE_OWNER + 1,
             metrics: ProxyMetrics::default(),
             capture_in_sync: false,
@@ -163,23 +165,19 @@ impl UserspaceBackend {
         true
     }
 
-    /// Re-reads the node: its IPs, node-port addresses and the sources exempt from
-    /// externalTrafficPolicy Local.
+    /// Re-reads the node: its IPs, node-port addresses and pod CIDRs.
     fn update_node(&mut self, node: &NodeState) {
         self.node_ips = node.ips.clone();
-        let mut nets: Vec<IpNet> = node.ips.iter().map(|ip| IpNet::from(*ip)).collect();
-        match &self.config.pod_sources {
-            PodSources::None => {}
-            PodSources::Cidrs(c) => nets.extend(c.iter().copied()),
-            PodSources::NodeCidr => nets.extend(node.pod_cidrs.iter().copied()),
-        }
-        if let Ok(mut s) = self.local_sources.write() {
-            *s = LocalSources { nets };
-        }
+        let pod_cidrs = match &self.config.pod_cidrs {
+            PodCidrs::None => &[][..],
+            PodCidrs::Static(c) => c,
+            PodCidrs::Node => &node.pod_cidrs,
+        };
         self.node_entries = entries::node_entries(
             &self.config.nodeport_addresses,
             &node.ips,
             &self.config.service_cidrs,
+            pod_cidrs,
             &self.config.families,
         );
     }
@@ -203,41 +201,61 @@ impl UserspaceBackend {
                 source,
             })
         };
+        // Opens or closes an optional listener as `needed` says.
+        let ensure = |slot: &mut Option<Listener>,
+                      needed: bool,
+                      scope: Scope,
+                      shared: &Arc<PortShared>|
+         -> Result<(), BackendError> {
+            match (slot.is_some(), needed) {
+                (false, true) => *slot = Some(bind(scope, shared)?),
+                (true, false) => *slot = None,
+                _ => {}
+            }
+            Ok(())
+        };
         let external_needed = sp.externally_accessible();
-        let port = match self.ports.remove(key) {
-            Some(mut p) => {
+        let short_circuit_needed = external_needed && sp.external_policy_local;
+        let mut port = match self.ports.remove(key) {
+            Some(p) => {
                 p.shared.update(sp);
-                match (&p.external, external_needed) {
-                    (None, true) => p.external = Some(bind(Scope::External, &p.shared)?),
-                    (Some(_), false) => p.external = None,
-                    _ => {}
-                }
                 p
             }
             None => {
-                let shared = Arc::new(PortShared::new(
-                    sp,
-                    self.local_sources.clone(),
-                    self.metrics.clone(),
-                ));
+                let shared = Arc::new(PortShared::new(sp, self.metrics.clone()));
                 let internal = bind(Scope::Internal, &shared)?;
-                let external = if external_needed {
-                    Some(bind(Scope::External, &shared)?)
-                } else {
-                    None
-                };
                 let owner = self.next_owner;
                 self.next_owner = self.next_owner.wrapping_add(1).max(NODE_OWNER + 1);
                 PortProxy {
                     owner,
                     shared,
                     internal,
-                    external,
+                    external: None,
+                    short_circuit: None,
                     entries: Vec::new(),
                 }
             }
         };
-        let mut port = port;
+        let shared = port.shared.clone();
+        let opened = ensure(
+            &mut port.external,
+            external_needed,
+            Scope::External,
+            &shared,
+        )
+        .and_then(|()| {
+            ensure(
+                &mut port.short_circuit,
+                short_circuit_needed,
+                Scope::ShortCircuit,
+                &shared,
+            )
+        });
+        if let Err(e) = opened {
+            // Keep what works; the retry (a full sync) opens the rest.
+            self.ports.insert(key.clone(), port);
+            return Err(e);
+        }
         let entries = entries::port_entries(sp, port.listener_ports(), &self.node_ips);
         self.store.change(port.owner, &port.entries, &entries, ops);
         port.entries = entries;

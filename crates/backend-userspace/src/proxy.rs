@@ -15,7 +15,7 @@ pub mod udp;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kpng_model::{Family, Protocol, ServicePort};
@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::metrics::ProxyMetrics;
-use crate::routing::{Client, LocalSources, Routing, Scope};
+use crate::routing::{Routing, Scope};
 
 /// Timeouts of the data path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,23 +53,16 @@ pub struct PortShared {
     routing: Mutex<Routing>,
     /// Bumped on every update, so UDP listeners re-check their sessions' endpoints.
     generation: AtomicU64,
-    local_sources: Arc<RwLock<LocalSources>>,
     metrics: ProxyMetrics,
 }
 
 impl PortShared {
-    /// Shared state for one Service port; `local_sources` is the node-wide view of "this node
-    /// and its pods".
-    pub fn new(
-        sp: &ServicePort,
-        local_sources: Arc<RwLock<LocalSources>>,
-        metrics: ProxyMetrics,
-    ) -> PortShared {
+    /// Shared state for one Service port.
+    pub fn new(sp: &ServicePort, metrics: ProxyMetrics) -> PortShared {
         let shared = PortShared {
             name: sp.key.to_string(),
             routing: Mutex::new(Routing::default()),
             generation: AtomicU64::new(0),
-            local_sources,
             metrics,
         };
         shared.update(sp);
@@ -88,27 +81,19 @@ impl PortShared {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// The client as routing sees it. `node_local` is a hint from the transport (a TCP client
-    /// whose local and peer addresses are the same is this node).
-    fn client(&self, peer: IpAddr, node_local: bool) -> Client {
-        let short_circuit = node_local
-            || self
-                .local_sources
-                .read()
-                .map(|s| s.contains(peer))
-                .unwrap_or(false);
-        Client {
-            ip: peer,
-            short_circuit,
-        }
+    fn candidates(&self, scope: Scope) -> usize {
+        self.routing
+            .lock()
+            .map(|r| r.candidates(scope))
+            .unwrap_or(0)
     }
 
-    fn pick(&self, scope: Scope, client: &Client) -> Option<SocketAddr> {
+    fn pick(&self, scope: Scope, client: IpAddr) -> Option<SocketAddr> {
         let now = Instant::now();
         self.routing.lock().ok()?.pick(scope, client, now)
     }
 
-    fn failed(&self, scope: Scope, client: &Client, endpoint: SocketAddr) {
+    fn failed(&self, scope: Scope, client: IpAddr, endpoint: SocketAddr) {
         self.metrics.connect_failures.inc();
         if let Ok(mut r) = self.routing.lock() {
             r.failed(scope, client, endpoint);

@@ -4,28 +4,31 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use ipnet::IpNet;
 use kpng_model::{Endpoint, ServicePort};
 use tokio::time::Instant;
 
 use crate::balancer::Balancer;
 
-/// Which way traffic entered a Service port: each has its own listener, because the two can
-/// use different endpoint lists.
+/// Which way traffic entered a Service port. Each has its own listener, because each can use
+/// a different endpoint list; the capture decides which listener a packet reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Scope {
     /// To the ClusterIP: internalTrafficPolicy applies.
     Internal,
     /// To the node port, an external IP or a load-balancer IP: externalTrafficPolicy applies.
     External,
+    /// To an external address of an externalTrafficPolicy Local port, from this node or one of
+    /// its pods: kube-proxy lets such traffic use every (cluster) endpoint.
+    ShortCircuit,
 }
 
 impl Scope {
-    /// `internal` / `external`, for logs.
+    /// `internal` / `external` / `short-circuit`, for logs.
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::Internal => "internal",
             Scope::External => "external",
+            Scope::ShortCircuit => "short-circuit",
         }
     }
 }
@@ -43,16 +46,6 @@ pub struct Routing {
     external_local: bool,
 }
 
-/// Who a client is, as far as externalTrafficPolicy Local cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Client {
-    /// The client's address, as the proxy's socket sees it (never rewritten by the capture).
-    pub ip: IpAddr,
-    /// The client is this node or one of its pods: kube-proxy lets such traffic to external
-    /// addresses use every endpoint even under externalTrafficPolicy Local.
-    pub short_circuit: bool,
-}
-
 impl Routing {
     /// Applies a new state of the port. Both lists are always kept, so a policy change never
     /// loses affinity entries of the list that stays in use.
@@ -66,76 +59,56 @@ impl Routing {
         self.external_local = sp.external_policy_local;
     }
 
-    fn uses_local(&self, scope: Scope, client: &Client) -> bool {
+    fn uses_local(&self, scope: Scope) -> bool {
         match scope {
             Scope::Internal => self.internal_local,
-            Scope::External => self.external_local && !client.short_circuit,
+            Scope::External => self.external_local,
+            Scope::ShortCircuit => false,
         }
     }
 
-    fn balancer(&mut self, scope: Scope, client: &Client) -> &mut Balancer {
-        if self.uses_local(scope, client) {
+    fn balancer(&mut self, scope: Scope) -> &mut Balancer {
+        if self.uses_local(scope) {
             &mut self.local
         } else {
             &mut self.cluster
         }
     }
 
-    /// How many endpoints a connection of `client` through `scope` may use: a failed connect
-    /// is retried on the next one, at most this many times.
-    pub fn candidates(&self, scope: Scope, client: &Client) -> usize {
-        let b = if self.uses_local(scope, client) {
-            &self.local
+    fn list(&self, scope: Scope) -> &[SocketAddr] {
+        if self.uses_local(scope) {
+            self.local.endpoints()
         } else {
-            &self.cluster
-        };
-        b.endpoints().len()
+            self.cluster.endpoints()
+        }
     }
 
-    /// The endpoint for a new connection or UDP session; `None`: nothing may serve it.
-    pub fn pick(&mut self, scope: Scope, client: &Client, now: Instant) -> Option<SocketAddr> {
-        let ip = client.ip;
-        self.balancer(scope, client).pick(ip, now)
+    /// How many endpoints a connection through `scope` may use: a failed connect is retried
+    /// on the next one, at most this many times.
+    pub fn candidates(&self, scope: Scope) -> usize {
+        self.list(scope).len()
     }
 
-    /// A connection to `endpoint` failed: forget the client's affinity to it.
-    pub fn failed(&mut self, scope: Scope, client: &Client, endpoint: SocketAddr) {
-        let ip = client.ip;
-        self.balancer(scope, client).failed(ip, endpoint);
+    /// The endpoint for a new connection or UDP session of `client`; `None`: nothing may
+    /// serve it.
+    pub fn pick(&mut self, scope: Scope, client: IpAddr, now: Instant) -> Option<SocketAddr> {
+        self.balancer(scope).pick(client, now)
+    }
+
+    /// A connection of `client` to `endpoint` failed: forget the client's affinity to it.
+    pub fn failed(&mut self, scope: Scope, client: IpAddr, endpoint: SocketAddr) {
+        self.balancer(scope).failed(client, endpoint);
     }
 
     /// Whether `endpoint` may still serve traffic that entered through `scope` (UDP sessions
     /// to an endpoint that left are ended, as kube-proxy clears their conntrack entries).
     pub fn serves(&self, scope: Scope, endpoint: SocketAddr) -> bool {
-        let in_list = |b: &Balancer| b.endpoints().contains(&endpoint);
-        match scope {
-            Scope::Internal if self.internal_local => in_list(&self.local),
-            Scope::Internal => in_list(&self.cluster),
-            // Short-circuited clients may use cluster endpoints under a Local policy.
-            Scope::External if self.external_local => {
-                in_list(&self.local) || in_list(&self.cluster)
-            }
-            Scope::External => in_list(&self.cluster),
-        }
+        self.list(scope).contains(&endpoint)
     }
 }
 
 fn addrs(endpoints: &[Endpoint]) -> Vec<SocketAddr> {
     endpoints.iter().map(Endpoint::addr).collect()
-}
-
-/// Sources that count as "this node or its pods" for externalTrafficPolicy Local.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LocalSources {
-    /// The pod CIDRs (`--detect-local-mode ClusterCIDR` or `NodeCIDR`) and the node's own IPs.
-    pub nets: Vec<IpNet>,
-}
-
-impl LocalSources {
-    /// Whether `ip` is the node or one of its pods; loopback always is.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        ip.is_loopback() || self.nets.iter().any(|n| n.contains(&ip))
-    }
 }
 
 #[cfg(test)]

@@ -427,3 +427,42 @@ async fn sctp_and_unconfigured_families_are_not_proxied() {
     assert!(b.listener_ports(&v6.key).is_none());
     assert_eq!(recorder.current(), Vec::<Entry>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_traffic_policy_local_adds_a_short_circuit_listener() {
+    let (a, _ta) = tcp_endpoint("a").await;
+    let mut sp = service_port("web", Protocol::Tcp, "10.96.0.1", std::slice::from_ref(&a));
+    sp.node_port = Some(30080);
+    let cluster = Arc::new(sp.clone());
+    sp.external_policy_local = true;
+    let local = Arc::new(sp);
+    let (mut b, recorder) = backend();
+    full(&mut b, &[&cluster]);
+    assert_eq!(b.listener_ports(&cluster.key).unwrap().short_circuit, None);
+
+    change(&mut b, Some(&cluster), Some(&local)).unwrap();
+    let ports = b.listener_ports(&local.key).unwrap();
+    let short = ports.short_circuit.expect("a short-circuit listener");
+    assert!(recorder.current().contains(&Entry {
+        key: EntryKey::NodePortShortCircuit {
+            family: Family::V4,
+            protocol: Protocol::Tcp,
+            port: 30080
+        },
+        action: Action::Redirect(short),
+    }));
+    // It serves: the endpoint answers through it.
+    let to = SocketAddr::from(([127, 0, 0, 1], short));
+    assert_eq!(connect(to).await.1, "a");
+
+    change(&mut b, Some(&local), Some(&cluster)).unwrap();
+    assert_eq!(b.listener_ports(&cluster.key).unwrap().short_circuit, None);
+    assert!(
+        !recorder
+            .current()
+            .iter()
+            .any(|e| matches!(e.key, EntryKey::NodePortShortCircuit { .. })),
+        "{:?}",
+        recorder.current()
+    );
+}

@@ -46,6 +46,6 @@ pub fn service_port(
         local_endpoints: eps.iter().filter(|e| e.is_local).cloned().collect(),
         has_any_endpoints: !eps.is_empty(),
         local_ready_endpoints: eps.iter().filter(|e| e.is_local).count() as u32,
-        serving_endpoint_ips: eps.iter().map(|e| e.ip).collect(),
+        serving_endpoints: eps.iter().map(Endpoint::addr).collect(),
     }
 }

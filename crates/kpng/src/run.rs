@@ -24,7 +24,7 @@ use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
 use kpng_backend_userspace::entries::NodePortAddresses as UserspaceNodePorts;
 use kpng_backend_userspace::proxy::ProxySettings;
-use kpng_backend_userspace::{PodSources, UserspaceBackend, UserspaceConfig};
+use kpng_backend_userspace::{PodCidrs, UserspaceBackend, UserspaceConfig};
 
 use crate::cli::{Cli, Command, GlobalFlags, LocalBackend, NftArgs, Sink, UserspaceArgs};
 
@@ -101,22 +101,40 @@ fn userspace_backend(
     args: &UserspaceArgs,
     runtime: tokio::runtime::Handle,
 ) -> anyhow::Result<UserspaceBackend> {
-    use kpng_backend_userspace::capture::nft::NftCapture;
+    use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
     let nodeport_addresses = match nodeport_cidrs(flags)? {
         None => UserspaceNodePorts::Primary,
         Some(cidrs) => UserspaceNodePorts::Cidrs(cidrs),
     };
-    // The proxy sees client addresses, not interfaces: only address-based pod detection
-    // applies to externalTrafficPolicy Local's exception for pods.
-    let pod_sources = match flags.detect_local_mode.as_str() {
-        "ClusterCIDR" => PodSources::Cidrs(flags.cluster_cidr.clone()),
-        "NodeCIDR" => PodSources::NodeCidr,
-        _ => PodSources::None,
+    // Pods reach every endpoint of an externalTrafficPolicy Local Service: the capture
+    // recognises them by address (the CIDRs are entries) or by interface.
+    let (pod_cidrs, pods) = match flags.detect_local_mode.as_str() {
+        "ClusterCIDR" => (
+            PodCidrs::Static(flags.cluster_cidr.clone()),
+            PodMatch::Cidrs,
+        ),
+        "NodeCIDR" => (PodCidrs::Node, PodMatch::Cidrs),
+        "BridgeInterface" => (
+            PodCidrs::None,
+            PodMatch::Interface(
+                flags
+                    .pod_bridge_interface
+                    .clone()
+                    .context("--detect-local-mode BridgeInterface needs --pod-bridge-interface")?,
+            ),
+        ),
+        "InterfaceNamePrefix" => (
+            PodCidrs::None,
+            PodMatch::InterfacePrefix(flags.pod_interface_name_prefix.clone().context(
+                "--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix",
+            )?),
+        ),
+        _ => (PodCidrs::None, PodMatch::None),
     };
     let config = UserspaceConfig {
         nodeport_addresses,
         service_cidrs: flags.service_cidr.clone(),
-        pod_sources,
+        pod_cidrs,
         settings: ProxySettings {
             connect_timeout: args.connect_timeout,
             udp_idle_timeout: args.udp_timeout,
@@ -127,7 +145,8 @@ fn userspace_backend(
         NftCapture::dry_run(config.families.clone())
     } else {
         NftCapture::with_binary(config.families.clone(), &args.nft_binary)
-    };
+    }
+    .with_pods(pods);
     Ok(UserspaceBackend::new(config, Box::new(capture), runtime))
 }
 

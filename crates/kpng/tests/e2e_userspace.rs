@@ -402,6 +402,44 @@ fn node_port_external_ip_and_no_endpoints() {
 }
 
 #[test]
+fn external_traffic_policy_local_serves_outside_locally_and_short_circuits_pods_and_the_node() {
+    require_root!();
+    let c = Cluster::create("us-etp").expect("cluster");
+    let _echo = echo_all(&c);
+    let etp = "externalTrafficPolicy: Local";
+    let _k = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[
+            svc("local", 50, "NodePort", etp, &["pod1a", "pod2a"]),
+            svc("remote", 51, "NodePort", etp, &["pod2a"]),
+        ]),
+    );
+    let np = |n: u8| sa(c.node1.lan_ip(false), node_port(n));
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let m = spread(&c.ext.ns, proto, np(50), 8);
+        assert_eq!(
+            names(&m),
+            set(&["pod1a"]),
+            "ext {proto}: local endpoints only: {m:?}"
+        );
+        for (who, ns) in [("pod1b", &c.pod("pod1b").ns), ("node1", &c.node1.ns)] {
+            let m = spread(ns, proto, np(50), 8);
+            assert_eq!(
+                names(&m),
+                set(&["pod1a", "pod2a"]),
+                "{who} {proto}: every endpoint: {m:?}"
+            );
+        }
+    }
+    // No local endpoint: dropped from outside, served to pods and the node.
+    let r = probe(&c.ext.ns, Proto::Tcp, np(51), DROP_T);
+    assert_outcome(&r, Outcome::Timeout, "ext, no local endpoint");
+    for ns in [&c.pod("pod1b").ns, &c.node1.ns] {
+        assert_proxied(&probe(ns, Proto::Tcp, np(51), OK_T), &["pod2a"]);
+    }
+}
+
+#[test]
 fn listeners_are_reachable_only_through_service_addresses() {
     require_root!();
     let c = Cluster::create("us-guard").expect("cluster");

@@ -33,6 +33,33 @@ use crate::store::Op;
 /// The default table name (one per family: `ip kpng-userspace`, `ip6 kpng-userspace`).
 pub const TABLE: &str = "kpng-userspace";
 
+/// How the capture recognises this node's pods (`--detect-local-mode`): their traffic to an
+/// externalTrafficPolicy Local port goes to the short-circuit listener. The node's own traffic
+/// always does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodMatch {
+    /// No pod detection.
+    None,
+    /// Sources in the `pod-cidrs` set (filled from the entries: cluster or node pod CIDRs).
+    Cidrs,
+    /// Traffic entering from this interface (a bridge).
+    Interface(String),
+    /// Traffic entering from interfaces whose name starts with this.
+    InterfacePrefix(String),
+}
+
+impl PodMatch {
+    /// The nft match, `None` when pods are not recognised.
+    fn rule(&self, f: &str) -> Option<String> {
+        match self {
+            PodMatch::None => None,
+            PodMatch::Cidrs => Some(format!("{f} saddr @pod-cidrs")),
+            PodMatch::Interface(name) => Some(format!("iifname \"{name}\"")),
+            PodMatch::InterfacePrefix(prefix) => Some(format!("iifname \"{prefix}*\"")),
+        }
+    }
+}
+
 /// How scripts are committed.
 #[derive(Debug, Clone)]
 enum Runner {
@@ -49,6 +76,7 @@ enum Runner {
 pub struct NftCapture {
     table: String,
     families: Vec<Family>,
+    pods: PodMatch,
     runner: Runner,
 }
 
@@ -63,8 +91,15 @@ impl NftCapture {
         NftCapture {
             table: TABLE.into(),
             families,
+            pods: PodMatch::None,
             runner: Runner::Command(binary.into()),
         }
+    }
+
+    /// Recognises pods as `pods` says (default: not at all).
+    pub fn with_pods(mut self, pods: PodMatch) -> NftCapture {
+        self.pods = pods;
+        self
     }
 
     /// Prints every script instead of applying it (`--dry-run`; no root needed).
@@ -72,6 +107,7 @@ impl NftCapture {
         NftCapture {
             table: TABLE.into(),
             families,
+            pods: PodMatch::None,
             runner: Runner::DryRun,
         }
     }
@@ -81,6 +117,7 @@ impl NftCapture {
         NftCapture {
             table: TABLE.into(),
             families,
+            pods: PodMatch::None,
             runner: Runner::Record(scripts),
         }
     }
@@ -108,7 +145,7 @@ impl NftCapture {
             let f = family_word(*family);
             let _ = writeln!(s, "add table {f} {}", self.table);
             let _ = writeln!(s, "delete table {f} {}", self.table);
-            s.push_str(&skeleton(*family, &self.table));
+            s.push_str(&skeleton(*family, &self.table, &self.pods));
         }
         let adds: Vec<&Entry> = entries
             .iter()
@@ -233,6 +270,19 @@ fn element(e: &Entry) -> Option<(&'static str, String, Option<String>)> {
             format!("{} . {port}", protocol.lower()),
             Some(verdict(a)?),
         ),
+        (EntryKey::VipShortCircuit { ip, protocol, port }, Action::Redirect(to)) => (
+            "vip-short-circuit",
+            format!("{ip} . {} . {port}", protocol.lower()),
+            Some(to.to_string()),
+        ),
+        (EntryKey::NodePortShortCircuit { protocol, port, .. }, Action::Redirect(to)) => (
+            "nodeport-short-circuit",
+            format!("{} . {port}", protocol.lower()),
+            Some(to.to_string()),
+        ),
+        (EntryKey::VipShortCircuit { .. } | EntryKey::NodePortShortCircuit { .. }, _) => {
+            return None;
+        }
         (EntryKey::ClusterIp(ip), _) => ("cluster-ips", ip.to_string(), None),
         (EntryKey::FirewallVip { ip, protocol, port }, _) => (
             "firewall-ips",
@@ -259,6 +309,7 @@ fn element(e: &Entry) -> Option<(&'static str, String, Option<String>)> {
         ),
         (EntryKey::NodePortAddresses(net), _) => ("nodeport-addresses", net.to_string(), None),
         (EntryKey::ServiceCidr(net), _) => ("service-cidrs", net.to_string(), None),
+        (EntryKey::PodCidr(net), _) => ("pod-cidrs", net.to_string(), None),
     })
 }
 
@@ -295,8 +346,8 @@ fn write_elements<'a>(
     }
 }
 
-/// The constant table of one family.
-pub fn skeleton(family: Family, table: &str) -> String {
+/// The constant table of one family (its rules depend on the flags only, never on Services).
+pub fn skeleton(family: Family, table: &str, pods: &PodMatch) -> String {
     let (f, a, lo) = match family {
         Family::V4 => ("ip", "ipv4_addr", "127.0.0.0/8"),
         Family::V6 => ("ip6", "ipv6_addr", "::1"),
@@ -304,12 +355,18 @@ pub fn skeleton(family: Family, table: &str) -> String {
     let vip = format!("{a} . inet_proto . inet_service");
     let vipkey = format!("{f} daddr . meta l4proto . th dport");
     let nodeport = format!("fib daddr type local {f} daddr != {lo} {f} daddr @nodeport-addresses");
-    let sets: [(&str, String); 10] = [
+    let sets: [(&str, String); 13] = [
         ("vip-listeners", format!("type {vip} : inet_service")),
         (
             "nodeport-listeners",
             "type inet_proto . inet_service : inet_service".into(),
         ),
+        ("vip-short-circuit", format!("type {vip} : inet_service")),
+        (
+            "nodeport-short-circuit",
+            "type inet_proto . inet_service : inet_service".into(),
+        ),
+        ("pod-cidrs", format!("type {a}; flags interval")),
         ("vip-verdicts", format!("type {vip} : verdict")),
         (
             "nodeport-verdicts",
@@ -332,6 +389,22 @@ pub fn skeleton(family: Family, table: &str) -> String {
         let kind = if decl.contains(" : ") { "map" } else { "set" };
         let _ = writeln!(s, "\t{kind} {name} {{ {decl}; }}");
     }
+    let mut prerouting = Vec::new();
+    if let Some(pod) = pods.rule(f) {
+        // Pods' traffic to an externalTrafficPolicy Local port: every endpoint.
+        prerouting.push(format!(
+            "{pod} meta l4proto {{ tcp, udp }} redirect to : {vipkey} map @vip-short-circuit"
+        ));
+        prerouting.push(format!(
+            "{pod} {nodeport} meta l4proto {{ tcp, udp }} redirect to : meta l4proto . th dport map @nodeport-short-circuit"
+        ));
+    }
+    prerouting.push(format!(
+        "meta l4proto {{ tcp, udp }} redirect to : {vipkey} map @vip-listeners"
+    ));
+    prerouting.push(format!(
+        "{nodeport} meta l4proto {{ tcp, udp }} redirect to : meta l4proto . th dport map @nodeport-listeners"
+    ));
     let chains: [(&str, &str, Vec<String>); 10] = [
         (
             "filter-prerouting-pre-nat",
@@ -396,17 +469,19 @@ pub fn skeleton(family: Family, table: &str) -> String {
         (
             "nat-prerouting",
             "type nat hook prerouting priority dstnat",
-            vec![
-                format!("meta l4proto {{ tcp, udp }} redirect to : {vipkey} map @vip-listeners"),
-                format!(
-                    "{nodeport} meta l4proto {{ tcp, udp }} redirect to : meta l4proto . th dport map @nodeport-listeners"
-                ),
-            ],
+            prerouting,
         ),
         (
             "nat-output",
             "type nat hook output priority -100",
             vec![
+                // The node's own traffic to an externalTrafficPolicy Local port: every endpoint.
+                format!(
+                    "meta l4proto {{ tcp, udp }} dnat {f} to {f} saddr : {vipkey} map @vip-short-circuit"
+                ),
+                format!(
+                    "{nodeport} meta l4proto {{ tcp, udp }} dnat {f} to {f} saddr : meta l4proto . th dport map @nodeport-short-circuit"
+                ),
                 format!(
                     "meta l4proto {{ tcp, udp }} dnat {f} to {f} saddr : {vipkey} map @vip-listeners"
                 ),

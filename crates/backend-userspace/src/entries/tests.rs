@@ -8,6 +8,7 @@ use crate::testutil::{endpoint, service_port};
 const LISTENERS: ListenerPorts = ListenerPorts {
     internal: 41000,
     external: Some(42000),
+    short_circuit: Some(43000),
 };
 
 fn ip(s: &str) -> IpAddr {
@@ -47,6 +48,7 @@ fn a_cluster_ip_service_redirects_its_vip_to_its_listener() {
         ListenerPorts {
             internal: 41000,
             external: None,
+            short_circuit: None,
         },
         &[],
     );
@@ -214,8 +216,9 @@ fn load_balancer_source_ranges_filter_only_the_load_balancer_ips() {
 fn node_entries_follow_the_node_port_addresses_setting() {
     let node_ips = [ip("192.168.100.1"), ip("fd00:100::1"), ip("127.0.0.1")];
     let cidrs = ["10.96.0.0/16".parse().unwrap()];
+    let pods = ["10.244.1.0/24".parse().unwrap()];
     let keys = |setting: &NodePortAddresses, families: &[Family]| -> Vec<EntryKey> {
-        node_entries(setting, &node_ips, &cidrs, families)
+        node_entries(setting, &node_ips, &cidrs, &pods, families)
             .into_iter()
             .map(|e| e.key)
             .collect()
@@ -227,6 +230,7 @@ fn node_entries_follow_the_node_port_addresses_setting() {
             EntryKey::NodePortAddresses(net("192.168.100.1/32")),
             EntryKey::NodePortAddresses(net("fd00:100::1/128")),
             EntryKey::ServiceCidr(net("10.96.0.0/16")),
+            EntryKey::PodCidr(net("10.244.1.0/24")),
         ],
         "primary: the node's IPs, never loopback"
     );
@@ -246,6 +250,57 @@ fn node_entries_follow_the_node_port_addresses_setting() {
         vec![
             EntryKey::NodePortAddresses(net("192.168.0.0/16")),
             EntryKey::ServiceCidr(net("10.96.0.0/16")),
+            EntryKey::PodCidr(net("10.244.1.0/24")),
         ]
     );
+}
+
+#[test]
+fn pods_and_the_node_are_short_circuited_only_under_external_traffic_policy_local() {
+    let short = |ip: &str| EntryKey::VipShortCircuit {
+        ip: ip.parse().unwrap(),
+        protocol: Protocol::Tcp,
+        port: 80,
+    };
+    let node_port_short = EntryKey::NodePortShortCircuit {
+        family: Family::V4,
+        protocol: Protocol::Tcp,
+        port: 30080,
+    };
+    // (policy Local, endpoints, short-circuit listener present, expected action)
+    let cases = [
+        (
+            true,
+            vec![endpoint("10.244.2.2", false)],
+            true,
+            Some(Action::Redirect(43000)),
+        ),
+        (
+            true,
+            vec![endpoint("10.244.1.2", true)],
+            true,
+            Some(Action::Redirect(43000)),
+        ),
+        (true, vec![], true, None),
+        (false, vec![endpoint("10.244.1.2", true)], false, None),
+    ];
+    for (local, eps, listener, want) in cases {
+        let mut sp = service_port("web", Protocol::Tcp, "10.96.0.1", &eps);
+        sp.node_port = Some(30080);
+        sp.load_balancer_ips = vec![ip("198.51.100.8")];
+        sp.external_policy_local = local;
+        let ports = ListenerPorts {
+            short_circuit: listener.then_some(43000),
+            ..LISTENERS
+        };
+        let got = port_entries(&sp, ports, &[]);
+        let what = format!("local={local} endpoints={}", eps.len());
+        assert_eq!(action_of(&got, &short("198.51.100.8")), want, "{what}");
+        assert_eq!(action_of(&got, &node_port_short), want, "{what}");
+        assert_eq!(
+            action_of(&got, &short("10.96.0.1")),
+            None,
+            "{what}: never the ClusterIP"
+        );
+    }
 }

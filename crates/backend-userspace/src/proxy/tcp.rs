@@ -1,6 +1,6 @@
 //! TCP: accept, pick an endpoint, connect, relay.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,11 +63,7 @@ async fn relay(
     scope: Scope,
     settings: ProxySettings,
 ) {
-    // Traffic the node sends to a Service is captured with its own address as the new
-    // destination: local and peer address are then the same.
-    let node_local = client.local_addr().is_ok_and(|l| l.ip() == peer.ip());
-    let who = shared.client(peer.ip(), node_local);
-    let Some(mut upstream) = connect(&shared, scope, &who, settings).await else {
+    let Some(mut upstream) = connect(&shared, scope, peer.ip(), settings).await else {
         shared.metrics.unserved.inc();
         // Reset rather than close: the client learns at once that nothing serves it.
         let _ = client.set_zero_linger();
@@ -85,15 +81,10 @@ async fn relay(
 async fn connect(
     shared: &PortShared,
     scope: Scope,
-    who: &crate::routing::Client,
+    who: IpAddr,
     settings: ProxySettings,
 ) -> Option<TcpStream> {
-    let attempts = shared
-        .routing
-        .lock()
-        .map(|r| r.candidates(scope, who))
-        .unwrap_or(0)
-        .min(MAX_ATTEMPTS);
+    let attempts = shared.candidates(scope).min(MAX_ATTEMPTS);
     for _ in 0..attempts {
         let endpoint = shared.pick(scope, who)?;
         match tokio::time::timeout(settings.connect_timeout, TcpStream::connect(endpoint)).await {

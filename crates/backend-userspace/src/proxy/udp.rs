@@ -134,14 +134,14 @@ async fn session(
     client: SocketAddr,
 ) -> Option<Arc<UdpSocket>> {
     let now = Instant::now();
-    let who = shared.client(client.ip(), false);
+    let who = client.ip();
     if let Some(s) = table.touch(client, now) {
         if !s.value.state.closed.load(Ordering::Relaxed) {
             return Some(s.value.socket.clone());
         }
-        shared.failed(scope, &who, s.endpoint);
+        shared.failed(scope, who, s.endpoint);
     }
-    let Some(endpoint) = shared.pick(scope, &who) else {
+    let Some(endpoint) = shared.pick(scope, who) else {
         shared.metrics.unserved.inc();
         return None;
     };
@@ -149,7 +149,7 @@ async fn session(
         Ok(s) => Arc::new(s),
         Err(e) => {
             debug!(port = %shared.name, %endpoint, "cannot open an upstream socket: {e}");
-            shared.failed(scope, &who, endpoint);
+            shared.failed(scope, who, endpoint);
             return None;
         }
     };

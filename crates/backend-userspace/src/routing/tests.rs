@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use kpng_model::{Protocol, SessionAffinity};
 
@@ -36,7 +37,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
         external_local: bool,
         with_local: bool,
         scope: Scope,
-        short_circuit: bool,
         want: &'static [&'static str],
     }
     let all: &[&str] = &[REMOTE, LOCAL_A, LOCAL_B];
@@ -48,7 +48,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             external_local: false,
             with_local: true,
             scope: Scope::Internal,
-            short_circuit: false,
             want: all,
         },
         Case {
@@ -57,7 +56,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             external_local: false,
             with_local: true,
             scope: Scope::External,
-            short_circuit: false,
             want: all,
         },
         Case {
@@ -66,7 +64,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             external_local: false,
             with_local: true,
             scope: Scope::Internal,
-            short_circuit: false,
             want: local,
         },
         Case {
@@ -75,7 +72,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             external_local: false,
             with_local: true,
             scope: Scope::External,
-            short_circuit: false,
             want: all,
         },
         Case {
@@ -84,7 +80,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             external_local: true,
             with_local: true,
             scope: Scope::External,
-            short_circuit: false,
             want: local,
         },
         Case {
@@ -92,8 +87,7 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             internal_local: false,
             external_local: true,
             with_local: true,
-            scope: Scope::External,
-            short_circuit: true,
+            scope: Scope::ShortCircuit,
             want: all,
         },
         Case {
@@ -102,7 +96,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             external_local: true,
             with_local: true,
             scope: Scope::Internal,
-            short_circuit: false,
             want: all,
         },
         Case {
@@ -111,7 +104,6 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             external_local: true,
             with_local: false,
             scope: Scope::External,
-            short_circuit: false,
             want: &[],
         },
         Case {
@@ -119,8 +111,7 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
             internal_local: false,
             external_local: true,
             with_local: false,
-            scope: Scope::External,
-            short_circuit: true,
+            scope: Scope::ShortCircuit,
             want: &[REMOTE],
         },
     ];
@@ -128,16 +119,12 @@ fn each_way_in_uses_the_list_its_traffic_policy_selects() {
     for c in cases {
         let mut r = Routing::default();
         r.update(&port(c.internal_local, c.external_local, c.with_local));
-        let client = Client {
-            ip: "192.168.100.10".parse().unwrap(),
-            short_circuit: c.short_circuit,
-        };
-        let got: BTreeSet<SocketAddr> = (0..6)
-            .filter_map(|_| r.pick(c.scope, &client, t0))
-            .collect();
+        let client: IpAddr = "192.168.100.10".parse().unwrap();
+        let got: BTreeSet<SocketAddr> =
+            (0..6).filter_map(|_| r.pick(c.scope, client, t0)).collect();
         let want: BTreeSet<SocketAddr> = c.want.iter().map(|s| addr(s)).collect();
         assert_eq!(got, want, "{}", c.what);
-        assert_eq!(r.candidates(c.scope, &client), want.len(), "{}", c.what);
+        assert_eq!(r.candidates(c.scope), want.len(), "{}", c.what);
         for e in &want {
             assert!(r.serves(c.scope, *e), "{}: serves {e}", c.what);
         }
@@ -153,14 +140,12 @@ fn affinity_holds_across_the_cluster_ip_and_the_node_port() {
     let mut r = Routing::default();
     r.update(&sp);
     let t0 = Instant::now();
-    let client = Client {
-        ip: "192.168.100.10".parse().unwrap(),
-        short_circuit: false,
-    };
-    let first = r.pick(Scope::Internal, &client, t0).unwrap();
+    let client: IpAddr = "192.168.100.10".parse().unwrap();
+    let first = r.pick(Scope::Internal, client, t0).unwrap();
     for _ in 0..5 {
-        assert_eq!(r.pick(Scope::External, &client, t0), Some(first));
-        assert_eq!(r.pick(Scope::Internal, &client, t0), Some(first));
+        assert_eq!(r.pick(Scope::External, client, t0), Some(first));
+        assert_eq!(r.pick(Scope::Internal, client, t0), Some(first));
+        assert_eq!(r.pick(Scope::ShortCircuit, client, t0), Some(first));
     }
 }
 
@@ -172,25 +157,6 @@ fn an_endpoint_that_left_no_longer_serves() {
     r.update(&port(false, false, false));
     assert!(!r.serves(Scope::Internal, addr(LOCAL_A)));
     assert!(!r.serves(Scope::External, addr(LOCAL_A)));
+    assert!(!r.serves(Scope::ShortCircuit, addr(LOCAL_A)));
     assert!(r.serves(Scope::Internal, addr(REMOTE)));
-}
-
-#[test]
-fn local_sources_are_loopback_and_the_listed_networks() {
-    let s = LocalSources {
-        nets: vec![
-            "10.244.0.0/16".parse().unwrap(),
-            "192.168.100.1/32".parse().unwrap(),
-        ],
-    };
-    for (ip, want) in [
-        ("127.0.0.1", true),
-        ("::1", true),
-        ("10.244.9.9", true),
-        ("192.168.100.1", true),
-        ("192.168.100.10", false),
-        ("fd00::1", false),
-    ] {
-        assert_eq!(s.contains(ip.parse().unwrap()), want, "{ip}");
-    }
 }

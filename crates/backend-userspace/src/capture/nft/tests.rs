@@ -95,13 +95,66 @@ fn sample_entries() -> Vec<Entry> {
             EntryKey::ServiceCidr("fd00:96::/112".parse().unwrap()),
             Action::Member,
         ),
+        e(
+            EntryKey::VipShortCircuit {
+                ip: "198.51.100.9".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            Action::Redirect(43000),
+        ),
+        e(
+            EntryKey::NodePortShortCircuit {
+                family: Family::V4,
+                protocol: Protocol::Tcp,
+                port: 30090,
+            },
+            Action::Redirect(43000),
+        ),
+        e(
+            EntryKey::PodCidr("10.244.0.0/16".parse().unwrap()),
+            Action::Member,
+        ),
     ]
 }
 
 #[test]
 fn the_full_script_is_golden() {
-    let c = NftCapture::dry_run(Family::ALL.to_vec());
+    let c = NftCapture::dry_run(Family::ALL.to_vec()).with_pods(PodMatch::Cidrs);
     check_golden("replace.nft", &c.replace_script(&sample_entries()));
+}
+
+#[test]
+fn pods_are_matched_as_the_detect_local_mode_says() {
+    let cases = [
+        (PodMatch::None, None),
+        (PodMatch::Cidrs, Some("ip saddr @pod-cidrs ")),
+        (
+            PodMatch::Interface("cbr0".into()),
+            Some("iifname \"cbr0\" "),
+        ),
+        (
+            PodMatch::InterfacePrefix("veth".into()),
+            Some("iifname \"veth*\" "),
+        ),
+    ];
+    for (pods, want) in cases {
+        let text = skeleton(Family::V4, TABLE, &pods);
+        let short_circuit: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("redirect") && l.contains("short-circuit"))
+            .collect();
+        match want {
+            None => assert!(short_circuit.is_empty(), "{pods:?}: {short_circuit:?}"),
+            Some(m) => {
+                assert_eq!(short_circuit.len(), 2, "{pods:?}");
+                assert!(
+                    short_circuit.iter().all(|l| l.trim_start().starts_with(m)),
+                    "{pods:?}: {short_circuit:?}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
