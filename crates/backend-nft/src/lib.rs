@@ -55,7 +55,8 @@ pub struct NftConfig {
     pub detect_local: DetectLocal,
     /// `--nodeport-addresses`.
     pub nodeport_addresses: NodePortAddresses,
-    /// `--service-cidr`: traffic to unallocated IPs inside them is dropped.
+    /// `--service-cidr`: traffic to unallocated IPs inside them is dropped (as inside the
+    /// cluster's ServiceCIDR objects, which come with the snapshot).
     pub service_cidrs: Vec<IpNet>,
     /// The families to program.
     pub families: Vec<Family>,
@@ -204,7 +205,15 @@ impl NftBackend {
                 comment: None,
             })
             .collect();
-        let cidrs = IpNet::aggregate(&self.config.service_cidrs);
+        // `--service-cidr` and the cluster's ServiceCIDR objects alike.
+        let all: Vec<IpNet> = self
+            .config
+            .service_cidrs
+            .iter()
+            .chain(&snapshot.service_cidrs)
+            .copied()
+            .collect();
+        let cidrs = IpNet::aggregate(&all);
         out.extend(
             cidrs
                 .iter()

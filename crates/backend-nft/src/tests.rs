@@ -20,7 +20,7 @@ fn model_from(yaml: &str) -> Model {
         ..ModelConfig::default()
     });
     let out = model.apply(Event::Replace {
-        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        kinds: Kind::ALL.to_vec(),
         objects: loaded.objects,
     });
     assert!(out.errors.is_empty(), "{:?}", out.errors);
@@ -314,4 +314,70 @@ fn cleanup_removes_both_tables() {
             "add table ip kpng\ndelete table ip kpng\nadd table ip6 kpng\ndelete table ip6 kpng\n"
         ]
     );
+}
+
+/// The elements a full transaction adds to `set` of table `family kpng`, one per line.
+fn set_elements(script: &str, family: &str, set: &str) -> Vec<String> {
+    let head = format!("add element {family} kpng {set} {{");
+    let Some(start) = script.find(&head) else {
+        return Vec::new();
+    };
+    script[start + head.len()..]
+        .lines()
+        .map(str::trim)
+        .take_while(|l| *l != "}")
+        .filter(|l| !l.is_empty())
+        .map(|l| l.trim_end_matches(',').to_string())
+        .collect()
+}
+
+#[test]
+fn service_cidr_objects_join_the_flag_ranges_and_a_change_resyncs() {
+    let with_cidrs = |cidrs: &str| {
+        format!(
+            "{ONE_SERVICE}---\nkind: ServiceCIDR\nmetadata: {{name: kubernetes}}\nspec: {{cidrs: [{cidrs}]}}\n"
+        )
+    };
+    let mut model = model_from(&with_cidrs(
+        "10.96.0.0/16, 10.100.0.0/24, \"fd00:96::/112\"",
+    ));
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let s = scripts(&r);
+    // The flag's 10.96.0.0/16 and the object's equal range are one element.
+    assert_eq!(
+        set_elements(&s[0], "ip", "service-cidrs"),
+        ["10.100.0.0/24", "10.96.0.0/16"]
+    );
+    assert_eq!(
+        set_elements(&s[1], "ip6", "service-cidrs"),
+        ["fd00:96::/112"]
+    );
+
+    // The object drops a range: a node-level change, so a full resync without it.
+    let loaded = kpng_source_file::parse_manifests(&with_cidrs("10.96.0.0/16")).expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: Kind::ALL.to_vec(),
+        objects: loaded.objects,
+    });
+    assert!(out.diff.node_changed);
+    b.sync(&SyncRequest {
+        diff: &out.diff,
+        snapshot: model.snapshot(),
+        full: false,
+    })
+    .expect("sync");
+    let s = scripts(&r);
+    let v4 = s
+        .iter()
+        .rev()
+        .find(|t| t.contains("table ip kpng"))
+        .expect("v4");
+    assert_eq!(set_elements(v4, "ip", "service-cidrs"), ["10.96.0.0/16"]);
+    let v6 = s
+        .iter()
+        .rev()
+        .find(|t| t.contains("table ip6 kpng"))
+        .expect("v6");
+    assert!(set_elements(v6, "ip6", "service-cidrs").is_empty(), "{v6}");
 }

@@ -66,6 +66,20 @@ fn sync_duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
+/// kube-proxy's network-programming buckets: 0 (its bucket merge starts with a zero), 0.25 s,
+/// 0.5 s, every second up to 59 s, every 5 s up to 115 s, every 30 s up to 5 min.
+pub fn network_programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.0, 0.25, 0.5];
+    buckets.extend((1..=59).map(f64::from));
+    buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    buckets
+}
+
+fn network_programming_histogram() -> Histogram {
+    Histogram::new(network_programming_buckets())
+}
+
 /// Every metric the sync loop and the HTTP endpoints maintain.
 #[derive(Clone, Debug)]
 pub struct ProxyMetrics {
@@ -79,6 +93,9 @@ pub struct ProxyMetrics {
     pub last_sync_timestamp: MetricFamily<FamilyLabel, FloatGauge>,
     /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`: set when a change is queued.
     pub last_queued_timestamp: MetricFamily<FamilyLabel, FloatGauge>,
+    /// `kubeproxy_network_programming_duration_seconds`: from an EndpointSlice's
+    /// last-change trigger time to the sync that programmed the change.
+    pub network_programming_duration: DurationHistograms,
     /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
     pub endpoint_changes_total: Counter,
     /// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`.
@@ -125,6 +142,9 @@ impl ProxyMetrics {
             partial_sync_duration: MetricFamily::new_with_constructor(sync_duration_histogram),
             last_sync_timestamp: MetricFamily::default(),
             last_queued_timestamp: MetricFamily::default(),
+            network_programming_duration: MetricFamily::new_with_constructor(
+                network_programming_histogram,
+            ),
             endpoint_changes_total: Counter::default(),
             endpoint_changes_pending: Gauge::default(),
             service_changes_total: Counter::default(),
@@ -170,6 +190,11 @@ impl ProxyMetrics {
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a sync of proxy rules was queued",
             m.last_queued_timestamp.clone(),
+        );
+        r.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            m.network_programming_duration.clone(),
         );
         // prometheus-client appends `_total` to counter names.
         r.register(
@@ -267,6 +292,19 @@ mod tests {
     use prometheus_client::encoding::text::encode;
 
     #[test]
+    fn network_programming_buckets_are_kube_proxys() {
+        let b = network_programming_buckets();
+        // 1 + 2 + 59 + 12 + 7 boundaries.
+        assert_eq!(b.len(), 81);
+        assert_eq!(&b[..5], &[0.0, 0.25, 0.5, 1.0, 2.0]);
+        assert_eq!(b[61], 59.0);
+        assert_eq!(&b[62..64], &[60.0, 65.0]);
+        assert_eq!(b[73], 115.0);
+        assert_eq!(&b[74..], &[120.0, 150.0, 180.0, 210.0, 240.0, 270.0, 300.0]);
+        assert!(b.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
+    }
+
+    #[test]
     fn names_match_kube_proxy() {
         let mut registry = Registry::default();
         let m = ProxyMetrics::new(&mut registry);
@@ -277,6 +315,9 @@ mod tests {
             .get_or_create(&Family::V4.into())
             .set(1.5);
         m.endpoint_changes_total.inc();
+        m.network_programming_duration
+            .get_or_create(&Family::V6.into())
+            .observe(0.3);
         m.healthz_total
             .get_or_create(&CodeLabel { code: "200".into() })
             .inc();
@@ -293,6 +334,9 @@ mod tests {
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\",ip_family=\"IPv4\"} 1",
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.5",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.0\",ip_family=\"IPv6\"} 0",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.5\",ip_family=\"IPv6\"} 1",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"300.0\",ip_family=\"IPv6\"} 1",
             "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
             "# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram",
             "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.256\",ip_family=\"IPv6\"} 0",

@@ -3,7 +3,8 @@
 //! It owns the [`Model`] and one [`Backend`]. Source events are applied to the model as they
 //! arrive and their diffs are merged into one pending diff; the backend is synced:
 //! - not before Services, EndpointSlices and Nodes have all been listed once (a source signals a
-//!   complete list with [`Event::Replace`]), so a half-known cluster is never programmed;
+//!   complete list with [`Event::Replace`] or [`Event::ListDone`]), so a half-known cluster is
+//!   never programmed;
 //! - at most once per `min_sync_period`;
 //! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
 //!   every `full_sync_period`;
@@ -11,12 +12,16 @@
 //!
 //! After a successful sync, backends that program the node also get their Service health
 //! checks served and stale UDP conntrack entries deleted.
+//! It also keeps kube-proxy's change metrics: every Service or EndpointSlice event counts in
+//! `…_changes_total`; the ones that changed the model count as pending until the next sync; and
+//! the EndpointSlices' last-change trigger times become `network_programming_duration_seconds`
+//! once a sync has programmed them.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpng_model::{Diff, Event, Family, Kind, Model};
+use kpng_model::{Diff, Event, Family, Kind, Model, ServiceKey, TriggerTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -126,9 +131,10 @@ impl Runner {
             retry_at: None,
             retry_delay: Duration::ZERO,
             generation: 0,
-            pending_services: 0,
+            pending_services: BTreeSet::new(),
             pending_endpoints: 0,
-            listing_kinds: Vec::new(),
+            pending_triggers: Vec::new(),
+            started: SystemTime::now(),
         };
         state
             .runner
@@ -149,10 +155,15 @@ struct LoopState {
     retry_at: Option<Instant>,
     retry_delay: Duration,
     generation: u64,
-    pending_services: i64,
+    /// Services whose object changed since the last sync (kube-proxy's pending Service changes).
+    pending_services: BTreeSet<ServiceKey>,
+    /// EndpointSlice changes since the last sync.
     pending_endpoints: i64,
-    /// The kinds of the streamed list in progress (complete at `ListDone`).
-    listing_kinds: Vec<Kind>,
+    /// Trigger times of the endpoint changes not programmed yet.
+    pending_triggers: Vec<TriggerTime>,
+    /// When the loop started: earlier trigger times are not measured (as upstream, which
+    /// ignores changes from before the proxy started).
+    started: SystemTime,
 }
 
 impl LoopState {
@@ -204,43 +215,47 @@ impl LoopState {
         Some(full.map_or(periodic, |f| f.min(periodic)))
     }
 
-    fn handle(&mut self, event: Event) {
+    /// Counts one object received from the source in kube-proxy's and kpng's input metrics.
+    fn count_seen(&self, kind: Kind) {
         let m = &self.runner.metrics;
+        m.objects_seen
+            .get_or_create(&KindLabel {
+                kind: kind.as_str().into(),
+            })
+            .inc();
+        match kind {
+            Kind::Service => {
+                m.service_changes_total.inc();
+            }
+            Kind::EndpointSlice => {
+                m.endpoint_changes_total.inc();
+            }
+            Kind::Node | Kind::ServiceCidr => {}
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        // The kind of a single-object event, and the kinds a list completes.
         let (kind, listed) = match &event {
-            Event::Apply(o) => (Some(o.kind()), Vec::new()),
-            Event::Delete(r) => (Some(r.kind), Vec::new()),
+            Event::Apply(o) | Event::ListItem(o) => {
+                self.count_seen(o.kind());
+                (Some(o.kind()), Vec::new())
+            }
+            Event::Delete(r) => {
+                self.count_seen(r.kind);
+                (Some(r.kind), Vec::new())
+            }
             Event::Replace { kinds, objects } => {
                 for o in objects {
-                    m.objects_seen
-                        .get_or_create(&KindLabel {
-                            kind: o.kind().as_str().into(),
-                        })
-                        .inc();
+                    self.count_seen(o.kind());
                 }
                 (None, kinds.clone())
             }
-            Event::ListStart { kinds } => {
-                self.listing_kinds = kinds.clone();
-                (None, Vec::new())
-            }
-            Event::ListItem(o) => {
-                m.objects_seen
-                    .get_or_create(&KindLabel {
-                        kind: o.kind().as_str().into(),
-                    })
-                    .inc();
-                (None, Vec::new())
-            }
-            Event::ListDone => (None, std::mem::take(&mut self.listing_kinds)),
+            Event::ListStart { .. } => (None, Vec::new()),
+            Event::ListDone { kinds } => (None, kinds.clone()),
         };
-        if let Some(kind) = kind {
-            m.objects_seen
-                .get_or_create(&KindLabel {
-                    kind: kind.as_str().into(),
-                })
-                .inc();
-        }
         let outcome = self.runner.model.apply(event);
+        let m = &self.runner.metrics;
         for w in &outcome.warnings {
             warn!("{w}");
         }
@@ -261,6 +276,14 @@ impl LoopState {
                 .inc_by(outcome.applied as u64);
         }
         self.listed.extend(listed);
+        self.pending_services.extend(outcome.services_changed);
+        self.pending_endpoints += outcome.slices_changed as i64;
+        m.service_changes_pending
+            .set(self.pending_services.len() as i64);
+        m.endpoint_changes_pending.set(self.pending_endpoints);
+        let started = self.started;
+        self.pending_triggers
+            .extend(outcome.trigger_times.into_iter().filter(|t| t.at > started));
 
         let diff = outcome.diff;
         if diff.is_empty() {
@@ -271,19 +294,7 @@ impl LoopState {
                 .health
                 .set_node_eligible(self.runner.model.snapshot().node.eligible());
         }
-        // kube-proxy counts Service and EndpointSlice changes separately; a relist counts as both.
-        let changes = diff.changes.len() as i64;
-        match kind {
-            Some(Kind::Service) => self.pending_services += changes,
-            Some(Kind::EndpointSlice) => self.pending_endpoints += changes,
-            Some(Kind::Node) => {}
-            None => {
-                self.pending_services += changes;
-                self.pending_endpoints += changes;
-            }
-        }
-        m.service_changes_pending.set(self.pending_services);
-        m.endpoint_changes_pending.set(self.pending_endpoints);
+        let m = &self.runner.metrics;
         let now = SystemTime::now();
         let touched: BTreeSet<Family> = if diff.node_changed {
             self.families.iter().copied().collect()
@@ -325,6 +336,11 @@ impl LoopState {
             backend: self.runner.backend.name().to_string(),
         };
         let m = &self.runner.metrics;
+        // As kube-proxy, a sync attempt takes every pending change, whatever its outcome.
+        self.pending_services.clear();
+        self.pending_endpoints = 0;
+        m.service_changes_pending.set(0);
+        m.endpoint_changes_pending.set(0);
         let report = match result {
             Ok(stats) => {
                 let wall = SystemTime::now();
@@ -349,14 +365,15 @@ impl LoopState {
                 m.sync_operations
                     .get_or_create(&backend)
                     .inc_by(stats.operations as u64);
-                m.service_changes_total
-                    .inc_by(self.pending_services.max(0) as u64);
-                m.endpoint_changes_total
-                    .inc_by(self.pending_endpoints.max(0) as u64);
-                self.pending_services = 0;
-                self.pending_endpoints = 0;
-                m.service_changes_pending.set(0);
-                m.endpoint_changes_pending.set(0);
+                // Programmed now: how long since each endpoint change was triggered.
+                for trigger in std::mem::take(&mut self.pending_triggers) {
+                    if self.families.contains(&trigger.family) {
+                        let latency = wall.duration_since(trigger.at).unwrap_or_default();
+                        m.network_programming_duration
+                            .get_or_create(&trigger.family.into())
+                            .observe(latency.as_secs_f64());
+                    }
+                }
                 // These gauges walk every Service port: keep them off the per-change path
                 // (they are refreshed by full and periodic syncs, at least every sync period).
                 if full || diff.is_empty() {

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 /// a sink consumes it. Examples:
 ///
 ///   kpng file --input examples/cluster.yaml to-file --output -
+///   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
 #[derive(Debug, Parser)]
 #[command(name = "kpng", version, propagate_version = true, max_term_width = 100)]
 pub struct Cli {
@@ -57,8 +58,8 @@ pub struct GlobalFlags {
     #[arg(long, global = true, alias = "bind-address", value_delimiter = ',')]
     pub node_ip: Vec<IpAddr>,
 
-    /// Serve Services labelled service.kubernetes.io/service-proxy-name=NAME (others with that
-    /// label belong to another proxy).
+    /// Serve only the Services labelled service.kubernetes.io/service-proxy-name=NAME (without
+    /// it: only the Services without that label, as kube-proxy).
     #[arg(long, global = true)]
     pub service_proxy_name: Option<String>,
 
@@ -147,6 +148,9 @@ pub struct GlobalFlags {
 pub enum Command {
     /// Read Kubernetes manifests (a YAML stream or a `kind: List`) from a file, and watch it.
     File(FileSource),
+    /// Watch the Kubernetes API server (as kube-proxy does): Services, EndpointSlices, this
+    /// node's Node and ServiceCIDRs.
+    Kube(KubeSource),
     /// Remove everything kpng's backends installed on this node, then exit.
     Cleanup,
     /// Print the version.
@@ -162,6 +166,27 @@ pub struct FileSource {
     /// How long the file must be quiet after a change before it is re-read.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub debounce: Duration,
+    /// Where the model goes.
+    #[command(subcommand)]
+    pub sink: Sink,
+}
+
+/// `kpng kube …`: kube-proxy's client flags.
+#[derive(Debug, Args)]
+pub struct KubeSource {
+    /// The kubeconfig file. Without it and without --master, kpng uses its Pod's service
+    /// account (in-cluster configuration).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's URL (overrides the kubeconfig's server).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Requests per second to the API server (0 or less: no limit).
+    #[arg(long, default_value_t = 5.0)]
+    pub kube_api_qps: f32,
+    /// Requests allowed in a burst above --kube-api-qps.
+    #[arg(long, default_value_t = 10)]
+    pub kube_api_burst: u32,
     /// Where the model goes.
     #[command(subcommand)]
     pub sink: Sink,
@@ -305,6 +330,37 @@ mod tests {
         ] {
             assert_eq!(parse_duration(text).ok(), want, "{text}");
         }
+    }
+
+    #[test]
+    fn kube_source_flags() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "kube",
+            "--kubeconfig",
+            "/etc/kpng/kubeconfig",
+            "--kube-api-qps",
+            "20",
+            "--service-proxy-name",
+            "kpng",
+            "to-local",
+            "nft",
+            "--dry-run",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.service_proxy_name.as_deref(), Some("kpng"));
+        let Command::Kube(k) = cli.command else {
+            panic!("kube source")
+        };
+        assert_eq!(
+            k.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/etc/kpng/kubeconfig"))
+        );
+        assert_eq!(
+            (k.master, k.kube_api_qps, k.kube_api_burst),
+            (None, 20.0, 10)
+        );
+        assert!(matches!(k.sink, Sink::ToLocal(_)));
     }
 
     #[test]

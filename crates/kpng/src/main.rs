@@ -21,6 +21,19 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::{CommandFactory, FromArgMatches};
 
+/// `--log-level`, with kube's own crates silenced unless it names them: they log every
+/// failed attempt while the API server is down, and the `kube` source already reports an
+/// outage, a refusal or a bad object once itself.
+fn log_filter(spec: &str) -> String {
+    let mut filter = spec.to_string();
+    for chatty in ["kube_client", "kube_runtime"] {
+        if !spec.contains(chatty) {
+            filter.push_str(&format!(",{chatty}=off"));
+        }
+    }
+    filter
+}
+
 fn main() -> std::process::ExitCode {
     let matches = cli::Cli::command().get_matches();
     let mut cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
@@ -33,7 +46,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.global.log_level));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(&cli.global.log_level)));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -56,5 +69,20 @@ fn main() -> std::process::ExitCode {
             eprintln!("kpng: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kube_crates_are_quiet_unless_named() {
+        assert_eq!(
+            super::log_filter("info"),
+            "info,kube_client=off,kube_runtime=off"
+        );
+        assert_eq!(
+            super::log_filter("info,kube_client=debug"),
+            "info,kube_client=debug,kube_runtime=off"
+        );
     }
 }

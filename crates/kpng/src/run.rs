@@ -12,6 +12,7 @@ use kpng_backend::runner::{HealthCheckAddresses, Runner};
 use kpng_model::{Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
+use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -42,6 +43,32 @@ fn nodeport_cidrs(flags: &GlobalFlags) -> anyhow::Result<Option<Vec<ipnet::IpNet
         })
         .collect::<anyhow::Result<Vec<_>>>()
         .map(Some)
+}
+
+/// The backend a sink names; backends with tasks of their own run them on `runtime`.
+fn sink_backend(
+    sink: &Sink,
+    flags: &GlobalFlags,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(match sink {
+        Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
+        Sink::ToLocal(local) => match &local.backend {
+            LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
+            LocalBackend::Userspace(args) => {
+                Box::new(userspace_backend(flags, args, runtime.clone())?)
+            }
+        },
+    })
+}
+
+/// The async runtime every source runs on.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 /// The nftables backend configured from the flags.
@@ -170,36 +197,13 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::File(file) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            let backend: Box<dyn Backend> = match &file.sink {
-                Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
-                Sink::ToLocal(local) => match &local.backend {
-                    LocalBackend::Nft(args) => Box::new(nft_backend(&cli.global, args)?),
-                    LocalBackend::Userspace(args) => Box::new(userspace_backend(
-                        &cli.global,
-                        args,
-                        runtime.handle().clone(),
-                    )?),
-                },
-            };
+            let runtime = runtime()?;
+            let backend = sink_backend(&file.sink, &cli.global, runtime.handle())?;
             let source = FileSource::new(file.input, file.debounce);
             // Backends that program the node also get conntrack sysctls and health checks,
             // and, when they really change the data plane, UDP conntrack cleanup.
             let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
-            let cleans_conntrack = match &file.sink {
-                Sink::ToLocal(local) => match &local.backend {
-                    LocalBackend::Nft(args) => !args.dry_run,
-                    // The proxy's UDP conntrack entries are client → listener, never pinned to
-                    // an endpoint: the endpoint-based cleanup does not apply (a session moves
-                    // inside the proxy when its endpoint leaves).
-                    LocalBackend::Userspace(_) => false,
-                },
-                Sink::ToFile(_) => false,
-            };
+            let cleans_conntrack = cleans_conntrack(&file.sink);
             runtime.block_on(serve(
                 cli.global,
                 backend,
@@ -208,6 +212,61 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
             ))
         }
+        Command::Kube(kube) => {
+            let runtime = runtime()?;
+            let backend = sink_backend(&kube.sink, &cli.global, runtime.handle())?;
+            let programs_the_node = matches!(kube.sink, Sink::ToLocal(_));
+            let cleans_conntrack = cleans_conntrack(&kube.sink);
+            let mut flags = cli.global;
+            let node_name = match flags.node_name.clone() {
+                Some(n) => n,
+                None => hostname()?,
+            };
+            flags.node_name = Some(node_name.clone());
+            // Flags given on the command line, else `clientConnection` of --config, else the
+            // flags' defaults.
+            let cc = flags.client_connection.clone();
+            let options = ClientOptions {
+                kubeconfig: cc.kubeconfig.or(kube.kubeconfig),
+                master: kube.master,
+                qps: cc.kube_api_qps.unwrap_or(kube.kube_api_qps),
+                burst: cc.kube_api_burst.unwrap_or(kube.kube_api_burst),
+            };
+            let config = SourceConfig {
+                node_name,
+                service_proxy_name: flags.service_proxy_name.clone(),
+            };
+            runtime.block_on(async move {
+                let (client, server) = kpng_source_kube::client(&options).await?;
+                info!(%server, "reading cluster state from the API server");
+                let source = KubeSource::new(client, config);
+                serve(
+                    flags,
+                    backend,
+                    programs_the_node,
+                    cleans_conntrack,
+                    |tx| async move {
+                        source.run(tx).await;
+                        Ok(())
+                    },
+                )
+                .await
+            })
+        }
+    }
+}
+
+/// Whether the sink changes the data plane, so that stale UDP conntrack entries must go.
+fn cleans_conntrack(sink: &Sink) -> bool {
+    match sink {
+        Sink::ToLocal(local) => match &local.backend {
+            LocalBackend::Nft(args) => !args.dry_run,
+            // The proxy's UDP conntrack entries are client → listener, never pinned to an
+            // endpoint: the endpoint-based cleanup does not apply (a session moves inside the
+            // proxy when its endpoint leaves).
+            LocalBackend::Userspace(_) => false,
+        },
+        Sink::ToFile(_) => false,
     }
 }
 

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::event::{Kind, ObjectRef};
@@ -27,6 +28,10 @@ pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Label tying an EndpointSlice to its Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// EndpointSlice annotation: when the change the slice reflects was triggered (network
+/// programming latency is measured from it).
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 /// Node label holding the node's zone, used for zone hints.
 pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// Taint the cluster autoscaler puts on nodes it is about to delete.
@@ -584,4 +589,53 @@ pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, Conver
             .any(|t| t.key == TAINT_TO_BE_DELETED);
     }
     Ok(info)
+}
+
+/// A ServiceCIDR reduced to its ranges.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceCidrInfo {
+    /// The object's name (ServiceCIDRs are cluster-scoped).
+    pub name: String,
+    /// `spec.cidrs`, canonical.
+    pub cidrs: Vec<IpNet>,
+}
+
+/// Converts a ServiceCIDR. Every range counts, whatever the object's status: kube-proxy too
+/// drops traffic to every range of every ServiceCIDR it sees.
+pub fn service_cidr(
+    object: &ServiceCIDR,
+    warnings: &mut Vec<Warning>,
+) -> Result<ServiceCidrInfo, ConversionError> {
+    let reference = object_ref(Kind::ServiceCidr, &object.metadata);
+    require_identity(&reference, false)?;
+    let mut c = Checker {
+        object: &reference,
+        warnings,
+    };
+    let mut info = ServiceCidrInfo {
+        name: reference.name.to_string(),
+        cidrs: Vec::new(),
+    };
+    let cidrs = object.spec.as_ref().and_then(|s| s.cidrs.as_ref());
+    for (i, raw) in cidrs.into_iter().flatten().enumerate() {
+        match parse_cidr_sloppy(raw) {
+            Some(net) => info.cidrs.push(net),
+            None => c.warn(format!("spec.cidrs[{i}]"), format!("{raw:?} is not a CIDR")),
+        }
+    }
+    Ok(info)
+}
+
+/// The `endpoints.kubernetes.io/last-change-trigger-time` annotation of an EndpointSlice: when
+/// the change that this version of the slice reflects happened (a Pod became ready, …). `None`
+/// when absent or not an RFC 3339 time, as upstream ignores such values.
+pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<std::time::SystemTime> {
+    let raw = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
+    let at: k8s_openapi::jiff::Timestamp = raw.parse().ok()?;
+    let since_epoch = std::time::Duration::from_nanos(u64::try_from(at.as_nanosecond()).ok()?);
+    std::time::SystemTime::UNIX_EPOCH.checked_add(since_epoch)
 }

@@ -25,7 +25,8 @@ pub struct Change {
 pub struct Diff {
     /// Changed ports, ordered by key.
     pub changes: BTreeMap<PortKey, Change>,
-    /// The node's IPs, zone, podCIDRs or eligibility changed.
+    /// Node-level state changed: the node's IPs, zone, podCIDRs or eligibility, or the
+    /// cluster's Service CIDRs.
     pub node_changed: bool,
 }
 

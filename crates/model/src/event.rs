@@ -2,6 +2,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 /// The kinds of objects the model understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -12,15 +13,28 @@ pub enum Kind {
     EndpointSlice,
     /// core/v1 Node (only this node's object matters).
     Node,
+    /// networking/v1 ServiceCIDR: the ranges ClusterIPs are allocated from, so that traffic to
+    /// an unallocated ClusterIP can be dropped.
+    ServiceCidr,
 }
 
 impl Kind {
+    /// Every kind, in the order sources list them: what a source that sees the whole cluster
+    /// (a manifest file) is complete for.
+    pub const ALL: [Kind; 4] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
+        Kind::ServiceCidr,
+    ];
+
     /// The Kubernetes `kind` string.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 }
@@ -34,6 +48,8 @@ pub enum Object {
     EndpointSlice(Box<EndpointSlice>),
     /// A Node.
     Node(Box<Node>),
+    /// A ServiceCIDR.
+    ServiceCidr(Box<ServiceCIDR>),
 }
 
 impl Object {
@@ -43,6 +59,7 @@ impl Object {
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Node(_) => Kind::Node,
+            Object::ServiceCidr(_) => Kind::ServiceCidr,
         }
     }
 
@@ -52,6 +69,7 @@ impl Object {
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::Node(o) => &o.metadata,
+            Object::ServiceCidr(o) => &o.metadata,
         };
         ObjectRef {
             kind: self.kind(),
@@ -102,15 +120,22 @@ pub enum Event {
         objects: Vec<Object>,
     },
     /// The same as `Replace`, streamed: a complete list of these kinds begins, its objects
-    /// follow as [`Event::ListItem`], and [`Event::ListDone`] ends it. Nothing changes in the
-    /// snapshot until `ListDone`, so a relist never causes a transient teardown, and no event
-    /// ever holds a whole cluster's objects at once.
+    /// follow as [`Event::ListItem`], and [`Event::ListDone`] with the same kinds ends it.
+    /// Nothing changes in the snapshot until `ListDone`, so a relist never causes a transient
+    /// teardown, and no event ever holds a whole cluster's objects at once.
+    ///
+    /// Lists of different kinds may be in progress at once and interleave (the `kube` source
+    /// runs one watcher per kind, each relisting on its own); a `ListStart` for kinds whose list
+    /// is still in progress abandons that list and starts over.
     ListStart {
         /// The kinds the list is complete for.
         kinds: Vec<Kind>,
     },
-    /// One object of the list in progress.
+    /// One object of a list in progress (the one for its kind).
     ListItem(Object),
-    /// The list in progress is complete.
-    ListDone,
+    /// The list of these kinds (as given to its `ListStart`) is complete.
+    ListDone {
+        /// The kinds of the list that is complete.
+        kinds: Vec<Kind>,
+    },
 }

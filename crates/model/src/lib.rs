@@ -1,6 +1,6 @@
 //! kpng's node-local model: what *this node* must do for every Service port.
 //!
-//! Sources hand Kubernetes objects (Services, EndpointSlices, Nodes) to [`Model::apply`] as
+//! Sources hand Kubernetes objects (Services, EndpointSlices, Nodes, ServiceCIDRs) to [`Model::apply`] as
 //! [`Event`]s. The model converts them into small, Kubernetes-free types, selects the endpoints
 //! each Service port may use from this node (upstream kube-proxy's `CategorizeEndpoints`), and
 //! returns a [`Diff`] naming only the Service ports that changed. Backends consume the diff plus a
@@ -24,6 +24,6 @@ pub use convert::{ConversionError, Warning};
 pub use diff::{Change, Diff};
 pub use event::{Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
-pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
+pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot, TriggerTime};
 pub use node::NodeState;
 pub use service_port::{Endpoint, ServicePort, SessionAffinity};

@@ -3,9 +3,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
+
+use ipnet::IpNet;
 
 use crate::build::service_ports;
-use crate::convert::{self, ConversionError, NodeInfo, ServiceInfo, SliceInfo, Warning};
+use crate::convert::{
+    self, ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo, Warning,
+};
 use crate::diff::Diff;
 use crate::event::{Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, PortKey, Protocol, ServiceKey};
@@ -17,8 +22,9 @@ use crate::service_port::ServicePort;
 pub struct ModelConfig {
     /// This node's name (`--node-name` / `--hostname-override`): decides which endpoints are local.
     pub node_name: String,
-    /// `--service-proxy-name`: Services labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are ours; any other value means another proxy owns them.
+    /// `--service-proxy-name`: when set, only Services labelled
+    /// `service.kubernetes.io/service-proxy-name` with this value are ours; when unset, only
+    /// Services without that label are (the label names the proxy that owns a Service).
     pub service_proxy_name: Option<String>,
     /// `--node-ip` / `--bind-address`: when set, these are the node's IPs whatever the Node says.
     pub node_ips: Vec<IpAddr>,
@@ -31,6 +37,9 @@ pub struct Snapshot {
     pub node: NodeState,
     /// Every Service port of every family, ordered by key.
     pub ports: BTreeMap<PortKey, Arc<ServicePort>>,
+    /// The ranges of every ServiceCIDR object, sorted, without duplicates: traffic to an IP
+    /// inside them that no Service owns is dropped (kube-proxy's "unallocated ClusterIP" rule).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl Snapshot {
@@ -51,6 +60,27 @@ pub struct ApplyOutcome {
     pub errors: Vec<ConversionError>,
     /// Objects accepted into the model.
     pub applied: usize,
+    /// Services whose object changed, appeared or disappeared (what kube-proxy counts as
+    /// pending Service changes), in the order seen.
+    pub services_changed: Vec<ServiceKey>,
+    /// EndpointSlices whose content changed, appeared or disappeared (kube-proxy's pending
+    /// endpoint changes).
+    pub slices_changed: usize,
+    /// The last-change trigger times of the changed (not deleted) slices that carry one: network
+    /// programming latency is measured from them once the change is programmed.
+    pub trigger_times: Vec<TriggerTime>,
+}
+
+/// When a change of a Service's endpoints was triggered, from the EndpointSlice annotation
+/// `endpoints.kubernetes.io/last-change-trigger-time`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerTime {
+    /// The Service the slice belongs to.
+    pub service: ServiceKey,
+    /// The slice's address family (the metric is per family).
+    pub family: Family,
+    /// When the change was triggered (the API server's clock).
+    pub at: SystemTime,
 }
 
 /// The node-local model. Feed it [`Event`]s; read [`Model::snapshot`].
@@ -66,9 +96,11 @@ pub struct Model {
     /// Slices of each Service: slice name → slice (each slice stored once, here).
     slices_by_service: HashMap<ServiceKey, Vec<SliceInfo>>,
     node: Option<NodeInfo>,
+    /// ServiceCIDR name → its ranges.
+    service_cidrs: BTreeMap<String, Vec<IpNet>>,
     snapshot: Snapshot,
-    /// A streamed list in progress.
-    listing: Option<Listing>,
+    /// Streamed lists in progress, at most one per kind.
+    listings: Vec<Listing>,
 }
 
 /// A streamed list ([`Event::ListStart`] … [`Event::ListDone`]) in progress.
@@ -105,7 +137,9 @@ impl Model {
             Event::Apply(object) => {
                 self.apply_object(object, &mut out, &mut dirty, &mut node_dirty);
             }
-            Event::Delete(reference) => self.delete(&reference, &mut dirty, &mut node_dirty),
+            Event::Delete(reference) => {
+                self.delete(&reference, &mut out, &mut dirty, &mut node_dirty);
+            }
             Event::Replace { kinds, objects } => {
                 let mut listing = Listing {
                     kinds,
@@ -114,25 +148,25 @@ impl Model {
                 for object in objects {
                     self.list_item(&mut listing, object, &mut out);
                 }
-                self.finish_listing(listing, &mut dirty, &mut node_dirty);
+                self.finish_listing(listing, &mut out, &mut dirty, &mut node_dirty);
             }
-            Event::ListStart { kinds } => {
-                self.listing = Some(Listing {
-                    kinds,
-                    ..Listing::default()
-                });
-            }
-            Event::ListItem(object) => match self.listing.take() {
-                Some(mut listing) => {
-                    self.list_item(&mut listing, object, &mut out);
-                    self.listing = Some(listing);
+            Event::ListStart { kinds } => self.start_listing(kinds),
+            Event::ListItem(object) => {
+                let kind = object.kind();
+                match self.listings.iter().position(|l| l.kinds.contains(&kind)) {
+                    Some(at) => {
+                        let mut listing = self.listings.swap_remove(at);
+                        self.list_item(&mut listing, object, &mut out);
+                        self.listings.push(listing);
+                    }
+                    // An item outside a list: treat it as an update.
+                    None => self.apply_object(object, &mut out, &mut dirty, &mut node_dirty),
                 }
-                // An item outside a list: treat it as an update.
-                None => self.apply_object(object, &mut out, &mut dirty, &mut node_dirty),
-            },
-            Event::ListDone => {
-                if let Some(listing) = self.listing.take() {
-                    self.finish_listing(listing, &mut dirty, &mut node_dirty);
+            }
+            Event::ListDone { kinds } => {
+                if let Some(at) = self.listings.iter().position(|l| l.kinds == kinds) {
+                    let listing = self.listings.swap_remove(at);
+                    self.finish_listing(listing, &mut out, &mut dirty, &mut node_dirty);
                 }
             }
         }
@@ -153,6 +187,7 @@ impl Model {
                     out.applied += 1;
                     if self.services.get(&info.key) != Some(&info) {
                         dirty.insert(info.key.clone());
+                        out.services_changed.push(info.key.clone());
                         self.services.insert(info.key.clone(), info);
                     }
                 }
@@ -179,7 +214,23 @@ impl Model {
                                 .unwrap_or_default()
                                 .into(),
                         };
-                        self.insert_slice(namespace, info, dirty);
+                        let service = info.service.clone();
+                        if self.insert_slice(namespace, info, dirty) {
+                            out.slices_changed += 1;
+                            let family = match slice.address_type.as_str() {
+                                "IPv4" => Some(Family::V4),
+                                "IPv6" => Some(Family::V6),
+                                _ => None,
+                            };
+                            let at = convert::last_change_trigger_time(&slice);
+                            if let (Some(service), Some(family), Some(at)) = (service, family, at) {
+                                out.trigger_times.push(TriggerTime {
+                                    service,
+                                    family,
+                                    at,
+                                });
+                            }
+                        }
                     }
                     Err(e) => out.errors.push(e),
                 }
@@ -194,10 +245,28 @@ impl Model {
                 }
                 Err(e) => out.errors.push(e),
             },
+            Object::ServiceCidr(object) => {
+                match convert::service_cidr(&object, &mut out.warnings) {
+                    Ok(ServiceCidrInfo { name, cidrs }) => {
+                        out.applied += 1;
+                        if self.service_cidrs.get(&name) != Some(&cidrs) {
+                            self.service_cidrs.insert(name, cidrs);
+                            *node_dirty = true;
+                        }
+                    }
+                    Err(e) => out.errors.push(e),
+                }
+            }
         }
     }
 
-    fn insert_slice(&mut self, namespace: Name, info: SliceInfo, dirty: &mut BTreeSet<ServiceKey>) {
+    /// Stores a slice; returns whether it differs from the stored version.
+    fn insert_slice(
+        &mut self,
+        namespace: Name,
+        info: SliceInfo,
+        dirty: &mut BTreeSet<ServiceKey>,
+    ) -> bool {
         let id = (namespace, info.name.clone());
         let unchanged = match self.slice_owners.get(&id) {
             Some(Some(owner)) => {
@@ -210,7 +279,7 @@ impl Model {
             None => false,
         };
         if unchanged {
-            return;
+            return false;
         }
         self.remove_slice(&id, dirty);
         if let Some(service) = &info.service {
@@ -221,13 +290,15 @@ impl Model {
             slices.insert(at, info.clone());
         }
         self.slice_owners.insert(id, info.service);
+        true
     }
 
-    fn remove_slice(&mut self, id: &(Name, Name), dirty: &mut BTreeSet<ServiceKey>) {
+    /// Forgets a slice; returns whether it was known.
+    fn remove_slice(&mut self, id: &(Name, Name), dirty: &mut BTreeSet<ServiceKey>) -> bool {
         let Some(owner) = self.slice_owners.remove(id) else {
-            return;
+            return false;
         };
-        let Some(service) = owner else { return };
+        let Some(service) = owner else { return true };
         dirty.insert(service.clone());
         if let Some(by_name) = self.slices_by_service.get_mut(&service) {
             by_name.retain(|x| x.name != id.1);
@@ -235,11 +306,13 @@ impl Model {
                 self.slices_by_service.remove(&service);
             }
         }
+        true
     }
 
     fn delete(
         &mut self,
         reference: &ObjectRef,
+        out: &mut ApplyOutcome,
         dirty: &mut BTreeSet<ServiceKey>,
         node_dirty: &mut bool,
     ) {
@@ -247,21 +320,44 @@ impl Model {
             Kind::Service => {
                 let key = ServiceKey::new(reference.namespace.clone(), reference.name.clone());
                 if self.services.remove(&key).is_some() {
+                    out.services_changed.push(key.clone());
                     dirty.insert(key);
                 }
             }
             Kind::EndpointSlice => {
-                self.remove_slice(
-                    &(reference.namespace.clone(), reference.name.clone()),
-                    dirty,
-                );
+                let id = (reference.namespace.clone(), reference.name.clone());
+                if self.remove_slice(&id, dirty) {
+                    out.slices_changed += 1;
+                }
             }
             Kind::Node => {
                 if *reference.name == *self.config.node_name && self.node.take().is_some() {
                     *node_dirty = true;
                 }
             }
+            Kind::ServiceCidr => {
+                if self.service_cidrs.remove(&*reference.name).is_some() {
+                    *node_dirty = true;
+                }
+            }
         }
+    }
+
+    /// Starts a streamed list. A list still in progress for any of these kinds is abandoned:
+    /// what it applied stays (the new list removes what it does not repeat) and the Services it
+    /// touched are recomputed when the new list ends.
+    fn start_listing(&mut self, kinds: Vec<Kind>) {
+        let mut listing = Listing::default();
+        let (abandoned, kept): (Vec<Listing>, Vec<Listing>) = std::mem::take(&mut self.listings)
+            .into_iter()
+            .partition(|l| l.kinds.iter().any(|k| kinds.contains(k)));
+        self.listings = kept;
+        for old in abandoned {
+            listing.dirty.extend(old.dirty);
+            listing.node_dirty |= old.node_dirty;
+        }
+        listing.kinds = kinds;
+        self.listings.push(listing);
     }
 
     /// Swaps in a complete list of objects of the given kinds. Objects that fail conversion keep
@@ -279,6 +375,7 @@ impl Model {
     fn finish_listing(
         &mut self,
         listing: Listing,
+        out: &mut ApplyOutcome,
         dirty: &mut BTreeSet<ServiceKey>,
         node_dirty: &mut bool,
     ) {
@@ -308,6 +405,7 @@ impl Model {
                 .collect();
             for key in gone {
                 self.services.remove(&key);
+                out.services_changed.push(key.clone());
                 dirty.insert(key);
             }
         }
@@ -325,7 +423,9 @@ impl Model {
                 .cloned()
                 .collect();
             for id in gone {
-                self.remove_slice(&id, dirty);
+                if self.remove_slice(&id, dirty) {
+                    out.slices_changed += 1;
+                }
             }
         }
         if kinds.contains(&Kind::Node) {
@@ -338,6 +438,17 @@ impl Model {
                 *node_dirty = true;
             }
         }
+        if kinds.contains(&Kind::ServiceCidr) {
+            let before = self.service_cidrs.len();
+            self.service_cidrs.retain(|name, _| {
+                kept(&ObjectRef {
+                    kind: Kind::ServiceCidr,
+                    namespace: "".into(),
+                    name: name.as_str().into(),
+                })
+            });
+            *node_dirty |= self.service_cidrs.len() != before;
+        }
     }
 
     /// Whether this proxy must program a Service at all.
@@ -345,10 +456,7 @@ impl Model {
         if svc.ignored.is_some() || svc.headless_label {
             return false;
         }
-        match &svc.proxy_name_label {
-            None => true,
-            Some(name) => self.config.service_proxy_name.as_deref() == Some(name.as_str()),
-        }
+        svc.proxy_name_label.as_deref() == self.config.service_proxy_name.as_deref()
     }
 
     fn node_state(&self) -> NodeState {
@@ -375,10 +483,22 @@ impl Model {
         state
     }
 
+    /// The ranges of every ServiceCIDR, sorted, without duplicates.
+    fn all_service_cidrs(&self) -> Vec<IpNet> {
+        let all: BTreeSet<IpNet> = self.service_cidrs.values().flatten().copied().collect();
+        all.into_iter().collect()
+    }
+
     /// Recomputes the dirty Services (all of them when the node's zone changed) into the
-    /// snapshot and records the transitions in `diff`.
+    /// snapshot and records the transitions in `diff`. `node_dirty`: the node or the Service
+    /// CIDRs may have changed.
     fn refresh(&mut self, mut dirty: BTreeSet<ServiceKey>, node_dirty: bool, diff: &mut Diff) {
         if node_dirty {
+            let cidrs = self.all_service_cidrs();
+            if cidrs != self.snapshot.service_cidrs {
+                self.snapshot.service_cidrs = cidrs;
+                diff.node_changed = true;
+            }
             let state = self.node_state();
             if state != self.snapshot.node {
                 if state.zone != self.snapshot.node.zone {

@@ -146,6 +146,8 @@ struct PortView<'a> {
 #[serde(rename_all = "camelCase")]
 struct SnapshotView<'a> {
     node: NodeView<'a>,
+    #[serde(rename = "serviceCIDRs", skip_serializing_if = "Vec::is_empty")]
+    service_cidrs: Vec<String>,
     service_ports: Vec<PortView<'a>>,
 }
 
@@ -207,6 +209,7 @@ pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeErro
             zone: node.zone.as_deref(),
             pod_cidrs: strings(&node.pod_cidrs),
         },
+        service_cidrs: strings(&snapshot.service_cidrs),
         service_ports: snapshot.ports.values().map(|p| port_view(p)).collect(),
     };
     let mut text = serde_saphyr::to_string(&view)?;

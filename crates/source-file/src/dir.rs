@@ -115,8 +115,14 @@ pub(crate) async fn run(
         }
     };
     paths.sort();
-    let kinds = vec![Kind::Service, Kind::EndpointSlice, Kind::Node];
-    if events.send(Event::ListStart { kinds }).await.is_err() {
+    let kinds = Kind::ALL.to_vec();
+    if events
+        .send(Event::ListStart {
+            kinds: kinds.clone(),
+        })
+        .await
+        .is_err()
+    {
         return Ok(());
     }
     let loader_events = events.clone();
@@ -144,7 +150,7 @@ pub(crate) async fn run(
         dir.display(),
         paths.len()
     );
-    if events.send(Event::ListDone).await.is_err() {
+    if events.send(Event::ListDone { kinds }).await.is_err() {
         return Ok(());
     }
 

@@ -1,6 +1,6 @@
 //! The `file` source: Kubernetes manifests on disk, watched for changes.
 //!
-//! The input is a file, or a directory of files, holding what `kubectl get svc,endpointslices,nodes -A -o yaml` prints: a YAML stream of
+//! The input is a file, or a directory of files, holding what `kubectl get svc,endpointslices,nodes,servicecidrs -A -o yaml` prints: a YAML stream of
 //! `---`-separated documents, any of which may be a `kind: List`. Every load is sent to the model
 //! as one [`kpng_model::Event::Replace`], so the model diffs it against the previous load and
 //! backends see only what changed.

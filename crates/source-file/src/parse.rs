@@ -172,6 +172,11 @@ fn object(
             convert::node(&node, &mut warnings).map_err(conversion)?;
             Object::Node(Box::new(node))
         }
+        "ServiceCIDR" => {
+            let cidr = typed(value, origin, &kind)?;
+            convert::service_cidr(&cidr, &mut warnings).map_err(conversion)?;
+            Object::ServiceCidr(Box::new(cidr))
+        }
         other => {
             loaded.skipped_kinds.insert(other.to_string());
             return Ok(());

@@ -118,7 +118,7 @@ impl FileSource {
                 state.good = Some(text);
                 state.bad = None;
                 let event = Event::Replace {
-                    kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+                    kinds: Kind::ALL.to_vec(),
                     objects: loaded.objects,
                 };
                 events.send(event).await.is_ok()

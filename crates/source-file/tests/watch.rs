@@ -96,7 +96,7 @@ async fn a_directory_is_read_per_file() {
     assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
     assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
     assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
-    assert!(matches!(next(&mut rx).await, Some(Event::ListDone)));
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
 
     // Changing one file sends only its objects.
     std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.3")).expect("write");

@@ -16,7 +16,17 @@ pub const ENV_BIN_DIR: &str = "KPNG_TESTKIT_BIN_DIR";
 /// Binaries already located by this process (also serialises builds).
 static FOUND: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
 
-/// Path of one of this crate's binaries (`"kpng-echo"`, `"kpng-probe"`).
+/// The package building a helper binary, and its source directory (relative to this
+/// crate's): this crate's `kpng-echo`, `kpng-probe`, `kpng-demo`, and the fake API
+/// server's `kpng-fake-apiserver` (run inside namespaces by the `kube` source's tests).
+fn package_of(name: &str) -> (&'static str, &'static str) {
+    match name {
+        "kpng-fake-apiserver" => ("kpng-fake-apiserver", "../fake-apiserver"),
+        _ => ("kpng-testkit", "."),
+    }
+}
+
+/// Path of a helper binary (`"kpng-echo"`, `"kpng-probe"`, `"kpng-fake-apiserver"`).
 ///
 /// It exists because cargo does not build a dev-dependency's binaries for the
 /// tests of the crate that depends on it. Lookup order:
@@ -25,8 +35,8 @@ static FOUND: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
 /// 2. `NAME` in the profile directory of the running test executable: the
 ///    executable's own directory, or its parent when that is `deps`
 ///    (`target/debug/deps/foo-HASH` -> `target/debug/NAME`).
-/// 3. Otherwise, or when a file under this crate's `src/` is newer than the binary,
-///    it runs `cargo build -p kpng-testkit --bins` (`$CARGO`, else `cargo`) with
+/// 3. Otherwise, or when a file under its package's `src/` is newer than the binary,
+///    it runs `cargo build -p PACKAGE --bins` (`$CARGO`, else `cargo`) with
 ///    that target directory and profile, and returns the fresh binary. The first
 ///    call may therefore take a while (and wait for cargo's build lock).
 ///
@@ -64,26 +74,27 @@ fn locate(name: &str) -> Result<PathBuf> {
         dir = dir.parent().unwrap_or(dir);
     }
     let candidate = dir.join(name);
-    if candidate.is_file() && !sources_newer_than(&candidate) {
+    let (package, source) = package_of(name);
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(source);
+    if candidate.is_file() && !sources_newer_than(&source, &candidate) {
         return Ok(candidate);
     }
-    build(dir)?;
+    build(dir, package, &source)?;
     if candidate.is_file() {
         Ok(candidate)
     } else {
         Err(Error::Other(format!(
-            "built kpng-testkit's binaries but {} is still missing; set {ENV_BIN_DIR} \
+            "built {package}'s binaries but {} is still missing; set {ENV_BIN_DIR} \
              to the directory holding {name}",
             candidate.display()
         )))
     }
 }
 
-/// Whether any file under this crate's `src/` was modified after `bin`.
-fn sources_newer_than(bin: &Path) -> bool {
+/// Whether any file under the package's `src/` was modified after `bin`.
+fn sources_newer_than(package_dir: &Path, bin: &Path) -> bool {
     let Some(built) = mtime(bin) else { return true };
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    newest_mtime(&src).is_some_and(|t| t > built)
+    newest_mtime(&package_dir.join("src")).is_some_and(|t| t > built)
 }
 
 fn mtime(p: &Path) -> Option<SystemTime> {
@@ -104,9 +115,9 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
     newest
 }
 
-/// `cargo build -p kpng-testkit --bins` into the target dir and profile that
+/// `cargo build -p PACKAGE --bins` into the target dir and profile that
 /// `profile_dir` (e.g. `target/debug`) belongs to.
-fn build(profile_dir: &Path) -> Result<()> {
+fn build(profile_dir: &Path, package: &str, package_dir: &Path) -> Result<()> {
     let target_dir = profile_dir.parent().ok_or_else(|| {
         Error::Other(format!(
             "{} is not inside a cargo target directory; set {ENV_BIN_DIR}",
@@ -119,12 +130,12 @@ fn build(profile_dir: &Path) -> Result<()> {
         None => "dev",
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let manifest = package_dir.join("Cargo.toml");
     let mut cmd = Command::new(cargo);
     cmd.arg("build")
         .arg("--manifest-path")
         .arg(&manifest)
-        .args(["-p", "kpng-testkit", "--bins", "--profile", profile])
+        .args(["-p", package, "--bins", "--profile", profile])
         .arg("--target-dir")
         .arg(target_dir);
     run(&mut cmd).map(drop)

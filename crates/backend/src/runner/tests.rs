@@ -61,6 +61,7 @@ struct Harness {
     tx: mpsc::Sender<Event>,
     reports: watch::Receiver<Option<SyncReport>>,
     metrics: ProxyMetrics,
+    registry: Registry,
     health: Arc<ProxyHealth>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -96,6 +97,7 @@ fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>)
         tx,
         reports,
         metrics,
+        registry,
         health,
         _task: task,
     }
@@ -250,6 +252,32 @@ fn udp_slice(endpoint: &str) -> Object {
     ))
 }
 
+fn slice(name: &str, ip: &str, trigger: Option<SystemTime>) -> Object {
+    let mut annotations = serde_json::Map::new();
+    if let Some(at) = trigger {
+        let secs = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs();
+        let stamp = k8s_openapi::jiff::Timestamp::from_second(i64::try_from(secs).expect("i64"))
+            .expect("timestamp");
+        annotations.insert(
+            "endpoints.kubernetes.io/last-change-trigger-time".into(),
+            stamp.to_string().into(),
+        );
+    }
+    Object::EndpointSlice(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name,
+                "labels": {"kubernetes.io/service-name": "a"}, "annotations": annotations},
+            "addressType": "IPv4",
+            "ports": [{"name": "p", "port": 8080}],
+            "endpoints": [{"addresses": [ip]}]
+        }))
+        .expect("slice"),
+    ))
+}
+
 fn udp_flow(client: &str, dst: &str, reply_src: &str) -> kpng_conntrack::Flow {
     let sa = |s: &str| s.parse().expect("socket address");
     kpng_conntrack::Flow::udp(
@@ -337,4 +365,117 @@ async fn stale_udp_entries_are_deleted_after_syncs_that_can_strand_them() {
         .expect("send");
     settle().await;
     assert_eq!(fake.state().dumps.len(), dumps);
+}
+
+fn encoded(h: &Harness) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &h.registry).expect("encode");
+    text
+}
+
+#[tokio::test(start_paused = true)]
+async fn change_counters_count_events_and_pending_counts_changes_until_a_sync() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::from_secs(1),
+        ..SyncTiming::default()
+    });
+    h.tx.send(all_kinds(vec![])).await.expect("send");
+    settle().await;
+    for event in [
+        Event::Apply(service("a", "10.96.0.1")),
+        // The same object again: an event kube-proxy counts, but no pending change.
+        Event::Apply(service("a", "10.96.0.1")),
+        Event::Apply(service("b", "10.96.0.2")),
+        Event::Apply(slice("a-1", "10.0.0.1", None)),
+        Event::Apply(slice("a-1", "10.0.0.1", None)),
+        Event::Delete(kpng_model::ObjectRef {
+            kind: Kind::EndpointSlice,
+            namespace: "ns".into(),
+            name: "a-1".into(),
+        }),
+    ] {
+        h.tx.send(event).await.expect("send");
+    }
+    settle().await;
+    let m = &h.metrics;
+    assert_eq!(m.service_changes_total.get(), 3);
+    assert_eq!(m.service_changes_pending.get(), 2, "Services a and b");
+    assert_eq!(m.endpoint_changes_total.get(), 3);
+    assert_eq!(m.endpoint_changes_pending.get(), 2, "added, then deleted");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(log(&h).len(), 2, "the pending changes were synced");
+    assert_eq!(m.service_changes_pending.get(), 0);
+    assert_eq!(m.endpoint_changes_pending.get(), 0);
+    assert_eq!(
+        m.service_changes_total.get(),
+        3,
+        "totals only grow with events"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn interleaved_lists_of_each_kind_gate_the_first_sync() {
+    let h = start(SyncTiming::default());
+    for kind in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
+        h.tx.send(Event::ListStart { kinds: vec![kind] })
+            .await
+            .expect("send");
+    }
+    h.tx.send(Event::ListItem(service("a", "10.96.0.1")))
+        .await
+        .expect("send");
+    for kind in [Kind::Service, Kind::EndpointSlice] {
+        h.tx.send(Event::ListDone { kinds: vec![kind] })
+            .await
+            .expect("send");
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(log(&h).is_empty(), "synced before the Node list was done");
+    h.tx.send(Event::ListDone {
+        kinds: vec![Kind::Node],
+    })
+    .await
+    .expect("send");
+    settle().await;
+    assert_eq!(log(&h), vec![(true, 1, 1)]);
+    assert_eq!(h.metrics.service_changes_total.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn network_programming_latency_is_observed_once_the_change_is_programmed() {
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        ..SyncTiming::default()
+    };
+    let h = start(timing);
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    // A change from before kpng started is not measured.
+    let old = SystemTime::UNIX_EPOCH + Duration::from_secs(946_684_800);
+    h.tx.send(Event::Apply(slice("a-1", "10.0.0.1", Some(old))))
+        .await
+        .expect("send");
+    settle().await;
+    let count = "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}";
+    assert!(!encoded(&h).contains(count), "{}", encoded(&h));
+    // A change triggered after the start (a second ahead, so whole-second RFC 3339 keeps it
+    // after the start): not observed while the sync fails, observed once it succeeds.
+    h.calls.fail.store(true, Ordering::SeqCst);
+    let recent = SystemTime::now() + Duration::from_secs(1);
+    h.tx.send(Event::Apply(slice("a-1", "10.0.0.2", Some(recent))))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h).last(), Some(&(false, 1, 1)));
+    assert!(!encoded(&h).contains(count));
+    h.calls.fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(log(&h).last(), Some(&(true, 1, 1)), "the retry succeeded");
+    let text = encoded(&h);
+    assert!(text.contains(&format!("{count} 1")), "{text}");
+    // Observed once only.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert!(encoded(&h).contains(&format!("{count} 1")));
 }

@@ -223,14 +223,242 @@ fn services_that_get_no_rules() {
 }
 
 #[test]
-fn service_proxy_name_label_naming_us_is_ours() {
-    let mut m = Model::new(ModelConfig {
-        node_name: "n".into(),
-        service_proxy_name: Some("kpng".into()),
-        node_ips: vec![],
+fn service_proxy_name_label_decides_ownership() {
+    // (our --service-proxy-name, the Service's label, whether we program it): the label names
+    // the proxy that owns the Service, as the kube source's label selector does.
+    let cases = [
+        (None, None, true),
+        (None, Some("other"), false),
+        (Some("kpng"), Some("kpng"), true),
+        (Some("kpng"), Some("other"), false),
+        (Some("kpng"), None, false),
+    ];
+    for (ours, label, programmed) in cases {
+        let mut m = Model::new(ModelConfig {
+            node_name: "n".into(),
+            service_proxy_name: ours.map(str::to_string),
+            node_ips: vec![],
+        });
+        let labels = match label {
+            Some(l) => json!({"service.kubernetes.io/service-proxy-name": l}),
+            None => json!({}),
+        };
+        m.apply(Event::Apply(service(json!({"metadata": {"namespace": "ns", "name": "x", "labels": labels}, "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}))));
+        assert_eq!(
+            m.snapshot().ports.len(),
+            usize::from(programmed),
+            "ours={ours:?} label={label:?}"
+        );
+    }
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> Object {
+    Object::ServiceCidr(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
+            .expect("valid ServiceCIDR JSON"),
+    ))
+}
+
+#[test]
+fn service_cidrs_are_the_union_of_every_object_and_a_change_is_a_node_change() {
+    let mut m = model();
+    let out = m.apply(Event::Apply(service_cidr(
+        "kubernetes",
+        &["10.96.0.0/16", "fd00:96::/112"],
+    )));
+    assert!(out.diff.node_changed);
+    let out = m.apply(Event::Apply(service_cidr(
+        "extra",
+        &["10.97.0.0/16", "10.96.0.0/16", "bad"],
+    )));
+    assert!(out.diff.node_changed);
+    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    assert_eq!(out.warnings[0].field, "spec.cidrs[2]");
+    let cidrs: Vec<String> = m
+        .snapshot()
+        .service_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(cidrs, ["10.96.0.0/16", "10.97.0.0/16", "fd00:96::/112"]);
+    // The same object again changes nothing.
+    let out = m.apply(Event::Apply(service_cidr(
+        "extra",
+        &["10.97.0.0/16", "10.96.0.0/16", "bad"],
+    )));
+    assert!(out.diff.is_empty());
+    // A relist without "extra" removes its range.
+    let out = m.apply(Event::Replace {
+        kinds: vec![Kind::ServiceCidr],
+        objects: vec![service_cidr(
+            "kubernetes",
+            &["10.96.0.0/16", "fd00:96::/112"],
+        )],
     });
-    m.apply(Event::Apply(service(json!({"metadata": {"namespace": "ns", "name": "x", "labels": {"service.kubernetes.io/service-proxy-name": "kpng"}}, "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}))));
-    assert_eq!(m.snapshot().ports.len(), 1);
+    assert!(out.diff.node_changed);
+    assert_eq!(m.snapshot().service_cidrs.len(), 2);
+    let out = m.apply(Event::Delete(ObjectRef {
+        kind: Kind::ServiceCidr,
+        namespace: "".into(),
+        name: "kubernetes".into(),
+    }));
+    assert!(out.diff.node_changed);
+    assert!(m.snapshot().service_cidrs.is_empty());
+}
+
+#[test]
+fn lists_of_different_kinds_interleave() {
+    let mut m = model();
+    m.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice],
+        objects: vec![
+            svc("a", basic_spec()),
+            eps(
+                "a",
+                "a-1",
+                8080,
+                &[("10.0.0.1", "node-b", true, true, false)],
+            ),
+        ],
+    });
+    // Two watchers relist at once: Services keep "a"; EndpointSlices move "a" to 10.0.0.2.
+    m.apply(Event::ListStart {
+        kinds: vec![Kind::Service],
+    });
+    m.apply(Event::ListStart {
+        kinds: vec![Kind::EndpointSlice],
+    });
+    m.apply(Event::ListItem(eps(
+        "a",
+        "a-2",
+        8080,
+        &[("10.0.0.2", "node-b", true, true, false)],
+    )));
+    m.apply(Event::ListItem(svc("a", basic_spec())));
+    let services_done = m.apply(Event::ListDone {
+        kinds: vec![Kind::Service],
+    });
+    assert!(services_done.diff.is_empty(), "{:?}", services_done.diff);
+    let slices_done = m.apply(Event::ListDone {
+        kinds: vec![Kind::EndpointSlice],
+    });
+    assert_eq!(slices_done.diff.changes.len(), 1);
+    assert_eq!(slices_done.slices_changed, 1, "a-1 is gone");
+    let port = &m.snapshot().ports[&key("a", Family::V4)];
+    assert_eq!(endpoint_strings(&port.cluster_endpoints), ["10.0.0.2:8080"]);
+}
+
+#[test]
+fn an_abandoned_list_leaves_nothing_stale() {
+    let mut m = model();
+    m.apply(Event::Replace {
+        kinds: vec![Kind::Service],
+        objects: vec![svc("a", basic_spec())],
+    });
+    // A list starts, applies a new Service "b", and is abandoned (the watcher restarted).
+    m.apply(Event::ListStart {
+        kinds: vec![Kind::Service],
+    });
+    m.apply(Event::ListItem(svc(
+        "b",
+        json!({"clusterIP": "10.96.0.11", "ports": [{"name": "p80", "port": 80}]}),
+    )));
+    m.apply(Event::ListStart {
+        kinds: vec![Kind::Service],
+    });
+    m.apply(Event::ListItem(svc("a", basic_spec())));
+    m.apply(Event::ListItem(svc(
+        "b",
+        json!({"clusterIP": "10.96.0.11", "ports": [{"name": "p80", "port": 80}]}),
+    )));
+    let done = m.apply(Event::ListDone {
+        kinds: vec![Kind::Service],
+    });
+    let names: Vec<&str> = done.diff.changes.keys().map(|k| &*k.service.name).collect();
+    assert_eq!(
+        names,
+        ["b"],
+        "b, applied by the abandoned list, reaches the snapshot"
+    );
+}
+
+#[test]
+fn changes_are_counted_per_object_as_kube_proxy_does() {
+    let mut m = model();
+    let out = m.apply(Event::Apply(svc("a", basic_spec())));
+    assert_eq!(out.services_changed, [ServiceKey::new("ns", "a")]);
+    let out = m.apply(Event::Apply(svc("a", basic_spec())));
+    assert!(out.services_changed.is_empty(), "unchanged object");
+    let slice = eps(
+        "a",
+        "a-1",
+        8080,
+        &[("10.0.0.1", "node-b", true, true, false)],
+    );
+    assert_eq!(m.apply(Event::Apply(slice.clone())).slices_changed, 1);
+    assert_eq!(m.apply(Event::Apply(slice)).slices_changed, 0);
+    let out = m.apply(Event::Delete(ObjectRef {
+        kind: Kind::EndpointSlice,
+        namespace: "ns".into(),
+        name: "a-1".into(),
+    }));
+    assert_eq!(out.slices_changed, 1);
+    let out = m.apply(Event::Replace {
+        kinds: vec![Kind::Service],
+        objects: vec![],
+    });
+    assert_eq!(
+        out.services_changed,
+        [ServiceKey::new("ns", "a")],
+        "removed by the relist"
+    );
+}
+
+#[test]
+fn trigger_times_come_from_changed_slices_only() {
+    let with_time = |name: &str, ip: &str, time: &str| {
+        slice(json!({
+            "metadata": {"namespace": "ns", "name": name,
+                "labels": {"kubernetes.io/service-name": "a"},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": time}},
+            "addressType": if ip.contains(':') { "IPv6" } else { "IPv4" },
+            "ports": [{"name": "p80", "port": 8080}],
+            "endpoints": [{"addresses": [ip]}]
+        }))
+    };
+    let mut m = model();
+    let out = m.apply(Event::Apply(with_time(
+        "a-1",
+        "10.0.0.1",
+        "2026-01-02T03:04:05.5Z",
+    )));
+    let want = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_767_323_045_500);
+    assert_eq!(
+        out.trigger_times,
+        [TriggerTime {
+            service: ServiceKey::new("ns", "a"),
+            family: Family::V4,
+            at: want,
+        }]
+    );
+    // Unchanged: no new trigger time.
+    let out = m.apply(Event::Apply(with_time(
+        "a-1",
+        "10.0.0.1",
+        "2026-01-02T03:04:05.5Z",
+    )));
+    assert!(out.trigger_times.is_empty());
+    let out = m.apply(Event::Apply(with_time(
+        "a-2",
+        "fd00::1",
+        "2026-01-02T03:04:06+00:00",
+    )));
+    assert_eq!(out.trigger_times.len(), 1);
+    assert_eq!(out.trigger_times[0].family, Family::V6);
+    // An unparseable annotation is ignored, as upstream does.
+    let out = m.apply(Event::Apply(with_time("a-3", "10.0.0.3", "yesterday")));
+    assert_eq!(out.slices_changed, 1);
+    assert!(out.trigger_times.is_empty());
 }
 
 #[test]
@@ -633,7 +861,7 @@ fn a_streamed_list_changes_nothing_until_it_is_done() {
         2,
         "nothing changes before ListDone"
     );
-    let done = m.apply(Event::ListDone).diff;
+    let done = m.apply(Event::ListDone { kinds: all.clone() }).diff;
     let names: Vec<String> = done
         .changes
         .keys()
@@ -642,13 +870,13 @@ fn a_streamed_list_changes_nothing_until_it_is_done() {
     assert_eq!(names, ["b", "c"]);
     assert!(done.changes[&key("b", Family::V4)].new.is_none());
     // The same list again: no change at all.
-    m.apply(Event::ListStart { kinds: all });
+    m.apply(Event::ListStart { kinds: all.clone() });
     m.apply(Event::ListItem(svc("a", basic_spec())));
     m.apply(Event::ListItem(svc(
         "c",
         json!({"clusterIP": "10.96.0.12", "ports": [{"name": "p80", "port": 80}]}),
     )));
-    assert!(m.apply(Event::ListDone).diff.is_empty());
+    assert!(m.apply(Event::ListDone { kinds: all }).diff.is_empty());
 }
 
 #[test]

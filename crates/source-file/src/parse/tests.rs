@@ -31,13 +31,18 @@ apiVersion: v1
 kind: Node
 metadata: {name: node-a}
 ---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec: {cidrs: [10.96.0.0/16]}
+---
 "#;
 
 #[test]
 fn parses_a_yaml_stream_and_skips_unknown_kinds() {
     let loaded = parse_manifests(STREAM).expect("parses");
     let kinds: Vec<&str> = loaded.objects.iter().map(|o| o.kind().as_str()).collect();
-    assert_eq!(kinds, ["Service", "EndpointSlice", "Node"]);
+    assert_eq!(kinds, ["Service", "EndpointSlice", "Node", "ServiceCIDR"]);
     assert_eq!(
         loaded.skipped_kinds.iter().collect::<Vec<_>>(),
         ["ConfigMap"]

@@ -1,0 +1,124 @@
+//! `kpng-fake-apiserver`: the fake API server as a process, for tests that need it inside a
+//! network namespace (where a test process's own loopback is out of reach).
+//!
+//! ```text
+//! kpng-fake-apiserver [--manifest FILE] [--kubeconfig FILE] [--no-service-cidrs]
+//! ```
+//!
+//! It listens on a free port of 127.0.0.1, applies the manifest, writes a kubeconfig for
+//! itself, prints `listening URL`, then takes one command per line on standard input and
+//! answers each with `ok [RESOURCEVERSION]` or `error MESSAGE`:
+//!
+//! - `apply FILE`: apply every object of a YAML manifest;
+//! - `delete KIND NAMESPACE NAME` (`-` as the namespace of cluster-scoped kinds);
+//! - `expire` (410 Gone to every watch), `drop` (cut every watch), `bookmark`;
+//! - `stop` / `restart` (an outage and its end).
+//!
+//! It exits when standard input closes.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use kpng_fake_apiserver::FakeApiServer;
+
+struct Args {
+    manifest: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    service_cidrs: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        manifest: None,
+        kubeconfig: None,
+        service_cidrs: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--manifest" => args.manifest = it.next().map(PathBuf::from),
+            "--kubeconfig" => args.kubeconfig = it.next().map(PathBuf::from),
+            "--no-service-cidrs" => args.service_cidrs = false,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+/// Runs one command line; the answer's text after `ok`.
+fn command(server: &mut FakeApiServer, line: &str) -> Result<String, String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let rv = |r: Result<u64, kpng_fake_apiserver::Error>| {
+        r.map(|v| v.to_string()).map_err(|e| e.to_string())
+    };
+    match words[..] {
+        ["apply", file] => {
+            let text = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
+            return rv(server.apply_manifest(&text));
+        }
+        ["delete", kind, namespace, name] => {
+            let namespace = if namespace == "-" { "" } else { namespace };
+            return rv(server.delete(kind, namespace, name));
+        }
+        ["expire"] => server.expire_watches(),
+        ["drop"] => server.drop_watches(),
+        ["bookmark"] => server.bookmark(),
+        ["stop"] => server.stop(),
+        ["restart"] => server.restart().map_err(|e| e.to_string())?,
+        _ => return Err(format!("unknown command {line:?}")),
+    }
+    Ok(String::new())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("kpng-fake-apiserver: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = FakeApiServer::builder()
+        .service_cidrs(args.service_cidrs)
+        .start();
+    let mut server = match started {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kpng-fake-apiserver: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(path) = &args.manifest {
+        let applied = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| server.apply_manifest(&text).map_err(|e| e.to_string()));
+        if let Err(e) = applied {
+            eprintln!("kpng-fake-apiserver: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = &args.kubeconfig
+        && let Err(e) = server.write_kubeconfig(path)
+    {
+        eprintln!("kpng-fake-apiserver: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "listening {}", server.url());
+    let _ = out.flush();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = match command(&mut server, &line) {
+            Ok(text) if text.is_empty() => "ok".to_string(),
+            Ok(text) => format!("ok {text}"),
+            Err(e) => format!("error {e}"),
+        };
+        let _ = writeln!(out, "{answer}");
+        let _ = out.flush();
+    }
+    ExitCode::SUCCESS
+}

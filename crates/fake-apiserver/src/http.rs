@@ -1,0 +1,575 @@
+//! The HTTP side: discovery documents, list (with pagination), and chunked watch streams of
+//! `WatchEvent` JSON lines, in the shapes the real API server sends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+
+use crate::resource::Resource;
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::store::{Change, ChangeType, Notice, Store, WatchStart};
+
+/// How the server behaves, fixed when it is built.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Whether `networking.k8s.io/v1` serves `servicecidrs` (Kubernetes ≥ 1.33 does).
+    pub service_cidrs: bool,
+    /// Send a `BOOKMARK` this often on watches that allow bookmarks (`None`: only on demand).
+    pub bookmark_interval: Option<Duration>,
+}
+
+/// One request the server answered, for tests to assert on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// The path.
+    pub path: String,
+    /// The decoded query parameters.
+    pub query: HashMap<String, String>,
+    /// The `Authorization` header, if any.
+    pub authorization: Option<String>,
+}
+
+impl RequestRecord {
+    /// Whether this was a watch.
+    pub fn is_watch(&self) -> bool {
+        self.query
+            .get("watch")
+            .is_some_and(|w| w == "true" || w == "1")
+    }
+}
+
+/// What the handlers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub store: Mutex<Store>,
+    pub config: ServerConfig,
+    pub requests: Mutex<Vec<RequestRecord>>,
+    /// Set while stopping: requests still arriving on open connections get their connection
+    /// cut instead of an answer, as in a real outage.
+    pub down: AtomicBool,
+    /// Resources the client may not read (`403 Forbidden`, as with missing RBAC rules).
+    pub forbidden: Mutex<std::collections::BTreeSet<Resource>>,
+}
+
+impl Shared {
+    pub fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+/// A `Status` object, as every API error is sent.
+pub fn status(code: StatusCode, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    })
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn error(code: StatusCode, reason: &str, message: &str) -> Response {
+    json_response(code, &status(code, reason, message))
+}
+
+fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+/// Which objects a list or watch selects.
+struct Filter {
+    namespace: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Filter {
+    fn matches(&self, object: &Value) -> bool {
+        let ns_ok = self.namespace.as_deref().is_none_or(|ns| {
+            object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                == Some(ns)
+        });
+        ns_ok && self.labels.matches(object) && self.fields.matches(object)
+    }
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let path = uri.path().trim_end_matches('/').to_string();
+    shared
+        .requests
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(RequestRecord {
+            path: path.clone(),
+            query: query.clone(),
+            authorization: headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+        });
+    if shared.down.load(Ordering::SeqCst) {
+        let cut = futures::stream::once(async {
+            Err::<String, _>(std::io::Error::other("the API server is down"))
+        });
+        return Response::new(Body::from_stream(cut));
+    }
+    if method != Method::GET {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the fake API server only serves GET",
+        );
+    }
+    if let Some(doc) = discovery(&path, &shared.config) {
+        return json_response(StatusCode::OK, &doc);
+    }
+    let Some((resource, namespace, name)) = route(&path, &shared.config) else {
+        return not_found();
+    };
+    let forbidden = shared
+        .forbidden
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&resource);
+    if forbidden {
+        let message = format!(
+            "{} is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot list resource \"{}\" at the cluster scope",
+            resource.plural(),
+            resource.plural()
+        );
+        return error(StatusCode::FORBIDDEN, "Forbidden", &message);
+    }
+    if let Some(name) = name {
+        return get(&shared, resource, namespace.as_deref().unwrap_or(""), &name);
+    }
+    let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str));
+    let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str));
+    let filter = match (labels, fields) {
+        (Ok(labels), Ok(fields)) => Filter {
+            namespace,
+            labels,
+            fields,
+        },
+        (Err(e), _) | (_, Err(e)) => return error(StatusCode::BAD_REQUEST, "BadRequest", &e),
+    };
+    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    if watch {
+        watch_response(&shared, resource, filter, &query)
+    } else {
+        list(&shared, resource, &filter, &query)
+    }
+}
+
+/// `(resource, namespace, name)` of a resource path.
+fn route(path: &str, config: &ServerConfig) -> Option<(Resource, Option<String>, Option<String>)> {
+    for resource in Resource::ALL {
+        if resource == Resource::ServiceCidrs && !config.service_cidrs {
+            continue;
+        }
+        let Some(rest) = path
+            .strip_prefix(resource.prefix())
+            .and_then(|r| r.strip_prefix('/'))
+        else {
+            continue;
+        };
+        let segments: Vec<&str> = rest.split('/').collect();
+        let found = match segments[..] {
+            [plural] if plural == resource.plural() => Some((None, None)),
+            [plural, name] if plural == resource.plural() && !resource.namespaced() => {
+                Some((None, Some(name.to_string())))
+            }
+            ["namespaces", ns, plural] if plural == resource.plural() && resource.namespaced() => {
+                Some((Some(ns.to_string()), None))
+            }
+            ["namespaces", ns, plural, name]
+                if plural == resource.plural() && resource.namespaced() =>
+            {
+                Some((Some(ns.to_string()), Some(name.to_string())))
+            }
+            _ => None,
+        };
+        if let Some((ns, name)) = found {
+            return Some((resource, ns, name));
+        }
+    }
+    None
+}
+
+/// The discovery documents kube clients read.
+fn discovery(path: &str, config: &ServerConfig) -> Option<Value> {
+    let resources = |group_version: &str, list: &[Resource]| {
+        json!({
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": group_version,
+            "resources": list.iter().map(|r| r.discovery_entry()).collect::<Vec<_>>(),
+        })
+    };
+    let group = |name: &str| {
+        let gv = format!("{name}/v1");
+        json!({"name": name, "versions": [{"groupVersion": gv, "version": "v1"}],
+            "preferredVersion": {"groupVersion": gv, "version": "v1"}})
+    };
+    let networking: &[Resource] = if config.service_cidrs {
+        &[Resource::ServiceCidrs]
+    } else {
+        &[]
+    };
+    Some(match path {
+        "/version" => json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-kpng-fake",
+            "platform": "linux/amd64"}),
+        "/api" => json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}),
+        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1",
+            "groups": [group("discovery.k8s.io"), group("networking.k8s.io")]}),
+        "/api/v1" => resources("v1", &[Resource::Services, Resource::Nodes]),
+        "/apis/discovery.k8s.io/v1" => {
+            resources("discovery.k8s.io/v1", &[Resource::EndpointSlices])
+        }
+        "/apis/networking.k8s.io/v1" => resources("networking.k8s.io/v1", networking),
+        _ => return None,
+    })
+}
+
+/// An object as watch events and single GETs carry it: with `kind` and `apiVersion`.
+fn typed(resource: Resource, mut object: Value) -> Value {
+    if let Some(map) = object.as_object_mut() {
+        map.insert("kind".into(), resource.kind().into());
+        map.insert("apiVersion".into(), resource.api_version().into());
+    }
+    object
+}
+
+fn get(shared: &Shared, resource: Resource, namespace: &str, name: &str) -> Response {
+    match shared.store().get(resource, namespace, name) {
+        Some(object) => json_response(StatusCode::OK, &typed(resource, object)),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("{} \"{name}\" not found", resource.plural()),
+        ),
+    }
+}
+
+fn object_key(object: &Value) -> String {
+    let s = |p| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    format!("{}/{}", s("/metadata/namespace"), s("/metadata/name"))
+}
+
+fn list(
+    shared: &Shared,
+    resource: Resource,
+    filter: &Filter,
+    query: &HashMap<String, String>,
+) -> Response {
+    let store = shared.store();
+    let gone = |what: &str| {
+        error(
+            StatusCode::GONE,
+            "Expired",
+            &format!(
+                "{what}: the resourceVersion is too old (compacted at {})",
+                store.compacted()
+            ),
+        )
+    };
+    let exact = query
+        .get("resourceVersionMatch")
+        .is_some_and(|m| m == "Exact");
+    if let Some(rv) = query
+        .get("resourceVersion")
+        .and_then(|v| v.parse::<u64>().ok())
+        && exact
+        && rv < store.compacted()
+    {
+        return gone(&format!("list at resourceVersion {rv}"));
+    }
+    // A continue token: "RV/NAMESPACE/NAME" of the last item sent.
+    let (list_rv, after) = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            let Some((rv, after)) = token.split_once('/') else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "invalid continue token",
+                );
+            };
+            let Ok(rv) = rv.parse::<u64>() else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "invalid continue token",
+                );
+            };
+            if rv < store.compacted() {
+                return gone("The provided continue parameter is too old");
+            }
+            (rv, Some(after.to_string()))
+        }
+        None => (store.rv(), None),
+    };
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let mut items: Vec<Value> = store
+        .list(resource)
+        .into_iter()
+        .filter(|o| filter.matches(o))
+        .filter(|o| after.as_ref().is_none_or(|a| object_key(o) > *a))
+        .collect();
+    let mut metadata = json!({"resourceVersion": list_rv.to_string()});
+    if let Some(limit) = limit
+        && items.len() > limit
+    {
+        let remaining = items.len() - limit;
+        items.truncate(limit);
+        let last = items.last().map(object_key).unwrap_or_default();
+        metadata["continue"] = format!("{list_rv}/{last}").into();
+        metadata["remainingItemCount"] = remaining.into();
+    }
+    drop(store);
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "kind": format!("{}List", resource.kind()),
+            "apiVersion": resource.api_version(),
+            "metadata": metadata,
+            "items": items,
+        }),
+    )
+}
+
+/// The event a watch sends for a change, as the API server's watch cache decides it: an
+/// object that starts matching the selectors is `ADDED`, one that stops is `DELETED` (its
+/// previous state at the new RV).
+fn event_for(change: &Change, filter: &Filter) -> Option<Value> {
+    let now = filter.matches(&change.object);
+    let before = change.previous.as_ref().is_some_and(|p| filter.matches(p));
+    let (kind, object) = match (change.change, before, now) {
+        (ChangeType::Deleted, _, true) => (ChangeType::Deleted, change.object.clone()),
+        (ChangeType::Deleted, _, false) => return None,
+        (_, true, true) => (ChangeType::Modified, change.object.clone()),
+        (_, false, true) => (ChangeType::Added, change.object.clone()),
+        (_, true, false) => {
+            let mut previous = change.previous.clone()?;
+            previous["metadata"]["resourceVersion"] = change.rv.to_string().into();
+            (ChangeType::Deleted, previous)
+        }
+        (_, false, false) => return None,
+    };
+    Some(json!({"type": kind.as_str(), "object": typed(change.resource, object)}))
+}
+
+fn bookmark(resource: Resource, rv: u64, initial_events_end: bool) -> Value {
+    let mut metadata = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
+    if initial_events_end {
+        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({"type": "BOOKMARK", "object": {"kind": resource.kind(),
+        "apiVersion": resource.api_version(), "metadata": metadata}})
+}
+
+type Line = Result<String, std::io::Error>;
+
+fn watch_response(
+    shared: &Shared,
+    resource: Resource,
+    filter: Filter,
+    query: &HashMap<String, String>,
+) -> Response {
+    let flag = |name: &str| query.get(name).is_some_and(|v| v == "true" || v == "1");
+    let bookmarks = flag("allowWatchBookmarks");
+    let initial_events = flag("sendInitialEvents");
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let rv_param = query.get("resourceVersion").cloned().unwrap_or_default();
+    let start = {
+        let store = shared.store();
+        if rv_param.is_empty() || rv_param == "0" || initial_events {
+            Ok(store.watch_current(resource))
+        } else {
+            match rv_param.parse::<u64>() {
+                Ok(rv) => store.watch_from(resource, rv).ok_or(store.compacted()),
+                Err(_) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        &format!("invalid resourceVersion {rv_param:?}"),
+                    );
+                }
+            }
+        }
+    };
+    let (tx, rx) = mpsc::channel::<Line>(64);
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|line| (line, rx))
+    });
+    let interval = shared.config.bookmark_interval.filter(|_| bookmarks);
+    let initial_end = bookmarks && initial_events;
+    match start {
+        Ok(start) => {
+            tokio::spawn(stream_events(
+                tx,
+                resource,
+                filter,
+                start,
+                WatchOptions {
+                    bookmarks,
+                    interval,
+                    initial_end,
+                    timeout,
+                },
+            ));
+        }
+        Err(compacted) => {
+            // What the API server sends for a resourceVersion older than its history: a
+            // 200 stream with one ERROR event, 410 Gone, reason Expired.
+            let message = format!("too old resource version: {rv_param} ({compacted})");
+            let line =
+                json!({"type": "ERROR", "object": status(StatusCode::GONE, "Expired", &message)});
+            tokio::spawn(async move {
+                let _ = tx.send(Ok(format!("{line}\n"))).await;
+            });
+        }
+    }
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| not_found())
+}
+
+struct WatchOptions {
+    bookmarks: bool,
+    interval: Option<Duration>,
+    initial_end: bool,
+    timeout: Option<Duration>,
+}
+
+/// Feeds one watch: the replay, then live changes, bookmarks, and the test's interventions.
+async fn stream_events(
+    tx: mpsc::Sender<Line>,
+    resource: Resource,
+    filter: Filter,
+    start: WatchStart,
+    options: WatchOptions,
+) {
+    let WatchStart {
+        replay,
+        mut live,
+        rv,
+    } = start;
+    let mut last_rv = rv;
+    for change in &replay {
+        if let Some(event) = event_for(change, &filter)
+            && tx.send(Ok(format!("{event}\n"))).await.is_err()
+        {
+            return;
+        }
+    }
+    if options.initial_end {
+        let end = bookmark(resource, rv, true);
+        if tx.send(Ok(format!("{end}\n"))).await.is_err() {
+            return;
+        }
+    }
+    let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut ticker = options.interval.map(tokio::time::interval);
+    if let Some(t) = ticker.as_mut() {
+        t.reset();
+    }
+    loop {
+        let line = tokio::select! {
+            notice = live.recv() => match notice {
+                Ok(Notice::Change(change)) => {
+                    last_rv = last_rv.max(change.rv);
+                    if change.resource != resource {
+                        continue;
+                    }
+                    match event_for(&change, &filter) {
+                        Some(event) => Ok(format!("{event}\n")),
+                        None => continue,
+                    }
+                }
+                Ok(Notice::Bookmark) if options.bookmarks => {
+                    Ok(format!("{}\n", bookmark(resource, last_rv, false)))
+                }
+                Ok(Notice::Bookmark) => continue,
+                Ok(Notice::Expire) => {
+                    let message = format!("too old resource version: {last_rv}");
+                    let gone = json!({"type": "ERROR", "object": status(StatusCode::GONE, "Expired", &message)});
+                    let _ = tx.send(Ok(format!("{gone}\n"))).await;
+                    return;
+                }
+                Ok(Notice::Drop) => {
+                    // An error in the body makes the server abort the connection mid-stream.
+                    let _ = tx.send(Err(std::io::Error::other("connection dropped by the test"))).await;
+                    return;
+                }
+                // Fell behind, or the server is gone: end the watch cleanly.
+                Err(RecvError::Lagged(_) | RecvError::Closed) => return,
+            },
+            _ = async {
+                match ticker.as_mut() {
+                    Some(t) => { t.tick().await; }
+                    None => std::future::pending().await,
+                }
+            } => Ok(format!("{}\n", bookmark(resource, last_rv, false))),
+            _ = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => return,
+            () = tx.closed() => return,
+        };
+        if tx.send(line).await.is_err() {
+            return;
+        }
+    }
+}

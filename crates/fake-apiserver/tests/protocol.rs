@@ -1,0 +1,267 @@
+//! The fake speaks the API server's protocol: checked with kube-rs, a real client.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kpng_fake_apiserver::FakeApiServer;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::json;
+
+async fn client(server: &FakeApiServer) -> kube::Client {
+    let kubeconfig = Kubeconfig::from_yaml(&server.kubeconfig()).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
+fn service(name: &str, labels: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": name, "labels": labels},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}})
+}
+
+async fn next_event<K>(
+    stream: &mut (impl futures::Stream<Item = kube::Result<WatchEvent<K>>> + Unpin),
+) -> WatchEvent<K> {
+    tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("an event within 5 s")
+        .expect("stream open")
+        .expect("decodes")
+}
+
+#[tokio::test]
+async fn list_with_selectors_pagination_and_discovery() {
+    let server = FakeApiServer::start().expect("start");
+    server.apply(service("a", json!({}))).expect("apply");
+    server
+        .apply(service(
+            "b",
+            json!({"service.kubernetes.io/service-proxy-name": "other"}),
+        ))
+        .expect("apply");
+    server
+        .apply(service("c", json!({"service.kubernetes.io/headless": ""})))
+        .expect("apply");
+    server
+        .apply(json!({"kind": "Node", "metadata": {"name": "node1"}}))
+        .expect("apply");
+    server
+        .apply(json!({"kind": "Node", "metadata": {"name": "node2"}}))
+        .expect("apply");
+    let client = client(&server).await;
+    let services: Api<Service> = Api::all(client.clone());
+
+    let all = services.list(&ListParams::default()).await.expect("list");
+    assert_eq!(all.items.len(), 3);
+    assert_eq!(
+        all.metadata.resource_version,
+        Some(server.resource_version().to_string())
+    );
+    let selected =
+        services
+            .list(&ListParams::default().labels(
+                "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless",
+            ))
+            .await
+            .expect("list");
+    let names: Vec<_> = selected
+        .items
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["a"]);
+
+    // Pages of one, held together by continue tokens.
+    let first = services
+        .list(&ListParams::default().limit(1))
+        .await
+        .expect("page");
+    assert_eq!(first.items.len(), 1);
+    let token = first.metadata.continue_.clone().expect("continue token");
+    let second = services
+        .list(&ListParams::default().limit(1).continue_token(&token))
+        .await
+        .expect("page 2");
+    assert_ne!(first.items[0].metadata.name, second.items[0].metadata.name);
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mine = nodes
+        .list(&ListParams::default().fields("metadata.name=node2"))
+        .await
+        .expect("list");
+    assert_eq!(mine.items.len(), 1);
+    assert_eq!(mine.items[0].metadata.name.as_deref(), Some("node2"));
+    let bad = nodes
+        .list(&ListParams::default().fields("spec.unschedulable=false"))
+        .await;
+    assert!(
+        matches!(&bad, Err(kube::Error::Api(s)) if s.code == 400),
+        "{bad:?}"
+    );
+
+    // Discovery: what the API serves.
+    let networking = client
+        .list_api_group_resources("networking.k8s.io/v1")
+        .await
+        .expect("discovery");
+    assert!(
+        networking
+            .resources
+            .iter()
+            .any(|r| r.name == "servicecidrs")
+    );
+    let cidrs: Api<ServiceCIDR> = Api::all(client.clone());
+    assert!(
+        cidrs
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    server.forbid(kpng_fake_apiserver::Resource::Nodes, true);
+    let refused = nodes.list(&ListParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "{refused:?}"
+    );
+    server.forbid(kpng_fake_apiserver::Resource::Nodes, false);
+    assert!(nodes.list(&ListParams::default()).await.is_ok());
+    let auth = server.requests()[0].authorization.clone();
+    assert_eq!(auth.as_deref(), Some("Bearer fake-token"));
+}
+
+#[tokio::test]
+async fn an_older_cluster_serves_no_servicecidrs() {
+    let server = FakeApiServer::builder()
+        .service_cidrs(false)
+        .start()
+        .expect("start");
+    let client = client(&server).await;
+    let networking = client
+        .list_api_group_resources("networking.k8s.io/v1")
+        .await
+        .expect("discovery");
+    assert!(networking.resources.is_empty());
+    let cidrs: Api<ServiceCIDR> = Api::all(client);
+    let err = cidrs.list(&ListParams::default()).await;
+    assert!(
+        matches!(&err, Err(kube::Error::Api(s)) if s.code == 404),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn watch_streams_changes_selector_transitions_bookmarks_and_gone() {
+    let server = FakeApiServer::builder()
+        .bookmark_interval(None)
+        .start()
+        .expect("start");
+    let rv = server
+        .apply(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "default", "name": "web-1",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "endpoints": []}),
+        )
+        .expect("apply");
+    let client = client(&server).await;
+    let slices: Api<EndpointSlice> = Api::all(client);
+    let params = WatchParams::default()
+        .labels("!service.kubernetes.io/headless")
+        .timeout(60);
+    let mut stream = slices
+        .watch(&params, &rv.to_string())
+        .await
+        .expect("watch")
+        .boxed();
+
+    let slice = |labels: serde_json::Value, ip: &str| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "default", "name": "web-1", "labels": labels},
+            "addressType": "IPv4", "endpoints": [{"addresses": [ip]}]})
+    };
+    let svc = json!({"kubernetes.io/service-name": "web"});
+    server.apply(slice(svc.clone(), "10.0.0.1")).expect("apply");
+    match next_event(&mut stream).await {
+        WatchEvent::Modified(s) => assert_eq!(s.endpoints[0].addresses, ["10.0.0.1"]),
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    // Leaving the selector is a DELETED, entering it again an ADDED.
+    server
+        .apply(slice(
+            json!({"kubernetes.io/service-name": "web", "service.kubernetes.io/headless": ""}),
+            "10.0.0.1",
+        ))
+        .expect("apply");
+    assert!(matches!(
+        next_event(&mut stream).await,
+        WatchEvent::Deleted(_)
+    ));
+    let rv_back = server.apply(slice(svc, "10.0.0.2")).expect("apply");
+    match next_event(&mut stream).await {
+        WatchEvent::Added(s) => {
+            assert_eq!(s.metadata.resource_version, Some(rv_back.to_string()));
+        }
+        other => panic!("expected ADDED, got {other:?}"),
+    }
+    server.bookmark();
+    match next_event(&mut stream).await {
+        WatchEvent::Bookmark(b) => assert_eq!(b.metadata.resource_version, rv_back.to_string()),
+        other => panic!("expected BOOKMARK, got {other:?}"),
+    }
+    server.expire_watches();
+    match next_event(&mut stream).await {
+        WatchEvent::Error(status) => {
+            assert_eq!(status.code, 410);
+            assert_eq!(status.reason, "Expired");
+        }
+        other => panic!("expected ERROR 410, got {other:?}"),
+    }
+    // Resuming from the old resourceVersion is refused the same way.
+    let mut resumed = slices
+        .watch(&params, &rv.to_string())
+        .await
+        .expect("watch")
+        .boxed();
+    assert!(matches!(
+        next_event(&mut resumed).await,
+        WatchEvent::Error(s) if s.code == 410
+    ));
+}
+
+#[tokio::test]
+async fn a_dropped_watch_ends_and_an_outage_refuses_connections_until_restart() {
+    let mut server = FakeApiServer::start().expect("start");
+    server
+        .apply(json!({"kind": "Node", "metadata": {"name": "node1"}}))
+        .expect("apply");
+    let client = client(&server).await;
+    let nodes: Api<Node> = Api::all(client);
+    let rv = server.resource_version().to_string();
+    let mut stream = nodes
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    server.drop_watches();
+    // The cut stream ends (kube reads the broken chunked body as the end of the watch).
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await;
+    assert!(matches!(end, Ok(Ok(None) | Err(_))), "{end:?}");
+
+    server.stop();
+    let refused = nodes.list(&ListParams::default()).await;
+    assert!(refused.is_err(), "{refused:?}");
+    server
+        .apply(json!({"kind": "Node", "metadata": {"name": "node2"}}))
+        .expect("changes during the outage are kept");
+    server.restart().expect("restart");
+    let back = nodes.list(&ListParams::default()).await.expect("list");
+    assert_eq!(back.items.len(), 2);
+}

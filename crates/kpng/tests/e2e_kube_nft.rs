@@ -1,0 +1,192 @@
+//! `kpng kube … to-local nft` in a network namespace (root): against the fake API server
+//! running in the same namespace, it programs exactly the nftables rules `kpng file` programs
+//! for the same objects, and an endpoint change reaches the kernel's tables.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::time::{Duration, Instant};
+
+use kpng_testkit::{Netns, Spawned, bin_path, require_root};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// `kpng-fake-apiserver` inside a namespace, driven through its standard input.
+struct FakeServer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl FakeServer {
+    fn start(ns: &Netns, manifest: &Path, kubeconfig: &Path) -> FakeServer {
+        let bin = bin_path("kpng-fake-apiserver").expect("kpng-fake-apiserver binary");
+        let mut child = ns
+            .command([bin.as_os_str(), "--manifest".as_ref(), manifest.as_os_str()])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start kpng-fake-apiserver");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read");
+        assert!(line.starts_with("listening http://127.0.0.1:"), "{line:?}");
+        FakeServer {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends one command; returns the answer line.
+    fn command(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").expect("write command");
+        let mut answer = String::new();
+        self.stdout.read_line(&mut answer).expect("read answer");
+        assert!(answer.starts_with("ok"), "{line}: {answer}");
+        answer
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Set elements in a stable order: the kernel lists hash sets in hash order, which differs
+/// between two tables with the same elements.
+fn normalize(listing: &str) -> String {
+    let mut out = String::new();
+    let mut rest = listing;
+    while let Some(start) = rest.find("elements = {") {
+        let open = start + "elements = {".len();
+        let Some(len) = rest[open..].find('}') else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        let mut elements: Vec<&str> = rest[open..open + len]
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
+        elements.sort_unstable();
+        out.push(' ');
+        out.push_str(&elements.join(", "));
+        out.push_str(" }");
+        rest = &rest[open + len + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn tables(ns: &Netns) -> String {
+    let mut all = String::new();
+    for family in ["ip", "ip6"] {
+        let listing = ns
+            .run_ok(["nft", "list", "table", family, "kpng"])
+            .expect("nft list table");
+        all.push_str(&normalize(&listing));
+    }
+    all
+}
+
+/// Runs `kpng <args> to-local nft` in `ns` with the test's node flags.
+fn kpng(ns: &Netns, source: &[&str]) -> Spawned {
+    let mut args: Vec<&str> = vec![env!("CARGO_BIN_EXE_kpng")];
+    args.extend_from_slice(source);
+    args.extend([
+        "--node-name",
+        "node1",
+        "--cluster-cidr",
+        "10.244.0.0/16,fd00:244::/32",
+        "--min-sync-period",
+        "0",
+        "--metrics-bind-address",
+        "",
+        "to-local",
+        "nft",
+    ]);
+    ns.spawn(&args).expect("start kpng")
+}
+
+/// Waits until `check` holds on the namespace's tables; panics with kpng's log otherwise.
+#[track_caller]
+fn wait_tables(ns: &Netns, kpng: &Spawned, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let listing = tables_if_any(ns);
+        if check(&listing) {
+            return listing;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {WAIT:?}; tables:\n{listing}\nkpng said:\n{}",
+            kpng.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn tables_if_any(ns: &Netns) -> String {
+    let present = ns
+        .run_ok(["nft", "list", "tables"])
+        .is_ok_and(|t| t.contains("table ip kpng") && t.contains("table ip6 kpng"));
+    if present { tables(ns) } else { String::new() }
+}
+
+#[test]
+fn kube_programs_the_same_rules_as_file_and_follows_an_endpoint_change() {
+    require_root!();
+    let ns = Netns::new("kube").expect("netns");
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    let manifest = format!(
+        "{example}\n---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\n\
+         metadata: {{name: kubernetes}}\nspec: {{cidrs: [10.96.0.0/12, \"fd00:96::/108\"]}}\n"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, &manifest).expect("write");
+    let complete = |t: &str| t.contains("10.96.0.0/12") && t.contains("fd00:96::/108");
+
+    let file = kpng(&ns, &["file", "--input", input.to_str().expect("utf-8")]);
+    let from_file = wait_tables(&ns, &file, "kpng file programmed", complete);
+    file.kill().expect("stop kpng file");
+    ns.nft("delete table ip kpng\ndelete table ip6 kpng\n")
+        .expect("remove the tables");
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut server = FakeServer::start(&ns, &input, &kubeconfig);
+    let kube = kpng(
+        &ns,
+        &["kube", "--kubeconfig", kubeconfig.to_str().expect("utf-8")],
+    );
+    let from_kube = wait_tables(&ns, &kube, "kpng kube programmed", complete);
+    assert!(
+        from_file.contains("10.244.1.3 . 8080") && from_file.contains("default/web:http"),
+        "{from_file}"
+    );
+    assert_eq!(
+        from_kube, from_file,
+        "kube and file must program the same rules"
+    );
+
+    // An endpoint of `web` moves: the API server's change reaches the kernel.
+    let moved = dir.path().join("moved.yaml");
+    std::fs::write(&moved, manifest.replace("10.244.1.3", "10.244.1.33")).expect("write");
+    server.command(&format!("apply {}", moved.display()));
+    let after = wait_tables(&ns, &kube, "the endpoint change", |t| {
+        t.contains("10.244.1.33")
+    });
+    assert!(
+        !after.contains("10.244.1.3 "),
+        "the old endpoint is gone:\n{after}"
+    );
+}

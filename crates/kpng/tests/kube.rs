@@ -1,0 +1,530 @@
+//! `kpng kube` end to end against the fake API server (no root needed): initial sync gating,
+//! changes reaching the output, bad objects, an outage, 410 Gone, and the same rules as
+//! `kpng file` for the same objects.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use kpng_fake_apiserver::{FakeApiServer, Resource};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A running `kpng`, killed when dropped; stdout and stderr are collected as they come.
+struct Kpng {
+    child: Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .expect("lock")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
+}
+
+impl Kpng {
+    fn start(args: &[&str]) -> Kpng {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kpng"));
+        command.args(args);
+        if !args.contains(&"--healthz-bind-address") {
+            command.args(["--healthz-bind-address", "127.0.0.1:0"]);
+        }
+        let mut child = command
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kpng");
+        let stdout = collect(child.stdout.take().expect("stdout"));
+        let stderr = collect(child.stderr.take().expect("stderr"));
+        Kpng {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn stdout(&self) -> String {
+        self.stdout.lock().expect("lock").clone()
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().expect("lock").clone()
+    }
+
+    /// Waits until `check` holds on (stdout, stderr); panics with both after [`WAIT`].
+    #[track_caller]
+    fn wait(&mut self, what: &str, check: impl Fn(&str, &str) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if check(&self.stdout(), &self.stderr()) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("kpng exited ({status}) before {what}:\n{}", self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {WAIT:?}; kpng said:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn synced(&self) -> usize {
+        self.stderr().matches(" synced").count()
+    }
+}
+
+impl Drop for Kpng {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The fake cluster every test starts from: node1 and node2, Service `web` with one endpoint
+/// on node1, and (when `cidrs`) a ServiceCIDR.
+fn cluster(server: &FakeApiServer, cidrs: bool) {
+    server
+        .apply_manifest(
+            r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node1}
+status: {addresses: [{type: InternalIP, address: 192.168.100.1}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node2}
+status: {addresses: [{type: InternalIP, address: 192.168.100.2}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: default, name: web}
+spec:
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10]
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+"#,
+        )
+        .expect("cluster");
+    server
+        .apply(endpoints("web-1", "web", "10.244.1.2", None))
+        .expect("slice");
+    if cidrs {
+        server
+            .apply(
+                json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+                "metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}),
+            )
+            .expect("servicecidr");
+    }
+}
+
+/// An EndpointSlice of `service` with one ready endpoint `ip` on node1, optionally with the
+/// endpoints controller's last-change trigger time.
+fn endpoints(name: &str, service: &str, ip: &str, trigger: Option<SystemTime>) -> Value {
+    let mut annotations = json!({});
+    if let Some(at) = trigger {
+        let nanos = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos();
+        let stamp =
+            k8s_openapi::jiff::Timestamp::from_nanosecond(i128::try_from(nanos).expect("i128"))
+                .expect("timestamp");
+        annotations =
+            json!({"endpoints.kubernetes.io/last-change-trigger-time": stamp.to_string()});
+    }
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "default", "name": name, "annotations": annotations,
+            "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "nodeName": "node1", "conditions": {"ready": true}}]})
+}
+
+fn kubeconfig(server: &FakeApiServer, dir: &Path) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    server.write_kubeconfig(&path).expect("kubeconfig");
+    path
+}
+
+/// A free TCP port on 127.0.0.1 (for the metrics and health servers the tests query).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:port: (status code, body).
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn kube_args<'a>(kubeconfig: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "kube",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8 path"),
+        "--node-name",
+        "node1",
+        "--min-sync-period",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, true);
+    // Nodes cannot be read yet (RBAC being fixed): Services and EndpointSlices are listed,
+    // the Node list is not.
+    server.forbid(Resource::Nodes, true);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let metrics_port = free_port().to_string();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let mut args = kube_args(
+        &k,
+        &["--metrics-bind-address", &metrics, "to-file", "--output"],
+    );
+    args.push(output.to_str().expect("utf-8"));
+    let mut kpng = Kpng::start(&args);
+
+    let watching = |path: &str| {
+        server
+            .requests()
+            .iter()
+            .any(|q| q.path == path && q.is_watch())
+    };
+    kpng.wait(
+        "Service and EndpointSlice lists done, Node refused",
+        |_, err| {
+            watching("/api/v1/services")
+                && watching("/apis/discovery.k8s.io/v1/endpointslices")
+                && err.contains("Node watch refused: 403")
+        },
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !output.exists(),
+        "nothing may be written before the Node list is done:\n{}",
+        kpng.stderr()
+    );
+    assert_eq!(kpng.synced(), 0);
+
+    server.forbid(Resource::Nodes, false);
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+    let first = std::fs::read_to_string(&output).expect("output");
+    assert!(first.contains("known: true"), "{first}");
+    assert!(first.contains("10.96.0.0/16"), "the ServiceCIDR: {first}");
+
+    // An endpoint change, triggered now: it reaches the output, and the metrics count it.
+    server
+        .apply(endpoints(
+            "web-1",
+            "web",
+            "10.244.1.3",
+            Some(SystemTime::now()),
+        ))
+        .expect("apply");
+    kpng.wait("the endpoint change", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.3:8080"))
+    });
+    let port: u16 = metrics_port.parse().expect("port");
+    let programmed = "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}";
+    // Observed right after the sync that wrote the file.
+    kpng.wait("the latency observed", |_, _| {
+        metric(&http_get(port, "/metrics").1, programmed) == Some(1.0)
+    });
+    let (code, body) = http_get(port, "/metrics");
+    assert_eq!(code, 200);
+    let latency = metric(
+        &body,
+        "kubeproxy_network_programming_duration_seconds_sum{ip_family=\"IPv4\"}",
+    )
+    .expect("sum");
+    assert!(latency < 60.0, "programmed within a minute: {latency}");
+    // The listed Service and slice, then the slice's update.
+    assert_eq!(
+        metric(&body, "kubeproxy_sync_proxy_rules_service_changes_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&body, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(&body, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn a_bad_object_is_reported_and_skipped() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let mut args = kube_args(&k, &["--metrics-bind-address", "", "to-file", "--output"]);
+    args.push(output.to_str().expect("utf-8"));
+    let mut kpng = Kpng::start(&args);
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+
+    // A port out of range: kpng rejects the new version and keeps the last good one.
+    let mut out_of_range = endpoints("web-1", "web", "10.244.1.9", None);
+    out_of_range["ports"][0]["port"] = json!(70000);
+    server.apply(out_of_range).expect("apply");
+    // Not even decodable: a port that is not a number.
+    let mut undecodable = endpoints("web-2", "web", "10.244.1.8", None);
+    undecodable["ports"][0]["port"] = json!("eighty");
+    server.apply(undecodable).expect("apply");
+    // A good change after both still arrives.
+    server
+        .apply_manifest(
+            "apiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: api}\n\
+             spec: {clusterIP: 10.96.0.20, clusterIPs: [10.96.0.20], ports: [{name: http, port: 80}]}\n",
+        )
+        .expect("apply");
+    // Each kind has its own watch: wait for the three, in any order.
+    let rejected =
+        "rejected EndpointSlice default/web-1: field ports[0].port: port 70000 is not in 1-65535";
+    let undecodable = "skipped an undecodable EndpointSlice";
+    kpng.wait(
+        "both bad objects reported and the good change synced",
+        |_, err| {
+            err.contains(rejected)
+                && err.contains(undecodable)
+                && std::fs::read_to_string(&output).is_ok_and(|t| t.contains("default/api"))
+        },
+    );
+    let text = std::fs::read_to_string(&output).expect("output");
+    assert!(
+        text.contains("10.244.1.2:8080"),
+        "the last good slice stays:\n{text}"
+    );
+    assert!(
+        !text.contains("10.244.1.9") && !text.contains("10.244.1.8"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_outage_keeps_the_rules_logs_once_and_recovers() {
+    let mut server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let health_port = free_port();
+    let health = format!("127.0.0.1:{health_port}");
+    let mut args = kube_args(&k, &["--metrics-bind-address", "", "to-file", "--output"]);
+    args.push(output.to_str().expect("utf-8"));
+    args.extend(["--healthz-bind-address", &health]);
+    let mut kpng = Kpng::start(&args);
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+    let before = std::fs::read_to_string(&output).expect("output");
+
+    server.stop();
+    server
+        .apply(endpoints("web-1", "web", "10.244.1.4", None))
+        .expect("a change during the outage");
+    // Several watchers retry several times meanwhile (backoff from 0.8 s).
+    kpng.wait("the outage noticed", |_, err| {
+        err.contains("API server unreachable")
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    let err = kpng.stderr();
+    assert_eq!(
+        err.matches("API server unreachable").count(),
+        1,
+        "one warning per outage, not per attempt:\n{err}"
+    );
+    assert!(
+        !err.contains("WARN kube") && !err.contains("ERROR kube"),
+        "kube's per-attempt lines are quiet:\n{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&output).expect("output"),
+        before,
+        "rules stay"
+    );
+    let (code, _) = http_get(health_port, "/healthz");
+    assert_eq!(code, 200, "nothing is pending: healthy during the outage");
+
+    server.restart().expect("restart");
+    kpng.wait("recovery", |_, err| {
+        err.contains("API server reachable again")
+    });
+    kpng.wait("the change made during the outage", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
+    });
+}
+
+/// The dry-run transactions printed so far, in order.
+fn transactions(stdout: &str) -> Vec<&str> {
+    stdout
+        .split("# --- kpng nft transaction (dry run) ---")
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// Whether a transaction replaces the whole table of `family` (a full sync).
+fn is_full(transaction: &str, family: &str) -> bool {
+    transaction.contains(&format!("delete table {family} kpng"))
+}
+
+#[test]
+fn gone_relists_with_a_minimal_transaction() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let mut kpng = Kpng::start(&kube_args(
+        &k,
+        &["--metrics-bind-address", "", "to-local", "nft", "--dry-run"],
+    ));
+    kpng.wait("the first sync", |out, _| out.contains("10.244.1.2 . 8080"));
+    let before = kpng.stdout().len();
+
+    // Every watch is told 410 Gone; the endpoint moves before the watchers relist.
+    server.expire_watches();
+    server
+        .apply(endpoints("web-1", "web", "10.244.1.7", None))
+        .expect("apply");
+    kpng.wait("the relist after 410 Gone", |out, err| {
+        err.contains("410 Gone") && out[before..].contains("10.244.1.7 . 8080")
+    });
+    let after = kpng.stdout()[before..].to_string();
+    for t in transactions(&after) {
+        assert!(
+            !is_full(t, "ip") && !is_full(t, "ip6") && !t.contains("flush"),
+            "a relist is not a teardown:\n{t}"
+        );
+    }
+    assert!(
+        after.contains("delete element ip kpng cluster-endpoints-tcp")
+            && after.contains("10.244.1.2 . 10.244.1.2 . tcp . 8080"),
+        "the old endpoint is removed:\n{after}"
+    );
+}
+
+/// The last full transaction of each family.
+fn last_full(stdout: &str) -> (Option<String>, Option<String>) {
+    let all = transactions(stdout);
+    let last = |family: &str| {
+        all.iter()
+            .rev()
+            .find(|t| is_full(t, family))
+            .map(|t| (*t).to_string())
+    };
+    (last("ip"), last("ip6"))
+}
+
+#[test]
+fn kube_programs_the_same_rules_as_file_for_the_same_objects() {
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    let manifest = format!(
+        "{example}\n---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\n\
+         metadata: {{name: kubernetes}}\nspec: {{cidrs: [10.96.0.0/12, \"fd00:96::/108\"]}}\n"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, &manifest).expect("write");
+    let flags = [
+        "--node-name",
+        "node1",
+        "--cluster-cidr",
+        "10.244.0.0/16,fd00:244::/32",
+        "--metrics-bind-address",
+        "",
+        "to-local",
+        "nft",
+        "--dry-run",
+    ];
+    let complete = |out: &str| {
+        let (ip, ip6) = last_full(out);
+        ip.is_some_and(|t| t.contains("10.96.0.0/12"))
+            && ip6.is_some_and(|t| t.contains("fd00:96::/108"))
+    };
+
+    let mut file = Kpng::start(
+        &[
+            &["file", "--input", input.to_str().expect("utf-8")][..],
+            &flags[..],
+        ]
+        .concat(),
+    );
+    file.wait("kpng file's first sync", |out, _| complete(out));
+    let from_file = last_full(&file.stdout());
+    drop(file);
+
+    let server = FakeApiServer::start().expect("server");
+    server.apply_manifest(&manifest).expect("manifest");
+    let k = kubeconfig(&server, dir.path());
+    let mut kube = Kpng::start(
+        &[
+            &["kube", "--kubeconfig", k.to_str().expect("utf-8")][..],
+            &flags[..],
+        ]
+        .concat(),
+    );
+    kube.wait("kpng kube's sync with every object", |out, _| complete(out));
+    let from_kube = last_full(&kube.stdout());
+    assert_eq!(from_kube.0, from_file.0, "IPv4 rules differ");
+    assert_eq!(from_kube.1, from_file.1, "IPv6 rules differ");
+    assert!(from_file.0.is_some_and(|t| t.contains("default/web:http")));
+}

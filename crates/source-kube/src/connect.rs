@@ -1,0 +1,110 @@
+//! Which API server, with which credentials: kube-proxy's `--kubeconfig` / `--master`, or the
+//! in-cluster service account when neither is given.
+
+use std::path::PathBuf;
+
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::rate_limit::{RateLimitLayer, TokenBucket};
+use crate::reachability::{Reachability, ReachabilityLayer};
+
+/// How to reach the API server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientOptions {
+    /// `--kubeconfig`: a kubeconfig file (its current context).
+    pub kubeconfig: Option<PathBuf>,
+    /// `--master`: the API server's URL; overrides the kubeconfig's server.
+    pub master: Option<String>,
+    /// `--kube-api-qps`: sustained requests per second (not positive: no limit).
+    pub qps: f32,
+    /// `--kube-api-burst`: requests allowed at once above the sustained rate.
+    pub burst: u32,
+}
+
+impl Default for ClientOptions {
+    /// kube-proxy's defaults: in-cluster, 5 requests per second, bursts of 10.
+    fn default() -> Self {
+        ClientOptions {
+            kubeconfig: None,
+            master: None,
+            qps: 5.0,
+            burst: 10,
+        }
+    }
+}
+
+/// Why no client could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The kubeconfig could not be read or used.
+    #[error("--kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong with it.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// `--master` is not a URL.
+    #[error("--master {url:?} is not a URL: {source}")]
+    Master {
+        /// The value given.
+        url: String,
+        /// Why it does not parse.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// Neither flag was given and this is not a Pod with a service account.
+    #[error(
+        "no --kubeconfig or --master given, and no in-cluster configuration ({0}); \
+         pass --kubeconfig PATH or run kpng in a Pod"
+    )]
+    InCluster(#[source] kube::config::InClusterError),
+    /// kube refused the configuration (TLS material, auth plugin, …).
+    #[error("building the API client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// A client for the configured API server, rate limited and with outages logged once.
+/// Returns the client and the server's URL (for log lines).
+pub async fn client(options: &ClientOptions) -> Result<(kube::Client, String), ConnectError> {
+    let master = options
+        .master
+        .as_ref()
+        .map(|url| {
+            url.parse::<http::Uri>()
+                .map_err(|source| ConnectError::Master {
+                    url: url.clone(),
+                    source,
+                })
+        })
+        .transpose()?;
+    let mut config = match (&options.kubeconfig, &master) {
+        (Some(path), _) => {
+            let kubeconfig = |source| ConnectError::Kubeconfig {
+                path: path.clone(),
+                source,
+            };
+            let file = Kubeconfig::read_from(path).map_err(kubeconfig)?;
+            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(kubeconfig)?
+        }
+        (None, Some(url)) => kube::Config::new(url.clone()),
+        (None, None) => kube::Config::incluster().map_err(ConnectError::InCluster)?,
+    };
+    if let Some(url) = master {
+        config.cluster_url = url;
+    }
+    let server = config.cluster_url.to_string();
+    let client = ClientBuilder::try_from(config)
+        .map_err(ConnectError::Client)?
+        .with_layer(&ReachabilityLayer(Reachability::new(&server)))
+        .with_layer(&RateLimitLayer(TokenBucket::new(
+            options.qps,
+            options.burst,
+        )))
+        .build();
+    Ok((client, server))
+}

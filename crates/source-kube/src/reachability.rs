@@ -1,0 +1,156 @@
+//! Whether the API server answers, logged once per outage rather than once per attempt.
+//!
+//! Every request of the client passes through [`ReachabilityLayer`]: a connection error or a
+//! 5xx answer while the server was reachable logs one warning; further failures are debug
+//! lines; the first good answer after that logs how long the outage lasted. Watchers retry
+//! on their own with backoff and jitter; the programmed rules stay untouched meanwhile.
+
+use std::fmt::Display;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// The shared up/down state of one API server.
+#[derive(Debug, Clone)]
+pub struct Reachability {
+    server: Arc<str>,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    down_since: Option<Instant>,
+    failures: u64,
+}
+
+impl Reachability {
+    /// Tracks the server at `server` (named in the log lines).
+    pub fn new(server: &str) -> Reachability {
+        Reachability {
+            server: server.into(),
+            state: Arc::default(),
+        }
+    }
+
+    /// Whether the last request failed to reach the server.
+    pub fn is_down(&self) -> bool {
+        self.lock().down_since.is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A request failed to reach the server (or the server failed it). Returns whether this
+    /// failure began an outage (and was therefore logged as a warning).
+    pub fn failed(&self, why: &dyn Display) -> bool {
+        let mut s = self.lock();
+        s.failures += 1;
+        if s.down_since.is_none() {
+            s.down_since = Some(Instant::now());
+            warn!(
+                server = %self.server,
+                "API server unreachable: {why}; keeping the programmed rules, retrying with backoff"
+            );
+            true
+        } else {
+            debug!(server = %self.server, failures = s.failures, "API server still unreachable: {why}");
+            false
+        }
+    }
+
+    /// A request got an answer. Returns how long the outage it ends lasted, if it ends one.
+    pub fn answered(&self) -> Option<std::time::Duration> {
+        let mut s = self.lock();
+        let outage = s.down_since.take().map(|since| since.elapsed());
+        if let Some(outage) = outage {
+            info!(
+                server = %self.server,
+                failed_requests = s.failures,
+                ?outage,
+                "API server reachable again"
+            );
+        }
+        s.failures = 0;
+        outage
+    }
+}
+
+/// Reports every request's outcome to a [`Reachability`].
+#[derive(Debug, Clone)]
+pub struct ReachabilityLayer(pub Reachability);
+
+impl<S> tower::Layer<S> for ReachabilityLayer {
+    type Service = Tracked<S>;
+
+    fn layer(&self, inner: S) -> Tracked<S> {
+        Tracked {
+            inner,
+            tracker: self.0.clone(),
+        }
+    }
+}
+
+/// A service whose outcomes are tracked.
+#[derive(Debug, Clone)]
+pub struct Tracked<S> {
+    inner: S,
+    tracker: Reachability,
+}
+
+impl<S, Req, B> tower::Service<Req> for Tracked<S>
+where
+    S: tower::Service<Req, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Display,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let response = self.inner.call(request);
+        let tracker = self.tracker.clone();
+        Box::pin(async move {
+            let result = response.await;
+            match &result {
+                Ok(r) if r.status().is_server_error() => {
+                    tracker.failed(&r.status());
+                }
+                Ok(_) => {
+                    tracker.answered();
+                }
+                Err(e) => {
+                    tracker.failed(e);
+                }
+            }
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn one_warning_per_outage() {
+        let r = Reachability::new("http://127.0.0.1:1");
+        assert_eq!(r.answered(), None, "no outage to end");
+        // (attempt, begins an outage): only the first failure of each outage is a warning.
+        let first = [r.failed(&"refused"), r.failed(&"refused"), r.failed(&"503")];
+        assert_eq!(first, [true, false, false]);
+        assert!(r.is_down());
+        tokio::time::advance(std::time::Duration::from_secs(7)).await;
+        assert_eq!(r.answered(), Some(std::time::Duration::from_secs(7)));
+        assert!(!r.is_down());
+        assert!(r.failed(&"refused"), "a new outage warns again");
+    }
+}

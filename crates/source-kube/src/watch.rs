@@ -1,0 +1,290 @@
+//! One kube-runtime watcher per kind, merged into the model's event stream.
+//!
+//! | watcher event | model event |
+//! |---|---|
+//! | `Init` (a list starts: first start, 410 Gone, …) | `ListStart { kinds: [kind] }` |
+//! | `InitApply(object)` | `ListItem(object)` |
+//! | `InitDone` | `ListDone { kinds: [kind] }` |
+//! | `Apply(object)` | `Apply(object)` |
+//! | `Delete(object)` | `Delete(reference)` |
+//!
+//! The model applies a list atomically at `ListDone` and diffs it against what it had, so a
+//! relist is a minimal change, never a teardown; and the runner programs nothing until the
+//! Service, EndpointSlice and Node lists are all done.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+
+use futures::stream::{BoxStream, SelectAll};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::serde::de::DeserializeOwned;
+use kpng_model::convert::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
+use kpng_model::{Event, Kind, Object, ObjectRef};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, DefaultBackoff};
+use kube::{Api, Resource};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+/// What the source watches for: this node, and which Services are ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceConfig {
+    /// This node's name: only its Node object is watched (field selector on the name).
+    pub node_name: String,
+    /// `--service-proxy-name`: watch only the Services (and their EndpointSlices) labelled
+    /// with it; without it, only the unlabelled ones.
+    pub service_proxy_name: Option<String>,
+}
+
+/// The label selector for Services and EndpointSlices, as kube-proxy's informers use it:
+/// objects labelled `service.kubernetes.io/service-proxy-name` belong to another proxy unless
+/// the label names us, and `service.kubernetes.io/headless` ones are never proxied.
+pub fn label_selector(service_proxy_name: Option<&str>) -> String {
+    match service_proxy_name {
+        None => format!("!{LABEL_SERVICE_PROXY_NAME},!{LABEL_HEADLESS}"),
+        Some(name) => format!("{LABEL_SERVICE_PROXY_NAME}={name},!{LABEL_HEADLESS}"),
+    }
+}
+
+/// The `kube` source.
+#[derive(Clone)]
+pub struct KubeSource {
+    client: kube::Client,
+    config: SourceConfig,
+}
+
+impl Debug for KubeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeSource")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One watcher's output, tagged with its kind.
+struct Item {
+    kind: Kind,
+    result: Result<Event, watcher::Error>,
+}
+
+fn reference<K: Resource>(kind: Kind, object: &K) -> ObjectRef {
+    ObjectRef {
+        kind,
+        namespace: object.meta().namespace.clone().unwrap_or_default().into(),
+        name: object.meta().name.clone().unwrap_or_default().into(),
+    }
+}
+
+/// Translates one watcher event (see the module table).
+fn translate<K: Resource>(event: watcher::Event<K>, kind: Kind, wrap: fn(K) -> Object) -> Event {
+    match event {
+        watcher::Event::Init => Event::ListStart { kinds: vec![kind] },
+        watcher::Event::InitApply(o) => Event::ListItem(wrap(o)),
+        watcher::Event::InitDone => Event::ListDone { kinds: vec![kind] },
+        watcher::Event::Apply(o) => Event::Apply(wrap(o)),
+        watcher::Event::Delete(o) => Event::Delete(reference(kind, &o)),
+    }
+}
+
+/// A watcher of `api` as a stream of [`Item`]s: managed fields dropped (memory), errors
+/// followed by backoff with jitter (0.8 s doubling to 30 s), bookmarks on (kube-runtime's
+/// default), a relist after `410 Gone`.
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: Kind,
+    wrap: fn(K) -> Object,
+) -> BoxStream<'static, Item>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watcher::watcher(api, config)
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .default_backoff()
+        .map(move |result| Item {
+            kind,
+            result: result.map(|event| translate(event, kind, wrap)),
+        })
+        .boxed()
+}
+
+/// Asks discovery whether `networking.k8s.io/v1` serves ServiceCIDRs (Kubernetes ≥ 1.33, or
+/// earlier with the MultiCIDRServiceAllocator gate). Retries with backoff until the API
+/// server answers.
+async fn serves_service_cidrs(client: kube::Client) -> bool {
+    let mut backoff = DefaultBackoff::default();
+    loop {
+        match client
+            .list_api_group_resources("networking.k8s.io/v1")
+            .await
+        {
+            Ok(list) => return list.resources.iter().any(|r| r.name == "servicecidrs"),
+            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                warn!(
+                    "discovery of networking.k8s.io/v1 is forbidden ({}); not watching ServiceCIDRs",
+                    status.message
+                );
+                return false;
+            }
+            Err(e) => {
+                debug!("discovery of networking.k8s.io/v1 failed: {e}");
+                let wait = backoff.next().unwrap_or(std::time::Duration::from_secs(30));
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// Logs watch errors so that a persistent problem is one line, not one per retry.
+#[derive(Default)]
+struct ErrorLog {
+    /// The last problem logged per kind; cleared when that watcher makes progress.
+    last: HashMap<Kind, String>,
+}
+
+impl ErrorLog {
+    fn progress(&mut self, kind: Kind) {
+        self.last.remove(&kind);
+    }
+
+    fn error(&mut self, kind: Kind, e: &watcher::Error) {
+        let what = kind.as_str();
+        let problem = match e {
+            watcher::Error::WatchError(status) if status.code == 410 => {
+                info!(
+                    "{what} watch: resourceVersion expired (410 Gone); relisting, nothing is torn down meanwhile"
+                );
+                return;
+            }
+            watcher::Error::WatchFailed(kube::Error::SerdeError(e)) => {
+                // Every occurrence is a different object: always reported.
+                error!("skipped an undecodable {what}: {e}; the watch goes on");
+                return;
+            }
+            // kube-client reads a watch line that is not a valid event as a Status, which
+            // any JSON object is: code 0 means an object that does not decode.
+            watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 0 => {
+                error!(
+                    "skipped an undecodable {what} (a field has the wrong type); the watch goes on"
+                );
+                return;
+            }
+            watcher::Error::InitialListFailed(kube::Error::SerdeError(e)) => {
+                format!("the {what} list does not decode: {e}; retrying, the programmed rules stay")
+            }
+            watcher::Error::InitialListFailed(kube::Error::Api(s))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            | watcher::Error::WatchFailed(kube::Error::Api(s))
+                if !(500..600).contains(&s.code) =>
+            {
+                format!(
+                    "{what} watch refused: {} {} ({}); check kpng's permissions",
+                    s.code, s.reason, s.message
+                )
+            }
+            watcher::Error::WatchError(status) => {
+                format!(
+                    "{what} watch error: {} {} ({})",
+                    status.code, status.reason, status.message
+                )
+            }
+            watcher::Error::NoResourceVersion => {
+                format!("{what}: the API server sent no resourceVersion; relisting")
+            }
+            other => {
+                // Connection problems and 5xx: the client's reachability layer logs the
+                // outage once; each attempt is only a debug line.
+                debug!("{what} watch: {other}");
+                return;
+            }
+        };
+        if self.last.get(&kind) != Some(&problem) {
+            warn!("{problem}");
+            self.last.insert(kind, problem);
+        } else {
+            debug!("{problem}");
+        }
+    }
+}
+
+impl KubeSource {
+    /// A source reading through `client`.
+    pub fn new(client: kube::Client, config: SourceConfig) -> KubeSource {
+        KubeSource { client, config }
+    }
+
+    fn streams(&self) -> SelectAll<BoxStream<'static, Item>> {
+        let selector = label_selector(self.config.service_proxy_name.as_deref());
+        let labelled = watcher::Config::default().labels(&selector);
+        let node =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.config.node_name));
+        futures::stream::select_all([
+            watch(
+                Api::<Service>::all(self.client.clone()),
+                labelled.clone(),
+                Kind::Service,
+                |o| Object::Service(Box::new(o)),
+            ),
+            watch(
+                Api::<EndpointSlice>::all(self.client.clone()),
+                labelled,
+                Kind::EndpointSlice,
+                |o| Object::EndpointSlice(Box::new(o)),
+            ),
+            watch(
+                Api::<Node>::all(self.client.clone()),
+                node,
+                Kind::Node,
+                |o| Object::Node(Box::new(o)),
+            ),
+        ])
+    }
+
+    /// Watches until `events` is closed. Never gives up on the API server: while it is
+    /// unreachable nothing is sent and the programmed rules stay as they are.
+    pub async fn run(self, events: mpsc::Sender<Event>) {
+        info!(
+            node = %self.config.node_name,
+            selector = %label_selector(self.config.service_proxy_name.as_deref()),
+            "watching Services, EndpointSlices and this node's Node"
+        );
+        let mut streams = self.streams();
+        let mut discovery = serves_service_cidrs(self.client.clone()).boxed().fuse();
+        let mut log = ErrorLog::default();
+        loop {
+            tokio::select! {
+                item = streams.next() => {
+                    // The watchers never end; an empty stream would mean none is left.
+                    let Some(Item { kind, result }) = item else { return };
+                    match result {
+                        Ok(event) => {
+                            log.progress(kind);
+                            if events.send(event).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => log.error(kind, &e),
+                    }
+                }
+                served = &mut discovery => {
+                    if served {
+                        info!("the API server serves ServiceCIDRs: watching them");
+                        streams.push(watch(
+                            Api::<ServiceCIDR>::all(self.client.clone()),
+                            watcher::Config::default(),
+                            Kind::ServiceCidr,
+                            |o| Object::ServiceCidr(Box::new(o)),
+                        ));
+                    } else {
+                        info!("the API server serves no ServiceCIDRs: only --service-cidr ranges are dropped");
+                    }
+                }
+                () = events.closed() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! The `kube` source against the fake API server: what it asks for, the events it sends, and
+//! how it rides through dropped watches, 410 Gone and an outage.
+
+use std::time::Duration;
+
+use kpng_fake_apiserver::FakeApiServer;
+use kpng_model::{Event, Kind, Model, ModelConfig, Object};
+use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig, client};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn service(name: &str, ip: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": name, "labels": labels},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"name": "http", "port": 80}]}})
+}
+
+fn slice(service: &str, ip: &str) -> Value {
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "default", "name": format!("{service}-1"),
+            "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "nodeName": "node1", "conditions": {"ready": true}}]})
+}
+
+fn node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.1"}]}})
+}
+
+/// A cluster of node1 + node2, Service `web` with one endpoint, one Service owned by another
+/// proxy, and a ServiceCIDR.
+fn cluster(server: &FakeApiServer) {
+    for object in [
+        node("node1"),
+        node("node2"),
+        service("web", "10.96.0.10", json!({})),
+        slice("web", "10.244.1.2"),
+        service(
+            "theirs",
+            "10.96.0.11",
+            json!({"service.kubernetes.io/service-proxy-name": "other"}),
+        ),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}),
+    ] {
+        server.apply(object).expect("apply");
+    }
+}
+
+struct Running {
+    events: mpsc::Receiver<Event>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+async fn run(server: &FakeApiServer) -> Running {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&path).expect("kubeconfig");
+    let (client, _) = client(&ClientOptions {
+        kubeconfig: Some(path),
+        ..ClientOptions::default()
+    })
+    .await
+    .expect("client");
+    let source = KubeSource::new(
+        client,
+        SourceConfig {
+            node_name: "node1".into(),
+            service_proxy_name: None,
+        },
+    );
+    let (tx, events) = mpsc::channel(64);
+    Running {
+        events,
+        _task: tokio::spawn(source.run(tx)),
+    }
+}
+
+/// Events until `done` says stop, or fails after [`WAIT`].
+async fn until(r: &mut Running, mut done: impl FnMut(&Event) -> bool) -> Vec<Event> {
+    let mut seen = Vec::new();
+    let result = tokio::time::timeout(WAIT, async {
+        while let Some(e) = r.events.recv().await {
+            let stop = done(&e);
+            seen.push(e);
+            if stop {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(result.is_ok(), "timed out; events so far: {seen:#?}");
+    seen
+}
+
+fn names(events: &[Event], kind: Kind) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ListItem(o) | Event::Apply(o) if o.kind() == kind => {
+                Some(o.reference().name.to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn list_done(kinds: &[Kind]) -> impl FnMut(&Event) -> bool {
+    let mut left: Vec<Kind> = kinds.to_vec();
+    move |e| {
+        if let Event::ListDone { kinds } = e {
+            left.retain(|k| !kinds.contains(k));
+        }
+        left.is_empty()
+    }
+}
+
+#[tokio::test]
+async fn lists_every_kind_with_kube_proxys_selectors() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let mut r = run(&server).await;
+    let events = until(&mut r, list_done(&Kind::ALL)).await;
+    assert_eq!(
+        names(&events, Kind::Service),
+        ["web"],
+        "the other proxy's Service is not listed"
+    );
+    assert_eq!(names(&events, Kind::EndpointSlice), ["web-1"]);
+    assert_eq!(names(&events, Kind::Node), ["node1"], "only this node");
+    assert_eq!(names(&events, Kind::ServiceCidr), ["kubernetes"]);
+    for kind in Kind::ALL {
+        let start = events
+            .iter()
+            .position(|e| matches!(e, Event::ListStart { kinds } if kinds == &[kind]));
+        let done = events
+            .iter()
+            .position(|e| matches!(e, Event::ListDone { kinds } if kinds == &[kind]));
+        assert!(start < done && start.is_some(), "{kind:?}: {events:#?}");
+    }
+    // Managed fields are dropped before anything is kept.
+    let kept_managed_fields = events.iter().any(|e| match e {
+        Event::ListItem(Object::Service(s)) => s.metadata.managed_fields.is_some(),
+        _ => false,
+    });
+    assert!(!kept_managed_fields);
+
+    // The watches start right after the lists.
+    let watching = |path: &str| {
+        server
+            .requests()
+            .iter()
+            .any(|q| q.path == path && q.is_watch())
+    };
+    let paths = [
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+    ];
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !paths.iter().all(|p| watching(p)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let requests = server.requests();
+    let selector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+    for path in paths {
+        let watch = requests
+            .iter()
+            .find(|q| q.path == path && q.is_watch())
+            .unwrap_or_else(|| panic!("no watch of {path}: {requests:#?}"));
+        assert_eq!(
+            watch.query.get("labelSelector").map(String::as_str),
+            Some(selector)
+        );
+        assert_eq!(
+            watch.query.get("allowWatchBookmarks").map(String::as_str),
+            Some("true")
+        );
+    }
+    let nodes = requests
+        .iter()
+        .find(|q| q.path == "/api/v1/nodes")
+        .expect("node list");
+    assert_eq!(
+        nodes.query.get("fieldSelector").map(String::as_str),
+        Some("metadata.name=node1")
+    );
+}
+
+#[tokio::test]
+async fn changes_arrive_as_apply_and_delete_and_survive_dropped_watches() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let mut r = run(&server).await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+
+    server.apply(slice("web", "10.244.1.3")).expect("apply");
+    let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
+    assert_eq!(names(&events, Kind::EndpointSlice), ["web-1"]);
+
+    // Cut every watch: they resume from their resourceVersion, so no relist, and the next
+    // change still arrives.
+    server.drop_watches();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.delete("Service", "default", "web").expect("delete");
+    let events = until(&mut r, |e| matches!(e, Event::Delete(_))).await;
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::ListStart { .. })),
+        "a dropped watch resumes without a relist: {events:#?}"
+    );
+    let Some(Event::Delete(gone)) = events.last() else {
+        panic!("{events:#?}")
+    };
+    assert_eq!((gone.kind, &*gone.name), (Kind::Service, "web"));
+}
+
+#[tokio::test]
+async fn gone_relists_and_the_model_sees_only_the_difference() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    server
+        .apply(service("api", "10.96.0.20", json!({})))
+        .expect("apply");
+    let mut r = run(&server).await;
+    let mut model = Model::new(ModelConfig {
+        node_name: "node1".into(),
+        ..ModelConfig::default()
+    });
+    for e in until(&mut r, list_done(&Kind::ALL)).await {
+        model.apply(e);
+    }
+    let before = model.snapshot().clone();
+    assert_eq!(before.ports.len(), 2);
+
+    // The endpoint moves while the watches are expired: every watcher relists.
+    server.apply(slice("web", "10.244.1.9")).expect("apply");
+    server.expire_watches();
+    let events = until(
+        &mut r,
+        list_done(&[Kind::Service, Kind::EndpointSlice, Kind::Node]),
+    )
+    .await;
+    assert!(
+        events.iter().any(|e| matches!(e, Event::ListStart { .. })),
+        "{events:#?}"
+    );
+    let mut changed = Vec::new();
+    for e in events {
+        let out = model.apply(e);
+        assert!(
+            out.diff.changes.values().all(|c| c.new.is_some()),
+            "a relist never removes a port that still exists: {:?}",
+            out.diff
+        );
+        changed.extend(out.diff.changes.into_keys());
+    }
+    let changed: Vec<String> = changed.iter().map(|k| k.service.name.to_string()).collect();
+    assert_eq!(
+        changed,
+        ["web"],
+        "only the moved endpoint's Service changed"
+    );
+}
+
+#[tokio::test]
+async fn an_outage_sends_nothing_and_recovers_without_a_relist() {
+    let mut server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let mut r = run(&server).await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+
+    server.stop();
+    server.apply(slice("web", "10.244.1.7")).expect("apply");
+    let quiet = tokio::time::timeout(Duration::from_secs(2), r.events.recv()).await;
+    assert!(
+        quiet.is_err(),
+        "nothing is sent during the outage: {quiet:?}"
+    );
+    server.restart().expect("restart");
+    let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::ListStart { .. })),
+        "resumed from the resourceVersion: {events:#?}"
+    );
+    let Some(Event::Apply(Object::EndpointSlice(s))) = events.last() else {
+        panic!("{events:#?}")
+    };
+    assert_eq!(s.endpoints[0].addresses, ["10.244.1.7"]);
+}
+
+#[tokio::test]
+async fn without_servicecidrs_the_three_kinds_are_enough() {
+    let server = FakeApiServer::builder()
+        .service_cidrs(false)
+        .start()
+        .expect("server");
+    server.apply(node("node1")).expect("apply");
+    let mut r = run(&server).await;
+    let events = until(
+        &mut r,
+        list_done(&[Kind::Service, Kind::EndpointSlice, Kind::Node]),
+    )
+    .await;
+    assert!(names(&events, Kind::ServiceCidr).is_empty());
+    // Give discovery time to answer: still no ServiceCIDR watch.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !server
+            .requests()
+            .iter()
+            .any(|q| q.path.ends_with("/servicecidrs")),
+        "no ServiceCIDR request on a cluster without them"
+    );
+}
+
+#[tokio::test]
+async fn an_undecodable_watch_event_is_skipped_and_the_watch_goes_on() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let mut r = run(&server).await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+    // A port that is not a number: no client can decode this EndpointSlice.
+    let mut bad = slice("web", "10.244.1.5");
+    bad["ports"][0]["port"] = json!("eighty");
+    server.apply(bad).expect("apply");
+    server
+        .apply(service("later", "10.96.0.30", json!({})))
+        .expect("apply");
+    let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
+    assert_eq!(names(&events, Kind::Service), ["later"], "{events:#?}");
+    assert!(names(&events, Kind::EndpointSlice).is_empty());
+}
+
+#[tokio::test]
+async fn master_overrides_the_kubeconfig_and_works_alone() {
+    use k8s_openapi::api::core::v1::Node;
+    let server = FakeApiServer::start().expect("server");
+    server.apply(node("node1")).expect("apply");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A kubeconfig pointing nowhere useful: --master wins.
+    let stale = dir.path().join("stale");
+    std::fs::write(
+        &stale,
+        server
+            .kubeconfig()
+            .replace(&server.url(), "http://127.0.0.1:9"),
+    )
+    .expect("write");
+    let cases = [
+        ("kubeconfig + master", Some(stale), Some(server.url())),
+        ("master alone", None, Some(server.url())),
+    ];
+    for (what, kubeconfig, master) in cases {
+        let (client, url) = client(&ClientOptions {
+            kubeconfig,
+            master,
+            ..ClientOptions::default()
+        })
+        .await
+        .expect("client");
+        assert!(url.starts_with(&server.url()), "{what}: {url}");
+        let nodes: kube::Api<Node> = kube::Api::all(client);
+        let list = nodes.list(&Default::default()).await;
+        assert_eq!(list.map(|l| l.items.len()).ok(), Some(1), "{what}");
+    }
+}
+
+#[tokio::test]
+async fn bad_client_flags_are_clear_errors() {
+    let cases = [
+        (
+            ClientOptions {
+                master: Some("http://[not a url".into()),
+                ..ClientOptions::default()
+            },
+            "--master",
+        ),
+        (
+            ClientOptions {
+                kubeconfig: Some("/nonexistent/kubeconfig".into()),
+                ..ClientOptions::default()
+            },
+            "--kubeconfig /nonexistent/kubeconfig",
+        ),
+    ];
+    for (options, want) in cases {
+        let Err(err) = client(&options).await else {
+            panic!("{want}: accepted")
+        };
+        assert!(err.to_string().contains(want), "{err}");
+    }
+    // Neither flag and not in a Pod: the error says what to pass.
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        let Err(err) = client(&ClientOptions::default()).await else {
+            panic!("in-cluster configuration outside a cluster")
+        };
+        assert!(err.to_string().contains("pass --kubeconfig PATH"), "{err}");
+    }
+}
