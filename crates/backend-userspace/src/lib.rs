@@ -182,8 +182,9 @@ impl UserspaceBackend {
         );
     }
 
-    /// Creates or updates the proxy of one port and records its entries' changes in `ops`.
-    /// Counts as one operation of its own (the running listeners took a new state).
+    /// Creates or updates the proxy of one port (its running listeners see the new endpoints
+    /// at once; listeners open and close as its ways in come and go) and records its capture
+    /// entries' changes in `ops`.
     fn upsert(&mut self, sp: &ServicePort, ops: &mut Vec<Op>) -> Result<(), BackendError> {
         let key = &sp.key;
         let (runtime, settings) = (self.runtime.clone(), self.config.settings);
