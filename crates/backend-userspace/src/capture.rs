@@ -48,6 +48,14 @@ pub trait Capture: Send {
 
     /// Removes everything the capture ever installed.
     fn cleanup(&mut self) -> Result<(), CaptureError>;
+
+    /// The redirects a previous run left in place, read once at start-up. Listeners that take
+    /// the same ports again keep the flows the kernel still tracks working across a restart (a
+    /// UDP client that keeps sending stays pinned to its old redirect until it pauses). Empty
+    /// when unknown.
+    fn previous_redirects(&mut self) -> Vec<Entry> {
+        Vec::new()
+    }
 }
 
 /// What a [`Recorder`] saw.
@@ -66,12 +74,21 @@ pub enum Recorded {
 #[derive(Debug, Clone, Default)]
 pub struct Recorder {
     calls: Arc<Mutex<Vec<Recorded>>>,
+    previous: Vec<Entry>,
 }
 
 impl Recorder {
     /// An empty record.
     pub fn new() -> Recorder {
         Recorder::default()
+    }
+
+    /// A recorder that reports `previous` as what a previous run left.
+    pub fn with_previous(previous: Vec<Entry>) -> Recorder {
+        Recorder {
+            previous,
+            ..Recorder::default()
+        }
     }
 
     /// Everything recorded so far, oldest first.
@@ -121,5 +138,9 @@ impl Capture for Recorder {
     fn cleanup(&mut self) -> Result<(), CaptureError> {
         self.push(Recorded::Cleanup);
         Ok(())
+    }
+
+    fn previous_redirects(&mut self) -> Vec<Entry> {
+        self.previous.clone()
     }
 }

@@ -34,13 +34,13 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
-use kpng_model::{Family, NodeState, PortKey, Protocol, ServicePort, Snapshot};
+use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
 use prometheus_client::registry::Registry;
 use tokio::runtime::Handle;
 use tracing::{debug, warn};
 
 use crate::capture::Capture;
-use crate::entries::{Entry, ListenerPorts, NodePortAddresses};
+use crate::entries::{Action, Entry, EntryKey, ListenerPorts, NodePortAddresses};
 use crate::metrics::ProxyMetrics;
 use crate::proxy::{Listener, PortShared, ProxySettings};
 use crate::routing::Scope;
@@ -120,6 +120,11 @@ pub struct UserspaceBackend {
     metrics: ProxyMetrics,
     /// False after a failed capture call: the next sync replaces the capture whole.
     capture_in_sync: bool,
+    /// The listener ports a previous run left in the capture, by entry key: read at the first
+    /// full sync and used by the listeners it opens.
+    previous: Option<HashMap<EntryKey, u16>>,
+    /// Whether the first full sync has run (and read `previous`).
+    started: bool,
     warned_sctp: bool,
 }
 
@@ -141,6 +146,8 @@ impl UserspaceBackend {
             next_owner: NODE_OWNER + 1,
             metrics: ProxyMetrics::default(),
             capture_in_sync: false,
+            previous: None,
+            started: false,
             warned_sctp: false,
         }
     }
@@ -165,18 +172,27 @@ impl UserspaceBackend {
         true
     }
 
-    /// Re-reads the node: its IPs, node-port addresses and pod CIDRs.
-    fn update_node(&mut self, node: &NodeState) {
+    /// Re-reads the node-level state: the node's IPs, node-port addresses and pod CIDRs, and
+    /// the Service CIDRs (`--service-cidr` and the cluster's ServiceCIDR objects alike).
+    fn update_node(&mut self, snapshot: &Snapshot) {
+        let node = &snapshot.node;
         self.node_ips = node.ips.clone();
         let pod_cidrs = match &self.config.pod_cidrs {
             PodCidrs::None => &[][..],
             PodCidrs::Static(c) => c,
             PodCidrs::Node => &node.pod_cidrs,
         };
+        let service_cidrs: Vec<IpNet> = self
+            .config
+            .service_cidrs
+            .iter()
+            .chain(&snapshot.service_cidrs)
+            .copied()
+            .collect();
         self.node_entries = entries::node_entries(
             &self.config.nodeport_addresses,
             &node.ips,
-            &self.config.service_cidrs,
+            &service_cidrs,
             pod_cidrs,
             &self.config.families,
         );
@@ -188,6 +204,7 @@ impl UserspaceBackend {
     fn upsert(&mut self, sp: &ServicePort, ops: &mut Vec<Op>) -> Result<(), BackendError> {
         let key = &sp.key;
         let (runtime, settings) = (self.runtime.clone(), self.config.settings);
+        let previous = self.previous.as_ref();
         let bind = |scope: Scope, shared: &Arc<PortShared>| {
             proxy::listen(
                 &runtime,
@@ -196,6 +213,7 @@ impl UserspaceBackend {
                 scope,
                 shared.clone(),
                 settings,
+                previous.and_then(|p| previous_port(p, sp, scope)),
             )
             .map_err(|source| BackendError::Io {
                 context: format!("{key}: opening the {} listener", scope.as_str()),
@@ -271,10 +289,24 @@ impl UserspaceBackend {
         }
     }
 
-    /// Rebuilds everything from the snapshot and replaces the capture.
+    /// Rebuilds everything from the snapshot and replaces the capture. The first one reads
+    /// what a previous run left, so that its listeners can take the same ports again.
     fn full_sync(&mut self, snapshot: &Snapshot) -> Result<usize, BackendError> {
         self.capture_in_sync = false;
-        self.update_node(&snapshot.node);
+        if !self.started {
+            self.started = true;
+            let previous: HashMap<EntryKey, u16> = self
+                .capture
+                .previous_redirects()
+                .into_iter()
+                .filter_map(|e| match e.action {
+                    Action::Redirect(port) => Some((e.key, port)),
+                    _ => None,
+                })
+                .collect();
+            self.previous = Some(previous).filter(|p| !p.is_empty());
+        }
+        self.update_node(snapshot);
         let wanted: Vec<&Arc<ServicePort>> = snapshot
             .ports
             .values()
@@ -292,6 +324,8 @@ impl UserspaceBackend {
         for sp in wanted {
             self.upsert(sp, &mut ignored)?;
         }
+        // Only the first full sync's new listeners take previous ports.
+        self.previous = None;
         let entries = self.store.entries();
         let n = self.capture.replace(&entries).map_err(capture_error)?;
         self.capture_in_sync = true;
@@ -305,7 +339,7 @@ impl UserspaceBackend {
         let mut ports_touched = 0;
         if request.diff.node_changed {
             let old = std::mem::take(&mut self.node_entries);
-            self.update_node(&request.snapshot.node);
+            self.update_node(request.snapshot);
             self.store
                 .change(NODE_OWNER, &old, &self.node_entries, &mut ops);
             // Node IPs decide the load-balancer firewall's hairpin exception of every port.
@@ -332,6 +366,46 @@ impl UserspaceBackend {
         }
         Ok(ports_touched + self.capture.update(&ops).map_err(capture_error)?)
     }
+}
+
+/// The port a previous run's listener for `scope` of this Service port had, looked up by the
+/// first of the port's capture keys that redirected to it.
+fn previous_port(previous: &HashMap<EntryKey, u16>, sp: &ServicePort, scope: Scope) -> Option<u16> {
+    let (protocol, port) = (sp.key.protocol, sp.port);
+    let family = sp.key.family;
+    let external = sp.external_ips.iter().chain(&sp.load_balancer_ips);
+    let keys: Vec<EntryKey> = match scope {
+        Scope::Internal => vec![EntryKey::Vip {
+            ip: sp.cluster_ip,
+            protocol,
+            port,
+        }],
+        Scope::External => external
+            .map(|ip| EntryKey::Vip {
+                ip: *ip,
+                protocol,
+                port,
+            })
+            .chain(sp.node_port.map(|np| EntryKey::NodePort {
+                family,
+                protocol,
+                port: np,
+            }))
+            .collect(),
+        Scope::ShortCircuit => external
+            .map(|ip| EntryKey::VipShortCircuit {
+                ip: *ip,
+                protocol,
+                port,
+            })
+            .chain(sp.node_port.map(|np| EntryKey::NodePortShortCircuit {
+                family,
+                protocol,
+                port: np,
+            }))
+            .collect(),
+    };
+    keys.iter().find_map(|k| previous.get(k).copied())
 }
 
 fn capture_error(e: capture::CaptureError) -> BackendError {

@@ -127,8 +127,9 @@ pub struct Listener {
     _task: TaskGuard,
 }
 
-/// Binds a listener for one Service port and way in, on every address of its family, on a
-/// port the OS chooses, and starts serving it on `runtime`.
+/// Binds a listener for one Service port and way in, on every address of its family, and
+/// starts serving it on `runtime`. It takes the `preferred` port when that is free (the port a
+/// previous run used), else one the OS chooses.
 pub fn listen(
     runtime: &Handle,
     family: Family,
@@ -136,21 +137,12 @@ pub fn listen(
     scope: Scope,
     shared: Arc<PortShared>,
     settings: ProxySettings,
+    preferred: Option<u16>,
 ) -> std::io::Result<Listener> {
-    let (domain, any) = match family {
-        Family::V4 => (Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-        Family::V6 => (Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    let socket = match preferred {
+        Some(port) => bind(family, protocol, port).or_else(|_| bind(family, protocol, 0))?,
+        None => bind(family, protocol, 0)?,
     };
-    let ty = match protocol {
-        Protocol::Udp => Type::DGRAM,
-        _ => Type::STREAM,
-    };
-    let socket = Socket::new(domain, ty, None)?;
-    if family == Family::V6 {
-        socket.set_only_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&SocketAddr::new(any, 0).into())?;
     let _entered = runtime.enter();
     let (port, task) = match protocol {
         Protocol::Udp => {
@@ -171,4 +163,28 @@ pub fn listen(
         port,
         _task: TaskGuard(task),
     })
+}
+
+/// A non-blocking socket bound to every address of `family` on `port` (0: the OS chooses).
+fn bind(family: Family, protocol: Protocol, port: u16) -> std::io::Result<Socket> {
+    let (domain, any) = match family {
+        Family::V4 => (Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        Family::V6 => (Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    };
+    let ty = match protocol {
+        Protocol::Udp => Type::DGRAM,
+        _ => Type::STREAM,
+    };
+    let socket = Socket::new(domain, ty, None)?;
+    if family == Family::V6 {
+        socket.set_only_v6(true)?;
+    }
+    if ty == Type::STREAM {
+        // A port the previous run used may still have connections in TIME_WAIT. (Never for
+        // UDP, where it would let two sockets share a port.)
+        socket.set_reuse_address(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddr::new(any, port).into())?;
+    Ok(socket)
 }

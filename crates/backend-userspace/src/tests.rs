@@ -84,11 +84,11 @@ fn backend() -> (UserspaceBackend, Recorder) {
 
 fn snapshot(ports: &[&Arc<ServicePort>]) -> Snapshot {
     Snapshot {
-        node: NodeState::default(),
         ports: ports
             .iter()
             .map(|p| (p.key.clone(), (*p).clone()))
             .collect(),
+        ..Snapshot::default()
     }
 }
 
@@ -465,4 +465,66 @@ async fn external_traffic_policy_local_adds_a_short_circuit_listener() {
         "{:?}",
         recorder.current()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_take_the_ports_a_previous_run_left_when_free() {
+    let (a, _ta) = tcp_endpoint("a").await;
+    let mut sp = service_port("web", Protocol::Tcp, "10.96.0.1", std::slice::from_ref(&a));
+    sp.node_port = Some(30080);
+    let sp = Arc::new(sp);
+    let free_port = || {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (internal, external) = (free_port(), free_port());
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let previous = vec![
+        Entry {
+            key: EntryKey::Vip {
+                ip: sp.cluster_ip,
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            action: Action::Redirect(internal),
+        },
+        Entry {
+            key: EntryKey::NodePort {
+                family: Family::V4,
+                protocol: Protocol::Tcp,
+                port: 30080,
+            },
+            action: Action::Redirect(external),
+        },
+    ];
+    let recorder = Recorder::with_previous(previous);
+    let mut b = UserspaceBackend::new(
+        UserspaceConfig::default(),
+        Box::new(recorder.clone()),
+        Handle::current(),
+    );
+    full(&mut b, &[&sp]);
+    let ports = b.listener_ports(&sp.key).unwrap();
+    assert_eq!((ports.internal, ports.external), (internal, Some(external)));
+    assert_eq!(connect(listener(&b, &sp)).await.1, "a");
+
+    // A port someone else holds now: the OS picks another.
+    let other = Arc::new(service_port("other", Protocol::Tcp, "10.96.0.2", &[a]));
+    let recorder = Recorder::with_previous(vec![Entry {
+        key: EntryKey::Vip {
+            ip: other.cluster_ip,
+            protocol: Protocol::Tcp,
+            port: 80,
+        },
+        action: Action::Redirect(taken_port),
+    }]);
+    let mut b = UserspaceBackend::new(
+        UserspaceConfig::default(),
+        Box::new(recorder),
+        Handle::current(),
+    );
+    full(&mut b, &[&other]);
+    assert_ne!(b.listener_ports(&other.key).unwrap().internal, taken_port);
+    drop(taken);
 }

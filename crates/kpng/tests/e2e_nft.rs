@@ -1592,8 +1592,7 @@ fn nothing_is_left_behind() {
     // (closing its inotify watch waits for a grace period), so give it until a deadline.
     let exited = || {
         !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z"))
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"))
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while !exited() && Instant::now() < deadline {

@@ -118,15 +118,17 @@ fn write_atomically(path: &Path, text: &str) {
 }
 
 /// `kpng … to-local userspace` running in node1 on a manifest file it watches.
-struct Kpng {
+struct Kpng<'a> {
+    ns: &'a Netns,
+    args: Vec<String>,
     input: PathBuf,
     proc: Option<Spawned>,
     _dir: tempfile::TempDir,
 }
 
-impl Kpng {
+impl<'a> Kpng<'a> {
     #[track_caller]
-    fn start(ns: &Netns, manifest: &str) -> Kpng {
+    fn start(ns: &'a Netns, manifest: &str) -> Kpng<'a> {
         let dir = tempfile::tempdir().expect("tempdir");
         let input = dir.path().join("cluster.yaml");
         write_atomically(&input, manifest);
@@ -155,12 +157,24 @@ impl Kpng {
         .map(String::from)
         .to_vec();
         let mut k = Kpng {
-            input,
+            ns,
             proc: Some(ns.spawn(&args).expect("start kpng")),
+            args,
+            input,
             _dir: dir,
         };
         k.wait_synced(0);
         k
+    }
+
+    /// Kills kpng and starts it again on the same file; waits for its first sync.
+    #[track_caller]
+    fn restart(&mut self) {
+        if let Some(p) = self.proc.take() {
+            p.kill().expect("kill kpng");
+        }
+        self.proc = Some(self.ns.spawn(&self.args).expect("restart kpng"));
+        self.wait_synced(0);
     }
 
     fn stderr(&self) -> String {
@@ -573,6 +587,80 @@ fn live_changes_drain_established_connections() {
     let r = probe(&c.ext.ns, Proto::Tcp, target, DROP_T);
     assert_outcome(&r, Outcome::Timeout, "removed Service");
 }
+
+#[test]
+fn a_restart_keeps_udp_flows_on_their_listener_ports() {
+    require_root!();
+    let c = Cluster::create("us-restart").expect("cluster");
+    let _echo = echo_all(&c);
+    let mut k = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[svc("dns", 10, "NodePort", "", &["pod1a", "pod2a"])]),
+    );
+    let before = listener_ports(&c.node1.ns);
+
+    // One UDP socket sending all along: its conntrack entry outlives the restart.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mark, stop) = (dir.path().join("mark"), dir.path().join("stop"));
+    let mut client = c
+        .ext
+        .ns
+        .spawn([
+            "python3",
+            "-c",
+            UDP_CLIENT,
+            &cip(10, false).to_string(),
+            &SVC_PORT.to_string(),
+            &mark.display().to_string(),
+            &stop.display().to_string(),
+        ])
+        .expect("python3 UDP client");
+    client
+        .wait_for_line(|l| l.starts_with("got "), Duration::from_secs(5))
+        .expect("an answer before the restart");
+
+    k.restart();
+    assert_eq!(
+        listener_ports(&c.node1.ns),
+        before,
+        "the listeners took their ports again"
+    );
+    std::fs::write(&mark, "").expect("mark");
+    client
+        .wait_for_line(|l| l == "mark", Duration::from_secs(5))
+        .expect("the client saw the mark");
+    client
+        .wait_for_line(|l| l.starts_with("got "), Duration::from_secs(5))
+        .expect("answers on the same socket after the restart");
+    std::fs::write(&stop, "").expect("stop");
+    // New TCP connections work too, on every way in.
+    for target in [
+        sa(cip(10, false), SVC_PORT),
+        sa(c.node1.lan_ip(false), node_port(10)),
+    ] {
+        assert_proxied(
+            &probe(&c.ext.ns, Proto::Tcp, target, OK_T),
+            &["pod1a", "pod2a"],
+        );
+    }
+}
+
+/// Sends a datagram every 50 ms from one connected socket and prints `got NAME` or `miss`;
+/// prints `mark` once file `argv[3]` exists, and stops when file `argv[4]` exists.
+const UDP_CLIENT: &str = r#"
+import os, socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.2)
+s.connect((sys.argv[1], int(sys.argv[2])))
+marked = False
+while not os.path.exists(sys.argv[4]):
+    if not marked and os.path.exists(sys.argv[3]):
+        marked = True; print("mark", flush=True)
+    try:
+        s.send(b"x"); print("got", s.recv(200).decode().split()[0], flush=True)
+    except OSError:
+        print("miss", flush=True)
+    time.sleep(0.05)
+"#;
 
 /// An echo server that keeps TCP connections open and answers every line with `NAME LINE`.
 const LINE_SERVER: &str = r#"

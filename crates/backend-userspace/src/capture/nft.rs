@@ -201,6 +201,95 @@ impl Capture for NftCapture {
     fn cleanup(&mut self) -> Result<(), CaptureError> {
         self.run(&self.cleanup_script())
     }
+
+    fn previous_redirects(&mut self) -> Vec<Entry> {
+        let Runner::Command(binary) = &self.runner else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for family in &self.families {
+            let listed = Command::new(binary)
+                .args(["-j", "list", "table", family_word(*family), &self.table])
+                .output();
+            match listed {
+                Ok(o) if o.status.success() => {
+                    out.extend(parse_redirects(
+                        *family,
+                        &String::from_utf8_lossy(&o.stdout),
+                    ));
+                }
+                // No table: a first start.
+                Ok(_) => {}
+                Err(e) => tracing::debug!("cannot list the previous capture: {e}"),
+            }
+        }
+        out
+    }
+}
+
+/// The redirect entries in a `nft -j list table` of our table: the four listener maps.
+pub fn parse_redirects(family: Family, json: &str) -> Vec<Entry> {
+    let Ok(doc) = serde_json::from_str::<serde_json::Value>(json) else {
+        return Vec::new();
+    };
+    let objects = doc["nftables"].as_array().cloned().unwrap_or_default();
+    let mut out = Vec::new();
+    for map in objects.iter().filter_map(|o| o.get("map")) {
+        let name = map["name"].as_str().unwrap_or_default();
+        for elem in map["elem"].as_array().into_iter().flatten() {
+            let (Some(key), Some(to)) = (elem[0]["concat"].as_array(), elem[1].as_u64()) else {
+                continue;
+            };
+            let Ok(to) = u16::try_from(to) else {
+                continue;
+            };
+            if let Some(key) = redirect_key(family, name, key) {
+                out.push(Entry {
+                    key,
+                    action: Action::Redirect(to),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The entry key of one element of a listener map (`[ip, proto, port]` or `[proto, port]`).
+fn redirect_key(family: Family, map: &str, key: &[serde_json::Value]) -> Option<EntryKey> {
+    let protocol = |v: &serde_json::Value| match v.as_str()? {
+        "tcp" => Some(kpng_model::Protocol::Tcp),
+        "udp" => Some(kpng_model::Protocol::Udp),
+        _ => None,
+    };
+    let port = |v: &serde_json::Value| u16::try_from(v.as_u64()?).ok();
+    match (map, key) {
+        ("vip-listeners" | "vip-short-circuit", [ip, proto, p]) => {
+            let ip = ip.as_str()?.parse().ok()?;
+            let (protocol, port) = (protocol(proto)?, port(p)?);
+            Some(if map == "vip-listeners" {
+                EntryKey::Vip { ip, protocol, port }
+            } else {
+                EntryKey::VipShortCircuit { ip, protocol, port }
+            })
+        }
+        ("nodeport-listeners" | "nodeport-short-circuit", [proto, p]) => {
+            let (protocol, port) = (protocol(proto)?, port(p)?);
+            Some(if map == "nodeport-listeners" {
+                EntryKey::NodePort {
+                    family,
+                    protocol,
+                    port,
+                }
+            } else {
+                EntryKey::NodePortShortCircuit {
+                    family,
+                    protocol,
+                    port,
+                }
+            })
+        }
+        _ => None,
+    }
 }
 
 fn run_nft(binary: &PathBuf, script: &str) -> Result<(), CaptureError> {

@@ -186,3 +186,60 @@ fn entries_of_other_families_are_left_out() {
     assert!(!script.contains("ip6 "), "{script}");
     assert!(script.contains("table ip kpng-userspace {"), "{script}");
 }
+
+#[test]
+fn the_redirects_a_previous_run_left_are_read_back() {
+    // What nft 1.0.6 prints for `nft -j list table ip kpng-userspace` (abridged).
+    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+        {"table": {"family": "ip", "name": "kpng-userspace"}},
+        {"map": {"family": "ip", "name": "vip-listeners", "table": "kpng-userspace",
+          "type": ["ipv4_addr", "inet_proto", "inet_service"], "map": "inet_service",
+          "elem": [[{"concat": ["10.96.0.10", "udp", 53]}, 41001],
+                   [{"concat": ["10.96.0.10", "tcp", 80]}, 41000]]}},
+        {"map": {"family": "ip", "name": "nodeport-listeners", "table": "kpng-userspace",
+          "type": ["inet_proto", "inet_service"], "map": "inet_service",
+          "elem": [[{"concat": ["tcp", 30080]}, 42000]]}},
+        {"map": {"family": "ip", "name": "vip-short-circuit", "table": "kpng-userspace",
+          "type": ["ipv4_addr", "inet_proto", "inet_service"], "map": "inet_service",
+          "elem": [[{"concat": ["198.51.100.9", "tcp", 80]}, 43000]]}},
+        {"map": {"family": "ip", "name": "vip-verdicts", "table": "kpng-userspace",
+          "type": ["ipv4_addr", "inet_proto", "inet_service"], "map": "verdict",
+          "elem": [[{"concat": ["10.96.0.11", "tcp", 80]}, {"goto": {"target": "reject-chain"}}]]}}
+    ]}"#;
+    let mut got = parse_redirects(Family::V4, json);
+    got.sort();
+    let vip = |ip: &str, protocol, port| EntryKey::Vip {
+        ip: ip.parse().unwrap(),
+        protocol,
+        port,
+    };
+    let mut want = vec![
+        Entry {
+            key: vip("10.96.0.10", Protocol::Udp, 53),
+            action: Action::Redirect(41001),
+        },
+        Entry {
+            key: vip("10.96.0.10", Protocol::Tcp, 80),
+            action: Action::Redirect(41000),
+        },
+        Entry {
+            key: EntryKey::NodePort {
+                family: Family::V4,
+                protocol: Protocol::Tcp,
+                port: 30080,
+            },
+            action: Action::Redirect(42000),
+        },
+        Entry {
+            key: EntryKey::VipShortCircuit {
+                ip: "198.51.100.9".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            action: Action::Redirect(43000),
+        },
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(parse_redirects(Family::V4, "not json"), Vec::new());
+}
