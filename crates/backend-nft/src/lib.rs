@@ -19,7 +19,7 @@ pub mod ruleset;
 mod script;
 pub mod store;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -113,9 +113,11 @@ struct NftMetrics {
 pub struct NftBackend {
     config: NftConfig,
     exec: Box<dyn NftExec>,
-    owners: HashMap<PortKey, OwnerId>,
+    /// Service port → its owner id. B-trees, not hash maps: at 30k ports a hash table at half
+    /// load holds twice the entries' size in empty buckets.
+    owners: BTreeMap<PortKey, OwnerId>,
     /// The reverse of `owners`, to recompute an owner's elements when a shared element passes to it.
-    owner_keys: HashMap<OwnerId, PortKey>,
+    owner_keys: BTreeMap<OwnerId, PortKey>,
     next_owner: OwnerId,
     states: Vec<FamilyState>,
     metrics: NftMetrics,
@@ -150,8 +152,8 @@ impl NftBackend {
         NftBackend {
             config,
             exec,
-            owners: HashMap::new(),
-            owner_keys: HashMap::new(),
+            owners: BTreeMap::new(),
+            owner_keys: BTreeMap::new(),
             next_owner: NODE_OWNER + 1,
             states,
             metrics: NftMetrics::default(),

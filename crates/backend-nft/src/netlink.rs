@@ -746,6 +746,27 @@ impl ElementBatch {
         })
     }
 
+    /// A transaction of whole lists: flushes, then deletes, then adds.
+    pub fn of(
+        family: Family,
+        table: &str,
+        flush: &[&str],
+        deletes: &[(&str, &str)],
+        adds: &[Element],
+    ) -> Result<ElementBatch, NetlinkError> {
+        let mut batch = ElementBatch::new(family, table)?;
+        for set in flush {
+            batch.flush(set)?;
+        }
+        for (set, key) in deletes {
+            batch.delete(set, key)?;
+        }
+        for e in adds {
+            batch.add(e)?;
+        }
+        Ok(batch)
+    }
+
     /// Whether the transaction would do nothing.
     pub fn is_empty(&self) -> bool {
         self.flushes.is_empty() && self.runs.is_empty()
@@ -1343,16 +1364,7 @@ impl NetlinkWriter {
         deletes: &[(&str, &str)],
         adds: &[Element],
     ) -> Result<(), NetlinkError> {
-        let mut batch = ElementBatch::new(family, table)?;
-        for set in flush {
-            batch.flush(set)?;
-        }
-        for (set, key) in deletes {
-            batch.delete(set, key)?;
-        }
-        for e in adds {
-            batch.add(e)?;
-        }
+        let batch = ElementBatch::of(family, table, flush, deletes, adds)?;
         self.commit(batch, &|op, i| match op {
             Operation::Delete => deletes.get(i).map(|(_, key)| key.to_string()),
             _ => adds.get(i).map(|e| describe(&e.key, e.value.as_deref())),
@@ -1889,17 +1901,7 @@ mod tests {
         deletes: &[(&str, &str)],
         adds: &[Element],
     ) -> Result<Batch, NetlinkError> {
-        let mut batch = ElementBatch::new(family, table)?;
-        for set in flush {
-            batch.flush(set)?;
-        }
-        for (set, key) in deletes {
-            batch.delete(set, key)?;
-        }
-        for e in adds {
-            batch.add(e)?;
-        }
-        Ok(batch.frame(first_seq))
+        Ok(ElementBatch::of(family, table, flush, deletes, adds)?.frame(first_seq))
     }
 
     #[test]

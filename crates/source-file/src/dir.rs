@@ -27,7 +27,42 @@ fn is_manifest(path: &Path) -> bool {
 struct DirState {
     /// File → a hash of the text last read (good or bad) and the objects of its last good
     /// read. A hash, not the text: at 30k files the texts alone would be tens of MB.
-    files: BTreeMap<PathBuf, (u64, Vec<ObjectRef>)>,
+    files: BTreeMap<PathBuf, (u64, PackedRefs)>,
+}
+
+/// The objects of one file, packed into one allocation (`kind` `\0` `namespace` `\0` `name`
+/// `\n` each): read only when the file changes, and at 30k files a list of [`ObjectRef`]s
+/// (each two shared strings) would cost ~200 bytes per file more.
+#[derive(Default)]
+struct PackedRefs(Box<str>);
+
+impl PackedRefs {
+    fn pack(refs: &[ObjectRef]) -> PackedRefs {
+        let mut text = String::new();
+        for r in refs {
+            let kind = Kind::ALL
+                .iter()
+                .position(|k| *k == r.kind)
+                .unwrap_or_default();
+            text.push_str(&format!("{kind}\0{}\0{}\n", r.namespace, r.name));
+        }
+        PackedRefs(text.into_boxed_str())
+    }
+
+    fn unpack(&self) -> Vec<ObjectRef> {
+        self.0
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.split('\0');
+                let kind = *Kind::ALL.get(parts.next()?.parse::<usize>().ok()?)?;
+                Some(ObjectRef {
+                    kind,
+                    namespace: parts.next()?.into(),
+                    name: parts.next()?.into(),
+                })
+            })
+            .collect()
+    }
 }
 
 fn text_hash(text: &str) -> u64 {
@@ -44,7 +79,7 @@ impl DirState {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // The file is gone: so are its objects.
-                let Some((_, refs)) = self.files.remove(path) else {
+                let Some(refs) = self.files.remove(path).map(|(_, r)| r.unpack()) else {
                     return Vec::new();
                 };
                 info!(
@@ -77,14 +112,19 @@ impl DirState {
                 let new_refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
                 let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();
-                let old = self.files.remove(path).map(|(_, r)| r).unwrap_or_default();
+                let old = self
+                    .files
+                    .remove(path)
+                    .map(|(_, r)| r.unpack())
+                    .unwrap_or_default();
                 let mut events: Vec<Event> = old
                     .into_iter()
                     .filter(|r| !keep.contains(r))
                     .map(Event::Delete)
                     .collect();
                 events.extend(loaded.objects.into_iter().map(Event::Apply));
-                self.files.insert(path.to_path_buf(), (hash, new_refs));
+                self.files
+                    .insert(path.to_path_buf(), (hash, PackedRefs::pack(&new_refs)));
                 events
             }
         }
@@ -165,5 +205,29 @@ pub(crate) async fn run(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_refs_round_trip() {
+        let refs: Vec<ObjectRef> = [
+            (Kind::Service, "ns", "web"),
+            (Kind::EndpointSlice, "ns", "web-abc12"),
+            (Kind::Node, "", "node1"),
+            (Kind::ServiceCidr, "", "kubernetes"),
+        ]
+        .into_iter()
+        .map(|(kind, namespace, name)| ObjectRef {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+        .collect();
+        assert_eq!(PackedRefs::pack(&refs).unpack(), refs);
+        assert!(PackedRefs::default().unpack().is_empty());
     }
 }
