@@ -5,6 +5,7 @@
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4
 //! kpng-bench data-plane --services 30000
+//! kpng-bench api --services 30000 --endpoints 4 --clients 1000
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
@@ -16,6 +17,7 @@
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+mod api;
 mod conntrack;
 mod control;
 mod data;
@@ -79,6 +81,14 @@ fn main() -> ExitCode {
             )
         }
         .map(|r| println!("{}", r.markdown())),
+        Some("api") => api::run(
+            &kpng,
+            num(&args, "--services", 30_000),
+            num(&args, "--endpoints", 4),
+            num(&args, "--clients", 1000),
+            num(&args, "--changes", 5),
+        )
+        .map(|r| println!("{}{}", api::ApiResult::markdown_header(), r.markdown_row())),
         Some("conntrack") => {
             conntrack::run(num(&args, "--entries", 1_000_000)).map(|r| println!("{}", r.markdown()))
         }
@@ -90,7 +100,7 @@ fn main() -> ExitCode {
         ),
         _ => {
             eprintln!(
-                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | conntrack [--entries N]"
+                "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | conntrack [--entries N]"
             );
             return ExitCode::from(2);
         }
@@ -143,6 +153,19 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
         report.push_str(&r.markdown());
         report.push('\n');
         data_results.push(r);
+    }
+    report.push_str("\n## API: one brain, simulated node clients (gRPC over a Unix socket)\n\n");
+    report.push_str(api::ApiResult::markdown_header());
+    let api_sizes: &[(usize, usize)] = if quick {
+        &[(1000, 50)]
+    } else {
+        &[(30_000, 1000)]
+    };
+    for (n, clients) in api_sizes {
+        eprintln!("api: {n} Services × 4 endpoints, {clients} clients …");
+        let r = api::run(kpng, *n, 4, *clients, if quick { 3 } else { 5 })?;
+        report.push_str(&r.markdown_row());
+        report.push('\n');
     }
     let entries = if quick { 10_000 } else { 1_000_000 };
     eprintln!("UDP conntrack cleanup: {entries} unrelated entries …");

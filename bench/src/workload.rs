@@ -13,6 +13,19 @@ pub enum Endpoints {
     /// The same four local addresses for every Service (data-plane benchmarks: every endpoint
     /// answers, whatever Service is probed).
     Local4,
+    /// Unique pod IPs spread over this many nodes (`node0`…): the API benchmark, where every
+    /// simulated node hosts some endpoints.
+    Spread(usize),
+}
+
+impl Endpoints {
+    /// The node of endpoint `j` of Service `i`.
+    fn node(self, i: usize, j: usize, m: usize) -> usize {
+        match self {
+            Endpoints::Spread(nodes) => (i * m + j) % nodes.max(1),
+            _ => (i + j) % 10,
+        }
+    }
 }
 
 /// The node the benchmark's kpng runs as.
@@ -90,7 +103,7 @@ pub fn service_manifest(i: usize, m: usize, endpoints: Endpoints, generation: us
     );
     for j in 0..m {
         let ip = match endpoints {
-            Endpoints::Unique => endpoint_ip(
+            Endpoints::Unique | Endpoints::Spread(_) => endpoint_ip(
                 i * m
                     + j
                     + if j == 0 {
@@ -101,7 +114,11 @@ pub fn service_manifest(i: usize, m: usize, endpoints: Endpoints, generation: us
             ),
             Endpoints::Local4 => local_endpoint(j + if j == 0 { generation % 2 } else { 0 }),
         };
-        let _ = writeln!(y, "- {{addresses: [{ip}], nodeName: node{}}}", (i + j) % 10);
+        let _ = writeln!(
+            y,
+            "- {{addresses: [{ip}], nodeName: node{}}}",
+            endpoints.node(i, j, m)
+        );
     }
     if dual {
         let _ = write!(
@@ -115,7 +132,7 @@ pub fn service_manifest(i: usize, m: usize, endpoints: Endpoints, generation: us
                 "- {{addresses: [\"fd00:244::{:x}:{:x}\"], nodeName: node{}}}",
                 idx >> 16,
                 idx & 0xffff,
-                (i + j) % 10
+                endpoints.node(i, j, m)
             );
         }
     }

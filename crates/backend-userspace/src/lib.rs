@@ -4,7 +4,8 @@
 //! - [`proxy`]: one listener per Service port and way in (ClusterIP, or node port / external
 //!   IPs / load-balancer IPs), round robin over the endpoints the model selected, ClientIP
 //!   affinity ([`balancer`]), traffic policies ([`routing`]), UDP sessions ([`sessions`]) and
-//!   graceful drain. Runs on tasks of the runtime handed to [`UserspaceBackend::new`].
+//!   graceful drain. Runs on tasks of the tokio runtime that calls [`Backend::sync`] (the
+//!   runner's), so wiring it is no different from any other backend.
 //! - [`entries`] + [`store`]: what the capture must do (which VIP and port goes to which
 //!   listener, which are refused or dropped), as owned entries diffed into minimal operations.
 //! - [`capture`]: the OS-specific part behind the [`capture::Capture`] trait; on Linux a
@@ -110,7 +111,8 @@ impl PortProxy {
 /// The userspace backend.
 pub struct UserspaceBackend {
     config: UserspaceConfig,
-    runtime: Handle,
+    /// The runtime the proxy's tasks run on: the one of the first sync.
+    runtime: Option<Handle>,
     capture: Box<dyn Capture>,
     ports: HashMap<PortKey, PortProxy>,
     store: EntryStore,
@@ -129,15 +131,12 @@ pub struct UserspaceBackend {
 }
 
 impl UserspaceBackend {
-    /// A backend whose proxy runs on `runtime` and whose listeners `capture` feeds.
-    pub fn new(
-        config: UserspaceConfig,
-        capture: Box<dyn Capture>,
-        runtime: Handle,
-    ) -> UserspaceBackend {
+    /// A backend whose listeners `capture` feeds. Its proxy runs on the tokio runtime that
+    /// calls [`Backend::sync`].
+    pub fn new(config: UserspaceConfig, capture: Box<dyn Capture>) -> UserspaceBackend {
         UserspaceBackend {
             config,
-            runtime,
+            runtime: None,
             capture,
             ports: HashMap::new(),
             store: EntryStore::new(),
@@ -155,6 +154,20 @@ impl UserspaceBackend {
     /// The listener ports of a Service port (tests and diagnostics).
     pub fn listener_ports(&self, key: &PortKey) -> Option<ListenerPorts> {
         self.ports.get(key).map(PortProxy::listener_ports)
+    }
+
+    /// The runtime the proxy runs on (the caller's, from the first sync on).
+    fn runtime(&mut self) -> Result<Handle, BackendError> {
+        if let Some(h) = &self.runtime {
+            return Ok(h.clone());
+        }
+        let h = Handle::try_current().map_err(|e| {
+            BackendError::Other(format!(
+                "the userspace proxy must be synced from a tokio runtime: {e}"
+            ))
+        })?;
+        self.runtime = Some(h.clone());
+        Ok(h)
     }
 
     /// Whether this backend proxies `key` at all (family configured, protocol supported).
@@ -203,7 +216,8 @@ impl UserspaceBackend {
     /// entries' changes in `ops`.
     fn upsert(&mut self, sp: &ServicePort, ops: &mut Vec<Op>) -> Result<(), BackendError> {
         let key = &sp.key;
-        let (runtime, settings) = (self.runtime.clone(), self.config.settings);
+        let runtime = self.runtime()?;
+        let settings = self.config.settings;
         let previous = self.previous.as_ref();
         let bind = |scope: Scope, shared: &Arc<PortShared>| {
             proxy::listen(

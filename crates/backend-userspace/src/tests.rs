@@ -74,11 +74,7 @@ fn with_endpoints(protocol: Protocol, eps: &[Endpoint]) -> Arc<ServicePort> {
 
 fn backend() -> (UserspaceBackend, Recorder) {
     let recorder = Recorder::new();
-    let b = UserspaceBackend::new(
-        UserspaceConfig::default(),
-        Box::new(recorder.clone()),
-        Handle::current(),
-    );
+    let b = UserspaceBackend::new(UserspaceConfig::default(), Box::new(recorder.clone()));
     (b, recorder)
 }
 
@@ -382,7 +378,6 @@ async fn after_a_failed_capture_the_next_sync_replaces_it_whole() {
             fail: fail.clone(),
             inner: recorder.clone(),
         }),
-        Handle::current(),
     );
     let (a, _ta) = tcp_endpoint("a").await;
     let sp = with_endpoints(Protocol::Tcp, std::slice::from_ref(&a));
@@ -420,7 +415,6 @@ async fn sctp_and_unconfigured_families_are_not_proxied() {
             ..UserspaceConfig::default()
         },
         Box::new(recorder.clone()),
-        Handle::current(),
     );
     full(&mut b, &[&sctp, &v6]);
     assert!(b.listener_ports(&sctp.key).is_none());
@@ -499,11 +493,7 @@ async fn listeners_take_the_ports_a_previous_run_left_when_free() {
         },
     ];
     let recorder = Recorder::with_previous(previous);
-    let mut b = UserspaceBackend::new(
-        UserspaceConfig::default(),
-        Box::new(recorder.clone()),
-        Handle::current(),
-    );
+    let mut b = UserspaceBackend::new(UserspaceConfig::default(), Box::new(recorder.clone()));
     full(&mut b, &[&sp]);
     let ports = b.listener_ports(&sp.key).unwrap();
     assert_eq!((ports.internal, ports.external), (internal, Some(external)));
@@ -519,11 +509,7 @@ async fn listeners_take_the_ports_a_previous_run_left_when_free() {
         },
         action: Action::Redirect(taken_port),
     }]);
-    let mut b = UserspaceBackend::new(
-        UserspaceConfig::default(),
-        Box::new(recorder),
-        Handle::current(),
-    );
+    let mut b = UserspaceBackend::new(UserspaceConfig::default(), Box::new(recorder));
     full(&mut b, &[&other]);
     assert_ne!(b.listener_ports(&other.key).unwrap().internal, taken_port);
     drop(taken);

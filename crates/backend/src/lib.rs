@@ -3,7 +3,8 @@
 //!
 //! - [`Backend`]: one small synchronous trait. `to-file`, `to-local nft` and every later backend
 //!   implement it; the in-process path and the gRPC client drive the same trait.
-//! - [`runner::run`]: the sync loop. It feeds source events into the [`kpng_model::Model`],
+//! - [`runner::Runner`]: the sync loop. It feeds source events into a [`runner::NodeModel`] (the
+//!   in-process [`kpng_model::Model`], or a remote brain's state received over the API),
 //!   accumulates diffs, honours `--min-sync-period`, retries failures with a full resync, runs the
 //!   periodic syncs, and keeps [`health::ProxyHealth`] and [`metrics::ProxyMetrics`] current.
 //!

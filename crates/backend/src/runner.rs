@@ -1,10 +1,11 @@
 //! The sync loop shared by every sink and backend.
 //!
-//! It owns the [`Model`] and one [`Backend`]. Source events are applied to the model as they
-//! arrive and their diffs are merged into one pending diff; the backend is synced:
+//! It owns a [`NodeModel`] (the in-process [`Model`], or a remote brain's state) and one
+//! [`Backend`]. Source inputs are applied to the model as they arrive and their diffs are merged
+//! into one pending diff; the backend is synced:
 //! - not before Services, EndpointSlices and Nodes have all been listed once (a source signals a
-//!   complete list with [`Event::Replace`] or [`Event::ListDone`]), so a half-known cluster is
-//!   never programmed;
+//!   complete list with [`Event::Replace`] or [`Event::ListDone`]; a brain's first change set
+//!   counts as all of them), so a half-known cluster is never programmed;
 //! - at most once per `min_sync_period`;
 //! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
 //!   every `full_sync_period`;
@@ -21,7 +22,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpng_model::{Diff, Event, Family, Kind, Model, ServiceKey, TriggerTime};
+use kpng_model::{
+    ApplyOutcome, Diff, Event, Family, Kind, Model, ServiceKey, Snapshot, TriggerTime,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -60,11 +63,79 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
+/// Where the runner's node-local state comes from: the in-process [`Model`] fed with
+/// Kubernetes objects, or a remote brain's state received over the API. Both drive the same
+/// backend through the same loop.
+pub trait NodeModel: Send + 'static {
+    /// What the source sends.
+    type Input: Send + 'static;
+    /// What one input carries, for the input metrics (before it is applied).
+    fn describe(input: &Self::Input) -> InputInfo;
+    /// Applies one input: the diff of the snapshot, problems, kinds now completely listed and
+    /// kube-proxy's change counters.
+    fn apply(&mut self, input: Self::Input) -> ApplyOutcome;
+    /// The current node-local state.
+    fn snapshot(&self) -> &Snapshot;
+}
+
+/// What one input carries: counted in `kpng_objects_seen_total` and kube-proxy's
+/// `…_changes_total` before it is applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputInfo {
+    /// The kind of a single-object change (`None` for lists and remote updates): labels
+    /// `kpng_objects_applied_total`.
+    pub kind: Option<Kind>,
+    /// The kinds of the Kubernetes objects it carries, one entry per object.
+    pub objects: Vec<Kind>,
+    /// Service changes it carries (`kubeproxy_sync_proxy_rules_service_changes_total`).
+    pub service_changes: u64,
+    /// Endpoint changes it carries (`kubeproxy_sync_proxy_rules_endpoint_changes_total`).
+    pub endpoint_changes: u64,
+}
+
+impl InputInfo {
+    /// An input carrying these Kubernetes objects: each Service and EndpointSlice is one change.
+    pub fn objects(kind: Option<Kind>, objects: Vec<Kind>) -> InputInfo {
+        let count = |k: Kind| objects.iter().filter(|o| **o == k).count() as u64;
+        InputInfo {
+            kind,
+            service_changes: count(Kind::Service),
+            endpoint_changes: count(Kind::EndpointSlice),
+            objects,
+        }
+    }
+}
+
+impl NodeModel for Model {
+    type Input = Event;
+
+    fn describe(event: &Event) -> InputInfo {
+        match event {
+            Event::Apply(o) | Event::ListItem(o) => {
+                InputInfo::objects(Some(o.kind()), vec![o.kind()])
+            }
+            Event::Delete(r) => InputInfo::objects(Some(r.kind), vec![r.kind]),
+            Event::Replace { objects, .. } => {
+                InputInfo::objects(None, objects.iter().map(|o| o.kind()).collect())
+            }
+            Event::ListStart { .. } | Event::ListDone { .. } => InputInfo::default(),
+        }
+    }
+
+    fn apply(&mut self, event: Event) -> ApplyOutcome {
+        Model::apply(self, event)
+    }
+
+    fn snapshot(&self) -> &Snapshot {
+        Model::snapshot(self)
+    }
+}
+
 /// Everything the loop needs.
-pub struct Runner {
+pub struct Runner<M: NodeModel = Model> {
     service_health: Option<(ServiceHealthServers, HealthCheckAddresses)>,
     conntrack: Option<ConntrackCleanup>,
-    model: Model,
+    model: M,
     backend: Box<dyn Backend>,
     timing: SyncTiming,
     metrics: ProxyMetrics,
@@ -72,15 +143,15 @@ pub struct Runner {
     reports: watch::Sender<Option<SyncReport>>,
 }
 
-impl Runner {
+impl<M: NodeModel> Runner<M> {
     /// Assembles a runner. `health` must cover the backend's families.
     pub fn new(
-        model: Model,
+        model: M,
         backend: Box<dyn Backend>,
         timing: SyncTiming,
         metrics: ProxyMetrics,
         health: Arc<ProxyHealth>,
-    ) -> Runner {
+    ) -> Runner<M> {
         let (reports, _) = watch::channel(None);
         Runner {
             service_health: None,
@@ -96,7 +167,7 @@ impl Runner {
 
     /// Serves the Service health checks (`healthCheckNodePort`) after every successful sync:
     /// part of every backend that programs the node.
-    pub fn with_service_health(mut self, addresses: HealthCheckAddresses) -> Runner {
+    pub fn with_service_health(mut self, addresses: HealthCheckAddresses) -> Runner<M> {
         let servers = ServiceHealthServers::new(
             self.health.clone(),
             self.metrics.healthcheck_failures.clone(),
@@ -107,7 +178,7 @@ impl Runner {
 
     /// Deletes stale UDP conntrack entries after every successful sync that can leave some
     /// (see `kpng_conntrack::pass_needed`): part of every backend that programs the node.
-    pub fn with_conntrack_cleanup(mut self, reconciler: kpng_conntrack::Reconciler) -> Runner {
+    pub fn with_conntrack_cleanup(mut self, reconciler: kpng_conntrack::Reconciler) -> Runner<M> {
         self.conntrack = Some(ConntrackCleanup::new(reconciler, self.metrics.clone()));
         self
     }
@@ -118,7 +189,7 @@ impl Runner {
     }
 
     /// Runs until the event channel closes. Rules stay as they are when it returns.
-    pub async fn run(self, events: mpsc::Receiver<Event>) {
+    pub async fn run(self, events: mpsc::Receiver<M::Input>) {
         let families = self.backend.families();
         let mut state = LoopState {
             runner: self,
@@ -144,8 +215,8 @@ impl Runner {
     }
 }
 
-struct LoopState {
-    runner: Runner,
+struct LoopState<M: NodeModel> {
+    runner: Runner<M>,
     families: Vec<Family>,
     pending: Diff,
     need_full: bool,
@@ -166,8 +237,8 @@ struct LoopState {
     started: SystemTime,
 }
 
-impl LoopState {
-    async fn run(&mut self, mut events: mpsc::Receiver<Event>) {
+impl<M: NodeModel> LoopState<M> {
+    async fn run(&mut self, mut events: mpsc::Receiver<M::Input>) {
         loop {
             let deadline = self.next_deadline(Instant::now());
             tokio::select! {
@@ -215,46 +286,25 @@ impl LoopState {
         Some(full.map_or(periodic, |f| f.min(periodic)))
     }
 
-    /// Counts one object received from the source in kube-proxy's and kpng's input metrics.
-    fn count_seen(&self, kind: Kind) {
+    /// Counts what one input carries in kube-proxy's and kpng's input metrics.
+    fn count_seen(&self, info: &InputInfo) {
         let m = &self.runner.metrics;
-        m.objects_seen
-            .get_or_create(&KindLabel {
-                kind: kind.as_str().into(),
-            })
-            .inc();
-        match kind {
-            Kind::Service => {
-                m.service_changes_total.inc();
-            }
-            Kind::EndpointSlice => {
-                m.endpoint_changes_total.inc();
-            }
-            Kind::Node | Kind::ServiceCidr => {}
+        for kind in &info.objects {
+            m.objects_seen
+                .get_or_create(&KindLabel {
+                    kind: kind.as_str().into(),
+                })
+                .inc();
         }
+        m.service_changes_total.inc_by(info.service_changes);
+        m.endpoint_changes_total.inc_by(info.endpoint_changes);
     }
 
-    fn handle(&mut self, event: Event) {
-        // The kind of a single-object event, and the kinds a list completes.
-        let (kind, listed) = match &event {
-            Event::Apply(o) | Event::ListItem(o) => {
-                self.count_seen(o.kind());
-                (Some(o.kind()), Vec::new())
-            }
-            Event::Delete(r) => {
-                self.count_seen(r.kind);
-                (Some(r.kind), Vec::new())
-            }
-            Event::Replace { kinds, objects } => {
-                for o in objects {
-                    self.count_seen(o.kind());
-                }
-                (None, kinds.clone())
-            }
-            Event::ListStart { .. } => (None, Vec::new()),
-            Event::ListDone { kinds } => (None, kinds.clone()),
-        };
-        let outcome = self.runner.model.apply(event);
+    fn handle(&mut self, input: M::Input) {
+        let info = M::describe(&input);
+        self.count_seen(&info);
+        let kind = info.kind;
+        let outcome = self.runner.model.apply(input);
         let m = &self.runner.metrics;
         for w in &outcome.warnings {
             warn!("{w}");
@@ -275,7 +325,7 @@ impl LoopState {
                 .get_or_create(&label)
                 .inc_by(outcome.applied as u64);
         }
-        self.listed.extend(listed);
+        self.listed.extend(outcome.listed.iter().copied());
         self.pending_services.extend(outcome.services_changed);
         self.pending_endpoints += outcome.slices_changed as i64;
         m.service_changes_pending

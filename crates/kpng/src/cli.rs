@@ -151,6 +151,10 @@ pub enum Command {
     /// Watch the Kubernetes API server (as kube-proxy does): Services, EndpointSlices, this
     /// node's Node and ServiceCIDRs.
     Kube(KubeSource),
+    /// Program this node from a brain (`kpng … to-api`): KPNG's split mode, `local --api ADDR nft`.
+    Local(LocalSource),
+    /// Use a brain (`kpng … to-api`) as the source of this node's model, for any node sink.
+    Api(ApiSource),
     /// Remove everything kpng's backends installed on this node, then exit.
     Cleanup,
     /// Print the version.
@@ -193,12 +197,89 @@ pub struct KubeSource {
 }
 
 /// The second word: where the model goes.
+// The variants are the command words (`to-file`, `to-local`, `to-api`).
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Subcommand)]
 pub enum Sink {
     /// Write the node-local model as YAML.
     ToFile(ToFile),
     /// Program this node with a backend.
     ToLocal(ToLocal),
+    /// Serve every node's model over gRPC (KPNG localv1 `Sets/Watch`): be a brain.
+    ToApi(ToApi),
+}
+
+/// Where a brain is and how to authenticate to it.
+#[derive(Debug, Args, Clone)]
+pub struct BrainFlags {
+    /// The brain: tcp://HOST:PORT, unix:///PATH or HOST:PORT.
+    #[arg(long, default_value = "tcp://127.0.0.1:12090")]
+    pub api: kpng_api::addr::ApiAddr,
+    /// Client certificate (PEM) for a brain that requires mTLS; with --api-tls-key.
+    #[arg(long)]
+    pub api_tls_cert: Option<PathBuf>,
+    /// Client key (PEM).
+    #[arg(long)]
+    pub api_tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) that signs the brain's certificate; any TLS flag turns TLS on.
+    #[arg(long)]
+    pub api_tls_ca: Option<PathBuf>,
+    /// The name in the brain's certificate (default: the host of --api).
+    #[arg(long)]
+    pub api_tls_server_name: Option<String>,
+    /// Longest delay between reconnection attempts (they start at 100ms, doubling, jittered).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub api_retry_max: Duration,
+}
+
+/// `kpng local …`.
+#[derive(Debug, Args)]
+pub struct LocalSource {
+    /// The brain.
+    #[command(flatten)]
+    pub brain: BrainFlags,
+    /// The backend.
+    #[command(subcommand)]
+    pub backend: LocalBackend,
+}
+
+/// `kpng api …`.
+#[derive(Debug, Args)]
+pub struct ApiSource {
+    /// The brain.
+    #[command(flatten)]
+    pub brain: BrainFlags,
+    /// Where this node's model goes.
+    #[command(subcommand)]
+    pub sink: NodeSink,
+}
+
+/// Sinks of one node's model (a brain's stream is one node's view, so it cannot feed `to-api`).
+#[allow(clippy::enum_variant_names)]
+#[derive(Debug, Subcommand)]
+pub enum NodeSink {
+    /// Write the node-local model as YAML.
+    ToFile(ToFile),
+    /// Program this node with a backend.
+    ToLocal(ToLocal),
+}
+
+/// `… to-api …`.
+#[derive(Debug, Args)]
+pub struct ToApi {
+    /// Where to listen: tcp://IP:PORT (loopback by default; 0.0.0.0 only when asked) or
+    /// unix:///PATH.
+    #[arg(long, default_value = "tcp://127.0.0.1:12090")]
+    pub listen: kpng_api::addr::ApiAddr,
+    /// Server certificate (PEM); with --listen-tls-key, turns TLS on.
+    #[arg(long)]
+    pub listen_tls_cert: Option<PathBuf>,
+    /// Server key (PEM).
+    #[arg(long)]
+    pub listen_tls_key: Option<PathBuf>,
+    /// CA bundle (PEM): clients must present a certificate it signed (mTLS).
+    #[arg(long)]
+    pub listen_tls_ca: Option<PathBuf>,
 }
 
 /// `… to-local <backend>`.
@@ -431,5 +512,61 @@ mod nft_tests {
             panic!("nft")
         };
         assert!(n.dry_run);
+    }
+}
+
+#[cfg(test)]
+mod api_tests {
+    use super::*;
+
+    #[test]
+    fn split_mode_command_lines() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "file",
+            "--input",
+            "x.yaml",
+            "to-api",
+            "--listen",
+            "unix:///run/kpng.sock",
+        ])
+        .expect("brain");
+        let Command::File(FileSource {
+            sink: Sink::ToApi(t),
+            ..
+        }) = cli.command
+        else {
+            panic!("to-api")
+        };
+        assert_eq!(t.listen, "unix:///run/kpng.sock".parse().expect("addr"));
+
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "local",
+            "--api",
+            "unix:///run/kpng.sock",
+            "nft",
+            "--dry-run",
+            "--node-name",
+            "n1",
+        ])
+        .expect("local");
+        let Command::Local(l) = cli.command else {
+            panic!("local")
+        };
+        let LocalBackend::Nft(n) = l.backend;
+        assert!(n.dry_run);
+        assert_eq!(cli.global.node_name.as_deref(), Some("n1"));
+
+        let cli = Cli::try_parse_from(["kpng", "api", "to-file", "--output", "-"]).expect("api");
+        let Command::Api(a) = cli.command else {
+            panic!("api")
+        };
+        assert_eq!(a.brain.api, "127.0.0.1:12090".parse().expect("addr"));
+        assert!(matches!(a.sink, NodeSink::ToFile(_)));
+        assert!(
+            Cli::try_parse_from(["kpng", "api", "to-api"]).is_err(),
+            "no relay"
+        );
     }
 }

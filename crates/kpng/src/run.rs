@@ -8,7 +8,7 @@ use kpng_backend::Backend;
 use kpng_backend::SyncTiming;
 use kpng_backend::health::ProxyHealth;
 use kpng_backend::metrics::ProxyMetrics;
-use kpng_backend::runner::{HealthCheckAddresses, Runner};
+use kpng_backend::runner::{HealthCheckAddresses, NodeModel, Runner};
 use kpng_model::{Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
@@ -23,11 +23,14 @@ use kpng_backend_nft::netlink::NetlinkWriter;
 use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
 
+use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
 use kpng_backend_userspace::entries::NodePortAddresses as UserspaceNodePorts;
 use kpng_backend_userspace::proxy::ProxySettings;
 use kpng_backend_userspace::{PodCidrs, UserspaceBackend, UserspaceConfig};
 
-use crate::cli::{Cli, Command, GlobalFlags, LocalBackend, NftArgs, Sink, UserspaceArgs};
+use crate::cli::{
+    BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NftArgs, NodeSink, Sink, UserspaceArgs,
+};
 
 /// `--nodeport-addresses`: `None` for `primary`, else the CIDRs.
 fn nodeport_cidrs(flags: &GlobalFlags) -> anyhow::Result<Option<Vec<ipnet::IpNet>>> {
@@ -43,23 +46,6 @@ fn nodeport_cidrs(flags: &GlobalFlags) -> anyhow::Result<Option<Vec<ipnet::IpNet
         })
         .collect::<anyhow::Result<Vec<_>>>()
         .map(Some)
-}
-
-/// The backend a sink names; backends with tasks of their own run them on `runtime`.
-fn sink_backend(
-    sink: &Sink,
-    flags: &GlobalFlags,
-    runtime: &tokio::runtime::Handle,
-) -> anyhow::Result<Box<dyn Backend>> {
-    Ok(match sink {
-        Sink::ToFile(t) => Box::new(FileSink::new(Output::parse(&t.output))),
-        Sink::ToLocal(local) => match &local.backend {
-            LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
-            LocalBackend::Userspace(args) => {
-                Box::new(userspace_backend(flags, args, runtime.clone())?)
-            }
-        },
-    })
 }
 
 /// The async runtime every source runs on.
@@ -122,13 +108,11 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
     }
 }
 
-/// The userspace backend configured from the flags; its proxy runs on `runtime`.
+/// The userspace backend configured from the flags.
 fn userspace_backend(
     flags: &GlobalFlags,
     args: &UserspaceArgs,
-    runtime: tokio::runtime::Handle,
 ) -> anyhow::Result<UserspaceBackend> {
-    use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
     let nodeport_addresses = match nodeport_cidrs(flags)? {
         None => UserspaceNodePorts::Primary,
         Some(cidrs) => UserspaceNodePorts::Cidrs(cidrs),
@@ -174,7 +158,7 @@ fn userspace_backend(
         NftCapture::with_binary(config.families.clone(), &args.nft_binary)
     }
     .with_pods(pods);
-    Ok(UserspaceBackend::new(config, Box::new(capture), runtime))
+    Ok(UserspaceBackend::new(config, Box::new(capture)))
 }
 
 /// Runs the command line.
@@ -188,41 +172,70 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
             nft.cleanup().context("removing kpng's nftables tables")?;
             println!("kpng: removed the kpng nftables tables");
-            let mut userspace = kpng_backend_userspace::capture::nft::NftCapture::new(
-                kpng_model::Family::ALL.to_vec(),
-            );
+            let mut userspace = NftCapture::new(kpng_model::Family::ALL.to_vec());
             kpng_backend_userspace::capture::Capture::cleanup(&mut userspace)
                 .context("removing the userspace proxy's nftables tables")?;
             println!("kpng: removed the kpng-userspace nftables tables");
             Ok(())
         }
         Command::File(file) => {
-            let runtime = runtime()?;
-            let backend = sink_backend(&file.sink, &cli.global, runtime.handle())?;
             let source = FileSource::new(file.input, file.debounce);
-            // Backends that program the node also get conntrack sysctls and health checks,
-            // and, when they really change the data plane, UDP conntrack cleanup.
-            let programs_the_node = matches!(file.sink, Sink::ToLocal(_));
-            let cleans_conntrack = cleans_conntrack(&file.sink);
-            runtime.block_on(serve(
+            let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
+            if let Sink::ToApi(to_api) = &file.sink {
+                return runtime()?.block_on(crate::brain::serve(cli.global, to_api, run_source));
+            }
+            let (backend, programs_the_node, cleans_conntrack) =
+                sink_backend(&cli.global, &file.sink)?;
+            let flags = cli.global;
+            runtime()?.block_on(async move {
+                let model = Model::new(model_config(&flags)?);
+                serve(
+                    flags,
+                    model,
+                    backend,
+                    programs_the_node,
+                    cleans_conntrack,
+                    run_source,
+                )
+                .await
+            })
+        }
+        Command::Local(local) => {
+            let backend = local_backend(&cli.global, &local.backend)?;
+            let cleans_conntrack = backend_cleans_conntrack(&local.backend);
+            runtime()?.block_on(serve_remote(
                 cli.global,
+                &local.brain,
+                backend,
+                true,
+                cleans_conntrack,
+            ))
+        }
+        Command::Api(api) => {
+            let (programs_the_node, cleans_conntrack) = match &api.sink {
+                NodeSink::ToLocal(local) => (true, backend_cleans_conntrack(&local.backend)),
+                NodeSink::ToFile(_) => (false, false),
+            };
+            let backend = node_sink(&cli.global, &api.sink)?;
+            runtime()?.block_on(serve_remote(
+                cli.global,
+                &api.brain,
                 backend,
                 programs_the_node,
                 cleans_conntrack,
-                |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) },
             ))
         }
         Command::Kube(kube) => {
-            let runtime = runtime()?;
-            let backend = sink_backend(&kube.sink, &cli.global, runtime.handle())?;
-            let programs_the_node = matches!(kube.sink, Sink::ToLocal(_));
-            let cleans_conntrack = cleans_conntrack(&kube.sink);
             let mut flags = cli.global;
-            let node_name = match flags.node_name.clone() {
-                Some(n) => n,
-                None => hostname()?,
+            // A brain serves every node: it watches every Node and needs no name of its own.
+            let brain = matches!(kube.sink, Sink::ToApi(_));
+            let node_name = if brain {
+                None
+            } else {
+                let name = node_name(&flags)?;
+                flags.node_name = Some(name.clone());
+                Some(name)
             };
-            flags.node_name = Some(node_name.clone());
             // Flags given on the command line, else `clientConnection` of --config, else the
             // flags' defaults.
             let cc = flags.client_connection.clone();
@@ -236,19 +249,34 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 node_name,
                 service_proxy_name: flags.service_proxy_name.clone(),
             };
-            runtime.block_on(async move {
+            let connect = async move {
                 let (client, server) = kpng_source_kube::client(&options).await?;
                 info!(%server, "reading cluster state from the API server");
-                let source = KubeSource::new(client, config);
+                anyhow::Ok(KubeSource::new(client, config))
+            };
+            let run_source = |source: KubeSource| {
+                move |tx| async move {
+                    source.run(tx).await;
+                    Ok(())
+                }
+            };
+            if let Sink::ToApi(to_api) = &kube.sink {
+                return runtime()?.block_on(async move {
+                    let source = connect.await?;
+                    crate::brain::serve(flags, to_api, run_source(source)).await
+                });
+            }
+            let (backend, programs_the_node, cleans_conntrack) = sink_backend(&flags, &kube.sink)?;
+            runtime()?.block_on(async move {
+                let model = Model::new(model_config(&flags)?);
+                let source = connect.await?;
                 serve(
                     flags,
+                    model,
                     backend,
                     programs_the_node,
                     cleans_conntrack,
-                    |tx| async move {
-                        source.run(tx).await;
-                        Ok(())
-                    },
+                    run_source(source),
                 )
                 .await
             })
@@ -256,18 +284,103 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Whether the sink changes the data plane, so that stale UDP conntrack entries must go.
-fn cleans_conntrack(sink: &Sink) -> bool {
-    match sink {
-        Sink::ToLocal(local) => match &local.backend {
-            LocalBackend::Nft(args) => !args.dry_run,
-            // The proxy's UDP conntrack entries are client → listener, never pinned to an
-            // endpoint: the endpoint-based cleanup does not apply (a session moves inside the
-            // proxy when its endpoint leaves).
-            LocalBackend::Userspace(_) => false,
-        },
-        Sink::ToFile(_) => false,
+/// The backend of an in-process sink (not `to-api`), whether it programs the node (conntrack
+/// sysctls, Service health checks) and whether it cleans stale UDP conntrack entries (it
+/// really changes the data plane).
+fn sink_backend(
+    flags: &GlobalFlags,
+    sink: &Sink,
+) -> anyhow::Result<(Box<dyn Backend>, bool, bool)> {
+    Ok(match sink {
+        Sink::ToFile(t) => (
+            Box::new(FileSink::new(Output::parse(&t.output))),
+            false,
+            false,
+        ),
+        Sink::ToLocal(local) => (
+            local_backend(flags, &local.backend)?,
+            true,
+            backend_cleans_conntrack(&local.backend),
+        ),
+        Sink::ToApi(_) => bail!("to-api is served by the brain, not a node backend"),
+    })
+}
+
+/// Whether the backend changes the data plane, so that stale UDP conntrack entries must go.
+fn backend_cleans_conntrack(backend: &LocalBackend) -> bool {
+    match backend {
+        LocalBackend::Nft(args) => !args.dry_run,
+        // The proxy's UDP conntrack entries are client → listener, never pinned to an endpoint:
+        // the endpoint-based cleanup does not apply (a session moves inside the proxy when its
+        // endpoint leaves).
+        LocalBackend::Userspace(_) => false,
     }
+}
+
+fn local_backend(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(match backend {
+        LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
+        LocalBackend::Userspace(args) => Box::new(userspace_backend(flags, args)?),
+    })
+}
+
+fn node_sink(flags: &GlobalFlags, sink: &NodeSink) -> anyhow::Result<Box<dyn Backend>> {
+    match sink {
+        NodeSink::ToFile(t) => Ok(Box::new(FileSink::new(Output::parse(&t.output)))),
+        NodeSink::ToLocal(local) => local_backend(flags, &local.backend),
+    }
+}
+
+fn node_name(flags: &GlobalFlags) -> anyhow::Result<String> {
+    match flags.node_name.clone() {
+        Some(n) => Ok(n),
+        None => hostname(),
+    }
+}
+
+fn model_config(flags: &GlobalFlags) -> anyhow::Result<ModelConfig> {
+    Ok(ModelConfig {
+        node_name: node_name(flags)?,
+        service_proxy_name: flags.service_proxy_name.clone(),
+        node_ips: flags.node_ip.clone(),
+    })
+}
+
+/// A brain's node-local model into one backend: the same runner as in-process, fed by the
+/// Watch stream instead of Kubernetes objects.
+async fn serve_remote(
+    flags: GlobalFlags,
+    brain: &BrainFlags,
+    backend: Box<dyn Backend>,
+    programs_the_node: bool,
+    cleans_conntrack: bool,
+) -> anyhow::Result<()> {
+    let node_name = node_name(&flags)?;
+    let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
+    let config = kpng_api::client::WatchConfig {
+        addr: brain.api.clone(),
+        tls: kpng_api::addr::TlsFiles {
+            cert: brain.api_tls_cert.clone(),
+            key: brain.api_tls_key.clone(),
+            ca: brain.api_tls_ca.clone(),
+        },
+        tls_server_name: brain.api_tls_server_name.clone(),
+        node_name,
+        retry_min: std::time::Duration::from_millis(100),
+        retry_max: brain.api_retry_max,
+    };
+    serve(
+        flags,
+        model,
+        backend,
+        programs_the_node,
+        cleans_conntrack,
+        |tx| async move {
+            kpng_api::client::watch(config, tx).await;
+            Ok(())
+        },
+    )
+    .await
 }
 
 /// The OS hostname, lower-cased as kube-proxy does.
@@ -285,27 +398,20 @@ fn hostname() -> anyhow::Result<String> {
 
 /// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
 /// Rules are left in place on exit.
-async fn serve<F, Fut>(
+async fn serve<M, F, Fut>(
     flags: GlobalFlags,
+    model: M,
     backend: Box<dyn Backend>,
     programs_the_node: bool,
     cleans_conntrack: bool,
     source: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce(mpsc::Sender<kpng_model::Event>) -> Fut,
+    M: NodeModel,
+    F: FnOnce(mpsc::Sender<M::Input>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let node_name = match flags.node_name.clone() {
-        Some(n) => n,
-        None => hostname()?,
-    };
-    info!(node = %node_name, backend = backend.name(), "starting kpng");
-    let model = Model::new(ModelConfig {
-        node_name,
-        service_proxy_name: flags.service_proxy_name.clone(),
-        node_ips: flags.node_ip.clone(),
-    });
+    info!(node = %model.snapshot().node.name, backend = backend.name(), "starting kpng");
     let timing = SyncTiming {
         min_sync_period: flags.min_sync_period,
         sync_period: flags.sync_period,

@@ -528,3 +528,79 @@ fn kube_programs_the_same_rules_as_file_for_the_same_objects() {
     assert_eq!(from_kube.1, from_file.1, "IPv6 rules differ");
     assert!(from_file.0.is_some_and(|t| t.contains("default/web:http")));
 }
+
+#[test]
+fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, true);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let socket = format!("unix://{}", dir.path().join("brain.sock").display());
+    // The brain: no --node-name, it watches every Node.
+    let mut brain = Kpng::start(&[
+        "kube",
+        "--kubeconfig",
+        k.to_str().expect("utf-8 path"),
+        "--metrics-bind-address",
+        "",
+        "to-api",
+        "--listen",
+        &socket,
+    ]);
+    brain.wait("the brain watches every Node", |_, err| {
+        err.contains("watching Services, EndpointSlices and every Node")
+    });
+    let outputs: Vec<(String, PathBuf)> = ["node1", "node2"]
+        .into_iter()
+        .map(|n| (n.to_string(), dir.path().join(format!("{n}.yaml"))))
+        .collect();
+    let mut nodes: Vec<Kpng> = outputs
+        .iter()
+        .map(|(name, output)| {
+            Kpng::start(&[
+                "api",
+                "--api",
+                &socket,
+                "--node-name",
+                name,
+                "--min-sync-period",
+                "0",
+                "--metrics-bind-address",
+                "",
+                "to-file",
+                "--output",
+                output.to_str().expect("utf-8"),
+            ])
+        })
+        .collect();
+    for ((name, output), node) in outputs.iter().zip(&mut nodes) {
+        node.wait(&format!("{name}'s first sync"), |_, _| {
+            std::fs::read_to_string(output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+        });
+        let text = std::fs::read_to_string(output).expect("output");
+        assert!(text.contains("10.96.0.0/16"), "the ServiceCIDR: {text}");
+        // Each node's own Node object came through the brain (its IP).
+        let ip = if name == "node1" {
+            "192.168.100.1"
+        } else {
+            "192.168.100.2"
+        };
+        assert!(text.contains(ip), "{name}'s Node: {text}");
+    }
+    // The endpoint runs on node1: local there only.
+    let local = |output: &Path| {
+        let text = std::fs::read_to_string(output).expect("output");
+        text.contains("10.244.1.2:8080 local")
+    };
+    assert!(local(&outputs[0].1) && !local(&outputs[1].1));
+
+    // A change in the cluster reaches every node through the brain.
+    server
+        .apply(endpoints("web-1", "web", "10.244.1.3", None))
+        .expect("apply");
+    for ((name, output), node) in outputs.iter().zip(&mut nodes) {
+        node.wait(&format!("{name} sees the endpoint change"), |_, _| {
+            std::fs::read_to_string(output).is_ok_and(|t| t.contains("10.244.1.3:8080"))
+        });
+    }
+}

@@ -135,8 +135,9 @@ pub fn categorize_endpoints(
     out
 }
 
-/// Sorts endpoints as upstream does: by their `IP:port` string.
-pub(crate) fn sort_endpoints(endpoints: &mut [Endpoint]) {
+/// Sorts endpoints as upstream does: by their `IP:port` string (every endpoint list of a
+/// [`crate::ServicePort`] is in this order).
+pub fn sort_endpoints(endpoints: &mut [Endpoint]) {
     endpoints.sort_by_cached_key(|e| e.addr().to_string());
 }
 

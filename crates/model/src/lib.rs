@@ -1,7 +1,7 @@
 //! kpng's node-local model: what *this node* must do for every Service port.
 //!
-//! Sources hand Kubernetes objects (Services, EndpointSlices, Nodes, ServiceCIDRs) to [`Model::apply`] as
-//! [`Event`]s. The model converts them into small, Kubernetes-free types, selects the endpoints
+//! Sources hand Kubernetes objects (Services, EndpointSlices, Nodes, ServiceCIDRs) to
+//! [`Model::apply`] as [`Event`]s. The model converts them into small, Kubernetes-free types, selects the endpoints
 //! each Service port may use from this node (upstream kube-proxy's `CategorizeEndpoints`), and
 //! returns a [`Diff`] naming only the Service ports that changed. Backends consume the diff plus a
 //! read-only [`Snapshot`]; they never see a Kubernetes type.
@@ -10,6 +10,7 @@
 
 mod build;
 mod categorize;
+pub mod cluster;
 pub mod convert;
 mod diff;
 mod event;
@@ -19,11 +20,16 @@ mod model;
 mod node;
 mod service_port;
 
-pub use categorize::{CategorizedEndpoints, EndpointCandidate, categorize_endpoints};
+pub use categorize::{
+    CategorizedEndpoints, EndpointCandidate, categorize_endpoints, sort_endpoints,
+};
+pub use cluster::{
+    ClusterConfig, ClusterModel, ClusterOutcome, ServiceSource, TriggerTime, node_state,
+};
 pub use convert::{ConversionError, Warning};
 pub use diff::{Change, Diff};
 pub use event::{Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
-pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot, TriggerTime};
+pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
 pub use node::NodeState;
 pub use service_port::{Endpoint, ServicePort, SessionAffinity};

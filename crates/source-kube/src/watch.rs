@@ -33,7 +33,8 @@ use tracing::{debug, error, info, warn};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceConfig {
     /// This node's name: only its Node object is watched (field selector on the name).
-    pub node_name: String,
+    /// `None`: every Node is (a brain, `kpng kube … to-api`, serves every node).
+    pub node_name: Option<String>,
     /// `--service-proxy-name`: watch only the Services (and their EndpointSlices) labelled
     /// with it; without it, only the unlabelled ones.
     pub service_proxy_name: Option<String>,
@@ -220,8 +221,10 @@ impl KubeSource {
     fn streams(&self) -> SelectAll<BoxStream<'static, Item>> {
         let selector = label_selector(self.config.service_proxy_name.as_deref());
         let labelled = watcher::Config::default().labels(&selector);
-        let node =
-            watcher::Config::default().fields(&format!("metadata.name={}", self.config.node_name));
+        let node = match &self.config.node_name {
+            Some(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
+            None => watcher::Config::default(),
+        };
         futures::stream::select_all([
             watch(
                 Api::<Service>::all(self.client.clone()),
@@ -247,10 +250,13 @@ impl KubeSource {
     /// Watches until `events` is closed. Never gives up on the API server: while it is
     /// unreachable nothing is sent and the programmed rules stay as they are.
     pub async fn run(self, events: mpsc::Sender<Event>) {
+        let nodes = match &self.config.node_name {
+            Some(name) => format!("Node {name}"),
+            None => "every Node".to_string(),
+        };
         info!(
-            node = %self.config.node_name,
             selector = %label_selector(self.config.service_proxy_name.as_deref()),
-            "watching Services, EndpointSlices and this node's Node"
+            "watching Services, EndpointSlices and {nodes}"
         );
         let mut streams = self.streams();
         let mut discovery = serves_service_cidrs(self.client.clone()).boxed().fuse();

@@ -69,7 +69,7 @@ async fn run(server: &FakeApiServer) -> Running {
     let source = KubeSource::new(
         client,
         SourceConfig {
-            node_name: "node1".into(),
+            node_name: Some("node1".into()),
             service_proxy_name: None,
         },
     );

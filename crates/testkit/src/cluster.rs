@@ -68,6 +68,23 @@ pub mod addr {
     /// Pod `pod2a` on node2.
     pub const POD2A_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 2);
 
+    /// node3's LAN address (three-node clusters only, see [`super::ClusterBuilder::three_nodes`]).
+    pub const NODE3_LAN_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 100, 3);
+    /// node3's LAN address.
+    pub const NODE3_LAN_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 3);
+    /// node3's pod CIDR.
+    pub const NODE3_POD_CIDR_V4: &str = "10.244.3.0/24";
+    /// node3's pod CIDR.
+    pub const NODE3_POD_CIDR_V6: &str = "fd00:244:3::/64";
+    /// node3's bridge (`cbr0`) address.
+    pub const NODE3_POD_GW_V4: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 1);
+    /// node3's bridge (`cbr0`) address.
+    pub const NODE3_POD_GW_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 3, 0, 0, 0, 0, 1);
+    /// Pod `pod3a` on node3.
+    pub const POD3A_V4: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 2);
+    /// Pod `pod3a` on node3.
+    pub const POD3A_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 3, 0, 0, 0, 0, 2);
+
     /// Conventional Service (ClusterIP) range for tests. Nothing in the topology
     /// routes it specially: `ext` sends it (like everything) to its gateway node,
     /// nodes and pods send it along their default routes.
@@ -83,6 +100,8 @@ pub enum NodeId {
     Node1,
     /// The second node (LAN `.2`, pods `10.244.2.0/24`).
     Node2,
+    /// The third node of a three-node cluster (LAN `.3`, pods `10.244.3.0/24`).
+    Node3,
 }
 
 impl NodeId {
@@ -91,6 +110,7 @@ impl NodeId {
         match self {
             NodeId::Node1 => "node1",
             NodeId::Node2 => "node2",
+            NodeId::Node3 => "node3",
         }
     }
 }
@@ -205,6 +225,8 @@ pub struct Cluster {
     pub node1: Node,
     /// The second node.
     pub node2: Node,
+    /// The third node, in a cluster built with [`ClusterBuilder::three_nodes`].
+    pub node3: Option<Node>,
     /// The LAN switch namespace (bridge `br0`); nothing to do there for most tests.
     pub lan: Netns,
 }
@@ -237,11 +259,25 @@ impl Cluster {
     }
 
     /// A node by id.
+    ///
+    /// # Panics
+    /// For node3 in a two-node cluster: a bug in the test.
     pub fn node(&self, id: NodeId) -> &Node {
         match id {
             NodeId::Node1 => &self.node1,
             NodeId::Node2 => &self.node2,
+            NodeId::Node3 => self
+                .node3
+                .as_ref()
+                .unwrap_or_else(|| panic!("node3 exists only with ClusterBuilder::three_nodes")),
         }
+    }
+
+    /// Every node, in order.
+    pub fn nodes(&self) -> Vec<&Node> {
+        let mut v = vec![&self.node1, &self.node2];
+        v.extend(self.node3.as_ref());
+        v
     }
 
     /// The names of all namespaces of the cluster (e.g. to check they are gone).
@@ -252,6 +288,7 @@ impl Cluster {
                 .iter()
                 .map(|ns| ns.name().to_owned()),
         );
+        v.extend(self.node3.iter().map(|n| n.ns.name().to_owned()));
         v
     }
 }
@@ -261,6 +298,7 @@ impl Cluster {
 pub struct ClusterBuilder {
     prefix: String,
     ext_gateway: NodeId,
+    three_nodes: bool,
 }
 
 struct PodSpec {
@@ -270,7 +308,7 @@ struct PodSpec {
     v6: Ipv6Addr,
 }
 
-const PODS: [PodSpec; 3] = [
+const PODS: [PodSpec; 4] = [
     PodSpec {
         name: "pod1a",
         node: NodeId::Node1,
@@ -289,6 +327,12 @@ const PODS: [PodSpec; 3] = [
         v4: addr::POD2A_V4,
         v6: addr::POD2A_V6,
     },
+    PodSpec {
+        name: "pod3a",
+        node: NodeId::Node3,
+        v4: addr::POD3A_V4,
+        v6: addr::POD3A_V6,
+    },
 ];
 
 impl ClusterBuilder {
@@ -297,7 +341,15 @@ impl ClusterBuilder {
         ClusterBuilder {
             prefix: prefix.to_owned(),
             ext_gateway: NodeId::Node1,
+            three_nodes: false,
         }
+    }
+
+    /// Add node3 (LAN `.3`, pods `10.244.3.0/24`) with pod `pod3a`: for tests of many
+    /// nodes sharing one brain. Routes between every pair of nodes' pod CIDRs.
+    pub fn three_nodes(mut self) -> Self {
+        self.three_nodes = true;
+        self
     }
 
     /// Which node `ext`'s default routes (IPv4 and IPv6) point at, i.e. which node's
@@ -314,6 +366,11 @@ impl ClusterBuilder {
         let lan = Netns::add(&format!("{p}-lan"))?;
         let node1 = node(Netns::add(&format!("{p}-node1"))?, NodeId::Node1);
         let node2 = node(Netns::add(&format!("{p}-node2"))?, NodeId::Node2);
+        let node3 = if self.three_nodes {
+            Some(node(Netns::add(&format!("{p}-node3"))?, NodeId::Node3))
+        } else {
+            None
+        };
         let ext = Host {
             ns: Netns::add(&format!("{p}-ext"))?,
             ipv4: addr::EXT_V4,
@@ -321,7 +378,10 @@ impl ClusterBuilder {
             gateway: self.ext_gateway,
         };
         let mut pods = Vec::with_capacity(PODS.len());
-        for spec in &PODS {
+        for spec in PODS
+            .iter()
+            .filter(|s| self.three_nodes || s.node != NodeId::Node3)
+        {
             pods.push(Pod {
                 ns: Netns::add(&format!("{p}-{}", spec.name))?,
                 name: spec.name,
@@ -335,6 +395,7 @@ impl ClusterBuilder {
             ext,
             node1,
             node2,
+            node3,
             lan,
         };
         cluster.wire()?;
@@ -363,6 +424,16 @@ fn node(ns: Netns, id: NodeId) -> Node {
             pod_gateway_v6: addr::NODE2_POD_GW_V6,
             pod_cidr_v4: addr::NODE2_POD_CIDR_V4,
             pod_cidr_v6: addr::NODE2_POD_CIDR_V6,
+        },
+        NodeId::Node3 => Node {
+            ns,
+            id,
+            lan_ipv4: addr::NODE3_LAN_V4,
+            lan_ipv6: addr::NODE3_LAN_V6,
+            pod_gateway_v4: addr::NODE3_POD_GW_V4,
+            pod_gateway_v6: addr::NODE3_POD_GW_V6,
+            pod_cidr_v4: addr::NODE3_POD_CIDR_V4,
+            pod_cidr_v6: addr::NODE3_POD_CIDR_V6,
         },
     }
 }
@@ -432,7 +503,7 @@ impl Cluster {
             script: String::new(),
             sysctls: lan_sysctls,
         }];
-        for n in [&self.node1, &self.node2] {
+        for n in self.nodes() {
             let mut sysctls = no_dad();
             // ip_forward first: changing it resets other settings (accept_redirects);
             // both forwarding switches also set the `default` for new interfaces.
@@ -471,11 +542,10 @@ impl Cluster {
         let mut lan = String::from(
             "link set lo up\nlink add br0 type bridge forward_delay 0 stp_state 0\nlink set br0 up\n",
         );
-        for (port, ns) in [
-            ("node1", &self.node1.ns),
-            ("node2", &self.node2.ns),
-            ("ext", &self.ext.ns),
-        ] {
+        let mut ports: Vec<(&str, &Netns)> =
+            self.nodes().iter().map(|n| (n.id.name(), &n.ns)).collect();
+        ports.push(("ext", &self.ext.ns));
+        for (port, ns) in ports {
             lan.push_str(&format!(
                 "link add {port} type veth peer name eth0 netns {}\nlink set {port} master br0 up\n",
                 ns.name()
@@ -490,7 +560,7 @@ impl Cluster {
 
         // Phase 2: nodes (LAN side, bridge, veths into their pods, routes) and ext.
         let mut phase2 = Vec::new();
-        for (n, other) in [(&self.node1, &self.node2), (&self.node2, &self.node1)] {
+        for n in self.nodes() {
             let mut s = format!(
                 "link set lo up\nlink set eth0 up\n\
                  addr add {}/{} dev eth0\naddr add {}/{} dev eth0 nodad\n\
@@ -514,13 +584,14 @@ impl Cluster {
                     pod.ns.name()
                 ));
             }
+            for other in self.nodes().into_iter().filter(|o| o.id != n.id) {
+                s.push_str(&format!(
+                    "route add {} via {}\nroute add {} via {}\n",
+                    other.pod_cidr_v4, other.lan_ipv4, other.pod_cidr_v6, other.lan_ipv6,
+                ));
+            }
             s.push_str(&format!(
-                "route add {} via {}\nroute add {} via {}\n\
-                 route add default via {}\nroute add default via {}\n",
-                other.pod_cidr_v4,
-                other.lan_ipv4,
-                other.pod_cidr_v6,
-                other.lan_ipv6,
+                "route add default via {}\nroute add default via {}\n",
                 addr::EXT_V4,
                 addr::EXT_V6,
             ));

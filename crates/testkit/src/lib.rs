@@ -35,6 +35,9 @@
 //! +------------+ +------------+ +------------+
 //! ```
 //!
+//! * [`ClusterBuilder::three_nodes`] adds `node3` (LAN `.3`, pods `10.244.3.0/24`,
+//!   `fd00:244:3::/64`) with pod `pod3a` (`10.244.3.2`); every node then routes both other
+//!   nodes' pod CIDRs.
 //! * Nodes forward (IPv4 and IPv6) and route the other node's pod CIDR via its LAN
 //!   address. Their default route points at `ext`, which does **not** forward: a
 //!   packet for a Service IP that no proxy rewrote escapes to `ext` and is silently

@@ -1,0 +1,121 @@
+//! Where a brain listens and where a client connects: `tcp://HOST:PORT` or `unix:///PATH`
+//! (a bare `HOST:PORT` is TCP), with optional TLS.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// A listening or connecting address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiAddr {
+    /// TCP `host:port` (a socket address to listen on, any resolvable host to connect to).
+    Tcp(String),
+    /// A Unix socket path (reachable across network namespaces, e.g. a shared emptyDir).
+    Unix(PathBuf),
+}
+
+/// An address that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not tcp://HOST:PORT, unix:///PATH or HOST:PORT")]
+pub struct AddrError(pub String);
+
+impl FromStr for ApiAddr {
+    type Err = AddrError;
+
+    fn from_str(s: &str) -> Result<ApiAddr, AddrError> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if path.is_empty() {
+                return Err(AddrError(s.to_string()));
+            }
+            return Ok(ApiAddr::Unix(PathBuf::from(path)));
+        }
+        let hostport = s.strip_prefix("tcp://").unwrap_or(s);
+        match hostport.rsplit_once(':') {
+            Some((host, port))
+                if !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok() =>
+            {
+                Ok(ApiAddr::Tcp(hostport.to_string()))
+            }
+            _ => Err(AddrError(s.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiAddr::Tcp(hp) => write!(f, "tcp://{hp}"),
+            ApiAddr::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
+impl ApiAddr {
+    /// The socket address to listen on (TCP only).
+    pub fn socket_addr(&self) -> Result<Option<SocketAddr>, AddrError> {
+        match self {
+            ApiAddr::Tcp(hp) => hp
+                .parse()
+                .map(Some)
+                .map_err(|_| AddrError(format!("{hp} (listen on an IP:PORT)"))),
+            ApiAddr::Unix(_) => Ok(None),
+        }
+    }
+}
+
+/// PEM files for TLS: our certificate and key, and the CA that signs the peer's certificate
+/// (server: client certificates are then required, mTLS; client: the server's CA).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Our certificate (PEM); with `key`.
+    pub cert: Option<PathBuf>,
+    /// Our private key (PEM); with `cert`.
+    pub key: Option<PathBuf>,
+    /// The CA bundle (PEM) that verifies the peer.
+    pub ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// Whether any TLS file is given (TLS is then on).
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some() || self.key.is_some() || self.ca.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        let cases: &[(&str, Option<ApiAddr>)] = &[
+            (
+                "tcp://127.0.0.1:12090",
+                Some(ApiAddr::Tcp("127.0.0.1:12090".into())),
+            ),
+            (
+                "127.0.0.1:12090",
+                Some(ApiAddr::Tcp("127.0.0.1:12090".into())),
+            ),
+            (
+                "tcp://[::1]:12090",
+                Some(ApiAddr::Tcp("[::1]:12090".into())),
+            ),
+            (
+                "brain.kube-system:12090",
+                Some(ApiAddr::Tcp("brain.kube-system:12090".into())),
+            ),
+            (
+                "unix:///run/kpng.sock",
+                Some(ApiAddr::Unix("/run/kpng.sock".into())),
+            ),
+            ("unix://", None),
+            ("tcp://127.0.0.1", None),
+            (":12090", None),
+            ("http://x:1", None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(input.parse::<ApiAddr>().ok(), *want, "{input}");
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! A remote brain as a source: `kpng local --api ADDR …` and `kpng api --api ADDR …`.
+//!
+//! [`watch`] keeps one Watch stream open (reconnecting with jittered backoff), applies the ops
+//! to a [`WireState`] and, at every `Sync`, hands the runner a [`RemoteUpdate`] with the
+//! Services the change set touched, decoded back into model ports. The runner's model is a
+//! [`RemoteModel`]: it compares those ports with what the backend already has, so
+//! - a backend keeps its rules while the brain is away (nothing is sent, nothing changes);
+//! - the `Reset` replay after a reconnect becomes a minimal diff: unchanged Services produce
+//!   no change at all, Services that vanished meanwhile are removed.
+//!
+//! The runner's change counters come from the stream: every `Service` value set or deleted is
+//! a Service change, every `Endpoint` value an endpoint change. The brain forwards no
+//! EndpointSlice trigger times, so `kubeproxy_network_programming_duration_seconds` is observed
+//! only where the Kubernetes objects are seen (an in-process `kube` source), not on API nodes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use hyper_util::rt::TokioIo;
+use kpng_backend::runner::{InputInfo, NodeModel};
+use kpng_model::{ApplyOutcome, Diff, Kind, NodeState, ServiceKey, ServicePort, Snapshot};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tracing::{info, warn};
+
+use crate::addr::{ApiAddr, TlsFiles};
+use crate::convert::{DecodeError, decode_node, decode_service, decode_service_cidrs};
+use crate::proto;
+use crate::proto::op_item::Op;
+use crate::proto::sets_client::SetsClient;
+
+/// One change set, decoded: what the runner applies.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RemoteUpdate {
+    /// The node's properties, when they were sent.
+    pub node: Option<NodeState>,
+    /// The cluster's ServiceCIDR ranges, when they were sent (or reset).
+    pub service_cidrs: Option<Vec<IpNet>>,
+    /// Every touched Service with all its ports now (empty: the Service is gone).
+    pub services: Vec<(ServiceKey, Vec<ServicePort>)>,
+    /// Services whose `Service` value was set or deleted (kube-proxy's Service changes).
+    pub service_changes: Vec<ServiceKey>,
+    /// `Endpoint` values set or deleted (kube-proxy's endpoint changes).
+    pub endpoint_changes: usize,
+}
+
+/// The node-local state received from a brain, as the runner's model.
+#[derive(Debug, Default)]
+pub struct RemoteModel {
+    snapshot: Snapshot,
+    node_ips: Vec<IpAddr>,
+    listed: bool,
+}
+
+impl RemoteModel {
+    /// An empty state for node `node_name`; `node_ips` (`--node-ip`) replace the node's
+    /// addresses as in the in-process model.
+    pub fn new(node_name: &str, node_ips: Vec<IpAddr>) -> RemoteModel {
+        let mut snapshot = Snapshot::default();
+        snapshot.node.name = node_name.to_string();
+        RemoteModel {
+            snapshot,
+            node_ips,
+            listed: false,
+        }
+    }
+}
+
+impl NodeModel for RemoteModel {
+    type Input = RemoteUpdate;
+
+    fn describe(update: &RemoteUpdate) -> InputInfo {
+        // No Kubernetes object reaches this node: only the change counters move.
+        InputInfo {
+            service_changes: update.service_changes.len() as u64,
+            endpoint_changes: update.endpoint_changes as u64,
+            ..InputInfo::default()
+        }
+    }
+
+    fn apply(&mut self, update: RemoteUpdate) -> ApplyOutcome {
+        let mut diff = Diff::default();
+        if let Some(mut node) = update.node {
+            if !self.node_ips.is_empty() {
+                node.ips = self.node_ips.clone();
+            }
+            if node != self.snapshot.node {
+                self.snapshot.node = node;
+                diff.node_changed = true;
+            }
+        }
+        if let Some(cidrs) = update.service_cidrs
+            && cidrs != self.snapshot.service_cidrs
+        {
+            self.snapshot.service_cidrs = cidrs;
+            diff.node_changed = true;
+        }
+        for (key, ports) in update.services {
+            self.snapshot.replace_service(&key, ports, &mut diff);
+        }
+        let mut listed = Vec::new();
+        if !self.listed {
+            // The first complete change set is the whole cluster as far as this node goes.
+            self.listed = true;
+            listed = vec![Kind::Service, Kind::EndpointSlice, Kind::Node];
+        }
+        ApplyOutcome {
+            diff,
+            listed,
+            services_changed: update.service_changes,
+            slices_changed: update.endpoint_changes,
+            ..ApplyOutcome::default()
+        }
+    }
+
+    fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+}
+
+/// The values received so far, by path, and what the current change set touched.
+#[derive(Debug, Default)]
+pub struct WireState {
+    services: BTreeMap<ServiceKey, proto::Service>,
+    endpoints: BTreeMap<ServiceKey, BTreeMap<String, proto::Endpoint>>,
+    node: Option<NodeState>,
+    service_cidrs: Vec<IpNet>,
+    touched: BTreeSet<ServiceKey>,
+    node_touched: bool,
+    service_cidrs_touched: bool,
+    service_changes: BTreeSet<ServiceKey>,
+    endpoint_changes: usize,
+}
+
+fn bad_path(path: &str, set: &str) -> DecodeError {
+    DecodeError {
+        what: format!("{set} {path:?}"),
+        field: "Ref.Path".into(),
+        message: "not the path of a value of this set".into(),
+    }
+}
+
+fn service_path(path: &str) -> Result<ServiceKey, DecodeError> {
+    match path.split('/').collect::<Vec<_>>()[..] {
+        [ns, name] if !ns.is_empty() && !name.is_empty() => Ok(ServiceKey::new(ns, name)),
+        _ => Err(bad_path(path, "Service")),
+    }
+}
+
+fn endpoint_path(path: &str) -> Result<(ServiceKey, String), DecodeError> {
+    match path.split('/').collect::<Vec<_>>()[..] {
+        [ns, name, key] if !ns.is_empty() && !name.is_empty() && !key.is_empty() => {
+            Ok((ServiceKey::new(ns, name), key.to_string()))
+        }
+        _ => Err(bad_path(path, "Endpoint")),
+    }
+}
+
+fn decode_error(what: &str, path: &str, e: prost::DecodeError) -> DecodeError {
+    DecodeError {
+        what: format!("{what} {path}"),
+        field: "Value.Bytes".into(),
+        message: e.to_string(),
+    }
+}
+
+impl WireState {
+    /// Applies one op; `Ok(true)` at `Sync` (the change set is complete). A bad value is an
+    /// error and is not applied; the rest of the change set still is.
+    pub fn apply(&mut self, item: proto::OpItem) -> Result<bool, DecodeError> {
+        match item.op {
+            Some(Op::Sync(_)) => return Ok(true),
+            Some(Op::Reset(_)) => {
+                // Everything known is touched: what is not sent again before Sync is gone.
+                self.touched.extend(self.services.keys().cloned());
+                self.touched.extend(self.endpoints.keys().cloned());
+                self.services.clear();
+                self.endpoints.clear();
+                self.service_cidrs.clear();
+                self.service_cidrs_touched = true;
+            }
+            Some(Op::Set(value)) => {
+                let r = value.r#ref.unwrap_or_default();
+                match proto::Set::try_from(r.set) {
+                    Ok(proto::Set::ServicesSet) => {
+                        let key = service_path(&r.path)?;
+                        let service = proto::Service::decode(value.bytes)
+                            .map_err(|e| decode_error("Service", &r.path, e))?;
+                        self.services.insert(key.clone(), service);
+                        self.touched.insert(key.clone());
+                        self.service_changes.insert(key);
+                    }
+                    Ok(proto::Set::EndpointsSet) => {
+                        let (key, ep_key) = endpoint_path(&r.path)?;
+                        let endpoint = proto::Endpoint::decode(value.bytes)
+                            .map_err(|e| decode_error("Endpoint", &r.path, e))?;
+                        self.endpoints
+                            .entry(key.clone())
+                            .or_default()
+                            .insert(ep_key, endpoint);
+                        self.touched.insert(key);
+                        self.endpoint_changes += 1;
+                    }
+                    Ok(proto::Set::KpngNodeSet) => {
+                        let node = proto::KpngNode::decode(value.bytes)
+                            .map_err(|e| decode_error("Node", &r.path, e))?;
+                        self.node = Some(decode_node(&node)?);
+                        self.node_touched = true;
+                    }
+                    Ok(proto::Set::KpngServiceCidRsSet) => {
+                        let value = proto::KpngServiceCidRs::decode(value.bytes)
+                            .map_err(|e| decode_error("ServiceCIDRs", &r.path, e))?;
+                        self.service_cidrs = decode_service_cidrs(&value)?;
+                        self.service_cidrs_touched = true;
+                    }
+                    // Sets we do not watch.
+                    _ => {}
+                }
+            }
+            Some(Op::Delete(r)) => match proto::Set::try_from(r.set) {
+                Ok(proto::Set::ServicesSet) => {
+                    let key = service_path(&r.path)?;
+                    self.services.remove(&key);
+                    self.endpoints.remove(&key);
+                    self.touched.insert(key.clone());
+                    self.service_changes.insert(key);
+                }
+                Ok(proto::Set::EndpointsSet) => {
+                    let (key, ep_key) = endpoint_path(&r.path)?;
+                    if let Some(eps) = self.endpoints.get_mut(&key) {
+                        if eps.remove(&ep_key).is_some() {
+                            self.endpoint_changes += 1;
+                        }
+                        if eps.is_empty() {
+                            self.endpoints.remove(&key);
+                        }
+                    }
+                    self.touched.insert(key);
+                }
+                _ => {}
+            },
+            None => {}
+        }
+        Ok(false)
+    }
+
+    /// The touched Services as model ports (and the node, if it was sent). A Service whose
+    /// values cannot be decoded is left out (its last good ports stay), with an error.
+    pub fn take_update(&mut self) -> (RemoteUpdate, Vec<DecodeError>) {
+        let mut errors = Vec::new();
+        let mut update = RemoteUpdate {
+            node: if std::mem::take(&mut self.node_touched) {
+                self.node.clone()
+            } else {
+                None
+            },
+            service_cidrs: std::mem::take(&mut self.service_cidrs_touched)
+                .then(|| self.service_cidrs.clone()),
+            services: Vec::new(),
+            service_changes: std::mem::take(&mut self.service_changes)
+                .into_iter()
+                .collect(),
+            endpoint_changes: std::mem::take(&mut self.endpoint_changes),
+        };
+        let empty = BTreeMap::new();
+        for key in std::mem::take(&mut self.touched) {
+            let Some(service) = self.services.get(&key) else {
+                update.services.push((key, Vec::new()));
+                continue;
+            };
+            let endpoints = self.endpoints.get(&key).unwrap_or(&empty);
+            match decode_service(&key, service, endpoints) {
+                Ok(ports) => update.services.push((key, ports)),
+                Err(e) => errors.push(e),
+            }
+        }
+        (update, errors)
+    }
+}
+
+/// How to reach the brain.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    /// The brain's address.
+    pub addr: ApiAddr,
+    /// TLS files (client certificate for mTLS, the brain's CA).
+    pub tls: TlsFiles,
+    /// The name in the brain's certificate (default: the host of `addr`).
+    pub tls_server_name: Option<String>,
+    /// The node whose view we want.
+    pub node_name: String,
+    /// First retry delay after a failure (doubling, with jitter, up to `retry_max`).
+    pub retry_min: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+}
+
+/// Why one Watch session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Connecting or the stream failed.
+    #[error("{0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The brain answered with an error status.
+    #[error("{0}")]
+    Status(#[from] tonic::Status),
+    /// A TLS file could not be read.
+    #[error("reading {path}: {source}")]
+    TlsFile {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The brain closed the stream.
+    #[error("the brain closed the stream")]
+    Closed,
+}
+
+/// Exponential backoff with jitter: each delay is drawn from [d/2, d], d doubling from `min`
+/// to `max`, so many nodes that lost the same brain do not reconnect in lockstep.
+#[derive(Debug)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    current: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    /// A backoff seeded with `seed` (any value; 0 is replaced).
+    pub fn new(min: Duration, max: Duration, seed: u64) -> Backoff {
+        Backoff {
+            min,
+            max: max.max(min),
+            current: min,
+            rng: seed | 1,
+        }
+    }
+
+    /// The next delay.
+    pub fn next_delay(&mut self) -> Duration {
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let d = self.current;
+        self.current = (self.current * 2).min(self.max);
+        let half = d / 2;
+        let spread = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
+        half + Duration::from_nanos(self.rng % spread)
+    }
+
+    /// After a success: start again from `min`.
+    pub fn reset(&mut self) {
+        self.current = self.min;
+    }
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, SessionError> {
+    std::fs::read(path).map_err(|source| SessionError::TlsFile {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+async fn connect(config: &WatchConfig) -> Result<Channel, SessionError> {
+    let tls = config.tls.enabled();
+    let scheme = if tls { "https" } else { "http" };
+    let (uri, host) = match &config.addr {
+        ApiAddr::Tcp(hostport) => {
+            let host = hostport
+                .rsplit_once(':')
+                .map_or(hostport.as_str(), |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            (format!("{scheme}://{hostport}"), host)
+        }
+        ApiAddr::Unix(_) => (format!("{scheme}://localhost"), "localhost".to_string()),
+    };
+    let mut endpoint = Endpoint::from_shared(uri)?.connect_timeout(Duration::from_secs(5));
+    if tls {
+        let mut tls_config =
+            ClientTlsConfig::new().domain_name(config.tls_server_name.clone().unwrap_or(host));
+        if let Some(ca) = &config.tls.ca {
+            tls_config = tls_config.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&config.tls.cert, &config.tls.key) {
+            tls_config = tls_config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        endpoint = endpoint.tls_config(tls_config)?;
+    }
+    match &config.addr {
+        ApiAddr::Tcp(_) => Ok(endpoint.connect().await?),
+        ApiAddr::Unix(path) => {
+            let path = path.clone();
+            let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            });
+            Ok(endpoint.connect_with_connector(connector).await?)
+        }
+    }
+}
+
+/// One Watch stream, until it fails. `Ok` when the runner is gone.
+async fn session(
+    config: &WatchConfig,
+    wire: &mut WireState,
+    updates: &mpsc::Sender<RemoteUpdate>,
+    backoff: &mut Backoff,
+) -> Result<(), SessionError> {
+    let channel = connect(config).await?;
+    let (requests, requests_rx) = mpsc::channel(2);
+    let request = proto::WatchReq {
+        node_name: config.node_name.clone(),
+    };
+    // The receiver lives in the stream below; a failed send only means the stream is gone.
+    let _ = requests.send(request.clone()).await;
+    let mut stream = SetsClient::new(channel)
+        .watch(ReceiverStream::new(requests_rx))
+        .await?
+        .into_inner();
+    info!(brain = %config.addr, node = %config.node_name, "watching the brain");
+    while let Some(item) = stream.message().await? {
+        match wire.apply(item) {
+            Ok(false) => {}
+            Ok(true) => {
+                let (update, errors) = wire.take_update();
+                for e in errors {
+                    warn!("ignoring a value from the brain: {e}");
+                }
+                if updates.send(update).await.is_err() {
+                    return Ok(());
+                }
+                backoff.reset();
+                // Ready for the next change set.
+                let _ = requests.send(request.clone()).await;
+            }
+            Err(e) => warn!("ignoring a value from the brain: {e}"),
+        }
+    }
+    Err(SessionError::Closed)
+}
+
+/// Watches the brain forever (reconnecting with backoff), sending each change set to
+/// `updates`. Returns when `updates` is closed.
+pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default()
+        ^ u64::from(std::process::id());
+    let mut backoff = Backoff::new(config.retry_min, config.retry_max, seed);
+    let mut wire = WireState::default();
+    loop {
+        match session(&config, &mut wire, &updates, &mut backoff).await {
+            Ok(()) => return,
+            Err(e) => {
+                let delay = backoff.next_delay();
+                warn!(brain = %config.addr, retry_in = ?delay, "brain unreachable, keeping the rules as they are: {e}");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = updates.closed() => return,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

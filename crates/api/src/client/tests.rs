@@ -1,0 +1,259 @@
+//! Client tests: a change set becomes model ports; a Reset replay of the same state is no
+//! change at all; the backoff grows with jitter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpng_model::{ClusterConfig, ClusterModel, Event};
+use serde_json::json;
+
+use super::*;
+use crate::fixtures;
+use crate::hub::Hub;
+
+fn hub() -> Arc<Hub> {
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        crate::metrics::ApiMetrics::default(),
+    ));
+    hub.apply(fixtures::cluster_event());
+    hub
+}
+
+/// Feeds the next change set of `reg` into `wire` and the model; returns the model's diff size.
+fn deliver(
+    reg: &crate::hub::Registration,
+    wire: &mut WireState,
+    model: &mut RemoteModel,
+) -> (usize, bool) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("rt");
+    let pending = rt.block_on(reg.slot.next());
+    let mut synced = false;
+    for op in pending.ops() {
+        synced |= wire.apply(op).expect("valid op");
+    }
+    assert!(synced, "a change set ends with Sync");
+    let (update, errors) = wire.take_update();
+    assert!(errors.is_empty(), "{errors:?}");
+    let out = model.apply(update);
+    (out.diff.changes.len(), out.diff.node_changed)
+}
+
+#[test]
+fn the_received_state_is_the_in_process_state() {
+    let hub = hub();
+    for name in ["n1", "n2", "n3"] {
+        let reg = hub.register(name);
+        let (mut wire, mut model) = (WireState::default(), RemoteModel::new(name, Vec::new()));
+        deliver(&reg, &mut wire, &mut model);
+        let cluster = fixtures::cluster();
+        let node = fixtures::node(&cluster, name);
+        let mut want = Snapshot {
+            node: node.clone(),
+            ..Snapshot::default()
+        };
+        for (key, source) in cluster.sources() {
+            want.replace_service(key, source.ports_for(&node), &mut Diff::default());
+        }
+        assert_eq!(model.snapshot(), &want, "node {name}");
+    }
+}
+
+#[test]
+fn a_reconnect_replay_is_a_minimal_diff() {
+    let hub = hub();
+    let (mut wire, mut model) = (WireState::default(), RemoteModel::new("n1", Vec::new()));
+    let first = hub.register("n1");
+    let (changes, node_changed) = deliver(&first, &mut wire, &mut model);
+    assert!(changes > 10 && node_changed);
+    drop(first);
+
+    // Same state after a reconnect: Reset + everything again, and no change at all.
+    let again = hub.register("n1");
+    assert_eq!(deliver(&again, &mut wire, &mut model), (0, false));
+    drop(again);
+
+    // While disconnected, a Service went away and an endpoint changed: exactly those.
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::Service,
+        namespace: "other".into(),
+        name: "empty".into(),
+    }));
+    hub.apply(Event::Apply(kpng_model::Object::EndpointSlice(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": "np-local-1",
+                         "labels": {"kubernetes.io/service-name": "np-local"}},
+            "addressType": "IPv4", "ports": [{"name": "", "port": 8080}],
+            "endpoints": [{"addresses": ["10.244.1.3"], "nodeName": "n1"}]
+        }))
+        .expect("slice"),
+    ))));
+    let third = hub.register("n1");
+    assert_eq!(deliver(&third, &mut wire, &mut model), (2, false));
+    assert!(
+        !model
+            .snapshot()
+            .ports
+            .keys()
+            .any(|k| &*k.service.name == "empty")
+    );
+}
+
+#[test]
+fn the_first_change_set_lists_every_kind_once() {
+    let mut model = RemoteModel::new("n1", Vec::new());
+    assert_eq!(model.apply(RemoteUpdate::default()).listed.len(), 3);
+    assert!(model.apply(RemoteUpdate::default()).listed.is_empty());
+}
+
+#[test]
+fn node_ip_override_wins_over_the_brain() {
+    let mut model = RemoteModel::new("n1", vec!["10.1.1.1".parse().expect("ip")]);
+    let node = NodeState {
+        name: "n1".into(),
+        ips: vec!["192.168.0.1".parse().expect("ip")],
+        ..NodeState::default()
+    };
+    model.apply(RemoteUpdate {
+        node: Some(node),
+        ..RemoteUpdate::default()
+    });
+    assert_eq!(
+        model.snapshot().node.ips,
+        ["10.1.1.1".parse::<IpAddr>().expect("ip")]
+    );
+}
+
+#[test]
+fn bad_paths_and_values_are_errors_not_state() {
+    let mut wire = WireState::default();
+    let bad = [
+        proto::OpItem {
+            op: Some(Op::Set(proto::Value {
+                r#ref: Some(proto::Ref {
+                    set: proto::Set::ServicesSet as i32,
+                    path: "no-slash".into(),
+                }),
+                bytes: Default::default(),
+            })),
+        },
+        proto::OpItem {
+            op: Some(Op::Set(proto::Value {
+                r#ref: Some(proto::Ref {
+                    set: proto::Set::EndpointsSet as i32,
+                    path: "ns/svc/1".into(),
+                }),
+                bytes: vec![0xff, 0xff].into(),
+            })),
+        },
+    ];
+    for op in bad {
+        assert!(wire.apply(op).is_err());
+    }
+    assert_eq!(wire.take_update().0, RemoteUpdate::default());
+}
+
+#[test]
+fn backoff_doubles_with_jitter_up_to_the_cap() {
+    let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), 42);
+    let delays: Vec<Duration> = (0..6).map(|_| b.next_delay()).collect();
+    let caps = [100, 200, 400, 800, 1000, 1000];
+    for (d, cap) in delays.iter().zip(caps) {
+        let cap = Duration::from_millis(cap);
+        assert!(
+            *d >= cap / 2 && *d <= cap,
+            "{d:?} not in [{:?}, {cap:?}]",
+            cap / 2
+        );
+    }
+    b.reset();
+    assert!(b.next_delay() <= Duration::from_millis(100));
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> Event {
+    Event::Apply(kpng_model::Object::ServiceCidr(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
+            .expect("ServiceCIDR"),
+    )))
+}
+
+#[test]
+fn service_cidrs_reach_the_node_snapshot_and_a_change_is_a_node_change() {
+    let hub = hub();
+    hub.apply(service_cidr(
+        "kubernetes",
+        &["10.96.0.0/16", "fd00:96::/112"],
+    ));
+    let reg = hub.register("n1");
+    let (mut wire, mut model) = (WireState::default(), RemoteModel::new("n1", Vec::new()));
+    deliver(&reg, &mut wire, &mut model);
+    let want: Vec<IpNet> = vec![
+        "10.96.0.0/16".parse().expect("net"),
+        "fd00:96::/112".parse().expect("net"),
+    ];
+    assert_eq!(model.snapshot().service_cidrs, want);
+
+    // A second object adds a range: only the ranges are sent, and the node changed.
+    hub.apply(service_cidr("extra", &["10.97.0.0/16"]));
+    let (changes, node_changed) = deliver(&reg, &mut wire, &mut model);
+    assert_eq!((changes, node_changed), (0, true));
+    assert_eq!(model.snapshot().service_cidrs.len(), 3);
+
+    // A reconnect replay of the same ranges changes nothing.
+    let again = hub.register("n1");
+    assert_eq!(deliver(&again, &mut wire, &mut model), (0, false));
+    assert_eq!(model.snapshot().service_cidrs.len(), 3);
+
+    // Every object gone: no ranges.
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::ServiceCidr,
+        namespace: "".into(),
+        name: "kubernetes".into(),
+    }));
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::ServiceCidr,
+        namespace: "".into(),
+        name: "extra".into(),
+    }));
+    assert_eq!(deliver(&reg, &mut wire, &mut model), (0, true));
+    assert!(model.snapshot().service_cidrs.is_empty());
+}
+
+#[test]
+fn change_counters_count_service_and_endpoint_values() {
+    let hub = hub();
+    let reg = hub.register("n1");
+    let (mut wire, mut model) = (WireState::default(), RemoteModel::new("n1", Vec::new()));
+    deliver(&reg, &mut wire, &mut model);
+    // One endpoint more for one Service: its Endpoint value is new, its Service value is not.
+    hub.apply(Event::Apply(kpng_model::Object::EndpointSlice(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": "extra-ep",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [{"addresses": ["10.244.9.9"], "nodeName": "n3"}]
+        }))
+        .expect("slice"),
+    ))));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("rt");
+    for op in rt.block_on(reg.slot.next()).ops() {
+        wire.apply(op).expect("valid op");
+    }
+    let (update, errors) = wire.take_update();
+    assert!(errors.is_empty(), "{errors:?}");
+    let info = RemoteModel::describe(&update);
+    assert!(
+        info.objects.is_empty(),
+        "no Kubernetes object reaches a node"
+    );
+    assert_eq!(info.endpoint_changes, 1, "{update:?}");
+    assert_eq!(info.service_changes, 0, "{update:?}");
+    let out = model.apply(update);
+    assert_eq!(out.slices_changed, 1);
+    assert!(out.trigger_times.is_empty());
+}

@@ -1,0 +1,194 @@
+//! Conversion tests: what is encoded decodes to the same ports, for every node; the KPNG
+//! fields say what a KPNG client needs.
+
+use std::collections::BTreeMap;
+
+use kpng_model::ServiceKey;
+use prost::Message;
+
+use super::*;
+use crate::fixtures;
+
+fn decode_messages(
+    key: &ServiceKey,
+    m: &ServiceMessages,
+) -> (proto::Service, BTreeMap<String, proto::Endpoint>) {
+    let service = proto::Service::decode(m.service.clone()).expect("service decodes");
+    let endpoints = m
+        .endpoints
+        .iter()
+        .map(|(k, b)| {
+            (
+                k.clone(),
+                proto::Endpoint::decode(b.clone()).expect("endpoint decodes"),
+            )
+        })
+        .collect();
+    assert_eq!(service.namespace, *key.namespace);
+    (service, endpoints)
+}
+
+#[test]
+fn every_port_of_every_node_survives_the_round_trip() {
+    let cluster = fixtures::cluster();
+    let mut checked = 0;
+    for name in ["n1", "n2", "n3", "", "not-a-node"] {
+        let node = fixtures::node(&cluster, name);
+        for (key, source) in cluster.sources() {
+            let ports = source.ports_for(&node);
+            let refs: Vec<&ServicePort> = ports.iter().collect();
+            let Some(messages) = encode_service(&refs) else {
+                assert!(ports.is_empty());
+                continue;
+            };
+            let (service, endpoints) = decode_messages(key, &messages);
+            let mut want = ports.clone();
+            want.sort_by(|a, b| a.key.cmp(&b.key));
+            let got = decode_service(key, &service, &endpoints).expect("decodes");
+            assert_eq!(got, want, "node {name:?}, Service {key}");
+            checked += ports.len();
+        }
+    }
+    assert!(checked > 30, "the fixture covers many ports ({checked})");
+}
+
+#[test]
+fn kpng_fields_describe_the_service_as_kpng_does() {
+    let cluster = fixtures::cluster();
+    let node = fixtures::node(&cluster, "n1");
+    // (service, type, target port of its first port, endpoints sent with (local, internal, external))
+    type Want = (
+        &'static str,
+        &'static str,
+        i32,
+        &'static [(&'static str, bool, bool, bool)],
+    );
+    let cases: &[Want] = &[
+        // The terminating n3 endpoint is not usable while others are ready: not sent.
+        (
+            "default/web",
+            "ClusterIP",
+            5353,
+            &[
+                ("10.244.1.2", true, true, true),
+                ("10.244.2.2", false, true, true),
+                ("fd00:244:1::2", true, true, true),
+            ],
+        ),
+        // eTP Local on n1: the remote endpoint serves internal traffic only.
+        (
+            "default/np-local",
+            "NodePort",
+            8080,
+            &[
+                ("10.244.1.3", true, true, true),
+                ("10.244.2.3", false, true, false),
+            ],
+        ),
+        (
+            "default/lb",
+            "LoadBalancer",
+            8443,
+            &[("10.244.2.4", false, true, false)],
+        ),
+        // iTP Local: only the local endpoint, for internal traffic; nothing for external use.
+        (
+            "default/itp-local",
+            "ClusterIP",
+            80,
+            &[("10.244.1.6", true, true, false)],
+        ),
+        // Zone hints: n1 is in zone za.
+        (
+            "other/zoned",
+            "ClusterIP",
+            9000,
+            &[("10.244.1.7", true, true, true)],
+        ),
+        ("other/empty", "ClusterIP", 0, &[]),
+    ];
+    for (svc, ty, target, eps) in cases {
+        let (ns, name) = svc.split_once('/').expect("ns/name");
+        let key = ServiceKey::new(ns, name);
+        let ports = cluster.source(&key).expect("source").ports_for(&node);
+        let refs: Vec<&ServicePort> = ports.iter().collect();
+        let messages = encode_service(&refs).expect("has ports");
+        let (service, endpoints) = decode_messages(&key, &messages);
+        assert_eq!(service.r#type, *ty, "{svc}");
+        assert_eq!(service.ports[0].target_port, *target, "{svc}");
+        let got: Vec<(String, bool, bool, bool)> = endpoints
+            .iter()
+            .map(|(k, e)| {
+                let scopes = e.scopes.expect("scopes");
+                (k.clone(), e.local, scopes.internal, scopes.external)
+            })
+            .collect();
+        let want: Vec<(String, bool, bool, bool)> = eps
+            .iter()
+            .map(|(ip, l, i, x)| (ip.to_string(), *l, *i, *x))
+            .collect();
+        assert_eq!(got, want, "{svc}");
+        for e in endpoints.values() {
+            for p in &service.ports {
+                assert!(
+                    e.port_overrides.iter().any(|o| o.name == p.name) || p.target_port > 0,
+                    "{svc}: a KPNG client finds the port of {:?}",
+                    p.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn source_ranges_and_affinity_are_kpng_fields() {
+    let cluster = fixtures::cluster();
+    let key = ServiceKey::new("default", "lb");
+    let ports = cluster
+        .source(&key)
+        .expect("lb")
+        .ports_for(&fixtures::node(&cluster, "n2"));
+    let refs: Vec<&ServicePort> = ports.iter().collect();
+    let (service, _) = decode_messages(&key, &encode_service(&refs).expect("ports"));
+    assert_eq!(service.ip_filters[0].source_ranges, ["203.0.113.0/24"]);
+    assert_eq!(service.health_check_node_port, 32000);
+    assert_eq!(
+        service.session_affinity,
+        Some(proto::service::SessionAffinity::ClientIp(
+            proto::ClientIpAffinity {
+                timeout_seconds: 300
+            }
+        ))
+    );
+    assert_eq!(service.kpng_ports[0].local_ready_endpoints, 1);
+}
+
+#[test]
+fn bad_values_are_named() {
+    let key = ServiceKey::new("ns", "x");
+    let service = proto::Service {
+        i_ps: Some(proto::ServiceIPs {
+            cluster_i_ps: Some(proto::IpSet {
+                v4: vec!["10.0.0.300".into()],
+                v6: vec![],
+            }),
+            ..proto::ServiceIPs::default()
+        }),
+        ..proto::Service::default()
+    };
+    let err = decode_service(&key, &service, &BTreeMap::new()).expect_err("bad IP");
+    assert_eq!(
+        err.to_string(),
+        "Service ns/x: field IPs.ClusterIPs: \"10.0.0.300\" is not an IP address"
+    );
+}
+
+#[test]
+fn node_round_trip() {
+    let cluster = fixtures::cluster();
+    for name in ["n1", "n2", "absent"] {
+        let node = fixtures::node(&cluster, name);
+        let wire = proto::KpngNode::decode(encode_node(&node)).expect("decodes");
+        assert_eq!(decode_node(&wire).expect("valid"), node, "{name}");
+    }
+}

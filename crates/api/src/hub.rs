@@ -1,0 +1,556 @@
+//! The brain's state: one cluster, any number of watching nodes, each with its own coalesced
+//! change set.
+//!
+//! - The [`ClusterModel`] holds every object once. After each event, every touched Service
+//!   gets a new [`Entry`]: its inputs (shared with the model, copy-on-write) and the messages an
+//!   *anonymous* node would receive, encoded once.
+//! - Each watcher has a [`Pending`] change set: per touched Service, the entry it last received
+//!   and the newest one (a change and its undo cancel, as [`kpng_model::Diff`] does). Recording
+//!   a change costs O(watchers) map inserts and never waits for a watcher, so a slow client
+//!   never blocks the brain or the other clients; it just receives one bigger change set later.
+//! - When a watcher asks for its next change set, only the Services in it are evaluated for its
+//!   node: the anonymous messages when the Service does not depend on that node (no endpoint on
+//!   it, no topology hints), else a view computed for it. Old and new messages are compared, so
+//!   only real differences become ops. Nothing is ever recomputed for every node on a change.
+//! - The first request (and a node rename or zone change) re-evaluates every Service from a
+//!   shared snapshot of the entries, not a per-watcher copy.
+//! - The cluster's ServiceCIDR ranges (one shared list) go to every watcher after its `Reset`
+//!   and whenever they change.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ipnet::IpNet;
+
+use kpng_model::{
+    ClusterModel, ClusterOutcome, Event, Kind, NodeState, ServiceKey, ServicePort, ServiceSource,
+    node_state,
+};
+use tokio::sync::Notify;
+
+use crate::convert::{ServiceMessages, encode_node, encode_service, encode_service_cidrs};
+use crate::metrics::ApiMetrics;
+use crate::proto;
+use crate::proto::op_item::Op;
+
+/// The kinds that must be listed before anything is served (as KPNG's `AllSynced`).
+const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+
+/// One version of one Service: its inputs and the anonymous node's messages.
+#[derive(Debug)]
+pub struct Entry {
+    source: Arc<ServiceSource>,
+    anonymous: Option<Arc<ServiceMessages>>,
+}
+
+impl Entry {
+    fn new(source: Arc<ServiceSource>) -> Entry {
+        let ports = source.ports_for(&NodeState::default());
+        let anonymous = encode(&ports);
+        Entry { source, anonymous }
+    }
+
+    /// The messages `node` receives for this version of the Service (`None`: no value).
+    pub fn messages_for(&self, node: &NodeState) -> Option<Arc<ServiceMessages>> {
+        if self.source.depends_on_node(&node.name) {
+            encode(&self.source.ports_for(node))
+        } else {
+            self.anonymous.clone()
+        }
+    }
+}
+
+fn encode(ports: &[ServicePort]) -> Option<Arc<ServiceMessages>> {
+    let refs: Vec<&ServicePort> = ports.iter().collect();
+    encode_service(&refs).map(Arc::new)
+}
+
+/// Every current entry, by Service: shared by the watchers that replay it.
+pub type Entries = BTreeMap<ServiceKey, Arc<Entry>>;
+
+/// One Service's change since a watcher's last change set.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The version the watcher holds (`None`: it has none).
+    pub old: Option<Arc<Entry>>,
+    /// The newest version (`None`: the Service is gone).
+    pub new: Option<Arc<Entry>>,
+}
+
+/// What a watcher must be sent next.
+#[derive(Debug, Default)]
+pub struct Pending {
+    /// The watcher holds nothing (its first request): send `Reset` and everything.
+    pub replay: bool,
+    /// Re-evaluate every Service of this snapshot (first request, node rename or zone change);
+    /// Services in `changes` take their versions from there.
+    pub base: Option<Arc<Entries>>,
+    /// Services changed since the last change set.
+    pub changes: BTreeMap<ServiceKey, Change>,
+    /// The node state the watcher's views were computed with (`None` before the first).
+    pub old_node: Option<NodeState>,
+    /// The node state to compute views with now.
+    pub node: NodeState,
+    /// The cluster's ServiceCIDR ranges, when they must be sent (a change, or a replay while
+    /// there are some).
+    pub service_cidrs: Option<Arc<Vec<IpNet>>>,
+}
+
+impl Pending {
+    fn is_ready(&self) -> bool {
+        // Before its first change set (`old_node: None`) a watcher waits for the replay.
+        self.replay
+            || self.old_node.as_ref().is_some_and(|old| {
+                self.base.is_some()
+                    || !self.changes.is_empty()
+                    || *old != self.node
+                    || self.service_cidrs.is_some()
+            })
+    }
+
+    fn record(&mut self, key: &ServiceKey, old: Option<Arc<Entry>>, new: Option<Arc<Entry>>) {
+        match self.changes.get_mut(key) {
+            Some(change) => {
+                change.new = new;
+                let undone = match (&change.old, &change.new) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if undone {
+                    // The base (if any) holds the same version, or none.
+                    self.changes.remove(key);
+                }
+            }
+            None => {
+                self.changes.insert(key.clone(), Change { old, new });
+            }
+        }
+    }
+
+    /// Every Service to evaluate, in key order, as (key, what the watcher holds, newest).
+    pub fn services(
+        &self,
+    ) -> impl Iterator<Item = (&ServiceKey, Option<&Arc<Entry>>, Option<&Arc<Entry>>)> {
+        let base = self.base.as_deref().into_iter().flat_map(|b| b.iter());
+        merge_by_key(base, self.changes.iter()).map(move |(key, based, changed)| {
+            let (old, new) = match (changed, based) {
+                (Some(c), _) => (c.old.as_ref(), c.new.as_ref()),
+                (None, Some(b)) => (Some(b), Some(b)),
+                (None, None) => (None, None),
+            };
+            (key, if self.replay { None } else { old }, new)
+        })
+    }
+}
+
+impl Pending {
+    /// The ops of this change set, in protocol order: `Reset` (first request), the ServiceCIDR
+    /// ranges (first request or when they changed), the node's properties (when they changed),
+    /// then per Service its `Service` Set, its `Endpoint` Sets
+    /// and Deletes, and its `Service` Delete last, so an endpoint never exists without its
+    /// Service. Ends with `Sync` unless nothing at all changed for this watcher.
+    pub fn ops(&self) -> impl Iterator<Item = proto::OpItem> + '_ {
+        let reset = self.replay.then(|| op(Op::Reset(proto::EmptyOp {})));
+        let cidrs = self.service_cidrs.as_ref().map(|cidrs| {
+            set(
+                proto::Set::KpngServiceCidRsSet,
+                "cluster".to_string(),
+                encode_service_cidrs(cidrs),
+            )
+        });
+        let node = (self.replay || self.old_node.as_ref() != Some(&self.node)).then(|| {
+            set(
+                proto::Set::KpngNodeSet,
+                self.node.name.clone(),
+                encode_node(&self.node),
+            )
+        });
+        let old_node = self.old_node.as_ref().unwrap_or(&self.node);
+        let services = self.services().flat_map(move |(key, old, new)| {
+            let old = old.and_then(|e| e.messages_for(old_node));
+            let new = new.and_then(|e| e.messages_for(&self.node));
+            service_ops(key, old.as_deref(), new.as_deref())
+        });
+        let mut any = false;
+        let mut synced = false;
+        reset
+            .into_iter()
+            .chain(cidrs)
+            .chain(node)
+            .chain(services)
+            .map(Some)
+            .chain(std::iter::once(None))
+            .filter_map(move |item| match item {
+                Some(op) => {
+                    any = true;
+                    Some(op)
+                }
+                None if (any || self.replay) && !synced => {
+                    synced = true;
+                    Some(op(Op::Sync(proto::EmptyOp {})))
+                }
+                None => None,
+            })
+    }
+}
+
+fn op(op: Op) -> proto::OpItem {
+    proto::OpItem { op: Some(op) }
+}
+
+fn set(set: proto::Set, path: String, bytes: prost::bytes::Bytes) -> proto::OpItem {
+    op(Op::Set(proto::Value {
+        r#ref: Some(proto::Ref {
+            set: set as i32,
+            path,
+        }),
+        bytes,
+    }))
+}
+
+fn delete(set: proto::Set, path: String) -> proto::OpItem {
+    op(Op::Delete(proto::Ref {
+        set: set as i32,
+        path,
+    }))
+}
+
+/// The ops that turn one Service's `old` messages into `new` (KPNG's paths: `ns/name` and
+/// `ns/name/key`).
+pub fn service_ops(
+    key: &ServiceKey,
+    old: Option<&ServiceMessages>,
+    new: Option<&ServiceMessages>,
+) -> Vec<proto::OpItem> {
+    let mut ops = Vec::new();
+    if old == new {
+        return ops;
+    }
+    let path = key.to_string();
+    let empty = ServiceMessages::default();
+    if let Some(new) = new
+        && old.is_none_or(|o| o.service != new.service)
+    {
+        ops.push(set(
+            proto::Set::ServicesSet,
+            path.clone(),
+            new.service.clone(),
+        ));
+    }
+    let old_eps = old.unwrap_or(&empty).endpoints.iter().map(|(k, v)| (k, v));
+    let new_eps = new.unwrap_or(&empty).endpoints.iter().map(|(k, v)| (k, v));
+    let mut deletes = Vec::new();
+    for (k, before, after) in merge_sorted(old_eps, new_eps) {
+        match (before, after) {
+            (_, Some(after)) if before != Some(after) => ops.push(set(
+                proto::Set::EndpointsSet,
+                format!("{path}/{k}"),
+                after.clone(),
+            )),
+            (Some(_), None) => {
+                deletes.push(delete(proto::Set::EndpointsSet, format!("{path}/{k}")))
+            }
+            _ => {}
+        }
+    }
+    ops.extend(deletes);
+    if old.is_some() && new.is_none() {
+        ops.push(delete(proto::Set::ServicesSet, path));
+    }
+    ops
+}
+
+/// Joins two iterators sorted by string key.
+fn merge_sorted<'a, V: 'a>(
+    a: impl Iterator<Item = (&'a String, V)>,
+    b: impl Iterator<Item = (&'a String, V)>,
+) -> impl Iterator<Item = (&'a String, Option<V>, Option<V>)> {
+    let mut a = a.peekable();
+    let mut b = b.peekable();
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (None, None) => None,
+        (Some(_), None) => a.next().map(|(k, x)| (k, Some(x), None)),
+        (None, Some(_)) => b.next().map(|(k, y)| (k, None, Some(y))),
+        (Some((ka, _)), Some((kb, _))) => match ka.cmp(kb) {
+            std::cmp::Ordering::Less => a.next().map(|(k, x)| (k, Some(x), None)),
+            std::cmp::Ordering::Greater => b.next().map(|(k, y)| (k, None, Some(y))),
+            std::cmp::Ordering::Equal => {
+                let (k, x) = a.next()?;
+                let (_, y) = b.next()?;
+                Some((k, Some(x), Some(y)))
+            }
+        },
+    })
+}
+
+/// Joins two key-sorted iterators.
+fn merge_by_key<'a, A: 'a, B: 'a>(
+    a: impl Iterator<Item = (&'a ServiceKey, A)>,
+    b: impl Iterator<Item = (&'a ServiceKey, B)>,
+) -> impl Iterator<Item = (&'a ServiceKey, Option<A>, Option<B>)> {
+    let mut a = a.peekable();
+    let mut b = b.peekable();
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (None, None) => None,
+        (Some(_), None) => a.next().map(|(k, x)| (k, Some(x), None)),
+        (None, Some(_)) => b.next().map(|(k, y)| (k, None, Some(y))),
+        (Some((ka, _)), Some((kb, _))) => match ka.cmp(kb) {
+            std::cmp::Ordering::Less => a.next().map(|(k, x)| (k, Some(x), None)),
+            std::cmp::Ordering::Greater => b.next().map(|(k, y)| (k, None, Some(y))),
+            std::cmp::Ordering::Equal => {
+                let (k, x) = a.next()?;
+                let (_, y) = b.next()?;
+                Some((k, Some(x), Some(y)))
+            }
+        },
+    })
+}
+
+/// One watcher's place in the hub.
+#[derive(Debug)]
+pub struct Slot {
+    pending: Mutex<Pending>,
+    notify: Notify,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until something is to be sent, then takes it (the watcher now holds the newest
+    /// versions and node state).
+    pub async fn next(&self) -> Pending {
+        loop {
+            {
+                let mut pending = self.lock();
+                if pending.is_ready() {
+                    let node = pending.node.clone();
+                    return std::mem::replace(
+                        &mut *pending,
+                        Pending {
+                            old_node: Some(node.clone()),
+                            node,
+                            ..Pending::default()
+                        },
+                    );
+                }
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Watcher {
+    node_name: String,
+    slot: Arc<Slot>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    cluster: ClusterModel,
+    entries: Arc<Entries>,
+    service_cidrs: Arc<Vec<IpNet>>,
+    listed: BTreeSet<Kind>,
+    synced: bool,
+    watchers: HashMap<u64, Watcher>,
+    next_id: u64,
+}
+
+impl State {
+    /// The ServiceCIDR ranges a replay sends: none when there are none (`Reset` already means
+    /// "no ranges") or before the cluster is listed.
+    fn replay_cidrs(&self) -> Option<Arc<Vec<IpNet>>> {
+        (self.synced && !self.service_cidrs.is_empty()).then(|| self.service_cidrs.clone())
+    }
+
+    fn node(&self, name: &str) -> NodeState {
+        node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
+    }
+}
+
+/// The brain: cluster state plus every watcher's pending change set.
+#[derive(Debug)]
+pub struct Hub {
+    state: Mutex<State>,
+    metrics: ApiMetrics,
+}
+
+/// A registered watcher; unregisters when dropped.
+#[derive(Debug)]
+pub struct Registration {
+    hub: Arc<Hub>,
+    id: u64,
+    /// Where its change sets appear.
+    pub slot: Arc<Slot>,
+    node_name: String,
+}
+
+impl Registration {
+    /// The node name the watcher asked for.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The watcher now watches as another node: everything is re-evaluated for it.
+    pub fn rename(&mut self, node_name: &str) {
+        let mut state = self.hub.lock();
+        let node = state.node(node_name);
+        let entries = state.entries.clone();
+        let synced = state.synced;
+        if let Some(w) = state.watchers.get_mut(&self.id) {
+            w.node_name = node_name.to_string();
+            let mut pending = w.slot.lock();
+            pending.node = node;
+            if synced {
+                pending.base = Some(entries);
+            }
+        }
+        self.node_name = node_name.to_string();
+        self.slot.notify.notify_one();
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut state = self.hub.lock();
+        if state.watchers.remove(&self.id).is_some() {
+            self.hub.metrics.clients_connected.dec();
+        }
+    }
+}
+
+impl Hub {
+    /// An empty brain.
+    pub fn new(cluster: ClusterModel, metrics: ApiMetrics) -> Hub {
+        Hub {
+            state: Mutex::new(State {
+                cluster,
+                ..State::default()
+            }),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether Services, EndpointSlices and Nodes have all been listed (watchers are served).
+    pub fn synced(&self) -> bool {
+        self.lock().synced
+    }
+
+    /// The brain's metrics.
+    pub fn metrics(&self) -> &ApiMetrics {
+        &self.metrics
+    }
+
+    /// Adds a watcher for `node_name`. Its first change set is a replay of everything, ready
+    /// as soon as the cluster has been listed.
+    pub fn register(self: &Arc<Hub>, node_name: &str) -> Registration {
+        let mut state = self.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        let slot = Arc::new(Slot {
+            pending: Mutex::new(Pending {
+                replay: state.synced,
+                base: state.synced.then(|| state.entries.clone()),
+                service_cidrs: state.replay_cidrs(),
+                node: state.node(node_name),
+                ..Pending::default()
+            }),
+            notify: Notify::new(),
+        });
+        state.watchers.insert(
+            id,
+            Watcher {
+                node_name: node_name.to_string(),
+                slot: slot.clone(),
+            },
+        );
+        self.metrics.clients_connected.inc();
+        Registration {
+            hub: self.clone(),
+            id,
+            slot,
+            node_name: node_name.to_string(),
+        }
+    }
+
+    /// Applies one event to the cluster and records what it changed for every watcher.
+    pub fn apply(&self, event: Event) -> ClusterOutcome {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let out = state.cluster.apply(event);
+        state.listed.extend(out.listed.iter().copied());
+        let mut touched: BTreeSet<u64> = BTreeSet::new();
+        for key in &out.services {
+            let new = state
+                .cluster
+                .source(key)
+                .map(|source| Arc::new(Entry::new(source.clone())));
+            let entries = Arc::make_mut(&mut state.entries);
+            let old = match &new {
+                Some(entry) => entries.insert(key.clone(), entry.clone()),
+                None => entries.remove(key),
+            };
+            if state.synced {
+                for (id, w) in &state.watchers {
+                    w.slot.lock().record(key, old.clone(), new.clone());
+                    touched.insert(*id);
+                }
+            }
+        }
+        if out.service_cidrs_changed {
+            let cidrs = state.cluster.service_cidrs();
+            if cidrs != *state.service_cidrs {
+                state.service_cidrs = Arc::new(cidrs);
+                if state.synced {
+                    for (id, w) in &state.watchers {
+                        w.slot.lock().service_cidrs = Some(state.service_cidrs.clone());
+                        touched.insert(*id);
+                    }
+                }
+            }
+        }
+        for name in &out.nodes {
+            let node = state.node(name);
+            for (id, w) in state.watchers.iter().filter(|(_, w)| &w.node_name == name) {
+                let mut pending = w.slot.lock();
+                if state.synced && pending.node.zone != node.zone && pending.base.is_none() {
+                    // Zone hints may select other endpoints everywhere.
+                    pending.base = Some(state.entries.clone());
+                }
+                pending.node = node.clone();
+                touched.insert(*id);
+            }
+        }
+        if !state.synced && REQUIRED_KINDS.iter().all(|k| state.listed.contains(k)) {
+            state.synced = true;
+            for (id, w) in &state.watchers {
+                let mut pending = w.slot.lock();
+                pending.replay = true;
+                pending.base = Some(state.entries.clone());
+                pending.service_cidrs = state.replay_cidrs();
+                pending.changes.clear();
+                touched.insert(*id);
+            }
+        }
+        for id in touched {
+            if let Some(w) = state.watchers.get(&id) {
+                w.slot.notify.notify_one();
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

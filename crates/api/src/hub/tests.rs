@@ -1,0 +1,306 @@
+//! Protocol tests of the brain: op order, per-node views, coalescing for slow watchers.
+
+use std::sync::Arc;
+
+use futures_free::block_on;
+use kpng_model::{ClusterConfig, ClusterModel, Event};
+use prost::Message;
+use serde_json::json;
+
+use super::*;
+use crate::fixtures;
+use crate::proto::op_item::Op;
+
+/// Minimal executor: every future here is ready at once (pending change sets are taken
+/// synchronously), so no runtime is needed.
+mod futures_free {
+    pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("nothing to send yet"),
+        }
+    }
+}
+
+fn hub() -> Arc<Hub> {
+    Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        crate::metrics::ApiMetrics::default(),
+    ))
+}
+
+/// The ops of the next change set, as short strings.
+fn next(reg: &Registration) -> Vec<String> {
+    let pending = block_on(reg.slot.next());
+    pending.ops().map(describe).collect()
+}
+
+fn describe(item: proto::OpItem) -> String {
+    match item.op.expect("op") {
+        Op::Reset(_) => "reset".into(),
+        Op::Sync(_) => "sync".into(),
+        Op::Set(v) => {
+            let r = v.r#ref.expect("ref");
+            match proto::Set::try_from(r.set).expect("set") {
+                proto::Set::ServicesSet => format!("set svc {}", r.path),
+                proto::Set::EndpointsSet => {
+                    let ep = proto::Endpoint::decode(v.bytes).expect("endpoint");
+                    let local = if ep.local { " local" } else { "" };
+                    format!("set ep {}{local}", r.path)
+                }
+                proto::Set::KpngNodeSet => format!("node {}", r.path),
+                proto::Set::KpngServiceCidRsSet => {
+                    let v = proto::KpngServiceCidRs::decode(v.bytes).expect("cidrs");
+                    format!("cidrs {}", v.cid_rs.join(","))
+                }
+                other => format!("set {other:?}"),
+            }
+        }
+        Op::Delete(r) => match proto::Set::try_from(r.set).expect("set") {
+            proto::Set::ServicesSet => format!("del svc {}", r.path),
+            _ => format!("del ep {}", r.path),
+        },
+    }
+}
+
+fn ready(reg: &Registration) -> bool {
+    reg.slot.lock().is_ready()
+}
+
+fn slice(ips: &[(&str, &str)]) -> Event {
+    Event::Apply(kpng_model::Object::EndpointSlice(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": "np-local-1",
+                         "labels": {"kubernetes.io/service-name": "np-local"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "", "port": 8080}],
+            "endpoints": ips.iter().map(|(ip, node)| json!({"addresses": [ip], "nodeName": node})).collect::<Vec<_>>()
+        }))
+        .expect("slice"),
+    )))
+}
+
+#[test]
+fn nothing_is_served_before_the_cluster_is_listed_then_reset_everything_sync() {
+    let hub = hub();
+    let n1 = hub.register("n1");
+    assert!(!ready(&n1), "not synced yet");
+    hub.apply(fixtures::cluster_event());
+    let ops = next(&n1);
+    assert_eq!(ops[0], "reset");
+    assert_eq!(ops[1], "node n1");
+    assert_eq!(ops.last().map(String::as_str), Some("sync"));
+    // Every endpoint comes after its Service.
+    let mut seen_services = Vec::new();
+    for op in &ops {
+        if let Some(path) = op.strip_prefix("set svc ") {
+            seen_services.push(path.to_string());
+        }
+        if let Some(path) = op.strip_prefix("set ep ") {
+            let svc: Vec<&str> = path.split('/').take(2).collect();
+            assert!(
+                seen_services.contains(&svc.join("/")),
+                "{op} before its Service in {ops:?}"
+            );
+        }
+    }
+    assert_eq!(seen_services.len(), 6, "{ops:?}");
+    assert!(
+        ops.contains(&"set ep default/np-local/10.244.1.3 local".to_string()),
+        "{ops:?}"
+    );
+    assert!(!ready(&n1), "nothing more until something changes");
+}
+
+#[test]
+fn every_watcher_gets_its_own_node_view() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let watchers: Vec<(&str, Registration)> = ["n1", "n2", "n3"]
+        .into_iter()
+        .map(|n| (n, hub.register(n)))
+        .collect();
+    assert_eq!(hub.metrics().clients_connected.get(), 3);
+    for (name, reg) in &watchers {
+        let ops = next(reg);
+        let local: Vec<&String> = ops
+            .iter()
+            .filter(|o| o.starts_with("set ep default/np-local/") && o.ends_with(" local"))
+            .collect();
+        let want = match *name {
+            "n1" => vec!["set ep default/np-local/10.244.1.3 local"],
+            "n2" => vec!["set ep default/np-local/10.244.2.3 local"],
+            _ => vec![],
+        };
+        assert_eq!(
+            local,
+            want.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .iter()
+                .collect::<Vec<_>>(),
+            "{name}"
+        );
+    }
+    drop(watchers);
+    assert_eq!(hub.metrics().clients_connected.get(), 0);
+}
+
+#[test]
+fn a_change_sends_only_its_difference_and_deletes_after_sets() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let n3 = hub.register("n3");
+    next(&n3);
+    // 10.244.2.3 replaced by 10.244.2.9; 10.244.1.3 stays.
+    hub.apply(slice(&[("10.244.1.3", "n1"), ("10.244.2.9", "n2")]));
+    assert_eq!(
+        next(&n3),
+        [
+            "set ep default/np-local/10.244.2.9",
+            "del ep default/np-local/10.244.2.3",
+            "sync"
+        ]
+    );
+    // Service deleted: its endpoints go first.
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::Service,
+        namespace: "default".into(),
+        name: "np-local".into(),
+    }));
+    assert_eq!(
+        next(&n3),
+        [
+            "del ep default/np-local/10.244.1.3",
+            "del ep default/np-local/10.244.2.9",
+            "del svc default/np-local",
+            "sync"
+        ]
+    );
+}
+
+#[test]
+fn a_slow_watcher_blocks_nobody_and_gets_one_coalesced_change_set() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let fast = hub.register("n1");
+    let slow = hub.register("n2");
+    next(&fast);
+    next(&slow);
+    for i in 0..50 {
+        hub.apply(slice(&[
+            ("10.244.1.3", "n1"),
+            (&format!("10.244.2.{}", 10 + i), "n2"),
+        ]));
+        // The fast watcher sees every change.
+        assert_eq!(next(&fast).len(), 3, "change {i}");
+    }
+    // The slow one never asked; it now gets the net difference since its last change set.
+    assert_eq!(
+        next(&slow),
+        [
+            "set ep default/np-local/10.244.2.59 local",
+            "del ep default/np-local/10.244.2.3",
+            "sync"
+        ]
+    );
+    // A change and its undo cancel out: nothing to send (not even a Sync).
+    hub.apply(slice(&[("10.244.1.3", "n1"), ("10.244.2.99", "n2")]));
+    hub.apply(slice(&[("10.244.1.3", "n1"), ("10.244.2.59", "n2")]));
+    assert!(next(&slow).is_empty());
+}
+
+#[test]
+fn a_change_that_does_not_concern_a_node_sends_nothing() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let n3 = hub.register("n3");
+    next(&n3);
+    // A terminating, not serving endpoint is usable nowhere: n3's view does not change.
+    hub.apply(slice(&[
+        ("10.244.1.3", "n1"),
+        ("10.244.2.3", "n2"),
+        ("10.244.1.77", "n1"),
+    ]));
+    hub.apply(slice(&[("10.244.1.3", "n1"), ("10.244.2.3", "n2")]));
+    assert!(next(&n3).is_empty());
+}
+
+#[test]
+fn a_node_zone_change_re_evaluates_that_node_only() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let n1 = hub.register("n1");
+    let n2 = hub.register("n2");
+    next(&n1);
+    next(&n2);
+    // n1 moves to zone zb: the zoned Service now uses the zb endpoints.
+    hub.apply(Event::Apply(kpng_model::Object::Node(Box::new(
+        serde_json::from_value(
+            json!({"metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "zb"}}}),
+        )
+        .expect("node"),
+    ))));
+    let ops = next(&n1);
+    assert_eq!(ops[0], "node n1");
+    assert!(
+        ops.contains(&"set ep other/zoned/10.244.2.7".to_string()),
+        "{ops:?}"
+    );
+    assert!(
+        ops.contains(&"del ep other/zoned/10.244.1.7".to_string()),
+        "{ops:?}"
+    );
+    assert!(!ready(&n2));
+}
+
+#[test]
+fn renaming_the_watched_node_moves_locality() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let mut w = hub.register("n1");
+    next(&w);
+    w.rename("n2");
+    let ops = next(&w);
+    assert_eq!(ops[0], "node n2");
+    assert!(
+        ops.contains(&"set ep default/np-local/10.244.2.3 local".to_string()),
+        "{ops:?}"
+    );
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> Event {
+    Event::Apply(kpng_model::Object::ServiceCidr(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
+            .expect("ServiceCIDR"),
+    )))
+}
+
+#[test]
+fn service_cidrs_follow_the_reset_and_every_change_goes_to_every_watcher() {
+    let hub = hub();
+    hub.apply(service_cidr("kubernetes", &["10.96.0.0/16"]));
+    hub.apply(fixtures::cluster_event());
+    let (n1, n2) = (hub.register("n1"), hub.register("n2"));
+    for reg in [&n1, &n2] {
+        let ops = next(reg);
+        assert_eq!(
+            ops[..3],
+            [
+                "reset",
+                "cidrs 10.96.0.0/16",
+                &format!("node {}", reg.node_name())
+            ]
+        );
+    }
+    // The same ranges again: nothing to send.
+    hub.apply(service_cidr("copy", &["10.96.0.0/16"]));
+    assert!(!ready(&n1) && !ready(&n2));
+    hub.apply(service_cidr("extra", &["10.97.0.0/16"]));
+    for reg in [&n1, &n2] {
+        assert_eq!(next(reg), ["cidrs 10.96.0.0/16,10.97.0.0/16", "sync"]);
+    }
+}

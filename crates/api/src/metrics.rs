@@ -1,0 +1,40 @@
+//! The brain's own metrics, in a registry the binary owns (no globals).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// What the API server counts.
+#[derive(Clone, Debug, Default)]
+pub struct ApiMetrics {
+    /// `kpng_api_clients_connected`: watchers with an open Watch stream.
+    pub clients_connected: Gauge,
+    /// `kpng_api_change_sets_total`: change sets sent (each ends with `Sync`).
+    pub change_sets: Counter,
+    /// `kpng_api_ops_total`: Set and Delete ops sent.
+    pub ops: Counter,
+}
+
+impl ApiMetrics {
+    /// Creates the metrics and registers them.
+    pub fn new(registry: &mut Registry) -> ApiMetrics {
+        let m = ApiMetrics::default();
+        registry.register(
+            "kpng_api_clients_connected",
+            "API clients with an open Watch stream",
+            m.clients_connected.clone(),
+        );
+        // prometheus-client appends `_total` to counter names.
+        registry.register(
+            "kpng_api_change_sets",
+            "Change sets sent to API clients (each ends with Sync)",
+            m.change_sets.clone(),
+        );
+        registry.register(
+            "kpng_api_ops",
+            "Set and Delete ops sent to API clients",
+            m.ops.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,227 @@
+//! The gRPC server of a brain: `localv1.Sets/Watch` over TCP or a Unix socket, optionally TLS.
+//!
+//! Each Watch stream gets its own task and a bounded op channel: a client that reads slowly
+//! fills only its own channel, and its changes keep coalescing in its [`crate::hub::Pending`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info};
+
+use crate::addr::{ApiAddr, TlsFiles};
+use crate::hub::{Hub, Registration};
+use crate::proto;
+use crate::proto::sets_server::{Sets, SetsServer};
+
+/// Ops buffered per client before its task waits for the client to read.
+const OPS_BUFFER: usize = 512;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address cannot be listened on.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: ApiAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TLS file is missing or unreadable.
+    #[error("reading {path}: {source}")]
+    TlsFile {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An incomplete TLS configuration.
+    #[error("{0}")]
+    Tls(String),
+    /// The gRPC transport failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|source| ServeError::TlsFile {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn server_tls(files: &TlsFiles) -> Result<Option<ServerTlsConfig>, ServeError> {
+    if !files.enabled() {
+        return Ok(None);
+    }
+    let (Some(cert), Some(key)) = (&files.cert, &files.key) else {
+        return Err(ServeError::Tls(
+            "--listen-tls-cert and --listen-tls-key go together".into(),
+        ));
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &files.ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(Some(tls))
+}
+
+/// The `Sets` service.
+#[derive(Debug, Clone)]
+pub struct SetsService {
+    hub: Arc<Hub>,
+}
+
+impl SetsService {
+    /// Serves this hub.
+    pub fn new(hub: Arc<Hub>) -> SetsService {
+        SetsService { hub }
+    }
+}
+
+#[tonic::async_trait]
+impl Sets for SetsService {
+    type WatchStream = ReceiverStream<Result<proto::OpItem, Status>>;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<proto::WatchReq>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let peer = request.remote_addr();
+        let (tx, rx) = mpsc::channel(OPS_BUFFER);
+        tokio::spawn(serve_watch(
+            self.hub.clone(),
+            request.into_inner(),
+            tx,
+            peer,
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+type OpSender = mpsc::Sender<Result<proto::OpItem, Status>>;
+
+/// One Watch stream: for every request, the next non-empty change set.
+async fn serve_watch(
+    hub: Arc<Hub>,
+    mut requests: Streaming<proto::WatchReq>,
+    tx: OpSender,
+    peer: Option<std::net::SocketAddr>,
+) {
+    let mut registration: Option<Registration> = None;
+    'stream: loop {
+        let request = tokio::select! {
+            r = requests.message() => r,
+            _ = tx.closed() => break,
+        };
+        let node_name = match request {
+            Ok(Some(r)) => r.node_name,
+            Ok(None) => break,
+            Err(status) => {
+                debug!(?peer, "watch stream ended: {status}");
+                break;
+            }
+        };
+        let reg = match &mut registration {
+            Some(reg) => {
+                if reg.node_name() != node_name {
+                    reg.rename(&node_name);
+                }
+                reg
+            }
+            None => {
+                info!(?peer, node = %node_name, "API client watching");
+                registration.insert(hub.register(&node_name))
+            }
+        };
+        loop {
+            let pending = tokio::select! {
+                p = reg.slot.next() => p,
+                _ = tx.closed() => break 'stream,
+            };
+            let mut sent = 0u64;
+            let mut synced = false;
+            for op in pending.ops() {
+                if matches!(op.op, Some(proto::op_item::Op::Sync(_))) {
+                    synced = true;
+                } else {
+                    sent += 1;
+                }
+                if tx.send(Ok(op)).await.is_err() {
+                    break 'stream;
+                }
+            }
+            hub.metrics().ops.inc_by(sent);
+            if synced {
+                hub.metrics().change_sets.inc();
+                break;
+            }
+        }
+    }
+    if let Some(reg) = &registration {
+        info!(?peer, node = %reg.node_name(), "API client gone");
+    }
+}
+
+/// Serves `hub` on `addr` until `shutdown` completes. Binds before returning the future, so a
+/// bad address fails start-up.
+pub async fn serve(
+    hub: Arc<Hub>,
+    addr: &ApiAddr,
+    tls: &TlsFiles,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>, ServeError> {
+    let mut builder = Server::builder();
+    if let Some(tls) = server_tls(tls)? {
+        builder = builder.tls_config(tls)?;
+    }
+    let router = builder.add_service(SetsServer::new(SetsService::new(hub)));
+    let listen_err = |source| ServeError::Listen {
+        addr: addr.clone(),
+        source,
+    };
+    match addr {
+        ApiAddr::Tcp(_) => {
+            let socket = addr
+                .socket_addr()
+                .map_err(|e| ServeError::Tls(e.to_string()))?
+                .ok_or_else(|| ServeError::Tls("no TCP address".into()))?;
+            let listener = tokio::net::TcpListener::bind(socket)
+                .await
+                .map_err(listen_err)?;
+            info!(addr = %addr, "API listening");
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            Ok(Box::pin(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+                    .map_err(ServeError::from)
+            }))
+        }
+        ApiAddr::Unix(path) => {
+            // A socket left by a previous run would make bind fail.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+            }) {
+                let _ = std::fs::remove_file(path);
+            }
+            let listener = tokio::net::UnixListener::bind(path).map_err(listen_err)?;
+            info!(addr = %addr, "API listening");
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            Ok(Box::pin(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+                    .map_err(ServeError::from)
+            }))
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! `kpng <source> to-api`: the brain. The source's events go into one node-independent
+//! [`kpng_api::hub::Hub`]; the gRPC server streams each watching node its own view.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use kpng_api::addr::TlsFiles;
+use kpng_api::hub::Hub;
+use kpng_api::metrics::ApiMetrics;
+use kpng_model::{ClusterConfig, ClusterModel, Event};
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::cli::{GlobalFlags, ToApi};
+
+/// Runs the source into a hub and serves it until the source ends or SIGINT/SIGTERM.
+pub async fn serve<F, Fut>(flags: GlobalFlags, to_api: &ToApi, source: F) -> anyhow::Result<()>
+where
+    F: FnOnce(mpsc::Sender<Event>) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let mut registry = Registry::default();
+    let metrics = ApiMetrics::new(&mut registry);
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig {
+            service_proxy_name: flags.service_proxy_name.clone(),
+            only_node: None,
+        }),
+        metrics,
+    ));
+    if !flags.metrics_bind_address.trim().is_empty() {
+        let addr: SocketAddr = flags.metrics_bind_address.parse().with_context(|| {
+            format!(
+                "--metrics-bind-address {:?} is not HOST:PORT",
+                flags.metrics_bind_address
+            )
+        })?;
+        let server = crate::http::metrics_server(addr, Arc::new(registry), "api").await?;
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                error!("metrics server stopped: {e}");
+            }
+        });
+    }
+    let tls = TlsFiles {
+        cert: to_api.listen_tls_cert.clone(),
+        key: to_api.listen_tls_key.clone(),
+        ca: to_api.listen_tls_ca.clone(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = kpng_api::server::serve(hub.clone(), &to_api.listen, &tls, async move {
+        let _ = stop_rx.await;
+    })
+    .await
+    .with_context(|| format!("serving the API on {} (--listen)", to_api.listen))?;
+    let server = tokio::spawn(server);
+
+    let (tx, mut rx) = mpsc::channel(1024);
+    let source_task = tokio::spawn(source(tx));
+    let feed = async {
+        while let Some(event) = rx.recv().await {
+            let out = hub.apply(event);
+            for w in &out.warnings {
+                warn!("{w}");
+            }
+            for e in &out.errors {
+                error!("rejected {e}; keeping its last good version");
+            }
+        }
+    };
+    info!(listen = %to_api.listen, "starting kpng brain");
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let result = tokio::select! {
+        _ = feed => match source_task.await {
+            Ok(result) => result,
+            Err(e) => Err(anyhow::anyhow!("source task failed: {e}")),
+        },
+        r = server => match r {
+            Ok(r) => r.context("API server"),
+            Err(e) => Err(anyhow::anyhow!("API server task failed: {e}")),
+        },
+        _ = tokio::signal::ctrl_c() => { info!("interrupted"); Ok(()) }
+        _ = sigterm.recv() => { info!("terminated"); Ok(()) }
+    };
+    let _ = stop_tx.send(());
+    result
+}

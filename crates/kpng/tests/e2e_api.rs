@@ -1,0 +1,349 @@
+//! Split mode with real packets: one brain (`kpng file … to-api`) and three nodes, each running
+//! `kpng local --api … nft` in its own network namespace, with pods on every node.
+//!
+//! Checks cross-node traffic through a ClusterIP, a NodePort with externalTrafficPolicy Local
+//! answered only by each node's own endpoint, and a brain restart while traffic flows: an
+//! established UDP flow and new TCP connections keep working, the nodes' reconnect replays
+//! change nothing (no sync at all), and a change made after the restart reaches every node.
+//! Root only (skipped otherwise, failing under `CI`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kpng_testkit::{Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, require_root, tally};
+
+const EP_PORT: u16 = 8080;
+const NODE_PORT: u16 = 30080;
+
+fn nodes() -> String {
+    let mut s = String::new();
+    for (name, v4, v6, cidr4, cidr6) in [
+        (
+            "node1",
+            addr::NODE1_LAN_V4,
+            addr::NODE1_LAN_V6,
+            addr::NODE1_POD_CIDR_V4,
+            addr::NODE1_POD_CIDR_V6,
+        ),
+        (
+            "node2",
+            addr::NODE2_LAN_V4,
+            addr::NODE2_LAN_V6,
+            addr::NODE2_POD_CIDR_V4,
+            addr::NODE2_POD_CIDR_V6,
+        ),
+        (
+            "node3",
+            addr::NODE3_LAN_V4,
+            addr::NODE3_LAN_V6,
+            addr::NODE3_POD_CIDR_V4,
+            addr::NODE3_POD_CIDR_V6,
+        ),
+    ] {
+        s.push_str(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n\
+             spec: {{podCIDRs: [{cidr4}, \"{cidr6}\"]}}\n\
+             status: {{addresses: [{{type: InternalIP, address: {v4}}}, {{type: InternalIP, address: \"{v6}\"}}]}}\n---\n"
+        ));
+    }
+    s
+}
+
+/// `web`: ClusterIP 10.96.0.10, TCP and UDP; `np`: NodePort 30080 with eTP Local, endpoints on
+/// node1 and node2 only.
+fn manifest(web_pods: &[(&str, std::net::Ipv4Addr, &str)]) -> String {
+    let endpoints = |pods: &[(&str, std::net::Ipv4Addr, &str)]| {
+        pods.iter()
+            .map(|(_, ip, node)| format!("- {{addresses: [\"{ip}\"], nodeName: {node}}}\n"))
+            .collect::<String>()
+    };
+    let np_pods = [
+        ("pod1a", addr::POD1A_V4, "node1"),
+        ("pod2a", addr::POD2A_V4, "node2"),
+    ];
+    format!(
+        "{}apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: web}}\n\
+         spec: {{clusterIP: 10.96.0.10, ports: [{{name: tcp, port: 80, protocol: TCP}}, {{name: udp, port: 80, protocol: UDP}}]}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{namespace: default, name: web-1, labels: {{kubernetes.io/service-name: web}}}}\n\
+         addressType: IPv4\nports: [{{name: tcp, port: {EP_PORT}, protocol: TCP}}, {{name: udp, port: {EP_PORT}, protocol: UDP}}]\n\
+         endpoints:\n{}---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: np}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.20, externalTrafficPolicy: Local, ports: [{{name: tcp, port: 80, nodePort: {NODE_PORT}}}]}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{namespace: default, name: np-1, labels: {{kubernetes.io/service-name: np}}}}\n\
+         addressType: IPv4\nports: [{{name: tcp, port: {EP_PORT}, protocol: TCP}}]\nendpoints:\n{}",
+        nodes(),
+        endpoints(web_pods),
+        endpoints(&np_pods),
+    )
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write manifest");
+    std::fs::rename(&tmp, path).expect("rename manifest");
+}
+
+/// The brain, in the test's own namespace, serving a Unix socket (reachable from every node
+/// namespace).
+struct Brain {
+    child: Child,
+}
+
+impl Brain {
+    fn start(input: &Path, socket: &Path, log: &Path) -> Brain {
+        let child = Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .arg("file")
+            .arg("--input")
+            .arg(input)
+            .args([
+                "--debounce",
+                "0",
+                "--metrics-bind-address",
+                "",
+                "to-api",
+                "--listen",
+            ])
+            .arg(format!("unix://{}", socket.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(log).expect("brain log")))
+            .spawn()
+            .expect("start the brain");
+        Brain { child }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Brain {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `kpng local --api … nft` in a node namespace.
+fn start_node(ns: &Netns, name: &str, socket: &Path) -> Spawned {
+    ns.spawn([
+        env!("CARGO_BIN_EXE_kpng"),
+        "local",
+        "--api",
+        &format!("unix://{}", socket.display()),
+        "--api-retry-max",
+        "500ms",
+        "--node-name",
+        name,
+        "--cluster-cidr",
+        &format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6),
+        "--service-cidr",
+        &format!("{},{}", addr::SERVICE_CIDR_V4, addr::SERVICE_CIDR_V6),
+        "--min-sync-period",
+        "0",
+        "--healthz-bind-address",
+        "127.0.0.1:10256",
+        "--metrics-bind-address",
+        "",
+        "nft",
+    ])
+    .expect("start kpng local")
+}
+
+fn count(p: &Spawned, needle: &str) -> usize {
+    p.stderr_text().matches(needle).count()
+}
+
+#[track_caller]
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool, logs: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what} within 10 s:\n{}", logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sa(ip: impl Into<std::net::IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+fn servers(ns: &Netns, target: SocketAddr, n: usize) -> BTreeSet<String> {
+    let results = ns
+        .probe(
+            &Probe::new(Proto::Tcp, target)
+                .count(n)
+                .fresh_socket(true)
+                .timeout(Duration::from_secs(2)),
+        )
+        .expect("probe");
+    tally(&results).into_keys().collect()
+}
+
+fn set(v: &[&str]) -> BTreeSet<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn three_nodes_follow_one_brain_through_a_restart() {
+    require_root!();
+    let c = Cluster::builder("api")
+        .three_nodes()
+        .create()
+        .expect("cluster");
+    let _echo: Vec<Spawned> = c
+        .pods
+        .iter()
+        .map(|p| p.start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let socket = dir.path().join("brain.sock");
+    let all3 = [
+        ("pod1a", addr::POD1A_V4, "node1"),
+        ("pod2a", addr::POD2A_V4, "node2"),
+        ("pod3a", addr::POD3A_V4, "node3"),
+    ];
+    write_atomically(&input, &manifest(&all3));
+    let mut brain = Brain::start(&input, &socket, &dir.path().join("brain1.log"));
+
+    let names = ["node1", "node2", "node3"];
+    let kpngs: Vec<Spawned> = c
+        .nodes()
+        .iter()
+        .zip(names)
+        .map(|(n, name)| start_node(&n.ns, name, &socket))
+        .collect();
+    let brain_logs = [dir.path().join("brain1.log"), dir.path().join("brain2.log")];
+    let logs = || {
+        let mut s = String::new();
+        for log in &brain_logs {
+            s.push_str(&std::fs::read_to_string(log).unwrap_or_default());
+        }
+        for (k, name) in kpngs.iter().zip(names) {
+            s.push_str(&format!("\n--- {name}:\n{}", k.stderr_text()));
+        }
+        s
+    };
+    for k in &kpngs {
+        wait_until(
+            "every node synced from the brain",
+            || count(k, "synced backend=") >= 1,
+            logs,
+        );
+    }
+
+    // Cross-node ClusterIP traffic from a pod on every node.
+    let cip = sa(std::net::Ipv4Addr::new(10, 96, 0, 10), 80);
+    for pod in ["pod1b", "pod2a", "pod3a"] {
+        assert_eq!(
+            servers(&c.pod(pod).ns, cip, 30),
+            set(&["pod1a", "pod2a", "pod3a"]),
+            "from {pod}"
+        );
+    }
+    // eTP Local: each node answers with its own endpoint; node3 has none and drops.
+    for (node, want) in [
+        (&c.node1, Some("pod1a")),
+        (&c.node2, Some("pod2a")),
+        (c.node(kpng_testkit::NodeId::Node3), None),
+    ] {
+        let target = sa(node.lan_ipv4, NODE_PORT);
+        let r = c
+            .ext
+            .ns
+            .probe_one(&Probe::new(Proto::Tcp, target).timeout(Duration::from_millis(600)))
+            .expect("probe");
+        match want {
+            Some(pod) => {
+                assert_eq!(r.outcome, Outcome::Ok, "{target}: {r}");
+                assert_eq!(r.server_name.as_deref(), Some(pod), "{target}: {r}");
+                assert_eq!(
+                    r.client_addr_seen_by_server.map(|a| a.ip()),
+                    Some(addr::EXT_V4.into()),
+                    "no SNAT under eTP Local: {r}"
+                );
+            }
+            None => assert_eq!(r.outcome, Outcome::Timeout, "{target}: {r}"),
+        }
+    }
+
+    // Kill and restart the brain while a UDP flow runs from pod3a through the ClusterIP.
+    let syncs_before: Vec<usize> = kpngs.iter().map(|k| count(k, "synced backend=")).collect();
+    let udp = std::thread::scope(|s| {
+        let flow = s.spawn(|| {
+            c.pod("pod3a")
+                .ns
+                .probe(
+                    &Probe::new(Proto::Udp, sa(std::net::Ipv4Addr::new(10, 96, 0, 10), 80))
+                        .count(30)
+                        .interval(Duration::from_millis(100))
+                        .timeout(Duration::from_secs(1)),
+                )
+                .expect("udp flow")
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        brain.kill();
+        for k in &kpngs {
+            wait_until(
+                "the node noticed the brain is gone",
+                || count(k, "brain unreachable") >= 1,
+                logs,
+            );
+        }
+        // Rules stay: new connections work without the brain.
+        assert_eq!(
+            servers(&c.pod("pod2a").ns, cip, 20),
+            set(&["pod1a", "pod2a", "pod3a"])
+        );
+        brain = Brain::start(&input, &socket, &dir.path().join("brain2.log"));
+        for k in &kpngs {
+            wait_until(
+                "the node watches the new brain",
+                || count(k, "watching the brain") >= 2,
+                logs,
+            );
+        }
+        flow.join().expect("udp thread")
+    });
+    assert_eq!(udp.len(), 30);
+    assert!(
+        udp.iter().all(|r| r.outcome == Outcome::Ok),
+        "the established flow kept working: {udp:?}"
+    );
+    let servers_of_flow: BTreeSet<_> = udp.iter().filter_map(|r| r.server_name.clone()).collect();
+    assert_eq!(
+        servers_of_flow.len(),
+        1,
+        "one flow, one endpoint: {servers_of_flow:?}"
+    );
+    // The reconnect replays changed nothing: no node synced.
+    std::thread::sleep(Duration::from_millis(300));
+    let syncs_after: Vec<usize> = kpngs.iter().map(|k| count(k, "synced backend=")).collect();
+    assert_eq!(
+        syncs_after,
+        syncs_before,
+        "a replay of the same state is no change:\n{}",
+        logs()
+    );
+
+    // A change after the restart reaches every node: pod2a leaves `web`.
+    write_atomically(&input, &manifest(&[all3[0], all3[2]]));
+    for (k, before) in kpngs.iter().zip(&syncs_before) {
+        wait_until(
+            "every node synced the change",
+            || count(k, "synced backend=") > *before,
+            logs,
+        );
+    }
+    for pod in ["pod1b", "pod2a", "pod3a"] {
+        assert_eq!(
+            servers(&c.pod(pod).ns, cip, 30),
+            set(&["pod1a", "pod3a"]),
+            "from {pod} after the change"
+        );
+    }
+}

@@ -1,0 +1,565 @@
+//! The node-independent layer: every converted object, for any number of nodes.
+//!
+//! [`ClusterModel`] stores Services, EndpointSlices, Nodes and ServiceCIDRs once, converted, and
+//! reports which Services and Nodes an event touched (and kube-proxy's change counters). It does not compute anything node-specific: the
+//! node-local [`crate::Model`] and the API server's per-node views both evaluate
+//! [`ServiceSource::ports_for`] for the node they serve, so one cluster state can serve one node
+//! (in process) or a thousand (a brain).
+//!
+//! Each Service's inputs (the Service and its slices) live in one [`Arc<ServiceSource>`], changed
+//! copy-on-write: whoever still holds an old version (a client that has not yet received the
+//! change) keeps it alive, and nobody else pays for it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+
+use crate::build::service_ports;
+use crate::convert::{
+    self, ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo, Warning,
+};
+use crate::event::{Event, Kind, Object, ObjectRef};
+use crate::key::{Family, Name, ServiceKey};
+use crate::node::NodeState;
+use crate::service_port::ServicePort;
+
+/// Configuration that is the same for every node.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterConfig {
+    /// `--service-proxy-name`: when set, only Services labelled
+    /// `service.kubernetes.io/service-proxy-name` with this value are ours; when unset, only
+    /// Services without that label are (the label names the proxy that owns a Service).
+    pub service_proxy_name: Option<String>,
+    /// Serve only this node: endpoint node names other than it are dropped at conversion and
+    /// other Nodes are not stored (a node-local model's memory saving). `None` keeps everything
+    /// (a brain serving every node).
+    pub only_node: Option<String>,
+}
+
+/// The inputs of one Service: the Service (once seen) and its EndpointSlices, sorted by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceSource {
+    info: Option<ServiceInfo>,
+    slices: Vec<SliceInfo>,
+    owned: bool,
+}
+
+impl ServiceSource {
+    /// Every Service port (per port and family) as `node` must program it; empty when the
+    /// Service is unknown, not ours, headless or ExternalName.
+    pub fn ports_for(&self, node: &NodeState) -> Vec<ServicePort> {
+        match &self.info {
+            Some(info) if self.owned => service_ports(info, &self.slices, node),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the view of this Service depends on which node looks at it: an endpoint runs on
+    /// `node_name`, or some endpoint carries topology hints. Otherwise every node sees what an
+    /// anonymous node sees ([`NodeState::default`]), so a brain computes that view once.
+    pub fn depends_on_node(&self, node_name: &str) -> bool {
+        self.slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter())
+            .any(|e| {
+                !e.zone_hints.is_empty()
+                    || !e.node_hints.is_empty()
+                    || (!node_name.is_empty() && e.node_name.as_deref() == Some(node_name))
+            })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.info.is_none() && self.slices.is_empty()
+    }
+}
+
+/// When a change of a Service's endpoints was triggered, from the EndpointSlice annotation
+/// `endpoints.kubernetes.io/last-change-trigger-time`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerTime {
+    /// The Service the slice belongs to.
+    pub service: ServiceKey,
+    /// The slice's address family (the metric is per family).
+    pub family: Family,
+    /// When the change was triggered (the API server's clock).
+    pub at: SystemTime,
+}
+
+/// What applying one event to a [`ClusterModel`] touched.
+#[derive(Debug, Default)]
+pub struct ClusterOutcome {
+    /// Services whose inputs changed (their views must be recomputed).
+    pub services: BTreeSet<ServiceKey>,
+    /// Nodes whose object changed or disappeared.
+    pub nodes: BTreeSet<String>,
+    /// Values that were ignored (the rest of their object was used).
+    pub warnings: Vec<Warning>,
+    /// Objects that could not be used; their previous version (if any) was kept.
+    pub errors: Vec<ConversionError>,
+    /// Objects accepted.
+    pub applied: usize,
+    /// Kinds whose complete list this event finished ([`Event::Replace`], [`Event::ListDone`]).
+    pub listed: Vec<Kind>,
+    /// Services whose object changed, appeared or disappeared (what kube-proxy counts as
+    /// pending Service changes), in the order seen.
+    pub services_changed: Vec<ServiceKey>,
+    /// EndpointSlices whose content changed, appeared or disappeared (kube-proxy's pending
+    /// endpoint changes).
+    pub slices_changed: usize,
+    /// The last-change trigger times of the changed (not deleted) slices that carry one: network
+    /// programming latency is measured from them once the change is programmed.
+    pub trigger_times: Vec<TriggerTime>,
+    /// The union of the ServiceCIDRs' ranges may have changed ([`ClusterModel::service_cidrs`]).
+    pub service_cidrs_changed: bool,
+}
+
+/// A streamed list ([`Event::ListStart`] … [`Event::ListDone`]) in progress.
+#[derive(Debug, Default)]
+struct Listing {
+    kinds: Vec<Kind>,
+    seen: HashSet<ObjectRef>,
+    services: BTreeSet<ServiceKey>,
+    nodes: BTreeSet<String>,
+    service_cidrs_changed: bool,
+}
+
+/// What one object change touched (the event's own, or a list's until it ends).
+#[derive(Debug, Default)]
+struct Touched {
+    services: BTreeSet<ServiceKey>,
+    nodes: BTreeSet<String>,
+    service_cidrs_changed: bool,
+}
+
+/// Every converted object of the cluster, with no node-specific computation.
+#[derive(Debug, Default)]
+pub struct ClusterModel {
+    config: ClusterConfig,
+    sources: HashMap<ServiceKey, Arc<ServiceSource>>,
+    /// Every known slice (namespace, name) → the Service it belongs to (if any).
+    slice_owners: HashMap<(Name, Name), Option<ServiceKey>>,
+    nodes: HashMap<String, Arc<NodeInfo>>,
+    /// ServiceCIDR name → its ranges.
+    service_cidrs: BTreeMap<String, Vec<IpNet>>,
+    /// Streamed lists in progress, at most one per kind.
+    listings: Vec<Listing>,
+}
+
+impl ClusterModel {
+    /// An empty cluster.
+    pub fn new(config: ClusterConfig) -> ClusterModel {
+        ClusterModel {
+            config,
+            ..ClusterModel::default()
+        }
+    }
+
+    /// The inputs of one Service, if any object of it is known.
+    pub fn source(&self, key: &ServiceKey) -> Option<&Arc<ServiceSource>> {
+        self.sources.get(key)
+    }
+
+    /// Every Service with known inputs, in no particular order.
+    pub fn sources(&self) -> impl Iterator<Item = (&ServiceKey, &Arc<ServiceSource>)> {
+        self.sources.iter()
+    }
+
+    /// The Node object of this name, if known.
+    pub fn node(&self, name: &str) -> Option<&Arc<NodeInfo>> {
+        self.nodes.get(name)
+    }
+
+    /// The ranges of every ServiceCIDR, sorted, without duplicates: traffic to an IP inside
+    /// them that no Service owns is dropped (kube-proxy's "unallocated ClusterIP" rule).
+    pub fn service_cidrs(&self) -> Vec<IpNet> {
+        let all: BTreeSet<IpNet> = self.service_cidrs.values().flatten().copied().collect();
+        all.into_iter().collect()
+    }
+
+    /// Applies one event and reports what it touched.
+    pub fn apply(&mut self, event: Event) -> ClusterOutcome {
+        let mut out = ClusterOutcome::default();
+        match event {
+            Event::Apply(object) => self.apply_single(object, &mut out),
+            Event::Delete(reference) => self.delete(&reference, &mut out),
+            Event::Replace { kinds, objects } => {
+                let mut listing = Listing {
+                    kinds,
+                    ..Listing::default()
+                };
+                for object in objects {
+                    self.list_item(&mut listing, object, &mut out);
+                }
+                self.finish_listing(listing, &mut out);
+            }
+            Event::ListStart { kinds } => self.start_listing(kinds),
+            Event::ListItem(object) => {
+                let kind = object.kind();
+                match self.listings.iter().position(|l| l.kinds.contains(&kind)) {
+                    Some(at) => {
+                        let mut listing = self.listings.swap_remove(at);
+                        self.list_item(&mut listing, object, &mut out);
+                        self.listings.push(listing);
+                    }
+                    // An item outside a list: treat it as an update.
+                    None => self.apply_single(object, &mut out),
+                }
+            }
+            Event::ListDone { kinds } => {
+                if let Some(at) = self.listings.iter().position(|l| l.kinds == kinds) {
+                    let listing = self.listings.swap_remove(at);
+                    self.finish_listing(listing, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// One object outside any list: what it touches is this event's outcome.
+    fn apply_single(&mut self, object: Object, out: &mut ClusterOutcome) {
+        let mut touched = Touched::default();
+        self.apply_object(object, out, &mut touched);
+        out.services = touched.services;
+        out.nodes = touched.nodes;
+        out.service_cidrs_changed = touched.service_cidrs_changed;
+    }
+
+    /// Starts a streamed list. A list still in progress for any of these kinds is abandoned:
+    /// what it applied stays (the new list removes what it does not repeat) and what it touched
+    /// is reported when the new list ends.
+    fn start_listing(&mut self, kinds: Vec<Kind>) {
+        let mut listing = Listing::default();
+        let (abandoned, kept): (Vec<Listing>, Vec<Listing>) = std::mem::take(&mut self.listings)
+            .into_iter()
+            .partition(|l| l.kinds.iter().any(|k| kinds.contains(k)));
+        self.listings = kept;
+        for old in abandoned {
+            listing.services.extend(old.services);
+            listing.nodes.extend(old.nodes);
+            listing.service_cidrs_changed |= old.service_cidrs_changed;
+        }
+        listing.kinds = kinds;
+        self.listings.push(listing);
+    }
+
+    /// Whether this proxy must program a Service at all.
+    fn owns(&self, svc: &ServiceInfo) -> bool {
+        if svc.ignored.is_some() || svc.headless_label {
+            return false;
+        }
+        svc.proxy_name_label.as_deref() == self.config.service_proxy_name.as_deref()
+    }
+
+    fn keeps_node(&self, name: &str) -> bool {
+        self.config
+            .only_node
+            .as_deref()
+            .is_none_or(|only| only == name)
+    }
+
+    fn apply_object(&mut self, object: Object, out: &mut ClusterOutcome, touched: &mut Touched) {
+        match object {
+            Object::Service(svc) => match convert::service(&svc, &mut out.warnings) {
+                Ok(info) => {
+                    out.applied += 1;
+                    let owned = self.owns(&info);
+                    let source = self.sources.entry(info.key.clone()).or_default();
+                    if source.info.as_ref() != Some(&info) || source.owned != owned {
+                        if source.info.as_ref() != Some(&info) {
+                            out.services_changed.push(info.key.clone());
+                        }
+                        touched.services.insert(info.key.clone());
+                        let source = Arc::make_mut(source);
+                        source.owned = owned;
+                        source.info = Some(info);
+                    }
+                }
+                Err(e) => out.errors.push(e),
+            },
+            Object::EndpointSlice(slice) => {
+                match convert::endpoint_slice(&slice, &mut out.warnings) {
+                    Ok(mut info) => {
+                        out.applied += 1;
+                        if let Some(only) = &self.config.only_node {
+                            // Only locality matters: keep a node name only when it is ours
+                            // (saves a string per endpoint, most of them remote).
+                            for ep in &mut info.endpoints {
+                                if ep.node_name.as_deref() != Some(only.as_str()) {
+                                    ep.node_name = None;
+                                }
+                            }
+                        }
+                        // The owning Service's key already holds the namespace: share it.
+                        let namespace = match &info.service {
+                            Some(service) => service.namespace.clone(),
+                            None => slice
+                                .metadata
+                                .namespace
+                                .as_deref()
+                                .unwrap_or_default()
+                                .into(),
+                        };
+                        let service = info.service.clone();
+                        if self.insert_slice(namespace, info, &mut touched.services) {
+                            out.slices_changed += 1;
+                            let family = match slice.address_type.as_str() {
+                                "IPv4" => Some(Family::V4),
+                                "IPv6" => Some(Family::V6),
+                                _ => None,
+                            };
+                            let at = convert::last_change_trigger_time(&slice);
+                            if let (Some(service), Some(family), Some(at)) = (service, family, at) {
+                                out.trigger_times.push(TriggerTime {
+                                    service,
+                                    family,
+                                    at,
+                                });
+                            }
+                        }
+                    }
+                    Err(e) => out.errors.push(e),
+                }
+            }
+            Object::Node(node) => match convert::node(&node, &mut out.warnings) {
+                Ok(info) => {
+                    out.applied += 1;
+                    if self.keeps_node(&info.name)
+                        && self.nodes.get(&info.name).map(|n| n.as_ref()) != Some(&info)
+                    {
+                        touched.nodes.insert(info.name.clone());
+                        self.nodes.insert(info.name.clone(), Arc::new(info));
+                    }
+                }
+                Err(e) => out.errors.push(e),
+            },
+            Object::ServiceCidr(object) => {
+                match convert::service_cidr(&object, &mut out.warnings) {
+                    Ok(ServiceCidrInfo { name, cidrs }) => {
+                        out.applied += 1;
+                        if self.service_cidrs.get(&name) != Some(&cidrs) {
+                            self.service_cidrs.insert(name, cidrs);
+                            touched.service_cidrs_changed = true;
+                        }
+                    }
+                    Err(e) => out.errors.push(e),
+                }
+            }
+        }
+    }
+
+    /// Stores a slice; returns whether it differs from the stored version.
+    fn insert_slice(
+        &mut self,
+        namespace: Name,
+        info: SliceInfo,
+        services: &mut BTreeSet<ServiceKey>,
+    ) -> bool {
+        let id = (namespace, info.name.clone());
+        let unchanged = match self.slice_owners.get(&id) {
+            Some(Some(owner)) => {
+                self.sources
+                    .get(owner)
+                    .and_then(|s| s.slices.iter().find(|x| x.name == info.name))
+                    == Some(&info)
+            }
+            Some(None) => info.service.is_none(),
+            None => false,
+        };
+        if unchanged {
+            return false;
+        }
+        self.remove_slice(&id, services);
+        if let Some(service) = &info.service {
+            services.insert(service.clone());
+            // Sorted by name: the order slices are merged in (first copy of an endpoint wins).
+            let source = Arc::make_mut(self.sources.entry(service.clone()).or_default());
+            let at = source.slices.partition_point(|x| x.name < info.name);
+            source.slices.insert(at, info.clone());
+        }
+        self.slice_owners.insert(id, info.service);
+        true
+    }
+
+    /// Forgets a slice; returns whether it was known.
+    fn remove_slice(&mut self, id: &(Name, Name), services: &mut BTreeSet<ServiceKey>) -> bool {
+        let Some(owner) = self.slice_owners.remove(id) else {
+            return false;
+        };
+        let Some(service) = owner else { return true };
+        services.insert(service.clone());
+        if let Some(source) = self.sources.get_mut(&service) {
+            Arc::make_mut(source).slices.retain(|x| x.name != id.1);
+            if source.is_empty() {
+                self.sources.remove(&service);
+            }
+        }
+        true
+    }
+
+    fn remove_service(&mut self, key: &ServiceKey, out: &mut ClusterOutcome) {
+        let Some(source) = self.sources.get_mut(key) else {
+            return;
+        };
+        if source.info.is_none() {
+            return;
+        }
+        out.services.insert(key.clone());
+        out.services_changed.push(key.clone());
+        let source = Arc::make_mut(source);
+        source.info = None;
+        source.owned = false;
+        if source.is_empty() {
+            self.sources.remove(key);
+        }
+    }
+
+    fn delete(&mut self, reference: &ObjectRef, out: &mut ClusterOutcome) {
+        match reference.kind {
+            Kind::Service => {
+                let key = ServiceKey::new(reference.namespace.clone(), reference.name.clone());
+                self.remove_service(&key, out);
+            }
+            Kind::EndpointSlice => {
+                let id = (reference.namespace.clone(), reference.name.clone());
+                if self.remove_slice(&id, &mut out.services) {
+                    out.slices_changed += 1;
+                }
+            }
+            Kind::Node => {
+                if self.nodes.remove(&*reference.name).is_some() {
+                    out.nodes.insert(reference.name.to_string());
+                }
+            }
+            Kind::ServiceCidr => {
+                if self.service_cidrs.remove(&*reference.name).is_some() {
+                    out.service_cidrs_changed = true;
+                }
+            }
+        }
+    }
+
+    /// One object of a complete list. Objects that fail conversion keep their previous version,
+    /// so a relist with one broken object changes nothing about it.
+    fn list_item(&mut self, listing: &mut Listing, object: Object, out: &mut ClusterOutcome) {
+        if !listing.kinds.contains(&object.kind()) {
+            return;
+        }
+        listing.seen.insert(object.reference());
+        let mut touched = Touched {
+            services: std::mem::take(&mut listing.services),
+            nodes: std::mem::take(&mut listing.nodes),
+            service_cidrs_changed: listing.service_cidrs_changed,
+        };
+        self.apply_object(object, out, &mut touched);
+        listing.services = touched.services;
+        listing.nodes = touched.nodes;
+        listing.service_cidrs_changed = touched.service_cidrs_changed;
+    }
+
+    /// Ends a list: objects of its kinds that were not listed (and not kept because of an
+    /// error) are gone.
+    fn finish_listing(&mut self, listing: Listing, out: &mut ClusterOutcome) {
+        let Listing {
+            kinds,
+            seen,
+            services,
+            nodes,
+            service_cidrs_changed,
+        } = listing;
+        out.services.extend(services);
+        out.nodes.extend(nodes);
+        out.service_cidrs_changed |= service_cidrs_changed;
+        let kept = |kind: Kind, namespace: &Name, name: &Name| {
+            seen.contains(&ObjectRef {
+                kind,
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
+        };
+        let cluster_scoped = |kind: Kind, name: &str| {
+            seen.contains(&ObjectRef {
+                kind,
+                namespace: "".into(),
+                name: name.into(),
+            })
+        };
+        if kinds.contains(&Kind::Service) {
+            let gone: Vec<ServiceKey> = self
+                .sources
+                .iter()
+                .filter(|(k, s)| s.info.is_some() && !kept(Kind::Service, &k.namespace, &k.name))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in gone {
+                self.remove_service(&key, out);
+            }
+        }
+        if kinds.contains(&Kind::EndpointSlice) {
+            let gone: Vec<(Name, Name)> = self
+                .slice_owners
+                .keys()
+                .filter(|(ns, name)| !kept(Kind::EndpointSlice, ns, name))
+                .cloned()
+                .collect();
+            for id in gone {
+                if self.remove_slice(&id, &mut out.services) {
+                    out.slices_changed += 1;
+                }
+            }
+        }
+        if kinds.contains(&Kind::Node) {
+            let gone: Vec<String> = self
+                .nodes
+                .keys()
+                .filter(|name| !cluster_scoped(Kind::Node, name))
+                .cloned()
+                .collect();
+            for name in gone {
+                self.nodes.remove(&name);
+                out.nodes.insert(name);
+            }
+        }
+        if kinds.contains(&Kind::ServiceCidr) {
+            let before = self.service_cidrs.len();
+            self.service_cidrs
+                .retain(|name, _| cluster_scoped(Kind::ServiceCidr, name));
+            out.service_cidrs_changed |= self.service_cidrs.len() != before;
+        }
+        out.listed = kinds;
+    }
+}
+
+/// The node as the model sees it: `name` (from configuration), the Node object's properties
+/// when known, and `override_ips` (`--node-ip`) in place of its addresses when given.
+pub fn node_state(
+    name: &str,
+    node: Option<&NodeInfo>,
+    override_ips: &[std::net::IpAddr],
+) -> NodeState {
+    let mut state = NodeState {
+        name: name.to_string(),
+        ..NodeState::default()
+    };
+    if let Some(node) = node {
+        state.known = true;
+        state.zone = node.zone.clone();
+        state.pod_cidrs = node.pod_cidrs.clone();
+        state.deleting = node.deleting;
+        state.to_be_deleted = node.to_be_deleted;
+        // kube-proxy's node IPs: InternalIPs first, then ExternalIPs, one per family.
+        for ip in node.internal_ips.iter().chain(node.external_ips.iter()) {
+            if !state.ips.iter().any(|have| have.is_ipv4() == ip.is_ipv4()) {
+                state.ips.push(*ip);
+            }
+        }
+    }
+    if !override_ips.is_empty() {
+        state.ips = override_ips.to_vec();
+    }
+    state
+}
+
+#[cfg(test)]
+mod tests;
