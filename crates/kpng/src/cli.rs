@@ -554,7 +554,9 @@ mod api_tests {
         let Command::Local(l) = cli.command else {
             panic!("local")
         };
-        let LocalBackend::Nft(n) = l.backend;
+        let LocalBackend::Nft(n) = l.backend else {
+            panic!("nft")
+        };
         assert!(n.dry_run);
         assert_eq!(cli.global.node_name.as_deref(), Some("n1"));
 
