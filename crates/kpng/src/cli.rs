@@ -481,6 +481,26 @@ mod userspace_tests {
         assert_eq!(u.connect_timeout, Duration::from_secs(2));
         assert!(!u.dry_run);
     }
+
+    #[test]
+    fn a_grpc_client_node_runs_the_userspace_backend_too() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "local",
+            "--api",
+            "unix:///run/kpng.sock",
+            "userspace",
+            "--dry-run",
+        ])
+        .expect("parses");
+        let Command::Local(l) = cli.command else {
+            panic!("local")
+        };
+        let LocalBackend::Userspace(u) = l.backend else {
+            panic!("userspace")
+        };
+        assert!(u.dry_run);
+    }
 }
 
 #[cfg(test)]
