@@ -27,25 +27,30 @@ pub struct ControlResult {
     pub cold_backend: Duration,
     cold_wall: Duration,
     cold_ops: usize,
-    change_p50: Duration,
+    /// One change, median.
+    pub change_p50: Duration,
     /// One change, 99th percentile.
     pub change_p99: Duration,
     change_backend_p50: Duration,
     ops_per_change: f64,
     /// kpng's peak RSS.
     pub peak_rss_mb: f64,
+    /// kpng's CPU time (user + system) from process start to the first full sync committed.
+    pub cold_cpu: Option<Duration>,
+    /// The rolling-update and 100-Services change scripts.
+    pub scripts: crate::changes::ScriptResults,
 }
 
 impl ControlResult {
     /// The table header matching [`ControlResult::markdown_row`].
     pub fn markdown_header() -> &'static str {
-        "| Services × endpoints | cold: nft transaction | cold: process start → programmed | elements | one change p50 | one change p99 | of which nft p50 | ops / change | kpng peak RSS |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| Services × endpoints | cold: nft transaction | cold: process start → programmed | elements | one change p50 | one change p99 | of which nft p50 | ops / change | kpng peak RSS | kpng CPU, cold (user + sys) |\n|---|---|---|---|---|---|---|---|---|---|\n"
     }
 
     /// One table row.
     pub fn markdown_row(&self) -> String {
         format!(
-            "| {} × {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} | {:.0} MB |",
+            "| {} × {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} | {:.0} MB | {} |",
             self.n,
             self.m,
             self.cold_backend.as_secs_f64(),
@@ -55,7 +60,10 @@ impl ControlResult {
             self.change_p99.as_secs_f64() * 1000.0,
             self.change_backend_p50.as_secs_f64() * 1000.0,
             self.ops_per_change,
-            self.peak_rss_mb
+            self.peak_rss_mb,
+            self.cold_cpu
+                .map(|d| format!("{:.2} s", d.as_secs_f64()))
+                .unwrap_or_else(|| "—".into())
         )
     }
 }
@@ -254,6 +262,7 @@ pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResu
     let mut kpng = Kpng::start(&ns, kpng, &manifests, &scratch.0.join("kpng.log"))?;
     let cold = kpng.wait_for_syncs(1, Duration::from_secs(600))?;
     let cold_wall = started.elapsed();
+    let cold_cpu = crate::cpu::cpu_time(kpng.pid());
     let first = &cold[0];
     if !first.full {
         return Err("the first sync was not a full sync".into());
@@ -281,6 +290,9 @@ pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResu
         backend.push(line.duration.as_secs_f64());
         ops += line.operations;
     }
+    // Before the scripts, which add Services.
+    let peak_rss_mb = peak_rss_mb(kpng.pid());
+    let scripts = crate::changes::run(&mut kpng, &manifests, n, m, changes / 10, changes / 20)?;
     Ok(ControlResult {
         n,
         m,
@@ -291,7 +303,9 @@ pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResu
         change_p50: Duration::from_secs_f64(percentile(&mut latencies, 50.0)),
         change_p99: Duration::from_secs_f64(percentile(&mut latencies, 99.0)),
         ops_per_change: ops as f64 / changes.max(1) as f64,
-        peak_rss_mb: peak_rss_mb(kpng.pid()),
+        peak_rss_mb,
+        cold_cpu,
+        scripts,
     })
 }
 

@@ -48,11 +48,21 @@ struct Case {
 /// Figures of one data-plane run.
 #[derive(Debug)]
 pub struct DataResult {
-    n: usize,
+    /// Services.
+    pub n: usize,
     cases: Vec<Case>,
+    /// How loading the kube-proxy-shaped ruleset went ("0.52 s", "> 300 s").
+    pub kube_proxy_load: String,
 }
 
 impl DataResult {
+    /// (p50 µs, p99 µs, connections/s) of the first case whose label starts with `prefix`.
+    pub fn figures(&self, prefix: &str) -> Option<(f64, f64, f64)> {
+        let c = self.cases.iter().find(|c| c.label.starts_with(prefix))?;
+        let mut l = c.latencies_us.clone();
+        Some((percentile(&mut l, 50.0), percentile(&mut l, 99.0), c.rate))
+    }
+
     /// (p50 ratio, rate ratio) of kpng's last Service against the floor.
     pub fn last_vs_floor(&self) -> (f64, f64) {
         let p50 = |c: &Case| percentile(&mut c.latencies_us.clone(), 50.0);
@@ -91,6 +101,10 @@ impl DataResult {
                 c.rate / floor_rate
             ));
         }
+        s.push_str(&format!(
+            "\n(kube-proxy-shaped nftables ruleset for these Services loaded with `nft -f` in {})\n",
+            self.kube_proxy_load
+        ));
         s
     }
 }
@@ -262,6 +276,16 @@ pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<Dat
         ))
         .map_err(|e| e.to_string())?;
 
+    // The kube-proxy-shaped nftables ruleset of the same Services, when it loads in time.
+    let kube_proxy = Netns::new("kbq").map_err(|e| e.to_string())?;
+    let _server_q = prepare(&kube_proxy, &me)?;
+    let kube_proxy_load = crate::kube_proxy_nft::load_for_data_plane(
+        &kube_proxy,
+        &manifests,
+        &scratch.0,
+        crate::kube_proxy_nft::DATA_PLANE_CAP,
+    )?;
+
     let floor_label = "floor: one static DNAT rule".to_string();
     let floor_close = "floor: one static DNAT rule → close".to_string();
     // (label, reference, namespace, target, what a connection waits for)
@@ -295,6 +319,18 @@ pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<Dat
             Until::Connected,
         ),
     ];
+    if kube_proxy_load.loaded() {
+        cases.push((
+            format!(
+                "{}, {n} Services, last Service",
+                crate::kube_proxy_nft::LABEL
+            ),
+            floor_label.clone(),
+            &kube_proxy,
+            format!("{last}:80"),
+            Until::Connected,
+        ));
+    }
     if let Some((ns, _, _)) = &with_userspace {
         cases.push((
             format!("kpng userspace, {n} Services, last Service → close"),
@@ -369,5 +405,9 @@ pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<Dat
     for (i, r) in rates.iter_mut().enumerate() {
         results[i].rate = percentile(r, 50.0);
     }
-    Ok(DataResult { n, cases: results })
+    Ok(DataResult {
+        n,
+        cases: results,
+        kube_proxy_load: kube_proxy_load.label(),
+    })
 }

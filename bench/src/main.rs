@@ -18,13 +18,19 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod api;
+mod changes;
+mod comparison;
 mod conntrack;
 mod control;
+mod cpu;
 mod data;
+mod kube_proxy_nft;
+mod plots;
 mod stats;
 mod workload;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -92,6 +98,15 @@ fn main() -> ExitCode {
         Some("conntrack") => {
             conntrack::run(num(&args, "--entries", 1_000_000)).map(|r| println!("{}", r.markdown()))
         }
+        Some("kube-proxy-nft") => kube_proxy_nft::run_control(
+            num(&args, "--services", 1000),
+            num(&args, "--endpoints", 4),
+            Duration::from_secs(num(&args, "--cap-secs", 300) as u64),
+        )
+        .map(|r| {
+            print!("{}", kube_proxy_nft::KubeProxyNftControl::markdown_header());
+            println!("{}", r.markdown_row());
+        }),
         Some("conntrack-inner") => conntrack::inner(num(&args, "--entries", 1_000_000)),
         Some("all") => all(
             &kpng,
@@ -137,6 +152,17 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
         report.push('\n');
         control_results.push(r);
     }
+    report.push_str("\n### Change scripts (file event → committed transaction)\n\n");
+    report.push_str(changes::ScriptResults::markdown_header());
+    for r in &control_results {
+        report.push_str(
+            &r.scripts
+                .markdown_row(r.n, r.m, (r.change_p50, r.change_p99)),
+        );
+        report.push('\n');
+    }
+    let kube_proxy = comparison::run_control(quick)?;
+    report.push_str(&comparison::control_section(&kube_proxy, &control_results));
     let data_sizes: &[usize] = if quick { &[1000] } else { &[1000, 30_000] };
     report.push_str("\n## Data plane: TCP connect latency to the last-added Service\n\n");
     let mut data_results = Vec::new();
@@ -172,7 +198,28 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     let cleanup = conntrack::run(entries)?;
     report.push_str("\n## UDP conntrack cleanup\n\n");
     report.push_str(&cleanup.markdown());
+    report.push_str(&comparison::headline(
+        &kube_proxy,
+        &control_results,
+        &data_results,
+    ));
     report.push_str(&targets(&control_results, &data_results, &cleanup));
+    report.push_str(&comparison::target_rows(&kube_proxy, &control_results));
+    if write_docs {
+        let kpng_cold = [plots::Series {
+            label: "kpng nft".into(),
+            points: control_results
+                .iter()
+                .map(|r| (r.n as f64, r.cold_backend.as_secs_f64()))
+                .collect(),
+        }];
+        report.push_str(&comparison::write_plots(
+            std::path::Path::new("docs/img"),
+            &kube_proxy,
+            &kpng_cold,
+            &data_results,
+        )?);
+    }
     println!("{report}");
     if write_docs {
         let doc = format!(

@@ -39,7 +39,8 @@ pub fn cluster_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + n)
 }
 
-fn endpoint_ip(idx: usize) -> Ipv4Addr {
+/// The address of endpoint number `idx` of the [`Endpoints::Unique`] workload.
+pub fn endpoint_ip(idx: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + idx as u32 + 1)
 }
 
