@@ -31,9 +31,11 @@ pub fn run_control(quick: bool) -> Result<Vec<KubeProxyNftControl>, String> {
     Ok(out)
 }
 
-/// kpng's result at the same size.
+/// kpng's nftables result at the same size (the comparison is nft against nft).
 fn kpng_at(control: &[ControlResult], n: usize, m: usize) -> Option<&ControlResult> {
-    control.iter().find(|r| r.n == n && r.m == m)
+    control
+        .iter()
+        .find(|r| r.n == n && r.m == m && r.backend == crate::control::BackendKind::Nft)
 }
 
 /// "≥ 52×" when the slower side timed out (its figure is a lower bound), else "52×".

@@ -1,11 +1,12 @@
-//! Control plane: cold programming, one-change latency, operations per change, peak RSS.
+//! Control plane: cold programming, one-change latency, operations per change, peak RSS, per
+//! backend (nftables; iptables in its nft and legacy variants).
 //!
 //! kpng runs in a fresh network namespace on a directory of manifests (one file per Service).
 //! Cold programming is the first full sync as kpng measures it around the backend call (and,
 //! separately, the wall time from process start, which includes reading N files). One change is
 //! an atomic rewrite (rename) of one Service's file with a different endpoint; its latency runs
 //! from just before the rename to the timestamp of kpng's "synced" log line, which is written
-//! after `nft` has committed the transaction.
+//! after the backend has committed the transaction (`nft`, or `iptables-restore`).
 
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -16,9 +17,58 @@ use kpng_testkit::Netns;
 use crate::stats::percentile;
 use crate::workload::{self, Endpoints, NODE_IP};
 
+/// A backend under benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// `to-local nft`.
+    Nft,
+    /// `to-local iptables --iptables-mode nft`.
+    IptablesNft,
+    /// `to-local iptables --iptables-mode legacy`.
+    IptablesLegacy,
+    /// `to-local userspace` (data plane only: not in [`BackendKind::ALL`]).
+    Userspace,
+}
+
+impl BackendKind {
+    /// Every backend, nftables first.
+    pub const ALL: [BackendKind; 3] = [
+        BackendKind::Nft,
+        BackendKind::IptablesNft,
+        BackendKind::IptablesLegacy,
+    ];
+
+    /// The arguments that select it.
+    pub fn args(self) -> &'static [&'static str] {
+        match self {
+            BackendKind::Nft => &["to-local", "nft"],
+            BackendKind::IptablesNft => &["to-local", "iptables", "--iptables-mode", "nft"],
+            BackendKind::IptablesLegacy => &["to-local", "iptables", "--iptables-mode", "legacy"],
+            BackendKind::Userspace => &["to-local", "userspace"],
+        }
+    }
+
+    /// `nft`, `iptables-nft`, `iptables-legacy`.
+    pub fn label(self) -> &'static str {
+        match self {
+            BackendKind::Nft => "nft",
+            BackendKind::IptablesNft => "iptables-nft",
+            BackendKind::IptablesLegacy => "iptables-legacy",
+            BackendKind::Userspace => "userspace",
+        }
+    }
+
+    /// Parses a [`BackendKind::label`].
+    pub fn parse(s: &str) -> Option<BackendKind> {
+        BackendKind::ALL.into_iter().find(|b| b.label() == s)
+    }
+}
+
 /// Figures of one control-plane run.
 #[derive(Debug)]
 pub struct ControlResult {
+    /// The backend.
+    pub backend: BackendKind,
     /// Services.
     pub n: usize,
     /// Endpoints per Service.
@@ -44,13 +94,14 @@ pub struct ControlResult {
 impl ControlResult {
     /// The table header matching [`ControlResult::markdown_row`].
     pub fn markdown_header() -> &'static str {
-        "| Services × endpoints | cold: nft transaction | cold: process start → programmed | elements | one change p50 | one change p99 | of which nft p50 | ops / change | kpng peak RSS | kpng CPU, cold (user + sys) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "| backend | Services × endpoints | cold: backend sync | cold: process start → programmed | operations (nft: elements; iptables: lines) | one change p50 | one change p99 | of which backend p50 | ops / change | kpng peak RSS | kpng CPU, cold (user + sys) |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     }
 
     /// One table row.
     pub fn markdown_row(&self) -> String {
         format!(
-            "| {} × {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} | {:.0} MB | {} |",
+            "| {} | {} × {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} | {:.0} MB | {} |",
+            self.backend.label(),
             self.n,
             self.m,
             self.cold_backend.as_secs_f64(),
@@ -123,43 +174,38 @@ fn parse_sync_line(line: &str) -> Option<SyncLine> {
 }
 
 impl Kpng {
-    /// Starts kpng on `input` inside `ns` with the nftables backend, logging to `log`.
-    pub fn start(ns: &Netns, kpng: &str, input: &Path, log: &Path) -> Result<Kpng, String> {
-        Kpng::start_with(ns, kpng, input, log, &["to-local", "nft"])
-    }
-
-    /// Starts kpng on `input` inside `ns` with the sink and backend `sink_args`
-    /// (`["to-local", "userspace"]`, …), logging to `log`.
-    pub fn start_with(
+    /// Starts kpng with `backend` on `input` inside `ns`, logging to `log`.
+    pub fn start(
         ns: &Netns,
         kpng: &str,
+        backend: BackendKind,
         input: &Path,
         log: &Path,
-        sink_args: &[&str],
     ) -> Result<Kpng, String> {
         let file =
             std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
         let input = input.display().to_string();
+        let mut args = vec![
+            kpng,
+            "file",
+            "--input",
+            &input,
+            "--node-name",
+            "node1",
+            "--min-sync-period",
+            "0",
+            "--debounce",
+            "0",
+            "--metrics-bind-address",
+            "",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--cluster-cidr",
+            "10.128.0.0/9",
+        ];
+        args.extend_from_slice(backend.args());
         let child = ns
-            .command([
-                kpng,
-                "file",
-                "--input",
-                &input,
-                "--node-name",
-                "node1",
-                "--min-sync-period",
-                "0",
-                "--debounce",
-                "0",
-                "--metrics-bind-address",
-                "",
-                "--healthz-bind-address",
-                "127.0.0.1:10256",
-                "--cluster-cidr",
-                "10.128.0.0/9",
-            ])
-            .args(sink_args)
+            .command(args)
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
@@ -248,9 +294,15 @@ impl Drop for Scratch {
     }
 }
 
-/// Runs the control-plane benchmark for `n` Services × `m` endpoints.
-pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResult, String> {
-    let scratch = Scratch::new(&format!("cp{n}"))?;
+/// Runs the control-plane benchmark of `backend` for `n` Services × `m` endpoints.
+pub fn run(
+    kpng: &str,
+    backend: BackendKind,
+    n: usize,
+    m: usize,
+    changes: usize,
+) -> Result<ControlResult, String> {
+    let scratch = Scratch::new(&format!("cp{n}-{}", backend.label()))?;
     let manifests = scratch.0.join("manifests");
     workload::generate(&manifests, n, m, Endpoints::Unique)
         .map_err(|e| format!("generating: {e}"))?;
@@ -259,7 +311,7 @@ pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResu
         .map_err(|e| e.to_string())?;
 
     let started = Instant::now();
-    let mut kpng = Kpng::start(&ns, kpng, &manifests, &scratch.0.join("kpng.log"))?;
+    let mut kpng = Kpng::start(&ns, kpng, backend, &manifests, &scratch.0.join("kpng.log"))?;
     let cold = kpng.wait_for_syncs(1, Duration::from_secs(600))?;
     let cold_wall = started.elapsed();
     let cold_cpu = crate::cpu::cpu_time(kpng.pid());
@@ -269,7 +321,7 @@ pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResu
     }
 
     let mut latencies = Vec::new();
-    let mut backend = Vec::new();
+    let mut backend_secs = Vec::new();
     let mut ops = 0usize;
     let mut generations = std::collections::HashMap::new();
     for k in 0..changes {
@@ -287,19 +339,20 @@ pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResu
         let syncs = kpng.wait_for_syncs(before + 1, Duration::from_secs(30))?;
         let line = &syncs[before];
         latencies.push(line.at.duration_since(t).unwrap_or_default().as_secs_f64());
-        backend.push(line.duration.as_secs_f64());
+        backend_secs.push(line.duration.as_secs_f64());
         ops += line.operations;
     }
     // Before the scripts, which add Services.
     let peak_rss_mb = peak_rss_mb(kpng.pid());
     let scripts = crate::changes::run(&mut kpng, &manifests, n, m, changes / 10, changes / 20)?;
     Ok(ControlResult {
+        backend,
         n,
         m,
         cold_backend: first.duration,
         cold_wall,
         cold_ops: first.operations,
-        change_backend_p50: Duration::from_secs_f64(percentile(&mut backend, 50.0)),
+        change_backend_p50: Duration::from_secs_f64(percentile(&mut backend_secs, 50.0)),
         change_p50: Duration::from_secs_f64(percentile(&mut latencies, 50.0)),
         change_p99: Duration::from_secs_f64(percentile(&mut latencies, 99.0)),
         ops_per_change: ops as f64 / changes.max(1) as f64,
@@ -311,6 +364,14 @@ pub fn run(kpng: &str, n: usize, m: usize, changes: usize) -> Result<ControlResu
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn backend_labels_round_trip() {
+        for b in super::BackendKind::ALL {
+            assert_eq!(super::BackendKind::parse(b.label()), Some(b));
+        }
+        assert_eq!(super::BackendKind::parse("ipvs"), None);
+    }
+
     #[test]
     fn parses_kpng_sync_lines() {
         let l = super::parse_sync_line(

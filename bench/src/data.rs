@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use kpng_testkit::Netns;
 
-use crate::control::{Kpng, Scratch};
+use crate::control::{BackendKind, Kpng, Scratch};
 use crate::stats::percentile;
 use crate::workload::{self, Endpoints, NODE_IP, TARGET_PORT};
 
@@ -35,12 +35,19 @@ impl Until {
     }
 }
 
+/// The largest workload the userspace backend is measured at: it holds one or more sockets
+/// per Service port (30k Services would need ~45k file descriptors).
+pub const USERSPACE_MAX_SERVICES: usize = 5000;
+
+const FLOOR: &str = "floor: one static DNAT rule";
+const FLOOR_CLOSE: &str = "floor: one static DNAT rule → close";
+
 /// One measured case.
 #[derive(Debug)]
 struct Case {
     label: String,
     /// The label of the case its ratios are against.
-    reference: String,
+    reference: &'static str,
     latencies_us: Vec<f64>,
     rate: f64,
 }
@@ -51,7 +58,7 @@ pub struct DataResult {
     /// Services.
     pub n: usize,
     cases: Vec<Case>,
-    /// How loading the kube-proxy-shaped ruleset went ("0.52 s", "> 300 s").
+    /// How loading the kube-proxy-shaped ruleset went ("0.52 s", "> 150 s").
     pub kube_proxy_load: String,
 }
 
@@ -70,7 +77,7 @@ impl DataResult {
         let last = self
             .cases
             .iter()
-            .find(|c| c.label.ends_with("last Service"));
+            .find(|c| c.label.starts_with("kpng nft,") && c.label.ends_with("last Service"));
         match (floor, last) {
             (Some(f), Some(l)) => (p50(l) / p50(f), l.rate / f.rate),
             _ => (f64::NAN, f64::NAN),
@@ -232,12 +239,16 @@ fn run_json(ns: &Netns, args: &[String]) -> Result<serde_json::Value, String> {
     serde_json::from_str(out.trim()).map_err(|e| format!("bad output {out:?}: {e}"))
 }
 
-/// The largest workload the userspace backend is measured at: it holds one or two sockets
-/// per Service port (30k Services would need ~45k file descriptors).
-pub const USERSPACE_MAX_SERVICES: usize = 5000;
-
-/// Runs the data-plane benchmark for `n` Services (the userspace backend too when `userspace`).
-pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<DataResult, String> {
+/// Runs the data-plane benchmark for `n` Services, with kpng on each of `backends`.
+/// Runs the data-plane benchmark for `n` Services, for each of `backends` (and the userspace
+/// backend, measured to the endpoint's close, when `userspace`).
+pub fn run(
+    kpng: &str,
+    backends: &[BackendKind],
+    n: usize,
+    connects: usize,
+    userspace: bool,
+) -> Result<DataResult, String> {
     let me: PathBuf = std::env::current_exe().map_err(|e| e.to_string())?;
     let me = me.display().to_string();
     let scratch = Scratch::new(&format!("dp{n}"))?;
@@ -245,23 +256,23 @@ pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<Dat
     workload::generate(&manifests, n, 4, Endpoints::Local4)
         .map_err(|e| format!("generating: {e}"))?;
 
-    let with_kpng = Netns::new("kbk").map_err(|e| e.to_string())?;
-    let _server_k = prepare(&with_kpng, &me)?;
-    let mut kp = Kpng::start(&with_kpng, kpng, &manifests, &scratch.0.join("kpng.log"))?;
-    kp.wait_for_syncs(1, Duration::from_secs(600))?;
-
+    // One namespace with its own kpng per backend.
+    let mut with_kpng = Vec::new();
+    for backend in backends {
+        let ns = Netns::new("kbk").map_err(|e| e.to_string())?;
+        let server = prepare(&ns, &me)?;
+        let log = scratch.0.join(format!("kpng-{}.log", backend.label()));
+        let mut kp = Kpng::start(&ns, kpng, *backend, &manifests, &log)?;
+        kp.wait_for_syncs(1, Duration::from_secs(600))?;
+        with_kpng.push((*backend, ns, server, kp));
+    }
     let with_userspace = if userspace {
         let ns = Netns::new("kbu").map_err(|e| e.to_string())?;
         let server = prepare(&ns, &me)?;
-        let mut k = Kpng::start_with(
-            &ns,
-            kpng,
-            &manifests,
-            &scratch.0.join("kpng-userspace.log"),
-            &["to-local", "userspace"],
-        )?;
-        k.wait_for_syncs(1, Duration::from_secs(600))?;
-        Some((ns, server, k))
+        let log = scratch.0.join("kpng-userspace.log");
+        let mut kp = Kpng::start(&ns, kpng, BackendKind::Userspace, &manifests, &log)?;
+        kp.wait_for_syncs(1, Duration::from_secs(600))?;
+        Some((ns, server, kp))
     } else {
         None
     };
@@ -286,46 +297,48 @@ pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<Dat
         crate::kube_proxy_nft::DATA_PLANE_CAP,
     )?;
 
-    let floor_label = "floor: one static DNAT rule".to_string();
-    let floor_close = "floor: one static DNAT rule → close".to_string();
     // (label, reference, namespace, target, what a connection waits for)
-    let mut cases: Vec<(String, String, &Netns, String, Until)> = vec![
-        (
-            format!("kpng nft, {n} Services, last Service"),
-            floor_label.clone(),
-            &with_kpng,
+    let mut cases: Vec<(String, &'static str, &Netns, String, Until)> = Vec::new();
+    for (backend, ns, _, _) in &with_kpng {
+        let label = backend.label();
+        cases.push((
+            format!("kpng {label}, {n} Services, last Service"),
+            FLOOR,
+            ns,
             format!("{last}:80"),
             Until::Connected,
-        ),
-        (
-            format!("kpng nft, {n} Services, first Service"),
-            floor_label.clone(),
-            &with_kpng,
+        ));
+        cases.push((
+            format!("kpng {label}, {n} Services, first Service"),
+            FLOOR,
+            ns,
             format!("{first}:80"),
             Until::Connected,
-        ),
+        ));
+    }
+    cases.extend([
         (
-            floor_label.clone(),
-            floor_label.clone(),
+            FLOOR.to_string(),
+            FLOOR,
             &floor,
             format!("{last}:80"),
             Until::Connected,
         ),
         (
             "no NAT (endpoint directly)".to_string(),
-            floor_label.clone(),
+            FLOOR,
             &floor,
             format!("10.244.0.1:{TARGET_PORT}"),
             Until::Connected,
         ),
-    ];
+    ]);
     if kube_proxy_load.loaded() {
         cases.push((
             format!(
                 "{}, {n} Services, last Service",
                 crate::kube_proxy_nft::LABEL
             ),
-            floor_label.clone(),
+            FLOOR,
             &kube_proxy,
             format!("{last}:80"),
             Until::Connected,
@@ -334,14 +347,14 @@ pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<Dat
     if let Some((ns, _, _)) = &with_userspace {
         cases.push((
             format!("kpng userspace, {n} Services, last Service → close"),
-            floor_close.clone(),
+            FLOOR_CLOSE,
             ns,
             format!("{last}:80"),
             Until::Closed,
         ));
         cases.push((
-            floor_close.clone(),
-            floor_close.clone(),
+            FLOOR_CLOSE.to_string(),
+            FLOOR_CLOSE,
             &floor,
             format!("{last}:80"),
             Until::Closed,
@@ -352,7 +365,7 @@ pub fn run(kpng: &str, n: usize, connects: usize, userspace: bool) -> Result<Dat
         .iter()
         .map(|(l, reference, _, _, _)| Case {
             label: l.clone(),
-            reference: reference.clone(),
+            reference,
             latencies_us: Vec::new(),
             rate: 0.0,
         })

@@ -29,9 +29,9 @@ use crate::workload::{self, Endpoints, NODE_IP};
 /// How the ruleset is named in reports.
 pub const LABEL: &str = "kube-proxy-shaped nft";
 /// The longest the data-plane benchmark waits for the ruleset to load (minutes at 30k).
-pub const DATA_PLANE_CAP: Duration = Duration::from_secs(300);
+pub const DATA_PLANE_CAP: Duration = Duration::from_secs(150);
 /// The longest a control-plane cold load may take before it is reported as "> cap".
-pub const CONTROL_CAP: Duration = Duration::from_secs(300);
+pub const CONTROL_CAP: Duration = Duration::from_secs(150);
 
 /// The pod network of the benchmark's cluster (kpng runs with the same `--cluster-cidr`).
 pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
@@ -425,7 +425,7 @@ pub enum LoadOutcome {
 }
 
 impl LoadOutcome {
-    /// "0.42 s" or "> 300 s".
+    /// "0.42 s" or "> 150 s".
     pub fn label(&self) -> String {
         match self {
             LoadOutcome::Loaded(d) => format!("{:.2} s", d.as_secs_f64()),

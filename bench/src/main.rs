@@ -3,14 +3,14 @@
 //!
 //! ```text
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
-//! kpng-bench control-plane --services 30000 --endpoints 4
+//! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
 //! kpng-bench data-plane --services 30000
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
-//! Needs root (network namespaces, nftables, conntrack). The data plane compares the nftables
-//! and userspace backends with the floor. Internal subcommands `connect`, `serve` and
+//! Needs root (network namespaces, nftables, conntrack). The data plane also measures the
+//! userspace backend (up to 5000 Services). Internal subcommands `connect`, `serve` and
 //! `conntrack-inner` run inside the namespaces.
 
 /// The same allocator as kpng, so `mem` measures what kpng would hold.
@@ -70,23 +70,31 @@ fn main() -> ExitCode {
             data::serve(&flag(&args, "--listen").unwrap_or_else(|| "0.0.0.0:8080".into()))
         }
         Some("connect") => data::connect_cmd(&args),
-        Some("control-plane") => control::run(
-            &kpng,
-            num(&args, "--services", 1000),
-            num(&args, "--endpoints", 4),
-            num(&args, "--changes", 100),
-        )
-        .map(|r| println!("{}", r.markdown_row())),
+        Some("control-plane") => match flag(&args, "--backend")
+            .as_deref()
+            .map_or(Some(control::BackendKind::Nft), control::BackendKind::parse)
+        {
+            None => Err("--backend: nft, iptables-nft or iptables-legacy".into()),
+            Some(backend) => control::run(
+                &kpng,
+                backend,
+                num(&args, "--services", 1000),
+                num(&args, "--endpoints", 4),
+                num(&args, "--changes", 100),
+            )
+            .map(|r| println!("{}", r.markdown_row())),
+        },
         Some("data-plane") => {
             let n = num(&args, "--services", 1000);
             data::run(
                 &kpng,
+                &control::BackendKind::ALL,
                 n,
                 num(&args, "--connects", 2000),
                 n <= data::USERSPACE_MAX_SERVICES,
             )
+            .map(|r| println!("{}", r.markdown()))
         }
-        .map(|r| println!("{}", r.markdown())),
         Some("api") => api::run(
             &kpng,
             num(&args, "--services", 30_000),
@@ -132,7 +140,7 @@ fn main() -> ExitCode {
 /// Runs every benchmark and prints (and optionally writes) the report.
 fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     if !kpng_testkit::is_root() {
-        return Err("needs root (network namespaces, nftables)".into());
+        return Err("needs root (network namespaces, nftables, iptables)".into());
     }
     let sizes: &[(usize, usize)] = if quick {
         &[(1000, 4)]
@@ -142,15 +150,26 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     let changes = if quick { 20 } else { 100 };
     let mut report = String::new();
     report.push_str(&stats::machine_header());
-    report.push_str("\n## Control plane (nftables backend)\n\n");
+    report.push_str("\n## Control plane\n\n");
     report.push_str(control::ControlResult::markdown_header());
     let mut control_results = Vec::new();
     for (n, m) in sizes {
-        eprintln!("control plane: {n} Services × {m} endpoints …");
-        let r = control::run(kpng, *n, *m, changes)?;
-        report.push_str(&r.markdown_row());
-        report.push('\n');
-        control_results.push(r);
+        for backend in control::BackendKind::ALL {
+            // The iptables tools read or rewrite the whole table on every change (legacy:
+            // 1.5 s per change at 10k): larger sizes take many minutes and say nothing the
+            // 10k row does not.
+            if backend != control::BackendKind::Nft && *n > 10_000 {
+                continue;
+            }
+            eprintln!(
+                "control plane: {} with {n} Services × {m} endpoints …",
+                backend.label()
+            );
+            let r = control::run(kpng, backend, *n, *m, changes)?;
+            report.push_str(&r.markdown_row());
+            report.push('\n');
+            control_results.push(r);
+        }
     }
     report.push_str("\n### Change scripts (file event → committed transaction)\n\n");
     report.push_str(changes::ScriptResults::markdown_header());
@@ -171,11 +190,17 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
         let userspace = *n <= data::USERSPACE_MAX_SERVICES;
         if !userspace {
             report.push_str(&format!(
-                "(The userspace backend is measured up to {} Services: it holds one or two sockets per Service port.)\n\n",
+                "(The userspace backend is measured up to {} Services: it holds one or more sockets per Service port.)\n\n",
                 data::USERSPACE_MAX_SERVICES
             ));
         }
-        let r = data::run(kpng, *n, if quick { 600 } else { 3000 }, userspace)?;
+        let r = data::run(
+            kpng,
+            &control::BackendKind::ALL,
+            *n,
+            if quick { 600 } else { 3000 },
+            userspace,
+        )?;
         report.push_str(&r.markdown());
         report.push('\n');
         data_results.push(r);
@@ -206,13 +231,18 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     report.push_str(&targets(&control_results, &data_results, &cleanup));
     report.push_str(&comparison::target_rows(&kube_proxy, &control_results));
     if write_docs {
-        let kpng_cold = [plots::Series {
-            label: "kpng nft".into(),
-            points: control_results
-                .iter()
-                .map(|r| (r.n as f64, r.cold_backend.as_secs_f64()))
-                .collect(),
-        }];
+        let kpng_cold: Vec<plots::Series> = control::BackendKind::ALL
+            .into_iter()
+            .map(|backend| plots::Series {
+                label: format!("kpng {}", backend.label()),
+                points: control_results
+                    .iter()
+                    .filter(|r| r.backend == backend)
+                    .map(|r| (r.n as f64, r.cold_backend.as_secs_f64()))
+                    .collect(),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
         report.push_str(&comparison::write_plots(
             std::path::Path::new("docs/img"),
             &kube_proxy,
@@ -336,7 +366,12 @@ fn targets(
     cleanup: &conntrack::ConntrackResult,
 ) -> String {
     let mut rows: Vec<(String, String, String)> = Vec::new();
-    let find = |n: usize| control.iter().find(|r| r.n == n);
+    // The targets are the nftables backend's.
+    let find = |n: usize| {
+        control
+            .iter()
+            .find(|r| r.n == n && r.backend == control::BackendKind::Nft)
+    };
     let verdict = |ok: bool, ratio: f64| {
         format!(
             "{} ({ratio:.2}× the target)",

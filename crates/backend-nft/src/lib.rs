@@ -13,7 +13,6 @@
 
 pub mod elements;
 pub mod exec;
-mod local_addrs;
 pub mod netlink;
 pub mod ruleset;
 mod script;
@@ -23,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kpng_backend::host as local_addrs;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::metrics::counter::Counter;
@@ -122,7 +122,6 @@ pub struct NftBackend {
     states: Vec<FamilyState>,
     metrics: NftMetrics,
     warned_no_node_ip: bool,
-    warned_v6_affinity: bool,
     /// Element writes over netlink (see [`netlink`]); `None`: everything goes as nft text.
     netlink: Option<netlink::NetlinkWriter>,
 }
@@ -158,7 +157,6 @@ impl NftBackend {
             states,
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
-            warned_v6_affinity: false,
             netlink: None,
         }
     }
@@ -192,10 +190,20 @@ impl NftBackend {
                     .collect();
                 ips
             }
-            NodePortAddresses::Cidrs(cidrs) => local_addrs::local_addresses()
-                .into_iter()
-                .filter(|ip| Family::of(ip) == family && cidrs.iter().any(|c| c.contains(ip)))
-                .collect(),
+            NodePortAddresses::Cidrs(cidrs) => {
+                // As upstream: a family none of the CIDRs belongs to matches all its addresses.
+                let of_family: Vec<&IpNet> = cidrs
+                    .iter()
+                    .filter(|c| Family::of(&c.addr()) == family)
+                    .collect();
+                local_addrs::local_addresses()
+                    .into_iter()
+                    .filter(|ip| {
+                        Family::of(ip) == family
+                            && (of_family.is_empty() || of_family.iter().any(|c| c.contains(ip)))
+                    })
+                    .collect()
+            }
         };
         let mut out: Vec<Element> = nodeport_ips
             .into_iter()
@@ -230,20 +238,13 @@ impl NftBackend {
         out
     }
 
-    /// The elements of one port. IPv6 ClientIP affinity is left out: nft 1.0.6 corrupts
-    /// packet-path map updates whose key is longer than 16 bytes (client IPv6 address + id), so
-    /// IPv6 Services with affinity are balanced without stickiness (a warning says so).
+    /// The elements of one port.
     fn port_elements(
         &self,
         port: &kpng_model::ServicePort,
         owner: OwnerId,
         node_ips: &[IpAddr],
     ) -> Vec<Element> {
-        if port.session_affinity.is_some() && port.key.family == Family::V6 {
-            let mut plain = port.clone();
-            plain.session_affinity = None;
-            return elements::port_elements(&plain, owner, node_ips);
-        }
         elements::port_elements(port, owner, node_ips)
     }
 
@@ -256,19 +257,6 @@ impl NftBackend {
                 "the node's IPs are unknown (no Node object and no --node-ip): NodePorts are not served"
             );
             self.warned_no_node_ip = true;
-        }
-        if self.warned_v6_affinity {
-            return;
-        }
-        if let Some((key, _)) = request
-            .diff
-            .upserted()
-            .find(|(k, p)| k.family == Family::V6 && p.session_affinity.is_some())
-        {
-            warn!(
-                "{key}: ClientIP session affinity is not applied to IPv6 with this nft (1.0.6 corrupts IPv6 affinity entries); traffic is balanced without stickiness"
-            );
-            self.warned_v6_affinity = true;
         }
     }
 

@@ -244,6 +244,8 @@ pub fn layout(set_name: &str) -> Option<Layout> {
         "affinity-ids-cluster" | "affinity-ids-local" => map(VIP, &[Mark]),
         "nodeport-affinity-ids-cluster" | "nodeport-affinity-ids-local" => map(NODE_PORT, &[Mark]),
         "affinity" => map(&[Addr, Mark], ENDPOINT),
+        "affinity-addr" => map(&[Mark, Slot], &[Addr]),
+        "affinity-port" => map(&[Mark, Slot], &[Port]),
         _ => return None,
     })
 }

@@ -35,6 +35,50 @@ impl Fam {
     pub fn l3(self) -> &'static str {
         self.table_family()
     }
+    /// The affinity map declarations, the DNAT that follows an affinity entry, the rule that
+    /// forgets an entry whose endpoint is gone (prefix; `drop` follows) and the rule that
+    /// records one with `timeout`.
+    ///
+    /// IPv4: one map `client . affinity id → endpoint . port`. IPv6 needs another shape because
+    /// nft 1.0.6 mis-encodes packet-path map updates whose key is longer than 16 bytes (the
+    /// key's tail is overwritten) or has an IPv6 address before its last field (nft aborts):
+    /// the key is `affinity id . jhash(client)` (8 bytes; an explicit seed, or the lookup and
+    /// the update would hash differently) and the endpoint's address and port are two maps
+    /// (`affinity-addr`, `affinity-port`). Two clients whose 32-bit hashes collide share one
+    /// entry, which only makes them stick to the same endpoint.
+    pub fn affinity(self) -> AffinityRules {
+        match self.0 {
+            Family::V4 => AffinityRules {
+                maps: vec![
+                    "map affinity { type ipv4_addr . mark : ipv4_addr . inet_service; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: client . affinity id → endpoint\"; }".into(),
+                ],
+                dnat: "dnat ip to ip saddr . ct mark map @affinity".into(),
+                forget: "delete @affinity { ip saddr . ct mark : ip daddr . th dport }".into(),
+                record: Box::new(|t| {
+                    format!("update @affinity {{ ip saddr . ct mark timeout {t}s : ip daddr . th dport }}")
+                }),
+            },
+            Family::V6 => {
+                const KEY: &str = "ct mark . jhash ip6 saddr mod 4294967295 seed 0x6b706e67";
+                AffinityRules {
+                    maps: vec![
+                        "map affinity-addr { typeof ct mark . numgen random mod 1 : ip6 daddr; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: affinity id . client hash → endpoint\"; }".into(),
+                        "map affinity-port { typeof ct mark . numgen random mod 1 : th dport; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: affinity id . client hash → endpoint port\"; }".into(),
+                    ],
+                    dnat: format!("dnat ip6 to {KEY} map @affinity-addr : {KEY} map @affinity-port"),
+                    forget: format!(
+                        "delete @affinity-addr {{ {KEY} : ip6 daddr }} delete @affinity-port {{ {KEY} : th dport }}"
+                    ),
+                    record: Box::new(|t| {
+                        format!(
+                            "update @affinity-addr {{ {KEY} timeout {t}s : ip6 daddr }} update @affinity-port {{ {KEY} timeout {t}s : th dport }}"
+                        )
+                    }),
+                }
+            }
+        }
+    }
+
     /// Loopback, which never takes NodePort traffic in nftables mode.
     pub fn loopback(self) -> &'static str {
         match self.0 {
@@ -44,20 +88,7 @@ impl Fam {
     }
 }
 
-/// How kpng tells pod traffic from other traffic (`--detect-local-mode`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DetectLocal {
-    /// No detection: every source counts as "not a pod".
-    None,
-    /// Sources inside the cluster's pod CIDRs (`--cluster-cidr`).
-    ClusterCidr(Vec<IpNet>),
-    /// Sources inside this node's pod CIDRs (from the Node object).
-    NodeCidr,
-    /// Traffic entering from this bridge (`--pod-bridge-interface`).
-    BridgeInterface(String),
-    /// Traffic entering from interfaces with this prefix (`--pod-interface-name-prefix`).
-    InterfaceNamePrefix(String),
-}
+pub use kpng_backend::host::DetectLocal;
 
 /// Everything that shapes the constant rules of one family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,14 +309,25 @@ impl DynamicChain {
                 // An entry that points at an endpoint which is gone: forget it. The packet is
                 // dropped once; the client's retransmission is balanced afresh.
                 format!(
-                    "ct mark . {l3} daddr . th dport != @affinity-valid delete @affinity {{ {l3} saddr . ct mark : {l3} daddr . th dport }} drop"
+                    "ct mark . {l3} daddr . th dport != @affinity-valid {} drop",
+                    fam.affinity().forget
                 ),
-                format!(
-                    "update @affinity {{ {l3} saddr . ct mark timeout {t}s : {l3} daddr . th dport }}"
-                ),
+                (fam.affinity().record)(*t),
             ],
         }
     }
+}
+
+/// The ClientIP-affinity pieces of one family's table ([`Fam::affinity`]).
+pub struct AffinityRules {
+    /// Map declarations.
+    pub maps: Vec<String>,
+    /// The DNAT to the recorded endpoint.
+    pub dnat: String,
+    /// Deletes the client's entry.
+    pub forget: String,
+    /// Records the entry with a timeout in seconds.
+    pub record: Box<dyn Fn(u32) -> String>,
 }
 
 /// Renders the whole constant part of one family's table, as one `table … { … }` block.
@@ -395,10 +437,9 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
     ] {
         let _ = writeln!(s, "\tmap {m} {{ type inet_proto . inet_service : mark; }}");
     }
-    let _ = writeln!(
-        s,
-        "\tmap affinity {{ type {a} . mark : {a} . inet_service; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: client . affinity id → endpoint\"; }}"
-    );
+    for map in fam.affinity().maps {
+        let _ = writeln!(s, "\t{map}");
+    }
 
     let chain = |s: &mut String, name: &str, base: Option<&str>, rules: &[String]| {
         let _ = writeln!(s, "\tchain {name} {{");
@@ -546,9 +587,7 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
                 None,
                 &[
                     affinity_ids(list),
-                    format!(
-                        "meta l4proto {{ tcp, udp, sctp }} dnat {l3} to {l3} saddr . ct mark map @affinity"
-                    ),
+                    format!("meta l4proto {{ tcp, udp, sctp }} {}", fam.affinity().dnat),
                     pick(list),
                 ],
             );
@@ -626,8 +665,11 @@ pub fn skeleton_comment(skeleton: &str) -> Option<&str> {
         .and_then(|c| c.strip_suffix('"'))
 }
 
+/// The maps whose entries the packet path writes (ClientIP affinity), not kpng.
+pub const DYNAMIC_MAPS: [&str; 3] = ["affinity", "affinity-addr", "affinity-port"];
+
 /// The sets and maps a skeleton declares whose elements kpng owns: every one but the dynamic
-/// `affinity` map, whose entries the packet path writes (keeping them keeps stickiness across
+/// affinity maps, whose entries the packet path writes (keeping them keeps stickiness across
 /// restarts and full syncs).
 pub fn element_sets(skeleton: &str) -> Vec<String> {
     skeleton
@@ -638,7 +680,7 @@ pub fn element_sets(skeleton: &str) -> Vec<String> {
                 .or_else(|| l.trim().strip_prefix("map "))
         })
         .filter_map(|rest| rest.split_whitespace().next())
-        .filter(|name| *name != "affinity")
+        .filter(|name| !DYNAMIC_MAPS.contains(name))
         .map(str::to_string)
         .collect()
 }

@@ -283,7 +283,8 @@ pub fn port_entries(sp: &ServicePort, listeners: ListenerPorts, node_ips: &[IpAd
 pub enum NodePortAddresses {
     /// The node's primary IPs (from the Node object or `--node-ip`).
     Primary,
-    /// Every local address inside these networks (`--nodeport-addresses CIDR,…`).
+    /// Every local address inside these networks (`--nodeport-addresses CIDR,…`); a family
+    /// without a CIDR: every local address of that family.
     Cidrs(Vec<IpNet>),
 }
 
@@ -302,7 +303,20 @@ pub fn node_entries(
             .filter(|ip| !ip.is_loopback())
             .map(|ip| IpNet::from(*ip))
             .collect(),
-        NodePortAddresses::Cidrs(cidrs) => IpNet::aggregate(cidrs),
+        NodePortAddresses::Cidrs(cidrs) => {
+            // As upstream: a family none of the CIDRs belongs to serves node ports on all its
+            // local addresses (the capture only matches local destinations, never loopback).
+            let mut nets = IpNet::aggregate(cidrs);
+            for family in families {
+                if !nets.iter().any(|n| Family::of(&n.addr()) == *family) {
+                    nets.push(match family {
+                        Family::V4 => IpNet::V4(ipnet::Ipv4Net::default()),
+                        Family::V6 => IpNet::V6(ipnet::Ipv6Net::default()),
+                    });
+                }
+            }
+            nets
+        }
     };
     let mut out: Vec<Entry> = nets
         .into_iter()

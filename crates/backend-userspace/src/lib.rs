@@ -34,6 +34,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
+use kpng_backend::host::DetectLocal;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
 use prometheus_client::registry::Registry;
@@ -47,20 +48,6 @@ use crate::proxy::{Listener, PortShared, ProxySettings};
 use crate::routing::Scope;
 use crate::store::{EntryStore, NODE_OWNER, Op, OwnerId};
 
-/// The pod addresses the capture recognises by source (`--detect-local-mode ClusterCIDR` or
-/// `NodeCIDR`), for externalTrafficPolicy Local's exception: pods (and the node itself) may
-/// use every endpoint. Interface-based detection is the capture's own business
-/// ([`capture::nft::PodMatch`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodCidrs {
-    /// None by address.
-    None,
-    /// These CIDRs (`--cluster-cidr`).
-    Static(Vec<IpNet>),
-    /// The node's pod CIDRs, from its Node object.
-    Node,
-}
-
 /// Configuration of the userspace backend.
 #[derive(Debug, Clone)]
 pub struct UserspaceConfig {
@@ -70,8 +57,11 @@ pub struct UserspaceConfig {
     pub nodeport_addresses: NodePortAddresses,
     /// `--service-cidr`: traffic to unallocated IPs inside is dropped.
     pub service_cidrs: Vec<IpNet>,
-    /// Pod detection by address, for externalTrafficPolicy Local.
-    pub pod_cidrs: PodCidrs,
+    /// How pods are recognised (`--detect-local-mode`), for externalTrafficPolicy Local's
+    /// exception: pods (and the node itself) may use every endpoint. The CIDR modes become
+    /// capture entries here; interface modes are the capture's own rules
+    /// ([`capture::nft::PodMatch`]).
+    pub detect_local: DetectLocal,
     /// Data-path timeouts.
     pub settings: ProxySettings,
 }
@@ -82,7 +72,7 @@ impl Default for UserspaceConfig {
             families: Family::ALL.to_vec(),
             nodeport_addresses: NodePortAddresses::Primary,
             service_cidrs: Vec::new(),
-            pod_cidrs: PodCidrs::None,
+            detect_local: DetectLocal::None,
             settings: ProxySettings::default(),
         }
     }
@@ -190,10 +180,10 @@ impl UserspaceBackend {
     fn update_node(&mut self, snapshot: &Snapshot) {
         let node = &snapshot.node;
         self.node_ips = node.ips.clone();
-        let pod_cidrs = match &self.config.pod_cidrs {
-            PodCidrs::None => &[][..],
-            PodCidrs::Static(c) => c,
-            PodCidrs::Node => &node.pod_cidrs,
+        let pod_cidrs = match &self.config.detect_local {
+            DetectLocal::ClusterCidr(c) => &c[..],
+            DetectLocal::NodeCidr => &node.pod_cidrs[..],
+            _ => &[][..],
         };
         let service_cidrs: Vec<IpNet> = self
             .config

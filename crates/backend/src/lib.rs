@@ -13,6 +13,7 @@
 
 pub mod conntrack_cleanup;
 pub mod health;
+pub mod host;
 pub mod metrics;
 pub mod runner;
 pub mod service_health;

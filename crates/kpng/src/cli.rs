@@ -92,8 +92,9 @@ pub struct GlobalFlags {
     #[arg(long, global = true, value_delimiter = ',')]
     pub service_cidr: Vec<ipnet::IpNet>,
 
-    /// Addresses that accept NodePort traffic: `primary` (the node's IPs) or CIDRs.
-    #[arg(long, global = true, value_delimiter = ',', default_value = "primary")]
+    /// Addresses that accept NodePort traffic: `primary` (the node's IPs) or CIDRs. Unset: the
+    /// backend's default (nftables: `primary`; iptables: every local address).
+    #[arg(long, global = true, value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
 
     /// Where /healthz and /livez are served (kube-proxy's health server).
@@ -295,9 +296,35 @@ pub struct ToLocal {
 pub enum LocalBackend {
     /// nftables (kube-proxy nftables mode, with a constant-size ruleset).
     Nft(NftArgs),
+    /// iptables (kube-proxy iptables mode: the same chains and rules, legacy or nft variant).
+    Iptables(IptablesArgs),
     /// A userspace TCP/UDP proxy (VIP traffic captured by a small nftables ruleset on Linux);
     /// endpoints see the node as the client.
     Userspace(UserspaceArgs),
+}
+
+/// `… to-local iptables …`.
+#[derive(Debug, Args)]
+pub struct IptablesArgs {
+    /// Print every iptables-restore input instead of applying it (no root needed).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Which iptables variant programs the kernel: `legacy` (x_tables), `nft` (nf_tables), or
+    /// `auto`: the one the node already uses (kubelet's hint chains, else the one with more
+    /// rules; nft when undecided).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "legacy", "nft"])]
+    pub iptables_mode: String,
+    /// Also accept IPv4 NodePort traffic on 127.0.0.1 (sets net.ipv4.conf.all.route_localnet=1),
+    /// as kube-proxy does by default; `--iptables-localhost-nodeports=false` turns it off.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub iptables_localhost_nodeports: bool,
 }
 
 /// `… to-local userspace …`.
@@ -532,6 +559,61 @@ mod nft_tests {
             panic!("nft")
         };
         assert!(n.dry_run);
+    }
+
+    #[test]
+    fn to_local_iptables() {
+        for (args, mode, localhost) in [
+            (&["iptables"][..], "auto", true),
+            (
+                &["iptables", "--iptables-mode", "legacy"][..],
+                "legacy",
+                true,
+            ),
+            (
+                &[
+                    "iptables",
+                    "--iptables-mode=nft",
+                    "--iptables-localhost-nodeports=false",
+                ][..],
+                "nft",
+                false,
+            ),
+            (
+                &["iptables", "--iptables-localhost-nodeports"][..],
+                "auto",
+                true,
+            ),
+        ] {
+            let mut line = vec!["kpng", "file", "--input", "x.yaml", "to-local"];
+            line.extend_from_slice(args);
+            let cli = Cli::try_parse_from(&line).expect("parses");
+            let Command::File(f) = cli.command else {
+                panic!("file source")
+            };
+            let Sink::ToLocal(ToLocal {
+                backend: LocalBackend::Iptables(a),
+            }) = f.sink
+            else {
+                panic!("iptables")
+            };
+            assert_eq!(a.iptables_mode, mode, "{args:?}");
+            assert_eq!(a.iptables_localhost_nodeports, localhost, "{args:?}");
+            assert!(!a.dry_run);
+        }
+        assert!(
+            Cli::try_parse_from([
+                "kpng",
+                "file",
+                "--input",
+                "x",
+                "to-local",
+                "iptables",
+                "--iptables-mode",
+                "ipvs"
+            ])
+            .is_err()
+        );
     }
 }
 

@@ -9,7 +9,7 @@ use kpng_backend::SyncTiming;
 use kpng_backend::health::ProxyHealth;
 use kpng_backend::metrics::ProxyMetrics;
 use kpng_backend::runner::{HealthCheckAddresses, NodeModel, Runner};
-use kpng_model::{Model, ModelConfig};
+use kpng_model::{Family, Model, ModelConfig};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
 use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig};
@@ -17,36 +17,27 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
 
+use kpng_backend::host::DetectLocal;
+use kpng_backend_iptables::exec::{
+    DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode, family_usable,
+};
+use kpng_backend_iptables::{
+    IptablesBackend, IptablesConfig, NodePortAddresses as IptablesNodePorts,
+};
 use kpng_backend_nft::exec::libnftables::LibNftables;
 use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
 use kpng_backend_nft::netlink::NetlinkWriter;
-use kpng_backend_nft::ruleset::DetectLocal;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
-
+use kpng_backend_userspace::capture::Capture as _;
 use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
 use kpng_backend_userspace::entries::NodePortAddresses as UserspaceNodePorts;
 use kpng_backend_userspace::proxy::ProxySettings;
-use kpng_backend_userspace::{PodCidrs, UserspaceBackend, UserspaceConfig};
+use kpng_backend_userspace::{UserspaceBackend, UserspaceConfig};
 
 use crate::cli::{
-    BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NftArgs, NodeSink, Sink, UserspaceArgs,
+    BrainFlags, Cli, Command, GlobalFlags, IptablesArgs, LocalBackend, NftArgs, NodeSink, Sink,
+    UserspaceArgs,
 };
-
-/// `--nodeport-addresses`: `None` for `primary`, else the CIDRs.
-fn nodeport_cidrs(flags: &GlobalFlags) -> anyhow::Result<Option<Vec<ipnet::IpNet>>> {
-    if flags.nodeport_addresses.iter().all(|a| a == "primary") {
-        return Ok(None);
-    }
-    flags
-        .nodeport_addresses
-        .iter()
-        .map(|a| {
-            a.parse::<ipnet::IpNet>()
-                .with_context(|| format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()
-        .map(Some)
-}
 
 /// The async runtime every source runs on.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -57,9 +48,9 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// The nftables backend configured from the flags.
-fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
-    let detect_local = match flags.detect_local_mode.as_str() {
+/// `--detect-local-mode` and its parameters.
+fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
+    Ok(match flags.detect_local_mode.as_str() {
         "ClusterCIDR" => DetectLocal::ClusterCidr(flags.cluster_cidr.clone()),
         "NodeCIDR" => DetectLocal::NodeCidr,
         "BridgeInterface" => DetectLocal::BridgeInterface(
@@ -74,10 +65,44 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
             )?)
         }
         _ => DetectLocal::None,
-    };
-    let nodeport_addresses = match nodeport_cidrs(flags)? {
-        None => NodePortAddresses::Primary,
-        Some(cidrs) => NodePortAddresses::Cidrs(cidrs),
+    })
+}
+
+/// `--nodeport-addresses` as given.
+enum NodePortFlag {
+    /// Not given: the backend's default.
+    Unset,
+    /// `primary`.
+    Primary,
+    /// CIDRs.
+    Cidrs(Vec<ipnet::IpNet>),
+}
+
+/// Parses `--nodeport-addresses`.
+fn nodeport_flag(flags: &GlobalFlags) -> anyhow::Result<NodePortFlag> {
+    if flags.nodeport_addresses.is_empty() {
+        return Ok(NodePortFlag::Unset);
+    }
+    if flags.nodeport_addresses.iter().all(|a| a == "primary") {
+        return Ok(NodePortFlag::Primary);
+    }
+    let cidrs = flags
+        .nodeport_addresses
+        .iter()
+        .map(|a| {
+            a.parse::<ipnet::IpNet>()
+                .with_context(|| format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(NodePortFlag::Cidrs(cidrs))
+}
+
+/// The nftables backend configured from the flags.
+fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
+    let detect_local = detect_local(flags)?;
+    let nodeport_addresses = match nodeport_flag(flags)? {
+        NodePortFlag::Unset | NodePortFlag::Primary => NodePortAddresses::Primary,
+        NodePortFlag::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs),
     };
     let config = NftConfig {
         masquerade_all: flags.masquerade_all,
@@ -96,6 +121,9 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
         (false, _) => Box::new(Auto::new(&args.nft_binary)),
     };
     let backend = NftBackend::new(config, exec);
+    if !args.dry_run {
+        remove_userspace_tables();
+    }
     if args.dry_run || args.nft_exec != "auto" {
         return Ok(backend);
     }
@@ -108,57 +136,174 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
     }
 }
 
+/// Whether conntrack's `tcp_be_liberal` is on: the flag (applied at start-up) or the sysctl
+/// as the node has it (kube-proxy reads the sysctl).
+fn tcp_be_liberal(flags: &GlobalFlags) -> bool {
+    flags.conntrack_tcp_be_liberal
+        || std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
+            .is_ok_and(|v| v.trim() != "0")
+}
+
+/// The iptables backend configured from the flags.
+fn iptables_backend(flags: &GlobalFlags, args: &IptablesArgs) -> anyhow::Result<IptablesBackend> {
+    let nodeport_addresses = match nodeport_flag(flags)? {
+        NodePortFlag::Unset => IptablesNodePorts::AllLocal,
+        NodePortFlag::Primary => IptablesNodePorts::Primary,
+        NodePortFlag::Cidrs(cidrs) => IptablesNodePorts::Cidrs(cidrs),
+    };
+    let config = IptablesConfig {
+        masquerade_all: flags.masquerade_all,
+        masquerade_bit: flags.masquerade_bit,
+        detect_local: detect_local(flags)?,
+        nodeport_addresses,
+        localhost_node_ports: args.iptables_localhost_nodeports,
+        tcp_be_liberal: tcp_be_liberal(flags),
+        ..IptablesConfig::default()
+    };
+    if args.dry_run {
+        return Ok(IptablesBackend::new(config, Box::new(IptablesDryRun)));
+    }
+    let mode = match Mode::parse(&args.iptables_mode) {
+        Some(mode) => mode,
+        None => detect_mode().context("choosing the iptables variant (--iptables-mode auto)")?,
+    };
+    // As kube-proxy: a family whose iptables does not work (IPv6 disabled) is not programmed.
+    let families: Vec<Family> = Family::ALL
+        .into_iter()
+        .filter(|f| {
+            let usable = family_usable(mode, *f);
+            if !usable {
+                tracing::warn!(
+                    "{f}: {} does not work here; not programming {f}",
+                    mode.save_binary(*f)
+                );
+            }
+            usable
+        })
+        .collect();
+    if families.is_empty() {
+        bail!(
+            "iptables-{} works for neither IPv4 nor IPv6 on this node",
+            mode.name()
+        );
+    }
+    info!("programming iptables-{}", mode.name());
+    remove_nft_tables();
+    remove_userspace_tables();
+    let ipt: Box<dyn Iptables> = Box::new(IptablesCommand::new(mode));
+    Ok(IptablesBackend::new(
+        IptablesConfig { families, ..config },
+        ipt,
+    ))
+}
+
+/// Removes the userspace backend's capture tables, so that a node switched from
+/// `to-local userspace` does not keep redirecting Service traffic to listeners that are gone.
+/// Best effort, as [`remove_nft_tables`].
+fn remove_userspace_tables() {
+    match NftCapture::new(Family::ALL.to_vec()).cleanup() {
+        Ok(()) => tracing::debug!("no kpng-userspace tables left behind"),
+        Err(e) => tracing::debug!("not removing the kpng-userspace tables: {e}"),
+    }
+}
+
+/// Removes the nftables backend's tables, so that a node switched from `to-local nft` to
+/// `to-local iptables` does not keep a second set of DNAT rules (kube-proxy's iptables mode
+/// likewise removes its nftables mode's tables at start-up). Best effort: without `nft` there
+/// is nothing to remove.
+fn remove_nft_tables() {
+    let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
+    match nft.cleanup() {
+        Ok(()) => tracing::debug!("no kpng nftables tables left behind"),
+        Err(e) => tracing::debug!("not removing kpng's nftables tables: {e}"),
+    }
+}
+
 /// The userspace backend configured from the flags.
 fn userspace_backend(
     flags: &GlobalFlags,
     args: &UserspaceArgs,
 ) -> anyhow::Result<UserspaceBackend> {
-    let nodeport_addresses = match nodeport_cidrs(flags)? {
-        None => UserspaceNodePorts::Primary,
-        Some(cidrs) => UserspaceNodePorts::Cidrs(cidrs),
+    let nodeport_addresses = match nodeport_flag(flags)? {
+        NodePortFlag::Unset | NodePortFlag::Primary => UserspaceNodePorts::Primary,
+        NodePortFlag::Cidrs(cidrs) => UserspaceNodePorts::Cidrs(cidrs),
     };
+    let detect_local = detect_local(flags)?;
     // Pods reach every endpoint of an externalTrafficPolicy Local Service: the capture
-    // recognises them by address (the CIDRs are entries) or by interface.
-    let (pod_cidrs, pods) = match flags.detect_local_mode.as_str() {
-        "ClusterCIDR" => (
-            PodCidrs::Static(flags.cluster_cidr.clone()),
-            PodMatch::Cidrs,
-        ),
-        "NodeCIDR" => (PodCidrs::Node, PodMatch::Cidrs),
-        "BridgeInterface" => (
-            PodCidrs::None,
-            PodMatch::Interface(
-                flags
-                    .pod_bridge_interface
-                    .clone()
-                    .context("--detect-local-mode BridgeInterface needs --pod-bridge-interface")?,
-            ),
-        ),
-        "InterfaceNamePrefix" => (
-            PodCidrs::None,
-            PodMatch::InterfacePrefix(flags.pod_interface_name_prefix.clone().context(
-                "--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix",
-            )?),
-        ),
-        _ => (PodCidrs::None, PodMatch::None),
-    };
+    // recognises them as --detect-local-mode says.
+    let pods = PodMatch::from(&detect_local);
     let config = UserspaceConfig {
         nodeport_addresses,
         service_cidrs: flags.service_cidr.clone(),
-        pod_cidrs,
+        detect_local,
         settings: ProxySettings {
             connect_timeout: args.connect_timeout,
             udp_idle_timeout: args.udp_timeout,
         },
         ..UserspaceConfig::default()
     };
-    let capture = if args.dry_run {
-        NftCapture::dry_run(config.families.clone())
-    } else {
-        NftCapture::with_binary(config.families.clone(), &args.nft_binary)
+    if args.dry_run {
+        let capture = NftCapture::dry_run(config.families.clone()).with_pods(pods);
+        return Ok(UserspaceBackend::new(config, Box::new(capture)));
     }
-    .with_pods(pods);
+    // Another backend's DNAT rules would take Service traffic before the capture.
+    remove_nft_tables();
+    let capture =
+        NftCapture::with_binary(config.families.clone(), &args.nft_binary).with_pods(pods);
     Ok(UserspaceBackend::new(config, Box::new(capture)))
+}
+
+/// Where Service health checks listen for a backend: the node IPs, unless NodePorts are served
+/// on more than those.
+fn health_check_addresses(flags: &GlobalFlags, backend: &LocalBackend) -> HealthCheckAddresses {
+    let primary_only = flags.nodeport_addresses.iter().all(|a| a == "primary");
+    match backend {
+        // nftables mode: unset means `primary`.
+        LocalBackend::Nft(_) | LocalBackend::Userspace(_) if primary_only => {
+            HealthCheckAddresses::NodeIps
+        }
+        // iptables mode: unset means every local address.
+        LocalBackend::Iptables(_) if primary_only && !flags.nodeport_addresses.is_empty() => {
+            HealthCheckAddresses::NodeIps
+        }
+        _ => HealthCheckAddresses::All,
+    }
+}
+
+/// `kpng cleanup`: every backend's tables and chains.
+fn cleanup() -> anyhow::Result<()> {
+    let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
+    nft.cleanup().context("removing kpng's nftables tables")?;
+    println!("kpng: removed the kpng nftables tables");
+    NftCapture::new(Family::ALL.to_vec())
+        .cleanup()
+        .context("removing the userspace proxy's nftables tables")?;
+    println!("kpng: removed the kpng-userspace nftables tables");
+    let mut failed = Vec::new();
+    for mode in [Mode::Legacy, Mode::Nft] {
+        let probe = std::process::Command::new(mode.save_binary(Family::V4))
+            .arg("--version")
+            .output();
+        if !probe.is_ok_and(|o| o.status.success()) {
+            println!(
+                "kpng: iptables-{} is not installed; nothing to remove there",
+                mode.name()
+            );
+            continue;
+        }
+        let mut ipt = IptablesBackend::new(
+            IptablesConfig::default(),
+            Box::new(IptablesCommand::new(mode)),
+        );
+        match ipt.cleanup() {
+            Ok(()) => println!("kpng: removed kpng's iptables-{} chains", mode.name()),
+            Err(e) => failed.push(format!("iptables-{}: {e}", mode.name())),
+        }
+    }
+    if !failed.is_empty() {
+        bail!("removing iptables chains: {}", failed.join("; "));
+    }
+    Ok(())
 }
 
 /// Runs the command line.
@@ -168,24 +313,14 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             println!("kpng {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Cleanup => {
-            let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
-            nft.cleanup().context("removing kpng's nftables tables")?;
-            println!("kpng: removed the kpng nftables tables");
-            let mut userspace = NftCapture::new(kpng_model::Family::ALL.to_vec());
-            kpng_backend_userspace::capture::Capture::cleanup(&mut userspace)
-                .context("removing the userspace proxy's nftables tables")?;
-            println!("kpng: removed the kpng-userspace nftables tables");
-            Ok(())
-        }
+        Command::Cleanup => cleanup(),
         Command::File(file) => {
             let source = FileSource::new(file.input, file.debounce);
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
                 return runtime()?.block_on(crate::brain::serve(cli.global, to_api, run_source));
             }
-            let (backend, programs_the_node, cleans_conntrack) =
-                sink_backend(&cli.global, &file.sink)?;
+            let (backend, health_checks, cleans_conntrack) = sink_backend(&cli.global, &file.sink)?;
             let flags = cli.global;
             runtime()?.block_on(async move {
                 let model = Model::new(model_config(&flags)?);
@@ -193,7 +328,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                     flags,
                     model,
                     backend,
-                    programs_the_node,
+                    health_checks,
                     cleans_conntrack,
                     run_source,
                 )
@@ -203,25 +338,29 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Local(local) => {
             let backend = local_backend(&cli.global, &local.backend)?;
             let cleans_conntrack = backend_cleans_conntrack(&local.backend);
+            let health_checks = Some(health_check_addresses(&cli.global, &local.backend));
             runtime()?.block_on(serve_remote(
                 cli.global,
                 &local.brain,
                 backend,
-                true,
+                health_checks,
                 cleans_conntrack,
             ))
         }
         Command::Api(api) => {
-            let (programs_the_node, cleans_conntrack) = match &api.sink {
-                NodeSink::ToLocal(local) => (true, backend_cleans_conntrack(&local.backend)),
-                NodeSink::ToFile(_) => (false, false),
+            let (health_checks, cleans_conntrack) = match &api.sink {
+                NodeSink::ToLocal(local) => (
+                    Some(health_check_addresses(&cli.global, &local.backend)),
+                    backend_cleans_conntrack(&local.backend),
+                ),
+                NodeSink::ToFile(_) => (None, false),
             };
             let backend = node_sink(&cli.global, &api.sink)?;
             runtime()?.block_on(serve_remote(
                 cli.global,
                 &api.brain,
                 backend,
-                programs_the_node,
+                health_checks,
                 cleans_conntrack,
             ))
         }
@@ -266,7 +405,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                     crate::brain::serve(flags, to_api, run_source(source)).await
                 });
             }
-            let (backend, programs_the_node, cleans_conntrack) = sink_backend(&flags, &kube.sink)?;
+            let (backend, health_checks, cleans_conntrack) = sink_backend(&flags, &kube.sink)?;
             runtime()?.block_on(async move {
                 let model = Model::new(model_config(&flags)?);
                 let source = connect.await?;
@@ -274,7 +413,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                     flags,
                     model,
                     backend,
-                    programs_the_node,
+                    health_checks,
                     cleans_conntrack,
                     run_source(source),
                 )
@@ -284,22 +423,22 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The backend of an in-process sink (not `to-api`), whether it programs the node (conntrack
-/// sysctls, Service health checks) and whether it cleans stale UDP conntrack entries (it
-/// really changes the data plane).
+/// The backend of an in-process sink (not `to-api`), where its Service health checks listen
+/// when it programs the node (it then also gets the conntrack sysctls), and whether it cleans
+/// stale UDP conntrack entries (it really changes the data plane).
 fn sink_backend(
     flags: &GlobalFlags,
     sink: &Sink,
-) -> anyhow::Result<(Box<dyn Backend>, bool, bool)> {
+) -> anyhow::Result<(Box<dyn Backend>, Option<HealthCheckAddresses>, bool)> {
     Ok(match sink {
         Sink::ToFile(t) => (
             Box::new(FileSink::new(Output::parse(&t.output))),
-            false,
+            None,
             false,
         ),
         Sink::ToLocal(local) => (
             local_backend(flags, &local.backend)?,
-            true,
+            Some(health_check_addresses(flags, &local.backend)),
             backend_cleans_conntrack(&local.backend),
         ),
         Sink::ToApi(_) => bail!("to-api is served by the brain, not a node backend"),
@@ -310,6 +449,7 @@ fn sink_backend(
 fn backend_cleans_conntrack(backend: &LocalBackend) -> bool {
     match backend {
         LocalBackend::Nft(args) => !args.dry_run,
+        LocalBackend::Iptables(args) => !args.dry_run,
         // The proxy's UDP conntrack entries are client → listener, never pinned to an endpoint:
         // the endpoint-based cleanup does not apply (a session moves inside the proxy when its
         // endpoint leaves).
@@ -320,6 +460,7 @@ fn backend_cleans_conntrack(backend: &LocalBackend) -> bool {
 fn local_backend(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<Box<dyn Backend>> {
     Ok(match backend {
         LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
+        LocalBackend::Iptables(args) => Box::new(iptables_backend(flags, args)?),
         LocalBackend::Userspace(args) => Box::new(userspace_backend(flags, args)?),
     })
 }
@@ -352,7 +493,7 @@ async fn serve_remote(
     flags: GlobalFlags,
     brain: &BrainFlags,
     backend: Box<dyn Backend>,
-    programs_the_node: bool,
+    health_checks: Option<HealthCheckAddresses>,
     cleans_conntrack: bool,
 ) -> anyhow::Result<()> {
     let node_name = node_name(&flags)?;
@@ -373,7 +514,7 @@ async fn serve_remote(
         flags,
         model,
         backend,
-        programs_the_node,
+        health_checks,
         cleans_conntrack,
         |tx| async move {
             kpng_api::client::watch(config, tx).await;
@@ -397,12 +538,13 @@ fn hostname() -> anyhow::Result<String> {
 }
 
 /// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
-/// Rules are left in place on exit.
+/// Rules are left in place on exit. `health_checks`: for backends that program the node, where
+/// Service health checks listen (they also get the conntrack sysctls).
 async fn serve<M, F, Fut>(
     flags: GlobalFlags,
     model: M,
     backend: Box<dyn Backend>,
-    programs_the_node: bool,
+    health_checks: Option<HealthCheckAddresses>,
     cleans_conntrack: bool,
     source: F,
 ) -> anyhow::Result<()>
@@ -442,7 +584,7 @@ where
     };
 
     let mut runner = Runner::new(model, backend, timing, metrics, health);
-    if programs_the_node {
+    if let Some(addresses) = health_checks {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get() as u64)
             .unwrap_or(1);
@@ -456,11 +598,6 @@ where
             udp_stream: flags.conntrack_udp_timeout_stream,
         }
         .apply(std::path::Path::new("/proc/sys"), cpus);
-        let addresses = if flags.nodeport_addresses.iter().all(|a| a == "primary") {
-            HealthCheckAddresses::NodeIps
-        } else {
-            HealthCheckAddresses::All
-        };
         runner = runner.with_service_health(addresses);
     }
     if cleans_conntrack {

@@ -1,4 +1,5 @@
-//! Real-packet end-to-end tests of the UDP conntrack cleanup of `kpng … to-local nft`.
+//! Real-packet end-to-end tests of the UDP conntrack cleanup of `kpng … to-local <backend>`, for
+//! every backend that DNATs in the kernel (nft, iptables-legacy, iptables-nft).
 //!
 //! A long-lived UDP client keeps sending on ONE connected socket (one conntrack entry, as
 //! DNS and statsd clients do) to a Service of a throw-away cluster (`kpng_testkit::Cluster`,
@@ -94,7 +95,7 @@ fn write_atomically(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).expect("rename manifest");
 }
 
-/// `kpng file … to-local nft` in node1 on a manifest it watches.
+/// `kpng file … to-local <backend>` in node1 on a manifest it watches.
 struct Kpng {
     proc: Spawned,
     input: PathBuf,
@@ -103,11 +104,11 @@ struct Kpng {
 
 impl Kpng {
     #[track_caller]
-    fn start(ns: &Netns, manifest: &str) -> Kpng {
+    fn start(ns: &Netns, manifest: &str, sink: &[&str]) -> Kpng {
         let dir = tempfile::tempdir().expect("tempdir");
         let input = dir.path().join("cluster.yaml");
         write_atomically(&input, manifest);
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             env!("CARGO_BIN_EXE_kpng"),
             "file",
             "--input",
@@ -124,11 +125,10 @@ impl Kpng {
             "127.0.0.1:10256",
             "--metrics-bind-address",
             "",
-            "to-local",
-            "nft",
         ]
         .map(String::from)
         .to_vec();
+        args.extend(sink.iter().map(|a| (*a).to_owned()));
         let mut k = Kpng {
             proc: ns.spawn(&args).expect("start kpng"),
             input,
@@ -282,8 +282,7 @@ fn port_of(a: SocketAddr) -> String {
     format!("sport={} ", a.port())
 }
 
-#[test]
-fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive() {
+fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive(sink: &[&str]) {
     require_root!();
     let c = Cluster::create("ct-rep").expect("cluster");
     let _echo: Vec<Spawned> = c
@@ -297,6 +296,7 @@ fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive() {
             udp_service("dns", 30, &["pod1a"]),
             udp_service("other", 31, &["pod2a"]),
         ]),
+        sink,
     );
     let client = c.pod("pod1b");
     let mut dns: Vec<Client> = [false, true]
@@ -342,8 +342,7 @@ fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive() {
     );
 }
 
-#[test]
-fn a_udp_service_scaled_to_zero_and_back_serves_its_clients_again() {
+fn a_udp_service_scaled_to_zero_and_back_serves_its_clients_again(sink: &[&str]) {
     require_root!();
     let c = Cluster::create("ct-zero").expect("cluster");
     let mut echo1a = Some(c.pod("pod1a").start_echo(EP_PORT).expect("echo"));
@@ -351,6 +350,7 @@ fn a_udp_service_scaled_to_zero_and_back_serves_its_clients_again() {
     let mut k = Kpng::start(
         &c.node1.ns,
         &manifest(&[udp_service("stats", 40, &["pod1a"])]),
+        sink,
     );
     let client = c.pod("pod1b");
     let mut stats = Client::start(&client.ns, SocketAddr::new(cip(40, false), SVC_PORT));
@@ -369,8 +369,7 @@ fn a_udp_service_scaled_to_zero_and_back_serves_its_clients_again() {
     stats.all_from("pod2a", 10);
 }
 
-#[test]
-fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is() {
+fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is(sink: &[&str]) {
     require_root!();
     let c = Cluster::create("ct-early").expect("cluster");
     let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
@@ -403,7 +402,38 @@ fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is() {
     let _k = Kpng::start(
         &c.node1.ns,
         &manifest(&[udp_service("late", 50, &["pod2a"])]),
+        sink,
     );
     early.wait_for("pod2a", WITHIN);
     early.all_from("pod2a", 5);
+}
+
+/// The scenarios above, once per backend.
+macro_rules! for_each_backend {
+    ($($backend:ident: $sink:expr;)*) => {
+        $(
+            mod $backend {
+                #[test]
+                fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive() {
+                    super::a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive($sink);
+                }
+
+                #[test]
+                fn a_udp_service_scaled_to_zero_and_back_serves_its_clients_again() {
+                    super::a_udp_service_scaled_to_zero_and_back_serves_its_clients_again($sink);
+                }
+
+                #[test]
+                fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is() {
+                    super::a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is($sink);
+                }
+            }
+        )*
+    };
+}
+
+for_each_backend! {
+    nft: &["to-local", "nft"];
+    iptables_legacy: &["to-local", "iptables", "--iptables-mode", "legacy"];
+    iptables_nft: &["to-local", "iptables", "--iptables-mode", "nft"];
 }

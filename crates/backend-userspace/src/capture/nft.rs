@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
+use kpng_backend::host::DetectLocal;
 use kpng_model::Family;
 
 use crate::capture::{Capture, CaptureError};
@@ -46,6 +47,17 @@ pub enum PodMatch {
     Interface(String),
     /// Traffic entering from interfaces whose name starts with this.
     InterfacePrefix(String),
+}
+
+impl From<&DetectLocal> for PodMatch {
+    fn from(d: &DetectLocal) -> PodMatch {
+        match d {
+            DetectLocal::None => PodMatch::None,
+            DetectLocal::ClusterCidr(_) | DetectLocal::NodeCidr => PodMatch::Cidrs,
+            DetectLocal::BridgeInterface(name) => PodMatch::Interface(name.clone()),
+            DetectLocal::InterfaceNamePrefix(prefix) => PodMatch::InterfacePrefix(prefix.clone()),
+        }
+    }
 }
 
 impl PodMatch {

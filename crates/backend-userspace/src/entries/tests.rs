@@ -239,8 +239,8 @@ fn node_entries_follow_the_node_port_addresses_setting() {
             &NodePortAddresses::Cidrs(vec![net("192.168.0.0/16")]),
             &[Family::V6]
         ),
-        Vec::<EntryKey>::new(),
-        "only the configured families"
+        vec![EntryKey::NodePortAddresses(net("::/0"))],
+        "a family without a CIDR: all its local addresses (as upstream)"
     );
     assert_eq!(
         keys(

@@ -4,10 +4,10 @@
 //! The rules, per field (docs/deploy.md has the table):
 //! - **mapped**: the value becomes the flag of the same meaning (`clusterCIDR` → `--cluster-cidr`);
 //!   zero or `null` takes kube-proxy's default, as kube-proxy's defaulting does.
-//! - **mode**: kpng programs nftables. `nftables` reads the `nftables` section; empty (kube-proxy's
-//!   Linux default, iptables) and `iptables` read the `iptables` section, as kube-proxy would, and
-//!   `iptables` warns that nftables is programmed instead; `ipvs`, `kernelspace` and anything else
-//!   are errors.
+//! - **mode**: the backend is chosen on the command line (`to-local nft|iptables`), not here.
+//!   `nftables` reads the `nftables` section; empty (kube-proxy's Linux default, iptables) and
+//!   `iptables` read the `iptables` section, as kube-proxy would; `ipvs`, `kernelspace` and
+//!   anything else are errors.
 //! - **unsupported**: a field asking for something kpng does not do warns, naming the field, but
 //!   only when it differs from its zero value or kube-proxy's default, so that a stock kubeadm
 //!   file loads silently.
@@ -109,22 +109,21 @@ enum Section {
 pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
-    let nodeport_note = "NodePorts are served on the node's primary IPs unless nodePortAddresses \
-                         says otherwise, never on 127.0.0.1";
+    let nodeport_note = "the backend is chosen on the command line (`to-local nft` or \
+                         `to-local iptables`); without nodePortAddresses, nft serves NodePorts \
+                         on the node's primary IPs and iptables on every local address";
     let section = match config.mode.as_str() {
         "nftables" => Section::NfTables,
         "" => {
             notes.push(format!(
-                "mode is empty (kube-proxy's Linux default, iptables): kpng programs nftables \
-                 with the iptables section's settings, as kube-proxy would read them; \
-                 {nodeport_note}"
+                "mode is empty (kube-proxy's Linux default, iptables): kpng reads the iptables \
+                 section's settings, as kube-proxy would; {nodeport_note}"
             ));
             Section::IpTables
         }
         "iptables" => {
-            warnings.push(format!(
-                "mode \"iptables\": kpng has no iptables backend yet and programs nftables with \
-                 the iptables section's settings; {nodeport_note}"
+            notes.push(format!(
+                "mode \"iptables\": kpng reads the iptables section's settings; {nodeport_note}"
             ));
             Section::IpTables
         }
@@ -343,7 +342,9 @@ fn cluster_cidrs(text: &str) -> anyhow::Result<Vec<IpNet>> {
     Ok(out)
 }
 
-/// `nodePortAddresses`: `primary` alone, or CIDRs; unset means `primary` (nftables mode).
+/// `nodePortAddresses`: `primary` alone, or CIDRs; unset (empty) leaves the backend's
+/// default, as kube-proxy leaves it to the mode (nftables: `primary`; iptables: every local
+/// address).
 fn nodeport_addresses(list: Option<&[String]>) -> anyhow::Result<Vec<String>> {
     let list: Vec<String> = list
         .unwrap_or_default()
@@ -351,7 +352,7 @@ fn nodeport_addresses(list: Option<&[String]>) -> anyhow::Result<Vec<String>> {
         .map(|s| s.trim().to_string())
         .collect();
     if list.is_empty() {
-        return Ok(vec!["primary".into()]);
+        return Ok(Vec::new());
     }
     if list.len() > 1 && list.iter().any(|a| a == "primary") {
         bail!("field nodePortAddresses: \"primary\" cannot be combined with CIDRs");
@@ -418,11 +419,18 @@ fn unsupported(config: &KubeProxyConfiguration, section: Section) -> Vec<String>
     if !config.port_range.is_empty() {
         warn("portRange", "unused since kube-proxy's userspace mode");
     }
-    if section == Section::IpTables && config.iptables.localhost_node_ports == Some(true) {
-        warn(
+    match (section, config.iptables.localhost_node_ports) {
+        (Section::IpTables, Some(true)) => warn(
             "iptables.localhostNodePorts",
-            "NodePorts on 127.0.0.1 are an iptables-mode feature that kpng's nftables rules do not have",
-        );
+            "NodePorts on 127.0.0.1 are served by `to-local iptables` (its \
+             --iptables-localhost-nodeports, on by default), never by nftables",
+        ),
+        (Section::IpTables, Some(false)) => warn(
+            "iptables.localhostNodePorts",
+            "not read from the file; pass --iptables-localhost-nodeports=false to \
+             `to-local iptables`",
+        ),
+        _ => {}
     }
     let ipvs = &config.ipvs;
     let ipvs_set: Vec<&str> = [

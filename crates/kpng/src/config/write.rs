@@ -94,7 +94,12 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
             min_sync_period: GoDuration(flags.min_sync_period),
             sync_period: GoDuration(flags.sync_period),
         },
-        node_port_addresses: Some(flags.nodeport_addresses.clone()),
+        // The file says mode nftables, whose default for unset addresses is `primary`.
+        node_port_addresses: Some(if flags.nodeport_addresses.is_empty() {
+            vec!["primary".into()]
+        } else {
+            flags.nodeport_addresses.clone()
+        }),
         oom_score_adj: None,
         port_range: String::new(),
         show_hidden_metrics_for_version: String::new(),

@@ -1,9 +1,27 @@
-//! The node's local addresses, for `--nodeport-addresses` given as CIDRs.
+//! What every backend that programs this node shares about the node itself: how pod traffic
+//! is told apart from other traffic (`--detect-local-mode`), and which addresses are local
+//! (`--nodeport-addresses` given as CIDRs).
 
 use std::net::IpAddr;
 use std::process::Command;
 
+use ipnet::IpNet;
 use tracing::warn;
+
+/// How kpng tells pod traffic from other traffic (`--detect-local-mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetectLocal {
+    /// No detection: every source counts as "not a pod".
+    None,
+    /// Sources inside the cluster's pod CIDRs (`--cluster-cidr`).
+    ClusterCidr(Vec<IpNet>),
+    /// Sources inside this node's pod CIDRs (from the Node object).
+    NodeCidr,
+    /// Traffic entering from this bridge (`--pod-bridge-interface`).
+    BridgeInterface(String),
+    /// Traffic entering from interfaces with this prefix (`--pod-interface-name-prefix`).
+    InterfaceNamePrefix(String),
+}
 
 /// Every address configured on a local interface (`ip -o addr show`). Read at full syncs and
 /// node changes only.

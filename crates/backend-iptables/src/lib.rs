@@ -1,0 +1,672 @@
+//! kpng's iptables backend: upstream kube-proxy iptables-mode rules (same chains, same hashed
+//! names, same matches), applied with `iptables-restore --noflush`.
+//!
+//! - [`rules`]: one Service port → its rules in the shared chains and its own chains;
+//! - [`skeleton`]: the chains and rules no Service owns, from the flags and the node;
+//! - [`script`]: restore input in the order iptables-restore needs;
+//! - [`save`]: reading `iptables-save` output (full syncs and cleanup only);
+//! - [`exec`]: the legacy or nft variant of the tools, a dry run, or a recorder for tests.
+//!
+//! Every family keeps in memory what it last committed: the static configuration and each
+//! Service port's rendered rules. A partial sync sends only the difference: changed rules of the
+//! shared chains as `-D`/`-I` lines, and the port chains whose rules changed (declared, hence
+//! flushed, and refilled) or that are gone (flushed and deleted). A full sync (start-up, after a
+//! failure, periodically, on a node or flag change) declares every chain and rewrites it, adopts
+//! what a previous run left, ensures the jumps from the built-in chains, and deletes stale
+//! Service chains found by `iptables-save`. See `docs/backends.md`.
+
+pub mod exec;
+pub mod names;
+pub mod rules;
+pub mod save;
+pub mod script;
+pub mod skeleton;
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use kpng_backend::host::DetectLocal;
+use kpng_backend::metrics::FamilyLabel;
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_model::{Family, PortKey, Snapshot};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family as MetricFamily;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tracing::{debug, info, warn};
+
+use crate::exec::{ExecError, Iptables};
+use crate::rules::{CANARY, MARK_MASQ, PortRules, SERVICES, SharedRule, Table};
+use crate::save::Saved;
+use crate::script::Script;
+pub use crate::skeleton::NodePortAddresses;
+use crate::skeleton::{StaticConfig, StaticInputs};
+
+/// Configuration of the iptables backend (kube-proxy's flags of the same names).
+#[derive(Debug, Clone)]
+pub struct IptablesConfig {
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `--masquerade-bit` (14 → mark 0x4000).
+    pub masquerade_bit: u8,
+    /// `--detect-local-mode` with its parameters.
+    pub detect_local: DetectLocal,
+    /// `--nodeport-addresses` (default: every local address).
+    pub nodeport_addresses: NodePortAddresses,
+    /// `--iptables-localhost-nodeports` (default on): IPv4 node ports on 127.0.0.1.
+    pub localhost_node_ports: bool,
+    /// conntrack's `tcp_be_liberal` is set: no drop of conntrack-invalid forwarded packets.
+    pub tcp_be_liberal: bool,
+    /// The families to program.
+    pub families: Vec<Family>,
+}
+
+impl Default for IptablesConfig {
+    fn default() -> Self {
+        IptablesConfig {
+            masquerade_all: false,
+            masquerade_bit: 14,
+            detect_local: DetectLocal::None,
+            nodeport_addresses: NodePortAddresses::AllLocal,
+            localhost_node_ports: true,
+            tcp_be_liberal: false,
+            families: Family::ALL.to_vec(),
+        }
+    }
+}
+
+/// The `table` and `ip_family` labels of the rule-count gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabel {
+    table: String,
+    ip_family: String,
+}
+
+/// kube-proxy's iptables-mode metrics.
+#[derive(Debug, Clone, Default)]
+struct IptablesMetrics {
+    restore_failures: MetricFamily<FamilyLabel, Counter>,
+    partial_restore_failures: MetricFamily<FamilyLabel, Counter>,
+    rules_total: MetricFamily<TableLabel, Gauge>,
+    rules_last: MetricFamily<TableLabel, Gauge>,
+}
+
+/// What one family last committed.
+#[derive(Debug)]
+struct FamilyState {
+    family: Family,
+    /// `None` until a full sync succeeds, and again after any failure.
+    committed: Option<StaticConfig>,
+    /// Each Service port's rules, as committed.
+    ports: HashMap<PortKey, PortRules>,
+    /// Rules of all ports in the filter and nat tables.
+    port_rules: [usize; 2],
+}
+
+/// Index of a table in [`FamilyState::port_rules`].
+fn counted(table: Table) -> Option<usize> {
+    match table {
+        Table::Filter => Some(0),
+        Table::Nat => Some(1),
+        Table::Mangle => None,
+    }
+}
+
+/// Reads the node's interface addresses (for CIDR `--nodeport-addresses`).
+pub type LocalAddresses = Box<dyn Fn() -> Vec<IpAddr> + Send>;
+
+/// The iptables backend.
+pub struct IptablesBackend {
+    config: IptablesConfig,
+    ipt: Box<dyn Iptables>,
+    states: Vec<FamilyState>,
+    metrics: IptablesMetrics,
+    local_addresses: LocalAddresses,
+    /// The interface addresses last read (CIDR node-port addresses only): refreshed at full
+    /// syncs and node changes, not on every change.
+    known_addresses: Vec<IpAddr>,
+}
+
+impl IptablesBackend {
+    /// A backend that programs through `ipt`.
+    pub fn new(config: IptablesConfig, ipt: Box<dyn Iptables>) -> IptablesBackend {
+        let states = config
+            .families
+            .iter()
+            .map(|f| FamilyState {
+                family: *f,
+                committed: None,
+                ports: HashMap::new(),
+                port_rules: [0; 2],
+            })
+            .collect();
+        IptablesBackend {
+            config,
+            ipt,
+            states,
+            metrics: IptablesMetrics::default(),
+            local_addresses: Box::new(kpng_backend::host::local_addresses),
+            known_addresses: Vec::new(),
+        }
+    }
+
+    /// Replaces how local addresses are read (tests).
+    pub fn with_local_addresses(mut self, read: LocalAddresses) -> IptablesBackend {
+        self.local_addresses = read;
+        self
+    }
+
+    fn static_config(&self, family: Family, snapshot: &Snapshot) -> StaticConfig {
+        let inputs = StaticInputs {
+            masquerade_all: self.config.masquerade_all,
+            masquerade_bit: self.config.masquerade_bit,
+            detect_local: &self.config.detect_local,
+            nodeport_addresses: &self.config.nodeport_addresses,
+            localhost_node_ports: self.config.localhost_node_ports,
+            tcp_be_liberal: self.config.tcp_be_liberal,
+        };
+        StaticConfig::new(&inputs, family, &snapshot.node, &self.known_addresses)
+    }
+
+    fn exec_error(&self, family: Family, what: &str, e: ExecError) -> BackendError {
+        BackendError::Other(format!("{} {family}: {what}: {e}", self.ipt.describe()))
+    }
+
+    /// Commits `script`, counting failures as kube-proxy does.
+    fn commit(&mut self, index: usize, script: &Script, full: bool) -> Result<(), BackendError> {
+        let family = self.states[index].family;
+        if let Err(e) = self.ipt.restore(family, &script.render()) {
+            let label = FamilyLabel::from(family);
+            self.metrics.restore_failures.get_or_create(&label).inc();
+            if !full {
+                self.metrics
+                    .partial_restore_failures
+                    .get_or_create(&label)
+                    .inc();
+            }
+            // The kernel may now differ from what we remember: the next sync must be full.
+            self.states[index].committed = None;
+            return Err(BackendError::Transaction {
+                backend: "iptables",
+                operations: script.operations(),
+                message: format!("{} {family}: {e}", self.ipt.describe()),
+            });
+        }
+        Ok(())
+    }
+
+    fn record_rule_counts(&self, index: usize, transactions: &[Script]) {
+        let state = &self.states[index];
+        let Some(cfg) = &state.committed else {
+            return;
+        };
+        for table in [Table::Filter, Table::Nat] {
+            let label = TableLabel {
+                table: table.name().into(),
+                ip_family: state.family.label().into(),
+            };
+            let ports = counted(table).map_or(0, |i| state.port_rules[i]);
+            let total = skeleton::fixed_rule_count(cfg, table) + ports;
+            let written: usize = transactions.iter().map(|t| t.rules_written(table)).sum();
+            self.metrics
+                .rules_total
+                .get_or_create(&label)
+                .set(total as i64);
+            self.metrics
+                .rules_last
+                .get_or_create(&label)
+                .set(written as i64);
+        }
+    }
+
+    /// Commits the transactions in order; stops at the first failure.
+    fn commit_all(
+        &mut self,
+        index: usize,
+        transactions: &[Script],
+        full: bool,
+    ) -> Result<usize, BackendError> {
+        let mut operations = 0;
+        for t in transactions.iter().filter(|t| !t.is_empty()) {
+            self.commit(index, t, full)?;
+            operations += t.operations();
+        }
+        Ok(operations)
+    }
+
+    /// Rewrites every chain of the family and removes stale Service chains.
+    fn full_sync(
+        &mut self,
+        index: usize,
+        snapshot: &Snapshot,
+        cfg: StaticConfig,
+    ) -> Result<usize, BackendError> {
+        let family = self.states[index].family;
+        if cfg.localhost_node_ports {
+            self.ipt
+                .enable_route_localnet()
+                .map_err(|e| self.exec_error(family, "localhost node ports", e))?;
+        }
+        let nat = self
+            .ipt
+            .save(family, Table::Nat)
+            .map_err(|e| self.exec_error(family, "reading the nat table", e))?;
+        let filter = self
+            .ipt
+            .save(family, Table::Filter)
+            .map_err(|e| self.exec_error(family, "reading the filter table", e))?;
+        let (nat, filter) = (Saved::parse(&nat), Saved::parse(&filter));
+
+        let mut script = Script::default();
+        for table in Table::ALL {
+            for chain in cfg.chains(table) {
+                script.declare(table, chain);
+            }
+        }
+        for jump in cfg.jumps() {
+            let saved = match jump.table {
+                Table::Nat => &nat,
+                Table::Filter => &filter,
+                Table::Mangle => continue,
+            };
+            if !saved.has_jump(jump.from, jump.to, jump.comment) {
+                script.insert_jump(jump.table, jump.from, &jump.spec());
+            }
+        }
+        for table in [Table::Filter, Table::Nat] {
+            for (chain, spec) in cfg.rules(table) {
+                script.append(table, chain, &spec);
+            }
+        }
+        let rendered: Vec<(PortKey, PortRules)> = snapshot
+            .family(family)
+            .map(|port| (port.key.clone(), rules::render(port, &cfg.render)))
+            .collect();
+        let total_chains: usize = rendered.iter().map(|(_, r)| r.chains.len()).sum();
+        let limit = self
+            .ipt
+            .chains_per_restore()
+            .filter(|limit| total_chains > *limit);
+        let mut parts = Vec::new();
+        let mut port_rules = [0; 2];
+        for (_, rules) in &rendered {
+            for r in &rules.shared {
+                script.append(r.table, r.chain, &r.spec);
+            }
+            let own = own_chains(rules);
+            if limit.is_some() {
+                parts.push(own);
+            } else {
+                script.extend(own);
+            }
+            add_counts(&mut port_rules, rules, 1);
+        }
+        for spec in cfg.node_port_tail() {
+            script.append(Table::Nat, SERVICES, &spec);
+        }
+        let desired: HashSet<&str> = rendered
+            .iter()
+            .flat_map(|(_, p)| p.chains.iter().map(|c| c.name.as_str()))
+            .collect();
+        for chain in nat
+            .chains
+            .iter()
+            .filter(|c| names::is_service_chain(c) && !desired.contains(c.as_str()))
+        {
+            script.delete_chain(Table::Nat, chain);
+        }
+
+        let mut transactions = Vec::new();
+        if let Some(limit) = limit {
+            // The port chains first, whole ports per transaction; they jump to KUBE-MARK-MASQ,
+            // which must exist (with its rule) before them.
+            let mut first = Script::default();
+            first.declare(Table::Nat, MARK_MASQ);
+            for (chain, spec) in cfg.rules(Table::Nat) {
+                if chain == MARK_MASQ {
+                    first.append(Table::Nat, chain, &spec);
+                }
+            }
+            transactions.push(first);
+            transactions.extend(batches(parts, limit));
+        }
+        transactions.push(script);
+        let operations = self.commit_all(index, &transactions, true)?;
+        let state = &mut self.states[index];
+        state.committed = Some(cfg);
+        state.ports = rendered.into_iter().collect();
+        state.port_rules = port_rules;
+        self.record_rule_counts(index, &transactions);
+        Ok(operations)
+    }
+
+    /// Sends only what the diff changed.
+    fn partial_sync(
+        &mut self,
+        index: usize,
+        request: &SyncRequest<'_>,
+        cfg: &StaticConfig,
+    ) -> Result<usize, BackendError> {
+        let family = self.states[index].family;
+        let mut main = Script::default();
+        let mut parts = Vec::new();
+        let mut updates = Vec::new();
+        for (key, change) in request
+            .diff
+            .changes
+            .iter()
+            .filter(|(k, _)| k.family == family)
+        {
+            let new = change.new.as_deref().map(|p| rules::render(p, &cfg.render));
+            parts.push(diff_port(
+                &mut main,
+                self.states[index].ports.get(key),
+                new.as_ref(),
+            ));
+            updates.push((key.clone(), new));
+        }
+        let declared: usize = parts.iter().map(Script::declarations).sum();
+        let transactions = match self.ipt.chains_per_restore() {
+            Some(limit) if declared > limit => {
+                let mut t = batches(parts, limit);
+                t.push(main);
+                t
+            }
+            _ => {
+                let mut one = Script::default();
+                for part in parts {
+                    one.extend(part);
+                }
+                one.extend(main);
+                vec![one]
+            }
+        };
+        let operations = self.commit_all(index, &transactions, false)?;
+        let state = &mut self.states[index];
+        for (key, new) in updates {
+            if let Some(old) = state.ports.remove(&key) {
+                add_counts(&mut state.port_rules, &old, -1);
+            }
+            if let Some(new) = new {
+                add_counts(&mut state.port_rules, &new, 1);
+                state.ports.insert(key, new);
+            }
+        }
+        if operations > 0 {
+            self.record_rule_counts(index, &transactions);
+        }
+        Ok(operations)
+    }
+
+    /// Whether someone flushed our tables (the mangle canary chain is gone).
+    fn flushed(&mut self, family: Family) -> bool {
+        if !self.ipt.reads_kernel() {
+            return false;
+        }
+        match self.ipt.save(family, Table::Mangle) {
+            Ok(text) => !Saved::parse(&text).chains.contains(CANARY),
+            Err(e) => {
+                warn!(
+                    "{} {family}: reading the mangle table: {e}",
+                    self.ipt.describe()
+                );
+                false
+            }
+        }
+    }
+
+    fn sync_family(
+        &mut self,
+        index: usize,
+        request: &SyncRequest<'_>,
+    ) -> Result<usize, BackendError> {
+        let family = self.states[index].family;
+        let cfg = self.static_config(family, request.snapshot);
+        let committed = self.states[index].committed.as_ref();
+        let mut full = request.full || committed != Some(&cfg);
+        // Periodic syncs (nothing changed) check that nobody flushed the tables, as
+        // kube-proxy's monitor does.
+        if !full && request.diff.is_empty() && self.flushed(family) {
+            info!("{family}: iptables were flushed by someone else; rewriting every rule");
+            full = true;
+        }
+        if full {
+            self.full_sync(index, request.snapshot, cfg)
+        } else {
+            self.partial_sync(index, request, &cfg)
+        }
+    }
+}
+
+/// Adds (`sign` 1) or removes (`sign` -1) a port's rules from the per-table counts.
+fn add_counts(counts: &mut [usize; 2], rules: &PortRules, sign: isize) {
+    for table in [Table::Filter, Table::Nat] {
+        if let Some(i) = counted(table) {
+            counts[i] = counts[i].saturating_add_signed(sign * rules.rule_count(table) as isize);
+        }
+    }
+}
+
+/// A port's own chains, declared (created or flushed) and filled.
+fn own_chains(rules: &PortRules) -> Script {
+    let mut script = Script::default();
+    for c in &rules.chains {
+        script.declare(Table::Nat, &c.name);
+        for spec in &c.rules {
+            script.append(Table::Nat, &c.name, spec);
+        }
+    }
+    script
+}
+
+/// Groups per-port scripts into transactions declaring at most `limit` chains each (a port is
+/// never split, so that its chains only ever jump to chains that exist).
+fn batches(parts: Vec<Script>, limit: usize) -> Vec<Script> {
+    let mut out: Vec<Script> = Vec::new();
+    let mut current = Script::default();
+    for part in parts {
+        let n = part.declarations();
+        if n > 0 && current.declarations() > 0 && current.declarations() + n > limit {
+            out.push(std::mem::take(&mut current));
+        }
+        current.extend(part);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// The restore lines that turn `old` (committed) into `new` for one port: edits of the shared
+/// chains and deletions of gone chains go to `main`; the returned script rewrites the port's
+/// changed chains (it must be committed before or with `main`).
+fn diff_port(main: &mut Script, old: Option<&PortRules>, new: Option<&PortRules>) -> Script {
+    let empty = PortRules::default();
+    let (old, new) = (old.unwrap_or(&empty), new.unwrap_or(&empty));
+    // Shared chains: rules are a multiset; order within them does not matter (the NodePort
+    // tail stays last because new rules are inserted at the top).
+    let mut unmatched: HashMap<&SharedRule, usize> = HashMap::new();
+    for r in &old.shared {
+        *unmatched.entry(r).or_default() += 1;
+    }
+    let mut added = Vec::new();
+    for r in &new.shared {
+        match unmatched.get_mut(r) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => added.push(r),
+        }
+    }
+    for r in &old.shared {
+        if let Some(n) = unmatched.get_mut(r)
+            && *n > 0
+        {
+            *n -= 1;
+            main.delete_rule(r.table, r.chain, &r.spec);
+        }
+    }
+    for r in added {
+        main.insert_first(r.table, r.chain, &r.spec);
+    }
+    // Own chains: rewrite the changed ones, delete the gone ones.
+    let before: HashMap<&str, &Vec<String>> = old
+        .chains
+        .iter()
+        .map(|c| (c.name.as_str(), &c.rules))
+        .collect();
+    let mut own = Script::default();
+    let mut kept = HashSet::new();
+    for c in &new.chains {
+        kept.insert(c.name.as_str());
+        if before.get(c.name.as_str()) == Some(&&c.rules) {
+            continue;
+        }
+        own.declare(Table::Nat, &c.name);
+        for spec in &c.rules {
+            own.append(Table::Nat, &c.name, spec);
+        }
+    }
+    for c in old
+        .chains
+        .iter()
+        .filter(|c| !kept.contains(c.name.as_str()))
+    {
+        main.delete_chain(Table::Nat, &c.name);
+    }
+    own
+}
+
+/// Our top-level chains per table: `cleanup` deletes them, and every rule of a built-in chain
+/// that jumps to one of them.
+const OUR_TOP_CHAINS: [(Table, &[&str]); 3] = [
+    (Table::Mangle, &[CANARY]),
+    (
+        Table::Filter,
+        &[
+            rules::SERVICES,
+            rules::EXTERNAL_SERVICES,
+            rules::FORWARD,
+            rules::NODEPORTS,
+            rules::PROXY_FIREWALL,
+        ],
+    ),
+    (
+        Table::Nat,
+        &[
+            rules::SERVICES,
+            rules::NODEPORTS,
+            rules::POSTROUTING,
+            rules::MARK_MASQ,
+        ],
+    ),
+];
+
+/// The built-in chains of every table.
+const BUILTIN_CHAINS: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
+
+impl Backend for IptablesBackend {
+    fn name(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn families(&self) -> Vec<Family> {
+        self.config.families.clone()
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            self.metrics.restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+            "Cumulative proxy iptables partial restore failures",
+            self.metrics.partial_restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            self.metrics.rules_total.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            self.metrics.rules_last.clone(),
+        );
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let rebuilding = self.states.iter().any(|s| s.committed.is_none());
+        if matches!(self.config.nodeport_addresses, NodePortAddresses::Cidrs(_))
+            && (request.full || request.diff.node_changed || rebuilding)
+        {
+            self.known_addresses = (self.local_addresses)();
+        }
+        let mut operations = 0;
+        let mut first_error = None;
+        for index in 0..self.states.len() {
+            match self.sync_family(index, request) {
+                Ok(n) => operations += n,
+                Err(e) => {
+                    warn!("{e}");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        debug!(operations, "iptables sync done");
+        Ok(SyncStats { operations })
+    }
+
+    /// Removes the jumps from the built-in chains and every chain we create, in both families
+    /// (kubelet's `KUBE-FIREWALL` stays, as kube-proxy leaves it).
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        let mut first_error = None;
+        for index in 0..self.states.len() {
+            let family = self.states[index].family;
+            let mut script = Script::default();
+            for (table, ours) in OUR_TOP_CHAINS {
+                let saved = match self.ipt.save(family, table) {
+                    Ok(text) => Saved::parse(&text),
+                    Err(e) => {
+                        first_error.get_or_insert(self.exec_error(family, "reading rules", e));
+                        continue;
+                    }
+                };
+                for (chain, spec) in &saved.rules {
+                    let jumps_to_ours = ours
+                        .iter()
+                        .any(|c| spec == &format!("-j {c}") || spec.ends_with(&format!(" -j {c}")));
+                    if BUILTIN_CHAINS.contains(&chain.as_str()) && jumps_to_ours {
+                        script.delete_rule(table, chain, spec);
+                    }
+                }
+                for chain in &saved.chains {
+                    let service_chain = table == Table::Nat && names::is_service_chain(chain);
+                    if ours.contains(&chain.as_str()) || service_chain {
+                        script.delete_chain(table, chain);
+                    }
+                }
+            }
+            if !script.is_empty()
+                && let Err(e) = self.ipt.restore(family, &script.render())
+            {
+                first_error.get_or_insert(self.exec_error(family, "removing our chains", e));
+            }
+            let state = &mut self.states[index];
+            state.committed = None;
+            state.ports.clear();
+            state.port_rules = [0; 2];
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

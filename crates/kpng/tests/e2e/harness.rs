@@ -1,0 +1,448 @@
+//! Helpers of the end-to-end suite: manifests, running kpng with a backend, probing and
+//! the assertions on what a probe saw.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kpng_testkit::{Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, tally};
+
+use super::Backend;
+
+/// Port every echo server listens on (TCP and UDP); the EndpointSlice port.
+pub const EP_PORT: u16 = 8080;
+/// Service port of every test Service (TCP and UDP).
+pub const SVC_PORT: u16 = 80;
+/// Timeout of a probe that should be answered.
+pub const OK_T: Duration = Duration::from_secs(2);
+/// Timeout of a probe that should be dropped.
+pub const DROP_T: Duration = Duration::from_millis(400);
+/// Timeout of a probe that should be rejected. An IPv4 client sees the REJECT at once;
+/// an IPv6 TCP client only at its first SYN retransmission (1 s): the ICMPv6 error comes
+/// back through the veths while `connect()` still holds the socket lock, so the kernel
+/// only records it as a soft error (`LockDroppedIcmps`).
+pub const REJECT_T: Duration = Duration::from_millis(1500);
+
+/// node1 and node2, with the testkit topology's addresses and pod CIDRs.
+pub const NODES: &str = r#"apiVersion: v1
+kind: Node
+metadata: {name: node1}
+spec: {podCIDRs: [10.244.1.0/24, "fd00:244:1::/64"]}
+status:
+  addresses:
+  - {type: InternalIP, address: 192.168.100.1}
+  - {type: InternalIP, address: "fd00:100::1"}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node2}
+spec: {podCIDRs: [10.244.2.0/24, "fd00:244:2::/64"]}
+status:
+  addresses:
+  - {type: InternalIP, address: 192.168.100.2}
+  - {type: InternalIP, address: "fd00:100::2"}
+"#;
+
+/// An endpoint's conditions.
+#[derive(Debug, Clone, Copy)]
+pub enum Cond {
+    /// ready, serving, not terminating.
+    Ready,
+    /// Not ready, serving, terminating (draining).
+    Draining,
+    /// Not ready, not serving, terminating.
+    Dead,
+}
+
+/// `(pod, conditions)` pairs: the endpoints of one Service.
+pub type Eps<'a> = &'a [(&'a str, Cond)];
+
+pub const ALL3: Eps<'static> = &[
+    ("pod1a", Cond::Ready),
+    ("pod1b", Cond::Ready),
+    ("pod2a", Cond::Ready),
+];
+
+pub fn pod_ips(pod: &str) -> (IpAddr, IpAddr, &'static str) {
+    match pod {
+        "pod1a" => (addr::POD1A_V4.into(), addr::POD1A_V6.into(), "node1"),
+        "pod1b" => (addr::POD1B_V4.into(), addr::POD1B_V6.into(), "node1"),
+        "pod2a" => (addr::POD2A_V4.into(), addr::POD2A_V6.into(), "node2"),
+        other => panic!("unknown pod {other}"),
+    }
+}
+
+/// ClusterIP number `n` of the given family (`10.96.0.N`, `fd00:96::N` in hex).
+pub fn cip(n: u8, v6: bool) -> IpAddr {
+    if v6 {
+        format!("fd00:96::{n:x}").parse().expect("v6 cluster IP")
+    } else {
+        format!("10.96.0.{n}").parse().expect("v4 cluster IP")
+    }
+}
+
+/// External IP / load-balancer IP number `n` (`198.51.100.N`).
+pub fn vip(n: u8) -> IpAddr {
+    format!("198.51.100.{n}").parse().expect("vip")
+}
+
+/// The node port of Service number `n`.
+pub fn node_port(n: u8) -> u16 {
+    30000 + u16::from(n)
+}
+
+/// A Service `name` with ClusterIPs number `n` (dual-stack, or IPv4 only), TCP and UDP
+/// port 80 → 8080, of type `ty` (node ports `30000+n` for NodePort/LoadBalancer, LB
+/// ingress `198.51.100.n`); `extra` is appended to the spec's flow mapping
+/// (e.g. `"sessionAffinity: ClientIP"`).
+pub fn service_fams(name: &str, n: u8, ty: &str, extra: &str, dual: bool) -> String {
+    let np = if ty == "ClusterIP" {
+        String::new()
+    } else {
+        format!(", nodePort: {}", node_port(n))
+    };
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(", {extra}")
+    };
+    let status = if ty == "LoadBalancer" {
+        format!(
+            "\nstatus: {{loadBalancer: {{ingress: [{{ip: {}}}]}}}}",
+            vip(n)
+        )
+    } else {
+        String::new()
+    };
+    let v4 = cip(n, false);
+    let fams = if dual {
+        format!(
+            "clusterIPs: [{v4}, \"{}\"], ipFamilies: [IPv4, IPv6], ipFamilyPolicy: RequireDualStack",
+            cip(n, true)
+        )
+    } else {
+        format!("clusterIPs: [{v4}], ipFamilies: [IPv4], ipFamilyPolicy: SingleStack")
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: {name}}}\n\
+         spec: {{type: {ty}, clusterIP: {v4}, {fams}, ports: [\
+         {{name: tcp, port: {SVC_PORT}, protocol: TCP, targetPort: {EP_PORT}{np}}}, \
+         {{name: udp, port: {SVC_PORT}, protocol: UDP, targetPort: {EP_PORT}{np}}}]{extra}}}{status}\n"
+    )
+}
+
+/// The IPv4 and IPv6 EndpointSlices of Service `svc` with the given endpoints.
+pub fn slices(svc: &str, eps: Eps<'_>) -> String {
+    let mut out = Vec::new();
+    for (fam, v6) in [("IPv4", false), ("IPv6", true)] {
+        let mut s = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: default, name: {svc}-{fam}, \
+             labels: {{kubernetes.io/service-name: {svc}}}}}\n\
+             addressType: {fam}\n\
+             ports: [{{name: tcp, port: {EP_PORT}, protocol: TCP}}, \
+             {{name: udp, port: {EP_PORT}, protocol: UDP}}]\n\
+             endpoints:"
+        );
+        if eps.is_empty() {
+            s.push_str(" []");
+        }
+        s.push('\n');
+        for (pod, cond) in eps {
+            let (ip4, ip6, node) = pod_ips(pod);
+            let ip = if v6 { ip6 } else { ip4 };
+            let (ready, serving, terminating) = match cond {
+                Cond::Ready => (true, true, false),
+                Cond::Draining => (false, true, true),
+                Cond::Dead => (false, false, true),
+            };
+            s.push_str(&format!(
+                "- {{addresses: [\"{ip}\"], nodeName: {node}, conditions: \
+                 {{ready: {ready}, serving: {serving}, terminating: {terminating}}}}}\n"
+            ));
+        }
+        out.push(s);
+    }
+    out.join("---\n")
+}
+
+/// A dual-stack Service and its EndpointSlices.
+pub fn svc(name: &str, n: u8, ty: &str, extra: &str, eps: Eps<'_>) -> String {
+    format!(
+        "{}---\n{}",
+        service_fams(name, n, ty, extra, true),
+        slices(name, eps)
+    )
+}
+
+/// An IPv4-only Service and its EndpointSlices.
+pub fn svc_v4(name: &str, n: u8, ty: &str, extra: &str, eps: Eps<'_>) -> String {
+    format!(
+        "{}---\n{}",
+        service_fams(name, n, ty, extra, false),
+        slices(name, eps)
+    )
+}
+
+/// The whole cluster: the nodes and these objects.
+pub fn manifest(objects: &[String]) -> String {
+    let mut s = NODES.to_owned();
+    for o in objects {
+        s.push_str("---\n");
+        s.push_str(o);
+    }
+    s
+}
+
+/// `kpng … to-local <backend>` running in node1 on a manifest file it watches.
+pub struct Kpng<'a> {
+    backend: Backend,
+    ns: &'a Netns,
+    input: PathBuf,
+    extra: Vec<String>,
+    proc: Option<Spawned>,
+    _dir: tempfile::TempDir,
+}
+
+impl<'a> Kpng<'a> {
+    /// Write `manifest`, start kpng with `backend` in `ns` (node1) with the standard flags
+    /// plus `extra`, and wait for its first successful sync.
+    #[track_caller]
+    pub fn start(backend: Backend, ns: &'a Netns, manifest: &str, extra: &[&str]) -> Kpng<'a> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("cluster.yaml");
+        write_atomically(&input, manifest);
+        let mut k = Kpng {
+            backend,
+            ns,
+            input,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            proc: None,
+            _dir: dir,
+        };
+        k.spawn();
+        k
+    }
+
+    #[track_caller]
+    pub fn spawn(&mut self) {
+        let mut args: Vec<String> = vec![
+            env!("CARGO_BIN_EXE_kpng").into(),
+            "file".into(),
+            "--input".into(),
+            self.input.display().to_string(),
+        ];
+        args.extend(
+            [
+                "--node-name",
+                "node1",
+                "--cluster-cidr",
+                &format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6),
+                "--service-cidr",
+                &format!("{},{}", addr::SERVICE_CIDR_V4, addr::SERVICE_CIDR_V6),
+                "--min-sync-period",
+                "0",
+                "--healthz-bind-address",
+                "127.0.0.1:10256",
+                "--metrics-bind-address",
+                "127.0.0.1:10249",
+            ]
+            .map(|a| a.to_string()),
+        );
+        args.extend(self.extra.iter().cloned());
+        args.extend(self.backend.sink_args().iter().map(|a| (*a).to_owned()));
+        self.proc = Some(self.ns.spawn(&args).expect("start kpng"));
+        self.wait_synced(0, 0);
+    }
+
+    pub fn stderr(&self) -> String {
+        self.proc
+            .as_ref()
+            .map(Spawned::stderr_text)
+            .unwrap_or_default()
+    }
+
+    /// (successful syncs, failed syncs) kpng logged so far.
+    pub fn sync_counts(&self) -> (usize, usize) {
+        let err = self.stderr();
+        (
+            err.matches("synced backend=").count(),
+            err.matches("sync failed").count(),
+        )
+    }
+
+    /// Wait until kpng has logged more than `ok_before` successful syncs; fail at once
+    /// on a failed sync (more than `failed_before`) or when kpng exits.
+    #[track_caller]
+    pub fn wait_synced(&mut self, ok_before: usize, failed_before: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (ok, failed) = self.sync_counts();
+            assert!(
+                failed <= failed_before,
+                "kpng failed to sync:\n{}",
+                self.stderr()
+            );
+            if ok > ok_before {
+                return;
+            }
+            if let Some(p) = self.proc.as_mut()
+                && let Ok(Some(status)) = p.try_wait()
+            {
+                panic!("kpng exited ({status}):\n{}", self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kpng did not sync within 10 s:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Rewrite the watched file without waiting (e.g. while kpng is stopped).
+    pub fn write(&self, manifest: &str) {
+        write_atomically(&self.input, manifest);
+    }
+
+    /// Replace the cluster state (rewrite the watched file) and wait until kpng synced it.
+    #[track_caller]
+    pub fn apply(&mut self, manifest: &str) {
+        let (ok, failed) = self.sync_counts();
+        write_atomically(&self.input, manifest);
+        self.wait_synced(ok, failed);
+    }
+
+    /// Kill kpng (it leaves its rules in place).
+    pub fn stop(&mut self) {
+        if let Some(p) = self.proc.take() {
+            p.kill().expect("kill kpng");
+        }
+    }
+
+    /// Kill kpng and start it again on the current file.
+    #[track_caller]
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Let go of the running kpng process (and of the manifest directory), e.g. to
+    /// drop the cluster while kpng still runs.
+    pub fn detach(mut self) -> (Option<Spawned>, tempfile::TempDir) {
+        (self.proc.take(), self._dir)
+    }
+}
+
+pub fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write manifest");
+    std::fs::rename(&tmp, path).expect("rename manifest");
+}
+
+/// Start the echo server in every pod (TCP and UDP port 8080, IPv4 and IPv6).
+pub fn echo_all(c: &Cluster) -> Vec<Spawned> {
+    c.pods
+        .iter()
+        .map(|p| p.start_echo(EP_PORT).expect("echo"))
+        .collect()
+}
+
+pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
+    SocketAddr::new(ip, port)
+}
+
+/// One probe of `target` from `ns` with timeout `t`.
+pub fn probe(ns: &Netns, proto: Proto, target: SocketAddr, t: Duration) -> ProbeResult {
+    ns.probe_one(&Probe::new(proto, target).timeout(t))
+        .expect("run kpng-probe")
+}
+
+/// `n` probes of `target` from `ns`, each from a fresh socket (a new flow each).
+pub fn probes(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> Vec<ProbeResult> {
+    ns.probe(
+        &Probe::new(proto, target)
+            .count(n)
+            .fresh_socket(true)
+            .timeout(OK_T),
+    )
+    .expect("run kpng-probe")
+}
+
+/// `n` probes from fresh sockets, answers counted by server (`!timeout`, … for failures).
+pub fn spread(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> BTreeMap<String, usize> {
+    tally(&probes(ns, proto, target, n))
+}
+
+/// The set of answering servers (and failure kinds) of a [`spread`].
+pub fn names(m: &BTreeMap<String, usize>) -> BTreeSet<&str> {
+    m.keys().map(String::as_str).collect()
+}
+
+pub fn set<'s>(v: &[&'s str]) -> BTreeSet<&'s str> {
+    v.iter().copied().collect()
+}
+
+/// The addresses node1 masquerades to: its LAN address or its pod bridge address.
+pub const NODE1_IPS: [IpAddr; 4] = [
+    IpAddr::V4(addr::NODE1_LAN_V4),
+    IpAddr::V4(addr::NODE1_POD_GW_V4),
+    IpAddr::V6(addr::NODE1_LAN_V6),
+    IpAddr::V6(addr::NODE1_POD_GW_V6),
+];
+
+/// Assert the probe was answered by one of `servers` and return the source address the
+/// server saw.
+#[track_caller]
+pub fn answered(r: &ProbeResult, servers: &[&str]) -> IpAddr {
+    assert_eq!(
+        r.outcome,
+        Outcome::Ok,
+        "expected an answer from {servers:?}: {r}"
+    );
+    let name = r.server_name.as_deref().unwrap_or("?");
+    assert!(
+        servers.contains(&name),
+        "expected an answer from {servers:?}, got {r}"
+    );
+    r.client_addr_seen_by_server
+        .expect("echo reply names the client")
+        .ip()
+}
+
+/// Assert the probe was answered by one of `servers`, which saw `client` (no SNAT).
+#[track_caller]
+pub fn assert_direct(r: &ProbeResult, servers: &[&str], client: IpAddr) {
+    let seen = answered(r, servers);
+    assert_eq!(seen, client, "expected no masquerade: {r}");
+}
+
+/// Assert the probe was answered by one of `servers`, which saw a node1 address.
+#[track_caller]
+pub fn assert_masqueraded(r: &ProbeResult, servers: &[&str]) {
+    let seen = answered(r, servers);
+    assert!(
+        NODE1_IPS.contains(&seen),
+        "expected the source to be masqueraded to a node1 address: {r}"
+    );
+}
+
+#[track_caller]
+pub fn assert_outcome(r: &ProbeResult, expected: Outcome, what: &str) {
+    assert_eq!(r.outcome, expected, "{what}: {r}");
+}
+
+/// REJECT as a node-originated client sees it: TCP gets ECONNREFUSED from the ICMP
+/// error; for UDP the local `reject` verdict already fails `send()` with EPERM.
+#[track_caller]
+pub fn assert_rejected_locally(r: &ProbeResult, what: &str) {
+    let eperm = r.outcome == Outcome::Error
+        && r.message
+            .as_deref()
+            .is_some_and(|m| m.contains("Operation not permitted"));
+    assert!(
+        r.outcome == Outcome::Refused || eperm,
+        "{what}: expected refused: {r}"
+    );
+}

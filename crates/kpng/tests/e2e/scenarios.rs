@@ -1,0 +1,1351 @@
+//! The scenarios of the end-to-end suite, each a function of the backend under test.
+//!
+//! Every scenario builds its own throw-away two-node cluster of network namespaces
+//! (`kpng_testkit::Cluster`), runs `kpng` in node1 against a small manifest, starts echo
+//! servers in the pods and checks where real TCP/UDP traffic ends up: which endpoint
+//! answered, which source address it saw (masquerade or not), and whether unserved traffic is
+//! refused (REJECT) or silently dropped (DROP). Where backends differ by design, the scenario
+//! asks [`Backend::behaviour`] and checks the documented behaviour (docs/backends.md).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use kpng_testkit::{
+    Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, require_root, tally,
+};
+
+use super::harness::*;
+use super::{Backend, NodePortScope, Unserved};
+
+// ---------------------------------------------------------------------------------------
+// 1-2. ClusterIP.
+// ---------------------------------------------------------------------------------------
+
+pub fn cluster_ip_from_pod_spreads_over_all_endpoints_without_masquerade(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("cip")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", ALL3)]),
+        &[],
+    );
+    // pod1b as the client: the endpoints are a pod on the same node (pod1a), a pod on
+    // the other node (pod2a) and the client itself (a hairpin, masqueraded).
+    let client = c.pod("pod1b");
+    for v6 in [false, true] {
+        let results = probes(&client.ns, Proto::Tcp, sa(cip(10, v6), SVC_PORT), 60);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&["pod1a", "pod1b", "pod2a"]),
+            "v6={v6}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            if r.server_name.as_deref() == Some("pod1b") {
+                assert_masqueraded(r, &["pod1b"]);
+            } else {
+                assert_direct(r, &["pod1a", "pod2a"], client.ip(v6));
+            }
+        }
+    }
+}
+
+pub fn cluster_ip_from_node_and_from_outside_is_masqueraded(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("cipx")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc(
+            "web",
+            10,
+            "ClusterIP",
+            "",
+            &[("pod1a", Cond::Ready), ("pod2a", Cond::Ready)],
+        )]),
+        &[],
+    );
+    let target = sa(cip(10, false), SVC_PORT);
+    for (who, ns) in [("node1", &c.node1.ns), ("ext", &c.ext.ns)] {
+        let results = probes(ns, Proto::Tcp, target, 30);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&["pod1a", "pod2a"]),
+            "{who}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_masqueraded(r, &["pod1a", "pod2a"]);
+        }
+    }
+}
+
+pub fn udp_services_are_load_balanced(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("udp")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc(
+            "dns",
+            10,
+            "NodePort",
+            "externalIPs: [198.51.100.10]",
+            ALL3,
+        )]),
+        &[],
+    );
+    let all = ["pod1a", "pod1b", "pod2a"];
+    let pod = c.pod("pod1b");
+    // One datagram first, so that the test fails fast while the bug is there.
+    answered(
+        &probe(&pod.ns, Proto::Udp, sa(cip(10, false), SVC_PORT), OK_T),
+        &all,
+    );
+    // From a pod: every endpoint, no masquerade (except the hairpin to itself).
+    let results = probes(&pod.ns, Proto::Udp, sa(cip(10, false), SVC_PORT), 60);
+    assert_eq!(names(&tally(&results)), set(&all), "{:?}", tally(&results));
+    for r in results
+        .iter()
+        .filter(|r| r.server_name.as_deref() != Some("pod1b"))
+    {
+        assert_direct(r, &all, pod.ipv4.into());
+    }
+    // From the node and from outside: ClusterIP, node port, external IP; masqueraded.
+    let cases = [
+        ("node1 ClusterIP", &c.node1.ns, sa(cip(10, false), SVC_PORT)),
+        ("ext ClusterIP", &c.ext.ns, sa(cip(10, false), SVC_PORT)),
+        (
+            "ext NodePort",
+            &c.ext.ns,
+            sa(addr::NODE1_LAN_V4.into(), node_port(10)),
+        ),
+        ("ext externalIP", &c.ext.ns, sa(vip(10), SVC_PORT)),
+        ("ext IPv6 ClusterIP", &c.ext.ns, sa(cip(10, true), SVC_PORT)),
+        ("pod IPv6 ClusterIP", &pod.ns, sa(cip(10, true), SVC_PORT)),
+    ];
+    for (what, ns, target) in cases {
+        let results = probes(ns, Proto::Udp, target, 30);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&all),
+            "{what}: {:?}",
+            tally(&results)
+        );
+        if what.starts_with("pod") {
+            continue;
+        }
+        for r in &results {
+            assert_masqueraded(r, &all);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. REJECT vs DROP.
+// ---------------------------------------------------------------------------------------
+
+pub fn wrong_port_unallocated_ip_and_no_endpoints(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("rej")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[
+            svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)]),
+            svc("empty", 20, "NodePort", "externalIPs: [198.51.100.20]", &[]),
+        ]),
+        &[],
+    );
+    let pod = &c.pod("pod1a").ns;
+    let active = sa(cip(10, false), SVC_PORT);
+    assert_direct(
+        &probe(pod, Proto::Tcp, active, OK_T),
+        &["pod2a"],
+        addr::POD1A_V4.into(),
+    );
+    // Each client gets few ICMP errors in a row: the node rate-limits them per
+    // destination (a burst of 6, then 1/s), and a rate-limited REJECT looks like a DROP.
+    //
+    // Wrong port on an active ClusterIP: rejected (nftables), or left alone (iptables:
+    // the packet is routed on unchanged; nothing in this topology answers it).
+    let wrong_port = b.behaviour().wrong_port;
+    let (wrong_t, wrong_outcome) = match wrong_port {
+        Unserved::Rejected => (REJECT_T, Outcome::Refused),
+        Unserved::Untouched => (DROP_T, Outcome::Timeout),
+    };
+    for (proto, v6) in [
+        (Proto::Tcp, false),
+        (Proto::Tcp, true),
+        (Proto::Udp, false),
+        (Proto::Udp, true),
+    ] {
+        let r = probe(pod, proto, sa(cip(10, v6), 81), wrong_t);
+        assert_outcome(
+            &r,
+            wrong_outcome,
+            &format!("pod {proto} v6={v6} wrong port"),
+        );
+    }
+    for v6 in [false, true] {
+        let r = probe(&c.ext.ns, Proto::Tcp, sa(cip(10, v6), 81), wrong_t);
+        assert_outcome(&r, wrong_outcome, &format!("ext v6={v6} wrong port"));
+    }
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let r = probe(&c.node1.ns, proto, sa(cip(10, false), 81), wrong_t);
+        match wrong_port {
+            Unserved::Rejected => assert_rejected_locally(&r, &format!("node1 {proto} wrong port")),
+            Unserved::Untouched => {
+                assert_ne!(r.outcome, Outcome::Ok, "node1 {proto} wrong port: {r}")
+            }
+        }
+    }
+    // An unallocated IP inside the Service CIDR: dropped (nftables), or routed on
+    // unchanged (iptables); either way nobody answers.
+    for (who, ns) in [("pod", pod), ("ext", &c.ext.ns)] {
+        for ip in [cip(99, false), cip(99, true)] {
+            let r = probe(ns, Proto::Tcp, sa(ip, SVC_PORT), DROP_T);
+            assert_outcome(&r, Outcome::Timeout, &format!("{who} unallocated {ip}"));
+        }
+    }
+    let r = probe(
+        &c.node1.ns,
+        Proto::Udp,
+        sa(cip(99, false), SVC_PORT),
+        DROP_T,
+    );
+    assert_ne!(r.outcome, Outcome::Ok, "node1 → unallocated ClusterIP: {r}");
+    // No endpoints: rejected on every address of the Service.
+    for (proto, v6) in [
+        (Proto::Tcp, false),
+        (Proto::Tcp, true),
+        (Proto::Udp, false),
+        (Proto::Udp, true),
+    ] {
+        let r = probe(pod, proto, sa(cip(20, v6), SVC_PORT), REJECT_T);
+        assert_outcome(
+            &r,
+            Outcome::Refused,
+            &format!("pod {proto} v6={v6} ClusterIP without endpoints"),
+        );
+    }
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let r = probe(&c.node1.ns, proto, sa(cip(20, false), SVC_PORT), REJECT_T);
+        assert_rejected_locally(&r, &format!("node1 {proto} ClusterIP without endpoints"));
+    }
+    let np4 = sa(addr::NODE1_LAN_V4.into(), node_port(20));
+    let np6 = sa(addr::NODE1_LAN_V6.into(), node_port(20));
+    let eip = sa(vip(20), SVC_PORT);
+    for (proto, target) in [
+        (Proto::Tcp, sa(cip(20, false), SVC_PORT)),
+        (Proto::Tcp, np4),
+        (Proto::Tcp, np6),
+        (Proto::Tcp, eip),
+        (Proto::Udp, np4),
+        (Proto::Udp, eip),
+    ] {
+        let r = probe(&c.ext.ns, proto, target, REJECT_T);
+        assert_outcome(
+            &r,
+            Outcome::Refused,
+            &format!("ext {proto} {target} without endpoints"),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. NodePort.
+// ---------------------------------------------------------------------------------------
+
+pub fn node_port_default_addresses_and_loopback(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("np")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc("np", 10, "NodePort", "", ALL3)]),
+        &[],
+    );
+    let all = ["pod1a", "pod1b", "pod2a"];
+    for ip in [
+        IpAddr::from(addr::NODE1_LAN_V4),
+        IpAddr::from(addr::NODE1_LAN_V6),
+    ] {
+        let results = probes(&c.ext.ns, Proto::Tcp, sa(ip, node_port(10)), 45);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&all),
+            "ext {ip}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_masqueraded(r, &all);
+        }
+        // From node1 itself, to its own address.
+        let r = probe(&c.node1.ns, Proto::Tcp, sa(ip, node_port(10)), OK_T);
+        assert_masqueraded(&r, &all);
+    }
+    // Loopback: never in nftables mode; 127.0.0.1 in iptables mode
+    // (`--iptables-localhost-nodeports`, on by default, sets route_localnet), never ::1.
+    let behaviour = b.behaviour();
+    let r = probe(
+        &c.node1.ns,
+        Proto::Tcp,
+        sa("127.0.0.1".parse().expect("ip"), node_port(10)),
+        OK_T,
+    );
+    if behaviour.localhost_node_ports {
+        assert_masqueraded(&r, &all);
+    } else {
+        assert_outcome(&r, Outcome::Refused, "node1 → 127.0.0.1 node port");
+    }
+    let r = probe(
+        &c.node1.ns,
+        Proto::Tcp,
+        sa("::1".parse().expect("ip"), node_port(10)),
+        REJECT_T,
+    );
+    assert_outcome(&r, Outcome::Refused, "node1 → ::1 node port");
+    // Other local addresses (here: the pod bridge): not served by default in nftables mode
+    // (primary IPs only), served in iptables mode (every local address).
+    let r = probe(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(addr::NODE1_POD_GW_V4.into(), node_port(10)),
+        OK_T,
+    );
+    match behaviour.default_node_port_addresses {
+        NodePortScope::PrimaryIps => {
+            assert_outcome(&r, Outcome::Refused, "pod → cbr0 address node port")
+        }
+        NodePortScope::AllLocal => assert_masqueraded(&r, &all),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. External IPs and load-balancer source ranges.
+// ---------------------------------------------------------------------------------------
+
+pub fn external_ip_and_load_balancer_source_ranges(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("lb")).expect("cluster");
+    let _echo = echo_all(&c);
+    let eps: Eps<'_> = &[("pod1a", Cond::Ready), ("pod2a", Cond::Ready)];
+    let two = ["pod1a", "pod2a"];
+    let objects = |ranges: &str| {
+        manifest(&[
+            svc("eip", 30, "ClusterIP", "externalIPs: [198.51.100.30]", eps),
+            svc(
+                "lb",
+                40,
+                "LoadBalancer",
+                &format!("loadBalancerSourceRanges: [{ranges}]"),
+                eps,
+            ),
+        ])
+    };
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &objects("192.168.100.0/24, 10.244.0.0/16"),
+        &[],
+    );
+    // externalIP from outside: works, masqueraded (externalTrafficPolicy Cluster).
+    let results = probes(&c.ext.ns, Proto::Tcp, sa(vip(30), SVC_PORT), 30);
+    assert_eq!(names(&tally(&results)), set(&two), "{:?}", tally(&results));
+    for r in &results {
+        assert_masqueraded(r, &two);
+    }
+    // externalIP from a pod: works, and is masqueraded too (as in kube-proxy, external
+    // destinations with policy Cluster always masquerade).
+    let pod = c.pod("pod1b");
+    assert_masqueraded(
+        &probe(&pod.ns, Proto::Tcp, sa(vip(30), SVC_PORT), OK_T),
+        &two,
+    );
+
+    // Load-balancer IP, sources inside the ranges.
+    let lb = sa(vip(40), SVC_PORT);
+    let results = probes(&c.ext.ns, Proto::Tcp, lb, 20);
+    assert_eq!(names(&tally(&results)), set(&two), "{:?}", tally(&results));
+    for r in &results {
+        assert_masqueraded(r, &two);
+    }
+    assert_masqueraded(&probe(&pod.ns, Proto::Tcp, lb, OK_T), &two);
+    // A source outside the ranges (the ClusterIP and node port are not filtered).
+    k.apply(&objects("203.0.113.0/24"));
+    assert_outcome(
+        &probe(&c.ext.ns, Proto::Tcp, lb, DROP_T),
+        Outcome::Timeout,
+        "ext → LB IP outside the source ranges",
+    );
+    assert_outcome(
+        &probe(&pod.ns, Proto::Tcp, lb, DROP_T),
+        Outcome::Timeout,
+        "pod → LB IP outside the source ranges",
+    );
+    assert_masqueraded(
+        &probe(
+            &c.ext.ns,
+            Proto::Tcp,
+            sa(addr::NODE1_LAN_V4.into(), node_port(40)),
+            OK_T,
+        ),
+        &two,
+    );
+    assert_direct(
+        &probe(&pod.ns, Proto::Tcp, sa(cip(40, false), SVC_PORT), OK_T),
+        &two,
+        pod.ipv4.into(),
+    );
+    // And back: allowed again.
+    k.apply(&objects("192.168.100.0/24"));
+    assert_masqueraded(&probe(&c.ext.ns, Proto::Tcp, lb, OK_T), &two);
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. externalTrafficPolicy Local.
+// ---------------------------------------------------------------------------------------
+
+pub fn external_traffic_policy_local(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("etp")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[
+            svc(
+                "local",
+                50,
+                "LoadBalancer",
+                "externalTrafficPolicy: Local",
+                &[("pod1a", Cond::Ready), ("pod2a", Cond::Ready)],
+            ),
+            svc(
+                "remote",
+                51,
+                "LoadBalancer",
+                "externalTrafficPolicy: Local",
+                &[("pod2a", Cond::Ready)],
+            ),
+        ]),
+        &[],
+    );
+    let ext_ip = IpAddr::from(addr::EXT_V4);
+    // From outside: only the local endpoint, which sees the real client address.
+    for (what, target) in [
+        ("LB IP", sa(vip(50), SVC_PORT)),
+        ("node port", sa(addr::NODE1_LAN_V4.into(), node_port(50))),
+    ] {
+        let results = probes(&c.ext.ns, Proto::Tcp, target, 20);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&["pod1a"]),
+            "ext {what}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_direct(r, &["pod1a"], ext_ip);
+        }
+    }
+    // IPv6 node port too.
+    let r = probe(
+        &c.ext.ns,
+        Proto::Tcp,
+        sa(addr::NODE1_LAN_V6.into(), node_port(50)),
+        OK_T,
+    );
+    assert_direct(&r, &["pod1a"], addr::EXT_V6.into());
+    // From a pod: short-circuited to all (cluster) endpoints, not masqueraded.
+    let pod = c.pod("pod1b");
+    for target in [
+        sa(vip(50), SVC_PORT),
+        sa(addr::NODE1_LAN_V4.into(), node_port(50)),
+    ] {
+        let results = probes(&pod.ns, Proto::Tcp, target, 30);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&["pod1a", "pod2a"]),
+            "pod → {target}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_direct(r, &["pod1a", "pod2a"], pod.ipv4.into());
+        }
+    }
+    // From the node itself: works (to any endpoint, masqueraded).
+    for target in [
+        sa(vip(50), SVC_PORT),
+        sa(addr::NODE1_LAN_V4.into(), node_port(50)),
+    ] {
+        let r = probe(&c.node1.ns, Proto::Tcp, target, OK_T);
+        assert_masqueraded(&r, &["pod1a", "pod2a"]);
+    }
+    // Only a remote endpoint: external traffic is dropped, pods still get through.
+    for target in [
+        sa(vip(51), SVC_PORT),
+        sa(addr::NODE1_LAN_V4.into(), node_port(51)),
+    ] {
+        let r = probe(&c.ext.ns, Proto::Tcp, target, DROP_T);
+        assert_outcome(
+            &r,
+            Outcome::Timeout,
+            &format!("ext → {target}, no local endpoint"),
+        );
+        let r = probe(&pod.ns, Proto::Tcp, target, OK_T);
+        assert_direct(&r, &["pod2a"], pod.ipv4.into());
+    }
+    // The ClusterIP is not affected by the external policy.
+    let results = probes(&pod.ns, Proto::Tcp, sa(cip(51, false), SVC_PORT), 5);
+    assert_eq!(names(&tally(&results)), set(&["pod2a"]));
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. internalTrafficPolicy Local.
+// ---------------------------------------------------------------------------------------
+
+pub fn internal_traffic_policy_local(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("itp")).expect("cluster");
+    let _echo = echo_all(&c);
+    let itp = "internalTrafficPolicy: Local";
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[
+            svc(
+                "mixed",
+                60,
+                "ClusterIP",
+                itp,
+                &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
+            ),
+            svc("remote", 61, "ClusterIP", itp, &[("pod2a", Cond::Ready)]),
+            svc("none", 62, "ClusterIP", itp, &[]),
+        ]),
+        &[],
+    );
+    let pod = c.pod("pod1a");
+    for v6 in [false, true] {
+        let results = probes(&pod.ns, Proto::Tcp, sa(cip(60, v6), SVC_PORT), 20);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&["pod1b"]),
+            "v6={v6}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_direct(r, &["pod1b"], pod.ip(v6));
+        }
+        let r = probe(&pod.ns, Proto::Tcp, sa(cip(61, v6), SVC_PORT), DROP_T);
+        assert_outcome(&r, Outcome::Timeout, "only a remote endpoint");
+        let r = probe(&pod.ns, Proto::Tcp, sa(cip(62, v6), SVC_PORT), REJECT_T);
+        assert_outcome(&r, Outcome::Refused, "no endpoints at all");
+    }
+    // The node itself follows the same policy.
+    let r = probe(&c.node1.ns, Proto::Tcp, sa(cip(60, false), SVC_PORT), OK_T);
+    assert_masqueraded(&r, &["pod1b"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Hairpin.
+// ---------------------------------------------------------------------------------------
+
+pub fn hairpin_to_own_service_is_masqueraded(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("hp")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc("self", 70, "ClusterIP", "", &[("pod1a", Cond::Ready)])]),
+        &[],
+    );
+    let pod = c.pod("pod1a");
+    for v6 in [false, true] {
+        for r in pod
+            .ns
+            .probe(&Probe::tcp(sa(cip(70, v6), SVC_PORT)).count(5).timeout(OK_T))
+            .expect("probe")
+        {
+            let seen = answered(&r, &["pod1a"]);
+            assert_ne!(seen, pod.ip(v6), "hairpin must be masqueraded: {r}");
+            assert!(NODE1_IPS.contains(&seen), "{r}");
+        }
+        // Another pod reaching it is not masqueraded.
+        let other = c.pod("pod1b");
+        let r = probe(&other.ns, Proto::Tcp, sa(cip(70, v6), SVC_PORT), OK_T);
+        assert_direct(&r, &["pod1a"], other.ip(v6));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Session affinity.
+// ---------------------------------------------------------------------------------------
+
+/// The single server that answered all of `results`.
+#[track_caller]
+fn sole_server(results: &[ProbeResult], what: &str) -> String {
+    let m = tally(results);
+    assert_eq!(m.len(), 1, "{what}: expected one server, got {m:?}");
+    let name = m.keys().next().expect("one key").clone();
+    assert!(!name.starts_with('!'), "{what}: {m:?}");
+    name
+}
+
+pub fn session_affinity_client_ip(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("aff")).expect("cluster");
+    let _echo = echo_all(&c);
+    let affinity = "externalIPs: [198.51.100.80], sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}";
+    // IPv4 here; IPv6 in `session_affinity_dual_stack`.
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc_v4("sticky", 80, "NodePort", affinity, ALL3)]),
+        &[],
+    );
+    let cluster_ip = sa(cip(80, false), SVC_PORT);
+    // A pod client sticks.
+    let pod_server = sole_server(
+        &probes(&c.pod("pod1b").ns, Proto::Tcp, cluster_ip, 20),
+        "pod1b → ClusterIP",
+    );
+    // ext sticks, and to the same endpoint whichever address of the Service it uses.
+    let ext = &c.ext.ns;
+    let sticky = sole_server(&probes(ext, Proto::Tcp, cluster_ip, 20), "ext → ClusterIP");
+    for (what, target) in [
+        ("node port", sa(addr::NODE1_LAN_V4.into(), node_port(80))),
+        ("external IP", sa(vip(80), SVC_PORT)),
+    ] {
+        let s = sole_server(&probes(ext, Proto::Tcp, target, 10), what);
+        assert_eq!(
+            s, sticky,
+            "ext → {what} must stick to the ClusterIP's choice"
+        );
+    }
+    eprintln!("pod1b sticks to {pod_server}, ext to {sticky}");
+
+    // Remove the endpoint ext sticks to: it moves to another one (the first SYN may be
+    // dropped once while the stale affinity entry is removed; the retransmit succeeds).
+    let remaining: Vec<(&str, Cond)> = ALL3.iter().copied().filter(|(p, _)| *p != sticky).collect();
+    k.apply(&manifest(&[svc_v4(
+        "sticky", 80, "NodePort", affinity, &remaining,
+    )]));
+    let r = probe(ext, Proto::Tcp, cluster_ip, Duration::from_secs(3));
+    let names_left: Vec<&str> = remaining.iter().map(|(p, _)| *p).collect();
+    answered(&r, &names_left);
+    eprintln!(
+        "first connection after removing {sticky}: {r} in {:?}",
+        r.elapsed
+    );
+    assert!(
+        r.elapsed < Duration::from_millis(1500),
+        "the first connection after the removal took {:?} (one SYN retransmission at most)",
+        r.elapsed
+    );
+    let again = sole_server(
+        &probes(ext, Proto::Tcp, cluster_ip, 10),
+        "ext after removal",
+    );
+    assert_eq!(
+        Some(again.as_str()),
+        r.server_name.as_deref(),
+        "sticks to the new choice"
+    );
+    let s = sole_server(
+        &probes(ext, Proto::Tcp, sa(vip(80), SVC_PORT), 5),
+        "external IP after removal",
+    );
+    assert_eq!(s, again, "still one choice per client across addresses");
+}
+
+pub fn session_affinity_with_external_traffic_policy_local(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("affl")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc_v4(
+            "sticky",
+            85,
+            "LoadBalancer",
+            "externalTrafficPolicy: Local, sessionAffinity: ClientIP",
+            ALL3,
+        )]),
+        &[],
+    );
+    let local = ["pod1a", "pod1b"];
+    let ext = &c.ext.ns;
+    let results = probes(ext, Proto::Tcp, sa(vip(85), SVC_PORT), 20);
+    let sticky = sole_server(&results, "ext → LB IP");
+    for r in &results {
+        assert_direct(r, &local, addr::EXT_V4.into());
+    }
+    let np = sa(addr::NODE1_LAN_V4.into(), node_port(85));
+    let s = sole_server(&probes(ext, Proto::Tcp, np, 10), "ext → node port");
+    assert_eq!(s, sticky, "LB IP and node port share the affinity");
+    // Pods are short-circuited to all endpoints, and stick too.
+    sole_server(
+        &probes(&c.pod("pod1a").ns, Proto::Tcp, sa(vip(85), SVC_PORT), 20),
+        "pod → LB IP",
+    );
+}
+
+pub fn session_affinity_dual_stack(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("aff6")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[
+            svc("sticky", 80, "ClusterIP", "sessionAffinity: ClientIP", ALL3),
+            svc("plain", 81, "ClusterIP", "", &[("pod2a", Cond::Ready)]),
+        ]),
+        &[],
+    );
+    let pod = c.pod("pod1b");
+    sole_server(
+        &probes(&pod.ns, Proto::Tcp, sa(cip(80, false), SVC_PORT), 10),
+        "IPv4 ClusterIP",
+    );
+    sole_server(
+        &probes(&pod.ns, Proto::Tcp, sa(cip(80, true), SVC_PORT), 10),
+        "IPv6 ClusterIP",
+    );
+    // A Service without affinity in the same family works too.
+    let r = probe(&pod.ns, Proto::Tcp, sa(cip(81, true), SVC_PORT), OK_T);
+    assert_direct(&r, &["pod2a"], pod.ipv6.into());
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Terminating endpoints.
+// ---------------------------------------------------------------------------------------
+
+pub fn terminating_endpoints_fallback(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("term")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[
+            // Only a draining endpoint (and a dead one): the draining one serves.
+            svc(
+                "draining",
+                90,
+                "ClusterIP",
+                "",
+                &[("pod2a", Cond::Draining), ("pod1a", Cond::Dead)],
+            ),
+            // Only a dead endpoint: no endpoints.
+            svc("dead", 91, "ClusterIP", "", &[("pod1a", Cond::Dead)]),
+            // A ready endpoint exists: terminating ones are not used.
+            svc(
+                "mixed",
+                92,
+                "ClusterIP",
+                "",
+                &[("pod1a", Cond::Ready), ("pod2a", Cond::Draining)],
+            ),
+        ]),
+        &[],
+    );
+    let pod = &c.pod("pod1b").ns;
+    for v6 in [false, true] {
+        let m = spread(pod, Proto::Tcp, sa(cip(90, v6), SVC_PORT), 20);
+        assert_eq!(names(&m), set(&["pod2a"]), "draining v6={v6}: {m:?}");
+        let r = probe(pod, Proto::Tcp, sa(cip(91, v6), SVC_PORT), REJECT_T);
+        assert_outcome(&r, Outcome::Refused, "only a non-serving endpoint");
+        let m = spread(pod, Proto::Tcp, sa(cip(92, v6), SVC_PORT), 20);
+        assert_eq!(names(&m), set(&["pod1a"]), "mixed v6={v6}: {m:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 11. IPv6.
+// ---------------------------------------------------------------------------------------
+
+pub fn ipv6_cluster_ip_and_node_port(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("v6")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc(
+            "web6",
+            100,
+            "NodePort",
+            "",
+            &[("pod1a", Cond::Ready), ("pod2a", Cond::Ready)],
+        )]),
+        &[],
+    );
+    let two = ["pod1a", "pod2a"];
+    let cluster_ip = sa(cip(100, true), SVC_PORT);
+    let node_port6 = sa(addr::NODE1_LAN_V6.into(), node_port(100));
+    let pod = c.pod("pod1b");
+    for target in [cluster_ip, node_port6] {
+        let results = probes(&pod.ns, Proto::Tcp, target, 30);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&two),
+            "pod → {target}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            if target == cluster_ip {
+                assert_direct(r, &two, pod.ipv6.into());
+            } else {
+                // A node port is an external destination: policy Cluster masquerades.
+                assert_masqueraded(r, &two);
+            }
+        }
+        let results = probes(&c.ext.ns, Proto::Tcp, target, 30);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&two),
+            "ext → {target}: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_masqueraded(r, &two);
+        }
+    }
+    let r = probe(&c.node1.ns, Proto::Tcp, cluster_ip, OK_T);
+    assert_masqueraded(&r, &two);
+}
+
+// ---------------------------------------------------------------------------------------
+// 12. Live changes and restarts.
+// ---------------------------------------------------------------------------------------
+
+/// An echo server that keeps TCP connections open and answers every line with
+/// `NAME LINE`.
+const LINE_SERVER: &str = r#"
+import socket, sys, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[2], int(sys.argv[3]))); s.listen(16)
+print("ready", flush=True)
+def serve(c):
+    for line in c.makefile("rb"):
+        c.sendall(sys.argv[1].encode() + b" " + line)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// A client that opens one TCP connection, exchanges a line, waits until file
+/// `argv[3]` exists and exchanges another line on the same connection.
+const LINE_CLIENT: &str = r#"
+import os, socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+f = c.makefile("rb")
+c.sendall(b"one\n"); print("got", f.readline().decode().strip(), flush=True)
+while not os.path.exists(sys.argv[3]): time.sleep(0.02)
+c.sendall(b"two\n"); print("got", f.readline().decode().strip(), flush=True)
+"#;
+
+pub fn live_changes_and_restart_keep_established_connections(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("live")).expect("cluster");
+    // pod1a and pod1b run the echo server; pod2a a line server holding connections.
+    let _echo: Vec<Spawned> = ["pod1a", "pod1b"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let mut line_server = c
+        .pod("pod2a")
+        .ns
+        .spawn([
+            "python3",
+            "-c",
+            LINE_SERVER,
+            "pod2a",
+            "10.244.2.2",
+            &EP_PORT.to_string(),
+        ])
+        .expect("python3 line server");
+    line_server
+        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
+        .expect("line server ready");
+
+    let hold = || svc("hold", 111, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[
+            svc("live", 110, "NodePort", "", &[("pod1a", Cond::Ready)]),
+            hold(),
+        ]),
+        &[],
+    );
+    let client = &c.ext.ns;
+    let live = sa(cip(110, false), SVC_PORT);
+    let live_np = sa(addr::NODE1_LAN_V4.into(), node_port(110));
+    assert_eq!(
+        names(&spread(client, Proto::Tcp, live, 10)),
+        set(&["pod1a"])
+    );
+
+    // A long-lived connection through the other Service's ClusterIP (to a remote pod).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go = dir.path().join("go");
+    let mut held = c
+        .pod("pod1b")
+        .ns
+        .spawn([
+            "python3",
+            "-c",
+            LINE_CLIENT,
+            &cip(111, false).to_string(),
+            &SVC_PORT.to_string(),
+            &go.display().to_string(),
+        ])
+        .expect("python3 line client");
+    held.wait_for_line(|l| l == "got pod2a one", Duration::from_secs(5))
+        .expect("first line over the held connection");
+
+    // Add an endpoint: traffic reaches it.
+    k.apply(&manifest(&[
+        svc(
+            "live",
+            110,
+            "NodePort",
+            "",
+            &[("pod1a", Cond::Ready), ("pod1b", Cond::Ready)],
+        ),
+        hold(),
+    ]));
+    assert_eq!(
+        names(&spread(client, Proto::Tcp, live, 30)),
+        set(&["pod1a", "pod1b"])
+    );
+
+    // Restart kpng while probing: every new connection works (the rules stay while it
+    // is down, and the full resync at start-up replaces them atomically).
+    let probe_over_restart = Probe::tcp(live_np)
+        .count(30)
+        .interval(Duration::from_millis(40))
+        .timeout(OK_T);
+    let results = std::thread::scope(|s| {
+        let prober = s.spawn(|| client.probe(&probe_over_restart).expect("probe"));
+        std::thread::sleep(Duration::from_millis(200));
+        k.restart();
+        prober.join().expect("prober thread")
+    });
+    let m = tally(&results);
+    assert_eq!(names(&m), set(&["pod1a", "pod1b"]), "over restart: {m:?}");
+
+    // A change made while kpng is down is applied when it starts (its first sync
+    // replaces whatever the previous run left).
+    k.stop();
+    k.write(&manifest(&[
+        svc("live", 110, "NodePort", "", &[("pod1b", Cond::Ready)]),
+        hold(),
+    ]));
+    k.restart();
+    assert_eq!(
+        names(&spread(client, Proto::Tcp, live, 20)),
+        set(&["pod1b"])
+    );
+    assert_eq!(
+        names(&spread(client, Proto::Tcp, live_np, 10)),
+        set(&["pod1b"])
+    );
+
+    // Same number of endpoints, another endpoint: the slot is rewritten.
+    k.apply(&manifest(&[
+        svc("live", 110, "NodePort", "", &[("pod1a", Cond::Ready)]),
+        hold(),
+    ]));
+    assert_eq!(
+        names(&spread(client, Proto::Tcp, live, 10)),
+        set(&["pod1a"])
+    );
+
+    // The Service moves to another ClusterIP and node port: the old ones are gone (an
+    // unallocated Service IP is dropped; nothing listens on a free node port, so the
+    // node's own stack refuses it), the new ones work.
+    k.apply(&manifest(&[
+        svc("live", 112, "NodePort", "", &[("pod1a", Cond::Ready)]),
+        hold(),
+    ]));
+    let moved = sa(cip(112, false), SVC_PORT);
+    let moved_np = sa(addr::NODE1_LAN_V4.into(), node_port(112));
+    for target in [moved, moved_np] {
+        assert_masqueraded(&probe(client, Proto::Tcp, target, OK_T), &["pod1a"]);
+    }
+    assert_outcome(
+        &probe(client, Proto::Tcp, live, DROP_T),
+        Outcome::Timeout,
+        "the old ClusterIP",
+    );
+    assert_outcome(
+        &probe(client, Proto::Tcp, live_np, REJECT_T),
+        Outcome::Refused,
+        "the old node port",
+    );
+
+    // Remove the Service.
+    k.apply(&manifest(&[hold()]));
+    assert_outcome(
+        &probe(client, Proto::Tcp, moved, DROP_T),
+        Outcome::Timeout,
+        "removed Service's ClusterIP",
+    );
+    assert_outcome(
+        &probe(client, Proto::Tcp, moved_np, REJECT_T),
+        Outcome::Refused,
+        "removed Service's node port",
+    );
+
+    // The connection opened before the restart still works.
+    std::fs::write(&go, "").expect("signal the client");
+    held.wait_for_line(|l| l == "got pod2a two", Duration::from_secs(5))
+        .expect("second line over the held connection, after a kpng restart");
+}
+
+// ---------------------------------------------------------------------------------------
+// 13. --masquerade-all.
+// ---------------------------------------------------------------------------------------
+
+pub fn masquerade_all_masquerades_pod_traffic(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("masq")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc(
+            "web",
+            120,
+            "ClusterIP",
+            "",
+            &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
+        )]),
+        &["--masquerade-all"],
+    );
+    let pod = &c.pod("pod1a").ns;
+    for v6 in [false, true] {
+        let results = probes(pod, Proto::Tcp, sa(cip(120, v6), SVC_PORT), 20);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&["pod1b", "pod2a"]),
+            "{:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_masqueraded(r, &["pod1b", "pod2a"]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Other flags: --detect-local-mode, --nodeport-addresses.
+// ---------------------------------------------------------------------------------------
+
+pub fn detect_local_modes(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("dlm")).expect("cluster");
+    let _echo = echo_all(&c);
+    let m = manifest(&[
+        svc("remote", 130, "ClusterIP", "", &[("pod2a", Cond::Ready)]),
+        svc("local", 131, "ClusterIP", "", &[("pod1b", Cond::Ready)]),
+    ]);
+    let pod = c.pod("pod1a");
+    for (flags, ext_masqueraded) in [
+        (&["--detect-local-mode", "NodeCIDR"][..], true),
+        (
+            &[
+                "--detect-local-mode",
+                "BridgeInterface",
+                "--pod-bridge-interface",
+                "cbr0",
+            ][..],
+            true,
+        ),
+        // No detector: off-cluster traffic to ClusterIPs is not masqueraded either.
+        (&["--detect-local-mode", "None"][..], false),
+    ] {
+        let mut k = Kpng::start(b, &c.node1.ns, &m, flags);
+        for v6 in [false, true] {
+            let r = probe(&pod.ns, Proto::Tcp, sa(cip(130, v6), SVC_PORT), OK_T);
+            assert_direct(&r, &["pod2a"], pod.ip(v6));
+            let r = probe(&c.ext.ns, Proto::Tcp, sa(cip(131, v6), SVC_PORT), OK_T);
+            if ext_masqueraded {
+                assert_masqueraded(&r, &["pod1b"]);
+            } else {
+                let ext: IpAddr = if v6 {
+                    addr::EXT_V6.into()
+                } else {
+                    addr::EXT_V4.into()
+                };
+                assert_direct(&r, &["pod1b"], ext);
+            }
+        }
+        k.stop();
+    }
+}
+
+pub fn node_port_addresses_cidrs(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("npa")).expect("cluster");
+    let _echo = echo_all(&c);
+    // Only node1's pod-bridge IPv4 address takes node ports.
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc("np", 10, "NodePort", "", &[("pod2a", Cond::Ready)])]),
+        &["--nodeport-addresses", addr::NODE1_POD_CIDR_V4],
+    );
+    let pod = c.pod("pod1a");
+    let r = probe(
+        &pod.ns,
+        Proto::Tcp,
+        sa(addr::NODE1_POD_GW_V4.into(), node_port(10)),
+        OK_T,
+    );
+    assert_masqueraded(&r, &["pod2a"]);
+    let lan_v4 = IpAddr::from(addr::NODE1_LAN_V4);
+    let r = probe(&c.ext.ns, Proto::Tcp, sa(lan_v4, node_port(10)), REJECT_T);
+    assert_outcome(&r, Outcome::Refused, &format!("ext → {lan_v4} node port"));
+    // No IPv6 CIDR given: as upstream's NodePortAddresses, every local IPv6 address serves
+    // IPv6 node ports.
+    let lan_v6 = IpAddr::from(addr::NODE1_LAN_V6);
+    let r = probe(&c.ext.ns, Proto::Tcp, sa(lan_v6, node_port(10)), OK_T);
+    assert_masqueraded(&r, &["pod2a"]);
+    // The ClusterIP is not affected.
+    let r = probe(&pod.ns, Proto::Tcp, sa(cip(10, false), SVC_PORT), OK_T);
+    assert_direct(&r, &["pod2a"], pod.ipv4.into());
+}
+
+// ---------------------------------------------------------------------------------------
+// 14. No leftovers.
+// ---------------------------------------------------------------------------------------
+
+fn netns_list() -> BTreeSet<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+pub fn nothing_is_left_behind(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("gone")).expect("cluster");
+    let names_before = c.namespace_names();
+    let echo = echo_all(&c);
+    let k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", ALL3)]),
+        &[],
+    );
+    let (kpng, dir) = k.detach();
+    let kpng = kpng.expect("kpng runs");
+    let pid = kpng.id();
+    let r = probe(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(10, false), SVC_PORT),
+        OK_T,
+    );
+    answered(&r, &["pod1a", "pod1b", "pod2a"]);
+    // Dropping the cluster kills everything inside its namespaces, kpng included, even
+    // before the guards go.
+    drop(c);
+    let listed = netns_list();
+    for n in &names_before {
+        assert!(!listed.contains(n), "namespace {n} left behind");
+    }
+    // SIGKILL is sent, but a process with many threads takes a moment to finish dying.
+    let gone = || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !gone() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(gone(), "kpng (pid {pid}) still runs");
+    drop(kpng);
+    drop(echo);
+    drop(dir);
+}
+
+/// GETs `url` from inside `ns` with curl: (status, headers lower-cased, body). Retries briefly:
+/// health-check servers open right after a sync.
+fn http_get(ns: &Netns, url: &str) -> (u16, BTreeMap<String, String>, String) {
+    let mut last = String::new();
+    for _ in 0..20 {
+        if let Ok(out) = ns.run_ok(["curl", "-s", "-i", "--max-time", "2", url]) {
+            let text = out.replace("\r\n", "\n");
+            let (head, body) = text.split_once("\n\n").unwrap_or((&text, ""));
+            let mut lines = head.lines();
+            let status = lines
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let headers = lines
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_string()))
+                .collect();
+            return (status, headers, body.to_string());
+        }
+        last = format!("no answer from {url}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{last}");
+}
+
+pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("hc")).expect("cluster");
+    let _echo = echo_all(&c);
+    let lb = |eps: Eps<'_>| {
+        manifest(&[svc(
+            "hc",
+            60,
+            "LoadBalancer",
+            "externalTrafficPolicy: Local, healthCheckNodePort: 32160",
+            eps,
+        )])
+    };
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &lb(&[
+            ("pod1a", Cond::Ready),
+            ("pod1b", Cond::Ready),
+            ("pod2a", Cond::Ready),
+        ]),
+        &[],
+    );
+    let url = format!("http://{}:32160/any/path", addr::NODE1_LAN_V4);
+    let body = |n: u32| {
+        format!(
+            "{{\n\t\"service\": {{\n\t\t\"namespace\": \"default\",\n\t\t\"name\": \"hc\"\n\t}},\n\t\"localEndpoints\": {n},\n\t\"serviceProxyHealthy\": true\n}}"
+        )
+    };
+
+    // Two local ready endpoints (pod2a is on node2): 200, weight 2.
+    let (status, headers, text) = http_get(&c.ext.ns, &url);
+    assert_eq!(status, 200, "{headers:?} {text}");
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    assert_eq!(
+        headers.get("x-content-type-options").map(String::as_str),
+        Some("nosniff")
+    );
+    assert_eq!(
+        headers
+            .get("x-load-balancing-endpoint-weight")
+            .map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(text, body(2));
+
+    // A terminating local endpoint does not count; with none ready locally: 503.
+    k.apply(&lb(&[("pod1a", Cond::Draining), ("pod2a", Cond::Ready)]));
+    let (status, headers, text) = http_get(&c.ext.ns, &url);
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(
+        headers
+            .get("x-load-balancing-endpoint-weight")
+            .map(String::as_str),
+        Some("0")
+    );
+    assert_eq!(text, body(0));
+
+    // The Service turns eTP Cluster: the health check closes.
+    k.apply(&manifest(&[svc(
+        "hc",
+        60,
+        "LoadBalancer",
+        "",
+        &[("pod1a", Cond::Ready)],
+    )]));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        c.ext
+            .ns
+            .run_ok(["curl", "-s", "--max-time", "1", &url])
+            .is_err(),
+        "health check still open"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// iptables only: kube-proxy's chains, and repair after someone flushes the tables.
+// ---------------------------------------------------------------------------------------
+
+/// The rules carry kube-proxy's chain names, and a periodic sync rewrites them after someone
+/// flushed every table (kube-proxy's canary-chain check).
+pub fn iptables_chains_and_flush_repair(b: Backend) {
+    require_root!();
+    let tool = b.iptables_tool().expect("an iptables backend");
+    let c = Cluster::create(&b.prefix("flush")).expect("cluster");
+    let _echo = echo_all(&c);
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &["--sync-period", "1s"],
+    );
+    let node = &c.node1.ns;
+    let saved = node
+        .run_ok([&format!("{tool}-save"), "-t", "nat"])
+        .expect("save");
+    let chain = kpng_backend_iptables::names::PortChains::new("default/web:tcp", "tcp").cluster;
+    assert!(
+        saved.contains(&format!(":{chain} ")) && saved.contains("-j KUBE-SERVICES"),
+        "kube-proxy's chains in node1:\n{saved}"
+    );
+    let pod = &c.pod("pod1a").ns;
+    let target = sa(cip(10, false), SVC_PORT);
+    assert_direct(
+        &probe(pod, Proto::Tcp, target, OK_T),
+        &["pod2a"],
+        addr::POD1A_V4.into(),
+    );
+
+    let (ok, failed) = k.sync_counts();
+    for table in ["nat", "filter", "mangle"] {
+        node.run_ok([tool, "-t", table, "-F"]).expect("flush");
+        node.run_ok([tool, "-t", table, "-X"])
+            .expect("delete chains");
+    }
+    // (No probe in between: the next periodic sync may repair it at any moment.)
+    k.wait_synced(ok, failed);
+    assert!(k.stderr().contains("were flushed"), "{}", k.stderr());
+    let saved = node
+        .run_ok([&format!("{tool}-save"), "-t", "nat"])
+        .expect("save");
+    assert!(saved.contains(&format!(":{chain} ")), "rewritten:\n{saved}");
+    assert_direct(
+        &probe(pod, Proto::Tcp, target, OK_T),
+        &["pod2a"],
+        addr::POD1A_V4.into(),
+    );
+}

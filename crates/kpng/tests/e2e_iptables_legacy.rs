@@ -1,0 +1,16 @@
+//! Real-packet end-to-end tests of `kpng … to-local iptables --iptables-mode legacy` (the shared
+//! suite in `e2e/`, with iptables mode's documented differences from nftables).
+
+mod e2e;
+
+e2e::suite!(e2e::Backend::IptablesLegacy);
+
+#[test]
+fn session_affinity_dual_stack() {
+    e2e::scenarios::session_affinity_dual_stack(e2e::Backend::IptablesLegacy);
+}
+
+#[test]
+fn iptables_chains_and_flush_repair() {
+    e2e::scenarios::iptables_chains_and_flush_repair(e2e::Backend::IptablesLegacy);
+}
