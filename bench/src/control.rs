@@ -26,6 +26,8 @@ pub enum BackendKind {
     IptablesNft,
     /// `to-local iptables --iptables-mode legacy`.
     IptablesLegacy,
+    /// `to-local userspace` (data plane only: not in [`BackendKind::ALL`]).
+    Userspace,
 }
 
 impl BackendKind {
@@ -42,6 +44,7 @@ impl BackendKind {
             BackendKind::Nft => &["to-local", "nft"],
             BackendKind::IptablesNft => &["to-local", "iptables", "--iptables-mode", "nft"],
             BackendKind::IptablesLegacy => &["to-local", "iptables", "--iptables-mode", "legacy"],
+            BackendKind::Userspace => &["to-local", "userspace"],
         }
     }
 
@@ -51,6 +54,7 @@ impl BackendKind {
             BackendKind::Nft => "nft",
             BackendKind::IptablesNft => "iptables-nft",
             BackendKind::IptablesLegacy => "iptables-legacy",
+            BackendKind::Userspace => "userspace",
         }
     }
 

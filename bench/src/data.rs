@@ -1,6 +1,11 @@
 //! Data plane: TCP connect latency and connection rate to a Service VIP, for kpng's ruleset at N
 //! Services against the floor (one static DNAT rule) and no NAT at all, in identical namespaces,
 //! alternating rounds so that machine noise hits every case alike.
+//!
+//! The userspace backend completes the client's handshake itself and connects to the endpoint
+//! afterwards, so its connect time alone would flatter it: its cases measure until the
+//! endpoint's close arrives through the proxy (the endpoint server closes every connection at
+//! once), against the floor measured the same way.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -12,10 +17,37 @@ use crate::control::{BackendKind, Kpng, Scratch};
 use crate::stats::percentile;
 use crate::workload::{self, Endpoints, NODE_IP, TARGET_PORT};
 
+/// What one connection attempt waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// The handshake.
+    Connected,
+    /// The endpoint's close, relayed back (a full round trip through any proxy).
+    Closed,
+}
+
+impl Until {
+    fn flag(self) -> &'static [&'static str] {
+        match self {
+            Until::Connected => &[],
+            Until::Closed => &["--until-close"],
+        }
+    }
+}
+
+/// The largest workload the userspace backend is measured at: it holds one or more sockets
+/// per Service port (30k Services would need ~45k file descriptors).
+pub const USERSPACE_MAX_SERVICES: usize = 5000;
+
+const FLOOR: &str = "floor: one static DNAT rule";
+const FLOOR_CLOSE: &str = "floor: one static DNAT rule → close";
+
 /// One measured case.
 #[derive(Debug)]
 struct Case {
     label: String,
+    /// The label of the case its ratios are against.
+    reference: &'static str,
     latencies_us: Vec<f64>,
     rate: f64,
 }
@@ -55,14 +87,14 @@ impl DataResult {
     /// A markdown table, ratios against the floor first.
     pub fn markdown(&self) -> String {
         let mut s = format!(
-            "{} Services (target: the last-added ClusterIP Service)\n\n| case | p50 | p99 | p50 vs floor | connections/s | rate vs floor |\n|---|---|---|---|---|---|\n",
+            "{} Services (target: the last-added ClusterIP Service; \"→ close\" cases wait for the endpoint's close through the path, and compare with the floor measured so)\n\n| case | p50 | p99 | p50 vs floor | connections/s | rate vs floor |\n|---|---|---|---|---|---|\n",
             self.n
         );
-        let floor = self.cases.iter().find(|c| c.label.starts_with("floor"));
-        let mut floor_lat = floor.map(|c| c.latencies_us.clone()).unwrap_or_default();
-        let floor_p50 = percentile(&mut floor_lat, 50.0);
-        let floor_rate = floor.map(|c| c.rate).unwrap_or(f64::NAN);
         for c in &self.cases {
+            let floor = self.cases.iter().find(|f| f.label == c.reference);
+            let mut floor_lat = floor.map(|f| f.latencies_us.clone()).unwrap_or_default();
+            let floor_p50 = percentile(&mut floor_lat, 50.0);
+            let floor_rate = floor.map(|f| f.rate).unwrap_or(f64::NAN);
             let mut l = c.latencies_us.clone();
             let p50 = percentile(&mut l, 50.0);
             let p99 = percentile(&mut l, 99.0);
@@ -119,8 +151,22 @@ pub fn serve(listen: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `kpng-bench connect --target ADDR (--count N | --duration-ms D)`: prints one JSON line with
-/// the connect latencies (µs) or the number of connections made.
+/// One connection: the handshake, and with `until_close` the server's close too.
+fn one_connection(target: &SocketAddr, timeout: Duration, until_close: bool) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(target, timeout) else {
+        return false;
+    };
+    if !until_close {
+        return true;
+    }
+    let _ = stream.set_read_timeout(Some(timeout));
+    let mut buf = [0u8; 64];
+    // A close is a clean EOF; a reset (the proxy found no endpoint) is a failure.
+    matches!(std::io::Read::read(&mut stream, &mut buf), Ok(0))
+}
+
+/// `kpng-bench connect --target ADDR (--count N | --duration-ms D) [--until-close]`: prints
+/// one JSON line with the connect latencies (µs) or the number of connections made.
 pub fn connect_cmd(args: &[String]) -> Result<(), String> {
     let get = |name: &str| {
         args.iter()
@@ -133,14 +179,16 @@ pub fn connect_cmd(args: &[String]) -> Result<(), String> {
         .parse()
         .map_err(|e| format!("--target: {e}"))?;
     let timeout = Duration::from_secs(1);
+    let until_close = args.iter().any(|a| a == "--until-close");
     if let Some(ms) = get("--duration-ms").and_then(|v| v.parse::<u64>().ok()) {
         let end = Instant::now() + Duration::from_millis(ms);
         let (mut ok, mut failed) = (0u64, 0u64);
         let started = Instant::now();
         while Instant::now() < end {
-            match TcpStream::connect_timeout(&target, timeout) {
-                Ok(_) => ok += 1,
-                Err(_) => failed += 1,
+            if one_connection(&target, timeout, until_close) {
+                ok += 1;
+            } else {
+                failed += 1;
             }
         }
         println!(
@@ -154,12 +202,10 @@ pub fn connect_cmd(args: &[String]) -> Result<(), String> {
     let mut failed = 0;
     for _ in 0..count {
         let t = Instant::now();
-        match TcpStream::connect_timeout(&target, timeout) {
-            Ok(s) => {
-                lat.push(t.elapsed().as_secs_f64() * 1e6);
-                drop(s);
-            }
-            Err(_) => failed += 1,
+        if one_connection(&target, timeout, until_close) {
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        } else {
+            failed += 1;
         }
     }
     println!("{}", serde_json::json!({"lat_us": lat, "failed": failed}));
@@ -194,11 +240,14 @@ fn run_json(ns: &Netns, args: &[String]) -> Result<serde_json::Value, String> {
 }
 
 /// Runs the data-plane benchmark for `n` Services, with kpng on each of `backends`.
+/// Runs the data-plane benchmark for `n` Services, for each of `backends` (and the userspace
+/// backend, measured to the endpoint's close, when `userspace`).
 pub fn run(
     kpng: &str,
     backends: &[BackendKind],
     n: usize,
     connects: usize,
+    userspace: bool,
 ) -> Result<DataResult, String> {
     let me: PathBuf = std::env::current_exe().map_err(|e| e.to_string())?;
     let me = me.display().to_string();
@@ -217,6 +266,16 @@ pub fn run(
         kp.wait_for_syncs(1, Duration::from_secs(600))?;
         with_kpng.push((*backend, ns, server, kp));
     }
+    let with_userspace = if userspace {
+        let ns = Netns::new("kbu").map_err(|e| e.to_string())?;
+        let server = prepare(&ns, &me)?;
+        let log = scratch.0.join("kpng-userspace.log");
+        let mut kp = Kpng::start(&ns, kpng, BackendKind::Userspace, &manifests, &log)?;
+        kp.wait_for_syncs(1, Duration::from_secs(600))?;
+        Some((ns, server, kp))
+    } else {
+        None
+    };
 
     let last = workload::cluster_ip(workload::last_plain_service(n));
     let first = workload::cluster_ip(0);
@@ -238,30 +297,39 @@ pub fn run(
         crate::kube_proxy_nft::DATA_PLANE_CAP,
     )?;
 
-    let mut cases: Vec<(String, &Netns, String)> = Vec::new();
+    // (label, reference, namespace, target, what a connection waits for)
+    let mut cases: Vec<(String, &'static str, &Netns, String, Until)> = Vec::new();
     for (backend, ns, _, _) in &with_kpng {
         let label = backend.label();
         cases.push((
             format!("kpng {label}, {n} Services, last Service"),
+            FLOOR,
             ns,
             format!("{last}:80"),
+            Until::Connected,
         ));
         cases.push((
             format!("kpng {label}, {n} Services, first Service"),
+            FLOOR,
             ns,
             format!("{first}:80"),
+            Until::Connected,
         ));
     }
     cases.extend([
         (
-            "floor: one static DNAT rule".to_string(),
+            FLOOR.to_string(),
+            FLOOR,
             &floor,
             format!("{last}:80"),
+            Until::Connected,
         ),
         (
             "no NAT (endpoint directly)".to_string(),
+            FLOOR,
             &floor,
             format!("10.244.0.1:{TARGET_PORT}"),
+            Until::Connected,
         ),
     ]);
     if kube_proxy_load.loaded() {
@@ -270,47 +338,59 @@ pub fn run(
                 "{}, {n} Services, last Service",
                 crate::kube_proxy_nft::LABEL
             ),
+            FLOOR,
             &kube_proxy,
             format!("{last}:80"),
+            Until::Connected,
+        ));
+    }
+    if let Some((ns, _, _)) = &with_userspace {
+        cases.push((
+            format!("kpng userspace, {n} Services, last Service → close"),
+            FLOOR_CLOSE,
+            ns,
+            format!("{last}:80"),
+            Until::Closed,
+        ));
+        cases.push((
+            FLOOR_CLOSE.to_string(),
+            FLOOR_CLOSE,
+            &floor,
+            format!("{last}:80"),
+            Until::Closed,
         ));
     }
     let rounds = 5;
     let mut results: Vec<Case> = cases
         .iter()
-        .map(|(l, _, _)| Case {
+        .map(|(l, reference, _, _, _)| Case {
             label: l.clone(),
+            reference,
             latencies_us: Vec::new(),
             rate: 0.0,
         })
         .collect();
+    let command = |target: &str, until: Until, what: [&str; 2]| -> Vec<String> {
+        let mut v = vec![
+            me.clone(),
+            "connect".into(),
+            "--target".into(),
+            target.to_string(),
+            what[0].into(),
+            what[1].into(),
+        ];
+        v.extend(until.flag().iter().map(|s| s.to_string()));
+        v
+    };
     // Warm up every path once.
-    for (_, ns, target) in &cases {
-        run_json(
-            ns,
-            &[
-                me.clone(),
-                "connect".into(),
-                "--target".into(),
-                target.clone(),
-                "--count".into(),
-                "50".into(),
-            ],
-        )?;
+    for (_, _, ns, target, until) in &cases {
+        run_json(ns, &command(target, *until, ["--count", "50"]))?;
     }
     let mut rates = vec![Vec::new(); cases.len()];
+    let per_round = (connects / rounds).to_string();
     for _ in 0..rounds {
-        for (i, (_, ns, target)) in cases.iter().enumerate() {
-            let v = run_json(
-                ns,
-                &[
-                    me.clone(),
-                    "connect".into(),
-                    "--target".into(),
-                    target.clone(),
-                    "--count".into(),
-                    (connects / rounds).to_string(),
-                ],
-            )?;
+        for (i, (_, _, ns, target, until)) in cases.iter().enumerate() {
+            let v = run_json(ns, &command(target, *until, ["--count", &per_round]))?;
             if v["failed"].as_u64().unwrap_or(0) > 0 {
                 return Err(format!(
                     "{}: {} connections failed",
@@ -324,17 +404,7 @@ pub fn run(
                     .flatten()
                     .filter_map(|x| x.as_f64()),
             );
-            let r = run_json(
-                ns,
-                &[
-                    me.clone(),
-                    "connect".into(),
-                    "--target".into(),
-                    target.clone(),
-                    "--duration-ms".into(),
-                    "300".into(),
-                ],
-            )?;
+            let r = run_json(ns, &command(target, *until, ["--duration-ms", "300"]))?;
             if r["failed"].as_u64().unwrap_or(0) > 0 {
                 eprintln!(
                     "warning: {}: {} connections failed during the rate run",

@@ -9,8 +9,9 @@
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
-//! Needs root (network namespaces, nftables, conntrack). Internal subcommands `connect`,
-//! `serve` and `conntrack-inner` run inside the namespaces.
+//! Needs root (network namespaces, nftables, conntrack). The data plane also measures the
+//! userspace backend (up to 5000 Services). Internal subcommands `connect`, `serve` and
+//! `conntrack-inner` run inside the namespaces.
 
 /// The same allocator as kpng, so `mem` measures what kpng would hold.
 #[global_allocator]
@@ -83,13 +84,17 @@ fn main() -> ExitCode {
             )
             .map(|r| println!("{}", r.markdown_row())),
         },
-        Some("data-plane") => data::run(
-            &kpng,
-            &control::BackendKind::ALL,
-            num(&args, "--services", 1000),
-            num(&args, "--connects", 2000),
-        )
-        .map(|r| println!("{}", r.markdown())),
+        Some("data-plane") => {
+            let n = num(&args, "--services", 1000);
+            data::run(
+                &kpng,
+                &control::BackendKind::ALL,
+                n,
+                num(&args, "--connects", 2000),
+                n <= data::USERSPACE_MAX_SERVICES,
+            )
+            .map(|r| println!("{}", r.markdown()))
+        }
         Some("api") => api::run(
             &kpng,
             num(&args, "--services", 30_000),
@@ -182,11 +187,19 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     let mut data_results = Vec::new();
     for n in data_sizes {
         eprintln!("data plane: {n} Services …");
+        let userspace = *n <= data::USERSPACE_MAX_SERVICES;
+        if !userspace {
+            report.push_str(&format!(
+                "(The userspace backend is measured up to {} Services: it holds one or more sockets per Service port.)\n\n",
+                data::USERSPACE_MAX_SERVICES
+            ));
+        }
         let r = data::run(
             kpng,
             &control::BackendKind::ALL,
             *n,
             if quick { 600 } else { 3000 },
+            userspace,
         )?;
         report.push_str(&r.markdown());
         report.push('\n');

@@ -298,6 +298,9 @@ pub enum LocalBackend {
     Nft(NftArgs),
     /// iptables (kube-proxy iptables mode: the same chains and rules, legacy or nft variant).
     Iptables(IptablesArgs),
+    /// A userspace TCP/UDP proxy (VIP traffic captured by a small nftables ruleset on Linux);
+    /// endpoints see the node as the client.
+    Userspace(UserspaceArgs),
 }
 
 /// `… to-local iptables …`.
@@ -322,6 +325,25 @@ pub struct IptablesArgs {
         default_missing_value = "true"
     )]
     pub iptables_localhost_nodeports: bool,
+}
+
+/// `… to-local userspace …`.
+#[derive(Debug, Args)]
+pub struct UserspaceArgs {
+    /// Print every capture transaction instead of applying it (the proxy still listens).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// How long an idle UDP session is kept (no datagram either way). kube-proxy's userspace
+    /// mode defaulted to 250ms; 30s matches the kernel's UDP conntrack timeout.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub udp_timeout: Duration,
+    /// How long one connection attempt to an endpoint may take before the next endpoint is
+    /// tried.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// The `nft` binary that installs the capture rules.
+    #[arg(long, default_value = "nft")]
+    pub nft_binary: String,
 }
 
 /// `… to-local nft …`.
@@ -453,6 +475,58 @@ mod tests {
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+}
+
+#[cfg(test)]
+mod userspace_tests {
+    use super::*;
+
+    #[test]
+    fn to_local_userspace() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "file",
+            "--input",
+            "x.yaml",
+            "to-local",
+            "userspace",
+            "--udp-timeout",
+            "250ms",
+        ])
+        .expect("parses");
+        let Command::File(f) = cli.command else {
+            panic!("file source")
+        };
+        let Sink::ToLocal(ToLocal {
+            backend: LocalBackend::Userspace(u),
+        }) = f.sink
+        else {
+            panic!("userspace")
+        };
+        assert_eq!(u.udp_timeout, Duration::from_millis(250));
+        assert_eq!(u.connect_timeout, Duration::from_secs(2));
+        assert!(!u.dry_run);
+    }
+
+    #[test]
+    fn a_grpc_client_node_runs_the_userspace_backend_too() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "local",
+            "--api",
+            "unix:///run/kpng.sock",
+            "userspace",
+            "--dry-run",
+        ])
+        .expect("parses");
+        let Command::Local(l) = cli.command else {
+            panic!("local")
+        };
+        let LocalBackend::Userspace(u) = l.backend else {
+            panic!("userspace")
+        };
+        assert!(u.dry_run);
     }
 }
 

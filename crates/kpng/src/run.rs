@@ -28,9 +28,15 @@ use kpng_backend_nft::exec::libnftables::LibNftables;
 use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
 use kpng_backend_nft::netlink::NetlinkWriter;
 use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
+use kpng_backend_userspace::capture::Capture as _;
+use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
+use kpng_backend_userspace::entries::NodePortAddresses as UserspaceNodePorts;
+use kpng_backend_userspace::proxy::ProxySettings;
+use kpng_backend_userspace::{UserspaceBackend, UserspaceConfig};
 
 use crate::cli::{
     BrainFlags, Cli, Command, GlobalFlags, IptablesArgs, LocalBackend, NftArgs, NodeSink, Sink,
+    UserspaceArgs,
 };
 
 /// The async runtime every source runs on.
@@ -115,6 +121,9 @@ fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend
         (false, _) => Box::new(Auto::new(&args.nft_binary)),
     };
     let backend = NftBackend::new(config, exec);
+    if !args.dry_run {
+        remove_userspace_tables();
+    }
     if args.dry_run || args.nft_exec != "auto" {
         return Ok(backend);
     }
@@ -180,11 +189,22 @@ fn iptables_backend(flags: &GlobalFlags, args: &IptablesArgs) -> anyhow::Result<
     }
     info!("programming iptables-{}", mode.name());
     remove_nft_tables();
+    remove_userspace_tables();
     let ipt: Box<dyn Iptables> = Box::new(IptablesCommand::new(mode));
     Ok(IptablesBackend::new(
         IptablesConfig { families, ..config },
         ipt,
     ))
+}
+
+/// Removes the userspace backend's capture tables, so that a node switched from
+/// `to-local userspace` does not keep redirecting Service traffic to listeners that are gone.
+/// Best effort, as [`remove_nft_tables`].
+fn remove_userspace_tables() {
+    match NftCapture::new(Family::ALL.to_vec()).cleanup() {
+        Ok(()) => tracing::debug!("no kpng-userspace tables left behind"),
+        Err(e) => tracing::debug!("not removing the kpng-userspace tables: {e}"),
+    }
 }
 
 /// Removes the nftables backend's tables, so that a node switched from `to-local nft` to
@@ -199,13 +219,49 @@ fn remove_nft_tables() {
     }
 }
 
+/// The userspace backend configured from the flags.
+fn userspace_backend(
+    flags: &GlobalFlags,
+    args: &UserspaceArgs,
+) -> anyhow::Result<UserspaceBackend> {
+    let nodeport_addresses = match nodeport_flag(flags)? {
+        NodePortFlag::Unset | NodePortFlag::Primary => UserspaceNodePorts::Primary,
+        NodePortFlag::Cidrs(cidrs) => UserspaceNodePorts::Cidrs(cidrs),
+    };
+    let detect_local = detect_local(flags)?;
+    // Pods reach every endpoint of an externalTrafficPolicy Local Service: the capture
+    // recognises them as --detect-local-mode says.
+    let pods = PodMatch::from(&detect_local);
+    let config = UserspaceConfig {
+        nodeport_addresses,
+        service_cidrs: flags.service_cidr.clone(),
+        detect_local,
+        settings: ProxySettings {
+            connect_timeout: args.connect_timeout,
+            udp_idle_timeout: args.udp_timeout,
+        },
+        ..UserspaceConfig::default()
+    };
+    if args.dry_run {
+        let capture = NftCapture::dry_run(config.families.clone()).with_pods(pods);
+        return Ok(UserspaceBackend::new(config, Box::new(capture)));
+    }
+    // Another backend's DNAT rules would take Service traffic before the capture.
+    remove_nft_tables();
+    let capture =
+        NftCapture::with_binary(config.families.clone(), &args.nft_binary).with_pods(pods);
+    Ok(UserspaceBackend::new(config, Box::new(capture)))
+}
+
 /// Where Service health checks listen for a backend: the node IPs, unless NodePorts are served
 /// on more than those.
 fn health_check_addresses(flags: &GlobalFlags, backend: &LocalBackend) -> HealthCheckAddresses {
     let primary_only = flags.nodeport_addresses.iter().all(|a| a == "primary");
     match backend {
         // nftables mode: unset means `primary`.
-        LocalBackend::Nft(_) if primary_only => HealthCheckAddresses::NodeIps,
+        LocalBackend::Nft(_) | LocalBackend::Userspace(_) if primary_only => {
+            HealthCheckAddresses::NodeIps
+        }
         // iptables mode: unset means every local address.
         LocalBackend::Iptables(_) if primary_only && !flags.nodeport_addresses.is_empty() => {
             HealthCheckAddresses::NodeIps
@@ -219,6 +275,10 @@ fn cleanup() -> anyhow::Result<()> {
     let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
     nft.cleanup().context("removing kpng's nftables tables")?;
     println!("kpng: removed the kpng nftables tables");
+    NftCapture::new(Family::ALL.to_vec())
+        .cleanup()
+        .context("removing the userspace proxy's nftables tables")?;
+    println!("kpng: removed the kpng-userspace nftables tables");
     let mut failed = Vec::new();
     for mode in [Mode::Legacy, Mode::Nft] {
         let probe = std::process::Command::new(mode.save_binary(Family::V4))
@@ -390,6 +450,10 @@ fn backend_cleans_conntrack(backend: &LocalBackend) -> bool {
     match backend {
         LocalBackend::Nft(args) => !args.dry_run,
         LocalBackend::Iptables(args) => !args.dry_run,
+        // The proxy's UDP conntrack entries are client → listener, never pinned to an endpoint:
+        // the endpoint-based cleanup does not apply (a session moves inside the proxy when its
+        // endpoint leaves).
+        LocalBackend::Userspace(_) => false,
     }
 }
 
@@ -397,6 +461,7 @@ fn local_backend(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<
     Ok(match backend {
         LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
         LocalBackend::Iptables(args) => Box::new(iptables_backend(flags, args)?),
+        LocalBackend::Userspace(args) => Box::new(userspace_backend(flags, args)?),
     })
 }
 

@@ -31,6 +31,8 @@ pub enum Backend {
     IptablesLegacy,
     /// `to-local iptables --iptables-mode nft` (iptables rules over nf_tables).
     IptablesNft,
+    /// `to-local userspace` (a TCP/UDP proxy; a small nftables table captures Service traffic).
+    Userspace,
 }
 
 /// Where a family's NodePorts are served.
@@ -60,6 +62,12 @@ pub struct Behaviour {
     pub default_node_port_addresses: NodePortScope,
     /// IPv4 NodePorts also answer on 127.0.0.1 by default.
     pub localhost_node_ports: bool,
+    /// Endpoints see the client's own address where no masquerade applies (pod clients,
+    /// externalTrafficPolicy Local). A proxy is always the client of its endpoints.
+    pub keeps_client_address: bool,
+    /// Established connections and new ones keep working while kpng restarts (the kernel holds
+    /// the state). A proxy's connections end with it, and new ones are refused until it is back.
+    pub serves_over_restart: bool,
 }
 
 impl Backend {
@@ -69,6 +77,7 @@ impl Backend {
             Backend::Nft => &["to-local", "nft"],
             Backend::IptablesLegacy => &["to-local", "iptables", "--iptables-mode", "legacy"],
             Backend::IptablesNft => &["to-local", "iptables", "--iptables-mode", "nft"],
+            Backend::Userspace => &["to-local", "userspace"],
         }
     }
 
@@ -78,6 +87,7 @@ impl Backend {
             Backend::Nft => "nft",
             Backend::IptablesLegacy => "iptl",
             Backend::IptablesNft => "iptn",
+            Backend::Userspace => "us",
         };
         format!("{tag}-{what}")
     }
@@ -85,7 +95,7 @@ impl Backend {
     /// The variant's `iptables` tool, for iptables backends.
     pub fn iptables_tool(self) -> Option<&'static str> {
         match self {
-            Backend::Nft => None,
+            Backend::Nft | Backend::Userspace => None,
             Backend::IptablesLegacy => Some("iptables-legacy"),
             Backend::IptablesNft => Some("iptables-nft"),
         }
@@ -98,11 +108,22 @@ impl Backend {
                 wrong_port: Unserved::Rejected,
                 default_node_port_addresses: NodePortScope::PrimaryIps,
                 localhost_node_ports: false,
+                keeps_client_address: true,
+                serves_over_restart: true,
             },
             Backend::IptablesLegacy | Backend::IptablesNft => Behaviour {
                 wrong_port: Unserved::Untouched,
                 default_node_port_addresses: NodePortScope::AllLocal,
                 localhost_node_ports: true,
+                keeps_client_address: true,
+                serves_over_restart: true,
+            },
+            Backend::Userspace => Behaviour {
+                wrong_port: Unserved::Rejected,
+                default_node_port_addresses: NodePortScope::PrimaryIps,
+                localhost_node_ports: false,
+                keeps_client_address: false,
+                serves_over_restart: false,
             },
         }
     }

@@ -1,0 +1,245 @@
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+
+use kpng_model::Protocol;
+
+use super::*;
+
+fn check_golden(name: &str, text: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{name}: missing golden file (run with UPDATE_GOLDEN=1)"));
+    assert_eq!(
+        text, want,
+        "{name} changed; inspect and rerun with UPDATE_GOLDEN=1 if intended"
+    );
+}
+
+/// One entry of every kind, both families.
+fn sample_entries() -> Vec<Entry> {
+    let e = |key, action| Entry { key, action };
+    let vip = |ip: &str, protocol, port| EntryKey::Vip {
+        ip: ip.parse().unwrap(),
+        protocol,
+        port,
+    };
+    vec![
+        e(
+            vip("10.96.0.10", Protocol::Tcp, 80),
+            Action::Redirect(41000),
+        ),
+        e(
+            vip("10.96.0.10", Protocol::Udp, 53),
+            Action::Redirect(41001),
+        ),
+        e(vip("10.96.0.11", Protocol::Tcp, 80), Action::Refuse),
+        e(vip("198.51.100.8", Protocol::Tcp, 80), Action::Drop),
+        e(
+            vip("fd00:96::a", Protocol::Tcp, 80),
+            Action::Redirect(41002),
+        ),
+        e(
+            EntryKey::NodePort {
+                family: Family::V4,
+                protocol: Protocol::Tcp,
+                port: 30080,
+            },
+            Action::Redirect(42000),
+        ),
+        e(
+            EntryKey::NodePort {
+                family: Family::V6,
+                protocol: Protocol::Udp,
+                port: 30053,
+            },
+            Action::Refuse,
+        ),
+        e(
+            EntryKey::ClusterIp("10.96.0.10".parse().unwrap()),
+            Action::Member,
+        ),
+        e(
+            EntryKey::FirewallVip {
+                ip: "198.51.100.8".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            Action::Member,
+        ),
+        e(
+            EntryKey::FirewallAllow {
+                ip: "198.51.100.8".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                source: "203.0.113.0/24".parse().unwrap(),
+            },
+            Action::Member,
+        ),
+        e(
+            EntryKey::Listener {
+                family: Family::V4,
+                protocol: Protocol::Tcp,
+                port: 41000,
+            },
+            Action::Member,
+        ),
+        e(
+            EntryKey::NodePortAddresses("192.168.100.1/32".parse().unwrap()),
+            Action::Member,
+        ),
+        e(
+            EntryKey::ServiceCidr("fd00:96::/112".parse().unwrap()),
+            Action::Member,
+        ),
+        e(
+            EntryKey::VipShortCircuit {
+                ip: "198.51.100.9".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            Action::Redirect(43000),
+        ),
+        e(
+            EntryKey::NodePortShortCircuit {
+                family: Family::V4,
+                protocol: Protocol::Tcp,
+                port: 30090,
+            },
+            Action::Redirect(43000),
+        ),
+        e(
+            EntryKey::PodCidr("10.244.0.0/16".parse().unwrap()),
+            Action::Member,
+        ),
+    ]
+}
+
+#[test]
+fn the_full_script_is_golden() {
+    let c = NftCapture::dry_run(Family::ALL.to_vec()).with_pods(PodMatch::Cidrs);
+    check_golden("replace.nft", &c.replace_script(&sample_entries()));
+}
+
+#[test]
+fn pods_are_matched_as_the_detect_local_mode_says() {
+    let cases = [
+        (PodMatch::None, None),
+        (PodMatch::Cidrs, Some("ip saddr @pod-cidrs ")),
+        (
+            PodMatch::Interface("cbr0".into()),
+            Some("iifname \"cbr0\" "),
+        ),
+        (
+            PodMatch::InterfacePrefix("veth".into()),
+            Some("iifname \"veth*\" "),
+        ),
+    ];
+    for (pods, want) in cases {
+        let text = skeleton(Family::V4, TABLE, &pods);
+        let short_circuit: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("redirect") && l.contains("short-circuit"))
+            .collect();
+        match want {
+            None => assert!(short_circuit.is_empty(), "{pods:?}: {short_circuit:?}"),
+            Some(m) => {
+                assert_eq!(short_circuit.len(), 2, "{pods:?}");
+                assert!(
+                    short_circuit.iter().all(|l| l.trim_start().starts_with(m)),
+                    "{pods:?}: {short_circuit:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn an_update_deletes_keys_then_adds_entries_with_values() {
+    let c = NftCapture::dry_run(Family::ALL.to_vec());
+    let all = sample_entries();
+    let ops = vec![
+        Op::Delete(all[0].clone()),
+        Op::Delete(all[6].clone()),
+        Op::Add(Entry {
+            key: all[0].key.clone(),
+            action: Action::Refuse,
+        }),
+        Op::Add(all[10].clone()),
+    ];
+    assert_eq!(
+        c.update_script(&ops),
+        "delete element ip kpng-userspace vip-listeners { 10.96.0.10 . tcp . 80 }\n\
+         delete element ip6 kpng-userspace nodeport-verdicts { udp . 30053 }\n\
+         add element ip kpng-userspace vip-verdicts { 10.96.0.10 . tcp . 80 : goto reject-chain }\n\
+         add element ip kpng-userspace listener-ports { tcp . 41000 }\n"
+    );
+}
+
+#[test]
+fn entries_of_other_families_are_left_out() {
+    let c = NftCapture::dry_run(vec![Family::V4]);
+    let script = c.replace_script(&sample_entries());
+    assert!(!script.contains("ip6 "), "{script}");
+    assert!(script.contains("table ip kpng-userspace {"), "{script}");
+}
+
+#[test]
+fn the_redirects_a_previous_run_left_are_read_back() {
+    // What nft 1.0.6 prints for `nft -j list table ip kpng-userspace` (abridged).
+    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+        {"table": {"family": "ip", "name": "kpng-userspace"}},
+        {"map": {"family": "ip", "name": "vip-listeners", "table": "kpng-userspace",
+          "type": ["ipv4_addr", "inet_proto", "inet_service"], "map": "inet_service",
+          "elem": [[{"concat": ["10.96.0.10", "udp", 53]}, 41001],
+                   [{"concat": ["10.96.0.10", "tcp", 80]}, 41000]]}},
+        {"map": {"family": "ip", "name": "nodeport-listeners", "table": "kpng-userspace",
+          "type": ["inet_proto", "inet_service"], "map": "inet_service",
+          "elem": [[{"concat": ["tcp", 30080]}, 42000]]}},
+        {"map": {"family": "ip", "name": "vip-short-circuit", "table": "kpng-userspace",
+          "type": ["ipv4_addr", "inet_proto", "inet_service"], "map": "inet_service",
+          "elem": [[{"concat": ["198.51.100.9", "tcp", 80]}, 43000]]}},
+        {"map": {"family": "ip", "name": "vip-verdicts", "table": "kpng-userspace",
+          "type": ["ipv4_addr", "inet_proto", "inet_service"], "map": "verdict",
+          "elem": [[{"concat": ["10.96.0.11", "tcp", 80]}, {"goto": {"target": "reject-chain"}}]]}}
+    ]}"#;
+    let mut got = parse_redirects(Family::V4, json);
+    got.sort();
+    let vip = |ip: &str, protocol, port| EntryKey::Vip {
+        ip: ip.parse().unwrap(),
+        protocol,
+        port,
+    };
+    let mut want = vec![
+        Entry {
+            key: vip("10.96.0.10", Protocol::Udp, 53),
+            action: Action::Redirect(41001),
+        },
+        Entry {
+            key: vip("10.96.0.10", Protocol::Tcp, 80),
+            action: Action::Redirect(41000),
+        },
+        Entry {
+            key: EntryKey::NodePort {
+                family: Family::V4,
+                protocol: Protocol::Tcp,
+                port: 30080,
+            },
+            action: Action::Redirect(42000),
+        },
+        Entry {
+            key: EntryKey::VipShortCircuit {
+                ip: "198.51.100.9".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            action: Action::Redirect(43000),
+        },
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(parse_redirects(Family::V4, "not json"), Vec::new());
+}

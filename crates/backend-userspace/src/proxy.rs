@@ -1,0 +1,190 @@
+//! The proxy itself: one listener per Service port and way in ([`Scope`]), each served by a
+//! tokio task the backend owns. Portable: nothing here knows how traffic is captured.
+//!
+//! - TCP ([`tcp`]): every accepted connection is a task of its own that picks an endpoint,
+//!   connects (trying the next endpoint when that fails) and relays with
+//!   `tokio::io::copy_bidirectional`. Connection tasks are not tied to their listener: when an
+//!   endpoint or the whole Service goes away, established connections run until either side
+//!   closes (graceful drain) while new ones go elsewhere.
+//! - UDP ([`udp`]): one session per client address, with its own connected upstream socket and a
+//!   task relaying replies; sessions end after an idle timeout, or at once when their endpoint
+//!   leaves (as kube-proxy clears stale UDP conntrack entries).
+
+pub mod tcp;
+pub mod udp;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kpng_model::{Family, Protocol, ServicePort};
+use socket2::{Domain, Socket, Type};
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::metrics::ProxyMetrics;
+use crate::routing::{Routing, Scope};
+
+/// Timeouts of the data path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxySettings {
+    /// How long one connection attempt to an endpoint may take before the next is tried.
+    pub connect_timeout: Duration,
+    /// How long a UDP session lives without a datagram in either direction.
+    pub udp_idle_timeout: Duration,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        ProxySettings {
+            connect_timeout: Duration::from_secs(2),
+            udp_idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What every listener of one Service port shares with the backend.
+#[derive(Debug)]
+pub struct PortShared {
+    /// `namespace/name:port/PROTO (family)`, for logs.
+    pub name: String,
+    routing: Mutex<Routing>,
+    /// Bumped on every update, so UDP listeners re-check their sessions' endpoints.
+    generation: AtomicU64,
+    metrics: ProxyMetrics,
+}
+
+impl PortShared {
+    /// Shared state for one Service port.
+    pub fn new(sp: &ServicePort, metrics: ProxyMetrics) -> PortShared {
+        let shared = PortShared {
+            name: sp.key.to_string(),
+            routing: Mutex::new(Routing::default()),
+            generation: AtomicU64::new(0),
+            metrics,
+        };
+        shared.update(sp);
+        shared
+    }
+
+    /// Applies a new state of the port; new connections see it at once.
+    pub fn update(&self, sp: &ServicePort) {
+        if let Ok(mut r) = self.routing.lock() {
+            r.update(sp);
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn candidates(&self, scope: Scope) -> usize {
+        self.routing
+            .lock()
+            .map(|r| r.candidates(scope))
+            .unwrap_or(0)
+    }
+
+    fn pick(&self, scope: Scope, client: IpAddr) -> Option<SocketAddr> {
+        let now = Instant::now();
+        self.routing.lock().ok()?.pick(scope, client, now)
+    }
+
+    fn failed(&self, scope: Scope, client: IpAddr, endpoint: SocketAddr) {
+        self.metrics.connect_failures.inc();
+        if let Ok(mut r) = self.routing.lock() {
+            r.failed(scope, client, endpoint);
+        }
+    }
+
+    fn serves(&self, scope: Scope, endpoint: SocketAddr) -> bool {
+        self.routing
+            .lock()
+            .map(|r| r.serves(scope, endpoint))
+            .unwrap_or(false)
+    }
+}
+
+/// A task that is aborted when this is dropped.
+#[derive(Debug)]
+pub struct TaskGuard(JoinHandle<()>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A bound listener and the task serving it; dropping it closes the socket (established TCP
+/// connections continue).
+#[derive(Debug)]
+pub struct Listener {
+    /// The port the OS gave the listener: what the capture redirects to.
+    pub port: u16,
+    _task: TaskGuard,
+}
+
+/// Binds a listener for one Service port and way in, on every address of its family, and
+/// starts serving it on `runtime`. It takes the `preferred` port when that is free (the port a
+/// previous run used), else one the OS chooses.
+pub fn listen(
+    runtime: &Handle,
+    family: Family,
+    protocol: Protocol,
+    scope: Scope,
+    shared: Arc<PortShared>,
+    settings: ProxySettings,
+    preferred: Option<u16>,
+) -> std::io::Result<Listener> {
+    let socket = match preferred {
+        Some(port) => bind(family, protocol, port).or_else(|_| bind(family, protocol, 0))?,
+        None => bind(family, protocol, 0)?,
+    };
+    let _entered = runtime.enter();
+    let (port, task) = match protocol {
+        Protocol::Udp => {
+            let udp = tokio::net::UdpSocket::from_std(socket.into())?;
+            let port = udp.local_addr()?.port();
+            let task = runtime.spawn(udp::serve(udp, shared, scope, settings));
+            (port, task)
+        }
+        _ => {
+            socket.listen(1024)?;
+            let tcp = tokio::net::TcpListener::from_std(socket.into())?;
+            let port = tcp.local_addr()?.port();
+            let task = runtime.spawn(tcp::serve(tcp, shared, scope, settings));
+            (port, task)
+        }
+    };
+    Ok(Listener {
+        port,
+        _task: TaskGuard(task),
+    })
+}
+
+/// A non-blocking socket bound to every address of `family` on `port` (0: the OS chooses).
+fn bind(family: Family, protocol: Protocol, port: u16) -> std::io::Result<Socket> {
+    let (domain, any) = match family {
+        Family::V4 => (Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        Family::V6 => (Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    };
+    let ty = match protocol {
+        Protocol::Udp => Type::DGRAM,
+        _ => Type::STREAM,
+    };
+    let socket = Socket::new(domain, ty, None)?;
+    if family == Family::V6 {
+        socket.set_only_v6(true)?;
+    }
+    if ty == Type::STREAM {
+        // A port the previous run used may still have connections in TIME_WAIT. (Never for
+        // UDP, where it would let two sockets share a port.)
+        socket.set_reuse_address(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddr::new(any, port).into())?;
+    Ok(socket)
+}
