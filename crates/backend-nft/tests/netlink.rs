@@ -529,7 +529,7 @@ fn every_set_type(family: Family) -> Vec<Element> {
             v.push(el(
                 "affinity-addr",
                 "0x6b70000e . 2952585853",
-                Some(&ep.to_string()),
+                Some(ep),
                 None,
             ));
             v.push(el(
