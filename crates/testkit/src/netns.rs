@@ -200,6 +200,7 @@ impl Netns {
             });
         }
         let stderr = Arc::new(Mutex::new(String::new()));
+        let (stderr_done_tx, stderr_done) = channel();
         if let Some(mut err) = child.stderr.take() {
             let sink = Arc::clone(&stderr);
             thread::spawn(move || {
@@ -214,6 +215,7 @@ impl Netns {
                         }
                     }
                 }
+                let _ = stderr_done_tx.send(());
             });
         }
         Ok(Spawned {
@@ -221,6 +223,7 @@ impl Netns {
             command: shown,
             lines,
             stderr,
+            stderr_done,
         })
     }
 
@@ -357,6 +360,8 @@ pub struct Spawned {
     command: String,
     lines: Receiver<String>,
     stderr: Arc<Mutex<String>>,
+    /// Signalled when stderr reached its end (all of it is in `stderr`).
+    stderr_done: Receiver<()>,
 }
 
 impl Spawned {
@@ -387,8 +392,10 @@ impl Spawned {
                     )));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    // Give the process a moment to be reaped so the status is known.
+                    // Give the process a moment to be reaped so the status is known, and its
+                    // stderr reader a moment to read what it wrote last.
                     let status = self.wait_exit(Duration::from_millis(200));
+                    let _ = self.stderr_done.recv_timeout(Duration::from_secs(1));
                     return Err(Error::Other(format!(
                         "`{}` closed its stdout ({}) before printing the expected line; stderr: {}",
                         self.command,
