@@ -50,6 +50,9 @@ struct Case {
     reference: &'static str,
     latencies_us: Vec<f64>,
     rate: f64,
+    /// Connections that failed (timed out or were refused); reported, not fatal: on a busy
+    /// 2-vCPU machine a SYN is occasionally lost.
+    failed: u64,
 }
 
 /// Figures of one data-plane run.
@@ -106,6 +109,12 @@ impl DataResult {
                 p50 / floor_p50,
                 c.rate,
                 c.rate / floor_rate
+            ));
+        }
+        for c in self.cases.iter().filter(|c| c.failed > 0) {
+            s.push_str(&format!(
+                "\n{}: {} connection(s) failed (timed out or refused).\n",
+                c.label, c.failed
             ));
         }
         s.push_str(&format!(
@@ -368,6 +377,7 @@ pub fn run(
             reference,
             latencies_us: Vec::new(),
             rate: 0.0,
+            failed: 0,
         })
         .collect();
     let command = |target: &str, until: Until, what: [&str; 2]| -> Vec<String> {
@@ -391,11 +401,10 @@ pub fn run(
     for _ in 0..rounds {
         for (i, (_, _, ns, target, until)) in cases.iter().enumerate() {
             let v = run_json(ns, &command(target, *until, ["--count", &per_round]))?;
-            if v["failed"].as_u64().unwrap_or(0) > 0 {
-                return Err(format!(
-                    "{}: {} connections failed",
-                    results[i].label, v["failed"]
-                ));
+            let failed = v["failed"].as_u64().unwrap_or(0);
+            if failed > 0 {
+                eprintln!("warning: {}: {failed} connections failed", results[i].label);
+                results[i].failed += failed;
             }
             results[i].latencies_us.extend(
                 v["lat_us"]
@@ -405,11 +414,13 @@ pub fn run(
                     .filter_map(|x| x.as_f64()),
             );
             let r = run_json(ns, &command(target, *until, ["--duration-ms", "300"]))?;
-            if r["failed"].as_u64().unwrap_or(0) > 0 {
+            let failed = r["failed"].as_u64().unwrap_or(0);
+            if failed > 0 {
                 eprintln!(
-                    "warning: {}: {} connections failed during the rate run",
-                    results[i].label, r["failed"]
+                    "warning: {}: {failed} connections failed during the rate run",
+                    results[i].label
                 );
+                results[i].failed += failed;
             }
             let ok = r["ok"].as_f64().unwrap_or(0.0);
             rates[i].push(ok / r["secs"].as_f64().unwrap_or(1.0));
