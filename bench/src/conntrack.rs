@@ -274,27 +274,19 @@ fn stale() -> Vec<Flow> {
 fn service_ports() -> Vec<ServicePort> {
     let port =
         |name: &str, ip: Ipv4Addr, node_port: Option<u16>, serving: Vec<SocketAddr>| ServicePort {
-            key: PortKey {
-                service: ServiceKey::new("kube-system", name),
-                port_name: "dns".into(),
-                protocol: Protocol::Udp,
-                family: Family::V4,
-            },
-            cluster_ip: IpAddr::V4(ip),
-            port: DNS_PORT,
             node_port,
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            source_ranges: Vec::new(),
-            session_affinity: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            cluster_endpoints: Vec::new(),
-            local_endpoints: Vec::new(),
             has_any_endpoints: true,
-            local_ready_endpoints: 0,
             serving_endpoints: serving,
+            ..ServicePort::new(
+                PortKey {
+                    service: ServiceKey::new("kube-system", name),
+                    port_name: "dns".into(),
+                    protocol: Protocol::Udp,
+                    family: Family::V4,
+                },
+                IpAddr::V4(ip),
+                DNS_PORT,
+            )
         };
     let mut ports = vec![port(
         "dns",

@@ -20,27 +20,18 @@ pub(crate) fn udp_port(name: &str, vip: &str, port: u16, serving: &[&str]) -> Se
     let mut serving: Vec<SocketAddr> = serving.iter().map(|s| sa(s)).collect();
     serving.sort();
     ServicePort {
-        key: PortKey {
-            service: ServiceKey::new("ns", name),
-            port_name: "dns".into(),
-            protocol: Protocol::Udp,
-            family: Family::of(&cluster_ip),
-        },
-        cluster_ip,
-        port,
-        node_port: None,
-        external_ips: Vec::new(),
-        load_balancer_ips: Vec::new(),
-        source_ranges: Vec::new(),
-        session_affinity: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-        cluster_endpoints: Vec::new(),
-        local_endpoints: Vec::new(),
         has_any_endpoints: !serving.is_empty(),
-        local_ready_endpoints: 0,
         serving_endpoints: serving,
+        ..ServicePort::new(
+            PortKey {
+                service: ServiceKey::new("ns", name),
+                port_name: "dns".into(),
+                protocol: Protocol::Udp,
+                family: Family::of(&cluster_ip),
+            },
+            cluster_ip,
+            port,
+        )
     }
 }
 

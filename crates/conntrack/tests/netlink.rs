@@ -177,27 +177,19 @@ fn batches_of_thousands() {
 
 fn dns_port(serving: &str) -> ServicePort {
     ServicePort {
-        key: PortKey {
-            service: ServiceKey::new("kube-system", "dns"),
-            port_name: "dns".into(),
-            protocol: Protocol::Udp,
-            family: Family::V4,
-        },
-        cluster_ip: "10.96.0.10".parse().expect("ip"),
-        port: 53,
         node_port: Some(30053),
-        external_ips: Vec::new(),
-        load_balancer_ips: Vec::new(),
-        source_ranges: Vec::new(),
-        session_affinity: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-        cluster_endpoints: Vec::new(),
-        local_endpoints: Vec::new(),
         has_any_endpoints: true,
-        local_ready_endpoints: 0,
         serving_endpoints: vec![sa(serving)],
+        ..ServicePort::new(
+            PortKey {
+                service: ServiceKey::new("kube-system", "dns"),
+                port_name: "dns".into(),
+                protocol: Protocol::Udp,
+                family: Family::V4,
+            },
+            "10.96.0.10".parse().expect("ip"),
+            53,
+        )
     }
 }
 

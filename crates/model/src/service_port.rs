@@ -91,6 +91,30 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A port of `key` on `cluster_ip:port` with nothing else: no node port, external or
+    /// load-balancer IPs, policies, affinity or endpoints. Tests and tools fill in the rest with
+    /// struct update syntax.
+    pub fn new(key: PortKey, cluster_ip: std::net::IpAddr, port: u16) -> ServicePort {
+        ServicePort {
+            key,
+            cluster_ip,
+            port,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            session_affinity: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            cluster_endpoints: Vec::new(),
+            local_endpoints: Vec::new(),
+            has_any_endpoints: false,
+            local_ready_endpoints: 0,
+            serving_endpoints: Vec::new(),
+        }
+    }
+
     /// Whether traffic can reach this port from outside the cluster network (node port,
     /// external IPs or load-balancer IPs): upstream's `ExternallyAccessible`.
     pub fn externally_accessible(&self) -> bool {
