@@ -35,16 +35,22 @@ pub struct ScriptResults {
 impl ScriptResults {
     /// The table header matching [`ScriptResults::markdown_row`].
     pub fn markdown_header() -> &'static str {
-        "| Services × endpoints | endpoint flap p50 / p99 | rolling update, per step p50 / p99 (steps) | 100 Services at once: all committed, p50 / max (bursts) | transactions / ops per burst |\n|---|---|---|---|---|\n"
+        "| backend | Services × endpoints | endpoint flap p50 / p99 | rolling update, per step p50 / p99 (steps) | 100 Services at once: all committed, p50 / max (bursts) | transactions / ops per burst |\n|---|---|---|---|---|---|\n"
     }
 
     /// One row; `flap` is the one-endpoint-change (p50, p99) of the same run.
-    pub fn markdown_row(&self, n: usize, m: usize, flap: (Duration, Duration)) -> String {
+    pub fn markdown_row(
+        &self,
+        backend: &str,
+        n: usize,
+        m: usize,
+        flap: (Duration, Duration),
+    ) -> String {
         let ms = |s: f64| s * 1000.0;
         let mut steps = self.rolling_steps.clone();
         let mut bursts = self.bursts.clone();
         format!(
-            "| {n} × {m} | {:.1} / {:.1} ms | {:.1} / {:.1} ms ({}) | {:.0} / {:.0} ms ({}) | {:.1} / {:.0} |",
+            "| {backend} | {n} × {m} | {:.1} / {:.1} ms | {:.1} / {:.1} ms ({}) | {:.0} / {:.0} ms ({}) | {:.1} / {:.0} |",
             ms(flap.0.as_secs_f64()),
             ms(flap.1.as_secs_f64()),
             ms(percentile(&mut steps, 50.0)),

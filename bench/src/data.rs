@@ -39,6 +39,17 @@ impl Until {
 /// per Service port (30k Services would need ~45k file descriptors).
 pub const USERSPACE_MAX_SERVICES: usize = 5000;
 
+/// Rounds of measurement; every round measures every case once, back to back.
+const ROUNDS: usize = 15;
+/// Connections made and not recorded before each measurement.
+const WARM_UP_CONNECTIONS: usize = 20;
+/// How long one connection-rate run lasts.
+const RATE_RUN_MS: &str = "200";
+/// The client's address: a pod on this node that is none of the endpoints (10.244.0.1–4), so
+/// that no connection is a hairpin (which kpng, like kube-proxy, masquerades and the floor
+/// does not).
+const CLIENT_IP: &str = "10.244.0.100";
+
 const FLOOR: &str = "floor: one static DNAT rule";
 const FLOOR_CLOSE: &str = "floor: one static DNAT rule → close";
 
@@ -48,8 +59,12 @@ struct Case {
     label: String,
     /// The label of the case its ratios are against.
     reference: &'static str,
+    /// Every connect latency, pooled over the rounds (for the absolute p50 and p99).
     latencies_us: Vec<f64>,
-    rate: f64,
+    /// The p50 of each round, paired with the reference's p50 of the same round.
+    round_p50_us: Vec<f64>,
+    /// The connections/s of each round, paired likewise.
+    round_rates: Vec<f64>,
     /// Connections that failed (timed out or were refused); reported, not fatal: on a busy
     /// 2-vCPU machine a SYN is occasionally lost.
     failed: u64,
@@ -65,50 +80,83 @@ pub struct DataResult {
     pub kube_proxy_load: String,
 }
 
+impl Case {
+    /// The median connections/s over the rounds.
+    fn rate(&self) -> f64 {
+        percentile(&mut self.round_rates.clone(), 50.0)
+    }
+}
+
+/// The median over rounds of `case[r] / reference[r]`: each round measures every case back to
+/// back, so pairing them cancels the machine's drift between rounds (on these 2-vCPU VMs a
+/// round can be 20% slower than the next for every case alike).
+fn paired_ratio(case: &[f64], reference: &[f64]) -> f64 {
+    let mut ratios: Vec<f64> = case
+        .iter()
+        .zip(reference)
+        .map(|(c, r)| c / r)
+        .filter(|r| r.is_finite())
+        .collect();
+    percentile(&mut ratios, 50.0)
+}
+
 impl DataResult {
     /// (p50 µs, p99 µs, connections/s) of the first case whose label starts with `prefix`.
     pub fn figures(&self, prefix: &str) -> Option<(f64, f64, f64)> {
         let c = self.cases.iter().find(|c| c.label.starts_with(prefix))?;
         let mut l = c.latencies_us.clone();
-        Some((percentile(&mut l, 50.0), percentile(&mut l, 99.0), c.rate))
+        Some((percentile(&mut l, 50.0), percentile(&mut l, 99.0), c.rate()))
     }
 
-    /// (p50 ratio, rate ratio) of kpng's last Service against the floor.
-    pub fn last_vs_floor(&self) -> (f64, f64) {
-        let p50 = |c: &Case| percentile(&mut c.latencies_us.clone(), 50.0);
-        let floor = self.cases.iter().find(|c| c.label.starts_with("floor"));
-        let last = self
-            .cases
-            .iter()
-            .find(|c| c.label.starts_with("kpng nft,") && c.label.ends_with("last Service"));
-        match (floor, last) {
-            (Some(f), Some(l)) => (p50(l) / p50(f), l.rate / f.rate),
-            _ => (f64::NAN, f64::NAN),
+    /// (p50 ratio, rate ratio) of `case` against its reference, paired by round.
+    fn ratios(&self, case: &Case) -> (f64, f64) {
+        match self.cases.iter().find(|f| f.label == case.reference) {
+            Some(reference) => (
+                paired_ratio(&case.round_p50_us, &reference.round_p50_us),
+                paired_ratio(&case.round_rates, &reference.round_rates),
+            ),
+            None => (f64::NAN, f64::NAN),
         }
+    }
+
+    /// The case of `backend` (a label such as "nft") to the `target` ("first" or "last") Service.
+    fn kpng_case(&self, backend: &str, target: &str) -> Option<&Case> {
+        let (prefix, suffix) = (format!("kpng {backend},"), format!("{target} Service"));
+        self.cases
+            .iter()
+            .find(|c| c.label.starts_with(&prefix) && c.label.ends_with(&suffix))
+    }
+
+    /// (p50 ratio, rate ratio) of kpng nft's connections to the `target` ("first" or "last")
+    /// Service against the floor.
+    pub fn nft_vs_floor(&self, target: &str) -> (f64, f64) {
+        self.kpng_case("nft", target)
+            .map_or((f64::NAN, f64::NAN), |c| self.ratios(c))
+    }
+
+    /// How many times kpng nft's connection rate to the last Service is `backend`'s (paired by
+    /// round), or `None` when `backend` was not measured.
+    pub fn nft_rate_over(&self, backend: &str) -> Option<f64> {
+        let nft = self.kpng_case("nft", "last")?;
+        let other = self.kpng_case(backend, "last")?;
+        Some(paired_ratio(&nft.round_rates, &other.round_rates))
     }
 
     /// A markdown table, ratios against the floor first.
     pub fn markdown(&self) -> String {
         let mut s = format!(
-            "{} Services (target: the last-added ClusterIP Service; \"→ close\" cases wait for the endpoint's close through the path, and compare with the floor measured so)\n\n| case | p50 | p99 | p50 vs floor | connections/s | rate vs floor |\n|---|---|---|---|---|---|\n",
+            "{} Services, {ROUNDS} rounds (target: the last-added ClusterIP Service; the client is a pod on the node that is not an endpoint; \"→ close\" cases wait for the endpoint's close through the path, and compare with the floor measured so; a ratio is the median of the rounds' ratios, each round measuring every case back to back)\n\n| case | p50 | p99 | p50 vs floor | connections/s | rate vs floor |\n|---|---|---|---|---|---|\n",
             self.n
         );
         for c in &self.cases {
-            let floor = self.cases.iter().find(|f| f.label == c.reference);
-            let mut floor_lat = floor.map(|f| f.latencies_us.clone()).unwrap_or_default();
-            let floor_p50 = percentile(&mut floor_lat, 50.0);
-            let floor_rate = floor.map(|f| f.rate).unwrap_or(f64::NAN);
+            let (p50_ratio, rate_ratio) = self.ratios(c);
             let mut l = c.latencies_us.clone();
             let p50 = percentile(&mut l, 50.0);
             let p99 = percentile(&mut l, 99.0);
             s.push_str(&format!(
-                "| {} | {:.0} µs | {:.0} µs | {:.2}× | {:.0} | {:.2}× |\n",
+                "| {} | {p50:.1} µs | {p99:.0} µs | {p50_ratio:.2}× | {:.0} | {rate_ratio:.2}× |\n",
                 c.label,
-                p50,
-                p99,
-                p50 / floor_p50,
-                c.rate,
-                c.rate / floor_rate
+                c.rate(),
             ));
         }
         for c in self.cases.iter().filter(|c| c.failed > 0) {
@@ -160,18 +208,26 @@ pub fn serve(listen: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One connection: the handshake, and with `until_close` the server's close too.
-fn one_connection(target: &SocketAddr, timeout: Duration, until_close: bool) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(target, timeout) else {
-        return false;
-    };
-    if !until_close {
-        return true;
+/// One connection: returns how long the handshake (with `until_close`, the handshake and the
+/// server's close) took, or `None` when it failed.
+///
+/// The client then closes with a reset (`SO_LINGER` 0), outside the timed part: a normal close
+/// would leave one TIME_WAIT socket per connection, and tens of thousands of them slow down
+/// the choice of a source port, so whichever case ran later in a namespace would look slower.
+fn one_connection(target: &SocketAddr, timeout: Duration, until_close: bool) -> Option<Duration> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect_timeout(target, timeout).ok()?;
+    if until_close {
+        let _ = stream.set_read_timeout(Some(timeout));
+        let mut buf = [0u8; 64];
+        // A close is a clean EOF; a reset (the proxy found no endpoint) is a failure.
+        if !matches!(std::io::Read::read(&mut stream, &mut buf), Ok(0)) {
+            return None;
+        }
     }
-    let _ = stream.set_read_timeout(Some(timeout));
-    let mut buf = [0u8; 64];
-    // A close is a clean EOF; a reset (the proxy found no endpoint) is a failure.
-    matches!(std::io::Read::read(&mut stream, &mut buf), Ok(0))
+    let took = started.elapsed();
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    Some(took)
 }
 
 /// `kpng-bench connect --target ADDR (--count N | --duration-ms D) [--until-close]`: prints
@@ -189,12 +245,17 @@ pub fn connect_cmd(args: &[String]) -> Result<(), String> {
         .map_err(|e| format!("--target: {e}"))?;
     let timeout = Duration::from_secs(1);
     let until_close = args.iter().any(|a| a == "--until-close");
+    // Unrecorded connections first: the first ones after a switch of process and namespace
+    // find cold caches, which would bias whichever case a round measures first.
+    for _ in 0..WARM_UP_CONNECTIONS {
+        let _ = one_connection(&target, timeout, until_close);
+    }
     if let Some(ms) = get("--duration-ms").and_then(|v| v.parse::<u64>().ok()) {
         let end = Instant::now() + Duration::from_millis(ms);
         let (mut ok, mut failed) = (0u64, 0u64);
         let started = Instant::now();
         while Instant::now() < end {
-            if one_connection(&target, timeout, until_close) {
+            if one_connection(&target, timeout, until_close).is_some() {
                 ok += 1;
             } else {
                 failed += 1;
@@ -210,11 +271,9 @@ pub fn connect_cmd(args: &[String]) -> Result<(), String> {
     let mut lat = Vec::with_capacity(count);
     let mut failed = 0;
     for _ in 0..count {
-        let t = Instant::now();
-        if one_connection(&target, timeout, until_close) {
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
-        } else {
-            failed += 1;
+        match one_connection(&target, timeout, until_close) {
+            Some(took) => lat.push(took.as_secs_f64() * 1e6),
+            None => failed += 1,
         }
     }
     println!("{}", serde_json::json!({"lat_us": lat, "failed": failed}));
@@ -224,7 +283,7 @@ pub fn connect_cmd(args: &[String]) -> Result<(), String> {
 fn prepare(ns: &Netns, me: &str) -> Result<kpng_testkit::Spawned, String> {
     let e = |e: kpng_testkit::Error| e.to_string();
     ns.ip_batch(&format!(
-        "addr add 10.244.0.1/32 dev lo\naddr add 10.244.0.2/32 dev lo\naddr add 10.244.0.3/32 dev lo\naddr add 10.244.0.4/32 dev lo\naddr add {NODE_IP}/32 dev lo\nroute add default dev lo\n"
+        "addr add 10.244.0.1/32 dev lo\naddr add 10.244.0.2/32 dev lo\naddr add 10.244.0.3/32 dev lo\naddr add 10.244.0.4/32 dev lo\naddr add {CLIENT_IP}/32 dev lo\naddr add {NODE_IP}/32 dev lo\nroute add default dev lo src {CLIENT_IP}\n"
     ))
     .map_err(e)?;
     ns.sysctls(&[
@@ -369,14 +428,15 @@ pub fn run(
             Until::Closed,
         ));
     }
-    let rounds = 5;
+    let rounds = ROUNDS;
     let mut results: Vec<Case> = cases
         .iter()
         .map(|(l, reference, _, _, _)| Case {
             label: l.clone(),
             reference,
             latencies_us: Vec::new(),
-            rate: 0.0,
+            round_p50_us: Vec::new(),
+            round_rates: Vec::new(),
             failed: 0,
         })
         .collect();
@@ -396,24 +456,37 @@ pub fn run(
     for (_, _, ns, target, until) in &cases {
         run_json(ns, &command(target, *until, ["--count", "50"]))?;
     }
-    let mut rates = vec![Vec::new(); cases.len()];
     let per_round = (connects / rounds).to_string();
-    for _ in 0..rounds {
-        for (i, (_, _, ns, target, until)) in cases.iter().enumerate() {
+    // Every measurement starts from an empty conntrack table, so that no case pays for the
+    // entries an earlier one left in the same namespace.
+    let flush = |ns: &Netns| {
+        ns.run_ok(["conntrack", "-F"])
+            .map(drop)
+            .map_err(|e| format!("flushing conntrack: {e}"))
+    };
+    for round in 0..rounds {
+        // Each round starts at another case, so that no case is always measured first.
+        for i in (0..cases.len()).map(|k| (k + round) % cases.len()) {
+            let (_, _, ns, target, until) = &cases[i];
+            flush(ns)?;
             let v = run_json(ns, &command(target, *until, ["--count", &per_round]))?;
             let failed = v["failed"].as_u64().unwrap_or(0);
             if failed > 0 {
                 eprintln!("warning: {}: {failed} connections failed", results[i].label);
                 results[i].failed += failed;
             }
-            results[i].latencies_us.extend(
-                v["lat_us"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|x| x.as_f64()),
-            );
-            let r = run_json(ns, &command(target, *until, ["--duration-ms", "300"]))?;
+            let mut latencies: Vec<f64> = v["lat_us"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_f64())
+                .collect();
+            results[i]
+                .round_p50_us
+                .push(percentile(&mut latencies, 50.0));
+            results[i].latencies_us.extend(latencies);
+            flush(ns)?;
+            let r = run_json(ns, &command(target, *until, ["--duration-ms", RATE_RUN_MS]))?;
             let failed = r["failed"].as_u64().unwrap_or(0);
             if failed > 0 {
                 eprintln!(
@@ -423,11 +496,10 @@ pub fn run(
                 results[i].failed += failed;
             }
             let ok = r["ok"].as_f64().unwrap_or(0.0);
-            rates[i].push(ok / r["secs"].as_f64().unwrap_or(1.0));
+            results[i]
+                .round_rates
+                .push(ok / r["secs"].as_f64().unwrap_or(1.0));
         }
-    }
-    for (i, r) in rates.iter_mut().enumerate() {
-        results[i].rate = percentile(r, 50.0);
     }
     Ok(DataResult {
         n,
