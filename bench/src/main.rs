@@ -228,7 +228,11 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     report.push_str("\n## Data plane: TCP connect latency to the last-added Service\n\n");
     let mut data_results = Vec::new();
     for n in data_sizes {
-        eprintln!("data plane: {n} Services …");
+        let settled = stats::wait_for_idle(Duration::from_secs(120));
+        eprintln!(
+            "data plane: {n} Services (the machine settled in {:.0} s) …",
+            settled.as_secs_f64()
+        );
         let userspace = *n <= data::USERSPACE_MAX_SERVICES;
         if !userspace {
             report.push_str(&format!(
