@@ -428,7 +428,6 @@ pub fn run(
             Until::Closed,
         ));
     }
-    let rounds = ROUNDS;
     let mut results: Vec<Case> = cases
         .iter()
         .map(|(l, reference, _, _, _)| Case {
@@ -452,11 +451,7 @@ pub fn run(
         v.extend(until.flag().iter().map(|s| s.to_string()));
         v
     };
-    // Warm up every path once.
-    for (_, _, ns, target, until) in &cases {
-        run_json(ns, &command(target, *until, ["--count", "50"]))?;
-    }
-    let per_round = (connects / rounds).to_string();
+    let per_round = (connects / ROUNDS).to_string();
     // Every measurement starts from an empty conntrack table, so that no case pays for the
     // entries an earlier one left in the same namespace.
     let flush = |ns: &Netns| {
@@ -464,7 +459,7 @@ pub fn run(
             .map(drop)
             .map_err(|e| format!("flushing conntrack: {e}"))
     };
-    for round in 0..rounds {
+    for round in 0..ROUNDS {
         // Each round starts at another case, so that no case is always measured first.
         for i in (0..cases.len()).map(|k| (k + round) % cases.len()) {
             let (_, _, ns, target, until) = &cases[i];

@@ -455,14 +455,11 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
     let vipkey = format!("{l3} daddr . meta l4proto . th dport");
     let masq = format!("meta mark set meta mark or {mark}");
 
-    // Filter: no-endpoint and wrong-port checks, after DNAT. (The firewall of
-    // loadBalancerSourceRanges, which must see the packet before DNAT, runs first in the NAT
-    // chains below.)
-    // The priority-0 chains also record ClientIP affinity: they run after DNAT, so the packet
-    // carries the chosen endpoint, and every packet reaches one of them (input or forward when
-    // it came in, output when it is local). Recording in these chains rather than in base chains
-    // of their own keeps every packet's hook count down (each base chain costs a few per cent
-    // of a loopback connect).
+    // Filter, after DNAT: no-endpoint and wrong-port checks, and the recording of ClientIP
+    // affinity (the packet now carries the chosen endpoint, and every packet reaches one of
+    // these chains: input or forward coming in, output going out). The firewall of
+    // loadBalancerSourceRanges must see the packet before DNAT: it runs first in the NAT chains
+    // below. No other base chains: each one costs every packet a hook traversal.
     let record_affinity = "ct state new ct status dnat ct mark vmap @affinity-timeouts";
     chain(
         &mut s,
