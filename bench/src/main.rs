@@ -355,9 +355,9 @@ fn mem(input: &str) -> Result<(), String> {
         "sizes: ServicePort {} B, Endpoint {} B, SliceInfo {} B, SliceEndpoint {} B, ServiceInfo {} B, PortKey {} B",
         std::mem::size_of::<kpng_model::ServicePort>(),
         std::mem::size_of::<kpng_model::Endpoint>(),
-        std::mem::size_of::<kpng_model::convert::SliceInfo>(),
-        std::mem::size_of::<kpng_model::convert::SliceEndpoint>(),
-        std::mem::size_of::<kpng_model::convert::ServiceInfo>(),
+        std::mem::size_of::<kpng_model::records::SliceInfo>(),
+        std::mem::size_of::<kpng_model::records::SliceEndpoint>(),
+        std::mem::size_of::<kpng_model::records::ServiceInfo>(),
         std::mem::size_of::<kpng_model::PortKey>(),
     );
     let paths = manifest_paths(input)?;

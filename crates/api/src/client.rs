@@ -20,7 +20,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use hyper_util::rt::TokioIo;
-use kpng_backend::runner::{InputInfo, NodeModel};
+use kpng_backend::{InputInfo, NodeModel};
 use kpng_model::{ApplyOutcome, Diff, Kind, NodeState, ServiceKey, ServicePort, Snapshot};
 use prost::Message;
 use tokio::sync::mpsc;

@@ -25,8 +25,8 @@ pub mod skeleton;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
-use kpng_backend::host::DetectLocal;
 use kpng_backend::metrics::FamilyLabel;
+use kpng_backend::settings::{DetectLocal, NodePortAddresses};
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -40,7 +40,6 @@ use crate::exec::{ExecError, Iptables};
 use crate::rules::{CANARY, MARK_MASQ, PortRules, SERVICES, SharedRule, Table};
 use crate::save::Saved;
 use crate::script::Script;
-pub use crate::skeleton::NodePortAddresses;
 use crate::skeleton::{StaticConfig, StaticInputs};
 
 /// Configuration of the iptables backend (kube-proxy's flags of the same names).

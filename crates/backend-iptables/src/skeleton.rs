@@ -6,27 +6,13 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kpng_backend::host::DetectLocal;
+use kpng_backend::settings::{DetectLocal, NodePortAddresses, NodePortScope};
 use kpng_model::{Family, NodeState};
 
 use crate::rules::{
     CANARY, EXTERNAL_SERVICES, FORWARD, KUBELET_FIREWALL, LocalMatch, MARK_MASQ, NODEPORTS,
     POSTROUTING, PROXY_FIREWALL, RenderContext, SERVICES, Table,
 };
-
-/// Which addresses accept NodePort traffic (`--nodeport-addresses`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NodePortAddresses {
-    /// Every local address (iptables mode's default), including 127.0.0.1 with
-    /// localhost node ports.
-    #[default]
-    AllLocal,
-    /// The node's primary IPs (`primary`).
-    Primary,
-    /// Local addresses inside these CIDRs; a family without a CIDR takes every local address,
-    /// as upstream's `NodePortAddresses` does.
-    Cidrs(Vec<IpNet>),
-}
 
 /// Where `KUBE-SERVICES` sends traffic on to `KUBE-NODEPORTS`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,17 +101,11 @@ impl StaticConfig {
     ) -> StaticConfig {
         let of_family = |ip: &IpAddr| Family::of(ip) == family;
         let v4 = family == Family::V4;
-        let (scope_is_all, cidrs): (bool, Vec<IpNet>) = match inputs.nodeport_addresses {
-            NodePortAddresses::AllLocal => (true, Vec::new()),
-            NodePortAddresses::Primary => (false, Vec::new()),
-            NodePortAddresses::Cidrs(all) => {
-                let mine: Vec<IpNet> = all
-                    .iter()
-                    .filter(|c| of_family(&c.addr()))
-                    .copied()
-                    .collect();
-                (mine.is_empty(), mine)
-            }
+        let scope = inputs.nodeport_addresses.scope(family);
+        let (scope_is_all, cidrs): (bool, Vec<IpNet>) = match &scope {
+            NodePortScope::AllLocal => (true, Vec::new()),
+            NodePortScope::Primary => (false, Vec::new()),
+            NodePortScope::Cidrs(mine) => (false, mine.clone()),
         };
         let loopback_v4: IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
         let localhost_node_ports = inputs.localhost_node_ports
@@ -140,22 +120,11 @@ impl StaticConfig {
                 },
             }
         } else {
-            let candidates: Vec<IpAddr> =
-                if inputs.nodeport_addresses == &NodePortAddresses::Primary {
-                    node.ips.iter().copied().filter(of_family).collect()
-                } else {
-                    local_addresses
-                        .iter()
-                        .copied()
-                        .filter(|ip| of_family(ip) && cidrs.iter().any(|c| c.contains(ip)))
-                        .collect()
-                };
-            let mut ips: Vec<IpAddr> = candidates
+            let ips: Vec<IpAddr> = scope
+                .addresses(family, &node.ips, || local_addresses.to_vec())
                 .into_iter()
                 .filter(|ip| !ip.is_loopback() || localhost_node_ports)
                 .collect();
-            ips.sort();
-            ips.dedup();
             NodePortDestinations::Ips(ips)
         };
         StaticConfig {

@@ -88,7 +88,7 @@ impl Fam {
     }
 }
 
-pub use kpng_backend::host::DetectLocal;
+pub use kpng_backend::settings::DetectLocal;
 
 /// Everything that shapes the constant rules of one family.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,6 +9,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+pub use kpng_backend::settings::NodePortAddresses;
+use kpng_backend::settings::NodePortScope;
 use kpng_model::{Family, Protocol, ServicePort};
 
 /// What an entry is about. Each key holds at most one [`Action`] at a time.
@@ -278,16 +280,6 @@ pub fn port_entries(sp: &ServicePort, listeners: ListenerPorts, node_ips: &[IpAd
     out
 }
 
-/// Where node ports are served.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// The node's primary IPs (from the Node object or `--node-ip`).
-    Primary,
-    /// Every local address inside these networks (`--nodeport-addresses CIDR,…`); a family
-    /// without a CIDR: every local address of that family.
-    Cidrs(Vec<IpNet>),
-}
-
 /// The node-level entries: where node ports are served (loopback never is, as in nftables
 /// mode), the Service CIDRs and the pod CIDRs whose traffic is short-circuited.
 pub fn node_entries(
@@ -297,27 +289,24 @@ pub fn node_entries(
     pod_cidrs: &[IpNet],
     families: &[Family],
 ) -> Vec<Entry> {
-    let nets: Vec<IpNet> = match nodeport_addresses {
-        NodePortAddresses::Primary => node_ips
-            .iter()
-            .filter(|ip| !ip.is_loopback())
-            .map(|ip| IpNet::from(*ip))
-            .collect(),
-        NodePortAddresses::Cidrs(cidrs) => {
-            // As upstream: a family none of the CIDRs belongs to serves node ports on all its
-            // local addresses (the capture only matches local destinations, never loopback).
-            let mut nets = IpNet::aggregate(cidrs);
-            for family in families {
-                if !nets.iter().any(|n| Family::of(&n.addr()) == *family) {
-                    nets.push(match family {
-                        Family::V4 => IpNet::V4(ipnet::Ipv4Net::default()),
-                        Family::V6 => IpNet::V6(ipnet::Ipv6Net::default()),
-                    });
-                }
-            }
-            nets
+    // The capture matches local destinations only, never loopback, so "every local address
+    // of the family" is the family's whole range.
+    let mut nets: Vec<IpNet> = Vec::new();
+    for family in families {
+        match nodeport_addresses.scope(*family) {
+            NodePortScope::AllLocal => nets.push(match family {
+                Family::V4 => IpNet::V4(ipnet::Ipv4Net::default()),
+                Family::V6 => IpNet::V6(ipnet::Ipv6Net::default()),
+            }),
+            NodePortScope::Primary => nets.extend(
+                node_ips
+                    .iter()
+                    .filter(|ip| !ip.is_loopback() && Family::of(ip) == *family)
+                    .map(|ip| IpNet::from(*ip)),
+            ),
+            NodePortScope::Cidrs(cidrs) => nets.extend(IpNet::aggregate(&cidrs)),
         }
-    };
+    }
     let mut out: Vec<Entry> = nets
         .into_iter()
         .map(|n| member(EntryKey::NodePortAddresses(n)))

@@ -34,7 +34,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use kpng_backend::host::DetectLocal;
+use kpng_backend::settings::DetectLocal;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
 use prometheus_client::registry::Registry;

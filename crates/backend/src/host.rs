@@ -1,27 +1,11 @@
-//! What every backend that programs this node shares about the node itself: how pod traffic
-//! is told apart from other traffic (`--detect-local-mode`), and which addresses are local
-//! (`--nodeport-addresses` given as CIDRs).
+//! What backends that program this node read from the node itself: which addresses are local
+//! (`--nodeport-addresses` given as CIDRs, iptables' "every local address"). Linux only: other
+//! systems have their own backends, which ask their own data plane.
 
 use std::net::IpAddr;
 use std::process::Command;
 
-use ipnet::IpNet;
 use tracing::warn;
-
-/// How kpng tells pod traffic from other traffic (`--detect-local-mode`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DetectLocal {
-    /// No detection: every source counts as "not a pod".
-    None,
-    /// Sources inside the cluster's pod CIDRs (`--cluster-cidr`).
-    ClusterCidr(Vec<IpNet>),
-    /// Sources inside this node's pod CIDRs (from the Node object).
-    NodeCidr,
-    /// Traffic entering from this bridge (`--pod-bridge-interface`).
-    BridgeInterface(String),
-    /// Traffic entering from interfaces with this prefix (`--pod-interface-name-prefix`).
-    InterfaceNamePrefix(String),
-}
 
 /// Every address configured on a local interface (`ip -o addr show`). Read at full syncs and
 /// node changes only.

@@ -11,14 +11,12 @@
 //! A backend therefore only answers one question: "make the node match this snapshot, given
 //! that this diff is what changed since your last successful sync".
 
-pub mod conntrack_cleanup;
-pub mod health;
 pub mod host;
 pub mod metrics;
-pub mod runner;
-pub mod service_health;
+mod node_model;
+pub mod settings;
 
-use std::time::Duration;
+pub use node_model::{InputInfo, NodeModel};
 
 use kpng_model::{Diff, Family, Snapshot};
 use prometheus_client::registry::Registry;
@@ -100,27 +98,5 @@ pub trait Backend: Send {
     /// Removes everything this backend ever installed.
     fn cleanup(&mut self) -> Result<(), BackendError> {
         Ok(())
-    }
-}
-
-/// Timing of the sync loop, kube-proxy's semantics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SyncTiming {
-    /// Minimum time between two syncs (`--min-sync-period`, default 1 s; 0 = sync at once).
-    pub min_sync_period: Duration,
-    /// Periodic sync and retry ceiling (`--sync-period`, default 30 s). Also sets the health
-    /// timeout: a change queued for longer than twice this without a sync makes `/healthz` fail.
-    pub sync_period: Duration,
-    /// Periodic *full* resync (`--full-sync-period`, default 1 h; 0 disables).
-    pub full_sync_period: Duration,
-}
-
-impl Default for SyncTiming {
-    fn default() -> Self {
-        SyncTiming {
-            min_sync_period: Duration::from_secs(1),
-            sync_period: Duration::from_secs(30),
-            full_sync_period: Duration::from_secs(3600),
-        }
     }
 }

@@ -11,7 +11,7 @@ use kpng_api::metrics::ApiMetrics;
 use kpng_model::{ClusterConfig, ClusterModel, Event};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use crate::cli::{GlobalFlags, ToApi};
 
@@ -62,9 +62,6 @@ where
     let feed = async {
         while let Some(event) = rx.recv().await {
             let out = hub.apply(event);
-            for w in &out.warnings {
-                warn!("{w}");
-            }
             for e in &out.errors {
                 error!("rejected {e}; keeping its last good version");
             }

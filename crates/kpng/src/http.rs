@@ -15,8 +15,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use kpng_backend::health::ProxyHealth;
-use kpng_backend::metrics::{CodeLabel, ProxyMetrics};
+use kpng_runner::health::ProxyHealth;
+use kpng_runner::metrics::{CodeLabel, ProxyMetrics};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone)]

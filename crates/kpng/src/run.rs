@@ -4,12 +4,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use kpng_backend::Backend;
-use kpng_backend::SyncTiming;
-use kpng_backend::health::ProxyHealth;
-use kpng_backend::metrics::ProxyMetrics;
-use kpng_backend::runner::{HealthCheckAddresses, NodeModel, Runner};
+use kpng_backend::{Backend, NodeModel};
 use kpng_model::{Family, Model, ModelConfig};
+use kpng_runner::SyncTiming;
+use kpng_runner::health::ProxyHealth;
+use kpng_runner::metrics::ProxyMetrics;
+use kpng_runner::runner::{HealthCheckAddresses, Runner};
 use kpng_sink_file::{FileSink, Output};
 use kpng_source_file::FileSource;
 use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig};
@@ -17,20 +17,17 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use kpng_backend::host::DetectLocal;
+use kpng_backend::settings::{DetectLocal, NodePortAddresses};
 use kpng_backend_iptables::exec::{
     DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode, family_usable,
 };
-use kpng_backend_iptables::{
-    IptablesBackend, IptablesConfig, NodePortAddresses as IptablesNodePorts,
-};
+use kpng_backend_iptables::{IptablesBackend, IptablesConfig};
 use kpng_backend_nft::exec::libnftables::LibNftables;
 use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
 use kpng_backend_nft::netlink::NetlinkWriter;
-use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses};
+use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses as NftNodePorts};
 use kpng_backend_userspace::capture::Capture as _;
 use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
-use kpng_backend_userspace::entries::NodePortAddresses as UserspaceNodePorts;
 use kpng_backend_userspace::proxy::ProxySettings;
 use kpng_backend_userspace::{UserspaceBackend, UserspaceConfig};
 
@@ -101,8 +98,8 @@ fn nodeport_flag(flags: &GlobalFlags) -> anyhow::Result<NodePortFlag> {
 fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
     let detect_local = detect_local(flags)?;
     let nodeport_addresses = match nodeport_flag(flags)? {
-        NodePortFlag::Unset | NodePortFlag::Primary => NodePortAddresses::Primary,
-        NodePortFlag::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs),
+        NodePortFlag::Unset | NodePortFlag::Primary => NftNodePorts::Primary,
+        NodePortFlag::Cidrs(cidrs) => NftNodePorts::Cidrs(cidrs),
     };
     let config = NftConfig {
         masquerade_all: flags.masquerade_all,
@@ -147,9 +144,9 @@ fn tcp_be_liberal(flags: &GlobalFlags) -> bool {
 /// The iptables backend configured from the flags.
 fn iptables_backend(flags: &GlobalFlags, args: &IptablesArgs) -> anyhow::Result<IptablesBackend> {
     let nodeport_addresses = match nodeport_flag(flags)? {
-        NodePortFlag::Unset => IptablesNodePorts::AllLocal,
-        NodePortFlag::Primary => IptablesNodePorts::Primary,
-        NodePortFlag::Cidrs(cidrs) => IptablesNodePorts::Cidrs(cidrs),
+        NodePortFlag::Unset => NodePortAddresses::AllLocal,
+        NodePortFlag::Primary => NodePortAddresses::Primary,
+        NodePortFlag::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs),
     };
     let config = IptablesConfig {
         masquerade_all: flags.masquerade_all,
@@ -225,8 +222,8 @@ fn userspace_backend(
     args: &UserspaceArgs,
 ) -> anyhow::Result<UserspaceBackend> {
     let nodeport_addresses = match nodeport_flag(flags)? {
-        NodePortFlag::Unset | NodePortFlag::Primary => UserspaceNodePorts::Primary,
-        NodePortFlag::Cidrs(cidrs) => UserspaceNodePorts::Cidrs(cidrs),
+        NodePortFlag::Unset | NodePortFlag::Primary => NodePortAddresses::Primary,
+        NodePortFlag::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs),
     };
     let detect_local = detect_local(flags)?;
     // Pods reach every endpoint of an externalTrafficPolicy Local Service: the capture

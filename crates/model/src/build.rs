@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::categorize::{EndpointCandidate, categorize_endpoints, sort_endpoints};
-use crate::convert::{PortInfo, ServiceInfo, SliceInfo};
 use crate::key::{Family, PortKey};
 use crate::node::NodeState;
+use crate::records::{PortInfo, ServiceInfo, SliceInfo};
 use crate::service_port::{Endpoint, ServicePort};
 
 /// Collects the endpoints of one Service port (matched by name and protocol) of one family,

@@ -17,12 +17,10 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 
 use crate::build::service_ports;
-use crate::convert::{
-    self, ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo, Warning,
-};
 use crate::event::{Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, ServiceKey};
 use crate::node::NodeState;
+use crate::records::{ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo};
 use crate::service_port::ServicePort;
 
 /// Configuration that is the same for every node.
@@ -94,8 +92,6 @@ pub struct ClusterOutcome {
     pub services: BTreeSet<ServiceKey>,
     /// Nodes whose object changed or disappeared.
     pub nodes: BTreeSet<String>,
-    /// Values that were ignored (the rest of their object was used).
-    pub warnings: Vec<Warning>,
     /// Objects that could not be used; their previous version (if any) was kept.
     pub errors: Vec<ConversionError>,
     /// Objects accepted.
@@ -261,91 +257,74 @@ impl ClusterModel {
 
     fn apply_object(&mut self, object: Object, out: &mut ClusterOutcome, touched: &mut Touched) {
         match object {
-            Object::Service(svc) => match convert::service(&svc, &mut out.warnings) {
-                Ok(info) => {
-                    out.applied += 1;
-                    let owned = self.owns(&info);
-                    let source = self.sources.entry(info.key.clone()).or_default();
-                    if source.info.as_ref() != Some(&info) || source.owned != owned {
-                        if source.info.as_ref() != Some(&info) {
-                            out.services_changed.push(info.key.clone());
-                        }
-                        touched.services.insert(info.key.clone());
-                        let source = Arc::make_mut(source);
-                        source.owned = owned;
-                        source.info = Some(info);
+            Object::Service(info) => {
+                let info = *info;
+                out.applied += 1;
+                let owned = self.owns(&info);
+                let source = self.sources.entry(info.key.clone()).or_default();
+                if source.info.as_ref() != Some(&info) || source.owned != owned {
+                    if source.info.as_ref() != Some(&info) {
+                        out.services_changed.push(info.key.clone());
                     }
-                }
-                Err(e) => out.errors.push(e),
-            },
-            Object::EndpointSlice(slice) => {
-                match convert::endpoint_slice(&slice, &mut out.warnings) {
-                    Ok(mut info) => {
-                        out.applied += 1;
-                        if let Some(only) = &self.config.only_node {
-                            // Only locality matters: keep a node name only when it is ours
-                            // (saves a string per endpoint, most of them remote).
-                            for ep in &mut info.endpoints {
-                                if ep.node_name.as_deref() != Some(only.as_str()) {
-                                    ep.node_name = None;
-                                }
-                            }
-                        }
-                        // The owning Service's key already holds the namespace: share it.
-                        let namespace = match &info.service {
-                            Some(service) => service.namespace.clone(),
-                            None => slice
-                                .metadata
-                                .namespace
-                                .as_deref()
-                                .unwrap_or_default()
-                                .into(),
-                        };
-                        let service = info.service.clone();
-                        if self.insert_slice(namespace, info, &mut touched.services) {
-                            out.slices_changed += 1;
-                            let family = match slice.address_type.as_str() {
-                                "IPv4" => Some(Family::V4),
-                                "IPv6" => Some(Family::V6),
-                                _ => None,
-                            };
-                            let at = convert::last_change_trigger_time(&slice);
-                            if let (Some(service), Some(family), Some(at)) = (service, family, at) {
-                                out.trigger_times.push(TriggerTime {
-                                    service,
-                                    family,
-                                    at,
-                                });
-                            }
-                        }
-                    }
-                    Err(e) => out.errors.push(e),
+                    touched.services.insert(info.key.clone());
+                    let source = Arc::make_mut(source);
+                    source.owned = owned;
+                    source.info = Some(info);
                 }
             }
-            Object::Node(node) => match convert::node(&node, &mut out.warnings) {
-                Ok(info) => {
-                    out.applied += 1;
-                    if self.keeps_node(&info.name)
-                        && self.nodes.get(&info.name).map(|n| n.as_ref()) != Some(&info)
+            Object::EndpointSlice {
+                slice,
+                trigger_time,
+            } => {
+                let mut info = *slice;
+                out.applied += 1;
+                if let Some(only) = &self.config.only_node {
+                    // Only locality matters: keep a node name only when it is ours (saves a
+                    // string per endpoint, most of them remote).
+                    for ep in &mut info.endpoints {
+                        if ep.node_name.as_deref() != Some(only.as_str()) {
+                            ep.node_name = None;
+                        }
+                    }
+                }
+                // The owning Service's key already holds the namespace: share it.
+                let namespace = match &info.service {
+                    Some(service) => service.namespace.clone(),
+                    None => info.namespace.clone(),
+                };
+                info.namespace = namespace.clone();
+                let service = info.service.clone();
+                let family = info.family;
+                if self.insert_slice(namespace, info, &mut touched.services) {
+                    out.slices_changed += 1;
+                    if let (Some(service), Some(family), Some(at)) = (service, family, trigger_time)
                     {
-                        touched.nodes.insert(info.name.clone());
-                        self.nodes.insert(info.name.clone(), Arc::new(info));
+                        out.trigger_times.push(TriggerTime {
+                            service,
+                            family,
+                            at,
+                        });
                     }
-                }
-                Err(e) => out.errors.push(e),
-            },
-            Object::ServiceCidr(object) => {
-                match convert::service_cidr(&object, &mut out.warnings) {
-                    Ok(ServiceCidrInfo { name, cidrs }) => {
-                        out.applied += 1;
-                        if self.service_cidrs.get(&name) != Some(&cidrs) {
-                            self.service_cidrs.insert(name, cidrs);
-                            touched.service_cidrs_changed = true;
-                        }
-                    }
-                    Err(e) => out.errors.push(e),
                 }
             }
+            Object::Node(info) => {
+                out.applied += 1;
+                if self.keeps_node(&info.name)
+                    && self.nodes.get(&info.name).map(|n| n.as_ref()) != Some(&*info)
+                {
+                    touched.nodes.insert(info.name.clone());
+                    self.nodes.insert(info.name.clone(), Arc::new(*info));
+                }
+            }
+            Object::ServiceCidr(info) => {
+                let ServiceCidrInfo { name, cidrs } = *info;
+                out.applied += 1;
+                if self.service_cidrs.get(&name) != Some(&cidrs) {
+                    self.service_cidrs.insert(name, cidrs);
+                    touched.service_cidrs_changed = true;
+                }
+            }
+            Object::Rejected(error) => out.errors.push(*error),
         }
     }
 
@@ -560,6 +539,3 @@ pub fn node_state(
     }
     state
 }
-
-#[cfg(test)]
-mod tests;

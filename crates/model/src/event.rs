@@ -1,8 +1,9 @@
 //! The one event vocabulary every source speaks.
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
+use std::time::SystemTime;
+
+use crate::key::Name;
+use crate::records::{ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo};
 
 /// The kinds of objects the model understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,17 +40,27 @@ impl Kind {
     }
 }
 
-/// A Kubernetes object a source observed.
+/// An object a source observed, already converted to the model's record (`kpng-k8s` does
+/// that in the source), or the reason it could not be.
 #[derive(Debug, Clone)]
 pub enum Object {
     /// A Service.
-    Service(Box<Service>),
-    /// An EndpointSlice.
-    EndpointSlice(Box<EndpointSlice>),
+    Service(Box<ServiceInfo>),
+    /// An EndpointSlice, with its `endpoints.kubernetes.io/last-change-trigger-time`: network
+    /// programming latency is measured from it once the change is programmed.
+    EndpointSlice {
+        /// The slice.
+        slice: Box<SliceInfo>,
+        /// When the change this version reflects was triggered (the API server's clock).
+        trigger_time: Option<SystemTime>,
+    },
     /// A Node.
-    Node(Box<Node>),
+    Node(Box<NodeInfo>),
     /// A ServiceCIDR.
-    ServiceCidr(Box<ServiceCIDR>),
+    ServiceCidr(Box<ServiceCidrInfo>),
+    /// An object the source could not convert. The model counts it, keeps the object's last
+    /// good version, and (in a list) treats it as still present.
+    Rejected(Box<ConversionError>),
 }
 
 impl Object {
@@ -57,24 +68,26 @@ impl Object {
     pub fn kind(&self) -> Kind {
         match self {
             Object::Service(_) => Kind::Service,
-            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::EndpointSlice { .. } => Kind::EndpointSlice,
             Object::Node(_) => Kind::Node,
             Object::ServiceCidr(_) => Kind::ServiceCidr,
+            Object::Rejected(e) => e.object.kind,
         }
     }
 
     /// The reference (kind, namespace, name) naming this object in errors and deletes.
     pub fn reference(&self) -> ObjectRef {
-        let meta = match self {
-            Object::Service(o) => &o.metadata,
-            Object::EndpointSlice(o) => &o.metadata,
-            Object::Node(o) => &o.metadata,
-            Object::ServiceCidr(o) => &o.metadata,
+        let (namespace, name): (Name, Name) = match self {
+            Object::Service(s) => (s.key.namespace.clone(), s.key.name.clone()),
+            Object::EndpointSlice { slice, .. } => (slice.namespace.clone(), slice.name.clone()),
+            Object::Node(n) => (Name::default(), n.name.as_str().into()),
+            Object::ServiceCidr(c) => (Name::default(), c.name.as_str().into()),
+            Object::Rejected(e) => return e.object.clone(),
         };
         ObjectRef {
             kind: self.kind(),
-            namespace: meta.namespace.clone().unwrap_or_default().into(),
-            name: meta.name.clone().unwrap_or_default().into(),
+            namespace,
+            name,
         }
     }
 }

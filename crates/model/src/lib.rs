@@ -1,7 +1,8 @@
 //! kpng's node-local model: what *this node* must do for every Service port.
 //!
-//! Sources hand Kubernetes objects (Services, EndpointSlices, Nodes, ServiceCIDRs) to
-//! [`Model::apply`] as [`Event`]s. The model converts them into small, Kubernetes-free types, selects the endpoints
+//! Sources convert Kubernetes objects (Services, EndpointSlices, Nodes, ServiceCIDRs) into
+//! small, Kubernetes-free [`records`] (crate `kpng-k8s`) and hand them to [`Model::apply`] as
+//! [`Event`]s. The model selects the endpoints
 //! each Service port may use from this node (upstream kube-proxy's `CategorizeEndpoints`), and
 //! returns a [`Diff`] naming only the Service ports that changed. Backends consume the diff plus a
 //! read-only [`Snapshot`]; they never see a Kubernetes type.
@@ -11,13 +12,13 @@
 mod build;
 mod categorize;
 pub mod cluster;
-pub mod convert;
 mod diff;
 mod event;
 pub mod ip;
 mod key;
 mod model;
 mod node;
+pub mod records;
 mod service_port;
 
 pub use categorize::{
@@ -26,10 +27,10 @@ pub use categorize::{
 pub use cluster::{
     ClusterConfig, ClusterModel, ClusterOutcome, ServiceSource, TriggerTime, node_state,
 };
-pub use convert::{ConversionError, Warning};
 pub use diff::{Change, Diff};
 pub use event::{Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
 pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
 pub use node::NodeState;
+pub use records::{ConversionError, Warning};
 pub use service_port::{Endpoint, ServicePort, SessionAffinity};

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use crate::cluster::{ClusterConfig, ClusterModel, TriggerTime, node_state};
-use crate::convert::{ConversionError, Warning};
 use crate::diff::Diff;
 use crate::event::{Event, Kind};
 use crate::key::{Family, PortKey, Protocol, ServiceKey};
 use crate::node::NodeState;
+use crate::records::ConversionError;
 use crate::service_port::ServicePort;
 
 /// How this node identifies itself and which Services it owns.
@@ -97,8 +97,6 @@ impl Snapshot {
 pub struct ApplyOutcome {
     /// The Service ports that changed.
     pub diff: Diff,
-    /// Values that were ignored (the rest of their object was used).
-    pub warnings: Vec<Warning>,
     /// Objects that could not be used; their previous version (if any) was kept.
     pub errors: Vec<ConversionError>,
     /// Objects accepted into the model.
@@ -154,7 +152,6 @@ impl Model {
     pub fn apply(&mut self, event: Event) -> ApplyOutcome {
         let touched = self.cluster.apply(event);
         let mut out = ApplyOutcome {
-            warnings: touched.warnings,
             errors: touched.errors,
             applied: touched.applied,
             listed: touched.listed,
@@ -208,6 +205,3 @@ impl Model {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

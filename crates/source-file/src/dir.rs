@@ -109,6 +109,7 @@ impl DirState {
                 Vec::new()
             }
             Ok(loaded) => {
+                loaded.log_omissions(path);
                 let new_refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
                 let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();

@@ -3,9 +3,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use kpng_model::{Object, convert};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kpng_k8s::{Convert, Converted};
+use kpng_model::{Object, Warning};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use tracing::warn;
 
 /// Why a manifest file was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +57,23 @@ pub struct Loaded {
     pub objects: Vec<Object>,
     /// Kinds that were skipped because kpng does not use them (each named once).
     pub skipped_kinds: BTreeSet<String>,
+    /// Values the conversion dropped (the rest of their objects is used).
+    pub warnings: Vec<Warning>,
+}
+
+impl Loaded {
+    /// Logs what the load left out: kinds kpng does not use and values it could not use.
+    pub fn log_omissions(&self, source: &std::path::Path) {
+        for kind in &self.skipped_kinds {
+            warn!(
+                "{}: skipping objects of kind {kind}: kpng does not use them",
+                source.display()
+            );
+        }
+        for warning in &self.warnings {
+            warn!("{}: {warning}", source.display());
+        }
+    }
 }
 
 /// Splits a YAML stream into documents, returning each with its 1-based start line.
@@ -144,44 +166,29 @@ fn object(
     let Some(kind) = kind else {
         return Err(origin.error(Some(&value), None, Some("kind".into()), "missing".into()));
     };
-    let mut warnings = Vec::new();
-    let conversion = |e: convert::ConversionError| {
-        let name = if e.object.namespace.is_empty() {
-            e.object.name.to_string()
-        } else {
-            format!("{}/{}", e.object.namespace, e.object.name)
-        };
-        ManifestError {
-            object: Some(name),
-            ..origin.error(None, Some(&kind), Some(e.field), e.message)
-        }
-    };
-    let object = match kind.as_str() {
-        "Service" => {
-            let svc = typed(value, origin, &kind)?;
-            convert::service(&svc, &mut warnings).map_err(conversion)?;
-            Object::Service(Box::new(svc))
-        }
-        "EndpointSlice" => {
-            let slice = typed(value, origin, &kind)?;
-            convert::endpoint_slice(&slice, &mut warnings).map_err(conversion)?;
-            Object::EndpointSlice(Box::new(slice))
-        }
-        "Node" => {
-            let node = typed(value, origin, &kind)?;
-            convert::node(&node, &mut warnings).map_err(conversion)?;
-            Object::Node(Box::new(node))
-        }
-        "ServiceCIDR" => {
-            let cidr = typed(value, origin, &kind)?;
-            convert::service_cidr(&cidr, &mut warnings).map_err(conversion)?;
-            Object::ServiceCidr(Box::new(cidr))
-        }
+    let converted = match kind.as_str() {
+        "Service" => typed::<Service>(value, origin, &kind)?.convert(),
+        "EndpointSlice" => typed::<EndpointSlice>(value, origin, &kind)?.convert(),
+        "Node" => typed::<Node>(value, origin, &kind)?.convert(),
+        "ServiceCIDR" => typed::<ServiceCIDR>(value, origin, &kind)?.convert(),
         other => {
             loaded.skipped_kinds.insert(other.to_string());
             return Ok(());
         }
     };
+    let Converted { object, warnings } = converted;
+    if let Object::Rejected(e) = object {
+        let name = if e.object.namespace.is_empty() {
+            e.object.name.to_string()
+        } else {
+            format!("{}/{}", e.object.namespace, e.object.name)
+        };
+        return Err(ManifestError {
+            object: Some(name),
+            ..origin.error(None, Some(&kind), Some(e.field), e.message)
+        });
+    }
+    loaded.warnings.extend(warnings);
     loaded.objects.push(object);
     origins.push(origin);
     Ok(())

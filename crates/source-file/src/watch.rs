@@ -104,12 +104,7 @@ impl FileSource {
                 true
             }
             Ok(loaded) => {
-                for kind in &loaded.skipped_kinds {
-                    warn!(
-                        "{}: skipping objects of kind {kind}: kpng does not use them",
-                        self.path.display()
-                    );
-                }
+                loaded.log_omissions(&self.path);
                 info!(
                     "{}: loaded {} objects",
                     self.path.display(),

@@ -19,9 +19,9 @@ fn cluster_ip(event: &Event) -> String {
     let Some(Object::Service(svc)) = objects.first() else {
         panic!("expected a Service")
     };
-    svc.spec
-        .as_ref()
-        .and_then(|s| s.cluster_ip.clone())
+    svc.cluster_ips
+        .first()
+        .map(ToString::to_string)
         .unwrap_or_default()
 }
 
@@ -101,7 +101,7 @@ async fn a_directory_is_read_per_file() {
     // Changing one file sends only its objects.
     std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.3")).expect("write");
     match next(&mut rx).await {
-        Some(Event::Apply(Object::Service(s))) => assert_eq!(s.metadata.name.as_deref(), Some("b")),
+        Some(Event::Apply(Object::Service(s))) => assert_eq!(&*s.key.name, "b"),
         other => panic!("expected Apply of b, got {other:?}"),
     }
     // A broken file keeps its objects; removing a file deletes them.

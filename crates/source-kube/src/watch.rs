@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::serde::de::DeserializeOwned;
-use kpng_model::convert::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
+use kpng_k8s::{Convert, Converted, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use kpng_model::{Event, Kind, Object, ObjectRef};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, DefaultBackoff};
@@ -79,35 +79,40 @@ fn reference<K: Resource>(kind: Kind, object: &K) -> ObjectRef {
     }
 }
 
+/// Converts one object as it arrives (the model never sees a Kubernetes type); values it had
+/// to drop are logged here, where the object was read.
+fn convert<K: Convert>(object: &K) -> Object {
+    let Converted { object, warnings } = object.convert();
+    for warning in &warnings {
+        warn!("{warning}");
+    }
+    object
+}
+
 /// Translates one watcher event (see the module table).
-fn translate<K: Resource>(event: watcher::Event<K>, kind: Kind, wrap: fn(K) -> Object) -> Event {
+fn translate<K: Resource + Convert>(event: watcher::Event<K>) -> Event {
+    let kind = K::KIND;
     match event {
         watcher::Event::Init => Event::ListStart { kinds: vec![kind] },
-        watcher::Event::InitApply(o) => Event::ListItem(wrap(o)),
+        watcher::Event::InitApply(o) => Event::ListItem(convert(&o)),
         watcher::Event::InitDone => Event::ListDone { kinds: vec![kind] },
-        watcher::Event::Apply(o) => Event::Apply(wrap(o)),
+        watcher::Event::Apply(o) => Event::Apply(convert(&o)),
         watcher::Event::Delete(o) => Event::Delete(reference(kind, &o)),
     }
 }
 
-/// A watcher of `api` as a stream of [`Item`]s: managed fields dropped (memory), errors
-/// followed by backoff with jitter (0.8 s doubling to 30 s), bookmarks on (kube-runtime's
-/// default), a relist after `410 Gone`.
-fn watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    kind: Kind,
-    wrap: fn(K) -> Object,
-) -> BoxStream<'static, Item>
+/// A watcher of `api` as a stream of [`Item`]s: every object converted as it arrives (so no
+/// Kubernetes object outlives its event), errors followed by backoff with jitter (0.8 s
+/// doubling to 30 s), bookmarks on (kube-runtime's default), a relist after `410 Gone`.
+fn watch<K>(api: Api<K>, config: watcher::Config) -> BoxStream<'static, Item>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Convert + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     watcher::watcher(api, config)
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
         .default_backoff()
-        .map(move |result| Item {
-            kind,
-            result: result.map(|event| translate(event, kind, wrap)),
+        .map(|result| Item {
+            kind: K::KIND,
+            result: result.map(translate),
         })
         .boxed()
 }
@@ -226,24 +231,9 @@ impl KubeSource {
             None => watcher::Config::default(),
         };
         futures::stream::select_all([
-            watch(
-                Api::<Service>::all(self.client.clone()),
-                labelled.clone(),
-                Kind::Service,
-                |o| Object::Service(Box::new(o)),
-            ),
-            watch(
-                Api::<EndpointSlice>::all(self.client.clone()),
-                labelled,
-                Kind::EndpointSlice,
-                |o| Object::EndpointSlice(Box::new(o)),
-            ),
-            watch(
-                Api::<Node>::all(self.client.clone()),
-                node,
-                Kind::Node,
-                |o| Object::Node(Box::new(o)),
-            ),
+            watch(Api::<Service>::all(self.client.clone()), labelled.clone()),
+            watch(Api::<EndpointSlice>::all(self.client.clone()), labelled),
+            watch(Api::<Node>::all(self.client.clone()), node),
         ])
     }
 
@@ -282,8 +272,6 @@ impl KubeSource {
                         streams.push(watch(
                             Api::<ServiceCIDR>::all(self.client.clone()),
                             watcher::Config::default(),
-                            Kind::ServiceCidr,
-                            |o| Object::ServiceCidr(Box::new(o)),
                         ));
                     } else {
                         info!("the API server serves no ServiceCIDRs: only --service-cidr ranges are dropped");

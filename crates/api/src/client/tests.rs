@@ -81,15 +81,16 @@ fn a_reconnect_replay_is_a_minimal_diff() {
         namespace: "other".into(),
         name: "empty".into(),
     }));
-    hub.apply(Event::Apply(kpng_model::Object::EndpointSlice(Box::new(
-        serde_json::from_value(json!({
+    hub.apply(Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
             "metadata": {"namespace": "default", "name": "np-local-1",
                          "labels": {"kubernetes.io/service-name": "np-local"}},
             "addressType": "IPv4", "ports": [{"name": "", "port": 8080}],
             "endpoints": [{"addresses": ["10.244.1.3"], "nodeName": "n1"}]
         }))
-        .expect("slice"),
-    ))));
+        .expect("slice")
+        .object,
+    ));
     let third = hub.register("n1");
     assert_eq!(deliver(&third, &mut wire, &mut model), (2, false));
     assert!(
@@ -173,10 +174,13 @@ fn backoff_doubles_with_jitter_up_to_the_cap() {
 }
 
 fn service_cidr(name: &str, cidrs: &[&str]) -> Event {
-    Event::Apply(kpng_model::Object::ServiceCidr(Box::new(
-        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
-            .expect("ServiceCIDR"),
-    )))
+    Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::networking::v1::ServiceCIDR>(
+            json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}),
+        )
+        .expect("ServiceCIDR")
+        .object,
+    )
 }
 
 #[test]
@@ -228,16 +232,17 @@ fn change_counters_count_service_and_endpoint_values() {
     let (mut wire, mut model) = (WireState::default(), RemoteModel::new("n1", Vec::new()));
     deliver(&reg, &mut wire, &mut model);
     // One endpoint more for one Service: its Endpoint value is new, its Service value is not.
-    hub.apply(Event::Apply(kpng_model::Object::EndpointSlice(Box::new(
-        serde_json::from_value(json!({
+    hub.apply(Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
             "metadata": {"namespace": "default", "name": "extra-ep",
                          "labels": {"kubernetes.io/service-name": "web"}},
             "addressType": "IPv4",
             "ports": [{"name": "http", "port": 8080}],
             "endpoints": [{"addresses": ["10.244.9.9"], "nodeName": "n3"}]
         }))
-        .expect("slice"),
-    ))));
+        .expect("slice")
+        .object,
+    ));
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("rt");

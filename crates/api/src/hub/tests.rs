@@ -71,16 +71,15 @@ fn ready(reg: &Registration) -> bool {
 }
 
 fn slice(ips: &[(&str, &str)]) -> Event {
-    Event::Apply(kpng_model::Object::EndpointSlice(Box::new(
-        serde_json::from_value(json!({
+    Event::Apply(kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
             "metadata": {"namespace": "default", "name": "np-local-1",
                          "labels": {"kubernetes.io/service-name": "np-local"}},
             "addressType": "IPv4",
             "ports": [{"name": "", "port": 8080}],
             "endpoints": ips.iter().map(|(ip, node)| json!({"addresses": [ip], "nodeName": node})).collect::<Vec<_>>()
         }))
-        .expect("slice"),
-    )))
+        .expect("slice")
+        .object)
 }
 
 #[test]
@@ -238,12 +237,13 @@ fn a_node_zone_change_re_evaluates_that_node_only() {
     next(&n1);
     next(&n2);
     // n1 moves to zone zb: the zoned Service now uses the zb endpoints.
-    hub.apply(Event::Apply(kpng_model::Object::Node(Box::new(
-        serde_json::from_value(
+    hub.apply(Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::core::v1::Node>(
             json!({"metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "zb"}}}),
         )
-        .expect("node"),
-    ))));
+        .expect("node")
+        .object,
+    ));
     let ops = next(&n1);
     assert_eq!(ops[0], "node n1");
     assert!(
@@ -273,10 +273,13 @@ fn renaming_the_watched_node_moves_locality() {
 }
 
 fn service_cidr(name: &str, cidrs: &[&str]) -> Event {
-    Event::Apply(kpng_model::Object::ServiceCidr(Box::new(
-        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
-            .expect("ServiceCIDR"),
-    )))
+    Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::networking::v1::ServiceCIDR>(
+            json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}),
+        )
+        .expect("ServiceCIDR")
+        .object,
+    )
 }
 
 #[test]

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use kpng_backend::host::DetectLocal;
+use kpng_backend::settings::DetectLocal;
 use kpng_model::Family;
 
 use crate::capture::{Capture, CaptureError};

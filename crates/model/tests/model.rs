@@ -2,25 +2,26 @@
 
 use serde_json::{Value, json};
 
-use super::*;
-use crate::event::{Event, Kind, Object, ObjectRef};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kpng_k8s::from_json;
+use kpng_model::*;
 
 fn service(value: Value) -> Object {
-    Object::Service(Box::new(
-        serde_json::from_value(value).expect("valid Service JSON"),
-    ))
+    from_json::<Service>(value)
+        .expect("valid Service JSON")
+        .object
 }
 
 fn slice(value: Value) -> Object {
-    Object::EndpointSlice(Box::new(
-        serde_json::from_value(value).expect("valid EndpointSlice JSON"),
-    ))
+    from_json::<EndpointSlice>(value)
+        .expect("valid EndpointSlice JSON")
+        .object
 }
 
 fn node(value: Value) -> Object {
-    Object::Node(Box::new(
-        serde_json::from_value(value).expect("valid Node JSON"),
-    ))
+    from_json::<Node>(value).expect("valid Node JSON").object
 }
 
 fn svc(name: &str, spec: Value) -> Object {
@@ -253,10 +254,9 @@ fn service_proxy_name_label_decides_ownership() {
 }
 
 fn service_cidr(name: &str, cidrs: &[&str]) -> Object {
-    Object::ServiceCidr(Box::new(
-        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
-            .expect("valid ServiceCIDR JSON"),
-    ))
+    from_json::<ServiceCIDR>(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
+        .expect("valid ServiceCIDR JSON")
+        .object
 }
 
 #[test]
@@ -267,13 +267,13 @@ fn service_cidrs_are_the_union_of_every_object_and_a_change_is_a_node_change() {
         &["10.96.0.0/16", "fd00:96::/112"],
     )));
     assert!(out.diff.node_changed);
-    let out = m.apply(Event::Apply(service_cidr(
-        "extra",
-        &["10.97.0.0/16", "10.96.0.0/16", "bad"],
-    )));
+    let extra = from_json::<ServiceCIDR>(json!({"metadata": {"name": "extra"},
+        "spec": {"cidrs": ["10.97.0.0/16", "10.96.0.0/16", "bad"]}}))
+    .expect("valid ServiceCIDR JSON");
+    assert_eq!(extra.warnings.len(), 1, "{:?}", extra.warnings);
+    assert_eq!(extra.warnings[0].field, "spec.cidrs[2]");
+    let out = m.apply(Event::Apply(extra.object));
     assert!(out.diff.node_changed);
-    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
-    assert_eq!(out.warnings[0].field, "spec.cidrs[2]");
     let cidrs: Vec<String> = m
         .snapshot()
         .service_cidrs
@@ -464,16 +464,17 @@ fn trigger_times_come_from_changed_slices_only() {
 #[test]
 fn sloppy_ips_are_written_canonically_and_invalid_ones_warn() {
     let mut m = model();
-    let out = m.apply(Event::Apply(svc(
-        "lb",
-        json!({
-            "type": "LoadBalancer",
-            "clusterIP": "172.30.0.041",
-            "externalIPs": ["192.168.099.011", "not-an-ip"],
-            "loadBalancerSourceRanges": [" 203.0.113.000/025 ", "garbage"],
-            "ports": [{"name": "p80", "port": 80, "nodePort": 30080}]
-        }),
-    )));
+    let converted = from_json::<Service>(json!({"metadata": {"namespace": "ns", "name": "lb"},
+    "spec": {
+        "type": "LoadBalancer",
+        "clusterIP": "172.30.0.041",
+        "externalIPs": ["192.168.099.011", "not-an-ip"],
+        "loadBalancerSourceRanges": [" 203.0.113.000/025 ", "garbage"],
+        "ports": [{"name": "p80", "port": 80, "nodePort": 30080}]
+    }}))
+    .expect("valid Service JSON");
+    let out = converted;
+    m.apply(Event::Apply(out.object.clone()));
     let port = &m.snapshot().ports[&key("lb", Family::V4)];
     assert_eq!(port.cluster_ip.to_string(), "172.30.0.41");
     assert_eq!(port.external_ips[0].to_string(), "192.168.99.11");

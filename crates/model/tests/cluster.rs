@@ -3,17 +3,20 @@
 
 use serde_json::{Value, json};
 
-use super::*;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kpng_k8s::from_json;
+use kpng_model::*;
 
 fn object(kind: &str, value: Value) -> Object {
-    match kind {
-        "Service" => Object::Service(Box::new(serde_json::from_value(value).expect("service"))),
-        "Node" => Object::Node(Box::new(serde_json::from_value(value).expect("node"))),
-        "ServiceCIDR" => {
-            Object::ServiceCidr(Box::new(serde_json::from_value(value).expect("cidr")))
-        }
-        _ => Object::EndpointSlice(Box::new(serde_json::from_value(value).expect("slice"))),
-    }
+    let converted = match kind {
+        "Service" => from_json::<Service>(value),
+        "Node" => from_json::<Node>(value),
+        "ServiceCIDR" => from_json::<ServiceCIDR>(value),
+        _ => from_json::<EndpointSlice>(value),
+    };
+    converted.expect("valid JSON").object
 }
 
 fn svc(name: &str, extra: Value) -> Event {

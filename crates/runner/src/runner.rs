@@ -22,19 +22,19 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpng_model::{
-    ApplyOutcome, Diff, Event, Family, Kind, Model, ServiceKey, Snapshot, TriggerTime,
-};
+use kpng_model::{Diff, Family, Kind, Model, ServiceKey, TriggerTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
+use crate::SyncTiming;
+#[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
 use crate::service_health::{ServiceHealthServers, wanted};
-use crate::{Backend, SyncRequest, SyncTiming};
+use kpng_backend::{Backend, InputInfo, NodeModel, SyncRequest};
 
 /// The kinds a source must list before anything is programmed.
 const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
@@ -63,77 +63,10 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
-/// Where the runner's node-local state comes from: the in-process [`Model`] fed with
-/// Kubernetes objects, or a remote brain's state received over the API. Both drive the same
-/// backend through the same loop.
-pub trait NodeModel: Send + 'static {
-    /// What the source sends.
-    type Input: Send + 'static;
-    /// What one input carries, for the input metrics (before it is applied).
-    fn describe(input: &Self::Input) -> InputInfo;
-    /// Applies one input: the diff of the snapshot, problems, kinds now completely listed and
-    /// kube-proxy's change counters.
-    fn apply(&mut self, input: Self::Input) -> ApplyOutcome;
-    /// The current node-local state.
-    fn snapshot(&self) -> &Snapshot;
-}
-
-/// What one input carries: counted in `kpng_objects_seen_total` and kube-proxy's
-/// `…_changes_total` before it is applied.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InputInfo {
-    /// The kind of a single-object change (`None` for lists and remote updates): labels
-    /// `kpng_objects_applied_total`.
-    pub kind: Option<Kind>,
-    /// The kinds of the Kubernetes objects it carries, one entry per object.
-    pub objects: Vec<Kind>,
-    /// Service changes it carries (`kubeproxy_sync_proxy_rules_service_changes_total`).
-    pub service_changes: u64,
-    /// Endpoint changes it carries (`kubeproxy_sync_proxy_rules_endpoint_changes_total`).
-    pub endpoint_changes: u64,
-}
-
-impl InputInfo {
-    /// An input carrying these Kubernetes objects: each Service and EndpointSlice is one change.
-    pub fn objects(kind: Option<Kind>, objects: Vec<Kind>) -> InputInfo {
-        let count = |k: Kind| objects.iter().filter(|o| **o == k).count() as u64;
-        InputInfo {
-            kind,
-            service_changes: count(Kind::Service),
-            endpoint_changes: count(Kind::EndpointSlice),
-            objects,
-        }
-    }
-}
-
-impl NodeModel for Model {
-    type Input = Event;
-
-    fn describe(event: &Event) -> InputInfo {
-        match event {
-            Event::Apply(o) | Event::ListItem(o) => {
-                InputInfo::objects(Some(o.kind()), vec![o.kind()])
-            }
-            Event::Delete(r) => InputInfo::objects(Some(r.kind), vec![r.kind]),
-            Event::Replace { objects, .. } => {
-                InputInfo::objects(None, objects.iter().map(|o| o.kind()).collect())
-            }
-            Event::ListStart { .. } | Event::ListDone { .. } => InputInfo::default(),
-        }
-    }
-
-    fn apply(&mut self, event: Event) -> ApplyOutcome {
-        Model::apply(self, event)
-    }
-
-    fn snapshot(&self) -> &Snapshot {
-        Model::snapshot(self)
-    }
-}
-
 /// Everything the loop needs.
 pub struct Runner<M: NodeModel = Model> {
     service_health: Option<(ServiceHealthServers, HealthCheckAddresses)>,
+    #[cfg(target_os = "linux")]
     conntrack: Option<ConntrackCleanup>,
     model: M,
     backend: Box<dyn Backend>,
@@ -155,6 +88,7 @@ impl<M: NodeModel> Runner<M> {
         let (reports, _) = watch::channel(None);
         Runner {
             service_health: None,
+            #[cfg(target_os = "linux")]
             conntrack: None,
             model,
             backend,
@@ -178,6 +112,7 @@ impl<M: NodeModel> Runner<M> {
 
     /// Deletes stale UDP conntrack entries after every successful sync that can leave some
     /// (see `kpng_conntrack::pass_needed`): part of every backend that programs the node.
+    #[cfg(target_os = "linux")]
     pub fn with_conntrack_cleanup(mut self, reconciler: kpng_conntrack::Reconciler) -> Runner<M> {
         self.conntrack = Some(ConntrackCleanup::new(reconciler, self.metrics.clone()));
         self
@@ -306,9 +241,6 @@ impl<M: NodeModel> LoopState<M> {
         let kind = info.kind;
         let outcome = self.runner.model.apply(input);
         let m = &self.runner.metrics;
-        for w in &outcome.warnings {
-            warn!("{w}");
-        }
         for e in &outcome.errors {
             error!("rejected {e}; keeping its last good version");
             m.object_errors
@@ -474,6 +406,7 @@ impl<M: NodeModel> LoopState<M> {
         if ok {
             self.sync_service_health().await;
             // Once the data plane has changed: a client's next packet follows the new rules.
+            #[cfg(target_os = "linux")]
             if let Some(conntrack) = &mut self.runner.conntrack {
                 conntrack.after_sync(&self.families, &diff, self.runner.model.snapshot(), full);
             }

@@ -1,4 +1,5 @@
-//! Kubernetes objects → small, Kubernetes-free records.
+//! Kubernetes objects → the model's small, Kubernetes-free records
+//! ([`kpng_model::records`]).
 //!
 //! Two kinds of problems are distinguished, as kube-proxy does:
 //! - a [`ConversionError`] makes the whole object unusable (no name, a port out of range, an
@@ -11,16 +12,17 @@
 
 use std::net::IpAddr;
 
-use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::event::{Kind, ObjectRef};
-use crate::ip::{parse_cidr_sloppy, parse_ip_sloppy};
-use crate::key::{Name, Protocol, ServiceKey};
-use crate::service_port::SessionAffinity;
+use kpng_model::ip::{parse_cidr_sloppy, parse_ip_sloppy};
+use kpng_model::records::{
+    ConversionError, Ignored, NodeInfo, PortInfo, ServiceCidrInfo, ServiceInfo, SliceEndpoint,
+    SliceInfo, SlicePort, Warning,
+};
+use kpng_model::{Family, Kind, Name, ObjectRef, Protocol, ServiceKey, SessionAffinity};
 
 /// Label naming the proxy that owns a Service; others must ignore it.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -38,39 +40,6 @@ pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 /// Session affinity timeout when the Service does not set one (3 hours, the API default).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
-
-/// An object that cannot be used at all; the model keeps its previous version.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{object}: field {field}: {message}")]
-pub struct ConversionError {
-    /// The object at fault.
-    pub object: ObjectRef,
-    /// The field path at fault (`spec.ports[0].port`).
-    pub field: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-/// A value that was ignored; the rest of the object is used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Warning {
-    /// The object holding the value.
-    pub object: ObjectRef,
-    /// The field path of the value.
-    pub field: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl std::fmt::Display for Warning {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: field {}: {} (ignored)",
-            self.object, self.field, self.message
-        )
-    }
-}
 
 /// Collects problems found while converting one object.
 struct Checker<'a> {
@@ -162,59 +131,6 @@ fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), Conversi
         return Err(err("metadata.namespace"));
     }
     Ok(())
-}
-
-/// Why a Service gets no rules at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ignored {
-    /// `clusterIP` is empty or `None`.
-    Headless,
-    /// `type: ExternalName`.
-    ExternalName,
-}
-
-/// One entry of `spec.ports`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PortInfo {
-    /// The port's name; endpoints match by name and protocol.
-    pub name: Name,
-    /// The protocol.
-    pub protocol: Protocol,
-    /// The Service port number.
-    pub port: u16,
-    /// The node port, if allocated.
-    pub node_port: Option<u16>,
-}
-
-/// A Service reduced to what proxying needs (all families together).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceInfo {
-    /// Namespace and name.
-    pub key: ServiceKey,
-    /// Set when the Service gets no rules (headless, ExternalName).
-    pub ignored: Option<Ignored>,
-    /// The `service.kubernetes.io/service-proxy-name` label, if any.
-    pub proxy_name_label: Option<String>,
-    /// Whether the `service.kubernetes.io/headless` label is present.
-    pub headless_label: bool,
-    /// `spec.clusterIPs` (or `spec.clusterIP`), at most one per family.
-    pub cluster_ips: Vec<IpAddr>,
-    /// `spec.ports`.
-    pub ports: Vec<PortInfo>,
-    /// `spec.externalIPs`.
-    pub external_ips: Vec<IpAddr>,
-    /// Load-balancer ingress IPs with `ipMode` unset or `VIP`.
-    pub load_balancer_ips: Vec<IpAddr>,
-    /// `spec.loadBalancerSourceRanges`, canonical.
-    pub source_ranges: Vec<IpNet>,
-    /// ClientIP affinity.
-    pub session_affinity: Option<SessionAffinity>,
-    /// externalTrafficPolicy Local on a NodePort or LoadBalancer Service.
-    pub external_policy_local: bool,
-    /// internalTrafficPolicy Local.
-    pub internal_policy_local: bool,
-    /// `spec.healthCheckNodePort`, only when the Service needs a health check.
-    pub health_check_node_port: Option<u16>,
 }
 
 /// Converts a Service. Errors make the whole Service unusable; warnings drop single values.
@@ -381,50 +297,6 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
     Ok(info)
 }
 
-/// One port of an EndpointSlice.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlicePort {
-    /// The port name (matches a Service port name).
-    pub name: Name,
-    /// The protocol.
-    pub protocol: Protocol,
-    /// The endpoint port number (the DNAT target).
-    pub port: u16,
-}
-
-/// One endpoint of an EndpointSlice.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceEndpoint {
-    /// `addresses[0]`.
-    pub ip: IpAddr,
-    /// `nodeName`.
-    pub node_name: Option<Name>,
-    /// `conditions.ready`, nil = true.
-    pub ready: bool,
-    /// `conditions.serving`, nil = true.
-    pub serving: bool,
-    /// `conditions.terminating`, nil = false.
-    pub terminating: bool,
-    /// `hints.forZones[].name`.
-    pub zone_hints: Vec<String>,
-    /// `hints.forNodes[].name`.
-    pub node_hints: Vec<String>,
-}
-
-/// An EndpointSlice reduced to what proxying needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceInfo {
-    /// The slice's own name (unique within the namespace).
-    pub name: Name,
-    /// The Service it belongs to (`kubernetes.io/service-name` label); `None` for slices no
-    /// Service owns, which are ignored.
-    pub service: Option<ServiceKey>,
-    /// Usable ports (nil names and nil/0 ports are dropped, as upstream does).
-    pub ports: Vec<SlicePort>,
-    /// Endpoints with a parseable first address.
-    pub endpoints: Vec<SliceEndpoint>,
-}
-
 /// Converts an EndpointSlice.
 pub fn endpoint_slice(
     slice: &EndpointSlice,
@@ -449,8 +321,15 @@ pub fn endpoint_slice(
             "not set: the slice belongs to no Service",
         );
     }
+    let family = match slice.address_type.as_str() {
+        "IPv4" => Some(Family::V4),
+        "IPv6" => Some(Family::V6),
+        _ => None,
+    };
     let mut info = SliceInfo {
+        namespace: object.namespace.clone(),
         name: object.name.clone(),
+        family,
         service,
         ports: Vec::new(),
         endpoints: Vec::new(),
@@ -514,25 +393,6 @@ pub fn endpoint_slice(
     Ok(info)
 }
 
-/// A Node reduced to what proxying needs.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NodeInfo {
-    /// The Node's name.
-    pub name: String,
-    /// InternalIP addresses, in status order.
-    pub internal_ips: Vec<IpAddr>,
-    /// ExternalIP addresses, in status order.
-    pub external_ips: Vec<IpAddr>,
-    /// The `topology.kubernetes.io/zone` label.
-    pub zone: Option<String>,
-    /// `spec.podCIDRs` (or `spec.podCIDR`).
-    pub pod_cidrs: Vec<IpNet>,
-    /// Whether `metadata.deletionTimestamp` is set.
-    pub deleting: bool,
-    /// Whether the autoscaler's to-be-deleted taint is present.
-    pub to_be_deleted: bool,
-}
-
 /// Converts a Node.
 pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, ConversionError> {
     let object = object_ref(Kind::Node, &node.metadata);
@@ -589,15 +449,6 @@ pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, Conver
             .any(|t| t.key == TAINT_TO_BE_DELETED);
     }
     Ok(info)
-}
-
-/// A ServiceCIDR reduced to its ranges.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ServiceCidrInfo {
-    /// The object's name (ServiceCIDRs are cluster-scoped).
-    pub name: String,
-    /// `spec.cidrs`, canonical.
-    pub cidrs: Vec<IpNet>,
 }
 
 /// Converts a ServiceCIDR. Every range counts, whatever the object's status: kube-proxy too

@@ -3,12 +3,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kpng_model::{ModelConfig, Object};
+use kpng_model::{Event, ModelConfig, Object};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use super::*;
-use crate::{BackendError, SyncStats};
+use kpng_backend::{BackendError, SyncStats};
 
 #[derive(Default)]
 struct Calls {
@@ -42,11 +42,12 @@ impl Backend for FakeBackend {
 }
 
 fn service(name: &str, ip: &str) -> Object {
-    Object::Service(Box::new(
-        serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": name},
-            "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": 80}]}}))
-        .expect("service"),
-    ))
+    kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(
+        json!({"metadata": {"namespace": "ns", "name": name},
+            "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": 80}]}}),
+    )
+    .expect("service")
+    .object
 }
 
 fn all_kinds(objects: Vec<Object>) -> Event {
@@ -233,23 +234,23 @@ async fn periodic_and_full_resyncs() {
 }
 
 fn udp_service(ip: &str) -> Object {
-    Object::Service(Box::new(
-        serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": "dns"},
-            "spec": {"clusterIP": ip, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}}))
-        .expect("service"),
-    ))
+    kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(
+        json!({"metadata": {"namespace": "ns", "name": "dns"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}}),
+    )
+    .expect("service")
+    .object
 }
 
 fn udp_slice(endpoint: &str) -> Object {
-    Object::EndpointSlice(Box::new(
-        serde_json::from_value(json!({
+    kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
             "metadata": {"namespace": "ns", "name": "dns-1",
                 "labels": {"kubernetes.io/service-name": "dns"}},
             "addressType": "IPv4",
             "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
             "endpoints": [{"addresses": [endpoint]}]}))
-        .expect("slice"),
-    ))
+    .expect("slice")
+    .object
 }
 
 fn slice(name: &str, ip: &str, trigger: Option<SystemTime>) -> Object {
@@ -266,16 +267,15 @@ fn slice(name: &str, ip: &str, trigger: Option<SystemTime>) -> Object {
             stamp.to_string().into(),
         );
     }
-    Object::EndpointSlice(Box::new(
-        serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": name,
-                "labels": {"kubernetes.io/service-name": "a"}, "annotations": annotations},
-            "addressType": "IPv4",
-            "ports": [{"name": "p", "port": 8080}],
-            "endpoints": [{"addresses": [ip]}]
-        }))
-        .expect("slice"),
-    ))
+    kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
+        "metadata": {"namespace": "ns", "name": name,
+            "labels": {"kubernetes.io/service-name": "a"}, "annotations": annotations},
+        "addressType": "IPv4",
+        "ports": [{"name": "p", "port": 8080}],
+        "endpoints": [{"addresses": [ip]}]
+    }))
+    .expect("slice")
+    .object
 }
 
 fn udp_flow(client: &str, dst: &str, reply_src: &str) -> kpng_conntrack::Flow {

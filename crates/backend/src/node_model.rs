@@ -1,0 +1,76 @@
+//! Where a runner's node-local state comes from.
+//!
+//! The runner (crate `kpng-runner`) is generic over [`NodeModel`], so the same sync loop drives
+//! a backend from the in-process [`Model`] (fed with converted objects by a source) and from a
+//! remote brain's state received over the gRPC API (`kpng-api`'s `RemoteModel`). The trait lives
+//! in the contract crate so that the API client does not depend on the runner.
+
+use kpng_model::{ApplyOutcome, Event, Kind, Model, Snapshot};
+
+/// Where the runner's node-local state comes from: the in-process [`Model`] fed with
+/// Kubernetes objects, or a remote brain's state received over the API. Both drive the same
+/// backend through the same loop.
+pub trait NodeModel: Send + 'static {
+    /// What the source sends.
+    type Input: Send + 'static;
+    /// What one input carries, for the input metrics (before it is applied).
+    fn describe(input: &Self::Input) -> InputInfo;
+    /// Applies one input: the diff of the snapshot, problems, kinds now completely listed and
+    /// kube-proxy's change counters.
+    fn apply(&mut self, input: Self::Input) -> ApplyOutcome;
+    /// The current node-local state.
+    fn snapshot(&self) -> &Snapshot;
+}
+
+/// What one input carries: counted in `kpng_objects_seen_total` and kube-proxy's
+/// `…_changes_total` before it is applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputInfo {
+    /// The kind of a single-object change (`None` for lists and remote updates): labels
+    /// `kpng_objects_applied_total`.
+    pub kind: Option<Kind>,
+    /// The kinds of the Kubernetes objects it carries, one entry per object.
+    pub objects: Vec<Kind>,
+    /// Service changes it carries (`kubeproxy_sync_proxy_rules_service_changes_total`).
+    pub service_changes: u64,
+    /// Endpoint changes it carries (`kubeproxy_sync_proxy_rules_endpoint_changes_total`).
+    pub endpoint_changes: u64,
+}
+
+impl InputInfo {
+    /// An input carrying these Kubernetes objects: each Service and EndpointSlice is one change.
+    pub fn objects(kind: Option<Kind>, objects: Vec<Kind>) -> InputInfo {
+        let count = |k: Kind| objects.iter().filter(|o| **o == k).count() as u64;
+        InputInfo {
+            kind,
+            service_changes: count(Kind::Service),
+            endpoint_changes: count(Kind::EndpointSlice),
+            objects,
+        }
+    }
+}
+
+impl NodeModel for Model {
+    type Input = Event;
+
+    fn describe(event: &Event) -> InputInfo {
+        match event {
+            Event::Apply(o) | Event::ListItem(o) => {
+                InputInfo::objects(Some(o.kind()), vec![o.kind()])
+            }
+            Event::Delete(r) => InputInfo::objects(Some(r.kind), vec![r.kind]),
+            Event::Replace { objects, .. } => {
+                InputInfo::objects(None, objects.iter().map(|o| o.kind()).collect())
+            }
+            Event::ListStart { .. } | Event::ListDone { .. } => InputInfo::default(),
+        }
+    }
+
+    fn apply(&mut self, event: Event) -> ApplyOutcome {
+        Model::apply(self, event)
+    }
+
+    fn snapshot(&self) -> &Snapshot {
+        Model::snapshot(self)
+    }
+}

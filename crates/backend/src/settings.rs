@@ -1,0 +1,179 @@
+//! Node and proxy settings every node-programming backend shares.
+//!
+//! kube-proxy's `--nodeport-addresses`, `--masquerade-all`/`--masquerade-bit` and
+//! `--detect-local-mode` mean the same thing whichever backend implements them, so they are
+//! parsed once (in the binary) into these types and each backend only decides how to express
+//! them in its data plane.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kpng_model::Family;
+
+/// Where node ports are served (`--nodeport-addresses`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// Every local address (iptables mode's default when the flag is unset).
+    AllLocal,
+    /// The node's primary IPs, from the Node object or `--node-ip` (nftables mode's default,
+    /// and `--nodeport-addresses primary`).
+    Primary,
+    /// Every local address inside these CIDRs. A family none of them belongs to is served on
+    /// all its local addresses, as upstream does.
+    Cidrs(Vec<IpNet>),
+}
+
+/// Where node ports are served in one family, once the "no CIDR of this family" rule applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortScope {
+    /// Every local address of the family.
+    AllLocal,
+    /// The node's primary IPs of the family.
+    Primary,
+    /// Local addresses of the family inside these CIDRs (never empty).
+    Cidrs(Vec<IpNet>),
+}
+
+impl NodePortAddresses {
+    /// The scope for one family: a CIDR list without a CIDR of `family` means every local
+    /// address of that family (upstream's rule), so backends need not repeat it.
+    pub fn scope(&self, family: Family) -> NodePortScope {
+        match self {
+            NodePortAddresses::AllLocal => NodePortScope::AllLocal,
+            NodePortAddresses::Primary => NodePortScope::Primary,
+            NodePortAddresses::Cidrs(all) => {
+                let mine: Vec<IpNet> = all
+                    .iter()
+                    .filter(|c| Family::of(&c.addr()) == family)
+                    .copied()
+                    .collect();
+                if mine.is_empty() {
+                    NodePortScope::AllLocal
+                } else {
+                    NodePortScope::Cidrs(mine)
+                }
+            }
+        }
+    }
+}
+
+impl NodePortScope {
+    /// The addresses of `family` this scope selects, from the node's primary IPs and its
+    /// interface addresses (`local_addresses` is only called when needed: it reads the
+    /// kernel). Sorted, without duplicates; loopback is the caller's decision.
+    pub fn addresses(
+        &self,
+        family: Family,
+        node_ips: &[IpAddr],
+        local_addresses: impl FnOnce() -> Vec<IpAddr>,
+    ) -> Vec<IpAddr> {
+        let of_family = |ip: &IpAddr| Family::of(ip) == family;
+        let mut ips: Vec<IpAddr> = match self {
+            NodePortScope::Primary => node_ips.iter().copied().filter(of_family).collect(),
+            NodePortScope::AllLocal => local_addresses().into_iter().filter(of_family).collect(),
+            NodePortScope::Cidrs(cidrs) => local_addresses()
+                .into_iter()
+                .filter(|ip| of_family(ip) && cidrs.iter().any(|c| c.contains(ip)))
+                .collect(),
+        };
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+}
+
+/// Source NAT of proxied traffic (`--masquerade-all`, `--masquerade-bit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Masquerade {
+    /// `--masquerade-all`: masquerade every proxied connection, not only the ones that need it.
+    pub all: bool,
+    /// `--masquerade-bit`: the packet-mark bit that flags a connection for masquerading
+    /// (kube-proxy's 14, mark `0x4000`).
+    pub bit: u8,
+}
+
+impl Default for Masquerade {
+    fn default() -> Self {
+        Masquerade {
+            all: false,
+            bit: 14,
+        }
+    }
+}
+
+impl Masquerade {
+    /// The packet mark the bit stands for (`1 << bit`; bit 14 → `0x4000`).
+    pub fn mark(self) -> u32 {
+        1u32 << (self.bit.min(31))
+    }
+}
+
+/// How kpng tells pod traffic from other traffic (`--detect-local-mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetectLocal {
+    /// No detection: every source counts as "not a pod".
+    None,
+    /// Sources inside the cluster's pod CIDRs (`--cluster-cidr`).
+    ClusterCidr(Vec<IpNet>),
+    /// Sources inside this node's pod CIDRs (from the Node object).
+    NodeCidr,
+    /// Traffic entering from this bridge (`--pod-bridge-interface`).
+    BridgeInterface(String),
+    /// Traffic entering from interfaces with this prefix (`--pod-interface-name-prefix`).
+    InterfaceNamePrefix(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn a_family_without_a_cidr_is_served_on_all_local_addresses() {
+        let cidrs = NodePortAddresses::Cidrs(vec!["10.0.0.0/8".parse().expect("cidr")]);
+        assert_eq!(cidrs.scope(Family::V6), NodePortScope::AllLocal);
+        assert!(matches!(cidrs.scope(Family::V4), NodePortScope::Cidrs(c) if c.len() == 1));
+    }
+
+    #[test]
+    fn scopes_select_their_addresses() {
+        let local = || {
+            vec![
+                ip("10.1.2.3"),
+                ip("192.168.1.1"),
+                ip("fd00::1"),
+                ip("10.1.2.3"),
+            ]
+        };
+        let node = [ip("192.168.1.1"), ip("fd00::9")];
+        let table = [
+            (NodePortScope::Primary, Family::V4, vec![ip("192.168.1.1")]),
+            (NodePortScope::Primary, Family::V6, vec![ip("fd00::9")]),
+            (
+                NodePortScope::AllLocal,
+                Family::V4,
+                vec![ip("10.1.2.3"), ip("192.168.1.1")],
+            ),
+            (
+                NodePortScope::Cidrs(vec!["10.0.0.0/8".parse().expect("cidr")]),
+                Family::V4,
+                vec![ip("10.1.2.3")],
+            ),
+        ];
+        for (scope, family, want) in table {
+            assert_eq!(
+                scope.addresses(family, &node, local),
+                want,
+                "{scope:?} {family:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn masquerade_bit_is_a_mark() {
+        assert_eq!(Masquerade::default().mark(), 0x4000);
+    }
+}

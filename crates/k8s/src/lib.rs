@@ -1,0 +1,99 @@
+//! Where Kubernetes types stop: Services, EndpointSlices, Nodes and ServiceCIDRs (k8s-openapi)
+//! become the model's records ([`kpng_model::records`]) here, once, in the source that read
+//! them. The model, the backend contract and every backend never see a Kubernetes type, so
+//! they build without `k8s-openapi` (and for any platform).
+//!
+//! Sources call [`Convert::convert`] on every object they read and send the resulting
+//! [`kpng_model::Object`] in their events; the values the conversion had to drop come back as
+//! [`Warning`]s for the source to log. Start with [`Convert`].
+
+pub mod convert;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kpng_model::records::Warning;
+use kpng_model::{Kind, Object};
+
+pub use convert::{
+    LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, last_change_trigger_time,
+};
+
+/// An object as the model receives it, and the values its conversion ignored.
+#[derive(Debug, Clone)]
+pub struct Converted {
+    /// The record, or [`Object::Rejected`] naming the field that made the object unusable.
+    pub object: Object,
+    /// Values that were dropped; the rest of the object was used. Sources log them.
+    pub warnings: Vec<Warning>,
+}
+
+/// A Kubernetes kind kpng reads: converts one object into the model's record.
+pub trait Convert {
+    /// The model's kind for this type.
+    const KIND: Kind;
+
+    /// Converts the object. Never fails: an unusable object becomes [`Object::Rejected`], which
+    /// the model counts and answers by keeping the object's last good version.
+    fn convert(&self) -> Converted;
+}
+
+fn converted<T>(
+    result: Result<T, kpng_model::records::ConversionError>,
+    warnings: Vec<Warning>,
+    wrap: impl FnOnce(T) -> Object,
+) -> Converted {
+    let object = match result {
+        Ok(record) => wrap(record),
+        Err(e) => Object::Rejected(Box::new(e)),
+    };
+    Converted { object, warnings }
+}
+
+impl Convert for Service {
+    const KIND: Kind = Kind::Service;
+    fn convert(&self) -> Converted {
+        let mut warnings = Vec::new();
+        let result = convert::service(self, &mut warnings);
+        converted(result, warnings, |r| Object::Service(Box::new(r)))
+    }
+}
+
+impl Convert for EndpointSlice {
+    const KIND: Kind = Kind::EndpointSlice;
+    fn convert(&self) -> Converted {
+        let mut warnings = Vec::new();
+        let result = convert::endpoint_slice(self, &mut warnings);
+        let trigger_time = last_change_trigger_time(self);
+        converted(result, warnings, |slice| Object::EndpointSlice {
+            slice: Box::new(slice),
+            trigger_time,
+        })
+    }
+}
+
+impl Convert for Node {
+    const KIND: Kind = Kind::Node;
+    fn convert(&self) -> Converted {
+        let mut warnings = Vec::new();
+        let result = convert::node(self, &mut warnings);
+        converted(result, warnings, |r| Object::Node(Box::new(r)))
+    }
+}
+
+impl Convert for ServiceCIDR {
+    const KIND: Kind = Kind::ServiceCidr;
+    fn convert(&self) -> Converted {
+        let mut warnings = Vec::new();
+        let result = convert::service_cidr(self, &mut warnings);
+        converted(result, warnings, |r| Object::ServiceCidr(Box::new(r)))
+    }
+}
+
+/// Parses a JSON value of a kind into its record: for tests and tools that write objects as
+/// JSON (`serde_json::json!`). Panics are the caller's choice; this returns the parse error.
+pub fn from_json<K: Convert + k8s_openapi::serde::de::DeserializeOwned>(
+    value: serde_json::Value,
+) -> Result<Converted, serde_json::Error> {
+    Ok(serde_json::from_value::<K>(value)?.convert())
+}

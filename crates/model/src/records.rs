@@ -1,0 +1,183 @@
+//! The records sources hand to the model: Kubernetes objects reduced, once and at the source,
+//! to what proxying needs (`kpng-k8s` converts them). Nothing here knows a Kubernetes type, so
+//! the model, the contract and every backend build without `k8s-openapi`.
+//!
+//! Two kinds of problems are distinguished, as kube-proxy does:
+//! - a [`ConversionError`] makes the whole object unusable (no name, a port out of range, an
+//!   unknown protocol). The source sends it as [`crate::Object::Rejected`] and the model keeps
+//!   the object's previous good version, so a broken update never tears down working rules.
+//! - a [`Warning`] drops one bad value (an unparseable external IP, source range or endpoint
+//!   address) and keeps the rest, exactly as upstream ignores such values with a log line; the
+//!   source logs it.
+//!
+//! Both name the object and the field, so an operator can find the problem in one look.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::event::ObjectRef;
+use crate::key::{Family, Name, Protocol, ServiceKey};
+use crate::service_port::SessionAffinity;
+
+/// An object that cannot be used at all; the model keeps its previous version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{object}: field {field}: {message}")]
+pub struct ConversionError {
+    /// The object at fault.
+    pub object: ObjectRef,
+    /// The field path at fault (`spec.ports[0].port`).
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// A value that was ignored; the rest of the object is used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// The object holding the value.
+    pub object: ObjectRef,
+    /// The field path of the value.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: field {}: {} (ignored)",
+            self.object, self.field, self.message
+        )
+    }
+}
+
+/// Why a Service gets no rules at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// `clusterIP` is empty or `None`.
+    Headless,
+    /// `type: ExternalName`.
+    ExternalName,
+}
+
+/// One entry of `spec.ports`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// The port's name; endpoints match by name and protocol.
+    pub name: Name,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The Service port number.
+    pub port: u16,
+    /// The node port, if allocated.
+    pub node_port: Option<u16>,
+}
+
+/// A Service reduced to what proxying needs (all families together).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// Namespace and name.
+    pub key: ServiceKey,
+    /// Set when the Service gets no rules (headless, ExternalName).
+    pub ignored: Option<Ignored>,
+    /// The `service.kubernetes.io/service-proxy-name` label, if any.
+    pub proxy_name_label: Option<String>,
+    /// Whether the `service.kubernetes.io/headless` label is present.
+    pub headless_label: bool,
+    /// `spec.clusterIPs` (or `spec.clusterIP`), at most one per family.
+    pub cluster_ips: Vec<IpAddr>,
+    /// `spec.ports`.
+    pub ports: Vec<PortInfo>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<IpAddr>,
+    /// Load-balancer ingress IPs with `ipMode` unset or `VIP`.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`, canonical.
+    pub source_ranges: Vec<IpNet>,
+    /// ClientIP affinity.
+    pub session_affinity: Option<SessionAffinity>,
+    /// externalTrafficPolicy Local on a NodePort or LoadBalancer Service.
+    pub external_policy_local: bool,
+    /// internalTrafficPolicy Local.
+    pub internal_policy_local: bool,
+    /// `spec.healthCheckNodePort`, only when the Service needs a health check.
+    pub health_check_node_port: Option<u16>,
+}
+
+/// One port of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlicePort {
+    /// The port name (matches a Service port name).
+    pub name: Name,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The endpoint port number (the DNAT target).
+    pub port: u16,
+}
+
+/// One endpoint of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    /// `addresses[0]`.
+    pub ip: IpAddr,
+    /// `nodeName`.
+    pub node_name: Option<Name>,
+    /// `conditions.ready`, nil = true.
+    pub ready: bool,
+    /// `conditions.serving`, nil = true.
+    pub serving: bool,
+    /// `conditions.terminating`, nil = false.
+    pub terminating: bool,
+    /// `hints.forZones[].name`.
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes[].name`.
+    pub node_hints: Vec<String>,
+}
+
+/// An EndpointSlice reduced to what proxying needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceInfo {
+    /// The slice's namespace.
+    pub namespace: Name,
+    /// The slice's own name (unique within the namespace).
+    pub name: Name,
+    /// `addressType` as a family; `None` for `FQDN` slices, which carry no usable endpoint.
+    pub family: Option<Family>,
+    /// The Service it belongs to (`kubernetes.io/service-name` label); `None` for slices no
+    /// Service owns, which are ignored.
+    pub service: Option<ServiceKey>,
+    /// Usable ports (nil names and nil/0 ports are dropped, as upstream does).
+    pub ports: Vec<SlicePort>,
+    /// Endpoints with a parseable first address.
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+/// A Node reduced to what proxying needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    /// The Node's name.
+    pub name: String,
+    /// InternalIP addresses, in status order.
+    pub internal_ips: Vec<IpAddr>,
+    /// ExternalIP addresses, in status order.
+    pub external_ips: Vec<IpAddr>,
+    /// The `topology.kubernetes.io/zone` label.
+    pub zone: Option<String>,
+    /// `spec.podCIDRs` (or `spec.podCIDR`).
+    pub pod_cidrs: Vec<IpNet>,
+    /// Whether `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Whether the autoscaler's to-be-deleted taint is present.
+    pub to_be_deleted: bool,
+}
+
+/// A ServiceCIDR reduced to its ranges.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceCidrInfo {
+    /// The object's name (ServiceCIDRs are cluster-scoped).
+    pub name: String,
+    /// `spec.cidrs`, canonical.
+    pub cidrs: Vec<IpNet>,
+}

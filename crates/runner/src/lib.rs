@@ -1,0 +1,42 @@
+//! The sync loop every kpng sink and backend shares, and what runs beside it.
+//!
+//! - [`runner::Runner`]: feeds source inputs into a [`kpng_backend::NodeModel`] (the in-process
+//!   [`kpng_model::Model`], or a remote brain's state received over the API), accumulates
+//!   diffs, honours `--min-sync-period`, retries failures with a full resync, runs the periodic
+//!   syncs, and keeps [`health::ProxyHealth`] and [`metrics::ProxyMetrics`] current.
+//! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
+//! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
+//!
+//! The contract a backend implements lives in `kpng-backend`; this crate is the machinery
+//! around it, so that the contract stays small and builds on every platform.
+
+#[cfg(target_os = "linux")]
+pub mod conntrack_cleanup;
+pub mod health;
+pub mod metrics;
+pub mod runner;
+pub mod service_health;
+
+use std::time::Duration;
+
+/// Timing of the sync loop, kube-proxy's semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncTiming {
+    /// Minimum time between two syncs (`--min-sync-period`, default 1 s; 0 = sync at once).
+    pub min_sync_period: Duration,
+    /// Periodic sync and retry ceiling (`--sync-period`, default 30 s). Also sets the health
+    /// timeout: a change queued for longer than twice this without a sync makes `/healthz` fail.
+    pub sync_period: Duration,
+    /// Periodic *full* resync (`--full-sync-period`, default 1 h; 0 disables).
+    pub full_sync_period: Duration,
+}
+
+impl Default for SyncTiming {
+    fn default() -> Self {
+        SyncTiming {
+            min_sync_period: Duration::from_secs(1),
+            sync_period: Duration::from_secs(30),
+            full_sync_period: Duration::from_secs(3600),
+        }
+    }
+}
