@@ -399,6 +399,17 @@ async fn connect(config: &WatchConfig) -> Result<Channel, SessionError> {
     }
     match &config.addr {
         ApiAddr::Tcp(_) => Ok(endpoint.connect().await?),
+        #[cfg(not(unix))]
+        ApiAddr::Unix(_) => {
+            let connector = tower::service_fn(move |_: tonic::transport::Uri| async move {
+                Err::<TokioIo<tokio::net::TcpStream>, _>(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "unix:// addresses need a Unix system; use a tcp:// brain address",
+                ))
+            });
+            Ok(endpoint.connect_with_connector(connector).await?)
+        }
+        #[cfg(unix)]
         ApiAddr::Unix(path) => {
             let path = path.clone();
             let connector = tower::service_fn(move |_: tonic::transport::Uri| {

@@ -205,6 +205,12 @@ pub async fn serve(
                     .map_err(ServeError::from)
             }))
         }
+        #[cfg(not(unix))]
+        ApiAddr::Unix(_) => Err(listen_err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "unix:// addresses need a Unix system; listen on tcp:// instead",
+        ))),
+        #[cfg(unix)]
         ApiAddr::Unix(path) => {
             // A socket left by a previous run would make bind fail.
             if std::fs::symlink_metadata(path).is_ok_and(|m| {

@@ -68,8 +68,7 @@ where
         }
     };
     info!(listen = %to_api.listen, "starting kpng brain");
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+    let shutdown = crate::signals::shutdown()?;
     let result = tokio::select! {
         _ = feed => match source_task.await {
             Ok(result) => result,
@@ -79,8 +78,7 @@ where
             Ok(r) => r.context("API server"),
             Err(e) => Err(anyhow::anyhow!("API server task failed: {e}")),
         },
-        _ = tokio::signal::ctrl_c() => { info!("interrupted"); Ok(()) }
-        _ = sigterm.recv() => { info!("terminated"); Ok(()) }
+        why = shutdown => { info!("{why}"); Ok(()) }
     };
     let _ = stop_tx.send(());
     result

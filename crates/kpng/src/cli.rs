@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// kpng: a Kubernetes service proxy (kube-proxy next generation).
 ///
@@ -71,10 +71,9 @@ pub struct GlobalFlags {
     #[arg(long, global = true)]
     pub masquerade_all: bool,
 
-    /// How pod traffic is recognised: ClusterCIDR, NodeCIDR, BridgeInterface,
-    /// InterfaceNamePrefix or None.
-    #[arg(long, global = true, default_value = "ClusterCIDR", value_parser = ["ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", "None"])]
-    pub detect_local_mode: String,
+    /// How pod traffic is recognised.
+    #[arg(long, global = true, value_enum, default_value_t = DetectLocalMode::ClusterCidr)]
+    pub detect_local_mode: DetectLocalMode,
 
     /// The pod bridge, with --detect-local-mode BridgeInterface.
     #[arg(long, global = true)]
@@ -291,6 +290,71 @@ pub struct ToLocal {
     pub backend: LocalBackend,
 }
 
+/// `--detect-local-mode`: how pod traffic is told apart from other traffic (kube-proxy's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DetectLocalMode {
+    /// Sources inside `--cluster-cidr`.
+    #[value(name = "ClusterCIDR")]
+    ClusterCidr,
+    /// Sources inside this node's pod CIDRs (from the Node object).
+    #[value(name = "NodeCIDR")]
+    NodeCidr,
+    /// Traffic entering from `--pod-bridge-interface`.
+    #[value(name = "BridgeInterface")]
+    BridgeInterface,
+    /// Traffic entering from interfaces named `--pod-interface-name-prefix`*.
+    #[value(name = "InterfaceNamePrefix")]
+    InterfaceNamePrefix,
+    /// No detection.
+    #[value(name = "None")]
+    None,
+}
+
+impl DetectLocalMode {
+    /// kube-proxy's spelling (the flag value and the config file's `detectLocalMode`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DetectLocalMode::ClusterCidr => "ClusterCIDR",
+            DetectLocalMode::NodeCidr => "NodeCIDR",
+            DetectLocalMode::BridgeInterface => "BridgeInterface",
+            DetectLocalMode::InterfaceNamePrefix => "InterfaceNamePrefix",
+            DetectLocalMode::None => "None",
+        }
+    }
+
+    /// Parses kube-proxy's spelling; `None` for an unknown value.
+    pub fn parse(value: &str) -> Option<DetectLocalMode> {
+        DetectLocalMode::value_variants()
+            .iter()
+            .copied()
+            .find(|m| m.as_str() == value)
+    }
+}
+
+/// `--iptables-mode`: which iptables variant programs the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IptablesMode {
+    /// The one the node already uses (kubelet's hint chains, else the one with more rules; nft
+    /// when undecided).
+    Auto,
+    /// x_tables (`iptables-legacy`).
+    Legacy,
+    /// nf_tables (`iptables-nft`).
+    Nft,
+}
+
+/// `--nft-exec`: how the nftables backend reaches the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NftExecMode {
+    /// Set elements over netlink; chains through libnftables; whole-table replaces through an
+    /// `nft -f -` process.
+    Auto,
+    /// Everything as nft text through libnftables, in process.
+    Library,
+    /// An `nft -f -` process for every transaction.
+    Command,
+}
+
 /// The backends that program this node.
 #[derive(Debug, Subcommand)]
 pub enum LocalBackend {
@@ -309,11 +373,9 @@ pub struct IptablesArgs {
     /// Print every iptables-restore input instead of applying it (no root needed).
     #[arg(long)]
     pub dry_run: bool,
-    /// Which iptables variant programs the kernel: `legacy` (x_tables), `nft` (nf_tables), or
-    /// `auto`: the one the node already uses (kubelet's hint chains, else the one with more
-    /// rules; nft when undecided).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "legacy", "nft"])]
-    pub iptables_mode: String,
+    /// Which iptables variant programs the kernel.
+    #[arg(long, value_enum, default_value_t = IptablesMode::Auto)]
+    pub iptables_mode: IptablesMode,
     /// Also accept IPv4 NodePort traffic on 127.0.0.1 (sets net.ipv4.conf.all.route_localnet=1),
     /// as kube-proxy does by default; `--iptables-localhost-nodeports=false` turns it off.
     #[arg(
@@ -352,11 +414,9 @@ pub struct NftArgs {
     /// Print every transaction instead of applying it (no root needed).
     #[arg(long)]
     pub dry_run: bool,
-    /// How changes reach the kernel: `auto` (set elements over netlink; chains through
-    /// libnftables; whole-table replaces through an `nft -f -` process), `library` (everything
-    /// as nft text through libnftables in-process) or `command` (an `nft -f -` process each).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "library", "command"])]
-    pub nft_exec: String,
+    /// How changes reach the kernel.
+    #[arg(long, value_enum, default_value_t = NftExecMode::Auto)]
+    pub nft_exec: NftExecMode,
     /// The `nft` binary, for `--nft-exec command`.
     #[arg(long, default_value = "nft")]
     pub nft_binary: String,
@@ -597,7 +657,14 @@ mod nft_tests {
             else {
                 panic!("iptables")
             };
-            assert_eq!(a.iptables_mode, mode, "{args:?}");
+            assert_eq!(
+                a.iptables_mode
+                    .to_possible_value()
+                    .map(|v| v.get_name().to_string())
+                    .as_deref(),
+                Some(mode),
+                "{args:?}"
+            );
             assert_eq!(a.iptables_localhost_nodeports, localhost, "{args:?}");
             assert!(!a.dry_run);
         }

@@ -3,12 +3,15 @@
 //! `kpng <source> [flags] <sink> [backend] [flags]`: a source turns cluster state into the
 //! node-local model, a sink consumes it. See `kpng --help`.
 
+mod backends;
 mod brain;
 mod cli;
 mod config;
+#[cfg(target_os = "linux")]
 mod conntrack;
 mod http;
 mod run;
+mod signals;
 
 use std::io::IsTerminal;
 

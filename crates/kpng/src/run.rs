@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kpng_backend::{Backend, NodeModel};
-use kpng_model::{Family, Model, ModelConfig};
+use kpng_model::{Model, ModelConfig};
 use kpng_runner::SyncTiming;
 use kpng_runner::health::ProxyHealth;
 use kpng_runner::metrics::ProxyMetrics;
@@ -17,24 +17,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use kpng_backend::settings::{DetectLocal, NodePortAddresses};
-use kpng_backend_iptables::exec::{
-    DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode, family_usable,
-};
-use kpng_backend_iptables::{IptablesBackend, IptablesConfig};
-use kpng_backend_nft::exec::libnftables::LibNftables;
-use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
-use kpng_backend_nft::netlink::NetlinkWriter;
-use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses as NftNodePorts};
-use kpng_backend_userspace::capture::Capture as _;
-use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
-use kpng_backend_userspace::proxy::ProxySettings;
-use kpng_backend_userspace::{UserspaceBackend, UserspaceConfig};
-
-use crate::cli::{
-    BrainFlags, Cli, Command, GlobalFlags, IptablesArgs, LocalBackend, NftArgs, NodeSink, Sink,
-    UserspaceArgs,
-};
+use crate::backends::BackendKind;
+use crate::cli::{BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NodeSink, Sink};
 
 /// The async runtime every source runs on.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -45,264 +29,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// `--detect-local-mode` and its parameters.
-fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
-    Ok(match flags.detect_local_mode.as_str() {
-        "ClusterCIDR" => DetectLocal::ClusterCidr(flags.cluster_cidr.clone()),
-        "NodeCIDR" => DetectLocal::NodeCidr,
-        "BridgeInterface" => DetectLocal::BridgeInterface(
-            flags
-                .pod_bridge_interface
-                .clone()
-                .context("--detect-local-mode BridgeInterface needs --pod-bridge-interface")?,
-        ),
-        "InterfaceNamePrefix" => {
-            DetectLocal::InterfaceNamePrefix(flags.pod_interface_name_prefix.clone().context(
-                "--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix",
-            )?)
-        }
-        _ => DetectLocal::None,
-    })
-}
-
-/// `--nodeport-addresses` as given.
-enum NodePortFlag {
-    /// Not given: the backend's default.
-    Unset,
-    /// `primary`.
-    Primary,
-    /// CIDRs.
-    Cidrs(Vec<ipnet::IpNet>),
-}
-
-/// Parses `--nodeport-addresses`.
-fn nodeport_flag(flags: &GlobalFlags) -> anyhow::Result<NodePortFlag> {
-    if flags.nodeport_addresses.is_empty() {
-        return Ok(NodePortFlag::Unset);
-    }
-    if flags.nodeport_addresses.iter().all(|a| a == "primary") {
-        return Ok(NodePortFlag::Primary);
-    }
-    let cidrs = flags
-        .nodeport_addresses
-        .iter()
-        .map(|a| {
-            a.parse::<ipnet::IpNet>()
-                .with_context(|| format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(NodePortFlag::Cidrs(cidrs))
-}
-
-/// The nftables backend configured from the flags.
-fn nft_backend(flags: &GlobalFlags, args: &NftArgs) -> anyhow::Result<NftBackend> {
-    let detect_local = detect_local(flags)?;
-    let nodeport_addresses = match nodeport_flag(flags)? {
-        NodePortFlag::Unset | NodePortFlag::Primary => NftNodePorts::Primary,
-        NodePortFlag::Cidrs(cidrs) => NftNodePorts::Cidrs(cidrs),
-    };
-    let config = NftConfig {
-        masquerade_all: flags.masquerade_all,
-        masquerade_bit: flags.masquerade_bit,
-        detect_local,
-        nodeport_addresses,
-        service_cidrs: flags.service_cidr.clone(),
-        ..NftConfig::default()
-    };
-    let exec: Box<dyn NftExec> = match (args.dry_run, args.nft_exec.as_str()) {
-        (true, _) => Box::new(DryRun),
-        (false, "command") => Box::new(NftCommand::with_binary(&args.nft_binary)),
-        (false, "library") => {
-            Box::new(LibNftables::open().context("loading libnftables (--nft-exec library)")?)
-        }
-        (false, _) => Box::new(Auto::new(&args.nft_binary)),
-    };
-    let backend = NftBackend::new(config, exec);
-    if !args.dry_run {
-        remove_userspace_tables();
-    }
-    if args.dry_run || args.nft_exec != "auto" {
-        return Ok(backend);
-    }
-    match NetlinkWriter::open() {
-        Ok(writer) => Ok(backend.with_netlink(writer)),
-        Err(e) => {
-            tracing::info!("netlink writer unavailable ({e}); sending elements as nft text");
-            Ok(backend)
-        }
-    }
-}
-
-/// Whether conntrack's `tcp_be_liberal` is on: the flag (applied at start-up) or the sysctl
-/// as the node has it (kube-proxy reads the sysctl).
-fn tcp_be_liberal(flags: &GlobalFlags) -> bool {
-    flags.conntrack_tcp_be_liberal
-        || std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
-            .is_ok_and(|v| v.trim() != "0")
-}
-
-/// The iptables backend configured from the flags.
-fn iptables_backend(flags: &GlobalFlags, args: &IptablesArgs) -> anyhow::Result<IptablesBackend> {
-    let nodeport_addresses = match nodeport_flag(flags)? {
-        NodePortFlag::Unset => NodePortAddresses::AllLocal,
-        NodePortFlag::Primary => NodePortAddresses::Primary,
-        NodePortFlag::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs),
-    };
-    let config = IptablesConfig {
-        masquerade_all: flags.masquerade_all,
-        masquerade_bit: flags.masquerade_bit,
-        detect_local: detect_local(flags)?,
-        nodeport_addresses,
-        localhost_node_ports: args.iptables_localhost_nodeports,
-        tcp_be_liberal: tcp_be_liberal(flags),
-        ..IptablesConfig::default()
-    };
-    if args.dry_run {
-        return Ok(IptablesBackend::new(config, Box::new(IptablesDryRun)));
-    }
-    let mode = match Mode::parse(&args.iptables_mode) {
-        Some(mode) => mode,
-        None => detect_mode().context("choosing the iptables variant (--iptables-mode auto)")?,
-    };
-    // As kube-proxy: a family whose iptables does not work (IPv6 disabled) is not programmed.
-    let families: Vec<Family> = Family::ALL
-        .into_iter()
-        .filter(|f| {
-            let usable = family_usable(mode, *f);
-            if !usable {
-                tracing::warn!(
-                    "{f}: {} does not work here; not programming {f}",
-                    mode.save_binary(*f)
-                );
-            }
-            usable
-        })
-        .collect();
-    if families.is_empty() {
-        bail!(
-            "iptables-{} works for neither IPv4 nor IPv6 on this node",
-            mode.name()
-        );
-    }
-    info!("programming iptables-{}", mode.name());
-    remove_nft_tables();
-    remove_userspace_tables();
-    let ipt: Box<dyn Iptables> = Box::new(IptablesCommand::new(mode));
-    Ok(IptablesBackend::new(
-        IptablesConfig { families, ..config },
-        ipt,
-    ))
-}
-
-/// Removes the userspace backend's capture tables, so that a node switched from
-/// `to-local userspace` does not keep redirecting Service traffic to listeners that are gone.
-/// Best effort, as [`remove_nft_tables`].
-fn remove_userspace_tables() {
-    match NftCapture::new(Family::ALL.to_vec()).cleanup() {
-        Ok(()) => tracing::debug!("no kpng-userspace tables left behind"),
-        Err(e) => tracing::debug!("not removing the kpng-userspace tables: {e}"),
-    }
-}
-
-/// Removes the nftables backend's tables, so that a node switched from `to-local nft` to
-/// `to-local iptables` does not keep a second set of DNAT rules (kube-proxy's iptables mode
-/// likewise removes its nftables mode's tables at start-up). Best effort: without `nft` there
-/// is nothing to remove.
-fn remove_nft_tables() {
-    let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
-    match nft.cleanup() {
-        Ok(()) => tracing::debug!("no kpng nftables tables left behind"),
-        Err(e) => tracing::debug!("not removing kpng's nftables tables: {e}"),
-    }
-}
-
-/// The userspace backend configured from the flags.
-fn userspace_backend(
-    flags: &GlobalFlags,
-    args: &UserspaceArgs,
-) -> anyhow::Result<UserspaceBackend> {
-    let nodeport_addresses = match nodeport_flag(flags)? {
-        NodePortFlag::Unset | NodePortFlag::Primary => NodePortAddresses::Primary,
-        NodePortFlag::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs),
-    };
-    let detect_local = detect_local(flags)?;
-    // Pods reach every endpoint of an externalTrafficPolicy Local Service: the capture
-    // recognises them as --detect-local-mode says.
-    let pods = PodMatch::from(&detect_local);
-    let config = UserspaceConfig {
-        nodeport_addresses,
-        service_cidrs: flags.service_cidr.clone(),
-        detect_local,
-        settings: ProxySettings {
-            connect_timeout: args.connect_timeout,
-            udp_idle_timeout: args.udp_timeout,
-        },
-        ..UserspaceConfig::default()
-    };
-    if args.dry_run {
-        let capture = NftCapture::dry_run(config.families.clone()).with_pods(pods);
-        return Ok(UserspaceBackend::new(config, Box::new(capture)));
-    }
-    // Another backend's DNAT rules would take Service traffic before the capture.
-    remove_nft_tables();
-    let capture =
-        NftCapture::with_binary(config.families.clone(), &args.nft_binary).with_pods(pods);
-    Ok(UserspaceBackend::new(config, Box::new(capture)))
-}
-
-/// Where Service health checks listen for a backend: the node IPs, unless NodePorts are served
-/// on more than those.
-fn health_check_addresses(flags: &GlobalFlags, backend: &LocalBackend) -> HealthCheckAddresses {
-    let primary_only = flags.nodeport_addresses.iter().all(|a| a == "primary");
-    match backend {
-        // nftables mode: unset means `primary`.
-        LocalBackend::Nft(_) | LocalBackend::Userspace(_) if primary_only => {
-            HealthCheckAddresses::NodeIps
-        }
-        // iptables mode: unset means every local address.
-        LocalBackend::Iptables(_) if primary_only && !flags.nodeport_addresses.is_empty() => {
-            HealthCheckAddresses::NodeIps
-        }
-        _ => HealthCheckAddresses::All,
-    }
-}
-
-/// `kpng cleanup`: every backend's tables and chains.
-fn cleanup() -> anyhow::Result<()> {
-    let mut nft = NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()));
-    nft.cleanup().context("removing kpng's nftables tables")?;
-    println!("kpng: removed the kpng nftables tables");
-    NftCapture::new(Family::ALL.to_vec())
-        .cleanup()
-        .context("removing the userspace proxy's nftables tables")?;
-    println!("kpng: removed the kpng-userspace nftables tables");
-    let mut failed = Vec::new();
-    for mode in [Mode::Legacy, Mode::Nft] {
-        let probe = std::process::Command::new(mode.save_binary(Family::V4))
-            .arg("--version")
-            .output();
-        if !probe.is_ok_and(|o| o.status.success()) {
-            println!(
-                "kpng: iptables-{} is not installed; nothing to remove there",
-                mode.name()
-            );
-            continue;
-        }
-        let mut ipt = IptablesBackend::new(
-            IptablesConfig::default(),
-            Box::new(IptablesCommand::new(mode)),
-        );
-        match ipt.cleanup() {
-            Ok(()) => println!("kpng: removed kpng's iptables-{} chains", mode.name()),
-            Err(e) => failed.push(format!("iptables-{}: {e}", mode.name())),
-        }
-    }
-    if !failed.is_empty() {
-        bail!("removing iptables chains: {}", failed.join("; "));
-    }
-    Ok(())
-}
-
 /// Runs the command line.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -310,56 +36,28 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             println!("kpng {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Cleanup => cleanup(),
+        Command::Cleanup => crate::backends::cleanup(),
         Command::File(file) => {
             let source = FileSource::new(file.input, file.debounce);
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
                 return runtime()?.block_on(crate::brain::serve(cli.global, to_api, run_source));
             }
-            let (backend, health_checks, cleans_conntrack) = sink_backend(&cli.global, &file.sink)?;
+            let (backend, facts) = sink_backend(&cli.global, &file.sink)?;
             let flags = cli.global;
             runtime()?.block_on(async move {
                 let model = Model::new(model_config(&flags)?);
-                serve(
-                    flags,
-                    model,
-                    backend,
-                    health_checks,
-                    cleans_conntrack,
-                    run_source,
-                )
-                .await
+                serve(flags, model, backend, facts, run_source).await
             })
         }
         Command::Local(local) => {
-            let backend = local_backend(&cli.global, &local.backend)?;
-            let cleans_conntrack = backend_cleans_conntrack(&local.backend);
-            let health_checks = Some(health_check_addresses(&cli.global, &local.backend));
-            runtime()?.block_on(serve_remote(
-                cli.global,
-                &local.brain,
-                backend,
-                health_checks,
-                cleans_conntrack,
-            ))
+            let backend = BackendKind::build(&cli.global, &local.backend)?;
+            let facts = SinkFacts::local(&cli.global, &local.backend);
+            runtime()?.block_on(serve_remote(cli.global, &local.brain, backend, facts))
         }
         Command::Api(api) => {
-            let (health_checks, cleans_conntrack) = match &api.sink {
-                NodeSink::ToLocal(local) => (
-                    Some(health_check_addresses(&cli.global, &local.backend)),
-                    backend_cleans_conntrack(&local.backend),
-                ),
-                NodeSink::ToFile(_) => (None, false),
-            };
-            let backend = node_sink(&cli.global, &api.sink)?;
-            runtime()?.block_on(serve_remote(
-                cli.global,
-                &api.brain,
-                backend,
-                health_checks,
-                cleans_conntrack,
-            ))
+            let (backend, facts) = node_sink(&cli.global, &api.sink)?;
+            runtime()?.block_on(serve_remote(cli.global, &api.brain, backend, facts))
         }
         Command::Kube(kube) => {
             let mut flags = cli.global;
@@ -402,71 +100,77 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                     crate::brain::serve(flags, to_api, run_source(source)).await
                 });
             }
-            let (backend, health_checks, cleans_conntrack) = sink_backend(&flags, &kube.sink)?;
+            let (backend, facts) = sink_backend(&flags, &kube.sink)?;
             runtime()?.block_on(async move {
                 let model = Model::new(model_config(&flags)?);
                 let source = connect.await?;
-                serve(
-                    flags,
-                    model,
-                    backend,
-                    health_checks,
-                    cleans_conntrack,
-                    run_source(source),
-                )
-                .await
+                serve(flags, model, backend, facts, run_source(source)).await
             })
         }
     }
 }
 
-/// The backend of an in-process sink (not `to-api`), where its Service health checks listen
-/// when it programs the node (it then also gets the conntrack sysctls), and whether it cleans
-/// stale UDP conntrack entries (it really changes the data plane).
-fn sink_backend(
-    flags: &GlobalFlags,
-    sink: &Sink,
-) -> anyhow::Result<(Box<dyn Backend>, Option<HealthCheckAddresses>, bool)> {
+/// What `serve` needs to know about a sink's backend besides the backend itself.
+struct SinkFacts {
+    /// For backends that program the node: where Service health checks listen (they then
+    /// also get the conntrack sysctls).
+    health_checks: Option<HealthCheckAddresses>,
+    /// Whether stale UDP conntrack entries are cleaned after syncs (Linux).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    cleans_conntrack: bool,
+    /// The node backend that starts, when it changes the node: it removes the other kinds'
+    /// leftovers once its own rules are in place.
+    replaces_others: Option<BackendKind>,
+}
+
+impl SinkFacts {
+    /// A sink that does not touch the node (`to-file`).
+    const NONE: SinkFacts = SinkFacts {
+        health_checks: None,
+        cleans_conntrack: false,
+        replaces_others: None,
+    };
+
+    fn local(flags: &GlobalFlags, backend: &LocalBackend) -> SinkFacts {
+        let kind = BackendKind::of(backend);
+        SinkFacts {
+            health_checks: Some(kind.health_check_addresses(flags)),
+            cleans_conntrack: BackendKind::cleans_conntrack(backend),
+            replaces_others: BackendKind::changes_the_node(backend).then_some(kind),
+        }
+    }
+}
+
+/// The backend of an in-process sink (not `to-api`) and what `serve` must know about it.
+fn sink_backend(flags: &GlobalFlags, sink: &Sink) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
     Ok(match sink {
         Sink::ToFile(t) => (
             Box::new(FileSink::new(Output::parse(&t.output))),
-            None,
-            false,
+            SinkFacts::NONE,
         ),
         Sink::ToLocal(local) => (
-            local_backend(flags, &local.backend)?,
-            Some(health_check_addresses(flags, &local.backend)),
-            backend_cleans_conntrack(&local.backend),
+            BackendKind::build(flags, &local.backend)?,
+            SinkFacts::local(flags, &local.backend),
         ),
         Sink::ToApi(_) => bail!("to-api is served by the brain, not a node backend"),
     })
 }
 
-/// Whether the backend changes the data plane, so that stale UDP conntrack entries must go.
-fn backend_cleans_conntrack(backend: &LocalBackend) -> bool {
-    match backend {
-        LocalBackend::Nft(args) => !args.dry_run,
-        LocalBackend::Iptables(args) => !args.dry_run,
-        // The proxy's UDP conntrack entries are client → listener, never pinned to an endpoint:
-        // the endpoint-based cleanup does not apply (a session moves inside the proxy when its
-        // endpoint leaves).
-        LocalBackend::Userspace(_) => false,
-    }
-}
-
-fn local_backend(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<Box<dyn Backend>> {
-    Ok(match backend {
-        LocalBackend::Nft(args) => Box::new(nft_backend(flags, args)?),
-        LocalBackend::Iptables(args) => Box::new(iptables_backend(flags, args)?),
-        LocalBackend::Userspace(args) => Box::new(userspace_backend(flags, args)?),
+/// The backend of a brain client's sink and what `serve` must know about it.
+fn node_sink(
+    flags: &GlobalFlags,
+    sink: &NodeSink,
+) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
+    Ok(match sink {
+        NodeSink::ToFile(t) => (
+            Box::new(FileSink::new(Output::parse(&t.output))),
+            SinkFacts::NONE,
+        ),
+        NodeSink::ToLocal(local) => (
+            BackendKind::build(flags, &local.backend)?,
+            SinkFacts::local(flags, &local.backend),
+        ),
     })
-}
-
-fn node_sink(flags: &GlobalFlags, sink: &NodeSink) -> anyhow::Result<Box<dyn Backend>> {
-    match sink {
-        NodeSink::ToFile(t) => Ok(Box::new(FileSink::new(Output::parse(&t.output)))),
-        NodeSink::ToLocal(local) => local_backend(flags, &local.backend),
-    }
 }
 
 fn node_name(flags: &GlobalFlags) -> anyhow::Result<String> {
@@ -490,8 +194,7 @@ async fn serve_remote(
     flags: GlobalFlags,
     brain: &BrainFlags,
     backend: Box<dyn Backend>,
-    health_checks: Option<HealthCheckAddresses>,
-    cleans_conntrack: bool,
+    facts: SinkFacts,
 ) -> anyhow::Result<()> {
     let node_name = node_name(&flags)?;
     let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
@@ -507,17 +210,10 @@ async fn serve_remote(
         retry_min: std::time::Duration::from_millis(100),
         retry_max: brain.api_retry_max,
     };
-    serve(
-        flags,
-        model,
-        backend,
-        health_checks,
-        cleans_conntrack,
-        |tx| async move {
-            kpng_api::client::watch(config, tx).await;
-            Ok(())
-        },
-    )
+    serve(flags, model, backend, facts, |tx| async move {
+        kpng_api::client::watch(config, tx).await;
+        Ok(())
+    })
     .await
 }
 
@@ -535,14 +231,12 @@ fn hostname() -> anyhow::Result<String> {
 }
 
 /// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
-/// Rules are left in place on exit. `health_checks`: for backends that program the node, where
-/// Service health checks listen (they also get the conntrack sysctls).
+/// Rules are left in place on exit.
 async fn serve<M, F, Fut>(
     flags: GlobalFlags,
     model: M,
     backend: Box<dyn Backend>,
-    health_checks: Option<HealthCheckAddresses>,
-    cleans_conntrack: bool,
+    facts: SinkFacts,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -581,27 +275,46 @@ where
     };
 
     let mut runner = Runner::new(model, backend, timing, metrics, health);
-    if let Some(addresses) = health_checks {
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get() as u64)
-            .unwrap_or(1);
-        crate::conntrack::ConntrackSettings {
-            max_per_core: flags.conntrack_max_per_core,
-            min: flags.conntrack_min,
-            tcp_established: flags.conntrack_tcp_timeout_established,
-            tcp_close_wait: flags.conntrack_tcp_timeout_close_wait,
-            tcp_be_liberal: flags.conntrack_tcp_be_liberal,
-            udp: flags.conntrack_udp_timeout,
-            udp_stream: flags.conntrack_udp_timeout_stream,
+    if let Some(addresses) = facts.health_checks {
+        // The node's conntrack table, as kube-proxy sets it (Linux's sysctls).
+        #[cfg(target_os = "linux")]
+        {
+            let cpus = std::thread::available_parallelism()
+                .map(|n| n.get() as u64)
+                .unwrap_or(1);
+            crate::conntrack::ConntrackSettings {
+                max_per_core: flags.conntrack_max_per_core,
+                min: flags.conntrack_min,
+                tcp_established: flags.conntrack_tcp_timeout_established,
+                tcp_close_wait: flags.conntrack_tcp_timeout_close_wait,
+                tcp_be_liberal: flags.conntrack_tcp_be_liberal,
+                udp: flags.conntrack_udp_timeout,
+                udp_stream: flags.conntrack_udp_timeout_stream,
+            }
+            .apply(std::path::Path::new("/proc/sys"), cpus);
         }
-        .apply(std::path::Path::new("/proc/sys"), cpus);
         runner = runner.with_service_health(addresses);
     }
-    if cleans_conntrack {
+    #[cfg(target_os = "linux")]
+    if facts.cleans_conntrack {
         match kpng_conntrack::Reconciler::open() {
             Ok(reconciler) => runner = runner.with_conntrack_cleanup(reconciler),
             Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
         }
+    }
+    if let Some(kind) = facts.replaces_others {
+        // Once this backend's rules are in place, the other kinds' rules go: traffic keeps
+        // flowing through whichever set matches first meanwhile.
+        let mut reports = runner.subscribe();
+        tokio::spawn(async move {
+            while reports.changed().await.is_ok() {
+                let ok = reports.borrow_and_update().as_ref().is_some_and(|r| r.ok);
+                if ok {
+                    let _ = tokio::task::spawn_blocking(move || kind.remove_other_kinds()).await;
+                    return;
+                }
+            }
+        });
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
@@ -618,8 +331,7 @@ where
         });
     }
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+    let shutdown = crate::signals::shutdown()?;
     tokio::select! {
         _ = runner.run(rx) => {
             // The runner only ends when the source does.
@@ -629,7 +341,6 @@ where
                 Err(e) => Err(anyhow::anyhow!("source task failed: {e}")),
             }
         }
-        _ = tokio::signal::ctrl_c() => { info!("interrupted; leaving rules in place"); Ok(()) }
-        _ = sigterm.recv() => { info!("terminated; leaving rules in place"); Ok(()) }
+        why = shutdown => { info!("{why}; leaving rules in place"); Ok(()) }
     }
 }

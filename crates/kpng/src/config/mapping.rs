@@ -25,6 +25,7 @@ use ipnet::IpNet;
 use super::ClientConnection;
 use super::duration::format;
 use super::v1alpha1::KubeProxyConfiguration;
+use crate::cli::DetectLocalMode;
 
 /// kube-proxy's health server port.
 pub const HEALTHZ_PORT: u16 = 10256;
@@ -50,7 +51,7 @@ pub struct FileSettings {
     /// `<section>.masqueradeAll`.
     pub masquerade_all: bool,
     /// `detectLocalMode` (empty: `ClusterCIDR`).
-    pub detect_local_mode: String,
+    pub detect_local_mode: DetectLocalMode,
     /// `detectLocal.bridgeInterface`.
     pub pod_bridge_interface: Option<String>,
     /// `detectLocal.interfaceNamePrefix`.
@@ -204,14 +205,13 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
     .to_string();
 
     let detect_local_mode = match config.detect_local_mode.as_str() {
-        "" => "ClusterCIDR".to_string(),
-        m @ ("ClusterCIDR" | "NodeCIDR" | "BridgeInterface" | "InterfaceNamePrefix" | "None") => {
-            m.to_string()
-        }
-        other => bail!(
-            "field detectLocalMode: unknown mode {other:?} (ClusterCIDR, NodeCIDR, \
-             BridgeInterface or InterfaceNamePrefix)"
-        ),
+        "" => DetectLocalMode::ClusterCidr,
+        other => DetectLocalMode::parse(other).with_context(|| {
+            format!(
+                "field detectLocalMode: unknown mode {other:?} (ClusterCIDR, NodeCIDR, \
+                 BridgeInterface, InterfaceNamePrefix or None)"
+            )
+        })?,
     };
     let conntrack = &config.conntrack;
     let count = |field: &str, value: Option<i32>, default: u64| -> anyhow::Result<u64> {

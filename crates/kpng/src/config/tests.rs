@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::cli::DetectLocalMode;
+
 use clap::{CommandFactory, FromArgMatches};
 
 use super::mapping::FileSettings;
@@ -100,7 +102,7 @@ fn defaults() -> FileSettings {
         node_ip: vec![],
         cluster_cidr: vec![],
         masquerade_all: false,
-        detect_local_mode: "ClusterCIDR".into(),
+        detect_local_mode: DetectLocalMode::ClusterCidr,
         pod_bridge_interface: None,
         pod_interface_name_prefix: None,
         masquerade_bit: 14,
@@ -273,7 +275,7 @@ fn fields_map_onto_flags() {
             "bridge interface detection",
             doc("detectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cni0\n"),
             FileSettings {
-                detect_local_mode: "BridgeInterface".into(),
+                detect_local_mode: DetectLocalMode::BridgeInterface,
                 pod_bridge_interface: Some("cni0".into()),
                 ..defaults()
             },
@@ -282,7 +284,7 @@ fn fields_map_onto_flags() {
             "interface prefix detection",
             doc("detectLocalMode: InterfaceNamePrefix\ndetectLocal:\n  interfaceNamePrefix: veth\n"),
             FileSettings {
-                detect_local_mode: "InterfaceNamePrefix".into(),
+                detect_local_mode: DetectLocalMode::InterfaceNamePrefix,
                 pod_interface_name_prefix: Some("veth".into()),
                 ..defaults()
             },

@@ -59,7 +59,7 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
             bridge_interface: flags.pod_bridge_interface.clone().unwrap_or_default(),
             interface_name_prefix: flags.pod_interface_name_prefix.clone().unwrap_or_default(),
         },
-        detect_local_mode: flags.detect_local_mode.clone(),
+        detect_local_mode: flags.detect_local_mode.as_str().to_string(),
         enable_profiling: false,
         feature_gates: Default::default(),
         healthz_bind_address: flags.healthz_bind_address.to_string(),
