@@ -132,6 +132,7 @@ impl<M: NodeModel> Runner<M> {
             pending: Diff::default(),
             need_full: true,
             listed: BTreeSet::new(),
+            reported_missing: Vec::new(),
             last_sync: None,
             last_full: None,
             retry_at: None,
@@ -156,6 +157,9 @@ struct LoopState<M: NodeModel> {
     pending: Diff,
     need_full: bool,
     listed: BTreeSet<Kind>,
+    /// The kinds still unlisted when the gate was last reported (each new set is logged
+    /// once, so an operator sees why nothing is programmed yet).
+    reported_missing: Vec<Kind>,
     last_sync: Option<Instant>,
     last_full: Option<Instant>,
     retry_at: Option<Instant>,
@@ -185,6 +189,7 @@ impl<M: NodeModel> LoopState<M> {
                         while let Ok(event) = events.try_recv() {
                             self.handle(event);
                         }
+                        self.report_gate();
                     }
                     None => {
                         info!("source closed; leaving the data plane as it is");
@@ -198,6 +203,27 @@ impl<M: NodeModel> LoopState<M> {
 
     fn ready(&self) -> bool {
         REQUIRED_KINDS.iter().all(|k| self.listed.contains(k))
+    }
+
+    /// Says, once per change, which lists the first sync still waits for: after the inputs
+    /// that are queued have been applied, so the line also tells tests that kpng decided not
+    /// to sync yet.
+    fn report_gate(&mut self) {
+        if self.last_sync.is_some() {
+            return;
+        }
+        let missing: Vec<Kind> = REQUIRED_KINDS
+            .into_iter()
+            .filter(|k| !self.listed.contains(k))
+            .collect();
+        if missing != self.reported_missing && !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
+            info!(
+                "holding the first sync until these lists are complete: {}",
+                names.join(", ")
+            );
+        }
+        self.reported_missing = missing;
     }
 
     fn next_deadline(&self, now: Instant) -> Option<Instant> {

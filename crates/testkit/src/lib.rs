@@ -98,4 +98,4 @@ pub use cluster::{Cluster, ClusterBuilder, Host, Node, NodeId, Pod, addr};
 pub use error::{Error, Result};
 pub use netns::{Netns, Spawned, reap_stale};
 pub use probe::{Outcome, Probe, ProbeLine, ProbeResult, Proto, parse_reply, spread, tally};
-pub use root::{is_root, root_or_skip};
+pub use root::{SKIPPED_TESTS_ENV, is_root, root_or_skip};

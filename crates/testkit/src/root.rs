@@ -26,10 +26,17 @@ fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
 }
 
+/// Where skipped root-only tests are recorded: `KPNG_SKIPPED_TESTS` names a file that the
+/// test script (`scripts/test.sh`) creates and reads back after `cargo test`, to print how many
+/// tests did not run and which. A skipped test still shows as `ok` in cargo's own report
+/// (stable Rust has no run-time skip), so this record is what keeps a skip from passing
+/// for a pass.
+pub const SKIPPED_TESTS_ENV: &str = "KPNG_SKIPPED_TESTS";
+
 /// The function behind [`require_root!`](crate::require_root): `true` when the
-/// test `test` may go on. When not root it prints
-/// `skipping TEST: needs root (network namespaces)` and returns `false`, except in
-/// CI (`CI` set), where it panics: root-only tests must not silently skip there.
+/// test `test` may go on. When not root it records the test as skipped (see
+/// [`SKIPPED_TESTS_ENV`]), prints `SKIPPED TEST: needs root (network namespaces)` and returns
+/// `false`, except in CI (`CI` set), where it panics: root-only tests must not skip there.
 #[track_caller]
 pub fn root_or_skip(test: &str) -> bool {
     if is_root() {
@@ -39,8 +46,25 @@ pub fn root_or_skip(test: &str) -> bool {
         !in_ci(),
         "{test}: needs root (network namespaces), and CI is set: refusing to skip"
     );
-    eprintln!("skipping {test}: needs root (network namespaces)");
+    record_skip(test);
+    eprintln!("SKIPPED {test}: needs root (network namespaces)");
     false
+}
+
+/// Appends `test` to the skip record, one name per line. Without the record file (plain
+/// `cargo test`), the skip is only printed.
+fn record_skip(test: &str) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os(SKIPPED_TESTS_ENV) else {
+        return;
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path);
+    if let Ok(mut file) = file {
+        let _ = writeln!(file, "{test}");
+    }
 }
 
 /// Skip the calling test when not root (return from the enclosing function);
