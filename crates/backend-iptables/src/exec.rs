@@ -1,9 +1,8 @@
 //! How restore input reaches the kernel: `iptables-restore` / `ip6tables-restore` of the legacy
 //! (x_tables) or nft (nf_tables) variant, a dry run that prints, or a recorder for tests.
 
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+
 use std::sync::{Arc, Mutex};
 
 use kpng_model::Family;
@@ -56,38 +55,7 @@ impl Mode {
     }
 }
 
-/// A failure to talk to iptables.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    /// The tool could not be started.
-    #[error("cannot run {binary}: {source}")]
-    Spawn {
-        /// The tool.
-        binary: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The tool ran and refused.
-    #[error("{binary} failed ({status}): {stderr}")]
-    Failed {
-        /// The tool.
-        binary: String,
-        /// Its exit status.
-        status: String,
-        /// What it printed on standard error.
-        stderr: String,
-    },
-    /// Another I/O error (a sysctl write, a pipe).
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
-}
+pub use kpng_backend_kit::exec::ExecError;
 
 /// The node's iptables, as the backend uses it.
 pub trait Iptables: Send {
@@ -139,37 +107,7 @@ impl IptablesCommand {
 
 /// Runs `binary args` with `stdin`, failing with its standard error on a non-zero exit.
 fn run(binary: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ExecError> {
-    let spawn = |source| ExecError::Spawn {
-        binary: binary.to_owned(),
-        source,
-    };
-    let mut child = Command::new(binary)
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(spawn)?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes())
-            .map_err(|source| ExecError::Io {
-                what: format!("writing to {binary}"),
-                source,
-            })?;
-    }
-    let output = child.wait_with_output().map_err(spawn)?;
-    if !output.status.success() {
-        return Err(ExecError::Failed {
-            binary: binary.to_owned(),
-            status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    kpng_backend_kit::exec::run_tool(binary, args, stdin)
 }
 
 impl Iptables for IptablesCommand {
@@ -225,7 +163,7 @@ pub fn detect_mode() -> Result<Mode, ExecError> {
     match (legacy, nft) {
         (false, false) => {
             return Err(ExecError::Spawn {
-                binary: "iptables-nft-save / iptables-legacy-save".into(),
+                tool: "iptables-nft-save / iptables-legacy-save".into(),
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "neither iptables variant is installed",
@@ -334,10 +272,10 @@ impl Iptables for Recorder {
             r.restores.push((family, input.to_owned()));
             if r.fail_restores > 0 {
                 r.fail_restores -= 1;
-                return Err(ExecError::Failed {
-                    binary: "iptables-restore".into(),
+                return Err(ExecError::Refused {
+                    tool: "iptables-restore".into(),
                     status: "exit status: 1".into(),
-                    stderr: "iptables-restore: line 2 failed".into(),
+                    message: "iptables-restore: line 2 failed".into(),
                 });
             }
             Ok(())

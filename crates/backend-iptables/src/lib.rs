@@ -37,6 +37,7 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
 use crate::exec::{ExecError, Iptables};
+use kpng_backend_kit::families::sync_each;
 use crate::rules::{CANARY, MARK_MASQ, PortRules, SERVICES, SharedRule, Table};
 use crate::save::Saved;
 use crate::script::Script;
@@ -602,20 +603,8 @@ impl Backend for IptablesBackend {
         {
             self.known_addresses = (self.local_addresses)();
         }
-        let mut operations = 0;
-        let mut first_error = None;
-        for index in 0..self.states.len() {
-            match self.sync_family(index, request) {
-                Ok(n) => operations += n,
-                Err(e) => {
-                    warn!("{e}");
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
+        let operations =
+            sync_each(self.states.len(), |index| self.sync_family(index, request))?;
         debug!(operations, "iptables sync done");
         Ok(SyncStats { operations })
     }

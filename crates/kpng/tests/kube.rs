@@ -247,7 +247,12 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
                 && err.contains("Node watch refused: 403")
         },
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // The runner says, after applying what it received, that only the Node list is missing:
+    // it has decided not to sync.
+    kpng.wait("the first sync held for the Node list only", |_, err| {
+        err.lines()
+            .any(|l| l.ends_with("holding the first sync until these lists are complete: Node"))
+    });
     assert!(
         !output.exists(),
         "nothing may be written before the Node list is done:\n{}",
@@ -365,7 +370,18 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     let output = dir.path().join("out.yaml");
     let health_port = free_port();
     let health = format!("127.0.0.1:{health_port}");
-    let mut args = kube_args(&k, &["--metrics-bind-address", "", "to-file", "--output"]);
+    // The reachability layer's debug lines count the failed attempts during the outage.
+    let mut args = kube_args(
+        &k,
+        &[
+            "--log-level",
+            "info,kpng_source_kube=debug",
+            "--metrics-bind-address",
+            "",
+            "to-file",
+            "--output",
+        ],
+    );
     args.push(output.to_str().expect("utf-8"));
     args.extend(["--healthz-bind-address", &health]);
     let mut kpng = Kpng::start(&args);
@@ -378,11 +394,12 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     server
         .apply(endpoints("web-1", "web", "10.244.1.4", None))
         .expect("a change during the outage");
-    // Several watchers retry several times meanwhile (backoff from 0.8 s).
-    kpng.wait("the outage noticed", |_, err| {
+    // Several watchers retry several times meanwhile (backoff from 0.8 s): wait until the
+    // failed attempts after the first are seen, each a debug line, not a warning.
+    kpng.wait("the outage noticed and retried", |_, err| {
         err.contains("API server unreachable")
+            && err.matches("API server still unreachable").count() >= 3
     });
-    std::thread::sleep(Duration::from_millis(2500));
     let err = kpng.stderr();
     assert_eq!(
         err.matches("API server unreachable").count(),
