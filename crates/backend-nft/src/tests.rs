@@ -61,17 +61,17 @@ fn full_sync(b: &mut NftBackend, model: &Model) -> usize {
     .operations
 }
 
+/// Compares `text` with the committed snapshot `tests/golden/{name}.snap` (insta: a change
+/// fails the test and, outside CI, writes `{name}.snap.new` to review with `cargo insta
+/// review`).
 fn check_golden(name: &str, text: &str) {
-    let path = repo_file(&format!("tests/golden/{name}"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, text).expect("write golden");
-    }
-    let want =
-        std::fs::read_to_string(&path).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
-    assert_eq!(
-        text, want,
-        "{name} changed; inspect and rerun with UPDATE_GOLDEN=1 if intended"
-    );
+    insta::with_settings!({
+        snapshot_path => "../tests/golden",
+        prepend_module_to_snapshot => false,
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!(name, text);
+    });
 }
 
 #[test]
@@ -82,8 +82,8 @@ fn example_cluster_full_transactions_are_golden() {
     full_sync(&mut b, &model);
     let s = scripts(&r);
     assert_eq!(s.len(), 2, "one transaction per family");
-    check_golden("example-full.ip.nft", &s[0]);
-    check_golden("example-full.ip6.nft", &s[1]);
+    check_golden("example-full.ip", &s[0]);
+    check_golden("example-full.ip6", &s[1]);
 }
 
 const ONE_SERVICE: &str = "
