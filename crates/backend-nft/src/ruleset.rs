@@ -215,7 +215,7 @@ impl PickKind {
     pub fn slot_map(self, protocol: Protocol) -> Set {
         Set::Endpoints(self, protocol)
     }
-    /// The chain name for `n` endpoints.
+    /// The chain for `n` endpoints.
     pub fn chain(self, n: u32) -> DynamicChain {
         DynamicChain::Pick(self, n)
     }
