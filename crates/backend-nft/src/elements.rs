@@ -5,12 +5,15 @@
 //! chain from [`crate::ruleset::DynamicChain`].
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use kpng_model::{Endpoint, ServicePort};
 
-use crate::ruleset::PickKind;
+use crate::ruleset::{DynamicChain, PickKind};
+use crate::sets::Set;
 use crate::store::{Element, OwnerId};
+use crate::value::{Chain, FixedChain, Key, Source, Value, Verdict};
 
 /// Affinity ids live in this range of the conntrack mark (`0x6b7` = "kp" in the top 12 bits), so
 /// they are unlikely to collide with marks other software sets.
@@ -23,7 +26,7 @@ pub fn affinity_id(owner: OwnerId, local: bool) -> u32 {
     AFFINITY_ID_BASE | (((owner & 0x7_ffff) << 1) | u32::from(local))
 }
 
-fn el(set: &'static str, key: String, value: Option<String>) -> Element {
+fn el(set: Set, key: Key, value: Option<Value>) -> Element {
     Element {
         set,
         key,
@@ -35,31 +38,38 @@ fn el(set: &'static str, key: String, value: Option<String>) -> Element {
 /// nft refuses element comments over 128 bytes (a long `namespace/name:port` can exceed it).
 const MAX_COMMENT: usize = 127;
 
-fn commented(set: &'static str, key: String, value: String, comment: &str) -> Element {
+/// The comment of a port's dispatch elements, cut to what nft accepts; one allocation per
+/// port, shared by its elements.
+fn port_comment(comment: &str) -> Arc<str> {
     let mut end = comment.len().min(MAX_COMMENT);
     while !comment.is_char_boundary(end) {
         end -= 1;
     }
+    Arc::from(&comment[..end])
+}
+
+fn commented(set: Set, key: Key, value: Verdict, comment: &Arc<str>) -> Element {
     Element {
         set,
         key,
-        value: Some(value),
-        comment: Some(comment[..end].to_string()),
+        value: Some(Value::Verdict(value)),
+        comment: Some(comment.clone()),
     }
 }
 
-fn ep_value(e: &Endpoint) -> String {
-    format!("{} . {}", e.ip, e.port)
+/// The number of endpoints in a list, as a chain's slot count.
+fn count(eps: &[Endpoint]) -> u32 {
+    u32::try_from(eps.len()).unwrap_or(u32::MAX)
 }
 
 /// One way into a Service port: a VIP (`ip . proto . port`) or the node port (`proto . port`).
 struct Entry {
     /// The key of its pick and affinity-id elements.
-    key: String,
-    /// What its slot keys start with (`ip . port` or `nodePort`).
-    slot_prefix: String,
-    /// Whether this is the node port.
-    node_port: bool,
+    key: Key,
+    /// The VIP its slot keys start with; `None` for the node port (slots keyed by port only).
+    vip: Option<IpAddr>,
+    /// The VIP's port or the node port.
+    port: u16,
     /// Whether it needs a pick-map element (entry chains go through the pick map).
     pick: bool,
 }
@@ -77,29 +87,27 @@ impl Entry {
         if eps.is_empty() {
             return;
         }
-        let kind = PickKind::of(self.node_port, local);
+        let kind = PickKind::of(self.vip.is_none(), local);
         if self.pick {
             out.push(el(
                 kind.pick_map(),
-                self.key.clone(),
-                Some(format!("goto {}", kind.chain(eps.len()))),
+                self.key,
+                Some(Value::Verdict(Verdict::Goto(Chain::Dynamic(
+                    kind.chain(count(eps)),
+                )))),
             ));
         }
         let map = kind.slot_map(protocol);
-        for (slot, e) in eps.iter().enumerate() {
-            out.push(el(
-                map,
-                format!("{} . {slot}", self.slot_prefix),
-                Some(ep_value(e)),
-            ));
+        for (slot, e) in (0u32..).zip(eps) {
+            let key = match self.vip {
+                Some(vip) => Key::VipSlot(vip, self.port, slot),
+                None => Key::NodePortSlot(self.port, slot),
+            };
+            out.push(el(map, key, Some(Value::Endpoint(e.ip, e.port))));
         }
         if let Some((cluster, local_id)) = affinity_ids {
             let id = if local { local_id } else { cluster };
-            out.push(el(
-                kind.affinity_ids_map(),
-                self.key.clone(),
-                Some(format!("{id:#x}")),
-            ));
+            out.push(el(kind.affinity_ids_map(), self.key, Some(Value::Mark(id))));
         }
     }
 }
@@ -109,53 +117,55 @@ impl Entry {
 /// kube-proxy does.
 pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> Vec<Element> {
     let mut out = Vec::new();
-    let proto = sp.key.protocol.lower();
-    let vip_key = |ip: &IpAddr| format!("{ip} . {proto} . {}", sp.port);
-    let comment = format!("{}:{}", sp.key.service, sp.key.port_name);
+    let proto = sp.key.protocol;
+    let vip_key = |ip: &IpAddr| Key::Vip(*ip, proto, sp.port);
+    let comment = port_comment(&format!("{}:{}", sp.key.service, sp.key.port_name));
     let affinity = sp.session_affinity.is_some();
-    let reject_or_drop = if sp.has_any_endpoints {
-        "drop"
+    let reject = Verdict::goto(FixedChain::Reject);
+    let reject_or_drop = Value::Verdict(if sp.has_any_endpoints {
+        Verdict::Drop
     } else {
-        "goto reject-chain"
-    };
+        reject
+    });
     let (id_cluster, id_local) = (affinity_id(owner, false), affinity_id(owner, true));
     let lists: [(&[Endpoint], bool); 2] =
         [(&sp.cluster_endpoints, false), (&sp.local_endpoints, true)];
 
-    out.push(el("cluster-ips", sp.cluster_ip.to_string(), None));
+    out.push(el(Set::ClusterIps, Key::Addr(sp.cluster_ip), None));
 
     // ClusterIP traffic.
     let internal = sp.internal_endpoints();
     let cip = vip_key(&sp.cluster_ip);
-    let internal_list = if sp.internal_policy_local {
-        "local"
-    } else {
-        "cluster"
-    };
     if internal.is_empty() {
         let verdict = if sp.internal_policy_local && sp.has_any_endpoints {
-            "drop"
+            Verdict::Drop
         } else {
-            "goto reject-chain"
+            reject
         };
         out.push(el(
-            "no-endpoint-services",
-            cip.clone(),
-            Some(verdict.into()),
+            Set::NoEndpointServices,
+            cip,
+            Some(Value::Verdict(verdict)),
         ));
     } else if affinity {
+        let chain = if sp.internal_policy_local {
+            FixedChain::AffinityLocal
+        } else {
+            FixedChain::AffinityCluster
+        };
         out.push(commented(
-            "service-ips",
-            cip.clone(),
-            format!("goto affinity-{internal_list}"),
+            Set::ServiceIps,
+            cip,
+            Verdict::goto(chain),
             &comment,
         ));
     } else {
-        let chain = format!("{internal_list}-n{}", internal.len());
+        let kind = PickKind::of(false, sp.internal_policy_local);
+        let chain = Chain::Dynamic(kind.chain(count(internal)));
         out.push(commented(
-            "service-ips",
-            cip.clone(),
-            format!("goto {chain}"),
+            Set::ServiceIps,
+            cip,
+            Verdict::Goto(chain),
             &comment,
         ));
     }
@@ -166,24 +176,33 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
         .iter()
         .chain(sp.load_balancer_ips.iter())
         .collect();
-    let external_chain = match (sp.external_policy_local, affinity) {
-        (false, false) => "external-cluster",
-        (true, false) => "external-local",
-        (false, true) => "external-cluster-affinity",
-        (true, true) => "external-local-affinity",
+    let (external_chain, nodeport_chain) = match (sp.external_policy_local, affinity) {
+        (false, false) => (
+            FixedChain::ExternalCluster,
+            FixedChain::NodeportExternalCluster,
+        ),
+        (true, false) => (FixedChain::ExternalLocal, FixedChain::NodeportExternalLocal),
+        (false, true) => (
+            FixedChain::ExternalClusterAffinity,
+            FixedChain::NodeportExternalClusterAffinity,
+        ),
+        (true, true) => (
+            FixedChain::ExternalLocalAffinity,
+            FixedChain::NodeportExternalLocalAffinity,
+        ),
     };
     for vip in &external_vips {
         let key = vip_key(vip);
         if sp.has_any_endpoints {
             out.push(commented(
-                "service-ips",
-                key.clone(),
-                format!("goto {external_chain}"),
+                Set::ServiceIps,
+                key,
+                Verdict::goto(external_chain),
                 &comment,
             ));
         }
         if sp.external_endpoints().is_empty() {
-            out.push(el("no-endpoint-services", key, Some(reject_or_drop.into())));
+            out.push(el(Set::NoEndpointServices, key, Some(reject_or_drop)));
         }
     }
 
@@ -195,8 +214,8 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
         let pick = i > 0 || affinity;
         let entry = Entry {
             key: vip_key(vip),
-            slot_prefix: format!("{vip} . {}", sp.port),
-            node_port: false,
+            vip: Some(**vip),
+            port: sp.port,
             pick,
         };
         for (eps, local) in lists {
@@ -212,26 +231,22 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
 
     // Node port.
     if let Some(node_port) = sp.node_port {
-        let key = format!("{proto} . {node_port}");
+        let key = Key::NodePort(proto, node_port);
         if sp.has_any_endpoints {
             out.push(commented(
-                "service-nodeports",
-                key.clone(),
-                format!("goto nodeport-{external_chain}"),
+                Set::ServiceNodeports,
+                key,
+                Verdict::goto(nodeport_chain),
                 &comment,
             ));
         }
         if sp.external_endpoints().is_empty() {
-            out.push(el(
-                "no-endpoint-nodeports",
-                key.clone(),
-                Some(reject_or_drop.into()),
-            ));
+            out.push(el(Set::NoEndpointNodeports, key, Some(reject_or_drop)));
         }
         let entry = Entry {
             key,
-            slot_prefix: node_port.to_string(),
-            node_port: true,
+            vip: None,
+            port: node_port,
             pick: true,
         };
         for (eps, local) in lists {
@@ -252,15 +267,16 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
                 continue;
             }
             let id = if local { id_local } else { id_cluster };
+            let chain = Chain::Dynamic(DynamicChain::AffinityTimeout(a.timeout_seconds));
             out.push(el(
-                "affinity-timeouts",
-                format!("{id:#x}"),
-                Some(format!("goto affinity-t{}", a.timeout_seconds)),
+                Set::AffinityTimeouts,
+                Key::Mark(id),
+                Some(Value::Verdict(Verdict::Goto(chain))),
             ));
             for e in eps {
                 out.push(el(
-                    "affinity-valid",
-                    format!("{id:#x} . {} . {}", e.ip, e.port),
+                    Set::AffinityValid,
+                    Key::MarkEndpoint(id, e.ip, e.port),
                     None,
                 ));
             }
@@ -274,14 +290,20 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
             .iter()
             .any(|ip| ranges.iter().any(|r| r.contains(ip)));
         for vip in &sp.load_balancer_ips {
-            let key = vip_key(vip);
-            out.push(el("firewall-ips", key.clone(), None));
+            out.push(el(Set::FirewallIps, vip_key(vip), None));
+            let allow = |source| {
+                el(
+                    Set::FirewallAllow,
+                    Key::VipSource(*vip, proto, sp.port, source),
+                    None,
+                )
+            };
             for r in &ranges {
-                out.push(el("firewall-allow", format!("{key} . {r}"), None));
+                out.push(allow(Source::Net(*r)));
             }
             if node_inside {
                 for lb in &sp.load_balancer_ips {
-                    out.push(el("firewall-allow", format!("{key} . {lb}"), None));
+                    out.push(allow(Source::Addr(*lb)));
                 }
             }
         }
@@ -290,8 +312,8 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
     // Hairpin: a local endpoint reaching itself through the Service is masqueraded.
     for e in sp.all_reachable_endpoints().iter().filter(|e| e.is_local) {
         out.push(el(
-            "hairpin-connections",
-            format!("{} . {} . {proto} . {}", e.ip, e.ip, e.port),
+            Set::HairpinConnections,
+            Key::Hairpin(e.ip, e.ip, proto, e.port),
             None,
         ));
     }

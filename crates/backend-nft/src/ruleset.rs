@@ -4,10 +4,12 @@
 //! per *distinct endpoint count* (`cluster-n3` …) and one affinity-recording chain per distinct
 //! affinity timeout.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use ipnet::IpNet;
 use kpng_model::{Family, NodeState, Protocol};
+
+use crate::sets::Set;
 
 /// The L4 protocols a Service port can use, in rule order.
 const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
@@ -35,9 +37,9 @@ impl Fam {
     pub fn l3(self) -> &'static str {
         self.table_family()
     }
-    /// The affinity map declarations, the DNAT that follows an affinity entry, the rule that
-    /// forgets an entry whose endpoint is gone (prefix; `drop` follows) and the rule that
-    /// records one with `timeout`.
+    /// The DNAT that follows an affinity entry, the rule that forgets an entry whose endpoint
+    /// is gone (prefix; `drop` follows) and the rule that records one with `timeout`. The maps
+    /// themselves are declared in [`crate::sets`].
     ///
     /// IPv4: one map `client . affinity id → endpoint . port`. IPv6 needs another shape because
     /// nft 1.0.6 mis-encodes packet-path map updates whose key is longer than 16 bytes (the
@@ -49,23 +51,20 @@ impl Fam {
     pub fn affinity(self) -> AffinityRules {
         match self.0 {
             Family::V4 => AffinityRules {
-                maps: vec![
-                    "map affinity { type ipv4_addr . mark : ipv4_addr . inet_service; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: client . affinity id → endpoint\"; }".into(),
-                ],
                 dnat: "dnat ip to ip saddr . ct mark map @affinity".into(),
                 forget: "delete @affinity { ip saddr . ct mark : ip daddr . th dport }".into(),
                 record: Box::new(|t| {
-                    format!("update @affinity {{ ip saddr . ct mark timeout {t}s : ip daddr . th dport }}")
+                    format!(
+                        "update @affinity {{ ip saddr . ct mark timeout {t}s : ip daddr . th dport }}"
+                    )
                 }),
             },
             Family::V6 => {
                 const KEY: &str = "ct mark . jhash ip6 saddr mod 4294967295 seed 0x6b706e67";
                 AffinityRules {
-                    maps: vec![
-                        "map affinity-addr { typeof ct mark . numgen random mod 1 : ip6 daddr; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: affinity id . client hash → endpoint\"; }".into(),
-                        "map affinity-port { typeof ct mark . numgen random mod 1 : th dport; flags dynamic,timeout; timeout 1d; size 1048576; comment \"ClientIP session affinity: affinity id . client hash → endpoint port\"; }".into(),
-                    ],
-                    dnat: format!("dnat ip6 to {KEY} map @affinity-addr : {KEY} map @affinity-port"),
+                    dnat: format!(
+                        "dnat ip6 to {KEY} map @affinity-addr : {KEY} map @affinity-port"
+                    ),
                     forget: format!(
                         "delete @affinity-addr {{ {KEY} : ip6 daddr }} delete @affinity-port {{ {KEY} : th dport }}"
                     ),
@@ -198,96 +197,52 @@ impl PickKind {
     }
 
     /// The verdict map from an entry point to its `*-n<k>` chain.
-    pub fn pick_map(self) -> &'static str {
-        match self {
-            PickKind::Cluster => "cluster-pick",
-            PickKind::Local => "local-pick",
-            PickKind::NodePortCluster => "nodeport-cluster-pick",
-            PickKind::NodePortLocal => "nodeport-local-pick",
-        }
+    pub fn pick_map(self) -> Set {
+        Set::Pick(self)
     }
 
     /// The map from an entry point to its list's affinity id.
-    pub fn affinity_ids_map(self) -> &'static str {
-        match self {
-            PickKind::Cluster => "affinity-ids-cluster",
-            PickKind::Local => "affinity-ids-local",
-            PickKind::NodePortCluster => "nodeport-affinity-ids-cluster",
-            PickKind::NodePortLocal => "nodeport-affinity-ids-local",
-        }
+    pub fn affinity_ids_map(self) -> Set {
+        Set::AffinityIds(self)
     }
 
     /// Whether the slots are keyed by VIP (else by node port only).
-    pub fn keyed_by_vip(self) -> bool {
+    pub const fn keyed_by_vip(self) -> bool {
         matches!(self, PickKind::Cluster | PickKind::Local)
     }
 
     /// The slot map the chain selects from, for one L4 protocol.
-    ///
-    /// One map per protocol because the map's value type must name the protocol's port
-    /// (`tcp dport`): with a shared map nft 1.0.6 silently restricts the rule to TCP, and with
-    /// `th dport` it refuses rules added in a later transaction.
-    pub fn slot_map(self, protocol: Protocol) -> &'static str {
-        use PickKind::*;
-        use Protocol::*;
-        match (self, protocol) {
-            (Cluster, Tcp) => "cluster-endpoints-tcp",
-            (Cluster, Udp) => "cluster-endpoints-udp",
-            (Cluster, Sctp) => "cluster-endpoints-sctp",
-            (Local, Tcp) => "local-endpoints-tcp",
-            (Local, Udp) => "local-endpoints-udp",
-            (Local, Sctp) => "local-endpoints-sctp",
-            (NodePortCluster, Tcp) => "nodeport-cluster-endpoints-tcp",
-            (NodePortCluster, Udp) => "nodeport-cluster-endpoints-udp",
-            (NodePortCluster, Sctp) => "nodeport-cluster-endpoints-sctp",
-            (NodePortLocal, Tcp) => "nodeport-local-endpoints-tcp",
-            (NodePortLocal, Udp) => "nodeport-local-endpoints-udp",
-            (NodePortLocal, Sctp) => "nodeport-local-endpoints-sctp",
-        }
+    pub fn slot_map(self, protocol: Protocol) -> Set {
+        Set::Endpoints(self, protocol)
     }
-    /// The chain name for `n` endpoints.
-    pub fn chain(self, n: usize) -> String {
-        format!("{}{n}", self.prefix())
+    /// The chain for `n` endpoints.
+    pub fn chain(self, n: u32) -> DynamicChain {
+        DynamicChain::Pick(self, n)
     }
 }
 
 /// A chain created on demand (its name and its single rule).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DynamicChain {
     /// Random selection among `n` endpoint slots.
-    Pick(PickKind, usize),
+    Pick(PickKind, u32),
     /// Record ClientIP affinity with this timeout (seconds).
     AffinityTimeout(u32),
+}
+
+impl fmt::Display for DynamicChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DynamicChain::Pick(kind, n) => write!(f, "{}{n}", kind.prefix()),
+            DynamicChain::AffinityTimeout(t) => write!(f, "affinity-t{t}"),
+        }
+    }
 }
 
 impl DynamicChain {
     /// The chain's name.
     pub fn name(&self) -> String {
-        match self {
-            DynamicChain::Pick(kind, n) => kind.chain(*n),
-            DynamicChain::AffinityTimeout(t) => format!("affinity-t{t}"),
-        }
-    }
-
-    /// Parses a chain name produced by [`DynamicChain::name`].
-    pub fn parse(name: &str) -> Option<DynamicChain> {
-        // Longest prefixes first: "nodeport-cluster-n" before "cluster-n".
-        for kind in [
-            PickKind::NodePortCluster,
-            PickKind::NodePortLocal,
-            PickKind::Cluster,
-            PickKind::Local,
-        ] {
-            if let Some(n) = name
-                .strip_prefix(kind.prefix())
-                .and_then(|n| n.parse().ok())
-            {
-                return Some(DynamicChain::Pick(kind, n));
-            }
-        }
-        name.strip_prefix("affinity-t")
-            .and_then(|t| t.parse().ok())
-            .map(DynamicChain::AffinityTimeout)
+        self.to_string()
     }
 
     /// The chain's rules.
@@ -301,7 +256,7 @@ impl DynamicChain {
                     let daddr = if kind.keyed_by_vip() { format!("{l3} daddr . ") } else { String::new() };
                     format!(
                         "meta l4proto {p} dnat {l3} to {daddr}{p} dport . numgen random mod {n} map @{}",
-                        kind.slot_map(*proto)
+                        kind.slot_map(*proto).name()
                     )
                 })
                 .collect(),
@@ -320,8 +275,6 @@ impl DynamicChain {
 
 /// The ClientIP-affinity pieces of one family's table ([`Fam::affinity`]).
 pub struct AffinityRules {
-    /// Map declarations.
-    pub maps: Vec<String>,
     /// The DNAT to the recorded endpoint.
     pub dnat: String,
     /// Deletes the client's entry.
@@ -336,109 +289,13 @@ pub struct AffinityRules {
 /// run can tell, from a cheap element-less listing, whether the table in the kernel has
 /// exactly this skeleton and can be adopted by replacing elements only.
 pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
-    let (f, a, l3) = (fam.table_family(), fam.addr_type(), fam.l3());
+    let (f, l3) = (fam.table_family(), fam.l3());
     let mark = format!("{:#x}", cfg.mark);
-    let vip = format!("{a} . inet_proto . inet_service");
     let mut s = String::new();
     let _ = writeln!(s, "table {f} {table} {{");
     let _ = writeln!(s, "\tcomment \"{COMMENT_MARK}\"");
-    let sets: [(&str, String, &str); 12] = [
-        ("cluster-ips", format!("type {a}"), "Active ClusterIPs"),
-        (
-            "nodeport-ips",
-            format!("type {a}"),
-            "IPs that accept NodePort traffic",
-        ),
-        (
-            "service-cidrs",
-            format!("type {a}; flags interval"),
-            "ServiceCIDRs: unallocated ClusterIPs are dropped",
-        ),
-        (
-            "firewall-ips",
-            format!("type {vip}"),
-            "destinations subject to loadBalancerSourceRanges",
-        ),
-        (
-            "firewall-allow",
-            format!("type {vip} . {a}; flags interval"),
-            "destination . allowed source range",
-        ),
-        (
-            "hairpin-connections",
-            format!("type {a} . {a} . inet_proto . inet_service"),
-            "endpoints reaching themselves",
-        ),
-        (
-            "affinity-valid",
-            format!("type mark . {a} . inet_service"),
-            "affinity id . live endpoint",
-        ),
-        (
-            "service-ips",
-            format!("type {vip} : verdict"),
-            "ClusterIP, external IP and load-balancer IP dispatch",
-        ),
-        (
-            "service-nodeports",
-            "type inet_proto . inet_service : verdict".into(),
-            "NodePort dispatch",
-        ),
-        (
-            "no-endpoint-services",
-            format!("type {vip} : verdict"),
-            "drop or reject VIP traffic without endpoints",
-        ),
-        (
-            "no-endpoint-nodeports",
-            "type inet_proto . inet_service : verdict".into(),
-            "drop or reject NodePort traffic without endpoints",
-        ),
-        (
-            "affinity-timeouts",
-            "type mark : verdict".into(),
-            "affinity id to its recording chain",
-        ),
-    ];
-    for (name, decl, comment) in sets {
-        let kind = if decl.contains(": ") { "map" } else { "set" };
-        let _ = writeln!(s, "\t{kind} {name} {{ {decl}; comment \"{comment}\"; }}");
-    }
-    for pick in ["cluster-pick", "local-pick"] {
-        let _ = writeln!(s, "\tmap {pick} {{ type {vip} : verdict; }}");
-    }
-    for pick in ["nodeport-cluster-pick", "nodeport-local-pick"] {
-        let _ = writeln!(
-            s,
-            "\tmap {pick} {{ type inet_proto . inet_service : verdict; }}"
-        );
-    }
-    for kind in PickKind::ALL {
-        for proto in PROTOCOLS {
-            let p = proto.lower();
-            let daddr = if kind.keyed_by_vip() {
-                format!("{l3} daddr . ")
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                s,
-                "\tmap {} {{ typeof {daddr}{p} dport . numgen random mod 1 : {l3} daddr . {p} dport; }}",
-                kind.slot_map(proto)
-            );
-        }
-    }
-    for m in ["affinity-ids-cluster", "affinity-ids-local"] {
-        let _ = writeln!(s, "\tmap {m} {{ type {vip} : mark; }}");
-    }
-    for m in [
-        "nodeport-affinity-ids-cluster",
-        "nodeport-affinity-ids-local",
-    ] {
-        let _ = writeln!(s, "\tmap {m} {{ type inet_proto . inet_service : mark; }}");
-    }
-    for map in fam.affinity().maps {
-        let _ = writeln!(s, "\t{map}");
+    for set in Set::of_family(fam.0) {
+        let _ = writeln!(s, "\t{}", set.decl().render(fam));
     }
 
     let chain = |s: &mut String, name: &str, base: Option<&str>, rules: &[String]| {
@@ -649,24 +506,4 @@ pub fn skeleton_comment(skeleton: &str) -> Option<&str> {
         .lines()
         .find_map(|l| l.trim().strip_prefix("comment \""))
         .and_then(|c| c.strip_suffix('"'))
-}
-
-/// The maps whose entries the packet path writes (ClientIP affinity), not kpng.
-pub const DYNAMIC_MAPS: [&str; 3] = ["affinity", "affinity-addr", "affinity-port"];
-
-/// The sets and maps a skeleton declares whose elements kpng owns: every one but the dynamic
-/// affinity maps, whose entries the packet path writes (keeping them keeps stickiness across
-/// restarts and full syncs).
-pub fn element_sets(skeleton: &str) -> Vec<String> {
-    skeleton
-        .lines()
-        .filter_map(|l| {
-            l.trim()
-                .strip_prefix("set ")
-                .or_else(|| l.trim().strip_prefix("map "))
-        })
-        .filter_map(|rest| rest.split_whitespace().next())
-        .filter(|name| !DYNAMIC_MAPS.contains(name))
-        .map(str::to_string)
-        .collect()
 }

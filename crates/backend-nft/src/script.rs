@@ -6,25 +6,36 @@ use std::fmt::Write as _;
 use kpng_model::Family;
 
 use crate::ruleset::{DynamicChain, Fam, StaticConfig, skeleton};
-use crate::store::{Element, ElementOp, SetName, order_ops};
+use crate::store::{Element, ElementOp, order_ops};
 
-fn element_text(e: &Element) -> String {
-    let mut s = e.key.clone();
+/// An element after its key (which the caller writes): comment and value.
+fn element_rest(out: &mut String, e: &Element) {
     if let Some(c) = &e.comment {
-        let _ = write!(s, " comment \"{}\"", c.replace('"', "'"));
+        let _ = write!(out, " comment \"{}\"", c.replace('"', "'"));
     }
     if let Some(v) = &e.value {
-        let _ = write!(s, " : {v}");
+        let _ = write!(out, " : {v}");
     }
-    s
 }
 
-/// Dynamic chains a verdict refers to.
-pub fn referenced_chain(value: &Option<String>) -> Option<DynamicChain> {
-    value
-        .as_deref()
-        .and_then(|v| v.strip_prefix("goto "))
-        .and_then(DynamicChain::parse)
+/// The dynamic chain an element's verdict goes to, if any (read from the typed verdict).
+pub fn referenced_chain(e: &Element) -> Option<DynamicChain> {
+    e.value.as_ref().and_then(|v| v.dynamic_chain())
+}
+
+/// `items` grouped by set name, each group sorted by its key's text: the order in which the
+/// text path writes elements (stable scripts and golden files).
+fn by_set_in_text_order<T>(
+    items: impl Iterator<Item = (&'static str, String, T)>,
+) -> BTreeMap<&'static str, Vec<(String, T)>> {
+    let mut by_set: BTreeMap<&'static str, Vec<(String, T)>> = BTreeMap::new();
+    for (set, key, item) in items {
+        by_set.entry(set).or_default().push((key, item));
+    }
+    for items in by_set.values_mut() {
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    by_set
 }
 
 fn add_chain(out: &mut String, fam: Fam, table: &str, chain: &DynamicChain) {
@@ -42,14 +53,13 @@ fn add_elements<'a>(
     table: &str,
     elements: impl Iterator<Item = &'a Element>,
 ) {
-    let mut by_set: BTreeMap<SetName, Vec<&Element>> = BTreeMap::new();
-    for e in elements {
-        by_set.entry(e.set).or_default().push(e);
-    }
+    let by_set = by_set_in_text_order(elements.map(|e| (e.set.name(), e.key.to_string(), e)));
     for (set, elems) in by_set {
         let _ = writeln!(out, "add element {} {table} {set} {{", fam.table_family());
-        for e in elems {
-            let _ = writeln!(out, "\t{},", element_text(e));
+        for (key, e) in elems {
+            let _ = write!(out, "\t{key}");
+            element_rest(out, e);
+            out.push_str(",\n");
         }
         let _ = writeln!(out, "}}");
     }
@@ -68,10 +78,7 @@ pub fn replace(
     // `add` then `delete` works whether or not the table exists; all of it is one commit.
     let _ = writeln!(out, "add table {f} {table}\ndelete table {f} {table}");
     out.push_str(&skeleton(fam, table, cfg));
-    let chains: BTreeSet<DynamicChain> = elements
-        .iter()
-        .filter_map(|e| referenced_chain(&e.value))
-        .collect();
+    let chains: BTreeSet<DynamicChain> = elements.iter().filter_map(referenced_chain).collect();
     for chain in &chains {
         add_chain(&mut out, fam, table, chain);
     }
@@ -93,19 +100,20 @@ pub fn partial(
     let mut out = String::new();
     let new_chains: BTreeSet<DynamicChain> = adds
         .iter()
-        .filter_map(|e| referenced_chain(&e.value))
+        .filter_map(referenced_chain)
         .filter(|c| !existing.contains(&c.name()))
         .collect();
     for chain in &new_chains {
         add_chain(&mut out, fam, table, chain);
     }
-    let mut by_set: BTreeMap<SetName, Vec<String>> = BTreeMap::new();
-    for (set, key) in deletes {
-        by_set.entry(set).or_default().push(key);
-    }
+    let by_set = by_set_in_text_order(
+        deletes
+            .iter()
+            .map(|(set, key)| (set.name(), key.to_string(), ())),
+    );
     for (set, keys) in by_set {
         let _ = writeln!(out, "delete element {f} {table} {set} {{");
-        for k in keys {
+        for (k, ()) in keys {
             let _ = writeln!(out, "\t{k},");
         }
         let _ = writeln!(out, "}}");

@@ -6,29 +6,34 @@
 //! lowest-numbered owner. Changing one port's elements yields exactly the additions, deletions
 //! and value replacements that change the kernel's view.
 //!
-//! It stores 64-bit hashes, not the elements' text: at 30k Services that is ≈40 bytes per element
-//! instead of several hundred. Elements themselves are always recomputed from the model (a full
-//! sync generates them all; a partial sync, those of the changed ports); in the rare case where
-//! a shared element passes to another owner, the caller's resolver recomputes that owner's copy.
+//! It stores 64-bit hashes, not the elements: at 30k Services that is ≈40 bytes per element
+//! (with the map's overhead) instead of an 80-byte [`Element`]. Elements themselves are always
+//! recomputed from the model (a full sync generates them all; a partial sync, those of the
+//! changed ports); in the rare case where a shared element passes to another owner, the
+//! caller's resolver recomputes that owner's copy.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
-/// A set or map of our table, by name (`cluster-ips`, `service-ips`, …).
-pub type SetName = &'static str;
+use crate::sets::Set;
+use crate::value::{Key, Value};
 
-/// One element as nft text: the key, and the value for maps.
+/// One element: its set, its typed key, the value for maps, and a comment.
+///
+/// Typed rather than text so that the netlink writer encodes it without parsing, and small:
+/// nothing in it allocates but the comment, which is shared by every element of a Service port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Element {
     /// The set or map.
-    pub set: SetName,
+    pub set: Set,
     /// The key, e.g. `10.96.0.10 . tcp . 80`.
-    pub key: String,
+    pub key: Key,
     /// The value for maps (`goto cluster-n3`, `10.244.1.2 . 8080`), `None` for sets.
-    pub value: Option<String>,
+    pub value: Option<Value>,
     /// A comment shown by `nft list` (which Service this is); not part of the identity.
-    pub comment: Option<String>,
+    pub comment: Option<Arc<str>>,
 }
 
 impl Element {
@@ -56,9 +61,9 @@ pub enum ElementOp {
     /// Remove the element with this key.
     Delete {
         /// The set or map.
-        set: SetName,
+        set: Set,
         /// The key.
-        key: String,
+        key: Key,
     },
     /// Add this element (after any delete of the same key).
     Add(Element),
@@ -286,7 +291,7 @@ impl ElementStore {
         if before.is_some() {
             ops.push(ElementOp::Delete {
                 set: e.set,
-                key: e.key.clone(),
+                key: e.key,
             });
         }
         if let Some((winner, _)) = after {
@@ -298,7 +303,7 @@ impl ElementStore {
             match element {
                 Some(element) => ops.push(ElementOp::Add(element)),
                 None => {
-                    tracing::warn!(set = e.set, key = %e.key, "owner {winner} of a shared element no longer produces it")
+                    tracing::warn!(set = e.set.name(), key = %e.key, "owner {winner} of a shared element no longer produces it")
                 }
             }
         }
@@ -307,20 +312,20 @@ impl ElementStore {
 
 /// Orders a batch of operations the way a transaction needs them: all deletes, then all adds.
 /// A delete and an add of the same key (a value change) thus become "replace" in one commit.
-pub fn order_ops(ops: Vec<ElementOp>) -> (Vec<(SetName, String)>, Vec<Element>) {
+pub fn order_ops(ops: Vec<ElementOp>) -> (Vec<(Set, Key)>, Vec<Element>) {
     let mut deletes = Vec::new();
-    let mut adds: std::collections::BTreeMap<(SetName, String), Element> =
+    let mut adds: std::collections::BTreeMap<(Set, Key), Element> =
         std::collections::BTreeMap::new();
     for op in ops {
         match op {
             ElementOp::Delete { set, key } => {
                 // A delete that cancels an add earlier in this batch: the kernel never saw it.
-                if adds.remove(&(set, key.clone())).is_none() {
+                if adds.remove(&(set, key)).is_none() {
                     deletes.push((set, key));
                 }
             }
             ElementOp::Add(e) => {
-                adds.insert((e.set, e.key.clone()), e);
+                adds.insert((e.set, e.key), e);
             }
         }
     }
@@ -354,25 +359,39 @@ mod tests {
         }
     }
 
-    fn el(set: SetName, key: &str, value: Option<&str>) -> Element {
+    const M: Set = Set::AffinityIds(crate::ruleset::PickKind::Cluster);
+
+    /// An element of `set` with key `key` (a mark) and value `value` (a mark).
+    fn el(set: Set, key: u32, value: Option<u32>) -> Element {
         Element {
             set,
-            key: key.into(),
-            value: value.map(str::to_string),
+            key: Key::Mark(key),
+            value: value.map(Value::Mark),
             comment: None,
         }
+    }
+
+    /// Elements are generated per Service port and, on the text path, collected for a whole
+    /// family: they must stay small (the text version was 88 bytes plus three allocations;
+    /// the typed one is 80, its only allocation the comment shared by a port's elements).
+    #[test]
+    fn an_element_is_small() {
+        println!(
+            "size_of: Element {}, Key {}, Option<Value> {}",
+            size_of::<Element>(),
+            size_of::<Key>(),
+            size_of::<Option<Value>>()
+        );
+        assert!(size_of::<Element>() <= 80, "{}", size_of::<Element>());
     }
 
     #[test]
     fn shared_elements_are_added_once_and_removed_with_their_last_owner() {
         let mut s = Tracked::default();
         let mut ops = Vec::new();
-        s.set_owner(1, vec![el("cluster-ips", "10.96.0.1", None)], &mut ops);
-        s.set_owner(2, vec![el("cluster-ips", "10.96.0.1", None)], &mut ops);
-        assert_eq!(
-            ops,
-            vec![ElementOp::Add(el("cluster-ips", "10.96.0.1", None))]
-        );
+        s.set_owner(1, vec![el(Set::ClusterIps, 1, None)], &mut ops);
+        s.set_owner(2, vec![el(Set::ClusterIps, 1, None)], &mut ops);
+        assert_eq!(ops, vec![ElementOp::Add(el(Set::ClusterIps, 1, None))]);
         ops.clear();
         s.set_owner(1, vec![], &mut ops);
         assert!(ops.is_empty(), "still owned by 2");
@@ -380,8 +399,8 @@ mod tests {
         assert_eq!(
             ops,
             vec![ElementOp::Delete {
-                set: "cluster-ips",
-                key: "10.96.0.1".into()
+                set: Set::ClusterIps,
+                key: Key::Mark(1)
             }]
         );
         assert!(s.store.is_empty());
@@ -391,26 +410,14 @@ mod tests {
     fn value_change_is_delete_then_add_and_unchanged_is_nothing() {
         let mut s = Tracked::default();
         let mut ops = Vec::new();
-        s.set_owner(
-            1,
-            vec![el("m", "k", Some("goto a")), el("m", "k2", Some("x"))],
-            &mut ops,
-        );
+        s.set_owner(1, vec![el(M, 1, Some(1)), el(M, 2, Some(3))], &mut ops);
         ops.clear();
-        s.set_owner(
-            1,
-            vec![el("m", "k", Some("goto b")), el("m", "k2", Some("x"))],
-            &mut ops,
-        );
+        s.set_owner(1, vec![el(M, 1, Some(2)), el(M, 2, Some(3))], &mut ops);
         let (deletes, adds) = order_ops(ops);
-        assert_eq!(deletes, vec![("m", "k".to_string())]);
-        assert_eq!(adds, vec![el("m", "k", Some("goto b"))]);
+        assert_eq!(deletes, vec![(M, Key::Mark(1))]);
+        assert_eq!(adds, vec![el(M, 1, Some(2))]);
         let mut ops = Vec::new();
-        s.set_owner(
-            1,
-            vec![el("m", "k", Some("goto b")), el("m", "k2", Some("x"))],
-            &mut ops,
-        );
+        s.set_owner(1, vec![el(M, 1, Some(2)), el(M, 2, Some(3))], &mut ops);
         assert!(ops.is_empty());
     }
 
@@ -418,24 +425,24 @@ mod tests {
     fn lowest_owner_wins_conflicts_and_the_next_takes_over() {
         let mut s = Tracked::default();
         let mut ops = Vec::new();
-        s.set_owner(5, vec![el("m", "k", Some("five"))], &mut ops);
+        s.set_owner(5, vec![el(M, 1, Some(5))], &mut ops);
         ops.clear(); // committed
-        s.set_owner(3, vec![el("m", "k", Some("three"))], &mut ops);
+        s.set_owner(3, vec![el(M, 1, Some(3))], &mut ops);
         let (deletes, adds) = order_ops(std::mem::take(&mut ops));
-        assert_eq!(deletes, vec![("m", "k".to_string())]);
-        assert_eq!(adds, vec![el("m", "k", Some("three"))]);
+        assert_eq!(deletes, vec![(M, Key::Mark(1))]);
+        assert_eq!(adds, vec![el(M, 1, Some(3))]);
         // Owner 3 goes away: owner 5's value comes back (recomputed through the resolver).
         s.set_owner(3, vec![], &mut ops);
         let (deletes, adds) = order_ops(ops);
-        assert_eq!(deletes, vec![("m", "k".to_string())]);
-        assert_eq!(adds, vec![el("m", "k", Some("five"))]);
+        assert_eq!(deletes, vec![(M, Key::Mark(1))]);
+        assert_eq!(adds, vec![el(M, 1, Some(5))]);
     }
 
     #[test]
     fn add_then_delete_in_one_batch_cancels() {
         let mut s = Tracked::default();
         let mut ops = Vec::new();
-        s.set_owner(1, vec![el("m", "k", Some("v"))], &mut ops);
+        s.set_owner(1, vec![el(M, 1, Some(9))], &mut ops);
         s.set_owner(1, vec![], &mut ops);
         let (deletes, adds) = order_ops(ops);
         assert!(deletes.is_empty() && adds.is_empty());
@@ -447,18 +454,18 @@ mod tests {
         let (mut out, mut index) = (Vec::new(), HashMap::new());
         store.build(
             7,
-            vec![el("m", "k", Some("seven")), el("s", "a", None)],
+            vec![el(M, 1, Some(7)), el(Set::ClusterIps, 3, None)],
             &mut out,
             &mut index,
         );
         store.build(
             2,
-            vec![el("m", "k", Some("two")), el("s", "a", None)],
+            vec![el(M, 1, Some(2)), el(Set::ClusterIps, 3, None)],
             &mut out,
             &mut index,
         );
-        store.build(9, vec![el("m", "k", Some("nine"))], &mut out, &mut index);
-        assert_eq!(out, vec![el("m", "k", Some("two")), el("s", "a", None)]);
+        store.build(9, vec![el(M, 1, Some(9))], &mut out, &mut index);
+        assert_eq!(out, vec![el(M, 1, Some(2)), el(Set::ClusterIps, 3, None)]);
         assert_eq!(store.len(), 2);
     }
 }

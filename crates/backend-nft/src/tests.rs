@@ -61,17 +61,17 @@ fn full_sync(b: &mut NftBackend, model: &Model) -> usize {
     .operations
 }
 
+/// Compares `text` with the committed snapshot `tests/golden/{name}.snap` (insta: a change
+/// fails the test and, outside CI, writes `{name}.snap.new` to review with `cargo insta
+/// review`).
 fn check_golden(name: &str, text: &str) {
-    let path = repo_file(&format!("tests/golden/{name}"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, text).expect("write golden");
-    }
-    let want =
-        std::fs::read_to_string(&path).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
-    assert_eq!(
-        text, want,
-        "{name} changed; inspect and rerun with UPDATE_GOLDEN=1 if intended"
-    );
+    insta::with_settings!({
+        snapshot_path => "../tests/golden",
+        prepend_module_to_snapshot => false,
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!(name, text);
+    });
 }
 
 #[test]
@@ -82,8 +82,8 @@ fn example_cluster_full_transactions_are_golden() {
     full_sync(&mut b, &model);
     let s = scripts(&r);
     assert_eq!(s.len(), 2, "one transaction per family");
-    check_golden("example-full.ip.nft", &s[0]);
-    check_golden("example-full.ip6.nft", &s[1]);
+    check_golden("example-full.ip", &s[0]);
+    check_golden("example-full.ip6", &s[1]);
 }
 
 const ONE_SERVICE: &str = "
@@ -380,4 +380,180 @@ fn service_cidr_objects_join_the_flag_ranges_and_a_change_resyncs() {
         .find(|t| t.contains("table ip6 kpng"))
         .expect("v6");
     assert!(set_elements(v6, "ip6", "service-cidrs").is_empty(), "{v6}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The netlink path, against the recording writer (no root needed)
+// ---------------------------------------------------------------------------------------------
+
+use crate::netlink::{Operation, ProbedTable, RecordedBatch, RecordingWriter};
+
+fn netlink_backend() -> (NftBackend, Recorder, RecordingWriter) {
+    let (b, r) = backend();
+    let w = RecordingWriter::default();
+    (b.with_netlink(w.clone()), r, w)
+}
+
+/// Elements per set name that a text script adds.
+fn text_counts(script: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    let mut set = None;
+    for line in script.lines() {
+        if let Some(rest) = line.strip_prefix("add element ") {
+            set = rest.split_whitespace().nth(2).map(str::to_string);
+        } else if line == "}" {
+            set = None;
+        } else if let Some(s) = &set
+            && line.starts_with('\t')
+        {
+            *out.entry(s.clone()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Elements per set name that a recorded batch adds.
+fn netlink_counts(b: &RecordedBatch) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for m in b.messages.iter().filter(|m| m.op == Operation::Add) {
+        *out.entry(m.set.name().to_string()).or_default() += m.elems.len();
+    }
+    out
+}
+
+#[test]
+fn netlink_full_sync_without_a_table_sends_the_skeleton_as_text_and_the_same_elements() {
+    let yaml = std::fs::read_to_string(repo_file("../../examples/cluster.yaml")).expect("example");
+    let model = model_from(&yaml);
+    let (mut text_backend, text) = backend();
+    let text_ops = full_sync(&mut text_backend, &model);
+    let text_scripts = scripts(&text);
+
+    let (mut b, r, w) = netlink_backend();
+    let ops = full_sync(&mut b, &model);
+    assert_eq!(ops, text_ops, "same operation count as the text path");
+    let batches = w.recorded();
+    assert_eq!(batches.len(), 2, "one element transaction per family");
+    for (i, batch) in batches.iter().enumerate() {
+        assert!(
+            batch.flushed().is_empty(),
+            "a new table has nothing to flush"
+        );
+        assert_eq!(batch.deletes, 0);
+        assert_eq!(
+            netlink_counts(batch),
+            text_counts(&text_scripts[i]),
+            "{:?}: the netlink batch adds what the text path adds",
+            batch.family
+        );
+    }
+    assert_eq!(batches.iter().map(|b| b.adds).sum::<usize>(), ops);
+    // The text went to nft without elements: the skeleton and the dynamic chains.
+    let s = scripts(&r);
+    assert!(s.iter().all(|t| !t.contains("add element")), "{s:?}");
+    assert!(s[0].starts_with("add table ip kpng\ndelete table ip kpng\ntable ip kpng {"));
+    assert!(s.iter().any(|t| t.contains("add chain ip kpng cluster-n")));
+}
+
+#[test]
+fn netlink_full_sync_adopts_a_table_with_the_same_skeleton_by_flushing_and_refilling() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, r, w) = netlink_backend();
+    let comments: Vec<(Family, ProbedTable)> = Family::ALL
+        .iter()
+        .map(|f| {
+            let fam = Fam(*f);
+            let skeleton = ruleset::skeleton(fam, "kpng", &b.static_config(fam, model.snapshot()));
+            let comment = ruleset::skeleton_comment(&skeleton).expect("comment");
+            (*f, ProbedTable::Present(comment.to_string()))
+        })
+        .collect();
+    *w.tables.lock().expect("lock") = comments;
+    let ops = full_sync(&mut b, &model);
+    let batches = w.recorded();
+    assert_eq!(batches.len(), 2);
+    for batch in &batches {
+        let owned: Vec<Set> = Set::owned(batch.family).collect();
+        assert_eq!(
+            batch.flushed(),
+            owned,
+            "every kpng set, not the affinity maps"
+        );
+        assert!(!owned.contains(&Set::Affinity) && !owned.contains(&Set::AffinityAddr));
+    }
+    assert_eq!(batches.iter().map(|b| b.adds).sum::<usize>(), ops);
+    let s = scripts(&r);
+    assert!(
+        s.iter().all(|t| !t.contains("table ip kpng {")),
+        "no skeleton text when adopting: {s:?}"
+    );
+}
+
+#[test]
+fn netlink_partial_sync_is_one_minimal_batch_and_a_failure_forces_a_full_sync() {
+    let mut model = model_from(ONE_SERVICE);
+    let (mut b, r, w) = netlink_backend();
+    full_sync(&mut b, &model);
+    let texts_before = scripts(&r).len();
+    let loaded =
+        kpng_source_file::parse_manifests(&ONE_SERVICE.replace("10.244.2.2", "10.244.2.9"))
+            .expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    let stats = b
+        .sync(&SyncRequest {
+            diff: &out.diff,
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect("sync");
+    assert_eq!(stats.operations, 4, "as on the text path");
+    assert_eq!(scripts(&r).len(), texts_before, "no text: no new chain");
+    let last = w.recorded().pop().expect("a batch");
+    assert_eq!((last.deletes, last.adds), (2, 2));
+    let sets: Vec<(Operation, &str)> = last.messages.iter().map(|m| (m.op, m.set.name())).collect();
+    assert_eq!(
+        sets,
+        [
+            (Operation::Delete, "cluster-endpoints-tcp"),
+            (Operation::Delete, "nodeport-cluster-endpoints-tcp"),
+            (Operation::Add, "cluster-endpoints-tcp"),
+            (Operation::Add, "nodeport-cluster-endpoints-tcp"),
+        ]
+    );
+    // The new endpoint's bytes are in the datagram.
+    assert!(
+        last.datagram.windows(4).any(|x| x == [10, 244, 2, 9]),
+        "10.244.2.9 encoded"
+    );
+
+    // A failed netlink transaction: the next sync rebuilds the family.
+    *w.fail_with.lock().expect("lock") = Some("injected".into());
+    let loaded = kpng_source_file::parse_manifests(ONE_SERVICE).expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    let err = b
+        .sync(&SyncRequest {
+            diff: &out.diff,
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect_err("fails");
+    assert!(err.to_string().contains("injected"), "{err}");
+    *w.fail_with.lock().expect("lock") = None;
+    let before = w.recorded().len();
+    b.sync(&SyncRequest {
+        diff: &Diff::default(),
+        snapshot: model.snapshot(),
+        full: false,
+    })
+    .expect("sync");
+    let again = &w.recorded()[before..];
+    assert_eq!(again.len(), 1, "the IPv4 family only");
+    assert_eq!(again[0].family, Family::V4);
+    assert!(again[0].adds > 4, "a full refill, not a diff");
 }

@@ -26,12 +26,14 @@ use ipnet::IpNet;
 use kpng_backend_nft::elements::port_elements;
 use kpng_backend_nft::exec::NftExec;
 use kpng_backend_nft::exec::libnftables::LibNftables;
-use kpng_backend_nft::ruleset::{DynamicChain, Fam, StaticConfig, skeleton};
+use kpng_backend_nft::ruleset::{DynamicChain, Fam, PickKind, StaticConfig, skeleton};
+use kpng_backend_nft::sets::{Data, Set};
 use kpng_backend_nft::store::{Element, ElementStore};
+use kpng_backend_nft::value::{Chain, FixedChain, Key, Source, Value, Verdict};
 use kpng_model::{Endpoint, Family, PortKey, Protocol, ServiceKey, ServicePort, SessionAffinity};
 use kpng_testkit::Netns;
 
-use netlink::{NetlinkError, NetlinkWriter, Operation};
+use netlink::{ElementWriter, NetlinkError, NetlinkWriter, Operation};
 
 /// Set (to the namespace's name) only in the re-executed test binary inside a namespace.
 const INNER: &str = "KPNG_NETLINK_TEST_NETNS";
@@ -132,10 +134,10 @@ fn nft_list(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `nft list set` or `nft list map`, whichever `name` is.
-fn list_set(f: &str, table: &str, name: &str) -> String {
-    let is_set = netlink::layout(name).expect("a known set").data == netlink::Data::None;
-    nft_list(&[if is_set { "set" } else { "map" }, f, table, name])
+/// `nft list set` or `nft list map`, whichever `set` is.
+fn list_set(f: &str, table: &str, set: Set) -> String {
+    let is_set = set.decl().data == Data::None;
+    nft_list(&[if is_set { "set" } else { "map" }, f, table, set.name()])
 }
 
 fn fam_word(family: Family) -> &'static str {
@@ -159,14 +161,10 @@ fn table_script(family: Family, table: &str, elements: &[Element]) -> String {
     s.push_str(&skeleton(fam, table, &static_config()));
     let mut chains: BTreeSet<DynamicChain> = elements
         .iter()
-        .filter_map(|e| e.value.as_deref()?.strip_prefix("goto "))
-        .filter_map(DynamicChain::parse)
+        .filter_map(|e| e.value?.dynamic_chain())
         .collect();
     // The tests also jump to these after the initial load.
-    chains.insert(DynamicChain::Pick(
-        kpng_backend_nft::ruleset::PickKind::Cluster,
-        2,
-    ));
+    chains.insert(DynamicChain::Pick(PickKind::Cluster, 2));
     for chain in &chains {
         let name = chain.name();
         let _ = writeln!(s, "add chain {f} {table} {name}");
@@ -180,12 +178,12 @@ fn table_script(family: Family, table: &str, elements: &[Element]) -> String {
 /// `elements` as `add element` commands, the way the backend's text path writes them.
 fn elements_script(family: Family, table: &str, elements: &[Element]) -> String {
     let f = fam_word(family);
-    let mut sets: Vec<&str> = elements.iter().map(|e| e.set).collect();
+    let mut sets: Vec<Set> = elements.iter().map(|e| e.set).collect();
     sets.sort();
     sets.dedup();
     let mut s = String::new();
     for set in sets {
-        let _ = writeln!(s, "add element {f} {table} {set} {{");
+        let _ = writeln!(s, "add element {f} {table} {} {{", set.name());
         for e in elements.iter().filter(|e| e.set == set) {
             let _ = write!(s, "\t{}", e.key);
             if let Some(c) = &e.comment {
@@ -275,18 +273,53 @@ fn drop_expires(e: &str) -> String {
 // Elements
 // ---------------------------------------------------------------------------------------------
 
-fn el(set: &'static str, key: &str, value: Option<&str>, comment: Option<&str>) -> Element {
+fn el(set: Set, key: Key, value: Option<Value>, comment: Option<&str>) -> Element {
     Element {
         set,
-        key: key.to_string(),
-        value: value.map(str::to_string),
-        comment: comment.map(str::to_string),
+        key,
+        value,
+        comment: comment.map(Into::into),
     }
+}
+
+/// The TCP endpoint slots of cluster-policy VIPs.
+const TCP_SLOTS: Set = Set::Endpoints(PickKind::Cluster, Protocol::Tcp);
+
+/// The address of a VIP key.
+fn vip_of(key: &Key) -> IpAddr {
+    match key {
+        Key::Vip(ip, _, _) => *ip,
+        other => panic!("not a VIP: {other}"),
+    }
+}
+
+fn goto(chain: FixedChain) -> Option<Value> {
+    Some(Value::Verdict(Verdict::goto(chain)))
+}
+
+fn goto_pick(kind: PickKind, n: u32) -> Option<Value> {
+    Some(Value::Verdict(Verdict::Goto(Chain::Dynamic(
+        DynamicChain::Pick(kind, n),
+    ))))
+}
+
+fn verdict(v: Verdict) -> Option<Value> {
+    Some(Value::Verdict(v))
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("an address")
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("a prefix")
 }
 
 /// At least one element of every set and map of the skeleton, with every kind of key and
 /// value: ranges, open ranges, verdicts with and without chains, comments.
 fn every_set_type(family: Family) -> Vec<Element> {
+    use PickKind::{Cluster, Local, NodePortCluster, NodePortLocal};
+    use Protocol::{Sctp, Tcp, Udp};
     let (vip, vip2, ep, ep2, client, lb, range, cidr, cidr_single, cidr_open, node) = match family {
         Family::V4 => (
             "10.97.0.10",
@@ -315,242 +348,263 @@ fn every_set_type(family: Family) -> Vec<Element> {
             "fd00:100::1",
         ),
     };
+    let (vip, vip2, ep, ep2, client, lb, node) = (
+        ip(vip),
+        ip(vip2),
+        ip(ep),
+        ip(ep2),
+        ip(client),
+        ip(lb),
+        ip(node),
+    );
     let mut v = vec![
-        el("cluster-ips", vip, None, None),
-        el("cluster-ips", vip2, None, None),
-        el("nodeport-ips", node, None, None),
-        el("service-cidrs", cidr, None, None),
-        el("service-cidrs", cidr_single, None, None),
-        el("service-cidrs", cidr_open, None, None),
-        el("firewall-ips", &format!("{lb} . tcp . 443"), None, None),
+        el(Set::ClusterIps, Key::Addr(vip), None, None),
+        el(Set::ClusterIps, Key::Addr(vip2), None, None),
+        el(Set::NodeportIps, Key::Addr(node), None, None),
+        el(Set::ServiceCidrs, Key::Net(net(cidr)), None, None),
+        el(Set::ServiceCidrs, Key::Net(net(cidr_single)), None, None),
+        el(Set::ServiceCidrs, Key::Net(net(cidr_open)), None, None),
+        el(Set::FirewallIps, Key::Vip(lb, Tcp, 443), None, None),
         el(
-            "firewall-allow",
-            &format!("{lb} . tcp . 443 . {range}"),
+            Set::FirewallAllow,
+            Key::VipSource(lb, Tcp, 443, Source::Net(net(range))),
             None,
             Some("a \"quoted\" comment"),
         ),
         el(
-            "firewall-allow",
-            &format!("{lb} . tcp . 443 . {lb}"),
+            Set::FirewallAllow,
+            Key::VipSource(lb, Tcp, 443, Source::Addr(lb)),
             None,
             None,
         ),
         el(
-            "hairpin-connections",
-            &format!("{ep} . {ep} . tcp . 8080"),
+            Set::HairpinConnections,
+            Key::Hairpin(ep, ep, Tcp, 8080),
             None,
             None,
         ),
         el(
-            "hairpin-connections",
-            &format!("{ep} . {ep} . sctp . 9"),
+            Set::HairpinConnections,
+            Key::Hairpin(ep, ep, Sctp, 9),
             None,
             None,
         ),
         el(
-            "affinity-valid",
-            &format!("0x6b70000e . {ep} . 8080"),
+            Set::AffinityValid,
+            Key::MarkEndpoint(0x6b70000e, ep, 8080),
             None,
             None,
         ),
         el(
-            "service-ips",
-            &format!("{vip} . tcp . 80"),
-            Some("goto cluster-n3"),
+            Set::ServiceIps,
+            Key::Vip(vip, Tcp, 80),
+            goto_pick(Cluster, 3),
             Some("default/web:http"),
         ),
         el(
-            "service-ips",
-            &format!("{vip} . udp . 53"),
-            Some("goto affinity-cluster"),
+            Set::ServiceIps,
+            Key::Vip(vip, Udp, 53),
+            goto(FixedChain::AffinityCluster),
             None,
         ),
         el(
-            "service-ips",
-            &format!("{lb} . tcp . 443"),
-            Some("goto external-local"),
+            Set::ServiceIps,
+            Key::Vip(lb, Tcp, 443),
+            goto(FixedChain::ExternalLocal),
             Some("shop/storefront:https"),
         ),
         el(
-            "service-nodeports",
-            "tcp . 30080",
-            Some("goto nodeport-external-cluster-affinity"),
+            Set::ServiceNodeports,
+            Key::NodePort(Tcp, 30080),
+            goto(FixedChain::NodeportExternalClusterAffinity),
             Some("shop/cart:http"),
         ),
         el(
-            "no-endpoint-services",
-            &format!("{vip2} . tcp . 80"),
-            Some("goto reject-chain"),
+            Set::NoEndpointServices,
+            Key::Vip(vip2, Tcp, 80),
+            goto(FixedChain::Reject),
             None,
         ),
         el(
-            "no-endpoint-services",
-            &format!("{vip2} . tcp . 81"),
-            Some("drop"),
+            Set::NoEndpointServices,
+            Key::Vip(vip2, Tcp, 81),
+            verdict(Verdict::Drop),
             None,
         ),
-        el("no-endpoint-nodeports", "udp . 30081", Some("drop"), None),
-        el("no-endpoint-nodeports", "tcp . 30082", Some("accept"), None),
         el(
-            "affinity-timeouts",
-            "0x6b70000e",
+            Set::NoEndpointNodeports,
+            Key::NodePort(Udp, 30081),
+            verdict(Verdict::Drop),
+            None,
+        ),
+        el(
+            Set::NoEndpointNodeports,
+            Key::NodePort(Tcp, 30082),
+            verdict(Verdict::Accept),
+            None,
+        ),
+        el(
+            Set::AffinityTimeouts,
+            Key::Mark(0x6b70000e),
             // nft 1.0.6 cannot build the IPv6 affinity chains (the backend leaves IPv6
             // affinity out), so IPv6 jumps nowhere.
-            Some(match family {
-                Family::V4 => "goto affinity-t600",
-                Family::V6 => "drop",
-            }),
+            match family {
+                Family::V4 => verdict(Verdict::Goto(Chain::Dynamic(
+                    DynamicChain::AffinityTimeout(600),
+                ))),
+                Family::V6 => verdict(Verdict::Drop),
+            },
             None,
         ),
         el(
-            "cluster-pick",
-            &format!("{lb} . tcp . 443"),
-            Some("goto cluster-n2"),
+            Set::Pick(Cluster),
+            Key::Vip(lb, Tcp, 443),
+            goto_pick(Cluster, 2),
             None,
         ),
         el(
-            "local-pick",
-            &format!("{lb} . tcp . 443"),
-            Some("goto local-n1"),
+            Set::Pick(Local),
+            Key::Vip(lb, Tcp, 443),
+            goto_pick(Local, 1),
             None,
         ),
         el(
-            "nodeport-cluster-pick",
-            "tcp . 30080",
-            Some("goto nodeport-cluster-n2"),
+            Set::Pick(NodePortCluster),
+            Key::NodePort(Tcp, 30080),
+            goto_pick(NodePortCluster, 2),
             None,
         ),
         el(
-            "nodeport-local-pick",
-            "tcp . 30443",
-            Some("goto nodeport-local-n1"),
+            Set::Pick(NodePortLocal),
+            Key::NodePort(Tcp, 30443),
+            goto_pick(NodePortLocal, 1),
             None,
         ),
         el(
-            "local-endpoints-tcp",
-            &format!("{lb} . 443 . 0"),
-            Some(&format!("{ep} . 8443")),
+            Set::Endpoints(Local, Tcp),
+            Key::VipSlot(lb, 443, 0),
+            Some(Value::Endpoint(ep, 8443)),
             None,
         ),
         el(
-            "local-endpoints-udp",
-            &format!("{vip} . 53 . 0"),
-            Some(&format!("{ep} . 5353")),
+            Set::Endpoints(Local, Udp),
+            Key::VipSlot(vip, 53, 0),
+            Some(Value::Endpoint(ep, 5353)),
             None,
         ),
         el(
-            "cluster-endpoints-sctp",
-            &format!("{vip2} . 9 . 0"),
-            Some(&format!("{ep2} . 9")),
+            Set::Endpoints(Cluster, Sctp),
+            Key::VipSlot(vip2, 9, 0),
+            Some(Value::Endpoint(ep2, 9)),
             None,
         ),
         el(
-            "local-endpoints-sctp",
-            &format!("{vip2} . 9 . 0"),
-            Some(&format!("{ep} . 9")),
+            Set::Endpoints(Local, Sctp),
+            Key::VipSlot(vip2, 9, 0),
+            Some(Value::Endpoint(ep, 9)),
             None,
         ),
         el(
-            "nodeport-cluster-endpoints-tcp",
-            "30080 . 0",
-            Some(&format!("{ep} . 8080")),
+            Set::Endpoints(NodePortCluster, Tcp),
+            Key::NodePortSlot(30080, 0),
+            Some(Value::Endpoint(ep, 8080)),
             None,
         ),
         el(
-            "nodeport-cluster-endpoints-tcp",
-            "30080 . 1",
-            Some(&format!("{ep2} . 8080")),
+            Set::Endpoints(NodePortCluster, Tcp),
+            Key::NodePortSlot(30080, 1),
+            Some(Value::Endpoint(ep2, 8080)),
             None,
         ),
         el(
-            "nodeport-cluster-endpoints-udp",
-            "30081 . 0",
-            Some(&format!("{ep2} . 53")),
+            Set::Endpoints(NodePortCluster, Udp),
+            Key::NodePortSlot(30081, 0),
+            Some(Value::Endpoint(ep2, 53)),
             None,
         ),
         el(
-            "nodeport-cluster-endpoints-sctp",
-            "30082 . 0",
-            Some(&format!("{ep2} . 9")),
+            Set::Endpoints(NodePortCluster, Sctp),
+            Key::NodePortSlot(30082, 0),
+            Some(Value::Endpoint(ep2, 9)),
             None,
         ),
         el(
-            "nodeport-local-endpoints-tcp",
-            "30443 . 0",
-            Some(&format!("{ep} . 65535")),
+            Set::Endpoints(NodePortLocal, Tcp),
+            Key::NodePortSlot(30443, 0),
+            Some(Value::Endpoint(ep, 65535)),
             None,
         ),
         el(
-            "nodeport-local-endpoints-udp",
-            "30444 . 0",
-            Some(&format!("{ep} . 1")),
+            Set::Endpoints(NodePortLocal, Udp),
+            Key::NodePortSlot(30444, 0),
+            Some(Value::Endpoint(ep, 1)),
             None,
         ),
         el(
-            "nodeport-local-endpoints-sctp",
-            "30445 . 0",
-            Some(&format!("{ep} . 2")),
+            Set::Endpoints(NodePortLocal, Sctp),
+            Key::NodePortSlot(30445, 0),
+            Some(Value::Endpoint(ep, 2)),
             None,
         ),
         el(
-            "affinity-ids-cluster",
-            &format!("{vip} . udp . 53"),
-            Some("0x6b70000e"),
+            Set::AffinityIds(Cluster),
+            Key::Vip(vip, Udp, 53),
+            Some(Value::Mark(0x6b70000e)),
             None,
         ),
         el(
-            "affinity-ids-local",
-            &format!("{lb} . tcp . 443"),
-            Some("0x6b70000f"),
+            Set::AffinityIds(Local),
+            Key::Vip(lb, Tcp, 443),
+            Some(Value::Mark(0x6b70000f)),
             None,
         ),
         el(
-            "nodeport-affinity-ids-cluster",
-            "tcp . 30080",
-            Some("0x6b70000e"),
+            Set::AffinityIds(NodePortCluster),
+            Key::NodePort(Tcp, 30080),
+            Some(Value::Mark(0x6b70000e)),
             None,
         ),
         el(
-            "nodeport-affinity-ids-local",
-            "tcp . 30443",
-            Some("0x6b70000f"),
+            Set::AffinityIds(NodePortLocal),
+            Key::NodePort(Tcp, 30443),
+            Some(Value::Mark(0x6b70000f)),
             None,
         ),
     ];
     // The dynamic affinity maps differ per family (see `Fam::affinity`).
     match family {
         Family::V4 => v.push(el(
-            "affinity",
-            &format!("{client} . 0x6b70000e"),
-            Some(&format!("{ep} . 8080")),
+            Set::Affinity,
+            Key::ClientMark(client, 0x6b70000e),
+            Some(Value::Endpoint(ep, 8080)),
             None,
         )),
         Family::V6 => {
             v.push(el(
-                "affinity-addr",
-                "0x6b70000e . 2952585853",
-                Some(ep),
+                Set::AffinityAddr,
+                Key::MarkHash(0x6b70000e, 2952585853),
+                Some(Value::Addr(ep)),
                 None,
             ));
             v.push(el(
-                "affinity-port",
-                "0x6b70000e . 2952585853",
-                Some("8080"),
+                Set::AffinityPort,
+                Key::MarkHash(0x6b70000e, 2952585853),
+                Some(Value::Port(8080)),
                 None,
             ));
         }
     }
-    for slot in 0..3 {
+    for slot in 0..3u16 {
         v.push(el(
-            "cluster-endpoints-udp",
-            &format!("{vip} . 53 . {slot}"),
-            Some(&format!("{ep2} . {}", 53 + slot)),
+            Set::Endpoints(Cluster, Udp),
+            Key::VipSlot(vip, 53, u32::from(slot)),
+            Some(Value::Endpoint(ep2, 53 + slot)),
             None,
         ));
         v.push(el(
-            "cluster-endpoints-tcp",
-            &format!("{vip} . 80 . {slot}"),
-            Some(&format!("{ep} . {}", 8080 + slot)),
+            Set::Endpoints(Cluster, Tcp),
+            Key::VipSlot(vip, 80, u32::from(slot)),
+            Some(Value::Endpoint(ep, 8080 + slot)),
             None,
         ));
     }
@@ -678,7 +732,7 @@ fn inner_every_set_type_lists_like_nft_text() {
         let f = fam_word(family);
         let mut elements = every_set_type(family);
         elements.extend(generated(family, 400, 3));
-        let sets: BTreeSet<&str> = elements.iter().map(|e| e.set).collect();
+        let sets: BTreeSet<Set> = elements.iter().map(|e| e.set).collect();
         for table in ["kpng", "kpngtext"] {
             nft(&table_script(family, table, &elements));
         }
@@ -740,61 +794,56 @@ fn inner_replace_delete_and_flush() {
 
         let svc = all
             .iter()
-            .find(|e| e.set == "service-ips" && e.value.as_deref() == Some("goto cluster-n3"))
+            .find(|e| e.set == Set::ServiceIps && e.value == goto_pick(PickKind::Cluster, 3))
             .expect("a service-ips element");
-        let slot = all
-            .iter()
-            .find(|e| e.set == "cluster-endpoints-tcp")
-            .expect("a slot");
+        let slot = all.iter().find(|e| e.set == TCP_SLOTS).expect("a slot");
         let new_ep = match family {
-            Family::V4 => "10.244.9.9 . 9999",
-            Family::V6 => "fd00:244:9::9 . 9999",
+            Family::V4 => Value::Endpoint(ip("10.244.9.9"), 9999),
+            Family::V6 => Value::Endpoint(ip("fd00:244:9::9"), 9999),
         };
         let changed = [
             el(
-                "service-ips",
-                &svc.key,
-                Some("goto cluster-n2"),
+                Set::ServiceIps,
+                svc.key,
+                goto_pick(PickKind::Cluster, 2),
                 Some("changed"),
             ),
-            el("cluster-endpoints-tcp", &slot.key, Some(new_ep), None),
+            el(TCP_SLOTS, slot.key, Some(new_ep), None),
         ];
         w.apply(
             family,
             "kpng",
             &[],
-            &[
-                ("service-ips", &svc.key),
-                ("cluster-endpoints-tcp", &slot.key),
-            ],
+            &[(Set::ServiceIps, svc.key), (TCP_SLOTS, slot.key)],
             &changed,
         )
         .expect("delete + add in one transaction");
-        let map = list_set(f, "kpng", "service-ips");
+        let map = list_set(f, "kpng", Set::ServiceIps);
         assert!(
             map.contains("comment \"changed\" : goto cluster-n2") && !map.contains("cluster-n3"),
             "{map}"
         );
-        let map = list_set(f, "kpng", "cluster-endpoints-tcp");
-        assert!(map.contains(new_ep), "{map}");
+        let map = list_set(f, "kpng", TCP_SLOTS);
+        assert!(map.contains(&new_ep.to_string()), "{map}");
 
         // Deleting ranges: both ends of a one-field interval, KEY_END of a concatenation.
-        let cidrs: Vec<&Element> = all.iter().filter(|e| e.set == "service-cidrs").collect();
-        let allow: Vec<&Element> = all.iter().filter(|e| e.set == "firewall-allow").collect();
+        let cidrs: Vec<&Element> = all.iter().filter(|e| e.set == Set::ServiceCidrs).collect();
+        let allow: Vec<&Element> = all.iter().filter(|e| e.set == Set::FirewallAllow).collect();
         w.apply(
             family,
             "kpng",
             &[],
             &[
-                ("service-cidrs", &cidrs[0].key),
-                ("service-cidrs", &cidrs[2].key),
-                ("firewall-allow", &allow[0].key),
+                (Set::ServiceCidrs, cidrs[0].key),
+                (Set::ServiceCidrs, cidrs[2].key),
+                (Set::FirewallAllow, allow[0].key),
             ],
             &[],
         )
         .expect("deleting ranges");
         let set = nft_list(&["set", f, "kpng", "service-cidrs"]);
-        let single = cidrs[1].key.split('/').next().expect("address");
+        let single = cidrs[1].key.to_string();
+        let single = single.split('/').next().expect("address");
         assert!(
             set.contains(&format!("elements = {{ {single} }}")),
             "only {single} is left: {set}"
@@ -807,21 +856,16 @@ fn inner_replace_delete_and_flush() {
         w.apply(
             family,
             "kpng",
-            &["cluster-ips", "service-ips", "service-cidrs"],
+            &[Set::ClusterIps, Set::ServiceIps, Set::ServiceCidrs],
             &[],
-            &[el(
-                "cluster-ips",
-                &svc.key[..svc.key.find(' ').expect("vip")],
-                None,
-                None,
-            )],
+            &[el(Set::ClusterIps, Key::Addr(vip_of(&svc.key)), None, None)],
         )
         .expect("flush");
-        for set in ["service-ips", "service-cidrs"] {
+        for set in [Set::ServiceIps, Set::ServiceCidrs] {
             let l = list_set(f, "kpng", set);
-            assert!(!l.contains("elements"), "{set} flushed: {l}");
+            assert!(!l.contains("elements"), "{set:?} flushed: {l}");
         }
-        let l = list_set(f, "kpng", "cluster-ips");
+        let l = list_set(f, "kpng", Set::ClusterIps);
         assert_eq!(l.matches(',').count(), 0, "one element left: {l}");
         assert!(l.contains("elements = {"), "{l}");
         println!("{f}: replace, range deletes and flush ok");
@@ -850,9 +894,9 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
     // A set missing from the table: the set is named, and nothing of the batch is applied
     // (the cluster-ips message before it was fine).
     let adds = [
-        el("cluster-ips", "10.0.0.1", None, None),
-        el("cluster-ips", "10.0.0.2", None, None),
-        el("nodeport-ips", "192.168.1.1", None, None),
+        el(Set::ClusterIps, Key::Addr(ip("10.0.0.1")), None, None),
+        el(Set::ClusterIps, Key::Addr(ip("10.0.0.2")), None, None),
+        el(Set::NodeportIps, Key::Addr(ip("192.168.1.1")), None, None),
     ];
     let err = w
         .apply(family, "partial", &[], &[], &adds)
@@ -886,9 +930,9 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
     let mut adds: Vec<Element> = (0..3000u32)
         .map(|i| {
             el(
-                "cluster-endpoints-tcp",
-                &format!("{} . 80 . 0", Ipv4Addr::from(0x0a60_1000 + i)),
-                Some("10.244.1.2 . 8080"),
+                TCP_SLOTS,
+                Key::VipSlot(IpAddr::V4(Ipv4Addr::from(0x0a60_1000 + i)), 80, 0),
+                Some(Value::Endpoint(ip("10.244.1.2"), 8080)),
                 None,
             )
         })
@@ -896,17 +940,21 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
     adds.insert(
         1777,
         el(
-            "service-ips",
-            "10.96.5.5 . tcp . 80",
-            Some("goto no-such-chain"),
+            Set::ServiceIps,
+            Key::Vip(ip("10.96.5.5"), Protocol::Tcp, 80),
+            goto_pick(PickKind::Local, 99),
             None,
         ),
     );
     for i in 0..1500u32 {
         adds.push(el(
-            "service-ips",
-            &format!("{} . tcp . {}", Ipv4Addr::from(0x0a60_2000 + i), 1000 + i),
-            Some("goto cluster-n2"),
+            Set::ServiceIps,
+            Key::Vip(
+                IpAddr::V4(Ipv4Addr::from(0x0a60_2000 + i)),
+                Protocol::Tcp,
+                1000 + i as u16,
+            ),
+            goto_pick(PickKind::Cluster, 2),
             None,
         ));
     }
@@ -920,7 +968,7 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
     assert_eq!(set.as_deref(), Some("service-ips"));
     assert_eq!(
         element.as_deref(),
-        Some("10.96.5.5 . tcp . 80 : goto no-such-chain")
+        Some("10.96.5.5 . tcp . 80 : goto local-n99")
     );
     assert!(
         !nft_list(&["map", "ip", "kpng", "cluster-endpoints-tcp"]).contains("elements"),
@@ -932,7 +980,7 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
         .expect("initial add");
     let svc = all
         .iter()
-        .find(|e| e.set == "service-ips")
+        .find(|e| e.set == Set::ServiceIps)
         .expect("a service");
     let err = w
         .apply(
@@ -941,13 +989,13 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
             &[],
             &[],
             &[
-                el("cluster-ips", "10.96.77.77", None, None),
-                el("service-ips", &svc.key, Some("drop"), None),
+                el(Set::ClusterIps, Key::Addr(ip("10.96.77.77")), None, None),
+                el(Set::ServiceIps, svc.key, verdict(Verdict::Drop), None),
             ],
         )
         .expect_err("a different value for an existing key");
     println!("clash: {err}");
-    assert!(err.to_string().contains(&svc.key), "{err}");
+    assert!(err.to_string().contains(&svc.key.to_string()), "{err}");
     assert!(!nft_list(&["set", "ip", "kpng", "cluster-ips"]).contains("10.96.77.77"));
 
     // Deleting what is not there: ENOENT, naming the element; the flush before it is undone.
@@ -955,8 +1003,8 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
         .apply(
             family,
             "kpng",
-            &["cluster-ips"],
-            &[("cluster-endpoints-tcp", "10.1.2.3 . 1 . 0")],
+            &[Set::ClusterIps],
+            &[(TCP_SLOTS, Key::VipSlot(ip("10.1.2.3"), 1, 0))],
             &[],
         )
         .expect_err("no such element");
@@ -977,7 +1025,12 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
         "kpng",
         &[],
         &[],
-        &[el("cluster-ips", "10.96.77.78", None, None)],
+        &[el(
+            Set::ClusterIps,
+            Key::Addr(ip("10.96.77.78")),
+            None,
+            None,
+        )],
     )
     .expect("works after errors");
     assert!(nft_list(&["set", "ip", "kpng", "cluster-ips"]).contains("10.96.77.78"));
@@ -1015,16 +1068,23 @@ fn inner_interval_sets_written_over_netlink_match_packets() {
             .expect("running ip");
         assert!(ok.success(), "ip {cmd}");
     }
+    let lb = ip("198.51.100.20");
+    let allow = Key::VipSource(lb, Protocol::Udp, 443, Source::Net(net("192.168.100.0/24")));
     let adds = [
-        el("service-cidrs", "10.96.0.0/16", None, None),
-        el("service-cidrs", "10.200.0.1/32", None, None),
-        el("firewall-ips", "198.51.100.20 . udp . 443", None, None),
+        el(Set::ServiceCidrs, Key::Net(net("10.96.0.0/16")), None, None),
         el(
-            "firewall-allow",
-            "198.51.100.20 . udp . 443 . 192.168.100.0/24",
+            Set::ServiceCidrs,
+            Key::Net(net("10.200.0.1/32")),
             None,
             None,
         ),
+        el(
+            Set::FirewallIps,
+            Key::Vip(lb, Protocol::Udp, 443),
+            None,
+            None,
+        ),
+        el(Set::FirewallAllow, allow, None, None),
     ];
     nft(&table_script(Family::V4, "kpng", &adds));
     let mut w = NetlinkWriter::open().expect("opening the netlink socket");
@@ -1061,11 +1121,8 @@ fn inner_interval_sets_written_over_netlink_match_packets() {
         "kpng",
         &[],
         &[
-            ("service-cidrs", "10.96.0.0/16"),
-            (
-                "firewall-allow",
-                "198.51.100.20 . udp . 443 . 192.168.100.0/24",
-            ),
+            (Set::ServiceCidrs, Key::Net(net("10.96.0.0/16"))),
+            (Set::FirewallAllow, allow),
         ],
         &[],
     )
@@ -1101,7 +1158,7 @@ fn inner_unprivileged_batch_is_refused_as_a_whole() {
         return;
     }
     let mut w = NetlinkWriter::open().expect("opening needs no privilege");
-    let adds = [el("cluster-ips", "10.0.0.1", None, None)];
+    let adds = [el(Set::ClusterIps, Key::Addr(ip("10.0.0.1")), None, None)];
     let err = w
         .apply(Family::V4, "kpng", &[], &[], &adds)
         .expect_err("no CAP_NET_ADMIN");
@@ -1148,20 +1205,19 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The small transaction: two endpoint slots change value (delete + add each).
-fn small_change(all: &[Element], round: usize) -> (Vec<(&'static str, String)>, Vec<Element>) {
-    let slots: Vec<&Element> = all
-        .iter()
-        .filter(|e| e.set == "cluster-endpoints-tcp")
-        .take(2)
-        .collect();
-    let deletes = slots.iter().map(|e| (e.set, e.key.clone())).collect();
+fn small_change(all: &[Element], round: usize) -> (Vec<(Set, Key)>, Vec<Element>) {
+    let slots: Vec<&Element> = all.iter().filter(|e| e.set == TCP_SLOTS).take(2).collect();
+    let deletes = slots.iter().map(|e| (e.set, e.key)).collect();
     let adds = slots
         .iter()
         .map(|e| {
             el(
                 e.set,
-                &e.key,
-                Some(&format!("10.250.0.{} . {}", round % 200 + 1, 9000 + round)),
+                e.key,
+                Some(Value::Endpoint(
+                    IpAddr::V4(Ipv4Addr::new(10, 250, 0, (round % 200 + 1) as u8)),
+                    9000 + round as u16,
+                )),
                 None,
             )
         })
@@ -1242,7 +1298,6 @@ fn inner_load_netlink() {
     let mut samples = Vec::new();
     for round in 0..200 {
         let (deletes, adds) = small_change(&all, round + 1);
-        let deletes: Vec<(&str, &str)> = deletes.iter().map(|(s, k)| (*s, k.as_str())).collect();
         let t = Instant::now();
         w.apply(Family::V4, "kpng", &[], &deletes, &adds)
             .expect("small transaction");

@@ -1,0 +1,110 @@
+//! A fake [`ElementWriter`] that records what it would send.
+//!
+//! Why: the backend's netlink path must be testable without root. The fake encodes and frames
+//! every batch exactly as [`super::NetlinkWriter`] does (so encoding errors surface the same
+//! way) and keeps the result instead of sending it.
+
+use std::sync::{Arc, Mutex};
+
+use kpng_model::Family;
+
+use crate::sets::Set;
+
+use super::batch::{ElementBatch, MsgInfo, Operation};
+use super::error::NetlinkError;
+use super::{ElementWriter, ProbedTable};
+
+/// One transaction the fake writer received.
+#[derive(Debug, Clone)]
+pub struct RecordedBatch {
+    /// The table's family.
+    pub family: Family,
+    /// The table.
+    pub table: String,
+    /// Elements deleted.
+    pub deletes: usize,
+    /// Elements added.
+    pub adds: usize,
+    /// The messages between `BATCH_BEGIN` and `BATCH_END`, in order.
+    pub messages: Vec<MsgInfo>,
+    /// The whole datagram, as it would be sent.
+    pub datagram: Vec<u8>,
+}
+
+impl RecordedBatch {
+    /// The sets the transaction flushes, in order.
+    pub fn flushed(&self) -> Vec<Set> {
+        self.messages
+            .iter()
+            .filter(|m| m.op == Operation::Flush)
+            .map(|m| m.set)
+            .collect()
+    }
+}
+
+/// A recorder for tests: keeps every batch, can be told to fail, and answers the table probe
+/// with a scripted table. Clones share their state, so a test keeps one to inspect.
+#[derive(Debug, Clone, Default)]
+pub struct RecordingWriter {
+    /// Every transaction committed, in order (failed ones included).
+    pub batches: Arc<Mutex<Vec<RecordedBatch>>>,
+    /// When set, the next commits fail with this message.
+    pub fail_with: Arc<Mutex<Option<String>>>,
+    /// What [`ElementWriter::probe_table`] answers per family ([`ProbedTable::Absent`] for a
+    /// family not listed).
+    pub tables: Arc<Mutex<Vec<(Family, ProbedTable)>>>,
+}
+
+impl RecordingWriter {
+    /// A copy of the recorded batches.
+    pub fn recorded(&self) -> Vec<RecordedBatch> {
+        self.batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl ElementWriter for RecordingWriter {
+    fn commit(
+        &mut self,
+        batch: ElementBatch,
+        _describe: &dyn Fn(Operation, usize) -> Option<String>,
+    ) -> Result<(), NetlinkError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (family, table) = (batch.family(), batch.table().to_string());
+        let (deletes, adds) = (batch.deletes(), batch.adds());
+        let framed = batch.frame(1);
+        self.batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(RecordedBatch {
+                family,
+                table,
+                deletes,
+                adds,
+                messages: framed.msgs,
+                datagram: framed.parts.concat(),
+            });
+        match self
+            .fail_with
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            Some(message) => Err(NetlinkError::Injected(message)),
+            None => Ok(()),
+        }
+    }
+
+    fn probe_table(&mut self, family: Family, _table: &str) -> ProbedTable {
+        self.tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map_or(ProbedTable::Absent, |(_, t)| t.clone())
+    }
+}

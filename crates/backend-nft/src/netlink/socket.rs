@@ -1,0 +1,134 @@
+//! The raw `AF_NETLINK` socket: the only unsafe code of the crate's netlink path.
+//!
+//! Why unsafe: std has no netlink sockets, so the five system calls go through `libc`, each
+//! with its SAFETY argument. Everything else of the netlink path is safe code.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// How many buffers one datagram may be gathered from (`UIO_MAXIOV` is 1024).
+pub(super) const MAX_PARTS: usize = 1000;
+
+/// A `NETLINK_NETFILTER` socket, closed on drop.
+#[derive(Debug)]
+pub(super) struct Socket {
+    fd: OwnedFd,
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+impl Socket {
+    /// Opens the socket in the calling thread's network namespace. It is bound implicitly
+    /// (the kernel picks our port id) on the first send.
+    pub(super) fn open() -> io::Result<Socket> {
+        // SAFETY: socket(2) takes no pointers; it returns a new descriptor or -1.
+        let fd = check(unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_NETFILTER,
+            )
+        })?;
+        // SAFETY: `fd` was just returned by socket(2), is open, and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Socket { fd })
+    }
+
+    /// setsockopt(2) with a plain-data option value.
+    pub(super) fn set_opt<T: Copy>(
+        &self,
+        level: libc::c_int,
+        name: libc::c_int,
+        value: T,
+    ) -> io::Result<()> {
+        // SAFETY: the pointer is to `value`, a live, initialised `T` on our stack, and the
+        // length passed is exactly its size; the kernel only reads it during the call.
+        check(unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                level,
+                name,
+                (&raw const value).cast(),
+                size_of::<T>() as libc::socklen_t,
+            )
+        })
+        .map(drop)
+    }
+
+    /// getsockopt(2) of an `int` option.
+    pub(super) fn get_int(&self, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+        let mut value: libc::c_int = 0;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: both pointers are to live locals of the sizes the kernel is told.
+        check(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                level,
+                name,
+                (&raw mut value).cast(),
+                &raw mut len,
+            )
+        })?;
+        Ok(value)
+    }
+
+    /// Sends one datagram, gathered from `parts`, to the kernel (port id 0: an unconnected
+    /// netlink socket's default destination). Netlink datagrams go out whole or not at
+    /// all. At most [`MAX_PARTS`] parts.
+    pub(super) fn send(&self, parts: &[Vec<u8>]) -> io::Result<usize> {
+        let mut iov: Vec<libc::iovec> = parts
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            })
+            .collect();
+        // SAFETY: an all-zero msghdr is a valid empty one (null name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len() as _;
+        loop {
+            // SAFETY: `msg` points at `iov`, which points at the live buffers of `parts`,
+            // each with its true length; the kernel only reads them. Both outlive the call.
+            let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, 0) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Receives one datagram into `buf` (blocking unless `dont_wait`); returns its length.
+    pub(super) fn recv(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
+        let flags = if dont_wait { libc::MSG_DONTWAIT } else { 0 };
+        loop {
+            // SAFETY: `buf` is a live, writable slice; the kernel writes at most
+            // `buf.len()` bytes into it.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    flags,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
