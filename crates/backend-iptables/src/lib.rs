@@ -37,11 +37,11 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
 use crate::exec::{ExecError, Iptables};
-use kpng_backend_kit::families::sync_each;
 use crate::rules::{CANARY, MARK_MASQ, PortRules, SERVICES, SharedRule, Table};
 use crate::save::Saved;
 use crate::script::Script;
 use crate::skeleton::{StaticConfig, StaticInputs};
+use kpng_backend_kit::families::sync_each;
 
 /// Configuration of the iptables backend (kube-proxy's flags of the same names).
 #[derive(Debug, Clone)]
@@ -603,8 +603,7 @@ impl Backend for IptablesBackend {
         {
             self.known_addresses = (self.local_addresses)();
         }
-        let operations =
-            sync_each(self.states.len(), |index| self.sync_family(index, request))?;
+        let operations = sync_each(self.states.len(), |index| self.sync_family(index, request))?;
         debug!(operations, "iptables sync done");
         Ok(SyncStats { operations })
     }

@@ -601,3 +601,40 @@ fn many_new_chains_are_created_in_batches_of_whole_ports() {
         }
     }
 }
+
+/// The backend contract at the fake level (the kit's conformance scenarios): the recorder is
+/// the kernel; what the backend committed is its rules per Service port.
+mod conformance_harness {
+    use super::*;
+
+    pub struct IptablesHarness {
+        backend: IptablesBackend,
+        recorder: Recorder,
+    }
+
+    impl kpng_backend_kit::conformance::Harness for IptablesHarness {
+        fn backend(&mut self) -> &mut dyn Backend {
+            &mut self.backend
+        }
+
+        fn objects(&self) -> usize {
+            self.backend
+                .states
+                .iter()
+                .map(|s| s.port_rules.iter().sum::<usize>())
+                .sum()
+        }
+
+        fn fail_next(&mut self) {
+            self.recorder.0.lock().expect("lock").fail_restores = 1;
+        }
+    }
+
+    pub fn make() -> IptablesHarness {
+        let (backend, recorder) = backend();
+        canary_present(&recorder, &Family::ALL);
+        IptablesHarness { backend, recorder }
+    }
+}
+
+kpng_backend_kit::conformance_tests!(conformance_harness::make);

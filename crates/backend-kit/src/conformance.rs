@@ -34,9 +34,12 @@ pub trait Harness {
     fn fail_next(&mut self);
 }
 
+/// One scenario: runs against a fresh harness and panics with what broke.
+pub type Scenario = fn(&mut dyn Harness);
+
 /// The scenarios, by name: the real-packet suite's scenario each one mirrors is named in its
 /// doc comment.
-pub const SCENARIOS: &[(&str, fn(&mut dyn Harness))] = &[
+pub const SCENARIOS: &[(&str, Scenario)] = &[
     ("cluster_ip", cluster_ip),
     ("udp_services", udp_services),
     ("wrong_port_unallocated_ip_and_no_endpoints", no_endpoints),
@@ -45,13 +48,28 @@ pub const SCENARIOS: &[(&str, fn(&mut dyn Harness))] = &[
         "external_ip_and_load_balancer_source_ranges",
         external_ip_and_load_balancer_source_ranges,
     ),
-    ("external_traffic_policy_local", external_traffic_policy_local),
-    ("internal_traffic_policy_local", internal_traffic_policy_local),
+    (
+        "external_traffic_policy_local",
+        external_traffic_policy_local,
+    ),
+    (
+        "internal_traffic_policy_local",
+        internal_traffic_policy_local,
+    ),
     ("session_affinity_client_ip", session_affinity_client_ip),
-    ("terminating_endpoints_fallback", terminating_endpoints_fallback),
-    ("ipv6_cluster_ip_and_node_port", ipv6_cluster_ip_and_node_port),
+    (
+        "terminating_endpoints_fallback",
+        terminating_endpoints_fallback,
+    ),
+    (
+        "ipv6_cluster_ip_and_node_port",
+        ipv6_cluster_ip_and_node_port,
+    ),
     ("live_changes_are_minimal", live_changes_are_minimal),
-    ("a_failed_sync_is_repaired_by_a_full_sync", failed_sync_then_full),
+    (
+        "a_failed_sync_is_repaired_by_a_full_sync",
+        failed_sync_then_full,
+    ),
     ("nothing_is_left_behind", nothing_is_left_behind),
 ];
 
@@ -174,7 +192,8 @@ impl<'h> Run<'h> {
                 ..Snapshot::default()
             },
         };
-        run.sync_full().expect("the first full sync of an empty cluster");
+        run.sync_full()
+            .expect("the first full sync of an empty cluster");
         run
     }
 
@@ -264,7 +283,11 @@ fn cluster_ip(h: &mut dyn Harness) {
 
 /// Mirrors `udp_services_are_load_balanced`.
 fn udp_services(h: &mut dyn Harness) {
-    programs_and_removes(h, "a UDP ClusterIP", port("dns", "10.96.0.53", Protocol::Udp));
+    programs_and_removes(
+        h,
+        "a UDP ClusterIP",
+        port("dns", "10.96.0.53", Protocol::Udp),
+    );
 }
 
 /// Mirrors `wrong_port_unallocated_ip_and_no_endpoints`: a Service without endpoints is
@@ -377,10 +400,18 @@ fn live_changes_are_minimal(h: &mut dyn Harness) {
         ops * 5 <= first,
         "an endpoint change of one Service sent {ops} operations, adding 20 sent {first}"
     );
-    assert_eq!(run.objects(), objects, "an endpoint swap changed the object count");
+    assert_eq!(
+        run.objects(),
+        objects,
+        "an endpoint swap changed the object count"
+    );
     run.assert_quiet("an endpoint change");
     run.sync_full().expect("a full sync of an unchanged state");
-    assert_eq!(run.objects(), objects, "a full sync changed the object count");
+    assert_eq!(
+        run.objects(),
+        objects,
+        "a full sync changed the object count"
+    );
     run.assert_quiet("a full sync");
 }
 
@@ -404,7 +435,11 @@ fn failed_sync_then_full(h: &mut dyn Harness) {
     run.assert_quiet("the repairing full sync");
     let ops = run.remove(&key("b", Protocol::Tcp, Family::V4));
     assert!(ops > 0);
-    assert_eq!(run.objects(), objects_with_a, "removing the repaired Service left objects");
+    assert_eq!(
+        run.objects(),
+        objects_with_a,
+        "removing the repaired Service left objects"
+    );
 }
 
 /// Mirrors `nothing_is_left_behind`: cleanup removes everything, and a full sync afterwards
@@ -421,5 +456,9 @@ fn nothing_is_left_behind(h: &mut dyn Harness) {
         .unwrap_or_else(|e| panic!("cleanup: {e}"));
     assert_eq!(run.objects(), 0, "cleanup left objects behind");
     run.sync_full().expect("a full sync after cleanup");
-    assert_eq!(run.objects(), programmed, "a full sync after cleanup differs");
+    assert_eq!(
+        run.objects(),
+        programmed,
+        "a full sync after cleanup differs"
+    );
 }

@@ -2,32 +2,11 @@
 //! libnftables in-process ([`libnftables::LibNftables`], the default) or one `nft -f -` process
 //! ([`NftCommand`], the fallback). Behind a trait so tests and `--dry-run` need no kernel.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+pub use kpng_backend_kit::exec::{ExecError, Recorder, ScriptExec};
 
-/// Why a transaction did not commit.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    /// `nft` could not be started.
-    #[error("cannot run {binary}: {source}")]
-    Spawn {
-        /// The binary.
-        binary: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// `nft` rejected the transaction; nothing of it was applied.
-    #[error("nft rejected the transaction: {stderr}")]
-    Rejected {
-        /// What nft printed.
-        stderr: String,
-    },
-}
-
-/// Something that commits nft scripts.
+/// Something that commits nft scripts. Every [`ScriptExec`] of the backend kit is one (the
+/// kit's dry run and recorder, [`libnftables::LibNftables`]); [`Auto`] routes full syncs
+/// differently.
 pub trait NftExec: Send {
     /// Commits `script` atomically, or nothing of it.
     fn run(&mut self, script: &str) -> Result<(), ExecError>;
@@ -68,109 +47,48 @@ impl Auto {
 impl NftExec for Auto {
     fn run(&mut self, script: &str) -> Result<(), ExecError> {
         match &mut self.library {
-            Some(lib) => lib.run(script),
-            None => self.command.run(script),
+            Some(lib) => ScriptExec::run(lib, script),
+            None => ScriptExec::run(&mut self.command, script),
         }
     }
 
     fn run_full(&mut self, script: &str) -> Result<(), ExecError> {
-        self.command.run(script)
+        ScriptExec::run(&mut self.command, script)
     }
 }
 
-/// The real thing: `nft -f -`.
-#[derive(Debug, Clone)]
-pub struct NftCommand {
-    binary: PathBuf,
+impl<T: ScriptExec> NftExec for T {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
+        ScriptExec::run(self, script)
+    }
 }
+
+/// The real thing: `nft -f -` (the kit's tool runner).
+#[derive(Debug, Clone)]
+pub struct NftCommand(kpng_backend_kit::exec::Tool);
 
 impl Default for NftCommand {
     fn default() -> Self {
-        NftCommand {
-            binary: PathBuf::from("nft"),
-        }
+        NftCommand::with_binary("nft")
     }
 }
 
 impl NftCommand {
     /// Uses a specific `nft` binary.
-    pub fn with_binary(binary: impl Into<PathBuf>) -> NftCommand {
-        NftCommand {
-            binary: binary.into(),
-        }
+    pub fn with_binary(binary: impl Into<String>) -> NftCommand {
+        NftCommand(kpng_backend_kit::exec::Tool::new(binary, &["-f", "-"]))
     }
 }
 
-impl NftExec for NftCommand {
+impl ScriptExec for NftCommand {
     fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        let spawn_err = |source| ExecError::Spawn {
-            binary: self.binary.display().to_string(),
-            source,
-        };
-        let mut child = Command::new(&self.binary)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn_err)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            // A write error means nft exited early; its stderr below says why.
-            let _ = stdin.write_all(script.as_bytes());
-        }
-        let output = child.wait_with_output().map_err(spawn_err)?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            // nft can print the whole offending script back; keep the message readable.
-            let mut message: String = stderr.lines().take(20).collect::<Vec<_>>().join("\n");
-            if message.is_empty() {
-                message = format!("nft exited with {}", output.status);
-            }
-            Err(ExecError::Rejected { stderr: message })
-        }
+        ScriptExec::run(&mut self.0, script)
     }
 }
 
 /// `--dry-run`: prints every transaction to standard output and applies nothing.
-#[derive(Debug, Default)]
-pub struct DryRun;
-
-impl NftExec for DryRun {
-    fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "# --- kpng nft transaction (dry run) ---\n{script}");
-        let _ = out.flush();
-        Ok(())
-    }
-}
-
-/// A recorder for tests: keeps every script and can be told to fail.
-#[derive(Debug, Clone, Default)]
-pub struct Recorder {
-    /// Every script run, in order.
-    pub scripts: Arc<Mutex<Vec<String>>>,
-    /// When set, the next runs fail with this message.
-    pub fail_with: Arc<Mutex<Option<String>>>,
-}
-
-impl NftExec for Recorder {
-    fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        self.scripts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(script.to_string());
-        match self
-            .fail_with
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
-            Some(stderr) => Err(ExecError::Rejected { stderr }),
-            None => Ok(()),
-        }
-    }
+pub fn dry_run() -> kpng_backend_kit::exec::DryRun {
+    kpng_backend_kit::exec::DryRun::new("# --- kpng nft transaction (dry run) ---")
 }
 
 pub mod libnftables;

@@ -25,7 +25,7 @@ pub mod sets;
 pub mod store;
 pub mod value;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -40,17 +40,12 @@ use crate::exec::NftExec;
 use crate::netlink::{ElementWriter, ProbedTable};
 use crate::ruleset::{DetectLocal, Fam, StaticConfig};
 use crate::sets::Set;
-use crate::store::{Element, ElementStore, OwnerId};
+use crate::store::{Element, ElementStore};
 use crate::value::Key;
+use kpng_backend_kit::families::sync_each;
+use kpng_backend_kit::owners::{NODE_OWNER, OwnerId, OwnerIds};
 
-/// Which addresses accept NodePort traffic (`--nodeport-addresses`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// The node's primary IPs (nftables mode's default).
-    Primary,
-    /// Every local address inside these CIDRs (loopback excluded).
-    Cidrs(Vec<IpNet>),
-}
+pub use kpng_backend::settings::NodePortAddresses;
 
 /// Configuration of the nftables backend.
 #[derive(Debug, Clone)]
@@ -86,9 +81,6 @@ impl Default for NftConfig {
     }
 }
 
-/// Owner id of the node-level elements (node-port addresses, Service CIDRs).
-const NODE_OWNER: OwnerId = 0;
-
 #[derive(Debug)]
 struct FamilyState {
     fam: Fam,
@@ -123,12 +115,9 @@ struct NftMetrics {
 pub struct NftBackend {
     config: NftConfig,
     exec: Box<dyn NftExec>,
-    /// Service port → its owner id. B-trees, not hash maps: at 30k ports a hash table at half
-    /// load holds twice the entries' size in empty buckets.
-    owners: BTreeMap<PortKey, OwnerId>,
-    /// The reverse of `owners`, to recompute an owner's elements when a shared element passes to it.
-    owner_keys: BTreeMap<OwnerId, PortKey>,
-    next_owner: OwnerId,
+    /// Service port ↔ its owner id; the reverse recomputes an owner's elements when a shared
+    /// element passes to it.
+    owners: OwnerIds,
     states: Vec<FamilyState>,
     metrics: NftMetrics,
     warned_no_node_ip: bool,
@@ -161,9 +150,7 @@ impl NftBackend {
         NftBackend {
             config,
             exec,
-            owners: BTreeMap::new(),
-            owner_keys: BTreeMap::new(),
-            next_owner: NODE_OWNER + 1,
+            owners: OwnerIds::new(),
             states,
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
@@ -172,49 +159,18 @@ impl NftBackend {
     }
 
     fn owner(&mut self, key: &PortKey) -> OwnerId {
-        if let Some(id) = self.owners.get(key) {
-            return *id;
-        }
-        let id = self.next_owner;
-        self.next_owner = match self.next_owner.wrapping_add(1) {
-            store::SHARED => NODE_OWNER + 1,
-            next => next.max(NODE_OWNER + 1),
-        };
-        self.owners.insert(key.clone(), id);
-        self.owner_keys.insert(id, key.clone());
-        id
+        self.owners.id(key)
     }
 
     /// Node-level elements of one family: NodePort addresses and Service CIDRs.
     fn node_elements(&self, fam: Fam, snapshot: &Snapshot) -> Vec<Element> {
         let family = fam.0;
         let loopback = |ip: &IpAddr| ip.is_loopback();
-        let nodeport_ips: Vec<IpAddr> = match &self.config.nodeport_addresses {
-            NodePortAddresses::Primary => {
-                let ips: Vec<IpAddr> = snapshot
-                    .node
-                    .ips
-                    .iter()
-                    .copied()
-                    .filter(|ip| Family::of(ip) == family)
-                    .collect();
-                ips
-            }
-            NodePortAddresses::Cidrs(cidrs) => {
-                // As upstream: a family none of the CIDRs belongs to matches all its addresses.
-                let of_family: Vec<&IpNet> = cidrs
-                    .iter()
-                    .filter(|c| Family::of(&c.addr()) == family)
-                    .collect();
-                local_addrs::local_addresses()
-                    .into_iter()
-                    .filter(|ip| {
-                        Family::of(ip) == family
-                            && (of_family.is_empty() || of_family.iter().any(|c| c.contains(ip)))
-                    })
-                    .collect()
-            }
-        };
+        let nodeport_ips = self.config.nodeport_addresses.scope(family).addresses(
+            family,
+            &snapshot.node.ips,
+            local_addrs::local_addresses,
+        );
         let mut out: Vec<Element> = nodeport_ips
             .into_iter()
             .filter(|ip| !loopback(ip))
@@ -282,7 +238,7 @@ impl NftBackend {
         let elements = if owner == NODE_OWNER {
             self.node_elements(fam, snapshot)
         } else {
-            let port = snapshot.ports.get(self.owner_keys.get(&owner)?)?;
+            let port = snapshot.ports.get(self.owners.key(owner)?)?;
             self.port_elements(port, owner, node_ips)
         };
         elements
@@ -588,7 +544,7 @@ impl NftBackend {
         let node_ips = &snapshot.node.ips;
         let mut store = ElementStore::new();
         let per_port = snapshot.family(fam.0).filter_map(|port| {
-            let owner = *self.owners.get(&port.key)?;
+            let owner = self.owners.get(&port.key)?;
             Some((owner, self.port_elements(port, owner, node_ips)))
         });
         let node = std::iter::once((NODE_OWNER, self.node_elements(fam, snapshot)));
@@ -639,10 +595,8 @@ impl NftBackend {
 
     fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {
         for (key, change) in &request.diff.changes {
-            if change.new.is_none()
-                && let Some(id) = self.owners.remove(key)
-            {
-                self.owner_keys.remove(&id);
+            if change.new.is_none() {
+                self.owners.forget(key);
             }
         }
     }
@@ -672,20 +626,7 @@ impl Backend for NftBackend {
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         self.warn_unsupported(request);
-        let mut operations = 0;
-        let mut first_error = None;
-        for index in 0..self.states.len() {
-            match self.sync_family(index, request) {
-                Ok(n) => operations += n,
-                Err(e) => {
-                    warn!("{e}");
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
+        let operations = sync_each(self.states.len(), |index| self.sync_family(index, request))?;
         self.forget_removed_ports(request);
         debug!(operations, "nftables sync done");
         Ok(SyncStats { operations })

@@ -69,8 +69,8 @@ pub enum ElementOp {
     Add(Element),
 }
 
-/// An owner of elements: an interned Service-port id.
-pub type OwnerId = u32;
+/// An owner of elements: an interned Service-port id (the kit's).
+pub use kpng_backend_kit::owners::OwnerId;
 
 /// What an owner wants for an element: a 32-bit hash of value and comment. (A collision would
 /// hide one value change until the next full sync; at 2^-32 per change that is accepted for
@@ -89,7 +89,7 @@ struct Slot {
 type Effective = Option<(OwnerId, Payload)>;
 
 /// The owner id that marks a shared element (never handed out to a Service port).
-pub const SHARED: OwnerId = OwnerId::MAX;
+pub const SHARED: OwnerId = kpng_backend_kit::owners::RESERVED;
 
 /// What one element means while a store is built from empty ([`ElementStore::build_one`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Backend tests against a recording executor: golden transactions, minimal diffs, failure
 //! recovery and the constant-size principle.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use kpng_backend::{Backend, SyncRequest};
@@ -47,7 +48,7 @@ fn backend() -> (NftBackend, Recorder) {
 }
 
 fn scripts(r: &Recorder) -> Vec<String> {
-    r.scripts.lock().expect("lock").clone()
+    r.scripts()
 }
 
 fn full_sync(b: &mut NftBackend, model: &Model) -> usize {
@@ -211,7 +212,7 @@ fn a_failed_partial_sync_makes_the_next_sync_a_full_replace() {
         kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
         objects: loaded.objects,
     });
-    *r.fail_with.lock().expect("lock") = Some("injected".into());
+    r.record().fail_with = Some("injected".into());
     let err = b
         .sync(&SyncRequest {
             diff: &out.diff,
@@ -220,7 +221,7 @@ fn a_failed_partial_sync_makes_the_next_sync_a_full_replace() {
         })
         .expect_err("fails");
     assert!(err.to_string().contains("injected"), "{err}");
-    *r.fail_with.lock().expect("lock") = None;
+    r.record().fail_with = None;
     // Even a partial request with an empty diff now rebuilds the IPv4 table.
     let empty = Diff::default();
     b.sync(&SyncRequest {
@@ -557,3 +558,37 @@ fn netlink_partial_sync_is_one_minimal_batch_and_a_failure_forces_a_full_sync() 
     assert_eq!(again[0].family, Family::V4);
     assert!(again[0].adds > 4, "a full refill, not a diff");
 }
+
+/// The backend contract at the fake level (the kit's conformance scenarios): the recorder is
+/// the data plane; what the backend committed for Services is its set and map elements (the
+/// `cluster-nN` chains are shared by every Service with N endpoints, like the skeleton, and
+/// stay when one Service goes).
+mod conformance_harness {
+    use super::*;
+
+    pub struct NftHarness {
+        backend: NftBackend,
+        recorder: Recorder,
+    }
+
+    impl kpng_backend_kit::conformance::Harness for NftHarness {
+        fn backend(&mut self) -> &mut dyn Backend {
+            &mut self.backend
+        }
+
+        fn objects(&self) -> usize {
+            self.backend.states.iter().map(|s| s.store.len()).sum()
+        }
+
+        fn fail_next(&mut self) {
+            self.recorder.record().fail_next = 1;
+        }
+    }
+
+    pub fn make() -> NftHarness {
+        let (backend, recorder) = backend();
+        NftHarness { backend, recorder }
+    }
+}
+
+kpng_backend_kit::conformance_tests!(conformance_harness::make);

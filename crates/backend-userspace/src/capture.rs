@@ -13,27 +13,9 @@ use crate::store::Op;
 #[cfg(target_os = "linux")]
 pub mod nft;
 
-/// Why the capture could not be changed.
-#[derive(Debug, thiserror::Error)]
-pub enum CaptureError {
-    /// The capture tool could not be run.
-    #[error("cannot run {tool}: {source}")]
-    Spawn {
-        /// The tool.
-        tool: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The change was refused; nothing of it was applied.
-    #[error("{tool} refused the change: {message}")]
-    Refused {
-        /// The tool.
-        tool: String,
-        /// What it said.
-        message: String,
-    },
-}
+/// Why the capture could not be changed (the backend kit's tool error: the capture is
+/// committed by a tool such as `nft -f -`).
+pub use kpng_backend_kit::exec::ExecError as CaptureError;
 
 /// Something that steers Service traffic to the proxy's listeners.
 ///

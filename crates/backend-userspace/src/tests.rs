@@ -361,6 +361,7 @@ impl Flaky {
         if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(capture::CaptureError::Refused {
                 tool: "test".into(),
+                status: "exit status: 1".into(),
                 message: "no".into(),
             });
         }
@@ -514,3 +515,110 @@ async fn listeners_take_the_ports_a_previous_run_left_when_free() {
     assert_ne!(b.listener_ports(&other.key).unwrap().internal, taken_port);
     drop(taken);
 }
+
+/// The backend contract at the fake level (the kit's conformance scenarios): the recording
+/// capture is the data plane (its entries), and the proxy runs on a runtime of its own.
+mod conformance_harness {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A recording capture whose next call can be made to fail.
+    struct FailOnce {
+        fail: Arc<AtomicUsize>,
+        inner: Recorder,
+    }
+
+    impl FailOnce {
+        fn check(&self) -> Result<(), capture::CaptureError> {
+            if self
+                .fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(capture::CaptureError::Refused {
+                    tool: "test".into(),
+                    status: "exit status: 1".into(),
+                    message: "injected failure".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    impl Capture for FailOnce {
+        fn replace(&mut self, entries: &[Entry]) -> Result<usize, capture::CaptureError> {
+            self.check()?;
+            self.inner.replace(entries)
+        }
+        fn update(&mut self, ops: &[Op]) -> Result<usize, capture::CaptureError> {
+            self.check()?;
+            self.inner.update(ops)
+        }
+        fn cleanup(&mut self) -> Result<(), capture::CaptureError> {
+            self.inner.cleanup()
+        }
+    }
+
+    /// The backend, called inside its runtime (it opens listeners and spawns their tasks).
+    struct InRuntime {
+        runtime: tokio::runtime::Runtime,
+        backend: UserspaceBackend,
+    }
+
+    impl Backend for InRuntime {
+        fn name(&self) -> &'static str {
+            self.backend.name()
+        }
+        fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+            let _entered = self.runtime.enter();
+            self.backend.sync(request)
+        }
+        fn cleanup(&mut self) -> Result<(), BackendError> {
+            let _entered = self.runtime.enter();
+            self.backend.cleanup()
+        }
+    }
+
+    pub struct UserspaceHarness {
+        backend: InRuntime,
+        recorder: Recorder,
+        fail: Arc<AtomicUsize>,
+    }
+
+    impl kpng_backend_kit::conformance::Harness for UserspaceHarness {
+        fn backend(&mut self) -> &mut dyn Backend {
+            &mut self.backend
+        }
+
+        fn objects(&self) -> usize {
+            self.recorder.current().len()
+        }
+
+        fn fail_next(&mut self) {
+            self.fail.store(1, Ordering::SeqCst);
+        }
+    }
+
+    pub fn make() -> UserspaceHarness {
+        let recorder = Recorder::new();
+        let fail = Arc::new(AtomicUsize::new(0));
+        let capture = FailOnce {
+            fail: fail.clone(),
+            inner: recorder.clone(),
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let backend = UserspaceBackend::new(UserspaceConfig::default(), Box::new(capture));
+        UserspaceHarness {
+            backend: InRuntime { runtime, backend },
+            recorder,
+            fail,
+        }
+    }
+}
+
+kpng_backend_kit::conformance_tests!(conformance_harness::make);

@@ -201,15 +201,14 @@ pub fn cleanup() -> anyhow::Result<()> {
 mod linux {
     use anyhow::{Context, bail};
     use kpng_backend::Backend;
-    use kpng_backend::settings::NodePortAddresses;
     use kpng_backend_iptables::exec::{
         DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode, family_usable,
     };
     use kpng_backend_iptables::{IptablesBackend, IptablesConfig};
     use kpng_backend_nft::exec::libnftables::LibNftables;
-    use kpng_backend_nft::exec::{Auto, DryRun, NftCommand, NftExec};
+    use kpng_backend_nft::exec::{Auto, NftCommand, NftExec, dry_run};
     use kpng_backend_nft::netlink::NetlinkWriter;
-    use kpng_backend_nft::{NftBackend, NftConfig, NodePortAddresses as NftNodePorts};
+    use kpng_backend_nft::{NftBackend, NftConfig};
     use kpng_backend_userspace::capture::Capture as _;
     use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
     use kpng_backend_userspace::proxy::ProxySettings;
@@ -235,22 +234,16 @@ mod linux {
     }
 
     fn nft(flags: &GlobalFlags, args: &NftArgs, node: NodeSettings) -> anyhow::Result<NftBackend> {
-        let nodeport_addresses = match node.nodeport_addresses {
-            NodePortAddresses::Primary => NftNodePorts::Primary,
-            NodePortAddresses::Cidrs(cidrs) => NftNodePorts::Cidrs(cidrs),
-            // No CIDR of a family: every local address of it.
-            NodePortAddresses::AllLocal => NftNodePorts::Cidrs(Vec::new()),
-        };
         let config = NftConfig {
             masquerade_all: node.masquerade.all,
             masquerade_bit: node.masquerade.bit,
             detect_local: node.detect_local,
-            nodeport_addresses,
+            nodeport_addresses: node.nodeport_addresses,
             service_cidrs: flags.service_cidr.clone(),
             ..NftConfig::default()
         };
         let exec: Box<dyn NftExec> = match (args.dry_run, args.nft_exec) {
-            (true, _) => Box::new(DryRun),
+            (true, _) => Box::new(dry_run()),
             (false, NftExecMode::Command) => Box::new(NftCommand::with_binary(&args.nft_binary)),
             (false, NftExecMode::Library) => {
                 Box::new(LibNftables::open().context("loading libnftables (--nft-exec library)")?)

@@ -12,7 +12,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 
 use libloading::{Library, Symbol};
 
-use super::{ExecError, NftExec};
+use super::{ExecError, ScriptExec};
 
 type CtxNew = unsafe extern "C" fn(u32) -> *mut c_void;
 type CtxFree = unsafe extern "C" fn(*mut c_void);
@@ -39,7 +39,7 @@ impl LibNftables {
     /// network namespace.
     pub fn open() -> Result<LibNftables, ExecError> {
         let spawn = |e: String| ExecError::Spawn {
-            binary: "libnftables.so.1".into(),
+            tool: "libnftables.so.1".into(),
             source: std::io::Error::other(e),
         };
         // SAFETY: loading a system library whose initialisers are safe to run.
@@ -83,11 +83,15 @@ impl LibNftables {
     }
 }
 
-impl NftExec for LibNftables {
+impl ScriptExec for LibNftables {
     fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        let script = CString::new(script).map_err(|_| ExecError::Rejected {
-            stderr: "script contains a NUL byte".into(),
-        })?;
+        let refused = |message: String| ExecError::Refused {
+            tool: "libnftables".into(),
+            status: "rejected".into(),
+            message,
+        };
+        let script =
+            CString::new(script).map_err(|_| refused("script contains a NUL byte".into()))?;
         // SAFETY: `ctx` is a live context and `script` a NUL-terminated string that outlives the call.
         let rc = unsafe { (self.run)(self.ctx, script.as_ptr()) };
         if rc == 0 {
@@ -104,13 +108,11 @@ impl NftExec for LibNftables {
             }
         };
         let stderr: String = stderr.lines().take(20).collect::<Vec<_>>().join("\n");
-        Err(ExecError::Rejected {
-            stderr: if stderr.is_empty() {
-                format!("libnftables returned {rc}")
-            } else {
-                stderr
-            },
-        })
+        Err(refused(if stderr.is_empty() {
+            format!("libnftables returned {rc}")
+        } else {
+            stderr
+        }))
     }
 }
 

@@ -19,9 +19,7 @@
 //! Every change is one `nft -f -` transaction: atomic, and on error nothing of it applies.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use kpng_backend::settings::DetectLocal;
@@ -220,18 +218,12 @@ impl Capture for NftCapture {
         };
         let mut out = Vec::new();
         for family in &self.families {
-            let listed = Command::new(binary)
-                .args(["-j", "list", "table", family_word(*family), &self.table])
-                .output();
-            match listed {
-                Ok(o) if o.status.success() => {
-                    out.extend(parse_redirects(
-                        *family,
-                        &String::from_utf8_lossy(&o.stdout),
-                    ));
-                }
+            let tool = binary.display().to_string();
+            let args = ["-j", "list", "table", family_word(*family), &self.table];
+            match kpng_backend_kit::exec::run_tool(&tool, &args, None) {
+                Ok(json) => out.extend(parse_redirects(*family, &json)),
                 // No table: a first start.
-                Ok(_) => {}
+                Err(CaptureError::Refused { .. }) => {}
                 Err(e) => tracing::debug!("cannot list the previous capture: {e}"),
             }
         }
@@ -304,36 +296,9 @@ fn redirect_key(family: Family, map: &str, key: &[serde_json::Value]) -> Option<
     }
 }
 
-fn run_nft(binary: &PathBuf, script: &str) -> Result<(), CaptureError> {
+fn run_nft(binary: &std::path::Path, script: &str) -> Result<(), CaptureError> {
     let tool = binary.display().to_string();
-    let mut child = Command::new(binary)
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| CaptureError::Spawn {
-            tool: tool.clone(),
-            source,
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A write error means nft exited early; its stderr says why.
-        let _ = stdin.write_all(script.as_bytes());
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|source| CaptureError::Spawn {
-            tool: tool.clone(),
-            source,
-        })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(CaptureError::Refused {
-            tool,
-            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
+    kpng_backend_kit::exec::run_tool(&tool, &["-f", "-"], Some(script)).map(|_| ())
 }
 
 fn family_word(family: Family) -> &'static str {
