@@ -47,6 +47,8 @@ pub struct RemoteUpdate {
     pub service_changes: Vec<ServiceKey>,
     /// `Endpoint` values set or deleted (kube-proxy's endpoint changes).
     pub endpoint_changes: usize,
+    /// The change set began with a `Reset`: the brain's whole state for this node, replayed.
+    pub replay: bool,
 }
 
 /// The node-local state received from a brain, as the runner's model.
@@ -103,6 +105,14 @@ impl NodeModel for RemoteModel {
         for (key, ports) in update.services {
             self.snapshot.replace_service(&key, ports, &mut diff);
         }
+        if update.replay {
+            let changed: BTreeSet<&ServiceKey> = diff.changes.keys().map(|k| &k.service).collect();
+            info!(
+                node_changed = diff.node_changed,
+                "brain state replayed: {} Services changed",
+                changed.len()
+            );
+        }
         let mut listed = Vec::new();
         if !self.listed {
             // The first complete change set is the whole cluster as far as this node goes.
@@ -135,6 +145,7 @@ pub struct WireState {
     service_cidrs_touched: bool,
     service_changes: BTreeSet<ServiceKey>,
     endpoint_changes: usize,
+    reset: bool,
 }
 
 fn bad_path(path: &str, set: &str) -> DecodeError {
@@ -183,6 +194,7 @@ impl WireState {
                 self.endpoints.clear();
                 self.service_cidrs.clear();
                 self.service_cidrs_touched = true;
+                self.reset = true;
             }
             Some(Op::Set(value)) => {
                 let r = value.r#ref.unwrap_or_default();
@@ -266,6 +278,7 @@ impl WireState {
                 .into_iter()
                 .collect(),
             endpoint_changes: std::mem::take(&mut self.endpoint_changes),
+            replay: std::mem::take(&mut self.reset),
         };
         let empty = BTreeMap::new();
         for key in std::mem::take(&mut self.touched) {

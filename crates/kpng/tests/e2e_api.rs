@@ -13,7 +13,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kpng_testkit::{Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, require_root, tally};
+use kpng_testkit::{
+    Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, bin_path, require_root,
+    tally,
+};
 
 const EP_PORT: u16 = 8080;
 const NODE_PORT: u16 = 30080;
@@ -273,43 +276,54 @@ fn three_nodes_follow_one_brain_through_a_restart() {
 
     // Kill and restart the brain while a UDP flow runs from pod3a through the ClusterIP.
     let syncs_before: Vec<usize> = kpngs.iter().map(|k| count(k, "synced backend=")).collect();
-    let udp = std::thread::scope(|s| {
-        let flow = s.spawn(|| {
-            c.pod("pod3a")
-                .ns
-                .probe(
-                    &Probe::new(Proto::Udp, sa(std::net::Ipv4Addr::new(10, 96, 0, 10), 80))
-                        .count(30)
-                        .interval(Duration::from_millis(100))
-                        .timeout(Duration::from_secs(1)),
-                )
-                .expect("udp flow")
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        brain.kill();
-        for k in &kpngs {
-            wait_until(
-                "the node noticed the brain is gone",
-                || count(k, "brain unreachable") >= 1,
-                logs,
-            );
-        }
-        // Rules stay: new connections work without the brain.
-        assert_eq!(
-            servers(&c.pod("pod2a").ns, cip, 20),
-            set(&["pod1a", "pod2a", "pod3a"])
+    let replays = |k: &Spawned| count(k, "brain state replayed: ");
+    let replays_before: Vec<usize> = kpngs.iter().map(replays).collect();
+    const FLOW: usize = 30;
+    let flow_probe = Probe::new(Proto::Udp, sa(std::net::Ipv4Addr::new(10, 96, 0, 10), 80))
+        .count(FLOW)
+        .interval(Duration::from_millis(100))
+        .timeout(Duration::from_secs(1));
+    let mut flow_args = vec![
+        bin_path("kpng-probe")
+            .expect("kpng-probe")
+            .display()
+            .to_string(),
+    ];
+    flow_args.extend(flow_probe.args());
+    let mut flow = c.pod("pod3a").ns.spawn(&flow_args).expect("udp flow");
+    // kpng-probe prints one result per attempt as it goes.
+    let next_result = |flow: &mut Spawned| {
+        let line = flow
+            .wait_for_line(|l| !l.trim().is_empty(), Duration::from_secs(10))
+            .expect("a result of the udp flow");
+        ProbeResult::from_json_line(&line).expect("a probe result")
+    };
+    // The flow is established (its first answer came back) before the brain goes.
+    let mut udp = vec![next_result(&mut flow)];
+    brain.kill();
+    for k in &kpngs {
+        wait_until(
+            "the node noticed the brain is gone",
+            || count(k, "brain unreachable") >= 1,
+            logs,
         );
-        brain = Brain::start(&input, &socket, &dir.path().join("brain2.log"));
-        for k in &kpngs {
-            wait_until(
-                "the node watches the new brain",
-                || count(k, "watching the brain") >= 2,
-                logs,
-            );
-        }
-        flow.join().expect("udp thread")
-    });
-    assert_eq!(udp.len(), 30);
+    }
+    // Rules stay: new connections work without the brain.
+    assert_eq!(
+        servers(&c.pod("pod2a").ns, cip, 20),
+        set(&["pod1a", "pod2a", "pod3a"])
+    );
+    let _brain2 = Brain::start(&input, &socket, &dir.path().join("brain2.log"));
+    for (k, before) in kpngs.iter().zip(&replays_before) {
+        wait_until(
+            "the node applied the new brain's replay",
+            || count(k, "watching the brain") >= 2 && replays(k) > *before,
+            logs,
+        );
+    }
+    while udp.len() < FLOW {
+        udp.push(next_result(&mut flow));
+    }
     assert!(
         udp.iter().all(|r| r.outcome == Outcome::Ok),
         "the established flow kept working: {udp:?}"
@@ -320,8 +334,19 @@ fn three_nodes_follow_one_brain_through_a_restart() {
         1,
         "one flow, one endpoint: {servers_of_flow:?}"
     );
-    // The reconnect replays changed nothing: no node synced.
-    std::thread::sleep(Duration::from_millis(300));
+    // The reconnect replays changed nothing: each node says so once it applied its replay
+    // (the runner then has nothing to sync), and no node synced.
+    for (k, name) in kpngs.iter().zip(names) {
+        let err = k.stderr_text();
+        let last = err
+            .lines()
+            .rfind(|l| l.contains("brain state replayed: "))
+            .unwrap_or_default();
+        assert!(
+            last.contains("brain state replayed: 0 Services changed node_changed=false"),
+            "{name}: a replay of the same state is no change: {last}"
+        );
+    }
     let syncs_after: Vec<usize> = kpngs.iter().map(|k| count(k, "synced backend=")).collect();
     assert_eq!(
         syncs_after,

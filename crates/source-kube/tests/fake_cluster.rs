@@ -1,6 +1,7 @@
 //! The `kube` source against the fake API server: what it asks for, the events it sends, and
 //! how it rides through dropped watches, 410 Gone and an outage.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kpng_fake_apiserver::FakeApiServer;
@@ -8,6 +9,7 @@ use kpng_model::{Event, Kind, Model, ModelConfig, Object};
 use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig, client};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tracing::instrument::WithSubscriber;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -53,7 +55,84 @@ fn cluster(server: &FakeApiServer) {
 
 struct Running {
     events: mpsc::Receiver<Event>,
+    /// What the source logged.
+    logged: Logged,
     _task: tokio::task::JoinHandle<()>,
+}
+
+/// The messages of the events logged inside the future it is attached to (no
+/// tracing-subscriber here: a minimal subscriber that keeps each event's message).
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<String>>>);
+
+impl Logged {
+    fn lines(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn any(&self, needle: &str) -> bool {
+        self.lines().iter().any(|l| l.contains(needle))
+    }
+}
+
+impl tracing::Subscriber for Logged {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0.push_str(&format!("{value:?}"));
+                }
+            }
+        }
+        let mut text = String::new();
+        event.record(&mut Message(&mut text));
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(text);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Polls `ok` until it holds; fails with `what` and `context()` after [`WAIT`].
+async fn wait_for(what: &str, ok: impl Fn() -> bool, context: impl Fn() -> String) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {WAIT:?}; {}",
+            context()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many watches of `path` the server was asked for.
+fn watches(server: &FakeApiServer, path: &str) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|q| q.path == path && q.is_watch())
+        .count()
 }
 
 async fn run(server: &FakeApiServer) -> Running {
@@ -74,9 +153,11 @@ async fn run(server: &FakeApiServer) -> Running {
         },
     );
     let (tx, events) = mpsc::channel(64);
+    let logged = Logged::default();
     Running {
         events,
-        _task: tokio::spawn(source.run(tx)),
+        _task: tokio::spawn(source.run(tx).with_subscriber(logged.clone())),
+        logged,
     }
 }
 
@@ -196,9 +277,47 @@ async fn changes_arrive_as_apply_and_delete_and_survive_dropped_watches() {
     assert_eq!(names(&events, Kind::EndpointSlice), ["web-1"]);
 
     // Cut every watch: they resume from their resourceVersion, so no relist, and the next
-    // change still arrives.
+    // change still arrives. The change is made once every watcher has asked again.
+    let paths = [
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        "/api/v1/nodes",
+    ];
+    let requests = || format!("requests: {:#?}", server.requests());
+    wait_for(
+        "every watch open",
+        || paths.iter().all(|p| watches(&server, p) > 0),
+        requests,
+    )
+    .await;
+    let before: Vec<usize> = paths.iter().map(|p| watches(&server, p)).collect();
     server.drop_watches();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for(
+        "every watch asked for again",
+        || {
+            paths
+                .iter()
+                .zip(&before)
+                .all(|(p, n)| watches(&server, p) > *n)
+        },
+        requests,
+    )
+    .await;
+    for (path, n) in paths.iter().zip(&before) {
+        let again = server
+            .requests()
+            .into_iter()
+            .filter(|q| q.path == *path && q.is_watch())
+            .nth(*n)
+            .expect("the new watch");
+        assert!(
+            again
+                .query
+                .get("resourceVersion")
+                .is_some_and(|rv| !rv.is_empty() && rv != "0"),
+            "{path} resumes from its resourceVersion: {again:?}"
+        );
+    }
     server.delete("Service", "default", "web").expect("delete");
     let events = until(&mut r, |e| matches!(e, Event::Delete(_))).await;
     assert!(
@@ -299,8 +418,25 @@ async fn without_servicecidrs_the_three_kinds_are_enough() {
     )
     .await;
     assert!(names(&events, Kind::ServiceCidr).is_empty());
-    // Give discovery time to answer: still no ServiceCIDR watch.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The source says what discovery answered once it has decided: no ServiceCIDR watch.
+    wait_for(
+        "the ServiceCIDR decision",
+        || r.logged.any("the API server serves no ServiceCIDRs"),
+        || format!("logged: {:#?}", r.logged.lines()),
+    )
+    .await;
+    assert!(
+        !r.logged.any("the API server serves ServiceCIDRs"),
+        "{:#?}",
+        r.logged.lines()
+    );
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|q| q.path == "/apis/networking.k8s.io/v1"),
+        "the decision comes from discovery"
+    );
     assert!(
         !server
             .requests()

@@ -301,6 +301,29 @@ impl<'a> Kpng<'a> {
         }
     }
 
+    /// Wait until kpng's stderr satisfies `logged` (e.g. a line it writes once it decided
+    /// something); fail after 10 s or when kpng exits.
+    #[track_caller]
+    pub fn wait_logged(&mut self, what: &str, logged: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if logged(&self.stderr()) {
+                return;
+            }
+            if let Some(p) = self.proc.as_mut()
+                && let Ok(Some(status)) = p.try_wait()
+            {
+                panic!("kpng exited ({status}) before {what}:\n{}", self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within 10 s; kpng said:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Rewrite the watched file without waiting (e.g. while kpng is stopped).
     pub fn write(&self, manifest: &str) {
         write_atomically(&self.input, manifest);

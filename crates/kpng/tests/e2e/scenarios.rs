@@ -1314,7 +1314,27 @@ pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
         "",
         &[("pod1a", Cond::Ready)],
     )]));
-    std::thread::sleep(Duration::from_millis(200));
+    // kpng says it closes the server; then the kernel shows the listener gone.
+    k.wait_logged("the health check closed", |err| {
+        err.lines()
+            .any(|l| l.contains("closing health check") && l.contains("port=32160"))
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listening = c
+            .node1
+            .ns
+            .run_ok(["ss", "-H", "-l", "-t", "-n", "sport = :32160"])
+            .expect("ss");
+        if listening.trim().is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still listening on 32160 within 10 s:\n{listening}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(
         c.ext
             .ns
