@@ -1,16 +1,19 @@
-//! The contract between kpng's model and everything that consumes it, and the machinery every
-//! consumer shares.
+//! The contract between kpng's model and everything that consumes it. Small and platform-free:
+//! a Windows or eBPF backend links exactly this (plus the model and, if it likes, the kit).
 //!
 //! - [`Backend`]: one small synchronous trait. `to-file`, `to-local nft` and every later backend
 //!   implement it; the in-process path and the gRPC client drive the same trait.
-//! - [`runner::Runner`]: the sync loop. It feeds source events into a [`runner::NodeModel`] (the
-//!   in-process [`kpng_model::Model`], or a remote brain's state received over the API),
-//!   accumulates diffs, honours `--min-sync-period`, retries failures with a full resync, runs the
-//!   periodic syncs, and keeps [`health::ProxyHealth`] and [`metrics::ProxyMetrics`] current.
+//! - [`NodeModel`]: where a runner's node-local state comes from (the in-process
+//!   [`kpng_model::Model`], or a remote brain's state received over the API).
+//! - [`settings`]: what every node backend is configured with, whatever the backend
+//!   (`--nodeport-addresses`, masquerading, `--detect-local-mode`).
+//! - [`metrics::FamilyLabel`]: the label a backend's own metrics share with the runner's.
 //!
-//! A backend therefore only answers one question: "make the node match this snapshot, given
-//! that this diff is what changed since your last successful sync".
+//! The sync loop that drives a backend is `kpng-runner`; what backends share beyond this
+//! contract is `kpng-backend-kit`. A backend therefore only answers one question: "make the node
+//! match this snapshot, given that this diff is what changed since your last successful sync".
 
+#[cfg(target_os = "linux")]
 pub mod host;
 pub mod metrics;
 mod node_model;
