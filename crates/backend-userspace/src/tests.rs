@@ -336,9 +336,9 @@ async fn listeners_stay_across_changes_and_only_changed_entries_are_sent() {
     assert_eq!(recorder.current(), Vec::<Entry>::new());
 }
 
-/// A capture that fails on demand.
+/// A capture that fails on demand: its next `fail` calls (`usize::MAX`: until reset) fail.
 struct Flaky {
-    fail: Arc<std::sync::atomic::AtomicBool>,
+    fail: Arc<std::sync::atomic::AtomicUsize>,
     inner: Recorder,
 }
 
@@ -358,11 +358,20 @@ impl Capture for Flaky {
 
 impl Flaky {
     fn check(&self) -> Result<(), capture::CaptureError> {
-        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+        use std::sync::atomic::Ordering;
+        let failing = self
+            .fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
+                0 => None,
+                usize::MAX => Some(usize::MAX),
+                n => Some(n - 1),
+            })
+            .is_ok();
+        if failing {
             return Err(capture::CaptureError::Refused {
                 tool: "test".into(),
                 status: "exit status: 1".into(),
-                message: "no".into(),
+                message: "injected failure".into(),
             });
         }
         Ok(())
@@ -371,7 +380,7 @@ impl Flaky {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failed_capture_the_next_sync_replaces_it_whole() {
-    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fail = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let recorder = Recorder::new();
     let mut b = UserspaceBackend::new(
         UserspaceConfig::default(),
@@ -383,12 +392,12 @@ async fn after_a_failed_capture_the_next_sync_replaces_it_whole() {
     let (a, _ta) = tcp_endpoint("a").await;
     let sp = with_endpoints(Protocol::Tcp, std::slice::from_ref(&a));
     full(&mut b, &[&sp]);
-    fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    fail.store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
     let mut np = (*sp).clone();
     np.node_port = Some(30080);
     let np = Arc::new(np);
     assert!(change(&mut b, Some(&sp), Some(&np)).is_err());
-    fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    fail.store(0, std::sync::atomic::Ordering::Relaxed);
     // Even a partial request converges: the backend knows its capture is stale.
     change(&mut b, Some(&np), Some(&np)).unwrap();
     assert!(matches!(
@@ -523,43 +532,6 @@ mod conformance_harness {
 
     use super::*;
 
-    /// A recording capture whose next call can be made to fail.
-    struct FailOnce {
-        fail: Arc<AtomicUsize>,
-        inner: Recorder,
-    }
-
-    impl FailOnce {
-        fn check(&self) -> Result<(), capture::CaptureError> {
-            if self
-                .fail
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                return Err(capture::CaptureError::Refused {
-                    tool: "test".into(),
-                    status: "exit status: 1".into(),
-                    message: "injected failure".into(),
-                });
-            }
-            Ok(())
-        }
-    }
-
-    impl Capture for FailOnce {
-        fn replace(&mut self, entries: &[Entry]) -> Result<usize, capture::CaptureError> {
-            self.check()?;
-            self.inner.replace(entries)
-        }
-        fn update(&mut self, ops: &[Op]) -> Result<usize, capture::CaptureError> {
-            self.check()?;
-            self.inner.update(ops)
-        }
-        fn cleanup(&mut self) -> Result<(), capture::CaptureError> {
-            self.inner.cleanup()
-        }
-    }
-
     /// The backend, called inside its runtime (it opens listeners and spawns their tasks).
     struct InRuntime {
         runtime: tokio::runtime::Runtime,
@@ -603,7 +575,7 @@ mod conformance_harness {
     pub fn make() -> UserspaceHarness {
         let recorder = Recorder::new();
         let fail = Arc::new(AtomicUsize::new(0));
-        let capture = FailOnce {
+        let capture = Flaky {
             fail: fail.clone(),
             inner: recorder.clone(),
         };

@@ -1,6 +1,5 @@
 //! The binary end to end: `kpng file … to-file` follows edits of its input and survives broken ones.
 
-use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -15,20 +14,7 @@ struct Kpng {
 impl Kpng {
     fn start(command: &mut Command) -> Kpng {
         let mut child = command.stderr(Stdio::piped()).spawn().expect("start kpng");
-        let mut from = child.stderr.take().expect("stderr");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = from.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .expect("lock")
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let stderr = kpng_testkit::collect_output(child.stderr.take().expect("stderr"));
         Kpng { child, stderr }
     }
 

@@ -20,23 +20,6 @@ struct Kpng {
     stderr: Arc<Mutex<String>>,
 }
 
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let sink = text.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 8192];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .expect("lock")
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    text
-}
-
 impl Kpng {
     fn start(args: &[&str]) -> Kpng {
         let mut command = Command::new(env!("CARGO_BIN_EXE_kpng"));
@@ -50,8 +33,8 @@ impl Kpng {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start kpng");
-        let stdout = collect(child.stdout.take().expect("stdout"));
-        let stderr = collect(child.stderr.take().expect("stderr"));
+        let stdout = kpng_testkit::collect_output(child.stdout.take().expect("stdout"));
+        let stderr = kpng_testkit::collect_output(child.stderr.take().expect("stderr"));
         Kpng {
             child,
             stdout,
