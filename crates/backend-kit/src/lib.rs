@@ -4,6 +4,8 @@
 //! - [`families`]: one sync, per IP family, every family attempted, the first error reported.
 //! - [`owners`]: stable small ids for Service ports, so that data-plane objects several ports
 //!   want (a shared ClusterIP, a hairpin pair) can be owned and handed over.
+//! - [`claims`]: the owner-keyed store of those objects (hashes only), diffed into minimal
+//!   operations, the lowest owner winning.
 //! - [`exec`]: text transactions through a tool (`nft -f -`, `iptables-restore`), a dry run
 //!   that prints them, and a recorder for tests, with one error type.
 //! - [`conformance`]: the contract checked at the fake level for any backend, scenario by
@@ -12,6 +14,7 @@
 //!
 //! Platform-free: a Windows or eBPF backend uses the same kit.
 
+pub mod claims;
 pub mod conformance;
 pub mod exec;
 pub mod families;

@@ -7,14 +7,17 @@
 //! - [`value`]: typed element keys and values (`Display` is nft's text, netlink encodes the
 //!   fields);
 //! - [`elements`]: one Service port → its set/map elements (all per-Service state lives there);
-//! - [`store`]: desired elements with their owners, diffed into minimal add/delete operations;
-//! - [`exec`]: one `nft -f -` per transaction (atomic), or a dry run, or a recorder for tests;
+//! - [`store`]: elements as claims in the backend kit's owner-keyed store, diffed into minimal
+//!   add/delete operations;
+//! - [`exec`]: one transaction through libnftables or `nft -f -` (atomic), or the kit's dry run,
+//!   or its recorder for tests;
 //! - [`netlink`]: elements straight over netlink ([`netlink::ElementWriter`]), or a fake.
 //!
 //! A full sync (start-up, after a failure, periodically) atomically replaces our tables, which
 //! also adopts whatever a previous run left; established connections are untouched because their
-//! NAT lives in conntrack. Every other sync sends only the elements that changed. The kernel
-//! table is never read back. See `docs/nftables.md`.
+//! NAT lives in conntrack. Every other sync sends only the elements that changed. The kernel is
+//! read once per family, at the first full sync ([`netlink::ElementWriter::probe_table`]: the
+//! table's comment, without its elements), and never in the sync loop. See `docs/nftables.md`.
 
 pub mod elements;
 pub mod exec;

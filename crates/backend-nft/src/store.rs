@@ -1,21 +1,17 @@
-//! Which Service port owns which set/map element, diffed into minimal operations.
+//! The nftables elements kpng owns, as claims in the backend kit's owner-keyed store
+//! ([`kpng_backend_kit::claims`]): several Service ports may want the same element (every port
+//! of a Service puts its ClusterIP in `cluster-ips`; two Services may hairpin the same pod); the
+//! lowest-numbered owner's value is effective, and changing one port's elements yields exactly
+//! the additions, deletions and value replacements that change the kernel's view.
 //!
-//! Several Service ports may want the same element (every port of a Service puts its ClusterIP
-//! in `cluster-ips`; two Services may hairpin the same pod). The store keeps, per element, which
-//! ports want it and with what value; the element's effective value is that of its
-//! lowest-numbered owner. Changing one port's elements yields exactly the additions, deletions
-//! and value replacements that change the kernel's view.
-//!
-//! It stores 64-bit hashes, not the elements: at 30k Services that is ≈40 bytes per element
-//! (with the map's overhead) instead of an 80-byte [`Element`]. Elements themselves are always
-//! recomputed from the model (a full sync generates them all; a partial sync, those of the
-//! changed ports); in the rare case where a shared element passes to another owner, the
-//! caller's resolver recomputes that owner's copy.
+//! The store keeps hashes, not elements: at 30k Services that is ≈40 bytes per element (with the
+//! map's overhead) instead of an 80-byte [`Element`].
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+
+pub use kpng_backend_kit::claims::Built;
+use kpng_backend_kit::claims::{self, Claim, ClaimOp, ClaimStore, Payload};
 
 use crate::sets::Set;
 use crate::value::{Key, Value};
@@ -36,9 +32,9 @@ pub struct Element {
     pub comment: Option<Arc<str>>,
 }
 
-impl Element {
+impl Claim for Element {
     /// The element's identity: its set and key.
-    fn key_hash(&self) -> u64 {
+    fn identity_hash(&self) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.set.hash(&mut h);
         self.key.hash(&mut h);
@@ -50,292 +46,35 @@ impl Element {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.value.hash(&mut h);
         self.comment.hash(&mut h);
-        let h = h.finish();
-        (h ^ (h >> 32)) as Payload
+        claims::payload(h.finish())
     }
 }
 
-/// An element change to send to the kernel.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ElementOp {
-    /// Remove the element with this key.
-    Delete {
-        /// The set or map.
-        set: Set,
-        /// The key.
-        key: Key,
-    },
-    /// Add this element (after any delete of the same key).
-    Add(Element),
-}
+/// An element change to send to the kernel (a delete names the element that was there).
+pub type ElementOp = ClaimOp<Element>;
+
+/// Desired elements with their owners (the kit's store).
+pub type ElementStore = ClaimStore;
 
 /// An owner of elements: an interned Service-port id (the kit's).
 pub use kpng_backend_kit::owners::OwnerId;
 
-/// What an owner wants for an element: a 32-bit hash of value and comment. (A collision would
-/// hide one value change until the next full sync; at 2^-32 per change that is accepted for
-/// halving the store, which at 30k Services holds ~300k elements.)
-pub type Payload = u32;
-
-/// The one owner of an element and its payload; `owner == SHARED` means several owners,
-/// listed in [`ElementStore::shared`].
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    owner: OwnerId,
-    payload: Payload,
-}
-
-/// The effective owner of an element and its payload, if anyone wants it.
-type Effective = Option<(OwnerId, Payload)>;
-
-/// The owner id that marks a shared element (never handed out to a Service port).
-pub const SHARED: OwnerId = kpng_backend_kit::owners::RESERVED;
-
-/// What one element means while a store is built from empty ([`ElementStore::build_one`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Built {
-    /// A new identity: send it.
-    Emit,
-    /// Already sent with the value that stays effective.
-    Skip,
-    /// This owner's different value now wins over the one already sent (two Service ports
-    /// want one key with different values, and the lower-numbered came later).
-    Supersede,
-}
-
-/// Recomputes `owner`'s copy of an element (same set and key), when it becomes the effective one.
-pub type Resolve<'a> = &'a dyn Fn(OwnerId, &Element) -> Option<Element>;
-
-/// Desired elements (as hashes) with their owners: 16 bytes per element in the common case
-/// of one owner.
-#[derive(Debug, Default)]
-pub struct ElementStore {
-    elements: HashMap<u64, Slot>,
-    /// Elements with several owners (a Service's ClusterIP wanted by each of its ports, …),
-    /// with the payload each wants, sorted by owner; the lowest owner's payload is effective.
-    shared: HashMap<u64, Vec<(OwnerId, Payload)>>,
-}
-
-impl ElementStore {
-    /// An empty store.
-    pub fn new() -> ElementStore {
-        ElementStore::default()
-    }
-
-    /// Number of distinct elements.
-    pub fn len(&self) -> usize {
-        self.elements.len()
-    }
-
-    /// Whether the store holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.elements.is_empty()
-    }
-
-    /// Full-sync step: records that `owner` wants `e` in a store being built from empty, and
-    /// says what that means for the elements already emitted. Owners may come in any order;
-    /// the lowest-numbered one's value wins.
-    pub fn build_one(&mut self, owner: OwnerId, e: &Element) -> Built {
-        let (before, after) = self.set(e.key_hash(), owner, Some(e.payload_hash()));
-        match before {
-            None => Built::Emit,
-            Some((_, p)) if after.map(|(_, q)| q) == Some(p) => Built::Skip,
-            Some(_) => Built::Supersede,
-        }
-    }
-
-    /// Sets (`Some`) or clears (`None`) `owner`'s wish for the element `kh`; returns the
-    /// effective (owner, payload) before and after.
-    fn set(&mut self, kh: u64, owner: OwnerId, payload: Option<Payload>) -> (Effective, Effective) {
-        let mut slot = match self.elements.entry(kh) {
-            Entry::Vacant(v) => {
-                return match payload {
-                    None => (None, None),
-                    Some(payload) => {
-                        v.insert(Slot { owner, payload });
-                        (None, Some((owner, payload)))
-                    }
-                };
-            }
-            Entry::Occupied(o) => o,
-        };
-        let current = *slot.get();
-        if current.owner != SHARED {
-            let before = Some((current.owner, current.payload));
-            return match payload {
-                _ if current.owner != owner && payload.is_none() => (before, before),
-                None => {
-                    slot.remove();
-                    (before, None)
-                }
-                Some(payload) if current.owner == owner => {
-                    slot.get_mut().payload = payload;
-                    (before, Some((owner, payload)))
-                }
-                Some(payload) => {
-                    let mut owners = vec![(current.owner, current.payload), (owner, payload)];
-                    owners.sort_unstable_by_key(|(o, _)| *o);
-                    let after = owners.first().copied();
-                    *slot.get_mut() = Slot {
-                        owner: SHARED,
-                        payload: 0,
-                    };
-                    self.shared.insert(kh, owners);
-                    (before, after)
-                }
-            };
-        }
-        let owners = self.shared.entry(kh).or_default();
-        let before = owners.first().copied();
-        match (owners.binary_search_by_key(&owner, |(o, _)| *o), payload) {
-            (Ok(i), Some(p)) => owners[i].1 = p,
-            (Ok(i), None) => {
-                owners.remove(i);
-            }
-            (Err(i), Some(p)) => owners.insert(i, (owner, p)),
-            (Err(_), None) => {}
-        }
-        let after = owners.first().copied();
-        match owners.as_slice() {
-            [] => {
-                self.shared.remove(&kh);
-                slot.remove();
-            }
-            [(owner, payload)] => {
-                *slot.get_mut() = Slot {
-                    owner: *owner,
-                    payload: *payload,
-                };
-                self.shared.remove(&kh);
-            }
-            _ => {}
-        }
-        (before, after)
-    }
-
-    /// Full-sync path that keeps the elements: adds what `owner` wants to a store being built
-    /// from empty, and collects the effective elements (deduplicated, lowest owner winning)
-    /// into `out`. `index` maps element identities to their place in `out`.
-    pub fn build(
-        &mut self,
-        owner: OwnerId,
-        elements: Vec<Element>,
-        out: &mut Vec<Element>,
-        index: &mut HashMap<u64, usize>,
-    ) {
-        for e in elements {
-            match self.build_one(owner, &e) {
-                Built::Emit => {
-                    index.insert(e.key_hash(), out.len());
-                    out.push(e);
-                }
-                Built::Skip => {}
-                Built::Supersede => {
-                    if let Some(i) = index.get(&e.key_hash()) {
-                        out[*i] = e;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Moves `owner` from wanting `old` to wanting `new`, appending the resulting kernel
-    /// operations to `ops`. `old` must be exactly what the owner was last given (the backend
-    /// recomputes it from the previous state of the Service port).
-    pub fn change_owner(
-        &mut self,
-        owner: OwnerId,
-        old: &[Element],
-        new: &[Element],
-        ops: &mut Vec<ElementOp>,
-        resolve: Resolve<'_>,
-    ) {
-        if old == new {
-            return;
-        }
-        let old_ids: HashMap<u64, Payload> = old
-            .iter()
-            .map(|e| (e.key_hash(), e.payload_hash()))
-            .collect();
-        let new_ids: HashMap<u64, Payload> = new
-            .iter()
-            .map(|e| (e.key_hash(), e.payload_hash()))
-            .collect();
-        for e in old {
-            let kh = e.key_hash();
-            // Gone altogether; a changed value is handled below as a new wish.
-            if !new_ids.contains_key(&kh) {
-                self.update(e, owner, None, ops, resolve);
-            }
-        }
-        for e in new {
-            if old_ids.get(&e.key_hash()) != Some(&e.payload_hash()) {
-                self.update(e, owner, Some(e), ops, resolve);
-            }
-        }
-    }
-
-    /// Sets (`Some`) or clears (`None`) one owner's wish for the element with `e`'s identity.
-    fn update(
-        &mut self,
-        e: &Element,
-        owner: OwnerId,
-        wanted: Option<&Element>,
-        ops: &mut Vec<ElementOp>,
-        resolve: Resolve<'_>,
-    ) {
-        let (before, after) = self.set(e.key_hash(), owner, wanted.map(Element::payload_hash));
-        if before.map(|(_, p)| p) == after.map(|(_, p)| p) {
-            return;
-        }
-        if before.is_some() {
-            ops.push(ElementOp::Delete {
-                set: e.set,
-                key: e.key,
-            });
-        }
-        if let Some((winner, _)) = after {
-            let element = if winner == owner {
-                wanted.cloned()
-            } else {
-                resolve(winner, e)
-            };
-            match element {
-                Some(element) => ops.push(ElementOp::Add(element)),
-                None => {
-                    tracing::warn!(set = e.set.name(), key = %e.key, "owner {winner} of a shared element no longer produces it")
-                }
-            }
-        }
-    }
-}
-
-/// Orders a batch of operations the way a transaction needs them: all deletes, then all adds.
-/// A delete and an add of the same key (a value change) thus become "replace" in one commit.
+/// Splits one transaction's operations into the keys to delete and the elements to add, each
+/// sorted by set and key (so the text path writes a stable script); an element added and then
+/// deleted in the same transaction is neither.
 pub fn order_ops(ops: Vec<ElementOp>) -> (Vec<(Set, Key)>, Vec<Element>) {
-    let mut deletes = Vec::new();
-    let mut adds: std::collections::BTreeMap<(Set, Key), Element> =
-        std::collections::BTreeMap::new();
-    for op in ops {
-        match op {
-            ElementOp::Delete { set, key } => {
-                // A delete that cancels an add earlier in this batch: the kernel never saw it.
-                if adds.remove(&(set, key)).is_none() {
-                    deletes.push((set, key));
-                }
-            }
-            ElementOp::Add(e) => {
-                adds.insert((e.set, e.key), e);
-            }
-        }
-    }
+    let (deletes, mut adds) = claims::order(ops);
+    let mut deletes: Vec<(Set, Key)> = deletes.into_iter().map(|e| (e.set, e.key)).collect();
     deletes.sort();
     deletes.dedup();
-    (deletes, adds.into_values().collect())
+    adds.sort_by(|a, b| (&a.set, &a.key).cmp(&(&b.set, &b.key)));
+    (deletes, adds)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     /// Test helper keeping what each owner was given, as the backend does through the model.
@@ -396,13 +135,7 @@ mod tests {
         s.set_owner(1, vec![], &mut ops);
         assert!(ops.is_empty(), "still owned by 2");
         s.set_owner(2, vec![], &mut ops);
-        assert_eq!(
-            ops,
-            vec![ElementOp::Delete {
-                set: Set::ClusterIps,
-                key: Key::Mark(1)
-            }]
-        );
+        assert_eq!(ops, vec![ElementOp::Delete(el(Set::ClusterIps, 1, None))]);
         assert!(s.store.is_empty());
     }
 

@@ -280,7 +280,7 @@ impl UserspaceBackend {
             return Err(e);
         }
         let entries = entries::port_entries(sp, port.listener_ports(), &self.node_ips);
-        self.store.change(port.owner, &port.entries, &entries, ops);
+        self.claim(port.owner, &port.entries, &entries, ops);
         port.entries = entries;
         self.ports.insert(key.clone(), port);
         Ok(())
@@ -289,8 +289,24 @@ impl UserspaceBackend {
     /// Stops proxying one port (its listeners close; its connections drain).
     fn remove(&mut self, key: &PortKey, ops: &mut Vec<Op>) {
         if let Some(port) = self.ports.remove(key) {
-            self.store.change(port.owner, &port.entries, &[], ops);
+            self.claim(port.owner, &port.entries, &[], ops);
         }
+    }
+
+    /// Replaces `owner`'s capture entries `old` with `new` in the store, appending the capture
+    /// operations; another owner's entry for a key (one that takes over, or one a delete
+    /// removes) is looked up among the ports and the node's entries.
+    fn claim(&mut self, owner: OwnerId, old: &[Entry], new: &[Entry], ops: &mut Vec<Op>) {
+        let (ports, node_entries) = (&self.ports, &self.node_entries);
+        let resolve = |o: OwnerId, e: &Entry| -> Option<Entry> {
+            let entries = if o == NODE_OWNER {
+                node_entries
+            } else {
+                &ports.values().find(|p| p.owner == o)?.entries
+            };
+            entries.iter().find(|x| x.key == e.key).cloned()
+        };
+        store::change(&mut self.store, owner, old, new, ops, &resolve);
     }
 
     /// Rebuilds everything from the snapshot and replaces the capture. The first one reads
@@ -322,15 +338,17 @@ impl UserspaceBackend {
         for port in self.ports.values_mut() {
             port.entries.clear();
         }
-        let mut ignored = Vec::new();
-        self.store
-            .change(NODE_OWNER, &[], &self.node_entries, &mut ignored);
+        // From an empty store, the operations of the rebuild add up to the whole capture.
+        let mut rebuild = Vec::new();
+        let node_entries = self.node_entries.clone();
+        self.claim(NODE_OWNER, &[], &node_entries, &mut rebuild);
         for sp in wanted {
-            self.upsert(sp, &mut ignored)?;
+            self.upsert(sp, &mut rebuild)?;
         }
         // Only the first full sync's new listeners take previous ports.
         self.previous = None;
-        let entries = self.store.entries();
+        let (_, mut entries) = kpng_backend_kit::claims::order(rebuild);
+        entries.sort();
         let n = self.capture.replace(&entries).map_err(capture_error)?;
         self.capture_in_sync = true;
         Ok(n)
@@ -344,8 +362,8 @@ impl UserspaceBackend {
         if request.diff.node_changed {
             let old = std::mem::take(&mut self.node_entries);
             self.update_node(request.snapshot);
-            self.store
-                .change(NODE_OWNER, &old, &self.node_entries, &mut ops);
+            let new = self.node_entries.clone();
+            self.claim(NODE_OWNER, &old, &new, &mut ops);
             // Node IPs decide the load-balancer firewall's hairpin exception of every port.
             let all: Vec<Arc<ServicePort>> = request
                 .snapshot

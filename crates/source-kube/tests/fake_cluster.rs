@@ -387,7 +387,24 @@ async fn an_outage_sends_nothing_and_recovers_without_a_relist() {
 
     server.stop();
     server.apply(slice("web", "10.244.1.7")).expect("apply");
-    let quiet = tokio::time::timeout(Duration::from_secs(2), r.events.recv()).await;
+    // Every watcher fails and retries (each failure is logged, the first as a warning, the
+    // rest at debug): once two rounds of them have happened, the source has had every chance
+    // to send something.
+    let logged = r.logged.clone();
+    let failures = move || {
+        logged
+            .lines()
+            .iter()
+            .filter(|l| l.contains("unreachable"))
+            .count()
+    };
+    wait_for(
+        "two rounds of failed retries during the outage",
+        || failures() >= 8,
+        || format!("{:#?}", r.logged.lines()),
+    )
+    .await;
+    let quiet = r.events.try_recv();
     assert!(
         quiet.is_err(),
         "nothing is sent during the outage: {quiet:?}"
