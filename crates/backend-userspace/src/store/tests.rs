@@ -3,6 +3,7 @@
 use kpng_model::Protocol;
 
 use super::*;
+use crate::entries::{Action, EntryKey};
 
 fn vip(last: u8, action: Action) -> Entry {
     Entry {
