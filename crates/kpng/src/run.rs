@@ -18,7 +18,9 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 use crate::backends::BackendKind;
-use crate::cli::{BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NodeSink, Sink};
+use crate::cli::{
+    BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NodeSink, Sink, ToFile, ToLocal,
+};
 
 /// The async runtime every source runs on.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -51,8 +53,10 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Command::Local(local) => {
-            let backend = BackendKind::build(&cli.global, &local.backend)?;
-            let facts = SinkFacts::local(&cli.global, &local.backend);
+            let to_local = ToLocal {
+                backend: local.backend,
+            };
+            let (backend, facts) = local_sink(&cli.global, &to_local)?;
             runtime()?.block_on(serve_remote(cli.global, &local.brain, backend, facts))
         }
         Command::Api(api) => {
@@ -141,19 +145,32 @@ impl SinkFacts {
     }
 }
 
+/// `to-file`: the model as YAML; touches nothing on the node.
+fn file_sink(to_file: &ToFile) -> (Box<dyn Backend>, SinkFacts) {
+    (
+        Box::new(FileSink::new(Output::parse(&to_file.output))),
+        SinkFacts::NONE,
+    )
+}
+
+/// `to-local <backend>`: the backend and what `serve` must know about it.
+fn local_sink(
+    flags: &GlobalFlags,
+    to_local: &ToLocal,
+) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
+    Ok((
+        BackendKind::build(flags, &to_local.backend)?,
+        SinkFacts::local(flags, &to_local.backend),
+    ))
+}
+
 /// The backend of an in-process sink (not `to-api`) and what `serve` must know about it.
 fn sink_backend(flags: &GlobalFlags, sink: &Sink) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
-    Ok(match sink {
-        Sink::ToFile(t) => (
-            Box::new(FileSink::new(Output::parse(&t.output))),
-            SinkFacts::NONE,
-        ),
-        Sink::ToLocal(local) => (
-            BackendKind::build(flags, &local.backend)?,
-            SinkFacts::local(flags, &local.backend),
-        ),
+    match sink {
+        Sink::ToFile(t) => Ok(file_sink(t)),
+        Sink::ToLocal(local) => local_sink(flags, local),
         Sink::ToApi(_) => bail!("to-api is served by the brain, not a node backend"),
-    })
+    }
 }
 
 /// The backend of a brain client's sink and what `serve` must know about it.
@@ -161,16 +178,10 @@ fn node_sink(
     flags: &GlobalFlags,
     sink: &NodeSink,
 ) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
-    Ok(match sink {
-        NodeSink::ToFile(t) => (
-            Box::new(FileSink::new(Output::parse(&t.output))),
-            SinkFacts::NONE,
-        ),
-        NodeSink::ToLocal(local) => (
-            BackendKind::build(flags, &local.backend)?,
-            SinkFacts::local(flags, &local.backend),
-        ),
-    })
+    match sink {
+        NodeSink::ToFile(t) => Ok(file_sink(t)),
+        NodeSink::ToLocal(local) => local_sink(flags, local),
+    }
 }
 
 fn node_name(flags: &GlobalFlags) -> anyhow::Result<String> {
