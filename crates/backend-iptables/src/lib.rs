@@ -569,8 +569,9 @@ impl Backend for IptablesBackend {
         "iptables"
     }
 
+    /// The families whose iptables work here (an IPv6-less node programs IPv4 only).
     fn families(&self) -> Vec<Family> {
-        self.config.families.clone()
+        self.states.iter().map(|state| state.family).collect()
     }
 
     fn register_metrics(&self, registry: &mut Registry) {

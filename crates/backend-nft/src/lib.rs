@@ -610,8 +610,9 @@ impl Backend for NftBackend {
         "nftables"
     }
 
+    /// The families it keeps a table for.
     fn families(&self) -> Vec<Family> {
-        self.config.families.clone()
+        self.states.iter().map(|state| state.fam.0).collect()
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
