@@ -100,17 +100,17 @@ fn inputs(r: &Recorder) -> Vec<String> {
     r.restores().into_iter().map(|(_, text)| text).collect()
 }
 
+/// Compares `text` with the committed snapshot `tests/golden/{name}.snap` (insta: a change
+/// fails the test and, outside CI, writes `{name}.snap.new` to review with `cargo insta
+/// review`).
 fn check_golden(name: &str, text: &str) {
-    let path = repo_file(&format!("tests/golden/{name}"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, text).expect("write golden");
-    }
-    let want =
-        std::fs::read_to_string(&path).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
-    assert_eq!(
-        text, want,
-        "{name} changed; inspect and rerun with UPDATE_GOLDEN=1 if intended"
-    );
+    insta::with_settings!({
+        snapshot_path => "../tests/golden",
+        prepend_module_to_snapshot => false,
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!(name, text);
+    });
 }
 
 #[test]

@@ -1,22 +1,20 @@
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
-
 use kpng_model::Protocol;
 
 use super::*;
 
+/// Compares `text` with the committed snapshot `tests/golden/{name}.snap` (insta: a change
+/// fails the test and, outside CI, writes `{name}.snap.new` to review with `cargo insta
+/// review`).
 fn check_golden(name: &str, text: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, text).unwrap();
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("{name}: missing golden file (run with UPDATE_GOLDEN=1)"));
-    assert_eq!(
-        text, want,
-        "{name} changed; inspect and rerun with UPDATE_GOLDEN=1 if intended"
-    );
+    insta::with_settings!({
+        snapshot_path => "../../../tests/golden",
+        prepend_module_to_snapshot => false,
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!(name, text);
+    });
 }
 
 /// One entry of every kind, both families.
