@@ -49,7 +49,7 @@ pub fn canaries(round: u64) -> Vec<Canary> {
         chain: POSTROUTING,
         has_rules: true,
     };
-    let other = if round % 2 == 0 {
+    let other = if round.is_multiple_of(2) {
         Canary {
             table: Table::Filter,
             chain: FORWARD,
