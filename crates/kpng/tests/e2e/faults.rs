@@ -19,22 +19,25 @@ use super::Backend;
 use super::harness::*;
 use super::scenarios::LINE_SERVER;
 
-/// Holds one connection and opens new ones until the stop file exists, then prints a JSON
-/// summary. Arguments: held IP, port, new-connection IP, port, stop file.
+/// Holds one connection and opens new ones; once the `repaired` file exists, goes on until the
+/// held connection made 10 more exchanges and 10 more new connections succeeded (both show the
+/// repair), then prints a JSON summary. Arguments: held IP, port, new-connection IP, port,
+/// `repaired` file.
 const PROBER: &str = r#"
 import json, os, socket, sys, threading, time
 held_target = (sys.argv[1], int(sys.argv[2]))
 new_target = (sys.argv[3], int(sys.argv[4]))
-stop = sys.argv[5]
+repaired = sys.argv[5]
 res = {"held": 0, "held_lost": None, "new_ok": 0, "new_failed": 0, "fail_at": []}
 t0 = time.monotonic()
 first = threading.Event()
+done = threading.Event()
 def held():
     try:
         c = socket.create_connection(held_target, timeout=5)
         c.settimeout(5)
         f = c.makefile("rb")
-        while not os.path.exists(stop):
+        while not done.is_set():
             c.sendall(b"x\n")
             if not f.readline():
                 raise Exception("closed by the peer")
@@ -48,7 +51,13 @@ th = threading.Thread(target=held)
 th.start()
 first.wait(10)
 ok_once = False
-while not os.path.exists(stop):
+after = None
+while True:
+    if after is None and os.path.exists(repaired):
+        after = (res["held"], res["new_ok"], time.monotonic())
+    if after is not None and ((res["held"] >= after[0] + 10 and res["new_ok"] >= after[1] + 10)
+                              or res["held_lost"] or time.monotonic() > after[2] + 10):
+        break
     t = time.monotonic()
     try:
         s = socket.create_connection(new_target, timeout=0.3)
@@ -64,6 +73,7 @@ while not os.path.exists(stop):
         res["new_failed"] += 1
         res["fail_at"].append(round(t - t0, 3))
     time.sleep(0.01)
+done.set()
 th.join()
 print(json.dumps(res), flush=True)
 "#;
@@ -129,7 +139,7 @@ pub fn run_fault(b: Backend, tag: &str, what: &str, inject: &[&[&str]]) -> Figur
     );
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let stop = dir.path().join("stop");
+    let stop = dir.path().join("repaired");
     let mut prober = c
         .pod("pod1a")
         .ns
@@ -186,7 +196,7 @@ pub fn run_fault(b: Backend, tag: &str, what: &str, inject: &[&[&str]]) -> Figur
 fn finish(prober: &mut Spawned, stop: &Path, detect: Duration, restore: Duration) -> Figures {
     std::fs::write(stop, "").expect("stop file");
     let line = prober
-        .wait_for_line(|l| l.starts_with('{'), Duration::from_secs(10))
+        .wait_for_line(|l| l.starts_with('{'), Duration::from_secs(20))
         .expect("prober summary");
     let v: serde_json::Value = serde_json::from_str(&line).expect("prober JSON");
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
@@ -213,6 +223,7 @@ pub fn assert_repaired(what: &str, f: &Figures) {
         "{what}: the established connection was lost: {:?}",
         f.held_lost
     );
+    assert!(f.held_exchanges >= 10, "{what}: {f:?}");
 }
 
 /// `nft delete table ip kpng` (nftables backend).
