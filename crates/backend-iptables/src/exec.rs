@@ -184,10 +184,13 @@ impl Iptables for IptablesCommand {
         let binary = self.mode.tool_binary(family);
         match run(&binary, &["-w", "5", "-t", table.name(), "-S", chain], None) {
             Ok(text) => Ok(Some(text)),
-            // "No chain/target/match by that name." (legacy), "chain `X' in table `nat' is
-            // incompatible" / "does not exist" (nft).
+            // "No chain/target/match by that name." (legacy); iptables-nft 1.8.9 says "chain
+            // `X' in table `nat' is incompatible, use 'nft' tool." for a chain that is not
+            // there, and "does not exist" for a missing table.
             Err(ExecError::Refused { message, .. })
-                if message.contains("No chain") || message.contains("does not exist") =>
+                if message.contains("No chain")
+                    || message.contains("incompatible")
+                    || message.contains("does not exist") =>
             {
                 Ok(None)
             }
