@@ -150,8 +150,8 @@ impl NftBackend {
         self
     }
 
-    /// Foreign changes to our tables seen so far, and notifications of our own commits (a
-    /// positive signal, for tests, that the watcher runs and ignores what kpng does).
+    /// Foreign changes to our tables seen so far, and notifications taken for our own
+    /// (diagnostics).
     pub fn tampering_seen(&self) -> Option<(u64, u64)> {
         self.monitor
             .as_ref()

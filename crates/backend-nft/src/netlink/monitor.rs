@@ -8,8 +8,10 @@
 //! child) whose port ids are not all known. So ownership is decided by *time window* instead:
 //! the kernel queues every notification of a commit on our socket before the commit returns
 //! to its sender, so the backend brackets its commits with [`TableMonitor::begin_own`] and
-//! [`TableMonitor::end_own`], and everything read in between is ours; what is read at any
-//! other time (by the monitor's thread, or drained at `begin_own`) is someone else's. A
+//! [`TableMonitor::end_own`], and everything in between is ours (the socket even leaves the
+//! group meanwhile, so that our own large commits cost the kernel no notifications); what is
+//! read at any other time (by the monitor's thread, or drained at `begin_own`) is someone
+//! else's. A
 //! foreign change committed *during* one of our syncs (milliseconds) is taken for ours; the
 //! periodic full sync still repairs it.
 //!
@@ -216,6 +218,17 @@ impl Shared {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Joins or leaves `NFNLGRP_NFTABLES`.
+    fn membership(&self, join: bool) -> io::Result<()> {
+        let option = if join {
+            libc::NETLINK_ADD_MEMBERSHIP
+        } else {
+            libc::NETLINK_DROP_MEMBERSHIP
+        };
+        self.sock
+            .set_opt(libc::SOL_NETLINK, option, NFNLGRP_NFTABLES)
+    }
+
     /// Reads everything queued, attributing it to us when inside our window.
     fn drain(&self, inner: &mut Inner) {
         loop {
@@ -317,22 +330,36 @@ impl TableMonitor {
 
     /// Starts one of our own transactions (or several): what was queued before is someone
     /// else's. Returns whether someone else changed our tables since the last call.
+    ///
+    /// Until [`TableMonitor::end_own`] the socket leaves the multicast group: what happens
+    /// meanwhile would count as ours anyway, and without a listener the kernel builds no
+    /// notification at all (a full sync of 300k elements would otherwise make it build 300k
+    /// messages, and this thread parse them).
     pub fn begin_own(&self) -> bool {
         let mut inner = self.shared.lock();
         self.shared.drain(&mut inner);
         inner.own = true;
+        if let Err(e) = self.shared.membership(false) {
+            debug!("leaving the nftables notification group: {e}");
+        }
         self.shared.tampered.swap(false, Ordering::SeqCst)
     }
 
-    /// Ends our transactions: everything they caused is queued by now, and is ours.
+    /// Ends our transactions: everything they caused is ours; watching resumes.
     pub fn end_own(&self) {
         let mut inner = self.shared.lock();
+        if let Err(e) = self.shared.membership(true) {
+            // Without the group nothing more would be seen: say so loudly.
+            tracing::warn!(
+                "rejoining the nftables notification group: {e}; tampering goes unnoticed"
+            );
+        }
         self.shared.drain(&mut inner);
         inner.own = false;
     }
 
-    /// Notifications of our own commits seen so far (for tests: a positive signal that the
-    /// watcher works and ignored them).
+    /// Notifications taken for ours so far (few: the socket leaves the group while our own
+    /// transactions run; diagnostics only).
     pub fn own_seen(&self) -> u64 {
         self.shared.own_seen.load(Ordering::Relaxed)
     }
