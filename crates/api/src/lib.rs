@@ -15,6 +15,7 @@ pub mod convert;
 #[cfg(test)]
 mod fixtures;
 pub mod hub;
+pub mod identity;
 pub mod metrics;
 pub mod server;
 

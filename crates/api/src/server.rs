@@ -6,12 +6,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::hub::{Hub, Registration};
@@ -20,6 +21,17 @@ use crate::proto::sets_server::{Sets, SetsServer};
 
 /// Ops buffered per client before its task waits for the client to read.
 const OPS_BUFFER: usize = 512;
+
+/// Watch streams served at once: a brain serves a few thousand nodes; beyond this a client is
+/// refused (`RESOURCE_EXHAUSTED`) instead of exhausting the brain.
+pub const MAX_WATCHES: usize = 20_000;
+/// Streams one connection may open (a node needs one).
+const STREAMS_PER_CONNECTION: u32 = 8;
+/// A TLS handshake that takes longer is dropped (a client that connects and says nothing).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings find peers that vanished without closing (a node powered off).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +78,9 @@ fn server_tls(files: &TlsFiles) -> Result<Option<ServerTlsConfig>, ServeError> {
             "--listen-tls-cert and --listen-tls-key go together".into(),
         ));
     };
-    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    let mut tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(cert)?, read(key)?))
+        .timeout(TLS_HANDSHAKE_TIMEOUT);
     if let Some(ca) = &files.ca {
         tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
     }
@@ -77,12 +91,17 @@ fn server_tls(files: &TlsFiles) -> Result<Option<ServerTlsConfig>, ServeError> {
 #[derive(Debug, Clone)]
 pub struct SetsService {
     hub: Arc<Hub>,
+    /// One permit per Watch stream being served.
+    watches: Arc<Semaphore>,
 }
 
 impl SetsService {
     /// Serves this hub.
     pub fn new(hub: Arc<Hub>) -> SetsService {
-        SetsService { hub }
+        SetsService {
+            hub,
+            watches: Arc::new(Semaphore::new(MAX_WATCHES)),
+        }
     }
 }
 
@@ -95,26 +114,71 @@ impl Sets for SetsService {
         request: Request<Streaming<proto::WatchReq>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let peer = request.remote_addr();
+        let Ok(permit) = self.watches.clone().try_acquire_owned() else {
+            warn!(?peer, "refusing a Watch: {MAX_WATCHES} are being served");
+            return Err(Status::resource_exhausted("too many Watch streams"));
+        };
+        // With mTLS, the node names the client's certificate allows.
+        let allowed = peer_certs(&request).map(|certs| {
+            certs
+                .first()
+                .map(|leaf| crate::identity::node_names(leaf))
+                .unwrap_or_default()
+        });
         let (tx, rx) = mpsc::channel(OPS_BUFFER);
         tokio::spawn(serve_watch(
             self.hub.clone(),
             request.into_inner(),
             tx,
-            peer,
+            Client {
+                peer,
+                allowed,
+                _permit: permit,
+            },
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 
+/// The client's certificate chain, over TCP or a Unix socket (tonic's own accessor only
+/// looks at TCP).
+fn peer_certs<T>(
+    request: &Request<T>,
+) -> Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>> {
+    if let Some(certs) = request.peer_certs() {
+        return Some(certs);
+    }
+    #[cfg(unix)]
+    {
+        use tonic::transport::server::{TlsConnectInfo, UdsConnectInfo};
+        request
+            .extensions()
+            .get::<TlsConnectInfo<UdsConnectInfo>>()
+            .and_then(|info| info.peer_certs())
+    }
+    #[cfg(not(unix))]
+    None
+}
+
 type OpSender = mpsc::Sender<Result<proto::OpItem, Status>>;
+
+/// Who is watching.
+struct Client {
+    peer: Option<std::net::SocketAddr>,
+    /// With mTLS: the node names its certificate allows; `None` without client certificates.
+    allowed: Option<Vec<String>>,
+    /// Held while the stream is served.
+    _permit: OwnedSemaphorePermit,
+}
 
 /// One Watch stream: for every request, the next non-empty change set.
 async fn serve_watch(
     hub: Arc<Hub>,
     mut requests: Streaming<proto::WatchReq>,
     tx: OpSender,
-    peer: Option<std::net::SocketAddr>,
+    client: Client,
 ) {
+    let peer = client.peer;
     let mut registration: Option<Registration> = None;
     'stream: loop {
         let request = tokio::select! {
@@ -129,6 +193,21 @@ async fn serve_watch(
                 break;
             }
         };
+        if let Some(allowed) = &client.allowed
+            && !crate::identity::may_watch(allowed, &node_name)
+        {
+            warn!(
+                ?peer,
+                node = %node_name,
+                "refusing a Watch: the client certificate names {allowed:?}, not this node"
+            );
+            let _ = tx
+                .send(Err(Status::permission_denied(format!(
+                    "the client certificate does not name node {node_name:?}"
+                ))))
+                .await;
+            break;
+        }
         let reg = match &mut registration {
             Some(reg) => {
                 if reg.node_name() != node_name {
@@ -178,8 +257,13 @@ pub async fn serve(
     tls: &TlsFiles,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>, ServeError> {
-    let mut builder = Server::builder();
-    if let Some(tls) = server_tls(tls)? {
+    let mut builder = Server::builder()
+        .max_concurrent_streams(STREAMS_PER_CONNECTION)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+    let tls = server_tls(tls)?;
+    let secure = tls.is_some();
+    if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
     let router = builder.add_service(SetsServer::new(SetsService::new(hub)));
@@ -197,6 +281,14 @@ pub async fn serve(
                 .await
                 .map_err(listen_err)?;
             info!(addr = %addr, "API listening");
+            if !secure && !socket.ip().is_loopback() {
+                warn!(
+                    addr = %addr,
+                    "the API listens beyond loopback without TLS: anyone who reaches it reads \
+                     every Service and endpoint; give --listen-tls-cert/--listen-tls-key (and \
+                     --listen-tls-ca so that each node reads only its own view)"
+                );
+            }
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             Ok(Box::pin(async move {
                 router

@@ -80,52 +80,72 @@ async fn mtls_brain_serves_clients_with_certificates_only() {
         addr: addr.clone(),
         tls: client_tls.clone(),
         tls_server_name: Some("localhost".into()),
-        node_name: "n1".into(),
+        node_name: "node1".into(),
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
     };
-    let client = tokio::spawn(watch(config, tx));
+    let client = tokio::spawn(watch(config.clone(), tx));
     let update = rx.recv().await.expect("a change set over mTLS");
     assert_eq!(update.services.len(), 6);
-    assert_eq!(update.node.expect("node").name, "n1");
+    assert_eq!(update.node.expect("node").name, "node1");
     drop(rx);
     client.abort();
 
+    raw_watch(&socket, &client_tls, true, "node1")
+        .await
+        .expect("its own name, with tonic's client");
+    // The same certificate does not let it watch as another node: the brain says why.
+    let err = raw_watch(&socket, &client_tls, true, "node2")
+        .await
+        .expect_err("node1's certificate must not watch as node2");
+    assert!(err.contains("does not name node"), "{err}");
+
     // Without a client certificate, the handshake or the stream fails.
-    let path = socket.clone();
-    let ca = std::fs::read(client_tls.ca.as_ref().expect("ca")).expect("ca pem");
-    let endpoint = tonic::transport::Endpoint::from_static("https://localhost")
-        .tls_config(
-            tonic::transport::ClientTlsConfig::new()
-                .domain_name("localhost")
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
-        )
-        .expect("tls config");
-    let refused = async {
-        let channel = endpoint
-            .connect_with_connector(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut stream = kpng_api::proto::sets_client::SetsClient::new(channel)
-            .watch(tokio_stream::iter([kpng_api::proto::WatchReq {
-                node_name: "n1".into(),
-            }]))
-            .await
-            .map_err(|e| e.to_string())?
-            .into_inner();
-        stream.message().await.map_err(|e| e.to_string())?;
-        Ok::<(), String>(())
-    };
+    let refused = raw_watch(&socket, &client_tls, false, "node1");
     assert!(
         refused.await.is_err(),
         "a client without a certificate must be refused"
     );
     server.abort();
+}
+
+/// One Watch over the Unix socket with tonic's own client, with or without the client
+/// certificate of `tls`; `Err` with the failure (handshake, or the stream's status).
+async fn raw_watch(
+    socket: &Path,
+    tls: &TlsFiles,
+    with_certificate: bool,
+    node: &str,
+) -> Result<(), String> {
+    let path = socket.to_path_buf();
+    let ca = std::fs::read(tls.ca.as_ref().expect("ca")).expect("ca pem");
+    let mut config = tonic::transport::ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+    if with_certificate {
+        let cert = std::fs::read(tls.cert.as_ref().expect("cert")).expect("cert pem");
+        let key = std::fs::read(tls.key.as_ref().expect("key")).expect("key pem");
+        config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+    }
+    let endpoint = tonic::transport::Endpoint::from_static("https://localhost")
+        .tls_config(config)
+        .expect("tls config");
+    let channel = endpoint
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut stream = kpng_api::proto::sets_client::SetsClient::new(channel)
+        .watch(tokio_stream::iter([kpng_api::proto::WatchReq {
+            node_name: node.into(),
+        }]))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    stream.message().await.map_err(|e| e.to_string())?;
+    Ok(())
 }

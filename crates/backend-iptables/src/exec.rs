@@ -53,6 +53,15 @@ impl Mode {
     pub fn save_binary(self, family: Family) -> String {
         self.binary(family, "save")
     }
+
+    /// The plain tool of `family` (`iptables-legacy`, `ip6tables-nft`), for one-chain listings.
+    pub fn tool_binary(self, family: Family) -> String {
+        let prefix = match family {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        };
+        format!("{prefix}-{}", self.name())
+    }
 }
 
 pub use kpng_backend_kit::exec::ExecError;
@@ -66,6 +75,35 @@ pub trait Iptables: Send {
     fn save(&mut self, family: Family, table: Table) -> Result<String, ExecError>;
     /// Sets `net.ipv4.conf.all.route_localnet=1` (IPv4 node ports on 127.0.0.1).
     fn enable_route_localnet(&mut self) -> Result<(), ExecError>;
+    /// Puts `route_localnet` back as it was before kpng first set it (cleanup).
+    fn restore_route_localnet(&mut self) -> Result<(), ExecError> {
+        Ok(())
+    }
+    /// One chain as `iptables -t TABLE -S CHAIN` prints it (`-N CHAIN`, then `-A CHAIN …`
+    /// lines); `None` when the chain does not exist. By default cut out of [`Iptables::save`].
+    fn list_chain(
+        &mut self,
+        family: Family,
+        table: Table,
+        chain: &str,
+    ) -> Result<Option<String>, ExecError> {
+        let saved = crate::save::Saved::parse(&self.save(family, table)?);
+        if !saved.chains.contains(chain) {
+            return Ok(None);
+        }
+        let mut out = format!("-N {chain}\n");
+        for (c, spec) in &saved.rules {
+            if c == chain {
+                out.push_str(&format!("-A {chain} {spec}\n"));
+            }
+        }
+        Ok(Some(out))
+    }
+    /// A second handle on the same iptables for the tampering watcher's thread; `None` when
+    /// there is nothing to watch (a dry run).
+    fn watcher(&self) -> Option<Box<dyn Iptables>> {
+        None
+    }
     /// The variant, for logs (`iptables-nft`, `dry run`, …).
     fn describe(&self) -> String;
     /// Whether [`Iptables::save`] shows the kernel (a dry run shows nothing).
@@ -88,6 +126,8 @@ pub const NFT_CHAINS_PER_RESTORE: usize = 2000;
 pub struct IptablesCommand {
     mode: Mode,
     proc_sys: PathBuf,
+    /// Where the value of `route_localnet` before kpng is kept (see [`crate::route_localnet`]).
+    state_dir: PathBuf,
 }
 
 impl IptablesCommand {
@@ -96,6 +136,7 @@ impl IptablesCommand {
         IptablesCommand {
             mode,
             proc_sys: PathBuf::from("/proc/sys"),
+            state_dir: PathBuf::from(crate::route_localnet::STATE_DIR),
         }
     }
 
@@ -127,11 +168,38 @@ impl Iptables for IptablesCommand {
     }
 
     fn enable_route_localnet(&mut self) -> Result<(), ExecError> {
-        let path = self.proc_sys.join("net/ipv4/conf/all/route_localnet");
-        std::fs::write(&path, "1").map_err(|source| ExecError::Io {
-            what: format!("setting {}", path.display()),
-            source,
-        })
+        crate::route_localnet::record_and_enable(&self.proc_sys, &self.state_dir)
+    }
+
+    fn restore_route_localnet(&mut self) -> Result<(), ExecError> {
+        crate::route_localnet::restore(&self.proc_sys, &self.state_dir)
+    }
+
+    fn list_chain(
+        &mut self,
+        family: Family,
+        table: Table,
+        chain: &str,
+    ) -> Result<Option<String>, ExecError> {
+        let binary = self.mode.tool_binary(family);
+        match run(&binary, &["-w", "5", "-t", table.name(), "-S", chain], None) {
+            Ok(text) => Ok(Some(text)),
+            // "No chain/target/match by that name." (legacy); iptables-nft 1.8.9 says "chain
+            // `X' in table `nat' is incompatible, use 'nft' tool." for a chain that is not
+            // there, and "does not exist" for a missing table.
+            Err(ExecError::Refused { message, .. })
+                if message.contains("No chain")
+                    || message.contains("incompatible")
+                    || message.contains("does not exist") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn watcher(&self) -> Option<Box<dyn Iptables>> {
+        Some(Box::new(self.clone()))
     }
 
     fn describe(&self) -> String {
@@ -299,6 +367,10 @@ impl Iptables for Recorder {
 
     fn describe(&self) -> String {
         "recorder".into()
+    }
+
+    fn watcher(&self) -> Option<Box<dyn Iptables>> {
+        Some(Box::new(self.clone()))
     }
 
     fn chains_per_restore(&self) -> Option<usize> {

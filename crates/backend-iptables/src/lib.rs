@@ -5,7 +5,10 @@
 //! - [`skeleton`]: the chains and rules no Service owns, from the flags and the node;
 //! - [`script`]: restore input in the order iptables-restore needs;
 //! - [`save`]: reading `iptables-save` output (full syncs and cleanup only);
-//! - [`exec`]: the legacy or nft variant of the tools, a dry run, or a recorder for tests.
+//! - [`exec`]: the legacy or nft variant of the tools, a dry run, or a recorder for tests;
+//! - [`watch`]: a thread that notices, within a second, someone flushing or deleting our
+//!   chains, and asks the runner for a full sync;
+//! - [`route_localnet`]: the sysctl for localhost node ports, restored at cleanup.
 //!
 //! Every family keeps in memory what it last committed: the static configuration and each
 //! Service port's rendered rules. A partial sync sends only the difference: changed rules of the
@@ -17,17 +20,19 @@
 
 pub mod exec;
 pub mod names;
+pub mod route_localnet;
 pub mod rules;
 pub mod save;
 pub mod script;
 pub mod skeleton;
+pub mod watch;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use kpng_backend::metrics::FamilyLabel;
 use kpng_backend::settings::{DetectLocal, NodePortAddresses};
-use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -118,6 +123,10 @@ pub type LocalAddresses = Box<dyn Fn() -> Vec<IpAddr> + Send>;
 
 /// The iptables backend.
 pub struct IptablesBackend {
+    /// What the tampering watcher shares with us (armed families, the busy lock).
+    watch_state: std::sync::Arc<watch::WatchState>,
+    /// The tampering watcher, once the runner asked for it.
+    watcher: Option<watch::Watcher>,
     config: IptablesConfig,
     ipt: Box<dyn Iptables>,
     states: Vec<FamilyState>,
@@ -142,6 +151,8 @@ impl IptablesBackend {
             })
             .collect();
         IptablesBackend {
+            watch_state: Default::default(),
+            watcher: None,
             config,
             ipt,
             states,
@@ -597,7 +608,45 @@ impl Backend for IptablesBackend {
         );
     }
 
+    fn watch_tampering(&mut self, alarm: TamperAlarm) -> Result<bool, BackendError> {
+        let Some(ipt) = self.ipt.watcher() else {
+            return Ok(false);
+        };
+        let watcher = watch::Watcher::start(self.watch_state.clone(), ipt, alarm)
+            .map_err(|e| BackendError::Other(e.to_string()))?;
+        self.watcher = Some(watcher);
+        Ok(true)
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let watch_state = self.watch_state.clone();
+        let _busy = watch_state.busy();
+        let result = self.sync_all(request);
+        for state in &self.states {
+            watch_state.arm(state.family, state.committed.is_some());
+        }
+        result
+    }
+
+    /// Removes the jumps from the built-in chains and every chain we create, in both families
+    /// (kubelet's `KUBE-FIREWALL` stays, as kube-proxy leaves it), and puts `route_localnet`
+    /// back as it was before kpng.
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        let watch_state = self.watch_state.clone();
+        let _busy = watch_state.busy();
+        for state in &self.states {
+            watch_state.arm(state.family, false);
+        }
+        let result = self.cleanup_all();
+        if let Err(e) = self.ipt.restore_route_localnet() {
+            warn!("{}: restoring route_localnet: {e}", self.ipt.describe());
+        }
+        result
+    }
+}
+
+impl IptablesBackend {
+    fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         let rebuilding = self.states.iter().any(|s| s.committed.is_none());
         if matches!(self.config.nodeport_addresses, NodePortAddresses::Cidrs(_))
             && (request.full || request.diff.node_changed || rebuilding)
@@ -609,9 +658,7 @@ impl Backend for IptablesBackend {
         Ok(SyncStats { operations })
     }
 
-    /// Removes the jumps from the built-in chains and every chain we create, in both families
-    /// (kubelet's `KUBE-FIREWALL` stays, as kube-proxy leaves it).
-    fn cleanup(&mut self) -> Result<(), BackendError> {
+    fn cleanup_all(&mut self) -> Result<(), BackendError> {
         let mut first_error = None;
         for index in 0..self.states.len() {
             let family = self.states[index].family;

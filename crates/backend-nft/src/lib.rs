@@ -33,7 +33,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpng_backend::host as local_addrs;
-use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -94,6 +94,9 @@ struct FamilyState {
     committed: Option<StaticConfig>,
     /// What the kernel's table is known to be: `Unknown` until probed once at start-up.
     kernel: KernelTable,
+    /// Someone else changed the table: a table that is still there is replaced whole, not
+    /// adopted (adopting refills sets only, and the rules may be what was changed).
+    distrust: bool,
 }
 
 /// What we know of our table in the kernel (read once, at start-up; never in the sync loop).
@@ -116,6 +119,11 @@ struct NftMetrics {
 
 /// The nftables backend.
 pub struct NftBackend {
+    /// Whether to watch the kernel for changes others make to our tables (off for dry runs
+    /// and tests without a kernel).
+    watch_kernel: bool,
+    /// The watcher, once the runner asked for it ([`Backend::watch_tampering`]).
+    monitor: Option<netlink::monitor::TableMonitor>,
     config: NftConfig,
     exec: Box<dyn NftExec>,
     /// Service port ↔ its owner id; the reverse recomputes an owner's elements when a shared
@@ -137,6 +145,22 @@ impl NftBackend {
         self
     }
 
+    /// Watches the kernel for changes others make to our tables (nf_tables notifications,
+    /// see [`netlink::monitor`]) and reports them to the runner, which repairs them with a
+    /// full sync. For backends that program this network namespace's kernel.
+    pub fn watching_kernel(mut self) -> NftBackend {
+        self.watch_kernel = true;
+        self
+    }
+
+    /// Foreign changes to our tables seen so far, and notifications taken for our own
+    /// (diagnostics).
+    pub fn tampering_seen(&self) -> Option<(u64, u64)> {
+        self.monitor
+            .as_ref()
+            .map(|m| (m.foreign_seen(), m.own_seen()))
+    }
+
     /// A backend that commits through `exec`.
     pub fn new(config: NftConfig, exec: Box<dyn NftExec>) -> NftBackend {
         let states = config
@@ -148,9 +172,12 @@ impl NftBackend {
                 chains: BTreeSet::new(),
                 committed: None,
                 kernel: KernelTable::Unknown,
+                distrust: false,
             })
             .collect();
         NftBackend {
+            watch_kernel: false,
+            monitor: None,
             config,
             exec,
             owners: OwnerIds::new(),
@@ -408,10 +435,12 @@ impl NftBackend {
                 ProbedTable::Present(comment) => KernelTable::Skeleton(comment),
             };
         }
-        let kernel = if self.netlink.is_some() {
-            self.states[index].kernel.clone()
-        } else {
-            KernelTable::Unknown
+        let kernel = match &self.states[index].kernel {
+            _ if self.netlink.is_none() => KernelTable::Unknown,
+            KernelTable::Skeleton(_) if self.states[index].distrust => {
+                KernelTable::Skeleton(String::new())
+            }
+            known => known.clone(),
         };
         let adopt = matches!(&kernel, KernelTable::Skeleton(c) if *c == comment);
         let streamed = if adopt || kernel == KernelTable::Absent {
@@ -429,6 +458,7 @@ impl NftBackend {
                 state.store = store;
                 state.committed = Some(cfg);
                 state.kernel = KernelTable::Skeleton(comment);
+                state.distrust = false;
                 Ok(ops)
             }
             Err(message) => {
@@ -628,9 +658,40 @@ impl Backend for NftBackend {
         );
     }
 
+    fn watch_tampering(&mut self, alarm: TamperAlarm) -> Result<bool, BackendError> {
+        if !self.watch_kernel {
+            return Ok(false);
+        }
+        let watched = netlink::monitor::Watched {
+            tables: self
+                .config
+                .families
+                .iter()
+                .map(|f| (*f, self.config.table.clone()))
+                .collect(),
+            dynamic_sets: Set::dynamic().map(|s| s.name().to_string()).collect(),
+        };
+        let monitor = netlink::monitor::TableMonitor::start(watched, alarm)
+            .map_err(|e| BackendError::Other(e.to_string()))?;
+        self.monitor = Some(monitor);
+        Ok(true)
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         self.warn_unsupported(request);
-        let operations = sync_each(self.states.len(), |index| self.sync_family(index, request))?;
+        if self.monitor.as_ref().is_some_and(|m| m.begin_own()) {
+            // Someone else changed our tables: look at them again and rebuild them whole.
+            for state in &mut self.states {
+                state.kernel = KernelTable::Unknown;
+                state.committed = None;
+                state.distrust = true;
+            }
+        }
+        let result = sync_each(self.states.len(), |index| self.sync_family(index, request));
+        if let Some(m) = &self.monitor {
+            m.end_own();
+        }
+        let operations = result?;
         self.forget_removed_ports(request);
         debug!(operations, "nftables sync done");
         Ok(SyncStats { operations })
@@ -638,7 +699,12 @@ impl Backend for NftBackend {
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
         let text = script::cleanup(&self.config.table, &self.config.families);
-        self.exec.run(&text).map_err(|e| {
+        self.monitor.as_ref().map(|m| m.begin_own());
+        let result = self.exec.run(&text);
+        if let Some(m) = &self.monitor {
+            m.end_own();
+        }
+        result.map_err(|e| {
             self.metrics.cleanup_failures.inc();
             BackendError::Other(format!("removing the {} tables: {e}", self.config.table))
         })?;

@@ -20,6 +20,7 @@
 //! - `batch`: [`ElementBatch`], elements packed into messages framed in place, one datagram
 //!   (`NFNL_MSG_BATCH_BEGIN` … `END`, hence one kernel transaction);
 //! - `kernel`: sending it and reading one ACK per message (extended ACKs name the element);
+//! - [`monitor`]: watching our tables for changes made by others (nf_tables notifications);
 //! - `socket`: the raw `AF_NETLINK` socket, the only unsafe code here;
 //! - `error`: [`NetlinkError`], [`EncodeError`].
 //!
@@ -34,6 +35,7 @@ mod encode;
 mod error;
 mod fake;
 mod kernel;
+pub mod monitor;
 mod socket;
 
 use kpng_model::Family;

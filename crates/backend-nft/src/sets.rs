@@ -482,6 +482,14 @@ impl Set {
     pub fn owned(family: Family) -> impl Iterator<Item = Set> {
         Set::of_family(family).filter(|s| s.decl().flags != Flags::Dynamic)
     }
+
+    /// The dynamic sets (affinity), whose elements change without us: their element
+    /// notifications are not tampering.
+    pub fn dynamic() -> impl Iterator<Item = Set> {
+        Set::ALL
+            .into_iter()
+            .filter(|s| s.decl().flags == Flags::Dynamic)
+    }
 }
 
 impl std::fmt::Display for Set {

@@ -38,6 +38,13 @@ pub trait Capture: Send {
     fn previous_redirects(&mut self) -> Vec<Entry> {
         Vec::new()
     }
+
+    /// Starts watching for changes others make to the capture, raising `alarm` for each (the
+    /// runner then replaces the capture with a full sync); changes this capture makes do not
+    /// raise it. Returns whether it watches (`false`, the default: not at all).
+    fn watch(&mut self, _alarm: kpng_backend::TamperAlarm) -> Result<bool, CaptureError> {
+        Ok(false)
+    }
 }
 
 /// What a [`Recorder`] saw.

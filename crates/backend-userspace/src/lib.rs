@@ -451,6 +451,12 @@ impl Backend for UserspaceBackend {
         self.metrics.register(registry);
     }
 
+    fn watch_tampering(&mut self, alarm: kpng_backend::TamperAlarm) -> Result<bool, BackendError> {
+        self.capture
+            .watch(alarm)
+            .map_err(|e| BackendError::Other(format!("watching the capture: {e}")))
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         let result = if request.full || !self.capture_in_sync {
             self.full_sync(request.snapshot)

@@ -8,6 +8,8 @@
 //! - [`settings`]: what every node backend is configured with, whatever the backend
 //!   (`--nodeport-addresses`, masquerading, `--detect-local-mode`).
 //! - [`metrics::FamilyLabel`]: the label a backend's own metrics share with the runner's.
+//! - [`TamperAlarm`]: how a backend that watches its data plane asks the runner for a prompt
+//!   full sync when someone else changed it.
 //!
 //! The sync loop that drives a backend is `kpng-runner`; what backends share beyond this
 //! contract is `kpng-backend-kit`. A backend therefore only answers one question: "make the node
@@ -18,8 +20,10 @@ pub mod host;
 pub mod metrics;
 mod node_model;
 pub mod settings;
+mod tamper;
 
 pub use node_model::{InputInfo, NodeModel};
+pub use tamper::{TamperAlarm, Tampering};
 
 use kpng_model::{Diff, Family, Snapshot};
 use prometheus_client::registry::Registry;
@@ -97,6 +101,15 @@ pub trait Backend: Send {
 
     /// Makes the data plane match the request.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError>;
+
+    /// Starts watching the data plane for changes made by someone else, raising `alarm` (from
+    /// any thread) for each; the runner answers with a full sync. Called once, before the
+    /// first sync; changes the backend makes itself must not raise it. Returns whether the
+    /// backend watches at all (`false`, the default: tampering is only repaired by the
+    /// periodic full sync).
+    fn watch_tampering(&mut self, _alarm: TamperAlarm) -> Result<bool, BackendError> {
+        Ok(false)
+    }
 
     /// Removes everything this backend ever installed.
     fn cleanup(&mut self) -> Result<(), BackendError> {

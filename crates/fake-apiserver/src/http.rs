@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     pub down: AtomicBool,
     /// Resources the client may not read (`403 Forbidden`, as with missing RBAC rules).
     pub forbidden: Mutex<std::collections::BTreeSet<Resource>>,
+    /// Resources answered with `404 Not Found` (an API the server does not serve).
+    pub missing: Mutex<std::collections::BTreeSet<Resource>>,
 }
 
 impl Shared {
@@ -168,6 +170,18 @@ async fn handle(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .contains(&resource);
+    let missing = shared
+        .missing
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&resource);
+    if missing {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    }
     if forbidden {
         let message = format!(
             "{} is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot list resource \"{}\" at the cluster scope",

@@ -104,6 +104,7 @@ impl Builder {
                 requests: Mutex::new(Vec::new()),
                 down: AtomicBool::new(false),
                 forbidden: Mutex::default(),
+                missing: Mutex::default(),
             }),
             runtime: Some(runtime),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -307,6 +308,21 @@ impl FakeApiServer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if forbidden {
+            set.insert(resource);
+        } else {
+            set.remove(&resource);
+        }
+    }
+
+    /// Answers every request for `resource` with `404 Not Found` (as a server that does not
+    /// serve that API), or serves it again.
+    pub fn not_found(&self, resource: Resource, missing: bool) {
+        let mut set = self
+            .shared
+            .missing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if missing {
             set.insert(resource);
         } else {
             set.remove(&resource);

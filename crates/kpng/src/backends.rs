@@ -250,8 +250,12 @@ mod linux {
             }
             (false, NftExecMode::Auto) => Box::new(Auto::new(&args.nft_binary)),
         };
-        let backend = NftBackend::new(config, exec);
-        if args.dry_run || args.nft_exec != NftExecMode::Auto {
+        let mut backend = NftBackend::new(config, exec);
+        if args.dry_run {
+            return Ok(backend);
+        }
+        backend = backend.watching_kernel();
+        if args.nft_exec != NftExecMode::Auto {
             return Ok(backend);
         }
         match NetlinkWriter::open() {

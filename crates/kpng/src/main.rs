@@ -10,6 +10,8 @@ mod config;
 #[cfg(target_os = "linux")]
 mod conntrack;
 mod http;
+mod instance_lock;
+mod log_dedup;
 mod run;
 mod signals;
 
@@ -55,6 +57,10 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        .event_format(log_dedup::Dedup::new(
+            tracing_subscriber::fmt::format(),
+            log_dedup::WINDOW,
+        ))
         .init();
     for note in &report.notes {
         tracing::info!("--config: {note}");

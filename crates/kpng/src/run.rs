@@ -11,7 +11,7 @@ use kpng_runner::health::ProxyHealth;
 use kpng_runner::metrics::ProxyMetrics;
 use kpng_runner::runner::{HealthCheckAddresses, Runner};
 use kpng_sink_file::{FileSink, Output};
-use kpng_source_file::FileSource;
+use kpng_source_file::{FileSource, SourceMetrics};
 use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
@@ -40,7 +40,9 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cleanup => crate::backends::cleanup(),
         Command::File(file) => {
-            let source = FileSource::new(file.input, file.debounce);
+            let source_metrics = SourceMetrics::default();
+            let source =
+                FileSource::new(file.input, file.debounce).with_metrics(source_metrics.clone());
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
                 return runtime()?.block_on(crate::brain::serve(cli.global, to_api, run_source));
@@ -49,6 +51,10 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             let flags = cli.global;
             runtime()?.block_on(async move {
                 let model = Model::new(model_config(&flags)?);
+                let facts = SinkFacts {
+                    source_metrics: Some(source_metrics),
+                    ..facts
+                };
                 serve(flags, model, backend, facts, run_source).await
             })
         }
@@ -125,6 +131,8 @@ struct SinkFacts {
     /// The node backend that starts, when it changes the node: it removes the other kinds'
     /// leftovers once its own rules are in place.
     replaces_others: Option<BackendKind>,
+    /// The `file` source's metrics, registered with the rest.
+    source_metrics: Option<SourceMetrics>,
 }
 
 impl SinkFacts {
@@ -133,6 +141,7 @@ impl SinkFacts {
         health_checks: None,
         cleans_conntrack: false,
         replaces_others: None,
+        source_metrics: None,
     };
 
     fn local(flags: &GlobalFlags, backend: &LocalBackend) -> SinkFacts {
@@ -141,6 +150,7 @@ impl SinkFacts {
             health_checks: Some(kind.health_check_addresses(flags)),
             cleans_conntrack: BackendKind::cleans_conntrack(backend),
             replaces_others: BackendKind::changes_the_node(backend).then_some(kind),
+            source_metrics: None,
         }
     }
 }
@@ -255,6 +265,11 @@ where
     F: FnOnce(mpsc::Sender<M::Input>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
+    // One kpng per network namespace and backend (before anything touches the node).
+    let _lock = match facts.replaces_others {
+        Some(kind) => Some(crate::instance_lock::acquire(kind.word())?),
+        None => None,
+    };
     info!(node = %model.snapshot().node.name, backend = backend.name(), "starting kpng");
     let timing = SyncTiming {
         min_sync_period: flags.min_sync_period,
@@ -263,6 +278,9 @@ where
     };
     let mut registry = Registry::default();
     backend.register_metrics(&mut registry);
+    if let Some(source_metrics) = &facts.source_metrics {
+        source_metrics.register(&mut registry);
+    }
     let metrics = ProxyMetrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(
         &backend.families(),

@@ -14,3 +14,15 @@ fn session_affinity_dual_stack() {
 fn iptables_chains_and_flush_repair() {
     e2e::scenarios::iptables_chains_and_flush_repair(e2e::Backend::IptablesLegacy);
 }
+
+// The fault suite (`e2e/faults.rs`; figures in docs/reliability.md).
+
+#[test]
+fn fault_nat_flushed() {
+    e2e::faults::iptables_nat_flushed(e2e::Backend::IptablesLegacy);
+}
+
+#[test]
+fn fault_nat_chains_deleted() {
+    e2e::faults::iptables_nat_deleted(e2e::Backend::IptablesLegacy);
+}

@@ -14,3 +14,25 @@ fn session_affinity_dual_stack() {
 fn iptables_chains_and_flush_repair() {
     e2e::scenarios::iptables_chains_and_flush_repair(e2e::Backend::IptablesNft);
 }
+
+// The fault suite (`e2e/faults.rs`; figures in docs/reliability.md).
+
+#[test]
+fn fault_nat_flushed() {
+    e2e::faults::iptables_nat_flushed(e2e::Backend::IptablesNft);
+}
+
+#[test]
+fn fault_nat_chains_deleted() {
+    e2e::faults::iptables_nat_deleted(e2e::Backend::IptablesNft);
+}
+
+#[test]
+fn fault_ruleset_flushed() {
+    e2e::faults::nft_ruleset_flushed(e2e::Backend::IptablesNft);
+}
+
+#[test]
+fn one_instance_per_namespace() {
+    e2e::faults::one_instance_per_namespace(e2e::Backend::IptablesNft);
+}

@@ -8,3 +8,25 @@ e2e::suite!(e2e::Backend::Nft);
 fn session_affinity_dual_stack() {
     e2e::scenarios::session_affinity_dual_stack(e2e::Backend::Nft);
 }
+
+// The fault suite (`e2e/faults.rs`; figures in docs/reliability.md).
+
+#[test]
+fn fault_table_deleted() {
+    e2e::faults::nft_table_deleted(e2e::Backend::Nft);
+}
+
+#[test]
+fn fault_ruleset_flushed() {
+    e2e::faults::nft_ruleset_flushed(e2e::Backend::Nft);
+}
+
+#[test]
+fn fault_chain_flushed() {
+    e2e::faults::nft_chain_flushed(e2e::Backend::Nft);
+}
+
+#[test]
+fn one_instance_per_namespace() {
+    e2e::faults::one_instance_per_namespace(e2e::Backend::Nft);
+}

@@ -264,3 +264,20 @@ while not os.path.exists(sys.argv[4]):
         print("miss", flush=True)
     time.sleep(0.05)
 "#;
+
+// The fault suite (`e2e/faults.rs`; figures in docs/reliability.md).
+
+#[test]
+fn fault_capture_deleted() {
+    e2e::faults::capture_table_deleted(e2e::Backend::Userspace);
+}
+
+#[test]
+fn fault_ruleset_flushed() {
+    e2e::faults::nft_ruleset_flushed(e2e::Backend::Userspace);
+}
+
+#[test]
+fn one_instance_per_namespace() {
+    e2e::faults::one_instance_per_namespace(e2e::Backend::Userspace);
+}

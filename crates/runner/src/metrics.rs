@@ -105,6 +105,9 @@ pub struct ProxyMetrics {
     pub sync_failures: MetricFamily<BackendLabel, Counter>,
     /// `kpng_sync_operations_total`: data-plane operations sent.
     pub sync_operations: MetricFamily<BackendLabel, Counter>,
+    /// `kpng_tampering_detected_total`: changes someone else made to what the backend
+    /// programmed, each answered with a full sync.
+    pub tampering_detected: MetricFamily<BackendLabel, Counter>,
     /// `kpng_model_service_ports`: Service ports in the model, per family.
     pub model_service_ports: MetricFamily<FamilyLabel, Gauge>,
     /// `kpng_service_healthcheck_failures_total`: health-check servers that could not start.
@@ -142,6 +145,7 @@ impl ProxyMetrics {
             object_errors: MetricFamily::default(),
             sync_failures: MetricFamily::default(),
             sync_operations: MetricFamily::default(),
+            tampering_detected: MetricFamily::default(),
             model_service_ports: MetricFamily::default(),
             healthcheck_failures: Counter::default(),
             conntrack_reconciler_duration: MetricFamily::new_with_constructor(
@@ -241,6 +245,11 @@ impl ProxyMetrics {
             "kpng_sync_operations",
             "Data-plane operations sent, by backend",
             m.sync_operations.clone(),
+        );
+        r.register(
+            "kpng_tampering_detected",
+            "Changes someone else made to the backend's data plane, each repaired by a full sync",
+            m.tampering_detected.clone(),
         );
         r.register(
             "kpng_model_service_ports",

@@ -9,7 +9,9 @@
 //! - at most once per `min_sync_period`;
 //! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
 //!   every `full_sync_period`;
-//! - with an empty partial sync every `sync_period`, so backends can re-check cheap things.
+//! - with an empty partial sync every `sync_period`, so backends can re-check cheap things;
+//! - with a full sync [`TAMPER_DEBOUNCE`] after the backend reports that someone else changed
+//!   its data plane ([`kpng_backend::Backend::watch_tampering`]), whatever `min_sync_period`.
 //!
 //! After a successful sync, backends that program the node also get their Service health
 //! checks served and stale UDP conntrack entries deleted.
@@ -25,7 +27,7 @@ use std::time::{Duration, SystemTime};
 use kpng_model::{Diff, Family, Kind, Model, ServiceKey, TriggerTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 #[cfg(target_os = "linux")]
@@ -34,10 +36,14 @@ use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
 use crate::service_health::{ServiceHealthServers, wanted};
-use kpng_backend::{Backend, InputInfo, NodeModel, SyncRequest};
+use kpng_backend::{Backend, InputInfo, NodeModel, SyncRequest, TamperAlarm, Tampering};
 
 /// The kinds a source must list before anything is programmed.
 const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+
+/// How long after a tampering report the repairing full sync starts: a `nft flush ruleset`
+/// or `iptables -F` arrives as a burst of notifications, and one sync repairs them all.
+pub const TAMPER_DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// Where Service health checks listen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,8 +130,18 @@ impl<M: NodeModel> Runner<M> {
     }
 
     /// Runs until the event channel closes. Rules stay as they are when it returns.
-    pub async fn run(self, events: mpsc::Receiver<M::Input>) {
+    pub async fn run(mut self, events: mpsc::Receiver<M::Input>) {
         let families = self.backend.families();
+        let (tamper_tx, tampering) = mpsc::unbounded_channel();
+        let alarm = TamperAlarm::new(move |t| {
+            // The loop has ended when the receiver is gone: nothing left to repair.
+            let _ = tamper_tx.send(t);
+        });
+        match self.backend.watch_tampering(alarm) {
+            Ok(true) => debug!("the backend reports changes made by others to its data plane"),
+            Ok(false) => {}
+            Err(e) => warn!("cannot watch the data plane for changes made by others: {e}"),
+        }
         let mut state = LoopState {
             runner: self,
             families,
@@ -147,7 +163,7 @@ impl<M: NodeModel> Runner<M> {
             .runner
             .health
             .set_node_eligible(state.runner.model.snapshot().node.eligible());
-        state.run(events).await;
+        state.run(events, tampering).await;
     }
 }
 
@@ -177,7 +193,11 @@ struct LoopState<M: NodeModel> {
 }
 
 impl<M: NodeModel> LoopState<M> {
-    async fn run(&mut self, mut events: mpsc::Receiver<M::Input>) {
+    async fn run(
+        &mut self,
+        mut events: mpsc::Receiver<M::Input>,
+        mut tampering: mpsc::UnboundedReceiver<Tampering>,
+    ) {
         loop {
             let deadline = self.next_deadline(Instant::now());
             tokio::select! {
@@ -196,8 +216,34 @@ impl<M: NodeModel> LoopState<M> {
                         return;
                     }
                 },
+                Some(t) = tampering.recv() => self.tampered(t),
                 _ = sleep_until(deadline) => self.sync().await,
             }
+        }
+    }
+
+    /// Someone else changed the data plane: a full sync soon, whatever `min_sync_period` (a
+    /// burst of reports schedules one sync, [`TAMPER_DEBOUNCE`] after the first).
+    fn tampered(&mut self, t: Tampering) {
+        let backend = BackendLabel {
+            backend: self.runner.backend.name().to_string(),
+        };
+        self.runner
+            .metrics
+            .tampering_detected
+            .get_or_create(&backend)
+            .inc();
+        self.need_full = true;
+        if self.last_sync.is_none() {
+            // Nothing programmed yet: the first sync is a full one anyway.
+            return;
+        }
+        let at = Instant::now() + TAMPER_DEBOUNCE;
+        if self.retry_at.is_none_or(|r| r > at) {
+            warn!(backend = %backend.backend, "changed by someone else ({}); repairing with a full sync", t.what);
+            self.retry_at = Some(at);
+        } else {
+            debug!(backend = %backend.backend, "changed by someone else ({}); repair already scheduled", t.what);
         }
     }
 

@@ -28,6 +28,8 @@ struct DirState {
     /// File → a hash of the text last read (good or bad) and the objects of its last good
     /// read. A hash, not the text: at 30k files the texts alone would be tens of MB.
     files: BTreeMap<PathBuf, (u64, PackedRefs)>,
+    /// Errors and good loads.
+    metrics: crate::metrics::SourceMetrics,
 }
 
 /// The objects of one file, packed into one allocation (`kind` `\0` `namespace` `\0` `name`
@@ -94,6 +96,7 @@ impl DirState {
                     "cannot read {}: {e}; keeping its last good state",
                     path.display()
                 );
+                self.metrics.error("read");
                 return Vec::new();
             }
         };
@@ -104,12 +107,14 @@ impl DirState {
         match parse_manifests(&text) {
             Err(e) => {
                 error!("{}: {e}; keeping its last good state", path.display());
+                self.metrics.error("parse");
                 let refs = self.files.remove(path).map(|(_, r)| r).unwrap_or_default();
                 self.files.insert(path.to_path_buf(), (hash, refs));
                 Vec::new()
             }
             Ok(loaded) => {
                 loaded.log_omissions(path);
+                self.metrics.good_load();
                 let new_refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
                 let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();
@@ -136,6 +141,7 @@ impl DirState {
 pub(crate) async fn run(
     dir: PathBuf,
     debounce: Duration,
+    metrics: crate::metrics::SourceMetrics,
     events: mpsc::Sender<Event>,
 ) -> Result<(), SourceError> {
     let mut watch = DirWatch::new(&dir)?;
@@ -144,7 +150,10 @@ pub(crate) async fn run(
     // event ever holds the whole cluster. Reading and parsing tens of thousands of files is
     // blocking work: it runs on a blocking thread, which also keeps the parser's short-lived
     // allocations apart from the model's (less fragmentation after a large load).
-    let state = DirState::default();
+    let state = DirState {
+        metrics,
+        ..DirState::default()
+    };
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok().map(|e| e.path()))

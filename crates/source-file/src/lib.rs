@@ -13,6 +13,17 @@
 //! reported with the document index, kind, namespace/name and field, and *nothing* is sent: the
 //! last good state stays programmed until the file is fixed. Values the conversion dropped are
 //! logged with the file's name.
+//!
+//! Writers must replace the file atomically (write a temporary file, then rename it over the
+//! input, as `kubectl`'s ConfigMap mounts and most editors do): a file written in place can be
+//! read half-written. A load that does not parse is therefore only reported once the file has
+//! been quiet for half a second; a newer version within that time is read instead.
+//!
+//! The source never goes quietly stale: besides inotify on the file's directory, the resolved
+//! file (symlinks followed, into any directory) is checked every two seconds, and a
+//! re-created directory is watched again. `kpng_source_errors_total{reason}` and
+//! `kpng_source_last_good_load_timestamp_seconds` ([`SourceMetrics`]) show a source that stopped
+//! loading.
 
 // Errors are rare, carry the whole location for the operator, and are never on a hot path:
 // a large error type is the right trade.
@@ -20,8 +31,10 @@
 
 mod dir;
 mod dirwatch;
+mod metrics;
 mod parse;
 mod watch;
 
+pub use metrics::{ReasonLabel, SourceMetrics};
 pub use parse::{Loaded, ManifestError, parse_manifests};
 pub use watch::{FileSource, SourceError};

@@ -197,7 +197,11 @@ fn object(
 /// Parses a manifest file. Any error rejects the whole file (the caller keeps its last good load).
 ///
 /// A file with no document at all (empty, or only comments) is rejected too: it is far more
-/// often a file caught mid-write than a cluster without Services. Write `kind: List` with
+/// often a file caught mid-write than a cluster without Services.
+///
+/// The YAML parser's budget scales with each document's size (see [`yaml_options`]), so a
+/// `kind: List` of 100k Services loads, while an alias bomb (a few anchors expanded into
+/// millions of nodes) is still refused. Write `kind: List` with
 /// `items: []` to mean "nothing".
 pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
     if text
@@ -229,8 +233,8 @@ pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
         {
             continue;
         }
-        let value: Value = serde_saphyr::from_str(&doc)
-            .map_err(|e| origin.error(None, None, None, format!("invalid YAML: {e}")))?;
+        let value: Value = serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len()))
+            .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len())))?;
         if value.is_null() {
             continue;
         }
@@ -299,6 +303,40 @@ fn reject_duplicates(loaded: &Loaded, origins: &[Origin]) -> Result<(), Manifest
         }
     }
     Ok(())
+}
+
+/// Nodes the parser may build per byte of a document: a node takes at least two bytes (`a:`,
+/// `- `, `1,`), so a document that is not an alias bomb never reaches this.
+const NODES_PER_BYTE: usize = 1;
+/// Parser events per byte (a collection is two events, a scalar one).
+const EVENTS_PER_BYTE: usize = 2;
+
+/// The parser options for a document of `len` bytes: serde-saphyr's defaults (sized for
+/// configuration files: 250,000 nodes, 1,000,000 events, 64 MiB of scalars), raised in
+/// proportion to the document, so that the limits bound alias expansion rather than honest
+/// size.
+pub fn yaml_options(len: usize) -> serde_saphyr::Options {
+    let mut options = serde_saphyr::Options::default();
+    if let Some(budget) = options.budget.as_mut() {
+        budget.max_nodes = budget.max_nodes.max(len.saturating_mul(NODES_PER_BYTE));
+        budget.max_events = budget.max_events.max(len.saturating_mul(EVENTS_PER_BYTE));
+        budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len);
+    }
+    options
+}
+
+/// A parser error, saying which limit a breached budget was and why it was there.
+fn yaml_error(e: &serde_saphyr::Error, len: usize) -> String {
+    let text = e.to_string();
+    if text.contains("budget") {
+        format!(
+            "invalid YAML: {text} (the parser's limits scale with the document's size, \
+             {len} bytes; beyond them the document expands far more than its size, as YAML \
+             anchors and aliases can: write it without aliases)"
+        )
+    } else {
+        format!("invalid YAML: {text}")
+    }
 }
 
 #[cfg(test)]

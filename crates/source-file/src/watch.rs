@@ -4,6 +4,12 @@
 //! replace files (write a new file, rename it over the old one, or swap a `..data` symlink):
 //! a watch on the old inode would go silent. Any event in the directory triggers a re-read, and
 //! a re-read whose content is unchanged does nothing.
+//!
+//! inotify alone can go silent: the directory may be deleted and re-created (the watch stays on
+//! the old inode), and the path may be a symlink into another directory whose target changes
+//! with no event here. So every [`POLL`] the resolved file's identity (device, inode, size,
+//! modification time; symlinks followed) is compared with the last load's, and the directory is
+//! watched again when its identity changed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,7 +19,43 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::dirwatch::DirWatch;
+use crate::metrics::SourceMetrics;
 use crate::parse::parse_manifests;
+
+/// How often the resolved file and its directory are checked besides inotify.
+pub const POLL: Duration = Duration::from_secs(2);
+/// How long a file that does not parse must stay unchanged before the error is reported (a
+/// writer that does not rename atomically may still be writing).
+pub const QUIET: Duration = Duration::from_millis(500);
+/// How many newer versions one reload follows while the file keeps changing.
+const MAX_RETRIES: usize = 20;
+
+/// What identifies a version of a file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fingerprint {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+/// The fingerprint of `path` (symlinks followed); `None` when it cannot be read.
+pub(crate) fn fingerprint(path: &Path) -> Option<Fingerprint> {
+    let m = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let (dev, ino) = {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    };
+    #[cfg(not(unix))]
+    let (dev, ino) = (0, 0);
+    Some(Fingerprint {
+        dev,
+        ino,
+        len: m.len(),
+        modified: m.modified().ok(),
+    })
+}
 
 /// Errors that stop the source.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +76,7 @@ pub enum SourceError {
 pub struct FileSource {
     path: PathBuf,
     debounce: Duration,
+    metrics: SourceMetrics,
 }
 
 impl FileSource {
@@ -42,7 +85,14 @@ impl FileSource {
         FileSource {
             path: path.into(),
             debounce,
+            metrics: SourceMetrics::default(),
         }
+    }
+
+    /// Counts errors and good loads in `metrics` (registered by the caller).
+    pub fn with_metrics(mut self, metrics: SourceMetrics) -> FileSource {
+        self.metrics = metrics;
+        self
     }
 
     fn directory(&self) -> PathBuf {
@@ -61,17 +111,42 @@ impl FileSource {
     /// O(that file) however large the cluster.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), SourceError> {
         if self.path.is_dir() {
-            return crate::dir::run(self.path, self.debounce, events).await;
+            return crate::dir::run(self.path, self.debounce, self.metrics, events).await;
         }
-        let mut watch = DirWatch::new(&self.directory())?;
+        let directory = self.directory();
+        let mut watch = DirWatch::new(&directory)?;
+        let mut watched = fingerprint(&directory).map(|f| (f.dev, f.ino));
 
         let mut state = ReloadState::default();
         if !self.reload(&events, &mut state).await {
             return Ok(());
         }
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        poll.tick().await;
         loop {
-            if watch.next_writes(self.debounce).await.is_none() {
-                return Ok(());
+            tokio::select! {
+                written = watch.next_writes(self.debounce) => {
+                    if written.is_none() {
+                        return Ok(());
+                    }
+                }
+                _ = poll.tick() => {
+                    let now = fingerprint(&directory).map(|f| (f.dev, f.ino));
+                    if now.is_some() && now != watched {
+                        match DirWatch::new(&directory) {
+                            Ok(w) => {
+                                info!("{} was re-created: watching it again", directory.display());
+                                watch = w;
+                                watched = now;
+                            }
+                            Err(e) => warn!("{e}"),
+                        }
+                    }
+                    if fingerprint(&self.path) == state.seen {
+                        continue;
+                    }
+                }
             }
             if !self.reload(&events, &mut state).await {
                 return Ok(());
@@ -81,25 +156,42 @@ impl FileSource {
 
     /// Re-reads the file; returns false when the receiver is gone.
     async fn reload(&self, events: &mpsc::Sender<Event>, state: &mut ReloadState) -> bool {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) => {
-                // Mid-replace the file may be briefly missing; the next event re-reads it.
-                warn!(
-                    "cannot read {}: {e}; keeping the last good state",
-                    self.path.display()
-                );
+        let mut retries = 0;
+        let (text, parsed) = loop {
+            let seen = fingerprint(&self.path);
+            state.seen = seen;
+            let text = match std::fs::read_to_string(&self.path) {
+                Ok(t) => t,
+                Err(e) => {
+                    // Mid-replace the file may be briefly missing; the next event re-reads it.
+                    warn!(
+                        "cannot read {}: {e}; keeping the last good state",
+                        self.path.display()
+                    );
+                    self.metrics.error("read");
+                    return true;
+                }
+            };
+            if state.good.as_deref() == Some(text.as_str())
+                || state.bad.as_deref() == Some(text.as_str())
+            {
                 return true;
             }
+            let parsed = parse_manifests(&text);
+            if parsed.is_ok() || retries >= MAX_RETRIES {
+                break (text, parsed);
+            }
+            // Maybe caught mid-write: report it only once the file has been quiet.
+            tokio::time::sleep(QUIET).await;
+            if fingerprint(&self.path) == seen {
+                break (text, parsed);
+            }
+            retries += 1;
         };
-        if state.good.as_deref() == Some(text.as_str())
-            || state.bad.as_deref() == Some(text.as_str())
-        {
-            return true;
-        }
-        match parse_manifests(&text) {
+        match parsed {
             Err(e) => {
                 error!("{}: {e}; keeping the last good state", self.path.display());
+                self.metrics.error("parse");
                 state.bad = Some(text);
                 true
             }
@@ -112,6 +204,7 @@ impl FileSource {
                 );
                 state.good = Some(text);
                 state.bad = None;
+                self.metrics.good_load();
                 let event = Event::Replace {
                     kinds: Kind::ALL.to_vec(),
                     objects: loaded.objects,
@@ -126,4 +219,6 @@ impl FileSource {
 struct ReloadState {
     good: Option<String>,
     bad: Option<String>,
+    /// The fingerprint of the version last read.
+    seen: Option<Fingerprint>,
 }

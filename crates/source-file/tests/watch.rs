@@ -122,3 +122,79 @@ async fn a_directory_is_read_per_file() {
     }
     task.abort();
 }
+
+#[tokio::test]
+async fn a_symlink_into_another_directory_and_a_recreated_directory_are_followed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    // The input is a symlink in `watched/` to a file in `data/`: a change in `data/` makes no
+    // event where the source watches, as with a link to a ConfigMap elsewhere.
+    let data = root.path().join("data");
+    let watched = root.path().join("watched");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::create_dir_all(&watched).expect("mkdir");
+    let real = data.join("real.yaml");
+    std::fs::write(&real, manifest("10.96.0.1")).expect("write");
+    let link = watched.join("cluster.yaml");
+    std::os::unix::fs::symlink(&real, &link).expect("symlink");
+    let metrics = kpng_source_file::SourceMetrics::default();
+    let (tx, mut rx) = mpsc::channel(8);
+    let task = tokio::spawn(
+        FileSource::new(&link, Duration::from_millis(50))
+            .with_metrics(metrics.clone())
+            .run(tx),
+    );
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("initial")),
+        "10.96.0.1"
+    );
+    assert!(metrics.last_good_load.get() > 0.0);
+
+    let tmp = data.join(".real.yaml.tmp");
+    std::fs::write(&tmp, manifest("10.96.0.2")).expect("write");
+    std::fs::rename(&tmp, &real).expect("rename");
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("change behind the link")),
+        "10.96.0.2"
+    );
+
+    // The watched directory is deleted and re-created (with the link): still followed.
+    std::fs::remove_dir_all(&watched).expect("rm");
+    std::fs::create_dir_all(&watched).expect("mkdir");
+    std::fs::write(&tmp, manifest("10.96.0.3")).expect("write");
+    std::fs::rename(&tmp, &real).expect("rename");
+    std::os::unix::fs::symlink(&real, &link).expect("symlink");
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("after the directory came back")),
+        "10.96.0.3"
+    );
+    std::fs::write(&link, manifest("10.96.0.4")).expect("write through the link");
+    assert_eq!(
+        cluster_ip(
+            &next(&mut rx)
+                .await
+                .expect("edit in the re-created directory")
+        ),
+        "10.96.0.4"
+    );
+
+    // A broken version is counted once it has been quiet.
+    std::fs::write(&tmp, "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 0}]}\n").expect("write");
+    std::fs::rename(&tmp, &real).expect("rename");
+    let parse_errors = || {
+        metrics
+            .errors
+            .get_or_create(&kpng_source_file::ReasonLabel {
+                reason: "parse".into(),
+            })
+            .get()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while parse_errors() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no parse error counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+}

@@ -12,6 +12,7 @@
 //! it fresh), `410 Gone` relists, errors back off exponentially with jitter. While the API
 //! server is unreachable nothing reaches the model, so the last programmed rules stay.
 
+mod backoff;
 mod connect;
 mod rate_limit;
 mod reachability;

@@ -23,7 +23,6 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::serde::de::DeserializeOwned;
 use kpng_k8s::{Convert, Converted, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use kpng_model::{Event, Kind, Object, ObjectRef};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Api, Resource};
 use tokio::sync::mpsc;
@@ -103,13 +102,17 @@ fn translate<K: Resource + Convert>(event: watcher::Event<K>) -> Event {
 
 /// A watcher of `api` as a stream of [`Item`]s: every object converted as it arrives (so no
 /// Kubernetes object outlives its event), errors followed by backoff with jitter (0.8 s
-/// doubling to 30 s), bookmarks on (kube-runtime's default), a relist after `410 Gone`.
+/// doubling to 30 s, reset only by real progress: [`crate::backoff`]), bookmarks on
+/// (kube-runtime's default), a relist after `410 Gone`.
 fn watch<K>(api: Api<K>, config: watcher::Config) -> BoxStream<'static, Item>
 where
     K: Resource + Convert + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    watcher::watcher(api, config)
-        .default_backoff()
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64 ^ (K::KIND as u64).rotate_left(17))
+        .unwrap_or(1);
+    crate::backoff::Backoff::new(watcher::watcher(api, config).boxed(), seed)
         .map(|result| Item {
             kind: K::KIND,
             result: result.map(translate),
@@ -181,6 +184,17 @@ impl ErrorLog {
             }
             watcher::Error::InitialListFailed(kube::Error::SerdeError(e)) => {
                 format!("the {what} list does not decode: {e}; retrying, the programmed rules stay")
+            }
+            watcher::Error::InitialListFailed(kube::Error::Api(s))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            | watcher::Error::WatchFailed(kube::Error::Api(s))
+                if s.code == 404 =>
+            {
+                format!(
+                    "{what} watch: the API server does not serve this API (404 {}: {}); \
+                     is it older than kpng needs? retrying with backoff",
+                    s.reason, s.message
+                )
             }
             watcher::Error::InitialListFailed(kube::Error::Api(s))
             | watcher::Error::WatchStartFailed(kube::Error::Api(s))

@@ -547,3 +547,44 @@ async fn bad_client_flags_are_clear_errors() {
         assert!(err.to_string().contains("pass --kubeconfig PATH"), "{err}");
     }
 }
+
+/// A list that always fails (404: the server does not serve the API) is retried with a
+/// growing delay (0.8 s doubling, each from [d/2, d]): in 4 s at most 4 attempts
+/// (at 0, ≥0.4, ≥1.2, ≥2.8 s), where a delay reset by every `Init` would make 5 or more.
+#[tokio::test]
+async fn a_list_that_always_fails_backs_off_and_a_404_says_the_api_is_not_served() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    server.not_found(kpng_fake_apiserver::Resource::Nodes, true);
+    let r = run(&server).await;
+    let lists = |server: &FakeApiServer| {
+        server
+            .requests()
+            .iter()
+            .filter(|q| q.path == "/api/v1/nodes" && !q.is_watch())
+            .count()
+    };
+    wait_for(
+        "the 404 explained",
+        || r.logged.any("does not serve this API (404"),
+        || format!("logged: {:#?}", r.logged.lines()),
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let first = lists(&server);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let attempts = lists(&server) - first;
+    assert!(
+        (1..=4).contains(&attempts),
+        "{attempts} Node list attempts in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        r.logged
+            .lines()
+            .iter()
+            .all(|l| !l.contains("check kpng's permissions")),
+        "{:#?}",
+        r.logged.lines()
+    );
+}

@@ -41,6 +41,44 @@ impl Socket {
         Ok(Socket { fd })
     }
 
+    /// Binds the socket to a kernel-chosen port id, subscribed to no group. Needed before
+    /// joining a multicast group: the kernel skips, in a broadcast, a socket whose port id
+    /// equals the sender's, and an unbound socket's is 0, like the kernel's own.
+    pub(super) fn bind_auto(&self) -> io::Result<()> {
+        // SAFETY: an all-zero sockaddr_nl is valid; we set the family only.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        // SAFETY: the pointer is to `addr`, a live sockaddr_nl, and the length is its size.
+        check(unsafe {
+            libc::bind(
+                self.fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        })
+        .map(drop)
+    }
+
+    /// Waits until a datagram can be read, at most `timeout_ms`; `false` on timeout.
+    pub(super) fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        loop {
+            // SAFETY: the pointer is to one live pollfd, and we pass a count of 1.
+            let n = unsafe { libc::poll(&raw mut pfd, 1, timeout_ms) };
+            if n >= 0 {
+                return Ok(n > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     /// setsockopt(2) with a plain-data option value.
     pub(super) fn set_opt<T: Copy>(
         &self,

@@ -22,7 +22,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use kpng_backend::TamperAlarm;
 use kpng_backend::settings::DetectLocal;
+use kpng_backend_nft::netlink::monitor::{TableMonitor, Watched};
 use kpng_model::Family;
 
 use crate::capture::{Capture, CaptureError};
@@ -84,6 +86,9 @@ enum Runner {
 /// The nftables capture.
 #[derive(Debug, Clone)]
 pub struct NftCapture {
+    /// Watches our tables for others' changes, once [`Capture::watch`] started it; our own
+    /// scripts run between its `begin_own` and `end_own`.
+    monitor: Option<Arc<TableMonitor>>,
     table: String,
     families: Vec<Family>,
     pods: PodMatch,
@@ -99,6 +104,7 @@ impl NftCapture {
     /// Commits through a specific `nft` binary.
     pub fn with_binary(families: Vec<Family>, binary: impl Into<PathBuf>) -> NftCapture {
         NftCapture {
+            monitor: None,
             table: TABLE.into(),
             families,
             pods: PodMatch::None,
@@ -115,6 +121,7 @@ impl NftCapture {
     /// Prints every script instead of applying it (`--dry-run`; no root needed).
     pub fn dry_run(families: Vec<Family>) -> NftCapture {
         NftCapture {
+            monitor: None,
             table: TABLE.into(),
             families,
             pods: PodMatch::None,
@@ -125,6 +132,7 @@ impl NftCapture {
     /// Records every script into `scripts` instead of applying it (tests).
     pub fn recording(families: Vec<Family>, scripts: Arc<Mutex<Vec<String>>>) -> NftCapture {
         NftCapture {
+            monitor: None,
             table: TABLE.into(),
             families,
             pods: PodMatch::None,
@@ -144,7 +152,16 @@ impl NftCapture {
                 }
                 Ok(())
             }
-            Runner::Command(binary) => run_nft(binary, script),
+            Runner::Command(binary) => {
+                // What this script changes is ours, not tampering (a foreign change found
+                // pending here has already raised the alarm).
+                let _ = self.monitor.as_ref().map(|m| m.begin_own());
+                let result = run_nft(binary, script);
+                if let Some(m) = &self.monitor {
+                    m.end_own();
+                }
+                result
+            }
         }
     }
 
@@ -210,6 +227,26 @@ impl Capture for NftCapture {
 
     fn cleanup(&mut self) -> Result<(), CaptureError> {
         self.run(&self.cleanup_script())
+    }
+
+    fn watch(&mut self, alarm: TamperAlarm) -> Result<bool, CaptureError> {
+        if !matches!(self.runner, Runner::Command(_)) {
+            return Ok(false);
+        }
+        let watched = Watched {
+            tables: self
+                .families
+                .iter()
+                .map(|f| (*f, self.table.clone()))
+                .collect(),
+            dynamic_sets: Vec::new(),
+        };
+        let monitor = TableMonitor::start(watched, alarm).map_err(|e| CaptureError::Io {
+            what: "watching the capture tables".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        self.monitor = Some(Arc::new(monitor));
+        Ok(true)
     }
 
     fn previous_redirects(&mut self) -> Vec<Entry> {

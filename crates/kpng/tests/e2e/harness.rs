@@ -227,6 +227,23 @@ impl<'a> Kpng<'a> {
 
     #[track_caller]
     pub fn spawn(&mut self) {
+        let args = self.args();
+        self.proc = Some(self.ns.spawn(&args).expect("start kpng"));
+        self.wait_synced(0, 0);
+    }
+
+    /// Starts another kpng with the same arguments in `ns` (this one's namespace or another),
+    /// without waiting for anything.
+    pub fn spawn_another(&self, ns: &Netns) -> Spawned {
+        ns.spawn(self.args()).expect("start another kpng")
+    }
+
+    /// The running kpng's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(Spawned::id)
+    }
+
+    fn args(&self) -> Vec<String> {
         let mut args: Vec<String> = vec![
             env!("CARGO_BIN_EXE_kpng").into(),
             "file".into(),
@@ -252,8 +269,7 @@ impl<'a> Kpng<'a> {
         );
         args.extend(self.extra.iter().cloned());
         args.extend(self.backend.sink_args().iter().map(|a| (*a).to_owned()));
-        self.proc = Some(self.ns.spawn(&args).expect("start kpng"));
-        self.wait_synced(0, 0);
+        args
     }
 
     pub fn stderr(&self) -> String {

@@ -19,6 +19,7 @@
 // Each backend's test binary compiles this module; not every binary uses every helper.
 #![allow(dead_code)]
 
+pub mod faults;
 pub mod harness;
 pub mod scenarios;
 

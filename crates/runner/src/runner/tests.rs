@@ -15,6 +15,8 @@ struct Calls {
     /// (full, number of changed ports, ports in snapshot)
     log: Mutex<Vec<(bool, usize, usize)>>,
     fail: AtomicBool,
+    /// The alarm the runner handed over (`watch_tampering`).
+    alarm: Mutex<Option<kpng_backend::TamperAlarm>>,
 }
 
 struct FakeBackend(Arc<Calls>);
@@ -25,6 +27,10 @@ impl Backend for FakeBackend {
     }
     fn families(&self) -> Vec<Family> {
         vec![Family::V4]
+    }
+    fn watch_tampering(&mut self, alarm: kpng_backend::TamperAlarm) -> Result<bool, BackendError> {
+        *self.0.alarm.lock().expect("lock") = Some(alarm);
+        Ok(true)
     }
     fn sync(&mut self, r: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         self.0.log.lock().expect("lock").push((
@@ -230,6 +236,41 @@ async fn periodic_and_full_resyncs() {
         l.last(),
         Some(&(true, 1, 1)),
         "full resync after full_sync_period: {l:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tampering_forces_one_prompt_full_sync_whatever_min_sync_period() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::from_secs(10),
+        ..SyncTiming::default()
+    });
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h), vec![(true, 1, 1)]);
+    let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
+    // A burst (`nft flush ruleset`: many notifications) is one repair.
+    for _ in 0..5 {
+        alarm.raise("ip kpng: table deleted");
+    }
+    settle().await;
+    tokio::time::sleep(TAMPER_DEBOUNCE + Duration::from_millis(1)).await;
+    assert_eq!(log(&h), vec![(true, 1, 1), (true, 1, 1)]);
+    let label = BackendLabel {
+        backend: "fake".into(),
+    };
+    assert_eq!(h.metrics.tampering_detected.get_or_create(&label).get(), 5);
+    // Later changes are rate limited as usual again.
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        log(&h).len(),
+        2,
+        "min_sync_period applies to ordinary changes"
     );
 }
 

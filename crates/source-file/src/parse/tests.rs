@@ -144,3 +144,35 @@ fn an_explicitly_empty_list_is_fine() {
     let loaded = parse_manifests("kind: List\nitems: []\n").expect("parses");
     assert!(loaded.objects.is_empty());
 }
+
+#[test]
+fn a_list_of_100k_services_loads() {
+    use std::fmt::Write as _;
+    let mut text = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    for i in 0..100_000u32 {
+        let _ = write!(
+            text,
+            "- apiVersion: v1\n  kind: Service\n  metadata: {{namespace: ns, name: s{i}}}\n  \
+             spec:\n    clusterIP: 10.{}.{}.{}\n    ports: [{{name: p, port: 80, protocol: TCP}}]\n",
+            (i >> 16) & 255,
+            (i >> 8) & 255,
+            i & 255
+        );
+    }
+    let loaded = parse_manifests(&text).expect("100k Services");
+    assert_eq!(loaded.objects.len(), 100_000);
+}
+
+#[test]
+fn an_alias_bomb_is_refused_naming_the_limit() {
+    // Each level doubles: 2^24 nodes out of a few hundred bytes.
+    let mut text = String::from("a0: &a0 [x, x]\n");
+    for i in 1..25 {
+        text.push_str(&format!("a{i}: &a{i} [*a{}, *a{}]\n", i - 1, i - 1));
+    }
+    let err = parse_manifests(&text).expect_err("bomb").to_string();
+    assert!(
+        err.contains("budget") && err.contains("scale with"),
+        "{err}"
+    );
+}

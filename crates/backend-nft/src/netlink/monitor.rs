@@ -1,0 +1,400 @@
+//! Watching our nftables tables for changes made by someone else (`nft delete table ip kpng`,
+//! `nft flush ruleset`, a deleted rule or element), within milliseconds.
+//!
+//! How: a `NETLINK_NETFILTER` socket subscribed to `NFNLGRP_NFTABLES` receives one notification
+//! per object every committed transaction touched, table name included. The hard part is
+//! telling our own commits from others': a notification names the sender's netlink port id,
+//! but kpng commits through three channels (its netlink writer, libnftables, an `nft -f -`
+//! child) whose port ids are not all known. So ownership is decided by *time window* instead:
+//! the kernel queues every notification of a commit on our socket before the commit returns
+//! to its sender, so the backend brackets its commits with [`TableMonitor::begin_own`] and
+//! [`TableMonitor::end_own`], and everything in between is ours (the socket even leaves the
+//! group meanwhile, so that our own large commits cost the kernel no notifications); what is
+//! read at any other time (by the monitor's thread, or drained at `begin_own`) is someone
+//! else's. A
+//! foreign change committed *during* one of our syncs (milliseconds) is taken for ours; the
+//! periodic full sync still repairs it.
+//!
+//! Not tampering: elements the kernel itself adds or removes (port id 0: the packet path's
+//! dynamic sets, timeouts) and elements of the sets named as dynamic (ClientIP affinity).
+//! A receive-queue overflow outside our window (`ENOBUFS`: notifications were lost) counts as
+//! tampering, since what was lost is unknown.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use kpng_backend::TamperAlarm;
+use kpng_model::Family;
+use tracing::debug;
+
+use super::attr::{NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
+use super::error::{NetlinkError, io_err};
+use super::socket::Socket;
+
+/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables notifications.
+const NFNLGRP_NFTABLES: libc::c_int = 7;
+/// Receive buffer asked for: a burst (`nft flush ruleset` of a large table) should not
+/// overflow it; our own full syncs may, harmlessly.
+const RCVBUF: libc::c_int = 4 << 20;
+/// How often the thread looks at its stop flag.
+const POLL_MS: i32 = 200;
+/// `nfgenmsg` after the netlink header.
+const NFGENMSG_LEN: usize = 4;
+/// The attribute that names the table in table, chain, rule, set, element, object and
+/// flowtable messages alike (`NFTA_TABLE_NAME`, `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, …).
+const ATTR_TABLE: u16 = 1;
+/// The set name in set and element messages (`NFTA_SET_NAME`, `NFTA_SET_ELEM_LIST_SET`).
+const ATTR_SET: u16 = 2;
+
+/// nf_tables message types (`NFT_MSG_*`) that notifications carry.
+fn message_name(msg: u16) -> &'static str {
+    match msg {
+        0 => "table added",
+        2 => "table deleted",
+        3 => "chain added",
+        5 => "chain deleted",
+        6 => "rule added",
+        8 => "rule deleted",
+        9 => "set added",
+        11 => "set deleted",
+        12 => "element added",
+        14 => "element deleted",
+        18 => "object added",
+        20 => "object deleted",
+        22 => "flowtable added",
+        24 => "flowtable deleted",
+        _ => "changed",
+    }
+}
+
+fn is_element(msg: u16) -> bool {
+    msg == 12 || msg == 14
+}
+
+/// The table-family byte of `nfgenmsg` (`NFPROTO_IPV4`, `NFPROTO_IPV6`).
+fn nfproto(family: Family) -> u8 {
+    match family {
+        Family::V4 => libc::NFPROTO_IPV4 as u8,
+        Family::V6 => libc::NFPROTO_IPV6 as u8,
+    }
+}
+
+/// One nf_tables notification, as far as watching needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// `NFT_MSG_*`.
+    pub msg: u16,
+    /// `nfgenmsg.nfgen_family`.
+    pub nfproto: u8,
+    /// The table it concerns, when it names one.
+    pub table: Option<String>,
+    /// The set it concerns (set and element messages).
+    pub set: Option<String>,
+    /// The sender's netlink port id (0: the kernel itself).
+    pub portid: u32,
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn string_attr(payload: &[u8]) -> String {
+    let end = payload
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(payload.len());
+    String::from_utf8_lossy(&payload[..end]).into_owned()
+}
+
+/// Decodes every nf_tables notification of one datagram (others are skipped; a truncated
+/// message ends the walk).
+pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(len) = u32_at(datagram, at) {
+        let len = len as usize;
+        if len < NLMSG_HDRLEN || at + len > datagram.len() {
+            break;
+        }
+        let msg = &datagram[at..at + len];
+        at += len.next_multiple_of(4);
+        let (Some(kind), Some(portid)) = (u16_at(msg, 4), u32_at(msg, 12)) else {
+            continue;
+        };
+        if kind >> 8 != NFNL_SUBSYS_NFTABLES || msg.len() < NLMSG_HDRLEN + NFGENMSG_LEN {
+            continue;
+        }
+        let mut n = Notification {
+            msg: kind & 0xff,
+            nfproto: msg[NLMSG_HDRLEN],
+            table: None,
+            set: None,
+            portid,
+        };
+        let mut a = NLMSG_HDRLEN + NFGENMSG_LEN;
+        while let (Some(alen), Some(atype)) = (u16_at(msg, a), u16_at(msg, a + 2)) {
+            let alen = alen as usize;
+            if alen < 4 || a + alen > msg.len() {
+                break;
+            }
+            let payload = &msg[a + 4..a + alen];
+            match atype & 0x3fff {
+                ATTR_TABLE => n.table = Some(string_attr(payload)),
+                ATTR_SET if matches!(n.msg, 9 | 11 | 12 | 14) => n.set = Some(string_attr(payload)),
+                _ => {}
+            }
+            a += alen.next_multiple_of(4);
+        }
+        out.push(n);
+    }
+    out
+}
+
+/// What to watch.
+#[derive(Debug, Clone)]
+pub struct Watched {
+    /// Our tables, by family.
+    pub tables: Vec<(Family, String)>,
+    /// Sets whose elements change on their own (the packet path, timeouts).
+    pub dynamic_sets: Vec<String>,
+}
+
+impl Watched {
+    /// Why `n` is someone else's change to our tables, or `None` when it is not ours to mind.
+    pub fn tampering(&self, n: &Notification) -> Option<String> {
+        let table = n.table.as_deref()?;
+        let (family, _) = self
+            .tables
+            .iter()
+            .find(|(f, t)| nfproto(*f) == n.nfproto && t == table)?;
+        if is_element(n.msg)
+            && (n.portid == 0
+                || n.set
+                    .as_deref()
+                    .is_some_and(|s| self.dynamic_sets.iter().any(|d| d == s)))
+        {
+            return None;
+        }
+        let what = message_name(n.msg);
+        let fam = match family {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        };
+        Some(match &n.set {
+            Some(set) => format!("{fam} {table}: {what} ({set})"),
+            None => format!("{fam} {table}: {what}"),
+        })
+    }
+}
+
+struct Inner {
+    buf: Vec<u8>,
+    /// Between `begin_own` and `end_own`: what is read is ours.
+    own: bool,
+}
+
+struct Shared {
+    /// Waited on without the lock; read only with it (reads are serialised by `inner`).
+    sock: Socket,
+    inner: Mutex<Inner>,
+    watched: Watched,
+    alarm: TamperAlarm,
+    stop: AtomicBool,
+    /// Someone else changed our tables since the backend last asked.
+    tampered: AtomicBool,
+    own_seen: AtomicU64,
+    foreign_seen: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while draining leaves nothing half-done worth refusing.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins or leaves `NFNLGRP_NFTABLES`.
+    fn membership(&self, join: bool) -> io::Result<()> {
+        let option = if join {
+            libc::NETLINK_ADD_MEMBERSHIP
+        } else {
+            libc::NETLINK_DROP_MEMBERSHIP
+        };
+        self.sock
+            .set_opt(libc::SOL_NETLINK, option, NFNLGRP_NFTABLES)
+    }
+
+    /// Reads everything queued, attributing it to us when inside our window.
+    fn drain(&self, inner: &mut Inner) {
+        loop {
+            let Inner { buf, own } = &mut *inner;
+            match self.sock.recv(buf, true) {
+                Ok(0) => return,
+                Ok(n) => {
+                    for note in parse_notifications(&buf[..n]) {
+                        let Some(what) = self.watched.tampering(&note) else {
+                            continue;
+                        };
+                        if *own {
+                            self.own_seen.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            self.foreign(what);
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    if !*own {
+                        self.foreign("notifications were lost (receive queue full)".into());
+                    }
+                }
+                Err(e) => {
+                    debug!("reading nftables notifications: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Someone else's change: the alarm is raised for the first of a burst only (until the
+    /// backend's next sync looks), so a `nft flush ruleset` is one report, not thousands.
+    fn foreign(&self, what: String) {
+        self.foreign_seen.fetch_add(1, Ordering::Relaxed);
+        if !self.tampered.swap(true, Ordering::SeqCst) {
+            self.alarm.raise(what);
+        }
+    }
+}
+
+/// Watches our tables on a thread of its own; stops when dropped.
+pub struct TableMonitor {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TableMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableMonitor")
+            .field("watched", &self.shared.watched)
+            .finish()
+    }
+}
+
+impl TableMonitor {
+    /// Subscribes, in the calling thread's network namespace, and starts the thread that
+    /// raises `alarm` for every foreign change to `watched`.
+    pub fn start(watched: Watched, alarm: TamperAlarm) -> Result<TableMonitor, NetlinkError> {
+        let sock = Socket::open().map_err(io_err("opening a NETLINK_NETFILTER socket"))?;
+        if sock
+            .set_opt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF)
+            .is_err()
+        {
+            let _ = sock.set_opt(libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF);
+        }
+        sock.bind_auto()
+            .map_err(io_err("binding the notification socket"))?;
+        sock.set_opt(
+            libc::SOL_NETLINK,
+            libc::NETLINK_ADD_MEMBERSHIP,
+            NFNLGRP_NFTABLES,
+        )
+        .map_err(io_err("subscribing to nftables notifications"))?;
+        let shared = Arc::new(Shared {
+            sock,
+            inner: Mutex::new(Inner {
+                buf: vec![0; 256 * 1024],
+                own: false,
+            }),
+            watched,
+            alarm,
+            stop: AtomicBool::new(false),
+            tampered: AtomicBool::new(false),
+            own_seen: AtomicU64::new(0),
+            foreign_seen: AtomicU64::new(0),
+        });
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("kpng-nft-watch".into())
+            .spawn(move || watch(&thread_shared))
+            .map_err(io_err("starting the nftables watcher thread"))?;
+        Ok(TableMonitor {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Starts one of our own transactions (or several): what was queued before is someone
+    /// else's. Returns whether someone else changed our tables since the last call.
+    ///
+    /// Until [`TableMonitor::end_own`] the socket leaves the multicast group: what happens
+    /// meanwhile would count as ours anyway, and without a listener the kernel builds no
+    /// notification at all (a full sync of 300k elements would otherwise make it build 300k
+    /// messages, and this thread parse them).
+    pub fn begin_own(&self) -> bool {
+        let mut inner = self.shared.lock();
+        self.shared.drain(&mut inner);
+        inner.own = true;
+        if let Err(e) = self.shared.membership(false) {
+            debug!("leaving the nftables notification group: {e}");
+        }
+        self.shared.tampered.swap(false, Ordering::SeqCst)
+    }
+
+    /// Ends our transactions: everything they caused is ours; watching resumes.
+    pub fn end_own(&self) {
+        let mut inner = self.shared.lock();
+        if let Err(e) = self.shared.membership(true) {
+            // Without the group nothing more would be seen: say so loudly.
+            tracing::warn!(
+                "rejoining the nftables notification group: {e}; tampering goes unnoticed"
+            );
+        }
+        self.shared.drain(&mut inner);
+        inner.own = false;
+    }
+
+    /// Notifications taken for ours so far (few: the socket leaves the group while our own
+    /// transactions run; diagnostics only).
+    pub fn own_seen(&self) -> u64 {
+        self.shared.own_seen.load(Ordering::Relaxed)
+    }
+
+    /// Foreign changes seen so far.
+    pub fn foreign_seen(&self) -> u64 {
+        self.shared.foreign_seen.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for TableMonitor {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn watch(shared: &Shared) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        // Wait without the lock, so that our own syncs are never held up.
+        match shared.sock.wait_readable(POLL_MS) {
+            Ok(true) => {
+                let mut inner = shared.lock();
+                shared.drain(&mut inner);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                debug!("waiting for nftables notifications: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! Decoding notifications and deciding what is tampering, on hand-built messages.
+
+use super::*;
+
+/// One nf_tables notification as the kernel frames it.
+fn message(msg: u16, nfproto: u8, portid: u32, attrs: &[(u16, &str)]) -> Vec<u8> {
+    let mut body = vec![nfproto, 0, 0, 0];
+    for (kind, value) in attrs {
+        let payload = [value.as_bytes(), &[0]].concat();
+        body.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
+        body.extend_from_slice(&kind.to_ne_bytes());
+        body.extend_from_slice(&payload);
+        body.resize(body.len().next_multiple_of(4), 0);
+    }
+    let mut out = Vec::new();
+    out.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
+    out.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
+    out.extend_from_slice(&0u16.to_ne_bytes());
+    out.extend_from_slice(&7u32.to_ne_bytes());
+    out.extend_from_slice(&portid.to_ne_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+const IP: u8 = libc::NFPROTO_IPV4 as u8;
+const IP6: u8 = libc::NFPROTO_IPV6 as u8;
+
+fn watched() -> Watched {
+    Watched {
+        tables: vec![(Family::V4, "kpng".into()), (Family::V6, "kpng".into())],
+        dynamic_sets: vec!["affinity".into()],
+    }
+}
+
+#[test]
+fn one_datagram_holds_several_notifications() {
+    let datagram = [
+        message(2, IP, 42, &[(1, "kpng")]),
+        message(12, IP6, 43, &[(1, "kpng"), (2, "cluster-ips")]),
+        message(15, 0, 0, &[]),
+    ]
+    .concat();
+    let notes = parse_notifications(&datagram);
+    assert_eq!(notes.len(), 3);
+    assert_eq!(
+        notes[1],
+        Notification {
+            msg: 12,
+            nfproto: IP6,
+            table: Some("kpng".into()),
+            set: Some("cluster-ips".into()),
+            portid: 43,
+        }
+    );
+    assert_eq!(notes[2].table, None);
+}
+
+#[test]
+fn truncated_or_foreign_subsystem_messages_are_skipped() {
+    let good = message(8, IP, 1, &[(1, "kpng")]);
+    let mut other = good.clone();
+    other[4..6].copy_from_slice(&((1u16 << 8) | 8).to_ne_bytes());
+    let notes = parse_notifications(&[other, good.clone()].concat());
+    assert_eq!(notes.len(), 1);
+    assert!(parse_notifications(&good[..good.len() - 3]).is_empty());
+    assert!(parse_notifications(&[]).is_empty());
+}
+
+#[test]
+fn what_counts_as_tampering() {
+    let cases: &[(&str, Vec<u8>, Option<&str>)] = &[
+        (
+            "our table deleted",
+            message(2, IP, 9, &[(1, "kpng")]),
+            Some("ip kpng: table deleted"),
+        ),
+        (
+            "a rule deleted in our ip6 table",
+            message(8, IP6, 9, &[(1, "kpng"), (2, "services")]),
+            Some("ip6 kpng: rule deleted"),
+        ),
+        (
+            "an element deleted by a tool",
+            message(14, IP, 9, &[(1, "kpng"), (2, "cluster-ips")]),
+            Some("ip kpng: element deleted (cluster-ips)"),
+        ),
+        (
+            "a set deleted",
+            message(11, IP, 9, &[(1, "kpng"), (2, "cluster-ips")]),
+            Some("ip kpng: set deleted (cluster-ips)"),
+        ),
+        ("another table", message(2, IP, 9, &[(1, "filter")]), None),
+        (
+            "same name, another family (inet)",
+            message(2, 1, 9, &[(1, "kpng")]),
+            None,
+        ),
+        (
+            "elements the kernel changed itself (packet path, timeouts)",
+            message(12, IP, 0, &[(1, "kpng"), (2, "cluster-ips")]),
+            None,
+        ),
+        (
+            "elements of a dynamic set",
+            message(14, IP, 9, &[(1, "kpng"), (2, "affinity")]),
+            None,
+        ),
+        ("a generation message", message(15, 0, 9, &[]), None),
+    ];
+    let w = watched();
+    for (name, bytes, want) in cases {
+        let notes = parse_notifications(bytes);
+        assert_eq!(notes.len(), 1, "{name}");
+        assert_eq!(w.tampering(&notes[0]).as_deref(), *want, "{name}");
+    }
+}

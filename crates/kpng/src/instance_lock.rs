@@ -1,0 +1,89 @@
+//! One kpng per network namespace and backend: two proxies programming the same kernel
+//! tables fight each other (each repairs what the other "tampered with").
+//!
+//! How: the lock is an abstract Unix socket named `kpng-<backend>` (`\0kpng-nft`, …). Abstract
+//! names live in the network namespace, so instances in different namespaces (containers,
+//! tests) never block each other, and the name vanishes with the process, whatever killed it:
+//! no stale lock file. The holder answers every connection with its pid, so a second instance
+//! refuses to start with a message naming the first.
+
+/// Held for the life of the process (dropping it does not release the name; exiting does).
+#[derive(Debug)]
+pub struct InstanceLock {
+    #[cfg(target_os = "linux")]
+    _listener: std::thread::JoinHandle<()>,
+}
+
+/// The abstract socket name of `backend`'s lock.
+pub fn lock_name(backend: &str) -> String {
+    format!("kpng-{backend}")
+}
+
+/// Takes the lock of `backend` (`nft`, `iptables`, `userspace`) in this network namespace.
+#[cfg(target_os = "linux")]
+pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+    use std::time::Duration;
+
+    let name = lock_name(backend);
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+    let listener = match UnixListener::bind_addr(&addr) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let holder = UnixStream::connect_addr(&addr).ok().and_then(|s| {
+                s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+                let mut line = String::new();
+                BufReader::new(s).read_line(&mut line).ok()?;
+                line.trim().parse::<u32>().ok()
+            });
+            let who = holder.map_or_else(
+                || "another kpng".to_string(),
+                |pid| format!("another kpng (pid {pid})"),
+            );
+            anyhow::bail!(
+                "{who} already runs `to-local {backend}` in this network namespace \
+                 (it holds the abstract socket @{name}); two would fight over the same \
+                 rules: stop it first"
+            );
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let pid = std::process::id();
+    let thread = std::thread::Builder::new()
+        .name("kpng-instance-lock".into())
+        .spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let _ = writeln!(stream, "{pid}");
+            }
+        })?;
+    Ok(InstanceLock { _listener: thread })
+}
+
+/// Other systems: no node backend, nothing to lock.
+#[cfg(not(target_os = "linux"))]
+pub fn acquire(_backend: &str) -> anyhow::Result<InstanceLock> {
+    Ok(InstanceLock {})
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_is_refused_with_the_first_ones_pid() {
+        // A name of our own, so that a kpng running on this host is not disturbed.
+        let backend = format!("test-{}", std::process::id());
+        let first = acquire(&backend).expect("first");
+        let err = acquire(&backend).expect_err("second").to_string();
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
+        assert!(err.contains(&format!("to-local {backend}")), "{err}");
+        // Another backend is another lock.
+        let other = acquire(&format!("{backend}-other")).expect("other backend");
+        drop((first, other));
+    }
+}

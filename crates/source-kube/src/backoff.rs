@@ -1,0 +1,148 @@
+//! Our own backoff around each kube-runtime watcher.
+//!
+//! Why not kube-runtime's `default_backoff()`: it resets its delay on every successful item, and
+//! a watcher yields a successful `Init` before every list attempt. A list that always fails
+//! (403, 404, a 500 from a broken aggregated API, an object that does not decode) therefore
+//! retried every 0.8 s forever. Here the delay (0.8 s doubling to 30 s, each drawn from [d/2, d]
+//! so nodes do not retry in lockstep) is only reset by real progress: a completed list
+//! (`InitDone`) or a watch event (`Apply`/`Delete`).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use kube::runtime::watcher;
+
+/// First delay after an error.
+pub const MIN: Duration = Duration::from_millis(800);
+/// Longest delay.
+pub const MAX: Duration = Duration::from_secs(30);
+
+/// Exponential delays with jitter (xorshift: no dependency, and the spread, not its quality,
+/// is what matters).
+#[derive(Debug)]
+pub struct Delays {
+    current: Duration,
+    rng: u64,
+}
+
+impl Delays {
+    /// Delays seeded with `seed` (any value).
+    pub fn new(seed: u64) -> Delays {
+        Delays {
+            current: MIN,
+            rng: seed | 1,
+        }
+    }
+
+    /// The next delay: drawn from [d/2, d], then d doubles up to [`MAX`].
+    pub fn next_delay(&mut self) -> Duration {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let d = self.current;
+        self.current = (self.current * 2).min(MAX);
+        let half = d / 2;
+        let spread = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
+        half + Duration::from_nanos(self.rng % spread)
+    }
+
+    /// After real progress: start again from [`MIN`].
+    pub fn reset(&mut self) {
+        self.current = MIN;
+    }
+}
+
+/// Whether an item shows real progress (resets the delay).
+pub fn progress<K>(item: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+    matches!(
+        item,
+        Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_))
+    )
+}
+
+/// A watcher stream with [`Delays`] after each error: the error is yielded at once, and the
+/// watcher is polled again only after the delay.
+pub struct Backoff<S> {
+    inner: S,
+    delays: Delays,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> Backoff<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, seed: u64) -> Backoff<S> {
+        Backoff {
+            inner,
+            delays: Delays::new(seed),
+            sleep: None,
+        }
+    }
+}
+
+impl<S, K> Stream for Backoff<S>
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Unpin,
+{
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        if let Some(sleep) = self.sleep.as_mut() {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.sleep = None;
+        }
+        let item = match Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(Some(item)) => item,
+            other => return other,
+        };
+        if item.is_err() {
+            let delay = self.delays.next_delay();
+            self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
+        } else if progress(&item) {
+            self.delays.reset();
+        }
+        Poll::Ready(Some(item))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_double_with_jitter_up_to_the_cap_and_reset() {
+        let mut d = Delays::new(42);
+        let mut ceiling = MIN;
+        for _ in 0..12 {
+            let delay = d.next_delay();
+            assert!(
+                delay >= ceiling / 2 && delay <= ceiling,
+                "{delay:?} for {ceiling:?}"
+            );
+            ceiling = (ceiling * 2).min(MAX);
+        }
+        assert_eq!(ceiling, MAX);
+        d.reset();
+        assert!(d.next_delay() <= MIN);
+    }
+
+    #[test]
+    fn only_a_completed_list_or_a_watch_event_is_progress() {
+        type E = watcher::Event<k8s_openapi::api::core::v1::Node>;
+        let node = k8s_openapi::api::core::v1::Node::default;
+        let cases: Vec<(&str, Result<E, watcher::Error>, bool)> = vec![
+            ("Init", Ok(watcher::Event::Init), false),
+            ("InitApply", Ok(watcher::Event::InitApply(node())), false),
+            ("InitDone", Ok(watcher::Event::InitDone), true),
+            ("Apply", Ok(watcher::Event::Apply(node())), true),
+            ("Delete", Ok(watcher::Event::Delete(node())), true),
+            ("error", Err(watcher::Error::NoResourceVersion), false),
+        ];
+        for (name, item, want) in cases {
+            assert_eq!(progress(&item), want, "{name}");
+        }
+    }
+}
