@@ -29,14 +29,11 @@
 //! while this path frames 300k elements in place into 1 MB buffers, one Service port at a time,
 //! and must know each element's byte offset to map an extended ACK back to it.
 
-mod attr;
 mod batch;
 mod encode;
 mod error;
 mod fake;
 mod kernel;
-pub mod monitor;
-mod socket;
 
 use kpng_model::Family;
 
@@ -48,6 +45,8 @@ pub use batch::{ElementBatch, Framed, MsgInfo, Operation};
 pub use error::{EncodeError, NetlinkError};
 pub use fake::{RecordedBatch, RecordingWriter};
 pub use kernel::NetlinkWriter;
+/// The table monitor lives in `kpng-netfilter`, shared with the userspace capture.
+pub use kpng_netfilter::monitor;
 
 /// What a start-up probe found of our table in the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]

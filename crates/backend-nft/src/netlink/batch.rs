@@ -14,9 +14,9 @@ use crate::sets::{Set, SetDecl};
 use crate::store::Element;
 use crate::value::{Key, Value};
 
-use super::attr::*;
 use super::encode::{check_name, encode_element};
 use super::error::{EncodeError, NetlinkError};
+use kpng_netfilter::attr::*;
 
 /// Largest `NFTA_SET_ELEM_LIST_ELEMENTS` nest we build: its length field is 16 bits.
 const MAX_ELEMENTS_NEST: usize = 64 * 1024 - 1024;

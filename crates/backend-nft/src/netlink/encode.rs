@@ -14,8 +14,8 @@ use kpng_model::{Family, Protocol};
 use crate::sets::{Data, Field, Interval, SetDecl};
 use crate::value::{Chain, FieldValue, Fields, Key, Value, Verdict};
 
-use super::attr::*;
 use super::error::EncodeError;
+use kpng_netfilter::attr::*;
 
 /// Largest key or value: `NFT_DATA_VALUE_MAXLEN`.
 const DATA_MAX: usize = 64;

@@ -10,10 +10,10 @@
 use std::io;
 
 use super::ElementWriter;
-use super::attr::*;
 use super::batch::{ElementBatch, Framed, Operation};
 use super::error::{NetlinkError, io_err};
-use super::socket::{MAX_PARTS, Socket};
+use kpng_netfilter::attr::*;
+use kpng_netfilter::socket::{MAX_PARTS, Socket};
 
 /// Receive buffer for ACKs; with `NETLINK_CAP_ACK` each is well under 1 KiB.
 const RECV_BUF: usize = 256 * 1024;

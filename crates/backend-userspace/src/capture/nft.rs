@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use kpng_backend::TamperAlarm;
 use kpng_backend::settings::DetectLocal;
-use kpng_backend_nft::netlink::monitor::{TableMonitor, Watched};
 use kpng_model::Family;
+use kpng_netfilter::monitor::{TableMonitor, Watched};
 
 use crate::capture::{Capture, CaptureError};
 use crate::entries::{Action, Entry, EntryKey};

@@ -8,11 +8,11 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// How many buffers one datagram may be gathered from (`UIO_MAXIOV` is 1024).
-pub(super) const MAX_PARTS: usize = 1000;
+pub const MAX_PARTS: usize = 1000;
 
 /// A `NETLINK_NETFILTER` socket, closed on drop.
 #[derive(Debug)]
-pub(super) struct Socket {
+pub struct Socket {
     fd: OwnedFd,
 }
 
@@ -27,7 +27,7 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 impl Socket {
     /// Opens the socket in the calling thread's network namespace. It is bound implicitly
     /// (the kernel picks our port id) on the first send.
-    pub(super) fn open() -> io::Result<Socket> {
+    pub fn open() -> io::Result<Socket> {
         // SAFETY: socket(2) takes no pointers; it returns a new descriptor or -1.
         let fd = check(unsafe {
             libc::socket(
@@ -44,7 +44,7 @@ impl Socket {
     /// Binds the socket to a kernel-chosen port id, subscribed to no group. Needed before
     /// joining a multicast group: the kernel skips, in a broadcast, a socket whose port id
     /// equals the sender's, and an unbound socket's is 0, like the kernel's own.
-    pub(super) fn bind_auto(&self) -> io::Result<()> {
+    pub fn bind_auto(&self) -> io::Result<()> {
         // SAFETY: an all-zero sockaddr_nl is valid; we set the family only.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
@@ -60,7 +60,7 @@ impl Socket {
     }
 
     /// Waits until a datagram can be read, at most `timeout_ms`; `false` on timeout.
-    pub(super) fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
+    pub fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
         let mut pfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
@@ -80,7 +80,7 @@ impl Socket {
     }
 
     /// setsockopt(2) with a plain-data option value.
-    pub(super) fn set_opt<T: Copy>(
+    pub fn set_opt<T: Copy>(
         &self,
         level: libc::c_int,
         name: libc::c_int,
@@ -101,7 +101,7 @@ impl Socket {
     }
 
     /// getsockopt(2) of an `int` option.
-    pub(super) fn get_int(&self, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    pub fn get_int(&self, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
         let mut value: libc::c_int = 0;
         let mut len = size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: both pointers are to live locals of the sizes the kernel is told.
@@ -120,7 +120,7 @@ impl Socket {
     /// Sends one datagram, gathered from `parts`, to the kernel (port id 0: an unconnected
     /// netlink socket's default destination). Netlink datagrams go out whole or not at
     /// all. At most [`MAX_PARTS`] parts.
-    pub(super) fn send(&self, parts: &[Vec<u8>]) -> io::Result<usize> {
+    pub fn send(&self, parts: &[Vec<u8>]) -> io::Result<usize> {
         let mut iov: Vec<libc::iovec> = parts
             .iter()
             .map(|p| libc::iovec {
@@ -147,7 +147,7 @@ impl Socket {
     }
 
     /// Receives one datagram into `buf` (blocking unless `dont_wait`); returns its length.
-    pub(super) fn recv(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
+    pub fn recv(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
         let flags = if dont_wait { libc::MSG_DONTWAIT } else { 0 };
         loop {
             // SAFETY: `buf` is a live, writable slice; the kernel writes at most

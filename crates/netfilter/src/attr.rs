@@ -1,67 +1,70 @@
 //! Netlink message and attribute encoding: headers, attributes, nests, and the `NLMSG_ERROR`
 //! payload the kernel answers with.
 //!
-//! Why by hand: see the module docs of [`crate::netlink`] (the element path frames messages
-//! in place, element by element, which generic netlink crates do not).
+//! Why by hand: the nftables backend frames set-element messages in place, element by element,
+//! and maps the kernel's extended ACKs back to byte offsets, which generic netlink crates do not
+//! (see `kpng-backend-nft`'s `netlink` module docs).
+// The protocol constants keep the kernel headers' names and meanings; the headers document them.
+#![allow(missing_docs)]
 
 use std::fmt::{self, Write as _};
 
 // Protocol constants (linux/netlink.h, linux/netfilter/nfnetlink.h, linux/netfilter/nf_tables.h).
 
-pub(super) const NLMSG_HDRLEN: usize = 16;
-pub(super) const NLMSG_ERROR: u16 = 2;
-pub(super) const NLM_F_REQUEST: u16 = 0x1;
-pub(super) const NLM_F_ACK: u16 = 0x4;
-pub(super) const NLM_F_CREATE: u16 = 0x400;
+pub const NLMSG_HDRLEN: usize = 16;
+pub const NLMSG_ERROR: u16 = 2;
+pub const NLM_F_REQUEST: u16 = 0x1;
+pub const NLM_F_ACK: u16 = 0x4;
+pub const NLM_F_CREATE: u16 = 0x400;
 /// In an ACK: the original request is not echoed (`NETLINK_CAP_ACK`).
-pub(super) const NLM_F_CAPPED: u16 = 0x100;
+pub const NLM_F_CAPPED: u16 = 0x100;
 /// In an ACK: extended-ACK TLVs follow.
-pub(super) const NLM_F_ACK_TLVS: u16 = 0x200;
-pub(super) const NLMSGERR_ATTR_MSG: u16 = 1;
-pub(super) const NLMSGERR_ATTR_OFFS: u16 = 2;
-pub(super) const NLA_F_NESTED: u16 = 0x8000;
+pub const NLM_F_ACK_TLVS: u16 = 0x200;
+pub const NLMSGERR_ATTR_MSG: u16 = 1;
+pub const NLMSGERR_ATTR_OFFS: u16 = 2;
+pub const NLA_F_NESTED: u16 = 0x8000;
 
-pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
-pub(super) const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-pub(super) const NFNL_MSG_BATCH_END: u16 = 0x11;
-pub(super) const NFT_MSG_NEWSETELEM: u16 = 12;
-pub(super) const NFT_MSG_DELSETELEM: u16 = 14;
+pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+pub const NFNL_MSG_BATCH_END: u16 = 0x11;
+pub const NFT_MSG_NEWSETELEM: u16 = 12;
+pub const NFT_MSG_DELSETELEM: u16 = 14;
 
-pub(super) const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-pub(super) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-pub(super) const NFTA_LIST_ELEM: u16 = 1;
-pub(super) const NFTA_SET_ELEM_KEY: u16 = 1;
-pub(super) const NFTA_SET_ELEM_DATA: u16 = 2;
-pub(super) const NFTA_SET_ELEM_FLAGS: u16 = 3;
-pub(super) const NFTA_SET_ELEM_USERDATA: u16 = 6;
-pub(super) const NFTA_SET_ELEM_KEY_END: u16 = 10;
-pub(super) const NFTA_DATA_VALUE: u16 = 1;
-pub(super) const NFTA_DATA_VERDICT: u16 = 2;
-pub(super) const NFTA_VERDICT_CODE: u16 = 1;
-pub(super) const NFTA_VERDICT_CHAIN: u16 = 2;
-pub(super) const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+pub const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+pub const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+pub const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+pub const NFTA_LIST_ELEM: u16 = 1;
+pub const NFTA_SET_ELEM_KEY: u16 = 1;
+pub const NFTA_SET_ELEM_DATA: u16 = 2;
+pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
+pub const NFTA_SET_ELEM_USERDATA: u16 = 6;
+pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
+pub const NFTA_DATA_VALUE: u16 = 1;
+pub const NFTA_DATA_VERDICT: u16 = 2;
+pub const NFTA_VERDICT_CODE: u16 = 1;
+pub const NFTA_VERDICT_CHAIN: u16 = 2;
+pub const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 
-pub(super) const NF_DROP: i32 = 0;
-pub(super) const NF_ACCEPT: i32 = 1;
-pub(super) const NFT_CONTINUE: i32 = -1;
-pub(super) const NFT_JUMP: i32 = -3;
-pub(super) const NFT_GOTO: i32 = -4;
-pub(super) const NFT_RETURN: i32 = -5;
+pub const NF_DROP: i32 = 0;
+pub const NF_ACCEPT: i32 = 1;
+pub const NFT_CONTINUE: i32 = -1;
+pub const NFT_JUMP: i32 = -3;
+pub const NFT_GOTO: i32 = -4;
+pub const NFT_RETURN: i32 = -5;
 
 /// libnftnl's element user data TLVs (`NFTNL_UDATA_SET_ELEM_*`).
-pub(super) const UDATA_ELEM_COMMENT: u8 = 0;
-pub(super) const UDATA_ELEM_FLAGS: u8 = 1;
+pub const UDATA_ELEM_COMMENT: u8 = 0;
+pub const UDATA_ELEM_FLAGS: u8 = 1;
 /// `NFTNL_SET_ELEM_F_INTERVAL_OPEN`: a range that runs to the end of the key space.
-pub(super) const UDATA_ELEM_F_INTERVAL_OPEN: u32 = 1;
+pub const UDATA_ELEM_F_INTERVAL_OPEN: u32 = 1;
 /// nft refuses longer comments ("comment too long, 128 characters maximum allowed").
-pub(super) const COMMENT_MAX: usize = 128;
+pub const COMMENT_MAX: usize = 128;
 
 /// Table, set and chain names are at most this long, NUL included (`NFT_NAME_MAXLEN`).
-pub(super) const NAME_MAX: usize = 256;
+pub const NAME_MAX: usize = 256;
 
 /// Appends an attribute.
-pub(super) fn put_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+pub fn put_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
     let len = 4 + payload.len();
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
@@ -70,7 +73,7 @@ pub(super) fn put_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
 }
 
 /// Appends a NUL-terminated string attribute.
-pub(super) fn put_str(buf: &mut Vec<u8>, ty: u16, s: &str) {
+pub fn put_str(buf: &mut Vec<u8>, ty: u16, s: &str) {
     let len = 4 + s.len() + 1;
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
@@ -91,7 +94,7 @@ impl fmt::Write for ByteWriter<'_> {
 
 /// Appends a NUL-terminated string attribute holding `value`'s text, without allocating;
 /// returns the text's length (NUL excluded).
-pub(super) fn put_display(buf: &mut Vec<u8>, ty: u16, value: &dyn fmt::Display) -> usize {
+pub fn put_display(buf: &mut Vec<u8>, ty: u16, value: &dyn fmt::Display) -> usize {
     let start = buf.len();
     buf.extend_from_slice(&[0, 0]);
     buf.extend_from_slice(&ty.to_ne_bytes());
@@ -105,7 +108,7 @@ pub(super) fn put_display(buf: &mut Vec<u8>, ty: u16, value: &dyn fmt::Display) 
 }
 
 /// Starts a nested attribute; returns its offset (for [`nest_end`]).
-pub(super) fn nest_start(buf: &mut Vec<u8>, ty: u16) -> usize {
+pub fn nest_start(buf: &mut Vec<u8>, ty: u16) -> usize {
     let start = buf.len();
     buf.extend_from_slice(&[0, 0]);
     buf.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
@@ -113,13 +116,13 @@ pub(super) fn nest_start(buf: &mut Vec<u8>, ty: u16) -> usize {
 }
 
 /// Closes the nested attribute that starts at `start`.
-pub(super) fn nest_end(buf: &mut [u8], start: usize) {
+pub fn nest_end(buf: &mut [u8], start: usize) {
     let len = (buf.len() - start) as u16;
     buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
 }
 
 /// Starts a netlink message with its `nfgenmsg`; returns its offset (for [`msg_end`]).
-pub(super) fn msg_start(
+pub fn msg_start(
     buf: &mut Vec<u8>,
     ty: u16,
     flags: u16,
@@ -141,19 +144,19 @@ pub(super) fn msg_start(
 }
 
 /// Closes the message that starts at `start` (writes its length).
-pub(super) fn msg_end(buf: &mut [u8], start: usize) {
+pub fn msg_end(buf: &mut [u8], start: usize) {
     let len = (buf.len() - start) as u32;
     buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
 }
 
 /// Writes the sequence number of the message starting at `start`.
-pub(super) fn set_seq(buf: &mut [u8], start: usize, seq: u32) {
+pub fn set_seq(buf: &mut [u8], start: usize, seq: u32) {
     buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
 }
 
 /// What an `NLMSG_ERROR` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Ack {
+pub struct Ack {
     /// 0 for success, else a negative errno.
     pub error: i32,
     /// `NLMSGERR_ATTR_OFFS`: offset of the rejected attribute from the message start.
@@ -163,7 +166,7 @@ pub(super) struct Ack {
 }
 
 /// Parses the payload of an `NLMSG_ERROR` with the message's `flags`.
-pub(super) fn parse_ack(payload: &[u8], flags: u16) -> Option<Ack> {
+pub fn parse_ack(payload: &[u8], flags: u16) -> Option<Ack> {
     let error = i32::from_ne_bytes(payload.get(..4)?.try_into().ok()?);
     let orig = payload.get(4..4 + NLMSG_HDRLEN)?;
     let orig_len = u32::from_ne_bytes(orig[..4].try_into().ok()?) as usize;

@@ -29,9 +29,9 @@ use kpng_backend::TamperAlarm;
 use kpng_model::Family;
 use tracing::debug;
 
-use super::attr::{NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
-use super::error::{NetlinkError, io_err};
-use super::socket::Socket;
+use crate::attr::{NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
+use crate::socket::Socket;
+use crate::{MonitorError, io_err};
 
 /// `NFNLGRP_NFTABLES`: the multicast group of nf_tables notifications.
 const NFNLGRP_NFTABLES: libc::c_int = 7;
@@ -288,7 +288,7 @@ impl std::fmt::Debug for TableMonitor {
 impl TableMonitor {
     /// Subscribes, in the calling thread's network namespace, and starts the thread that
     /// raises `alarm` for every foreign change to `watched`.
-    pub fn start(watched: Watched, alarm: TamperAlarm) -> Result<TableMonitor, NetlinkError> {
+    pub fn start(watched: Watched, alarm: TamperAlarm) -> Result<TableMonitor, MonitorError> {
         let sock = Socket::open().map_err(io_err("opening a NETLINK_NETFILTER socket"))?;
         if sock
             .set_opt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF)

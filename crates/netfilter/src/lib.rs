@@ -1,0 +1,34 @@
+//! Linux nf_tables netlink plumbing that more than one backend needs: the raw
+//! `NETLINK_NETFILTER` socket ([`socket`]), message and attribute framing ([`attr`]), and the
+//! nf_tables notification monitor ([`monitor`]) that tells a backend, within milliseconds,
+//! that someone else changed or removed its table (a firewall reload, `nft flush ruleset`).
+//!
+//! It is a library below the backends, not a backend: the nftables backend writes its set
+//! elements through [`socket`] and [`attr`]; the nftables backend and the userspace proxy's
+//! capture both watch their tables with [`monitor`]. Backends never depend on each other.
+//!
+//! Unsafe code is confined to [`socket`] (std has no netlink sockets), each call with its SAFETY
+//! argument.
+
+pub mod attr;
+pub mod monitor;
+pub mod socket;
+
+use std::io;
+
+/// Why the monitor could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {source}")]
+pub struct MonitorError {
+    /// What was being done.
+    pub context: String,
+    /// The system's answer.
+    #[source]
+    pub source: io::Error,
+}
+
+/// Wraps an I/O error with what was being done.
+pub fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> MonitorError {
+    let context = context.into();
+    move |source| MonitorError { context, source }
+}
