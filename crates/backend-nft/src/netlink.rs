@@ -21,7 +21,8 @@
 //!   (`NFNL_MSG_BATCH_BEGIN` … `END`, hence one kernel transaction);
 //! - `kernel`: sending it and reading one ACK per message (extended ACKs name the element);
 //! - [`monitor`]: watching our tables for changes made by others (nf_tables notifications);
-//! - `socket`: the raw `AF_NETLINK` socket, the only unsafe code here;
+//!   like the raw `AF_NETLINK` socket and the attribute framing, it lives in `kpng-netfilter`,
+//!   below the backends, where the unsafe code is;
 //! - `error`: [`NetlinkError`], [`EncodeError`].
 //!
 //! Why not `netlink-packet-netfilter` (already used by `kpng-conntrack`): its nftables types
