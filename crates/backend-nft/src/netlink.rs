@@ -15,7 +15,7 @@
 //! - [`ElementWriter`]: what the backend needs, one atomic transaction per call. Implemented by
 //!   [`NetlinkWriter`] (the kernel) and by [`RecordingWriter`] (a fake for tests, which
 //!   encodes and frames exactly the same bytes and needs no privilege);
-//! - `attr`: netlink message and attribute encoding, ACK parsing;
+//! - `kpng_netfilter::attr`: netlink message and attribute encoding, ACK parsing;
 //! - `encode`: typed value → bytes (byte orders, padding, interval start/end);
 //! - `batch`: [`ElementBatch`], elements packed into messages framed in place, one datagram
 //!   (`NFNL_MSG_BATCH_BEGIN` … `END`, hence one kernel transaction);
