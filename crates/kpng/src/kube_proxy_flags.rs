@@ -247,7 +247,7 @@ pub fn extract(args: impl IntoIterator<Item = OsString>) -> Extracted {
         if asked.is_empty() {
             continue;
         }
-        let shown: Vec<String> = asked.iter().map(|v| format!("{:?}", v)).collect();
+        let shown: Vec<String> = asked.iter().map(|v| format!("{v:?}")).collect();
         out.warnings.push(format!(
             "--{} {} ({}): {why}; ignored",
             flag.flag,

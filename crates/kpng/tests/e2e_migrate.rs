@@ -51,12 +51,7 @@ fn kube_proxy_ruleset() -> String {
         node = addr::NODE1_LAN_V4,
     );
     let services: [(&str, &str, u8, &[&str]); 2] = [
-        (
-            "ZQK3HTCA",
-            "mig",
-            120,
-            &["10.244.1.2", "10.244.1.3"],
-        ),
+        ("ZQK3HTCA", "mig", 120, &["10.244.1.2", "10.244.1.3"]),
         ("B6O2MGUQ", "hold", 121, &["10.244.2.2"]),
     ];
     for (hash, name, n, endpoints) in services {
