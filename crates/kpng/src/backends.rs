@@ -65,8 +65,8 @@ impl BackendKind {
             "ipvs" => Err(
                 "\"ipvs\" is not supported: kpng runs mode \"nftables\" (recommended) or \
                  \"iptables\". Set one of them; kpng removes the ipvs mode's kube-ipvs0 interface \
-                 and KUBE-* chains once its own rules are in place (docs/deploy.md, \"Migrating from \
-                 kube-proxy\"); the ipvs section does not carry over"
+                 and KUBE-* chains once its own rules are in place (docs/deploy.md, \"Replace \
+                 kube-proxy's image\"); the ipvs section does not carry over"
                     .into(),
             ),
             "kernelspace" => Err(

@@ -264,7 +264,8 @@ pub enum Command {
     Local(LocalSource),
     /// Use a brain (`kpng … to-api`) as the source of this node's model, for any node sink.
     Api(ApiSource),
-    /// Remove everything kpng's backends installed on this node, then exit.
+    /// Remove every kpng backend's and kube-proxy's (every mode) rules from this node, print
+    /// what was removed, then exit (kube-proxy's --cleanup).
     Cleanup,
     /// Print the version.
     Version,
