@@ -344,3 +344,32 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
         .expect("kpng --cleanup again");
     assert_eq!(again.trim(), "kpng: nothing to remove");
 }
+
+/// `kpng --init-only` does the privileged set-up (the conntrack sysctls, the backend's node
+/// checks) and exits, as kube-proxy's: run in a namespace, whose conntrack timeouts are its own.
+#[test]
+fn init_only_sets_the_sysctls_and_exits() {
+    require_root!();
+    let ns = Netns::new("kpinit").expect("netns");
+    // Conntrack's per-namespace sysctls exist once the module is loaded.
+    ns.nft("add table ip t\nadd chain ip t c\nadd rule ip t c ct state new accept\n")
+        .expect("load conntrack");
+    let key = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established";
+    let out = ns
+        .exec([
+            env!("CARGO_BIN_EXE_kpng"),
+            "--init-only",
+            "--proxy-mode=nftables",
+            "--conntrack-tcp-timeout-established=2h",
+        ])
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("--init-only: done"), "{stderr}");
+    let value = ns.run_ok(["cat", key]).expect("read sysctl");
+    assert_eq!(value.trim(), "7200", "{stderr}");
+    assert!(
+        !tables(&ns).contains("kpng"),
+        "--init-only programs no rules"
+    );
+}
