@@ -1,22 +1,27 @@
 # syntax=docker/dockerfile:1
-# kpng's container image (deploy/20-daemonset.yaml runs it):
+# kpng's container image (deploy/20-daemonset.yaml runs it; so can a kubeadm kube-proxy
+# DaemonSet, see docs/deploy.md):
 #   docker build -t kpng:dev .
 #
-# Built on bookworm and run on bookworm, so the binary links against the same glibc. The runtime
-# image has what the nftables backend uses (`nft` and libnftables from `nftables`) plus the
-# tools one reaches for on a proxy node (`conntrack`, `ip`).
+# The binary is built with the `dist` profile (release, debug info stripped, symbols kept;
+# Cargo.toml). The image is `scratch` plus what scripts/image-rootfs.sh copies from the build
+# stage: kpng (also as /usr/local/bin/kube-proxy), nft and libnftables, iptables (nft and
+# legacy variants) with its extensions, ip, and the libraries they link. No shell, no package
+# manager. Built on bookworm, so the libraries are bookworm's (glibc, nftables 1.0.6,
+# iptables 1.8.9).
 
 FROM rust:1.95-bookworm AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends nftables iptables iproute2 ca-certificates netbase \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p kpng \
-    && install -D -m 0755 target/release/kpng /out/kpng
+    cargo build --profile dist --locked -p kpng \
+    && install -D -m 0755 target/dist/kpng /out/kpng
+RUN scripts/image-rootfs.sh /out/kpng /rootfs
 
-FROM debian:bookworm-slim
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends nftables conntrack iproute2 ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/kpng /usr/local/bin/kpng
+FROM scratch
+COPY --from=build /rootfs/ /
 ENTRYPOINT ["/usr/local/bin/kpng"]

@@ -4,9 +4,10 @@
 //!
 //! Adding a backend is one variant of [`BackendKind`] and one arm in each `match` below; the
 //! compiler lists every place that must decide something for it. Switching backends needs no
-//! N×N list either: the one that starts removes the leftovers of every *other* kind.
+//! N×N list either: the one that starts removes every leftover but its own
+//! ([`crate::leftovers`], which also knows kube-proxy's modes).
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::ValueEnum;
 use kpng_backend::Backend;
 use kpng_backend::settings::{DetectLocal, Masquerade, NodePortAddresses};
@@ -26,7 +27,7 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// Every kind, in the order `kpng cleanup` removes them.
+    /// Every kind.
     pub const ALL: [BackendKind; 3] = [
         BackendKind::Nft,
         BackendKind::Iptables,
@@ -46,6 +47,49 @@ impl BackendKind {
     pub fn word(self) -> &'static str {
         match self {
             BackendKind::Nft => "nft",
+            BackendKind::Iptables => "iptables",
+            BackendKind::Userspace => "userspace",
+        }
+    }
+
+    /// The backend a kube-proxy `mode` (`--proxy-mode`, the configuration file's `mode`) asks
+    /// for, so that kube-proxy's own command line and configuration choose kpng's backend:
+    /// `""` (kube-proxy's Linux default) and `iptables` → iptables, `nftables` → nftables.
+    /// kube-proxy's other modes are errors that say what to use instead; `userspace` (removed
+    /// from kube-proxy in 1.26) is kpng's proxy.
+    pub fn from_mode(mode: &str) -> Result<BackendKind, String> {
+        match mode {
+            "" | "iptables" => Ok(BackendKind::Iptables),
+            "nftables" => Ok(BackendKind::Nft),
+            "userspace" => Ok(BackendKind::Userspace),
+            "ipvs" => Err(
+                "\"ipvs\" is not supported: kpng runs mode \"nftables\" (recommended) or \
+                 \"iptables\". Set one of them; kpng removes the ipvs mode's kube-ipvs0 interface \
+                 and KUBE-* chains once its own rules are in place (docs/deploy.md, \"Replace \
+                 kube-proxy's image\"); the ipvs section does not carry over"
+                    .into(),
+            ),
+            "kernelspace" => Err(
+                "\"kernelspace\" is kube-proxy's Windows mode; on Linux use \"nftables\" or \
+                 \"iptables\""
+                    .into(),
+            ),
+            other => {
+                let ours: Vec<&str> = BackendKind::ALL.iter().map(|k| k.mode()).collect();
+                Err(format!(
+                    "unknown proxy mode {other:?}: kube-proxy's Linux modes are \"iptables\" \
+                     (the default, also \"\"), \"nftables\" and \"ipvs\"; kpng runs {}",
+                    ours.join(", ")
+                ))
+            }
+        }
+    }
+
+    /// kube-proxy's name of this mode (`nftables`, `iptables`; kpng's `userspace`), as written
+    /// in a configuration file.
+    pub fn mode(self) -> &'static str {
+        match self {
+            BackendKind::Nft => "nftables",
             BackendKind::Iptables => "iptables",
             BackendKind::Userspace => "userspace",
         }
@@ -112,8 +156,12 @@ impl BackendKind {
         }
     }
 
-    /// Builds the backend from the flags.
-    pub fn build(flags: &GlobalFlags, backend: &LocalBackend) -> anyhow::Result<Box<dyn Backend>> {
+    /// Builds the backend from the flags. A dry run's checkers report to `refusals`.
+    pub fn build(
+        flags: &GlobalFlags,
+        backend: &LocalBackend,
+        refusals: &crate::dry_run::Refusals,
+    ) -> anyhow::Result<Built> {
         let kind = BackendKind::of(backend);
         let node = NodeSettings {
             masquerade: Masquerade {
@@ -123,33 +171,21 @@ impl BackendKind {
             detect_local: detect_local(flags)?,
             nodeport_addresses: kind.nodeport_addresses(flags)?,
         };
-        linux::build(flags, backend, node)
+        linux::build(flags, backend, node, refusals)
     }
 
-    /// Removes everything this kind of backend installed on the node. `Ok(false)`: there was
-    /// nothing to remove (or no tool to remove it with).
-    pub fn remove_leftovers(self) -> anyhow::Result<bool> {
-        linux::remove_leftovers(self)
+    /// Whether the backend, as configured, is a dry run (`--dry-run`).
+    pub fn dry_run(backend: &LocalBackend) -> bool {
+        !BackendKind::changes_the_node(backend)
     }
+}
 
-    /// Removes the leftovers of every other kind, so that a node switched from another
-    /// backend does not keep a second set of rules. Best effort: logged, never fatal. Called
-    /// once this backend's own rules are in place, so that traffic keeps flowing meanwhile.
-    pub fn remove_other_kinds(self) {
-        for other in BackendKind::ALL.into_iter().filter(|k| *k != self) {
-            match other.remove_leftovers() {
-                Ok(true) => tracing::info!(
-                    "removed the rules a previous `to-local {}` left on this node",
-                    other.word()
-                ),
-                Ok(false) => tracing::debug!("no `to-local {}` leftovers", other.word()),
-                Err(e) => tracing::warn!(
-                    "could not remove the `to-local {}` leftovers: {e:#}",
-                    other.word()
-                ),
-            }
-        }
-    }
+/// A built node backend and what it installs itself (kept when the others' leftovers go).
+pub struct Built {
+    /// The backend.
+    pub backend: Box<dyn Backend>,
+    /// What of [`crate::leftovers::Leftover`] is its own; `None` for a dry run.
+    pub own: Option<crate::leftovers::Leftover>,
 }
 
 /// What every node backend is configured with, whatever the backend.
@@ -180,60 +216,71 @@ fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
     })
 }
 
-/// `kpng cleanup`: every backend's leftovers, each reported.
-pub fn cleanup() -> anyhow::Result<()> {
-    let mut failed = Vec::new();
-    for kind in BackendKind::ALL {
-        match kind.remove_leftovers() {
-            Ok(true) => println!("kpng: removed what `to-local {}` installed", kind.word()),
-            Ok(false) => println!("kpng: nothing of `to-local {}` to remove", kind.word()),
-            Err(e) => failed.push(format!("to-local {}: {e:#}", kind.word())),
-        }
-    }
-    if !failed.is_empty() {
-        bail!("{}", failed.join("; "));
-    }
-    Ok(())
-}
-
 /// The Linux backends: nftables, iptables and the userspace proxy (its capture is nftables).
 #[cfg(target_os = "linux")]
 mod linux {
     use anyhow::{Context, bail};
     use kpng_backend::Backend;
     use kpng_backend_iptables::exec::{
-        DryRun as IptablesDryRun, Iptables, IptablesCommand, Mode, detect_mode, family_usable,
+        Iptables, IptablesCommand, Mode, detect_mode, family_usable,
     };
     use kpng_backend_iptables::{IptablesBackend, IptablesConfig};
     use kpng_backend_nft::exec::libnftables::LibNftables;
-    use kpng_backend_nft::exec::{Auto, NftCommand, NftExec, dry_run};
+    use kpng_backend_nft::exec::{Auto, NftCommand, NftExec};
     use kpng_backend_nft::netlink::NetlinkWriter;
     use kpng_backend_nft::{NftBackend, NftConfig};
-    use kpng_backend_userspace::capture::Capture as _;
     use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
     use kpng_backend_userspace::proxy::ProxySettings;
     use kpng_backend_userspace::{UserspaceBackend, UserspaceConfig};
     use kpng_model::Family;
     use tracing::info;
 
-    use super::{BackendKind, NodeSettings};
+    use super::{BackendKind, Built, NodeSettings};
     use crate::cli::{
         GlobalFlags, IptablesArgs, IptablesMode, LocalBackend, NftArgs, NftExecMode, UserspaceArgs,
     };
+    use crate::dry_run::{CheckedIptables, CheckedNft, Refusals};
+    use crate::leftovers::Variant;
 
     pub(super) fn build(
         flags: &GlobalFlags,
         backend: &LocalBackend,
         node: NodeSettings,
-    ) -> anyhow::Result<Box<dyn Backend>> {
-        Ok(match backend {
-            LocalBackend::Nft(args) => Box::new(nft(flags, args, node)?),
-            LocalBackend::Iptables(args) => Box::new(iptables(flags, args, node)?),
-            LocalBackend::Userspace(args) => Box::new(userspace(flags, args, node)),
-        })
+        refusals: &Refusals,
+    ) -> anyhow::Result<Built> {
+        let kind = BackendKind::of(backend);
+        let dry_run = BackendKind::dry_run(backend);
+        match backend {
+            LocalBackend::Nft(args) => crate::prereq::check(kind, &args.nft_binary)?,
+            LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,
+            LocalBackend::Iptables(_) => {}
+        }
+        let (backend, variant): (Box<dyn Backend>, Option<Variant>) = match backend {
+            LocalBackend::Nft(args) => (Box::new(nft(flags, args, node, refusals)?), None),
+            LocalBackend::Iptables(args) => {
+                let (b, mode) = iptables(flags, args, node, refusals)?;
+                let variant = mode.map(|m| match m {
+                    Mode::Legacy => Variant::Legacy,
+                    Mode::Nft => Variant::Nft,
+                });
+                (Box::new(b), variant)
+            }
+            LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
+        };
+        let own = if dry_run {
+            None
+        } else {
+            crate::leftovers::own(kind, variant)
+        };
+        Ok(Built { backend, own })
     }
 
-    fn nft(flags: &GlobalFlags, args: &NftArgs, node: NodeSettings) -> anyhow::Result<NftBackend> {
+    fn nft(
+        flags: &GlobalFlags,
+        args: &NftArgs,
+        node: NodeSettings,
+        refusals: &Refusals,
+    ) -> anyhow::Result<NftBackend> {
         let config = NftConfig {
             masquerade_all: node.masquerade.all,
             masquerade_bit: node.masquerade.bit,
@@ -243,7 +290,11 @@ mod linux {
             ..NftConfig::default()
         };
         let exec: Box<dyn NftExec> = match (args.dry_run, args.nft_exec) {
-            (true, _) => Box::new(dry_run()),
+            (true, _) => Box::new(CheckedNft::new(
+                &args.nft_binary,
+                &config.table,
+                refusals.clone(),
+            )),
             (false, NftExecMode::Command) => Box::new(NftCommand::with_binary(&args.nft_binary)),
             (false, NftExecMode::Library) => {
                 Box::new(LibNftables::open().context("loading libnftables (--nft-exec library)")?)
@@ -275,22 +326,31 @@ mod linux {
                 .is_ok_and(|v| v.trim() != "0")
     }
 
+    /// The iptables backend and the variant it programs (`None` for a dry run).
     fn iptables(
         flags: &GlobalFlags,
         args: &IptablesArgs,
         node: NodeSettings,
-    ) -> anyhow::Result<IptablesBackend> {
+        refusals: &Refusals,
+    ) -> anyhow::Result<(IptablesBackend, Option<Mode>)> {
         let config = IptablesConfig {
             masquerade_all: node.masquerade.all,
             masquerade_bit: node.masquerade.bit,
             detect_local: node.detect_local,
             nodeport_addresses: node.nodeport_addresses,
-            localhost_node_ports: args.iptables_localhost_nodeports,
+            localhost_node_ports: flags.iptables_localhost_nodeports,
             tcp_be_liberal: tcp_be_liberal(flags),
             ..IptablesConfig::default()
         };
         if args.dry_run {
-            return Ok(IptablesBackend::new(config, Box::new(IptablesDryRun)));
+            // Checked with the variant the node uses, when it can be read.
+            let mode = match args.iptables_mode {
+                IptablesMode::Legacy => Some(Mode::Legacy),
+                IptablesMode::Nft => Some(Mode::Nft),
+                IptablesMode::Auto => detect_mode().ok(),
+            };
+            let exec = CheckedIptables::new(mode, refusals.clone());
+            return Ok((IptablesBackend::new(config, Box::new(exec)), None));
         }
         let mode = match args.iptables_mode {
             IptablesMode::Legacy => Mode::Legacy,
@@ -322,9 +382,9 @@ mod linux {
         }
         info!("programming iptables-{}", mode.name());
         let ipt: Box<dyn Iptables> = Box::new(IptablesCommand::new(mode));
-        Ok(IptablesBackend::new(
-            IptablesConfig { families, ..config },
-            ipt,
+        Ok((
+            IptablesBackend::new(IptablesConfig { families, ..config }, ipt),
+            Some(mode),
         ))
     }
 
@@ -353,91 +413,6 @@ mod linux {
         };
         UserspaceBackend::new(config, Box::new(capture.with_pods(pods)))
     }
-
-    /// Whether iptables of `mode` holds any table in this network namespace, found without
-    /// touching iptables itself: reading a legacy table instantiates it, and with it netfilter hooks
-    /// that every packet of the node then traverses (measured: +5% on a connection's first packet),
-    /// and iptables-nft may create its base chains when asked to list them.
-    fn iptables_tables_exist(mode: Mode) -> bool {
-        match mode {
-            Mode::Legacy => ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"]
-                .iter()
-                .any(|p| std::fs::read_to_string(p).is_ok_and(|t| !t.trim().is_empty())),
-            Mode::Nft => nft_tables().iter().any(|(family, name)| {
-                matches!(family.as_str(), "ip" | "ip6")
-                    && matches!(name.as_str(), "filter" | "nat" | "mangle")
-            }),
-        }
-    }
-
-    /// The nftables tables of this network namespace, as (family, name); empty when `nft` is
-    /// missing. One cheap listing without contents.
-    fn nft_tables() -> Vec<(String, String)> {
-        let Ok(out) = std::process::Command::new("nft")
-            .args(["list", "tables"])
-            .output()
-        else {
-            return Vec::new();
-        };
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                let mut words = l.split_whitespace();
-                (words.next() == Some("table"))
-                    .then(|| Some((words.next()?.to_string(), words.next()?.to_string())))
-                    .flatten()
-            })
-            .collect()
-    }
-
-    /// Whether an nftables table of this name exists in any family.
-    fn nft_table_exists(name: &str) -> bool {
-        nft_tables().iter().any(|(_, n)| n == name)
-    }
-
-    pub(super) fn remove_leftovers(kind: BackendKind) -> anyhow::Result<bool> {
-        match kind {
-            BackendKind::Nft => {
-                let config = NftConfig::default();
-                if !nft_table_exists(&config.table) {
-                    return Ok(false);
-                }
-                let mut nft = NftBackend::new(config, Box::new(NftCommand::default()));
-                nft.cleanup().context("removing kpng's nftables tables")?;
-                Ok(true)
-            }
-            BackendKind::Userspace => {
-                if !nft_table_exists(kpng_backend_userspace::capture::nft::TABLE) {
-                    return Ok(false);
-                }
-                NftCapture::new(Family::ALL.to_vec())
-                    .cleanup()
-                    .context("removing the userspace proxy's nftables tables")?;
-                Ok(true)
-            }
-            BackendKind::Iptables => {
-                let mut removed = false;
-                let mut failed = Vec::new();
-                for mode in [Mode::Legacy, Mode::Nft] {
-                    if !iptables_tables_exist(mode) {
-                        continue;
-                    }
-                    let mut ipt = IptablesBackend::new(
-                        IptablesConfig::default(),
-                        Box::new(IptablesCommand::new(mode)),
-                    );
-                    match ipt.cleanup() {
-                        Ok(()) => removed = true,
-                        Err(e) => failed.push(format!("iptables-{}: {e}", mode.name())),
-                    }
-                }
-                if !failed.is_empty() {
-                    bail!("removing kpng's iptables chains: {}", failed.join("; "));
-                }
-                Ok(removed)
-            }
-        }
-    }
 }
 
 /// Other systems have no node backend yet (the Windows HNS backend is the next one): the
@@ -446,22 +421,19 @@ mod linux {
 mod linux {
     use kpng_backend::Backend;
 
-    use super::{BackendKind, NodeSettings};
+    use super::{BackendKind, Built, NodeSettings};
     use crate::cli::{GlobalFlags, LocalBackend};
 
     pub(super) fn build(
         _flags: &GlobalFlags,
         backend: &LocalBackend,
         _node: NodeSettings,
-    ) -> anyhow::Result<Box<dyn Backend>> {
+        _refusals: &crate::dry_run::Refusals,
+    ) -> anyhow::Result<Built> {
         anyhow::bail!(
             "`to-local {}` programs the Linux kernel and is not available on this system; \
              `to-file` and `to-api` are",
             BackendKind::of(backend).word()
         )
-    }
-
-    pub(super) fn remove_leftovers(_kind: BackendKind) -> anyhow::Result<bool> {
-        Ok(false)
     }
 }

@@ -1,7 +1,10 @@
-//! The command line: `kpng <source> [source flags] <sink> [backend] [flags]`.
+//! The command line: `kpng <source> [source flags] <sink> [backend] [flags]`, or kube-proxy's
+//! own command line (no subcommand: the `kube` source and the backend of `--proxy-mode` or the
+//! configuration file's `mode`), so that kpng replaces kube-proxy by changing only the image.
 //!
 //! Node and proxy flags are global: they may stand anywhere on the line, as kube-proxy users
-//! expect to paste them.
+//! expect to paste them. kube-proxy flags that kpng does not implement are taken off the line
+//! before clap sees it (`kube_proxy_flags.rs`) and warned about.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -9,23 +12,43 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::backends::BackendKind;
+
 /// kpng: a Kubernetes service proxy (kube-proxy next generation).
 ///
 /// A source turns cluster state (Services, EndpointSlices, Nodes) into a small node-local model;
-/// a sink consumes it. Examples:
-///
-///   kpng file --input examples/cluster.yaml to-file --output -
-///   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
+/// a sink consumes it. Without a subcommand kpng runs as kube-proxy does: the `kube` source and
+/// the backend of --proxy-mode or the --config file's `mode` (iptables by default).
 #[derive(Debug, Parser)]
-#[command(name = "kpng", version, propagate_version = true, max_term_width = 100)]
+#[command(
+    name = "kpng",
+    version,
+    propagate_version = true,
+    max_term_width = 100,
+    after_help = EXAMPLES
+)]
 pub struct Cli {
     /// Flags that apply wherever they are written.
     #[command(flatten)]
     pub global: GlobalFlags,
-    /// What to read cluster state from.
+    /// What to read cluster state from; none: kube-proxy's command line.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
+
+/// `kpng --help`'s examples, one command line each, printed verbatim.
+pub const EXAMPLES: &str = "\
+Examples:
+  kpng --config /var/lib/kube-proxy/config.conf --hostname-override=node1
+  kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
+  kpng file --input examples/cluster.yaml to-file --output -
+  kpng file --input examples/cluster.yaml to-local nft --dry-run
+  kpng --cleanup
+
+kube-proxy flags kpng accepts without effect (each warns once when set): --feature-gates,
+--profiling, --show-hidden-metrics-for-version, --oom-score-adj, --config-sync-period,
+--bind-address-hard-fail, --kube-api-content-type, --proxy-port-range, --ipvs-*,
+--logging-format, --log-flush-frequency, --vmodule, --log-{json,text}-*, --windows-service.";
 
 /// Node, proxy and server flags (kube-proxy's names and defaults).
 #[derive(Debug, Args, Clone)]
@@ -37,8 +60,43 @@ pub struct GlobalFlags {
 
     /// Write the effective configuration as a KubeProxyConfiguration to FILE (`-`: standard
     /// output) and exit without running the command.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Output")]
     pub write_config_to: Option<String>,
+
+    /// The backend, by kube-proxy's mode name: iptables (kube-proxy's default, also ""),
+    /// nftables, or kpng's userspace. Without a subcommand it chooses the backend; with
+    /// `to-local` it must agree. Default: the --config file's `mode`.
+    #[arg(long, global = true, value_name = "MODE", value_parser = parse_proxy_mode, help_heading = "Backend")]
+    pub proxy_mode: Option<BackendKind>,
+
+    /// Where the backend came from (`--proxy-mode`, or the --config file's `mode`), for
+    /// messages; `None` when neither said.
+    #[arg(skip)]
+    pub proxy_mode_origin: Option<String>,
+
+    /// Remove the rules of kube-proxy (every mode) and of every kpng backend from this node,
+    /// then exit (kube-proxy's --cleanup).
+    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
+    pub cleanup: bool,
+
+    /// Do what needs full privileges (the conntrack sysctls, the kernel checks), then exit
+    /// (kube-proxy's --init-only).
+    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
+    pub init_only: bool,
+
+    /// The kubeconfig file of the `kube` source. Without it and without --master, kpng uses
+    /// its Pod's service account (in-cluster configuration).
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Source")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's URL (overrides the kubeconfig's server).
+    #[arg(long, global = true, value_name = "URL", help_heading = "Source")]
+    pub master: Option<String>,
+    /// Requests per second to the API server (0 or less: no limit).
+    #[arg(long, global = true, default_value_t = 5.0, help_heading = "Source")]
+    pub kube_api_qps: f32,
+    /// Requests allowed in a burst above --kube-api-qps.
+    #[arg(long, global = true, default_value_t = 10, help_heading = "Source")]
+    pub kube_api_burst: u32,
 
     /// How the `kube` source reaches the API server, from `--config`'s `clientConnection` and
     /// the source's own flags (see `config::ClientConnection`).
@@ -50,97 +108,148 @@ pub struct GlobalFlags {
         long,
         global = true,
         alias = "hostname-override",
-        env = "KPNG_NODE_NAME"
+        env = "KPNG_NODE_NAME",
+        help_heading = "Node"
     )]
     pub node_name: Option<String>,
 
     /// This node's IP(s), overriding the Node object's addresses (comma-separated, one per family).
-    #[arg(long, global = true, alias = "bind-address", value_delimiter = ',')]
+    #[arg(
+        long,
+        global = true,
+        alias = "bind-address",
+        value_delimiter = ',',
+        help_heading = "Node"
+    )]
     pub node_ip: Vec<IpAddr>,
 
     /// Serve only the Services labelled service.kubernetes.io/service-proxy-name=NAME (without
     /// it: only the Services without that label, as kube-proxy).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Source")]
     pub service_proxy_name: Option<String>,
 
     /// The cluster's pod CIDR(s), one per family: traffic from outside them is masqueraded.
-    #[arg(long, global = true, value_delimiter = ',')]
+    #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
     pub cluster_cidr: Vec<ipnet::IpNet>,
 
     /// Masquerade all traffic to ClusterIPs.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Backend")]
     pub masquerade_all: bool,
 
     /// How pod traffic is recognised.
-    #[arg(long, global = true, value_enum, default_value_t = DetectLocalMode::ClusterCidr)]
+    #[arg(long, global = true, value_enum, default_value_t = DetectLocalMode::ClusterCidr, help_heading = "Node")]
     pub detect_local_mode: DetectLocalMode,
 
     /// The pod bridge, with --detect-local-mode BridgeInterface.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Node")]
     pub pod_bridge_interface: Option<String>,
 
     /// The pod interface prefix, with --detect-local-mode InterfaceNamePrefix.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Node")]
     pub pod_interface_name_prefix: Option<String>,
 
     /// The fwmark bit that marks connections for masquerading (0-31).
-    #[arg(long, global = true, alias = "iptables-masquerade-bit", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    #[arg(long, global = true, alias = "iptables-masquerade-bit", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31), help_heading = "Backend")]
     pub masquerade_bit: u8,
 
     /// The Service CIDR(s): traffic to unallocated ClusterIPs inside them is dropped.
-    #[arg(long, global = true, value_delimiter = ',')]
+    #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
     pub service_cidr: Vec<ipnet::IpNet>,
 
     /// Addresses that accept NodePort traffic: `primary` (the node's IPs) or CIDRs. Unset: the
     /// backend's default (nftables: `primary`; iptables: every local address).
-    #[arg(long, global = true, value_delimiter = ',')]
+    #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
     pub nodeport_addresses: Vec<String>,
 
     /// Where /healthz and /livez are served (kube-proxy's health server).
-    #[arg(long, global = true, default_value = "0.0.0.0:10256")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "0.0.0.0:10256",
+        help_heading = "Output"
+    )]
     pub healthz_bind_address: SocketAddr,
 
     /// Where /metrics, /healthz and /proxyMode are served; empty disables.
-    #[arg(long, global = true, default_value = "127.0.0.1:10249")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "127.0.0.1:10249",
+        help_heading = "Output"
+    )]
     pub metrics_bind_address: String,
 
     /// Minimum time between two syncs (0 = sync at once).
-    #[arg(long, global = true, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, global = true, alias = "iptables-min-sync-period", default_value = "1s", value_parser = parse_duration, help_heading = "Backend")]
     pub min_sync_period: Duration,
 
     /// Periodic sync interval; a change unsynced for twice this makes /healthz fail.
-    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, global = true, alias = "iptables-sync-period", default_value = "30s", value_parser = parse_duration, help_heading = "Backend")]
     pub sync_period: Duration,
 
     /// Periodic full resync interval (0 disables).
-    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration, help_heading = "Backend")]
     pub full_sync_period: Duration,
 
     /// Conntrack entries per CPU for nf_conntrack_max (0: leave it).
-    #[arg(long, global = true, default_value_t = 32768)]
+    #[arg(long, global = true, default_value_t = 32768, help_heading = "Node")]
     pub conntrack_max_per_core: u64,
     /// Minimum nf_conntrack_max.
-    #[arg(long, global = true, default_value_t = 131072)]
+    #[arg(long, global = true, default_value_t = 131072, help_heading = "Node")]
     pub conntrack_min: u64,
     /// Idle timeout of established TCP connections (0: leave it).
-    #[arg(long, global = true, default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "24h", value_parser = parse_duration, help_heading = "Node")]
     pub conntrack_tcp_timeout_established: Duration,
     /// Timeout of TCP connections in CLOSE_WAIT (0: leave it).
-    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration, help_heading = "Node")]
     pub conntrack_tcp_timeout_close_wait: Duration,
     /// Accept out-of-window TCP packets instead of marking them invalid.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
     pub conntrack_tcp_be_liberal: bool,
     /// Idle timeout of UDP flows (0: leave it).
-    #[arg(long, global = true, default_value = "0", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "0", value_parser = parse_duration, help_heading = "Node")]
     pub conntrack_udp_timeout: Duration,
     /// Idle timeout of UDP streams (0: leave it).
-    #[arg(long, global = true, default_value = "0", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "0", value_parser = parse_duration, help_heading = "Node")]
     pub conntrack_udp_timeout_stream: Duration,
 
+    /// Also accept IPv4 NodePort traffic on 127.0.0.1 with the iptables backend (sets
+    /// net.ipv4.conf.all.route_localnet=1), as kube-proxy does by default;
+    /// `--iptables-localhost-nodeports=false` turns it off. nftables never does.
+    #[arg(
+        long,
+        global = true,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        help_heading = "Backend"
+    )]
+    pub iptables_localhost_nodeports: bool,
+
+    /// kube-proxy's deprecated --healthz-port: the health server's port (0: kube-proxy turns
+    /// the server off; kpng keeps it, with a warning).
+    #[arg(long, global = true, hide = true)]
+    pub healthz_port: Option<u16>,
+    /// kube-proxy's deprecated --metrics-port: the metrics server's port (0: off).
+    #[arg(long, global = true, hide = true)]
+    pub metrics_port: Option<u16>,
+
     /// Log filter (tracing syntax, e.g. `info`, `kpng=debug`); RUST_LOG wins when set.
-    #[arg(long, global = true, default_value = "info")]
+    #[arg(long, global = true, default_value = "info", help_heading = "Logging")]
     pub log_level: String,
+
+    /// kube-proxy's (klog's) verbosity, when --log-level is not given: 0-3 info, 4 debug, 5+
+    /// trace.
+    #[arg(
+        short = 'v',
+        long = "v",
+        global = true,
+        value_name = "LEVEL",
+        help_heading = "Logging"
+    )]
+    pub verbosity: Option<u32>,
 }
 
 /// The first word: a source, or a standalone command.
@@ -155,7 +264,8 @@ pub enum Command {
     Local(LocalSource),
     /// Use a brain (`kpng … to-api`) as the source of this node's model, for any node sink.
     Api(ApiSource),
-    /// Remove everything kpng's backends installed on this node, then exit.
+    /// Remove every kpng backend's and kube-proxy's (every mode) rules from this node, print
+    /// what was removed, then exit (kube-proxy's --cleanup).
     Cleanup,
     /// Print the version.
     Version,
@@ -165,7 +275,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct FileSource {
     /// The manifest file (what `kubectl get svc,endpointslices,nodes -A -o yaml` prints).
-    #[arg(long)]
+    #[arg(short = 'i', long)]
     pub input: PathBuf,
     /// How long the file must be quiet after a change before it is re-read.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
@@ -175,22 +285,10 @@ pub struct FileSource {
     pub sink: Sink,
 }
 
-/// `kpng kube …`: kube-proxy's client flags.
+/// `kpng kube …` (its client flags, `--kubeconfig`, `--master`, `--kube-api-qps`,
+/// `--kube-api-burst`, are global: kube-proxy's command line has them without a subcommand).
 #[derive(Debug, Args)]
 pub struct KubeSource {
-    /// The kubeconfig file. Without it and without --master, kpng uses its Pod's service
-    /// account (in-cluster configuration).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// The API server's URL (overrides the kubeconfig's server).
-    #[arg(long)]
-    pub master: Option<String>,
-    /// Requests per second to the API server (0 or less: no limit).
-    #[arg(long, default_value_t = 5.0)]
-    pub kube_api_qps: f32,
-    /// Requests allowed in a burst above --kube-api-qps.
-    #[arg(long, default_value_t = 10)]
-    pub kube_api_burst: u32,
     /// Where the model goes.
     #[command(subcommand)]
     pub sink: Sink,
@@ -212,8 +310,8 @@ pub enum Sink {
 /// Where a brain is and how to authenticate to it.
 #[derive(Debug, Args, Clone)]
 pub struct BrainFlags {
-    /// The brain: tcp://HOST:PORT, unix:///PATH or HOST:PORT.
-    #[arg(long, default_value = "tcp://127.0.0.1:12090")]
+    /// The brain: tcp://HOST:PORT, unix:///PATH or HOST:PORT (KPNG's --server).
+    #[arg(long, alias = "server", default_value = "tcp://127.0.0.1:12090")]
     pub api: kpng_api::addr::ApiAddr,
     /// Client certificate (PEM) for a brain that requires mTLS; with --api-tls-key.
     #[arg(long)]
@@ -359,8 +457,10 @@ pub enum NftExecMode {
 #[derive(Debug, Subcommand)]
 pub enum LocalBackend {
     /// nftables (kube-proxy nftables mode, with a constant-size ruleset).
+    #[command(alias = "to-nft")]
     Nft(NftArgs),
     /// iptables (kube-proxy iptables mode: the same chains and rules, legacy or nft variant).
+    #[command(alias = "to-iptables")]
     Iptables(IptablesArgs),
     /// A userspace TCP/UDP proxy (VIP traffic captured by a small nftables ruleset on Linux);
     /// endpoints see the node as the client.
@@ -370,23 +470,13 @@ pub enum LocalBackend {
 /// `… to-local iptables …`.
 #[derive(Debug, Args)]
 pub struct IptablesArgs {
-    /// Print every iptables-restore input instead of applying it (no root needed).
+    /// Print every iptables-restore input instead of applying it, checked with
+    /// `iptables-restore --test` when possible; change nothing on the node.
     #[arg(long)]
     pub dry_run: bool,
     /// Which iptables variant programs the kernel.
     #[arg(long, value_enum, default_value_t = IptablesMode::Auto)]
     pub iptables_mode: IptablesMode,
-    /// Also accept IPv4 NodePort traffic on 127.0.0.1 (sets net.ipv4.conf.all.route_localnet=1),
-    /// as kube-proxy does by default; `--iptables-localhost-nodeports=false` turns it off.
-    #[arg(
-        long,
-        default_value_t = true,
-        action = clap::ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true"
-    )]
-    pub iptables_localhost_nodeports: bool,
 }
 
 /// `… to-local userspace …`.
@@ -411,7 +501,8 @@ pub struct UserspaceArgs {
 /// `… to-local nft …`.
 #[derive(Debug, Args)]
 pub struct NftArgs {
-    /// Print every transaction instead of applying it (no root needed).
+    /// Print every transaction instead of applying it, checked with `nft --check` when
+    /// possible; change nothing on the node.
     #[arg(long)]
     pub dry_run: bool,
     /// How changes reach the kernel.
@@ -426,8 +517,97 @@ pub struct NftArgs {
 #[derive(Debug, Args)]
 pub struct ToFile {
     /// Output file, replaced atomically on every change; `-` prints to standard output.
-    #[arg(long, default_value = "-")]
+    #[arg(short = 'o', long, default_value = "-")]
     pub output: String,
+}
+
+/// A line to add to a command-line error: which backends or sources exist where an unknown
+/// word stood, or where a misplaced flag belongs.
+pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let root = <Cli as clap::CommandFactory>::command();
+    // The deepest subcommand the line names.
+    let mut path = vec![root.clone()];
+    for arg in args.iter().skip(1) {
+        let next = path
+            .last()?
+            .get_subcommands()
+            .find(|c| c.get_name() == arg || c.get_all_aliases().any(|a| a == arg))
+            .cloned();
+        if let Some(sub) = next {
+            path.push(sub);
+        }
+    }
+    let names = |c: &clap::Command| -> Vec<String> {
+        c.get_subcommands()
+            .filter(|s| s.get_name() != "help")
+            .map(|s| s.get_name().to_string())
+            .collect()
+    };
+    match error.kind() {
+        ErrorKind::InvalidSubcommand => {
+            let here = path.last()?;
+            let what = if here.get_name() == "to-local" || here.get_name() == "local" {
+                "backends"
+            } else {
+                "choices"
+            };
+            Some(format!(
+                "the {what} of `{}` are: {}",
+                here.get_name(),
+                names(here).join(", ")
+            ))
+        }
+        ErrorKind::UnknownArgument => {
+            let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else {
+                return None;
+            };
+            let flag = arg.split('=').next()?.trim_start_matches('-').to_string();
+            fn find(c: &clap::Command, flag: &str, trail: &mut Vec<String>) -> bool {
+                if c.get_arguments()
+                    .any(|a| !a.is_global_set() && a.get_long() == Some(flag))
+                {
+                    return true;
+                }
+                for sub in c.get_subcommands() {
+                    trail.push(sub.get_name().to_string());
+                    if find(sub, flag, trail) {
+                        return true;
+                    }
+                    trail.pop();
+                }
+                false
+            }
+            let mut trail = Vec::new();
+            if !find(&root, &flag, &mut trail) || trail.is_empty() {
+                return None;
+            }
+            Some(format!(
+                "--{flag} is a flag of `kpng {}`: write it right after `{}`",
+                trail.join(" … "),
+                trail.last()?
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]).
+fn parse_proxy_mode(s: &str) -> Result<BackendKind, String> {
+    BackendKind::from_mode(s)
+}
+
+impl LocalBackend {
+    /// The backend of this kind with every flag at its default, as `to-local <word>` alone
+    /// parses (kube-proxy's command line names only a mode).
+    pub fn defaults(kind: BackendKind) -> anyhow::Result<LocalBackend> {
+        use clap::FromArgMatches;
+        let command = <LocalBackend as clap::Subcommand>::augment_subcommands(
+            clap::Command::new("to-local").multicall(false),
+        );
+        let matches = command.try_get_matches_from(["to-local", kind.word()])?;
+        Ok(LocalBackend::from_arg_matches(&matches)?)
+    }
 }
 
 /// Parses Go's duration syntax as kube-proxy's flags do (`1s`, `500ms`, `1m0s`, `1.5h`, `0`),
@@ -461,7 +641,7 @@ mod tests {
         assert_eq!(cli.global.node_name.as_deref(), Some("n1"));
         assert!(cli.global.masquerade_all);
         assert_eq!(cli.global.min_sync_period, Duration::ZERO);
-        let Command::File(f) = cli.command else {
+        let Command::File(f) = cli.command.expect("a subcommand") else {
             panic!("file source")
         };
         let Sink::ToFile(t) = f.sink else {
@@ -517,18 +697,52 @@ mod tests {
         ])
         .expect("parses");
         assert_eq!(cli.global.service_proxy_name.as_deref(), Some("kpng"));
-        let Command::Kube(k) = cli.command else {
-            panic!("kube source")
-        };
         assert_eq!(
-            k.kubeconfig.as_deref(),
+            cli.global.kubeconfig.as_deref(),
             Some(std::path::Path::new("/etc/kpng/kubeconfig"))
         );
         assert_eq!(
-            (k.master, k.kube_api_qps, k.kube_api_burst),
+            (
+                cli.global.master,
+                cli.global.kube_api_qps,
+                cli.global.kube_api_burst
+            ),
             (None, 20.0, 10)
         );
+        let Command::Kube(k) = cli.command.expect("a subcommand") else {
+            panic!("kube source")
+        };
         assert!(matches!(k.sink, Sink::ToLocal(_)));
+    }
+
+    #[test]
+    fn kube_proxys_command_line_has_no_subcommand() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "--config=/var/lib/kube-proxy/config.conf",
+            "--hostname-override=node1",
+            "--proxy-mode=nftables",
+            "--masquerade-all=true",
+            "--conntrack-tcp-be-liberal",
+            "--kubeconfig=/k",
+            "-v=4",
+        ])
+        .expect("parses");
+        assert!(cli.command.is_none());
+        assert_eq!(cli.global.proxy_mode, Some(BackendKind::Nft));
+        assert!(cli.global.masquerade_all && cli.global.conntrack_tcp_be_liberal);
+        assert_eq!(cli.global.verbosity, Some(4));
+        assert!(!cli.global.cleanup && !cli.global.init_only);
+        let cli = Cli::try_parse_from(["kpng", "--cleanup", "--init-only=false"]).expect("parses");
+        assert!(cli.global.cleanup && !cli.global.init_only);
+    }
+
+    #[test]
+    fn every_backend_has_defaults() {
+        for kind in BackendKind::ALL {
+            let backend = LocalBackend::defaults(kind).expect("defaults");
+            assert_eq!(BackendKind::of(&backend), kind);
+        }
     }
 
     #[test]
@@ -555,7 +769,7 @@ mod userspace_tests {
             "250ms",
         ])
         .expect("parses");
-        let Command::File(f) = cli.command else {
+        let Command::File(f) = cli.command.expect("a subcommand") else {
             panic!("file source")
         };
         let Sink::ToLocal(ToLocal {
@@ -580,7 +794,7 @@ mod userspace_tests {
             "--dry-run",
         ])
         .expect("parses");
-        let Command::Local(l) = cli.command else {
+        let Command::Local(l) = cli.command.expect("a subcommand") else {
             panic!("local")
         };
         let LocalBackend::Userspace(u) = l.backend else {
@@ -609,7 +823,7 @@ mod nft_tests {
         ])
         .expect("parses");
         assert_eq!(cli.global.cluster_cidr.len(), 2);
-        let Command::File(f) = cli.command else {
+        let Command::File(f) = cli.command.expect("a subcommand") else {
             panic!("file source")
         };
         let Sink::ToLocal(ToLocal {
@@ -648,7 +862,11 @@ mod nft_tests {
             let mut line = vec!["kpng", "file", "--input", "x.yaml", "to-local"];
             line.extend_from_slice(args);
             let cli = Cli::try_parse_from(&line).expect("parses");
-            let Command::File(f) = cli.command else {
+            assert_eq!(
+                cli.global.iptables_localhost_nodeports, localhost,
+                "{args:?}"
+            );
+            let Command::File(f) = cli.command.expect("a subcommand") else {
                 panic!("file source")
             };
             let Sink::ToLocal(ToLocal {
@@ -665,7 +883,6 @@ mod nft_tests {
                 Some(mode),
                 "{args:?}"
             );
-            assert_eq!(a.iptables_localhost_nodeports, localhost, "{args:?}");
             assert!(!a.dry_run);
         }
         assert!(
@@ -700,10 +917,10 @@ mod api_tests {
             "unix:///run/kpng.sock",
         ])
         .expect("brain");
-        let Command::File(FileSource {
+        let Some(Command::File(FileSource {
             sink: Sink::ToApi(t),
             ..
-        }) = cli.command
+        })) = cli.command
         else {
             panic!("to-api")
         };
@@ -720,7 +937,7 @@ mod api_tests {
             "n1",
         ])
         .expect("local");
-        let Command::Local(l) = cli.command else {
+        let Command::Local(l) = cli.command.expect("a subcommand") else {
             panic!("local")
         };
         let LocalBackend::Nft(n) = l.backend else {
@@ -730,7 +947,7 @@ mod api_tests {
         assert_eq!(cli.global.node_name.as_deref(), Some("n1"));
 
         let cli = Cli::try_parse_from(["kpng", "api", "to-file", "--output", "-"]).expect("api");
-        let Command::Api(a) = cli.command else {
+        let Command::Api(a) = cli.command.expect("a subcommand") else {
             panic!("api")
         };
         assert_eq!(a.brain.api, "127.0.0.1:12090".parse().expect("addr"));

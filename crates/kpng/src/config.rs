@@ -13,6 +13,7 @@ mod duration;
 mod load;
 mod mapping;
 mod v1alpha1;
+pub mod why;
 mod write;
 
 #[cfg(test)]
@@ -51,6 +52,8 @@ pub struct Report {
     pub warnings: Vec<String>,
     /// Informational lines.
     pub notes: Vec<String>,
+    /// Command-line flags kpng ignores, one line each, naming the flag.
+    pub flag_warnings: Vec<String>,
 }
 
 /// Applies `--config` (if given) to the flags; flags given on the command line win.
@@ -58,9 +61,35 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     let mut report = Report::default();
     if let Some(path) = flags.config.clone() {
         let (settings, file_report) = read(&path)?;
+        let mode = settings.proxy_mode;
         overlay(flags, settings, |id| given_on_command_line(matches, id));
+        if !given_on_command_line(matches, "proxy_mode") {
+            flags.proxy_mode_origin = Some(format!(
+                "--config {} mode {:?}",
+                path.display(),
+                mode.map_or("", |k| k.mode())
+            ));
+        }
         report = file_report;
     }
+    // As kube-proxy's --hostname-override: trimmed and lower-cased (the file's value is too).
+    if given_on_command_line(matches, "node_name") {
+        flags.node_name = flags
+            .node_name
+            .as_deref()
+            .map(|n| n.trim().to_lowercase())
+            .filter(|n| !n.is_empty());
+    }
+    if given_on_command_line(matches, "proxy_mode") {
+        flags.proxy_mode_origin = Some("--proxy-mode".into());
+    }
+    // klog's -v, as kube-proxy's logging flags, wins over the file; --log-level over both.
+    if let Some(v) = flags.verbosity
+        && !given_on_command_line(matches, "log_level")
+    {
+        flags.log_level = mapping::log_level(v).to_string();
+    }
+    deprecated_ports(flags, &mut report);
     let cc = &mut flags.client_connection;
     if let Some(v) = command_line_value(matches, "kubeconfig") {
         cc.kubeconfig = Some(PathBuf::from(v));
@@ -72,6 +101,33 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
         cc.kube_api_burst = Some(v);
     }
     Ok(report)
+}
+
+/// kube-proxy's deprecated `--healthz-port` and `--metrics-port`: the port of the server's
+/// address (0: kube-proxy turns the server off; kpng can do so for metrics only).
+fn deprecated_ports(flags: &mut GlobalFlags, report: &mut Report) {
+    if let Some(port) = flags.healthz_port {
+        if port == 0 {
+            report.flag_warnings.push(
+                "--healthz-port=0: kpng always serves /healthz and /livez \
+                 (--healthz-bind-address); ignored"
+                    .into(),
+            );
+        } else {
+            flags.healthz_bind_address.set_port(port);
+        }
+    }
+    if let Some(port) = flags.metrics_port {
+        if port == 0 {
+            flags.metrics_bind_address.clear();
+        } else {
+            let host = match flags.metrics_bind_address.parse::<std::net::SocketAddr>() {
+                Ok(addr) => addr.ip(),
+                Err(_) => std::net::IpAddr::from([127, 0, 0, 1]),
+            };
+            flags.metrics_bind_address = std::net::SocketAddr::new(host, port).to_string();
+        }
+    }
 }
 
 /// Reads and maps one configuration file.
@@ -96,6 +152,7 @@ fn from_text(text: &str) -> anyhow::Result<(mapping::FileSettings, Report)> {
     let report = Report {
         warnings,
         notes: mapped.notes,
+        flag_warnings: Vec::new(),
     };
     Ok((mapped.settings, report))
 }
@@ -130,6 +187,8 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         conntrack_udp_timeout_stream,
         log_level,
         client_connection,
+        proxy_mode,
+        iptables_localhost_nodeports,
     );
 }
 

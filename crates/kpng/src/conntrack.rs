@@ -30,6 +30,28 @@ pub struct ConntrackSettings {
     pub udp_stream: Duration,
 }
 
+impl ConntrackSettings {
+    /// The `--conntrack-*` flags.
+    pub fn from_flags(flags: &crate::cli::GlobalFlags) -> ConntrackSettings {
+        ConntrackSettings {
+            max_per_core: flags.conntrack_max_per_core,
+            min: flags.conntrack_min,
+            tcp_established: flags.conntrack_tcp_timeout_established,
+            tcp_close_wait: flags.conntrack_tcp_timeout_close_wait,
+            tcp_be_liberal: flags.conntrack_tcp_be_liberal,
+            udp: flags.conntrack_udp_timeout,
+            udp_stream: flags.conntrack_udp_timeout_stream,
+        }
+    }
+}
+
+/// The CPUs the table size is computed for (`--conntrack-max-per-core` × this).
+pub fn cpus() -> u64 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u64)
+        .unwrap_or(1)
+}
+
 /// One sysctl to write: (path under /proc/sys, value, only if larger than the current value).
 type Write = (&'static str, u64, bool);
 
@@ -76,8 +98,10 @@ impl ConntrackSettings {
         out
     }
 
-    /// Applies the settings under `proc_sys` (normally `/proc/sys`). Problems are warnings.
-    pub fn apply(&self, proc_sys: &Path, cpus: u64) {
+    /// The writes that would change something under `proc_sys` (normally `/proc/sys`): each
+    /// sysctl's path, the value to write and the current value. `--dry-run` prints these.
+    pub fn pending(&self, proc_sys: &Path, cpus: u64) -> Vec<(PathBuf, u64, Option<u64>)> {
+        let mut out = Vec::new();
         for (name, value, only_raise) in self.writes(cpus) {
             let path: PathBuf = proc_sys.join(name);
             let current = std::fs::read_to_string(&path)
@@ -86,10 +110,18 @@ impl ConntrackSettings {
             if current == Some(value) || (only_raise && current.is_some_and(|c| c >= value)) {
                 continue;
             }
+            out.push((path, value, current));
+        }
+        out
+    }
+
+    /// Applies the settings under `proc_sys` (normally `/proc/sys`). Problems are warnings.
+    pub fn apply(&self, proc_sys: &Path, cpus: u64) {
+        for (path, value, current) in self.pending(proc_sys, cpus) {
             match std::fs::write(&path, value.to_string()) {
                 Ok(()) => {
                     info!("set {} to {value}", path.display());
-                    if name.ends_with("nf_conntrack_max") {
+                    if path.ends_with("nf_conntrack_max") {
                         raise_hashsize(value / 4);
                     }
                 }

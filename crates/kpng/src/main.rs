@@ -9,9 +9,13 @@ mod cli;
 mod config;
 #[cfg(target_os = "linux")]
 mod conntrack;
+mod dry_run;
 mod http;
 mod instance_lock;
+mod kube_proxy_flags;
+mod leftovers;
 mod log_dedup;
+mod prereq;
 mod run;
 mod signals;
 
@@ -41,7 +45,24 @@ fn log_filter(spec: &str) -> String {
 }
 
 fn main() -> std::process::ExitCode {
-    let matches = cli::Cli::command().get_matches();
+    // kube-proxy's flags kpng does not implement leave the line first (warned about below).
+    let extracted = kube_proxy_flags::extract(std::env::args_os());
+    let args: Vec<String> = extracted
+        .args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let matches = match cli::Cli::command().try_get_matches_from(&extracted.args) {
+        Ok(matches) => matches,
+        Err(e) => {
+            let hint = cli::hint(&e, &args);
+            let _ = e.print();
+            if let Some(hint) = hint {
+                eprintln!("\nhint: {hint}");
+            }
+            return std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     let mut cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // The configuration file comes first: it may set the log level.
     let report = match config::apply(&mut cli.global, &matches) {
@@ -68,8 +89,18 @@ fn main() -> std::process::ExitCode {
     for warning in &report.warnings {
         tracing::warn!("--config: {warning}");
     }
+    for warning in report.flag_warnings.iter().chain(&extracted.warnings) {
+        tracing::warn!("{warning}");
+    }
     let result = match cli.global.write_config_to.clone() {
-        Some(destination) => config::write_effective(&cli.global, &destination),
+        Some(destination) => {
+            // The effective mode: the flag's or the file's, else the `to-local` backend's.
+            let mut flags = cli.global.clone();
+            if flags.proxy_mode.is_none() {
+                flags.proxy_mode = cli.command.as_ref().and_then(run::local_kind);
+            }
+            config::write_effective(&flags, &destination)
+        }
         None => run::main(cli),
     };
     match result {

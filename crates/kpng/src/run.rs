@@ -19,7 +19,8 @@ use tracing::info;
 
 use crate::backends::BackendKind;
 use crate::cli::{
-    BrainFlags, Cli, Command, GlobalFlags, LocalBackend, NodeSink, Sink, ToFile, ToLocal,
+    ApiSource, BrainFlags, Cli, Command, FileSource as FileArgs, GlobalFlags,
+    KubeSource as KubeArgs, LocalBackend, NodeSink, Sink, ToLocal,
 };
 
 /// The async runtime every source runs on.
@@ -33,22 +34,33 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Runs the command line.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    let flags = cli.global;
+    // kube-proxy's --cleanup and --init-only stop before anything runs, whatever follows.
+    if flags.cleanup {
+        return crate::leftovers::cleanup_all();
+    }
+    let command = match cli.command {
+        Some(command) => command,
+        None => return kube_proxy(flags),
+    };
+    if flags.init_only {
+        return init_only(&flags, local_kind(&command));
+    }
+    match command {
         Command::Version => {
             println!("kpng {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Cleanup => crate::backends::cleanup(),
+        Command::Cleanup => crate::leftovers::cleanup_all(),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
             let source =
                 FileSource::new(file.input, file.debounce).with_metrics(source_metrics.clone());
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
-                return runtime()?.block_on(crate::brain::serve(cli.global, to_api, run_source));
+                return runtime()?.block_on(crate::brain::serve(flags, to_api, run_source));
             }
-            let (backend, facts) = sink_backend(&cli.global, &file.sink)?;
-            let flags = cli.global;
+            let (backend, facts) = sink_backend(&flags, &file.sink)?;
             runtime()?.block_on(async move {
                 let model = Model::new(model_config(&flags)?);
                 let facts = SinkFacts {
@@ -59,65 +71,124 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Command::Local(local) => {
-            let to_local = ToLocal {
-                backend: local.backend,
-            };
-            let (backend, facts) = local_sink(&cli.global, &to_local)?;
-            runtime()?.block_on(serve_remote(cli.global, &local.brain, backend, facts))
+            let (backend, facts) = local_backend(&flags, &local.backend)?;
+            runtime()?.block_on(serve_remote(flags, &local.brain, backend, facts))
         }
         Command::Api(api) => {
-            let (backend, facts) = node_sink(&cli.global, &api.sink)?;
-            runtime()?.block_on(serve_remote(cli.global, &api.brain, backend, facts))
+            let (backend, facts) = node_sink(&flags, &api.sink)?;
+            runtime()?.block_on(serve_remote(flags, &api.brain, backend, facts))
         }
-        Command::Kube(kube) => {
-            let mut flags = cli.global;
-            // A brain serves every node: it watches every Node and needs no name of its own.
-            let brain = matches!(kube.sink, Sink::ToApi(_));
-            let node_name = if brain {
-                None
-            } else {
-                let name = node_name(&flags)?;
-                flags.node_name = Some(name.clone());
-                Some(name)
-            };
-            // Flags given on the command line, else `clientConnection` of --config, else the
-            // flags' defaults.
-            let cc = flags.client_connection.clone();
-            let options = ClientOptions {
-                kubeconfig: cc.kubeconfig.or(kube.kubeconfig),
-                master: kube.master,
-                qps: cc.kube_api_qps.unwrap_or(kube.kube_api_qps),
-                burst: cc.kube_api_burst.unwrap_or(kube.kube_api_burst),
-            };
-            let config = SourceConfig {
-                node_name,
-                service_proxy_name: flags.service_proxy_name.clone(),
-            };
-            let connect = async move {
-                let (client, server) = kpng_source_kube::client(&options).await?;
-                info!(%server, "reading cluster state from the API server");
-                anyhow::Ok(KubeSource::new(client, config))
-            };
-            let run_source = |source: KubeSource| {
-                move |tx| async move {
-                    source.run(tx).await;
-                    Ok(())
-                }
-            };
-            if let Sink::ToApi(to_api) = &kube.sink {
-                return runtime()?.block_on(async move {
-                    let source = connect.await?;
-                    crate::brain::serve(flags, to_api, run_source(source)).await
-                });
-            }
-            let (backend, facts) = sink_backend(&flags, &kube.sink)?;
-            runtime()?.block_on(async move {
-                let model = Model::new(model_config(&flags)?);
-                let source = connect.await?;
-                serve(flags, model, backend, facts, run_source(source)).await
-            })
-        }
+        Command::Kube(kube) => run_kube(flags, kube.sink),
     }
+}
+
+/// The backend a command line's `to-local` names, if any.
+pub fn local_kind(command: &Command) -> Option<BackendKind> {
+    match command {
+        Command::Kube(KubeArgs {
+            sink: Sink::ToLocal(local),
+        })
+        | Command::File(FileArgs {
+            sink: Sink::ToLocal(local),
+            ..
+        })
+        | Command::Api(ApiSource {
+            sink: NodeSink::ToLocal(local),
+            ..
+        }) => Some(BackendKind::of(&local.backend)),
+        Command::Local(local) => Some(BackendKind::of(&local.backend)),
+        _ => None,
+    }
+}
+
+/// kube-proxy's command line (no subcommand): the `kube` source into the backend of
+/// `--proxy-mode` or the configuration file's `mode`, iptables when neither says, as
+/// kube-proxy's Linux default.
+fn kube_proxy(flags: GlobalFlags) -> anyhow::Result<()> {
+    let kind = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
+    if flags.init_only {
+        return init_only(&flags, Some(kind));
+    }
+    info!(
+        "no subcommand: running as kube-proxy, `kpng kube … to-local {}` (mode {:?}{})",
+        kind.word(),
+        kind.mode(),
+        match &flags.proxy_mode_origin {
+            Some(origin) => format!(" from {origin}"),
+            None => ", kube-proxy's default".into(),
+        }
+    );
+    let backend = LocalBackend::defaults(kind)?;
+    run_kube(flags, Sink::ToLocal(ToLocal { backend }))
+}
+
+/// `--init-only`: what needs full privileges, then exit: the node checks of the backend and
+/// the conntrack sysctls (kube-proxy's `platformSetup`).
+fn init_only(flags: &GlobalFlags, kind: Option<BackendKind>) -> anyhow::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        if let Some(kind) = kind {
+            crate::prereq::check(kind, "nft")?;
+        }
+        crate::conntrack::ConntrackSettings::from_flags(flags)
+            .apply(std::path::Path::new("/proc/sys"), crate::conntrack::cpus());
+        info!("--init-only: done");
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (flags, kind);
+        bail!("--init-only sets Linux's conntrack sysctls and is not available on this system")
+    }
+}
+
+/// `kpng kube … <sink>` (and kube-proxy's command line).
+fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
+    // A brain serves every node: it watches every Node and needs no name of its own.
+    let brain = matches!(sink, Sink::ToApi(_));
+    let node_name = if brain {
+        None
+    } else {
+        let name = node_name(&flags)?;
+        flags.node_name = Some(name.clone());
+        Some(name)
+    };
+    // Flags given on the command line, else `clientConnection` of --config, else the
+    // flags' defaults.
+    let cc = flags.client_connection.clone();
+    let options = ClientOptions {
+        kubeconfig: cc.kubeconfig.or(flags.kubeconfig.clone()),
+        master: flags.master.clone(),
+        qps: cc.kube_api_qps.unwrap_or(flags.kube_api_qps),
+        burst: cc.kube_api_burst.unwrap_or(flags.kube_api_burst),
+    };
+    let config = SourceConfig {
+        node_name,
+        service_proxy_name: flags.service_proxy_name.clone(),
+    };
+    let connect = async move {
+        let (client, server) = kpng_source_kube::client(&options).await?;
+        info!(%server, "reading cluster state from the API server");
+        anyhow::Ok(KubeSource::new(client, config))
+    };
+    let run_source = |source: KubeSource| {
+        move |tx| async move {
+            source.run(tx).await;
+            Ok(())
+        }
+    };
+    if let Sink::ToApi(to_api) = &sink {
+        return runtime()?.block_on(async move {
+            let source = connect.await?;
+            crate::brain::serve(flags, to_api, run_source(source)).await
+        });
+    }
+    let (backend, facts) = sink_backend(&flags, &sink)?;
+    runtime()?.block_on(async move {
+        let model = Model::new(model_config(&flags)?);
+        let source = connect.await?;
+        serve(flags, model, backend, facts, run_source(source)).await
+    })
 }
 
 /// What `serve` needs to know about a sink's backend besides the backend itself.
@@ -128,9 +199,15 @@ struct SinkFacts {
     /// Whether stale UDP conntrack entries are cleaned after syncs (Linux).
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     cleans_conntrack: bool,
-    /// The node backend that starts, when it changes the node: it removes the other kinds'
-    /// leftovers once its own rules are in place.
-    replaces_others: Option<BackendKind>,
+    /// For a backend that changes the node: what of the leftovers on it is its own; every
+    /// other leftover (other backends', kube-proxy's) is removed after its first sync.
+    sweeps: Option<Option<crate::leftovers::Leftover>>,
+    /// For a dry run: where the kernel's first refusal arrives. A dry run opens no listener
+    /// and writes no sysctl.
+    dry_run: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    /// For a backend that changes the node: the instance lock it takes (one kpng per network
+    /// namespace and backend).
+    lock: Option<BackendKind>,
     /// The `file` source's metrics, registered with the rest.
     source_metrics: Option<SourceMetrics>,
 }
@@ -140,47 +217,60 @@ impl SinkFacts {
     const NONE: SinkFacts = SinkFacts {
         health_checks: None,
         cleans_conntrack: false,
-        replaces_others: None,
+        sweeps: None,
+        dry_run: None,
+        lock: None,
         source_metrics: None,
     };
+}
 
-    fn local(flags: &GlobalFlags, backend: &LocalBackend) -> SinkFacts {
-        let kind = BackendKind::of(backend);
-        SinkFacts {
-            health_checks: Some(kind.health_check_addresses(flags)),
-            cleans_conntrack: BackendKind::cleans_conntrack(backend),
-            replaces_others: BackendKind::changes_the_node(backend).then_some(kind),
-            source_metrics: None,
+/// A `to-local` backend, checked against the mode the configuration asks for, and what
+/// `serve` must know about it.
+fn local_backend(
+    flags: &GlobalFlags,
+    backend: &LocalBackend,
+) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
+    let kind = BackendKind::of(backend);
+    if let Some(origin) = &flags.proxy_mode_origin {
+        let wanted = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
+        if wanted != kind {
+            let what = format!(
+                "{origin} asks for mode {:?} (`to-local {}`), but the command line runs \
+                 `to-local {}`",
+                wanted.mode(),
+                wanted.word(),
+                kind.word()
+            );
+            if origin == "--proxy-mode" {
+                bail!("{what}: drop one of them");
+            }
+            tracing::warn!("{what}: the command line wins");
         }
     }
-}
-
-/// `to-file`: the model as YAML; touches nothing on the node.
-fn file_sink(to_file: &ToFile) -> (Box<dyn Backend>, SinkFacts) {
-    (
-        Box::new(FileSink::new(Output::parse(&to_file.output))),
-        SinkFacts::NONE,
-    )
-}
-
-/// `to-local <backend>`: the backend and what `serve` must know about it.
-fn local_sink(
-    flags: &GlobalFlags,
-    to_local: &ToLocal,
-) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
-    Ok((
-        BackendKind::build(flags, &to_local.backend)?,
-        SinkFacts::local(flags, &to_local.backend),
-    ))
+    let (refusals, refused) = crate::dry_run::Refusals::channel();
+    let built = BackendKind::build(flags, backend, &refusals)?;
+    let dry_run = BackendKind::dry_run(backend);
+    let facts = SinkFacts {
+        health_checks: Some(kind.health_check_addresses(flags)),
+        cleans_conntrack: BackendKind::cleans_conntrack(backend),
+        sweeps: (!dry_run).then_some(built.own),
+        dry_run: dry_run.then_some(refused),
+        lock: (!dry_run).then_some(kind),
+        source_metrics: None,
+    };
+    Ok((built.backend, facts))
 }
 
 /// The backend of an in-process sink (not `to-api`) and what `serve` must know about it.
 fn sink_backend(flags: &GlobalFlags, sink: &Sink) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
-    match sink {
-        Sink::ToFile(t) => Ok(file_sink(t)),
-        Sink::ToLocal(local) => local_sink(flags, local),
+    Ok(match sink {
+        Sink::ToFile(t) => (
+            Box::new(FileSink::new(Output::parse(&t.output))),
+            SinkFacts::NONE,
+        ),
+        Sink::ToLocal(local) => local_backend(flags, &local.backend)?,
         Sink::ToApi(_) => bail!("to-api is served by the brain, not a node backend"),
-    }
+    })
 }
 
 /// The backend of a brain client's sink and what `serve` must know about it.
@@ -188,10 +278,13 @@ fn node_sink(
     flags: &GlobalFlags,
     sink: &NodeSink,
 ) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
-    match sink {
-        NodeSink::ToFile(t) => Ok(file_sink(t)),
-        NodeSink::ToLocal(local) => local_sink(flags, local),
-    }
+    Ok(match sink {
+        NodeSink::ToFile(t) => (
+            Box::new(FileSink::new(Output::parse(&t.output))),
+            SinkFacts::NONE,
+        ),
+        NodeSink::ToLocal(local) => local_backend(flags, &local.backend)?,
+    })
 }
 
 fn node_name(flags: &GlobalFlags) -> anyhow::Result<String> {
@@ -266,7 +359,7 @@ where
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     // One kpng per network namespace and backend (before anything touches the node).
-    let _lock = match facts.replaces_others {
+    let _lock = match facts.lock {
         Some(kind) => Some(crate::instance_lock::acquire(kind.word())?),
         None => None,
     };
@@ -287,11 +380,19 @@ where
         timing.sync_period * 2,
     ));
     let proxy_mode = backend.name();
+    let dry_run = facts.dry_run.is_some();
 
-    let health_server =
-        crate::http::health_server(flags.healthz_bind_address, health.clone(), metrics.clone())
-            .await?;
-    let metrics_server = if flags.metrics_bind_address.trim().is_empty() {
+    // A dry run opens no listener: it must not change the host, nor take the ports of a
+    // proxy running on it.
+    let health_server = if dry_run {
+        None
+    } else {
+        Some(
+            crate::http::health_server(flags.healthz_bind_address, health.clone(), metrics.clone())
+                .await?,
+        )
+    };
+    let metrics_server = if dry_run || flags.metrics_bind_address.trim().is_empty() {
         None
     } else {
         let addr: SocketAddr = flags.metrics_bind_address.parse().with_context(|| {
@@ -305,24 +406,27 @@ where
 
     let mut runner = Runner::new(model, backend, timing, metrics, health);
     if let Some(addresses) = facts.health_checks {
-        // The node's conntrack table, as kube-proxy sets it (Linux's sysctls).
+        // The node's conntrack table, as kube-proxy sets it (Linux's sysctls); a dry run
+        // prints what it would write.
         #[cfg(target_os = "linux")]
         {
-            let cpus = std::thread::available_parallelism()
-                .map(|n| n.get() as u64)
-                .unwrap_or(1);
-            crate::conntrack::ConntrackSettings {
-                max_per_core: flags.conntrack_max_per_core,
-                min: flags.conntrack_min,
-                tcp_established: flags.conntrack_tcp_timeout_established,
-                tcp_close_wait: flags.conntrack_tcp_timeout_close_wait,
-                tcp_be_liberal: flags.conntrack_tcp_be_liberal,
-                udp: flags.conntrack_udp_timeout,
-                udp_stream: flags.conntrack_udp_timeout_stream,
+            let settings = crate::conntrack::ConntrackSettings::from_flags(&flags);
+            let proc_sys = std::path::Path::new("/proc/sys");
+            if dry_run {
+                for (path, value, current) in settings.pending(proc_sys, crate::conntrack::cpus()) {
+                    let current = current.map_or("unreadable".into(), |c| c.to_string());
+                    println!(
+                        "# would write {value} to {} (now {current})",
+                        path.display()
+                    );
+                }
+            } else {
+                settings.apply(proc_sys, crate::conntrack::cpus());
             }
-            .apply(std::path::Path::new("/proc/sys"), cpus);
         }
-        runner = runner.with_service_health(addresses);
+        if !dry_run {
+            runner = runner.with_service_health(addresses);
+        }
     }
     #[cfg(target_os = "linux")]
     if facts.cleans_conntrack {
@@ -331,15 +435,16 @@ where
             Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
         }
     }
-    if let Some(kind) = facts.replaces_others {
-        // Once this backend's rules are in place, the other kinds' rules go: traffic keeps
-        // flowing through whichever set matches first meanwhile.
+    if let Some(own) = facts.sweeps {
+        // Once this backend's rules are in place, every other proxy's rules go (other kpng
+        // backends', kube-proxy's of any mode): traffic keeps flowing through whichever set
+        // matches first meanwhile, and established connections keep their conntrack state.
         let mut reports = runner.subscribe();
         tokio::spawn(async move {
             while reports.changed().await.is_ok() {
                 let ok = reports.borrow_and_update().as_ref().is_some_and(|r| r.ok);
                 if ok {
-                    let _ = tokio::task::spawn_blocking(move || kind.remove_other_kinds()).await;
+                    let _ = tokio::task::spawn_blocking(move || crate::leftovers::sweep(own)).await;
                     return;
                 }
             }
@@ -347,11 +452,13 @@ where
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
-    tokio::spawn(async move {
-        if let Err(e) = health_server.await {
-            tracing::error!("health server stopped: {e}");
-        }
-    });
+    if let Some(server) = health_server {
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!("health server stopped: {e}");
+            }
+        });
+    }
     if let Some(server) = metrics_server {
         tokio::spawn(async move {
             if let Err(e) = server.await {
@@ -361,7 +468,15 @@ where
     }
 
     let shutdown = crate::signals::shutdown()?;
+    let refusals = facts.dry_run;
+    let refused = async move {
+        match refusals {
+            Some(rx) => crate::dry_run::refused(rx).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
+        why = refused => Err(anyhow::anyhow!("--dry-run: {why}")),
         _ = runner.run(rx) => {
             // The runner only ends when the source does.
             match source_task.await {

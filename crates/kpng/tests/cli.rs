@@ -157,7 +157,8 @@ fn config_file_and_flags_make_the_written_configuration() {
     for line in [
         "clusterCIDR: 10.244.0.0/16",
         "  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf",
-        "mode: nftables",
+        // kubeadm's file leaves mode empty: kube-proxy's default, iptables.
+        "mode: \"\"",
         "  syncPeriod: 5s",
     ] {
         assert!(stdout.lines().any(|l| l == line), "{line:?} in:\n{stdout}");
@@ -183,4 +184,207 @@ fn config_file_and_flags_make_the_written_configuration() {
         "{stderr}"
     );
     assert!(out.stdout.is_empty(), "nothing runs after a bad file");
+}
+
+fn kpng() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kpng"))
+}
+
+const KUBEADM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/testdata/kube-proxy/kubeadm-v1.33.conf"
+);
+
+#[test]
+fn kube_proxys_command_line_is_kpngs() {
+    // kubeadm's DaemonSet line, plus flags kpng does not implement: accepted, each warned
+    // about once when it asks for something, silent when it is kube-proxy's default.
+    let out = kpng()
+        .args(["--config", KUBEADM, "--hostname-override=Node-1"])
+        .args([
+            "--oom-score-adj=-999",
+            "--feature-gates=Foo=true",
+            "--profiling",
+        ])
+        .args(["--iptables-sync-period=10s", "--kube-api-content-type"])
+        .args(["application/vnd.kubernetes.protobuf", "--v=4"])
+        .args(["--write-config-to", "-"])
+        .output()
+        .expect("run kpng");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for line in [
+        "hostnameOverride: node-1",
+        "mode: \"\"",
+        "  syncPeriod: 10s",
+        "  verbosity: 4",
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} in:\n{stdout}");
+    }
+    assert_eq!(stderr.matches("WARN").count(), 2, "{stderr}");
+    assert!(
+        stderr.contains(
+            "--feature-gates \"Foo=true\" (featureGates): kpng has no feature gates; ignored"
+        ) && stderr.contains("--profiling \"true\" (enableProfiling)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn proxy_modes_choose_the_backend_or_say_what_to_use() {
+    for (mode, want) in [
+        ("nftables", "mode: nftables"),
+        ("iptables", "mode: iptables"),
+        ("", "mode: iptables"),
+    ] {
+        let out = kpng()
+            .arg(format!("--proxy-mode={mode}"))
+            .args(["--write-config-to", "-"])
+            .output()
+            .expect("run kpng");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.lines().any(|l| l == want), "{mode}: {stdout}");
+    }
+    for (mode, want) in [
+        (
+            "ipvs",
+            "\"ipvs\" is not supported: kpng runs mode \"nftables\"",
+        ),
+        (
+            "kernelspace",
+            "\"kernelspace\" is kube-proxy's Windows mode",
+        ),
+        ("bpf", "unknown proxy mode \"bpf\""),
+    ] {
+        let out = kpng()
+            .args(["--proxy-mode", mode, "--cleanup"])
+            .output()
+            .expect("run kpng");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{mode}: {stderr}");
+        assert!(stderr.contains(want), "{mode}: {stderr}");
+    }
+    // A mode that contradicts the subcommand's backend.
+    let out = kpng()
+        .args(["--proxy-mode", "iptables", "file", "--input", "/dev/null"])
+        .args(["--metrics-bind-address", "", "to-local", "nft", "--dry-run"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--proxy-mode asks for mode \"iptables\" (`to-local iptables`), but the command line runs `to-local nft`"),
+        "{stderr}"
+    );
+}
+
+/// A stand-in for `nft`: reports version 1.0.6, and refuses every transaction it is asked to
+/// check, as the kernel refuses one it cannot apply.
+fn refusing_nft(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("nft");
+    std::fs::write(
+        &path,
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'nftables v1.0.6 (Lester Gooch #5)'; exit 0; fi\n\
+         cat >/dev/null\necho 'Error: Could not process rule: No such file or directory' >&2\nexit 1\n",
+    )
+    .expect("write fake nft");
+    let mut perms = std::fs::metadata(&path).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&path, perms).expect("chmod");
+    path
+}
+
+#[test]
+fn a_dry_run_opens_no_listener_and_fails_when_the_kernel_would_refuse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
+    let nft = refusing_nft(dir.path());
+    // A port that is free now: a dry run must not take it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let out = kpng()
+        .args(["file", "--input"])
+        .arg(&input)
+        .args(["--node-name", "n1", "--min-sync-period", "0"])
+        .arg(format!("--healthz-bind-address=127.0.0.1:{port}"))
+        .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
+        .args(["to-local", "nft", "--dry-run", "--nft-binary"])
+        .arg(&nft)
+        .output()
+        .expect("run kpng");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stdout.contains("# --- kpng nft transaction (dry run) ---") && stdout.contains("10.96.0.1"),
+        "the transaction is printed:\n{stdout}"
+    );
+    assert!(
+        stderr.contains("--dry-run: the kernel would refuse this nftables transaction")
+            && stderr.contains("No such file or directory"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("binding"),
+        "no listener was opened:\n{stderr}"
+    );
+}
+
+#[test]
+fn mistakes_on_the_line_say_what_was_meant() {
+    let out = kpng()
+        .args(["file", "--input", "x.yaml", "to-local", "ipvs"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("hint: the backends of `to-local` are: nft, iptables, userspace"),
+        "{stderr}"
+    );
+    let out = kpng()
+        .args(["file", "to-file", "--input", "x.yaml"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("hint: --input is a flag of `kpng file`: write it right after `file`"),
+        "{stderr}"
+    );
+    // KPNG's spellings.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let out = kpng()
+        .args(["file", "-i"])
+        .arg(&input)
+        .args(["to-local", "to-nft", "--help"])
+        .output()
+        .expect("run kpng");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let help = kpng().arg("--help").output().expect("run kpng");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.lines()
+            .any(|l| l
+                == "  kpng --config /var/lib/kube-proxy/config.conf --hostname-override=node1"),
+        "examples verbatim, one per line:\n{help}"
+    );
+    for heading in ["Source:", "Node:", "Backend:", "Output:", "Logging:"] {
+        assert!(help.lines().any(|l| l == heading), "{heading} in:\n{help}");
+    }
 }

@@ -292,14 +292,16 @@ fn the_daemon_sets_command_line_and_config_load_without_a_warning() {
     let config = dir.path().join("config.conf");
     std::fs::write(&config, &data["config.conf"]).unwrap();
 
-    // The container's command line, with the kubelet's $(NODE_NAME) expansion and the config
-    // file where this test put it. `kube` takes no flag here (its API server comes from the
-    // file's clientConnection), so the rest of the line parses the same under any source;
-    // `file` stands in for it, and `--write-config-to -` stops kpng before it starts.
+    // The container's command line (kube-proxy's: no subcommand), with the kubelet's
+    // $(NODE_NAME) expansion and the config file where this test put it;
+    // `--write-config-to -` stops kpng before it starts.
     let args = c.args.clone().unwrap();
-    assert_eq!(args[0], "kube");
-    let mut line: Vec<String> = vec!["file".into(), "--input".into(), "/dev/null".into()];
-    line.extend(args[1..].iter().map(|a| {
+    assert!(
+        args.iter().all(|a| a.starts_with("--")),
+        "no subcommand: {args:?}"
+    );
+    let mut line: Vec<String> = Vec::new();
+    line.extend(args.iter().map(|a| {
         if a.starts_with("--config=") {
             format!("--config={}", config.display())
         } else {
@@ -339,17 +341,105 @@ fn dockerfile_builds_the_binary_the_daemon_set_runs() {
         .lines()
         .filter_map(|l| l.strip_prefix("FROM "))
         .collect();
-    assert_eq!(
-        from,
-        ["rust:1.95-bookworm AS build", "debian:bookworm-slim"]
-    );
-    assert!(dockerfile.contains("cargo build --release --locked -p kpng"));
-    for package in ["nftables", "conntrack", "iproute2"] {
+    assert_eq!(from, ["rust:1.95-bookworm AS build", "scratch"]);
+    assert!(dockerfile.contains("cargo build --profile dist --locked -p kpng"));
+    assert!(dockerfile.contains("RUN scripts/image-rootfs.sh /out/kpng /rootfs"));
+    assert!(dockerfile.contains("COPY --from=build /rootfs/ /"));
+    for package in ["nftables", "iptables", "iproute2"] {
         assert!(dockerfile.contains(&format!(" {package} ")), "{package}");
     }
+    let script = std::fs::read_to_string(repo().join("scripts/image-rootfs.sh")).unwrap();
+    assert_eq!(command[0], "/usr/local/bin/kpng");
     assert!(
-        dockerfile.contains(&format!("COPY --from=build /out/kpng {}", command[0])),
-        "the image puts kpng where the DaemonSet runs it ({})",
-        command[0]
+        script.contains(r#"install -m 0755 "$kpng" "$root/usr/local/bin/kpng""#),
+        "the image puts kpng where the DaemonSet runs it"
     );
+    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains("[profile.dist]\ninherits = \"release\"\ndebug = 0\nstrip = \"debuginfo\""),
+        "the dist profile strips debug info"
+    );
+}
+
+#[test]
+fn daemon_set_mounts_what_kubeadms_kube_proxy_mounts() {
+    let pod = deploy().daemon_set.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let mounts = c.volume_mounts.as_ref().unwrap();
+    let volumes = pod.volumes.as_ref().unwrap();
+    for (path, read_only, host_type) in [
+        ("/run/xtables.lock", false, Some("FileOrCreate")),
+        ("/lib/modules", true, None),
+    ] {
+        let mount = mounts
+            .iter()
+            .find(|m| m.mount_path == path)
+            .unwrap_or_else(|| panic!("{path} is not mounted"));
+        assert_eq!(mount.read_only.unwrap_or(false), read_only, "{path}");
+        let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
+        let host = volume.host_path.as_ref().unwrap();
+        assert_eq!(host.path, path);
+        assert_eq!(host.type_.as_deref(), host_type, "{path}");
+    }
+}
+
+/// The image's file system (scripts/image-rootfs.sh) has everything kpng runs, and it runs
+/// there: kpng (also as kube-proxy), nft, both iptables variants and ip, each in a chroot of
+/// only that tree. Root only (chroot).
+#[test]
+fn the_image_root_file_system_runs_kpng_and_its_tools() {
+    kpng_testkit::require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rootfs");
+    let out = Command::new(repo().join("scripts/image-rootfs.sh"))
+        .arg(env!("CARGO_BIN_EXE_kpng"))
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (argv, want) in [
+        (&["/usr/local/bin/kpng", "version"][..], "kpng "),
+        (&["/usr/local/bin/kube-proxy", "version"][..], "kpng "),
+        (&["/usr/sbin/nft", "--version"][..], "nftables v"),
+        (
+            &["/usr/sbin/iptables-nft-save", "--version"][..],
+            "(nf_tables)",
+        ),
+        (
+            &["/usr/sbin/ip6tables-legacy-restore", "--version"][..],
+            "(legacy)",
+        ),
+        (&["/usr/sbin/ip", "-V"][..], "iproute2"),
+    ] {
+        let out = Command::new("chroot")
+            .arg(&root)
+            .args(argv)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains(want),
+            "{argv:?}: {text}"
+        );
+    }
+    // libnftables, which kpng loads at run time, is there under the name it asks for.
+    let listing = Command::new("chroot")
+        .arg(&root)
+        .args(["/usr/local/bin/kpng", "--help"])
+        .output()
+        .unwrap();
+    assert!(listing.status.success());
+    let found = std::fs::read_dir(root.join("usr/lib"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|d| d.path().join("libnftables.so.1").exists());
+    assert!(found, "libnftables.so.1 in the image");
 }

@@ -434,7 +434,10 @@ fn gone_relists_with_a_minimal_transaction() {
         &k,
         &["--metrics-bind-address", "", "to-local", "nft", "--dry-run"],
     ));
-    kpng.wait("the first sync", |out, _| out.contains("10.244.1.2 . 8080"));
+    // Both families' first (full) transactions, each printed once the kernel checked it.
+    kpng.wait("the first sync", |out, _| {
+        out.contains("10.244.1.2 . 8080") && transactions(out).iter().any(|t| is_full(t, "ip6"))
+    });
     let before = kpng.stdout().len();
 
     // Every watch is told 410 Gone; the endpoint moves before the watchers relist.

@@ -4,10 +4,11 @@
 //! The rules, per field (docs/deploy.md has the table):
 //! - **mapped**: the value becomes the flag of the same meaning (`clusterCIDR` → `--cluster-cidr`);
 //!   zero or `null` takes kube-proxy's default, as kube-proxy's defaulting does.
-//! - **mode**: the backend is chosen on the command line (`to-local nft|iptables`), not here.
-//!   `nftables` reads the `nftables` section; empty (kube-proxy's Linux default, iptables) and
-//!   `iptables` read the `iptables` section, as kube-proxy would; `ipvs`, `kernelspace` and
-//!   anything else are errors.
+//! - **mode**: chooses the backend when the command line has no subcommand (kube-proxy's
+//!   command line), and must agree with `to-local <backend>` otherwise. `nftables` reads the
+//!   `nftables` section; empty (kube-proxy's Linux default, iptables) and `iptables` read the
+//!   `iptables` section, as kube-proxy would; `ipvs`, `kernelspace` and anything else are
+//!   errors ([`crate::backends::BackendKind::from_mode`]).
 //! - **unsupported**: a field asking for something kpng does not do warns, naming the field, but
 //!   only when it differs from its zero value or kube-proxy's default, so that a stock kubeadm
 //!   file loads silently.
@@ -25,6 +26,8 @@ use ipnet::IpNet;
 use super::ClientConnection;
 use super::duration::format;
 use super::v1alpha1::KubeProxyConfiguration;
+use super::why;
+use crate::backends::BackendKind;
 use crate::cli::DetectLocalMode;
 
 /// kube-proxy's health server port.
@@ -84,6 +87,10 @@ pub struct FileSettings {
     pub conntrack_udp_timeout_stream: Duration,
     /// `logging.verbosity` as a tracing level.
     pub log_level: String,
+    /// `mode`; `None` when empty (kube-proxy's default: iptables).
+    pub proxy_mode: Option<BackendKind>,
+    /// `iptables.localhostNodePorts` (null: true), read in iptables mode only, as kube-proxy.
+    pub iptables_localhost_nodeports: bool,
     /// `clientConnection`, for the `kube` source.
     pub client_connection: ClientConnection,
 }
@@ -110,37 +117,20 @@ enum Section {
 pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
-    let nodeport_note = "the backend is chosen on the command line (`to-local nft` or \
-                         `to-local iptables`); without nodePortAddresses, nft serves NodePorts \
-                         on the node's primary IPs and iptables on every local address";
-    let section = match config.mode.as_str() {
-        "nftables" => Section::NfTables,
-        "" => {
-            notes.push(format!(
-                "mode is empty (kube-proxy's Linux default, iptables): kpng reads the iptables \
-                 section's settings, as kube-proxy would; {nodeport_note}"
-            ));
-            Section::IpTables
-        }
-        "iptables" => {
-            notes.push(format!(
-                "mode \"iptables\": kpng reads the iptables section's settings; {nodeport_note}"
-            ));
-            Section::IpTables
-        }
-        "ipvs" => bail!(
-            "field mode: \"ipvs\" is not supported; kpng programs nftables (set mode to \
-             \"nftables\"; the ipvs section does not carry over)"
-        ),
-        "kernelspace" => bail!(
-            "field mode: \"kernelspace\" is kube-proxy's Windows mode; kpng programs nftables on \
-             Linux (set mode to \"nftables\")"
-        ),
-        other => bail!(
-            "field mode: unknown proxy mode {other:?} (kube-proxy's modes are iptables, ipvs, \
-             nftables and kernelspace; kpng runs nftables)"
-        ),
+    let kind = BackendKind::from_mode(config.mode.trim())
+        .map_err(|e| anyhow::anyhow!("field mode: {e}"))?;
+    let section = match kind {
+        BackendKind::Nft | BackendKind::Userspace => Section::NfTables,
+        BackendKind::Iptables => Section::IpTables,
     };
+    if config.mode.trim().is_empty() {
+        notes.push(
+            "mode is empty (kube-proxy's Linux default): the iptables backend without a \
+             subcommand, and the iptables section's settings, as kube-proxy would"
+                .to_string(),
+        );
+    }
+    let proxy_mode = Some(kind).filter(|_| !config.mode.trim().is_empty());
     let (prefix, masquerade_all, masquerade_bit, sync_period, min_sync_period) = match section {
         Section::NfTables => {
             let s = &config.nftables;
@@ -248,6 +238,11 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         conntrack_udp_timeout: conntrack.udp_timeout.0,
         conntrack_udp_timeout_stream: conntrack.udp_stream_timeout.0,
         log_level: log_level(config.logging.verbosity).to_string(),
+        proxy_mode,
+        iptables_localhost_nodeports: match section {
+            Section::IpTables => config.iptables.localhost_node_ports.unwrap_or(true),
+            Section::NfTables => true,
+        },
         client_connection: ClientConnection {
             kubeconfig: non_empty(&client.kubeconfig).map(PathBuf::from),
             kube_api_qps: Some(client.qps).filter(|q| *q > 0.0),
@@ -260,7 +255,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
     if client.burst < 0 {
         bail!("field clientConnection.burst: {} is negative", client.burst);
     }
-    warnings.extend(unsupported(config, section));
+    warnings.extend(unsupported(config));
     Ok(Mapped {
         settings,
         warnings,
@@ -279,7 +274,7 @@ fn non_empty(s: &str) -> Option<String> {
 }
 
 /// klog verbosity → a tracing level: kube-proxy logs routine detail at 2 and debugging at 4+.
-fn log_level(verbosity: u32) -> &'static str {
+pub fn log_level(verbosity: u32) -> &'static str {
     match verbosity {
         0..=3 => "info",
         4 => "debug",
@@ -366,7 +361,7 @@ fn nodeport_addresses(list: Option<&[String]>) -> anyhow::Result<Vec<String>> {
 }
 
 /// Fields set to something kpng does not do, one warning each.
-fn unsupported(config: &KubeProxyConfiguration, section: Section) -> Vec<String> {
+fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
     let mut out = Vec::new();
     let mut warn = |field: &str, why: &str| out.push(format!("{field}: {why}; ignored"));
     if !config.feature_gates.is_empty() {
@@ -377,13 +372,13 @@ fn unsupported(config: &KubeProxyConfiguration, section: Section) -> Vec<String>
             .collect();
         warn(
             &format!("featureGates ({})", gates.join(", ")),
-            "kpng has no feature gates",
+            why::FEATURE_GATES,
         );
     }
     if !matches!(config.logging.format.as_str(), "" | "text") {
         warn(
             &format!("logging.format {:?}", config.logging.format),
-            "kpng logs text",
+            why::LOGGING_FORMAT,
         );
     }
     if config
@@ -392,45 +387,23 @@ fn unsupported(config: &KubeProxyConfiguration, section: Section) -> Vec<String>
         .as_ref()
         .is_some_and(|v| !v.is_empty())
     {
-        warn(
-            "logging.vmodule",
-            "kpng has no per-file verbosity (--log-level takes a tracing filter, e.g. kpng=debug)",
-        );
+        warn("logging.vmodule", why::VMODULE);
     }
     if config.enable_profiling {
-        warn("enableProfiling", "kpng serves no /debug/pprof");
+        warn("enableProfiling", why::PROFILING);
     }
     if !config.show_hidden_metrics_for_version.is_empty() {
-        warn("showHiddenMetricsForVersion", "kpng hides no metrics");
+        warn("showHiddenMetricsForVersion", why::HIDDEN_METRICS);
     }
     if config.oom_score_adj.is_some() {
-        warn(
-            "oomScoreAdj",
-            "kpng leaves its OOM score to the kubelet (the pod's priority and QoS class)",
-        );
+        warn("oomScoreAdj", why::OOM_SCORE_ADJ);
     }
     let resync = config.config_sync_period.0;
     if !resync.is_zero() && resync != CONFIG_SYNC_PERIOD {
-        warn(
-            "configSyncPeriod",
-            "kpng's watches have no periodic resync (full syncs: --full-sync-period)",
-        );
+        warn("configSyncPeriod", why::CONFIG_SYNC_PERIOD);
     }
     if !config.port_range.is_empty() {
-        warn("portRange", "unused since kube-proxy's userspace mode");
-    }
-    match (section, config.iptables.localhost_node_ports) {
-        (Section::IpTables, Some(true)) => warn(
-            "iptables.localhostNodePorts",
-            "NodePorts on 127.0.0.1 are served by `to-local iptables` (its \
-             --iptables-localhost-nodeports, on by default), never by nftables",
-        ),
-        (Section::IpTables, Some(false)) => warn(
-            "iptables.localhostNodePorts",
-            "not read from the file; pass --iptables-localhost-nodeports=false to \
-             `to-local iptables`",
-        ),
-        _ => {}
+        warn("portRange", why::PORT_RANGE);
     }
     let ipvs = &config.ipvs;
     let ipvs_set: Vec<&str> = [
@@ -453,7 +426,7 @@ fn unsupported(config: &KubeProxyConfiguration, section: Section) -> Vec<String>
     .filter_map(|(name, set)| set.then_some(name))
     .collect();
     if !ipvs_set.is_empty() {
-        warn(&ipvs_set.join(", "), "settings of the ipvs mode");
+        warn(&ipvs_set.join(", "), why::IPVS);
     }
     let win = &config.winkernel;
     let win_set: Vec<&str> = [
@@ -474,7 +447,7 @@ fn unsupported(config: &KubeProxyConfiguration, section: Section) -> Vec<String>
     .filter_map(|(name, set)| set.then_some(name))
     .collect();
     if !win_set.is_empty() {
-        warn(&win_set.join(", "), "settings of kube-proxy on Windows");
+        warn(&win_set.join(", "), why::WINDOWS);
     }
     out
 }

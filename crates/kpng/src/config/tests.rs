@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::backends::BackendKind;
 use crate::cli::DetectLocalMode;
 
 use clap::{CommandFactory, FromArgMatches};
@@ -120,6 +121,16 @@ fn defaults() -> FileSettings {
         conntrack_udp_timeout_stream: Duration::ZERO,
         log_level: "info".into(),
         client_connection: ClientConnection::default(),
+        proxy_mode: None,
+        iptables_localhost_nodeports: true,
+    }
+}
+
+/// [`defaults`] with `mode: nftables`.
+fn nft_defaults() -> FileSettings {
+    FileSettings {
+        proxy_mode: Some(BackendKind::Nft),
+        ..defaults()
     }
 }
 
@@ -150,14 +161,8 @@ fn stock_kubeadm_file_loads_without_a_warning() {
 fn kind_file_loads_without_warnings() {
     let (settings, report) = from_text(KIND).unwrap();
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
-    assert!(
-        report
-            .notes
-            .iter()
-            .any(|n| n.starts_with("mode \"iptables\": kpng reads the iptables section")),
-        "{:?}",
-        report.notes
-    );
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
+    assert_eq!(settings.proxy_mode, Some(BackendKind::Iptables));
     assert_eq!(
         settings.conntrack_max_per_core, 0,
         "kind leaves the table size alone"
@@ -173,7 +178,7 @@ fn kube_proxys_own_defaults_warn_about_what_kpng_lacks() {
         .iter()
         .map(|w| w.split(':').next().unwrap())
         .collect();
-    assert_eq!(fields, ["oomScoreAdj", "iptables.localhostNodePorts"]);
+    assert_eq!(fields, ["oomScoreAdj"]);
     assert_eq!(
         settings,
         FileSettings {
@@ -199,7 +204,7 @@ fn fields_map_onto_flags() {
                 masquerade_bit: 10,
                 sync_period: Duration::from_secs(60),
                 min_sync_period: Duration::from_secs(2),
-                ..defaults()
+                ..nft_defaults()
             },
         ),
         (
@@ -215,7 +220,7 @@ fn fields_map_onto_flags() {
         (
             "nftables mode: zero periods take the defaults",
             doc("mode: nftables\nnftables:\n  syncPeriod: 0s\n  minSyncPeriod: 0s\n"),
-            defaults(),
+            nft_defaults(),
         ),
         (
             "dual-stack cluster CIDR",
@@ -350,7 +355,7 @@ fn fields_map_onto_flags() {
             FileSettings {
                 cluster_cidr: vec!["10.1.0.0/16".parse().unwrap()],
                 masquerade_all: true,
-                ..defaults()
+                ..nft_defaults()
             },
         ),
     ];
@@ -368,10 +373,7 @@ fn bad_values_are_errors_naming_the_field() {
             "mode: kernelspace\n",
             "field mode: \"kernelspace\" is kube-proxy's Windows mode",
         ),
-        (
-            "mode: userspace\n",
-            "field mode: unknown proxy mode \"userspace\"",
-        ),
+        ("mode: proxy\n", "field mode: unknown proxy mode \"proxy\""),
         (
             "mode: NFTables\n",
             "field mode: unknown proxy mode \"NFTables\"",
@@ -610,7 +612,11 @@ fn explicit_flags_win_over_the_file_and_defaults_do_not() {
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
     // Given on the command line, before, between or after the subcommands: the flag wins.
     assert_eq!(flags.sync_period, Duration::from_secs(120));
-    assert_eq!(flags.node_name.as_deref(), Some("From-Flag"));
+    assert_eq!(
+        flags.node_name.as_deref(),
+        Some("from-flag"),
+        "lower-cased, as kube-proxy"
+    );
     assert_eq!(flags.masquerade_bit, 3);
     assert_eq!(
         flags.metrics_bind_address, "",
@@ -733,7 +739,9 @@ fn written_configuration_reads_back_to_the_same_flags() {
     .unwrap();
     let text = write::render(&write::effective(&flags).unwrap()).unwrap();
     let (settings, report) = from_text(&text).unwrap();
-    assert_eq!(report, Report::default(), "{text}");
+    // Only the note that an empty mode is kube-proxy's default (iptables).
+    assert!(report.warnings.is_empty(), "{text}");
+    assert_eq!(report.notes.len(), 1, "{text}");
     let mut back = flags.clone();
     overlay(&mut back, settings, |_| false);
     // Unset client settings are written as kube-proxy's defaults.

@@ -1,8 +1,10 @@
 //! `--write-config-to`: the effective configuration as a KubeProxyConfiguration.
 //!
-//! The output is what kube-proxy would write for the same settings in nftables mode (all
-//! fields, keys in kube-proxy's order, Go durations), so it reads back into kpng without a
-//! warning and into kube-proxy unchanged. kpng-only flags (`--service-cidr`,
+//! The output is what kube-proxy would write for the same settings in the same mode (all
+//! fields, keys in kube-proxy's order, Go durations; the sync and masquerade settings in the
+//! mode's section, kube-proxy's defaults in the other), so it reads back into kpng without a
+//! warning and into kube-proxy unchanged. The mode is `--proxy-mode`'s, the file's, or the
+//! `to-local` backend's; `""` (kube-proxy's default, iptables) when none says. kpng-only flags (`--service-cidr`,
 //! `--service-proxy-name`, `--full-sync-period`, the sink's flags) have no field and are not
 //! written; neither can a `minSyncPeriod` of 0 nor an empty (disabled) `--metrics-bind-address`
 //! be, since the file format reads 0 as "1s" and an empty address as the default one.
@@ -17,6 +19,7 @@ use super::v1alpha1::{
     IpTablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration, LoggingConfiguration,
     LoggingOptions, NfTablesConfiguration, OutputRouting,
 };
+use crate::backends::BackendKind;
 use crate::cli::GlobalFlags;
 
 /// The effective configuration of these flags.
@@ -32,6 +35,40 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         ips.join(",")
     };
     let cluster_cidr: Vec<String> = flags.cluster_cidr.iter().map(ToString::to_string).collect();
+    let kind = flags.proxy_mode;
+    let nftables_mode = matches!(kind, Some(BackendKind::Nft | BackendKind::Userspace));
+    let iptables = if nftables_mode {
+        IpTablesConfiguration {
+            localhost_node_ports: Some(true),
+            masquerade_all: false,
+            masquerade_bit: Some(14),
+            min_sync_period: GoDuration(MIN_SYNC_PERIOD),
+            sync_period: GoDuration(SYNC_PERIOD),
+        }
+    } else {
+        IpTablesConfiguration {
+            localhost_node_ports: Some(flags.iptables_localhost_nodeports),
+            masquerade_all: flags.masquerade_all,
+            masquerade_bit: Some(i32::from(flags.masquerade_bit)),
+            min_sync_period: GoDuration(flags.min_sync_period),
+            sync_period: GoDuration(flags.sync_period),
+        }
+    };
+    let nftables = if nftables_mode {
+        NfTablesConfiguration {
+            masquerade_all: flags.masquerade_all,
+            masquerade_bit: Some(i32::from(flags.masquerade_bit)),
+            min_sync_period: GoDuration(flags.min_sync_period),
+            sync_period: GoDuration(flags.sync_period),
+        }
+    } else {
+        NfTablesConfiguration {
+            masquerade_all: false,
+            masquerade_bit: Some(14),
+            min_sync_period: GoDuration(MIN_SYNC_PERIOD),
+            sync_period: GoDuration(SYNC_PERIOD),
+        }
+    };
     let buffer = OutputRouting {
         info_buffer_size: Some(serde_json::Value::String("0".into())),
         split_stream: None,
@@ -64,13 +101,7 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         feature_gates: Default::default(),
         healthz_bind_address: flags.healthz_bind_address.to_string(),
         hostname_override: flags.node_name.clone().unwrap_or_default(),
-        iptables: IpTablesConfiguration {
-            localhost_node_ports: Some(true),
-            masquerade_all: false,
-            masquerade_bit: Some(14),
-            min_sync_period: GoDuration(MIN_SYNC_PERIOD),
-            sync_period: GoDuration(SYNC_PERIOD),
-        },
+        iptables,
         ipvs: IpvsConfiguration {
             sync_period: GoDuration(SYNC_PERIOD),
             ..Default::default()
@@ -87,19 +118,15 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
             vmodule: None,
         },
         metrics_bind_address: flags.metrics_bind_address.clone(),
-        mode: "nftables".into(),
-        nftables: NfTablesConfiguration {
-            masquerade_all: flags.masquerade_all,
-            masquerade_bit: Some(i32::from(flags.masquerade_bit)),
-            min_sync_period: GoDuration(flags.min_sync_period),
-            sync_period: GoDuration(flags.sync_period),
+        mode: kind.map_or("", BackendKind::mode).into(),
+        nftables,
+        // Unset addresses: nftables mode's default is `primary`, iptables mode's every local
+        // address (null).
+        node_port_addresses: match (flags.nodeport_addresses.is_empty(), nftables_mode) {
+            (false, _) => Some(flags.nodeport_addresses.clone()),
+            (true, true) => Some(vec!["primary".into()]),
+            (true, false) => None,
         },
-        // The file says mode nftables, whose default for unset addresses is `primary`.
-        node_port_addresses: Some(if flags.nodeport_addresses.is_empty() {
-            vec!["primary".into()]
-        } else {
-            flags.nodeport_addresses.clone()
-        }),
         oom_score_adj: None,
         port_range: String::new(),
         show_hidden_metrics_for_version: String::new(),

@@ -1,0 +1,469 @@
+//! What a service proxy can leave on a node, whoever installed it: each kpng backend's rules
+//! and each of kube-proxy's modes. Left in place, another proxy's rules keep translating
+//! Service traffic with stale endpoints next to the running one's, so a starting backend
+//! removes everything that is not its own once its rules are in place ([`sweep`]), and
+//! `kpng cleanup` / `kpng --cleanup` remove everything ([`cleanup_all`]).
+//!
+//! kpng's iptables backend writes kube-proxy's chains under kube-proxy's names, so "iptables
+//! chains" are one leftover per variant (legacy, nft) for both: a kpng running the iptables
+//! backend keeps its variant's and removes the other's. kubelet's chains (`KUBE-FIREWALL`,
+//! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`, `KUBE-MARK-DROP`) are never touched.
+
+use crate::backends::BackendKind;
+
+/// One thing a proxy may have left on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftover {
+    /// kpng's `kpng` nftables tables (`to-local nft`).
+    KpngNft,
+    /// The userspace proxy's capture tables (`to-local userspace`).
+    KpngUserspace,
+    /// kube-proxy's iptables and ipvs modes' chains, and kpng's iptables backend's, in one
+    /// iptables variant.
+    IptablesChains(Variant),
+    /// kube-proxy's nftables mode: its `kube-proxy` tables (ip, ip6).
+    KubeProxyNft,
+    /// kube-proxy's ipvs mode: the `kube-ipvs0` interface holding the Service IPs and its
+    /// `KUBE-*` ipsets (the IPVS virtual servers stay, inert without the interface).
+    KubeProxyIpvs,
+}
+
+/// An iptables variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// x_tables (`iptables-legacy`).
+    Legacy,
+    /// nf_tables (`iptables-nft`).
+    Nft,
+}
+
+impl Variant {
+    /// `legacy` or `nft`, as in the tools' names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Legacy => "legacy",
+            Variant::Nft => "nft",
+        }
+    }
+}
+
+impl Leftover {
+    /// Everything, in the order it is removed (iptables rules before the ipsets they use).
+    pub const ALL: [Leftover; 6] = [
+        Leftover::KpngNft,
+        Leftover::KpngUserspace,
+        Leftover::IptablesChains(Variant::Legacy),
+        Leftover::IptablesChains(Variant::Nft),
+        Leftover::KubeProxyNft,
+        Leftover::KubeProxyIpvs,
+    ];
+
+    /// What it is, for messages.
+    pub fn describe(self) -> String {
+        match self {
+            Leftover::KpngNft => "kpng's nftables tables (`to-local nft`)".into(),
+            Leftover::KpngUserspace => {
+                "the userspace proxy's nftables tables (`to-local userspace`)".into()
+            }
+            Leftover::IptablesChains(v) => format!(
+                "kube-proxy's iptables chains in iptables-{} (iptables or ipvs mode, or kpng's \
+                 `to-local iptables`)",
+                v.name()
+            ),
+            Leftover::KubeProxyNft => "kube-proxy's nftables tables (nftables mode)".into(),
+            Leftover::KubeProxyIpvs => {
+                "kube-proxy's ipvs mode's kube-ipvs0 interface and KUBE-* ipsets".into()
+            }
+        }
+    }
+
+    /// Whether any of it is on the node. Errors (a tool missing, no permission) count as
+    /// "nothing there": whatever cannot be read cannot be removed either.
+    pub fn present(self) -> bool {
+        imp::present(self)
+    }
+
+    /// Removes it.
+    pub fn remove(self) -> anyhow::Result<()> {
+        imp::remove(self)
+    }
+}
+
+/// What a running backend installs itself, which [`sweep`] keeps.
+pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Option<Leftover> {
+    match kind {
+        BackendKind::Nft => Some(Leftover::KpngNft),
+        BackendKind::Userspace => Some(Leftover::KpngUserspace),
+        BackendKind::Iptables => iptables_variant.map(Leftover::IptablesChains),
+    }
+}
+
+/// Removes every leftover but `own`, logging each removal. Best effort: a failure is a
+/// warning, never fatal. Called once the running backend's rules are in place, so that
+/// traffic keeps flowing through whichever rules match first meanwhile, and established
+/// connections keep their conntrack entries.
+pub fn sweep(own: Option<Leftover>) {
+    for leftover in Leftover::ALL.into_iter().filter(|l| Some(*l) != own) {
+        if !leftover.present() {
+            tracing::debug!("no {}", leftover.describe());
+            continue;
+        }
+        match leftover.remove() {
+            Ok(()) => tracing::info!("removed {}", leftover.describe()),
+            Err(e) => tracing::warn!("could not remove {}: {e:#}", leftover.describe()),
+        }
+    }
+}
+
+/// `kpng cleanup`, `kpng --cleanup`: removes every leftover and prints what it removed.
+pub fn cleanup_all() -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    let mut removed = 0;
+    for leftover in Leftover::ALL {
+        if !leftover.present() {
+            continue;
+        }
+        match leftover.remove() {
+            Ok(()) => {
+                removed += 1;
+                println!("kpng: removed {}", leftover.describe());
+            }
+            Err(e) => failed.push(format!("{}: {e:#}", leftover.describe())),
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("{}", failed.join("; "));
+    }
+    if removed == 0 {
+        println!("kpng: nothing to remove");
+    }
+    Ok(())
+}
+
+/// Whether an iptables chain is kube-proxy's (any mode) or kpng's iptables backend's, never
+/// kubelet's.
+pub fn is_proxy_chain(chain: &str) -> bool {
+    const EXACT: [&str; 14] = [
+        "KUBE-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-POSTROUTING",
+        "KUBE-MARK-MASQ",
+        "KUBE-FORWARD",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-PROXY-CANARY",
+        // ipvs mode's.
+        "KUBE-NODE-PORT",
+        "KUBE-LOAD-BALANCER",
+        "KUBE-LOOP-BACK",
+        "KUBE-SOURCE-RANGES-FIREWALL",
+        "KUBE-IPVS-FILTER",
+        "KUBE-IPVS-OUT-FILTER",
+    ];
+    const PREFIXES: [&str; 6] = [
+        "KUBE-SVC-",
+        "KUBE-SVL-",
+        "KUBE-SEP-",
+        "KUBE-EXT-",
+        "KUBE-FW-",
+        "KUBE-XLB-",
+    ];
+    EXACT.contains(&chain) || PREFIXES.iter().any(|p| chain.starts_with(p))
+}
+
+/// The `iptables-restore --noflush` input that removes the proxy chains of one table's
+/// `iptables-save` text: every rule of another chain that jumps to one of them, then the
+/// chains themselves (declaring a chain flushes it, so no rule of one refers to another
+/// when they are deleted). `None` when the table has none.
+pub fn removal_script(table: &str, saved: &str) -> Option<String> {
+    let ours: Vec<&str> = saved
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| is_proxy_chain(c))
+        .collect();
+    if ours.is_empty() {
+        return None;
+    }
+    let mut out = format!("*{table}\n");
+    for line in saved.lines() {
+        let Some(rule) = line.strip_prefix("-A ") else {
+            continue;
+        };
+        let Some((chain, spec)) = rule.split_once(' ') else {
+            continue;
+        };
+        if ours.contains(&chain) {
+            continue;
+        }
+        let mut tokens = spec.split_whitespace();
+        let mut jumps_to_ours = false;
+        while let Some(t) = tokens.next() {
+            if matches!(t, "-j" | "--jump" | "-g" | "--goto")
+                && tokens.next().is_some_and(|target| ours.contains(&target))
+            {
+                jumps_to_ours = true;
+            }
+        }
+        if jumps_to_ours {
+            out.push_str(&format!("-D {chain} {spec}\n"));
+        }
+    }
+    for chain in &ours {
+        out.push_str(&format!(":{chain} - [0:0]\n"));
+    }
+    for chain in &ours {
+        out.push_str(&format!("-X {chain}\n"));
+    }
+    out.push_str("COMMIT\n");
+    Some(out)
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use anyhow::{Context, bail};
+    use kpng_backend::Backend as _;
+    use kpng_backend_kit::exec::run_tool;
+    use kpng_backend_nft::exec::NftCommand;
+    use kpng_backend_nft::{NftBackend, NftConfig};
+    use kpng_backend_userspace::capture::Capture as _;
+    use kpng_backend_userspace::capture::nft::NftCapture;
+    use kpng_model::Family;
+
+    use super::{Leftover, Variant, removal_script};
+
+    /// The tables an iptables proxy uses.
+    const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
+
+    fn tool(variant: Variant, family: Family, what: &str) -> String {
+        let prefix = match family {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        };
+        format!("{prefix}-{}-{what}", variant.name())
+    }
+
+    /// `nft list tables` as (family, name) pairs; empty when nft cannot run.
+    fn nft_tables() -> Vec<(String, String)> {
+        run_tool("nft", &["list", "tables"], None)
+            .map(|text| {
+                text.lines()
+                    .filter_map(|l| {
+                        let mut words = l.split_whitespace();
+                        match (words.next(), words.next(), words.next()) {
+                            (Some("table"), Some(f), Some(n)) => Some((f.into(), n.into())),
+                            _ => None,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether a `table FAMILY NAME` for one of `families` with `name` exists.
+    fn has_table(name: &str, families: &[&str]) -> bool {
+        nft_tables()
+            .iter()
+            .any(|(f, n)| n == name && families.contains(&f.as_str()))
+    }
+
+    /// Whether `table` of one variant and family exists, found without touching iptables:
+    /// reading a legacy table instantiates it, and with it netfilter hooks that every packet of
+    /// the node then crosses (the benchmark measured +5-10% on a connection's first packet),
+    /// and iptables-nft may create its base chains when asked to list them.
+    fn iptables_table_exists(variant: Variant, family: Family, table: &str) -> bool {
+        match variant {
+            Variant::Legacy => {
+                let names = match family {
+                    Family::V4 => "/proc/net/ip_tables_names",
+                    Family::V6 => "/proc/net/ip6_tables_names",
+                };
+                std::fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == table))
+            }
+            Variant::Nft => {
+                let family = match family {
+                    Family::V4 => "ip",
+                    Family::V6 => "ip6",
+                };
+                has_table(table, &[family])
+            }
+        }
+    }
+
+    /// The removal scripts of every table of one variant and family.
+    fn iptables_scripts(variant: Variant, family: Family) -> Vec<String> {
+        TABLES
+            .iter()
+            .filter(|table| iptables_table_exists(variant, family, table))
+            .filter_map(|table| {
+                let saved = run_tool(&tool(variant, family, "save"), &["-t", table], None).ok()?;
+                removal_script(table, &saved)
+            })
+            .collect()
+    }
+
+    /// The KUBE-* ipsets kube-proxy's ipvs mode made.
+    fn kube_ipsets() -> Vec<String> {
+        run_tool("ipset", &["list", "-n"], None)
+            .map(|t| {
+                t.lines()
+                    .map(str::trim)
+                    .filter(|n| n.starts_with("KUBE-"))
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn has_kube_ipvs0() -> bool {
+        std::path::Path::new("/sys/class/net/kube-ipvs0").exists()
+    }
+
+    pub(super) fn present(leftover: Leftover) -> bool {
+        match leftover {
+            Leftover::KpngNft => has_table("kpng", &["ip", "ip6"]),
+            Leftover::KpngUserspace => {
+                has_table(kpng_backend_userspace::capture::nft::TABLE, &["ip", "ip6"])
+            }
+            Leftover::KubeProxyNft => has_table("kube-proxy", &["ip", "ip6"]),
+            Leftover::IptablesChains(v) => Family::ALL
+                .iter()
+                .any(|f| !iptables_scripts(v, *f).is_empty()),
+            Leftover::KubeProxyIpvs => has_kube_ipvs0() || !kube_ipsets().is_empty(),
+        }
+    }
+
+    pub(super) fn remove(leftover: Leftover) -> anyhow::Result<()> {
+        match leftover {
+            Leftover::KpngNft => {
+                NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()))
+                    .cleanup()
+                    .context("removing kpng's nftables tables")?;
+            }
+            Leftover::KpngUserspace => NftCapture::new(Family::ALL.to_vec())
+                .cleanup()
+                .context("removing the userspace proxy's nftables tables")?,
+            Leftover::KubeProxyNft => {
+                let script = "add table ip kube-proxy\ndelete table ip kube-proxy\n\
+                              add table ip6 kube-proxy\ndelete table ip6 kube-proxy\n";
+                run_tool("nft", &["-f", "-"], Some(script))?;
+            }
+            Leftover::IptablesChains(v) => {
+                let mut failed = Vec::new();
+                for family in Family::ALL {
+                    for script in iptables_scripts(v, family) {
+                        let restore = tool(v, family, "restore");
+                        if let Err(e) = run_tool(&restore, &["-w", "5", "--noflush"], Some(&script))
+                        {
+                            failed.push(format!("{e}"));
+                        }
+                    }
+                }
+                if !failed.is_empty() {
+                    bail!("{}", failed.join("; "));
+                }
+            }
+            Leftover::KubeProxyIpvs => {
+                if has_kube_ipvs0() {
+                    run_tool("ip", &["link", "delete", "kube-ipvs0"], None)?;
+                }
+                for set in kube_ipsets() {
+                    run_tool("ipset", &["destroy", &set], None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    use super::Leftover;
+
+    pub(super) fn present(_leftover: Leftover) -> bool {
+        false
+    }
+
+    pub(super) fn remove(_leftover: Leftover) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBE_PROXY_NAT: &str = "\
+# Generated by iptables-nft-save v1.8.9
+*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:CNI-HOSTPORT-DNAT - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SEP-ABC - [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-XYZ - [0:0]
+-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
+-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -j KUBE-SVC-XYZ
+-A KUBE-SVC-XYZ -j KUBE-SEP-ABC
+-A KUBE-SEP-ABC -p tcp -j DNAT --to-destination 10.244.1.2:8080
+COMMIT
+";
+
+    #[test]
+    fn removes_kube_proxys_chains_and_jumps_but_not_kubelets() {
+        let script = removal_script("nat", KUBE_PROXY_NAT).expect("something to remove");
+        assert_eq!(
+            script,
+            "*nat\n\
+             -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -D POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+             :KUBE-MARK-MASQ - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n\
+             :KUBE-SEP-ABC - [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-XYZ - [0:0]\n\
+             -X KUBE-MARK-MASQ\n-X KUBE-NODEPORTS\n-X KUBE-POSTROUTING\n-X KUBE-SEP-ABC\n\
+             -X KUBE-SERVICES\n-X KUBE-SVC-XYZ\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn kubelets_chains_alone_are_nothing_to_remove() {
+        let saved = "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\n\
+                     :KUBE-KUBELET-CANARY - [0:0]\n-A INPUT -j KUBE-FIREWALL\nCOMMIT\n";
+        assert_eq!(removal_script("filter", saved), None);
+        for kubelet in [
+            "KUBE-FIREWALL",
+            "KUBE-KUBELET-CANARY",
+            "KUBE-IPTABLES-HINT",
+            "KUBE-MARK-DROP",
+        ] {
+            assert!(!is_proxy_chain(kubelet), "{kubelet}");
+        }
+        for proxy in [
+            "KUBE-XLB-1",
+            "KUBE-FW-2",
+            "KUBE-PROXY-CANARY",
+            "KUBE-FORWARD",
+        ] {
+            assert!(is_proxy_chain(proxy), "{proxy}");
+        }
+    }
+
+    #[test]
+    fn a_running_backend_keeps_only_its_own() {
+        assert_eq!(own(BackendKind::Nft, None), Some(Leftover::KpngNft));
+        assert_eq!(
+            own(BackendKind::Iptables, Some(Variant::Legacy)),
+            Some(Leftover::IptablesChains(Variant::Legacy))
+        );
+        assert_eq!(own(BackendKind::Iptables, None), None);
+    }
+}

@@ -1,0 +1,375 @@
+//! Replacing a running kube-proxy (root, real packets): node1 carries kube-proxy's nftables
+//! ruleset for the cluster's Services (its v1.31–v1.35 layout), an established connection
+//! goes through it and a prober keeps opening new ones while kpng starts with kube-proxy's own
+//! command line (`kpng --config FILE --hostname-override=node1`, `mode: nftables`) against an
+//! API server. Once kpng's rules are in place it removes kube-proxy's tables; no new
+//! connection fails during the switch, the established one keeps working, and the
+//! `kube-proxy` tables are gone.
+
+// Only the harness and a few scenario helpers; not the shared suite.
+#[allow(unused_macros, unused_imports)]
+mod e2e;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e::harness::{Cond, EP_PORT, OK_T, SVC_PORT, cip, manifest, names, sa, set, svc};
+use e2e::scenarios::{LINE_CLIENT, LINE_SERVER};
+use kpng_testkit::{
+    Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, bin_path, require_root, tally,
+};
+
+/// kube-proxy's nftables ruleset (v1.31–v1.35 layout) for Service `mig` (ClusterIP
+/// 10.96.0.120, node port 30120, endpoints pod1a and pod1b) and Service `hold`
+/// (ClusterIP 10.96.0.121, endpoint pod2a), TCP port 80 → 8080, as kube-proxy programs it
+/// on node1; plus its (empty) IPv6 table.
+fn kube_proxy_ruleset() -> String {
+    let t = "ip kube-proxy";
+    let mut s = format!(
+        "add table {t} {{ comment \"rules for kube-proxy\" ; }}\n\
+         add chain {t} nat-prerouting {{ type nat hook prerouting priority -100 ; }}\n\
+         add chain {t} nat-output {{ type nat hook output priority -100 ; }}\n\
+         add chain {t} nat-postrouting {{ type nat hook postrouting priority 100 ; }}\n\
+         add chain {t} mark-for-masquerade\n\
+         add chain {t} masquerading\n\
+         add chain {t} services\n\
+         add rule {t} mark-for-masquerade mark set mark or 0x4000\n\
+         add rule {t} masquerading mark and 0x4000 == 0 return\n\
+         add rule {t} masquerading mark set mark xor 0x4000\n\
+         add rule {t} masquerading masquerade fully-random\n\
+         add rule {t} nat-prerouting jump services\n\
+         add rule {t} nat-output jump services\n\
+         add rule {t} nat-postrouting jump masquerading\n\
+         add set {t} nodeport-ips {{ type ipv4_addr ; comment \"IPs that accept NodePort traffic\" ; }}\n\
+         add element {t} nodeport-ips {{ {node} }}\n\
+         add map {t} service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict ; }}\n\
+         add map {t} service-nodeports {{ type inet_proto . inet_service : verdict ; }}\n\
+         add rule {t} services ip daddr . meta l4proto . th dport vmap @service-ips\n\
+         add rule {t} services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports\n",
+        node = addr::NODE1_LAN_V4,
+    );
+    let services: [(&str, &str, u8, &[&str]); 2] = [
+        ("ZQK3HTCA", "mig", 120, &["10.244.1.2", "10.244.1.3"]),
+        ("B6O2MGUQ", "hold", 121, &["10.244.2.2"]),
+    ];
+    for (hash, name, n, endpoints) in services {
+        let base = format!("{hash}-default/{name}/tcp/tcp");
+        let service = format!("service-{base}");
+        let ip = cip(n, false);
+        s.push_str(&format!(
+            "add chain {t} {service}\n\
+             add rule {t} {service} ip daddr {ip} tcp dport {SVC_PORT} ip saddr != {cidr} jump mark-for-masquerade\n",
+            cidr = addr::CLUSTER_CIDR_V4,
+        ));
+        let mut vmap = Vec::new();
+        for (i, ep) in endpoints.iter().enumerate() {
+            let chain = format!("endpoint-{hash}-default/{name}/tcp/tcp__{ep}/{EP_PORT}");
+            s.push_str(&format!(
+                "add chain {t} {chain}\n\
+                 add rule {t} {chain} ip saddr {ep} jump mark-for-masquerade\n\
+                 add rule {t} {chain} meta l4proto tcp dnat to {ep}:{EP_PORT}\n"
+            ));
+            vmap.push(format!("{i} : goto {chain}"));
+        }
+        s.push_str(&format!(
+            "add rule {t} {service} numgen random mod {} vmap {{ {} }}\n\
+             add element {t} service-ips {{ {ip} . tcp . {SVC_PORT} : goto {service} }}\n",
+            endpoints.len(),
+            vmap.join(" , ")
+        ));
+        if name == "mig" {
+            let external = format!("external-{base}");
+            s.push_str(&format!(
+                "add chain {t} {external}\n\
+                 add rule {t} {external} jump mark-for-masquerade\n\
+                 add rule {t} {external} goto {service}\n\
+                 add element {t} service-nodeports {{ tcp . {} : goto {external} }}\n",
+                30000 + u16::from(n)
+            ));
+        }
+    }
+    s.push_str(
+        "add table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n\
+         add chain ip6 kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }\n",
+    );
+    s
+}
+
+/// `kpng-fake-apiserver` serving `manifest` in `ns`; its kubeconfig is written to
+/// `kubeconfig`.
+fn fake_api_server(ns: &Netns, manifest: &Path, kubeconfig: &Path) -> Child {
+    let bin = bin_path("kpng-fake-apiserver").expect("kpng-fake-apiserver binary");
+    let mut child = ns
+        .command([bin.as_os_str(), "--manifest".as_ref(), manifest.as_os_str()])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start kpng-fake-apiserver");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read");
+    assert!(line.starts_with("listening http://127.0.0.1:"), "{line:?}");
+    child
+}
+
+fn tables(ns: &Netns) -> String {
+    ns.run_ok(["nft", "list", "tables"])
+        .expect("nft list tables")
+}
+
+#[test]
+fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
+    require_root!();
+    let c = Cluster::create("mig").expect("cluster");
+    // pod1a and pod1b serve `mig`; pod2a holds a connection of `hold`.
+    let _echo: Vec<Spawned> = ["pod1a", "pod1b"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let mut line_server = c
+        .pod("pod2a")
+        .ns
+        .spawn([
+            "python3",
+            "-c",
+            LINE_SERVER,
+            "pod2a",
+            "10.244.2.2",
+            &EP_PORT.to_string(),
+        ])
+        .expect("python3 line server");
+    line_server
+        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
+        .expect("line server ready");
+
+    // kube-proxy's rules serve both Services.
+    c.node1
+        .ns
+        .nft(&kube_proxy_ruleset())
+        .expect("load kube-proxy's ruleset");
+    let client = &c.ext.ns;
+    let mig = sa(cip(120, false), SVC_PORT);
+    let mig_np = sa(addr::NODE1_LAN_V4.into(), 30120);
+    let all = set(&["pod1a", "pod1b"]);
+    assert_eq!(
+        names(&e2e::harness::spread(client, Proto::Tcp, mig, 30)),
+        all
+    );
+
+    // A connection established through kube-proxy's DNAT.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go = dir.path().join("go");
+    let mut held = c
+        .pod("pod1b")
+        .ns
+        .spawn([
+            "python3",
+            "-c",
+            LINE_CLIENT,
+            &cip(121, false).to_string(),
+            &SVC_PORT.to_string(),
+            &go.display().to_string(),
+        ])
+        .expect("python3 line client");
+    held.wait_for_line(|l| l == "got pod2a one", Duration::from_secs(5))
+        .expect("first line over the held connection");
+
+    // The same Services in the API server, and kube-proxy's configuration for kpng.
+    let objects = manifest(&[
+        svc(
+            "mig",
+            120,
+            "NodePort",
+            "",
+            &[("pod1a", Cond::Ready), ("pod1b", Cond::Ready)],
+        ),
+        svc("hold", 121, "ClusterIP", "", &[("pod2a", Cond::Ready)]),
+    ]);
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, objects).expect("write manifest");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut server = fake_api_server(&c.node1.ns, &input, &kubeconfig);
+    let config = dir.path().join("config.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             mode: nftables\nclientConnection:\n  kubeconfig: {}\n\
+             clusterCIDR: {},{}\nhealthzBindAddress: 127.0.0.1:10256\n\
+             metricsBindAddress: 127.0.0.1:10249\nnftables:\n  minSyncPeriod: 100ms\n",
+            kubeconfig.display(),
+            addr::CLUSTER_CIDR_V4,
+            addr::CLUSTER_CIDR_V6
+        ),
+    )
+    .expect("write config");
+
+    // New connections every 25 ms while kpng starts and takes over.
+    let probing = Probe::tcp(mig)
+        .count(300)
+        .interval(Duration::from_millis(25))
+        .fresh_socket(true)
+        .timeout(OK_T);
+    let (results, kpng) = std::thread::scope(|s| {
+        let prober = s.spawn(|| (client.probe(&probing).expect("probe"), Instant::now()));
+        std::thread::sleep(Duration::from_millis(300));
+        let kpng = c
+            .node1
+            .ns
+            .spawn([
+                env!("CARGO_BIN_EXE_kpng"),
+                "--config",
+                config.to_str().expect("utf-8"),
+                "--hostname-override=node1",
+                "--oom-score-adj=-999",
+                "--v=2",
+            ])
+            .expect("start kpng");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tables(&c.node1.ns).contains("kube-proxy") {
+            assert!(
+                Instant::now() < deadline,
+                "kube-proxy's tables still there; kpng said:\n{}",
+                kpng.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let gone = Instant::now();
+        let (results, finished) = prober.join().expect("prober thread");
+        assert!(
+            finished > gone,
+            "the prober must still run when kube-proxy's rules go"
+        );
+        (results, kpng)
+    });
+    let log = kpng.stderr_text();
+    let m = tally(&results);
+    assert_eq!(
+        names(&m),
+        all,
+        "no new connection failed over the switch: {m:?}\n{log}"
+    );
+    assert!(results.iter().all(|r| r.outcome == Outcome::Ok), "{m:?}");
+
+    // The established connection still works, now that kube-proxy's rules are gone.
+    std::fs::write(&go, "").expect("go");
+    held.wait_for_line(|l| l == "got pod2a two", Duration::from_secs(5))
+        .expect("second line over the connection established through kube-proxy");
+
+    let listed = tables(&c.node1.ns);
+    assert!(
+        listed.contains("table ip kpng") && listed.contains("table ip6 kpng"),
+        "{listed}"
+    );
+    assert!(!listed.contains("kube-proxy"), "{listed}");
+    assert!(
+        log.contains("running as kube-proxy, `kpng kube … to-local nft` (mode \"nftables\"")
+            && log.contains("removed kube-proxy's nftables tables"),
+        "{log}"
+    );
+    // kpng serves both Services on its own: every endpoint, also on the node port.
+    assert_eq!(
+        names(&e2e::harness::spread(client, Proto::Tcp, mig, 30)),
+        all
+    );
+    assert_eq!(
+        names(&e2e::harness::spread(client, Proto::Tcp, mig_np, 10)),
+        all
+    );
+
+    kpng.kill().expect("stop kpng");
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// `kpng --cleanup` removes kube-proxy's rules of every mode (and kpng's), in both iptables
+/// variants, and leaves kubelet's chains alone; it prints only what it removed.
+#[test]
+fn cleanup_removes_every_proxys_rules_and_only_those() {
+    require_root!();
+    let ns = Netns::new("kpclean").expect("netns");
+    ns.nft(&kube_proxy_ruleset())
+        .expect("kube-proxy's nftables ruleset");
+    let iptables_rules = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n\
+         :KUBE-MARK-MASQ - [0:0]\n:KUBE-SVC-ABCDEFGH - [0:0]\n:KUBE-SEP-ABCDEFGH - [0:0]\n\
+         :KUBE-XLB-ABCDEFGH - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\n\
+         -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+         -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+         -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+         -A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-ABCDEFGH\n\
+         -A KUBE-SVC-ABCDEFGH -j KUBE-SEP-ABCDEFGH\n\
+         -A KUBE-SEP-ABCDEFGH -p tcp -m tcp -j DNAT --to-destination 10.244.1.2:6443\n\
+         COMMIT\n*filter\n:KUBE-FIREWALL - [0:0]\n:KUBE-FORWARD - [0:0]\n\
+         :KUBE-PROXY-FIREWALL - [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A FORWARD -j KUBE-FORWARD\n\
+         -A INPUT -m conntrack --ctstate NEW -j KUBE-PROXY-FIREWALL\nCOMMIT\n";
+    for restore in ["iptables-legacy-restore", "iptables-nft-restore"] {
+        ns.run_with_stdin([restore, "--noflush"], iptables_rules)
+            .unwrap_or_else(|e| panic!("{restore}: {e}"));
+    }
+    let out = ns
+        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup"])
+        .expect("kpng --cleanup");
+    for removed in [
+        "kpng: removed kube-proxy's iptables chains in iptables-legacy",
+        "kpng: removed kube-proxy's iptables chains in iptables-nft",
+        "kpng: removed kube-proxy's nftables tables (nftables mode)",
+    ] {
+        assert!(out.contains(removed), "{removed:?} in:\n{out}");
+    }
+    assert_eq!(out.lines().count(), 3, "only what was removed:\n{out}");
+    assert!(!tables(&ns).contains("kube-proxy"));
+    for save in ["iptables-legacy-save", "iptables-nft-save"] {
+        let saved = ns.run_ok([save]).expect("save");
+        let chains: Vec<&str> = saved
+            .lines()
+            .filter(|l| l.starts_with(":KUBE-") || l.contains("-j KUBE-"))
+            .collect();
+        assert_eq!(
+            chains.iter().filter(|l| l.starts_with(':')).count(),
+            2,
+            "{save}: kubelet's two chains stay, nothing else:\n{saved}"
+        );
+        assert!(
+            saved.contains(":KUBE-FIREWALL") && saved.contains("-A INPUT -j KUBE-FIREWALL"),
+            "{save}:\n{saved}"
+        );
+        assert!(saved.contains(":KUBE-KUBELET-CANARY"), "{save}:\n{saved}");
+    }
+    let again = ns
+        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup"])
+        .expect("kpng --cleanup again");
+    assert_eq!(again.trim(), "kpng: nothing to remove");
+}
+
+/// `kpng --init-only` does the privileged set-up (the conntrack sysctls, the backend's node
+/// checks) and exits, as kube-proxy's: run in a namespace, whose conntrack timeouts are its own.
+#[test]
+fn init_only_sets_the_sysctls_and_exits() {
+    require_root!();
+    let ns = Netns::new("kpinit").expect("netns");
+    // Conntrack's per-namespace sysctls exist once the module is loaded.
+    ns.nft("add table ip t\nadd chain ip t c\nadd rule ip t c ct state new accept\n")
+        .expect("load conntrack");
+    let key = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established";
+    let out = ns
+        .exec([
+            env!("CARGO_BIN_EXE_kpng"),
+            "--init-only",
+            "--proxy-mode=nftables",
+            "--conntrack-tcp-timeout-established=2h",
+        ])
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("--init-only: done"), "{stderr}");
+    let value = ns.run_ok(["cat", key]).expect("read sysctl");
+    assert_eq!(value.trim(), "7200", "{stderr}");
+    assert!(
+        !tables(&ns).contains("kpng"),
+        "--init-only programs no rules"
+    );
+}
