@@ -118,7 +118,7 @@ pub use linux::{CheckedIptables, CheckedNft};
 mod linux {
     use std::collections::BTreeSet;
 
-    use kpng_backend_iptables::exec::{ExecError, Iptables, Mode};
+    use kpng_backend_iptables::exec::{DryRun as IptablesDryRun, ExecError, Iptables, Mode};
     use kpng_backend_iptables::rules::Table;
     use kpng_backend_kit::exec::{DryRun, ScriptExec, run_tool};
     use kpng_model::Family;
@@ -184,6 +184,8 @@ mod linux {
     /// `iptables-restore --test`; later ones build on chains the dry run never created, so
     /// they are only printed.
     pub struct CheckedIptables {
+        /// The iptables backend's own dry run: what is printed, and an empty kernel.
+        print: IptablesDryRun,
         mode: Option<Mode>,
         checked: BTreeSet<Family>,
         refusals: Refusals,
@@ -193,6 +195,7 @@ mod linux {
         /// Checks with the tools of `mode` (`None`: no variant usable here; print only).
         pub fn new(mode: Option<Mode>, refusals: Refusals) -> CheckedIptables {
             CheckedIptables {
+                print: IptablesDryRun,
                 mode,
                 checked: BTreeSet::new(),
                 refusals,
@@ -202,7 +205,7 @@ mod linux {
 
     impl Iptables for CheckedIptables {
         fn restore(&mut self, family: Family, input: &str) -> Result<(), ExecError> {
-            println!("# {family} iptables-restore --noflush\n{input}");
+            self.print.restore(family, input)?;
             let Some(mode) = self.mode else {
                 return Ok(());
             };
@@ -232,21 +235,20 @@ mod linux {
             }
         }
 
-        fn save(&mut self, _family: Family, _table: Table) -> Result<String, ExecError> {
-            Ok(String::new())
+        fn save(&mut self, family: Family, table: Table) -> Result<String, ExecError> {
+            self.print.save(family, table)
         }
 
         fn enable_route_localnet(&mut self) -> Result<(), ExecError> {
-            println!("# sysctl net.ipv4.conf.all.route_localnet=1");
-            Ok(())
+            self.print.enable_route_localnet()
         }
 
         fn describe(&self) -> String {
-            "dry run".into()
+            self.print.describe()
         }
 
         fn reads_kernel(&self) -> bool {
-            false
+            self.print.reads_kernel()
         }
     }
 }
