@@ -462,14 +462,19 @@ fn gone_relists_with_a_minimal_transaction() {
     );
 }
 
-/// The last full transaction of each family.
+/// The last full transaction of each family, without the dry run's "checked by the kernel"
+/// trailer: it is printed after the kernel answers, so a snapshot of stdout may or may not hold it.
 fn last_full(stdout: &str) -> (Option<String>, Option<String>) {
     let all = transactions(stdout);
     let last = |family: &str| {
-        all.iter()
-            .rev()
-            .find(|t| is_full(t, family))
-            .map(|t| (*t).to_string())
+        all.iter().rev().find(|t| is_full(t, family)).map(|t| {
+            t.lines()
+                .filter(|l| !l.starts_with("# (checked by the kernel"))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .trim()
+                .to_string()
+        })
     };
     (last("ip"), last("ip6"))
 }
