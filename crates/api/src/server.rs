@@ -14,6 +14,10 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+mod conn;
+
+pub use conn::{ConnInfo, ConnLimits, Limited, limit};
+
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::hub::{Hub, Registration};
 use crate::proto;
@@ -113,7 +117,7 @@ impl Sets for SetsService {
         &self,
         request: Request<Streaming<proto::WatchReq>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let peer = request.remote_addr();
+        let (peer, conn) = connection(&request);
         let Ok(permit) = self.watches.clone().try_acquire_owned() else {
             warn!(?peer, "refusing a Watch: {MAX_WATCHES} are being served");
             return Err(Status::resource_exhausted("too many Watch streams"));
@@ -134,6 +138,7 @@ impl Sets for SetsService {
                 peer,
                 allowed,
                 _permit: permit,
+                _watching: conn.map(|state| state.watching()),
             },
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -141,23 +146,50 @@ impl Sets for SetsService {
 }
 
 /// The client's certificate chain, over TCP or a Unix socket (tonic's own accessor only
-/// looks at TCP).
+/// knows its own connection types, not [`Limited`] ones).
 fn peer_certs<T>(
     request: &Request<T>,
 ) -> Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>> {
-    if let Some(certs) = request.peer_certs() {
-        return Some(certs);
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let ext = request.extensions();
+    if let Some(info) = ext.get::<TlsConnectInfo<ConnInfo<TcpConnectInfo>>>() {
+        return info.peer_certs();
     }
     #[cfg(unix)]
     {
-        use tonic::transport::server::{TlsConnectInfo, UdsConnectInfo};
-        request
-            .extensions()
-            .get::<TlsConnectInfo<UdsConnectInfo>>()
-            .and_then(|info| info.peer_certs())
+        use tonic::transport::server::UdsConnectInfo;
+        if let Some(info) = ext.get::<TlsConnectInfo<ConnInfo<UdsConnectInfo>>>() {
+            return info.peer_certs();
+        }
     }
-    #[cfg(not(unix))]
     None
+}
+
+/// The client's address (TCP) and its connection's shared state, with or without TLS.
+fn connection<T>(
+    request: &Request<T>,
+) -> (Option<std::net::SocketAddr>, Option<Arc<conn::ConnState>>) {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let ext = request.extensions();
+    let tcp = ext.get::<ConnInfo<TcpConnectInfo>>().or_else(|| {
+        ext.get::<TlsConnectInfo<ConnInfo<TcpConnectInfo>>>()
+            .map(TlsConnectInfo::get_ref)
+    });
+    if let Some(info) = tcp {
+        return (info.inner.remote_addr(), Some(info.state.clone()));
+    }
+    #[cfg(unix)]
+    {
+        use tonic::transport::server::UdsConnectInfo;
+        let uds = ext.get::<ConnInfo<UdsConnectInfo>>().or_else(|| {
+            ext.get::<TlsConnectInfo<ConnInfo<UdsConnectInfo>>>()
+                .map(TlsConnectInfo::get_ref)
+        });
+        if let Some(info) = uds {
+            return (None, Some(info.state.clone()));
+        }
+    }
+    (None, None)
 }
 
 type OpSender = mpsc::Sender<Result<proto::OpItem, Status>>;
@@ -169,6 +201,8 @@ struct Client {
     allowed: Option<Vec<String>>,
     /// Held while the stream is served.
     _permit: OwnedSemaphorePermit,
+    /// Keeps the connection from being closed as idle while the stream is served.
+    _watching: Option<conn::WatchGuard>,
 }
 
 /// One Watch stream: for every request, the next non-empty change set.
@@ -249,12 +283,13 @@ async fn serve_watch(
     }
 }
 
-/// Serves `hub` on `addr` until `shutdown` completes. Binds before returning the future, so a
-/// bad address fails start-up.
+/// Serves `hub` on `addr` until `shutdown` completes, within `limits`. Binds before returning
+/// the future, so a bad address fails start-up.
 pub async fn serve(
     hub: Arc<Hub>,
     addr: &ApiAddr,
     tls: &TlsFiles,
+    limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>, ServeError> {
     let mut builder = Server::builder()
@@ -289,7 +324,10 @@ pub async fn serve(
                      --listen-tls-ca so that each node reads only its own view)"
                 );
             }
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming = limit(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                limits,
+            );
             Ok(Box::pin(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, shutdown)
@@ -313,7 +351,10 @@ pub async fn serve(
             }
             let listener = tokio::net::UnixListener::bind(path).map_err(listen_err)?;
             info!(addr = %addr, "API listening");
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let incoming = limit(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                limits,
+            );
             Ok(Box::pin(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, shutdown)

@@ -42,9 +42,15 @@ async fn an_unmodified_kpng_client_sees_every_service_and_endpoint() {
         .parse()
         .expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = kpng_api::server::serve(hub.clone(), &addr, &Default::default(), async {
-        let _ = stopped.await;
-    })
+    let server = kpng_api::server::serve(
+        hub.clone(),
+        &addr,
+        &Default::default(),
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    )
     .await
     .expect("listen");
     let server = tokio::spawn(server);

@@ -69,9 +69,15 @@ async fn mtls_brain_serves_clients_with_certificates_only() {
         ApiMetrics::default(),
     ));
     hub.apply(fixture());
-    let server = kpng_api::server::serve(hub, &addr, &server_tls, std::future::pending())
-        .await
-        .expect("listen with TLS");
+    let server = kpng_api::server::serve(
+        hub,
+        &addr,
+        &server_tls,
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen with TLS");
     let server = tokio::spawn(server);
 
     // A client with its certificate receives the state.

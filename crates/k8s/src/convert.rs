@@ -165,6 +165,11 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         external_policy_local: false,
         internal_policy_local: false,
         health_check_node_port: None,
+        created: svc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| system_time(t.0)),
     };
     if type_ == "ExternalName" {
         info.ignored = Some(Ignored::ExternalName);
@@ -486,7 +491,16 @@ pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<std::time::Syst
         .annotations
         .as_ref()?
         .get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
-    let at: k8s_openapi::jiff::Timestamp = raw.parse().ok()?;
-    let since_epoch = std::time::Duration::from_nanos(u64::try_from(at.as_nanosecond()).ok()?);
-    std::time::SystemTime::UNIX_EPOCH.checked_add(since_epoch)
+    system_time(raw.parse().ok()?)
+}
+
+/// A Kubernetes time as a `SystemTime` (`None` only outside what the platform can represent).
+fn system_time(at: k8s_openapi::jiff::Timestamp) -> Option<std::time::SystemTime> {
+    let nanos = at.as_nanosecond();
+    let magnitude = std::time::Duration::from_nanos(u64::try_from(nanos.unsigned_abs()).ok()?);
+    if nanos >= 0 {
+        std::time::SystemTime::UNIX_EPOCH.checked_add(magnitude)
+    } else {
+        std::time::SystemTime::UNIX_EPOCH.checked_sub(magnitude)
+    }
 }

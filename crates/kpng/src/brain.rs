@@ -11,7 +11,7 @@ use kpng_api::metrics::ApiMetrics;
 use kpng_model::{ClusterConfig, ClusterModel, Event};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::cli::{GlobalFlags, ToApi};
 
@@ -27,6 +27,7 @@ where
         ClusterModel::new(ClusterConfig {
             service_proxy_name: flags.service_proxy_name.clone(),
             only_node: None,
+            node_port_range: Some(flags.service_node_port_range),
         }),
         metrics,
     ));
@@ -49,8 +50,12 @@ where
         key: to_api.listen_tls_key.clone(),
         ca: to_api.listen_tls_ca.clone(),
     };
+    let limits = kpng_api::server::ConnLimits {
+        max_connections: usize::try_from(to_api.max_connections).unwrap_or(usize::MAX),
+        idle_timeout: to_api.connection_idle_timeout,
+    };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = kpng_api::server::serve(hub.clone(), &to_api.listen, &tls, async move {
+    let server = kpng_api::server::serve(hub.clone(), &to_api.listen, &tls, limits, async move {
         let _ = stop_rx.await;
     })
     .await
@@ -64,6 +69,9 @@ where
             let out = hub.apply(event);
             for e in &out.errors {
                 error!("rejected {e}; keeping its last good version");
+            }
+            for w in &out.warnings {
+                warn!("{w}");
             }
         }
     };

@@ -161,6 +161,18 @@ pub struct GlobalFlags {
     #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
     pub nodeport_addresses: Vec<String>,
 
+    /// The node ports the API server may allocate (its own `--service-node-port-range`):
+    /// `FIRST-LAST`, `FIRST+COUNT` or one port. A Service's node port outside it (a hand-written
+    /// manifest taking, say, port 22 on every node) is not programmed, with a warning.
+    #[arg(
+        long,
+        global = true,
+        default_value = "30000-32767",
+        value_name = "RANGE",
+        help_heading = "Node"
+    )]
+    pub service_node_port_range: kpng_model::NodePortRange,
+
     /// Where /healthz and /livez are served (kube-proxy's health server).
     #[arg(
         long,
@@ -378,6 +390,13 @@ pub struct ToApi {
     /// CA bundle (PEM): clients must present a certificate it signed (mTLS).
     #[arg(long)]
     pub listen_tls_ca: Option<PathBuf>,
+    /// Connections served at once (a node holds one); a connection over it is closed at once.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// A connection without a Watch stream for this long is closed (a client that connects and
+    /// never asks, or stops asking).
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub connection_idle_timeout: Duration,
 }
 
 /// `… to-local <backend>`.
@@ -678,6 +697,30 @@ mod tests {
         ] {
             assert_eq!(parse_duration(text).ok(), want, "{text}");
         }
+    }
+
+    #[test]
+    fn service_node_port_range_flag() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["kpng"];
+            args.extend_from_slice(extra);
+            args.extend(["file", "--input", "x.yaml", "to-local", "nft"]);
+            Cli::try_parse_from(args)
+        };
+        let range = |cli: Cli| cli.global.service_node_port_range.to_string();
+        assert_eq!(range(parse(&[]).expect("parses")), "30000-32767");
+        for (given, want) in [("20000-22767", "20000-22767"), ("30000+100", "30000-30100")] {
+            let cli = parse(&["--service-node-port-range", given]).expect("parses");
+            assert_eq!(range(cli), want, "{given}");
+        }
+        let err = parse(&["--service-node-port-range", "30000..32767"])
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            err.contains("--service-node-port-range")
+                && err.contains("\"30000..32767\" is not a port range"),
+            "{err}"
+        );
     }
 
     #[test]

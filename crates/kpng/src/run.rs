@@ -299,6 +299,7 @@ fn model_config(flags: &GlobalFlags) -> anyhow::Result<ModelConfig> {
         node_name: node_name(flags)?,
         service_proxy_name: flags.service_proxy_name.clone(),
         node_ips: flags.node_ip.clone(),
+        node_port_range: Some(flags.service_node_port_range),
     })
 }
 

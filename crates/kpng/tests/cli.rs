@@ -388,3 +388,107 @@ fn mistakes_on_the_line_say_what_was_meant() {
         assert!(help.lines().any(|l| l == heading), "{heading} in:\n{help}");
     }
 }
+
+/// A stand-in for `nft` that accepts every transaction (the dry run's kernel check passes).
+fn accepting_nft(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("nft");
+    std::fs::write(
+        &path,
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'nftables v1.0.6 (Lester Gooch #5)'; exit 0; fi\n\
+         cat >/dev/null\nexit 0\n",
+    )
+    .expect("write fake nft");
+    let mut perms = std::fs::metadata(&path).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&path, perms).expect("chmod");
+    path
+}
+
+#[test]
+fn node_ports_out_of_range_or_taken_by_an_older_service_are_not_programmed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let svc = |name: &str, created: &str, ip: &str, np: u16| {
+        format!(
+            "---\nkind: Service\nmetadata: {{namespace: default, name: {name}{created}}}\n\
+             spec: {{type: NodePort, clusterIP: {ip}, ports: [{{name: http, port: 80, nodePort: {np}}}]}}\n\
+             ---\nkind: EndpointSlice\napiVersion: discovery.k8s.io/v1\n\
+             metadata: {{namespace: default, name: {name}-1, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.9]}}]\n"
+        )
+    };
+    let manifest = [
+        "kind: Node\nmetadata: {name: n1}\n".to_string(),
+        svc("web", "", "10.96.0.1", 2222),
+        svc(
+            "ok",
+            ", creationTimestamp: \"2024-01-01T00:00:00Z\"",
+            "10.96.0.2",
+            30080,
+        ),
+        svc(
+            "dup",
+            ", creationTimestamp: \"2025-01-01T00:00:00Z\"",
+            "10.96.0.3",
+            30080,
+        ),
+    ]
+    .concat();
+    std::fs::write(&input, manifest).expect("write");
+    let nft = accepting_nft(dir.path());
+    let mut child = kpng()
+        .args(["file", "--input"])
+        .arg(&input)
+        .args(["--node-name", "n1", "--node-ip", "192.0.2.1"])
+        .args(["--min-sync-period", "0", "--metrics-bind-address="])
+        .arg("--healthz-bind-address=127.0.0.1:0")
+        .args(["to-local", "nft", "--dry-run", "--nft-binary"])
+        .arg(&nft)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kpng");
+    let stdout = kpng_testkit::collect_output(child.stdout.take().expect("stdout"));
+    let stderr = kpng_testkit::collect_output(child.stderr.take().expect("stderr"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (out, err) = loop {
+        let (out, err) = (
+            stdout.lock().expect("lock").clone(),
+            stderr.lock().expect("lock").clone(),
+        );
+        if err.contains(" synced") {
+            break (out, err);
+        }
+        if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            let _ = child.kill();
+            panic!("no sync within 10 s:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        err.contains("Service default/web: field spec.ports[0].nodePort: 2222 is outside --service-node-port-range 30000-32767; the node port is not programmed"),
+        "{err}"
+    );
+    assert!(
+        err.contains("Service default/dup: field spec.ports[0].nodePort: node port 30080/TCP is also Service default/ok's"),
+        "{err}"
+    );
+    // The out-of-range node port is absent, its ClusterIP served; the node port goes to the
+    // older Service only, the younger one keeps its ClusterIP.
+    assert!(!out.contains("2222"), "{out}");
+    assert!(
+        out.contains("10.96.0.1 . tcp . 80 comment \"default/web:http\""),
+        "{out}"
+    );
+    assert!(
+        out.contains("10.96.0.3 . tcp . 80 comment \"default/dup:http\""),
+        "{out}"
+    );
+    assert_eq!(out.matches("tcp . 30080 comment").count(), 1, "{out}");
+    assert!(
+        out.contains("tcp . 30080 comment \"default/ok:http\""),
+        "{out}"
+    );
+}

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::categorize::{EndpointCandidate, categorize_endpoints, sort_endpoints};
+use crate::claims::{Frontend, Lost};
 use crate::key::{Family, PortKey};
 use crate::node::NodeState;
 use crate::records::{PortInfo, ServiceInfo, SliceInfo};
@@ -64,16 +65,25 @@ fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
     out
 }
 
-/// Computes every [`ServicePort`] (per port, per family) of one Service.
+/// Computes every [`ServicePort`] (per port, per family) of one Service, leaving out the
+/// frontends it `lost` to older Services: a lost ClusterIP port drops that port of that family
+/// (a Service port is keyed by its ClusterIP), a lost node port only the node port.
 pub(crate) fn service_ports(
     svc: &ServiceInfo,
     slices: &[SliceInfo],
     node: &NodeState,
+    lost: &Lost,
 ) -> Vec<ServicePort> {
     let mut out = Vec::new();
     for cluster_ip in &svc.cluster_ips {
         let family = Family::of(cluster_ip);
         for port in &svc.ports {
+            if lost.contains_key(&Frontend::Cluster(*cluster_ip, port.port, port.protocol)) {
+                continue;
+            }
+            let node_port = port
+                .node_port
+                .filter(|np| !lost.contains_key(&Frontend::NodePort(*np, port.protocol)));
             let mut sp = ServicePort {
                 key: PortKey {
                     service: svc.key.clone(),
@@ -83,7 +93,7 @@ pub(crate) fn service_ports(
                 },
                 cluster_ip: *cluster_ip,
                 port: port.port,
-                node_port: port.node_port,
+                node_port,
                 external_ips: of_family(&svc.external_ips, family),
                 load_balancer_ips: of_family(&svc.load_balancer_ips, family),
                 source_ranges: {

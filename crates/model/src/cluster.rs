@@ -17,10 +17,12 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 
 use crate::build::service_ports;
+use crate::claims::{Claims, Lost, conflict_warning};
 use crate::event::{Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, ServiceKey};
 use crate::node::NodeState;
-use crate::records::{ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo};
+use crate::port_range::{NodePortRange, drop_out_of_range};
+use crate::records::{ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo, Warning};
 use crate::service_port::ServicePort;
 
 /// Configuration that is the same for every node.
@@ -34,6 +36,10 @@ pub struct ClusterConfig {
     /// other Nodes are not stored (a node-local model's memory saving). `None` keeps everything
     /// (a brain serving every node).
     pub only_node: Option<String>,
+    /// `--service-node-port-range`: node ports outside it are dropped with a warning (the API
+    /// server never allocates them, so they come from a hand-written manifest and could take a
+    /// port the node itself serves). `None` accepts every node port.
+    pub node_port_range: Option<NodePortRange>,
 }
 
 /// The inputs of one Service: the Service (once seen) and its EndpointSlices, sorted by name.
@@ -42,6 +48,8 @@ pub struct ServiceSource {
     info: Option<ServiceInfo>,
     slices: Vec<SliceInfo>,
     owned: bool,
+    /// Frontends an older Service owns (see `claims`): not programmed for this one.
+    lost: Lost,
 }
 
 impl ServiceSource {
@@ -49,7 +57,7 @@ impl ServiceSource {
     /// Service is unknown, not ours, headless or ExternalName.
     pub fn ports_for(&self, node: &NodeState) -> Vec<ServicePort> {
         match &self.info {
-            Some(info) if self.owned => service_ports(info, &self.slices, node),
+            Some(info) if self.owned => service_ports(info, &self.slices, node, &self.lost),
             _ => Vec::new(),
         }
     }
@@ -109,6 +117,10 @@ pub struct ClusterOutcome {
     pub trigger_times: Vec<TriggerTime>,
     /// The union of the ServiceCIDRs' ranges may have changed ([`ClusterModel::service_cidrs`]).
     pub service_cidrs_changed: bool,
+    /// Values the model refused in objects it otherwise uses (a node port outside
+    /// `--service-node-port-range`, a frontend an older Service owns), reported once per change
+    /// of the object; the caller logs them.
+    pub warnings: Vec<Warning>,
 }
 
 /// A streamed list ([`Event::ListStart`] … [`Event::ListDone`]) in progress.
@@ -141,6 +153,8 @@ pub struct ClusterModel {
     service_cidrs: BTreeMap<String, Vec<IpNet>>,
     /// Streamed lists in progress, at most one per kind.
     listings: Vec<Listing>,
+    /// Who claims each ClusterIP port and node port (conflicts resolved oldest first).
+    claims: Claims,
 }
 
 impl ClusterModel {
@@ -258,18 +272,33 @@ impl ClusterModel {
     fn apply_object(&mut self, object: Object, out: &mut ClusterOutcome, touched: &mut Touched) {
         match object {
             Object::Service(info) => {
-                let info = *info;
+                let mut info = *info;
                 out.applied += 1;
+                let range_warnings = match self.config.node_port_range {
+                    Some(range) => drop_out_of_range(&mut info, range),
+                    None => Vec::new(),
+                };
                 let owned = self.owns(&info);
                 let source = self.sources.entry(info.key.clone()).or_default();
                 if source.info.as_ref() != Some(&info) || source.owned != owned {
                     if source.info.as_ref() != Some(&info) {
                         out.services_changed.push(info.key.clone());
                     }
+                    if owned {
+                        out.warnings.extend(range_warnings);
+                    }
                     touched.services.insert(info.key.clone());
+                    let old_claim = source.info.clone().filter(|_| source.owned);
+                    let new_claim = owned.then(|| info.clone());
                     let source = Arc::make_mut(source);
                     source.owned = owned;
                     source.info = Some(info);
+                    self.reclaim(
+                        old_claim.as_ref(),
+                        new_claim.as_ref(),
+                        &mut touched.services,
+                        &mut out.warnings,
+                    );
                 }
             }
             Object::EndpointSlice {
@@ -387,10 +416,51 @@ impl ClusterModel {
         out.services.insert(key.clone());
         out.services_changed.push(key.clone());
         let source = Arc::make_mut(source);
-        source.info = None;
+        let old_claim = source.info.take().filter(|_| source.owned);
         source.owned = false;
+        source.lost = Lost::new();
         if source.is_empty() {
             self.sources.remove(key);
+        }
+        self.reclaim(
+            old_claim.as_ref(),
+            None,
+            &mut out.services,
+            &mut out.warnings,
+        );
+    }
+
+    /// Moves one Service's frontend claims from `old` to `new` (each `None` when it claims
+    /// nothing) and recomputes what every Service sharing one of those frontends lost: the
+    /// ones whose lost set changed are added to `services` (their views change), and a warning
+    /// names each newly lost frontend (or one whose owner changed) and its owner.
+    fn reclaim(
+        &mut self,
+        old: Option<&ServiceInfo>,
+        new: Option<&ServiceInfo>,
+        services: &mut BTreeSet<ServiceKey>,
+        warnings: &mut Vec<Warning>,
+    ) {
+        for key in self.claims.update(old, new) {
+            let Some(source) = self.sources.get_mut(&key) else {
+                continue;
+            };
+            let lost = match &source.info {
+                Some(info) if source.owned => self.claims.lost(info),
+                _ => Lost::new(),
+            };
+            if lost == source.lost {
+                continue;
+            }
+            if let Some(info) = &source.info {
+                for (frontend, owner) in &lost {
+                    if source.lost.get(frontend) != Some(owner) {
+                        warnings.push(conflict_warning(info, *frontend, owner));
+                    }
+                }
+            }
+            Arc::make_mut(source).lost = lost;
+            services.insert(key);
         }
     }
 

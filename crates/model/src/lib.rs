@@ -11,6 +11,7 @@
 
 mod build;
 mod categorize;
+mod claims;
 pub mod cluster;
 mod diff;
 mod event;
@@ -18,6 +19,7 @@ pub mod ip;
 mod key;
 mod model;
 mod node;
+mod port_range;
 pub mod records;
 mod service_port;
 
@@ -32,5 +34,6 @@ pub use event::{Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
 pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
 pub use node::NodeState;
+pub use port_range::{NodePortRange, PortRangeError};
 pub use records::{ConversionError, Warning};
 pub use service_port::{Endpoint, ServicePort, SessionAffinity};

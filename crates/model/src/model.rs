@@ -11,7 +11,8 @@ use crate::diff::Diff;
 use crate::event::{Event, Kind};
 use crate::key::{Family, PortKey, Protocol, ServiceKey};
 use crate::node::NodeState;
-use crate::records::ConversionError;
+use crate::port_range::NodePortRange;
+use crate::records::{ConversionError, Warning};
 use crate::service_port::ServicePort;
 
 /// How this node identifies itself and which Services it owns.
@@ -25,6 +26,9 @@ pub struct ModelConfig {
     pub service_proxy_name: Option<String>,
     /// `--node-ip` / `--bind-address`: when set, these are the node's IPs whatever the Node says.
     pub node_ips: Vec<IpAddr>,
+    /// `--service-node-port-range`: node ports outside it are not programmed (warned about).
+    /// `None` accepts any node port.
+    pub node_port_range: Option<NodePortRange>,
 }
 
 /// The complete node-local state: what a new subscriber or a full resync starts from.
@@ -99,6 +103,8 @@ pub struct ApplyOutcome {
     pub diff: Diff,
     /// Objects that could not be used; their previous version (if any) was kept.
     pub errors: Vec<ConversionError>,
+    /// Values refused in objects otherwise used (see [`crate::ClusterOutcome::warnings`]).
+    pub warnings: Vec<Warning>,
     /// Objects accepted into the model.
     pub applied: usize,
     /// Kinds whose complete list this event finished (the runner programs nothing before
@@ -133,6 +139,7 @@ impl Model {
         let cluster = ClusterModel::new(ClusterConfig {
             service_proxy_name: config.service_proxy_name.clone(),
             only_node: Some(config.node_name.clone()),
+            node_port_range: config.node_port_range,
         });
         let mut model = Model {
             config,
@@ -153,6 +160,7 @@ impl Model {
         let touched = self.cluster.apply(event);
         let mut out = ApplyOutcome {
             errors: touched.errors,
+            warnings: touched.warnings,
             applied: touched.applied,
             listed: touched.listed,
             services_changed: touched.services_changed,

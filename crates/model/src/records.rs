@@ -104,6 +104,9 @@ pub struct ServiceInfo {
     pub internal_policy_local: bool,
     /// `spec.healthCheckNodePort`, only when the Service needs a health check.
     pub health_check_node_port: Option<u16>,
+    /// `metadata.creationTimestamp`: when two Services claim the same ClusterIP port or node
+    /// port, the oldest keeps it (`None`, as in a hand-written manifest, counts as the newest).
+    pub created: Option<std::time::SystemTime>,
 }
 
 /// One port of an EndpointSlice.

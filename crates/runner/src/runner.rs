@@ -313,6 +313,9 @@ impl<M: NodeModel> LoopState<M> {
         let kind = info.kind;
         let outcome = self.runner.model.apply(input);
         let m = &self.runner.metrics;
+        for w in &outcome.warnings {
+            warn!("{w}");
+        }
         for e in &outcome.errors {
             error!("rejected {e}; keeping its last good version");
             m.object_errors

@@ -1,0 +1,157 @@
+//! Frontends two Services cannot both own: a ClusterIP + port + protocol, and a node port +
+//! protocol.
+//!
+//! The API server allocates ClusterIPs and node ports once, so two Services never share one in
+//! a real cluster; they can in hand-written manifests or after a restore of old objects. Both
+//! cannot be programmed (an nftables map takes one verdict per key and refuses the transaction
+//! otherwise), so the model picks one deterministically, as the API server would have: the
+//! **oldest** Service keeps the frontend (`metadata.creationTimestamp`; a Service without one
+//! counts as the newest; equal ages are ordered by namespace/name). The others lose it, with a
+//! warning naming both Services; when the winner goes away, the next one takes it over.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+use crate::event::{Kind, ObjectRef};
+use crate::key::{Protocol, ServiceKey};
+use crate::records::{ServiceInfo, Warning};
+
+/// A frontend only one Service may own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Frontend {
+    /// A ClusterIP, Service port and protocol.
+    Cluster(IpAddr, u16, Protocol),
+    /// A node port and protocol (on every node address).
+    NodePort(u16, Protocol),
+}
+
+/// A Service claiming a frontend, ordered oldest first (the winner is the first).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Claimant {
+    /// `true` without a creation timestamp: such a Service counts as the newest.
+    undated: bool,
+    created: Option<SystemTime>,
+    key: ServiceKey,
+}
+
+impl Claimant {
+    fn of(info: &ServiceInfo) -> Claimant {
+        Claimant {
+            undated: info.created.is_none(),
+            created: info.created,
+            key: info.key.clone(),
+        }
+    }
+}
+
+/// The frontends a Service lost to older Services: frontend → the Service that owns it.
+pub(crate) type Lost = BTreeMap<Frontend, ServiceKey>;
+
+/// Every owned Service's frontends and who claims them.
+#[derive(Debug, Default)]
+pub(crate) struct Claims {
+    by_frontend: HashMap<Frontend, BTreeSet<Claimant>>,
+}
+
+/// The frontends `info` claims, each with the field that declares it (for warnings).
+pub(crate) fn frontends(info: &ServiceInfo) -> Vec<(Frontend, String)> {
+    let mut out = Vec::new();
+    for (i, port) in info.ports.iter().enumerate() {
+        for ip in &info.cluster_ips {
+            out.push((
+                Frontend::Cluster(*ip, port.port, port.protocol),
+                format!("spec.ports[{i}].port"),
+            ));
+        }
+        if let Some(np) = port.node_port {
+            out.push((
+                Frontend::NodePort(np, port.protocol),
+                format!("spec.ports[{i}].nodePort"),
+            ));
+        }
+    }
+    out
+}
+
+impl Claims {
+    /// Replaces the claims of one Service (`old` → `new`, `None` = not claiming, e.g. deleted
+    /// or not ours) and returns every Service whose set of lost frontends may have changed:
+    /// the claimants of each frontend involved.
+    pub(crate) fn update(
+        &mut self,
+        old: Option<&ServiceInfo>,
+        new: Option<&ServiceInfo>,
+    ) -> BTreeSet<ServiceKey> {
+        let mut affected = BTreeSet::new();
+        if let Some(old) = old {
+            let claimant = Claimant::of(old);
+            for (frontend, _) in frontends(old) {
+                if let Some(set) = self.by_frontend.get_mut(&frontend) {
+                    set.remove(&claimant);
+                    affected.extend(set.iter().map(|c| c.key.clone()));
+                    if set.is_empty() {
+                        self.by_frontend.remove(&frontend);
+                    }
+                }
+            }
+            affected.insert(old.key.clone());
+        }
+        if let Some(new) = new {
+            let claimant = Claimant::of(new);
+            for (frontend, _) in frontends(new) {
+                let set = self.by_frontend.entry(frontend).or_default();
+                set.insert(claimant.clone());
+                affected.extend(set.iter().map(|c| c.key.clone()));
+            }
+            affected.insert(new.key.clone());
+        }
+        affected
+    }
+
+    /// The frontends of `info` that an older Service owns, with that Service.
+    pub(crate) fn lost(&self, info: &ServiceInfo) -> Lost {
+        let mut lost = Lost::new();
+        for (frontend, _) in frontends(info) {
+            let winner = self
+                .by_frontend
+                .get(&frontend)
+                .and_then(|set| set.first())
+                .filter(|winner| winner.key != info.key);
+            if let Some(winner) = winner {
+                lost.insert(frontend, winner.key.clone());
+            }
+        }
+        lost
+    }
+}
+
+/// The warning for `info` losing `frontend` to `owner`; it names both Services and the field
+/// that declares the frontend.
+pub(crate) fn conflict_warning(
+    info: &ServiceInfo,
+    frontend: Frontend,
+    owner: &ServiceKey,
+) -> Warning {
+    let field = frontends(info)
+        .into_iter()
+        .find(|(f, _)| *f == frontend)
+        .map_or_else(|| "spec.ports".to_string(), |(_, field)| field);
+    let message = match frontend {
+        Frontend::Cluster(ip, port, protocol) => format!(
+            "ClusterIP {ip} port {port}/{protocol} is also Service {owner}'s, which is older (or as old and first by namespace/name) and keeps it; this Service port is not programmed for {ip}"
+        ),
+        Frontend::NodePort(port, protocol) => format!(
+            "node port {port}/{protocol} is also Service {owner}'s, which is older (or as old and first by namespace/name) and keeps it; the node port is not programmed"
+        ),
+    };
+    Warning {
+        object: ObjectRef {
+            kind: Kind::Service,
+            namespace: info.key.namespace.clone(),
+            name: info.key.name.clone(),
+        },
+        field,
+        message,
+    }
+}

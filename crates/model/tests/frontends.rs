@@ -1,0 +1,435 @@
+//! Node ports outside `--service-node-port-range` and frontends two Services claim: what is
+//! programmed, what is warned about, and that the resolution (oldest wins) does not depend on
+//! the order objects arrive in.
+
+use serde_json::{Value, json};
+
+use k8s_openapi::api::core::v1::Service;
+use kpng_k8s::from_json;
+use kpng_model::*;
+
+fn range(s: &str) -> NodePortRange {
+    s.parse().expect("valid range")
+}
+
+fn model(range: Option<NodePortRange>) -> Model {
+    Model::new(ModelConfig {
+        node_name: "node-a".into(),
+        node_port_range: range,
+        ..ModelConfig::default()
+    })
+}
+
+/// A Service `ns/name` created at `created` (RFC 3339, or none) with this spec.
+fn service(ns: &str, name: &str, created: Option<&str>, spec: Value) -> Event {
+    let mut metadata = json!({"namespace": ns, "name": name});
+    if let Some(at) = created {
+        metadata["creationTimestamp"] = json!(at);
+    }
+    let svc = from_json::<Service>(json!({"metadata": metadata, "spec": spec}))
+        .expect("valid Service JSON");
+    assert!(svc.warnings.is_empty(), "{:?}", svc.warnings);
+    Event::Apply(svc.object)
+}
+
+fn delete(ns: &str, name: &str) -> Event {
+    Event::Delete(ObjectRef {
+        kind: Kind::Service,
+        namespace: ns.into(),
+        name: name.into(),
+    })
+}
+
+/// Every programmed Service port as `ns/name cluster_ip:port np=NODE_PORT hc=HC`, sorted.
+fn programmed(m: &Model) -> Vec<String> {
+    m.snapshot()
+        .ports
+        .values()
+        .map(|p| {
+            format!(
+                "{} {}:{} np={} hc={}",
+                p.key.service,
+                p.cluster_ip,
+                p.port,
+                p.node_port.map_or("-".into(), |n| n.to_string()),
+                p.health_check_node_port
+                    .map_or("-".into(), |n| n.to_string()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn node_port_range_parses_kube_proxy_spellings_and_refuses_garbage() {
+    let cases: &[(&str, Result<&str, &str>)] = &[
+        ("30000-32767", Ok("30000-32767")),
+        ("30000+2767", Ok("30000-32767")),
+        ("8080", Ok("8080-8080")),
+        (" 2000 - 3000 ", Ok("2000-3000")),
+        ("1-65535", Ok("1-65535")),
+        ("", Err("\"\" is not a number")),
+        ("abc", Err("\"abc\" is not a number")),
+        ("30000-", Err("\"\" is not a number")),
+        ("-5", Err("\"\" is not a number")),
+        ("1,2", Err("\"1,2\" is not a number")),
+        ("32767-30000", Err("32767 is above 30000")),
+        ("0-100", Err("port 0 is not a node port")),
+        ("1-70000", Err("70000 is above 65535")),
+        ("60000+10000", Err("70000 is above 65535")),
+        ("99999999999-1", Err("99999999999 is too large")),
+    ];
+    for (input, want) in cases {
+        let got = input.parse::<NodePortRange>();
+        match (want, got) {
+            (Ok(want), Ok(got)) => assert_eq!(got.to_string(), *want, "{input:?}"),
+            (Err(want), Err(got)) => {
+                let text = got.to_string();
+                assert!(text.contains(want), "{input:?}: {text}");
+                assert!(text.contains("expected FIRST-LAST"), "{input:?}: {text}");
+            }
+            (want, got) => panic!("{input:?}: want {want:?}, got {got:?}"),
+        }
+    }
+    assert_eq!(NodePortRange::default(), range("30000-32767"));
+}
+
+#[test]
+fn node_ports_outside_the_range_are_dropped_with_a_warning() {
+    struct Case {
+        name: &'static str,
+        range: Option<&'static str>,
+        node_port: u16,
+        health_check: u16,
+        programmed: &'static str,
+        warnings: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "inside the default range",
+            range: Some("30000-32767"),
+            node_port: 30080,
+            health_check: 32000,
+            programmed: "default/web 10.96.0.10:80 np=30080 hc=32000",
+            warnings: &[],
+        },
+        Case {
+            name: "both ends are inside",
+            range: Some("30080+1920"),
+            node_port: 30080,
+            health_check: 32000,
+            programmed: "default/web 10.96.0.10:80 np=30080 hc=32000",
+            warnings: &[],
+        },
+        Case {
+            name: "an SSH-like node port",
+            range: Some("30000-32767"),
+            node_port: 2222,
+            health_check: 32000,
+            programmed: "default/web 10.96.0.10:80 np=- hc=32000",
+            warnings: &[
+                "Service default/web: field spec.ports[0].nodePort: 2222 is outside --service-node-port-range 30000-32767; the node port is not programmed (ignored)",
+            ],
+        },
+        Case {
+            name: "kpng's own health port as health check port",
+            range: Some("30000-32767"),
+            node_port: 30080,
+            health_check: 10256,
+            programmed: "default/web 10.96.0.10:80 np=30080 hc=-",
+            warnings: &[
+                "Service default/web: field spec.healthCheckNodePort: 10256 is outside --service-node-port-range 30000-32767; the health check node port is not programmed (ignored)",
+            ],
+        },
+        Case {
+            name: "a custom range excludes the default one",
+            range: Some("20000-20999"),
+            node_port: 30080,
+            health_check: 20001,
+            programmed: "default/web 10.96.0.10:80 np=- hc=20001",
+            warnings: &[
+                "Service default/web: field spec.ports[0].nodePort: 30080 is outside --service-node-port-range 20000-20999; the node port is not programmed (ignored)",
+            ],
+        },
+        Case {
+            name: "no range accepts anything",
+            range: None,
+            node_port: 22,
+            health_check: 10256,
+            programmed: "default/web 10.96.0.10:80 np=22 hc=10256",
+            warnings: &[],
+        },
+    ];
+    for case in cases {
+        let mut m = model(case.range.map(range));
+        let spec = json!({
+            "type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "clusterIP": "10.96.0.10", "externalIPs": ["192.0.2.10"],
+            "healthCheckNodePort": case.health_check,
+            "ports": [{"name": "p", "port": 80, "nodePort": case.node_port}]
+        });
+        let out = m.apply(service("default", "web", None, spec.clone()));
+        let warnings: Vec<String> = out.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(warnings, case.warnings, "{}", case.name);
+        assert_eq!(programmed(&m), [case.programmed], "{}", case.name);
+        // The rest of the Service is kept.
+        let port = m.snapshot().ports.values().next().expect("a port");
+        assert_eq!(port.external_ips.len(), 1, "{}", case.name);
+        // The same object again changes nothing and warns no more.
+        let again = m.apply(service("default", "web", None, spec));
+        assert!(again.warnings.is_empty(), "{}", case.name);
+        assert!(again.diff.is_empty(), "{}", case.name);
+    }
+}
+
+const OLD: Option<&str> = Some("2024-01-01T00:00:00Z");
+const NEW: Option<&str> = Some("2025-06-01T00:00:00Z");
+
+#[test]
+fn conflicting_frontends_go_to_the_oldest_service() {
+    /// (namespace, name, creationTimestamp, clusterIP, port, nodePort).
+    type Svc = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        &'static str,
+        u16,
+        u16,
+    );
+    struct Case {
+        name: &'static str,
+        services: &'static [Svc],
+        programmed: &'static [&'static str],
+        /// (loser, owner named in the warning, field).
+        warned: &'static [(&'static str, &'static str, &'static str)],
+    }
+    let cases = [
+        Case {
+            name: "no conflict",
+            services: &[
+                ("a", "x", NEW, "10.96.0.1", 80, 30001),
+                ("a", "y", OLD, "10.96.0.2", 80, 30002),
+            ],
+            programmed: &[
+                "a/x 10.96.0.1:80 np=30001 hc=-",
+                "a/y 10.96.0.2:80 np=30002 hc=-",
+            ],
+            warned: &[],
+        },
+        Case {
+            name: "same ClusterIP, other port: no conflict",
+            services: &[
+                ("a", "x", NEW, "10.96.0.1", 80, 0),
+                ("a", "y", OLD, "10.96.0.1", 81, 0),
+            ],
+            programmed: &["a/x 10.96.0.1:80 np=- hc=-", "a/y 10.96.0.1:81 np=- hc=-"],
+            warned: &[],
+        },
+        Case {
+            name: "same ClusterIP port: the older keeps it",
+            services: &[
+                ("a", "x", NEW, "10.96.0.1", 80, 0),
+                ("z", "y", OLD, "10.96.0.1", 80, 0),
+            ],
+            programmed: &["z/y 10.96.0.1:80 np=- hc=-"],
+            warned: &[("a/x", "z/y", "spec.ports[0].port")],
+        },
+        Case {
+            name: "same node port: the older keeps it, the rest of the loser stays",
+            services: &[
+                ("a", "x", NEW, "10.96.0.1", 80, 30080),
+                ("a", "y", OLD, "10.96.0.2", 80, 30080),
+            ],
+            programmed: &[
+                "a/x 10.96.0.1:80 np=- hc=-",
+                "a/y 10.96.0.2:80 np=30080 hc=-",
+            ],
+            warned: &[("a/x", "a/y", "spec.ports[0].nodePort")],
+        },
+        Case {
+            name: "a Service without a timestamp counts as the newest",
+            services: &[
+                ("a", "a", None, "10.96.0.1", 80, 30080),
+                ("z", "z", NEW, "10.96.0.1", 80, 30080),
+            ],
+            programmed: &["z/z 10.96.0.1:80 np=30080 hc=-"],
+            warned: &[
+                ("a/a", "z/z", "spec.ports[0].port"),
+                ("a/a", "z/z", "spec.ports[0].nodePort"),
+            ],
+        },
+        Case {
+            name: "same age: namespace/name decides",
+            services: &[
+                ("b", "a", OLD, "10.96.0.1", 80, 30080),
+                ("a", "b", OLD, "10.96.0.2", 80, 30080),
+            ],
+            programmed: &[
+                "a/b 10.96.0.2:80 np=30080 hc=-",
+                "b/a 10.96.0.1:80 np=- hc=-",
+            ],
+            warned: &[("b/a", "a/b", "spec.ports[0].nodePort")],
+        },
+        Case {
+            name: "neither has a timestamp: namespace/name decides",
+            services: &[
+                ("ns", "web2", None, "10.96.0.1", 80, 0),
+                ("ns", "web1", None, "10.96.0.1", 80, 0),
+            ],
+            programmed: &["ns/web1 10.96.0.1:80 np=- hc=-"],
+            warned: &[("ns/web2", "ns/web1", "spec.ports[0].port")],
+        },
+        Case {
+            name: "three claimants: both younger ones lose to the oldest",
+            services: &[
+                ("a", "new", NEW, "10.96.0.1", 80, 30080),
+                ("a", "undated", None, "10.96.0.2", 80, 30080),
+                ("a", "old", OLD, "10.96.0.3", 80, 30080),
+            ],
+            programmed: &[
+                "a/new 10.96.0.1:80 np=- hc=-",
+                "a/old 10.96.0.3:80 np=30080 hc=-",
+                "a/undated 10.96.0.2:80 np=- hc=-",
+            ],
+            warned: &[
+                ("a/new", "a/old", "spec.ports[0].nodePort"),
+                ("a/undated", "a/old", "spec.ports[0].nodePort"),
+            ],
+        },
+    ];
+    for case in cases {
+        let events = |order: &mut dyn Iterator<Item = &Svc>| -> Vec<Event> {
+            order
+                .map(|(ns, name, created, ip, port, np)| {
+                    let mut p = json!({"name": "p", "port": port});
+                    let mut spec = json!({"clusterIP": ip});
+                    if *np != 0 {
+                        p["nodePort"] = json!(np);
+                        spec["type"] = json!("NodePort");
+                    }
+                    spec["ports"] = json!([p]);
+                    service(ns, name, *created, spec)
+                })
+                .collect()
+        };
+        // Forward and backward: the same result, whichever comes first.
+        for order in ["forward", "backward"] {
+            let list = if order == "forward" {
+                events(&mut case.services.iter())
+            } else {
+                events(&mut case.services.iter().rev())
+            };
+            let mut m = model(Some(NodePortRange::default()));
+            let mut warnings = Vec::new();
+            for e in list {
+                warnings.extend(m.apply(e).warnings);
+            }
+            assert_eq!(programmed(&m), case.programmed, "{} ({order})", case.name);
+            let mut got: Vec<(String, String)> = warnings
+                .iter()
+                .map(|w| {
+                    (
+                        format!("{}/{}", w.object.namespace, w.object.name),
+                        w.field.clone(),
+                    )
+                })
+                .collect();
+            got.sort();
+            got.dedup();
+            let mut want: Vec<(String, String)> = case
+                .warned
+                .iter()
+                .map(|(loser, _, field)| (loser.to_string(), field.to_string()))
+                .collect();
+            want.sort();
+            assert_eq!(got, want, "{} ({order})", case.name);
+            for (loser, owner, _) in case.warned {
+                // The last warning for the loser names the final owner.
+                let w = warnings
+                    .iter()
+                    .rfind(|w| format!("{}/{}", w.object.namespace, w.object.name) == *loser)
+                    .expect("a warning for the loser");
+                assert!(
+                    w.message.contains(&format!("Service {owner}'s")),
+                    "{}: {w}",
+                    case.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_next_oldest_takes_over_when_the_owner_goes() {
+    let mut m = model(Some(NodePortRange::default()));
+    let spec = json!({"type": "NodePort", "clusterIP": "10.96.0.1",
+                      "ports": [{"name": "p", "port": 80, "nodePort": 30080}]});
+    let mut other = spec.clone();
+    other["clusterIP"] = json!("10.96.0.2");
+    m.apply(service("ns", "old", OLD, spec.clone()));
+    let out = m.apply(service("ns", "new", NEW, spec.clone()));
+    assert_eq!(out.warnings.len(), 2, "{:?}", out.warnings);
+    assert_eq!(programmed(&m), ["ns/old 10.96.0.1:80 np=30080 hc=-"]);
+
+    // The owner moves to another ClusterIP: the ClusterIP port goes to the loser, the node
+    // port stays with the owner.
+    let out = m.apply(service("ns", "old", OLD, other.clone()));
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    assert_eq!(
+        programmed(&m),
+        [
+            "ns/new 10.96.0.1:80 np=- hc=-",
+            "ns/old 10.96.0.2:80 np=30080 hc=-"
+        ]
+    );
+
+    // The owner goes: the loser gets its node port back.
+    let out = m.apply(delete("ns", "old"));
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    assert_eq!(programmed(&m), ["ns/new 10.96.0.1:80 np=30080 hc=-"]);
+
+    // An even older Service arrives: it takes both, with a warning for the one that had them.
+    let out = m.apply(service(
+        "ns",
+        "oldest",
+        Some("2020-01-01T00:00:00Z"),
+        spec.clone(),
+    ));
+    let warned: Vec<String> = out.warnings.iter().map(|w| w.to_string()).collect();
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(
+        warned
+            .iter()
+            .all(|w| w.starts_with("Service ns/new: ") && w.contains("Service ns/oldest's")),
+        "{warned:?}"
+    );
+    assert_eq!(programmed(&m), ["ns/oldest 10.96.0.1:80 np=30080 hc=-"]);
+}
+
+#[test]
+fn a_relist_resolves_conflicts_as_updates_do() {
+    let spec = json!({"type": "NodePort", "clusterIP": "10.96.0.1",
+                      "ports": [{"name": "p", "port": 80, "nodePort": 30080}]});
+    let objects = |names: &[(&str, Option<&str>)]| -> Vec<Object> {
+        names
+            .iter()
+            .map(
+                |(name, created)| match service("ns", name, *created, spec.clone()) {
+                    Event::Apply(o) => o,
+                    _ => unreachable!("service() builds an Apply"),
+                },
+            )
+            .collect()
+    };
+    let mut m = model(Some(NodePortRange::default()));
+    m.apply(Event::Replace {
+        kinds: vec![Kind::Service],
+        objects: objects(&[("b", NEW), ("a", OLD)]),
+    });
+    assert_eq!(programmed(&m), ["ns/a 10.96.0.1:80 np=30080 hc=-"]);
+    // A relist without the owner: the other Service takes over.
+    m.apply(Event::Replace {
+        kinds: vec![Kind::Service],
+        objects: objects(&[("b", NEW)]),
+    });
+    assert_eq!(programmed(&m), ["ns/b 10.96.0.1:80 np=30080 hc=-"]);
+}
