@@ -2,61 +2,17 @@
 //! running in the same namespace, it programs exactly the nftables rules `kpng file` programs
 //! for the same objects, and an endpoint change reaches the kernel's tables.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use kpng_testkit::{Netns, Spawned, bin_path, require_root};
+use e2e::harness::FakeServer;
+use kpng_testkit::{Netns, Spawned, require_root};
+
+// The fault suite's outage test and the fake API server's driver live in the shared module.
+#[allow(unused_macros, unused_imports)]
+mod e2e;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// `kpng-fake-apiserver` inside a namespace, driven through its standard input.
-struct FakeServer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl FakeServer {
-    fn start(ns: &Netns, manifest: &Path, kubeconfig: &Path) -> FakeServer {
-        let bin = bin_path("kpng-fake-apiserver").expect("kpng-fake-apiserver binary");
-        let mut child = ns
-            .command([bin.as_os_str(), "--manifest".as_ref(), manifest.as_os_str()])
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start kpng-fake-apiserver");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("read");
-        assert!(line.starts_with("listening http://127.0.0.1:"), "{line:?}");
-        FakeServer {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// Sends one command; returns the answer line.
-    fn command(&mut self, line: &str) -> String {
-        writeln!(self.stdin, "{line}").expect("write command");
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).expect("read answer");
-        assert!(answer.starts_with("ok"), "{line}: {answer}");
-        answer
-    }
-}
-
-impl Drop for FakeServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Set elements in a stable order: the kernel lists hash sets in hash order, which differs
 /// between two tables with the same elements.
@@ -189,4 +145,10 @@ fn kube_programs_the_same_rules_as_file_and_follows_an_endpoint_change() {
         !after.contains("10.244.1.3 "),
         "the old endpoint is gone:\n{after}"
     );
+}
+
+/// The fault suite's API server outage (`e2e/faults.rs`; figures in docs/reliability.md).
+#[test]
+fn fault_api_server_outage() {
+    e2e::faults::api_server_outage(e2e::Backend::Nft);
 }

@@ -15,8 +15,10 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e::harness::{Cond, EP_PORT, OK_T, SVC_PORT, cip, manifest, names, sa, set, svc};
-use e2e::scenarios::{LINE_CLIENT, LINE_SERVER};
+use e2e::harness::{
+    Cond, EP_PORT, OK_T, SVC_PORT, cip, manifest, names, sa, set, start_line_server, svc,
+};
+use e2e::scenarios::LINE_CLIENT;
 use kpng_testkit::{
     Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, bin_path, require_root, tally,
 };
@@ -130,21 +132,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
         .iter()
         .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
         .collect();
-    let mut line_server = c
-        .pod("pod2a")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            LINE_SERVER,
-            "pod2a",
-            "10.244.2.2",
-            &EP_PORT.to_string(),
-        ])
-        .expect("python3 line server");
-    line_server
-        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
-        .expect("line server ready");
+    let _line_server = start_line_server(&c, "pod2a");
 
     // kube-proxy's rules serve both Services.
     c.node1

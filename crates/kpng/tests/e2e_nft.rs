@@ -30,3 +30,13 @@ fn fault_chain_flushed() {
 fn one_instance_per_namespace() {
     e2e::faults::one_instance_per_namespace(e2e::Backend::Nft);
 }
+
+#[test]
+fn fault_killed_during_a_sync_and_restarted() {
+    e2e::faults::kill_during_sync_and_restart(e2e::Backend::Nft);
+}
+
+#[test]
+fn fault_transaction_refused() {
+    e2e::faults::nft_transaction_refused(e2e::Backend::Nft);
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use e2e::Backend;
 use e2e::harness::*;
-use e2e::scenarios::{LINE_CLIENT, LINE_SERVER};
+use e2e::scenarios::LINE_CLIENT;
 use kpng_testkit::{Cluster, Netns, Outcome, Probe, Proto, Spawned, require_root};
 
 e2e::suite!(Backend::Userspace);
@@ -118,21 +118,7 @@ fn an_established_connection_drains_when_its_endpoint_leaves() {
         .iter()
         .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
         .collect();
-    let mut line_server = c
-        .pod("pod1b")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            LINE_SERVER,
-            "pod1b",
-            "10.244.1.3",
-            &EP_PORT.to_string(),
-        ])
-        .expect("python3 line server");
-    line_server
-        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
-        .expect("line server ready");
+    let _line_server = start_line_server(&c, "pod1b");
     let mut k = Kpng::start(
         B,
         &c.node1.ns,

@@ -17,7 +17,6 @@ use kpng_testkit::{Cluster, Spawned, require_root};
 
 use super::Backend;
 use super::harness::*;
-use super::scenarios::LINE_SERVER;
 
 /// Holds one connection and opens new ones; once the `repaired` file exists, goes on until the
 /// held connection made 10 more exchanges and 10 more new connections succeeded (both show the
@@ -95,74 +94,168 @@ pub struct Figures {
     pub held_lost: Option<String>,
 }
 
-/// Runs the fault `inject` (commands run in node1, in order) against backend `b`.
-#[track_caller]
-pub fn run_fault(b: Backend, tag: &str, what: &str, inject: &[&[&str]]) -> Figures {
-    require_root!(Figures {
+/// The fault bed: node1 serves `web` (→ pod1b's echo server) and `hold` (→ pod2a's line
+/// server), both servers running.
+pub struct Bed {
+    /// The cluster.
+    pub c: Cluster,
+    _echo: Spawned,
+    _line_server: Spawned,
+}
+
+/// `web`: new connections are probed through it.
+pub fn web() -> String {
+    svc("web", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)])
+}
+
+/// `hold`: the established connection goes through it.
+pub fn hold() -> String {
+    svc("hold", 111, "ClusterIP", "", &[("pod2a", Cond::Ready)])
+}
+
+/// `more` (ClusterIP 10.96.0.12): the change made during a fault.
+pub fn more() -> String {
+    svc("more", 12, "ClusterIP", "", &[("pod1b", Cond::Ready)])
+}
+
+impl Bed {
+    /// A new cluster for backend `b` with both servers running.
+    pub fn new(b: Backend, tag: &str) -> Bed {
+        let c = Cluster::create(&b.prefix(tag)).expect("cluster");
+        let echo = c.pod("pod1b").start_echo(EP_PORT).expect("echo");
+        let line_server = start_line_server(&c, "pod2a");
+        Bed {
+            c,
+            _echo: echo,
+            _line_server: line_server,
+        }
+    }
+
+    /// Starts the prober in pod1a (held connection through `hold`, new ones to `web`) and
+    /// waits until its first new connection succeeded.
+    pub fn prober(&self) -> Prober {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stop = dir.path().join("repaired");
+        let mut spawned = self
+            .c
+            .pod("pod1a")
+            .ns
+            .spawn([
+                "python3",
+                "-c",
+                PROBER,
+                &cip(111, false).to_string(),
+                &SVC_PORT.to_string(),
+                &cip(10, false).to_string(),
+                &SVC_PORT.to_string(),
+                &stop.display().to_string(),
+            ])
+            .expect("prober");
+        spawned
+            .wait_for_line(|l| l == "ready", Duration::from_secs(10))
+            .expect("prober ready");
+        Prober {
+            spawned,
+            stop,
+            _dir: dir,
+        }
+    }
+
+    /// Asserts that a new connection to ClusterIP `n` is answered from pod1a.
+    #[track_caller]
+    pub fn assert_served(&self, n: u8, what: &str) {
+        let r = probe(
+            &self.c.pod("pod1a").ns,
+            kpng_testkit::Proto::Tcp,
+            sa(cip(n, false), SVC_PORT),
+            OK_T,
+        );
+        assert!(r.is_ok(), "{what}: 10.96.0.{n} after the repair: {r:?}");
+    }
+
+    /// Waits (up to 10 s) until a new connection to ClusterIP `n` is answered from pod1a.
+    #[track_caller]
+    pub fn wait_served(&self, n: u8, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = probe(
+                &self.c.pod("pod1a").ns,
+                kpng_testkit::Proto::Tcp,
+                sa(cip(n, false), SVC_PORT),
+                OK_T,
+            );
+            if r.is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: 10.96.0.{n} not served: {r:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The running prober (see [`PROBER`]).
+pub struct Prober {
+    spawned: Spawned,
+    stop: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Prober {
+    /// Tells the prober the fault is over, waits for its summary and returns the figures.
+    pub fn finish(mut self, detect: Duration, restore: Duration) -> Figures {
+        finish(&mut self.spawned, &self.stop, detect, restore)
+    }
+}
+
+/// Prints the `FAULT` line `docs/reliability.md` takes its figures from.
+fn report(b: Backend, tag: &str, what: &str, f: &Figures) {
+    println!(
+        "FAULT {} {what}: detected in {:?}, restored in {:?}; new connections failed {}/{}; \
+         held connection: {} exchanges, {}",
+        b.prefix(tag),
+        f.detect,
+        f.restore,
+        f.new_failed,
+        f.new_total,
+        f.held_exchanges,
+        f.held_lost.as_deref().unwrap_or("kept"),
+    );
+}
+
+fn no_figures() -> Figures {
+    Figures {
         detect: Duration::ZERO,
         restore: Duration::ZERO,
         new_failed: 0,
         new_total: 0,
         held_exchanges: 0,
         held_lost: None,
-    });
-    let c = Cluster::create(&b.prefix(tag)).expect("cluster");
-    let _echo = c.pod("pod1b").start_echo(EP_PORT).expect("echo");
-    let mut line_server = c
-        .pod("pod2a")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            LINE_SERVER,
-            "pod2a",
-            "10.244.2.2",
-            &EP_PORT.to_string(),
-        ])
-        .expect("python3 line server");
-    line_server
-        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
-        .expect("line server ready");
-    let web = || svc("web", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)]);
-    let hold = || svc("hold", 111, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
-    let mut k = Kpng::start(b, &c.node1.ns, &manifest(&[web(), hold()]), &[]);
+    }
+}
+
+/// Runs the fault `inject` (commands run in node1, in order) against backend `b`.
+#[track_caller]
+pub fn run_fault(b: Backend, tag: &str, what: &str, inject: &[&[&str]]) -> Figures {
+    require_root!(no_figures());
+    let bed = Bed::new(b, tag);
+    let mut k = Kpng::start(b, &bed.c.node1.ns, &manifest(&[web(), hold()]), &[]);
     // Our own changes are not tampering: one more sync of a real change, then none reported.
-    k.apply(&manifest(&[
-        web(),
-        hold(),
-        svc("more", 12, "ClusterIP", "", &[("pod1b", Cond::Ready)]),
-    ]));
+    k.apply(&manifest(&[web(), hold(), more()]));
     assert!(
         !k.stderr().contains("changed by someone else"),
         "kpng took its own changes for tampering:\n{}",
         k.stderr()
     );
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let stop = dir.path().join("repaired");
-    let mut prober = c
-        .pod("pod1a")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            PROBER,
-            &cip(111, false).to_string(),
-            &SVC_PORT.to_string(),
-            &cip(10, false).to_string(),
-            &SVC_PORT.to_string(),
-            &stop.display().to_string(),
-        ])
-        .expect("prober");
-    prober
-        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
-        .expect("prober ready");
+    let prober = bed.prober();
 
     let (ok, failed) = k.sync_counts();
     // From before the commands: the figures include their own run time (an upper bound).
     let t0 = Instant::now();
     for cmd in inject {
-        c.node1.ns.run_ok(cmd.iter().copied()).expect("inject");
+        bed.c.node1.ns.run_ok(cmd.iter().copied()).expect("inject");
     }
     k.wait_logged("tampering detected", |s| {
         s.contains("changed by someone else") || s.contains("were flushed")
@@ -171,25 +264,9 @@ pub fn run_fault(b: Backend, tag: &str, what: &str, inject: &[&[&str]]) -> Figur
     k.wait_synced(ok, failed);
     let restore = t0.elapsed();
     // Traffic flows again: a new connection is answered by the endpoint.
-    let r = probe(
-        &c.pod("pod1a").ns,
-        kpng_testkit::Proto::Tcp,
-        sa(cip(10, false), SVC_PORT),
-        OK_T,
-    );
-    assert!(r.is_ok(), "{what}: web after the repair: {r:?}");
-    let figures = finish(&mut prober, &stop, detect, restore);
-    println!(
-        "FAULT {} {what}: detected in {:?}, restored in {:?}; new connections failed {}/{}; \
-         held connection: {} exchanges, {}",
-        b.prefix(tag),
-        figures.detect,
-        figures.restore,
-        figures.new_failed,
-        figures.new_total,
-        figures.held_exchanges,
-        figures.held_lost.as_deref().unwrap_or("kept"),
-    );
+    bed.assert_served(10, what);
+    let figures = prober.finish(detect, restore);
+    report(b, tag, what, &figures);
     figures
 }
 
@@ -325,4 +402,178 @@ pub fn one_instance_per_namespace(b: Backend) {
         assert!(Instant::now() < deadline, "{}", other.stderr_text());
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// `kill -9` of kpng right after it read a change (its sync starts at once), then a restart
+/// one second later. The rules stay while kpng is down; the restart's first sync replaces
+/// them in one transaction (no flush in between) and programs the change.
+pub fn kill_during_sync_and_restart(b: Backend) {
+    require_root!();
+    let tag = "kill9";
+    let bed = Bed::new(b, tag);
+    let mut k = Kpng::start(b, &bed.c.node1.ns, &manifest(&[web(), hold()]), &[]);
+    let prober = bed.prober();
+    // A change whose sync takes a while: `more` and 120 other Services.
+    let mut objects = vec![web(), hold(), more()];
+    for n in 130..250u8 {
+        objects.push(svc(
+            &format!("bulk{n}"),
+            n,
+            "ClusterIP",
+            "",
+            &[("pod1b", Cond::Ready)],
+        ));
+    }
+    let (ok, _) = k.sync_counts();
+    let loaded = k.stderr().matches(" loaded ").count();
+    k.write(&manifest(&objects));
+    k.wait_logged("the change read", |s| {
+        s.matches(" loaded ").count() > loaded
+    });
+    let before_kill = k.stderr();
+    k.stop();
+    let killed = Instant::now();
+    let mid_sync = before_kill.matches("synced backend=").count() == ok;
+    // Down for a second: the kernel keeps serving the rules of the last sync.
+    std::thread::sleep(Duration::from_secs(1));
+    let down = killed.elapsed();
+    let restarted = Instant::now();
+    k.spawn();
+    let restore = restarted.elapsed();
+    bed.assert_served(12, "the change read before the kill");
+    bed.assert_served(200, "the change read before the kill");
+    bed.assert_served(10, "web");
+    let f = prober.finish(down, restore);
+    let what = format!(
+        "kill -9 {} the change's sync, restart after {down:?}",
+        if mid_sync {
+            "before the end of"
+        } else {
+            "after"
+        }
+    );
+    report(b, tag, &what, &f);
+    assert!(
+        f.held_lost.is_none(),
+        "{what}: the established connection was lost: {f:?}"
+    );
+    if b.behaviour().serves_over_restart {
+        assert_eq!(f.new_failed, 0, "{what}: rules were missing: {f:?}");
+    }
+}
+
+/// The kernel refuses one nftables transaction (`to-local nft --nft-exec command` through an
+/// `nft` wrapper that adds a rule for a chain that does not exist, so the kernel rejects the
+/// whole transaction); kpng retries from a full resync and programs the change.
+pub fn nft_transaction_refused(b: Backend) {
+    require_root!();
+    let tag = "refuse";
+    let bed = Bed::new(b, tag);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let refuse = dir.path().join("refuse");
+    let wrapper = dir.path().join("nft");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -f ] && [ -e {r} ]; then\n  rm -f {r}\n  \
+             {{ cat; echo 'add rule ip kpng kpng-no-such-chain counter'; }} | nft \"$@\"\n  \
+             exit $?\nfi\nexec nft \"$@\"\n",
+            r = refuse.display()
+        ),
+    )
+    .expect("write the nft wrapper");
+    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).expect("chmod");
+    let wrapper = wrapper.display().to_string();
+    let mut k = Kpng::start_with(
+        b,
+        &bed.c.node1.ns,
+        &manifest(&[web(), hold()]),
+        None,
+        &[],
+        &["--nft-exec", "command", "--nft-binary", &wrapper],
+    );
+    let prober = bed.prober();
+    std::fs::write(&refuse, "").expect("arm the refusal");
+    let t0 = Instant::now();
+    k.write(&manifest(&[web(), hold(), more()]));
+    k.wait_logged("the refusal", |s| s.contains("sync failed"));
+    let detect = t0.elapsed();
+    k.wait_logged("the retry from a full sync", |s| {
+        s.split_once("sync failed")
+            .is_some_and(|(_, after)| after.contains("synced backend=nftables full=true"))
+    });
+    let restore = t0.elapsed();
+    assert!(!refuse.exists(), "the wrapper refused no transaction");
+    let err = k.stderr();
+    assert!(
+        err.contains("kpng-no-such-chain") || err.contains("No such file or directory"),
+        "the kernel's refusal is logged:\n{err}"
+    );
+    bed.assert_served(12, "the refused change");
+    bed.assert_served(10, "web");
+    let f = prober.finish(detect, restore);
+    report(b, tag, "a refused nftables transaction", &f);
+    assert!(
+        f.held_lost.is_none(),
+        "refused transaction: the established connection was lost: {f:?}"
+    );
+    assert_eq!(
+        f.new_failed, 0,
+        "a refused transaction changes nothing in the kernel: {f:?}"
+    );
+}
+
+/// The API server goes away for two seconds under the `kube` source, a change is made
+/// meanwhile, and it comes back: the rules stay, the outage is logged once, and the change
+/// is programmed after the recovery.
+pub fn api_server_outage(b: Backend) {
+    require_root!();
+    let tag = "apiout";
+    let bed = Bed::new(b, tag);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("cluster.yaml");
+    let changed = dir.path().join("changed.yaml");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&state, manifest(&[web(), hold()])).expect("write");
+    std::fs::write(&changed, manifest(&[web(), hold(), more()])).expect("write");
+    let mut server = FakeServer::start(&bed.c.node1.ns, &state, &kubeconfig);
+    let kubeconfig = kubeconfig.display().to_string();
+    let mut k = Kpng::start_with(
+        b,
+        &bed.c.node1.ns,
+        "",
+        Some(&["kube", "--kubeconfig", &kubeconfig]),
+        &[],
+        &[],
+    );
+    let prober = bed.prober();
+    let t0 = Instant::now();
+    server.command("stop");
+    k.wait_logged("the outage noticed", |s| {
+        s.contains("API server unreachable")
+    });
+    let detect = t0.elapsed();
+    server.command(&format!("apply {}", changed.display()));
+    // The outage lasts two seconds; kpng retries meanwhile.
+    std::thread::sleep(Duration::from_secs(2));
+    let t1 = Instant::now();
+    server.command("restart");
+    k.wait_logged("the recovery", |s| s.contains("API server reachable again"));
+    bed.wait_served(12, "the change made during the outage");
+    let restore = t1.elapsed();
+    let f = prober.finish(detect, restore);
+    report(b, tag, "API server outage of 2 s (kube source)", &f);
+    let err = k.stderr();
+    assert_eq!(
+        err.matches("API server unreachable").count(),
+        1,
+        "one warning per outage:\n{err}"
+    );
+    assert!(
+        f.held_lost.is_none(),
+        "API server outage: the established connection was lost: {f:?}"
+    );
+    assert_eq!(f.new_failed, 0, "the rules stay during the outage: {f:?}");
 }

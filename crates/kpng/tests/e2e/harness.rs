@@ -6,7 +6,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kpng_testkit::{Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, tally};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+
+use kpng_testkit::{
+    Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, bin_path, tally,
+};
 
 use super::Backend;
 
@@ -200,7 +205,11 @@ pub struct Kpng<'a> {
     backend: Backend,
     ns: &'a Netns,
     input: PathBuf,
+    /// The source and its flags; `None`: `file --input <input>`.
+    source: Option<Vec<String>>,
     extra: Vec<String>,
+    /// Flags after `to-local <backend>`.
+    sink_extra: Vec<String>,
     proc: Option<Spawned>,
     _dir: tempfile::TempDir,
 }
@@ -210,6 +219,21 @@ impl<'a> Kpng<'a> {
     /// plus `extra`, and wait for its first successful sync.
     #[track_caller]
     pub fn start(backend: Backend, ns: &'a Netns, manifest: &str, extra: &[&str]) -> Kpng<'a> {
+        Kpng::start_with(backend, ns, manifest, None, extra, &[])
+    }
+
+    /// [`Kpng::start`] with another source than `file` (`source`: the words before the global
+    /// flags, e.g. `kube --kubeconfig F`) and flags after `to-local <backend>` (`sink_extra`).
+    #[track_caller]
+    pub fn start_with(
+        backend: Backend,
+        ns: &'a Netns,
+        manifest: &str,
+        source: Option<&[&str]>,
+        extra: &[&str],
+        sink_extra: &[&str],
+    ) -> Kpng<'a> {
+        let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
         let dir = tempfile::tempdir().expect("tempdir");
         let input = dir.path().join("cluster.yaml");
         write_atomically(&input, manifest);
@@ -217,12 +241,19 @@ impl<'a> Kpng<'a> {
             backend,
             ns,
             input,
-            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            source: source.map(owned),
+            extra: owned(extra),
+            sink_extra: owned(sink_extra),
             proc: None,
             _dir: dir,
         };
         k.spawn();
         k
+    }
+
+    /// The manifest file a `file` source watches.
+    pub fn input(&self) -> &Path {
+        &self.input
     }
 
     #[track_caller]
@@ -244,12 +275,15 @@ impl<'a> Kpng<'a> {
     }
 
     fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> = vec![
-            env!("CARGO_BIN_EXE_kpng").into(),
-            "file".into(),
-            "--input".into(),
-            self.input.display().to_string(),
-        ];
+        let mut args: Vec<String> = vec![env!("CARGO_BIN_EXE_kpng").into()];
+        match &self.source {
+            Some(source) => args.extend(source.iter().cloned()),
+            None => args.extend([
+                "file".into(),
+                "--input".into(),
+                self.input.display().to_string(),
+            ]),
+        }
         args.extend(
             [
                 "--node-name",
@@ -269,6 +303,7 @@ impl<'a> Kpng<'a> {
         );
         args.extend(self.extra.iter().cloned());
         args.extend(self.backend.sink_args().iter().map(|a| (*a).to_owned()));
+        args.extend(self.sink_extra.iter().cloned());
         args
     }
 
@@ -488,4 +523,75 @@ pub fn assert_rejected_locally(r: &ProbeResult, what: &str) {
         r.outcome == Outcome::Refused || eperm,
         "{what}: expected refused: {r}"
     );
+}
+
+/// Starts the line server (`scenarios::LINE_SERVER`, answers each line with the pod's name) in
+/// `pod` on `EP_PORT` and waits until it listens: the far end of every held connection.
+pub fn start_line_server(c: &Cluster, pod: &str) -> Spawned {
+    let (v4, _, _) = pod_ips(pod);
+    let mut server = c
+        .pod(pod)
+        .ns
+        .spawn([
+            "python3",
+            "-c",
+            super::scenarios::LINE_SERVER,
+            pod,
+            &v4.to_string(),
+            &EP_PORT.to_string(),
+        ])
+        .expect("python3 line server");
+    server
+        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
+        .expect("line server ready");
+    server
+}
+
+/// `kpng-fake-apiserver` inside a namespace, driven through its standard input (`apply FILE`,
+/// `stop`, `restart`).
+pub struct FakeServer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl FakeServer {
+    /// Serves `manifest` in `ns` and writes a kubeconfig for it to `kubeconfig`.
+    pub fn start(ns: &Netns, manifest: &Path, kubeconfig: &Path) -> FakeServer {
+        let bin = bin_path("kpng-fake-apiserver").expect("kpng-fake-apiserver binary");
+        let mut child = ns
+            .command([bin.as_os_str(), "--manifest".as_ref(), manifest.as_os_str()])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start kpng-fake-apiserver");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read");
+        assert!(line.starts_with("listening http://127.0.0.1:"), "{line:?}");
+        FakeServer {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends one command; returns the answer line.
+    pub fn command(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").expect("write command");
+        let mut answer = String::new();
+        self.stdout.read_line(&mut answer).expect("read answer");
+        assert!(answer.starts_with("ok"), "{line}: {answer}");
+        answer
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -868,21 +868,7 @@ pub fn live_changes_and_restart_keep_established_connections(b: Backend) {
         .iter()
         .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
         .collect();
-    let mut line_server = c
-        .pod("pod2a")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            LINE_SERVER,
-            "pod2a",
-            "10.244.2.2",
-            &EP_PORT.to_string(),
-        ])
-        .expect("python3 line server");
-    line_server
-        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
-        .expect("line server ready");
+    let _line_server = start_line_server(&c, "pod2a");
 
     let hold = || svc("hold", 111, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
     let mut k = Kpng::start(
