@@ -104,6 +104,11 @@ pub trait Iptables: Send {
     fn watcher(&self) -> Option<Box<dyn Iptables>> {
         None
     }
+    /// Whether the kernel notifies changes of these tables (iptables-nft: they are nf_tables
+    /// tables), so that tampering is watched through notifications instead of polled.
+    fn notifies(&self) -> bool {
+        false
+    }
     /// The variant, for logs (`iptables-nft`, `dry run`, …).
     fn describe(&self) -> String;
     /// Whether [`Iptables::save`] shows the kernel (a dry run shows nothing).
@@ -200,6 +205,10 @@ impl Iptables for IptablesCommand {
 
     fn watcher(&self) -> Option<Box<dyn Iptables>> {
         Some(Box::new(self.clone()))
+    }
+
+    fn notifies(&self) -> bool {
+        self.mode == Mode::Nft
     }
 
     fn describe(&self) -> String {

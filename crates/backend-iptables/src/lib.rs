@@ -7,7 +7,8 @@
 //! - [`save`]: reading `iptables-save` output (full syncs and cleanup only);
 //! - [`exec`]: the legacy or nft variant of the tools, a dry run, or a recorder for tests;
 //! - [`watch`]: a thread that notices, within a second, someone flushing or deleting our
-//!   chains, and asks the runner for a full sync;
+//!   chains, and asks the runner for a full sync (iptables-legacy); iptables-nft is watched
+//!   through nf_tables notifications instead (`kpng-netfilter`'s monitor), within milliseconds;
 //! - [`route_localnet`]: the sysctl for localhost node ports, restored at cleanup.
 //!
 //! Every family keeps in memory what it last committed: the static configuration and each
@@ -125,8 +126,10 @@ pub type LocalAddresses = Box<dyn Fn() -> Vec<IpAddr> + Send>;
 pub struct IptablesBackend {
     /// What the tampering watcher shares with us (armed families, the busy lock).
     watch_state: std::sync::Arc<watch::WatchState>,
-    /// The tampering watcher, once the runner asked for it.
+    /// The tampering watcher, once the runner asked for it (iptables-legacy).
     watcher: Option<watch::Watcher>,
+    /// The nf_tables notification monitor, once the runner asked for it (iptables-nft).
+    monitor: Option<kpng_netfilter::monitor::TableMonitor>,
     config: IptablesConfig,
     ipt: Box<dyn Iptables>,
     states: Vec<FamilyState>,
@@ -153,6 +156,7 @@ impl IptablesBackend {
         IptablesBackend {
             watch_state: Default::default(),
             watcher: None,
+            monitor: None,
             config,
             ipt,
             states,
@@ -572,6 +576,14 @@ const OUR_TOP_CHAINS: [(Table, &[&str]); 3] = [
     ),
 ];
 
+/// Whether `chain` is one kpng creates (a top chain of [`OUR_TOP_CHAINS`] or a Service's).
+fn is_our_chain(chain: &str) -> bool {
+    names::is_service_chain(chain)
+        || OUR_TOP_CHAINS
+            .iter()
+            .any(|(_, chains)| chains.contains(&chain))
+}
+
 /// The built-in chains of every table.
 const BUILTIN_CHAINS: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
 
@@ -612,6 +624,19 @@ impl Backend for IptablesBackend {
         let Some(ipt) = self.ipt.watcher() else {
             return Ok(false);
         };
+        if self.ipt.notifies() {
+            match kpng_netfilter::monitor::TableMonitor::start(self.watched(), alarm.clone()) {
+                Ok(monitor) => {
+                    self.monitor = Some(monitor);
+                    return Ok(true);
+                }
+                Err(e) => warn!(
+                    "{}: {e}; checking our chains every {:?} instead",
+                    self.ipt.describe(),
+                    watch::CHECK_INTERVAL
+                ),
+            }
+        }
         let watcher = watch::Watcher::start(self.watch_state.clone(), ipt, alarm)
             .map_err(|e| BackendError::Other(e.to_string()))?;
         self.watcher = Some(watcher);
@@ -621,7 +646,16 @@ impl Backend for IptablesBackend {
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         let watch_state = self.watch_state.clone();
         let _busy = watch_state.busy();
+        if self.monitor.as_ref().is_some_and(|m| m.begin_own()) {
+            // Someone else changed our chains: rewrite every rule.
+            for state in &mut self.states {
+                state.committed = None;
+            }
+        }
         let result = self.sync_all(request);
+        if let Some(m) = &self.monitor {
+            m.end_own();
+        }
         for state in &self.states {
             watch_state.arm(state.family, state.committed.is_some());
         }
@@ -637,7 +671,11 @@ impl Backend for IptablesBackend {
         for state in &self.states {
             watch_state.arm(state.family, false);
         }
+        self.monitor.as_ref().map(|m| m.begin_own());
         let result = self.cleanup_all();
+        if let Some(m) = &self.monitor {
+            m.end_own();
+        }
         if let Err(e) = self.ipt.restore_route_localnet() {
             warn!("{}: restoring route_localnet: {e}", self.ipt.describe());
         }
@@ -646,6 +684,30 @@ impl Backend for IptablesBackend {
 }
 
 impl IptablesBackend {
+    /// What the notification monitor watches (iptables-nft): our chains in the three tables
+    /// of each family, which others use too.
+    fn watched(&self) -> kpng_netfilter::monitor::Watched {
+        let tables = self
+            .states
+            .iter()
+            .flat_map(|s| Table::ALL.map(|t| (s.family, t.name().to_string())))
+            .collect();
+        let mut jump_targets: Vec<String> = OUR_TOP_CHAINS
+            .iter()
+            .flat_map(|(_, chains)| chains.iter().map(|c| (*c).to_string()))
+            .collect();
+        jump_targets.sort();
+        jump_targets.dedup();
+        kpng_netfilter::monitor::Watched {
+            tables,
+            dynamic_sets: Vec::new(),
+            chains: Some(kpng_netfilter::monitor::OurChains {
+                is_ours: is_our_chain,
+                jump_targets,
+            }),
+        }
+    }
+
     fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         let rebuilding = self.states.iter().any(|s| s.committed.is_none());
         if matches!(self.config.nodeport_addresses, NodePortAddresses::Cidrs(_))

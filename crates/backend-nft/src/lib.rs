@@ -670,6 +670,7 @@ impl Backend for NftBackend {
                 .map(|f| (*f, self.config.table.clone()))
                 .collect(),
             dynamic_sets: Set::dynamic().map(|s| s.name().to_string()).collect(),
+            chains: None,
         };
         let monitor = netlink::monitor::TableMonitor::start(watched, alarm)
             .map_err(|e| BackendError::Other(e.to_string()))?;

@@ -28,6 +28,11 @@ fn fault_nat_chains_deleted() {
 }
 
 #[test]
+fn fault_jump_deleted() {
+    e2e::faults::iptables_jump_deleted(e2e::Backend::IptablesNft);
+}
+
+#[test]
 fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::IptablesNft);
 }

@@ -47,6 +47,10 @@ const NFGENMSG_LEN: usize = 4;
 const ATTR_TABLE: u16 = 1;
 /// The set name in set and element messages (`NFTA_SET_NAME`, `NFTA_SET_ELEM_LIST_SET`).
 const ATTR_SET: u16 = 2;
+/// The chain of a rule message (`NFTA_RULE_CHAIN`).
+const ATTR_RULE_CHAIN: u16 = 2;
+/// The name of a chain message (`NFTA_CHAIN_NAME`).
+const ATTR_CHAIN_NAME: u16 = 3;
 
 /// nf_tables message types (`NFT_MSG_*`) that notifications carry.
 fn message_name(msg: u16) -> &'static str {
@@ -73,6 +77,14 @@ fn is_element(msg: u16) -> bool {
     msg == 12 || msg == 14
 }
 
+fn is_rule(msg: u16) -> bool {
+    msg == 6 || msg == 8
+}
+
+fn is_chain(msg: u16) -> bool {
+    msg == 3 || msg == 5
+}
+
 /// The table-family byte of `nfgenmsg` (`NFPROTO_IPV4`, `NFPROTO_IPV6`).
 fn nfproto(family: Family) -> u8 {
     match family {
@@ -92,6 +104,11 @@ pub struct Notification {
     pub table: Option<String>,
     /// The set it concerns (set and element messages).
     pub set: Option<String>,
+    /// The chain it concerns (chain and rule messages).
+    pub chain: Option<String>,
+    /// A rule message's attributes as sent (its expressions hold the name of a chain it jumps
+    /// to); empty for other messages.
+    pub rule: Vec<u8>,
     /// The sender's netlink port id (0: the kernel itself).
     pub portid: u32,
 }
@@ -135,8 +152,13 @@ pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
             nfproto: msg[NLMSG_HDRLEN],
             table: None,
             set: None,
+            chain: None,
+            rule: Vec::new(),
             portid,
         };
+        if is_rule(n.msg) {
+            n.rule = msg[NLMSG_HDRLEN + NFGENMSG_LEN..].to_vec();
+        }
         let mut a = NLMSG_HDRLEN + NFGENMSG_LEN;
         while let (Some(alen), Some(atype)) = (u16_at(msg, a), u16_at(msg, a + 2)) {
             let alen = alen as usize;
@@ -147,6 +169,8 @@ pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
             match atype & 0x3fff {
                 ATTR_TABLE => n.table = Some(string_attr(payload)),
                 ATTR_SET if matches!(n.msg, 9 | 11 | 12 | 14) => n.set = Some(string_attr(payload)),
+                ATTR_RULE_CHAIN if is_rule(n.msg) => n.chain = Some(string_attr(payload)),
+                ATTR_CHAIN_NAME if is_chain(n.msg) => n.chain = Some(string_attr(payload)),
                 _ => {}
             }
             a += alen.next_multiple_of(4);
@@ -163,6 +187,47 @@ pub struct Watched {
     pub tables: Vec<(Family, String)>,
     /// Sets whose elements change on their own (the packet path, timeouts).
     pub dynamic_sets: Vec<String>,
+    /// For tables others use too (iptables-nft's `nat`, `filter`, `mangle`): only changes to
+    /// these chains count. `None`: the tables are ours alone, every change counts.
+    pub chains: Option<OurChains>,
+}
+
+/// Our chains in tables shared with others: what of a shared table is ours to mind.
+#[derive(Debug, Clone)]
+pub struct OurChains {
+    /// Whether a chain is ours (its rules added or deleted, or itself deleted, is tampering).
+    pub is_ours: fn(&str) -> bool,
+    /// Our chains that rules of other chains (the built-in ones) jump to: deleting such a rule
+    /// is tampering too. A delete notification carries the whole rule, so the target's name is
+    /// in it.
+    pub jump_targets: Vec<String>,
+}
+
+impl OurChains {
+    /// Whether `n`, a change in a shared table, touches what we own.
+    fn touched(&self, n: &Notification) -> bool {
+        let ours = n.chain.as_deref().is_some_and(self.is_ours);
+        match n.msg {
+            // The table gone (`nft flush ruleset`, `nft delete table ip nat`).
+            2 => true,
+            // One of our chains deleted.
+            5 => ours,
+            // A rule added to or deleted from one of our chains.
+            6 => ours,
+            // A rule deleted elsewhere that jumped to one of our chains.
+            8 => ours || self.jump_targets.iter().any(|t| names(&n.rule, t)),
+            // Tables and chains added, sets, elements, objects: not ours in a shared table.
+            _ => false,
+        }
+    }
+}
+
+/// Whether `bytes` hold `name` as a NUL-terminated string (netlink strings are; a longer name
+/// that starts with `name` does not match).
+fn names(bytes: &[u8], name: &str) -> bool {
+    let mut needle = name.as_bytes().to_vec();
+    needle.push(0);
+    bytes.windows(needle.len()).any(|w| w == needle.as_slice())
 }
 
 impl Watched {
@@ -173,6 +238,20 @@ impl Watched {
             .tables
             .iter()
             .find(|(f, t)| nfproto(*f) == n.nfproto && t == table)?;
+        if let Some(ours) = &self.chains {
+            if !ours.touched(n) {
+                return None;
+            }
+            let fam = match family {
+                Family::V4 => "ip",
+                Family::V6 => "ip6",
+            };
+            let what = message_name(n.msg);
+            return Some(match &n.chain {
+                Some(chain) => format!("{fam} {table}: {what} ({chain})"),
+                None => format!("{fam} {table}: {what}"),
+            });
+        }
         if is_element(n.msg)
             && (n.portid == 0
                 || n.set

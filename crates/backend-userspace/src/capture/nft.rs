@@ -240,6 +240,7 @@ impl Capture for NftCapture {
                 .map(|f| (*f, self.table.clone()))
                 .collect(),
             dynamic_sets: Vec::new(),
+            chains: None,
         };
         let monitor = TableMonitor::start(watched, alarm).map_err(|e| CaptureError::Io {
             what: "watching the capture tables".into(),

@@ -344,17 +344,42 @@ pub fn iptables_nat_flushed(b: Backend) {
     assert_repaired("nat flushed", &f);
 }
 
-/// `iptables -t nat -F; iptables -t nat -X`: our chains deleted too.
+/// `iptables -t nat -F; iptables -t nat -X`: our chains deleted too. Both in one restore
+/// transaction: as two commands, the repair of the flush can come before the `-X`, which then
+/// fails (our chains are referenced again).
 pub fn iptables_nat_deleted(b: Backend) {
     let tool = b.iptables_tool().expect("an iptables backend");
-    let what = format!("{tool} -t nat -F; -X");
+    let what = format!("{tool}-restore of `-t nat -F; -X`");
+    let script = format!("printf '*nat\\n-F\\n-X\\nCOMMIT\\n' | {tool}-restore --noflush");
+    let f = run_fault(b, "natdel", &what, &[&["sh", "-c", &script]]);
+    assert_repaired("nat chains deleted", &f);
+}
+
+/// Our jump from `PREROUTING` deleted, the chains left alone (iptables-nft: seen through the
+/// notification of the deleted rule, which names its target; the legacy variant's poll looks
+/// at our chains only and does not see it).
+pub fn iptables_jump_deleted(b: Backend) {
+    let tool = b.iptables_tool().expect("an iptables backend");
+    let what = format!("{tool} -t nat -D PREROUTING … -j KUBE-SERVICES");
     let f = run_fault(
         b,
-        "natdel",
+        "jumpdel",
         &what,
-        &[&[tool, "-t", "nat", "-F"], &[tool, "-t", "nat", "-X"]],
+        &[&[
+            tool,
+            "-t",
+            "nat",
+            "-D",
+            "PREROUTING",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+            "-j",
+            "KUBE-SERVICES",
+        ]],
     );
-    assert_repaired("nat chains deleted", &f);
+    assert_repaired("jump deleted", &f);
 }
 
 /// `nft delete table ip kpng-userspace` (the userspace proxy's capture).

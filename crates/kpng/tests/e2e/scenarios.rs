@@ -1366,11 +1366,17 @@ pub fn iptables_chains_and_flush_repair(b: Backend) {
     );
 
     let (ok, failed) = k.sync_counts();
-    for table in ["nat", "filter", "mangle"] {
-        node.run_ok([tool, "-t", table, "-F"]).expect("flush");
-        node.run_ok([tool, "-t", table, "-X"])
-            .expect("delete chains");
-    }
+    // `-F` and `-X` of every table in one restore: as separate commands, the second could
+    // find our chains already put back (and referenced again) by the repair of the first.
+    node.run_ok([
+        "sh",
+        "-c",
+        &format!(
+            "printf '*nat\\n-F\\n-X\\nCOMMIT\\n*filter\\n-F\\n-X\\nCOMMIT\\n\
+             *mangle\\n-F\\n-X\\nCOMMIT\\n' | {tool}-restore --noflush"
+        ),
+    ])
+    .expect("flush and delete every chain");
     // (No probe in between: the tampering watcher or the next periodic sync may repair it
     // at any moment.)
     k.wait_synced(ok, failed);

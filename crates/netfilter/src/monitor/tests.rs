@@ -29,6 +29,7 @@ fn watched() -> Watched {
     Watched {
         tables: vec![(Family::V4, "kpng".into()), (Family::V6, "kpng".into())],
         dynamic_sets: vec!["affinity".into()],
+        chains: None,
     }
 }
 
@@ -49,6 +50,8 @@ fn one_datagram_holds_several_notifications() {
             nfproto: IP6,
             table: Some("kpng".into()),
             set: Some("cluster-ips".into()),
+            chain: None,
+            rule: Vec::new(),
             portid: 43,
         }
     );
@@ -108,6 +111,89 @@ fn what_counts_as_tampering() {
         ("a generation message", message(15, 0, 9, &[]), None),
     ];
     let w = watched();
+    for (name, bytes, want) in cases {
+        let notes = parse_notifications(bytes);
+        assert_eq!(notes.len(), 1, "{name}");
+        assert_eq!(w.tampering(&notes[0]).as_deref(), *want, "{name}");
+    }
+}
+
+/// iptables-nft's tables, shared with others: only our chains count.
+fn shared() -> Watched {
+    Watched {
+        tables: ["nat", "filter", "mangle"]
+            .iter()
+            .flat_map(|t| [(Family::V4, t.to_string()), (Family::V6, t.to_string())])
+            .collect(),
+        dynamic_sets: Vec::new(),
+        chains: Some(OurChains {
+            is_ours: |c| c.starts_with("KUBE-SVC-") || c == "KUBE-SERVICES",
+            jump_targets: vec!["KUBE-SERVICES".into()],
+        }),
+    }
+}
+
+#[test]
+fn what_counts_as_tampering_in_shared_tables() {
+    // A rule message: table, chain, then its expressions (here only the jump target's name,
+    // as an immediate verdict carries it).
+    let rule = |msg, chain: &str, target: &str| {
+        message(msg, IP, 9, &[(1, "nat"), (2, chain), (4, target)])
+    };
+    let cases: &[(&str, Vec<u8>, Option<&str>)] = &[
+        (
+            "the table deleted",
+            message(2, IP, 9, &[(1, "nat")]),
+            Some("ip nat: table deleted"),
+        ),
+        (
+            "a rule deleted from our chain",
+            rule(8, "KUBE-SERVICES", ""),
+            Some("ip nat: rule deleted (KUBE-SERVICES)"),
+        ),
+        (
+            "a rule added to our chain",
+            rule(6, "KUBE-SVC-ABC", "DROP"),
+            Some("ip nat: rule added (KUBE-SVC-ABC)"),
+        ),
+        (
+            "our chain deleted",
+            message(5, IP6, 9, &[(1, "filter"), (3, "KUBE-SERVICES")]),
+            Some("ip6 filter: chain deleted (KUBE-SERVICES)"),
+        ),
+        (
+            "our jump deleted from a built-in chain",
+            rule(8, "PREROUTING", "KUBE-SERVICES"),
+            Some("ip nat: rule deleted (PREROUTING)"),
+        ),
+        (
+            "another jump deleted from a built-in chain",
+            rule(8, "PREROUTING", "CNI-HOSTPORT-DNAT"),
+            None,
+        ),
+        (
+            "a longer name is not ours",
+            rule(8, "PREROUTING", "KUBE-SERVICES-X"),
+            None,
+        ),
+        (
+            "a rule added to a built-in chain",
+            rule(6, "POSTROUTING", "KUBE-SERVICES"),
+            None,
+        ),
+        (
+            "someone else's chain deleted",
+            message(5, IP, 9, &[(1, "nat"), (3, "cali-nat")]),
+            None,
+        ),
+        ("a table added", message(0, IP, 9, &[(1, "nat")]), None),
+        (
+            "a table of no interest",
+            message(2, IP, 9, &[(1, "raw")]),
+            None,
+        ),
+    ];
+    let w = shared();
     for (name, bytes, want) in cases {
         let notes = parse_notifications(bytes);
         assert_eq!(notes.len(), 1, "{name}");
