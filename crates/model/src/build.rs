@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::categorize::{EndpointCandidate, categorize_endpoints, sort_endpoints};
 use crate::claims::{Frontend, Lost};
-use crate::key::{Family, PortKey};
+use crate::key::{Family, PortKey, Protocol};
 use crate::node::NodeState;
 use crate::records::{PortInfo, ServiceInfo, SliceInfo};
 use crate::service_port::{Endpoint, ServicePort};
@@ -67,7 +67,8 @@ fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
 
 /// Computes every [`ServicePort`] (per port, per family) of one Service, leaving out the
 /// frontends it `lost` to older Services: a lost ClusterIP port drops that port of that family
-/// (a Service port is keyed by its ClusterIP), a lost node port only the node port.
+/// (a Service port is keyed by its ClusterIP), a lost node port (or health check node port)
+/// only that port.
 pub(crate) fn service_ports(
     svc: &ServiceInfo,
     slices: &[SliceInfo],
@@ -110,7 +111,9 @@ pub(crate) fn service_ports(
                 session_affinity: svc.session_affinity,
                 external_policy_local: svc.external_policy_local,
                 internal_policy_local: svc.internal_policy_local,
-                health_check_node_port: svc.health_check_node_port,
+                health_check_node_port: svc
+                    .health_check_node_port
+                    .filter(|hc| !lost.contains_key(&Frontend::NodePort(*hc, Protocol::Tcp))),
                 cluster_endpoints: Vec::new(),
                 local_endpoints: Vec::new(),
                 has_any_endpoints: false,

@@ -71,6 +71,13 @@ pub(crate) fn frontends(info: &ServiceInfo) -> Vec<(Frontend, String)> {
             ));
         }
     }
+    // The health check node port comes from the same allocator (a TCP listener on every node).
+    if let Some(hc) = info.health_check_node_port {
+        out.push((
+            Frontend::NodePort(hc, Protocol::Tcp),
+            "spec.healthCheckNodePort".to_string(),
+        ));
+    }
     out
 }
 
@@ -126,23 +133,37 @@ impl Claims {
     }
 }
 
-/// The warning for `info` losing `frontend` to `owner`; it names both Services and the field
-/// that declares the frontend.
-pub(crate) fn conflict_warning(
+/// The warnings for `info` losing `frontend` to `owner`, one per field that declares it; each
+/// names both Services and the field.
+pub(crate) fn conflict_warnings(
     info: &ServiceInfo,
     frontend: Frontend,
     owner: &ServiceKey,
-) -> Warning {
-    let field = frontends(info)
+) -> Vec<Warning> {
+    frontends(info)
         .into_iter()
-        .find(|(f, _)| *f == frontend)
-        .map_or_else(|| "spec.ports".to_string(), |(_, field)| field);
+        .filter(|(f, _)| *f == frontend)
+        .map(|(_, field)| conflict_warning(info, frontend, owner, field))
+        .collect()
+}
+
+fn conflict_warning(
+    info: &ServiceInfo,
+    frontend: Frontend,
+    owner: &ServiceKey,
+    field: String,
+) -> Warning {
+    let what = if field == "spec.healthCheckNodePort" {
+        "health check node port"
+    } else {
+        "node port"
+    };
     let message = match frontend {
         Frontend::Cluster(ip, port, protocol) => format!(
             "ClusterIP {ip} port {port}/{protocol} is also Service {owner}'s, which is older (or as old and first by namespace/name) and keeps it; this Service port is not programmed for {ip}"
         ),
         Frontend::NodePort(port, protocol) => format!(
-            "node port {port}/{protocol} is also Service {owner}'s, which is older (or as old and first by namespace/name) and keeps it; the node port is not programmed"
+            "node port {port}/{protocol} is also Service {owner}'s, which is older (or as old and first by namespace/name) and keeps it; the {what} is not programmed"
         ),
     };
     Warning {

@@ -17,7 +17,7 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 
 use crate::build::service_ports;
-use crate::claims::{Claims, Lost, conflict_warning};
+use crate::claims::{Claims, Lost, conflict_warnings};
 use crate::event::{Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, ServiceKey};
 use crate::node::NodeState;
@@ -455,7 +455,7 @@ impl ClusterModel {
             if let Some(info) = &source.info {
                 for (frontend, owner) in &lost {
                     if source.lost.get(frontend) != Some(owner) {
-                        warnings.push(conflict_warning(info, *frontend, owner));
+                        warnings.extend(conflict_warnings(info, *frontend, owner));
                     }
                 }
             }

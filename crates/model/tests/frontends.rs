@@ -433,3 +433,57 @@ fn a_relist_resolves_conflicts_as_updates_do() {
     });
     assert_eq!(programmed(&m), ["ns/b 10.96.0.1:80 np=30080 hc=-"]);
 }
+
+#[test]
+fn a_health_check_node_port_conflicts_with_node_ports_over_tcp_only() {
+    let lb = |ip: &str, hc: u16| {
+        json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local", "clusterIP": ip,
+               "healthCheckNodePort": hc,
+               "ports": [{"name": "p", "port": 80, "nodePort": 31000}]})
+    };
+    let np = |ip: &str, port: u16, protocol: &str| {
+        json!({"type": "NodePort", "clusterIP": ip,
+               "ports": [{"name": "p", "port": 80, "protocol": protocol, "nodePort": port}]})
+    };
+    // (older spec, newer spec, programmed, the newer one's warned fields).
+    let cases = [
+        (
+            lb("10.96.0.1", 32000),
+            np("10.96.0.2", 32000, "TCP"),
+            vec![
+                "ns/new 10.96.0.2:80 np=- hc=-",
+                "ns/old 10.96.0.1:80 np=31000 hc=32000",
+            ],
+            vec!["spec.ports[0].nodePort"],
+        ),
+        (
+            np("10.96.0.2", 32000, "TCP"),
+            lb("10.96.0.1", 32000),
+            vec![
+                "ns/new 10.96.0.1:80 np=31000 hc=-",
+                "ns/old 10.96.0.2:80 np=32000 hc=-",
+            ],
+            vec!["spec.healthCheckNodePort"],
+        ),
+        (
+            np("10.96.0.2", 32000, "UDP"),
+            lb("10.96.0.1", 32000),
+            vec![
+                "ns/new 10.96.0.1:80 np=31000 hc=32000",
+                "ns/old 10.96.0.2:80 np=32000 hc=-",
+            ],
+            vec![],
+        ),
+    ];
+    for (i, (older, newer, want, warned)) in cases.into_iter().enumerate() {
+        let mut m = model(Some(NodePortRange::default()));
+        m.apply(service("ns", "old", OLD, older));
+        let out = m.apply(service("ns", "new", NEW, newer));
+        assert_eq!(programmed(&m), want, "case {i}");
+        let fields: Vec<&str> = out.warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(fields, warned, "case {i}: {:?}", out.warnings);
+        if let Some(w) = out.warnings.first() {
+            assert!(w.message.contains("Service ns/old's"), "{w}");
+        }
+    }
+}
