@@ -22,6 +22,7 @@ where
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let mut registry = Registry::default();
+    crate::process_metrics::register(&mut registry);
     let metrics = ApiMetrics::new(&mut registry);
     let hub = Arc::new(Hub::new(
         ClusterModel::new(ClusterConfig {

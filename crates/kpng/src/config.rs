@@ -186,6 +186,7 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         conntrack_udp_timeout,
         conntrack_udp_timeout_stream,
         log_level,
+        logging_format,
         client_connection,
         proxy_mode,
         iptables_localhost_nodeports,

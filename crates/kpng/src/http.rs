@@ -69,6 +69,10 @@ pub async fn health_server(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the health server to {addr} (--healthz-bind-address)"))?;
+    tracing::info!(
+        "serving /healthz and /livez on http://{}",
+        listener.local_addr().unwrap_or(addr)
+    );
     Ok(async move { axum::serve(listener, app).await })
 }
 
@@ -127,5 +131,9 @@ pub async fn metrics_server(
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("binding the metrics server to {addr} (--metrics-bind-address)")
     })?;
+    tracing::info!(
+        "serving /metrics on http://{}",
+        listener.local_addr().unwrap_or(addr)
+    );
     Ok(async move { axum::serve(listener, app).await })
 }

@@ -47,10 +47,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         return init_only(&flags, local_kind(&command));
     }
     match command {
-        Command::Version => {
-            println!("kpng {}", env!("CARGO_PKG_VERSION"));
-            Ok(())
-        }
+        Command::Version(args) => crate::version::print(&args),
         Command::Cleanup => crate::leftovers::cleanup_all(),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
@@ -370,6 +367,7 @@ where
         full_sync_period: flags.full_sync_period,
     };
     let mut registry = Registry::default();
+    crate::process_metrics::register(&mut registry);
     backend.register_metrics(&mut registry);
     if let Some(source_metrics) = &facts.source_metrics {
         source_metrics.register(&mut registry);

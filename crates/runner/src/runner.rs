@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpng_model::{Diff, Family, Kind, Model, ServiceKey, TriggerTime};
+use kpng_model::{Diff, DiffSummary, Family, Kind, Model, ServiceKey, TriggerTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -377,6 +377,12 @@ impl<M: NodeModel> LoopState<M> {
         } else {
             std::mem::take(&mut self.pending)
         };
+        // What this sync carries, for its log line: the changes since the last sync (a full
+        // sync reprograms everything, but the operator asks what changed).
+        let changed = if full { &self.pending } else { &diff };
+        let summary = DiffSummary::of(changed);
+        let changed_names = changed_services(changed);
+        let ports_total = snapshot.ports.len();
         let started = std::time::Instant::now();
         let result = self.runner.backend.sync(&SyncRequest {
             diff: &diff,
@@ -441,7 +447,18 @@ impl<M: NodeModel> LoopState<M> {
                 self.retry_at = None;
                 self.retry_delay = Duration::ZERO;
                 if stats.operations > 0 || full {
-                    info!(backend = %backend.backend, full, operations = stats.operations, ?duration, "synced");
+                    info!(
+                        backend = %backend.backend,
+                        full,
+                        ports = ports_total,
+                        operations = stats.operations,
+                        ?duration,
+                        changes = %summary,
+                        "synced"
+                    );
+                    if !changed_names.is_empty() {
+                        debug!("synced Services: {}", changed_names.join(", "));
+                    }
                 } else {
                     debug!(backend = %backend.backend, ?duration, "periodic sync, nothing to change");
                 }
@@ -543,3 +560,13 @@ fn unix_seconds(t: SystemTime) -> f64 {
 
 #[cfg(test)]
 mod tests;
+
+/// The Services a diff touches (`namespace/name`, each once, sorted), for the debug log; empty
+/// unless debug logging is on, so the INFO path never walks a large diff twice.
+fn changed_services(diff: &Diff) -> Vec<String> {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return Vec::new();
+    }
+    let names: BTreeSet<String> = diff.changes.keys().map(|k| k.service.to_string()).collect();
+    names.into_iter().collect()
+}
