@@ -66,6 +66,17 @@ pub struct GlobalFlags {
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// The admin socket: a running kpng answers `kpng status` and `kpng trace` on it (root
+    /// only); the client commands ask the kpng serving it. Empty: none.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        default_value = "/run/kpng/kpng.sock",
+        help_heading = "Output"
+    )]
+    pub admin_socket: PathBuf,
+
     /// Write the effective configuration as a KubeProxyConfiguration to FILE (`-`: standard
     /// output) and exit without running the command.
     #[arg(long, global = true, value_name = "FILE", help_heading = "Output")]
@@ -289,6 +300,52 @@ pub enum Command {
     Cleanup,
     /// Print the version, git commit, build date and the Kubernetes APIs kpng reads.
     Version(VersionArgs),
+    /// Ask the running kpng (--admin-socket) what it programmed: every Service port's
+    /// frontends, endpoints and, for each endpoint not used, why.
+    Status(StatusArgs),
+    /// Ask the running kpng (--admin-socket) what it does with one packet: the Service and
+    /// frontend that match, the endpoints, masquerading, or why it is rejected or dropped.
+    Trace(TraceArgs),
+}
+
+/// `kpng status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// One Service: NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT.
+    pub service: Option<String>,
+    /// `table`, `wide` (every endpoint and why it is unused), `json` or `yaml`.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusOutput::Table)]
+    pub output: StatusOutput,
+}
+
+/// How `kpng status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// One line per Service port.
+    Table,
+    /// Also one line per endpoint, with its state and why it is unused.
+    Wide,
+    /// The whole status as JSON.
+    Json,
+    /// The whole status as YAML.
+    Yaml,
+}
+
+/// `kpng trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The packet's source IP.
+    #[arg(long)]
+    pub from: String,
+    /// The packet's destination, IP:PORT (IPv6: [ADDRESS]:PORT).
+    #[arg(long)]
+    pub to: String,
+    /// tcp, udp or sctp.
+    #[arg(long, default_value = "tcp")]
+    pub proto: String,
+    /// `text` or `json`.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
+    pub output: LogFormat,
 }
 
 /// `kpng version`.

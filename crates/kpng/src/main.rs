@@ -3,6 +3,7 @@
 //! `kpng <source> [flags] <sink> [backend] [flags]`: a source turns cluster state into the
 //! node-local model, a sink consumes it. See `kpng --help`.
 
+mod admin;
 mod backends;
 mod brain;
 mod cli;

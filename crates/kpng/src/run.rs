@@ -48,6 +48,8 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     }
     match command {
         Command::Version(args) => crate::version::print(&args),
+        Command::Status(args) => crate::admin::print_status(&flags.admin_socket, &args),
+        Command::Trace(args) => crate::admin::print_trace(&flags.admin_socket, &args),
         Command::Cleanup => crate::leftovers::cleanup_all(),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
@@ -207,6 +209,9 @@ struct SinkFacts {
     lock: Option<BackendKind>,
     /// The `file` source's metrics, registered with the rest.
     source_metrics: Option<SourceMetrics>,
+    /// The backend programming the node, if any: its node-port addresses tell `kpng trace`
+    /// which addresses accept node ports.
+    kind: Option<BackendKind>,
 }
 
 impl SinkFacts {
@@ -218,6 +223,7 @@ impl SinkFacts {
         dry_run: None,
         lock: None,
         source_metrics: None,
+        kind: None,
     };
 }
 
@@ -254,6 +260,7 @@ fn local_backend(
         dry_run: dry_run.then_some(refused),
         lock: (!dry_run).then_some(kind),
         source_metrics: None,
+        kind: Some(kind),
     };
     Ok((built.backend, facts))
 }
@@ -447,6 +454,36 @@ where
                 }
             }
         });
+    }
+    // The admin socket: `kpng status` and `kpng trace` (not in a dry run: it opens nothing).
+    let mut _admin_socket = None;
+    #[cfg(unix)]
+    if !dry_run && !flags.admin_socket.as_os_str().is_empty() {
+        let nodeport = facts
+            .kind
+            .and_then(|k| k.nodeport_addresses(&flags).ok())
+            .unwrap_or(kpng_backend::settings::NodePortAddresses::Primary);
+        let detect = crate::backends::detect_local(&flags)
+            .unwrap_or(kpng_backend::settings::DetectLocal::None);
+        let masquerade_all = flags.masquerade_all;
+        let (with_admin, handle) = runner.with_admin(Box::new(move |snapshot| {
+            crate::admin::node_facts(snapshot, &nodeport, &detect, masquerade_all)
+        }));
+        runner = with_admin;
+        match crate::admin::serve(&flags.admin_socket, handle).await {
+            Ok(Some(server)) => {
+                _admin_socket = Some(crate::admin::SocketFile(flags.admin_socket.clone()));
+                tokio::spawn(async move {
+                    if let Err(e) = server.await {
+                        tracing::error!("admin socket stopped: {e}");
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("no admin socket (`kpng status` will not reach this kpng): {e:#}")
+            }
+        }
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));

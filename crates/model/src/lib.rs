@@ -14,12 +14,14 @@ mod categorize;
 pub mod cluster;
 mod diff;
 mod event;
+pub mod inspect;
 pub mod ip;
 mod key;
 mod model;
 mod node;
 pub mod records;
 mod service_port;
+pub mod trace;
 
 pub use categorize::{
     CategorizedEndpoints, EndpointCandidate, categorize_endpoints, sort_endpoints,

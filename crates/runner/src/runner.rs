@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
+use crate::admin::{self, AdminHandle, FactsFn, PortStatus, Query, Status, SyncStatus};
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
@@ -80,6 +81,7 @@ pub struct Runner<M: NodeModel = Model> {
     metrics: ProxyMetrics,
     health: Arc<ProxyHealth>,
     reports: watch::Sender<Option<SyncReport>>,
+    admin: Option<(mpsc::Receiver<Query>, FactsFn)>,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -102,7 +104,16 @@ impl<M: NodeModel> Runner<M> {
             metrics,
             health,
             reports,
+            admin: None,
         }
+    }
+
+    /// Answers `kpng status` and `kpng trace` through the returned handle; `facts` tells a
+    /// trace what the model does not know (node port addresses, the pod detector).
+    pub fn with_admin(mut self, facts: FactsFn) -> (Runner<M>, AdminHandle) {
+        let (tx, rx) = mpsc::channel(16);
+        self.admin = Some((rx, facts));
+        (self, AdminHandle(tx))
     }
 
     /// Serves the Service health checks (`healthCheckNodePort`) after every successful sync:
@@ -137,6 +148,10 @@ impl<M: NodeModel> Runner<M> {
             // The loop has ended when the receiver is gone: nothing left to repair.
             let _ = tamper_tx.send(t);
         });
+        let (queries, facts) = match self.admin.take() {
+            Some((rx, facts)) => (Some(rx), Some(facts)),
+            None => (None, None),
+        };
         match self.backend.watch_tampering(alarm) {
             Ok(true) => debug!("the backend reports changes made by others to its data plane"),
             Ok(false) => {}
@@ -158,12 +173,16 @@ impl<M: NodeModel> Runner<M> {
             pending_endpoints: 0,
             pending_triggers: Vec::new(),
             started: SystemTime::now(),
+            facts,
+            last_sync_status: None,
+            last_ok_at: None,
+            last_error: None,
         };
         state
             .runner
             .health
             .set_node_eligible(state.runner.model.snapshot().node.eligible());
-        state.run(events, tampering).await;
+        state.run(events, tampering, queries).await;
     }
 }
 
@@ -190,6 +209,14 @@ struct LoopState<M: NodeModel> {
     /// When the loop started: earlier trigger times are not measured (as upstream, which
     /// ignores changes from before the proxy started).
     started: SystemTime,
+    /// What a trace needs beyond the model (set with the admin handle).
+    facts: Option<FactsFn>,
+    /// The last sync, for `kpng status`.
+    last_sync_status: Option<SyncStatus>,
+    /// When the last successful sync ended.
+    last_ok_at: Option<SystemTime>,
+    /// The last failure, cleared by the next success.
+    last_error: Option<String>,
 }
 
 impl<M: NodeModel> LoopState<M> {
@@ -197,6 +224,7 @@ impl<M: NodeModel> LoopState<M> {
         &mut self,
         mut events: mpsc::Receiver<M::Input>,
         mut tampering: mpsc::UnboundedReceiver<Tampering>,
+        mut queries: Option<mpsc::Receiver<Query>>,
     ) {
         loop {
             let deadline = self.next_deadline(Instant::now());
@@ -217,7 +245,36 @@ impl<M: NodeModel> LoopState<M> {
                     }
                 },
                 Some(t) = tampering.recv() => self.tampered(t),
+                Some(q) = next_query(&mut queries) => self.answer(q),
                 _ = sleep_until(deadline) => self.sync().await,
+            }
+        }
+    }
+
+    /// Answers a question from the admin socket from the current model.
+    fn answer(&self, query: Query) {
+        let snapshot = self.runner.model.snapshot();
+        match query {
+            Query::Status(reply) => {
+                let services = snapshot
+                    .ports
+                    .iter()
+                    .map(|(key, port)| PortStatus::of(port, self.runner.model.explain(key)))
+                    .collect();
+                let _ = reply.send(Status {
+                    node: snapshot.node.name.clone(),
+                    backend: self.runner.backend.name().to_string(),
+                    programmed: self.last_ok_at.is_some(),
+                    pending_port_changes: self.pending.changes.len(),
+                    last_sync: self.last_sync_status.clone(),
+                    last_successful_sync: self.last_ok_at.map(admin::rfc3339),
+                    last_error: self.last_error.clone(),
+                    services,
+                });
+            }
+            Query::Trace(q, reply) => {
+                let facts = admin::facts_or_default(self.facts.as_ref(), snapshot);
+                let _ = reply.send(kpng_model::trace::trace(snapshot, &facts, &q));
             }
         }
     }
@@ -481,6 +538,7 @@ impl<M: NodeModel> LoopState<M> {
                 };
                 self.retry_at = Some(now + self.retry_delay);
                 error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {e}");
+                self.last_error = Some(e.to_string());
                 SyncReport {
                     generation: self.generation,
                     ok: false,
@@ -490,6 +548,18 @@ impl<M: NodeModel> LoopState<M> {
                 }
             }
         };
+        let ended = SystemTime::now();
+        self.last_sync_status = Some(SyncStatus {
+            at: admin::rfc3339(ended),
+            ok: report.ok,
+            full: report.full,
+            operations: report.operations,
+            duration_seconds: report.duration.as_secs_f64(),
+        });
+        if report.ok {
+            self.last_ok_at = Some(ended);
+            self.last_error = None;
+        }
         let ok = report.ok;
         self.runner.reports.send_replace(Some(report));
         if ok {
@@ -542,6 +612,14 @@ impl<M: NodeModel> LoopState<M> {
                 m.no_local_endpoints.get_or_create(&label).set(n);
             }
         }
+    }
+}
+
+/// The next admin question; pending forever without an admin handle.
+async fn next_query(queries: &mut Option<mpsc::Receiver<Query>>) -> Option<Query> {
+    match queries {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
