@@ -398,7 +398,9 @@ pub fn node_facts(
     nodeport: &kpng_backend::settings::NodePortAddresses,
     detect: &kpng_backend::settings::DetectLocal,
     masquerade_all: bool,
+    kind: Option<crate::backends::BackendKind>,
 ) -> NodeFacts {
+    use crate::backends::BackendKind;
     use kpng_backend::settings::DetectLocal;
     use kpng_model::Family;
     use kpng_model::trace::LocalPods;
@@ -414,6 +416,9 @@ pub fn node_facts(
                 .addresses(family, &snapshot.node.ips, || host.clone()),
         );
     }
+    // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
+    // (iptables mode's 127.0.0.1 exception is added by the caller).
+    nodeport_ips.retain(|ip| !ip.is_loopback());
     let mut local_ips = host.clone();
     local_ips.extend(snapshot.node.ips.iter().copied());
     local_ips.sort();
@@ -425,12 +430,20 @@ pub fn node_facts(
             DetectLocal::None => LocalPods::None,
             DetectLocal::ClusterCidr(c) => LocalPods::Cidrs(c.clone()),
             DetectLocal::NodeCidr => LocalPods::Cidrs(snapshot.node.pod_cidrs.clone()),
-            DetectLocal::BridgeInterface(b) => LocalPods::Interface(format!("entering from {b}")),
-            DetectLocal::InterfaceNamePrefix(p) => {
-                LocalPods::Interface(format!("entering from {p}*"))
-            }
+            DetectLocal::BridgeInterface(b) => LocalPods::Interface {
+                rule: format!("entering from {b}"),
+                assumed: snapshot.node.pod_cidrs.clone(),
+            },
+            DetectLocal::InterfaceNamePrefix(p) => LocalPods::Interface {
+                rule: format!("entering from {p}*"),
+                assumed: snapshot.node.pod_cidrs.clone(),
+            },
         },
         masquerade_all,
+        backend: kpng_model::trace::BackendTraits {
+            rejects_unknown_ports: kind != Some(BackendKind::Iptables),
+            proxies_connections: kind == Some(BackendKind::Userspace),
+        },
     }
 }
 

@@ -466,8 +466,17 @@ where
         let detect = crate::backends::detect_local(&flags)
             .unwrap_or(kpng_backend::settings::DetectLocal::None);
         let masquerade_all = flags.masquerade_all;
+        let kind = facts.kind;
+        let localhost_node_ports = flags.iptables_localhost_nodeports;
         let (with_admin, handle) = runner.with_admin(Box::new(move |snapshot| {
-            crate::admin::node_facts(snapshot, &nodeport, &detect, masquerade_all)
+            let mut node =
+                crate::admin::node_facts(snapshot, &nodeport, &detect, masquerade_all, kind);
+            // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
+            if kind == Some(BackendKind::Iptables) && localhost_node_ports {
+                node.nodeport_ips
+                    .push(std::net::IpAddr::from([127, 0, 0, 1]));
+            }
+            node
         }));
         runner = with_admin;
         match crate::admin::serve(&flags.admin_socket, handle).await {

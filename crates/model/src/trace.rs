@@ -39,6 +39,29 @@ pub struct NodeFacts {
     pub local_pods: LocalPods,
     /// `--masquerade-all`.
     pub masquerade_all: bool,
+    /// Where the backend departs from nftables mode by design (docs/backends.md).
+    pub backend: BackendTraits,
+}
+
+/// The deliberate differences between backends that change a packet's fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendTraits {
+    /// A packet to a ClusterIP on a port no Service uses is rejected (nftables mode); else it
+    /// is left alone (iptables mode).
+    pub rejects_unknown_ports: bool,
+    /// The backend is a proxy: it opens its own connection to the endpoint, which therefore
+    /// always sees a node address (the userspace backend).
+    pub proxies_connections: bool,
+}
+
+impl Default for BackendTraits {
+    /// nftables mode's.
+    fn default() -> Self {
+        BackendTraits {
+            rejects_unknown_ports: true,
+            proxies_connections: false,
+        }
+    }
 }
 
 /// How pod traffic is told apart (`--detect-local-mode`).
@@ -50,9 +73,14 @@ pub enum LocalPods {
     /// Sources inside these CIDRs are pods.
     Cidrs(Vec<IpNet>),
     /// Decided by the interface the packet came in on, which a trace does not know: the
-    /// string names the rule, and the trace assumes the source is a pod when it is inside
-    /// none of the node's own addresses.
-    Interface(String),
+    /// trace takes sources inside `assumed` (the node's pod CIDRs, whose pods sit behind that
+    /// interface) as pods; `rule` names the real rule for the reason text.
+    Interface {
+        /// The interface rule, in words.
+        rule: String,
+        /// The CIDRs whose sources are taken as coming in through it.
+        assumed: Vec<IpNet>,
+    },
 }
 
 /// The outcome for the packet.
@@ -235,9 +263,14 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         };
         return t;
     }
-    t.masquerade = masquerade;
     t.hairpin = endpoints.iter().any(|e| e.ip == q.from);
-    t.reason = why.to_string();
+    if facts.backend.proxies_connections {
+        t.masquerade = true;
+        t.reason = "the userspace proxy connects to the endpoint from the node".to_string();
+    } else {
+        t.masquerade = masquerade;
+        t.reason = why.to_string();
+    }
     t
 }
 
@@ -245,7 +278,7 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
 /// itself, or nothing of ours.
 fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: Family) -> Trace {
     let dst = q.to.ip();
-    if snapshot.family(family).any(|p| p.cluster_ip == dst) {
+    if snapshot.family(family).any(|p| p.cluster_ip == dst) && facts.backend.rejects_unknown_ports {
         return Trace::unmatched(
             Verdict::Reject,
             format!(
@@ -255,7 +288,9 @@ fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: F
             ),
         );
     }
-    if snapshot.service_cidrs.iter().any(|c| c.contains(&dst)) {
+    if snapshot.service_cidrs.iter().any(|c| c.contains(&dst))
+        && facts.backend.rejects_unknown_ports
+    {
         return Trace::unmatched(
             Verdict::Drop,
             format!("{dst} is in a Service CIDR but no Service has it"),
@@ -282,7 +317,7 @@ fn is_local_pod(facts: &NodeFacts, ip: IpAddr) -> bool {
     match &facts.local_pods {
         LocalPods::None => false,
         LocalPods::Cidrs(cidrs) => cidrs.iter().any(|c| c.contains(&ip)),
-        LocalPods::Interface(_) => !facts.local_ips.contains(&ip),
+        LocalPods::Interface { assumed, .. } => assumed.iter().any(|c| c.contains(&ip)),
     }
 }
 

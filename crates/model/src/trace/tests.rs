@@ -50,6 +50,7 @@ fn facts() -> NodeFacts {
         nodeport_ips: vec!["172.18.0.2".parse().expect("ip")],
         local_pods: LocalPods::Cidrs(vec!["10.244.1.0/24".parse().expect("cidr")]),
         masquerade_all: false,
+        backend: BackendTraits::default(),
     }
 }
 
@@ -277,4 +278,33 @@ fn hairpin_and_affinity_are_reported() {
         },
     );
     assert_eq!(udp.verdict, Verdict::Reject, "TCP only: {udp:?}");
+}
+
+#[test]
+fn backend_differences_change_the_trace() {
+    let q = |to: &str| TraceQuery {
+        from: "10.244.1.7".parse().expect("ip"),
+        to: to.parse().expect("addr"),
+        protocol: Protocol::Tcp,
+    };
+    let iptables = NodeFacts {
+        backend: BackendTraits {
+            rejects_unknown_ports: false,
+            proxies_connections: false,
+        },
+        ..facts()
+    };
+    for to in ["10.96.0.10:81", "10.96.9.9:80"] {
+        let t = trace(&snapshot(vec![web()]), &iptables, &q(to));
+        assert_eq!(t.verdict, Verdict::None, "{to}: {t:?}");
+    }
+    let userspace = NodeFacts {
+        backend: BackendTraits {
+            rejects_unknown_ports: true,
+            proxies_connections: true,
+        },
+        ..facts()
+    };
+    let t = trace(&snapshot(vec![web()]), &userspace, &q("10.96.0.10:80"));
+    assert!(t.masquerade && t.verdict == Verdict::Dnat, "{t:?}");
 }
