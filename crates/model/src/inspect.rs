@@ -119,7 +119,7 @@ fn unused_reason(
     } else {
         format!("this node ({})", node.name)
     };
-    if !c.node_hints.is_empty() && !c.node_hints.iter().any(|n| *n == node.name) {
+    if !c.node_hints.is_empty() && !c.node_hints.contains(&node.name) {
         return format!(
             "topology: hinted for node {}, not {this_node}",
             c.node_hints.join(", ")
