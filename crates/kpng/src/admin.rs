@@ -180,14 +180,14 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
     let body = get(socket, "/v1/status")?;
     let mut status: serde_json::Value =
         serde_json::from_str(&body).context("kpng's status is not JSON")?;
-    if let Some(filter) = &args.service {
-        if let Some(services) = status.get_mut("services").and_then(|s| s.as_array_mut()) {
-            services.retain(|s| service_matches(s, filter));
-            if services.is_empty() {
-                bail!(
-                    "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)"
-                );
-            }
+    if let Some(filter) = &args.service
+        && let Some(services) = status.get_mut("services").and_then(|s| s.as_array_mut())
+    {
+        services.retain(|s| service_matches(s, filter));
+        if services.is_empty() {
+            bail!(
+                "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)"
+            );
         }
     }
     match args.output {
