@@ -36,8 +36,10 @@ fn web() -> ServicePort {
 }
 
 fn snapshot(ports: Vec<ServicePort>) -> Snapshot {
-    let mut s = Snapshot::default();
-    s.service_cidrs = vec!["10.96.0.0/16".parse().expect("cidr")];
+    let mut s = Snapshot {
+        service_cidrs: vec!["10.96.0.0/16".parse().expect("cidr")],
+        ..Snapshot::default()
+    };
     for p in ports {
         s.ports.insert(p.key.clone(), Arc::new(p));
     }
