@@ -209,3 +209,149 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
         "{build}"
     );
 }
+
+#[test]
+fn status_and_trace_answer_from_the_running_proxy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    std::fs::write(&input, example).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let socket_flag = socket.display().to_string();
+    let mut running = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "node1",
+                "--cluster-cidr",
+                "10.244.0.0/16",
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+                &socket_flag,
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml")),
+    );
+    running.wait("the first sync", |e| e.contains(" synced "));
+    let ask = |args: &[&str]| {
+        let out = kpng()
+            .args(args)
+            .args(["--admin-socket", &socket_flag])
+            .output()
+            .expect("run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+
+    let status: serde_json::Value =
+        serde_json::from_str(&ask(&["status", "-o", "json"])).expect("JSON");
+    assert_eq!(status["node"], "node1");
+    assert_eq!(status["backend"], "file");
+    assert!(status["lastSync"]["ok"] == true, "{status}");
+    let services = status["services"].as_array().expect("services");
+    let port = |name: &str| {
+        services
+            .iter()
+            .find(|s| s["service"] == name && s["family"] == "IPv4")
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+    };
+    // Every unused endpoint says why: topology, policy, conditions.
+    let reasons = |name: &str| -> Vec<String> {
+        port(name)["endpoints"]
+            .as_array()
+            .expect("endpoints")
+            .iter()
+            .filter_map(|e| e["reason"].as_str().map(String::from))
+            .collect()
+    };
+    assert!(
+        reasons("default/zonal")
+            .iter()
+            .any(|r| r.contains("hinted for zone zone-b")),
+        "{:?}",
+        reasons("default/zonal")
+    );
+    assert!(
+        reasons("monitoring/node-agent")
+            .iter()
+            .any(|r| r.contains("internalTrafficPolicy is Local")),
+        "{:?}",
+        reasons("monitoring/node-agent")
+    );
+    assert!(
+        reasons("default/draining")
+            .iter()
+            .any(|r| r.contains("not serving")),
+        "{:?}",
+        reasons("default/draining")
+    );
+    assert_eq!(
+        port("default/empty")["withoutEndpoints"],
+        "no endpoints: connections are rejected"
+    );
+
+    let wide = ask(&["status", "default/zonal", "-o", "wide"]);
+    assert!(
+        wide.contains("default/zonal")
+            && !wide.contains("default/web")
+            && wide.contains("unused: topology"),
+        "{wide}"
+    );
+
+    let trace = |from: &str, to: &str| -> serde_json::Value {
+        serde_json::from_str(&ask(&["trace", "--from", from, "--to", to, "-o", "json"]))
+            .expect("JSON")
+    };
+    let pod = trace("10.244.1.9", "10.96.1.30:80");
+    assert_eq!(pod["verdict"], "dnat", "{pod}");
+    assert_eq!(pod["service"], "shop/cart:http");
+    assert_eq!(pod["frontend"], "clusterIP");
+    assert_eq!(pod["masquerade"], false);
+    assert_eq!(pod["affinityTimeoutSeconds"], 600);
+    assert!(
+        pod["endpoints"].as_array().is_some_and(|e| e.len() == 2),
+        "{pod}"
+    );
+    let outside = trace("203.0.113.5", "198.51.100.30:80");
+    assert_eq!(outside["frontend"], "externalIP", "{outside}");
+    assert_eq!(outside["masquerade"], true);
+    let empty = trace("10.244.1.9", "10.96.0.60:80");
+    assert_eq!(empty["verdict"], "reject", "{empty}");
+    let nothing = trace("10.244.1.9", "192.0.2.99:443");
+    assert_eq!(nothing["verdict"], "none", "{nothing}");
+
+    // Mistakes are named.
+    let bad = kpng()
+        .args(["trace", "--from", "10.0.0.1", "--to", "10.96.0.10"])
+        .args(["--admin-socket", &socket_flag])
+        .output()
+        .expect("run");
+    assert!(
+        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("is not IP:PORT"),
+        "{bad:?}"
+    );
+    drop(running);
+    let gone = kpng()
+        .args(["status", "--admin-socket", &socket_flag])
+        .output()
+        .expect("run");
+    assert!(
+        !gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("is kpng running"),
+        "{gone:?}"
+    );
+}
