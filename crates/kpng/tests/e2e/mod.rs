@@ -163,7 +163,7 @@ macro_rules! suite {
             fn $name() {
                 $crate::e2e::scenarios::$name($backend);
                 eprintln!(
-                    "{}: {} probes checked against `kpng trace`",
+                    "{}: {} probes checked against kpng trace",
                     stringify!($name),
                     $crate::e2e::traced::checked()
                 );
