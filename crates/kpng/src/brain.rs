@@ -38,7 +38,13 @@ where
                 flags.metrics_bind_address
             )
         })?;
-        let server = crate::http::metrics_server(addr, Arc::new(registry), "api").await?;
+        let server = crate::http::metrics_server(
+            addr,
+            Arc::new(registry),
+            "api",
+            crate::zpages::ZPages::new(&flags, "to-api"),
+        )
+        .await?;
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 error!("metrics server stopped: {e}");

@@ -77,6 +77,10 @@ pub struct GlobalFlags {
     )]
     pub admin_socket: PathBuf,
 
+    /// Every flag's effective value (`--name=value`), for `/flagz`; filled after parsing.
+    #[arg(skip)]
+    pub effective_flags: Vec<String>,
+
     /// Write the effective configuration as a KubeProxyConfiguration to FILE (`-`: standard
     /// output) and exit without running the command.
     #[arg(long, global = true, value_name = "FILE", help_heading = "Output")]

@@ -80,6 +80,31 @@ pub async fn health_server(
 struct MetricsState {
     registry: Arc<Registry>,
     proxy_mode: &'static str,
+    z: Arc<crate::zpages::ZPages>,
+}
+
+async fn configz(State(state): State<MetricsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        state.z.configz.clone(),
+    )
+        .into_response()
+}
+
+async fn flagz(State(state): State<MetricsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        state.z.flagz.clone(),
+    )
+        .into_response()
+}
+
+async fn statusz(State(state): State<MetricsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        state.z.statusz(),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<MetricsState>) -> Response {
@@ -119,14 +144,19 @@ pub async fn metrics_server(
     addr: SocketAddr,
     registry: Arc<Registry>,
     proxy_mode: &'static str,
+    z: crate::zpages::ZPages,
 ) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(plain_ok))
         .route("/proxyMode", get(proxy_mode_text))
+        .route("/configz", get(configz))
+        .route("/flagz", get(flagz))
+        .route("/statusz", get(statusz))
         .with_state(MetricsState {
             registry,
             proxy_mode,
+            z: Arc::new(z),
         });
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("binding the metrics server to {addr} (--metrics-bind-address)")

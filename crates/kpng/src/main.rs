@@ -22,6 +22,7 @@ mod process_metrics;
 mod run;
 mod signals;
 mod version;
+mod zpages;
 
 /// jemalloc instead of glibc's allocator: loading a large cluster allocates and frees many
 /// small objects from several threads, and glibc keeps that memory in fragmented per-thread
@@ -53,6 +54,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let mut cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.global.effective_flags = zpages::effective_flags(&cli::Cli::command(), &matches);
     // The configuration file comes first: it may set the log level.
     let report = match config::apply(&mut cli.global, &matches) {
         Ok(report) => report,

@@ -406,7 +406,8 @@ where
                 flags.metrics_bind_address
             )
         })?;
-        Some(crate::http::metrics_server(addr, Arc::new(registry), proxy_mode).await?)
+        let z = crate::zpages::ZPages::new(&flags, proxy_mode);
+        Some(crate::http::metrics_server(addr, Arc::new(registry), proxy_mode, z).await?)
     };
 
     let mut runner = Runner::new(model, backend, timing, metrics, health);

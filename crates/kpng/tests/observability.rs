@@ -198,6 +198,25 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
         .expect("after 1970")
         .as_secs_f64();
     assert!((now - started).abs() < 120.0, "{started} vs {now}");
+    // kube-proxy's debug pages.
+    let configz = http_get(&metrics_addr, "/configz");
+    let body = configz.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let config: serde_json::Value = serde_json::from_str(body).expect("configz is JSON");
+    assert_eq!(
+        config["kubeproxy.config.k8s.io"]["hostnameOverride"], "n1",
+        "{config}"
+    );
+    let flagz = http_get(&metrics_addr, "/flagz");
+    assert!(
+        flagz.contains("--node-name=n1") && flagz.contains("--logging-format=json"),
+        "{flagz}"
+    );
+    let statusz = http_get(&metrics_addr, "/statusz");
+    assert!(
+        statusz.contains("Started: ") && statusz.contains(env!("CARGO_PKG_VERSION")),
+        "{statusz}"
+    );
+
     let build = metrics
         .lines()
         .find(|l| l.starts_with("kpng_build_info{"))
