@@ -76,20 +76,7 @@ pub async fn serve(
 async fn status(
     axum::extract::State(handle): axum::extract::State<AdminHandle>,
 ) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    match handle.status().await {
-        Some(s) => axum::Json(s).into_response(),
-        None => unavailable(),
-    }
-}
-
-/// The trace request's query string.
-#[derive(Debug, serde::Deserialize)]
-#[cfg(unix)]
-struct TraceParams {
-    from: String,
-    to: String,
-    proto: Option<String>,
+    status_answer(Some(&handle)).await
 }
 
 #[cfg(unix)]
@@ -97,24 +84,55 @@ async fn trace(
     axum::extract::State(handle): axum::extract::State<AdminHandle>,
     axum::extract::Query(p): axum::extract::Query<TraceParams>,
 ) -> axum::response::Response {
+    trace_answer(Some(&handle), p).await
+}
+
+/// A trace request's query string (`from`, `to`, `proto`), on the admin socket and the status
+/// page alike.
+#[derive(Debug, serde::Deserialize)]
+pub struct TraceParams {
+    from: String,
+    to: String,
+    proto: Option<String>,
+}
+
+/// The status as JSON, or why there is none (no handle: a brain; none: kpng is stopping).
+pub async fn status_answer(handle: Option<&AdminHandle>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match handle {
+        Some(h) => match h.status().await {
+            Some(s) => axum::Json(s).into_response(),
+            None => not_answering(),
+        },
+        None => not_answering(),
+    }
+}
+
+/// A trace as JSON; a bad request says which field is wrong.
+pub async fn trace_answer(
+    handle: Option<&AdminHandle>,
+    p: TraceParams,
+) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
+    let Some(handle) = handle else {
+        return not_answering();
+    };
     let query = match parse_trace(&p.from, &p.to, p.proto.as_deref()) {
         Ok(q) => q,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e:#}\n")).into_response(),
     };
     match handle.trace(query).await {
         Some(t) => axum::Json(t).into_response(),
-        None => unavailable(),
+        None => not_answering(),
     }
 }
 
-#[cfg(unix)]
-fn unavailable() -> axum::response::Response {
+fn not_answering() -> axum::response::Response {
     use axum::response::IntoResponse;
     (
         axum::http::StatusCode::SERVICE_UNAVAILABLE,
-        "kpng is stopping\n",
+        "this kpng does not answer status questions (a brain, or it is stopping)\n",
     )
         .into_response()
 }

@@ -43,6 +43,7 @@ where
             Arc::new(registry),
             "api",
             crate::zpages::ZPages::new(&flags, "to-api"),
+            None,
         )
         .await?;
         tokio::spawn(async move {

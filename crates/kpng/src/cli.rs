@@ -75,7 +75,7 @@ pub struct GlobalFlags {
         default_value = "/run/kpng/kpng.sock",
         help_heading = "Output"
     )]
-    pub admin_socket: PathBuf,
+    pub admin_socket: String,
 
     /// Every flag's effective value (`--name=value`), for `/flagz`; filled after parsing.
     #[arg(skip)]

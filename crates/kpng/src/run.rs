@@ -48,8 +48,12 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     }
     match command {
         Command::Version(args) => crate::version::print(&args),
-        Command::Status(args) => crate::admin::print_status(&flags.admin_socket, &args),
-        Command::Trace(args) => crate::admin::print_trace(&flags.admin_socket, &args),
+        Command::Status(args) => {
+            crate::admin::print_status(std::path::Path::new(&flags.admin_socket), &args)
+        }
+        Command::Trace(args) => {
+            crate::admin::print_trace(std::path::Path::new(&flags.admin_socket), &args)
+        }
         Command::Cleanup => crate::leftovers::cleanup_all(),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
@@ -397,6 +401,33 @@ where
                 .await?,
         )
     };
+    let mut runner = Runner::new(model, backend, timing, metrics, health);
+    // Answers about the running proxy (`kpng status`, `kpng trace`, the status page); none in
+    // a dry run, which opens nothing.
+    let mut admin = None;
+    if !dry_run {
+        let nodeport = facts
+            .kind
+            .and_then(|k| k.nodeport_addresses(&flags).ok())
+            .unwrap_or(kpng_backend::settings::NodePortAddresses::Primary);
+        let detect = crate::backends::detect_local(&flags)
+            .unwrap_or(kpng_backend::settings::DetectLocal::None);
+        let masquerade_all = flags.masquerade_all;
+        let kind = facts.kind;
+        let localhost_node_ports = flags.iptables_localhost_nodeports;
+        let (with_admin, handle) = runner.with_admin(Box::new(move |snapshot| {
+            let mut node =
+                crate::admin::node_facts(snapshot, &nodeport, &detect, masquerade_all, kind);
+            // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
+            if kind == Some(BackendKind::Iptables) && localhost_node_ports {
+                node.nodeport_ips
+                    .push(std::net::IpAddr::from([127, 0, 0, 1]));
+            }
+            node
+        }));
+        runner = with_admin;
+        admin = Some(handle);
+    }
     let metrics_server = if dry_run || flags.metrics_bind_address.trim().is_empty() {
         None
     } else {
@@ -407,10 +438,33 @@ where
             )
         })?;
         let z = crate::zpages::ZPages::new(&flags, proxy_mode);
-        Some(crate::http::metrics_server(addr, Arc::new(registry), proxy_mode, z).await?)
+        Some(
+            crate::http::metrics_server(addr, Arc::new(registry), proxy_mode, z, admin.clone())
+                .await?,
+        )
     };
 
-    let mut runner = Runner::new(model, backend, timing, metrics, health);
+    // The admin socket: `kpng status` and `kpng trace`.
+    let mut _admin_socket = None;
+    #[cfg(unix)]
+    if let Some(handle) = admin.clone()
+        && !flags.admin_socket.is_empty()
+    {
+        match crate::admin::serve(std::path::Path::new(&flags.admin_socket), handle).await {
+            Ok(Some(server)) => {
+                _admin_socket = Some(crate::admin::SocketFile(flags.admin_socket.clone().into()));
+                tokio::spawn(async move {
+                    if let Err(e) = server.await {
+                        tracing::error!("admin socket stopped: {e}");
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("no admin socket (`kpng status` will not reach this kpng): {e:#}")
+            }
+        }
+    }
     if let Some(addresses) = facts.health_checks {
         // The node's conntrack table, as kube-proxy sets it (Linux's sysctls); a dry run
         // prints what it would write.
@@ -455,45 +509,6 @@ where
                 }
             }
         });
-    }
-    // The admin socket: `kpng status` and `kpng trace` (not in a dry run: it opens nothing).
-    let mut _admin_socket = None;
-    #[cfg(unix)]
-    if !dry_run && !flags.admin_socket.as_os_str().is_empty() {
-        let nodeport = facts
-            .kind
-            .and_then(|k| k.nodeport_addresses(&flags).ok())
-            .unwrap_or(kpng_backend::settings::NodePortAddresses::Primary);
-        let detect = crate::backends::detect_local(&flags)
-            .unwrap_or(kpng_backend::settings::DetectLocal::None);
-        let masquerade_all = flags.masquerade_all;
-        let kind = facts.kind;
-        let localhost_node_ports = flags.iptables_localhost_nodeports;
-        let (with_admin, handle) = runner.with_admin(Box::new(move |snapshot| {
-            let mut node =
-                crate::admin::node_facts(snapshot, &nodeport, &detect, masquerade_all, kind);
-            // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
-            if kind == Some(BackendKind::Iptables) && localhost_node_ports {
-                node.nodeport_ips
-                    .push(std::net::IpAddr::from([127, 0, 0, 1]));
-            }
-            node
-        }));
-        runner = with_admin;
-        match crate::admin::serve(&flags.admin_socket, handle).await {
-            Ok(Some(server)) => {
-                _admin_socket = Some(crate::admin::SocketFile(flags.admin_socket.clone()));
-                tokio::spawn(async move {
-                    if let Err(e) = server.await {
-                        tracing::error!("admin socket stopped: {e}");
-                    }
-                });
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!("no admin socket (`kpng status` will not reach this kpng): {e:#}")
-            }
-        }
     }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));

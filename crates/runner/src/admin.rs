@@ -66,6 +66,9 @@ pub struct Status {
     /// The last failure's message, if the last sync failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The most recent syncs that did something (or failed), newest first.
+    #[serde(default)]
+    pub recent_syncs: Vec<SyncStatus>,
     /// Every Service port in the model, in key order.
     pub services: Vec<PortStatus>,
 }
@@ -84,7 +87,16 @@ pub struct SyncStatus {
     pub operations: usize,
     /// How long the backend took.
     pub duration_seconds: f64,
+    /// What it carried, in words (`Service ports: 1 added`).
+    #[serde(default)]
+    pub changes: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
+
+/// How many syncs `recent_syncs` keeps.
+pub const SYNC_HISTORY: usize = 20;
 
 /// One Service port in one family.
 #[derive(Debug, Clone, Serialize, Deserialize)]

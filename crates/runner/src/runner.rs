@@ -175,6 +175,7 @@ impl<M: NodeModel> Runner<M> {
             started: SystemTime::now(),
             facts,
             last_sync_status: None,
+            sync_history: std::collections::VecDeque::new(),
             last_ok_at: None,
             last_error: None,
         };
@@ -213,6 +214,8 @@ struct LoopState<M: NodeModel> {
     facts: Option<FactsFn>,
     /// The last sync, for `kpng status`.
     last_sync_status: Option<SyncStatus>,
+    /// The last syncs that did something or failed, newest first ([`admin::SYNC_HISTORY`]).
+    sync_history: std::collections::VecDeque<SyncStatus>,
     /// When the last successful sync ended.
     last_ok_at: Option<SystemTime>,
     /// The last failure, cleared by the next success.
@@ -269,6 +272,7 @@ impl<M: NodeModel> LoopState<M> {
                     last_sync: self.last_sync_status.clone(),
                     last_successful_sync: self.last_ok_at.map(admin::rfc3339),
                     last_error: self.last_error.clone(),
+                    recent_syncs: self.sync_history.iter().cloned().collect(),
                     services,
                 });
             }
@@ -549,13 +553,20 @@ impl<M: NodeModel> LoopState<M> {
             }
         };
         let ended = SystemTime::now();
-        self.last_sync_status = Some(SyncStatus {
+        let status = SyncStatus {
             at: admin::rfc3339(ended),
             ok: report.ok,
             full: report.full,
             operations: report.operations,
             duration_seconds: report.duration.as_secs_f64(),
-        });
+            changes: summary.to_string(),
+            error: (!report.ok).then(|| self.last_error.clone()).flatten(),
+        };
+        if !report.ok || report.full || report.operations > 0 {
+            self.sync_history.push_front(status.clone());
+            self.sync_history.truncate(admin::SYNC_HISTORY);
+        }
+        self.last_sync_status = Some(status);
         if report.ok {
             self.last_ok_at = Some(ended);
             self.last_error = None;
