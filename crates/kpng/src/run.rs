@@ -169,10 +169,13 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         node_name,
         service_proxy_name: flags.service_proxy_name.clone(),
     };
+    let events_for = config.node_name.clone();
     let connect = async move {
         let (client, server) = kpng_source_kube::client(&options).await?;
         info!(%server, "reading cluster state from the API server");
-        anyhow::Ok(KubeSource::new(client, config))
+        let events =
+            events_for.map(|node| kpng_source_kube::NodeEvents::new(client.clone(), &node));
+        anyhow::Ok((KubeSource::new(client, config), events))
     };
     let run_source = |source: KubeSource| {
         move |tx| async move {
@@ -182,14 +185,15 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     };
     if let Sink::ToApi(to_api) = &sink {
         return runtime()?.block_on(async move {
-            let source = connect.await?;
+            let (source, _) = connect.await?;
             crate::brain::serve(flags, to_api, run_source(source)).await
         });
     }
     let (backend, facts) = sink_backend(&flags, &sink)?;
     runtime()?.block_on(async move {
         let model = Model::new(model_config(&flags)?);
-        let source = connect.await?;
+        let (source, events) = connect.await?;
+        let facts = SinkFacts { events, ..facts };
         serve(flags, model, backend, facts, run_source(source)).await
     })
 }
@@ -216,6 +220,8 @@ struct SinkFacts {
     /// The backend programming the node, if any: its node-port addresses tell `kpng trace`
     /// which addresses accept node ports.
     kind: Option<BackendKind>,
+    /// The `kube` source's Events about this Node (start, failing syncs).
+    events: Option<kpng_source_kube::NodeEvents>,
 }
 
 impl SinkFacts {
@@ -228,6 +234,7 @@ impl SinkFacts {
         lock: None,
         source_metrics: None,
         kind: None,
+        events: None,
     };
 }
 
@@ -265,6 +272,7 @@ fn local_backend(
         lock: (!dry_run).then_some(kind),
         source_metrics: None,
         kind: Some(kind),
+        events: None,
     };
     Ok((built.backend, facts))
 }
@@ -510,6 +518,9 @@ where
             }
         });
     }
+    if let Some(events) = facts.events.clone().filter(|_| !dry_run) {
+        tokio::spawn(report_events(events, proxy_mode, runner.subscribe()));
+    }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
     if let Some(server) = health_server {
@@ -546,5 +557,46 @@ where
             }
         }
         why = shutdown => { info!("{why}; leaving rules in place"); Ok(()) }
+    }
+}
+
+/// Consecutive failed syncs after which a Warning Event is posted (once per failing streak).
+const FAILURES_BEFORE_EVENT: u32 = 3;
+
+/// kube-proxy's Node Events: `Starting` now, and a warning when syncs keep failing.
+async fn report_events(
+    events: kpng_source_kube::NodeEvents,
+    backend: &'static str,
+    mut reports: tokio::sync::watch::Receiver<Option<kpng_runner::runner::SyncReport>>,
+) {
+    let mut refused_once = false;
+    let mut refused = |what: &str, e: kpng_source_kube::EventError| {
+        if std::mem::replace(&mut refused_once, true) {
+            tracing::debug!("cannot post the {what} Event: {e}");
+        } else {
+            tracing::warn!(
+                "cannot post the {what} Event (RBAC: events.k8s.io events create, patch): {e}"
+            );
+        }
+    };
+    if let Err(e) = events.starting(backend).await {
+        refused("Starting", e);
+    }
+    let mut failures = 0u32;
+    while reports.changed().await.is_ok() {
+        let Some(report) = reports.borrow_and_update().clone() else {
+            continue;
+        };
+        if report.ok {
+            failures = 0;
+            continue;
+        }
+        failures += 1;
+        if failures == FAILURES_BEFORE_EVENT {
+            let error = report.error.as_deref().unwrap_or("unknown");
+            if let Err(e) = events.sync_failing(failures, error).await {
+                refused("SyncProxyRulesFailed", e);
+            }
+        }
     }
 }

@@ -612,3 +612,53 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         });
     }
 }
+
+#[test]
+fn node_events_say_kpng_started_and_that_syncs_keep_failing() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    // The output's directory does not exist: every sync fails.
+    let output = dir.path().join("missing").join("out.yaml");
+    let output = output.to_str().expect("utf-8 path");
+    let mut kpng = Kpng::start(&kube_args(
+        &k,
+        &["--metrics-bind-address", "", "to-file", "--output", output],
+    ));
+    let events_with = |reason: &str| -> Vec<Value> {
+        server
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
+    };
+    let deadline = Instant::now() + WAIT;
+    while events_with("SyncProxyRulesFailed").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no failure event; events {:?}; kpng said:\n{}",
+            server.events(),
+            kpng.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let starting = events_with("Starting");
+    assert_eq!(starting.len(), 1, "{starting:?}");
+    let s = &starting[0];
+    assert_eq!(s["type"], "Normal");
+    assert_eq!(s["action"], "StartKubeProxy");
+    assert_eq!(s["reportingController"], "kpng");
+    assert_eq!(s["regarding"]["kind"], "Node");
+    assert_eq!(s["regarding"]["name"], "node1");
+    let failed = &events_with("SyncProxyRulesFailed")[0];
+    assert_eq!(failed["type"], "Warning");
+    assert!(
+        failed["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("failed 3 times in a row")),
+        "{failed}"
+    );
+    // kpng itself keeps running and retrying.
+    kpng.wait("more failed syncs", |_, err| err.matches("sync failed").count() >= 4);
+}

@@ -68,6 +68,8 @@ pub struct SyncReport {
     pub operations: usize,
     /// How long the backend took.
     pub duration: Duration,
+    /// Why it failed.
+    pub error: Option<String>,
 }
 
 /// Everything the loop needs.
@@ -529,6 +531,7 @@ impl<M: NodeModel> LoopState<M> {
                     full,
                     operations: stats.operations,
                     duration,
+                    error: None,
                 }
             }
             Err(e) => {
@@ -549,6 +552,7 @@ impl<M: NodeModel> LoopState<M> {
                     full,
                     operations: 0,
                     duration,
+                    error: self.last_error.clone(),
                 }
             }
         };

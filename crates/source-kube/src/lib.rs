@@ -14,11 +14,13 @@
 
 mod backoff;
 mod connect;
+mod events;
 mod rate_limit;
 mod reachability;
 mod watch;
 
 pub use connect::{ClientOptions, ConnectError, client};
+pub use events::{EventError, NodeEvents};
 pub use rate_limit::{RateLimitLayer, TokenBucket};
 pub use reachability::{Reachability, ReachabilityLayer};
 pub use watch::{KubeSource, SourceConfig, label_selector};
