@@ -170,8 +170,11 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         service_proxy_name: flags.service_proxy_name.clone(),
     };
     let events_for = config.node_name.clone();
+    let client_metrics = kpng_source_kube::ClientMetrics::default();
+    let metrics_for_client = client_metrics.clone();
     let connect = async move {
-        let (client, server) = kpng_source_kube::client(&options).await?;
+        let (client, server) =
+            kpng_source_kube::client_with_metrics(&options, &metrics_for_client).await?;
         info!(%server, "reading cluster state from the API server");
         let events =
             events_for.map(|node| kpng_source_kube::NodeEvents::new(client.clone(), &node));
@@ -193,7 +196,11 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let model = Model::new(model_config(&flags)?);
         let (source, events) = connect.await?;
-        let facts = SinkFacts { events, ..facts };
+        let facts = SinkFacts {
+            events,
+            client_metrics: Some(client_metrics),
+            ..facts
+        };
         serve(flags, model, backend, facts, run_source(source)).await
     })
 }
@@ -222,6 +229,8 @@ struct SinkFacts {
     kind: Option<BackendKind>,
     /// The `kube` source's Events about this Node (start, failing syncs).
     events: Option<kpng_source_kube::NodeEvents>,
+    /// The `kube` source's API client metrics, registered with the rest.
+    client_metrics: Option<kpng_source_kube::ClientMetrics>,
 }
 
 impl SinkFacts {
@@ -235,6 +244,7 @@ impl SinkFacts {
         source_metrics: None,
         kind: None,
         events: None,
+        client_metrics: None,
     };
 }
 
@@ -273,6 +283,7 @@ fn local_backend(
         source_metrics: None,
         kind: Some(kind),
         events: None,
+        client_metrics: None,
     };
     Ok((built.backend, facts))
 }
@@ -390,6 +401,9 @@ where
     backend.register_metrics(&mut registry);
     if let Some(source_metrics) = &facts.source_metrics {
         source_metrics.register(&mut registry);
+    }
+    if let Some(client_metrics) = &facts.client_metrics {
+        client_metrics.register(&mut registry);
     }
     let metrics = ProxyMetrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(

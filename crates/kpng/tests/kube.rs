@@ -290,6 +290,24 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         metric(&body, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
         Some(0.0)
     );
+    // client-go's request metrics: the lists and watches, by method and code.
+    let gets: f64 = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("rest_client_requests_total{")
+                && l.contains("code=\"200\"")
+                && l.contains("method=\"GET\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        gets >= 3.0,
+        "lists of Services, EndpointSlices and Nodes:\n{body}"
+    );
+    assert!(
+        body.contains("rest_client_request_duration_seconds_count{verb=\"GET\""),
+        "{body}"
+    );
 }
 
 #[test]
@@ -660,5 +678,7 @@ fn node_events_say_kpng_started_and_that_syncs_keep_failing() {
         "{failed}"
     );
     // kpng itself keeps running and retrying.
-    kpng.wait("more failed syncs", |_, err| err.matches("sync failed").count() >= 4);
+    kpng.wait("more failed syncs", |_, err| {
+        err.matches("sync failed").count() >= 4
+    });
 }
