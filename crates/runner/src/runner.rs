@@ -178,6 +178,7 @@ impl<M: NodeModel> Runner<M> {
             facts,
             last_sync_status: None,
             sync_history: std::collections::VecDeque::new(),
+            loading_report_at: Instant::now(),
             last_ok_at: None,
             last_error: None,
         };
@@ -216,6 +217,8 @@ struct LoopState<M: NodeModel> {
     facts: Option<FactsFn>,
     /// The last sync, for `kpng status`.
     last_sync_status: Option<SyncStatus>,
+    /// When the loading progress was last reported (before the first sync).
+    loading_report_at: Instant,
     /// The last syncs that did something or failed, newest first ([`admin::SYNC_HISTORY`]).
     sync_history: std::collections::VecDeque<SyncStatus>,
     /// When the last successful sync ended.
@@ -331,6 +334,18 @@ impl<M: NodeModel> LoopState<M> {
                 "holding the first sync until these lists are complete: {}",
                 names.join(", ")
             );
+        } else if !missing.is_empty() && self.loading_report_at.elapsed() >= LOADING_PROGRESS_EVERY
+        {
+            // A large cluster takes a while to list: say how far along it is.
+            let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
+            info!(
+                "still loading: {} Service ports so far; waiting for the complete lists of {}",
+                self.runner.model.snapshot().ports.len(),
+                names.join(", ")
+            );
+        }
+        if self.loading_report_at.elapsed() >= LOADING_PROGRESS_EVERY {
+            self.loading_report_at = Instant::now();
         }
         self.reported_missing = missing;
     }
@@ -446,6 +461,9 @@ impl<M: NodeModel> LoopState<M> {
         let summary = DiffSummary::of(changed);
         let changed_names = changed_services(changed);
         let ports_total = snapshot.ports.len();
+        if self.last_sync.is_none() && ports_total >= LARGE_FIRST_SYNC {
+            info!("first sync: programming {ports_total} Service ports");
+        }
         let started = std::time::Instant::now();
         let result = self.runner.backend.sync(&SyncRequest {
             diff: &diff,
@@ -629,6 +647,13 @@ impl<M: NodeModel> LoopState<M> {
         }
     }
 }
+
+/// How often the loading progress is reported before the first sync.
+const LOADING_PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// A first sync of at least this many Service ports is announced before it starts (it may
+/// take a second or more).
+const LARGE_FIRST_SYNC: usize = 5000;
 
 /// The next admin question; pending forever without an admin handle.
 async fn next_query(queries: &mut Option<mpsc::Receiver<Query>>) -> Option<Query> {
