@@ -37,8 +37,59 @@ pub async fn serve(
     path: &Path,
     handle: AdminHandle,
 ) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
-    use axum::Router;
     use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/trace", get(trace))
+        .with_state(handle);
+    serve_router(path, app).await
+}
+
+/// A brain's admin socket: `kpng status` lists the connected nodes.
+#[cfg(unix)]
+pub async fn serve_brain(
+    path: &Path,
+    hub: std::sync::Arc<kpng_api::hub::Hub>,
+) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/v1/status",
+        get(move || {
+            let hub = hub.clone();
+            async move {
+                axum::Json(BrainStatus {
+                    role: "brain".into(),
+                    synced: hub.synced(),
+                    services: hub.service_count(),
+                    nodes: hub.watchers(),
+                })
+                .into_response()
+            }
+        }),
+    );
+    serve_router(path, app).await
+}
+
+/// What a brain answers to `kpng status`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrainStatus {
+    /// `brain`: tells the client which view this is.
+    pub role: String,
+    /// Whether every list is complete (nodes are served).
+    pub synced: bool,
+    /// Services the brain holds.
+    pub services: usize,
+    /// The connected nodes.
+    pub nodes: Vec<kpng_api::hub::WatcherStatus>,
+}
+
+#[cfg(unix)]
+async fn serve_router(
+    path: &Path,
+    app: axum::Router,
+) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
     use std::os::unix::fs::PermissionsExt;
 
     if let Some(dir) = path.parent() {
@@ -65,10 +116,6 @@ pub async fn serve(
         "serving `kpng status` and `kpng trace` on {}",
         path.display()
     );
-    let app = Router::new()
-        .route("/v1/status", get(status))
-        .route("/v1/trace", get(trace))
-        .with_state(handle);
     Ok(Some(async move { axum::serve(listener, app).await }))
 }
 
@@ -198,6 +245,9 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
     let body = get(socket, "/v1/status")?;
     let mut status: serde_json::Value =
         serde_json::from_str(&body).context("kpng's status is not JSON")?;
+    if status["role"] == "brain" {
+        return print_brain(&status, args.output);
+    }
     if let Some(filter) = &args.service
         && let Some(services) = status.get_mut("services").and_then(|s| s.as_array_mut())
     {
@@ -215,6 +265,44 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             let typed: Status = serde_json::from_value(status)
                 .context("kpng's status does not have the expected shape")?;
             print!("{}", table(&typed, args.output == StatusOutput::Wide));
+        }
+    }
+    Ok(())
+}
+
+/// A brain's status: its nodes, what each took and how far behind it is.
+fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Result<()> {
+    match output {
+        StatusOutput::Json => println!("{}", serde_json::to_string_pretty(status)?),
+        StatusOutput::Yaml => print!("{}", serde_saphyr::to_string(status)?),
+        StatusOutput::Table | StatusOutput::Wide => {
+            let brain: BrainStatus = serde_json::from_value(status.clone())
+                .context("the brain's status does not have the expected shape")?;
+            println!(
+                "brain  {} Services  {}  {} nodes connected",
+                brain.services,
+                if brain.synced {
+                    "synced"
+                } else {
+                    "still listing"
+                },
+                brain.nodes.len()
+            );
+            println!(
+                "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}",
+                "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"
+            );
+            for n in &brain.nodes {
+                println!(
+                    "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s",
+                    n.node,
+                    n.connected_at,
+                    n.change_sets_sent,
+                    n.last_sent_at.as_deref().unwrap_or("-"),
+                    n.pending_service_changes,
+                    n.lag_seconds
+                );
+            }
         }
     }
     Ok(())

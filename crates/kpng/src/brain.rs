@@ -65,6 +65,26 @@ where
     .with_context(|| format!("serving the API on {} (--listen)", to_api.listen))?;
     let server = tokio::spawn(server);
 
+    // `kpng status` on a brain: the connected nodes.
+    let mut _admin_socket = None;
+    #[cfg(unix)]
+    if !flags.admin_socket.is_empty() {
+        let path = std::path::Path::new(&flags.admin_socket);
+        match crate::admin::serve_brain(path, hub.clone()).await {
+            Ok(Some(server)) => {
+                _admin_socket = Some(crate::admin::SocketFile(path.to_path_buf()));
+                tokio::spawn(async move {
+                    if let Err(e) = server.await {
+                        error!("admin socket stopped: {e}");
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("no admin socket (`kpng status` will not reach this brain): {e:#}")
+            }
+        }
+    }
     let (tx, mut rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
     let feed = async {

@@ -563,12 +563,16 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     let k = kubeconfig(&server, dir.path());
     let socket = format!("unix://{}", dir.path().join("brain.sock").display());
     // The brain: no --node-name, it watches every Node.
+    let brain_admin = dir.path().join("brain-admin.sock");
+    let brain_admin = brain_admin.to_str().expect("utf-8 path");
     let mut brain = Kpng::start(&[
         "kube",
         "--kubeconfig",
         k.to_str().expect("utf-8 path"),
         "--metrics-bind-address",
         "",
+        "--admin-socket",
+        brain_admin,
         "to-api",
         "--listen",
         &socket,
@@ -583,10 +587,13 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     let mut nodes: Vec<Kpng> = outputs
         .iter()
         .map(|(name, output)| {
+            let admin = dir.path().join(format!("{name}-admin.sock"));
             Kpng::start(&[
                 "api",
                 "--api",
                 &socket,
+                "--admin-socket",
+                admin.to_str().expect("utf-8"),
                 "--node-name",
                 name,
                 "--min-sync-period",
@@ -629,6 +636,31 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
             std::fs::read_to_string(output).is_ok_and(|t| t.contains("10.244.1.3:8080"))
         });
     }
+
+    // `kpng status` on the brain: both nodes, each having taken the replay and the change.
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket", brain_admin])
+        .output()
+        .expect("kpng status");
+    let status: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(status["role"], "brain", "{status}");
+    assert_eq!(status["synced"], true, "{status}");
+    let nodes = status["nodes"].as_array().expect("nodes");
+    let names: Vec<&str> = nodes.iter().filter_map(|n| n["node"].as_str()).collect();
+    assert_eq!(names, ["node1", "node2"], "{status}");
+    for n in nodes {
+        assert!(n["changeSetsSent"].as_u64().is_some_and(|c| c >= 2), "{n}");
+    }
+    let table = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket", brain_admin])
+        .output()
+        .expect("kpng status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("2 nodes connected") && table.contains("node2"),
+        "{table}"
+    );
 }
 
 #[test]
