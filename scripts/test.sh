@@ -13,6 +13,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# The status page's test loads it in a real browser (headless).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # The bench's plots label their axes with DejaVu Sans.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then

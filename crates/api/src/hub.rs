@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use ipnet::IpNet;
 
@@ -312,6 +313,36 @@ fn merge_by_key<'a, A: 'a, B: 'a>(
 pub struct Slot {
     pending: Mutex<Pending>,
     notify: Notify,
+    stats: Mutex<SlotStats>,
+}
+
+/// What `kpng status` on a brain says of one watcher.
+#[derive(Debug, Clone, Copy)]
+struct SlotStats {
+    connected_at: SystemTime,
+    change_sets_sent: u64,
+    last_sent_at: Option<SystemTime>,
+    /// When the oldest change not yet sent to it arrived.
+    pending_since: Option<SystemTime>,
+}
+
+/// One connected node as the brain sees it: for `kpng status` on a brain.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatcherStatus {
+    /// The node name it watches for.
+    pub node: String,
+    /// When it connected (RFC 3339).
+    pub connected_at: String,
+    /// Change sets it took; each request for the next one acknowledges the previous.
+    pub change_sets_sent: u64,
+    /// When it last took one (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sent_at: Option<String>,
+    /// Services changed since its last change set, waiting for its next request.
+    pub pending_service_changes: usize,
+    /// How long the oldest of those has waited: the node's lag behind the brain.
+    pub lag_seconds: f64,
 }
 
 impl Slot {
@@ -321,6 +352,17 @@ impl Slot {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn stats(&self) -> MutexGuard<'_, SlotStats> {
+        self.stats
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Something was queued for this watcher now.
+    fn queued(&self, now: SystemTime) {
+        self.stats().pending_since.get_or_insert(now);
+    }
+
     /// Waits until something is to be sent, then takes it (the watcher now holds the newest
     /// versions and node state).
     pub async fn next(&self) -> Pending {
@@ -328,6 +370,12 @@ impl Slot {
             {
                 let mut pending = self.lock();
                 if pending.is_ready() {
+                    {
+                        let mut stats = self.stats();
+                        stats.change_sets_sent += 1;
+                        stats.last_sent_at = Some(SystemTime::now());
+                        stats.pending_since = None;
+                    }
                     let node = pending.node.clone();
                     return std::mem::replace(
                         &mut *pending,
@@ -467,6 +515,12 @@ impl Hub {
                 ..Pending::default()
             }),
             notify: Notify::new(),
+            stats: Mutex::new(SlotStats {
+                connected_at: SystemTime::now(),
+                change_sets_sent: 0,
+                last_sent_at: None,
+                pending_since: None,
+            }),
         });
         state.watchers.insert(
             id,
@@ -543,12 +597,47 @@ impl Hub {
                 touched.insert(*id);
             }
         }
+        let now = SystemTime::now();
         for id in touched {
             if let Some(w) = state.watchers.get(&id) {
+                w.slot.queued(now);
                 w.slot.notify.notify_one();
             }
         }
         out
+    }
+
+    /// Every connected watcher, by node name.
+    pub fn watchers(&self) -> Vec<WatcherStatus> {
+        let state = self.lock();
+        let now = SystemTime::now();
+        let rfc3339 = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let mut out: Vec<WatcherStatus> = state
+            .watchers
+            .values()
+            .map(|w| {
+                let stats = *w.slot.stats();
+                let pending = w.slot.lock().changes.len();
+                WatcherStatus {
+                    node: w.node_name.clone(),
+                    connected_at: rfc3339(stats.connected_at),
+                    change_sets_sent: stats.change_sets_sent,
+                    last_sent_at: stats.last_sent_at.map(rfc3339),
+                    pending_service_changes: pending,
+                    lag_seconds: stats
+                        .pending_since
+                        .and_then(|since| now.duration_since(since).ok())
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        out
+    }
+
+    /// Service entries the brain holds.
+    pub fn service_count(&self) -> usize {
+        self.lock().entries.len()
     }
 }
 

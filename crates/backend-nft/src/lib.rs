@@ -115,6 +115,18 @@ enum KernelTable {
 struct NftMetrics {
     sync_failures: Counter,
     cleanup_failures: Counter,
+    /// `kpng_nftables_elements{ip_family}`: set and map elements kpng programmed (its in-memory
+    /// view of the kernel's, updated after every successful sync).
+    elements: prometheus_client::metrics::family::Family<
+        kpng_backend::metrics::FamilyLabel,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
+    /// `kpng_nftables_dynamic_chains{ip_family}`: dynamic chains (one per distinct endpoint count and
+    /// affinity timeout, never per Service).
+    chains: prometheus_client::metrics::family::Family<
+        kpng_backend::metrics::FamilyLabel,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
 }
 
 /// The nftables backend.
@@ -656,6 +668,16 @@ impl Backend for NftBackend {
             "Number of times the nftables cleanup failed",
             self.metrics.cleanup_failures.clone(),
         );
+        registry.register(
+            "kpng_nftables_elements",
+            "Set and map elements kpng programmed, per family",
+            self.metrics.elements.clone(),
+        );
+        registry.register(
+            "kpng_nftables_dynamic_chains",
+            "Dynamic chains kpng programmed (per distinct endpoint count and affinity timeout), per family",
+            self.metrics.chains.clone(),
+        );
     }
 
     fn watch_tampering(&mut self, alarm: TamperAlarm) -> Result<bool, BackendError> {
@@ -693,6 +715,18 @@ impl Backend for NftBackend {
             m.end_own();
         }
         let operations = result?;
+        for state in &self.states {
+            let label = kpng_backend::metrics::FamilyLabel::from(state.fam.0);
+            let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            self.metrics
+                .elements
+                .get_or_create(&label)
+                .set(count(state.store.len()));
+            self.metrics
+                .chains
+                .get_or_create(&label)
+                .set(count(state.chains.len()));
+        }
         self.forget_removed_ports(request);
         debug!(operations, "nftables sync done");
         Ok(SyncStats { operations })

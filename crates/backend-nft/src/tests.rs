@@ -178,6 +178,27 @@ fn a_new_endpoint_count_adds_its_chain_once() {
     );
 }
 
+/// `kpng_nftables_elements` and `kpng_nftables_dynamic_chains` follow what was programmed.
+#[test]
+fn element_and_chain_counts_are_exported() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, _r) = backend();
+    let mut registry = prometheus_client::registry::Registry::default();
+    b.register_metrics(&mut registry);
+    let gauge = |registry: &prometheus_client::registry::Registry, name: &str| -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{ip_family=\"IPv4\"}}")))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+    };
+    full_sync(&mut b, &model);
+    let elements = gauge(&registry, "kpng_nftables_elements");
+    assert!(elements >= 5.0, "{elements}");
+    assert!(gauge(&registry, "kpng_nftables_dynamic_chains") >= 1.0);
+}
+
 #[test]
 fn an_unchanged_relist_sends_nothing() {
     let mut model = model_from(ONE_SERVICE);

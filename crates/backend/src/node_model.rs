@@ -20,6 +20,14 @@ pub trait NodeModel: Send + 'static {
     fn apply(&mut self, input: Self::Input) -> ApplyOutcome;
     /// The current node-local state.
     fn snapshot(&self) -> &Snapshot;
+    /// Every endpoint of one port with why it is used or not, for `kpng status`; `None` when
+    /// this model cannot tell (a brain's view carries only the endpoints in use).
+    fn explain(
+        &self,
+        _key: &kpng_model::PortKey,
+    ) -> Option<Vec<kpng_model::inspect::EndpointStatus>> {
+        None
+    }
 }
 
 /// What one input carries: counted in `kpng_objects_seen_total` and kube-proxy's
@@ -72,5 +80,12 @@ impl NodeModel for Model {
 
     fn snapshot(&self) -> &Snapshot {
         Model::snapshot(self)
+    }
+
+    fn explain(
+        &self,
+        key: &kpng_model::PortKey,
+    ) -> Option<Vec<kpng_model::inspect::EndpointStatus>> {
+        Model::explain(self, key)
     }
 }

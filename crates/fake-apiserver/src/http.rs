@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     pub forbidden: Mutex<std::collections::BTreeSet<Resource>>,
     /// Resources answered with `404 Not Found` (an API the server does not serve).
     pub missing: Mutex<std::collections::BTreeSet<Resource>>,
+    /// Events (`events.k8s.io/v1`) created or patched by clients, newest last.
+    pub events: Mutex<Vec<Value>>,
 }
 
 impl Shared {
@@ -132,6 +134,7 @@ async fn handle(
     uri: Uri,
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
+    body: axum::body::Bytes,
 ) -> Response {
     let path = uri.path().trim_end_matches('/').to_string();
     shared
@@ -151,6 +154,11 @@ async fn handle(
             Err::<String, _>(std::io::Error::other("the API server is down"))
         });
         return Response::new(Body::from_stream(cut));
+    }
+    if let Some(rest) = path.strip_prefix("/apis/events.k8s.io/v1/namespaces/")
+        && let Some((_, tail)) = rest.split_once("/events")
+    {
+        return event(&shared, &method, tail.trim_start_matches('/'), &body);
     }
     if method != Method::GET {
         return error(
@@ -208,6 +216,45 @@ async fn handle(
         watch_response(&shared, resource, filter, &query)
     } else {
         list(&shared, resource, &filter, &query)
+    }
+}
+
+/// `POST …/events` creates an Event, `PATCH …/events/NAME` merges into one (a series): the
+/// calls kube's event recorder makes. Events are kept for the tests to read.
+fn event(shared: &Shared, method: &Method, name: &str, body: &[u8]) -> Response {
+    let Ok(object) = serde_json::from_slice::<Value>(body) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not JSON",
+        );
+    };
+    let mut events = shared.events.lock().unwrap_or_else(PoisonError::into_inner);
+    match (method.as_str(), name) {
+        ("POST", "") => {
+            events.push(object.clone());
+            json_response(StatusCode::CREATED, &object)
+        }
+        ("PATCH", name) if !name.is_empty() => {
+            let found = events
+                .iter_mut()
+                .rev()
+                .find(|e| e.pointer("/metadata/name").and_then(Value::as_str) == Some(name));
+            match (found, object) {
+                (Some(Value::Object(existing)), Value::Object(patch)) => {
+                    for (k, v) in patch {
+                        existing.insert(k, v);
+                    }
+                    json_response(StatusCode::OK, &Value::Object(existing.clone()))
+                }
+                _ => not_found(),
+            }
+        }
+        _ => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "events: POST to create, PATCH to update",
+        ),
     }
 }
 

@@ -105,6 +105,7 @@ impl Builder {
                 down: AtomicBool::new(false),
                 forbidden: Mutex::default(),
                 missing: Mutex::default(),
+                events: Mutex::default(),
             }),
             runtime: Some(runtime),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -332,6 +333,15 @@ impl FakeApiServer {
     /// Whether the server accepts connections.
     pub fn is_running(&self) -> bool {
         self.running.is_some()
+    }
+
+    /// Every Event clients created (`events.k8s.io/v1`), with their later patches applied.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared
+            .events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Every request answered so far, in order.

@@ -19,6 +19,20 @@ pub use convert::{
     LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, last_change_trigger_time,
 };
 
+/// The API resources kpng reads (group/version and kind), for `kpng version` and the docs:
+/// an operator checking compatibility with their cluster asks exactly this.
+pub const API_RESOURCES: [&str; 4] = [
+    "v1 Service",
+    "discovery.k8s.io/v1 EndpointSlice",
+    "v1 Node",
+    "networking.k8s.io/v1 ServiceCIDR",
+];
+
+/// The Kubernetes API schema kpng is compiled against (k8s-openapi's `v1_33` feature, set in
+/// the workspace's Cargo.toml): the oldest API server whose objects it reads completely.
+/// ServiceCIDRs are read only when discovery says the server serves them.
+pub const KUBERNETES_SCHEMA: &str = "1.33";
+
 /// An object as the model receives it, and the values its conversion ignored.
 #[derive(Debug, Clone)]
 pub struct Converted {
@@ -96,4 +110,16 @@ pub fn from_json<K: Convert + k8s_openapi::serde::de::DeserializeOwned>(
     value: serde_json::Value,
 ) -> Result<Converted, serde_json::Error> {
     Ok(serde_json::from_value::<K>(value)?.convert())
+}
+
+#[cfg(test)]
+mod schema_tests {
+    /// The constant follows the k8s-openapi feature the workspace enables.
+    #[test]
+    fn schema_is_the_enabled_k8s_openapi_version() {
+        let mut enabled = String::new();
+        k8s_openapi::k8s_if_1_33! { enabled.push_str("1.33 "); }
+        k8s_openapi::k8s_if_1_34! { enabled.push_str("1.34 "); }
+        assert_eq!(enabled.trim(), super::KUBERNETES_SCHEMA);
+    }
 }

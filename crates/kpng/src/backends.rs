@@ -197,7 +197,7 @@ struct NodeSettings {
 }
 
 /// `--detect-local-mode` with its parameters.
-fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
+pub(crate) fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
     Ok(match flags.detect_local_mode {
         DetectLocalMode::ClusterCidr => DetectLocal::ClusterCidr(flags.cluster_cidr.clone()),
         DetectLocalMode::NodeCidr => DetectLocal::NodeCidr,

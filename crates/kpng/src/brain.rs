@@ -22,6 +22,7 @@ where
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let mut registry = Registry::default();
+    crate::process_metrics::register(&mut registry);
     let metrics = ApiMetrics::new(&mut registry);
     let hub = Arc::new(Hub::new(
         ClusterModel::new(ClusterConfig {
@@ -38,7 +39,14 @@ where
                 flags.metrics_bind_address
             )
         })?;
-        let server = crate::http::metrics_server(addr, Arc::new(registry), "api").await?;
+        let server = crate::http::metrics_server(
+            addr,
+            Arc::new(registry),
+            "api",
+            crate::zpages::ZPages::new(&flags, "to-api"),
+            None,
+        )
+        .await?;
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 error!("metrics server stopped: {e}");
@@ -62,6 +70,26 @@ where
     .with_context(|| format!("serving the API on {} (--listen)", to_api.listen))?;
     let server = tokio::spawn(server);
 
+    // `kpng status` on a brain: the connected nodes.
+    let mut _admin_socket = None;
+    #[cfg(unix)]
+    if !flags.admin_socket.is_empty() {
+        let path = std::path::Path::new(&flags.admin_socket);
+        match crate::admin::serve_brain(path, hub.clone()).await {
+            Ok(Some(server)) => {
+                _admin_socket = Some(crate::admin::SocketFile(path.to_path_buf()));
+                tokio::spawn(async move {
+                    if let Err(e) = server.await {
+                        error!("admin socket stopped: {e}");
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("no admin socket (`kpng status` will not reach this brain): {e:#}")
+            }
+        }
+    }
     let (tx, mut rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
     let feed = async {

@@ -23,6 +23,14 @@ use crate::backends::BackendKind;
 #[command(
     name = "kpng",
     version,
+    long_version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (git ",
+        env!("KPNG_GIT_COMMIT"),
+        ", built ",
+        env!("KPNG_BUILD_DATE"),
+        ")"
+    ),
     propagate_version = true,
     max_term_width = 100,
     after_help = EXAMPLES
@@ -48,7 +56,7 @@ Examples:
 kube-proxy flags kpng accepts without effect (each warns once when set): --feature-gates,
 --profiling, --show-hidden-metrics-for-version, --oom-score-adj, --config-sync-period,
 --bind-address-hard-fail, --kube-api-content-type, --proxy-port-range, --ipvs-*,
---logging-format, --log-flush-frequency, --vmodule, --log-{json,text}-*, --windows-service.";
+--log-flush-frequency, --vmodule, --log-{json,text}-*, --windows-service.";
 
 /// Node, proxy and server flags (kube-proxy's names and defaults).
 #[derive(Debug, Args, Clone)]
@@ -57,6 +65,21 @@ pub struct GlobalFlags {
     /// `config.conf` of the kube-proxy ConfigMap); flags given on the command line win over it.
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+
+    /// The admin socket: a running kpng answers `kpng status` and `kpng trace` on it (root
+    /// only); the client commands ask the kpng serving it. Empty: none.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        default_value = "/run/kpng/kpng.sock",
+        help_heading = "Output"
+    )]
+    pub admin_socket: String,
+
+    /// Every flag's effective value (`--name=value`), for `/flagz`; filled after parsing.
+    #[arg(skip)]
+    pub effective_flags: Vec<String>,
 
     /// Write the effective configuration as a KubeProxyConfiguration to FILE (`-`: standard
     /// output) and exit without running the command.
@@ -248,9 +271,21 @@ pub struct GlobalFlags {
     #[arg(long, global = true, hide = true)]
     pub metrics_port: Option<u16>,
 
-    /// Log filter (tracing syntax, e.g. `info`, `kpng=debug`); RUST_LOG wins when set.
+    /// Log filter: a level (error, warn, info, debug, trace, off) and/or MODULE=LEVEL
+    /// directives, e.g. `info,kpng_backend_nft=debug`; RUST_LOG wins when set.
     #[arg(long, global = true, default_value = "info", help_heading = "Logging")]
     pub log_level: String,
+
+    /// Log line format: `text` for people, `json` (one object per line) for log collectors;
+    /// kube-proxy's --logging-format and the config file's `logging.format`.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        help_heading = "Logging"
+    )]
+    pub logging_format: LogFormat,
 
     /// kube-proxy's (klog's) verbosity, when --log-level is not given: 0-3 info, 4 debug, 5+
     /// trace.
@@ -279,8 +314,72 @@ pub enum Command {
     /// Remove every kpng backend's and kube-proxy's (every mode) rules from this node, print
     /// what was removed, then exit (kube-proxy's --cleanup).
     Cleanup,
-    /// Print the version.
-    Version,
+    /// Print the version, git commit, build date and the Kubernetes APIs kpng reads.
+    Version(VersionArgs),
+    /// Ask the running kpng (--admin-socket) what it programmed: every Service port's
+    /// frontends, endpoints and, for each endpoint not used, why.
+    Status(StatusArgs),
+    /// Ask the running kpng (--admin-socket) what it does with one packet: the Service and
+    /// frontend that match, the endpoints, masquerading, or why it is rejected or dropped.
+    Trace(TraceArgs),
+}
+
+/// `kpng status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// One Service: NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT.
+    pub service: Option<String>,
+    /// `table`, `wide` (every endpoint and why it is unused), `json` or `yaml`.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusOutput::Table)]
+    pub output: StatusOutput,
+}
+
+/// How `kpng status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// One line per Service port.
+    Table,
+    /// Also one line per endpoint, with its state and why it is unused.
+    Wide,
+    /// The whole status as JSON.
+    Json,
+    /// The whole status as YAML.
+    Yaml,
+}
+
+/// `kpng trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The packet's source IP.
+    #[arg(long)]
+    pub from: String,
+    /// The packet's destination, IP:PORT (IPv6: [ADDRESS]:PORT).
+    #[arg(long)]
+    pub to: String,
+    /// tcp, udp or sctp.
+    #[arg(long, default_value = "tcp")]
+    pub proto: String,
+    /// `text` or `json`.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
+    pub output: LogFormat,
+}
+
+/// `kpng version`.
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// `text` for people, `json` for scripts.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
+    pub output: LogFormat,
+}
+
+/// Text for people or JSON for machines: the log line format and `kpng version -o`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `kpng file …`.

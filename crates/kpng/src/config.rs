@@ -28,6 +28,7 @@ use clap::parser::ValueSource;
 use crate::cli::GlobalFlags;
 
 pub use duration::parse as parse_go_duration;
+pub use write::effective;
 
 /// `clientConnection` of the file, for the `kube` source, whose flags of the same names
 /// (`--kubeconfig`, `--kube-api-qps`, `--kube-api-burst`) fill it too. When a flag was given on
@@ -186,6 +187,7 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         conntrack_udp_timeout,
         conntrack_udp_timeout_stream,
         log_level,
+        logging_format,
         client_connection,
         proxy_mode,
         iptables_localhost_nodeports,

@@ -69,6 +69,10 @@ pub async fn health_server(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the health server to {addr} (--healthz-bind-address)"))?;
+    tracing::info!(
+        "serving /healthz and /livez on http://{}",
+        listener.local_addr().unwrap_or(addr)
+    );
     Ok(async move { axum::serve(listener, app).await })
 }
 
@@ -76,6 +80,53 @@ pub async fn health_server(
 struct MetricsState {
     registry: Arc<Registry>,
     proxy_mode: &'static str,
+    z: Arc<crate::zpages::ZPages>,
+    admin: Option<kpng_runner::admin::AdminHandle>,
+}
+
+/// The status page: plain HTML and a little JavaScript, embedded, no external assets. It
+/// reads the two JSON answers below, as `kpng status` and `kpng trace` do.
+async fn status_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("status_page.html"),
+    )
+        .into_response()
+}
+
+async fn status_json(State(state): State<MetricsState>) -> Response {
+    crate::admin::status_answer(state.admin.as_ref()).await
+}
+
+async fn trace_json(
+    State(state): State<MetricsState>,
+    axum::extract::Query(p): axum::extract::Query<crate::admin::TraceParams>,
+) -> Response {
+    crate::admin::trace_answer(state.admin.as_ref(), p).await
+}
+
+async fn configz(State(state): State<MetricsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        state.z.configz.clone(),
+    )
+        .into_response()
+}
+
+async fn flagz(State(state): State<MetricsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        state.z.flagz.clone(),
+    )
+        .into_response()
+}
+
+async fn statusz(State(state): State<MetricsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        state.z.statusz(),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<MetricsState>) -> Response {
@@ -115,17 +166,31 @@ pub async fn metrics_server(
     addr: SocketAddr,
     registry: Arc<Registry>,
     proxy_mode: &'static str,
+    z: crate::zpages::ZPages,
+    admin: Option<kpng_runner::admin::AdminHandle>,
 ) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
     let app = Router::new()
+        .route("/status", get(status_page))
+        .route("/status/status.json", get(status_json))
+        .route("/status/trace.json", get(trace_json))
         .route("/metrics", get(metrics))
         .route("/healthz", get(plain_ok))
         .route("/proxyMode", get(proxy_mode_text))
+        .route("/configz", get(configz))
+        .route("/flagz", get(flagz))
+        .route("/statusz", get(statusz))
         .with_state(MetricsState {
             registry,
             proxy_mode,
+            z: Arc::new(z),
+            admin,
         });
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("binding the metrics server to {addr} (--metrics-bind-address)")
     })?;
+    tracing::info!(
+        "serving /metrics on http://{}",
+        listener.local_addr().unwrap_or(addr)
+    );
     Ok(async move { axum::serve(listener, app).await })
 }

@@ -144,13 +144,6 @@ pub const IGNORED: &[Ignored] = &[
         why::IPVS,
         ZERO,
     ),
-    warns(
-        "logging-format",
-        false,
-        "logging.format",
-        why::LOGGING_FORMAT,
-        &["text"],
-    ),
     warns("vmodule", false, "logging.vmodule", why::VMODULE, &[""]),
     warns(
         "windows-service",
@@ -286,7 +279,6 @@ mod tests {
             "--kube-api-content-type",
             "application/vnd.kubernetes.protobuf",
             "--feature-gates=Bar=false",
-            "--logging-format=text",
         ]);
         assert_eq!(
             args(&e),

@@ -126,18 +126,42 @@ where
                     .format_event(ctx, Writer::new(&mut line), event)?;
                 writeln!(
                     writer,
-                    "{} ({n} identical in the last {}s not shown)",
-                    line.trim_end_matches('\n'),
-                    self.window.as_secs()
+                    "{}",
+                    with_count(line.trim_end_matches('\n'), n, self.window)
                 )
             }
         }
     }
 }
 
+/// A shown line with how many identical ones were held back: a sentence after a text line, two
+/// fields inside a JSON object (so that the line stays one valid object).
+fn with_count(line: &str, held_back: u64, window: Duration) -> String {
+    let secs = window.as_secs();
+    match line.strip_suffix('}') {
+        Some(open) if line.starts_with('{') => format!(
+            "{open},\"identical_not_shown\":{held_back},\"identical_window_seconds\":{secs}}}"
+        ),
+        _ => format!("{line} ({held_back} identical in the last {secs}s not shown)"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_count_keeps_a_json_line_one_object() {
+        let w = Duration::from_secs(30);
+        assert_eq!(
+            with_count("WARN kpng: gone", 3, w),
+            "WARN kpng: gone (3 identical in the last 30s not shown)"
+        );
+        let json = with_count(r#"{"level":"WARN","message":"gone"}"#, 3, w);
+        let parsed: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
+        assert_eq!(parsed["identical_not_shown"], 3);
+        assert_eq!(parsed["message"], "gone");
+    }
 
     #[test]
     fn identical_lines_within_the_window_are_counted_then_reported() {

@@ -3,6 +3,7 @@
 //! `kpng <source> [flags] <sink> [backend] [flags]`: a source turns cluster state into the
 //! node-local model, a sink consumes it. See `kpng --help`.
 
+mod admin;
 mod backends;
 mod brain;
 mod cli;
@@ -15,11 +16,13 @@ mod instance_lock;
 mod kube_proxy_flags;
 mod leftovers;
 mod log_dedup;
+mod logging;
 mod prereq;
+mod process_metrics;
 mod run;
 mod signals;
-
-use std::io::IsTerminal;
+mod version;
+mod zpages;
 
 /// jemalloc instead of glibc's allocator: loading a large cluster allocates and frees many
 /// small objects from several threads, and glibc keeps that memory in fragmented per-thread
@@ -30,19 +33,6 @@ use std::io::IsTerminal;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::{CommandFactory, FromArgMatches};
-
-/// `--log-level`, with kube's own crates silenced unless it names them: they log every
-/// failed attempt while the API server is down, and the `kube` source already reports an
-/// outage, a refusal or a bad object once itself.
-fn log_filter(spec: &str) -> String {
-    let mut filter = spec.to_string();
-    for chatty in ["kube_client", "kube_runtime"] {
-        if !spec.contains(chatty) {
-            filter.push_str(&format!(",{chatty}=off"));
-        }
-    }
-    filter
-}
 
 fn main() -> std::process::ExitCode {
     // kube-proxy's flags kpng does not implement leave the line first (warned about below).
@@ -64,6 +54,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let mut cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.global.effective_flags = zpages::effective_flags(&cli::Cli::command(), &matches);
     // The configuration file comes first: it may set the log level.
     let report = match config::apply(&mut cli.global, &matches) {
         Ok(report) => report,
@@ -72,17 +63,13 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(&cli.global.log_level)));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .event_format(log_dedup::Dedup::new(
-            tracing_subscriber::fmt::format(),
-            log_dedup::WINDOW,
-        ))
-        .init();
+    if std::env::var_os("RUST_LOG").is_none()
+        && let Err(e) = logging::check_level(&cli.global.log_level)
+    {
+        eprintln!("kpng: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    logging::init(&cli.global.log_level, cli.global.logging_format);
     for note in &report.notes {
         tracing::info!("--config: {note}");
     }
@@ -110,20 +97,5 @@ fn main() -> std::process::ExitCode {
             eprintln!("kpng: {e:#}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn kube_crates_are_quiet_unless_named() {
-        assert_eq!(
-            super::log_filter("info"),
-            "info,kube_client=off,kube_runtime=off"
-        );
-        assert_eq!(
-            super::log_filter("info,kube_client=debug"),
-            "info,kube_client=debug,kube_runtime=off"
-        );
     }
 }

@@ -47,9 +47,12 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         return init_only(&flags, local_kind(&command));
     }
     match command {
-        Command::Version => {
-            println!("kpng {}", env!("CARGO_PKG_VERSION"));
-            Ok(())
+        Command::Version(args) => crate::version::print(&args),
+        Command::Status(args) => {
+            crate::admin::print_status(std::path::Path::new(&flags.admin_socket), &args)
+        }
+        Command::Trace(args) => {
+            crate::admin::print_trace(std::path::Path::new(&flags.admin_socket), &args)
         }
         Command::Cleanup => crate::leftovers::cleanup_all(),
         Command::File(file) => {
@@ -166,10 +169,16 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         node_name,
         service_proxy_name: flags.service_proxy_name.clone(),
     };
+    let events_for = config.node_name.clone();
+    let client_metrics = kpng_source_kube::ClientMetrics::default();
+    let metrics_for_client = client_metrics.clone();
     let connect = async move {
-        let (client, server) = kpng_source_kube::client(&options).await?;
+        let (client, server) =
+            kpng_source_kube::client_with_metrics(&options, &metrics_for_client).await?;
         info!(%server, "reading cluster state from the API server");
-        anyhow::Ok(KubeSource::new(client, config))
+        let events =
+            events_for.map(|node| kpng_source_kube::NodeEvents::new(client.clone(), &node));
+        anyhow::Ok((KubeSource::new(client, config), events))
     };
     let run_source = |source: KubeSource| {
         move |tx| async move {
@@ -179,14 +188,19 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     };
     if let Sink::ToApi(to_api) = &sink {
         return runtime()?.block_on(async move {
-            let source = connect.await?;
+            let (source, _) = connect.await?;
             crate::brain::serve(flags, to_api, run_source(source)).await
         });
     }
     let (backend, facts) = sink_backend(&flags, &sink)?;
     runtime()?.block_on(async move {
         let model = Model::new(model_config(&flags)?);
-        let source = connect.await?;
+        let (source, events) = connect.await?;
+        let facts = SinkFacts {
+            events,
+            client_metrics: Some(client_metrics),
+            ..facts
+        };
         serve(flags, model, backend, facts, run_source(source)).await
     })
 }
@@ -210,6 +224,13 @@ struct SinkFacts {
     lock: Option<BackendKind>,
     /// The `file` source's metrics, registered with the rest.
     source_metrics: Option<SourceMetrics>,
+    /// The backend programming the node, if any: its node-port addresses tell `kpng trace`
+    /// which addresses accept node ports.
+    kind: Option<BackendKind>,
+    /// The `kube` source's Events about this Node (start, failing syncs).
+    events: Option<kpng_source_kube::NodeEvents>,
+    /// The `kube` source's API client metrics, registered with the rest.
+    client_metrics: Option<kpng_source_kube::ClientMetrics>,
 }
 
 impl SinkFacts {
@@ -221,6 +242,9 @@ impl SinkFacts {
         dry_run: None,
         lock: None,
         source_metrics: None,
+        kind: None,
+        events: None,
+        client_metrics: None,
     };
 }
 
@@ -257,6 +281,9 @@ fn local_backend(
         dry_run: dry_run.then_some(refused),
         lock: (!dry_run).then_some(kind),
         source_metrics: None,
+        kind: Some(kind),
+        events: None,
+        client_metrics: None,
     };
     Ok((built.backend, facts))
 }
@@ -371,9 +398,13 @@ where
         full_sync_period: flags.full_sync_period,
     };
     let mut registry = Registry::default();
+    crate::process_metrics::register(&mut registry);
     backend.register_metrics(&mut registry);
     if let Some(source_metrics) = &facts.source_metrics {
         source_metrics.register(&mut registry);
+    }
+    if let Some(client_metrics) = &facts.client_metrics {
+        client_metrics.register(&mut registry);
     }
     let metrics = ProxyMetrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(
@@ -393,6 +424,33 @@ where
                 .await?,
         )
     };
+    let mut runner = Runner::new(model, backend, timing, metrics, health);
+    // Answers about the running proxy (`kpng status`, `kpng trace`, the status page); none in
+    // a dry run, which opens nothing.
+    let mut admin = None;
+    if !dry_run {
+        let nodeport = facts
+            .kind
+            .and_then(|k| k.nodeport_addresses(&flags).ok())
+            .unwrap_or(kpng_backend::settings::NodePortAddresses::Primary);
+        let detect = crate::backends::detect_local(&flags)
+            .unwrap_or(kpng_backend::settings::DetectLocal::None);
+        let masquerade_all = flags.masquerade_all;
+        let kind = facts.kind;
+        let localhost_node_ports = flags.iptables_localhost_nodeports;
+        let (with_admin, handle) = runner.with_admin(Box::new(move |snapshot| {
+            let mut node =
+                crate::admin::node_facts(snapshot, &nodeport, &detect, masquerade_all, kind);
+            // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
+            if kind == Some(BackendKind::Iptables) && localhost_node_ports {
+                node.nodeport_ips
+                    .push(std::net::IpAddr::from([127, 0, 0, 1]));
+            }
+            node
+        }));
+        runner = with_admin;
+        admin = Some(handle);
+    }
     let metrics_server = if dry_run || flags.metrics_bind_address.trim().is_empty() {
         None
     } else {
@@ -402,10 +460,34 @@ where
                 flags.metrics_bind_address
             )
         })?;
-        Some(crate::http::metrics_server(addr, Arc::new(registry), proxy_mode).await?)
+        let z = crate::zpages::ZPages::new(&flags, proxy_mode);
+        Some(
+            crate::http::metrics_server(addr, Arc::new(registry), proxy_mode, z, admin.clone())
+                .await?,
+        )
     };
 
-    let mut runner = Runner::new(model, backend, timing, metrics, health);
+    // The admin socket: `kpng status` and `kpng trace`.
+    let mut _admin_socket = None;
+    #[cfg(unix)]
+    if let Some(handle) = admin.clone()
+        && !flags.admin_socket.is_empty()
+    {
+        match crate::admin::serve(std::path::Path::new(&flags.admin_socket), handle).await {
+            Ok(Some(server)) => {
+                _admin_socket = Some(crate::admin::SocketFile(flags.admin_socket.clone().into()));
+                tokio::spawn(async move {
+                    if let Err(e) = server.await {
+                        tracing::error!("admin socket stopped: {e}");
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("no admin socket (`kpng status` will not reach this kpng): {e:#}")
+            }
+        }
+    }
     if let Some(addresses) = facts.health_checks {
         // The node's conntrack table, as kube-proxy sets it (Linux's sysctls); a dry run
         // prints what it would write.
@@ -451,6 +533,9 @@ where
             }
         });
     }
+    if let Some(events) = facts.events.clone().filter(|_| !dry_run) {
+        tokio::spawn(report_events(events, proxy_mode, runner.subscribe()));
+    }
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
     if let Some(server) = health_server {
@@ -487,5 +572,46 @@ where
             }
         }
         why = shutdown => { info!("{why}; leaving rules in place"); Ok(()) }
+    }
+}
+
+/// Consecutive failed syncs after which a Warning Event is posted (once per failing streak).
+const FAILURES_BEFORE_EVENT: u32 = 3;
+
+/// kube-proxy's Node Events: `Starting` now, and a warning when syncs keep failing.
+async fn report_events(
+    events: kpng_source_kube::NodeEvents,
+    backend: &'static str,
+    mut reports: tokio::sync::watch::Receiver<Option<kpng_runner::runner::SyncReport>>,
+) {
+    let mut refused_once = false;
+    let mut refused = |what: &str, e: kpng_source_kube::EventError| {
+        if std::mem::replace(&mut refused_once, true) {
+            tracing::debug!("cannot post the {what} Event: {e}");
+        } else {
+            tracing::warn!(
+                "cannot post the {what} Event (RBAC: events.k8s.io events create, patch): {e}"
+            );
+        }
+    };
+    if let Err(e) = events.starting(backend).await {
+        refused("Starting", e);
+    }
+    let mut failures = 0u32;
+    while reports.changed().await.is_ok() {
+        let Some(report) = reports.borrow_and_update().clone() else {
+            continue;
+        };
+        if report.ok {
+            failures = 0;
+            continue;
+        }
+        failures += 1;
+        if failures == FAILURES_BEFORE_EVENT {
+            let error = report.error.as_deref().unwrap_or("unknown");
+            if let Err(e) = events.sync_failing(failures, error).await {
+                refused("SyncProxyRulesFailed", e);
+            }
+        }
     }
 }

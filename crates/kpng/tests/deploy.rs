@@ -115,7 +115,7 @@ fn deploy() -> Deploy {
 }
 
 #[test]
-fn rbac_grants_exactly_what_the_kube_source_watches() {
+fn rbac_grants_exactly_what_the_kube_source_watches_and_its_events() {
     let d = deploy();
     let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for rule in d.role.rules.unwrap() {
@@ -133,6 +133,7 @@ fn rbac_grants_exactly_what_the_kube_source_watches() {
         ("/nodes", vec!["get", "list", "watch"]),
         ("discovery.k8s.io/endpointslices", vec!["list", "watch"]),
         ("networking.k8s.io/servicecidrs", vec!["list", "watch"]),
+        ("events.k8s.io/events", vec!["create", "patch"]),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))

@@ -290,6 +290,24 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         metric(&body, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
         Some(0.0)
     );
+    // client-go's request metrics: the lists and watches, by method and code.
+    let gets: f64 = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("rest_client_requests_total{")
+                && l.contains("code=\"200\"")
+                && l.contains("method=\"GET\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        gets >= 3.0,
+        "lists of Services, EndpointSlices and Nodes:\n{body}"
+    );
+    assert!(
+        body.contains("rest_client_request_duration_seconds_count{verb=\"GET\""),
+        "{body}"
+    );
 }
 
 #[test]
@@ -545,12 +563,16 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     let k = kubeconfig(&server, dir.path());
     let socket = format!("unix://{}", dir.path().join("brain.sock").display());
     // The brain: no --node-name, it watches every Node.
+    let brain_admin = dir.path().join("brain-admin.sock");
+    let brain_admin = brain_admin.to_str().expect("utf-8 path");
     let mut brain = Kpng::start(&[
         "kube",
         "--kubeconfig",
         k.to_str().expect("utf-8 path"),
         "--metrics-bind-address",
         "",
+        "--admin-socket",
+        brain_admin,
         "to-api",
         "--listen",
         &socket,
@@ -565,10 +587,13 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     let mut nodes: Vec<Kpng> = outputs
         .iter()
         .map(|(name, output)| {
+            let admin = dir.path().join(format!("{name}-admin.sock"));
             Kpng::start(&[
                 "api",
                 "--api",
                 &socket,
+                "--admin-socket",
+                admin.to_str().expect("utf-8"),
                 "--node-name",
                 name,
                 "--min-sync-period",
@@ -611,4 +636,81 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
             std::fs::read_to_string(output).is_ok_and(|t| t.contains("10.244.1.3:8080"))
         });
     }
+
+    // `kpng status` on the brain: both nodes, each having taken the replay and the change.
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket", brain_admin])
+        .output()
+        .expect("kpng status");
+    let status: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(status["role"], "brain", "{status}");
+    assert_eq!(status["synced"], true, "{status}");
+    let nodes = status["nodes"].as_array().expect("nodes");
+    let names: Vec<&str> = nodes.iter().filter_map(|n| n["node"].as_str()).collect();
+    assert_eq!(names, ["node1", "node2"], "{status}");
+    for n in nodes {
+        assert!(n["changeSetsSent"].as_u64().is_some_and(|c| c >= 2), "{n}");
+    }
+    let table = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket", brain_admin])
+        .output()
+        .expect("kpng status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("2 nodes connected") && table.contains("node2"),
+        "{table}"
+    );
+}
+
+#[test]
+fn node_events_say_kpng_started_and_that_syncs_keep_failing() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    // The output's directory does not exist: every sync fails.
+    let output = dir.path().join("missing").join("out.yaml");
+    let output = output.to_str().expect("utf-8 path");
+    let mut kpng = Kpng::start(&kube_args(
+        &k,
+        &["--metrics-bind-address", "", "to-file", "--output", output],
+    ));
+    let events_with = |reason: &str| -> Vec<Value> {
+        server
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
+    };
+    let deadline = Instant::now() + WAIT;
+    while events_with("SyncProxyRulesFailed").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no failure event; events {:?}; kpng said:\n{}",
+            server.events(),
+            kpng.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let starting = events_with("Starting");
+    assert_eq!(starting.len(), 1, "{starting:?}");
+    let s = &starting[0];
+    assert_eq!(s["type"], "Normal");
+    assert_eq!(s["action"], "StartKubeProxy");
+    assert_eq!(s["reportingController"], "kpng");
+    assert_eq!(s["regarding"]["kind"], "Node");
+    assert_eq!(s["regarding"]["name"], "node1");
+    let failed = &events_with("SyncProxyRulesFailed")[0];
+    assert_eq!(failed["type"], "Warning");
+    assert!(
+        failed["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("failed 3 times in a row")),
+        "{failed}"
+    );
+    // kpng itself keeps running and retrying.
+    kpng.wait("more failed syncs", |_, err| {
+        err.matches("sync failed").count() >= 4
+    });
 }

@@ -12,7 +12,7 @@ use crate::service_port::{Endpoint, ServicePort};
 
 /// Collects the endpoints of one Service port (matched by name and protocol) of one family,
 /// de-duplicated by `IP:port` (a local copy wins, as upstream) and sorted by `IP:port`.
-fn candidates<'a>(
+pub(crate) fn candidates<'a>(
     port: &PortInfo,
     family: Family,
     slices: impl Iterator<Item = &'a SliceInfo>,

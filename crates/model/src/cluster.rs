@@ -62,6 +62,26 @@ impl ServiceSource {
         }
     }
 
+    /// Every endpoint of one port of this Service as `node` sees it (before categorisation):
+    /// what `kpng status` explains. `None` when the Service has no such port.
+    pub fn candidates_for(
+        &self,
+        key: &crate::key::PortKey,
+        node: &NodeState,
+    ) -> Option<Vec<crate::categorize::EndpointCandidate>> {
+        let info = self.info.as_ref()?;
+        let port = info
+            .ports
+            .iter()
+            .find(|p| p.name == key.port_name && p.protocol == key.protocol)?;
+        Some(crate::build::candidates(
+            port,
+            key.family,
+            self.slices.iter(),
+            &node.name,
+        ))
+    }
+
     /// Whether the view of this Service depends on which node looks at it: an endpoint runs on
     /// `node_name`, or some endpoint carries topology hints. Otherwise every node sees what an
     /// anonymous node sees ([`NodeState::default`]), so a brain computes that view once.

@@ -15,6 +15,7 @@ mod claims;
 pub mod cluster;
 mod diff;
 mod event;
+pub mod inspect;
 pub mod ip;
 mod key;
 mod model;
@@ -22,6 +23,7 @@ mod node;
 mod port_range;
 pub mod records;
 mod service_port;
+pub mod trace;
 
 pub use categorize::{
     CategorizedEndpoints, EndpointCandidate, categorize_endpoints, sort_endpoints,
@@ -29,7 +31,7 @@ pub use categorize::{
 pub use cluster::{
     ClusterConfig, ClusterModel, ClusterOutcome, ServiceSource, TriggerTime, node_state,
 };
-pub use diff::{Change, Diff};
+pub use diff::{Change, Diff, DiffSummary};
 pub use event::{Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
 pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};

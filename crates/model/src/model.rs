@@ -155,6 +155,21 @@ impl Model {
         &self.snapshot
     }
 
+    /// Every endpoint of one Service port with whether this node uses it and, if not, why;
+    /// `None` for a port the snapshot does not hold.
+    pub fn explain(&self, key: &PortKey) -> Option<Vec<crate::inspect::EndpointStatus>> {
+        let port = self.snapshot.ports.get(key)?;
+        let candidates = self
+            .cluster
+            .source(&key.service)?
+            .candidates_for(key, &self.snapshot.node)?;
+        Some(crate::inspect::explain_endpoints(
+            port,
+            &candidates,
+            &self.snapshot.node,
+        ))
+    }
+
     /// Applies one event and returns what changed.
     pub fn apply(&mut self, event: Event) -> ApplyOutcome {
         let touched = self.cluster.apply(event);

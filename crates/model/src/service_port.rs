@@ -91,6 +91,21 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// Whether two states of a port differ only in their endpoints: the frontend (IPs, ports,
+    /// policies, affinity) is the same. Used to tell an endpoint change from a Service change
+    /// in the sync log.
+    pub fn same_frontend(&self, other: &ServicePort) -> bool {
+        let without_endpoints = |p: &ServicePort| ServicePort {
+            cluster_endpoints: Vec::new(),
+            local_endpoints: Vec::new(),
+            has_any_endpoints: false,
+            local_ready_endpoints: 0,
+            serving_endpoints: Vec::new(),
+            ..p.clone()
+        };
+        without_endpoints(self) == without_endpoints(other)
+    }
+
     /// A port of `key` on `cluster_ip:port` with nothing else: no node port, external or
     /// load-balancer IPs, policies, affinity or endpoints. Tests and tools fill in the rest with
     /// struct update syntax.

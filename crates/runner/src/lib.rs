@@ -4,12 +4,14 @@
 //!   [`kpng_model::Model`], or a remote brain's state received over the API), accumulates
 //!   diffs, honours `--min-sync-period`, retries failures with a full resync, runs the periodic
 //!   syncs, and keeps [`health::ProxyHealth`] and [`metrics::ProxyMetrics`] current.
+//! - [`admin`]: answers `kpng status` and `kpng trace` from the loop's model.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
 //!
 //! The contract a backend implements lives in `kpng-backend`; this crate is the machinery
 //! around it, so that the contract stays small and builds on every platform.
 
+pub mod admin;
 #[cfg(target_os = "linux")]
 pub mod conntrack_cleanup;
 pub mod health;

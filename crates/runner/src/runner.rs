@@ -24,12 +24,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpng_model::{Diff, Family, Kind, Model, ServiceKey, TriggerTime};
+use kpng_model::{Diff, DiffSummary, Family, Kind, Model, ServiceKey, TriggerTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
+use crate::admin::{self, AdminHandle, FactsFn, PortStatus, Query, Status, SyncStatus};
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
@@ -67,6 +68,8 @@ pub struct SyncReport {
     pub operations: usize,
     /// How long the backend took.
     pub duration: Duration,
+    /// Why it failed.
+    pub error: Option<String>,
 }
 
 /// Everything the loop needs.
@@ -80,6 +83,7 @@ pub struct Runner<M: NodeModel = Model> {
     metrics: ProxyMetrics,
     health: Arc<ProxyHealth>,
     reports: watch::Sender<Option<SyncReport>>,
+    admin: Option<(mpsc::Receiver<Query>, FactsFn)>,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -102,7 +106,16 @@ impl<M: NodeModel> Runner<M> {
             metrics,
             health,
             reports,
+            admin: None,
         }
+    }
+
+    /// Answers `kpng status` and `kpng trace` through the returned handle; `facts` tells a
+    /// trace what the model does not know (node port addresses, the pod detector).
+    pub fn with_admin(mut self, facts: FactsFn) -> (Runner<M>, AdminHandle) {
+        let (tx, rx) = mpsc::channel(16);
+        self.admin = Some((rx, facts));
+        (self, AdminHandle(tx))
     }
 
     /// Serves the Service health checks (`healthCheckNodePort`) after every successful sync:
@@ -137,6 +150,10 @@ impl<M: NodeModel> Runner<M> {
             // The loop has ended when the receiver is gone: nothing left to repair.
             let _ = tamper_tx.send(t);
         });
+        let (queries, facts) = match self.admin.take() {
+            Some((rx, facts)) => (Some(rx), Some(facts)),
+            None => (None, None),
+        };
         match self.backend.watch_tampering(alarm) {
             Ok(true) => debug!("the backend reports changes made by others to its data plane"),
             Ok(false) => {}
@@ -158,12 +175,18 @@ impl<M: NodeModel> Runner<M> {
             pending_endpoints: 0,
             pending_triggers: Vec::new(),
             started: SystemTime::now(),
+            facts,
+            last_sync_status: None,
+            sync_history: std::collections::VecDeque::new(),
+            loading_report_at: Instant::now(),
+            last_ok_at: None,
+            last_error: None,
         };
         state
             .runner
             .health
             .set_node_eligible(state.runner.model.snapshot().node.eligible());
-        state.run(events, tampering).await;
+        state.run(events, tampering, queries).await;
     }
 }
 
@@ -190,6 +213,18 @@ struct LoopState<M: NodeModel> {
     /// When the loop started: earlier trigger times are not measured (as upstream, which
     /// ignores changes from before the proxy started).
     started: SystemTime,
+    /// What a trace needs beyond the model (set with the admin handle).
+    facts: Option<FactsFn>,
+    /// The last sync, for `kpng status`.
+    last_sync_status: Option<SyncStatus>,
+    /// When the loading progress was last reported (before the first sync).
+    loading_report_at: Instant,
+    /// The last syncs that did something or failed, newest first ([`admin::SYNC_HISTORY`]).
+    sync_history: std::collections::VecDeque<SyncStatus>,
+    /// When the last successful sync ended.
+    last_ok_at: Option<SystemTime>,
+    /// The last failure, cleared by the next success.
+    last_error: Option<String>,
 }
 
 impl<M: NodeModel> LoopState<M> {
@@ -197,6 +232,7 @@ impl<M: NodeModel> LoopState<M> {
         &mut self,
         mut events: mpsc::Receiver<M::Input>,
         mut tampering: mpsc::UnboundedReceiver<Tampering>,
+        mut queries: Option<mpsc::Receiver<Query>>,
     ) {
         loop {
             let deadline = self.next_deadline(Instant::now());
@@ -217,7 +253,37 @@ impl<M: NodeModel> LoopState<M> {
                     }
                 },
                 Some(t) = tampering.recv() => self.tampered(t),
+                Some(q) = next_query(&mut queries) => self.answer(q),
                 _ = sleep_until(deadline) => self.sync().await,
+            }
+        }
+    }
+
+    /// Answers a question from the admin socket from the current model.
+    fn answer(&self, query: Query) {
+        let snapshot = self.runner.model.snapshot();
+        match query {
+            Query::Status(reply) => {
+                let services = snapshot
+                    .ports
+                    .iter()
+                    .map(|(key, port)| PortStatus::of(port, self.runner.model.explain(key)))
+                    .collect();
+                let _ = reply.send(Status {
+                    node: snapshot.node.name.clone(),
+                    backend: self.runner.backend.name().to_string(),
+                    programmed: self.last_ok_at.is_some(),
+                    pending_port_changes: self.pending.changes.len(),
+                    last_sync: self.last_sync_status.clone(),
+                    last_successful_sync: self.last_ok_at.map(admin::rfc3339),
+                    last_error: self.last_error.clone(),
+                    recent_syncs: self.sync_history.iter().cloned().collect(),
+                    services,
+                });
+            }
+            Query::Trace(q, reply) => {
+                let facts = admin::facts_or_default(self.facts.as_ref(), snapshot);
+                let _ = reply.send(kpng_model::trace::trace(snapshot, &facts, &q));
             }
         }
     }
@@ -268,6 +334,18 @@ impl<M: NodeModel> LoopState<M> {
                 "holding the first sync until these lists are complete: {}",
                 names.join(", ")
             );
+        } else if !missing.is_empty() && self.loading_report_at.elapsed() >= LOADING_PROGRESS_EVERY
+        {
+            // A large cluster takes a while to list: say how far along it is.
+            let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
+            info!(
+                "still loading: {} Service ports so far; waiting for the complete lists of {}",
+                self.runner.model.snapshot().ports.len(),
+                names.join(", ")
+            );
+        }
+        if self.loading_report_at.elapsed() >= LOADING_PROGRESS_EVERY {
+            self.loading_report_at = Instant::now();
         }
         self.reported_missing = missing;
     }
@@ -380,6 +458,15 @@ impl<M: NodeModel> LoopState<M> {
         } else {
             std::mem::take(&mut self.pending)
         };
+        // What this sync carries, for its log line: the changes since the last sync (a full
+        // sync reprograms everything, but the operator asks what changed).
+        let changed = if full { &self.pending } else { &diff };
+        let summary = DiffSummary::of(changed);
+        let changed_names = changed_services(changed);
+        let ports_total = snapshot.ports.len();
+        if self.last_sync.is_none() && ports_total >= LARGE_FIRST_SYNC {
+            info!("first sync: programming {ports_total} Service ports");
+        }
         let started = std::time::Instant::now();
         let result = self.runner.backend.sync(&SyncRequest {
             diff: &diff,
@@ -444,7 +531,18 @@ impl<M: NodeModel> LoopState<M> {
                 self.retry_at = None;
                 self.retry_delay = Duration::ZERO;
                 if stats.operations > 0 || full {
-                    info!(backend = %backend.backend, full, operations = stats.operations, ?duration, "synced");
+                    info!(
+                        backend = %backend.backend,
+                        full,
+                        ports = ports_total,
+                        operations = stats.operations,
+                        ?duration,
+                        changes = %summary,
+                        "synced"
+                    );
+                    if !changed_names.is_empty() {
+                        debug!("synced Services: {}", changed_names.join(", "));
+                    }
                 } else {
                     debug!(backend = %backend.backend, ?duration, "periodic sync, nothing to change");
                 }
@@ -454,6 +552,7 @@ impl<M: NodeModel> LoopState<M> {
                     full,
                     operations: stats.operations,
                     duration,
+                    error: None,
                 }
             }
             Err(e) => {
@@ -467,15 +566,36 @@ impl<M: NodeModel> LoopState<M> {
                 };
                 self.retry_at = Some(now + self.retry_delay);
                 error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {e}");
+                self.last_error = Some(e.to_string());
                 SyncReport {
                     generation: self.generation,
                     ok: false,
                     full,
                     operations: 0,
                     duration,
+                    error: self.last_error.clone(),
                 }
             }
         };
+        let ended = SystemTime::now();
+        let status = SyncStatus {
+            at: admin::rfc3339(ended),
+            ok: report.ok,
+            full: report.full,
+            operations: report.operations,
+            duration_seconds: report.duration.as_secs_f64(),
+            changes: summary.to_string(),
+            error: (!report.ok).then(|| self.last_error.clone()).flatten(),
+        };
+        if !report.ok || report.full || report.operations > 0 {
+            self.sync_history.push_front(status.clone());
+            self.sync_history.truncate(admin::SYNC_HISTORY);
+        }
+        self.last_sync_status = Some(status);
+        if report.ok {
+            self.last_ok_at = Some(ended);
+            self.last_error = None;
+        }
         let ok = report.ok;
         self.runner.reports.send_replace(Some(report));
         if ok {
@@ -531,6 +651,21 @@ impl<M: NodeModel> LoopState<M> {
     }
 }
 
+/// How often the loading progress is reported before the first sync.
+const LOADING_PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// A first sync of at least this many Service ports is announced before it starts (it may
+/// take a second or more).
+const LARGE_FIRST_SYNC: usize = 5000;
+
+/// The next admin question; pending forever without an admin handle.
+async fn next_query(queries: &mut Option<mpsc::Receiver<Query>>) -> Option<Query> {
+    match queries {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -546,3 +681,13 @@ fn unix_seconds(t: SystemTime) -> f64 {
 
 #[cfg(test)]
 mod tests;
+
+/// The Services a diff touches (`namespace/name`, each once, sorted), for the debug log; empty
+/// unless debug logging is on, so the INFO path never walks a large diff twice.
+fn changed_services(diff: &Diff) -> Vec<String> {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return Vec::new();
+    }
+    let names: BTreeSet<String> = diff.changes.keys().map(|k| k.service.to_string()).collect();
+    names.into_iter().collect()
+}

@@ -194,6 +194,9 @@ fn object(
     Ok(())
 }
 
+/// How often a long parse reports its progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Parses a manifest file. Any error rejects the whole file (the caller keeps its last good load).
 ///
 /// A file with no document at all (empty, or only comments) is rejected too: it is far more
@@ -220,8 +223,21 @@ pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
     }
     let mut loaded = Loaded::default();
     let mut origins = Vec::new();
+    // A large input takes seconds: say how far along it is every few seconds.
+    let started = std::time::Instant::now();
+    let mut next_report = started + PROGRESS_EVERY;
+    let total_lines = text.lines().count().max(1);
     for (index, (line, doc)) in documents(text).into_iter().enumerate() {
         let document = index + 1;
+        if std::time::Instant::now() >= next_report {
+            next_report += PROGRESS_EVERY;
+            tracing::info!(
+                "still parsing: {document} documents, {} objects so far ({}% of the input, {:.0?})",
+                loaded.objects.len(),
+                line * 100 / total_lines,
+                started.elapsed()
+            );
+        }
         let origin = Origin {
             document,
             item: None,

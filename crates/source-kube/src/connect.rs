@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::client_metrics::{ClientMetrics, ClientMetricsLayer};
 use crate::rate_limit::{RateLimitLayer, TokenBucket};
 use crate::reachability::{Reachability, ReachabilityLayer};
 
@@ -69,6 +70,14 @@ pub enum ConnectError {
 /// A client for the configured API server, rate limited and with outages logged once.
 /// Returns the client and the server's URL (for log lines).
 pub async fn client(options: &ClientOptions) -> Result<(kube::Client, String), ConnectError> {
+    client_with_metrics(options, &ClientMetrics::default()).await
+}
+
+/// [`client`], its requests counted in `metrics` (client-go's `rest_client_*`).
+pub async fn client_with_metrics(
+    options: &ClientOptions,
+    metrics: &ClientMetrics,
+) -> Result<(kube::Client, String), ConnectError> {
     let master = options
         .master
         .as_ref()
@@ -101,6 +110,10 @@ pub async fn client(options: &ClientOptions) -> Result<(kube::Client, String), C
     let client = ClientBuilder::try_from(config)
         .map_err(ConnectError::Client)?
         .with_layer(&ReachabilityLayer(Reachability::new(&server)))
+        .with_layer(&ClientMetricsLayer {
+            metrics: metrics.clone(),
+            host: server.as_str().into(),
+        })
         .with_layer(&RateLimitLayer(TokenBucket::new(
             options.qps,
             options.burst,

@@ -13,12 +13,16 @@
 //! server is unreachable nothing reaches the model, so the last programmed rules stay.
 
 mod backoff;
+mod client_metrics;
 mod connect;
+mod events;
 mod rate_limit;
 mod reachability;
 mod watch;
 
-pub use connect::{ClientOptions, ConnectError, client};
+pub use client_metrics::{ClientMetrics, ClientMetricsLayer};
+pub use connect::{ClientOptions, ConnectError, client, client_with_metrics};
+pub use events::{EventError, NodeEvents};
 pub use rate_limit::{RateLimitLayer, TokenBucket};
 pub use reachability::{Reachability, ReachabilityLayer};
 pub use watch::{KubeSource, SourceConfig, label_selector};

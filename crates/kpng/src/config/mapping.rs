@@ -28,7 +28,7 @@ use super::duration::format;
 use super::v1alpha1::KubeProxyConfiguration;
 use super::why;
 use crate::backends::BackendKind;
-use crate::cli::DetectLocalMode;
+use crate::cli::{DetectLocalMode, LogFormat};
 
 /// kube-proxy's health server port.
 pub const HEALTHZ_PORT: u16 = 10256;
@@ -87,6 +87,8 @@ pub struct FileSettings {
     pub conntrack_udp_timeout_stream: Duration,
     /// `logging.verbosity` as a tracing level.
     pub log_level: String,
+    /// `logging.format` (empty: text).
+    pub logging_format: LogFormat,
     /// `mode`; `None` when empty (kube-proxy's default: iptables).
     pub proxy_mode: Option<BackendKind>,
     /// `iptables.localhostNodePorts` (null: true), read in iptables mode only, as kube-proxy.
@@ -238,6 +240,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         conntrack_udp_timeout: conntrack.udp_timeout.0,
         conntrack_udp_timeout_stream: conntrack.udp_stream_timeout.0,
         log_level: log_level(config.logging.verbosity).to_string(),
+        logging_format: logging_format(&config.logging.format)?,
         proxy_mode,
         iptables_localhost_nodeports: match section {
             Section::IpTables => config.iptables.localhost_node_ports.unwrap_or(true),
@@ -271,6 +274,15 @@ fn non_zero_or(value: Duration, default: Duration) -> Duration {
 /// `Some(trimmed)` unless blank.
 fn non_empty(s: &str) -> Option<String> {
     Some(s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// `logging.format`: component-base knows `text` (the default) and `json`.
+fn logging_format(text: &str) -> anyhow::Result<LogFormat> {
+    match text.trim() {
+        "" | "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => bail!("field logging.format: {other:?} is not a format (text or json)"),
+    }
 }
 
 /// klog verbosity → a tracing level: kube-proxy logs routine detail at 2 and debugging at 4+.
@@ -373,12 +385,6 @@ fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
         warn(
             &format!("featureGates ({})", gates.join(", ")),
             why::FEATURE_GATES,
-        );
-    }
-    if !matches!(config.logging.format.as_str(), "" | "text") {
-        warn(
-            &format!("logging.format {:?}", config.logging.format),
-            why::LOGGING_FORMAT,
         );
     }
     if config

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::backends::BackendKind;
-use crate::cli::DetectLocalMode;
+use crate::cli::{DetectLocalMode, LogFormat};
 
 use clap::{CommandFactory, FromArgMatches};
 
@@ -120,6 +120,7 @@ fn defaults() -> FileSettings {
         conntrack_udp_timeout: Duration::ZERO,
         conntrack_udp_timeout_stream: Duration::ZERO,
         log_level: "info".into(),
+        logging_format: LogFormat::Text,
         client_connection: ClientConnection::default(),
         proxy_mode: None,
         iptables_localhost_nodeports: true,
@@ -484,10 +485,7 @@ fn unsupported_settings_warn_naming_the_field() {
             &["featureGates (Bar=false, Foo=true): kpng has no feature gates; ignored"],
         ),
         ("featureGates: {}\n", &[]),
-        (
-            "logging:\n  format: json\n",
-            &["logging.format \"json\": kpng logs text; ignored"],
-        ),
+        ("logging:\n  format: json\n", &[]),
         (
             "logging:\n  format: text\n  flushFrequency: 5s\n  vmodule: [{filePattern: proxier, verbosity: 4}]\n",
             &["logging.vmodule: kpng has no per-file verbosity"],

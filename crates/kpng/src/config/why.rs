@@ -4,8 +4,6 @@
 
 /// `featureGates`, `--feature-gates`.
 pub const FEATURE_GATES: &str = "kpng has no feature gates";
-/// `logging.format` other than text, `--logging-format`.
-pub const LOGGING_FORMAT: &str = "kpng logs text";
 /// `logging.vmodule`, `--vmodule`.
 pub const VMODULE: &str =
     "kpng has no per-file verbosity (--log-level takes a tracing filter, e.g. kpng=debug)";

@@ -109,7 +109,11 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         kind: KIND.into(),
         logging: LoggingConfiguration {
             flush_frequency: Some(serde_json::Value::String("5s".into())),
-            format: "text".into(),
+            format: match flags.logging_format {
+                crate::cli::LogFormat::Text => "text",
+                crate::cli::LogFormat::Json => "json",
+            }
+            .into(),
             options: LoggingOptions {
                 json: buffer.clone(),
                 text: buffer,

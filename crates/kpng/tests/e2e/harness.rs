@@ -211,7 +211,7 @@ pub struct Kpng<'a> {
     /// Flags after `to-local <backend>`.
     sink_extra: Vec<String>,
     proc: Option<Spawned>,
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
 }
 
 impl<'a> Kpng<'a> {
@@ -245,7 +245,7 @@ impl<'a> Kpng<'a> {
             extra: owned(extra),
             sink_extra: owned(sink_extra),
             proc: None,
-            _dir: dir,
+            dir: Some(dir),
         };
         k.spawn();
         k
@@ -261,6 +261,15 @@ impl<'a> Kpng<'a> {
         let args = self.args();
         self.proc = Some(self.ns.spawn(&args).expect("start kpng"));
         self.wait_synced(0, 0);
+        self.wait_logged("the admin socket", |err| {
+            err.contains("serving `kpng status` and `kpng trace`")
+        });
+        super::traced::serving(&self.admin_socket());
+    }
+
+    /// Where this kpng answers `kpng status` and `kpng trace`.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.input.with_file_name("admin.sock")
     }
 
     /// Starts another kpng with the same arguments in `ns` (this one's namespace or another),
@@ -298,6 +307,8 @@ impl<'a> Kpng<'a> {
                 "127.0.0.1:10256",
                 "--metrics-bind-address",
                 "127.0.0.1:10249",
+                "--admin-socket",
+                &self.admin_socket().display().to_string(),
             ]
             .map(|a| a.to_string()),
         );
@@ -390,6 +401,7 @@ impl<'a> Kpng<'a> {
 
     /// Kill kpng (it leaves its rules in place).
     pub fn stop(&mut self) {
+        super::traced::stopped();
         if let Some(p) = self.proc.take() {
             p.kill().expect("kill kpng");
         }
@@ -405,7 +417,15 @@ impl<'a> Kpng<'a> {
     /// Let go of the running kpng process (and of the manifest directory), e.g. to
     /// drop the cluster while kpng still runs.
     pub fn detach(mut self) -> (Option<Spawned>, tempfile::TempDir) {
-        (self.proc.take(), self._dir)
+        super::traced::stopped();
+        let dir = self.dir.take().expect("the manifest directory");
+        (self.proc.take(), dir)
+    }
+}
+
+impl Drop for Kpng<'_> {
+    fn drop(&mut self) {
+        super::traced::stopped();
     }
 }
 
@@ -429,19 +449,25 @@ pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
 
 /// One probe of `target` from `ns` with timeout `t`.
 pub fn probe(ns: &Netns, proto: Proto, target: SocketAddr, t: Duration) -> ProbeResult {
-    ns.probe_one(&Probe::new(proto, target).timeout(t))
-        .expect("run kpng-probe")
+    let r = ns
+        .probe_one(&Probe::new(proto, target).timeout(t))
+        .expect("run kpng-probe");
+    super::traced::check(ns, proto, target, std::slice::from_ref(&r));
+    r
 }
 
 /// `n` probes of `target` from `ns`, each from a fresh socket (a new flow each).
 pub fn probes(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> Vec<ProbeResult> {
-    ns.probe(
-        &Probe::new(proto, target)
-            .count(n)
-            .fresh_socket(true)
-            .timeout(OK_T),
-    )
-    .expect("run kpng-probe")
+    let results = ns
+        .probe(
+            &Probe::new(proto, target)
+                .count(n)
+                .fresh_socket(true)
+                .timeout(OK_T),
+        )
+        .expect("run kpng-probe");
+    super::traced::check(ns, proto, target, &results);
+    results
 }
 
 /// `n` probes from fresh sockets, answers counted by server (`!timeout`, … for failures).

@@ -22,6 +22,7 @@
 pub mod faults;
 pub mod harness;
 pub mod scenarios;
+pub mod traced;
 
 /// A backend under test, with the arguments that select it after the global flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +162,11 @@ macro_rules! suite {
             #[test]
             fn $name() {
                 $crate::e2e::scenarios::$name($backend);
+                eprintln!(
+                    "{}: {} probes checked against kpng trace",
+                    stringify!($name),
+                    $crate::e2e::traced::checked()
+                );
             }
         )*
     };

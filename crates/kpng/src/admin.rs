@@ -1,0 +1,589 @@
+//! The admin socket (`--admin-socket`, a Unix socket) and its clients, `kpng status` and
+//! `kpng trace`: an operator asks the running proxy what it programmed and why a packet goes
+//! where it goes, without reading kernel rules.
+//!
+//! The socket is local and root-only (mode 0600): the answers name every Service and
+//! endpoint. HTTP/1.1 carries JSON (`GET /v1/status`, `GET /v1/trace?from=…&to=…&proto=…`) so
+//! that `curl --unix-socket` works too. The client side is a few lines of HTTP over a blocking
+//! socket rather than an HTTP client crate: one request, `Connection: close`, one JSON body.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use kpng_model::Protocol;
+use kpng_model::trace::{NodeFacts, TraceQuery};
+use kpng_runner::admin::{AdminHandle, PortStatus, Status};
+
+use crate::cli::{StatusArgs, StatusOutput, TraceArgs};
+
+/// The admin socket's file, removed when the kpng that created it stops (a later `kpng
+/// status` then says no kpng runs instead of timing out on a dead socket).
+#[derive(Debug)]
+pub struct SocketFile(pub std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Serves `handle` on the Unix socket `path` until the process ends. A socket left by a dead
+/// kpng is replaced; one a live process answers on is left alone (`Ok(None)`, with a warning:
+/// two proxies in different network namespaces of one host share the file system).
+#[cfg(unix)]
+pub async fn serve(
+    path: &Path,
+    handle: AdminHandle,
+) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/trace", get(trace))
+        .with_state(handle);
+    serve_router(path, app).await
+}
+
+/// A brain's admin socket: `kpng status` lists the connected nodes.
+#[cfg(unix)]
+pub async fn serve_brain(
+    path: &Path,
+    hub: std::sync::Arc<kpng_api::hub::Hub>,
+) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/v1/status",
+        get(move || {
+            let hub = hub.clone();
+            async move {
+                axum::Json(BrainStatus {
+                    role: "brain".into(),
+                    synced: hub.synced(),
+                    services: hub.service_count(),
+                    nodes: hub.watchers(),
+                })
+                .into_response()
+            }
+        }),
+    );
+    serve_router(path, app).await
+}
+
+/// What a brain answers to `kpng status`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrainStatus {
+    /// `brain`: tells the client which view this is.
+    pub role: String,
+    /// Whether every list is complete (nodes are served).
+    pub synced: bool,
+    /// Services the brain holds.
+    pub services: usize,
+    /// The connected nodes.
+    pub nodes: Vec<kpng_api::hub::WatcherStatus>,
+}
+
+#[cfg(unix)]
+async fn serve_router(
+    path: &Path,
+    app: axum::Router,
+) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
+    use std::os::unix::fs::PermissionsExt;
+
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating {} for --admin-socket", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            tracing::warn!(
+                "--admin-socket {}: another process serves it; `kpng status` reaches that one \
+                 (give each kpng its own --admin-socket)",
+                path.display()
+            );
+            return Ok(None);
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale admin socket {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {} to its owner", path.display()))?;
+    tracing::info!(
+        "serving `kpng status` and `kpng trace` on {}",
+        path.display()
+    );
+    Ok(Some(async move { axum::serve(listener, app).await }))
+}
+
+#[cfg(unix)]
+async fn status(
+    axum::extract::State(handle): axum::extract::State<AdminHandle>,
+) -> axum::response::Response {
+    status_answer(Some(&handle)).await
+}
+
+#[cfg(unix)]
+async fn trace(
+    axum::extract::State(handle): axum::extract::State<AdminHandle>,
+    axum::extract::Query(p): axum::extract::Query<TraceParams>,
+) -> axum::response::Response {
+    trace_answer(Some(&handle), p).await
+}
+
+/// A trace request's query string (`from`, `to`, `proto`), on the admin socket and the status
+/// page alike.
+#[derive(Debug, serde::Deserialize)]
+pub struct TraceParams {
+    from: String,
+    to: String,
+    proto: Option<String>,
+}
+
+/// The status as JSON, or why there is none (no handle: a brain; none: kpng is stopping).
+pub async fn status_answer(handle: Option<&AdminHandle>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match handle {
+        Some(h) => match h.status().await {
+            Some(s) => axum::Json(s).into_response(),
+            None => not_answering(),
+        },
+        None => not_answering(),
+    }
+}
+
+/// A trace as JSON; a bad request says which field is wrong.
+pub async fn trace_answer(
+    handle: Option<&AdminHandle>,
+    p: TraceParams,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let Some(handle) = handle else {
+        return not_answering();
+    };
+    let query = match parse_trace(&p.from, &p.to, p.proto.as_deref()) {
+        Ok(q) => q,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e:#}\n")).into_response(),
+    };
+    match handle.trace(query).await {
+        Some(t) => axum::Json(t).into_response(),
+        None => not_answering(),
+    }
+}
+
+fn not_answering() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "this kpng does not answer status questions (a brain, or it is stopping)\n",
+    )
+        .into_response()
+}
+
+/// A trace request, checked.
+pub fn parse_trace(from: &str, to: &str, proto: Option<&str>) -> anyhow::Result<TraceQuery> {
+    let from: IpAddr = from
+        .trim()
+        .parse()
+        .with_context(|| format!("--from {from:?} is not an IP address"))?;
+    let to: SocketAddr = to
+        .trim()
+        .parse()
+        .with_context(|| format!("--to {to:?} is not IP:PORT (IPv6: [ADDRESS]:PORT)"))?;
+    let protocol = match proto.unwrap_or("tcp").to_ascii_lowercase().as_str() {
+        "tcp" => Protocol::Tcp,
+        "udp" => Protocol::Udp,
+        "sctp" => Protocol::Sctp,
+        other => bail!("--proto {other:?}: tcp, udp or sctp"),
+    };
+    if from.is_ipv4() != to.is_ipv4() {
+        bail!("--from {from} and --to {to} are of different IP families");
+    }
+    Ok(TraceQuery { from, to, protocol })
+}
+
+/// One GET on the admin socket: the body of a 200 answer, else an error with the server's
+/// message.
+#[cfg(unix)]
+fn get(socket: &Path, target: &str) -> anyhow::Result<String> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
+        format!(
+            "connecting to {} (is kpng running, and are you root? --admin-socket names another \
+             socket)",
+            socket.display()
+        )
+    })?;
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .context("reading kpng's answer")?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("kpng's answer has no HTTP header")?;
+    let code = head.split_whitespace().nth(1).unwrap_or("?");
+    if code != "200" {
+        bail!("kpng answered {code}: {}", body.trim());
+    }
+    Ok(body.to_string())
+}
+
+#[cfg(not(unix))]
+fn get(_socket: &Path, _target: &str) -> anyhow::Result<String> {
+    bail!("the admin socket is not available on this platform yet")
+}
+
+/// `kpng status`.
+pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
+    let body = get(socket, "/v1/status")?;
+    let mut status: serde_json::Value =
+        serde_json::from_str(&body).context("kpng's status is not JSON")?;
+    if status["role"] == "brain" {
+        return print_brain(&status, args.output);
+    }
+    if let Some(filter) = &args.service
+        && let Some(services) = status.get_mut("services").and_then(|s| s.as_array_mut())
+    {
+        services.retain(|s| service_matches(s, filter));
+        if services.is_empty() {
+            bail!(
+                "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)"
+            );
+        }
+    }
+    match args.output {
+        StatusOutput::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+        StatusOutput::Yaml => print!("{}", serde_saphyr::to_string(&status)?),
+        StatusOutput::Table | StatusOutput::Wide => {
+            let typed: Status = serde_json::from_value(status)
+                .context("kpng's status does not have the expected shape")?;
+            print!("{}", table(&typed, args.output == StatusOutput::Wide));
+        }
+    }
+    Ok(())
+}
+
+/// A brain's status: its nodes, what each took and how far behind it is.
+fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Result<()> {
+    match output {
+        StatusOutput::Json => println!("{}", serde_json::to_string_pretty(status)?),
+        StatusOutput::Yaml => print!("{}", serde_saphyr::to_string(status)?),
+        StatusOutput::Table | StatusOutput::Wide => {
+            let brain: BrainStatus = serde_json::from_value(status.clone())
+                .context("the brain's status does not have the expected shape")?;
+            println!(
+                "brain  {} Services  {}  {} nodes connected",
+                brain.services,
+                if brain.synced {
+                    "synced"
+                } else {
+                    "still listing"
+                },
+                brain.nodes.len()
+            );
+            println!(
+                "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}",
+                "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"
+            );
+            for n in &brain.nodes {
+                println!(
+                    "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s",
+                    n.node,
+                    n.connected_at,
+                    n.change_sets_sent,
+                    n.last_sent_at.as_deref().unwrap_or("-"),
+                    n.pending_service_changes,
+                    n.lag_seconds
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ns/name`, `name` (any namespace) or `ns/name:port`.
+fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
+    let name = service["service"].as_str().unwrap_or_default();
+    let port = service["portName"].as_str().unwrap_or_default();
+    let (svc, want_port) = match filter.rsplit_once(':') {
+        Some((s, p)) => (s, Some(p)),
+        None => (filter, None),
+    };
+    let name_ok = if svc.contains('/') {
+        name == svc
+    } else {
+        name.rsplit('/').next() == Some(svc)
+    };
+    name_ok && want_port.is_none_or(|p| p == port)
+}
+
+/// The human view: a header, one line per Service port, and with `wide` one per endpoint.
+fn table(status: &Status, wide: bool) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let last = status.last_sync.as_ref().map_or("never".to_string(), |s| {
+        format!(
+            "{} ({}, {}, {} operations, {:.1} ms)",
+            s.at,
+            if s.ok { "ok" } else { "FAILED" },
+            if s.full { "full" } else { "partial" },
+            s.operations,
+            s.duration_seconds * 1e3
+        )
+    });
+    let _ = writeln!(
+        out,
+        "node {}  backend {}  last sync {last}  pending changes {}",
+        status.node, status.backend, status.pending_port_changes
+    );
+    if let Some(e) = &status.last_error {
+        let _ = writeln!(out, "last error: {e}");
+    }
+    let rows: Vec<[String; 6]> = status.services.iter().map(row).collect();
+    let header = [
+        "SERVICE",
+        "PORT",
+        "FAMILY",
+        "FRONTENDS",
+        "POLICY",
+        "ENDPOINTS",
+    ];
+    let mut widths = header.map(str::len);
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                let _ = write!(l, "{cell:<w$}  ");
+            }
+        }
+        l
+    };
+    let _ = writeln!(out, "{}", line(&header));
+    for (r, port) in rows.iter().zip(&status.services) {
+        let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "{}", line(&cells));
+        if wide {
+            for e in &port.endpoints {
+                let state = if e.ready {
+                    "ready"
+                } else if e.serving && e.terminating {
+                    "terminating"
+                } else if e.serving {
+                    "serving"
+                } else {
+                    "not serving"
+                };
+                let used = if e.used_by.is_empty() {
+                    format!("unused: {}", e.reason.as_deref().unwrap_or("not selected"))
+                } else {
+                    format!("used ({})", e.used_by.join(", "))
+                };
+                let _ = writeln!(
+                    out,
+                    "    {:<24} {:<11} {:<6} {used}",
+                    e.address.to_string(),
+                    state,
+                    if e.local { "local" } else { "remote" },
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The cells of one Service port's line.
+fn row(p: &PortStatus) -> [String; 6] {
+    let mut frontends = vec![format!("{}", SocketAddr::new(p.cluster_ip, p.port))];
+    if let Some(np) = p.node_port {
+        frontends.push(format!("node:{np}"));
+    }
+    frontends.extend(p.external_ips.iter().map(|ip| format!("ext {ip}")));
+    frontends.extend(p.load_balancer_ips.iter().map(|ip| format!("lb {ip}")));
+    let mut policy = format!(
+        "ext {} / int {}",
+        p.external_traffic_policy, p.internal_traffic_policy
+    );
+    if let Some(t) = p.affinity_timeout_seconds {
+        policy.push_str(&format!(", affinity {t}s"));
+    }
+    let used = p.endpoints.iter().filter(|e| !e.used_by.is_empty()).count();
+    let mut endpoints = format!("{used}/{} used", p.endpoints.len());
+    if let Some(v) = &p.without_endpoints {
+        endpoints.push_str(&format!("; {v}"));
+    }
+    let port = if p.port_name.is_empty() {
+        p.protocol.clone()
+    } else {
+        format!("{}/{}", p.port_name, p.protocol)
+    };
+    [
+        p.service.clone(),
+        port,
+        p.family.clone(),
+        frontends.join(", "),
+        policy,
+        endpoints,
+    ]
+}
+
+/// `kpng trace`.
+pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
+    let q = parse_trace(&args.from, &args.to, Some(&args.proto))?;
+    let proto = match q.protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    };
+    let body = get(
+        socket,
+        &format!("/v1/trace?from={}&to={}&proto={proto}", q.from, q.to),
+    )?;
+    let t: serde_json::Value = serde_json::from_str(&body).context("kpng's trace is not JSON")?;
+    if args.output == crate::cli::LogFormat::Json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+        return Ok(());
+    }
+    let s = |k: &str| t[k].as_str().unwrap_or_default().to_string();
+    println!(
+        "{} {} → {}: {}",
+        proto,
+        q.from,
+        q.to,
+        s("verdict").to_uppercase()
+    );
+    if let Some(service) = t["service"].as_str() {
+        println!("  service:    {service} (via {})", s("frontend"));
+    }
+    if let Some(list) = t["endpointList"]
+        .as_str()
+        .filter(|_| t["verdict"] == "dnat")
+    {
+        let eps: Vec<String> = t["endpoints"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!("  endpoints:  {list} list: {}", eps.join(", "));
+        println!(
+            "  masquerade: {}{}",
+            if t["masquerade"] == true { "yes" } else { "no" },
+            if t["hairpin"] == true {
+                " (and whenever the client picks itself: hairpin)"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(timeout) = t["affinityTimeoutSeconds"].as_u64() {
+        println!("  affinity:   ClientIP, {timeout} s");
+    }
+    println!("  why:        {}", s("reason"));
+    Ok(())
+}
+
+/// The trace facts of a node, from the flags and the current snapshot.
+pub fn node_facts(
+    snapshot: &kpng_model::Snapshot,
+    nodeport: &kpng_backend::settings::NodePortAddresses,
+    detect: &kpng_backend::settings::DetectLocal,
+    masquerade_all: bool,
+    kind: Option<crate::backends::BackendKind>,
+) -> NodeFacts {
+    use crate::backends::BackendKind;
+    use kpng_backend::settings::DetectLocal;
+    use kpng_model::Family;
+    use kpng_model::trace::LocalPods;
+    #[cfg(target_os = "linux")]
+    let host = kpng_backend::host::local_addresses();
+    #[cfg(not(target_os = "linux"))]
+    let host: Vec<IpAddr> = Vec::new();
+    let mut nodeport_ips = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        nodeport_ips.extend(
+            nodeport
+                .scope(family)
+                .addresses(family, &snapshot.node.ips, || host.clone()),
+        );
+    }
+    // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
+    // (iptables mode's 127.0.0.1 exception is added by the caller).
+    nodeport_ips.retain(|ip| !ip.is_loopback());
+    let mut local_ips = host.clone();
+    local_ips.extend(snapshot.node.ips.iter().copied());
+    local_ips.sort();
+    local_ips.dedup();
+    NodeFacts {
+        local_ips,
+        nodeport_ips,
+        local_pods: match detect {
+            DetectLocal::None => LocalPods::None,
+            DetectLocal::ClusterCidr(c) => LocalPods::Cidrs(c.clone()),
+            DetectLocal::NodeCidr => LocalPods::Cidrs(snapshot.node.pod_cidrs.clone()),
+            DetectLocal::BridgeInterface(b) => LocalPods::Interface {
+                rule: format!("entering from {b}"),
+                assumed: snapshot.node.pod_cidrs.clone(),
+            },
+            DetectLocal::InterfaceNamePrefix(p) => LocalPods::Interface {
+                rule: format!("entering from {p}*"),
+                assumed: snapshot.node.pod_cidrs.clone(),
+            },
+        },
+        masquerade_all,
+        backend: kpng_model::trace::BackendTraits {
+            rejects_unknown_ports: kind != Some(BackendKind::Iptables),
+            proxies_connections: kind == Some(BackendKind::Userspace),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_requests_are_checked() {
+        assert!(parse_trace("10.0.0.1", "10.96.0.1:80", None).is_ok());
+        assert!(parse_trace("fd00::1", "[fd00:96::1]:80", Some("UDP")).is_ok());
+        for (from, to, proto, says) in [
+            ("x", "10.96.0.1:80", None, "--from \"x\" is not an IP"),
+            ("10.0.0.1", "10.96.0.1", None, "is not IP:PORT"),
+            ("10.0.0.1", "10.96.0.1:80", Some("icmp"), "tcp, udp or sctp"),
+            ("fd00::1", "10.96.0.1:80", None, "different IP families"),
+        ] {
+            let e = parse_trace(from, to, proto).expect_err(says);
+            assert!(format!("{e:#}").contains(says), "{e:#}");
+        }
+    }
+
+    #[test]
+    fn services_are_found_by_name_namespace_and_port() {
+        let s = serde_json::json!({"service": "default/web", "portName": "http"});
+        for (filter, want) in [
+            ("web", true),
+            ("default/web", true),
+            ("default/web:http", true),
+            ("default/web:grpc", false),
+            ("other/web", false),
+            ("we", false),
+        ] {
+            assert_eq!(service_matches(&s, filter), want, "{filter}");
+        }
+    }
+}

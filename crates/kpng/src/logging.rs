@@ -1,0 +1,133 @@
+//! Logging set-up: the `--log-level` filter (checked, so a typo does not silence everything),
+//! text or JSON lines (`--logging-format`), and the rate limit of identical warnings.
+
+use std::io::IsTerminal;
+
+use crate::cli::LogFormat;
+use crate::log_dedup;
+
+/// The level words `--log-level` takes, alone or after `MODULE=`.
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// Checks a `--log-level` value. tracing's filter syntax reads a bare word as a module name
+/// (enabling only that module), so `--log-level loud` or `--log-level verbose` would be
+/// accepted and silence every line: a bare word must be a level, a module filter must say
+/// `MODULE=LEVEL`, and the level must be one of [`LEVELS`].
+pub fn check_level(spec: &str) -> Result<(), String> {
+    let is_level = |word: &str| LEVELS.contains(&word.trim().to_ascii_lowercase().as_str());
+    for directive in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        match directive.rsplit_once('=') {
+            Some((_, level)) if !is_level(level) => {
+                return Err(format!(
+                    "--log-level {spec:?}: {level:?} in {directive:?} is not a level ({})",
+                    LEVELS.join(", ")
+                ));
+            }
+            Some(_) => {}
+            // `target[span{field=value}]` forms carry `=` inside brackets; those have a level
+            // after the last `=` outside them, so only plain words reach here.
+            None if !is_level(directive) => {
+                return Err(format!(
+                    "--log-level {spec:?}: {directive:?} is not a level ({}); to filter one \
+                     module write MODULE=LEVEL, e.g. kpng_backend_nft=debug",
+                    LEVELS.join(", ")
+                ));
+            }
+            None => {}
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(normalize(spec))
+        .map(|_| ())
+        .map_err(|e| format!("--log-level {spec:?}: {e}"))
+}
+
+/// The directives without the blanks people put after commas (tracing's parser refuses them).
+fn normalize(spec: &str) -> String {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `--log-level`, with kube's own crates silenced unless it names them: they log every
+/// failed attempt while the API server is down, and the `kube` source already reports an
+/// outage, a refusal or a bad object once itself.
+pub fn filter_spec(spec: &str) -> String {
+    let mut filter = normalize(spec);
+    for chatty in ["kube_client", "kube_runtime"] {
+        if !spec.contains(chatty) {
+            filter.push_str(&format!(",{chatty}=off"));
+        }
+    }
+    filter
+}
+
+/// Installs the process's log subscriber: stderr, the given filter (RUST_LOG wins when set),
+/// text or JSON, identical warnings rate-limited.
+pub fn init(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter_spec(level)));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .event_format(log_dedup::Dedup::new(
+                tracing_subscriber::fmt::format(),
+                log_dedup::WINDOW,
+            ))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .event_format(log_dedup::Dedup::new(
+                tracing_subscriber::fmt::format()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_span_list(false),
+                log_dedup::WINDOW,
+            ))
+            .init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kube_crates_are_quiet_unless_named() {
+        assert_eq!(filter_spec("info"), "info,kube_client=off,kube_runtime=off");
+        assert_eq!(
+            filter_spec("info,kube_client=debug"),
+            "info,kube_client=debug,kube_runtime=off"
+        );
+    }
+
+    #[test]
+    fn levels_are_checked() {
+        let cases: [(&str, Option<&str>); 9] = [
+            ("info", None),
+            ("DEBUG", None),
+            ("info,kpng=debug", None),
+            ("warn, kpng_backend_nft=trace", None),
+            ("off", None),
+            ("loud", Some("\"loud\" is not a level")),
+            ("verbose,kpng=debug", Some("\"verbose\" is not a level")),
+            (
+                "kpng=chatty",
+                Some("\"chatty\" in \"kpng=chatty\" is not a level"),
+            ),
+            ("kpng", Some("write MODULE=LEVEL")),
+        ];
+        for (spec, want) in cases {
+            match (check_level(spec), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(w)) => assert!(e.contains(w), "{spec}: {e}"),
+                (got, want) => panic!("{spec}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! `kpng version`: what this binary is, for the operator comparing nodes or filing a bug.
+
+use serde::Serialize;
+
+use crate::cli::{LogFormat, VersionArgs};
+
+/// This build's identity; also the labels of `kpng_build_info`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildInfo {
+    /// The crate version.
+    pub version: &'static str,
+    /// The git commit built (`-dirty` with uncommitted changes, `unknown` outside git).
+    pub git_commit: &'static str,
+    /// When it was built (RFC 3339, UTC; `SOURCE_DATE_EPOCH` when set).
+    pub build_date: &'static str,
+    /// The Kubernetes API schema compiled in.
+    pub kubernetes_schema: &'static str,
+    /// The API resources the `kube` source reads.
+    pub api_resources: &'static [&'static str],
+    /// `os/arch`, as Go's `GOOS/GOARCH` would print it.
+    pub platform: String,
+}
+
+impl BuildInfo {
+    /// This binary's.
+    pub fn current() -> BuildInfo {
+        BuildInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            git_commit: env!("KPNG_GIT_COMMIT"),
+            build_date: env!("KPNG_BUILD_DATE"),
+            kubernetes_schema: kpng_k8s::KUBERNETES_SCHEMA,
+            api_resources: &kpng_k8s::API_RESOURCES,
+            platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+        }
+    }
+}
+
+/// Prints the version as asked.
+pub fn print(args: &VersionArgs) -> anyhow::Result<()> {
+    let info = BuildInfo::current();
+    match args.output {
+        LogFormat::Json => println!("{}", serde_json::to_string_pretty(&info)?),
+        LogFormat::Text => {
+            println!("kpng {}", info.version);
+            println!("  git commit:         {}", info.git_commit);
+            println!("  built:              {}", info.build_date);
+            println!("  platform:           {}", info.platform);
+            println!("  Kubernetes schema:  {}", info.kubernetes_schema);
+            println!("  reads:              {}", info.api_resources.join(", "));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! Every probe is also traced: `kpng trace` must say what the packet did.
+//!
+//! While a scenario's kpng runs in node1, each probe sent from node1, its pods or the outside
+//! (the traffic node1's rules handle) is traced through kpng's admin socket with the probe's
+//! own source address, and the trace's verdict, endpoint set and masquerade decision are
+//! checked against what the packet did. Probes from node2 and its pods pass through no kpng
+//! and are not traced. This is the proof that the tracer tells the truth, for every backend.
+
+use std::cell::RefCell;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use kpng_testkit::{Netns, Outcome, ProbeResult, Proto};
+
+thread_local! {
+    /// The admin socket of the kpng this test runs, while it runs (each test is one thread).
+    static TRACER: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
+    /// Probes traced and checked so far on this thread.
+    static CHECKED: RefCell<usize> = const { RefCell::new(0) };
+}
+
+/// kpng serves its admin socket at `socket` from now on.
+pub fn serving(socket: &Path) {
+    TRACER.with(|t| *t.borrow_mut() = Some(socket.to_path_buf()));
+}
+
+/// kpng stopped: probes are not traced until it serves again.
+pub fn stopped() {
+    TRACER.with(|t| *t.borrow_mut() = None);
+}
+
+/// How many probes this test has checked against a trace.
+pub fn checked() -> usize {
+    CHECKED.with(|c| *c.borrow())
+}
+
+/// Traces the flow of `results` (one source, one target) and checks each result against it.
+#[track_caller]
+pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, results: &[ProbeResult]) {
+    let Some(socket) = TRACER.with(|t| t.borrow().clone()) else {
+        return;
+    };
+    let name = ns.name();
+    if ["-node2", "-pod2", "-node3", "-pod3"]
+        .iter()
+        .any(|n| name.contains(n))
+    {
+        return;
+    }
+    let Some(from) = results.iter().find_map(|r| r.client_addr).map(|a| a.ip()) else {
+        return;
+    };
+    let proto_word = match proto {
+        Proto::Tcp => "tcp",
+        Proto::Udp => "udp",
+    };
+    let trace = query(
+        &socket,
+        &format!("/v1/trace?from={from}&to={target}&proto={proto_word}"),
+    );
+    let verdict = trace["verdict"].as_str().unwrap_or_default().to_string();
+    let endpoints: Vec<String> = trace["endpoints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let masquerade = trace["masquerade"] == true;
+    let hairpin = trace["hairpin"] == true;
+    for r in results {
+        let what =
+            format!("{proto_word} {from} → {target}: the trace says {trace}\nthe probe: {r}");
+        match verdict.as_str() {
+            "dnat" => {
+                assert_eq!(r.outcome, Outcome::Ok, "{what}");
+                let server = r.server_addr.expect("an answer names the server address");
+                assert!(
+                    endpoints.contains(&server.to_string()),
+                    "answered by {server}, not one of the traced endpoints: {what}"
+                );
+                let seen = r
+                    .client_addr_seen_by_server
+                    .expect("an answer names the client")
+                    .ip();
+                if masquerade || (hairpin && server.ip() == from) {
+                    assert!(
+                        super::harness::NODE1_IPS.contains(&seen),
+                        "traced as masqueraded, but the server saw {seen}: {what}"
+                    );
+                } else {
+                    assert_eq!(seen, from, "traced as not masqueraded: {what}");
+                }
+            }
+            "reject" => {
+                let eperm = r.outcome == Outcome::Error
+                    && r.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("Operation not permitted"));
+                assert!(r.outcome == Outcome::Refused || eperm, "{what}");
+            }
+            "drop" => assert_eq!(r.outcome, Outcome::Timeout, "{what}"),
+            // Not kpng's (or left alone by this backend): nothing to compare.
+            _ => continue,
+        }
+        CHECKED.with(|c| *c.borrow_mut() += 1);
+    }
+}
+
+/// One GET on the admin socket; panics when the running kpng does not answer.
+fn query(socket: &Path, target: &str) -> serde_json::Value {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("kpng's admin socket {}: {e}", socket.display()));
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the trace request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the trace");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.contains(" 200 "), "trace {target}: {response}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("trace {target}: {e}: {body}"))
+}

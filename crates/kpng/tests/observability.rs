@@ -1,0 +1,376 @@
+//! What an operator reads from a running kpng: `kpng version`, the log line formats and level
+//! checks, the per-sync change summary, and the build and process metrics.
+
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn kpng() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kpng"))
+}
+
+/// A running `kpng`, killed when dropped.
+struct Running {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Running {
+    fn start(command: &mut Command) -> Running {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kpng");
+        let stderr = kpng_testkit::collect_output(child.stderr.take().expect("stderr"));
+        Running { child, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().expect("lock").clone()
+    }
+
+    /// Waits until `check` holds on stderr; panics after 10 s or when kpng exits.
+    #[track_caller]
+    fn wait(&mut self, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let err = self.stderr();
+            if check(&err) {
+                return err;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("kpng exited ({status}) before {what}:\n{err}");
+            }
+            assert!(Instant::now() < deadline, "{what}: not within 10 s:\n{err}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).expect("response");
+    body
+}
+
+const MANIFEST: &str = "kind: Node\nmetadata: {name: n1}\n---\nkind: Service\n\
+    metadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}]}\n";
+
+#[test]
+fn version_names_the_commit_build_and_apis() {
+    let out = kpng()
+        .args(["version", "-o", "json"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    let commit = v["gitCommit"].as_str().expect("gitCommit");
+    assert!(!commit.is_empty(), "{v}");
+    assert!(
+        v["buildDate"]
+            .as_str()
+            .is_some_and(|d| humantime::parse_rfc3339(d).is_ok()),
+        "{v}"
+    );
+    let apis = v["apiResources"].as_array().expect("apiResources");
+    assert!(
+        apis.iter()
+            .any(|a| a == "discovery.k8s.io/v1 EndpointSlice")
+    );
+
+    let text = kpng().arg("version").output().expect("run");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(commit) && text.contains("Kubernetes schema"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_log_level_that_is_not_a_level_is_refused() {
+    for (level, says) in [
+        ("loud", "\"loud\" is not a level"),
+        (
+            "kpng=chatty",
+            "\"chatty\" in \"kpng=chatty\" is not a level",
+        ),
+    ] {
+        let out = kpng()
+            .args(["--log-level", level, "version"])
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{level}: {err}");
+        assert!(err.contains(says), "{level}: {err}");
+    }
+}
+
+#[test]
+fn json_logs_sync_summaries_and_build_and_process_metrics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let mut running = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["--logging-format", "json", "file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "n1",
+                "--debounce",
+                "0",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml")),
+    );
+    let err = running.wait("the first sync", |e| e.contains("\"synced\""));
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let sync = lines
+        .iter()
+        .find(|l| l["message"] == "synced")
+        .expect("a synced line");
+    assert_eq!(
+        sync["changes"],
+        "Service ports: 1 added; node or Service CIDRs changed"
+    );
+    assert_eq!(sync["ports"], 1);
+    let metrics_addr = lines
+        .iter()
+        .filter_map(|l| l["message"].as_str())
+        .find_map(|m| m.strip_prefix("serving /metrics on http://"))
+        .expect("the metrics address is logged")
+        .to_string();
+
+    // An endpoint-only edit says so.
+    std::fs::write(
+        &input,
+        format!(
+            "{MANIFEST}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: ns, name: web-1, labels: {{kubernetes.io/service-name: web}}}}\n\
+             addressType: IPv4\nendpoints: [{{addresses: [10.244.0.5]}}]\n\
+             ports: [{{name: http, port: 8080}}]\n"
+        ),
+    )
+    .expect("write");
+    running.wait("the endpoint change's sync", |e| {
+        e.contains("Service ports: 1 with new endpoints")
+    });
+
+    let metrics = http_get(&metrics_addr, "/metrics");
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+    };
+    assert!(value("process_resident_memory_bytes") > 1e6);
+    assert!(value("process_open_fds") >= 3.0);
+    assert!(value("process_cpu_seconds_total") >= 0.0);
+    let started = value("process_start_time_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    assert!((now - started).abs() < 120.0, "{started} vs {now}");
+    // kube-proxy's debug pages.
+    let configz = http_get(&metrics_addr, "/configz");
+    let body = configz.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let config: serde_json::Value = serde_json::from_str(body).expect("configz is JSON");
+    assert_eq!(
+        config["kubeproxy.config.k8s.io"]["hostnameOverride"], "n1",
+        "{config}"
+    );
+    let flagz = http_get(&metrics_addr, "/flagz");
+    assert!(
+        flagz.contains("--node-name=n1") && flagz.contains("--logging-format=json"),
+        "{flagz}"
+    );
+    let statusz = http_get(&metrics_addr, "/statusz");
+    assert!(
+        statusz.contains("Started: ") && statusz.contains(env!("CARGO_PKG_VERSION")),
+        "{statusz}"
+    );
+
+    let build = metrics
+        .lines()
+        .find(|l| l.starts_with("kpng_build_info{"))
+        .unwrap_or_else(|| panic!("kpng_build_info missing:\n{metrics}"));
+    assert!(
+        build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+            && build.contains("git_commit=")
+            && build.ends_with(" 1"),
+        "{build}"
+    );
+}
+
+#[test]
+fn status_and_trace_answer_from_the_running_proxy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    std::fs::write(&input, example).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let socket_flag = socket.display().to_string();
+    let mut running = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "node1",
+                "--cluster-cidr",
+                "10.244.0.0/16",
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+                &socket_flag,
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml")),
+    );
+    running.wait("the first sync", |e| e.contains(" synced "));
+    let ask = |args: &[&str]| {
+        let out = kpng()
+            .args(args)
+            .args(["--admin-socket", &socket_flag])
+            .output()
+            .expect("run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+
+    let status: serde_json::Value =
+        serde_json::from_str(&ask(&["status", "-o", "json"])).expect("JSON");
+    assert_eq!(status["node"], "node1");
+    assert_eq!(status["backend"], "file");
+    assert!(status["lastSync"]["ok"] == true, "{status}");
+    let services = status["services"].as_array().expect("services");
+    let port = |name: &str| {
+        services
+            .iter()
+            .find(|s| s["service"] == name && s["family"] == "IPv4")
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+    };
+    // Every unused endpoint says why: topology, policy, conditions.
+    let reasons = |name: &str| -> Vec<String> {
+        port(name)["endpoints"]
+            .as_array()
+            .expect("endpoints")
+            .iter()
+            .filter_map(|e| e["reason"].as_str().map(String::from))
+            .collect()
+    };
+    assert!(
+        reasons("default/zonal")
+            .iter()
+            .any(|r| r.contains("hinted for zone zone-b")),
+        "{:?}",
+        reasons("default/zonal")
+    );
+    assert!(
+        reasons("monitoring/node-agent")
+            .iter()
+            .any(|r| r.contains("internalTrafficPolicy is Local")),
+        "{:?}",
+        reasons("monitoring/node-agent")
+    );
+    assert!(
+        reasons("default/draining")
+            .iter()
+            .any(|r| r.contains("not serving")),
+        "{:?}",
+        reasons("default/draining")
+    );
+    assert_eq!(
+        port("default/empty")["withoutEndpoints"],
+        "no endpoints: connections are rejected"
+    );
+
+    let wide = ask(&["status", "default/zonal", "-o", "wide"]);
+    assert!(
+        wide.contains("default/zonal")
+            && !wide.contains("default/web")
+            && wide.contains("unused: topology"),
+        "{wide}"
+    );
+
+    let trace = |from: &str, to: &str| -> serde_json::Value {
+        serde_json::from_str(&ask(&["trace", "--from", from, "--to", to, "-o", "json"]))
+            .expect("JSON")
+    };
+    let pod = trace("10.244.1.9", "10.96.1.30:80");
+    assert_eq!(pod["verdict"], "dnat", "{pod}");
+    assert_eq!(pod["service"], "shop/cart:http");
+    assert_eq!(pod["frontend"], "clusterIP");
+    assert_eq!(pod["masquerade"], false);
+    assert_eq!(pod["affinityTimeoutSeconds"], 600);
+    assert!(
+        pod["endpoints"].as_array().is_some_and(|e| e.len() == 2),
+        "{pod}"
+    );
+    let outside = trace("203.0.113.5", "198.51.100.30:80");
+    assert_eq!(outside["frontend"], "externalIP", "{outside}");
+    assert_eq!(outside["masquerade"], true);
+    let empty = trace("10.244.1.9", "10.96.0.60:80");
+    assert_eq!(empty["verdict"], "reject", "{empty}");
+    let nothing = trace("10.244.1.9", "192.0.2.99:443");
+    assert_eq!(nothing["verdict"], "none", "{nothing}");
+
+    // Mistakes are named.
+    let bad = kpng()
+        .args(["trace", "--from", "10.0.0.1", "--to", "10.96.0.10"])
+        .args(["--admin-socket", &socket_flag])
+        .output()
+        .expect("run");
+    assert!(
+        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("is not IP:PORT"),
+        "{bad:?}"
+    );
+    drop(running);
+    let gone = kpng()
+        .args(["status", "--admin-socket", &socket_flag])
+        .output()
+        .expect("run");
+    assert!(
+        !gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("is kpng running"),
+        "{gone:?}"
+    );
+}

@@ -1,0 +1,333 @@
+//! The decision this node makes for one packet, from the model: `kpng trace`.
+//!
+//! Why: "why does this connection go there (or nowhere)?" is the question of every Service
+//! incident, and the rules in the kernel answer it only to someone who reads them fluently.
+//! The trace follows the same steps as every backend (kube-proxy's nftables mode, which the
+//! backends implement and the real-packet suites check): the load-balancer firewall, the
+//! frontend that matches, the endpoint list the traffic policy selects, the no-endpoint verdict,
+//! and masquerading.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::Serialize;
+
+use crate::key::{Family, Protocol};
+use crate::model::Snapshot;
+use crate::service_port::ServicePort;
+
+/// One packet to trace: the first packet of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceQuery {
+    /// Its source address.
+    pub from: IpAddr,
+    /// Its destination.
+    pub to: SocketAddr,
+    /// Its protocol.
+    pub protocol: Protocol,
+}
+
+/// What the node knows beyond the model: which sources are its pods and itself, and which of
+/// its addresses accept node ports. The runner fills it from the backend's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// The node's own addresses (traffic from them is "node-originated").
+    pub local_ips: Vec<IpAddr>,
+    /// The addresses that accept node ports (`--nodeport-addresses`).
+    pub nodeport_ips: Vec<IpAddr>,
+    /// How a source is recognised as a pod (`--detect-local-mode`).
+    pub local_pods: LocalPods,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// Where the backend departs from nftables mode by design (docs/backends.md).
+    pub backend: BackendTraits,
+}
+
+/// The deliberate differences between backends that change a packet's fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendTraits {
+    /// A packet to a ClusterIP on a port no Service uses is rejected (nftables mode); else it
+    /// is left alone (iptables mode).
+    pub rejects_unknown_ports: bool,
+    /// The backend is a proxy: it opens its own connection to the endpoint, which therefore
+    /// always sees a node address (the userspace backend).
+    pub proxies_connections: bool,
+}
+
+impl Default for BackendTraits {
+    /// nftables mode's.
+    fn default() -> Self {
+        BackendTraits {
+            rejects_unknown_ports: true,
+            proxies_connections: false,
+        }
+    }
+}
+
+/// How pod traffic is told apart (`--detect-local-mode`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum LocalPods {
+    /// No detection: no source is a pod.
+    #[default]
+    None,
+    /// Sources inside these CIDRs are pods.
+    Cidrs(Vec<IpNet>),
+    /// Decided by the interface the packet came in on, which a trace does not know: the
+    /// trace takes sources inside `assumed` (the node's pod CIDRs, whose pods sit behind that
+    /// interface) as pods; `rule` names the real rule for the reason text.
+    Interface {
+        /// The interface rule, in words.
+        rule: String,
+        /// The CIDRs whose sources are taken as coming in through it.
+        assumed: Vec<IpNet>,
+    },
+}
+
+/// The outcome for the packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Rewritten to one of `endpoints`.
+    Dnat,
+    /// Refused at once (TCP reset / ICMP unreachable): no endpoint anywhere, or no such port.
+    Reject,
+    /// Silently dropped: endpoints exist but none for this policy, a firewall, or an
+    /// unallocated Service IP.
+    Drop,
+    /// Delivered to the node itself untouched (one of its addresses, no node port there).
+    Accept,
+    /// Not a Service address: kpng does not touch it.
+    None,
+}
+
+/// Which kind of Service address matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Frontend {
+    /// `spec.clusterIP(s)`.
+    #[serde(rename = "clusterIP")]
+    ClusterIp,
+    /// A node address and `nodePort`.
+    NodePort,
+    /// `spec.externalIPs`.
+    #[serde(rename = "externalIP")]
+    ExternalIp,
+    /// `status.loadBalancer.ingress[].ip`.
+    LoadBalancer,
+}
+
+/// The trace of one packet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Trace {
+    /// What happens to it.
+    pub verdict: Verdict,
+    /// `namespace/name:port` of the Service port that matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// The kind of address that matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontend: Option<Frontend>,
+    /// The endpoint list used: `cluster` or `local`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_list: Option<&'static str>,
+    /// The endpoints one of which receives it (`IP:port`).
+    pub endpoints: Vec<SocketAddr>,
+    /// Whether its source is rewritten to the node's.
+    pub masquerade: bool,
+    /// The client is itself one of the endpoints: when it is picked, the packet is
+    /// masqueraded (hairpin) whatever `masquerade` says.
+    pub hairpin: bool,
+    /// ClientIP session affinity's timeout, when the Service has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_seconds: Option<u32>,
+    /// Why, in words.
+    pub reason: String,
+}
+
+impl Trace {
+    fn unmatched(verdict: Verdict, reason: String) -> Trace {
+        Trace {
+            verdict,
+            service: None,
+            frontend: None,
+            endpoint_list: None,
+            endpoints: Vec::new(),
+            masquerade: false,
+            hairpin: false,
+            affinity_timeout_seconds: None,
+            reason,
+        }
+    }
+}
+
+/// Traces `q` through `snapshot` on a node described by `facts`.
+pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
+    let family = Family::of(&q.to.ip());
+    let ports: Vec<&ServicePort> = snapshot
+        .family(family)
+        .map(|p| p.as_ref())
+        .filter(|p| p.key.protocol == q.protocol)
+        .collect();
+    let (dst, dport) = (q.to.ip(), q.to.port());
+    let matched = ports.iter().find_map(|p| {
+        if p.cluster_ip == dst && p.port == dport {
+            Some((*p, Frontend::ClusterIp))
+        } else if p.port == dport && p.external_ips.contains(&dst) {
+            Some((*p, Frontend::ExternalIp))
+        } else if p.port == dport && p.load_balancer_ips.contains(&dst) {
+            Some((*p, Frontend::LoadBalancer))
+        } else if p.node_port == Some(dport) && facts.nodeport_ips.contains(&dst) {
+            Some((*p, Frontend::NodePort))
+        } else {
+            None
+        }
+    });
+    let Some((port, frontend)) = matched else {
+        return no_frontend(snapshot, facts, q, family);
+    };
+    let name = format!("{}:{}", port.key.service, port.key.port_name);
+    let mut t = Trace {
+        service: Some(name),
+        frontend: Some(frontend),
+        affinity_timeout_seconds: port.session_affinity.map(|a| a.timeout_seconds),
+        ..Trace::unmatched(Verdict::Dnat, String::new())
+    };
+    if frontend == Frontend::LoadBalancer
+        && !port.source_ranges.is_empty()
+        && !port.source_ranges.iter().any(|r| r.contains(&q.from))
+    {
+        t.verdict = Verdict::Drop;
+        t.reason = format!(
+            "{} is outside loadBalancerSourceRanges ({})",
+            q.from,
+            join(&port.source_ranges)
+        );
+        return t;
+    }
+    let from_pod = is_local_pod(facts, q.from);
+    let from_node = facts.local_ips.contains(&q.from);
+    let (list, masquerade, why) = match frontend {
+        Frontend::ClusterIp => {
+            let masq = facts.masquerade_all || (is_detecting(facts) && !from_pod);
+            let why = if facts.masquerade_all {
+                "masquerade-all"
+            } else if masq {
+                "the source is not a pod (--detect-local-mode): ClusterIP traffic from outside is masqueraded"
+            } else {
+                "the source is a pod (--detect-local-mode), its address kept"
+            };
+            let list = if port.internal_policy_local {
+                "local"
+            } else {
+                "cluster"
+            };
+            (list, masq, why)
+        }
+        _ if !port.external_policy_local => (
+            "cluster",
+            true,
+            "externalTrafficPolicy Cluster: external traffic is masqueraded",
+        ),
+        _ if from_pod => (
+            "cluster",
+            facts.masquerade_all,
+            "externalTrafficPolicy Local, but the source is a pod (--detect-local-mode): every endpoint",
+        ),
+        _ if from_node => (
+            "cluster",
+            true,
+            "externalTrafficPolicy Local, but the node itself is the source: every endpoint, masqueraded",
+        ),
+        _ => (
+            "local",
+            facts.masquerade_all,
+            "externalTrafficPolicy Local: this node's endpoints, the client's address kept",
+        ),
+    };
+    let endpoints = if list == "local" {
+        &port.local_endpoints
+    } else {
+        &port.cluster_endpoints
+    };
+    t.endpoint_list = Some(list);
+    t.endpoints = endpoints.iter().map(|e| e.addr()).collect();
+    if endpoints.is_empty() {
+        (t.verdict, t.reason) = if port.has_any_endpoints {
+            (
+                Verdict::Drop,
+                format!("no {list} endpoint on this node's view, though the Service has endpoints"),
+            )
+        } else {
+            (Verdict::Reject, "the Service has no endpoints".to_string())
+        };
+        return t;
+    }
+    t.hairpin = endpoints.iter().any(|e| e.ip == q.from);
+    if facts.backend.proxies_connections {
+        t.masquerade = true;
+        t.reason = "the userspace proxy connects to the endpoint from the node".to_string();
+    } else {
+        t.masquerade = masquerade;
+        t.reason = why.to_string();
+    }
+    t
+}
+
+/// No frontend matched: a ClusterIP on another port, an unallocated Service IP, the node
+/// itself, or nothing of ours.
+fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: Family) -> Trace {
+    let dst = q.to.ip();
+    if snapshot.family(family).any(|p| p.cluster_ip == dst) && facts.backend.rejects_unknown_ports {
+        return Trace::unmatched(
+            Verdict::Reject,
+            format!(
+                "{dst} is a ClusterIP, but no Service port {}/{} is on it",
+                q.to.port(),
+                q.protocol
+            ),
+        );
+    }
+    if snapshot.service_cidrs.iter().any(|c| c.contains(&dst))
+        && facts.backend.rejects_unknown_ports
+    {
+        return Trace::unmatched(
+            Verdict::Drop,
+            format!("{dst} is in a Service CIDR but no Service has it"),
+        );
+    }
+    if facts.local_ips.contains(&dst) || facts.nodeport_ips.contains(&dst) {
+        return Trace::unmatched(
+            Verdict::Accept,
+            format!(
+                "{dst} is this node's; no node port {}/{} here",
+                q.to.port(),
+                q.protocol
+            ),
+        );
+    }
+    Trace::unmatched(Verdict::None, format!("{} is not a Service address", q.to))
+}
+
+fn is_detecting(facts: &NodeFacts) -> bool {
+    !matches!(facts.local_pods, LocalPods::None)
+}
+
+fn is_local_pod(facts: &NodeFacts, ip: IpAddr) -> bool {
+    match &facts.local_pods {
+        LocalPods::None => false,
+        LocalPods::Cidrs(cidrs) => cidrs.iter().any(|c| c.contains(&ip)),
+        LocalPods::Interface { assumed, .. } => assumed.iter().any(|c| c.contains(&ip)),
+    }
+}
+
+fn join(ranges: &[IpNet]) -> String {
+    ranges
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests;

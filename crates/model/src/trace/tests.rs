@@ -1,0 +1,312 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::key::{PortKey, ServiceKey};
+use crate::service_port::{Endpoint, SessionAffinity};
+
+fn ep(ip: &str, local: bool) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().expect("ip"),
+        port: 8080,
+        is_local: local,
+        ready: true,
+        serving: true,
+        terminating: false,
+    }
+}
+
+fn web() -> ServicePort {
+    let mut p = ServicePort::new(
+        PortKey {
+            service: ServiceKey::new("ns", "web"),
+            port_name: "http".into(),
+            protocol: Protocol::Tcp,
+            family: Family::V4,
+        },
+        "10.96.0.10".parse().expect("ip"),
+        80,
+    );
+    p.node_port = Some(30080);
+    p.external_ips = vec!["192.0.2.10".parse().expect("ip")];
+    p.load_balancer_ips = vec!["198.51.100.10".parse().expect("ip")];
+    p.cluster_endpoints = vec![ep("10.244.1.5", true), ep("10.244.2.5", false)];
+    p.local_endpoints = vec![ep("10.244.1.5", true)];
+    p.has_any_endpoints = true;
+    p
+}
+
+fn snapshot(ports: Vec<ServicePort>) -> Snapshot {
+    let mut s = Snapshot {
+        service_cidrs: vec!["10.96.0.0/16".parse().expect("cidr")],
+        ..Snapshot::default()
+    };
+    for p in ports {
+        s.ports.insert(p.key.clone(), Arc::new(p));
+    }
+    s
+}
+
+fn facts() -> NodeFacts {
+    NodeFacts {
+        local_ips: vec!["172.18.0.2".parse().expect("ip")],
+        nodeport_ips: vec!["172.18.0.2".parse().expect("ip")],
+        local_pods: LocalPods::Cidrs(vec!["10.244.1.0/24".parse().expect("cidr")]),
+        masquerade_all: false,
+        backend: BackendTraits::default(),
+    }
+}
+
+struct Case {
+    what: &'static str,
+    port: fn(&mut ServicePort),
+    from: &'static str,
+    to: &'static str,
+    verdict: Verdict,
+    frontend: Option<Frontend>,
+    endpoints: &'static [&'static str],
+    masquerade: bool,
+}
+
+fn same(_: &mut ServicePort) {}
+
+#[test]
+fn packets_meet_the_same_rules_as_in_the_kernel() {
+    let both = &["10.244.1.5:8080", "10.244.2.5:8080"][..];
+    let local = &["10.244.1.5:8080"][..];
+    let cases = [
+        Case {
+            what: "pod to ClusterIP",
+            port: same,
+            from: "10.244.1.7",
+            to: "10.96.0.10:80",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::ClusterIp),
+            endpoints: both,
+            masquerade: false,
+        },
+        Case {
+            what: "node to ClusterIP is masqueraded",
+            port: same,
+            from: "172.18.0.2",
+            to: "10.96.0.10:80",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::ClusterIp),
+            endpoints: both,
+            masquerade: true,
+        },
+        Case {
+            what: "iTP Local",
+            port: |p| p.internal_policy_local = true,
+            from: "10.244.1.7",
+            to: "10.96.0.10:80",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::ClusterIp),
+            endpoints: local,
+            masquerade: false,
+        },
+        Case {
+            what: "wrong port on a ClusterIP",
+            port: same,
+            from: "10.244.1.7",
+            to: "10.96.0.10:81",
+            verdict: Verdict::Reject,
+            frontend: None,
+            endpoints: &[],
+            masquerade: false,
+        },
+        Case {
+            what: "unallocated Service IP",
+            port: same,
+            from: "10.244.1.7",
+            to: "10.96.9.9:80",
+            verdict: Verdict::Drop,
+            frontend: None,
+            endpoints: &[],
+            masquerade: false,
+        },
+        Case {
+            what: "not ours",
+            port: same,
+            from: "10.244.1.7",
+            to: "8.8.8.8:53",
+            verdict: Verdict::None,
+            frontend: None,
+            endpoints: &[],
+            masquerade: false,
+        },
+        Case {
+            what: "the node, no node port",
+            port: same,
+            from: "203.0.113.1",
+            to: "172.18.0.2:22",
+            verdict: Verdict::Accept,
+            frontend: None,
+            endpoints: &[],
+            masquerade: false,
+        },
+        Case {
+            what: "node port, eTP Cluster",
+            port: same,
+            from: "203.0.113.1",
+            to: "172.18.0.2:30080",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::NodePort),
+            endpoints: both,
+            masquerade: true,
+        },
+        Case {
+            what: "node port, eTP Local, outside client",
+            port: |p| p.external_policy_local = true,
+            from: "203.0.113.1",
+            to: "172.18.0.2:30080",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::NodePort),
+            endpoints: local,
+            masquerade: false,
+        },
+        Case {
+            what: "eTP Local from a local pod short-circuits",
+            port: |p| p.external_policy_local = true,
+            from: "10.244.1.7",
+            to: "192.0.2.10:80",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::ExternalIp),
+            endpoints: both,
+            masquerade: false,
+        },
+        Case {
+            what: "eTP Local from the node itself",
+            port: |p| p.external_policy_local = true,
+            from: "172.18.0.2",
+            to: "172.18.0.2:30080",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::NodePort),
+            endpoints: both,
+            masquerade: true,
+        },
+        Case {
+            what: "eTP Local without local endpoints drops",
+            port: |p| {
+                p.external_policy_local = true;
+                p.local_endpoints.clear();
+            },
+            from: "203.0.113.1",
+            to: "198.51.100.10:80",
+            verdict: Verdict::Drop,
+            frontend: Some(Frontend::LoadBalancer),
+            endpoints: &[],
+            masquerade: false,
+        },
+        Case {
+            what: "no endpoints rejects",
+            port: |p| {
+                p.cluster_endpoints.clear();
+                p.local_endpoints.clear();
+                p.has_any_endpoints = false;
+            },
+            from: "10.244.1.7",
+            to: "10.96.0.10:80",
+            verdict: Verdict::Reject,
+            frontend: Some(Frontend::ClusterIp),
+            endpoints: &[],
+            masquerade: false,
+        },
+        Case {
+            what: "load balancer source ranges",
+            port: |p| p.source_ranges = vec!["192.168.0.0/16".parse().expect("cidr")],
+            from: "203.0.113.1",
+            to: "198.51.100.10:80",
+            verdict: Verdict::Drop,
+            frontend: Some(Frontend::LoadBalancer),
+            endpoints: &[],
+            masquerade: false,
+        },
+        Case {
+            what: "inside the source ranges",
+            port: |p| p.source_ranges = vec!["203.0.113.0/24".parse().expect("cidr")],
+            from: "203.0.113.1",
+            to: "198.51.100.10:80",
+            verdict: Verdict::Dnat,
+            frontend: Some(Frontend::LoadBalancer),
+            endpoints: both,
+            masquerade: true,
+        },
+    ];
+    for c in cases {
+        let mut p = web();
+        (c.port)(&mut p);
+        let t = trace(
+            &snapshot(vec![p]),
+            &facts(),
+            &TraceQuery {
+                from: c.from.parse().expect("ip"),
+                to: c.to.parse().expect("addr"),
+                protocol: Protocol::Tcp,
+            },
+        );
+        let endpoints: Vec<String> = t.endpoints.iter().map(|e| e.to_string()).collect();
+        assert_eq!(t.verdict, c.verdict, "{}: {t:?}", c.what);
+        assert_eq!(t.frontend, c.frontend, "{}: {t:?}", c.what);
+        assert_eq!(endpoints, c.endpoints, "{}: {t:?}", c.what);
+        assert_eq!(t.masquerade, c.masquerade, "{}: {t:?}", c.what);
+        assert!(!t.reason.is_empty(), "{}", c.what);
+    }
+}
+
+#[test]
+fn hairpin_and_affinity_are_reported() {
+    let mut p = web();
+    p.session_affinity = Some(SessionAffinity {
+        timeout_seconds: 60,
+    });
+    let t = trace(
+        &snapshot(vec![p]),
+        &facts(),
+        &TraceQuery {
+            from: "10.244.1.5".parse().expect("ip"),
+            to: "10.96.0.10:80".parse().expect("addr"),
+            protocol: Protocol::Tcp,
+        },
+    );
+    assert!(t.hairpin && !t.masquerade, "{t:?}");
+    assert_eq!(t.affinity_timeout_seconds, Some(60));
+    let udp = trace(
+        &snapshot(vec![web()]),
+        &facts(),
+        &TraceQuery {
+            from: "10.244.1.7".parse().expect("ip"),
+            to: "10.96.0.10:80".parse().expect("addr"),
+            protocol: Protocol::Udp,
+        },
+    );
+    assert_eq!(udp.verdict, Verdict::Reject, "TCP only: {udp:?}");
+}
+
+#[test]
+fn backend_differences_change_the_trace() {
+    let q = |to: &str| TraceQuery {
+        from: "10.244.1.7".parse().expect("ip"),
+        to: to.parse().expect("addr"),
+        protocol: Protocol::Tcp,
+    };
+    let iptables = NodeFacts {
+        backend: BackendTraits {
+            rejects_unknown_ports: false,
+            proxies_connections: false,
+        },
+        ..facts()
+    };
+    for to in ["10.96.0.10:81", "10.96.9.9:80"] {
+        let t = trace(&snapshot(vec![web()]), &iptables, &q(to));
+        assert_eq!(t.verdict, Verdict::None, "{to}: {t:?}");
+    }
+    let userspace = NodeFacts {
+        backend: BackendTraits {
+            rejects_unknown_ports: true,
+            proxies_connections: true,
+        },
+        ..facts()
+    };
+    let t = trace(&snapshot(vec![web()]), &userspace, &q("10.96.0.10:80"));
+    assert!(t.masquerade && t.verdict == Verdict::Dnat, "{t:?}");
+}

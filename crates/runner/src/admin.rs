@@ -1,0 +1,228 @@
+//! Questions a running kpng answers about itself: `kpng status` and `kpng trace`.
+//!
+//! The sync loop owns the model, so questions are sent to it over a channel and answered
+//! between two inputs: nothing is copied or locked on the hot path, and an answer costs only
+//! when someone asks. The binary serves an [`AdminHandle`] on its admin socket.
+
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+use kpng_model::inspect::EndpointStatus;
+use kpng_model::trace::{NodeFacts, Trace, TraceQuery};
+use kpng_model::{ServicePort, Snapshot};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+/// Computes the node facts a trace needs from the current snapshot (node port addresses and
+/// the pod detector depend on the Node object and the host's addresses).
+pub type FactsFn = Box<dyn Fn(&Snapshot) -> NodeFacts + Send>;
+
+/// A question for the loop.
+#[derive(Debug)]
+pub(crate) enum Query {
+    Status(oneshot::Sender<Status>),
+    Trace(TraceQuery, oneshot::Sender<Trace>),
+}
+
+/// Asks the running loop; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AdminHandle(pub(crate) mpsc::Sender<Query>);
+
+impl AdminHandle {
+    /// What is programmed now; `None` once the loop has ended.
+    pub async fn status(&self) -> Option<Status> {
+        let (tx, rx) = oneshot::channel();
+        self.0.send(Query::Status(tx)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// The decision for one packet; `None` once the loop has ended.
+    pub async fn trace(&self, query: TraceQuery) -> Option<Trace> {
+        let (tx, rx) = oneshot::channel();
+        self.0.send(Query::Trace(query, tx)).await.ok()?;
+        rx.await.ok()
+    }
+}
+
+/// The state of the proxy: what `kpng status` prints.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    /// This node's name.
+    pub node: String,
+    /// The backend's name.
+    pub backend: String,
+    /// Whether every list has been received and a first sync made.
+    pub programmed: bool,
+    /// Changes received and not yet synced: Service ports, plus whether the node changed.
+    pub pending_port_changes: usize,
+    /// The last sync, successful or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync: Option<SyncStatus>,
+    /// The last successful sync's time (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_sync: Option<String>,
+    /// The last failure's message, if the last sync failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The most recent syncs that did something (or failed), newest first.
+    #[serde(default)]
+    pub recent_syncs: Vec<SyncStatus>,
+    /// Every Service port in the model, in key order.
+    pub services: Vec<PortStatus>,
+}
+
+/// One sync as the status reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncStatus {
+    /// When it ended (RFC 3339).
+    pub at: String,
+    /// Whether the backend accepted it.
+    pub ok: bool,
+    /// Full or partial.
+    pub full: bool,
+    /// Data-plane operations sent.
+    pub operations: usize,
+    /// How long the backend took.
+    pub duration_seconds: f64,
+    /// What it carried, in words (`Service ports: 1 added`).
+    #[serde(default)]
+    pub changes: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How many syncs `recent_syncs` keeps.
+pub const SYNC_HISTORY: usize = 20;
+
+/// One Service port in one family.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortStatus {
+    /// `namespace/name`.
+    pub service: String,
+    /// The port's name (empty for a single unnamed port).
+    pub port_name: String,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// `IPv4` or `IPv6`.
+    pub family: String,
+    /// The ClusterIP.
+    pub cluster_ip: IpAddr,
+    /// The Service port.
+    pub port: u16,
+    /// The node port, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<u16>,
+    /// External IPs of this family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_ips: Vec<IpAddr>,
+    /// Load-balancer IPs of this family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `loadBalancerSourceRanges` of this family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<IpNet>,
+    /// `Cluster` or `Local`.
+    pub external_traffic_policy: String,
+    /// `Cluster` or `Local`.
+    pub internal_traffic_policy: String,
+    /// ClientIP affinity's timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_seconds: Option<u32>,
+    /// The health-check node port of an eTP Local LoadBalancer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check_node_port: Option<u16>,
+    /// When an endpoint list the port needs is empty: what traffic meets, in words
+    /// (rejected when the Service has no endpoint at all, dropped when none suits the policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub without_endpoints: Option<String>,
+    /// Every endpoint, used or not, and why.
+    pub endpoints: Vec<EndpointStatus>,
+}
+
+impl PortStatus {
+    /// The status of `port`; `explained` lists every endpoint with reasons when the model
+    /// can tell (an in-process model), else the used ones are listed from the port itself.
+    pub fn of(port: &ServicePort, explained: Option<Vec<EndpointStatus>>) -> PortStatus {
+        let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_string();
+        let endpoints = explained.unwrap_or_else(|| used_endpoints(port));
+        PortStatus {
+            service: port.key.service.to_string(),
+            port_name: port.key.port_name.to_string(),
+            protocol: port.key.protocol.to_string(),
+            family: port.key.family.to_string(),
+            cluster_ip: port.cluster_ip,
+            port: port.port,
+            node_port: port.node_port,
+            external_ips: port.external_ips.clone(),
+            load_balancer_ips: port.load_balancer_ips.clone(),
+            source_ranges: port.source_ranges.clone(),
+            external_traffic_policy: policy(port.external_policy_local),
+            internal_traffic_policy: policy(port.internal_policy_local),
+            affinity_timeout_seconds: port.session_affinity.map(|a| a.timeout_seconds),
+            health_check_node_port: port.health_check_node_port,
+            without_endpoints: without_endpoints(port),
+            endpoints,
+        }
+    }
+}
+
+/// What happens to traffic whose endpoint list is empty; `None` when every list it needs has
+/// endpoints.
+fn without_endpoints(port: &ServicePort) -> Option<String> {
+    let cluster_empty = port.uses_cluster_endpoints() && port.cluster_endpoints.is_empty();
+    let local_empty = port.uses_local_endpoints() && port.local_endpoints.is_empty();
+    let text = if !port.has_any_endpoints {
+        "no endpoints: connections are rejected"
+    } else if cluster_empty {
+        "no usable endpoint: connections are dropped"
+    } else if local_empty && port.internal_policy_local {
+        "no local endpoint: ClusterIP connections are dropped (internalTrafficPolicy Local)"
+    } else if local_empty {
+        "no local endpoint: external connections are dropped (externalTrafficPolicy Local)"
+    } else {
+        return None;
+    };
+    Some(text.to_string())
+}
+
+/// The endpoints a port uses, when nothing more is known (a brain's view).
+fn used_endpoints(port: &ServicePort) -> Vec<EndpointStatus> {
+    let mut out: Vec<EndpointStatus> = Vec::new();
+    for (list, endpoints) in [
+        ("cluster", &port.cluster_endpoints),
+        ("local", &port.local_endpoints),
+    ] {
+        for e in endpoints {
+            match out.iter_mut().find(|s| s.address == e.addr()) {
+                Some(s) => s.used_by.push(list.to_string()),
+                None => out.push(EndpointStatus {
+                    address: e.addr(),
+                    ready: e.ready,
+                    serving: e.serving,
+                    terminating: e.terminating,
+                    local: e.is_local,
+                    zone_hints: Vec::new(),
+                    node_hints: Vec::new(),
+                    used_by: vec![list.to_string()],
+                    reason: None,
+                }),
+            }
+        }
+    }
+    out
+}
+
+/// RFC 3339 (UTC, milliseconds).
+pub(crate) fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Answers from the node facts function, when the binary gave one.
+pub(crate) fn facts_or_default(facts: Option<&FactsFn>, snapshot: &Snapshot) -> NodeFacts {
+    facts.map(|f| f(snapshot)).unwrap_or_default()
+}
