@@ -10,18 +10,14 @@
 #[allow(unused_macros, unused_imports)]
 mod e2e;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::harness::{
-    Cond, EP_PORT, OK_T, SVC_PORT, cip, manifest, names, sa, set, start_line_server, svc,
+    Cond, EP_PORT, FakeServer, OK_T, SVC_PORT, cip, manifest, names, sa, set, start_line_server,
+    svc,
 };
 use e2e::scenarios::LINE_CLIENT;
-use kpng_testkit::{
-    Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, bin_path, require_root, tally,
-};
+use kpng_testkit::{Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, require_root, tally};
 
 /// kube-proxy's nftables ruleset (v1.31–v1.35 layout) for Service `mig` (ClusterIP
 /// 10.96.0.120, node port 30120, endpoints pod1a and pod1b) and Service `hold`
@@ -99,25 +95,6 @@ fn kube_proxy_ruleset() -> String {
     s
 }
 
-/// `kpng-fake-apiserver` serving `manifest` in `ns`; its kubeconfig is written to
-/// `kubeconfig`.
-fn fake_api_server(ns: &Netns, manifest: &Path, kubeconfig: &Path) -> Child {
-    let bin = bin_path("kpng-fake-apiserver").expect("kpng-fake-apiserver binary");
-    let mut child = ns
-        .command([bin.as_os_str(), "--manifest".as_ref(), manifest.as_os_str()])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start kpng-fake-apiserver");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("read");
-    assert!(line.starts_with("listening http://127.0.0.1:"), "{line:?}");
-    child
-}
-
 fn tables(ns: &Netns) -> String {
     ns.run_ok(["nft", "list", "tables"])
         .expect("nft list tables")
@@ -180,7 +157,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
     let input = dir.path().join("cluster.yaml");
     std::fs::write(&input, objects).expect("write manifest");
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut server = fake_api_server(&c.node1.ns, &input, &kubeconfig);
+    let server = FakeServer::start(&c.node1.ns, &input, &kubeconfig);
     let config = dir.path().join("config.conf");
     std::fs::write(
         &config,
@@ -270,8 +247,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
     );
 
     kpng.kill().expect("stop kpng");
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 }
 
 /// `kpng --cleanup` removes kube-proxy's rules of every mode (and kpng's), in both iptables
