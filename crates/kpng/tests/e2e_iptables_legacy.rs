@@ -26,3 +26,8 @@ fn fault_nat_flushed() {
 fn fault_nat_chains_deleted() {
     e2e::faults::iptables_nat_deleted(e2e::Backend::IptablesLegacy);
 }
+
+#[test]
+fn fault_killed_during_a_sync_and_restarted() {
+    e2e::faults::kill_during_sync_and_restart(e2e::Backend::IptablesLegacy);
+}

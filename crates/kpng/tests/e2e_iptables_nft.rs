@@ -41,3 +41,8 @@ fn fault_ruleset_flushed() {
 fn one_instance_per_namespace() {
     e2e::faults::one_instance_per_namespace(e2e::Backend::IptablesNft);
 }
+
+#[test]
+fn fault_killed_during_a_sync_and_restarted() {
+    e2e::faults::kill_during_sync_and_restart(e2e::Backend::IptablesNft);
+}
