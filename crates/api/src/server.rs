@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 mod conn;
 
-pub use conn::{ConnInfo, ConnLimits, Limited, limit};
+pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, limit};
 
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::hub::{Hub, Registration};

@@ -490,7 +490,7 @@ pub struct ToApi {
     #[arg(long)]
     pub listen_tls_ca: Option<PathBuf>,
     /// Connections served at once (a node holds one); a connection over it is closed at once.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = kpng_api::server::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
     /// A connection without a Watch stream for this long is closed (a client that connects and
     /// never asks, or stops asking).

@@ -20,6 +20,10 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
 use tracing::{debug, warn};
 
+/// The default of `--max-connections`: a node holds one connection and a brain serves a few
+/// thousand nodes, so this leaves room while bounding what idle peers can take.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
+
 /// How many connections the server keeps and for how long an idle one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
@@ -34,7 +38,7 @@ impl Default for ConnLimits {
     /// 10,000 connections (a node holds one; a brain serves a few thousand nodes) and 20 s.
     fn default() -> ConnLimits {
         ConnLimits {
-            max_connections: 10_000,
+            max_connections: DEFAULT_MAX_CONNECTIONS as usize,
             idle_timeout: Duration::from_secs(20),
         }
     }
