@@ -284,6 +284,7 @@ mod linux {
         let config = NftConfig {
             masquerade_all: node.masquerade.all,
             masquerade_bit: node.masquerade.bit,
+            conntrack_mark_mask: flags.conntrack_mark_mask,
             detect_local: node.detect_local,
             nodeport_addresses: node.nodeport_addresses,
             service_cidrs: flags.service_cidr.clone(),

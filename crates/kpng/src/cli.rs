@@ -152,6 +152,13 @@ pub struct GlobalFlags {
     #[arg(long, global = true, alias = "iptables-masquerade-bit", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31), help_heading = "Backend")]
     pub masquerade_bit: u8,
 
+    /// The bits of the conntrack mark kpng may use (nftables: ClientIP-affinity ids; at least
+    /// 2 bits, hex or decimal). Every other bit of a connection's mark is kept for the CNI; the
+    /// default leaves those of Calico, Cilium, Antrea, Istio and the AWS VPC CNI alone
+    /// (docs/deploy.md).
+    #[arg(long, global = true, value_name = "MASK", default_value = "0xff00f000", value_parser = parse_mark_mask, help_heading = "Backend")]
+    pub conntrack_mark_mask: u32,
+
     /// The Service CIDR(s): traffic to unallocated ClusterIPs inside them is dropped.
     #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
     pub service_cidr: Vec<ipnet::IpNet>,
@@ -612,6 +619,25 @@ impl LocalBackend {
 
 /// Parses Go's duration syntax as kube-proxy's flags do (`1s`, `500ms`, `1m0s`, `1.5h`, `0`),
 /// and humantime's spelled-out forms (`1 hour`) as kpng always has.
+/// `--conntrack-mark-mask`: `0x…` or decimal, with room for one Service port's two affinity
+/// ids (2 bits).
+fn parse_mark_mask(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    };
+    let mask =
+        parsed.map_err(|e| format!("{s:?} is not a 32-bit mark mask (0x… or decimal): {e}"))?;
+    if mask.count_ones() < 2 {
+        return Err(format!(
+            "{mask:#010x} has {} bit(s); affinity needs at least 2 (the default is 0xff00f000)",
+            mask.count_ones()
+        ));
+    }
+    Ok(mask)
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::config::parse_go_duration(s)
         .or_else(|go_error| humantime::parse_duration(s).map_err(|_| go_error))
@@ -620,6 +646,30 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conntrack_mark_mask_is_hex_or_decimal_with_two_bits_at_least() {
+        let cases: [(&str, Result<u32, &str>); 6] = [
+            ("0xff00f000", Ok(0xff00_f000)),
+            ("0X3", Ok(3)),
+            ("12288", Ok(0x3000)),
+            ("0x1000", Err("has 1 bit(s)")),
+            ("0", Err("has 0 bit(s)")),
+            ("0xfffffffff", Err("not a 32-bit mark mask")),
+        ];
+        for (input, want) in cases {
+            match (parse_mark_mask(input), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{input}"),
+                (Err(e), Err(part)) => assert!(e.contains(part), "{input}: {e}"),
+                (got, want) => panic!("{input}: {got:?}, expected {want:?}"),
+            }
+        }
+        let cli =
+            Cli::try_parse_from(["kpng", "--conntrack-mark-mask=0x00f00000"]).expect("parses");
+        assert_eq!(cli.global.conntrack_mark_mask, 0x00f0_0000);
+        let cli = Cli::try_parse_from(["kpng"]).expect("parses");
+        assert_eq!(cli.global.conntrack_mark_mask, 0xff00_f000, "the default");
+    }
 
     #[test]
     fn global_flags_anywhere() {
