@@ -36,6 +36,103 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+/// The headings of the global flags, in `kpng --help`'s order.
+const GLOBAL_HEADINGS: [&str; 5] = ["Source", "Node", "Backend", "Output", "Logging"];
+
+/// What a subcommand's help says instead of repeating the global flags.
+const GLOBAL_FLAGS_FOOTER: &str = "\
+Global flags (source, node, backend, output, logging: --config, --node-name, --proxy-mode,
+--masquerade-bit, --metrics-bind-address, --log-level, …) may stand anywhere on the line;
+`kpng --help` lists them once, grouped.";
+
+/// The command that renders help: the parser's ([`Cli`]), except that the global flags belong
+/// to the root only, grouped under [`GLOBAL_HEADINGS`] in that order, and each subcommand says
+/// where they are instead of repeating them. Parsing keeps the derived command, where they are
+/// global (accepted anywhere on the line).
+pub fn help_command() -> clap::Command {
+    let mut root = <Cli as clap::CommandFactory>::command();
+    let mut ranked: Vec<(clap::Id, usize)> = root
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .enumerate()
+        .map(|(i, a)| {
+            let rank = a
+                .get_help_heading()
+                .and_then(|h| GLOBAL_HEADINGS.iter().position(|g| *g == h))
+                .unwrap_or(0);
+            (a.get_id().clone(), 1000 * (rank + 1) + i)
+        })
+        .collect();
+    // Headings come in the order of their first flag in the argument list, and `mut_arg`
+    // moves a flag to the end of it: mutating in rank order sorts the list by heading.
+    ranked.sort_by_key(|(_, order)| *order);
+    for (id, order) in ranked {
+        root = root.mut_arg(id, |a| a.global(false).display_order(order));
+    }
+    let names: Vec<String> = root
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in names {
+        root = root.mut_subcommand(name, with_footer);
+    }
+    root.build();
+    root
+}
+
+/// `sub` and its subcommands with [`GLOBAL_FLAGS_FOOTER`].
+fn with_footer(mut sub: clap::Command) -> clap::Command {
+    sub = sub.after_help(GLOBAL_FLAGS_FOOTER);
+    let names: Vec<String> = sub
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in names {
+        sub = sub.mut_subcommand(name, with_footer);
+    }
+    sub
+}
+
+/// The help the line asks for (`-h`: the summary; `--help` or `help …`: the long form), of
+/// the deepest (sub)command it names, rendered by [`help_command`].
+pub fn help_text(args: &[String]) -> String {
+    let mut cmd = help_command();
+    let long = !args.iter().any(|a| a == "-h");
+    let mut path: Vec<String> = Vec::new();
+    {
+        let mut here = &cmd;
+        for arg in args.iter().skip(1) {
+            if arg == "help"
+                && here.find_subcommand("help").is_some()
+                && path.last().map(String::as_str) != Some("help")
+            {
+                continue;
+            }
+            if let Some(sub) = here
+                .get_subcommands()
+                .find(|c| c.get_name() == arg || c.get_all_aliases().any(|a| a == arg))
+            {
+                path.push(sub.get_name().to_string());
+                here = sub;
+            }
+        }
+    }
+    fn render(cmd: &mut clap::Command, path: &[String], long: bool) -> String {
+        if let Some((first, rest)) = path.split_first()
+            && let Some(sub) = cmd.find_subcommand_mut(first)
+        {
+            return render(sub, rest, long);
+        }
+        let rendered = if long {
+            cmd.render_long_help()
+        } else {
+            cmd.render_help()
+        };
+        rendered.to_string()
+    }
+    render(&mut cmd, &path, long)
+}
+
 /// `kpng --help`'s examples, one command line each, printed verbatim.
 pub const EXAMPLES: &str = "\
 Examples:

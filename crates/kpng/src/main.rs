@@ -54,6 +54,22 @@ fn main() -> std::process::ExitCode {
         .collect();
     let matches = match cli::Cli::command().try_get_matches_from(&extracted.args) {
         Ok(matches) => matches,
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp
+                    | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            // Help with the global flags once, grouped (`cli::help_command`).
+            let text = cli::help_text(&args);
+            if e.kind() == clap::error::ErrorKind::DisplayHelp {
+                print!("{text}");
+                return std::process::ExitCode::SUCCESS;
+            }
+            eprint!("{text}");
+            return std::process::ExitCode::from(2);
+        }
         Err(e) => {
             let hint = cli::hint(&e, &args);
             let _ = e.print();

@@ -388,3 +388,79 @@ fn mistakes_on_the_line_say_what_was_meant() {
         assert!(help.lines().any(|l| l == heading), "{heading} in:\n{help}");
     }
 }
+
+/// `kpng --help` lists the global flags once, grouped in the order source, node, backend,
+/// output, logging; a subcommand's help lists its own flags and says where the global ones are,
+/// which are still accepted anywhere on the line.
+#[test]
+fn help_lists_the_global_flags_once_grouped() {
+    let help = |args: &[&str]| {
+        let out = kpng().args(args).output().expect("run kpng");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let root = help(&["--help"]);
+    let at = |heading: &str| {
+        root.lines()
+            .position(|l| l == heading)
+            .unwrap_or_else(|| panic!("{heading} in:\n{root}"))
+    };
+    let order: Vec<usize> = ["Source:", "Node:", "Backend:", "Output:", "Logging:"]
+        .iter()
+        .map(|h| at(h))
+        .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "{order:?} in:\n{root}"
+    );
+    assert_eq!(root.matches("--masquerade-bit <").count(), 1, "{root}");
+    assert!(root.contains("--conntrack-mark-mask <MASK>"), "{root}");
+
+    for args in [
+        &["kube", "--help"][..],
+        &["file", "--help"],
+        &["help", "file"],
+        &["kube", "to-local", "nft", "--help"],
+        &[
+            "file",
+            "--input",
+            "x.yaml",
+            "to-local",
+            "iptables",
+            "--masquerade-bit",
+            "5",
+            "-h",
+        ],
+        &["cleanup", "--help"],
+    ] {
+        let text = help(args);
+        for global in [
+            "--masquerade-bit <",
+            "--log-level <",
+            "--kubeconfig <",
+            "--node-name <",
+        ] {
+            assert!(!text.contains(global), "{args:?} repeats {global}:\n{text}");
+        }
+        assert!(
+            text.contains("`kpng --help` lists them once"),
+            "{args:?}:\n{text}"
+        );
+    }
+    assert!(help(&["file", "--help"]).contains("--input <INPUT>"));
+    assert!(help(&["kube", "to-local", "nft", "--help"]).contains("--dry-run"));
+    assert!(help(&["help", "file"]).contains("Usage: kpng file"));
+
+    // A source without its sink: the help on standard error, exit 2.
+    let out = kpng().arg("kube").output().expect("run kpng");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Usage: kpng kube") && !stderr.contains("--masquerade-bit <"),
+        "{stderr}"
+    );
+}
