@@ -405,6 +405,7 @@ mod linux {
                 connect_timeout: args.connect_timeout,
                 udp_idle_timeout: args.udp_timeout,
             },
+            dry_run: args.dry_run,
             ..UserspaceConfig::default()
         };
         let capture = if args.dry_run {

@@ -464,3 +464,54 @@ fn help_lists_the_global_flags_once_grouped() {
         "{stderr}"
     );
 }
+
+/// `to-local userspace --dry-run` prints the capture it would install, with placeholder
+/// listener ports, and opens no socket (no listener, no health or metrics server).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_userspace_dry_run_opens_no_listener() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let endpoints = "---\nkind: EndpointSlice\nmetadata: {namespace: ns, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n- {addresses: [10.244.1.2], nodeName: n1}\n";
+    std::fs::write(&input, service("10.96.0.1", 80) + endpoints).expect("write");
+    let output = dir.path().join("stdout");
+    let stdout = std::fs::File::create(&output).expect("stdout file");
+    let mut k = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--min-sync-period", "0"])
+            .args(["to-local", "userspace", "--dry-run"])
+            .stdout(stdout),
+    );
+    k.wait("the capture is printed", &output, |out, _| {
+        out.contains("vip-listeners { 10.96.0.1 . tcp . 80 : 61000 }")
+    });
+    // The process's sockets (tokio's signal handling holds a Unix socket pair), and among
+    // them the IP ones: a listener, a health or a metrics server would be one.
+    let pid = k.child.id();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fds");
+    let inodes: Vec<String> = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.display().to_string();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut inet = Vec::new();
+    for table in ["tcp", "tcp6", "udp", "udp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let inode = line.split_whitespace().nth(9).unwrap_or_default();
+            if inodes.iter().any(|i| i == inode) {
+                inet.push(format!("{table}: {line}"));
+            }
+        }
+    }
+    assert!(
+        inet.is_empty(),
+        "a dry run opened IP sockets {inet:?}; kpng said:\n{}",
+        k.stderr()
+    );
+    assert!(!k.stderr().contains("opening the"), "{}", k.stderr());
+}
