@@ -586,7 +586,8 @@ pub struct IptablesArgs {
 /// `… to-local userspace …`.
 #[derive(Debug, Args)]
 pub struct UserspaceArgs {
-    /// Print every capture transaction instead of applying it (the proxy still listens).
+    /// Print every capture transaction instead of applying it, and open no listener (the
+    /// capture shows placeholder listener ports).
     #[arg(long)]
     pub dry_run: bool,
     /// How long an idle UDP session is kept (no datagram either way). kube-proxy's userspace
