@@ -31,6 +31,11 @@ pub struct Cli {
     /// Flags that apply wherever they are written.
     #[command(flatten)]
     pub global: GlobalFlags,
+    /// kube-proxy's command line only (no subcommand): print what the backend would do and
+    /// change nothing, as `to-local <backend> --dry-run` (with a subcommand, write it after the
+    /// backend).
+    #[arg(long, help_heading = "Backend")]
+    pub dry_run: bool,
     /// What to read cluster state from; none: kube-proxy's command line.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -51,9 +56,10 @@ Global flags (source, node, backend, output, logging: --config, --node-name, --p
 /// global (accepted anywhere on the line).
 pub fn help_command() -> clap::Command {
     let mut root = <Cli as clap::CommandFactory>::command();
+    // Every flag under a heading (the global ones, and the root's own `--dry-run`).
     let mut ranked: Vec<(clap::Id, usize)> = root
         .get_arguments()
-        .filter(|a| a.is_global_set())
+        .filter(|a| a.is_global_set() || a.get_help_heading().is_some())
         .enumerate()
         .map(|(i, a)| {
             let rank = a
@@ -683,34 +689,92 @@ pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
                 }
                 false
             }
-            let mut trail = Vec::new();
-            if !find(&root, &flag, &mut trail) || trail.is_empty() {
+            // The commands the line names, and where the flag is: below the deepest of them
+            // first (the flag came too early), else anywhere, preferring the `kube` source when
+            // the line names none (kube-proxy's command line is the `kube` source's).
+            let named: Vec<String> = path
+                .iter()
+                .skip(1)
+                .map(|c| c.get_name().to_string())
+                .collect();
+            let mut found = None;
+            for depth in (1..path.len()).rev() {
+                let mut trail = Vec::new();
+                if find(&path[depth], &flag, &mut trail) {
+                    let mut full = named[..depth].to_vec();
+                    full.extend(trail);
+                    found = Some(full);
+                    break;
+                }
+            }
+            if found.is_none()
+                && let Some(kube) = root.find_subcommand("kube")
+            {
+                let mut trail = Vec::new();
+                if find(kube, &flag, &mut trail) {
+                    found = Some(std::iter::once("kube".to_string()).chain(trail).collect());
+                }
+            }
+            if found.is_none() {
+                let mut trail = Vec::new();
+                if find(&root, &flag, &mut trail) {
+                    found = Some(trail);
+                }
+            }
+            let Some(full) = found else {
+                // Not a flag anywhere; clap already suggests a close spelling when there is one.
+                if error.get(ContextKind::SuggestedArg).is_some() {
+                    return None;
+                }
+                return Some(format!(
+                    "--{flag} is neither a kpng flag nor a kube-proxy one: `kpng --help` lists \
+                     kpng's (kube-proxy's are accepted too; the ones kpng does not implement warn)"
+                ));
+            };
+            if full.is_empty() {
                 return None;
             }
-            Some(format!(
+            let mut hint = format!(
                 "--{flag} is a flag of `kpng {}`: write it right after `{}`",
-                trail.join(" … "),
-                trail.last()?
-            ))
+                full.join(" … "),
+                full.last()?
+            );
+            if named.is_empty() && full.len() > 1 {
+                hint.push_str(
+                    " (kube-proxy's command line, without a subcommand, takes the backend from \
+                     --proxy-mode and no backend flags)",
+                );
+            }
+            Some(hint)
         }
         _ => None,
     }
 }
 
-/// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]).
+/// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]), and kpng's backend
+/// words (`nft`) too.
 fn parse_proxy_mode(s: &str) -> Result<BackendKind, String> {
-    BackendKind::from_mode(s)
+    BackendKind::from_mode(s).or_else(|e| {
+        BackendKind::ALL
+            .into_iter()
+            .find(|k| k.word() == s)
+            .ok_or(e)
+    })
 }
 
 impl LocalBackend {
     /// The backend of this kind with every flag at its default, as `to-local <word>` alone
     /// parses (kube-proxy's command line names only a mode).
-    pub fn defaults(kind: BackendKind) -> anyhow::Result<LocalBackend> {
+    pub fn defaults(kind: BackendKind, dry_run: bool) -> anyhow::Result<LocalBackend> {
         use clap::FromArgMatches;
         let command = <LocalBackend as clap::Subcommand>::augment_subcommands(
             clap::Command::new("to-local").multicall(false),
         );
-        let matches = command.try_get_matches_from(["to-local", kind.word()])?;
+        let mut line = vec!["to-local", kind.word()];
+        if dry_run {
+            line.push("--dry-run");
+        }
+        let matches = command.try_get_matches_from(line)?;
         Ok(LocalBackend::from_arg_matches(&matches)?)
     }
 }
@@ -886,10 +950,29 @@ mod tests {
     }
 
     #[test]
+    fn proxy_mode_takes_mode_names_and_backend_words() {
+        let cases: [(&str, Option<BackendKind>); 7] = [
+            ("", Some(BackendKind::Iptables)),
+            ("iptables", Some(BackendKind::Iptables)),
+            ("nftables", Some(BackendKind::Nft)),
+            ("nft", Some(BackendKind::Nft)),
+            ("userspace", Some(BackendKind::Userspace)),
+            ("ipvs", None),
+            ("nf", None),
+        ];
+        for (mode, want) in cases {
+            assert_eq!(parse_proxy_mode(mode).ok(), want, "{mode:?}");
+        }
+    }
+
+    #[test]
     fn every_backend_has_defaults() {
         for kind in BackendKind::ALL {
-            let backend = LocalBackend::defaults(kind).expect("defaults");
+            let backend = LocalBackend::defaults(kind, false).expect("defaults");
             assert_eq!(BackendKind::of(&backend), kind);
+            assert!(!BackendKind::dry_run(&backend));
+            let backend = LocalBackend::defaults(kind, true).expect("dry run");
+            assert!(BackendKind::dry_run(&backend), "{kind:?}");
         }
     }
 

@@ -41,8 +41,14 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     }
     let command = match cli.command {
         Some(command) => command,
-        None => return kube_proxy(flags),
+        None => return kube_proxy(flags, cli.dry_run),
     };
+    if cli.dry_run {
+        anyhow::bail!(
+            "--dry-run before a subcommand only applies to kube-proxy's command line (no \
+             subcommand); write it after the backend: `kpng … to-local nft --dry-run`"
+        );
+    }
     if flags.init_only {
         return init_only(&flags, local_kind(&command));
     }
@@ -104,21 +110,22 @@ pub fn local_kind(command: &Command) -> Option<BackendKind> {
 /// kube-proxy's command line (no subcommand): the `kube` source into the backend of
 /// `--proxy-mode` or the configuration file's `mode`, iptables when neither says, as
 /// kube-proxy's Linux default.
-fn kube_proxy(flags: GlobalFlags) -> anyhow::Result<()> {
+fn kube_proxy(flags: GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
     let kind = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
     if flags.init_only {
         return init_only(&flags, Some(kind));
     }
     info!(
-        "no subcommand: running as kube-proxy, `kpng kube … to-local {}` (mode {:?}{})",
+        "no subcommand: running as kube-proxy, `kpng kube … to-local {}{}` (mode {:?}{})",
         kind.word(),
+        if dry_run { " --dry-run" } else { "" },
         kind.mode(),
         match &flags.proxy_mode_origin {
             Some(origin) => format!(" from {origin}"),
             None => ", kube-proxy's default".into(),
         }
     );
-    let backend = LocalBackend::defaults(kind)?;
+    let backend = LocalBackend::defaults(kind, dry_run)?;
     run_kube(flags, Sink::ToLocal(ToLocal { backend }))
 }
 

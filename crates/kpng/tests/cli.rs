@@ -515,3 +515,42 @@ fn a_userspace_dry_run_opens_no_listener() {
     );
     assert!(!k.stderr().contains("opening the"), "{}", k.stderr());
 }
+
+/// An operator's slips: an unknown flag, a backend flag on kube-proxy's command line, `--dry-run`
+/// before a subcommand, kpng's backend word as `--proxy-mode`.
+#[test]
+fn an_operators_slips_get_a_hint_or_work() {
+    let run = |args: &[&str]| {
+        let out = kpng().args(args).output().expect("run kpng");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = run(&["--bogus-flag"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("hint: --bogus-flag is neither a kpng flag nor a kube-proxy one"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["--hostname-override=n1", "--nft-binary", "/usr/sbin/nft"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("hint: --nft-binary is a flag of `kpng kube … to-local … nft`")
+            && err.contains("without a subcommand"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["kube", "--nft-binary", "x", "to-local", "nft"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("write it right after `nft`") && !err.contains("without a subcommand"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["--dry-run", "kube", "to-local", "nft"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("write it after the backend"), "{err}");
+    let (code, out, err) = run(&["--proxy-mode", "nft", "--write-config-to", "-"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.lines().any(|l| l == "mode: nftables"), "{out}");
+}
