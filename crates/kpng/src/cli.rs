@@ -31,9 +31,9 @@ pub struct Cli {
     /// Flags that apply wherever they are written.
     #[command(flatten)]
     pub global: GlobalFlags,
-    /// kube-proxy's command line only (no subcommand): print what the backend would do and
-    /// change nothing, as `to-local <backend> --dry-run` (with a subcommand, write it after the
-    /// backend).
+    /// kube-proxy's command line (no subcommand): print what the backend would do and change
+    /// nothing, as `to-local <backend> --dry-run` (with a source, write it after the backend);
+    /// with --cleanup or `cleanup`: print what would be removed, remove nothing.
     #[arg(long, help_heading = "Backend")]
     pub dry_run: bool,
     /// What to read cluster state from; none: kube-proxy's command line.

@@ -37,12 +37,15 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     let flags = cli.global;
     // kube-proxy's --cleanup and --init-only stop before anything runs, whatever follows.
     if flags.cleanup {
-        return crate::leftovers::cleanup_all();
+        return crate::leftovers::cleanup_all(cli.dry_run);
     }
     let command = match cli.command {
         Some(command) => command,
         None => return kube_proxy(flags, cli.dry_run),
     };
+    if let Command::Cleanup = command {
+        return crate::leftovers::cleanup_all(cli.dry_run);
+    }
     if cli.dry_run {
         anyhow::bail!(
             "--dry-run before a subcommand only applies to kube-proxy's command line (no \
@@ -57,7 +60,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             println!("kpng {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Cleanup => crate::leftovers::cleanup_all(),
+        Command::Cleanup => crate::leftovers::cleanup_all(false),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
             let source =

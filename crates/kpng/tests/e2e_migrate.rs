@@ -310,6 +310,22 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
         ns.run_with_stdin([restore, "--noflush"], iptables_rules)
             .unwrap_or_else(|e| panic!("{restore}: {e}"));
     }
+    // A dry run says what it would remove and removes nothing.
+    let out = ns
+        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup", "--dry-run"])
+        .expect("kpng --cleanup --dry-run");
+    for would in [
+        "kpng: would remove kube-proxy's iptables chains in iptables-legacy",
+        "kpng: would remove kube-proxy's iptables chains in iptables-nft",
+        "kpng: would remove kube-proxy's nftables tables (nftables mode)",
+    ] {
+        assert!(out.contains(would), "{would:?} in:\n{out}");
+    }
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(
+        tables(&ns).contains("kube-proxy"),
+        "a dry run removes nothing"
+    );
     let out = ns
         .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup"])
         .expect("kpng --cleanup");
