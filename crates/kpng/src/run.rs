@@ -53,7 +53,8 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         );
     }
     if flags.init_only {
-        return init_only(&flags, local_kind(&command));
+        let dry_run = local_of(&command).is_some_and(BackendKind::dry_run);
+        return init_only(&flags, local_kind(&command), dry_run);
     }
     match command {
         Command::Version => {
@@ -93,6 +94,11 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
 
 /// The backend a command line's `to-local` names, if any.
 pub fn local_kind(command: &Command) -> Option<BackendKind> {
+    local_of(command).map(BackendKind::of)
+}
+
+/// The `to-local` backend of a command line, if any.
+fn local_of(command: &Command) -> Option<&LocalBackend> {
     match command {
         Command::Kube(KubeArgs {
             sink: Sink::ToLocal(local),
@@ -104,8 +110,8 @@ pub fn local_kind(command: &Command) -> Option<BackendKind> {
         | Command::Api(ApiSource {
             sink: NodeSink::ToLocal(local),
             ..
-        }) => Some(BackendKind::of(&local.backend)),
-        Command::Local(local) => Some(BackendKind::of(&local.backend)),
+        }) => Some(&local.backend),
+        Command::Local(local) => Some(&local.backend),
         _ => None,
     }
 }
@@ -116,7 +122,7 @@ pub fn local_kind(command: &Command) -> Option<BackendKind> {
 fn kube_proxy(flags: GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
     let kind = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
     if flags.init_only {
-        return init_only(&flags, Some(kind));
+        return init_only(&flags, Some(kind), dry_run);
     }
     info!(
         "no subcommand: running as kube-proxy, `kpng kube … to-local {}{}` (mode {:?}{})",
@@ -134,21 +140,42 @@ fn kube_proxy(flags: GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
 
 /// `--init-only`: what needs full privileges, then exit: the node checks of the backend and
 /// the conntrack sysctls (kube-proxy's `platformSetup`).
-fn init_only(flags: &GlobalFlags, kind: Option<BackendKind>) -> anyhow::Result<()> {
+/// With `dry_run` the checks run (they only read) and the sysctls are printed, not written.
+fn init_only(flags: &GlobalFlags, kind: Option<BackendKind>, dry_run: bool) -> anyhow::Result<()> {
     #[cfg(target_os = "linux")]
     {
         if let Some(kind) = kind {
             crate::prereq::check(kind, "nft")?;
         }
-        crate::conntrack::ConntrackSettings::from_flags(flags)
-            .apply(std::path::Path::new("/proc/sys"), crate::conntrack::cpus());
+        let settings = crate::conntrack::ConntrackSettings::from_flags(flags);
+        let proc_sys = std::path::Path::new("/proc/sys");
+        if dry_run {
+            print_pending_sysctls(&settings, proc_sys);
+        } else {
+            settings.apply(proc_sys, crate::conntrack::cpus());
+        }
         info!("--init-only: done");
         Ok(())
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (flags, kind);
+        let _ = (flags, kind, dry_run);
         bail!("--init-only sets Linux's conntrack sysctls and is not available on this system")
+    }
+}
+
+/// A dry run's conntrack sysctls: what would be written, not written.
+#[cfg(target_os = "linux")]
+fn print_pending_sysctls(
+    settings: &crate::conntrack::ConntrackSettings,
+    proc_sys: &std::path::Path,
+) {
+    for (path, value, current) in settings.pending(proc_sys, crate::conntrack::cpus()) {
+        let current = current.map_or("unreadable".into(), |c| c.to_string());
+        println!(
+            "# would write {value} to {} (now {current})",
+            path.display()
+        );
     }
 }
 
@@ -423,13 +450,7 @@ where
             let settings = crate::conntrack::ConntrackSettings::from_flags(&flags);
             let proc_sys = std::path::Path::new("/proc/sys");
             if dry_run {
-                for (path, value, current) in settings.pending(proc_sys, crate::conntrack::cpus()) {
-                    let current = current.map_or("unreadable".into(), |c| c.to_string());
-                    println!(
-                        "# would write {value} to {} (now {current})",
-                        path.display()
-                    );
-                }
+                print_pending_sysctls(&settings, proc_sys);
             } else {
                 settings.apply(proc_sys, crate::conntrack::cpus());
             }
