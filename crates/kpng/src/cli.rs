@@ -33,7 +33,8 @@ pub struct Cli {
     pub global: GlobalFlags,
     /// kube-proxy's command line (no subcommand): print what the backend would do and change
     /// nothing, as `to-local <backend> --dry-run` (with a source, write it after the backend);
-    /// with --cleanup or `cleanup`: print what would be removed, remove nothing.
+    /// with --cleanup or `cleanup`: print what would be removed, remove nothing; with
+    /// --init-only: check, and print the sysctls instead of writing them.
     #[arg(long, help_heading = "Backend")]
     pub dry_run: bool,
     /// What to read cluster state from; none: kube-proxy's command line.
