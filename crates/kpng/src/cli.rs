@@ -144,6 +144,7 @@ pub fn help_text(args: &[String]) -> String {
 pub const EXAMPLES: &str = "\
 Examples:
   kpng --config /var/lib/kube-proxy/config.conf --hostname-override=node1
+  kpng --config /var/lib/kube-proxy/config.conf --hostname-override=node1 --dry-run
   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
   kpng file --input examples/cluster.yaml to-file --output -
   kpng file --input examples/cluster.yaml to-local nft --dry-run
