@@ -569,7 +569,7 @@ pub enum NftExecMode {
 #[derive(Debug, Subcommand)]
 pub enum LocalBackend {
     /// nftables (kube-proxy nftables mode, with a constant-size ruleset).
-    #[command(alias = "to-nft")]
+    #[command(aliases = ["to-nft", "nftables"])]
     Nft(NftArgs),
     /// iptables (kube-proxy iptables mode: the same chains and rules, legacy or nft variant).
     #[command(alias = "to-iptables")]

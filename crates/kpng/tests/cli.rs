@@ -550,6 +550,9 @@ fn an_operators_slips_get_a_hint_or_work() {
     let (code, _, err) = run(&["--dry-run", "kube", "to-local", "nft"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("write it after the backend"), "{err}");
+    // kube-proxy's mode name as the backend word.
+    let (code, _, err) = run(&["kube", "to-local", "nftables", "--help"]);
+    assert_eq!(code, Some(0), "{err}");
     let (code, out, err) = run(&["--proxy-mode", "nft", "--write-config-to", "-"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.lines().any(|l| l == "mode: nftables"), "{out}");
