@@ -148,6 +148,7 @@ fn static_config() -> StaticConfig {
     StaticConfig {
         masquerade_all: false,
         mark: 0x4000,
+        affinity_mask: kpng_backend_nft::affinity::DEFAULT_CONNTRACK_MARK_MASK,
         local_match: None,
         non_local_match: None,
     }
@@ -168,7 +169,7 @@ fn table_script(family: Family, table: &str, elements: &[Element]) -> String {
     for chain in &chains {
         let name = chain.name();
         let _ = writeln!(s, "add chain {f} {table} {name}");
-        for rule in chain.rules(fam) {
+        for rule in chain.rules(fam, static_config().affinity_mask) {
             let _ = writeln!(s, "add rule {f} {table} {name} {rule}");
         }
     }
@@ -391,7 +392,7 @@ fn every_set_type(family: Family) -> Vec<Element> {
         ),
         el(
             Set::AffinityValid,
-            Key::MarkEndpoint(0x6b70000e, ep, 8080),
+            Key::MarkEndpoint(0x0100_3000, ep, 8080),
             None,
             None,
         ),
@@ -445,7 +446,7 @@ fn every_set_type(family: Family) -> Vec<Element> {
         ),
         el(
             Set::AffinityTimeouts,
-            Key::Mark(0x6b70000e),
+            Key::Mark(0x0100_3000),
             // nft 1.0.6 cannot build the IPv6 affinity chains (the backend leaves IPv6
             // affinity out), so IPv6 jumps nowhere.
             match family {
@@ -547,27 +548,83 @@ fn every_set_type(family: Family) -> Vec<Element> {
             None,
         ),
         el(
-            Set::AffinityIds(Cluster),
-            Key::Vip(vip, Udp, 53),
-            Some(Value::Mark(0x6b70000e)),
+            Set::AffinityBits(Cluster),
+            Key::Vip(vip, Udp, 53)
+                .with_bit(0x1000)
+                .expect("an entry key"),
+            None,
             None,
         ),
         el(
-            Set::AffinityIds(Local),
-            Key::Vip(lb, Tcp, 443),
-            Some(Value::Mark(0x6b70000f)),
+            Set::AffinityBits(Cluster),
+            Key::Vip(vip, Udp, 53)
+                .with_bit(0x2000)
+                .expect("an entry key"),
+            None,
             None,
         ),
         el(
-            Set::AffinityIds(NodePortCluster),
-            Key::NodePort(Tcp, 30080),
-            Some(Value::Mark(0x6b70000e)),
+            Set::AffinityBits(Cluster),
+            Key::Vip(vip, Udp, 53)
+                .with_bit(0x0100_0000)
+                .expect("an entry key"),
+            None,
             None,
         ),
         el(
-            Set::AffinityIds(NodePortLocal),
-            Key::NodePort(Tcp, 30443),
-            Some(Value::Mark(0x6b70000f)),
+            Set::AffinityBits(Local),
+            Key::Vip(lb, Tcp, 443)
+                .with_bit(0x4000)
+                .expect("an entry key"),
+            None,
+            None,
+        ),
+        el(
+            Set::AffinityBits(Local),
+            Key::Vip(lb, Tcp, 443)
+                .with_bit(0x0100_0000)
+                .expect("an entry key"),
+            None,
+            None,
+        ),
+        el(
+            Set::AffinityBits(NodePortCluster),
+            Key::NodePort(Tcp, 30080)
+                .with_bit(0x1000)
+                .expect("an entry key"),
+            None,
+            None,
+        ),
+        el(
+            Set::AffinityBits(NodePortCluster),
+            Key::NodePort(Tcp, 30080)
+                .with_bit(0x2000)
+                .expect("an entry key"),
+            None,
+            None,
+        ),
+        el(
+            Set::AffinityBits(NodePortCluster),
+            Key::NodePort(Tcp, 30080)
+                .with_bit(0x0100_0000)
+                .expect("an entry key"),
+            None,
+            None,
+        ),
+        el(
+            Set::AffinityBits(NodePortLocal),
+            Key::NodePort(Tcp, 30443)
+                .with_bit(0x4000)
+                .expect("an entry key"),
+            None,
+            None,
+        ),
+        el(
+            Set::AffinityBits(NodePortLocal),
+            Key::NodePort(Tcp, 30443)
+                .with_bit(0x0100_0000)
+                .expect("an entry key"),
+            None,
             None,
         ),
     ];
@@ -575,20 +632,20 @@ fn every_set_type(family: Family) -> Vec<Element> {
     match family {
         Family::V4 => v.push(el(
             Set::Affinity,
-            Key::ClientMark(client, 0x6b70000e),
+            Key::ClientMark(client, 0x0100_3000),
             Some(Value::Endpoint(ep, 8080)),
             None,
         )),
         Family::V6 => {
             v.push(el(
                 Set::AffinityAddr,
-                Key::MarkHash(0x6b70000e, 2952585853),
+                Key::MarkHash(0x0100_3000, 2952585853),
                 Some(Value::Addr(ep)),
                 None,
             ));
             v.push(el(
                 Set::AffinityPort,
-                Key::MarkHash(0x6b70000e, 2952585853),
+                Key::MarkHash(0x0100_3000, 2952585853),
                 Some(Value::Port(8080)),
                 None,
             ));
@@ -701,9 +758,12 @@ fn generated(family: Family, services: u32, endpoints: u32) -> Vec<Element> {
         Family::V4 => vec!["192.168.100.1".parse().expect("ip")],
         Family::V6 => vec!["fd00:100::1".parse().expect("ip")],
     };
+    let mut ids = kpng_backend_nft::affinity::AffinityIds::new(
+        kpng_backend_nft::affinity::DEFAULT_CONNTRACK_MARK_MASK,
+    );
     for i in 0..services {
         let sp = service_port(i, family, endpoints);
-        let elements = port_elements(&sp, i + 1, &node_ips);
+        let elements = port_elements(&sp, ids.ensure(i + 1).ok(), &node_ips);
         store.build(i + 1, elements, &mut all, &mut index);
     }
     all.sort();
