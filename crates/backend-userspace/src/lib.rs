@@ -484,6 +484,9 @@ impl Backend for UserspaceBackend {
         match result {
             Ok(operations) => {
                 debug!(operations, ports = self.ports.len(), "userspace sync done");
+                self.metrics
+                    .ports
+                    .set(i64::try_from(self.ports.len()).unwrap_or(i64::MAX));
                 Ok(SyncStats { operations })
             }
             Err(e) => {
