@@ -421,8 +421,6 @@ mod linux {
 /// commands parse everywhere, and say so when run.
 #[cfg(not(target_os = "linux"))]
 mod linux {
-    use kpng_backend::Backend;
-
     use super::{BackendKind, Built, NodeSettings};
     use crate::cli::{GlobalFlags, LocalBackend};
 

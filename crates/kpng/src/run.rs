@@ -504,7 +504,8 @@ where
     };
 
     // The admin socket: `kpng status` and `kpng trace`.
-    let mut _admin_socket = None;
+    #[cfg_attr(not(unix), allow(unused_mut))]
+    let mut _admin_socket: Option<crate::admin::SocketFile> = None;
     #[cfg(unix)]
     if let Some(handle) = admin.clone()
         && !flags.admin_socket.is_empty()
