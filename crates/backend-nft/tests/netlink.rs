@@ -283,6 +283,11 @@ fn el(set: Set, key: Key, value: Option<Value>, comment: Option<&str>) -> Elemen
     }
 }
 
+/// An `affinity-bits-*` element: the entry key with one bit of its affinity id.
+fn affinity_bit(set: Set, key: Key, bit: u32) -> Element {
+    el(set, key.with_bit(bit).expect("an entry key"), None, None)
+}
+
 /// The TCP endpoint slots of cluster-policy VIPs.
 const TCP_SLOTS: Set = Set::Endpoints(PickKind::Cluster, Protocol::Tcp);
 
@@ -547,85 +552,43 @@ fn every_set_type(family: Family) -> Vec<Element> {
             Some(Value::Endpoint(ep, 2)),
             None,
         ),
-        el(
+        affinity_bit(Set::AffinityBits(Cluster), Key::Vip(vip, Udp, 53), 0x1000),
+        affinity_bit(Set::AffinityBits(Cluster), Key::Vip(vip, Udp, 53), 0x2000),
+        affinity_bit(
             Set::AffinityBits(Cluster),
-            Key::Vip(vip, Udp, 53)
-                .with_bit(0x1000)
-                .expect("an entry key"),
-            None,
-            None,
+            Key::Vip(vip, Udp, 53),
+            0x0100_0000,
         ),
-        el(
-            Set::AffinityBits(Cluster),
-            Key::Vip(vip, Udp, 53)
-                .with_bit(0x2000)
-                .expect("an entry key"),
-            None,
-            None,
-        ),
-        el(
-            Set::AffinityBits(Cluster),
-            Key::Vip(vip, Udp, 53)
-                .with_bit(0x0100_0000)
-                .expect("an entry key"),
-            None,
-            None,
-        ),
-        el(
+        affinity_bit(Set::AffinityBits(Local), Key::Vip(lb, Tcp, 443), 0x4000),
+        affinity_bit(
             Set::AffinityBits(Local),
-            Key::Vip(lb, Tcp, 443)
-                .with_bit(0x4000)
-                .expect("an entry key"),
-            None,
-            None,
+            Key::Vip(lb, Tcp, 443),
+            0x0100_0000,
         ),
-        el(
-            Set::AffinityBits(Local),
-            Key::Vip(lb, Tcp, 443)
-                .with_bit(0x0100_0000)
-                .expect("an entry key"),
-            None,
-            None,
-        ),
-        el(
+        affinity_bit(
             Set::AffinityBits(NodePortCluster),
-            Key::NodePort(Tcp, 30080)
-                .with_bit(0x1000)
-                .expect("an entry key"),
-            None,
-            None,
+            Key::NodePort(Tcp, 30080),
+            0x1000,
         ),
-        el(
+        affinity_bit(
             Set::AffinityBits(NodePortCluster),
-            Key::NodePort(Tcp, 30080)
-                .with_bit(0x2000)
-                .expect("an entry key"),
-            None,
-            None,
+            Key::NodePort(Tcp, 30080),
+            0x2000,
         ),
-        el(
+        affinity_bit(
             Set::AffinityBits(NodePortCluster),
-            Key::NodePort(Tcp, 30080)
-                .with_bit(0x0100_0000)
-                .expect("an entry key"),
-            None,
-            None,
+            Key::NodePort(Tcp, 30080),
+            0x0100_0000,
         ),
-        el(
+        affinity_bit(
             Set::AffinityBits(NodePortLocal),
-            Key::NodePort(Tcp, 30443)
-                .with_bit(0x4000)
-                .expect("an entry key"),
-            None,
-            None,
+            Key::NodePort(Tcp, 30443),
+            0x4000,
         ),
-        el(
+        affinity_bit(
             Set::AffinityBits(NodePortLocal),
-            Key::NodePort(Tcp, 30443)
-                .with_bit(0x0100_0000)
-                .expect("an entry key"),
-            None,
-            None,
+            Key::NodePort(Tcp, 30443),
+            0x0100_0000,
         ),
     ];
     // The dynamic affinity maps differ per family (see `Fam::affinity`).
