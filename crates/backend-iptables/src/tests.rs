@@ -151,6 +151,39 @@ fn other_flags_full_restore_is_golden() {
     assert_eq!(r.0.lock().expect("lock").route_localnet, 0);
 }
 
+/// The packet mark and the conntrack mark are shared with the CNI: the rules only OR and XOR
+/// the masquerade bit into the packet mark, and never touch the conntrack mark (affinity is
+/// `-m recent`).
+#[test]
+fn only_the_masquerade_bit_of_the_packet_mark_is_written() {
+    let yaml = std::fs::read_to_string(repo_file("../../examples/cluster.yaml")).expect("example");
+    let model = model_from(&yaml);
+    for bit in [14u8, 5] {
+        let (mut b, r) = backend_with(IptablesConfig {
+            masquerade_bit: bit,
+            ..IptablesConfig::default()
+        });
+        full_sync(&mut b, &model);
+        let mark = format!("{:#x}", 1u32 << bit);
+        let mut writes = 0;
+        for text in inputs(&r) {
+            assert!(
+                !text.contains("CONNMARK") && !text.contains("connmark"),
+                "{text}"
+            );
+            for line in text.lines().filter(|l| l.contains("-j MARK")) {
+                let tail = line.split("-j MARK ").nth(1).unwrap_or_default();
+                assert!(
+                    tail == format!("--or-mark {mark}") || tail == format!("--xor-mark {mark}"),
+                    "a packet-mark write beyond the masquerade bit: {line}"
+                );
+                writes += 1;
+            }
+        }
+        assert!(writes >= 2, "the masquerade bit is set and cleared");
+    }
+}
+
 const ONE_SERVICE: &str = "
 kind: Node
 metadata: {name: node1}

@@ -10,21 +10,11 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use kpng_model::{Endpoint, ServicePort};
 
+use crate::affinity::{self, Marks};
 use crate::ruleset::{DynamicChain, PickKind};
 use crate::sets::Set;
-use crate::store::{Element, OwnerId};
+use crate::store::Element;
 use crate::value::{Chain, FixedChain, Key, Source, Value, Verdict};
-
-/// Affinity ids live in this range of the conntrack mark (`0x6b7` = "kp" in the top 12 bits), so
-/// they are unlikely to collide with marks other software sets.
-const AFFINITY_ID_BASE: u32 = 0x6b70_0000;
-
-/// The conntrack-mark id of one Service port's cluster (`local: false`) or local endpoint list:
-/// ClientIP affinity is remembered per client and per id, so it holds whichever VIP or node
-/// port the client used.
-pub fn affinity_id(owner: OwnerId, local: bool) -> u32 {
-    AFFINITY_ID_BASE | (((owner & 0x7_ffff) << 1) | u32::from(local))
-}
 
 fn el(set: Set, key: Key, value: Option<Value>) -> Element {
     Element {
@@ -82,7 +72,7 @@ impl Entry {
         eps: &[Endpoint],
         local: bool,
         protocol: kpng_model::Protocol,
-        affinity_ids: Option<(u32, u32)>,
+        marks: Option<Marks>,
     ) {
         if eps.is_empty() {
             return;
@@ -105,29 +95,35 @@ impl Entry {
             };
             out.push(el(map, key, Some(Value::Endpoint(e.ip, e.port))));
         }
-        if let Some((cluster, local_id)) = affinity_ids {
-            let id = if local { local_id } else { cluster };
-            out.push(el(kind.affinity_ids_map(), self.key, Some(Value::Mark(id))));
+        if let Some(marks) = marks {
+            let id = if local { marks.local } else { marks.cluster };
+            for bit in affinity::bits(id) {
+                if let Some(key) = self.key.with_bit(bit) {
+                    out.push(el(kind.affinity_bits_set(), key, None));
+                }
+            }
         }
     }
 }
 
-/// Builds every element of one Service port. `node_ips` are the node's own addresses: a
+/// Builds every element of one Service port. `marks` are the port's affinity ids (conntrack
+/// mark values, [`crate::affinity`]); a port with ClientIP affinity but without ids (the mask
+/// is full) is served without affinity. `node_ips` are the node's own addresses: a
 /// load-balancer source range that contains one lets traffic from the LB IPs themselves in, as
 /// kube-proxy does.
-pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> Vec<Element> {
+pub fn port_elements(sp: &ServicePort, marks: Option<Marks>, node_ips: &[IpAddr]) -> Vec<Element> {
     let mut out = Vec::new();
     let proto = sp.key.protocol;
     let vip_key = |ip: &IpAddr| Key::Vip(*ip, proto, sp.port);
     let comment = port_comment(&format!("{}:{}", sp.key.service, sp.key.port_name));
-    let affinity = sp.session_affinity.is_some();
+    let marks = marks.filter(|_| sp.session_affinity.is_some());
+    let affinity = marks.is_some();
     let reject = Verdict::goto(FixedChain::Reject);
     let reject_or_drop = Value::Verdict(if sp.has_any_endpoints {
         Verdict::Drop
     } else {
         reject
     });
-    let (id_cluster, id_local) = (affinity_id(owner, false), affinity_id(owner, true));
     let lists: [(&[Endpoint], bool); 2] =
         [(&sp.cluster_endpoints, false), (&sp.local_endpoints, true)];
 
@@ -219,13 +215,7 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
             pick,
         };
         for (eps, local) in lists {
-            entry.list_elements(
-                &mut out,
-                eps,
-                local,
-                sp.key.protocol,
-                affinity.then_some((id_cluster, id_local)),
-            );
+            entry.list_elements(&mut out, eps, local, sp.key.protocol, marks);
         }
     }
 
@@ -250,23 +240,17 @@ pub fn port_elements(sp: &ServicePort, owner: OwnerId, node_ips: &[IpAddr]) -> V
             pick: true,
         };
         for (eps, local) in lists {
-            entry.list_elements(
-                &mut out,
-                eps,
-                local,
-                sp.key.protocol,
-                affinity.then_some((id_cluster, id_local)),
-            );
+            entry.list_elements(&mut out, eps, local, sp.key.protocol, marks);
         }
     }
 
     // Affinity bookkeeping: which endpoints an id may stick to, and its recording chain.
-    if let Some(a) = sp.session_affinity {
+    if let (Some(a), Some(marks)) = (sp.session_affinity, marks) {
         for (eps, local) in lists {
             if eps.is_empty() {
                 continue;
             }
-            let id = if local { id_local } else { id_cluster };
+            let id = if local { marks.local } else { marks.cluster };
             let chain = Chain::Dynamic(DynamicChain::AffinityTimeout(a.timeout_seconds));
             out.push(el(
                 Set::AffinityTimeouts,

@@ -19,6 +19,7 @@
 //! read once per family, at the first full sync ([`netlink::ElementWriter::probe_table`]: the
 //! table's comment, without its elements), and never in the sync loop. See `docs/nftables.md`.
 
+pub mod affinity;
 pub mod elements;
 pub mod exec;
 pub mod netlink;
@@ -59,6 +60,9 @@ pub struct NftConfig {
     pub masquerade_all: bool,
     /// `--masquerade-bit` (14 → mark 0x4000).
     pub masquerade_bit: u8,
+    /// `--conntrack-mark-mask`: the bits of the conntrack mark that carry affinity ids (checked
+    /// with [`affinity::check_mask`]); every other bit of a connection's mark is kept.
+    pub conntrack_mark_mask: u32,
     /// `--detect-local-mode` with its parameters.
     pub detect_local: DetectLocal,
     /// `--nodeport-addresses`.
@@ -76,6 +80,7 @@ impl Default for NftConfig {
             table: "kpng".into(),
             masquerade_all: false,
             masquerade_bit: 14,
+            conntrack_mark_mask: affinity::DEFAULT_CONNTRACK_MARK_MASK,
             detect_local: DetectLocal::None,
             nodeport_addresses: NodePortAddresses::Primary,
             service_cidrs: Vec::new(),
@@ -141,6 +146,8 @@ pub struct NftBackend {
     /// Service port ↔ its owner id; the reverse recomputes an owner's elements when a shared
     /// element passes to it.
     owners: OwnerIds,
+    /// Affinity ids of the Service ports with ClientIP affinity.
+    affinity_ids: affinity::AffinityIds,
     states: Vec<FamilyState>,
     metrics: NftMetrics,
     warned_no_node_ip: bool,
@@ -187,12 +194,14 @@ impl NftBackend {
                 distrust: false,
             })
             .collect();
+        let affinity_ids = affinity::AffinityIds::new(config.conntrack_mark_mask);
         NftBackend {
             watch_kernel: false,
             monitor: None,
             config,
             exec,
             owners: OwnerIds::new(),
+            affinity_ids,
             states,
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
@@ -246,14 +255,34 @@ impl NftBackend {
         out
     }
 
-    /// The elements of one port.
+    /// The elements of one port, with the affinity ids it has now.
     fn port_elements(
         &self,
         port: &kpng_model::ServicePort,
         owner: OwnerId,
         node_ips: &[IpAddr],
     ) -> Vec<Element> {
-        elements::port_elements(port, owner, node_ips)
+        elements::port_elements(port, self.affinity_ids.get(owner), node_ips)
+    }
+
+    /// Gives `port` affinity ids if it has ClientIP affinity, or takes them back if not; a
+    /// full mask is said once per port (it is then served without affinity).
+    fn assign_affinity_ids(&mut self, port: &kpng_model::ServicePort, owner: OwnerId) {
+        if port.session_affinity.is_none() {
+            self.affinity_ids.release(owner);
+            return;
+        }
+        if let Err(true) = self.affinity_ids.ensure(owner) {
+            warn!(
+                service = %port.key.service,
+                port = %port.key.port_name,
+                mask = format_args!("{:#010x}", self.affinity_ids.mask()),
+                in_use = self.affinity_ids.in_use(),
+                "ClientIP affinity ids are exhausted (--conntrack-mark-mask has room for {} \
+                 Service ports): this port is served without affinity; widen the mask",
+                self.affinity_ids.capacity()
+            );
+        }
     }
 
     fn warn_unsupported(&mut self, request: &SyncRequest<'_>) {
@@ -293,6 +322,7 @@ impl NftBackend {
             fam,
             self.config.masquerade_all,
             self.config.masquerade_bit,
+            self.config.conntrack_mark_mask,
             &self.config.detect_local,
             &snapshot.node,
         )
@@ -334,11 +364,16 @@ impl NftBackend {
             .filter(|(k, _)| k.family == family)
         {
             let owner = self.owner(key);
+            // The old elements with the ids they were written with, then the new ids.
             let old = change
                 .old
                 .as_deref()
                 .map(|p| self.port_elements(p, owner, &node_ips))
                 .unwrap_or_default();
+            match change.new.as_deref() {
+                Some(p) => self.assign_affinity_ids(p, owner),
+                None => self.affinity_ids.release(owner),
+            }
             let new = change
                 .new
                 .as_deref()
@@ -357,8 +392,13 @@ impl NftBackend {
         let result = if self.netlink.is_some() {
             self.partial_over_netlink(index, ops)
         } else {
-            let (text, new_chains) =
-                script::partial(fam, &self.config.table, &self.states[index].chains, ops);
+            let (text, new_chains) = script::partial(
+                fam,
+                &self.config.table,
+                self.config.conntrack_mark_mask,
+                &self.states[index].chains,
+                ops,
+            );
             self.exec
                 .run(&text)
                 .map(|()| self.states[index].chains.extend(new_chains))
@@ -387,7 +427,12 @@ impl NftBackend {
         if missing.is_empty() {
             return Ok(());
         }
-        let text = script::ensure_chains(fam, &self.config.table, missing.iter());
+        let text = script::ensure_chains(
+            fam,
+            &self.config.table,
+            self.config.conntrack_mark_mask,
+            missing.iter(),
+        );
         self.exec.run(&text).map_err(|e| e.to_string())?;
         self.states[index]
             .chains
@@ -493,6 +538,7 @@ impl NftBackend {
         let node_ips = snapshot.node.ips.clone();
         for port in snapshot.family(fam.0) {
             let owner = self.owner(&port.key);
+            self.assign_affinity_ids(port, owner);
             f(owner, self.port_elements(port, owner, &node_ips));
         }
         f(NODE_OWNER, self.node_elements(fam, snapshot));
@@ -641,6 +687,9 @@ impl NftBackend {
     fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {
         for (key, change) in &request.diff.changes {
             if change.new.is_none() {
+                if let Some(owner) = self.owners.get(key) {
+                    self.affinity_ids.release(owner);
+                }
                 self.owners.forget(key);
             }
         }
@@ -709,6 +758,17 @@ impl Backend for NftBackend {
                 state.committed = None;
                 state.distrust = true;
             }
+        }
+        if request.full {
+            // A full sync carries the whole snapshot, not the removals: the ids of ports that
+            // are gone (or lost affinity) are released here.
+            let (owners, ports) = (&self.owners, &request.snapshot.ports);
+            self.affinity_ids.retain(|owner| {
+                owners
+                    .key(owner)
+                    .and_then(|key| ports.get(key))
+                    .is_some_and(|p| p.session_affinity.is_some())
+            });
         }
         let result = sync_each(self.states.len(), |index| self.sync_family(index, request));
         if let Some(m) = &self.monitor {

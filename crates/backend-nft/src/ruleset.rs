@@ -39,7 +39,8 @@ impl Fam {
     }
     /// The DNAT that follows an affinity entry, the rule that forgets an entry whose endpoint
     /// is gone (prefix; `drop` follows) and the rule that records one with `timeout`. The maps
-    /// themselves are declared in [`crate::sets`].
+    /// themselves are declared in [`crate::sets`]. The affinity id is `ct mark & mask`: kpng
+    /// reads only its own bits of the conntrack mark ([`crate::affinity`]).
     ///
     /// IPv4: one map `client . affinity id → endpoint . port`. IPv6 needs another shape because
     /// nft 1.0.6 mis-encodes packet-path map updates whose key is longer than 16 bytes (the
@@ -48,29 +49,31 @@ impl Fam {
     /// the update would hash differently) and the endpoint's address and port are two maps
     /// (`affinity-addr`, `affinity-port`). Two clients whose 32-bit hashes collide share one
     /// entry, which only makes them stick to the same endpoint.
-    pub fn affinity(self) -> AffinityRules {
+    pub fn affinity(self, mask: u32) -> AffinityRules {
+        let id = affinity_id(mask);
         match self.0 {
             Family::V4 => AffinityRules {
-                dnat: "dnat ip to ip saddr . ct mark map @affinity".into(),
-                forget: "delete @affinity { ip saddr . ct mark : ip daddr . th dport }".into(),
-                record: Box::new(|t| {
+                // nft 1.0.6 parses a bitwise key in `dnat … to` only in parentheses.
+                dnat: format!("dnat ip to ip saddr . ({id}) map @affinity"),
+                forget: format!("delete @affinity {{ ip saddr . {id} : ip daddr . th dport }}"),
+                record: Box::new(move |t| {
                     format!(
-                        "update @affinity {{ ip saddr . ct mark timeout {t}s : ip daddr . th dport }}"
+                        "update @affinity {{ ip saddr . {id} timeout {t}s : ip daddr . th dport }}"
                     )
                 }),
             },
             Family::V6 => {
-                const KEY: &str = "ct mark . jhash ip6 saddr mod 4294967295 seed 0x6b706e67";
+                let key = format!("{id} . jhash ip6 saddr mod 4294967295 seed 0x6b706e67");
                 AffinityRules {
                     dnat: format!(
-                        "dnat ip6 to {KEY} map @affinity-addr : {KEY} map @affinity-port"
+                        "dnat ip6 to {key} map @affinity-addr : {key} map @affinity-port"
                     ),
                     forget: format!(
-                        "delete @affinity-addr {{ {KEY} : ip6 daddr }} delete @affinity-port {{ {KEY} : th dport }}"
+                        "delete @affinity-addr {{ {key} : ip6 daddr }} delete @affinity-port {{ {key} : th dport }}"
                     ),
-                    record: Box::new(|t| {
+                    record: Box::new(move |t| {
                         format!(
-                            "update @affinity-addr {{ {KEY} timeout {t}s : ip6 daddr }} update @affinity-port {{ {KEY} timeout {t}s : th dport }}"
+                            "update @affinity-addr {{ {key} timeout {t}s : ip6 daddr }} update @affinity-port {{ {key} timeout {t}s : th dport }}"
                         )
                     }),
                 }
@@ -89,13 +92,20 @@ impl Fam {
 
 pub use kpng_backend::settings::DetectLocal;
 
+/// The affinity id of a connection: kpng's bits of its conntrack mark (`ct mark & MASK`).
+pub fn affinity_id(mask: u32) -> String {
+    format!("ct mark & {mask:#010x}")
+}
+
 /// Everything that shapes the constant rules of one family.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaticConfig {
     /// `--masquerade-all`.
     pub masquerade_all: bool,
-    /// `1 << --masquerade-bit`.
+    /// `1 << --masquerade-bit`: the only bit of the packet mark kpng sets or clears.
     pub mark: u32,
+    /// `--conntrack-mark-mask`: the only bits of the conntrack mark kpng uses (affinity ids).
+    pub affinity_mask: u32,
     /// Match for "this packet comes from a pod", e.g. `ip saddr 10.244.0.0/16`; `None` when the
     /// family has no detector.
     pub local_match: Option<String>,
@@ -109,6 +119,7 @@ impl StaticConfig {
         fam: Fam,
         masquerade_all: bool,
         masquerade_bit: u8,
+        affinity_mask: u32,
         detect: &DetectLocal,
         node: &NodeState,
     ) -> Self {
@@ -149,6 +160,7 @@ impl StaticConfig {
         StaticConfig {
             masquerade_all,
             mark: 1u32 << masquerade_bit.min(31),
+            affinity_mask,
             local_match,
             non_local_match,
         }
@@ -201,9 +213,9 @@ impl PickKind {
         Set::Pick(self)
     }
 
-    /// The map from an entry point to its list's affinity id.
-    pub fn affinity_ids_map(self) -> Set {
-        Set::AffinityIds(self)
+    /// The set of an entry point's affinity-id bits.
+    pub fn affinity_bits_set(self) -> Set {
+        Set::AffinityBits(self)
     }
 
     /// Whether the slots are keyed by VIP (else by node port only).
@@ -245,8 +257,8 @@ impl DynamicChain {
         self.to_string()
     }
 
-    /// The chain's rules.
-    pub fn rules(&self, fam: Fam) -> Vec<String> {
+    /// The chain's rules; `mask` is `--conntrack-mark-mask` (affinity ids).
+    pub fn rules(&self, fam: Fam, mask: u32) -> Vec<String> {
         let l3 = fam.l3();
         match self {
             DynamicChain::Pick(kind, n) => PROTOCOLS
@@ -264,10 +276,11 @@ impl DynamicChain {
                 // An entry that points at an endpoint which is gone: forget it. The packet is
                 // dropped once; the client's retransmission is balanced afresh.
                 format!(
-                    "ct mark . {l3} daddr . th dport != @affinity-valid {} drop",
-                    fam.affinity().forget
+                    "{} . {l3} daddr . th dport != @affinity-valid {} drop",
+                    affinity_id(mask),
+                    fam.affinity(mask).forget
                 ),
-                (fam.affinity().record)(*t),
+                (fam.affinity(mask).record)(*t),
             ],
         }
     }
@@ -317,7 +330,9 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
     // these chains: input or forward coming in, output going out). The firewall of
     // loadBalancerSourceRanges must see the packet before DNAT: it runs first in the NAT chains
     // below. No other base chains: each one costs every packet a hook traversal.
-    let record_affinity = "ct state new ct status dnat ct mark vmap @affinity-timeouts";
+    let id = affinity_id(cfg.affinity_mask);
+    let record_affinity = format!("ct state new ct status dnat {id} vmap @affinity-timeouts");
+    let record_affinity = record_affinity.as_str();
     chain(
         &mut s,
         "filter-input",
@@ -433,19 +448,29 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
         ("nodeport-", "meta l4proto . th dport".to_string()),
     ] {
         let pick = |list: &str| format!("{key} vmap @{prefix}{list}-pick");
-        let affinity_ids =
-            |list: &str| format!("ct mark set {key} map @{prefix}affinity-ids-{list}");
+        // The list's affinity id into kpng's bits of the conntrack mark, every other bit kept:
+        // clear them, then set them one by one from `affinity-bits-*` (a constant per rule:
+        // nft 1.0.6 cannot OR a looked-up value into the mark). `ct mark & 0x0 | BIT` is the
+        // constant BIT as a `mark` field of the set's key (`nft list` prints it as
+        // `ct mark & BIT | BIT`, the same value).
+        let set_id = |list: &str| {
+            let mask = cfg.affinity_mask;
+            let mut rules = vec![format!("ct mark set ct mark & {:#010x}", !mask)];
+            for bit in crate::affinity::bits(mask) {
+                rules.push(format!(
+                    "{key} . ct mark & 0x0 | {bit:#010x} @{prefix}affinity-bits-{list} ct mark set ct mark | {bit:#010x}"
+                ));
+            }
+            rules
+        };
         for list in ["cluster", "local"] {
-            chain(
-                &mut s,
-                &format!("{prefix}affinity-{list}"),
-                None,
-                &[
-                    affinity_ids(list),
-                    format!("meta l4proto {{ tcp, udp, sctp }} {}", fam.affinity().dnat),
-                    pick(list),
-                ],
-            );
+            let mut rules = set_id(list);
+            rules.push(format!(
+                "meta l4proto {{ tcp, udp, sctp }} {}",
+                fam.affinity(cfg.affinity_mask).dnat
+            ));
+            rules.push(pick(list));
+            chain(&mut s, &format!("{prefix}affinity-{list}"), None, &rules);
         }
         for affinity in [false, true] {
             let suffix = if affinity { "-affinity" } else { "" };

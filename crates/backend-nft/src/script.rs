@@ -38,11 +38,11 @@ fn by_set_in_text_order<T>(
     by_set
 }
 
-fn add_chain(out: &mut String, fam: Fam, table: &str, chain: &DynamicChain) {
+fn add_chain(out: &mut String, fam: Fam, table: &str, mask: u32, chain: &DynamicChain) {
     let f = fam.table_family();
     let name = chain.name();
     let _ = writeln!(out, "add chain {f} {table} {name}");
-    for rule in chain.rules(fam) {
+    for rule in chain.rules(fam, mask) {
         let _ = writeln!(out, "add rule {f} {table} {name} {rule}");
     }
 }
@@ -80,7 +80,7 @@ pub fn replace(
     out.push_str(&skeleton(fam, table, cfg));
     let chains: BTreeSet<DynamicChain> = elements.iter().filter_map(referenced_chain).collect();
     for chain in &chains {
-        add_chain(&mut out, fam, table, chain);
+        add_chain(&mut out, fam, table, cfg.affinity_mask, chain);
     }
     add_elements(&mut out, fam, table, elements.iter());
     (out, chains.iter().map(DynamicChain::name).collect())
@@ -92,6 +92,7 @@ pub fn replace(
 pub fn partial(
     fam: Fam,
     table: &str,
+    mask: u32,
     existing: &BTreeSet<String>,
     ops: Vec<ElementOp>,
 ) -> (String, BTreeSet<String>) {
@@ -104,7 +105,7 @@ pub fn partial(
         .filter(|c| !existing.contains(&c.name()))
         .collect();
     for chain in &new_chains {
-        add_chain(&mut out, fam, table, chain);
+        add_chain(&mut out, fam, table, mask, chain);
     }
     let by_set = by_set_in_text_order(
         deletes
@@ -122,10 +123,12 @@ pub fn partial(
     (out, new_chains.iter().map(DynamicChain::name).collect())
 }
 
-/// Creates (or resets) dynamic chains: `add` + `flush` + rules is idempotent.
+/// Creates (or resets) dynamic chains: `add` + `flush` + rules is idempotent. `mask` is
+/// `--conntrack-mark-mask` (the affinity chains read the id through it).
 pub fn ensure_chains<'c>(
     fam: Fam,
     table: &str,
+    mask: u32,
     chains: impl Iterator<Item = &'c DynamicChain>,
 ) -> String {
     let mut out = String::new();
@@ -138,7 +141,7 @@ pub fn ensure_chains<'c>(
             fam.table_family(),
             chain.name()
         );
-        for rule in chain.rules(fam) {
+        for rule in chain.rules(fam, mask) {
             let _ = writeln!(
                 out,
                 "add rule {} {table} {} {rule}",

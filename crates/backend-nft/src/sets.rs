@@ -206,8 +206,9 @@ pub enum Set {
     /// The endpoint slots a `*-n<k>` chain selects from, per L4 protocol
     /// (`cluster-endpoints-tcp`, …).
     Endpoints(PickKind, Protocol),
-    /// The map from an entry point to its list's affinity id (`affinity-ids-cluster`, …).
-    AffinityIds(PickKind),
+    /// Entry point . one bit of its list's affinity id (`affinity-bits-cluster`, …): the
+    /// affinity chains set the id in the conntrack mark one bit at a time, from these sets.
+    AffinityBits(PickKind),
     /// IPv4 ClientIP affinity, written by the packet path (`affinity`).
     Affinity,
     /// IPv6 ClientIP affinity, endpoint address (`affinity-addr`).
@@ -295,10 +296,10 @@ impl Set {
             Set::Endpoints(NodePortLocal, Tcp),
             Set::Endpoints(NodePortLocal, Udp),
             Set::Endpoints(NodePortLocal, Sctp),
-            Set::AffinityIds(Cluster),
-            Set::AffinityIds(Local),
-            Set::AffinityIds(NodePortCluster),
-            Set::AffinityIds(NodePortLocal),
+            Set::AffinityBits(Cluster),
+            Set::AffinityBits(Local),
+            Set::AffinityBits(NodePortCluster),
+            Set::AffinityBits(NodePortLocal),
             Set::Affinity,
             Set::AffinityAddr,
             Set::AffinityPort,
@@ -414,14 +415,19 @@ impl Set {
                     ..decl(name, key, Data::Fields(ENDPOINT))
                 }
             }
-            Set::AffinityIds(kind) => {
+            Set::AffinityBits(kind) => {
                 let name = match kind {
-                    Cluster => "affinity-ids-cluster",
-                    Local => "affinity-ids-local",
-                    NodePortCluster => "nodeport-affinity-ids-cluster",
-                    NodePortLocal => "nodeport-affinity-ids-local",
+                    Cluster => "affinity-bits-cluster",
+                    Local => "affinity-bits-local",
+                    NodePortCluster => "nodeport-affinity-bits-cluster",
+                    NodePortLocal => "nodeport-affinity-bits-local",
                 };
-                decl(name, entry_key(kind), Data::Fields(&[Mark]))
+                let key: &'static [Field] = if kind.keyed_by_vip() {
+                    &[Addr, Proto, Port, Mark]
+                } else {
+                    &[Proto, Port, Mark]
+                };
+                decl(name, key, Data::None)
             }
             // IPv4: one map `client . affinity id → endpoint . port`. IPv6 needs another shape
             // (see `Fam::affinity`): key `affinity id . jhash(client)`, and the endpoint's

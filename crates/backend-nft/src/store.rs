@@ -98,7 +98,7 @@ mod tests {
         }
     }
 
-    const M: Set = Set::AffinityIds(crate::ruleset::PickKind::Cluster);
+    const M: Set = Set::AffinityTimeouts;
 
     /// An element of `set` with key `key` (a mark) and value `value` (a mark).
     fn el(set: Set, key: u32, value: Option<u32>) -> Element {

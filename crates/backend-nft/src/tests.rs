@@ -613,3 +613,201 @@ mod conformance_harness {
 }
 
 kpng_backend_kit::conformance_tests!(conformance_harness::make);
+
+// ---------------------------------------------------------------------------------------------
+// The conntrack mark and the packet mark are shared with the CNI.
+// ---------------------------------------------------------------------------------------------
+
+/// `n` ClusterIP Services with ClientIP affinity (`sticky0` …), two endpoints each, one of them
+/// local, and a NodePort.
+fn affinity_services(n: usize) -> String {
+    let mut y = String::from(
+        "kind: Node\nmetadata: {name: node1}\nstatus: {addresses: [{type: InternalIP, address: 192.168.100.1}]}\n",
+    );
+    for i in 0..n {
+        y.push_str(&format!(
+            "---\nkind: Service\nmetadata: {{namespace: ns, name: sticky{i}}}\nspec: {{type: NodePort, clusterIP: 10.96.1.{}, sessionAffinity: ClientIP, externalTrafficPolicy: Local, ports: [{{name: p, port: 80, nodePort: {}}}]}}\n",
+            i + 1,
+            30100 + i
+        ));
+        y.push_str(&format!(
+            "---\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: sticky{i}-1, labels: {{kubernetes.io/service-name: sticky{i}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080}}]\nendpoints:\n- {{addresses: [10.244.1.{}], nodeName: node1}}\n- {{addresses: [10.244.2.{}], nodeName: node2}}\n",
+            i + 1,
+            i + 1
+        ));
+    }
+    y
+}
+
+fn backend_with_mask(mask: u32) -> (NftBackend, Recorder) {
+    let recorder = Recorder::default();
+    let config = NftConfig {
+        conntrack_mark_mask: mask,
+        ..config()
+    };
+    (
+        NftBackend::new(config, Box::new(recorder.clone())),
+        recorder,
+    )
+}
+
+/// The value of a `0x…` word.
+fn hex(word: &str) -> u32 {
+    let digits = word.trim_start_matches("0x");
+    u32::from_str_radix(digits, 16).unwrap_or_else(|e| panic!("{word}: {e}"))
+}
+
+/// Every statement of `script` that writes or reads a mark, checked against `mask`: the
+/// conntrack mark is only cleared in `mask`'s bits or ORed with one of them, and only read
+/// through `& mask` (or as the constant `& 0x0 | BIT`); the packet mark is only ORed or XORed
+/// with the masquerade bit. Returns how many times each bit of `mask` is set.
+fn check_marks(script: &str, mask: u32) -> BTreeMap<u32, usize> {
+    let mut set_bits = BTreeMap::new();
+    for line in script.lines() {
+        let words: Vec<&str> = line
+            .split_whitespace()
+            .map(|w| w.trim_start_matches('('))
+            .collect();
+        for (i, w) in words.iter().enumerate() {
+            let next = |k: usize| words.get(i + k).copied().unwrap_or("");
+            let before = |k: usize| if i >= k { words[i - k] } else { "" };
+            if *w == "set" && before(1) == "mark" && before(2) == "ct" {
+                // `ct mark set ct mark & ~MASK` or `ct mark set ct mark | BIT`.
+                assert_eq!((next(1), next(2)), ("ct", "mark"), "{line}");
+                let value = hex(next(4));
+                match next(3) {
+                    "&" => assert_eq!(value, !mask, "only kpng's bits are cleared: {line}"),
+                    "|" => {
+                        assert_eq!(value.count_ones(), 1, "{line}");
+                        assert_eq!(value & !mask, 0, "a bit outside the mask: {line}");
+                        *set_bits.entry(value).or_insert(0) += 1;
+                    }
+                    other => panic!("a conntrack-mark write that is not masked ({other}): {line}"),
+                }
+            }
+            if *w == "set" && before(1) == "mark" && before(2) == "meta" {
+                assert_eq!((next(1), next(2)), ("meta", "mark"), "{line}");
+                assert!(matches!(next(3), "or" | "xor"), "{line}");
+                assert_eq!(hex(next(4)), 0x4000, "only the masquerade bit: {line}");
+            }
+            if *w == "ct" && next(1) == "mark" && next(2) != "set" && before(1) != "set" {
+                // A read: `ct mark & MASK`, or the constant `ct mark & 0x0 | BIT`.
+                assert_eq!(next(2), "&", "an unmasked read: {line}");
+                let m = hex(next(3).trim_end_matches(')'));
+                assert!(m == mask || (m == 0 && next(4) == "|"), "{line}");
+            }
+        }
+    }
+    set_bits
+}
+
+#[test]
+fn only_kpng_bits_of_the_conntrack_mark_and_the_masquerade_bit_are_written() {
+    let model = model_from(&affinity_services(3));
+    for mask in [
+        affinity::DEFAULT_CONNTRACK_MARK_MASK,
+        0x00f0_0000,
+        0x0000_0003,
+        0x8000_0001,
+    ] {
+        let (mut b, r) = backend_with_mask(mask);
+        full_sync(&mut b, &model);
+        let s = scripts(&r);
+        let script = &s[0];
+        let set_bits = check_marks(script, mask);
+        // Each of the four affinity chains sets each bit of the mask with one rule: the rule
+        // count depends on the mask's width only.
+        assert_eq!(set_bits.len(), mask.count_ones() as usize, "{mask:#x}");
+        assert!(
+            set_bits.values().all(|n| *n == 4),
+            "{mask:#x}: {set_bits:?}"
+        );
+        // The ids the elements carry are inside the mask, and distinct per list.
+        let timeouts = set_elements(script, "ip", "affinity-timeouts");
+        let ports = 3.min(affinity::AffinityIds::new(mask).capacity()) as usize;
+        assert_eq!(
+            timeouts.len(),
+            2 * ports,
+            "{mask:#x}: 2 lists a port: {timeouts:?}"
+        );
+        let mut ids: Vec<u32> = timeouts
+            .iter()
+            .map(|e| hex(e.split_whitespace().next().expect("key")))
+            .collect();
+        for id in &ids {
+            assert_ne!(*id, 0);
+            assert_eq!(id & !mask, 0, "{mask:#x}: {id:#x}");
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 2 * ports, "{mask:#x}: distinct ids");
+        // The bits of every VIP's cluster id are in `affinity-bits-cluster`.
+        for e in set_elements(script, "ip", "affinity-bits-cluster") {
+            let bit = hex(e.rsplit(' ').next().expect("bit"));
+            assert_eq!(bit.count_ones(), 1, "{e}");
+            assert_eq!(bit & !mask, 0, "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_full_mask_serves_the_next_affinity_port_without_affinity_until_ids_free_up() {
+    // Two bits: ids 1..=3, room for one Service port (two lists).
+    let mut model = model_from(&affinity_services(2));
+    let (mut b, r) = backend_with_mask(0x3000_0000);
+    full_sync(&mut b, &model);
+    let s = scripts(&r);
+    let dispatch = set_elements(&s[0], "ip", "service-ips");
+    let goes = |vip: &str| {
+        dispatch
+            .iter()
+            .find(|e| e.starts_with(vip))
+            .unwrap_or_else(|| panic!("{vip} in {dispatch:?}"))
+            .clone()
+    };
+    assert!(
+        goes("10.96.1.1 ").contains("goto affinity-cluster"),
+        "{}",
+        goes("10.96.1.1 ")
+    );
+    assert!(
+        goes("10.96.1.2 ").contains("goto cluster-n2"),
+        "{}",
+        goes("10.96.1.2 ")
+    );
+    assert_eq!(set_elements(&s[0], "ip", "affinity-timeouts").len(), 2);
+
+    // The first Service goes: its ids free up, and the second port gets them at its next change
+    // (here: the full sync).
+    let all = affinity_services(2);
+    let without_first: Vec<&str> = all
+        .split("---\n")
+        .filter(|d| !d.contains("sticky0"))
+        .collect();
+    let loaded = kpng_source_file::parse_manifests(&without_first.join("---\n")).expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: Kind::ALL.to_vec(),
+        objects: loaded.objects,
+    });
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    b.sync(&SyncRequest {
+        diff: &out.diff,
+        snapshot: model.snapshot(),
+        full: false,
+    })
+    .expect("partial sync");
+    let before = scripts(&r).len();
+    full_sync(&mut b, &model);
+    let s = scripts(&r)[before..].to_vec();
+    let dispatch = set_elements(&s[0], "ip", "service-ips");
+    assert!(
+        dispatch
+            .iter()
+            .any(|e| e.starts_with("10.96.1.2 ") && e.contains("goto affinity-cluster")),
+        "{dispatch:?}"
+    );
+    assert!(
+        !dispatch.iter().any(|e| e.starts_with("10.96.1.1 ")),
+        "{dispatch:?}"
+    );
+}

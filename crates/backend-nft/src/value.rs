@@ -142,6 +142,24 @@ pub enum Key {
     ClientMark(IpAddr, u32),
     /// `mark . slot`: an affinity id and a client hash (IPv6 `affinity-addr`/`-port`).
     MarkHash(u32, u32),
+    /// `addr . proto . port . mark`: a VIP and one bit of its list's affinity id
+    /// (`affinity-bits-*`).
+    VipBit(IpAddr, Protocol, u16, u32),
+    /// `proto . port . mark`: a node port and one bit of its list's affinity id
+    /// (`nodeport-affinity-bits-*`).
+    NodePortBit(Protocol, u16, u32),
+}
+
+impl Key {
+    /// The key of the `affinity-bits-*` element saying that this entry point's (VIP's or node
+    /// port's) affinity id has `bit`; `None` for a key that is not an entry point.
+    pub fn with_bit(self, bit: u32) -> Option<Key> {
+        match self {
+            Key::Vip(a, p, port) => Some(Key::VipBit(a, p, port, bit)),
+            Key::NodePort(p, port) => Some(Key::NodePortBit(p, port, bit)),
+            _ => None,
+        }
+    }
 }
 
 impl Key {
@@ -165,6 +183,12 @@ impl Key {
             }
             Key::ClientMark(a, m) => Fields::of(&[F::Addr(a), F::Mark(m)]),
             Key::MarkHash(m, h) => Fields::of(&[F::Mark(m), F::Slot(h)]),
+            Key::VipBit(a, p, port, bit) => {
+                Fields::of(&[F::Addr(a), F::Proto(p), F::Port(port), F::Mark(bit)])
+            }
+            Key::NodePortBit(p, port, bit) => {
+                Fields::of(&[F::Proto(p), F::Port(port), F::Mark(bit)])
+            }
         }
     }
 }
@@ -360,7 +384,15 @@ mod tests {
 
     #[test]
     fn text_is_what_nft_reads() {
-        let cases: [(String, &str); 10] = [
+        let cases: [(String, &str); 12] = [
+            (
+                Key::VipBit(ip("10.96.0.10"), Protocol::Tcp, 80, 0x1000).to_string(),
+                "10.96.0.10 . tcp . 80 . 0x1000",
+            ),
+            (
+                Key::NodePortBit(Protocol::Udp, 30080, 0x8000_0000).to_string(),
+                "udp . 30080 . 0x80000000",
+            ),
             (
                 Key::Vip(ip("10.96.0.10"), Protocol::Tcp, 80).to_string(),
                 "10.96.0.10 . tcp . 80",
@@ -417,6 +449,7 @@ mod tests {
         let cfg = StaticConfig {
             masquerade_all: false,
             mark: 0x4000,
+            affinity_mask: crate::affinity::DEFAULT_CONNTRACK_MARK_MASK,
             local_match: None,
             non_local_match: None,
         };

@@ -148,6 +148,7 @@ fn static_config() -> StaticConfig {
     StaticConfig {
         masquerade_all: false,
         mark: 0x4000,
+        affinity_mask: kpng_backend_nft::affinity::DEFAULT_CONNTRACK_MARK_MASK,
         local_match: None,
         non_local_match: None,
     }
@@ -168,7 +169,7 @@ fn table_script(family: Family, table: &str, elements: &[Element]) -> String {
     for chain in &chains {
         let name = chain.name();
         let _ = writeln!(s, "add chain {f} {table} {name}");
-        for rule in chain.rules(fam) {
+        for rule in chain.rules(fam, static_config().affinity_mask) {
             let _ = writeln!(s, "add rule {f} {table} {name} {rule}");
         }
     }
@@ -282,6 +283,11 @@ fn el(set: Set, key: Key, value: Option<Value>, comment: Option<&str>) -> Elemen
     }
 }
 
+/// An `affinity-bits-*` element: the entry key with one bit of its affinity id.
+fn affinity_bit(set: Set, key: Key, bit: u32) -> Element {
+    el(set, key.with_bit(bit).expect("an entry key"), None, None)
+}
+
 /// The TCP endpoint slots of cluster-policy VIPs.
 const TCP_SLOTS: Set = Set::Endpoints(PickKind::Cluster, Protocol::Tcp);
 
@@ -391,7 +397,7 @@ fn every_set_type(family: Family) -> Vec<Element> {
         ),
         el(
             Set::AffinityValid,
-            Key::MarkEndpoint(0x6b70000e, ep, 8080),
+            Key::MarkEndpoint(0x0100_3000, ep, 8080),
             None,
             None,
         ),
@@ -445,7 +451,7 @@ fn every_set_type(family: Family) -> Vec<Element> {
         ),
         el(
             Set::AffinityTimeouts,
-            Key::Mark(0x6b70000e),
+            Key::Mark(0x0100_3000),
             // nft 1.0.6 cannot build the IPv6 affinity chains (the backend leaves IPv6
             // affinity out), so IPv6 jumps nowhere.
             match family {
@@ -546,49 +552,63 @@ fn every_set_type(family: Family) -> Vec<Element> {
             Some(Value::Endpoint(ep, 2)),
             None,
         ),
-        el(
-            Set::AffinityIds(Cluster),
+        affinity_bit(Set::AffinityBits(Cluster), Key::Vip(vip, Udp, 53), 0x1000),
+        affinity_bit(Set::AffinityBits(Cluster), Key::Vip(vip, Udp, 53), 0x2000),
+        affinity_bit(
+            Set::AffinityBits(Cluster),
             Key::Vip(vip, Udp, 53),
-            Some(Value::Mark(0x6b70000e)),
-            None,
+            0x0100_0000,
         ),
-        el(
-            Set::AffinityIds(Local),
+        affinity_bit(Set::AffinityBits(Local), Key::Vip(lb, Tcp, 443), 0x4000),
+        affinity_bit(
+            Set::AffinityBits(Local),
             Key::Vip(lb, Tcp, 443),
-            Some(Value::Mark(0x6b70000f)),
-            None,
+            0x0100_0000,
         ),
-        el(
-            Set::AffinityIds(NodePortCluster),
+        affinity_bit(
+            Set::AffinityBits(NodePortCluster),
             Key::NodePort(Tcp, 30080),
-            Some(Value::Mark(0x6b70000e)),
-            None,
+            0x1000,
         ),
-        el(
-            Set::AffinityIds(NodePortLocal),
+        affinity_bit(
+            Set::AffinityBits(NodePortCluster),
+            Key::NodePort(Tcp, 30080),
+            0x2000,
+        ),
+        affinity_bit(
+            Set::AffinityBits(NodePortCluster),
+            Key::NodePort(Tcp, 30080),
+            0x0100_0000,
+        ),
+        affinity_bit(
+            Set::AffinityBits(NodePortLocal),
             Key::NodePort(Tcp, 30443),
-            Some(Value::Mark(0x6b70000f)),
-            None,
+            0x4000,
+        ),
+        affinity_bit(
+            Set::AffinityBits(NodePortLocal),
+            Key::NodePort(Tcp, 30443),
+            0x0100_0000,
         ),
     ];
     // The dynamic affinity maps differ per family (see `Fam::affinity`).
     match family {
         Family::V4 => v.push(el(
             Set::Affinity,
-            Key::ClientMark(client, 0x6b70000e),
+            Key::ClientMark(client, 0x0100_3000),
             Some(Value::Endpoint(ep, 8080)),
             None,
         )),
         Family::V6 => {
             v.push(el(
                 Set::AffinityAddr,
-                Key::MarkHash(0x6b70000e, 2952585853),
+                Key::MarkHash(0x0100_3000, 2952585853),
                 Some(Value::Addr(ep)),
                 None,
             ));
             v.push(el(
                 Set::AffinityPort,
-                Key::MarkHash(0x6b70000e, 2952585853),
+                Key::MarkHash(0x0100_3000, 2952585853),
                 Some(Value::Port(8080)),
                 None,
             ));
@@ -701,9 +721,12 @@ fn generated(family: Family, services: u32, endpoints: u32) -> Vec<Element> {
         Family::V4 => vec!["192.168.100.1".parse().expect("ip")],
         Family::V6 => vec!["fd00:100::1".parse().expect("ip")],
     };
+    let mut ids = kpng_backend_nft::affinity::AffinityIds::new(
+        kpng_backend_nft::affinity::DEFAULT_CONNTRACK_MARK_MASK,
+    );
     for i in 0..services {
         let sp = service_port(i, family, endpoints);
-        let elements = port_elements(&sp, i + 1, &node_ips);
+        let elements = port_elements(&sp, ids.ensure(i + 1).ok(), &node_ips);
         store.build(i + 1, elements, &mut all, &mut index);
     }
     all.sort();

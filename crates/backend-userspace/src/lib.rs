@@ -64,7 +64,13 @@ pub struct UserspaceConfig {
     pub detect_local: DetectLocal,
     /// Data-path timeouts.
     pub settings: ProxySettings,
+    /// `--dry-run`: open no listener (the capture, a dry run too, shows placeholder listener
+    /// ports from [`PLANNED_PORTS`] upward).
+    pub dry_run: bool,
 }
+
+/// The first placeholder listener port of a dry run (the real ones are the OS's choice).
+pub const PLANNED_PORTS: u16 = 61000;
 
 impl Default for UserspaceConfig {
     fn default() -> Self {
@@ -74,6 +80,7 @@ impl Default for UserspaceConfig {
             service_cidrs: Vec::new(),
             detect_local: DetectLocal::None,
             settings: ProxySettings::default(),
+            dry_run: false,
         }
     }
 }
@@ -117,6 +124,8 @@ pub struct UserspaceBackend {
     previous: Option<HashMap<EntryKey, u16>>,
     /// Whether the first full sync has run (and read `previous`).
     started: bool,
+    /// The next placeholder port of a dry run's listeners.
+    next_planned: u16,
     warned_sctp: bool,
 }
 
@@ -137,6 +146,7 @@ impl UserspaceBackend {
             capture_in_sync: false,
             previous: None,
             started: false,
+            next_planned: PLANNED_PORTS,
             warned_sctp: false,
         }
     }
@@ -209,7 +219,14 @@ impl UserspaceBackend {
         let runtime = self.runtime()?;
         let settings = self.config.settings;
         let previous = self.previous.as_ref();
+        let dry_run = self.config.dry_run;
+        let planned = std::cell::Cell::new(self.next_planned);
         let bind = |scope: Scope, shared: &Arc<PortShared>| {
+            if dry_run {
+                let port = planned.get();
+                planned.set(port.checked_add(1).unwrap_or(PLANNED_PORTS));
+                return Ok(Listener::planned(port));
+            }
             proxy::listen(
                 &runtime,
                 key.family,
@@ -274,6 +291,7 @@ impl UserspaceBackend {
                 &shared,
             )
         });
+        self.next_planned = planned.get();
         if let Err(e) = opened {
             // Keep what works; the retry (a full sync) opens the rest.
             self.ports.insert(key.clone(), port);
@@ -466,6 +484,9 @@ impl Backend for UserspaceBackend {
         match result {
             Ok(operations) => {
                 debug!(operations, ports = self.ports.len(), "userspace sync done");
+                self.metrics
+                    .ports
+                    .set(i64::try_from(self.ports.len()).unwrap_or(i64::MAX));
                 Ok(SyncStats { operations })
             }
             Err(e) => {

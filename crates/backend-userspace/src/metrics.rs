@@ -17,11 +17,18 @@ pub struct ProxyMetrics {
     pub connect_failures: Counter,
     /// Connections or datagrams that no endpoint could serve (reset or dropped by the proxy).
     pub unserved: Counter,
+    /// Service ports proxied now (each has its listener), set after every successful sync.
+    pub ports: Gauge,
 }
 
 impl ProxyMetrics {
     /// Registers every metric under `kpng_userspace_…`.
     pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kpng_userspace_service_ports",
+            "Service ports the userspace proxy serves now (one listener each)",
+            self.ports.clone(),
+        );
         registry.register(
             "kpng_userspace_tcp_connections_accepted",
             "TCP connections accepted by the userspace proxy",

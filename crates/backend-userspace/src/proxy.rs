@@ -124,7 +124,16 @@ impl Drop for TaskGuard {
 pub struct Listener {
     /// The port the OS gave the listener: what the capture redirects to.
     pub port: u16,
-    _task: TaskGuard,
+    /// The task serving it; `None` for a [`Listener::planned`] one.
+    _task: Option<TaskGuard>,
+}
+
+impl Listener {
+    /// A listener that is not opened: a dry run shows the capture that would redirect to
+    /// `port` without binding anything on the node.
+    pub fn planned(port: u16) -> Listener {
+        Listener { port, _task: None }
+    }
 }
 
 /// Binds a listener for one Service port and way in, on every address of its family, and
@@ -161,7 +170,7 @@ pub fn listen(
     };
     Ok(Listener {
         port,
-        _task: TaskGuard(task),
+        _task: Some(TaskGuard(task)),
     })
 }
 

@@ -594,3 +594,20 @@ mod conformance_harness {
 }
 
 kpng_backend_kit::conformance_tests!(conformance_harness::make);
+
+/// `kpng_userspace_service_ports` follows the ports served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_port_count_is_exported() {
+    let (ep, _task) = tcp_endpoint("a").await;
+    let sp = with_endpoints(Protocol::Tcp, &[ep]);
+    let (mut b, _r) = backend();
+    let mut registry = prometheus_client::registry::Registry::default();
+    b.register_metrics(&mut registry);
+    full(&mut b, &[&sp]);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.lines().any(|l| l == "kpng_userspace_service_ports 1"),
+        "{text}"
+    );
+}

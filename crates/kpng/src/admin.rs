@@ -7,7 +7,6 @@
 //! that `curl --unix-socket` works too. The client side is a few lines of HTTP over a blocking
 //! socket rather than an HTTP client crate: one request, `Connection: close`, one JSON body.
 
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
@@ -210,6 +209,7 @@ pub fn parse_trace(from: &str, to: &str, proto: Option<&str>) -> anyhow::Result<
 /// message.
 #[cfg(unix)]
 fn get(socket: &Path, target: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
     let mut stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
         format!(
             "connecting to {} (is kpng running, and are you root? --admin-socket names another \

@@ -284,6 +284,7 @@ mod linux {
         let config = NftConfig {
             masquerade_all: node.masquerade.all,
             masquerade_bit: node.masquerade.bit,
+            conntrack_mark_mask: flags.conntrack_mark_mask,
             detect_local: node.detect_local,
             nodeport_addresses: node.nodeport_addresses,
             service_cidrs: flags.service_cidr.clone(),
@@ -404,6 +405,7 @@ mod linux {
                 connect_timeout: args.connect_timeout,
                 udp_idle_timeout: args.udp_timeout,
             },
+            dry_run: args.dry_run,
             ..UserspaceConfig::default()
         };
         let capture = if args.dry_run {
@@ -419,8 +421,6 @@ mod linux {
 /// commands parse everywhere, and say so when run.
 #[cfg(not(target_os = "linux"))]
 mod linux {
-    use kpng_backend::Backend;
-
     use super::{BackendKind, Built, NodeSettings};
     use crate::cli::{GlobalFlags, LocalBackend};
 

@@ -71,7 +71,8 @@ where
     let server = tokio::spawn(server);
 
     // `kpng status` on a brain: the connected nodes.
-    let mut _admin_socket = None;
+    #[cfg_attr(not(unix), allow(unused_mut))]
+    let mut _admin_socket: Option<crate::admin::SocketFile> = None;
     #[cfg(unix)]
     if !flags.admin_socket.is_empty() {
         let path = std::path::Path::new(&flags.admin_socket);

@@ -39,15 +39,120 @@ pub struct Cli {
     /// Flags that apply wherever they are written.
     #[command(flatten)]
     pub global: GlobalFlags,
+    /// kube-proxy's command line (no subcommand): print what the backend would do and change
+    /// nothing, as `to-local <backend> --dry-run` (with a source, write it after the backend);
+    /// with --cleanup or `cleanup`: print what would be removed, remove nothing; with
+    /// --init-only: check, and print the sysctls instead of writing them.
+    #[arg(long, help_heading = "Backend")]
+    pub dry_run: bool,
     /// What to read cluster state from; none: kube-proxy's command line.
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// The headings of the global flags, in `kpng --help`'s order.
+const GLOBAL_HEADINGS: [&str; 5] = ["Source", "Node", "Backend", "Output", "Logging"];
+
+/// What a subcommand's help says instead of repeating the global flags.
+const GLOBAL_FLAGS_FOOTER: &str = "\
+Global flags (source, node, backend, output, logging: --config, --node-name, --proxy-mode,
+--masquerade-bit, --metrics-bind-address, --log-level, …) may stand anywhere on the line;
+`kpng --help` lists them once, grouped.";
+
+/// The command that renders help: the parser's ([`Cli`]), except that the global flags belong
+/// to the root only, grouped under [`GLOBAL_HEADINGS`] in that order, and each subcommand says
+/// where they are instead of repeating them. Parsing keeps the derived command, where they are
+/// global (accepted anywhere on the line).
+pub fn help_command() -> clap::Command {
+    let mut root = <Cli as clap::CommandFactory>::command();
+    // Every flag under a heading (the global ones, and the root's own `--dry-run`).
+    let mut ranked: Vec<(clap::Id, usize)> = root
+        .get_arguments()
+        .filter(|a| a.is_global_set() || a.get_help_heading().is_some())
+        .enumerate()
+        .map(|(i, a)| {
+            let rank = a
+                .get_help_heading()
+                .and_then(|h| GLOBAL_HEADINGS.iter().position(|g| *g == h))
+                .unwrap_or(0);
+            (a.get_id().clone(), 1000 * (rank + 1) + i)
+        })
+        .collect();
+    // Headings come in the order of their first flag in the argument list, and `mut_arg`
+    // moves a flag to the end of it: mutating in rank order sorts the list by heading.
+    ranked.sort_by_key(|(_, order)| *order);
+    for (id, order) in ranked {
+        root = root.mut_arg(id, |a| a.global(false).display_order(order));
+    }
+    let names: Vec<String> = root
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in names {
+        root = root.mut_subcommand(name, with_footer);
+    }
+    root.build();
+    root
+}
+
+/// `sub` and its subcommands with [`GLOBAL_FLAGS_FOOTER`].
+fn with_footer(mut sub: clap::Command) -> clap::Command {
+    sub = sub.after_help(GLOBAL_FLAGS_FOOTER);
+    let names: Vec<String> = sub
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in names {
+        sub = sub.mut_subcommand(name, with_footer);
+    }
+    sub
+}
+
+/// The help the line asks for (`-h`: the summary; `--help` or `help …`: the long form), of
+/// the deepest (sub)command it names, rendered by [`help_command`].
+pub fn help_text(args: &[String]) -> String {
+    let mut cmd = help_command();
+    let long = !args.iter().any(|a| a == "-h");
+    let mut path: Vec<String> = Vec::new();
+    {
+        let mut here = &cmd;
+        for arg in args.iter().skip(1) {
+            if arg == "help"
+                && here.find_subcommand("help").is_some()
+                && path.last().map(String::as_str) != Some("help")
+            {
+                continue;
+            }
+            if let Some(sub) = here
+                .get_subcommands()
+                .find(|c| c.get_name() == arg || c.get_all_aliases().any(|a| a == arg))
+            {
+                path.push(sub.get_name().to_string());
+                here = sub;
+            }
+        }
+    }
+    fn render(cmd: &mut clap::Command, path: &[String], long: bool) -> String {
+        if let Some((first, rest)) = path.split_first()
+            && let Some(sub) = cmd.find_subcommand_mut(first)
+        {
+            return render(sub, rest, long);
+        }
+        let rendered = if long {
+            cmd.render_long_help()
+        } else {
+            cmd.render_help()
+        };
+        rendered.to_string()
+    }
+    render(&mut cmd, &path, long)
 }
 
 /// `kpng --help`'s examples, one command line each, printed verbatim.
 pub const EXAMPLES: &str = "\
 Examples:
   kpng --config /var/lib/kube-proxy/config.conf --hostname-override=node1
+  kpng --config /var/lib/kube-proxy/config.conf --hostname-override=node1 --dry-run
   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
   kpng file --input examples/cluster.yaml to-file --output -
   kpng file --input examples/cluster.yaml to-local nft --dry-run
@@ -174,6 +279,13 @@ pub struct GlobalFlags {
     /// The fwmark bit that marks connections for masquerading (0-31).
     #[arg(long, global = true, alias = "iptables-masquerade-bit", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31), help_heading = "Backend")]
     pub masquerade_bit: u8,
+
+    /// The bits of the conntrack mark kpng may use (nftables: ClientIP-affinity ids; at least
+    /// 2 bits, hex or decimal). Every other bit of a connection's mark is kept for the CNI; the
+    /// default leaves those of Calico, Cilium, Antrea, Istio and the AWS VPC CNI alone
+    /// (docs/deploy.md).
+    #[arg(long, global = true, value_name = "MASK", default_value = "0xff00f000", value_parser = parse_mark_mask, help_heading = "Backend")]
+    pub conntrack_mark_mask: u32,
 
     /// The Service CIDR(s): traffic to unallocated ClusterIPs inside them is dropped.
     #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
@@ -575,7 +687,7 @@ pub enum NftExecMode {
 #[derive(Debug, Subcommand)]
 pub enum LocalBackend {
     /// nftables (kube-proxy nftables mode, with a constant-size ruleset).
-    #[command(alias = "to-nft")]
+    #[command(aliases = ["to-nft", "nftables"])]
     Nft(NftArgs),
     /// iptables (kube-proxy iptables mode: the same chains and rules, legacy or nft variant).
     #[command(alias = "to-iptables")]
@@ -600,7 +712,8 @@ pub struct IptablesArgs {
 /// `… to-local userspace …`.
 #[derive(Debug, Args)]
 pub struct UserspaceArgs {
-    /// Print every capture transaction instead of applying it (the proxy still listens).
+    /// Print every capture transaction instead of applying it, and open no listener (the
+    /// capture shows placeholder listener ports).
     #[arg(long)]
     pub dry_run: bool,
     /// How long an idle UDP session is kept (no datagram either way). kube-proxy's userspace
@@ -696,40 +809,117 @@ pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
                 }
                 false
             }
-            let mut trail = Vec::new();
-            if !find(&root, &flag, &mut trail) || trail.is_empty() {
+            // The commands the line names, and where the flag is: below the deepest of them
+            // first (the flag came too early), else anywhere, preferring the `kube` source when
+            // the line names none (kube-proxy's command line is the `kube` source's).
+            let named: Vec<String> = path
+                .iter()
+                .skip(1)
+                .map(|c| c.get_name().to_string())
+                .collect();
+            let mut found = None;
+            for depth in (1..path.len()).rev() {
+                let mut trail = Vec::new();
+                if find(&path[depth], &flag, &mut trail) {
+                    let mut full = named[..depth].to_vec();
+                    full.extend(trail);
+                    found = Some(full);
+                    break;
+                }
+            }
+            if found.is_none()
+                && let Some(kube) = root.find_subcommand("kube")
+            {
+                let mut trail = Vec::new();
+                if find(kube, &flag, &mut trail) {
+                    found = Some(std::iter::once("kube".to_string()).chain(trail).collect());
+                }
+            }
+            if found.is_none() {
+                let mut trail = Vec::new();
+                if find(&root, &flag, &mut trail) {
+                    found = Some(trail);
+                }
+            }
+            let Some(full) = found else {
+                // Not a flag anywhere; clap already suggests a close spelling when there is one.
+                if error.get(ContextKind::SuggestedArg).is_some() {
+                    return None;
+                }
+                return Some(format!(
+                    "--{flag} is neither a kpng flag nor a kube-proxy one: `kpng --help` lists \
+                     kpng's (kube-proxy's are accepted too; the ones kpng does not implement warn)"
+                ));
+            };
+            if full.is_empty() {
                 return None;
             }
-            Some(format!(
+            let mut hint = format!(
                 "--{flag} is a flag of `kpng {}`: write it right after `{}`",
-                trail.join(" … "),
-                trail.last()?
-            ))
+                full.join(" … "),
+                full.last()?
+            );
+            if named.is_empty() && full.len() > 1 {
+                hint.push_str(
+                    " (kube-proxy's command line, without a subcommand, takes the backend from \
+                     --proxy-mode and no backend flags)",
+                );
+            }
+            Some(hint)
         }
         _ => None,
     }
 }
 
-/// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]).
+/// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]), and kpng's backend
+/// words (`nft`) too.
 fn parse_proxy_mode(s: &str) -> Result<BackendKind, String> {
-    BackendKind::from_mode(s)
+    BackendKind::from_mode(s).or_else(|e| {
+        BackendKind::ALL
+            .into_iter()
+            .find(|k| k.word() == s)
+            .ok_or(e)
+    })
 }
 
 impl LocalBackend {
     /// The backend of this kind with every flag at its default, as `to-local <word>` alone
     /// parses (kube-proxy's command line names only a mode).
-    pub fn defaults(kind: BackendKind) -> anyhow::Result<LocalBackend> {
+    pub fn defaults(kind: BackendKind, dry_run: bool) -> anyhow::Result<LocalBackend> {
         use clap::FromArgMatches;
         let command = <LocalBackend as clap::Subcommand>::augment_subcommands(
             clap::Command::new("to-local").multicall(false),
         );
-        let matches = command.try_get_matches_from(["to-local", kind.word()])?;
+        let mut line = vec!["to-local", kind.word()];
+        if dry_run {
+            line.push("--dry-run");
+        }
+        let matches = command.try_get_matches_from(line)?;
         Ok(LocalBackend::from_arg_matches(&matches)?)
     }
 }
 
 /// Parses Go's duration syntax as kube-proxy's flags do (`1s`, `500ms`, `1m0s`, `1.5h`, `0`),
 /// and humantime's spelled-out forms (`1 hour`) as kpng always has.
+/// `--conntrack-mark-mask`: `0x…` or decimal, with room for one Service port's two affinity
+/// ids (2 bits).
+fn parse_mark_mask(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    };
+    let mask =
+        parsed.map_err(|e| format!("{s:?} is not a 32-bit mark mask (0x… or decimal): {e}"))?;
+    if mask.count_ones() < 2 {
+        return Err(format!(
+            "{mask:#010x} has {} bit(s); affinity needs at least 2 (the default is 0xff00f000)",
+            mask.count_ones()
+        ));
+    }
+    Ok(mask)
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::config::parse_go_duration(s)
         .or_else(|go_error| humantime::parse_duration(s).map_err(|_| go_error))
@@ -738,6 +928,30 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conntrack_mark_mask_is_hex_or_decimal_with_two_bits_at_least() {
+        let cases: [(&str, Result<u32, &str>); 6] = [
+            ("0xff00f000", Ok(0xff00_f000)),
+            ("0X3", Ok(3)),
+            ("12288", Ok(0x3000)),
+            ("0x1000", Err("has 1 bit(s)")),
+            ("0", Err("has 0 bit(s)")),
+            ("0xfffffffff", Err("not a 32-bit mark mask")),
+        ];
+        for (input, want) in cases {
+            match (parse_mark_mask(input), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{input}"),
+                (Err(e), Err(part)) => assert!(e.contains(part), "{input}: {e}"),
+                (got, want) => panic!("{input}: {got:?}, expected {want:?}"),
+            }
+        }
+        let cli =
+            Cli::try_parse_from(["kpng", "--conntrack-mark-mask=0x00f00000"]).expect("parses");
+        assert_eq!(cli.global.conntrack_mark_mask, 0x00f0_0000);
+        let cli = Cli::try_parse_from(["kpng"]).expect("parses");
+        assert_eq!(cli.global.conntrack_mark_mask, 0xff00_f000, "the default");
+    }
 
     #[test]
     fn global_flags_anywhere() {
@@ -880,10 +1094,29 @@ mod tests {
     }
 
     #[test]
+    fn proxy_mode_takes_mode_names_and_backend_words() {
+        let cases: [(&str, Option<BackendKind>); 7] = [
+            ("", Some(BackendKind::Iptables)),
+            ("iptables", Some(BackendKind::Iptables)),
+            ("nftables", Some(BackendKind::Nft)),
+            ("nft", Some(BackendKind::Nft)),
+            ("userspace", Some(BackendKind::Userspace)),
+            ("ipvs", None),
+            ("nf", None),
+        ];
+        for (mode, want) in cases {
+            assert_eq!(parse_proxy_mode(mode).ok(), want, "{mode:?}");
+        }
+    }
+
+    #[test]
     fn every_backend_has_defaults() {
         for kind in BackendKind::ALL {
-            let backend = LocalBackend::defaults(kind).expect("defaults");
+            let backend = LocalBackend::defaults(kind, false).expect("defaults");
             assert_eq!(BackendKind::of(&backend), kind);
+            assert!(!BackendKind::dry_run(&backend));
+            let backend = LocalBackend::defaults(kind, true).expect("dry run");
+            assert!(BackendKind::dry_run(&backend), "{kind:?}");
         }
     }
 

@@ -115,12 +115,18 @@ pub fn sweep(own: Option<Leftover>) {
     }
 }
 
-/// `kpng cleanup`, `kpng --cleanup`: removes every leftover and prints what it removed.
-pub fn cleanup_all() -> anyhow::Result<()> {
+/// `kpng cleanup`, `kpng --cleanup`: removes every leftover and prints what it removed; with
+/// `dry_run`, prints what it would remove and removes nothing.
+pub fn cleanup_all(dry_run: bool) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     let mut removed = 0;
     for leftover in Leftover::ALL {
         if !leftover.present() {
+            continue;
+        }
+        if dry_run {
+            removed += 1;
+            println!("kpng: would remove {}", leftover.describe());
             continue;
         }
         match leftover.remove() {

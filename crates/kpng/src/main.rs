@@ -44,6 +44,22 @@ fn main() -> std::process::ExitCode {
         .collect();
     let matches = match cli::Cli::command().try_get_matches_from(&extracted.args) {
         Ok(matches) => matches,
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp
+                    | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            // Help with the global flags once, grouped (`cli::help_command`).
+            let text = cli::help_text(&args);
+            if e.kind() == clap::error::ErrorKind::DisplayHelp {
+                print!("{text}");
+                return std::process::ExitCode::SUCCESS;
+            }
+            eprint!("{text}");
+            return std::process::ExitCode::from(2);
+        }
         Err(e) => {
             let hint = cli::hint(&e, &args);
             let _ = e.print();
@@ -59,7 +75,7 @@ fn main() -> std::process::ExitCode {
     let report = match config::apply(&mut cli.global, &matches) {
         Ok(report) => report,
         Err(e) => {
-            eprintln!("kpng: {e:#}");
+            eprintln!("kpng: {}", describe(&e));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -93,9 +109,46 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("kpng: {e:#}");
+            // Once, and always (a log filter could hide a log line).
+            eprintln!("kpng: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line, each cause once: libraries often put their cause's
+/// text in their own message *and* return it as the source (kube's kubeconfig errors do), which
+/// `{:#}` would print two or three times.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file (os error 2)");
+        let e = anyhow::Error::new(io)
+            .context("failed to read kubeconfig from 'k': No such file (os error 2)")
+            .context(
+                "--kubeconfig k: failed to read kubeconfig from 'k': No such file (os error 2)",
+            );
+        assert_eq!(
+            super::describe(&e),
+            "--kubeconfig k: failed to read kubeconfig from 'k': No such file (os error 2)"
+        );
+        let e = anyhow::anyhow!("root cause").context("doing X");
+        assert_eq!(super::describe(&e), "doing X: root cause");
     }
 }

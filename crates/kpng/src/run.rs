@@ -37,14 +37,24 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     let flags = cli.global;
     // kube-proxy's --cleanup and --init-only stop before anything runs, whatever follows.
     if flags.cleanup {
-        return crate::leftovers::cleanup_all();
+        return crate::leftovers::cleanup_all(cli.dry_run);
     }
     let command = match cli.command {
         Some(command) => command,
-        None => return kube_proxy(flags),
+        None => return kube_proxy(flags, cli.dry_run),
     };
+    if let Command::Cleanup = command {
+        return crate::leftovers::cleanup_all(cli.dry_run);
+    }
+    if cli.dry_run {
+        anyhow::bail!(
+            "--dry-run before a subcommand only applies to kube-proxy's command line (no \
+             subcommand); write it after the backend: `kpng … to-local nft --dry-run`"
+        );
+    }
     if flags.init_only {
-        return init_only(&flags, local_kind(&command));
+        let dry_run = local_of(&command).is_some_and(BackendKind::dry_run);
+        return init_only(&flags, local_kind(&command), dry_run);
     }
     match command {
         Command::Version(args) => crate::version::print(&args),
@@ -54,7 +64,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(args) => {
             crate::admin::print_trace(std::path::Path::new(&flags.admin_socket), &args)
         }
-        Command::Cleanup => crate::leftovers::cleanup_all(),
+        Command::Cleanup => crate::leftovers::cleanup_all(false),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
             let source =
@@ -87,6 +97,11 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
 
 /// The backend a command line's `to-local` names, if any.
 pub fn local_kind(command: &Command) -> Option<BackendKind> {
+    local_of(command).map(BackendKind::of)
+}
+
+/// The `to-local` backend of a command line, if any.
+fn local_of(command: &Command) -> Option<&LocalBackend> {
     match command {
         Command::Kube(KubeArgs {
             sink: Sink::ToLocal(local),
@@ -98,8 +113,8 @@ pub fn local_kind(command: &Command) -> Option<BackendKind> {
         | Command::Api(ApiSource {
             sink: NodeSink::ToLocal(local),
             ..
-        }) => Some(BackendKind::of(&local.backend)),
-        Command::Local(local) => Some(BackendKind::of(&local.backend)),
+        }) => Some(&local.backend),
+        Command::Local(local) => Some(&local.backend),
         _ => None,
     }
 }
@@ -107,41 +122,63 @@ pub fn local_kind(command: &Command) -> Option<BackendKind> {
 /// kube-proxy's command line (no subcommand): the `kube` source into the backend of
 /// `--proxy-mode` or the configuration file's `mode`, iptables when neither says, as
 /// kube-proxy's Linux default.
-fn kube_proxy(flags: GlobalFlags) -> anyhow::Result<()> {
+fn kube_proxy(flags: GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
     let kind = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
     if flags.init_only {
-        return init_only(&flags, Some(kind));
+        return init_only(&flags, Some(kind), dry_run);
     }
     info!(
-        "no subcommand: running as kube-proxy, `kpng kube … to-local {}` (mode {:?}{})",
+        "no subcommand: running as kube-proxy, `kpng kube … to-local {}{}` (mode {:?}{})",
         kind.word(),
+        if dry_run { " --dry-run" } else { "" },
         kind.mode(),
         match &flags.proxy_mode_origin {
             Some(origin) => format!(" from {origin}"),
             None => ", kube-proxy's default".into(),
         }
     );
-    let backend = LocalBackend::defaults(kind)?;
+    let backend = LocalBackend::defaults(kind, dry_run)?;
     run_kube(flags, Sink::ToLocal(ToLocal { backend }))
 }
 
 /// `--init-only`: what needs full privileges, then exit: the node checks of the backend and
 /// the conntrack sysctls (kube-proxy's `platformSetup`).
-fn init_only(flags: &GlobalFlags, kind: Option<BackendKind>) -> anyhow::Result<()> {
+/// With `dry_run` the checks run (they only read) and the sysctls are printed, not written.
+fn init_only(flags: &GlobalFlags, kind: Option<BackendKind>, dry_run: bool) -> anyhow::Result<()> {
     #[cfg(target_os = "linux")]
     {
         if let Some(kind) = kind {
             crate::prereq::check(kind, "nft")?;
         }
-        crate::conntrack::ConntrackSettings::from_flags(flags)
-            .apply(std::path::Path::new("/proc/sys"), crate::conntrack::cpus());
+        let settings = crate::conntrack::ConntrackSettings::from_flags(flags);
+        let proc_sys = std::path::Path::new("/proc/sys");
+        if dry_run {
+            print_pending_sysctls(&settings, proc_sys);
+        } else {
+            settings.apply(proc_sys, crate::conntrack::cpus());
+        }
         info!("--init-only: done");
         Ok(())
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (flags, kind);
+        let _ = (flags, kind, dry_run);
         bail!("--init-only sets Linux's conntrack sysctls and is not available on this system")
+    }
+}
+
+/// A dry run's conntrack sysctls: what would be written, not written.
+#[cfg(target_os = "linux")]
+fn print_pending_sysctls(
+    settings: &crate::conntrack::ConntrackSettings,
+    proc_sys: &std::path::Path,
+) {
+    for (path, value, current) in settings.pending(proc_sys, crate::conntrack::cpus()) {
+        let current = current.map_or("unreadable".into(), |c| c.to_string());
+        println!(
+            "# would write {value} to {} (now {current})",
+            path.display()
+        );
     }
 }
 
@@ -468,7 +505,8 @@ where
     };
 
     // The admin socket: `kpng status` and `kpng trace`.
-    let mut _admin_socket = None;
+    #[cfg_attr(not(unix), allow(unused_mut))]
+    let mut _admin_socket: Option<crate::admin::SocketFile> = None;
     #[cfg(unix)]
     if let Some(handle) = admin.clone()
         && !flags.admin_socket.is_empty()
@@ -496,13 +534,7 @@ where
             let settings = crate::conntrack::ConntrackSettings::from_flags(&flags);
             let proc_sys = std::path::Path::new("/proc/sys");
             if dry_run {
-                for (path, value, current) in settings.pending(proc_sys, crate::conntrack::cpus()) {
-                    let current = current.map_or("unreadable".into(), |c| c.to_string());
-                    println!(
-                        "# would write {value} to {} (now {current})",
-                        path.display()
-                    );
-                }
+                print_pending_sysctls(&settings, proc_sys);
             } else {
                 settings.apply(proc_sys, crate::conntrack::cpus());
             }

@@ -492,3 +492,172 @@ fn node_ports_out_of_range_or_taken_by_an_older_service_are_not_programmed() {
         "{out}"
     );
 }
+
+/// `kpng --help` lists the global flags once, grouped in the order source, node, backend,
+/// output, logging; a subcommand's help lists its own flags and says where the global ones are,
+/// which are still accepted anywhere on the line.
+#[test]
+fn help_lists_the_global_flags_once_grouped() {
+    let help = |args: &[&str]| {
+        let out = kpng().args(args).output().expect("run kpng");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let root = help(&["--help"]);
+    let at = |heading: &str| {
+        root.lines()
+            .position(|l| l == heading)
+            .unwrap_or_else(|| panic!("{heading} in:\n{root}"))
+    };
+    let order: Vec<usize> = ["Source:", "Node:", "Backend:", "Output:", "Logging:"]
+        .iter()
+        .map(|h| at(h))
+        .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "{order:?} in:\n{root}"
+    );
+    assert_eq!(root.matches("--masquerade-bit <").count(), 1, "{root}");
+    assert!(root.contains("--conntrack-mark-mask <MASK>"), "{root}");
+
+    for args in [
+        &["kube", "--help"][..],
+        &["file", "--help"],
+        &["help", "file"],
+        &["kube", "to-local", "nft", "--help"],
+        &[
+            "file",
+            "--input",
+            "x.yaml",
+            "to-local",
+            "iptables",
+            "--masquerade-bit",
+            "5",
+            "-h",
+        ],
+        &["cleanup", "--help"],
+    ] {
+        let text = help(args);
+        for global in [
+            "--masquerade-bit <",
+            "--log-level <",
+            "--kubeconfig <",
+            "--node-name <",
+        ] {
+            assert!(!text.contains(global), "{args:?} repeats {global}:\n{text}");
+        }
+        assert!(
+            text.contains("`kpng --help` lists them once"),
+            "{args:?}:\n{text}"
+        );
+    }
+    assert!(help(&["file", "--help"]).contains("--input <INPUT>"));
+    assert!(help(&["kube", "to-local", "nft", "--help"]).contains("--dry-run"));
+    assert!(help(&["help", "file"]).contains("Usage: kpng file"));
+
+    // A source without its sink: the help on standard error, exit 2.
+    let out = kpng().arg("kube").output().expect("run kpng");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Usage: kpng kube") && !stderr.contains("--masquerade-bit <"),
+        "{stderr}"
+    );
+}
+
+/// `to-local userspace --dry-run` prints the capture it would install, with placeholder
+/// listener ports, and opens no socket (no listener, no health or metrics server).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_userspace_dry_run_opens_no_listener() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let endpoints = "---\nkind: EndpointSlice\nmetadata: {namespace: ns, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n- {addresses: [10.244.1.2], nodeName: n1}\n";
+    std::fs::write(&input, service("10.96.0.1", 80) + endpoints).expect("write");
+    let output = dir.path().join("stdout");
+    let stdout = std::fs::File::create(&output).expect("stdout file");
+    let mut k = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--min-sync-period", "0"])
+            .args(["to-local", "userspace", "--dry-run"])
+            .stdout(stdout),
+    );
+    k.wait("the capture is printed", &output, |out, _| {
+        out.contains("vip-listeners { 10.96.0.1 . tcp . 80 : 61000 }")
+    });
+    // The process's sockets (tokio's signal handling holds a Unix socket pair), and among
+    // them the IP ones: a listener, a health or a metrics server would be one.
+    let pid = k.child.id();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fds");
+    let inodes: Vec<String> = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.display().to_string();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut inet = Vec::new();
+    for table in ["tcp", "tcp6", "udp", "udp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let inode = line.split_whitespace().nth(9).unwrap_or_default();
+            if inodes.iter().any(|i| i == inode) {
+                inet.push(format!("{table}: {line}"));
+            }
+        }
+    }
+    assert!(
+        inet.is_empty(),
+        "a dry run opened IP sockets {inet:?}; kpng said:\n{}",
+        k.stderr()
+    );
+    assert!(!k.stderr().contains("opening the"), "{}", k.stderr());
+}
+
+/// An operator's slips: an unknown flag, a backend flag on kube-proxy's command line, `--dry-run`
+/// before a subcommand, kpng's backend word as `--proxy-mode`.
+#[test]
+fn an_operators_slips_get_a_hint_or_work() {
+    let run = |args: &[&str]| {
+        let out = kpng().args(args).output().expect("run kpng");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = run(&["--bogus-flag"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("hint: --bogus-flag is neither a kpng flag nor a kube-proxy one"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["--hostname-override=n1", "--nft-binary", "/usr/sbin/nft"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("hint: --nft-binary is a flag of `kpng kube … to-local … nft`")
+            && err.contains("without a subcommand"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["kube", "--nft-binary", "x", "to-local", "nft"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("write it right after `nft`") && !err.contains("without a subcommand"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["--dry-run", "kube", "to-local", "nft"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("write it after the backend"), "{err}");
+    // kube-proxy's mode name as the backend word.
+    let (code, _, err) = run(&["kube", "to-local", "nftables", "--help"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = run(&["--proxy-mode", "nft", "--write-config-to", "-"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.lines().any(|l| l == "mode: nftables"), "{out}");
+}

@@ -274,6 +274,22 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
         ns.run_with_stdin([restore, "--noflush"], iptables_rules)
             .unwrap_or_else(|e| panic!("{restore}: {e}"));
     }
+    // A dry run says what it would remove and removes nothing.
+    let out = ns
+        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup", "--dry-run"])
+        .expect("kpng --cleanup --dry-run");
+    for would in [
+        "kpng: would remove kube-proxy's iptables chains in iptables-legacy",
+        "kpng: would remove kube-proxy's iptables chains in iptables-nft",
+        "kpng: would remove kube-proxy's nftables tables (nftables mode)",
+    ] {
+        assert!(out.contains(would), "{would:?} in:\n{out}");
+    }
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(
+        tables(&ns).contains("kube-proxy"),
+        "a dry run removes nothing"
+    );
     let out = ns
         .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup"])
         .expect("kpng --cleanup");
@@ -319,6 +335,29 @@ fn init_only_sets_the_sysctls_and_exits() {
     ns.nft("add table ip t\nadd chain ip t c\nadd rule ip t c ct state new accept\n")
         .expect("load conntrack");
     let key = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established";
+    // A dry run checks and prints, and writes nothing.
+    let before = ns.run_ok(["cat", key]).expect("read sysctl");
+    assert_ne!(before.trim(), "7200");
+    let out = ns
+        .exec([
+            env!("CARGO_BIN_EXE_kpng"),
+            "--init-only",
+            "--dry-run",
+            "--proxy-mode=nftables",
+            "--conntrack-tcp-timeout-established=2h",
+        ])
+        .expect("run kpng");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("# would write 7200 to {key}")),
+        "{stdout}"
+    );
+    assert_eq!(ns.run_ok(["cat", key]).expect("read sysctl"), before);
     let out = ns
         .exec([
             env!("CARGO_BIN_EXE_kpng"),

@@ -9,6 +9,11 @@ fn session_affinity_dual_stack() {
     e2e::scenarios::session_affinity_dual_stack(e2e::Backend::Nft);
 }
 
+#[test]
+fn session_affinity_keeps_foreign_conntrack_mark_bits() {
+    e2e::scenarios::session_affinity_keeps_foreign_conntrack_mark_bits(e2e::Backend::Nft);
+}
+
 // The fault suite (`e2e/faults.rs`; figures in docs/reliability.md).
 
 #[test]

@@ -714,3 +714,41 @@ fn node_events_say_kpng_started_and_that_syncs_keep_failing() {
         err.matches("sync failed").count() >= 4
     });
 }
+
+/// kube-proxy's command line with kpng's `--dry-run` (and kpng's backend word for
+/// `--proxy-mode`): the `kube` source into the nftables backend's dry run, which prints the
+/// transaction and opens no server.
+#[test]
+fn kube_proxys_command_line_takes_a_dry_run() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, true);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let port = free_port().to_string();
+    let bind = format!("127.0.0.1:{port}");
+    let mut kpng = Kpng::start(&[
+        "--kubeconfig",
+        k.to_str().expect("utf-8 path"),
+        "--hostname-override=node1",
+        "--proxy-mode=nft",
+        "--dry-run",
+        "--min-sync-period=0",
+        "--healthz-bind-address",
+        &bind,
+        "--metrics-bind-address",
+        &bind,
+    ]);
+    kpng.wait("the dry run's transaction", |out, _| {
+        out.contains("# --- kpng nft transaction (dry run) ---") && out.contains("10.96.0.10")
+    });
+    assert!(
+        kpng.stderr()
+            .contains("`kpng kube … to-local nft --dry-run`"),
+        "{}",
+        kpng.stderr()
+    );
+    assert!(
+        std::net::TcpListener::bind(&bind).is_ok(),
+        "a dry run serves neither health nor metrics"
+    );
+}

@@ -229,8 +229,9 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
     );
 }
 
-#[test]
-fn status_and_trace_answer_from_the_running_proxy() {
+/// kpng on `examples/cluster.yaml` as node1 (to-file), its admin socket `admin.sock` in the
+/// returned directory, metrics on `metrics` (empty: none).
+fn on_the_example(metrics: &str) -> (Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("cluster.yaml");
     let example = std::fs::read_to_string(
@@ -239,8 +240,7 @@ fn status_and_trace_answer_from_the_running_proxy() {
     .expect("example");
     std::fs::write(&input, example).expect("write");
     let socket = dir.path().join("admin.sock");
-    let socket_flag = socket.display().to_string();
-    let mut running = Running::start(
+    let running = Running::start(
         kpng()
             .env_remove("RUST_LOG")
             .args(["file", "--input"])
@@ -251,16 +251,22 @@ fn status_and_trace_answer_from_the_running_proxy() {
                 "--cluster-cidr",
                 "10.244.0.0/16",
                 "--metrics-bind-address",
-                "",
+                metrics,
                 "--healthz-bind-address",
                 "127.0.0.1:0",
                 "--admin-socket",
-                &socket_flag,
-                "to-file",
-                "--output",
             ])
+            .arg(&socket)
+            .args(["to-file", "--output"])
             .arg(dir.path().join("out.yaml")),
     );
+    (running, dir)
+}
+
+#[test]
+fn status_and_trace_answer_from_the_running_proxy() {
+    let (mut running, dir) = on_the_example("");
+    let socket_flag = dir.path().join("admin.sock").display().to_string();
     running.wait("the first sync", |e| e.contains(" synced "));
     let ask = |args: &[&str]| {
         let out = kpng()
@@ -373,4 +379,115 @@ fn status_and_trace_answer_from_the_running_proxy() {
         !gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("is kpng running"),
         "{gone:?}"
     );
+}
+
+// The status page in a real browser: headless Chromium loads `/status` from a running kpng,
+// runs its JavaScript, and the DOM it leaves must hold the Services table (filtered), the
+// endpoints' states with reasons, the sync history and a trace. Needs `chromium` (Debian's
+// package; `scripts/test.sh` installs it); without it the test says why it skips, and fails
+// under `CI=true`.
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+}
+
+/// The DOM after the page's scripts ran (Chromium's `--dump-dom`).
+fn dom(browser: &str, url: &str) -> String {
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            url,
+        ])
+        .output()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: chromium is missing (scripts/test.sh installs it)"
+        );
+        eprintln!("SKIPPED: no chromium to load the status page (apt-get install chromium)");
+        return;
+    };
+    let (mut running, _dir) = on_the_example("127.0.0.1:0");
+    let log = running.wait("the first sync and the metrics address", |e| {
+        e.contains(" synced ") && e.contains("serving /metrics on http://")
+    });
+    let addr = log
+        .lines()
+        .find_map(|l| {
+            l.split_once("serving /metrics on http://")
+                .map(|(_, a)| a.trim())
+        })
+        .expect("the metrics address")
+        .to_string();
+
+    let page = dom(
+        browser,
+        &format!("http://{addr}/status?filter=zonal&from=10.244.1.9&to=10.96.0.40:80"),
+    );
+    let services = page
+        .split("<table id=\"services\">")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .expect("the Services table");
+    assert!(services.contains("default/zonal"), "{services}");
+    assert!(
+        !services.contains("default/web"),
+        "the filter keeps only zonal: {services}"
+    );
+    assert!(
+        services.contains("10.244.2.2:8080 ready remote unused: topology: hinted for zone zone-b"),
+        "{services}"
+    );
+    assert!(page.contains("node node1 · backend file"), "{page}");
+    let syncs = page
+        .split("<table id=\"syncs\">")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .expect("the sync history");
+    assert!(
+        syncs.contains("full") && syncs.contains("Service ports: "),
+        "{syncs}"
+    );
+    assert!(page.contains("data-verdict=\"dnat\""), "{page}");
+    assert!(
+        page.contains("service: default/zonal:http (via clusterIP)"),
+        "{page}"
+    );
+    assert!(
+        page.contains("endpoints: cluster list: 10.244.1.2:8080"),
+        "{page}"
+    );
+
+    // A rejected trace reads as such.
+    let page = dom(
+        browser,
+        &format!("http://{addr}/status?from=10.244.1.9&to=10.96.0.60:80"),
+    );
+    assert!(page.contains("data-verdict=\"reject\""), "{page}");
+    assert!(page.contains("the Service has no endpoints"), "{page}");
 }

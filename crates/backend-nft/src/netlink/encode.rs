@@ -370,11 +370,11 @@ mod tests {
         );
         assert_eq!(words(&k), "6b70000e 0901f40a 0000901f");
         let (k, _) = key(
-            Set::AffinityIds(Cluster),
+            Set::AffinityBits(Cluster),
             v4,
-            Key::Vip(ip("10.96.1.31"), Sctp, 80),
+            Key::VipBit(ip("10.96.1.31"), Sctp, 80, 0x0100_0000),
         );
-        assert_eq!(words(&k), "1f01600a 00000084 00005000");
+        assert_eq!(words(&k), "1f01600a 00000084 00005000 01000000");
         let (k, _) = key(Set::ServiceNodeports, v4, Key::NodePort(Udp, 30081));
         assert_eq!(words(&k), "00000011 00008175");
         let (k, _) = key(Set::ClusterIps, v4, Key::Addr(ip("10.96.9.9")));
@@ -594,9 +594,9 @@ mod tests {
         ));
         assert!(matches!(
             bad(
-                Set::AffinityIds(PickKind::Cluster),
+                Set::Affinity,
                 v4,
-                vip,
+                Key::ClientMark(ip("10.0.0.1"), 0x1000),
                 Some(Value::Verdict(Verdict::Drop))
             ),
             EncodeError::ValueKind

@@ -731,6 +731,85 @@ pub fn session_affinity_dual_stack(b: Backend) {
     assert_direct(b, &r, &["pod2a"], pod.ipv6.into());
 }
 
+/// Foreign conntrack-mark bits (as a CNI sets them: bits 0, 2 and 16, outside kpng's default
+/// `--conntrack-mark-mask` 0xff00f000) on every new connection through node1, set before
+/// kpng's NAT (mangle priority) and counted after it (postrouting, after SNAT).
+const FOREIGN_MARK: &str = "\
+table ip foreign {
+\tchain pre {
+\t\ttype filter hook prerouting priority mangle; policy accept;
+\t\tct state new ct mark set ct mark | 0x00010005
+\t}
+\tchain post {
+\t\ttype filter hook postrouting priority 300; policy accept;
+\t\tct state new ip daddr 10.244.0.0/16 counter comment \"all\"
+\t\tct state new ip daddr 10.244.0.0/16 ct mark & 0x00010005 == 0x00010005 counter comment \"foreign-kept\"
+\t\tct state new ip daddr 10.244.0.0/16 ct mark & 0xff00f000 != 0 counter comment \"affinity-id\"
+\t}
+}
+";
+
+/// The packet count of the rule of `table ip foreign` with this comment.
+fn foreign_counter(ns: &Netns, comment: &str) -> u64 {
+    let listing = ns
+        .run_ok(["nft", "list", "table", "ip", "foreign"])
+        .expect("nft list");
+    let line = listing
+        .lines()
+        .find(|l| l.contains(&format!("comment \"{comment}\"")))
+        .unwrap_or_else(|| panic!("no rule {comment} in {listing}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == "packets")
+        .unwrap_or_else(|| panic!("no counter in {line}"));
+    words[at + 1].parse().expect("a count")
+}
+
+/// ClientIP affinity uses only kpng's bits of the conntrack mark: bits a CNI set on a
+/// connection before kpng's rules are still there after them, and clients still stick.
+pub fn session_affinity_keeps_foreign_conntrack_mark_bits(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("affm")).expect("cluster");
+    let _echo = echo_all(&c);
+    c.node1
+        .ns
+        .nft(FOREIGN_MARK)
+        .expect("the foreign table loads");
+    let affinity = "sessionAffinity: ClientIP";
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc_v4("sticky", 82, "NodePort", affinity, ALL3)]),
+        &[],
+    );
+    let ext = &c.ext.ns;
+    let cluster_ip = sa(cip(82, false), SVC_PORT);
+    let sticky = sole_server(&probes(ext, Proto::Tcp, cluster_ip, 20), "ext → ClusterIP");
+    let np = sa(addr::NODE1_LAN_V4.into(), node_port(82));
+    let s = sole_server(&probes(ext, Proto::Tcp, np, 10), "ext → node port");
+    assert_eq!(s, sticky, "the node port shares the ClusterIP's affinity");
+    sole_server(
+        &probes(&c.pod("pod1b").ns, Proto::Tcp, cluster_ip, 10),
+        "pod1b → ClusterIP",
+    );
+    let all = foreign_counter(&c.node1.ns, "all");
+    let kept = foreign_counter(&c.node1.ns, "foreign-kept");
+    let ids = foreign_counter(&c.node1.ns, "affinity-id");
+    eprintln!(
+        "new connections to endpoints: {all}, foreign bits kept: {kept}, with an affinity id: {ids}"
+    );
+    assert!(
+        all >= 40,
+        "every probe is a new connection through node1: {all}"
+    );
+    assert_eq!(
+        kept, all,
+        "the foreign conntrack-mark bits survive kpng's rules"
+    );
+    assert_eq!(ids, all, "and kpng's own bits carry the affinity id");
+}
+
 // ---------------------------------------------------------------------------------------
 // 10. Terminating endpoints.
 // ---------------------------------------------------------------------------------------

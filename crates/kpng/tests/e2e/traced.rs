@@ -7,7 +7,6 @@
 //! and are not traced. This is the proof that the tracer tells the truth, for every backend.
 
 use std::cell::RefCell;
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -55,10 +54,7 @@ pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, results: &[ProbeResul
         Proto::Tcp => "tcp",
         Proto::Udp => "udp",
     };
-    let trace = query(
-        &socket,
-        &format!("/v1/trace?from={from}&to={target}&proto={proto_word}"),
-    );
+    let trace = kpng_trace(&socket, &from.to_string(), &target.to_string(), proto_word);
     let verdict = trace["verdict"].as_str().unwrap_or_default().to_string();
     let endpoints: Vec<String> = trace["endpoints"]
         .as_array()
@@ -109,20 +105,25 @@ pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, results: &[ProbeResul
     }
 }
 
-/// One GET on the admin socket; panics when the running kpng does not answer.
-fn query(socket: &Path, target: &str) -> serde_json::Value {
-    let mut stream = std::os::unix::net::UnixStream::connect(socket)
-        .unwrap_or_else(|e| panic!("kpng's admin socket {}: {e}", socket.display()));
-    write!(
-        stream,
-        "GET {target} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send the trace request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .expect("read the trace");
-    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.contains(" 200 "), "trace {target}: {response}");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("trace {target}: {e}: {body}"))
+/// `kpng trace … -o json` against the running kpng; panics when it does not answer.
+fn kpng_trace(socket: &Path, from: &str, to: &str, proto: &str) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args([
+            "trace", "--from", from, "--to", to, "--proto", proto, "-o", "json",
+        ])
+        .arg("--admin-socket")
+        .arg(socket)
+        .output()
+        .expect("run kpng trace");
+    assert!(
+        out.status.success(),
+        "kpng trace {from} → {to}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "kpng trace {from} → {to}: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }

@@ -59,8 +59,12 @@ fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
     println!(
         "== starting kpng on node1: kpng file --input {input} --node-name node1 … to-local nft"
     );
+    let admin = std::env::temp_dir().join(format!("kpng-demo-{}.sock", std::process::id()));
+    let admin = admin.display().to_string();
     let _kpng = node1.spawn([
         kpng,
+        "--admin-socket",
+        &admin,
         "file",
         "--input",
         input,
@@ -185,6 +189,40 @@ fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
         node1.name()
     );
     let _ = rules;
+    // Ask the running kpng what it programmed and what a packet meets.
+    let ask = |what: &str, args: &[&str]| {
+        println!("\n== {what}: kpng {} --admin-socket …", args.join(" "));
+        match std::process::Command::new(kpng)
+            .args(args)
+            .args(["--admin-socket", &admin])
+            .output()
+        {
+            Ok(out) => print!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => println!("   could not run kpng: {e}"),
+        }
+    };
+    ask(
+        "why one endpoint of default/zonal is left out",
+        &["status", "default/zonal", "-o", "wide"],
+    );
+    ask(
+        "what a client outside meets at the LoadBalancer IP",
+        &[
+            "trace",
+            "--from",
+            "192.168.100.10",
+            "--to",
+            "198.51.100.20:443",
+        ],
+    );
+    ask(
+        "and pod1a, outside its loadBalancerSourceRanges",
+        &["trace", "--from", "10.244.1.2", "--to", "198.51.100.20:443"],
+    );
     let r = pod1a.probe_tcp("10.96.0.10:80", Duration::from_secs(1))?;
     if r.outcome != Outcome::Ok {
         return Err(kpng_testkit::Error::Other(format!(
