@@ -503,6 +503,10 @@ pub struct FileSource {
     /// How long the file must be quiet after a change before it is re-read.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub debounce: Duration,
+    /// How far a YAML document may expand while parsed, in nodes per byte of the document:
+    /// bounds anchors and aliases (an alias bomb); a document without aliases never reaches 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_yaml_expansion: u32,
     /// Where the model goes.
     #[command(subcommand)]
     pub sink: Sink,

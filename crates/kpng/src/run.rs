@@ -67,8 +67,11 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Cleanup => crate::leftovers::cleanup_all(false),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
-            let source =
-                FileSource::new(file.input, file.debounce).with_metrics(source_metrics.clone());
+            let source = FileSource::new(file.input, file.debounce)
+                .with_metrics(source_metrics.clone())
+                .with_expansion_limit(kpng_source_file::ExpansionLimit(
+                    usize::try_from(file.max_yaml_expansion).unwrap_or(1),
+                ));
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
                 return runtime()?.block_on(crate::brain::serve(flags, to_api, run_source));

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::dirwatch::DirWatch;
-use crate::parse::parse_manifests;
+use crate::parse::{ExpansionLimit, parse_manifests_with};
 use crate::watch::SourceError;
 
 fn is_manifest(path: &Path) -> bool {
@@ -30,6 +30,8 @@ struct DirState {
     files: BTreeMap<PathBuf, (u64, PackedRefs)>,
     /// Errors and good loads.
     metrics: crate::metrics::SourceMetrics,
+    /// The YAML expansion limit (`--max-yaml-expansion`).
+    expansion: ExpansionLimit,
 }
 
 /// The objects of one file, packed into one allocation (`kind` `\0` `namespace` `\0` `name`
@@ -104,7 +106,7 @@ impl DirState {
         if self.files.get(path).is_some_and(|(last, _)| *last == hash) {
             return Vec::new();
         }
-        match parse_manifests(&text) {
+        match parse_manifests_with(&text, self.expansion) {
             Err(e) => {
                 error!("{}: {e}; keeping its last good state", path.display());
                 self.metrics.error("parse");
@@ -142,6 +144,7 @@ pub(crate) async fn run(
     dir: PathBuf,
     debounce: Duration,
     metrics: crate::metrics::SourceMetrics,
+    expansion: ExpansionLimit,
     events: mpsc::Sender<Event>,
 ) -> Result<(), SourceError> {
     let mut watch = DirWatch::new(&dir)?;
@@ -152,6 +155,7 @@ pub(crate) async fn run(
     // allocations apart from the model's (less fragmentation after a large load).
     let state = DirState {
         metrics,
+        expansion,
         ..DirState::default()
     };
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {

@@ -36,5 +36,5 @@ mod parse;
 mod watch;
 
 pub use metrics::{ReasonLabel, SourceMetrics};
-pub use parse::{Loaded, ManifestError, parse_manifests};
+pub use parse::{ExpansionLimit, Loaded, ManifestError, parse_manifests, parse_manifests_with};
 pub use watch::{FileSource, SourceError};

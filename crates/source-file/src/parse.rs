@@ -207,6 +207,11 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
 /// millions of nodes) is still refused. Write `kind: List` with
 /// `items: []` to mean "nothing".
 pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
+    parse_manifests_with(text, ExpansionLimit::default())
+}
+
+/// [`parse_manifests`] with another YAML expansion limit (`--max-yaml-expansion`).
+pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded, ManifestError> {
     if text
         .lines()
         .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#') || l.trim() == "---")
@@ -249,8 +254,9 @@ pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
         {
             continue;
         }
-        let value: Value = serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len()))
-            .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len())))?;
+        let value: Value =
+            serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
+                .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))?;
         if value.is_null() {
             continue;
         }
@@ -321,34 +327,50 @@ fn reject_duplicates(loaded: &Loaded, origins: &[Origin]) -> Result<(), Manifest
     Ok(())
 }
 
-/// Nodes the parser may build per byte of a document: a node takes at least two bytes (`a:`,
-/// `- `, `1,`), so a document that is not an alias bomb never reaches this.
-const NODES_PER_BYTE: usize = 1;
-/// Parser events per byte (a collection is two events, a scalar one).
-const EVENTS_PER_BYTE: usize = 2;
+/// How far a document may expand beyond its own size while parsed: YAML nodes per byte of the
+/// document (`--max-yaml-expansion`). A node takes at least two bytes (`a:`, `- `, `1,`), so a
+/// document without aliases never reaches the default of 1; only anchors and aliases expanded
+/// many times over (an alias bomb) do. The parser may also build twice as many events and
+/// this many times the document's bytes of scalars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpansionLimit(pub usize);
+
+impl Default for ExpansionLimit {
+    fn default() -> Self {
+        ExpansionLimit(1)
+    }
+}
 
 /// The parser options for a document of `len` bytes: serde-saphyr's defaults (sized for
 /// configuration files: 250,000 nodes, 1,000,000 events, 64 MiB of scalars), raised in
 /// proportion to the document, so that the limits bound alias expansion rather than honest
 /// size.
-pub fn yaml_options(len: usize) -> serde_saphyr::Options {
+pub fn yaml_options(len: usize, limit: ExpansionLimit) -> serde_saphyr::Options {
     let mut options = serde_saphyr::Options::default();
+    let per_byte = limit.0.max(1);
     if let Some(budget) = options.budget.as_mut() {
-        budget.max_nodes = budget.max_nodes.max(len.saturating_mul(NODES_PER_BYTE));
-        budget.max_events = budget.max_events.max(len.saturating_mul(EVENTS_PER_BYTE));
-        budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len);
+        budget.max_nodes = budget.max_nodes.max(len.saturating_mul(per_byte));
+        budget.max_events = budget
+            .max_events
+            .max(len.saturating_mul(per_byte.saturating_mul(2)));
+        budget.max_total_scalar_bytes = budget
+            .max_total_scalar_bytes
+            .max(len.saturating_mul(per_byte));
     }
     options
 }
 
-/// A parser error, saying which limit a breached budget was and why it was there.
-fn yaml_error(e: &serde_saphyr::Error, len: usize) -> String {
+/// A parser error, saying which limit a breached budget was, why it was there and how to
+/// raise it.
+fn yaml_error(e: &serde_saphyr::Error, len: usize, limit: ExpansionLimit) -> String {
     let text = e.to_string();
     if text.contains("budget") {
         format!(
             "invalid YAML: {text} (the parser's limits scale with the document's size, \
-             {len} bytes; beyond them the document expands far more than its size, as YAML \
-             anchors and aliases can: write it without aliases)"
+             {len} bytes, at --max-yaml-expansion {} nodes per byte; beyond them the document \
+             expands far more than its size, as YAML anchors and aliases can: write it without \
+             aliases, or raise --max-yaml-expansion)",
+            limit.0
         )
     } else {
         format!("invalid YAML: {text}")

@@ -20,7 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::dirwatch::DirWatch;
 use crate::metrics::SourceMetrics;
-use crate::parse::parse_manifests;
+use crate::parse::{ExpansionLimit, parse_manifests_with};
 
 /// How often the resolved file and its directory are checked besides inotify.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -77,6 +77,7 @@ pub struct FileSource {
     path: PathBuf,
     debounce: Duration,
     metrics: SourceMetrics,
+    expansion: ExpansionLimit,
 }
 
 impl FileSource {
@@ -86,7 +87,14 @@ impl FileSource {
             path: path.into(),
             debounce,
             metrics: SourceMetrics::default(),
+            expansion: ExpansionLimit::default(),
         }
+    }
+
+    /// Parses with this YAML expansion limit (`--max-yaml-expansion`) instead of the default.
+    pub fn with_expansion_limit(mut self, limit: ExpansionLimit) -> FileSource {
+        self.expansion = limit;
+        self
     }
 
     /// Counts errors and good loads in `metrics` (registered by the caller).
@@ -111,7 +119,14 @@ impl FileSource {
     /// O(that file) however large the cluster.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), SourceError> {
         if self.path.is_dir() {
-            return crate::dir::run(self.path, self.debounce, self.metrics, events).await;
+            return crate::dir::run(
+                self.path,
+                self.debounce,
+                self.metrics,
+                self.expansion,
+                events,
+            )
+            .await;
         }
         let directory = self.directory();
         let mut watch = DirWatch::new(&directory)?;
@@ -177,7 +192,7 @@ impl FileSource {
             {
                 return true;
             }
-            let parsed = parse_manifests(&text);
+            let parsed = parse_manifests_with(&text, self.expansion);
             if parsed.is_ok() || retries >= MAX_RETRIES {
                 break (text, parsed);
             }

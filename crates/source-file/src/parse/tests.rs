@@ -172,7 +172,30 @@ fn an_alias_bomb_is_refused_naming_the_limit() {
     }
     let err = parse_manifests(&text).expect_err("bomb").to_string();
     assert!(
-        err.contains("budget") && err.contains("scale with"),
+        err.contains("budget")
+            && err.contains("scale with")
+            && err.contains("raise --max-yaml-expansion"),
         "{err}"
     );
+}
+
+#[test]
+fn a_raised_expansion_limit_lets_a_document_with_aliases_through() {
+    // ≈2^18 nodes out of a few hundred bytes: over the default budget (250,000 nodes for a
+    // small document), within 1,024 nodes per byte.
+    let mut text =
+        String::from("apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nx0: &a0 [x, x]\n");
+    for i in 1..16 {
+        text.push_str(&format!("x{i}: &a{i} [*a{}, *a{}]\n", i - 1, i - 1));
+    }
+    let refused = parse_manifests(&text)
+        .expect_err("over the default")
+        .to_string();
+    assert!(
+        refused.contains("--max-yaml-expansion 1 nodes per byte"),
+        "{refused}"
+    );
+    let loaded =
+        parse_manifests_with(&text, ExpansionLimit(1024)).expect("within the raised limit");
+    assert_eq!(loaded.objects.len(), 1);
 }
