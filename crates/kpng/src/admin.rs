@@ -495,6 +495,12 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         println!("  affinity:   ClientIP, {timeout} s");
     }
     println!("  why:        {}", s("reason"));
+    if t["inSync"] == false {
+        println!(
+            "  note:       changes are waiting for a sync (or the last one failed): this is what \
+             kpng is about to program, not yet what the kernel does"
+        );
+    }
     Ok(())
 }
 

@@ -22,7 +22,7 @@ pub type FactsFn = Box<dyn Fn(&Snapshot) -> NodeFacts + Send>;
 #[derive(Debug)]
 pub(crate) enum Query {
     Status(oneshot::Sender<Status>),
-    Trace(TraceQuery, oneshot::Sender<Trace>),
+    Trace(TraceQuery, oneshot::Sender<TraceAnswer>),
 }
 
 /// Asks the running loop; cheap to clone.
@@ -38,11 +38,26 @@ impl AdminHandle {
     }
 
     /// The decision for one packet; `None` once the loop has ended.
-    pub async fn trace(&self, query: TraceQuery) -> Option<Trace> {
+    pub async fn trace(&self, query: TraceQuery) -> Option<TraceAnswer> {
         let (tx, rx) = oneshot::channel();
         self.0.send(Query::Trace(query, tx)).await.ok()?;
         rx.await.ok()
     }
+}
+
+/// A trace and the state it was computed from.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TraceAnswer {
+    /// The decision.
+    #[serde(flatten)]
+    pub trace: Trace,
+    /// Syncs made so far: two answers with the same generation saw the same programmed state.
+    pub generation: u64,
+    /// Whether the data plane holds exactly the model the trace used (no change waiting for a
+    /// sync, the last sync succeeded). When false, the trace tells what kpng is about to
+    /// program, not what the kernel does now.
+    pub in_sync: bool,
 }
 
 /// The state of the proxy: what `kpng status` prints.
@@ -55,6 +70,12 @@ pub struct Status {
     pub backend: String,
     /// Whether every list has been received and a first sync made.
     pub programmed: bool,
+    /// Syncs made so far.
+    #[serde(default)]
+    pub generation: u64,
+    /// Whether the data plane holds exactly the model (nothing waiting, last sync succeeded).
+    #[serde(default)]
+    pub in_sync: bool,
     /// Changes received and not yet synced: Service ports, plus whether the node changed.
     pub pending_port_changes: usize,
     /// The last sync, successful or not.

@@ -30,7 +30,9 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
-use crate::admin::{self, AdminHandle, FactsFn, PortStatus, Query, Status, SyncStatus};
+use crate::admin::{
+    self, AdminHandle, FactsFn, PortStatus, Query, Status, SyncStatus, TraceAnswer,
+};
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
@@ -273,6 +275,8 @@ impl<M: NodeModel> LoopState<M> {
                     node: snapshot.node.name.clone(),
                     backend: self.runner.backend.name().to_string(),
                     programmed: self.last_ok_at.is_some(),
+                    generation: self.generation,
+                    in_sync: self.in_sync(),
                     pending_port_changes: self.pending.changes.len(),
                     last_sync: self.last_sync_status.clone(),
                     last_successful_sync: self.last_ok_at.map(admin::rfc3339),
@@ -283,9 +287,22 @@ impl<M: NodeModel> LoopState<M> {
             }
             Query::Trace(q, reply) => {
                 let facts = admin::facts_or_default(self.facts.as_ref(), snapshot);
-                let _ = reply.send(kpng_model::trace::trace(snapshot, &facts, &q));
+                let _ = reply.send(TraceAnswer {
+                    trace: kpng_model::trace::trace(snapshot, &facts, &q),
+                    generation: self.generation,
+                    in_sync: self.in_sync(),
+                });
             }
         }
+    }
+
+    /// Whether the data plane holds exactly the model: synced at least once, nothing waiting,
+    /// no failure since.
+    fn in_sync(&self) -> bool {
+        self.last_ok_at.is_some()
+            && self.pending.is_empty()
+            && !self.need_full
+            && self.last_error.is_none()
     }
 
     /// Someone else changed the data plane: a full sync soon, whatever `min_sync_period` (a

@@ -449,15 +449,17 @@ pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
 
 /// One probe of `target` from `ns` with timeout `t`.
 pub fn probe(ns: &Netns, proto: Proto, target: SocketAddr, t: Duration) -> ProbeResult {
+    let before = super::traced::generation();
     let r = ns
         .probe_one(&Probe::new(proto, target).timeout(t))
         .expect("run kpng-probe");
-    super::traced::check(ns, proto, target, std::slice::from_ref(&r));
+    super::traced::check(ns, proto, target, std::slice::from_ref(&r), before);
     r
 }
 
 /// `n` probes of `target` from `ns`, each from a fresh socket (a new flow each).
 pub fn probes(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> Vec<ProbeResult> {
+    let before = super::traced::generation();
     let results = ns
         .probe(
             &Probe::new(proto, target)
@@ -466,7 +468,7 @@ pub fn probes(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> Vec<Pro
                 .timeout(OK_T),
         )
         .expect("run kpng-probe");
-    super::traced::check(ns, proto, target, &results);
+    super::traced::check(ns, proto, target, &results, before);
     results
 }
 

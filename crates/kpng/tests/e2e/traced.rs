@@ -34,10 +34,41 @@ pub fn checked() -> usize {
     CHECKED.with(|c| *c.borrow())
 }
 
-/// Traces the flow of `results` (one source, one target) and checks each result against it.
+/// The sync generation of the running kpng when its data plane holds exactly its model, before
+/// a probe: a probe is compared with a trace only if nothing was programmed in between (a test
+/// that waits for a change probes while the change is on its way).
+pub fn generation() -> Option<u64> {
+    let socket = TRACER.with(|t| t.borrow().clone())?;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("run kpng status");
+    if !out.status.success() {
+        // kpng is down (a fault test killed it): nothing to compare with.
+        return None;
+    }
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    (status["inSync"] == true)
+        .then(|| status["generation"].as_u64())
+        .flatten()
+}
+
+/// Traces the flow of `results` (one source, one target) and checks each result against it,
+/// when kpng's programmed state is the one it had before the probe (`before`, from
+/// [`generation`]).
 #[track_caller]
-pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, results: &[ProbeResult]) {
+pub fn check(
+    ns: &Netns,
+    proto: Proto,
+    target: SocketAddr,
+    results: &[ProbeResult],
+    before: Option<u64>,
+) {
     let Some(socket) = TRACER.with(|t| t.borrow().clone()) else {
+        return;
+    };
+    let Some(before) = before else {
         return;
     };
     let name = ns.name();
@@ -55,6 +86,10 @@ pub fn check(ns: &Netns, proto: Proto, target: SocketAddr, results: &[ProbeResul
         Proto::Udp => "udp",
     };
     let trace = kpng_trace(&socket, &from.to_string(), &target.to_string(), proto_word);
+    if trace["inSync"] != true || trace["generation"].as_u64() != Some(before) {
+        // Programmed while the probe ran: the packet and the trace saw different states.
+        return;
+    }
     let verdict = trace["verdict"].as_str().unwrap_or_default().to_string();
     let endpoints: Vec<String> = trace["endpoints"]
         .as_array()
