@@ -287,11 +287,20 @@ fn proxy_modes_choose_the_backend_or_say_what_to_use() {
 /// A stand-in for `nft`: reports version 1.0.6, and refuses every transaction it is asked to
 /// check, as the kernel refuses one it cannot apply.
 fn refusing_nft(dir: &Path) -> std::path::PathBuf {
+    fake_nft(
+        dir,
+        "cat >/dev/null\necho 'Error: Could not process rule: No such file or directory' >&2\nexit 1\n",
+    )
+}
+
+/// An `nft` stand-in in `dir`: answers `--version` as nft 1.0.6, then runs `body` (sh).
+fn fake_nft(dir: &Path, body: &str) -> std::path::PathBuf {
     let path = dir.join("nft");
     std::fs::write(
         &path,
-        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'nftables v1.0.6 (Lester Gooch #5)'; exit 0; fi\n\
-         cat >/dev/null\necho 'Error: Could not process rule: No such file or directory' >&2\nexit 1\n",
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'nftables v1.0.6 (Lester Gooch #5)'; exit 0; fi\n{body}"
+        ),
     )
     .expect("write fake nft");
     let mut perms = std::fs::metadata(&path).expect("stat").permissions();
@@ -391,17 +400,7 @@ fn mistakes_on_the_line_say_what_was_meant() {
 
 /// A stand-in for `nft` that accepts every transaction (the dry run's kernel check passes).
 fn accepting_nft(dir: &Path) -> std::path::PathBuf {
-    let path = dir.join("nft");
-    std::fs::write(
-        &path,
-        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'nftables v1.0.6 (Lester Gooch #5)'; exit 0; fi\n\
-         cat >/dev/null\nexit 0\n",
-    )
-    .expect("write fake nft");
-    let mut perms = std::fs::metadata(&path).expect("stat").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&path, perms).expect("chmod");
-    path
+    fake_nft(dir, "cat >/dev/null\nexit 0\n")
 }
 
 #[test]
