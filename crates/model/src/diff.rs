@@ -169,3 +169,100 @@ impl std::fmt::Display for DiffSummary {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::key::{Family, Protocol, ServiceKey};
+    use crate::service_port::Endpoint;
+
+    fn port(name: &str) -> ServicePort {
+        ServicePort::new(
+            PortKey {
+                service: ServiceKey::new("ns", name),
+                port_name: "http".into(),
+                protocol: Protocol::Tcp,
+                family: Family::V4,
+            },
+            "10.96.0.1".parse().expect("ip"),
+            80,
+        )
+    }
+
+    #[test]
+    fn a_summary_tells_endpoint_changes_from_frontend_changes() {
+        let with_endpoint = |mut p: ServicePort| {
+            p.cluster_endpoints = vec![Endpoint {
+                ip: "10.244.0.5".parse().expect("ip"),
+                port: 8080,
+                is_local: false,
+                ready: true,
+                serving: true,
+                terminating: false,
+            }];
+            p.has_any_endpoints = true;
+            p
+        };
+        let with_node_port = |mut p: ServicePort| {
+            p.node_port = Some(30080);
+            p
+        };
+        let cases: [(&str, Option<ServicePort>, Option<ServicePort>, DiffSummary); 4] = [
+            (
+                "added",
+                None,
+                Some(port("a")),
+                DiffSummary {
+                    added: 1,
+                    ..DiffSummary::default()
+                },
+            ),
+            (
+                "removed",
+                Some(port("a")),
+                None,
+                DiffSummary {
+                    removed: 1,
+                    ..DiffSummary::default()
+                },
+            ),
+            (
+                "endpoints only",
+                Some(port("a")),
+                Some(with_endpoint(port("a"))),
+                DiffSummary {
+                    endpoints_changed: 1,
+                    ..DiffSummary::default()
+                },
+            ),
+            (
+                "a node port and endpoints",
+                Some(port("a")),
+                Some(with_node_port(with_endpoint(port("a")))),
+                DiffSummary {
+                    frontend_changed: 1,
+                    ..DiffSummary::default()
+                },
+            ),
+        ];
+        for (what, old, new, want) in cases {
+            let mut diff = Diff::default();
+            let key = old.as_ref().or(new.as_ref()).expect("a side").key.clone();
+            diff.record(key, old.map(Arc::new), new.map(Arc::new));
+            assert_eq!(DiffSummary::of(&diff), want, "{what}");
+        }
+        let text = DiffSummary {
+            added: 2,
+            endpoints_changed: 1,
+            node_changed: true,
+            ..DiffSummary::default()
+        }
+        .to_string();
+        assert_eq!(
+            text,
+            "Service ports: 2 added, 1 with new endpoints; node or Service CIDRs changed"
+        );
+    }
+}

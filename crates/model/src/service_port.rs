@@ -95,15 +95,37 @@ impl ServicePort {
     /// policies, affinity) is the same. Used to tell an endpoint change from a Service change
     /// in the sync log.
     pub fn same_frontend(&self, other: &ServicePort) -> bool {
-        let without_endpoints = |p: &ServicePort| ServicePort {
-            cluster_endpoints: Vec::new(),
-            local_endpoints: Vec::new(),
-            has_any_endpoints: false,
-            local_ready_endpoints: 0,
-            serving_endpoints: Vec::new(),
-            ..p.clone()
-        };
-        without_endpoints(self) == without_endpoints(other)
+        // Field by field, without copying the endpoint lists (a sync may carry thousands of
+        // changed ports); destructured so that a new field must be sorted into one side.
+        let ServicePort {
+            key,
+            cluster_ip,
+            port,
+            node_port,
+            external_ips,
+            load_balancer_ips,
+            source_ranges,
+            session_affinity,
+            external_policy_local,
+            internal_policy_local,
+            health_check_node_port,
+            cluster_endpoints: _,
+            local_endpoints: _,
+            has_any_endpoints: _,
+            local_ready_endpoints: _,
+            serving_endpoints: _,
+        } = self;
+        *key == other.key
+            && *cluster_ip == other.cluster_ip
+            && *port == other.port
+            && *node_port == other.node_port
+            && *external_ips == other.external_ips
+            && *load_balancer_ips == other.load_balancer_ips
+            && *source_ranges == other.source_ranges
+            && *session_affinity == other.session_affinity
+            && *external_policy_local == other.external_policy_local
+            && *internal_policy_local == other.internal_policy_local
+            && *health_check_node_port == other.health_check_node_port
     }
 
     /// A port of `key` on `cluster_ip:port` with nothing else: no node port, external or
