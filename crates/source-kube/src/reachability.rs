@@ -64,7 +64,19 @@ impl Reachability {
 
     /// A request got an answer. Returns how long the outage it ends lasted, if it ends one.
     pub fn answered(&self) -> Option<std::time::Duration> {
+        self.answered_to(None)
+    }
+
+    /// A request sent at `sent` got an answer. An answer to a request sent before the outage
+    /// began (a watch whose headers arrive late, under load) says nothing about the server
+    /// now: it neither ends the outage nor starts a second warning later.
+    pub fn answered_to(&self, sent: Option<Instant>) -> Option<std::time::Duration> {
         let mut s = self.lock();
+        if let (Some(sent), Some(since)) = (sent, s.down_since)
+            && sent < since
+        {
+            return None;
+        }
         let outage = s.down_since.take().map(|since| since.elapsed());
         if let Some(outage) = outage {
             info!(
@@ -116,6 +128,7 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
+        let sent = Instant::now();
         let response = self.inner.call(request);
         let tracker = self.tracker.clone();
         Box::pin(async move {
@@ -125,7 +138,7 @@ where
                     tracker.failed(&r.status());
                 }
                 Ok(_) => {
-                    tracker.answered();
+                    tracker.answered_to(Some(sent));
                 }
                 Err(e) => {
                     tracker.failed(e);
@@ -152,5 +165,22 @@ mod tests {
         assert_eq!(r.answered(), Some(std::time::Duration::from_secs(7)));
         assert!(!r.is_down());
         assert!(r.failed(&"refused"), "a new outage warns again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_to_a_request_sent_before_the_outage_does_not_end_it() {
+        let r = Reachability::new("http://127.0.0.1:1");
+        let sent_before = Instant::now();
+        tokio::time::advance(std::time::Duration::from_millis(10)).await;
+        assert!(r.failed(&"refused"));
+        assert_eq!(r.answered_to(Some(sent_before)), None);
+        assert!(r.is_down(), "still down");
+        assert!(!r.failed(&"refused"), "the same outage: no second warning");
+        tokio::time::advance(std::time::Duration::from_secs(1)).await;
+        let sent_after = Instant::now();
+        assert!(
+            r.answered_to(Some(sent_after)).is_some(),
+            "a fresh answer ends it"
+        );
     }
 }
