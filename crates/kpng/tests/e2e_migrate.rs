@@ -16,7 +16,7 @@ use e2e::harness::{
     Cond, EP_PORT, FakeServer, OK_T, SVC_PORT, cip, manifest, names, sa, set, start_line_server,
     svc,
 };
-use e2e::scenarios::LINE_CLIENT;
+use e2e::scenarios::HeldConnection;
 use kpng_testkit::{Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, require_root, tally};
 
 /// kube-proxy's nftables ruleset (v1.31–v1.35 layout) for Service `mig` (ClusterIP
@@ -127,21 +127,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
 
     // A connection established through kube-proxy's DNAT.
     let dir = tempfile::tempdir().expect("tempdir");
-    let go = dir.path().join("go");
-    let mut held = c
-        .pod("pod1b")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            LINE_CLIENT,
-            &cip(121, false).to_string(),
-            &SVC_PORT.to_string(),
-            &go.display().to_string(),
-        ])
-        .expect("python3 line client");
-    held.wait_for_line(|l| l == "got pod2a one", Duration::from_secs(5))
-        .expect("first line over the held connection");
+    let mut held = HeldConnection::open(&c.pod("pod1b").ns, cip(121, false), "pod2a");
 
     // The same Services in the API server, and kube-proxy's configuration for kpng.
     let objects = manifest(&[
@@ -221,8 +207,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
     assert!(results.iter().all(|r| r.outcome == Outcome::Ok), "{m:?}");
 
     // The established connection still works, now that kube-proxy's rules are gone.
-    std::fs::write(&go, "").expect("go");
-    held.wait_for_line(|l| l == "got pod2a two", Duration::from_secs(5))
+    held.second("pod2a")
         .expect("second line over the connection established through kube-proxy");
 
     let listed = tables(&c.node1.ns);

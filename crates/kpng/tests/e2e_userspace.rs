@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use e2e::Backend;
 use e2e::harness::*;
-use e2e::scenarios::LINE_CLIENT;
+use e2e::scenarios::HeldConnection;
 use kpng_testkit::{Cluster, Netns, Outcome, Probe, Proto, Spawned, require_root};
 
 e2e::suite!(Backend::Userspace);
@@ -128,22 +128,7 @@ fn an_established_connection_drains_when_its_endpoint_leaves() {
     let target = sa(cip(10, false), SVC_PORT);
 
     // A connection to pod1b, held open.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let go = dir.path().join("go");
-    let mut held = c
-        .ext
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            LINE_CLIENT,
-            &cip(10, false).to_string(),
-            &SVC_PORT.to_string(),
-            &go.display().to_string(),
-        ])
-        .expect("python3 line client");
-    held.wait_for_line(|l| l == "got pod1b one", Duration::from_secs(5))
-        .expect("first line over the held connection");
+    let mut held = HeldConnection::open(&c.ext.ns, cip(10, false), "pod1b");
 
     // pod1b leaves, two others come: new traffic goes to them only.
     k.apply(&manifest(&[svc(
@@ -162,8 +147,7 @@ fn an_established_connection_drains_when_its_endpoint_leaves() {
         );
     }
     // The established connection still reaches pod1b (graceful drain).
-    std::fs::write(&go, "").expect("signal the client");
-    held.wait_for_line(|l| l == "got pod1b two", Duration::from_secs(5))
+    held.second("pod1b")
         .expect("second line over the held connection after its endpoint left");
 }
 

@@ -939,6 +939,51 @@ while not os.path.exists(sys.argv[3]): time.sleep(0.02)
 c.sendall(b"two\n"); print("got", f.readline().decode().strip(), flush=True)
 "#;
 
+/// One TCP connection held open by [`LINE_CLIENT`] from a namespace to `ip:SVC_PORT`: the
+/// first line is exchanged when it is made, the second when [`HeldConnection::second`] asks.
+pub struct HeldConnection {
+    client: Spawned,
+    go: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl HeldConnection {
+    /// Opens the connection from `ns` and waits until `server` answered its first line.
+    #[track_caller]
+    pub fn open(ns: &Netns, ip: IpAddr, server: &str) -> HeldConnection {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let go = dir.path().join("go");
+        let mut client = ns
+            .spawn([
+                "python3",
+                "-c",
+                LINE_CLIENT,
+                &ip.to_string(),
+                &SVC_PORT.to_string(),
+                &go.display().to_string(),
+            ])
+            .expect("python3 line client");
+        let first = format!("got {server} one");
+        client
+            .wait_for_line(|l| l == first, Duration::from_secs(5))
+            .expect("first line over the held connection");
+        HeldConnection {
+            client,
+            go,
+            _dir: dir,
+        }
+    }
+
+    /// Exchanges the second line over the same connection; `Err` when `server` did not answer
+    /// it within 5 s (the connection was lost).
+    pub fn second(&mut self, server: &str) -> kpng_testkit::Result<String> {
+        std::fs::write(&self.go, "").expect("signal the client");
+        let second = format!("got {server} two");
+        self.client
+            .wait_for_line(|l| l == second, Duration::from_secs(5))
+    }
+}
+
 pub fn live_changes_and_restart_keep_established_connections(b: Backend) {
     require_root!();
     let c = Cluster::create(&b.prefix("live")).expect("cluster");
@@ -968,22 +1013,7 @@ pub fn live_changes_and_restart_keep_established_connections(b: Backend) {
     );
 
     // A long-lived connection through the other Service's ClusterIP (to a remote pod).
-    let dir = tempfile::tempdir().expect("tempdir");
-    let go = dir.path().join("go");
-    let mut held = c
-        .pod("pod1b")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            LINE_CLIENT,
-            &cip(111, false).to_string(),
-            &SVC_PORT.to_string(),
-            &go.display().to_string(),
-        ])
-        .expect("python3 line client");
-    held.wait_for_line(|l| l == "got pod2a one", Duration::from_secs(5))
-        .expect("first line over the held connection");
+    let mut held = HeldConnection::open(&c.pod("pod1b").ns, cip(111, false), "pod2a");
 
     // Add an endpoint: traffic reaches it.
     k.apply(&manifest(&[
@@ -1099,8 +1129,7 @@ pub fn live_changes_and_restart_keep_established_connections(b: Backend) {
     );
 
     // The connection opened before the restart still works (a proxy's ended with it).
-    std::fs::write(&go, "").expect("signal the client");
-    let second = held.wait_for_line(|l| l == "got pod2a two", Duration::from_secs(5));
+    let second = held.second("pod2a");
     if b.behaviour().serves_over_restart {
         second.expect("second line over the held connection, after a kpng restart");
     } else {
