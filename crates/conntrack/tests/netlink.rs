@@ -258,3 +258,115 @@ fn reconciler_passes_against_the_kernel() {
         assert_eq!(left[0].original, pinned_to_old.original);
     });
 }
+
+/// A UDP Service port `ip:53` served by `serving`, without a node port.
+fn udp_port(name: &str, ip: &str, serving: &str) -> ServicePort {
+    ServicePort {
+        node_port: None,
+        ..ServicePort::new(
+            PortKey {
+                service: ServiceKey::new("default", name),
+                port_name: "dns".into(),
+                protocol: Protocol::Udp,
+                family: Family::V4,
+            },
+            ip.parse().expect("ip"),
+            53,
+        )
+    }
+    .with_serving(serving)
+}
+
+trait WithServing {
+    fn with_serving(self, serving: &str) -> ServicePort;
+}
+
+impl WithServing for ServicePort {
+    fn with_serving(mut self, serving: &str) -> ServicePort {
+        self.has_any_endpoints = true;
+        self.serving_endpoints = vec![sa(serving)];
+        self
+    }
+}
+
+#[test]
+fn a_first_pass_dumps_many_new_frontends_side_by_side_and_deletes_exactly_the_stale() {
+    require_root!();
+    in_fresh_netns(
+        "a_first_pass_dumps_many_new_frontends_side_by_side_and_deletes_exactly_the_stale",
+        || {
+            std::process::Command::new("ip")
+                .args(["addr", "add", "192.168.100.1/32", "dev", "lo"])
+                .status()
+                .expect("ip addr add");
+            let mut s = ConntrackSocket::open().expect("socket");
+            let mut ports = vec![dns_port("10.244.2.7:53")];
+            let mut keep = vec![
+                dnat("10.244.1.5:4000", "10.96.0.10:53", "10.244.2.7:53"),
+                // Unrelated traffic on the Services' port: never read into a narrow dump's
+                // result as stale.
+                dnat("10.244.1.5:4001", "198.18.0.1:53", "198.18.0.1:53"),
+            ];
+            let mut stale = vec![
+                dnat("10.244.1.5:5000", "10.96.0.10:53", "10.96.0.10:53"),
+                dnat(
+                    "192.168.100.10:5003",
+                    "192.168.100.1:30053",
+                    "192.168.100.1:30053",
+                ),
+            ];
+            for i in 0..5u8 {
+                let vip = format!("10.96.1.{i}:53");
+                let serving = format!("10.244.3.{i}:53");
+                ports.push(udp_port(
+                    &format!("udp{i}"),
+                    &format!("10.96.1.{i}"),
+                    &serving,
+                ));
+                keep.push(dnat(
+                    &format!("10.244.1.6:{}", 4000 + u16::from(i)),
+                    &vip,
+                    &serving,
+                ));
+                // Never DNATed (sent before the Service was programmed), and DNATed to an
+                // endpoint that is gone.
+                stale.push(dnat(
+                    &format!("10.244.1.7:{}", 5000 + u16::from(i)),
+                    &vip,
+                    &vip,
+                ));
+                stale.push(dnat(
+                    &format!("10.244.1.8:{}", 5000 + u16::from(i)),
+                    &vip,
+                    &format!("10.244.4.{i}:53"),
+                ));
+            }
+            s.create(&keep, Duration::from_secs(600)).expect("create");
+            s.create(&stale, Duration::from_secs(600)).expect("create");
+            let mut reconciler = Reconciler::open()
+                .expect("reconciler")
+                .with_max_narrow_dumps(16);
+            let pass = reconciler
+                .reconcile(Family::V4, &ports)
+                .expect("first pass");
+            // One narrow dump per frontend (6 Service IPs, 1 node port), nothing else.
+            assert_eq!(pass.dumps.len(), 7, "{pass:?}");
+            assert!(
+                pass.dumps
+                    .iter()
+                    .all(|d| matches!(d, DumpFilter::UdpTo(_) | DumpFilter::UdpToPort(_))),
+                "{pass:?}"
+            );
+            assert_eq!(pass.stale, stale.len(), "{pass:?}");
+            assert_eq!(pass.outcome.deleted, stale.len(), "{pass:?}");
+            let mut left: Vec<Tuple> = dump(&mut s, Family::V4, DumpFilter::Udp)
+                .iter()
+                .map(|f| f.original)
+                .collect();
+            left.sort_by_key(|t| (t.src, t.dst));
+            let mut expected: Vec<Tuple> = keep.iter().map(|f| f.original).collect();
+            expected.sort_by_key(|t| (t.src, t.dst));
+            assert_eq!(left, expected);
+        },
+    );
+}
