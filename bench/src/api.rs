@@ -1,8 +1,10 @@
 //! The API benchmark: one brain (`kpng file … to-api` on a Unix socket), N Services × M
 //! endpoints spread over as many nodes as there are clients, and that many simulated node
-//! clients in this process (each its own connection and Watch stream, counting ops; values are
-//! not decoded). Measures the time until every client holds the initial state, the time for one
-//! endpoint change to reach every client, and the brain's memory.
+//! clients in a separate process (`kpng-bench api-clients`: each its own connection and Watch
+//! stream, decoding every op and every `Service` and `Endpoint` value it receives), so that
+//! the brain's own CPU time is visible. Measures the time until every client holds the initial
+//! state, the time for one endpoint change to reach every client, the brain's memory and its
+//! CPU seconds per node and per change.
 
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -23,6 +25,7 @@ use crate::workload::{self, Endpoints};
 /// Figures of one API run.
 #[derive(Debug)]
 pub struct ApiResult {
+    label: String,
     n: usize,
     m: usize,
     clients: usize,
@@ -30,29 +33,37 @@ pub struct ApiResult {
     initial_all: Duration,
     ops_per_client: usize,
     change_p50: Duration,
-    change_max: Duration,
+    change_p99: Duration,
     rss_mb: f64,
     peak_rss_mb: f64,
+    /// Brain CPU from the clients' start until all hold the initial state.
+    initial_cpu: Duration,
+    /// Brain CPU per change (p50), while every client receives it.
+    change_cpu: Duration,
 }
 
 impl ApiResult {
     /// The table header matching [`ApiResult::markdown_row`].
     pub fn markdown_header() -> &'static str {
-        "| Services × endpoints | clients | brain load → first client synced | all clients hold the initial state | ops per client | one change reaches all: p50 | max | brain RSS after | brain peak RSS |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| brain | Services × endpoints | clients | brain load → first client synced | all clients hold the initial state | ops per client | brain CPU, initial state: total / per node | one change reaches all: p50 | p99 | brain CPU per change | brain RSS after | brain peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     }
 
     /// One table row.
     pub fn markdown_row(&self) -> String {
         format!(
-            "| {} × {} | {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.0} MB | {:.0} MB |",
+            "| {} | {} × {} | {} | {:.2} s | {:.2} s | {} | {:.2} s / {:.2} ms | {:.1} ms | {:.1} ms | {:.0} ms | {:.0} MB | {:.0} MB |",
+            self.label,
             self.n,
             self.m,
             self.clients,
             self.load.as_secs_f64(),
             self.initial_all.as_secs_f64(),
             self.ops_per_client,
+            self.initial_cpu.as_secs_f64(),
+            self.initial_cpu.as_secs_f64() * 1000.0 / self.clients.max(1) as f64,
             self.change_p50.as_secs_f64() * 1000.0,
-            self.change_max.as_secs_f64() * 1000.0,
+            self.change_p99.as_secs_f64() * 1000.0,
+            self.change_cpu.as_secs_f64() * 1000.0,
             self.rss_mb,
             self.peak_rss_mb,
         )
@@ -95,13 +106,15 @@ async fn connect(socket: &Path) -> Result<tonic::transport::Channel, String> {
         .map_err(|e| format!("connecting to the brain: {e}"))
 }
 
-/// One simulated node: reports (ops, time) at every Sync.
+/// One simulated node: decodes every op and value; reports (client, ops) at every Sync.
 async fn client(
     socket: &Path,
+    index: usize,
     node: String,
     start: Arc<Barrier>,
-    syncs: mpsc::UnboundedSender<(usize, Instant)>,
+    syncs: mpsc::UnboundedSender<(usize, usize)>,
 ) -> Result<(), String> {
+    use prost::Message;
     let channel = connect(socket).await?;
     start.wait().await;
     let (requests, rx) = mpsc::channel(2);
@@ -115,43 +128,173 @@ async fn client(
         .into_inner();
     let mut ops = 0;
     while let Some(item) = stream.message().await.map_err(|e| format!("stream: {e}"))? {
-        if matches!(item.op, Some(proto::op_item::Op::Sync(_))) {
-            if syncs.send((ops, Instant::now())).is_err() {
-                return Ok(());
+        match item.op {
+            Some(proto::op_item::Op::Sync(_)) => {
+                if syncs.send((index, ops)).is_err() {
+                    return Ok(());
+                }
+                ops = 0;
+                let _ = requests.send(request.clone()).await;
+                continue;
             }
-            ops = 0;
-            let _ = requests.send(request.clone()).await;
-        } else {
-            ops += 1;
+            Some(proto::op_item::Op::Set(value)) => {
+                let set = value.r#ref.map_or(0, |r| r.set);
+                let decoded = if set == proto::Set::ServicesSet as i32 {
+                    proto::Service::decode(value.bytes).map(drop)
+                } else if set == proto::Set::EndpointsSet as i32 {
+                    proto::Endpoint::decode(value.bytes).map(drop)
+                } else {
+                    Ok(())
+                };
+                decoded.map_err(|e| format!("decoding a value: {e}"))?;
+            }
+            _ => {}
         }
+        ops += 1;
     }
     Ok(())
 }
 
-/// Waits for `count` Syncs; returns the time of the last and the ops of the first.
-async fn collect(
-    rx: &mut mpsc::UnboundedReceiver<(usize, Instant)>,
+/// `kpng-bench api-clients --socket PATH --clients N`: N simulated nodes (`node0`…) in this
+/// process. Prints `start` once every client is connected, then `sync CLIENT OPS` at every
+/// Sync a client receives; ends when stdin closes.
+pub fn clients_main(socket: &Path, clients: usize) -> Result<(), String> {
+    use std::io::Write;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let barrier = Arc::new(Barrier::new(clients + 1));
+        for i in 0..clients {
+            let socket = socket.to_path_buf();
+            let tx = tx.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                if let Err(e) = client(&socket, i, format!("node{i}"), barrier, tx).await {
+                    eprintln!("client node{i}: {e}");
+                }
+            });
+        }
+        drop(tx);
+        barrier.wait().await;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "start").map_err(|e| e.to_string())?;
+        out.flush().map_err(|e| e.to_string())?;
+        // The parent closes stdin when it is done.
+        let stdin_closed = tokio::task::spawn_blocking(|| {
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+        });
+        tokio::pin!(stdin_closed);
+        loop {
+            tokio::select! {
+                sync = rx.recv() => {
+                    let Some((i, ops)) = sync else { return Ok(()) };
+                    writeln!(out, "sync {i} {ops}").map_err(|e| e.to_string())?;
+                    out.flush().map_err(|e| e.to_string())?;
+                }
+                _ = &mut stdin_closed => return Ok(()),
+            }
+        }
+    })
+}
+
+/// The clients' process; killed when dropped.
+struct ClientsProcess(Child);
+
+impl Drop for ClientsProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `kpng-bench api-clients`; its lines arrive on the returned channel with the time
+/// they were read.
+fn start_clients(
+    socket: &Path,
+    clients: usize,
+) -> Result<(ClientsProcess, mpsc::UnboundedReceiver<(String, Instant)>), String> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe().map_err(|e| format!("locating kpng-bench: {e}"))?;
+    let mut child = std::process::Command::new(exe)
+        .arg("api-clients")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--clients")
+        .arg(clients.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the clients: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout of the clients")?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send((line, Instant::now())).is_err() {
+                return;
+            }
+        }
+    });
+    Ok((ClientsProcess(child), rx))
+}
+
+/// Waits for `count` Syncs from the clients' process; returns the time of the last and the
+/// ops of the first.
+async fn collect_lines(
+    rx: &mut mpsc::UnboundedReceiver<(String, Instant)>,
     count: usize,
     timeout: Duration,
 ) -> Result<(Instant, usize), String> {
     let mut last = Instant::now();
     let mut ops = 0;
-    for k in 0..count {
-        let (o, at) = tokio::time::timeout(timeout, rx.recv())
+    let mut k = 0;
+    while k < count {
+        let (line, at) = tokio::time::timeout(timeout, rx.recv())
             .await
             .map_err(|_| format!("only {k} of {count} clients synced within {timeout:?}"))?
-            .ok_or("clients ended")?;
+            .ok_or("the clients' process ended")?;
+        let Some(rest) = line.strip_prefix("sync ") else {
+            continue;
+        };
         if k == 0 {
-            ops = o;
+            ops = rest
+                .split_whitespace()
+                .nth(1)
+                .and_then(|o| o.parse().ok())
+                .unwrap_or(0);
         }
         last = last.max(at);
+        k += 1;
     }
     Ok((last, ops))
 }
 
-/// Runs the benchmark.
+/// The in-process probe: reports its Syncs.
+async fn probe(socket: &Path, syncs: mpsc::UnboundedSender<(usize, usize)>) -> Result<(), String> {
+    client(socket, 0, "probe".into(), Arc::new(Barrier::new(1)), syncs).await
+}
+
+/// Waits for one Sync of the probe.
+async fn probe_synced(
+    rx: &mut mpsc::UnboundedReceiver<(usize, usize)>,
+    timeout: Duration,
+) -> Result<Instant, String> {
+    tokio::time::timeout(timeout, rx.recv())
+        .await
+        .map_err(|_| format!("the probe did not sync within {timeout:?}"))?
+        .ok_or("the probe ended")?;
+    Ok(Instant::now())
+}
+
+/// Runs the benchmark against the brain `kpng` (`label` names it in the table).
 pub fn run(
     kpng: &str,
+    label: &str,
     n: usize,
     m: usize,
     clients: usize,
@@ -183,6 +326,7 @@ pub fn run(
             .map_err(|e| format!("starting the brain: {e}"))?,
     );
     let pid = brain.0.id();
+    let cpu = || crate::cpu::cpu_time(pid).unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -196,45 +340,50 @@ pub fn run(
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let first = Arc::new(Barrier::new(1));
+        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
         let probe_socket = socket.clone();
-        let probe_tx = tx.clone();
         tokio::spawn(async move {
-            let _ = client(&probe_socket, "probe".into(), first, probe_tx).await;
+            let _ = probe(&probe_socket, probe_tx).await;
         });
-        let (loaded_at, _) = collect(&mut rx, 1, Duration::from_secs(300)).await?;
+        let loaded_at = probe_synced(&mut probe_rx, Duration::from_secs(300)).await?;
         let load = loaded_at - started;
 
-        let barrier = Arc::new(Barrier::new(clients + 1));
-        for i in 0..clients {
-            let socket = socket.clone();
-            let tx = tx.clone();
-            let barrier = barrier.clone();
-            tokio::spawn(async move {
-                if let Err(e) = client(&socket, format!("node{i}"), barrier, tx).await {
-                    eprintln!("client node{i}: {e}");
-                }
-            });
+        let (_clients, mut lines) = start_clients(&socket, clients)?;
+        // Every client is connected when the process says `start`.
+        loop {
+            let (line, _) = tokio::time::timeout(Duration::from_secs(300), lines.recv())
+                .await
+                .map_err(|_| "the clients did not connect within 300 s".to_string())?
+                .ok_or("the clients' process ended")?;
+            if line == "start" {
+                break;
+            }
         }
-        barrier.wait().await;
         let t0 = Instant::now();
-        let (last, ops) = collect(&mut rx, clients, Duration::from_secs(1800)).await?;
+        let cpu0 = cpu();
+        let timeout = Duration::from_secs(1800);
+        let (last, ops) = collect_lines(&mut lines, clients, timeout).await?;
+        let initial_cpu = cpu().saturating_sub(cpu0);
         let initial_all = last - t0;
         let rss = rss_mb(pid);
 
         let mut latencies = Vec::new();
+        let mut change_cpu = Vec::new();
         for k in 0..changes {
             let i = (k * 7919 + 13) % n;
             tokio::time::sleep(Duration::from_millis(200)).await;
+            let before = cpu();
             let t = Instant::now();
             // An odd generation moves endpoint 0 of a Service that was never changed before.
             workload::rewrite(&manifests, i, m, spread, 2 * k + 1).map_err(|e| e.to_string())?;
             // Every client and the probe get a change set.
-            let (last, _) = collect(&mut rx, clients + 1, Duration::from_secs(120)).await?;
-            latencies.push((last - t).as_secs_f64());
+            let (last, _) = collect_lines(&mut lines, clients, Duration::from_secs(120)).await?;
+            let probe_at = probe_synced(&mut probe_rx, Duration::from_secs(120)).await?;
+            latencies.push((last.max(probe_at) - t).as_secs_f64());
+            change_cpu.push(cpu().saturating_sub(before).as_secs_f64());
         }
         Ok(ApiResult {
+            label: label.to_string(),
             n,
             m,
             clients,
@@ -242,9 +391,11 @@ pub fn run(
             initial_all,
             ops_per_client: ops,
             change_p50: Duration::from_secs_f64(percentile(&mut latencies.clone(), 50.0)),
-            change_max: Duration::from_secs_f64(percentile(&mut latencies, 100.0)),
+            change_p99: Duration::from_secs_f64(percentile(&mut latencies, 99.0)),
             rss_mb: rss,
             peak_rss_mb: peak_rss_mb(pid),
+            initial_cpu,
+            change_cpu: Duration::from_secs_f64(percentile(&mut change_cpu, 50.0)),
         })
     })
 }

@@ -136,14 +136,36 @@ fn main() -> ExitCode {
             )
             .map(|r| println!("{}", r.markdown()))
         }
-        Some("api") => api::run(
-            &kpng,
-            num(&args, "--services", 30_000),
-            num(&args, "--endpoints", 4),
+        Some("api") => (|| {
+            let n = num(&args, "--services", 30_000);
+            let m = num(&args, "--endpoints", 4);
+            let changes = num(&args, "--changes", 20);
+            let mut table = api::ApiResult::markdown_header().to_string();
+            // `--clients 1000,5000`: one row per count; `--before PATH`: the same against
+            // another kpng binary first (side by side in one run).
+            let counts = flag(&args, "--clients").unwrap_or_else(|| "1000".into());
+            for clients in counts
+                .split(',')
+                .filter_map(|c| c.trim().parse::<usize>().ok())
+            {
+                if let Some(before) = flag(&args, "--before") {
+                    let r = api::run(&before, "before", n, m, clients, changes)?;
+                    eprintln!("{}", r.markdown_row());
+                    table.push_str(&r.markdown_row());
+                    table.push('\n');
+                }
+                let r = api::run(&kpng, "kpng", n, m, clients, changes)?;
+                eprintln!("{}", r.markdown_row());
+                table.push_str(&r.markdown_row());
+                table.push('\n');
+            }
+            println!("{table}");
+            Ok(())
+        })(),
+        Some("api-clients") => api::clients_main(
+            std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
             num(&args, "--clients", 1000),
-            num(&args, "--changes", 5),
-        )
-        .map(|r| println!("{}{}", api::ApiResult::markdown_header(), r.markdown_row())),
+        ),
         Some("conntrack") => {
             conntrack::run(num(&args, "--entries", 1_000_000)).map(|r| println!("{}", r.markdown()))
         }
@@ -260,7 +282,7 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     };
     for (n, clients) in api_sizes {
         eprintln!("api: {n} Services × 4 endpoints, {clients} clients …");
-        let r = api::run(kpng, *n, 4, *clients, if quick { 3 } else { 5 })?;
+        let r = api::run(kpng, "kpng", *n, 4, *clients, if quick { 3 } else { 20 })?;
         report.push_str(&r.markdown_row());
         report.push('\n');
     }

@@ -18,7 +18,7 @@
 //!   and whenever they change.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::SystemTime;
 
 use ipnet::IpNet;
@@ -29,7 +29,10 @@ use kpng_model::{
 };
 use tokio::sync::Notify;
 
+use prost::bytes::Bytes;
+
 use crate::convert::{ServiceMessages, encode_node, encode_service, encode_service_cidrs};
+use crate::frames::{FrameWriter, ReplayCache, frames_of};
 use crate::metrics::ApiMetrics;
 use crate::proto;
 use crate::proto::op_item::Op;
@@ -37,23 +40,94 @@ use crate::proto::op_item::Op;
 /// The kinds that must be listed before anything is served (as KPNG's `AllSynced`).
 const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
 
-/// One version of one Service: its inputs and the anonymous node's messages.
+/// One version of one Service: its inputs and the anonymous node's messages, plus the
+/// frames every node that does not depend on it receives (encoded once, on first use).
 #[derive(Debug)]
 pub struct Entry {
+    key: ServiceKey,
     source: Arc<ServiceSource>,
     anonymous: Option<Arc<ServiceMessages>>,
+    /// The nodes that receive other messages than an anonymous node (`None`: every node may,
+    /// topology hints).
+    dependent_nodes: Option<Box<[String]>>,
+    /// The ops that set this version from nothing, as gRPC frames, and how many.
+    anonymous_frames: OnceLock<(Bytes, u64)>,
+    /// The ops from a previous version to this one, as gRPC frames (the one change every
+    /// watcher holding that version receives).
+    change_frames: Mutex<Option<(Weak<Entry>, Bytes, u64)>>,
 }
 
 impl Entry {
-    fn new(source: Arc<ServiceSource>) -> Entry {
+    fn new(key: ServiceKey, source: Arc<ServiceSource>) -> Entry {
         let ports = source.ports_for(&NodeState::default());
         let anonymous = encode(&ports);
-        Entry { source, anonymous }
+        let dependent_nodes = source.dependent_nodes().map(Vec::into_boxed_slice);
+        Entry {
+            key,
+            source,
+            anonymous,
+            dependent_nodes,
+            anonymous_frames: OnceLock::new(),
+            change_frames: Mutex::new(None),
+        }
+    }
+
+    /// Whether `node_name` receives other messages than an anonymous node (an endpoint runs
+    /// there, or topology hints).
+    pub fn depends_on_node(&self, node_name: &str) -> bool {
+        match &self.dependent_nodes {
+            None => true,
+            Some(nodes) => {
+                !node_name.is_empty()
+                    && nodes
+                        .binary_search_by(|n| n.as_str().cmp(node_name))
+                        .is_ok()
+            }
+        }
+    }
+
+    /// See [`Entry::depends_on_node`]: `None` when every node may depend on it.
+    pub fn dependent_nodes(&self) -> Option<&[String]> {
+        self.dependent_nodes.as_deref()
+    }
+
+    /// The frames that set this version on a node holding none of the Service, for a node
+    /// that does not depend on it.
+    pub fn anonymous_frames(&self) -> (Bytes, u64) {
+        self.anonymous_frames
+            .get_or_init(|| {
+                let ops = service_ops(&self.key, None, self.anonymous.as_deref());
+                (frames_of(&ops), ops.len() as u64)
+            })
+            .clone()
+    }
+
+    /// The frames that turn `old` into this version, for a node that depends on neither.
+    /// Every watcher holding `old` receives the same: encoded for the first, shared after.
+    pub fn change_frames_from(&self, old: &Arc<Entry>) -> (Bytes, u64) {
+        let mut cache = self
+            .change_frames
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((from, frames, ops)) = cache.as_ref()
+            && std::ptr::eq(from.as_ptr(), Arc::as_ptr(old))
+        {
+            return (frames.clone(), *ops);
+        }
+        let ops = service_ops(
+            &self.key,
+            old.anonymous.as_deref(),
+            self.anonymous.as_deref(),
+        );
+        let frames = frames_of(&ops);
+        let ops = ops.len() as u64;
+        *cache = Some((Arc::downgrade(old), frames.clone(), ops));
+        (frames, ops)
     }
 
     /// The messages `node` receives for this version of the Service (`None`: no value).
     pub fn messages_for(&self, node: &NodeState) -> Option<Arc<ServiceMessages>> {
-        if self.source.depends_on_node(&node.name) {
+        if self.depends_on_node(&node.name) {
             encode(&self.source.ports_for(node))
         } else {
             self.anonymous.clone()
@@ -152,6 +226,117 @@ impl Pending {
     /// and Deletes, and its `Service` Delete last, so an endpoint never exists without its
     /// Service. Ends with `Sync` unless nothing at all changed for this watcher.
     pub fn ops(&self) -> impl Iterator<Item = proto::OpItem> + '_ {
+        let old_node = self.old_node.as_ref().unwrap_or(&self.node);
+        let services = self.services().flat_map(move |(key, old, new)| {
+            let old = old.and_then(|e| e.messages_for(old_node));
+            let new = new.and_then(|e| e.messages_for(&self.node));
+            service_ops(key, old.as_deref(), new.as_deref())
+        });
+        let mut any = false;
+        let mut synced = false;
+        self.ops_head()
+            .chain(services)
+            .map(Some)
+            .chain(std::iter::once(None))
+            .filter_map(move |item| match item {
+                Some(op) => {
+                    any = true;
+                    Some(op)
+                }
+                None if (any || self.replay) && !synced => {
+                    synced = true;
+                    Some(op(Op::Sync(proto::EmptyOp {})))
+                }
+                None => None,
+            })
+    }
+}
+
+/// One piece of a change set's frames.
+enum Piece {
+    /// An op encoded for this watcher alone.
+    Op(proto::OpItem),
+    /// Frames encoded once and shared.
+    Shared(Bytes, u64),
+}
+
+impl Pending {
+    /// The pieces of one Service's change for this watcher: shared frames when neither
+    /// version depends on its node, else ops encoded for it.
+    fn service_pieces(
+        &self,
+        key: &ServiceKey,
+        old: Option<&Arc<Entry>>,
+        new: Option<&Arc<Entry>>,
+    ) -> Vec<Piece> {
+        let old_node = self.old_node.as_ref().unwrap_or(&self.node);
+        let old_dep = old.is_some_and(|e| e.depends_on_node(&old_node.name));
+        let new_dep = new.is_some_and(|e| e.depends_on_node(&self.node.name));
+        if !old_dep && !new_dep {
+            match (old, new) {
+                (None, Some(new)) => {
+                    let (frames, ops) = new.anonymous_frames();
+                    return vec![Piece::Shared(frames, ops)];
+                }
+                (Some(old), Some(new)) => {
+                    let (frames, ops) = new.change_frames_from(old);
+                    return vec![Piece::Shared(frames, ops)];
+                }
+                _ => {}
+            }
+        }
+        let old = old.and_then(|e| e.messages_for(old_node));
+        let new = new.and_then(|e| e.messages_for(&self.node));
+        service_ops(key, old.as_deref(), new.as_deref())
+            .into_iter()
+            .map(Piece::Op)
+            .collect()
+    }
+
+    /// This change set as gRPC frames, in large chunks, produced as they are taken: exactly
+    /// the bytes of [`Pending::ops`] encoded one by one, but with every Service that does not
+    /// depend on the watcher's node encoded once for all watchers (a replay of an unchanged
+    /// snapshot takes whole [`crate::frames::SharedChunk`]s from `cache`).
+    pub fn frames<'a>(&'a self, cache: &ReplayCache) -> ChangeSetFrames<'a> {
+        let head = self
+            .ops_head()
+            .map(Piece::Op)
+            .collect::<Vec<_>>()
+            .into_iter();
+        let services: Box<dyn Iterator<Item = Piece> + Send + 'a> =
+            match (&self.base, self.replay && self.changes.is_empty()) {
+                (Some(base), true) => {
+                    let chunks = cache.chunks(base);
+                    let node = self.node.name.clone();
+                    Box::new((0..chunks.len()).flat_map(move |i| {
+                        let chunk = &chunks[i];
+                        if chunk.shared_with(&node) {
+                            vec![Piece::Shared(chunk.frames.clone(), chunk.ops)]
+                        } else {
+                            chunk
+                                .entries
+                                .iter()
+                                .flat_map(|e| self.service_pieces(&e.key, None, Some(e)))
+                                .collect()
+                        }
+                    }))
+                }
+                _ => Box::new(
+                    self.services()
+                        .flat_map(move |(key, old, new)| self.service_pieces(key, old, new)),
+                ),
+            };
+        ChangeSetFrames {
+            pieces: Box::new(head.chain(services)),
+            writer: FrameWriter::default(),
+            replay: self.replay,
+            ops: 0,
+            finished: false,
+        }
+    }
+
+    /// The ops before the Services: `Reset`, the ServiceCIDR ranges, the node.
+    fn ops_head(&self) -> impl Iterator<Item = proto::OpItem> + '_ {
         let reset = self.replay.then(|| op(Op::Reset(proto::EmptyOp {})));
         let cidrs = self.service_cidrs.as_ref().map(|cidrs| {
             set(
@@ -167,32 +352,60 @@ impl Pending {
                 encode_node(&self.node),
             )
         });
-        let old_node = self.old_node.as_ref().unwrap_or(&self.node);
-        let services = self.services().flat_map(move |(key, old, new)| {
-            let old = old.and_then(|e| e.messages_for(old_node));
-            let new = new.and_then(|e| e.messages_for(&self.node));
-            service_ops(key, old.as_deref(), new.as_deref())
-        });
-        let mut any = false;
-        let mut synced = false;
-        reset
-            .into_iter()
-            .chain(cidrs)
-            .chain(node)
-            .chain(services)
-            .map(Some)
-            .chain(std::iter::once(None))
-            .filter_map(move |item| match item {
-                Some(op) => {
-                    any = true;
-                    Some(op)
+        reset.into_iter().chain(cidrs).chain(node)
+    }
+}
+
+/// One change set as chunks of gRPC frames (see [`Pending::frames`]).
+pub struct ChangeSetFrames<'a> {
+    pieces: Box<dyn Iterator<Item = Piece> + Send + 'a>,
+    writer: FrameWriter,
+    replay: bool,
+    ops: u64,
+    finished: bool,
+}
+
+impl ChangeSetFrames<'_> {
+    /// Ops produced so far, `Sync` not counted.
+    pub fn ops(&self) -> u64 {
+        self.ops
+    }
+
+    /// Whether the change set ended with `Sync` (false: nothing at all changed).
+    pub fn synced(&self) -> bool {
+        self.finished && (self.ops > 0 || self.replay)
+    }
+}
+
+impl Iterator for ChangeSetFrames<'_> {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(chunk) = self.writer.pop_ready() {
+                return Some(chunk);
+            }
+            if self.finished {
+                return None;
+            }
+            match self.pieces.next() {
+                Some(Piece::Op(item)) => {
+                    self.ops += 1;
+                    self.writer.op(&item);
                 }
-                None if (any || self.replay) && !synced => {
-                    synced = true;
-                    Some(op(Op::Sync(proto::EmptyOp {})))
+                Some(Piece::Shared(frames, ops)) => {
+                    self.ops += ops;
+                    self.writer.shared(&frames);
                 }
-                None => None,
-            })
+                None => {
+                    self.finished = true;
+                    if self.ops > 0 || self.replay {
+                        self.writer.op(&op(Op::Sync(proto::EmptyOp {})));
+                    }
+                    self.writer.flush();
+                }
+            }
+        }
     }
 }
 
@@ -426,6 +639,8 @@ impl State {
 pub struct Hub {
     state: Mutex<State>,
     metrics: ApiMetrics,
+    /// The newest snapshot's replay, encoded once for every watcher that replays it.
+    replay_cache: ReplayCache,
 }
 
 /// A registered watcher; unregisters when dropped.
@@ -481,7 +696,13 @@ impl Hub {
                 ..State::default()
             }),
             metrics,
+            replay_cache: ReplayCache::default(),
         }
+    }
+
+    /// Where replays of the newest snapshot are encoded once for all watchers.
+    pub fn replay_cache(&self) -> &ReplayCache {
+        &self.replay_cache
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -549,7 +770,7 @@ impl Hub {
             let new = state
                 .cluster
                 .source(key)
-                .map(|source| Arc::new(Entry::new(source.clone())));
+                .map(|source| Arc::new(Entry::new(key.clone(), source.clone())));
             let entries = Arc::make_mut(&mut state.entries);
             let old = match &new {
                 Some(entry) => entries.insert(key.clone(), entry.clone()),

@@ -14,6 +14,7 @@ pub mod client;
 pub mod convert;
 #[cfg(test)]
 mod fixtures;
+pub mod frames;
 pub mod hub;
 pub mod identity;
 pub mod metrics;

@@ -8,10 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prost::bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
+use tonic::body::Body;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
 mod conn;
@@ -21,10 +22,6 @@ pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, limit};
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::hub::{Hub, Registration};
 use crate::proto;
-use crate::proto::sets_server::{Sets, SetsServer};
-
-/// Ops buffered per client before its task waits for the client to read.
-const OPS_BUFFER: usize = 512;
 
 /// Watch streams served at once: a brain serves a few thousand nodes; beyond this a client is
 /// refused (`RESOURCE_EXHAUSTED`) instead of exhausting the brain.
@@ -91,7 +88,13 @@ fn server_tls(files: &TlsFiles) -> Result<Option<ServerTlsConfig>, ServeError> {
     Ok(Some(tls))
 }
 
-/// The `Sets` service.
+/// The `Sets` service, answering `Watch` with frames encoded once and shared (see
+/// [`crate::frames`]).
+///
+/// It is a plain HTTP/2 service rather than tonic's generated server, because the generated
+/// server encodes every `OpItem` for every stream itself; this one writes the bytes each
+/// change set already has. The requests are decoded by tonic's own decoder, and the stream
+/// ends with the usual `grpc-status` trailers: to a client it is the same `Watch`.
 #[derive(Debug, Clone)]
 pub struct SetsService {
     hub: Arc<Hub>,
@@ -107,32 +110,34 @@ impl SetsService {
             watches: Arc::new(Semaphore::new(MAX_WATCHES)),
         }
     }
-}
 
-#[tonic::async_trait]
-impl Sets for SetsService {
-    type WatchStream = ReceiverStream<Result<proto::OpItem, Status>>;
-
-    async fn watch(
-        &self,
-        request: Request<Streaming<proto::WatchReq>>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        let (peer, conn) = connection(&request);
+    fn handle(&self, request: http::Request<Body>) -> http::Response<Body> {
+        if request.uri().path() != WATCH_PATH {
+            return Status::unimplemented(format!("no method {}", request.uri().path()))
+                .into_http();
+        }
+        let (peer, conn) = connection(request.extensions());
         let Ok(permit) = self.watches.clone().try_acquire_owned() else {
             warn!(?peer, "refusing a Watch: {MAX_WATCHES} are being served");
-            return Err(Status::resource_exhausted("too many Watch streams"));
+            return Status::resource_exhausted("too many Watch streams").into_http();
         };
         // With mTLS, the node names the client's certificate allows.
-        let allowed = peer_certs(&request).map(|certs| {
+        let allowed = peer_certs(request.extensions()).map(|certs| {
             certs
                 .first()
                 .map(|leaf| crate::identity::node_names(leaf))
                 .unwrap_or_default()
         });
-        let (tx, rx) = mpsc::channel(OPS_BUFFER);
+        let requests = Streaming::<proto::WatchReq>::new_request(
+            tonic_prost::ProstDecoder::<proto::WatchReq>::default(),
+            request.into_body(),
+            None,
+            Some(MAX_REQUEST_BYTES),
+        );
+        let (tx, rx) = mpsc::channel(CHUNKS_BUFFER);
         tokio::spawn(serve_watch(
             self.hub.clone(),
-            request.into_inner(),
+            requests,
             tx,
             Client {
                 peer,
@@ -141,17 +146,110 @@ impl Sets for SetsService {
                 _watching: conn.map(|state| state.watching()),
             },
         ));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let mut response = http::Response::new(Body::new(WatchBody {
+            chunks: rx,
+            queue: std::collections::VecDeque::new(),
+            done: false,
+        }));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        response
+    }
+}
+
+/// The one method this service has.
+const WATCH_PATH: &str = "/localv1.Sets/Watch";
+/// A `WatchReq` is a node name: anything larger is not one.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Batches (of about [`BATCH_BYTES`]) buffered per stream before its task waits for the
+/// client to read.
+const CHUNKS_BUFFER: usize = 1;
+
+impl tonic::server::NamedService for SetsService {
+    const NAME: &'static str = "localv1.Sets";
+}
+
+impl tower::Service<http::Request<Body>> for SetsService {
+    type Response = http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        std::future::ready(Ok(self.handle(request)))
+    }
+}
+
+/// What a stream's task hands the response body: chunks of frames, or the status that ends
+/// it.
+type Chunk = Result<Vec<Bytes>, Status>;
+
+/// Chunks are handed to the response body in batches of about this many bytes: fewer task
+/// switches per stream than one chunk at a time.
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// The response body of one Watch: the chunks of frames, then the `grpc-status` trailers.
+struct WatchBody {
+    chunks: mpsc::Receiver<Chunk>,
+    queue: std::collections::VecDeque<Bytes>,
+    done: bool,
+}
+
+impl http_body::Body for WatchBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        use std::task::Poll;
+        if let Some(bytes) = self.queue.pop_front() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(bytes))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.chunks.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(batch))) => {
+                self.queue.extend(batch);
+                match self.queue.pop_front() {
+                    Some(bytes) => Poll::Ready(Some(Ok(http_body::Frame::data(bytes)))),
+                    None => {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                }
+            }
+            Poll::Ready(end) => {
+                self.done = true;
+                let status = match end {
+                    Some(Err(status)) => status,
+                    _ => Status::ok(""),
+                };
+                let mut trailers = status.into_http::<()>().into_parts().0.headers;
+                trailers.remove(http::header::CONTENT_TYPE);
+                Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+            }
+        }
     }
 }
 
 /// The client's certificate chain, over TCP or a Unix socket (tonic's own accessor only
 /// knows its own connection types, not [`Limited`] ones).
-fn peer_certs<T>(
-    request: &Request<T>,
+fn peer_certs(
+    ext: &http::Extensions,
 ) -> Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>> {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    let ext = request.extensions();
     if let Some(info) = ext.get::<TlsConnectInfo<ConnInfo<TcpConnectInfo>>>() {
         return info.peer_certs();
     }
@@ -166,11 +264,10 @@ fn peer_certs<T>(
 }
 
 /// The client's address (TCP) and its connection's shared state, with or without TLS.
-fn connection<T>(
-    request: &Request<T>,
+fn connection(
+    ext: &http::Extensions,
 ) -> (Option<std::net::SocketAddr>, Option<Arc<conn::ConnState>>) {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    let ext = request.extensions();
     let tcp = ext.get::<ConnInfo<TcpConnectInfo>>().or_else(|| {
         ext.get::<TlsConnectInfo<ConnInfo<TcpConnectInfo>>>()
             .map(TlsConnectInfo::get_ref)
@@ -192,7 +289,7 @@ fn connection<T>(
     (None, None)
 }
 
-type OpSender = mpsc::Sender<Result<proto::OpItem, Status>>;
+type OpSender = mpsc::Sender<Chunk>;
 
 /// Who is watching.
 struct Client {
@@ -259,20 +356,28 @@ async fn serve_watch(
                 p = reg.slot.next() => p,
                 _ = tx.closed() => break 'stream,
             };
-            let mut sent = 0u64;
-            let mut synced = false;
-            for op in pending.ops() {
-                if matches!(op.op, Some(proto::op_item::Op::Sync(_))) {
-                    synced = true;
-                } else {
-                    sent += 1;
+            let mut frames = pending.frames(hub.replay_cache());
+            let mut batch = Vec::new();
+            let mut batched = 0;
+            loop {
+                let chunk = frames.next();
+                let end = chunk.is_none();
+                if let Some(chunk) = chunk {
+                    batched += chunk.len();
+                    batch.push(chunk);
                 }
-                if tx.send(Ok(op)).await.is_err() {
-                    break 'stream;
+                if (end && !batch.is_empty()) || batched >= BATCH_BYTES {
+                    batched = 0;
+                    if tx.send(Ok(std::mem::take(&mut batch))).await.is_err() {
+                        break 'stream;
+                    }
+                }
+                if end {
+                    break;
                 }
             }
-            hub.metrics().ops.inc_by(sent);
-            if synced {
+            hub.metrics().ops.inc_by(frames.ops());
+            if frames.synced() {
                 hub.metrics().change_sets.inc();
                 break;
             }
@@ -301,7 +406,7 @@ pub async fn serve(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
-    let router = builder.add_service(SetsServer::new(SetsService::new(hub)));
+    let router = builder.add_service(SetsService::new(hub));
     let listen_err = |source| ServeError::Listen {
         addr: addr.clone(),
         source,

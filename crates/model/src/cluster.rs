@@ -82,6 +82,24 @@ impl ServiceSource {
         ))
     }
 
+    /// The nodes [`ServiceSource::depends_on_node`] is true for, sorted and without
+    /// duplicates; `None` when every node's view may differ (topology hints). Lets a brain
+    /// decide for thousands of nodes with one lookup each.
+    pub fn dependent_nodes(&self) -> Option<Vec<String>> {
+        let mut nodes = Vec::new();
+        for e in self.slices.iter().flat_map(|s| s.endpoints.iter()) {
+            if !e.zone_hints.is_empty() || !e.node_hints.is_empty() {
+                return None;
+            }
+            if let Some(name) = e.node_name.as_deref().filter(|n| !n.is_empty()) {
+                nodes.push(name.to_string());
+            }
+        }
+        nodes.sort_unstable();
+        nodes.dedup();
+        Some(nodes)
+    }
+
     /// Whether the view of this Service depends on which node looks at it: an endpoint runs on
     /// `node_name`, or some endpoint carries topology hints. Otherwise every node sees what an
     /// anonymous node sees ([`NodeState::default`]), so a brain computes that view once.

@@ -32,10 +32,28 @@ fn hub() -> Arc<Hub> {
     ))
 }
 
-/// The ops of the next change set, as short strings.
+/// The ops of the next change set, as short strings. Checks on the way that the frames the
+/// server sends (shared, in chunks) are exactly these ops encoded one by one.
 fn next(reg: &Registration) -> Vec<String> {
     let pending = block_on(reg.slot.next());
-    pending.ops().map(describe).collect()
+    let ops: Vec<proto::OpItem> = pending.ops().collect();
+    let mut frames = pending.frames(reg.hub.replay_cache());
+    let mut sent = Vec::new();
+    for chunk in frames.by_ref() {
+        sent.extend_from_slice(&chunk);
+    }
+    assert_eq!(
+        sent,
+        crate::frames::frames_of(&ops).to_vec(),
+        "frames differ from the ops"
+    );
+    let syncs = ops
+        .iter()
+        .filter(|o| matches!(o.op, Some(Op::Sync(_))))
+        .count();
+    assert_eq!(frames.ops() as usize, ops.len() - syncs);
+    assert_eq!(frames.synced(), syncs == 1);
+    ops.into_iter().map(describe).collect()
 }
 
 fn describe(item: proto::OpItem) -> String {
