@@ -39,6 +39,11 @@ fn decide(
 ) -> Option<u64> {
     if seen.len() > MAX_KEYS {
         seen.retain(|_, s| now.duration_since(s.shown_at) < window);
+        // Still full (a burst of distinct lines, such as one warning per object of a large
+        // load): forget them all, or every further line would walk the whole map again.
+        if seen.len() > MAX_KEYS / 2 {
+            seen.clear();
+        }
     }
     match seen.get_mut(&key) {
         Some(s) if now.duration_since(s.shown_at) < window => {
@@ -161,6 +166,17 @@ mod tests {
         let parsed: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
         assert_eq!(parsed["identical_not_shown"], 3);
         assert_eq!(parsed["message"], "gone");
+    }
+
+    #[test]
+    fn a_burst_of_distinct_lines_is_shown_and_keeps_the_map_bounded() {
+        let mut seen = HashMap::new();
+        let now = Instant::now();
+        let w = Duration::from_secs(30);
+        for i in 0..5 * MAX_KEYS {
+            assert_eq!(decide(&mut seen, format!("line {i}"), now, w), Some(0));
+            assert!(seen.len() <= MAX_KEYS + 1, "{} keys", seen.len());
+        }
     }
 
     #[test]

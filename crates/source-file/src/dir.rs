@@ -139,6 +139,77 @@ impl DirState {
     }
 }
 
+/// Reads every file once, on as many threads as there are CPUs (each its own share of the
+/// files, in order), sending each object as a `ListItem` as soon as it is converted. Returns
+/// the merged state and the number of objects, or `None` when the receiver is gone.
+///
+/// The items of one list are a set, so the threads' interleaving does not matter; an object
+/// defined in two files is kept once (which file wins is not defined).
+fn first_load(
+    state: DirState,
+    paths: &[PathBuf],
+    events: &mpsc::Sender<Event>,
+) -> Option<(DirState, usize)> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(paths.len().div_ceil(FILES_PER_THREAD_AT_LEAST))
+        .max(1);
+    let share = paths.len().div_ceil(threads).max(1);
+    let load = |mut state: DirState, paths: &[PathBuf]| {
+        let mut count = 0usize;
+        for path in paths {
+            for event in state.reload(path) {
+                if let Event::Apply(o) = event {
+                    count += 1;
+                    if events.blocking_send(Event::ListItem(o)).is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+        Some((state, count))
+    };
+    if threads == 1 {
+        return load(state, paths);
+    }
+    let results: Vec<Option<(DirState, usize)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = paths
+            .chunks(share)
+            .skip(1)
+            .map(|part| {
+                let state = DirState {
+                    metrics: state.metrics.clone(),
+                    expansion: state.expansion,
+                    ..DirState::default()
+                };
+                scope.spawn(move || load(state, part))
+            })
+            .collect();
+        let first = load(
+            DirState {
+                metrics: state.metrics.clone(),
+                expansion: state.expansion,
+                ..DirState::default()
+            },
+            paths.get(..share.min(paths.len())).unwrap_or_default(),
+        );
+        std::iter::once(first)
+            .chain(handles.into_iter().map(|h| h.join().ok().flatten()))
+            .collect()
+    });
+    let mut merged = state;
+    let mut count = 0;
+    for result in results {
+        let (part, n) = result?;
+        merged.files.extend(part.files);
+        count += n;
+    }
+    Some((merged, count))
+}
+
+/// Below this many files per thread, one thread reads them all (threads cost more).
+const FILES_PER_THREAD_AT_LEAST: usize = 64;
+
 /// Runs the directory source until the receiver is dropped.
 pub(crate) async fn run(
     dir: PathBuf,
@@ -181,19 +252,7 @@ pub(crate) async fn run(
     }
     let loader_events = events.clone();
     let loaded = tokio::task::spawn_blocking(move || {
-        let mut state = state;
-        let mut count = 0usize;
-        for path in &paths {
-            for event in state.reload(path) {
-                if let Event::Apply(o) = event {
-                    count += 1;
-                    if loader_events.blocking_send(Event::ListItem(o)).is_err() {
-                        return None;
-                    }
-                }
-            }
-        }
-        Some((state, count, paths))
+        first_load(state, &paths, &loader_events).map(|(state, count)| (state, count, paths))
     })
     .await;
     let Ok(Some((mut state, count, paths))) = loaded else {
