@@ -32,7 +32,9 @@ const STREAMS_PER_CONNECTION: u32 = 8;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 pings find peers that vanished without closing (a node powered off).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Generous: a node busy decoding a replay (162k ops at 30k Services) may answer late, and
+/// dropping it makes it reconnect and replay everything again.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
