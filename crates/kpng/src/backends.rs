@@ -24,14 +24,17 @@ pub enum BackendKind {
     Iptables,
     /// A userspace TCP/UDP proxy, VIP traffic captured by a small nftables table.
     Userspace,
+    /// eBPF socket-level load balancing for local sockets, the nftables ruleset beside it.
+    Ebpf,
 }
 
 impl BackendKind {
     /// Every kind.
-    pub const ALL: [BackendKind; 3] = [
+    pub const ALL: [BackendKind; 4] = [
         BackendKind::Nft,
         BackendKind::Iptables,
         BackendKind::Userspace,
+        BackendKind::Ebpf,
     ];
 
     /// The kind of a parsed `to-local` subcommand.
@@ -40,6 +43,7 @@ impl BackendKind {
             LocalBackend::Nft(_) => BackendKind::Nft,
             LocalBackend::Iptables(_) => BackendKind::Iptables,
             LocalBackend::Userspace(_) => BackendKind::Userspace,
+            LocalBackend::Ebpf(_) => BackendKind::Ebpf,
         }
     }
 
@@ -49,6 +53,7 @@ impl BackendKind {
             BackendKind::Nft => "nft",
             BackendKind::Iptables => "iptables",
             BackendKind::Userspace => "userspace",
+            BackendKind::Ebpf => "ebpf",
         }
     }
 
@@ -92,6 +97,7 @@ impl BackendKind {
             BackendKind::Nft => "nftables",
             BackendKind::Iptables => "iptables",
             BackendKind::Userspace => "userspace",
+            BackendKind::Ebpf => "ebpf",
         }
     }
 
@@ -99,7 +105,9 @@ impl BackendKind {
     /// for the mode (nftables: the node's IPs; iptables: every local address).
     fn default_nodeport_addresses(self) -> NodePortAddresses {
         match self {
-            BackendKind::Nft | BackendKind::Userspace => NodePortAddresses::Primary,
+            BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => {
+                NodePortAddresses::Primary
+            }
             BackendKind::Iptables => NodePortAddresses::AllLocal,
         }
     }
@@ -143,6 +151,8 @@ impl BackendKind {
             // endpoint: the endpoint-based cleanup does not apply (a session moves inside the
             // proxy when its endpoint leaves).
             LocalBackend::Userspace(_) => false,
+            // The nftables ruleset beside the programs DNATs traffic from outside the node.
+            LocalBackend::Ebpf(args) => !args.dry_run,
         }
     }
 
@@ -153,6 +163,7 @@ impl BackendKind {
             LocalBackend::Nft(args) => !args.dry_run,
             LocalBackend::Iptables(args) => !args.dry_run,
             LocalBackend::Userspace(args) => !args.dry_run,
+            LocalBackend::Ebpf(args) => !args.dry_run,
         }
     }
 
@@ -185,7 +196,7 @@ pub struct Built {
     /// The backend.
     pub backend: Box<dyn Backend>,
     /// What of [`crate::leftovers::Leftover`] is its own; `None` for a dry run.
-    pub own: Option<crate::leftovers::Leftover>,
+    pub own: Vec<crate::leftovers::Leftover>,
 }
 
 /// What every node backend is configured with, whatever the backend.
@@ -221,6 +232,7 @@ pub(crate) fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
 mod linux {
     use anyhow::{Context, bail};
     use kpng_backend::Backend;
+    use kpng_backend_ebpf::{EbpfBackend, EbpfConfig};
     use kpng_backend_iptables::exec::{
         Iptables, IptablesCommand, Mode, detect_mode, family_usable,
     };
@@ -237,7 +249,8 @@ mod linux {
 
     use super::{BackendKind, Built, NodeSettings};
     use crate::cli::{
-        GlobalFlags, IptablesArgs, IptablesMode, LocalBackend, NftArgs, NftExecMode, UserspaceArgs,
+        EbpfArgs, GlobalFlags, IptablesArgs, IptablesMode, LocalBackend, NftArgs, NftExecMode,
+        UserspaceArgs,
     };
     use crate::dry_run::{CheckedIptables, CheckedNft, Refusals};
     use crate::leftovers::Variant;
@@ -253,6 +266,7 @@ mod linux {
         match backend {
             LocalBackend::Nft(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,
+            LocalBackend::Ebpf(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Iptables(_) => {}
         }
         let (backend, variant): (Box<dyn Backend>, Option<Variant>) = match backend {
@@ -266,9 +280,10 @@ mod linux {
                 (Box::new(b), variant)
             }
             LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
+            LocalBackend::Ebpf(args) => (ebpf(flags, args, node, refusals)?, None),
         };
         let own = if dry_run {
-            None
+            Vec::new()
         } else {
             crate::leftovers::own(kind, variant)
         };
@@ -387,6 +402,36 @@ mod linux {
             IptablesBackend::new(IptablesConfig { families, ..config }, ipt),
             Some(mode),
         ))
+    }
+
+    /// The eBPF backend: socket programs for local sockets, and kpng's nftables ruleset beside
+    /// them for every packet that does not come from a local socket (docs/backends.md, "eBPF").
+    /// A dry run prints the nftables transactions only.
+    fn ebpf(
+        flags: &GlobalFlags,
+        args: &EbpfArgs,
+        node: NodeSettings,
+        refusals: &Refusals,
+    ) -> anyhow::Result<Box<dyn Backend>> {
+        let socket = EbpfConfig {
+            pin_dir: args.bpf_pin_path.clone(),
+            cgroup: args.cgroup_path.clone(),
+            nodeport_addresses: node.nodeport_addresses.clone(),
+            ..EbpfConfig::default()
+        };
+        let nft_args = NftArgs {
+            dry_run: args.dry_run,
+            nft_exec: NftExecMode::Auto,
+            nft_binary: args.nft_binary.clone(),
+        };
+        let rules = nft(flags, &nft_args, node, refusals)?;
+        if args.dry_run {
+            return Ok(Box::new(rules));
+        }
+        Ok(Box::new(crate::beside::Beside::new(
+            Box::new(rules),
+            Box::new(EbpfBackend::new(socket)),
+        )))
     }
 
     fn userspace(

@@ -699,6 +699,30 @@ pub enum LocalBackend {
     /// A userspace TCP/UDP proxy (VIP traffic captured by a small nftables ruleset on Linux);
     /// endpoints see the node as the client.
     Userspace(UserspaceArgs),
+    /// eBPF socket-level load balancing (cgroup connect/sendmsg programs: local sockets
+    /// connect straight to endpoints), with the nftables ruleset beside it for traffic from
+    /// outside the node.
+    Ebpf(EbpfArgs),
+}
+
+/// `… to-local ebpf …`.
+#[derive(Debug, Args)]
+pub struct EbpfArgs {
+    /// Print the nftables transactions instead of applying them and load no program; change
+    /// nothing on the node.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The cgroup v2 directory the socket programs attach to: only sockets of processes in
+    /// that subtree are translated. Default: the root of the cgroup v2 mount (every process).
+    #[arg(long)]
+    pub cgroup_path: Option<std::path::PathBuf>,
+    /// Where maps and links are pinned (on a BPF file system; `/sys/fs/bpf` is mounted when
+    /// missing). The next kpng adopts them; `kpng cleanup` removes them.
+    #[arg(long, default_value = "/sys/fs/bpf/kpng")]
+    pub bpf_pin_path: std::path::PathBuf,
+    /// The `nft` binary (the nftables ruleset for traffic from outside the node).
+    #[arg(long, default_value = "nft")]
+    pub nft_binary: String,
 }
 
 /// `… to-local iptables …`.

@@ -18,6 +18,9 @@ pub enum Leftover {
     KpngNft,
     /// The userspace proxy's capture tables (`to-local userspace`).
     KpngUserspace,
+    /// The eBPF backend's pinned maps and links under `/sys/fs/bpf/kpng` (`to-local ebpf`);
+    /// removing the link pins detaches its socket programs.
+    KpngEbpf,
     /// kube-proxy's iptables and ipvs modes' chains, and kpng's iptables backend's, in one
     /// iptables variant.
     IptablesChains(Variant),
@@ -49,9 +52,10 @@ impl Variant {
 
 impl Leftover {
     /// Everything, in the order it is removed (iptables rules before the ipsets they use).
-    pub const ALL: [Leftover; 6] = [
+    pub const ALL: [Leftover; 7] = [
         Leftover::KpngNft,
         Leftover::KpngUserspace,
+        Leftover::KpngEbpf,
         Leftover::IptablesChains(Variant::Legacy),
         Leftover::IptablesChains(Variant::Nft),
         Leftover::KubeProxyNft,
@@ -64,6 +68,10 @@ impl Leftover {
             Leftover::KpngNft => "kpng's nftables tables (`to-local nft`)".into(),
             Leftover::KpngUserspace => {
                 "the userspace proxy's nftables tables (`to-local userspace`)".into()
+            }
+            Leftover::KpngEbpf => {
+                "the eBPF backend's pinned programs and maps in /sys/fs/bpf/kpng (`to-local ebpf`)"
+                    .into()
             }
             Leftover::IptablesChains(v) => format!(
                 "kube-proxy's iptables chains in iptables-{} (iptables or ipvs mode, or kpng's \
@@ -90,11 +98,16 @@ impl Leftover {
 }
 
 /// What a running backend installs itself, which [`sweep`] keeps.
-pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Option<Leftover> {
+pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover> {
     match kind {
-        BackendKind::Nft => Some(Leftover::KpngNft),
-        BackendKind::Userspace => Some(Leftover::KpngUserspace),
-        BackendKind::Iptables => iptables_variant.map(Leftover::IptablesChains),
+        BackendKind::Nft => vec![Leftover::KpngNft],
+        BackendKind::Userspace => vec![Leftover::KpngUserspace],
+        BackendKind::Iptables => iptables_variant
+            .map(Leftover::IptablesChains)
+            .into_iter()
+            .collect(),
+        // The socket programs and the nftables ruleset beside them.
+        BackendKind::Ebpf => vec![Leftover::KpngEbpf, Leftover::KpngNft],
     }
 }
 
@@ -102,8 +115,8 @@ pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Option<Lefto
 /// warning, never fatal. Called once the running backend's rules are in place, so that
 /// traffic keeps flowing through whichever rules match first meanwhile, and established
 /// connections keep their conntrack entries.
-pub fn sweep(own: Option<Leftover>) {
-    for leftover in Leftover::ALL.into_iter().filter(|l| Some(*l) != own) {
+pub fn sweep(own: &[Leftover]) {
+    for leftover in Leftover::ALL.into_iter().filter(|l| !own.contains(l)) {
         if !leftover.present() {
             tracing::debug!("no {}", leftover.describe());
             continue;
@@ -331,6 +344,7 @@ mod imp {
             Leftover::KpngUserspace => {
                 has_table(kpng_backend_userspace::capture::nft::TABLE, &["ip", "ip6"])
             }
+            Leftover::KpngEbpf => std::path::Path::new(kpng_backend_ebpf::DEFAULT_PIN_DIR).exists(),
             Leftover::KubeProxyNft => has_table("kube-proxy", &["ip", "ip6"]),
             Leftover::IptablesChains(v) => Family::ALL
                 .iter()
@@ -349,6 +363,12 @@ mod imp {
             Leftover::KpngUserspace => NftCapture::new(Family::ALL.to_vec())
                 .cleanup()
                 .context("removing the userspace proxy's nftables tables")?,
+            Leftover::KpngEbpf => {
+                kpng_backend_ebpf::kernel::remove_pins(std::path::Path::new(
+                    kpng_backend_ebpf::DEFAULT_PIN_DIR,
+                ))
+                .context("removing the eBPF backend's pins")?;
+            }
             Leftover::KubeProxyNft => {
                 let script = "add table ip kube-proxy\ndelete table ip kube-proxy\n\
                               add table ip6 kube-proxy\ndelete table ip6 kube-proxy\n";

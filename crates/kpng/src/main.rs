@@ -5,6 +5,8 @@
 
 mod admin;
 mod backends;
+#[cfg(target_os = "linux")]
+mod beside;
 mod brain;
 mod cli;
 mod config;

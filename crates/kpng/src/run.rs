@@ -255,7 +255,7 @@ struct SinkFacts {
     cleans_conntrack: bool,
     /// For a backend that changes the node: what of the leftovers on it is its own; every
     /// other leftover (other backends', kube-proxy's) is removed after its first sync.
-    sweeps: Option<Option<crate::leftovers::Leftover>>,
+    sweeps: Option<Vec<crate::leftovers::Leftover>>,
     /// For a dry run: where the kernel's first refusal arrives. A dry run opens no listener
     /// and writes no sysctl.
     dry_run: Option<tokio::sync::watch::Receiver<Option<String>>>,
@@ -562,7 +562,9 @@ where
             while reports.changed().await.is_ok() {
                 let ok = reports.borrow_and_update().as_ref().is_some_and(|r| r.ok);
                 if ok {
-                    let _ = tokio::task::spawn_blocking(move || crate::leftovers::sweep(own)).await;
+                    let own = own.clone();
+                    let _ =
+                        tokio::task::spawn_blocking(move || crate::leftovers::sweep(&own)).await;
                     return;
                 }
             }

@@ -122,7 +122,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
     let kind = BackendKind::from_mode(config.mode.trim())
         .map_err(|e| anyhow::anyhow!("field mode: {e}"))?;
     let section = match kind {
-        BackendKind::Nft | BackendKind::Userspace => Section::NfTables,
+        BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => Section::NfTables,
         BackendKind::Iptables => Section::IpTables,
     };
     if config.mode.trim().is_empty() {

@@ -36,7 +36,10 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
     };
     let cluster_cidr: Vec<String> = flags.cluster_cidr.iter().map(ToString::to_string).collect();
     let kind = flags.proxy_mode;
-    let nftables_mode = matches!(kind, Some(BackendKind::Nft | BackendKind::Userspace));
+    let nftables_mode = matches!(
+        kind,
+        Some(BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf)
+    );
     let iptables = if nftables_mode {
         IpTablesConfiguration {
             localhost_node_ports: Some(true),
