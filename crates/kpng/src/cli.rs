@@ -714,11 +714,12 @@ pub struct EbpfArgs {
     pub dry_run: bool,
     /// The cgroup v2 directory the socket programs attach to: only sockets of processes in
     /// that subtree are translated. Default: the root of the cgroup v2 mount (every process).
-    #[arg(long)]
+    #[arg(long, env = "KPNG_CGROUP_PATH")]
     pub cgroup_path: Option<std::path::PathBuf>,
     /// Where maps and links are pinned (on a BPF file system; `/sys/fs/bpf` is mounted when
-    /// missing). The next kpng adopts them; `kpng cleanup` removes them.
-    #[arg(long, default_value = "/sys/fs/bpf/kpng")]
+    /// missing). The next kpng adopts them; `kpng cleanup` removes them (it reads the same
+    /// environment variable).
+    #[arg(long, env = "KPNG_BPF_PIN_PATH", default_value = "/sys/fs/bpf/kpng")]
     pub bpf_pin_path: std::path::PathBuf,
     /// The `nft` binary (the nftables ruleset for traffic from outside the node).
     #[arg(long, default_value = "nft")]

@@ -70,7 +70,7 @@ impl Leftover {
                 "the userspace proxy's nftables tables (`to-local userspace`)".into()
             }
             Leftover::KpngEbpf => {
-                "the eBPF backend's pinned programs and maps in /sys/fs/bpf/kpng (`to-local ebpf`)"
+                "the eBPF backend's pinned programs and maps (`to-local ebpf`, /sys/fs/bpf/kpng or $KPNG_BPF_PIN_PATH)"
                     .into()
             }
             Leftover::IptablesChains(v) => format!(
@@ -338,6 +338,17 @@ mod imp {
         std::path::Path::new("/sys/class/net/kube-ipvs0").exists()
     }
 
+    /// The eBPF backend's pin directory: `$KPNG_BPF_PIN_PATH` (what `--bpf-pin-path` also
+    /// reads), else the default.
+    fn ebpf_pins() -> std::path::PathBuf {
+        std::env::var_os("KPNG_BPF_PIN_PATH")
+            .filter(|v| !v.is_empty())
+            .map_or_else(
+                || std::path::PathBuf::from(kpng_backend_ebpf::DEFAULT_PIN_DIR),
+                std::path::PathBuf::from,
+            )
+    }
+
     pub(super) fn present(leftover: Leftover) -> bool {
         match leftover {
             Leftover::KpngNft => has_table("kpng", &["ip", "ip6"]),
@@ -364,10 +375,8 @@ mod imp {
                 .cleanup()
                 .context("removing the userspace proxy's nftables tables")?,
             Leftover::KpngEbpf => {
-                kpng_backend_ebpf::kernel::remove_pins(std::path::Path::new(
-                    kpng_backend_ebpf::DEFAULT_PIN_DIR,
-                ))
-                .context("removing the eBPF backend's pins")?;
+                kpng_backend_ebpf::kernel::remove_pins(&ebpf_pins())
+                    .context("removing the eBPF backend's pins")?;
             }
             Leftover::KubeProxyNft => {
                 let script = "add table ip kube-proxy\ndelete table ip kube-proxy\n\
