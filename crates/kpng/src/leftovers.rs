@@ -355,7 +355,7 @@ mod imp {
             Leftover::KpngUserspace => {
                 has_table(kpng_backend_userspace::capture::nft::TABLE, &["ip", "ip6"])
             }
-            Leftover::KpngEbpf => std::path::Path::new(kpng_backend_ebpf::DEFAULT_PIN_DIR).exists(),
+            Leftover::KpngEbpf => ebpf_pins().exists(),
             Leftover::KubeProxyNft => has_table("kube-proxy", &["ip", "ip6"]),
             Leftover::IptablesChains(v) => Family::ALL
                 .iter()
