@@ -11,7 +11,9 @@ fn main() {
         Ok("aarch64") => "aarch64-linux-gnu",
         _ => "x86_64-linux-gnu",
     };
-    for name in ["sock_lb"] {
+    // One object today; more programs (tc, iterators) would be more names here.
+    let programs: &[&str] = &["sock_lb"];
+    for name in programs {
         let src = format!("bpf/{name}.c");
         println!("cargo:rerun-if-changed={src}");
         let obj = out.join(format!("{name}.o"));

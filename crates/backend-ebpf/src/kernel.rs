@@ -38,6 +38,9 @@ pub const PROGRAMS: [&str; 8] = [
     "kpng_getpeername6",
 ];
 
+/// One map entry as bytes: (key, value).
+pub type RawEntry = (Vec<u8>, Vec<u8>);
+
 /// The directory of the link pins inside the pin directory.
 const LINKS: &str = "links";
 
@@ -194,11 +197,11 @@ impl Kernel {
     }
 
     /// Every entry of one map, as bytes (full syncs compare against it).
-    pub fn dump(&self, map: MapId) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+    pub fn dump(&self, map: MapId) -> Result<Vec<RawEntry>, Error> {
         fn all<K: aya::Pod + AsRef<[u8]>, V: aya::Pod + AsRef<[u8]>>(
             m: &BpfHashMap<MapData, K, V>,
             name: &str,
-        ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+        ) -> Result<Vec<RawEntry>, Error> {
             let mut out = Vec::new();
             for entry in m.iter() {
                 match entry {

@@ -494,11 +494,18 @@ COMMIT
 
     #[test]
     fn a_running_backend_keeps_only_its_own() {
-        assert_eq!(own(BackendKind::Nft, None), Some(Leftover::KpngNft));
+        assert_eq!(own(BackendKind::Nft, None), [Leftover::KpngNft]);
         assert_eq!(
             own(BackendKind::Iptables, Some(Variant::Legacy)),
-            Some(Leftover::IptablesChains(Variant::Legacy))
+            [Leftover::IptablesChains(Variant::Legacy)]
         );
-        assert_eq!(own(BackendKind::Iptables, None), None);
+        assert_eq!(own(BackendKind::Iptables, None), []);
+        // The socket programs and the nftables ruleset beside them: the nft backend's
+        // tables are the eBPF backend's too (and its pins are swept by the others).
+        assert_eq!(
+            own(BackendKind::Ebpf, None),
+            [Leftover::KpngEbpf, Leftover::KpngNft]
+        );
+        assert!(!own(BackendKind::Nft, None).contains(&Leftover::KpngEbpf));
     }
 }
