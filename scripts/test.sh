@@ -15,6 +15,12 @@ command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 # The status page's test loads it in a real browser (headless).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# The eBPF backend's programs are C, compiled by clang against libbpf's headers from build.rs,
+# which runs at the first cargo command below (clippy): installed before it. Its tests list the
+# attached programs with bpftool.
+command -v clang >/dev/null 2>&1 || need+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
 # The bench's plots label their axes with DejaVu Sans.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then
@@ -50,9 +56,19 @@ rm -f "$skipped"
 
 echo "== the contract and every backend build without Kubernetes types"
 for crate in kpng-model kpng-backend kpng-runner kpng-backend-nft kpng-backend-iptables \
-             kpng-backend-userspace kpng-sink-file kpng-api; do
+             kpng-backend-userspace kpng-backend-ebpf kpng-sink-file kpng-api; do
   if cargo tree --locked -e normal -p "$crate" | grep -q 'k8s-openapi'; then
     echo "$crate depends on k8s-openapi (cargo tree -e normal -p $crate): conversion belongs in kpng-k8s"
+    exit 1
+  fi
+done
+echo "ok"
+
+echo "== backends do not depend on each other (to-local ebpf composes nft in the binary)"
+for crate in kpng-backend-nft kpng-backend-iptables kpng-backend-userspace kpng-backend-ebpf; do
+  if cargo tree --locked -e normal -p "$crate" --prefix none | awk '{print $1}' | grep -v "^$crate\$" \
+      | grep -qE '^kpng-backend-(nft|iptables|userspace|ebpf)$'; then
+    echo "$crate depends on another backend (cargo tree -e normal -p $crate)"
     exit 1
   fi
 done
