@@ -4,7 +4,7 @@
 //! ```text
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
-//! kpng-bench data-plane --services 30000
+//! kpng-bench data-plane --services 30000 [--backends nft,ebpf]
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
@@ -127,9 +127,20 @@ fn main() -> ExitCode {
         },
         Some("data-plane") => {
             let n = num(&args, "--services", 1000);
+            // `--backends nft,ebpf`: a subset (and the eBPF backend, which `all` leaves out).
+            let backends: Option<Vec<control::BackendKind>> = match flag(&args, "--backends") {
+                None => Some(control::BackendKind::ALL.to_vec()),
+                Some(list) => list.split(',').map(control::BackendKind::parse).collect(),
+            };
+            let Some(backends) = backends else {
+                eprintln!(
+                    "--backends: a comma-separated list of nft, iptables-nft, iptables-legacy, ebpf"
+                );
+                return ExitCode::FAILURE;
+            };
             data::run(
                 &kpng,
-                &control::BackendKind::ALL,
+                &backends,
                 n,
                 num(&args, "--connects", 2000),
                 n <= data::USERSPACE_MAX_SERVICES,

@@ -82,3 +82,36 @@ pub(crate) fn forget(ns: &str) {
         let _ = std::fs::remove_dir(parent);
     }
 }
+
+/// Where tests mount a BPF file system for pins (outside `/sys`, for the same reason as
+/// [`CGROUP2_MOUNT`]).
+pub const BPFFS_MOUNT: &str = "/run/kpng-testkit-bpf";
+
+/// Mounts a bpffs on [`BPFFS_MOUNT`] unless one is there; returns the mount point. Pins of one
+/// test go in a directory of their own below it.
+pub fn bpffs() -> Result<PathBuf> {
+    // Parallel tests mounting at once would stack two file systems (and hide pins).
+    static MOUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = MOUNT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split(' ').nth(4) == Some(BPFFS_MOUNT) && l.contains(" - bpf "))
+    });
+    if !mounted {
+        std::fs::create_dir_all(BPFFS_MOUNT)
+            .map_err(|e| Error::io(format!("creating {BPFFS_MOUNT}"), e))?;
+        let out = Command::new("mount")
+            .args(["-t", "bpf", "bpf", BPFFS_MOUNT])
+            .output()
+            .map_err(|e| Error::io("running mount -t bpf", e))?;
+        if !out.status.success() {
+            return Err(Error::Other(format!(
+                "mount -t bpf bpf {BPFFS_MOUNT}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    Ok(PathBuf::from(BPFFS_MOUNT))
+}

@@ -445,12 +445,9 @@ impl Drop for Kpng<'_> {
     }
 }
 
-/// Where the test bpffs is mounted (outside `/sys`, which `ip netns exec` remounts).
-pub const TEST_BPFFS: &str = "/run/kpng-testkit-bpf";
-
 /// The pin directory of the eBPF backend running in `node`.
 pub fn ebpf_pins(node: &Netns) -> PathBuf {
-    Path::new(TEST_BPFFS).join(node.name())
+    Path::new(kpng_testkit::cgroups::BPFFS_MOUNT).join(node.name())
 }
 
 /// The eBPF backend's scope in a test cluster: a cgroup holding node `node`'s namespace and
@@ -486,20 +483,7 @@ pub fn ebpf_scope(node: &Netns) -> (PathBuf, PathBuf) {
         let group = if mine { &local } else { &outside };
         kpng_testkit::cgroups::assign(&other, group).expect("assign cgroup");
     }
-    // Once per test binary: parallel tests mounting at once would stack two bpffs.
-    static BPFFS: std::sync::Once = std::sync::Once::new();
-    BPFFS.call_once(|| {
-        let mounted = std::fs::read_to_string("/proc/self/mountinfo")
-            .is_ok_and(|t| t.lines().any(|l| l.split(' ').nth(4) == Some(TEST_BPFFS)));
-        if !mounted {
-            std::fs::create_dir_all(TEST_BPFFS).expect("bpffs mount point");
-            let ok = std::process::Command::new("mount")
-                .args(["-t", "bpf", "bpf", TEST_BPFFS])
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "mount -t bpf bpf {TEST_BPFFS}");
-        }
-    });
+    kpng_testkit::cgroups::bpffs().expect("test bpffs");
     (local, ebpf_pins(node))
 }
 
