@@ -231,6 +231,27 @@ impl Kernel {
             .collect()
     }
 
+    /// Kernel memory charged to each map (`memlock` in the map fd's `/proc/self/fdinfo`):
+    /// what the maps cost, reported as a metric. Maps whose figure cannot be read are left out.
+    pub fn memory(&self) -> Vec<(&'static str, u64)> {
+        use aya::maps::IterableMap;
+        use std::os::fd::{AsFd, AsRawFd};
+        let maps: [(&'static str, &MapData); 5] = [
+            (MapId::Frontends.name(), self.frontends.map()),
+            (MapId::Services.name(), self.services.map()),
+            (MapId::Slots.name(), self.slots.map()),
+            (MapId::Members.name(), self.members.map()),
+            ("kpng_reverse", self.reverse.map()),
+        ];
+        maps.into_iter()
+            .filter_map(|(name, data)| {
+                let fd = data.fd().as_fd().as_raw_fd();
+                let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+                Some((name, memlock(&info)?))
+            })
+            .collect()
+    }
+
     /// The pin directory.
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
@@ -251,4 +272,22 @@ pub fn remove_pins(pin_dir: &Path) -> Result<bool, Error> {
     std::fs::remove_dir_all(pin_dir)
         .map_err(|e| Error::io(format!("removing {}", pin_dir.display()), e))?;
     Ok(true)
+}
+
+/// The `memlock:` figure of a BPF map's fdinfo text.
+pub fn memlock(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_memlock_from_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000002\nmap_type:\t1\nmemlock:\t1234\nmap_id:\t7\n";
+        assert_eq!(super::memlock(text), Some(1234));
+        assert_eq!(super::memlock("pos: 0\n"), None);
+    }
 }

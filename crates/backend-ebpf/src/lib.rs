@@ -27,6 +27,10 @@ use std::path::PathBuf;
 use kpng_backend::settings::NodePortAddresses;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family as MetricFamily;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tracing::{debug, info};
 
 use crate::kernel::Kernel;
@@ -95,6 +99,12 @@ impl Default for EbpfConfig {
     }
 }
 
+/// The `map` label of the map-memory gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MapLabel {
+    map: String,
+}
+
 /// What one port wrote: `(service id, IP protocol, group)` per group.
 type Written = Vec<(u32, u8, Group)>;
 
@@ -106,6 +116,7 @@ pub struct EbpfBackend {
     ids: Ids,
     written: HashMap<PortKey, Written>,
     node_port_ips: HashMap<Family, Vec<IpAddr>>,
+    map_memory: MetricFamily<MapLabel, Gauge>,
 }
 
 impl EbpfBackend {
@@ -118,7 +129,22 @@ impl EbpfBackend {
             ids: Ids::default(),
             written: HashMap::new(),
             node_port_ips: HashMap::new(),
+            map_memory: MetricFamily::default(),
         }
+    }
+
+    /// Publishes what each map costs the kernel (after full syncs: the maps' memory only changes
+    /// with their size class, and reading it costs a file read per map).
+    fn report_memory(&self) {
+        let Some(kernel) = &self.kernel else { return };
+        let mut total = 0;
+        for (map, bytes) in kernel.memory() {
+            total += bytes;
+            self.map_memory
+                .get_or_create(&MapLabel { map: map.into() })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        debug!("BPF maps: {total} bytes of kernel memory");
     }
 
     /// Loads and attaches the programs (adopting a previous kpng's pins) unless done.
@@ -290,9 +316,19 @@ impl Backend for EbpfBackend {
         "ebpf"
     }
 
+    fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "kpng_ebpf_map_memory_bytes",
+            "Kernel memory charged to each of the eBPF backend's maps (memlock)",
+            self.map_memory.clone(),
+        );
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         let (operations, gone) = if request.full || request.diff.node_changed {
-            self.full(request.snapshot)?
+            let done = self.full(request.snapshot)?;
+            self.report_memory();
+            done
         } else {
             self.incremental(request)?
         };

@@ -38,8 +38,17 @@ impl Backend for Beside {
     /// The ruleset first: when the sockets' maps then fail, traffic from local sockets still
     /// reaches the Service through the rules (DNAT), and the runner retries both in full.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let started = std::time::Instant::now();
         let rules = self.rules.sync(request)?;
+        let between = std::time::Instant::now();
         let sockets = self.sockets.sync(request)?;
+        tracing::debug!(
+            rules_ms = (between - started).as_secs_f64() * 1e3,
+            sockets_ms = between.elapsed().as_secs_f64() * 1e3,
+            rules_ops = rules.operations,
+            sockets_ops = sockets.operations,
+            "synced both halves"
+        );
         Ok(SyncStats {
             operations: rules.operations + sockets.operations,
         })
