@@ -106,19 +106,21 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_members SEC(".maps");
 
-// ClientIP affinity: (client network namespace, service id) → endpoint and last use.
+// ClientIP affinity: (client network namespace, service id) → endpoint and last use (64k
+// clients × affinity Services at once; the least recently used go first).
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
+	__uint(max_entries, 65536);
 	__type(key, struct affinity_key);
 	__type(value, struct affinity_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_affinity SEC(".maps");
 
-// (socket cookie, endpoint) → frontend: what a socket believes its peer is.
+// (socket cookie, endpoint) → frontend: what a socket believes its peer is. LRU maps are
+// preallocated: sized for 128k translated sockets at once (~17 MB).
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 524288);
+	__uint(max_entries, 131072);
 	__type(key, struct reverse_key);
 	__type(value, struct endpoint);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

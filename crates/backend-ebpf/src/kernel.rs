@@ -135,11 +135,11 @@ impl Kernel {
     }
 
     /// Applies `ops` in order; stops at the first refusal.
-    pub fn apply(&mut self, ops: &[Op]) -> Result<(), Error> {
+    pub fn apply(&mut self, ops: &[Op<'_>]) -> Result<(), Error> {
         for op in ops {
-            match op {
-                Op::Upsert(m, k, v) => self.upsert(*m, k, v)?,
-                Op::Delete(m, k) => self.delete(*m, k)?,
+            match *op {
+                Op::Upsert(m, k, v) => self.upsert(m, k, v)?,
+                Op::Delete(m, k) => self.delete(m, k)?,
             }
         }
         Ok(())
