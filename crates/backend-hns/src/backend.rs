@@ -377,7 +377,10 @@ impl HnsBackend {
     }
 
     fn sync_inner(&mut self, request: &SyncRequest<'_>, run: &mut Run) -> Result<(), BackendError> {
-        let full = request.full || self.known.view.is_none();
+        // The runner's periodic empty sync (`--sync-period`) re-reads HCN too: objects
+        // deleted out of band (HNS or CNI restarts, `hnsdiag delete`) come back within a sync
+        // period, for three enumerates (what upstream's per-sync HNS cache costs).
+        let full = request.full || request.diff.is_empty() || self.known.view.is_none();
         if full {
             self.discover(&request.snapshot.node.ips, run)?;
         }

@@ -351,7 +351,11 @@ fn a_cold_sync_costs_one_create_per_object_and_three_enumerates() {
         .find(|e| e.ips().any(|i| i == ip("10.244.2.7")))
         .expect("remote endpoint");
     assert!(remote.is_remote());
-    // Idempotent: a second full sync only looks.
+    // An empty periodic sync only looks, and so does a second full sync.
+    sim.reset_calls();
+    assert_eq!(d.change(&ports), Ok(0));
+    assert_eq!(sim.calls().total(), 3);
+
     sim.reset_calls();
     assert_eq!(d.full(&ports), Ok(0));
     assert_eq!(sim.calls().total(), 3);
@@ -407,8 +411,9 @@ fn bug_106936_a_port_without_endpoints_never_asks_hns() {
     assert_eq!(d.full(&ports), Ok(0));
     assert_eq!(sim.calls().of(Call::CreateLoadBalancer), 0);
     sim.reset_calls();
-    assert_eq!(d.change(&ports), Ok(0));
-    assert_eq!(sim.calls().total(), 0);
+    assert_eq!(d.change(&ports), Ok(0), "nor on the next (periodic) sync");
+    assert_eq!(sim.calls().of(Call::CreateLoadBalancer), 0);
+    assert_eq!(sim.calls().total(), 3, "three enumerates");
     // And the simulator does refuse it, as HNS.
     let mut raw = sim.clone();
     let e = raw
@@ -490,7 +495,8 @@ fn bug_110674_objects_deleted_out_of_band_come_back_at_the_next_full_sync() {
     let remote = &a.host_compute_endpoints[0];
     assert!(sim.delete_out_of_band(remote), "and the remote endpoint");
     sim.reset_calls();
-    d.full(&ports).expect("periodic full sync");
+    d.change(&ports)
+        .expect("the periodic (empty) sync re-reads HCN");
     let after = sim.state();
     let a2 = lb_at(&after, "10.96.0.10").expect("re-created");
     assert_eq!(endpoint_ips(&after, &a2), vec!["10.244.2.7"]);

@@ -24,14 +24,17 @@ pub enum BackendKind {
     Iptables,
     /// A userspace TCP/UDP proxy, VIP traffic captured by a small nftables table.
     Userspace,
+    /// Windows: load balancers in the Host Networking Service (kube-proxy's kernelspace).
+    Hns,
 }
 
 impl BackendKind {
     /// Every kind.
-    pub const ALL: [BackendKind; 3] = [
+    pub const ALL: [BackendKind; 4] = [
         BackendKind::Nft,
         BackendKind::Iptables,
         BackendKind::Userspace,
+        BackendKind::Hns,
     ];
 
     /// The kind of a parsed `to-local` subcommand.
@@ -40,6 +43,7 @@ impl BackendKind {
             LocalBackend::Nft(_) => BackendKind::Nft,
             LocalBackend::Iptables(_) => BackendKind::Iptables,
             LocalBackend::Userspace(_) => BackendKind::Userspace,
+            LocalBackend::Hns(_) => BackendKind::Hns,
         }
     }
 
@@ -49,6 +53,7 @@ impl BackendKind {
             BackendKind::Nft => "nft",
             BackendKind::Iptables => "iptables",
             BackendKind::Userspace => "userspace",
+            BackendKind::Hns => "hns",
         }
     }
 
@@ -69,11 +74,7 @@ impl BackendKind {
                  kube-proxy's image\"); the ipvs section does not carry over"
                     .into(),
             ),
-            "kernelspace" => Err(
-                "\"kernelspace\" is kube-proxy's Windows mode; on Linux use \"nftables\" or \
-                 \"iptables\""
-                    .into(),
-            ),
+            "kernelspace" => Ok(BackendKind::Hns),
             other => {
                 let ours: Vec<&str> = BackendKind::ALL.iter().map(|k| k.mode()).collect();
                 Err(format!(
@@ -92,6 +93,7 @@ impl BackendKind {
             BackendKind::Nft => "nftables",
             BackendKind::Iptables => "iptables",
             BackendKind::Userspace => "userspace",
+            BackendKind::Hns => "kernelspace",
         }
     }
 
@@ -100,7 +102,7 @@ impl BackendKind {
     fn default_nodeport_addresses(self) -> NodePortAddresses {
         match self {
             BackendKind::Nft | BackendKind::Userspace => NodePortAddresses::Primary,
-            BackendKind::Iptables => NodePortAddresses::AllLocal,
+            BackendKind::Iptables | BackendKind::Hns => NodePortAddresses::AllLocal,
         }
     }
 
@@ -143,6 +145,8 @@ impl BackendKind {
             // endpoint: the endpoint-based cleanup does not apply (a session moves inside the
             // proxy when its endpoint leaves).
             LocalBackend::Userspace(_) => false,
+            // HNS has no conntrack table kpng reaches.
+            LocalBackend::Hns(_) => false,
         }
     }
 
@@ -153,6 +157,7 @@ impl BackendKind {
             LocalBackend::Nft(args) => !args.dry_run,
             LocalBackend::Iptables(args) => !args.dry_run,
             LocalBackend::Userspace(args) => !args.dry_run,
+            LocalBackend::Hns(args) => !args.dry_run,
         }
     }
 
@@ -163,6 +168,9 @@ impl BackendKind {
         refusals: &crate::dry_run::Refusals,
     ) -> anyhow::Result<Built> {
         let kind = BackendKind::of(backend);
+        if let LocalBackend::Hns(args) = backend {
+            return hns::build(flags, args);
+        }
         let node = NodeSettings {
             masquerade: Masquerade {
                 all: flags.masquerade_all,
@@ -172,6 +180,20 @@ impl BackendKind {
             nodeport_addresses: kind.nodeport_addresses(flags)?,
         };
         linux::build(flags, backend, node, refusals)
+    }
+
+    /// Whether the backend, as configured, programs a simulation rather than this host
+    /// (`to-local hns --hcn-simulator FILE`): no host-wide lock, no Service health-check
+    /// servers, no sysctls.
+    pub fn simulated(backend: &LocalBackend) -> bool {
+        match backend {
+            LocalBackend::Hns(args) => {
+                args.dry_run
+                    || args.hcn_simulator.is_some()
+                    || args.hcn == crate::cli::HcnMode::Simulator
+            }
+            _ => false,
+        }
     }
 
     /// Whether the backend, as configured, is a dry run (`--dry-run`).
@@ -253,7 +275,7 @@ mod linux {
         match backend {
             LocalBackend::Nft(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,
-            LocalBackend::Iptables(_) => {}
+            LocalBackend::Iptables(_) | LocalBackend::Hns(_) => {}
         }
         let (backend, variant): (Box<dyn Backend>, Option<Variant>) = match backend {
             LocalBackend::Nft(args) => (Box::new(nft(flags, args, node, refusals)?), None),
@@ -266,6 +288,8 @@ mod linux {
                 (Box::new(b), variant)
             }
             LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
+            // Built by `super::hns` before the Linux backends are considered.
+            LocalBackend::Hns(args) => return super::hns::build(flags, args),
         };
         let own = if dry_run {
             None
@@ -417,8 +441,8 @@ mod linux {
     }
 }
 
-/// Other systems have no node backend yet (the Windows HNS backend is the next one): the
-/// commands parse everywhere, and say so when run.
+/// Other systems have no Linux backend: the commands parse everywhere, and say so when run
+/// (`to-local hns` is built by [`hns`] on every system).
 #[cfg(not(target_os = "linux"))]
 mod linux {
     use super::{BackendKind, Built, NodeSettings};
@@ -434,6 +458,76 @@ mod linux {
             "`to-local {}` programs the Linux kernel and is not available on this system; \
              `to-file` and `to-api` are",
             BackendKind::of(backend).word()
+        )
+    }
+}
+
+/// The Windows backend: the system's HCN on Windows, the simulator anywhere.
+mod hns {
+    use anyhow::Context;
+    use kpng_backend_hns::schema::Network;
+    use kpng_backend_hns::sim::Simulator;
+    use kpng_backend_hns::{HnsBackend, HnsConfig, hcn::Hcn};
+
+    use super::Built;
+    use crate::cli::{GlobalFlags, HcnMode, HnsArgs};
+
+    /// The network the simulator starts with when its file does not exist yet.
+    const SIMULATED_NETWORK: &str = "kpng-sim";
+
+    pub(super) fn build(flags: &GlobalFlags, args: &HnsArgs) -> anyhow::Result<Built> {
+        let simulated =
+            args.dry_run || args.hcn_simulator.is_some() || args.hcn == HcnMode::Simulator;
+        let network_name = match (&flags.network_name, simulated) {
+            (Some(n), _) if !n.is_empty() => n.clone(),
+            (_, true) => SIMULATED_NETWORK.to_string(),
+            _ => anyhow::bail!(
+                "`to-local hns` needs the CNI's HNS network: --network-name, the configuration \
+                 file's winkernel.networkName or the KUBE_NETWORK variable"
+            ),
+        };
+        let config = HnsConfig {
+            network_name: network_name.clone(),
+            enable_dsr: flags.enable_dsr,
+            source_vips: flags.source_vip.clone(),
+        };
+        let default = Network {
+            id: "00000000-0000-4000-8000-000000000000".into(),
+            name: network_name,
+            network_type: "L2Bridge".into(),
+            ..Network::default()
+        };
+        let hcn: Box<dyn Hcn> = if args.dry_run {
+            Box::new(Simulator::new(kpng_backend_hns::schema::State {
+                networks: vec![default],
+                ..Default::default()
+            }))
+        } else if simulated {
+            let path = args
+                .hcn_simulator
+                .as_ref()
+                .context("--hcn simulator needs --hcn-simulator FILE (where its state lives)")?;
+            Box::new(Simulator::with_file(path, default)?)
+        } else {
+            system()?
+        };
+        Ok(Built {
+            backend: Box::new(HnsBackend::new(config, hcn)),
+            own: None,
+        })
+    }
+
+    #[cfg(windows)]
+    fn system() -> anyhow::Result<Box<dyn Hcn>> {
+        Ok(Box::new(kpng_backend_hns::system::SystemHcn::new()))
+    }
+
+    #[cfg(not(windows))]
+    fn system() -> anyhow::Result<Box<dyn Hcn>> {
+        anyhow::bail!(
+            "`to-local hns` programs the Windows Host Networking Service, which this system does \
+             not have; run it on a Windows node, or against the simulator with \
+             --hcn-simulator FILE"
         )
     }
 }

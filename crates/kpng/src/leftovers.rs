@@ -95,6 +95,7 @@ pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Option<Lefto
         BackendKind::Nft => Some(Leftover::KpngNft),
         BackendKind::Userspace => Some(Leftover::KpngUserspace),
         BackendKind::Iptables => iptables_variant.map(Leftover::IptablesChains),
+        BackendKind::Hns => None,
     }
 }
 

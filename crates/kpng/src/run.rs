@@ -314,12 +314,14 @@ fn local_backend(
     let (refusals, refused) = crate::dry_run::Refusals::channel();
     let built = BackendKind::build(flags, backend, &refusals)?;
     let dry_run = BackendKind::dry_run(backend);
+    let simulated = BackendKind::simulated(backend);
     let facts = SinkFacts {
-        health_checks: Some(kind.health_check_addresses(flags)),
+        health_checks: (!simulated).then(|| kind.health_check_addresses(flags)),
         cleans_conntrack: BackendKind::cleans_conntrack(backend),
-        sweeps: (!dry_run).then_some(built.own),
+        // Linux proxies' leftovers are not the Windows backend's to sweep.
+        sweeps: (!dry_run && kind != BackendKind::Hns).then_some(built.own),
         dry_run: dry_run.then_some(refused),
-        lock: (!dry_run).then_some(kind),
+        lock: (!dry_run && !simulated).then_some(kind),
         source_metrics: None,
         kind: Some(kind),
         events: None,

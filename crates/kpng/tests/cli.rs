@@ -256,10 +256,6 @@ fn proxy_modes_choose_the_backend_or_say_what_to_use() {
             "ipvs",
             "\"ipvs\" is not supported: kpng runs mode \"nftables\"",
         ),
-        (
-            "kernelspace",
-            "\"kernelspace\" is kube-proxy's Windows mode",
-        ),
         ("bpf", "unknown proxy mode \"bpf\""),
     ] {
         let out = kpng()
