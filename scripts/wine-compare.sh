@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs the Windows kpng.exe under Wine and checks it gives what the Linux binary gives:
+#   scripts/wine-compare.sh path/to/kpng.exe path/to/kpng
+# - `kpng version`: the same version line;
+# - `kpng file --input examples/cluster.yaml … to-file --output -`: the same model;
+# - `kpng file … to-local hns --hcn-simulator F`: the same HCN state (the simulator's GUIDs are
+#   deterministic, so the files are compared as they are).
+# Wine 8.0 (Debian 12) lacks bcryptprimitives.dll, which Rust's std imports: a one-function shim
+# (scripts/wine/bcryptprimitives.c) is built with mingw and put beside the exe.
+set -euo pipefail
+exe=$1
+linux=$2
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'wineserver -k >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+cp "$exe" "$work/kpng.exe"
+x86_64-w64-mingw32-gcc -shared -o "$work/bcryptprimitives.dll" \
+  "$here/scripts/wine/bcryptprimitives.c" -ladvapi32
+export WINEPREFIX="$work/prefix" WINEDEBUG=-all
+cp "$here/examples/cluster.yaml" "$work/cluster.yaml"
+cd "$work"
+win() { wine "$work/kpng.exe" "$@"; }
+
+fail() { echo "FAILED: $*"; exit 1; }
+
+# 1. version
+wv=$(win version 2>/dev/null | head -n 1 | tr -d '\r')
+lv=$("$linux" version | head -n 1)
+[ "$wv" = "$lv" ] || fail "kpng.exe version says '$wv', kpng says '$lv'"
+win version 2>/dev/null | tr -d '\r' | grep -q 'platform: *windows/x86_64' \
+  || fail "kpng.exe version does not say windows/x86_64"
+echo "ok: kpng.exe version: $wv (windows/x86_64)"
+
+# Runs `kpng … to-local hns --hcn-simulator STATE` until STATE holds a synced state, then stops it.
+common=(file --input cluster.yaml --node-name node1 --min-sync-period 0
+        --metrics-bind-address= --healthz-bind-address=127.0.0.1:0 --admin-socket=)
+run_hns() {
+  local state=$1; shift
+  rm -f "$state"
+  "$@" "${common[@]}" to-local hns --hcn-simulator "$state" >"$state.log" 2>&1 &
+  local pid=$! i
+  for i in $(seq 1 600); do
+    if [ -s "$state" ] && grep -q '"LoadBalancers"' "$state"; then
+      sleep 0.5
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill "$pid" 2>/dev/null || true
+  cat "$state.log"
+  return 1
+}
+
+# 2. the model
+"$linux" "${common[@]}" to-file --output linux.yaml >/dev/null 2>&1 &
+lp=$!
+wine "$work/kpng.exe" "${common[@]}" to-file --output windows.yaml >/dev/null 2>&1 &
+wp=$!
+for i in $(seq 1 600); do
+  [ -s linux.yaml ] && [ -s windows.yaml ] && break
+  sleep 0.1
+done
+sleep 0.5
+kill "$lp" "$wp" 2>/dev/null || true
+wait 2>/dev/null || true
+[ -s windows.yaml ] || fail "kpng.exe to-file wrote nothing"
+tr -d '\r' < windows.yaml > windows.lf.yaml
+diff -u linux.yaml windows.lf.yaml || fail "kpng.exe and kpng give different models"
+echo "ok: kpng.exe to-file: the same model ($(wc -l < linux.yaml) lines)"
+
+# 3. the HCN state
+run_hns linux.json "$linux" || fail "kpng to-local hns --hcn-simulator wrote no state"
+run_hns windows.json wine "$work/kpng.exe" || fail "kpng.exe to-local hns --hcn-simulator wrote no state"
+tr -d '\r' < windows.json > windows.lf.json
+diff -u linux.json windows.lf.json || fail "kpng.exe and kpng leave different HCN states"
+echo "ok: kpng.exe to-local hns: the same HCN state ($(grep -c '"ID"' linux.json) objects)"
