@@ -5,8 +5,9 @@
 # - `kpng file --input examples/cluster.yaml … to-file --output -`: the same model;
 # - `kpng file … to-local hns --hcn-simulator F`: the same HCN state (the simulator's GUIDs are
 #   deterministic, so the files are compared as they are).
-# Wine 8.0 (Debian 12) lacks bcryptprimitives.dll, which Rust's std imports: a one-function shim
-# (scripts/wine/bcryptprimitives.c) is built with mingw and put beside the exe.
+# Wine 8.0 (Debian 12) lacks bcryptprimitives.dll, which Rust's std imports, and
+# computenetwork.dll (HCN), which kpng.exe imports: shims (scripts/wine/*.c) are built with mingw
+# and put beside the exe.
 set -euo pipefail
 exe=$1
 linux=$2
@@ -16,6 +17,8 @@ trap 'wineserver -k >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 cp "$exe" "$work/kpng.exe"
 x86_64-w64-mingw32-gcc -shared -o "$work/bcryptprimitives.dll" \
   "$here/scripts/wine/bcryptprimitives.c" -ladvapi32
+# Wine has no computenetwork.dll either (HCN): a stand-in that answers "HNS unavailable".
+x86_64-w64-mingw32-gcc -shared -o "$work/computenetwork.dll" "$here/scripts/wine/computenetwork.c"
 export WINEPREFIX="$work/prefix" WINEDEBUG=-all
 cp "$here/examples/cluster.yaml" "$work/cluster.yaml"
 cd "$work"
@@ -24,8 +27,8 @@ win() { wine "$work/kpng.exe" "$@"; }
 fail() { echo "FAILED: $*"; exit 1; }
 
 # 1. version
-wv=$(win version 2>/dev/null | head -n 1 | tr -d '\r')
-lv=$("$linux" version | head -n 1)
+wv=$(win version 2>/dev/null | sed -n 1p | tr -d '\r')
+lv=$("$linux" version | sed -n 1p)
 [ "$wv" = "$lv" ] || fail "kpng.exe version says '$wv', kpng says '$lv'"
 win version 2>/dev/null | tr -d '\r' | grep -q 'platform: *windows/x86_64' \
   || fail "kpng.exe version does not say windows/x86_64"
@@ -77,3 +80,16 @@ run_hns windows.json wine "$work/kpng.exe" || fail "kpng.exe to-local hns --hcn-
 tr -d '\r' < windows.json > windows.lf.json
 diff -u linux.json windows.lf.json || fail "kpng.exe and kpng leave different HCN states"
 echo "ok: kpng.exe to-local hns: the same HCN state ($(grep -c '"ID"' linux.json) objects)"
+
+# 4. the system HCN path (`--hcn system`, the Windows default) starts, calls computenetwork.dll
+# and, HNS being unavailable (the stand-in), fails its syncs and backs off rather than crash.
+wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local hns >system.log 2>&1 &
+sp=$!
+for i in $(seq 1 300); do
+  grep -q "HNS unavailable" system.log 2>/dev/null && break
+  sleep 0.1
+done
+kill "$sp" 2>/dev/null || true
+wait "$sp" 2>/dev/null || true
+grep -q "HNS unavailable" system.log || { cat system.log; fail "kpng.exe --hcn system did not report HNS unavailable"; }
+echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries"
