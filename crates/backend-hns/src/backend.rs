@@ -20,7 +20,9 @@ use crate::hcn::{Hcn, HcnError};
 use crate::plan::{
     Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkView, Op, PlanWarning, plan_ops,
 };
-use crate::schema::{Endpoint, IpConfig, LoadBalancer, Policy, SchemaVersion, endpoint_flags};
+use crate::schema::{
+    Endpoint, IpConfig, LoadBalancer, Policy, SchemaVersion, endpoint_flags, normalize_id,
+};
 
 /// The Windows backend (`to-local hns`).
 pub struct HnsBackend {
@@ -85,22 +87,21 @@ impl HnsBackend {
             .enumerate_endpoints()
             .map_err(|e| unavailable(&e, "listing endpoints"))?;
         let mut known = Known::default();
-        let mut ours = BTreeSet::new();
-        let others: BTreeSet<&str> = endpoints
+        let others: BTreeSet<String> = endpoints
             .iter()
-            .filter(|e| e.host_compute_network != view.id)
-            .map(|e| e.id.as_str())
+            .filter(|e| !same_id(&e.host_compute_network, &view.id))
+            .map(|e| normalize_id(&e.id))
             .collect();
         for ep in endpoints
             .iter()
-            .filter(|e| e.host_compute_network == view.id)
+            .filter(|e| same_id(&e.host_compute_network, &view.id))
         {
-            ours.insert(ep.id.clone());
+            let id = normalize_id(&ep.id);
             for ip in ep.ips() {
                 if ep.is_remote() {
-                    known.remote.entry(ip).or_insert_with(|| ep.id.clone());
+                    known.remote.entry(ip).or_insert_with(|| id.clone());
                 } else {
-                    view.local.entry(ip).or_insert_with(|| ep.id.clone());
+                    view.local.entry(ip).or_insert_with(|| id.clone());
                 }
             }
         }
@@ -116,7 +117,7 @@ impl HnsBackend {
             let any_other = lb
                 .host_compute_endpoints
                 .iter()
-                .any(|id| others.contains(id.as_str()));
+                .any(|id| others.contains(&normalize_id(id)));
             if any_other {
                 continue;
             }
@@ -124,12 +125,12 @@ impl HnsBackend {
                 Some(f) if !known.lbs.contains_key(&f) => known.insert_lb(
                     f,
                     KnownLb {
-                        id: lb.id.clone(),
+                        id: normalize_id(&lb.id),
                         content: lb.content(),
                     },
                 ),
                 _ => {
-                    known.strays.insert(lb.id.clone());
+                    known.strays.insert(normalize_id(&lb.id));
                 }
             }
         }
@@ -148,7 +149,7 @@ impl HnsBackend {
                 run.calls += 1;
                 match self.hcn.create_endpoint(&ep) {
                     Ok(created) => {
-                        view.local.insert(*vip, created.id);
+                        view.local.insert(*vip, normalize_id(&created.id));
                     }
                     Err(e) if e.is_unavailable() => {
                         return Err(unavailable(&e, "creating the source VIP endpoint"));
@@ -228,7 +229,7 @@ impl HnsBackend {
         run.calls += 1;
         match self.hcn.create_endpoint(&request) {
             Ok(created) => {
-                self.known.remote.insert(ip, created.id);
+                self.known.remote.insert(ip, normalize_id(&created.id));
                 Ok(())
             }
             Err(e) if e.is_unavailable() => Err(unavailable(&e, "creating an endpoint")),
@@ -236,16 +237,16 @@ impl HnsBackend {
                 // HCN has one already (restored by an HNS restart, or created by someone
                 // else): adopt it.
                 let eps = self.enumerated_endpoints(run)?;
-                match eps
-                    .iter()
-                    .find(|x| x.host_compute_network == view_id && x.ips().any(|a| a == ip))
-                {
+                match eps.iter().find(|x| {
+                    same_id(&x.host_compute_network, &view_id) && x.ips().any(|a| a == ip)
+                }) {
                     Some(existing) => {
                         debug!("adopting existing HNS endpoint {} for {ip}", existing.id);
+                        let id = normalize_id(&existing.id);
                         if existing.is_remote() {
-                            self.known.remote.insert(ip, existing.id.clone());
+                            self.known.remote.insert(ip, id);
                         } else if let Some(v) = self.known.view.as_mut() {
-                            v.local.insert(ip, existing.id.clone());
+                            v.local.insert(ip, id);
                         }
                     }
                     None => run
@@ -302,7 +303,7 @@ impl HnsBackend {
                     self.known.insert_lb(
                         plan.frontend,
                         KnownLb {
-                            id: created.id,
+                            id: normalize_id(&created.id),
                             content: lb,
                         },
                     );
@@ -334,7 +335,7 @@ impl HnsBackend {
                         self.known.insert_lb(
                             plan.frontend,
                             KnownLb {
-                                id: existing.id,
+                                id: normalize_id(&existing.id),
                                 content: lb,
                             },
                         );
@@ -417,6 +418,11 @@ impl HnsBackend {
         }
         self.apply(ops, run)
     }
+}
+
+/// Whether two GUIDs name the same object.
+fn same_id(a: &str, b: &str) -> bool {
+    normalize_id(a) == normalize_id(b)
 }
 
 /// The create request of an endpoint on a network: a remote one (a pod on another node, with

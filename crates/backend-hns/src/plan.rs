@@ -79,7 +79,7 @@ impl NetworkView {
             })
             .collect();
         NetworkView {
-            id: network.id.clone(),
+            id: crate::schema::normalize_id(&network.id),
             network_type,
             routes,
             local: BTreeMap::new(),

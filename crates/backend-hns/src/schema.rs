@@ -7,8 +7,25 @@
 //! a network or CNI endpoint read from HCN and written back to the simulator's file loses
 //! nothing.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
+
+/// A list HCN may send as `null` (or leave out): empty.
+fn list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+/// An address as one spelling (`fd00::1`, not `FD00:0::1`), so that HCN's rendering and kpng's
+/// compare equal; anything unparseable is kept as it is.
+fn canonical_ip(s: &str) -> String {
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| ip.to_string())
+        .unwrap_or_else(|_| s.to_string())
+}
 
 /// Load-balancer `Flags` (hcsshim `LoadBalancerFlags`).
 pub mod lb_flags {
@@ -80,6 +97,18 @@ impl Default for SchemaVersion {
     }
 }
 
+/// A GUID in one spelling (lower case, no braces): HCN answers in either case, and kpng keys
+/// its maps by ID.
+pub fn normalize_id(id: &str) -> String {
+    id.trim_matches(|ch| ch == '{' || ch == '}')
+        .to_ascii_lowercase()
+}
+
+/// A string HCN may send as `null`: empty.
+fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
+}
+
 /// A policy of a network or an endpoint: a type and type-specific settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
@@ -106,7 +135,11 @@ pub struct Network {
     #[serde(rename = "Type", default)]
     pub network_type: String,
     /// Network policies; on overlay, the CNI's `RemoteSubnetRoute`s (pod subnet → node).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub policies: Vec<Policy>,
     /// Everything else HCN says about the network, kept as it came.
     #[serde(flatten)]
@@ -138,7 +171,7 @@ pub struct Endpoint {
     #[serde(default)]
     pub host_compute_network: String,
     /// Its addresses (one per family).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub ip_configurations: Vec<IpConfig>,
     /// The MAC address (`02-11-…` for remote endpoints, as kube-proxy conjures them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,7 +180,7 @@ pub struct Endpoint {
     #[serde(default)]
     pub flags: u32,
     /// Endpoint policies (`ProviderAddress` on an overlay remote endpoint).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub policies: Vec<Policy>,
     /// `2.0`.
     #[serde(default)]
@@ -199,16 +232,16 @@ pub struct LoadBalancer {
     #[serde(rename = "ID", default)]
     pub id: String,
     /// The endpoints' GUIDs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub host_compute_endpoints: Vec<String>,
     /// The source address of traffic sent to endpoints (SNAT), `--source-vip` or the node IP.
-    #[serde(rename = "SourceVIP", default)]
+    #[serde(rename = "SourceVIP", default, deserialize_with = "string")]
     pub source_vip: String,
     /// The frontend addresses; empty for a node-port load balancer.
-    #[serde(rename = "FrontendVIPs", default)]
+    #[serde(rename = "FrontendVIPs", default, deserialize_with = "list")]
     pub frontend_vips: Vec<String>,
     /// The port mappings (kpng writes one).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub port_mappings: Vec<PortMapping>,
     /// [`lb_flags`].
     #[serde(default)]
@@ -225,10 +258,17 @@ impl LoadBalancer {
     pub fn content(&self) -> LoadBalancer {
         let mut c = self.clone();
         c.id.clear();
+        // GUIDs and addresses in one spelling: HCN's answers compare equal to kpng's requests.
+        for id in &mut c.host_compute_endpoints {
+            *id = normalize_id(id);
+        }
         c.host_compute_endpoints.sort();
         c.host_compute_endpoints.dedup();
+        c.frontend_vips = c.frontend_vips.iter().map(|v| canonical_ip(v)).collect();
         c.frontend_vips.sort();
+        c.source_vip = canonical_ip(&c.source_vip);
         c.port_mappings.sort();
+        c.schema_version = SchemaVersion::default();
         c
     }
 }
@@ -238,13 +278,13 @@ impl LoadBalancer {
 #[serde(rename_all = "PascalCase")]
 pub struct State {
     /// Networks.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub networks: Vec<Network>,
     /// Endpoints (the CNI's and the proxy's).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub endpoints: Vec<Endpoint>,
     /// Load balancers.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub load_balancers: Vec<LoadBalancer>,
 }
 

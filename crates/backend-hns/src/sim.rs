@@ -202,10 +202,15 @@ impl Simulator {
     pub fn delete_out_of_band(&self, id: &str) -> bool {
         let mut inner = self.lock();
         let before = inner.state.load_balancers.len() + inner.state.endpoints.len();
-        inner.state.load_balancers.retain(|l| l.id != id);
-        inner.state.endpoints.retain(|e| e.id != id);
+        inner.state.load_balancers.retain(|l| !same(&l.id, id));
+        inner.state.endpoints.retain(|e| !same(&e.id, id));
         before != inner.state.load_balancers.len() + inner.state.endpoints.len()
     }
+}
+
+/// GUIDs compare without regard to case or braces, as HCN's.
+fn same(a: &str, b: &str) -> bool {
+    crate::schema::normalize_id(a) == crate::schema::normalize_id(b)
 }
 
 fn parse(path: &Path, bytes: &[u8]) -> Result<State, FileError> {
@@ -241,10 +246,10 @@ impl Inner {
     fn new_id(&mut self) -> String {
         loop {
             self.next_id += 1;
-            let id = format!("00000000-0000-4000-8000-{:012X}", self.next_id);
-            let taken = self.state.networks.iter().any(|n| n.id == id)
-                || self.state.endpoints.iter().any(|e| e.id == id)
-                || self.state.load_balancers.iter().any(|l| l.id == id);
+            let id = format!("00000000-0000-4000-8000-{:012x}", self.next_id);
+            let taken = self.state.networks.iter().any(|n| same(&n.id, &id))
+                || self.state.endpoints.iter().any(|e| same(&e.id, &id))
+                || self.state.load_balancers.iter().any(|l| same(&l.id, &id));
             if !taken {
                 return id;
             }
@@ -296,7 +301,7 @@ impl Hcn for Simulator {
             .state
             .networks
             .iter()
-            .any(|n| n.id == endpoint.host_compute_network)
+            .any(|n| same(&n.id, &endpoint.host_compute_network))
         {
             return Err(HcnError::new(
                 E_NOT_FOUND,
@@ -308,7 +313,7 @@ impl Hcn for Simulator {
             return Err(HcnError::new(E_INVALID_ARG, "endpoint without an IP"));
         }
         if let Some(other) = inner.state.endpoints.iter().find(|e| {
-            e.host_compute_network == endpoint.host_compute_network
+            same(&e.host_compute_network, &endpoint.host_compute_network)
                 && e.ips().any(|ip| ips.contains(&ip))
         }) {
             return Err(HcnError::new(
@@ -326,7 +331,7 @@ impl Hcn for Simulator {
         let mut inner = self.lock();
         inner.call(Call::DeleteEndpoint)?;
         let before = inner.state.endpoints.len();
-        inner.state.endpoints.retain(|e| e.id != id);
+        inner.state.endpoints.retain(|e| !same(&e.id, id));
         if inner.state.endpoints.len() == before {
             return Err(HcnError::new(
                 E_NOT_FOUND,
@@ -348,7 +353,7 @@ impl Hcn for Simulator {
         if let Some(missing) = lb
             .host_compute_endpoints
             .iter()
-            .find(|id| !inner.state.endpoints.iter().any(|e| &e.id == *id))
+            .find(|id| !inner.state.endpoints.iter().any(|e| same(&e.id, id)))
         {
             return Err(HcnError::new(
                 E_NOT_FOUND,
@@ -377,7 +382,7 @@ impl Hcn for Simulator {
         let mut inner = self.lock();
         inner.call(Call::DeleteLoadBalancer)?;
         let before = inner.state.load_balancers.len();
-        inner.state.load_balancers.retain(|l| l.id != id);
+        inner.state.load_balancers.retain(|l| !same(&l.id, id));
         if inner.state.load_balancers.len() == before {
             return Err(HcnError::new(
                 E_NOT_FOUND,

@@ -182,7 +182,12 @@ fn endpoint_ips(state: &State, lb: &LoadBalancer) -> Vec<String> {
     let mut ips: Vec<String> = lb
         .host_compute_endpoints
         .iter()
-        .filter_map(|id| state.endpoints.iter().find(|e| &e.id == id))
+        .filter_map(|id| {
+            state
+                .endpoints
+                .iter()
+                .find(|e| e.id.eq_ignore_ascii_case(id))
+        })
         .flat_map(|e| e.ip_configurations.iter().map(|c| c.ip_address.clone()))
         .collect();
     ips.sort();
@@ -344,7 +349,7 @@ fn a_cold_sync_costs_one_create_per_object_and_three_enumerates() {
     let state = sim.state();
     let a = lb_at(&state, "10.96.0.10").expect("a's load balancer");
     assert_eq!(endpoint_ips(&state, &a), vec!["10.244.1.5", "10.244.2.7"]);
-    assert!(a.host_compute_endpoints.contains(&"LOCAL-5".to_string()));
+    assert!(a.host_compute_endpoints.contains(&"local-5".to_string()));
     let remote = state
         .endpoints
         .iter()
@@ -685,4 +690,34 @@ fn calls_are_counted_and_delayed() {
         .expect("sync");
     assert_eq!(sim.calls().total(), 4);
     assert!(started.elapsed() >= std::time::Duration::from_millis(20));
+}
+
+#[test]
+fn hcn_spellings_of_ids_and_addresses_do_not_cause_churn() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("v6", "fd00:96::10", &[ep("fd00:244::5", false)])];
+    d.full(&ports).expect("cold");
+    // HCN answers with upper-case, braced GUIDs and its own address spelling.
+    let mut st = sim.state();
+    for lb in &mut st.load_balancers {
+        lb.id = format!("{{{}}}", lb.id.to_uppercase());
+        for id in &mut lb.host_compute_endpoints {
+            *id = id.to_uppercase();
+        }
+        lb.frontend_vips = vec!["FD00:96:0::10".into()];
+    }
+    for e in &mut st.endpoints {
+        e.id = e.id.to_uppercase();
+    }
+    sim.set_state(st);
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0), "nothing to replace");
+    assert_eq!(sim.calls().total(), 3);
+    // And lists HCN sends as null read as empty.
+    let lb: LoadBalancer = serde_json::from_str(
+        r#"{"ID":"x","HostComputeEndpoints":null,"FrontendVIPs":null,"PortMappings":null,"SourceVIP":null}"#,
+    )
+    .expect("nulls");
+    assert!(lb.host_compute_endpoints.is_empty() && lb.source_vip.is_empty());
 }

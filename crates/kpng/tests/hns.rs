@@ -83,10 +83,10 @@ fn endpoint_ips(state: &Value, lb: &Value) -> Vec<String> {
         .into_iter()
         .flatten()
         .filter_map(|id| {
-            state["Endpoints"]
-                .as_array()?
-                .iter()
-                .find(|e| &e["ID"] == id)
+            state["Endpoints"].as_array()?.iter().find(|e| {
+                e["ID"].as_str().map(str::to_ascii_lowercase)
+                    == id.as_str().map(str::to_ascii_lowercase)
+            })
         })
         .filter_map(|e| {
             e["IpConfigurations"][0]["IpAddress"]
@@ -124,7 +124,8 @@ fn manifests_in_hcn_state_out_and_out_of_band_deletes_are_repaired() {
         .expect("ids")
         .iter()
         .collect();
-    assert!(ids.contains(&&json!("CNI-2")) && ids.contains(&&json!("CNI-3")));
+    // The CNI's endpoints, by ID (kpng writes GUIDs in lower case; HCN's are case-blind).
+    assert!(ids.contains(&&json!("cni-2")) && ids.contains(&&json!("cni-3")));
     let remote = programmed["Endpoints"]
         .as_array()
         .expect("endpoints")
