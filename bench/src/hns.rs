@@ -58,7 +58,12 @@ impl HnsResult {
 fn pod_ip(i: usize) -> IpAddr {
     // 10.244.0.0/14: a /24 per 250 pods, as a CNI would hand them out.
     let i = u32::try_from(i).unwrap_or(u32::MAX);
-    IpAddr::V4(Ipv4Addr::new(10, 244 + (i / 62500) as u8, ((i / 250) % 250) as u8, (i % 250 + 2) as u8))
+    IpAddr::V4(Ipv4Addr::new(
+        10,
+        244 + (i / 62500) as u8,
+        ((i / 250) % 250) as u8,
+        (i % 250 + 2) as u8,
+    ))
 }
 
 fn snapshot(services: usize, pool: &[(IpAddr, bool)], per_service: usize) -> Snapshot {
@@ -71,7 +76,12 @@ fn snapshot(services: usize, pool: &[(IpAddr, bool)], per_service: usize) -> Sna
             family: Family::V4,
         };
         let s32 = u32::try_from(s).unwrap_or(0);
-        let vip = IpAddr::V4(Ipv4Addr::new(10, 96, (s32 / 250) as u8, (s32 % 250 + 1) as u8));
+        let vip = IpAddr::V4(Ipv4Addr::new(
+            10,
+            96,
+            (s32 / 250) as u8,
+            (s32 % 250 + 1) as u8,
+        ));
         let mut p = ServicePort::new(key.clone(), vip, 80);
         p.cluster_endpoints = (0..per_service)
             .map(|k| {
@@ -94,7 +104,11 @@ fn snapshot(services: usize, pool: &[(IpAddr, bool)], per_service: usize) -> Sna
         node: NodeState {
             name: "win-1".into(),
             known: true,
-            ips: vec!["192.168.0.10".parse().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))],
+            ips: vec![
+                "192.168.0.10"
+                    .parse()
+                    .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            ],
             ..NodeState::default()
         },
         ports,
@@ -104,8 +118,15 @@ fn snapshot(services: usize, pool: &[(IpAddr, bool)], per_service: usize) -> Sna
 
 /// Programs `services` ClusterIP Services over `remote` remote and `local` local endpoints
 /// cold, with `delay` per HCN call, then changes one endpoint.
-pub fn run(services: usize, remote: usize, local: usize, delay: Duration) -> Result<HnsResult, String> {
-    let pool: Vec<(IpAddr, bool)> = (0..remote + local).map(|i| (pod_ip(i), i >= remote)).collect();
+pub fn run(
+    services: usize,
+    remote: usize,
+    local: usize,
+    delay: Duration,
+) -> Result<HnsResult, String> {
+    let pool: Vec<(IpAddr, bool)> = (0..remote + local)
+        .map(|i| (pod_ip(i), i >= remote))
+        .collect();
     let per_service = (remote + local).div_ceil(services).max(1);
     let network = Network {
         id: "NET".into(),

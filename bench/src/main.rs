@@ -235,7 +235,11 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     report.push_str(&comparison::control_section(&kube_proxy, &control_results));
     // The Windows backend against the HCN simulator: upstream's anchor shape (kubernetes#109162)
     // with 5 ms per HCN call (≈35 s; the quick run scales it down).
-    let (svcs, remote, local) = if quick { (200, 500, 15) } else { (2000, 5000, 15) };
+    let (svcs, remote, local) = if quick {
+        (200, 500, 15)
+    } else {
+        (2000, 5000, 15)
+    };
     eprintln!("hns: {svcs} ClusterIP Services, {remote} remote endpoints, 5 ms per HCN call …");
     let hns = hns::run(svcs, remote, local, Duration::from_millis(5))?;
     report.push_str("\n## Windows (HNS backend, HCN simulator)\n\n");
