@@ -156,6 +156,7 @@ Examples:
   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
   kpng file --input examples/cluster.yaml to-file --output -
   kpng file --input examples/cluster.yaml to-local nft --dry-run
+  kpng file --input examples/cluster.yaml --node-name node1 to-local hns --hcn-simulator hcn.json
   kpng --cleanup
 
 kube-proxy flags kpng accepts without effect (each warns once when set): --feature-gates,
