@@ -721,3 +721,53 @@ fn hcn_spellings_of_ids_and_addresses_do_not_cause_churn() {
     .expect("nulls");
     assert!(lb.host_compute_endpoints.is_empty() && lb.source_vip.is_empty());
 }
+
+#[test]
+fn on_overlay_the_source_vip_gets_its_endpoint_once() {
+    let sim = hcn("Overlay");
+    let cfg = HnsConfig {
+        source_vips: vec![ip("10.244.1.2")],
+        ..config()
+    };
+    let mut d = Driver::new(&sim, cfg);
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let state = sim.state();
+    let vip = state
+        .endpoints
+        .iter()
+        .find(|e| e.ips().any(|i| i == ip("10.244.1.2")))
+        .expect("the source VIP's endpoint");
+    assert!(!vip.is_remote());
+    assert_eq!(
+        vip.policies[0].settings["ProviderAddress"],
+        serde_json::json!(NODE_IP),
+        "the node's address"
+    );
+    let lb = lb_at(&state, "10.96.0.10").expect("lb");
+    assert_eq!(lb.source_vip, "10.244.1.2");
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0), "not created twice");
+    assert_eq!(sim.calls().of(Call::CreateEndpoint), 0);
+}
+
+#[test]
+fn internal_traffic_policy_local_uses_the_models_local_endpoints() {
+    let mut p = port(
+        "web",
+        "10.96.0.10",
+        &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+    );
+    p.internal_policy_local = true;
+    // The model's lists are used as they are: here the cluster list holds a terminating
+    // fallback the planner must not second-guess.
+    p.cluster_endpoints = vec![ep("10.244.2.7", false)];
+    let mut w = Vec::new();
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut w);
+    let ips: Vec<IpAddr> = lbs[0].endpoints.iter().map(|e| e.ip()).collect();
+    assert_eq!(ips, vec![ip("10.244.1.5")]);
+    p.internal_policy_local = false;
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut w);
+    let ips: Vec<IpAddr> = lbs[0].endpoints.iter().map(|e| e.ip()).collect();
+    assert_eq!(ips, vec![ip("10.244.2.7")]);
+}
