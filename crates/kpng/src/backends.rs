@@ -463,7 +463,7 @@ mod linux {
 }
 
 /// The Windows backend: the system's HCN on Windows, the simulator anywhere.
-mod hns {
+pub(crate) mod hns {
     use anyhow::Context;
     use kpng_backend_hns::schema::Network;
     use kpng_backend_hns::sim::Simulator;
@@ -515,6 +515,31 @@ mod hns {
             backend: Box::new(HnsBackend::new(config, hcn)),
             own: None,
         })
+    }
+
+    /// `kpng --cleanup` / `kpng cleanup` on Windows: removes every load balancer and remote
+    /// endpoint kpng (or kube-proxy) made on the CNI's network, as kube-proxy's `--cleanup`.
+    #[cfg(windows)]
+    pub fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
+        use kpng_backend::Backend;
+        let network_name = flags.network_name.clone().filter(|n| !n.is_empty()).context(
+            "cleaning HNS needs the CNI's network: --network-name or the KUBE_NETWORK variable",
+        )?;
+        if dry_run {
+            println!(
+                "kpng: would remove every HNS load balancer and remote endpoint on network \
+                 {network_name}"
+            );
+            return Ok(());
+        }
+        let config = HnsConfig {
+            network_name: network_name.clone(),
+            ..HnsConfig::default()
+        };
+        let mut backend = HnsBackend::new(config, system()?);
+        backend.cleanup()?;
+        println!("kpng: removed the HNS load balancers and remote endpoints on {network_name}");
+        Ok(())
     }
 
     #[cfg(windows)]

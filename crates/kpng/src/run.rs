@@ -32,19 +32,31 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// `--cleanup`, `kpng cleanup`: every proxy's leftovers on Linux; HNS's load balancers on
+/// Windows.
+fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
+    #[cfg(windows)]
+    return crate::backends::hns::cleanup(flags, dry_run);
+    #[cfg(not(windows))]
+    {
+        let _ = flags;
+        crate::leftovers::cleanup_all(dry_run)
+    }
+}
+
 /// Runs the command line.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
     let flags = cli.global;
     // kube-proxy's --cleanup and --init-only stop before anything runs, whatever follows.
     if flags.cleanup {
-        return crate::leftovers::cleanup_all(cli.dry_run);
+        return cleanup(&flags, cli.dry_run);
     }
     let command = match cli.command {
         Some(command) => command,
         None => return kube_proxy(flags, cli.dry_run),
     };
     if let Command::Cleanup = command {
-        return crate::leftovers::cleanup_all(cli.dry_run);
+        return cleanup(&flags, cli.dry_run);
     }
     if cli.dry_run {
         anyhow::bail!(
@@ -64,7 +76,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(args) => {
             crate::admin::print_trace(std::path::Path::new(&flags.admin_socket), &args)
         }
-        Command::Cleanup => crate::leftovers::cleanup_all(false),
+        Command::Cleanup => cleanup(&flags, false),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
             let source = FileSource::new(file.input, file.debounce)
