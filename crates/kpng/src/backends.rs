@@ -522,9 +522,13 @@ pub(crate) mod hns {
     #[cfg(windows)]
     pub fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
         use kpng_backend::Backend;
-        let network_name = flags.network_name.clone().filter(|n| !n.is_empty()).context(
-            "cleaning HNS needs the CNI's network: --network-name or the KUBE_NETWORK variable",
-        )?;
+        let network_name = flags
+            .network_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .context(
+                "cleaning HNS needs the CNI's network: --network-name or the KUBE_NETWORK variable",
+            )?;
         if dry_run {
             println!(
                 "kpng: would remove every HNS load balancer and remote endpoint on network \

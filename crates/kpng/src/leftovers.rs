@@ -118,6 +118,7 @@ pub fn sweep(own: Option<Leftover>) {
 
 /// `kpng cleanup`, `kpng --cleanup`: removes every leftover and prints what it removed; with
 /// `dry_run`, prints what it would remove and removes nothing.
+#[cfg_attr(windows, allow(dead_code))]
 pub fn cleanup_all(dry_run: bool) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     let mut removed = 0;
