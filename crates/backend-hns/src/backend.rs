@@ -381,7 +381,11 @@ impl HnsBackend {
         // The runner's periodic empty sync (`--sync-period`) re-reads HCN too: objects
         // deleted out of band (HNS or CNI restarts, `hnsdiag delete`) come back within a sync
         // period, for three enumerates (what upstream's per-sync HNS cache costs).
-        let full = request.full || request.diff.is_empty() || self.known.view.is_none();
+        // A node change (its IPs: every load balancer's SourceVIP may follow) is one too.
+        let full = request.full
+            || request.diff.is_empty()
+            || request.diff.node_changed
+            || self.known.view.is_none();
         if full {
             self.discover(&request.snapshot.node.ips, run)?;
         }

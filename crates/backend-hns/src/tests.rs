@@ -771,3 +771,26 @@ fn internal_traffic_policy_local_uses_the_models_local_endpoints() {
     let ips: Vec<IpAddr> = lbs[0].endpoints.iter().map(|e| e.ip()).collect();
     assert_eq!(ips, vec![ip("10.244.2.7")]);
 }
+
+#[test]
+fn a_new_node_ip_moves_every_source_vip() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let mut snap = snapshot(&ports);
+    snap.node.ips = vec![ip("192.168.1.99")];
+    let diff = Diff {
+        node_changed: true,
+        ..Diff::default()
+    };
+    d.backend
+        .sync(&SyncRequest {
+            diff: &diff,
+            snapshot: &snap,
+            full: false,
+        })
+        .expect("node change");
+    let lb = lb_at(&sim.state(), "10.96.0.10").expect("lb");
+    assert_eq!(lb.source_vip, "192.168.1.99");
+}
