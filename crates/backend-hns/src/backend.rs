@@ -17,6 +17,7 @@ use kpng_model::PortKey;
 use tracing::{debug, info, warn};
 
 use crate::hcn::{Hcn, HcnError};
+use crate::metrics::{Counted, HnsMetrics};
 use crate::plan::{
     Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkView, Op, PlanWarning, plan_ops,
 };
@@ -29,6 +30,7 @@ pub struct HnsBackend {
     config: HnsConfig,
     hcn: Box<dyn Hcn>,
     known: Known,
+    metrics: HnsMetrics,
 }
 
 /// How one sync went, beyond its result.
@@ -52,10 +54,12 @@ fn unavailable(e: &HcnError, what: &str) -> BackendError {
 impl HnsBackend {
     /// A backend over an HCN (the system's, or the simulator).
     pub fn new(config: HnsConfig, hcn: Box<dyn Hcn>) -> HnsBackend {
+        let metrics = HnsMetrics::default();
         HnsBackend {
             config,
-            hcn,
+            hcn: Box::new(Counted::new(hcn, metrics.clone())),
             known: Known::default(),
+            metrics,
         }
     }
 
@@ -476,6 +480,10 @@ impl Backend for HnsBackend {
         "hns"
     }
 
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.metrics.register(registry);
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         self.hcn.begin_sync();
         let mut run = Run::default();
@@ -492,6 +500,12 @@ impl Backend for HnsBackend {
                 message: format!("{n} HCN operations failed: {}", first.join("; ")),
             });
         }
+        self.metrics
+            .load_balancers
+            .set(i64::try_from(self.known.lbs.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .remote_endpoints
+            .set(i64::try_from(self.known.remote.len()).unwrap_or(i64::MAX));
         if request.full {
             info!(
                 load_balancers = self.known.lbs.len(),

@@ -14,6 +14,7 @@
 
 mod backend;
 pub mod hcn;
+pub mod metrics;
 pub mod plan;
 pub mod schema;
 pub mod sim;

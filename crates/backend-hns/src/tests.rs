@@ -794,3 +794,24 @@ fn a_new_node_ip_moves_every_source_vip() {
     let lb = lb_at(&sim.state(), "10.96.0.10").expect("lb");
     assert_eq!(lb.source_vip, "192.168.1.99");
 }
+
+#[test]
+fn hcn_calls_are_metrics() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    d.full(&[port("a", "10.96.0.10", &[ep("10.244.2.7", false)])])
+        .expect("cold");
+    let mut registry = prometheus_client::registry::Registry::default();
+    d.backend.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        "kpng_hns_calls_total{call=\"create_load_balancer\",outcome=\"ok\"} 1",
+        "kpng_hns_calls_total{call=\"create_endpoint\",outcome=\"ok\"} 1",
+        "kpng_hns_calls_total{call=\"enumerate_networks\",outcome=\"ok\"} 1",
+        "kpng_hns_load_balancers 1",
+        "kpng_hns_remote_endpoints 1",
+    ] {
+        assert!(text.contains(line), "{line} missing in:\n{text}");
+    }
+}
