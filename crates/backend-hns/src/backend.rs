@@ -476,8 +476,9 @@ pub fn conjure_mac(ip: IpAddr) -> String {
 }
 
 impl Backend for HnsBackend {
+    /// kube-proxy's name of the mode, as `/proxyMode` answers it on Windows.
     fn name(&self) -> &'static str {
-        "hns"
+        "kernelspace"
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
