@@ -577,6 +577,36 @@ pub fn plan_ops(
             }
         }
     }
+    // On overlay, every ClusterIP is a remote endpoint of its own on the node's provider
+    // address (as winkernel does, so that the VIP is routable in the overlay), referenced by no
+    // load balancer and kept while a Service port has that ClusterIP.
+    let overlay = view.network_type == NetworkType::Overlay;
+    let all_vips: BTreeSet<IpAddr> = if overlay {
+        snapshot.ports.values().map(|p| p.cluster_ip).collect()
+    } else {
+        BTreeSet::new()
+    };
+    if overlay {
+        for key in ports {
+            let Some(port) = snapshot.ports.get(key) else {
+                continue;
+            };
+            let vip = port.cluster_ip;
+            let node_ip = snapshot
+                .node
+                .ips
+                .iter()
+                .copied()
+                .find(|ip| Family::of(ip) == Family::of(&vip));
+            let exists = known.remote.contains_key(&vip) || view.local.contains_key(&vip);
+            if !exists && creating.insert(vip) {
+                ops.push(Op::CreateRemoteEndpoint {
+                    ip: vip,
+                    provider: node_ip,
+                });
+            }
+        }
+    }
     // Load balancers that go.
     for frontend in &previous {
         if desired.contains_key(frontend) {
@@ -631,7 +661,7 @@ pub fn plan_ops(
     for (ip, id) in &known.remote {
         let used = refs.get(id).copied().unwrap_or(0) > 0;
         let touched = full || known.refs.get(id).copied().unwrap_or(0) > 0;
-        if !used && touched && !creating.contains(ip) {
+        if !used && touched && !creating.contains(ip) && !all_vips.contains(ip) {
             ops.push(Op::DeleteEndpoint {
                 id: id.clone(),
                 ip: *ip,

@@ -517,7 +517,7 @@ fn bug_110674_objects_deleted_out_of_band_come_back_at_the_next_full_sync() {
     let pa = after
         .endpoints
         .iter()
-        .find(|e| e.is_remote())
+        .find(|e| e.is_remote() && e.ips().any(|i| i == ip("10.244.2.7")))
         .map(|e| e.policies.clone());
     assert_eq!(
         pa.and_then(|p| p.first().map(|p| p.settings["ProviderAddress"].clone())),
@@ -814,4 +814,33 @@ fn hcn_calls_are_metrics() {
     ] {
         assert!(text.contains(line), "{line} missing in:\n{text}");
     }
+}
+
+#[test]
+fn on_overlay_every_cluster_ip_gets_a_remote_endpoint_while_it_is_used() {
+    let sim = hcn("Overlay");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let vip_endpoint = |state: &State| {
+        state
+            .endpoints
+            .iter()
+            .find(|e| e.ips().any(|i| i == ip("10.96.0.10")))
+            .cloned()
+    };
+    let vip = vip_endpoint(&sim.state()).expect("the ClusterIP's endpoint");
+    assert!(vip.is_remote());
+    assert_eq!(
+        vip.policies[0].settings["ProviderAddress"],
+        serde_json::json!(NODE_IP)
+    );
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0), "kept, not re-created");
+    d.change(&[]).expect("the Service goes");
+    d.full(&[]).expect("the next full sync");
+    assert!(
+        vip_endpoint(&sim.state()).is_none(),
+        "and so does its VIP endpoint"
+    );
 }
