@@ -429,7 +429,8 @@ impl Hcn for Simulator {
         let mut bytes = serde_json::to_vec_pretty(&inner.state)
             .map_err(|e| HcnError::new(E_INVALID_ARG, format!("serializing state: {e}")))?;
         bytes.push(b'\n');
-        if inner.file_bytes.as_deref() == Some(&bytes[..]) {
+        // Unchanged and still there: nothing to write (a removed file is written again).
+        if inner.file_bytes.as_deref() == Some(&bytes[..]) && path.exists() {
             return Ok(());
         }
         write_atomically(&path, &bytes).map_err(|e| {

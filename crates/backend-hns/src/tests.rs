@@ -678,6 +678,10 @@ fn the_state_file_is_written_and_an_edited_file_is_adopted() {
     let back: State =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("state");
     assert_eq!(back.load_balancers.len(), 1, "re-created");
+    // A removed file is written again at the next sync.
+    std::fs::remove_file(&path).expect("rm");
+    d.full(&ports).expect("full sync");
+    assert!(path.exists());
 }
 
 #[test]
