@@ -31,6 +31,9 @@ pub struct HnsBackend {
     hcn: Box<dyn Hcn>,
     known: Known,
     metrics: HnsMetrics,
+    /// Planner warnings already logged: each is logged once while it holds (every periodic
+    /// sync re-plans every port, and would repeat them every `--sync-period`).
+    warned: BTreeSet<String>,
 }
 
 /// How one sync went, beyond its result.
@@ -60,6 +63,7 @@ impl HnsBackend {
             hcn: Box::new(Counted::new(hcn, metrics.clone())),
             known: Known::default(),
             metrics,
+            warned: BTreeSet::new(),
         }
     }
 
@@ -411,8 +415,17 @@ impl HnsBackend {
             &self.config,
             &mut warnings,
         );
-        for w in &warnings {
-            warn!("{}: {}", w.port, w.message);
+        let lines: BTreeSet<String> = warnings
+            .iter()
+            .map(|w| format!("{}: {}", w.port, w.message))
+            .collect();
+        for line in lines.difference(&self.warned) {
+            warn!("{line}");
+        }
+        if full {
+            self.warned = lines;
+        } else {
+            self.warned.extend(lines);
         }
         if full {
             self.known.by_port.clear();
