@@ -39,11 +39,18 @@ common=(file --input cluster.yaml --node-name node1 --min-sync-period 0
         --metrics-bind-address= --healthz-bind-address=127.0.0.1:0 --admin-socket=)
 run_hns() {
   local state=$1; shift
-  rm -f "$state"
-  "$@" "${common[@]}" to-local hns --hcn-simulator "$state" >"$state.log" 2>&1 &
+  # HCN as the CNI leaves node1: its network and its two pods' endpoints.
+  cat > "$state" <<'JSON'
+{"Networks": [{"ID": "NET", "Name": "cbr0", "Type": "L2Bridge"}],
+ "Endpoints": [
+  {"ID": "CNI-2", "HostComputeNetwork": "NET", "IpConfigurations": [{"IpAddress": "10.244.1.2"}]},
+  {"ID": "CNI-3", "HostComputeNetwork": "NET", "IpConfigurations": [{"IpAddress": "10.244.1.3"}]}],
+ "LoadBalancers": []}
+JSON
+  "$@" "${common[@]}" --network-name cbr0 to-local hns --hcn-simulator "$state" >"$state.log" 2>&1 &
   local pid=$! i
   for i in $(seq 1 600); do
-    if [ -s "$state" ] && grep -q '"LoadBalancers"' "$state"; then
+    if grep -q '"FrontendVIPs"' "$state" 2>/dev/null; then
       sleep 0.5
       kill "$pid" 2>/dev/null || true
       wait "$pid" 2>/dev/null || true
