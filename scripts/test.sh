@@ -56,7 +56,7 @@ rm -f "$skipped"
 
 echo "== the contract and every backend build without Kubernetes types"
 for crate in kpng-model kpng-backend kpng-runner kpng-backend-nft kpng-backend-iptables \
-             kpng-backend-userspace kpng-backend-ebpf kpng-sink-file kpng-api; do
+             kpng-backend-userspace kpng-backend-ebpf kpng-backend-hns kpng-sink-file kpng-api; do
   if cargo tree --locked -e normal -p "$crate" | grep -q 'k8s-openapi'; then
     echo "$crate depends on k8s-openapi (cargo tree -e normal -p $crate): conversion belongs in kpng-k8s"
     exit 1
@@ -90,6 +90,26 @@ elif ! command -v x86_64-w64-mingw32-gcc >/dev/null 2>&1; then
   echo "SKIPPED the Windows check: no x86_64-w64-mingw32-gcc (Debian gcc-mingw-w64-x86-64) to build ring's C code"
 else
   cargo check --locked --target "$windows_target" -p kpng
+  windows_ok=1
+fi
+
+echo "== Windows binary under Wine (kpng.exe: version, to-file, to-local hns --hcn-simulator)"
+if [ -z "${windows_ok:-}" ]; then
+  echo "SKIPPED: the Windows target could not be built (above)"
+else
+  if ! command -v wine >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wine64 wine >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wine64 wine >/dev/null; } || true
+  fi
+  if ! command -v wine >/dev/null 2>&1; then
+    echo "SKIPPED: no wine (Debian wine64; not root, or the install failed)"
+  else
+    # A debug build: a release Windows build takes many minutes on 2 cores.
+    cargo build --quiet --locked --target "$windows_target" -p kpng
+    cargo build --quiet --locked -p kpng
+    target_dir="${CARGO_TARGET_DIR:-target}"
+    scripts/wine-compare.sh "$target_dir/$windows_target/debug/kpng.exe" "$target_dir/debug/kpng"
+  fi
 fi
 
 echo "== benchmark smoke run (kpng-bench all --quick)"

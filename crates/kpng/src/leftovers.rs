@@ -108,6 +108,7 @@ pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover
             .collect(),
         // The socket programs and the nftables ruleset beside them.
         BackendKind::Ebpf => vec![Leftover::KpngEbpf, Leftover::KpngNft],
+        BackendKind::Hns => Vec::new(),
     }
 }
 
@@ -130,6 +131,7 @@ pub fn sweep(own: &[Leftover]) {
 
 /// `kpng cleanup`, `kpng --cleanup`: removes every leftover and prints what it removed; with
 /// `dry_run`, prints what it would remove and removes nothing.
+#[cfg_attr(windows, allow(dead_code))]
 pub fn cleanup_all(dry_run: bool) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     let mut removed = 0;

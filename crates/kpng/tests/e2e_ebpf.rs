@@ -103,7 +103,7 @@ while not os.path.exists(sys.argv[5]):
 #[test]
 fn udp_clients_keep_working_across_an_endpoint_change() {
     require_root!();
-    let c = Cluster::create(&B.prefix("udp")).expect("cluster");
+    let c = Cluster::create(&B.prefix("udpchg")).expect("cluster");
     let _echo: Vec<Spawned> = ["pod1b", "pod2a"]
         .iter()
         .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))

@@ -456,7 +456,8 @@ pub fn ebpf_pins(node: &Netns) -> PathBuf {
 /// directory on a test bpffs. Returns (the node's cgroup, the pin directory).
 pub fn ebpf_scope(node: &Netns) -> (PathBuf, PathBuf) {
     let name = node.name();
-    // `{prefix}-node1-{pid}-{n}`: the cluster's namespaces share `{prefix}-` and `-{pid}-`.
+    // `{prefix}-node1-{pid}-{n}`: the cluster's namespaces share `{prefix}-` and `-{pid}-`
+    // (prefixes are unique per test binary, as for every backend's namespace names).
     let parts: Vec<&str> = name.rsplitn(4, '-').collect();
     let [_, pid, role, prefix] = parts.as_slice() else {
         panic!("unexpected namespace name {name}");
