@@ -353,7 +353,8 @@ fn mistakes_on_the_line_say_what_was_meant() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("hint: the backends of `to-local` are: nft, iptables, userspace, ebpf, hns"),
+        stderr
+            .contains("hint: the backends of `to-local` are: nft, iptables, userspace, ebpf, hns"),
         "{stderr}"
     );
     let out = kpng()
