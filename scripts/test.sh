@@ -65,9 +65,10 @@ done
 echo "ok"
 
 echo "== backends do not depend on each other (to-local ebpf composes nft in the binary)"
-for crate in kpng-backend-nft kpng-backend-iptables kpng-backend-userspace kpng-backend-ebpf; do
+for crate in kpng-backend-nft kpng-backend-iptables kpng-backend-userspace kpng-backend-ebpf \
+             kpng-backend-hns; do
   if cargo tree --locked -e normal -p "$crate" --prefix none | awk '{print $1}' | grep -v "^$crate\$" \
-      | grep -qE '^kpng-backend-(nft|iptables|userspace|ebpf)$'; then
+      | grep -qE '^kpng-backend-(nft|iptables|userspace|ebpf|hns)$'; then
     echo "$crate depends on another backend (cargo tree -e normal -p $crate)"
     exit 1
   fi
