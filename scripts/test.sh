@@ -15,6 +15,12 @@ command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 # The status page's test loads it in a real browser (headless).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# The eBPF backend's programs are C, compiled by clang against libbpf's headers from build.rs,
+# which runs at the first cargo command below (clippy): installed before it. Its tests list the
+# attached programs with bpftool.
+command -v clang >/dev/null 2>&1 || need+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
 # The bench's plots label their axes with DejaVu Sans.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then
@@ -50,9 +56,20 @@ rm -f "$skipped"
 
 echo "== the contract and every backend build without Kubernetes types"
 for crate in kpng-model kpng-backend kpng-runner kpng-backend-nft kpng-backend-iptables \
-             kpng-backend-userspace kpng-sink-file kpng-api; do
+             kpng-backend-userspace kpng-backend-ebpf kpng-backend-hns kpng-sink-file kpng-api; do
   if cargo tree --locked -e normal -p "$crate" | grep -q 'k8s-openapi'; then
     echo "$crate depends on k8s-openapi (cargo tree -e normal -p $crate): conversion belongs in kpng-k8s"
+    exit 1
+  fi
+done
+echo "ok"
+
+echo "== backends do not depend on each other (to-local ebpf composes nft in the binary)"
+for crate in kpng-backend-nft kpng-backend-iptables kpng-backend-userspace kpng-backend-ebpf \
+             kpng-backend-hns; do
+  if cargo tree --locked -e normal -p "$crate" --prefix none | awk '{print $1}' | grep -v "^$crate\$" \
+      | grep -qE '^kpng-backend-(nft|iptables|userspace|ebpf|hns)$'; then
+    echo "$crate depends on another backend (cargo tree -e normal -p $crate)"
     exit 1
   fi
 done
@@ -74,6 +91,26 @@ elif ! command -v x86_64-w64-mingw32-gcc >/dev/null 2>&1; then
   echo "SKIPPED the Windows check: no x86_64-w64-mingw32-gcc (Debian gcc-mingw-w64-x86-64) to build ring's C code"
 else
   cargo check --locked --target "$windows_target" -p kpng
+  windows_ok=1
+fi
+
+echo "== Windows binary under Wine (kpng.exe: version, to-file, to-local hns --hcn-simulator)"
+if [ -z "${windows_ok:-}" ]; then
+  echo "SKIPPED: the Windows target could not be built (above)"
+else
+  if ! command -v wine >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wine64 wine >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wine64 wine >/dev/null; } || true
+  fi
+  if ! command -v wine >/dev/null 2>&1; then
+    echo "SKIPPED: no wine (Debian wine64; not root, or the install failed)"
+  else
+    # A debug build: a release Windows build takes many minutes on 2 cores.
+    cargo build --quiet --locked --target "$windows_target" -p kpng
+    cargo build --quiet --locked -p kpng
+    target_dir="${CARGO_TARGET_DIR:-target}"
+    scripts/wine-compare.sh "$target_dir/$windows_target/debug/kpng.exe" "$target_dir/debug/kpng"
+  fi
 fi
 
 echo "== benchmark smoke run (kpng-bench all --quick)"

@@ -28,6 +28,9 @@ pub enum BackendKind {
     IptablesLegacy,
     /// `to-local userspace` (data plane only: not in [`BackendKind::ALL`]).
     Userspace,
+    /// `to-local ebpf` (asked for by name: not in [`BackendKind::ALL`]). kpng and the clients
+    /// of its namespace run in a cgroup of their own, the programs' scope.
+    Ebpf,
 }
 
 impl BackendKind {
@@ -45,6 +48,7 @@ impl BackendKind {
             BackendKind::IptablesNft => &["to-local", "iptables", "--iptables-mode", "nft"],
             BackendKind::IptablesLegacy => &["to-local", "iptables", "--iptables-mode", "legacy"],
             BackendKind::Userspace => &["to-local", "userspace"],
+            BackendKind::Ebpf => &["to-local", "ebpf"],
         }
     }
 
@@ -55,12 +59,16 @@ impl BackendKind {
             BackendKind::IptablesNft => "iptables-nft",
             BackendKind::IptablesLegacy => "iptables-legacy",
             BackendKind::Userspace => "userspace",
+            BackendKind::Ebpf => "ebpf",
         }
     }
 
     /// Parses a [`BackendKind::label`].
     pub fn parse(s: &str) -> Option<BackendKind> {
-        BackendKind::ALL.into_iter().find(|b| b.label() == s)
+        BackendKind::ALL
+            .into_iter()
+            .chain([BackendKind::Ebpf])
+            .find(|b| b.label() == s)
     }
 }
 
@@ -123,12 +131,18 @@ impl ControlResult {
 pub struct Kpng {
     child: Child,
     log: std::path::PathBuf,
+    /// The eBPF backend's pin directory, removed on drop.
+    pins: Option<std::path::PathBuf>,
 }
 
 impl Drop for Kpng {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The pins keep the eBPF backend's programs attached.
+        if let Some(pins) = &self.pins {
+            let _ = std::fs::remove_dir_all(pins);
+        }
     }
 }
 
@@ -204,8 +218,21 @@ impl Kpng {
             "10.128.0.0/9",
         ];
         args.extend_from_slice(backend.args());
-        let child = ns
-            .command(args)
+        let mut command = ns.command(args);
+        let mut pins = None;
+        if backend == BackendKind::Ebpf {
+            let e = |e: kpng_testkit::Error| format!("eBPF scope: {e}");
+            let group =
+                kpng_testkit::cgroups::create(&format!("bench-{}", ns.name())).map_err(e)?;
+            kpng_testkit::cgroups::assign(ns.name(), &group).map_err(e)?;
+            let dir = kpng_testkit::cgroups::bpffs().map_err(e)?.join(ns.name());
+            // `command` was built before the assignment: kpng itself need not be in the group.
+            command
+                .env("KPNG_CGROUP_PATH", &group)
+                .env("KPNG_BPF_PIN_PATH", &dir);
+            pins = Some(dir);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
@@ -213,6 +240,7 @@ impl Kpng {
         Ok(Kpng {
             child,
             log: log.to_path_buf(),
+            pins,
         })
     }
 

@@ -4,9 +4,10 @@
 //! ```text
 //! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
-//! kpng-bench data-plane --services 30000
+//! kpng-bench data-plane --services 30000 [--backends nft,ebpf]
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
 //! kpng-bench conntrack --entries 1000000
+//! kpng-bench hns --services 2000 --remote 5000 --local 15 --delay-ms 5   (no root needed)
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
 //! Needs root (network namespaces, nftables, conntrack). The data plane also measures the
@@ -24,6 +25,7 @@ mod conntrack;
 mod control;
 mod cpu;
 mod data;
+mod hns;
 mod kube_proxy_nft;
 mod plots;
 mod stats;
@@ -32,7 +34,7 @@ mod workload;
 use std::process::ExitCode;
 use std::time::Duration;
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | conntrack [--entries N]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -127,9 +129,20 @@ fn main() -> ExitCode {
         },
         Some("data-plane") => {
             let n = num(&args, "--services", 1000);
+            // `--backends nft,ebpf`: a subset (and the eBPF backend, which `all` leaves out).
+            let backends: Option<Vec<control::BackendKind>> = match flag(&args, "--backends") {
+                None => Some(control::BackendKind::ALL.to_vec()),
+                Some(list) => list.split(',').map(control::BackendKind::parse).collect(),
+            };
+            let Some(backends) = backends else {
+                eprintln!(
+                    "--backends: a comma-separated list of nft, iptables-nft, iptables-legacy, ebpf"
+                );
+                return ExitCode::FAILURE;
+            };
             data::run(
                 &kpng,
-                &control::BackendKind::ALL,
+                &backends,
                 n,
                 num(&args, "--connects", 2000),
                 n <= data::USERSPACE_MAX_SERVICES,
@@ -166,6 +179,13 @@ fn main() -> ExitCode {
             std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
             num(&args, "--clients", 1000),
         ),
+        Some("hns") => hns::run(
+            num(&args, "--services", 2000),
+            num(&args, "--remote", 5000),
+            num(&args, "--local", 15),
+            Duration::from_millis(num(&args, "--delay-ms", 5) as u64),
+        )
+        .map(|r| println!("{}{}", hns::HnsResult::markdown_header(), r.markdown_row())),
         Some("conntrack") => {
             conntrack::run(num(&args, "--entries", 1_000_000)).map(|r| println!("{}", r.markdown()))
         }
@@ -246,6 +266,19 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     }
     let kube_proxy = comparison::run_control(quick)?;
     report.push_str(&comparison::control_section(&kube_proxy, &control_results));
+    // The Windows backend against the HCN simulator: upstream's anchor shape (kubernetes#109162)
+    // with 5 ms per HCN call (≈35 s; the quick run scales it down).
+    let (svcs, remote, local) = if quick {
+        (200, 500, 15)
+    } else {
+        (2000, 5000, 15)
+    };
+    eprintln!("hns: {svcs} ClusterIP Services, {remote} remote endpoints, 5 ms per HCN call …");
+    let hns = hns::run(svcs, remote, local, Duration::from_millis(5))?;
+    report.push_str("\n## Windows (HNS backend, HCN simulator)\n\n");
+    report.push_str(hns::HnsResult::markdown_header());
+    report.push_str(&hns.markdown_row());
+    report.push('\n');
     let data_sizes: &[usize] = if quick { &[1000] } else { &[1000, 30_000] };
     report.push_str("\n## Data plane: TCP connect latency to the last-added Service\n\n");
     let mut data_results = Vec::new();

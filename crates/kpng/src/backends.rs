@@ -24,14 +24,20 @@ pub enum BackendKind {
     Iptables,
     /// A userspace TCP/UDP proxy, VIP traffic captured by a small nftables table.
     Userspace,
+    /// eBPF socket-level load balancing for local sockets, the nftables ruleset beside it.
+    Ebpf,
+    /// Windows: load balancers in the Host Networking Service (kube-proxy's kernelspace).
+    Hns,
 }
 
 impl BackendKind {
     /// Every kind.
-    pub const ALL: [BackendKind; 3] = [
+    pub const ALL: [BackendKind; 5] = [
         BackendKind::Nft,
         BackendKind::Iptables,
         BackendKind::Userspace,
+        BackendKind::Ebpf,
+        BackendKind::Hns,
     ];
 
     /// The kind of a parsed `to-local` subcommand.
@@ -40,6 +46,8 @@ impl BackendKind {
             LocalBackend::Nft(_) => BackendKind::Nft,
             LocalBackend::Iptables(_) => BackendKind::Iptables,
             LocalBackend::Userspace(_) => BackendKind::Userspace,
+            LocalBackend::Ebpf(_) => BackendKind::Ebpf,
+            LocalBackend::Hns(_) => BackendKind::Hns,
         }
     }
 
@@ -49,6 +57,8 @@ impl BackendKind {
             BackendKind::Nft => "nft",
             BackendKind::Iptables => "iptables",
             BackendKind::Userspace => "userspace",
+            BackendKind::Ebpf => "ebpf",
+            BackendKind::Hns => "hns",
         }
     }
 
@@ -69,11 +79,7 @@ impl BackendKind {
                  kube-proxy's image\"); the ipvs section does not carry over"
                     .into(),
             ),
-            "kernelspace" => Err(
-                "\"kernelspace\" is kube-proxy's Windows mode; on Linux use \"nftables\" or \
-                 \"iptables\""
-                    .into(),
-            ),
+            "kernelspace" => Ok(BackendKind::Hns),
             other => {
                 let ours: Vec<&str> = BackendKind::ALL.iter().map(|k| k.mode()).collect();
                 Err(format!(
@@ -92,6 +98,8 @@ impl BackendKind {
             BackendKind::Nft => "nftables",
             BackendKind::Iptables => "iptables",
             BackendKind::Userspace => "userspace",
+            BackendKind::Ebpf => "ebpf",
+            BackendKind::Hns => "kernelspace",
         }
     }
 
@@ -99,8 +107,10 @@ impl BackendKind {
     /// for the mode (nftables: the node's IPs; iptables: every local address).
     fn default_nodeport_addresses(self) -> NodePortAddresses {
         match self {
-            BackendKind::Nft | BackendKind::Userspace => NodePortAddresses::Primary,
-            BackendKind::Iptables => NodePortAddresses::AllLocal,
+            BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => {
+                NodePortAddresses::Primary
+            }
+            BackendKind::Iptables | BackendKind::Hns => NodePortAddresses::AllLocal,
         }
     }
 
@@ -143,6 +153,10 @@ impl BackendKind {
             // endpoint: the endpoint-based cleanup does not apply (a session moves inside the
             // proxy when its endpoint leaves).
             LocalBackend::Userspace(_) => false,
+            // The nftables ruleset beside the programs DNATs traffic from outside the node.
+            LocalBackend::Ebpf(args) => !args.dry_run,
+            // HNS has no conntrack table kpng reaches.
+            LocalBackend::Hns(_) => false,
         }
     }
 
@@ -153,6 +167,8 @@ impl BackendKind {
             LocalBackend::Nft(args) => !args.dry_run,
             LocalBackend::Iptables(args) => !args.dry_run,
             LocalBackend::Userspace(args) => !args.dry_run,
+            LocalBackend::Ebpf(args) => !args.dry_run,
+            LocalBackend::Hns(args) => !args.dry_run,
         }
     }
 
@@ -163,6 +179,9 @@ impl BackendKind {
         refusals: &crate::dry_run::Refusals,
     ) -> anyhow::Result<Built> {
         let kind = BackendKind::of(backend);
+        if let LocalBackend::Hns(args) = backend {
+            return hns::build(flags, args);
+        }
         let node = NodeSettings {
             masquerade: Masquerade {
                 all: flags.masquerade_all,
@@ -172,6 +191,20 @@ impl BackendKind {
             nodeport_addresses: kind.nodeport_addresses(flags)?,
         };
         linux::build(flags, backend, node, refusals)
+    }
+
+    /// Whether the backend, as configured, programs a simulation rather than this host
+    /// (`to-local hns --hcn-simulator FILE`): no host-wide lock, no Service health-check
+    /// servers, no sysctls.
+    pub fn simulated(backend: &LocalBackend) -> bool {
+        match backend {
+            LocalBackend::Hns(args) => {
+                args.dry_run
+                    || args.hcn_simulator.is_some()
+                    || args.hcn == crate::cli::HcnMode::Simulator
+            }
+            _ => false,
+        }
     }
 
     /// Whether the backend, as configured, is a dry run (`--dry-run`).
@@ -185,7 +218,7 @@ pub struct Built {
     /// The backend.
     pub backend: Box<dyn Backend>,
     /// What of [`crate::leftovers::Leftover`] is its own; `None` for a dry run.
-    pub own: Option<crate::leftovers::Leftover>,
+    pub own: Vec<crate::leftovers::Leftover>,
 }
 
 /// What every node backend is configured with, whatever the backend.
@@ -221,6 +254,7 @@ pub(crate) fn detect_local(flags: &GlobalFlags) -> anyhow::Result<DetectLocal> {
 mod linux {
     use anyhow::{Context, bail};
     use kpng_backend::Backend;
+    use kpng_backend_ebpf::{EbpfBackend, EbpfConfig};
     use kpng_backend_iptables::exec::{
         Iptables, IptablesCommand, Mode, detect_mode, family_usable,
     };
@@ -237,7 +271,8 @@ mod linux {
 
     use super::{BackendKind, Built, NodeSettings};
     use crate::cli::{
-        GlobalFlags, IptablesArgs, IptablesMode, LocalBackend, NftArgs, NftExecMode, UserspaceArgs,
+        EbpfArgs, GlobalFlags, IptablesArgs, IptablesMode, LocalBackend, NftArgs, NftExecMode,
+        UserspaceArgs,
     };
     use crate::dry_run::{CheckedIptables, CheckedNft, Refusals};
     use crate::leftovers::Variant;
@@ -253,7 +288,8 @@ mod linux {
         match backend {
             LocalBackend::Nft(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,
-            LocalBackend::Iptables(_) => {}
+            LocalBackend::Ebpf(args) => crate::prereq::check(kind, &args.nft_binary)?,
+            LocalBackend::Iptables(_) | LocalBackend::Hns(_) => {}
         }
         let (backend, variant): (Box<dyn Backend>, Option<Variant>) = match backend {
             LocalBackend::Nft(args) => (Box::new(nft(flags, args, node, refusals)?), None),
@@ -266,9 +302,12 @@ mod linux {
                 (Box::new(b), variant)
             }
             LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
+            LocalBackend::Ebpf(args) => (ebpf(flags, args, node, refusals)?, None),
+            // Built by `super::hns` before the Linux backends are considered.
+            LocalBackend::Hns(args) => return super::hns::build(flags, args),
         };
         let own = if dry_run {
-            None
+            Vec::new()
         } else {
             crate::leftovers::own(kind, variant)
         };
@@ -389,6 +428,36 @@ mod linux {
         ))
     }
 
+    /// The eBPF backend: socket programs for local sockets, and kpng's nftables ruleset beside
+    /// them for every packet that does not come from a local socket (docs/backends.md, "eBPF").
+    /// A dry run prints the nftables transactions only.
+    fn ebpf(
+        flags: &GlobalFlags,
+        args: &EbpfArgs,
+        node: NodeSettings,
+        refusals: &Refusals,
+    ) -> anyhow::Result<Box<dyn Backend>> {
+        let socket = EbpfConfig {
+            pin_dir: args.bpf_pin_path.clone(),
+            cgroup: args.cgroup_path.clone(),
+            nodeport_addresses: node.nodeport_addresses.clone(),
+            ..EbpfConfig::default()
+        };
+        let nft_args = NftArgs {
+            dry_run: args.dry_run,
+            nft_exec: NftExecMode::Auto,
+            nft_binary: args.nft_binary.clone(),
+        };
+        let rules = nft(flags, &nft_args, node, refusals)?;
+        if args.dry_run {
+            return Ok(Box::new(rules));
+        }
+        Ok(Box::new(crate::beside::Beside::new(
+            Box::new(rules),
+            Box::new(EbpfBackend::new(socket)),
+        )))
+    }
+
     fn userspace(
         flags: &GlobalFlags,
         args: &UserspaceArgs,
@@ -417,8 +486,8 @@ mod linux {
     }
 }
 
-/// Other systems have no node backend yet (the Windows HNS backend is the next one): the
-/// commands parse everywhere, and say so when run.
+/// Other systems have no Linux backend: the commands parse everywhere, and say so when run
+/// (`to-local hns` is built by [`hns`] on every system).
 #[cfg(not(target_os = "linux"))]
 mod linux {
     use super::{BackendKind, Built, NodeSettings};
@@ -434,6 +503,105 @@ mod linux {
             "`to-local {}` programs the Linux kernel and is not available on this system; \
              `to-file` and `to-api` are",
             BackendKind::of(backend).word()
+        )
+    }
+}
+
+/// The Windows backend: the system's HCN on Windows, the simulator anywhere.
+pub(crate) mod hns {
+    use anyhow::Context;
+    use kpng_backend_hns::schema::Network;
+    use kpng_backend_hns::sim::Simulator;
+    use kpng_backend_hns::{HnsBackend, HnsConfig, hcn::Hcn};
+
+    use super::Built;
+    use crate::cli::{GlobalFlags, HcnMode, HnsArgs};
+
+    /// The network the simulator starts with when its file does not exist yet.
+    const SIMULATED_NETWORK: &str = "kpng-sim";
+
+    pub(super) fn build(flags: &GlobalFlags, args: &HnsArgs) -> anyhow::Result<Built> {
+        let simulated =
+            args.dry_run || args.hcn_simulator.is_some() || args.hcn == HcnMode::Simulator;
+        let network_name = match (&flags.network_name, simulated) {
+            (Some(n), _) if !n.is_empty() => n.clone(),
+            (_, true) => SIMULATED_NETWORK.to_string(),
+            _ => anyhow::bail!(
+                "`to-local hns` needs the CNI's HNS network: --network-name, the configuration \
+                 file's winkernel.networkName or the KUBE_NETWORK variable"
+            ),
+        };
+        let config = HnsConfig {
+            network_name: network_name.clone(),
+            enable_dsr: flags.enable_dsr,
+            source_vips: flags.source_vip.clone(),
+        };
+        let default = Network {
+            id: "00000000-0000-4000-8000-000000000000".into(),
+            name: network_name,
+            network_type: "L2Bridge".into(),
+            ..Network::default()
+        };
+        let hcn: Box<dyn Hcn> = if args.dry_run {
+            Box::new(Simulator::new(kpng_backend_hns::schema::State {
+                networks: vec![default],
+                ..Default::default()
+            }))
+        } else if simulated {
+            let path = args
+                .hcn_simulator
+                .as_ref()
+                .context("--hcn simulator needs --hcn-simulator FILE (where its state lives)")?;
+            Box::new(Simulator::with_file(path, default)?)
+        } else {
+            system()?
+        };
+        Ok(Built {
+            backend: Box::new(HnsBackend::new(config, hcn)),
+            own: Vec::new(),
+        })
+    }
+
+    /// `kpng --cleanup` / `kpng cleanup` on Windows: removes every load balancer and remote
+    /// endpoint kpng (or kube-proxy) made on the CNI's network, as kube-proxy's `--cleanup`.
+    #[cfg(windows)]
+    pub fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
+        use kpng_backend::Backend;
+        let network_name = flags
+            .network_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .context(
+                "cleaning HNS needs the CNI's network: --network-name or the KUBE_NETWORK variable",
+            )?;
+        if dry_run {
+            println!(
+                "kpng: would remove every HNS load balancer and remote endpoint on network \
+                 {network_name}"
+            );
+            return Ok(());
+        }
+        let config = HnsConfig {
+            network_name: network_name.clone(),
+            ..HnsConfig::default()
+        };
+        let mut backend = HnsBackend::new(config, system()?);
+        backend.cleanup()?;
+        println!("kpng: removed the HNS load balancers and remote endpoints on {network_name}");
+        Ok(())
+    }
+
+    #[cfg(windows)]
+    fn system() -> anyhow::Result<Box<dyn Hcn>> {
+        Ok(Box::new(kpng_backend_hns::system::SystemHcn::new()))
+    }
+
+    #[cfg(not(windows))]
+    fn system() -> anyhow::Result<Box<dyn Hcn>> {
+        anyhow::bail!(
+            "`to-local hns` programs the Windows Host Networking Service, which this system does \
+             not have; run it on a Windows node, or against the simulator with \
+             --hcn-simulator FILE"
         )
     }
 }

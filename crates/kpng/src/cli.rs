@@ -156,6 +156,7 @@ Examples:
   kpng kube --kubeconfig ~/.kube/config --node-name node1 to-local nft
   kpng file --input examples/cluster.yaml to-file --output -
   kpng file --input examples/cluster.yaml to-local nft --dry-run
+  kpng file --input examples/cluster.yaml --node-name node1 to-local hns --hcn-simulator hcn.json
   kpng --cleanup
 
 kube-proxy flags kpng accepts without effect (each warns once when set): --feature-gates,
@@ -374,6 +375,24 @@ pub struct GlobalFlags {
         help_heading = "Backend"
     )]
     pub iptables_localhost_nodeports: bool,
+
+    /// Windows (`to-local hns`): direct server return for ClusterIPs and for
+    /// externalTrafficPolicy Local frontends (kube-proxy's `winkernel.enableDSR`).
+    #[arg(long, global = true, help_heading = "Windows")]
+    pub enable_dsr: bool,
+    /// Windows (`to-local hns`): the source address of load-balanced traffic on an overlay
+    /// network, an address the CNI reserved on this node (`winkernel.sourceVip`); one per
+    /// family, comma-separated.
+    #[arg(long, global = true, value_delimiter = ',', help_heading = "Windows")]
+    pub source_vip: Vec<IpAddr>,
+    /// Windows (`to-local hns`): the CNI's HNS network (`winkernel.networkName`; kube-proxy's
+    /// KUBE_NETWORK variable).
+    #[arg(long, global = true, env = "KUBE_NETWORK", help_heading = "Windows")]
+    pub network_name: Option<String>,
+    /// Windows: the process priority class, set at start (kubernetes#96935). Accepted on other
+    /// systems with a warning.
+    #[arg(long, global = true, value_enum, help_heading = "Windows")]
+    pub windows_priority_class: Option<WindowsPriorityClass>,
 
     /// kube-proxy's deprecated --healthz-port: the health server's port (0: kube-proxy turns
     /// the server off; kpng keeps it, with a warning).
@@ -687,6 +706,70 @@ pub enum NftExecMode {
     Command,
 }
 
+/// `--windows-priority-class`: Windows' process priority classes (`SetPriorityClass`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WindowsPriorityClass {
+    /// IDLE_PRIORITY_CLASS.
+    #[value(name = "IDLE")]
+    Idle,
+    /// BELOW_NORMAL_PRIORITY_CLASS.
+    #[value(name = "BELOW_NORMAL")]
+    BelowNormal,
+    /// NORMAL_PRIORITY_CLASS.
+    #[value(name = "NORMAL")]
+    Normal,
+    /// ABOVE_NORMAL_PRIORITY_CLASS.
+    #[value(name = "ABOVE_NORMAL")]
+    AboveNormal,
+    /// HIGH_PRIORITY_CLASS.
+    #[value(name = "HIGH")]
+    High,
+    /// REALTIME_PRIORITY_CLASS.
+    #[value(name = "REALTIME")]
+    Realtime,
+}
+
+impl WindowsPriorityClass {
+    /// The class's name, as Windows spells it without `_PRIORITY_CLASS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WindowsPriorityClass::Idle => "IDLE",
+            WindowsPriorityClass::BelowNormal => "BELOW_NORMAL",
+            WindowsPriorityClass::Normal => "NORMAL",
+            WindowsPriorityClass::AboveNormal => "ABOVE_NORMAL",
+            WindowsPriorityClass::High => "HIGH",
+            WindowsPriorityClass::Realtime => "REALTIME",
+        }
+    }
+}
+
+/// `--hcn`: which HCN the Windows backend programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HcnMode {
+    /// The Host Networking Service of this Windows node (computenetwork.dll).
+    System,
+    /// The HCN simulator (any OS); its state lives in --hcn-simulator FILE.
+    Simulator,
+}
+
+/// `… to-local hns …`.
+#[derive(Debug, Args)]
+pub struct HnsArgs {
+    /// Program an in-memory HCN simulator holding only the network (nothing on the node is
+    /// changed): shows the operations a cold start costs.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Which HCN to program: the system's (Windows only) or the simulator (any OS).
+    #[arg(long, value_enum, default_value_t = HcnMode::System)]
+    pub hcn: HcnMode,
+    /// Run against the HCN simulator with its state in FILE (implies `--hcn simulator`): FILE,
+    /// if it exists at start, is the initial HCN state (networks, the CNI's endpoints); the
+    /// whole state is written back to it after every sync, and an edit of FILE by someone
+    /// else becomes HCN's state (noticed at the next full sync at the latest).
+    #[arg(long, value_name = "FILE")]
+    pub hcn_simulator: Option<PathBuf>,
+}
+
 /// The backends that program this node.
 #[derive(Debug, Subcommand)]
 pub enum LocalBackend {
@@ -699,6 +782,35 @@ pub enum LocalBackend {
     /// A userspace TCP/UDP proxy (VIP traffic captured by a small nftables ruleset on Linux);
     /// endpoints see the node as the client.
     Userspace(UserspaceArgs),
+    /// eBPF socket-level load balancing (cgroup connect/sendmsg programs: local sockets
+    /// connect straight to endpoints), with the nftables ruleset beside it for traffic from
+    /// outside the node.
+    Ebpf(EbpfArgs),
+    /// Windows: load balancers in the Host Networking Service (kube-proxy's kernelspace mode;
+    /// `--hcn-simulator FILE` runs it against a simulator on any OS).
+    #[command(aliases = ["kernelspace", "winkernel"])]
+    Hns(HnsArgs),
+}
+
+/// `… to-local ebpf …`.
+#[derive(Debug, Args)]
+pub struct EbpfArgs {
+    /// Print the nftables transactions instead of applying them and load no program; change
+    /// nothing on the node.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The cgroup v2 directory the socket programs attach to: only sockets of processes in
+    /// that subtree are translated. Default: the root of the cgroup v2 mount (every process).
+    #[arg(long, env = "KPNG_CGROUP_PATH")]
+    pub cgroup_path: Option<std::path::PathBuf>,
+    /// Where maps and links are pinned (on a BPF file system; `/sys/fs/bpf` is mounted when
+    /// missing). The next kpng adopts them; `kpng cleanup` removes them (it reads the same
+    /// environment variable).
+    #[arg(long, env = "KPNG_BPF_PIN_PATH", default_value = "/sys/fs/bpf/kpng")]
+    pub bpf_pin_path: std::path::PathBuf,
+    /// The `nft` binary (the nftables ruleset for traffic from outside the node).
+    #[arg(long, default_value = "nft")]
+    pub nft_binary: String,
 }
 
 /// `… to-local iptables …`.

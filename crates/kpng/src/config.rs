@@ -191,6 +191,9 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         client_connection,
         proxy_mode,
         iptables_localhost_nodeports,
+        enable_dsr,
+        source_vip,
+        network_name,
     );
 }
 

@@ -18,6 +18,9 @@ pub enum Leftover {
     KpngNft,
     /// The userspace proxy's capture tables (`to-local userspace`).
     KpngUserspace,
+    /// The eBPF backend's pinned maps and links under `/sys/fs/bpf/kpng` (`to-local ebpf`);
+    /// removing the link pins detaches its socket programs.
+    KpngEbpf,
     /// kube-proxy's iptables and ipvs modes' chains, and kpng's iptables backend's, in one
     /// iptables variant.
     IptablesChains(Variant),
@@ -49,9 +52,10 @@ impl Variant {
 
 impl Leftover {
     /// Everything, in the order it is removed (iptables rules before the ipsets they use).
-    pub const ALL: [Leftover; 6] = [
+    pub const ALL: [Leftover; 7] = [
         Leftover::KpngNft,
         Leftover::KpngUserspace,
+        Leftover::KpngEbpf,
         Leftover::IptablesChains(Variant::Legacy),
         Leftover::IptablesChains(Variant::Nft),
         Leftover::KubeProxyNft,
@@ -64,6 +68,10 @@ impl Leftover {
             Leftover::KpngNft => "kpng's nftables tables (`to-local nft`)".into(),
             Leftover::KpngUserspace => {
                 "the userspace proxy's nftables tables (`to-local userspace`)".into()
+            }
+            Leftover::KpngEbpf => {
+                "the eBPF backend's pinned programs and maps (`to-local ebpf`, /sys/fs/bpf/kpng or $KPNG_BPF_PIN_PATH)"
+                    .into()
             }
             Leftover::IptablesChains(v) => format!(
                 "kube-proxy's iptables chains in iptables-{} (iptables or ipvs mode, or kpng's \
@@ -90,11 +98,17 @@ impl Leftover {
 }
 
 /// What a running backend installs itself, which [`sweep`] keeps.
-pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Option<Leftover> {
+pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover> {
     match kind {
-        BackendKind::Nft => Some(Leftover::KpngNft),
-        BackendKind::Userspace => Some(Leftover::KpngUserspace),
-        BackendKind::Iptables => iptables_variant.map(Leftover::IptablesChains),
+        BackendKind::Nft => vec![Leftover::KpngNft],
+        BackendKind::Userspace => vec![Leftover::KpngUserspace],
+        BackendKind::Iptables => iptables_variant
+            .map(Leftover::IptablesChains)
+            .into_iter()
+            .collect(),
+        // The socket programs and the nftables ruleset beside them.
+        BackendKind::Ebpf => vec![Leftover::KpngEbpf, Leftover::KpngNft],
+        BackendKind::Hns => Vec::new(),
     }
 }
 
@@ -102,8 +116,8 @@ pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Option<Lefto
 /// warning, never fatal. Called once the running backend's rules are in place, so that
 /// traffic keeps flowing through whichever rules match first meanwhile, and established
 /// connections keep their conntrack entries.
-pub fn sweep(own: Option<Leftover>) {
-    for leftover in Leftover::ALL.into_iter().filter(|l| Some(*l) != own) {
+pub fn sweep(own: &[Leftover]) {
+    for leftover in Leftover::ALL.into_iter().filter(|l| !own.contains(l)) {
         if !leftover.present() {
             tracing::debug!("no {}", leftover.describe());
             continue;
@@ -117,6 +131,7 @@ pub fn sweep(own: Option<Leftover>) {
 
 /// `kpng cleanup`, `kpng --cleanup`: removes every leftover and prints what it removed; with
 /// `dry_run`, prints what it would remove and removes nothing.
+#[cfg_attr(windows, allow(dead_code))]
 pub fn cleanup_all(dry_run: bool) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     let mut removed = 0;
@@ -325,12 +340,24 @@ mod imp {
         std::path::Path::new("/sys/class/net/kube-ipvs0").exists()
     }
 
+    /// The eBPF backend's pin directory: `$KPNG_BPF_PIN_PATH` (what `--bpf-pin-path` also
+    /// reads), else the default.
+    fn ebpf_pins() -> std::path::PathBuf {
+        std::env::var_os("KPNG_BPF_PIN_PATH")
+            .filter(|v| !v.is_empty())
+            .map_or_else(
+                || std::path::PathBuf::from(kpng_backend_ebpf::DEFAULT_PIN_DIR),
+                std::path::PathBuf::from,
+            )
+    }
+
     pub(super) fn present(leftover: Leftover) -> bool {
         match leftover {
             Leftover::KpngNft => has_table("kpng", &["ip", "ip6"]),
             Leftover::KpngUserspace => {
                 has_table(kpng_backend_userspace::capture::nft::TABLE, &["ip", "ip6"])
             }
+            Leftover::KpngEbpf => ebpf_pins().exists(),
             Leftover::KubeProxyNft => has_table("kube-proxy", &["ip", "ip6"]),
             Leftover::IptablesChains(v) => Family::ALL
                 .iter()
@@ -349,6 +376,10 @@ mod imp {
             Leftover::KpngUserspace => NftCapture::new(Family::ALL.to_vec())
                 .cleanup()
                 .context("removing the userspace proxy's nftables tables")?,
+            Leftover::KpngEbpf => {
+                kpng_backend_ebpf::kernel::remove_pins(&ebpf_pins())
+                    .context("removing the eBPF backend's pins")?;
+            }
             Leftover::KubeProxyNft => {
                 let script = "add table ip kube-proxy\ndelete table ip kube-proxy\n\
                               add table ip6 kube-proxy\ndelete table ip6 kube-proxy\n";
@@ -465,11 +496,18 @@ COMMIT
 
     #[test]
     fn a_running_backend_keeps_only_its_own() {
-        assert_eq!(own(BackendKind::Nft, None), Some(Leftover::KpngNft));
+        assert_eq!(own(BackendKind::Nft, None), [Leftover::KpngNft]);
         assert_eq!(
             own(BackendKind::Iptables, Some(Variant::Legacy)),
-            Some(Leftover::IptablesChains(Variant::Legacy))
+            [Leftover::IptablesChains(Variant::Legacy)]
         );
-        assert_eq!(own(BackendKind::Iptables, None), None);
+        assert_eq!(own(BackendKind::Iptables, None), []);
+        // The socket programs and the nftables ruleset beside them: the nft backend's
+        // tables are the eBPF backend's too (and its pins are swept by the others).
+        assert_eq!(
+            own(BackendKind::Ebpf, None),
+            [Leftover::KpngEbpf, Leftover::KpngNft]
+        );
+        assert!(!own(BackendKind::Nft, None).contains(&Leftover::KpngEbpf));
     }
 }

@@ -5,6 +5,8 @@
 
 mod admin;
 mod backends;
+#[cfg(target_os = "linux")]
+mod beside;
 mod brain;
 mod cli;
 mod config;
@@ -95,6 +97,9 @@ fn main() -> std::process::ExitCode {
     for warning in report.flag_warnings.iter().chain(&extracted.warnings) {
         tracing::warn!("{warning}");
     }
+    if let Some(class) = cli.global.windows_priority_class {
+        windows_priority(class);
+    }
     let result = match cli.global.write_config_to.clone() {
         Some(destination) => {
             // The effective mode: the flag's or the file's, else the `to-local` backend's.
@@ -114,6 +119,21 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `--windows-priority-class`: set at start on Windows (kubernetes#96935); elsewhere there is
+/// no such thing, so the flag warns and changes nothing.
+fn windows_priority(class: cli::WindowsPriorityClass) {
+    #[cfg(windows)]
+    match kpng_backend_hns::system::set_priority_class(class.as_str()) {
+        Ok(()) => tracing::info!("process priority class: {}", class.as_str()),
+        Err(e) => tracing::warn!("--windows-priority-class {}: {e}", class.as_str()),
+    }
+    #[cfg(not(windows))]
+    tracing::warn!(
+        "--windows-priority-class {}: a Windows setting; ignored on this system",
+        class.as_str()
+    );
 }
 
 /// An error and its causes on one line, each cause once: libraries often put their cause's

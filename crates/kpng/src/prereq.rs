@@ -41,7 +41,7 @@ pub fn nft_version(output: &str) -> Option<(u32, u32, u32)> {
 
 /// Judges a kernel release (`uname -r`) for `kind`.
 pub fn kernel_ok(kind: BackendKind, release: &str) -> Result<(), String> {
-    if kind != BackendKind::Nft {
+    if !matches!(kind, BackendKind::Nft | BackendKind::Ebpf) {
         return Ok(());
     }
     let Some((major, minor, _)) = parse_version(release) else {
@@ -86,7 +86,10 @@ pub fn check(kind: BackendKind, nft_binary: &str) -> anyhow::Result<()> {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         kernel_ok(kind, &release).map_err(anyhow::Error::msg)?;
     }
-    if matches!(kind, BackendKind::Nft | BackendKind::Userspace) {
+    if matches!(
+        kind,
+        BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf
+    ) {
         let output = kpng_backend_kit::exec::run_tool(nft_binary, &["--version"], None)
             .map_err(|e| anyhow::anyhow!("the {} backend needs nft: {e}", kind.word()))?;
         nft_ok(&output).map_err(anyhow::Error::msg)?;

@@ -32,19 +32,31 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// `--cleanup`, `kpng cleanup`: every proxy's leftovers on Linux; HNS's load balancers on
+/// Windows.
+fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
+    #[cfg(windows)]
+    return crate::backends::hns::cleanup(flags, dry_run);
+    #[cfg(not(windows))]
+    {
+        let _ = flags;
+        crate::leftovers::cleanup_all(dry_run)
+    }
+}
+
 /// Runs the command line.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
     let flags = cli.global;
     // kube-proxy's --cleanup and --init-only stop before anything runs, whatever follows.
     if flags.cleanup {
-        return crate::leftovers::cleanup_all(cli.dry_run);
+        return cleanup(&flags, cli.dry_run);
     }
     let command = match cli.command {
         Some(command) => command,
         None => return kube_proxy(flags, cli.dry_run),
     };
     if let Command::Cleanup = command {
-        return crate::leftovers::cleanup_all(cli.dry_run);
+        return cleanup(&flags, cli.dry_run);
     }
     if cli.dry_run {
         anyhow::bail!(
@@ -64,7 +76,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(args) => {
             crate::admin::print_trace(std::path::Path::new(&flags.admin_socket), &args)
         }
-        Command::Cleanup => crate::leftovers::cleanup_all(false),
+        Command::Cleanup => cleanup(&flags, false),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
             let source = FileSource::new(file.input, file.debounce)
@@ -255,7 +267,7 @@ struct SinkFacts {
     cleans_conntrack: bool,
     /// For a backend that changes the node: what of the leftovers on it is its own; every
     /// other leftover (other backends', kube-proxy's) is removed after its first sync.
-    sweeps: Option<Option<crate::leftovers::Leftover>>,
+    sweeps: Option<Vec<crate::leftovers::Leftover>>,
     /// For a dry run: where the kernel's first refusal arrives. A dry run opens no listener
     /// and writes no sysctl.
     dry_run: Option<tokio::sync::watch::Receiver<Option<String>>>,
@@ -314,12 +326,14 @@ fn local_backend(
     let (refusals, refused) = crate::dry_run::Refusals::channel();
     let built = BackendKind::build(flags, backend, &refusals)?;
     let dry_run = BackendKind::dry_run(backend);
+    let simulated = BackendKind::simulated(backend);
     let facts = SinkFacts {
-        health_checks: Some(kind.health_check_addresses(flags)),
+        health_checks: (!simulated).then(|| kind.health_check_addresses(flags)),
         cleans_conntrack: BackendKind::cleans_conntrack(backend),
-        sweeps: (!dry_run).then_some(built.own),
+        // Linux proxies' leftovers are not the Windows backend's to sweep.
+        sweeps: (!dry_run && kind != BackendKind::Hns).then_some(built.own),
         dry_run: dry_run.then_some(refused),
-        lock: (!dry_run).then_some(kind),
+        lock: (!dry_run && !simulated).then_some(kind),
         source_metrics: None,
         kind: Some(kind),
         events: None,
@@ -562,7 +576,9 @@ where
             while reports.changed().await.is_ok() {
                 let ok = reports.borrow_and_update().as_ref().is_some_and(|r| r.ok);
                 if ok {
-                    let _ = tokio::task::spawn_blocking(move || crate::leftovers::sweep(own)).await;
+                    let own = own.clone();
+                    let _ =
+                        tokio::task::spawn_blocking(move || crate::leftovers::sweep(&own)).await;
                     return;
                 }
             }

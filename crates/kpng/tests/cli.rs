@@ -256,10 +256,6 @@ fn proxy_modes_choose_the_backend_or_say_what_to_use() {
             "ipvs",
             "\"ipvs\" is not supported: kpng runs mode \"nftables\"",
         ),
-        (
-            "kernelspace",
-            "\"kernelspace\" is kube-proxy's Windows mode",
-        ),
         ("bpf", "unknown proxy mode \"bpf\""),
     ] {
         let out = kpng()
@@ -357,7 +353,8 @@ fn mistakes_on_the_line_say_what_was_meant() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("hint: the backends of `to-local` are: nft, iptables, userspace"),
+        stderr
+            .contains("hint: the backends of `to-local` are: nft, iptables, userspace, ebpf, hns"),
         "{stderr}"
     );
     let out = kpng()

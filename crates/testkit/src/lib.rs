@@ -87,6 +87,7 @@
 //! ```
 
 mod bins;
+pub mod cgroups;
 mod cluster;
 mod error;
 mod netns;

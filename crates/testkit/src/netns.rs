@@ -244,7 +244,13 @@ impl Netns {
         S: AsRef<OsStr>,
     {
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name]).args(args);
+        cmd.args(["netns", "exec", &self.name]);
+        if let Some(group) = crate::cgroups::of(&self.name) {
+            // Join the namespace's test cgroup, then become the program (same pid).
+            cmd.args(["sh", "-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
+                .arg(group);
+        }
+        cmd.args(args);
         cmd
     }
 }
@@ -262,6 +268,7 @@ fn destroy(name: &str) -> Result<()> {
     kill_all_in(name);
     let res = run(Command::new("ip").args(["netns", "del", name])).map(drop);
     remove_marker(name);
+    crate::cgroups::forget(name);
     res
 }
 

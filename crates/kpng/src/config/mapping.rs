@@ -95,6 +95,12 @@ pub struct FileSettings {
     pub iptables_localhost_nodeports: bool,
     /// `clientConnection`, for the `kube` source.
     pub client_connection: ClientConnection,
+    /// `winkernel.enableDSR`.
+    pub enable_dsr: bool,
+    /// `winkernel.sourceVip` (empty: none).
+    pub source_vip: Vec<IpAddr>,
+    /// `winkernel.networkName` (empty: none).
+    pub network_name: Option<String>,
 }
 
 /// The result of mapping one file.
@@ -122,8 +128,9 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
     let kind = BackendKind::from_mode(config.mode.trim())
         .map_err(|e| anyhow::anyhow!("field mode: {e}"))?;
     let section = match kind {
-        BackendKind::Nft | BackendKind::Userspace => Section::NfTables,
-        BackendKind::Iptables => Section::IpTables,
+        BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => Section::NfTables,
+        // kube-proxy's Windows proxier reads the iptables section's sync periods in v1alpha1.
+        BackendKind::Iptables | BackendKind::Hns => Section::IpTables,
     };
     if config.mode.trim().is_empty() {
         notes.push(
@@ -251,6 +258,9 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
             kube_api_qps: Some(client.qps).filter(|q| *q > 0.0),
             kube_api_burst: u32::try_from(client.burst).ok().filter(|b| *b > 0),
         },
+        enable_dsr: config.winkernel.enable_dsr,
+        source_vip: source_vip(&config.winkernel.source_vip)?,
+        network_name: non_empty(&config.winkernel.network_name),
     };
     if client.qps < 0.0 {
         bail!("field clientConnection.qps: {} is negative", client.qps);
@@ -435,18 +445,17 @@ fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
         warn(&ipvs_set.join(", "), why::IPVS);
     }
     let win = &config.winkernel;
+    // enableDSR, networkName and sourceVip are the `hns` backend's (--enable-dsr,
+    // --network-name, --source-vip).
     let win_set: Vec<&str> = [
-        ("winkernel.enableDSR", win.enable_dsr),
         (
             "winkernel.forwardHealthCheckVip",
             win.forward_health_check_vip,
         ),
-        ("winkernel.networkName", !win.network_name.is_empty()),
         (
             "winkernel.rootHnsEndpointName",
             !win.root_hns_endpoint_name.is_empty(),
         ),
-        ("winkernel.sourceVip", !win.source_vip.is_empty()),
         ("windowsRunAsService", config.windows_run_as_service),
     ]
     .into_iter()
@@ -456,4 +465,17 @@ fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
         warn(&win_set.join(", "), why::WINDOWS);
     }
     out
+}
+
+/// `winkernel.sourceVip`: one address, or one per family comma-separated; empty is none.
+fn source_vip(value: &str) -> anyhow::Result<Vec<IpAddr>> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            v.parse()
+                .with_context(|| format!("field winkernel.sourceVip: {v:?} is not an IP address"))
+        })
+        .collect()
 }

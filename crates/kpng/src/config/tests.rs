@@ -124,6 +124,9 @@ fn defaults() -> FileSettings {
         client_connection: ClientConnection::default(),
         proxy_mode: None,
         iptables_localhost_nodeports: true,
+        enable_dsr: false,
+        source_vip: vec![],
+        network_name: None,
     }
 }
 
@@ -197,6 +200,18 @@ fn kube_proxys_own_defaults_warn_about_what_kpng_lacks() {
 fn fields_map_onto_flags() {
     let cases: Vec<(&str, String, FileSettings)> = vec![
         ("empty file body", doc(""), defaults()),
+        (
+            "kernelspace: the hns backend, winkernel's fields and the iptables section's periods",
+            doc("mode: kernelspace\nwinkernel:\n  enableDSR: true\n  networkName: vxlan0\n  sourceVip: 10.244.1.2\niptables:\n  syncPeriod: 10s\n"),
+            FileSettings {
+                proxy_mode: Some(BackendKind::Hns),
+                enable_dsr: true,
+                network_name: Some("vxlan0".into()),
+                source_vip: vec!["10.244.1.2".parse().unwrap()],
+                sync_period: Duration::from_secs(10),
+                ..defaults()
+            },
+        ),
         (
             "nftables section",
             doc("mode: nftables\nnftables:\n  masqueradeAll: true\n  masqueradeBit: 10\n  syncPeriod: 1m0s\n  minSyncPeriod: 2s\niptables:\n  masqueradeBit: 3\n"),
@@ -371,8 +386,8 @@ fn bad_values_are_errors_naming_the_field() {
     let cases = [
         ("mode: ipvs\n", "field mode: \"ipvs\" is not supported"),
         (
-            "mode: kernelspace\n",
-            "field mode: \"kernelspace\" is kube-proxy's Windows mode",
+            "winkernel:\n  sourceVip: 10.0.0.x\n",
+            "field winkernel.sourceVip: \"10.0.0.x\" is not an IP address",
         ),
         ("mode: proxy\n", "field mode: unknown proxy mode \"proxy\""),
         (
@@ -519,9 +534,9 @@ fn unsupported_settings_warn_naming_the_field() {
             &["ipvs.scheduler, ipvs.strictARP: settings of the ipvs mode; ignored"],
         ),
         (
-            "winkernel:\n  networkName: flannel\nwindowsRunAsService: true\n",
+            "winkernel:\n  networkName: flannel\n  enableDSR: true\n  rootHnsEndpointName: x\nwindowsRunAsService: true\n",
             &[
-                "winkernel.networkName, windowsRunAsService: settings of kube-proxy on Windows; ignored",
+                "winkernel.rootHnsEndpointName, windowsRunAsService: settings of kube-proxy on Windows that kpng does not implement (kpng runs on Windows as a HostProcess container, not as a Windows service; docs/windows.md); ignored",
             ],
         ),
         (

@@ -36,7 +36,10 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
     };
     let cluster_cidr: Vec<String> = flags.cluster_cidr.iter().map(ToString::to_string).collect();
     let kind = flags.proxy_mode;
-    let nftables_mode = matches!(kind, Some(BackendKind::Nft | BackendKind::Userspace));
+    let nftables_mode = matches!(
+        kind,
+        Some(BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf)
+    );
     let iptables = if nftables_mode {
         IpTablesConfiguration {
             localhost_node_ports: Some(true),
@@ -134,7 +137,17 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         oom_score_adj: None,
         port_range: String::new(),
         show_hidden_metrics_for_version: String::new(),
-        winkernel: Default::default(),
+        winkernel: super::v1alpha1::WinkernelConfiguration {
+            enable_dsr: flags.enable_dsr,
+            network_name: flags.network_name.clone().unwrap_or_default(),
+            source_vip: flags
+                .source_vip
+                .iter()
+                .map(|ip| ip.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            ..Default::default()
+        },
         windows_run_as_service: false,
     })
 }

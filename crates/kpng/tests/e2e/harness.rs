@@ -314,6 +314,15 @@ impl<'a> Kpng<'a> {
         );
         args.extend(self.extra.iter().cloned());
         args.extend(self.backend.sink_args().iter().map(|a| (*a).to_owned()));
+        if self.backend == Backend::Ebpf {
+            let (cgroup, pins) = ebpf_scope(self.ns);
+            args.extend([
+                "--cgroup-path".to_owned(),
+                cgroup.display().to_string(),
+                "--bpf-pin-path".to_owned(),
+                pins.display().to_string(),
+            ]);
+        }
         args.extend(self.sink_extra.iter().cloned());
         args
     }
@@ -426,7 +435,57 @@ impl<'a> Kpng<'a> {
 impl Drop for Kpng<'_> {
     fn drop(&mut self) {
         super::traced::stopped();
+        if self.backend == Backend::Ebpf {
+            // The pins keep the programs attached; kpng is gone (or going) with its cluster.
+            if let Some(p) = self.proc.take() {
+                let _ = p.kill();
+            }
+            let _ = std::fs::remove_dir_all(ebpf_pins(self.ns));
+        }
     }
+}
+
+/// The pin directory of the eBPF backend running in `node`.
+pub fn ebpf_pins(node: &Netns) -> PathBuf {
+    Path::new(kpng_testkit::cgroups::BPFFS_MOUNT).join(node.name())
+}
+
+/// The eBPF backend's scope in a test cluster: a cgroup holding node `node`'s namespace and
+/// its pods' (every later program they run), another holding the cluster's other namespaces
+/// (the external client, the other nodes and their pods: "outside the node"), and a pin
+/// directory on a test bpffs. Returns (the node's cgroup, the pin directory).
+pub fn ebpf_scope(node: &Netns) -> (PathBuf, PathBuf) {
+    let name = node.name();
+    // `{prefix}-node1-{pid}-{n}`: the cluster's namespaces share `{prefix}-` and `-{pid}-`
+    // (prefixes are unique per test binary, as for every backend's namespace names).
+    let parts: Vec<&str> = name.rsplitn(4, '-').collect();
+    let [_, pid, role, prefix] = parts.as_slice() else {
+        panic!("unexpected namespace name {name}");
+    };
+    let node_tag = role.trim_start_matches("node");
+    let local = kpng_testkit::cgroups::create(&format!("{name}/local")).expect("local cgroup");
+    let outside =
+        kpng_testkit::cgroups::create(&format!("{name}/outside")).expect("outside cgroup");
+    let listed = std::fs::read_dir("/run/netns").expect("/run/netns");
+    for entry in listed.flatten() {
+        let Ok(other) = entry.file_name().into_string() else {
+            continue;
+        };
+        let Some(rest) = other.strip_prefix(&format!("{prefix}-")) else {
+            continue;
+        };
+        let Some((other_role, tail)) = rest.split_once('-') else {
+            continue;
+        };
+        if !tail.starts_with(&format!("{pid}-")) || kpng_testkit::cgroups::of(&other).is_some() {
+            continue;
+        }
+        let mine = other_role == *role || other_role.starts_with(&format!("pod{node_tag}"));
+        let group = if mine { &local } else { &outside };
+        kpng_testkit::cgroups::assign(&other, group).expect("assign cgroup");
+    }
+    kpng_testkit::cgroups::bpffs().expect("test bpffs");
+    (local, ebpf_pins(node))
 }
 
 pub fn write_atomically(path: &Path, text: &str) {
@@ -522,6 +581,22 @@ pub fn assert_direct(b: Backend, r: &ProbeResult, servers: &[&str], client: IpAd
     }
     let seen = answered(r, servers);
     assert_eq!(seen, client, "expected no masquerade: {r}");
+}
+
+/// Assert a probe from a pod of node1 (`client`) that kube-proxy masquerades was answered by
+/// one of `servers`, which saw a node1 address; or `client` itself where the backend
+/// translates node1's sockets at `connect()` (nothing to masquerade).
+#[track_caller]
+pub fn assert_pod_masqueraded(b: Backend, r: &ProbeResult, servers: &[&str], client: IpAddr) {
+    if b.behaviour().translates_local_sockets {
+        let seen = answered(r, servers);
+        assert_eq!(
+            seen, client,
+            "translated at the socket, not masqueraded: {r}"
+        );
+    } else {
+        assert_masqueraded(r, servers);
+    }
 }
 
 /// Assert the probe was answered by one of `servers`, which saw a node1 address.

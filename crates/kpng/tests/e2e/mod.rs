@@ -35,6 +35,10 @@ pub enum Backend {
     IptablesNft,
     /// `to-local userspace` (a TCP/UDP proxy; a small nftables table captures Service traffic).
     Userspace,
+    /// `to-local ebpf` (socket programs for the node's sockets, the nftables ruleset for the
+    /// rest). The harness puts node1 and its pods in one cgroup (the programs' scope), the
+    /// other namespaces in another ([`harness::ebpf_scope`]).
+    Ebpf,
 }
 
 /// Where a family's NodePorts are served.
@@ -70,6 +74,10 @@ pub struct Behaviour {
     /// Established connections and new ones keep working while kpng restarts (the kernel holds
     /// the state). A proxy's connections end with it, and new ones are refused until it is back.
     pub serves_over_restart: bool,
+    /// Connections from this node's sockets (the node, its pods) are translated at
+    /// `connect()`/`sendmsg()`: endpoints see the client's own address, never a masqueraded
+    /// one (hairpin, node ports, external IPs and `--masquerade-all` included).
+    pub translates_local_sockets: bool,
 }
 
 impl Backend {
@@ -80,6 +88,7 @@ impl Backend {
             Backend::IptablesLegacy => &["to-local", "iptables", "--iptables-mode", "legacy"],
             Backend::IptablesNft => &["to-local", "iptables", "--iptables-mode", "nft"],
             Backend::Userspace => &["to-local", "userspace"],
+            Backend::Ebpf => &["to-local", "ebpf"],
         }
     }
 
@@ -90,6 +99,7 @@ impl Backend {
             Backend::IptablesLegacy => "iptl",
             Backend::IptablesNft => "iptn",
             Backend::Userspace => "us",
+            Backend::Ebpf => "ebpf",
         };
         format!("{tag}-{what}")
     }
@@ -97,7 +107,7 @@ impl Backend {
     /// The variant's `iptables` tool, for iptables backends.
     pub fn iptables_tool(self) -> Option<&'static str> {
         match self {
-            Backend::Nft | Backend::Userspace => None,
+            Backend::Nft | Backend::Userspace | Backend::Ebpf => None,
             Backend::IptablesLegacy => Some("iptables-legacy"),
             Backend::IptablesNft => Some("iptables-nft"),
         }
@@ -106,12 +116,17 @@ impl Backend {
     /// How this backend differs by design.
     pub fn behaviour(self) -> Behaviour {
         match self {
+            Backend::Ebpf => Behaviour {
+                translates_local_sockets: true,
+                ..Backend::Nft.behaviour()
+            },
             Backend::Nft => Behaviour {
                 wrong_port: Unserved::Rejected,
                 default_node_port_addresses: NodePortScope::PrimaryIps,
                 localhost_node_ports: false,
                 keeps_client_address: true,
                 serves_over_restart: true,
+                translates_local_sockets: false,
             },
             Backend::IptablesLegacy | Backend::IptablesNft => Behaviour {
                 wrong_port: Unserved::Untouched,
@@ -119,6 +134,7 @@ impl Backend {
                 localhost_node_ports: true,
                 keeps_client_address: true,
                 serves_over_restart: true,
+                translates_local_sockets: false,
             },
             Backend::Userspace => Behaviour {
                 wrong_port: Unserved::Rejected,
@@ -126,6 +142,7 @@ impl Backend {
                 localhost_node_ports: false,
                 keeps_client_address: false,
                 serves_over_restart: false,
+                translates_local_sockets: false,
             },
         }
     }

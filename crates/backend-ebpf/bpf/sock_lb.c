@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: (Apache-2.0 OR GPL-2.0)
+//
+// kpng's socket-level load balancer: cgroup v2 sock_addr programs that translate a Service
+// frontend (address, port, protocol) into one of its endpoints when a socket connects or sends,
+// so the connection is a direct one to the endpoint (no per-packet NAT, no conntrack NAT entry),
+// and translate the endpoint back into the frontend where userspace can see the peer address
+// (recvmsg of unconnected UDP sockets, getpeername).
+//
+// Userspace (crates/backend-ebpf/src/maps.rs) owns every map's contents; the layouts below are
+// mirrored there byte for byte. Every address is 16 bytes: IPv4 as an IPv4-mapped IPv6 address
+// (::ffff:a.b.c.d), so one map serves both families and a dual-stack socket's connect6 to a
+// mapped IPv4 Service address finds the IPv4 frontend. Ports are in network byte order.
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ECONNREFUSED 111
+
+// Service flags.
+#define SVC_REFUSE 1 // no endpoint anywhere: refuse (REJECT semantics)
+
+struct frontend_key {
+	__u32 addr[4];
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct service {
+	__u32 count;            // endpoints in slots 0..count-1
+	__u32 affinity_seconds; // ClientIP affinity timeout, 0 = none
+	__u32 flags;
+};
+
+struct endpoint {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+struct slot_key {
+	__u32 svc;
+	__u32 slot;
+};
+
+struct member_key {
+	__u32 svc;
+	struct endpoint ep;
+};
+
+struct affinity_key {
+	__u64 netns;
+	__u32 svc;
+	__u32 pad;
+};
+
+struct affinity_value {
+	struct endpoint ep;
+	__u64 last_ns;
+};
+
+struct reverse_key {
+	__u64 cookie;
+	struct endpoint ep;
+};
+
+// Frontend → service id.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 262144);
+	__type(key, struct frontend_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_frontends SEC(".maps");
+
+// Service id → endpoint count, affinity, flags.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 262144);
+	__type(key, __u32);
+	__type(value, struct service);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_services SEC(".maps");
+
+// (service id, slot) → endpoint: the list the model computed, one slot per endpoint.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1048576);
+	__type(key, struct slot_key);
+	__type(value, struct endpoint);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_slots SEC(".maps");
+
+// (service id, endpoint) → 1: whether an affinity entry's endpoint is still in the service.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1048576);
+	__type(key, struct member_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_members SEC(".maps");
+
+// ClientIP affinity: (client network namespace, service id) → endpoint and last use (64k
+// clients × affinity Services at once; the least recently used go first).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_affinity SEC(".maps");
+
+// (socket cookie, endpoint) → frontend: what a socket believes its peer is. LRU maps are
+// preallocated: sized for 128k translated sockets at once (~17 MB).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct reverse_key);
+	__type(value, struct endpoint);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_reverse SEC(".maps");
+
+enum verdict {
+	PASS = 0,   // not a frontend (or nothing usable): leave the address alone
+	MAPPED = 1, // *out holds the endpoint
+	REFUSE = 2, // a frontend without endpoints anywhere
+};
+
+static __always_inline enum verdict pick(void *ctx, struct frontend_key *k, struct endpoint *out)
+{
+	__u32 *id = bpf_map_lookup_elem(&kpng_frontends, k);
+	if (!id)
+		return PASS;
+	__u32 svc_id = *id;
+	struct service *svc = bpf_map_lookup_elem(&kpng_services, &svc_id);
+	if (!svc)
+		return PASS;
+	if (svc->count == 0)
+		return (svc->flags & SVC_REFUSE) ? REFUSE : PASS;
+
+	__u64 now = bpf_ktime_get_ns();
+	struct affinity_key ak = {};
+	if (svc->affinity_seconds) {
+		ak.netns = bpf_get_netns_cookie(ctx);
+		ak.svc = svc_id;
+		struct affinity_value *av = bpf_map_lookup_elem(&kpng_affinity, &ak);
+		if (av && now - av->last_ns <= (__u64)svc->affinity_seconds * 1000000000ULL) {
+			struct member_key mk = {};
+			mk.svc = svc_id;
+			mk.ep = av->ep;
+			if (bpf_map_lookup_elem(&kpng_members, &mk)) {
+				*out = av->ep;
+				av->last_ns = now;
+				return MAPPED;
+			}
+		}
+	}
+
+	struct slot_key sk = {};
+	sk.svc = svc_id;
+	sk.slot = bpf_get_prandom_u32() % svc->count;
+	struct endpoint *ep = bpf_map_lookup_elem(&kpng_slots, &sk);
+	if (!ep)
+		return PASS;
+	*out = *ep;
+	if (svc->affinity_seconds) {
+		struct affinity_value av = {};
+		av.ep = *ep;
+		av.last_ns = now;
+		bpf_map_update_elem(&kpng_affinity, &ak, &av, BPF_ANY);
+	}
+	return MAPPED;
+}
+
+static __always_inline void remember(struct bpf_sock_addr *ctx, struct frontend_key *k,
+				     struct endpoint *ep)
+{
+	struct reverse_key rk = {};
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rk.ep = *ep;
+	struct endpoint fe = {};
+	fe.addr[0] = k->addr[0];
+	fe.addr[1] = k->addr[1];
+	fe.addr[2] = k->addr[2];
+	fe.addr[3] = k->addr[3];
+	fe.port = k->port;
+	bpf_map_update_elem(&kpng_reverse, &rk, &fe, BPF_ANY);
+}
+
+static __always_inline int is_mapped_v4(const __u32 *a)
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+}
+
+// IPv4 hooks: the address is ctx->user_ip4, the key holds it IPv4-mapped.
+static __always_inline int translate4(struct bpf_sock_addr *ctx, int refuse_ok)
+{
+	struct frontend_key k = {};
+	k.addr[2] = bpf_htonl(0xffff);
+	k.addr[3] = ctx->user_ip4;
+	k.port = (__u16)ctx->user_port;
+	k.proto = (__u8)ctx->protocol;
+	struct endpoint ep = {};
+	switch (pick(ctx, &k, &ep)) {
+	case MAPPED:
+		if (!is_mapped_v4(ep.addr))
+			return 1;
+		ctx->user_ip4 = ep.addr[3];
+		ctx->user_port = ep.port;
+		remember(ctx, &k, &ep);
+		return 1;
+	case REFUSE:
+		if (refuse_ok) {
+			bpf_set_retval(-ECONNREFUSED);
+			return 0;
+		}
+		return 1;
+	default:
+		return 1;
+	}
+}
+
+static __always_inline int translate6(struct bpf_sock_addr *ctx, int refuse_ok)
+{
+	struct frontend_key k = {};
+	k.addr[0] = ctx->user_ip6[0];
+	k.addr[1] = ctx->user_ip6[1];
+	k.addr[2] = ctx->user_ip6[2];
+	k.addr[3] = ctx->user_ip6[3];
+	k.port = (__u16)ctx->user_port;
+	k.proto = (__u8)ctx->protocol;
+	struct endpoint ep = {};
+	switch (pick(ctx, &k, &ep)) {
+	case MAPPED:
+		// An IPv4 frontend reached through a dual-stack socket (::ffff:a.b.c.d) has IPv4
+		// endpoints, written back IPv4-mapped; an IPv6 frontend has IPv6 endpoints.
+		if (is_mapped_v4(ep.addr) != is_mapped_v4(k.addr))
+			return 1;
+		ctx->user_ip6[0] = ep.addr[0];
+		ctx->user_ip6[1] = ep.addr[1];
+		ctx->user_ip6[2] = ep.addr[2];
+		ctx->user_ip6[3] = ep.addr[3];
+		ctx->user_port = ep.port;
+		remember(ctx, &k, &ep);
+		return 1;
+	case REFUSE:
+		if (refuse_ok) {
+			bpf_set_retval(-ECONNREFUSED);
+			return 0;
+		}
+		return 1;
+	default:
+		return 1;
+	}
+}
+
+SEC("cgroup/connect4")
+int kpng_connect4(struct bpf_sock_addr *ctx)
+{
+	return translate4(ctx, 1);
+}
+
+SEC("cgroup/connect6")
+int kpng_connect6(struct bpf_sock_addr *ctx)
+{
+	return translate6(ctx, 1);
+}
+
+SEC("cgroup/sendmsg4")
+int kpng_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return translate4(ctx, 1);
+}
+
+SEC("cgroup/sendmsg6")
+int kpng_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return translate6(ctx, 1);
+}
+
+// The peer a socket sees (recvmsg's source, getpeername): endpoint → frontend when this socket
+// was translated towards that endpoint.
+static __always_inline void reverse4(struct bpf_sock_addr *ctx)
+{
+	struct reverse_key rk = {};
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rk.ep.addr[2] = bpf_htonl(0xffff);
+	rk.ep.addr[3] = ctx->user_ip4;
+	rk.ep.port = (__u16)ctx->user_port;
+	struct endpoint *fe = bpf_map_lookup_elem(&kpng_reverse, &rk);
+	if (!fe)
+		return;
+	ctx->user_ip4 = fe->addr[3];
+	ctx->user_port = fe->port;
+}
+
+static __always_inline void reverse6(struct bpf_sock_addr *ctx)
+{
+	struct reverse_key rk = {};
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rk.ep.addr[0] = ctx->user_ip6[0];
+	rk.ep.addr[1] = ctx->user_ip6[1];
+	rk.ep.addr[2] = ctx->user_ip6[2];
+	rk.ep.addr[3] = ctx->user_ip6[3];
+	rk.ep.port = (__u16)ctx->user_port;
+	struct endpoint *fe = bpf_map_lookup_elem(&kpng_reverse, &rk);
+	if (!fe)
+		return;
+	ctx->user_ip6[0] = fe->addr[0];
+	ctx->user_ip6[1] = fe->addr[1];
+	ctx->user_ip6[2] = fe->addr[2];
+	ctx->user_ip6[3] = fe->addr[3];
+	ctx->user_port = fe->port;
+}
+
+SEC("cgroup/recvmsg4")
+int kpng_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	reverse4(ctx);
+	return 1;
+}
+
+SEC("cgroup/recvmsg6")
+int kpng_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	reverse6(ctx);
+	return 1;
+}
+
+SEC("cgroup/getpeername4")
+int kpng_getpeername4(struct bpf_sock_addr *ctx)
+{
+	reverse4(ctx);
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int kpng_getpeername6(struct bpf_sock_addr *ctx)
+{
+	reverse6(ctx);
+	return 1;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,293 @@
+//! The kernel side through aya: loads the clang-built object, attaches its cgroup programs,
+//! pins maps and links under the pin directory, and reads and writes the maps.
+//!
+//! Restart without interruption: the maps are pinned by name (`LIBBPF_PIN_BY_NAME`), so the next
+//! kpng's loader opens the same maps, contents included. Its programs are attached *beside*
+//! the previous ones (`BPF_F_ALLOW_MULTI`), their links pinned under a temporary name and
+//! renamed over the previous pins: the rename drops the last reference to the previous links,
+//! which detaches the previous programs. During the overlap both generations translate with the
+//! same maps (the second finds the endpoint address, which is no frontend, and passes).
+//!
+//! aya 0.14 has no batch map API (`BPF_MAP_UPDATE_BATCH`): every operation is one
+//! `bpf(BPF_MAP_UPDATE_ELEM)` / `BPF_MAP_DELETE_ELEM` syscall (about a microsecond each).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::programs::links::FdLink;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::{Ebpf, EbpfLoader};
+
+use crate::Error;
+use crate::layout::{
+    ENDPOINT, FRONTEND_KEY, MEMBER, MEMBER_KEY, REVERSE_KEY, SERVICE, SERVICE_ID, SLOT_KEY,
+};
+use crate::object::OBJECT;
+use crate::plan::{MapId, Op};
+
+/// Every program of the object, by its function name.
+pub const PROGRAMS: [&str; 8] = [
+    "kpng_connect4",
+    "kpng_connect6",
+    "kpng_sendmsg4",
+    "kpng_sendmsg6",
+    "kpng_recvmsg4",
+    "kpng_recvmsg6",
+    "kpng_getpeername4",
+    "kpng_getpeername6",
+];
+
+/// One map entry as bytes: (key, value).
+pub type RawEntry = (Vec<u8>, Vec<u8>);
+
+/// The directory of the link pins inside the pin directory.
+const LINKS: &str = "links";
+
+/// The loaded programs and the maps userspace writes.
+pub struct Kernel {
+    // Keeps the programs loaded while their links are pinned and the maps' fds open.
+    _ebpf: Ebpf,
+    frontends: BpfHashMap<MapData, [u8; FRONTEND_KEY], [u8; SERVICE_ID]>,
+    services: BpfHashMap<MapData, [u8; SERVICE_ID], [u8; SERVICE]>,
+    slots: BpfHashMap<MapData, [u8; SLOT_KEY], [u8; ENDPOINT]>,
+    members: BpfHashMap<MapData, [u8; MEMBER_KEY], [u8; MEMBER]>,
+    reverse: BpfHashMap<MapData, [u8; REVERSE_KEY], [u8; ENDPOINT]>,
+    pin_dir: PathBuf,
+}
+
+fn bpf_err(what: impl std::fmt::Display, e: impl std::error::Error) -> Error {
+    let mut text = format!("{what}: {e}");
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    Error::Bpf(text)
+}
+
+fn take<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+) -> Result<BpfHashMap<MapData, K, V>, Error> {
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| Error::Bpf(format!("the object has no map {name}")))?;
+    BpfHashMap::try_from(map).map_err(|e| bpf_err(format_args!("map {name}"), e))
+}
+
+impl Kernel {
+    /// Loads the object (adopting pinned maps under `pin_dir`), attaches every program to the
+    /// cgroup v2 directory `cgroup` and pins the links, replacing a previous kpng's.
+    pub fn open(pin_dir: &Path, cgroup: &Path) -> Result<Kernel, Error> {
+        crate::host::ensure_bpffs(pin_dir)?;
+        let links = pin_dir.join(LINKS);
+        std::fs::create_dir_all(&links)
+            .map_err(|e| Error::io(format!("creating {}", links.display()), e))?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .load(&OBJECT.0)
+            .map_err(|e| bpf_err("loading the socket programs", e))?;
+        let cg = File::open(cgroup)
+            .map_err(|e| Error::io(format!("opening cgroup {}", cgroup.display()), e))?;
+        for name in PROGRAMS {
+            let program: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or_else(|| Error::Bpf(format!("the object has no program {name}")))?
+                .try_into()
+                .map_err(|e| bpf_err(name, e))?;
+            program
+                .load()
+                .map_err(|e| bpf_err(format_args!("loading {name}"), e))?;
+            let id = program
+                // A bpf_link attachment is always one of many (the kernel sets
+                // BPF_F_ALLOW_MULTI itself and refuses the flag from userspace).
+                .attach(&cg, CgroupAttachMode::Single)
+                .map_err(|e| {
+                    bpf_err(format_args!("attaching {name} to {}", cgroup.display()), e)
+                })?;
+            let link = program.take_link(id).map_err(|e| bpf_err(name, e))?;
+            let fd: FdLink = link
+                .try_into()
+                .map_err(|e| bpf_err(format_args!("{name} is not a bpf_link"), e))?;
+            let pin = links.join(name);
+            // bpffs refuses names with dots.
+            let fresh = links.join(format!("new-{name}"));
+            let _ = std::fs::remove_file(&fresh);
+            fd.pin(&fresh)
+                .map_err(|e| bpf_err(format_args!("pinning {}", fresh.display()), e))?;
+            std::fs::rename(&fresh, &pin).map_err(|e| {
+                Error::io(
+                    format!("renaming {} over the previous link", fresh.display()),
+                    e,
+                )
+            })?;
+        }
+        Ok(Kernel {
+            frontends: take(&mut ebpf, MapId::Frontends.name())?,
+            services: take(&mut ebpf, MapId::Services.name())?,
+            slots: take(&mut ebpf, MapId::Slots.name())?,
+            members: take(&mut ebpf, MapId::Members.name())?,
+            reverse: take(&mut ebpf, "kpng_reverse")?,
+            _ebpf: ebpf,
+            pin_dir: pin_dir.to_owned(),
+        })
+    }
+
+    /// Applies `ops` in order; stops at the first refusal.
+    pub fn apply(&mut self, ops: &[Op<'_>]) -> Result<(), Error> {
+        for op in ops {
+            match *op {
+                Op::Upsert(m, k, v) => self.upsert(m, k, v)?,
+                Op::Delete(m, k) => self.delete(m, k)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn upsert(&mut self, map: MapId, k: &[u8], v: &[u8]) -> Result<(), Error> {
+        let bad = || Error::Bpf(format!("{}: wrong key or value size", map.name()));
+        let r = match map {
+            MapId::Frontends => self.frontends.insert(
+                <[u8; FRONTEND_KEY]>::try_from(k).map_err(|_| bad())?,
+                <[u8; SERVICE_ID]>::try_from(v).map_err(|_| bad())?,
+                0,
+            ),
+            MapId::Services => self.services.insert(
+                <[u8; SERVICE_ID]>::try_from(k).map_err(|_| bad())?,
+                <[u8; SERVICE]>::try_from(v).map_err(|_| bad())?,
+                0,
+            ),
+            MapId::Slots => self.slots.insert(
+                <[u8; SLOT_KEY]>::try_from(k).map_err(|_| bad())?,
+                <[u8; ENDPOINT]>::try_from(v).map_err(|_| bad())?,
+                0,
+            ),
+            MapId::Members => self.members.insert(
+                <[u8; MEMBER_KEY]>::try_from(k).map_err(|_| bad())?,
+                <[u8; MEMBER]>::try_from(v).map_err(|_| bad())?,
+                0,
+            ),
+        };
+        r.map_err(|e| bpf_err(format_args!("updating {}", map.name()), e))
+    }
+
+    fn delete(&mut self, map: MapId, k: &[u8]) -> Result<(), Error> {
+        let bad = || Error::Bpf(format!("{}: wrong key size", map.name()));
+        let r = match map {
+            MapId::Frontends => self
+                .frontends
+                .remove(&<[u8; FRONTEND_KEY]>::try_from(k).map_err(|_| bad())?),
+            MapId::Services => self
+                .services
+                .remove(&<[u8; SERVICE_ID]>::try_from(k).map_err(|_| bad())?),
+            MapId::Slots => self
+                .slots
+                .remove(&<[u8; SLOT_KEY]>::try_from(k).map_err(|_| bad())?),
+            MapId::Members => self
+                .members
+                .remove(&<[u8; MEMBER_KEY]>::try_from(k).map_err(|_| bad())?),
+        };
+        match r {
+            Ok(()) => Ok(()),
+            // Already gone: the goal of a delete.
+            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(bpf_err(format_args!("deleting from {}", map.name()), e)),
+        }
+    }
+
+    /// Every entry of one map, as bytes (full syncs compare against it).
+    pub fn dump(&self, map: MapId) -> Result<Vec<RawEntry>, Error> {
+        fn all<K: aya::Pod + AsRef<[u8]>, V: aya::Pod + AsRef<[u8]>>(
+            m: &BpfHashMap<MapData, K, V>,
+            name: &str,
+        ) -> Result<Vec<RawEntry>, Error> {
+            let mut out = Vec::new();
+            for entry in m.iter() {
+                match entry {
+                    Ok((k, v)) => out.push((k.as_ref().to_vec(), v.as_ref().to_vec())),
+                    // Deleted between the key walk and the lookup.
+                    Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => return Err(bpf_err(format_args!("reading {name}"), e)),
+                }
+            }
+            Ok(out)
+        }
+        match map {
+            MapId::Frontends => all(&self.frontends, map.name()),
+            MapId::Services => all(&self.services, map.name()),
+            MapId::Slots => all(&self.slots, map.name()),
+            MapId::Members => all(&self.members, map.name()),
+        }
+    }
+
+    /// The endpoints some socket is translated to right now (from the reverse map): the
+    /// candidates for socket destruction when an endpoint leaves.
+    pub fn reverse_endpoints(&self) -> Vec<std::net::SocketAddr> {
+        self.reverse
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|k| crate::layout::reverse_key_endpoint(&k))
+            .collect()
+    }
+
+    /// Kernel memory charged to each map (`memlock` in the map fd's `/proc/self/fdinfo`):
+    /// what the maps cost, reported as a metric. Maps whose figure cannot be read are left out.
+    pub fn memory(&self) -> Vec<(&'static str, u64)> {
+        use aya::maps::IterableMap;
+        use std::os::fd::{AsFd, AsRawFd};
+        let maps: [(&'static str, &MapData); 5] = [
+            (MapId::Frontends.name(), self.frontends.map()),
+            (MapId::Services.name(), self.services.map()),
+            (MapId::Slots.name(), self.slots.map()),
+            (MapId::Members.name(), self.members.map()),
+            ("kpng_reverse", self.reverse.map()),
+        ];
+        maps.into_iter()
+            .filter_map(|(name, data)| {
+                let fd = data.fd().as_fd().as_raw_fd();
+                let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+                Some((name, memlock(&info)?))
+            })
+            .collect()
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+}
+
+/// Removes every pin under `pin_dir` (links first: that detaches the programs) and the
+/// directory. Absent is fine.
+pub fn remove_pins(pin_dir: &Path) -> Result<bool, Error> {
+    if !pin_dir.exists() {
+        return Ok(false);
+    }
+    let links = pin_dir.join(LINKS);
+    if links.exists() {
+        std::fs::remove_dir_all(&links)
+            .map_err(|e| Error::io(format!("removing {}", links.display()), e))?;
+    }
+    std::fs::remove_dir_all(pin_dir)
+        .map_err(|e| Error::io(format!("removing {}", pin_dir.display()), e))?;
+    Ok(true)
+}
+
+/// The `memlock:` figure of a BPF map's fdinfo text.
+pub fn memlock(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_memlock_from_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000002\nmap_type:\t1\nmemlock:\t1234\nmap_id:\t7\n";
+        assert_eq!(super::memlock(text), Some(1234));
+        assert_eq!(super::memlock("pos: 0\n"), None);
+    }
+}

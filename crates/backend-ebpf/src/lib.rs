@@ -1,0 +1,363 @@
+//! kpng's eBPF backend: socket-level load balancing.
+//!
+//! cgroup v2 `sock_addr` programs (`bpf/sock_lb.c`, built by clang from `build.rs`, loaded by
+//! aya) translate a Service frontend into one of its endpoints when a socket of the cgroup
+//! subtree connects (`connect4/6`) or sends an unconnected datagram (`sendmsg4/6`), and the
+//! endpoint back into the frontend where the application reads its peer (`recvmsg4/6`,
+//! `getpeername4/6`). A pod's connection to a ClusterIP is therefore a direct connection to
+//! the endpoint: no per-packet rewrite, no conntrack NAT entry.
+//!
+//! The backend sees only the model: each Service port's frontends and the endpoint lists the
+//! model computed ([`plan`]), written into pinned maps by diff ([`kernel`]). Traffic that does
+//! not come from a local socket (north-south: node ports, external and load-balancer IPs from
+//! outside, source ranges, externalTrafficPolicy Local, masquerading) is not this crate's: the
+//! binary runs the nftables backend beside it (docs/backends.md, "eBPF").
+
+pub mod host;
+pub mod kernel;
+pub mod layout;
+mod object;
+pub mod plan;
+pub mod sockets;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use kpng_backend::settings::NodePortAddresses;
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family as MetricFamily;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tracing::{debug, info};
+
+use crate::kernel::Kernel;
+use crate::plan::{Entries, Group, Ids, MapId};
+
+/// Why the backend could not do its work.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file-system or process operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Loading, attaching or a map operation was refused by the kernel.
+    #[error("eBPF: {0}")]
+    Bpf(String),
+    /// The node lacks something the backend needs (cgroup v2, bpffs).
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl Error {
+    fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for BackendError {
+    fn from(e: Error) -> BackendError {
+        BackendError::Other(e.to_string())
+    }
+}
+
+/// The default pin directory: the conventional bpffs mount point's `kpng` directory.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/kpng";
+
+/// What the backend is configured with.
+#[derive(Debug, Clone)]
+pub struct EbpfConfig {
+    /// Where maps and links are pinned (on a bpffs).
+    pub pin_dir: PathBuf,
+    /// The cgroup v2 directory the programs attach to; `None`: the root of the cgroup v2
+    /// mount (every process of the node).
+    pub cgroup: Option<PathBuf>,
+    /// `--nodeport-addresses`: the node addresses whose node ports local sockets reach.
+    pub nodeport_addresses: NodePortAddresses,
+    /// Destroy connected UDP sockets whose endpoint left.
+    pub destroy_udp_sockets: bool,
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        EbpfConfig {
+            pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
+            cgroup: None,
+            nodeport_addresses: NodePortAddresses::Primary,
+            destroy_udp_sockets: true,
+        }
+    }
+}
+
+/// The `map` label of the map-memory gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MapLabel {
+    map: String,
+}
+
+/// What one port wrote: `(service id, IP protocol, group)` per group.
+type Written = Vec<(u32, u8, Group)>;
+
+/// The eBPF backend (see the crate documentation).
+pub struct EbpfBackend {
+    config: EbpfConfig,
+    cgroup: Option<PathBuf>,
+    kernel: Option<Kernel>,
+    ids: Ids,
+    written: HashMap<PortKey, Written>,
+    node_port_ips: HashMap<Family, Vec<IpAddr>>,
+    map_memory: MetricFamily<MapLabel, Gauge>,
+}
+
+impl EbpfBackend {
+    /// A backend that loads its programs at the first sync.
+    pub fn new(config: EbpfConfig) -> EbpfBackend {
+        EbpfBackend {
+            config,
+            cgroup: None,
+            kernel: None,
+            ids: Ids::default(),
+            written: HashMap::new(),
+            node_port_ips: HashMap::new(),
+            map_memory: MetricFamily::default(),
+        }
+    }
+
+    /// Publishes what each map costs the kernel (after full syncs: the maps' memory only changes
+    /// with their size class, and reading it costs a file read per map).
+    fn report_memory(&self) {
+        let Some(kernel) = &self.kernel else { return };
+        let mut total = 0;
+        for (map, bytes) in kernel.memory() {
+            total += bytes;
+            self.map_memory
+                .get_or_create(&MapLabel { map: map.into() })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        debug!("BPF maps: {total} bytes of kernel memory");
+    }
+
+    /// Loads and attaches the programs (adopting a previous kpng's pins) unless done.
+    fn kernel(&mut self) -> Result<&mut Kernel, Error> {
+        if self.kernel.is_none() {
+            let cgroup = match &self.config.cgroup {
+                Some(c) => c.clone(),
+                None => host::cgroup2_root()?,
+            };
+            let k = Kernel::open(&self.config.pin_dir, &cgroup)?;
+            info!(
+                "socket programs attached to cgroup {}, maps and links pinned under {}",
+                cgroup.display(),
+                self.config.pin_dir.display()
+            );
+            self.cgroup = Some(cgroup);
+            self.kernel = Some(k);
+        }
+        self.kernel
+            .as_mut()
+            .ok_or_else(|| Error::Setup("eBPF programs not loaded".into()))
+    }
+
+    fn node_ips_for(&self, family: Family) -> &[IpAddr] {
+        self.node_port_ips.get(&family).map_or(&[], Vec::as_slice)
+    }
+
+    fn refresh_node_port_ips(&mut self, snapshot: &Snapshot) {
+        let mut local: Option<Vec<IpAddr>> = None;
+        for family in Family::ALL {
+            let scope = self.config.nodeport_addresses.scope(family);
+            let ips = scope.addresses(family, &snapshot.node.ips, || {
+                local
+                    .get_or_insert_with(kpng_backend::host::local_addresses)
+                    .clone()
+            });
+            self.node_port_ips.insert(family, ips);
+        }
+    }
+
+    fn port_groups(&self, port: &ServicePort) -> Vec<Group> {
+        plan::groups(port, self.node_ips_for(port.key.family))
+    }
+
+    fn full(&mut self, snapshot: &Snapshot) -> Result<(usize, Vec<SocketAddr>), Error> {
+        self.refresh_node_port_ips(snapshot);
+        let mut old = Entries::default();
+        {
+            let kernel = self.kernel()?;
+            for m in MapId::ALL {
+                let map = old.0.entry(m).or_default();
+                for (k, v) in kernel.dump(m)? {
+                    map.insert(k, v);
+                }
+            }
+        }
+        // Ids the maps already hold, by frontend: a restarted kpng keeps them.
+        let in_kernel: HashMap<Vec<u8>, u32> = old
+            .0
+            .get(&MapId::Frontends)
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), layout::service_id_of(v)?)))
+            .collect();
+        let previous = std::mem::take(&mut self.ids);
+        let mut new = Entries::default();
+        let mut written = HashMap::new();
+        for port in snapshot.ports.values() {
+            let Some(proto) = layout::ip_proto(port.key.protocol) else {
+                continue;
+            };
+            let mut mine = Vec::new();
+            for g in self.port_groups(port) {
+                let preferred = previous.get(&port.key, g.scope).or_else(|| {
+                    let (ip, p) = g.frontends.first()?;
+                    in_kernel
+                        .get(layout::frontend_key(*ip, *p, proto).as_slice())
+                        .copied()
+                });
+                let id = self.ids.assign(&port.key, g.scope, preferred);
+                new.add_group(id, proto, &g);
+                mine.push((id, proto, g));
+            }
+            if !mine.is_empty() {
+                written.insert(port.key.clone(), mine);
+            }
+        }
+        let ops = plan::ops(&old, &new);
+        let gone = left_udp_endpoints(&old, &new);
+        self.kernel()?.apply(&ops)?;
+        self.written = written;
+        Ok((ops.len(), gone))
+    }
+
+    fn incremental(
+        &mut self,
+        request: &SyncRequest<'_>,
+    ) -> Result<(usize, Vec<SocketAddr>), Error> {
+        let mut old = Entries::default();
+        let mut new = Entries::default();
+        let mut released = Vec::new();
+        let mut updates = Vec::new();
+        for (key, change) in &request.diff.changes {
+            let before = self.written.remove(key).unwrap_or_default();
+            for (id, proto, g) in &before {
+                old.add_group(*id, *proto, g);
+            }
+            let mut mine = Vec::new();
+            if let Some(port) = &change.new
+                && let Some(proto) = layout::ip_proto(port.key.protocol)
+            {
+                for g in self.port_groups(port) {
+                    let id = self.ids.assign(key, g.scope, None);
+                    new.add_group(id, proto, &g);
+                    mine.push((id, proto, g));
+                }
+            }
+            for (_, _, g) in &before {
+                if !mine.iter().any(|(_, _, m)| m.scope == g.scope) {
+                    released.push((key.clone(), g.scope));
+                }
+            }
+            updates.push((key.clone(), mine));
+        }
+        let ops = plan::ops(&old, &new);
+        let gone = left_udp_endpoints(&old, &new);
+        self.kernel()?.apply(&ops)?;
+        for (key, mine) in updates {
+            if !mine.is_empty() {
+                self.written.insert(key, mine);
+            }
+        }
+        for (key, scope) in released {
+            self.ids.release(&key, scope);
+        }
+        Ok((ops.len(), gone))
+    }
+}
+
+/// UDP endpoints present in `old` and in no UDP service of `new`: their connected sockets
+/// are destroyed.
+fn left_udp_endpoints(old: &Entries, new: &Entries) -> Vec<SocketAddr> {
+    let udp_services = |e: &Entries| -> BTreeSet<u32> {
+        e.0.get(&MapId::Frontends)
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.get(18) == layout::ip_proto(Protocol::Udp).as_ref())
+            .filter_map(|(_, v)| layout::service_id_of(v))
+            .collect()
+    };
+    let endpoints = |e: &Entries| -> BTreeSet<SocketAddr> {
+        let udp = udp_services(e);
+        e.0.get(&MapId::Members)
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| layout::service_id_of(k).is_some_and(|id| udp.contains(&id)))
+            .filter_map(|(k, _)| layout::endpoint_of(k.get(4..)?))
+            .collect()
+    };
+    let now = endpoints(new);
+    endpoints(old)
+        .into_iter()
+        .filter(|ep| !now.contains(ep))
+        .collect()
+}
+
+impl Backend for EbpfBackend {
+    fn name(&self) -> &'static str {
+        "ebpf"
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "kpng_ebpf_map_memory_bytes",
+            "Kernel memory charged to each of the eBPF backend's maps (memlock)",
+            self.map_memory.clone(),
+        );
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        let (operations, gone) = if request.full || request.diff.node_changed {
+            let done = self.full(request.snapshot)?;
+            self.report_memory();
+            done
+        } else {
+            self.incremental(request)?
+        };
+        if self.config.destroy_udp_sockets && !gone.is_empty() {
+            // Only sockets the programs translated can be connected to an endpoint they
+            // chose; the reverse map says which endpoints some socket uses right now.
+            let in_use: BTreeSet<SocketAddr> = self
+                .kernel
+                .as_ref()
+                .map(|k| k.reverse_endpoints().into_iter().collect())
+                .unwrap_or_default();
+            let targets: Vec<SocketAddr> =
+                gone.into_iter().filter(|ep| in_use.contains(ep)).collect();
+            if let Some(cgroup) = &self.cgroup
+                && !targets.is_empty()
+            {
+                let n = sockets::destroy_udp(cgroup, &targets);
+                debug!(
+                    "{n} UDP sockets connected to {} gone endpoints destroyed",
+                    targets.len()
+                );
+            }
+        }
+        Ok(SyncStats { operations })
+    }
+
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.kernel = None;
+        kernel::remove_pins(&self.config.pin_dir)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! kpng's Windows backend: Service load balancers in the Host Networking Service (HNS), through
+//! its HCN API, with kube-proxy's winkernel semantics.
+//!
+//! - [`schema`]: the HCN JSON schema v2 (network, endpoint, load balancer, flag values).
+//! - [`plan`]: the pure planner (Service port → load balancers; diff + known state → HCN
+//!   operations). Platform-free, so the Windows data model is tested on Linux.
+//! - [`hcn`]: the HCN calls as a trait; [`sim`]: a simulator of HCN's observable rules with
+//!   fault injection (`to-local hns --hcn-simulator FILE`); `system` (Windows only): the real
+//!   `computenetwork.dll`.
+//! - [`HnsBackend`]: reconciliation that survives HNS (docs/windows.md lists the upstream bugs
+//!   it is tested against).
+//!
+//! Like every backend it sees only the model, never a Kubernetes type.
+
+mod backend;
+pub mod hcn;
+pub mod metrics;
+pub mod plan;
+pub mod schema;
+pub mod sim;
+#[cfg(windows)]
+pub mod system;
+
+pub use backend::{HnsBackend, conjure_mac};
+pub use plan::HnsConfig;
+
+#[cfg(test)]
+mod tests;

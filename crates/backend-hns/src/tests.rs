@@ -1,0 +1,850 @@
+//! The backend against the simulator: winkernel's objects and flags, the HCN call budget, and
+//! one test per upstream bug (docs/windows.md), with faults injected.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use kpng_backend::{Backend, SyncRequest};
+use kpng_model::{
+    Diff, Endpoint, Family, NodeState, PortKey, Protocol, ServiceKey, ServicePort, SessionAffinity,
+    Snapshot,
+};
+
+use crate::hcn::{E_INVALID_ARG, E_NOT_FOUND};
+use crate::plan::{HnsConfig, NetworkView, plan_port};
+use crate::schema::{
+    Endpoint as HcnEndpoint, IpConfig, LoadBalancer, Network, Policy, State, distribution,
+    lb_flags, port_flags,
+};
+use crate::sim::{Call, Simulator};
+use crate::{HnsBackend, hcn::Hcn};
+
+const NET: &str = "NET-1";
+const NODE_IP: &str = "192.168.1.10";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+fn network(kind: &str) -> Network {
+    Network {
+        id: NET.into(),
+        name: "cbr0".into(),
+        network_type: kind.into(),
+        policies: vec![Policy {
+            policy_type: "RemoteSubnetRoute".into(),
+            settings: serde_json::json!({"DestinationPrefix": "10.244.2.0/24", "ProviderAddress": "192.168.1.12"}),
+        }],
+        extra: Default::default(),
+    }
+}
+
+fn cni_endpoint(id: &str, addr: &str) -> HcnEndpoint {
+    HcnEndpoint {
+        id: id.into(),
+        host_compute_network: NET.into(),
+        ip_configurations: vec![IpConfig {
+            ip_address: addr.into(),
+            prefix_length: Some(24),
+        }],
+        ..HcnEndpoint::default()
+    }
+}
+
+/// HCN as the CNI leaves it: the network and two local pods (10.244.1.5, 10.244.1.6).
+fn hcn(kind: &str) -> Simulator {
+    Simulator::new(State {
+        networks: vec![network(kind)],
+        endpoints: vec![
+            cni_endpoint("LOCAL-5", "10.244.1.5"),
+            cni_endpoint("LOCAL-6", "10.244.1.6"),
+        ],
+        load_balancers: vec![],
+    })
+}
+
+fn config() -> HnsConfig {
+    HnsConfig {
+        network_name: "cbr0".into(),
+        ..HnsConfig::default()
+    }
+}
+
+fn ep(addr: &str, local: bool) -> Endpoint {
+    Endpoint {
+        ip: ip(addr),
+        port: 8080,
+        is_local: local,
+        ready: true,
+        serving: true,
+        terminating: false,
+    }
+}
+
+fn port(name: &str, cluster_ip: &str, eps: &[Endpoint]) -> ServicePort {
+    let family = Family::of(&ip(cluster_ip));
+    let mut p = ServicePort::new(
+        PortKey {
+            service: ServiceKey::new("ns", name),
+            port_name: "http".into(),
+            protocol: Protocol::Tcp,
+            family,
+        },
+        ip(cluster_ip),
+        80,
+    );
+    p.cluster_endpoints = eps.to_vec();
+    p.local_endpoints = eps.iter().filter(|e| e.is_local).cloned().collect();
+    p.has_any_endpoints = !eps.is_empty();
+    p
+}
+
+fn node() -> NodeState {
+    NodeState {
+        name: "win-1".into(),
+        known: true,
+        ips: vec![ip(NODE_IP), ip("fd00::10")],
+        ..NodeState::default()
+    }
+}
+
+fn snapshot(ports: &[ServicePort]) -> Snapshot {
+    Snapshot {
+        node: node(),
+        ports: ports
+            .iter()
+            .map(|p| (p.key.clone(), Arc::new(p.clone())))
+            .collect(),
+        service_cidrs: vec![],
+    }
+}
+
+/// Drives a backend through model states, as the runner would.
+struct Driver {
+    backend: HnsBackend,
+    current: Snapshot,
+}
+
+impl Driver {
+    fn new(sim: &Simulator, config: HnsConfig) -> Driver {
+        Driver {
+            backend: HnsBackend::new(config, Box::new(sim.clone())),
+            current: snapshot(&[]),
+        }
+    }
+
+    fn full(&mut self, ports: &[ServicePort]) -> Result<usize, String> {
+        let snap = snapshot(ports);
+        let diff = Diff::full(&snap);
+        let r = self.backend.sync(&SyncRequest {
+            diff: &diff,
+            snapshot: &snap,
+            full: true,
+        });
+        self.current = snap;
+        r.map(|s| s.operations).map_err(|e| e.to_string())
+    }
+
+    fn change(&mut self, ports: &[ServicePort]) -> Result<usize, String> {
+        let snap = snapshot(ports);
+        let mut diff = Diff::default();
+        for (k, v) in &snap.ports {
+            diff.record(
+                k.clone(),
+                self.current.ports.get(k).cloned(),
+                Some(v.clone()),
+            );
+        }
+        for (k, v) in &self.current.ports {
+            if !snap.ports.contains_key(k) {
+                diff.record(k.clone(), Some(v.clone()), None);
+            }
+        }
+        let r = self.backend.sync(&SyncRequest {
+            diff: &diff,
+            snapshot: &snap,
+            full: false,
+        });
+        self.current = snap;
+        r.map(|s| s.operations).map_err(|e| e.to_string())
+    }
+}
+
+fn lb_at(state: &State, vip: &str) -> Option<LoadBalancer> {
+    state
+        .load_balancers
+        .iter()
+        .find(|l| l.frontend_vips.iter().any(|v| v == vip))
+        .cloned()
+}
+
+fn endpoint_ips(state: &State, lb: &LoadBalancer) -> Vec<String> {
+    let mut ips: Vec<String> = lb
+        .host_compute_endpoints
+        .iter()
+        .filter_map(|id| {
+            state
+                .endpoints
+                .iter()
+                .find(|e| e.id.eq_ignore_ascii_case(id))
+        })
+        .flat_map(|e| e.ip_configurations.iter().map(|c| c.ip_address.clone()))
+        .collect();
+    ips.sort();
+    ips
+}
+
+// ---- the planner: winkernel's objects and flags ----
+
+fn view(kind: &str) -> NetworkView {
+    let mut v = NetworkView::of(&network(kind));
+    v.local.insert(ip("10.244.1.5"), "LOCAL-5".into());
+    v
+}
+
+#[test]
+fn every_frontend_of_a_port_gets_its_load_balancer_with_winkernel_flags() {
+    let mut p = port(
+        "web",
+        "10.96.0.10",
+        &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+    );
+    p.node_port = Some(30080);
+    p.external_ips = vec![ip("203.0.113.1")];
+    p.load_balancer_ips = vec![ip("198.51.100.1")];
+    p.session_affinity = Some(SessionAffinity {
+        timeout_seconds: 10800,
+    });
+    let mut warnings = Vec::new();
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut warnings);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let got: Vec<(Option<IpAddr>, u16, u32, u32, usize)> = lbs
+        .iter()
+        .map(|l| {
+            (
+                l.frontend.vip,
+                l.frontend.port,
+                l.port_flags,
+                l.lb_flags,
+                l.endpoints.len(),
+            )
+        })
+        .collect();
+    let ext = port_flags::VIP_EXTERNAL_IP;
+    assert_eq!(
+        got,
+        vec![
+            (Some(ip("10.96.0.10")), 80, port_flags::NONE, 0, 2),
+            (None, 30080, port_flags::LOCAL_ROUTED_VIP | ext, 0, 2),
+            (Some(ip("203.0.113.1")), 80, ext, 0, 2),
+            (Some(ip("198.51.100.1")), 80, ext, 0, 2),
+        ]
+    );
+    for l in &lbs {
+        assert_eq!(l.distribution, distribution::SOURCE_IP, "ClientIP affinity");
+        assert_eq!(l.internal_port, 8080);
+        assert_eq!(l.source_vip, NODE_IP, "L2Bridge: the node IP");
+    }
+}
+
+#[test]
+fn dsr_applies_to_external_frontends_only_with_external_policy_local() {
+    let mut p = port(
+        "web",
+        "10.96.0.10",
+        &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+    );
+    p.node_port = Some(30080);
+    p.load_balancer_ips = vec![ip("198.51.100.1")];
+    let dsr = HnsConfig {
+        enable_dsr: true,
+        ..config()
+    };
+    let mut w = Vec::new();
+    let cluster_policy = plan_port(&p, &node(), &view("L2Bridge"), &dsr, &mut w);
+    let flags: Vec<u32> = cluster_policy.iter().map(|l| l.lb_flags).collect();
+    assert_eq!(
+        flags,
+        vec![lb_flags::DSR, 0, 0],
+        "eTP Cluster: DSR on the ClusterIP only"
+    );
+    p.external_policy_local = true;
+    let local = plan_port(&p, &node(), &view("L2Bridge"), &dsr, &mut w);
+    let got: Vec<(u32, usize)> = local
+        .iter()
+        .map(|l| (l.lb_flags, l.endpoints.len()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(lb_flags::DSR, 2), (lb_flags::DSR, 1), (lb_flags::DSR, 1)],
+        "eTP Local: DSR and the model's local endpoints on external frontends"
+    );
+    let no_dsr = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut w);
+    assert!(no_dsr.iter().all(|l| l.lb_flags == 0));
+}
+
+#[test]
+fn overlay_remote_endpoints_carry_the_provider_address_and_public_ips_use_the_node_ip() {
+    let p = port("web", "10.96.0.10", &[ep("10.244.2.7", false)]);
+    let cfg = HnsConfig {
+        source_vips: vec![ip("10.244.1.2")],
+        ..config()
+    };
+    let mut w = Vec::new();
+    let lbs = plan_port(&p, &node(), &view("Overlay"), &cfg, &mut w);
+    assert_eq!(
+        lbs[0].endpoints,
+        vec![crate::plan::EndpointRef::Remote {
+            ip: ip("10.244.2.7"),
+            provider: Some(ip("192.168.1.12"))
+        }]
+    );
+    assert_eq!(lbs[0].source_vip, "10.244.1.2", "overlay: --source-vip");
+    let public = port("ext", "10.96.0.11", &[ep("203.0.113.9", false)]);
+    let lbs = plan_port(&public, &node(), &view("Overlay"), &cfg, &mut w);
+    assert_eq!(
+        lbs[0].source_vip, NODE_IP,
+        "an endpoint outside the pod subnets"
+    );
+}
+
+#[test]
+fn ipv6_ports_get_the_ipv6_flag_and_local_endpoints_missing_in_hns_are_warned_about() {
+    let p = port("v6", "fd00:96::10", &[ep("fd00:244::5", false)]);
+    let mut w = Vec::new();
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut w);
+    assert_eq!(lbs[0].lb_flags, lb_flags::IPV6);
+    assert_eq!(lbs[0].source_vip, "fd00::10");
+    let missing = port("m", "10.96.0.12", &[ep("10.244.1.99", true)]);
+    let lbs = plan_port(&missing, &node(), &view("L2Bridge"), &config(), &mut w);
+    assert!(lbs.is_empty(), "no endpoint found: no load balancer");
+    assert_eq!(w.len(), 1);
+    assert!(w[0].message.contains("10.244.1.99"), "{}", w[0].message);
+}
+
+// ---- the backend against the simulator ----
+
+#[test]
+fn a_cold_sync_costs_one_create_per_object_and_three_enumerates() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let shared = ep("10.244.2.7", false);
+    let ports = [
+        port("a", "10.96.0.10", &[shared.clone(), ep("10.244.1.5", true)]),
+        port(
+            "b",
+            "10.96.0.11",
+            &[shared.clone(), ep("10.244.3.8", false)],
+        ),
+    ];
+    d.full(&ports).expect("sync");
+    let calls = sim.calls();
+    assert_eq!(
+        calls.of(Call::CreateEndpoint),
+        2,
+        "shared remote endpoint once"
+    );
+    assert_eq!(calls.of(Call::CreateLoadBalancer), 2);
+    assert_eq!(calls.total(), 3 + 2 + 2);
+    let state = sim.state();
+    let a = lb_at(&state, "10.96.0.10").expect("a's load balancer");
+    assert_eq!(endpoint_ips(&state, &a), vec!["10.244.1.5", "10.244.2.7"]);
+    assert!(a.host_compute_endpoints.contains(&"local-5".to_string()));
+    let remote = state
+        .endpoints
+        .iter()
+        .find(|e| e.ips().any(|i| i == ip("10.244.2.7")))
+        .expect("remote endpoint");
+    assert!(remote.is_remote());
+    // An empty periodic sync only looks, and so does a second full sync.
+    sim.reset_calls();
+    assert_eq!(d.change(&ports), Ok(0));
+    assert_eq!(sim.calls().total(), 3);
+
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0));
+    assert_eq!(sim.calls().total(), 3);
+    assert_eq!(sim.state(), state);
+}
+
+#[test]
+fn one_endpoint_change_costs_at_most_three_calls() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let mut ports: Vec<ServicePort> = (0..50)
+        .map(|i| {
+            port(
+                &format!("s{i}"),
+                &format!("10.96.1.{i}"),
+                &[ep(&format!("10.244.2.{i}"), false)],
+            )
+        })
+        .collect();
+    d.full(&ports).expect("cold");
+    sim.reset_calls();
+    ports[7] = port(
+        "s7",
+        "10.96.1.7",
+        &[ep("10.244.2.7", false), ep("10.244.3.100", false)],
+    );
+    d.change(&ports).expect("add an endpoint");
+    let calls = sim.calls();
+    assert_eq!(calls.total(), 3, "{calls:?}");
+    assert_eq!(calls.of(Call::CreateEndpoint), 1);
+    sim.reset_calls();
+    ports[7] = port("s7", "10.96.1.7", &[ep("10.244.2.7", false)]);
+    d.change(&ports).expect("remove it");
+    let calls = sim.calls();
+    assert_eq!(calls.total(), 3, "{calls:?}");
+    assert_eq!(
+        calls.of(Call::DeleteEndpoint),
+        1,
+        "the unused remote endpoint goes"
+    );
+    let state = sim.state();
+    let lb = lb_at(&state, "10.96.1.7").expect("lb");
+    assert_eq!(endpoint_ips(&state, &lb), vec!["10.244.2.7"]);
+}
+
+/// PR #106936: HNS refuses a load balancer without endpoints; the Service was retried every
+/// sync. kpng does not ask.
+#[test]
+fn bug_106936_a_port_without_endpoints_never_asks_hns() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("empty", "10.96.0.10", &[])];
+    assert_eq!(d.full(&ports), Ok(0));
+    assert_eq!(sim.calls().of(Call::CreateLoadBalancer), 0);
+    sim.reset_calls();
+    assert_eq!(d.change(&ports), Ok(0), "nor on the next (periodic) sync");
+    assert_eq!(sim.calls().of(Call::CreateLoadBalancer), 0);
+    assert_eq!(sim.calls().total(), 3, "three enumerates");
+    // And the simulator does refuse it, as HNS.
+    let mut raw = sim.clone();
+    let e = raw
+        .create_load_balancer(&LoadBalancer::default())
+        .expect_err("refused");
+    assert_eq!(e.code, E_INVALID_ARG);
+}
+
+/// PR #137530: endpoints → 0 skipped the delete; the orphan held the port ("port already
+/// exists" crash loops). And a failed delete kept the cached ID.
+#[test]
+fn bug_137530_endpoints_to_zero_delete_and_a_failed_delete_is_forgotten() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let with = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    let without = [port("a", "10.96.0.10", &[])];
+    d.full(&with).expect("cold");
+    d.change(&without).expect("to zero");
+    assert!(sim.state().load_balancers.is_empty(), "deleted at zero");
+    assert!(
+        sim.state().endpoints.iter().all(|e| !e.is_remote()),
+        "and its remote endpoint"
+    );
+    d.change(&with).expect("back: no port conflict");
+    assert!(lb_at(&sim.state(), "10.96.0.10").is_some());
+    // A delete that fails: the sync reports it, forgets the ID, and the full sync that
+    // follows re-discovers and finishes the job.
+    sim.fail_next(Call::DeleteLoadBalancer, 0x8000_4005);
+    assert!(d.change(&without).is_err(), "the failure is reported");
+    assert!(d.backend.known().lbs.is_empty(), "cached ID forgotten");
+    assert!(lb_at(&sim.state(), "10.96.0.10").is_some(), "still in HNS");
+    d.full(&without).expect("the retry");
+    assert!(sim.state().load_balancers.is_empty());
+    d.change(&with).expect("and the port is free again");
+}
+
+/// #113524: after a failed delete, the Service came back with the same endpoint *count* and
+/// the stale policy was taken as valid.
+#[test]
+fn bug_113524_identity_is_content_not_endpoint_count() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    d.full(&[port("a", "10.96.0.10", &[ep("10.244.2.7", false)])])
+        .expect("cold");
+    sim.fail_next(Call::DeleteLoadBalancer, 0x8000_4005);
+    assert!(d.change(&[]).is_err());
+    let again = [port("a", "10.96.0.10", &[ep("10.244.3.9", false)])];
+    d.full(&again)
+        .expect("re-created with one (other) endpoint");
+    let state = sim.state();
+    assert_eq!(state.load_balancers.len(), 1);
+    let lb = lb_at(&state, "10.96.0.10").expect("lb");
+    assert_eq!(endpoint_ips(&state, &lb), vec!["10.244.3.9"]);
+    assert!(
+        !state
+            .endpoints
+            .iter()
+            .any(|e| e.ips().any(|i| i == ip("10.244.2.7"))),
+        "the stale remote endpoint is gone too"
+    );
+}
+
+/// #110674, #110849, #135802: load balancers deleted out of band were never re-created.
+#[test]
+fn bug_110674_objects_deleted_out_of_band_come_back_at_the_next_full_sync() {
+    let sim = hcn("Overlay");
+    let mut d = Driver::new(&sim, config());
+    let ports = [
+        port("a", "10.96.0.10", &[ep("10.244.2.7", false)]),
+        port("b", "10.96.0.11", &[ep("10.244.1.5", true)]),
+    ];
+    d.full(&ports).expect("cold");
+    let before = sim.state();
+    let a = lb_at(&before, "10.96.0.10").expect("a");
+    assert!(
+        sim.delete_out_of_band(&a.id),
+        "hnsdiag delete loadbalancers"
+    );
+    let remote = &a.host_compute_endpoints[0];
+    assert!(sim.delete_out_of_band(remote), "and the remote endpoint");
+    sim.reset_calls();
+    d.change(&ports)
+        .expect("the periodic (empty) sync re-reads HCN");
+    let after = sim.state();
+    let a2 = lb_at(&after, "10.96.0.10").expect("re-created");
+    assert_eq!(endpoint_ips(&after, &a2), vec!["10.244.2.7"]);
+    let calls = sim.calls();
+    assert_eq!(
+        (
+            calls.of(Call::CreateEndpoint),
+            calls.of(Call::CreateLoadBalancer)
+        ),
+        (1, 1),
+        "only what vanished: {calls:?}"
+    );
+    let pa = after
+        .endpoints
+        .iter()
+        .find(|e| e.is_remote() && e.ips().any(|i| i == ip("10.244.2.7")))
+        .map(|e| e.policies.clone());
+    assert_eq!(
+        pa.and_then(|p| p.first().map(|p| p.settings["ProviderAddress"].clone())),
+        Some(serde_json::json!("192.168.1.12")),
+        "overlay: the remote node's provider address"
+    );
+}
+
+/// #139519: while HNS was down, failed look-ups were taken as "absent"; HNS restored its
+/// objects on restart and the creates then failed with 0xb7.
+#[test]
+fn bug_139519_hns_down_is_an_error_and_restored_objects_are_adopted() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let before = sim.state();
+    sim.restart();
+    let err = d
+        .full(&ports)
+        .expect_err("HNS down: an error, not 'absent'");
+    assert!(err.contains("unavailable"), "{err}");
+    assert_eq!(sim.state(), before, "nothing torn down");
+    sim.set_unavailable(false);
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0), "restored objects adopted");
+    assert_eq!(sim.calls().total(), 3, "three enumerates, no create");
+    assert_eq!(sim.state(), before);
+}
+
+#[test]
+fn already_existing_objects_are_adopted_on_conflict() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    d.full(&[]).expect("cold");
+    // Someone (a previous kpng, HNS's restore) already made what the next change wants.
+    let mut other = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    other.full(&ports).expect("the other instance");
+    let state = sim.state();
+    sim.reset_calls();
+    d.change(&ports).expect("adopts, no failure");
+    let calls = sim.calls();
+    assert_eq!(sim.state(), state, "nothing duplicated or replaced");
+    assert_eq!(calls.of(Call::CreateEndpoint), 1, "0xb7 …");
+    assert_eq!(calls.of(Call::CreateLoadBalancer), 1, "0x803b0013 …");
+    assert_eq!(
+        calls.of(Call::EnumerateEndpoints),
+        1,
+        "… then one look-up each"
+    );
+    assert_eq!(calls.of(Call::EnumerateLoadBalancers), 1);
+    assert_eq!(calls.of(Call::DeleteLoadBalancer), 0);
+    assert_eq!(d.backend.known().lbs.len(), 1);
+    // Replaced behind its back: the cached ID answers "not found" (done, as far as this
+    // delete goes) and the next full sync finds the newcomer and removes it.
+    let changed = [port(
+        "a",
+        "10.96.0.10",
+        &[ep("10.244.2.7", false), ep("10.244.1.5", true)],
+    )];
+    other
+        .change(&changed)
+        .expect("the other instance changes it");
+    d.change(&[]).expect("remove (stale ID)");
+    d.full(&[]).expect("full sync");
+    assert!(sim.state().load_balancers.is_empty());
+    assert!(sim.state().endpoints.iter().all(|e| !e.is_remote()));
+}
+
+#[test]
+fn a_missing_network_is_an_error_naming_it() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(
+        &sim,
+        HnsConfig {
+            network_name: "vxlan0".into(),
+            ..config()
+        },
+    );
+    let err = d.full(&[]).expect_err("no such network");
+    assert!(err.contains("vxlan0") && err.contains("cbr0"), "{err}");
+}
+
+#[test]
+fn deleted_ports_take_every_frontend_and_unused_endpoints_with_them() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let mut p = port(
+        "a",
+        "10.96.0.10",
+        &[ep("10.244.2.7", false), ep("10.244.1.5", true)],
+    );
+    p.node_port = Some(30080);
+    p.external_ips = vec![ip("203.0.113.1")];
+    let keep = port("b", "10.96.0.11", &[ep("10.244.2.8", false)]);
+    d.full(&[p, keep.clone()]).expect("cold");
+    assert_eq!(sim.state().load_balancers.len(), 4);
+    sim.reset_calls();
+    d.change(std::slice::from_ref(&keep)).expect("delete a");
+    let state = sim.state();
+    assert_eq!(state.load_balancers.len(), 1);
+    assert_eq!(
+        state.endpoints.len(),
+        3,
+        "2 CNI endpoints and b's remote one"
+    );
+    assert_eq!(
+        sim.calls().total(),
+        4,
+        "3 load balancers and one remote endpoint"
+    );
+}
+
+#[test]
+fn stray_and_unknown_deletes_do_not_wedge_the_sync() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.1.5", true)])];
+    d.full(&ports).expect("cold");
+    // A second load balancer on the same frontend (HNS allowed it with another VIP order,
+    // or a restore doubled it): found and removed by the full sync.
+    let mut st = sim.state();
+    let mut dup = st.load_balancers[0].clone();
+    dup.id = "DUP".into();
+    st.load_balancers.push(dup);
+    sim.set_state(st);
+    d.full(&ports).expect("full");
+    assert_eq!(sim.state().load_balancers.len(), 1);
+    // A delete answered "not found" counts as done.
+    sim.fail_next(Call::DeleteLoadBalancer, E_NOT_FOUND);
+    d.change(&[]).expect("not found is fine");
+    assert!(d.backend.known().lbs.is_empty());
+}
+
+#[test]
+fn the_state_file_is_written_and_an_edited_file_is_adopted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("hcn.json");
+    let initial = hcn("L2Bridge").state();
+    std::fs::write(&path, serde_json::to_vec(&initial).expect("json")).expect("write");
+    let sim = Simulator::with_file(&path, Network::default()).expect("open");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let on_disk: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(on_disk["LoadBalancers"][0]["FrontendVIPs"][0], "10.96.0.10");
+    assert_eq!(
+        on_disk["LoadBalancers"][0]["PortMappings"][0]["ExternalPort"],
+        80
+    );
+    // Out of band: the load balancer removed from the file.
+    let mut st: State = serde_json::from_str(&text).expect("state");
+    st.load_balancers.clear();
+    std::fs::write(&path, serde_json::to_vec_pretty(&st).expect("json")).expect("write");
+    d.full(&ports).expect("full sync");
+    let back: State =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("state");
+    assert_eq!(back.load_balancers.len(), 1, "re-created");
+    // A removed file is written again at the next sync.
+    std::fs::remove_file(&path).expect("rm");
+    d.full(&ports).expect("full sync");
+    assert!(path.exists());
+}
+
+#[test]
+fn calls_are_counted_and_delayed() {
+    let sim = hcn("L2Bridge");
+    sim.set_delay(std::time::Duration::from_millis(5));
+    let mut d = Driver::new(&sim, config());
+    let started = std::time::Instant::now();
+    d.full(&[port("a", "10.96.0.10", &[ep("10.244.1.5", true)])])
+        .expect("sync");
+    assert_eq!(sim.calls().total(), 4);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(20));
+}
+
+#[test]
+fn hcn_spellings_of_ids_and_addresses_do_not_cause_churn() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("v6", "fd00:96::10", &[ep("fd00:244::5", false)])];
+    d.full(&ports).expect("cold");
+    // HCN answers with upper-case, braced GUIDs and its own address spelling.
+    let mut st = sim.state();
+    for lb in &mut st.load_balancers {
+        lb.id = format!("{{{}}}", lb.id.to_uppercase());
+        for id in &mut lb.host_compute_endpoints {
+            *id = id.to_uppercase();
+        }
+        lb.frontend_vips = vec!["FD00:96:0::10".into()];
+    }
+    for e in &mut st.endpoints {
+        e.id = e.id.to_uppercase();
+    }
+    sim.set_state(st);
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0), "nothing to replace");
+    assert_eq!(sim.calls().total(), 3);
+    // And lists HCN sends as null read as empty.
+    let lb: LoadBalancer = serde_json::from_str(
+        r#"{"ID":"x","HostComputeEndpoints":null,"FrontendVIPs":null,"PortMappings":null,"SourceVIP":null}"#,
+    )
+    .expect("nulls");
+    assert!(lb.host_compute_endpoints.is_empty() && lb.source_vip.is_empty());
+}
+
+#[test]
+fn on_overlay_the_source_vip_gets_its_endpoint_once() {
+    let sim = hcn("Overlay");
+    let cfg = HnsConfig {
+        source_vips: vec![ip("10.244.1.2")],
+        ..config()
+    };
+    let mut d = Driver::new(&sim, cfg);
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let state = sim.state();
+    let vip = state
+        .endpoints
+        .iter()
+        .find(|e| e.ips().any(|i| i == ip("10.244.1.2")))
+        .expect("the source VIP's endpoint");
+    assert!(!vip.is_remote());
+    assert_eq!(
+        vip.policies[0].settings["ProviderAddress"],
+        serde_json::json!(NODE_IP),
+        "the node's address"
+    );
+    let lb = lb_at(&state, "10.96.0.10").expect("lb");
+    assert_eq!(lb.source_vip, "10.244.1.2");
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0), "not created twice");
+    assert_eq!(sim.calls().of(Call::CreateEndpoint), 0);
+}
+
+#[test]
+fn internal_traffic_policy_local_uses_the_models_local_endpoints() {
+    let mut p = port(
+        "web",
+        "10.96.0.10",
+        &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+    );
+    p.internal_policy_local = true;
+    // The model's lists are used as they are: here the cluster list holds a terminating
+    // fallback the planner must not second-guess.
+    p.cluster_endpoints = vec![ep("10.244.2.7", false)];
+    let mut w = Vec::new();
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut w);
+    let ips: Vec<IpAddr> = lbs[0].endpoints.iter().map(|e| e.ip()).collect();
+    assert_eq!(ips, vec![ip("10.244.1.5")]);
+    p.internal_policy_local = false;
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut w);
+    let ips: Vec<IpAddr> = lbs[0].endpoints.iter().map(|e| e.ip()).collect();
+    assert_eq!(ips, vec![ip("10.244.2.7")]);
+}
+
+#[test]
+fn a_new_node_ip_moves_every_source_vip() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let mut snap = snapshot(&ports);
+    snap.node.ips = vec![ip("192.168.1.99")];
+    let diff = Diff {
+        node_changed: true,
+        ..Diff::default()
+    };
+    d.backend
+        .sync(&SyncRequest {
+            diff: &diff,
+            snapshot: &snap,
+            full: false,
+        })
+        .expect("node change");
+    let lb = lb_at(&sim.state(), "10.96.0.10").expect("lb");
+    assert_eq!(lb.source_vip, "192.168.1.99");
+}
+
+#[test]
+fn hcn_calls_are_metrics() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    d.full(&[port("a", "10.96.0.10", &[ep("10.244.2.7", false)])])
+        .expect("cold");
+    let mut registry = prometheus_client::registry::Registry::default();
+    d.backend.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        "kpng_hns_calls_total{call=\"create_load_balancer\",outcome=\"ok\"} 1",
+        "kpng_hns_calls_total{call=\"create_endpoint\",outcome=\"ok\"} 1",
+        "kpng_hns_calls_total{call=\"enumerate_networks\",outcome=\"ok\"} 1",
+        "kpng_hns_load_balancers 1",
+        "kpng_hns_remote_endpoints 1",
+    ] {
+        assert!(text.contains(line), "{line} missing in:\n{text}");
+    }
+}
+
+#[test]
+fn on_overlay_every_cluster_ip_gets_a_remote_endpoint_while_it_is_used() {
+    let sim = hcn("Overlay");
+    let mut d = Driver::new(&sim, config());
+    let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
+    d.full(&ports).expect("cold");
+    let vip_endpoint = |state: &State| {
+        state
+            .endpoints
+            .iter()
+            .find(|e| e.ips().any(|i| i == ip("10.96.0.10")))
+            .cloned()
+    };
+    let vip = vip_endpoint(&sim.state()).expect("the ClusterIP's endpoint");
+    assert!(vip.is_remote());
+    assert_eq!(
+        vip.policies[0].settings["ProviderAddress"],
+        serde_json::json!(NODE_IP)
+    );
+    sim.reset_calls();
+    assert_eq!(d.full(&ports), Ok(0), "kept, not re-created");
+    d.change(&[]).expect("the Service goes");
+    d.full(&[]).expect("the next full sync");
+    assert!(
+        vip_endpoint(&sim.state()).is_none(),
+        "and so does its VIP endpoint"
+    );
+}

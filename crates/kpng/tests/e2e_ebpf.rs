@@ -1,0 +1,229 @@
+//! Real-packet end-to-end tests of `kpng … to-local ebpf`: the shared suite in `e2e/` (node1
+//! and its pods are in the programs' cgroup, every other namespace outside it), plus what only
+//! socket-level load balancing does.
+
+mod e2e;
+
+e2e::suite!(e2e::Backend::Ebpf);
+
+use std::time::Duration;
+
+use e2e::Backend;
+use e2e::harness::*;
+use e2e::scenarios::HeldConnection;
+use kpng_testkit::{Cluster, Spawned, require_root};
+
+const B: Backend = Backend::Ebpf;
+
+/// The programs attached to the node's cgroup (`bpftool cgroup show`), by name.
+fn attached(c: &Cluster) -> Vec<String> {
+    let (cgroup, _) = ebpf_scope(&c.node1.ns);
+    let out = std::process::Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(&cgroup)
+        .output()
+        .expect("bpftool");
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().last().map(String::from))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("nonat")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let _k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    // A connection from pod1a held open: it crosses node1 (forwarded, conntracked).
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    let conntrack = |args: &[&str]| -> String {
+        let mut all = vec!["conntrack", "-L", "-p", "tcp"];
+        all.extend(args);
+        c.node1
+            .ns
+            .exec(all)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let to_endpoint = conntrack(&["--orig-dst", "10.244.2.2", "--dport", "8080"]);
+    assert!(
+        to_endpoint.contains("ESTABLISHED"),
+        "node1 tracks the connection to the endpoint itself: {to_endpoint:?}"
+    );
+    // Not NATed: the reply comes from where the original went, and nothing was addressed to
+    // the ClusterIP.
+    assert!(
+        to_endpoint.contains("src=10.244.2.2 dst=10.244.1.2 sport=8080"),
+        "no translation in the entry: {to_endpoint:?}"
+    );
+    let to_service = conntrack(&["--orig-dst", &cip(10, false).to_string()]);
+    assert!(
+        !to_service.contains("dport=80 "),
+        "no entry addressed to the ClusterIP: {to_service:?}"
+    );
+    held.second("pod2a").expect("the connection works");
+}
+
+/// Sends a datagram every 50 ms and prints `got NAME` or `miss`, through an unconnected socket
+/// (`sendto`, argv[3] == "sendto") or a connected one that is re-made when the kernel aborts
+/// it (`ECONNABORTED`: its endpoint left); prints `mark` once file argv[4] exists, stops when
+/// file argv[5] exists.
+const UDP_CLIENT: &str = r#"
+import os, socket, sys, errno, time
+dst = (sys.argv[1], int(sys.argv[2])); connected = sys.argv[3] != "sendto"
+def make():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.2)
+    if connected: s.connect(dst)
+    return s
+s = make(); marked = False
+while not os.path.exists(sys.argv[5]):
+    if not marked and os.path.exists(sys.argv[4]):
+        marked = True; print("mark", flush=True)
+    try:
+        if connected: s.send(b"x"); d = s.recv(200)
+        else: s.sendto(b"x", dst); d, a = s.recvfrom(200); assert a == dst, a
+        print("got", d.decode().split()[0], flush=True)
+    except OSError as e:
+        if e.errno in (errno.ECONNABORTED, errno.EDESTADDRREQ):
+            print("aborted", flush=True); s = make()
+        else:
+            print("miss", flush=True)
+    time.sleep(0.05)
+"#;
+
+#[test]
+fn udp_clients_keep_working_across_an_endpoint_change() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("udpchg")).expect("cluster");
+    let _echo: Vec<Spawned> = ["pod1b", "pod2a"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("dns", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)])]),
+        &[],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mark, stop) = (dir.path().join("mark"), dir.path().join("stop"));
+    let mut clients: Vec<Spawned> = ["sendto", "connect"]
+        .iter()
+        .map(|how| {
+            let mut client = c
+                .pod("pod1a")
+                .ns
+                .spawn([
+                    "python3",
+                    "-c",
+                    UDP_CLIENT,
+                    &cip(10, false).to_string(),
+                    &SVC_PORT.to_string(),
+                    how,
+                    &mark.display().to_string(),
+                    &stop.display().to_string(),
+                ])
+                .expect("python3 UDP client");
+            client
+                .wait_for_line(|l| l == "got pod1b", Duration::from_secs(5))
+                .expect("an answer from pod1b before the change");
+            client
+        })
+        .collect();
+
+    // pod1b leaves, pod2a comes.
+    k.apply(&manifest(&[svc(
+        "dns",
+        10,
+        "ClusterIP",
+        "",
+        &[("pod2a", Cond::Ready)],
+    )]));
+    std::fs::write(&mark, "").expect("mark");
+    for (how, client) in ["sendto", "connect"].iter().zip(clients.iter_mut()) {
+        client
+            .wait_for_line(|l| l == "mark", Duration::from_secs(5))
+            .expect("the client saw the mark");
+        client
+            .wait_for_line(|l| l == "got pod2a", Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{how}: answers from pod2a after the change: {e}"));
+    }
+    std::fs::write(&stop, "").expect("stop");
+}
+
+#[test]
+fn a_restart_adopts_the_pinned_programs_and_maps() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("adopt")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    let before = attached(&c);
+    assert_eq!(before.len(), 8, "eight programs attached: {before:?}");
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    k.restart();
+    assert_eq!(
+        attached(&c),
+        before,
+        "the new programs replaced the old ones, no duplicates"
+    );
+    held.second("pod2a")
+        .expect("the established connection outlives the restart");
+    // The restarted kpng's programs translate (the adopted maps hold the Service).
+    let mut again = HeldConnection::open(&c.pod("pod1b").ns, cip(10, false), "pod2a");
+    again
+        .second("pod2a")
+        .expect("a new connection after the restart");
+}
+
+#[test]
+fn cleanup_removes_the_pins_and_detaches_the_programs() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("clean")).expect("cluster");
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    let pins = ebpf_pins(&c.node1.ns);
+    assert!(pins.join("kpng_frontends").exists(), "maps pinned");
+    k.stop();
+    assert_eq!(
+        attached(&c).len(),
+        8,
+        "the programs stay attached after kpng left"
+    );
+    let out = c
+        .node1
+        .ns
+        .command([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
+        .env("KPNG_BPF_PIN_PATH", &pins)
+        .output()
+        .expect("kpng cleanup");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(!pins.exists(), "pins removed: {said}");
+    assert!(
+        attached(&c).is_empty(),
+        "programs detached: {:?}",
+        attached(&c)
+    );
+}

@@ -1,0 +1,194 @@
+//! `to-local hns --hcn-simulator FILE` end to end: the real binary reads manifests, programs the
+//! simulated HCN, and writes its state to FILE in HCN's field names; a load balancer deleted
+//! from FILE out of band is re-created within a sync period.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// HCN as the CNI leaves a Windows node1 of `examples/cluster.yaml`: the network and the two
+/// local pods' endpoints.
+fn initial_state() -> Value {
+    let cni = |id: &str, ip: &str| {
+        json!({"ID": id, "Name": id, "HostComputeNetwork": "NET", "Flags": 0, "Policies": [],
+               "IpConfigurations": [{"IpAddress": ip, "PrefixLength": 24}]})
+    };
+    json!({
+        "Networks": [{"ID": "NET", "Name": "cbr0", "Type": "L2Bridge"}],
+        "Endpoints": [cni("CNI-2", "10.244.1.2"), cni("CNI-3", "10.244.1.3")],
+        "LoadBalancers": [],
+    })
+}
+
+/// Starts kpng; its log goes to `log` (a file: a pipe nobody reads could fill up).
+fn start(input: &Path, state: &Path, log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["file", "--input"])
+        .arg(input)
+        .args(["--node-name", "node1", "--network-name", "cbr0"])
+        .args(["--min-sync-period", "0", "--sync-period", "300ms"])
+        .args([
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+        ])
+        .args(["--admin-socket", ""])
+        .args(["to-local", "hns", "--hcn-simulator"])
+        .arg(state)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("start kpng")
+}
+
+/// Waits until FILE holds a state for which `ready` is true.
+fn wait_for(
+    child: &mut Child,
+    state: &Path,
+    log: &Path,
+    what: &str,
+    ready: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(state)
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+            && ready(&v)
+        {
+            return v;
+        }
+        if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("{what}: not within 20 s; kpng said:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn lb<'a>(state: &'a Value, vip: &str, proto: u64) -> Option<&'a Value> {
+    state["LoadBalancers"].as_array()?.iter().find(|l| {
+        l["FrontendVIPs"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|x| x == vip))
+            && l["PortMappings"][0]["Protocol"] == proto
+    })
+}
+
+fn endpoint_ips(state: &Value, lb: &Value) -> Vec<String> {
+    let mut ips: Vec<String> = lb["HostComputeEndpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|id| {
+            state["Endpoints"].as_array()?.iter().find(|e| {
+                e["ID"].as_str().map(str::to_ascii_lowercase)
+                    == id.as_str().map(str::to_ascii_lowercase)
+            })
+        })
+        .filter_map(|e| {
+            e["IpConfigurations"][0]["IpAddress"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    ips.sort();
+    ips
+}
+
+#[test]
+fn manifests_in_hcn_state_out_and_out_of_band_deletes_are_repaired() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    let state = dir.path().join("hcn.json");
+    std::fs::write(&state, initial_state().to_string()).expect("write state");
+    let log = dir.path().join("kpng.log");
+    let mut child = start(&input, &state, &log);
+    let programmed = wait_for(&mut child, &state, &log, "the first sync", |s| {
+        lb(s, "10.96.0.10", 6).is_some()
+    });
+    // default/web:http over IPv4: two local pods (the CNI's endpoints) and one on node2 (a
+    // remote endpoint kpng created), to port 8080.
+    let web = lb(&programmed, "10.96.0.10", 6).expect("web's load balancer");
+    assert_eq!(
+        endpoint_ips(&programmed, web),
+        vec!["10.244.1.2", "10.244.1.3", "10.244.2.2"]
+    );
+    assert_eq!(web["PortMappings"][0]["InternalPort"], 8080);
+    assert_eq!(web["PortMappings"][0]["ExternalPort"], 80);
+    assert_eq!(web["SchemaVersion"]["Major"], 2);
+    let ids: Vec<&Value> = web["HostComputeEndpoints"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .collect();
+    // The CNI's endpoints, by ID (kpng writes GUIDs in lower case; HCN's are case-blind).
+    assert!(ids.contains(&&json!("cni-2")) && ids.contains(&&json!("cni-3")));
+    let remote = programmed["Endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .find(|e| e["IpConfigurations"][0]["IpAddress"] == "10.244.2.2")
+        .expect("the remote endpoint");
+    assert_eq!(remote["Flags"], 1, "flagged remote");
+    assert_eq!(
+        programmed["Endpoints"]
+            .as_array()
+            .expect("endpoints")
+            .iter()
+            .filter(|e| e["IpConfigurations"][0]["IpAddress"] == "10.244.2.2")
+            .count(),
+        1,
+        "one remote endpoint, shared by every load balancer"
+    );
+    // IPv6 too (dual-stack): the IPv6 flag.
+    let web6 = lb(&programmed, "fd00:96::10", 6).expect("web's IPv6 load balancer");
+    assert_eq!(web6["Flags"], 2);
+
+    // Out of band: web's load balancer vanishes (hnsdiag delete loadbalancers).
+    let web_id = web["ID"].clone();
+    let mut edited = programmed.clone();
+    edited["LoadBalancers"]
+        .as_array_mut()
+        .expect("lbs")
+        .retain(|l| l["ID"] != web_id);
+    let tmp = dir.path().join("hcn.json.edit");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&edited).expect("json")).expect("write");
+    std::fs::rename(&tmp, &state).expect("replace");
+    let repaired = wait_for(&mut child, &state, &log, "the re-creation", |s| {
+        lb(s, "10.96.0.10", 6).is_some_and(|l| l["ID"] != web_id)
+    });
+    let web = lb(&repaired, "10.96.0.10", 6).expect("re-created");
+    assert_eq!(
+        endpoint_ips(&repaired, web),
+        vec!["10.244.1.2", "10.244.1.3", "10.244.2.2"]
+    );
+    assert_eq!(
+        repaired["LoadBalancers"].as_array().map(Vec::len),
+        programmed["LoadBalancers"].as_array().map(Vec::len),
+        "nothing else changed"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn without_a_simulator_off_windows_the_error_says_what_to_do() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["file", "--input", "x.yaml", "--network-name", "cbr0"])
+        .args(["--metrics-bind-address=", "--admin-socket", ""])
+        .args(["to-local", "hns"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if cfg!(windows) {
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Windows Host Networking Service") && stderr.contains("--hcn-simulator"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,117 @@
+//! cgroup v2 groups for the processes of test namespaces, for backends whose scope is a cgroup
+//! rather than a network namespace (the eBPF backend's socket programs translate the sockets
+//! of one cgroup subtree). On one test machine every namespace shares the cgroup tree, so a
+//! test puts the processes that stand for "this node" (the node and its pods) in one group
+//! and the ones that stand for "elsewhere" in another.
+//!
+//! Opt-in per namespace: [`assign`] records the group in `/run/kpng-testkit-cgroups/NAME`, and
+//! [`crate::Netns::command`] then starts every program of that namespace inside the group
+//! (`sh -c 'echo $$ > GROUP/cgroup.procs; exec …'`: the pid stays the program's). Namespaces
+//! without a record run as before.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::error::{Error, Result};
+
+/// Where the cgroup v2 hierarchy is mounted for tests (outside `/sys`: `ip netns exec`
+/// remounts `/sys`, so a path under it would not exist for the programs it starts).
+pub const CGROUP2_MOUNT: &str = "/run/kpng-testkit-cgroup2";
+
+/// Where the namespace → group records live.
+const RECORDS: &str = "/run/kpng-testkit-cgroups";
+
+fn mounted(point: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split(' ').nth(4) == Some(point) && l.contains(" - cgroup2 "))
+    })
+}
+
+/// Creates (or reuses) the test group `name` under [`CGROUP2_MOUNT`]/`kpng-tests`, mounting
+/// the hierarchy there first when needed. Returns its directory.
+pub fn create(name: &str) -> Result<PathBuf> {
+    // One mount per process, even when parallel tests ask at once.
+    static MOUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = MOUNT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !mounted(CGROUP2_MOUNT) {
+        std::fs::create_dir_all(CGROUP2_MOUNT)
+            .map_err(|e| Error::io(format!("creating {CGROUP2_MOUNT}"), e))?;
+        let out = Command::new("mount")
+            .args(["-t", "cgroup2", "none", CGROUP2_MOUNT])
+            .output()
+            .map_err(|e| Error::io("running mount -t cgroup2", e))?;
+        if !out.status.success() && !mounted(CGROUP2_MOUNT) {
+            return Err(Error::Other(format!(
+                "mount -t cgroup2 none {CGROUP2_MOUNT}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    let dir = Path::new(CGROUP2_MOUNT).join("kpng-tests").join(name);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    Ok(dir)
+}
+
+/// Runs every later program of namespace `ns` inside the group `group`.
+pub fn assign(ns: &str, group: &Path) -> Result<()> {
+    std::fs::create_dir_all(RECORDS).map_err(|e| Error::io(format!("creating {RECORDS}"), e))?;
+    let record = Path::new(RECORDS).join(ns);
+    std::fs::write(&record, group.display().to_string())
+        .map_err(|e| Error::io(format!("writing {}", record.display()), e))
+}
+
+/// The group recorded for namespace `ns`, if any.
+pub fn of(ns: &str) -> Option<PathBuf> {
+    std::fs::read_to_string(Path::new(RECORDS).join(ns))
+        .ok()
+        .map(|s| PathBuf::from(s.trim()))
+}
+
+/// Forgets namespace `ns`'s record and removes its group once empty (best effort: a group
+/// other namespaces still use, or whose processes are still dying, stays).
+pub(crate) fn forget(ns: &str) {
+    let Some(group) = of(ns) else { return };
+    let _ = std::fs::remove_file(Path::new(RECORDS).join(ns));
+    if std::fs::remove_dir(&group).is_ok()
+        && let Some(parent) = group.parent()
+    {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// Where tests mount a BPF file system for pins (outside `/sys`, for the same reason as
+/// [`CGROUP2_MOUNT`]).
+pub const BPFFS_MOUNT: &str = "/run/kpng-testkit-bpf";
+
+/// Mounts a bpffs on [`BPFFS_MOUNT`] unless one is there; returns the mount point. Pins of one
+/// test go in a directory of their own below it.
+pub fn bpffs() -> Result<PathBuf> {
+    // Parallel tests mounting at once would stack two file systems (and hide pins).
+    static MOUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = MOUNT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split(' ').nth(4) == Some(BPFFS_MOUNT) && l.contains(" - bpf "))
+    });
+    if !mounted {
+        std::fs::create_dir_all(BPFFS_MOUNT)
+            .map_err(|e| Error::io(format!("creating {BPFFS_MOUNT}"), e))?;
+        let out = Command::new("mount")
+            .args(["-t", "bpf", "bpf", BPFFS_MOUNT])
+            .output()
+            .map_err(|e| Error::io("running mount -t bpf", e))?;
+        if !out.status.success() {
+            return Err(Error::Other(format!(
+                "mount -t bpf bpf {BPFFS_MOUNT}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    Ok(PathBuf::from(BPFFS_MOUNT))
+}
