@@ -143,8 +143,8 @@ impl DirState {
 /// files, in order), sending each object as a `ListItem` as soon as it is converted. Returns
 /// the merged state and the number of objects, or `None` when the receiver is gone.
 ///
-/// The items of one list are a set, so the threads' interleaving does not matter; an object
-/// defined in two files is kept once (which file wins is not defined).
+/// The items of one list are a set, so the threads' interleaving does not matter, with one
+/// exception that [`settle_duplicates`] takes care of: an object defined in two files.
 fn first_load(
     state: DirState,
     paths: &[PathBuf],
@@ -170,7 +170,9 @@ fn first_load(
         Some((state, count))
     };
     if threads == 1 {
-        return load(state, paths);
+        let (state, count) = load(state, paths)?;
+        settle_duplicates(&state, events)?;
+        return Some((state, count));
     }
     let results: Vec<Option<(DirState, usize)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = paths
@@ -204,7 +206,60 @@ fn first_load(
         merged.files.extend(part.files);
         count += n;
     }
+    settle_duplicates(&merged, events)?;
     Some((merged, count))
+}
+
+/// An object defined in more than one file: the file last by name wins, as it would if the
+/// files were read one after the other (and as every later edit does). The threads of the
+/// first load may have sent the copies in any order, so the winner's copy is sent again, last;
+/// each such object is named in a warning. `None` when the receiver is gone.
+fn settle_duplicates(state: &DirState, events: &mpsc::Sender<Event>) -> Option<()> {
+    let mut definers: std::collections::HashMap<ObjectRef, Vec<&Path>> =
+        std::collections::HashMap::new();
+    for (path, (_, refs)) in &state.files {
+        for r in refs.unpack() {
+            let files = definers.entry(r).or_default();
+            // An object twice in one file is that file's business (its last copy is used).
+            if files.last() != Some(&path.as_path()) {
+                files.push(path);
+            }
+        }
+    }
+    let mut winners: BTreeMap<&Path, BTreeSet<ObjectRef>> = BTreeMap::new();
+    for (object, files) in definers {
+        // `state.files` is ordered by path, so each list is too.
+        let (Some(first), Some(last)) = (files.first(), files.last()) else {
+            continue;
+        };
+        if files.len() < 2 {
+            continue;
+        }
+        warn!(
+            "{object} is defined in {} files ({} … {}); the last by name, {}, is used",
+            files.len(),
+            first.display(),
+            last.display(),
+            last.display()
+        );
+        winners.entry(last).or_default().insert(object);
+    }
+    for (path, objects) in winners {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        let Ok(loaded) = parse_manifests_with(&text, state.expansion) else {
+            continue;
+        };
+        for object in loaded.objects {
+            if objects.contains(&object.reference())
+                && events.blocking_send(Event::ListItem(object)).is_err()
+            {
+                return None;
+            }
+        }
+    }
+    Some(())
 }
 
 /// Below this many files per thread, one thread reads them all (threads cost more).

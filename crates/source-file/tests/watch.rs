@@ -198,3 +198,47 @@ async fn a_symlink_into_another_directory_and_a_recreated_directory_are_followed
     }
     task.abort();
 }
+
+/// An object defined in two files of a large directory (read on several threads): the file last
+/// by name wins, as with one reader. The two copies sit at the end of the first thread's share
+/// and the start of the second's, so without settling the loser would usually arrive last.
+#[tokio::test]
+async fn an_object_in_two_files_of_a_large_directory_is_the_last_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let svc = |name: &str, ip: &str| {
+        format!(
+            "kind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    };
+    for i in 0..300u32 {
+        let text = match i {
+            149 => svc("dup", "10.96.200.1"),
+            150 => svc("dup", "10.96.200.2"),
+            _ => svc(
+                &format!("s{i}"),
+                &format!("10.96.{}.{}", i / 200, i % 200 + 1),
+            ),
+        };
+        std::fs::write(dir.path().join(format!("f{i:03}.yaml")), text).expect("write");
+    }
+    let (tx, mut rx) = mpsc::channel(1024);
+    let task = tokio::spawn(FileSource::new(dir.path(), Duration::from_millis(50)).run(tx));
+    let mut last_dup = None;
+    let mut items = 0;
+    loop {
+        match next(&mut rx).await.expect("first load") {
+            Event::ListStart { .. } => {}
+            Event::ListItem(Object::Service(s)) => {
+                items += 1;
+                if &*s.key.name == "dup" {
+                    last_dup = s.cluster_ips.first().map(ToString::to_string);
+                }
+            }
+            Event::ListDone { .. } => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(items >= 300, "{items} items");
+    assert_eq!(last_dup.as_deref(), Some("10.96.200.2"));
+    task.abort();
+}
