@@ -9,8 +9,9 @@
 # computenetwork.dll (HCN), which kpng.exe imports: shims (scripts/wine/*.c) are built with mingw
 # and put beside the exe.
 set -euo pipefail
-exe=$1
-linux=$2
+# Absolute paths: the checks run in a scratch directory.
+exe=$(realpath "$1")
+linux=$(realpath "$2")
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'wineserver -k >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
