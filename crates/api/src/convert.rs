@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
+use kpng_model::records::ANNOTATION_PRESERVE_DESTINATION;
 use kpng_model::{
     Endpoint, Family, Name, NodeState, PortKey, Protocol, ServiceKey, ServicePort, SessionAffinity,
     ip::parse_ip_sloppy, sort_endpoints,
@@ -103,6 +104,15 @@ fn ip_set<'a>(ips: impl IntoIterator<Item = &'a IpAddr>) -> proto::IpSet {
     set
 }
 
+/// Whether a localv1 Service asks for preserve-DIP: its `preserve-destination` annotation is
+/// `"true"` (what KPNG's Windows proxier checked).
+fn preserve_destination(service: &proto::Service) -> bool {
+    service
+        .annotations
+        .get(ANNOTATION_PRESERVE_DESTINATION)
+        .is_some_and(|v| v == "true")
+}
+
 /// KPNG's Service type, derived from what the ports need (the model does not keep `spec.type`).
 fn service_type(ports: &[&ServicePort]) -> &'static str {
     if ports
@@ -146,6 +156,14 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
         }),
         ..proto::Service::default()
     };
+    // localv1 has no field for preserve-DIP; KPNG's Windows proxier read the Service's
+    // annotation from `Annotations`, so it travels there.
+    if first.preserve_destination {
+        service.annotations.insert(
+            ANNOTATION_PRESERVE_DESTINATION.to_string(),
+            "true".to_string(),
+        );
+    }
     let mut cluster_ips = Vec::new();
     let mut external_ips = Vec::new();
     let mut lb_ips = Vec::new();
@@ -441,6 +459,7 @@ pub fn decode_service(
                     "HealthCheckNodePort",
                     service.health_check_node_port,
                 )?,
+                preserve_destination: preserve_destination(service),
                 cluster_endpoints: Vec::new(),
                 local_endpoints: Vec::new(),
                 has_any_endpoints: false,

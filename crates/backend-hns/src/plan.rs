@@ -370,11 +370,27 @@ pub fn plan_port(
     } else {
         lb_flags::NONE
     };
+    // preserve-DIP (the `preserve-destination` annotation) turns off the routing mesh of the
+    // node port and of the load-balancer IPs: only this node's endpoints (winkernel's
+    // `hnsLocalEndpoints`), so that a health check through them answers for this node.
+    let preserve_dip = port.preserve_destination;
+    let local_external: Vec<kpng_model::Endpoint> = port
+        .external_endpoints()
+        .iter()
+        .filter(|e| e.is_local)
+        .cloned()
+        .collect();
+    let mesh_off = preserve_dip || local_dsr;
+    let external_or_local = if mesh_off {
+        &local_external[..]
+    } else {
+        port.external_endpoints()
+    };
     if let Some(node_port) = port.node_port {
         add(
             None,
             node_port,
-            port.external_endpoints(),
+            external_or_local,
             external_dsr,
             port_flags::LOCAL_ROUTED_VIP | port_flags::VIP_EXTERNAL_IP,
             warnings,
@@ -390,13 +406,23 @@ pub fn plan_port(
             warnings,
         );
     }
+    // Load-balancer ingress IPs: DSR with preserve-DIP or local-traffic DSR; preserve-DIP
+    // also sets the port mapping's UseMux and PreserveDIP flags (as winkernel).
+    let (ingress_dsr, ingress_pm) = if preserve_dip {
+        (
+            lb_flags::DSR,
+            port_flags::VIP_EXTERNAL_IP | port_flags::USE_MUX | port_flags::PRESERVE_DIP,
+        )
+    } else {
+        (external_dsr, port_flags::VIP_EXTERNAL_IP)
+    };
     for ip in &port.load_balancer_ips {
         add(
             Some(*ip),
             port.port,
-            port.external_endpoints(),
-            external_dsr,
-            port_flags::VIP_EXTERNAL_IP,
+            external_or_local,
+            ingress_dsr,
+            ingress_pm,
             warnings,
         );
     }

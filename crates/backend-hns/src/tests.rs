@@ -284,6 +284,69 @@ fn dsr_applies_to_external_frontends_only_with_external_policy_local() {
 }
 
 #[test]
+fn preserve_dip_turns_off_the_mesh_and_sets_winkernels_flags_on_ingress_ips() {
+    let ext = port_flags::VIP_EXTERNAL_IP;
+    let np = port_flags::LOCAL_ROUTED_VIP | ext;
+    let pdip = ext | port_flags::USE_MUX | port_flags::PRESERVE_DIP;
+    let dsr = lb_flags::DSR;
+    // (preserve-destination, --enable-dsr, eTP Local) → per frontend (ClusterIP, node port,
+    // external IP, ingress IP): (port-mapping flags, load-balancer flags, endpoints)
+    type Row = (bool, bool, bool, [(u32, u32, usize); 4]);
+    let cases: [Row; 6] = [
+        (false, false, false, [(0, 0, 2), (np, 0, 2), (ext, 0, 2), (ext, 0, 2)]),
+        // preserve-DIP alone: node port and ingress IP get local endpoints only; the ingress
+        // IP gets DSR, UseMux and PreserveDIP; ClusterIP and external IPs are untouched.
+        (true, false, false, [(0, 0, 2), (np, 0, 1), (ext, 0, 2), (pdip, dsr, 1)]),
+        // It does not need --enable-dsr (upstream gates it on HNS's DSR support only).
+        (true, true, false, [(0, dsr, 2), (np, 0, 1), (ext, 0, 2), (pdip, dsr, 1)]),
+        // Local-traffic DSR without preserve-DIP: DSR everywhere external, no mux flags.
+        (false, true, true, [(0, dsr, 2), (np, dsr, 1), (ext, dsr, 1), (ext, dsr, 1)]),
+        (true, true, true, [(0, dsr, 2), (np, dsr, 1), (ext, dsr, 1), (pdip, dsr, 1)]),
+        // eTP Local without --enable-dsr: the model's local endpoints, no DSR.
+        (true, false, true, [(0, 0, 2), (np, 0, 1), (ext, 0, 1), (pdip, dsr, 1)]),
+    ];
+    for (preserve, enable_dsr, etp_local, want) in cases {
+        let mut p = port(
+            "web",
+            "10.96.0.10",
+            &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+        );
+        p.node_port = Some(30080);
+        p.external_ips = vec![ip("203.0.113.1")];
+        p.load_balancer_ips = vec![ip("198.51.100.1")];
+        p.preserve_destination = preserve;
+        p.external_policy_local = etp_local;
+        let cfg = HnsConfig {
+            enable_dsr,
+            ..config()
+        };
+        let mut w = Vec::new();
+        let lbs = plan_port(&p, &node(), &view("L2Bridge"), &cfg, &mut w);
+        assert!(w.is_empty(), "{w:?}");
+        let got: Vec<(u32, u32, usize)> = lbs
+            .iter()
+            .map(|l| (l.port_flags, l.lb_flags, l.endpoints.len()))
+            .collect();
+        assert_eq!(
+            got, want,
+            "preserve {preserve}, enable-dsr {enable_dsr}, eTP Local {etp_local}"
+        );
+        for l in lbs.iter().filter(|l| l.endpoints.len() == 1) {
+            assert_eq!(l.endpoints[0].ip(), ip("10.244.1.5"), "the local endpoint");
+        }
+    }
+    // No local endpoint: the node port and ingress IP get no load balancer at all.
+    let mut p = port("web", "10.96.0.10", &[ep("10.244.2.7", false)]);
+    p.node_port = Some(30080);
+    p.load_balancer_ips = vec![ip("198.51.100.1")];
+    p.preserve_destination = true;
+    let mut w = Vec::new();
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &config(), &mut w);
+    let vips: Vec<Option<IpAddr>> = lbs.iter().map(|l| l.frontend.vip).collect();
+    assert_eq!(vips, vec![Some(ip("10.96.0.10"))]);
+}
+
+#[test]
 fn overlay_remote_endpoints_carry_the_provider_address_and_public_ips_use_the_node_ip() {
     let p = port("web", "10.96.0.10", &[ep("10.244.2.7", false)]);
     let cfg = HnsConfig {
@@ -365,6 +428,53 @@ fn a_cold_sync_costs_one_create_per_object_and_three_enumerates() {
     assert_eq!(d.full(&ports), Ok(0));
     assert_eq!(sim.calls().total(), 3);
     assert_eq!(sim.state(), state);
+}
+
+#[test]
+fn preserve_dip_reaches_hcn_and_toggling_it_replaces_only_the_affected_load_balancers() {
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let mut p = port(
+        "lb",
+        "10.96.0.20",
+        &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+    );
+    p.node_port = Some(30090);
+    p.load_balancer_ips = vec![ip("198.51.100.7")];
+    p.preserve_destination = true;
+    d.full(std::slice::from_ref(&p)).expect("sync");
+    let state = sim.state();
+    let ingress = lb_at(&state, "198.51.100.7").expect("ingress load balancer");
+    let pm = &ingress.port_mappings[0];
+    assert_eq!(
+        pm.flags,
+        port_flags::VIP_EXTERNAL_IP | port_flags::USE_MUX | port_flags::PRESERVE_DIP
+    );
+    assert_eq!(ingress.flags, lb_flags::DSR);
+    assert_eq!(endpoint_ips(&state, &ingress), vec!["10.244.1.5"]);
+    let node_port = state
+        .load_balancers
+        .iter()
+        .find(|l| l.frontend_vips.is_empty())
+        .expect("node-port load balancer");
+    assert_eq!(endpoint_ips(&state, node_port), vec!["10.244.1.5"]);
+    let cluster = lb_at(&state, "10.96.0.20").expect("ClusterIP load balancer");
+    assert_eq!(endpoint_ips(&state, &cluster).len(), 2);
+
+    // Annotation removed: the node port and the ingress IP are replaced (delete + create
+    // each); the ClusterIP's load balancer stays.
+    sim.reset_calls();
+    p.preserve_destination = false;
+    assert!(d.change(std::slice::from_ref(&p)).is_ok());
+    let calls = sim.calls();
+    assert_eq!(calls.of(Call::DeleteLoadBalancer), 2);
+    assert_eq!(calls.of(Call::CreateLoadBalancer), 2);
+    let after = sim.state();
+    let ingress = lb_at(&after, "198.51.100.7").expect("ingress load balancer");
+    assert_eq!(ingress.port_mappings[0].flags, port_flags::VIP_EXTERNAL_IP);
+    assert_eq!(ingress.flags, 0);
+    assert_eq!(endpoint_ips(&after, &ingress).len(), 2);
+    assert_eq!(lb_at(&after, "10.96.0.20"), Some(cluster));
 }
 
 #[test]

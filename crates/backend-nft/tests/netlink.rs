@@ -704,6 +704,7 @@ fn service_port(i: u32, family: Family, endpoints: u32) -> ServicePort {
         external_policy_local: etp_local,
         internal_policy_local: false,
         health_check_node_port: None,
+        preserve_destination: false,
         has_any_endpoints: !no_endpoints,
         local_ready_endpoints: local.len() as u32,
         serving_endpoints: eps.iter().map(|e| e.addr()).collect(),

@@ -42,6 +42,7 @@ pub fn service_port(
         external_policy_local: false,
         internal_policy_local: false,
         health_check_node_port: None,
+        preserve_destination: false,
         cluster_endpoints: eps.to_vec(),
         local_endpoints: eps.iter().filter(|e| e.is_local).cloned().collect(),
         has_any_endpoints: !eps.is_empty(),

@@ -34,6 +34,7 @@ pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// programming latency is measured from it).
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
+pub use kpng_model::records::ANNOTATION_PRESERVE_DESTINATION;
 /// Node label holding the node's zone, used for zone hints.
 pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// Taint the cluster autoscaler puts on nodes it is about to delete.
@@ -165,12 +166,29 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         external_policy_local: false,
         internal_policy_local: false,
         health_check_node_port: None,
+        preserve_destination: false,
         created: svc
             .metadata
             .creation_timestamp
             .as_ref()
             .and_then(|t| system_time(t.0)),
     };
+    if let Some(raw) = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_PRESERVE_DESTINATION))
+    {
+        match raw.as_str() {
+            "true" => info.preserve_destination = true,
+            "false" => {}
+            // Upstream enables it for "true" only and silently ignores anything else; say so.
+            other => c.warn(
+                format!("metadata.annotations[{ANNOTATION_PRESERVE_DESTINATION}]"),
+                format!("{other:?} is not \"true\" or \"false\"; preserve-destination stays off"),
+            ),
+        }
+    }
     if type_ == "ExternalName" {
         info.ignored = Some(Ignored::ExternalName);
         return Ok(info);

@@ -114,6 +114,7 @@ pub(crate) fn service_ports(
                 health_check_node_port: svc
                     .health_check_node_port
                     .filter(|hc| !lost.contains_key(&Frontend::NodePort(*hc, Protocol::Tcp))),
+                preserve_destination: svc.preserve_destination,
                 cluster_endpoints: Vec::new(),
                 local_endpoints: Vec::new(),
                 has_any_endpoints: false,

@@ -62,6 +62,11 @@ pub enum Ignored {
     ExternalName,
 }
 
+/// The Service annotation that asks for Windows preserve-DIP (kube-proxy winkernel's
+/// `preserve-destination`; only the value `"true"` enables it). Named here because two
+/// crates read it: `kpng-k8s` (from the Service) and `kpng-api` (from KPNG's `Annotations`).
+pub const ANNOTATION_PRESERVE_DESTINATION: &str = "preserve-destination";
+
 /// One entry of `spec.ports`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortInfo {
@@ -104,6 +109,10 @@ pub struct ServiceInfo {
     pub internal_policy_local: bool,
     /// `spec.healthCheckNodePort`, only when the Service needs a health check.
     pub health_check_node_port: Option<u16>,
+    /// The `preserve-destination: "true"` annotation (Windows preserve-DIP: traffic to the
+    /// load-balancer IPs reaches the pod with the VIP as destination). Only the HNS backend
+    /// reads it.
+    pub preserve_destination: bool,
     /// `metadata.creationTimestamp`: when two Services claim the same ClusterIP port or node
     /// port, the oldest keeps it (`None`, as in a hand-written manifest, counts as the newest).
     pub created: Option<std::time::SystemTime>,

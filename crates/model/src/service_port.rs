@@ -8,6 +8,11 @@ use serde::Serialize;
 
 use crate::key::PortKey;
 
+/// serde's `skip_serializing_if` for flags that are usually off.
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// One endpoint (a backend address) of a Service port, as seen from this node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Endpoint {
@@ -74,6 +79,12 @@ pub struct ServicePort {
     pub internal_policy_local: bool,
     /// The health-check node port (LoadBalancer with externalTrafficPolicy Local only).
     pub health_check_node_port: Option<u16>,
+    /// The Service's `preserve-destination: "true"` annotation: on Windows (HNS) the
+    /// load-balancer IPs' load balancers deliver with the VIP as destination (preserve-DIP,
+    /// with DSR) and to local endpoints only. Other backends ignore it. Left out of the
+    /// serialized form when false, so outputs of Services without it do not change.
+    #[serde(skip_serializing_if = "is_false")]
+    pub preserve_destination: bool,
     /// Endpoints for cluster-policy traffic (topology and terminating fallback applied). Empty when
     /// the port never uses cluster policy.
     pub cluster_endpoints: Vec<Endpoint>,
@@ -109,6 +120,7 @@ impl ServicePort {
             external_policy_local,
             internal_policy_local,
             health_check_node_port,
+            preserve_destination,
             cluster_endpoints: _,
             local_endpoints: _,
             has_any_endpoints: _,
@@ -126,6 +138,7 @@ impl ServicePort {
             && *external_policy_local == other.external_policy_local
             && *internal_policy_local == other.internal_policy_local
             && *health_check_node_port == other.health_check_node_port
+            && *preserve_destination == other.preserve_destination
     }
 
     /// A port of `key` on `cluster_ip:port` with nothing else: no node port, external or
@@ -144,6 +157,7 @@ impl ServicePort {
             external_policy_local: false,
             internal_policy_local: false,
             health_check_node_port: None,
+            preserve_destination: false,
             cluster_endpoints: Vec::new(),
             local_endpoints: Vec::new(),
             has_any_endpoints: false,

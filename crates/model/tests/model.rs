@@ -605,6 +605,56 @@ fn load_balancer_ingress_and_policies() {
 }
 
 #[test]
+fn preserve_destination_annotation() {
+    // (annotation value, expected flag, expected warning)
+    let cases: [(Option<&str>, bool, bool); 5] = [
+        (None, false, false),
+        (Some("true"), true, false),
+        (Some("false"), false, false),
+        (Some("True"), false, true),
+        (Some("yes"), false, true),
+    ];
+    for (value, want, warns) in cases {
+        let mut m = model();
+        let mut meta = json!({"namespace": "ns", "name": "pd"});
+        if let Some(v) = value {
+            meta["annotations"] = json!({"preserve-destination": v});
+        }
+        let converted = from_json::<Service>(json!({"metadata": meta,
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.70",
+                     "ports": [{"name": "p80", "port": 80, "nodePort": 30070}]}}))
+        .expect("valid Service JSON");
+        m.apply(Event::Apply(converted.object.clone()));
+        let port = &m.snapshot().ports[&key("pd", Family::V4)];
+        assert_eq!(port.preserve_destination, want, "{value:?}");
+        let fields: Vec<String> = converted.warnings.iter().map(|w| w.to_string()).collect();
+        if warns {
+            assert_eq!(fields.len(), 1, "{value:?}: {fields:?}");
+            assert!(
+                fields[0].contains("Service ns/pd")
+                    && fields[0].contains("metadata.annotations[preserve-destination]"),
+                "{}",
+                fields[0]
+            );
+        } else {
+            assert!(fields.is_empty(), "{value:?}: {fields:?}");
+        }
+    }
+    // A change of the annotation alone is a frontend change of the port.
+    let mut m = model();
+    let spec = json!({"clusterIP": "10.96.0.71", "ports": [{"name": "p80", "port": 80}]});
+    m.apply(Event::Apply(svc("pd2", spec.clone())));
+    let before = m.snapshot().ports[&key("pd2", Family::V4)].clone();
+    let out = m.apply(Event::Apply(service(json!({
+        "metadata": {"namespace": "ns", "name": "pd2", "annotations": {"preserve-destination": "true"}},
+        "spec": spec}))));
+    let after = &m.snapshot().ports[&key("pd2", Family::V4)];
+    assert!(after.preserve_destination);
+    assert!(!before.same_frontend(after));
+    assert!(out.diff.changes.contains_key(&key("pd2", Family::V4)));
+}
+
+#[test]
 fn session_affinity_timeout() {
     let mut m = model();
     m.apply(Event::Apply(svc("aff", json!({"clusterIP": "10.96.0.60", "sessionAffinity": "ClientIP", "ports": [{"name": "p80", "port": 80}]}))));

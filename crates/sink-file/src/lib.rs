@@ -134,6 +134,9 @@ struct PortView<'a> {
     internal_traffic_policy: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     health_check_node_port: Option<u16>,
+    /// Only shown when set, so the output of Services without the annotation is unchanged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    preserve_destination: bool,
     has_any_endpoints: bool,
     local_ready_endpoints: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -188,6 +191,7 @@ fn port_view(p: &ServicePort) -> PortView<'_> {
         external_traffic_policy: policy(p.external_policy_local),
         internal_traffic_policy: policy(p.internal_policy_local),
         health_check_node_port: p.health_check_node_port,
+        preserve_destination: p.preserve_destination,
         has_any_endpoints: p.has_any_endpoints,
         local_ready_endpoints: p.local_ready_endpoints,
         cluster_endpoints: p

@@ -192,3 +192,39 @@ fn node_round_trip() {
         assert_eq!(decode_node(&wire).expect("valid"), node, "{name}");
     }
 }
+
+#[test]
+fn preserve_destination_travels_as_kpngs_annotation() {
+    let cluster = fixtures::cluster();
+    let key = ServiceKey::new("default", "lb");
+    let mut ports = cluster
+        .source(&key)
+        .expect("lb")
+        .ports_for(&fixtures::node(&cluster, "n2"));
+    ports.sort_by(|a, b| a.key.cmp(&b.key));
+    for (preserve, want) in [(false, None), (true, Some("true"))] {
+        for p in &mut ports {
+            p.preserve_destination = preserve;
+        }
+        let refs: Vec<&ServicePort> = ports.iter().collect();
+        let (service, endpoints) = decode_messages(&key, &encode_service(&refs).expect("ports"));
+        assert_eq!(
+            service
+                .annotations
+                .get(ANNOTATION_PRESERVE_DESTINATION)
+                .map(String::as_str),
+            want
+        );
+        let got = decode_service(&key, &service, &endpoints).expect("decodes");
+        assert_eq!(got, ports, "preserve-destination {preserve}");
+    }
+    // Only "true" enables it, as KPNG's Windows proxier read it.
+    let refs: Vec<&ServicePort> = ports.iter().collect();
+    let (mut service, endpoints) = decode_messages(&key, &encode_service(&refs).expect("ports"));
+    service.annotations.insert(
+        ANNOTATION_PRESERVE_DESTINATION.to_string(),
+        "yes".to_string(),
+    );
+    let got = decode_service(&key, &service, &endpoints).expect("decodes");
+    assert!(got.iter().all(|p| !p.preserve_destination));
+}
