@@ -105,6 +105,15 @@ impl HnsBackend {
             .filter(|e| same_id(&e.host_compute_network, &view.id))
         {
             let id = normalize_id(&ep.id);
+            // The root endpoint (the host's own, for --forward-healthcheck-vip), by name.
+            let root_name = &self.config.root_hns_endpoint_name;
+            if !root_name.is_empty()
+                && ep.name == *root_name
+                && view.root.is_none()
+                && let Some(ip) = ep.ips().next()
+            {
+                view.root = Some((ip, id.clone()));
+            }
             for ip in ep.ips() {
                 if ep.is_remote() {
                     known.remote.entry(ip).or_insert_with(|| id.clone());

@@ -28,6 +28,16 @@ pub struct HnsConfig {
     /// `--source-vip`: the SNAT source of load-balanced traffic on an overlay network (an
     /// address the CNI reserved on this node); one per family at most.
     pub source_vips: Vec<IpAddr>,
+    /// `--forward-healthcheck-vip`: per load-balancer ingress IP, also a load balancer from
+    /// the ingress IP's health-check port to the host (the root HNS endpoint), so that a
+    /// pass-through cloud load balancer probing the VIP reaches kpng's health server.
+    pub forward_health_check_vip: bool,
+    /// `--root-hnsendpoint-name`: the name of the CNI's HNS endpoint of the host's network
+    /// namespace on the network (kube-proxy's default `cbr0`).
+    pub root_hns_endpoint_name: String,
+    /// The port of kpng's health server (`--healthz-bind-address`; 0: none): the health-check
+    /// port of a Service without `healthCheckNodePort`.
+    pub healthz_port: u16,
 }
 
 /// The HNS network type, as far as the proxy cares.
@@ -53,6 +63,9 @@ pub struct NetworkView {
     pub routes: Vec<(IpNet, IpAddr)>,
     /// The CNI's endpoints on the network (not flagged remote), by IP.
     pub local: BTreeMap<IpAddr, String>,
+    /// The root HNS endpoint (`--root-hnsendpoint-name`, found by name among the network's
+    /// endpoints): its IP and ID.
+    pub root: Option<(IpAddr, String)>,
 }
 
 impl NetworkView {
@@ -83,6 +96,7 @@ impl NetworkView {
             network_type,
             routes,
             local: BTreeMap::new(),
+            root: None,
         }
     }
 
@@ -316,26 +330,7 @@ pub fn plan_port(
                 ),
             });
         }
-        // SourceVIP: --source-vip, except on overlay when an endpoint is outside every pod
-        // subnet or is a node's own address (kube-proxy's rule): then the node IP.
-        let configured = config
-            .source_vips
-            .iter()
-            .copied()
-            .find(|ip| Family::of(ip) == family);
-        let needs_node_ip = view.network_type == NetworkType::Overlay
-            && eps.iter().any(|e| {
-                !e.is_local
-                    && match view.provider_address(e.ip) {
-                        None => true,
-                        Some(pa) => pa == e.ip,
-                    }
-            });
-        let source = if needs_node_ip {
-            node_ip.or(configured)
-        } else {
-            configured.or(node_ip)
-        };
+        let source = source_vip(view, config, node_ip, family, eps);
         out.push(LbPlan {
             port_key: port.key.clone(),
             frontend: Frontend {
@@ -344,7 +339,7 @@ pub fn plan_port(
                 port: ext_port,
                 ipv6,
             },
-            source_vip: source.map(|s| s.to_string()).unwrap_or_default(),
+            source_vip: source,
             internal_port,
             distribution: affinity,
             port_flags: pm_flags,
@@ -426,7 +421,102 @@ pub fn plan_port(
             warnings,
         );
     }
+    out.extend(plan_health_checks(port, node, view, config, warnings));
     out
+}
+
+/// A load balancer's `SourceVIP`: `--source-vip`, except on overlay when an endpoint is
+/// outside every pod subnet or is a node's own address (kube-proxy's rule): then the node IP.
+fn source_vip(
+    view: &NetworkView,
+    config: &HnsConfig,
+    node_ip: Option<IpAddr>,
+    family: Family,
+    eps: &[kpng_model::Endpoint],
+) -> String {
+    let configured = config
+        .source_vips
+        .iter()
+        .copied()
+        .find(|ip| Family::of(ip) == family);
+    let needs_node_ip = view.network_type == NetworkType::Overlay
+        && eps.iter().any(|e| {
+            !e.is_local
+                && match view.provider_address(e.ip) {
+                    None => true,
+                    Some(pa) => pa == e.ip,
+                }
+        });
+    let source = if needs_node_ip {
+        node_ip.or(configured)
+    } else {
+        configured.or(node_ip)
+    };
+    source.map(|s| s.to_string()).unwrap_or_default()
+}
+
+/// With `--forward-healthcheck-vip`, per load-balancer ingress IP: a load balancer from the
+/// ingress IP's health-check port (the Service's `healthCheckNodePort`, else kpng's health
+/// server port) to the root HNS endpoint, as winkernel: the Service's protocol, no DSR, no
+/// affinity; preserve-DIP adds UseMux and PreserveDIP. Only while the Service has endpoints
+/// somewhere (winkernel's `endpointsAvailableForLB`), and never for a port of 0.
+fn plan_health_checks(
+    port: &ServicePort,
+    node: &NodeState,
+    view: &NetworkView,
+    config: &HnsConfig,
+    warnings: &mut Vec<PlanWarning>,
+) -> Vec<LbPlan> {
+    if !config.forward_health_check_vip
+        || port.load_balancer_ips.is_empty()
+        || !port.has_any_endpoints
+    {
+        return Vec::new();
+    }
+    let health_port = port.health_check_node_port.unwrap_or(config.healthz_port);
+    if health_port == 0 {
+        return Vec::new();
+    }
+    let Some((root_ip, root_id)) = view.root.clone() else {
+        warnings.push(PlanWarning {
+            port: port.key.clone(),
+            message: format!(
+                "--forward-healthcheck-vip: no HNS endpoint named {:?}                  (--root-hnsendpoint-name) on the network; health checks of the ingress IPs                  are not forwarded",
+                config.root_hns_endpoint_name
+            ),
+        });
+        return Vec::new();
+    };
+    let family = port.key.family;
+    let ipv6 = family == Family::V6;
+    let node_ip = node.ips.iter().copied().find(|ip| Family::of(ip) == family);
+    let source = source_vip(view, config, node_ip, family, port.external_endpoints());
+    let port_flags = if port.preserve_destination {
+        port_flags::USE_MUX | port_flags::PRESERVE_DIP
+    } else {
+        port_flags::NONE
+    };
+    port.load_balancer_ips
+        .iter()
+        .map(|ip| LbPlan {
+            port_key: port.key.clone(),
+            frontend: Frontend {
+                vip: Some(*ip),
+                protocol: hcn_protocol(port.key.protocol),
+                port: health_port,
+                ipv6,
+            },
+            source_vip: source.clone(),
+            internal_port: health_port,
+            distribution: distribution::NONE,
+            port_flags,
+            lb_flags: if ipv6 { lb_flags::IPV6 } else { lb_flags::NONE },
+            endpoints: vec![EndpointRef::Local {
+                ip: root_ip,
+                id: root_id.clone(),
+            }],
+        })
+        .collect()
 }
 
 /// A load balancer kpng knows HCN holds.
@@ -555,6 +645,15 @@ pub fn plan_ops(
         by_port.insert(key.clone(), plans.iter().map(|p| p.frontend).collect());
         for plan in plans {
             if let Some(other) = desired.get(&plan.frontend) {
+                let same = LbPlan {
+                    port_key: other.port_key.clone(),
+                    ..plan.clone()
+                } == *other;
+                if same {
+                    // The same load balancer (the health check of an ingress IP shared by
+                    // two ports of a Service): one is enough.
+                    continue;
+                }
                 // The model's claims keep frontends unique; never program two.
                 warnings.push(PlanWarning {
                     port: key.clone(),
@@ -633,9 +732,20 @@ pub fn plan_ops(
             }
         }
     }
+    // Frontends that ports outside this sync still want (a shared health check).
+    let kept: BTreeSet<Frontend> = if full {
+        BTreeSet::new()
+    } else {
+        known
+            .by_port
+            .iter()
+            .filter(|(k, _)| !ports.contains(*k))
+            .flat_map(|(_, f)| f.iter().copied())
+            .collect()
+    };
     // Load balancers that go.
     for frontend in &previous {
-        if desired.contains_key(frontend) {
+        if desired.contains_key(frontend) || kept.contains(frontend) {
             continue;
         }
         if let Some(lb) = known.lbs.get(frontend) {

@@ -346,6 +346,106 @@ fn preserve_dip_turns_off_the_mesh_and_sets_winkernels_flags_on_ingress_ips() {
     assert_eq!(vips, vec![Some(ip("10.96.0.10"))]);
 }
 
+fn health_config() -> HnsConfig {
+    HnsConfig {
+        forward_health_check_vip: true,
+        root_hns_endpoint_name: "cbr0".into(),
+        healthz_port: 10256,
+        ..config()
+    }
+}
+
+fn root_view() -> NetworkView {
+    let mut v = view("L2Bridge");
+    v.local.insert(ip("10.244.1.1"), "ROOT".into());
+    v.root = Some((ip("10.244.1.1"), "ROOT".into()));
+    v
+}
+
+#[test]
+fn forward_healthcheck_vip_adds_a_health_load_balancer_per_ingress_ip() {
+    let pdip = port_flags::USE_MUX | port_flags::PRESERVE_DIP;
+    // (forward, health-check node port, preserve-DIP, endpoints, healthz port) →
+    // the health-check load balancers (VIP, port, port flags)
+    type Row = (
+        bool,
+        Option<u16>,
+        bool,
+        bool,
+        u16,
+        Vec<(&'static str, u16, u32)>,
+    );
+    let cases: Vec<Row> = vec![
+        (false, None, false, true, 10256, vec![]),
+        // kpng's health server port when the Service has no health-check node port.
+        (
+            true,
+            None,
+            false,
+            true,
+            10256,
+            vec![("198.51.100.1", 10256, 0), ("198.51.100.2", 10256, 0)],
+        ),
+        // eTP Local: the Service's health-check node port; preserve-DIP adds its flags.
+        (
+            true,
+            Some(32000),
+            true,
+            true,
+            10256,
+            vec![("198.51.100.1", 32000, pdip), ("198.51.100.2", 32000, pdip)],
+        ),
+        // No endpoint anywhere: nothing (winkernel's endpointsAvailableForLB).
+        (true, None, false, false, 10256, vec![]),
+        // No health server and no health-check node port: nothing.
+        (true, None, false, true, 0, vec![]),
+    ];
+    for (forward, hc, preserve, with_eps, healthz, want) in cases {
+        let eps = if with_eps {
+            vec![ep("10.244.2.7", false)]
+        } else {
+            vec![]
+        };
+        let mut p = port("lb", "10.96.0.30", &eps);
+        p.load_balancer_ips = vec![ip("198.51.100.1"), ip("198.51.100.2")];
+        p.health_check_node_port = hc;
+        p.preserve_destination = preserve;
+        let cfg = HnsConfig {
+            forward_health_check_vip: forward,
+            healthz_port: healthz,
+            ..health_config()
+        };
+        let mut w = Vec::new();
+        let lbs = plan_port(&p, &node(), &root_view(), &cfg, &mut w);
+        assert!(w.is_empty(), "{w:?}");
+        let health: Vec<&crate::plan::LbPlan> = lbs
+            .iter()
+            .filter(|l| l.endpoints.iter().any(|e| e.ip() == ip("10.244.1.1")))
+            .collect();
+        let got: Vec<(IpAddr, u16, u32)> = health
+            .iter()
+            .map(|l| (l.frontend.vip.expect("a VIP"), l.frontend.port, l.port_flags))
+            .collect();
+        let want: Vec<(IpAddr, u16, u32)> =
+            want.iter().map(|(v, p, f)| (ip(v), *p, *f)).collect();
+        assert_eq!(got, want, "forward {forward}, hc {hc:?}, preserve {preserve}");
+        for l in health {
+            assert_eq!(l.internal_port, l.frontend.port, "the same port inside");
+            assert_eq!(l.lb_flags, 0, "never DSR");
+            assert_eq!(l.distribution, distribution::NONE);
+            assert_eq!(l.endpoints.len(), 1, "the root endpoint only");
+        }
+    }
+    // The root endpoint missing: a warning naming it, no health load balancer.
+    let mut p = port("lb", "10.96.0.30", &[ep("10.244.2.7", false)]);
+    p.load_balancer_ips = vec![ip("198.51.100.1")];
+    let mut w = Vec::new();
+    let lbs = plan_port(&p, &node(), &view("L2Bridge"), &health_config(), &mut w);
+    assert_eq!(lbs.len(), 2, "ClusterIP and ingress IP only");
+    assert_eq!(w.len(), 1);
+    assert!(w[0].message.contains("\"cbr0\""), "{}", w[0].message);
+}
+
 #[test]
 fn overlay_remote_endpoints_carry_the_provider_address_and_public_ips_use_the_node_ip() {
     let p = port("web", "10.96.0.10", &[ep("10.244.2.7", false)]);
@@ -475,6 +575,50 @@ fn preserve_dip_reaches_hcn_and_toggling_it_replaces_only_the_affected_load_bala
     assert_eq!(ingress.flags, 0);
     assert_eq!(endpoint_ips(&after, &ingress).len(), 2);
     assert_eq!(lb_at(&after, "10.96.0.20"), Some(cluster));
+}
+
+#[test]
+fn health_check_forwarding_reaches_hcn_and_is_shared_by_the_ports_of_a_service() {
+    let mut state = hcn("L2Bridge").state();
+    state.endpoints.push(HcnEndpoint {
+        name: "cbr0".into(),
+        ..cni_endpoint("ROOT-1", "10.244.1.1")
+    });
+    let sim = Simulator::new(state);
+    let mut d = Driver::new(&sim, health_config());
+    let lb_port = |name: &str, svc_port: u16| {
+        let mut p = port("lb", "10.96.0.30", &[ep("10.244.2.7", false)]);
+        p.key.port_name = name.into();
+        p.port = svc_port;
+        p.load_balancer_ips = vec![ip("198.51.100.9")];
+        p.health_check_node_port = Some(32100);
+        p
+    };
+    let (http, https) = (lb_port("http", 80), lb_port("https", 443));
+    d.full(&[http.clone(), https.clone()]).expect("sync");
+    let health = |state: &State| -> Vec<LoadBalancer> {
+        state
+            .load_balancers
+            .iter()
+            .filter(|l| l.port_mappings[0].external_port == 32100)
+            .cloned()
+            .collect()
+    };
+    let s = sim.state();
+    let hc = health(&s);
+    assert_eq!(hc.len(), 1, "one health load balancer for the two ports");
+    assert_eq!(hc[0].frontend_vips, vec!["198.51.100.9".to_string()]);
+    assert_eq!(hc[0].port_mappings[0].internal_port, 32100);
+    assert_eq!(endpoint_ips(&s, &hc[0]), vec!["10.244.1.1"]);
+    // One port goes: the other still wants the health load balancer; it stays.
+    assert!(d.change(std::slice::from_ref(&https)).is_ok());
+    assert_eq!(health(&sim.state()), hc);
+    // A periodic sync leaves it alone too; the last port going takes it.
+    sim.reset_calls();
+    assert_eq!(d.full(std::slice::from_ref(&https)), Ok(0));
+    assert!(d.change(&[]).is_ok());
+    assert!(health(&sim.state()).is_empty());
+    assert!(sim.state().load_balancers.is_empty());
 }
 
 #[test]

@@ -24,10 +24,16 @@ fn initial_state() -> Value {
 
 /// Starts kpng; its log goes to `log` (a file: a pipe nobody reads could fill up).
 fn start(input: &Path, state: &Path, log: &Path) -> Child {
+    start_with(input, state, log, &[])
+}
+
+/// [`start`] with more flags.
+fn start_with(input: &Path, state: &Path, log: &Path, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_kpng"))
         .args(["file", "--input"])
         .arg(input)
         .args(["--node-name", "node1", "--network-name", "cbr0"])
+        .args(extra)
         .args(["--min-sync-period", "0", "--sync-period", "300ms"])
         .args([
             "--metrics-bind-address=",
@@ -172,6 +178,81 @@ fn manifests_in_hcn_state_out_and_out_of_band_deletes_are_repaired() {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A LoadBalancer Service annotated `preserve-destination: "true"`, its ingress IP, and one
+/// pod on node1 and one on node2.
+const PRESERVE_DIP: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node1}
+status:
+  addresses: [{type: InternalIP, address: 192.168.100.1}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  namespace: default
+  name: gclb
+  annotations: {preserve-destination: "true"}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30400}]
+status:
+  loadBalancer: {ingress: [{ip: 198.51.100.40}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: default
+  name: gclb-v4
+  labels: {kubernetes.io/service-name: gclb}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node1, conditions: {ready: true}}
+- {addresses: [10.244.2.2], nodeName: node2, conditions: {ready: true}}
+"#;
+
+#[test]
+fn preserve_destination_annotation_sets_winkernels_flags_in_hcn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, PRESERVE_DIP).expect("write manifest");
+    let state = dir.path().join("hcn.json");
+    std::fs::write(&state, initial_state().to_string()).expect("write state");
+    let log = dir.path().join("kpng.log");
+    let mut child = start(&input, &state, &log);
+    let s = wait_for(&mut child, &state, &log, "the first sync", |s| {
+        lb(s, "198.51.100.40", 6).is_some()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    // The ingress IP: DSR (load balancer flag 1); port mapping VipExternalIP 16 | UseMux 4 |
+    // PreserveDIP 8; the local pod only.
+    let ingress = lb(&s, "198.51.100.40", 6).expect("ingress load balancer");
+    assert_eq!(ingress["Flags"], 1);
+    assert_eq!(ingress["PortMappings"][0]["Flags"], 16 | 4 | 8);
+    assert_eq!(endpoint_ips(&s, ingress), vec!["10.244.1.2"]);
+    // The node port: no routing mesh either (local pod only), flags as without the annotation.
+    let node_port = s["LoadBalancers"]
+        .as_array()
+        .expect("lbs")
+        .iter()
+        .find(|l| l["PortMappings"][0]["ExternalPort"] == 30400)
+        .expect("node-port load balancer");
+    assert_eq!(node_port["Flags"], 0);
+    assert_eq!(node_port["PortMappings"][0]["Flags"], 2 | 16);
+    assert_eq!(endpoint_ips(&s, node_port), vec!["10.244.1.2"]);
+    // The ClusterIP: untouched, both pods.
+    let cluster = lb(&s, "10.96.0.40", 6).expect("ClusterIP load balancer");
+    assert_eq!(cluster["Flags"], 0);
+    assert_eq!(cluster["PortMappings"][0]["Flags"], 0);
+    assert_eq!(
+        endpoint_ips(&s, cluster),
+        vec!["10.244.1.2", "10.244.2.2"]
+    );
 }
 
 #[test]
