@@ -535,6 +535,9 @@ pub(crate) mod hns {
             network_name: network_name.clone(),
             enable_dsr: flags.enable_dsr,
             source_vips: flags.source_vip.clone(),
+            forward_health_check_vip: flags.forward_healthcheck_vip,
+            root_hns_endpoint_name: flags.root_hnsendpoint_name.clone(),
+            healthz_port: flags.healthz_bind_address.port(),
         };
         let default = Network {
             id: "00000000-0000-4000-8000-000000000000".into(),

@@ -389,6 +389,25 @@ pub struct GlobalFlags {
     /// KUBE_NETWORK variable).
     #[arg(long, global = true, env = "KUBE_NETWORK", help_heading = "Windows")]
     pub network_name: Option<String>,
+    /// Windows (`to-local hns`): forward health checks sent to a load-balancer ingress IP
+    /// (its health-check node port, else the --healthz-bind-address port) to this host
+    /// through the root HNS endpoint (`winkernel.forwardHealthCheckVip`), for pass-through
+    /// cloud load balancers that probe the VIP.
+    #[arg(
+        long,
+        global = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true",
+        help_heading = "Windows"
+    )]
+    pub forward_healthcheck_vip: bool,
+    /// Windows (`to-local hns`): the name of the CNI's HNS endpoint for the host's network
+    /// namespace, the target of --forward-healthcheck-vip (`winkernel.rootHnsEndpointName`).
+    #[arg(long, global = true, default_value = "cbr0", help_heading = "Windows")]
+    pub root_hnsendpoint_name: String,
     /// Windows: the process priority class, set at start (kubernetes#96935). Accepted on other
     /// systems with a warning.
     #[arg(long, global = true, value_enum, help_heading = "Windows")]

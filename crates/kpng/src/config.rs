@@ -194,6 +194,8 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         enable_dsr,
         source_vip,
         network_name,
+        forward_healthcheck_vip,
+        root_hnsendpoint_name,
     );
 }
 

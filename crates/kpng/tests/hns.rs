@@ -256,6 +256,53 @@ fn preserve_destination_annotation_sets_winkernels_flags_in_hcn() {
 }
 
 #[test]
+fn forward_healthcheck_vip_reaches_the_root_endpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let manifest = PRESERVE_DIP.replace(
+        "  type: LoadBalancer\n",
+        "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32400\n",
+    );
+    std::fs::write(&input, manifest).expect("write manifest");
+    let state = dir.path().join("hcn.json");
+    // The CNI's root endpoint (the host's vNIC on the network), named as --root-hnsendpoint-name.
+    let mut initial = initial_state();
+    initial["Endpoints"]
+        .as_array_mut()
+        .expect("endpoints")
+        .push(json!({"ID": "ROOT", "Name": "cbr0_ep", "HostComputeNetwork": "NET", "Flags": 0,
+                     "Policies": [], "IpConfigurations": [{"IpAddress": "10.244.1.1", "PrefixLength": 24}]}));
+    std::fs::write(&state, initial.to_string()).expect("write state");
+    let log = dir.path().join("kpng.log");
+    let mut child = start_with(
+        &input,
+        &state,
+        &log,
+        &["--forward-healthcheck-vip", "--root-hnsendpoint-name", "cbr0_ep"],
+    );
+    let health = |s: &Value| -> Option<Value> {
+        s["LoadBalancers"]
+            .as_array()?
+            .iter()
+            .find(|l| l["PortMappings"][0]["ExternalPort"] == 32400)
+            .cloned()
+    };
+    let s = wait_for(&mut child, &state, &log, "the health load balancer", |s| {
+        health(s).is_some()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let hc = health(&s).expect("health load balancer");
+    assert_eq!(hc["FrontendVIPs"], json!(["198.51.100.40"]));
+    assert_eq!(hc["PortMappings"][0]["InternalPort"], 32400);
+    assert_eq!(hc["PortMappings"][0]["Protocol"], 6);
+    // preserve-DIP: UseMux | PreserveDIP; never DSR.
+    assert_eq!(hc["PortMappings"][0]["Flags"], 4 | 8);
+    assert_eq!(hc["Flags"], 0);
+    assert_eq!(endpoint_ips(&s, &hc), vec!["10.244.1.1"]);
+}
+
+#[test]
 fn without_a_simulator_off_windows_the_error_says_what_to_do() {
     let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
         .args(["file", "--input", "x.yaml", "--network-name", "cbr0"])

@@ -32,6 +32,9 @@ use crate::cli::{DetectLocalMode, LogFormat};
 
 /// kube-proxy's health server port.
 pub const HEALTHZ_PORT: u16 = 10256;
+/// kube-proxy's `--root-hnsendpoint-name` default, also used for an empty
+/// `winkernel.rootHnsEndpointName`.
+pub const ROOT_HNS_ENDPOINT_NAME: &str = "cbr0";
 /// kube-proxy's metrics server port.
 pub const METRICS_PORT: u16 = 10249;
 /// kube-proxy's default `syncPeriod`.
@@ -101,6 +104,10 @@ pub struct FileSettings {
     pub source_vip: Vec<IpAddr>,
     /// `winkernel.networkName` (empty: none).
     pub network_name: Option<String>,
+    /// `winkernel.forwardHealthCheckVip`.
+    pub forward_healthcheck_vip: bool,
+    /// `winkernel.rootHnsEndpointName` (empty: kube-proxy's flag default, `cbr0`).
+    pub root_hnsendpoint_name: String,
 }
 
 /// The result of mapping one file.
@@ -261,6 +268,9 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         enable_dsr: config.winkernel.enable_dsr,
         source_vip: source_vip(&config.winkernel.source_vip)?,
         network_name: non_empty(&config.winkernel.network_name),
+        forward_healthcheck_vip: config.winkernel.forward_health_check_vip,
+        root_hnsendpoint_name: non_empty(&config.winkernel.root_hns_endpoint_name)
+            .unwrap_or_else(|| ROOT_HNS_ENDPOINT_NAME.to_string()),
     };
     if client.qps < 0.0 {
         bail!("field clientConnection.qps: {} is negative", client.qps);
@@ -444,20 +454,10 @@ fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
     if !ipvs_set.is_empty() {
         warn(&ipvs_set.join(", "), why::IPVS);
     }
-    let win = &config.winkernel;
-    // enableDSR, networkName and sourceVip are the `hns` backend's (--enable-dsr,
-    // --network-name, --source-vip).
-    let win_set: Vec<&str> = [
-        (
-            "winkernel.forwardHealthCheckVip",
-            win.forward_health_check_vip,
-        ),
-        (
-            "winkernel.rootHnsEndpointName",
-            !win.root_hns_endpoint_name.is_empty(),
-        ),
-        ("windowsRunAsService", config.windows_run_as_service),
-    ]
+    // enableDSR, networkName, sourceVip, forwardHealthCheckVip and rootHnsEndpointName are
+    // the `hns` backend's (--enable-dsr, --network-name, --source-vip,
+    // --forward-healthcheck-vip, --root-hnsendpoint-name).
+    let win_set: Vec<&str> = [("windowsRunAsService", config.windows_run_as_service)]
     .into_iter()
     .filter_map(|(name, set)| set.then_some(name))
     .collect();

@@ -127,6 +127,8 @@ fn defaults() -> FileSettings {
         enable_dsr: false,
         source_vip: vec![],
         network_name: None,
+        forward_healthcheck_vip: false,
+        root_hnsendpoint_name: "cbr0".into(),
     }
 }
 
@@ -209,6 +211,16 @@ fn fields_map_onto_flags() {
                 network_name: Some("vxlan0".into()),
                 source_vip: vec!["10.244.1.2".parse().unwrap()],
                 sync_period: Duration::from_secs(10),
+                ..defaults()
+            },
+        ),
+        (
+            "winkernel: health-check VIP forwarding to the named root endpoint",
+            doc("mode: kernelspace\nwinkernel:\n  forwardHealthCheckVip: true\n  rootHnsEndpointName: cbr0_ep\n"),
+            FileSettings {
+                proxy_mode: Some(BackendKind::Hns),
+                forward_healthcheck_vip: true,
+                root_hnsendpoint_name: "cbr0_ep".into(),
                 ..defaults()
             },
         ),
@@ -534,9 +546,9 @@ fn unsupported_settings_warn_naming_the_field() {
             &["ipvs.scheduler, ipvs.strictARP: settings of the ipvs mode; ignored"],
         ),
         (
-            "winkernel:\n  networkName: flannel\n  enableDSR: true\n  rootHnsEndpointName: x\nwindowsRunAsService: true\n",
+            "winkernel:\n  networkName: flannel\n  enableDSR: true\n  rootHnsEndpointName: x\n  forwardHealthCheckVip: true\nwindowsRunAsService: true\n",
             &[
-                "winkernel.rootHnsEndpointName, windowsRunAsService: settings of kube-proxy on Windows that kpng does not implement (kpng runs on Windows as a HostProcess container, not as a Windows service; docs/windows.md); ignored",
+                "windowsRunAsService: settings of kube-proxy on Windows that kpng does not implement (kpng runs on Windows as a HostProcess container, not as a Windows service; docs/windows.md); ignored",
             ],
         ),
         (
