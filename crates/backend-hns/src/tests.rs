@@ -293,17 +293,47 @@ fn preserve_dip_turns_off_the_mesh_and_sets_winkernels_flags_on_ingress_ips() {
     // external IP, ingress IP): (port-mapping flags, load-balancer flags, endpoints)
     type Row = (bool, bool, bool, [(u32, u32, usize); 4]);
     let cases: [Row; 6] = [
-        (false, false, false, [(0, 0, 2), (np, 0, 2), (ext, 0, 2), (ext, 0, 2)]),
+        (
+            false,
+            false,
+            false,
+            [(0, 0, 2), (np, 0, 2), (ext, 0, 2), (ext, 0, 2)],
+        ),
         // preserve-DIP alone: node port and ingress IP get local endpoints only; the ingress
         // IP gets DSR, UseMux and PreserveDIP; ClusterIP and external IPs are untouched.
-        (true, false, false, [(0, 0, 2), (np, 0, 1), (ext, 0, 2), (pdip, dsr, 1)]),
+        (
+            true,
+            false,
+            false,
+            [(0, 0, 2), (np, 0, 1), (ext, 0, 2), (pdip, dsr, 1)],
+        ),
         // It does not need --enable-dsr (upstream gates it on HNS's DSR support only).
-        (true, true, false, [(0, dsr, 2), (np, 0, 1), (ext, 0, 2), (pdip, dsr, 1)]),
+        (
+            true,
+            true,
+            false,
+            [(0, dsr, 2), (np, 0, 1), (ext, 0, 2), (pdip, dsr, 1)],
+        ),
         // Local-traffic DSR without preserve-DIP: DSR everywhere external, no mux flags.
-        (false, true, true, [(0, dsr, 2), (np, dsr, 1), (ext, dsr, 1), (ext, dsr, 1)]),
-        (true, true, true, [(0, dsr, 2), (np, dsr, 1), (ext, dsr, 1), (pdip, dsr, 1)]),
+        (
+            false,
+            true,
+            true,
+            [(0, dsr, 2), (np, dsr, 1), (ext, dsr, 1), (ext, dsr, 1)],
+        ),
+        (
+            true,
+            true,
+            true,
+            [(0, dsr, 2), (np, dsr, 1), (ext, dsr, 1), (pdip, dsr, 1)],
+        ),
         // eTP Local without --enable-dsr: the model's local endpoints, no DSR.
-        (true, false, true, [(0, 0, 2), (np, 0, 1), (ext, 0, 1), (pdip, dsr, 1)]),
+        (
+            true,
+            false,
+            true,
+            [(0, 0, 2), (np, 0, 1), (ext, 0, 1), (pdip, dsr, 1)],
+        ),
     ];
     for (preserve, enable_dsr, etp_local, want) in cases {
         let mut p = port(
@@ -424,11 +454,19 @@ fn forward_healthcheck_vip_adds_a_health_load_balancer_per_ingress_ip() {
             .collect();
         let got: Vec<(IpAddr, u16, u32)> = health
             .iter()
-            .map(|l| (l.frontend.vip.expect("a VIP"), l.frontend.port, l.port_flags))
+            .map(|l| {
+                (
+                    l.frontend.vip.expect("a VIP"),
+                    l.frontend.port,
+                    l.port_flags,
+                )
+            })
             .collect();
-        let want: Vec<(IpAddr, u16, u32)> =
-            want.iter().map(|(v, p, f)| (ip(v), *p, *f)).collect();
-        assert_eq!(got, want, "forward {forward}, hc {hc:?}, preserve {preserve}");
+        let want: Vec<(IpAddr, u16, u32)> = want.iter().map(|(v, p, f)| (ip(v), *p, *f)).collect();
+        assert_eq!(
+            got, want,
+            "forward {forward}, hc {hc:?}, preserve {preserve}"
+        );
         for l in health {
             assert_eq!(l.internal_port, l.frontend.port, "the same port inside");
             assert_eq!(l.lb_flags, 0, "never DSR");

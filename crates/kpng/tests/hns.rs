@@ -249,10 +249,7 @@ fn preserve_destination_annotation_sets_winkernels_flags_in_hcn() {
     let cluster = lb(&s, "10.96.0.40", 6).expect("ClusterIP load balancer");
     assert_eq!(cluster["Flags"], 0);
     assert_eq!(cluster["PortMappings"][0]["Flags"], 0);
-    assert_eq!(
-        endpoint_ips(&s, cluster),
-        vec!["10.244.1.2", "10.244.2.2"]
-    );
+    assert_eq!(endpoint_ips(&s, cluster), vec!["10.244.1.2", "10.244.2.2"]);
 }
 
 #[test]
@@ -278,7 +275,11 @@ fn forward_healthcheck_vip_reaches_the_root_endpoint() {
         &input,
         &state,
         &log,
-        &["--forward-healthcheck-vip", "--root-hnsendpoint-name", "cbr0_ep"],
+        &[
+            "--forward-healthcheck-vip",
+            "--root-hnsendpoint-name",
+            "cbr0_ep",
+        ],
     );
     let health = |s: &Value| -> Option<Value> {
         s["LoadBalancers"]

@@ -458,9 +458,9 @@ fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
     // the `hns` backend's (--enable-dsr, --network-name, --source-vip,
     // --forward-healthcheck-vip, --root-hnsendpoint-name).
     let win_set: Vec<&str> = [("windowsRunAsService", config.windows_run_as_service)]
-    .into_iter()
-    .filter_map(|(name, set)| set.then_some(name))
-    .collect();
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
     if !win_set.is_empty() {
         warn(&win_set.join(", "), why::WINDOWS);
     }
