@@ -162,7 +162,7 @@ Examples:
 kube-proxy flags kpng accepts without effect (each warns once when set): --feature-gates,
 --profiling, --show-hidden-metrics-for-version, --oom-score-adj, --config-sync-period,
 --bind-address-hard-fail, --kube-api-content-type, --proxy-port-range, --ipvs-*,
---log-flush-frequency, --vmodule, --log-{json,text}-*, --windows-service.";
+--log-flush-frequency, --vmodule, --log-{json,text}-*.";
 
 /// Node, proxy and server flags (kube-proxy's names and defaults).
 #[derive(Debug, Args, Clone)]
@@ -412,6 +412,20 @@ pub struct GlobalFlags {
     /// systems with a warning.
     #[arg(long, global = true, value_enum, help_heading = "Windows")]
     pub windows_priority_class: Option<WindowsPriorityClass>,
+    /// Windows: run as a Windows service under the Service Control Manager (install with
+    /// `sc.exe create`; `windowsRunAsService`): its Stop control stops kpng. Accepted on other
+    /// systems with a warning.
+    #[arg(
+        long,
+        global = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true",
+        help_heading = "Windows"
+    )]
+    pub windows_service: bool,
 
     /// kube-proxy's deprecated --healthz-port: the health server's port (0: kube-proxy turns
     /// the server off; kpng keeps it, with a warning).

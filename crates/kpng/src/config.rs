@@ -196,6 +196,7 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         network_name,
         forward_healthcheck_vip,
         root_hnsendpoint_name,
+        windows_service,
     );
 }
 

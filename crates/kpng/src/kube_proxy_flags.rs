@@ -145,13 +145,6 @@ pub const IGNORED: &[Ignored] = &[
         ZERO,
     ),
     warns("vmodule", false, "logging.vmodule", why::VMODULE, &[""]),
-    warns(
-        "windows-service",
-        true,
-        "windowsRunAsService",
-        why::WINDOWS,
-        OFF,
-    ),
     silent(
         "kube-api-content-type",
         false,

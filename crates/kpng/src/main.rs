@@ -24,6 +24,7 @@ mod process_metrics;
 mod run;
 mod signals;
 mod version;
+mod winservice;
 mod zpages;
 
 /// jemalloc instead of glibc's allocator: loading a large cluster allocates and frees many
@@ -100,6 +101,12 @@ fn main() -> std::process::ExitCode {
     if let Some(class) = cli.global.windows_priority_class {
         windows_priority(class);
     }
+    if cli.global.windows_service
+        && let Err(e) = windows_service()
+    {
+        eprintln!("kpng: {}", describe(&e));
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.global.write_config_to.clone() {
         Some(destination) => {
             // The effective mode: the flag's or the file's, else the `to-local` backend's.
@@ -112,13 +119,30 @@ fn main() -> std::process::ExitCode {
         None => run::main(cli),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => {
+            winservice::stopped(0);
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             // Once, and always (a log filter could hide a log line).
             eprintln!("kpng: {}", describe(&e));
+            winservice::stopped(1);
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `--windows-service`: run under the Service Control Manager on Windows (`winservice`);
+/// elsewhere a warning.
+fn windows_service() -> anyhow::Result<()> {
+    #[cfg(windows)]
+    {
+        winservice::start()?;
+        tracing::info!("running as a Windows service");
+    }
+    #[cfg(not(windows))]
+    tracing::warn!("--windows-service: a Windows setting; ignored on this system");
+    Ok(())
 }
 
 /// `--windows-priority-class`: set at start on Windows (kubernetes#96935); elsewhere there is

@@ -33,6 +33,7 @@ pub fn shutdown() -> anyhow::Result<impl Future<Output = &'static str>> {
             tokio::select! {
                 _ = interrupt.recv() => "interrupted",
                 _ = brk.recv() => "terminated",
+                _ = crate::winservice::stop_requested() => "stopped by the Service Control Manager",
             }
         })
     }

@@ -108,6 +108,8 @@ pub struct FileSettings {
     pub forward_healthcheck_vip: bool,
     /// `winkernel.rootHnsEndpointName` (empty: kube-proxy's flag default, `cbr0`).
     pub root_hnsendpoint_name: String,
+    /// `windowsRunAsService`.
+    pub windows_service: bool,
 }
 
 /// The result of mapping one file.
@@ -271,6 +273,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         forward_healthcheck_vip: config.winkernel.forward_health_check_vip,
         root_hnsendpoint_name: non_empty(&config.winkernel.root_hns_endpoint_name)
             .unwrap_or_else(|| ROOT_HNS_ENDPOINT_NAME.to_string()),
+        windows_service: config.windows_run_as_service,
     };
     if client.qps < 0.0 {
         bail!("field clientConnection.qps: {} is negative", client.qps);
@@ -454,16 +457,9 @@ fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
     if !ipvs_set.is_empty() {
         warn(&ipvs_set.join(", "), why::IPVS);
     }
-    // enableDSR, networkName, sourceVip, forwardHealthCheckVip and rootHnsEndpointName are
-    // the `hns` backend's (--enable-dsr, --network-name, --source-vip,
-    // --forward-healthcheck-vip, --root-hnsendpoint-name).
-    let win_set: Vec<&str> = [("windowsRunAsService", config.windows_run_as_service)]
-        .into_iter()
-        .filter_map(|(name, set)| set.then_some(name))
-        .collect();
-    if !win_set.is_empty() {
-        warn(&win_set.join(", "), why::WINDOWS);
-    }
+    // The winkernel fields are the `hns` backend's (--enable-dsr, --network-name,
+    // --source-vip, --forward-healthcheck-vip, --root-hnsendpoint-name) and
+    // windowsRunAsService is --windows-service: none is unsupported.
     out
 }
 

@@ -129,6 +129,7 @@ fn defaults() -> FileSettings {
         network_name: None,
         forward_healthcheck_vip: false,
         root_hnsendpoint_name: "cbr0".into(),
+        windows_service: false,
     }
 }
 
@@ -216,11 +217,12 @@ fn fields_map_onto_flags() {
         ),
         (
             "winkernel: health-check VIP forwarding to the named root endpoint",
-            doc("mode: kernelspace\nwinkernel:\n  forwardHealthCheckVip: true\n  rootHnsEndpointName: cbr0_ep\n"),
+            doc("mode: kernelspace\nwinkernel:\n  forwardHealthCheckVip: true\n  rootHnsEndpointName: cbr0_ep\nwindowsRunAsService: true\n"),
             FileSettings {
                 proxy_mode: Some(BackendKind::Hns),
                 forward_healthcheck_vip: true,
                 root_hnsendpoint_name: "cbr0_ep".into(),
+                windows_service: true,
                 ..defaults()
             },
         ),
@@ -547,9 +549,7 @@ fn unsupported_settings_warn_naming_the_field() {
         ),
         (
             "winkernel:\n  networkName: flannel\n  enableDSR: true\n  rootHnsEndpointName: x\n  forwardHealthCheckVip: true\nwindowsRunAsService: true\n",
-            &[
-                "windowsRunAsService: settings of kube-proxy on Windows that kpng does not implement (kpng runs on Windows as a HostProcess container, not as a Windows service; docs/windows.md); ignored",
-            ],
+            &[],
         ),
         (
             "bindAddressHardFail: true\nclientConnection:\n  contentType: application/vnd.kubernetes.protobuf\n  acceptContentTypes: application/json\n",

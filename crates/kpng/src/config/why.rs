@@ -21,8 +21,3 @@ pub const CONFIG_SYNC_PERIOD: &str =
 pub const PORT_RANGE: &str = "unused since kube-proxy's userspace mode";
 /// `ipvs.*`, `--ipvs-*`.
 pub const IPVS: &str = "settings of the ipvs mode";
-/// `windowsRunAsService`, `--windows-service` (the `winkernel` fields are `to-local hns`'s
-/// flags).
-pub const WINDOWS: &str = "settings of kube-proxy on Windows that kpng does not implement \
-     (kpng runs on Windows as a HostProcess container, not as a Windows service; \
-     docs/windows.md)";

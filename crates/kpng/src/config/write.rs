@@ -146,9 +146,18 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
                 .map(|ip| ip.to_string())
                 .collect::<Vec<_>>()
                 .join(","),
-            ..Default::default()
+            forward_health_check_vip: flags.forward_healthcheck_vip,
+            // The default (`cbr0`) as kube-proxy off Windows writes it: empty (read back as
+            // `cbr0`).
+            root_hns_endpoint_name: if flags.root_hnsendpoint_name
+                == super::mapping::ROOT_HNS_ENDPOINT_NAME
+            {
+                String::new()
+            } else {
+                flags.root_hnsendpoint_name.clone()
+            },
         },
-        windows_run_as_service: false,
+        windows_run_as_service: flags.windows_service,
     })
 }
 
