@@ -4,7 +4,9 @@
 # - `kpng version`: the same version line;
 # - `kpng file --input examples/cluster.yaml … to-file --output -`: the same model;
 # - `kpng file … to-local hns --hcn-simulator F`: the same HCN state (the simulator's GUIDs are
-#   deterministic, so the files are compared as they are).
+#   deterministic, so the files are compared as they are);
+# - `--windows-service`: refused from a console; run by Wine's Service Control Manager
+#   (`sc create`, `net start`, `net stop`) it programs HCN, reports RUNNING, then STOPPED (0).
 # Wine 8.0 (Debian 12) lacks bcryptprimitives.dll, which Rust's std imports, and
 # computenetwork.dll (HCN), which kpng.exe imports: shims (scripts/wine/*.c) are built with mingw
 # and put beside the exe.
@@ -101,3 +103,49 @@ kill "$sp" 2>/dev/null || true
 wait "$sp" 2>/dev/null || true
 grep -q "HNS unavailable" system.log || { cat system.log; fail "kpng.exe --hcn system did not report HNS unavailable"; }
 echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries"
+
+# 5. `--windows-service`: from a console it refuses (no Service Control Manager), as
+# kube-proxy; installed with `sc create` and started with `net start` under Wine's SCM it
+# programs HCN, reports RUNNING, and `net stop` stops it with exit code 0.
+if win "${common[@]}" --windows-service --network-name cbr0 to-local hns \
+    --hcn-simulator console.json >console.log 2>&1; then
+  fail "kpng.exe --windows-service from a console did not fail"
+fi
+grep -q "Service Control Manager" console.log \
+  || { cat console.log; fail "kpng.exe --windows-service from a console: no SCM error"; }
+# Wine's SCM (services.exe) lives as long as the wineserver: let the current one end, then
+# start one that stays up until the trap.
+wineserver -w
+wineserver -p >/dev/null 2>&1
+cat > service.json <<'JSON'
+{"Networks": [{"ID": "NET", "Name": "cbr0", "Type": "L2Bridge"}],
+ "Endpoints": [
+  {"ID": "CNI-2", "HostComputeNetwork": "NET", "IpConfigurations": [{"IpAddress": "10.244.1.2"}]},
+  {"ID": "CNI-3", "HostComputeNetwork": "NET", "IpConfigurations": [{"IpAddress": "10.244.1.3"}]}],
+ "LoadBalancers": []}
+JSON
+dir=$(winepath -w "$work" | tr -d '\r')
+svc_args="file --input $dir\\cluster.yaml --node-name node1 --min-sync-period 0 --metrics-bind-address= --healthz-bind-address=127.0.0.1:0 --admin-socket= --windows-service --network-name cbr0 to-local hns --hcn-simulator $dir\\service.json"
+wine sc create kpng binPath= "$dir\\kpng.exe $svc_args" >/dev/null 2>&1 \
+  || fail "sc create kpng failed"
+wine net start kpng >service.log 2>&1 || { cat service.log; fail "net start kpng failed"; }
+for i in $(seq 1 300); do
+  grep -q '"FrontendVIPs"' service.json 2>/dev/null && break
+  sleep 0.1
+done
+grep -q '"FrontendVIPs"' service.json || fail "kpng.exe as a service programmed nothing"
+wine sc query kpng 2>/dev/null | tr -d '\r' | grep -q 'STATE *: 4 *RUNNING' \
+  || { wine sc query kpng; fail "the kpng service is not RUNNING"; }
+wine net stop kpng >>service.log 2>&1 || { cat service.log; fail "net stop kpng failed"; }
+stopped=""
+for i in $(seq 1 100); do
+  if wine sc query kpng 2>/dev/null | tr -d '\r' | grep -q 'STATE *: 1 *STOPPED'; then
+    stopped=yes
+    break
+  fi
+  sleep 0.1
+done
+[ -n "$stopped" ] || { wine sc query kpng; fail "the kpng service did not stop"; }
+wine sc query kpng 2>/dev/null | tr -d '\r' | grep -q 'WIN32_EXIT_CODE *: 0 ' \
+  || { wine sc query kpng; fail "the kpng service stopped with an error"; }
+echo "ok: kpng.exe --windows-service: refuses without an SCM; under Wine's SCM it runs, programs HCN and stops on net stop"

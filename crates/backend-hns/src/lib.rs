@@ -6,7 +6,8 @@
 //!   operations). Platform-free, so the Windows data model is tested on Linux.
 //! - [`hcn`]: the HCN calls as a trait; [`sim`]: a simulator of HCN's observable rules with
 //!   fault injection (`to-local hns --hcn-simulator FILE`); `system` (Windows only): the real
-//!   `computenetwork.dll`.
+//!   `computenetwork.dll`; `service` (Windows only): running under the Service Control
+//!   Manager (kpng's `--windows-service`), here because this crate is the one allowed FFI.
 //! - [`HnsBackend`]: reconciliation that survives HNS (docs/windows.md lists the upstream bugs
 //!   it is tested against).
 //!
@@ -17,6 +18,8 @@ pub mod hcn;
 pub mod metrics;
 pub mod plan;
 pub mod schema;
+#[cfg(windows)]
+pub mod service;
 pub mod sim;
 #[cfg(windows)]
 pub mod system;

@@ -6,8 +6,8 @@
 //! object, `HcnOpen*` + `HcnQuery*Properties` + `HcnClose*` (as hcsshim does; these are reads);
 //! a create is `HcnCreate*` + `HcnQuery*Properties` + `HcnClose*`; a delete is `HcnDelete*`.
 //!
-//! This is the one module of kpng allowed `unsafe`: FFI calls whose buffers HCN allocates and
-//! the caller frees with `CoTaskMemFree`.
+//! With `service`, the only modules of kpng allowed `unsafe`: FFI calls whose buffers HCN
+//! allocates and the caller frees with `CoTaskMemFree`.
 #![allow(unsafe_code)]
 
 use serde::Serialize;

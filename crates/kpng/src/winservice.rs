@@ -3,192 +3,45 @@
 //! `sc.exe create kpng binPath= "C:\k\kpng.exe … --windows-service"` instead of a HostProcess
 //! container.
 //!
-//! At start kpng connects to the SCM (`StartServiceCtrlDispatcherW`, on a thread of its own,
-//! since it blocks until the service stops), reports `SERVICE_RUNNING`, and takes the SCM's
-//! Stop and Shutdown controls as a shutdown signal (`signals::shutdown` waits on them beside
-//! Ctrl-C). When kpng has stopped it reports `SERVICE_STOPPED` with its exit code. Started from a
-//! console rather than by the SCM, the dispatcher fails and kpng exits with that error, as
-//! kube-proxy does. On other systems the flag warns and changes nothing.
+//! At start kpng connects to the SCM (`kpng_backend_hns::service`, where the FFI lives),
+//! reports the service running, and takes the SCM's Stop and Shutdown controls as a shutdown
+//! signal (`signals::shutdown` waits on `stop_requested` beside Ctrl-C); when kpng has stopped,
+//! [`stopped`] reports it with its exit code. Started from a console rather than by the SCM,
+//! kpng exits with the dispatcher's error, as kube-proxy does. On other systems the flag warns
+//! and changes nothing.
 
 #[cfg(windows)]
-pub use imp::{start, stop_requested, stopped};
+use std::sync::{Arc, OnceLock};
 
-/// Off Windows there is no SCM: the flag warns (in `main`) and these do nothing.
-#[cfg(not(windows))]
-pub fn stopped(_exit_code: u32) {}
+/// The SCM's stop request. The SCM's callbacks carry no context, and the shutdown future is
+/// built far from `main`; this one process-wide value, set once by `start`, joins them.
+#[cfg(windows)]
+static STOP: OnceLock<Arc<tokio::sync::Notify>> = OnceLock::new();
 
-/// Off Windows no stop request ever comes.
-#[cfg(not(windows))]
-#[allow(dead_code)]
-pub async fn stop_requested() {
-    std::future::pending::<()>().await
+/// Connects to the SCM and reports the service running.
+#[cfg(windows)]
+pub fn start() -> anyhow::Result<()> {
+    let stop = STOP
+        .get_or_init(|| Arc::new(tokio::sync::Notify::new()))
+        .clone();
+    // A permit is kept if nobody waits yet: a stop that comes early is not lost.
+    kpng_backend_hns::service::start(Box::new(move || stop.notify_one()))
+        .map_err(|e| anyhow::anyhow!("--windows-service: {e}"))
 }
 
+/// Completes when the SCM asks the service to stop (never, when not a service).
 #[cfg(windows)]
-mod imp {
-    use std::sync::mpsc;
-    use std::sync::{Arc, Mutex, OnceLock};
-    use std::time::Duration;
-
-    use anyhow::Context;
-    use windows::Win32::System::Services::{
-        RegisterServiceCtrlHandlerExW, SERVICE_ACCEPT_SHUTDOWN, SERVICE_ACCEPT_STOP,
-        SERVICE_CONTROL_INTERROGATE, SERVICE_CONTROL_SHUTDOWN, SERVICE_CONTROL_STOP,
-        SERVICE_RUNNING, SERVICE_STATUS, SERVICE_STATUS_CURRENT_STATE, SERVICE_STATUS_HANDLE,
-        SERVICE_STOP_PENDING, SERVICE_STOPPED, SERVICE_TABLE_ENTRYW, SERVICE_WIN32_OWN_PROCESS,
-        SetServiceStatus, StartServiceCtrlDispatcherW,
-    };
-    use windows::core::{PCWSTR, PWSTR};
-
-    /// The service name given to the dispatcher: a service of its own process may be installed
-    /// under any name (`SERVICE_WIN32_OWN_PROCESS` ignores it).
-    const NAME: &str = "kpng";
-    /// `ERROR_CALL_NOT_IMPLEMENTED`: the answer to a control kpng does not handle.
-    const ERROR_CALL_NOT_IMPLEMENTED: u32 = 120;
-    /// How long the SCM should wait for a stop before it thinks kpng hung.
-    const STOP_WAIT_HINT: Duration = Duration::from_secs(30);
-
-    /// What the SCM's callbacks share with the rest of kpng. The callbacks get no context
-    /// pointer from the SCM (`ServiceMain` takes only its arguments), so this one process-wide
-    /// value is the only way to reach them: set once by [`start`], never replaced.
-    struct Shared {
-        /// Tells [`start`] that `ServiceMain` registered (or why the dispatcher failed).
-        started: Mutex<Option<mpsc::Sender<anyhow::Result<()>>>>,
-        /// The status handle (`SERVICE_STATUS_HANDLE` is a pointer: kept as an address).
-        handle: Mutex<Option<usize>>,
-        /// Notified by a Stop or Shutdown control.
-        stop: Arc<tokio::sync::Notify>,
+pub async fn stop_requested() {
+    match STOP.get() {
+        Some(stop) => stop.notified().await,
+        None => std::future::pending::<()>().await,
     }
+}
 
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-
-    /// Connects to the SCM and reports the service running; an error when kpng was not
-    /// started by the SCM.
-    pub fn start() -> anyhow::Result<()> {
-        let (tx, rx) = mpsc::channel();
-        let shared = Shared {
-            started: Mutex::new(Some(tx.clone())),
-            handle: Mutex::new(None),
-            stop: Arc::new(tokio::sync::Notify::new()),
-        };
-        if SHARED.set(shared).is_err() {
-            anyhow::bail!("--windows-service: the service was started twice");
-        }
-        std::thread::Builder::new()
-            .name("scm-dispatcher".into())
-            .spawn(move || {
-                let mut name: Vec<u16> = NAME.encode_utf16().chain([0]).collect();
-                let table = [
-                    SERVICE_TABLE_ENTRYW {
-                        lpServiceName: PWSTR(name.as_mut_ptr()),
-                        lpServiceProc: Some(service_main),
-                    },
-                    SERVICE_TABLE_ENTRYW::default(),
-                ];
-                // Blocks until the service reports SERVICE_STOPPED.
-                // SAFETY: the table is terminated by a null entry and outlives the call.
-                let result = unsafe { StartServiceCtrlDispatcherW(table.as_ptr()) };
-                if let Err(e) = result {
-                    let _ = tx.send(Err(anyhow::Error::new(e).context(
-                        "--windows-service: connecting to the Service Control Manager \
-                         (was kpng started as a service, e.g. by `sc.exe start`?)",
-                    )));
-                }
-            })
-            .context("--windows-service: starting the dispatcher thread")?;
-        rx.recv_timeout(Duration::from_secs(30))
-            .context("--windows-service: the Service Control Manager did not start the service")?
-    }
-
-    /// Completes when the SCM asks the service to stop (never, when not a service).
-    pub async fn stop_requested() {
-        match SHARED.get() {
-            Some(shared) => shared.stop.clone().notified().await,
-            None => std::future::pending::<()>().await,
-        }
-    }
-
-    /// Reports the service stopped, with kpng's exit code (nothing when not a service).
-    pub fn stopped(exit_code: u32) {
-        set_status(SERVICE_STOPPED, exit_code);
-    }
-
-    fn set_status(state: SERVICE_STATUS_CURRENT_STATE, exit_code: u32) {
-        let Some(shared) = SHARED.get() else { return };
-        let Some(handle) = *shared.handle.lock().unwrap_or_else(|e| e.into_inner()) else {
-            return;
-        };
-        let accepted = if state == SERVICE_RUNNING {
-            SERVICE_ACCEPT_STOP | SERVICE_ACCEPT_SHUTDOWN
-        } else {
-            0
-        };
-        let status = SERVICE_STATUS {
-            dwServiceType: SERVICE_WIN32_OWN_PROCESS,
-            dwCurrentState: state,
-            dwControlsAccepted: accepted,
-            dwWin32ExitCode: exit_code,
-            dwServiceSpecificExitCode: 0,
-            dwCheckPoint: 0,
-            dwWaitHint: if state == SERVICE_STOP_PENDING {
-                STOP_WAIT_HINT.as_millis() as u32
-            } else {
-                0
-            },
-        };
-        // SAFETY: the handle came from RegisterServiceCtrlHandlerExW and is never closed.
-        if let Err(e) = unsafe { SetServiceStatus(SERVICE_STATUS_HANDLE(handle as _), &status) } {
-            tracing::warn!("--windows-service: reporting the service state: {e}");
-        }
-    }
-
-    /// The service's entry point, called by the dispatcher thread.
-    unsafe extern "system" fn service_main(_argc: u32, _argv: *mut PWSTR) {
-        let Some(shared) = SHARED.get() else { return };
-        let name: Vec<u16> = NAME.encode_utf16().chain([0]).collect();
-        // SAFETY: the name is NUL-terminated; the handler is a plain function.
-        let registered =
-            unsafe { RegisterServiceCtrlHandlerExW(PCWSTR(name.as_ptr()), Some(handler), None) };
-        let sender = shared
-            .started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        match registered {
-            Ok(handle) => {
-                *shared.handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle.0 as usize);
-                set_status(SERVICE_RUNNING, 0);
-                if let Some(tx) = sender {
-                    let _ = tx.send(Ok(()));
-                }
-            }
-            Err(e) => {
-                if let Some(tx) = sender {
-                    let _ = tx.send(Err(anyhow::Error::new(e)
-                        .context("--windows-service: registering the control handler")));
-                }
-            }
-        }
-    }
-
-    /// The SCM's controls: Stop and Shutdown stop kpng; Interrogate is answered.
-    unsafe extern "system" fn handler(
-        control: u32,
-        _event_type: u32,
-        _event_data: *mut core::ffi::c_void,
-        _context: *mut core::ffi::c_void,
-    ) -> u32 {
-        match control {
-            SERVICE_CONTROL_STOP | SERVICE_CONTROL_SHUTDOWN => {
-                set_status(SERVICE_STOP_PENDING, 0);
-                if let Some(shared) = SHARED.get() {
-                    // A permit is kept if nobody waits yet: the stop is not lost.
-                    shared.stop.notify_one();
-                }
-                0
-            }
-            SERVICE_CONTROL_INTERROGATE => 0,
-            _ => ERROR_CALL_NOT_IMPLEMENTED,
-        }
-    }
+/// Reports the service stopped with kpng's exit code (nothing when not a service).
+pub fn stopped(exit_code: u32) {
+    #[cfg(windows)]
+    kpng_backend_hns::service::stopped(exit_code);
+    #[cfg(not(windows))]
+    let _ = exit_code;
 }
