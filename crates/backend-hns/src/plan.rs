@@ -259,7 +259,10 @@ pub struct PlanWarning {
 /// The load balancers one Service port needs, as kube-proxy's winkernel mode builds them: one
 /// for the ClusterIP, one for the node port (no frontend VIP), one per external IP and one per
 /// load-balancer ingress IP. A frontend whose endpoint list is empty gets none (HNS refuses a
-/// load balancer without endpoints: upstream PR #106936).
+/// load balancer without endpoints: upstream PR #106936). The Service's preserve-DIP
+/// (`ServicePort::preserve_destination`) restricts the node port and ingress IPs to local
+/// endpoints and flags the ingress IPs (DSR, UseMux, PreserveDIP); with
+/// `--forward-healthcheck-vip` each ingress IP also gets its health-check load balancer.
 pub fn plan_port(
     port: &ServicePort,
     node: &NodeState,
