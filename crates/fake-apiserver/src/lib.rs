@@ -12,6 +12,8 @@
 //!   `kind` and `apiVersion` set, objects entering or leaving a selector as `ADDED`/`DELETED`),
 //!   `BOOKMARK` events when `allowWatchBookmarks=true`, `timeoutSeconds`, and an `ERROR` event
 //!   with a `410 Gone` `Status` (reason `Expired`) for a resourceVersion older than the history;
+//! - counters of what it answered and sent ([`FakeApiServer::load`]: requests, list pages,
+//!   watches, bytes, open watch streams), as an API server's own metrics would show them;
 //! - `Status` objects for every error (`404`, `400` for a bad selector, `410` for an expired
 //!   list continuation).
 //!
@@ -36,7 +38,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use http::{RequestRecord, ServerConfig};
+pub use http::{RequestRecord, ServerConfig, ServerLoad};
 pub use resource::Resource;
 pub use selector::{FieldSelector, LabelSelector};
 pub use store::StoreError;
@@ -106,6 +108,7 @@ impl Builder {
                 forbidden: Mutex::default(),
                 missing: Mutex::default(),
                 events: Mutex::default(),
+                counters: Arc::default(),
             }),
             runtime: Some(runtime),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -342,6 +345,12 @@ impl FakeApiServer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// What the server has answered and sent so far (requests, list pages, watches, bytes)
+    /// and the watch streams open now: the API server's side of a load comparison.
+    pub fn load(&self) -> ServerLoad {
+        self.shared.counters.snapshot()
     }
 
     /// Every request answered so far, in order.
