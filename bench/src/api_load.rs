@@ -238,7 +238,7 @@ fn every_node_watches(
         let change_time = t.elapsed();
         let change = server.load().since(&before);
         Ok::<_, String>(Side {
-            label: "every node (`kpng kube … to-local`)".into(),
+            label: "every node (the `kube` source, as `kpng kube …` runs it)".into(),
             nodes,
             initial,
             initial_time,

@@ -6,7 +6,7 @@
 //! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
 //! kpng-bench data-plane --services 30000 [--backends nft,ebpf]
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
-//! kpng-bench startup --services 30000 --endpoints 4 [--rounds 3] [--kube-args "--kube-api-qps 50"]
+//! kpng-bench startup --services 30000 --endpoints 4 [--rounds 3] [--before PATH] [--kube-args "--kube-api-qps 50"]
 //! kpng-bench api-load --services 1000 --endpoints 4 --nodes 50,200   (no root needed)
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench hns --services 2000 --remote 5000 --local 15 --delay-ms 5   (no root needed)
@@ -185,6 +185,7 @@ fn main() -> ExitCode {
                 .unwrap_or_default();
             startup::run(
                 &kpng,
+                flag(&args, "--before").as_deref(),
                 num(&args, "--services", 30_000),
                 num(&args, "--endpoints", 4),
                 num(&args, "--rounds", 3),

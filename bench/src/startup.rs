@@ -194,6 +194,7 @@ pub fn load_fake(
 /// Runs `rounds` starts of each source, alternating.
 pub fn run(
     kpng: &str,
+    before: Option<&str>,
     n: usize,
     m: usize,
     rounds: usize,
@@ -243,27 +244,45 @@ pub fn run(
         },
         ..SourceRow::default()
     };
-    for round in 0..rounds {
+    let mut kube_before = SourceRow {
+        label: "kube, before (the `--before` binary)".into(),
+        ..SourceRow::default()
+    };
+    let kube_start = |binary: &str, row: &mut SourceRow| -> Result<(), String> {
+        let earlier = server.load();
+        let mut start = start_once(binary, &kube_args, &scratch.0)?;
+        start.load = Some(server.load().since(&earlier));
+        row.starts.push(start);
+        Ok(())
+    };
+    for round in 0..rounds.max(1) {
         eprintln!("start-up round {}/{rounds} …", round + 1);
         file.starts.push(start_once(kpng, &file_args, &scratch.0)?);
-        let before = server.load();
-        let mut start = start_once(kpng, &kube_args, &scratch.0)?;
-        start.load = Some(server.load().since(&before));
-        kube.starts.push(start);
+        if let Some(before) = before {
+            kube_start(before, &mut kube_before)?;
+        }
+        kube_start(kpng, &mut kube)?;
     }
     // Both sources must have programmed the same state, or the comparison means nothing.
+    let reference = file.starts.first().map(|s| s.output.clone()).unwrap_or_default();
     let same = file
         .starts
         .iter()
         .chain(&kube.starts)
-        .all(|s| !s.output.is_empty() && s.output == file.starts[0].output);
+        .chain(&kube_before.starts)
+        .all(|s| !s.output.is_empty() && s.output == reference);
     if !same {
         return Err("the file and kube sources programmed different states".into());
     }
+    let mut rows = vec![file];
+    if before.is_some() {
+        rows.push(kube_before);
+    }
+    rows.push(kube);
     Ok(StartupResult {
         n,
         m,
-        rows: vec![file, kube],
+        rows,
         fake_load,
     })
 }

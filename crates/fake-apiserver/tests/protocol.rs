@@ -381,7 +381,7 @@ async fn the_load_counters_count_requests_bytes_and_open_watches() {
     }
     let services: Api<Service> = Api::all(client(&server).await);
     let before = server.load();
-    let mut token = None;
+    let mut token: Option<String> = None;
     loop {
         let mut params = ListParams::default().limit(2);
         if let Some(t) = &token {

@@ -130,8 +130,12 @@ where
 fn on_own_task(
     items: impl futures::Stream<Item = Item> + Send + 'static,
 ) -> BoxStream<'static, Item> {
+    use tracing::Instrument;
+    use tracing::instrument::WithSubscriber;
     let (tx, rx) = mpsc::channel(1024);
-    tokio::spawn(async move {
+    // The task logs where the source logs: its span and its subscriber (tests attach one to
+    // the source's future).
+    let task = async move {
         futures::pin_mut!(items);
         loop {
             tokio::select! {
@@ -144,7 +148,8 @@ fn on_own_task(
                 () = tx.closed() => return,
             }
         }
-    });
+    };
+    tokio::spawn(task.in_current_span().with_current_subscriber());
     futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     })
