@@ -118,8 +118,10 @@ fn change(server: &FakeApiServer, m: usize, nodes: usize) -> Result<(), String> 
         .pointer_mut("/spec/ports")
         .and_then(|p| p.as_array_mut())
     {
-        ports.push(serde_json::json!({"name": "https", "port": 443, "protocol": "TCP",
-            "targetPort": 8443}));
+        ports.push(
+            serde_json::json!({"name": "https", "port": 443, "protocol": "TCP",
+            "targetPort": 8443}),
+        );
     }
     server.apply(service).map_err(|e| e.to_string())?;
     Ok(())

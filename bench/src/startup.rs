@@ -73,11 +73,7 @@ impl StartupResult {
                 format!("{:.2} s", percentile(&mut cpus, 50.0))
             };
             let ops = row.starts.first().map_or(0, |s| s.operations);
-            let rss = row
-                .starts
-                .iter()
-                .map(|s| s.peak_rss_mb)
-                .fold(0.0, f64::max);
+            let rss = row.starts.iter().map(|s| s.peak_rss_mb).fold(0.0, f64::max);
             let load = row
                 .starts
                 .first()
@@ -264,7 +260,11 @@ pub fn run(
         kube_start(kpng, &mut kube)?;
     }
     // Both sources must have programmed the same state, or the comparison means nothing.
-    let reference = file.starts.first().map(|s| s.output.clone()).unwrap_or_default();
+    let reference = file
+        .starts
+        .first()
+        .map(|s| s.output.clone())
+        .unwrap_or_default();
     let same = file
         .starts
         .iter()

@@ -205,7 +205,8 @@ pub fn service_objects(
     let ip = cluster_ip(i).to_string();
     let labels = json!({"app": name, "app.kubernetes.io/name": name,
         "app.kubernetes.io/part-of": "bench", "app.kubernetes.io/managed-by": "kubectl"});
-    let mut port = json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": TARGET_PORT});
+    let mut port =
+        json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": TARGET_PORT});
     if kind != "ClusterIP" {
         port["nodePort"] = (20000 + i % 40000).into();
     }
@@ -290,7 +291,13 @@ pub fn service_objects(
                 } else {
                     match endpoints {
                         Endpoints::Unique | Endpoints::Spread(_) => endpoint_ip(
-                            i * m + j + if j == 0 { generation % 2 * 7_000_000 } else { 0 },
+                            i * m
+                                + j
+                                + if j == 0 {
+                                    generation % 2 * 7_000_000
+                                } else {
+                                    0
+                                },
                         ),
                         Endpoints::Local4 => {
                             local_endpoint(j + if j == 0 { generation % 2 } else { 0 })

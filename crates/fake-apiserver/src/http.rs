@@ -255,7 +255,7 @@ fn answer(
     if let Some(rest) = path.strip_prefix("/apis/events.k8s.io/v1/namespaces/")
         && let Some((_, tail)) = rest.split_once("/events")
     {
-        return event(&shared, &method, tail.trim_start_matches('/'), &body);
+        return event(shared, &method, tail.trim_start_matches('/'), &body);
     }
     if method != Method::GET {
         return error(
@@ -296,7 +296,7 @@ fn answer(
         return error(StatusCode::FORBIDDEN, "Forbidden", &message);
     }
     if let Some(name) = name {
-        return get(&shared, resource, namespace.as_deref().unwrap_or(""), &name);
+        return get(shared, resource, namespace.as_deref().unwrap_or(""), &name);
     }
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str));
     let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str));
@@ -310,9 +310,9 @@ fn answer(
     };
     let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     if watch {
-        watch_response(&shared, resource, filter, &query)
+        watch_response(shared, resource, filter, &query)
     } else {
-        list(&shared, resource, &filter, &query)
+        list(shared, resource, &filter, &query)
     }
 }
 
@@ -547,7 +547,12 @@ fn list(
 
 /// `(namespace, name)` of an object, the store's key within its resource.
 fn last_key(object: &Value) -> Option<(&str, &str)> {
-    let s = |p| object.pointer(p).and_then(Value::as_str).unwrap_or_default();
+    let s = |p| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
     Some((s("/metadata/namespace"), s("/metadata/name")))
 }
 

@@ -295,7 +295,13 @@ async fn paginated_lists_return_every_object_exactly_once() {
             s.metadata.name.clone().unwrap_or_default(),
         )
     };
-    for (selector, limit) in [("", 1), ("", 5), ("", 28), ("", 500), ("!service.kubernetes.io/headless", 3)] {
+    for (selector, limit) in [
+        ("", 1),
+        ("", 5),
+        ("", 28),
+        ("", 500),
+        ("!service.kubernetes.io/headless", 3),
+    ] {
         let mut seen = Vec::new();
         let mut token: Option<String> = None;
         let mut pages = 0;
@@ -322,7 +328,10 @@ async fn paginated_lists_return_every_object_exactly_once() {
         want.sort();
         let mut got = seen.clone();
         got.sort();
-        assert_eq!(got, want, "selector {selector:?}, limit {limit}: every object once");
+        assert_eq!(
+            got, want,
+            "selector {selector:?}, limit {limit}: every object once"
+        );
         assert_eq!(seen, got, "pages come in key order");
     }
     // An unfiltered page says how many are left, as etcd's store does.
@@ -365,7 +374,12 @@ async fn a_stale_continue_token_gets_410_gone() {
     );
     // A fresh list works.
     assert_eq!(
-        services.list(&ListParams::default()).await.expect("list").items.len(),
+        services
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
         3
     );
 }

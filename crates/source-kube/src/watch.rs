@@ -114,12 +114,13 @@ where
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos() as u64 ^ (K::KIND as u64).rotate_left(17))
         .unwrap_or(1);
-    let items = crate::backoff::Backoff::new(watcher::watcher(api, config).boxed(), seed).map(
-        |result| Item {
-            kind: K::KIND,
-            result: result.map(translate),
-        },
-    );
+    let items =
+        crate::backoff::Backoff::new(watcher::watcher(api, config).boxed(), seed).map(|result| {
+            Item {
+                kind: K::KIND,
+                result: result.map(translate),
+            }
+        });
     on_own_task(items)
 }
 
