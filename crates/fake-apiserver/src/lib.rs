@@ -6,7 +6,9 @@
 //! kubeconfig with [`FakeApiServer::write_kubeconfig`]) and gets what a real API server sends:
 //!
 //! - discovery (`/api`, `/apis`, `/api/v1`, `/apis/GROUP/VERSION`, `/version`);
-//! - lists with a `resourceVersion`, `limit`/`continue` pagination, label and field selectors
+//! - lists with a `resourceVersion`, `limit`/`continue` pagination (every object once, in
+//!   namespace/name order; later pages show objects as they are now, where the real server
+//!   shows them at the first page's revision), label and field selectors
 //!   (`metadata.name`, `metadata.namespace`), items without `kind`/`apiVersion`;
 //! - chunked watch streams of `WatchEvent` JSON lines (`ADDED`/`MODIFIED`/`DELETED` with
 //!   `kind` and `apiVersion` set, objects entering or leaving a selector as `ADDED`/`DELETED`),
