@@ -70,7 +70,8 @@ impl ApiResult {
     }
 }
 
-struct BrainProcess(Child);
+/// A brain process, killed on drop.
+pub(crate) struct BrainProcess(pub(crate) Child);
 
 impl Drop for BrainProcess {
     fn drop(&mut self) {
@@ -203,7 +204,7 @@ pub fn clients_main(socket: &Path, clients: usize) -> Result<(), String> {
 }
 
 /// The clients' process; killed when dropped.
-struct ClientsProcess(Child);
+pub(crate) struct ClientsProcess(Child);
 
 impl Drop for ClientsProcess {
     fn drop(&mut self) {
@@ -214,7 +215,7 @@ impl Drop for ClientsProcess {
 
 /// Starts `kpng-bench api-clients`; its lines arrive on the returned channel with the time
 /// they were read.
-fn start_clients(
+pub(crate) fn start_clients(
     socket: &Path,
     clients: usize,
 ) -> Result<(ClientsProcess, mpsc::UnboundedReceiver<(String, Instant)>), String> {
@@ -245,7 +246,7 @@ fn start_clients(
 
 /// Waits for `count` Syncs from the clients' process; returns the time of the last and the
 /// ops of the first.
-async fn collect_lines(
+pub(crate) async fn collect_lines(
     rx: &mut mpsc::UnboundedReceiver<(String, Instant)>,
     count: usize,
     timeout: Duration,

@@ -173,7 +173,7 @@ fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs))
 }
 
-fn parse_sync_line(line: &str) -> Option<SyncLine> {
+pub(crate) fn parse_sync_line(line: &str) -> Option<SyncLine> {
     if !line.contains(" synced ") {
         return None;
     }

@@ -6,6 +6,8 @@
 //! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
 //! kpng-bench data-plane --services 30000 [--backends nft,ebpf]
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
+//! kpng-bench startup --services 30000 --endpoints 4 [--rounds 3] [--before PATH] [--kube-args "--kube-api-qps 50"]
+//! kpng-bench api-load --services 1000 --endpoints 4 --nodes 50,200   (no root needed)
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench hns --services 2000 --remote 5000 --local 15 --delay-ms 5   (no root needed)
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
@@ -19,6 +21,7 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod api;
+mod api_load;
 mod changes;
 mod comparison;
 mod conntrack;
@@ -28,13 +31,14 @@ mod data;
 mod hns;
 mod kube_proxy_nft;
 mod plots;
+mod startup;
 mod stats;
 mod workload;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | api-load [--services N --endpoints M --nodes 50,200] | startup [--services N --endpoints M --rounds R] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -175,6 +179,34 @@ fn main() -> ExitCode {
             println!("{table}");
             Ok(())
         })(),
+        Some("startup") => {
+            let extra: Vec<String> = flag(&args, "--kube-args")
+                .map(|a| a.split_whitespace().map(String::from).collect())
+                .unwrap_or_default();
+            startup::run(
+                &kpng,
+                flag(&args, "--before").as_deref(),
+                num(&args, "--services", 30_000),
+                num(&args, "--endpoints", 4),
+                num(&args, "--rounds", 3),
+                &extra,
+            )
+            .map(|r| println!("{}", r.markdown()))
+        }
+        Some("api-load") => {
+            let counts: Vec<usize> = flag(&args, "--nodes")
+                .unwrap_or_else(|| "50,200".into())
+                .split(',')
+                .filter_map(|c| c.trim().parse().ok())
+                .collect();
+            api_load::run(
+                &kpng,
+                num(&args, "--services", 1000),
+                num(&args, "--endpoints", 4),
+                &counts,
+            )
+            .map(|r| println!("{}", r.markdown()))
+        }
         Some("api-clients") => api::clients_main(
             std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
             num(&args, "--clients", 1000),

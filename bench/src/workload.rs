@@ -179,3 +179,190 @@ pub fn last_plain_service(n: usize) -> usize {
         .find(|i| i % 10 <= 5 && i % 10 != 3 && i % 20 != 1)
         .unwrap_or(0)
 }
+
+/// The objects of Service `i` as the API server stores and returns them (JSON, as `kubectl get
+/// -o json` shows them): the same Service and EndpointSlices as [`service_manifest`], with what
+/// a real cluster adds around them: labels, the `kubectl.kubernetes.io/last-applied-configuration`
+/// annotation, `managedFields` of the client that applied the Service and of the EndpointSlice
+/// controller, owner references, defaulted fields, endpoint conditions, target references and
+/// zones. The `kube` source's start-up is measured on these, so that it parses what it would
+/// parse in a cluster, not a trimmed object.
+pub fn service_objects(
+    i: usize,
+    m: usize,
+    endpoints: Endpoints,
+    generation: usize,
+) -> Vec<serde_json::Value> {
+    use serde_json::json;
+    let time = "2026-01-01T00:00:00Z";
+    let kind = match i % 10 {
+        0..=5 => "ClusterIP",
+        6 | 7 => "NodePort",
+        _ => "LoadBalancer",
+    };
+    let dual = i % 10 == 3;
+    let name = format!("s{i}");
+    let ip = cluster_ip(i).to_string();
+    let labels = json!({"app": name, "app.kubernetes.io/name": name,
+        "app.kubernetes.io/part-of": "bench", "app.kubernetes.io/managed-by": "kubectl"});
+    let mut port =
+        json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": TARGET_PORT});
+    if kind != "ClusterIP" {
+        port["nodePort"] = (20000 + i % 40000).into();
+    }
+    // What the user applied (the last-applied annotation holds it).
+    let mut applied_spec = json!({"type": kind, "selector": {"app": name}, "ports": [{"name": "http",
+        "port": 80, "protocol": "TCP", "targetPort": TARGET_PORT}]});
+    let mut spec = json!({
+        "type": kind,
+        "clusterIP": ip,
+        "clusterIPs": [ip],
+        "ipFamilies": ["IPv4"],
+        "ipFamilyPolicy": "SingleStack",
+        "internalTrafficPolicy": "Cluster",
+        "ports": [port],
+        "selector": {"app": name},
+        "sessionAffinity": "None",
+    });
+    if dual {
+        let v6 = format!("fd00:96::{:x}:{:x}", (i + 1) >> 16, (i + 1) & 0xffff);
+        spec["clusterIPs"] = json!([ip, v6]);
+        spec["ipFamilies"] = json!(["IPv4", "IPv6"]);
+        spec["ipFamilyPolicy"] = "RequireDualStack".into();
+        applied_spec["ipFamilyPolicy"] = "RequireDualStack".into();
+    }
+    if kind != "ClusterIP" {
+        spec["externalTrafficPolicy"] = "Cluster".into();
+    }
+    if kind == "LoadBalancer" {
+        spec["allocateLoadBalancerNodePorts"] = true.into();
+        if i % 20 == 9 {
+            spec["externalTrafficPolicy"] = "Local".into();
+            spec["healthCheckNodePort"] = (20000 + i % 30000).into();
+            applied_spec["externalTrafficPolicy"] = "Local".into();
+        }
+    }
+    if i % 20 == 1 {
+        spec["sessionAffinity"] = "ClientIP".into();
+        spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 10800}});
+        applied_spec["sessionAffinity"] = "ClientIP".into();
+    }
+    let status = if kind == "LoadBalancer" {
+        let lb = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i as u32 + 1);
+        json!({"loadBalancer": {"ingress": [{"ip": lb.to_string(), "ipMode": "VIP"}]}})
+    } else {
+        json!({"loadBalancer": {}})
+    };
+    let applied = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"annotations": {},
+        "labels": labels, "name": name, "namespace": "bench"}, "spec": applied_spec});
+    let service_fields = json!({
+        "f:metadata": {"f:annotations": {".": {}, "f:kubectl.kubernetes.io/last-applied-configuration": {}},
+            "f:labels": {".": {}, "f:app": {}, "f:app.kubernetes.io/managed-by": {},
+                "f:app.kubernetes.io/name": {}, "f:app.kubernetes.io/part-of": {}}},
+        "f:spec": {"f:internalTrafficPolicy": {}, "f:ports": {".": {},
+            "k:{\"port\":80,\"protocol\":\"TCP\"}": {".": {}, "f:name": {}, "f:port": {},
+                "f:protocol": {}, "f:targetPort": {}}},
+            "f:selector": {}, "f:sessionAffinity": {}, "f:type": {}}});
+    let mut objects = vec![json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": "bench",
+            "labels": labels,
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration":
+                format!("{applied}\n")},
+            "managedFields": [{"manager": "kubectl-client-side-apply", "operation": "Update",
+                "apiVersion": "v1", "time": time, "fieldsType": "FieldsV1",
+                "fieldsV1": service_fields}],
+        },
+        "spec": spec,
+        "status": status,
+    })];
+    let service_uid = format!("5e7a1ce0-0000-4000-8000-{i:012}");
+    let families: &[&str] = if dual { &["IPv4", "IPv6"] } else { &["IPv4"] };
+    for family in families {
+        let v6 = *family == "IPv6";
+        let eps: Vec<serde_json::Value> = (0..m)
+            .map(|j| {
+                let address = if v6 {
+                    let idx = i * m + j + 1;
+                    format!("fd00:244::{:x}:{:x}", idx >> 16, idx & 0xffff)
+                } else {
+                    match endpoints {
+                        Endpoints::Unique | Endpoints::Spread(_) => endpoint_ip(
+                            i * m
+                                + j
+                                + if j == 0 {
+                                    generation % 2 * 7_000_000
+                                } else {
+                                    0
+                                },
+                        ),
+                        Endpoints::Local4 => {
+                            local_endpoint(j + if j == 0 { generation % 2 } else { 0 })
+                        }
+                    }
+                    .to_string()
+                };
+                json!({
+                    "addresses": [address],
+                    "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "nodeName": format!("node{}", endpoints.node(i, j, m)),
+                    "targetRef": {"kind": "Pod", "namespace": "bench",
+                        "name": format!("s{i}-7d9f8c6b5-{j:05}"),
+                        "uid": format!("90d00000-0000-4000-8000-{:012}", i * m + j)},
+                    "zone": "zone-a",
+                })
+            })
+            .collect();
+        let suffix = if v6 { "v6" } else { "v4" };
+        objects.push(json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": format!("s{i}-{suffix}"),
+                "generateName": format!("s{i}-"),
+                "namespace": "bench",
+                "generation": 1 + generation,
+                "labels": {"app": name, "app.kubernetes.io/name": name,
+                    "app.kubernetes.io/part-of": "bench", "app.kubernetes.io/managed-by": "kubectl",
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                    "kubernetes.io/service-name": name},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": time},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name,
+                    "uid": service_uid, "controller": true, "blockOwnerDeletion": true}],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                    "apiVersion": "discovery.k8s.io/v1", "time": time, "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:addressType": {}, "f:endpoints": {},
+                        "f:metadata": {"f:annotations": {".": {},
+                            "f:endpoints.kubernetes.io/last-change-trigger-time": {}},
+                            "f:generateName": {}, "f:labels": {".": {}, "f:app": {},
+                                "f:app.kubernetes.io/managed-by": {}, "f:app.kubernetes.io/name": {},
+                                "f:app.kubernetes.io/part-of": {},
+                                "f:endpointslice.kubernetes.io/managed-by": {},
+                                "f:kubernetes.io/service-name": {}},
+                            "f:ownerReferences": {".": {},
+                                format!("k:{{\"uid\":\"{service_uid}\"}}"): {}}},
+                        "f:ports": {}}}],
+            },
+            "addressType": family,
+            "endpoints": eps,
+            "ports": [{"name": "http", "port": TARGET_PORT, "protocol": "TCP"}],
+        }));
+    }
+    objects
+}
+
+/// The Node `name` as the API server returns it (labels, addresses, pod CIDRs).
+pub fn node_object(name: &str, ip: &str, pod_cidr: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux", "topology.kubernetes.io/zone": "zone-a"}},
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip},
+            {"type": "Hostname", "address": name}]},
+    })
+}

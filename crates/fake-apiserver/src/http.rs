@@ -2,7 +2,7 @@
 //! `WatchEvent` JSON lines, in the shapes the real API server sends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -48,6 +48,79 @@ impl RequestRecord {
     }
 }
 
+/// What the server has answered and sent, as an API server's own metrics count it
+/// (`apiserver_request_total`, `apiserver_response_sizes`, `apiserver_longrunning_requests`):
+/// the figures for comparing N nodes watching the API server with one brain.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    requests: AtomicU64,
+    lists: AtomicU64,
+    watches: AtomicU64,
+    bytes_sent: AtomicU64,
+    watches_open: AtomicU64,
+}
+
+/// A snapshot of the server's counters (see [`crate::FakeApiServer::load`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerLoad {
+    /// Every request answered (discovery, lists, list pages, watches, gets, events).
+    pub requests: u64,
+    /// List requests (each page counts: a list in pages of 500 is many requests).
+    pub lists: u64,
+    /// Watch requests (streams started).
+    pub watches: u64,
+    /// Response body bytes: whole answers, and every line written to watch streams.
+    pub bytes_sent: u64,
+    /// Watch streams open now.
+    pub watches_open: u64,
+}
+
+impl ServerLoad {
+    /// What happened between `earlier` and this snapshot (`watches_open` is this one's).
+    pub fn since(&self, earlier: &ServerLoad) -> ServerLoad {
+        ServerLoad {
+            requests: self.requests.saturating_sub(earlier.requests),
+            lists: self.lists.saturating_sub(earlier.lists),
+            watches: self.watches.saturating_sub(earlier.watches),
+            bytes_sent: self.bytes_sent.saturating_sub(earlier.bytes_sent),
+            watches_open: self.watches_open,
+        }
+    }
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> ServerLoad {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServerLoad {
+            requests: get(&self.requests),
+            lists: get(&self.lists),
+            watches: get(&self.watches),
+            bytes_sent: get(&self.bytes_sent),
+            watches_open: get(&self.watches_open),
+        }
+    }
+
+    fn sent(&self, bytes: usize) {
+        self.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// Counts one open watch stream while it lives.
+struct OpenWatch(Arc<Counters>);
+
+impl OpenWatch {
+    fn new(counters: Arc<Counters>) -> OpenWatch {
+        counters.watches_open.fetch_add(1, Ordering::Relaxed);
+        OpenWatch(counters)
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.0.watches_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// What the handlers share.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -63,6 +136,8 @@ pub(crate) struct Shared {
     pub missing: Mutex<std::collections::BTreeSet<Resource>>,
     /// Events (`events.k8s.io/v1`) created or patched by clients, newest last.
     pub events: Mutex<Vec<Value>>,
+    /// What was answered and sent.
+    pub counters: Arc<Counters>,
 }
 
 impl Shared {
@@ -117,6 +192,11 @@ struct Filter {
 }
 
 impl Filter {
+    /// Whether it selects every object of the collection (no namespace, no selector).
+    fn is_everything(&self) -> bool {
+        self.namespace.is_none() && self.labels.is_empty() && self.fields.is_empty()
+    }
+
     fn matches(&self, object: &Value) -> bool {
         let ns_ok = self.namespace.as_deref().is_none_or(|ns| {
             object
@@ -134,6 +214,23 @@ async fn handle(
     uri: Uri,
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
+    body: axum::body::Bytes,
+) -> Response {
+    shared.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let response = answer(&shared, method, uri, headers, query, body);
+    // Whole answers have a known length; watch streams count their lines as they go.
+    if let Some(bytes) = axum::body::HttpBody::size_hint(response.body()).exact() {
+        shared.counters.sent(bytes as usize);
+    }
+    response
+}
+
+fn answer(
+    shared: &Arc<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    query: HashMap<String, String>,
     body: axum::body::Bytes,
 ) -> Response {
     let path = uri.path().trim_end_matches('/').to_string();
@@ -158,7 +255,7 @@ async fn handle(
     if let Some(rest) = path.strip_prefix("/apis/events.k8s.io/v1/namespaces/")
         && let Some((_, tail)) = rest.split_once("/events")
     {
-        return event(&shared, &method, tail.trim_start_matches('/'), &body);
+        return event(shared, &method, tail.trim_start_matches('/'), &body);
     }
     if method != Method::GET {
         return error(
@@ -199,7 +296,7 @@ async fn handle(
         return error(StatusCode::FORBIDDEN, "Forbidden", &message);
     }
     if let Some(name) = name {
-        return get(&shared, resource, namespace.as_deref().unwrap_or(""), &name);
+        return get(shared, resource, namespace.as_deref().unwrap_or(""), &name);
     }
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str));
     let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str));
@@ -213,9 +310,9 @@ async fn handle(
     };
     let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     if watch {
-        watch_response(&shared, resource, filter, &query)
+        watch_response(shared, resource, filter, &query)
     } else {
-        list(&shared, resource, &filter, &query)
+        list(shared, resource, &filter, &query)
     }
 }
 
@@ -349,14 +446,18 @@ fn get(shared: &Shared, resource: Resource, namespace: &str, name: &str) -> Resp
     }
 }
 
-fn object_key(object: &Value) -> String {
-    let s = |p| {
-        object
-            .pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-    };
-    format!("{}/{}", s("/metadata/namespace"), s("/metadata/name"))
+/// The continue token of a page: `RV/NAMESPACE/NAME` of the list's resourceVersion and the
+/// last object sent (opaque to clients, as the real server's base64 tokens are).
+fn continue_token(rv: u64, last: &Value) -> String {
+    let s = |p| last.pointer(p).and_then(Value::as_str).unwrap_or_default();
+    format!("{rv}/{}/{}", s("/metadata/namespace"), s("/metadata/name"))
+}
+
+/// `(rv, namespace, name)` of a continue token.
+fn parse_continue(token: &str) -> Option<(u64, &str, &str)> {
+    let (rv, key) = token.split_once('/')?;
+    let (namespace, name) = key.split_once('/')?;
+    Some((rv.parse().ok()?, namespace, name))
 }
 
 fn list(
@@ -365,6 +466,7 @@ fn list(
     filter: &Filter,
     query: &HashMap<String, String>,
 ) -> Response {
+    shared.counters.lists.fetch_add(1, Ordering::Relaxed);
     let store = shared.store();
     let gone = |what: &str| {
         error(
@@ -387,27 +489,21 @@ fn list(
     {
         return gone(&format!("list at resourceVersion {rv}"));
     }
-    // A continue token: "RV/NAMESPACE/NAME" of the last item sent.
     let (list_rv, after) = match query.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => {
-            let Some((rv, after)) = token.split_once('/') else {
+            let Some((rv, namespace, name)) = parse_continue(token) else {
                 return error(
                     StatusCode::BAD_REQUEST,
                     "BadRequest",
                     "invalid continue token",
                 );
             };
-            let Ok(rv) = rv.parse::<u64>() else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    "invalid continue token",
-                );
-            };
+            // The real server reads later pages at the first page's revision; once that is
+            // compacted, the client must start the list again.
             if rv < store.compacted() {
                 return gone("The provided continue parameter is too old");
             }
-            (rv, Some(after.to_string()))
+            (rv, Some((namespace, name)))
         }
         None => (store.rv(), None),
     };
@@ -415,32 +511,49 @@ fn list(
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
-    let mut items: Vec<Value> = store
-        .list(resource)
-        .into_iter()
-        .filter(|o| filter.matches(o))
-        .filter(|o| after.as_ref().is_none_or(|a| object_key(o) > *a))
-        .collect();
+    let (items, more) = store.page(resource, after, limit, |o| filter.matches(o));
     let mut metadata = json!({"resourceVersion": list_rv.to_string()});
-    if let Some(limit) = limit
-        && items.len() > limit
-    {
-        let remaining = items.len() - limit;
-        items.truncate(limit);
-        let last = items.last().map(object_key).unwrap_or_default();
-        metadata["continue"] = format!("{list_rv}/{last}").into();
-        metadata["remainingItemCount"] = remaining.into();
+    if more && let Some(last) = items.last() {
+        metadata["continue"] = continue_token(list_rv, last).into();
+        // As etcd's store: a count of what is left only for an unfiltered list.
+        if filter.is_everything() {
+            let rest = store.page(resource, last_key(last), None, |_| true).0.len();
+            metadata["remainingItemCount"] = rest.into();
+        }
     }
-    drop(store);
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "kind": format!("{}List", resource.kind()),
-            "apiVersion": resource.api_version(),
-            "metadata": metadata,
-            "items": items,
-        }),
+    // Serialized from the store's objects under the lock: no copy of each item.
+    let mut body = format!(
+        "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{metadata},\"items\":[",
+        resource.kind(),
+        resource.api_version()
     )
+    .into_bytes();
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        // Writing a `Value` into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut body, item);
+    }
+    body.extend_from_slice(b"]}");
+    drop(store);
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// `(namespace, name)` of an object, the store's key within its resource.
+fn last_key(object: &Value) -> Option<(&str, &str)> {
+    let s = |p| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    Some((s("/metadata/namespace"), s("/metadata/name")))
 }
 
 /// The event a watch sends for a change, as the API server's watch cache decides it: an
@@ -481,6 +594,7 @@ fn watch_response(
     filter: Filter,
     query: &HashMap<String, String>,
 ) -> Response {
+    shared.counters.watches.fetch_add(1, Ordering::Relaxed);
     let flag = |name: &str| query.get(name).is_some_and(|v| v == "true" || v == "1");
     let bookmarks = flag("allowWatchBookmarks");
     let initial_events = flag("sendInitialEvents");
@@ -514,8 +628,11 @@ fn watch_response(
     let initial_end = bookmarks && initial_events;
     match start {
         Ok(start) => {
+            // Open from now: counted before the client sees the response.
+            let open = OpenWatch::new(shared.counters.clone());
             tokio::spawn(stream_events(
                 tx,
+                open,
                 resource,
                 filter,
                 start,
@@ -545,6 +662,25 @@ fn watch_response(
         .unwrap_or_else(|_| not_found())
 }
 
+/// A watch stream's sender that counts the bytes of every line it sends.
+struct CountingSender {
+    tx: mpsc::Sender<Line>,
+    counters: Arc<Counters>,
+}
+
+impl CountingSender {
+    async fn send(&self, line: Line) -> Result<(), mpsc::error::SendError<Line>> {
+        let bytes = line.as_ref().map_or(0, String::len);
+        self.tx.send(line).await?;
+        self.counters.sent(bytes);
+        Ok(())
+    }
+
+    async fn closed(&self) {
+        self.tx.closed().await;
+    }
+}
+
 struct WatchOptions {
     bookmarks: bool,
     interval: Option<Duration>,
@@ -555,11 +691,17 @@ struct WatchOptions {
 /// Feeds one watch: the replay, then live changes, bookmarks, and the test's interventions.
 async fn stream_events(
     tx: mpsc::Sender<Line>,
+    open: OpenWatch,
     resource: Resource,
     filter: Filter,
     start: WatchStart,
     options: WatchOptions,
 ) {
+    // Every line is counted as it is handed to the connection.
+    let tx = &CountingSender {
+        tx,
+        counters: open.0.clone(),
+    };
     let WatchStart {
         replay,
         mut live,

@@ -6,12 +6,16 @@
 //! kubeconfig with [`FakeApiServer::write_kubeconfig`]) and gets what a real API server sends:
 //!
 //! - discovery (`/api`, `/apis`, `/api/v1`, `/apis/GROUP/VERSION`, `/version`);
-//! - lists with a `resourceVersion`, `limit`/`continue` pagination, label and field selectors
+//! - lists with a `resourceVersion`, `limit`/`continue` pagination (every object once, in
+//!   namespace/name order; later pages show objects as they are now, where the real server
+//!   shows them at the first page's revision), label and field selectors
 //!   (`metadata.name`, `metadata.namespace`), items without `kind`/`apiVersion`;
 //! - chunked watch streams of `WatchEvent` JSON lines (`ADDED`/`MODIFIED`/`DELETED` with
 //!   `kind` and `apiVersion` set, objects entering or leaving a selector as `ADDED`/`DELETED`),
 //!   `BOOKMARK` events when `allowWatchBookmarks=true`, `timeoutSeconds`, and an `ERROR` event
 //!   with a `410 Gone` `Status` (reason `Expired`) for a resourceVersion older than the history;
+//! - counters of what it answered and sent ([`FakeApiServer::load`]: requests, list pages,
+//!   watches, bytes, open watch streams), as an API server's own metrics would show them;
 //! - `Status` objects for every error (`404`, `400` for a bad selector, `410` for an expired
 //!   list continuation).
 //!
@@ -36,7 +40,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use http::{RequestRecord, ServerConfig};
+pub use http::{RequestRecord, ServerConfig, ServerLoad};
 pub use resource::Resource;
 pub use selector::{FieldSelector, LabelSelector};
 pub use store::StoreError;
@@ -106,6 +110,7 @@ impl Builder {
                 forbidden: Mutex::default(),
                 missing: Mutex::default(),
                 events: Mutex::default(),
+                counters: Arc::default(),
             }),
             runtime: Some(runtime),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -342,6 +347,12 @@ impl FakeApiServer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// What the server has answered and sent so far (requests, list pages, watches, bytes)
+    /// and the watch streams open now: the API server's side of a load comparison.
+    pub fn load(&self) -> ServerLoad {
+        self.shared.counters.snapshot()
     }
 
     /// Every request answered so far, in order.

@@ -100,6 +100,11 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
+    /// Whether it selects everything (the empty selector).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether an object (its JSON) carries matching labels.
     pub fn matches(&self, object: &Value) -> bool {
         let label = |k: &str| {
@@ -149,6 +154,11 @@ impl FieldSelector {
             reqs.push((field.to_string(), equal, value.trim().to_string()));
         }
         Ok(FieldSelector(reqs))
+    }
+
+    /// Whether it selects everything (the empty selector).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// Whether an object's fields match.

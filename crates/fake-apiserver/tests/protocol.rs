@@ -265,3 +265,174 @@ async fn a_dropped_watch_ends_and_an_outage_refuses_connections_until_restart() 
     let back = nodes.list(&ListParams::default()).await.expect("list");
     assert_eq!(back.items.len(), 2);
 }
+
+/// A list read in pages with `limit` and `continue` (as kube-rs's watcher and client-go's
+/// pager read it): every object exactly once, in every page size, across namespaces whose
+/// names sort differently as strings than as keys (`a` < `a-b`, but `a/…` > `a-b/…`), and
+/// with a label selector filtering objects out of the middle of pages.
+#[tokio::test]
+async fn paginated_lists_return_every_object_exactly_once() {
+    let server = FakeApiServer::start().expect("start");
+    let mut expected = Vec::new();
+    for ns in ["a", "a-b", "b", "default"] {
+        for i in 0..7 {
+            let name = format!("s{i}");
+            let labels = if i % 3 == 0 {
+                json!({"service.kubernetes.io/headless": ""})
+            } else {
+                json!({})
+            };
+            let mut object = service(&name, labels);
+            object["metadata"]["namespace"] = ns.into();
+            server.apply(object).expect("apply");
+            expected.push((ns.to_string(), name, i % 3 != 0));
+        }
+    }
+    let services: Api<Service> = Api::all(client(&server).await);
+    let key = |s: &Service| {
+        (
+            s.metadata.namespace.clone().unwrap_or_default(),
+            s.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    for (selector, limit) in [
+        ("", 1),
+        ("", 5),
+        ("", 28),
+        ("", 500),
+        ("!service.kubernetes.io/headless", 3),
+    ] {
+        let mut seen = Vec::new();
+        let mut token: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let mut params = ListParams::default().limit(limit).labels(selector);
+            if let Some(t) = &token {
+                params = params.continue_token(t);
+            }
+            let page = services.list(&params).await.expect("page");
+            assert!(page.items.len() <= limit as usize, "at most limit items");
+            pages += 1;
+            seen.extend(page.items.iter().map(key));
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                break;
+            }
+            assert!(pages < 100, "the pages end");
+        }
+        let mut want: Vec<(String, String)> = expected
+            .iter()
+            .filter(|(_, _, plain)| selector.is_empty() || *plain)
+            .map(|(ns, name, _)| (ns.clone(), name.clone()))
+            .collect();
+        want.sort();
+        let mut got = seen.clone();
+        got.sort();
+        assert_eq!(
+            got, want,
+            "selector {selector:?}, limit {limit}: every object once"
+        );
+        assert_eq!(seen, got, "pages come in key order");
+    }
+    // An unfiltered page says how many are left, as etcd's store does.
+    let first = services
+        .list(&ListParams::default().limit(10))
+        .await
+        .expect("page");
+    assert_eq!(first.metadata.remaining_item_count, Some(18));
+}
+
+/// A continue token from before a compaction is refused with `410 Gone` (reason `Expired`),
+/// as the real server refuses one whose revision etcd has compacted: the client lists again.
+#[tokio::test]
+async fn a_stale_continue_token_gets_410_gone() {
+    let server = FakeApiServer::start().expect("start");
+    for i in 0..3 {
+        server
+            .apply(service(&format!("s{i}"), json!({})))
+            .expect("apply");
+    }
+    let services: Api<Service> = Api::all(client(&server).await);
+    let first = services
+        .list(&ListParams::default().limit(1))
+        .await
+        .expect("page");
+    let token = first.metadata.continue_.expect("continue token");
+    // Still valid before the compaction.
+    let second = services
+        .list(&ListParams::default().limit(1).continue_token(&token))
+        .await
+        .expect("page 2");
+    assert_ne!(first.items[0].metadata.name, second.items[0].metadata.name);
+    server.compact();
+    let stale = services
+        .list(&ListParams::default().limit(1).continue_token(&token))
+        .await;
+    assert!(
+        matches!(&stale, Err(kube::Error::Api(s)) if s.code == 410 && s.reason == "Expired"),
+        "{stale:?}"
+    );
+    // A fresh list works.
+    assert_eq!(
+        services
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        3
+    );
+}
+
+/// The counters: requests, list pages, watches, bytes and open watch streams.
+#[tokio::test]
+async fn the_load_counters_count_requests_bytes_and_open_watches() {
+    let server = FakeApiServer::start().expect("start");
+    for i in 0..5 {
+        server
+            .apply(service(&format!("s{i}"), json!({})))
+            .expect("apply");
+    }
+    let services: Api<Service> = Api::all(client(&server).await);
+    let before = server.load();
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(2);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let page = services.list(&params).await.expect("page");
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+    }
+    let listed = server.load().since(&before);
+    assert_eq!((listed.requests, listed.lists, listed.watches), (3, 3, 0));
+    assert!(listed.bytes_sent > 5 * 100, "{listed:?}");
+    let rv = server.resource_version().to_string();
+    let mut stream = services
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    let open = server.load();
+    assert_eq!((open.watches, open.watches_open), (1, 1));
+    server.apply(service("s9", json!({}))).expect("apply");
+    let _ = next_event(&mut stream).await;
+    let after = server.load().since(&open);
+    assert!(after.bytes_sent > 100, "the event's bytes: {after:?}");
+    drop(stream);
+    // The stream ends on the server once the client is gone (noticed at the latest when the
+    // next event cannot be written).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut k = 0;
+    while server.load().watches_open != 0 {
+        assert!(std::time::Instant::now() < deadline, "the watch closes");
+        k += 1;
+        server
+            .apply(service(&format!("t{k}"), json!({})))
+            .expect("apply");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

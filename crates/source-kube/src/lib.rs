@@ -18,6 +18,7 @@ mod connect;
 mod events;
 mod rate_limit;
 mod reachability;
+mod slim;
 mod watch;
 
 pub use client_metrics::{ClientMetrics, ClientMetricsLayer};

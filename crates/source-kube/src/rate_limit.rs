@@ -75,9 +75,23 @@ pub struct RateLimited<S> {
     bucket: Option<TokenBucket>,
 }
 
-impl<S, Req> tower::Service<Req> for RateLimited<S>
+/// Whether a request continues a paged list (`continue=TOKEN`): the list's first page took the
+/// token, and its later pages are the same list. kube-proxy's informers list from the API
+/// server's watch cache (`resourceVersion=0`), which answers in one response whatever the
+/// page size; kube-runtime's watcher reads consistent lists in pages of 500, so a 30k-Service
+/// cluster is 60 pages per kind. Charging each page would make the start-up list wait for
+/// `--kube-api-qps` (5 per second by default: 25 s for 130 pages) while the API server's work
+/// is the same as for one list.
+fn continues_a_list<B>(request: &http::Request<B>) -> bool {
+    request.uri().query().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p.strip_prefix("continue=").is_some_and(|t| !t.is_empty()))
+    })
+}
+
+impl<S, B> tower::Service<http::Request<B>> for RateLimited<S>
 where
-    S: tower::Service<Req>,
+    S: tower::Service<http::Request<B>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -88,11 +102,11 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Req) -> Self::Future {
-        let wait = self
-            .bucket
-            .as_ref()
-            .map_or(Duration::ZERO, TokenBucket::reserve);
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let wait = match &self.bucket {
+            Some(bucket) if !continues_a_list(&request) => bucket.reserve(),
+            _ => Duration::ZERO,
+        };
         // The inner future does nothing until polled: the request leaves after the wait.
         let response = self.inner.call(request);
         Box::pin(async move {
@@ -127,6 +141,50 @@ mod tests {
         let waits: Vec<Duration> = (0..4).map(|_| bucket.reserve()).collect();
         assert_eq!(waits[..3], [Duration::ZERO; 3]);
         assert_eq!(waits[3], Duration::from_millis(500));
+    }
+
+    /// Only a list's first page takes a token; its continuations, watches and other
+    /// requests are told apart by the query.
+    #[test]
+    fn continued_list_pages_take_no_token() {
+        let request = |uri: &str| http::Request::get(uri).body(()).expect("request");
+        for (uri, continues) in [
+            ("/api/v1/services?limit=500", false),
+            ("/api/v1/services?limit=500&continue=", false),
+            ("/api/v1/services?limit=500&continue=MTAwNS9ucy9z", true),
+            ("/api/v1/services?continue=abc&limit=500", true),
+            ("/api/v1/services?watch=true&resourceVersion=7", false),
+            ("/api/v1/services", false),
+        ] {
+            assert_eq!(continues_a_list(&request(uri)), continues, "{uri}");
+        }
+    }
+
+    /// Through the layer: with a bucket of one token, a first page waits its turn and its
+    /// continuations pass at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_layer_charges_first_pages_only() {
+        use tower::{Service, ServiceExt};
+        let bucket = TokenBucket::new(1.0, 1);
+        let mut service = tower::Layer::layer(
+            &RateLimitLayer(bucket),
+            tower::service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(tokio::time::Instant::now())
+            }),
+        );
+        let start = tokio::time::Instant::now();
+        let mut call = async |uri: &str| {
+            let request = http::Request::get(uri).body(()).expect("request");
+            let ready = service.ready().await.expect("ready");
+            ready.call(request).await.expect("call") - start
+        };
+        assert_eq!(call("/api/v1/services?limit=500").await, Duration::ZERO);
+        for _ in 0..5 {
+            let page = call("/api/v1/services?limit=500&continue=t").await;
+            assert_eq!(page, Duration::ZERO, "continuations take no token");
+        }
+        let next = call("/api/v1/endpointslices?limit=500").await;
+        assert_eq!(next, Duration::from_secs(1), "a new list waits for a token");
     }
 
     #[test]

@@ -25,6 +25,8 @@ use kpng_k8s::{Convert, Converted, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use kpng_model::{Event, Kind, Object, ObjectRef};
 use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Api, Resource};
+
+use crate::slim::Slim;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
@@ -112,12 +114,47 @@ where
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos() as u64 ^ (K::KIND as u64).rotate_left(17))
         .unwrap_or(1);
-    crate::backoff::Backoff::new(watcher::watcher(api, config).boxed(), seed)
-        .map(|result| Item {
-            kind: K::KIND,
-            result: result.map(translate),
-        })
-        .boxed()
+    let items =
+        crate::backoff::Backoff::new(watcher::watcher(api, config).boxed(), seed).map(|result| {
+            Item {
+                kind: K::KIND,
+                result: result.map(translate),
+            }
+        });
+    on_own_task(items)
+}
+
+/// Runs a watcher on a task of its own and returns its items: the lists of Services and
+/// EndpointSlices (reading, parsing, converting each page) then proceed in parallel on the
+/// runtime's threads instead of taking turns in the task that merges them. The channel holds
+/// a few pages' worth of items; the task ends when the stream is dropped.
+fn on_own_task(
+    items: impl futures::Stream<Item = Item> + Send + 'static,
+) -> BoxStream<'static, Item> {
+    use tracing::Instrument;
+    use tracing::instrument::WithSubscriber;
+    let (tx, rx) = mpsc::channel(1024);
+    // The task logs where the source logs: its span and its subscriber (tests attach one to
+    // the source's future).
+    let task = async move {
+        futures::pin_mut!(items);
+        loop {
+            tokio::select! {
+                item = items.next() => {
+                    let Some(item) = item else { return };
+                    if tx.send(item).await.is_err() {
+                        return;
+                    }
+                }
+                () = tx.closed() => return,
+            }
+        }
+    };
+    tokio::spawn(task.in_current_span().with_current_subscriber());
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
 }
 
 /// Asks discovery whether `networking.k8s.io/v1` serves ServiceCIDRs (Kubernetes ≥ 1.33, or
@@ -244,9 +281,16 @@ impl KubeSource {
             Some(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
             None => watcher::Config::default(),
         };
+        // Services and EndpointSlices are read without their managedFields (`crate::slim`).
         futures::stream::select_all([
-            watch(Api::<Service>::all(self.client.clone()), labelled.clone()),
-            watch(Api::<EndpointSlice>::all(self.client.clone()), labelled),
+            watch(
+                Api::<Slim<Service>>::all(self.client.clone()),
+                labelled.clone(),
+            ),
+            watch(
+                Api::<Slim<EndpointSlice>>::all(self.client.clone()),
+                labelled,
+            ),
             watch(Api::<Node>::all(self.client.clone()), node),
         ])
     }

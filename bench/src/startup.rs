@@ -1,0 +1,288 @@
+//! Start-up: process start → programmed, the `file` source against the `kube` source, in one
+//! run (issue #19).
+//!
+//! The `file` row reads a directory of manifests (`kpng-bench gen`); the `kube` row lists the
+//! same Services and EndpointSlices from `kpng-fake-apiserver` serving them as a real API
+//! server does (JSON objects with labels, annotations and `managedFields`, lists in pages of
+//! the client's `limit` held together by `continue` tokens). Both run `kpng … to-file`, and
+//! both are timed from the process start to kpng's first "synced" line (the first full sync
+//! committed by the sink), alternating, so that machine noise hits both alike. The fake API
+//! server's own counters give what the `kube` start cost it.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use kpng_fake_apiserver::{FakeApiServer, ServerLoad};
+
+use crate::control::{Scratch, parse_sync_line, peak_rss_mb};
+use crate::stats::percentile;
+use crate::workload::{self, Endpoints, NODE_IP};
+
+/// One start of kpng.
+#[derive(Debug, Clone)]
+struct Start {
+    wall: Duration,
+    cpu: Option<Duration>,
+    operations: usize,
+    peak_rss_mb: f64,
+    /// What the API server answered for it (`kube` only).
+    load: Option<ServerLoad>,
+    /// What the sink wrote (the programmed state), to check both sources agree.
+    output: String,
+}
+
+/// The starts of one source.
+#[derive(Debug, Default)]
+pub struct SourceRow {
+    label: String,
+    starts: Vec<Start>,
+}
+
+/// Figures of one start-up run.
+#[derive(Debug)]
+pub struct StartupResult {
+    n: usize,
+    m: usize,
+    rows: Vec<SourceRow>,
+    /// How long loading the fake API server took (setup, not measured in the rows).
+    fake_load: Duration,
+}
+
+impl StartupResult {
+    /// The table.
+    pub fn markdown(&self) -> String {
+        let mut s = String::from(
+            "| source | Services × endpoints | starts (process start → first sync committed) | median | kpng CPU (user + sys), median | operations | kpng peak RSS | API server: requests (list pages) / bytes sent |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        for row in &self.rows {
+            let mut walls: Vec<f64> = row.starts.iter().map(|s| s.wall.as_secs_f64()).collect();
+            let mut cpus: Vec<f64> = row
+                .starts
+                .iter()
+                .filter_map(|s| s.cpu.map(|c| c.as_secs_f64()))
+                .collect();
+            let list = walls
+                .iter()
+                .map(|w| format!("{w:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let median = percentile(&mut walls, 50.0);
+            let cpu = if cpus.is_empty() {
+                "—".to_string()
+            } else {
+                format!("{:.2} s", percentile(&mut cpus, 50.0))
+            };
+            let ops = row.starts.first().map_or(0, |s| s.operations);
+            let rss = row.starts.iter().map(|s| s.peak_rss_mb).fold(0.0, f64::max);
+            let load = row
+                .starts
+                .first()
+                .and_then(|s| s.load)
+                .map(|l| {
+                    format!(
+                        "{} ({}) / {:.1} MB",
+                        l.requests,
+                        l.lists,
+                        l.bytes_sent as f64 / 1e6
+                    )
+                })
+                .unwrap_or_else(|| "—".into());
+            s.push_str(&format!(
+                "| {} | {} × {} | {list} s | {median:.2} s | {cpu} | {ops} | {rss:.0} MB | {load} |\n",
+                row.label, self.n, self.m
+            ));
+        }
+        s.push_str(&format!(
+            "\n(The fake API server was loaded with the objects in {:.1} s before the first start.)\n",
+            self.fake_load.as_secs_f64()
+        ));
+        s
+    }
+}
+
+/// kpng, killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `kpng ARGS… to-file` and waits for its first sync line.
+fn start_once(kpng: &str, source: &[String], scratch: &std::path::Path) -> Result<Start, String> {
+    let log_path = scratch.join("kpng.log");
+    let out = scratch.join("out.yaml");
+    let log = std::fs::File::create(&log_path).map_err(|e| format!("creating the log: {e}"))?;
+    let mut args: Vec<String> = source.to_vec();
+    args.extend(
+        [
+            "--node-name",
+            "node1",
+            "--min-sync-period",
+            "0",
+            "--metrics-bind-address",
+            "",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--cluster-cidr",
+            "10.128.0.0/9",
+            "to-file",
+            "--output",
+        ]
+        .map(String::from),
+    );
+    args.push(out.display().to_string());
+    let started = Instant::now();
+    let mut child = Proc(
+        std::process::Command::new(kpng)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("starting kpng: {e}"))?,
+    );
+    let deadline = started + Duration::from_secs(300);
+    loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if let Some(sync) = text.lines().find_map(parse_sync_line) {
+            let wall = started.elapsed();
+            let pid = child.0.id();
+            return Ok(Start {
+                wall,
+                cpu: crate::cpu::cpu_time(pid),
+                operations: sync.operations,
+                peak_rss_mb: peak_rss_mb(pid),
+                load: None,
+                output: std::fs::read_to_string(&out).unwrap_or_default(),
+            });
+        }
+        if let Ok(Some(status)) = child.0.try_wait() {
+            return Err(format!("kpng exited ({status}); log:\n{text}"));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no sync within 300 s; log:\n{text}"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Fills `server` with the workload's Services and EndpointSlices as a cluster returns them,
+/// and the Node `node1`.
+pub fn load_fake(
+    server: &FakeApiServer,
+    n: usize,
+    m: usize,
+    endpoints: Endpoints,
+) -> Result<(), String> {
+    server
+        .apply(workload::node_object("node1", NODE_IP, "10.244.0.0/24"))
+        .map_err(|e| e.to_string())?;
+    for i in 0..n {
+        for object in workload::service_objects(i, m, endpoints, 0) {
+            server.apply(object).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `rounds` starts of each source, alternating.
+pub fn run(
+    kpng: &str,
+    before: Option<&str>,
+    n: usize,
+    m: usize,
+    rounds: usize,
+    extra_kube_args: &[String],
+) -> Result<StartupResult, String> {
+    let scratch = Scratch::new(&format!("startup{n}"))?;
+    let manifests = scratch.0.join("manifests");
+    workload::generate(&manifests, n, m, Endpoints::Unique)
+        .map_err(|e| format!("generating: {e}"))?;
+    let t = Instant::now();
+    // No periodic bookmarks: they would only add noise to the byte counts.
+    let server = FakeApiServer::builder()
+        .bookmark_interval(None)
+        .start()
+        .map_err(|e| e.to_string())?;
+    load_fake(&server, n, m, Endpoints::Unique)?;
+    let fake_load = t.elapsed();
+    let kubeconfig = scratch.0.join("kubeconfig");
+    server
+        .write_kubeconfig(&kubeconfig)
+        .map_err(|e| e.to_string())?;
+    let file_args = vec![
+        "file".to_string(),
+        "--input".into(),
+        manifests.display().to_string(),
+        "--debounce".into(),
+        "0".into(),
+    ];
+    let mut kube_args = vec![
+        "kube".to_string(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+    ];
+    kube_args.extend_from_slice(extra_kube_args);
+    let mut file = SourceRow {
+        label: "file (a directory of YAML manifests)".into(),
+        ..SourceRow::default()
+    };
+    let mut kube = SourceRow {
+        label: if extra_kube_args.is_empty() {
+            "kube (fake API server, JSON, pages of 500)".into()
+        } else {
+            format!(
+                "kube (fake API server, JSON, pages of 500; {})",
+                extra_kube_args.join(" ")
+            )
+        },
+        ..SourceRow::default()
+    };
+    let mut kube_before = SourceRow {
+        label: "kube, before (the `--before` binary)".into(),
+        ..SourceRow::default()
+    };
+    let kube_start = |binary: &str, row: &mut SourceRow| -> Result<(), String> {
+        let earlier = server.load();
+        let mut start = start_once(binary, &kube_args, &scratch.0)?;
+        start.load = Some(server.load().since(&earlier));
+        row.starts.push(start);
+        Ok(())
+    };
+    for round in 0..rounds.max(1) {
+        eprintln!("start-up round {}/{rounds} …", round + 1);
+        file.starts.push(start_once(kpng, &file_args, &scratch.0)?);
+        if let Some(before) = before {
+            kube_start(before, &mut kube_before)?;
+        }
+        kube_start(kpng, &mut kube)?;
+    }
+    // Both sources must have programmed the same state, or the comparison means nothing.
+    let reference = file
+        .starts
+        .first()
+        .map(|s| s.output.clone())
+        .unwrap_or_default();
+    let same = file
+        .starts
+        .iter()
+        .chain(&kube.starts)
+        .chain(&kube_before.starts)
+        .all(|s| !s.output.is_empty() && s.output == reference);
+    if !same {
+        return Err("the file and kube sources programmed different states".into());
+    }
+    let mut rows = vec![file];
+    if before.is_some() {
+        rows.push(kube_before);
+    }
+    rows.push(kube);
+    Ok(StartupResult {
+        n,
+        m,
+        rows,
+        fake_load,
+    })
+}
