@@ -13,6 +13,7 @@
 //! outside, source ranges, externalTrafficPolicy Local, masquerading) is not this crate's: the
 //! binary runs the nftables backend beside it (docs/backends.md, "eBPF").
 
+pub mod batch;
 pub mod host;
 pub mod kernel;
 pub mod layout;
@@ -195,20 +196,9 @@ impl EbpfBackend {
         {
             let kernel = self.kernel()?;
             for m in MapId::ALL {
-                let map = old.0.entry(m).or_default();
-                for (k, v) in kernel.dump(m)? {
-                    map.insert(k, v);
-                }
+                old.0.insert(m, kernel.dump(m)?);
             }
         }
-        // Ids the maps already hold, by frontend: a restarted kpng keeps them.
-        let in_kernel: HashMap<Vec<u8>, u32> = old
-            .0
-            .get(&MapId::Frontends)
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.clone(), layout::service_id_of(v)?)))
-            .collect();
         let previous = std::mem::take(&mut self.ids);
         let mut new = Entries::default();
         let mut written = HashMap::new();
@@ -220,9 +210,9 @@ impl EbpfBackend {
             for g in self.port_groups(port) {
                 let preferred = previous.get(&port.key, g.scope).or_else(|| {
                     let (ip, p) = g.frontends.first()?;
-                    in_kernel
+                    old.table(MapId::Frontends)?
                         .get(layout::frontend_key(*ip, *p, proto).as_slice())
-                        .copied()
+                        .and_then(layout::service_id_of)
                 });
                 let id = self.ids.assign(&port.key, g.scope, preferred);
                 new.add_group(id, proto, &g);
@@ -232,11 +222,12 @@ impl EbpfBackend {
                 written.insert(port.key.clone(), mine);
             }
         }
-        let ops = plan::ops(&old, &new);
+        new.seal();
+        let steps = plan::steps(&old, &new);
         let gone = left_udp_endpoints(&old, &new);
-        self.kernel()?.apply(&ops)?;
+        self.kernel()?.apply(&steps)?;
         self.written = written;
-        Ok((ops.len(), gone))
+        Ok((plan::count(&steps), gone))
     }
 
     fn incremental(
@@ -269,9 +260,12 @@ impl EbpfBackend {
             }
             updates.push((key.clone(), mine));
         }
-        let ops = plan::ops(&old, &new);
+        old.seal();
+        new.seal();
+        let steps = plan::steps(&old, &new);
         let gone = left_udp_endpoints(&old, &new);
-        self.kernel()?.apply(&ops)?;
+        self.kernel()?.apply(&steps)?;
+        let operations = plan::count(&steps);
         for (key, mine) in updates {
             if !mine.is_empty() {
                 self.written.insert(key, mine);
@@ -280,7 +274,7 @@ impl EbpfBackend {
         for (key, scope) in released {
             self.ids.release(&key, scope);
         }
-        Ok((ops.len(), gone))
+        Ok((operations, gone))
     }
 }
 
@@ -288,18 +282,18 @@ impl EbpfBackend {
 /// are destroyed.
 fn left_udp_endpoints(old: &Entries, new: &Entries) -> Vec<SocketAddr> {
     let udp_services = |e: &Entries| -> BTreeSet<u32> {
-        e.0.get(&MapId::Frontends)
+        e.table(MapId::Frontends)
             .into_iter()
-            .flatten()
+            .flat_map(plan::Table::iter)
             .filter(|(k, _)| k.get(18) == layout::ip_proto(Protocol::Udp).as_ref())
             .filter_map(|(_, v)| layout::service_id_of(v))
             .collect()
     };
     let endpoints = |e: &Entries| -> BTreeSet<SocketAddr> {
         let udp = udp_services(e);
-        e.0.get(&MapId::Members)
+        e.table(MapId::Members)
             .into_iter()
-            .flatten()
+            .flat_map(plan::Table::iter)
             .filter(|(k, _)| layout::service_id_of(k).is_some_and(|id| udp.contains(&id)))
             .filter_map(|(k, _)| layout::endpoint_of(k.get(4..)?))
             .collect()

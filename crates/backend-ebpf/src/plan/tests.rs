@@ -136,6 +136,7 @@ fn entries(id: u32, eps: &[&str]) -> Entries {
     };
     let mut e = Entries::default();
     e.add_group(id, 6, &g);
+    e.seal();
     e
 }
 
@@ -212,4 +213,46 @@ fn ids_are_stable_reused_and_prefer_the_kernels() {
     );
     assert_eq!(ids.len(), 2);
     let _ = Arc::new(0);
+}
+
+#[test]
+fn tables_sort_keep_the_last_of_equal_keys_and_diff_by_value() {
+    let mut t = Table::new(MapId::Services);
+    t.push(&[0, 0, 0, 2], &[2; 12]);
+    t.push(&[0, 0, 0, 1], &[1; 12]);
+    t.push(&[0, 0, 0, 2], &[3; 12]);
+    t.seal();
+    let rows: Vec<_> = t.iter().collect();
+    assert_eq!(
+        rows,
+        [
+            (&[0u8, 0, 0, 1][..], &[1u8; 12][..]),
+            (&[0, 0, 0, 2][..], &[3; 12][..])
+        ]
+    );
+    assert_eq!(t.get(&[0, 0, 0, 2]), Some(&[3u8; 12][..]));
+    assert_eq!(t.get(&[0, 0, 0, 3]), None);
+    // A dump of the wrong length is refused.
+    assert!(Table::from_flat(MapId::Services, vec![0; 4], vec![0; 11]).is_none());
+
+    let mut old = Entries::default();
+    old.0.insert(MapId::Services, t.clone());
+    let mut changed = t;
+    changed.push(&[0, 0, 0, 1], &[9; 12]);
+    changed.push(&[0, 0, 0, 4], &[4; 12]);
+    changed.seal();
+    let mut new = Entries::default();
+    new.0.insert(MapId::Services, changed);
+    // Key 1 changed value, key 4 is new, key 2 is unchanged: two upserts, no delete.
+    let got = ops(&old, &new);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got.iter()
+            .all(|o| matches!(o, Op::Upsert(MapId::Services, _, _)))
+    );
+    let back = ops(&new, &old);
+    assert!(
+        matches!(back.last(), Some(Op::Delete(MapId::Services, [0, 0, 0, 4]))),
+        "{back:?}"
+    );
 }
