@@ -27,7 +27,7 @@ use std::path::PathBuf;
 
 use kpng_backend::settings::NodePortAddresses;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
-use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
+use kpng_model::{Family, Protocol, ServicePort, Snapshot};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family as MetricFamily;
 use prometheus_client::metrics::gauge::Gauge;
@@ -106,7 +106,7 @@ struct MapLabel {
     map: String,
 }
 
-/// What one port wrote: `(service id, IP protocol, group)` per group.
+/// What one port writes: `(service id, IP protocol, group)` per group.
 type Written = Vec<(u32, u8, Group)>;
 
 /// The eBPF backend (see the crate documentation).
@@ -115,7 +115,6 @@ pub struct EbpfBackend {
     cgroup: Option<PathBuf>,
     kernel: Option<Kernel>,
     ids: Ids,
-    written: HashMap<PortKey, Written>,
     node_port_ips: HashMap<Family, Vec<IpAddr>>,
     map_memory: MetricFamily<MapLabel, Gauge>,
 }
@@ -128,7 +127,6 @@ impl EbpfBackend {
             cgroup: None,
             kernel: None,
             ids: Ids::default(),
-            written: HashMap::new(),
             node_port_ips: HashMap::new(),
             map_memory: MetricFamily::default(),
         }
@@ -201,12 +199,10 @@ impl EbpfBackend {
         }
         let previous = std::mem::take(&mut self.ids);
         let mut new = Entries::default();
-        let mut written = HashMap::new();
         for port in snapshot.ports.values() {
             let Some(proto) = layout::ip_proto(port.key.protocol) else {
                 continue;
             };
-            let mut mine = Vec::new();
             for g in self.port_groups(port) {
                 let preferred = previous.get(&port.key, g.scope).or_else(|| {
                     let (ip, p) = g.frontends.first()?;
@@ -216,17 +212,12 @@ impl EbpfBackend {
                 });
                 let id = self.ids.assign(&port.key, g.scope, preferred);
                 new.add_group(id, proto, &g);
-                mine.push((id, proto, g));
-            }
-            if !mine.is_empty() {
-                written.insert(port.key.clone(), mine);
             }
         }
         new.seal();
         let steps = plan::steps(&old, &new);
         let gone = left_udp_endpoints(&old, &new);
         self.kernel()?.apply(&steps)?;
-        self.written = written;
         Ok((plan::count(&steps), gone))
     }
 
@@ -237,9 +228,22 @@ impl EbpfBackend {
         let mut old = Entries::default();
         let mut new = Entries::default();
         let mut released = Vec::new();
-        let mut updates = Vec::new();
         for (key, change) in &request.diff.changes {
-            let before = self.written.remove(key).unwrap_or_default();
+            // What the last sync wrote for this port: the groups of the state it received
+            // (the node's addresses are unchanged, else this would be a full sync), under the
+            // ids they were given. Recomputed rather than kept: keeping them cost ~10 MB at
+            // 30k Services, and twice that during a full sync.
+            let before: Written = change
+                .old
+                .as_deref()
+                .and_then(|p| Some((p, layout::ip_proto(p.key.protocol)?)))
+                .map(|(p, proto)| {
+                    self.port_groups(p)
+                        .into_iter()
+                        .filter_map(|g| Some((self.ids.get(key, g.scope)?, proto, g)))
+                        .collect()
+                })
+                .unwrap_or_default();
             for (id, proto, g) in &before {
                 old.add_group(*id, *proto, g);
             }
@@ -258,7 +262,6 @@ impl EbpfBackend {
                     released.push((key.clone(), g.scope));
                 }
             }
-            updates.push((key.clone(), mine));
         }
         old.seal();
         new.seal();
@@ -266,11 +269,6 @@ impl EbpfBackend {
         let gone = left_udp_endpoints(&old, &new);
         self.kernel()?.apply(&steps)?;
         let operations = plan::count(&steps);
-        for (key, mine) in updates {
-            if !mine.is_empty() {
-                self.written.insert(key, mine);
-            }
-        }
         for (key, scope) in released {
             self.ids.release(&key, scope);
         }
