@@ -189,7 +189,11 @@ impl EbpfBackend {
     }
 
     fn full(&mut self, snapshot: &Snapshot) -> Result<(usize, Vec<SocketAddr>), Error> {
+        let started = std::time::Instant::now();
         self.refresh_node_port_ips(snapshot);
+        let loaded = self.kernel.is_some();
+        self.kernel()?;
+        let opened = started.elapsed();
         let mut old = Entries::default();
         {
             let kernel = self.kernel()?;
@@ -197,6 +201,7 @@ impl EbpfBackend {
                 old.0.insert(m, kernel.dump(m)?);
             }
         }
+        let dumped = started.elapsed();
         let previous = std::mem::take(&mut self.ids);
         let mut new = Entries::default();
         for port in snapshot.ports.values() {
@@ -217,7 +222,18 @@ impl EbpfBackend {
         new.seal();
         let steps = plan::steps(&old, &new);
         let gone = left_udp_endpoints(&old, &new);
+        let planned = started.elapsed();
         self.kernel()?.apply(&steps)?;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        debug!(
+            load_ms = if loaded { 0.0 } else { ms(opened) },
+            dump_ms = ms(dumped - opened),
+            plan_ms = ms(planned - dumped),
+            apply_ms = ms(started.elapsed() - planned),
+            in_kernel = old.len(),
+            wanted = new.len(),
+            "full sync of the socket maps"
+        );
         Ok((plan::count(&steps), gone))
     }
 
