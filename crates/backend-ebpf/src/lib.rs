@@ -305,11 +305,11 @@ fn left_udp_endpoints(old: &Entries, new: &Entries) -> Vec<SocketAddr> {
     };
     let endpoints = |e: &Entries| -> BTreeSet<SocketAddr> {
         let udp = udp_services(e);
-        e.table(MapId::Members)
+        e.table(MapId::Slots)
             .into_iter()
             .flat_map(plan::Table::iter)
             .filter(|(k, _)| layout::service_id_of(k).is_some_and(|id| udp.contains(&id)))
-            .filter_map(|(k, _)| layout::endpoint_of(k.get(4..)?))
+            .filter_map(|(_, v)| layout::endpoint_of(v))
             .collect()
     };
     let now = endpoints(new);

@@ -312,7 +312,12 @@ impl Entries {
                 &layout::slot_key(id, slot),
                 &layout::endpoint(*ep),
             );
-            self.put(MapId::Members, &layout::member_key(id, *ep), &[1]);
+            // Only affinity reads the members (is the remembered endpoint still in the
+            // service?): without it they would be a third of a cold sync's elements and of
+            // the maps' memory for nothing.
+            if group.affinity_seconds > 0 {
+                self.put(MapId::Members, &layout::member_key(id, *ep), &[1]);
+            }
         }
     }
 

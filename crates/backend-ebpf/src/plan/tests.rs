@@ -127,11 +127,15 @@ fn sctp_is_left_to_the_rules_and_affinity_is_carried() {
 }
 
 fn entries(id: u32, eps: &[&str]) -> Entries {
+    with_affinity(id, eps, 10)
+}
+
+fn with_affinity(id: u32, eps: &[&str], affinity_seconds: u32) -> Entries {
     let g = Group {
         scope: Scope::Internal,
         frontends: vec![(ip("10.96.0.10"), 80)],
         endpoints: eps.iter().map(|e| sa(e)).collect(),
-        affinity_seconds: 0,
+        affinity_seconds,
         refuse: eps.is_empty(),
     };
     let mut e = Entries::default();
@@ -190,6 +194,23 @@ fn ops_write_services_before_frontends_and_delete_in_reverse() {
         matches!(gone[0], Op::Delete(MapId::Frontends, _)),
         "{gone:?}"
     );
+}
+
+#[test]
+fn members_are_written_only_for_affinity() {
+    let plain = with_affinity(1, &["10.0.0.1:80", "10.0.0.2:80"], 0);
+    assert!(plain.table(MapId::Members).is_some_and(Table::is_empty));
+    assert_eq!(plain.table(MapId::Slots).map(Table::len), Some(2));
+    let sticky = with_affinity(1, &["10.0.0.1:80", "10.0.0.2:80"], 10);
+    assert_eq!(sticky.table(MapId::Members).map(Table::len), Some(2));
+    // Turning affinity off deletes the members, after the service is rewritten.
+    let off = ops(&sticky, &plain);
+    assert!(
+        matches!(off[0], Op::Upsert(MapId::Services, _, _)),
+        "{off:?}"
+    );
+    assert!(matches!(off[1], Op::Delete(MapId::Members, _)), "{off:?}");
+    assert_eq!(off.len(), 3, "{off:?}");
 }
 
 #[test]
