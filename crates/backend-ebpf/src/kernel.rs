@@ -84,6 +84,10 @@ impl Kernel {
         std::fs::create_dir_all(&links)
             .map_err(|e| Error::io(format!("creating {}", links.display()), e))?;
         let mut ebpf = EbpfLoader::new()
+            // No CO-RE relocations in these programs (they read only `bpf_sock_addr`, which
+            // the verifier rewrites): without the kernel's BTF (parsed by `new()`, 5 MB of
+            // types) the load neither keeps nor walks it.
+            .btf(None)
             .default_map_pin_directory(pin_dir)
             .load(&OBJECT.0)
             .map_err(|e| bpf_err("loading the socket programs", e))?;
