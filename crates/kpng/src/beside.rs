@@ -111,3 +111,116 @@ impl Backend for Beside {
         sockets
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+
+    use kpng_model::{Diff, Snapshot};
+
+    use super::*;
+
+    /// A half that records which thread synced it and answers as told.
+    struct Half {
+        name: &'static str,
+        log: Arc<Mutex<Vec<(&'static str, ThreadId)>>>,
+        fail: bool,
+    }
+
+    impl Backend for Half {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+        fn sync(&mut self, _: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+            self.log
+                .lock()
+                .expect("log")
+                .push((self.name, std::thread::current().id()));
+            if self.fail {
+                return Err(BackendError::Other(format!("{} failed", self.name)));
+            }
+            Ok(SyncStats { operations: 1 })
+        }
+        fn cleanup(&mut self) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    type Log = Arc<Mutex<Vec<(&'static str, ThreadId)>>>;
+
+    fn pair(rules_fail: bool, sockets_fail: bool) -> (Beside, Log) {
+        let log: Log = Arc::default();
+        let half = |name, fail| {
+            Box::new(Half {
+                name,
+                log: log.clone(),
+                fail,
+            }) as Box<dyn Backend>
+        };
+        (
+            Beside::new(half("rules", rules_fail), half("sockets", sockets_fail)),
+            log,
+        )
+    }
+
+    #[test]
+    fn a_full_sync_runs_both_halves_on_two_threads_an_incremental_one_in_turn() {
+        let (snapshot, diff) = (Snapshot::default(), Diff::default());
+        let full = SyncRequest {
+            diff: &diff,
+            snapshot: &snapshot,
+            full: true,
+        };
+        let (mut b, log) = pair(false, false);
+        assert_eq!(b.sync(&full).map(|s| s.operations).ok(), Some(2));
+        let seen = std::mem::take(&mut *log.lock().expect("log"));
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_ne!(seen[0].1, seen[1].1, "the halves ran on different threads");
+
+        let incremental = SyncRequest {
+            full: false,
+            ..full
+        };
+        assert!(b.sync(&incremental).is_ok());
+        let seen = std::mem::take(&mut *log.lock().expect("log"));
+        let names: Vec<_> = seen.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["rules", "sockets"]);
+        assert!(seen.iter().all(|(_, t)| *t == std::thread::current().id()));
+    }
+
+    #[test]
+    fn either_half_failing_fails_the_sync() {
+        let (snapshot, diff) = (Snapshot::default(), Diff::default());
+        for (rules_fail, sockets_fail, full) in [
+            (true, false, true),
+            (false, true, true),
+            (true, false, false),
+            (false, true, false),
+        ] {
+            let (mut b, log) = pair(rules_fail, sockets_fail);
+            let request = SyncRequest {
+                diff: &diff,
+                snapshot: &snapshot,
+                full,
+            };
+            assert!(
+                b.sync(&request).is_err(),
+                "rules fail {rules_fail}, sockets fail {sockets_fail}, full {full}"
+            );
+            let names: Vec<_> = log.lock().expect("log").iter().map(|(n, _)| *n).collect();
+            // An incremental sync leaves the maps alone when the rules failed (the runner
+            // retries both in full).
+            let want: &[&str] = if rules_fail && !full {
+                &["rules"]
+            } else {
+                &["rules", "sockets"]
+            };
+            let mut names = names;
+            names.sort_unstable();
+            let mut want = want.to_vec();
+            want.sort_unstable();
+            assert_eq!(names, want, "full {full}");
+        }
+    }
+}
