@@ -1,6 +1,8 @@
 //! Data plane: TCP connect latency and connection rate to a Service VIP, for kpng's ruleset at N
 //! Services against the floor (one static DNAT rule) and no NAT at all, in identical namespaces,
-//! alternating rounds so that machine noise hits every case alike.
+//! alternating rounds so that machine noise hits every case alike. "No NAT" is measured twice:
+//! in the floor's namespace, and in each kpng's own namespace (its ruleset, conntrack and socket
+//! programs in place), so that a kpng case against the latter is what translating costs there.
 //!
 //! The userspace backend completes the client's handshake itself and connects to the endpoint
 //! afterwards, so its connect time alone would flatter it: its cases measure until the
@@ -52,6 +54,12 @@ const CLIENT_IP: &str = "10.244.0.100";
 
 const FLOOR: &str = "floor: one static DNAT rule";
 const FLOOR_CLOSE: &str = "floor: one static DNAT rule → close";
+
+/// The label of the case that connects to the endpoint directly in the namespace where kpng
+/// `backend` runs.
+fn same_node_label(backend: &str) -> String {
+    format!("no NAT, same node with kpng {backend} running")
+}
 
 /// One measured case.
 #[derive(Debug)]
@@ -142,6 +150,19 @@ impl DataResult {
         Some(paired_ratio(&nft.round_rates, &other.round_rates))
     }
 
+    /// (p50 ratio, rate ratio) of kpng `backend`'s connections to the last Service against
+    /// the endpoint reached directly on the same node ([`same_node_label`]), paired by round;
+    /// `None` when `backend` was not measured.
+    pub fn vs_same_node_no_nat(&self, backend: &str) -> Option<(f64, f64)> {
+        let kpng = self.kpng_case(backend, "last")?;
+        let label = same_node_label(backend);
+        let direct = self.cases.iter().find(|c| c.label == label)?;
+        Some((
+            paired_ratio(&kpng.round_p50_us, &direct.round_p50_us),
+            paired_ratio(&kpng.round_rates, &direct.round_rates),
+        ))
+    }
+
     /// A markdown table, ratios against the floor first.
     pub fn markdown(&self) -> String {
         let mut s = format!(
@@ -158,6 +179,21 @@ impl DataResult {
                 c.label,
                 c.rate(),
             ));
+        }
+        for c in &self.cases {
+            let Some(backend) = c
+                .label
+                .strip_prefix("kpng ")
+                .and_then(|l| l.split(',').next())
+                .filter(|_| c.label.ends_with("last Service"))
+            else {
+                continue;
+            };
+            if let Some((p50, rate)) = self.vs_same_node_no_nat(backend) {
+                s.push_str(&format!(
+                    "\nkpng {backend} against the endpoint directly on the same node (its rules and hooks in place): p50 {p50:.2}×, connections/s {rate:.2}×.\n"
+                ));
+            }
         }
         for c in self.cases.iter().filter(|c| c.failed > 0) {
             s.push_str(&format!(
@@ -400,6 +436,18 @@ pub fn run(
             Until::Connected,
         ),
     ]);
+    // The endpoint directly on each kpng's node: the same ruleset, conntrack hooks and (for
+    // ebpf) socket programs in the path, no translation. Against it, a kpng case's ratio is
+    // what translating costs on that node, separate from what merely having the rules costs.
+    for (backend, ns, _, _) in &with_kpng {
+        cases.push((
+            same_node_label(backend.label()),
+            FLOOR,
+            ns,
+            format!("10.244.0.1:{TARGET_PORT}"),
+            Until::Connected,
+        ));
+    }
     if kube_proxy_load.loaded() {
         cases.push((
             format!(

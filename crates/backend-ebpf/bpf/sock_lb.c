@@ -6,7 +6,7 @@
 // and translate the endpoint back into the frontend where userspace can see the peer address
 // (recvmsg of unconnected UDP sockets, getpeername).
 //
-// Userspace (crates/backend-ebpf/src/maps.rs) owns every map's contents; the layouts below are
+// Userspace (crates/backend-ebpf/src/layout.rs, plan.rs) owns every map's contents; the layouts below are
 // mirrored there byte for byte. Every address is 16 bytes: IPv4 as an IPv4-mapped IPv6 address
 // (::ffff:a.b.c.d), so one map serves both families and a dual-stack socket's connect6 to a
 // mapped IPv4 Service address finds the IPv4 frontend. Ports are in network byte order.
@@ -144,9 +144,12 @@ static __always_inline enum verdict pick(void *ctx, struct frontend_key *k, stru
 	if (svc->count == 0)
 		return (svc->flags & SVC_REFUSE) ? REFUSE : PASS;
 
-	__u64 now = bpf_ktime_get_ns();
+	// Without affinity (most Services) a connect costs three lookups and a random number:
+	// no clock read, no affinity map access.
+	__u64 now = 0;
 	struct affinity_key ak = {};
 	if (svc->affinity_seconds) {
+		now = bpf_ktime_get_ns();
 		ak.netns = bpf_get_netns_cookie(ctx);
 		ak.svc = svc_id;
 		struct affinity_value *av = bpf_map_lookup_elem(&kpng_affinity, &ak);

@@ -8,8 +8,9 @@
 //! which detaches the previous programs. During the overlap both generations translate with the
 //! same maps (the second finds the endpoint address, which is no frontend, and passes).
 //!
-//! aya 0.14 has no batch map API (`BPF_MAP_UPDATE_BATCH`): every operation is one
-//! `bpf(BPF_MAP_UPDATE_ELEM)` / `BPF_MAP_DELETE_ELEM` syscall (about a microsecond each).
+//! aya 0.14 has no batch map API: the maps are written and read through [`crate::batch`]
+//! (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH`, `BPF_MAP_LOOKUP_BATCH` on the fds aya
+//! opened), 4096 elements per system call.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -20,11 +21,12 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::Error;
+use crate::batch;
 use crate::layout::{
     ENDPOINT, FRONTEND_KEY, MEMBER, MEMBER_KEY, REVERSE_KEY, SERVICE, SERVICE_ID, SLOT_KEY,
 };
 use crate::object::OBJECT;
-use crate::plan::{MapId, Op};
+use crate::plan::{Kind, MapId, Step, Table};
 
 /// Every program of the object, by its function name.
 pub const PROGRAMS: [&str; 8] = [
@@ -37,9 +39,6 @@ pub const PROGRAMS: [&str; 8] = [
     "kpng_getpeername4",
     "kpng_getpeername6",
 ];
-
-/// One map entry as bytes: (key, value).
-pub type RawEntry = (Vec<u8>, Vec<u8>);
 
 /// The directory of the link pins inside the pin directory.
 const LINKS: &str = "links";
@@ -85,6 +84,10 @@ impl Kernel {
         std::fs::create_dir_all(&links)
             .map_err(|e| Error::io(format!("creating {}", links.display()), e))?;
         let mut ebpf = EbpfLoader::new()
+            // No CO-RE relocations in these programs (they read only `bpf_sock_addr`, which
+            // the verifier rewrites): without the kernel's BTF (parsed by `new()`, 5 MB of
+            // types) the load neither keeps nor walks it.
+            .btf(None)
             .default_map_pin_directory(pin_dir)
             .load(&OBJECT.0)
             .map_err(|e| bpf_err("loading the socket programs", e))?;
@@ -134,91 +137,63 @@ impl Kernel {
         })
     }
 
-    /// Applies `ops` in order; stops at the first refusal.
-    pub fn apply(&mut self, ops: &[Op<'_>]) -> Result<(), Error> {
-        for op in ops {
-            match *op {
-                Op::Upsert(m, k, v) => self.upsert(m, k, v)?,
-                Op::Delete(m, k) => self.delete(m, k)?,
+    fn map_data(&self, map: MapId) -> &MapData {
+        use aya::maps::IterableMap;
+        match map {
+            MapId::Frontends => self.frontends.map(),
+            MapId::Services => self.services.map(),
+            MapId::Slots => self.slots.map(),
+            MapId::Members => self.members.map(),
+        }
+    }
+
+    fn batch(&self, map: MapId) -> batch::Map<'_> {
+        use std::os::fd::AsFd;
+        let (k, v) = map.sizes();
+        batch::Map::new(self.map_data(map).fd().as_fd(), k, v)
+    }
+
+    /// Applies `steps` in order, each as batches of [`batch::CHUNK`] elements gathered from
+    /// its rows (so the buffers stay small whatever the size of the sync); stops at the first
+    /// refusal.
+    pub fn apply(&mut self, steps: &[Step<'_>]) -> Result<(), Error> {
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for step in steps {
+            let mut map = self.batch(step.map);
+            for rows in step.rows.chunks(batch::CHUNK) {
+                keys.clear();
+                values.clear();
+                for &r in rows {
+                    keys.extend_from_slice(step.table.key(r as usize));
+                    if step.kind == Kind::Upsert {
+                        values.extend_from_slice(step.table.value(r as usize));
+                    }
+                }
+                let r = match step.kind {
+                    Kind::Upsert => map.update(&keys, &values),
+                    Kind::Delete => map.delete(&keys),
+                };
+                r.map_err(|e| {
+                    let what = match step.kind {
+                        Kind::Upsert => "updating",
+                        Kind::Delete => "deleting from",
+                    };
+                    Error::Bpf(format!("{what} {}: {e}", step.map.name()))
+                })?;
             }
         }
         Ok(())
     }
 
-    fn upsert(&mut self, map: MapId, k: &[u8], v: &[u8]) -> Result<(), Error> {
-        let bad = || Error::Bpf(format!("{}: wrong key or value size", map.name()));
-        let r = match map {
-            MapId::Frontends => self.frontends.insert(
-                <[u8; FRONTEND_KEY]>::try_from(k).map_err(|_| bad())?,
-                <[u8; SERVICE_ID]>::try_from(v).map_err(|_| bad())?,
-                0,
-            ),
-            MapId::Services => self.services.insert(
-                <[u8; SERVICE_ID]>::try_from(k).map_err(|_| bad())?,
-                <[u8; SERVICE]>::try_from(v).map_err(|_| bad())?,
-                0,
-            ),
-            MapId::Slots => self.slots.insert(
-                <[u8; SLOT_KEY]>::try_from(k).map_err(|_| bad())?,
-                <[u8; ENDPOINT]>::try_from(v).map_err(|_| bad())?,
-                0,
-            ),
-            MapId::Members => self.members.insert(
-                <[u8; MEMBER_KEY]>::try_from(k).map_err(|_| bad())?,
-                <[u8; MEMBER]>::try_from(v).map_err(|_| bad())?,
-                0,
-            ),
-        };
-        r.map_err(|e| bpf_err(format_args!("updating {}", map.name()), e))
-    }
-
-    fn delete(&mut self, map: MapId, k: &[u8]) -> Result<(), Error> {
-        let bad = || Error::Bpf(format!("{}: wrong key size", map.name()));
-        let r = match map {
-            MapId::Frontends => self
-                .frontends
-                .remove(&<[u8; FRONTEND_KEY]>::try_from(k).map_err(|_| bad())?),
-            MapId::Services => self
-                .services
-                .remove(&<[u8; SERVICE_ID]>::try_from(k).map_err(|_| bad())?),
-            MapId::Slots => self
-                .slots
-                .remove(&<[u8; SLOT_KEY]>::try_from(k).map_err(|_| bad())?),
-            MapId::Members => self
-                .members
-                .remove(&<[u8; MEMBER_KEY]>::try_from(k).map_err(|_| bad())?),
-        };
-        match r {
-            Ok(()) => Ok(()),
-            // Already gone: the goal of a delete.
-            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(bpf_err(format_args!("deleting from {}", map.name()), e)),
-        }
-    }
-
-    /// Every entry of one map, as bytes (full syncs compare against it).
-    pub fn dump(&self, map: MapId) -> Result<Vec<RawEntry>, Error> {
-        fn all<K: aya::Pod + AsRef<[u8]>, V: aya::Pod + AsRef<[u8]>>(
-            m: &BpfHashMap<MapData, K, V>,
-            name: &str,
-        ) -> Result<Vec<RawEntry>, Error> {
-            let mut out = Vec::new();
-            for entry in m.iter() {
-                match entry {
-                    Ok((k, v)) => out.push((k.as_ref().to_vec(), v.as_ref().to_vec())),
-                    // Deleted between the key walk and the lookup.
-                    Err(aya::maps::MapError::KeyNotFound) => {}
-                    Err(e) => return Err(bpf_err(format_args!("reading {name}"), e)),
-                }
-            }
-            Ok(out)
-        }
-        match map {
-            MapId::Frontends => all(&self.frontends, map.name()),
-            MapId::Services => all(&self.services, map.name()),
-            MapId::Slots => all(&self.slots, map.name()),
-            MapId::Members => all(&self.members, map.name()),
-        }
+    /// Every entry of one map, as a sealed table (full syncs compare against it); read with
+    /// `BPF_MAP_LOOKUP_BATCH` where the kernel has it.
+    pub fn dump(&self, map: MapId) -> Result<Table, Error> {
+        let (keys, values) = self
+            .batch(map)
+            .dump()
+            .map_err(|e| Error::Bpf(format!("reading {}: {e}", map.name())))?;
+        Table::from_flat(map, keys, values)
+            .ok_or_else(|| Error::Bpf(format!("reading {}: a short element", map.name())))
     }
 
     /// The endpoints some socket is translated to right now (from the reverse map): the

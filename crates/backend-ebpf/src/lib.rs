@@ -13,6 +13,7 @@
 //! outside, source ranges, externalTrafficPolicy Local, masquerading) is not this crate's: the
 //! binary runs the nftables backend beside it (docs/backends.md, "eBPF").
 
+pub mod batch;
 pub mod host;
 pub mod kernel;
 pub mod layout;
@@ -26,7 +27,7 @@ use std::path::PathBuf;
 
 use kpng_backend::settings::NodePortAddresses;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
-use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
+use kpng_model::{Family, Protocol, ServicePort, Snapshot};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family as MetricFamily;
 use prometheus_client::metrics::gauge::Gauge;
@@ -105,7 +106,7 @@ struct MapLabel {
     map: String,
 }
 
-/// What one port wrote: `(service id, IP protocol, group)` per group.
+/// What one port writes: `(service id, IP protocol, group)` per group.
 type Written = Vec<(u32, u8, Group)>;
 
 /// The eBPF backend (see the crate documentation).
@@ -114,7 +115,6 @@ pub struct EbpfBackend {
     cgroup: Option<PathBuf>,
     kernel: Option<Kernel>,
     ids: Ids,
-    written: HashMap<PortKey, Written>,
     node_port_ips: HashMap<Family, Vec<IpAddr>>,
     map_memory: MetricFamily<MapLabel, Gauge>,
 }
@@ -127,7 +127,6 @@ impl EbpfBackend {
             cgroup: None,
             kernel: None,
             ids: Ids::default(),
-            written: HashMap::new(),
             node_port_ips: HashMap::new(),
             map_memory: MetricFamily::default(),
         }
@@ -190,53 +189,52 @@ impl EbpfBackend {
     }
 
     fn full(&mut self, snapshot: &Snapshot) -> Result<(usize, Vec<SocketAddr>), Error> {
+        let started = std::time::Instant::now();
         self.refresh_node_port_ips(snapshot);
+        let loaded = self.kernel.is_some();
+        self.kernel()?;
+        let opened = started.elapsed();
         let mut old = Entries::default();
         {
             let kernel = self.kernel()?;
             for m in MapId::ALL {
-                let map = old.0.entry(m).or_default();
-                for (k, v) in kernel.dump(m)? {
-                    map.insert(k, v);
-                }
+                old.0.insert(m, kernel.dump(m)?);
             }
         }
-        // Ids the maps already hold, by frontend: a restarted kpng keeps them.
-        let in_kernel: HashMap<Vec<u8>, u32> = old
-            .0
-            .get(&MapId::Frontends)
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.clone(), layout::service_id_of(v)?)))
-            .collect();
+        let dumped = started.elapsed();
         let previous = std::mem::take(&mut self.ids);
         let mut new = Entries::default();
-        let mut written = HashMap::new();
         for port in snapshot.ports.values() {
             let Some(proto) = layout::ip_proto(port.key.protocol) else {
                 continue;
             };
-            let mut mine = Vec::new();
             for g in self.port_groups(port) {
                 let preferred = previous.get(&port.key, g.scope).or_else(|| {
                     let (ip, p) = g.frontends.first()?;
-                    in_kernel
+                    old.table(MapId::Frontends)?
                         .get(layout::frontend_key(*ip, *p, proto).as_slice())
-                        .copied()
+                        .and_then(layout::service_id_of)
                 });
                 let id = self.ids.assign(&port.key, g.scope, preferred);
                 new.add_group(id, proto, &g);
-                mine.push((id, proto, g));
-            }
-            if !mine.is_empty() {
-                written.insert(port.key.clone(), mine);
             }
         }
-        let ops = plan::ops(&old, &new);
+        new.seal();
+        let steps = plan::steps(&old, &new);
         let gone = left_udp_endpoints(&old, &new);
-        self.kernel()?.apply(&ops)?;
-        self.written = written;
-        Ok((ops.len(), gone))
+        let planned = started.elapsed();
+        self.kernel()?.apply(&steps)?;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        debug!(
+            load_ms = if loaded { 0.0 } else { ms(opened) },
+            dump_ms = ms(dumped - opened),
+            plan_ms = ms(planned - dumped),
+            apply_ms = ms(started.elapsed() - planned),
+            in_kernel = old.len(),
+            wanted = new.len(),
+            "full sync of the socket maps"
+        );
+        Ok((plan::count(&steps), gone))
     }
 
     fn incremental(
@@ -246,9 +244,22 @@ impl EbpfBackend {
         let mut old = Entries::default();
         let mut new = Entries::default();
         let mut released = Vec::new();
-        let mut updates = Vec::new();
         for (key, change) in &request.diff.changes {
-            let before = self.written.remove(key).unwrap_or_default();
+            // What the last sync wrote for this port: the groups of the state it received
+            // (the node's addresses are unchanged, else this would be a full sync), under the
+            // ids they were given. Recomputed rather than kept: keeping them cost ~10 MB at
+            // 30k Services, and twice that during a full sync.
+            let before: Written = change
+                .old
+                .as_deref()
+                .and_then(|p| Some((p, layout::ip_proto(p.key.protocol)?)))
+                .map(|(p, proto)| {
+                    self.port_groups(p)
+                        .into_iter()
+                        .filter_map(|g| Some((self.ids.get(key, g.scope)?, proto, g)))
+                        .collect()
+                })
+                .unwrap_or_default();
             for (id, proto, g) in &before {
                 old.add_group(*id, *proto, g);
             }
@@ -267,20 +278,17 @@ impl EbpfBackend {
                     released.push((key.clone(), g.scope));
                 }
             }
-            updates.push((key.clone(), mine));
         }
-        let ops = plan::ops(&old, &new);
+        old.seal();
+        new.seal();
+        let steps = plan::steps(&old, &new);
         let gone = left_udp_endpoints(&old, &new);
-        self.kernel()?.apply(&ops)?;
-        for (key, mine) in updates {
-            if !mine.is_empty() {
-                self.written.insert(key, mine);
-            }
-        }
+        self.kernel()?.apply(&steps)?;
+        let operations = plan::count(&steps);
         for (key, scope) in released {
             self.ids.release(&key, scope);
         }
-        Ok((ops.len(), gone))
+        Ok((operations, gone))
     }
 }
 
@@ -288,20 +296,20 @@ impl EbpfBackend {
 /// are destroyed.
 fn left_udp_endpoints(old: &Entries, new: &Entries) -> Vec<SocketAddr> {
     let udp_services = |e: &Entries| -> BTreeSet<u32> {
-        e.0.get(&MapId::Frontends)
+        e.table(MapId::Frontends)
             .into_iter()
-            .flatten()
+            .flat_map(plan::Table::iter)
             .filter(|(k, _)| k.get(18) == layout::ip_proto(Protocol::Udp).as_ref())
             .filter_map(|(_, v)| layout::service_id_of(v))
             .collect()
     };
     let endpoints = |e: &Entries| -> BTreeSet<SocketAddr> {
         let udp = udp_services(e);
-        e.0.get(&MapId::Members)
+        e.table(MapId::Slots)
             .into_iter()
-            .flatten()
+            .flat_map(plan::Table::iter)
             .filter(|(k, _)| layout::service_id_of(k).is_some_and(|id| udp.contains(&id)))
-            .filter_map(|(k, _)| layout::endpoint_of(k.get(4..)?))
+            .filter_map(|(_, v)| layout::endpoint_of(v))
             .collect()
     };
     let now = endpoints(new);

@@ -123,8 +123,8 @@ impl MapId {
     }
 }
 
-/// One map operation, borrowing its bytes from the states it was computed from (a cold sync
-/// at 30k Services has ~400k of them: copies would double the peak memory).
+/// One map operation, borrowing its bytes from the states it was computed from (a view of a
+/// [`Step`]'s rows, for tests and small diffs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op<'a> {
     /// Insert or replace.
@@ -133,19 +133,164 @@ pub enum Op<'a> {
     Delete(MapId, &'a [u8]),
 }
 
-/// Map contents: per map, key → value.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Entries(pub BTreeMap<MapId, BTreeMap<Vec<u8>, Vec<u8>>>);
+impl MapId {
+    /// The key and value sizes of the map's elements (`layout`).
+    pub fn sizes(self) -> (usize, usize) {
+        match self {
+            MapId::Frontends => (layout::FRONTEND_KEY, layout::SERVICE_ID),
+            MapId::Services => (layout::SERVICE_ID, layout::SERVICE),
+            MapId::Slots => (layout::SLOT_KEY, layout::ENDPOINT),
+            MapId::Members => (layout::MEMBER_KEY, layout::MEMBER),
+        }
+    }
+}
+
+/// One map's contents as two flat byte arrays (keys back to back, values back to back), sorted
+/// by key once [`Table::seal`]ed: 400k elements cost their bytes (~10 MB at 30k Services ×
+/// 4 endpoints), not a heap allocation per key and value, and the arrays are what the
+/// kernel's batch commands read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    key_size: usize,
+    value_size: usize,
+    keys: Vec<u8>,
+    values: Vec<u8>,
+    sealed: bool,
+}
+
+impl Table {
+    /// An empty table of `map`'s element sizes.
+    pub fn new(map: MapId) -> Table {
+        let (key_size, value_size) = map.sizes();
+        Table {
+            key_size,
+            value_size,
+            keys: Vec::new(),
+            values: Vec::new(),
+            sealed: true,
+        }
+    }
+
+    /// A table of `map`'s elements from flat arrays (a kernel dump); `None` if the lengths do
+    /// not fit the sizes.
+    pub fn from_flat(map: MapId, keys: Vec<u8>, values: Vec<u8>) -> Option<Table> {
+        let mut t = Table::new(map);
+        if !keys.len().is_multiple_of(t.key_size)
+            || keys.len() / t.key_size * t.value_size != values.len()
+        {
+            return None;
+        }
+        t.keys = keys;
+        t.values = values;
+        t.sealed = false;
+        t.seal();
+        Some(t)
+    }
+
+    /// Appends an element (a later one with the same key wins at [`Table::seal`]).
+    pub fn push(&mut self, key: &[u8], value: &[u8]) {
+        debug_assert_eq!(key.len(), self.key_size);
+        debug_assert_eq!(value.len(), self.value_size);
+        self.keys.extend_from_slice(key);
+        self.values.extend_from_slice(value);
+        self.sealed = false;
+    }
+
+    /// Sorts by key, keeping the last of equal keys.
+    pub fn seal(&mut self) {
+        if self.sealed {
+            return;
+        }
+        let n = self.len();
+        let mut order: Vec<u32> = (0..u32::try_from(n).unwrap_or(u32::MAX)).collect();
+        order.sort_by(|a, b| self.key(*a as usize).cmp(self.key(*b as usize)));
+        let mut keys = Vec::with_capacity(self.keys.len());
+        let mut values = Vec::with_capacity(self.values.len());
+        for (i, &row) in order.iter().enumerate() {
+            let row = row as usize;
+            // Equal keys are adjacent in insertion order (a stable sort): keep the last.
+            if let Some(&next) = order.get(i + 1)
+                && self.key(next as usize) == self.key(row)
+            {
+                continue;
+            }
+            keys.extend_from_slice(self.key(row));
+            values.extend_from_slice(self.value(row));
+        }
+        self.keys = keys;
+        self.values = values;
+        self.sealed = true;
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.keys.len() / self.key_size.max(1)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The key of row `i`.
+    pub fn key(&self, i: usize) -> &[u8] {
+        &self.keys[i * self.key_size..(i + 1) * self.key_size]
+    }
+
+    /// The value of row `i`.
+    pub fn value(&self, i: usize) -> &[u8] {
+        &self.values[i * self.value_size..(i + 1) * self.value_size]
+    }
+
+    /// Every (key, value), in key order once sealed.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        (0..self.len()).map(|i| (self.key(i), self.value(i)))
+    }
+
+    /// The value of `key` (sealed tables only).
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.find(key).ok().map(|i| self.value(i))
+    }
+
+    fn find(&self, key: &[u8]) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.key(mid).cmp(key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(lo)
+    }
+}
+
+/// Map contents: one [`Table`] per map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entries(pub BTreeMap<MapId, Table>);
+
+impl Default for Entries {
+    fn default() -> Self {
+        Entries(MapId::ALL.into_iter().map(|m| (m, Table::new(m))).collect())
+    }
+}
 
 impl Entries {
     fn put(&mut self, map: MapId, key: &[u8], value: &[u8]) {
         self.0
             .entry(map)
-            .or_default()
-            .insert(key.to_vec(), value.to_vec());
+            .or_insert_with(|| Table::new(map))
+            .push(key, value);
+    }
+
+    /// The table of `map`.
+    pub fn table(&self, map: MapId) -> Option<&Table> {
+        self.0.get(&map)
     }
 
     /// Adds the entries of `group` under service id `id` (`proto`: the IP protocol number).
+    /// [`Entries::seal`] before diffing.
     pub fn add_group(&mut self, id: u32, proto: u8, group: &Group) {
         for (ip, port) in &group.frontends {
             self.put(
@@ -167,13 +312,25 @@ impl Entries {
                 &layout::slot_key(id, slot),
                 &layout::endpoint(*ep),
             );
-            self.put(MapId::Members, &layout::member_key(id, *ep), &[1]);
+            // Only affinity reads the members (is the remembered endpoint still in the
+            // service?): without it they would be a third of a cold sync's elements and of
+            // the maps' memory for nothing.
+            if group.affinity_seconds > 0 {
+                self.put(MapId::Members, &layout::member_key(id, *ep), &[1]);
+            }
+        }
+    }
+
+    /// Sorts every table (see [`Table::seal`]).
+    pub fn seal(&mut self) {
+        for t in self.0.values_mut() {
+            t.seal();
         }
     }
 
     /// Number of entries over all maps.
     pub fn len(&self) -> usize {
-        self.0.values().map(BTreeMap::len).sum()
+        self.0.values().map(Table::len).sum()
     }
 
     /// Whether there are none.
@@ -182,42 +339,131 @@ impl Entries {
     }
 }
 
-/// The operations that take the maps from `old` to `new`, ordered so that readers never see a
-/// frontend whose service is incomplete: services, slots and members are written first, then
-/// frontends switch; stale frontends go before the services they pointed at. A service whose
-/// endpoint count shrinks is written before its extra slots are deleted (they come last), and
-/// one that grows has its new slots written before the count.
-pub fn ops<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Op<'a>> {
-    static EMPTY: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-    fn get(e: &Entries, m: MapId) -> &BTreeMap<Vec<u8>, Vec<u8>> {
-        e.0.get(&m).unwrap_or(&EMPTY)
+/// Whether a step writes or deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Insert or replace the rows' (key, value).
+    Upsert,
+    /// Delete the rows' keys.
+    Delete,
+}
+
+/// One batch of operations on one map: rows of `table` (the new state's for upserts, the old
+/// state's for deletes). Row numbers, not copies, so that a cold sync's plan costs 4 bytes
+/// per element; the kernel side gathers them into chunked batch buffers.
+#[derive(Debug, Clone)]
+pub struct Step<'a> {
+    /// The map.
+    pub map: MapId,
+    /// Upsert or delete.
+    pub kind: Kind,
+    /// Where the rows' bytes are.
+    pub table: &'a Table,
+    /// The rows, in key order.
+    pub rows: Vec<u32>,
+}
+
+impl<'a> Step<'a> {
+    /// The step as single operations.
+    pub fn ops(&self) -> impl Iterator<Item = Op<'a>> + '_ {
+        let t = self.table;
+        self.rows.iter().map(move |&r| {
+            let r = r as usize;
+            match self.kind {
+                Kind::Upsert => Op::Upsert(self.map, t.key(r), t.value(r)),
+                Kind::Delete => Op::Delete(self.map, t.key(r)),
+            }
+        })
     }
+}
+
+/// Number of operations over all steps.
+pub fn count(steps: &[Step<'_>]) -> usize {
+    steps.iter().map(|s| s.rows.len()).sum()
+}
+
+/// The operations that take the maps from `old` to `new` (both sealed), as batches ordered so
+/// that readers never see a frontend whose service is incomplete: services, slots and members
+/// are written first, then frontends switch; stale frontends go before the services they
+/// pointed at. A service whose endpoint count shrinks is written before its extra slots are
+/// deleted (they come last), and one that grows has its new slots written before the count.
+/// Steps without rows are left out.
+pub fn steps<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Step<'a>> {
+    static EMPTY: std::sync::OnceLock<Entries> = std::sync::OnceLock::new();
+    let empty = EMPTY.get_or_init(Entries::default);
+    let get = |e: &'a Entries, m: MapId| -> &'a Table {
+        e.0.get(&m)
+            .or_else(|| empty.0.get(&m))
+            .unwrap_or_else(|| unreachable!("Entries::default has every map"))
+    };
     let mut out = Vec::new();
-    let upserts = |m: MapId, out: &mut Vec<Op<'a>>| {
-        let (o, n) = (get(old, m), get(new, m));
-        for (k, v) in n {
-            if o.get(k) != Some(v) {
-                out.push(Op::Upsert(m, k, v));
-            }
+    let mut push = |map, kind, table, rows: Vec<u32>| {
+        if !rows.is_empty() {
+            out.push(Step {
+                map,
+                kind,
+                table,
+                rows,
+            });
         }
     };
-    let deletes = |m: MapId, out: &mut Vec<Op<'a>>| {
+    let upserts = |m: MapId| {
         let (o, n) = (get(old, m), get(new, m));
-        for k in o.keys() {
-            if !n.contains_key(k) {
-                out.push(Op::Delete(m, k));
+        let mut rows = Vec::new();
+        let mut j = 0;
+        for i in 0..n.len() {
+            let k = n.key(i);
+            while j < o.len() && o.key(j) < k {
+                j += 1;
+            }
+            if !(j < o.len() && o.key(j) == k && o.value(j) == n.value(i)) {
+                rows.push(u32::try_from(i).unwrap_or(u32::MAX));
             }
         }
+        (n, rows)
     };
-    upserts(MapId::Members, &mut out);
-    upserts(MapId::Slots, &mut out);
-    upserts(MapId::Services, &mut out);
-    upserts(MapId::Frontends, &mut out);
-    deletes(MapId::Frontends, &mut out);
-    deletes(MapId::Services, &mut out);
-    deletes(MapId::Slots, &mut out);
-    deletes(MapId::Members, &mut out);
+    let deletes = |m: MapId| {
+        let (o, n) = (get(old, m), get(new, m));
+        let mut rows = Vec::new();
+        let mut j = 0;
+        for i in 0..o.len() {
+            let k = o.key(i);
+            while j < n.len() && n.key(j) < k {
+                j += 1;
+            }
+            if !(j < n.len() && n.key(j) == k) {
+                rows.push(u32::try_from(i).unwrap_or(u32::MAX));
+            }
+        }
+        (o, rows)
+    };
+    for m in [
+        MapId::Members,
+        MapId::Slots,
+        MapId::Services,
+        MapId::Frontends,
+    ] {
+        let (t, rows) = upserts(m);
+        push(m, Kind::Upsert, t, rows);
+    }
+    for m in [
+        MapId::Frontends,
+        MapId::Services,
+        MapId::Slots,
+        MapId::Members,
+    ] {
+        let (t, rows) = deletes(m);
+        push(m, Kind::Delete, t, rows);
+    }
     out
+}
+
+/// [`steps`] as single operations, in order (tests and logs).
+pub fn ops<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Op<'a>> {
+    steps(old, new)
+        .iter()
+        .flat_map(|s| s.ops().collect::<Vec<_>>())
+        .collect()
 }
 
 /// Service ids: one per (port, scope), kept while the group exists so that a change of

@@ -127,15 +127,20 @@ fn sctp_is_left_to_the_rules_and_affinity_is_carried() {
 }
 
 fn entries(id: u32, eps: &[&str]) -> Entries {
+    with_affinity(id, eps, 10)
+}
+
+fn with_affinity(id: u32, eps: &[&str], affinity_seconds: u32) -> Entries {
     let g = Group {
         scope: Scope::Internal,
         frontends: vec![(ip("10.96.0.10"), 80)],
         endpoints: eps.iter().map(|e| sa(e)).collect(),
-        affinity_seconds: 0,
+        affinity_seconds,
         refuse: eps.is_empty(),
     };
     let mut e = Entries::default();
     e.add_group(id, 6, &g);
+    e.seal();
     e
 }
 
@@ -192,6 +197,23 @@ fn ops_write_services_before_frontends_and_delete_in_reverse() {
 }
 
 #[test]
+fn members_are_written_only_for_affinity() {
+    let plain = with_affinity(1, &["10.0.0.1:80", "10.0.0.2:80"], 0);
+    assert!(plain.table(MapId::Members).is_some_and(Table::is_empty));
+    assert_eq!(plain.table(MapId::Slots).map(Table::len), Some(2));
+    let sticky = with_affinity(1, &["10.0.0.1:80", "10.0.0.2:80"], 10);
+    assert_eq!(sticky.table(MapId::Members).map(Table::len), Some(2));
+    // Turning affinity off deletes the members, after the service is rewritten.
+    let off = ops(&sticky, &plain);
+    assert!(
+        matches!(off[0], Op::Upsert(MapId::Services, _, _)),
+        "{off:?}"
+    );
+    assert!(matches!(off[1], Op::Delete(MapId::Members, _)), "{off:?}");
+    assert_eq!(off.len(), 3, "{off:?}");
+}
+
+#[test]
 fn ids_are_stable_reused_and_prefer_the_kernels() {
     let mut ids = Ids::default();
     let (a, b, c) = (
@@ -212,4 +234,46 @@ fn ids_are_stable_reused_and_prefer_the_kernels() {
     );
     assert_eq!(ids.len(), 2);
     let _ = Arc::new(0);
+}
+
+#[test]
+fn tables_sort_keep_the_last_of_equal_keys_and_diff_by_value() {
+    let mut t = Table::new(MapId::Services);
+    t.push(&[0, 0, 0, 2], &[2; 12]);
+    t.push(&[0, 0, 0, 1], &[1; 12]);
+    t.push(&[0, 0, 0, 2], &[3; 12]);
+    t.seal();
+    let rows: Vec<_> = t.iter().collect();
+    assert_eq!(
+        rows,
+        [
+            (&[0u8, 0, 0, 1][..], &[1u8; 12][..]),
+            (&[0, 0, 0, 2][..], &[3; 12][..])
+        ]
+    );
+    assert_eq!(t.get(&[0, 0, 0, 2]), Some(&[3u8; 12][..]));
+    assert_eq!(t.get(&[0, 0, 0, 3]), None);
+    // A dump of the wrong length is refused.
+    assert!(Table::from_flat(MapId::Services, vec![0; 4], vec![0; 11]).is_none());
+
+    let mut old = Entries::default();
+    old.0.insert(MapId::Services, t.clone());
+    let mut changed = t;
+    changed.push(&[0, 0, 0, 1], &[9; 12]);
+    changed.push(&[0, 0, 0, 4], &[4; 12]);
+    changed.seal();
+    let mut new = Entries::default();
+    new.0.insert(MapId::Services, changed);
+    // Key 1 changed value, key 4 is new, key 2 is unchanged: two upserts, no delete.
+    let got = ops(&old, &new);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got.iter()
+            .all(|o| matches!(o, Op::Upsert(MapId::Services, _, _)))
+    );
+    let back = ops(&new, &old);
+    assert!(
+        matches!(back.last(), Some(Op::Delete(MapId::Services, [0, 0, 0, 4]))),
+        "{back:?}"
+    );
 }
