@@ -15,6 +15,7 @@ pub struct InstanceLock {
 }
 
 /// The abstract socket name of `backend`'s lock.
+#[cfg(target_os = "linux")]
 pub fn lock_name(backend: &str) -> String {
     format!("kpng-{backend}")
 }

@@ -9,6 +9,7 @@
 //! backend keeps its variant's and removes the other's. kubelet's chains (`KUBE-FIREWALL`,
 //! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`, `KUBE-MARK-DROP`) are never touched.
 
+#[cfg(target_os = "linux")]
 use crate::backends::BackendKind;
 
 /// One thing a proxy may have left on the node.
@@ -98,6 +99,7 @@ impl Leftover {
 }
 
 /// What a running backend installs itself, which [`sweep`] keeps.
+#[cfg(target_os = "linux")]
 pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover> {
     match kind {
         BackendKind::Nft => vec![Leftover::KpngNft],
@@ -163,6 +165,7 @@ pub fn cleanup_all(dry_run: bool) -> anyhow::Result<()> {
 
 /// Whether an iptables chain is kube-proxy's (any mode) or kpng's iptables backend's, never
 /// kubelet's.
+#[cfg(target_os = "linux")]
 pub fn is_proxy_chain(chain: &str) -> bool {
     const EXACT: [&str; 14] = [
         "KUBE-SERVICES",
@@ -196,6 +199,7 @@ pub fn is_proxy_chain(chain: &str) -> bool {
 /// `iptables-save` text: every rule of another chain that jumps to one of them, then the
 /// chains themselves (declaring a chain flushes it, so no rule of one refers to another
 /// when they are deleted). `None` when the table has none.
+#[cfg(target_os = "linux")]
 pub fn removal_script(table: &str, saved: &str) -> Option<String> {
     let ours: Vec<&str> = saved
         .lines()
