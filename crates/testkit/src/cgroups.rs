@@ -72,13 +72,26 @@ pub fn of(ns: &str) -> Option<PathBuf> {
 }
 
 /// Forgets namespace `ns`'s record and removes its group once empty (best effort: a group
-/// other namespaces still use, or whose processes are still dying, stays).
+/// other namespaces still use stays). A process killed with the namespace may take a moment
+/// to leave the group (a many-threaded kpng does), so an occupied group is retried for up to
+/// two seconds rather than left behind.
 pub(crate) fn forget(ns: &str) {
     let Some(group) = of(ns) else { return };
     let _ = std::fs::remove_file(Path::new(RECORDS).join(ns));
-    if std::fs::remove_dir(&group).is_ok()
-        && let Some(parent) = group.parent()
-    {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let removed = loop {
+        match std::fs::remove_dir(&group) {
+            Ok(()) => break true,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ResourceBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(_) => break false,
+        }
+    };
+    if removed && let Some(parent) = group.parent() {
         let _ = std::fs::remove_dir(parent);
     }
 }
