@@ -8,8 +8,13 @@
 //! with a metadata type that skips the field (serde still walks its bytes, without allocating),
 //! and then hands the usual k8s-openapi object, `managed_fields: None`, to the conversion.
 //!
+//! The `kubectl.kubernetes.io/last-applied-configuration` annotation is skipped the same way:
+//! it is the whole object as the user applied it (hundreds of bytes of escaped JSON per
+//! Service), and nothing in the proxy reads it.
+//!
 //! Nothing else is dropped: every other metadata field the conversion or the watcher reads
-//! (name, namespace, labels, annotations, resourceVersion, uid, deletionTimestamp, …) is kept.
+//! (name, namespace, labels, other annotations, resourceVersion, uid, deletionTimestamp, …)
+//! is kept.
 
 use std::collections::BTreeMap;
 
@@ -38,9 +43,55 @@ struct Meta {
     deletion_timestamp: Option<Time>,
     deletion_grace_period_seconds: Option<i64>,
     labels: Option<BTreeMap<String, String>>,
+    #[serde(deserialize_with = "annotations_but_last_applied")]
     annotations: Option<BTreeMap<String, String>>,
     owner_references: Option<Vec<OwnerReference>>,
     finalizers: Option<Vec<String>>,
+}
+
+/// The annotation `kubectl apply` keeps the applied object in (see the module documentation).
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Annotations without [`LAST_APPLIED`]: its value is walked, never built into a string.
+fn annotations_but_last_applied<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Option<BTreeMap<String, String>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of strings")
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if key == LAST_APPLIED {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                } else {
+                    out.insert(key, map.next_value()?);
+                }
+            }
+            Ok(Some(out))
+        }
+    }
+    deserializer.deserialize_option(Visitor)
 }
 
 impl From<Meta> for ObjectMeta {
@@ -139,11 +190,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// The slim read gives the object the full read gives, without `managedFields`.
+    /// The slim read gives the object the full read gives, without `managedFields` and the
+    /// last-applied annotation.
     #[test]
     fn slim_objects_equal_full_ones_without_managed_fields() {
         let meta = json!({"name": "s", "namespace": "ns", "uid": "u", "resourceVersion": "7",
-            "labels": {"a": "b"}, "annotations": {"x": "y"},
+            "labels": {"a": "b"},
+            "annotations": {"x": "y", LAST_APPLIED: "{\"apiVersion\":\"v1\"}"},
             "deletionTimestamp": "2026-01-01T00:00:00Z",
             "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "s", "uid": "u"}],
             "managedFields": [{"manager": "kubectl", "operation": "Update",
@@ -156,12 +209,32 @@ mod tests {
         let mut full: Service = serde_json::from_value(service.clone()).expect("full");
         assert!(full.metadata.managed_fields.is_some());
         full.metadata.managed_fields = None;
+        let annotations = full.metadata.annotations.as_mut().expect("annotations");
+        assert!(annotations.remove(LAST_APPLIED).is_some());
         let slim: Slim<Service> = serde_json::from_value(service).expect("slim");
         assert_eq!(slim.0, full);
         let mut full: EndpointSlice = serde_json::from_value(slice.clone()).expect("full");
         full.metadata.managed_fields = None;
+        if let Some(annotations) = full.metadata.annotations.as_mut() {
+            annotations.remove(LAST_APPLIED);
+        }
         let slim: Slim<EndpointSlice> = serde_json::from_value(slice).expect("slim");
         assert_eq!(slim.0, full);
+    }
+
+    /// Annotations that are absent or null read as none, as in the full read.
+    #[test]
+    fn absent_or_null_annotations_are_none() {
+        for meta in [
+            json!({"name": "s"}),
+            json!({"name": "s", "annotations": null}),
+        ] {
+            let service = json!({"metadata": meta, "spec": {}});
+            let slim: Slim<Service> = serde_json::from_value(service).expect("slim");
+            assert_eq!(slim.0.metadata.annotations, None);
+        }
+        let wrong = json!({"metadata": {"annotations": {"a": 1}}, "spec": {}});
+        assert!(serde_json::from_value::<Slim<Service>>(wrong).is_err());
     }
 
     /// A field of the wrong type is still an error (the watcher reports the object).
