@@ -482,6 +482,17 @@ fn mem(input: &str) -> Result<(), String> {
         drop(model);
         println!("model dropped: {}", rss_mb());
     }
+    if std::env::var_os("KPNG_MEM_CLUSTER").is_some() {
+        let mut cluster = kpng_model::cluster::ClusterModel::new(Default::default());
+        for p in &paths {
+            for o in objects_of(p)? {
+                cluster.apply(Event::Apply(o));
+            }
+        }
+        println!("streamed into a cluster model alone: {}", rss_mb());
+        drop(cluster);
+        println!("cluster model dropped: {}", rss_mb());
+    }
     let mut model = new_model();
     streamed(&mut model)?;
     println!(
