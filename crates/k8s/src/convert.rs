@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kpng_model::ip::{parse_cidr_sloppy, parse_ip_sloppy};
 use kpng_model::records::{
     ConversionError, Ignored, NodeInfo, PortInfo, ServiceCidrInfo, ServiceInfo, SliceEndpoint,
-    SliceInfo, SlicePort, Warning,
+    SliceInfo, SlicePort, TopologyHints, Warning,
 };
 use kpng_model::{Family, Kind, Name, ObjectRef, Protocol, ServiceKey, SessionAffinity};
 
@@ -399,18 +399,20 @@ pub fn endpoint_slice(
             ready: cond.and_then(|c| c.ready).unwrap_or(true),
             serving: cond.and_then(|c| c.serving).unwrap_or(true),
             terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-            zone_hints: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|z| z.name.clone())
-                .collect(),
-            node_hints: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|n| n.name.clone())
-                .collect(),
+            hints: TopologyHints::boxed(
+                hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|z| z.name.clone())
+                    .collect(),
+                hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|n| n.name.clone())
+                    .collect(),
+            ),
         });
     }
     Ok(info)

@@ -40,8 +40,8 @@ pub(crate) fn candidates<'a>(
                         serving: ep.serving,
                         terminating: ep.terminating,
                     },
-                    zone_hints: ep.zone_hints.clone(),
-                    node_hints: ep.node_hints.clone(),
+                    zone_hints: ep.zone_hints().to_vec(),
+                    node_hints: ep.node_hints().to_vec(),
                 };
                 let key = candidate.endpoint.addr().to_string();
                 if is_local || !by_addr.contains_key(&key) {

@@ -88,7 +88,7 @@ impl ServiceSource {
     pub fn dependent_nodes(&self) -> Option<Vec<String>> {
         let mut nodes = Vec::new();
         for e in self.slices.iter().flat_map(|s| s.endpoints.iter()) {
-            if !e.zone_hints.is_empty() || !e.node_hints.is_empty() {
+            if e.has_hints() {
                 return None;
             }
             if let Some(name) = e.node_name.as_deref().filter(|n| !n.is_empty()) {
@@ -108,8 +108,7 @@ impl ServiceSource {
             .iter()
             .flat_map(|s| s.endpoints.iter())
             .any(|e| {
-                !e.zone_hints.is_empty()
-                    || !e.node_hints.is_empty()
+                e.has_hints()
                     || (!node_name.is_empty() && e.node_name.as_deref() == Some(node_name))
             })
     }
@@ -311,6 +310,7 @@ impl ClusterModel {
         match object {
             Object::Service(info) => {
                 let mut info = *info;
+                info.shrink_to_fit();
                 out.applied += 1;
                 let range_warnings = match self.config.node_port_range {
                     Some(range) => drop_out_of_range(&mut info, range),
@@ -344,6 +344,7 @@ impl ClusterModel {
                 trigger_time,
             } => {
                 let mut info = *slice;
+                info.shrink_to_fit();
                 out.applied += 1;
                 if let Some(only) = &self.config.only_node {
                     // Only locality matters: keep a node name only when it is ours (saves a
@@ -421,6 +422,11 @@ impl ClusterModel {
             services.insert(service.clone());
             // Sorted by name: the order slices are merged in (first copy of an endpoint wins).
             let source = Arc::make_mut(self.sources.entry(service.clone()).or_default());
+            // Almost every Service has one slice: room for exactly one (a first `insert`
+            // makes room for four, 360 bytes more per Service); more grow as usual.
+            if source.slices.capacity() == 0 {
+                source.slices.reserve_exact(1);
+            }
             let at = source.slices.partition_point(|x| x.name < info.name);
             source.slices.insert(at, info.clone());
         }

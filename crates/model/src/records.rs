@@ -118,6 +118,20 @@ pub struct ServiceInfo {
     pub created: Option<std::time::SystemTime>,
 }
 
+impl ServiceInfo {
+    /// Gives back the spare capacity of its lists. A list built by pushing keeps room for
+    /// four entries (a 17-byte `IpAddr` list of one takes 80 bytes instead of 32); the model
+    /// keeps every Service for its lifetime, so it stores them exact (docs/benchmarks.md,
+    /// "Memory at 30k × 4").
+    pub fn shrink_to_fit(&mut self) {
+        self.cluster_ips.shrink_to_fit();
+        self.ports.shrink_to_fit();
+        self.external_ips.shrink_to_fit();
+        self.load_balancer_ips.shrink_to_fit();
+        self.source_ranges.shrink_to_fit();
+    }
+}
+
 /// One port of an EndpointSlice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlicePort {
@@ -142,10 +156,49 @@ pub struct SliceEndpoint {
     pub serving: bool,
     /// `conditions.terminating`, nil = false.
     pub terminating: bool,
+    /// Its topology hints; `None` when it has none, as almost every endpoint. Boxed: two
+    /// empty `Vec`s inline cost 48 bytes per endpoint, a third of the model at 30k Services
+    /// × 4 endpoints (docs/benchmarks.md, "Memory at 30k × 4").
+    pub hints: Option<Box<TopologyHints>>,
+}
+
+impl SliceEndpoint {
+    /// `hints.forZones[].name` (empty without hints).
+    pub fn zone_hints(&self) -> &[String] {
+        self.hints.as_deref().map_or(&[], |h| &h.zones)
+    }
+
+    /// `hints.forNodes[].name` (empty without hints).
+    pub fn node_hints(&self) -> &[String] {
+        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+    }
+
+    /// Whether the endpoint carries any topology hint.
+    pub fn has_hints(&self) -> bool {
+        self.hints.is_some()
+    }
+}
+
+/// The topology hints of one endpoint. Never both empty inside a [`SliceEndpoint`]: an
+/// endpoint without hints has `hints: None` ([`TopologyHints::boxed`] keeps it so).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TopologyHints {
     /// `hints.forZones[].name`.
-    pub zone_hints: Vec<String>,
+    pub zones: Vec<String>,
     /// `hints.forNodes[].name`.
-    pub node_hints: Vec<String>,
+    pub nodes: Vec<String>,
+}
+
+impl TopologyHints {
+    /// The hints as a [`SliceEndpoint`] holds them: `None` when both lists are empty.
+    pub fn boxed(mut zones: Vec<String>, mut nodes: Vec<String>) -> Option<Box<TopologyHints>> {
+        if zones.is_empty() && nodes.is_empty() {
+            return None;
+        }
+        zones.shrink_to_fit();
+        nodes.shrink_to_fit();
+        Some(Box::new(TopologyHints { zones, nodes }))
+    }
 }
 
 /// An EndpointSlice reduced to what proxying needs.
@@ -164,6 +217,14 @@ pub struct SliceInfo {
     pub ports: Vec<SlicePort>,
     /// Endpoints with a parseable first address.
     pub endpoints: Vec<SliceEndpoint>,
+}
+
+impl SliceInfo {
+    /// Gives back the spare capacity of its lists (see [`ServiceInfo::shrink_to_fit`]).
+    pub fn shrink_to_fit(&mut self) {
+        self.ports.shrink_to_fit();
+        self.endpoints.shrink_to_fit();
+    }
 }
 
 /// A Node reduced to what proxying needs.
@@ -192,4 +253,28 @@ pub struct ServiceCidrInfo {
     pub name: String,
     /// `spec.cidrs`, canonical.
     pub cidrs: Vec<IpNet>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_are_boxed_only_when_there_are_some() {
+        assert_eq!(TopologyHints::boxed(Vec::new(), Vec::new()), None);
+        let ep = SliceEndpoint {
+            ip: std::net::IpAddr::from([10, 0, 0, 1]),
+            node_name: None,
+            ready: true,
+            serving: true,
+            terminating: false,
+            hints: TopologyHints::boxed(vec!["zone-a".into()], Vec::new()),
+        };
+        assert!(ep.has_hints());
+        assert_eq!(ep.zone_hints(), ["zone-a".to_string()]);
+        assert!(ep.node_hints().is_empty());
+        let bare = SliceEndpoint { hints: None, ..ep };
+        assert!(!bare.has_hints());
+        assert!(bare.zone_hints().is_empty());
+    }
 }

@@ -470,16 +470,20 @@ impl<M: NodeModel> LoopState<M> {
         });
         let full = self.need_full || full_due;
         let snapshot = self.runner.model.snapshot();
+        // What this sync carries, for its log line: the changes since the last sync (a full
+        // sync reprograms everything, but the operator asks what changed). A sync takes every
+        // pending change whatever its outcome, so a full sync drops them before it builds its
+        // diff of every port: at start-up both are as large as the cluster (~3 MB at 30k
+        // Services), and only one need be alive at the peak.
+        let pending = std::mem::take(&mut self.pending);
+        let summary = DiffSummary::of(&pending);
+        let changed_names = changed_services(&pending);
         let diff = if full {
+            drop(pending);
             Diff::full(snapshot)
         } else {
-            std::mem::take(&mut self.pending)
+            pending
         };
-        // What this sync carries, for its log line: the changes since the last sync (a full
-        // sync reprograms everything, but the operator asks what changed).
-        let changed = if full { &self.pending } else { &diff };
-        let summary = DiffSummary::of(changed);
-        let changed_names = changed_services(changed);
         let ports_total = snapshot.ports.len();
         if self.last_sync.is_none() && ports_total >= LARGE_FIRST_SYNC {
             info!("first sync: programming {ports_total} Service ports");
