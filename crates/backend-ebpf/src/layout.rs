@@ -165,9 +165,7 @@ mod tests {
         assert_eq!(endpoint_of(&endpoint(ep)), Some(ep));
         assert_eq!(endpoint_of(&member_key(3, ep)[4..]), Some(ep));
         // A service holds its id and its first INLINE endpoints.
-        let eps: Vec<SocketAddr> = (0..10u16)
-            .map(|i| SocketAddr::new(ip, 8000 + i))
-            .collect();
+        let eps: Vec<SocketAddr> = (0..10u16).map(|i| SocketAddr::new(ip, 8000 + i)).collect();
         let v = service(7, 10, 0, 0, &eps);
         assert_eq!(service_id_of(&v), Some(7));
         assert_eq!(service_endpoints(&v), eps[..INLINE]);

@@ -362,7 +362,11 @@ fn udp_endpoints(e: &Entries) -> BTreeSet<SocketAddr> {
     let udp = layout::ip_proto(Protocol::Udp);
     let mut ids = BTreeSet::new();
     let mut out = BTreeSet::new();
-    for (k, v) in e.table(MapId::Frontends).into_iter().flat_map(plan::Table::iter) {
+    for (k, v) in e
+        .table(MapId::Frontends)
+        .into_iter()
+        .flat_map(plan::Table::iter)
+    {
         if k.get(18) == udp.as_ref() {
             ids.extend(layout::service_id_of(v));
             out.extend(layout::service_endpoints(v));

@@ -330,13 +330,7 @@ pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut dyn FnMut(MapId, &
         }
     }
     let flags = if group.refuse { layout::FLAG_REFUSE } else { 0 };
-    let value = layout::service(
-        id,
-        count,
-        group.affinity_seconds,
-        flags,
-        &group.endpoints,
-    );
+    let value = layout::service(id, count, group.affinity_seconds, flags, &group.endpoints);
     for (ip, port) in &group.frontends {
         out(
             MapId::Frontends,
@@ -389,7 +383,10 @@ impl<'a> Converge<'a> {
 
     /// The pending writes (keys and values back to back), emptied.
     pub fn take(&mut self) -> (Vec<u8>, Vec<u8>) {
-        (std::mem::take(&mut self.keys), std::mem::take(&mut self.values))
+        (
+            std::mem::take(&mut self.keys),
+            std::mem::take(&mut self.values),
+        )
     }
 
     /// Elements written so far (changed or new).
@@ -570,7 +567,8 @@ impl Ids {
                 }
             },
         };
-        self.by_group.insert((port.clone(), scope), (id, generation));
+        self.by_group
+            .insert((port.clone(), scope), (id, generation));
         self.used.insert(id);
         id
     }

@@ -284,5 +284,6 @@ fn an_upgrade_replaces_maps_of_another_layout() {
     assert!(pins.join("v2/kpng_frontends").exists(), "new maps pinned");
     assert_eq!(attached(&c).len(), 8, "programs attached");
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
-    held.second("pod2a").expect("connections work after the upgrade");
+    held.second("pod2a")
+        .expect("connections work after the upgrade");
 }

@@ -194,7 +194,11 @@ fn a_long_list_overflows_into_slots_written_before_and_deleted_after_the_fronten
     let add = maps_of(&ops(&none, &long));
     assert_eq!(add.len(), 13);
     assert_eq!(add.last(), Some(&(MapId::Frontends, true)), "{add:?}");
-    assert!(add[..12].iter().all(|(m, up)| *m != MapId::Frontends && *up));
+    assert!(
+        add[..12]
+            .iter()
+            .all(|(m, up)| *m != MapId::Frontends && *up)
+    );
     // Shrinking to 9: the frontend's count first, then slot 9 and the member go.
     let nine = entries(1, &strs(&ten[..9]));
     assert_eq!(
@@ -211,7 +215,10 @@ fn a_long_list_overflows_into_slots_written_before_and_deleted_after_the_fronten
     assert_eq!(back[0], (MapId::Frontends, true));
     assert_eq!(back.len(), 1 + 1 + 9, "{back:?}");
     // Gone: frontend first.
-    assert_eq!(ops(&long, &none).first().map(|o| maps_of(&[*o])[0]), Some((MapId::Frontends, false)));
+    assert_eq!(
+        ops(&long, &none).first().map(|o| maps_of(&[*o])[0]),
+        Some((MapId::Frontends, false))
+    );
 }
 
 #[test]
@@ -290,7 +297,11 @@ fn ids_are_stable_reused_and_prefer_the_kernels() {
     ids.sweep();
     assert_eq!(ids.len(), 1);
     assert_eq!(ids.get(&b, Scope::Internal), None);
-    assert_eq!(ids.assign(&a, Scope::Internal, None), idb, "b's id is free again");
+    assert_eq!(
+        ids.assign(&a, Scope::Internal, None),
+        idb,
+        "b's id is free again"
+    );
     let _ = Arc::new(0);
 }
 
@@ -325,7 +336,10 @@ fn tables_sort_keep_the_last_of_equal_keys_and_diff_by_value() {
     // Key 1 changed value, key 4 is new, key 2 is unchanged: two upserts, no delete.
     let got = ops(&old, &new);
     assert_eq!(got.len(), 2, "{got:?}");
-    assert!(got.iter().all(|o| matches!(o, Op::Upsert(MapId::Slots, _, _))));
+    assert!(
+        got.iter()
+            .all(|o| matches!(o, Op::Upsert(MapId::Slots, _, _)))
+    );
     let back = ops(&new, &old);
     assert!(
         matches!(
