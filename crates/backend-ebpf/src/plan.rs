@@ -304,6 +304,9 @@ impl Entries {
     }
 }
 
+/// Where [`for_group`] hands each (map, key, value).
+pub type ElementSink<'a> = dyn FnMut(MapId, &[u8], &[u8]) + 'a;
+
 /// Every element of `group` under service id `id` (`proto`: the IP protocol number), in
 /// the order a writer must respect: the overflow slots and members (the elements a frontend
 /// points at) before the frontends.
@@ -312,7 +315,7 @@ impl Entries {
 /// element per frontend, where the list used to cost a service element and one slot per
 /// endpoint. Only longer lists write slots (from `INLINE` on), and only those with affinity
 /// write members (the program searches a short list inline).
-pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut dyn FnMut(MapId, &[u8], &[u8])) {
+pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut ElementSink<'_>) {
     let count = u32::try_from(group.endpoints.len()).unwrap_or(u32::MAX);
     let overflow = group.endpoints.len() > layout::INLINE;
     if overflow {
