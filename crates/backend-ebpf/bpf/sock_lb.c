@@ -75,13 +75,6 @@ struct reverse_key {
 	struct endpoint ep;
 };
 
-// What a connected TCP socket believes its peer is: the endpoint it was sent to, and the
-// frontend getpeername() shows instead.
-struct peer {
-	struct endpoint ep;
-	struct endpoint fe;
-};
-
 // Frontend → service with its first endpoints.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -124,9 +117,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_affinity SEC(".maps");
 
-// (socket cookie, endpoint) → frontend, for UDP: what an unconnected socket's replies come
-// from (recvmsg), and which endpoints connected UDP sockets use (userspace destroys those
-// sockets when their endpoint leaves). LRU maps are preallocated: 128k sockets (~17 MB).
+// (socket cookie, endpoint) → frontend: what a socket believes its peer is (getpeername,
+// recvmsg of unconnected UDP sockets), and which endpoints connected UDP sockets use
+// (userspace destroys those sockets when their endpoint leaves). LRU maps are preallocated:
+// sized for 128k translated sockets at once (~17 MB). Per-socket storage (SK_STORAGE) instead
+// of this write was measured: its creation at connect costs at least as much as the LRU
+// update (docs/backends.md).
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 131072);
@@ -134,16 +130,6 @@ struct {
 	__type(value, struct endpoint);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_reverse SEC(".maps");
-
-// Per-socket storage of connected TCP sockets: the peer getpeername() translates back. It
-// lives and dies with the socket, costs no global hash write per connect, and never evicts.
-struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct peer);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpng_peers SEC(".maps");
 
 enum verdict {
 	PASS = 0,   // not a frontend (or nothing usable): leave the address alone
@@ -230,23 +216,10 @@ static __always_inline void frontend_of(const struct frontend_key *k, struct end
 	fe->port = k->port;
 }
 
-// Remembers the translation for the peer the application reads back: TCP in the socket's own
-// storage (getpeername is its only reader), UDP in kpng_reverse (recvmsg of unconnected
-// sockets, and the connected sockets userspace must find when an endpoint leaves).
+// Remembers the translation for the peer the application reads back.
 static __always_inline void remember(struct bpf_sock_addr *ctx, struct frontend_key *k,
 				     struct endpoint *ep)
 {
-	if (k->proto == IPPROTO_TCP) {
-		struct bpf_sock *sk = ctx->sk;
-		if (!sk)
-			return;
-		struct peer *p = bpf_sk_storage_get(&kpng_peers, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (!p)
-			return;
-		p->ep = *ep;
-		frontend_of(k, &p->fe);
-		return;
-	}
 	struct reverse_key rk = {};
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	rk.ep = *ep;
@@ -347,20 +320,10 @@ int kpng_sendmsg6(struct bpf_sock_addr *ctx)
 }
 
 // The peer a socket sees (recvmsg's source, getpeername): endpoint → frontend when this socket
-// was translated towards that endpoint. TCP sockets keep theirs in kpng_peers, UDP sockets in
-// kpng_reverse.
+// was translated towards that endpoint.
 static __always_inline struct endpoint *frontend_for(struct bpf_sock_addr *ctx,
 						      struct endpoint *ep)
 {
-	if (ctx->protocol == IPPROTO_TCP) {
-		struct bpf_sock *sk = ctx->sk;
-		if (!sk)
-			return 0;
-		struct peer *p = bpf_sk_storage_get(&kpng_peers, sk, 0, 0);
-		if (!p || !same_endpoint(&p->ep, ep))
-			return 0;
-		return &p->fe;
-	}
 	struct reverse_key rk = {};
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	rk.ep = *ep;
