@@ -15,8 +15,8 @@ use kpng_model::Protocol;
 pub const VERSION: &str = "v2";
 
 /// `INLINE`: the endpoints a frontend's value holds itself; a longer list continues in
-/// `kpng_slots`. Eight keeps the value at 176 bytes (one 256-byte kernel allocation with the
-/// element's header) and covers most Services.
+/// `kpng_slots`. Eight keeps the value at 176 bytes (about 250 per element with the kernel's
+/// element header and the key) and covers most Services.
 pub const INLINE: usize = 8;
 /// `struct frontend_key`: address, port, protocol, padding.
 pub const FRONTEND_KEY: usize = 20;

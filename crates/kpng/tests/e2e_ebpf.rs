@@ -72,7 +72,7 @@ fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
     );
     held.second("pod2a").expect("the connection works");
     // The application still sees the Service as its peer (the programs translate getpeername
-    // back from the socket's own storage).
+    // back).
     let out = c
         .pod("pod1a")
         .ns
