@@ -7,7 +7,8 @@
 // (recvmsg of unconnected UDP sockets, getpeername).
 //
 // Userspace (crates/backend-ebpf/src/layout.rs, plan.rs) owns every map's contents; the layouts below are
-// mirrored there byte for byte. Every address is 16 bytes: IPv4 as an IPv4-mapped IPv6 address
+// mirrored there byte for byte (a change of any of them bumps layout::VERSION, which names the
+// pin directory of the maps, so that a kpng of the new layout never adopts maps of the old). Every address is 16 bytes: IPv4 as an IPv4-mapped IPv6 address
 // (::ffff:a.b.c.d), so one map serves both families and a dual-stack socket's connect6 to a
 // mapped IPv4 Service address finds the IPv4 frontend. Ports are in network byte order.
 
@@ -21,6 +22,9 @@
 // Service flags.
 #define SVC_REFUSE 1 // no endpoint anywhere: refuse (REJECT semantics)
 
+// Endpoints held in the frontend's value itself; a longer list continues in kpng_slots.
+#define INLINE 8
+
 struct frontend_key {
 	__u32 addr[4];
 	__u16 port;
@@ -28,16 +32,21 @@ struct frontend_key {
 	__u8 pad;
 };
 
-struct service {
-	__u32 count;            // endpoints in slots 0..count-1
-	__u32 affinity_seconds; // ClientIP affinity timeout, 0 = none
-	__u32 flags;
-};
-
 struct endpoint {
 	__u32 addr[4];
 	__u16 port;
 	__u16 pad;
+};
+
+// A frontend's value: the service (its id, endpoint count, affinity, flags) and its first
+// INLINE endpoints. One map element per frontend: a connect is one hash lookup, and a cold
+// sync writes one element per Service port instead of one per endpoint.
+struct service {
+	__u32 id;               // the service's id (affinity key, overflow slots)
+	__u32 count;            // endpoints: eps[0..min(count, INLINE)), then kpng_slots
+	__u32 affinity_seconds; // ClientIP affinity timeout, 0 = none
+	__u32 flags;
+	struct endpoint eps[INLINE];
 };
 
 struct slot_key {
@@ -66,27 +75,18 @@ struct reverse_key {
 	struct endpoint ep;
 };
 
-// Frontend → service id.
+// Frontend → service with its first endpoints.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 262144);
 	__type(key, struct frontend_key);
-	__type(value, __u32);
+	__type(value, struct service);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_frontends SEC(".maps");
 
-// Service id → endpoint count, affinity, flags.
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 262144);
-	__type(key, __u32);
-	__type(value, struct service);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpng_services SEC(".maps");
-
-// (service id, slot) → endpoint: the list the model computed, one slot per endpoint.
+// (service id, slot) → endpoint for slots INLINE and up: only Services with more endpoints
+// than fit in the frontend's value.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -96,7 +96,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_slots SEC(".maps");
 
-// (service id, endpoint) → 1: whether an affinity entry's endpoint is still in the service.
+// (service id, endpoint) → 1: whether an affinity entry's endpoint is still in the service,
+// for Services with affinity and more endpoints than INLINE (the others are searched inline).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -116,8 +117,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_affinity SEC(".maps");
 
-// (socket cookie, endpoint) → frontend: what a socket believes its peer is. LRU maps are
-// preallocated: sized for 128k translated sockets at once (~17 MB).
+// (socket cookie, endpoint) → frontend: what a socket believes its peer is (getpeername,
+// recvmsg of unconnected UDP sockets), and which endpoints connected UDP sockets use
+// (userspace destroys those sockets when their endpoint leaves). LRU maps are preallocated:
+// sized for 128k translated sockets at once (~17 MB). Per-socket storage (SK_STORAGE) instead
+// of this write was measured: its creation at connect costs at least as much as the LRU
+// update (docs/backends.md).
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 131072);
@@ -132,55 +137,86 @@ enum verdict {
 	REFUSE = 2, // a frontend without endpoints anywhere
 };
 
+static __always_inline int same_endpoint(const struct endpoint *a, const struct endpoint *b)
+{
+	return a->addr[0] == b->addr[0] && a->addr[1] == b->addr[1] && a->addr[2] == b->addr[2] &&
+	       a->addr[3] == b->addr[3] && a->port == b->port;
+}
+
+// Whether `ep` is still one of the service's endpoints.
+static __always_inline int is_member(const struct service *svc, const struct endpoint *ep)
+{
+	if (svc->count > INLINE) {
+		struct member_key mk = {};
+		mk.svc = svc->id;
+		mk.ep = *ep;
+		return bpf_map_lookup_elem(&kpng_members, &mk) != 0;
+	}
+#pragma unroll
+	for (int i = 0; i < INLINE; i++) {
+		if (i < svc->count && same_endpoint(&svc->eps[i], ep))
+			return 1;
+	}
+	return 0;
+}
+
 static __always_inline enum verdict pick(void *ctx, struct frontend_key *k, struct endpoint *out)
 {
-	__u32 *id = bpf_map_lookup_elem(&kpng_frontends, k);
-	if (!id)
-		return PASS;
-	__u32 svc_id = *id;
-	struct service *svc = bpf_map_lookup_elem(&kpng_services, &svc_id);
+	struct service *svc = bpf_map_lookup_elem(&kpng_frontends, k);
 	if (!svc)
 		return PASS;
-	if (svc->count == 0)
+	__u32 count = svc->count;
+	if (count == 0)
 		return (svc->flags & SVC_REFUSE) ? REFUSE : PASS;
 
-	// Without affinity (most Services) a connect costs three lookups and a random number:
-	// no clock read, no affinity map access.
+	// Without affinity (most Services) a connect costs one lookup and a random number: no
+	// clock read, no affinity map access.
 	__u64 now = 0;
 	struct affinity_key ak = {};
 	if (svc->affinity_seconds) {
 		now = bpf_ktime_get_ns();
 		ak.netns = bpf_get_netns_cookie(ctx);
-		ak.svc = svc_id;
+		ak.svc = svc->id;
 		struct affinity_value *av = bpf_map_lookup_elem(&kpng_affinity, &ak);
-		if (av && now - av->last_ns <= (__u64)svc->affinity_seconds * 1000000000ULL) {
-			struct member_key mk = {};
-			mk.svc = svc_id;
-			mk.ep = av->ep;
-			if (bpf_map_lookup_elem(&kpng_members, &mk)) {
-				*out = av->ep;
-				av->last_ns = now;
-				return MAPPED;
-			}
+		if (av && now - av->last_ns <= (__u64)svc->affinity_seconds * 1000000000ULL &&
+		    is_member(svc, &av->ep)) {
+			*out = av->ep;
+			av->last_ns = now;
+			return MAPPED;
 		}
 	}
 
-	struct slot_key sk = {};
-	sk.svc = svc_id;
-	sk.slot = bpf_get_prandom_u32() % svc->count;
-	struct endpoint *ep = bpf_map_lookup_elem(&kpng_slots, &sk);
-	if (!ep)
-		return PASS;
-	*out = *ep;
+	__u32 slot = bpf_get_prandom_u32() % count;
+	if (slot < INLINE) {
+		*out = svc->eps[slot];
+	} else {
+		struct slot_key sk = {};
+		sk.svc = svc->id;
+		sk.slot = slot;
+		struct endpoint *ep = bpf_map_lookup_elem(&kpng_slots, &sk);
+		if (!ep)
+			return PASS;
+		*out = *ep;
+	}
 	if (svc->affinity_seconds) {
 		struct affinity_value av = {};
-		av.ep = *ep;
+		av.ep = *out;
 		av.last_ns = now;
 		bpf_map_update_elem(&kpng_affinity, &ak, &av, BPF_ANY);
 	}
 	return MAPPED;
 }
 
+static __always_inline void frontend_of(const struct frontend_key *k, struct endpoint *fe)
+{
+	fe->addr[0] = k->addr[0];
+	fe->addr[1] = k->addr[1];
+	fe->addr[2] = k->addr[2];
+	fe->addr[3] = k->addr[3];
+	fe->port = k->port;
+}
+
+// Remembers the translation for the peer the application reads back.
 static __always_inline void remember(struct bpf_sock_addr *ctx, struct frontend_key *k,
 				     struct endpoint *ep)
 {
@@ -188,11 +224,7 @@ static __always_inline void remember(struct bpf_sock_addr *ctx, struct frontend_
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	rk.ep = *ep;
 	struct endpoint fe = {};
-	fe.addr[0] = k->addr[0];
-	fe.addr[1] = k->addr[1];
-	fe.addr[2] = k->addr[2];
-	fe.addr[3] = k->addr[3];
-	fe.port = k->port;
+	frontend_of(k, &fe);
 	bpf_map_update_elem(&kpng_reverse, &rk, &fe, BPF_ANY);
 }
 
@@ -289,14 +321,22 @@ int kpng_sendmsg6(struct bpf_sock_addr *ctx)
 
 // The peer a socket sees (recvmsg's source, getpeername): endpoint → frontend when this socket
 // was translated towards that endpoint.
-static __always_inline void reverse4(struct bpf_sock_addr *ctx)
+static __always_inline struct endpoint *frontend_for(struct bpf_sock_addr *ctx,
+						      struct endpoint *ep)
 {
 	struct reverse_key rk = {};
 	rk.cookie = bpf_get_socket_cookie(ctx);
-	rk.ep.addr[2] = bpf_htonl(0xffff);
-	rk.ep.addr[3] = ctx->user_ip4;
-	rk.ep.port = (__u16)ctx->user_port;
-	struct endpoint *fe = bpf_map_lookup_elem(&kpng_reverse, &rk);
+	rk.ep = *ep;
+	return bpf_map_lookup_elem(&kpng_reverse, &rk);
+}
+
+static __always_inline void reverse4(struct bpf_sock_addr *ctx)
+{
+	struct endpoint ep = {};
+	ep.addr[2] = bpf_htonl(0xffff);
+	ep.addr[3] = ctx->user_ip4;
+	ep.port = (__u16)ctx->user_port;
+	struct endpoint *fe = frontend_for(ctx, &ep);
 	if (!fe)
 		return;
 	ctx->user_ip4 = fe->addr[3];
@@ -305,14 +345,13 @@ static __always_inline void reverse4(struct bpf_sock_addr *ctx)
 
 static __always_inline void reverse6(struct bpf_sock_addr *ctx)
 {
-	struct reverse_key rk = {};
-	rk.cookie = bpf_get_socket_cookie(ctx);
-	rk.ep.addr[0] = ctx->user_ip6[0];
-	rk.ep.addr[1] = ctx->user_ip6[1];
-	rk.ep.addr[2] = ctx->user_ip6[2];
-	rk.ep.addr[3] = ctx->user_ip6[3];
-	rk.ep.port = (__u16)ctx->user_port;
-	struct endpoint *fe = bpf_map_lookup_elem(&kpng_reverse, &rk);
+	struct endpoint ep = {};
+	ep.addr[0] = ctx->user_ip6[0];
+	ep.addr[1] = ctx->user_ip6[1];
+	ep.addr[2] = ctx->user_ip6[2];
+	ep.addr[3] = ctx->user_ip6[3];
+	ep.port = (__u16)ctx->user_port;
+	struct endpoint *fe = frontend_for(ctx, &ep);
 	if (!fe)
 		return;
 	ctx->user_ip6[0] = fe->addr[0];

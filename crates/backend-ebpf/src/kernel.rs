@@ -1,8 +1,11 @@
 //! The kernel side through aya: loads the clang-built object, attaches its cgroup programs,
 //! pins maps and links under the pin directory, and reads and writes the maps.
 //!
-//! Restart without interruption: the maps are pinned by name (`LIBBPF_PIN_BY_NAME`), so the next
-//! kpng's loader opens the same maps, contents included. Its programs are attached *beside*
+//! Restart without interruption: the maps are pinned by name (`LIBBPF_PIN_BY_NAME`) under
+//! `<pin dir>/<layout version>`, so the next kpng's loader opens the same maps, contents
+//! included, as long as their layout is the same; a kpng of another layout creates its own
+//! maps in its own directory and removes the previous layout's pins once its programs are
+//! attached. Its programs are attached *beside*
 //! the previous ones (`BPF_F_ALLOW_MULTI`), their links pinned under a temporary name and
 //! renamed over the previous pins: the rename drops the last reference to the previous links,
 //! which detaches the previous programs. During the overlap both generations translate with the
@@ -23,7 +26,7 @@ use aya::{Ebpf, EbpfLoader};
 use crate::Error;
 use crate::batch;
 use crate::layout::{
-    ENDPOINT, FRONTEND_KEY, MEMBER, MEMBER_KEY, REVERSE_KEY, SERVICE, SERVICE_ID, SLOT_KEY,
+    ENDPOINT, FRONTEND_KEY, MEMBER, MEMBER_KEY, REVERSE_KEY, SERVICE, SLOT_KEY, VERSION,
 };
 use crate::object::OBJECT;
 use crate::plan::{Kind, MapId, Step, Table};
@@ -47,8 +50,7 @@ const LINKS: &str = "links";
 pub struct Kernel {
     // Keeps the programs loaded while their links are pinned and the maps' fds open.
     _ebpf: Ebpf,
-    frontends: BpfHashMap<MapData, [u8; FRONTEND_KEY], [u8; SERVICE_ID]>,
-    services: BpfHashMap<MapData, [u8; SERVICE_ID], [u8; SERVICE]>,
+    frontends: BpfHashMap<MapData, [u8; FRONTEND_KEY], [u8; SERVICE]>,
     slots: BpfHashMap<MapData, [u8; SLOT_KEY], [u8; ENDPOINT]>,
     members: BpfHashMap<MapData, [u8; MEMBER_KEY], [u8; MEMBER]>,
     reverse: BpfHashMap<MapData, [u8; REVERSE_KEY], [u8; ENDPOINT]>,
@@ -81,14 +83,17 @@ impl Kernel {
     pub fn open(pin_dir: &Path, cgroup: &Path) -> Result<Kernel, Error> {
         crate::host::ensure_bpffs(pin_dir)?;
         let links = pin_dir.join(LINKS);
-        std::fs::create_dir_all(&links)
-            .map_err(|e| Error::io(format!("creating {}", links.display()), e))?;
+        let maps = pin_dir.join(VERSION);
+        for dir in [&links, &maps] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        }
         let mut ebpf = EbpfLoader::new()
             // No CO-RE relocations in these programs (they read only `bpf_sock_addr`, which
             // the verifier rewrites): without the kernel's BTF (parsed by `new()`, 5 MB of
             // types) the load neither keeps nor walks it.
             .btf(None)
-            .default_map_pin_directory(pin_dir)
+            .default_map_pin_directory(&maps)
             .load(&OBJECT.0)
             .map_err(|e| bpf_err("loading the socket programs", e))?;
         let cg = File::open(cgroup)
@@ -126,9 +131,10 @@ impl Kernel {
                 )
             })?;
         }
+        // The previous programs are detached: pins of another layout have no reader left.
+        remove_other_layouts(pin_dir)?;
         Ok(Kernel {
             frontends: take(&mut ebpf, MapId::Frontends.name())?,
-            services: take(&mut ebpf, MapId::Services.name())?,
             slots: take(&mut ebpf, MapId::Slots.name())?,
             members: take(&mut ebpf, MapId::Members.name())?,
             reverse: take(&mut ebpf, "kpng_reverse")?,
@@ -141,10 +147,29 @@ impl Kernel {
         use aya::maps::IterableMap;
         match map {
             MapId::Frontends => self.frontends.map(),
-            MapId::Services => self.services.map(),
             MapId::Slots => self.slots.map(),
             MapId::Members => self.members.map(),
         }
+    }
+
+    /// Inserts or replaces the elements (keys and values back to back) in `map`, batched.
+    pub fn write(&self, map: MapId, keys: &[u8], values: &[u8]) -> Result<(), Error> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.batch(map)
+            .update(keys, values)
+            .map_err(|e| Error::Bpf(format!("updating {}: {e}", map.name())))
+    }
+
+    /// Deletes the keys (back to back) from `map`, batched; absent keys are fine.
+    pub fn delete(&self, map: MapId, keys: &[u8]) -> Result<(), Error> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.batch(map)
+            .delete(keys)
+            .map_err(|e| Error::Bpf(format!("deleting from {}: {e}", map.name())))
     }
 
     fn batch(&self, map: MapId) -> batch::Map<'_> {
@@ -211,9 +236,8 @@ impl Kernel {
     pub fn memory(&self) -> Vec<(&'static str, u64)> {
         use aya::maps::IterableMap;
         use std::os::fd::{AsFd, AsRawFd};
-        let maps: [(&'static str, &MapData); 5] = [
+        let maps: [(&'static str, &MapData); 4] = [
             (MapId::Frontends.name(), self.frontends.map()),
-            (MapId::Services.name(), self.services.map()),
             (MapId::Slots.name(), self.slots.map()),
             (MapId::Members.name(), self.members.map()),
             ("kpng_reverse", self.reverse.map()),
@@ -231,6 +255,34 @@ impl Kernel {
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
     }
+}
+
+/// Removes what the pin directory holds besides the links and this layout's maps: the map pins
+/// of other layout versions (before versions, the maps were pinned in the directory itself).
+/// Their programs are detached by then, and the maps go with their last pin.
+fn remove_other_layouts(pin_dir: &Path) -> Result<(), Error> {
+    let entries = std::fs::read_dir(pin_dir)
+        .map_err(|e| Error::io(format!("reading {}", pin_dir.display()), e))?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        if name == LINKS || name == VERSION {
+            continue;
+        }
+        let path = entry.path();
+        let removed = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match removed {
+            Ok(()) => tracing::info!(
+                "removed {} (maps of another layout than {VERSION})",
+                path.display()
+            ),
+            Err(e) => return Err(Error::io(format!("removing {}", path.display()), e)),
+        }
+    }
+    Ok(())
 }
 
 /// Removes every pin under `pin_dir` (links first: that detaches the programs) and the

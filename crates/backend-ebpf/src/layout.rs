@@ -9,12 +9,19 @@ use std::net::{IpAddr, SocketAddr};
 
 use kpng_model::Protocol;
 
+/// The layout's version: it names the directory the maps are pinned in (`<pin dir>/v2`), so a
+/// kpng whose maps differ from the pinned ones (an upgrade, a downgrade) creates its own instead
+/// of adopting maps whose elements it would misread. Bump it with any change to a map below.
+pub const VERSION: &str = "v2";
+
+/// `INLINE`: the endpoints a frontend's value holds itself; a longer list continues in
+/// `kpng_slots`. Eight keeps the value at 176 bytes (about 250 per element with the kernel's
+/// element header and the key) and covers most Services.
+pub const INLINE: usize = 8;
 /// `struct frontend_key`: address, port, protocol, padding.
 pub const FRONTEND_KEY: usize = 20;
-/// A service id (`__u32`, host byte order).
-pub const SERVICE_ID: usize = 4;
-/// `struct service`: count, affinity seconds, flags.
-pub const SERVICE: usize = 12;
+/// `struct service`: id, count, affinity seconds, flags, then [`INLINE`] endpoints.
+pub const SERVICE: usize = 16 + INLINE * ENDPOINT;
 /// `struct slot_key`: service id, slot.
 pub const SLOT_KEY: usize = 8;
 /// `struct endpoint`: address, port, padding.
@@ -65,23 +72,41 @@ pub fn frontend_key(ip: IpAddr, port: u16, proto: u8) -> [u8; FRONTEND_KEY] {
     k
 }
 
-/// A service id as a key.
-pub fn service_id(id: u32) -> [u8; SERVICE_ID] {
-    id.to_ne_bytes()
-}
-
-/// A service id from its key bytes.
+/// The service id of a `struct service` (or of a key that starts with one).
 pub fn service_id_of(bytes: &[u8]) -> Option<u32> {
     Some(u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
 }
 
-/// `struct service`.
-pub fn service(count: u32, affinity_seconds: u32, flags: u32) -> [u8; SERVICE] {
+/// `struct service`: `count` is the whole list's length, `endpoints` its first [`INLINE`]
+/// (more are ignored: they go to `kpng_slots`).
+pub fn service(
+    id: u32,
+    count: u32,
+    affinity_seconds: u32,
+    flags: u32,
+    endpoints: &[SocketAddr],
+) -> [u8; SERVICE] {
     let mut v = [0u8; SERVICE];
-    v[0..4].copy_from_slice(&count.to_ne_bytes());
-    v[4..8].copy_from_slice(&affinity_seconds.to_ne_bytes());
-    v[8..12].copy_from_slice(&flags.to_ne_bytes());
+    v[0..4].copy_from_slice(&id.to_ne_bytes());
+    v[4..8].copy_from_slice(&count.to_ne_bytes());
+    v[8..12].copy_from_slice(&affinity_seconds.to_ne_bytes());
+    v[12..16].copy_from_slice(&flags.to_ne_bytes());
+    for (i, ep) in endpoints.iter().take(INLINE).enumerate() {
+        let at = 16 + i * ENDPOINT;
+        v[at..at + ENDPOINT].copy_from_slice(&endpoint(*ep));
+    }
     v
+}
+
+/// The endpoints a `struct service` holds inline (at most [`INLINE`] of its count).
+pub fn service_endpoints(bytes: &[u8]) -> Vec<SocketAddr> {
+    let count = bytes
+        .get(4..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_ne_bytes) as usize;
+    (0..count.min(INLINE))
+        .filter_map(|i| endpoint_of(bytes.get(16 + i * ENDPOINT..)?))
+        .collect()
 }
 
 /// `struct slot_key`.
@@ -139,5 +164,11 @@ mod tests {
         let ep: SocketAddr = "10.244.1.2:8080".parse().expect("sa");
         assert_eq!(endpoint_of(&endpoint(ep)), Some(ep));
         assert_eq!(endpoint_of(&member_key(3, ep)[4..]), Some(ep));
+        // A service holds its id and its first INLINE endpoints.
+        let eps: Vec<SocketAddr> = (0..10u16).map(|i| SocketAddr::new(ip, 8000 + i)).collect();
+        let v = service(7, 10, 0, 0, &eps);
+        assert_eq!(service_id_of(&v), Some(7));
+        assert_eq!(service_endpoints(&v), eps[..INLINE]);
+        assert_eq!(service_endpoints(&service(7, 2, 0, 0, &eps[..2])), eps[..2]);
     }
 }

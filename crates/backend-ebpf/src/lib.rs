@@ -185,56 +185,116 @@ impl EbpfBackend {
     }
 
     fn port_groups(&self, port: &ServicePort) -> Vec<Group> {
+        // (`full` calls `plan::groups` itself: it borrows the ids mutably meanwhile.)
         plan::groups(port, self.node_ips_for(port.key.family))
     }
 
+    /// Converges the maps on `snapshot` from whatever they hold: the kernel's contents are
+    /// read back (sealed tables), and each wanted element is compared with them as it is
+    /// computed ([`plan::Converge`]) and written in batches, so no image of the wanted state
+    /// is built beside the dump; after the writes, what no port wanted is deleted.
     fn full(&mut self, snapshot: &Snapshot) -> Result<(usize, Vec<SocketAddr>), Error> {
         let started = std::time::Instant::now();
         self.refresh_node_port_ips(snapshot);
         let loaded = self.kernel.is_some();
         self.kernel()?;
         let opened = started.elapsed();
+        let kernel = self
+            .kernel
+            .as_ref()
+            .ok_or_else(|| Error::Setup("eBPF programs not loaded".into()))?;
         let mut old = Entries::default();
-        {
-            let kernel = self.kernel()?;
-            for m in MapId::ALL {
-                old.0.insert(m, kernel.dump(m)?);
-            }
+        for m in MapId::ALL {
+            old.0.insert(m, kernel.dump(m)?);
         }
         let dumped = started.elapsed();
-        let previous = std::mem::take(&mut self.ids);
-        let mut new = Entries::default();
+        let empty = plan::Table::new(MapId::Frontends);
+        let table = |m: MapId| old.table(m).unwrap_or(&empty);
+        let mut frontends = plan::Converge::new(table(MapId::Frontends));
+        let mut slots = plan::Converge::new(table(MapId::Slots));
+        let mut members = plan::Converge::new(table(MapId::Members));
+        // Frontends point at slots and members: those are always written first.
+        let flush = |slots: &mut plan::Converge<'_>,
+                     members: &mut plan::Converge<'_>,
+                     frontends: Option<&mut plan::Converge<'_>>|
+         -> Result<(), Error> {
+            let (keys, values) = members.take();
+            kernel.write(MapId::Members, &keys, &values)?;
+            let (keys, values) = slots.take();
+            kernel.write(MapId::Slots, &keys, &values)?;
+            if let Some(f) = frontends {
+                let (keys, values) = f.take();
+                kernel.write(MapId::Frontends, &keys, &values)?;
+            }
+            Ok(())
+        };
+        self.ids.begin();
+        let udp = layout::ip_proto(Protocol::Udp);
+        let mut udp_now = BTreeSet::new();
         for port in snapshot.ports.values() {
             let Some(proto) = layout::ip_proto(port.key.protocol) else {
                 continue;
             };
-            for g in self.port_groups(port) {
-                let preferred = previous.get(&port.key, g.scope).or_else(|| {
+            let node_ips = self.node_port_ips.get(&port.key.family);
+            for g in plan::groups(port, node_ips.map_or(&[], Vec::as_slice)) {
+                let preferred = self.ids.get(&port.key, g.scope).or_else(|| {
                     let (ip, p) = g.frontends.first()?;
-                    old.table(MapId::Frontends)?
+                    table(MapId::Frontends)
                         .get(layout::frontend_key(*ip, *p, proto).as_slice())
                         .and_then(layout::service_id_of)
                 });
                 let id = self.ids.assign(&port.key, g.scope, preferred);
-                new.add_group(id, proto, &g);
+                if Some(proto) == udp {
+                    udp_now.extend(g.endpoints.iter().copied());
+                }
+                let (mut full_pointed, mut full_frontends) = (false, false);
+                plan::for_group(id, proto, &g, &mut |m, k, v| match m {
+                    MapId::Frontends => full_frontends |= frontends.put(k, v),
+                    MapId::Slots => full_pointed |= slots.put(k, v),
+                    MapId::Members => full_pointed |= members.put(k, v),
+                });
+                if full_frontends {
+                    flush(&mut slots, &mut members, Some(&mut frontends))?;
+                } else if full_pointed {
+                    flush(&mut slots, &mut members, None)?;
+                }
             }
         }
-        new.seal();
-        let steps = plan::steps(&old, &new);
-        let gone = left_udp_endpoints(&old, &new);
-        let planned = started.elapsed();
-        self.kernel()?.apply(&steps)?;
+        flush(&mut slots, &mut members, Some(&mut frontends))?;
+        self.ids.sweep();
+        let mut operations = frontends.written() + slots.written() + members.written();
+        // What no port wants any more: frontends first, then what they pointed at.
+        for (map, c) in [
+            (MapId::Frontends, &frontends),
+            (MapId::Slots, &slots),
+            (MapId::Members, &members),
+        ] {
+            let key_size = map.sizes().0;
+            let mut keys = Vec::new();
+            for key in c.stale() {
+                keys.extend_from_slice(key);
+                operations += 1;
+                if keys.len() >= batch::CHUNK * key_size {
+                    kernel.delete(map, &keys)?;
+                    keys.clear();
+                }
+            }
+            kernel.delete(map, &keys)?;
+        }
+        let gone: Vec<SocketAddr> = udp_endpoints(&old)
+            .into_iter()
+            .filter(|ep| !udp_now.contains(ep))
+            .collect();
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         debug!(
             load_ms = if loaded { 0.0 } else { ms(opened) },
             dump_ms = ms(dumped - opened),
-            plan_ms = ms(planned - dumped),
-            apply_ms = ms(started.elapsed() - planned),
+            write_ms = ms(started.elapsed() - dumped),
             in_kernel = old.len(),
-            wanted = new.len(),
+            operations,
             "full sync of the socket maps"
         );
-        Ok((plan::count(&steps), gone))
+        Ok((operations, gone))
     }
 
     fn incremental(
@@ -282,7 +342,11 @@ impl EbpfBackend {
         old.seal();
         new.seal();
         let steps = plan::steps(&old, &new);
-        let gone = left_udp_endpoints(&old, &new);
+        let now = udp_endpoints(&new);
+        let gone: Vec<SocketAddr> = udp_endpoints(&old)
+            .into_iter()
+            .filter(|ep| !now.contains(ep))
+            .collect();
         self.kernel()?.apply(&steps)?;
         let operations = plan::count(&steps);
         for (key, scope) in released {
@@ -292,31 +356,30 @@ impl EbpfBackend {
     }
 }
 
-/// UDP endpoints present in `old` and in no UDP service of `new`: their connected sockets
-/// are destroyed.
-fn left_udp_endpoints(old: &Entries, new: &Entries) -> Vec<SocketAddr> {
-    let udp_services = |e: &Entries| -> BTreeSet<u32> {
-        e.table(MapId::Frontends)
-            .into_iter()
-            .flat_map(plan::Table::iter)
-            .filter(|(k, _)| k.get(18) == layout::ip_proto(Protocol::Udp).as_ref())
-            .filter_map(|(_, v)| layout::service_id_of(v))
-            .collect()
-    };
-    let endpoints = |e: &Entries| -> BTreeSet<SocketAddr> {
-        let udp = udp_services(e);
+/// The endpoints of the UDP services in `e` (inline and overflow): those whose connected
+/// sockets are destroyed when they leave.
+fn udp_endpoints(e: &Entries) -> BTreeSet<SocketAddr> {
+    let udp = layout::ip_proto(Protocol::Udp);
+    let mut ids = BTreeSet::new();
+    let mut out = BTreeSet::new();
+    for (k, v) in e
+        .table(MapId::Frontends)
+        .into_iter()
+        .flat_map(plan::Table::iter)
+    {
+        if k.get(18) == udp.as_ref() {
+            ids.extend(layout::service_id_of(v));
+            out.extend(layout::service_endpoints(v));
+        }
+    }
+    out.extend(
         e.table(MapId::Slots)
             .into_iter()
             .flat_map(plan::Table::iter)
-            .filter(|(k, _)| layout::service_id_of(k).is_some_and(|id| udp.contains(&id)))
-            .filter_map(|(_, v)| layout::endpoint_of(v))
-            .collect()
-    };
-    let now = endpoints(new);
-    endpoints(old)
-        .into_iter()
-        .filter(|ep| !now.contains(ep))
-        .collect()
+            .filter(|(k, _)| layout::service_id_of(k).is_some_and(|id| ids.contains(&id)))
+            .filter_map(|(_, v)| layout::endpoint_of(v)),
+    );
+    out
 }
 
 impl Backend for EbpfBackend {

@@ -90,33 +90,25 @@ pub fn groups(port: &ServicePort, node_port_ips: &[IpAddr]) -> Vec<Group> {
     out
 }
 
-/// One of the four maps userspace writes.
+/// One of the three maps userspace writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MapId {
-    /// `kpng_frontends`.
+    /// `kpng_frontends`: frontend → service with its first endpoints.
     Frontends,
-    /// `kpng_services`.
-    Services,
-    /// `kpng_slots`.
+    /// `kpng_slots`: the endpoints past the inline ones.
     Slots,
-    /// `kpng_members`.
+    /// `kpng_members`: membership for affinity Services with overflow slots.
     Members,
 }
 
 impl MapId {
     /// Every map.
-    pub const ALL: [MapId; 4] = [
-        MapId::Frontends,
-        MapId::Services,
-        MapId::Slots,
-        MapId::Members,
-    ];
+    pub const ALL: [MapId; 3] = [MapId::Frontends, MapId::Slots, MapId::Members];
 
     /// The map's name in the object (and its pin).
     pub fn name(self) -> &'static str {
         match self {
             MapId::Frontends => "kpng_frontends",
-            MapId::Services => "kpng_services",
             MapId::Slots => "kpng_slots",
             MapId::Members => "kpng_members",
         }
@@ -137,8 +129,7 @@ impl MapId {
     /// The key and value sizes of the map's elements (`layout`).
     pub fn sizes(self) -> (usize, usize) {
         match self {
-            MapId::Frontends => (layout::FRONTEND_KEY, layout::SERVICE_ID),
-            MapId::Services => (layout::SERVICE_ID, layout::SERVICE),
+            MapId::Frontends => (layout::FRONTEND_KEY, layout::SERVICE),
             MapId::Slots => (layout::SLOT_KEY, layout::ENDPOINT),
             MapId::Members => (layout::MEMBER_KEY, layout::MEMBER),
         }
@@ -146,9 +137,8 @@ impl MapId {
 }
 
 /// One map's contents as two flat byte arrays (keys back to back, values back to back), sorted
-/// by key once [`Table::seal`]ed: 400k elements cost their bytes (~10 MB at 30k Services ×
-/// 4 endpoints), not a heap allocation per key and value, and the arrays are what the
-/// kernel's batch commands read.
+/// by key once [`Table::seal`]ed: elements cost their bytes, not a heap allocation per key and
+/// value, and the arrays are what the kernel's batch commands read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
     key_size: usize,
@@ -252,7 +242,8 @@ impl Table {
         self.find(key).ok().map(|i| self.value(i))
     }
 
-    fn find(&self, key: &[u8]) -> Result<usize, usize> {
+    /// The row of `key` (sealed tables only), or where it would go.
+    pub fn find(&self, key: &[u8]) -> Result<usize, usize> {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = (lo + hi) / 2;
@@ -292,33 +283,7 @@ impl Entries {
     /// Adds the entries of `group` under service id `id` (`proto`: the IP protocol number).
     /// [`Entries::seal`] before diffing.
     pub fn add_group(&mut self, id: u32, proto: u8, group: &Group) {
-        for (ip, port) in &group.frontends {
-            self.put(
-                MapId::Frontends,
-                &layout::frontend_key(*ip, *port, proto),
-                &layout::service_id(id),
-            );
-        }
-        let flags = if group.refuse { layout::FLAG_REFUSE } else { 0 };
-        let count = u32::try_from(group.endpoints.len()).unwrap_or(u32::MAX);
-        self.put(
-            MapId::Services,
-            &layout::service_id(id),
-            &layout::service(count, group.affinity_seconds, flags),
-        );
-        for (slot, ep) in (0u32..).zip(&group.endpoints) {
-            self.put(
-                MapId::Slots,
-                &layout::slot_key(id, slot),
-                &layout::endpoint(*ep),
-            );
-            // Only affinity reads the members (is the remembered endpoint still in the
-            // service?): without it they would be a third of a cold sync's elements and of
-            // the maps' memory for nothing.
-            if group.affinity_seconds > 0 {
-                self.put(MapId::Members, &layout::member_key(id, *ep), &[1]);
-            }
-        }
+        for_group(id, proto, group, &mut |m, k, v| self.put(m, k, v));
     }
 
     /// Sorts every table (see [`Table::seal`]).
@@ -336,6 +301,110 @@ impl Entries {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Where [`for_group`] hands each (map, key, value).
+pub type ElementSink<'a> = dyn FnMut(MapId, &[u8], &[u8]) + 'a;
+
+/// Every element of `group` under service id `id` (`proto`: the IP protocol number), in
+/// the order a writer must respect: the overflow slots and members (the elements a frontend
+/// points at) before the frontends.
+///
+/// A frontend's value is the service itself with its first [`layout::INLINE`] endpoints: one
+/// element per frontend, where the list used to cost a service element and one slot per
+/// endpoint. Only longer lists write slots (from `INLINE` on), and only those with affinity
+/// write members (the program searches a short list inline).
+pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut ElementSink<'_>) {
+    let count = u32::try_from(group.endpoints.len()).unwrap_or(u32::MAX);
+    let overflow = group.endpoints.len() > layout::INLINE;
+    if overflow {
+        for (slot, ep) in (0u32..).zip(&group.endpoints) {
+            if slot as usize >= layout::INLINE {
+                out(
+                    MapId::Slots,
+                    &layout::slot_key(id, slot),
+                    &layout::endpoint(*ep),
+                );
+            }
+            if group.affinity_seconds > 0 {
+                out(MapId::Members, &layout::member_key(id, *ep), &[1]);
+            }
+        }
+    }
+    let flags = if group.refuse { layout::FLAG_REFUSE } else { 0 };
+    let value = layout::service(id, count, group.affinity_seconds, flags, &group.endpoints);
+    for (ip, port) in &group.frontends {
+        out(
+            MapId::Frontends,
+            &layout::frontend_key(*ip, *port, proto),
+            &value,
+        );
+    }
+}
+
+/// A map converged element by element against what it holds (`old`, a sealed dump), without
+/// a table of the wanted state: [`Converge::put`] skips what the map already holds, collects
+/// the rest into a batch of [`CHUNK`](crate::batch::CHUNK) elements for the caller to write,
+/// and marks the old rows still wanted, so that [`Converge::stale`] is what to delete
+/// afterwards. A full sync at 30k Services thus holds the kernel's dump and one batch, not a
+/// second image of every map.
+#[derive(Debug)]
+pub struct Converge<'a> {
+    old: &'a Table,
+    seen: Vec<bool>,
+    keys: Vec<u8>,
+    values: Vec<u8>,
+    written: usize,
+}
+
+impl<'a> Converge<'a> {
+    /// Converging a map that holds `old`.
+    pub fn new(old: &'a Table) -> Converge<'a> {
+        Converge {
+            old,
+            seen: vec![false; old.len()],
+            keys: Vec::new(),
+            values: Vec::new(),
+            written: 0,
+        }
+    }
+
+    /// Wants `key` → `value`; true when a full batch is pending ([`Converge::take`] it).
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> bool {
+        if let Ok(i) = self.old.find(key) {
+            self.seen[i] = true;
+            if self.old.value(i) == value {
+                return false;
+            }
+        }
+        self.keys.extend_from_slice(key);
+        self.values.extend_from_slice(value);
+        self.written += 1;
+        self.keys.len() / key.len().max(1) >= crate::batch::CHUNK
+    }
+
+    /// The pending writes (keys and values back to back), emptied.
+    pub fn take(&mut self) -> (Vec<u8>, Vec<u8>) {
+        (
+            std::mem::take(&mut self.keys),
+            std::mem::take(&mut self.values),
+        )
+    }
+
+    /// Elements written so far (changed or new).
+    pub fn written(&self) -> usize {
+        self.written
+    }
+
+    /// The keys the map holds that no [`Converge::put`] wanted.
+    pub fn stale(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        let old = self.old;
+        self.seen
+            .iter()
+            .enumerate()
+            .filter(|(_, seen)| !**seen)
+            .map(move |(i, _)| old.key(i))
     }
 }
 
@@ -383,10 +452,10 @@ pub fn count(steps: &[Step<'_>]) -> usize {
 }
 
 /// The operations that take the maps from `old` to `new` (both sealed), as batches ordered so
-/// that readers never see a frontend whose service is incomplete: services, slots and members
-/// are written first, then frontends switch; stale frontends go before the services they
-/// pointed at. A service whose endpoint count shrinks is written before its extra slots are
-/// deleted (they come last), and one that grows has its new slots written before the count.
+/// that readers never see a frontend whose service is incomplete: overflow slots and members
+/// are written first, then frontends switch; stale frontends go before the slots they pointed
+/// at. A frontend whose endpoint count shrinks is written before its extra slots are deleted
+/// (they come last), and one that grows has its new slots written before the count.
 /// Steps without rows are left out.
 pub fn steps<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Step<'a>> {
     static EMPTY: std::sync::OnceLock<Entries> = std::sync::OnceLock::new();
@@ -437,21 +506,11 @@ pub fn steps<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Step<'a>> {
         }
         (o, rows)
     };
-    for m in [
-        MapId::Members,
-        MapId::Slots,
-        MapId::Services,
-        MapId::Frontends,
-    ] {
+    for m in [MapId::Members, MapId::Slots, MapId::Frontends] {
         let (t, rows) = upserts(m);
         push(m, Kind::Upsert, t, rows);
     }
-    for m in [
-        MapId::Frontends,
-        MapId::Services,
-        MapId::Slots,
-        MapId::Members,
-    ] {
+    for m in [MapId::Frontends, MapId::Slots, MapId::Members] {
         let (t, rows) = deletes(m);
         push(m, Kind::Delete, t, rows);
     }
@@ -467,26 +526,30 @@ pub fn ops<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Op<'a>> {
 }
 
 /// Service ids: one per (port, scope), kept while the group exists so that a change of
-/// endpoints rewrites slots in place.
+/// endpoints rewrites overflow slots in place and affinity entries stay valid.
 #[derive(Debug, Default)]
 pub struct Ids {
-    by_group: HashMap<(PortKey, Scope), u32>,
+    /// Each group's id and the generation ([`Ids::begin`]) that last assigned it.
+    by_group: HashMap<(PortKey, Scope), (u32, u64)>,
     used: HashSet<u32>,
     free: Vec<u32>,
     next: u32,
+    generation: u64,
 }
 
 impl Ids {
     /// The id of a group, if it has one.
     pub fn get(&self, port: &PortKey, scope: Scope) -> Option<u32> {
-        self.by_group.get(&(port.clone(), scope)).copied()
+        self.by_group.get(&(port.clone(), scope)).map(|(id, _)| *id)
     }
 
     /// The id of a group, allocated if new; `preferred` (the id the maps already hold for it,
     /// after a restart) is taken when no other group has it.
     pub fn assign(&mut self, port: &PortKey, scope: Scope, preferred: Option<u32>) -> u32 {
-        if let Some(id) = self.get(port, scope) {
-            return id;
+        let generation = self.generation;
+        if let Some((id, seen)) = self.by_group.get_mut(&(port.clone(), scope)) {
+            *seen = generation;
+            return *id;
         }
         let id = match preferred {
             Some(p) if !self.in_use(p) => {
@@ -507,7 +570,8 @@ impl Ids {
                 }
             },
         };
-        self.by_group.insert((port.clone(), scope), id);
+        self.by_group
+            .insert((port.clone(), scope), (id, generation));
         self.used.insert(id);
         id
     }
@@ -516,9 +580,32 @@ impl Ids {
         self.used.contains(&id)
     }
 
+    /// Starts a full sync: the groups it [`Ids::assign`]s keep their ids, [`Ids::sweep`]
+    /// releases the others. (In place, rather than a second map of every id.)
+    pub fn begin(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// Releases the ids of the groups not assigned since [`Ids::begin`].
+    pub fn sweep(&mut self) {
+        let generation = self.generation;
+        let mut gone = Vec::new();
+        self.by_group.retain(|_, (id, seen)| {
+            let keep = *seen == generation;
+            if !keep {
+                gone.push(*id);
+            }
+            keep
+        });
+        for id in gone {
+            self.used.remove(&id);
+            self.free.push(id);
+        }
+    }
+
     /// Releases a group's id (reusable by later syncs).
     pub fn release(&mut self, port: &PortKey, scope: Scope) {
-        if let Some(id) = self.by_group.remove(&(port.clone(), scope)) {
+        if let Some((id, _)) = self.by_group.remove(&(port.clone(), scope)) {
             self.used.remove(&id);
             self.free.push(id);
         }

@@ -71,6 +71,27 @@ fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
         "no entry addressed to the ClusterIP: {to_service:?}"
     );
     held.second("pod2a").expect("the connection works");
+    // The application still sees the Service as its peer (the programs translate getpeername
+    // back).
+    let out = c
+        .pod("pod1a")
+        .ns
+        .exec([
+            "python3",
+            "-c",
+            "import socket, sys\n\
+             s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n\
+             print('%s %d' % s.getpeername()[:2])",
+            &cip(10, false).to_string(),
+            &SVC_PORT.to_string(),
+        ])
+        .expect("python3 getpeername");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{} {SVC_PORT}", cip(10, false)),
+        "getpeername shows the ClusterIP: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Sends a datagram every 50 ms and prints `got NAME` or `miss`, through an unconnected socket
@@ -200,7 +221,7 @@ fn cleanup_removes_the_pins_and_detaches_the_programs() {
         &[],
     );
     let pins = ebpf_pins(&c.node1.ns);
-    assert!(pins.join("kpng_frontends").exists(), "maps pinned");
+    assert!(pins.join("v2/kpng_frontends").exists(), "maps pinned");
     k.stop();
     assert_eq!(
         attached(&c).len(),
@@ -226,4 +247,43 @@ fn cleanup_removes_the_pins_and_detaches_the_programs() {
         "programs detached: {:?}",
         attached(&c)
     );
+}
+
+/// An upgrade from a kpng whose maps had another layout (pinned in the pin directory itself,
+/// before layout versions): the new kpng creates its own maps, translates with them, and
+/// removes the old pins instead of adopting maps it would misread.
+#[test]
+fn an_upgrade_replaces_maps_of_another_layout() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("upgrade")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    kpng_testkit::cgroups::bpffs().expect("test bpffs");
+    let pins = ebpf_pins(&c.node1.ns);
+    std::fs::create_dir_all(&pins).expect("pin dir");
+    let legacy = pins.join("kpng_frontends");
+    // The first layout's frontend map: (address, port, protocol) → a 4-byte service id.
+    let made = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&legacy)
+        .args(["type", "hash", "key", "20", "value", "4", "entries", "16"])
+        .args(["name", "kpng_frontends", "flags", "1"])
+        .output()
+        .expect("bpftool map create");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let _k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    assert!(!legacy.exists(), "the old layout's pin is gone");
+    assert!(pins.join("v2/kpng_frontends").exists(), "new maps pinned");
+    assert_eq!(attached(&c).len(), 8, "programs attached");
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    held.second("pod2a")
+        .expect("connections work after the upgrade");
 }

@@ -144,73 +144,131 @@ fn with_affinity(id: u32, eps: &[&str], affinity_seconds: u32) -> Entries {
     e
 }
 
+fn eps(n: u16) -> Vec<String> {
+    (1..=n).map(|i| format!("10.0.0.{i}:80")).collect()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn maps_of(ops: &[Op<'_>]) -> Vec<(MapId, bool)> {
+    ops.iter()
+        .map(|o| match o {
+            Op::Upsert(m, _, _) => (*m, true),
+            Op::Delete(m, _) => (*m, false),
+        })
+        .collect()
+}
+
 #[test]
-fn ops_write_services_before_frontends_and_delete_in_reverse() {
+fn a_short_list_is_one_element_per_frontend() {
     let none = Entries::default();
     let two = entries(1, &["10.0.0.1:80", "10.0.0.2:80"]);
-    let add = ops(&none, &two);
-    let order: Vec<MapId> = add
-        .iter()
-        .map(|o| match o {
-            Op::Upsert(m, _, _) | Op::Delete(m, _) => *m,
-        })
-        .collect();
+    assert_eq!(two.len(), 1, "the endpoints are inline");
+    let value = two
+        .table(MapId::Frontends)
+        .and_then(|t| t.get(&layout::frontend_key(ip("10.96.0.10"), 80, 6)))
+        .expect("frontend");
+    assert_eq!(layout::service_id_of(value), Some(1));
     assert_eq!(
-        order,
+        layout::service_endpoints(value),
+        [sa("10.0.0.1:80"), sa("10.0.0.2:80")]
+    );
+    assert_eq!(maps_of(&ops(&none, &two)), [(MapId::Frontends, true)]);
+    // One endpoint leaves: the frontend is rewritten, nothing else.
+    let one = entries(1, &["10.0.0.2:80"]);
+    assert_eq!(maps_of(&ops(&two, &one)), [(MapId::Frontends, true)]);
+    assert!(ops(&one, &one).is_empty());
+    assert_eq!(maps_of(&ops(&one, &none)), [(MapId::Frontends, false)]);
+}
+
+#[test]
+fn a_long_list_overflows_into_slots_written_before_and_deleted_after_the_frontend() {
+    let none = Entries::default();
+    let ten = eps(10);
+    let long = entries(1, &strs(&ten));
+    // Slots 8 and 9, a member per endpoint (affinity), one frontend.
+    assert_eq!(long.table(MapId::Slots).map(Table::len), Some(2));
+    assert_eq!(long.table(MapId::Members).map(Table::len), Some(10));
+    let add = maps_of(&ops(&none, &long));
+    assert_eq!(add.len(), 13);
+    assert_eq!(add.last(), Some(&(MapId::Frontends, true)), "{add:?}");
+    assert!(
+        add[..12]
+            .iter()
+            .all(|(m, up)| *m != MapId::Frontends && *up)
+    );
+    // Shrinking to 9: the frontend's count first, then slot 9 and the member go.
+    let nine = entries(1, &strs(&ten[..9]));
+    assert_eq!(
+        maps_of(&ops(&long, &nine)),
         [
-            MapId::Members,
-            MapId::Members,
-            MapId::Slots,
-            MapId::Slots,
-            MapId::Services,
-            MapId::Frontends
+            (MapId::Frontends, true),
+            (MapId::Slots, false),
+            (MapId::Members, false)
         ]
     );
-    // One endpoint leaves: slot 0 rewritten, the count, then slot 1 and the member deleted.
-    let one = entries(1, &["10.0.0.2:80"]);
-    let shrink = ops(&two, &one);
-    assert!(
-        matches!(shrink[0], Op::Upsert(MapId::Slots, _, _)),
-        "{shrink:?}"
-    );
-    assert!(
-        matches!(shrink[1], Op::Upsert(MapId::Services, _, _)),
-        "{shrink:?}"
-    );
-    assert!(
-        matches!(shrink[2], Op::Delete(MapId::Slots, _)),
-        "{shrink:?}"
-    );
-    assert!(
-        matches!(shrink[3], Op::Delete(MapId::Members, _)),
-        "{shrink:?}"
-    );
-    assert_eq!(shrink.len(), 4);
-    // Same state: nothing to do.
-    assert!(ops(&one, &one).is_empty());
+    // Back to inline: every slot and member goes after the frontend.
+    let short = entries(1, &strs(&ten[..8]));
+    let back = maps_of(&ops(&nine, &short));
+    assert_eq!(back[0], (MapId::Frontends, true));
+    assert_eq!(back.len(), 1 + 1 + 9, "{back:?}");
     // Gone: frontend first.
-    let gone = ops(&one, &none);
-    assert!(
-        matches!(gone[0], Op::Delete(MapId::Frontends, _)),
-        "{gone:?}"
+    assert_eq!(
+        ops(&long, &none).first().map(|o| maps_of(&[*o])[0]),
+        Some((MapId::Frontends, false))
     );
 }
 
 #[test]
-fn members_are_written_only_for_affinity() {
-    let plain = with_affinity(1, &["10.0.0.1:80", "10.0.0.2:80"], 0);
+fn members_are_written_only_for_long_lists_with_affinity() {
+    let ten = eps(10);
+    let plain = with_affinity(1, &strs(&ten), 0);
     assert!(plain.table(MapId::Members).is_some_and(Table::is_empty));
     assert_eq!(plain.table(MapId::Slots).map(Table::len), Some(2));
-    let sticky = with_affinity(1, &["10.0.0.1:80", "10.0.0.2:80"], 10);
-    assert_eq!(sticky.table(MapId::Members).map(Table::len), Some(2));
-    // Turning affinity off deletes the members, after the service is rewritten.
-    let off = ops(&sticky, &plain);
-    assert!(
-        matches!(off[0], Op::Upsert(MapId::Services, _, _)),
-        "{off:?}"
-    );
-    assert!(matches!(off[1], Op::Delete(MapId::Members, _)), "{off:?}");
-    assert_eq!(off.len(), 3, "{off:?}");
+    let sticky = with_affinity(1, &strs(&ten), 10);
+    assert_eq!(sticky.table(MapId::Members).map(Table::len), Some(10));
+    let short = with_affinity(1, &strs(&ten[..3]), 10);
+    assert_eq!(short.len(), 1, "a short list is searched inline");
+    // Turning affinity off deletes the members, after the frontend is rewritten.
+    let off = maps_of(&ops(&sticky, &plain));
+    assert_eq!(off[0], (MapId::Frontends, true));
+    assert_eq!(off.len(), 11, "{off:?}");
+}
+
+#[test]
+fn converge_writes_only_changes_in_batches_and_finds_the_stale() {
+    let old = entries(1, &["10.0.0.1:80"]);
+    let t = old.table(MapId::Frontends).expect("frontends");
+    let mut c = Converge::new(t);
+    // The same element: nothing to write, no longer stale.
+    let (k, v) = t.iter().next().expect("row");
+    assert!(!c.put(k, v));
+    assert_eq!(c.written(), 0);
+    assert_eq!(c.stale().count(), 0);
+    // A changed value and new keys are written; a full batch is reported.
+    let mut c = Converge::new(t);
+    let mut changed = v.to_vec();
+    changed[4] ^= 1;
+    assert!(!c.put(k, &changed));
+    let mut full = false;
+    for i in 0..crate::batch::CHUNK as u32 {
+        let key = layout::frontend_key(ip("10.97.0.1"), 1 + (i % 60000) as u16, (i / 60000) as u8);
+        full = c.put(&key, v);
+        if full {
+            break;
+        }
+    }
+    assert!(full, "a batch is reported at CHUNK elements");
+    let (keys, values) = c.take();
+    assert_eq!(keys.len(), crate::batch::CHUNK * layout::FRONTEND_KEY);
+    assert_eq!(values.len(), crate::batch::CHUNK * layout::SERVICE);
+    assert_eq!(&values[..layout::SERVICE], &changed[..]);
+    assert!(c.take().0.is_empty());
+    // An old key nobody wanted is stale.
+    let c = Converge::new(t);
+    assert_eq!(c.stale().collect::<Vec<_>>(), [k]);
 }
 
 #[test]
@@ -233,47 +291,61 @@ fn ids_are_stable_reused_and_prefer_the_kernels() {
         "released ids are reused"
     );
     assert_eq!(ids.len(), 2);
+    // A full sync keeps the ids of the groups it assigns and releases the others.
+    ids.begin();
+    assert_eq!(ids.assign(&c, Scope::External, None), 7);
+    ids.sweep();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(ids.get(&b, Scope::Internal), None);
+    assert_eq!(
+        ids.assign(&a, Scope::Internal, None),
+        idb,
+        "b's id is free again"
+    );
     let _ = Arc::new(0);
 }
 
 #[test]
 fn tables_sort_keep_the_last_of_equal_keys_and_diff_by_value() {
-    let mut t = Table::new(MapId::Services);
-    t.push(&[0, 0, 0, 2], &[2; 12]);
-    t.push(&[0, 0, 0, 1], &[1; 12]);
-    t.push(&[0, 0, 0, 2], &[3; 12]);
+    let mut t = Table::new(MapId::Slots);
+    t.push(&[0, 0, 0, 0, 0, 0, 0, 2], &[2; 20]);
+    t.push(&[0, 0, 0, 0, 0, 0, 0, 1], &[1; 20]);
+    t.push(&[0, 0, 0, 0, 0, 0, 0, 2], &[3; 20]);
     t.seal();
     let rows: Vec<_> = t.iter().collect();
     assert_eq!(
         rows,
         [
-            (&[0u8, 0, 0, 1][..], &[1u8; 12][..]),
-            (&[0, 0, 0, 2][..], &[3; 12][..])
+            (&[0u8, 0, 0, 0, 0, 0, 0, 1][..], &[1u8; 20][..]),
+            (&[0, 0, 0, 0, 0, 0, 0, 2][..], &[3; 20][..])
         ]
     );
-    assert_eq!(t.get(&[0, 0, 0, 2]), Some(&[3u8; 12][..]));
-    assert_eq!(t.get(&[0, 0, 0, 3]), None);
+    assert_eq!(t.get(&[0, 0, 0, 0, 0, 0, 0, 2]), Some(&[3u8; 20][..]));
+    assert_eq!(t.get(&[0, 0, 0, 0, 0, 0, 0, 3]), None);
     // A dump of the wrong length is refused.
-    assert!(Table::from_flat(MapId::Services, vec![0; 4], vec![0; 11]).is_none());
+    assert!(Table::from_flat(MapId::Slots, vec![0; 8], vec![0; 19]).is_none());
 
     let mut old = Entries::default();
-    old.0.insert(MapId::Services, t.clone());
+    old.0.insert(MapId::Slots, t.clone());
     let mut changed = t;
-    changed.push(&[0, 0, 0, 1], &[9; 12]);
-    changed.push(&[0, 0, 0, 4], &[4; 12]);
+    changed.push(&[0, 0, 0, 0, 0, 0, 0, 1], &[9; 20]);
+    changed.push(&[0, 0, 0, 0, 0, 0, 0, 4], &[4; 20]);
     changed.seal();
     let mut new = Entries::default();
-    new.0.insert(MapId::Services, changed);
+    new.0.insert(MapId::Slots, changed);
     // Key 1 changed value, key 4 is new, key 2 is unchanged: two upserts, no delete.
     let got = ops(&old, &new);
     assert_eq!(got.len(), 2, "{got:?}");
     assert!(
         got.iter()
-            .all(|o| matches!(o, Op::Upsert(MapId::Services, _, _)))
+            .all(|o| matches!(o, Op::Upsert(MapId::Slots, _, _)))
     );
     let back = ops(&new, &old);
     assert!(
-        matches!(back.last(), Some(Op::Delete(MapId::Services, [0, 0, 0, 4]))),
+        matches!(
+            back.last(),
+            Some(Op::Delete(MapId::Slots, [0, 0, 0, 0, 0, 0, 0, 4]))
+        ),
         "{back:?}"
     );
 }
