@@ -321,6 +321,10 @@ pub fn run(
                 "--listen",
             ])
             .arg(format!("unix://{}", socket.display()))
+            // The simulated nodes connect first and open their Watch streams together once
+            // all are connected (minutes at 5,000 in one process); a real node opens its
+            // stream at once, so the idle cap (20 s) would only close waiting clients here.
+            .args(["--connection-idle-timeout", "30m"])
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
