@@ -236,10 +236,15 @@ pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeErro
         return Ok(text);
     }
     text.push_str("servicePorts:\n");
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(ports.len() / PORTS_PER_THREAD_AT_LEAST)
-        .max(1);
+    // The CPU count reads cgroup files: asked only when there is enough to share.
+    let threads = if ports.len() < 2 * PORTS_PER_THREAD_AT_LEAST {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(ports.len() / PORTS_PER_THREAD_AT_LEAST)
+            .max(1)
+    };
     let share = ports.len().div_ceil(threads);
     let parts: Vec<Result<String, serde_saphyr::SerializeError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ports
