@@ -287,16 +287,16 @@ mod tests {
             },
             cluster_ip: ip(0x0a60_0000 + i),
             port: 80,
-            node_port: (i % 3 == 0).then_some(30000),
+            node_port: i.is_multiple_of(3).then_some(30000),
             external_ips: Vec::new(),
-            load_balancer_ips: if i % 5 == 0 {
+            load_balancer_ips: if i.is_multiple_of(5) {
                 vec![ip(0xc612_0000 + i)]
             } else {
                 Vec::new()
             },
             source_ranges: Vec::new(),
             session_affinity: None,
-            external_policy_local: i % 7 == 0,
+            external_policy_local: i.is_multiple_of(7),
             internal_policy_local: false,
             health_check_node_port: None,
             preserve_destination: false,
