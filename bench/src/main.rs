@@ -6,7 +6,7 @@
 //! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
 //! kpng-bench data-plane --services 30000 [--backends nft,ebpf]
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
-//! kpng-bench startup --services 30000 --endpoints 4 [--rounds 3] [--before PATH] [--kube-args "--kube-api-qps 50"]
+//! kpng-bench startup --services 30000 --endpoints 4 [--rounds 3] [--before PATH] [--sources file,kube] [--kube-args "--kube-api-qps 50"]
 //! kpng-bench api-load --services 1000 --endpoints 4 --nodes 50,200   (no root needed)
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench hns --services 2000 --remote 5000 --local 15 --delay-ms 5   (no root needed)
@@ -38,7 +38,7 @@ mod workload;
 use std::process::ExitCode;
 use std::time::Duration;
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | api-load [--services N --endpoints M --nodes 50,200] | startup [--services N --endpoints M --rounds R] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | api-load [--services N --endpoints M --nodes 50,200] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -190,6 +190,7 @@ fn main() -> ExitCode {
                 num(&args, "--endpoints", 4),
                 num(&args, "--rounds", 3),
                 &extra,
+                flag(&args, "--sources").is_none_or(|s| s.split(',').any(|s| s == "kube")),
             )
             .map(|r| println!("{}", r.markdown()))
         }

@@ -187,7 +187,10 @@ pub fn load_fake(
     Ok(())
 }
 
-/// Runs `rounds` starts of each source, alternating.
+/// Runs `rounds` starts of each source, alternating (the `--before` binary's start of each
+/// source just before the new binary's); `with_kube: false` measures the `file` source only
+/// (`--sources file`: at 100k Services loading the fake API server takes longer than the
+/// starts).
 pub fn run(
     kpng: &str,
     before: Option<&str>,
@@ -195,6 +198,7 @@ pub fn run(
     m: usize,
     rounds: usize,
     extra_kube_args: &[String],
+    with_kube: bool,
 ) -> Result<StartupResult, String> {
     let scratch = Scratch::new(&format!("startup{n}"))?;
     let manifests = scratch.0.join("manifests");
@@ -206,7 +210,9 @@ pub fn run(
         .bookmark_interval(None)
         .start()
         .map_err(|e| e.to_string())?;
-    load_fake(&server, n, m, Endpoints::Unique)?;
+    if with_kube {
+        load_fake(&server, n, m, Endpoints::Unique)?;
+    }
     let fake_load = t.elapsed();
     let kubeconfig = scratch.0.join("kubeconfig");
     server
@@ -240,6 +246,10 @@ pub fn run(
         },
         ..SourceRow::default()
     };
+    let mut file_before = SourceRow {
+        label: "file, before (the `--before` binary)".into(),
+        ..SourceRow::default()
+    };
     let mut kube_before = SourceRow {
         label: "kube, before (the `--before` binary)".into(),
         ..SourceRow::default()
@@ -253,11 +263,18 @@ pub fn run(
     };
     for round in 0..rounds.max(1) {
         eprintln!("start-up round {}/{rounds} …", round + 1);
-        file.starts.push(start_once(kpng, &file_args, &scratch.0)?);
         if let Some(before) = before {
-            kube_start(before, &mut kube_before)?;
+            file_before
+                .starts
+                .push(start_once(before, &file_args, &scratch.0)?);
         }
-        kube_start(kpng, &mut kube)?;
+        file.starts.push(start_once(kpng, &file_args, &scratch.0)?);
+        if with_kube {
+            if let Some(before) = before {
+                kube_start(before, &mut kube_before)?;
+            }
+            kube_start(kpng, &mut kube)?;
+        }
     }
     // Both sources must have programmed the same state, or the comparison means nothing.
     let reference = file
@@ -268,17 +285,24 @@ pub fn run(
     let same = file
         .starts
         .iter()
+        .chain(&file_before.starts)
         .chain(&kube.starts)
         .chain(&kube_before.starts)
         .all(|s| !s.output.is_empty() && s.output == reference);
     if !same {
         return Err("the file and kube sources programmed different states".into());
     }
-    let mut rows = vec![file];
+    let mut rows = Vec::new();
     if before.is_some() {
-        rows.push(kube_before);
+        rows.push(file_before);
     }
-    rows.push(kube);
+    rows.push(file);
+    if with_kube {
+        if before.is_some() {
+            rows.push(kube_before);
+        }
+        rows.push(kube);
+    }
     Ok(StartupResult {
         n,
         m,

@@ -513,7 +513,7 @@ fn list(
         .filter(|l| *l > 0);
     let (items, more) = store.page(resource, after, limit, |o| filter.matches(o));
     let mut metadata = json!({"resourceVersion": list_rv.to_string()});
-    if more && let Some(last) = items.last() {
+    if more && let Some((last, _)) = items.last() {
         metadata["continue"] = continue_token(list_rv, last).into();
         // As etcd's store: a count of what is left only for an unfiltered list.
         if filter.is_everything() {
@@ -521,19 +521,19 @@ fn list(
             metadata["remainingItemCount"] = rest.into();
         }
     }
-    // Serialized from the store's objects under the lock: no copy of each item.
+    // The store's objects as it encoded them when they were stored (see `Store::page`),
+    // copied under the lock.
     let mut body = format!(
         "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{metadata},\"items\":[",
         resource.kind(),
         resource.api_version()
     )
     .into_bytes();
-    for (i, item) in items.iter().enumerate() {
+    for (i, (_, encoded)) in items.iter().enumerate() {
         if i > 0 {
             body.push(b',');
         }
-        // Writing a `Value` into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut body, item);
+        body.extend_from_slice(encoded);
     }
     body.extend_from_slice(b"]}");
     drop(store);

@@ -151,7 +151,9 @@ struct SnapshotView<'a> {
     node: NodeView<'a>,
     #[serde(rename = "serviceCIDRs", skip_serializing_if = "Vec::is_empty")]
     service_cidrs: Vec<String>,
-    service_ports: Vec<PortView<'a>>,
+    /// Rendered apart when there are any (see [`render`]): `None` here then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_ports: Option<&'a [PortView<'a>]>,
 }
 
 fn strings<T: ToString>(items: &[T]) -> Vec<String> {
@@ -201,9 +203,18 @@ fn port_view(p: &ServicePort) -> PortView<'_> {
     }
 }
 
+/// Below this many Service ports one thread renders them all.
+const PORTS_PER_THREAD_AT_LEAST: usize = 2048;
+
 /// Renders a snapshot as the `to-file` YAML.
+///
+/// The `servicePorts` sequence is the whole cost at scale (tens of thousands of ports), so
+/// it is rendered in slices on every CPU and the slices are joined: a sequence under a
+/// top-level key is written at column 0 (`- service: …`), exactly as a sequence of its own,
+/// so the joined text is the text one pass would write.
 pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeError> {
     let node = &snapshot.node;
+    let ports: Vec<PortView<'_>> = snapshot.ports.values().map(|p| port_view(p)).collect();
     let view = SnapshotView {
         node: NodeView {
             name: &node.name,
@@ -214,11 +225,136 @@ pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeErro
             pod_cidrs: strings(&node.pod_cidrs),
         },
         service_cidrs: strings(&snapshot.service_cidrs),
-        service_ports: snapshot.ports.values().map(|p| port_view(p)).collect(),
+        // Written in this pass when empty (`servicePorts: []`), below otherwise.
+        service_ports: ports.is_empty().then_some(&[]),
     };
     let mut text = serde_saphyr::to_string(&view)?;
     if !text.ends_with('\n') {
         text.push('\n');
     }
+    if ports.is_empty() {
+        return Ok(text);
+    }
+    text.push_str("servicePorts:\n");
+    // The CPU count reads cgroup files: asked only when there is enough to share.
+    let threads = if ports.len() < 2 * PORTS_PER_THREAD_AT_LEAST {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(ports.len() / PORTS_PER_THREAD_AT_LEAST)
+            .max(1)
+    };
+    let share = ports.len().div_ceil(threads);
+    let parts: Vec<Result<String, serde_saphyr::SerializeError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ports
+            .chunks(share)
+            .map(|part| scope.spawn(move || serde_saphyr::to_string(&part)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    for part in parts {
+        let part = part?;
+        text.push_str(&part);
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+    }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpng_model::{Family, NodeState, PortKey, Protocol, ServiceKey};
+
+    use std::sync::Arc;
+
+    fn port(i: u32) -> ServicePort {
+        let ip = |n: u32| std::net::IpAddr::from(std::net::Ipv4Addr::from(n));
+        ServicePort {
+            key: PortKey {
+                service: ServiceKey::new("ns", format!("s{i:06}").as_str()),
+                port_name: "http".into(),
+                protocol: Protocol::Tcp,
+                family: Family::V4,
+            },
+            cluster_ip: ip(0x0a60_0000 + i),
+            port: 80,
+            node_port: i.is_multiple_of(3).then_some(30000),
+            external_ips: Vec::new(),
+            load_balancer_ips: if i.is_multiple_of(5) {
+                vec![ip(0xc612_0000 + i)]
+            } else {
+                Vec::new()
+            },
+            source_ranges: Vec::new(),
+            session_affinity: None,
+            external_policy_local: i.is_multiple_of(7),
+            internal_policy_local: false,
+            health_check_node_port: None,
+            preserve_destination: false,
+            cluster_endpoints: (0..3)
+                .map(|j| Endpoint {
+                    ip: ip(0x0a80_0000 + i * 4 + j),
+                    port: 8080,
+                    is_local: j == 1,
+                    ready: true,
+                    serving: true,
+                    terminating: j == 2,
+                })
+                .collect(),
+            local_endpoints: Vec::new(),
+            has_any_endpoints: true,
+            local_ready_endpoints: 1,
+            serving_endpoints: Vec::new(),
+        }
+    }
+
+    /// The rendering in slices on several threads writes exactly what one pass writes, for
+    /// no port, a few, and more than one thread's share.
+    #[test]
+    fn split_rendering_equals_one_pass() {
+        for count in [0u32, 3, 5000] {
+            let mut snapshot = Snapshot {
+                node: NodeState {
+                    name: "node1".into(),
+                    ..NodeState::default()
+                },
+                ..Snapshot::default()
+            };
+            for i in 0..count {
+                let p = port(i);
+                snapshot.ports.insert(p.key.clone(), Arc::new(p));
+            }
+            let ports: Vec<PortView<'_>> = snapshot.ports.values().map(|p| port_view(p)).collect();
+            let one_pass = SnapshotView {
+                node: NodeView {
+                    name: "node1",
+                    known: false,
+                    eligible: snapshot.node.eligible(),
+                    ips: Vec::new(),
+                    zone: None,
+                    pod_cidrs: Vec::new(),
+                },
+                service_cidrs: Vec::new(),
+                service_ports: Some(&ports),
+            };
+            let mut expected = serde_saphyr::to_string(&one_pass).expect("one pass");
+            if !expected.ends_with('\n') {
+                expected.push('\n');
+            }
+            assert_eq!(
+                render(&snapshot).expect("render"),
+                expected,
+                "{count} ports"
+            );
+        }
+    }
 }
