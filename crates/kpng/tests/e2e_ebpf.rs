@@ -287,3 +287,86 @@ fn an_upgrade_replaces_maps_of_another_layout() {
     held.second("pod2a")
         .expect("connections work after the upgrade");
 }
+
+/// Accepts TCP on port 8080 and answers each connection with the local address it reached.
+const ADDR_SERVER: &str = r#"
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080)); s.listen(256); print("ready", flush=True)
+while True:
+    c, _ = s.accept(); c.sendall(c.getsockname()[0].encode() + b"\n"); c.close()
+"#;
+
+/// Connects argv[3] times to argv[1]:argv[2], each from a new socket, and prints every
+/// distinct answer (sorted).
+const ADDR_CLIENT: &str = r#"
+import socket, sys
+seen = set()
+for _ in range(int(sys.argv[3])):
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+    seen.add(s.makefile().readline().strip()); s.close()
+print(" ".join(sorted(seen)))
+"#;
+
+/// A Service with more endpoints than the frontend's value holds inline (8): the rest come
+/// from the slots map, and every endpoint must be chosen. The 12 endpoints are addresses of
+/// a dummy interface in the client's own pod, so the test needs no extra namespaces.
+#[test]
+fn a_service_with_more_endpoints_than_fit_inline_reaches_every_one() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("wide")).expect("cluster");
+    let pod = &c.pod("pod1a").ns;
+    let addrs: Vec<String> = (100..112).map(|i| format!("10.244.1.{i}")).collect();
+    pod.run_ok(["ip", "link", "add", "wide0", "type", "dummy"])
+        .expect("dummy link");
+    pod.run_ok(["ip", "link", "set", "wide0", "up"])
+        .expect("dummy up");
+    for a in &addrs {
+        pod.run_ok(["ip", "addr", "add", &format!("{a}/32"), "dev", "wide0"])
+            .expect("dummy address");
+    }
+    let mut server = pod
+        .spawn(["python3", "-c", ADDR_SERVER])
+        .expect("python3 address server");
+    server
+        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
+        .expect("address server ready");
+    let endpoints: String = addrs
+        .iter()
+        .map(|a| {
+            format!(
+                "- {{addresses: [\"{a}\"], nodeName: node1, conditions: {{ready: true, serving: true, terminating: false}}}}\n"
+            )
+        })
+        .collect();
+    let v4 = cip(30, false);
+    let objects = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: wide}}\n\
+         spec: {{type: ClusterIP, clusterIP: {v4}, clusterIPs: [{v4}], ipFamilies: [IPv4], \
+         ipFamilyPolicy: SingleStack, ports: [{{name: tcp, port: {SVC_PORT}, protocol: TCP, \
+         targetPort: {EP_PORT}}}]}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{namespace: default, name: wide-ipv4, labels: {{kubernetes.io/service-name: wide}}}}\n\
+         addressType: IPv4\nports: [{{name: tcp, port: {EP_PORT}, protocol: TCP}}]\n\
+         endpoints:\n{endpoints}"
+    );
+    let _k = Kpng::start(B, &c.node1.ns, &manifest(&[objects]), &[]);
+    // 240 connections: the chance that a fair choice misses one of 12 is below 1e-8.
+    let out = pod
+        .run_ok([
+            "python3",
+            "-c",
+            ADDR_CLIENT,
+            &v4.to_string(),
+            &SVC_PORT.to_string(),
+            "240",
+        ])
+        .expect("python3 client");
+    let mut expected = addrs.clone();
+    expected.sort();
+    assert_eq!(
+        out.trim(),
+        expected.join(" "),
+        "every endpoint, inline and in the slots map, is chosen"
+    );
+}
