@@ -366,4 +366,22 @@ fn a_service_with_more_endpoints_than_fit_inline_reaches_every_one() {
         expected.join(" "),
         "every endpoint, inline and in the slots map, is chosen"
     );
+    // Chosen at connect() by the programs, not by node1's nftables DNAT.
+    let tracked = c
+        .node1
+        .ns
+        .exec([
+            "conntrack",
+            "-L",
+            "-p",
+            "tcp",
+            "--orig-dst",
+            &v4.to_string(),
+        ])
+        .expect("conntrack");
+    let tracked = String::from_utf8_lossy(&tracked.stdout);
+    assert!(
+        !tracked.contains("dport=80 "),
+        "no connection to the ClusterIP crossed node1: {tracked:?}"
+    );
 }
