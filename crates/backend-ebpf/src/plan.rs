@@ -458,13 +458,6 @@ pub fn count(steps: &[Step<'_>]) -> usize {
 /// (they come last), and one that grows has its new slots written before the count.
 /// Steps without rows are left out.
 pub fn steps<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Step<'a>> {
-    static EMPTY: std::sync::OnceLock<Entries> = std::sync::OnceLock::new();
-    let empty = EMPTY.get_or_init(Entries::default);
-    let get = |e: &'a Entries, m: MapId| -> &'a Table {
-        e.0.get(&m)
-            .or_else(|| empty.0.get(&m))
-            .unwrap_or_else(|| unreachable!("Entries::default has every map"))
-    };
     let mut out = Vec::new();
     let mut push = |map, kind, table, rows: Vec<u32>| {
         if !rows.is_empty() {
@@ -476,45 +469,43 @@ pub fn steps<'a>(old: &'a Entries, new: &'a Entries) -> Vec<Step<'a>> {
             });
         }
     };
-    let upserts = |m: MapId| {
-        let (o, n) = (get(old, m), get(new, m));
-        let mut rows = Vec::new();
-        let mut j = 0;
-        for i in 0..n.len() {
-            let k = n.key(i);
+    // A map missing from one side is empty there: nothing to write from it or delete in it.
+    for m in [MapId::Members, MapId::Slots, MapId::Frontends] {
+        if let Some(n) = new.0.get(&m) {
+            push(
+                m,
+                Kind::Upsert,
+                n,
+                unmatched(n, old.0.get(&m), |a, b| a == b),
+            );
+        }
+    }
+    for m in [MapId::Frontends, MapId::Slots, MapId::Members] {
+        if let Some(o) = old.0.get(&m) {
+            push(m, Kind::Delete, o, unmatched(o, new.0.get(&m), |_, _| true));
+        }
+    }
+    out
+}
+
+/// The rows of `from` with no counterpart in `other` (both sorted by key, one merge walk): a
+/// row whose key `other` lacks, or whose value `same(from's, other's)` rejects.
+fn unmatched(from: &Table, other: Option<&Table>, same: impl Fn(&[u8], &[u8]) -> bool) -> Vec<u32> {
+    let mut rows = Vec::new();
+    let mut j = 0;
+    for i in 0..from.len() {
+        let k = from.key(i);
+        let matched = other.is_some_and(|o| {
             while j < o.len() && o.key(j) < k {
                 j += 1;
             }
-            if !(j < o.len() && o.key(j) == k && o.value(j) == n.value(i)) {
-                rows.push(u32::try_from(i).unwrap_or(u32::MAX));
-            }
+            j < o.len() && o.key(j) == k && same(from.value(i), o.value(j))
+        });
+        if !matched {
+            rows.push(u32::try_from(i).unwrap_or(u32::MAX));
         }
-        (n, rows)
-    };
-    let deletes = |m: MapId| {
-        let (o, n) = (get(old, m), get(new, m));
-        let mut rows = Vec::new();
-        let mut j = 0;
-        for i in 0..o.len() {
-            let k = o.key(i);
-            while j < n.len() && n.key(j) < k {
-                j += 1;
-            }
-            if !(j < n.len() && n.key(j) == k) {
-                rows.push(u32::try_from(i).unwrap_or(u32::MAX));
-            }
-        }
-        (o, rows)
-    };
-    for m in [MapId::Members, MapId::Slots, MapId::Frontends] {
-        let (t, rows) = upserts(m);
-        push(m, Kind::Upsert, t, rows);
     }
-    for m in [MapId::Frontends, MapId::Slots, MapId::Members] {
-        let (t, rows) = deletes(m);
-        push(m, Kind::Delete, t, rows);
-    }
-    out
+    rows
 }
 
 /// [`steps`] as single operations, in order (tests and logs).
