@@ -268,15 +268,18 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         }
         // The common case, a Service or an EndpointSlice document, is read straight into its
         // type (no generic tree in between: half the work). Anything else, and any document
-        // that does not read so, takes the generic path, which also words the errors.
+        // that does not read so, takes the generic path, which also words the errors: strict
+        // JSON (`kubectl get -o json`) read by serde_json, the rest by the YAML parser.
         if let Some(converted) = direct(&doc, limit) {
             let kind = top_level_kind(&doc).unwrap_or_default();
             accept(converted, kind, origin, &mut loaded, &mut origins)?;
             continue;
         }
-        let value: Value =
-            serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
-                .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))?;
+        let value: Value = match json::document(&doc) {
+            Some(value) => value,
+            None => serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
+                .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))?,
+        };
         if value.is_null() {
             continue;
         }
@@ -421,6 +424,8 @@ fn yaml_error(e: &serde_saphyr::Error, len: usize, limit: ExpansionLimit) -> Str
         format!("invalid YAML: {text}")
     }
 }
+
+mod json;
 
 #[cfg(test)]
 mod tests;

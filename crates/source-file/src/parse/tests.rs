@@ -113,6 +113,16 @@ fn errors_name_document_object_and_field() {
             want: "document 1 item 2 (line 1), EndpointSlice ns/s, field ports[0].port",
         },
         Case {
+            name: "JSON list item",
+            text: r#"{"kind": "List", "items": [{"kind": "Service", "metadata": {"namespace": "ns", "name": "web"}, "spec": {"ports": [{"port": "eighty"}]}}]}"#,
+            want: "document 1 item 1 (line 1), Service ns/web, field spec.ports[0].port: invalid type",
+        },
+        Case {
+            name: "JSON with a repeated key (refused as YAML refuses it)",
+            text: r#"{"kind": "Node", "metadata": {"name": "a"}, "kind": "Node"}"#,
+            want: "document 1 (line 1): invalid YAML: error: line 1 column 45: duplicate mapping key: kind",
+        },
+        Case {
             name: "empty file",
             text: "# nothing here\n---\n",
             want: "document 1 (line 1): the file holds no document",
@@ -137,6 +147,37 @@ fn errors_name_document_object_and_field() {
             case.want
         );
     }
+}
+
+#[test]
+fn kubectl_json_output_reads_as_its_yaml_does() {
+    let yaml = r#"
+kind: List
+items:
+- kind: Service
+  metadata: {namespace: a, name: s1, labels: {app: web}}
+  spec: {type: NodePort, clusterIP: 10.96.0.1, ports: [{name: http, port: 80, nodePort: 30080}], sessionAffinity: ClientIP}
+- kind: EndpointSlice
+  metadata: {namespace: a, name: s1-x, labels: {kubernetes.io/service-name: s1}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080, protocol: TCP}]
+  endpoints:
+  - {addresses: [10.244.1.2], nodeName: node-a, conditions: {ready: true, serving: true, terminating: false}}
+  - {addresses: [10.244.2.2], nodeName: node-b, conditions: {ready: false}, zone: z1}
+"#;
+    let as_yaml = parse_manifests(yaml).expect("YAML parses");
+    let value: Value = serde_saphyr::from_str(yaml).expect("YAML");
+    let json = serde_json::to_string_pretty(&value).expect("JSON");
+    assert!(
+        super::json::document(&json).is_some(),
+        "the JSON path takes it"
+    );
+    let as_json = parse_manifests(&json).expect("JSON parses");
+    assert_eq!(
+        format!("{:?}", as_json.objects),
+        format!("{:?}", as_yaml.objects)
+    );
+    assert_eq!(as_json.objects.len(), 2);
 }
 
 #[test]
