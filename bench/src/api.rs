@@ -317,6 +317,8 @@ pub fn run(
                 "0",
                 "--metrics-bind-address",
                 "",
+                "--service-node-port-range",
+                workload::NODE_PORT_RANGE,
                 "to-api",
                 "--listen",
             ])

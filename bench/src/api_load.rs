@@ -284,6 +284,8 @@ fn one_brain(
                 "",
                 "--healthz-bind-address",
                 "127.0.0.1:0",
+                "--service-node-port-range",
+                crate::workload::NODE_PORT_RANGE,
                 "to-api",
                 "--listen",
             ])

@@ -216,6 +216,8 @@ impl Kpng {
             "127.0.0.1:10256",
             "--cluster-cidr",
             "10.128.0.0/9",
+            "--service-node-port-range",
+            crate::workload::NODE_PORT_RANGE,
         ];
         args.extend_from_slice(backend.args());
         let mut command = ns.command(args);

@@ -1,7 +1,8 @@
 //! Start-up: process start → programmed, the `file` source against the `kube` source, in one
 //! run (issue #19).
 //!
-//! The `file` row reads a directory of manifests (`kpng-bench gen`); the `kube` row lists the
+//! The `file` rows read a directory of manifests (`kpng-bench gen`), in YAML and the same
+//! objects in JSON (`kubectl get -o json`'s shape); the `kube` row lists the
 //! same Services and EndpointSlices from `kpng-fake-apiserver` serving them as a real API
 //! server does (JSON objects with labels, annotations and `managedFields`, lists in pages of
 //! the client's `limit` held together by `continue` tokens). Both run `kpng … to-file`, and
@@ -128,6 +129,8 @@ fn start_once(kpng: &str, source: &[String], scratch: &std::path::Path) -> Resul
             "127.0.0.1:0",
             "--cluster-cidr",
             "10.128.0.0/9",
+            "--service-node-port-range",
+            workload::NODE_PORT_RANGE,
             "to-file",
             "--output",
         ]
@@ -204,6 +207,8 @@ pub fn run(
     let manifests = scratch.0.join("manifests");
     workload::generate(&manifests, n, m, Endpoints::Unique)
         .map_err(|e| format!("generating: {e}"))?;
+    let json_manifests = scratch.0.join("manifests-json");
+    workload::generate_json(&json_manifests, n, m, Endpoints::Unique)?;
     let t = Instant::now();
     // No periodic bookmarks: they would only add noise to the byte counts.
     let server = FakeApiServer::builder()
@@ -225,6 +230,13 @@ pub fn run(
         "--debounce".into(),
         "0".into(),
     ];
+    let json_args = vec![
+        "file".to_string(),
+        "--input".into(),
+        json_manifests.display().to_string(),
+        "--debounce".into(),
+        "0".into(),
+    ];
     let mut kube_args = vec![
         "kube".to_string(),
         "--kubeconfig".into(),
@@ -233,6 +245,14 @@ pub fn run(
     kube_args.extend_from_slice(extra_kube_args);
     let mut file = SourceRow {
         label: "file (a directory of YAML manifests)".into(),
+        ..SourceRow::default()
+    };
+    let mut json = SourceRow {
+        label: "file (the same manifests as JSON, one `kind: List` per file)".into(),
+        ..SourceRow::default()
+    };
+    let mut json_before = SourceRow {
+        label: "file JSON, before (the `--before` binary)".into(),
         ..SourceRow::default()
     };
     let mut kube = SourceRow {
@@ -269,6 +289,12 @@ pub fn run(
                 .push(start_once(before, &file_args, &scratch.0)?);
         }
         file.starts.push(start_once(kpng, &file_args, &scratch.0)?);
+        if let Some(before) = before {
+            json_before
+                .starts
+                .push(start_once(before, &json_args, &scratch.0)?);
+        }
+        json.starts.push(start_once(kpng, &json_args, &scratch.0)?);
         if with_kube {
             if let Some(before) = before {
                 kube_start(before, &mut kube_before)?;
@@ -286,17 +312,23 @@ pub fn run(
         .starts
         .iter()
         .chain(&file_before.starts)
+        .chain(&json.starts)
+        .chain(&json_before.starts)
         .chain(&kube.starts)
         .chain(&kube_before.starts)
         .all(|s| !s.output.is_empty() && s.output == reference);
     if !same {
-        return Err("the file and kube sources programmed different states".into());
+        return Err("the sources (file YAML, file JSON, kube) programmed different states".into());
     }
     let mut rows = Vec::new();
     if before.is_some() {
         rows.push(file_before);
     }
     rows.push(file);
+    if before.is_some() {
+        rows.push(json_before);
+    }
+    rows.push(json);
     if with_kube {
         if before.is_some() {
             rows.push(kube_before);

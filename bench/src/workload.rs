@@ -30,6 +30,13 @@ impl Endpoints {
 
 /// The node the benchmark's kpng runs as.
 pub const NODE_IP: &str = "192.168.200.1";
+/// The node-port range every kpng of the benchmark is started with (its
+/// `--service-node-port-range`, the API server's flag of the same name): the workload gives
+/// its NodePort and LoadBalancer Services node ports 20000-59999, 12,000 of them at 30k
+/// Services, which kube's default 30000-32767 (2,768 ports) cannot hold; with the default,
+/// kpng would leave most of them out (with a warning each) and the benchmark would measure a
+/// smaller ruleset than its workload.
+pub const NODE_PORT_RANGE: &str = "20000-59999";
 /// The port endpoints listen on.
 pub const TARGET_PORT: u16 = 8080;
 
@@ -140,19 +147,43 @@ pub fn service_manifest(i: usize, m: usize, endpoints: Endpoints, generation: us
     y
 }
 
+/// This node (`node1`), as the workload's manifests declare it.
+fn node_manifest() -> String {
+    format!(
+        "kind: Node\nmetadata: {{name: node1, labels: {{topology.kubernetes.io/zone: zone-a}}}}\nspec: {{podCIDRs: [10.244.0.0/24]}}\nstatus: {{addresses: [{{type: InternalIP, address: {NODE_IP}}}]}}\n"
+    )
+}
+
 /// Writes the whole workload into `dir` (which must exist).
 pub fn generate(dir: &Path, n: usize, m: usize, endpoints: Endpoints) -> std::io::Result<()> {
-    std::fs::write(
-        dir.join("node.yaml"),
-        format!(
-            "kind: Node\nmetadata: {{name: node1, labels: {{topology.kubernetes.io/zone: zone-a}}}}\nspec: {{podCIDRs: [10.244.0.0/24]}}\nstatus: {{addresses: [{{type: InternalIP, address: {NODE_IP}}}]}}\n"
-        ),
-    )?;
+    std::fs::write(dir.join("node.yaml"), node_manifest())?;
     for i in 0..n {
         std::fs::write(
             dir.join(format!("s{i}.yaml")),
             service_manifest(i, m, endpoints, 0),
         )?;
+    }
+    Ok(())
+}
+
+/// [`generate`]'s manifests as JSON, one `kind: List` per file, as `kubectl get -o json`
+/// prints them: the same objects, so that a start from this directory against one from the
+/// YAML directory measures the format alone.
+pub fn generate_json(dir: &Path, n: usize, m: usize, endpoints: Endpoints) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let write = |name: String, yaml: &str| -> Result<(), String> {
+        let items = yaml
+            .split("\n---\n")
+            .map(serde_saphyr::from_str::<serde_json::Value>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{name}: {e}"))?;
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+        let text = serde_json::to_string_pretty(&list).map_err(|e| format!("{name}: {e}"))?;
+        std::fs::write(dir.join(&name), text).map_err(|e| format!("writing {name}: {e}"))
+    };
+    write("node.json".into(), &node_manifest())?;
+    for i in 0..n {
+        write(format!("s{i}.json"), &service_manifest(i, m, endpoints, 0))?;
     }
     Ok(())
 }
