@@ -77,7 +77,7 @@ impl ApiResult {
             self.initial_all.as_secs_f64(),
             self.ops_per_client,
             self.initial_cpu.as_secs_f64(),
-            self.initial_cpu.as_secs_f64() * 1000.0 / self.clients.max(1) as f64,
+            self.initial_cpu_per_node().as_secs_f64() * 1000.0,
             self.change_p50.as_secs_f64() * 1000.0,
             self.change_p99.as_secs_f64() * 1000.0,
             self.change_cpu.as_secs_f64() * 1000.0,

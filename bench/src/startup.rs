@@ -76,7 +76,7 @@ impl StartupResult {
             "| source | Services × endpoints | starts (process start → first sync committed) | median | kpng CPU (user + sys), median | operations | kpng peak RSS | API server: requests (list pages) / bytes sent |\n|---|---|---|---|---|---|---|---|\n",
         );
         for row in &self.rows {
-            let mut walls: Vec<f64> = row.starts.iter().map(|s| s.wall.as_secs_f64()).collect();
+            let walls: Vec<f64> = row.starts.iter().map(|s| s.wall.as_secs_f64()).collect();
             let mut cpus: Vec<f64> = row
                 .starts
                 .iter()
@@ -87,7 +87,7 @@ impl StartupResult {
                 .map(|w| format!("{w:.2}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let median = percentile(&mut walls, 50.0);
+            let median = row.median_secs();
             let cpu = if cpus.is_empty() {
                 "—".to_string()
             } else {
