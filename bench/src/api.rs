@@ -43,6 +43,23 @@ pub struct ApiResult {
 }
 
 impl ApiResult {
+    /// Simulated nodes served.
+    pub fn clients(&self) -> usize {
+        self.clients
+    }
+
+    /// From the clients' start until every one holds the initial state.
+    pub fn initial_all(&self) -> Duration {
+        self.initial_all
+    }
+
+    /// The brain's CPU for the initial state divided by the nodes it served: what a node
+    /// costs the brain, the figure that carries over to a cluster whose nodes decode on
+    /// their own CPUs.
+    pub fn initial_cpu_per_node(&self) -> Duration {
+        self.initial_cpu / self.clients.max(1) as u32
+    }
+
     /// The table header matching [`ApiResult::markdown_row`].
     pub fn markdown_header() -> &'static str {
         "| brain | Services × endpoints | clients | brain load → first client synced | all clients hold the initial state | ops per client | brain CPU, initial state: total / per node | one change reaches all: p50 | p99 | brain CPU per change | brain RSS after | brain peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -60,7 +77,7 @@ impl ApiResult {
             self.initial_all.as_secs_f64(),
             self.ops_per_client,
             self.initial_cpu.as_secs_f64(),
-            self.initial_cpu.as_secs_f64() * 1000.0 / self.clients.max(1) as f64,
+            self.initial_cpu_per_node().as_secs_f64() * 1000.0,
             self.change_p50.as_secs_f64() * 1000.0,
             self.change_p99.as_secs_f64() * 1000.0,
             self.change_cpu.as_secs_f64() * 1000.0,

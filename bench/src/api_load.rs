@@ -27,6 +27,8 @@ use crate::workload::{self, Endpoints};
 #[derive(Debug)]
 struct Side {
     label: String,
+    /// One brain (else every node watches the API server).
+    brain: bool,
     nodes: usize,
     initial: ServerLoad,
     initial_time: Duration,
@@ -50,7 +52,34 @@ fn kb(bytes: u64) -> String {
     format!("{:.1} kB", bytes as f64 / 1e3)
 }
 
+/// What the API server answered until all N nodes held the initial state, for a curve over N
+/// (`kpng-bench scaling`).
+#[derive(Debug, Clone, Copy)]
+pub struct InitialLoad {
+    /// One brain served the nodes (else every node watched the API server).
+    pub brain: bool,
+    /// N.
+    pub nodes: usize,
+    /// Response bytes the API server sent.
+    pub bytes_sent: u64,
+    /// Watch streams open once all nodes held the state.
+    pub watches_open: u64,
+}
+
 impl ApiLoadResult {
+    /// Every side's initial-state load, in run order.
+    pub fn initial_loads(&self) -> Vec<InitialLoad> {
+        self.sides
+            .iter()
+            .map(|s| InitialLoad {
+                brain: s.brain,
+                nodes: s.nodes,
+                bytes_sent: s.initial.bytes_sent,
+                watches_open: s.initial.watches_open,
+            })
+            .collect()
+    }
+
     /// The table.
     pub fn markdown(&self) -> String {
         let mut s = format!(
@@ -241,6 +270,7 @@ fn every_node_watches(
         let change = server.load().since(&before);
         Ok::<_, String>(Side {
             label: "every node (the `kube` source, as `kpng kube …` runs it)".into(),
+            brain: false,
             nodes,
             initial,
             initial_time,
@@ -321,6 +351,7 @@ fn one_brain(
         let change = server.load().since(&before);
         Ok(Side {
             label: "one brain (`kpng kube … to-api`), nodes on `kpng api`".into(),
+            brain: true,
             nodes,
             initial,
             initial_time,

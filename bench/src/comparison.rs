@@ -164,6 +164,8 @@ pub fn write_plots(
         &dir.join("cold-programming.png"),
         Chart {
             title: "Cold programming time (one transaction)",
+            x_label: "Services",
+            reference: None,
             y_label: "seconds",
         },
         &cold,
@@ -190,6 +192,8 @@ pub fn write_plots(
         &dir.join("connect-latency.png"),
         Chart {
             title: "TCP connect latency p50, last Service",
+            x_label: "Services",
+            reference: None,
             y_label: "µs",
         },
         &latency,

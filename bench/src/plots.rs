@@ -1,5 +1,6 @@
-//! PNG plots of a run (`all --write-docs` writes them to `docs/img/`): cold programming time and
-//! connect latency against the number of Services, log–log, one line per ruleset.
+//! PNG plots of a run (`all --write-docs` and `scaling --write-docs` write them to `docs/img/`):
+//! cold programming time and connect latency against the number of Services, and the scaling
+//! curves of issue #19 against Services or nodes; log–log, one line per series.
 //!
 //! Text is drawn with DejaVu Sans read from the system (Debian's `fonts-dejavu-core`), through
 //! plotters' `ab_glyph` renderer, so no font library is linked.
@@ -19,7 +20,7 @@ const FAMILY: &str = "sans-serif";
 pub struct Series {
     /// Legend text.
     pub label: String,
-    /// (x, y) points; x is the number of Services.
+    /// (x, y) points; x is what the chart's `x_label` names (Services, nodes).
     pub points: Vec<(f64, f64)>,
 }
 
@@ -28,8 +29,13 @@ pub struct Series {
 pub struct Chart<'a> {
     /// Title above the plot.
     pub title: &'a str,
+    /// X-axis description (what is counted: Services, nodes).
+    pub x_label: &'a str,
     /// Y-axis description (with unit).
     pub y_label: &'a str,
+    /// A target drawn as a dashed horizontal line: (legend text, y). Its y is included in the
+    /// axis range, so the reader sees how far the points are from it.
+    pub reference: Option<(&'a str, f64)>,
 }
 
 /// Makes DejaVu Sans available to plotters. Call once per process: the font's bytes live as
@@ -60,7 +66,12 @@ fn log_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
 pub fn line_chart(path: &Path, chart: Chart<'_>, series: &[Series]) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
     let x = log_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
-    let y = log_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
+    let y = log_range(
+        series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .chain(chart.reference.map(|r| r.1)),
+    );
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut ctx = ChartBuilder::on(&root)
@@ -68,10 +79,10 @@ pub fn line_chart(path: &Path, chart: Chart<'_>, series: &[Series]) -> Result<()
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
-        .build_cartesian_2d(x.log_scale(), y.log_scale())
+        .build_cartesian_2d(x.clone().log_scale(), y.log_scale())
         .map_err(|e| err(&e))?;
     ctx.configure_mesh()
-        .x_desc("Services")
+        .x_desc(chart.x_label)
         .y_desc(chart.y_label)
         .label_style((FAMILY, 14))
         .axis_desc_style((FAMILY, 16))
@@ -97,6 +108,17 @@ pub fn line_chart(path: &Path, chart: Chart<'_>, series: &[Series]) -> Result<()
                 .map(|p| Circle::new(p, 4, color.filled())),
         )
         .map_err(|e| err(&e))?;
+    }
+    if let Some((label, level)) = chart.reference {
+        ctx.draw_series(DashedLineSeries::new(
+            [(x.start, level), (x.end, level)],
+            8,
+            6,
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| err(&e))?
+        .label(label)
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
     }
     ctx.configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
@@ -146,7 +168,9 @@ mod tests {
             &path,
             Chart {
                 title: "cold",
+                x_label: "Services",
                 y_label: "seconds",
+                reference: Some(("target 1 s", 1.0)),
             },
             &series,
         )

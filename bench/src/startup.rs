@@ -36,7 +36,19 @@ struct Start {
 #[derive(Debug, Default)]
 pub struct SourceRow {
     label: String,
+    /// `file` or `kube`: which source, whatever the label says.
+    source: &'static str,
+    /// The `--before` binary's row.
+    before: bool,
     starts: Vec<Start>,
+}
+
+impl SourceRow {
+    /// Median of the starts' wall times, in seconds.
+    fn median_secs(&self) -> f64 {
+        let mut walls: Vec<f64> = self.starts.iter().map(|s| s.wall.as_secs_f64()).collect();
+        percentile(&mut walls, 50.0)
+    }
 }
 
 /// Figures of one start-up run.
@@ -50,13 +62,22 @@ pub struct StartupResult {
 }
 
 impl StartupResult {
+    /// The median start → programmed time of `source` (`file` or `kube`) with the measured
+    /// binary (not `--before`), for a curve over sizes (`kpng-bench scaling`).
+    pub fn median_secs(&self, source: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.source == source && !r.before)
+            .map(SourceRow::median_secs)
+    }
+
     /// The table.
     pub fn markdown(&self) -> String {
         let mut s = String::from(
             "| source | Services × endpoints | starts (process start → first sync committed) | median | kpng CPU (user + sys), median | operations | kpng peak RSS | API server: requests (list pages) / bytes sent |\n|---|---|---|---|---|---|---|---|\n",
         );
         for row in &self.rows {
-            let mut walls: Vec<f64> = row.starts.iter().map(|s| s.wall.as_secs_f64()).collect();
+            let walls: Vec<f64> = row.starts.iter().map(|s| s.wall.as_secs_f64()).collect();
             let mut cpus: Vec<f64> = row
                 .starts
                 .iter()
@@ -67,7 +88,7 @@ impl StartupResult {
                 .map(|w| format!("{w:.2}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let median = percentile(&mut walls, 50.0);
+            let median = row.median_secs();
             let cpu = if cpus.is_empty() {
                 "—".to_string()
             } else {
@@ -244,6 +265,7 @@ pub fn run(
     ];
     kube_args.extend_from_slice(extra_kube_args);
     let mut file = SourceRow {
+        source: "file",
         label: "file (a directory of YAML manifests)".into(),
         ..SourceRow::default()
     };
@@ -256,6 +278,7 @@ pub fn run(
         ..SourceRow::default()
     };
     let mut kube = SourceRow {
+        source: "kube",
         label: if extra_kube_args.is_empty() {
             "kube (fake API server, JSON, pages of 500)".into()
         } else {
@@ -267,10 +290,14 @@ pub fn run(
         ..SourceRow::default()
     };
     let mut file_before = SourceRow {
+        source: "file",
+        before: true,
         label: "file, before (the `--before` binary)".into(),
         ..SourceRow::default()
     };
     let mut kube_before = SourceRow {
+        source: "kube",
+        before: true,
         label: "kube, before (the `--before` binary)".into(),
         ..SourceRow::default()
     };
