@@ -186,13 +186,14 @@ fn markdown(m: &Measured) -> String {
     let mut s = format!(
         "\n### Start → programmed against Services (`file` and `kube` sources)\n\n\
          Median of {} start(s) per source and size (`kpng-bench startup`); target ≤ {STARTUP_TARGET_SECS} s at 30k × 4.\n\n\
-         | Services × endpoints | `file` median | `kube` median |\n|---|---|---|\n",
+         | Services × endpoints | `file` (YAML) median | `file` (JSON) median | `kube` median |\n|---|---|---|---|\n",
         plan.startup_rounds
     );
     for (n, r) in plan.startup_services.iter().zip(&m.startups) {
         s.push_str(&format!(
-            "| {n} × {ENDPOINTS} | {} | {} |\n",
+            "| {n} × {ENDPOINTS} | {} | {} | {} |\n",
             median_label(r.median_secs("file")),
+            median_label(r.median_secs("file-json")),
             median_label(r.median_secs("kube")),
         ));
     }
@@ -254,19 +255,23 @@ struct Curves {
 }
 
 fn curves(m: &Measured) -> Curves {
-    let startup: Vec<Series> = ["file", "kube"]
-        .into_iter()
-        .map(|source| Series {
-            label: format!("{source} source, median"),
-            points: m
-                .plan
-                .startup_services
-                .iter()
-                .zip(&m.startups)
-                .filter_map(|(n, r)| r.median_secs(source).map(|s| (*n as f64, s)))
-                .collect(),
-        })
-        .collect();
+    let startup: Vec<Series> = [
+        ("file", "file source (YAML), median"),
+        ("file-json", "file source (JSON), median"),
+        ("kube", "kube source, median"),
+    ]
+    .into_iter()
+    .map(|(source, label)| Series {
+        label: label.into(),
+        points: m
+            .plan
+            .startup_services
+            .iter()
+            .zip(&m.startups)
+            .filter_map(|(n, r)| r.median_secs(source).map(|s| (*n as f64, s)))
+            .collect(),
+    })
+    .collect();
     let brain = |label: &str, y: fn(&ApiResult) -> f64| -> Vec<Series> {
         vec![Series {
             label: label.into(),

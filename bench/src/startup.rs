@@ -36,7 +36,8 @@ struct Start {
 #[derive(Debug, Default)]
 pub struct SourceRow {
     label: String,
-    /// `file` or `kube`: which source, whatever the label says.
+    /// `file`, `file-json` (the same manifests as JSON) or `kube`: which input, whatever
+    /// the label says.
     source: &'static str,
     /// The `--before` binary's row.
     before: bool,
@@ -62,7 +63,7 @@ pub struct StartupResult {
 }
 
 impl StartupResult {
-    /// The median start → programmed time of `source` (`file` or `kube`) with the measured
+    /// The median start → programmed time of `source` (`file`, `file-json` or `kube`) with the measured
     /// binary (not `--before`), for a curve over sizes (`kpng-bench scaling`).
     pub fn median_secs(&self, source: &str) -> Option<f64> {
         self.rows
@@ -270,10 +271,13 @@ pub fn run(
         ..SourceRow::default()
     };
     let mut json = SourceRow {
+        source: "file-json",
         label: "file (the same manifests as JSON, one `kind: List` per file)".into(),
         ..SourceRow::default()
     };
     let mut json_before = SourceRow {
+        source: "file-json",
+        before: true,
         label: "file JSON, before (the `--before` binary)".into(),
         ..SourceRow::default()
     };
