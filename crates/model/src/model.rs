@@ -70,6 +70,18 @@ impl Snapshot {
             .take_while(|(k, _)| &k.service == key)
             .map(|(k, _)| k.clone())
             .collect();
+        if old_keys.is_empty() {
+            // A Service new to the snapshot (every one at start-up): its ports go straight in,
+            // without the by-key map that matches them against old ones. A repeated key ends
+            // as the map would leave it: the last one wins, in the snapshot and in the diff.
+            for port in new_ports {
+                let key = port.key.clone();
+                let port = Arc::new(port);
+                self.ports.insert(key.clone(), port.clone());
+                diff.record(key, None, Some(port));
+            }
+            return;
+        }
         let mut new_by_key: BTreeMap<PortKey, ServicePort> =
             new_ports.into_iter().map(|p| (p.key.clone(), p)).collect();
         for old_key in old_keys {
