@@ -2,8 +2,7 @@
 //! an existing benchmark (nothing is measured here that the single-size commands do not):
 //!
 //! - **start → programmed against Services**: [`crate::startup`] (the `file` source from YAML
-//!   and from JSON manifests, and the `kube`
-//!   sources) at several sizes;
+//!   and from JSON manifests, and the `kube` source) at several sizes;
 //! - **the brain against nodes**: [`crate::api`] (one brain, simulated nodes in a separate
 //!   process) at several node counts: wall time until all hold the initial state, and the
 //!   brain's CPU per node;
