@@ -245,20 +245,17 @@ pub fn run(
     server
         .write_kubeconfig(&kubeconfig)
         .map_err(|e| e.to_string())?;
-    let file_args = vec![
-        "file".to_string(),
-        "--input".into(),
-        manifests.display().to_string(),
-        "--debounce".into(),
-        "0".into(),
-    ];
-    let json_args = vec![
-        "file".to_string(),
-        "--input".into(),
-        json_manifests.display().to_string(),
-        "--debounce".into(),
-        "0".into(),
-    ];
+    let file_source = |dir: &std::path::Path| {
+        vec![
+            "file".to_string(),
+            "--input".into(),
+            dir.display().to_string(),
+            "--debounce".into(),
+            "0".into(),
+        ]
+    };
+    let file_args = file_source(&manifests);
+    let json_args = file_source(&json_manifests);
     let mut kube_args = vec![
         "kube".to_string(),
         "--kubeconfig".into(),
