@@ -45,6 +45,16 @@ pub struct SourceRow {
 }
 
 impl SourceRow {
+    /// A row with no starts yet.
+    fn new(source: &'static str, before: bool, label: String) -> SourceRow {
+        SourceRow {
+            label,
+            source,
+            before,
+            starts: Vec::new(),
+        }
+    }
+
     /// Median of the starts' wall times, in seconds.
     fn median_secs(&self) -> f64 {
         let mut walls: Vec<f64> = self.starts.iter().map(|s| s.wall.as_secs_f64()).collect();
@@ -262,46 +272,30 @@ pub fn run(
         kubeconfig.display().to_string(),
     ];
     kube_args.extend_from_slice(extra_kube_args);
-    let mut file = SourceRow {
-        source: "file",
-        label: "file (a directory of YAML manifests)".into(),
-        ..SourceRow::default()
+    let mut file = SourceRow::new("file", false, "file (a directory of YAML manifests)".into());
+    let mut json = SourceRow::new(
+        "file-json",
+        false,
+        "file (the same manifests as JSON, one `kind: List` per file)".into(),
+    );
+    let mut json_before = SourceRow::new(
+        "file-json",
+        true,
+        "file JSON, before (the `--before` binary)".into(),
+    );
+    let kube_label = if extra_kube_args.is_empty() {
+        "kube (fake API server, JSON, pages of 500)".into()
+    } else {
+        format!(
+            "kube (fake API server, JSON, pages of 500; {})",
+            extra_kube_args.join(" ")
+        )
     };
-    let mut json = SourceRow {
-        source: "file-json",
-        label: "file (the same manifests as JSON, one `kind: List` per file)".into(),
-        ..SourceRow::default()
-    };
-    let mut json_before = SourceRow {
-        source: "file-json",
-        before: true,
-        label: "file JSON, before (the `--before` binary)".into(),
-        ..SourceRow::default()
-    };
-    let mut kube = SourceRow {
-        source: "kube",
-        label: if extra_kube_args.is_empty() {
-            "kube (fake API server, JSON, pages of 500)".into()
-        } else {
-            format!(
-                "kube (fake API server, JSON, pages of 500; {})",
-                extra_kube_args.join(" ")
-            )
-        },
-        ..SourceRow::default()
-    };
-    let mut file_before = SourceRow {
-        source: "file",
-        before: true,
-        label: "file, before (the `--before` binary)".into(),
-        ..SourceRow::default()
-    };
-    let mut kube_before = SourceRow {
-        source: "kube",
-        before: true,
-        label: "kube, before (the `--before` binary)".into(),
-        ..SourceRow::default()
-    };
+    let mut kube = SourceRow::new("kube", false, kube_label);
+    let mut file_before =
+        SourceRow::new("file", true, "file, before (the `--before` binary)".into());
+    let mut kube_before =
+        SourceRow::new("kube", true, "kube, before (the `--before` binary)".into());
     let kube_start = |binary: &str, row: &mut SourceRow| -> Result<(), String> {
         let earlier = server.load();
         let mut start = start_once(binary, &kube_args, &scratch.0)?;
