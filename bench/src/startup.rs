@@ -33,7 +33,7 @@ struct Start {
 }
 
 /// The starts of one source.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SourceRow {
     label: String,
     /// `file`, `file-json` (the same manifests as JSON) or `kube`: which input, whatever
