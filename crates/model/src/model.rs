@@ -49,6 +49,24 @@ impl Snapshot {
         self.ports.values().filter(move |p| p.key.family == family)
     }
 
+    /// The ports of one Service, in key order: a range of the map (ports are ordered by
+    /// Service first), so per-Service work after a change does not walk every port.
+    pub fn service_ports<'a>(
+        &'a self,
+        key: &'a ServiceKey,
+    ) -> impl Iterator<Item = &'a Arc<ServicePort>> + 'a {
+        let first = PortKey {
+            service: key.clone(),
+            port_name: "".into(),
+            protocol: Protocol::Tcp,
+            family: Family::V4,
+        };
+        self.ports
+            .range(first..)
+            .take_while(move |(k, _)| &k.service == key)
+            .map(|(_, p)| p)
+    }
+
     /// Replaces every port of Service `key` with `new_ports` (all of them: a port left out is
     /// gone) and records in `diff` only the ports that really changed. Equal ports keep their
     /// `Arc`, so an unchanged Service costs nothing downstream.
@@ -58,18 +76,7 @@ impl Snapshot {
         new_ports: Vec<ServicePort>,
         diff: &mut Diff,
     ) {
-        let first = PortKey {
-            service: key.clone(),
-            port_name: "".into(),
-            protocol: Protocol::Tcp,
-            family: Family::V4,
-        };
-        let old_keys: Vec<PortKey> = self
-            .ports
-            .range(first..)
-            .take_while(|(k, _)| &k.service == key)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let old_keys: Vec<PortKey> = self.service_ports(key).map(|p| p.key.clone()).collect();
         if old_keys.is_empty() {
             // A Service new to the snapshot (every one at start-up): its ports go straight in,
             // without the by-key map that matches them against old ones. A repeated key ends

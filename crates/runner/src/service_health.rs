@@ -8,7 +8,7 @@
 //! nodes that can serve it locally. Servers open and close with the Services after each sync;
 //! a port already in use is reported and retried at the next sync, never fatal.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -17,7 +17,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use kpng_model::{ServiceKey, Snapshot};
+use kpng_model::{ServiceKey, ServicePort, Snapshot};
 use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -37,18 +37,40 @@ pub struct HealthCheck {
 pub fn wanted(snapshot: &Snapshot) -> BTreeMap<ServiceKey, HealthCheck> {
     let mut out: BTreeMap<ServiceKey, HealthCheck> = BTreeMap::new();
     for sp in snapshot.ports.values() {
-        let Some(port) = sp.health_check_node_port else {
-            continue;
-        };
-        let entry = out.entry(sp.key.service.clone()).or_insert(HealthCheck {
-            port,
-            local_endpoints: 0,
-        });
-        // kube-proxy reports the Service's local ready endpoints; ports of one Service share
-        // them, so the largest per-port count is the Service's.
-        entry.local_endpoints = entry.local_endpoints.max(sp.local_ready_endpoints);
+        if let Some(check) = port_check(sp) {
+            out.entry(sp.key.service.clone())
+                .and_modify(|c| *c = merge(*c, check))
+                .or_insert(check);
+        }
     }
     out
+}
+
+/// The health check of one Service, read from its ports only: what a change to that Service
+/// needs, without walking every port of the cluster.
+pub fn wanted_for(snapshot: &Snapshot, service: &ServiceKey) -> Option<HealthCheck> {
+    snapshot
+        .service_ports(service)
+        .filter_map(|sp| port_check(sp))
+        .reduce(merge)
+}
+
+/// What one port says about its Service's health check.
+fn port_check(sp: &ServicePort) -> Option<HealthCheck> {
+    sp.health_check_node_port.map(|port| HealthCheck {
+        port,
+        local_endpoints: sp.local_ready_endpoints,
+    })
+}
+
+/// Two ports' views of one Service's check. kube-proxy reports the Service's local ready
+/// endpoints; ports of one Service share them, so the largest per-port count is the Service's.
+/// The port is the first port's (all ports of a Service carry the same one).
+fn merge(first: HealthCheck, other: HealthCheck) -> HealthCheck {
+    HealthCheck {
+        port: first.port,
+        local_endpoints: first.local_endpoints.max(other.local_endpoints),
+    }
 }
 
 /// kube-proxy's response body: tab-indented JSON without a trailing newline.
@@ -122,6 +144,8 @@ impl Drop for Running {
 pub struct ServiceHealthServers {
     shared: Shared,
     running: HashMap<ServiceKey, Running>,
+    /// Wanted checks whose server could not start: retried at every sync.
+    not_started: BTreeMap<ServiceKey, HealthCheck>,
     failures: Counter,
 }
 
@@ -135,6 +159,7 @@ impl ServiceHealthServers {
                 health,
             },
             running: HashMap::new(),
+            not_started: BTreeMap::new(),
             failures,
         }
     }
@@ -150,43 +175,87 @@ impl ServiceHealthServers {
     /// Opens, moves and closes servers so that exactly `wanted` are served on `addresses`
     /// (an empty list means all addresses, `0.0.0.0` and `[::]`), and updates the counts.
     pub async fn sync(&mut self, wanted: &BTreeMap<ServiceKey, HealthCheck>, addresses: &[IpAddr]) {
-        {
-            let mut counts = self
-                .shared
-                .counts
-                .write()
-                .unwrap_or_else(|e| e.into_inner());
-            counts.clear();
-            counts.extend(wanted.iter().map(|(k, h)| (k.clone(), h.local_endpoints)));
+        let mut services: BTreeSet<ServiceKey> = self.running.keys().cloned().collect();
+        services.extend(self.counts().keys().cloned());
+        services.extend(wanted.keys().cloned());
+        let changes = services
+            .into_iter()
+            .map(|k| {
+                let check = wanted.get(&k).copied();
+                (k, check)
+            })
+            .collect();
+        self.update(changes, addresses).await;
+    }
+
+    /// Brings the given Services (and any whose server could not start before) to their
+    /// wanted check: `None` closes a Service's server. Other servers are left as they are, so
+    /// a change to one Service costs one Service's work, not the cluster's.
+    pub async fn update(
+        &mut self,
+        mut changes: BTreeMap<ServiceKey, Option<HealthCheck>>,
+        addresses: &[IpAddr],
+    ) {
+        for (key, check) in std::mem::take(&mut self.not_started) {
+            changes.entry(key).or_insert(Some(check));
         }
         let addresses: Vec<IpAddr> = if addresses.is_empty() {
             vec![IpAddr::from([0u8; 4]), IpAddr::from([0u16; 8])]
         } else {
             addresses.to_vec()
         };
-        self.running.retain(|key, r| {
-            let keep =
-                wanted.get(key).is_some_and(|h| h.port == r.port) && r.addresses == addresses;
-            if !keep {
-                info!(service = %key, port = r.port, "closing health check");
+        for (key, check) in changes {
+            self.update_one(key, check, &addresses).await;
+        }
+    }
+
+    /// One Service: its count, then its server (kept when port and addresses are unchanged).
+    async fn update_one(
+        &mut self,
+        key: ServiceKey,
+        check: Option<HealthCheck>,
+        addresses: &[IpAddr],
+    ) {
+        {
+            let mut counts = self
+                .shared
+                .counts
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            match check {
+                Some(c) => counts.insert(key.clone(), c.local_endpoints),
+                None => counts.remove(&key),
+            };
+        }
+        let unchanged = match (self.running.get(&key), check) {
+            (Some(r), Some(c)) => r.port == c.port && r.addresses == addresses,
+            _ => false,
+        };
+        if unchanged {
+            return;
+        }
+        if let Some(r) = self.running.remove(&key) {
+            info!(service = %key, port = r.port, "closing health check");
+        }
+        let Some(check) = check else {
+            return;
+        };
+        match self.start(&key, check.port, addresses).await {
+            Ok(running) => {
+                info!(service = %key, port = check.port, "serving health check");
+                self.running.insert(key, running);
             }
-            keep
-        });
-        for (key, check) in wanted {
-            if self.running.contains_key(key) {
-                continue;
-            }
-            match self.start(key, check.port, &addresses).await {
-                Ok(running) => {
-                    info!(service = %key, port = check.port, "serving health check");
-                    self.running.insert(key.clone(), running);
-                }
-                Err(e) => {
-                    self.failures.inc();
-                    warn!(service = %key, port = check.port, "cannot start the health check (retried at the next sync): {e}");
-                }
+            Err(e) => {
+                self.failures.inc();
+                warn!(service = %key, port = check.port, "cannot start the health check (retried at the next sync): {e}");
+                self.not_started.insert(key, check);
             }
         }
+    }
+
+    /// The local endpoint counts the servers answer with.
+    fn counts(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ServiceKey, u32>> {
+        self.shared.counts.read().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn start(

@@ -57,6 +57,18 @@ impl DirWatch {
                 Ok(_) => {}
             }
         }
+        if debounce.is_zero() {
+            // No quiet period: take what is already queued. (A timer for "now" would fire on
+            // the timer wheel's next millisecond tick, a delay on every change.)
+            loop {
+                match self.rx.try_recv() {
+                    Ok(Ok(ev)) if is_write(&ev) => changed.extend(ev.paths),
+                    Ok(_) => {}
+                    Err(mpsc::error::TryRecvError::Empty) => return Some(changed),
+                    Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                }
+            }
+        }
         let give_up = tokio::time::Instant::now() + debounce * 10;
         loop {
             let quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);

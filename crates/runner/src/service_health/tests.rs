@@ -155,3 +155,109 @@ async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
         .expect("get");
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn a_port_in_use_is_retried_by_an_update_that_names_other_services() {
+    let (mut hc, failures) = servers(true);
+    let port = free_port();
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    let key = ServiceKey::new("ns", "svc");
+    let check = HealthCheck {
+        port,
+        local_endpoints: 1,
+    };
+    let loopback = [IpAddr::from([127, 0, 0, 1])];
+    hc.update(BTreeMap::from([(key.clone(), Some(check))]), &loopback)
+        .await;
+    assert_eq!(failures.get(), 1);
+    drop(squatter);
+    // The next sync's diff touches another Service only.
+    hc.update(
+        BTreeMap::from([(ServiceKey::new("ns", "other"), None)]),
+        &loopback,
+    )
+    .await;
+    assert_eq!(hc.serving(), BTreeMap::from([(key, port)]));
+}
+
+#[tokio::test]
+async fn an_update_leaves_the_services_it_does_not_name() {
+    let (mut hc, _) = servers(true);
+    let (a, b) = (ServiceKey::new("ns", "a"), ServiceKey::new("ns", "b"));
+    let (port_a, port_b) = (free_port(), free_port());
+    let check = |port, local_endpoints| HealthCheck {
+        port,
+        local_endpoints,
+    };
+    let loopback = [IpAddr::from([127, 0, 0, 1])];
+    hc.sync(
+        &BTreeMap::from([(a.clone(), check(port_a, 1)), (b.clone(), check(port_b, 1))]),
+        &loopback,
+    )
+    .await;
+    let status = |port| async move {
+        tokio::task::spawn_blocking(move || get(port, "/"))
+            .await
+            .expect("join")
+            .map(|(status, _, text)| (status, text))
+    };
+    hc.update(
+        BTreeMap::from([(a.clone(), Some(check(port_a, 0)))]),
+        &loopback,
+    )
+    .await;
+    assert_eq!(status(port_a).await.expect("a").0, 503, "a's new count");
+    assert_eq!(
+        status(port_b).await.expect("b"),
+        (200, body(&b, 1, true)),
+        "b as it was"
+    );
+    hc.update(BTreeMap::from([(b.clone(), None)]), &loopback)
+        .await;
+    assert_eq!(hc.serving(), BTreeMap::from([(a, port_a)]));
+}
+
+#[test]
+fn one_services_check_is_what_the_whole_snapshot_says_for_it() {
+    use kpng_model::{PortKey, Protocol, ServicePort};
+    let port = |service: &str, name: &str, family, hc: Option<u16>, local| {
+        let key = PortKey {
+            service: ServiceKey::new("ns", service),
+            port_name: name.into(),
+            protocol: Protocol::Tcp,
+            family,
+        };
+        let mut sp = ServicePort::new(key.clone(), IpAddr::from([10, 96, 0, 1]), 80);
+        sp.health_check_node_port = hc;
+        sp.local_ready_endpoints = local;
+        (key, Arc::new(sp))
+    };
+    let snapshot = Snapshot {
+        ports: BTreeMap::from([
+            // Two ports and two families: the largest count is the Service's.
+            port("lb", "http", Family::V4, Some(30100), 1),
+            port("lb", "https", Family::V4, Some(30100), 3),
+            port("lb", "http", Family::V6, Some(30100), 2),
+            // A neighbour in key order without a check.
+            port("lb-plain", "", Family::V4, None, 5),
+            port("local", "", Family::V6, Some(30200), 0),
+        ]),
+        ..Snapshot::default()
+    };
+    let all = wanted(&snapshot);
+    for (service, want) in [
+        ("lb", Some((30100, 3))),
+        ("lb-plain", None),
+        ("local", Some((30200, 0))),
+        ("absent", None),
+    ] {
+        let key = ServiceKey::new("ns", service);
+        let one = wanted_for(&snapshot, &key);
+        assert_eq!(one.map(|c| (c.port, c.local_endpoints)), want, "{service}");
+        assert_eq!(
+            one,
+            all.get(&key).copied(),
+            "{service}: as the whole snapshot"
+        );
+    }
+}
