@@ -19,6 +19,7 @@ mod kube_proxy_flags;
 mod leftovers;
 mod log_dedup;
 mod logging;
+mod memory;
 #[cfg(target_os = "linux")]
 mod prereq;
 mod process_metrics;

@@ -478,6 +478,7 @@ where
                 .await?,
         )
     };
+    let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
     let mut runner = Runner::new(model, backend, timing, metrics, health);
     // Answers about the running proxy (`kpng status`, `kpng trace`, the status page); none in
     // a dry run, which opens nothing.
