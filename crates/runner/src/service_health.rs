@@ -132,6 +132,17 @@ struct Running {
     tasks: Vec<JoinHandle<()>>,
 }
 
+impl Running {
+    /// Stops the server and waits until its sockets are closed, so that its port can be
+    /// bound again at once (dropping only asks the runtime to stop the tasks).
+    async fn close(mut self) {
+        for task in std::mem::take(&mut self.tasks) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         for t in &self.tasks {
@@ -204,53 +215,52 @@ impl ServiceHealthServers {
         } else {
             addresses.to_vec()
         };
+        // Every server that goes is closed before any opens: two Services that trade ports
+        // both get theirs in the same sync.
+        let mut to_start = Vec::new();
         for (key, check) in changes {
-            self.update_one(key, check, &addresses).await;
+            self.set_count(&key, check);
+            let unchanged = match (self.running.get(&key), check) {
+                (Some(r), Some(c)) => r.port == c.port && r.addresses == addresses,
+                _ => false,
+            };
+            if unchanged {
+                continue;
+            }
+            if let Some(r) = self.running.remove(&key) {
+                info!(service = %key, port = r.port, "closing health check");
+                r.close().await;
+            }
+            if let Some(check) = check {
+                to_start.push((key, check));
+            }
+        }
+        for (key, check) in to_start {
+            match self.start(&key, check.port, &addresses).await {
+                Ok(running) => {
+                    info!(service = %key, port = check.port, "serving health check");
+                    self.running.insert(key, running);
+                }
+                Err(e) => {
+                    self.failures.inc();
+                    warn!(service = %key, port = check.port, "cannot start the health check (retried at the next sync): {e}");
+                    self.not_started.insert(key, check);
+                }
+            }
         }
     }
 
-    /// One Service: its count, then its server (kept when port and addresses are unchanged).
-    async fn update_one(
-        &mut self,
-        key: ServiceKey,
-        check: Option<HealthCheck>,
-        addresses: &[IpAddr],
-    ) {
-        {
-            let mut counts = self
-                .shared
-                .counts
-                .write()
-                .unwrap_or_else(|e| e.into_inner());
-            match check {
-                Some(c) => counts.insert(key.clone(), c.local_endpoints),
-                None => counts.remove(&key),
-            };
-        }
-        let unchanged = match (self.running.get(&key), check) {
-            (Some(r), Some(c)) => r.port == c.port && r.addresses == addresses,
-            _ => false,
+    /// The local endpoint count a Service's server answers with (`None`: no longer wanted).
+    fn set_count(&self, key: &ServiceKey, check: Option<HealthCheck>) {
+        let mut counts = self
+            .shared
+            .counts
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        match check {
+            Some(c) => counts.insert(key.clone(), c.local_endpoints),
+            None => counts.remove(key),
         };
-        if unchanged {
-            return;
-        }
-        if let Some(r) = self.running.remove(&key) {
-            info!(service = %key, port = r.port, "closing health check");
-        }
-        let Some(check) = check else {
-            return;
-        };
-        match self.start(&key, check.port, addresses).await {
-            Ok(running) => {
-                info!(service = %key, port = check.port, "serving health check");
-                self.running.insert(key, running);
-            }
-            Err(e) => {
-                self.failures.inc();
-                warn!(service = %key, port = check.port, "cannot start the health check (retried at the next sync): {e}");
-                self.not_started.insert(key, check);
-            }
-        }
     }
 
     /// The local endpoint counts the servers answer with.

@@ -261,3 +261,35 @@ fn one_services_check_is_what_the_whole_snapshot_says_for_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn two_services_that_trade_ports_both_serve_after_one_sync() {
+    let (mut hc, failures) = servers(true);
+    let (a, b) = (ServiceKey::new("ns", "a"), ServiceKey::new("ns", "b"));
+    let (p1, p2) = (free_port(), free_port());
+    let check = |port| HealthCheck {
+        port,
+        local_endpoints: 1,
+    };
+    let loopback = [IpAddr::from([127, 0, 0, 1])];
+    hc.sync(
+        &BTreeMap::from([(a.clone(), check(p1)), (b.clone(), check(p2))]),
+        &loopback,
+    )
+    .await;
+    hc.sync(
+        &BTreeMap::from([(a.clone(), check(p2)), (b.clone(), check(p1))]),
+        &loopback,
+    )
+    .await;
+    assert_eq!(failures.get(), 0, "no port was still taken");
+    assert_eq!(
+        hc.serving(),
+        BTreeMap::from([(a.clone(), p2), (b.clone(), p1)])
+    );
+    let (_, _, text) = tokio::task::spawn_blocking(move || get(p1, "/"))
+        .await
+        .expect("join")
+        .expect("get");
+    assert_eq!(text, body(&b, 1, true), "p1 answers for b now");
+}
