@@ -16,7 +16,8 @@
 //!
 //! Differences from the kernel backends, by design: endpoints see the node as the client
 //! (client IPs are not preserved, whatever the traffic policy); established connections end
-//! when kpng stops; SCTP is not proxied. See `docs/backends.md`.
+//! when kpng stops (after a short grace for those in flight, [`Backend::exit_drain`]); SCTP is
+//! not proxied. See `docs/backends.md`.
 
 pub mod balancer;
 pub mod capture;
@@ -32,10 +33,11 @@ mod testutil;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ipnet::IpNet;
 use kpng_backend::settings::DetectLocal;
-use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
+use kpng_backend::{Backend, BackendError, ExitDrain, SyncRequest, SyncStats};
 use kpng_model::{Family, PortKey, Protocol, ServicePort, Snapshot};
 use prometheus_client::registry::Registry;
 use tokio::runtime::Handle;
@@ -44,7 +46,7 @@ use tracing::{debug, warn};
 use crate::capture::Capture;
 use crate::entries::{Action, Entry, EntryKey, ListenerPorts, NodePortAddresses};
 use crate::metrics::ProxyMetrics;
-use crate::proxy::{Listener, PortShared, ProxySettings};
+use crate::proxy::{Listener, PortShared, ProxySettings, ProxyTasks};
 use crate::routing::Scope;
 use crate::store::{EntryStore, NODE_OWNER, Op, OwnerId};
 
@@ -64,10 +66,17 @@ pub struct UserspaceConfig {
     pub detect_local: DetectLocal,
     /// Data-path timeouts.
     pub settings: ProxySettings,
+    /// How long kpng, asked to stop, waits for the connections it already accepted to end
+    /// (`--drain-on-exit`). New connections are refused meanwhile, so it is short.
+    pub drain_on_exit: Duration,
     /// `--dry-run`: open no listener (the capture, a dry run too, shows placeholder listener
     /// ports from [`PLANNED_PORTS`] upward).
     pub dry_run: bool,
 }
+
+/// The default of [`UserspaceConfig::drain_on_exit`]: enough for a request in flight to be
+/// answered, short enough that a restart is not held up by connections that stay open.
+pub const DEFAULT_DRAIN_ON_EXIT: Duration = Duration::from_secs(1);
 
 /// The first placeholder listener port of a dry run (the real ones are the OS's choice).
 pub const PLANNED_PORTS: u16 = 61000;
@@ -80,6 +89,7 @@ impl Default for UserspaceConfig {
             service_cidrs: Vec::new(),
             detect_local: DetectLocal::None,
             settings: ProxySettings::default(),
+            drain_on_exit: DEFAULT_DRAIN_ON_EXIT,
             dry_run: false,
         }
     }
@@ -110,6 +120,8 @@ pub struct UserspaceBackend {
     config: UserspaceConfig,
     /// The runtime the proxy's tasks run on: the one of the first sync.
     runtime: Option<Handle>,
+    /// The listeners' and connections' tasks, stopped together when kpng stops.
+    tasks: ProxyTasks,
     capture: Box<dyn Capture>,
     ports: HashMap<PortKey, PortProxy>,
     store: EntryStore,
@@ -136,6 +148,7 @@ impl UserspaceBackend {
         UserspaceBackend {
             config,
             runtime: None,
+            tasks: ProxyTasks::default(),
             capture,
             ports: HashMap::new(),
             store: EntryStore::new(),
@@ -220,6 +233,7 @@ impl UserspaceBackend {
         let settings = self.config.settings;
         let previous = self.previous.as_ref();
         let dry_run = self.config.dry_run;
+        let tasks = &self.tasks;
         let planned = std::cell::Cell::new(self.next_planned);
         let bind = |scope: Scope, shared: &Arc<PortShared>| {
             if dry_run {
@@ -229,8 +243,8 @@ impl UserspaceBackend {
             }
             proxy::listen(
                 &runtime,
-                key.family,
-                key.protocol,
+                tasks,
+                key,
                 scope,
                 shared.clone(),
                 settings,
@@ -494,6 +508,13 @@ impl Backend for UserspaceBackend {
                 Err(e)
             }
         }
+    }
+
+    /// Stops every listener and gives the connections they accepted
+    /// [`UserspaceConfig::drain_on_exit`] to end: a client whose request is in flight when kpng
+    /// is restarted gets its answer.
+    fn exit_drain(&mut self) -> Option<ExitDrain> {
+        Some(Box::pin(self.tasks.drain(self.config.drain_on_exit)))
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {

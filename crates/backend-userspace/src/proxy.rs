@@ -9,6 +9,10 @@
 //! - UDP ([`udp`]): one session per client address, with its own connected upstream socket and a
 //!   task relaying replies; sessions end after an idle timeout, or at once when their endpoint
 //!   leaves (as kube-proxy clears stale UDP conntrack entries).
+//! - Stopping ([`ProxyTasks`]): a listener that is dropped, or every listener when kpng is
+//!   asked to stop, first accepts what the kernel already completed, then closes, so no client
+//!   whose handshake succeeded is reset. When kpng stops, the connections it accepted are
+//!   given a bounded grace to finish ([`ProxyTasks::drain`]).
 
 pub mod tcp;
 pub mod udp;
@@ -18,11 +22,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kpng_model::{Family, Protocol, ServicePort};
+use kpng_model::{Family, PortKey, Protocol, ServicePort};
 use socket2::{Domain, Socket, Type};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
 
 use crate::metrics::ProxyMetrics;
 use crate::routing::{Routing, Scope};
@@ -118,59 +125,121 @@ impl Drop for TaskGuard {
     }
 }
 
-/// A bound listener and the task serving it; dropping it closes the socket (established TCP
-/// connections continue).
+/// Every task of the proxy, so that they can be stopped together and awaited: the listeners
+/// (each stops on a child of `stop`) and the TCP connections they accepted.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyTasks {
+    stop: CancellationToken,
+    listeners: TaskTracker,
+    connections: TaskTracker,
+}
+
+impl ProxyTasks {
+    /// Stops every listener (each accepts what the kernel already completed, then closes) and
+    /// waits, at most `grace` in all, for the connections accepted until then to end: idle ones
+    /// end at once, ones awaiting an answer when they get it (`tcp::relay`). What is still
+    /// open after `grace` is cut when the process exits; the log says how many.
+    pub fn drain(&self, grace: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let tasks = self.clone();
+        async move {
+            let deadline = Instant::now() + grace;
+            tasks.stop.cancel();
+            tasks.listeners.close();
+            tasks.connections.close();
+            // Listeners only take their accept queue before they end: quick.
+            if tokio::time::timeout_at(deadline, tasks.listeners.wait())
+                .await
+                .is_err()
+            {
+                warn!("the proxy's listeners did not stop within {grace:?}");
+            }
+            let open = tasks.connections.len();
+            if open == 0 {
+                return;
+            }
+            info!(
+                connections = open,
+                "waiting up to {grace:?} for accepted connections to end"
+            );
+            match tokio::time::timeout_at(deadline, tasks.connections.wait()).await {
+                Ok(()) => info!("every accepted connection ended"),
+                Err(_) => warn!(
+                    connections = tasks.connections.len(),
+                    "cutting the connections still open after {grace:?}"
+                ),
+            }
+        }
+    }
+
+    /// Cancelled when kpng stops (not when one listener closes): what a connection watches to
+    /// end once it is idle.
+    fn stopping(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Spawns one accepted connection's task, awaited by [`ProxyTasks::drain`].
+    fn spawn_connection(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.connections.spawn(task);
+    }
+}
+
+/// A bound listener and the task serving it; dropping it stops the task, which accepts what
+/// the kernel already completed and closes the socket (established TCP connections continue).
 #[derive(Debug)]
 pub struct Listener {
     /// The port the OS gave the listener: what the capture redirects to.
     pub port: u16,
-    /// The task serving it; `None` for a [`Listener::planned`] one.
-    _task: Option<TaskGuard>,
+    /// Stops the task when dropped; `None` for a [`Listener::planned`] one.
+    _stop: Option<DropGuard>,
 }
 
 impl Listener {
     /// A listener that is not opened: a dry run shows the capture that would redirect to
     /// `port` without binding anything on the node.
     pub fn planned(port: u16) -> Listener {
-        Listener { port, _task: None }
+        Listener { port, _stop: None }
     }
 }
 
-/// Binds a listener for one Service port and way in, on every address of its family, and
-/// starts serving it on `runtime`. It takes the `preferred` port when that is free (the port a
-/// previous run used), else one the OS chooses.
+/// Binds a listener for one Service port (`key`) and way in, on every address of its family,
+/// and starts serving it on `runtime`. It takes the `preferred` port when that is free (the
+/// port a previous run used), else one the OS chooses.
 pub fn listen(
     runtime: &Handle,
-    family: Family,
-    protocol: Protocol,
+    tasks: &ProxyTasks,
+    key: &PortKey,
     scope: Scope,
     shared: Arc<PortShared>,
     settings: ProxySettings,
     preferred: Option<u16>,
 ) -> std::io::Result<Listener> {
+    let (family, protocol) = (key.family, key.protocol);
     let socket = match preferred {
         Some(port) => bind(family, protocol, port).or_else(|_| bind(family, protocol, 0))?,
         None => bind(family, protocol, 0)?,
     };
     let _entered = runtime.enter();
-    let (port, task) = match protocol {
+    let stop = tasks.stop.child_token();
+    let port = match protocol {
         Protocol::Udp => {
             let udp = tokio::net::UdpSocket::from_std(socket.into())?;
             let port = udp.local_addr()?.port();
-            let task = runtime.spawn(udp::serve(udp, shared, scope, settings));
-            (port, task)
+            let serve = udp::serve(udp, shared, scope, settings, stop.clone());
+            tasks.listeners.spawn_on(serve, runtime);
+            port
         }
         _ => {
             socket.listen(1024)?;
             let tcp = tokio::net::TcpListener::from_std(socket.into())?;
             let port = tcp.local_addr()?.port();
-            let task = runtime.spawn(tcp::serve(tcp, shared, scope, settings));
-            (port, task)
+            let serve = tcp::serve(tcp, shared, scope, settings, stop.clone(), tasks.clone());
+            tasks.listeners.spawn_on(serve, runtime);
+            port
         }
     };
     Ok(Listener {
         port,
-        _task: Some(TaskGuard(task)),
+        _stop: Some(stop.drop_guard()),
     })
 }
 

@@ -20,6 +20,14 @@ use crate::testutil::service_port;
 
 /// A TCP endpoint: greets every connection with `NAME`, then answers every line `NAME LINE`.
 async fn tcp_endpoint(name: &'static str) -> (Endpoint, tokio::task::JoinHandle<()>) {
+    slow_tcp_endpoint(name, Duration::ZERO).await
+}
+
+/// [`tcp_endpoint`], taking `think` to answer each line (the greeting comes at once).
+async fn slow_tcp_endpoint(
+    name: &'static str,
+    think: Duration,
+) -> (Endpoint, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let task = tokio::spawn(async move {
@@ -30,6 +38,7 @@ async fn tcp_endpoint(name: &'static str) -> (Endpoint, tokio::task::JoinHandle<
                 w.write_all(format!("{name}\n").as_bytes()).await.unwrap();
                 let mut lines = BufReader::new(r).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    tokio::time::sleep(think).await;
                     if w.write_all(format!("{name} {line}\n").as_bytes())
                         .await
                         .is_err()
@@ -185,6 +194,116 @@ async fn an_established_connection_drains_when_its_endpoint_leaves() {
     line.clear();
     conn.read_line(&mut line).await.unwrap();
     assert_eq!(line.trim(), format!("{name} and now?"));
+}
+
+/// Opens a connection with a blocking connect, which returns once the kernel completed the
+/// handshake: on a current-thread runtime the proxy's listener task cannot run meanwhile, so the
+/// connection waits in the listener's accept queue.
+fn queued_connection(to: SocketAddr) -> BufReader<TcpStream> {
+    let stream = std::net::TcpStream::connect(to).unwrap();
+    stream.set_nonblocking(true).unwrap();
+    BufReader::new(TcpStream::from_std(stream).unwrap())
+}
+
+/// Reads one line; `Err` when the connection was reset or closed instead.
+async fn line(conn: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+    let mut line = String::new();
+    match conn.read_line(&mut line).await? {
+        0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        _ => Ok(line.trim().to_string()),
+    }
+}
+
+// Current-thread: see `queued_connection`.
+#[tokio::test]
+async fn a_closing_listener_serves_the_connections_the_kernel_completed() {
+    let (a, _ta) = tcp_endpoint("a").await;
+    let sp = with_endpoints(Protocol::Tcp, &[a]);
+    let (mut b, _) = backend();
+    full(&mut b, &[&sp]);
+    let to = listener(&b, &sp);
+    let mut queued: Vec<_> = (0..3).map(|_| queued_connection(to)).collect();
+
+    // The Service goes away while they wait to be accepted: its listener closes.
+    change(&mut b, Some(&sp), None).unwrap();
+    for conn in &mut queued {
+        assert_eq!(line(conn).await.expect("served, not reset"), "a");
+    }
+    assert_eq!(
+        TcpStream::connect(to).await.map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "the listener is closed"
+    );
+}
+
+/// A backend whose proxy gives connections `grace` when kpng stops.
+fn backend_with_drain(grace: Duration) -> UserspaceBackend {
+    let config = UserspaceConfig {
+        drain_on_exit: grace,
+        ..UserspaceConfig::default()
+    };
+    UserspaceBackend::new(config, Box::new(Recorder::new()))
+}
+
+#[tokio::test]
+async fn on_exit_connections_awaiting_an_answer_get_it_and_idle_ones_end() {
+    const THINK: Duration = Duration::from_millis(400);
+    let (a, _ta) = slow_tcp_endpoint("a", THINK).await;
+    let sp = with_endpoints(Protocol::Tcp, &[a]);
+    let mut b = backend_with_drain(Duration::from_secs(30));
+    full(&mut b, &[&sp]);
+    let to = listener(&b, &sp);
+    let (mut idle, _) = connect(to).await;
+    let (mut asking, _) = connect(to).await;
+    asking.get_mut().write_all(b"question\n").await.unwrap();
+    let mut queued = queued_connection(to);
+
+    // kpng stops: the drain is taken, then the backend dropped (as `serve` does).
+    let started = std::time::Instant::now();
+    let drain = tokio::spawn(b.exit_drain().expect("the proxy has connections to drain"));
+    drop(b);
+    assert_eq!(line(&mut queued).await.expect("served, not reset"), "a");
+    assert_eq!(
+        TcpStream::connect(to).await.map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "new connections are refused while the others end"
+    );
+    assert!(
+        line(&mut idle).await.is_err(),
+        "an idle connection ends at the stop"
+    );
+    assert_eq!(line(&mut asking).await.unwrap(), "a question");
+    assert!(!drain.is_finished(), "the answer was on its way");
+    tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .expect("the drain ends once the connections are idle, long before its grace")
+        .unwrap();
+    assert!(started.elapsed() >= THINK, "{:?}", started.elapsed());
+    assert!(
+        line(&mut asking).await.is_err(),
+        "it ended after the answer"
+    );
+}
+
+#[tokio::test]
+async fn on_exit_the_grace_bounds_the_wait_for_an_answer() {
+    const GRACE: Duration = Duration::from_millis(200);
+    let (a, _ta) = slow_tcp_endpoint("a", Duration::from_secs(3600)).await;
+    let sp = with_endpoints(Protocol::Tcp, &[a]);
+    let mut b = backend_with_drain(GRACE);
+    full(&mut b, &[&sp]);
+    let (mut asking, _) = connect(listener(&b, &sp)).await;
+    asking.get_mut().write_all(b"question\n").await.unwrap();
+    let drain = b.exit_drain().expect("the proxy has connections to drain");
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .expect("the grace bounds the drain");
+    assert!(
+        started.elapsed() >= GRACE,
+        "it waited for the answer: {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

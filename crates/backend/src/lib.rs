@@ -25,8 +25,17 @@ mod tamper;
 pub use node_model::{InputInfo, NodeModel};
 pub use tamper::{TamperAlarm, Tampering};
 
+use std::future::Future;
+use std::pin::Pin;
+
 use kpng_model::{Diff, Family, Snapshot};
 use prometheus_client::registry::Registry;
+
+/// What a backend still has to finish when kpng is asked to stop, awaited before the process
+/// exits. Only a backend that carries traffic in kpng's own process (the userspace proxy) has
+/// anything: the kernel's data planes outlive the process by design. The future bounds its
+/// own wait (the backend's configured grace), so a stuck connection cannot hold kpng forever.
+pub type ExitDrain = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// What a backend is asked to do on one sync.
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +118,13 @@ pub trait Backend: Send {
     /// periodic full sync).
     fn watch_tampering(&mut self, _alarm: TamperAlarm) -> Result<bool, BackendError> {
         Ok(false)
+    }
+
+    /// What to await when kpng is asked to stop (SIGTERM), taken once before the runner owns
+    /// the backend, and only polled at the stop. It runs while the backend is being dropped,
+    /// so it must not need the backend itself. `None` (the default): nothing to finish.
+    fn exit_drain(&mut self) -> Option<ExitDrain> {
+        None
     }
 
     /// Removes everything this backend ever installed.

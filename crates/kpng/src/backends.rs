@@ -474,6 +474,7 @@ mod linux {
                 connect_timeout: args.connect_timeout,
                 udp_idle_timeout: args.udp_timeout,
             },
+            drain_on_exit: args.drain_on_exit,
             dry_run: args.dry_run,
             ..UserspaceConfig::default()
         };

@@ -3,7 +3,7 @@
 //! a local socket). Composed here, in the binary, so that neither backend crate depends on the
 //! other (docs/backends.md, "eBPF").
 
-use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm};
+use kpng_backend::{Backend, BackendError, ExitDrain, SyncRequest, SyncStats, TamperAlarm};
 use kpng_model::Family;
 use prometheus_client::registry::Registry;
 
@@ -102,6 +102,16 @@ impl Backend for Beside {
 
     fn watch_tampering(&mut self, alarm: TamperAlarm) -> Result<bool, BackendError> {
         self.rules.watch_tampering(alarm)
+    }
+
+    /// Both halves', together.
+    fn exit_drain(&mut self) -> Option<ExitDrain> {
+        match (self.rules.exit_drain(), self.sockets.exit_drain()) {
+            (Some(a), Some(b)) => Some(Box::pin(async move {
+                futures::join!(a, b);
+            })),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Both; the programs first (they translate before the rules would).

@@ -873,6 +873,11 @@ pub struct UserspaceArgs {
     /// tried.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
+    /// When kpng is asked to stop (SIGTERM), how long it waits for the connections it already
+    /// accepted to end; what is still open then is cut. Its listeners close at once, so new
+    /// connections are refused meanwhile: keep it short. 0: cut at once.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub drain_on_exit: Duration,
     /// The `nft` binary that installs the capture rules.
     #[arg(long, default_value = "nft")]
     pub nft_binary: String,
@@ -1304,6 +1309,7 @@ mod userspace_tests {
         };
         assert_eq!(u.udp_timeout, Duration::from_millis(250));
         assert_eq!(u.connect_timeout, Duration::from_secs(2));
+        assert_eq!(u.drain_on_exit, Duration::from_secs(1));
         assert!(!u.dry_run);
     }
 

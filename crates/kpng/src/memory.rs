@@ -10,7 +10,7 @@
 //!
 //! An operator who sets `_RJEM_MALLOC_CONF` chose the allocator's behaviour: it is left alone.
 
-use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm};
+use kpng_backend::{Backend, BackendError, ExitDrain, SyncRequest, SyncStats, TamperAlarm};
 use kpng_model::Family;
 use prometheus_client::registry::Registry;
 
@@ -97,6 +97,10 @@ impl Backend for ReleaseBeforeFirstSync {
 
     fn watch_tampering(&mut self, alarm: TamperAlarm) -> Result<bool, BackendError> {
         self.inner.watch_tampering(alarm)
+    }
+
+    fn exit_drain(&mut self) -> Option<ExitDrain> {
+        self.inner.exit_drain()
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {

@@ -431,7 +431,7 @@ fn hostname() -> anyhow::Result<String> {
 async fn serve<M, F, Fut>(
     flags: GlobalFlags,
     model: M,
-    backend: Box<dyn Backend>,
+    mut backend: Box<dyn Backend>,
     facts: SinkFacts,
     source: F,
 ) -> anyhow::Result<()>
@@ -478,6 +478,7 @@ where
                 .await?,
         )
     };
+    let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
     let mut runner = Runner::new(model, backend, timing, metrics, health);
     // Answers about the running proxy (`kpng status`, `kpng trace`, the status page); none in
@@ -623,7 +624,15 @@ where
                 Err(e) => Err(anyhow::anyhow!("source task failed: {e}")),
             }
         }
-        why = shutdown => { info!("{why}; leaving rules in place"); Ok(()) }
+        why = shutdown => {
+            info!("{why}; leaving rules in place");
+            // The runner, and the backend with it, are gone; what the backend carried itself
+            // finishes (bounded by the backend's grace) before the process exits.
+            if let Some(drain) = exit_drain {
+                drain.await;
+            }
+            Ok(())
+        }
     }
 }
 

@@ -431,6 +431,23 @@ impl Spawned {
         self.kill_and_reap()
     }
 
+    /// Ask the process to stop (SIGTERM, as kubelet does) and reap it; kill it if it has not
+    /// exited within `grace`. Returns its exit status, `None` when it had to be killed.
+    pub fn terminate(mut self, grace: Duration) -> Result<Option<ExitStatus>> {
+        if let Ok(Some(s)) = self.child.try_wait() {
+            return Ok(Some(s));
+        }
+        // A failure means it exited between the check and the signal: reaped below.
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .map_err(|e| Error::io(format!("sending SIGTERM to `{}`", self.command), e))?;
+        match self.wait_exit(grace) {
+            Some(s) => Ok(Some(s)),
+            None => self.kill_and_reap().map(|()| None),
+        }
+    }
+
     fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::{PortShared, ProxySettings, TaskGuard};
@@ -75,12 +76,13 @@ fn sweep_period(idle: Duration) -> Duration {
     (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5))
 }
 
-/// Serves one UDP listener until the task is aborted; its sessions end with it.
+/// Serves one UDP listener until `stop`; its sessions end with it.
 pub async fn serve(
     listener: UdpSocket,
     shared: Arc<PortShared>,
     scope: Scope,
     settings: ProxySettings,
+    stop: CancellationToken,
 ) {
     let listener = Arc::new(listener);
     let mut table: SessionTable<Upstream> = SessionTable::new(settings.udp_idle_timeout);
@@ -94,6 +96,8 @@ pub async fn serve(
     };
     loop {
         tokio::select! {
+            // Its sessions end with it: a datagram has no connection to finish.
+            () = stop.cancelled() => break,
             received = listener.recv_from(&mut buf) => {
                 let (n, client) = match received {
                     Ok(r) => r,

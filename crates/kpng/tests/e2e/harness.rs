@@ -408,7 +408,7 @@ impl<'a> Kpng<'a> {
         self.wait_synced(ok, failed);
     }
 
-    /// Kill kpng (it leaves its rules in place).
+    /// Kill kpng (`kill -9`: a crash; it leaves its rules in place).
     pub fn stop(&mut self) {
         super::traced::stopped();
         if let Some(p) = self.proc.take() {
@@ -416,10 +416,28 @@ impl<'a> Kpng<'a> {
         }
     }
 
-    /// Kill kpng and start it again on the current file.
+    /// Stop kpng as kubelet does (SIGTERM; kill -9 after 10 s) and check that it exited of
+    /// its own accord, successfully.
+    #[track_caller]
+    pub fn terminate(&mut self) {
+        super::traced::stopped();
+        if let Some(p) = self.proc.take() {
+            let stderr = p.stderr_text();
+            let status = p
+                .terminate(Duration::from_secs(10))
+                .expect("terminate kpng");
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "kpng did not exit cleanly on SIGTERM ({status:?}):\n{stderr}"
+            );
+        }
+    }
+
+    /// Restart kpng as a rolling update does (SIGTERM, then a new process on the current
+    /// file).
     #[track_caller]
     pub fn restart(&mut self) {
-        self.stop();
+        self.terminate();
         self.spawn();
     }
 
