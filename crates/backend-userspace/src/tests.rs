@@ -286,6 +286,28 @@ async fn on_exit_connections_awaiting_an_answer_get_it_and_idle_ones_end() {
 }
 
 #[tokio::test]
+async fn on_exit_a_connection_nobody_spoke_on_yet_ends_at_once() {
+    // An endpoint that never speaks first (as an HTTP server).
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let _server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let sp = with_endpoints(Protocol::Tcp, &[loopback(port)]);
+    let mut b = backend_with_drain(Duration::from_secs(30));
+    full(&mut b, &[&sp]);
+    let mut pooled = BufReader::new(TcpStream::connect(listener(&b, &sp)).await.unwrap());
+    let drain = b.exit_drain().expect("the proxy has connections to drain");
+    tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .expect("not held for the grace");
+    assert!(line(&mut pooled).await.is_err(), "it was ended");
+}
+
+#[tokio::test]
 async fn on_exit_the_grace_bounds_the_wait_for_an_answer() {
     const GRACE: Duration = Duration::from_millis(200);
     let (a, _ta) = slow_tcp_endpoint("a", Duration::from_secs(3600)).await;

@@ -20,9 +20,11 @@ use crate::routing::Scope;
 /// At most this many endpoints are tried for one connection.
 const MAX_ATTEMPTS: usize = 3;
 
-/// When kpng stops, a connection whose endpoint spoke last and that has moved nothing for this
-/// long is between exchanges (an idle keep-alive, a held session): it ends at once instead of
-/// holding the stop for its whole grace. Long enough for the gaps inside one answer.
+/// When kpng stops, a connection that is not awaiting an answer (its endpoint spoke last, or
+/// nobody has spoken yet) and has moved nothing for this long is between exchanges (an idle
+/// keep-alive, a held session, a pooled connection not used yet): it ends at once instead of
+/// holding the stop for its whole grace. Long enough for the gaps inside one answer, and for a
+/// client that just connected to send its request.
 const QUIET_AT_STOP: Duration = Duration::from_millis(100);
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
@@ -129,8 +131,8 @@ impl Drop for Active {
 
 /// One client connection: connects to an endpoint and copies both ways until both sides are
 /// done. Not tied to the listener: it outlives endpoint and Service removals (drain). When kpng
-/// stops (`stopping`), it still runs while an answer may be on its way, and ends once it is
-/// quiet with the endpoint having spoken last ([`QUIET_AT_STOP`]).
+/// stops (`stopping`), it still runs while an answer may be on its way (its client spoke last),
+/// and ends once it is quiet otherwise ([`QUIET_AT_STOP`]).
 async fn relay(
     client: TcpStream,
     peer: SocketAddr,
@@ -169,7 +171,7 @@ async fn relay(
 async fn between_exchanges_after(stopping: &CancellationToken, activity: &Activity) {
     stopping.cancelled().await;
     loop {
-        match activity.quiet_since_endpoint_spoke() {
+        match activity.quiet_unless_awaiting_an_answer() {
             Some(quiet) if quiet >= QUIET_AT_STOP => return,
             Some(quiet) => tokio::time::sleep(QUIET_AT_STOP - quiet).await,
             None => tokio::time::sleep(QUIET_AT_STOP).await,
@@ -182,8 +184,8 @@ struct Activity {
     epoch: Instant,
     /// Milliseconds from `epoch` to the last byte either way.
     last_ms: AtomicU64,
-    /// Whether the endpoint sent the last bytes (false: the client did, or nobody yet).
-    endpoint_last: AtomicBool,
+    /// Whether the client sent the last bytes (it awaits an answer).
+    client_last: AtomicBool,
 }
 
 impl Activity {
@@ -191,20 +193,20 @@ impl Activity {
         Activity {
             epoch: Instant::now(),
             last_ms: AtomicU64::new(0),
-            endpoint_last: AtomicBool::new(false),
+            client_last: AtomicBool::new(false),
         }
     }
 
     fn moved(&self, by_endpoint: bool) {
         let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_ms.store(ms, Ordering::Relaxed);
-        self.endpoint_last.store(by_endpoint, Ordering::Relaxed);
+        self.client_last.store(!by_endpoint, Ordering::Relaxed);
     }
 
-    /// How long nothing moved, if the endpoint spoke last; `None` while the client waits for
-    /// an answer (it spoke last, or nobody has spoken yet).
-    fn quiet_since_endpoint_spoke(&self) -> Option<Duration> {
-        if !self.endpoint_last.load(Ordering::Relaxed) {
+    /// How long nothing moved (since the connection was made, if nothing ever did); `None`
+    /// while the client awaits an answer (it spoke last).
+    fn quiet_unless_awaiting_an_answer(&self) -> Option<Duration> {
+        if self.client_last.load(Ordering::Relaxed) {
             return None;
         }
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
