@@ -183,6 +183,7 @@ impl<M: NodeModel> Runner<M> {
             loading_report_at: Instant::now(),
             last_ok_at: None,
             last_error: None,
+            warnings: warning_budget::WarningBudget::default(),
         };
         state
             .runner
@@ -227,6 +228,8 @@ struct LoopState<M: NodeModel> {
     last_ok_at: Option<SystemTime>,
     /// The last failure, cleared by the next success.
     last_error: Option<String>,
+    /// Warnings about objects shown since the last sync (the rest go to debug).
+    warnings: warning_budget::WarningBudget,
 }
 
 impl<M: NodeModel> LoopState<M> {
@@ -409,7 +412,11 @@ impl<M: NodeModel> LoopState<M> {
         let outcome = self.runner.model.apply(input);
         let m = &self.runner.metrics;
         for w in &outcome.warnings {
-            warn!("{w}");
+            if self.warnings.admit() {
+                warn!("{w}");
+            } else {
+                debug!("{w}");
+            }
         }
         for e in &outcome.errors {
             error!("rejected {e}; keeping its last good version");
@@ -464,6 +471,14 @@ impl<M: NodeModel> LoopState<M> {
 
     async fn sync(&mut self) {
         let now = Instant::now();
+        let held = self.warnings.next_interval();
+        if held > 0 {
+            warn!(
+                "{held} more warnings about objects were logged at debug level only (the first {} \
+                 between two syncs are shown; `--log-level debug` shows every one)",
+                warning_budget::SHOWN_PER_SYNC
+            );
+        }
         let timing = self.runner.timing;
         let full_due = self.last_full.is_some_and(|t| {
             !timing.full_sync_period.is_zero() && now >= t + timing.full_sync_period
@@ -716,6 +731,8 @@ fn unix_seconds(t: SystemTime) -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or_default()
 }
+
+mod warning_budget;
 
 #[cfg(test)]
 mod tests;
