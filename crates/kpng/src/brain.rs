@@ -15,6 +15,9 @@ use tracing::{error, info, warn};
 
 use crate::cli::{GlobalFlags, ToApi};
 
+/// How often a brain renews its budget of warnings about objects (a runner does at each sync).
+const WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs the source into a hub and serves it until the source ends or SIGINT/SIGTERM.
 pub async fn serve<F, Fut>(flags: GlobalFlags, to_api: &ToApi, source: F) -> anyhow::Result<()>
 where
@@ -94,13 +97,28 @@ where
     let (tx, mut rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
     let feed = async {
-        while let Some(event) = rx.recv().await {
-            let out = hub.apply(event);
-            for e in &out.errors {
-                error!("rejected {e}; keeping its last good version");
-            }
-            for w in &out.warnings {
-                warn!("{w}");
+        // A brain has no syncs: its warning budget is renewed every ten seconds.
+        let mut warnings = kpng_runner::warning_budget::WarningBudget::default();
+        let mut renew = tokio::time::interval(WARNING_INTERVAL);
+        loop {
+            tokio::select! {
+                event = rx.recv() => {
+                    let Some(event) = event else { break };
+                    let out = hub.apply(event);
+                    for e in &out.errors {
+                        error!("rejected {e}; keeping its last good version");
+                    }
+                    for w in &out.warnings {
+                        if warnings.admit() {
+                            warn!("{w}");
+                        } else {
+                            tracing::debug!("{w}");
+                        }
+                    }
+                }
+                _ = renew.tick() => {
+                    kpng_runner::warning_budget::held_back(warnings.next_interval());
+                }
             }
         }
     };

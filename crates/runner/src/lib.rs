@@ -18,6 +18,7 @@ pub mod health;
 pub mod metrics;
 pub mod runner;
 pub mod service_health;
+pub mod warning_budget;
 
 use std::time::Duration;
 

@@ -183,7 +183,7 @@ impl<M: NodeModel> Runner<M> {
             loading_report_at: Instant::now(),
             last_ok_at: None,
             last_error: None,
-            warnings: warning_budget::WarningBudget::default(),
+            warnings: crate::warning_budget::WarningBudget::default(),
         };
         state
             .runner
@@ -229,7 +229,7 @@ struct LoopState<M: NodeModel> {
     /// The last failure, cleared by the next success.
     last_error: Option<String>,
     /// Warnings about objects shown since the last sync (the rest go to debug).
-    warnings: warning_budget::WarningBudget,
+    warnings: crate::warning_budget::WarningBudget,
 }
 
 impl<M: NodeModel> LoopState<M> {
@@ -471,14 +471,7 @@ impl<M: NodeModel> LoopState<M> {
 
     async fn sync(&mut self) {
         let now = Instant::now();
-        let held = self.warnings.next_interval();
-        if held > 0 {
-            warn!(
-                "{held} more warnings about objects were logged at debug level only (the first {} \
-                 between two syncs are shown; `--log-level debug` shows every one)",
-                warning_budget::SHOWN_PER_SYNC
-            );
-        }
+        crate::warning_budget::held_back(self.warnings.next_interval());
         let timing = self.runner.timing;
         let full_due = self.last_full.is_some_and(|t| {
             !timing.full_sync_period.is_zero() && now >= t + timing.full_sync_period
@@ -731,8 +724,6 @@ fn unix_seconds(t: SystemTime) -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or_default()
 }
-
-mod warning_budget;
 
 #[cfg(test)]
 mod tests;

@@ -1,24 +1,35 @@
-//! How many warnings about objects reach the log between two syncs.
+//! How many warnings about objects reach the log between two syncs (in a brain, in ten
+//! seconds).
 //!
 //! A cluster-wide mistake (a `--service-node-port-range` that does not match the API server's,
 //! a field every Service of a Helm chart gets wrong) makes one warning per object: tens of
 //! thousands of lines at start-up that bury everything else. The first few of each interval
-//! between syncs are logged as warnings, the rest at debug level, and the sync that ends the
-//! interval says how many were held back.
+//! are logged as warnings, the rest at debug level, and the end of the interval says how many
+//! were held back ([`held_back`]).
 
-/// Warnings about objects logged at warn level between two syncs.
-pub(super) const SHOWN_PER_SYNC: usize = 20;
+/// Warnings about objects logged at warn level in one interval.
+pub const SHOWN_PER_SYNC: usize = 20;
 
-/// The warnings of the current interval between two syncs.
+/// Logs how many warnings an interval held back, if any.
+pub fn held_back(held: usize) {
+    if held > 0 {
+        tracing::warn!(
+            "{held} more warnings about objects were logged at debug level only, to keep the \
+             log readable (`--log-level debug` shows every one)"
+        );
+    }
+}
+
+/// The warnings of the current interval.
 #[derive(Debug, Default)]
-pub(super) struct WarningBudget {
+pub struct WarningBudget {
     shown: usize,
     held: usize,
 }
 
 impl WarningBudget {
     /// Whether the next warning is logged at warn level; counts those that are not.
-    pub(super) fn admit(&mut self) -> bool {
+    pub fn admit(&mut self) -> bool {
         if self.shown < SHOWN_PER_SYNC {
             self.shown += 1;
             true
@@ -29,7 +40,7 @@ impl WarningBudget {
     }
 
     /// Starts the next interval; returns how many warnings the last one held back.
-    pub(super) fn next_interval(&mut self) -> usize {
+    pub fn next_interval(&mut self) -> usize {
         std::mem::take(self).held
     }
 }
