@@ -1,6 +1,7 @@
 //! Directory input: one manifest per file, re-read per file.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -26,8 +27,11 @@ fn is_manifest(path: &Path) -> bool {
 #[derive(Default)]
 struct DirState {
     /// File → a hash of the text last read (good or bad) and the objects of its last good
-    /// read. A hash, not the text: at 30k files the texts alone would be tens of MB.
-    files: BTreeMap<PathBuf, (u64, PackedRefs)>,
+    /// read. A hash, not the text: at 30k files the texts alone would be tens of MB. Keyed
+    /// by the path's bytes: the files are those of one directory, so this is their order by
+    /// name, as a `PathBuf` key's would be, without comparing component by component (which
+    /// took 8 % of a 30k-file start's CPU).
+    files: BTreeMap<OsString, (u64, PackedRefs)>,
     /// Errors and good loads.
     metrics: crate::metrics::SourceMetrics,
     /// The YAML expansion limit (`--max-yaml-expansion`).
@@ -88,7 +92,8 @@ impl DirState {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // The file is gone: so are its objects.
-                let Some(refs) = self.files.remove(path).map(|(_, r)| r.unpack()) else {
+                let Some(refs) = self.files.remove(path.as_os_str()).map(|(_, r)| r.unpack())
+                else {
                     return Vec::new();
                 };
                 info!(
@@ -108,15 +113,23 @@ impl DirState {
             }
         };
         let hash = text_hash(&text);
-        if self.files.get(path).is_some_and(|(last, _)| *last == hash) {
+        if self
+            .files
+            .get(path.as_os_str())
+            .is_some_and(|(last, _)| *last == hash)
+        {
             return Vec::new();
         }
         match parse_manifests_with(&text, self.expansion) {
             Err(e) => {
                 error!("{}: {e}; keeping its last good state", path.display());
                 self.metrics.error("parse");
-                let refs = self.files.remove(path).map(|(_, r)| r).unwrap_or_default();
-                self.files.insert(path.to_path_buf(), (hash, refs));
+                let refs = self
+                    .files
+                    .remove(path.as_os_str())
+                    .map(|(_, r)| r)
+                    .unwrap_or_default();
+                self.files.insert(path.as_os_str().to_owned(), (hash, refs));
                 Vec::new()
             }
             Ok(loaded) => {
@@ -127,7 +140,7 @@ impl DirState {
                 let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();
                 let old = self
                     .files
-                    .remove(path)
+                    .remove(path.as_os_str())
                     .map(|(_, r)| r.unpack())
                     .unwrap_or_default();
                 let mut events: Vec<Event> = old
@@ -136,8 +149,10 @@ impl DirState {
                     .map(Event::Delete)
                     .collect();
                 events.extend(loaded.objects.into_iter().map(Event::Apply));
-                self.files
-                    .insert(path.to_path_buf(), (hash, PackedRefs::pack(&new_refs)));
+                self.files.insert(
+                    path.as_os_str().to_owned(),
+                    (hash, PackedRefs::pack(&new_refs)),
+                );
                 events
             }
         }
@@ -216,8 +231,9 @@ fn first_load(
     let mut merged = state;
     let mut count = 0;
     for result in results {
-        let (part, n) = result?;
-        merged.files.extend(part.files);
+        let (mut part, n) = result?;
+        // Each part is a later range of names than the one before: a merge, not inserts.
+        merged.files.append(&mut part.files);
         count += n;
     }
     let settling = std::time::Instant::now();
@@ -240,10 +256,11 @@ fn settle_duplicates(state: &DirState, events: &mpsc::Sender<Event>) -> Option<(
     let mut definers: std::collections::HashMap<&str, Vec<&Path>> =
         std::collections::HashMap::with_capacity(state.files.len() * 2);
     for (path, (_, refs)) in &state.files {
+        let path = Path::new(path);
         for line in refs.lines() {
             let files = definers.entry(line).or_default();
             // An object twice in one file is that file's business (its last copy is used).
-            if files.last() != Some(&path.as_path()) {
+            if files.last() != Some(&path) {
                 files.push(path);
             }
         }
@@ -324,7 +341,8 @@ pub(crate) async fn run(
             Vec::new()
         }
     };
-    paths.sort();
+    // By the path's bytes, as `DirState::files` is ordered.
+    paths.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
     let kinds = Kind::ALL.to_vec();
     if events
         .send(Event::ListStart {

@@ -240,3 +240,43 @@ fn a_raised_expansion_limit_lets_a_document_with_aliases_through() {
         parse_manifests_with(&text, ExpansionLimit(1024)).expect("within the raised limit");
     assert_eq!(loaded.objects.len(), 1);
 }
+
+#[test]
+fn a_text_without_markers_is_read_as_one_document_and_the_same_as_split_line_by_line() {
+    let service = "kind: Service\nmetadata: {namespace: default, name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{port: 80}]\n";
+    let json_list = r#"{"apiVersion": "v1", "kind": "List", "items": [
+  {"kind": "Service", "metadata": {"namespace": "default", "name": "web"},
+   "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}}
+]}"#;
+    // (text, read whole without copying)
+    let cases = [
+        (service.to_string(), true),
+        (service.replace('\n', "\r\n"), true),
+        (service.trim_end().to_string(), true),
+        (json_list.to_string(), true),
+        (format!("---\n{service}"), false),
+        (format!("{service}...\n"), false),
+        (format!("# ----\n{service}"), true),
+    ];
+    for (text, whole) in cases {
+        let docs = documents(&text);
+        assert_eq!(
+            matches!(docs.as_slice(), [(1, Cow::Borrowed(_))]),
+            whole,
+            "{text:?}: {docs:?}"
+        );
+        // The line-by-line split (forced by a leading separator) reads the same objects.
+        // (`Object` has no `PartialEq`: compared by what `Debug` shows of every field.)
+        let outcome = |text: &str| {
+            parse_manifests(text)
+                .map(|l| format!("{:?}", l.objects))
+                .map_err(|e| e.message)
+        };
+        let read = outcome(&text);
+        assert!(
+            read.as_ref().is_ok_and(|o| o.contains("web")),
+            "{text:?}: {read:?}"
+        );
+        assert_eq!(read, outcome(&format!("---\n{text}")), "{text:?}");
+    }
+}
