@@ -144,6 +144,10 @@ impl ProxyTasks {
         async move {
             let deadline = Instant::now() + grace;
             tasks.stop.cancel();
+            if grace.is_zero() {
+                // `--drain-on-exit 0`: everything is cut at the exit, as asked.
+                return;
+            }
             tasks.listeners.close();
             tasks.connections.close();
             // Listeners only take their accept queue before they end: quick.

@@ -752,3 +752,17 @@ async fn the_served_port_count_is_exported() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn on_exit_without_grace_nothing_is_awaited() {
+    let (a, _ta) = slow_tcp_endpoint("a", Duration::from_secs(3600)).await;
+    let sp = with_endpoints(Protocol::Tcp, &[a]);
+    let mut b = backend_with_drain(Duration::ZERO);
+    full(&mut b, &[&sp]);
+    let (mut asking, _) = connect(listener(&b, &sp)).await;
+    asking.get_mut().write_all(b"question\n").await.unwrap();
+    let drain = b.exit_drain().expect("the proxy has connections to drain");
+    tokio::time::timeout(Duration::from_secs(1), drain)
+        .await
+        .expect("`--drain-on-exit 0` waits for nothing");
+}
