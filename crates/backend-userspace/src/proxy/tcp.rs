@@ -40,15 +40,24 @@ pub async fn serve(
     stop: CancellationToken,
     tasks: ProxyTasks,
 ) {
+    let accepted = |stream: TcpStream, peer: SocketAddr| {
+        shared.metrics.tcp_accepted.inc();
+        let stopping = tasks.stopping();
+        tasks.spawn_connection(relay(
+            stream,
+            peer,
+            shared.clone(),
+            scope,
+            settings,
+            stopping,
+        ));
+    };
     loop {
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    shared.metrics.tcp_accepted.inc();
-                    tasks.spawn_connection(relay(stream, peer, shared.clone(), scope, settings, tasks.stopping()));
-                }
+            next = listener.accept() => match next {
+                Ok((stream, peer)) => accepted(stream, peer),
                 Err(e) => {
                     warn!(port = %shared.name, "accept failed: {e}");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -56,17 +65,7 @@ pub async fn serve(
             },
         }
     }
-    let taken = take_accepted(listener, |stream, peer| {
-        shared.metrics.tcp_accepted.inc();
-        tasks.spawn_connection(relay(
-            stream,
-            peer,
-            shared.clone(),
-            scope,
-            settings,
-            tasks.stopping(),
-        ));
-    });
+    let taken = take_accepted(listener, accepted);
     if taken > 0 {
         debug!(port = %shared.name, connections = taken, "took the accept queue before closing");
     }
