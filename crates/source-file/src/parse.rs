@@ -281,67 +281,88 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         {
             continue;
         }
-        // The common case, a Service or an EndpointSlice document, is read straight into its
-        // type (no generic tree in between: half the work). Anything else, and any document
-        // that does not read so, takes the generic path, which also words the errors: strict
-        // JSON (`kubectl get -o json`) read by serde_json, the rest by the YAML parser.
+        // Strict JSON (`kubectl get -o json`) is read by serde_json, and the plain YAML most
+        // manifests are written in by the subset reader: both about ten times faster than the
+        // YAML parser. A document the subset reader takes but whose objects do not read (a
+        // plain `80` where a string belongs, which the YAML parser reads by the field's type)
+        // is read again by the YAML parser, which then also words any error.
+        if let Some(value) = json::document(&doc) {
+            take(value, origin, &mut loaded, &mut origins)?;
+            continue;
+        }
+        if let Some(value) = yaml_subset::document(&doc) {
+            let taken = (loaded.objects.len(), loaded.warnings.len());
+            if take(value, origin, &mut loaded, &mut origins).is_ok() {
+                continue;
+            }
+            loaded.objects.truncate(taken.0);
+            loaded.warnings.truncate(taken.1);
+            origins.truncate(taken.0);
+        }
+        // A Service or an EndpointSlice document is read straight into its type (no generic
+        // tree in between: half the work). Anything else, and any document that does not read
+        // so, takes the generic path, which also words the errors.
         if let Some(converted) = direct(&doc, limit) {
             let kind = top_level_kind(&doc).unwrap_or_default();
             accept(converted, kind, origin, &mut loaded, &mut origins)?;
             continue;
         }
-        let value: Value = match json::document(&doc) {
-            Some(value) => value,
-            None => serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
-                .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))?,
-        };
-        if value.is_null() {
-            continue;
-        }
-        let kind = value
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if kind == "List" || (kind.ends_with("List") && value.get("items").is_some()) {
-            let mut value = value;
-            let items = match value.get_mut("items").map(Value::take) {
-                Some(Value::Array(items)) => items,
-                Some(Value::Null) | None => Vec::new(),
-                Some(_) => {
-                    return Err(origin.error(
-                        None,
-                        Some(&kind),
-                        Some("items".into()),
-                        "must be a list".into(),
-                    ));
-                }
-            };
-            let item_kind = kind
-                .strip_suffix("List")
-                .filter(|k| !k.is_empty())
-                .map(str::to_string);
-            for (i, mut item) in items.into_iter().enumerate() {
-                if let (Some(k), Some(map)) = (&item_kind, item.as_object_mut()) {
-                    map.entry("kind")
-                        .or_insert_with(|| Value::String(k.clone()));
-                }
-                object(
-                    item,
-                    Origin {
-                        item: Some(i + 1),
-                        ..origin
-                    },
-                    &mut loaded,
-                    &mut origins,
-                )?;
-            }
-        } else {
-            object(value, origin, &mut loaded, &mut origins)?;
-        }
+        let value: Value =
+            serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
+                .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))?;
+        take(value, origin, &mut loaded, &mut origins)?;
     }
     reject_duplicates(&loaded, &origins)?;
     Ok(loaded)
+}
+
+/// Keeps the objects of one document's value: a single object, or the items of a `kind: List`.
+fn take(
+    value: Value,
+    origin: Origin,
+    loaded: &mut Loaded,
+    origins: &mut Vec<Origin>,
+) -> Result<(), ManifestError> {
+    if value.is_null() {
+        return Ok(());
+    }
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if !(kind == "List" || (kind.ends_with("List") && value.get("items").is_some())) {
+        return object(value, origin, loaded, origins);
+    }
+    let mut value = value;
+    let items = match value.get_mut("items").map(Value::take) {
+        Some(Value::Array(items)) => items,
+        Some(Value::Null) | None => Vec::new(),
+        Some(_) => {
+            return Err(origin.error(
+                None,
+                Some(&kind),
+                Some("items".into()),
+                "must be a list".into(),
+            ));
+        }
+    };
+    let item_kind = kind
+        .strip_suffix("List")
+        .filter(|k| !k.is_empty())
+        .map(str::to_string);
+    for (i, mut item) in items.into_iter().enumerate() {
+        if let (Some(k), Some(map)) = (&item_kind, item.as_object_mut()) {
+            map.entry("kind")
+                .or_insert_with(|| Value::String(k.clone()));
+        }
+        let origin = Origin {
+            item: Some(i + 1),
+            ..origin
+        };
+        object(item, origin, loaded, origins)?;
+    }
+    Ok(())
 }
 
 /// The value of a document's top-level `kind:` line (`None` when it has none, or it is not
@@ -441,6 +462,7 @@ fn yaml_error(e: &serde_saphyr::Error, len: usize, limit: ExpansionLimit) -> Str
 }
 
 mod json;
+mod yaml_subset;
 
 #[cfg(test)]
 mod tests;
