@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpng_conntrack::{ConntrackSocket, Flow, IPPROTO_TCP, KernelTable, Reconciler, Tuple};
+use kpng_conntrack::{ConntrackSocket, Flow, IPPROTO_TCP, Reconciler, Tuple};
 use kpng_model::{Family, PortKey, Protocol, ServiceKey, ServicePort};
 use kpng_testkit::Netns;
 
@@ -50,9 +50,6 @@ pub struct ConntrackResult {
     pub after_change: PassFigures,
     /// A first pass reading every UDP entry in one dump.
     pub full_dump: PassFigures,
-    /// The first pass with its narrow dumps one after the other (before they ran side by
-    /// side).
-    pub sequential: PassFigures,
 }
 
 /// One pass.
@@ -123,7 +120,7 @@ impl ConntrackResult {
         format!(
             "{} unrelated entries in the table (created over netlink in {:.1} s), kube-dns-like UDP \
              Service with a node port plus {OTHER_SERVICES} other UDP Services.\n\n\
-             | pass | time | dumps | entries read | stale deleted | unrelated deleted |\n|---|---|---|---|---|---|\n{}{}{}{}",
+             | pass | time | dumps | entries read | stale deleted | unrelated deleted |\n|---|---|---|---|---|---|\n{}{}{}",
             self.unrelated,
             self.create.as_secs_f64(),
             row(
@@ -133,10 +130,6 @@ impl ConntrackResult {
             row(
                 "first pass after a start-up (every frontend new)",
                 &self.first
-            ),
-            row(
-                "first pass, narrow dumps one after the other (before)",
-                &self.sequential
             ),
             row("first pass, every UDP entry in one dump", &self.full_dump),
         )
@@ -209,7 +202,6 @@ pub fn run(entries: usize) -> Result<ConntrackResult, String> {
             first: PassFigures::parse(words.get(2..9)?)?,
             after_change: PassFigures::parse(words.get(9..16)?)?,
             full_dump: PassFigures::parse(words.get(16..23)?)?,
-            sequential: PassFigures::parse(words.get(23..30)?)?,
         })
     })();
     parsed.ok_or_else(|| format!("conntrack-inner printed {text:?}"))
@@ -383,18 +375,12 @@ pub fn inner(entries: usize) -> Result<(), String> {
     let after_change = timed_pass(&mut socket, &mut reconciler, &ports, &dnat_stale)?;
     let mut one_dump = open()?.with_max_narrow_dumps(0);
     let full = timed_pass(&mut socket, &mut one_dump, &ports, &all_stale)?;
-    let one_by_one = KernelTable::open()
-        .map_err(|e| e.to_string())?
-        .with_parallel_dumps(1);
-    let mut one_by_one = Reconciler::new(Box::new(one_by_one));
-    let sequential = timed_pass(&mut socket, &mut one_by_one, &ports, &all_stale)?;
     println!(
-        "{entries} {} {} {} {} {}",
+        "{entries} {} {} {} {}",
         create.as_micros(),
         first.line(),
         after_change.line(),
-        full.line(),
-        sequential.line()
+        full.line()
     );
     Ok(())
 }

@@ -32,16 +32,15 @@ impl TableSize {
     /// entries are copied out. Measured on a 2-vCPU VM with kernel 6.18: a walk costs about
     /// 0.13 µs per bucket and 0.3 µs per entry, copying an entry out about 3 µs. With a
     /// million entries that allows about 8 narrow dumps; with ten thousand, none.
+    ///
+    /// Dumps cannot share that cost by running side by side: the kernel runs the first part of
+    /// every ctnetlink dump (with a narrow filter, the whole walk) under one mutex, so two
+    /// dumps on two sockets end one walk apart (measured: 5 narrow dumps at a million entries
+    /// took 1.58 s one after the other and 1.70 s on two threads).
     pub fn narrow_dumps_pay_off(&self, n: usize) -> bool {
-        self.narrow_dumps_pay_off_in_parallel(n, 1)
-    }
-
-    /// [`TableSize::narrow_dumps_pay_off`] when `parallel` narrow dumps run at the same
-    /// time (on as many cores): `n` of them cost `n / parallel` walks of wall time.
-    pub fn narrow_dumps_pay_off_in_parallel(&self, n: usize, parallel: usize) -> bool {
         let walk = self.buckets as u128 * 130 + self.entries as u128 * 300;
         let copy_everything = self.entries as u128 * 3000;
-        n.div_ceil(parallel.max(1)) as u128 * walk <= copy_everything
+        n as u128 * walk <= copy_everything
     }
 }
 
@@ -58,10 +57,8 @@ pub trait FlowTable: Send {
         each: &mut dyn FnMut(&Flow),
     ) -> Result<(), Error>;
 
-    /// Runs every dump of `filters` and calls `each` with the index of the dump and every
-    /// entry it returned. Tables that can (the kernel) run narrow dumps at the same time:
-    /// each one is a walk of the whole table in the kernel, so a first pass with several
-    /// new frontends costs one walk per core instead of one per frontend.
+    /// Runs every dump of `filters`, one after the other, and calls `each` with the index of
+    /// the dump and every entry it returned.
     ///
     /// # Errors
     /// When the table cannot be read (nothing is reported for a failed call, or only part).
@@ -75,12 +72,6 @@ pub trait FlowTable: Send {
             self.dump(family, filter, &mut |flow| each(i, flow))?;
         }
         Ok(())
-    }
-
-    /// How many dumps the table runs at the same time in [`FlowTable::dump_all`] (1: one
-    /// after the other). Used to plan a pass.
-    fn parallel_dumps(&self) -> usize {
-        1
     }
 
     /// Deletes exactly these entries.
@@ -106,8 +97,6 @@ pub trait FlowTable: Send {
 #[derive(Debug)]
 pub struct KernelTable {
     socket: Option<ConntrackSocket>,
-    /// Narrow dumps run at the same time (one socket and thread each): the CPUs available.
-    parallel: usize,
 }
 
 impl KernelTable {
@@ -118,15 +107,7 @@ impl KernelTable {
     pub fn open() -> Result<KernelTable, Error> {
         Ok(KernelTable {
             socket: Some(ConntrackSocket::open()?),
-            parallel: std::thread::available_parallelism().map_or(1, usize::from),
         })
-    }
-
-    /// Runs at most `parallel` narrow dumps at the same time (1: one after the other, as
-    /// before; for benchmarks that compare).
-    pub fn with_parallel_dumps(mut self, parallel: usize) -> KernelTable {
-        self.parallel = parallel.max(1);
-        self
     }
 
     fn with_socket<T>(
@@ -161,68 +142,6 @@ impl FlowTable for KernelTable {
         each: &mut dyn FnMut(&Flow),
     ) -> Result<(), Error> {
         self.with_socket(|s| s.dump(family, filter, each).map(drop))
-    }
-
-    fn dump_all(
-        &mut self,
-        family: Family,
-        filters: &[DumpFilter],
-        each: &mut dyn FnMut(usize, &Flow),
-    ) -> Result<(), Error> {
-        let workers = self.parallel_dumps().min(filters.len());
-        // Only narrow dumps run side by side: their entries are few, so each worker can
-        // collect them; a dump of every UDP entry streams on this thread.
-        let narrow = filters
-            .iter()
-            .all(|f| matches!(f, DumpFilter::UdpTo(_) | DumpFilter::UdpToPort(_)));
-        if workers <= 1 || !narrow {
-            for (i, filter) in filters.iter().enumerate() {
-                self.dump(family, filter, &mut |flow| each(i, flow))?;
-            }
-            return Ok(());
-        }
-        let share = |socket: &mut ConntrackSocket, worker: usize| {
-            let mut found: Vec<(usize, Flow)> = Vec::new();
-            for (i, filter) in filters.iter().enumerate().skip(worker).step_by(workers) {
-                socket.dump(family, filter, &mut |flow| found.push((i, *flow)))?;
-            }
-            Ok::<_, Error>(found)
-        };
-        let results: Vec<Result<Vec<(usize, Flow)>, Error>> = std::thread::scope(|scope| {
-            let others: Vec<_> = (1..workers)
-                .map(|worker| {
-                    scope.spawn(move || {
-                        let mut socket = ConntrackSocket::open()?;
-                        share(&mut socket, worker)
-                    })
-                })
-                .collect();
-            let mine = self.with_socket(|socket| share(socket, 0));
-            std::iter::once(mine)
-                .chain(others.into_iter().map(|handle| {
-                    handle.join().unwrap_or_else(|_| {
-                        Err(Error::Io {
-                            op: "dumping conntrack entries",
-                            source: std::io::Error::other("a dump thread panicked"),
-                        })
-                    })
-                }))
-                .collect()
-        });
-        let mut all = Vec::new();
-        for result in results {
-            all.extend(result?);
-        }
-        // In plan order, as one after the other would have reported them.
-        all.sort_by_key(|(i, _)| *i);
-        for (i, flow) in &all {
-            each(*i, flow);
-        }
-        Ok(())
-    }
-
-    fn parallel_dumps(&self) -> usize {
-        self.parallel
     }
 
     fn delete(&mut self, flows: &[Flow]) -> Result<DeleteOutcome, Error> {
@@ -277,10 +196,9 @@ pub struct Pass {
 ///   serving endpoints back, every frontend after a restart) may also have entries that were
 ///   never DNATed (sent before it was programmed: their reply source is the frontend
 ///   itself); those are read with one dump per new frontend filtered by destination in the
-///   kernel, run side by side on as many sockets and threads as there are CPUs (each is a
-///   walk of the whole table in the kernel, which no filter avoids: ctnetlink matches one
-///   destination per dump), or, when there are many new frontends in a large table, with one
-///   dump of every UDP entry (see [`TableSize::narrow_dumps_pay_off_in_parallel`]).
+///   kernel (each is a walk of the whole table in the kernel, which no filter avoids:
+///   ctnetlink matches one destination per dump), or, when there are many new frontends in a
+///   large table, with one dump of every UDP entry (see [`TableSize::narrow_dumps_pay_off`]).
 pub struct Reconciler {
     table: Box<dyn FlowTable>,
     /// Frontends whose entries (DNATed or not) a successful pass has checked, per family.
@@ -339,9 +257,7 @@ impl Reconciler {
         let narrow = match self.max_narrow_dumps {
             Some(max) => new.len() <= max,
             None => match self.table.size() {
-                Some(size) => {
-                    size.narrow_dumps_pay_off_in_parallel(new.len(), self.table.parallel_dumps())
-                }
+                Some(size) => size.narrow_dumps_pay_off(new.len()),
                 None => new.len() <= FALLBACK_MAX_NARROW_DUMPS,
             },
         };

@@ -290,10 +290,10 @@ impl WithServing for ServicePort {
 }
 
 #[test]
-fn a_first_pass_dumps_many_new_frontends_side_by_side_and_deletes_exactly_the_stale() {
+fn a_first_pass_dumps_each_new_frontend_and_deletes_exactly_the_stale() {
     require_root!();
     in_fresh_netns(
-        "a_first_pass_dumps_many_new_frontends_side_by_side_and_deletes_exactly_the_stale",
+        "a_first_pass_dumps_each_new_frontend_and_deletes_exactly_the_stale",
         || {
             std::process::Command::new("ip")
                 .args(["addr", "add", "192.168.100.1/32", "dev", "lo"])
