@@ -280,3 +280,22 @@ fn a_text_without_markers_is_read_as_one_document_and_the_same_as_split_line_by_
         assert_eq!(read, outcome(&format!("---\n{text}")), "{text:?}");
     }
 }
+
+#[test]
+fn a_document_whose_objects_do_not_read_from_the_subset_value_reads_as_the_yaml_parser_reads_it() {
+    // A plain `2` is a number in a JSON value, and a label must be a string: the YAML
+    // parser, which reads a document into its type, takes it as "2", so it still loads.
+    let service = "kind: Service\nmetadata: {namespace: a, name: web, labels: {version: 2}}\n\
+                   spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+    let loaded = parse_manifests(service).expect("loads as before");
+    assert_eq!(loaded.objects.len(), 1);
+    // In a `kind: List` both readers go through a generic value, so both refuse it, and the
+    // objects read before the failing item are not kept twice.
+    let list = "kind: List\nitems:\n\
+                - kind: Service\n  metadata: {namespace: a, name: first}\n  spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n\
+                - kind: Service\n  metadata: {namespace: a, name: web, labels: {version: 2}}\n  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+    let e = parse_manifests(list).expect_err("a number where a string belongs");
+    assert_eq!(e.item, Some(2), "{e}");
+    assert_eq!(e.object.as_deref(), Some("a/web"), "{e}");
+    assert_eq!(e.field.as_deref(), Some("metadata.labels.version"), "{e}");
+}
