@@ -175,3 +175,263 @@ fn every_yaml_file_of_the_repository_reads_the_same() {
         "only {taken} of {documents} documents were taken"
     );
 }
+
+/// A small deterministic generator (xorshift), so that the differential test below is the
+/// same on every run.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[self.below(from.len())]
+    }
+}
+
+const KEYS: &[&str] = &[
+    "a",
+    "b",
+    "name",
+    "f:spec",
+    "k:{\"port\":80}",
+    ".",
+    "a b",
+    "app.kubernetes.io/name",
+    "y",
+    "80",
+    "\"q k\"",
+    "'s'",
+    "-k",
+    "a#b",
+    "a #b",
+    "on",
+    "_x",
+    "<<",
+    "? x",
+    "a:b",
+];
+
+const SCALARS: &[&str] = &[
+    "80",
+    "-5",
+    "0",
+    "-0",
+    "+5",
+    "007",
+    "1.5",
+    ".5",
+    "1e3",
+    "1_000",
+    "0x1F",
+    "12:30",
+    "2026-12-02",
+    "10.0.0.1",
+    "10.0.0.0/8",
+    "fd00::1",
+    "2001:db8::1",
+    "1:2:3:4:5:6:7:8",
+    "5f3a9c2e-4b1d",
+    "10s",
+    "yes",
+    "No",
+    "True",
+    "true",
+    "false",
+    "null",
+    "Null",
+    "~",
+    ".inf",
+    "nan",
+    "a b",
+    "a #c",
+    "a#c",
+    "http://x:80/y",
+    "-",
+    "-a",
+    "'q''s'",
+    "'a",
+    "\"e\\u00e9 \\\"\"",
+    "\"\\x41\\t\"",
+    "\"\\e\"",
+    "\"a",
+    "[a, b]",
+    "{a: 1, b: [c]}",
+    "[]",
+    "{}",
+    "[a,]",
+    "{a:1}",
+    "[fd00::1, 10.0.0.1]",
+    "[a: b]",
+    "[-1, -a]",
+    "{a: }",
+    "{\"a\": 1}",
+    "&x a",
+    "*x",
+    "!!str 1",
+    "a: b",
+    "x:",
+    "@a",
+    "`a",
+    "%a",
+    "a  ",
+    "=",
+    "<<",
+    "9223372036854775807",
+    "99999999999999999999",
+];
+
+/// Keys and scalars inside the subset, picked most of the time so that most documents are.
+const SAFE_KEYS: &[&str] = &[
+    "a",
+    "b",
+    "name",
+    "f:spec",
+    "k:{\"port\":80}",
+    ".",
+    "a b",
+    "\"q k\"",
+    "'s'",
+];
+const SAFE_SCALARS: &[&str] = &[
+    "80",
+    "-5",
+    "0",
+    "10.0.0.1",
+    "10.0.0.0/8",
+    "fd00::1",
+    "5f3a9c2e-4b1d",
+    "true",
+    "null",
+    "~",
+    "a b",
+    "a #c",
+    "a#c",
+    "http://x:80/y",
+    "-a",
+    "'q''s'",
+    "\"e\\u00e9 \\\"\"",
+    "[a, b]",
+    "{a: 1, b: [c]}",
+    "[]",
+    "{}",
+    "[fd00::1, 10.0.0.1]",
+    "[-1, -a]",
+];
+
+fn key<'a>(r: &mut Random) -> &'a str {
+    if r.below(8) == 0 {
+        r.pick(KEYS)
+    } else {
+        r.pick(SAFE_KEYS)
+    }
+}
+
+fn scalar<'a>(r: &mut Random) -> &'a str {
+    if r.below(8) == 0 {
+        r.pick(SCALARS)
+    } else {
+        r.pick(SAFE_SCALARS)
+    }
+}
+
+/// One random node at `indent` (the column of its parent's key), appended to `out` after a
+/// key or a dash.
+fn node(r: &mut Random, out: &mut String, indent: usize, depth: usize) {
+    match if depth == 0 { 0 } else { r.below(6) } {
+        0 | 1 => {
+            out.push(' ');
+            out.push_str(scalar(r));
+            out.push('\n');
+        }
+        2 => {
+            out.push('\n');
+            for _ in 0..1 + r.below(3) {
+                out.push_str(&" ".repeat(indent + 2));
+                out.push_str(key(r));
+                out.push(':');
+                node(r, out, indent + 2, depth - 1);
+            }
+        }
+        3 => {
+            // A sequence at the key's column (kubectl) or indented.
+            let at = if r.below(2) == 0 { indent } else { indent + 2 };
+            out.push('\n');
+            for _ in 0..1 + r.below(3) {
+                out.push_str(&" ".repeat(at));
+                out.push('-');
+                if r.below(3) == 0 {
+                    // A compact mapping.
+                    out.push(' ');
+                    out.push_str(key(r));
+                    out.push(':');
+                    node(r, out, at + 2, depth - 1);
+                    out.push_str(&" ".repeat(at + 2));
+                    out.push_str(key(r));
+                    out.push(':');
+                    node(r, out, at + 2, depth - 1);
+                } else {
+                    node(r, out, at, depth - 1);
+                }
+            }
+        }
+        4 => {
+            out.push_str(if r.below(8) == 0 {
+                r.pick(&[" >", " |2", " | # c"])
+            } else {
+                r.pick(&[" |", " |-", " |+"])
+            });
+            out.push('\n');
+            let inner = indent + 2 + r.below(2);
+            for _ in 0..1 + r.below(3) {
+                let line = r.pick(&["text", "# not a comment", "", "  more", "a: b", "- c"]);
+                if !line.is_empty() {
+                    out.push_str(&" ".repeat(inner));
+                }
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        _ => {
+            out.push_str(r.pick(&["", " # comment"]));
+            out.push('\n');
+            out.push_str(&" ".repeat(indent + r.below(2) * 2));
+            out.push_str(scalar(r));
+            out.push('\n');
+        }
+    }
+}
+
+/// Random documents mixing the subset with what lies outside it: whenever the subset reader
+/// takes one, the YAML parser reads the same value from it (and does not refuse it).
+#[test]
+fn random_documents_read_the_same_or_are_left_to_the_yaml_parser() {
+    let mut r = Random(0x9e37_79b9_7f4a_7c15);
+    let (mut taken, mut total) = (0, 0);
+    for _ in 0..20_000 {
+        let mut doc = String::new();
+        for _ in 0..1 + r.below(4) {
+            doc.push_str(key(&mut r));
+            doc.push(':');
+            node(&mut r, &mut doc, 0, 3);
+        }
+        total += 1;
+        let Some(value) = document(&doc) else {
+            continue;
+        };
+        taken += 1;
+        match serde_saphyr::from_str::<Value>(&doc) {
+            Ok(expected) => assert_eq!(value, expected, "{doc}"),
+            Err(e) => panic!("the subset reader takes what the YAML parser refuses ({e}):\n{doc}"),
+        }
+    }
+    println!("{taken} of {total} random documents taken by the subset reader");
+    assert!(
+        taken * 4 > total,
+        "only {taken} of {total} taken: the test no longer tests"
+    );
+}
