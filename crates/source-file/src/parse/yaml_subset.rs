@@ -11,6 +11,8 @@
 //! dialects disagree on or that serde-saphyr reads specially (`yes`, `True`, `0x1F`, `1_000`,
 //! `1e3`, `.inf`, `12:30`, dates). The tests compare both readings on every document they take.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 /// The document as a JSON value, or `None` when it is not entirely inside the subset.
@@ -41,7 +43,7 @@ enum Content<'a> {
     /// `key: rest`; `rest` is empty when the value is on the following lines. A `|` block
     /// scalar's text is read with its line, since its lines are not YAML structure.
     Entry {
-        key: String,
+        key: Cow<'a, str>,
         rest: &'a str,
         block: Option<String>,
     },
@@ -104,12 +106,14 @@ fn lines(doc: &str) -> Option<Vec<Line<'_>>> {
 
 /// Splits `key: rest` (`Some(None)`: the line is a value, not an entry; `None`: outside the
 /// subset). A comment after the colon leaves `rest` empty.
-fn entry(text: &str) -> Option<Option<(String, &str)>> {
+fn entry(text: &str) -> Option<Option<(Cow<'_, str>, &str)>> {
     let (key, after) = match text.as_bytes().first()? {
         b'"' | b'\'' => {
             let (key, after) = quoted(text)?;
             match after.strip_prefix(':') {
-                Some(after) if after.is_empty() || after.starts_with(' ') => (key, after),
+                Some(after) if after.is_empty() || after.starts_with(' ') => {
+                    (Cow::Owned(key), after)
+                }
                 _ => return Some(None),
             }
         }
@@ -127,7 +131,7 @@ fn entry(text: &str) -> Option<Option<(String, &str)>> {
             if !plain_key(key) {
                 return None;
             }
-            (key.to_string(), &text[colon + 1..])
+            (Cow::Borrowed(key), &text[colon + 1..])
         }
     };
     let rest = after.trim_start_matches(' ');
@@ -230,14 +234,15 @@ impl Parser<'_> {
 
     fn mapping(&mut self, indent: usize) -> Option<Value> {
         let mut map = Map::new();
-        while let Some(line) = self.lines.get(self.pos) {
+        while let Some(line) = self.lines.get_mut(self.pos) {
             if line.indent != indent || (line.inline && !map.is_empty()) {
                 break;
             }
-            let Content::Entry { key, rest, block } = &line.content else {
+            let Content::Entry { key, rest, block } = &mut line.content else {
                 break;
             };
-            let (key, rest, block) = (key.clone(), *rest, block.clone());
+            // Each line is read once: its key and block text move into the value.
+            let (key, rest, block) = (std::mem::take(key).into_owned(), *rest, block.take());
             self.pos += 1;
             let value = if let Some(text) = block {
                 Value::String(text)
