@@ -193,19 +193,11 @@ impl Random {
     }
 }
 
-const KEYS: &[&str] = &[
-    "a",
-    "b",
-    "name",
-    "f:spec",
-    "k:{\"port\":80}",
-    ".",
-    "a b",
+/// Keys and scalars outside the subset, or on its edge (the safe ones are below).
+const OTHER_KEYS: &[&str] = &[
     "app.kubernetes.io/name",
     "y",
     "80",
-    "\"q k\"",
-    "'s'",
     "-k",
     "a#b",
     "a #b",
@@ -216,10 +208,7 @@ const KEYS: &[&str] = &[
     "a:b",
 ];
 
-const SCALARS: &[&str] = &[
-    "80",
-    "-5",
-    "0",
+const OTHER_SCALARS: &[&str] = &[
     "-0",
     "+5",
     "007",
@@ -230,44 +219,24 @@ const SCALARS: &[&str] = &[
     "0x1F",
     "12:30",
     "2026-12-02",
-    "10.0.0.1",
-    "10.0.0.0/8",
-    "fd00::1",
     "2001:db8::1",
     "1:2:3:4:5:6:7:8",
-    "5f3a9c2e-4b1d",
     "10s",
     "yes",
     "No",
     "True",
-    "true",
     "false",
-    "null",
     "Null",
-    "~",
     ".inf",
     "nan",
-    "a b",
-    "a #c",
-    "a#c",
-    "http://x:80/y",
     "-",
-    "-a",
-    "'q''s'",
     "'a",
-    "\"e\\u00e9 \\\"\"",
     "\"\\x41\\t\"",
     "\"\\e\"",
     "\"a",
-    "[a, b]",
-    "{a: 1, b: [c]}",
-    "[]",
-    "{}",
     "[a,]",
     "{a:1}",
-    "[fd00::1, 10.0.0.1]",
     "[a: b]",
-    "[-1, -a]",
     "{a: }",
     "{\"a\": 1}",
     "&x a",
@@ -324,16 +293,16 @@ const SAFE_SCALARS: &[&str] = &[
 ];
 
 fn key<'a>(r: &mut Random) -> &'a str {
-    if r.below(8) == 0 {
-        r.pick(KEYS)
+    if r.below(12) == 0 {
+        r.pick(OTHER_KEYS)
     } else {
         r.pick(SAFE_KEYS)
     }
 }
 
 fn scalar<'a>(r: &mut Random) -> &'a str {
-    if r.below(8) == 0 {
-        r.pick(SCALARS)
+    if r.below(12) == 0 {
+        r.pick(OTHER_SCALARS)
     } else {
         r.pick(SAFE_SCALARS)
     }
@@ -380,7 +349,7 @@ fn node(r: &mut Random, out: &mut String, indent: usize, depth: usize) {
             }
         }
         4 => {
-            out.push_str(if r.below(8) == 0 {
+            out.push_str(if r.below(12) == 0 {
                 r.pick(&[" >", " |2", " | # c"])
             } else {
                 r.pick(&[" |", " |-", " |+"])
