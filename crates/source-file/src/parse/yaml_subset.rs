@@ -12,18 +12,27 @@
 //! `1e3`, `.inf`, `12:30`, dates). The tests compare both readings on every document they take.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::iter::Peekable;
 
 use serde_json::{Map, Value};
 
 /// The document as a JSON value, or `None` when it is not entirely inside the subset.
 pub(super) fn document(doc: &str) -> Option<Value> {
-    let lines = lines(doc)?;
-    if lines.is_empty() {
+    if doc.contains(['\t', '\r', '\u{feff}']) {
         return None;
     }
-    let mut parser = Parser { lines, pos: 0 };
+    let mut parser = Parser {
+        lines: Lines {
+            raw: doc.lines().peekable(),
+            queue: VecDeque::new(),
+            outside: false,
+        },
+    };
+    parser.lines.peek()?;
     let value = parser.node()?;
-    (parser.pos == parser.lines.len()).then_some(value)
+    let at_end = parser.lines.peek().is_none();
+    (at_end && !parser.lines.outside).then_some(value)
 }
 
 /// One line of the document after its `- ` markers are split off: a `- a: 1` line gives a
@@ -51,19 +60,42 @@ enum Content<'a> {
     Value(&'a str),
 }
 
-/// The document's lines, or `None` when one of them is outside the subset.
-fn lines(doc: &str) -> Option<Vec<Line<'_>>> {
-    if doc.contains(['\t', '\r', '\u{feff}']) {
-        return None;
+/// The document's lines, read as the parser asks for them (a whole document's lines at once
+/// would double the memory a large `kind: List` takes while it is read).
+struct Lines<'a> {
+    raw: Peekable<std::str::Lines<'a>>,
+    /// The lines of the current raw line (a `- - a` line gives three).
+    queue: VecDeque<Line<'a>>,
+    /// A line outside the subset was met: the document is not read here, whatever the parser
+    /// made of the lines before it.
+    outside: bool,
+}
+
+impl<'a> Lines<'a> {
+    /// The current line; `None` at the end, or once a line was outside the subset.
+    fn peek(&mut self) -> Option<&mut Line<'a>> {
+        while self.queue.is_empty() && !self.outside {
+            let line = self.raw.next()?;
+            if self.split(line).is_none() {
+                self.outside = true;
+            }
+        }
+        if self.outside {
+            return None;
+        }
+        self.queue.front_mut()
     }
-    let raw: Vec<&str> = doc.lines().collect();
-    let mut out = Vec::with_capacity(raw.len());
-    let mut next = 0;
-    while let Some(&line) = raw.get(next) {
-        next += 1;
+
+    fn advance(&mut self) {
+        self.queue.pop_front();
+    }
+
+    /// Queues the lines of one raw line (none for a blank or comment line); `None` when it is
+    /// outside the subset.
+    fn split(&mut self, line: &'a str) -> Option<()> {
         let mut text = line.trim_start_matches(' ');
         if text.is_empty() || text.starts_with('#') {
-            continue;
+            return Some(());
         }
         if text.starts_with('%') {
             return None;
@@ -71,7 +103,7 @@ fn lines(doc: &str) -> Option<Vec<Line<'_>>> {
         let mut indent = line.len() - text.len();
         let mut inline = false;
         while text == "-" || text.starts_with("- ") {
-            out.push(Line {
+            self.queue.push_back(Line {
                 indent,
                 inline,
                 content: Content::Dash,
@@ -83,25 +115,25 @@ fn lines(doc: &str) -> Option<Vec<Line<'_>>> {
             inline = true;
         }
         if text.is_empty() || text.starts_with('#') {
-            continue;
+            return Some(());
         }
         let content = match entry(text)? {
             Some((key, rest)) => {
                 let block = match rest {
-                    "|" | "|-" | "|+" => Some(block_scalar(rest, &raw, &mut next, indent)?),
+                    "|" | "|-" | "|+" => Some(block_scalar(rest, &mut self.raw, indent)?),
                     _ => None,
                 };
                 Content::Entry { key, rest, block }
             }
             None => Content::Value(text),
         };
-        out.push(Line {
+        self.queue.push_back(Line {
             indent,
             inline,
             content,
         });
+        Some(())
     }
-    Some(out)
 }
 
 /// Splits `key: rest` (`Some(None)`: the line is a value, not an entry; `None`: outside the
@@ -150,11 +182,15 @@ fn plain_key(key: &str) -> bool {
 }
 
 /// The text of a `|`, `|-` or `|+` block scalar whose key sits at column `indent`, from the
-/// lines after it (`next` moves past them).
-fn block_scalar(indicator: &str, raw: &[&str], next: &mut usize, indent: usize) -> Option<String> {
+/// lines after it (`raw` moves past them).
+fn block_scalar(
+    indicator: &str,
+    raw: &mut Peekable<std::str::Lines<'_>>,
+    indent: usize,
+) -> Option<String> {
     let mut content_indent = None;
     let mut lines: Vec<&str> = Vec::new();
-    while let Some(&line) = raw.get(*next) {
+    while let Some(&line) = raw.peek() {
         let text = line.trim_start_matches(' ');
         let spaces = line.len() - text.len();
         if text.is_empty() {
@@ -164,7 +200,7 @@ fn block_scalar(indicator: &str, raw: &[&str], next: &mut usize, indent: usize) 
                 return None;
             }
             lines.push("");
-            *next += 1;
+            raw.next();
             continue;
         }
         if spaces <= indent {
@@ -175,7 +211,7 @@ fn block_scalar(indicator: &str, raw: &[&str], next: &mut usize, indent: usize) 
             return None;
         }
         lines.push(&line[at..]);
-        *next += 1;
+        raw.next();
     }
     content_indent?;
     let mut kept = lines.len();
@@ -192,49 +228,44 @@ fn block_scalar(indicator: &str, raw: &[&str], next: &mut usize, indent: usize) 
 }
 
 struct Parser<'a> {
-    lines: Vec<Line<'a>>,
-    pos: usize,
+    lines: Lines<'a>,
 }
 
 impl Parser<'_> {
     /// The node whose first line is the current one.
     fn node(&mut self) -> Option<Value> {
-        let line = self.lines.get(self.pos)?;
+        let line = self.lines.peek()?;
         let indent = line.indent;
-        match line.content {
+        match &line.content {
             Content::Dash => self.sequence(indent),
             Content::Entry { .. } => self.mapping(indent),
             Content::Value(text) => {
-                self.pos += 1;
+                let text = *text;
+                self.lines.advance();
                 let value = inline_value(text)?;
                 // A following line as far right would continue a multi-line scalar.
-                match self.lines.get(self.pos) {
-                    Some(next) if next.indent >= indent => None,
-                    _ => Some(value),
-                }
+                let continued = matches!(self.lines.peek(), Some(next) if next.indent >= indent);
+                (!continued).then_some(value)
             }
         }
     }
 
     fn sequence(&mut self, indent: usize) -> Option<Value> {
         let mut items = Vec::new();
-        while let Some(line) = self.lines.get(self.pos) {
-            if line.indent != indent || !matches!(line.content, Content::Dash) {
-                break;
-            }
-            self.pos += 1;
-            let item = match self.lines.get(self.pos) {
-                Some(next) if next.inline || next.indent > indent => self.node()?,
-                _ => Value::Null,
-            };
-            items.push(item);
+        while matches!(self.lines.peek(),
+            Some(line) if line.indent == indent && matches!(line.content, Content::Dash))
+        {
+            self.lines.advance();
+            let nested = matches!(self.lines.peek(),
+                Some(next) if next.inline || next.indent > indent);
+            items.push(if nested { self.node()? } else { Value::Null });
         }
         Some(Value::Array(items))
     }
 
     fn mapping(&mut self, indent: usize) -> Option<Value> {
         let mut map = Map::new();
-        while let Some(line) = self.lines.get_mut(self.pos) {
+        while let Some(line) = self.lines.peek() {
             if line.indent != indent || (line.inline && !map.is_empty()) {
                 break;
             }
@@ -243,26 +274,26 @@ impl Parser<'_> {
             };
             // Each line is read once: its key and block text move into the value.
             let (key, rest, block) = (std::mem::take(key).into_owned(), *rest, block.take());
-            self.pos += 1;
+            self.lines.advance();
             let value = if let Some(text) = block {
                 Value::String(text)
             } else if rest.is_empty() {
-                match self.lines.get(self.pos) {
-                    Some(next) if next.indent > indent => self.node()?,
+                let next = self
+                    .lines
+                    .peek()
+                    .map(|next| (next.indent, matches!(next.content, Content::Dash)));
+                match next {
+                    Some((at, _)) if at > indent => self.node()?,
                     // `key:` with its sequence at the key's own column, as kubectl writes it.
-                    Some(next)
-                        if next.indent == indent && matches!(next.content, Content::Dash) =>
-                    {
-                        self.sequence(indent)?
-                    }
+                    Some((at, true)) if at == indent => self.sequence(indent)?,
                     _ => Value::Null,
                 }
             } else {
                 let value = inline_value(rest)?;
-                match self.lines.get(self.pos) {
-                    Some(next) if next.indent > indent => return None,
-                    _ => value,
+                if matches!(self.lines.peek(), Some(next) if next.indent > indent) {
+                    return None;
                 }
+                value
             };
             if map.insert(key, value).is_some() {
                 return None;
