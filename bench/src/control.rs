@@ -97,6 +97,60 @@ pub struct ControlResult {
     pub cold_cpu: Option<Duration>,
     /// The rolling-update and 100-Services change scripts.
     pub scripts: crate::changes::ScriptResults,
+    /// A restart over the rules the first process left (what a rolling update of kpng does).
+    pub restart: Restart,
+}
+
+/// kpng stopped (SIGTERM: rules left in place) and started again on the same manifests.
+#[derive(Debug, Clone, Copy)]
+pub struct Restart {
+    /// How long the stopped process took to exit after SIGTERM (`None`: over 30 s).
+    pub exit_after_sigterm: Option<Duration>,
+    /// Process start → the first sync committed (the table adopted and refilled).
+    pub wall: Duration,
+    /// That sync as kpng measured it.
+    pub backend: Duration,
+    /// kpng's CPU (user + sys, with the helpers it ran and waited for) from its start to the
+    /// first sync committed.
+    pub cpu_to_programmed: Option<Duration>,
+    /// kpng's CPU in the [`SETTLE`] after the first sync, where nothing changes: what start-up
+    /// work still runs once the node is programmed (the sweep of other proxies' leftovers).
+    pub cpu_settling: Option<Duration>,
+    /// kpng's peak RSS over the restart and the settling, helpers excluded.
+    pub peak_rss_mb: f64,
+}
+
+/// How long a restarted kpng is watched after its first sync.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+impl Restart {
+    /// The table header matching [`Restart::markdown_row`].
+    pub fn markdown_header() -> String {
+        format!(
+            "| backend | Services × endpoints | old process: exit after SIGTERM | restart: process start → programmed | of which backend sync | kpng CPU to programmed | kpng CPU in the {} s after | kpng peak RSS |\n|---|---|---|---|---|---|---|---|\n",
+            SETTLE.as_secs()
+        )
+    }
+
+    /// One table row.
+    pub fn markdown_row(&self, backend: BackendKind, n: usize, m: usize) -> String {
+        let secs = |d: Option<Duration>| {
+            d.map(|d| format!("{:.2} s", d.as_secs_f64()))
+                .unwrap_or_else(|| "—".into())
+        };
+        format!(
+            "| {} | {n} × {m} | {} | {:.2} s | {:.2} s | {} | {} | {:.0} MB |",
+            backend.label(),
+            self.exit_after_sigterm
+                .map(|d| format!("{:.2} s", d.as_secs_f64()))
+                .unwrap_or_else(|| "> 30 s (killed)".into()),
+            self.wall.as_secs_f64(),
+            self.backend.as_secs_f64(),
+            secs(self.cpu_to_programmed),
+            secs(self.cpu_settling),
+            self.peak_rss_mb,
+        )
+    }
 }
 
 impl ControlResult {
@@ -246,6 +300,27 @@ impl Kpng {
         })
     }
 
+    /// Stops kpng as a rolling update does (SIGTERM), leaving its rules and pins in place for
+    /// the next process; returns how long it took to exit (`None`: not within 30 s, after
+    /// which it is killed, as the kubelet would after a 30 s grace period).
+    pub fn stop_leaving_rules(mut self) -> Result<Option<Duration>, String> {
+        let pid = self.child.id().to_string();
+        let asked = Instant::now();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .map_err(|e| format!("kill -TERM {pid}: {e}"))?;
+        // Kept for the next process (dropping would remove them).
+        self.pins = None;
+        while self.child.try_wait().map_err(|e| e.to_string())?.is_none() {
+            if asked.elapsed() > Duration::from_secs(30) {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(Some(asked.elapsed()))
+    }
+
     /// The pid (kpng itself: `ip netns exec` execs it).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -326,7 +401,7 @@ impl Drop for Scratch {
 
 /// Runs the control-plane benchmark of `backend` for `n` Services × `m` endpoints.
 pub fn run(
-    kpng: &str,
+    kpng_path: &str,
     backend: BackendKind,
     n: usize,
     m: usize,
@@ -341,7 +416,13 @@ pub fn run(
         .map_err(|e| e.to_string())?;
 
     let started = Instant::now();
-    let mut kpng = Kpng::start(&ns, kpng, backend, &manifests, &scratch.0.join("kpng.log"))?;
+    let mut kpng = Kpng::start(
+        &ns,
+        kpng_path,
+        backend,
+        &manifests,
+        &scratch.0.join("kpng.log"),
+    )?;
     let cold = kpng.wait_for_syncs(1, Duration::from_secs(600))?;
     let cold_wall = started.elapsed();
     let cold_cpu = crate::cpu::cpu_time(kpng.pid());
@@ -375,6 +456,9 @@ pub fn run(
     // Before the scripts, which add Services.
     let peak_rss_mb = peak_rss_mb(kpng.pid());
     let scripts = crate::changes::run(&mut kpng, &manifests, n, m, changes / 10, changes / 20)?;
+    let exit = kpng.stop_leaving_rules()?;
+    let mut restart = restart(&ns, kpng_path, backend, &manifests, &scratch)?;
+    restart.exit_after_sigterm = exit;
     Ok(ControlResult {
         backend,
         n,
@@ -389,6 +473,32 @@ pub fn run(
         peak_rss_mb,
         cold_cpu,
         scripts,
+        restart,
+    })
+}
+
+/// Starts kpng again over the rules a stopped one left, and watches it settle.
+fn restart(
+    ns: &Netns,
+    kpng: &str,
+    backend: BackendKind,
+    manifests: &Path,
+    scratch: &Scratch,
+) -> Result<Restart, String> {
+    let started = Instant::now();
+    let mut kpng = Kpng::start(ns, kpng, backend, manifests, &scratch.0.join("restart.log"))?;
+    let first = kpng.wait_for_syncs(1, Duration::from_secs(600))?;
+    let wall = started.elapsed();
+    let at_programmed = crate::cpu::cpu_time(kpng.pid());
+    std::thread::sleep(SETTLE);
+    let settled = crate::cpu::cpu_time(kpng.pid());
+    Ok(Restart {
+        exit_after_sigterm: None,
+        wall,
+        backend: first[0].duration,
+        cpu_to_programmed: at_programmed,
+        cpu_settling: at_programmed.zip(settled).map(|(a, b)| b.saturating_sub(a)),
+        peak_rss_mb: peak_rss_mb(kpng.pid()),
     })
 }
 

@@ -136,7 +136,18 @@ fn main() -> ExitCode {
                 num(&args, "--endpoints", 4),
                 num(&args, "--changes", 100),
             )
-            .map(|r| println!("{}", r.markdown_row())),
+            .map(|r| {
+                println!(
+                    "{}{}",
+                    control::ControlResult::markdown_header(),
+                    r.markdown_row()
+                );
+                println!(
+                    "\n{}{}",
+                    control::Restart::markdown_header(),
+                    r.restart.markdown_row(r.backend, r.n, r.m)
+                );
+            }),
         },
         Some("data-plane") => {
             let n = num(&args, "--services", 1000);
@@ -297,6 +308,12 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
             report.push('\n');
             control_results.push(r);
         }
+    }
+    report.push_str("\n### Restart over the rules left in place (SIGTERM, then a new process)\n\n");
+    report.push_str(&control::Restart::markdown_header());
+    for r in &control_results {
+        report.push_str(&r.restart.markdown_row(r.backend, r.n, r.m));
+        report.push('\n');
     }
     report.push_str("\n### Change scripts (file event → committed transaction)\n\n");
     report.push_str(changes::ScriptResults::markdown_header());

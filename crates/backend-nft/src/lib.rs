@@ -99,9 +99,24 @@ struct FamilyState {
     committed: Option<StaticConfig>,
     /// What the kernel's table is known to be: `Unknown` until probed once at start-up.
     kernel: KernelTable,
-    /// Someone else changed the table: a table that is still there is replaced whole, not
-    /// adopted (adopting refills sets only, and the rules may be what was changed).
+    /// Someone else changed the table: a table that is still there gets its rules back
+    /// ([`script::restore_rules`]) before its sets are refilled (adopting alone refills sets
+    /// only, and the rules may be what was changed).
     distrust: bool,
+    /// Putting the rules back failed (the table no longer fits the skeleton's declarations):
+    /// the next full sync replaces the table whole.
+    replace_whole: bool,
+}
+
+/// How a full sync treats a table in the kernel that has our skeleton.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Adopt {
+    /// Not adopted: created, or replaced whole.
+    No,
+    /// Its sets flushed and refilled in one transaction; its rules trusted.
+    Sets,
+    /// Someone else changed it: its rules put back first ([`script::restore_rules`]).
+    RulesAndSets,
 }
 
 /// What we know of our table in the kernel (read once, at start-up; never in the sync loop).
@@ -192,6 +207,7 @@ impl NftBackend {
                 committed: None,
                 kernel: KernelTable::Unknown,
                 distrust: false,
+                replace_whole: false,
             })
             .collect();
         let affinity_ids = affinity::AffinityIds::new(config.conntrack_mark_mask);
@@ -440,6 +456,27 @@ impl NftBackend {
         Ok(())
     }
 
+    /// Before an adopted table's sets are refilled: its dynamic chains `needed`, and with
+    /// [`Adopt::RulesAndSets`] every rule put back in the same transaction.
+    fn adopt_rules(
+        &mut self,
+        index: usize,
+        cfg: &StaticConfig,
+        adopt: Adopt,
+        needed: BTreeSet<ruleset::DynamicChain>,
+    ) -> Result<(), String> {
+        if adopt != Adopt::RulesAndSets {
+            return self.ensure_chains(index, needed.into_iter());
+        }
+        let fam = self.states[index].fam;
+        let text = script::restore_rules(fam, &self.config.table, cfg, needed.iter());
+        self.exec.run(&text).map_err(|e| e.to_string())?;
+        self.states[index]
+            .chains
+            .extend(needed.iter().map(|c| c.name()));
+        Ok(())
+    }
+
     /// One netlink transaction on this family's table.
     fn netlink_apply(
         &mut self,
@@ -494,20 +531,25 @@ impl NftBackend {
         }
         let kernel = match &self.states[index].kernel {
             _ if self.netlink.is_none() => KernelTable::Unknown,
-            KernelTable::Skeleton(_) if self.states[index].distrust => {
+            KernelTable::Skeleton(_) if self.states[index].replace_whole => {
                 KernelTable::Skeleton(String::new())
             }
             known => known.clone(),
         };
         let adopt = matches!(&kernel, KernelTable::Skeleton(c) if *c == comment);
+        let adopting = match (adopt, self.states[index].distrust) {
+            (false, _) => Adopt::No,
+            (true, false) => Adopt::Sets,
+            (true, true) => Adopt::RulesAndSets,
+        };
         let streamed = if adopt || kernel == KernelTable::Absent {
-            self.streamed_full(index, request.snapshot, &cfg, adopt)
+            self.streamed_full(index, request.snapshot, &cfg, adopting)
         } else {
             None
         };
         let (result, store, ops) = match streamed {
             Some(done) => done,
-            None => self.collected_full(index, request.snapshot, &cfg, adopt),
+            None => self.collected_full(index, request.snapshot, &cfg, adopting),
         };
         match result {
             Ok(()) => {
@@ -516,9 +558,17 @@ impl NftBackend {
                 state.committed = Some(cfg);
                 state.kernel = KernelTable::Skeleton(comment);
                 state.distrust = false;
+                state.replace_whole = false;
                 Ok(ops)
             }
             Err(message) => {
+                if adopting == Adopt::RulesAndSets {
+                    warn!(
+                        "could not put the rules of {} back ({message}); replacing it whole",
+                        self.config.table
+                    );
+                    self.states[index].replace_whole = true;
+                }
                 // Look again next time: the failure may have left anything.
                 self.states[index].kernel = KernelTable::Unknown;
                 self.states[index].chains.clear();
@@ -553,7 +603,7 @@ impl NftBackend {
         index: usize,
         snapshot: &Snapshot,
         cfg: &StaticConfig,
-        adopt: bool,
+        adopt: Adopt,
     ) -> Option<(Result<(), String>, ElementStore, usize)> {
         let fam = self.states[index].fam;
         let mut store = ElementStore::new();
@@ -563,7 +613,7 @@ impl NftBackend {
         };
         let mut chains = BTreeSet::new();
         let (mut superseded, mut failed) = (false, None);
-        if adopt {
+        if adopt != Adopt::No {
             for set in Set::owned(fam.0) {
                 batch.flush(set);
             }
@@ -590,10 +640,10 @@ impl NftBackend {
         if let Some(message) = failed {
             return Some((Err(message), store, ops));
         }
-        let result = if adopt {
+        let result = if adopt != Adopt::No {
             // Same skeleton: refill every set atomically (the affinity map is kept).
             self.states[index].chains.clear();
-            self.ensure_chains(index, chains.into_iter())
+            self.adopt_rules(index, cfg, adopt, chains)
         } else {
             // Nothing works yet, so nothing can be interrupted: skeleton, then elements.
             let (text, skeleton_chains) = script::replace(fam, &self.config.table, cfg, &[]);
@@ -657,7 +707,7 @@ impl NftBackend {
         index: usize,
         snapshot: &Snapshot,
         cfg: &StaticConfig,
-        adopt: bool,
+        adopt: Adopt,
     ) -> (Result<(), String>, ElementStore, usize) {
         let fam = self.states[index].fam;
         let mut store = ElementStore::new();
@@ -667,11 +717,11 @@ impl NftBackend {
         });
         drop(index_of);
         let ops = all.len();
-        let result = if adopt {
+        let result = if adopt != Adopt::No {
             self.states[index].chains.clear();
             let flush: Vec<Set> = Set::owned(fam.0).collect();
             let needed: BTreeSet<_> = all.iter().filter_map(script::referenced_chain).collect();
-            self.ensure_chains(index, needed.into_iter())
+            self.adopt_rules(index, cfg, adopt, needed)
                 .and_then(|()| self.netlink_apply(index, &flush, &[], &all))
         } else {
             // The script writes elements in text order (stable scripts, golden files).

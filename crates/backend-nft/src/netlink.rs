@@ -96,31 +96,24 @@ pub trait ElementWriter: Send {
     }
 
     /// Reads our table's comment (start-up only), to know whether the table can be adopted by
-    /// replacing elements only. By default with an element-less listing (`nft -t`;
-    /// milliseconds even at 100k Services).
+    /// replacing elements only. By default with a netlink table dump: names and comments only,
+    /// under a millisecond whatever the table holds.
     fn probe_table(&mut self, family: Family, table: &str) -> ProbedTable {
-        probe_with_nft(family, table)
+        probe_with_netlink(family, table)
     }
 }
 
-/// [`ElementWriter::probe_table`] through `nft -t list table`.
-pub fn probe_with_nft(family: Family, table: &str) -> ProbedTable {
+/// [`ElementWriter::probe_table`] through a netlink table dump (`kpng_netfilter::tables`).
+///
+/// Not `nft -t list table`: nft 1.0.6 reads every set element before it prints even an
+/// element-less listing, 2.5 s and ≈ 440 MB at 30k Services × 4, on every restart.
+pub fn probe_with_netlink(family: Family, table: &str) -> ProbedTable {
     let f = crate::ruleset::Fam(family).table_family();
-    let out = std::process::Command::new("nft")
-        .args(["-t", "list", "table", f, table])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {
-            let text = String::from_utf8_lossy(&o.stdout);
-            ProbedTable::Present(
-                crate::ruleset::skeleton_comment(&text)
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        }
-        Ok(_) => ProbedTable::Absent,
+    match kpng_netfilter::tables::find_table(f, table) {
+        Ok(Some(t)) => ProbedTable::Present(t.comment.unwrap_or_default()),
+        Ok(None) => ProbedTable::Absent,
         Err(e) => {
-            tracing::warn!("cannot run `nft -t list table`: {e}; replacing the table");
+            tracing::warn!("cannot list the nftables tables: {e}; replacing the table");
             ProbedTable::Present(String::new())
         }
     }

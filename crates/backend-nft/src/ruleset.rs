@@ -299,7 +299,7 @@ pub struct AffinityRules {
 /// Renders the whole constant part of one family's table, as one `table … { … }` block.
 ///
 /// The table comment carries an id (a hash of everything else in the block), so that a later
-/// run can tell, from a cheap element-less listing, whether the table in the kernel has
+/// run can tell, from a table dump that carries no element, whether the table in the kernel has
 /// exactly this skeleton and can be adopted by replacing elements only.
 pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
     let (f, l3) = (fam.table_family(), fam.l3());

@@ -811,3 +811,29 @@ fn a_full_mask_serves_the_next_affinity_port_without_affinity_until_ids_free_up(
         "{dispatch:?}"
     );
 }
+
+#[test]
+fn restoring_rules_flushes_chains_and_redeclares_the_skeleton_without_elements() {
+    let model = model_from(ONE_SERVICE);
+    let (b, _) = backend();
+    let fam = Fam(Family::V4);
+    let cfg = b.static_config(fam, model.snapshot());
+    let chains = [
+        ruleset::DynamicChain::Pick(ruleset::PickKind::Cluster, 3),
+        ruleset::DynamicChain::AffinityTimeout(600),
+    ];
+    let text = script::restore_rules(fam, "kpng", &cfg, chains.iter());
+    // One transaction: every rule goes, then the skeleton (sets, maps, chains and their rules)
+    // and the dynamic chains come back; the table itself and its elements stay.
+    assert!(text.starts_with("flush table ip kpng\ntable ip kpng {"), "{text}");
+    assert!(text.contains(&ruleset::skeleton(fam, "kpng", &cfg)));
+    for chain in ["cluster-n3", "affinity-t600"] {
+        assert!(
+            text.contains(&format!("add chain ip kpng {chain}\nflush chain ip kpng {chain}\n")),
+            "{chain}: {text}"
+        );
+        assert!(text.contains(&format!("add rule ip kpng {chain} ")), "{chain}");
+    }
+    assert!(!text.contains("delete table"), "the table is kept");
+    assert!(!text.contains("add element"), "elements come over netlink");
+}

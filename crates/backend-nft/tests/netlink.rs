@@ -1407,3 +1407,71 @@ fn inner_load_nft_command() {
     }
     summarize("nft -f", samples);
 }
+
+#[test]
+fn the_start_up_probe_reads_the_skeleton_id_without_nft() {
+    kpng_testkit::require_root!();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    in_fresh_netns("inner_the_start_up_probe_reads_the_skeleton_id_without_nft");
+}
+
+#[test]
+#[ignore = "run inside a namespace by the_start_up_probe_reads_the_skeleton_id_without_nft"]
+fn inner_the_start_up_probe_reads_the_skeleton_id_without_nft() {
+    if !inside_netns() {
+        return;
+    }
+    use kpng_backend_nft::ruleset::skeleton_comment;
+    for family in Family::ALL {
+        let f = fam_word(family);
+        assert_eq!(
+            netlink::probe_with_netlink(family, "kpng"),
+            netlink::ProbedTable::Absent,
+            "{f}: no table yet"
+        );
+        let elements = generated(family, 2000, 4);
+        nft(&table_script(family, "kpng", &elements));
+        let mut writer = NetlinkWriter::open().expect("opening the netlink socket");
+        writer
+            .apply(family, "kpng", &[], &[], &elements)
+            .expect("netlink add");
+        // The id nft prints is the one the probe reads; a table of another name, or of the
+        // other family, is not ours.
+        let listed = nft_list(&["table", f, "kpng"]);
+        let expected = skeleton_comment(&listed).expect("the skeleton has a comment");
+        assert!(expected.contains("skeleton "), "{expected}");
+        assert_eq!(
+            netlink::probe_with_netlink(family, "kpng"),
+            netlink::ProbedTable::Present(expected.to_string()),
+            "{f}"
+        );
+        assert_eq!(
+            netlink::probe_with_netlink(family, "kpngx"),
+            netlink::ProbedTable::Absent
+        );
+        nft(&format!("table {f} plain {{ }}\n"));
+        assert_eq!(
+            netlink::probe_with_netlink(family, "plain"),
+            netlink::ProbedTable::Present(String::new()),
+            "{f}: a table without a comment has no skeleton id"
+        );
+        let started = Instant::now();
+        let tables = kpng_netfilter_tables();
+        println!(
+            "{f}: {} tables listed over netlink in {:?} next to {} elements",
+            tables.len(),
+            started.elapsed(),
+            elements.len()
+        );
+        assert!(tables.contains(&(f.to_string(), "kpng".to_string())));
+    }
+}
+
+/// Every table as (family, name), through the dump the probe and `kpng cleanup` use.
+fn kpng_netfilter_tables() -> Vec<(String, String)> {
+    kpng_netfilter::tables::list_tables()
+        .expect("a table dump")
+        .into_iter()
+        .map(|t| (t.family.to_string(), t.name))
+        .collect()
+}

@@ -268,21 +268,20 @@ mod imp {
         format!("{prefix}-{}-{what}", variant.name())
     }
 
-    /// `nft list tables` as (family, name) pairs; empty when nft cannot run.
+    /// Every nftables table as (family, name) pairs, from a netlink table dump (`nft list
+    /// tables` reads every set element first: seconds and hundreds of MB next to a large
+    /// ruleset, and the sweep asks several times); empty when the dump fails.
     fn nft_tables() -> Vec<(String, String)> {
-        run_tool("nft", &["list", "tables"], None)
-            .map(|text| {
-                text.lines()
-                    .filter_map(|l| {
-                        let mut words = l.split_whitespace();
-                        match (words.next(), words.next(), words.next()) {
-                            (Some("table"), Some(f), Some(n)) => Some((f.into(), n.into())),
-                            _ => None,
-                        }
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        match kpng_netfilter::tables::list_tables() {
+            Ok(tables) => tables
+                .into_iter()
+                .map(|t| (t.family.to_string(), t.name))
+                .collect(),
+            Err(e) => {
+                tracing::debug!("cannot list the nftables tables: {e}");
+                Vec::new()
+            }
+        }
     }
 
     /// Whether a `table FAMILY NAME` for one of `families` with `name` exists.

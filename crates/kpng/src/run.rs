@@ -32,6 +32,19 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// Runs `main` on a fresh [`runtime`] and returns its result once it ends.
+///
+/// Why not `block_on(main)`: dropping a runtime waits for every blocking task, and
+/// one nobody awaits any more (the leftover sweep, which can run `iptables-save` over a large
+/// kube-proxy ruleset) would then hold the exit past SIGTERM's grace period. What is still
+/// running a second after `main` ended is abandoned; the next start redoes it.
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(main: F) -> anyhow::Result<()> {
+    let runtime = runtime()?;
+    let result = runtime.block_on(main);
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}
+
 /// `--cleanup`, `kpng cleanup`: every proxy's leftovers on Linux; HNS's load balancers on
 /// Windows.
 fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
@@ -86,10 +99,10 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 ));
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
-                return runtime()?.block_on(crate::brain::serve(flags, to_api, run_source));
+                return block_on(crate::brain::serve(flags, to_api, run_source));
             }
             let (backend, facts) = sink_backend(&flags, &file.sink)?;
-            runtime()?.block_on(async move {
+            block_on(async move {
                 let model = Model::new(model_config(&flags)?);
                 let facts = SinkFacts {
                     source_metrics: Some(source_metrics),
@@ -100,11 +113,11 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Local(local) => {
             let (backend, facts) = local_backend(&flags, &local.backend)?;
-            runtime()?.block_on(serve_remote(flags, &local.brain, backend, facts))
+            block_on(serve_remote(flags, &local.brain, backend, facts))
         }
         Command::Api(api) => {
             let (backend, facts) = node_sink(&flags, &api.sink)?;
-            runtime()?.block_on(serve_remote(flags, &api.brain, backend, facts))
+            block_on(serve_remote(flags, &api.brain, backend, facts))
         }
         Command::Kube(kube) => run_kube(flags, kube.sink),
     }
@@ -239,13 +252,13 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         }
     };
     if let Sink::ToApi(to_api) = &sink {
-        return runtime()?.block_on(async move {
+        return block_on(async move {
             let (source, _) = connect.await?;
             crate::brain::serve(flags, to_api, run_source(source)).await
         });
     }
     let (backend, facts) = sink_backend(&flags, &sink)?;
-    runtime()?.block_on(async move {
+    block_on(async move {
         let model = Model::new(model_config(&flags)?);
         let (source, events) = connect.await?;
         let facts = SinkFacts {

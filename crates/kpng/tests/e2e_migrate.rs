@@ -361,3 +361,92 @@ fn init_only_sets_the_sysctls_and_exits() {
         "--init-only programs no rules"
     );
 }
+
+/// SIGTERM must end kpng within its grace period even while the sweep of other proxies'
+/// leftovers is still running (it can run `iptables-save` over a large kube-proxy ruleset, or
+/// here an `ipset` that hangs): the sweep is best effort and the next start redoes it. Before,
+/// the runtime waited for the sweep's blocking task, and a 30k-Service node took 20 s or more
+/// to exit after SIGTERM.
+#[test]
+fn sigterm_does_not_wait_for_the_leftover_sweep() {
+    require_root!();
+    let ns = Netns::new("kpsweep").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir");
+    let ipset = bin.join("ipset");
+    let started = dir.path().join("ipset.pid");
+    std::fs::write(
+        &ipset,
+        format!(
+            "#!/bin/sh\necho $$ > {}\nexec sleep 120\n",
+            started.display()
+        ),
+    )
+    .expect("write");
+    let chmod = std::process::Command::new("chmod")
+        .args(["+x", &ipset.display().to_string()])
+        .status()
+        .expect("chmod");
+    assert!(chmod.success());
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &input,
+        manifest(&[svc("slow", 120, "ClusterIP", "", &[("pod1a", Cond::Ready)])]),
+    )
+    .expect("write");
+    let path = format!(
+        "PATH={}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kpng = env!("CARGO_BIN_EXE_kpng");
+    let admin = dir.path().join("admin.sock").display().to_string();
+    let input = input.display().to_string();
+    let proc = ns
+        .spawn([
+            "env",
+            &path,
+            kpng,
+            "file",
+            "--input",
+            &input,
+            "--node-name",
+            "node1",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--metrics-bind-address",
+            "",
+            "--admin-socket",
+            &admin,
+            "to-local",
+            "nft",
+        ])
+        .expect("start kpng");
+    // The sweep starts after the first sync and reaches the hanging `ipset`.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let hanging = loop {
+        if let Some(pid) = std::fs::read_to_string(&started)
+            .ok()
+            .filter(|p| !p.trim().is_empty())
+        {
+            break pid.trim().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweep never ran `ipset`:\n{}",
+            proc.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let asked = Instant::now();
+    let status = proc
+        .terminate(Duration::from_secs(10))
+        .expect("SIGTERM")
+        .expect("kpng exits within 10 s of SIGTERM");
+    let took = asked.elapsed();
+    println!("exit {status} {took:?} after SIGTERM, the sweep still running");
+    let _ = std::process::Command::new("kill").arg(&hanging).status();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}

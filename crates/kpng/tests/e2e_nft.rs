@@ -32,6 +32,11 @@ fn fault_chain_flushed() {
 }
 
 #[test]
+fn fault_rule_inserted() {
+    e2e::faults::nft_rule_inserted(e2e::Backend::Nft);
+}
+
+#[test]
 fn one_instance_per_namespace() {
     e2e::faults::one_instance_per_namespace(e2e::Backend::Nft);
 }

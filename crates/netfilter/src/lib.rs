@@ -5,7 +5,9 @@
 //!
 //! It is a library below the backends, not a backend: the nftables backend writes its set
 //! elements through [`socket`] and [`attr`]; the nftables backend and the userspace proxy's
-//! capture both watch their tables with [`monitor`]. Backends never depend on each other.
+//! capture both watch their tables with [`monitor`]; the nftables backend's start-up probe and
+//! the binary's leftover sweep list tables with [`tables`] (a table dump: no set element is
+//! read). Backends never depend on each other.
 //!
 //! Unsafe code is confined to [`socket`] (std has no netlink sockets), each call with its SAFETY
 //! argument.
@@ -13,6 +15,7 @@
 pub mod attr;
 pub mod monitor;
 pub mod socket;
+pub mod tables;
 
 use std::io;
 

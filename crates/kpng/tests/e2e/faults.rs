@@ -336,6 +336,21 @@ pub fn nft_chain_flushed(b: Backend) {
     assert_repaired("chain flushed", &f);
 }
 
+/// `nft insert rule ip kpng services ip daddr 10.96.0.10 drop`: a foreign rule in our table
+/// that drops `web`'s traffic. The repair puts our rules back and the foreign one is gone.
+pub fn nft_rule_inserted(b: Backend) {
+    let web_ip = cip(10, false).to_string();
+    let f = run_fault(
+        b,
+        "insrule",
+        "nft insert rule ip kpng services ip daddr 10.96.0.10 drop",
+        &[&[
+            "nft", "insert", "rule", "ip", "kpng", "services", "ip", "daddr", &web_ip, "drop",
+        ]],
+    );
+    assert_repaired("rule inserted", &f);
+}
+
 /// `iptables -t nat -F` (iptables backends, their variant's tool).
 pub fn iptables_nat_flushed(b: Backend) {
     let tool = b.iptables_tool().expect("an iptables backend");
