@@ -825,14 +825,22 @@ fn restoring_rules_flushes_chains_and_redeclares_the_skeleton_without_elements()
     let text = script::restore_rules(fam, "kpng", &cfg, chains.iter());
     // One transaction: every rule goes, then the skeleton (sets, maps, chains and their rules)
     // and the dynamic chains come back; the table itself and its elements stay.
-    assert!(text.starts_with("flush table ip kpng\ntable ip kpng {"), "{text}");
+    assert!(
+        text.starts_with("flush table ip kpng\ntable ip kpng {"),
+        "{text}"
+    );
     assert!(text.contains(&ruleset::skeleton(fam, "kpng", &cfg)));
     for chain in ["cluster-n3", "affinity-t600"] {
         assert!(
-            text.contains(&format!("add chain ip kpng {chain}\nflush chain ip kpng {chain}\n")),
+            text.contains(&format!(
+                "add chain ip kpng {chain}\nflush chain ip kpng {chain}\n"
+            )),
             "{chain}: {text}"
         );
-        assert!(text.contains(&format!("add rule ip kpng {chain} ")), "{chain}");
+        assert!(
+            text.contains(&format!("add rule ip kpng {chain} ")),
+            "{chain}"
+        );
     }
     assert!(!text.contains("delete table"), "the table is kept");
     assert!(!text.contains("add element"), "elements come over netlink");

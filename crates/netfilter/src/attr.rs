@@ -154,6 +154,57 @@ pub fn set_seq(buf: &mut [u8], start: usize, seq: u32) {
     buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
 }
 
+/// The length of `struct nfgenmsg`, which follows every nfnetlink message's header.
+pub const NFGENMSG_LEN: usize = 4;
+
+/// The native-endian `u16` at `at`, if the bytes are there.
+pub fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+/// The native-endian `u32` at `at`, if the bytes are there.
+pub fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// The text of a string attribute, up to its NUL.
+pub fn string_attr(payload: &[u8]) -> String {
+    let end = payload
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(payload.len());
+    String::from_utf8_lossy(&payload[..end]).into_owned()
+}
+
+/// The netlink messages of one received datagram, in order; a truncated one ends the walk.
+pub fn messages(datagram: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let len = u32_at(datagram, at)? as usize;
+        if len < NLMSG_HDRLEN || at + len > datagram.len() {
+            return None;
+        }
+        let msg = &datagram[at..at + len];
+        at += len.next_multiple_of(4);
+        Some(msg)
+    })
+}
+
+/// The top-level attributes of an nfnetlink message (after its header and `nfgenmsg`), as
+/// (type without the nested and byte-order flags, payload); a truncated one ends the walk.
+pub fn nf_attrs(msg: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    let mut a = NLMSG_HDRLEN + NFGENMSG_LEN;
+    std::iter::from_fn(move || {
+        let (len, ty) = (u16_at(msg, a)? as usize, u16_at(msg, a + 2)?);
+        if len < 4 || a + len > msg.len() {
+            return None;
+        }
+        let payload = &msg[a + 4..a + len];
+        a += len.next_multiple_of(4);
+        Some((ty & 0x3fff, payload))
+    })
+}
+
 /// What an `NLMSG_ERROR` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack {

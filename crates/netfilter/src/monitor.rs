@@ -29,7 +29,9 @@ use kpng_backend::TamperAlarm;
 use kpng_model::Family;
 use tracing::debug;
 
-use crate::attr::{NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
+use crate::attr::{
+    self, NFGENMSG_LEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN, string_attr, u16_at, u32_at,
+};
 use crate::socket::Socket;
 use crate::{MonitorError, io_err};
 
@@ -40,8 +42,6 @@ const NFNLGRP_NFTABLES: libc::c_int = 7;
 const RCVBUF: libc::c_int = 4 << 20;
 /// How often the thread looks at its stop flag.
 const POLL_MS: i32 = 200;
-/// `nfgenmsg` after the netlink header.
-const NFGENMSG_LEN: usize = 4;
 /// The attribute that names the table in table, chain, rule, set, element, object and
 /// flowtable messages alike (`NFTA_TABLE_NAME`, `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, …).
 const ATTR_TABLE: u16 = 1;
@@ -113,34 +113,11 @@ pub struct Notification {
     pub portid: u32,
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn string_attr(payload: &[u8]) -> String {
-    let end = payload
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(payload.len());
-    String::from_utf8_lossy(&payload[..end]).into_owned()
-}
-
 /// Decodes every nf_tables notification of one datagram (others are skipped; a truncated
 /// message ends the walk).
 pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
     let mut out = Vec::new();
-    let mut at = 0;
-    while let Some(len) = u32_at(datagram, at) {
-        let len = len as usize;
-        if len < NLMSG_HDRLEN || at + len > datagram.len() {
-            break;
-        }
-        let msg = &datagram[at..at + len];
-        at += len.next_multiple_of(4);
+    for msg in attr::messages(datagram) {
         let (Some(kind), Some(portid)) = (u16_at(msg, 4), u32_at(msg, 12)) else {
             continue;
         };
@@ -159,21 +136,14 @@ pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
         if is_rule(n.msg) {
             n.rule = msg[NLMSG_HDRLEN + NFGENMSG_LEN..].to_vec();
         }
-        let mut a = NLMSG_HDRLEN + NFGENMSG_LEN;
-        while let (Some(alen), Some(atype)) = (u16_at(msg, a), u16_at(msg, a + 2)) {
-            let alen = alen as usize;
-            if alen < 4 || a + alen > msg.len() {
-                break;
-            }
-            let payload = &msg[a + 4..a + alen];
-            match atype & 0x3fff {
+        for (ty, payload) in attr::nf_attrs(msg) {
+            match ty {
                 ATTR_TABLE => n.table = Some(string_attr(payload)),
                 ATTR_SET if matches!(n.msg, 9 | 11 | 12 | 14) => n.set = Some(string_attr(payload)),
                 ATTR_RULE_CHAIN if is_rule(n.msg) => n.chain = Some(string_attr(payload)),
                 ATTR_CHAIN_NAME if is_chain(n.msg) => n.chain = Some(string_attr(payload)),
                 _ => {}
             }
-            a += alen.next_multiple_of(4);
         }
         out.push(n);
     }

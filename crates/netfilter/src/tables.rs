@@ -8,7 +8,9 @@
 
 use std::io;
 
-use crate::attr::{self, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, NLMSG_ERROR, NLMSG_HDRLEN};
+use crate::attr::{
+    self, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, NLMSG_ERROR, NLMSG_HDRLEN, string_attr, u16_at,
+};
 use crate::socket::Socket;
 
 /// `NFT_MSG_GETTABLE`.
@@ -25,8 +27,6 @@ const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_USERDATA: u16 = 6;
 /// `NFTNL_UDATA_TABLE_COMMENT`: the comment's TLV type in a table's user data.
 const UDATA_TABLE_COMMENT: u8 = 0;
-/// The length of `struct nfgenmsg`.
-const NFGENMSG_LEN: usize = 4;
 
 /// One table as the kernel lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,30 +97,9 @@ enum DumpState {
     Failed(i32),
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-/// Text up to the first NUL.
-fn c_string(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 /// Adds the tables of one dump datagram to `out`.
 fn parse_dump(datagram: &[u8], out: &mut Vec<TableInfo>) -> DumpState {
-    let mut at = 0;
-    while let Some(len) = u32_at(datagram, at) {
-        let len = len as usize;
-        if len < NLMSG_HDRLEN || at + len > datagram.len() {
-            break;
-        }
-        let msg = &datagram[at..at + len];
-        at += len.next_multiple_of(4);
+    for msg in attr::messages(datagram) {
         let Some(kind) = u16_at(msg, 4) else { break };
         match kind {
             NLMSG_DONE => return DumpState::Done,
@@ -150,19 +129,12 @@ fn parse_dump(datagram: &[u8], out: &mut Vec<TableInfo>) -> DumpState {
 fn parse_table(msg: &[u8]) -> Option<TableInfo> {
     let family = family_word(*msg.get(NLMSG_HDRLEN)?);
     let (mut name, mut comment) = (None, None);
-    let mut a = NLMSG_HDRLEN + NFGENMSG_LEN;
-    while let (Some(alen), Some(atype)) = (u16_at(msg, a), u16_at(msg, a + 2)) {
-        let alen = alen as usize;
-        if alen < 4 || a + alen > msg.len() {
-            break;
-        }
-        let payload = &msg[a + 4..a + alen];
-        match atype & 0x3fff {
-            NFTA_TABLE_NAME => name = Some(c_string(payload)),
+    for (ty, payload) in attr::nf_attrs(msg) {
+        match ty {
+            NFTA_TABLE_NAME => name = Some(string_attr(payload)),
             NFTA_TABLE_USERDATA => comment = udata_comment(payload),
             _ => {}
         }
-        a += alen.next_multiple_of(4);
     }
     Some(TableInfo {
         family,
@@ -177,7 +149,7 @@ fn udata_comment(mut udata: &[u8]) -> Option<String> {
         let len = usize::from(*len);
         let value = rest.get(..len)?;
         if *ty == UDATA_TABLE_COMMENT {
-            return Some(c_string(value));
+            return Some(string_attr(value));
         }
         udata = &rest[len..];
     }
