@@ -103,8 +103,8 @@ struct FamilyState {
     /// ([`script::restore_rules`]) before its sets are refilled (adopting alone refills sets
     /// only, and the rules may be what was changed).
     distrust: bool,
-    /// Putting the rules back failed (the table no longer fits the skeleton's declarations):
-    /// the next full sync replaces the table whole.
+    /// Putting the rules back in place failed (the table no longer fits the skeleton's
+    /// declarations): the next full sync replaces the table whole.
     replace_whole: bool,
 }
 
@@ -115,7 +115,8 @@ enum Adopt {
     No,
     /// Its sets flushed and refilled in one transaction; its rules trusted.
     Sets,
-    /// Someone else changed it: its rules put back first ([`script::restore_rules`]).
+    /// Its rules put back first ([`script::restore_rules`]): someone else changed them, or
+    /// the table has another skeleton of our layout (another configuration).
     RulesAndSets,
 }
 
@@ -126,7 +127,7 @@ enum KernelTable {
     Unknown,
     /// No such table.
     Absent,
-    /// A table whose comment (the skeleton id) is this.
+    /// A table whose skeleton marker is this (empty: none, or not to be trusted).
     Skeleton(String),
 }
 
@@ -516,7 +517,7 @@ impl NftBackend {
     ) -> Result<usize, BackendError> {
         let fam = self.states[index].fam;
         let skeleton = ruleset::skeleton(fam, &self.config.table, &cfg);
-        let comment = ruleset::skeleton_comment(&skeleton)
+        let marker = ruleset::skeleton_marker(&skeleton)
             .unwrap_or_default()
             .to_string();
         self.states[index].committed = None;
@@ -526,7 +527,7 @@ impl NftBackend {
         {
             self.states[index].kernel = match writer.probe_table(fam.0, &self.config.table) {
                 ProbedTable::Absent => KernelTable::Absent,
-                ProbedTable::Present(comment) => KernelTable::Skeleton(comment),
+                ProbedTable::Present(marker) => KernelTable::Skeleton(marker),
             };
         }
         let kernel = match &self.states[index].kernel {
@@ -536,12 +537,25 @@ impl NftBackend {
             }
             known => known.clone(),
         };
-        let adopt = matches!(&kernel, KernelTable::Skeleton(c) if *c == comment);
-        let adopting = match (adopt, self.states[index].distrust) {
-            (false, _) => Adopt::No,
-            (true, false) => Adopt::Sets,
-            (true, true) => Adopt::RulesAndSets,
+        // Our skeleton: refill the sets (and put the rules back first when someone else
+        // changed them). Another skeleton of our layout (another configuration, a build whose
+        // rules differ): rules in place, then the sets. Anything else: replaced whole.
+        let adopting = match &kernel {
+            KernelTable::Skeleton(m) if *m == marker && !self.states[index].distrust => Adopt::Sets,
+            KernelTable::Skeleton(m) if *m == marker || ruleset::same_layout(m) => {
+                Adopt::RulesAndSets
+            }
+            _ => Adopt::No,
         };
+        let adopt = adopting != Adopt::No;
+        if adopting == Adopt::RulesAndSets && !self.states[index].distrust {
+            tracing::info!(
+                "table {} {}: another configuration's rules; putting ours in place and \
+                 refilling its sets",
+                fam.table_family(),
+                self.config.table
+            );
+        }
         let streamed = if adopt || kernel == KernelTable::Absent {
             self.streamed_full(index, request.snapshot, &cfg, adopting)
         } else {
@@ -556,7 +570,7 @@ impl NftBackend {
                 let state = &mut self.states[index];
                 state.store = store;
                 state.committed = Some(cfg);
-                state.kernel = KernelTable::Skeleton(comment);
+                state.kernel = KernelTable::Skeleton(marker);
                 state.distrust = false;
                 state.replace_whole = false;
                 Ok(ops)
@@ -564,7 +578,8 @@ impl NftBackend {
             Err(message) => {
                 if adopting == Adopt::RulesAndSets {
                     warn!(
-                        "could not put the rules of {} back ({message}); replacing it whole",
+                        "could not put the rules of table {} back in place ({message}); \
+                         replacing it whole",
                         self.config.table
                     );
                     self.states[index].replace_whole = true;

@@ -54,7 +54,8 @@ pub use kpng_netfilter::monitor;
 pub enum ProbedTable {
     /// No such table.
     Absent,
-    /// A table with this comment (the skeleton id; empty when unreadable).
+    /// A table whose skeleton marker ([`crate::ruleset::MARKER_CHAIN`]'s comment) is this;
+    /// empty when it has none or it could not be read.
     Present(String),
 }
 
@@ -95,25 +96,31 @@ pub trait ElementWriter: Send {
         })
     }
 
-    /// Reads our table's comment (start-up only), to know whether the table can be adopted by
-    /// replacing elements only. By default with a netlink table dump: names and comments only,
-    /// under a millisecond whatever the table holds.
+    /// Reads our table's skeleton marker (start-up only), to know whether the table can be
+    /// adopted by replacing elements only. By default over netlink: one table dump and one
+    /// chain, under a millisecond whatever the table holds.
     fn probe_table(&mut self, family: Family, table: &str) -> ProbedTable {
         probe_with_netlink(family, table)
     }
 }
 
-/// [`ElementWriter::probe_table`] through a netlink table dump (`kpng_netfilter::tables`).
+/// [`ElementWriter::probe_table`] through a netlink table dump and a chain request
+/// (`kpng_netfilter::tables`).
 ///
 /// Not `nft -t list table`: nft 1.0.6 reads every set element before it prints even an
 /// element-less listing, 2.5 s and ≈ 440 MB at 30k Services × 4, on every restart.
 pub fn probe_with_netlink(family: Family, table: &str) -> ProbedTable {
     let f = crate::ruleset::Fam(family).table_family();
-    match kpng_netfilter::tables::find_table(f, table) {
-        Ok(Some(t)) => ProbedTable::Present(t.comment.unwrap_or_default()),
+    let marker = kpng_netfilter::tables::find_table(f, table).and_then(|found| match found {
+        None => Ok(None),
+        Some(_) => kpng_netfilter::tables::chain_comment(f, table, crate::ruleset::MARKER_CHAIN)
+            .map(|c| Some(c.unwrap_or_default())),
+    });
+    match marker {
+        Ok(Some(marker)) => ProbedTable::Present(marker),
         Ok(None) => ProbedTable::Absent,
         Err(e) => {
-            tracing::warn!("cannot list the nftables tables: {e}; replacing the table");
+            tracing::warn!("cannot read the nftables table {f} {table}: {e}; replacing it");
             ProbedTable::Present(String::new())
         }
     }

@@ -298,15 +298,22 @@ pub struct AffinityRules {
 
 /// Renders the whole constant part of one family's table, as one `table … { … }` block.
 ///
-/// The table comment carries an id (a hash of everything else in the block), so that a later
-/// run can tell, from a table dump that carries no element, whether the table in the kernel has
-/// exactly this skeleton and can be adopted by replacing elements only.
+/// An empty chain, [`MARKER_CHAIN`], carries the skeleton's id (a hash of everything else in
+/// the block) in its comment, so that a later run can tell, reading one chain and no element,
+/// whether the table in the kernel has exactly this skeleton (adopt it by replacing elements
+/// only) or another of the same [`LAYOUT`] (put the rules back in place, then the elements).
+/// Not the table's comment: the kernel keeps a table's first comment for good, while a chain
+/// can be deleted and added again in the transaction that changes the rules.
 pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
     let (f, l3) = (fam.table_family(), fam.l3());
     let mark = format!("{:#x}", cfg.mark);
     let mut s = String::new();
     let _ = writeln!(s, "table {f} {table} {{");
-    let _ = writeln!(s, "\tcomment \"{COMMENT_MARK}\"");
+    let _ = writeln!(s, "\tcomment \"{TABLE_COMMENT}\"");
+    let _ = writeln!(
+        s,
+        "\tchain {MARKER_CHAIN} {{\n\t\tcomment \"{MARKER_MARK}\"\n\t}}"
+    );
     for set in Set::of_family(fam.0) {
         let _ = writeln!(s, "\t{}", set.decl().render(fam));
     }
@@ -516,19 +523,38 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
         s.hash(&mut h);
         h.finish()
     };
-    s.replace(COMMENT_MARK, &table_comment(id))
+    s.replace(MARKER_MARK, &marker(id))
 }
 
-const COMMENT_MARK: &str = "@@KPNG-COMMENT@@";
+/// What the table's comment says (constant: see [`skeleton`]).
+const TABLE_COMMENT: &str = "Kubernetes Services, managed by kpng: do not edit";
 
-fn table_comment(id: u64) -> String {
-    format!("Kubernetes Services, managed by kpng: do not edit (skeleton {id:016x})")
+/// The empty chain whose comment names the skeleton.
+pub const MARKER_CHAIN: &str = "skeleton";
+
+/// The generation of the table's layout: the names and types of its sets, maps and chains.
+/// Bump it when a change renames or removes any of them (or changes a set's type): a table of
+/// another layout is replaced whole, one of the same layout gets its rules put back in place.
+pub const LAYOUT: u32 = 1;
+
+const MARKER_MARK: &str = "@@KPNG-SKELETON@@";
+
+fn marker(id: u64) -> String {
+    format!("kpng layout {LAYOUT} skeleton {id:016x}")
 }
 
-/// The table comment of a skeleton rendered by [`skeleton`] (what `nft list` shows).
-pub fn skeleton_comment(skeleton: &str) -> Option<&str> {
-    skeleton
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("comment \""))
-        .and_then(|c| c.strip_suffix('"'))
+/// The marker of a skeleton rendered by [`skeleton`]: its [`MARKER_CHAIN`]'s comment.
+pub fn skeleton_marker(skeleton: &str) -> Option<&str> {
+    skeleton.lines().find_map(|l| {
+        let comment = l.trim().strip_prefix("comment \"")?.strip_suffix('"')?;
+        comment.starts_with("kpng layout ").then_some(comment)
+    })
+}
+
+/// Whether a marker read from the kernel is of this build's [`LAYOUT`].
+pub fn same_layout(marker: &str) -> bool {
+    marker
+        .strip_prefix("kpng layout ")
+        .and_then(|rest| rest.split(' ').next())
+        .is_some_and(|layout| layout == LAYOUT.to_string())
 }

@@ -153,22 +153,27 @@ pub fn ensure_chains<'c>(
     out
 }
 
-/// Puts back every rule of a table someone else changed, in one transaction that leaves the
-/// set elements alone: every chain is flushed, then the skeleton is declared again (re-adding
-/// its rules, and any set, map or chain that was deleted) and the dynamic chains `chains` get
-/// their rules back. The elements are refilled by the netlink transaction that follows.
+/// Puts back every rule of a table of our layout whose rules are not (or no longer) ours (someone
+/// else changed them, or an earlier run had another configuration), in one transaction that
+/// leaves the set elements alone: every chain is flushed, the skeleton marker chain is replaced
+/// (its comment names the skeleton), then the skeleton is declared again (re-adding its rules,
+/// and any set, map or chain that was deleted) and the dynamic chains `chains` get their rules
+/// back. The elements are refilled by the netlink transaction that follows.
 ///
 /// Why not replace the table whole: as text that is every element through `nft -f`, seconds
-/// and hundreds of MB at 30k Services, while the damaged rules keep running. A declaration
-/// that no longer fits what is there (a set recreated with another type) fails the whole
-/// transaction, and the caller replaces the table whole after all.
+/// and hundreds of MB at 30k Services, while the old rules keep running. A declaration that no
+/// longer fits what is there (a set recreated with another type) fails the whole transaction,
+/// and the caller replaces the table whole after all.
 pub fn restore_rules<'c>(
     fam: Fam,
     table: &str,
     cfg: &StaticConfig,
     chains: impl Iterator<Item = &'c DynamicChain>,
 ) -> String {
-    let mut out = format!("flush table {} {table}\n", fam.table_family());
+    let (f, marker) = (fam.table_family(), crate::ruleset::MARKER_CHAIN);
+    let mut out = format!(
+        "flush table {f} {table}\nadd chain {f} {table} {marker}\ndelete chain {f} {table} {marker}\n"
+    );
     out.push_str(&skeleton(fam, table, cfg));
     out.push_str(&ensure_chains(fam, table, cfg.affinity_mask, chains));
     out

@@ -477,20 +477,24 @@ fn netlink_full_sync_without_a_table_sends_the_skeleton_as_text_and_the_same_ele
     assert!(s.iter().any(|t| t.contains("add chain ip kpng cluster-n")));
 }
 
-#[test]
-fn netlink_full_sync_adopts_a_table_with_the_same_skeleton_by_flushing_and_refilling() {
-    let model = model_from(ONE_SERVICE);
-    let (mut b, r, w) = netlink_backend();
-    let comments: Vec<(Family, ProbedTable)> = Family::ALL
+/// What the probe finds in a kernel that holds `b`'s own skeleton for `model`, per family.
+fn markers(b: &NftBackend, model: &Model) -> Vec<(Family, ProbedTable)> {
+    Family::ALL
         .iter()
         .map(|f| {
             let fam = Fam(*f);
             let skeleton = ruleset::skeleton(fam, "kpng", &b.static_config(fam, model.snapshot()));
-            let comment = ruleset::skeleton_comment(&skeleton).expect("comment");
-            (*f, ProbedTable::Present(comment.to_string()))
+            let marker = ruleset::skeleton_marker(&skeleton).expect("marker");
+            (*f, ProbedTable::Present(marker.to_string()))
         })
-        .collect();
-    *w.tables.lock().expect("lock") = comments;
+        .collect()
+}
+
+#[test]
+fn netlink_full_sync_adopts_a_table_with_the_same_skeleton_by_flushing_and_refilling() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, r, w) = netlink_backend();
+    *w.tables.lock().expect("lock") = markers(&b, &model);
     let ops = full_sync(&mut b, &model);
     let batches = w.recorded();
     assert_eq!(batches.len(), 2);
@@ -823,10 +827,14 @@ fn restoring_rules_flushes_chains_and_redeclares_the_skeleton_without_elements()
         ruleset::DynamicChain::AffinityTimeout(600),
     ];
     let text = script::restore_rules(fam, "kpng", &cfg, chains.iter());
-    // One transaction: every rule goes, then the skeleton (sets, maps, chains and their rules)
-    // and the dynamic chains come back; the table itself and its elements stay.
+    // One transaction: every rule goes, the marker chain is made again (its comment names the
+    // skeleton), then the skeleton (sets, maps, chains and their rules) and the dynamic chains
+    // come back; the table itself and its elements stay.
     assert!(
-        text.starts_with("flush table ip kpng\ntable ip kpng {"),
+        text.starts_with(
+            "flush table ip kpng\nadd chain ip kpng skeleton\ndelete chain ip kpng skeleton\n\
+             table ip kpng {"
+        ),
         "{text}"
     );
     assert!(text.contains(&ruleset::skeleton(fam, "kpng", &cfg)));
@@ -844,4 +852,69 @@ fn restoring_rules_flushes_chains_and_redeclares_the_skeleton_without_elements()
     }
     assert!(!text.contains("delete table"), "the table is kept");
     assert!(!text.contains("add element"), "elements come over netlink");
+}
+
+#[test]
+fn a_table_of_another_configuration_gets_its_rules_in_place_and_another_layout_is_replaced() {
+    let model = model_from(ONE_SERVICE);
+    // The kernel's table: our layout, another skeleton (another configuration).
+    let (mut b, r, w) = netlink_backend();
+    let other = Family::ALL
+        .iter()
+        .map(|f| {
+            let marker = format!("kpng layout {} skeleton 0123456789abcdef", ruleset::LAYOUT);
+            (*f, ProbedTable::Present(marker))
+        })
+        .collect();
+    *w.tables.lock().expect("lock") = other;
+    let ops = full_sync(&mut b, &model);
+    let s = scripts(&r);
+    for (i, f) in ["ip", "ip6"].iter().enumerate() {
+        assert!(
+            s[i].starts_with(&format!(
+                "flush table {f} kpng\nadd chain {f} kpng skeleton\ndelete chain {f} kpng skeleton\n"
+            )),
+            "rules put back in place: {}",
+            s[i]
+        );
+        assert!(!s[i].contains("add element") && !s[i].contains("delete table"));
+    }
+    let batches = w.recorded();
+    assert_eq!(batches.len(), 2, "then one element transaction per family");
+    assert!(batches.iter().all(|b| !b.flushed().is_empty()));
+    assert_eq!(batches.iter().map(|b| b.adds).sum::<usize>(), ops);
+
+    // Another layout, no marker at all (an older kpng), or one of ours: as before.
+    for (marker, whole) in [
+        (
+            format!("kpng layout {} skeleton 00", ruleset::LAYOUT + 1),
+            true,
+        ),
+        (String::new(), true),
+    ] {
+        let (mut b, r, w) = netlink_backend();
+        *w.tables.lock().expect("lock") = Family::ALL
+            .iter()
+            .map(|f| (*f, ProbedTable::Present(marker.clone())))
+            .collect();
+        full_sync(&mut b, &model);
+        let s = scripts(&r);
+        assert_eq!(
+            s[0].starts_with("add table ip kpng\ndelete table ip kpng\n"),
+            whole,
+            "{marker:?}: {}",
+            s[0]
+        );
+        assert!(
+            w.recorded().is_empty(),
+            "{marker:?}: the elements went as text"
+        );
+    }
+    let (mut b, r, w) = netlink_backend();
+    *w.tables.lock().expect("lock") = markers(&b, &model);
+    full_sync(&mut b, &model);
+    assert!(
+        scripts(&r).iter().all(|t| !t.contains("flush table")),
+        "our own skeleton is adopted as it is"
+    );
 }

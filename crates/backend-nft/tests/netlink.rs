@@ -203,13 +203,11 @@ fn elements_script(family: Family, table: &str, elements: &[Element]) -> String 
 /// A listing with the elements of every set sorted one per line (hash sets list in hash
 /// order, which differs between two tables), `expires …` dropped, and the table renamed.
 fn normalized(listing: &str, table: &str) -> String {
-    // The table comment carries a hash of the skeleton, which includes the table's name.
+    // The marker chain's comment carries a hash of the skeleton, which includes the table's
+    // name.
     let listing: String = listing
         .lines()
-        .filter(|l| {
-            !l.trim_start()
-                .starts_with("comment \"Kubernetes Services, managed by kpng")
-        })
+        .filter(|l| !l.trim_start().starts_with("comment \"kpng layout "))
         .map(|l| format!("{l}\n"))
         .collect();
     let mut text = listing.replace(&format!(" {table} {{"), " TABLE {");
@@ -1421,7 +1419,7 @@ fn inner_the_start_up_probe_reads_the_skeleton_id_without_nft() {
     if !inside_netns() {
         return;
     }
-    use kpng_backend_nft::ruleset::skeleton_comment;
+    use kpng_backend_nft::ruleset::skeleton_marker;
     for family in Family::ALL {
         let f = fam_word(family);
         assert_eq!(
@@ -1435,11 +1433,11 @@ fn inner_the_start_up_probe_reads_the_skeleton_id_without_nft() {
         writer
             .apply(family, "kpng", &[], &[], &elements)
             .expect("netlink add");
-        // The id nft prints is the one the probe reads; a table of another name, or of the
-        // other family, is not ours.
+        // The marker nft prints is the one the probe reads; a table of another name, or of
+        // the other family, is not ours.
         let listed = nft_list(&["table", f, "kpng"]);
-        let expected = skeleton_comment(&listed).expect("the skeleton has a comment");
-        assert!(expected.contains("skeleton "), "{expected}");
+        let expected = skeleton_marker(&listed).expect("the skeleton has a marker");
+        assert!(expected.contains(" skeleton "), "{expected}");
         assert_eq!(
             netlink::probe_with_netlink(family, "kpng"),
             netlink::ProbedTable::Present(expected.to_string()),
@@ -1453,7 +1451,7 @@ fn inner_the_start_up_probe_reads_the_skeleton_id_without_nft() {
         assert_eq!(
             netlink::probe_with_netlink(family, "plain"),
             netlink::ProbedTable::Present(String::new()),
-            "{f}: a table without a comment has no skeleton id"
+            "{f}: a table without the marker chain has no skeleton id"
         );
         let started = Instant::now();
         let tables = kpng_netfilter_tables();

@@ -17,6 +17,16 @@ use crate::socket::Socket;
 const NFT_MSG_GETTABLE: u16 = 1;
 /// `NFT_MSG_NEWTABLE`: what each table of the dump arrives as.
 const NFT_MSG_NEWTABLE: u16 = 0;
+/// `NFT_MSG_NEWCHAIN`: a chain, as the kernel answers a request for it.
+const NFT_MSG_NEWCHAIN: u16 = 3;
+/// `NFT_MSG_GETCHAIN`.
+const NFT_MSG_GETCHAIN: u16 = 4;
+/// `NFTA_CHAIN_TABLE`.
+const NFTA_CHAIN_TABLE: u16 = 1;
+/// `NFTA_CHAIN_NAME`.
+const NFTA_CHAIN_NAME: u16 = 3;
+/// `NFTA_CHAIN_USERDATA`: nft's TLVs, among them the chain's comment (type 0, as a table's).
+const NFTA_CHAIN_USERDATA: u16 = 12;
 /// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`).
 const NLM_F_DUMP: u16 = 0x300;
 /// `NLMSG_DONE`: the end of a dump.
@@ -86,6 +96,71 @@ pub fn find_table(family: &str, name: &str) -> io::Result<Option<TableInfo>> {
         .find(|t| t.family == family && t.name == name))
 }
 
+/// The comment of chain `chain` in table `table` of `family` (`ip`, `ip6`): `Ok(None)` when
+/// there is no such chain (or table), `Some("")` for a chain without a comment. One
+/// `NFT_MSG_GETCHAIN` request: no rule or element is read.
+pub fn chain_comment(family: &str, table: &str, chain: &str) -> io::Result<Option<String>> {
+    let nfproto = match family {
+        "ip" => libc::NFPROTO_IPV4,
+        "ip6" => libc::NFPROTO_IPV6,
+        "inet" => libc::NFPROTO_INET,
+        other => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no chain lookup for family {other}"),
+            ));
+        }
+    };
+    let socket = Socket::open()?;
+    let mut request = Vec::with_capacity(64);
+    let start = attr::msg_start(
+        &mut request,
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+        NLM_F_REQUEST,
+        1,
+        nfproto as u8,
+        0,
+    );
+    attr::put_str(&mut request, NFTA_CHAIN_TABLE, table);
+    attr::put_str(&mut request, NFTA_CHAIN_NAME, chain);
+    attr::msg_end(&mut request, start);
+    socket.send(&[request])?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = socket.recv(&mut buf, false)?;
+        if let Some(answer) = parse_chain_answer(&buf[..n]) {
+            return answer;
+        }
+    }
+}
+
+/// The answer to a chain request, once a datagram holds it.
+fn parse_chain_answer(datagram: &[u8]) -> Option<io::Result<Option<String>>> {
+    for msg in attr::messages(datagram) {
+        match u16_at(msg, 4)? {
+            NLMSG_ERROR => {
+                let error = msg
+                    .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(-libc::EPROTO, i32::from_ne_bytes);
+                return Some(match -error {
+                    0 => Ok(None),
+                    libc::ENOENT => Ok(None),
+                    errno => Err(io::Error::from_raw_os_error(errno)),
+                });
+            }
+            k if k == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN => {
+                let comment = attr::nf_attrs(msg)
+                    .find(|(ty, _)| *ty == NFTA_CHAIN_USERDATA)
+                    .and_then(|(_, udata)| udata_comment(udata));
+                return Some(Ok(Some(comment.unwrap_or_default())));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Where a dump stands after one datagram.
 #[derive(Debug, PartialEq, Eq)]
 enum DumpState {
@@ -143,7 +218,8 @@ fn parse_table(msg: &[u8]) -> Option<TableInfo> {
     })
 }
 
-/// The comment TLV of nft's user data (type, length, value; the value NUL-terminated).
+/// The comment TLV of nft's user data (type, length, value; the value NUL-terminated), for
+/// tables and chains alike.
 fn udata_comment(mut udata: &[u8]) -> Option<String> {
     while let [ty, len, rest @ ..] = udata {
         let len = usize::from(*len);
@@ -219,6 +295,42 @@ mod tests {
                 ("ip6", "kpng", None),
                 ("inet", "filter", None),
             ]
+        );
+    }
+
+    #[test]
+    fn a_chain_answer_is_its_comment_and_a_missing_chain_is_none() {
+        let chain = |udata: Option<Vec<u8>>| {
+            let mut attrs = vec![
+                (NFTA_CHAIN_TABLE, b"kpng\0".to_vec()),
+                (NFTA_CHAIN_NAME, b"skeleton\0".to_vec()),
+            ];
+            if let Some(u) = udata {
+                attrs.push((NFTA_CHAIN_USERDATA, u));
+            }
+            message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN, 2, &attrs)
+        };
+        let answer = |d: &[u8]| parse_chain_answer(d).map(|r| r.map_err(|e| e.raw_os_error()));
+        assert_eq!(
+            answer(&chain(Some(comment_tlv("kpng layout 1")))),
+            Some(Ok(Some("kpng layout 1".into())))
+        );
+        assert_eq!(answer(&chain(None)), Some(Ok(Some(String::new()))));
+        let error = |errno: i32| {
+            let mut m = Vec::new();
+            let start = attr::msg_start(&mut m, NLMSG_ERROR, 0, 1, 0, 0);
+            m.truncate(start + NLMSG_HDRLEN);
+            m.extend_from_slice(&(-errno).to_ne_bytes());
+            m.extend_from_slice(&[0; NLMSG_HDRLEN]);
+            attr::msg_end(&mut m, start);
+            m
+        };
+        assert_eq!(answer(&error(libc::ENOENT)), Some(Ok(None)));
+        assert_eq!(answer(&error(libc::EPERM)), Some(Err(Some(libc::EPERM))));
+        assert_eq!(
+            answer(&message(NLMSG_DONE, 0, &[])),
+            None,
+            "not an answer yet"
         );
     }
 

@@ -433,6 +433,11 @@ impl<'a> Kpng<'a> {
         }
     }
 
+    /// Replaces the flags given after the standard ones (from the next start on).
+    pub fn set_extra(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
+    }
+
     /// Restart kpng as a rolling update does (SIGTERM, then a new process on the current
     /// file).
     #[track_caller]
