@@ -548,13 +548,26 @@ impl NftBackend {
             _ => Adopt::No,
         };
         let adopt = adopting != Adopt::No;
-        if adopting == Adopt::RulesAndSets && !self.states[index].distrust {
-            tracing::info!(
-                "table {} {}: another configuration's rules; putting ours in place and \
-                 refilling its sets",
+        match (&kernel, adopting) {
+            (KernelTable::Skeleton(_), Adopt::RulesAndSets) if !self.states[index].distrust => {
+                tracing::info!(
+                    "table {} {}: another configuration's rules; putting ours in place and \
+                     refilling its sets",
+                    fam.table_family(),
+                    self.config.table
+                );
+            }
+            (KernelTable::Skeleton(m), Adopt::No) => tracing::info!(
+                "table {} {}: {}; replacing it whole, elements included",
                 fam.table_family(),
-                self.config.table
-            );
+                self.config.table,
+                if m.is_empty() {
+                    "no skeleton marker (an earlier kpng's, or a failed repair)".to_string()
+                } else {
+                    format!("another layout ({m})")
+                }
+            ),
+            _ => {}
         }
         let streamed = if adopt || kernel == KernelTable::Absent {
             self.streamed_full(index, request.snapshot, &cfg, adopting)
