@@ -556,5 +556,5 @@ pub fn same_layout(marker: &str) -> bool {
     marker
         .strip_prefix("kpng layout ")
         .and_then(|rest| rest.split(' ').next())
-        .is_some_and(|layout| layout == LAYOUT.to_string())
+        .is_some_and(|layout| layout.parse() == Ok(LAYOUT))
 }

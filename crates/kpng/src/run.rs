@@ -34,8 +34,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Runs `main` on a fresh [`runtime`] and returns its result once it ends.
 ///
-/// Why not `block_on(main)`: dropping a runtime waits for every blocking task, and
-/// one nobody awaits any more (the leftover sweep, which can run `iptables-save` over a large
+/// Why not `runtime()?.block_on(main)`: dropping a runtime waits for every blocking task,
+/// and one nobody awaits any more (the leftover sweep, which can run `iptables-save` over a large
 /// kube-proxy ruleset) would then hold the exit past SIGTERM's grace period. What is still
 /// running a second after `main` ended is abandoned; the next start redoes it.
 fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(main: F) -> anyhow::Result<()> {
