@@ -22,6 +22,7 @@
 pub mod affinity;
 pub mod elements;
 pub mod exec;
+mod fill;
 pub mod netlink;
 pub mod ruleset;
 mod script;
@@ -41,6 +42,7 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, warn};
 
 use crate::exec::NftExec;
+use crate::fill::FillBatches;
 use crate::netlink::{ElementWriter, ProbedTable};
 use crate::ruleset::{DetectLocal, Fam, StaticConfig};
 use crate::sets::Set;
@@ -634,16 +636,17 @@ impl NftBackend {
         adopt: Adopt,
     ) -> Option<(Result<(), String>, ElementStore, usize)> {
         let fam = self.states[index].fam;
+        let table = self.config.table.clone();
         let mut store = ElementStore::new();
-        let mut batch = match netlink::ElementBatch::new(fam.0, &self.config.table) {
-            Ok(batch) => batch,
+        let mut fill = match FillBatches::new(fam.0, &table, adopt == Adopt::No) {
+            Ok(fill) => fill,
             Err(e) => return Some((Err(e.to_string()), ElementStore::new(), 0)),
         };
         let mut chains = BTreeSet::new();
         let (mut superseded, mut failed) = (false, None);
         if adopt != Adopt::No {
             for set in Set::owned(fam.0) {
-                batch.flush(set);
+                fill.current.flush(set);
             }
         }
         self.each_owner(fam, snapshot, |owner, elements| {
@@ -651,7 +654,7 @@ impl NftBackend {
                 match store.build_one(owner, &e) {
                     store::Built::Emit => {
                         chains.extend(script::referenced_chain(&e));
-                        if let Err(err) = batch.add(&e) {
+                        if let Err(err) = fill.current.add(&e) {
                             failed.get_or_insert(err.to_string());
                         }
                     }
@@ -659,12 +662,15 @@ impl NftBackend {
                     store::Built::Supersede => superseded = true,
                 }
             }
+            if let Err(err) = fill.owner_done(fam.0, &table) {
+                failed.get_or_insert(err.to_string());
+            }
         });
         if superseded {
             debug!("conflicting elements: full sync through the collected path");
             return None;
         }
-        let ops = batch.adds();
+        let ops = fill.adds();
         if let Some(message) = failed {
             return Some((Err(message), store, ops));
         }
@@ -683,27 +689,42 @@ impl NftBackend {
                     self.ensure_chains(index, chains.into_iter())
                 })
         };
-        let result = result.and_then(|()| self.commit_streamed(fam, snapshot, batch));
+        let result = result.and_then(|()| self.commit_streamed(fam, snapshot, fill.finish()));
         Some((result, store, ops))
     }
 
-    /// Sends a streamed full-sync batch; an element the kernel rejects is found again by
-    /// regenerating the same sequence.
+    /// Sends the batches of a streamed full sync, in order; an element the kernel rejects is
+    /// found again by regenerating the same sequence.
     fn commit_streamed(
         &mut self,
         fam: Fam,
         snapshot: &Snapshot,
-        batch: netlink::ElementBatch,
+        batches: Vec<netlink::ElementBatch>,
     ) -> Result<(), String> {
         let Some(mut writer) = self.netlink.take() else {
             return Err("no netlink writer".into());
         };
-        let this: &NftBackend = self;
-        let describe = |op: netlink::Operation, n: usize| match op {
-            netlink::Operation::Add => this.nth_full_element(fam, snapshot, n),
-            _ => None,
-        };
-        let result = writer.commit(batch, &describe).map_err(|e| e.to_string());
+        let mut result = Ok(());
+        let mut first = 0;
+        if batches.len() > 1 {
+            debug!(
+                transactions = batches.len(),
+                "a new table: its elements go in several transactions (fill.rs)"
+            );
+        }
+        for batch in batches {
+            let adds = batch.adds();
+            let this: &NftBackend = self;
+            let describe = |op: netlink::Operation, n: usize| match op {
+                netlink::Operation::Add => this.nth_full_element(fam, snapshot, first + n),
+                _ => None,
+            };
+            result = writer.commit(batch, &describe).map_err(|e| e.to_string());
+            if result.is_err() {
+                break;
+            }
+            first += adds;
+        }
         self.netlink = Some(writer);
         result
     }

@@ -477,6 +477,43 @@ fn netlink_full_sync_without_a_table_sends_the_skeleton_as_text_and_the_same_ele
     assert!(s.iter().any(|t| t.contains("add chain ip kpng cluster-n")));
 }
 
+#[test]
+fn a_large_cold_fill_is_cut_into_transactions_that_add_what_the_text_path_adds() {
+    let model = model_from(&many_services(4000, 4));
+    let (mut text_backend, text) = backend();
+    let text_ops = full_sync(&mut text_backend, &model);
+    let text_scripts = scripts(&text);
+
+    let (mut b, _, w) = netlink_backend();
+    assert_eq!(full_sync(&mut b, &model), text_ops);
+    let batches = w.recorded();
+    let ip: Vec<&RecordedBatch> = batches.iter().filter(|b| b.family == Family::V4).collect();
+    assert!(ip.len() >= 2, "{} elements in one transaction", text_ops);
+    let mut counts = BTreeMap::new();
+    let mut before = 0;
+    for (i, batch) in ip.iter().enumerate() {
+        assert!(batch.flushed().is_empty() && batch.deletes == 0);
+        if i > 0 {
+            assert!(
+                batch.adds <= before + 16,
+                "batch {i} more than doubles the table"
+            );
+        }
+        before += batch.adds;
+        for (set, n) in netlink_counts(batch) {
+            *counts.entry(set).or_default() += n;
+        }
+    }
+    assert_eq!(counts, text_counts(&text_scripts[0]));
+    assert_eq!(batches.iter().map(|b| b.adds).sum::<usize>(), text_ops);
+
+    // Adopting that table again refills it in one transaction: it is in use.
+    let (mut again, _, w) = netlink_backend();
+    *w.tables.lock().expect("lock") = markers(&again, &model);
+    full_sync(&mut again, &model);
+    assert_eq!(w.recorded().len(), 2, "one transaction per family");
+}
+
 /// What the probe finds in a kernel that holds `b`'s own skeleton for `model`, per family.
 fn markers(b: &NftBackend, model: &Model) -> Vec<(Family, ProbedTable)> {
     Family::ALL

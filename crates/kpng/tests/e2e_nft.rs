@@ -102,3 +102,78 @@ fn a_restart_with_another_configuration_puts_the_rules_in_place() {
     assert!(!masquerade_all());
     bed.assert_served(10, "after the second restart");
 }
+
+/// A cold start on a cluster large enough that its elements go to the kernel in several
+/// transactions (crates/backend-nft/src/fill.rs) programs exactly what a restart's single
+/// atomic refill of the same table programs, and serves its Services.
+#[test]
+fn a_cold_fill_in_several_transactions_holds_what_one_refill_holds() {
+    use e2e::faults::{Bed, hold, web};
+    use e2e::harness::{Kpng, manifest};
+    kpng_testkit::require_root!();
+    let bed = Bed::new(e2e::Backend::Nft, "coldfill");
+    let ns = &bed.c.node1.ns;
+    // 4,000 more Services of 4 endpoints: over 30,000 elements in the IPv4 table.
+    let mut objects = vec![web(), hold()];
+    for i in 0..4000u32 {
+        let ip = format!("10.96.{}.{}", 16 + i / 250, i % 250 + 1);
+        let eps: String = (0..4u32)
+            .map(|e| {
+                format!(
+                    "- {{addresses: [\"10.244.{}.{}\"], conditions: {{ready: true}}}}\n",
+                    100 + e,
+                    i % 250 + 1
+                )
+            })
+            .collect();
+        objects.push(format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: fill, name: f{i}}}\n\
+             spec: {{clusterIP: {ip}, ports: [{{name: p, port: 80, protocol: TCP}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: fill, name: f{i}-1, labels: {{kubernetes.io/service-name: f{i}}}}}\n\
+             addressType: IPv4\nports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints:\n{eps}"
+        ));
+    }
+    let elements = || {
+        let listing = ns
+            .run_ok(["nft", "list", "table", "ip", "kpng"])
+            .expect("the table");
+        // One element per line or per comma-separated item, in a stable order.
+        let mut items: Vec<String> = listing
+            .lines()
+            .flat_map(|l| l.split(','))
+            .map(|s| {
+                s.trim()
+                    .trim_start_matches("elements = {")
+                    .trim()
+                    .to_string()
+            })
+            .filter(|s| !s.is_empty())
+            .collect();
+        items.sort();
+        items
+    };
+    let mut k = Kpng::start(e2e::Backend::Nft, ns, &manifest(&objects), &[]);
+    let cold = elements();
+    assert!(
+        cold.iter().filter(|l| l.contains(" . 80 . ")).count() >= 16_000,
+        "the filler's endpoint slots are in the table"
+    );
+    bed.assert_served(10, "after a cold fill in several transactions");
+
+    k.terminate();
+    k.spawn();
+    let refilled = elements();
+    assert_eq!(cold.len(), refilled.len());
+    let differ: Vec<_> = cold
+        .iter()
+        .zip(&refilled)
+        .filter(|(a, b)| a != b)
+        .take(5)
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "the cold fill and the refill differ: {differ:?}"
+    );
+    bed.assert_served(10, "after the restart's refill");
+}
