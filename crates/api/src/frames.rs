@@ -16,7 +16,7 @@
 //! The bytes on the wire are exactly what encoding the `OpItem`s one by one gives: any
 //! `localv1` client reads them.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 
 use prost::Message;
@@ -30,8 +30,15 @@ use crate::proto;
 pub const CHUNK_BYTES: usize = 64 * 1024;
 
 /// Services per shared replay chunk: with endpoints spread over many nodes each node depends
-/// on few Services, so most chunks are shared as they are.
+/// on few Services, so most chunks are shared as they are, and a chunk that is not is still
+/// passed on in slices around the Services that differ ([`SharedChunk::runs_for`]).
 const SERVICES_PER_CHUNK: usize = 32;
+
+/// Frames encoded elsewhere are passed on by reference from this size: below it a copy costs
+/// less than one more buffer on the stream. A replay chunk (tens of Services, ~10 kB) is
+/// above it: at a thousand nodes, copying every chunk into every node's stream (and faulting
+/// in the fresh buffers it filled) was a fifth of the brain's CPU.
+pub const BY_REFERENCE_BYTES: usize = 2 * 1024;
 
 /// Appends `op` as one gRPC message (uncompressed flag, big-endian length, protobuf).
 pub fn frame_into(op: &proto::OpItem, out: &mut BytesMut) {
@@ -68,9 +75,10 @@ impl FrameWriter {
         }
     }
 
-    /// Appends frames encoded elsewhere: copied when small, passed on by reference when large.
+    /// Appends frames encoded elsewhere: copied when small, passed on by reference from
+    /// [`BY_REFERENCE_BYTES`].
     pub fn shared(&mut self, frames: &Bytes) {
-        if frames.len() >= CHUNK_BYTES / 4 {
+        if frames.len() >= BY_REFERENCE_BYTES {
             self.flush();
             self.done.push_back(frames.clone());
         } else {
@@ -81,11 +89,14 @@ impl FrameWriter {
         }
     }
 
-    /// Completes the unfinished chunk.
+    /// Completes the unfinished chunk. The rest of its buffer stays for the next one, so a
+    /// stream that mostly passes frames by reference does not take a fresh buffer per piece.
     pub fn flush(&mut self) {
         if !self.current.is_empty() {
             self.done.push_back(self.current.split().freeze());
-            self.current.reserve(CHUNK_BYTES + CHUNK_BYTES / 4);
+            if self.current.capacity() < BY_REFERENCE_BYTES {
+                self.current.reserve(CHUNK_BYTES + CHUNK_BYTES / 4);
+            }
         }
     }
 
@@ -116,16 +127,67 @@ pub struct SharedChunk {
     pub frames: Bytes,
     /// How many ops `frames` holds.
     pub ops: u64,
-    /// The nodes some of the Services depend on (`None`: every node may).
-    dependent_nodes: Option<HashSet<String>>,
+    /// Where each entry's frames start in `frames`, and how many ops come before them; one
+    /// more mark for the end.
+    marks: Vec<(usize, u64)>,
+    /// For each node some of the Services depend on, the indexes of those Services.
+    dependents: HashMap<String, Vec<usize>>,
+    /// The Services every node may depend on (no list of nodes): the chunk is shared with no
+    /// node.
+    everyones: Vec<usize>,
+}
+
+/// What a node receives of one [`SharedChunk`], in order.
+#[derive(Debug)]
+pub enum ChunkRun<'a> {
+    /// Consecutive Services' anonymous frames: a slice of the chunk's (no copy), and its ops.
+    Shared(Bytes, u64),
+    /// A Service that depends on the node: its ops are the node's own.
+    Own(&'a Arc<Entry>),
 }
 
 impl SharedChunk {
     /// Whether `node_name` receives exactly [`SharedChunk::frames`].
     pub fn shared_with(&self, node_name: &str) -> bool {
-        self.dependent_nodes
-            .as_ref()
-            .is_some_and(|nodes| node_name.is_empty() || !nodes.contains(node_name))
+        self.everyones.is_empty()
+            && (node_name.is_empty() || !self.dependents.contains_key(node_name))
+    }
+
+    /// The chunk as `node_name` receives it: the whole chunk when it is
+    /// [shared with](SharedChunk::shared_with) the node, else slices of it around the
+    /// Services that depend on the node.
+    pub fn runs_for(&self, node_name: &str) -> Vec<ChunkRun<'_>> {
+        if self.shared_with(node_name) {
+            return vec![ChunkRun::Shared(self.frames.clone(), self.ops)];
+        }
+        // The Services that depend on this node, in order (both lists are ascending).
+        let mut own = self.everyones.clone();
+        if !node_name.is_empty()
+            && let Some(mine) = self.dependents.get(node_name)
+        {
+            own.extend(mine);
+            own.sort_unstable();
+        }
+        let mut runs = Vec::new();
+        let mut start = 0;
+        for i in own {
+            if let Some(entry) = self.entries.get(i) {
+                self.push_slice(&mut runs, start, i);
+                runs.push(ChunkRun::Own(entry));
+                start = i + 1;
+            }
+        }
+        self.push_slice(&mut runs, start, self.entries.len());
+        runs
+    }
+
+    /// The anonymous frames of entries `from..to`, unless that is empty.
+    fn push_slice<'a>(&'a self, runs: &mut Vec<ChunkRun<'a>>, from: usize, to: usize) {
+        if let (Some(&(a, ops_a)), Some(&(b, ops_b))) = (self.marks.get(from), self.marks.get(to))
+            && b > a
+        {
+            runs.push(ChunkRun::Shared(self.frames.slice(a..b), ops_b - ops_a));
+        }
     }
 }
 
@@ -163,24 +225,31 @@ fn build_chunks(entries: &Entries) -> Vec<SharedChunk> {
         .map(|group| {
             let mut out = BytesMut::new();
             let mut ops = 0;
-            let mut dependent_nodes = Some(HashSet::new());
-            for entry in group {
+            let mut marks = Vec::with_capacity(group.len() + 1);
+            let mut dependents: HashMap<String, Vec<usize>> = HashMap::new();
+            let mut everyones = Vec::new();
+            for (i, entry) in group.iter().enumerate() {
                 let (frames, n) = entry.anonymous_frames();
+                marks.push((out.len(), ops));
                 out.extend_from_slice(&frames);
                 ops += n;
-                dependent_nodes = match (dependent_nodes, entry.dependent_nodes()) {
-                    (Some(mut all), Some(nodes)) => {
-                        all.extend(nodes.iter().cloned());
-                        Some(all)
+                match entry.dependent_nodes() {
+                    Some(nodes) => {
+                        for node in nodes {
+                            dependents.entry(node.clone()).or_default().push(i);
+                        }
                     }
-                    _ => None,
-                };
+                    None => everyones.push(i),
+                }
             }
+            marks.push((out.len(), ops));
             SharedChunk {
                 entries: group.iter().map(|e| Arc::clone(e)).collect(),
                 frames: out.freeze(),
                 ops,
-                dependent_nodes,
+                marks,
+                dependents,
+                everyones,
             }
         })
         .collect()

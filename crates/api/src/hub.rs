@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 use prost::bytes::Bytes;
 
 use crate::convert::{ServiceMessages, encode_node, encode_service, encode_service_cidrs};
-use crate::frames::{FrameWriter, ReplayCache, frames_of};
+use crate::frames::{ChunkRun, FrameWriter, ReplayCache, frames_of};
 use crate::metrics::ApiMetrics;
 use crate::proto;
 use crate::proto::op_item::Op;
@@ -309,16 +309,18 @@ impl Pending {
                     let chunks = cache.chunks(base);
                     let node = self.node.name.clone();
                     Box::new((0..chunks.len()).flat_map(move |i| {
-                        let chunk = &chunks[i];
-                        if chunk.shared_with(&node) {
-                            vec![Piece::Shared(chunk.frames.clone(), chunk.ops)]
-                        } else {
-                            chunk
-                                .entries
-                                .iter()
-                                .flat_map(|e| self.service_pieces(&e.key, None, Some(e)))
-                                .collect()
+                        let mut pieces = Vec::new();
+                        for run in chunks[i].runs_for(&node) {
+                            match run {
+                                ChunkRun::Shared(frames, ops) => {
+                                    pieces.push(Piece::Shared(frames, ops));
+                                }
+                                ChunkRun::Own(e) => {
+                                    pieces.extend(self.service_pieces(&e.key, None, Some(e)));
+                                }
+                            }
                         }
+                        pieces
                     }))
                 }
                 _ => Box::new(

@@ -325,3 +325,57 @@ fn service_cidrs_follow_the_reset_and_every_change_goes_to_every_watcher() {
         assert_eq!(next(reg), ["cidrs 10.96.0.0/16,10.97.0.0/16", "sync"]);
     }
 }
+
+/// A replay of many Services whose endpoints run on several nodes: each node receives the
+/// shared chunks whole, or sliced around the Services that depend on it (their endpoints run
+/// there), and the bytes are still exactly its ops encoded one by one (`next` checks that).
+#[test]
+fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
+    let mut yaml = String::new();
+    for node in ["n1", "n2", "n3", "n4"] {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"
+        ));
+    }
+    for i in 0..200u32 {
+        // Service i has one endpoint on n1 when i % 7 == 0, on n2 when i % 50 == 0, else on n4.
+        let node = if i % 50 == 0 {
+            "n2"
+        } else if i % 7 == 0 {
+            "n1"
+        } else {
+            "n4"
+        };
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: s{i}}}\n\
+             spec: {{clusterIP: 10.96.{}.{}, ports: [{{name: p, port: 80}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: default, name: s{i}-1, labels: {{kubernetes.io/service-name: s{i}}}}}\n\
+             addressType: IPv4\nports: [{{name: p, port: 8080}}]\n\
+             endpoints: [{{addresses: [10.244.{}.{}], nodeName: {node}}}]\n",
+            i / 200,
+            i % 200 + 1,
+            i / 200,
+            i % 200 + 1,
+        ));
+    }
+    let loaded = kpng_source_file::parse_manifests(&yaml).expect("manifests");
+    let hub = hub();
+    hub.apply(Event::Replace {
+        kinds: vec![
+            kpng_model::Kind::Service,
+            kpng_model::Kind::EndpointSlice,
+            kpng_model::Kind::Node,
+        ],
+        objects: loaded.objects,
+    });
+    for (node, local) in [("n1", 28), ("n2", 4), ("n3", 0), ("n4", 168)] {
+        let ops = next(&hub.register(node));
+        let set_local = ops.iter().filter(|o| o.ends_with(" local")).count();
+        assert_eq!(set_local, local, "{node}: {ops:?}");
+        assert_eq!(
+            ops.iter().filter(|o| o.starts_with("set svc ")).count(),
+            200
+        );
+    }
+}
