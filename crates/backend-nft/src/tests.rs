@@ -514,6 +514,40 @@ fn a_large_cold_fill_is_cut_into_transactions_that_add_what_the_text_path_adds()
     assert_eq!(w.recorded().len(), 2, "one transaction per family");
 }
 
+#[test]
+fn a_failed_cold_fill_is_retried_as_one_refill_of_the_table_it_left() {
+    let model = model_from(&many_services(4000, 4));
+    let (mut b, _, w) = netlink_backend();
+    *w.fail_with.lock().expect("lock") = Some("injected".into());
+    let diff = Diff::full(model.snapshot());
+    let request = SyncRequest {
+        diff: &diff,
+        snapshot: model.snapshot(),
+        full: true,
+    };
+    assert!(b.sync(&request).is_err());
+    assert_eq!(
+        w.recorded().len(),
+        1,
+        "the fill stops at the first refused transaction"
+    );
+
+    // The kernel now holds our skeleton (created as text before the elements): the retry
+    // flushes and refills it in one transaction per family.
+    *w.fail_with.lock().expect("lock") = None;
+    *w.tables.lock().expect("lock") = markers(&b, &model);
+    w.batches.lock().expect("lock").clear();
+    b.sync(&request).expect("the retry");
+    let batches = w.recorded();
+    assert_eq!(batches.len(), 2, "one transaction per family");
+    for batch in &batches {
+        assert_eq!(
+            batch.flushed(),
+            Set::owned(batch.family).collect::<Vec<_>>()
+        );
+    }
+}
+
 /// What the probe finds in a kernel that holds `b`'s own skeleton for `model`, per family.
 fn markers(b: &NftBackend, model: &Model) -> Vec<(Family, ProbedTable)> {
     Family::ALL
