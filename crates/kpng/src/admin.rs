@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
-use kpng_runner::admin::{AdminHandle, PortStatus, Status};
+use kpng_runner::admin::{AdminHandle, PortStatus, Status, StatusQuery};
 
 use crate::cli::{StatusArgs, StatusOutput, TraceArgs};
 
@@ -121,8 +121,9 @@ async fn serve_router(
 #[cfg(unix)]
 async fn status(
     axum::extract::State(handle): axum::extract::State<AdminHandle>,
+    axum::extract::Query(query): axum::extract::Query<StatusQuery>,
 ) -> axum::response::Response {
-    status_answer(Some(&handle)).await
+    status_answer(Some(&handle), query).await
 }
 
 #[cfg(unix)]
@@ -142,11 +143,15 @@ pub struct TraceParams {
     proto: Option<String>,
 }
 
-/// The status as JSON, or why there is none (no handle: a brain; none: kpng is stopping).
-pub async fn status_answer(handle: Option<&AdminHandle>) -> axum::response::Response {
+/// The status of the ports `query` selects as JSON, or why there is none (no handle: a
+/// brain; none: kpng is stopping).
+pub async fn status_answer(
+    handle: Option<&AdminHandle>,
+    query: StatusQuery,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
     match handle {
-        Some(h) => match h.status().await {
+        Some(h) => match h.status(query).await {
             Some(s) => axum::Json(s).into_response(),
             None => not_answering(),
         },
@@ -242,7 +247,13 @@ fn get(_socket: &Path, _target: &str) -> anyhow::Result<String> {
 
 /// `kpng status`.
 pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
-    let body = get(socket, "/v1/status")?;
+    // The running kpng selects the ports (an answer for every port of a large cluster is tens
+    // of MB built in its memory); the selection is applied here again for an older kpng.
+    let target = match &args.service {
+        Some(filter) => format!("/v1/status?service={}", query_escape(filter)),
+        None => "/v1/status".to_string(),
+    };
+    let body = get(socket, &target)?;
     let mut status: serde_json::Value =
         serde_json::from_str(&body).context("kpng's status is not JSON")?;
     if status["role"] == "brain" {
@@ -308,20 +319,30 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
     Ok(())
 }
 
-/// `ns/name`, `name` (any namespace) or `ns/name:port`.
+/// `ns/name`, `name` (any namespace) or `ns/name:port` ([`StatusQuery::wants_service`]).
 fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
-    let name = service["service"].as_str().unwrap_or_default();
-    let port = service["portName"].as_str().unwrap_or_default();
-    let (svc, want_port) = match filter.rsplit_once(':') {
-        Some((s, p)) => (s, Some(p)),
-        None => (filter, None),
+    let query = StatusQuery {
+        service: Some(filter.to_string()),
+        ..StatusQuery::default()
     };
-    let name_ok = if svc.contains('/') {
-        name == svc
-    } else {
-        name.rsplit('/').next() == Some(svc)
-    };
-    name_ok && want_port.is_none_or(|p| p == port)
+    query.wants_service(
+        service["service"].as_str().unwrap_or_default(),
+        service["portName"].as_str().unwrap_or_default(),
+    )
+}
+
+/// `text` for a URL's query string: unreserved characters as they are, the rest
+/// percent-encoded.
+fn query_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The human view: a header, one line per Service port, and with `wide` one per endpoint.

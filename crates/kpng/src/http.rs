@@ -94,8 +94,11 @@ async fn status_page() -> Response {
         .into_response()
 }
 
-async fn status_json(State(state): State<MetricsState>) -> Response {
-    crate::admin::status_answer(state.admin.as_ref()).await
+async fn status_json(
+    State(state): State<MetricsState>,
+    axum::extract::Query(query): axum::extract::Query<kpng_runner::admin::StatusQuery>,
+) -> Response {
+    crate::admin::status_answer(state.admin.as_ref(), query).await
 }
 
 async fn trace_json(

@@ -21,7 +21,7 @@ pub type FactsFn = Box<dyn Fn(&Snapshot) -> NodeFacts + Send>;
 /// A question for the loop.
 #[derive(Debug)]
 pub(crate) enum Query {
-    Status(oneshot::Sender<Status>),
+    Status(StatusQuery, oneshot::Sender<Status>),
     Trace(TraceQuery, oneshot::Sender<TraceAnswer>),
 }
 
@@ -30,10 +30,11 @@ pub(crate) enum Query {
 pub struct AdminHandle(pub(crate) mpsc::Sender<Query>);
 
 impl AdminHandle {
-    /// What is programmed now; `None` once the loop has ended.
-    pub async fn status(&self) -> Option<Status> {
+    /// What is programmed now, for the Service ports `query` selects; `None` once the loop
+    /// has ended.
+    pub async fn status(&self, query: StatusQuery) -> Option<Status> {
         let (tx, rx) = oneshot::channel();
-        self.0.send(Query::Status(tx)).await.ok()?;
+        self.0.send(Query::Status(query, tx)).await.ok()?;
         rx.await.ok()
     }
 
@@ -42,6 +43,60 @@ impl AdminHandle {
         let (tx, rx) = oneshot::channel();
         self.0.send(Query::Trace(query, tx)).await.ok()?;
         rx.await.ok()
+    }
+}
+
+/// Which Service ports a status answer holds.
+///
+/// Why: every port with every endpoint is tens of MB of JSON at 30k Services × 4, built in the
+/// node agent's memory for each request (peak RSS 139 → 204 MB for one `kpng status NAME`,
+/// and the status page asked every 5 s). The selection is made before any port is explained,
+/// and at most [`StatusQuery::limit`] ports are kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct StatusQuery {
+    /// `NAME` (any namespace), `NAMESPACE/NAME` or `NAMESPACE/NAME:PORT`: what `kpng status
+    /// SERVICE` asks for.
+    #[serde(default)]
+    pub service: Option<String>,
+    /// Text the port's row must contain, case-insensitively: its Service, port, protocol,
+    /// family, addresses, policies or an endpoint's address (the status page's filter).
+    #[serde(default, rename = "q")]
+    pub text: Option<String>,
+    /// At most this many ports, the first in key order.
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+impl StatusQuery {
+    /// Whether a port of Service `service` (`namespace/name`) named `port_name` is asked
+    /// for by [`StatusQuery::service`].
+    pub fn wants_service(&self, service: &str, port_name: &str) -> bool {
+        let Some(filter) = self.service.as_deref().filter(|f| !f.is_empty()) else {
+            return true;
+        };
+        let (svc, want_port) = match filter.rsplit_once(':') {
+            Some((s, p)) => (s, Some(p)),
+            None => (filter, None),
+        };
+        let name_ok = if svc.contains('/') {
+            service == svc
+        } else {
+            service.rsplit('/').next() == Some(svc)
+        };
+        name_ok && want_port.is_none_or(|p| p == port_name)
+    }
+
+    /// Whether `port`'s row contains [`StatusQuery::text`].
+    pub fn wants_row(&self, port: &PortStatus) -> bool {
+        let Some(text) = self
+            .text
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+        else {
+            return true;
+        };
+        port.haystack().contains(&text.to_lowercase())
     }
 }
 
@@ -90,8 +145,14 @@ pub struct Status {
     /// The most recent syncs that did something (or failed), newest first.
     #[serde(default)]
     pub recent_syncs: Vec<SyncStatus>,
-    /// Every Service port in the model, in key order.
+    /// The Service ports asked for ([`StatusQuery`]), in key order.
     pub services: Vec<PortStatus>,
+    /// How many Service ports the model holds.
+    #[serde(default)]
+    pub total_ports: usize,
+    /// How many of them matched the query (more than `services` holds when it hit the limit).
+    #[serde(default)]
+    pub matching_ports: usize,
 }
 
 /// One sync as the status reports it.
@@ -192,6 +253,36 @@ impl PortStatus {
     }
 }
 
+impl PortStatus {
+    /// The row's words, lowercased, as the status page shows them: Service, port, protocol,
+    /// family, frontends, policies, endpoint addresses.
+    fn haystack(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = format!(
+            "{} {}/{} {} {}:{}",
+            self.service, self.port_name, self.protocol, self.family, self.cluster_ip, self.port
+        );
+        if let Some(np) = self.node_port {
+            let _ = write!(s, " node port {np}");
+        }
+        for ip in &self.external_ips {
+            let _ = write!(s, " external {ip}");
+        }
+        for ip in &self.load_balancer_ips {
+            let _ = write!(s, " load balancer {ip}");
+        }
+        let _ = write!(
+            s,
+            " external {}, internal {}",
+            self.external_traffic_policy, self.internal_traffic_policy
+        );
+        for e in &self.endpoints {
+            let _ = write!(s, " {}", e.address);
+        }
+        s.to_lowercase()
+    }
+}
+
 /// What happens to traffic whose endpoint list is empty; `None` when every list it needs has
 /// endpoints.
 fn without_endpoints(port: &ServicePort) -> Option<String> {
@@ -246,4 +337,30 @@ pub(crate) fn rfc3339(t: SystemTime) -> String {
 /// Answers from the node facts function, when the binary gave one.
 pub(crate) fn facts_or_default(facts: Option<&FactsFn>, snapshot: &Snapshot) -> NodeFacts {
     facts.map(|f| f(snapshot)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn services_are_asked_for_by_name_namespace_and_port() {
+        for (filter, want) in [
+            (None, true),
+            (Some(""), true),
+            (Some("web"), true),
+            (Some("default/web"), true),
+            (Some("default/web:http"), true),
+            (Some("web:http"), true),
+            (Some("default/web:grpc"), false),
+            (Some("other/web"), false),
+            (Some("we"), false),
+        ] {
+            let q = StatusQuery {
+                service: filter.map(String::from),
+                ..StatusQuery::default()
+            };
+            assert_eq!(q.wants_service("default/web", "http"), want, "{filter:?}");
+        }
+    }
 }

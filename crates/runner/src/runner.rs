@@ -268,12 +268,21 @@ impl<M: NodeModel> LoopState<M> {
     fn answer(&self, query: Query) {
         let snapshot = self.runner.model.snapshot();
         match query {
-            Query::Status(reply) => {
-                let services = snapshot
-                    .ports
-                    .iter()
-                    .map(|(key, port)| PortStatus::of(port, self.runner.model.explain(key)))
-                    .collect();
+            Query::Status(query, reply) => {
+                let limit = query.limit.unwrap_or(usize::MAX);
+                let (mut services, mut matching) = (Vec::new(), 0);
+                for (key, port) in &snapshot.ports {
+                    if !query.wants_service(&key.service.to_string(), &key.port_name) {
+                        continue;
+                    }
+                    let status = PortStatus::of(port, self.runner.model.explain(key));
+                    if query.wants_row(&status) {
+                        matching += 1;
+                        if services.len() < limit {
+                            services.push(status);
+                        }
+                    }
+                }
                 let _ = reply.send(Status {
                     node: snapshot.node.name.clone(),
                     backend: self.runner.backend.name().to_string(),
@@ -286,6 +295,8 @@ impl<M: NodeModel> LoopState<M> {
                     last_error: self.last_error.clone(),
                     recent_syncs: self.sync_history.iter().cloned().collect(),
                     services,
+                    total_ports: snapshot.ports.len(),
+                    matching_ports: matching,
                 });
             }
             Query::Trace(q, reply) => {

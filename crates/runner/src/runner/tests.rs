@@ -520,3 +520,61 @@ async fn network_programming_latency_is_observed_once_the_change_is_programmed()
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert!(encoded(&h).contains(&format!("{count} 1")));
 }
+
+/// `kpng status NAME` and the status page's filter are answered by the loop itself: only the
+/// ports asked for are explained and sent, at most `limit` of them, with the counts.
+#[tokio::test(start_paused = true)]
+async fn a_status_query_selects_ports_before_they_are_explained() {
+    let calls = Arc::new(Calls::default());
+    let mut registry = Registry::default();
+    let metrics = ProxyMetrics::new(&mut registry);
+    let timing = SyncTiming::default();
+    let health = Arc::new(ProxyHealth::new(&[Family::V4], timing.sync_period * 2));
+    let model = Model::new(ModelConfig {
+        node_name: "n".into(),
+        ..ModelConfig::default()
+    });
+    let runner = Runner::new(model, Box::new(FakeBackend(calls)), timing, metrics, health);
+    let (runner, admin) = runner.with_admin(Box::new(|_: &kpng_model::Snapshot| {
+        kpng_model::trace::NodeFacts::default()
+    }));
+    let (tx, rx) = mpsc::channel(16);
+    let _task = tokio::spawn(runner.run(rx));
+    let services = (0..30)
+        .map(|i| service(&format!("s{i}"), &format!("10.96.0.{}", i + 1)))
+        .collect();
+    tx.send(all_kinds(services)).await.expect("send");
+    settle().await;
+
+    let ask = |service: Option<&str>, text: Option<&str>, limit: Option<usize>| {
+        let admin = admin.clone();
+        let query = admin::StatusQuery {
+            service: service.map(String::from),
+            text: text.map(String::from),
+            limit,
+        };
+        async move { admin.status(query).await.expect("an answer") }
+    };
+    let names = |s: &admin::Status| -> Vec<String> {
+        s.services.iter().map(|p| p.service.clone()).collect()
+    };
+    let all = ask(None, None, None).await;
+    assert_eq!(
+        (all.services.len(), all.total_ports, all.matching_ports),
+        (30, 30, 30)
+    );
+    let one = ask(Some("s7"), None, None).await;
+    assert_eq!(names(&one), ["ns/s7"]);
+    assert_eq!((one.total_ports, one.matching_ports), (30, 1));
+    assert_eq!(names(&ask(Some("ns/s7:p"), None, None).await), ["ns/s7"]);
+    assert!(ask(Some("ns/s7:q"), None, None).await.services.is_empty());
+    // The page's filter: any text of the row, here a ClusterIP.
+    assert_eq!(
+        names(&ask(None, Some("10.96.0.12:80"), None).await),
+        ["ns/s11"]
+    );
+    let capped = ask(None, Some("NS/S1"), Some(3)).await;
+    // s1 and s10…s19 match; the first three in key order are sent.
+    assert_eq!(names(&capped), ["ns/s1", "ns/s10", "ns/s11"]);
+    assert_eq!(capped.matching_ports, 11);
+}
