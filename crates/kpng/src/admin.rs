@@ -247,15 +247,7 @@ fn get(_socket: &Path, _target: &str) -> anyhow::Result<String> {
 
 /// `kpng status`.
 pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
-    // The running kpng selects the ports (an answer for every port of a large cluster is tens
-    // of MB built in its memory); the selection is applied here again for an older kpng.
-    let target = match &args.service {
-        Some(filter) => format!("/v1/status?service={}", query_escape(filter)),
-        None => "/v1/status".to_string(),
-    };
-    let body = get(socket, &target)?;
-    let mut status: serde_json::Value =
-        serde_json::from_str(&body).context("kpng's status is not JSON")?;
+    let mut status = read_status(socket, args.service.as_deref())?;
     if status["role"] == "brain" {
         return print_brain(&status, args.output);
     }
@@ -279,6 +271,59 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Ports per status request: the running kpng builds one page at a time (an answer for every
+/// port of a 30k-Service cluster is 22 MB, built in the node agent's memory).
+const STATUS_PAGE_PORTS: usize = 2000;
+
+/// The status, with the ports `service` selects read page by page and put together. The
+/// pages must come from one generation of the model (a sync in between starts over); the
+/// selection is applied here again by the caller for an older kpng, which ignores it.
+fn read_status(socket: &Path, service: Option<&str>) -> anyhow::Result<serde_json::Value> {
+    let selection = match service {
+        Some(filter) => format!("service={}&", query_escape(filter)),
+        None => String::new(),
+    };
+    let mut attempts = 0;
+    'again: loop {
+        attempts += 1;
+        let mut first: Option<serde_json::Value> = None;
+        let mut ports = Vec::new();
+        loop {
+            let target = format!(
+                "/v1/status?{selection}limit={STATUS_PAGE_PORTS}&offset={}",
+                ports.len()
+            );
+            let body = get(socket, &target)?;
+            let mut page: serde_json::Value =
+                serde_json::from_str(&body).context("kpng's status is not JSON")?;
+            if page["role"] == "brain" {
+                return Ok(page);
+            }
+            let services = match page.get_mut("services").map(serde_json::Value::take) {
+                Some(serde_json::Value::Array(services)) => services,
+                _ => Vec::new(),
+            };
+            let full_page = services.len() >= STATUS_PAGE_PORTS;
+            ports.extend(services);
+            // An older kpng answers everything at once and has no `matchingPorts`.
+            let more = full_page && page.get("matchingPorts").is_some();
+            match &first {
+                Some(f) if f["generation"] != page["generation"] && attempts < 3 => {
+                    continue 'again;
+                }
+                Some(_) => {}
+                None => first = Some(page),
+            }
+            if !more {
+                break;
+            }
+        }
+        let mut status = first.unwrap_or_default();
+        status["services"] = serde_json::Value::Array(ports);
+        return Ok(status);
+    }
 }
 
 /// A brain's status: its nodes, what each took and how far behind it is.

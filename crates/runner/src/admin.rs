@@ -51,7 +51,7 @@ impl AdminHandle {
 /// Why: every port with every endpoint is tens of MB of JSON at 30k Services × 4, built in the
 /// node agent's memory for each request (peak RSS 139 → 204 MB for one `kpng status NAME`,
 /// and the status page asked every 5 s). The selection is made before any port is explained,
-/// and at most [`StatusQuery::limit`] ports are kept.
+/// and at most [`StatusQuery::limit`] ports are kept, from [`StatusQuery::offset`] on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct StatusQuery {
     /// `NAME` (any namespace), `NAMESPACE/NAME` or `NAMESPACE/NAME:PORT`: what `kpng status
@@ -62,9 +62,13 @@ pub struct StatusQuery {
     /// family, addresses, policies or an endpoint's address (the status page's filter).
     #[serde(default, rename = "q")]
     pub text: Option<String>,
-    /// At most this many ports, the first in key order.
+    /// At most this many ports, the first in key order after `offset`.
     #[serde(default)]
     pub limit: Option<usize>,
+    /// Matching ports to skip first: `kpng status` reads a large answer page by page, so the
+    /// node agent never builds all of it at once.
+    #[serde(default)]
+    pub offset: Option<usize>,
 }
 
 impl StatusQuery {

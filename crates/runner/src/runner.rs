@@ -269,18 +269,27 @@ impl<M: NodeModel> LoopState<M> {
         let snapshot = self.runner.model.snapshot();
         match query {
             Query::Status(query, reply) => {
-                let limit = query.limit.unwrap_or(usize::MAX);
+                let (limit, offset) = (
+                    query.limit.unwrap_or(usize::MAX),
+                    query.offset.unwrap_or_default(),
+                );
                 let (mut services, mut matching) = (Vec::new(), 0);
                 for (key, port) in &snapshot.ports {
                     if !query.wants_service(&key.service.to_string(), &key.port_name) {
                         continue;
                     }
+                    // Without a text filter, ports outside the page are only counted.
+                    let in_page = |matching: usize| matching >= offset && services.len() < limit;
+                    if query.text.is_none() && !in_page(matching) {
+                        matching += 1;
+                        continue;
+                    }
                     let status = PortStatus::of(port, self.runner.model.explain(key));
                     if query.wants_row(&status) {
-                        matching += 1;
-                        if services.len() < limit {
+                        if in_page(matching) {
                             services.push(status);
                         }
+                        matching += 1;
                     }
                 }
                 let _ = reply.send(Status {

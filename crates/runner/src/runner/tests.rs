@@ -552,6 +552,7 @@ async fn a_status_query_selects_ports_before_they_are_explained() {
             service: service.map(String::from),
             text: text.map(String::from),
             limit,
+            offset: None,
         };
         async move { admin.status(query).await.expect("an answer") }
     };
@@ -577,4 +578,26 @@ async fn a_status_query_selects_ports_before_they_are_explained() {
     // s1 and s10…s19 match; the first three in key order are sent.
     assert_eq!(names(&capped), ["ns/s1", "ns/s10", "ns/s11"]);
     assert_eq!(capped.matching_ports, 11);
+    // Page by page, with and without a text filter.
+    for text in [None, Some("ns/s")] {
+        let mut paged = Vec::new();
+        loop {
+            let page = admin
+                .status(admin::StatusQuery {
+                    text: text.map(String::from),
+                    limit: Some(7),
+                    offset: Some(paged.len()),
+                    ..admin::StatusQuery::default()
+                })
+                .await
+                .expect("a page");
+            assert_eq!(page.matching_ports, 30);
+            let done = page.services.len() < 7;
+            paged.extend(names(&page));
+            if done {
+                break;
+            }
+        }
+        assert_eq!(paged, names(&all), "{text:?}");
+    }
 }
