@@ -90,14 +90,17 @@ impl StatusQuery {
         name_ok && want_port.is_none_or(|p| p == port_name)
     }
 
-    /// Whether `port`'s row contains [`StatusQuery::text`].
-    pub fn wants_row(&self, port: &PortStatus) -> bool {
-        let Some(text) = self
-            .text
+    /// The text filter, when there is one ([`StatusQuery::text`], blanks ignored).
+    pub fn text_filter(&self) -> Option<&str> {
+        self.text
             .as_deref()
             .map(str::trim)
             .filter(|t| !t.is_empty())
-        else {
+    }
+
+    /// Whether `port`'s row contains [`StatusQuery::text`].
+    pub fn wants_row(&self, port: &PortStatus) -> bool {
+        let Some(text) = self.text_filter() else {
             return true;
         };
         port.haystack().contains(&text.to_lowercase())

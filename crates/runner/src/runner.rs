@@ -280,7 +280,7 @@ impl<M: NodeModel> LoopState<M> {
                     }
                     // Without a text filter, ports outside the page are only counted.
                     let in_page = |matching: usize| matching >= offset && services.len() < limit;
-                    if query.text.is_none() && !in_page(matching) {
+                    if query.text_filter().is_none() && !in_page(matching) {
                         matching += 1;
                         continue;
                     }
