@@ -370,8 +370,14 @@ fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
         service: Some(filter.to_string()),
         ..StatusQuery::default()
     };
+    let (namespace, name) = service["service"]
+        .as_str()
+        .unwrap_or_default()
+        .split_once('/')
+        .unwrap_or_default();
     query.wants_service(
-        service["service"].as_str().unwrap_or_default(),
+        namespace,
+        name,
         service["portName"].as_str().unwrap_or_default(),
     )
 }

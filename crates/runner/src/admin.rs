@@ -72,9 +72,9 @@ pub struct StatusQuery {
 }
 
 impl StatusQuery {
-    /// Whether a port of Service `service` (`namespace/name`) named `port_name` is asked
-    /// for by [`StatusQuery::service`].
-    pub fn wants_service(&self, service: &str, port_name: &str) -> bool {
+    /// Whether port `port_name` of Service `namespace`/`name` is asked for by
+    /// [`StatusQuery::service`].
+    pub fn wants_service(&self, namespace: &str, name: &str, port_name: &str) -> bool {
         let Some(filter) = self.service.as_deref().filter(|f| !f.is_empty()) else {
             return true;
         };
@@ -82,28 +82,21 @@ impl StatusQuery {
             Some((s, p)) => (s, Some(p)),
             None => (filter, None),
         };
-        let name_ok = if svc.contains('/') {
-            service == svc
-        } else {
-            service.rsplit('/').next() == Some(svc)
+        let name_ok = match svc.split_once('/') {
+            Some((ns, n)) => ns == namespace && n == name,
+            None => svc == name,
         };
         name_ok && want_port.is_none_or(|p| p == port_name)
     }
 
-    /// The text filter, when there is one ([`StatusQuery::text`], blanks ignored).
-    pub fn text_filter(&self) -> Option<&str> {
+    /// The text filter, lowercased, when there is one ([`StatusQuery::text`], blanks ignored):
+    /// computed once per answer, then matched with [`PortStatus::row_contains`].
+    pub fn text_filter(&self) -> Option<String> {
         self.text
             .as_deref()
             .map(str::trim)
             .filter(|t| !t.is_empty())
-    }
-
-    /// Whether `port`'s row contains [`StatusQuery::text`].
-    pub fn wants_row(&self, port: &PortStatus) -> bool {
-        let Some(text) = self.text_filter() else {
-            return true;
-        };
-        port.haystack().contains(&text.to_lowercase())
+            .map(str::to_lowercase)
     }
 }
 
@@ -258,12 +251,10 @@ impl PortStatus {
             endpoints,
         }
     }
-}
 
-impl PortStatus {
-    /// The row's words, lowercased, as the status page shows them: Service, port, protocol,
-    /// family, frontends, policies, endpoint addresses.
-    fn haystack(&self) -> String {
+    /// Whether the row, as the status page shows it (Service, port, protocol, family,
+    /// frontends, policies, endpoint addresses), contains `lowercase_text`.
+    pub fn row_contains(&self, lowercase_text: &str) -> bool {
         use std::fmt::Write as _;
         let mut s = format!(
             "{} {}/{} {} {}:{}",
@@ -286,7 +277,7 @@ impl PortStatus {
         for e in &self.endpoints {
             let _ = write!(s, " {}", e.address);
         }
-        s.to_lowercase()
+        s.to_lowercase().contains(lowercase_text)
     }
 }
 
@@ -367,7 +358,11 @@ mod tests {
                 service: filter.map(String::from),
                 ..StatusQuery::default()
             };
-            assert_eq!(q.wants_service("default/web", "http"), want, "{filter:?}");
+            assert_eq!(
+                q.wants_service("default", "web", "http"),
+                want,
+                "{filter:?}"
+            );
         }
     }
 }

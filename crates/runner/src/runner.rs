@@ -273,19 +273,21 @@ impl<M: NodeModel> LoopState<M> {
                     query.limit.unwrap_or(usize::MAX),
                     query.offset.unwrap_or_default(),
                 );
+                let text = query.text_filter();
                 let (mut services, mut matching) = (Vec::new(), 0);
                 for (key, port) in &snapshot.ports {
-                    if !query.wants_service(&key.service.to_string(), &key.port_name) {
+                    let svc = &key.service;
+                    if !query.wants_service(&svc.namespace, &svc.name, &key.port_name) {
                         continue;
                     }
                     // Without a text filter, ports outside the page are only counted.
                     let in_page = |matching: usize| matching >= offset && services.len() < limit;
-                    if query.text_filter().is_none() && !in_page(matching) {
+                    if text.is_none() && !in_page(matching) {
                         matching += 1;
                         continue;
                     }
                     let status = PortStatus::of(port, self.runner.model.explain(key));
-                    if query.wants_row(&status) {
+                    if text.as_deref().is_none_or(|t| status.row_contains(t)) {
                         if in_page(matching) {
                             services.push(status);
                         }
