@@ -17,17 +17,35 @@
 //! Service is either absent or complete. If one fails, those before it stand and the runner's
 //! retry adopts the table (our skeleton) and refills it in one transaction.
 //!
+//! The transactions are committed by a second thread while the sync's thread builds and
+//! encodes the next ([`NftBackend::cold_fill`]): the kernel's inserts take about two thirds of
+//! a cold sync and the encoding one third, so on two CPUs they overlap. Each transaction's new
+//! per-count chains are created (as text) before it is handed over.
+//!
 //! Not the set's `size` declaration, which would presize the table: the kernel then picks the
 //! fixed hash (`nft_set_hash`), whose bucket array for the largest expected size is allocated
 //! for every set, empty ones included, and whose size is a hard limit.
 
-use kpng_model::Family;
+use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::sync::mpsc::{Receiver, sync_channel};
 
-use crate::netlink::{ElementBatch, NetlinkError};
+use kpng_backend_kit::owners::NODE_OWNER;
+use kpng_model::{Family, Snapshot};
+use tracing::debug;
+
+use crate::netlink::{ElementBatch, ElementWriter, NetlinkError, Operation};
+use crate::ruleset::{DynamicChain, Fam, StaticConfig};
+use crate::store::{self, ElementStore};
+use crate::{NftBackend, script};
 
 /// The first transaction of a cold fill holds at least this many elements: below it the
 /// per-transaction costs (the commit, the validation of the table's jumps) dominate.
 const FIRST_FILL_ELEMENTS: usize = 16 * 1024;
+
+/// Transactions encoded ahead of the one the kernel is committing. One is enough to keep both
+/// sides busy; each holds up to half the table's elements (≈ 7 MB at 30k × 4), so no more.
+const ENCODED_AHEAD: usize = 1;
 
 /// The batches of one streamed full sync: a single one when the table is adopted (flushed and
 /// refilled atomically), or a cold fill cut as the module says.
@@ -35,10 +53,9 @@ const FIRST_FILL_ELEMENTS: usize = 16 * 1024;
 pub struct FillBatches {
     /// The batch elements go to now.
     pub current: ElementBatch,
-    done: Vec<ElementBatch>,
     /// Whether the table was just created (the fill may be cut).
     cold: bool,
-    /// Elements in `done`.
+    /// Elements in the batches already cut.
     sent: usize,
 }
 
@@ -47,22 +64,25 @@ impl FillBatches {
     pub fn new(family: Family, table: &str, cold: bool) -> Result<FillBatches, NetlinkError> {
         Ok(FillBatches {
             current: ElementBatch::new(family, table)?,
-            done: Vec::new(),
             cold,
             sent: 0,
         })
     }
 
-    /// Called after each Service port's elements (and the node's): starts a new transaction
-    /// when the current one would now at least double what the earlier ones put in the table.
-    pub fn owner_done(&mut self, family: Family, table: &str) -> Result<(), NetlinkError> {
+    /// Called after each Service port's elements (and the node's): the transaction to commit
+    /// now, when the current one would at least double what the earlier ones put in the table.
+    pub fn owner_done(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<ElementBatch>, NetlinkError> {
         let adds = self.current.adds();
-        if self.cold && adds >= FIRST_FILL_ELEMENTS.max(self.sent) {
-            let next = ElementBatch::new(family, table)?;
-            self.done.push(std::mem::replace(&mut self.current, next));
-            self.sent += adds;
+        if !(self.cold && adds >= FIRST_FILL_ELEMENTS.max(self.sent)) {
+            return Ok(None);
         }
-        Ok(())
+        let next = ElementBatch::new(family, table)?;
+        self.sent += adds;
+        Ok(Some(std::mem::replace(&mut self.current, next)))
     }
 
     /// Elements added over all batches.
@@ -70,12 +90,230 @@ impl FillBatches {
         self.sent + self.current.adds()
     }
 
-    /// The batches, in the order they must be committed.
-    pub fn finish(mut self) -> Vec<ElementBatch> {
-        if !self.current.is_empty() || self.done.is_empty() {
-            self.done.push(self.current);
+    /// The last batch: `None` when it is empty and earlier ones were cut (an adopted table's
+    /// batch is returned even when empty: its flushes are the refill).
+    pub fn finish(self) -> Option<ElementBatch> {
+        (!self.current.is_empty() || self.sent == 0).then_some(self.current)
+    }
+}
+
+/// A cut transaction on its way to the thread that commits it.
+struct Queued {
+    batch: ElementBatch,
+    /// How many elements the fill emitted before this batch (to name a rejected element).
+    first: usize,
+}
+
+/// Why the committing thread stopped.
+struct CommitFailure {
+    error: NetlinkError,
+    /// The rejected element's position in the fill's sequence, when the kernel named one.
+    element: Option<usize>,
+}
+
+/// What the encoding side of a cold fill ended with.
+#[derive(Default)]
+struct Produced {
+    store: ElementStore,
+    ops: usize,
+    /// An element could not be encoded, or a chain not created: the first such error.
+    failed: Option<String>,
+    /// Two Service ports claim an element differently: only the collected path resolves it.
+    superseded: bool,
+}
+
+/// Commits the queued transactions in order until the queue closes or one fails; returning
+/// drops the receiver, which stops the encoding side at its next send.
+fn commit_queued(
+    writer: &mut dyn ElementWriter,
+    queue: Receiver<Queued>,
+) -> Result<(), CommitFailure> {
+    for Queued { batch, first } in queue {
+        let rejected = Cell::new(None);
+        let describe = |op: Operation, n: usize| {
+            if op == Operation::Add {
+                rejected.set(Some(first + n));
+            }
+            None
+        };
+        writer
+            .commit(batch, &describe)
+            .map_err(|error| CommitFailure {
+                error,
+                element: rejected.get(),
+            })?;
+    }
+    Ok(())
+}
+
+impl NftBackend {
+    /// Fills a table that was just created: the skeleton first, then the elements in the
+    /// transactions [`FillBatches`] cuts, committed by a second thread while this one encodes
+    /// the next. The kernel's inserts are about two thirds of a cold sync and building and
+    /// encoding the elements one third, so on two CPUs the two overlap instead of adding up.
+    /// `None` as [`NftBackend::streamed_full`]: conflicting elements; the table is then
+    /// replaced whole by the collected path, whatever was committed of it.
+    pub(crate) fn cold_fill(
+        &mut self,
+        index: usize,
+        snapshot: &Snapshot,
+        cfg: &StaticConfig,
+    ) -> Option<(Result<(), String>, ElementStore, usize)> {
+        let fam = self.states[index].fam;
+        let (text, skeleton_chains) = script::replace(fam, &self.config.table, cfg, &[]);
+        if let Err(e) = self.exec.run_full(&text) {
+            return Some((Err(e.to_string()), ElementStore::new(), 0));
         }
-        self.done
+        self.states[index].chains = skeleton_chains;
+        let Some(mut writer) = self.netlink.take() else {
+            return Some((Err("no netlink writer".into()), ElementStore::new(), 0));
+        };
+        let (queue, received) = sync_channel::<Queued>(ENCODED_AHEAD);
+        let (produced, committed) = std::thread::scope(|scope| {
+            let committing = std::thread::Builder::new()
+                .name("kpng-nft-fill".into())
+                .spawn_scoped(scope, || commit_queued(writer.as_mut(), received));
+            match committing {
+                Ok(handle) => {
+                    let produced = self.produce_cold(index, snapshot, |q| queue.send(q).is_ok());
+                    drop(queue);
+                    let committed = handle.join().unwrap_or_else(|_| {
+                        Err(CommitFailure {
+                            error: NetlinkError::Protocol("the fill thread panicked".into()),
+                            element: None,
+                        })
+                    });
+                    (Some(produced), committed)
+                }
+                // Nothing was sent: the retry finds the skeleton and refills it in one
+                // transaction, on this thread.
+                Err(e) => (
+                    None,
+                    Err(CommitFailure {
+                        error: NetlinkError::Io {
+                            context: "starting the fill thread".into(),
+                            source: e,
+                        },
+                        element: None,
+                    }),
+                ),
+            }
+        });
+        self.netlink = Some(writer);
+        let produced = produced.unwrap_or_default();
+        if produced.superseded && committed.is_ok() {
+            debug!("conflicting elements: full sync through the collected path");
+            return None;
+        }
+        let result = match (committed, produced.failed) {
+            (Err(failure), _) => Err(self.describe_failure(fam, snapshot, failure)),
+            (Ok(()), Some(message)) => Err(message),
+            (Ok(()), None) => Ok(()),
+        };
+        Some((result, produced.store, produced.ops))
+    }
+
+    /// Builds and encodes a cold fill's elements port by port, creating the chains each
+    /// transaction refers to before handing it to `deliver` (false: the committer stopped).
+    fn produce_cold(
+        &mut self,
+        index: usize,
+        snapshot: &Snapshot,
+        mut deliver: impl FnMut(Queued) -> bool,
+    ) -> Produced {
+        let fam = self.states[index].fam;
+        let table = self.config.table.clone();
+        let mut produced = Produced::default();
+        let mut fill = match FillBatches::new(fam.0, &table, true) {
+            Ok(fill) => fill,
+            Err(e) => {
+                produced.failed = Some(e.to_string());
+                return produced;
+            }
+        };
+        let node_ips = snapshot.node.ips.clone();
+        let mut chains = BTreeSet::new();
+        let mut first = 0;
+        let mut ports = snapshot.family(fam.0);
+        let (mut going, mut node_done) = (true, false);
+        while going && !node_done {
+            let (owner, elements) = match ports.next() {
+                Some(port) => self.owner_with_elements(port, &node_ips),
+                None => {
+                    node_done = true;
+                    (NODE_OWNER, self.node_elements(fam, snapshot))
+                }
+            };
+            for e in elements {
+                match produced.store.build_one(owner, &e) {
+                    store::Built::Emit => {
+                        chains.extend(script::referenced_chain(&e));
+                        if let Err(err) = fill.current.add(&e) {
+                            produced.failed.get_or_insert(err.to_string());
+                        }
+                    }
+                    store::Built::Skip => {}
+                    store::Built::Supersede => produced.superseded = true,
+                }
+            }
+            going = produced.failed.is_none() && !produced.superseded;
+            match fill.owner_done(fam.0, &table) {
+                _ if !going => {}
+                Ok(None) => {}
+                Ok(Some(batch)) => {
+                    let handed =
+                        self.hand_over(index, batch, &mut chains, &mut first, &mut deliver);
+                    going = handed.unwrap_or_else(|e| {
+                        produced.failed = Some(e);
+                        false
+                    });
+                }
+                Err(err) => {
+                    produced.failed = Some(err.to_string());
+                    going = false;
+                }
+            }
+        }
+        produced.ops = fill.adds();
+        if going
+            && let Some(batch) = fill.finish()
+            && let Err(e) = self.hand_over(index, batch, &mut chains, &mut first, &mut deliver)
+        {
+            produced.failed = Some(e);
+        }
+        produced
+    }
+
+    /// Creates the chains `batch` refers to (`chains`, emptied) that do not exist yet, then
+    /// hands it to `deliver`: `Ok(false)` when the committer has stopped (it says why).
+    fn hand_over(
+        &mut self,
+        index: usize,
+        batch: ElementBatch,
+        chains: &mut BTreeSet<DynamicChain>,
+        first: &mut usize,
+        deliver: &mut impl FnMut(Queued) -> bool,
+    ) -> Result<bool, String> {
+        self.ensure_chains(index, std::mem::take(chains).into_iter())?;
+        let adds = batch.adds();
+        let delivered = deliver(Queued {
+            batch,
+            first: *first,
+        });
+        *first += adds;
+        Ok(delivered)
+    }
+
+    /// The error of a failed cold-fill transaction, naming the element the kernel rejected.
+    fn describe_failure(&self, fam: Fam, snapshot: &Snapshot, failure: CommitFailure) -> String {
+        let mut error = failure.error;
+        if let NetlinkError::Rejected { element, .. } = &mut error
+            && element.is_none()
+            && let Some(n) = failure.element
+        {
+            *element = self.nth_full_element(fam, snapshot, n);
+        }
+        error.to_string()
     }
 }
 
@@ -98,14 +336,18 @@ mod tests {
     /// Feeds `owners` Service ports of `per_owner` elements each; the sizes of the batches.
     fn cut(cold: bool, owners: u32, per_owner: u32) -> Vec<usize> {
         let mut fill = FillBatches::new(Family::V4, "kpng", cold).expect("batch");
+        let mut sizes = Vec::new();
         for o in 0..owners {
             for e in 0..per_owner {
                 fill.current.add(&element(o * per_owner + e)).expect("add");
             }
-            fill.owner_done(Family::V4, "kpng").expect("cut");
+            if let Some(batch) = fill.owner_done(Family::V4, "kpng").expect("cut") {
+                sizes.push(batch.adds());
+            }
         }
         assert_eq!(fill.adds(), (owners * per_owner) as usize);
-        fill.finish().iter().map(ElementBatch::adds).collect()
+        sizes.extend(fill.finish().as_ref().map(ElementBatch::adds));
+        sizes
     }
 
     #[test]

@@ -617,17 +617,28 @@ impl NftBackend {
     ) {
         let node_ips = snapshot.node.ips.clone();
         for port in snapshot.family(fam.0) {
-            let owner = self.owner(&port.key);
-            self.assign_affinity_ids(port, owner);
-            f(owner, self.port_elements(port, owner, &node_ips));
+            let (owner, elements) = self.owner_with_elements(port, &node_ips);
+            f(owner, elements);
         }
         f(NODE_OWNER, self.node_elements(fam, snapshot));
     }
 
+    /// One Service port's owner id and elements, its affinity ids assigned first.
+    fn owner_with_elements(
+        &mut self,
+        port: &kpng_model::ServicePort,
+        node_ips: &[IpAddr],
+    ) -> (OwnerId, Vec<Element>) {
+        let owner = self.owner(&port.key);
+        self.assign_affinity_ids(port, owner);
+        (owner, self.port_elements(port, owner, node_ips))
+    }
+
     /// The full sync over netlink, encoding elements as they are generated so that no list of
-    /// every element is ever held (that list was the largest allocation of a cold start).
-    /// `None` when two owners disagree about an element in a way only the collected path
-    /// resolves (rare: conflicting Services); nothing was sent then.
+    /// every element is ever held (that list was the largest allocation of a cold start). A
+    /// table just created goes through [`NftBackend::cold_fill`]; an adopted one is flushed
+    /// and refilled in one transaction. `None` when two owners disagree about an element in a
+    /// way only the collected path resolves (rare: conflicting Services).
     fn streamed_full(
         &mut self,
         index: usize,
@@ -635,19 +646,20 @@ impl NftBackend {
         cfg: &StaticConfig,
         adopt: Adopt,
     ) -> Option<(Result<(), String>, ElementStore, usize)> {
+        if adopt == Adopt::No {
+            return self.cold_fill(index, snapshot, cfg);
+        }
         let fam = self.states[index].fam;
         let table = self.config.table.clone();
         let mut store = ElementStore::new();
-        let mut fill = match FillBatches::new(fam.0, &table, adopt == Adopt::No) {
+        let mut fill = match FillBatches::new(fam.0, &table, false) {
             Ok(fill) => fill,
             Err(e) => return Some((Err(e.to_string()), ElementStore::new(), 0)),
         };
         let mut chains = BTreeSet::new();
         let (mut superseded, mut failed) = (false, None);
-        if adopt != Adopt::No {
-            for set in Set::owned(fam.0) {
-                fill.current.flush(set);
-            }
+        for set in Set::owned(fam.0) {
+            fill.current.flush(set);
         }
         self.each_owner(fam, snapshot, |owner, elements| {
             for e in elements {
@@ -662,9 +674,6 @@ impl NftBackend {
                     store::Built::Supersede => superseded = true,
                 }
             }
-            if let Err(err) = fill.owner_done(fam.0, &table) {
-                failed.get_or_insert(err.to_string());
-            }
         });
         if superseded {
             debug!("conflicting elements: full sync through the collected path");
@@ -674,57 +683,34 @@ impl NftBackend {
         if let Some(message) = failed {
             return Some((Err(message), store, ops));
         }
-        let result = if adopt != Adopt::No {
-            // Same skeleton: refill every set atomically (the affinity map is kept).
-            self.states[index].chains.clear();
+        // Same skeleton: refill every set atomically (the affinity map is kept).
+        self.states[index].chains.clear();
+        let result =
             self.adopt_rules(index, cfg, adopt, chains)
-        } else {
-            // Nothing works yet, so nothing can be interrupted: skeleton, then elements.
-            let (text, skeleton_chains) = script::replace(fam, &self.config.table, cfg, &[]);
-            self.exec
-                .run_full(&text)
-                .map_err(|e| e.to_string())
-                .and_then(|()| {
-                    self.states[index].chains = skeleton_chains;
-                    self.ensure_chains(index, chains.into_iter())
-                })
-        };
-        let result = result.and_then(|()| self.commit_streamed(fam, snapshot, fill.finish()));
+                .and_then(|()| match fill.finish() {
+                    Some(batch) => self.commit_refill(fam, snapshot, batch),
+                    None => Ok(()),
+                });
         Some((result, store, ops))
     }
 
-    /// Sends the batches of a streamed full sync, in order; an element the kernel rejects is
+    /// Commits an adopted table's refill (one transaction); an element the kernel rejects is
     /// found again by regenerating the same sequence.
-    fn commit_streamed(
+    fn commit_refill(
         &mut self,
         fam: Fam,
         snapshot: &Snapshot,
-        batches: Vec<netlink::ElementBatch>,
+        batch: netlink::ElementBatch,
     ) -> Result<(), String> {
         let Some(mut writer) = self.netlink.take() else {
             return Err("no netlink writer".into());
         };
-        let mut result = Ok(());
-        let mut first = 0;
-        if batches.len() > 1 {
-            debug!(
-                transactions = batches.len(),
-                "a new table: its elements go in several transactions (fill.rs)"
-            );
-        }
-        for batch in batches {
-            let adds = batch.adds();
-            let this: &NftBackend = self;
-            let describe = |op: netlink::Operation, n: usize| match op {
-                netlink::Operation::Add => this.nth_full_element(fam, snapshot, first + n),
-                _ => None,
-            };
-            result = writer.commit(batch, &describe).map_err(|e| e.to_string());
-            if result.is_err() {
-                break;
-            }
-            first += adds;
-        }
+        let this: &NftBackend = self;
+        let describe = |op: netlink::Operation, n: usize| match op {
+            netlink::Operation::Add => this.nth_full_element(fam, snapshot, n),
+            _ => None,
+        };
+        let result = writer.commit(batch, &describe).map_err(|e| e.to_string());
         self.netlink = Some(writer);
         result
     }

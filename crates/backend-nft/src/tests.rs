@@ -548,6 +548,94 @@ fn a_failed_cold_fill_is_retried_as_one_refill_of_the_table_it_left() {
     }
 }
 
+/// A writer that checks, at each commit, that every per-count chain the transaction jumps to
+/// was created by a text transaction before it (the cold fill commits on another thread).
+struct ChainsFirst {
+    inner: RecordingWriter,
+    text: Recorder,
+    /// Chains a transaction named before any script created them.
+    late: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl netlink::ElementWriter for ChainsFirst {
+    fn commit(
+        &mut self,
+        batch: netlink::ElementBatch,
+        describe: &dyn Fn(Operation, usize) -> Option<String>,
+    ) -> Result<(), netlink::NetlinkError> {
+        let created = self.text.scripts().join("\n");
+        let before = self.inner.recorded().len();
+        self.inner.commit(batch, describe)?;
+        for sent in &self.inner.recorded()[before..] {
+            for chain in cluster_chains(&sent.datagram) {
+                if !created.contains(&chain) {
+                    self.late.lock().expect("lock").push(chain);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn probe_table(&mut self, family: Family, table: &str) -> ProbedTable {
+        self.inner.probe_table(family, table)
+    }
+}
+
+/// The `cluster-n<k>` chain names a datagram's verdicts jump to.
+fn cluster_chains(datagram: &[u8]) -> BTreeSet<String> {
+    let needle = b"cluster-n";
+    let mut out = BTreeSet::new();
+    for start in 0..datagram.len().saturating_sub(needle.len()) {
+        if datagram[start..].starts_with(needle) {
+            let digits = datagram[start + needle.len()..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let end = start + needle.len() + digits;
+            out.insert(String::from_utf8_lossy(&datagram[start..end]).into_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_cold_fill_creates_each_chain_before_the_transaction_that_jumps_to_it() {
+    // Ports are filled in name order; the Services named `s99…` come last and alone have 9
+    // endpoints, so `cluster-n9` is first needed by the fill's last transaction.
+    let mut yaml = many_services(4000, 4);
+    for i in [99, 990, 991, 992, 993] {
+        let slice = format!("name: s{i}-1,");
+        let at = yaml.find(&slice).expect("slice");
+        let endpoints = yaml[at..].find("endpoints:\n").expect("endpoints") + at + 11;
+        for e in 4..9 {
+            yaml.insert_str(
+                endpoints,
+                &format!("- {{addresses: [10.245.{e}.{}]}}\n", i % 250),
+            );
+        }
+    }
+    let model = model_from(&yaml);
+    let (b, r) = backend();
+    let w = RecordingWriter::default();
+    let late = std::sync::Arc::default();
+    let mut b = b.with_netlink(ChainsFirst {
+        inner: w.clone(),
+        text: r,
+        late: std::sync::Arc::clone(&late),
+    });
+    full_sync(&mut b, &model);
+    let ip: Vec<RecordedBatch> = w
+        .recorded()
+        .into_iter()
+        .filter(|b| b.family == Family::V4)
+        .collect();
+    assert!(ip.len() >= 2, "{} transactions", ip.len());
+    let nine = "cluster-n9".to_string();
+    assert!(!cluster_chains(&ip[0].datagram).contains(&nine));
+    assert!(cluster_chains(&ip[ip.len() - 1].datagram).contains(&nine));
+    assert_eq!(*late.lock().expect("lock"), Vec::<String>::new());
+}
+
 /// What the probe finds in a kernel that holds `b`'s own skeleton for `model`, per family.
 fn markers(b: &NftBackend, model: &Model) -> Vec<(Family, ProbedTable)> {
     Family::ALL

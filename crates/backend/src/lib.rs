@@ -108,6 +108,15 @@ pub trait Backend: Send {
     /// Registers the backend's own metrics (e.g. `…_nftables_sync_failures_total`).
     fn register_metrics(&self, _registry: &mut Registry) {}
 
+    /// Work that needs no cluster state (loading programs, creating or adopting maps), done
+    /// once before the first sync, while the source is still listing the cluster: the first
+    /// programming then does not wait for it, and a missing privilege shows at start. On an
+    /// error the runner logs it and the first sync tries again (and fails as loudly as any
+    /// sync). The default does nothing.
+    fn prepare(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Makes the data plane match the request.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError>;
 

@@ -86,6 +86,10 @@ impl Backend for ReleaseBeforeFirstSync {
         self.inner.register_metrics(registry);
     }
 
+    fn prepare(&mut self) -> Result<(), BackendError> {
+        self.inner.prepare()
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         if std::mem::take(&mut self.holding) {
             let started = std::time::Instant::now();

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
+use crate::addr_text::AddrText;
 use crate::categorize::{EndpointCandidate, categorize_endpoints, sort_endpoints};
 use crate::claims::{Frontend, Lost};
 use crate::key::{Family, PortKey, Protocol};
@@ -18,7 +19,7 @@ pub(crate) fn candidates<'a>(
     slices: impl Iterator<Item = &'a SliceInfo>,
     node_name: &str,
 ) -> Vec<EndpointCandidate> {
-    let mut by_addr: BTreeMap<String, EndpointCandidate> = BTreeMap::new();
+    let mut by_addr: BTreeMap<AddrText, EndpointCandidate> = BTreeMap::new();
     for slice in slices {
         for slice_port in slice
             .ports
@@ -43,7 +44,7 @@ pub(crate) fn candidates<'a>(
                     zone_hints: ep.zone_hints().to_vec(),
                     node_hints: ep.node_hints().to_vec(),
                 };
-                let key = candidate.endpoint.addr().to_string();
+                let key = AddrText::of(ep.ip, slice_port.port);
                 if is_local || !by_addr.contains_key(&key) {
                     by_addr.insert(key, candidate);
                 }

@@ -11,6 +11,7 @@
 //! - "Has any endpoint" is true when any endpoint anywhere is usable; it separates REJECT (no
 //!   endpoints at all) from DROP (endpoints exist, but none for this policy).
 
+use crate::addr_text::AddrText;
 use crate::service_port::Endpoint;
 
 /// An endpoint with the topology hints that decide whether this node may use it.
@@ -138,7 +139,7 @@ pub fn categorize_endpoints(
 /// Sorts endpoints as upstream does: by their `IP:port` string (every endpoint list of a
 /// [`crate::ServicePort`] is in this order).
 pub fn sort_endpoints(endpoints: &mut [Endpoint]) {
-    endpoints.sort_by_cached_key(|e| e.addr().to_string());
+    endpoints.sort_by_cached_key(|e| AddrText::of(e.ip, e.port));
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //!
 //! The crate is pure: no I/O, no clock, no async. Newcomers should start with [`Model`].
 
+mod addr_text;
 mod build;
 mod categorize;
 mod claims;
@@ -25,6 +26,7 @@ pub mod records;
 mod service_port;
 pub mod trace;
 
+pub use addr_text::AddrText;
 pub use categorize::{
     CategorizedEndpoints, EndpointCandidate, categorize_endpoints, sort_endpoints,
 };

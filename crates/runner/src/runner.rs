@@ -161,6 +161,11 @@ impl<M: NodeModel> Runner<M> {
             Ok(false) => {}
             Err(e) => warn!("cannot watch the data plane for changes made by others: {e}"),
         }
+        if let Err(e) = self.backend.prepare() {
+            warn!(
+                "cannot prepare the data plane before the first sync (the sync tries again): {e}"
+            );
+        }
         let mut state = LoopState {
             runner: self,
             families,
