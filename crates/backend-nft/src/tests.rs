@@ -636,6 +636,66 @@ fn a_cold_fill_creates_each_chain_before_the_transaction_that_jumps_to_it() {
     assert_eq!(*late.lock().expect("lock"), Vec::<String>::new());
 }
 
+/// A writer whose `n`th commit (from 0) fails; the others are recorded as usual.
+struct FailNth {
+    inner: RecordingWriter,
+    n: usize,
+    seen: usize,
+}
+
+impl netlink::ElementWriter for FailNth {
+    fn commit(
+        &mut self,
+        batch: netlink::ElementBatch,
+        describe: &dyn Fn(Operation, usize) -> Option<String>,
+    ) -> Result<(), netlink::NetlinkError> {
+        self.seen += 1;
+        if self.seen - 1 == self.n {
+            return Err(netlink::NetlinkError::Injected(
+                "the third transaction".into(),
+            ));
+        }
+        self.inner.commit(batch, describe)
+    }
+
+    fn probe_table(&mut self, family: Family, table: &str) -> ProbedTable {
+        self.inner.probe_table(family, table)
+    }
+}
+
+#[test]
+fn a_cold_fill_stops_at_a_refused_transaction_in_the_middle() {
+    // 12,000 Services: several transactions; the committer refuses the third while the
+    // encoding side is ahead of it. The sync fails with that error, nothing after it is
+    // sent, and the encoding side does not wait for a committer that is gone.
+    let model = model_from(&many_services(12_000, 4));
+    let (b, _) = backend();
+    let w = RecordingWriter::default();
+    let mut b = b.with_netlink(FailNth {
+        inner: w.clone(),
+        n: 2,
+        seen: 0,
+    });
+    let diff = Diff::full(model.snapshot());
+    let request = SyncRequest {
+        diff: &diff,
+        snapshot: model.snapshot(),
+        full: true,
+    };
+    let error = b
+        .sync(&request)
+        .expect_err("the third transaction is refused");
+    assert!(
+        error.to_string().contains("the third transaction"),
+        "{error}"
+    );
+    assert_eq!(
+        w.recorded().len(),
+        2,
+        "the two transactions before it, no more"
+    );
+}
+
 /// What the probe finds in a kernel that holds `b`'s own skeleton for `model`, per family.
 fn markers(b: &NftBackend, model: &Model) -> Vec<(Family, ProbedTable)> {
     Family::ALL
