@@ -12,10 +12,13 @@
 //! transactions lets each doubling finish.
 //!
 //! So a cold fill is cut, at Service-port boundaries, into transactions that at most double
-//! what the table holds ([`FillBatches`]): about six at 30k × 4. Each commit adds whole
-//! Service ports (a port's dispatch element and its endpoints arrive together), so a
-//! Service is either absent or complete. If one fails, those before it stand and the runner's
-//! retry adopts the table (our skeleton) and refills it in one transaction.
+//! what the table holds ([`FillBatches`]): about six at 30k × 4, each adding whole Service
+//! ports. The table has no base chain meanwhile: the skeleton goes in two parts
+//! ([`crate::ruleset::skeleton_in_two`]), the base chains last, once every element is in. So
+//! no packet meets a half-filled table (every Service appears at once), and the kernel, which
+//! validates a table from its base chains at each commit that adds a `goto` element, has
+//! nothing to validate until the last one. If a transaction fails, the table is left marked
+//! as filling, unhooked, and the runner's retry fills it again from scratch.
 //!
 //! The transactions are committed by a second thread while the sync's thread builds and
 //! encodes the next ([`NftBackend::cold_fill`]): the kernel's inserts take about two thirds of
@@ -160,11 +163,11 @@ impl NftBackend {
         cfg: &StaticConfig,
     ) -> Option<(Result<(), String>, ElementStore, usize)> {
         let fam = self.states[index].fam;
-        let (text, skeleton_chains) = script::replace(fam, &self.config.table, cfg, &[]);
-        if let Err(e) = self.exec.run_full(&text) {
+        let (without_hooks, hooks) = script::replace_in_two(fam, &self.config.table, cfg);
+        if let Err(e) = self.exec.run_full(&without_hooks) {
             return Some((Err(e.to_string()), ElementStore::new(), 0));
         }
-        self.states[index].chains = skeleton_chains;
+        self.states[index].chains.clear();
         let Some(mut writer) = self.netlink.take() else {
             return Some((Err("no netlink writer".into()), ElementStore::new(), 0));
         };
@@ -208,7 +211,8 @@ impl NftBackend {
         let result = match (committed, produced.failed) {
             (Err(failure), _) => Err(self.describe_failure(fam, snapshot, failure)),
             (Ok(()), Some(message)) => Err(message),
-            (Ok(()), None) => Ok(()),
+            // Complete: hook it in (one validation of the table), with its final marker.
+            (Ok(()), None) => self.exec.run(&hooks).map_err(|e| e.to_string()),
         };
         Some((result, produced.store, produced.ops))
     }

@@ -529,6 +529,8 @@ impl NftBackend {
         {
             self.states[index].kernel = match writer.probe_table(fam.0, &self.config.table) {
                 ProbedTable::Absent => KernelTable::Absent,
+                // A fill that did not finish: no base chain, nothing runs through it.
+                ProbedTable::Present(marker) if ruleset::is_filling(&marker) => KernelTable::Absent,
                 ProbedTable::Present(marker) => KernelTable::Skeleton(marker),
             };
         }

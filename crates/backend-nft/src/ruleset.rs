@@ -305,20 +305,74 @@ pub struct AffinityRules {
 /// Not the table's comment: the kernel keeps a table's first comment for good, while a chain
 /// can be deleted and added again in the transaction that changes the rules.
 pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
+    let s = render(fam, table, cfg, Part::Whole);
+    s.replace(MARKER_MARK, &marker(skeleton_id(&s)))
+}
+
+/// A new table's skeleton in two transactions (`fill.rs`): everything but the base chains,
+/// with the marker saying the table is still being filled, then the base chains and the
+/// marker of the whole [`skeleton`].
+///
+/// Why: at every commit that adds a `goto` element the kernel validates the table from each of
+/// its base chains, walking every verdict-map element reachable from them (at 30k × 4 about
+/// 72k elements, again at each of the fill's transactions). A table without base chains has
+/// nothing to validate, so the fill costs no validation and the base chains' transaction one.
+/// And no packet meets the table before it is complete: every Service appears at once.
+pub fn skeleton_in_two(fam: Fam, table: &str, cfg: &StaticConfig) -> (String, String) {
+    let f = fam.table_family();
+    let id = skeleton_id(&render(fam, table, cfg, Part::Whole));
+    let without = render(fam, table, cfg, Part::WithoutHooks).replace(MARKER_MARK, FILLING);
+    let mut hooks = format!("delete chain {f} {table} {MARKER_CHAIN}\n");
+    hooks.push_str(&render(fam, table, cfg, Part::HooksOnly).replace(MARKER_MARK, &marker(id)));
+    (without, hooks)
+}
+
+/// Which chains a rendering of the skeleton holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// All of it.
+    Whole,
+    /// The table, its sets and every chain but the base chains.
+    WithoutHooks,
+    /// The base chains (hooked to netfilter) and the marker chain.
+    HooksOnly,
+}
+
+/// The skeleton's id: a hash of its text with the marker left out.
+fn skeleton_id(rendered: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rendered.hash(&mut h);
+    h.finish()
+}
+
+fn render(fam: Fam, table: &str, cfg: &StaticConfig, part: Part) -> String {
     let (f, l3) = (fam.table_family(), fam.l3());
     let mark = format!("{:#x}", cfg.mark);
     let mut s = String::new();
     let _ = writeln!(s, "table {f} {table} {{");
-    let _ = writeln!(s, "\tcomment \"{TABLE_COMMENT}\"");
+    if part != Part::HooksOnly {
+        let _ = writeln!(s, "\tcomment \"{TABLE_COMMENT}\"");
+    }
     let _ = writeln!(
         s,
         "\tchain {MARKER_CHAIN} {{\n\t\tcomment \"{MARKER_MARK}\"\n\t}}"
     );
-    for set in Set::of_family(fam.0) {
-        let _ = writeln!(s, "\t{}", set.decl().render(fam));
+    if part != Part::HooksOnly {
+        for set in Set::of_family(fam.0) {
+            let _ = writeln!(s, "\t{}", set.decl().render(fam));
+        }
     }
 
     let chain = |s: &mut String, name: &str, base: Option<&str>, rules: &[String]| {
+        let wanted = match part {
+            Part::Whole => true,
+            Part::WithoutHooks => base.is_none(),
+            Part::HooksOnly => base.is_some(),
+        };
+        if !wanted {
+            return;
+        }
         let _ = writeln!(s, "\tchain {name} {{");
         if let Some(base) = base {
             let _ = writeln!(s, "\t\t{base}; policy accept;");
@@ -517,13 +571,7 @@ pub fn skeleton(fam: Fam, table: &str, cfg: &StaticConfig) -> String {
     }
 
     let _ = writeln!(s, "}}");
-    let id = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        s.hash(&mut h);
-        h.finish()
-    };
-    s.replace(MARKER_MARK, &marker(id))
+    s
 }
 
 /// What the table's comment says (constant: see [`skeleton`]).
@@ -541,6 +589,15 @@ const MARKER_MARK: &str = "@@KPNG-SKELETON@@";
 
 fn marker(id: u64) -> String {
     format!("kpng layout {LAYOUT} skeleton {id:016x}")
+}
+
+/// The marker of a table [`skeleton_in_two`] has not finished: no base chain yet, so nothing
+/// runs through it, and a later run fills it again from scratch.
+const FILLING: &str = "kpng filling";
+
+/// Whether a marker read from the kernel is that of a table whose fill did not finish.
+pub fn is_filling(marker: &str) -> bool {
+    marker == FILLING
 }
 
 /// The marker of a skeleton rendered by [`skeleton`]: its [`MARKER_CHAIN`]'s comment.

@@ -86,6 +86,18 @@ pub fn replace(
     (out, chains.iter().map(DynamicChain::name).collect())
 }
 
+/// A new table in two transactions ([`crate::ruleset::skeleton_in_two`]): the first replaces
+/// any table of that name with the skeleton but its base chains; the second, once the fill is
+/// in, adds them.
+pub fn replace_in_two(fam: Fam, table: &str, cfg: &StaticConfig) -> (String, String) {
+    let f = fam.table_family();
+    let (without_hooks, hooks) = crate::ruleset::skeleton_in_two(fam, table, cfg);
+    (
+        format!("add table {f} {table}\ndelete table {f} {table}\n{without_hooks}"),
+        hooks,
+    )
+}
+
 /// A partial sync: the element changes, preceded by any dynamic chain they newly need.
 /// Chains that fall out of use stay until the next full sync (their number is bounded by the
 /// distinct endpoint counts and affinity timeouts). Returns the script and the new chains.

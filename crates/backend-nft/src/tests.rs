@@ -696,6 +696,186 @@ fn a_cold_fill_stops_at_a_refused_transaction_in_the_middle() {
     );
 }
 
+/// The `chain NAME {` lines of a script, by name, and whether each is hooked.
+fn declared_chains(script: &str) -> BTreeMap<String, bool> {
+    let mut out = BTreeMap::new();
+    let mut current = None;
+    for line in script.lines() {
+        if let Some(name) = line
+            .trim()
+            .strip_prefix("chain ")
+            .and_then(|l| l.strip_suffix(" {"))
+        {
+            current = Some(name.to_string());
+            out.insert(name.to_string(), false);
+        } else if line.contains(" hook ")
+            && let Some(name) = &current
+        {
+            out.insert(name.clone(), true);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_new_tables_skeleton_in_two_parts_is_the_whole_one_with_the_hooks_last() {
+    let model = model_from(ONE_SERVICE);
+    let (b, _) = backend();
+    let cfg = b.static_config(Fam(Family::V4), model.snapshot());
+    let whole = ruleset::skeleton(Fam(Family::V4), "kpng", &cfg);
+    let (first, hooks) = ruleset::skeleton_in_two(Fam(Family::V4), "kpng", &cfg);
+    let (whole_chains, first_chains, hook_chains) = (
+        declared_chains(&whole),
+        declared_chains(&first),
+        declared_chains(&hooks),
+    );
+    assert!(whole_chains.values().filter(|hooked| **hooked).count() >= 6);
+    assert!(
+        first_chains.values().all(|hooked| !hooked),
+        "{first_chains:?}"
+    );
+    for (name, hooked) in &whole_chains {
+        let in_first = first_chains.contains_key(name);
+        let in_hooks = hook_chains.get(name).copied();
+        if name == ruleset::MARKER_CHAIN {
+            assert!(
+                in_first && in_hooks.is_some(),
+                "the marker is rewritten by the hooks"
+            );
+        } else if *hooked {
+            assert_eq!((in_first, in_hooks), (false, Some(true)), "{name}");
+        } else {
+            assert_eq!((in_first, in_hooks), (true, None), "{name}");
+        }
+    }
+    // Until the hooks are in, the marker says so; then it is the whole skeleton's.
+    let marker_of = |script: &str| {
+        script.lines().find_map(|l| {
+            let comment = l.trim().strip_prefix("comment \"")?.strip_suffix('"')?;
+            comment.starts_with("kpng ").then(|| comment.to_string())
+        })
+    };
+    assert!(ruleset::is_filling(&marker_of(&first).expect("marker")));
+    assert_eq!(
+        marker_of(&hooks).as_deref(),
+        ruleset::skeleton_marker(&whole)
+    );
+    assert!(hooks.starts_with("delete chain ip kpng skeleton\n"));
+}
+
+#[test]
+fn a_cold_fill_hooks_the_table_last_and_a_fill_left_unhooked_is_filled_again() {
+    let model = model_from(&many_services(2000, 4));
+    let (mut b, r, w) = netlink_backend();
+    let diff = Diff::full(model.snapshot());
+    let request = SyncRequest {
+        diff: &diff,
+        snapshot: model.snapshot(),
+        full: true,
+    };
+    b.sync(&request).expect("sync");
+    let s = scripts(&r);
+    let first = s
+        .iter()
+        .position(|t| t.starts_with("add table ip kpng"))
+        .expect("v4");
+    assert!(
+        !s[first].contains(" hook "),
+        "no base chain before the fill"
+    );
+    let hooks = s
+        .iter()
+        .position(|t| t.contains(" hook ") && t.contains("table ip kpng"))
+        .expect("the hooks");
+    assert!(hooks > first);
+    assert!(s[first + 1..hooks].iter().all(|t| !t.contains(" hook ")));
+    assert!(
+        w.recorded()
+            .iter()
+            .any(|b| b.family == Family::V4 && b.adds > 0)
+    );
+
+    // A kpng that stopped before the hooks: the probe finds the filling marker, and the next
+    // start fills the table again from scratch (no refill of a table nothing runs through).
+    let (mut again, r, w) = netlink_backend();
+    *w.tables.lock().expect("lock") =
+        vec![(Family::V4, ProbedTable::Present("kpng filling".into()))];
+    again.sync(&request).expect("sync");
+    let s = scripts(&r);
+    assert!(
+        s[0].starts_with("add table ip kpng\ndelete table ip kpng\n"),
+        "{}",
+        s[0]
+    );
+    let v4: Vec<RecordedBatch> = w
+        .recorded()
+        .into_iter()
+        .filter(|b| b.family == Family::V4)
+        .collect();
+    assert!(
+        v4.iter().all(|b| b.flushed().is_empty()),
+        "filled, not refilled"
+    );
+}
+
+/// Records scripts, refusing the first one that hooks base chains.
+struct RefuseHooks {
+    text: Recorder,
+    refused: bool,
+}
+
+impl exec::NftExec for RefuseHooks {
+    fn run(&mut self, script: &str) -> Result<(), exec::ExecError> {
+        if !self.refused && script.contains(" hook ") {
+            self.refused = true;
+            return Err(exec::ExecError::Refused {
+                tool: "test".into(),
+                status: "exit status: 1".into(),
+                message: "the hooks are refused".into(),
+            });
+        }
+        exec::ScriptExec::run(&mut self.text, script)
+    }
+}
+
+#[test]
+fn a_refused_hooks_transaction_fails_the_sync_and_the_retry_fills_again() {
+    let model = model_from(ONE_SERVICE);
+    let text = Recorder::default();
+    let w = RecordingWriter::default();
+    let mut b = NftBackend::new(
+        config(),
+        Box::new(RefuseHooks {
+            text: text.clone(),
+            refused: false,
+        }),
+    )
+    .with_netlink(w.clone());
+    let diff = Diff::full(model.snapshot());
+    let request = SyncRequest {
+        diff: &diff,
+        snapshot: model.snapshot(),
+        full: true,
+    };
+    let error = b.sync(&request).expect_err("the hooks are refused");
+    assert!(
+        error.to_string().contains("the hooks are refused"),
+        "{error}"
+    );
+    // What the kernel holds now: the table without hooks, marked as filling.
+    *w.tables.lock().expect("lock") =
+        vec![(Family::V4, ProbedTable::Present("kpng filling".into()))];
+    let before = text.scripts().len();
+    b.sync(&request).expect("the retry");
+    let s = text.scripts();
+    assert!(
+        s[before].starts_with("add table ip kpng\ndelete table ip kpng\n"),
+        "filled again from scratch: {}",
+        s[before]
+    );
+    assert!(s[before..].iter().any(|t| t.contains(" hook ")));
+}
+
 /// What the probe finds in a kernel that holds `b`'s own skeleton for `model`, per family.
 fn markers(b: &NftBackend, model: &Model) -> Vec<(Family, ProbedTable)> {
     Family::ALL
