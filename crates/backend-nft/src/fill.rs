@@ -50,24 +50,20 @@ const FIRST_FILL_ELEMENTS: usize = 16 * 1024;
 /// sides busy; each holds up to half the table's elements (≈ 7 MB at 30k × 4), so no more.
 const ENCODED_AHEAD: usize = 1;
 
-/// The batches of one streamed full sync: a single one when the table is adopted (flushed and
-/// refilled atomically), or a cold fill cut as the module says.
+/// The transactions of a cold fill, cut as the module says.
 #[derive(Debug)]
 pub struct FillBatches {
     /// The batch elements go to now.
     pub current: ElementBatch,
-    /// Whether the table was just created (the fill may be cut).
-    cold: bool,
     /// Elements in the batches already cut.
     sent: usize,
 }
 
 impl FillBatches {
-    /// An empty fill of `table` of `family`; `cold`: the table was just created.
-    pub fn new(family: Family, table: &str, cold: bool) -> Result<FillBatches, NetlinkError> {
+    /// An empty fill of `table` of `family`.
+    pub fn new(family: Family, table: &str) -> Result<FillBatches, NetlinkError> {
         Ok(FillBatches {
             current: ElementBatch::new(family, table)?,
-            cold,
             sent: 0,
         })
     }
@@ -80,7 +76,7 @@ impl FillBatches {
         table: &str,
     ) -> Result<Option<ElementBatch>, NetlinkError> {
         let adds = self.current.adds();
-        if !(self.cold && adds >= FIRST_FILL_ELEMENTS.max(self.sent)) {
+        if adds < FIRST_FILL_ELEMENTS.max(self.sent) {
             return Ok(None);
         }
         let next = ElementBatch::new(family, table)?;
@@ -93,8 +89,7 @@ impl FillBatches {
         self.sent + self.current.adds()
     }
 
-    /// The last batch: `None` when it is empty and earlier ones were cut (an adopted table's
-    /// batch is returned even when empty: its flushes are the refill).
+    /// The last batch: `None` when it is empty and earlier ones were cut.
     pub fn finish(self) -> Option<ElementBatch> {
         (!self.current.is_empty() || self.sent == 0).then_some(self.current)
     }
@@ -228,7 +223,7 @@ impl NftBackend {
         let fam = self.states[index].fam;
         let table = self.config.table.clone();
         let mut produced = Produced::default();
-        let mut fill = match FillBatches::new(fam.0, &table, true) {
+        let mut fill = match FillBatches::new(fam.0, &table) {
             Ok(fill) => fill,
             Err(e) => {
                 produced.failed = Some(e.to_string());
@@ -338,8 +333,8 @@ mod tests {
     }
 
     /// Feeds `owners` Service ports of `per_owner` elements each; the sizes of the batches.
-    fn cut(cold: bool, owners: u32, per_owner: u32) -> Vec<usize> {
-        let mut fill = FillBatches::new(Family::V4, "kpng", cold).expect("batch");
+    fn cut(owners: u32, per_owner: u32) -> Vec<usize> {
+        let mut fill = FillBatches::new(Family::V4, "kpng").expect("batch");
         let mut sizes = Vec::new();
         for o in 0..owners {
             for e in 0..per_owner {
@@ -356,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_cold_fill_is_cut_at_port_boundaries_each_at_most_doubling_the_table() {
-        let sizes = cut(true, 30_000, 11);
+        let sizes = cut(30_000, 11);
         assert_eq!(sizes.iter().sum::<usize>(), 330_000);
         assert!(sizes.len() >= 4 && sizes.len() <= 8, "{sizes:?}");
         let mut before = 0;
@@ -371,9 +366,8 @@ mod tests {
     }
 
     #[test]
-    fn an_adopted_table_and_a_small_cold_fill_are_one_transaction() {
-        assert_eq!(cut(false, 30_000, 11), vec![330_000]);
-        assert_eq!(cut(true, 100, 11), vec![1_100]);
-        assert_eq!(cut(true, 0, 11), vec![0]);
+    fn a_small_cold_fill_is_one_transaction() {
+        assert_eq!(cut(100, 11), vec![1_100]);
+        assert_eq!(cut(0, 11), vec![0]);
     }
 }

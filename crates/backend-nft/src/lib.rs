@@ -42,7 +42,6 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, warn};
 
 use crate::exec::NftExec;
-use crate::fill::FillBatches;
 use crate::netlink::{ElementWriter, ProbedTable};
 use crate::ruleset::{DetectLocal, Fam, StaticConfig};
 use crate::sets::Set;
@@ -654,21 +653,21 @@ impl NftBackend {
         let fam = self.states[index].fam;
         let table = self.config.table.clone();
         let mut store = ElementStore::new();
-        let mut fill = match FillBatches::new(fam.0, &table, false) {
-            Ok(fill) => fill,
+        let mut refill = match netlink::ElementBatch::new(fam.0, &table) {
+            Ok(batch) => batch,
             Err(e) => return Some((Err(e.to_string()), ElementStore::new(), 0)),
         };
         let mut chains = BTreeSet::new();
         let (mut superseded, mut failed) = (false, None);
         for set in Set::owned(fam.0) {
-            fill.current.flush(set);
+            refill.flush(set);
         }
         self.each_owner(fam, snapshot, |owner, elements| {
             for e in elements {
                 match store.build_one(owner, &e) {
                     store::Built::Emit => {
                         chains.extend(script::referenced_chain(&e));
-                        if let Err(err) = fill.current.add(&e) {
+                        if let Err(err) = refill.add(&e) {
                             failed.get_or_insert(err.to_string());
                         }
                     }
@@ -681,18 +680,15 @@ impl NftBackend {
             debug!("conflicting elements: full sync through the collected path");
             return None;
         }
-        let ops = fill.adds();
+        let ops = refill.adds();
         if let Some(message) = failed {
             return Some((Err(message), store, ops));
         }
         // Same skeleton: refill every set atomically (the affinity map is kept).
         self.states[index].chains.clear();
-        let result =
-            self.adopt_rules(index, cfg, adopt, chains)
-                .and_then(|()| match fill.finish() {
-                    Some(batch) => self.commit_refill(fam, snapshot, batch),
-                    None => Ok(()),
-                });
+        let result = self
+            .adopt_rules(index, cfg, adopt, chains)
+            .and_then(|()| self.commit_refill(fam, snapshot, refill));
         Some((result, store, ops))
     }
 
