@@ -42,8 +42,8 @@ use crate::ruleset::{DynamicChain, Fam, StaticConfig};
 use crate::store::{self, ElementStore};
 use crate::{NftBackend, script};
 
-/// The first transaction of a cold fill holds at least this many elements: below it the
-/// per-transaction costs (the commit, the validation of the table's jumps) dominate.
+/// The first transaction of a cold fill holds at least this many elements: below it each
+/// commit's fixed costs dominate.
 const FIRST_FILL_ELEMENTS: usize = 16 * 1024;
 
 /// Transactions encoded ahead of the one the kernel is committing. One is enough to keep both
