@@ -288,7 +288,17 @@ mod linux {
         match backend {
             LocalBackend::Nft(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,
-            LocalBackend::Ebpf(args) => crate::prereq::check(kind, &args.nft_binary)?,
+            LocalBackend::Ebpf(args) => {
+                // A mistyped path never becomes right: say so now, not at every retry.
+                if let Some(cgroup) = args.cgroup_path.as_ref().filter(|p| !p.is_dir()) {
+                    anyhow::bail!(
+                        "--cgroup-path {}: no such directory (it names the cgroup v2 subtree \
+                         whose sockets are translated; default: the cgroup v2 root)",
+                        cgroup.display()
+                    );
+                }
+                crate::prereq::check(kind, &args.nft_binary)?
+            }
             LocalBackend::Iptables(_) | LocalBackend::Hns(_) => {}
         }
         let (backend, variant): (Box<dyn Backend>, Option<Variant>) = match backend {

@@ -395,6 +395,30 @@ fn mistakes_on_the_line_say_what_was_meant() {
     }
 }
 
+#[test]
+fn an_ebpf_cgroup_path_that_does_not_exist_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let missing = dir.path().join("no-such-cgroup");
+    let out = kpng()
+        .args(["file", "--input"])
+        .arg(&input)
+        .args(["to-local", "ebpf", "--cgroup-path"])
+        .arg(&missing)
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--cgroup-path {}: no such directory",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+}
+
 /// A stand-in for `nft` that accepts every transaction (the dry run's kernel check passes).
 fn accepting_nft(dir: &Path) -> std::path::PathBuf {
     fake_nft(dir, "cat >/dev/null\nexit 0\n")
