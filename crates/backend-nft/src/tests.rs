@@ -52,14 +52,20 @@ fn scripts(r: &Recorder) -> Vec<String> {
 }
 
 fn full_sync(b: &mut NftBackend, model: &Model) -> usize {
+    try_full_sync(b, model).expect("sync").operations
+}
+
+/// A full sync of `model`, its outcome as the runner would get it.
+fn try_full_sync(
+    b: &mut NftBackend,
+    model: &Model,
+) -> Result<kpng_backend::SyncStats, kpng_backend::BackendError> {
     let diff = Diff::full(model.snapshot());
     b.sync(&SyncRequest {
         diff: &diff,
         snapshot: model.snapshot(),
         full: true,
     })
-    .expect("sync")
-    .operations
 }
 
 /// Compares `text` with the committed snapshot `tests/golden/{name}.snap` (insta: a change
@@ -519,13 +525,7 @@ fn a_failed_cold_fill_is_retried_as_one_refill_of_the_table_it_left() {
     let model = model_from(&many_services(4000, 4));
     let (mut b, _, w) = netlink_backend();
     *w.fail_with.lock().expect("lock") = Some("injected".into());
-    let diff = Diff::full(model.snapshot());
-    let request = SyncRequest {
-        diff: &diff,
-        snapshot: model.snapshot(),
-        full: true,
-    };
-    assert!(b.sync(&request).is_err());
+    assert!(try_full_sync(&mut b, &model).is_err());
     assert_eq!(
         w.recorded().len(),
         1,
@@ -537,7 +537,7 @@ fn a_failed_cold_fill_is_retried_as_one_refill_of_the_table_it_left() {
     *w.fail_with.lock().expect("lock") = None;
     *w.tables.lock().expect("lock") = markers(&b, &model);
     w.batches.lock().expect("lock").clear();
-    b.sync(&request).expect("the retry");
+    try_full_sync(&mut b, &model).expect("the retry");
     let batches = w.recorded();
     assert_eq!(batches.len(), 2, "one transaction per family");
     for batch in &batches {
@@ -676,15 +676,7 @@ fn a_cold_fill_stops_at_a_refused_transaction_in_the_middle() {
         n: 2,
         seen: 0,
     });
-    let diff = Diff::full(model.snapshot());
-    let request = SyncRequest {
-        diff: &diff,
-        snapshot: model.snapshot(),
-        full: true,
-    };
-    let error = b
-        .sync(&request)
-        .expect_err("the third transaction is refused");
+    let error = try_full_sync(&mut b, &model).expect_err("the third transaction is refused");
     assert!(
         error.to_string().contains("the third transaction"),
         "{error}"
@@ -767,13 +759,7 @@ fn a_new_tables_skeleton_in_two_parts_is_the_whole_one_with_the_hooks_last() {
 fn a_cold_fill_hooks_the_table_last_and_a_fill_left_unhooked_is_filled_again() {
     let model = model_from(&many_services(2000, 4));
     let (mut b, r, w) = netlink_backend();
-    let diff = Diff::full(model.snapshot());
-    let request = SyncRequest {
-        diff: &diff,
-        snapshot: model.snapshot(),
-        full: true,
-    };
-    b.sync(&request).expect("sync");
+    try_full_sync(&mut b, &model).expect("sync");
     let s = scripts(&r);
     let first = s
         .iter()
@@ -800,7 +786,7 @@ fn a_cold_fill_hooks_the_table_last_and_a_fill_left_unhooked_is_filled_again() {
     let (mut again, r, w) = netlink_backend();
     *w.tables.lock().expect("lock") =
         vec![(Family::V4, ProbedTable::Present("kpng filling".into()))];
-    again.sync(&request).expect("sync");
+    try_full_sync(&mut again, &model).expect("sync");
     let s = scripts(&r);
     assert!(
         s[0].starts_with("add table ip kpng\ndelete table ip kpng\n"),
@@ -851,13 +837,7 @@ fn a_refused_hooks_transaction_fails_the_sync_and_the_retry_fills_again() {
         }),
     )
     .with_netlink(w.clone());
-    let diff = Diff::full(model.snapshot());
-    let request = SyncRequest {
-        diff: &diff,
-        snapshot: model.snapshot(),
-        full: true,
-    };
-    let error = b.sync(&request).expect_err("the hooks are refused");
+    let error = try_full_sync(&mut b, &model).expect_err("the hooks are refused");
     assert!(
         error.to_string().contains("the hooks are refused"),
         "{error}"
@@ -866,7 +846,7 @@ fn a_refused_hooks_transaction_fails_the_sync_and_the_retry_fills_again() {
     *w.tables.lock().expect("lock") =
         vec![(Family::V4, ProbedTable::Present("kpng filling".into()))];
     let before = text.scripts().len();
-    b.sync(&request).expect("the retry");
+    try_full_sync(&mut b, &model).expect("the retry");
     let s = text.scripts();
     assert!(
         s[before].starts_with("add table ip kpng\ndelete table ip kpng\n"),
