@@ -166,8 +166,10 @@ impl NftBackend {
         let Some(mut writer) = self.netlink.take() else {
             return Some((Err("no netlink writer".into()), ElementStore::new(), 0));
         };
-        let (queue, received) = sync_channel::<Queued>(ENCODED_AHEAD);
         let (produced, committed) = std::thread::scope(|scope| {
+            // Made inside the scope: if the encoding side panicked, unwinding drops the sender
+            // before the scope waits for the committer, which then stops instead of waiting.
+            let (queue, received) = sync_channel::<Queued>(ENCODED_AHEAD);
             let committing = std::thread::Builder::new()
                 .name("kpng-nft-fill".into())
                 .spawn_scoped(scope, || commit_queued(writer.as_mut(), received));
