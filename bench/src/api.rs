@@ -1,7 +1,8 @@
 //! The API benchmark: one brain (`kpng file … to-api` on a Unix socket), N Services × M
 //! endpoints spread over as many nodes as there are clients, and that many simulated node
 //! clients in a separate process (`kpng-bench api-clients`: each its own connection and Watch
-//! stream, decoding every op and every `Service` and `Endpoint` value it receives), so that
+//! stream, decoding every op and every `Service` and `Endpoint` value it receives, or with
+//! `--read frames` only taking the stream apart into messages: [`crate::node_codec`]), so that
 //! the brain's own CPU time is visible. Measures the time until every client holds the initial
 //! state, the time for one endpoint change to reach every client, the brain's memory and its
 //! CPU seconds per node and per change.
@@ -13,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use kpng_api::proto;
-use kpng_api::proto::sets_client::SetsClient;
 use tokio::sync::{Barrier, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Endpoint;
 
 use crate::control::{Scratch, peak_rss_mb};
+use crate::node_codec::{NodeCodec, Reading, Received};
 use crate::stats::percentile;
 use crate::workload::{self, Endpoints};
 
@@ -146,50 +148,41 @@ async fn connect(socket: &Path, clients: usize) -> Result<tonic::transport::Chan
         .map_err(|e| format!("connecting to the brain: {e}"))
 }
 
-/// One simulated node: decodes every op and value; reports (client, ops) at every Sync.
+/// One simulated node: reads every op as `reading` says; reports (client, ops) at every Sync.
 async fn client(
     socket: &Path,
     clients: usize,
+    reading: Reading,
     index: usize,
     node: String,
     start: Arc<Barrier>,
     syncs: mpsc::UnboundedSender<(usize, usize)>,
 ) -> Result<(), String> {
-    use prost::Message;
     let channel = connect(socket, clients).await?;
     start.wait().await;
     let (requests, rx) = mpsc::channel(2);
     let request = proto::WatchReq { node_name: node };
     let _ = requests.send(request.clone()).await;
-    let mut stream = SetsClient::new(channel)
-        .max_decoding_message_size(64 << 20)
-        .watch(ReceiverStream::new(rx))
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
+    grpc.ready().await.map_err(|e| format!("connecting: {e}"))?;
+    let mut stream = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx)),
+            PathAndQuery::from_static(WATCH_PATH),
+            NodeCodec(reading),
+        )
         .await
         .map_err(|e| format!("watch: {e}"))?
         .into_inner();
     let mut ops = 0;
-    while let Some(item) = stream.message().await.map_err(|e| format!("stream: {e}"))? {
-        match item.op {
-            Some(proto::op_item::Op::Sync(_)) => {
-                if syncs.send((index, ops)).is_err() {
-                    return Ok(());
-                }
-                ops = 0;
-                let _ = requests.send(request.clone()).await;
-                continue;
+    while let Some(received) = stream.message().await.map_err(|e| format!("stream: {e}"))? {
+        if received == Received::Sync {
+            if syncs.send((index, ops)).is_err() {
+                return Ok(());
             }
-            Some(proto::op_item::Op::Set(value)) => {
-                let set = value.r#ref.map_or(0, |r| r.set);
-                let decoded = if set == proto::Set::ServicesSet as i32 {
-                    proto::Service::decode(value.bytes).map(drop)
-                } else if set == proto::Set::EndpointsSet as i32 {
-                    proto::Endpoint::decode(value.bytes).map(drop)
-                } else {
-                    Ok(())
-                };
-                decoded.map_err(|e| format!("decoding a value: {e}"))?;
-            }
-            _ => {}
+            ops = 0;
+            let _ = requests.send(request.clone()).await;
+            continue;
         }
         ops += 1;
         if ops % OPS_BEFORE_YIELD == 0 {
@@ -199,10 +192,13 @@ async fn client(
     Ok(())
 }
 
-/// `kpng-bench api-clients --socket PATH --clients N`: N simulated nodes (`node0`…) in this
-/// process. Prints `start` once every client is connected, then `sync CLIENT OPS` at every
+/// The Watch method's path, as the generated client calls it.
+const WATCH_PATH: &str = "/localv1.Sets/Watch";
+
+/// `kpng-bench api-clients --socket PATH --clients N [--read decode|frames]`: N simulated
+/// nodes (`node0`…) in this process. Prints `start` once every client is connected, then `sync CLIENT OPS` at every
 /// Sync a client receives; ends when stdin closes.
-pub fn clients_main(socket: &Path, clients: usize) -> Result<(), String> {
+pub fn clients_main(socket: &Path, clients: usize, reading: Reading) -> Result<(), String> {
     use std::io::Write;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -217,14 +213,15 @@ pub fn clients_main(socket: &Path, clients: usize) -> Result<(), String> {
             let tx = tx.clone();
             let barrier = barrier.clone();
             tokio::spawn(async move {
-                if let Err(e) = client(&socket, clients, i, format!("node{i}"), barrier, tx).await {
+                let node = format!("node{i}");
+                if let Err(e) = client(&socket, clients, reading, i, node, barrier, tx).await {
                     eprintln!("client node{i}: {e}");
                 }
             });
         }
         drop(tx);
         barrier.wait().await;
-        let mut out = std::io::stdout().lock();
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, std::io::stdout().lock());
         writeln!(out, "start").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
         // The parent closes stdin when it is done.
@@ -238,6 +235,12 @@ pub fn clients_main(socket: &Path, clients: usize) -> Result<(), String> {
                 sync = rx.recv() => {
                     let Some((i, ops)) = sync else { return Ok(()) };
                     writeln!(out, "sync {i} {ops}").map_err(|e| e.to_string())?;
+                    // The Syncs already queued go out in the same write: one write per line
+                    // was a system call per node per change, on the CPUs the brain uses. A
+                    // line is never written before its Sync arrived, so no time is hidden.
+                    while let Ok((i, ops)) = rx.try_recv() {
+                        writeln!(out, "sync {i} {ops}").map_err(|e| e.to_string())?;
+                    }
                     out.flush().map_err(|e| e.to_string())?;
                 }
                 _ = &mut stdin_closed => return Ok(()),
@@ -261,6 +264,7 @@ impl Drop for ClientsProcess {
 pub(crate) fn start_clients(
     socket: &Path,
     clients: usize,
+    reading: Reading,
 ) -> Result<(ClientsProcess, mpsc::UnboundedReceiver<(String, Instant)>), String> {
     use std::io::BufRead;
     let exe = std::env::current_exe().map_err(|e| format!("locating kpng-bench: {e}"))?;
@@ -270,6 +274,7 @@ pub(crate) fn start_clients(
         .arg(socket)
         .arg("--clients")
         .arg(clients.to_string())
+        .args(["--read", reading.name()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -323,6 +328,7 @@ async fn probe(socket: &Path, syncs: mpsc::UnboundedSender<(usize, usize)>) -> R
     client(
         socket,
         1,
+        Reading::Decode,
         0,
         "probe".into(),
         Arc::new(Barrier::new(1)),
@@ -343,7 +349,8 @@ async fn probe_synced(
     Ok(Instant::now())
 }
 
-/// Runs the benchmark against the brain `kpng` (`label` names it in the table).
+/// Runs the benchmark against the brain `kpng` (`label` names it in the table), its simulated
+/// nodes reading as `reading` says.
 pub fn run(
     kpng: &str,
     label: &str,
@@ -351,6 +358,7 @@ pub fn run(
     m: usize,
     clients: usize,
     changes: usize,
+    reading: Reading,
 ) -> Result<ApiResult, String> {
     let scratch = Scratch::new(&format!("api{n}"))?;
     let manifests = scratch.0.join("manifests");
@@ -406,7 +414,7 @@ pub fn run(
         let loaded_at = probe_synced(&mut probe_rx, Duration::from_secs(300)).await?;
         let load = loaded_at - started;
 
-        let (_clients, mut lines) = start_clients(&socket, clients)?;
+        let (_clients, mut lines) = start_clients(&socket, clients, reading)?;
         // Every client is connected when the process says `start`.
         loop {
             let (line, _) = tokio::time::timeout(Duration::from_secs(300), lines.recv())
@@ -441,7 +449,10 @@ pub fn run(
             change_cpu += cpu().saturating_sub(before);
         }
         Ok(ApiResult {
-            label: label.to_string(),
+            label: match reading {
+                Reading::Decode => label.to_string(),
+                Reading::Frames => format!("{label} (nodes read frames only)"),
+            },
             n,
             m,
             clients,

@@ -337,7 +337,8 @@ fn one_brain(
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let (_clients, mut lines) = start_clients(&socket, nodes)?;
+        let (_clients, mut lines) =
+            start_clients(&socket, nodes, crate::node_codec::Reading::Decode)?;
         let long = Duration::from_secs(600);
         collect_lines(&mut lines, nodes, long).await?;
         let initial_time = t0.elapsed();

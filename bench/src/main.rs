@@ -32,6 +32,7 @@ mod data;
 mod docs;
 mod hns;
 mod kube_proxy_nft;
+mod node_codec;
 mod plots;
 mod scaling;
 mod startup;
@@ -45,7 +46,7 @@ use std::time::Duration;
 /// root, where the benchmarks are run from).
 const BENCHMARKS_MD: &str = "docs/benchmarks.md";
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api [--clients 1000,5000 --read decode|frames --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -175,6 +176,11 @@ fn main() -> ExitCode {
             let n = num(&args, "--services", 30_000);
             let m = num(&args, "--endpoints", 4);
             let changes = num(&args, "--changes", 20);
+            // `--read frames`: the simulated nodes only split the stream into messages, so
+            // their decoding on this machine's CPUs does not hide the brain's fan-out.
+            let reading = node_codec::Reading::parse(
+                &flag(&args, "--read").unwrap_or_else(|| "decode".into()),
+            )?;
             let mut table = api::ApiResult::markdown_header().to_string();
             // `--clients 1000,5000`: one row per count; `--before PATH`: the same against
             // another kpng binary first (side by side in one run).
@@ -184,12 +190,12 @@ fn main() -> ExitCode {
                 .filter_map(|c| c.trim().parse::<usize>().ok())
             {
                 if let Some(before) = flag(&args, "--before") {
-                    let r = api::run(&before, "before", n, m, clients, changes)?;
+                    let r = api::run(&before, "before", n, m, clients, changes, reading)?;
                     eprintln!("{}", r.markdown_row());
                     table.push_str(&r.markdown_row());
                     table.push('\n');
                 }
-                let r = api::run(&kpng, "kpng", n, m, clients, changes)?;
+                let r = api::run(&kpng, "kpng", n, m, clients, changes, reading)?;
                 eprintln!("{}", r.markdown_row());
                 table.push_str(&r.markdown_row());
                 table.push('\n');
@@ -226,10 +232,16 @@ fn main() -> ExitCode {
             )
             .map(|r| println!("{}", r.markdown()))
         }
-        Some("api-clients") => api::clients_main(
-            std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
-            num(&args, "--clients", 1000),
-        ),
+        Some("api-clients") => {
+            node_codec::Reading::parse(&flag(&args, "--read").unwrap_or_else(|| "decode".into()))
+                .and_then(|reading| {
+                    api::clients_main(
+                        std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
+                        num(&args, "--clients", 1000),
+                        reading,
+                    )
+                })
+        }
         Some("hns") => hns::run(
             num(&args, "--services", 2000),
             num(&args, "--remote", 5000),
@@ -377,7 +389,15 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     };
     for (n, clients) in api_sizes {
         eprintln!("api: {n} Services × 4 endpoints, {clients} clients …");
-        let r = api::run(kpng, "kpng", *n, 4, *clients, if quick { 3 } else { 20 })?;
+        let r = api::run(
+            kpng,
+            "kpng",
+            *n,
+            4,
+            *clients,
+            if quick { 3 } else { 20 },
+            node_codec::Reading::Decode,
+        )?;
         report.push_str(&r.markdown_row());
         report.push('\n');
     }
