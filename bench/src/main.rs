@@ -90,6 +90,11 @@ fn flag(args: &[String], name: &str) -> Option<String> {
         .cloned()
 }
 
+/// `--read decode|frames`: how the simulated API nodes read their stream (decode by default).
+fn read_flag(args: &[String]) -> Result<node_codec::Reading, String> {
+    node_codec::Reading::parse(&flag(args, "--read").unwrap_or_else(|| "decode".into()))
+}
+
 fn num(args: &[String], name: &str, default: usize) -> usize {
     flag(args, name)
         .and_then(|v| v.parse().ok())
@@ -178,9 +183,7 @@ fn main() -> ExitCode {
             let changes = num(&args, "--changes", 20);
             // `--read frames`: the simulated nodes only split the stream into messages, so
             // their decoding on this machine's CPUs does not hide the brain's fan-out.
-            let reading = node_codec::Reading::parse(
-                &flag(&args, "--read").unwrap_or_else(|| "decode".into()),
-            )?;
+            let reading = read_flag(&args)?;
             let mut table = api::ApiResult::markdown_header().to_string();
             // `--clients 1000,5000`: one row per count; `--before PATH`: the same against
             // another kpng binary first (side by side in one run).
@@ -232,16 +235,13 @@ fn main() -> ExitCode {
             )
             .map(|r| println!("{}", r.markdown()))
         }
-        Some("api-clients") => {
-            node_codec::Reading::parse(&flag(&args, "--read").unwrap_or_else(|| "decode".into()))
-                .and_then(|reading| {
-                    api::clients_main(
-                        std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
-                        num(&args, "--clients", 1000),
-                        reading,
-                    )
-                })
-        }
+        Some("api-clients") => read_flag(&args).and_then(|reading| {
+            api::clients_main(
+                std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
+                num(&args, "--clients", 1000),
+                reading,
+            )
+        }),
         Some("hns") => hns::run(
             num(&args, "--services", 2000),
             num(&args, "--remote", 5000),
