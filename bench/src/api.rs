@@ -168,7 +168,7 @@ async fn client(
     let mut stream = grpc
         .streaming(
             tonic::Request::new(ReceiverStream::new(rx)),
-            PathAndQuery::from_static(WATCH_PATH),
+            PathAndQuery::from_static(kpng_api::server::WATCH_PATH),
             NodeCodec(reading),
         )
         .await
@@ -192,12 +192,9 @@ async fn client(
     Ok(())
 }
 
-/// The Watch method's path, as the generated client calls it.
-const WATCH_PATH: &str = "/localv1.Sets/Watch";
-
 /// `kpng-bench api-clients --socket PATH --clients N [--read decode|frames]`: N simulated
-/// nodes (`node0`…) in this process. Prints `start` once every client is connected, then `sync CLIENT OPS` at every
-/// Sync a client receives; ends when stdin closes.
+/// nodes (`node0`…) in this process. Prints `start` once every client is connected, then
+/// `sync CLIENT OPS` at every Sync a client receives; ends when stdin closes.
 pub fn clients_main(socket: &Path, clients: usize, reading: Reading) -> Result<(), String> {
     use std::io::Write;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -161,8 +161,9 @@ impl SetsService {
     }
 }
 
-/// The one method this service has.
-const WATCH_PATH: &str = "/localv1.Sets/Watch";
+/// The one method this service has: its HTTP/2 path, also for clients that call it with a
+/// codec of their own (the benchmark's simulated nodes).
+pub const WATCH_PATH: &str = "/localv1.Sets/Watch";
 /// A `WatchReq` is a node name: anything larger is not one.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Batches (of about [`BATCH_BYTES`]) buffered per stream before its task waits for the
