@@ -34,6 +34,19 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# A clean checkout gains nothing from cargo's incremental cache (gigabytes, written once).
+if [ "${CI:-}" = true ]; then
+  export CARGO_INCREMENTAL=0
+fi
+# The build needs several gigabytes; when the disk fills, the linker dies with a "Bus error"
+# that does not say why. Say it first.
+target_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target_dir"
+free_kb=$(df -Pk "$target_dir" | awk 'NR == 2 {print $4}')
+if [ -n "$free_kb" ] && [ "$free_kb" -lt $((8 * 1024 * 1024)) ]; then
+  echo "== WARNING: only $((free_kb / 1024)) MB free under $target_dir; the build and tests need about 8 GB"
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -113,7 +126,6 @@ else
     # A debug build: a release Windows build takes many minutes on 2 cores.
     cargo build --quiet --locked --target "$windows_target" -p kpng
     cargo build --quiet --locked -p kpng
-    target_dir="${CARGO_TARGET_DIR:-target}"
     scripts/wine-compare.sh "$target_dir/$windows_target/debug/kpng.exe" "$target_dir/debug/kpng"
   fi
 fi
