@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::SystemTime;
 
 use ipnet::IpNet;
@@ -27,8 +28,6 @@ use kpng_model::{
     ClusterModel, ClusterOutcome, Event, Kind, NodeState, ServiceKey, ServicePort, ServiceSource,
     node_state,
 };
-use tokio::sync::Notify;
-
 use prost::bytes::Bytes;
 
 use crate::convert::{ServiceMessages, encode_node, encode_service, encode_service_cidrs};
@@ -527,7 +526,10 @@ fn merge_by_key<'a, A: 'a, B: 'a>(
 #[derive(Debug)]
 pub struct Slot {
     pending: Mutex<Pending>,
-    notify: Notify,
+    /// The task to wake when something is queued: the stream's response body, polled by the
+    /// connection (no task of its own). Set only while `pending` is locked and found empty,
+    /// so a change recorded in between is never missed.
+    waker: Mutex<Option<Waker>>,
     stats: Mutex<SlotStats>,
 }
 
@@ -578,32 +580,53 @@ impl Slot {
         self.stats().pending_since.get_or_insert(now);
     }
 
-    /// Waits until something is to be sent, then takes it (the watcher now holds the newest
-    /// versions and node state).
-    pub async fn next(&self) -> Pending {
-        loop {
-            {
-                let mut pending = self.lock();
-                if pending.is_ready() {
-                    {
-                        let mut stats = self.stats();
-                        stats.change_sets_sent += 1;
-                        stats.last_sent_at = Some(SystemTime::now());
-                        stats.pending_since = None;
-                    }
-                    let node = pending.node.clone();
-                    return std::mem::replace(
-                        &mut *pending,
-                        Pending {
-                            old_node: Some(node.clone()),
-                            node,
-                            ..Pending::default()
-                        },
-                    );
-                }
-            }
-            self.notify.notified().await;
+    /// Wakes whoever waits in [`Slot::poll_next`].
+    fn wake(&self) {
+        let waker = self
+            .waker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(waker) = waker {
+            waker.wake();
         }
+    }
+
+    /// Takes what is to be sent, if anything (the watcher now holds the newest versions and
+    /// node state); else `cx` is woken when something is queued.
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Pending> {
+        let mut pending = self.lock();
+        if !pending.is_ready() {
+            let mut waker = self
+                .waker
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            match waker.as_mut() {
+                Some(w) => w.clone_from(cx.waker()),
+                None => *waker = Some(cx.waker().clone()),
+            }
+            return Poll::Pending;
+        }
+        {
+            let mut stats = self.stats();
+            stats.change_sets_sent += 1;
+            stats.last_sent_at = Some(SystemTime::now());
+            stats.pending_since = None;
+        }
+        let node = pending.node.clone();
+        Poll::Ready(std::mem::replace(
+            &mut *pending,
+            Pending {
+                old_node: Some(node.clone()),
+                node,
+                ..Pending::default()
+            },
+        ))
+    }
+
+    /// Waits until something is to be sent, then takes it (see [`Slot::poll_next`]).
+    pub async fn next(&self) -> Pending {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 }
 
@@ -676,7 +699,7 @@ impl Registration {
             }
         }
         self.node_name = node_name.to_string();
-        self.slot.notify.notify_one();
+        self.slot.wake();
     }
 }
 
@@ -737,7 +760,7 @@ impl Hub {
                 node: state.node(node_name),
                 ..Pending::default()
             }),
-            notify: Notify::new(),
+            waker: Mutex::new(None),
             stats: Mutex::new(SlotStats {
                 connected_at: SystemTime::now(),
                 change_sets_sent: 0,
@@ -824,7 +847,7 @@ impl Hub {
         for id in touched {
             if let Some(w) = state.watchers.get(&id) {
                 w.slot.queued(now);
-                w.slot.notify.notify_one();
+                w.slot.wake();
             }
         }
         out

@@ -1,15 +1,20 @@
 //! The gRPC server of a brain: `localv1.Sets/Watch` over TCP or a Unix socket, optionally TLS.
 //!
-//! Each Watch stream gets its own task and a bounded op channel: a client that reads slowly
-//! fills only its own channel, and its changes keep coalescing in its [`crate::hub::Pending`].
+//! Each Watch stream is its response body, polled by the connection: it reads the requests,
+//! waits on the watcher's slot in the hub and encodes small change sets itself; a large one (a
+//! replay) gets a task of its own with a bounded channel, so a client that reads slowly holds
+//! back only its own stream, and its changes keep coalescing in its [`crate::hub::Pending`].
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prost::bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::Stream;
 use tonic::body::Body;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Status, Streaming};
@@ -20,7 +25,7 @@ mod conn;
 pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, limit};
 
 use crate::addr::{ApiAddr, TlsFiles};
-use crate::hub::{Hub, Registration};
+use crate::hub::{Hub, Pending, Registration};
 use crate::proto;
 
 /// Watch streams served at once: a brain serves a few thousand nodes; beyond this a client is
@@ -136,22 +141,18 @@ impl SetsService {
             None,
             Some(MAX_REQUEST_BYTES),
         );
-        let (tx, rx) = mpsc::channel(CHUNKS_BUFFER);
-        tokio::spawn(serve_watch(
-            self.hub.clone(),
+        let mut response = http::Response::new(Body::new(WatchBody {
+            hub: self.hub.clone(),
             requests,
-            tx,
-            Client {
+            client: Client {
                 peer,
                 allowed,
                 _permit: permit,
                 _watching: conn.map(|state| state.watching()),
             },
-        ));
-        let mut response = http::Response::new(Body::new(WatchBody {
-            chunks: rx,
-            queue: std::collections::VecDeque::new(),
-            done: false,
+            registration: None,
+            step: Step::Request,
+            queue: VecDeque::new(),
         }));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
@@ -166,9 +167,13 @@ impl SetsService {
 pub const WATCH_PATH: &str = "/localv1.Sets/Watch";
 /// A `WatchReq` is a node name: anything larger is not one.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
-/// Batches (of about [`BATCH_BYTES`]) buffered per stream before its task waits for the
-/// client to read.
+/// Batches (of about [`BATCH_BYTES`]) a large change set's task buffers before it waits for
+/// the client to read.
 const CHUNKS_BUFFER: usize = 1;
+/// A change set of at most this many Services (and no replay) is encoded where the response
+/// body is polled, without a task of its own: the common case of one Service changing costs
+/// no task switch and no channel per stream.
+const INLINE_SERVICES: usize = 32;
 
 impl tonic::server::NamedService for SetsService {
     const NAME: &'static str = "localv1.Sets";
@@ -191,61 +196,9 @@ impl tower::Service<http::Request<Body>> for SetsService {
     }
 }
 
-/// What a stream's task hands the response body: chunks of frames, or the status that ends
-/// it.
-type Chunk = Result<Vec<Bytes>, Status>;
-
-/// Chunks are handed to the response body in batches of about this many bytes: fewer task
+/// A large change set's chunks are handed to the response body in batches of about this many bytes: fewer task
 /// switches per stream than one chunk at a time.
 const BATCH_BYTES: usize = 256 * 1024;
-
-/// The response body of one Watch: the chunks of frames, then the `grpc-status` trailers.
-struct WatchBody {
-    chunks: mpsc::Receiver<Chunk>,
-    queue: std::collections::VecDeque<Bytes>,
-    done: bool,
-}
-
-impl http_body::Body for WatchBody {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-        use std::task::Poll;
-        if let Some(bytes) = self.queue.pop_front() {
-            return Poll::Ready(Some(Ok(http_body::Frame::data(bytes))));
-        }
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match self.chunks.poll_recv(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(batch))) => {
-                self.queue.extend(batch);
-                match self.queue.pop_front() {
-                    Some(bytes) => Poll::Ready(Some(Ok(http_body::Frame::data(bytes)))),
-                    None => {
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                }
-            }
-            Poll::Ready(end) => {
-                self.done = true;
-                let status = match end {
-                    Some(Err(status)) => status,
-                    _ => Status::ok(""),
-                };
-                let mut trailers = status.into_http::<()>().into_parts().0.headers;
-                trailers.remove(http::header::CONTENT_TYPE);
-                Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
-            }
-        }
-    }
-}
 
 /// The client's certificate chain, over TCP or a Unix socket (tonic's own accessor only
 /// knows its own connection types, not [`Limited`] ones).
@@ -292,8 +245,6 @@ fn connection(
     (None, None)
 }
 
-type OpSender = mpsc::Sender<Chunk>;
-
 /// Who is watching.
 struct Client {
     peer: Option<std::net::SocketAddr>,
@@ -305,29 +256,53 @@ struct Client {
     _watching: Option<conn::WatchGuard>,
 }
 
-/// One Watch stream: for every request, the next non-empty change set.
-async fn serve_watch(
+/// What a large change set's task hands the response body.
+enum Produced {
+    /// The next chunks of frames.
+    Frames(Vec<Bytes>),
+    /// The change set is complete; `synced`: it ended with `Sync` (else nothing changed for
+    /// this node, and the stream waits for the next change set, not the next request).
+    End { synced: bool },
+}
+
+/// Where one Watch stream is.
+enum Step {
+    /// Waiting for the client's next request (each asks for the next change set).
+    Request,
+    /// Waiting for something to send to the client's node.
+    ChangeSet,
+    /// Taking a large change set from the task that encodes it.
+    Large(mpsc::Receiver<Produced>),
+    /// The stream ends with this status (sent as trailers).
+    End(Status),
+    /// Trailers sent.
+    Done,
+}
+
+/// One Watch stream, as its response body: for every request, the next non-empty change set.
+///
+/// The body itself reads the requests and waits on the watcher's [`crate::hub::Slot`], so a
+/// change reaches a node through one task (the connection's stream, woken by the hub) instead
+/// of a task per stream handing bytes over a channel: at thousands of nodes that hand-over was
+/// a large part of what one change cost the brain. Only a large change set (a replay) is
+/// encoded by a task of its own, which waits whenever the client reads slowly; its changes
+/// meanwhile keep coalescing in its [`crate::hub::Pending`].
+struct WatchBody {
     hub: Arc<Hub>,
-    mut requests: Streaming<proto::WatchReq>,
-    tx: OpSender,
+    requests: Streaming<proto::WatchReq>,
     client: Client,
-) {
-    let peer = client.peer;
-    let mut registration: Option<Registration> = None;
-    'stream: loop {
-        let request = tokio::select! {
-            r = requests.message() => r,
-            _ = tx.closed() => break,
-        };
-        let node_name = match request {
-            Ok(Some(r)) => r.node_name,
-            Ok(None) => break,
-            Err(status) => {
-                debug!(?peer, "watch stream ended: {status}");
-                break;
-            }
-        };
-        if let Some(allowed) = &client.allowed
+    registration: Option<Registration>,
+    step: Step,
+    /// Chunks of frames ready to hand to the connection.
+    queue: VecDeque<Bytes>,
+}
+
+impl WatchBody {
+    /// A request for `node_name`: registers the watcher (or renames it), or refuses a node the
+    /// client certificate does not name.
+    fn requested(&mut self, node_name: String) -> Step {
+        let peer = self.client.peer;
+        if let Some(allowed) = &self.client.allowed
             && !crate::identity::may_watch(allowed, &node_name)
         {
             warn!(
@@ -335,59 +310,145 @@ async fn serve_watch(
                 node = %node_name,
                 "refusing a Watch: the client certificate names {allowed:?}, not this node"
             );
-            let _ = tx
-                .send(Err(Status::permission_denied(format!(
-                    "the client certificate does not name node {node_name:?}"
-                ))))
-                .await;
-            break;
+            return Step::End(Status::permission_denied(format!(
+                "the client certificate does not name node {node_name:?}"
+            )));
         }
-        let reg = match &mut registration {
+        match &mut self.registration {
             Some(reg) => {
                 if reg.node_name() != node_name {
                     reg.rename(&node_name);
                 }
-                reg
             }
             None => {
                 info!(?peer, node = %node_name, "API client watching");
-                registration.insert(hub.register(&node_name))
+                self.registration = Some(self.hub.register(&node_name));
             }
-        };
-        loop {
-            let pending = tokio::select! {
-                p = reg.slot.next() => p,
-                _ = tx.closed() => break 'stream,
-            };
-            let mut frames = pending.frames(hub.replay_cache());
-            let mut batch = Vec::new();
-            let mut batched = 0;
-            loop {
-                let chunk = frames.next();
-                let end = chunk.is_none();
-                if let Some(chunk) = chunk {
-                    batched += chunk.len();
-                    batch.push(chunk);
-                }
-                if (end && !batch.is_empty()) || batched >= BATCH_BYTES {
-                    batched = 0;
-                    if tx.send(Ok(std::mem::take(&mut batch))).await.is_err() {
-                        break 'stream;
-                    }
-                }
-                if end {
-                    break;
-                }
-            }
-            hub.metrics().ops.inc_by(frames.ops());
-            if frames.synced() {
-                hub.metrics().change_sets.inc();
-                break;
+        }
+        Step::ChangeSet
+    }
+
+    /// Starts sending `pending`: encoded here when small, else by a task of its own.
+    fn send(&mut self, pending: Pending) -> Step {
+        let small =
+            !pending.replay && pending.base.is_none() && pending.changes.len() <= INLINE_SERVICES;
+        if !small {
+            let (tx, rx) = mpsc::channel(CHUNKS_BUFFER);
+            tokio::spawn(produce(self.hub.clone(), pending, tx));
+            return Step::Large(rx);
+        }
+        let mut frames = pending.frames(self.hub.replay_cache());
+        self.queue.extend(frames.by_ref());
+        done(&self.hub, frames.ops(), frames.synced())
+    }
+}
+
+/// After a change set of `ops` ops: the step that follows.
+fn done(hub: &Hub, ops: u64, synced: bool) -> Step {
+    hub.metrics().ops.inc_by(ops);
+    if synced {
+        hub.metrics().change_sets.inc();
+        Step::Request
+    } else {
+        Step::ChangeSet
+    }
+}
+
+/// Encodes a large change set in batches of about [`BATCH_BYTES`], each sent when the
+/// stream has taken the previous one; stops when the stream is gone.
+async fn produce(hub: Arc<Hub>, pending: Pending, tx: mpsc::Sender<Produced>) {
+    let mut frames = pending.frames(hub.replay_cache());
+    let mut batch = Vec::new();
+    let mut batched = 0;
+    for chunk in frames.by_ref() {
+        batched += chunk.len();
+        batch.push(chunk);
+        if batched >= BATCH_BYTES {
+            batched = 0;
+            if tx
+                .send(Produced::Frames(std::mem::take(&mut batch)))
+                .await
+                .is_err()
+            {
+                return;
             }
         }
     }
-    if let Some(reg) = &registration {
-        info!(?peer, node = %reg.node_name(), "API client gone");
+    if !batch.is_empty() && tx.send(Produced::Frames(batch)).await.is_err() {
+        return;
+    }
+    let synced = frames.synced();
+    hub.metrics().ops.inc_by(frames.ops());
+    if synced {
+        hub.metrics().change_sets.inc();
+    }
+    let _ = tx.send(Produced::End { synced }).await;
+}
+
+impl http_body::Body for WatchBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(bytes) = this.queue.pop_front() {
+                return Poll::Ready(Some(Ok(http_body::Frame::data(bytes))));
+            }
+            let next = match &mut this.step {
+                Step::Request => match Pin::new(&mut this.requests).poll_next(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(Ok(request))) => this.requested(request.node_name),
+                    Poll::Ready(None) => Step::End(Status::ok("")),
+                    Poll::Ready(Some(Err(status))) => {
+                        debug!(peer = ?this.client.peer, "watch stream ended: {status}");
+                        Step::End(Status::ok(""))
+                    }
+                },
+                Step::ChangeSet => {
+                    let Some(reg) = &this.registration else {
+                        // Unreachable: a change set is awaited only once registered.
+                        return Poll::Ready(None);
+                    };
+                    match reg.slot.poll_next(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(pending) => this.send(pending),
+                    }
+                }
+                Step::Large(rx) => match rx.poll_recv(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(Produced::Frames(batch))) => {
+                        this.queue.extend(batch);
+                        continue;
+                    }
+                    Poll::Ready(Some(Produced::End { synced: true })) => Step::Request,
+                    Poll::Ready(Some(Produced::End { synced: false })) => Step::ChangeSet,
+                    Poll::Ready(None) => {
+                        Step::End(Status::internal("the change set's encoder stopped"))
+                    }
+                },
+                Step::End(status) => {
+                    let status = std::mem::replace(status, Status::ok(""));
+                    this.step = Step::Done;
+                    let mut trailers = status.into_http::<()>().into_parts().0.headers;
+                    trailers.remove(http::header::CONTENT_TYPE);
+                    return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+                }
+                Step::Done => return Poll::Ready(None),
+            };
+            this.step = next;
+        }
+    }
+}
+
+impl Drop for WatchBody {
+    fn drop(&mut self) {
+        if let Some(reg) = &self.registration {
+            info!(peer = ?self.client.peer, node = %reg.node_name(), "API client gone");
+        }
     }
 }
 

@@ -2,92 +2,18 @@
 //! connections that never open a Watch stream are closed after the idle timeout, and a node
 //! that watches is served throughout.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
+use common::{Watcher, manifest, service};
 use kpng_api::hub::Hub;
 use kpng_api::metrics::ApiMetrics;
-use kpng_api::proto;
 use kpng_api::server::ConnLimits;
-use kpng_model::{ClusterConfig, ClusterModel, Event, Kind};
+use kpng_model::{ClusterConfig, ClusterModel};
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
-
-fn manifest(text: &str) -> Event {
-    Event::Replace {
-        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
-        objects: kpng_source_file::parse_manifests(text)
-            .expect("manifest")
-            .objects,
-    }
-}
-
-/// A Watch client on `socket`: sends one request per change set and returns the Service
-/// paths set in each.
-struct Watcher {
-    requests: tokio::sync::mpsc::Sender<proto::WatchReq>,
-    stream: tonic::Streaming<proto::OpItem>,
-}
-
-impl Watcher {
-    async fn connect(socket: &std::path::Path) -> Watcher {
-        let path = socket.to_path_buf();
-        let channel =
-            tonic::transport::Endpoint::from_static("http://localhost")
-                .connect_with_connector(tower::service_fn(move |_| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                    }
-                }))
-                .await
-                .expect("connect");
-        let (requests, rx) = tokio::sync::mpsc::channel(4);
-        let mut client = proto::sets_client::SetsClient::new(channel);
-        let stream = client
-            .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .expect("watch")
-            .into_inner();
-        Watcher { requests, stream }
-    }
-
-    /// The next change set: the paths of the Services it sets.
-    async fn next(&mut self) -> Vec<String> {
-        self.requests
-            .send(proto::WatchReq {
-                node_name: "n1".into(),
-            })
-            .await
-            .expect("request");
-        let mut services = Vec::new();
-        loop {
-            let item = tokio::time::timeout(Duration::from_secs(10), self.stream.message())
-                .await
-                .expect("a change set within 10 s")
-                .expect("stream")
-                .expect("an op");
-            match item.op.expect("op") {
-                proto::op_item::Op::Sync(_) => return services,
-                proto::op_item::Op::Set(v) => {
-                    let r = v.r#ref.expect("ref");
-                    if r.set == proto::Set::ServicesSet as i32 {
-                        services.push(r.path);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
-fn service(name: &str, ip: &str) -> String {
-    format!(
-        "---\nkind: Service\nmetadata: {{namespace: default, name: {name}}}\n\
-         spec: {{clusterIP: {ip}, ports: [{{name: http, port: 80}}]}}\n"
-    )
-}
 
 /// How long until the server closes `conn` (EOF or reset), at most `within`.
 async fn closed_after(mut conn: UnixStream, within: Duration) -> Duration {
@@ -116,25 +42,13 @@ async fn connections_over_the_cap_and_idle_ones_are_closed_and_a_node_is_still_s
         service("a", "10.96.0.1")
     );
     hub.apply(manifest(&state));
-    let addr: kpng_api::addr::ApiAddr = format!("unix://{}", socket.display())
-        .parse()
-        .expect("addr");
     const CAP: usize = 4;
     let idle = Duration::from_millis(1500);
     let limits = ConnLimits {
         max_connections: CAP,
         idle_timeout: idle,
     };
-    let server = kpng_api::server::serve(
-        hub.clone(),
-        &addr,
-        &Default::default(),
-        limits,
-        std::future::pending(),
-    )
-    .await
-    .expect("listen");
-    tokio::spawn(server);
+    common::serve(hub.clone(), &socket, limits).await;
 
     // A node watches: one connection.
     let mut node = Watcher::connect(&socket).await;

@@ -1,0 +1,107 @@
+//! What the API tests share: a Watch client over a Unix socket and small manifests.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use kpng_api::hub::Hub;
+use kpng_api::proto;
+use kpng_api::server::ConnLimits;
+use kpng_model::{Event, Kind};
+use tokio::net::UnixStream;
+
+/// The objects of `text` (YAML manifests), as one listing of every kind.
+pub fn manifest(text: &str) -> Event {
+    Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: kpng_source_file::parse_manifests(text)
+            .expect("manifest")
+            .objects,
+    }
+}
+
+/// A Watch client on `socket`: sends one request per change set and returns the Service
+/// paths set in each.
+pub struct Watcher {
+    pub requests: tokio::sync::mpsc::Sender<proto::WatchReq>,
+    pub stream: tonic::Streaming<proto::OpItem>,
+}
+
+impl Watcher {
+    pub async fn connect(socket: &std::path::Path) -> Watcher {
+        let path = socket.to_path_buf();
+        let channel =
+            tonic::transport::Endpoint::from_static("http://localhost")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }))
+                .await
+                .expect("connect");
+        let (requests, rx) = tokio::sync::mpsc::channel(4);
+        let mut client = proto::sets_client::SetsClient::new(channel);
+        let stream = client
+            .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("watch")
+            .into_inner();
+        Watcher { requests, stream }
+    }
+
+    /// The next change set: the paths of the Services it sets.
+    pub async fn next(&mut self) -> Vec<String> {
+        self.requests
+            .send(proto::WatchReq {
+                node_name: "n1".into(),
+            })
+            .await
+            .expect("request");
+        let mut services = Vec::new();
+        loop {
+            let item = tokio::time::timeout(Duration::from_secs(10), self.stream.message())
+                .await
+                .expect("a change set within 10 s")
+                .expect("stream")
+                .expect("an op");
+            match item.op.expect("op") {
+                proto::op_item::Op::Sync(_) => return services,
+                proto::op_item::Op::Set(v) => {
+                    let r = v.r#ref.expect("ref");
+                    if r.set == proto::Set::ServicesSet as i32 {
+                        services.push(r.path);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A ClusterIP Service `default/<name>` with one port.
+pub fn service(name: &str, ip: &str) -> String {
+    format!(
+        "---\nkind: Service\nmetadata: {{namespace: default, name: {name}}}\n\
+         spec: {{clusterIP: {ip}, ports: [{{name: http, port: 80}}]}}\n"
+    )
+}
+
+/// Serves `hub` on the Unix socket `socket` (in a task) within `limits`.
+pub async fn serve(hub: Arc<Hub>, socket: &std::path::Path, limits: ConnLimits) {
+    let addr: kpng_api::addr::ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let server = kpng_api::server::serve(
+        hub,
+        &addr,
+        &Default::default(),
+        limits,
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+}

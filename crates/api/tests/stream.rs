@@ -1,0 +1,98 @@
+//! One Watch stream through every step the server takes: the replay (encoded by a task of its
+//! own), small change sets (encoded where the stream is polled), a large one, a change set
+//! that coalesces while the client is busy, a change that wakes a waiting stream, and the two
+//! ways a stream ends (the client closes its requests, or goes away).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Watcher, manifest, service};
+use kpng_api::hub::Hub;
+use kpng_api::metrics::ApiMetrics;
+use kpng_model::{ClusterConfig, ClusterModel};
+
+/// Waits until the hub has `n` watchers (a stream's end unregisters it).
+async fn watchers(hub: &Hub, n: usize) {
+    let start = Instant::now();
+    while hub.watchers().len() != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} watchers after 10 s, not {n}",
+            hub.watchers().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stream_takes_every_kind_of_change_set_in_order_and_ends_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        ApiMetrics::default(),
+    ));
+    let mut state = format!(
+        "kind: Node\nmetadata: {{name: n1}}\n{}",
+        service("a", "10.96.0.1")
+    );
+    hub.apply(manifest(&state));
+    common::serve(hub.clone(), &socket, Default::default()).await;
+
+    let mut node = Watcher::connect(&socket).await;
+    assert_eq!(node.next().await, ["default/a"], "the replay");
+
+    state.push_str(&service("b", "10.96.0.2"));
+    hub.apply(manifest(&state));
+    assert_eq!(node.next().await, ["default/b"], "one Service");
+
+    // More Services in one change set than are encoded inline.
+    let mut bulk = Vec::new();
+    for i in 0..40 {
+        let name = format!("bulk{i:02}");
+        state.push_str(&service(&name, &format!("10.96.1.{i}")));
+        bulk.push(format!("default/{name}"));
+    }
+    hub.apply(manifest(&state));
+    assert_eq!(node.next().await, bulk, "40 Services at once");
+
+    // Three changes before the client asks again: one change set.
+    for (name, ip) in [("c", "10.96.0.3"), ("d", "10.96.0.4"), ("e", "10.96.0.5")] {
+        state.push_str(&service(name, ip));
+        hub.apply(manifest(&state));
+    }
+    assert_eq!(
+        node.next().await,
+        ["default/c", "default/d", "default/e"],
+        "coalesced"
+    );
+
+    // The client asks first; the change comes later and wakes the waiting stream.
+    state.push_str(&service("f", "10.96.0.6"));
+    let later = manifest(&state);
+    let (got, ()) = tokio::join!(node.next(), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        hub.apply(later);
+    });
+    assert_eq!(got, ["default/f"], "after waiting");
+    assert_eq!(hub.metrics().change_sets.get(), 5);
+    // The replay's ops: Reset, the node, Service a.
+    assert_eq!(hub.metrics().ops.get(), 3 + 1 + 40 + 3 + 1);
+
+    // A second node that goes away while its stream waits: unregistered.
+    let mut gone = Watcher::connect(&socket).await;
+    assert_eq!(gone.next().await.len(), 46, "the second node's replay");
+    watchers(&hub, 2).await;
+    drop(gone);
+    watchers(&hub, 1).await;
+
+    // The first closes its requests: the stream ends with status OK, and it is unregistered.
+    drop(node.requests);
+    let end = tokio::time::timeout(Duration::from_secs(10), node.stream.message())
+        .await
+        .expect("the stream ends within 10 s");
+    assert!(matches!(end, Ok(None)), "ended with {end:?}");
+    watchers(&hub, 0).await;
+}
