@@ -80,6 +80,11 @@ async fn one_stream_takes_every_kind_of_change_set_in_order_and_ends_cleanly() {
     assert_eq!(hub.metrics().change_sets.get(), 5);
     // The replay's ops: Reset, the node, Service a.
     assert_eq!(hub.metrics().ops.get(), 3 + 1 + 40 + 3 + 1);
+    // What `kpng status` on the brain says of the node: five taken, nothing waiting.
+    let status = &hub.watchers()[0];
+    assert_eq!((status.node.as_str(), status.change_sets_sent), ("n1", 5));
+    assert_eq!(status.pending_service_changes, 0);
+    assert!(status.last_sent_at.is_some());
 
     // A second node that goes away while its stream waits: unregistered.
     let mut gone = Watcher::connect(&socket).await;
