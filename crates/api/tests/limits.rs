@@ -4,14 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Watcher, manifest, service};
-use kpng_api::hub::Hub;
-use kpng_api::metrics::ApiMetrics;
 use kpng_api::server::ConnLimits;
-use kpng_model::{ClusterConfig, ClusterModel};
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 
@@ -33,15 +29,7 @@ async fn closed_after(mut conn: UnixStream, within: Duration) -> Duration {
 async fn connections_over_the_cap_and_idle_ones_are_closed_and_a_node_is_still_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("brain.sock");
-    let hub = Arc::new(Hub::new(
-        ClusterModel::new(ClusterConfig::default()),
-        ApiMetrics::default(),
-    ));
-    let mut state = format!(
-        "kind: Node\nmetadata: {{name: n1}}\n{}",
-        service("a", "10.96.0.1")
-    );
-    hub.apply(manifest(&state));
+    let (hub, mut state) = common::hub_with_one_service();
     const CAP: usize = 4;
     let idle = Duration::from_millis(1500);
     let limits = ConnLimits {

@@ -5,13 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Watcher, manifest, service};
 use kpng_api::hub::Hub;
-use kpng_api::metrics::ApiMetrics;
-use kpng_model::{ClusterConfig, ClusterModel};
 
 /// Waits until the hub has `n` watchers (a stream's end unregisters it).
 async fn watchers(hub: &Hub, n: usize) {
@@ -30,15 +27,7 @@ async fn watchers(hub: &Hub, n: usize) {
 async fn one_stream_takes_every_kind_of_change_set_in_order_and_ends_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("brain.sock");
-    let hub = Arc::new(Hub::new(
-        ClusterModel::new(ClusterConfig::default()),
-        ApiMetrics::default(),
-    ));
-    let mut state = format!(
-        "kind: Node\nmetadata: {{name: n1}}\n{}",
-        service("a", "10.96.0.1")
-    );
-    hub.apply(manifest(&state));
+    let (hub, mut state) = common::hub_with_one_service();
     common::serve(hub.clone(), &socket, Default::default()).await;
 
     let mut node = Watcher::connect(&socket).await;

@@ -105,3 +105,17 @@ pub async fn serve(hub: Arc<Hub>, socket: &std::path::Path, limits: ConnLimits) 
     .expect("listen");
     tokio::spawn(server);
 }
+
+/// A brain holding node `n1` and Service `default/a`: the manifest text, to append to.
+pub fn hub_with_one_service() -> (Arc<Hub>, String) {
+    let hub = Arc::new(Hub::new(
+        kpng_model::ClusterModel::new(kpng_model::ClusterConfig::default()),
+        kpng_api::metrics::ApiMetrics::default(),
+    ));
+    let state = format!(
+        "kind: Node\nmetadata: {{name: n1}}\n{}",
+        service("a", "10.96.0.1")
+    );
+    hub.apply(manifest(&state));
+    (hub, state)
+}
