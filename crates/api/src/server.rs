@@ -196,8 +196,8 @@ impl tower::Service<http::Request<Body>> for SetsService {
     }
 }
 
-/// A large change set's chunks are handed to the response body in batches of about this many bytes: fewer task
-/// switches per stream than one chunk at a time.
+/// A large change set's chunks are handed to the response body in batches of about this many
+/// bytes: fewer task switches per stream than one chunk at a time.
 const BATCH_BYTES: usize = 256 * 1024;
 
 /// The client's certificate chain, over TCP or a Unix socket (tonic's own accessor only
@@ -339,15 +339,23 @@ impl WatchBody {
         }
         let mut frames = pending.frames(self.hub.replay_cache());
         self.queue.extend(frames.by_ref());
-        done(&self.hub, frames.ops(), frames.synced())
+        count_sent(&self.hub, frames.ops(), frames.synced());
+        after_change_set(frames.synced())
     }
 }
 
-/// After a change set of `ops` ops: the step that follows.
-fn done(hub: &Hub, ops: u64, synced: bool) -> Step {
+/// Counts a change set of `ops` ops as sent; `synced`: it ended with `Sync`.
+fn count_sent(hub: &Hub, ops: u64, synced: bool) {
     hub.metrics().ops.inc_by(ops);
     if synced {
         hub.metrics().change_sets.inc();
+    }
+}
+
+/// After a change set: the next request when it ended with `Sync`, else (nothing changed for
+/// this node) the next change set.
+fn after_change_set(synced: bool) -> Step {
+    if synced {
         Step::Request
     } else {
         Step::ChangeSet
@@ -378,10 +386,7 @@ async fn produce(hub: Arc<Hub>, pending: Pending, tx: mpsc::Sender<Produced>) {
         return;
     }
     let synced = frames.synced();
-    hub.metrics().ops.inc_by(frames.ops());
-    if synced {
-        hub.metrics().change_sets.inc();
-    }
+    count_sent(&hub, frames.ops(), synced);
     let _ = tx.send(Produced::End { synced }).await;
 }
 
@@ -424,8 +429,7 @@ impl http_body::Body for WatchBody {
                         this.queue.extend(batch);
                         continue;
                     }
-                    Poll::Ready(Some(Produced::End { synced: true })) => Step::Request,
-                    Poll::Ready(Some(Produced::End { synced: false })) => Step::ChangeSet,
+                    Poll::Ready(Some(Produced::End { synced })) => after_change_set(synced),
                     Poll::Ready(None) => {
                         Step::End(Status::internal("the change set's encoder stopped"))
                     }
