@@ -624,8 +624,10 @@ impl Slot {
         ))
     }
 
-    /// Waits until something is to be sent, then takes it (see [`Slot::poll_next`]).
-    pub async fn next(&self) -> Pending {
+    /// Waits until something is to be sent, then takes it (see [`Slot::poll_next`]): the
+    /// protocol tests' way in; the server polls.
+    #[cfg(test)]
+    pub(crate) async fn next(&self) -> Pending {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 }
