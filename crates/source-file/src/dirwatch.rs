@@ -46,41 +46,53 @@ impl DirWatch {
     /// `debounce` (but never longer than ten debounce periods, so an always-busy directory
     /// cannot starve us). Returns the paths written, or `None` when the watch has ended.
     pub(crate) async fn next_writes(&mut self, debounce: Duration) -> Option<BTreeSet<PathBuf>> {
-        let mut changed = BTreeSet::new();
+        next_writes(&mut self.rx, &self.dir, debounce).await
+    }
+}
+
+/// [`DirWatch::next_writes`] over the watcher's channel. Only writes make the directory busy:
+/// a process that reads a file beside the manifest (a poller, a backup, kpng itself) must not
+/// hold every change back until the ten periods are up.
+async fn next_writes(
+    rx: &mut mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
+    dir: &Path,
+    debounce: Duration,
+) -> Option<BTreeSet<PathBuf>> {
+    let mut changed = BTreeSet::new();
+    loop {
+        match rx.recv().await? {
+            Err(e) => warn!("file watch error on {}: {e}", dir.display()),
+            Ok(ev) if is_write(&ev) => {
+                changed.extend(ev.paths);
+                break;
+            }
+            Ok(_) => {}
+        }
+    }
+    if debounce.is_zero() {
+        // No quiet period: take what is already queued. (A timer for "now" would fire on
+        // the timer wheel's next millisecond tick, a delay on every change.)
         loop {
-            match self.rx.recv().await? {
-                Err(e) => warn!("file watch error on {}: {e}", self.dir.display()),
-                Ok(ev) if is_write(&ev) => {
-                    changed.extend(ev.paths);
-                    break;
-                }
+            match rx.try_recv() {
+                Ok(Ok(ev)) if is_write(&ev) => changed.extend(ev.paths),
                 Ok(_) => {}
+                Err(mpsc::error::TryRecvError::Empty) => return Some(changed),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
             }
         }
-        if debounce.is_zero() {
-            // No quiet period: take what is already queued. (A timer for "now" would fire on
-            // the timer wheel's next millisecond tick, a delay on every change.)
-            loop {
-                match self.rx.try_recv() {
-                    Ok(Ok(ev)) if is_write(&ev) => changed.extend(ev.paths),
-                    Ok(_) => {}
-                    Err(mpsc::error::TryRecvError::Empty) => return Some(changed),
-                    Err(mpsc::error::TryRecvError::Disconnected) => return None,
-                }
+    }
+    let give_up = tokio::time::Instant::now() + debounce * 10;
+    let mut quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);
+    loop {
+        match tokio::time::timeout_at(quiet_until, rx.recv()).await {
+            Ok(Some(Ok(ev))) if is_write(&ev) => {
+                changed.extend(ev.paths);
+                quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);
             }
-        }
-        let give_up = tokio::time::Instant::now() + debounce * 10;
-        loop {
-            let quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);
-            match tokio::time::timeout_at(quiet_until, self.rx.recv()).await {
-                Ok(Some(Ok(ev))) if is_write(&ev) => changed.extend(ev.paths),
-                Ok(Some(_)) => {}
-                Ok(None) => return None,
-                Err(_) => return Some(changed),
-            }
-            if tokio::time::Instant::now() >= give_up {
-                return Some(changed);
-            }
+            Ok(Some(Err(e))) => warn!("file watch error on {}: {e}", dir.display()),
+            Ok(Some(Ok(_))) => {}
+            Ok(None) => return None,
+            Err(_) => return Some(changed),
         }
     }
 }
@@ -92,5 +104,119 @@ fn is_write(event: &notify::Event) -> bool {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
         EventKind::Access(_) => false,
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, AccessMode, CreateKind, Event, EventKind};
+    use tokio::time::Instant;
+
+    fn event(kind: EventKind, path: &str) -> notify::Result<Event> {
+        Ok(Event::new(kind).add_path(PathBuf::from(path)))
+    }
+
+    fn write(path: &str) -> notify::Result<Event> {
+        event(
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            path,
+        )
+    }
+
+    fn read(path: &str) -> notify::Result<Event> {
+        event(EventKind::Access(AccessKind::Close(AccessMode::Read)), path)
+    }
+
+    /// Events, each with its delay in milliseconds from the previous one.
+    type Timeline = Vec<(u64, notify::Result<Event>)>;
+
+    /// Sends `events` one after the other, each after its delay from the previous one.
+    fn feed(tx: mpsc::UnboundedSender<notify::Result<Event>>, events: Timeline) {
+        tokio::spawn(async move {
+            for (after_ms, ev) in events {
+                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                if tx.send(ev).is_err() {
+                    return;
+                }
+            }
+            // Keep the channel open: the end of the watch is another case.
+            std::future::pending::<()>().await;
+        });
+    }
+
+    /// (case, events as (delay from the previous one in ms, event), expected paths, expected
+    /// time from the first write to the return in ms), with a debounce of 100 ms.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_is_taken_once_writes_have_been_quiet_for_the_debounce() {
+        let reads_every_20ms: Vec<_> = (0..50).map(|_| (20, read("/d/out.yaml"))).collect();
+        let cases: Vec<(&str, Timeline, Vec<&str>, u64)> = vec![
+            (
+                "one write",
+                vec![(0, write("/d/m.yaml"))],
+                vec!["/d/m.yaml"],
+                100,
+            ),
+            (
+                "reads before the write are not changes",
+                vec![(0, read("/d/m.yaml")), (30, write("/d/m.yaml"))],
+                vec!["/d/m.yaml"],
+                100,
+            ),
+            (
+                "reads of a file beside the manifest do not hold the change back",
+                std::iter::once((0, write("/d/m.yaml")))
+                    .chain(reads_every_20ms)
+                    .collect(),
+                vec!["/d/m.yaml"],
+                100,
+            ),
+            (
+                "writes 50 ms apart extend the quiet period",
+                vec![
+                    (0, write("/d/a.yaml")),
+                    (50, event(EventKind::Create(CreateKind::File), "/d/b.yaml")),
+                    (50, write("/d/b.yaml")),
+                ],
+                vec!["/d/a.yaml", "/d/b.yaml"],
+                200,
+            ),
+            (
+                "a directory that never goes quiet is read after ten periods",
+                std::iter::once((0, write("/d/m.yaml")))
+                    .chain((0..100).map(|_| (50, write("/d/m.yaml"))))
+                    .collect(),
+                vec!["/d/m.yaml"],
+                1000,
+            ),
+        ];
+        for (case, events, paths, after_ms) in cases {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let first_write_at = events
+                .iter()
+                .position(|(_, ev)| ev.as_ref().is_ok_and(is_write))
+                .map(|i| events[..=i].iter().map(|(ms, _)| ms).sum::<u64>())
+                .expect("every case writes");
+            let start = Instant::now();
+            feed(tx, events);
+            let got = next_writes(&mut rx, Path::new("/d"), Duration::from_millis(100))
+                .await
+                .expect("the watch goes on");
+            let took = Instant::now() - start - Duration::from_millis(first_write_at);
+            let want: BTreeSet<PathBuf> = paths.into_iter().map(PathBuf::from).collect();
+            assert_eq!(got, want, "{case}");
+            assert_eq!(took, Duration::from_millis(after_ms), "{case}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_the_watch_ends_the_wait() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send(write("/d/m.yaml")).expect("open channel");
+        drop(tx);
+        assert_eq!(
+            next_writes(&mut rx, Path::new("/d"), Duration::from_millis(100)).await,
+            None
+        );
     }
 }
