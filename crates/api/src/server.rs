@@ -497,10 +497,7 @@ pub async fn serve(
                      --listen-tls-ca so that each node reads only its own view)"
                 );
             }
-            let incoming = limit(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                limits,
-            );
+            let incoming = limit(conn::tcp_incoming(listener), limits);
             Ok(Box::pin(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, shutdown)

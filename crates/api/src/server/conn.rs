@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::Connected;
+use tonic::transport::server::{Connected, TcpIncoming};
 use tracing::{debug, warn};
 
 /// The default of `--max-connections`: a node holds one connection and a brain serves a few
@@ -214,4 +214,41 @@ where
             }
         },
     })
+}
+
+/// The accepted TCP connections of `listener`, with Nagle's algorithm off (`TCP_NODELAY`).
+///
+/// Why: a change set is one small write that should leave at once. With Nagle on, a small write
+/// that follows one the node has not acknowledged yet waits for that acknowledgement, and a node
+/// that has just sent something (a window update, the answer to a keepalive ping) delays its
+/// acknowledgements, up to 40 ms on Linux. tonic's own listener turns Nagle off by default; ours
+/// has to say so because it brings its own listener (for [`limit`]).
+pub fn tcp_incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_tcp_connections_send_small_writes_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind on loopback");
+        let addr = listener.local_addr().expect("bound address");
+        let mut incoming = tcp_incoming(listener);
+        let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let accepted = incoming
+            .next()
+            .await
+            .expect("one connection")
+            .expect("accepted");
+        assert!(
+            accepted.nodelay().expect("read TCP_NODELAY"),
+            "the brain's side of a connection must have Nagle off"
+        );
+        // A plain TCP socket has it on: the test would notice if the option stopped being set.
+        assert!(!client.nodelay().expect("read TCP_NODELAY"));
+    }
 }
