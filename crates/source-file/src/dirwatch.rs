@@ -22,6 +22,11 @@ pub(crate) struct DirWatch {
 impl DirWatch {
     /// Starts watching `dir` (not recursively).
     pub(crate) fn new(dir: &Path) -> Result<DirWatch, SourceError> {
+        if !dir.is_dir() {
+            return Err(SourceError::NoDirectory {
+                path: dir.to_path_buf(),
+            });
+        }
         let err = |source| SourceError::Watch {
             path: dir.to_path_buf(),
             source,

@@ -69,6 +69,16 @@ pub enum SourceError {
         #[source]
         source: notify::Error,
     },
+    /// The manifest's directory does not exist. A missing file is waited for (it may be
+    /// written later), but a directory is what kpng watches, so it must be there at the start.
+    #[error(
+        "cannot watch {path}: no such directory (the directory of --input must exist when kpng \
+         starts; the file in it may come later)"
+    )]
+    NoDirectory {
+        /// The directory.
+        path: PathBuf,
+    },
 }
 
 /// The `file` source.

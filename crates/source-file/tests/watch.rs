@@ -242,3 +242,19 @@ async fn an_object_in_two_files_of_a_large_directory_is_the_last_files() {
     assert_eq!(last_dup.as_deref(), Some("10.96.200.2"));
     task.abort();
 }
+
+#[tokio::test]
+async fn a_manifest_in_a_missing_directory_is_an_error_naming_the_directory() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let missing = dir.path().join("not-mounted");
+    let (tx, _rx) = mpsc::channel(4);
+    let err = FileSource::new(missing.join("cluster.yaml"), Duration::from_millis(50))
+        .run(tx)
+        .await
+        .expect_err("nothing to watch");
+    let text = err.to_string();
+    assert!(
+        text.contains(&missing.display().to_string()) && text.contains("no such directory"),
+        "{text}"
+    );
+}
