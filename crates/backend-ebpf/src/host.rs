@@ -6,9 +6,12 @@ use std::process::Command;
 
 use crate::Error;
 
-/// One line of `/proc/self/mountinfo`: where, and which file system type.
+/// One line of `/proc/self/mountinfo`: where, what of the file system, and which type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
+    /// The directory of the file system this mount shows: `/` for a whole file system, a
+    /// subdirectory for a bind mount (for cgroup v2, a container's own cgroup).
+    pub root: PathBuf,
     /// The mount point.
     pub point: PathBuf,
     /// The file system type (`cgroup2`, `bpf`, …).
@@ -22,11 +25,13 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split(' ');
-            let point = fields.nth(4)?;
+            let root = fields.nth(3)?;
+            let point = fields.next()?;
             let mut rest = fields.skip_while(|f| *f != "-");
             rest.next()?;
             let fstype = rest.next()?;
             Some(Mount {
+                root: PathBuf::from(unescape(root)),
                 point: PathBuf::from(unescape(point)),
                 fstype: fstype.to_owned(),
             })
@@ -60,20 +65,55 @@ fn mounts() -> Result<Vec<Mount>, Error> {
     Ok(parse_mountinfo(&text))
 }
 
-/// The root of the cgroup v2 hierarchy: the first `cgroup2` mount (`/sys/fs/cgroup` on a
-/// unified host, `/sys/fs/cgroup/unified` on a hybrid one). `--cgroup-path`'s default.
+/// Where kpng mounts the cgroup v2 hierarchy when none is visible (see [`cgroup2_root`]).
+pub const OWN_CGROUP2_MOUNT: &str = "/run/kpng/cgroupv2";
+
+/// The root of the cgroup v2 hierarchy, `--cgroup-path`'s default: the first `cgroup2` mount
+/// of a whole hierarchy (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on a
+/// hybrid one). A bind mount of a subtree (a container's own cgroup) is not the root: attached
+/// there, the programs would translate that container's sockets only, and nobody would be told.
+///
+/// When no whole hierarchy is visible, one is mounted on [`OWN_CGROUP2_MOUNT`], as Cilium
+/// mounts its own: `ip netns exec` (which remounts `/sys` for the namespace and so hides
+/// `/sys/fs/cgroup`) and a container with a bind-mounted cgroup both end up here, and the
+/// mount shows the whole hierarchy of kpng's cgroup namespace.
 pub fn cgroup2_root() -> Result<PathBuf, Error> {
-    mounts()?
-        .into_iter()
-        .find(|m| m.fstype == "cgroup2")
-        .map(|m| m.point)
-        .ok_or_else(|| {
-            Error::Setup(
-                "no cgroup v2 file system is mounted (the socket programs attach to a cgroup v2 \
-                 directory; mount one or pass --cgroup-path)"
-                    .into(),
+    if let Some(root) = whole_cgroup2(&mounts()?) {
+        return Ok(root);
+    }
+    let own = Path::new(OWN_CGROUP2_MOUNT);
+    std::fs::create_dir_all(own)
+        .map_err(|e| Error::io(format!("creating {OWN_CGROUP2_MOUNT}"), e))?;
+    let out = Command::new("mount")
+        .args(["-t", "cgroup2", "cgroup2", OWN_CGROUP2_MOUNT])
+        .output()
+        .map_err(|e| {
+            Error::io(
+                format!("running mount -t cgroup2 cgroup2 {OWN_CGROUP2_MOUNT}"),
+                e,
             )
-        })
+        })?;
+    if !out.status.success() {
+        return Err(Error::Setup(format!(
+            "no cgroup v2 hierarchy is mounted and mounting one on {OWN_CGROUP2_MOUNT} failed \
+             ({}); the socket programs attach to a cgroup v2 directory: mount one or pass \
+             --cgroup-path",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    tracing::info!(
+        "no cgroup v2 hierarchy was visible (a private mount namespace, such as `ip netns exec` \
+         makes, hides /sys/fs/cgroup): mounted one on {OWN_CGROUP2_MOUNT}"
+    );
+    Ok(own.to_path_buf())
+}
+
+/// The mount point of the first `cgroup2` mount that shows a whole hierarchy.
+fn whole_cgroup2(mounts: &[Mount]) -> Option<PathBuf> {
+    mounts
+        .iter()
+        .find(|m| m.fstype == "cgroup2" && m.root == Path::new("/"))
+        .map(|m| m.point.clone())
 }
 
 /// Where the pins go must be on a bpffs. When no bpffs holds `pin_dir` and it is under the
@@ -124,8 +164,51 @@ mod tests {
         let m = parse_mountinfo(text);
         assert_eq!(m.len(), 4);
         assert_eq!(m[1].point, PathBuf::from("/sys/fs/cgroup/unified"));
+        assert_eq!(m[1].root, PathBuf::from("/"));
         assert_eq!(m[1].fstype, "cgroup2");
         assert_eq!(m[2].fstype, "bpf");
         assert_eq!(m[3].point, PathBuf::from("/run/with space"));
+    }
+
+    /// (case, mountinfo, the cgroup v2 root found)
+    #[test]
+    fn the_cgroup2_root_is_a_mount_of_the_whole_hierarchy() {
+        let cases = [
+            (
+                "unified host",
+                "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+                Some("/sys/fs/cgroup"),
+            ),
+            (
+                "hybrid host",
+                "31 25 0:27 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
+                 33 31 0:29 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+                 41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n",
+                Some("/sys/fs/cgroup/unified"),
+            ),
+            (
+                "a container's own cgroup bind-mounted, the host's further down",
+                "60 50 0:26 /kubepods/pod1/c1 /sys/fs/cgroup ro - cgroup2 cgroup2 rw\n\
+                 61 50 0:26 / /host/cgroup rw - cgroup2 cgroup2 rw\n",
+                Some("/host/cgroup"),
+            ),
+            (
+                "only a container's own cgroup",
+                "60 50 0:26 /kubepods/pod1/c1 /sys/fs/cgroup ro - cgroup2 cgroup2 rw\n",
+                None,
+            ),
+            (
+                "under ip netns exec: /sys remounted, no cgroup at all",
+                "400 300 0:55 / /sys rw - sysfs kx rw\n",
+                None,
+            ),
+        ];
+        for (case, text, want) in cases {
+            assert_eq!(
+                whole_cgroup2(&parse_mountinfo(text)),
+                want.map(PathBuf::from),
+                "{case}"
+            );
+        }
     }
 }
