@@ -316,8 +316,9 @@ pub struct WatchConfig {
 /// Why one Watch session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    /// Connecting or the stream failed.
-    #[error("{0}")]
+    /// Connecting or the stream failed. Shown with its causes: tonic's own text is only
+    /// "transport error", and the operator needs the "Connection refused" underneath.
+    #[error("{}", with_causes(.0))]
     Transport(#[from] tonic::transport::Error),
     /// The brain answered with an error status.
     #[error("{0}")]
@@ -334,6 +335,22 @@ pub enum SessionError {
     /// The brain closed the stream.
     #[error("the brain closed the stream")]
     Closed,
+}
+
+/// `error` and each of its causes, joined by ": ", a cause that repeats its wrapper's text
+/// left out (hyper's errors often do).
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let line = e.to_string();
+        if !text.ends_with(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = e.source();
+    }
+    text
 }
 
 /// Exponential backoff with jitter: each delay is drawn from [d/2, d], d doubling from `min`

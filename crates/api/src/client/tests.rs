@@ -262,3 +262,20 @@ fn change_counters_count_service_and_endpoint_values() {
     assert_eq!(out.slices_changed, 1);
     assert!(out.trigger_times.is_empty());
 }
+
+#[tokio::test]
+async fn an_unreachable_brain_is_reported_with_the_reason_underneath() {
+    // A port that was just free: nothing listens there.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind on loopback");
+        listener.local_addr().expect("bound address").port()
+    };
+    let failed = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("a valid address")
+        .connect()
+        .await
+        .expect_err("nothing listens");
+    let text = SessionError::from(failed).to_string();
+    assert!(text.starts_with("transport error: "), "{text}");
+    assert!(text.contains("Connection refused"), "{text}");
+}
