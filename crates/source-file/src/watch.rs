@@ -197,9 +197,8 @@ impl FileSource {
                     return true;
                 }
             };
-            if state.good.as_deref() == Some(text.as_str())
-                || state.bad.as_deref() == Some(text.as_str())
-            {
+            let digest = state.digests.of(&text);
+            if state.good == Some(digest) || state.bad == Some(digest) {
                 return true;
             }
             let parsed = parse_manifests_with(&text, self.expansion);
@@ -217,7 +216,7 @@ impl FileSource {
             Err(e) => {
                 error!("{}: {e}; keeping the last good state", self.path.display());
                 self.metrics.error("parse");
-                state.bad = Some(text);
+                state.bad = Some(state.digests.of(&text));
                 true
             }
             Ok(loaded) => {
@@ -227,7 +226,7 @@ impl FileSource {
                     self.path.display(),
                     loaded.objects.len()
                 );
-                state.good = Some(text);
+                state.good = Some(state.digests.of(&text));
                 state.bad = None;
                 self.metrics.good_load();
                 let event = Event::Replace {
@@ -242,8 +241,68 @@ impl FileSource {
 
 #[derive(Default)]
 struct ReloadState {
-    good: Option<String>,
-    bad: Option<String>,
+    /// The version last loaded.
+    good: Option<TextDigest>,
+    /// The version last refused (reported once).
+    bad: Option<TextDigest>,
     /// The fingerprint of the version last read.
     seen: Option<Fingerprint>,
+    digests: Digests,
+}
+
+/// A manifest's text, recognised without keeping it: its length and two 64-bit SipHash values
+/// under independent random keys. Why not the text: a `kubectl get … -o yaml` dump of a large
+/// cluster is hundreds of megabytes, and a copy of it would stay resident for as long as kpng
+/// runs, only to tell an unchanged file (an editor's or a neighbour's write in the directory)
+/// from a changed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TextDigest {
+    len: usize,
+    a: u64,
+    b: u64,
+}
+
+/// The keys one source digests its manifest's versions with.
+#[derive(Default)]
+struct Digests {
+    a: std::hash::RandomState,
+    b: std::hash::RandomState,
+}
+
+impl Digests {
+    fn of(&self, text: &str) -> TextDigest {
+        use std::hash::BuildHasher;
+        TextDigest {
+            len: text.len(),
+            a: self.a.hash_one(text),
+            b: self.b.hash_one(text),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (case, first version, second version, whether they are the same version)
+    #[test]
+    fn a_version_is_recognised_by_its_digest() {
+        let manifest = "kind: Service\nmetadata: {namespace: ns, name: web}\n";
+        let cases = [
+            ("the same text", manifest, manifest, true),
+            (
+                "one character changed, same length",
+                manifest,
+                "kind: Service\nmetadata: {namespace: ns, name: wex}\n",
+                false,
+            ),
+            ("a line added", manifest, "kind: Service\n", false),
+            ("both empty", "", "", true),
+            ("emptied", manifest, "", false),
+        ];
+        let digests = Digests::default();
+        for (case, first, second, same) in cases {
+            assert_eq!(digests.of(first) == digests.of(second), same, "{case}");
+        }
+    }
 }
