@@ -81,31 +81,17 @@ pub fn cgroup2_root() -> Result<PathBuf, Error> {
     if let Some(root) = whole_cgroup2(&mounts()?) {
         return Ok(root);
     }
-    let own = Path::new(OWN_CGROUP2_MOUNT);
-    std::fs::create_dir_all(own)
-        .map_err(|e| Error::io(format!("creating {OWN_CGROUP2_MOUNT}"), e))?;
-    let out = Command::new("mount")
-        .args(["-t", "cgroup2", "cgroup2", OWN_CGROUP2_MOUNT])
-        .output()
-        .map_err(|e| {
-            Error::io(
-                format!("running mount -t cgroup2 cgroup2 {OWN_CGROUP2_MOUNT}"),
-                e,
-            )
-        })?;
-    if !out.status.success() {
-        return Err(Error::Setup(format!(
-            "no cgroup v2 hierarchy is mounted and mounting one on {OWN_CGROUP2_MOUNT} failed \
-             ({}); the socket programs attach to a cgroup v2 directory: mount one or pass \
-             --cgroup-path",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
+    mount("cgroup2", Path::new(OWN_CGROUP2_MOUNT)).map_err(|e| {
+        Error::Setup(format!(
+            "no cgroup v2 hierarchy is mounted and mounting one failed ({e}); the socket \
+             programs attach to a cgroup v2 directory: mount one or pass --cgroup-path"
+        ))
+    })?;
     tracing::info!(
         "no cgroup v2 hierarchy was visible (a private mount namespace, such as `ip netns exec` \
          makes, hides /sys/fs/cgroup): mounted one on {OWN_CGROUP2_MOUNT}"
     );
-    Ok(own.to_path_buf())
+    Ok(PathBuf::from(OWN_CGROUP2_MOUNT))
 }
 
 /// The mount point of the first `cgroup2` mount that shows a whole hierarchy.
@@ -136,18 +122,27 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), Error> {
             pin_dir.display()
         )));
     }
-    std::fs::create_dir_all(conventional).map_err(|e| Error::io("creating /sys/fs/bpf", e))?;
+    mount("bpf", conventional)?;
+    tracing::info!("mounted a BPF file system on /sys/fs/bpf");
+    Ok(())
+}
+
+/// Creates `dir` and mounts a file system of type `fstype` on it (`mount -t TYPE TYPE DIR`).
+fn mount(fstype: &str, dir: &Path) -> Result<(), Error> {
+    let shown = format!("mount -t {fstype} {fstype} {}", dir.display());
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {} for {shown}", dir.display()), e))?;
     let out = Command::new("mount")
-        .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+        .args(["-t", fstype, fstype])
+        .arg(dir)
         .output()
-        .map_err(|e| Error::io("running mount -t bpf bpf /sys/fs/bpf", e))?;
+        .map_err(|e| Error::io(format!("running {shown}"), e))?;
     if !out.status.success() {
         return Err(Error::Setup(format!(
-            "mount -t bpf bpf /sys/fs/bpf failed: {}",
+            "{shown} failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    tracing::info!("mounted a BPF file system on /sys/fs/bpf");
     Ok(())
 }
 
