@@ -128,7 +128,7 @@ fn name_of(value: &Value) -> Option<String> {
 }
 
 /// Where an object came from, for error messages.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Origin {
     document: usize,
     item: Option<usize>,
@@ -290,6 +290,9 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             take(value, origin, &mut loaded, &mut origins)?;
             continue;
         }
+        if take_list_by_items(&doc, origin, &mut loaded, &mut origins).is_some() {
+            continue;
+        }
         if let Some(value) = yaml_subset::document(&doc) {
             let taken = (loaded.objects.len(), loaded.warnings.len());
             if take(value, origin, &mut loaded, &mut origins).is_ok() {
@@ -363,6 +366,52 @@ fn take(
         object(item, origin, loaded, origins)?;
     }
     Ok(())
+}
+
+/// A `kind: List` document read one item at a time (see [`list`]); `None`, with `loaded` and
+/// `origins` as they were, when the document is not such a List, or when any part of it is
+/// outside the subset reader or does not convert: the whole-document path then reads it as
+/// before, and words any error.
+fn take_list_by_items(
+    doc: &str,
+    origin: Origin,
+    loaded: &mut Loaded,
+    origins: &mut Vec<Origin>,
+) -> Option<()> {
+    let split = list::split(doc)?;
+    let head = yaml_subset::document(&split.head)?;
+    let kind = head.get("kind").and_then(Value::as_str)?;
+    if !kind.ends_with("List") {
+        return None;
+    }
+    let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+    let before = (
+        loaded.objects.len(),
+        loaded.warnings.len(),
+        loaded.skipped_kinds.clone(),
+        origins.len(),
+    );
+    for (i, text) in split.items().enumerate() {
+        let taken = yaml_subset::document(&text).is_some_and(|mut item| {
+            if let (Some(k), Some(map)) = (item_kind, item.as_object_mut()) {
+                map.entry("kind")
+                    .or_insert_with(|| Value::String(k.to_string()));
+            }
+            let origin = Origin {
+                item: Some(i + 1),
+                ..origin
+            };
+            object(item, origin, loaded, origins).is_ok()
+        });
+        if !taken {
+            loaded.objects.truncate(before.0);
+            loaded.warnings.truncate(before.1);
+            loaded.skipped_kinds = before.2;
+            origins.truncate(before.3);
+            return None;
+        }
+    }
+    Some(())
 }
 
 /// The value of a document's top-level `kind:` line (`None` when it has none, or it is not
@@ -462,6 +511,7 @@ fn yaml_error(e: &serde_saphyr::Error, len: usize, limit: ExpansionLimit) -> Str
 }
 
 mod json;
+mod list;
 mod yaml_subset;
 
 #[cfg(test)]

@@ -299,3 +299,84 @@ fn a_document_whose_objects_do_not_read_from_the_subset_value_reads_as_the_yaml_
     assert_eq!(e.object.as_deref(), Some("a/web"), "{e}");
     assert_eq!(e.field.as_deref(), Some("metadata.labels.version"), "{e}");
 }
+
+/// What the whole-document reading of `doc` (the YAML parser's value) loads, and from where.
+fn read_whole(doc: &str) -> (Loaded, Vec<Origin>) {
+    let value: Value =
+        serde_saphyr::from_str_with_options(doc, yaml_options(doc.len(), ExpansionLimit(1)))
+            .expect("valid YAML");
+    let origin = Origin {
+        document: 1,
+        item: None,
+        line: 1,
+    };
+    let (mut loaded, mut origins) = (Loaded::default(), Vec::new());
+    take(value, origin, &mut loaded, &mut origins).expect("converts");
+    (loaded, origins)
+}
+
+/// (case, a List document, whether it is read item by item)
+#[test]
+fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
+    let kubectl = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/cluster.yaml"
+    ))
+    .expect("the example manifest");
+    // The example's documents as the items of one List, kubectl's layout.
+    let mut as_list = String::from("apiVersion: v1\nitems:\n");
+    for doc in kubectl.split("\n---\n") {
+        let lines: Vec<&str> = doc
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+            .collect();
+        for (i, line) in lines.iter().enumerate() {
+            as_list.push_str(if i == 0 { "- " } else { "  " });
+            as_list.push_str(line);
+            as_list.push('\n');
+        }
+    }
+    as_list.push_str("kind: List\nmetadata:\n  resourceVersion: \"\"\n");
+    let cases: Vec<(&str, String, bool)> = vec![
+        ("the example cluster as one kubectl List", as_list, true),
+        (
+            "a typed List, items indented, a block scalar",
+            "apiVersion: v1\nkind: ServiceList\nitems:\n  - metadata:\n      namespace: a\n      name: s1\n      annotations:\n        note: |\n          - not an item\n    spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n\n  - metadata: {namespace: a, name: s2}\n    spec: {clusterIP: 10.96.0.2, ports: [{port: 81}]}\n".into(),
+            true,
+        ),
+        (
+            "an item outside the subset (a folded scalar) is read whole",
+            "kind: List\nitems:\n- kind: Node\n  metadata:\n    name: a\n    annotations:\n      note: >\n        folded\n        text\n".into(),
+            false,
+        ),
+        (
+            "an unknown kind among the items",
+            "kind: List\nitems:\n- kind: ConfigMap\n  metadata: {name: c}\n- kind: Node\n  metadata: {name: a}\n".into(),
+            true,
+        ),
+    ];
+    for (case, doc, by_items) in cases {
+        let origin = Origin {
+            document: 1,
+            item: None,
+            line: 1,
+        };
+        let (mut loaded, mut origins) = (Loaded::default(), Vec::new());
+        let taken = take_list_by_items(&doc, origin, &mut loaded, &mut origins).is_some();
+        assert_eq!(taken, by_items, "{case}");
+        if taken {
+            assert_eq!(
+                format!("{loaded:?} {origins:?}"),
+                format!("{:?} {:?}", read_whole(&doc).0, read_whole(&doc).1),
+                "{case}"
+            );
+        } else {
+            assert!(loaded.objects.is_empty() && origins.is_empty(), "{case}");
+        }
+        assert_eq!(
+            format!("{:?}", parse_manifests(&doc).map(|l| l.objects)),
+            format!("{:?}", Ok::<_, ManifestError>(read_whole(&doc).0.objects)),
+            "{case}: through parse_manifests"
+        );
+    }
+}
