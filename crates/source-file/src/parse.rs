@@ -286,6 +286,13 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         // YAML parser. A document the subset reader takes but whose objects do not read (a
         // plain `80` where a string belongs, which the YAML parser reads by the field's type)
         // is read again by the YAML parser, which then also words any error.
+        if take_items(origin, &mut loaded, &mut origins, |take| {
+            json::list_items(&doc, take)
+        })
+        .is_some()
+        {
+            continue;
+        }
         if let Some(value) = json::document(&doc) {
             take(value, origin, &mut loaded, &mut origins)?;
             continue;
@@ -385,33 +392,52 @@ fn take_list_by_items(
         return None;
     }
     let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+    take_items(origin, loaded, origins, |take| {
+        for text in split.items() {
+            let mut item = yaml_subset::document(&text)?;
+            if let (Some(k), Some(map)) = (item_kind, item.as_object_mut()) {
+                map.entry("kind")
+                    .or_insert_with(|| Value::String(k.to_string()));
+            }
+            if !take(item) {
+                return None;
+            }
+        }
+        Some(())
+    })
+}
+
+/// Converts a List's items as `read` hands them to the closure it is given (which answers
+/// whether the item converted), numbering them for error messages. `None`, with `loaded` and
+/// `origins` as they were, when `read` gives up or an item does not convert.
+fn take_items(
+    origin: Origin,
+    loaded: &mut Loaded,
+    origins: &mut Vec<Origin>,
+    read: impl FnOnce(&mut dyn FnMut(Value) -> bool) -> Option<()>,
+) -> Option<()> {
     let before = (
         loaded.objects.len(),
         loaded.warnings.len(),
         loaded.skipped_kinds.clone(),
         origins.len(),
     );
-    for (i, text) in split.items().enumerate() {
-        let taken = yaml_subset::document(&text).is_some_and(|mut item| {
-            if let (Some(k), Some(map)) = (item_kind, item.as_object_mut()) {
-                map.entry("kind")
-                    .or_insert_with(|| Value::String(k.to_string()));
-            }
-            let origin = Origin {
-                item: Some(i + 1),
-                ..origin
-            };
-            object(item, origin, loaded, origins).is_ok()
-        });
-        if !taken {
-            loaded.objects.truncate(before.0);
-            loaded.warnings.truncate(before.1);
-            loaded.skipped_kinds = before.2;
-            origins.truncate(before.3);
-            return None;
-        }
+    let mut index = 0;
+    let read_all = read(&mut |item| {
+        index += 1;
+        let origin = Origin {
+            item: Some(index),
+            ..origin
+        };
+        object(item, origin, loaded, origins).is_ok()
+    });
+    if read_all.is_none() {
+        loaded.objects.truncate(before.0);
+        loaded.warnings.truncate(before.1);
+        loaded.skipped_kinds = before.2;
+        origins.truncate(before.3);
     }
-    Some(())
+    read_all
 }
 
 /// The value of a document's top-level `kind:` line (`None` when it has none, or it is not

@@ -107,6 +107,97 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 }
 
+/// A strict-JSON List document (`kubectl get … -o json`) read one item at a time: each item's
+/// value goes to `item` as soon as it is read, so the whole List never exists as one value (a
+/// 30k-Service dump peaked at 942 MB that way). `None` when the document is not a strict JSON
+/// object with an `items` array and a `kind` ending in `List`, when an item has no `kind` of
+/// its own (kubectl's always have one; the List's kind only comes after the items, in key
+/// order), or when `item` refuses one: the caller then reads the document whole.
+pub(super) fn list_items(doc: &str, item: &mut dyn FnMut(Value) -> bool) -> Option<()> {
+    if !doc.trim_start().starts_with('{') {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(doc);
+    let kind = de::Deserializer::deserialize_map(&mut de, ListVisitor { item }).ok()?;
+    de.end().ok()?;
+    kind.ends_with("List").then_some(())
+}
+
+/// The top level of a List: hands the items over, keeps the kind, refuses repeated keys.
+struct ListVisitor<'f> {
+    item: &'f mut dyn FnMut(Value) -> bool,
+}
+
+impl<'de> Visitor<'de> for ListVisitor<'_> {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON List")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<String, A::Error> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut kind = None;
+        let mut items = false;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "items" => {
+                    map.next_value_seed(Items {
+                        item: &mut *self.item,
+                    })?;
+                    items = true;
+                }
+                "kind" => {
+                    kind = map
+                        .next_value_seed(StrictVisitor)?
+                        .as_str()
+                        .map(String::from)
+                }
+                _ => {
+                    map.next_value_seed(StrictVisitor)?;
+                }
+            }
+            if !seen.insert(key) {
+                return Err(de::Error::custom("duplicate key"));
+            }
+        }
+        match kind {
+            Some(kind) if items => Ok(kind),
+            _ => Err(de::Error::custom("not a List")),
+        }
+    }
+}
+
+/// A List's `items` array, each item handed over as read.
+struct Items<'f> {
+    item: &'f mut dyn FnMut(Value) -> bool,
+}
+
+impl<'de> DeserializeSeed<'de> for Items<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Items<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON array of objects")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(value) = seq.next_element_seed(StrictVisitor)? {
+            if value.get("kind").and_then(Value::as_str).is_none() || !(self.item)(value) {
+                return Err(de::Error::custom("an item not taken item by item"));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -315,9 +315,8 @@ fn read_whole(doc: &str) -> (Loaded, Vec<Origin>) {
     (loaded, origins)
 }
 
-/// (case, a List document, whether it is read item by item)
-#[test]
-fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
+/// The example cluster's documents as the items of one List, in kubectl's layout.
+fn example_as_kubectl_list() -> String {
     let kubectl = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/cluster.yaml"
@@ -337,6 +336,13 @@ fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
         }
     }
     as_list.push_str("kind: List\nmetadata:\n  resourceVersion: \"\"\n");
+    as_list
+}
+
+/// (case, a List document, whether it is read item by item)
+#[test]
+fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
+    let as_list = example_as_kubectl_list();
     let cases: Vec<(&str, String, bool)> = vec![
         ("the example cluster as one kubectl List", as_list, true),
         (
@@ -367,7 +373,10 @@ fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
         if taken {
             assert_eq!(
                 format!("{loaded:?} {origins:?}"),
-                format!("{:?} {:?}", read_whole(&doc).0, read_whole(&doc).1),
+                {
+                    let (whole, whole_origins) = read_whole(&doc);
+                    format!("{whole:?} {whole_origins:?}")
+                },
                 "{case}"
             );
         } else {
@@ -376,6 +385,60 @@ fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
         assert_eq!(
             format!("{:?}", parse_manifests(&doc).map(|l| l.objects)),
             format!("{:?}", Ok::<_, ManifestError>(read_whole(&doc).0.objects)),
+            "{case}: through parse_manifests"
+        );
+    }
+}
+
+/// (case, a JSON document, whether it is read item by item)
+#[test]
+fn a_json_list_read_item_by_item_loads_what_the_whole_document_loads() {
+    let as_json = |yaml: &str| {
+        let value: Value = serde_saphyr::from_str(yaml).expect("valid YAML");
+        serde_json::to_string_pretty(&value).expect("JSON")
+    };
+    let cases = [
+        (
+            "the example cluster as kubectl -o json prints it",
+            as_json(&example_as_kubectl_list()),
+            true,
+        ),
+        (
+            "items without a kind of their own (a typed List) are read whole",
+            r#"{"apiVersion": "v1", "items": [{"metadata": {"namespace": "a", "name": "s"}, "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}], "kind": "ServiceList"}"#.to_string(),
+            false,
+        ),
+        (
+            "not a List",
+            r#"{"kind": "Node", "metadata": {"name": "a"}, "items": []}"#.to_string(),
+            false,
+        ),
+    ];
+    for (case, doc, by_items) in cases {
+        let origin = Origin {
+            document: 1,
+            item: None,
+            line: 1,
+        };
+        let (mut loaded, mut origins) = (Loaded::default(), Vec::new());
+        let taken = take_items(origin, &mut loaded, &mut origins, |take| {
+            json::list_items(&doc, take)
+        })
+        .is_some();
+        assert_eq!(taken, by_items, "{case}");
+        let (whole, whole_origins) = read_whole(&doc);
+        if taken {
+            assert_eq!(
+                format!("{loaded:?} {origins:?}"),
+                format!("{whole:?} {whole_origins:?}"),
+                "{case}"
+            );
+        } else {
+            assert!(loaded.objects.is_empty() && origins.is_empty(), "{case}");
+        }
+        assert_eq!(
+            format!("{:?}", parse_manifests(&doc).map(|l| l.objects)),
+            format!("{:?}", Ok::<_, ManifestError>(whole.objects)),
             "{case}: through parse_manifests"
         );
     }
