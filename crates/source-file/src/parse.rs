@@ -385,6 +385,10 @@ fn take_list_by_items(
     loaded: &mut Loaded,
     origins: &mut Vec<Origin>,
 ) -> Option<()> {
+    // Any other object's document is not cut (its `kind:` line comes first).
+    if top_level_kind(doc).is_some_and(|k| !k.ends_with("List")) {
+        return None;
+    }
     let split = list::split(doc)?;
     let head = yaml_subset::document(&split.head)?;
     let kind = head.get("kind").and_then(Value::as_str)?;

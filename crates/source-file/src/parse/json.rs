@@ -118,26 +118,26 @@ pub(super) fn list_items(doc: &str, item: &mut dyn FnMut(Value) -> bool) -> Opti
         return None;
     }
     let mut de = serde_json::Deserializer::from_str(doc);
-    let kind = de::Deserializer::deserialize_map(&mut de, ListVisitor { item }).ok()?;
-    de.end().ok()?;
-    kind.ends_with("List").then_some(())
+    de::Deserializer::deserialize_map(&mut de, ListVisitor { item }).ok()?;
+    de.end().ok()
 }
 
-/// The top level of a List: hands the items over, keeps the kind, refuses repeated keys.
+/// The top level of a List: hands the items over, keeps the kind, refuses repeated keys, and
+/// gives up at the first key or kind no List has.
 struct ListVisitor<'f> {
     item: &'f mut dyn FnMut(Value) -> bool,
 }
 
 impl<'de> Visitor<'de> for ListVisitor<'_> {
-    type Value = String;
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON List")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<String, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut seen = std::collections::BTreeSet::new();
-        let mut kind = None;
+        let mut kind = false;
         let mut items = false;
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
@@ -148,22 +148,27 @@ impl<'de> Visitor<'de> for ListVisitor<'_> {
                     items = true;
                 }
                 "kind" => {
-                    kind = map
-                        .next_value_seed(StrictVisitor)?
-                        .as_str()
-                        .map(String::from)
+                    let value = map.next_value_seed(StrictVisitor)?;
+                    // Any other object gives up here, before the rest of it is read (the
+                    // whole-document path reads it next).
+                    kind = value.as_str().is_some_and(|k| k.ends_with("List"));
+                    if !kind {
+                        return Err(de::Error::custom("not a List"));
+                    }
                 }
-                _ => {
+                "apiVersion" | "metadata" => {
                     map.next_value_seed(StrictVisitor)?;
                 }
+                _ => return Err(de::Error::custom("not a List")),
             }
             if !seen.insert(key) {
                 return Err(de::Error::custom("duplicate key"));
             }
         }
-        match kind {
-            Some(kind) if items => Ok(kind),
-            _ => Err(de::Error::custom("not a List")),
+        if kind && items {
+            Ok(())
+        } else {
+            Err(de::Error::custom("not a List"))
         }
     }
 }

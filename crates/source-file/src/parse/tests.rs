@@ -391,6 +391,12 @@ fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
             false,
         ),
         (
+            "a Service, given up at its kind",
+            r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "a", "name": "s"}, "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}"#.to_string(),
+            Reader::Json,
+            false,
+        ),
+        (
             "not a List",
             r#"{"kind": "Node", "metadata": {"name": "a"}, "items": []}"#.to_string(),
             Reader::Json,
