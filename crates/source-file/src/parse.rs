@@ -301,13 +301,11 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             continue;
         }
         if let Some(value) = yaml_subset::document(&doc) {
-            let taken = (loaded.objects.len(), loaded.warnings.len());
+            let before = Checkpoint::of(&loaded, &origins);
             if take(value, origin, &mut loaded, &mut origins).is_ok() {
                 continue;
             }
-            loaded.objects.truncate(taken.0);
-            loaded.warnings.truncate(taken.1);
-            origins.truncate(taken.0);
+            before.restore(&mut loaded, &mut origins);
         }
         // A Service or an EndpointSlice document is read straight into its type (no generic
         // tree in between: half the work). Anything else, and any document that does not read
@@ -420,12 +418,7 @@ fn take_items(
     origins: &mut Vec<Origin>,
     read: impl FnOnce(&mut dyn FnMut(Value) -> bool) -> Option<()>,
 ) -> Option<()> {
-    let before = (
-        loaded.objects.len(),
-        loaded.warnings.len(),
-        loaded.skipped_kinds.clone(),
-        origins.len(),
-    );
+    let before = Checkpoint::of(loaded, origins);
     let mut index = 0;
     let read_all = read(&mut |item| {
         index += 1;
@@ -436,12 +429,35 @@ fn take_items(
         object(item, origin, loaded, origins).is_ok()
     });
     if read_all.is_none() {
-        loaded.objects.truncate(before.0);
-        loaded.warnings.truncate(before.1);
-        loaded.skipped_kinds = before.2;
-        origins.truncate(before.3);
+        before.restore(loaded, origins);
     }
     read_all
+}
+
+/// What a load held before a fast reader tried a document, so that a reader that gives up
+/// leaves nothing behind for the path that reads the document next.
+struct Checkpoint {
+    objects: usize,
+    warnings: usize,
+    skipped_kinds: BTreeSet<String>,
+}
+
+impl Checkpoint {
+    fn of(loaded: &Loaded, origins: &[Origin]) -> Checkpoint {
+        debug_assert_eq!(loaded.objects.len(), origins.len());
+        Checkpoint {
+            objects: loaded.objects.len(),
+            warnings: loaded.warnings.len(),
+            skipped_kinds: loaded.skipped_kinds.clone(),
+        }
+    }
+
+    fn restore(self, loaded: &mut Loaded, origins: &mut Vec<Origin>) {
+        loaded.objects.truncate(self.objects);
+        loaded.warnings.truncate(self.warnings);
+        loaded.skipped_kinds = self.skipped_kinds;
+        origins.truncate(self.objects);
+    }
 }
 
 /// The value of a document's top-level `kind:` line (`None` when it has none, or it is not
