@@ -54,6 +54,7 @@ impl Checker<'_> {
             object: self.object.clone(),
             field: field.into(),
             message: message.into(),
+            location: None,
         }
     }
 
@@ -124,6 +125,7 @@ fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), Conversi
         object: object.clone(),
         field: field.to_string(),
         message: "must be set".to_string(),
+        location: None,
     };
     if object.name.is_empty() {
         return Err(err("metadata.name"));

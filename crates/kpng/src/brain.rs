@@ -106,7 +106,7 @@ where
                     let Some(event) = event else { break };
                     let out = hub.apply(event);
                     for e in &out.errors {
-                        error!("rejected {e}; keeping its last good version");
+                        error!("rejected {e}");
                     }
                     for w in &out.warnings {
                         if warnings.admit() {

@@ -102,9 +102,12 @@ fn follows_edits_and_keeps_the_last_good_output_on_a_broken_edit() {
 
     // The file source reports the broken edit once it has read it: kpng has decided.
     std::fs::write(&input, service("10.96.0.3", 99999)).expect("write");
-    let precise = "document 2 (line 4), Service ns/web, field spec.ports[0].port: port 99999 is not in 1-65535; keeping the last good state";
+    let precise = format!(
+        "rejected Service ns/web ({}: document 2 (line 4)): field spec.ports[0].port: port 99999 is not in 1-65535; keeping its last good version",
+        input.display()
+    );
     kpng.wait("the broken edit reported", &output, |_, err| {
-        err.contains(precise)
+        err.contains(&precise)
     });
     let after_broken = std::fs::read_to_string(&output).expect("read");
     assert!(
@@ -117,6 +120,25 @@ fn follows_edits_and_keeps_the_last_good_output_on_a_broken_edit() {
         "a broken edit syncs nothing:\n{}",
         kpng.stderr()
     );
+
+    // The rest of the file is still used: a new Service beside the broken one is programmed,
+    // and the broken one keeps its last good version.
+    let beside = format!(
+        "{}---\nkind: Service\nmetadata: {{namespace: ns, name: api}}\nspec: {{clusterIP: 10.96.0.50, ports: [{{name: http, port: 80}}]}}\n",
+        service("10.96.0.3", 99999)
+    );
+    std::fs::write(&input, beside).expect("write");
+    kpng.wait(
+        "the good Service beside the broken one",
+        &output,
+        |out, err| out.contains("10.96.0.50") && err.matches(" synced").count() > syncs_before,
+    );
+    let with_api = std::fs::read_to_string(&output).expect("read");
+    assert!(
+        with_api.contains("10.96.0.2") && !with_api.contains("10.96.0.3"),
+        "the broken Service must keep its last good version:\n{with_api}"
+    );
+    let syncs_before = kpng.synced();
 
     // The next good edit is applied, in exactly one sync.
     std::fs::write(&input, service("10.96.0.4", 80)).expect("write");

@@ -22,7 +22,7 @@ use crate::event::{Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, ServiceKey};
 use crate::node::NodeState;
 use crate::port_range::{NodePortRange, drop_out_of_range};
-use crate::records::{ConversionError, NodeInfo, ServiceCidrInfo, ServiceInfo, SliceInfo, Warning};
+use crate::records::{NodeInfo, Rejection, ServiceCidrInfo, ServiceInfo, SliceInfo, Warning};
 use crate::service_port::ServicePort;
 
 /// Configuration that is the same for every node.
@@ -138,7 +138,7 @@ pub struct ClusterOutcome {
     /// Nodes whose object changed or disappeared.
     pub nodes: BTreeSet<String>,
     /// Objects that could not be used; their previous version (if any) was kept.
-    pub errors: Vec<ConversionError>,
+    pub errors: Vec<Rejection>,
     /// Objects accepted.
     pub applied: usize,
     /// Kinds whose complete list this event finished ([`Event::Replace`], [`Event::ListDone`]).
@@ -392,7 +392,13 @@ impl ClusterModel {
                     touched.service_cidrs_changed = true;
                 }
             }
-            Object::Rejected(error) => out.errors.push(*error),
+            Object::Rejected(error) => {
+                let kept = self.holds(&error.object);
+                out.errors.push(Rejection {
+                    error: *error,
+                    kept,
+                });
+            }
         }
     }
 
@@ -530,6 +536,24 @@ impl ClusterModel {
                     out.service_cidrs_changed = true;
                 }
             }
+        }
+    }
+
+    /// Whether the model holds a version of this object.
+    fn holds(&self, object: &ObjectRef) -> bool {
+        match object.kind {
+            Kind::Service => self
+                .sources
+                .get(&ServiceKey::new(
+                    object.namespace.clone(),
+                    object.name.clone(),
+                ))
+                .is_some_and(|s| s.info.is_some()),
+            Kind::EndpointSlice => self
+                .slice_owners
+                .contains_key(&(object.namespace.clone(), object.name.clone())),
+            Kind::Node => self.nodes.contains_key(&*object.name),
+            Kind::ServiceCidr => self.service_cidrs.contains_key(&*object.name),
         }
     }
 

@@ -12,7 +12,7 @@ use crate::event::{Event, Kind};
 use crate::key::{Family, PortKey, Protocol, ServiceKey};
 use crate::node::NodeState;
 use crate::port_range::NodePortRange;
-use crate::records::{ConversionError, Warning};
+use crate::records::{Rejection, Warning};
 use crate::service_port::ServicePort;
 
 /// How this node identifies itself and which Services it owns.
@@ -121,7 +121,7 @@ pub struct ApplyOutcome {
     /// The Service ports that changed.
     pub diff: Diff,
     /// Objects that could not be used; their previous version (if any) was kept.
-    pub errors: Vec<ConversionError>,
+    pub errors: Vec<Rejection>,
     /// Values refused in objects otherwise used (see [`crate::ClusterOutcome::warnings`]).
     pub warnings: Vec<Warning>,
     /// Objects accepted into the model.

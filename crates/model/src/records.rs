@@ -22,7 +22,7 @@ use crate::service_port::SessionAffinity;
 
 /// An object that cannot be used at all; the model keeps its previous version.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{object}: field {field}: {message}")]
+#[error("{object}{}: field {field}: {message}", location_suffix(location))]
 pub struct ConversionError {
     /// The object at fault.
     pub object: ObjectRef,
@@ -30,6 +30,42 @@ pub struct ConversionError {
     pub field: String,
     /// What is wrong with it.
     pub message: String,
+    /// Where the source found the object, when that says more than its name (a manifest's
+    /// file, document and line: `cluster.yaml: document 3 (line 41)`), so the operator can go
+    /// straight to it.
+    pub location: Option<String>,
+}
+
+/// A rejected object as the model answered it: whether it still uses a last good version or
+/// has none (an object that never converted, such as a new manifest entry with a typo), so the
+/// operator reads which one is the case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// What made the object unusable.
+    pub error: ConversionError,
+    /// Whether the model holds an earlier version of the object, which stays in use.
+    pub kept: bool,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.kept {
+            write!(f, "{}; keeping its last good version", self.error)
+        } else {
+            write!(
+                f,
+                "{}; not used (there is no earlier version of it to keep)",
+                self.error
+            )
+        }
+    }
+}
+
+fn location_suffix(location: &Option<String>) -> String {
+    location
+        .as_ref()
+        .map(|at| format!(" ({at})"))
+        .unwrap_or_default()
 }
 
 /// A value that was ignored; the rest of the object is used.

@@ -502,20 +502,32 @@ fn invalid_update_keeps_the_last_good_version() {
         json!({"clusterIP": "10.96.0.10", "ports": [{"name": "p80", "port": 70000}]}),
     )));
     assert_eq!(out.errors.len(), 1);
-    assert_eq!(out.errors[0].field, "spec.ports[0].port");
+    assert_eq!(out.errors[0].error.field, "spec.ports[0].port");
     assert_eq!(
         out.errors[0].to_string(),
-        "Service ns/web: field spec.ports[0].port: port 70000 is not in 1-65535"
+        "Service ns/web: field spec.ports[0].port: port 70000 is not in 1-65535; keeping its last good version"
     );
     assert!(out.diff.is_empty());
     assert_eq!(m.snapshot(), &before);
 
     let out = m.apply(Event::Apply(svc("web", json!({"clusterIP": "10.96.0.10", "ports": [{"name": "p80", "port": 80, "protocol": "ICMP"}]}))));
-    assert_eq!(out.errors[0].field, "spec.ports[0].protocol");
+    assert_eq!(out.errors[0].error.field, "spec.ports[0].protocol");
+    assert!(out.errors[0].kept);
     let out = m.apply(Event::Apply(service(
         json!({"metadata": {"namespace": "ns"}, "spec": basic_spec()}),
     )));
-    assert_eq!(out.errors[0].field, "metadata.name");
+    assert_eq!(out.errors[0].error.field, "metadata.name");
+    assert!(!out.errors[0].kept);
+    // A broken object the model never held says so: nothing of it is used.
+    let out = m.apply(Event::Apply(svc(
+        "new",
+        json!({"clusterIP": "10.96.0.11", "ports": [{"name": "p80", "port": 0}]}),
+    )));
+    assert_eq!(
+        out.errors[0].to_string(),
+        "Service ns/new: field spec.ports[0].port: port 0 is not in 1-65535; not used (there is no earlier version of it to keep)"
+    );
+    assert!(out.diff.is_empty());
 }
 
 #[test]
@@ -732,6 +744,7 @@ fn replace_keeps_the_previous_version_of_a_broken_object() {
         objects: vec![broken],
     });
     assert_eq!(out.errors.len(), 1);
+    assert!(out.errors[0].kept);
     assert!(out.diff.is_empty());
     assert_eq!(m.snapshot().ports.len(), 1);
 }

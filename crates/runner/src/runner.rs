@@ -446,10 +446,10 @@ impl<M: NodeModel> LoopState<M> {
             }
         }
         for e in &outcome.errors {
-            error!("rejected {e}; keeping its last good version");
+            error!("rejected {e}");
             m.object_errors
                 .get_or_create(&KindLabel {
-                    kind: e.object.kind.as_str().into(),
+                    kind: e.error.object.kind.as_str().into(),
                 })
                 .inc();
         }

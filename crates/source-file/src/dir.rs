@@ -121,8 +121,8 @@ impl DirState {
             return Vec::new();
         }
         match parse_manifests_with(&text, self.expansion) {
-            Err(e) => {
-                error!("{}: {e}; keeping its last good state", path.display());
+            Err(errors) => {
+                crate::watch::log_unreadable(path, &errors, "its last good state");
                 self.metrics.error("parse");
                 let refs = self
                     .files
@@ -132,8 +132,9 @@ impl DirState {
                 self.files.insert(path.as_os_str().to_owned(), (hash, refs));
                 Vec::new()
             }
-            Ok(loaded) => {
+            Ok(mut loaded) => {
                 loaded.log_omissions(path);
+                loaded.locate_in(path);
                 self.metrics.good_load();
                 let new_refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
@@ -290,9 +291,10 @@ fn settle_duplicates(state: &DirState, events: &mpsc::Sender<Event>) -> Option<(
         let Ok(text) = std::fs::read_to_string(path) else {
             continue;
         };
-        let Ok(loaded) = parse_manifests_with(&text, state.expansion) else {
+        let Ok(mut loaded) = parse_manifests_with(&text, state.expansion) else {
             continue;
         };
+        loaded.locate_in(path);
         for object in loaded.objects {
             if objects.contains(&object.reference())
                 && events.blocking_send(Event::ListItem(object)).is_err()

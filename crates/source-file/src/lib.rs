@@ -11,15 +11,19 @@
 //! - A directory: the first load streams every file's objects as `ListStart`, `ListItem`…,
 //!   `ListDone`; after that a changed file sends `Apply`/`Delete` for its own objects only.
 //!
-//! A load that fails (a document that does not parse, an object that cannot be converted) is
-//! reported with the document index, kind, namespace/name and field, and *nothing* is sent: the
-//! last good state stays programmed until the file is fixed. Values the conversion dropped are
-//! logged with the file's name.
+//! An object that names itself but cannot be used (a port out of range, a field of the wrong
+//! type, an object defined twice) is sent as [`kpng_model::Object::Rejected`], located by file,
+//! document and line: the model keeps its last good version and the rest of the file is used,
+//! as for a broken object from the API server. A file that cannot be read (a document that is
+//! not YAML, an object without `kind` or name) is reported with every such document, and
+//! *nothing* is sent: the last good state stays programmed until the file is fixed. Values the
+//! conversion dropped are logged with the file's name.
 //!
 //! Writers must replace the file atomically (write a temporary file, then rename it over the
 //! input, as `kubectl`'s ConfigMap mounts and most editors do): a file written in place can be
-//! read half-written. A load that does not parse is therefore only reported once the file has
-//! been quiet for half a second; a newer version within that time is read instead.
+//! read half-written. A load that does not parse, or has a rejected object, is therefore only
+//! reported once the file has been quiet for half a second; a newer version within that time is
+//! read instead.
 //!
 //! The source never goes quietly stale: besides inotify on the file's directory, the resolved
 //! file (symlinks followed, into any directory) is checked every two seconds, and a
@@ -38,5 +42,7 @@ mod parse;
 mod watch;
 
 pub use metrics::{ReasonLabel, SourceMetrics};
-pub use parse::{ExpansionLimit, Loaded, ManifestError, parse_manifests, parse_manifests_with};
+pub use parse::{
+    ExpansionLimit, Loaded, ManifestError, ManifestErrors, parse_manifests, parse_manifests_with,
+};
 pub use watch::{FileSource, SourceError};

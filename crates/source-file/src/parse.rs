@@ -1,6 +1,7 @@
 //! Manifest text → model objects, with errors that say exactly where.
 
 use std::borrow::Cow;
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -8,7 +9,8 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpng_k8s::{Convert, Converted};
-use kpng_model::{Object, Warning};
+use kpng_model::records::ConversionError;
+use kpng_model::{Kind, Object, ObjectRef, Warning};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tracing::warn;
@@ -34,11 +36,12 @@ pub struct ManifestError {
 
 impl fmt::Display for ManifestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "document {}", self.document)?;
-        if let Some(item) = self.item {
-            write!(f, " item {item}")?;
-        }
-        write!(f, " (line {})", self.line)?;
+        let place = Origin {
+            document: self.document,
+            item: self.item,
+            line: self.line,
+        };
+        write!(f, "{place}")?;
         match (&self.kind, &self.object) {
             (Some(k), Some(o)) => write!(f, ", {k} {o}")?,
             (Some(k), None) => write!(f, ", {k}")?,
@@ -51,10 +54,44 @@ impl fmt::Display for ManifestError {
     }
 }
 
+/// Why a manifest file was not loaded at all: every document that could not be read, in file
+/// order (at least one). All of them, so that an operator fixes a file in one pass rather than
+/// one error per reload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ManifestErrors {
+    /// The errors, in file order; never empty.
+    pub errors: Vec<ManifestError>,
+}
+
+impl ManifestErrors {
+    fn one(error: ManifestError) -> ManifestErrors {
+        ManifestErrors {
+            errors: vec![error],
+        }
+    }
+}
+
+impl fmt::Display for ManifestErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut errors = self.errors.iter();
+        if let Some(first) = errors.next() {
+            write!(f, "{first}")?;
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => write!(f, " (and 1 more error)"),
+            more => write!(f, " (and {more} more errors)"),
+        }
+    }
+}
+
 /// A successfully parsed manifest file.
 #[derive(Debug, Clone, Default)]
 pub struct Loaded {
-    /// The objects, in file order.
+    /// The objects, in file order. An object that names itself but cannot be used (a field of
+    /// the wrong type, a value out of range, defined twice) is an [`Object::Rejected`] here:
+    /// the model keeps its last good version and the rest of the file is used, as a broken
+    /// object from the API server is handled.
     pub objects: Vec<Object>,
     /// Kinds that were skipped because kpng does not use them (each named once).
     pub skipped_kinds: BTreeSet<String>,
@@ -63,6 +100,26 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// How many objects were rejected (each is logged by the model's consumer, with its
+    /// location).
+    pub fn rejected(&self) -> usize {
+        self.objects
+            .iter()
+            .filter(|o| matches!(o, Object::Rejected(_)))
+            .count()
+    }
+
+    /// Prefixes each rejected object's location with the file it came from, so that the error
+    /// line names the file as well as the document.
+    pub fn locate_in(&mut self, source: &std::path::Path) {
+        for object in &mut self.objects {
+            if let Object::Rejected(e) = object {
+                let at = e.location.take().unwrap_or_default();
+                e.location = Some(format!("{}: {at}", source.display()));
+            }
+        }
+    }
+
     /// Logs what the load left out: kinds kpng does not use and values it could not use.
     pub fn log_omissions(&self, source: &std::path::Path) {
         for kind in &self.skipped_kinds {
@@ -135,6 +192,16 @@ struct Origin {
     line: usize,
 }
 
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {}", self.document)?;
+        if let Some(item) = self.item {
+            write!(f, " item {item}")?;
+        }
+        write!(f, " (line {})", self.line)
+    }
+}
+
 impl Origin {
     fn error(
         &self,
@@ -158,22 +225,36 @@ impl Origin {
 /// Deserializes from the value by reference: the value stays for the error message without a
 /// copy of every object (at 30k Services the copies cost as much as the conversion).
 fn typed<T: DeserializeOwned>(
-    value: Value,
+    value: &Value,
     origin: Origin,
     kind: &str,
 ) -> Result<T, ManifestError> {
-    serde_path_to_error::deserialize::<_, T>(&value).map_err(|e| {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let path = e.path().to_string();
         let field = (path != ".").then_some(path);
-        origin.error(Some(&value), Some(kind), field, e.into_inner().to_string())
+        origin.error(Some(value), Some(kind), field, e.into_inner().to_string())
     })
 }
 
+/// What to do with an object that names itself but whose fields do not read into its type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undecodable {
+    /// The reading is final (the YAML parser's, or strict JSON's): reject the object alone.
+    Reject,
+    /// A fast reader's: it may have typed a plain scalar differently from the YAML parser, so
+    /// give the document up to the path that reads it by the field's type.
+    GiveUp,
+}
+
+/// Reads and converts one object. Errors are those that make the whole file unreadable: no
+/// `kind`, or (with [`Undecodable::GiveUp`], or when the object has no name to keep its last
+/// good version by) fields that do not read.
 fn object(
     value: Value,
     origin: Origin,
     loaded: &mut Loaded,
     origins: &mut Vec<Origin>,
+    undecodable: Undecodable,
 ) -> Result<(), ManifestError> {
     let kind = value
         .get("kind")
@@ -183,48 +264,76 @@ fn object(
         return Err(origin.error(Some(&value), None, Some("kind".into()), "missing".into()));
     };
     let converted = match kind.as_str() {
-        "Service" => typed::<Service>(value, origin, &kind)?.convert(),
-        "EndpointSlice" => typed::<EndpointSlice>(value, origin, &kind)?.convert(),
-        "Node" => typed::<Node>(value, origin, &kind)?.convert(),
-        "ServiceCIDR" => typed::<ServiceCIDR>(value, origin, &kind)?.convert(),
+        "Service" => typed::<Service>(&value, origin, &kind).map(|o| o.convert()),
+        "EndpointSlice" => typed::<EndpointSlice>(&value, origin, &kind).map(|o| o.convert()),
+        "Node" => typed::<Node>(&value, origin, &kind).map(|o| o.convert()),
+        "ServiceCIDR" => typed::<ServiceCIDR>(&value, origin, &kind).map(|o| o.convert()),
         other => {
             loaded.skipped_kinds.insert(other.to_string());
             return Ok(());
         }
     };
-    accept(converted, &kind, origin, loaded, origins)
+    match (converted, undecodable, reference_of(&value, &kind)) {
+        (Ok(converted), _, _) => accept(converted, origin, loaded, origins),
+        (Err(e), Undecodable::Reject, Some(object)) => {
+            let rejected = ConversionError {
+                object,
+                field: e.field.unwrap_or_else(|| ".".into()),
+                message: e.message,
+                location: None,
+            };
+            let converted = Converted {
+                object: Object::Rejected(Box::new(rejected)),
+                warnings: Vec::new(),
+            };
+            accept(converted, origin, loaded, origins);
+        }
+        (Err(e), _, _) => return Err(e),
+    }
+    Ok(())
 }
 
-/// Keeps one converted object (or rejects the file when the conversion rejected it).
-fn accept(
-    converted: Converted,
-    kind: &str,
-    origin: Origin,
-    loaded: &mut Loaded,
-    origins: &mut Vec<Origin>,
-) -> Result<(), ManifestError> {
-    let Converted { object, warnings } = converted;
-    if let Object::Rejected(e) = object {
-        let name = if e.object.namespace.is_empty() {
-            e.object.name.to_string()
-        } else {
-            format!("{}/{}", e.object.namespace, e.object.name)
-        };
-        return Err(ManifestError {
-            object: Some(name),
-            ..origin.error(None, Some(kind), Some(e.field), e.message)
-        });
+/// The identity of an object of a kind kpng reads, from its raw value: what a rejected object's
+/// last good version is found by. `None` without a name.
+fn reference_of(value: &Value, kind: &str) -> Option<ObjectRef> {
+    let kind = *Kind::ALL.iter().find(|k| k.as_str() == kind)?;
+    let meta = value.get("metadata")?;
+    let name = meta.get("name")?.as_str().filter(|n| !n.is_empty())?;
+    let namespace = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Some(ObjectRef {
+        kind,
+        namespace: namespace.into(),
+        name: name.into(),
+    })
+}
+
+/// Keeps one converted object; a rejected one gets its place in the file as its location.
+fn accept(converted: Converted, origin: Origin, loaded: &mut Loaded, origins: &mut Vec<Origin>) {
+    let Converted {
+        mut object,
+        warnings,
+    } = converted;
+    if let Object::Rejected(e) = &mut object {
+        e.location = Some(origin.to_string());
+    } else {
+        loaded.warnings.extend(warnings);
     }
-    loaded.warnings.extend(warnings);
     loaded.objects.push(object);
     origins.push(origin);
-    Ok(())
 }
 
 /// How often a long parse reports its progress.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Parses a manifest file. Any error rejects the whole file (the caller keeps its last good load).
+/// Parses a manifest file.
+///
+/// An object that names itself but cannot be used is kept as [`Object::Rejected`] (see
+/// [`Loaded::objects`]) and the rest of the file loads. What leaves the file unreadable (a
+/// document that is not YAML, an object without `kind`, or one that cannot be used and has no
+/// name) rejects the whole file, with every such error: the caller keeps its last good load.
 ///
 /// A file with no document at all (empty, or only comments) is rejected too: it is far more
 /// often a file caught mid-write than a cluster without Services.
@@ -233,17 +342,17 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
 /// `kind: List` of 100k Services loads, while an alias bomb (a few anchors expanded into
 /// millions of nodes) is still refused. Write `kind: List` with
 /// `items: []` to mean "nothing".
-pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestError> {
+pub fn parse_manifests(text: &str) -> Result<Loaded, ManifestErrors> {
     parse_manifests_with(text, ExpansionLimit::default())
 }
 
 /// [`parse_manifests`] with another YAML expansion limit (`--max-yaml-expansion`).
-pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded, ManifestError> {
+pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded, ManifestErrors> {
     if text
         .lines()
         .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#') || l.trim() == "---")
     {
-        return Err(ManifestError {
+        return Err(ManifestErrors::one(ManifestError {
             document: 1,
             item: None,
             line: 1,
@@ -251,10 +360,11 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             object: None,
             field: None,
             message: "the file holds no document (write `kind: List` with `items: []` for an empty cluster)".into(),
-        });
+        }));
     }
     let mut loaded = Loaded::default();
     let mut origins = Vec::new();
+    let mut errors = Vec::new();
     // A large input takes seconds: say how far along it is every few seconds.
     let started = std::time::Instant::now();
     let mut next_report = started + PROGRESS_EVERY;
@@ -286,15 +396,29 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         // YAML parser. A document the subset reader takes but whose objects do not read (a
         // plain `80` where a string belongs, which the YAML parser reads by the field's type)
         // is read again by the YAML parser, which then also words any error.
-        if take_items(origin, &mut loaded, &mut origins, |take| {
-            json::list_items(&doc, take)
-        })
+        // Strict JSON reads exactly as the YAML parser would refuse or read it: its verdict
+        // on an object is final.
+        if take_items(
+            origin,
+            &mut loaded,
+            &mut origins,
+            Undecodable::Reject,
+            |take| json::list_items(&doc, take),
+        )
         .is_some()
         {
             continue;
         }
         if let Some(value) = json::document(&doc) {
-            take(value, origin, &mut loaded, &mut origins)?;
+            if let Err(e) = take(
+                value,
+                origin,
+                &mut loaded,
+                &mut origins,
+                Undecodable::Reject,
+            ) {
+                errors.push(e);
+            }
             continue;
         }
         if take_list_by_items(&doc, origin, &mut loaded, &mut origins).is_some() {
@@ -302,7 +426,15 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         }
         if let Some(value) = yaml_subset::document(&doc) {
             let before = Checkpoint::of(&loaded, &origins);
-            if take(value, origin, &mut loaded, &mut origins).is_ok() {
+            if take(
+                value,
+                origin,
+                &mut loaded,
+                &mut origins,
+                Undecodable::GiveUp,
+            )
+            .is_ok()
+            {
                 continue;
             }
             before.restore(&mut loaded, &mut origins);
@@ -311,16 +443,28 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         // tree in between: half the work). Anything else, and any document that does not read
         // so, takes the generic path, which also words the errors.
         if let Some(converted) = direct(&doc, limit) {
-            let kind = top_level_kind(&doc).unwrap_or_default();
-            accept(converted, kind, origin, &mut loaded, &mut origins)?;
+            accept(converted, origin, &mut loaded, &mut origins);
             continue;
         }
-        let value: Value =
-            serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
-                .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))?;
-        take(value, origin, &mut loaded, &mut origins)?;
+        let read = serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
+            .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))
+            .and_then(|value: Value| {
+                take(
+                    value,
+                    origin,
+                    &mut loaded,
+                    &mut origins,
+                    Undecodable::Reject,
+                )
+            });
+        if let Err(e) = read {
+            errors.push(e);
+        }
     }
-    reject_duplicates(&loaded, &origins)?;
+    if !errors.is_empty() {
+        return Err(ManifestErrors { errors });
+    }
+    reject_duplicates(&mut loaded, &mut origins);
     Ok(loaded)
 }
 
@@ -330,6 +474,7 @@ fn take(
     origin: Origin,
     loaded: &mut Loaded,
     origins: &mut Vec<Origin>,
+    undecodable: Undecodable,
 ) -> Result<(), ManifestError> {
     if value.is_null() {
         return Ok(());
@@ -340,7 +485,7 @@ fn take(
         .unwrap_or_default()
         .to_string();
     if !(kind == "List" || (kind.ends_with("List") && value.get("items").is_some())) {
-        return object(value, origin, loaded, origins);
+        return object(value, origin, loaded, origins, undecodable);
     }
     let mut value = value;
     let items = match value.get_mut("items").map(Value::take) {
@@ -368,7 +513,7 @@ fn take(
             item: Some(i + 1),
             ..origin
         };
-        object(item, origin, loaded, origins)?;
+        object(item, origin, loaded, origins, undecodable)?;
     }
     Ok(())
 }
@@ -394,7 +539,7 @@ fn take_list_by_items(
         return None;
     }
     let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
-    take_items(origin, loaded, origins, |take| {
+    take_items(origin, loaded, origins, Undecodable::GiveUp, |take| {
         for text in split.items() {
             let mut item = yaml_subset::document(&text)?;
             if let (Some(k), Some(map)) = (item_kind, item.as_object_mut()) {
@@ -410,12 +555,14 @@ fn take_list_by_items(
 }
 
 /// Converts a List's items as `read` hands them to the closure it is given (which answers
-/// whether the item converted), numbering them for error messages. `None`, with `loaded` and
-/// `origins` as they were, when `read` gives up or an item does not convert.
+/// whether the item was taken), numbering them for error messages. `None`, with `loaded` and
+/// `origins` as they were, when `read` gives up or an item makes the file unreadable (see
+/// [`object`]).
 fn take_items(
     origin: Origin,
     loaded: &mut Loaded,
     origins: &mut Vec<Origin>,
+    undecodable: Undecodable,
     read: impl FnOnce(&mut dyn FnMut(Value) -> bool) -> Option<()>,
 ) -> Option<()> {
     let before = Checkpoint::of(loaded, origins);
@@ -426,7 +573,7 @@ fn take_items(
             item: Some(index),
             ..origin
         };
-        object(item, origin, loaded, origins).is_ok()
+        object(item, origin, loaded, origins, undecodable).is_ok()
     });
     if read_all.is_none() {
         before.restore(loaded, origins);
@@ -484,26 +631,53 @@ fn direct(doc: &str, limit: ExpansionLimit) -> Option<Converted> {
     }
 }
 
-fn reject_duplicates(loaded: &Loaded, origins: &[Origin]) -> Result<(), ManifestError> {
-    let mut seen: BTreeMap<kpng_model::ObjectRef, Origin> = BTreeMap::new();
-    for (o, origin) in loaded.objects.iter().zip(origins) {
-        let r = o.reference();
-        if let Some(first) = seen.insert(r.clone(), *origin) {
-            let name = if r.namespace.is_empty() {
-                r.name.to_string()
-            } else {
-                format!("{}/{}", r.namespace, r.name)
-            };
-            return Err(ManifestError {
-                kind: Some(r.kind.as_str().to_string()),
-                object: Some(name),
-                field: Some("metadata.name".into()),
-                message: format!("defined twice (first in document {})", first.document),
-                ..origin.error(None, None, None, String::new())
-            });
+/// An object defined more than once in one file: which copy is meant is unclear, so none is
+/// used. The first copy's place holds a rejection naming every copy (the model keeps the
+/// object's last good version); the later copies are dropped.
+fn reject_duplicates(loaded: &mut Loaded, origins: &mut Vec<Origin>) {
+    let mut first_at: BTreeMap<ObjectRef, usize> = BTreeMap::new();
+    let mut copies: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (at, object) in loaded.objects.iter().enumerate() {
+        match first_at.entry(object.reference()) {
+            Entry::Vacant(v) => {
+                v.insert(at);
+            }
+            Entry::Occupied(o) => copies.entry(*o.get()).or_default().push(at),
         }
     }
-    Ok(())
+    if copies.is_empty() {
+        return;
+    }
+    let mut dropped = vec![false; loaded.objects.len()];
+    for (first, later) in copies {
+        let places: Vec<String> = std::iter::once(first)
+            .chain(later.iter().copied())
+            .filter_map(|at| origins.get(at).map(Origin::to_string))
+            .collect();
+        let (Some(object), Some(origin)) = (loaded.objects.get_mut(first), origins.get(first))
+        else {
+            continue;
+        };
+        *object = Object::Rejected(Box::new(ConversionError {
+            object: object.reference(),
+            field: "metadata.name".into(),
+            message: format!(
+                "defined {} times in the file ({}); none of them is used",
+                places.len(),
+                places.join(", ")
+            ),
+            location: Some(origin.to_string()),
+        }));
+        for at in later {
+            if let Some(d) = dropped.get_mut(at) {
+                *d = true;
+            }
+        }
+    }
+    let mut keep = dropped.iter().map(|d| !d);
+    loaded.objects.retain(|_| keep.next().unwrap_or(true));
+    let mut keep = dropped.iter().map(|d| !d);
+    origins.retain(|_| keep.next().unwrap_or(true));
 }
 
 /// How far a document may expand beyond its own size while parsed: YAML nodes per byte of the

@@ -20,7 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::dirwatch::DirWatch;
 use crate::metrics::SourceMetrics;
-use crate::parse::{ExpansionLimit, parse_manifests_with};
+use crate::parse::{ExpansionLimit, ManifestErrors, parse_manifests_with};
 
 /// How often the resolved file and its directory are checked besides inotify.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -202,7 +202,9 @@ impl FileSource {
                 return true;
             }
             let parsed = parse_manifests_with(&text, self.expansion);
-            if parsed.is_ok() || retries >= MAX_RETRIES {
+            // A file caught mid-write often reads with a broken object rather than not at all.
+            let clean = parsed.as_ref().is_ok_and(|l| l.rejected() == 0);
+            if clean || retries >= MAX_RETRIES {
                 break (text, parsed);
             }
             // Maybe caught mid-write: report it only once the file has been quiet.
@@ -213,19 +215,27 @@ impl FileSource {
             retries += 1;
         };
         match parsed {
-            Err(e) => {
-                error!("{}: {e}; keeping the last good state", self.path.display());
+            Err(errors) => {
+                log_unreadable(&self.path, &errors, "the last good state");
                 self.metrics.error("parse");
                 state.bad = Some(state.digests.of(&text));
                 true
             }
-            Ok(loaded) => {
+            Ok(mut loaded) => {
                 loaded.log_omissions(&self.path);
-                info!(
-                    "{}: loaded {} objects",
-                    self.path.display(),
-                    loaded.objects.len()
-                );
+                loaded.locate_in(&self.path);
+                match loaded.rejected() {
+                    0 => info!(
+                        "{}: loaded {} objects",
+                        self.path.display(),
+                        loaded.objects.len()
+                    ),
+                    rejected => info!(
+                        "{}: loaded {} objects, {rejected} of them rejected (each keeps its last good version)",
+                        self.path.display(),
+                        loaded.objects.len()
+                    ),
+                }
                 state.good = Some(state.digests.of(&text));
                 state.bad = None;
                 self.metrics.good_load();
@@ -236,6 +246,25 @@ impl FileSource {
                 events.send(event).await.is_ok()
             }
         }
+    }
+}
+
+/// How many of a file's errors are logged one by one; the rest are counted.
+const ERRORS_LOGGED: usize = 20;
+
+/// Logs why a file was not loaded: each unreadable document on its own line (an operator
+/// fixes them in one pass), and what stays instead (`kept`).
+pub(crate) fn log_unreadable(path: &std::path::Path, errors: &ManifestErrors, kept: &str) {
+    for e in errors.errors.iter().take(ERRORS_LOGGED) {
+        error!("{}: {e}; keeping {kept}", path.display());
+    }
+    if let Some(more) = errors
+        .errors
+        .len()
+        .checked_sub(ERRORS_LOGGED)
+        .filter(|m| *m > 0)
+    {
+        error!("{}: {more} more errors not shown", path.display());
     }
 }
 

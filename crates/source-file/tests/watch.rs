@@ -50,13 +50,32 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
     std::fs::write(&path, manifest("10.96.0.2")).expect("write");
     assert_eq!(cluster_ip(&next(&mut rx).await.expect("edit")), "10.96.0.2");
 
-    // A broken edit sends nothing (the last good state stays).
+    // A broken object is sent as rejected, naming the file and the field: the model keeps its
+    // last good version (the rest of the file would load).
     std::fs::write(&path, "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 0}]}\n").expect("write");
+    match next(&mut rx).await {
+        Some(Event::Replace { objects, .. }) => match objects.as_slice() {
+            [Object::Rejected(e)] => {
+                assert_eq!(&*e.object.name, "web");
+                assert_eq!(e.field, "spec.ports[0].port");
+                let at = e.location.as_deref().unwrap_or_default();
+                assert!(at.ends_with("cluster.yaml: document 1 (line 1)"), "{at}");
+            }
+            other => panic!("expected web rejected, got {other:?}"),
+        },
+        other => panic!("expected a Replace, got {other:?}"),
+    }
+    // A file that does not read sends nothing (the last good state stays).
+    std::fs::write(
+        &path,
+        "kind: Service\nmetadata: {namespace: ns, name: [web\n",
+    )
+    .expect("write");
     assert!(
         tokio::time::timeout(Duration::from_millis(600), rx.recv())
             .await
             .is_err(),
-        "broken edit was sent"
+        "unreadable edit was sent"
     );
 
     // An editor that writes a new file and renames it over the old one.
@@ -177,8 +196,12 @@ async fn a_symlink_into_another_directory_and_a_recreated_directory_are_followed
         "10.96.0.4"
     );
 
-    // A broken version is counted once it has been quiet.
-    std::fs::write(&tmp, "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 0}]}\n").expect("write");
+    // An unreadable version is counted once it has been quiet.
+    std::fs::write(
+        &tmp,
+        "kind: Service\nmetadata: {namespace: ns, name: [web\n",
+    )
+    .expect("write");
     std::fs::rename(&tmp, &real).expect("rename");
     let parse_errors = || {
         metrics

@@ -85,68 +85,180 @@ items:
 }
 
 #[test]
-fn errors_name_document_object_and_field() {
+fn unreadable_documents_reject_the_file_naming_each_place() {
     struct Case {
         name: &'static str,
         text: &'static str,
-        want: &'static str,
+        want: &'static [&'static str],
     }
     let cases = [
         Case {
             name: "YAML syntax error in document 2",
             text: "kind: Node\nmetadata: {name: a}\n---\nkind: Service\nmetadata: {name: [oops\n",
-            want: "document 2 (line 4): invalid YAML",
-        },
-        Case {
-            name: "wrong type",
-            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: eighty}]}\n",
-            want: "document 1 (line 1), Service ns/web, field spec.ports[0].port: invalid type",
-        },
-        Case {
-            name: "invalid value",
-            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n",
-            want: "document 1 (line 1), Service ns/web, field spec.ports[0].port: port 0 is not in 1-65535",
-        },
-        Case {
-            name: "list item",
-            text: "kind: List\nitems:\n- kind: Node\n  metadata: {name: a}\n- kind: EndpointSlice\n  metadata: {namespace: ns, name: s}\n  addressType: IPv4\n  endpoints: []\n  ports: [{name: x, port: 99999}]\n",
-            want: "document 1 item 2 (line 1), EndpointSlice ns/s, field ports[0].port",
-        },
-        Case {
-            name: "JSON list item",
-            text: r#"{"kind": "List", "items": [{"kind": "Service", "metadata": {"namespace": "ns", "name": "web"}, "spec": {"ports": [{"port": "eighty"}]}}]}"#,
-            want: "document 1 item 1 (line 1), Service ns/web, field spec.ports[0].port: invalid type",
+            want: &["document 2 (line 4): invalid YAML"],
         },
         Case {
             name: "JSON with a repeated key (refused as YAML refuses it)",
             text: r#"{"kind": "Node", "metadata": {"name": "a"}, "kind": "Node"}"#,
-            want: "document 1 (line 1): invalid YAML: error: line 1 column 45: duplicate mapping key: kind",
+            want: &[
+                "document 1 (line 1): invalid YAML: error: line 1 column 45: duplicate mapping key: kind",
+            ],
         },
         Case {
             name: "empty file",
             text: "# nothing here\n---\n",
-            want: "document 1 (line 1): the file holds no document",
+            want: &["document 1 (line 1): the file holds no document"],
         },
         Case {
             name: "missing kind",
             text: "metadata: {name: a}\n",
-            want: "document 1 (line 1), field kind: missing",
+            want: &["document 1 (line 1), field kind: missing"],
         },
         Case {
-            name: "duplicate",
-            text: "kind: Node\nmetadata: {name: a}\n---\nkind: Node\nmetadata: {name: a}\n",
-            want: "document 2 (line 4), Node a, field metadata.name: defined twice (first in document 1)",
+            name: "a wrong type in an object without a name (nothing to keep it by)",
+            text: "kind: Service\nmetadata: {namespace: ns}\nspec: {ports: [{port: eighty}]}\n",
+            want: &["document 1 (line 1), Service, field spec.ports[0].port: invalid type"],
+        },
+        Case {
+            name: "every unreadable document, in file order; readable ones between them load",
+            text: "kind: Node\nmetadata: {name: [oops\n---\nkind: Node\nmetadata: {name: fine}\n---\nmetadata: {name: b}\n---\nkind: List\nitems:\n- kind: Node\n  metadata: {name: c}\n- metadata: {name: d}\n",
+            want: &[
+                "document 1 (line 1): invalid YAML",
+                "document 3 (line 7), field kind: missing",
+                "document 4 item 2 (line 9), field kind: missing",
+            ],
         },
     ];
     for case in cases {
-        let err = parse_manifests(case.text).expect_err(case.name).to_string();
-        assert!(
-            err.starts_with(case.want),
-            "{}: got {err:?}, want prefix {:?}",
-            case.name,
-            case.want
+        let errors = parse_manifests(case.text).expect_err(case.name);
+        let got: Vec<String> = errors.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(got.len(), case.want.len(), "{}: {got:#?}", case.name);
+        for (got, want) in got.iter().zip(case.want) {
+            assert!(
+                got.starts_with(want),
+                "{}: got {got:?}, want prefix {want:?}",
+                case.name
+            );
+        }
+        let shown = errors.to_string();
+        assert!(shown.starts_with(case.want[0]), "{}: {shown}", case.name);
+        let more = case.want.len() - 1;
+        assert_eq!(
+            shown.contains(&format!("(and {more} more error")),
+            more > 0,
+            "{}: {shown}",
+            case.name
         );
     }
+}
+
+/// An object that names itself but cannot be used is rejected alone (the model keeps its last
+/// good version, as for a broken object from the API server): the rest of the file loads, and
+/// the rejection says where the object is.
+#[test]
+fn a_broken_object_is_rejected_alone_and_the_rest_loads() {
+    struct Case {
+        name: &'static str,
+        text: &'static str,
+        /// Each rejection, as the runner shows it (before "; keeping its last good version").
+        rejected: &'static [&'static str],
+        /// The objects used.
+        used: usize,
+    }
+    let cases = [
+        Case {
+            name: "wrong type",
+            text: "kind: Node\nmetadata: {name: a}\n---\nkind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: eighty}]}\n",
+            rejected: &[
+                "Service ns/web (document 2 (line 4)): field spec.ports[0].port: invalid type",
+            ],
+            used: 1,
+        },
+        Case {
+            name: "invalid value",
+            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n",
+            rejected: &[
+                "Service ns/web (document 1 (line 1)): field spec.ports[0].port: port 0 is not in 1-65535",
+            ],
+            used: 0,
+        },
+        Case {
+            name: "list item",
+            text: "kind: List\nitems:\n- kind: Node\n  metadata: {name: a}\n- kind: EndpointSlice\n  metadata: {namespace: ns, name: s}\n  addressType: IPv4\n  endpoints: []\n  ports: [{name: x, port: 99999}]\n",
+            rejected: &["EndpointSlice ns/s (document 1 item 2 (line 1)): field ports[0].port"],
+            used: 1,
+        },
+        Case {
+            name: "JSON list item",
+            text: r#"{"kind": "List", "items": [{"kind": "Service", "metadata": {"namespace": "ns", "name": "web"}, "spec": {"ports": [{"port": "eighty"}]}}, {"kind": "Node", "metadata": {"name": "a"}}]}"#,
+            rejected: &[
+                "Service ns/web (document 1 item 1 (line 1)): field spec.ports[0].port: invalid type",
+            ],
+            used: 1,
+        },
+        Case {
+            name: "two broken objects, each named",
+            text: "kind: Service\nmetadata: {namespace: ns, name: a}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n---\nkind: Service\nmetadata: {namespace: ns, name: b}\nspec: {clusterIP: 10.96.0.2, ports: [{port: 80, protocol: TCPX}]}\n---\nkind: Service\nmetadata: {namespace: ns, name: c}\nspec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}\n",
+            rejected: &[
+                "Service ns/a (document 1 (line 1)): field spec.clusterIP",
+                "Service ns/b (document 2 (line 5)): field spec.ports[0].protocol",
+            ],
+            used: 1,
+        },
+        Case {
+            name: "defined twice: neither copy is used",
+            text: "kind: Node\nmetadata: {name: a}\n---\nkind: Node\nmetadata: {name: b}\n---\nkind: Node\nmetadata: {name: a}\n",
+            rejected: &[
+                "Node a (document 1 (line 1)): field metadata.name: defined 2 times in the file (document 1 (line 1), document 3 (line 7)); none of them is used",
+            ],
+            used: 1,
+        },
+    ];
+    for case in cases {
+        let loaded = parse_manifests(case.text).expect(case.name);
+        let rejected: Vec<String> = loaded
+            .objects
+            .iter()
+            .filter_map(|o| match o {
+                Object::Rejected(e) => Some(e.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            rejected.len(),
+            case.rejected.len(),
+            "{}: {rejected:#?}",
+            case.name
+        );
+        assert_eq!(loaded.rejected(), case.rejected.len(), "{}", case.name);
+        for (got, want) in rejected.iter().zip(case.rejected) {
+            assert!(
+                got.starts_with(want),
+                "{}: got {got:?}, want prefix {want:?}",
+                case.name
+            );
+        }
+        assert_eq!(
+            loaded.objects.len() - rejected.len(),
+            case.used,
+            "{}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn a_rejected_objects_location_names_its_file() {
+    let text = "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n";
+    let mut loaded = parse_manifests(text).expect("loads");
+    loaded.locate_in(std::path::Path::new("/etc/kpng/cluster.yaml"));
+    let Some(Object::Rejected(e)) = loaded.objects.first() else {
+        panic!("expected a rejection: {:?}", loaded.objects)
+    };
+    assert_eq!(
+        e.to_string(),
+        "Service ns/web (/etc/kpng/cluster.yaml: document 1 (line 1)): field spec.ports[0].port: port 0 is not in 1-65535"
+    );
 }
 
 #[test]
@@ -270,7 +382,7 @@ fn a_text_without_markers_is_read_as_one_document_and_the_same_as_split_line_by_
         let outcome = |text: &str| {
             parse_manifests(text)
                 .map(|l| format!("{:?}", l.objects))
-                .map_err(|e| e.message)
+                .map_err(|e| e.to_string())
         };
         let read = outcome(&text);
         assert!(
@@ -289,15 +401,22 @@ fn a_document_whose_objects_do_not_read_from_the_subset_value_reads_as_the_yaml_
                    spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
     let loaded = parse_manifests(service).expect("loads as before");
     assert_eq!(loaded.objects.len(), 1);
-    // In a `kind: List` both readers go through a generic value, so both refuse it, and the
-    // objects read before the failing item are not kept twice.
+    // In a `kind: List` both readers go through a generic value, so both refuse the item (it
+    // is rejected alone), and the objects read before it are not kept twice.
     let list = "kind: List\nitems:\n\
                 - kind: Service\n  metadata: {namespace: a, name: first}\n  spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n\
                 - kind: Service\n  metadata: {namespace: a, name: web, labels: {version: 2}}\n  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
-    let e = parse_manifests(list).expect_err("a number where a string belongs");
-    assert_eq!(e.item, Some(2), "{e}");
-    assert_eq!(e.object.as_deref(), Some("a/web"), "{e}");
-    assert_eq!(e.field.as_deref(), Some("metadata.labels.version"), "{e}");
+    let loaded = parse_manifests(list).expect("the rest loads");
+    let [Object::Service(first), Object::Rejected(e)] = loaded.objects.as_slice() else {
+        panic!(
+            "expected the first Service and a rejection: {:?}",
+            loaded.objects
+        )
+    };
+    assert_eq!(&*first.key.name, "first");
+    assert_eq!(&*e.object.name, "web");
+    assert_eq!(e.field, "metadata.labels.version");
+    assert_eq!(e.location.as_deref(), Some("document 1 item 2 (line 1)"));
 }
 
 /// The origin of a one-document text's document.
@@ -313,7 +432,7 @@ fn read_whole(doc: &str) -> (Loaded, Vec<Origin>) {
         serde_saphyr::from_str_with_options(doc, yaml_options(doc.len(), ExpansionLimit(1)))
             .expect("valid YAML");
     let (mut loaded, mut origins) = (Loaded::default(), Vec::new());
-    take(value, FIRST, &mut loaded, &mut origins).expect("converts");
+    take(value, FIRST, &mut loaded, &mut origins, Undecodable::Reject).expect("converts");
     (loaded, origins)
 }
 
@@ -407,9 +526,13 @@ fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
         let (mut loaded, mut origins) = (Loaded::default(), Vec::new());
         let taken = match reader {
             Reader::Yaml => take_list_by_items(&doc, FIRST, &mut loaded, &mut origins),
-            Reader::Json => take_items(FIRST, &mut loaded, &mut origins, |take| {
-                json::list_items(&doc, take)
-            }),
+            Reader::Json => take_items(
+                FIRST,
+                &mut loaded,
+                &mut origins,
+                Undecodable::Reject,
+                |take| json::list_items(&doc, take),
+            ),
         }
         .is_some();
         assert_eq!(taken, by_items, "{case}");
