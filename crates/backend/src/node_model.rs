@@ -28,6 +28,15 @@ pub trait NodeModel: Send + 'static {
     ) -> Option<Vec<kpng_model::inspect::EndpointStatus>> {
         None
     }
+    /// The objects whose latest version was rejected, for `kpng status`; empty when this model
+    /// does not see objects (a brain's node gets views, and the brain logs its rejections).
+    fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
+        Vec::new()
+    }
+    /// How many objects [`NodeModel::rejected`] would list (cheap: read after every input).
+    fn rejected_count(&self) -> usize {
+        0
+    }
 }
 
 /// What one input carries: counted in `kpng_objects_seen_total` and kube-proxy's
@@ -87,5 +96,13 @@ impl NodeModel for Model {
         key: &kpng_model::PortKey,
     ) -> Option<Vec<kpng_model::inspect::EndpointStatus>> {
         Model::explain(self, key)
+    }
+
+    fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
+        Model::rejected(self).cloned().collect()
+    }
+
+    fn rejected_count(&self) -> usize {
+        Model::rejected(self).len()
     }
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
-use kpng_runner::admin::{AdminHandle, PortStatus, Status, StatusQuery};
+use kpng_runner::admin::{AdminHandle, PortStatus, RejectedStatus, Status, StatusQuery};
 
 use crate::cli::{StatusArgs, StatusOutput, TraceArgs};
 
@@ -418,6 +418,7 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(e) = &status.last_error {
         let _ = writeln!(out, "last error: {e}");
     }
+    write_rejected(&mut out, &status.rejected);
     let rows: Vec<[String; 6]> = status.services.iter().map(row).collect();
     let header = [
         "SERVICE",
@@ -475,6 +476,43 @@ fn table(status: &Status, wide: bool) -> String {
         }
     }
     out
+}
+
+/// How many rejected objects the table lists (all of them are in `-o json`).
+const REJECTED_LISTED: usize = 20;
+
+/// The objects whose latest version kpng could not use, above the ports: what to fix in the
+/// input, and whether an older version of each is what the ports below show.
+fn write_rejected(out: &mut String, rejected: &[RejectedStatus]) {
+    use std::fmt::Write as _;
+    if rejected.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "rejected objects: {}", rejected.len());
+    for r in rejected.iter().take(REJECTED_LISTED) {
+        let at = r
+            .location
+            .as_deref()
+            .map(|l| format!(" [{l}]"))
+            .unwrap_or_default();
+        let used = if r.kept {
+            "its last good version is in use"
+        } else {
+            "not in use: no earlier version"
+        };
+        let _ = writeln!(
+            out,
+            "  {}{at}: field {}: {} ({used})",
+            r.object, r.field, r.message
+        );
+    }
+    if rejected.len() > REJECTED_LISTED {
+        let _ = writeln!(
+            out,
+            "  … and {} more (`kpng status -o json` lists all)",
+            rejected.len() - REJECTED_LISTED
+        );
+    }
 }
 
 /// The cells of one Service port's line.
@@ -648,6 +686,35 @@ mod tests {
             let e = parse_trace(from, to, proto).expect_err(says);
             assert!(format!("{e:#}").contains(says), "{e:#}");
         }
+    }
+
+    #[test]
+    fn rejected_objects_are_listed_above_the_ports_with_what_is_in_use() {
+        let rejection = |name: &str, kept: bool| RejectedStatus {
+            object: format!("Service ns/{name}"),
+            field: "spec.ports[0].port".into(),
+            message: "port 0 is not in 1-65535".into(),
+            location: Some("cluster.yaml: document 2 (line 9)".into()),
+            kept,
+        };
+        let mut out = String::new();
+        write_rejected(&mut out, &[]);
+        assert_eq!(out, "", "nothing rejected, nothing written");
+        write_rejected(&mut out, &[rejection("a", true), rejection("b", false)]);
+        assert_eq!(
+            out,
+            "rejected objects: 2\n  \
+             Service ns/a [cluster.yaml: document 2 (line 9)]: field spec.ports[0].port: port 0 is not in 1-65535 (its last good version is in use)\n  \
+             Service ns/b [cluster.yaml: document 2 (line 9)]: field spec.ports[0].port: port 0 is not in 1-65535 (not in use: no earlier version)\n"
+        );
+        let many: Vec<RejectedStatus> = (0..25).map(|i| rejection(&i.to_string(), true)).collect();
+        let mut out = String::new();
+        write_rejected(&mut out, &many);
+        assert_eq!(out.lines().count(), 1 + REJECTED_LISTED + 1, "{out}");
+        assert!(
+            out.ends_with("… and 5 more (`kpng status -o json` lists all)\n"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -263,6 +263,27 @@ fn on_the_example(metrics: &str) -> (Running, tempfile::TempDir) {
     (running, dir)
 }
 
+/// Edits the running example's input: `default/web` gets a port out of range (its last good
+/// version stays in use) and a new Service, `default/typo`, an unknown protocol (nothing of it
+/// is used). Waits until kpng has reported both.
+fn break_two_services(running: &mut Running, dir: &std::path::Path) {
+    let input = dir.join("cluster.yaml");
+    let text = std::fs::read_to_string(&input).expect("read");
+    let broken = text.replacen(
+        "{name: http, port: 80, protocol: TCP, targetPort: 8080}",
+        "{name: http, port: 0, protocol: TCP, targetPort: 8080}",
+        1,
+    );
+    assert_ne!(broken, text, "the example's web port moved");
+    let typo = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: typo}\nspec: {clusterIP: 10.96.9.9, ports: [{port: 80, protocol: TPC}]}\n";
+    let tmp = dir.join(".cluster.yaml.tmp");
+    std::fs::write(&tmp, format!("{broken}{typo}")).expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    running.wait("both rejections", |e| {
+        e.contains("rejected Service default/web") && e.contains("rejected Service default/typo")
+    });
+}
+
 #[test]
 fn status_and_trace_answer_from_the_running_proxy() {
     let (mut running, dir) = on_the_example("");
@@ -370,6 +391,54 @@ fn status_and_trace_answer_from_the_running_proxy() {
         !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("is not IP:PORT"),
         "{bad:?}"
     );
+
+    // Broken objects in the input are named, with where they are and what is in use.
+    assert!(status.get("rejected").is_none(), "{status}");
+    break_two_services(&mut running, dir.path());
+    let status: serde_json::Value =
+        serde_json::from_str(&ask(&["status", "-o", "json"])).expect("JSON");
+    let rejected: Vec<(String, String, bool)> = status["rejected"]
+        .as_array()
+        .expect("rejected")
+        .iter()
+        .map(|r| {
+            (
+                r["object"].as_str().unwrap_or_default().to_string(),
+                r["field"].as_str().unwrap_or_default().to_string(),
+                r["kept"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rejected,
+        [
+            (
+                "Service default/typo".to_string(),
+                "spec.ports[0].protocol".to_string(),
+                false
+            ),
+            (
+                "Service default/web".to_string(),
+                "spec.ports[0].port".to_string(),
+                true
+            ),
+        ],
+        "{status}"
+    );
+    let location = status["rejected"][1]["location"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        location.ends_with("cluster.yaml: document 3 (line 32)"),
+        "{location}"
+    );
+    let table = ask(&["status"]);
+    assert!(
+        table.contains("rejected objects: 2")
+            && table.contains("Service default/web [")
+            && table.contains("(its last good version is in use)"),
+        "{table}"
+    );
     drop(running);
     let gone = kpng()
         .args(["status", "--admin-socket", &socket_flag])
@@ -432,7 +501,7 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
         eprintln!("SKIPPED: no chromium to load the status page (apt-get install chromium)");
         return;
     };
-    let (mut running, _dir) = on_the_example("127.0.0.1:0");
+    let (mut running, dir) = on_the_example("127.0.0.1:0");
     let log = running.wait("the first sync and the metrics address", |e| {
         e.contains(" synced ") && e.contains("serving /metrics on http://")
     });
@@ -490,4 +559,24 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
     );
     assert!(page.contains("data-verdict=\"reject\""), "{page}");
     assert!(page.contains("the Service has no endpoints"), "{page}");
+    assert!(
+        page.contains("<div id=\"rejected\" hidden=\"\">"),
+        "nothing rejected, no such section: {page}"
+    );
+
+    // Broken objects in the input are listed above the Services.
+    break_two_services(&mut running, dir.path());
+    let page = dom(browser, &format!("http://{addr}/status"));
+    let rejected = page
+        .split("<div id=\"rejected\">")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .unwrap_or_else(|| panic!("a visible rejected section: {page}"));
+    assert!(
+        rejected.contains("Service default/typo")
+            && rejected.contains("nothing: no earlier version")
+            && rejected.contains("its last good version")
+            && rejected.contains("unknown protocol"),
+        "{rejected}"
+    );
 }

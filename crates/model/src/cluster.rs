@@ -192,6 +192,9 @@ pub struct ClusterModel {
     listings: Vec<Listing>,
     /// Who claims each ClusterIP port and node port (conflicts resolved oldest first).
     claims: Claims,
+    /// Objects whose latest version was rejected, until a usable version replaces it or the
+    /// object goes: what `kpng status` shows as still wrong (an error line alone scrolls away).
+    rejected: BTreeMap<ObjectRef, Rejection>,
 }
 
 impl ClusterModel {
@@ -307,6 +310,9 @@ impl ClusterModel {
     }
 
     fn apply_object(&mut self, object: Object, out: &mut ClusterOutcome, touched: &mut Touched) {
+        if !self.rejected.is_empty() && !matches!(object, Object::Rejected(_)) {
+            self.rejected.remove(&object.reference());
+        }
         match object {
             Object::Service(info) => {
                 let mut info = *info;
@@ -393,11 +399,13 @@ impl ClusterModel {
                 }
             }
             Object::Rejected(error) => {
-                let kept = self.holds(&error.object);
-                out.errors.push(Rejection {
+                let rejection = Rejection {
+                    kept: self.holds(&error.object),
                     error: *error,
-                    kept,
-                });
+                };
+                self.rejected
+                    .insert(rejection.error.object.clone(), rejection.clone());
+                out.errors.push(rejection);
             }
         }
     }
@@ -515,6 +523,7 @@ impl ClusterModel {
     }
 
     fn delete(&mut self, reference: &ObjectRef, out: &mut ClusterOutcome) {
+        self.rejected.remove(reference);
         match reference.kind {
             Kind::Service => {
                 let key = ServiceKey::new(reference.namespace.clone(), reference.name.clone());
@@ -537,6 +546,11 @@ impl ClusterModel {
                 }
             }
         }
+    }
+
+    /// The objects whose latest version was rejected, in kind and name order.
+    pub fn rejected(&self) -> impl ExactSizeIterator<Item = &Rejection> {
+        self.rejected.values()
     }
 
     /// Whether the model holds a version of this object.
@@ -588,6 +602,8 @@ impl ClusterModel {
         out.services.extend(services);
         out.nodes.extend(nodes);
         out.service_cidrs_changed |= service_cidrs_changed;
+        self.rejected
+            .retain(|r, _| !kinds.contains(&r.kind) || seen.contains(r));
         let kept = |kind: Kind, namespace: &Name, name: &Name| {
             seen.contains(&ObjectRef {
                 kind,

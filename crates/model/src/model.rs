@@ -174,6 +174,11 @@ impl Model {
         &self.snapshot
     }
 
+    /// The objects whose latest version was rejected (see [`ClusterModel::rejected`]).
+    pub fn rejected(&self) -> impl ExactSizeIterator<Item = &Rejection> {
+        self.cluster.rejected()
+    }
+
     /// Every endpoint of one Service port with whether this node uses it and, if not, why;
     /// `None` for a port the snapshot does not hold.
     pub fn explain(&self, key: &PortKey) -> Option<Vec<crate::inspect::EndpointStatus>> {

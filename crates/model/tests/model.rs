@@ -749,6 +749,109 @@ fn replace_keeps_the_previous_version_of_a_broken_object() {
     assert_eq!(m.snapshot().ports.len(), 1);
 }
 
+/// What `kpng status` lists as rejected: an object whose latest version is rejected, until a
+/// usable version replaces it or it goes, in every way an event can say so.
+#[test]
+fn a_rejected_object_is_listed_until_fixed_or_gone() {
+    let broken = |name: &str| {
+        svc(
+            name,
+            json!({"clusterIP": "10.96.0.10", "ports": [{"name": "p80", "port": 0}]}),
+        )
+    };
+    let all = || vec![Kind::Service, Kind::EndpointSlice];
+    let listed = |m: &Model| -> Vec<(String, bool)> {
+        m.rejected()
+            .map(|r| (r.error.object.name.to_string(), r.kept))
+            .collect()
+    };
+    struct Case {
+        name: &'static str,
+        events: Vec<Event>,
+        want: Vec<(&'static str, bool)>,
+    }
+    let cases = [
+        Case {
+            name: "new and broken: listed, nothing kept",
+            events: vec![Event::Apply(broken("a"))],
+            want: vec![("a", false)],
+        },
+        Case {
+            name: "broken update: listed, last good version kept",
+            events: vec![
+                Event::Apply(svc("a", basic_spec())),
+                Event::Apply(broken("a")),
+            ],
+            want: vec![("a", true)],
+        },
+        Case {
+            name: "fixed by a usable version",
+            events: vec![
+                Event::Apply(broken("a")),
+                Event::Apply(svc("a", basic_spec())),
+            ],
+            want: vec![],
+        },
+        Case {
+            name: "deleted",
+            events: vec![
+                Event::Apply(broken("a")),
+                Event::Delete(ObjectRef {
+                    kind: Kind::Service,
+                    namespace: "ns".into(),
+                    name: "a".into(),
+                }),
+            ],
+            want: vec![],
+        },
+        Case {
+            name: "a relist without it",
+            events: vec![
+                Event::Apply(broken("a")),
+                Event::Replace {
+                    kinds: all(),
+                    objects: vec![svc("b", basic_spec())],
+                },
+            ],
+            want: vec![],
+        },
+        Case {
+            name: "a relist of another kind leaves it listed",
+            events: vec![
+                Event::Apply(broken("a")),
+                Event::Replace {
+                    kinds: vec![Kind::EndpointSlice],
+                    objects: vec![],
+                },
+            ],
+            want: vec![("a", false)],
+        },
+        Case {
+            name: "a relist still broken: listed once",
+            events: vec![
+                Event::Apply(broken("a")),
+                Event::Replace {
+                    kinds: all(),
+                    objects: vec![broken("a"), broken("b")],
+                },
+            ],
+            want: vec![("a", false), ("b", false)],
+        },
+    ];
+    for case in cases {
+        let mut m = model();
+        for event in case.events {
+            m.apply(event);
+        }
+        let want: Vec<(String, bool)> = case
+            .want
+            .iter()
+            .map(|(n, kept)| (n.to_string(), *kept))
+            .collect();
+        assert_eq!(listed(&m), want, "{}", case.name);
+    }
+}
+
 #[test]
 fn slice_moving_to_another_service_updates_both() {
     let mut m = model();

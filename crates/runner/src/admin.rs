@@ -153,6 +153,40 @@ pub struct Status {
     /// How many of them matched the query (more than `services` holds when it hit the limit).
     #[serde(default)]
     pub matching_ports: usize,
+    /// Objects whose latest version was rejected: what is still wrong in the input, and
+    /// whether an earlier version of each is in use.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<RejectedStatus>,
+}
+
+/// An object whose latest version could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RejectedStatus {
+    /// `Kind namespace/name`.
+    pub object: String,
+    /// The field at fault.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+    /// Where the source found it (a manifest's file, document and line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// Whether an earlier version of the object is in use (otherwise nothing of it is).
+    pub kept: bool,
+}
+
+impl RejectedStatus {
+    /// The status of one rejection.
+    pub fn of(r: &kpng_model::records::Rejection) -> RejectedStatus {
+        RejectedStatus {
+            object: r.error.object.to_string(),
+            field: r.error.field.clone(),
+            message: r.error.message.clone(),
+            location: r.error.location.clone(),
+            kept: r.kept,
+        }
+    }
 }
 
 /// One sync as the status reports it.

@@ -101,6 +101,9 @@ pub struct ProxyMetrics {
     pub objects_applied: MetricFamily<KindLabel, Counter>,
     /// `kpng_object_errors_total`: objects rejected (their last good version kept).
     pub object_errors: MetricFamily<KindLabel, Counter>,
+    /// `kpng_rejected_objects`: objects whose latest version is rejected now (a counter of
+    /// errors cannot tell a problem fixed since from one still there; alert on this).
+    pub rejected_objects: Gauge,
     /// `kpng_sync_failures_total`: failed syncs of any backend.
     pub sync_failures: MetricFamily<BackendLabel, Counter>,
     /// `kpng_sync_operations_total`: data-plane operations sent.
@@ -143,6 +146,7 @@ impl ProxyMetrics {
             objects_seen: MetricFamily::default(),
             objects_applied: MetricFamily::default(),
             object_errors: MetricFamily::default(),
+            rejected_objects: Gauge::default(),
             sync_failures: MetricFamily::default(),
             sync_operations: MetricFamily::default(),
             tampering_detected: MetricFamily::default(),
@@ -235,6 +239,11 @@ impl ProxyMetrics {
             "kpng_object_errors",
             "Objects rejected as invalid (their last good version is kept)",
             m.object_errors.clone(),
+        );
+        r.register(
+            "kpng_rejected_objects",
+            "Objects whose latest version is rejected as invalid (an earlier version, if any, is in use; `kpng status` names them)",
+            m.rejected_objects.clone(),
         );
         r.register(
             "kpng_sync_failures",

@@ -31,7 +31,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 use crate::admin::{
-    self, AdminHandle, FactsFn, PortStatus, Query, Status, SyncStatus, TraceAnswer,
+    self, AdminHandle, FactsFn, PortStatus, Query, RejectedStatus, Status, SyncStatus, TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -313,6 +313,13 @@ impl<M: NodeModel> LoopState<M> {
                     services,
                     total_ports: snapshot.ports.len(),
                     matching_ports: matching,
+                    rejected: self
+                        .runner
+                        .model
+                        .rejected()
+                        .iter()
+                        .map(RejectedStatus::of)
+                        .collect(),
                 });
             }
             Query::Trace(q, reply) => {
@@ -445,6 +452,8 @@ impl<M: NodeModel> LoopState<M> {
                 debug!("{w}");
             }
         }
+        m.rejected_objects
+            .set(self.runner.model.rejected_count() as i64);
         for e in &outcome.errors {
             error!("rejected {e}");
             m.object_errors

@@ -231,7 +231,7 @@ impl FileSource {
                         loaded.objects.len()
                     ),
                     rejected => info!(
-                        "{}: loaded {} objects, {rejected} of them rejected (each keeps its last good version)",
+                        "{}: loaded {} objects, {rejected} of them rejected",
                         self.path.display(),
                         loaded.objects.len()
                     ),
