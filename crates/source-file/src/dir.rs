@@ -36,6 +36,9 @@ struct DirState {
     metrics: crate::metrics::SourceMetrics,
     /// The YAML expansion limit (`--max-yaml-expansion`).
     expansion: ExpansionLimit,
+    /// Files that could not be read since the state was made (what the first load reports
+    /// beside what it loaded).
+    unreadable: usize,
 }
 
 /// The objects of one file, packed into one allocation (`kind` `\0` `namespace` `\0` `name`
@@ -122,7 +125,8 @@ impl DirState {
         }
         match parse_manifests_with(&text, self.expansion) {
             Err(errors) => {
-                crate::watch::log_unreadable(path, &errors, "its last good state");
+                errors.log(path, "its last good state");
+                self.unreadable += 1;
                 self.metrics.error("parse");
                 let refs = self
                     .files
@@ -235,6 +239,7 @@ fn first_load(
         let (mut part, n) = result?;
         // Each part is a later range of names than the one before: a merge, not inserts.
         merged.files.append(&mut part.files);
+        merged.unreadable += part.unreadable;
         count += n;
     }
     let settling = std::time::Instant::now();
@@ -363,11 +368,26 @@ pub(crate) async fn run(
     let Ok(Some((mut state, count, paths))) = loaded else {
         return Ok(());
     };
-    info!(
-        "{}: loaded {count} objects from {} files",
-        dir.display(),
-        paths.len()
-    );
+    let files = |n: usize| {
+        if n == 1 {
+            "1 file".to_string()
+        } else {
+            format!("{n} files")
+        }
+    };
+    match state.unreadable {
+        0 => info!(
+            "{}: loaded {count} objects from {}",
+            dir.display(),
+            files(paths.len())
+        ),
+        unreadable => warn!(
+            "{}: loaded {count} objects from {}; {} could not be read (see the errors above) and give no objects until fixed",
+            dir.display(),
+            files(paths.len().saturating_sub(unreadable)),
+            files(unreadable)
+        ),
+    }
     if events.send(Event::ListDone { kinds }).await.is_err() {
         return Ok(());
     }

@@ -69,7 +69,27 @@ impl ManifestErrors {
             errors: vec![error],
         }
     }
+
+    /// Logs why the file at `path` was not loaded: each unreadable document on its own line
+    /// (an operator fixes them in one pass, up to [`ERRORS_LOGGED`]), and what stays instead
+    /// (`kept`).
+    pub fn log(&self, path: &std::path::Path, kept: &str) {
+        for e in self.errors.iter().take(ERRORS_LOGGED) {
+            tracing::error!("{}: {e}; keeping {kept}", path.display());
+        }
+        if let Some(more) = self
+            .errors
+            .len()
+            .checked_sub(ERRORS_LOGGED)
+            .filter(|m| *m > 0)
+        {
+            tracing::error!("{}: {more} more errors not shown", path.display());
+        }
+    }
 }
+
+/// How many of a file's errors are logged one by one; the rest are counted.
+const ERRORS_LOGGED: usize = 20;
 
 impl fmt::Display for ManifestErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

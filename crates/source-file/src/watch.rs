@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use kpng_model::{Event, Kind};
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::dirwatch::DirWatch;
 use crate::metrics::SourceMetrics;
-use crate::parse::{ExpansionLimit, ManifestErrors, parse_manifests_with};
+use crate::parse::{ExpansionLimit, parse_manifests_with};
 
 /// How often the resolved file and its directory are checked besides inotify.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -216,7 +216,7 @@ impl FileSource {
         };
         match parsed {
             Err(errors) => {
-                log_unreadable(&self.path, &errors, "the last good state");
+                errors.log(&self.path, "the last good state");
                 self.metrics.error("parse");
                 state.bad = Some(state.digests.of(&text));
                 true
@@ -246,25 +246,6 @@ impl FileSource {
                 events.send(event).await.is_ok()
             }
         }
-    }
-}
-
-/// How many of a file's errors are logged one by one; the rest are counted.
-const ERRORS_LOGGED: usize = 20;
-
-/// Logs why a file was not loaded: each unreadable document on its own line (an operator
-/// fixes them in one pass), and what stays instead (`kept`).
-pub(crate) fn log_unreadable(path: &std::path::Path, errors: &ManifestErrors, kept: &str) {
-    for e in errors.errors.iter().take(ERRORS_LOGGED) {
-        error!("{}: {e}; keeping {kept}", path.display());
-    }
-    if let Some(more) = errors
-        .errors
-        .len()
-        .checked_sub(ERRORS_LOGGED)
-        .filter(|m| *m > 0)
-    {
-        error!("{}: {more} more errors not shown", path.display());
     }
 }
 
