@@ -887,6 +887,13 @@ impl Hub {
     pub fn service_count(&self) -> usize {
         self.lock().entries.len()
     }
+
+    /// The objects whose latest version the brain rejected (its nodes get the last good
+    /// version, or nothing of a new one): the brain's `kpng status` lists them, since its
+    /// nodes never see the objects.
+    pub fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
+        self.lock().cluster.rejected().cloned().collect()
+    }
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ pub async fn serve_brain(
                     synced: hub.synced(),
                     services: hub.service_count(),
                     nodes: hub.watchers(),
+                    rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
                 })
                 .into_response()
             }
@@ -82,6 +83,9 @@ pub struct BrainStatus {
     pub services: usize,
     /// The connected nodes.
     pub nodes: Vec<kpng_api::hub::WatcherStatus>,
+    /// Objects whose latest version the brain rejected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<RejectedStatus>,
 }
 
 #[cfg(unix)]
@@ -344,6 +348,9 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
                 },
                 brain.nodes.len()
             );
+            let mut rejected = String::new();
+            write_rejected(&mut rejected, &brain.rejected);
+            print!("{rejected}");
             println!(
                 "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}",
                 "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"

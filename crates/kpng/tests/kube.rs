@@ -661,6 +661,28 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         table.contains("2 nodes connected") && table.contains("node2"),
         "{table}"
     );
+    assert!(!table.contains("rejected objects"), "{table}");
+
+    // An object the brain cannot use is named by the brain's status (its nodes never see it).
+    server
+        .apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "default", "name": "typo"},
+            "spec": {"clusterIP": "10.96.9.9", "ports": [{"port": 80, "protocol": "TPC"}]}}))
+        .expect("apply");
+    brain.wait("the brain rejects the Service", |_, err| {
+        err.contains("rejected Service default/typo")
+    });
+    let table = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket", brain_admin])
+        .output()
+        .expect("kpng status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("rejected objects: 1")
+            && table.contains("Service default/typo: field spec.ports[0].protocol")
+            && table.contains("(not in use: no earlier version)"),
+        "{table}"
+    );
 }
 
 #[test]
