@@ -265,7 +265,7 @@ fn settle_duplicates(state: &DirState, events: &mpsc::Sender<Event>) -> Option<(
         let path = Path::new(path);
         for line in refs.lines() {
             let files = definers.entry(line).or_default();
-            // An object twice in one file is that file's business (its last copy is used).
+            // An object twice in one file is that file's business (the parse rejects it).
             if files.last() != Some(&path) {
                 files.push(path);
             }
