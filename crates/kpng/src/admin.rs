@@ -260,6 +260,10 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
     {
         services.retain(|s| service_matches(s, filter));
         if services.is_empty() {
+            // A Service that never converted has no port: say so rather than "no such Service".
+            if let Some(why) = rejected_service(&status, filter) {
+                bail!("no Service port matches {filter:?}: {why}");
+            }
             bail!(
                 "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)"
             );
@@ -389,6 +393,24 @@ fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
     )
 }
 
+/// The rejection of the Service `filter` names (its port left out), in words: why a Service the
+/// operator asks for has no port.
+fn rejected_service(status: &serde_json::Value, filter: &str) -> Option<String> {
+    let service = filter.split_once(':').map_or(filter, |(s, _)| s);
+    let query = StatusQuery {
+        service: Some(service.to_string()),
+        ..StatusQuery::default()
+    };
+    let rejected: Vec<RejectedStatus> =
+        serde_json::from_value(status.get("rejected")?.clone()).ok()?;
+    rejected.into_iter().find_map(|r| {
+        let (namespace, name) = r.object.strip_prefix("Service ")?.split_once('/')?;
+        query
+            .wants_service(namespace, name, "")
+            .then(|| format!("{}; fix it in the input", rejected_line(&r)))
+    })
+}
+
 /// `text` for a URL's query string: unreserved characters as they are, the rest
 /// percent-encoded.
 fn query_escape(text: &str) -> String {
@@ -497,21 +519,7 @@ fn write_rejected(out: &mut String, rejected: &[RejectedStatus]) {
     }
     let _ = writeln!(out, "rejected objects: {}", rejected.len());
     for r in rejected.iter().take(REJECTED_LISTED) {
-        let at = r
-            .location
-            .as_deref()
-            .map(|l| format!(" [{l}]"))
-            .unwrap_or_default();
-        let used = if r.kept {
-            "its last good version is in use"
-        } else {
-            "not in use: no earlier version"
-        };
-        let _ = writeln!(
-            out,
-            "  {}{at}: field {}: {} ({used})",
-            r.object, r.field, r.message
-        );
+        let _ = writeln!(out, "  {}", rejected_line(r));
     }
     if rejected.len() > REJECTED_LISTED {
         let _ = writeln!(
@@ -520,6 +528,24 @@ fn write_rejected(out: &mut String, rejected: &[RejectedStatus]) {
             rejected.len() - REJECTED_LISTED
         );
     }
+}
+
+/// One rejected object in words: what, where, why, and what is in use instead.
+fn rejected_line(r: &RejectedStatus) -> String {
+    let at = r
+        .location
+        .as_deref()
+        .map(|l| format!(" [{l}]"))
+        .unwrap_or_default();
+    let used = if r.kept {
+        "its last good version is in use"
+    } else {
+        "not in use: no earlier version"
+    };
+    format!(
+        "{}{at}: field {}: {} ({used})",
+        r.object, r.field, r.message
+    )
 }
 
 /// The cells of one Service port's line.

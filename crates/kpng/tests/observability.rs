@@ -439,6 +439,19 @@ fn status_and_trace_answer_from_the_running_proxy() {
             && table.contains("(its last good version is in use)"),
         "{table}"
     );
+    // Asked for by name, a Service that never converted says why it has no port.
+    let typo = kpng()
+        .args(["status", "default/typo:80", "--admin-socket", &socket_flag])
+        .output()
+        .expect("run");
+    let says = String::from_utf8_lossy(&typo.stderr);
+    assert!(
+        !typo.status.success()
+            && says.contains("no Service port matches \"default/typo:80\": Service default/typo [")
+            && says.contains("unknown protocol \"TPC\"")
+            && says.contains("(not in use: no earlier version); fix it in the input"),
+        "{says}"
+    );
     drop(running);
     let gone = kpng()
         .args(["status", "--admin-socket", &socket_flag])
