@@ -652,11 +652,14 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     for n in nodes {
         assert!(n["changeSetsSent"].as_u64().is_some_and(|c| c >= 2), "{n}");
     }
-    let table = Command::new(env!("CARGO_BIN_EXE_kpng"))
-        .args(["status", "--admin-socket", brain_admin])
-        .output()
-        .expect("kpng status");
-    let table = String::from_utf8_lossy(&table.stdout);
+    let brain_table = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .args(["status", "--admin-socket", brain_admin])
+            .output()
+            .expect("kpng status");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = brain_table();
     assert!(
         table.contains("2 nodes connected") && table.contains("node2"),
         "{table}"
@@ -672,11 +675,7 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     brain.wait("the brain rejects the Service", |_, err| {
         err.contains("rejected Service default/typo")
     });
-    let table = Command::new(env!("CARGO_BIN_EXE_kpng"))
-        .args(["status", "--admin-socket", brain_admin])
-        .output()
-        .expect("kpng status");
-    let table = String::from_utf8_lossy(&table.stdout);
+    let table = brain_table();
     assert!(
         table.contains("rejected objects: 1")
             && table.contains("Service default/typo: field spec.ports[0].protocol")

@@ -84,6 +84,17 @@ items:
     );
 }
 
+/// Each of `got` starts with the `want` at its place, and there are as many.
+fn assert_prefixes(case: &str, got: &[String], want: &[&str]) {
+    assert_eq!(got.len(), want.len(), "{case}: {got:#?}");
+    for (got, want) in got.iter().zip(want) {
+        assert!(
+            got.starts_with(want),
+            "{case}: got {got:?}, want prefix {want:?}"
+        );
+    }
+}
+
 #[test]
 fn unreadable_documents_reject_the_file_naming_each_place() {
     struct Case {
@@ -132,14 +143,7 @@ fn unreadable_documents_reject_the_file_naming_each_place() {
     for case in cases {
         let errors = parse_manifests(case.text).expect_err(case.name);
         let got: Vec<String> = errors.errors.iter().map(ToString::to_string).collect();
-        assert_eq!(got.len(), case.want.len(), "{}: {got:#?}", case.name);
-        for (got, want) in got.iter().zip(case.want) {
-            assert!(
-                got.starts_with(want),
-                "{}: got {got:?}, want prefix {want:?}",
-                case.name
-            );
-        }
+        assert_prefixes(case.name, &got, case.want);
         let shown = errors.to_string();
         assert!(shown.starts_with(case.want[0]), "{}: {shown}", case.name);
         let more = case.want.len() - 1;
@@ -224,20 +228,8 @@ fn a_broken_object_is_rejected_alone_and_the_rest_loads() {
                 _ => None,
             })
             .collect();
-        assert_eq!(
-            rejected.len(),
-            case.rejected.len(),
-            "{}: {rejected:#?}",
-            case.name
-        );
+        assert_prefixes(case.name, &rejected, case.rejected);
         assert_eq!(loaded.rejected(), case.rejected.len(), "{}", case.name);
-        for (got, want) in rejected.iter().zip(case.rejected) {
-            assert!(
-                got.starts_with(want),
-                "{}: got {got:?}, want prefix {want:?}",
-                case.name
-            );
-        }
         assert_eq!(
             loaded.objects.len() - rejected.len(),
             case.used,
