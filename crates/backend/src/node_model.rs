@@ -29,7 +29,7 @@ pub trait NodeModel: Send + 'static {
         None
     }
     /// The objects whose latest version was rejected, for `kpng status`; empty when this model
-    /// does not see objects (a brain's node gets views, and the brain logs its rejections).
+    /// does not see objects (a brain's node gets views; the brain's own status names them).
     fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
         Vec::new()
     }
