@@ -638,6 +638,13 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         println!("  affinity:   ClientIP, {timeout} s");
     }
     println!("  why:        {}", s("reason"));
+    if let Ok(r) = serde_json::from_value::<RejectedStatus>(t["rejected"].clone()) {
+        println!(
+            "  note:       the Service's latest version is rejected, so this traces its last good \
+             version: {}",
+            rejected_line(&r)
+        );
+    }
     if t["inSync"] == false {
         println!(
             "  note:       changes are waiting for a sync (or the last one failed): this is what \

@@ -439,6 +439,21 @@ fn status_and_trace_answer_from_the_running_proxy() {
             && table.contains("(its last good version is in use)"),
         "{table}"
     );
+    // A trace through a Service whose latest version is rejected says it follows the last good
+    // one.
+    let web = trace("10.244.1.9", "10.96.0.10:80");
+    assert_eq!(web["verdict"], "dnat", "{web}");
+    assert_eq!(web["rejected"]["field"], "spec.ports[0].port", "{web}");
+    assert!(
+        trace("10.244.1.9", "10.96.1.30:80")
+            .get("rejected")
+            .is_none()
+    );
+    let said = ask(&["trace", "--from", "10.244.1.9", "--to", "10.96.0.10:80"]);
+    assert!(
+        said.contains("note:       the Service's latest version is rejected, so this traces its last good version: Service default/web ["),
+        "{said}"
+    );
     // Asked for by name, a Service that never converted says why it has no port.
     let typo = kpng()
         .args(["status", "default/typo:80", "--admin-socket", &socket_flag])
@@ -579,7 +594,14 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
 
     // Broken objects in the input are listed above the Services.
     break_two_services(&mut running, dir.path());
-    let page = dom(browser, &format!("http://{addr}/status"));
+    let page = dom(
+        browser,
+        &format!("http://{addr}/status?from=10.244.1.9&to=10.96.0.10:80"),
+    );
+    assert!(
+        page.contains("note: the Service's latest version is rejected (field spec.ports[0].port"),
+        "a trace through default/web: {page}"
+    );
     let rejected = page
         .split("<div id=\"rejected\">")
         .nth(1)

@@ -113,6 +113,10 @@ pub struct TraceAnswer {
     /// sync, the last sync succeeded). When false, the trace tells what kpng is about to
     /// program, not what the kernel does now.
     pub in_sync: bool,
+    /// The rejection of the matched Service's latest version, when it is rejected: the trace
+    /// then follows its last good version, not what the input says now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<RejectedStatus>,
 }
 
 /// The state of the proxy: what `kpng status` prints.

@@ -324,13 +324,35 @@ impl<M: NodeModel> LoopState<M> {
             }
             Query::Trace(q, reply) => {
                 let facts = admin::facts_or_default(self.facts.as_ref(), snapshot);
+                let trace = kpng_model::trace::trace(snapshot, &facts, &q);
+                let rejected = trace
+                    .service
+                    .as_deref()
+                    .and_then(|matched| self.rejected_service(matched));
                 let _ = reply.send(TraceAnswer {
-                    trace: kpng_model::trace::trace(snapshot, &facts, &q),
+                    trace,
                     generation: self.generation,
                     in_sync: self.in_sync(),
+                    rejected,
                 });
             }
         }
+    }
+
+    /// The rejection of the Service of a traced port (`namespace/name:port`), if its latest
+    /// version is rejected.
+    fn rejected_service(&self, port: &str) -> Option<RejectedStatus> {
+        let service = port.rsplit_once(':').map_or(port, |(s, _)| s);
+        let (namespace, name) = service.split_once('/')?;
+        self.runner
+            .model
+            .rejected()
+            .iter()
+            .find(|r| {
+                let o = &r.error.object;
+                o.kind == Kind::Service && *o.namespace == *namespace && *o.name == *name
+            })
+            .map(RejectedStatus::of)
     }
 
     /// Whether the data plane holds exactly the model: synced at least once, nothing waiting,
