@@ -330,6 +330,15 @@ fn reference_of(value: &Value, kind: &str) -> Option<ObjectRef> {
     })
 }
 
+/// `namespace/name`, or `name` for a cluster-scoped object (what [`ManifestError::object`] holds).
+fn namespaced_name(object: &ObjectRef) -> String {
+    if object.namespace.is_empty() {
+        object.name.to_string()
+    } else {
+        format!("{}/{}", object.namespace, object.name)
+    }
+}
+
 /// Keeps one converted object; a rejected one gets its place in the file as its location.
 fn accept(converted: Converted, origin: Origin, loaded: &mut Loaded, origins: &mut Vec<Origin>) {
     let Converted {
@@ -481,10 +490,25 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             errors.push(e);
         }
     }
+    reject_duplicates(&mut loaded, &mut origins);
     if !errors.is_empty() {
+        // The objects that would be rejected once the file reads are named too, in file
+        // order: everything to fix, in one pass.
+        errors.extend(loaded.objects.iter().zip(&origins).filter_map(
+            |(object, origin)| match object {
+                Object::Rejected(e) => Some(ManifestError {
+                    kind: Some(e.object.kind.as_str().to_string()),
+                    object: Some(namespaced_name(&e.object)),
+                    field: Some(e.field.clone()),
+                    message: e.message.clone(),
+                    ..origin.error(None, None, None, String::new())
+                }),
+                _ => None,
+            },
+        ));
+        errors.sort_by_key(|e| (e.document, e.item));
         return Err(ManifestErrors { errors });
     }
-    reject_duplicates(&mut loaded, &mut origins);
     Ok(loaded)
 }
 

@@ -131,6 +131,14 @@ fn unreadable_documents_reject_the_file_naming_each_place() {
             want: &["document 1 (line 1), Service, field spec.ports[0].port: invalid type"],
         },
         Case {
+            name: "objects that would be rejected are named beside what makes the file unreadable",
+            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n---\nkind: Service\nmetadata: {name: [oops\n",
+            want: &[
+                "document 1 (line 1), Service ns/web, field spec.ports[0].port: port 0 is not in 1-65535",
+                "document 2 (line 5): invalid YAML",
+            ],
+        },
+        Case {
             name: "every unreadable document, in file order; readable ones between them load",
             text: "kind: Node\nmetadata: {name: [oops\n---\nkind: Node\nmetadata: {name: fine}\n---\nmetadata: {name: b}\n---\nkind: List\nitems:\n- kind: Node\n  metadata: {name: c}\n- metadata: {name: d}\n",
             want: &[
