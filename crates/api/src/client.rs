@@ -21,6 +21,7 @@ use ipnet::IpNet;
 
 use hyper_util::rt::TokioIo;
 use kpng_backend::{InputInfo, NodeModel};
+use kpng_model::input::InputHealth;
 use kpng_model::{ApplyOutcome, Diff, Kind, NodeState, ServiceKey, ServicePort, Snapshot};
 use prost::Message;
 use tokio::sync::mpsc;
@@ -311,6 +312,8 @@ pub struct WatchConfig {
     pub retry_min: Duration,
     /// Longest retry delay.
     pub retry_max: Duration,
+    /// Where the link's problems and last change set are recorded (`kpng status`).
+    pub health: InputHealth,
 }
 
 /// Why one Watch session ended.
@@ -473,6 +476,7 @@ async fn session(
         .await?
         .into_inner();
     info!(brain = %config.addr, node = %config.node_name, "watching the brain");
+    config.health.recovered(BRAIN);
     while let Some(item) = stream.message().await? {
         match wire.apply(item) {
             Ok(false) => {}
@@ -484,6 +488,7 @@ async fn session(
                 if updates.send(update).await.is_err() {
                     return Ok(());
                 }
+                config.health.loaded(std::time::SystemTime::now(), None);
                 backoff.reset();
                 // Ready for the next change set.
                 let _ = requests.send(request.clone()).await;
@@ -493,6 +498,9 @@ async fn session(
     }
     Err(SessionError::Closed)
 }
+
+/// What the link's problem concerns, in `kpng status`.
+const BRAIN: &str = "brain";
 
 /// Watches the brain forever (reconnecting with backoff), sending each change set to
 /// `updates`. Returns when `updates` is closed.
@@ -504,12 +512,18 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
         ^ u64::from(std::process::id());
     let mut backoff = Backoff::new(config.retry_min, config.retry_max, seed);
     let mut wire = WireState::default();
+    config.health.set_source(format!("brain {}", config.addr));
     loop {
         match session(&config, &mut wire, &updates, &mut backoff).await {
             Ok(()) => return,
             Err(e) => {
                 let delay = backoff.next_delay();
                 warn!(brain = %config.addr, retry_in = ?delay, "brain unreachable, keeping the rules as they are: {e}");
+                config.health.failing(
+                    BRAIN,
+                    &format!("unreachable: {e}; keeping the rules as they are, retrying"),
+                    std::time::SystemTime::now(),
+                );
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = updates.closed() => return,

@@ -89,6 +89,7 @@ async fn mtls_brain_serves_clients_with_certificates_only() {
         node_name: "node1".into(),
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
+        health: Default::default(),
     };
     let client = tokio::spawn(watch(config.clone(), tx));
     let update = rx.recv().await.expect("a change set over mTLS");

@@ -13,7 +13,9 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
-use kpng_runner::admin::{AdminHandle, PortStatus, RejectedStatus, Status, StatusQuery};
+use kpng_runner::admin::{
+    AdminHandle, InputStatus, PortStatus, RejectedStatus, Status, StatusQuery,
+};
 
 use crate::cli::{StatusArgs, StatusOutput, TraceArgs};
 
@@ -49,6 +51,7 @@ pub async fn serve(
 pub async fn serve_brain(
     path: &Path,
     hub: std::sync::Arc<kpng_api::hub::Hub>,
+    input: kpng_model::input::InputHealth,
 ) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
     use axum::response::IntoResponse;
     use axum::routing::get;
@@ -56,6 +59,7 @@ pub async fn serve_brain(
         "/v1/status",
         get(move || {
             let hub = hub.clone();
+            let input = InputStatus::of(&input.state());
             async move {
                 axum::Json(BrainStatus {
                     role: "brain".into(),
@@ -63,6 +67,7 @@ pub async fn serve_brain(
                     services: hub.service_count(),
                     nodes: hub.watchers(),
                     rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
+                    input: Some(input),
                 })
                 .into_response()
             }
@@ -86,6 +91,9 @@ pub struct BrainStatus {
     /// Objects whose latest version the brain rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
+    /// How the brain's own source is doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputStatus>,
 }
 
 #[cfg(unix)]
@@ -352,9 +360,12 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
                 },
                 brain.nodes.len()
             );
-            let mut rejected = String::new();
-            write_rejected(&mut rejected, &brain.rejected);
-            print!("{rejected}");
+            let mut text = String::new();
+            if let Some(input) = &brain.input {
+                write_input(&mut text, input);
+            }
+            write_rejected(&mut text, &brain.rejected);
+            print!("{text}");
             println!(
                 "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}",
                 "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"
@@ -447,6 +458,16 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(e) = &status.last_error {
         let _ = writeln!(out, "last error: {e}");
     }
+    if let Some(input) = &status.input {
+        write_input(&mut out, input);
+    }
+    if !status.waiting_for.is_empty() {
+        let _ = writeln!(
+            out,
+            "waiting for the first complete lists of {} (nothing is programmed before)",
+            status.waiting_for.join(", ")
+        );
+    }
     write_rejected(&mut out, &status.rejected);
     let rows: Vec<[String; 6]> = status.services.iter().map(row).collect();
     let header = [
@@ -512,6 +533,29 @@ const REJECTED_LISTED: usize = 20;
 
 /// The objects whose latest version kpng could not use, above the ports: what to fix in the
 /// input, and whether an older version of each is what the ports below show.
+/// The input's line, and one line per problem it has now: what is wrong, since when.
+fn write_input(out: &mut String, input: &InputStatus) {
+    use std::fmt::Write as _;
+    let last = match (&input.last_good, &input.detail) {
+        (Some(at), Some(detail)) => format!("{at} ({detail})"),
+        (Some(at), None) => at.clone(),
+        (None, _) => "never".into(),
+    };
+    let state = match input.problems.len() {
+        0 => "ok".to_string(),
+        1 => "1 PROBLEM".to_string(),
+        n => format!("{n} PROBLEMS"),
+    };
+    let _ = writeln!(
+        out,
+        "input {}  {state}  last good input {last}",
+        input.source
+    );
+    for p in &input.problems {
+        let _ = writeln!(out, "  {} (since {}): {}", p.what, p.since, p.message);
+    }
+}
+
 fn write_rejected(out: &mut String, rejected: &[RejectedStatus]) {
     use std::fmt::Write as _;
     if rejected.is_empty() {

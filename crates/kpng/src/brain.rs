@@ -8,6 +8,7 @@ use anyhow::Context;
 use kpng_api::addr::TlsFiles;
 use kpng_api::hub::Hub;
 use kpng_api::metrics::ApiMetrics;
+use kpng_model::input::InputHealth;
 use kpng_model::{ClusterConfig, ClusterModel, Event};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
@@ -19,7 +20,12 @@ use crate::cli::{GlobalFlags, ToApi};
 const WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs the source into a hub and serves it until the source ends or SIGINT/SIGTERM.
-pub async fn serve<F, Fut>(flags: GlobalFlags, to_api: &ToApi, source: F) -> anyhow::Result<()>
+pub async fn serve<F, Fut>(
+    flags: GlobalFlags,
+    to_api: &ToApi,
+    input: InputHealth,
+    source: F,
+) -> anyhow::Result<()>
 where
     F: FnOnce(mpsc::Sender<Event>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -73,13 +79,16 @@ where
     .with_context(|| format!("serving the API on {} (--listen)", to_api.listen))?;
     let server = tokio::spawn(server);
 
-    // `kpng status` on a brain: the connected nodes.
+    // `kpng status` on a brain: the connected nodes and the input (no admin socket on
+    // Windows yet).
+    #[cfg(not(unix))]
+    let _ = input;
     #[cfg_attr(not(unix), allow(unused_mut))]
     let mut _admin_socket: Option<crate::admin::SocketFile> = None;
     #[cfg(unix)]
     if !flags.admin_socket.is_empty() {
         let path = std::path::Path::new(&flags.admin_socket);
-        match crate::admin::serve_brain(path, hub.clone()).await {
+        match crate::admin::serve_brain(path, hub.clone(), input).await {
             Ok(Some(server)) => {
                 _admin_socket = Some(crate::admin::SocketFile(path.to_path_buf()));
                 tokio::spawn(async move {

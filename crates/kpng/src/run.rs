@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kpng_backend::{Backend, NodeModel};
+use kpng_model::input::InputHealth;
 use kpng_model::{Model, ModelConfig};
 use kpng_runner::SyncTiming;
 use kpng_runner::health::ProxyHealth;
@@ -92,6 +93,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Cleanup => cleanup(&flags, false),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
+            let input = source_metrics.health.clone();
             let source = FileSource::new(file.input, file.debounce)
                 .with_metrics(source_metrics.clone())
                 .with_expansion_limit(kpng_source_file::ExpansionLimit(
@@ -99,13 +101,14 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 ));
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
-                return block_on(crate::brain::serve(flags, to_api, run_source));
+                return block_on(crate::brain::serve(flags, to_api, input, run_source));
             }
             let (backend, facts) = sink_backend(&flags, &file.sink)?;
             block_on(async move {
                 let model = Model::new(model_config(&flags)?);
                 let facts = SinkFacts {
                     source_metrics: Some(source_metrics),
+                    input: Some(input),
                     ..facts
                 };
                 serve(flags, model, backend, facts, run_source).await
@@ -237,13 +240,17 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     let events_for = config.node_name.clone();
     let client_metrics = kpng_source_kube::ClientMetrics::default();
     let metrics_for_client = client_metrics.clone();
+    let input = InputHealth::default();
+    let input_for_client = input.clone();
     let connect = async move {
         let (client, server) =
-            kpng_source_kube::client_with_metrics(&options, &metrics_for_client).await?;
+            kpng_source_kube::client_with_metrics(&options, &metrics_for_client, &input_for_client)
+                .await?;
         info!(%server, "reading cluster state from the API server");
         let events =
             events_for.map(|node| kpng_source_kube::NodeEvents::new(client.clone(), &node));
-        anyhow::Ok((KubeSource::new(client, config), events))
+        let source = KubeSource::new(client, config).with_health(input_for_client);
+        anyhow::Ok((source, events))
     };
     let run_source = |source: KubeSource| {
         move |tx| async move {
@@ -254,7 +261,7 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     if let Sink::ToApi(to_api) = &sink {
         return block_on(async move {
             let (source, _) = connect.await?;
-            crate::brain::serve(flags, to_api, run_source(source)).await
+            crate::brain::serve(flags, to_api, input, run_source(source)).await
         });
     }
     let (backend, facts) = sink_backend(&flags, &sink)?;
@@ -264,6 +271,7 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         let facts = SinkFacts {
             events,
             client_metrics: Some(client_metrics),
+            input: Some(input),
             ..facts
         };
         serve(flags, model, backend, facts, run_source(source)).await
@@ -296,6 +304,8 @@ struct SinkFacts {
     events: Option<kpng_source_kube::NodeEvents>,
     /// The `kube` source's API client metrics, registered with the rest.
     client_metrics: Option<kpng_source_kube::ClientMetrics>,
+    /// The source's record of its input's health, shown by `kpng status`.
+    input: Option<InputHealth>,
 }
 
 impl SinkFacts {
@@ -310,6 +320,7 @@ impl SinkFacts {
         kind: None,
         events: None,
         client_metrics: None,
+        input: None,
     };
 }
 
@@ -351,6 +362,7 @@ fn local_backend(
         kind: Some(kind),
         events: None,
         client_metrics: None,
+        input: None,
     };
     Ok((built.backend, facts))
 }
@@ -418,6 +430,11 @@ async fn serve_remote(
         node_name,
         retry_min: std::time::Duration::from_millis(100),
         retry_max: brain.api_retry_max,
+        health: InputHealth::default(),
+    };
+    let facts = SinkFacts {
+        input: Some(config.health.clone()),
+        ..facts
     };
     serve(flags, model, backend, facts, |tx| async move {
         kpng_api::client::watch(config, tx).await;
@@ -494,6 +511,9 @@ where
     let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
     let mut runner = Runner::new(model, backend, timing, metrics, health);
+    if let Some(input) = facts.input.clone() {
+        runner = runner.with_input_health(input);
+    }
     // Answers about the running proxy (`kpng status`, `kpng trace`, the status page); none in
     // a dry run, which opens nothing.
     let mut admin = None;
@@ -662,10 +682,12 @@ async fn report_events(
     let mut refused = |what: &str, e: kpng_source_kube::EventError| {
         if std::mem::replace(&mut refused_once, true) {
             tracing::debug!("cannot post the {what} Event: {e}");
-        } else {
+        } else if e.is_forbidden() {
             tracing::warn!(
                 "cannot post the {what} Event (RBAC: events.k8s.io events create, patch): {e}"
             );
+        } else {
+            tracing::warn!("cannot post the {what} Event: {e}");
         }
     };
     if let Err(e) = events.starting(backend).await {

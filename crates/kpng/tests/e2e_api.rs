@@ -152,9 +152,29 @@ fn start_node(ns: &Netns, name: &str, socket: &Path) -> Spawned {
         "127.0.0.1:10256",
         "--metrics-bind-address",
         "",
+        "--admin-socket",
+        &admin_socket(socket, name).display().to_string(),
         "nft",
     ])
     .expect("start kpng local")
+}
+
+/// Where node `name`'s kpng answers `kpng status` (each its own: the nodes share one file
+/// system).
+fn admin_socket(brain_socket: &Path, name: &str) -> std::path::PathBuf {
+    brain_socket.with_file_name(format!("{name}-admin.sock"))
+}
+
+/// What node `name`'s kpng says about its input (`kpng status -o json`).
+fn node_input(brain_socket: &Path, name: &str) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(admin_socket(brain_socket, name))
+        .output()
+        .expect("kpng status");
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    status["input"].clone()
 }
 
 fn count(p: &Spawned, needle: &str) -> usize {
@@ -308,6 +328,17 @@ fn three_nodes_follow_one_brain_through_a_restart() {
             logs,
         );
     }
+    // Each node's status says why nothing changes now.
+    for name in names {
+        let input = node_input(&socket, name);
+        assert_eq!(input["problems"][0]["what"], "brain", "{name}: {input}");
+        let message = input["problems"][0]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("unreachable: ")
+                && message.ends_with("; keeping the rules as they are, retrying"),
+            "{name}: {message}"
+        );
+    }
     // Rules stay: new connections work without the brain.
     assert_eq!(
         servers(&c.pod("pod2a").ns, cip, 20),
@@ -319,6 +350,16 @@ fn three_nodes_follow_one_brain_through_a_restart() {
             "the node applied the new brain's replay",
             || count(k, "watching the brain") >= 2 && replays(k) > *before,
             logs,
+        );
+    }
+    for name in names {
+        let input = node_input(&socket, name);
+        assert_eq!(input["problems"], serde_json::json!([]), "{name}: {input}");
+        assert!(
+            input["source"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("brain unix://")),
+            "{input}"
         );
     }
     while udp.len() < FLOW {

@@ -385,11 +385,26 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     );
     args.push(output.to_str().expect("utf-8"));
     args.extend(["--healthz-bind-address", &health]);
+    let admin = dir.path().join("admin.sock");
+    let admin = admin.to_str().expect("utf-8");
+    args.extend(["--admin-socket", admin]);
     let mut kpng = Kpng::start(&args);
     kpng.wait("the first sync", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
     });
     let before = std::fs::read_to_string(&output).expect("output");
+    let input = status_json(admin)["input"].clone();
+    assert!(
+        input["source"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("kube http://127.0.0.1:")),
+        "{input}"
+    );
+    assert_eq!(input["problems"], json!([]), "{input}");
+    assert!(
+        input["lastGood"].is_string(),
+        "the lists completed: {input}"
+    );
 
     server.stop();
     server
@@ -418,14 +433,41 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     );
     let (code, _) = http_get(health_port, "/healthz");
     assert_eq!(code, 200, "nothing is pending: healthy during the outage");
+    // `kpng status` says why nothing changes: the outage, since when, and its cause.
+    let input = status_json(admin)["input"].clone();
+    let problem = &input["problems"][0];
+    assert_eq!(problem["what"], "API server", "{input}");
+    let message = problem["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("unreachable: ")
+            && message.contains("Connection refused")
+            && message.ends_with("; keeping the programmed rules, retrying with backoff"),
+        "{message}"
+    );
+    assert!(problem["since"].is_string(), "{input}");
 
     server.restart().expect("restart");
     kpng.wait("recovery", |_, err| {
         err.contains("API server reachable again")
     });
+    assert_eq!(
+        status_json(admin)["input"]["problems"],
+        json!([]),
+        "the outage is over"
+    );
     kpng.wait("the change made during the outage", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
     });
+}
+
+/// `kpng status -o json` of the kpng serving `admin`.
+fn status_json(admin: &str) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket", admin])
+        .output()
+        .expect("kpng status");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
 }
 
 /// The dry-run transactions printed so far, in order.
@@ -638,12 +680,7 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     }
 
     // `kpng status` on the brain: both nodes, each having taken the replay and the change.
-    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
-        .args(["status", "-o", "json", "--admin-socket", brain_admin])
-        .output()
-        .expect("kpng status");
-    let status: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let status = status_json(brain_admin);
     assert_eq!(status["role"], "brain", "{status}");
     assert_eq!(status["synced"], true, "{status}");
     let nodes = status["nodes"].as_array().expect("nodes");
@@ -661,7 +698,10 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     };
     let table = brain_table();
     assert!(
-        table.contains("2 nodes connected") && table.contains("node2"),
+        table.contains("2 nodes connected")
+            && table.contains("node2")
+            && table.contains("\ninput kube http://127.0.0.1:")
+            && table.contains("  ok  last good input 20"),
         "{table}"
     );
     assert!(!table.contains("rejected objects"), "{table}");

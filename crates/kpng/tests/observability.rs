@@ -284,6 +284,17 @@ fn break_two_services(running: &mut Running, dir: &std::path::Path) {
     });
 }
 
+/// Replaces the running example's input with a file that is not YAML, and waits until kpng
+/// has reported it: the last good state stays in use.
+fn make_unreadable(running: &mut Running, dir: &std::path::Path) {
+    let tmp = dir.join(".cluster.yaml.tmp");
+    std::fs::write(&tmp, "kind: Service\nmetadata: {name: [web\n").expect("write");
+    std::fs::rename(&tmp, dir.join("cluster.yaml")).expect("rename");
+    running.wait("the unreadable file", |e| {
+        e.contains("keeping the last good state")
+    });
+}
+
 #[test]
 fn status_and_trace_answer_from_the_running_proxy() {
     let (mut running, dir) = on_the_example("");
@@ -392,6 +403,24 @@ fn status_and_trace_answer_from_the_running_proxy() {
         "{bad:?}"
     );
 
+    // The input is named, and fine.
+    let input = dir.path().join("cluster.yaml").display().to_string();
+    assert_eq!(
+        status["input"]["source"],
+        format!("file {input}"),
+        "{status}"
+    );
+    assert_eq!(
+        status["input"]["problems"],
+        serde_json::json!([]),
+        "{status}"
+    );
+    assert_eq!(status["input"]["detail"], "18 objects", "{status}");
+    assert!(
+        ask(&["status"]).contains(&format!("input file {input}  ok  last good input 20")),
+        "the input's line"
+    );
+
     // Broken objects in the input are named, with where they are and what is in use.
     assert!(status.get("rejected").is_none(), "{status}");
     break_two_services(&mut running, dir.path());
@@ -466,6 +495,27 @@ fn status_and_trace_answer_from_the_running_proxy() {
             && says.contains("unknown protocol \"TPC\"")
             && says.contains("(not in use: no earlier version); fix it in the input"),
         "{says}"
+    );
+
+    // A file that does not read at all is the input's problem, shown until it loads again.
+    make_unreadable(&mut running, dir.path());
+    let status: serde_json::Value =
+        serde_json::from_str(&ask(&["status", "-o", "json"])).expect("JSON");
+    let problem = &status["input"]["problems"][0];
+    assert_eq!(problem["what"], input.as_str(), "{status}");
+    let message = problem["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("not loaded: document 1 (line 1): invalid YAML")
+            && message.ends_with("; keeping the last good state"),
+        "{message}"
+    );
+    let table = ask(&["status"]);
+    assert!(
+        table.contains(&format!(
+            "input file {input}  1 PROBLEM  last good input 20"
+        )) && table.contains(&format!("\n  {input} (since 20"))
+            && table.contains("): not loaded: document 1 (line 1): invalid YAML"),
+        "{table}"
     );
     drop(running);
     let gone = kpng()
@@ -613,5 +663,25 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
             && rejected.contains("its last good version")
             && rejected.contains("unknown protocol"),
         "{rejected}"
+    );
+    assert!(
+        page.contains("<table id=\"problems\" hidden=\"\">"),
+        "the input reads, no problems table: {page}"
+    );
+
+    // A file that does not read is listed as the input's problem.
+    make_unreadable(&mut running, dir.path());
+    let page = dom(browser, &format!("http://{addr}/status"));
+    assert!(page.contains("1 problem · last good input 20"), "{page}");
+    let problems = page
+        .split("<table id=\"problems\">")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .unwrap_or_else(|| panic!("a visible problems table: {page}"));
+    assert!(
+        problems.contains("cluster.yaml")
+            && problems.contains("not loaded: document 1 (line 1): invalid YAML")
+            && problems.contains("keeping the last good state"),
+        "{problems}"
     );
 }

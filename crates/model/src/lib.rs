@@ -7,7 +7,8 @@
 //! returns a [`Diff`] naming only the Service ports that changed. Backends consume the diff plus a
 //! read-only [`Snapshot`]; they never see a Kubernetes type.
 //!
-//! The crate is pure: no I/O, no clock, no async. Newcomers should start with [`Model`].
+//! The crate is pure: no I/O, no clock, no async ([`input`] is a shared record whose callers
+//! pass the time). Newcomers should start with [`Model`].
 
 mod addr_text;
 mod build;
@@ -16,6 +17,7 @@ mod claims;
 pub mod cluster;
 mod diff;
 mod event;
+pub mod input;
 pub mod inspect;
 pub mod ip;
 mod key;

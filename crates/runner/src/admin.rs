@@ -161,6 +161,62 @@ pub struct Status {
     /// whether an earlier version of each is in use.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
+    /// Before the first sync: the kinds whose first complete list has not arrived yet
+    /// (nothing is programmed until every one has).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
+    /// How the source is doing: what it reads, its problems now, its last good load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputStatus>,
+}
+
+/// The source's input as the status reports it (see [`kpng_model::input`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InputStatus {
+    /// What is read: `file PATH`, `kube URL`, `brain ADDRESS`.
+    pub source: String,
+    /// The problems now, by what they concern; empty when the input is fine.
+    #[serde(default)]
+    pub problems: Vec<InputProblemStatus>,
+    /// When it last loaded, or a list last completed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good: Option<String>,
+    /// What that load held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// One problem of the input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InputProblemStatus {
+    /// What it concerns: a file, `API server`, `Service watch`, `brain`.
+    pub what: String,
+    /// What is wrong.
+    pub message: String,
+    /// When it began (RFC 3339).
+    pub since: String,
+}
+
+impl InputStatus {
+    /// The status of an input's record.
+    pub fn of(state: &kpng_model::input::InputState) -> InputStatus {
+        InputStatus {
+            source: state.source.clone(),
+            problems: state
+                .problems
+                .iter()
+                .map(|(what, p)| InputProblemStatus {
+                    what: what.clone(),
+                    message: p.message.clone(),
+                    since: rfc3339(p.since),
+                })
+                .collect(),
+            last_good: state.last_good.map(rfc3339),
+            detail: state.detail.clone(),
+        }
+    }
 }
 
 /// An object whose latest version could not be used.

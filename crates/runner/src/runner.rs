@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use kpng_model::input::InputHealth;
 use kpng_model::{Diff, DiffSummary, Family, Kind, Model, ServiceKey, TriggerTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -31,7 +32,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 use crate::admin::{
-    self, AdminHandle, FactsFn, PortStatus, Query, RejectedStatus, Status, SyncStatus, TraceAnswer,
+    self, AdminHandle, FactsFn, InputStatus, PortStatus, Query, RejectedStatus, Status, SyncStatus,
+    TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -86,6 +88,8 @@ pub struct Runner<M: NodeModel = Model> {
     health: Arc<ProxyHealth>,
     reports: watch::Sender<Option<SyncReport>>,
     admin: Option<(mpsc::Receiver<Query>, FactsFn)>,
+    /// How the source is doing, for the status answers.
+    input: Option<InputHealth>,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -109,6 +113,7 @@ impl<M: NodeModel> Runner<M> {
             health,
             reports,
             admin: None,
+            input: None,
         }
     }
 
@@ -118,6 +123,13 @@ impl<M: NodeModel> Runner<M> {
         let (tx, rx) = mpsc::channel(16);
         self.admin = Some((rx, facts));
         (self, AdminHandle(tx))
+    }
+
+    /// Shows the source's record of its input's health in the status answers: why nothing is
+    /// programmed yet, or why an edit did not take effect.
+    pub fn with_input_health(mut self, input: InputHealth) -> Runner<M> {
+        self.input = Some(input);
+        self
     }
 
     /// Serves the Service health checks (`healthCheckNodePort`) after every successful sync:
@@ -320,6 +332,12 @@ impl<M: NodeModel> LoopState<M> {
                         .iter()
                         .map(RejectedStatus::of)
                         .collect(),
+                    waiting_for: self.unlisted().iter().map(|k| k.as_str().into()).collect(),
+                    input: self
+                        .runner
+                        .input
+                        .as_ref()
+                        .map(|h| InputStatus::of(&h.state())),
                 });
             }
             Query::Trace(q, reply) => {
@@ -396,14 +414,22 @@ impl<M: NodeModel> LoopState<M> {
     /// Says, once per change, which lists the first sync still waits for: after the inputs
     /// that are queued have been applied, so the line also tells tests that kpng decided not
     /// to sync yet.
+    /// The kinds whose first complete list has not arrived (the first sync waits for them).
+    fn unlisted(&self) -> Vec<Kind> {
+        if self.last_sync.is_some() {
+            return Vec::new();
+        }
+        REQUIRED_KINDS
+            .into_iter()
+            .filter(|k| !self.listed.contains(k))
+            .collect()
+    }
+
     fn report_gate(&mut self) {
         if self.last_sync.is_some() {
             return;
         }
-        let missing: Vec<Kind> = REQUIRED_KINDS
-            .into_iter()
-            .filter(|k| !self.listed.contains(k))
-            .collect();
+        let missing = self.unlisted();
         if missing != self.reported_missing && !missing.is_empty() {
             let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
             info!(

@@ -89,12 +89,22 @@ fn text_hash(text: &str) -> u64 {
 }
 
 impl DirState {
+    /// What is in use while `path` cannot be: its objects as last loaded, or none.
+    fn instead(&self, path: &Path) -> &'static str {
+        match self.files.get(path.as_os_str()) {
+            Some((_, refs)) if refs.lines().next().is_some() => "keeping its last good state",
+            _ => "nothing from it is in use until it loads",
+        }
+    }
+
     /// Re-reads one file. Returns the events it implies (none when unchanged or broken).
     fn reload(&mut self, path: &Path) -> Vec<Event> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // The file is gone: so are its objects.
+                // A problem of a file that is gone is over.
+                self.metrics.health.recovered(&path.to_string_lossy());
                 let Some(refs) = self.files.remove(path.as_os_str()).map(|(_, r)| r.unpack())
                 else {
                     return Vec::new();
@@ -107,11 +117,10 @@ impl DirState {
                 return refs.into_iter().map(Event::Delete).collect();
             }
             Err(e) => {
-                warn!(
-                    "cannot read {}: {e}; keeping its last good state",
-                    path.display()
-                );
-                self.metrics.error("read");
+                let instead = self.instead(path);
+                warn!("cannot read {}: {e}; {instead}", path.display());
+                self.metrics
+                    .failed("read", path, &format!("cannot read it: {e}; {instead}"));
                 return Vec::new();
             }
         };
@@ -125,9 +134,14 @@ impl DirState {
         }
         match parse_manifests_with(&text, self.expansion) {
             Err(errors) => {
-                errors.log(path, "its last good state");
+                let instead = self.instead(path);
+                errors.log(path, instead);
                 self.unreadable += 1;
-                self.metrics.error("parse");
+                self.metrics.failed(
+                    "parse",
+                    path,
+                    &format!("not loaded: {}; {instead}", errors.summary()),
+                );
                 let refs = self
                     .files
                     .remove(path.as_os_str())
@@ -139,7 +153,7 @@ impl DirState {
             Ok(mut loaded) => {
                 loaded.log_omissions(path);
                 loaded.locate_in(path);
-                self.metrics.good_load();
+                self.metrics.good_load(path);
                 let new_refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
                 let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();
@@ -388,6 +402,13 @@ pub(crate) async fn run(
             files(unreadable)
         ),
     }
+    state.metrics.health.loaded(
+        std::time::SystemTime::now(),
+        Some(format!(
+            "{count} objects from {}",
+            files(paths.len().saturating_sub(state.unreadable))
+        )),
+    );
     if events.send(Event::ListDone { kinds }).await.is_err() {
         return Ok(());
     }
@@ -397,7 +418,14 @@ pub(crate) async fn run(
             return Ok(());
         };
         for path in changed.iter().filter(|p| is_manifest(p)) {
-            for event in state.reload(path) {
+            let changes = state.reload(path);
+            if !changes.is_empty() {
+                state.metrics.health.loaded(
+                    std::time::SystemTime::now(),
+                    Some(format!("last change from {}", path.display())),
+                );
+            }
+            for event in changes {
                 if events.send(event).await.is_err() {
                     return Ok(());
                 }

@@ -71,11 +71,11 @@ impl ManifestErrors {
     }
 
     /// Logs why the file at `path` was not loaded: each unreadable document on its own line
-    /// (an operator fixes them in one pass, up to [`ERRORS_LOGGED`]), and what stays instead
-    /// (`kept`).
-    pub fn log(&self, path: &std::path::Path, kept: &str) {
+    /// (an operator fixes them in one pass, up to [`ERRORS_LOGGED`]), and what is in use
+    /// instead (`instead`: "keeping its last good state", or that nothing of it is).
+    pub fn log(&self, path: &std::path::Path, instead: &str) {
         for e in self.errors.iter().take(ERRORS_LOGGED) {
-            tracing::error!("{}: {e}; keeping {kept}", path.display());
+            tracing::error!("{}: {e}; {instead}", path.display());
         }
         if let Some(more) = self
             .errors
@@ -84,6 +84,24 @@ impl ManifestErrors {
             .filter(|m| *m > 0)
         {
             tracing::error!("{}: {more} more errors not shown", path.display());
+        }
+    }
+}
+
+impl ManifestErrors {
+    /// The errors on one line, for `kpng status`: the first one's first line (a YAML error's
+    /// excerpt of the file is left to the log) and how many more there are.
+    pub fn summary(&self) -> String {
+        let first = self
+            .errors
+            .first()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        let first = first.lines().next().unwrap_or_default().trim_end();
+        match self.errors.len() {
+            0 | 1 => first.to_string(),
+            2 => format!("{first} (and 1 more error)"),
+            n => format!("{first} (and {} more errors)", n - 1),
         }
     }
 }

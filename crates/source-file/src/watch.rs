@@ -128,7 +128,13 @@ impl FileSource {
     /// the files that changed and sends `Apply`/`Delete` for their objects. That keeps one change
     /// O(that file) however large the cluster.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), SourceError> {
-        if self.path.is_dir() {
+        let is_dir = self.path.is_dir();
+        self.metrics.health.set_source(format!(
+            "{} {}",
+            if is_dir { "directory" } else { "file" },
+            self.path.display()
+        ));
+        if is_dir {
             return crate::dir::run(
                 self.path,
                 self.debounce,
@@ -189,11 +195,13 @@ impl FileSource {
                 Ok(t) => t,
                 Err(e) => {
                     // Mid-replace the file may be briefly missing; the next event re-reads it.
-                    warn!(
-                        "cannot read {}: {e}; keeping the last good state",
-                        self.path.display()
+                    let instead = state.instead();
+                    warn!("cannot read {}: {e}; {instead}", self.path.display());
+                    self.metrics.failed(
+                        "read",
+                        &self.path,
+                        &format!("cannot read it: {e}; {instead}"),
                     );
-                    self.metrics.error("read");
                     return true;
                 }
             };
@@ -216,8 +224,13 @@ impl FileSource {
         };
         match parsed {
             Err(errors) => {
-                errors.log(&self.path, "the last good state");
-                self.metrics.error("parse");
+                let instead = state.instead();
+                errors.log(&self.path, instead);
+                self.metrics.failed(
+                    "parse",
+                    &self.path,
+                    &format!("not loaded: {}; {instead}", errors.summary()),
+                );
                 state.bad = Some(state.digests.of(&text));
                 true
             }
@@ -238,7 +251,13 @@ impl FileSource {
                 }
                 state.good = Some(state.digests.of(&text));
                 state.bad = None;
-                self.metrics.good_load();
+                self.metrics.good_load(&self.path);
+                let health = &self.metrics.health;
+                health.recovered_all();
+                health.loaded(
+                    std::time::SystemTime::now(),
+                    Some(objects_loaded(loaded.objects.len(), loaded.rejected())),
+                );
                 let event = Event::Replace {
                     kinds: Kind::ALL.to_vec(),
                     objects: loaded.objects,
@@ -246,6 +265,14 @@ impl FileSource {
                 events.send(event).await.is_ok()
             }
         }
+    }
+}
+
+/// What a load held, in words, for `kpng status`.
+pub(crate) fn objects_loaded(objects: usize, rejected: usize) -> String {
+    match rejected {
+        0 => format!("{objects} objects"),
+        _ => format!("{objects} objects, {rejected} of them rejected"),
     }
 }
 
@@ -258,6 +285,17 @@ struct ReloadState {
     /// The fingerprint of the version last read.
     seen: Option<Fingerprint>,
     digests: Digests,
+}
+
+impl ReloadState {
+    /// What is in use while the file cannot be: its last good version, or nothing yet.
+    fn instead(&self) -> &'static str {
+        if self.good.is_some() {
+            "keeping the last good state"
+        } else {
+            "nothing from it is in use until it loads"
+        }
+    }
 }
 
 /// A manifest's text, recognised without keeping it: its length and two 64-bit SipHash values

@@ -25,6 +25,16 @@ fn cluster_ip(event: &Event) -> String {
         .unwrap_or_default()
 }
 
+/// The input's problems now: (what, message).
+fn problems_of(health: &kpng_model::input::InputHealth) -> Vec<(String, String)> {
+    health
+        .state()
+        .problems
+        .into_iter()
+        .map(|(what, p)| (what, p.message))
+        .collect()
+}
+
 async fn next(rx: &mut mpsc::Receiver<Event>) -> Option<Event> {
     tokio::time::timeout(Duration::from_secs(3), rx.recv())
         .await
@@ -38,13 +48,20 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, manifest("10.96.0.1")).expect("write");
     let (tx, mut rx) = mpsc::channel(8);
-    let source = FileSource::new(&path, Duration::from_millis(50));
+    let metrics = kpng_source_file::SourceMetrics::default();
+    let health = metrics.health.clone();
+    let source = FileSource::new(&path, Duration::from_millis(50)).with_metrics(metrics);
     let task = tokio::spawn(source.run(tx));
 
     assert_eq!(
         cluster_ip(&next(&mut rx).await.expect("initial load")),
         "10.96.0.1"
     );
+    let loaded = health.state();
+    assert_eq!(loaded.source, format!("file {}", path.display()));
+    assert!(loaded.problems.is_empty(), "{loaded:?}");
+    assert_eq!(loaded.detail.as_deref(), Some("1 objects"));
+    assert!(loaded.last_good.is_some());
 
     // An in-place edit.
     std::fs::write(&path, manifest("10.96.0.2")).expect("write");
@@ -77,6 +94,16 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
             .is_err(),
         "unreadable edit was sent"
     );
+    // …and is the input's problem (`kpng status`), saying the last good state is in use.
+    let problems = problems_of(&health);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let (what, message) = &problems[0];
+    assert_eq!(what, &path.display().to_string());
+    assert!(
+        message.starts_with("not loaded: document 1 (line 1)")
+            && message.ends_with("; keeping the last good state"),
+        "{message}"
+    );
 
     // An editor that writes a new file and renames it over the old one.
     let tmp = dir.path().join(".cluster.yaml.swp");
@@ -85,6 +112,11 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
     assert_eq!(
         cluster_ip(&next(&mut rx).await.expect("replace")),
         "10.96.0.3"
+    );
+    assert_eq!(
+        problems_of(&health),
+        [],
+        "the problem ends with a good load"
     );
 
     // And later edits of the replaced file are still seen.
@@ -109,7 +141,13 @@ async fn a_directory_is_read_per_file() {
     std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.2")).expect("write");
     std::fs::write(dir.path().join("notes.txt"), "not a manifest").expect("write");
     let (tx, mut rx) = mpsc::channel(8);
-    let task = tokio::spawn(FileSource::new(dir.path(), Duration::from_millis(50)).run(tx));
+    let metrics = kpng_source_file::SourceMetrics::default();
+    let health = metrics.health.clone();
+    let task = tokio::spawn(
+        FileSource::new(dir.path(), Duration::from_millis(50))
+            .with_metrics(metrics)
+            .run(tx),
+    );
 
     // The first load is streamed: ListStart, one ListItem per object, ListDone.
     assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
@@ -134,11 +172,38 @@ async fn a_directory_is_read_per_file() {
             .await
             .is_err()
     );
+    let a = dir.path().join("a.yaml").display().to_string();
+    let problems = problems_of(&health);
+    assert!(
+        matches!(problems.as_slice(), [(what, message)]
+            if *what == a && message.ends_with("; keeping its last good state")),
+        "{problems:?}"
+    );
     std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
     match next(&mut rx).await {
         Some(Event::Delete(r)) => assert_eq!(&*r.name, "a"),
         other => panic!("expected Delete of a, got {other:?}"),
     }
+    assert_eq!(problems_of(&health), [], "a removed file has no problem");
+    // A new file that does not read has nothing of it in use.
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "kind: Service
+metadata: {name: [
+",
+    )
+    .expect("write");
+    let c = dir.path().join("c.yaml").display().to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while problems_of(&health).is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let problems = problems_of(&health);
+    assert!(
+        matches!(problems.as_slice(), [(what, message)]
+            if *what == c && message.ends_with("; nothing from it is in use until it loads")),
+        "{problems:?}"
+    );
     task.abort();
 }
 
@@ -280,4 +345,39 @@ async fn a_manifest_in_a_missing_directory_is_an_error_naming_the_directory() {
         text.contains(&missing.display().to_string()) && text.contains("no such directory"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_file_missing_at_start_is_a_problem_until_it_loads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    let (tx, mut rx) = mpsc::channel(8);
+    let metrics = kpng_source_file::SourceMetrics::default();
+    let health = metrics.health.clone();
+    let task = tokio::spawn(
+        FileSource::new(&path, Duration::from_millis(50))
+            .with_metrics(metrics)
+            .run(tx),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while problems_of(&health).is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let problems = problems_of(&health);
+    assert!(
+        matches!(problems.as_slice(), [(what, message)]
+            if *what == path.display().to_string()
+                && message.starts_with("cannot read it: ")
+                && message.ends_with("; nothing from it is in use until it loads")),
+        "{problems:?}"
+    );
+    assert_eq!(health.state().last_good, None);
+    std::fs::write(&path, manifest("10.96.0.1")).expect("write");
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("the file, once written")),
+        "10.96.0.1"
+    );
+    assert_eq!(problems_of(&health), []);
+    assert!(health.state().last_good.is_some());
+    task.abort();
 }

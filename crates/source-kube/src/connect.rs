@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use kpng_model::input::InputHealth;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -70,13 +71,15 @@ pub enum ConnectError {
 /// A client for the configured API server, rate limited and with outages logged once.
 /// Returns the client and the server's URL (for log lines).
 pub async fn client(options: &ClientOptions) -> Result<(kube::Client, String), ConnectError> {
-    client_with_metrics(options, &ClientMetrics::default()).await
+    client_with_metrics(options, &ClientMetrics::default(), &InputHealth::default()).await
 }
 
-/// [`client`], its requests counted in `metrics` (client-go's `rest_client_*`).
+/// [`client`], its requests counted in `metrics` (client-go's `rest_client_*`) and API server
+/// outages recorded in `health` (`kpng status`).
 pub async fn client_with_metrics(
     options: &ClientOptions,
     metrics: &ClientMetrics,
+    health: &InputHealth,
 ) -> Result<(kube::Client, String), ConnectError> {
     let master = options
         .master
@@ -109,7 +112,9 @@ pub async fn client_with_metrics(
     let server = config.cluster_url.to_string();
     let client = ClientBuilder::try_from(config)
         .map_err(ConnectError::Client)?
-        .with_layer(&ReachabilityLayer(Reachability::new(&server)))
+        .with_layer(&ReachabilityLayer(
+            Reachability::new(&server).with_health(health.clone()),
+        ))
         .with_layer(&ClientMetricsLayer {
             metrics: metrics.clone(),
             host: server.as_str().into(),

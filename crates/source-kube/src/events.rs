@@ -14,6 +14,14 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 #[error("{0}")]
 pub struct EventError(#[from] kube::Error);
 
+impl EventError {
+    /// Whether the API server refused it for lack of permission (RBAC), rather than being
+    /// unreachable or failing: only then is kpng's ClusterRole the thing to check.
+    pub fn is_forbidden(&self) -> bool {
+        matches!(&self.0, kube::Error::Api(s) if s.code == 403)
+    }
+}
+
 /// Posts Events regarding one Node.
 #[derive(Clone)]
 pub struct NodeEvents {

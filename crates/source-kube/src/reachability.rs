@@ -8,8 +8,10 @@
 use std::fmt::Display;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use futures::future::BoxFuture;
+use kpng_model::input::InputHealth;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -18,6 +20,8 @@ use tracing::{debug, info, warn};
 pub struct Reachability {
     server: Arc<str>,
     state: Arc<Mutex<State>>,
+    /// Where an outage is recorded for `kpng status`, as it begins and ends.
+    health: InputHealth,
 }
 
 #[derive(Debug, Default)]
@@ -32,7 +36,15 @@ impl Reachability {
         Reachability {
             server: server.into(),
             state: Arc::default(),
+            health: InputHealth::default(),
         }
+    }
+
+    /// Also records outages in `health`, which is named after the server.
+    pub fn with_health(mut self, health: InputHealth) -> Reachability {
+        health.set_source(format!("kube {}", self.server));
+        self.health = health;
+        self
     }
 
     /// Whether the last request failed to reach the server.
@@ -55,9 +67,12 @@ impl Reachability {
                 server = %self.server,
                 "API server unreachable: {why}; keeping the programmed rules, retrying with backoff"
             );
+            self.record(why);
             true
         } else {
             debug!(server = %self.server, failures = s.failures, "API server still unreachable: {why}");
+            // The latest reason (a refused connection may become a timeout).
+            self.record(why);
             false
         }
     }
@@ -79,6 +94,7 @@ impl Reachability {
         }
         let outage = s.down_since.take().map(|since| since.elapsed());
         if let Some(outage) = outage {
+            self.health.recovered(API_SERVER);
             info!(
                 server = %self.server,
                 failed_requests = s.failures,
@@ -88,6 +104,35 @@ impl Reachability {
         }
         s.failures = 0;
         outage
+    }
+}
+
+/// An error with its causes: hyper's own text is only "client error (Connect)", and the
+/// operator needs the "Connection refused" or the TLS failure underneath.
+struct WithCauses<'a>(&'a (dyn std::error::Error + Send + Sync));
+
+impl Display for WithCauses<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+/// What an outage concerns, in `kpng status`.
+const API_SERVER: &str = "API server";
+
+impl Reachability {
+    fn record(&self, why: &dyn Display) {
+        self.health.failing(
+            API_SERVER,
+            &format!("unreachable: {why}; keeping the programmed rules, retrying with backoff"),
+            SystemTime::now(),
+        );
     }
 }
 
@@ -117,7 +162,7 @@ impl<S, Req, B> tower::Service<Req> for Tracked<S>
 where
     S: tower::Service<Req, Response = http::Response<B>>,
     S::Future: Send + 'static,
-    S::Error: Display,
+    S::Error: AsRef<dyn std::error::Error + Send + Sync>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -141,7 +186,7 @@ where
                     tracker.answered_to(Some(sent));
                 }
                 Err(e) => {
-                    tracker.failed(e);
+                    tracker.failed(&WithCauses(e.as_ref()));
                 }
             }
             result

@@ -22,6 +22,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::serde::de::DeserializeOwned;
 use kpng_k8s::{Convert, Converted, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
+use kpng_model::input::InputHealth;
 use kpng_model::{Event, Kind, Object, ObjectRef};
 use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Api, Resource};
@@ -56,6 +57,7 @@ pub fn label_selector(service_proxy_name: Option<&str>) -> String {
 pub struct KubeSource {
     client: kube::Client,
     config: SourceConfig,
+    health: InputHealth,
 }
 
 impl Debug for KubeSource {
@@ -190,11 +192,21 @@ async fn serves_service_cidrs(client: kube::Client) -> bool {
 struct ErrorLog {
     /// The last problem logged per kind; cleared when that watcher makes progress.
     last: HashMap<Kind, String>,
+    /// Where each kind's problem is shown (`kpng status`) until that watcher makes progress.
+    health: InputHealth,
+}
+
+/// What a watcher's problem concerns, in `kpng status`.
+fn watch_name(kind: Kind) -> String {
+    format!("{} watch", kind.as_str())
 }
 
 impl ErrorLog {
     fn progress(&mut self, kind: Kind) {
-        self.last.remove(&kind);
+        // Per event: only a watcher that had a problem touches the shared record.
+        if self.last.remove(&kind).is_some() {
+            self.health.recovered(&watch_name(kind));
+        }
     }
 
     fn error(&mut self, kind: Kind, e: &watcher::Error) {
@@ -261,6 +273,8 @@ impl ErrorLog {
         };
         if self.last.get(&kind) != Some(&problem) {
             warn!("{problem}");
+            self.health
+                .failing(&watch_name(kind), &problem, std::time::SystemTime::now());
             self.last.insert(kind, problem);
         } else {
             debug!("{problem}");
@@ -271,7 +285,18 @@ impl ErrorLog {
 impl KubeSource {
     /// A source reading through `client`.
     pub fn new(client: kube::Client, config: SourceConfig) -> KubeSource {
-        KubeSource { client, config }
+        KubeSource {
+            client,
+            config,
+            health: InputHealth::default(),
+        }
+    }
+
+    /// Records each watcher's problems (RBAC refusals, APIs not served, undecodable lists)
+    /// and every completed list in `health`, for `kpng status`.
+    pub fn with_health(mut self, health: InputHealth) -> KubeSource {
+        self.health = health;
+        self
     }
 
     fn streams(&self) -> SelectAll<BoxStream<'static, Item>> {
@@ -308,7 +333,10 @@ impl KubeSource {
         );
         let mut streams = self.streams();
         let mut discovery = serves_service_cidrs(self.client.clone()).boxed().fuse();
-        let mut log = ErrorLog::default();
+        let mut log = ErrorLog {
+            health: self.health.clone(),
+            ..ErrorLog::default()
+        };
         loop {
             tokio::select! {
                 item = streams.next() => {
@@ -317,6 +345,9 @@ impl KubeSource {
                     match result {
                         Ok(event) => {
                             log.progress(kind);
+                            if matches!(event, Event::ListDone { .. }) {
+                                self.health.loaded(std::time::SystemTime::now(), None);
+                            }
                             if events.send(event).await.is_err() {
                                 return;
                             }

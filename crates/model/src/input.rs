@@ -1,0 +1,162 @@
+//! How a kpng's input is doing: what an operator checks first when `kpng status` says "last
+//! sync never", or when an edit or a cluster change does not show up on the node.
+//!
+//! The source that reads the input (a manifest file or directory, the API server, a brain)
+//! records its problems here as they begin and end, and the status answers read them. Until
+//! now these were only log lines, gone from view once they scrolled away, while the status
+//! showed an empty or stale table with no reason.
+//!
+//! The handle is shared (cloning it shares the record) and cheap to update: sources record a
+//! problem when it begins or ends, and a good load at the end of a load, never per object.
+//! Callers pass the time, so the model stays free of clocks.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+/// A shared record of one input's health (see the module documentation).
+#[derive(Debug, Clone, Default)]
+pub struct InputHealth(Arc<Mutex<InputState>>);
+
+/// What the record holds at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputState {
+    /// What is read, in words: `file /etc/kpng/cluster.yaml`, `kube https://10.0.0.1:6443`.
+    pub source: String,
+    /// The problems now, by what they concern (a file, `API server`, `Service watch`…).
+    /// Several can hold at once: a directory with two broken files, or a watch refused by
+    /// RBAC while the others run.
+    pub problems: BTreeMap<String, InputProblem>,
+    /// When the input last loaded (a file) or a list last completed (the API server, a brain).
+    pub last_good: Option<SystemTime>,
+    /// What that load held, in words ("18 objects, 1 rejected").
+    pub detail: Option<String>,
+}
+
+/// One problem with the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputProblem {
+    /// What is wrong, on one line.
+    pub message: String,
+    /// When it began: the first failure of a run of them.
+    pub since: SystemTime,
+}
+
+impl InputHealth {
+    /// A record for the input described by `source` (see [`InputState::source`]).
+    pub fn new(source: impl Into<String>) -> InputHealth {
+        let health = InputHealth::default();
+        health.set_source(source);
+        health
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, InputState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Names the input, when the source learns it late (the API server's URL comes from the
+    /// kubeconfig).
+    pub fn set_source(&self, source: impl Into<String>) {
+        self.lock().source = source.into();
+    }
+
+    /// `what` fails at `at` with `message`. A problem that already holds keeps the time it
+    /// began; its message is the latest one's first line (the status shows one line each).
+    pub fn failing(&self, what: &str, message: &str, at: SystemTime) {
+        let message = message.lines().next().unwrap_or_default().trim_end();
+        let mut state = self.lock();
+        match state.problems.get_mut(what) {
+            Some(problem) => {
+                if problem.message != message {
+                    problem.message = message.to_string();
+                }
+            }
+            None => {
+                state.problems.insert(
+                    what.to_string(),
+                    InputProblem {
+                        message: message.to_string(),
+                        since: at,
+                    },
+                );
+            }
+        }
+    }
+
+    /// `what` works again (nothing happens when it had no problem).
+    pub fn recovered(&self, what: &str) {
+        let mut state = self.lock();
+        if !state.problems.is_empty() {
+            state.problems.remove(what);
+        }
+    }
+
+    /// Every problem is over (a single file loaded whole).
+    pub fn recovered_all(&self) {
+        self.lock().problems.clear();
+    }
+
+    /// The input loaded (or a list completed) at `at`; `detail` says what it held.
+    pub fn loaded(&self, at: SystemTime, detail: Option<String>) {
+        let mut state = self.lock();
+        state.last_good = Some(at);
+        state.detail = detail;
+    }
+
+    /// The record now.
+    pub fn state(&self) -> InputState {
+        self.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_problem_keeps_its_start_until_it_is_over() {
+        let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let health = InputHealth::new("file /x.yaml");
+        let clone = health.clone();
+        // (step, problems afterwards as (what, message, since))
+        type Step = fn(&InputHealth, &dyn Fn(u64) -> SystemTime);
+        type Problems = &'static [(&'static str, &'static str, u64)];
+        let steps: [(Step, Problems); 6] = [
+            (
+                |h, t| h.failing("a.yaml", "bad port\n  | snippet", t(1)),
+                &[("a.yaml", "bad port", 1)],
+            ),
+            (
+                |h, t| h.failing("a.yaml", "bad protocol", t(2)),
+                &[("a.yaml", "bad protocol", 1)],
+            ),
+            (
+                |h, t| h.failing("b.yaml", "not YAML", t(3)),
+                &[("a.yaml", "bad protocol", 1), ("b.yaml", "not YAML", 3)],
+            ),
+            (|h, _| h.recovered("a.yaml"), &[("b.yaml", "not YAML", 3)]),
+            (|h, _| h.recovered("a.yaml"), &[("b.yaml", "not YAML", 3)]),
+            (|h, _| h.recovered_all(), &[]),
+        ];
+        for (i, (step, want)) in steps.into_iter().enumerate() {
+            step(&health, &t);
+            let got: Vec<(String, String, SystemTime)> = clone
+                .state()
+                .problems
+                .into_iter()
+                .map(|(what, p)| (what, p.message, p.since))
+                .collect();
+            let want: Vec<(String, String, SystemTime)> = want
+                .iter()
+                .map(|(w, m, s)| (w.to_string(), m.to_string(), t(*s)))
+                .collect();
+            assert_eq!(got, want, "after step {i}");
+        }
+        health.loaded(t(9), Some("18 objects".into()));
+        let state = clone.state();
+        assert_eq!(state.source, "file /x.yaml");
+        assert_eq!(state.last_good, Some(t(9)));
+        assert_eq!(state.detail.as_deref(), Some("18 objects"));
+    }
+}
