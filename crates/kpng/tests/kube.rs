@@ -209,9 +209,18 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     let output = dir.path().join("out.yaml");
     let metrics_port = free_port().to_string();
     let metrics = format!("127.0.0.1:{metrics_port}");
+    let admin = dir.path().join("admin.sock");
+    let admin = admin.to_str().expect("utf-8");
     let mut args = kube_args(
         &k,
-        &["--metrics-bind-address", &metrics, "to-file", "--output"],
+        &[
+            "--metrics-bind-address",
+            &metrics,
+            "--admin-socket",
+            admin,
+            "to-file",
+            "--output",
+        ],
     );
     args.push(output.to_str().expect("utf-8"));
     let mut kpng = Kpng::start(&args);
@@ -242,11 +251,26 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         kpng.stderr()
     );
     assert_eq!(kpng.synced(), 0);
+    // `kpng status` says what it waits for, and why.
+    let status = status_json(admin);
+    assert_eq!(status["waitingFor"], json!(["Node"]), "{status}");
+    let problem = &status["input"]["problems"][0];
+    assert_eq!(problem["what"], "Node watch", "{status}");
+    assert!(
+        problem["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Node watch refused: 403 Forbidden")
+                && m.ends_with("check kpng's permissions")),
+        "{status}"
+    );
 
     server.forbid(Resource::Nodes, false);
     kpng.wait("the first sync", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
     });
+    let status = status_json(admin);
+    assert!(status.get("waitingFor").is_none(), "{status}");
+    assert_eq!(status["input"]["problems"], json!([]), "{status}");
     let first = std::fs::read_to_string(&output).expect("output");
     assert!(first.contains("known: true"), "{first}");
     assert!(first.contains("10.96.0.0/16"), "the ServiceCIDR: {first}");
