@@ -2,7 +2,8 @@
 # Runs the Windows kpng.exe under Wine and checks it gives what the Linux binary gives:
 #   scripts/wine-compare.sh path/to/kpng.exe path/to/kpng
 # - `kpng version`: the same version line;
-# - `kpng file --input examples/cluster.yaml … to-file --output -`: the same model;
+# - `kpng file --input examples/cluster.yaml … to-file --output -`: the same model, and the same
+#   `kpng status` and `kpng trace` answers (a named pipe on Windows, a Unix socket on Linux);
 # - `kpng file … to-local hns --hcn-simulator F`: the same HCN state (the simulator's GUIDs are
 #   deterministic, so the files are compared as they are);
 # - `--windows-service`: refused from a console; run by Wine's Service Control Manager
@@ -38,8 +39,9 @@ win version 2>/dev/null | tr -d '\r' | grep -q 'platform: *windows/x86_64' \
 echo "ok: kpng.exe version: $wv (windows/x86_64)"
 
 # Runs `kpng … to-local hns --hcn-simulator STATE` until STATE holds a synced state, then stops it.
-common=(file --input cluster.yaml --node-name node1 --min-sync-period 0
-        --metrics-bind-address= --healthz-bind-address=127.0.0.1:0 --admin-socket=)
+serving=(file --input cluster.yaml --node-name node1 --min-sync-period 0
+         --metrics-bind-address= --healthz-bind-address=127.0.0.1:0)
+common=("${serving[@]}" --admin-socket=)
 run_hns() {
   local state=$1; shift
   # HCN as the CNI leaves node1: its network and its two pods' endpoints.
@@ -67,22 +69,51 @@ JSON
   return 1
 }
 
-# 2. the model
-"$linux" "${common[@]}" to-file --output linux.yaml >/dev/null 2>&1 &
+# 2. the model, and what `kpng status` and `kpng trace` say about it
+pipe='\\.\pipe\kpng-compare'
+"$linux" "${serving[@]}" --admin-socket "$work/admin.sock" to-file --output linux.yaml \
+  >linux-file.log 2>&1 &
 lp=$!
-wine "$work/kpng.exe" "${common[@]}" to-file --output windows.yaml >/dev/null 2>&1 &
+wine "$work/kpng.exe" "${serving[@]}" --admin-socket "$pipe" to-file --output windows.yaml \
+  >windows-file.log 2>&1 &
 wp=$!
 for i in $(seq 1 600); do
   [ -s linux.yaml ] && [ -s windows.yaml ] && break
   sleep 0.1
 done
 sleep 0.5
-kill "$lp" "$wp" 2>/dev/null || true
-wait 2>/dev/null || true
-[ -s windows.yaml ] || fail "kpng.exe to-file wrote nothing"
+[ -s windows.yaml ] || { cat windows-file.log; fail "kpng.exe to-file wrote nothing"; }
 tr -d '\r' < windows.yaml > windows.lf.yaml
 diff -u linux.yaml windows.lf.yaml || fail "kpng.exe and kpng give different models"
 echo "ok: kpng.exe to-file: the same model ($(wc -l < linux.yaml) lines)"
+# The first line has the sync's time and duration; the input's line its load time.
+answers() { sed -e 1d -e 's/last good input [^ ]*/last good input T/'; }
+"$linux" status -o wide --admin-socket "$work/admin.sock" | answers > linux-status.txt
+win status -o wide --admin-socket "$pipe" 2>windows-status.err | tr -d '\r' | answers \
+  > windows-status.txt || true
+[ -s windows-status.txt ] || { cat windows-status.err windows-file.log; fail "kpng.exe status answered nothing"; }
+diff -u linux-status.txt windows-status.txt || fail "kpng.exe status and kpng status differ"
+trace=(trace --from 10.244.1.9 --to 10.96.0.40:80)
+"$linux" "${trace[@]}" --admin-socket "$work/admin.sock" > linux-trace.txt
+win "${trace[@]}" --admin-socket "$pipe" 2>/dev/null | tr -d '\r' > windows-trace.txt || true
+diff -u linux-trace.txt windows-trace.txt || fail "kpng.exe trace and kpng trace differ"
+grep -q 'DNAT' linux-trace.txt || fail "the trace found no DNAT: $(cat linux-trace.txt)"
+# A second kpng.exe asking for the same pipe is told another process serves it, and the first
+# still answers.
+wine "$work/kpng.exe" "${serving[@]}" --admin-socket "$pipe" to-file --output second.yaml \
+  >second.log 2>&1 &
+sp=$!
+for i in $(seq 1 300); do
+  grep -q "another process serves it" second.log 2>/dev/null && break
+  sleep 0.1
+done
+kill "$sp" 2>/dev/null || true
+grep -q "another process serves it" second.log || { cat second.log; fail "a second kpng.exe took the served pipe"; }
+win status --admin-socket "$pipe" 2>/dev/null | tr -d '\r' | grep -q '^input file cluster.yaml  ok' \
+  || fail "the first kpng.exe no longer answers on $pipe"
+kill "$lp" "$wp" 2>/dev/null || true
+wait 2>/dev/null || true
+echo "ok: kpng.exe status and trace over the named pipe $pipe: the same answers as kpng's ($(wc -l < linux-status.txt) status lines)"
 
 # 3. the HCN state
 run_hns linux.json "$linux" || fail "kpng to-local hns --hcn-simulator wrote no state"

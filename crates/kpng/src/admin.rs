@@ -17,42 +17,26 @@ use kpng_runner::admin::{
     AdminHandle, InputStatus, PortStatus, RejectedStatus, Status, StatusQuery,
 };
 
+use crate::admin_socket::Serving;
 use crate::cli::{StatusArgs, StatusOutput, TraceArgs};
 
-/// The admin socket's file, removed when the kpng that created it stops (a later `kpng
-/// status` then says no kpng runs instead of timing out on a dead socket).
-#[derive(Debug)]
-pub struct SocketFile(pub std::path::PathBuf);
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Serves `handle` on the Unix socket `path` until the process ends. A socket left by a dead
-/// kpng is replaced; one a live process answers on is left alone (`Ok(None)`, with a warning:
-/// two proxies in different network namespaces of one host share the file system).
-#[cfg(unix)]
-pub async fn serve(
-    path: &Path,
-    handle: AdminHandle,
-) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
+/// Serves `handle` on the admin socket `path` until the process ends (`crate::admin_socket`:
+/// `Ok(None)` when another process serves it).
+pub async fn serve(path: &Path, handle: AdminHandle) -> anyhow::Result<Option<Serving>> {
     use axum::routing::get;
     let app = axum::Router::new()
         .route("/v1/status", get(status))
         .route("/v1/trace", get(trace))
         .with_state(handle);
-    serve_router(path, app).await
+    crate::admin_socket::serve(path, app).await
 }
 
 /// A brain's admin socket: `kpng status` lists the connected nodes.
-#[cfg(unix)]
 pub async fn serve_brain(
     path: &Path,
     hub: std::sync::Arc<kpng_api::hub::Hub>,
     input: kpng_model::input::InputHealth,
-) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
+) -> anyhow::Result<Option<Serving>> {
     use axum::response::IntoResponse;
     use axum::routing::get;
     let app = axum::Router::new().route(
@@ -73,7 +57,7 @@ pub async fn serve_brain(
             }
         }),
     );
-    serve_router(path, app).await
+    crate::admin_socket::serve(path, app).await
 }
 
 /// What a brain answers to `kpng status`.
@@ -96,41 +80,6 @@ pub struct BrainStatus {
     pub input: Option<InputStatus>,
 }
 
-#[cfg(unix)]
-async fn serve_router(
-    path: &Path,
-    app: axum::Router,
-) -> anyhow::Result<Option<impl Future<Output = std::io::Result<()>> + use<>>> {
-    use std::os::unix::fs::PermissionsExt;
-
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating {} for --admin-socket", dir.display()))?;
-    }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            tracing::warn!(
-                "--admin-socket {}: another process serves it; `kpng status` reaches that one \
-                 (give each kpng its own --admin-socket)",
-                path.display()
-            );
-            return Ok(None);
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing the stale admin socket {}", path.display()))?;
-    }
-    let listener = tokio::net::UnixListener::bind(path)
-        .with_context(|| format!("binding the admin socket {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("restricting {} to its owner", path.display()))?;
-    tracing::info!(
-        "serving `kpng status` and `kpng trace` on {}",
-        path.display()
-    );
-    Ok(Some(async move { axum::serve(listener, app).await }))
-}
-
-#[cfg(unix)]
 async fn status(
     axum::extract::State(handle): axum::extract::State<AdminHandle>,
     axum::extract::Query(query): axum::extract::Query<StatusQuery>,
@@ -138,7 +87,6 @@ async fn status(
     status_answer(Some(&handle), query).await
 }
 
-#[cfg(unix)]
 async fn trace(
     axum::extract::State(handle): axum::extract::State<AdminHandle>,
     axum::extract::Query(p): axum::extract::Query<TraceParams>,
@@ -224,16 +172,9 @@ pub fn parse_trace(from: &str, to: &str, proto: Option<&str>) -> anyhow::Result<
 
 /// One GET on the admin socket: the body of a 200 answer, else an error with the server's
 /// message.
-#[cfg(unix)]
 fn get(socket: &Path, target: &str) -> anyhow::Result<String> {
     use std::io::{Read, Write};
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
-        format!(
-            "connecting to {} (is kpng running, and are you root? --admin-socket names another \
-             socket)",
-            socket.display()
-        )
-    })?;
+    let mut stream = crate::admin_socket::connect(socket)?;
     write!(
         stream,
         "GET {target} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
@@ -250,11 +191,6 @@ fn get(socket: &Path, target: &str) -> anyhow::Result<String> {
         bail!("kpng answered {code}: {}", body.trim());
     }
     Ok(body.to_string())
-}
-
-#[cfg(not(unix))]
-fn get(_socket: &Path, _target: &str) -> anyhow::Result<String> {
-    bail!("the admin socket is not available on this platform yet")
 }
 
 /// `kpng status`.

@@ -79,18 +79,13 @@ where
     .with_context(|| format!("serving the API on {} (--listen)", to_api.listen))?;
     let server = tokio::spawn(server);
 
-    // `kpng status` on a brain: the connected nodes and the input (no admin socket on
-    // Windows yet).
-    #[cfg(not(unix))]
-    let _ = input;
-    #[cfg_attr(not(unix), allow(unused_mut))]
-    let mut _admin_socket: Option<crate::admin::SocketFile> = None;
-    #[cfg(unix)]
+    // `kpng status` on a brain: the connected nodes and the input.
+    let mut _admin_socket: Option<crate::admin_socket::SocketFile> = None;
     if !flags.admin_socket.is_empty() {
         let path = std::path::Path::new(&flags.admin_socket);
         match crate::admin::serve_brain(path, hub.clone(), input).await {
             Ok(Some(server)) => {
-                _admin_socket = Some(crate::admin::SocketFile(path.to_path_buf()));
+                _admin_socket = Some(crate::admin_socket::SocketFile(path.to_path_buf()));
                 tokio::spawn(async move {
                     if let Err(e) = server.await {
                         error!("admin socket stopped: {e}");

@@ -173,12 +173,13 @@ pub struct GlobalFlags {
     pub config: Option<PathBuf>,
 
     /// The admin socket: a running kpng answers `kpng status` and `kpng trace` on it (root
-    /// only); the client commands ask the kpng serving it. Empty: none.
+    /// only; on Windows a named pipe, `\\.\pipe\kpng`, administrators only); the client
+    /// commands ask the kpng serving it. Empty: none.
     #[arg(
         long,
         global = true,
         value_name = "PATH",
-        default_value = "/run/kpng/kpng.sock",
+        default_value = crate::admin_socket::DEFAULT_ADMIN_SOCKET,
         help_heading = "Output"
     )]
     pub admin_socket: String,

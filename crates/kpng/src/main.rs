@@ -4,6 +4,7 @@
 //! node-local model, a sink consumes it. See `kpng --help`.
 
 mod admin;
+mod admin_socket;
 mod backends;
 #[cfg(target_os = "linux")]
 mod beside;

@@ -557,15 +557,15 @@ where
     };
 
     // The admin socket: `kpng status` and `kpng trace`.
-    #[cfg_attr(not(unix), allow(unused_mut))]
-    let mut _admin_socket: Option<crate::admin::SocketFile> = None;
-    #[cfg(unix)]
+    let mut _admin_socket: Option<crate::admin_socket::SocketFile> = None;
     if let Some(handle) = admin.clone()
         && !flags.admin_socket.is_empty()
     {
         match crate::admin::serve(std::path::Path::new(&flags.admin_socket), handle).await {
             Ok(Some(server)) => {
-                _admin_socket = Some(crate::admin::SocketFile(flags.admin_socket.clone().into()));
+                _admin_socket = Some(crate::admin_socket::SocketFile(
+                    flags.admin_socket.clone().into(),
+                ));
                 tokio::spawn(async move {
                     if let Err(e) = server.await {
                         tracing::error!("admin socket stopped: {e}");

@@ -1,0 +1,232 @@
+//! Where `kpng status` and `kpng trace` reach the running kpng: a Unix socket on Linux, a
+//! named pipe on Windows. Both carry the same HTTP/1.1 and JSON (`crate::admin`), so the
+//! Windows admin has the same commands as the Linux operator.
+//!
+//! - Unix: a socket file, mode 0600 (root only), replaced when a dead kpng left it and left
+//!   alone when a live process answers on it.
+//! - Windows: `\\.\pipe\kpng` by default, local clients only. The pipe keeps Windows' default
+//!   security: full control for SYSTEM, Administrators and its creator, read-only for everyone
+//!   else, and a read-only client cannot send a request, so only an administrator (or the
+//!   account kpng runs as) gets an answer, as only root does on Linux. A second kpng asking for
+//!   a pipe name already served is told so and serves none.
+
+use std::path::Path;
+
+#[cfg(unix)]
+use anyhow::Context;
+
+/// `--admin-socket`'s default.
+#[cfg(unix)]
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/kpng/kpng.sock";
+/// `--admin-socket`'s default.
+#[cfg(windows)]
+pub const DEFAULT_ADMIN_SOCKET: &str = r"\\.\pipe\kpng";
+
+/// The admin socket's file, removed when the kpng that created it stops (a later `kpng
+/// status` then says no kpng runs instead of timing out on a dead socket). A named pipe goes
+/// with its last handle: nothing to remove.
+#[derive(Debug)]
+pub struct SocketFile(#[cfg_attr(not(unix), allow(dead_code))] pub std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A future serving the admin questions until the process ends.
+pub type Serving = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+
+/// Serves `app` on the Unix socket `path`; `Ok(None)` (with a warning) when a live process
+/// already answers on it: two proxies in different network namespaces of one host share the
+/// file system.
+#[cfg(unix)]
+pub async fn serve(path: &Path, app: axum::Router) -> anyhow::Result<Option<Serving>> {
+    use std::os::unix::fs::PermissionsExt;
+
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating {} for --admin-socket", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            served_elsewhere(path);
+            return Ok(None);
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale admin socket {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {} to its owner", path.display()))?;
+    serving(path);
+    Ok(Some(Box::pin(
+        async move { axum::serve(listener, app).await },
+    )))
+}
+
+/// Serves `app` on the named pipe `path` (`\\.\pipe\NAME`); `Ok(None)` (with a warning) when
+/// another process serves that name.
+#[cfg(windows)]
+pub async fn serve(path: &Path, app: axum::Router) -> anyhow::Result<Option<Serving>> {
+    let name = path.as_os_str().to_owned();
+    // Windows refuses a first instance of a name in use; Wine does not, so ask as a client
+    // first, as on Unix.
+    if pipe::answered(path) {
+        served_elsewhere(path);
+        return Ok(None);
+    }
+    let first = match pipe::first_instance(&name) {
+        Ok(first) => first,
+        // The name is taken: another kpng (or anything else) serves it.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            served_elsewhere(path);
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context(format!("creating the admin pipe {}", path.display())));
+        }
+    };
+    serving(path);
+    let listener = pipe::Listener { name, next: first };
+    Ok(Some(Box::pin(
+        async move { axum::serve(listener, app).await },
+    )))
+}
+
+fn served_elsewhere(path: &Path) {
+    tracing::warn!(
+        "--admin-socket {}: another process serves it; `kpng status` reaches that one (give \
+         each kpng its own --admin-socket)",
+        path.display()
+    );
+}
+
+fn serving(path: &Path) {
+    tracing::info!(
+        "serving `kpng status` and `kpng trace` on {}",
+        path.display()
+    );
+}
+
+/// Why the client could not reach a kpng, in words that say what to check.
+fn not_reached(path: &Path) -> String {
+    if cfg!(windows) {
+        format!(
+            "connecting to {} (is kpng running, and is this an administrator's shell? \
+             --admin-socket names another pipe)",
+            path.display()
+        )
+    } else {
+        format!(
+            "connecting to {} (is kpng running, and are you root? --admin-socket names another \
+             socket)",
+            path.display()
+        )
+    }
+}
+
+/// A connection to the kpng serving `path`, for one request.
+#[cfg(unix)]
+pub fn connect(path: &Path) -> anyhow::Result<std::os::unix::net::UnixStream> {
+    std::os::unix::net::UnixStream::connect(path).with_context(|| not_reached(path))
+}
+
+/// A connection to the kpng serving the named pipe `path`, for one request. Every instance
+/// of the pipe may be busy for a moment (another client's request): retried for two seconds.
+#[cfg(windows)]
+pub fn connect(path: &Path) -> anyhow::Result<std::fs::File> {
+    use pipe::PIPE_BUSY;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            Ok(file) => return Ok(file),
+            Err(e)
+                if e.raw_os_error() == Some(PIPE_BUSY) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(not_reached(path))),
+        }
+    }
+}
+
+#[cfg(windows)]
+mod pipe {
+    use std::ffi::{OsStr, OsString};
+    use std::time::Duration;
+
+    use tokio::net::windows::named_pipe::{NamedPipeServer, ServerOptions};
+
+    /// Windows' ERROR_PIPE_BUSY: every instance of the pipe is serving a client.
+    pub const PIPE_BUSY: i32 = 231;
+
+    /// Whether a process serves the pipe `path` now.
+    pub fn answered(path: &std::path::Path) -> bool {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            Ok(_) => true,
+            Err(e) => e.raw_os_error() == Some(PIPE_BUSY),
+        }
+    }
+
+    /// The first instance of the pipe `name`: fails (access denied) when the name is taken.
+    pub fn first_instance(name: &OsStr) -> std::io::Result<NamedPipeServer> {
+        ServerOptions::new()
+            .first_pipe_instance(true)
+            .reject_remote_clients(true)
+            .create(name)
+    }
+
+    /// Accepts clients on a named pipe: one instance waits for the next client while the
+    /// connected ones are served.
+    pub struct Listener {
+        pub name: OsString,
+        pub next: NamedPipeServer,
+    }
+
+    impl axum::serve::Listener for Listener {
+        type Io = NamedPipeServer;
+        type Addr = String;
+
+        async fn accept(&mut self) -> (NamedPipeServer, String) {
+            loop {
+                // A client that connected and left before this wait is an error here; the
+                // instance is then replaced like a served one.
+                let connected = self.next.connect().await;
+                match ServerOptions::new()
+                    .reject_remote_clients(true)
+                    .create(&self.name)
+                {
+                    Ok(fresh) => {
+                        let client = std::mem::replace(&mut self.next, fresh);
+                        if connected.is_ok() {
+                            return (client, self.name.to_string_lossy().into_owned());
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "admin pipe {}: cannot create the next instance: {e}",
+                            self.name.to_string_lossy()
+                        );
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        }
+
+        fn local_addr(&self) -> std::io::Result<String> {
+            Ok(self.name.to_string_lossy().into_owned())
+        }
+    }
+}
