@@ -156,7 +156,7 @@ cat > service.json <<'JSON'
  "LoadBalancers": []}
 JSON
 dir=$(winepath -w "$work" | tr -d '\r')
-svc_args="file --input $dir\\cluster.yaml --node-name node1 --min-sync-period 0 --metrics-bind-address= --healthz-bind-address=127.0.0.1:0 --admin-socket= --windows-service --network-name cbr0 to-local hns --hcn-simulator $dir\\service.json"
+svc_args="file --input $dir\\cluster.yaml --node-name node1 --min-sync-period 0 --metrics-bind-address= --healthz-bind-address=127.0.0.1:0 --admin-socket= --log-file $dir\\kpng-service.log --windows-service --network-name cbr0 to-local hns --hcn-simulator $dir\\service.json"
 wine sc create kpng binPath= "$dir\\kpng.exe $svc_args" >/dev/null 2>&1 \
   || fail "sc create kpng failed"
 wine net start kpng >service.log 2>&1 || { cat service.log; fail "net start kpng failed"; }
@@ -179,4 +179,7 @@ done
 [ -n "$stopped" ] || { wine sc query kpng; fail "the kpng service did not stop"; }
 wine sc query kpng 2>/dev/null | tr -d '\r' | grep -q 'WIN32_EXIT_CODE *: 0 ' \
   || { wine sc query kpng; fail "the kpng service stopped with an error"; }
-echo "ok: kpng.exe --windows-service: refuses without an SCM; under Wine's SCM it runs, programs HCN and stops on net stop"
+# A service has no standard error: its log is in --log-file.
+grep -q 'running as a Windows service' kpng-service.log && grep -q ' synced ' kpng-service.log \
+  || { cat kpng-service.log 2>/dev/null; fail "the kpng service's --log-file has no log"; }
+echo "ok: kpng.exe --windows-service: refuses without an SCM; under Wine's SCM it runs, programs HCN, logs to its --log-file and stops on net stop"

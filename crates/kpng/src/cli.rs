@@ -452,6 +452,12 @@ pub struct GlobalFlags {
     )]
     pub logging_format: LogFormat,
 
+    /// Append the log to FILE instead of standard error: for kpng run as a Windows service
+    /// (which has no standard error) or under an init system that collects none. kpng does not
+    /// rotate it (logrotate's `copytruncate` works: kpng writes in append mode).
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Logging")]
+    pub log_file: Option<std::path::PathBuf>,
+
     /// kube-proxy's (klog's) verbosity, when --log-level is not given: 0-3 info, 4 debug, 5+
     /// trace.
     #[arg(

@@ -63,17 +63,49 @@ pub fn filter_spec(spec: &str) -> String {
     filter
 }
 
-/// Installs the process's log subscriber: stderr, the given filter (RUST_LOG wins when set),
-/// text or JSON, identical warnings rate-limited.
-pub fn init(level: &str, format: LogFormat) {
+/// Where log lines go: standard error, or `--log-file` opened for appending.
+pub enum LogTarget {
+    /// Standard error (coloured when it is a terminal).
+    Stderr,
+    /// A file, appended to.
+    File(std::fs::File),
+}
+
+impl LogTarget {
+    /// `--log-file` opened for appending (created when missing), or standard error.
+    pub fn open(file: Option<&std::path::Path>) -> Result<LogTarget, String> {
+        let Some(path) = file else {
+            return Ok(LogTarget::Stderr);
+        };
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map(LogTarget::File)
+            .map_err(|e| format!("--log-file {}: {e}", path.display()))
+    }
+}
+
+/// Installs the process's log subscriber: `target`, the given filter (RUST_LOG wins when
+/// set), text or JSON, identical warnings rate-limited.
+pub fn init(level: &str, format: LogFormat, target: LogTarget) {
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter_spec(level)));
+    let (writer, ansi) = match target {
+        LogTarget::Stderr => (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::stderr().is_terminal(),
+        ),
+        // One line per write, whole: the file's lock is held for each event.
+        LogTarget::File(file) => (BoxMakeWriter::new(std::sync::Mutex::new(file)), false),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
+            .with_ansi(ansi)
             .event_format(log_dedup::Dedup::new(
                 tracing_subscriber::fmt::format(),
                 log_dedup::WINDOW,

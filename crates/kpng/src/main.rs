@@ -91,7 +91,15 @@ fn main() -> std::process::ExitCode {
         eprintln!("kpng: {e}");
         return std::process::ExitCode::from(2);
     }
-    logging::init(&cli.global.log_level, cli.global.logging_format);
+    let target = match logging::LogTarget::open(cli.global.log_file.as_deref()) {
+        Ok(target) => target,
+        Err(e) => {
+            eprintln!("kpng: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let to_file = matches!(target, logging::LogTarget::File(_));
+    logging::init(&cli.global.log_level, cli.global.logging_format, target);
     for note in &report.notes {
         tracing::info!("--config: {note}");
     }
@@ -107,7 +115,7 @@ fn main() -> std::process::ExitCode {
     if cli.global.windows_service
         && let Err(e) = windows_service()
     {
-        eprintln!("kpng: {}", describe(&e));
+        fatal(&e, to_file);
         return std::process::ExitCode::FAILURE;
     }
     let result = match cli.global.write_config_to.clone() {
@@ -127,11 +135,20 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            // Once, and always (a log filter could hide a log line).
-            eprintln!("kpng: {}", describe(&e));
+            fatal(&e, to_file);
             winservice::stopped(1);
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The error kpng stops with: on standard error, once and always (a log filter could hide a
+/// log line), and in the `--log-file` too, where a Windows service's operator looks.
+fn fatal(e: &anyhow::Error, to_file: bool) {
+    let text = describe(e);
+    eprintln!("kpng: {text}");
+    if to_file {
+        tracing::error!("stopping: {text}");
     }
 }
 

@@ -674,10 +674,11 @@ fn an_operators_slips_get_a_hint_or_work() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let (code, _, err) = run(&["--bogus-flag"]);
+    // (A name far from every flag: for a near one clap suggests that flag instead.)
+    let (code, _, err) = run(&["--frobnicate"]);
     assert_eq!(code, Some(2));
     assert!(
-        err.contains("hint: --bogus-flag is neither a kpng flag nor a kube-proxy one"),
+        err.contains("hint: --frobnicate is neither a kpng flag nor a kube-proxy one"),
         "{err}"
     );
     let (code, _, err) = run(&["--hostname-override=n1", "--nft-binary", "/usr/sbin/nft"]);
@@ -702,4 +703,81 @@ fn an_operators_slips_get_a_hint_or_work() {
     let (code, out, err) = run(&["--proxy-mode", "nft", "--write-config-to", "-"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.lines().any(|l| l == "mode: nftables"), "{out}");
+}
+
+#[test]
+fn log_file_takes_the_log_and_the_error_kpng_stops_with() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("kpng.log");
+    let output = dir.path().join("out.yaml");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    // A file that exists already is appended to, not replaced.
+    std::fs::write(&log, "an earlier line\n").expect("write");
+    let mut running = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&example)
+            .args(["--node-name", "node1", "--log-file"])
+            .arg(&log)
+            .args([
+                "--metrics-bind-address=",
+                "--healthz-bind-address=127.0.0.1:0",
+                "--admin-socket=",
+                "to-file",
+                "--output",
+            ])
+            .arg(&output),
+    );
+    running.wait("the first sync, in the log file", &output, |_, _| {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" synced "))
+    });
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        text.starts_with("an earlier line\n") && text.contains("starting kpng"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "no colours in a file: {text}");
+    assert_eq!(running.stderr(), "", "the log went to the file");
+    drop(running);
+
+    // The error kpng stops with is on stderr, and in the file where a service's operator looks.
+    let out = kpng()
+        .args(["file", "--input"])
+        .arg(dir.path().join("no-such-dir/cluster.yaml"))
+        .args(["--node-name", "node1", "--log-file"])
+        .arg(&log)
+        .args([
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+            "--admin-socket=",
+            "to-file",
+            "--output",
+        ])
+        .arg(&output)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no such directory"), "{stderr}");
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("ERROR kpng: stopping: cannot watch")
+                && l.contains("no such directory")),
+        "{text}"
+    );
+
+    // A log file that cannot be opened is refused at once, naming it.
+    let out = kpng()
+        .args(["version", "--log-file"])
+        .arg(dir.path().join("no-such-dir/kpng.log"))
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2)
+            && stderr.contains("--log-file ")
+            && stderr.contains("no-such-dir/kpng.log"),
+        "{stderr}"
+    );
 }
