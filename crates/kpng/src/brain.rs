@@ -32,6 +32,7 @@ where
 {
     let mut registry = Registry::default();
     crate::process_metrics::register(&mut registry);
+    crate::input_metrics::register(&mut registry, input.clone());
     let metrics = ApiMetrics::new(&mut registry);
     let hub = Arc::new(Hub::new(
         ClusterModel::new(ClusterConfig {

@@ -15,6 +15,7 @@ mod config;
 mod conntrack;
 mod dry_run;
 mod http;
+mod input_metrics;
 mod instance_lock;
 mod kube_proxy_flags;
 mod leftovers;

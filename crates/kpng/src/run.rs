@@ -487,6 +487,9 @@ where
     if let Some(source_metrics) = &facts.source_metrics {
         source_metrics.register(&mut registry);
     }
+    if let Some(input) = &facts.input {
+        crate::input_metrics::register(&mut registry, input.clone());
+    }
     if let Some(client_metrics) = &facts.client_metrics {
         client_metrics.register(&mut registry);
     }

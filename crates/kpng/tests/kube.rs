@@ -264,6 +264,13 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         "{status}"
     );
 
+    let port: u16 = metrics_port.parse().expect("port");
+    assert_eq!(
+        metric(&http_get(port, "/metrics").1, "kpng_input_problems"),
+        Some(1.0),
+        "the refused watch, for an alert"
+    );
+
     server.forbid(Resource::Nodes, false);
     kpng.wait("the first sync", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
@@ -271,6 +278,12 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     let status = status_json(admin);
     assert!(status.get("waitingFor").is_none(), "{status}");
     assert_eq!(status["input"]["problems"], json!([]), "{status}");
+    let body = http_get(port, "/metrics").1;
+    assert_eq!(metric(&body, "kpng_input_problems"), Some(0.0), "{body}");
+    assert!(
+        metric(&body, "kpng_input_last_good_timestamp_seconds").is_some_and(|t| t > 1.7e9),
+        "{body}"
+    );
     let first = std::fs::read_to_string(&output).expect("output");
     assert!(first.contains("known: true"), "{first}");
     assert!(first.contains("10.96.0.0/16"), "the ServiceCIDR: {first}");
@@ -287,7 +300,6 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     kpng.wait("the endpoint change", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.3:8080"))
     });
-    let port: u16 = metrics_port.parse().expect("port");
     let programmed = "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}";
     // Observed right after the sync that wrote the file.
     kpng.wait("the latency observed", |_, _| {
