@@ -260,7 +260,7 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         problem["message"]
             .as_str()
             .is_some_and(|m| m.starts_with("Node watch refused: 403 Forbidden")
-                && m.ends_with("check kpng's permissions")),
+                && m.ends_with("check kpng's permissions (RBAC: list and watch)")),
         "{status}"
     );
 

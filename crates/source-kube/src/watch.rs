@@ -250,8 +250,15 @@ impl ErrorLog {
             | watcher::Error::WatchFailed(kube::Error::Api(s))
                 if !(500..600).contains(&s.code) =>
             {
+                // 401: who kpng is was not accepted; 403: what it may read (RBAC).
+                let check = if s.code == 401 {
+                    "check kpng's credentials (the kubeconfig's or service account's token or \
+                     client certificate)"
+                } else {
+                    "check kpng's permissions (RBAC: list and watch)"
+                };
                 format!(
-                    "{what} watch refused: {} {} ({}); check kpng's permissions",
+                    "{what} watch refused: {} {} ({}); {check}",
                     s.code, s.reason, s.message
                 )
             }
@@ -368,6 +375,83 @@ impl KubeSource {
                 }
                 () = events.closed() => return,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.into(),
+            message: "the server says why".into(),
+            ..kube::core::Status::default()
+        }))
+    }
+
+    /// What a watcher's errors leave in the input's record (`kpng status`), and that progress
+    /// clears it.
+    #[test]
+    fn watch_problems_are_recorded_until_the_watcher_makes_progress() {
+        let cases: [(watcher::Error, Option<(&str, &str)>); 5] = [
+            (
+                watcher::Error::InitialListFailed(api(403, "Forbidden")),
+                Some((
+                    "Node watch",
+                    "Node watch refused: 403 Forbidden (the server says why); check kpng's permissions (RBAC: list and watch)",
+                )),
+            ),
+            (
+                watcher::Error::WatchStartFailed(api(401, "Unauthorized")),
+                Some((
+                    "Node watch",
+                    "Node watch refused: 401 Unauthorized (the server says why); check kpng's credentials (the kubeconfig's or service account's token or client certificate)",
+                )),
+            ),
+            (
+                watcher::Error::InitialListFailed(api(404, "NotFound")),
+                Some((
+                    "Node watch",
+                    "Node watch: the API server does not serve this API (404 NotFound: the server says why); is it older than kpng needs? retrying with backoff",
+                )),
+            ),
+            // Expired: a relist, not a problem.
+            (
+                watcher::Error::WatchError(Box::new(kube::core::Status {
+                    code: 410,
+                    ..kube::core::Status::default()
+                })),
+                None,
+            ),
+            // An unreachable server is the reachability layer's problem, not the watcher's.
+            (
+                watcher::Error::InitialListFailed(api(503, "ServiceUnavailable")),
+                None,
+            ),
+        ];
+        for (error, want) in cases {
+            let health = InputHealth::default();
+            let mut log = ErrorLog {
+                health: health.clone(),
+                ..ErrorLog::default()
+            };
+            log.error(Kind::Node, &error);
+            let got: Vec<(String, String)> = health
+                .state()
+                .problems
+                .into_iter()
+                .map(|(what, p)| (what, p.message))
+                .collect();
+            let want: Vec<(String, String)> = want
+                .iter()
+                .map(|(w, m)| (w.to_string(), m.to_string()))
+                .collect();
+            assert_eq!(got, want, "{error:?}");
+            log.progress(Kind::Node);
+            assert!(health.state().problems.is_empty(), "progress clears it");
         }
     }
 }
