@@ -397,6 +397,18 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(input) = &status.input {
         write_input(&mut out, input);
     }
+    if let Some(r) = &status.repairs {
+        let _ = writeln!(
+            out,
+            "repaired {} after changes by someone else; the last at {} ({})",
+            match r.count {
+                1 => "once".to_string(),
+                n => format!("{n} times"),
+            },
+            r.last_at,
+            r.last_change
+        );
+    }
     if !status.waiting_for.is_empty() {
         let _ = writeln!(
             out,

@@ -168,6 +168,22 @@ pub struct Status {
     /// How the source is doing: what it reads, its problems now, its last good load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<InputStatus>,
+    /// The repairs of the data plane after changes someone else made (a firewall reload, an
+    /// `nft flush ruleset`): none so far when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repairs: Option<RepairStatus>,
+}
+
+/// Repairs after someone else changed what the backend programmed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepairStatus {
+    /// Repairing syncs that succeeded.
+    pub count: u64,
+    /// When the last one ended (RFC 3339).
+    pub last_at: String,
+    /// What the backend saw changed before it (`ip kpng: table deleted`).
+    pub last_change: String,
 }
 
 /// The source's input as the status reports it (see [`kpng_model::input`]).

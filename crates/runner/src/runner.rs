@@ -32,8 +32,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 use crate::admin::{
-    self, AdminHandle, FactsFn, InputStatus, PortStatus, Query, RejectedStatus, Status, SyncStatus,
-    TraceAnswer,
+    self, AdminHandle, FactsFn, InputStatus, PortStatus, Query, RejectedStatus, RepairStatus,
+    Status, SyncStatus, TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -201,6 +201,8 @@ impl<M: NodeModel> Runner<M> {
             last_ok_at: None,
             last_error: None,
             warnings: crate::warning_budget::WarningBudget::default(),
+            repair_for: None,
+            repairs: None,
         };
         state
             .runner
@@ -247,6 +249,11 @@ struct LoopState<M: NodeModel> {
     last_error: Option<String>,
     /// Warnings about objects shown since the last sync (the rest go to debug).
     warnings: crate::warning_budget::WarningBudget,
+    /// What someone else changed, when the next full sync repairs it (the first report of a
+    /// burst).
+    repair_for: Option<String>,
+    /// The repairs made so far, for `kpng status`.
+    repairs: Option<RepairStatus>,
 }
 
 impl<M: NodeModel> LoopState<M> {
@@ -333,6 +340,7 @@ impl<M: NodeModel> LoopState<M> {
                         .map(RejectedStatus::of)
                         .collect(),
                     waiting_for: self.unlisted().iter().map(|k| k.as_str().into()).collect(),
+                    repairs: self.repairs.clone(),
                     input: self
                         .runner
                         .input
@@ -398,6 +406,7 @@ impl<M: NodeModel> LoopState<M> {
             // Nothing programmed yet: the first sync is a full one anyway.
             return;
         }
+        self.repair_for.get_or_insert(t.what.clone());
         let at = Instant::now() + TAMPER_DEBOUNCE;
         if self.retry_at.is_none_or(|r| r > at) {
             warn!(backend = %backend.backend, "changed by someone else ({}); repairing with a full sync", t.what);
@@ -569,6 +578,13 @@ impl<M: NodeModel> LoopState<M> {
         // Services), and only one need be alive at the peak.
         let pending = std::mem::take(&mut self.pending);
         let summary = DiffSummary::of(&pending);
+        // A full sync repairs what someone else changed; the sync says so (its changes alone
+        // would read "no Service port changed").
+        let repairing = if full { self.repair_for.clone() } else { None };
+        let changes = match &repairing {
+            Some(what) => format!("repair after a change by someone else ({what}); {summary}"),
+            None => summary.to_string(),
+        };
         let changed_names = changed_services(&pending);
         let diff = if full {
             drop(pending);
@@ -643,6 +659,13 @@ impl<M: NodeModel> LoopState<M> {
                 self.need_full = false;
                 self.retry_at = None;
                 self.retry_delay = Duration::ZERO;
+                if let Some(what) = repairing {
+                    self.repair_for = None;
+                    let repairs = self.repairs.get_or_insert_with(RepairStatus::default);
+                    repairs.count += 1;
+                    repairs.last_at = admin::rfc3339(wall);
+                    repairs.last_change = what;
+                }
                 if stats.operations > 0 || full {
                     info!(
                         backend = %backend.backend,
@@ -650,7 +673,7 @@ impl<M: NodeModel> LoopState<M> {
                         ports = ports_total,
                         operations = stats.operations,
                         ?duration,
-                        changes = %summary,
+                        changes = %changes,
                         "synced"
                     );
                     if !changed_names.is_empty() {
@@ -697,7 +720,7 @@ impl<M: NodeModel> LoopState<M> {
             full: report.full,
             operations: report.operations,
             duration_seconds: report.duration.as_secs_f64(),
-            changes: summary.to_string(),
+            changes,
             error: (!report.ok).then(|| self.last_error.clone()).flatten(),
         };
         if !report.ok || report.full || report.operations > 0 {

@@ -263,11 +263,45 @@ pub fn run_fault(b: Backend, tag: &str, what: &str, inject: &[&[&str]]) -> Figur
     let detect = t0.elapsed();
     k.wait_synced(ok, failed);
     let restore = t0.elapsed();
+    if k.stderr().contains("changed by someone else") {
+        assert_repair_shown(&k.admin_socket());
+    }
     // Traffic flows again: a new connection is answered by the endpoint.
     bed.assert_served(10, what);
     let figures = prober.finish(detect, restore);
     report(b, tag, what, &figures);
     figures
+}
+
+/// `kpng status` counts the repair and names what was changed, and the repairing sync in its
+/// history says it was one (its changes alone read "no Service port changed").
+#[track_caller]
+fn assert_repair_shown(socket: &Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(socket)
+        .output()
+        .expect("kpng status");
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    let repairs = &status["repairs"];
+    assert!(
+        repairs["count"].as_u64().is_some_and(|n| n >= 1)
+            && repairs["lastChange"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty()),
+        "{status}"
+    );
+    assert!(
+        status["recentSyncs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["full"] == true
+                && s["changes"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with("repair after a change by someone else ("))),
+        "{status}"
+    );
 }
 
 fn finish(prober: &mut Spawned, stop: &Path, detect: Duration, restore: Duration) -> Figures {
