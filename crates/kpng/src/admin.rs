@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
 use kpng_runner::admin::{
-    AdminHandle, InputStatus, PortStatus, RejectedStatus, Status, StatusQuery,
+    AdminHandle, InputStatus, PortStatus, RejectedStatus, RepairStatus, Status, StatusQuery,
 };
 
 use crate::admin_socket::Serving;
@@ -397,17 +397,8 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(input) = &status.input {
         write_input(&mut out, input);
     }
-    if let Some(r) = &status.repairs {
-        let _ = writeln!(
-            out,
-            "repaired {} after changes by someone else; the last at {} ({})",
-            match r.count {
-                1 => "once".to_string(),
-                n => format!("{n} times"),
-            },
-            r.last_at,
-            r.last_change
-        );
+    if let Some(repairs) = &status.repairs {
+        write_repairs(&mut out, repairs);
     }
     if !status.waiting_for.is_empty() {
         let _ = writeln!(
@@ -502,6 +493,21 @@ fn write_input(out: &mut String, input: &InputStatus) {
     for p in &input.problems {
         let _ = writeln!(out, "  {} (since {}): {}", p.what, p.since, p.message);
     }
+}
+
+/// How often kpng put back what someone else changed, and the last time.
+fn write_repairs(out: &mut String, r: &RepairStatus) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        out,
+        "repaired {} after changes by someone else; the last at {} ({})",
+        match r.count {
+            1 => "once".to_string(),
+            n => format!("{n} times"),
+        },
+        r.last_at,
+        r.last_change
+    );
 }
 
 fn write_rejected(out: &mut String, rejected: &[RejectedStatus]) {
@@ -747,6 +753,78 @@ mod tests {
             out.ends_with("… and 5 more (`kpng status -o json` lists all)\n"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn the_input_and_the_repairs_are_one_line_each_and_a_line_per_problem() {
+        use kpng_runner::admin::InputProblemStatus;
+        let cases: [(InputStatus, &str); 3] = [
+            (
+                InputStatus {
+                    source: "file /etc/kpng/cluster.yaml".into(),
+                    problems: vec![],
+                    last_good: Some("T1".into()),
+                    detail: Some("18 objects".into()),
+                },
+                "input file /etc/kpng/cluster.yaml  ok  last good input T1 (18 objects)\n",
+            ),
+            (
+                InputStatus {
+                    source: "kube https://10.0.0.1:6443/".into(),
+                    problems: vec![InputProblemStatus {
+                        what: "API server".into(),
+                        message: "unreachable: refused".into(),
+                        since: "T0".into(),
+                    }],
+                    last_good: None,
+                    detail: None,
+                },
+                "input kube https://10.0.0.1:6443/  1 PROBLEM  last good input never\n  \
+                 API server (since T0): unreachable: refused\n",
+            ),
+            (
+                InputStatus {
+                    source: "directory /m".into(),
+                    problems: ["/m/a.yaml", "/m/b.yaml"]
+                        .map(|what| InputProblemStatus {
+                            what: what.into(),
+                            message: "not loaded".into(),
+                            since: "T0".into(),
+                        })
+                        .to_vec(),
+                    last_good: Some("T1".into()),
+                    detail: None,
+                },
+                "input directory /m  2 PROBLEMS  last good input T1\n  \
+                 /m/a.yaml (since T0): not loaded\n  /m/b.yaml (since T0): not loaded\n",
+            ),
+        ];
+        for (input, want) in cases {
+            let mut out = String::new();
+            write_input(&mut out, &input);
+            assert_eq!(out, want);
+        }
+        for (count, want) in [
+            (
+                1,
+                "repaired once after changes by someone else; the last at T (ip kpng: table deleted)\n",
+            ),
+            (
+                3,
+                "repaired 3 times after changes by someone else; the last at T (ip kpng: table deleted)\n",
+            ),
+        ] {
+            let mut out = String::new();
+            write_repairs(
+                &mut out,
+                &RepairStatus {
+                    count,
+                    last_at: "T".into(),
+                    last_change: "ip kpng: table deleted".into(),
+                },
+            );
+            assert_eq!(out, want);
+        }
     }
 
     #[test]
