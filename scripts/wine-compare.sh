@@ -29,6 +29,14 @@ cd "$work"
 win() { wine "$work/kpng.exe" "$@"; }
 
 fail() { echo "FAILED: $*"; exit 1; }
+# Waits (up to 30 s) until FILE contains PATTERN; the caller checks whether it did.
+wait_logged() {
+  local i
+  for i in $(seq 1 300); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+}
 
 # 1. version
 wv=$(win version 2>/dev/null | sed -n 1p | tr -d '\r')
@@ -103,10 +111,7 @@ grep -q 'DNAT' linux-trace.txt || fail "the trace found no DNAT: $(cat linux-tra
 wine "$work/kpng.exe" "${serving[@]}" --admin-socket "$pipe" to-file --output second.yaml \
   >second.log 2>&1 &
 sp=$!
-for i in $(seq 1 300); do
-  grep -q "another process serves it" second.log 2>/dev/null && break
-  sleep 0.1
-done
+wait_logged second.log "another process serves it"
 kill "$sp" 2>/dev/null || true
 grep -q "another process serves it" second.log || { cat second.log; fail "a second kpng.exe took the served pipe"; }
 win status --admin-socket "$pipe" 2>/dev/null | tr -d '\r' | grep -q '^input file cluster.yaml  ok' \
@@ -126,10 +131,7 @@ echo "ok: kpng.exe to-local hns: the same HCN state ($(grep -c '"ID"' linux.json
 # and, HNS being unavailable (the stand-in), fails its syncs and backs off rather than crash.
 wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local hns >system.log 2>&1 &
 sp=$!
-for i in $(seq 1 300); do
-  grep -q "HNS unavailable" system.log 2>/dev/null && break
-  sleep 0.1
-done
+wait_logged system.log "HNS unavailable"
 kill "$sp" 2>/dev/null || true
 wait "$sp" 2>/dev/null || true
 grep -q "HNS unavailable" system.log || { cat system.log; fail "kpng.exe --hcn system did not report HNS unavailable"; }

@@ -713,10 +713,12 @@ fn log_file_takes_the_log_and_the_error_kpng_stops_with() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
     // A file that exists already is appended to, not replaced.
     std::fs::write(&log, "an earlier line\n").expect("write");
-    let mut running = Kpng::start(
-        kpng()
+    // `kpng file --input INPUT … --log-file LOG to-file --output OUTPUT`.
+    let logging_to_file = |input: &Path| {
+        let mut command = kpng();
+        command
             .args(["file", "--input"])
-            .arg(&example)
+            .arg(input)
             .args(["--node-name", "node1", "--log-file"])
             .arg(&log)
             .args([
@@ -726,8 +728,10 @@ fn log_file_takes_the_log_and_the_error_kpng_stops_with() {
                 "to-file",
                 "--output",
             ])
-            .arg(&output),
-    );
+            .arg(&output);
+        command
+    };
+    let mut running = Kpng::start(&mut logging_to_file(&example));
     running.wait("the first sync, in the log file", &output, |_, _| {
         std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" synced "))
     });
@@ -741,19 +745,7 @@ fn log_file_takes_the_log_and_the_error_kpng_stops_with() {
     drop(running);
 
     // The error kpng stops with is on stderr, and in the file where a service's operator looks.
-    let out = kpng()
-        .args(["file", "--input"])
-        .arg(dir.path().join("no-such-dir/cluster.yaml"))
-        .args(["--node-name", "node1", "--log-file"])
-        .arg(&log)
-        .args([
-            "--metrics-bind-address=",
-            "--healthz-bind-address=127.0.0.1:0",
-            "--admin-socket=",
-            "to-file",
-            "--output",
-        ])
-        .arg(&output)
+    let out = logging_to_file(&dir.path().join("no-such-dir/cluster.yaml"))
         .output()
         .expect("run");
     assert!(!out.status.success());

@@ -569,6 +569,13 @@ fn dom(browser: &str, url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The page's text from `start` to the end of the first table after it, if `start` is there.
+fn table_after<'a>(page: &'a str, start: &str) -> Option<&'a str> {
+    page.split(start)
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+}
+
 #[test]
 fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
     let Some(browser) = chromium() else {
@@ -596,11 +603,7 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
         browser,
         &format!("http://{addr}/status?filter=zonal&from=10.244.1.9&to=10.96.0.40:80"),
     );
-    let services = page
-        .split("<table id=\"services\">")
-        .nth(1)
-        .and_then(|t| t.split("</table>").next())
-        .expect("the Services table");
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
     assert!(services.contains("default/zonal"), "{services}");
     assert!(
         !services.contains("default/web"),
@@ -611,11 +614,7 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
         "{services}"
     );
     assert!(page.contains("node node1 · backend file"), "{page}");
-    let syncs = page
-        .split("<table id=\"syncs\">")
-        .nth(1)
-        .and_then(|t| t.split("</table>").next())
-        .expect("the sync history");
+    let syncs = table_after(&page, "<table id=\"syncs\">").expect("the sync history");
     assert!(
         syncs.contains("full") && syncs.contains("Service ports: "),
         "{syncs}"
@@ -652,10 +651,7 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
         page.contains("note: the Service's latest version is rejected (field spec.ports[0].port"),
         "a trace through default/web: {page}"
     );
-    let rejected = page
-        .split("<div id=\"rejected\">")
-        .nth(1)
-        .and_then(|t| t.split("</table>").next())
+    let rejected = table_after(&page, "<div id=\"rejected\">")
         .unwrap_or_else(|| panic!("a visible rejected section: {page}"));
     assert!(
         rejected.contains("Service default/typo")
@@ -673,10 +669,7 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
     make_unreadable(&mut running, dir.path());
     let page = dom(browser, &format!("http://{addr}/status"));
     assert!(page.contains("1 problem · last good input 20"), "{page}");
-    let problems = page
-        .split("<table id=\"problems\">")
-        .nth(1)
-        .and_then(|t| t.split("</table>").next())
+    let problems = table_after(&page, "<table id=\"problems\">")
         .unwrap_or_else(|| panic!("a visible problems table: {page}"));
     assert!(
         problems.contains("cluster.yaml")

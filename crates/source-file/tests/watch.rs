@@ -35,6 +35,15 @@ fn problems_of(health: &kpng_model::input::InputHealth) -> Vec<(String, String)>
         .collect()
 }
 
+/// The input's problems once it has one (at most 3 s from now).
+async fn first_problems(health: &kpng_model::input::InputHealth) -> Vec<(String, String)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while problems_of(health).is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    problems_of(health)
+}
+
 async fn next(rx: &mut mpsc::Receiver<Event>) -> Option<Event> {
     tokio::time::timeout(Duration::from_secs(3), rx.recv())
         .await
@@ -194,11 +203,7 @@ metadata: {name: [
     )
     .expect("write");
     let c = dir.path().join("c.yaml").display().to_string();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while problems_of(&health).is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let problems = problems_of(&health);
+    let problems = first_problems(&health).await;
     assert!(
         matches!(problems.as_slice(), [(what, message)]
             if *what == c && message.ends_with("; nothing from it is in use until it loads")),
@@ -359,11 +364,7 @@ async fn a_file_missing_at_start_is_a_problem_until_it_loads() {
             .with_metrics(metrics)
             .run(tx),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while problems_of(&health).is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let problems = problems_of(&health);
+    let problems = first_problems(&health).await;
     assert!(
         matches!(problems.as_slice(), [(what, message)]
             if *what == path.display().to_string()
