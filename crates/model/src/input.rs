@@ -11,12 +11,22 @@
 //! Callers pass the time, so the model stays free of clocks.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 /// A shared record of one input's health (see the module documentation).
 #[derive(Debug, Clone, Default)]
-pub struct InputHealth(Arc<Mutex<InputState>>);
+pub struct InputHealth(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<InputState>,
+    /// How many problems the state holds: a directory's first load marks each of its (tens
+    /// of thousands of) files good, and without a problem that costs one atomic read, not a
+    /// lock taken by every loader thread.
+    problems: AtomicUsize,
+}
 
 /// What the record holds at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,7 +61,14 @@ impl InputHealth {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, InputState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps the problem count in step with `state` (called with the lock held).
+    fn count(&self, state: &InputState) {
+        self.0
+            .problems
+            .store(state.problems.len(), Ordering::Release);
     }
 
     /// Names the input, when the source learns it late (the API server's URL comes from the
@@ -79,21 +96,30 @@ impl InputHealth {
                         since: at,
                     },
                 );
+                self.count(&state);
             }
         }
     }
 
     /// `what` works again (nothing happens when it had no problem).
     pub fn recovered(&self, what: &str) {
+        if self.0.problems.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut state = self.lock();
-        if !state.problems.is_empty() {
-            state.problems.remove(what);
+        if state.problems.remove(what).is_some() {
+            self.count(&state);
         }
     }
 
     /// Every problem is over (a single file loaded whole).
     pub fn recovered_all(&self) {
-        self.lock().problems.clear();
+        if self.0.problems.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut state = self.lock();
+        state.problems.clear();
+        self.count(&state);
     }
 
     /// The input loaded (or a list completed) at `at`; `detail` says what it held.
