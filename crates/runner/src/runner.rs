@@ -420,9 +420,6 @@ impl<M: NodeModel> LoopState<M> {
         REQUIRED_KINDS.iter().all(|k| self.listed.contains(k))
     }
 
-    /// Says, once per change, which lists the first sync still waits for: after the inputs
-    /// that are queued have been applied, so the line also tells tests that kpng decided not
-    /// to sync yet.
     /// The kinds whose first complete list has not arrived (the first sync waits for them).
     fn unlisted(&self) -> Vec<Kind> {
         if self.last_sync.is_some() {
@@ -434,6 +431,9 @@ impl<M: NodeModel> LoopState<M> {
             .collect()
     }
 
+    /// Says, once per change, which lists the first sync still waits for: after the inputs
+    /// that are queued have been applied, so the line also tells tests that kpng decided not
+    /// to sync yet.
     fn report_gate(&mut self) {
         if self.last_sync.is_some() {
             return;

@@ -39,6 +39,10 @@ struct DirState {
     /// Files that could not be read since the state was made (what the first load reports
     /// beside what it loaded).
     unreadable: usize,
+    /// Files whose hash in `files` is of a version that did not parse: the same text again is
+    /// still a problem, while the same text as the last good one ends a problem (a file that
+    /// could not be read for a moment). Empty unless a file is broken.
+    broken: BTreeSet<OsString>,
 }
 
 /// The objects of one file, packed into one allocation (`kind` `\0` `namespace` `\0` `name`
@@ -102,9 +106,9 @@ impl DirState {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // The file is gone: so are its objects.
-                // A problem of a file that is gone is over.
+                // The file is gone: so are its objects, and its problem.
                 self.metrics.health.recovered(&path.to_string_lossy());
+                self.broken.remove(path.as_os_str());
                 let Some(refs) = self.files.remove(path.as_os_str()).map(|(_, r)| r.unpack())
                 else {
                     return Vec::new();
@@ -130,6 +134,10 @@ impl DirState {
             .get(path.as_os_str())
             .is_some_and(|(last, _)| *last == hash)
         {
+            if !self.broken.contains(path.as_os_str()) {
+                // The last good version, read again: a read problem meanwhile is over.
+                self.metrics.health.recovered(&path.to_string_lossy());
+            }
             return Vec::new();
         }
         match parse_manifests_with(&text, self.expansion) {
@@ -148,12 +156,16 @@ impl DirState {
                     .map(|(_, r)| r)
                     .unwrap_or_default();
                 self.files.insert(path.as_os_str().to_owned(), (hash, refs));
+                self.broken.insert(path.as_os_str().to_owned());
                 Vec::new()
             }
             Ok(mut loaded) => {
                 loaded.log_omissions(path);
                 loaded.locate_in(path);
                 self.metrics.good_load(path);
+                if !self.broken.is_empty() {
+                    self.broken.remove(path.as_os_str());
+                }
                 let new_refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
                 let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();
@@ -254,6 +266,7 @@ fn first_load(
         // Each part is a later range of names than the one before: a merge, not inserts.
         merged.files.append(&mut part.files);
         merged.unreadable += part.unreadable;
+        merged.broken.append(&mut part.broken);
         count += n;
     }
     let settling = std::time::Instant::now();

@@ -206,7 +206,14 @@ impl FileSource {
                 }
             };
             let digest = state.digests.of(&text);
-            if state.good == Some(digest) || state.bad == Some(digest) {
+            if state.good == Some(digest) {
+                // The version in use, read again (back from a broken edit, or readable again
+                // after a moment): whatever went wrong meanwhile is over.
+                state.bad = None;
+                self.metrics.health.recovered_all();
+                return true;
+            }
+            if state.bad == Some(digest) {
                 return true;
             }
             let parsed = parse_manifests_with(&text, self.expansion);

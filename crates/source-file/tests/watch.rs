@@ -382,3 +382,45 @@ async fn a_file_missing_at_start_is_a_problem_until_it_loads() {
     assert!(health.state().last_good.is_some());
     task.abort();
 }
+
+#[tokio::test]
+async fn going_back_to_the_version_in_use_ends_the_problem() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    let good = manifest("10.96.0.1");
+    std::fs::write(&path, &good).expect("write");
+    let (tx, mut rx) = mpsc::channel(8);
+    let metrics = kpng_source_file::SourceMetrics::default();
+    let health = metrics.health.clone();
+    let task = tokio::spawn(
+        FileSource::new(&path, Duration::from_millis(50))
+            .with_metrics(metrics)
+            .run(tx),
+    );
+    assert_eq!(
+        cluster_ip(&next(&mut rx).await.expect("initial load")),
+        "10.96.0.1"
+    );
+    let replace = |text: &str| {
+        let tmp = dir.path().join(".cluster.yaml.tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    };
+    replace("kind: Service\nmetadata: {name: [web\n");
+    assert_eq!(first_problems(&health).await.len(), 1);
+    // The edit undone: the model already has this version (nothing is sent), and the input
+    // has no problem any more.
+    replace(&good);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !problems_of(&health).is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(problems_of(&health), [], "the undone edit ends the problem");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err(),
+        "the version in use is not sent again"
+    );
+    task.abort();
+}
