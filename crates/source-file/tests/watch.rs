@@ -25,6 +25,22 @@ fn cluster_ip(event: &Event) -> String {
         .unwrap_or_default()
 }
 
+/// The file source on `path` (a file or a directory): its events, its input's health record
+/// and its task.
+fn watch(
+    path: &std::path::Path,
+) -> (
+    mpsc::Receiver<Event>,
+    kpng_model::input::InputHealth,
+    tokio::task::JoinHandle<Result<(), kpng_source_file::SourceError>>,
+) {
+    let (tx, rx) = mpsc::channel(8);
+    let metrics = kpng_source_file::SourceMetrics::default();
+    let health = metrics.health.clone();
+    let source = FileSource::new(path, Duration::from_millis(50)).with_metrics(metrics);
+    (rx, health, tokio::spawn(source.run(tx)))
+}
+
 /// The input's problems now: (what, message).
 fn problems_of(health: &kpng_model::input::InputHealth) -> Vec<(String, String)> {
     health
@@ -56,11 +72,7 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, manifest("10.96.0.1")).expect("write");
-    let (tx, mut rx) = mpsc::channel(8);
-    let metrics = kpng_source_file::SourceMetrics::default();
-    let health = metrics.health.clone();
-    let source = FileSource::new(&path, Duration::from_millis(50)).with_metrics(metrics);
-    let task = tokio::spawn(source.run(tx));
+    let (mut rx, health, task) = watch(&path);
 
     assert_eq!(
         cluster_ip(&next(&mut rx).await.expect("initial load")),
@@ -149,14 +161,7 @@ async fn a_directory_is_read_per_file() {
     std::fs::write(dir.path().join("a.yaml"), svc("a", "10.96.0.1")).expect("write");
     std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.2")).expect("write");
     std::fs::write(dir.path().join("notes.txt"), "not a manifest").expect("write");
-    let (tx, mut rx) = mpsc::channel(8);
-    let metrics = kpng_source_file::SourceMetrics::default();
-    let health = metrics.health.clone();
-    let task = tokio::spawn(
-        FileSource::new(dir.path(), Duration::from_millis(50))
-            .with_metrics(metrics)
-            .run(tx),
-    );
+    let (mut rx, health, task) = watch(dir.path());
 
     // The first load is streamed: ListStart, one ListItem per object, ListDone.
     assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
@@ -356,14 +361,7 @@ async fn a_manifest_in_a_missing_directory_is_an_error_naming_the_directory() {
 async fn a_file_missing_at_start_is_a_problem_until_it_loads() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("cluster.yaml");
-    let (tx, mut rx) = mpsc::channel(8);
-    let metrics = kpng_source_file::SourceMetrics::default();
-    let health = metrics.health.clone();
-    let task = tokio::spawn(
-        FileSource::new(&path, Duration::from_millis(50))
-            .with_metrics(metrics)
-            .run(tx),
-    );
+    let (mut rx, health, task) = watch(&path);
     let problems = first_problems(&health).await;
     assert!(
         matches!(problems.as_slice(), [(what, message)]
@@ -389,14 +387,7 @@ async fn going_back_to_the_version_in_use_ends_the_problem() {
     let path = dir.path().join("cluster.yaml");
     let good = manifest("10.96.0.1");
     std::fs::write(&path, &good).expect("write");
-    let (tx, mut rx) = mpsc::channel(8);
-    let metrics = kpng_source_file::SourceMetrics::default();
-    let health = metrics.health.clone();
-    let task = tokio::spawn(
-        FileSource::new(&path, Duration::from_millis(50))
-            .with_metrics(metrics)
-            .run(tx),
-    );
+    let (mut rx, health, task) = watch(&path);
     assert_eq!(
         cluster_ip(&next(&mut rx).await.expect("initial load")),
         "10.96.0.1"
