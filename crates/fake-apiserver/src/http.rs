@@ -559,7 +559,7 @@ fn last_key(object: &Value) -> Option<(&str, &str)> {
 /// The event a watch sends for a change, as the API server's watch cache decides it: an
 /// object that starts matching the selectors is `ADDED`, one that stops is `DELETED` (its
 /// previous state at the new RV).
-fn event_for(change: &Change, filter: &Filter) -> Option<Value> {
+fn event_for(change: &Change, filter: &Filter) -> Option<WatchEvent> {
     let now = filter.matches(&change.object);
     let before = change.previous.as_ref().is_some_and(|p| filter.matches(p));
     let (kind, object) = match (change.change, before, now) {
@@ -574,16 +574,45 @@ fn event_for(change: &Change, filter: &Filter) -> Option<Value> {
         }
         (_, false, false) => return None,
     };
-    Some(json!({"type": kind.as_str(), "object": typed(change.resource, object)}))
+    Some(WatchEvent::new(
+        kind.as_str(),
+        typed(change.resource, object),
+    ))
 }
 
-fn bookmark(resource: Resource, rv: u64, initial_events_end: bool) -> Value {
+/// One line of a watch stream, written as the API server writes it: `type` before `object`
+/// (Go encodes the struct's fields in order). A reader that buffers when the object comes
+/// first (serde's adjacently tagged enums) then sees what it sees against a real server.
+struct WatchEvent {
+    kind: &'static str,
+    object: Value,
+}
+
+impl WatchEvent {
+    fn new(kind: &'static str, object: Value) -> WatchEvent {
+        WatchEvent { kind, object }
+    }
+}
+
+impl std::fmt::Display for WatchEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{{\"type\":\"{}\",\"object\":{}}}",
+            self.kind, self.object
+        )
+    }
+}
+
+fn bookmark(resource: Resource, rv: u64, initial_events_end: bool) -> WatchEvent {
     let mut metadata = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
     if initial_events_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    json!({"type": "BOOKMARK", "object": {"kind": resource.kind(),
-        "apiVersion": resource.api_version(), "metadata": metadata}})
+    WatchEvent::new(
+        "BOOKMARK",
+        json!({"kind": resource.kind(), "apiVersion": resource.api_version(), "metadata": metadata}),
+    )
 }
 
 type Line = Result<String, std::io::Error>;
@@ -648,8 +677,7 @@ fn watch_response(
             // What the API server sends for a resourceVersion older than its history: a
             // 200 stream with one ERROR event, 410 Gone, reason Expired.
             let message = format!("too old resource version: {rv_param} ({compacted})");
-            let line =
-                json!({"type": "ERROR", "object": status(StatusCode::GONE, "Expired", &message)});
+            let line = WatchEvent::new("ERROR", status(StatusCode::GONE, "Expired", &message));
             tokio::spawn(async move {
                 let _ = tx.send(Ok(format!("{line}\n"))).await;
             });
@@ -745,7 +773,7 @@ async fn stream_events(
                 Ok(Notice::Bookmark) => continue,
                 Ok(Notice::Expire) => {
                     let message = format!("too old resource version: {last_rv}");
-                    let gone = json!({"type": "ERROR", "object": status(StatusCode::GONE, "Expired", &message)});
+                    let gone = WatchEvent::new("ERROR", status(StatusCode::GONE, "Expired", &message));
                     let _ = tx.send(Ok(format!("{gone}\n"))).await;
                     return;
                 }

@@ -347,18 +347,33 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
 }
 
 #[test]
-fn a_bad_object_is_reported_and_skipped() {
+fn a_bad_object_is_rejected_alone_and_shown() {
     let server = FakeApiServer::start().expect("server");
     cluster(&server, false);
+    // There from the start, a Service whose port is a name: no client decodes it as a
+    // Service. It is rejected alone; the rest of the list is programmed.
+    server
+        .apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "default", "name": "named"},
+            "spec": {"clusterIP": "10.96.0.30", "ports": [{"name": "http", "port": "http"}]}}))
+        .expect("apply");
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
     let output = dir.path().join("out.yaml");
+    let admin = dir.path().join("admin.sock");
+    let admin = admin.to_str().expect("utf-8");
     let mut args = kube_args(&k, &["--metrics-bind-address", "", "to-file", "--output"]);
     args.push(output.to_str().expect("utf-8"));
+    args.extend(["--admin-socket", admin]);
     let mut kpng = Kpng::start(&args);
     kpng.wait("the first sync", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
     });
+    assert_eq!(
+        status_json(admin)["rejected"],
+        json!([{"object": "Service default/named", "field": "spec.ports[0].port",
+            "message": "invalid type: string \"http\", expected i32", "kept": false}]),
+    );
 
     // A port out of range: kpng rejects the new version and keeps the last good one.
     let mut out_of_range = endpoints("web-1", "web", "10.244.1.9", None);
@@ -378,7 +393,8 @@ fn a_bad_object_is_reported_and_skipped() {
     // Each kind has its own watch: wait for the three, in any order.
     let rejected =
         "rejected EndpointSlice default/web-1: field ports[0].port: port 70000 is not in 1-65535";
-    let undecodable = "skipped an undecodable EndpointSlice";
+    let undecodable = "rejected EndpointSlice default/web-2: field ports[0].port: invalid type: \
+                       string \"eighty\", expected i32";
     kpng.wait(
         "both bad objects reported and the good change synced",
         |_, err| {
@@ -395,6 +411,26 @@ fn a_bad_object_is_reported_and_skipped() {
     assert!(
         !text.contains("10.244.1.9") && !text.contains("10.244.1.8"),
         "{text}"
+    );
+    let objects: Vec<Value> = status_json(admin)["rejected"]
+        .as_array()
+        .expect("rejected")
+        .iter()
+        .map(|r| json!([r["object"], r["kept"]]))
+        .collect();
+    assert_eq!(
+        objects,
+        [
+            json!(["Service default/named", false]),
+            json!(["EndpointSlice default/web-1", true]),
+            json!(["EndpointSlice default/web-2", false]),
+        ],
+        "every rejection listed, each saying whether a last good version is in use"
+    );
+    assert_eq!(
+        status_json(admin)["input"]["problems"],
+        json!([]),
+        "no watch is failing"
     );
 }
 

@@ -15,19 +15,107 @@
 //! Nothing else is dropped: every other metadata field the conversion or the watcher reads
 //! (name, namespace, labels, other annotations, resourceVersion, uid, deletionTimestamp, …)
 //! is kept.
+//!
+//! The parts that describe the Service or the slice (`spec`, `status`, `addressType`,
+//! `endpoints`, `ports`) are each read on their own from the text the API server sent. A
+//! field of the wrong type in one of them (a port that is not a number) then rejects that one
+//! object, naming the field, as the conversion rejects a port out of range: the model keeps
+//! its last good version and `kpng status` lists it. Read as one piece, the object would make
+//! the whole list fail, and the watcher would retry it without end while every other change
+//! of that kind waited.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Service, ServiceSpec, ServiceStatus};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kpng_k8s::{Convert, Converted};
-use kpng_model::Kind;
+use kpng_model::records::ConversionError;
+use kpng_model::{Kind, Object, ObjectRef};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 /// A Kubernetes object read without its `managedFields` (see the module documentation).
 #[derive(Debug, Clone)]
-pub struct Slim<K>(pub K);
+pub struct Slim<K> {
+    /// The object; a part that did not decode is left out (`None`, or empty).
+    pub object: K,
+    /// The part that did not decode, if any: the object is then rejected on its own (the
+    /// model keeps its last good version) instead of failing the whole list or watch event.
+    pub undecodable: Option<Box<Undecodable>>,
+}
+
+impl<K> Slim<K> {
+    fn new(object: K, undecodable: Option<Undecodable>) -> Slim<K> {
+        Slim {
+            object,
+            undecodable: undecodable.map(Box::new),
+        }
+    }
+}
+
+/// Which field of an object did not decode, and why: what `kpng status` and the log show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undecodable {
+    /// The field's path in the object (`spec.ports[0].port`).
+    pub field: String,
+    /// The decoder's message, without its position in the (partial) text it read.
+    pub message: String,
+}
+
+/// Reads one top-level part of an object (a Service's `spec`, an EndpointSlice's `ports`) on
+/// its own. The part arrives as the raw JSON text the API server sent (borrowed, not copied),
+/// so that a wrong type inside it leaves the rest of the object, and the rest of the list,
+/// readable. Only a failed read is read again, to find the field's path.
+fn part<T: DeserializeOwned>(
+    raw: Option<&RawValue>,
+    name: &str,
+    undecodable: &mut Option<Undecodable>,
+) -> Option<T> {
+    let raw = raw?;
+    match serde_json::from_str(raw.get()) {
+        Ok(value) => Some(value),
+        Err(first) => {
+            let mut reader = serde_json::Deserializer::from_str(raw.get());
+            let (path, error) = match serde_path_to_error::deserialize::<_, T>(&mut reader) {
+                Err(e) => (e.path().to_string(), e.into_inner()),
+                // Not expected (the same text, the same type): report the first reading.
+                Ok(_) => (".".to_string(), first),
+            };
+            let field = if path == "." {
+                name.to_string()
+            } else if path.starts_with('[') {
+                format!("{name}{path}")
+            } else {
+                format!("{name}.{path}")
+            };
+            if undecodable.is_none() {
+                *undecodable = Some(Undecodable {
+                    field,
+                    message: without_position(&error),
+                });
+            }
+            None
+        }
+    }
+}
+
+/// serde_json's message without " at line 1 column 57": a position in a part of the object
+/// points nowhere the operator can look.
+fn without_position(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    match text.rsplit_once(" at line ") {
+        Some((message, position))
+            if position
+                .split(" column ")
+                .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
+        {
+            message.to_string()
+        }
+        _ => text,
+    }
+}
 
 /// `ObjectMeta` as the API server sends it, minus `managedFields` (ignored while parsing).
 #[derive(Deserialize, Default)]
@@ -119,18 +207,22 @@ impl From<Meta> for ObjectMeta {
 impl<'de> Deserialize<'de> for Slim<Service> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
-        struct Repr {
+        struct Repr<'a> {
             #[serde(default)]
             metadata: Meta,
-            spec: Option<ServiceSpec>,
-            status: Option<ServiceStatus>,
+            #[serde(borrow)]
+            spec: Option<&'a RawValue>,
+            #[serde(borrow)]
+            status: Option<&'a RawValue>,
         }
         let r = Repr::deserialize(deserializer)?;
-        Ok(Slim(Service {
+        let mut undecodable = None;
+        let service = Service {
             metadata: r.metadata.into(),
-            spec: r.spec,
-            status: r.status,
-        }))
+            spec: part(r.spec, "spec", &mut undecodable),
+            status: part(r.status, "status", &mut undecodable),
+        };
+        Ok(Slim::new(service, undecodable))
     }
 }
 
@@ -138,21 +230,32 @@ impl<'de> Deserialize<'de> for Slim<EndpointSlice> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
-        struct Repr {
+        struct Repr<'a> {
             #[serde(default)]
             metadata: Meta,
-            address_type: String,
-            #[serde(default)]
-            endpoints: Vec<Endpoint>,
-            ports: Option<Vec<EndpointPort>>,
+            #[serde(borrow)]
+            address_type: Option<&'a RawValue>,
+            #[serde(borrow)]
+            endpoints: Option<&'a RawValue>,
+            #[serde(borrow)]
+            ports: Option<&'a RawValue>,
         }
         let r = Repr::deserialize(deserializer)?;
-        Ok(Slim(EndpointSlice {
+        let mut undecodable = None;
+        let address_type = part(r.address_type, "addressType", &mut undecodable);
+        if address_type.is_none() && undecodable.is_none() {
+            undecodable = Some(Undecodable {
+                field: "addressType".to_string(),
+                message: "missing: every EndpointSlice has one".to_string(),
+            });
+        }
+        let slice = EndpointSlice {
             metadata: r.metadata.into(),
-            address_type: r.address_type,
-            endpoints: r.endpoints,
-            ports: r.ports,
-        }))
+            address_type: address_type.unwrap_or_default(),
+            endpoints: part(r.endpoints, "endpoints", &mut undecodable).unwrap_or_default(),
+            ports: part(r.ports, "ports", &mut undecodable),
+        };
+        Ok(Slim::new(slice, undecodable))
     }
 }
 
@@ -169,19 +272,36 @@ impl<K: k8s_openapi::Metadata<Ty = ObjectMeta>> k8s_openapi::Metadata for Slim<K
     type Ty = ObjectMeta;
 
     fn metadata(&self) -> &ObjectMeta {
-        self.0.metadata()
+        self.object.metadata()
     }
 
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        self.0.metadata_mut()
+        self.object.metadata_mut()
     }
 }
 
-impl<K: Convert> Convert for Slim<K> {
-    const KIND: Kind = K::KIND;
+impl<K: Convert + k8s_openapi::Metadata<Ty = ObjectMeta>> Convert for Slim<K> {
+    const KIND: Kind = <K as Convert>::KIND;
 
     fn convert(&self) -> Converted {
-        self.0.convert()
+        let Some(undecodable) = &self.undecodable else {
+            return self.object.convert();
+        };
+        let meta = self.object.metadata();
+        let error = ConversionError {
+            object: ObjectRef {
+                kind: <K as Convert>::KIND,
+                namespace: meta.namespace.as_deref().unwrap_or_default().into(),
+                name: meta.name.as_deref().unwrap_or_default().into(),
+            },
+            field: undecodable.field.clone(),
+            message: undecodable.message.clone(),
+            location: None,
+        };
+        Converted {
+            object: Object::Rejected(Box::new(error)),
+            warnings: Vec::new(),
+        }
     }
 }
 
@@ -211,15 +331,15 @@ mod tests {
         full.metadata.managed_fields = None;
         let annotations = full.metadata.annotations.as_mut().expect("annotations");
         assert!(annotations.remove(LAST_APPLIED).is_some());
-        let slim: Slim<Service> = serde_json::from_value(service).expect("slim");
-        assert_eq!(slim.0, full);
+        let slim: Slim<Service> = read(&service).expect("slim");
+        assert_eq!(slim.object, full);
         let mut full: EndpointSlice = serde_json::from_value(slice.clone()).expect("full");
         full.metadata.managed_fields = None;
         if let Some(annotations) = full.metadata.annotations.as_mut() {
             annotations.remove(LAST_APPLIED);
         }
-        let slim: Slim<EndpointSlice> = serde_json::from_value(slice).expect("slim");
-        assert_eq!(slim.0, full);
+        let slim: Slim<EndpointSlice> = read(&slice).expect("slim");
+        assert_eq!(slim.object, full);
     }
 
     /// Annotations that are absent or null read as none, as in the full read.
@@ -230,17 +350,121 @@ mod tests {
             json!({"name": "s", "annotations": null}),
         ] {
             let service = json!({"metadata": meta, "spec": {}});
-            let slim: Slim<Service> = serde_json::from_value(service).expect("slim");
-            assert_eq!(slim.0.metadata.annotations, None);
+            let slim: Slim<Service> = read(&service).expect("slim");
+            assert_eq!(slim.object.metadata.annotations, None);
         }
         let wrong = json!({"metadata": {"annotations": {"a": 1}}, "spec": {}});
-        assert!(serde_json::from_value::<Slim<Service>>(wrong).is_err());
+        assert!(read::<Slim<Service>>(&wrong).is_err());
     }
 
-    /// A field of the wrong type is still an error (the watcher reports the object).
+    /// Metadata of the wrong type still fails the read (there is no name to reject by; the
+    /// watcher reports it).
     #[test]
-    fn a_wrong_type_is_still_an_error() {
+    fn wrong_metadata_is_still_an_error() {
         let bad = json!({"metadata": {"name": 7}, "spec": {}});
-        assert!(serde_json::from_value::<Slim<Service>>(bad).is_err());
+        assert!(read::<Slim<Service>>(&bad).is_err());
+    }
+
+    /// Reads as kube-client does: from the response's text, which the parts borrow.
+    fn read<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> serde_json::Result<T> {
+        serde_json::from_str(&value.to_string())
+    }
+
+    /// A wrong type in a part rejects the object alone, naming the field; the rest of the
+    /// object (its name, to keep the last good version by) is read.
+    #[test]
+    fn a_wrong_type_in_a_part_rejects_the_object_naming_the_field() {
+        let meta = json!({"namespace": "ns", "name": "web"});
+        let cases: [(&str, serde_json::Value, &str, &str); 7] = [
+            (
+                "Service",
+                json!({"spec": {"ports": [{"port": "http"}]}}),
+                "spec.ports[0].port",
+                "invalid type: string \"http\", expected i32",
+            ),
+            (
+                "Service",
+                json!({"spec": []}),
+                "spec",
+                "invalid type: sequence, expected ServiceSpec",
+            ),
+            (
+                "Service",
+                json!({"spec": {}, "status": {"loadBalancer": {"ingress": [{"ip": 1}]}}}),
+                "status.loadBalancer.ingress[0].ip",
+                "invalid type: integer `1`, expected a string",
+            ),
+            (
+                "EndpointSlice",
+                json!({"addressType": "IPv4", "ports": [{"port": "eighty"}]}),
+                "ports[0].port",
+                "invalid type: string \"eighty\", expected i32",
+            ),
+            (
+                "EndpointSlice",
+                json!({"addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1"],
+                    "conditions": {"ready": "yes"}}]}),
+                "endpoints[0].conditions.ready",
+                "invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "EndpointSlice",
+                json!({"addressType": 4}),
+                "addressType",
+                "invalid type: integer `4`, expected a string",
+            ),
+            (
+                "EndpointSlice",
+                json!({"endpoints": []}),
+                "addressType",
+                "missing: every EndpointSlice has one",
+            ),
+        ];
+        for (kind, body, field, message) in cases {
+            let mut object = body.clone();
+            object["metadata"] = meta.clone();
+            let converted = if kind == "Service" {
+                read::<Slim<Service>>(&object).expect("read").convert()
+            } else {
+                read::<Slim<EndpointSlice>>(&object)
+                    .expect("read")
+                    .convert()
+            };
+            let Object::Rejected(error) = converted.object else {
+                panic!("{body}: not rejected: {:?}", converted.object);
+            };
+            assert_eq!(error.object.to_string(), format!("{kind} ns/web"), "{body}");
+            assert_eq!(
+                (error.field.as_str(), error.message.as_str()),
+                (field, message),
+                "{body}"
+            );
+        }
+    }
+
+    /// A good object reads whole and converts as the full type does.
+    #[test]
+    fn a_good_object_is_not_rejected() {
+        let service = json!({"metadata": {"namespace": "ns", "name": "web"},
+            "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}});
+        let slim: Slim<Service> = read(&service).expect("read");
+        assert!(slim.undecodable.is_none());
+        let full: Service = serde_json::from_value(service).expect("full");
+        assert_eq!(
+            format!("{:?}", slim.convert().object),
+            format!("{:?}", full.convert().object)
+        );
+    }
+
+    /// Only a position ("at line 1 column 9") is taken off a message.
+    #[test]
+    fn only_a_position_is_taken_off_the_message() {
+        let error = serde_json::from_str::<i32>("\"x\"").expect_err("a string");
+        assert_eq!(
+            without_position(&error),
+            "invalid type: string \"x\", expected i32"
+        );
+        let error = serde_json::from_str::<i32>("").expect_err("empty");
+        assert_eq!(without_position(&error), "EOF while parsing a value");
     }
 }

@@ -463,22 +463,72 @@ async fn without_servicecidrs_the_three_kinds_are_enough() {
     );
 }
 
+/// The rejection in `events` of the object named `name`, if any.
+fn rejected<'a>(
+    events: &'a [Event],
+    name: &str,
+) -> Option<&'a kpng_model::records::ConversionError> {
+    events.iter().find_map(|e| match e {
+        Event::ListItem(Object::Rejected(r)) | Event::Apply(Object::Rejected(r))
+            if &*r.object.name == name =>
+        {
+            Some(&**r)
+        }
+        _ => None,
+    })
+}
+
 #[tokio::test]
-async fn an_undecodable_watch_event_is_skipped_and_the_watch_goes_on() {
+async fn an_undecodable_object_is_rejected_alone_in_a_list_and_in_a_watch() {
     let server = FakeApiServer::start().expect("server");
     cluster(&server);
+    // A Service whose port is not a number, there from the start: no client decodes it as a
+    // Service, and it must not hold up the list of every other Service.
+    let mut bad_service = service("named-port", "10.96.0.40", json!({}));
+    bad_service["spec"]["ports"][0]["port"] = json!("http");
+    server.apply(bad_service).expect("apply");
     let mut r = run(&server).await;
-    until(&mut r, list_done(&Kind::ALL)).await;
-    // A port that is not a number: no client can decode this EndpointSlice.
+    let events = until(&mut r, list_done(&Kind::ALL)).await;
+    let error = rejected(&events, "named-port").expect("the bad Service rejected alone");
+    assert_eq!(error.object.to_string(), "Service default/named-port");
+    assert_eq!(error.field, "spec.ports[0].port");
+    assert_eq!(
+        error.message, "invalid type: string \"http\", expected i32",
+        "no position in a part of the text"
+    );
+    assert_eq!(names(&events, Kind::Service), ["named-port", "web"]);
+
+    // In a watch: the slice is rejected by name, and the watch goes on.
     let mut bad = slice("web", "10.244.1.5");
-    bad["ports"][0]["port"] = json!("eighty");
+    bad["endpoints"][0]["addresses"] = json!("10.244.1.5");
     server.apply(bad).expect("apply");
     server
         .apply(service("later", "10.96.0.30", json!({})))
         .expect("apply");
-    let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
-    assert_eq!(names(&events, Kind::Service), ["later"], "{events:#?}");
-    assert!(names(&events, Kind::EndpointSlice).is_empty());
+    // Each kind has its own watch: wait for both, in any order.
+    let mut seen = (false, false);
+    let events = until(&mut r, |e| {
+        if let Event::Apply(o) = e {
+            seen.0 |= &*o.reference().name == "later";
+            seen.1 |= matches!(o, Object::Rejected(_));
+        }
+        seen == (true, true)
+    })
+    .await;
+    let error = rejected(&events, "web-1").expect("the bad slice rejected by name");
+    assert_eq!(error.object.to_string(), "EndpointSlice default/web-1");
+    assert_eq!(error.field, "endpoints[0].addresses");
+
+    // A relist with both still there completes.
+    server.expire_watches();
+    let events = until(&mut r, list_done(&[Kind::Service, Kind::EndpointSlice])).await;
+    assert!(rejected(&events, "named-port").is_some(), "{events:#?}");
+    assert!(rejected(&events, "web-1").is_some(), "{events:#?}");
+    assert!(
+        !r.logged.any("does not decode"),
+        "no list failed: {:?}",
+        r.logged.lines()
+    );
 }
 
 #[tokio::test]
