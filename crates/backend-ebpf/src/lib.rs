@@ -430,7 +430,10 @@ impl Backend for EbpfBackend {
                 );
             }
         }
-        Ok(SyncStats { operations })
+        Ok(SyncStats {
+            operations,
+            ..SyncStats::default()
+        })
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {

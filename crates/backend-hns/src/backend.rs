@@ -539,6 +539,7 @@ impl Backend for HnsBackend {
         }
         Ok(SyncStats {
             operations: run.calls,
+            ..SyncStats::default()
         })
     }
 

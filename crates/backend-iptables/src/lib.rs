@@ -138,6 +138,9 @@ pub struct IptablesBackend {
     /// The interface addresses last read (CIDR node-port addresses only): refreshed at full
     /// syncs and node changes, not on every change.
     known_addresses: Vec<IpAddr>,
+    /// The families a sync found flushed by someone else (its own check, without an alarm),
+    /// for the runner's count of repairs.
+    found_flushed: Vec<Family>,
 }
 
 impl IptablesBackend {
@@ -163,6 +166,7 @@ impl IptablesBackend {
             metrics: IptablesMetrics::default(),
             local_addresses: Box::new(kpng_backend::host::local_addresses),
             known_addresses: Vec::new(),
+            found_flushed: Vec::new(),
         }
     }
 
@@ -444,6 +448,7 @@ impl IptablesBackend {
         // kube-proxy's monitor does.
         if !full && request.diff.is_empty() && self.flushed(family) {
             info!("{family}: iptables were flushed by someone else; rewriting every rule");
+            self.found_flushed.push(family);
             full = true;
         }
         if full {
@@ -715,9 +720,20 @@ impl IptablesBackend {
         {
             self.known_addresses = (self.local_addresses)();
         }
+        self.found_flushed.clear();
         let operations = sync_each(self.states.len(), |index| self.sync_family(index, request))?;
         debug!(operations, "iptables sync done");
-        Ok(SyncStats { operations })
+        let repaired = (!self.found_flushed.is_empty()).then(|| {
+            let families: Vec<String> = self.found_flushed.iter().map(|f| f.to_string()).collect();
+            format!(
+                "{} iptables flushed: the {CANARY} chain in mangle was gone",
+                families.join(" and ")
+            )
+        });
+        Ok(SyncStats {
+            operations,
+            repaired,
+        })
     }
 
     fn cleanup_all(&mut self) -> Result<(), BackendError> {

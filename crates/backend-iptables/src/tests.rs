@@ -360,10 +360,25 @@ fn periodic_syncs_rewrite_everything_after_a_flush() {
     let (mut b, r) = backend();
     full_sync(&mut b, &model);
     canary_present(&r, &Family::ALL);
-    assert_eq!(sync(&mut b, &model, &Diff::default(), false), 0);
+    let periodic = |b: &mut IptablesBackend| {
+        b.sync(&SyncRequest {
+            diff: &Diff::default(),
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect("sync")
+    };
+    let stats = periodic(&mut b);
+    assert_eq!((stats.operations, stats.repaired), (0, None));
     assert_eq!(inputs(&r).len(), 2, "canary present: nothing to do");
     canary_present(&r, &[Family::V6]);
-    assert!(sync(&mut b, &model, &Diff::default(), false) > 0);
+    let stats = periodic(&mut b);
+    assert!(stats.operations > 0);
+    assert_eq!(
+        stats.repaired.as_deref(),
+        Some("IPv4 iptables flushed: the KUBE-PROXY-CANARY chain in mangle was gone"),
+        "the runner counts the repair"
+    );
     let s = r.restores();
     assert_eq!(s.len(), 3, "only the flushed family is rewritten");
     assert_eq!(s[2].0, Family::V4);

@@ -872,7 +872,10 @@ impl Backend for NftBackend {
         }
         self.forget_removed_ports(request);
         debug!(operations, "nftables sync done");
-        Ok(SyncStats { operations })
+        Ok(SyncStats {
+            operations,
+            ..SyncStats::default()
+        })
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {

@@ -501,7 +501,10 @@ impl Backend for UserspaceBackend {
                 self.metrics
                     .ports
                     .set(i64::try_from(self.ports.len()).unwrap_or(i64::MAX));
-                Ok(SyncStats { operations })
+                Ok(SyncStats {
+                    operations,
+                    ..SyncStats::default()
+                })
             }
             Err(e) => {
                 self.capture_in_sync = false;

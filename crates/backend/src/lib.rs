@@ -55,6 +55,11 @@ pub struct SyncStats {
     /// Number of operations sent to the data plane (rules, elements, writes); 0 means nothing
     /// needed to change.
     pub operations: usize,
+    /// What the backend found changed by someone else and put back in this sync, when it
+    /// found it itself rather than through a [`TamperAlarm`] (the iptables backend's check
+    /// for flushed tables in a periodic sync). The runner counts it as a repair, as it does
+    /// one it scheduled after an alarm, so `kpng status` shows every repair.
+    pub repaired: Option<String>,
 }
 
 /// Why a sync failed. The runner logs it, counts it and retries with a full sync.

@@ -105,6 +105,7 @@ impl Backend for Beside {
         );
         Ok(SyncStats {
             operations: rules.operations + sockets.operations,
+            repaired: rules.repaired.or(sockets.repaired),
         })
     }
 
@@ -172,7 +173,10 @@ mod tests {
             if self.fail {
                 return Err(BackendError::Other(format!("{} failed", self.name)));
             }
-            Ok(SyncStats { operations: 1 })
+            Ok(SyncStats {
+                operations: 1,
+                ..SyncStats::default()
+            })
         }
         fn cleanup(&mut self) -> Result<(), BackendError> {
             Ok(())

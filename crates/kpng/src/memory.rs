@@ -128,7 +128,10 @@ mod tests {
         }
 
         fn sync(&mut self, _request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
-            Ok(SyncStats { operations: 1 })
+            Ok(SyncStats {
+                operations: 1,
+                ..SyncStats::default()
+            })
         }
     }
 

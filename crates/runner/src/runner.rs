@@ -581,8 +581,8 @@ impl<M: NodeModel> LoopState<M> {
         // A full sync repairs what someone else changed; the sync says so (its changes alone
         // would read "no Service port changed").
         let repairing = if full { self.repair_for.clone() } else { None };
-        let changes = match &repairing {
-            Some(what) => format!("repair after a change by someone else ({what}); {summary}"),
+        let mut changes = match &repairing {
+            Some(what) => repair_changes(what, &summary),
             None => summary.to_string(),
         };
         let changed_names = changed_services(&pending);
@@ -614,6 +614,8 @@ impl<M: NodeModel> LoopState<M> {
         self.pending_endpoints = 0;
         m.service_changes_pending.set(0);
         m.endpoint_changes_pending.set(0);
+        // Whether this sync put back what someone else changed: always in the history.
+        let mut repaired = false;
         let report = match result {
             Ok(stats) => {
                 let wall = SystemTime::now();
@@ -659,7 +661,18 @@ impl<M: NodeModel> LoopState<M> {
                 self.need_full = false;
                 self.retry_at = None;
                 self.retry_delay = Duration::ZERO;
+                // A repair the backend found itself (no alarm before the sync) is one too.
+                let repairing = match (repairing, stats.repaired) {
+                    (Some(what), _) => Some(what),
+                    (None, Some(found)) => {
+                        m.tampering_detected.get_or_create(&backend).inc();
+                        changes = repair_changes(&found, &summary);
+                        Some(found)
+                    }
+                    (None, None) => None,
+                };
                 if let Some(what) = repairing {
+                    repaired = true;
                     self.repair_for = None;
                     let repairs = self.repairs.get_or_insert_with(RepairStatus::default);
                     repairs.count += 1;
@@ -723,7 +736,7 @@ impl<M: NodeModel> LoopState<M> {
             changes,
             error: (!report.ok).then(|| self.last_error.clone()).flatten(),
         };
-        if !report.ok || report.full || report.operations > 0 {
+        if !report.ok || report.full || report.operations > 0 || repaired {
             self.sync_history.push_front(status.clone());
             self.sync_history.truncate(admin::SYNC_HISTORY);
         }
@@ -834,6 +847,12 @@ fn unix_seconds(t: SystemTime) -> f64 {
 
 #[cfg(test)]
 mod tests;
+
+/// The history's text for a repairing sync: what was repaired, then the Service changes it
+/// carried (alone they would read "no Service port changed").
+fn repair_changes(what: &str, summary: &DiffSummary) -> String {
+    format!("repair after a change by someone else ({what}); {summary}")
+}
 
 /// The Services a diff touches (`namespace/name`, each once, sorted), for the debug log; empty
 /// unless debug logging is on, so the INFO path never walks a large diff twice.

@@ -58,7 +58,10 @@ impl Backend for FileSink {
         let text = render(request.snapshot)
             .map_err(|e| BackendError::Other(format!("rendering YAML: {e}")))?;
         if self.last.as_deref() == Some(text.as_str()) {
-            return Ok(SyncStats { operations: 0 });
+            return Ok(SyncStats {
+                operations: 0,
+                ..SyncStats::default()
+            });
         }
         match &self.output {
             Output::Stdout => {
@@ -73,7 +76,10 @@ impl Backend for FileSink {
             Output::File(path) => write_atomically(path, &text)?,
         }
         self.last = Some(text);
-        Ok(SyncStats { operations: 1 })
+        Ok(SyncStats {
+            operations: 1,
+            ..SyncStats::default()
+        })
     }
 }
 

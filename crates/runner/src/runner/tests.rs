@@ -17,6 +17,8 @@ struct Calls {
     fail: AtomicBool,
     /// The alarm the runner handed over (`watch_tampering`).
     alarm: Mutex<Option<kpng_backend::TamperAlarm>>,
+    /// What the next sync says it found changed and repaired itself (`SyncStats::repaired`).
+    found: Mutex<Option<String>>,
 }
 
 struct FakeBackend(Arc<Calls>);
@@ -43,6 +45,7 @@ impl Backend for FakeBackend {
         }
         Ok(SyncStats {
             operations: r.diff.changes.len(),
+            repaired: self.0.found.lock().expect("lock").take(),
         })
     }
 }
@@ -70,6 +73,7 @@ struct Harness {
     metrics: ProxyMetrics,
     registry: Registry,
     health: Arc<ProxyHealth>,
+    admin: AdminHandle,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -97,6 +101,9 @@ fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>)
         runner = runner.with_conntrack_cleanup(reconciler);
     }
     let reports = runner.subscribe();
+    let (runner, admin) = runner.with_admin(Box::new(|_: &kpng_model::Snapshot| {
+        kpng_model::trace::NodeFacts::default()
+    }));
     let (tx, rx) = mpsc::channel(16);
     let task = tokio::spawn(runner.run(rx));
     Harness {
@@ -106,6 +113,7 @@ fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>)
         metrics,
         registry,
         health,
+        admin,
         _task: task,
     }
 }
@@ -262,6 +270,23 @@ async fn tampering_forces_one_prompt_full_sync_whatever_min_sync_period() {
         backend: "fake".into(),
     };
     assert_eq!(h.metrics.tampering_detected.get_or_create(&label).get(), 5);
+    let status = h
+        .admin
+        .status(admin::StatusQuery::default())
+        .await
+        .expect("status");
+    let repairs = status.repairs.expect("the repair is shown");
+    assert_eq!(
+        (repairs.count, repairs.last_change.as_str()),
+        (1, "ip kpng: table deleted")
+    );
+    assert!(
+        status.recent_syncs[0]
+            .changes
+            .starts_with("repair after a change by someone else (ip kpng: table deleted); "),
+        "{:?}",
+        status.recent_syncs
+    );
     // Later changes are rate limited as usual again.
     h.tx.send(Event::Apply(service("b", "10.96.0.2")))
         .await
@@ -272,6 +297,50 @@ async fn tampering_forces_one_prompt_full_sync_whatever_min_sync_period() {
         2,
         "min_sync_period applies to ordinary changes"
     );
+}
+
+/// A repair the backend found itself in a periodic sync (no alarm) is counted and shown as
+/// one reported by an alarm is.
+#[tokio::test(start_paused = true)]
+async fn a_repair_the_backend_found_itself_is_counted_and_shown() {
+    let h = start(SyncTiming::default());
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    let found = "IPv4 iptables flushed: the KUBE-PROXY-CANARY chain in mangle was gone";
+    *h.calls.found.lock().expect("lock") = Some(found.to_string());
+    tokio::time::sleep(SyncTiming::default().sync_period + Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(
+        log(&h),
+        vec![(true, 1, 1), (false, 0, 1)],
+        "a periodic sync"
+    );
+    let status = h
+        .admin
+        .status(admin::StatusQuery::default())
+        .await
+        .expect("status");
+    let repairs = status.repairs.expect("the repair is shown");
+    assert_eq!((repairs.count, repairs.last_change.as_str()), (1, found));
+    assert_eq!(
+        status.recent_syncs[0].changes,
+        format!("repair after a change by someone else ({found}); no Service port changed")
+    );
+    let label = BackendLabel {
+        backend: "fake".into(),
+    };
+    assert_eq!(h.metrics.tampering_detected.get_or_create(&label).get(), 1);
+    // The next periodic sync finds nothing: still one repair.
+    tokio::time::sleep(SyncTiming::default().sync_period + Duration::from_millis(1)).await;
+    settle().await;
+    let status = h
+        .admin
+        .status(admin::StatusQuery::default())
+        .await
+        .expect("status");
+    assert_eq!(status.repairs.map(|r| r.count), Some(1));
 }
 
 fn udp_service(ip: &str) -> Object {
