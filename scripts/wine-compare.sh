@@ -129,13 +129,21 @@ echo "ok: kpng.exe to-local hns: the same HCN state ($(grep -c '"ID"' linux.json
 
 # 4. the system HCN path (`--hcn system`, the Windows default) starts, calls computenetwork.dll
 # and, HNS being unavailable (the stand-in), fails its syncs and backs off rather than crash.
-wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local hns >system.log 2>&1 &
+# While it runs, `kpng.exe cleanup` refuses: that kpng would re-create what cleanup removes.
+hns_pipe='\\.\pipe\kpng-hns'
+wine "$work/kpng.exe" "${serving[@]}" --admin-socket "$hns_pipe" --network-name cbr0 to-local hns \
+  >system.log 2>&1 &
 sp=$!
 wait_logged system.log "HNS unavailable"
+if win cleanup --network-name cbr0 --admin-socket "$hns_pipe" >cleanup.out 2>cleanup.err; then
+  cat cleanup.out cleanup.err; fail "kpng.exe cleanup ran while a kpng.exe programs HNS"
+fi
+grep -q 'programs HNS (kernelspace): it would re-create at once what cleanup removes' cleanup.err \
+  || { cat cleanup.err; fail "kpng.exe cleanup did not name the running kpng.exe"; }
 kill "$sp" 2>/dev/null || true
 wait "$sp" 2>/dev/null || true
 grep -q "HNS unavailable" system.log || { cat system.log; fail "kpng.exe --hcn system did not report HNS unavailable"; }
-echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries"
+echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries; cleanup refuses while it runs"
 
 # 5. `--windows-service`: from a console it refuses (no Service Control Manager), as
 # kube-proxy; installed with `sc create` and started with `net start` under Wine's SCM it

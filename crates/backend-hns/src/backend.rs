@@ -55,6 +55,10 @@ fn unavailable(e: &HcnError, what: &str) -> BackendError {
 }
 
 impl HnsBackend {
+    /// The backend's name, kube-proxy's for its Windows mode: in logs, metrics' `backend`
+    /// label and `kpng status`, by which `kpng cleanup` knows a kpng that programs HNS.
+    pub const NAME: &'static str = "kernelspace";
+
     /// A backend over an HCN (the system's, or the simulator).
     pub fn new(config: HnsConfig, hcn: Box<dyn Hcn>) -> HnsBackend {
         let metrics = HnsMetrics::default();
@@ -500,7 +504,7 @@ pub fn conjure_mac(ip: IpAddr) -> String {
 impl Backend for HnsBackend {
     /// kube-proxy's name of the mode, as `/proxyMode` answers it on Windows.
     fn name(&self) -> &'static str {
-        "kernelspace"
+        HnsBackend::NAME
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {

@@ -193,6 +193,16 @@ fn get(socket: &Path, target: &str) -> anyhow::Result<String> {
     Ok(body.to_string())
 }
 
+/// The backend of the kpng answering on `socket` (`nftables`, `kernelspace`, …), or `None`
+/// when nothing answers there. Lets `kpng cleanup` on Windows see a kpng that would put back
+/// what it removes (Linux has the instance lock for that).
+#[cfg_attr(not(windows), allow(dead_code))]
+pub fn serving_backend(socket: &Path) -> Option<String> {
+    let body = get(socket, "/v1/status?limit=0").ok()?;
+    let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+    status["backend"].as_str().map(str::to_string)
+}
+
 /// `kpng status`.
 pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
     let mut status = read_status(socket, args.service.as_deref())?;

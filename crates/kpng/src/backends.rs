@@ -588,6 +588,24 @@ pub(crate) mod hns {
             .context(
                 "cleaning HNS needs the CNI's network: --network-name or the KUBE_NETWORK variable",
             )?;
+        // A kpng still programming HNS would re-create at once what cleanup removes.
+        let admin = std::path::Path::new(&flags.admin_socket);
+        if crate::admin::serving_backend(admin).as_deref() == Some(HnsBackend::NAME) {
+            let running = format!(
+                "a kpng answering on {} programs HNS ({})",
+                admin.display(),
+                HnsBackend::NAME
+            );
+            if dry_run {
+                println!("kpng: {running}; cleanup would refuse until it stops");
+            } else {
+                anyhow::bail!(
+                    "{running}: it would re-create at once what cleanup removes. Stop it first \
+                     (`Stop-Service kpng`, or the DaemonSet's pod on this node), then run \
+                     cleanup again"
+                );
+            }
+        }
         if dry_run {
             println!(
                 "kpng: would remove every HNS load balancer and remote endpoint on network \

@@ -20,29 +20,45 @@ pub fn lock_name(backend: &str) -> String {
     format!("kpng-{backend}")
 }
 
+/// The kpng holding `backend`'s lock in this network namespace, as a message's subject
+/// ("another kpng (pid 4242)"); `None` when nobody holds it. Connecting only asks: it never
+/// takes the name, so a kpng starting meanwhile is not disturbed.
+#[cfg(target_os = "linux")]
+pub fn holder(backend: &str) -> Option<String> {
+    use std::io::{BufRead, BufReader};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    use std::time::Duration;
+
+    let addr = SocketAddr::from_abstract_name(lock_name(backend).as_bytes()).ok()?;
+    let stream = UnixStream::connect_addr(&addr).ok()?;
+    let pid = stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .ok()
+        .and_then(|()| {
+            let mut line = String::new();
+            BufReader::new(stream).read_line(&mut line).ok()?;
+            line.trim().parse::<u32>().ok()
+        });
+    Some(pid.map_or_else(
+        || "another kpng".to_string(),
+        |pid| format!("another kpng (pid {pid})"),
+    ))
+}
+
 /// Takes the lock of `backend` (`nft`, `iptables`, `userspace`) in this network namespace.
 #[cfg(target_os = "linux")]
 pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     use std::os::linux::net::SocketAddrExt;
-    use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-    use std::time::Duration;
+    use std::os::unix::net::{SocketAddr, UnixListener};
 
     let name = lock_name(backend);
     let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
     let listener = match UnixListener::bind_addr(&addr) {
         Ok(l) => l,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            let holder = UnixStream::connect_addr(&addr).ok().and_then(|s| {
-                s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-                let mut line = String::new();
-                BufReader::new(s).read_line(&mut line).ok()?;
-                line.trim().parse::<u32>().ok()
-            });
-            let who = holder.map_or_else(
-                || "another kpng".to_string(),
-                |pid| format!("another kpng (pid {pid})"),
-            );
+            let who = holder(backend).unwrap_or_else(|| "another kpng".to_string());
             anyhow::bail!(
                 "{who} already runs `to-local {backend}` in this network namespace \
                  (it holds the abstract socket @{name}); two would fight over the same \
@@ -83,6 +99,11 @@ mod tests {
             "{err}"
         );
         assert!(err.contains(&format!("to-local {backend}")), "{err}");
+        assert_eq!(
+            holder(&backend),
+            Some(format!("another kpng (pid {})", std::process::id()))
+        );
+        assert_eq!(holder(&format!("{backend}-none")), None, "nobody holds it");
         // Another backend is another lock.
         let other = acquire(&format!("{backend}-other")).expect("other backend");
         drop((first, other));

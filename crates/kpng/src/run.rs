@@ -54,8 +54,35 @@ fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
     #[cfg(not(windows))]
     {
         let _ = flags;
+        #[cfg(target_os = "linux")]
+        refuse_while_running(dry_run)?;
         crate::leftovers::cleanup_all(dry_run)
     }
+}
+
+/// A kpng still programming this network namespace would put back at once what cleanup
+/// removes (it repairs changes by someone else within 100 ms), so cleanup would report
+/// success and change nothing: refuse, naming it. A dry run only says so.
+#[cfg(target_os = "linux")]
+fn refuse_while_running(dry_run: bool) -> anyhow::Result<()> {
+    for kind in BackendKind::ALL {
+        let Some(who) = crate::instance_lock::holder(kind.word()) else {
+            continue;
+        };
+        let running = format!(
+            "{who} runs `to-local {}` in this network namespace",
+            kind.word()
+        );
+        if dry_run {
+            println!("kpng: {running}; cleanup would refuse until it stops");
+            continue;
+        }
+        anyhow::bail!(
+            "{running}: it would put back at once what cleanup removes. Stop it first (its \
+             systemd unit, or the DaemonSet's pod on this node), then run cleanup again"
+        );
+    }
+    Ok(())
 }
 
 /// Runs the command line.

@@ -310,6 +310,73 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
     assert_eq!(again.trim(), "kpng: nothing to remove");
 }
 
+/// `kpng cleanup` while a kpng still programs the namespace would report success and change
+/// nothing (the running kpng repairs it within 100 ms): it refuses, naming that kpng, and
+/// removes everything once it has stopped.
+#[test]
+fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
+    require_root!();
+    let ns = Netns::new("kpcleanrun").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
+    let kpng = ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+            input,
+            "--node-name",
+            "node1",
+            "to-local",
+            "nft",
+            "--admin-socket",
+            admin.to_str().expect("utf-8"),
+        ])
+        .expect("kpng");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !tables(&ns).contains("table ip kpng") {
+        assert!(
+            Instant::now() < deadline,
+            "kpng programmed nothing: {}",
+            kpng.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = ns
+        .exec([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
+        .expect("kpng cleanup");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "another kpng (pid {}) runs `to-local nft` in this network namespace: it would put \
+             back at once what cleanup removes",
+            kpng.id()
+        )),
+        "{stderr}"
+    );
+    assert!(tables(&ns).contains("table ip kpng"), "nothing removed");
+    let dry = ns
+        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup", "--dry-run"])
+        .expect("a dry run still answers");
+    assert!(dry.contains("cleanup would refuse until it stops"), "{dry}");
+    assert!(
+        dry.contains("kpng: would remove kpng's nftables tables"),
+        "{dry}"
+    );
+
+    kpng.terminate(Duration::from_secs(5)).expect("stop kpng");
+    let out = ns
+        .run_ok([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
+        .expect("kpng cleanup once it stopped");
+    assert!(
+        out.contains("kpng: removed kpng's nftables tables"),
+        "{out}"
+    );
+    assert!(!tables(&ns).contains("kpng"), "{}", tables(&ns));
+}
+
 /// `kpng --init-only` does the privileged set-up (the conntrack sysctls, the backend's node
 /// checks) and exits, as kube-proxy's: run in a namespace, whose conntrack timeouts are its own.
 #[test]
