@@ -14,7 +14,8 @@ use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
 use kpng_runner::admin::{
-    AdminHandle, InputStatus, PortStatus, RejectedStatus, RepairStatus, Status, StatusQuery,
+    AdminHandle, HealthCheckStatus, InputStatus, PortStatus, RejectedStatus, RepairStatus, Status,
+    StatusQuery,
 };
 
 use crate::admin_socket::Serving;
@@ -418,6 +419,7 @@ fn table(status: &Status, wide: bool) -> String {
         );
     }
     write_rejected(&mut out, &status.rejected);
+    write_health_checks(&mut out, &status.health_checks_not_served);
     let rows: Vec<[String; 6]> = status.services.iter().map(row).collect();
     let header = [
         "SERVICE",
@@ -518,6 +520,27 @@ fn write_repairs(out: &mut String, r: &RepairStatus) {
         r.last_at,
         r.last_change
     );
+}
+
+/// Health checks whose server could not start: the Service, its port, since when and why.
+fn write_health_checks(out: &mut String, checks: &[HealthCheckStatus]) {
+    use std::fmt::Write as _;
+    if checks.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "health checks not served: {} (a load balancer probing one sees this node as unhealthy \
+         for that Service; retried at every sync)",
+        checks.len()
+    );
+    for c in checks {
+        let _ = writeln!(
+            out,
+            "  {} healthCheckNodePort {}: {} (since {})",
+            c.service, c.port, c.message, c.since
+        );
+    }
 }
 
 fn write_rejected(out: &mut String, rejected: &[RejectedStatus]) {
@@ -835,6 +858,27 @@ mod tests {
             );
             assert_eq!(out, want);
         }
+    }
+
+    #[test]
+    fn health_checks_not_served_are_listed_with_why_and_since_when() {
+        let mut out = String::new();
+        write_health_checks(&mut out, &[]);
+        assert_eq!(out, "", "nothing when every check is served");
+        let check = HealthCheckStatus {
+            service: "shop/storefront".into(),
+            port: 32100,
+            message: "0.0.0.0:32100: Address already in use (os error 98)".into(),
+            since: "T0".into(),
+        };
+        write_health_checks(&mut out, &[check]);
+        assert_eq!(
+            out,
+            "health checks not served: 1 (a load balancer probing one sees this node as \
+             unhealthy for that Service; retried at every sync)\n  shop/storefront \
+             healthCheckNodePort 32100: 0.0.0.0:32100: Address already in use (os error 98) \
+             (since T0)\n"
+        );
     }
 
     #[test]

@@ -678,3 +678,131 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
         "{problems}"
     );
 }
+
+/// A health check that cannot be served (here: node1's address is not on this namespace, as
+/// when the node's IP moved) is listed by `kpng status`, in its JSON and on the status page,
+/// with why and since when: a load balancer probing it sees the node as unhealthy.
+#[test]
+fn a_health_check_that_cannot_be_served_is_listed_with_why() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::new("kpnghc").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("admin.sock");
+    let input = dir.path().join("cluster.yaml");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
+    std::fs::copy(example, &input).expect("copy the example");
+    let input = input.to_str().expect("utf-8");
+    let metrics = "127.0.0.1:10249";
+    let running = ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+            input,
+            "--node-name",
+            "node1",
+            "--metrics-bind-address",
+            metrics,
+            "--admin-socket",
+            socket.to_str().expect("utf-8"),
+            "to-local",
+            "nft",
+        ])
+        .expect("kpng");
+    let status = || {
+        let out = kpng()
+            .args(["status", "-o", "json", "--admin-socket"])
+            .arg(&socket)
+            .output()
+            .expect("kpng status");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status()["healthChecksNotServed"].is_null() {
+        assert!(
+            Instant::now() < deadline,
+            "not listed: {}\n{}",
+            status(),
+            running.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let listed = &status()["healthChecksNotServed"];
+    assert_eq!(listed[0]["service"], "shop/storefront", "{listed}");
+    assert_eq!(listed[0]["port"], 32100, "{listed}");
+    assert_eq!(
+        listed[0]["message"], "192.168.100.1:32100: Cannot assign requested address (os error 99)",
+        "{listed}"
+    );
+    let table = kpng()
+        .args(["status", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("kpng status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("health checks not served: 1 (a load balancer probing one sees this node as unhealthy")
+            && table.contains("  shop/storefront healthCheckNodePort 32100: 192.168.100.1:32100: Cannot assign requested address"),
+        "{table}"
+    );
+    // Another Service's change is a sync that retries it: still listed since the first
+    // failure, and logged once, not at every sync.
+    let since = listed[0]["since"].clone();
+    let ports_before = status()["totalPorts"].as_u64().expect("totalPorts");
+    let mut text = std::fs::read_to_string(input).expect("read");
+    text.push_str(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: later}\n\
+         spec: {clusterIP: 10.96.0.99, ports: [{name: http, port: 80}]}\n",
+    );
+    std::fs::write(input, text).expect("write");
+    while status()["totalPorts"].as_u64() == Some(ports_before) {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(10),
+            "{}",
+            status()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(status()["healthChecksNotServed"][0]["since"], since);
+    assert_eq!(
+        running
+            .stderr_text()
+            .matches("cannot start the health check")
+            .count(),
+        1,
+        "{}",
+        running.stderr_text()
+    );
+
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: chromium is missing (scripts/test.sh installs it)"
+        );
+        eprintln!("SKIPPED: no chromium to load the status page (apt-get install chromium)");
+        return;
+    };
+    let out = ns
+        .exec([
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            &format!("http://{metrics}/status"),
+        ])
+        .expect("chromium");
+    let page = String::from_utf8_lossy(&out.stdout);
+    let checks = table_after(&page, "<div id=\"healthchecks\">")
+        .unwrap_or_else(|| panic!("a visible health-check section: {page}"));
+    assert!(
+        checks.contains("shop/storefront")
+            && checks.contains("32100")
+            && checks.contains("Cannot assign requested address"),
+        "{checks}"
+    );
+    // The namespace goes with its tables once kpng is stopped (dropped first).
+}

@@ -172,6 +172,36 @@ pub struct Status {
     /// `nft flush ruleset`): none so far when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repairs: Option<RepairStatus>,
+    /// Health checks of eTP Local LoadBalancer Services whose server could not start (a port
+    /// taken by another process): a load balancer probing one sees this node as unhealthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks_not_served: Vec<HealthCheckStatus>,
+}
+
+/// A Service's health check that is not served now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckStatus {
+    /// `namespace/name`.
+    pub service: String,
+    /// Its `healthCheckNodePort`.
+    pub port: u16,
+    /// Why its server could not start.
+    pub message: String,
+    /// When it first failed (RFC 3339).
+    pub since: String,
+}
+
+impl HealthCheckStatus {
+    /// The status of one check that is not served.
+    pub fn of(n: &crate::service_health::NotServed) -> HealthCheckStatus {
+        HealthCheckStatus {
+            service: n.service.to_string(),
+            port: n.port,
+            message: n.error.clone(),
+            since: rfc3339(n.since),
+        }
+    }
 }
 
 /// Repairs after someone else changed what the backend programmed.

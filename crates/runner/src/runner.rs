@@ -32,8 +32,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 use crate::admin::{
-    self, AdminHandle, FactsFn, InputStatus, PortStatus, Query, RejectedStatus, RepairStatus,
-    Status, SyncStatus, TraceAnswer,
+    self, AdminHandle, FactsFn, HealthCheckStatus, InputStatus, PortStatus, Query, RejectedStatus,
+    RepairStatus, Status, SyncStatus, TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -341,6 +341,18 @@ impl<M: NodeModel> LoopState<M> {
                         .collect(),
                     waiting_for: self.unlisted().iter().map(|k| k.as_str().into()).collect(),
                     repairs: self.repairs.clone(),
+                    health_checks_not_served: self
+                        .runner
+                        .service_health
+                        .as_ref()
+                        .map(|(servers, _)| {
+                            servers
+                                .not_served()
+                                .iter()
+                                .map(HealthCheckStatus::of)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                     input: self
                         .runner
                         .input

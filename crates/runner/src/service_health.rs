@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use kpng_model::{ServiceKey, ServicePort, Snapshot};
 use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::health::ProxyHealth;
 
@@ -151,12 +151,36 @@ impl Drop for Running {
     }
 }
 
+/// A wanted health check whose server could not start: retried at every sync, logged once
+/// (and again only when the reason changes), listed by `kpng status` until it starts.
+#[derive(Debug, Clone)]
+struct NotStarted {
+    check: HealthCheck,
+    error: String,
+    since: SystemTime,
+    attempts: u32,
+}
+
+/// A Service's health check that is not served now, for `kpng status`: a load balancer
+/// probing it sees this node as unhealthy for that Service, whatever its endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotServed {
+    /// The Service.
+    pub service: ServiceKey,
+    /// Its `healthCheckNodePort`.
+    pub port: u16,
+    /// Why the server could not start (the address and the system's error).
+    pub error: String,
+    /// When it first failed.
+    pub since: SystemTime,
+}
+
 /// The health-check servers of this node.
 pub struct ServiceHealthServers {
     shared: Shared,
     running: HashMap<ServiceKey, Running>,
     /// Wanted checks whose server could not start: retried at every sync.
-    not_started: BTreeMap<ServiceKey, HealthCheck>,
+    not_started: BTreeMap<ServiceKey, NotStarted>,
     failures: Counter,
 }
 
@@ -180,6 +204,19 @@ impl ServiceHealthServers {
         self.running
             .iter()
             .map(|(k, r)| (k.clone(), r.port))
+            .collect()
+    }
+
+    /// The wanted checks that are not served, in Service order.
+    pub fn not_served(&self) -> Vec<NotServed> {
+        self.not_started
+            .iter()
+            .map(|(service, n)| NotServed {
+                service: service.clone(),
+                port: n.check.port,
+                error: n.error.clone(),
+                since: n.since,
+            })
             .collect()
     }
 
@@ -207,8 +244,9 @@ impl ServiceHealthServers {
         mut changes: BTreeMap<ServiceKey, Option<HealthCheck>>,
         addresses: &[IpAddr],
     ) {
-        for (key, check) in std::mem::take(&mut self.not_started) {
-            changes.entry(key).or_insert(Some(check));
+        let failed_before = std::mem::take(&mut self.not_started);
+        for (key, failed) in &failed_before {
+            changes.entry(key.clone()).or_insert(Some(failed.check));
         }
         let addresses: Vec<IpAddr> = if addresses.is_empty() {
             vec![IpAddr::from([0u8; 4]), IpAddr::from([0u16; 8])]
@@ -236,15 +274,43 @@ impl ServiceHealthServers {
             }
         }
         for (key, check) in to_start {
+            // The same port failing again continues the earlier failure.
+            let before = failed_before
+                .get(&key)
+                .filter(|f| f.check.port == check.port);
             match self.start(&key, check.port, &addresses).await {
                 Ok(running) => {
-                    info!(service = %key, port = check.port, "serving health check");
+                    match before {
+                        Some(f) => info!(
+                            service = %key,
+                            port = check.port,
+                            "serving health check, after {} failed attempts",
+                            f.attempts
+                        ),
+                        None => info!(service = %key, port = check.port, "serving health check"),
+                    }
                     self.running.insert(key, running);
                 }
                 Err(e) => {
                     self.failures.inc();
-                    warn!(service = %key, port = check.port, "cannot start the health check (retried at the next sync): {e}");
-                    self.not_started.insert(key, check);
+                    let error = e.to_string();
+                    if before.is_some_and(|f| f.error == error) {
+                        debug!(service = %key, port = check.port, "health check still not served: {error}");
+                    } else {
+                        warn!(
+                            service = %key,
+                            port = check.port,
+                            "cannot start the health check: {error}; retried at every sync, \
+                             listed by `kpng status` until it starts"
+                        );
+                    }
+                    let failed = NotStarted {
+                        check,
+                        error,
+                        since: before.map_or_else(SystemTime::now, |f| f.since),
+                        attempts: before.map_or(1, |f| f.attempts + 1),
+                    };
+                    self.not_started.insert(key, failed);
                 }
             }
         }
@@ -280,7 +346,9 @@ impl ServiceHealthServers {
             tasks: Vec::new(),
         };
         for ip in addresses {
-            let listener = bind(SocketAddr::new(*ip, port))?;
+            let addr = SocketAddr::new(*ip, port);
+            let listener =
+                bind(addr).map_err(|e| std::io::Error::new(e.kind(), format!("{addr}: {e}")))?;
             let app = Router::new().fallback(answer).with_state(Handler {
                 service: key.clone(),
                 shared: self.shared.clone(),

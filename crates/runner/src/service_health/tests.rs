@@ -146,9 +146,28 @@ async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
     hc.sync(&wanted, &loopback).await;
     assert_eq!(failures.get(), 1);
     assert!(hc.serving().is_empty());
+    // Listed until it starts, naming the address, the first failure's time kept.
+    let listed = hc.not_served();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!((&listed[0].service, listed[0].port), (&key, port));
+    assert!(
+        listed[0]
+            .error
+            .starts_with(&format!("127.0.0.1:{port}: Address already in use")),
+        "{}",
+        listed[0].error
+    );
+    hc.sync(&wanted, &loopback).await;
+    assert_eq!(failures.get(), 2, "every attempt is counted");
+    assert_eq!(
+        hc.not_served(),
+        listed,
+        "the same failure, since the first attempt"
+    );
     drop(squatter);
     hc.sync(&wanted, &loopback).await;
     assert_eq!(hc.serving(), BTreeMap::from([(key, port)]));
+    assert!(hc.not_served().is_empty());
     let (status, _, _) = tokio::task::spawn_blocking(move || get(port, "/"))
         .await
         .expect("join")
