@@ -33,7 +33,8 @@ pub mod fake;
 pub use flow::{Flow, IPPROTO_TCP, IPPROTO_UDP, Tuple};
 pub use local_addrs::local_addresses;
 pub use reconciler::{
-    FALLBACK_MAX_NARROW_DUMPS, FlowTable, KernelTable, Pass, Reconciler, TableSize, pass_needed,
+    FALLBACK_MAX_NARROW_DUMPS, FlowTable, KernelTable, Pass, Reconciler, TableSize, TableUsage,
+    pass_needed, table_usage,
 };
 pub use socket::{ConntrackSocket, DeleteOutcome};
 pub use stale::{Frontend, StaleFilter};

@@ -126,6 +126,24 @@ impl KernelTable {
     }
 }
 
+/// How full this network namespace's conntrack table is: a full table drops the first packet
+/// of every new connection, Services included, and nothing else says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableUsage {
+    /// Entries now (`nf_conntrack_count`).
+    pub entries: usize,
+    /// The limit (`nf_conntrack_max`).
+    pub max: usize,
+}
+
+/// The table's usage now; `None` when conntrack is not loaded (no sysctls).
+pub fn table_usage() -> Option<TableUsage> {
+    Some(TableUsage {
+        entries: read_sysctl("nf_conntrack_count")?,
+        max: read_sysctl("nf_conntrack_max")?,
+    })
+}
+
 fn read_sysctl(name: &str) -> Option<usize> {
     std::fs::read_to_string(format!("/proc/sys/net/netfilter/{name}"))
         .ok()?

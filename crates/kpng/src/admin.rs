@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
 use kpng_runner::admin::{
-    AdminHandle, HealthCheckStatus, InputStatus, PortStatus, RejectedStatus, RepairStatus, Status,
-    StatusQuery,
+    AdminHandle, ConntrackStatus, HealthCheckStatus, InputStatus, PortStatus, RejectedStatus,
+    RepairStatus, Status, StatusQuery,
 };
 
 use crate::admin_socket::Serving;
@@ -411,6 +411,9 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(repairs) = &status.repairs {
         write_repairs(&mut out, repairs);
     }
+    if let Some(conntrack) = &status.conntrack {
+        write_conntrack(&mut out, conntrack, wide);
+    }
     if !status.waiting_for.is_empty() {
         let _ = writeln!(
             out,
@@ -520,6 +523,32 @@ fn write_repairs(out: &mut String, r: &RepairStatus) {
         r.last_at,
         r.last_change
     );
+}
+
+/// The conntrack table's usage: always in the wide view, and unasked when it is nearly full
+/// (a full table drops new connections, and nothing else on the node says why).
+fn write_conntrack(out: &mut String, c: &ConntrackStatus, wide: bool) {
+    use std::fmt::Write as _;
+    if !wide && !c.nearly_full() {
+        return;
+    }
+    let percent = (c.entries.saturating_mul(100))
+        .checked_div(c.max)
+        .unwrap_or(0);
+    let _ = write!(
+        out,
+        "conntrack table {percent} % full ({} of {} entries)",
+        c.entries, c.max
+    );
+    if c.nearly_full() {
+        let _ = write!(
+            out,
+            ": when full, the kernel drops the first packet of every new connection (dmesg: \
+             \"nf_conntrack: table full, dropping packet\"); raise --conntrack-max-per-core or \
+             --conntrack-min, or find what opens so many connections"
+        );
+    }
+    out.push('\n');
 }
 
 /// Health checks whose server could not start: the Service, its port, since when and why.
@@ -857,6 +886,49 @@ mod tests {
                 },
             );
             assert_eq!(out, want);
+        }
+    }
+
+    #[test]
+    fn the_conntrack_table_is_shown_when_nearly_full_or_asked_for() {
+        let cases = [
+            (1_000, 262_144, false, ""),
+            (
+                1_000,
+                262_144,
+                true,
+                "conntrack table 0 % full (1000 of 262144 entries)\n",
+            ),
+            (
+                235_929,
+                262_144,
+                true,
+                "conntrack table 89 % full (235929 of 262144 entries)\n",
+            ),
+            (0, 0, true, "conntrack table 0 % full (0 of 0 entries)\n"),
+        ];
+        for (entries, max, wide, want) in cases {
+            let mut out = String::new();
+            write_conntrack(&mut out, &ConntrackStatus { entries, max }, wide);
+            assert_eq!(out, want, "{entries}/{max} wide {wide}");
+        }
+        for wide in [false, true] {
+            let mut out = String::new();
+            write_conntrack(
+                &mut out,
+                &ConntrackStatus {
+                    entries: 235_930,
+                    max: 262_144,
+                },
+                wide,
+            );
+            assert!(
+                out.starts_with(
+                    "conntrack table 90 % full (235930 of 262144 entries): when full, the kernel \
+                     drops the first packet of every new connection"
+                ) && out.ends_with("--conntrack-min, or find what opens so many connections\n"),
+                "{out}"
+            );
         }
     }
 

@@ -681,7 +681,9 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
 
 /// A health check that cannot be served (here: node1's address is not on this namespace, as
 /// when the node's IP moved) is listed by `kpng status`, in its JSON and on the status page,
-/// with why and since when: a load balancer probing it sees the node as unhealthy.
+/// with why and since when: a load balancer probing it sees the node as unhealthy. A node
+/// backend's status also has the conntrack table's usage (`-o wide`, or unasked when nearly
+/// full).
 #[test]
 fn a_health_check_that_cannot_be_served_is_listed_with_why() {
     kpng_testkit::require_root!();
@@ -745,6 +747,33 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
             && table.contains("  shop/storefront healthCheckNodePort 32100: 192.168.100.1:32100: Cannot assign requested address"),
         "{table}"
     );
+    // The node's conntrack table, as the kernel counts it in this namespace.
+    let max: u64 = ns
+        .run_ok(["cat", "/proc/sys/net/netfilter/nf_conntrack_max"])
+        .expect("nf_conntrack_max")
+        .trim()
+        .parse()
+        .expect("a number");
+    let conntrack = &status()["conntrack"];
+    assert_eq!(conntrack["max"], max, "{conntrack}");
+    assert!(conntrack["entries"].as_u64().is_some(), "{conntrack}");
+    let wide = kpng()
+        .args(["status", "-o", "wide", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("kpng status -o wide");
+    let wide = String::from_utf8_lossy(&wide.stdout);
+    assert!(
+        wide.lines()
+            .any(|l| l.starts_with("conntrack table ")
+                && l.ends_with(&format!(" of {max} entries)"))),
+        "{wide}"
+    );
+    assert!(
+        !table.contains("conntrack table"),
+        "only when nearly full: {table}"
+    );
+
     // Another Service's change is a sync that retries it: still listed since the first
     // failure, and logged once, not at every sync.
     let since = listed[0]["since"].clone();
@@ -803,6 +832,10 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
             && checks.contains("32100")
             && checks.contains("Cannot assign requested address"),
         "{checks}"
+    );
+    assert!(
+        page.contains(&format!(" of {max} entries)")),
+        "the conntrack table in the header: {page}"
     );
     // The namespace goes with its tables once kpng is stopped (dropped first).
 }

@@ -176,6 +176,28 @@ pub struct Status {
     /// taken by another process): a load balancer probing one sees this node as unhealthy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health_checks_not_served: Vec<HealthCheckStatus>,
+    /// The node's conntrack table (backends that program a Linux node): when it is full the
+    /// kernel drops the first packet of every new connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conntrack: Option<ConntrackStatus>,
+}
+
+/// How full the conntrack table is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConntrackStatus {
+    /// Entries now (`nf_conntrack_count`).
+    pub entries: u64,
+    /// The limit (`nf_conntrack_max`).
+    pub max: u64,
+}
+
+impl ConntrackStatus {
+    /// Whether the table is close enough to full (90 %) to say so without being asked: past
+    /// it, bursts of new connections start being dropped.
+    pub fn nearly_full(&self) -> bool {
+        self.max > 0 && self.entries.saturating_mul(10) >= self.max.saturating_mul(9)
+    }
 }
 
 /// A Service's health check that is not served now.

@@ -32,8 +32,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 use crate::admin::{
-    self, AdminHandle, FactsFn, HealthCheckStatus, InputStatus, PortStatus, Query, RejectedStatus,
-    RepairStatus, Status, SyncStatus, TraceAnswer,
+    self, AdminHandle, ConntrackStatus, FactsFn, HealthCheckStatus, InputStatus, PortStatus, Query,
+    RejectedStatus, RepairStatus, Status, SyncStatus, TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -353,6 +353,7 @@ impl<M: NodeModel> LoopState<M> {
                                 .collect()
                         })
                         .unwrap_or_default(),
+                    conntrack: self.conntrack_status(),
                     input: self
                         .runner
                         .input
@@ -375,6 +376,19 @@ impl<M: NodeModel> LoopState<M> {
                 });
             }
         }
+    }
+
+    /// The conntrack table's usage, for a runner that cleans it (a backend that programs a
+    /// Linux node); read when asked, never on the sync path.
+    fn conntrack_status(&self) -> Option<ConntrackStatus> {
+        #[cfg(target_os = "linux")]
+        if self.runner.conntrack.is_some() {
+            return kpng_conntrack::table_usage().map(|u| ConntrackStatus {
+                entries: u.entries as u64,
+                max: u.max as u64,
+            });
+        }
+        None
     }
 
     /// The rejection of the Service of a traced port (`namespace/name:port`), if its latest
