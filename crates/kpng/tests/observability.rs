@@ -547,18 +547,37 @@ fn chromium() -> Option<&'static str> {
         })
 }
 
+/// The browser to load the status page with; `None` (after saying why the test skips) when
+/// there is none, which fails under `CI`.
+fn browser_or_skip() -> Option<&'static str> {
+    let browser = chromium();
+    if browser.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: chromium is missing (scripts/test.sh installs it)"
+        );
+        eprintln!("SKIPPED: no chromium to load the status page (apt-get install chromium)");
+    }
+    browser
+}
+
+/// Headless Chromium's arguments to print `url`'s DOM after its scripts ran.
+fn dump_dom_args(url: &str) -> [&str; 7] {
+    [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        url,
+    ]
+}
+
 /// The DOM after the page's scripts ran (Chromium's `--dump-dom`).
 fn dom(browser: &str, url: &str) -> String {
     let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            url,
-        ])
+        .args(dump_dom_args(url))
         .output()
         .expect("run chromium");
     assert!(
@@ -578,12 +597,7 @@ fn table_after<'a>(page: &'a str, start: &str) -> Option<&'a str> {
 
 #[test]
 fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
-    let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI: chromium is missing (scripts/test.sh installs it)"
-        );
-        eprintln!("SKIPPED: no chromium to load the status page (apt-get install chromium)");
+    let Some(browser) = browser_or_skip() else {
         return;
     };
     let (mut running, dir) = on_the_example("127.0.0.1:0");
@@ -804,25 +818,12 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         running.stderr_text()
     );
 
-    let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI: chromium is missing (scripts/test.sh installs it)"
-        );
-        eprintln!("SKIPPED: no chromium to load the status page (apt-get install chromium)");
+    let Some(browser) = browser_or_skip() else {
         return;
     };
+    let url = format!("http://{metrics}/status");
     let out = ns
-        .exec([
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            &format!("http://{metrics}/status"),
-        ])
+        .exec(std::iter::once(browser).chain(dump_dom_args(&url)))
         .expect("chromium");
     let page = String::from_utf8_lossy(&out.stdout);
     let checks = table_after(&page, "<div id=\"healthchecks\">")

@@ -122,6 +122,22 @@ fn log(h: &Harness) -> Vec<(bool, usize, usize)> {
     h.calls.log.lock().expect("lock").clone()
 }
 
+/// What `kpng status` would show now.
+async fn status_of(h: &Harness) -> admin::Status {
+    h.admin
+        .status(admin::StatusQuery::default())
+        .await
+        .expect("status")
+}
+
+/// The fake backend's tampering reports counted so far.
+fn tampering_detected(h: &Harness) -> u64 {
+    let label = BackendLabel {
+        backend: "fake".into(),
+    };
+    h.metrics.tampering_detected.get_or_create(&label).get()
+}
+
 async fn settle() {
     // Let the runner task process what is queued (time is paused; this only yields).
     for _ in 0..20 {
@@ -266,15 +282,8 @@ async fn tampering_forces_one_prompt_full_sync_whatever_min_sync_period() {
     settle().await;
     tokio::time::sleep(TAMPER_DEBOUNCE + Duration::from_millis(1)).await;
     assert_eq!(log(&h), vec![(true, 1, 1), (true, 1, 1)]);
-    let label = BackendLabel {
-        backend: "fake".into(),
-    };
-    assert_eq!(h.metrics.tampering_detected.get_or_create(&label).get(), 5);
-    let status = h
-        .admin
-        .status(admin::StatusQuery::default())
-        .await
-        .expect("status");
+    assert_eq!(tampering_detected(&h), 5);
+    let status = status_of(&h).await;
     let repairs = status.repairs.expect("the repair is shown");
     assert_eq!(
         (repairs.count, repairs.last_change.as_str()),
@@ -317,30 +326,18 @@ async fn a_repair_the_backend_found_itself_is_counted_and_shown() {
         vec![(true, 1, 1), (false, 0, 1)],
         "a periodic sync"
     );
-    let status = h
-        .admin
-        .status(admin::StatusQuery::default())
-        .await
-        .expect("status");
+    let status = status_of(&h).await;
     let repairs = status.repairs.expect("the repair is shown");
     assert_eq!((repairs.count, repairs.last_change.as_str()), (1, found));
     assert_eq!(
         status.recent_syncs[0].changes,
         format!("repair after a change by someone else ({found}); no Service port changed")
     );
-    let label = BackendLabel {
-        backend: "fake".into(),
-    };
-    assert_eq!(h.metrics.tampering_detected.get_or_create(&label).get(), 1);
+    assert_eq!(tampering_detected(&h), 1);
     // The next periodic sync finds nothing: still one repair.
     tokio::time::sleep(SyncTiming::default().sync_period + Duration::from_millis(1)).await;
     settle().await;
-    let status = h
-        .admin
-        .status(admin::StatusQuery::default())
-        .await
-        .expect("status");
-    assert_eq!(status.repairs.map(|r| r.count), Some(1));
+    assert_eq!(status_of(&h).await.repairs.map(|r| r.count), Some(1));
 }
 
 fn udp_service(ip: &str) -> Object {
