@@ -484,7 +484,7 @@ pub enum Command {
     Api(ApiSource),
     /// Remove every kpng backend's and kube-proxy's (every mode) rules from this node, print
     /// what was removed, then exit (kube-proxy's --cleanup).
-    Cleanup,
+    Cleanup(CleanupArgs),
     /// Print the version, git commit, build date and the Kubernetes APIs kpng reads.
     Version(VersionArgs),
     /// Ask the running kpng (--admin-socket) what it programmed: every Service port's
@@ -533,6 +533,17 @@ pub struct TraceArgs {
     /// `text` or `json`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
     pub output: LogFormat,
+}
+
+/// `kpng cleanup`.
+#[derive(Debug, Args, Default)]
+pub struct CleanupArgs {
+    /// Remove only what kpng alone installs (its `kpng` and `kpng-userspace` nftables tables,
+    /// the eBPF backend's pins), never kube-proxy's rules: for going back to a kube-proxy that
+    /// already runs again. The iptables chains, which kube-proxy's iptables mode shares by
+    /// name with kpng's iptables backend, are kept (kube-proxy takes them over).
+    #[arg(long)]
+    pub kpng_only: bool,
 }
 
 /// `kpng version`.

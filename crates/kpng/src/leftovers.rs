@@ -131,13 +131,38 @@ pub fn sweep(own: &[Leftover]) {
     }
 }
 
-/// `kpng cleanup`, `kpng --cleanup`: removes every leftover and prints what it removed; with
-/// `dry_run`, prints what it would remove and removes nothing.
+/// What `kpng cleanup` removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(windows, allow(dead_code))]
-pub fn cleanup_all(dry_run: bool) -> anyhow::Result<()> {
+pub enum Scope {
+    /// Every proxy's leftovers (kube-proxy's `--cleanup`).
+    Everything,
+    /// What kpng alone installs (`--kpng-only`): going back to a kube-proxy that already runs
+    /// again must not remove that kube-proxy's rules.
+    KpngOnly,
+}
+
+impl Leftover {
+    /// Whether only kpng installs it: kpng's nftables tables and eBPF pins. The iptables
+    /// chains carry kube-proxy's names whoever wrote them.
+    pub fn is_kpngs_own(self) -> bool {
+        matches!(
+            self,
+            Leftover::KpngNft | Leftover::KpngUserspace | Leftover::KpngEbpf
+        )
+    }
+}
+
+/// `kpng cleanup`, `kpng --cleanup`: removes every leftover in `scope` and prints what it
+/// removed; with `dry_run`, prints what it would remove and removes nothing.
+#[cfg_attr(windows, allow(dead_code))]
+pub fn cleanup_all(scope: Scope, dry_run: bool) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     let mut removed = 0;
     for leftover in Leftover::ALL {
+        if scope == Scope::KpngOnly && !leftover.is_kpngs_own() {
+            continue;
+        }
         if !leftover.present() {
             continue;
         }

@@ -20,7 +20,7 @@ use tracing::info;
 
 use crate::backends::BackendKind;
 use crate::cli::{
-    ApiSource, BrainFlags, Cli, Command, FileSource as FileArgs, GlobalFlags,
+    ApiSource, BrainFlags, CleanupArgs, Cli, Command, FileSource as FileArgs, GlobalFlags,
     KubeSource as KubeArgs, LocalBackend, NodeSink, Sink, ToLocal,
 };
 
@@ -46,17 +46,25 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(main: F) -> any
     result
 }
 
-/// `--cleanup`, `kpng cleanup`: every proxy's leftovers on Linux; HNS's load balancers on
-/// Windows.
-fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
+/// `--cleanup`, `kpng cleanup`: every proxy's leftovers on Linux (with `--kpng-only`, only
+/// kpng's own); HNS's load balancers on Windows.
+fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Result<()> {
     #[cfg(windows)]
-    return crate::backends::hns::cleanup(flags, dry_run);
+    return {
+        let _ = args;
+        crate::backends::hns::cleanup(flags, dry_run)
+    };
     #[cfg(not(windows))]
     {
         let _ = flags;
         #[cfg(target_os = "linux")]
         refuse_while_running(dry_run)?;
-        crate::leftovers::cleanup_all(dry_run)
+        let scope = if args.kpng_only {
+            crate::leftovers::Scope::KpngOnly
+        } else {
+            crate::leftovers::Scope::Everything
+        };
+        crate::leftovers::cleanup_all(scope, dry_run)
     }
 }
 
@@ -90,14 +98,14 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     let flags = cli.global;
     // kube-proxy's --cleanup and --init-only stop before anything runs, whatever follows.
     if flags.cleanup {
-        return cleanup(&flags, cli.dry_run);
+        return cleanup(&flags, &CleanupArgs::default(), cli.dry_run);
     }
     let command = match cli.command {
         Some(command) => command,
         None => return kube_proxy(flags, cli.dry_run),
     };
-    if let Command::Cleanup = command {
-        return cleanup(&flags, cli.dry_run);
+    if let Command::Cleanup(args) = &command {
+        return cleanup(&flags, args, cli.dry_run);
     }
     if cli.dry_run {
         anyhow::bail!(
@@ -117,7 +125,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(args) => {
             crate::admin::print_trace(std::path::Path::new(&flags.admin_socket), &args)
         }
-        Command::Cleanup => cleanup(&flags, false),
+        Command::Cleanup(args) => cleanup(&flags, &args, false),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
             let input = source_metrics.health.clone();

@@ -310,6 +310,57 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
     assert_eq!(again.trim(), "kpng: nothing to remove");
 }
 
+/// Going back to a kube-proxy that runs again: `kpng cleanup --kpng-only` removes kpng's own
+/// tables and leaves that kube-proxy's rules (its nftables table, the iptables chains it shares
+/// by name with kpng's iptables backend) in place.
+#[test]
+fn cleanup_kpng_only_leaves_kube_proxys_rules() {
+    require_root!();
+    let ns = Netns::new("kpcleanown").expect("netns");
+    ns.nft(&kube_proxy_ruleset())
+        .expect("kube-proxy's nftables ruleset");
+    ns.nft("add table ip kpng\nadd table ip6 kpng\n")
+        .expect("kpng's tables");
+    ns.run_with_stdin(
+        ["iptables-nft-restore", "--noflush"],
+        "*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n",
+    )
+    .expect("kube-proxy's iptables chains");
+    let dry = ns
+        .run_ok([
+            env!("CARGO_BIN_EXE_kpng"),
+            "--dry-run",
+            "cleanup",
+            "--kpng-only",
+        ])
+        .expect("a dry run");
+    assert_eq!(
+        dry.trim(),
+        "kpng: would remove kpng's nftables tables (`to-local nft`)"
+    );
+    let out = ns
+        .run_ok([env!("CARGO_BIN_EXE_kpng"), "cleanup", "--kpng-only"])
+        .expect("kpng cleanup --kpng-only");
+    assert_eq!(
+        out.trim(),
+        "kpng: removed kpng's nftables tables (`to-local nft`)"
+    );
+    let left = tables(&ns);
+    assert!(
+        !left.contains("table ip kpng") && !left.contains("table ip6 kpng"),
+        "{left}"
+    );
+    assert!(
+        left.contains("table ip kube-proxy"),
+        "kube-proxy's table stays: {left}"
+    );
+    let saved = ns.run_ok(["iptables-nft-save", "-t", "nat"]).expect("save");
+    assert!(
+        saved.contains(":KUBE-SERVICES"),
+        "kube-proxy's chains stay: {saved}"
+    );
+}
+
 /// `kpng cleanup` while a kpng still programs the namespace would report success and change
 /// nothing (the running kpng repairs it within 100 ms): it refuses, naming that kpng, and
 /// removes everything once it has stopped.
