@@ -140,10 +140,16 @@ if win cleanup --network-name cbr0 --admin-socket "$hns_pipe" >cleanup.out 2>cle
 fi
 grep -q 'programs HNS (kernelspace): it would re-create at once what cleanup removes' cleanup.err \
   || { cat cleanup.err; fail "kpng.exe cleanup did not name the running kpng.exe"; }
+# Nor does a second kpng.exe start programming HNS beside it (the named mutex).
+if win "${common[@]}" --network-name cbr0 to-local hns >second-hns.log 2>&1; then
+  cat second-hns.log; fail "a second kpng.exe to-local hns started beside the first"
+fi
+grep -q 'another kpng already runs `to-local hns` on this node' second-hns.log \
+  || { cat second-hns.log; fail "the second kpng.exe did not say why it stops"; }
 kill "$sp" 2>/dev/null || true
 wait "$sp" 2>/dev/null || true
 grep -q "HNS unavailable" system.log || { cat system.log; fail "kpng.exe --hcn system did not report HNS unavailable"; }
-echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries; cleanup refuses while it runs"
+echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries; cleanup and a second kpng.exe refuse while it runs"
 
 # 5. `--windows-service`: from a console it refuses (no Service Control Manager), as
 # kube-proxy; installed with `sc create` and started with `net start` under Wine's SCM it

@@ -254,3 +254,40 @@ pub fn set_priority_class(name: &str) -> Result<(), String> {
     // SAFETY: the pseudo-handle of the current process needs no closing.
     unsafe { t::SetPriorityClass(t::GetCurrentProcess(), class) }.map_err(|e| e.to_string())
 }
+
+/// A named mutex held for the life of the process: Windows' way to say "one of us per node",
+/// as the abstract socket is on Linux. The system releases it when the process ends, however
+/// it ends, so nothing stale is left behind.
+#[derive(Debug)]
+pub struct NamedMutex(windows::Win32::Foundation::HANDLE);
+
+// SAFETY: a mutex handle may be used and closed from any thread.
+unsafe impl Send for NamedMutex {}
+// SAFETY: the handle is only closed in `drop`, which takes `&mut self`.
+unsafe impl Sync for NamedMutex {}
+
+impl NamedMutex {
+    /// Creates the mutex `name` (`Global\kpng-hns`) if nobody holds it: `Ok(None)` when
+    /// another process already does.
+    pub fn acquire(name: &str) -> Result<Option<NamedMutex>, String> {
+        use windows::Win32::Foundation::{CloseHandle, ERROR_ALREADY_EXISTS, GetLastError};
+        use windows::Win32::System::Threading::CreateMutexW;
+        let wide = HSTRING::from(name);
+        // SAFETY: `wide` outlives the call; no security attributes (the default ACL).
+        let handle = unsafe { CreateMutexW(None, false, &wide) }.map_err(|e| e.to_string())?;
+        // SAFETY: reads this thread's last error, which CreateMutexW just set.
+        if unsafe { GetLastError() } == ERROR_ALREADY_EXISTS {
+            // SAFETY: the handle was just opened and is closed once.
+            let _ = unsafe { CloseHandle(handle) };
+            return Ok(None);
+        }
+        Ok(Some(NamedMutex(handle)))
+    }
+}
+
+impl Drop for NamedMutex {
+    fn drop(&mut self) {
+        // SAFETY: the handle is ours and closed once.
+        let _ = unsafe { windows::Win32::Foundation::CloseHandle(self.0) };
+    }
+}

@@ -5,13 +5,15 @@
 //! names live in the network namespace, so instances in different namespaces (containers,
 //! tests) never block each other, and the name vanishes with the process, whatever killed it:
 //! no stale lock file. The holder answers every connection with its pid, so a second instance
-//! refuses to start with a message naming the first.
+//! refuses to start with a message naming the first. On Windows the lock is a named mutex.
 
 /// Held for the life of the process (dropping it does not release the name; exiting does).
 #[derive(Debug)]
 pub struct InstanceLock {
     #[cfg(target_os = "linux")]
     _listener: std::thread::JoinHandle<()>,
+    #[cfg(windows)]
+    _mutex: kpng_backend_hns::system::NamedMutex,
 }
 
 /// The abstract socket name of `backend`'s lock.
@@ -78,8 +80,27 @@ pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
     Ok(InstanceLock { _listener: thread })
 }
 
+/// Windows: one kpng per node programs HNS. Two own the same load balancers and replace each
+/// other's whenever their views differ (other flags, a change seen a moment apart), so traffic
+/// would flap, for example while an administrator runs `kpng.exe` in a console beside the
+/// service. The lock is the named mutex
+/// `Global\kpng-<backend>`, which the system releases with the process.
+#[cfg(windows)]
+pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
+    let name = format!("Global\\kpng-{backend}");
+    match kpng_backend_hns::system::NamedMutex::acquire(&name) {
+        Ok(Some(mutex)) => Ok(InstanceLock { _mutex: mutex }),
+        Ok(None) => anyhow::bail!(
+            "another kpng already runs `to-local {backend}` on this node (it holds the mutex \
+             {name}); two would fight over the same load balancers: stop it first \
+             (`Stop-Service kpng`, or the other console)"
+        ),
+        Err(e) => anyhow::bail!("creating the mutex {name}: {e}"),
+    }
+}
+
 /// Other systems: no node backend, nothing to lock.
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", windows)))]
 pub fn acquire(_backend: &str) -> anyhow::Result<InstanceLock> {
     Ok(InstanceLock {})
 }
