@@ -883,6 +883,25 @@ impl Hub {
         out
     }
 
+    /// The cluster's Nodes that no connected watcher asks for, sorted: nodes whose kpng is
+    /// down, or cannot reach the brain, and so do not follow the cluster.
+    pub fn not_connected(&self) -> Vec<String> {
+        let state = self.lock();
+        let watched: std::collections::HashSet<&str> = state
+            .watchers
+            .values()
+            .map(|w| w.node_name.as_str())
+            .collect();
+        let mut out: Vec<String> = state
+            .cluster
+            .node_names()
+            .filter(|n| !watched.contains(n))
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Service entries the brain holds.
     pub fn service_count(&self) -> usize {
         self.lock().entries.len()

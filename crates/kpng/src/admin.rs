@@ -51,6 +51,7 @@ pub async fn serve_brain(
                     synced: hub.synced(),
                     services: hub.service_count(),
                     nodes: hub.watchers(),
+                    not_connected: hub.not_connected(),
                     rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
                     input: Some(input),
                 })
@@ -73,6 +74,9 @@ pub struct BrainStatus {
     pub services: usize,
     /// The connected nodes.
     pub nodes: Vec<kpng_api::hub::WatcherStatus>,
+    /// The cluster's Nodes with no kpng connected: they do not follow the cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_connected: Vec<String>,
     /// Objects whose latest version the brain rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
@@ -298,19 +302,20 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
             let brain: BrainStatus = serde_json::from_value(status.clone())
                 .context("the brain's status does not have the expected shape")?;
             println!(
-                "brain  {} Services  {}  {} nodes connected",
+                "brain  {} Services  {}  {} connected",
                 brain.services,
                 if brain.synced {
                     "synced"
                 } else {
                     "still listing"
                 },
-                brain.nodes.len()
+                plural(brain.nodes.len(), "node")
             );
             let mut text = String::new();
             if let Some(input) = &brain.input {
                 write_input(&mut text, input);
             }
+            write_not_connected(&mut text, &brain.not_connected);
             write_rejected(&mut text, &brain.rejected);
             print!("{text}");
             println!(
@@ -485,6 +490,9 @@ fn table(status: &Status, wide: bool) -> String {
 /// How many rejected objects the table lists (all of them are in `-o json`).
 const REJECTED_LISTED: usize = 20;
 
+/// How many Nodes without a connected kpng a brain's table names (all are in `-o json`).
+const NOT_CONNECTED_LISTED: usize = 20;
+
 /// The objects whose latest version kpng could not use, above the ports: what to fix in the
 /// input, and whether an older version of each is what the ports below show.
 /// The input's line, and one line per problem it has now: what is wrong, since when.
@@ -522,6 +530,41 @@ fn write_repairs(out: &mut String, r: &RepairStatus) {
         },
         r.last_at,
         r.last_change
+    );
+}
+
+/// `1 node`, `2 nodes`.
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// The cluster's Nodes no kpng follows the brain for: the first few by name, and how many.
+fn write_not_connected(out: &mut String, nodes: &[String]) {
+    use std::fmt::Write as _;
+    if nodes.is_empty() {
+        return;
+    }
+    let shown = nodes
+        .iter()
+        .take(NOT_CONNECTED_LISTED)
+        .cloned()
+        .collect::<Vec<_>>();
+    let more = nodes.len() - shown.len();
+    let _ = writeln!(
+        out,
+        "not connected: {} without a kpng following this brain (down, or cannot reach it): \
+         {}{}",
+        plural(nodes.len(), "Node"),
+        shown.join(", "),
+        if more > 0 {
+            format!(" … and {more} more (`-o json` lists all)")
+        } else {
+            String::new()
+        }
     );
 }
 

@@ -755,10 +755,10 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     let status = status_json(brain_admin);
     assert_eq!(status["role"], "brain", "{status}");
     assert_eq!(status["synced"], true, "{status}");
-    let nodes = status["nodes"].as_array().expect("nodes");
-    let names: Vec<&str> = nodes.iter().filter_map(|n| n["node"].as_str()).collect();
+    let listed = status["nodes"].as_array().expect("nodes");
+    let names: Vec<&str> = listed.iter().filter_map(|n| n["node"].as_str()).collect();
     assert_eq!(names, ["node1", "node2"], "{status}");
-    for n in nodes {
+    for n in listed {
         assert!(n["changeSetsSent"].as_u64().is_some_and(|c| c >= 2), "{n}");
     }
     let brain_table = || {
@@ -777,6 +777,26 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         "{table}"
     );
     assert!(!table.contains("rejected objects"), "{table}");
+    assert!(
+        !table.contains("not connected"),
+        "every Node follows: {table}"
+    );
+
+    // A node whose kpng stops is named: its Node exists, nothing follows the brain for it.
+    drop(nodes.pop());
+    let deadline = Instant::now() + WAIT;
+    while status_json(brain_admin)["notConnected"] != json!(["node2"]) {
+        assert!(Instant::now() < deadline, "{}", status_json(brain_admin));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let table = brain_table();
+    assert!(
+        table.contains(
+            "not connected: 1 Node without a kpng following this brain (down, or cannot \
+             reach it): node2\n"
+        ) && table.contains("  1 node connected\n"),
+        "{table}"
+    );
 
     // An object the brain cannot use is named by the brain's status (its nodes never see it).
     server

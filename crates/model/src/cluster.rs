@@ -216,6 +216,12 @@ impl ClusterModel {
         self.sources.iter()
     }
 
+    /// The names of every Node the model holds: a brain compares them with the nodes
+    /// connected to it, to name the ones that are not.
+    pub fn node_names(&self) -> impl Iterator<Item = &str> {
+        self.nodes.keys().map(String::as_str)
+    }
+
     /// The Node object of this name, if known.
     pub fn node(&self, name: &str) -> Option<&Arc<NodeInfo>> {
         self.nodes.get(name)

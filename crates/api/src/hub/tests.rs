@@ -167,6 +167,25 @@ fn every_watcher_gets_its_own_node_view() {
 }
 
 #[test]
+fn the_nodes_no_watcher_asks_for_are_named() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let all = hub.not_connected();
+    assert!(all.len() >= 2, "the fixture's Nodes: {all:?}");
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "sorted: {all:?}");
+    let first = hub.register(&all[0]);
+    // A watcher for a node the cluster does not know changes nothing.
+    let _stranger = hub.register("not-a-node");
+    assert_eq!(hub.not_connected(), all[1..]);
+    drop(first);
+    assert_eq!(
+        hub.not_connected(),
+        all,
+        "a watcher that leaves is missed again"
+    );
+}
+
+#[test]
 fn a_change_sends_only_its_difference_and_deletes_after_sets() {
     let hub = hub();
     hub.apply(fixtures::cluster_event());
