@@ -1,4 +1,4 @@
-//! Services and EndpointSlices read without their `managedFields`.
+//! Services, EndpointSlices and Nodes read without their `managedFields`.
 //!
 //! Every object the API server returns carries `metadata.managedFields`: the server-side apply
 //! bookkeeping of which client set which field, a tree of nested maps that is often the largest
@@ -16,7 +16,11 @@
 //! (name, namespace, labels, other annotations, resourceVersion, uid, deletionTimestamp, …)
 //! is kept.
 //!
-//! The parts that describe the Service or the slice (`spec`, `status`, `addressType`,
+//! A Node is read the same way, and of its status only the addresses: its images, conditions
+//! and capacity, often most of its bytes, are walked and never built (a brain lists every
+//! Node of the cluster).
+//!
+//! The parts that describe the object (`spec`, `status`, and a slice's `addressType`,
 //! `endpoints`, `ports`) are each read on their own from the text the API server sent. A
 //! field of the wrong type in one of them (a port that is not a number) then rejects that one
 //! object, naming the field, as the conversion rejects a port out of range: the model keeps
@@ -26,7 +30,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kpng_k8s::{Convert, Converted};
@@ -259,6 +263,38 @@ impl<'de> Deserialize<'de> for Slim<EndpointSlice> {
     }
 }
 
+impl<'de> Deserialize<'de> for Slim<Node> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Repr<'a> {
+            #[serde(default)]
+            metadata: Meta,
+            #[serde(borrow)]
+            spec: Option<&'a RawValue>,
+            #[serde(borrow)]
+            status: Option<&'a RawValue>,
+        }
+        /// What the proxy reads of a Node's status: its addresses. The rest (images,
+        /// conditions, capacity, the node's info), most of a Node's bytes, is walked, never
+        /// built.
+        #[derive(Deserialize)]
+        struct Status {
+            addresses: Option<Vec<NodeAddress>>,
+        }
+        let r = Repr::deserialize(deserializer)?;
+        let mut undecodable = None;
+        let node = Node {
+            metadata: r.metadata.into(),
+            spec: part(r.spec, "spec", &mut undecodable),
+            status: part::<Status>(r.status, "status", &mut undecodable).map(|s| NodeStatus {
+                addresses: s.addresses,
+                ..NodeStatus::default()
+            }),
+        };
+        Ok(Slim::new(node, undecodable))
+    }
+}
+
 impl<K: k8s_openapi::Resource> k8s_openapi::Resource for Slim<K> {
     const API_VERSION: &'static str = K::API_VERSION;
     const GROUP: &'static str = K::GROUP;
@@ -340,6 +376,55 @@ mod tests {
         }
         let slim: Slim<EndpointSlice> = read(&slice).expect("slim");
         assert_eq!(slim.object, full);
+    }
+
+    /// A Node as kubelet reports it: the slim read keeps what the conversion reads (labels,
+    /// deletion, pod CIDRs, taints, addresses) and converts to the same record as the full
+    /// read; images, conditions, capacity and the node's info are not built.
+    #[test]
+    fn a_slim_node_converts_as_the_full_one_without_its_images() {
+        let node = json!({"metadata": {"name": "node1",
+                "labels": {"topology.kubernetes.io/zone": "zone-a", "kubernetes.io/os": "linux"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:images": {}}}}]},
+            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"],
+                "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "192.168.100.1"},
+                    {"type": "ExternalIP", "address": "203.0.113.1"},
+                    {"type": "Hostname", "address": "node1"}],
+                "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320368}],
+                "conditions": [{"type": "Ready", "status": "True",
+                    "lastHeartbeatTime": "2026-12-05T00:00:00Z"}],
+                "capacity": {"cpu": "2", "memory": "4Gi"},
+                "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b",
+                    "kernelVersion": "6.18", "osImage": "Debian", "containerRuntimeVersion": "c",
+                    "kubeletVersion": "v1.34.0", "kubeProxyVersion": "", "operatingSystem": "linux",
+                    "architecture": "amd64"}}});
+        let slim: Slim<Node> = read(&node).expect("slim");
+        assert!(slim.undecodable.is_none());
+        let status = slim.object.status.as_ref().expect("status");
+        assert_eq!(status.addresses.as_ref().map(Vec::len), Some(3));
+        assert!(status.images.is_none() && status.conditions.is_none());
+        assert!(slim.object.metadata.managed_fields.is_none());
+        let full: Node = serde_json::from_value(node).expect("full");
+        assert_eq!(
+            format!("{:?}", slim.convert().object),
+            format!("{:?}", full.convert().object)
+        );
+    }
+
+    /// A Node whose part has a wrong type is rejected alone, naming the field.
+    #[test]
+    fn a_node_with_a_wrong_type_is_rejected_naming_the_field() {
+        let node = json!({"metadata": {"name": "node1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": 7}]}});
+        let Object::Rejected(error) = read::<Slim<Node>>(&node).expect("read").convert().object
+        else {
+            panic!("not rejected");
+        };
+        assert_eq!(error.object.to_string(), "Node node1");
+        assert_eq!(error.field, "status.addresses[0].address");
     }
 
     /// Annotations that are absent or null read as none, as in the full read.

@@ -313,7 +313,8 @@ impl KubeSource {
             Some(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
             None => watcher::Config::default(),
         };
-        // Services and EndpointSlices are read without their managedFields (`crate::slim`).
+        // Services, EndpointSlices and Nodes are read without their managedFields, a Node's
+        // status without its images and conditions (`crate::slim`).
         futures::stream::select_all([
             watch(
                 Api::<Slim<Service>>::all(self.client.clone()),
@@ -323,7 +324,7 @@ impl KubeSource {
                 Api::<Slim<EndpointSlice>>::all(self.client.clone()),
                 labelled,
             ),
-            watch(Api::<Node>::all(self.client.clone()), node),
+            watch(Api::<Slim<Node>>::all(self.client.clone()), node),
         ])
     }
 
