@@ -115,6 +115,10 @@ pub struct ProxyMetrics {
     pub model_service_ports: MetricFamily<FamilyLabel, Gauge>,
     /// `kpng_service_healthcheck_failures_total`: health-check servers that could not start.
     pub healthcheck_failures: Counter,
+    /// `kpng_service_healthchecks_not_served`: wanted health checks whose server is not
+    /// running now (`kpng status` names them): above 0, a load balancer sees this node as
+    /// unhealthy for those Services. The gauge to alert on; the counter above counts attempts.
+    pub healthchecks_not_served: Gauge,
     /// `kubeproxy_conntrack_reconciler_sync_duration_seconds`: one UDP conntrack cleanup pass.
     pub conntrack_reconciler_duration: DurationHistograms,
     /// `kubeproxy_conntrack_reconciler_deleted_entries_total`: stale UDP entries deleted.
@@ -152,6 +156,7 @@ impl ProxyMetrics {
             tampering_detected: MetricFamily::default(),
             model_service_ports: MetricFamily::default(),
             healthcheck_failures: Counter::default(),
+            healthchecks_not_served: Gauge::default(),
             conntrack_reconciler_duration: MetricFamily::new_with_constructor(
                 sync_duration_histogram,
             ),
@@ -269,6 +274,11 @@ impl ProxyMetrics {
             "kpng_service_healthcheck_failures",
             "Service health-check servers that could not be started (retried at the next sync)",
             m.healthcheck_failures.clone(),
+        );
+        r.register(
+            "kpng_service_healthchecks_not_served",
+            "Service health checks whose server is not running now (kpng status names them)",
+            m.healthchecks_not_served.clone(),
         );
         r.register(
             "kubeproxy_conntrack_reconciler_sync_duration_seconds",

@@ -138,6 +138,7 @@ impl<M: NodeModel> Runner<M> {
         let servers = ServiceHealthServers::new(
             self.health.clone(),
             self.metrics.healthcheck_failures.clone(),
+            self.metrics.healthchecks_not_served.clone(),
         );
         self.service_health = Some((servers, addresses));
         self

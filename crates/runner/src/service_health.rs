@@ -19,6 +19,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kpng_model::{ServiceKey, ServicePort, Snapshot};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -182,12 +183,19 @@ pub struct ServiceHealthServers {
     /// Wanted checks whose server could not start: retried at every sync.
     not_started: BTreeMap<ServiceKey, NotStarted>,
     failures: Counter,
+    /// How many wanted checks are not served now (`not_started`'s size), for alerts.
+    not_served: Gauge,
 }
 
 impl ServiceHealthServers {
     /// Servers that report `health` as `serviceProxyHealthy`. `failures` counts servers that
-    /// could not be started (port in use, address not available).
-    pub fn new(health: Arc<ProxyHealth>, failures: Counter) -> ServiceHealthServers {
+    /// could not be started (port in use, address not available); `not_served` is how many
+    /// wanted checks are not served now.
+    pub fn new(
+        health: Arc<ProxyHealth>,
+        failures: Counter,
+        not_served: Gauge,
+    ) -> ServiceHealthServers {
         ServiceHealthServers {
             shared: Shared {
                 counts: Arc::new(RwLock::new(HashMap::new())),
@@ -196,6 +204,7 @@ impl ServiceHealthServers {
             running: HashMap::new(),
             not_started: BTreeMap::new(),
             failures,
+            not_served,
         }
     }
 
@@ -314,6 +323,8 @@ impl ServiceHealthServers {
                 }
             }
         }
+        self.not_served
+            .set(i64::try_from(self.not_started.len()).unwrap_or(i64::MAX));
     }
 
     /// The local endpoint count a Service's server answers with (`None`: no longer wanted).

@@ -40,14 +40,22 @@ fn get(port: u16, path: &str) -> std::io::Result<(u16, HashMap<String, String>, 
 }
 
 fn servers(healthy: bool) -> (ServiceHealthServers, Counter) {
+    let (servers, failures, _) = servers_and_gauge(healthy);
+    (servers, failures)
+}
+
+/// The servers, their failure counter and their gauge of checks not served.
+fn servers_and_gauge(healthy: bool) -> (ServiceHealthServers, Counter, Gauge) {
     let health = Arc::new(ProxyHealth::new(&[Family::V4], Duration::from_secs(60)));
     if !healthy {
         health.queued(Family::V4, SystemTime::UNIX_EPOCH);
     }
     let failures = Counter::default();
+    let not_served = Gauge::default();
     (
-        ServiceHealthServers::new(health, failures.clone()),
+        ServiceHealthServers::new(health, failures.clone(), not_served.clone()),
         failures,
+        not_served,
     )
 }
 
@@ -131,7 +139,7 @@ async fn an_unhealthy_proxy_answers_503_even_with_endpoints() {
 
 #[tokio::test]
 async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
-    let (mut hc, failures) = servers(true);
+    let (mut hc, failures, not_served) = servers_and_gauge(true);
     let port = free_port();
     let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
     let key = ServiceKey::new("ns", "svc");
@@ -164,10 +172,12 @@ async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
         listed,
         "the same failure, since the first attempt"
     );
+    assert_eq!(not_served.get(), 1, "the gauge to alert on");
     drop(squatter);
     hc.sync(&wanted, &loopback).await;
     assert_eq!(hc.serving(), BTreeMap::from([(key, port)]));
     assert!(hc.not_served().is_empty());
+    assert_eq!(not_served.get(), 0);
     let (status, _, _) = tokio::task::spawn_blocking(move || get(port, "/"))
         .await
         .expect("join")
