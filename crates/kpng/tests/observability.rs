@@ -761,6 +761,13 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
             && table.contains("  shop/storefront healthCheckNodePort 32100: 192.168.100.1:32100: Cannot assign requested address"),
         "{table}"
     );
+    let metrics_text = ns
+        .run_ok(["curl", "-s", &format!("http://{metrics}/metrics")])
+        .expect("metrics");
+    assert!(
+        metrics_text.contains("\nkpng_service_healthchecks_not_served 1\n"),
+        "{metrics_text}"
+    );
     // The node's conntrack table, as the kernel counts it in this namespace.
     let max: u64 = ns
         .run_ok(["cat", "/proc/sys/net/netfilter/nf_conntrack_max"])
