@@ -157,7 +157,7 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
         .expect("a synced line");
     assert_eq!(
         sync["changes"],
-        "Service ports: 1 added; node or Service CIDRs changed"
+        "Service ports: 1 added (ns/web); node or Service CIDRs changed"
     );
     assert_eq!(sync["ports"], 1);
     let metrics_addr = lines
@@ -179,7 +179,7 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
     )
     .expect("write");
     running.wait("the endpoint change's sync", |e| {
-        e.contains("Service ports: 1 with new endpoints")
+        e.contains("Service ports: 1 with new endpoints (ns/web)")
     });
 
     let metrics = http_get(&metrics_addr, "/metrics");

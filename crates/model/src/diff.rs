@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::key::PortKey;
+use crate::key::{PortKey, ServiceKey};
 use crate::model::Snapshot;
 use crate::service_port::ServicePort;
 
@@ -123,16 +123,32 @@ pub struct DiffSummary {
     pub endpoints_changed: usize,
     /// Whether node-level state (the node's IPs, zone, Service CIDRs …) changed.
     pub node_changed: bool,
+    /// The first Services the changes belong to, in key order, at most
+    /// [`DiffSummary::NAMED`]: an operator reads which Service an edit reached.
+    pub services: Vec<ServiceKey>,
+    /// How many Services the changes belong to in all.
+    pub service_count: usize,
 }
 
 impl DiffSummary {
-    /// Counts a diff's changes.
+    /// How many Services a summary names.
+    pub const NAMED: usize = 3;
+
+    /// Counts a diff's changes (one pass; the ports of a Service are adjacent in key order).
     pub fn of(diff: &Diff) -> DiffSummary {
         let mut s = DiffSummary {
             node_changed: diff.node_changed,
             ..DiffSummary::default()
         };
-        for change in diff.changes.values() {
+        let mut last: Option<&ServiceKey> = None;
+        for (key, change) in &diff.changes {
+            if last != Some(&key.service) {
+                s.service_count += 1;
+                if s.services.len() < Self::NAMED {
+                    s.services.push(key.service.clone());
+                }
+                last = Some(&key.service);
+            }
             match (&change.old, &change.new) {
                 (None, Some(_)) => s.added += 1,
                 (Some(_), None) => s.removed += 1,
@@ -162,6 +178,16 @@ impl std::fmt::Display for DiffSummary {
             f.write_str("no Service port changed")?;
         } else {
             write!(f, "Service ports: {}", parts.join(", "))?;
+            let names: Vec<String> = self.services.iter().map(ToString::to_string).collect();
+            if !names.is_empty() {
+                write!(f, " ({}", names.join(", "))?;
+                match self.service_count.saturating_sub(names.len()) {
+                    0 => {}
+                    1 => f.write_str(" and 1 more Service")?,
+                    more => write!(f, " and {more} more Services")?,
+                }
+                f.write_str(")")?;
+            }
         }
         if self.node_changed {
             f.write_str("; node or Service CIDRs changed")?;
@@ -216,7 +242,7 @@ mod tests {
                 Some(port("a")),
                 DiffSummary {
                     added: 1,
-                    ..DiffSummary::default()
+                    ..one_service("a")
                 },
             ),
             (
@@ -225,7 +251,7 @@ mod tests {
                 None,
                 DiffSummary {
                     removed: 1,
-                    ..DiffSummary::default()
+                    ..one_service("a")
                 },
             ),
             (
@@ -234,7 +260,7 @@ mod tests {
                 Some(with_endpoint(port("a"))),
                 DiffSummary {
                     endpoints_changed: 1,
-                    ..DiffSummary::default()
+                    ..one_service("a")
                 },
             ),
             (
@@ -243,7 +269,7 @@ mod tests {
                 Some(with_node_port(with_endpoint(port("a")))),
                 DiffSummary {
                     frontend_changed: 1,
-                    ..DiffSummary::default()
+                    ..one_service("a")
                 },
             ),
         ];
@@ -263,6 +289,55 @@ mod tests {
         assert_eq!(
             text,
             "Service ports: 2 added, 1 with new endpoints; node or Service CIDRs changed"
+        );
+    }
+
+    fn one_service(name: &str) -> DiffSummary {
+        DiffSummary {
+            services: vec![ServiceKey::new("ns", name)],
+            service_count: 1,
+            ..DiffSummary::default()
+        }
+    }
+
+    /// The summary names the first Services the changes belong to, each once, and counts the
+    /// rest.
+    #[test]
+    fn a_summary_names_the_first_services_and_counts_the_rest() {
+        for (names, want) in [
+            (&["a"][..], "Service ports: 1 added (ns/a)"),
+            (
+                &["a", "b", "c"][..],
+                "Service ports: 3 added (ns/a, ns/b, ns/c)",
+            ),
+            (
+                &["a", "b", "c", "d"][..],
+                "Service ports: 4 added (ns/a, ns/b, ns/c and 1 more Service)",
+            ),
+            (
+                &["e", "d", "c", "b", "a"][..],
+                "Service ports: 5 added (ns/a, ns/b, ns/c and 2 more Services)",
+            ),
+        ] {
+            let mut diff = Diff::default();
+            for name in names {
+                let p = port(name);
+                diff.record(p.key.clone(), None, Some(Arc::new(p)));
+            }
+            assert_eq!(DiffSummary::of(&diff).to_string(), want);
+        }
+        // Two ports of one Service: one name.
+        let mut diff = Diff::default();
+        for p in [port("a"), {
+            let mut other = port("a");
+            other.key.port_name = "https".into();
+            other
+        }] {
+            diff.record(p.key.clone(), None, Some(Arc::new(p)));
+        }
+        assert_eq!(
+            DiffSummary::of(&diff).to_string(),
+            "Service ports: 2 added (ns/a)"
         );
     }
 }
