@@ -317,22 +317,8 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
             }
             write_not_connected(&mut text, &brain.not_connected);
             write_rejected(&mut text, &brain.rejected);
+            write_brain_nodes(&mut text, &brain.nodes, output == StatusOutput::Wide);
             print!("{text}");
-            println!(
-                "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}",
-                "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"
-            );
-            for n in &brain.nodes {
-                println!(
-                    "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s",
-                    n.node,
-                    n.connected_at,
-                    n.change_sets_sent,
-                    n.last_sent_at.as_deref().unwrap_or("-"),
-                    n.pending_service_changes,
-                    n.lag_seconds
-                );
-            }
         }
     }
     Ok(())
@@ -493,6 +479,9 @@ const REJECTED_LISTED: usize = 20;
 /// How many Nodes without a connected kpng a brain's table names (all are in `-o json`).
 const NOT_CONNECTED_LISTED: usize = 20;
 
+/// How many connected nodes a brain's table lists, the most behind first (`-o wide`: all).
+const BRAIN_NODES_LISTED: usize = 50;
+
 /// The objects whose latest version kpng could not use, above the ports: what to fix in the
 /// input, and whether an older version of each is what the ports below show.
 /// The input's line, and one line per problem it has now: what is wrong, since when.
@@ -531,6 +520,49 @@ fn write_repairs(out: &mut String, r: &RepairStatus) {
         r.last_at,
         r.last_change
     );
+}
+
+/// A brain's connected nodes, the most behind first (the longest lag, then the most pending
+/// changes, then by name): on a large cluster the table shows the first
+/// [`BRAIN_NODES_LISTED`] and counts the rest, `-o wide` shows all.
+fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], wide: bool) {
+    use std::fmt::Write as _;
+    let mut order: Vec<&kpng_api::hub::WatcherStatus> = nodes.iter().collect();
+    order.sort_by(|a, b| {
+        b.lag_seconds
+            .total_cmp(&a.lag_seconds)
+            .then(b.pending_service_changes.cmp(&a.pending_service_changes))
+            .then(a.node.cmp(&b.node))
+    });
+    let shown = if wide {
+        order.len()
+    } else {
+        order.len().min(BRAIN_NODES_LISTED)
+    };
+    let _ = writeln!(
+        out,
+        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}",
+        "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"
+    );
+    for n in &order[..shown] {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s",
+            n.node,
+            n.connected_at,
+            n.change_sets_sent,
+            n.last_sent_at.as_deref().unwrap_or("-"),
+            n.pending_service_changes,
+            n.lag_seconds
+        );
+    }
+    if shown < order.len() {
+        let _ = writeln!(
+            out,
+            "… and {} more, none further behind (`-o wide` lists all)",
+            order.len() - shown
+        );
+    }
 }
 
 /// `1 node`, `2 nodes`.
@@ -973,6 +1005,40 @@ mod tests {
                 "{out}"
             );
         }
+    }
+
+    #[test]
+    fn a_brains_nodes_are_listed_most_behind_first_and_capped_unless_wide() {
+        let node = |name: &str, lag: f64, pending: usize| kpng_api::hub::WatcherStatus {
+            node: name.into(),
+            connected_at: "T0".into(),
+            change_sets_sent: 3,
+            last_sent_at: None,
+            pending_service_changes: pending,
+            lag_seconds: lag,
+        };
+        let mut nodes: Vec<_> = (0..60).map(|i| node(&format!("n{i:02}"), 0.0, 0)).collect();
+        nodes.push(node("slow", 4.5, 7));
+        nodes.push(node("queued", 0.0, 2));
+        let names = |text: &str| -> Vec<String> {
+            text.lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().next())
+                .map(str::to_string)
+                .collect()
+        };
+        let mut out = String::new();
+        write_brain_nodes(&mut out, &nodes, false);
+        let listed = names(&out);
+        assert_eq!(listed[..3], ["slow", "queued", "n00"], "{out}");
+        assert_eq!(listed.len(), BRAIN_NODES_LISTED + 1, "{out}");
+        assert!(
+            out.ends_with("… and 12 more, none further behind (`-o wide` lists all)\n"),
+            "{out}"
+        );
+        let mut wide = String::new();
+        write_brain_nodes(&mut wide, &nodes, true);
+        assert_eq!(names(&wide).len(), 62, "{wide}");
     }
 
     #[test]
