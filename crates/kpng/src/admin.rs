@@ -780,6 +780,14 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
             rejected_line(&r)
         );
     }
+    if let Ok(c) = serde_json::from_value::<HealthCheckStatus>(t["healthCheckNotServed"].clone()) {
+        println!(
+            "  note:       this node does not serve the Service's health check \
+             (healthCheckNodePort {}: {}, since {}): load balancers see it as unhealthy and send \
+             this Service's traffic to other nodes",
+            c.port, c.message, c.since
+        );
+    }
     if t["inSync"] == false {
         println!(
             "  note:       changes are waiting for a sync (or the last one failed): this is what \

@@ -761,6 +761,27 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
             && table.contains("  shop/storefront healthCheckNodePort 32100: 192.168.100.1:32100: Cannot assign requested address"),
         "{table}"
     );
+    // A trace of the load balancer's traffic says why none may arrive.
+    let trace = kpng()
+        .args([
+            "trace",
+            "--from",
+            "192.168.100.10",
+            "--to",
+            "198.51.100.20:443",
+            "--admin-socket",
+        ])
+        .arg(&socket)
+        .output()
+        .expect("kpng trace");
+    let trace = String::from_utf8_lossy(&trace.stdout);
+    assert!(
+        trace.contains(
+            "  note:       this node does not serve the Service's health check \
+             (healthCheckNodePort 32100: 192.168.100.1:32100: Cannot assign requested address"
+        ),
+        "{trace}"
+    );
     let metrics_text = ns
         .run_ok(["curl", "-s", &format!("http://{metrics}/metrics")])
         .expect("metrics");
@@ -828,7 +849,7 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
     let Some(browser) = browser_or_skip() else {
         return;
     };
-    let url = format!("http://{metrics}/status");
+    let url = format!("http://{metrics}/status?from=192.168.100.10&to=198.51.100.20:443");
     let out = ns
         .exec(std::iter::once(browser).chain(dump_dom_args(&url)))
         .expect("chromium");
@@ -844,6 +865,12 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
     assert!(
         page.contains(&format!(" of {max} entries)")),
         "the conntrack table in the header: {page}"
+    );
+    assert!(
+        page.contains(
+            "note: this node does not serve the Service's health check (healthCheckNodePort 32100"
+        ),
+        "the trace's note: {page}"
     );
     // The namespace goes with its tables once kpng is stopped (dropped first).
 }

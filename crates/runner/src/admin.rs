@@ -117,6 +117,10 @@ pub struct TraceAnswer {
     /// then follows its last good version, not what the input says now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected: Option<RejectedStatus>,
+    /// The matched Service's health check, when this node does not serve it: load balancers
+    /// then see the node as unhealthy for the Service and send its traffic elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check_not_served: Option<HealthCheckStatus>,
 }
 
 /// The state of the proxy: what `kpng status` prints.

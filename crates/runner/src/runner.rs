@@ -369,11 +369,16 @@ impl<M: NodeModel> LoopState<M> {
                     .service
                     .as_deref()
                     .and_then(|matched| self.rejected_service(matched));
+                let health_check_not_served = trace
+                    .service
+                    .as_deref()
+                    .and_then(|matched| self.health_check_not_served(matched));
                 let _ = reply.send(TraceAnswer {
                     trace,
                     generation: self.generation,
                     in_sync: self.in_sync(),
                     rejected,
+                    health_check_not_served,
                 });
             }
         }
@@ -392,11 +397,22 @@ impl<M: NodeModel> LoopState<M> {
         None
     }
 
+    /// The health check of the Service of a traced port, when this node does not serve it:
+    /// load balancers then send that Service's traffic elsewhere, whatever the rules say.
+    fn health_check_not_served(&self, port: &str) -> Option<HealthCheckStatus> {
+        let (namespace, name) = service_of(port)?;
+        let (servers, _) = self.runner.service_health.as_ref()?;
+        servers
+            .not_served()
+            .iter()
+            .find(|n| *n.service.namespace == *namespace && *n.service.name == *name)
+            .map(HealthCheckStatus::of)
+    }
+
     /// The rejection of the Service of a traced port (`namespace/name:port`), if its latest
     /// version is rejected.
     fn rejected_service(&self, port: &str) -> Option<RejectedStatus> {
-        let service = port.rsplit_once(':').map_or(port, |(s, _)| s);
-        let (namespace, name) = service.split_once('/')?;
+        let (namespace, name) = service_of(port)?;
         self.runner
             .model
             .rejected()
@@ -874,6 +890,12 @@ fn unix_seconds(t: SystemTime) -> f64 {
 
 #[cfg(test)]
 mod tests;
+
+/// The namespace and name of a traced port (`namespace/name:port`).
+fn service_of(port: &str) -> Option<(&str, &str)> {
+    let service = port.rsplit_once(':').map_or(port, |(s, _)| s);
+    service.split_once('/')
+}
 
 /// The history's text for a repairing sync: what was repaired, then the Service changes it
 /// carried (alone they would read "no Service port changed").
