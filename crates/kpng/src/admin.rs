@@ -565,6 +565,21 @@ fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], w
     }
 }
 
+/// What a load balancer probing the health check gets, in a few words.
+fn health_check_answer(hc: &kpng_runner::service_health::HealthCheckAnswer) -> String {
+    let why = match (hc.status, hc.local_endpoints) {
+        (None, _) => return format!("health check :{} NOT SERVED", hc.port),
+        (Some(200), n) => format!("{n} local"),
+        (Some(_), 0) => "no local ready endpoint".to_string(),
+        (Some(_), _) => "kpng not healthy".to_string(),
+    };
+    format!(
+        "health check :{} answers {} ({why})",
+        hc.port,
+        hc.status.unwrap_or_default()
+    )
+}
+
 /// `1 node`, `2 nodes`.
 fn plural(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -697,6 +712,9 @@ fn row(p: &PortStatus) -> [String; 6] {
     );
     if let Some(t) = p.affinity_timeout_seconds {
         policy.push_str(&format!(", affinity {t}s"));
+    }
+    if let Some(hc) = &p.health_check {
+        policy.push_str(&format!(", {}", health_check_answer(hc)));
     }
     let used = p.endpoints.iter().filter(|e| !e.used_by.is_empty()).count();
     let mut endpoints = format!("{used}/{} used", p.endpoints.len());
@@ -1047,6 +1065,34 @@ mod tests {
         let mut wide = String::new();
         write_brain_nodes(&mut wide, &nodes, true);
         assert_eq!(names(&wide).len(), 62, "{wide}");
+    }
+
+    #[test]
+    fn a_health_checks_answer_reads_as_what_the_load_balancer_gets() {
+        use kpng_runner::service_health::HealthCheckAnswer;
+        let answer = |status: Option<u16>, local_endpoints: u32| HealthCheckAnswer {
+            port: 32100,
+            status,
+            local_endpoints,
+            not_served: status.is_none().then(|| "in use".to_string()),
+        };
+        for (hc, want) in [
+            (
+                answer(Some(200), 2),
+                "health check :32100 answers 200 (2 local)",
+            ),
+            (
+                answer(Some(503), 0),
+                "health check :32100 answers 503 (no local ready endpoint)",
+            ),
+            (
+                answer(Some(503), 2),
+                "health check :32100 answers 503 (kpng not healthy)",
+            ),
+            (answer(None, 2), "health check :32100 NOT SERVED"),
+        ] {
+            assert_eq!(health_check_answer(&hc), want);
+        }
     }
 
     #[test]

@@ -789,6 +789,11 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         metrics_text.contains("\nkpng_service_healthchecks_not_served 1\n"),
         "{metrics_text}"
     );
+    assert!(
+        table.lines().any(|l| l.starts_with("shop/storefront")
+            && l.contains("ext Local / int Cluster, health check :32100 NOT SERVED")),
+        "the port's row: {table}"
+    );
     // The node's conntrack table, as the kernel counts it in this namespace.
     let max: u64 = ns
         .run_ok(["cat", "/proc/sys/net/netfilter/nf_conntrack_max"])

@@ -384,6 +384,10 @@ pub struct PortStatus {
     /// The health-check node port of an eTP Local LoadBalancer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check_node_port: Option<u16>,
+    /// What this node's server for that port answers a load balancer now (backends that
+    /// program the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<crate::service_health::HealthCheckAnswer>,
     /// When an endpoint list the port needs is empty: what traffic meets, in words
     /// (rejected when the Service has no endpoint at all, dropped when none suits the policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -413,6 +417,7 @@ impl PortStatus {
             internal_traffic_policy: policy(port.internal_policy_local),
             affinity_timeout_seconds: port.session_affinity.map(|a| a.timeout_seconds),
             health_check_node_port: port.health_check_node_port,
+            health_check: None,
             without_endpoints: without_endpoints(port),
             endpoints,
         }

@@ -311,7 +311,12 @@ impl<M: NodeModel> LoopState<M> {
                         matching += 1;
                         continue;
                     }
-                    let status = PortStatus::of(port, self.runner.model.explain(key));
+                    let mut status = PortStatus::of(port, self.runner.model.explain(key));
+                    if port.health_check_node_port.is_some()
+                        && let Some((servers, _)) = &self.runner.service_health
+                    {
+                        status.health_check = servers.answer(svc);
+                    }
                     if text.as_deref().is_none_or(|t| status.row_contains(t)) {
                         if in_page(matching) {
                             services.push(status);

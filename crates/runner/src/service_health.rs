@@ -176,6 +176,24 @@ pub struct NotServed {
     pub since: SystemTime,
 }
 
+/// What a Service's health check answers on this node now (see
+/// [`ServiceHealthServers::answer`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckAnswer {
+    /// The `healthCheckNodePort`.
+    pub port: u16,
+    /// The HTTP status a probe gets (200: the node takes the traffic; 503: it has no local
+    /// ready endpoint, or the proxy is not healthy); `None` when nothing answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The local ready endpoints it reports (`X-Load-Balancing-Endpoint-Weight`).
+    pub local_endpoints: u32,
+    /// Why nothing answers, when the server could not start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_served: Option<String>,
+}
+
 /// The health-check servers of this node.
 pub struct ServiceHealthServers {
     shared: Shared,
@@ -214,6 +232,33 @@ impl ServiceHealthServers {
             .iter()
             .map(|(k, r)| (k.clone(), r.port))
             .collect()
+    }
+
+    /// What this node tells a load balancer probing `service`'s health check now: the status
+    /// code and the local endpoint count its server answers with, or why it is not served.
+    /// `None` when the Service has no health check here.
+    pub fn answer(&self, service: &ServiceKey) -> Option<HealthCheckAnswer> {
+        if let Some(failed) = self.not_started.get(service) {
+            return Some(HealthCheckAnswer {
+                port: failed.check.port,
+                status: None,
+                local_endpoints: failed.check.local_endpoints,
+                not_served: Some(failed.error.clone()),
+            });
+        }
+        let running = self.running.get(service)?;
+        let local_endpoints = self.counts().get(service).copied().unwrap_or(0);
+        let healthy = self.shared.health.is_healthy(SystemTime::now());
+        Some(HealthCheckAnswer {
+            port: running.port,
+            status: Some(if local_endpoints > 0 && healthy {
+                200
+            } else {
+                503
+            }),
+            local_endpoints,
+            not_served: None,
+        })
     }
 
     /// The wanted checks that are not served, in Service order.

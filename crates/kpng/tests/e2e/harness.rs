@@ -272,6 +272,18 @@ impl<'a> Kpng<'a> {
         self.input.with_file_name("admin.sock")
     }
 
+    /// `kpng status -o json` of this kpng.
+    pub fn status_json(&self) -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .args(["status", "-o", "json", "--admin-socket"])
+            .arg(self.admin_socket())
+            .output()
+            .expect("kpng status");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("kpng status: {e}: {}", String::from_utf8_lossy(&out.stderr))
+        })
+    }
+
     /// Starts another kpng with the same arguments in `ns` (this one's namespace or another),
     /// without waiting for anything.
     pub fn spawn_another(&self, ns: &Netns) -> Spawned {

@@ -1394,6 +1394,19 @@ pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
         Some("2")
     );
     assert_eq!(text, body(2));
+    // `kpng status` says what the load balancer just got.
+    let answer = |k: &Kpng| {
+        let status = k.status_json();
+        status["services"]
+            .as_array()
+            .and_then(|ports| ports.iter().find(|p| p["service"] == "default/hc"))
+            .map(|p| p["healthCheck"].clone())
+            .unwrap_or_else(|| panic!("no default/hc in {status}"))
+    };
+    assert_eq!(
+        answer(&k),
+        serde_json::json!({"port": 32160, "status": 200, "localEndpoints": 2})
+    );
 
     // A terminating local endpoint does not count; with none ready locally: 503.
     k.apply(&lb(&[("pod1a", Cond::Draining), ("pod2a", Cond::Ready)]));
@@ -1406,6 +1419,10 @@ pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
         Some("0")
     );
     assert_eq!(text, body(0));
+    assert_eq!(
+        answer(&k),
+        serde_json::json!({"port": 32160, "status": 503, "localEndpoints": 0})
+    );
 
     // The Service turns eTP Cluster: the health check closes.
     k.apply(&manifest(&[svc(
