@@ -877,5 +877,10 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         ),
         "the trace's note: {page}"
     );
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    assert!(
+        services.contains("health check :32100 NOT SERVED"),
+        "the port's row: {services}"
+    );
     // The namespace goes with its tables once kpng is stopped (dropped first).
 }
