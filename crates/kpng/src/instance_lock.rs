@@ -95,7 +95,12 @@ pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
              {name}); two would fight over the same load balancers: stop it first \
              (`Stop-Service kpng`, or the other console)"
         ),
-        Err(e) => anyhow::bail!("creating the mutex {name}: {e}"),
+        // Access denied: the mutex exists and belongs to a kpng running as another account
+        // (the service's), or this shell is not an administrator's.
+        Err(e) => anyhow::bail!(
+            "creating the mutex {name}: {e} (another kpng, running as another account, may \
+             hold it; programming HNS needs an administrator's shell)"
+        ),
     }
 }
 
