@@ -658,6 +658,9 @@ where
         });
     }
     if let Some(events) = facts.events.clone().filter(|_| !dry_run) {
+        if let Some(failures) = runner.health_check_failures() {
+            tokio::spawn(report_health_check_failures(events.clone(), failures));
+        }
         tokio::spawn(report_events(events, proxy_mode, runner.subscribe()));
     }
     let (tx, rx) = mpsc::channel(1024);
@@ -703,6 +706,23 @@ where
                 drain.await;
             }
             Ok(())
+        }
+    }
+}
+
+/// kube-proxy's `FailedToStartServiceHealthcheck` Event on the Service, once per new failure
+/// (the runner reports a failure again only when its reason changes).
+async fn report_health_check_failures(
+    events: kpng_source_kube::NodeEvents,
+    mut failures: tokio::sync::mpsc::UnboundedReceiver<kpng_runner::service_health::NotServed>,
+) {
+    while let Some(f) = failures.recv().await {
+        let (namespace, name) = (&*f.service.namespace, &*f.service.name);
+        if let Err(e) = events
+            .health_check_failed(namespace, name, f.port, &f.error)
+            .await
+        {
+            tracing::debug!("cannot post the FailedToStartServiceHealthcheck Event: {e}");
         }
     }
 }

@@ -147,6 +147,71 @@ fn kube_programs_the_same_rules_as_file_and_follows_an_endpoint_change() {
     );
 }
 
+/// A health check this node cannot serve (node1's address is not in the namespace) is
+/// reported as kube-proxy reports it: a `Warning FailedToStartServiceHealthcheck` Event on the
+/// Service, posted once however many syncs retry it.
+#[test]
+fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
+    require_root!();
+    let ns = Netns::new("kubehc").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    std::fs::write(&input, &example).expect("write");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut server = FakeServer::start(&ns, &input, &kubeconfig);
+    let kube = kpng(
+        &ns,
+        &["kube", "--kubeconfig", kubeconfig.to_str().expect("utf-8")],
+    );
+    let failed = |server: &mut FakeServer| -> Vec<serde_json::Value> {
+        let answer = server.command("events");
+        let events: Vec<serde_json::Value> =
+            serde_json::from_str(answer.trim_start_matches("ok").trim()).expect("events JSON");
+        events
+            .into_iter()
+            .filter(|e| e["reason"] == "FailedToStartServiceHealthcheck")
+            .collect()
+    };
+    let deadline = Instant::now() + WAIT;
+    while failed(&mut server).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no FailedToStartServiceHealthcheck Event; kpng said:\n{}",
+            kube.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Another change is another sync that retries the check: still one Event.
+    let later = dir.path().join("later.yaml");
+    std::fs::write(
+        &later,
+        "apiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: later}\n\
+         spec: {clusterIP: 10.96.0.99, clusterIPs: [10.96.0.99], ports: [{name: http, port: 80}]}\n",
+    )
+    .expect("write");
+    server.command(&format!("apply {}", later.display()));
+    wait_tables(&ns, &kube, "the later Service", |t| {
+        t.contains("10.96.0.99")
+    });
+    let events = failed(&mut server);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let event = &events[0];
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert_eq!(event["regarding"]["kind"], "Service", "{event}");
+    assert_eq!(event["regarding"]["namespace"], "shop", "{event}");
+    assert_eq!(event["regarding"]["name"], "storefront", "{event}");
+    assert_eq!(
+        event["note"],
+        "node node1 failed to start healthcheck \"shop/storefront\" on port 32100: \
+         192.168.100.1:32100: Cannot assign requested address (os error 99)",
+        "{event}"
+    );
+}
+
 /// The fault suite's API server outage (`e2e/faults.rs`; figures in docs/reliability.md).
 #[test]
 fn fault_api_server_outage() {

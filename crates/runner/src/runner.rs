@@ -157,6 +157,17 @@ impl<M: NodeModel> Runner<M> {
         self.reports.subscribe()
     }
 
+    /// Each new failure to start a Service's health-check server (a first one, or a new
+    /// reason), for kube-proxy's Event on the Service; `None` without health checks
+    /// ([`Runner::with_service_health`] first).
+    pub fn health_check_failures(
+        &mut self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::service_health::NotServed>> {
+        self.service_health
+            .as_mut()
+            .map(|(servers, _)| servers.report_failures())
+    }
+
     /// Runs until the event channel closes. Rules stay as they are when it returns.
     pub async fn run(mut self, events: mpsc::Receiver<M::Input>) {
         let families = self.backend.families();

@@ -203,6 +203,9 @@ pub struct ServiceHealthServers {
     failures: Counter,
     /// How many wanted checks are not served now (`not_started`'s size), for alerts.
     not_served: Gauge,
+    /// Where each new failure (a first one, or a new reason) is reported, for kube-proxy's
+    /// `FailedToStartServiceHealthcheck` Event on the Service.
+    failure_reports: Option<tokio::sync::mpsc::UnboundedSender<NotServed>>,
 }
 
 impl ServiceHealthServers {
@@ -223,7 +226,16 @@ impl ServiceHealthServers {
             not_started: BTreeMap::new(),
             failures,
             not_served,
+            failure_reports: None,
         }
+    }
+
+    /// Reports each new failure to start a server (the ones logged as warnings) on the
+    /// returned channel.
+    pub fn report_failures(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<NotServed> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.failure_reports = Some(tx);
+        rx
     }
 
     /// The Services with a running server, and their ports.
@@ -348,15 +360,17 @@ impl ServiceHealthServers {
                 Err(e) => {
                     self.failures.inc();
                     let error = e.to_string();
-                    if before.is_some_and(|f| f.error == error) {
-                        debug!(service = %key, port = check.port, "health check still not served: {error}");
-                    } else {
+                    // A first failure, or a new reason: logged and reported once.
+                    let new_failure = before.is_none_or(|f| f.error != error);
+                    if new_failure {
                         warn!(
                             service = %key,
                             port = check.port,
                             "cannot start the health check: {error}; retried at every sync, \
                              listed by `kpng status` until it starts"
                         );
+                    } else {
+                        debug!(service = %key, port = check.port, "health check still not served: {error}");
                     }
                     let failed = NotStarted {
                         check,
@@ -364,6 +378,14 @@ impl ServiceHealthServers {
                         since: before.map_or_else(SystemTime::now, |f| f.since),
                         attempts: before.map_or(1, |f| f.attempts + 1),
                     };
+                    if new_failure && let Some(reports) = &self.failure_reports {
+                        let _ = reports.send(NotServed {
+                            service: key.clone(),
+                            port: failed.check.port,
+                            error: failed.error.clone(),
+                            since: failed.since,
+                        });
+                    }
                     self.not_started.insert(key, failed);
                 }
             }

@@ -84,6 +84,37 @@ impl NodeEvents {
         .await
     }
 
+    /// `Warning FailedToStartServiceHealthcheck` on Service `namespace/name`: this node could
+    /// not serve its `healthCheckNodePort`, so load balancers see the node as unhealthy for
+    /// it (kube-proxy's Event, seen in `kubectl describe service`).
+    pub async fn health_check_failed(
+        &self,
+        namespace: &str,
+        name: &str,
+        port: u16,
+        error: &str,
+    ) -> Result<(), EventError> {
+        let node = self.node.name.as_deref().unwrap_or_default();
+        let service = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            namespace: Some(namespace.to_string()),
+            name: Some(name.to_string()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "FailedToStartServiceHealthcheck".into(),
+            note: Some(truncate(&format!(
+                "node {node} failed to start healthcheck \"{namespace}/{name}\" on port {port}: \
+                 {error}"
+            ))),
+            action: "Listen".into(),
+            secondary: None,
+        };
+        Ok(self.recorder.publish(&event, &service).await?)
+    }
+
     async fn publish(&self, event: Event) -> Result<(), EventError> {
         Ok(self.recorder.publish(&event, &self.node).await?)
     }

@@ -12,7 +12,8 @@
 //! - `apply FILE`: apply every object of a YAML manifest;
 //! - `delete KIND NAMESPACE NAME` (`-` as the namespace of cluster-scoped kinds);
 //! - `expire` (410 Gone to every watch), `drop` (cut every watch), `bookmark`;
-//! - `stop` / `restart` (an outage and its end).
+//! - `stop` / `restart` (an outage and its end);
+//! - `events`: the Events posted so far, as a JSON array after `ok`.
 //!
 //! It exits when standard input closes.
 
@@ -60,6 +61,10 @@ fn command(server: &mut FakeApiServer, line: &str) -> Result<String, String> {
         ["delete", kind, namespace, name] => {
             let namespace = if namespace == "-" { "" } else { namespace };
             return rv(server.delete(kind, namespace, name));
+        }
+        // The Events posted so far, as one JSON array on the answer line.
+        ["events"] => {
+            return serde_json::to_string(&server.events()).map_err(|e| e.to_string());
         }
         ["expire"] => server.expire_watches(),
         ["drop"] => server.drop_watches(),
