@@ -419,9 +419,8 @@ impl<M: NodeModel> LoopState<M> {
         let (namespace, name) = service_of(port)?;
         let (servers, _) = self.runner.service_health.as_ref()?;
         servers
-            .not_served()
-            .iter()
-            .find(|n| *n.service.namespace == *namespace && *n.service.name == *name)
+            .not_served_for(&ServiceKey::new(namespace, name))
+            .as_ref()
             .map(HealthCheckStatus::of)
     }
 

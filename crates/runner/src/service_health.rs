@@ -96,6 +96,17 @@ struct Handler {
     shared: Shared,
 }
 
+/// kube-proxy's rule: 200 when the node has local ready endpoints and the proxy is healthy
+/// (load balancers send it the Service's traffic), else 503. The servers answer with it and
+/// `kpng status` reports it.
+fn answer_status(local_endpoints: u32, healthy: bool) -> StatusCode {
+    if local_endpoints > 0 && healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
 async fn answer(State(h): State<Handler>) -> Response {
     let count = h
         .shared
@@ -106,11 +117,7 @@ async fn answer(State(h): State<Handler>) -> Response {
         .copied()
         .unwrap_or(0);
     let healthy = h.shared.health.is_healthy(SystemTime::now());
-    let status = if count > 0 && healthy {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
+    let status = answer_status(count, healthy);
     let mut response = (status, body(&h.service, count, healthy)).into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -160,6 +167,18 @@ struct NotStarted {
     error: String,
     since: SystemTime,
     attempts: u32,
+}
+
+impl NotStarted {
+    /// What `kpng status` and the Event report of it.
+    fn not_served(&self, service: &ServiceKey) -> NotServed {
+        NotServed {
+            service: service.clone(),
+            port: self.check.port,
+            error: self.error.clone(),
+            since: self.since,
+        }
+    }
 }
 
 /// A Service's health check that is not served now, for `kpng status`: a load balancer
@@ -263,11 +282,7 @@ impl ServiceHealthServers {
         let healthy = self.shared.health.is_healthy(SystemTime::now());
         Some(HealthCheckAnswer {
             port: running.port,
-            status: Some(if local_endpoints > 0 && healthy {
-                200
-            } else {
-                503
-            }),
+            status: Some(answer_status(local_endpoints, healthy).as_u16()),
             local_endpoints,
             not_served: None,
         })
@@ -277,13 +292,13 @@ impl ServiceHealthServers {
     pub fn not_served(&self) -> Vec<NotServed> {
         self.not_started
             .iter()
-            .map(|(service, n)| NotServed {
-                service: service.clone(),
-                port: n.check.port,
-                error: n.error.clone(),
-                since: n.since,
-            })
+            .map(|(service, n)| n.not_served(service))
             .collect()
+    }
+
+    /// `service`'s check, when it is wanted and not served.
+    pub fn not_served_for(&self, service: &ServiceKey) -> Option<NotServed> {
+        self.not_started.get(service).map(|n| n.not_served(service))
     }
 
     /// Opens, moves and closes servers so that exactly `wanted` are served on `addresses`
@@ -379,12 +394,7 @@ impl ServiceHealthServers {
                         attempts: before.map_or(1, |f| f.attempts + 1),
                     };
                     if new_failure && let Some(reports) = &self.failure_reports {
-                        let _ = reports.send(NotServed {
-                            service: key.clone(),
-                            port: failed.check.port,
-                            error: failed.error.clone(),
-                            since: failed.since,
-                        });
+                        let _ = reports.send(failed.not_served(&key));
                     }
                     self.not_started.insert(key, failed);
                 }
