@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # The demo: builds kpng, creates a sandbox node with pods in network namespaces, runs kpng on
-# examples/cluster.yaml with the nftables backend, and shows traffic being balanced.
-# Needs root (namespaces, nftables); installs nftables/iproute2 when missing.
+# examples/cluster.yaml with the nftables backend (or the one named: nft, iptables, userspace,
+# ebpf), and shows traffic being balanced. Every line is checked; the demo exits 1 when one
+# does not hold.
+#
+#   ./scripts/demo.sh [nft|iptables|userspace|ebpf]
+#
+# Needs root (namespaces, nftables); installs what it uses when missing: nftables and
+# iproute2, clang and libbpf-dev (kpng's build compiles the eBPF backend's programs), and
+# iptables for the iptables backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+backend="${1:-nft}"
+case "$backend" in
+  nft|iptables|userspace|ebpf) ;;
+  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "unknown backend \"$backend\": nft, iptables, userspace or ebpf" >&2; exit 2 ;;
+esac
 if [ "$(id -u)" != 0 ]; then
   echo "the demo needs root: it creates network namespaces and programs nftables inside them" >&2
   exit 1
@@ -11,6 +24,11 @@ fi
 need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v clang >/dev/null 2>&1 || need+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+if [ "$backend" = iptables ]; then
+  command -v iptables >/dev/null 2>&1 || need+=(iptables)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
@@ -23,4 +41,4 @@ timeout 3 target/debug/kpng file --input examples/cluster.yaml --node-name node1
   | sed -n '1,40p' || true
 echo "   … (full model: examples/cluster.node1.yaml)"
 echo
-exec target/debug/kpng-demo --kpng target/debug/kpng --input examples/cluster.yaml
+exec target/debug/kpng-demo --kpng target/debug/kpng --input examples/cluster.yaml --backend "$backend"

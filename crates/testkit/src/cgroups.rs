@@ -128,3 +128,48 @@ pub fn bpffs() -> Result<PathBuf> {
     }
     Ok(PathBuf::from(BPFFS_MOUNT))
 }
+
+/// The pin directory of the eBPF backend run in node namespace `node` (below [`BPFFS_MOUNT`],
+/// one per node, so that tests running side by side never adopt each other's maps).
+pub fn socket_pins(node: &str) -> PathBuf {
+    Path::new(BPFFS_MOUNT).join(node)
+}
+
+/// The eBPF backend's scope in a test cluster whose node namespace is `node`
+/// (`{prefix}-node1-{pid}-{n}`): a cgroup holding that node's namespace and its pods' (every
+/// later program they run: "this node"), another holding the cluster's other namespaces (the
+/// external client, the other nodes and their pods: "outside the node"), and the test bpffs
+/// mounted for the pins. Returns (the node's cgroup, the pin directory).
+///
+/// It goes by name because the cluster's namespaces share `{prefix}-` and `-{pid}-` (prefixes
+/// are unique per test binary), so a test holding only the node's namespace can scope it.
+pub fn socket_scope(node: &str) -> Result<(PathBuf, PathBuf)> {
+    let parts: Vec<&str> = node.rsplitn(4, '-').collect();
+    let [_, pid, role, prefix] = parts.as_slice() else {
+        return Err(Error::Other(format!(
+            "{node} is not a test cluster's node namespace (PREFIX-nodeN-PID-N)"
+        )));
+    };
+    let node_tag = role.trim_start_matches("node");
+    let local = create(&format!("{node}/local"))?;
+    let outside = create(&format!("{node}/outside"))?;
+    let listed = std::fs::read_dir("/run/netns").map_err(|e| Error::io("listing /run/netns", e))?;
+    for entry in listed.flatten() {
+        let Ok(other) = entry.file_name().into_string() else {
+            continue;
+        };
+        let Some(rest) = other.strip_prefix(&format!("{prefix}-")) else {
+            continue;
+        };
+        let Some((other_role, tail)) = rest.split_once('-') else {
+            continue;
+        };
+        if !tail.starts_with(&format!("{pid}-")) || of(&other).is_some() {
+            continue;
+        }
+        let mine = other_role == *role || other_role.starts_with(&format!("pod{node_tag}"));
+        assign(&other, if mine { &local } else { &outside })?;
+    }
+    bpffs()?;
+    Ok((local, socket_pins(node)))
+}

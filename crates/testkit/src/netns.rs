@@ -263,13 +263,38 @@ impl Drop for Netns {
     }
 }
 
-/// Kill everything inside namespace `name`, delete it and its marker.
+/// Kill everything inside namespace `name`, delete it and its marker, and what kpng recorded
+/// for it in `/run/kpng`.
 fn destroy(name: &str) -> Result<()> {
     kill_all_in(name);
+    let inode = namespace_inode(name);
     let res = run(Command::new("ip").args(["netns", "del", name])).map(drop);
     remove_marker(name);
     crate::cgroups::forget(name);
+    if let Some(inode) = inode {
+        forget_kpng_records(inode);
+    }
     res
+}
+
+/// The namespace's inode: the iptables backend names its `route_localnet` record after it.
+fn namespace_inode(name: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(Path::new("/run/netns").join(name))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// Removes the `route_localnet` record a kpng left for a namespace that no longer exists (one
+/// that ended without `kpng cleanup`). Left behind, the records pile up in `/run/kpng` over
+/// test runs, and a later namespace given the same inode would find a record not its own.
+fn forget_kpng_records(inode: u64) {
+    let record = Path::new("/run/kpng").join(format!("route_localnet.{inode}"));
+    if let Err(e) = std::fs::remove_file(&record)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("kpng-testkit: removing {}: {e}", record.display());
+    }
 }
 
 fn kill_all_in(name: &str) {

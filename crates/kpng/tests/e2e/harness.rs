@@ -482,45 +482,13 @@ impl Drop for Kpng<'_> {
 
 /// The pin directory of the eBPF backend running in `node`.
 pub fn ebpf_pins(node: &Netns) -> PathBuf {
-    Path::new(kpng_testkit::cgroups::BPFFS_MOUNT).join(node.name())
+    kpng_testkit::cgroups::socket_pins(node.name())
 }
 
-/// The eBPF backend's scope in a test cluster: a cgroup holding node `node`'s namespace and
-/// its pods' (every later program they run), another holding the cluster's other namespaces
-/// (the external client, the other nodes and their pods: "outside the node"), and a pin
-/// directory on a test bpffs. Returns (the node's cgroup, the pin directory).
+/// The eBPF backend's scope in a test cluster ([`kpng_testkit::cgroups::socket_scope`]):
+/// (node `node`'s cgroup, the pin directory).
 pub fn ebpf_scope(node: &Netns) -> (PathBuf, PathBuf) {
-    let name = node.name();
-    // `{prefix}-node1-{pid}-{n}`: the cluster's namespaces share `{prefix}-` and `-{pid}-`
-    // (prefixes are unique per test binary, as for every backend's namespace names).
-    let parts: Vec<&str> = name.rsplitn(4, '-').collect();
-    let [_, pid, role, prefix] = parts.as_slice() else {
-        panic!("unexpected namespace name {name}");
-    };
-    let node_tag = role.trim_start_matches("node");
-    let local = kpng_testkit::cgroups::create(&format!("{name}/local")).expect("local cgroup");
-    let outside =
-        kpng_testkit::cgroups::create(&format!("{name}/outside")).expect("outside cgroup");
-    let listed = std::fs::read_dir("/run/netns").expect("/run/netns");
-    for entry in listed.flatten() {
-        let Ok(other) = entry.file_name().into_string() else {
-            continue;
-        };
-        let Some(rest) = other.strip_prefix(&format!("{prefix}-")) else {
-            continue;
-        };
-        let Some((other_role, tail)) = rest.split_once('-') else {
-            continue;
-        };
-        if !tail.starts_with(&format!("{pid}-")) || kpng_testkit::cgroups::of(&other).is_some() {
-            continue;
-        }
-        let mine = other_role == *role || other_role.starts_with(&format!("pod{node_tag}"));
-        let group = if mine { &local } else { &outside };
-        kpng_testkit::cgroups::assign(&other, group).expect("assign cgroup");
-    }
-    kpng_testkit::cgroups::bpffs().expect("test bpffs");
-    (local, ebpf_pins(node))
+    kpng_testkit::cgroups::socket_scope(node.name()).expect("eBPF scope")
 }
 
 pub fn write_atomically(path: &Path, text: &str) {

@@ -1,9 +1,14 @@
 //! `kpng-demo`: the README's demo. Builds a two-node sandbox out of network namespaces, runs
-//! echo pods, starts `kpng file --input examples/cluster.yaml … to-local nft` on node1, and
-//! shows where real connections to the example Services go. Everything is removed at the end.
+//! echo pods, starts `kpng file --input examples/cluster.yaml … to-local BACKEND` on node1,
+//! and shows where real connections to the example Services go. Everything is removed at the
+//! end.
+//!
+//! Each line is also checked against what the Service asks for (spread over several pods,
+//! one pod, refused, dropped…); a line that does not hold is marked and the demo exits 1, so
+//! the README's command is a test too (`crates/kpng/tests/demo.rs` runs it).
 //!
 //! ```text
-//! kpng-demo --kpng target/debug/kpng --input examples/cluster.yaml
+//! kpng-demo --kpng target/debug/kpng --input examples/cluster.yaml [--backend nft|iptables|userspace|ebpf]
 //! ```
 
 use std::collections::BTreeMap;
@@ -19,9 +24,118 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .cloned()
 }
 
-fn show(title: &str, counts: &BTreeMap<String, usize>) {
-    let parts: Vec<String> = counts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    println!("  {title:<58} {}", parts.join(", "));
+/// The backend the demo runs kpng with, and what tells it apart in the demo's lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Nft,
+    Iptables,
+    Userspace,
+    Ebpf,
+}
+
+impl Backend {
+    fn parse(name: &str) -> Option<Backend> {
+        match name {
+            "nft" | "nftables" => Some(Backend::Nft),
+            "iptables" => Some(Backend::Iptables),
+            "userspace" => Some(Backend::Userspace),
+            "ebpf" => Some(Backend::Ebpf),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Nft => "nft",
+            Backend::Iptables => "iptables",
+            Backend::Userspace => "userspace",
+            Backend::Ebpf => "ebpf",
+        }
+    }
+
+    /// Whether endpoints see the client's own address where nothing masquerades (a proxy is
+    /// always the client of its endpoints: docs/backends.md).
+    fn keeps_client_address(self) -> bool {
+        self != Backend::Userspace
+    }
+
+    /// Whether a port no Service uses on an active ClusterIP is rejected (kube-proxy's
+    /// iptables mode leaves it alone: docs/backends.md).
+    fn rejects_wrong_port(self) -> bool {
+        self != Backend::Iptables
+    }
+}
+
+/// What one demo line must show.
+enum Expect {
+    /// Every attempt answered, by at least two different pods.
+    Spread,
+    /// Every attempt answered by one pod, whichever (session affinity).
+    OnePod,
+    /// Every attempt answered by this pod.
+    Only(&'static str),
+    /// Every attempt answered by this pod, which saw this client address.
+    OnlySeeing(&'static str, &'static str),
+    /// Every attempt ended this way (`refused`, `timeout`).
+    All(&'static str),
+    /// Nothing to check (a documented difference of this backend).
+    Anything,
+}
+
+impl Expect {
+    /// Why `counts` does not meet the expectation, if it does not.
+    fn unmet(&self, counts: &BTreeMap<String, usize>) -> Option<String> {
+        let pod_of = |label: &str| label.split(' ').next().unwrap_or("").to_owned();
+        let answered = |label: &String| label.starts_with("pod");
+        match self {
+            Expect::Spread => {
+                let pods: std::collections::BTreeSet<String> = counts
+                    .keys()
+                    .filter(|l| answered(l))
+                    .map(|l| pod_of(l))
+                    .collect();
+                if counts.keys().any(|l| !answered(l)) {
+                    Some("every attempt should be answered".into())
+                } else if pods.len() < 2 {
+                    Some("connections should spread over several pods".into())
+                } else {
+                    None
+                }
+            }
+            Expect::OnePod => {
+                let pods: std::collections::BTreeSet<String> =
+                    counts.keys().map(|l| pod_of(l)).collect();
+                (pods.len() != 1 || counts.keys().any(|l| !answered(l)))
+                    .then(|| "one pod should answer every attempt (ClientIP affinity)".into())
+            }
+            Expect::Only(pod) => (counts.keys().any(|l| pod_of(l) != *pod))
+                .then(|| format!("only {pod} should answer")),
+            Expect::OnlySeeing(pod, client) => {
+                let want = format!("{pod} (saw {client})");
+                (counts.keys().any(|l| *l != want))
+                    .then(|| format!("only {pod} should answer, seeing the client {client}"))
+            }
+            Expect::All(outcome) => (counts.keys().any(|l| l.trim_start_matches('!') != *outcome))
+                .then(|| format!("every attempt should be {outcome}")),
+            Expect::Anything => None,
+        }
+    }
+}
+
+/// Prints one demo line and checks it; counts the lines that do not hold.
+struct Report {
+    unmet: usize,
+}
+
+impl Report {
+    fn line(&mut self, title: &str, counts: &BTreeMap<String, usize>, expect: Expect) {
+        let parts: Vec<String> = counts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        println!("  {title:<58} {}", parts.join(", "));
+        if let Some(why) = expect.unmet(counts) {
+            self.unmet += 1;
+            println!("  {:<58} ^ UNEXPECTED: {why}", "");
+        }
+    }
 }
 
 /// Runs `n` fresh connections and reports which pod answered and which source it saw.
@@ -48,7 +162,7 @@ fn spread_with_source(
     Ok(out)
 }
 
-fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
+fn run(kpng: &str, input: &str, backend: Backend) -> kpng_testkit::Result<usize> {
     println!("== building the sandbox: nodes node1, node2, an external client, three pods");
     let cluster = Cluster::create("demo")?;
     let _echo: Vec<_> = ["pod1a", "pod1b", "pod2a"]
@@ -57,11 +171,12 @@ fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
         .collect::<kpng_testkit::Result<_>>()?;
     let node1 = &cluster.node1.ns;
     println!(
-        "== starting kpng on node1: kpng file --input {input} --node-name node1 … to-local nft"
+        "== starting kpng on node1: kpng file --input {input} --node-name node1 … to-local {}",
+        backend.name()
     );
     let admin = std::env::temp_dir().join(format!("kpng-demo-{}.sock", std::process::id()));
     let admin = admin.display().to_string();
-    let _kpng = node1.spawn([
+    let mut args: Vec<String> = [
         kpng,
         "--admin-socket",
         &admin,
@@ -79,8 +194,25 @@ fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
         "--healthz-bind-address",
         "127.0.0.1:10256",
         "to-local",
-        "nft",
-    ])?;
+        backend.name(),
+    ]
+    .map(String::from)
+    .into();
+    // The eBPF backend translates the sockets of one cgroup: node1 and its pods are "this
+    // node", the other namespaces stand for elsewhere (they share this machine's cgroups).
+    let pins = if backend == Backend::Ebpf {
+        let (cgroup, pins) = kpng_testkit::cgroups::socket_scope(node1.name())?;
+        args.extend([
+            "--cgroup-path".into(),
+            cgroup.display().to_string(),
+            "--bpf-pin-path".into(),
+            pins.display().to_string(),
+        ]);
+        Some(pins)
+    } else {
+        None
+    };
+    let kpng_proc = node1.spawn(&args)?;
     let pod1a = &cluster.pod("pod1a").ns;
     let started = Instant::now();
     pod1a.wait_until_ok(Proto::Tcp, "10.96.0.10:80", Duration::from_secs(10))?;
@@ -89,61 +221,85 @@ fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
         started.elapsed()
     );
 
+    let mut report = Report { unmet: 0 };
     let ext = &cluster.ext.ns;
     println!("== default/web ClusterIP 10.96.0.10:80 (pods pod1a, pod1b on node1; pod2a on node2)");
-    show(
+    report.line(
         "from pod1a, 30 TCP connections:",
         &spread_with_source(pod1a, Proto::Tcp, "10.96.0.10:80", 30)?,
+        Expect::Spread,
     );
-    show(
+    report.line(
         "from node1 itself, 30 TCP connections:",
         &spread_with_source(node1, Proto::Tcp, "10.96.0.10:80", 30)?,
+        Expect::Spread,
     );
-    show(
+    report.line(
         "from the external client (masqueraded), 30:",
         &spread_with_source(ext, Proto::Tcp, "10.96.0.10:80", 30)?,
+        Expect::Spread,
     );
-    show(
+    report.line(
         "UDP 10.96.0.10:5353 from pod1b, 30 datagrams:",
         &spread_with_source(&cluster.pod("pod1b").ns, Proto::Udp, "10.96.0.10:5353", 30)?,
+        Expect::Spread,
     );
-    show(
+    report.line(
         "IPv6 [fd00:96::10]:80 from pod1a, 30:",
         &spread_with_source(pod1a, Proto::Tcp, "[fd00:96::10]:80", 30)?,
+        Expect::Spread,
     );
 
     println!("\n== shop/cart: NodePort 30080 and external IP 198.51.100.30, ClientIP affinity");
-    show(
+    report.line(
         "NodePort 192.168.100.1:30080 from ext, 10:",
         &spread_with_source(ext, Proto::Tcp, "192.168.100.1:30080", 10)?,
+        Expect::OnePod,
     );
-    show(
+    report.line(
         "external IP 198.51.100.30:80 from ext, 10:",
         &spread_with_source(ext, Proto::Tcp, "198.51.100.30:80", 10)?,
+        Expect::OnePod,
     );
 
     println!("\n== shop/storefront: LoadBalancer 198.51.100.20:443, externalTrafficPolicy Local");
-    show(
-        "from ext: local pod only, client IP kept:",
+    let (title, expect) = if backend.keeps_client_address() {
+        (
+            "from ext: local pod only, client IP kept:",
+            Expect::OnlySeeing("pod1a", "192.168.100.10"),
+        )
+    } else {
+        (
+            "from ext: local pod only (the proxy is the client):",
+            Expect::Only("pod1a"),
+        )
+    };
+    report.line(
+        title,
         &spread_with_source(ext, Proto::Tcp, "198.51.100.20:443", 10)?,
+        expect,
     );
-    show(
+    report.line(
         "from pod1a: dropped (loadBalancerSourceRanges):",
         &spread_with_source(pod1a, Proto::Tcp, "198.51.100.20:443", 20)?,
+        Expect::All("timeout"),
     );
 
     println!("\n== more Service semantics");
-    show(
+    report.line(
         "monitoring/node-agent (internalTrafficPolicy Local):",
         &spread_with_source(pod1a, Proto::Tcp, "10.96.2.10:9100", 10)?,
+        Expect::Only("pod1b"),
     );
-    show(
+    report.line(
         "default/zonal (zone hints, node1 is in zone-a):",
         &spread_with_source(pod1a, Proto::Tcp, "10.96.0.40:80", 10)?,
+        Expect::Only("pod1a"),
     );
-    show(
+    report.line(
         "default/draining (only a terminating endpoint):",
         &spread_with_source(pod1a, Proto::Tcp, "10.96.0.50:80", 5)?,
+        Expect::Only("pod2a"),
     );
     let refused = |target: &str| -> kpng_testkit::Result<BTreeMap<String, usize>> {
         Ok(tally(
@@ -154,41 +310,30 @@ fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
             )?,
         ))
     };
-    show(
+    report.line(
         "default/empty (no endpoints) → REJECT:",
         &refused("10.96.0.60:80")?,
+        Expect::All("refused"),
     );
-    show(
-        "wrong port on an active ClusterIP → REJECT:",
-        &refused("10.96.0.10:81")?,
-    );
-    show(
+    let (title, expect) = if backend.rejects_wrong_port() {
+        (
+            "wrong port on an active ClusterIP → REJECT:",
+            Expect::All("refused"),
+        )
+    } else {
+        (
+            "wrong port on an active ClusterIP → left alone:",
+            Expect::Anything,
+        )
+    };
+    report.line(title, &refused("10.96.0.10:81")?, expect);
+    report.line(
         "unallocated IP in the Service CIDR → DROP:",
         &refused("10.96.9.9:80")?,
+        Expect::All("timeout"),
     );
 
-    let ruleset = node1.run_ok(["nft", "list", "table", "ip", "kpng"])?;
-    let chains = ruleset
-        .lines()
-        .filter(|l| l.trim_start().starts_with("chain "))
-        .count();
-    let rules = ruleset
-        .lines()
-        .filter(|l| {
-            l.starts_with("\t\t")
-                && !l.contains("type ")
-                && !l.contains("elements")
-                && !l.trim_start().starts_with(|c: char| c.is_ascii_digit())
-        })
-        .count();
-    println!(
-        "\n== node1's IPv4 table: {chains} chains whatever the number of Services (per-Service state is in map elements)"
-    );
-    println!(
-        "   inspect it yourself: ip netns exec {} nft list table ip kpng",
-        node1.name()
-    );
-    let _ = rules;
+    show_kernel_state(node1, backend, pins.as_deref())?;
     // Ask the running kpng what it programmed and what a packet meets.
     let ask = |what: &str, args: &[&str]| {
         println!("\n== {what}: kpng {} --admin-socket …", args.join(" "));
@@ -237,11 +382,81 @@ fn run(kpng: &str, input: &str) -> kpng_testkit::Result<()> {
         std::thread::sleep(Duration::from_secs(secs));
     }
     println!("\n== done; removing the sandbox");
+    drop(kpng_proc);
+    if let Some(pins) = pins {
+        // kpng leaves its pins for the next kpng (a restart keeps sockets translated).
+        let _ = std::fs::remove_dir_all(pins);
+    }
+    Ok(report.unmet)
+}
+
+/// What kpng put in node1's kernel, and how to look at it.
+fn show_kernel_state(
+    node1: &Netns,
+    backend: Backend,
+    pins: Option<&std::path::Path>,
+) -> kpng_testkit::Result<()> {
+    let chains_of = |family: &str, table: &str| -> kpng_testkit::Result<usize> {
+        let ruleset = node1.run_ok(["nft", "list", "table", family, table])?;
+        Ok(ruleset
+            .lines()
+            .filter(|l| l.trim_start().starts_with("chain "))
+            .count())
+    };
+    let look = |cmd: &str| {
+        println!(
+            "   inspect it yourself: ip netns exec {} {cmd}",
+            node1.name()
+        )
+    };
+    match backend {
+        Backend::Nft => {
+            println!(
+                "\n== node1's IPv4 table: {} chains whatever the number of Services (per-Service state is in map elements)",
+                chains_of("ip", "kpng")?
+            );
+            look("nft list table ip kpng");
+        }
+        Backend::Ebpf => {
+            println!(
+                "\n== node1's sockets are translated at connect()/sendmsg() by cgroup programs (maps pinned in {}); \
+                 the IPv4 nftables table ({} chains) serves traffic from outside",
+                pins.map_or_else(|| "?".into(), |p| p.display().to_string()),
+                chains_of("ip", "kpng")?
+            );
+            look("nft list table ip kpng");
+            println!("   and: bpftool map show; bpftool cgroup tree");
+        }
+        Backend::Iptables => {
+            let saved = node1.run_ok(["iptables-save"])?;
+            let chains = saved.lines().filter(|l| l.starts_with(":KUBE-")).count();
+            let rules = saved.lines().filter(|l| l.starts_with("-A KUBE-")).count();
+            println!(
+                "\n== node1's IPv4 iptables: {chains} KUBE-* chains and {rules} rules, as kube-proxy's iptables mode (they grow with Services and endpoints)"
+            );
+            look("iptables-save");
+        }
+        Backend::Userspace => {
+            println!(
+                "\n== node1's IPv4 table `kpng-userspace` ({} chains) steers Service addresses to kpng's own listeners, which connect to the endpoints",
+                chains_of("ip", "kpng-userspace")?
+            );
+            look("nft list table ip kpng-userspace");
+        }
+    }
     Ok(())
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!(
+            "kpng-demo --kpng KPNG --input MANIFEST [--backend nft|iptables|userspace|ebpf]\n\n\
+             Builds a two-node sandbox of network namespaces, runs kpng on node1 and shows (and\n\
+             checks) where connections to the manifest's Services go. Needs root."
+        );
+        return ExitCode::SUCCESS;
+    }
     if !is_root() {
         eprintln!(
             "kpng-demo needs root (it creates network namespaces and programs nftables in them)"
@@ -250,14 +465,23 @@ fn main() -> ExitCode {
     }
     let kpng = arg(&args, "--kpng").unwrap_or_else(|| "target/debug/kpng".into());
     let input = arg(&args, "--input").unwrap_or_else(|| "examples/cluster.yaml".into());
+    let backend_name = arg(&args, "--backend").unwrap_or_else(|| "nft".into());
+    let Some(backend) = Backend::parse(&backend_name) else {
+        eprintln!("kpng-demo: --backend {backend_name:?}: one of nft, iptables, userspace, ebpf");
+        return ExitCode::FAILURE;
+    };
     let input = std::fs::canonicalize(&input)
         .map(|p| p.display().to_string())
         .unwrap_or(input);
     let kpng = std::fs::canonicalize(&kpng)
         .map(|p| p.display().to_string())
         .unwrap_or(kpng);
-    match run(&kpng, &input) {
-        Ok(()) => ExitCode::SUCCESS,
+    match run(&kpng, &input, backend) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(unmet) => {
+            eprintln!("kpng-demo: {unmet} line(s) above are UNEXPECTED");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("kpng-demo: {e}");
             ExitCode::FAILURE

@@ -1,0 +1,66 @@
+//! The README's demo (`./scripts/demo.sh [BACKEND]`) runs for every backend and every line it
+//! shows holds: `kpng-demo` checks each line against what the Service asks for and exits 1
+//! when one does not. Root only (namespaces); skipped otherwise, failing under `CI`.
+
+use std::path::Path;
+use std::process::Command;
+
+fn run_demo(backend: &str) {
+    let demo = kpng_testkit::bin_path("kpng-demo").expect("kpng-demo");
+    let input = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    let out = Command::new(&demo)
+        .args(["--kpng", env!("CARGO_BIN_EXE_kpng"), "--input"])
+        .arg(&input)
+        .args(["--backend", backend])
+        .output()
+        .expect("run kpng-demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the demo with {backend} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(!stdout.contains("UNEXPECTED"), "{stdout}");
+    for line in [
+        format!("… to-local {backend}"),
+        "default/web ClusterIP 10.96.0.10:80".to_owned(),
+        "inspect it yourself".to_owned(),
+        "== done; removing the sandbox".to_owned(),
+    ] {
+        assert!(stdout.contains(&line), "no {line:?} in:\n{stdout}");
+    }
+    // `kpng status` and `kpng trace` answered through the admin socket.
+    assert!(
+        stdout.contains("unused: topology: hinted for zone zone-b"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("is outside loadBalancerSourceRanges"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn demo_with_nft() {
+    kpng_testkit::require_root!();
+    run_demo("nft");
+}
+
+#[test]
+fn demo_with_iptables() {
+    kpng_testkit::require_root!();
+    run_demo("iptables");
+}
+
+#[test]
+fn demo_with_userspace() {
+    kpng_testkit::require_root!();
+    run_demo("userspace");
+}
+
+#[test]
+fn demo_with_ebpf() {
+    kpng_testkit::require_root!();
+    run_demo("ebpf");
+}
