@@ -329,6 +329,21 @@ mod tests {
 
     /// `BPF_MAP_CREATE` of a `BPF_MAP_TYPE_HASH` with `BPF_F_NO_PREALLOC`, as the object's maps.
     fn hash_map(key_size: u32, value_size: u32, max_entries: u32) -> io::Result<OwnedFd> {
+        create_map(1, 1, key_size, value_size, max_entries)
+    }
+
+    /// `BPF_MAP_CREATE` of a preallocated `BPF_MAP_TYPE_LRU_HASH`, as `kpng_reverse`.
+    fn lru_map(key_size: u32, value_size: u32, max_entries: u32) -> io::Result<OwnedFd> {
+        create_map(9, 0, key_size, value_size, max_entries)
+    }
+
+    fn create_map(
+        map_type: u32,
+        map_flags: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+    ) -> io::Result<OwnedFd> {
         #[repr(C)]
         #[derive(Default)]
         struct CreateAttr {
@@ -339,11 +354,11 @@ mod tests {
             map_flags: u32,
         }
         let mut attr = CreateAttr {
-            map_type: 1,
+            map_type,
             key_size,
             value_size,
             max_entries,
-            map_flags: 1,
+            map_flags,
         };
         // SAFETY: `attr` is the leading part of `BPF_MAP_CREATE`'s struct (the rest reads as
         // zero); it holds no pointers.
@@ -416,5 +431,44 @@ mod tests {
             // Wrong sizes are refused before any system call.
             assert!(map.update(&keys[..5], &values[..8]).is_err());
         }
+    }
+
+    /// The reverse map (an LRU hash, full on a busy node) read back whole in batches, as the
+    /// sync that removes a UDP endpoint reads it: every element, once.
+    #[test]
+    fn dumps_a_full_lru_map_in_batches() {
+        kpng_testkit::require_root!();
+        // 32-byte keys and 20-byte values, as `kpng_reverse`.
+        let n: u32 = 20_000;
+        let fd = lru_map(32, 20, n).expect("BPF_MAP_CREATE");
+        let mut map = Map::new(fd.as_fd(), 32, 20);
+        let keys: Vec<u8> = (0..n)
+            .flat_map(|i| {
+                let mut k = [0u8; 32];
+                k[..4].copy_from_slice(&i.to_ne_bytes());
+                k
+            })
+            .collect();
+        let values = vec![7u8; 20 * n as usize];
+        map.update(&keys, &values).expect("update");
+        let (k, v) = map.dump().expect("dump");
+        assert!(
+            !map.singles,
+            "an LRU hash is read in batches on this kernel"
+        );
+        assert_eq!(v.len(), 20 * k.len() / 32);
+        let mut seen: Vec<u32> = k
+            .chunks_exact(32)
+            .map(|c| u32::from_ne_bytes(c[..4].try_into().expect("4 bytes")))
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        // The LRU may have evicted a few while it filled (its free lists are per CPU).
+        assert!(
+            seen.len() as u32 > n * 9 / 10 && seen.len() * 32 == k.len(),
+            "{} distinct of {} read, {n} written",
+            seen.len(),
+            k.len() / 32
+        );
     }
 }

@@ -223,12 +223,25 @@ impl Kernel {
 
     /// The endpoints some socket is translated to right now (from the reverse map): the
     /// candidates for socket destruction when an endpoint leaves.
-    pub fn reverse_endpoints(&self) -> Vec<std::net::SocketAddr> {
-        self.reverse
-            .keys()
-            .filter_map(Result::ok)
-            .filter_map(|k| crate::layout::reverse_key_endpoint(&k))
-            .collect()
+    ///
+    /// Read in batches (4096 elements per system call): on a busy node the map is full (131,072
+    /// sockets), and a walk key by key would cost two system calls per socket on the sync
+    /// that removes a UDP endpoint. A map that cannot be read yields no candidate: the sockets
+    /// then stay until their owner closes them, as before the backend destroyed any.
+    pub fn reverse_endpoints(&self) -> std::collections::BTreeSet<std::net::SocketAddr> {
+        use aya::maps::IterableMap;
+        use std::os::fd::AsFd;
+        let mut map = batch::Map::new(self.reverse.map().fd().as_fd(), REVERSE_KEY, ENDPOINT);
+        match map.dump() {
+            Ok((keys, _)) => keys
+                .chunks_exact(REVERSE_KEY)
+                .filter_map(crate::layout::reverse_key_endpoint)
+                .collect(),
+            Err(e) => {
+                tracing::warn!("reading kpng_reverse: {e}; no UDP socket destroyed this time");
+                std::collections::BTreeSet::new()
+            }
+        }
     }
 
     /// Kernel memory charged to each map (`memlock` in the map fd's `/proc/self/fdinfo`):

@@ -416,7 +416,7 @@ impl Backend for EbpfBackend {
             let in_use: BTreeSet<SocketAddr> = self
                 .kernel
                 .as_ref()
-                .map(|k| k.reverse_endpoints().into_iter().collect())
+                .map(Kernel::reverse_endpoints)
                 .unwrap_or_default();
             let targets: Vec<SocketAddr> =
                 gone.into_iter().filter(|ep| in_use.contains(ep)).collect();
