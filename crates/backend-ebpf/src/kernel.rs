@@ -19,7 +19,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use aya::programs::links::FdLink;
+use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
@@ -49,7 +49,10 @@ const LINKS: &str = "links";
 /// The loaded programs and the maps userspace writes.
 pub struct Kernel {
     // Keeps the programs loaded while their links are pinned and the maps' fds open.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    /// Each program's link, held open as well as pinned: while kpng runs, a removed pin does
+    /// not detach its program ([`Kernel::restore_pins`] pins it again).
+    links: Vec<(&'static str, PinnedLink)>,
     frontends: BpfHashMap<MapData, [u8; FRONTEND_KEY], [u8; SERVICE]>,
     slots: BpfHashMap<MapData, [u8; SLOT_KEY], [u8; ENDPOINT]>,
     members: BpfHashMap<MapData, [u8; MEMBER_KEY], [u8; MEMBER]>,
@@ -98,6 +101,7 @@ impl Kernel {
             .map_err(|e| bpf_err("loading the socket programs", e))?;
         let cg = File::open(cgroup)
             .map_err(|e| Error::io(format!("opening cgroup {}", cgroup.display()), e))?;
+        let mut pinned = Vec::with_capacity(PROGRAMS.len());
         for name in PROGRAMS {
             let program: &mut CgroupSockAddr = ebpf
                 .program_mut(name)
@@ -122,7 +126,8 @@ impl Kernel {
             // bpffs refuses names with dots.
             let fresh = links.join(format!("new-{name}"));
             let _ = std::fs::remove_file(&fresh);
-            fd.pin(&fresh)
+            let held = fd
+                .pin(&fresh)
                 .map_err(|e| bpf_err(format_args!("pinning {}", fresh.display()), e))?;
             std::fs::rename(&fresh, &pin).map_err(|e| {
                 Error::io(
@@ -130,6 +135,7 @@ impl Kernel {
                     e,
                 )
             })?;
+            pinned.push((name, held));
         }
         // The previous programs are detached: pins of another layout have no reader left.
         remove_other_layouts(pin_dir)?;
@@ -138,7 +144,8 @@ impl Kernel {
             slots: take(&mut ebpf, MapId::Slots.name())?,
             members: take(&mut ebpf, MapId::Members.name())?,
             reverse: take(&mut ebpf, "kpng_reverse")?,
-            _ebpf: ebpf,
+            ebpf,
+            links: pinned,
             pin_dir: pin_dir.to_owned(),
         })
     }
@@ -268,7 +275,85 @@ impl Kernel {
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
     }
+
+    /// Pins again every link and map whose pin someone removed (an `rm -rf /sys/fs/bpf/*`, a
+    /// tool cleaning the bpffs): the programs kept translating, since this process holds their
+    /// links and maps, but the next kpng would find nothing to adopt, and would start with
+    /// empty maps and programs of its own. Returns the names pinned again; a few `stat`s when
+    /// nothing is missing, so it runs at every periodic sync.
+    pub fn restore_pins(&mut self) -> Result<Vec<&'static str>, Error> {
+        use aya::maps::IterableMap;
+        let links_dir = self.pin_dir.join(LINKS);
+        let maps_dir = self.pin_dir.join(VERSION);
+        let missing_link = |name: &str| !links_dir.join(name).exists();
+        let missing_map = |name: &str| !maps_dir.join(name).exists();
+        if !self.links.iter().any(|(n, _)| missing_link(n))
+            && !MAP_NAMES.iter().any(|n| missing_map(n))
+        {
+            return Ok(Vec::new());
+        }
+        for dir in [&links_dir, &maps_dir] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        }
+        let mut restored = Vec::new();
+        let mut links = Vec::with_capacity(self.links.len());
+        for (name, held) in std::mem::take(&mut self.links) {
+            if !missing_link(name) {
+                links.push((name, held));
+                continue;
+            }
+            let path = links_dir.join(name);
+            match FdLink::from(held).pin(&path) {
+                Ok(held) => {
+                    links.push((name, held));
+                    restored.push(name);
+                }
+                // aya consumed the link with the failed pin, and with no pin left its
+                // program is detached: the caller drops this kernel, and the next sync loads
+                // and attaches everything again.
+                Err(e) => {
+                    self.links = links;
+                    return Err(bpf_err(format_args!("pinning {} again", path.display()), e));
+                }
+            }
+        }
+        self.links = links;
+        let held: [(&'static str, &MapData); 4] = [
+            (MapId::Frontends.name(), self.frontends.map()),
+            (MapId::Slots.name(), self.slots.map()),
+            (MapId::Members.name(), self.members.map()),
+            ("kpng_reverse", self.reverse.map()),
+        ];
+        for (name, data) in held {
+            if missing_map(name) {
+                data.pin(maps_dir.join(name))
+                    .map_err(|e| bpf_err(format_args!("pinning map {name} again"), e))?;
+                restored.push(name);
+            }
+        }
+        for (name, map) in self.ebpf.maps() {
+            let Some(name) = MAP_NAMES.iter().find(|n| **n == name) else {
+                continue;
+            };
+            if missing_map(name) {
+                map.pin(maps_dir.join(name))
+                    .map_err(|e| bpf_err(format_args!("pinning map {name} again"), e))?;
+                restored.push(name);
+            }
+        }
+        Ok(restored)
+    }
 }
+
+/// Every map of the object, by name: each is pinned in the layout's directory.
+const MAP_NAMES: [&str; 5] = [
+    "kpng_frontends",
+    "kpng_slots",
+    "kpng_members",
+    "kpng_affinity",
+    "kpng_reverse",
+];
 
 /// Removes what the pin directory holds besides the links and this layout's maps: the map pins
 /// of other layout versions (before versions, the maps were pinned in the directory itself).

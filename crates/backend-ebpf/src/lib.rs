@@ -132,6 +132,31 @@ impl EbpfBackend {
         }
     }
 
+    /// Pins again what someone unpinned ([`Kernel::restore_pins`]); what was restored, as a
+    /// repair for `kpng status`. On a failure the kernel state is dropped, so that the retry
+    /// loads and attaches everything again.
+    fn restore_pins(&mut self) -> Result<Option<String>, Error> {
+        let Some(kernel) = self.kernel.as_mut() else {
+            return Ok(None);
+        };
+        match kernel.restore_pins() {
+            Ok(restored) if restored.is_empty() => Ok(None),
+            Ok(restored) => {
+                let what = format!(
+                    "eBPF pins under {} removed by someone else, pinned again: {}",
+                    kernel.pin_dir().display(),
+                    restored.join(", ")
+                );
+                tracing::warn!("{what} (the programs kept translating: kpng holds them)");
+                Ok(Some(what))
+            }
+            Err(e) => {
+                self.kernel = None;
+                Err(e)
+            }
+        }
+    }
+
     /// Publishes what each map costs the kernel (after full syncs: the maps' memory only changes
     /// with their size class, and reading it costs a file read per map).
     fn report_memory(&self) {
@@ -403,6 +428,13 @@ impl Backend for EbpfBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
+        // Periodic syncs (nothing changed) and full ones check the pins, as the iptables
+        // backend checks its canary chain.
+        let repaired = if request.full || request.diff.is_empty() {
+            self.restore_pins()?
+        } else {
+            None
+        };
         let (operations, gone) = if request.full || request.diff.node_changed {
             let done = self.full(request.snapshot)?;
             self.report_memory();
@@ -432,7 +464,7 @@ impl Backend for EbpfBackend {
         }
         Ok(SyncStats {
             operations,
-            ..SyncStats::default()
+            repaired,
         })
     }
 

@@ -391,3 +391,71 @@ fn a_service_with_more_endpoints_than_fit_inline_reaches_every_one() {
         "no connection to the ClusterIP crossed node1: {tracked:?}"
     );
 }
+
+/// Someone empties the pin directory while kpng runs (an `rm -rf /sys/fs/bpf/*`, a tool
+/// cleaning the bpffs): the programs keep translating, since kpng holds their links and maps,
+/// and the next periodic sync pins everything again, shown as a repair, so that a restart
+/// still adopts the maps and replaces the programs instead of adding a second set.
+#[test]
+fn removed_pins_are_pinned_again_and_translation_never_stops() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("unpin")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &["--sync-period", "1s"],
+    );
+    let pins = ebpf_pins(&c.node1.ns);
+    let pinned = |dir: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(pins.join(dir))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let (links, maps) = (pinned("links"), pinned("v2"));
+    assert_eq!(links.len(), 8, "{links:?}");
+    assert_eq!(maps.len(), 5, "{maps:?}");
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+
+    std::fs::remove_dir_all(&pins).expect("rm -rf the pin directory");
+    assert_eq!(
+        attached(&c).len(),
+        8,
+        "kpng holds the links: removing the pins detaches nothing"
+    );
+    HeldConnection::open(&c.pod("pod1b").ns, cip(10, false), "pod2a")
+        .second("pod2a")
+        .expect("a new connection right after the pins went");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while (pinned("links") != links || pinned("v2") != maps) && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(pinned("links"), links, "links pinned again within 5 s");
+    assert_eq!(pinned("v2"), maps, "maps pinned again within 5 s");
+    let status = k.status_json();
+    assert!(
+        status["repairs"]["count"].as_u64().is_some_and(|n| n >= 1)
+            && status["repairs"]["lastChange"]
+                .as_str()
+                .is_some_and(|c| c.contains("eBPF pins") && c.contains("kpng_connect4")),
+        "the repair is shown: {status}"
+    );
+
+    // The pins are the real ones: a restart adopts the maps and replaces the programs.
+    k.restart();
+    assert_eq!(attached(&c).len(), 8, "{:?}", attached(&c));
+    held.second("pod2a")
+        .expect("the established connection outlives it all");
+    HeldConnection::open(&c.pod("pod1b").ns, cip(10, false), "pod2a")
+        .second("pod2a")
+        .expect("a new connection after the restart");
+}
