@@ -48,6 +48,9 @@ struct Run {
     enumerated_lbs: Option<Vec<LoadBalancer>>,
     /// Endpoints enumerated during this sync, at most once.
     enumerated_eps: Option<Vec<Endpoint>>,
+    /// What a periodic sync (nothing changed in the cluster) found missing or changed in HCN
+    /// and puts back: a repair, shown by `kpng status`.
+    repair: Option<String>,
 }
 
 fn unavailable(e: &HcnError, what: &str) -> BackendError {
@@ -440,6 +443,9 @@ impl HnsBackend {
         } else {
             self.warned.extend(lines);
         }
+        if request.diff.is_empty() && !request.full && !ops.is_empty() {
+            run.repair = Some(repair_summary(&ops));
+        }
         if full {
             self.known.by_port.clear();
         }
@@ -452,6 +458,38 @@ impl HnsBackend {
         }
         self.apply(ops, run)
     }
+}
+
+/// What a periodic sync puts back, in a line: the objects someone deleted or changed out of
+/// band (an HNS or CNI restart, `hnsdiag delete`, `Get-HnsPolicyList | Remove-HnsPolicyList`),
+/// which kpng found when it read HCN again.
+fn repair_summary(ops: &[Op]) -> String {
+    let (mut lbs, mut endpoints, mut strays) = (0, 0, 0);
+    for op in ops {
+        match op {
+            Op::CreateLoadBalancer { .. } | Op::ReplaceLoadBalancer { .. } => lbs += 1,
+            Op::CreateRemoteEndpoint { .. } => endpoints += 1,
+            Op::DeleteLoadBalancer { .. } | Op::DeleteEndpoint { .. } => strays += 1,
+        }
+    }
+    let mut parts = Vec::new();
+    if lbs > 0 {
+        parts.push(format!(
+            "{lbs} load balancer(s) missing or changed, created again"
+        ));
+    }
+    if endpoints > 0 {
+        parts.push(format!(
+            "{endpoints} remote endpoint(s) missing, created again"
+        ));
+    }
+    if strays > 0 {
+        parts.push(format!("{strays} object(s) kpng no longer wants, deleted"));
+    }
+    format!(
+        "HNS changed by someone else (an HNS or CNI restart, hnsdiag): {}",
+        parts.join("; ")
+    )
 }
 
 /// Whether two GUIDs name the same object.
@@ -541,9 +579,12 @@ impl Backend for HnsBackend {
                 "HNS in sync"
             );
         }
+        if let Some(what) = &run.repair {
+            warn!("{what}");
+        }
         Ok(SyncStats {
             operations: run.calls,
-            ..SyncStats::default()
+            repaired: run.repair,
         })
     }
 

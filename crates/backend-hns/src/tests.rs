@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kpng_backend::{Backend, SyncRequest};
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{
     Diff, Endpoint, Family, NodeState, PortKey, Protocol, ServiceKey, ServicePort, SessionAffinity,
     Snapshot,
@@ -123,6 +123,8 @@ fn snapshot(ports: &[ServicePort]) -> Snapshot {
 struct Driver {
     backend: HnsBackend,
     current: Snapshot,
+    /// The repair the last sync reported.
+    repaired: Option<String>,
 }
 
 impl Driver {
@@ -130,6 +132,7 @@ impl Driver {
         Driver {
             backend: HnsBackend::new(config, Box::new(sim.clone())),
             current: snapshot(&[]),
+            repaired: None,
         }
     }
 
@@ -142,7 +145,7 @@ impl Driver {
             full: true,
         });
         self.current = snap;
-        r.map(|s| s.operations).map_err(|e| e.to_string())
+        self.finish(r)
     }
 
     fn change(&mut self, ports: &[ServicePort]) -> Result<usize, String> {
@@ -166,7 +169,13 @@ impl Driver {
             full: false,
         });
         self.current = snap;
-        r.map(|s| s.operations).map_err(|e| e.to_string())
+        self.finish(r)
+    }
+
+    fn finish(&mut self, r: Result<SyncStats, BackendError>) -> Result<usize, String> {
+        let stats = r.map_err(|e| e.to_string())?;
+        self.repaired = stats.repaired;
+        Ok(stats.operations)
     }
 }
 
@@ -561,6 +570,7 @@ fn a_cold_sync_costs_one_create_per_object_and_three_enumerates() {
     sim.reset_calls();
     assert_eq!(d.change(&ports), Ok(0));
     assert_eq!(sim.calls().total(), 3);
+    assert_eq!(d.repaired, None, "nothing to repair");
 
     sim.reset_calls();
     assert_eq!(d.full(&ports), Ok(0));
@@ -794,6 +804,14 @@ fn bug_110674_objects_deleted_out_of_band_come_back_at_the_next_full_sync() {
     sim.reset_calls();
     d.change(&ports)
         .expect("the periodic (empty) sync re-reads HCN");
+    assert_eq!(
+        d.repaired.as_deref(),
+        Some(
+            "HNS changed by someone else (an HNS or CNI restart, hnsdiag): 1 load balancer(s) \
+             missing or changed, created again; 1 remote endpoint(s) missing, created again"
+        ),
+        "shown as a repair"
+    );
     let after = sim.state();
     let a2 = lb_at(&after, "10.96.0.10").expect("re-created");
     assert_eq!(endpoint_ips(&after, &a2), vec!["10.244.2.7"]);

@@ -176,6 +176,21 @@ fn manifests_in_hcn_state_out_and_out_of_band_deletes_are_repaired() {
         programmed["LoadBalancers"].as_array().map(Vec::len),
         "nothing else changed"
     );
+    // Said as a repair, naming what came back (the state file is written before the log).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let said = |log: &Path| {
+        std::fs::read_to_string(log).is_ok_and(|t| {
+            t.contains("HNS changed by someone else (an HNS or CNI restart, hnsdiag): 1 load balancer(s) missing or changed, created again")
+        })
+    };
+    while !said(&log) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        said(&log),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     let _ = child.kill();
     let _ = child.wait();
 }
