@@ -780,7 +780,9 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         println!(
             "  masquerade: {}{}",
             if t["masquerade"] == true { "yes" } else { "no" },
-            if t["hairpin"] == true {
+            if t["translatedAtSocket"] == true {
+                " (translated at the socket: no NAT, the endpoint sees the client's address)"
+            } else if t["hairpin"] == true {
                 " (and whenever the client picks itself: hairpin)"
             } else {
                 ""
@@ -866,6 +868,7 @@ pub fn node_facts(
         backend: kpng_model::trace::BackendTraits {
             rejects_unknown_ports: kind != Some(BackendKind::Iptables),
             proxies_connections: kind == Some(BackendKind::Userspace),
+            translates_local_sockets: kind == Some(BackendKind::Ebpf),
         },
     }
 }

@@ -52,6 +52,10 @@ pub struct BackendTraits {
     /// The backend is a proxy: it opens its own connection to the endpoint, which therefore
     /// always sees a node address (the userspace backend).
     pub proxies_connections: bool,
+    /// Sockets on this node (the node's own, its pods') are connected to an endpoint at
+    /// `connect()`/`sendmsg()`: no packet of theirs is rewritten and none is masqueraded (the
+    /// eBPF backend; load-balancer IPs with source ranges, and SCTP, stay with the rules).
+    pub translates_local_sockets: bool,
 }
 
 impl Default for BackendTraits {
@@ -60,6 +64,7 @@ impl Default for BackendTraits {
         BackendTraits {
             rejects_unknown_ports: true,
             proxies_connections: false,
+            translates_local_sockets: false,
         }
     }
 }
@@ -138,6 +143,10 @@ pub struct Trace {
     /// The client is itself one of the endpoints: when it is picked, the packet is
     /// masqueraded (hairpin) whatever `masquerade` says.
     pub hairpin: bool,
+    /// The connection is made to the endpoint at the socket (`connect()`/`sendmsg()`, the eBPF
+    /// backend) rather than rewritten packet by packet: for a source on this node.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub translated_at_socket: bool,
     /// ClientIP session affinity's timeout, when the Service has it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_seconds: Option<u32>,
@@ -155,6 +164,7 @@ impl Trace {
             endpoints: Vec::new(),
             masquerade: false,
             hairpin: false,
+            translated_at_socket: false,
             affinity_timeout_seconds: None,
             reason,
         }
@@ -264,7 +274,21 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         return t;
     }
     t.hairpin = endpoints.iter().any(|e| e.ip == q.from);
-    if facts.backend.proxies_connections {
+    let from_this_node = from_node || snapshot.node.pod_cidrs.iter().any(|c| c.contains(&q.from));
+    if facts.backend.translates_local_sockets
+        && from_this_node
+        && q.protocol != Protocol::Sctp
+        && (frontend != Frontend::LoadBalancer || port.source_ranges.is_empty())
+    {
+        t.translated_at_socket = true;
+        t.masquerade = false;
+        t.hairpin = false;
+        t.reason = "a socket on this node (the node's, or a pod's of this node): the eBPF \
+                    programs connect it to one of the endpoints at connect()/sendmsg(), so no \
+                    packet is rewritten and the endpoint sees the client's own address (a \
+                    process outside --cgroup-path's subtree goes through the rules instead)"
+            .to_string();
+    } else if facts.backend.proxies_connections {
         t.masquerade = true;
         t.reason = "the userspace proxy connects to the endpoint from the node".to_string();
     } else {

@@ -117,15 +117,14 @@ pub fn check(
                     .expect("an answer names the client")
                     .ip();
                 // The eBPF backend translates the sockets of node1 and its pods (their
-                // namespaces are in its cgroup) at connect(): never masqueraded.
-                // Load-balancer IPs with source ranges are left to the rules (the source is
-                // checked first), so those are either.
-                let socket_lb = kpng_testkit::cgroups::of(ns.name())
-                    .is_some_and(|g| g.ends_with("local"))
-                    && !(trace["frontend"] == "loadBalancer"
-                        && super::harness::NODE1_IPS.contains(&seen)
-                        && masquerade);
+                // namespaces are in its cgroup) at connect(), and the trace says so: never
+                // masqueraded. (Load-balancer IPs with source ranges stay with the rules.)
+                let socket_lb = trace["translatedAtSocket"] == true;
                 if socket_lb {
+                    assert!(
+                        kpng_testkit::cgroups::of(ns.name()).is_some_and(|g| g.ends_with("local")),
+                        "traced as translated at the socket, from outside the programs' cgroup: {what}"
+                    );
                     // The client's own address: the pod's, or the node's address towards
                     // that endpoint.
                     let node = super::harness::NODE1_IPS;

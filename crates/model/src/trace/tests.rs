@@ -293,6 +293,7 @@ fn backend_differences_change_the_trace() {
         backend: BackendTraits {
             rejects_unknown_ports: false,
             proxies_connections: false,
+            translates_local_sockets: false,
         },
         ..facts()
     };
@@ -304,9 +305,130 @@ fn backend_differences_change_the_trace() {
         backend: BackendTraits {
             rejects_unknown_ports: true,
             proxies_connections: true,
+            translates_local_sockets: false,
         },
         ..facts()
     };
     let t = trace(&snapshot(vec![web()]), &userspace, &q("10.96.0.10:80"));
     assert!(t.masquerade && t.verdict == Verdict::Dnat, "{t:?}");
+}
+
+/// The eBPF backend: sockets of this node (its pods, by the Node's pod CIDR, and the node
+/// itself) are connected to an endpoint at `connect()`; the rest goes through the rules.
+#[test]
+fn sockets_of_this_node_are_translated_at_the_socket_with_ebpf() {
+    struct SocketCase {
+        what: &'static str,
+        port: fn(&mut ServicePort),
+        from: &'static str,
+        to: &'static str,
+        protocol: Protocol,
+        at_socket: bool,
+        masquerade: bool,
+    }
+    let ebpf = NodeFacts {
+        backend: BackendTraits {
+            translates_local_sockets: true,
+            ..BackendTraits::default()
+        },
+        // ClusterCIDR detection: pods of every node are "pods" to the rules.
+        local_pods: LocalPods::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")]),
+        ..facts()
+    };
+    let unchanged: fn(&mut ServicePort) = |_| {};
+    let cases = [
+        SocketCase {
+            what: "a pod of this node to the ClusterIP",
+            port: unchanged,
+            from: "10.244.1.7",
+            to: "10.96.0.10:80",
+            protocol: Protocol::Tcp,
+            at_socket: true,
+            masquerade: false,
+        },
+        SocketCase {
+            what: "an endpoint to its own Service: no hairpin masquerade",
+            port: unchanged,
+            from: "10.244.1.5",
+            to: "10.96.0.10:80",
+            protocol: Protocol::Tcp,
+            at_socket: true,
+            masquerade: false,
+        },
+        SocketCase {
+            what: "the node itself to a node port",
+            port: unchanged,
+            from: "172.18.0.2",
+            to: "172.18.0.2:30080",
+            protocol: Protocol::Tcp,
+            at_socket: true,
+            masquerade: false,
+        },
+        SocketCase {
+            what: "a pod of this node to an external IP, over UDP",
+            port: |p| p.key.protocol = Protocol::Udp,
+            from: "10.244.1.7",
+            to: "192.0.2.10:80",
+            protocol: Protocol::Udp,
+            at_socket: true,
+            masquerade: false,
+        },
+        SocketCase {
+            what: "a pod of another node: its packets reach the rules",
+            port: unchanged,
+            from: "10.244.2.9",
+            to: "10.96.0.10:80",
+            protocol: Protocol::Tcp,
+            at_socket: false,
+            masquerade: false,
+        },
+        SocketCase {
+            what: "a client outside to a node port: the rules, masqueraded",
+            port: unchanged,
+            from: "192.0.2.77",
+            to: "172.18.0.2:30080",
+            protocol: Protocol::Tcp,
+            at_socket: false,
+            masquerade: true,
+        },
+        SocketCase {
+            what: "a load-balancer IP with source ranges stays with the rules (masqueraded)",
+            port: |p| p.source_ranges = vec!["10.244.0.0/16".parse().expect("cidr")],
+            from: "10.244.1.7",
+            to: "198.51.100.10:80",
+            protocol: Protocol::Tcp,
+            at_socket: false,
+            masquerade: true,
+        },
+        SocketCase {
+            what: "SCTP stays with the rules",
+            port: |p| p.key.protocol = Protocol::Sctp,
+            from: "10.244.1.7",
+            to: "10.96.0.10:80",
+            protocol: Protocol::Sctp,
+            at_socket: false,
+            masquerade: false,
+        },
+    ];
+    for c in cases {
+        let mut port = web();
+        (c.port)(&mut port);
+        let mut snap = snapshot(vec![port]);
+        snap.node.pod_cidrs = vec!["10.244.1.0/24".parse().expect("cidr")];
+        let t = trace(
+            &snap,
+            &ebpf,
+            &TraceQuery {
+                from: c.from.parse().expect("ip"),
+                to: c.to.parse().expect("addr"),
+                protocol: c.protocol,
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Dnat, "{}: {t:?}", c.what);
+        assert_eq!(t.translated_at_socket, c.at_socket, "{}: {t:?}", c.what);
+        assert_eq!(t.masquerade, c.masquerade, "{}: {t:?}", c.what);
+        if c.at_socket {
+            assert!(!t.hairpin && t.reason.contains("eBPF"), "{}: {t:?}", c.what);
+        }
+    }
 }

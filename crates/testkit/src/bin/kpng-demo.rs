@@ -382,7 +382,12 @@ fn run(kpng: &str, input: &str, backend: Backend) -> kpng_testkit::Result<usize>
         std::thread::sleep(Duration::from_secs(secs));
     }
     println!("\n== done; removing the sandbox");
-    drop(kpng_proc);
+    // SIGTERM, as a node's shutdown would: kpng leaves its rules in place and removes its admin
+    // socket (a kill would leave the socket file behind).
+    if let Err(e) = kpng_proc.terminate(Duration::from_secs(5)) {
+        println!("   stopping kpng: {e}");
+    }
+    let _ = std::fs::remove_file(&admin);
     if let Some(pins) = pins {
         // kpng leaves its pins for the next kpng (a restart keeps sockets translated).
         let _ = std::fs::remove_dir_all(pins);
