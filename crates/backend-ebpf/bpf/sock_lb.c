@@ -18,6 +18,8 @@
 #include <bpf/bpf_endian.h>
 
 #define ECONNREFUSED 111
+#define AF_INET 2
+#define AF_INET6 10
 
 // Service flags.
 #define SVC_REFUSE 1 // no endpoint anywhere: refuse (REJECT semantics)
@@ -386,6 +388,54 @@ SEC("cgroup/getpeername6")
 int kpng_getpeername6(struct bpf_sock_addr *ctx)
 {
 	reverse6(ctx);
+	return 1;
+}
+
+// A socket closing takes its translation with it: (cookie, peer) names the one entry of a
+// connected socket. Without this, kpng_reverse fills with closed sockets and every connect
+// pays an LRU eviction (measured: 1.35 µs per connect4 run with room, 1.8-1.9 µs full), and a
+// live connected socket that reads without asking for its peer could be evicted: its endpoint
+// leaving would then not destroy it. Entries of unconnected UDP sockets (one per endpoint
+// they sent to) cannot be named here and are left to the LRU.
+SEC("cgroup/sock_release")
+int kpng_sock_release(void *ctx)
+{
+	// `void *` in the signature: clang emits only a forward declaration of struct bpf_sock
+	// into BTF, which the verifier warns about for a context argument.
+	struct bpf_sock *sk = ctx;
+	if (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP)
+		return 1;
+	// Every field read once, up front and volatile: read in the branches below, clang merges
+	// the two families' last address word into one load at a computed offset, which the
+	// verifier refuses (no arithmetic on the context pointer).
+	__u32 family = *(volatile __u32 *)&sk->family;
+	__u16 port = *(volatile __u16 *)&sk->dst_port;
+	__u32 v4 = *(volatile __u32 *)&sk->dst_ip4;
+	__u32 v6[4];
+	v6[0] = *(volatile __u32 *)&sk->dst_ip6[0];
+	v6[1] = *(volatile __u32 *)&sk->dst_ip6[1];
+	v6[2] = *(volatile __u32 *)&sk->dst_ip6[2];
+	v6[3] = *(volatile __u32 *)&sk->dst_ip6[3];
+	if (port == 0)
+		return 1; // never connected: nothing of its can be named
+	struct reverse_key rk = {};
+	if (family == AF_INET) {
+		rk.ep.addr[2] = bpf_htonl(0xffff);
+		rk.ep.addr[3] = v4;
+	} else if (family == AF_INET6) {
+		rk.ep.addr[0] = v6[0];
+		rk.ep.addr[1] = v6[1];
+		rk.ep.addr[2] = v6[2];
+		rk.ep.addr[3] = v6[3];
+	} else {
+		return 1;
+	}
+	rk.ep.port = port;
+	rk.cookie = bpf_get_socket_cookie(sk);
+	// Most sockets were never translated: a lookup (lock-free) is cheaper than a delete (the
+	// bucket's lock) that finds nothing.
+	if (bpf_map_lookup_elem(&kpng_reverse, &rk))
+		bpf_map_delete_elem(&kpng_reverse, &rk);
 	return 1;
 }
 

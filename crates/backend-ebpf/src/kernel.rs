@@ -19,8 +19,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::programs::CgroupAttachMode;
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::Error;
@@ -31,8 +31,9 @@ use crate::layout::{
 use crate::object::OBJECT;
 use crate::plan::{Kind, MapId, Step, Table};
 
-/// Every program of the object, by its function name.
-pub const PROGRAMS: [&str; 8] = [
+/// Every program of the object, by its function name: the socket-address hooks, then the
+/// release hook that forgets a closing socket's translation.
+pub const PROGRAMS: [&str; 9] = [
     "kpng_connect4",
     "kpng_connect6",
     "kpng_sendmsg4",
@@ -41,7 +42,34 @@ pub const PROGRAMS: [&str; 8] = [
     "kpng_recvmsg6",
     "kpng_getpeername4",
     "kpng_getpeername6",
+    "kpng_sock_release",
 ];
+
+/// Loads program `name` and attaches it to the cgroup `cg` (at `cgroup`) with a bpf_link.
+fn load_and_attach(ebpf: &mut Ebpf, name: &str, cg: &File, cgroup: &Path) -> Result<FdLink, Error> {
+    use aya::programs::Program;
+    let loading = |e| bpf_err(format_args!("loading {name}"), e);
+    let attaching = |e| bpf_err(format_args!("attaching {name} to {}", cgroup.display()), e);
+    let not_a_link = |e| bpf_err(format_args!("{name} is not a bpf_link"), e);
+    // A bpf_link attachment is always one of many (the kernel sets BPF_F_ALLOW_MULTI itself
+    // and refuses the flag from userspace).
+    match ebpf.program_mut(name) {
+        Some(Program::CgroupSockAddr(p)) => {
+            p.load().map_err(loading)?;
+            let id = p.attach(cg, CgroupAttachMode::Single).map_err(attaching)?;
+            let link = p.take_link(id).map_err(|e| bpf_err(name, e))?;
+            link.try_into().map_err(not_a_link)
+        }
+        Some(Program::CgroupSock(p)) => {
+            p.load().map_err(loading)?;
+            let id = p.attach(cg, CgroupAttachMode::Single).map_err(attaching)?;
+            let link = p.take_link(id).map_err(|e| bpf_err(name, e))?;
+            link.try_into().map_err(not_a_link)
+        }
+        Some(_) => Err(Error::Bpf(format!("{name} is not a cgroup socket program"))),
+        None => Err(Error::Bpf(format!("the object has no program {name}"))),
+    }
+}
 
 /// The directory of the link pins inside the pin directory.
 const LINKS: &str = "links";
@@ -103,25 +131,7 @@ impl Kernel {
             .map_err(|e| Error::io(format!("opening cgroup {}", cgroup.display()), e))?;
         let mut pinned = Vec::with_capacity(PROGRAMS.len());
         for name in PROGRAMS {
-            let program: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or_else(|| Error::Bpf(format!("the object has no program {name}")))?
-                .try_into()
-                .map_err(|e| bpf_err(name, e))?;
-            program
-                .load()
-                .map_err(|e| bpf_err(format_args!("loading {name}"), e))?;
-            let id = program
-                // A bpf_link attachment is always one of many (the kernel sets
-                // BPF_F_ALLOW_MULTI itself and refuses the flag from userspace).
-                .attach(&cg, CgroupAttachMode::Single)
-                .map_err(|e| {
-                    bpf_err(format_args!("attaching {name} to {}", cgroup.display()), e)
-                })?;
-            let link = program.take_link(id).map_err(|e| bpf_err(name, e))?;
-            let fd: FdLink = link
-                .try_into()
-                .map_err(|e| bpf_err(format_args!("{name} is not a bpf_link"), e))?;
+            let fd = load_and_attach(&mut ebpf, name, &cg, cgroup)?;
             let pin = links.join(name);
             // bpffs refuses names with dots.
             let fresh = links.join(format!("new-{name}"));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use e2e::Backend;
 use e2e::harness::*;
 use e2e::scenarios::HeldConnection;
-use kpng_testkit::{Cluster, Spawned, require_root};
+use kpng_testkit::{Cluster, Outcome, Proto, Spawned, require_root};
 
 const B: Backend = Backend::Ebpf;
 
@@ -193,7 +193,7 @@ fn a_restart_adopts_the_pinned_programs_and_maps() {
         &[],
     );
     let before = attached(&c);
-    assert_eq!(before.len(), 8, "eight programs attached: {before:?}");
+    assert_eq!(before.len(), 9, "nine programs attached: {before:?}");
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
     k.restart();
     assert_eq!(
@@ -225,7 +225,7 @@ fn cleanup_removes_the_pins_and_detaches_the_programs() {
     k.stop();
     assert_eq!(
         attached(&c).len(),
-        8,
+        9,
         "the programs stay attached after kpng left"
     );
     let out = c
@@ -288,7 +288,7 @@ fn an_upgrade_replaces_maps_of_another_layout() {
     );
     assert!(!legacy.exists(), "the old layout's pin is gone");
     assert!(pins.join("v2/kpng_frontends").exists(), "new maps pinned");
-    assert_eq!(attached(&c).len(), 8, "programs attached");
+    assert_eq!(attached(&c).len(), 9, "programs attached");
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
     held.second("pod2a")
         .expect("connections work after the upgrade");
@@ -420,14 +420,14 @@ fn removed_pins_are_pinned_again_and_translation_never_stops() {
         names
     };
     let (links, maps) = (pinned("links"), pinned("v2"));
-    assert_eq!(links.len(), 8, "{links:?}");
+    assert_eq!(links.len(), 9, "{links:?}");
     assert_eq!(maps.len(), 5, "{maps:?}");
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
 
     std::fs::remove_dir_all(&pins).expect("rm -rf the pin directory");
     assert_eq!(
         attached(&c).len(),
-        8,
+        9,
         "kpng holds the links: removing the pins detaches nothing"
     );
     HeldConnection::open(&c.pod("pod1b").ns, cip(10, false), "pod2a")
@@ -452,10 +452,70 @@ fn removed_pins_are_pinned_again_and_translation_never_stops() {
 
     // The pins are the real ones: a restart adopts the maps and replaces the programs.
     k.restart();
-    assert_eq!(attached(&c).len(), 8, "{:?}", attached(&c));
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
     held.second("pod2a")
         .expect("the established connection outlives it all");
     HeldConnection::open(&c.pod("pod1b").ns, cip(10, false), "pod2a")
         .second("pod2a")
         .expect("a new connection after the restart");
+}
+
+/// Elements of the pinned reverse map (`bpftool map dump`).
+fn reverse_entries(c: &Cluster) -> usize {
+    let map = ebpf_pins(&c.node1.ns).join("v2/kpng_reverse");
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&map)
+        .output()
+        .expect("bpftool map dump");
+    let dump: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool's JSON ({e}): {out:?}"));
+    dump.as_array().map_or(0, Vec::len)
+}
+
+/// A closing socket takes its translation with it (`cgroup/sock_release`): the reverse map
+/// holds the sockets alive, not every socket since the start. Left to the LRU, a busy node's
+/// closed connections would push out the entry of a long-lived connected UDP socket, whose
+/// endpoint leaving would then not destroy it.
+#[test]
+fn a_closed_socket_leaves_nothing_in_the_reverse_map() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("release")).expect("cluster");
+    let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
+    let _line_server = start_line_server(&c, "pod1b");
+    let _k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[
+            svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)]),
+            svc("hold", 11, "ClusterIP", "", &[("pod1b", Cond::Ready)]),
+        ]),
+        &[],
+    );
+    let pod1a = &c.pod("pod1a").ns;
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let answered = probes(pod1a, proto, sa(cip(10, false), SVC_PORT), 50);
+        assert!(
+            answered.iter().all(|r| r.outcome == Outcome::Ok),
+            "{answered:?}"
+        );
+    }
+    let mut held = HeldConnection::open(pod1a, cip(11, false), "pod1b");
+    // The probe's sockets are closed; the kernel runs the release hook as each goes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while reverse_entries(&c) > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        reverse_entries(&c),
+        1,
+        "100 closed sockets left nothing; the held connection's translation stays"
+    );
+    held.second("pod1b").expect("the held connection works");
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while reverse_entries(&c) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(reverse_entries(&c), 0, "and nothing once it closed");
 }
