@@ -72,7 +72,7 @@ fn load_and_attach(ebpf: &mut Ebpf, name: &str, cg: &File, cgroup: &Path) -> Res
 }
 
 /// The directory of the link pins inside the pin directory.
-const LINKS: &str = "links";
+pub const LINKS: &str = "links";
 
 /// The loaded programs and the maps userspace writes.
 pub struct Kernel {
@@ -357,7 +357,7 @@ impl Kernel {
 }
 
 /// Every map of the object, by name: each is pinned in the layout's directory.
-const MAP_NAMES: [&str; 5] = [
+pub const MAP_NAMES: [&str; 5] = [
     "kpng_frontends",
     "kpng_slots",
     "kpng_members",

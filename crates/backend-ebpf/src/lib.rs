@@ -15,6 +15,7 @@
 
 pub mod batch;
 pub mod host;
+pub mod inspect;
 pub mod kernel;
 pub mod layout;
 mod object;

@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
 use kpng_runner::admin::{
-    AdminHandle, ConntrackStatus, HealthCheckStatus, InputStatus, PortStatus, RejectedStatus,
-    RepairStatus, Status, StatusQuery,
+    AdminHandle, ConntrackStatus, DataPlaneDetail, HealthCheckStatus, InputStatus, PortStatus,
+    RejectedStatus, RepairStatus, Status, StatusQuery,
 };
 
 use crate::admin_socket::Serving;
@@ -405,6 +405,7 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(conntrack) = &status.conntrack {
         write_conntrack(&mut out, conntrack, wide);
     }
+    write_data_plane(&mut out, &status.data_plane, wide);
     if !status.waiting_for.is_empty() {
         let _ = writeln!(
             out,
@@ -639,6 +640,19 @@ fn write_conntrack(out: &mut String, c: &ConntrackStatus, wide: bool) {
         );
     }
     out.push('\n');
+}
+
+/// The backend's own lines (the eBPF programs and maps): every one in the wide view, and
+/// unasked those with a problem.
+fn write_data_plane(out: &mut String, lines: &[DataPlaneDetail], wide: bool) {
+    use std::fmt::Write as _;
+    for d in lines.iter().filter(|d| wide || d.problem.is_some()) {
+        let _ = write!(out, "{}: {}", d.what, d.state);
+        if let Some(p) = &d.problem {
+            let _ = write!(out, "; PROBLEM: {p}");
+        }
+        out.push('\n');
+    }
 }
 
 /// Health checks whose server could not start: the Service, its port, since when and why.

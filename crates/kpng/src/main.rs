@@ -14,6 +14,8 @@ mod config;
 #[cfg(target_os = "linux")]
 mod conntrack;
 mod dry_run;
+#[cfg(target_os = "linux")]
+mod ebpf_status;
 mod http;
 mod input_metrics;
 mod instance_lock;

@@ -341,6 +341,9 @@ struct SinkFacts {
     client_metrics: Option<kpng_source_kube::ClientMetrics>,
     /// The source's record of its input's health, shown by `kpng status`.
     input: Option<InputHealth>,
+    /// What `kpng status` adds about the backend's data plane beyond its rules (the eBPF
+    /// backend's programs and maps).
+    data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
 }
 
 impl SinkFacts {
@@ -356,6 +359,7 @@ impl SinkFacts {
         events: None,
         client_metrics: None,
         input: None,
+        data_plane: None,
     };
 }
 
@@ -398,8 +402,26 @@ fn local_backend(
         events: None,
         client_metrics: None,
         input: None,
+        data_plane: data_plane_probe(backend, dry_run),
     };
     Ok((built.backend, facts))
+}
+
+/// `kpng status`'s look at the eBPF backend's programs and maps (none for other backends,
+/// and none in a dry run, which loads nothing).
+#[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+fn data_plane_probe(
+    backend: &LocalBackend,
+    dry_run: bool,
+) -> Option<kpng_runner::admin::DataPlaneProbe> {
+    match backend {
+        #[cfg(target_os = "linux")]
+        LocalBackend::Ebpf(args) if !dry_run => Some(crate::ebpf_status::probe(
+            args.bpf_pin_path.clone(),
+            args.cgroup_path.clone(),
+        )),
+        _ => None,
+    }
 }
 
 /// The backend of an in-process sink (not `to-api`) and what `serve` must know about it.
@@ -576,7 +598,10 @@ where
             node
         }));
         runner = with_admin;
-        admin = Some(handle);
+        admin = Some(match facts.data_plane.clone() {
+            Some(probe) => handle.with_data_plane_probe(probe),
+            None => handle,
+        });
     }
     let metrics_server = if dry_run || flags.metrics_bind_address.trim().is_empty() {
         None

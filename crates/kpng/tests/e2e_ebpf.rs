@@ -519,3 +519,69 @@ fn a_closed_socket_leaves_nothing_in_the_reverse_map() {
     }
     assert_eq!(reverse_entries(&c), 0, "and nothing once it closed");
 }
+
+/// `kpng status` shows the socket half: its programs attached (and to which cgroup) and its
+/// maps' fill in the wide view and JSON, and unasked once something is wrong.
+#[test]
+fn status_shows_the_socket_programs_and_their_maps() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("ststatus")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    let (cgroup, pins) = ebpf_scope(&c.node1.ns);
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    let status = k.status_json();
+    let lines = status["dataPlane"].as_array().expect("dataPlane lines");
+    assert_eq!(
+        lines[0]["state"],
+        format!(
+            "9 of 9 attached to cgroup {} (its subtree's sockets), links pinned in {}",
+            cgroup.display(),
+            pins.join("links").display()
+        ),
+        "{status}"
+    );
+    let maps = lines[1]["state"].as_str().expect("maps line");
+    // web: TCP and UDP on its IPv4 and IPv6 ClusterIPs; the held connection is the one open
+    // translated socket.
+    assert!(
+        maps.starts_with("Service frontends 4 of 262144, ")
+            && maps.contains("open translated sockets 1 of 131072"),
+        "{maps}"
+    );
+    assert!(lines.iter().all(|l| l.get("problem").is_none()), "{status}");
+    let kpng_status = |wide: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"));
+        cmd.args(["status", "--admin-socket"]).arg(k.admin_socket());
+        if wide {
+            cmd.args(["-o", "wide"]);
+        }
+        let out = cmd.output().expect("kpng status");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        !kpng_status(false).contains("eBPF"),
+        "nothing to say unasked"
+    );
+    assert!(
+        kpng_status(true).contains("eBPF socket programs: 9 of 9 attached"),
+        "{}",
+        kpng_status(true)
+    );
+
+    // Someone removes the link pins: said unasked (the default 30 s sync period has not come).
+    std::fs::remove_dir_all(pins.join("links")).expect("rm the link pins");
+    let table = kpng_status(false);
+    assert!(
+        table.contains("eBPF socket programs: 0 of 9 attached")
+            && table.contains("PROBLEM: not pinned: kpng_connect4, "),
+        "{table}"
+    );
+    held.second("pod2a")
+        .expect("and the programs still translate");
+}

@@ -25,23 +25,57 @@ pub(crate) enum Query {
     Trace(TraceQuery, oneshot::Sender<TraceAnswer>),
 }
 
+/// Looks at what the model does not hold about the data plane (the eBPF backend's programs
+/// and maps), when a status is asked for: on a blocking thread, never on the sync loop.
+pub type DataPlaneProbe = std::sync::Arc<dyn Fn() -> Vec<DataPlaneDetail> + Send + Sync>;
+
 /// Asks the running loop; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct AdminHandle(pub(crate) mpsc::Sender<Query>);
+#[derive(Clone)]
+pub struct AdminHandle {
+    pub(crate) queries: mpsc::Sender<Query>,
+    probe: Option<DataPlaneProbe>,
+}
+
+impl std::fmt::Debug for AdminHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminHandle")
+            .field("probe", &self.probe.is_some())
+            .finish_non_exhaustive()
+    }
+}
 
 impl AdminHandle {
+    pub(crate) fn new(queries: mpsc::Sender<Query>) -> AdminHandle {
+        AdminHandle {
+            queries,
+            probe: None,
+        }
+    }
+
+    /// Adds `probe`'s lines to every status answer ([`Status::data_plane`]).
+    pub fn with_data_plane_probe(mut self, probe: DataPlaneProbe) -> AdminHandle {
+        self.probe = Some(probe);
+        self
+    }
+
     /// What is programmed now, for the Service ports `query` selects; `None` once the loop
     /// has ended.
     pub async fn status(&self, query: StatusQuery) -> Option<Status> {
         let (tx, rx) = oneshot::channel();
-        self.0.send(Query::Status(query, tx)).await.ok()?;
-        rx.await.ok()
+        self.queries.send(Query::Status(query, tx)).await.ok()?;
+        let mut status = rx.await.ok()?;
+        if let Some(probe) = self.probe.clone() {
+            status.data_plane = tokio::task::spawn_blocking(move || probe())
+                .await
+                .unwrap_or_default();
+        }
+        Some(status)
     }
 
     /// The decision for one packet; `None` once the loop has ended.
     pub async fn trace(&self, query: TraceQuery) -> Option<TraceAnswer> {
         let (tx, rx) = oneshot::channel();
-        self.0.send(Query::Trace(query, tx)).await.ok()?;
+        self.queries.send(Query::Trace(query, tx)).await.ok()?;
         rx.await.ok()
     }
 }
@@ -184,6 +218,23 @@ pub struct Status {
     /// kernel drops the first packet of every new connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackStatus>,
+    /// What the backend holds beyond the model's rules, looked at when asked (the eBPF
+    /// backend: its programs attached, its maps' fill): empty for most backends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_plane: Vec<DataPlaneDetail>,
+}
+
+/// One line about the data plane: what, its state, and what is wrong with it, if anything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataPlaneDetail {
+    /// What is looked at (`eBPF socket programs`).
+    pub what: String,
+    /// Its state, in words.
+    pub state: String,
+    /// What is wrong and what happens about it; shown without being asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// How full the conntrack table is.

@@ -122,7 +122,7 @@ impl<M: NodeModel> Runner<M> {
     pub fn with_admin(mut self, facts: FactsFn) -> (Runner<M>, AdminHandle) {
         let (tx, rx) = mpsc::channel(16);
         self.admin = Some((rx, facts));
-        (self, AdminHandle(tx))
+        (self, AdminHandle::new(tx))
     }
 
     /// Shows the source's record of its input's health in the status answers: why nothing is
@@ -371,6 +371,7 @@ impl<M: NodeModel> LoopState<M> {
                         })
                         .unwrap_or_default(),
                     conntrack: self.conntrack_status(),
+                    data_plane: Vec::new(),
                     input: self
                         .runner
                         .input

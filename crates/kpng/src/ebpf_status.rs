@@ -1,0 +1,163 @@
+//! `kpng status`'s lines about `to-local ebpf`'s socket half: whether its programs are
+//! attached, to which cgroup, and how full its maps are ([`kpng_backend_ebpf::inspect`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kpng_backend_ebpf::inspect::{Inspection, inspect};
+use kpng_backend_ebpf::kernel::PROGRAMS;
+use kpng_runner::admin::{DataPlaneDetail, DataPlaneProbe};
+
+/// The probe for a backend pinning under `pin_dir` and attached to `cgroup` (`None`: the
+/// cgroup v2 root).
+pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
+    Arc::new(move || {
+        let scope = match &cgroup {
+            Some(c) => format!("cgroup {} (its subtree's sockets)", c.display()),
+            None => match kpng_backend_ebpf::host::cgroup2_root() {
+                Ok(root) => format!(
+                    "cgroup {} (the root: every socket of the node)",
+                    root.display()
+                ),
+                Err(_) => "the cgroup v2 root (every socket of the node)".to_string(),
+            },
+        };
+        details(&inspect(&pin_dir), &pin_dir, &scope)
+    })
+}
+
+/// A map's name for an operator.
+fn label(map: &str) -> &str {
+    match map {
+        "kpng_frontends" => "Service frontends",
+        "kpng_slots" => "endpoint slots past 8",
+        "kpng_members" => "affinity members",
+        "kpng_affinity" => "ClientIP affinities",
+        "kpng_reverse" => "open translated sockets",
+        other => other,
+    }
+}
+
+/// The lines for one inspection.
+fn details(i: &Inspection, pin_dir: &Path, scope: &str) -> Vec<DataPlaneDetail> {
+    let programs = DataPlaneDetail {
+        what: "eBPF socket programs".into(),
+        state: format!(
+            "{} of {} attached to {scope}, links pinned in {}",
+            i.pinned.len(),
+            PROGRAMS.len(),
+            pin_dir.join(kpng_backend_ebpf::kernel::LINKS).display()
+        ),
+        problem: (!i.missing.is_empty()).then(|| {
+            format!(
+                "not pinned: {} (removed by someone else; this kpng still holds them, so they \
+                 translate, and its next periodic sync pins them again)",
+                i.missing.join(", ")
+            )
+        }),
+    };
+    let fills: Vec<String> = i
+        .maps
+        .iter()
+        .map(|m| format!("{} {} of {}", label(m.name), m.entries, m.max_entries))
+        .collect();
+    let mut problems: Vec<String> = i
+        .maps
+        .iter()
+        .filter(|m| m.nearly_full())
+        .map(|m| {
+            let consequence = if m.name == "kpng_reverse" || m.name == "kpng_affinity" {
+                "the oldest entries are evicted"
+            } else {
+                "new entries are refused and the sync fails"
+            };
+            format!(
+                "{} is {} % full: {consequence}",
+                m.name,
+                m.entries * 100 / m.max_entries.max(1) as usize
+            )
+        })
+        .collect();
+    problems.extend(
+        i.unreadable
+            .iter()
+            .map(|(name, why)| format!("{name} cannot be read: {why}")),
+    );
+    let maps = DataPlaneDetail {
+        what: "eBPF maps".into(),
+        state: fills.join(", "),
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
+    };
+    vec![programs, maps]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpng_backend_ebpf::inspect::MapFill;
+
+    #[test]
+    fn lines_say_what_is_attached_and_what_is_full() {
+        let all: Vec<&'static str> = PROGRAMS.to_vec();
+        let healthy = Inspection {
+            pinned: all.clone(),
+            missing: vec![],
+            maps: vec![
+                MapFill {
+                    name: "kpng_frontends",
+                    entries: 12,
+                    max_entries: 262_144,
+                },
+                MapFill {
+                    name: "kpng_reverse",
+                    entries: 3,
+                    max_entries: 131_072,
+                },
+            ],
+            unreadable: vec![],
+        };
+        let lines = details(
+            &healthy,
+            Path::new("/sys/fs/bpf/kpng"),
+            "cgroup /sys/fs/cgroup",
+        );
+        assert_eq!(
+            lines[0].state,
+            "9 of 9 attached to cgroup /sys/fs/cgroup, links pinned in /sys/fs/bpf/kpng/links"
+        );
+        assert_eq!(lines[0].problem, None);
+        assert_eq!(
+            lines[1].state,
+            "Service frontends 12 of 262144, open translated sockets 3 of 131072"
+        );
+        assert_eq!(lines[1].problem, None);
+
+        let broken = Inspection {
+            pinned: all[..7].to_vec(),
+            missing: all[7..].to_vec(),
+            maps: vec![MapFill {
+                name: "kpng_frontends",
+                entries: 235_930,
+                max_entries: 262_144,
+            }],
+            unreadable: vec![("kpng_reverse", "No such file or directory".into())],
+        };
+        let lines = details(&broken, Path::new("/p"), "cgroup /c");
+        assert!(lines[0].state.starts_with("7 of 9 attached"), "{lines:?}");
+        assert_eq!(
+            lines[0].problem.as_deref(),
+            Some(
+                "not pinned: kpng_getpeername6, kpng_sock_release (removed by someone else; this \
+                 kpng still holds them, so they translate, and its next periodic sync pins them \
+                 again)"
+            )
+        );
+        assert_eq!(
+            lines[1].problem.as_deref(),
+            Some(
+                "kpng_frontends is 90 % full: new entries are refused and the sync fails; \
+                 kpng_reverse cannot be read: No such file or directory"
+            )
+        );
+    }
+}
