@@ -19,11 +19,13 @@ use tracing::{debug, info, warn};
 use crate::hcn::{Hcn, HcnError};
 use crate::metrics::{Counted, HnsMetrics};
 use crate::plan::{
-    Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkView, Op, PlanWarning, plan_ops,
+    Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkType, NetworkView, Op, PlanWarning,
+    plan_ops,
 };
 use crate::schema::{
     Endpoint, IpConfig, LoadBalancer, Policy, SchemaVersion, endpoint_flags, normalize_id,
 };
+use crate::summary::{HnsSummary, NetworkSummary, SharedSummary};
 
 /// The Windows backend (`to-local hns`).
 pub struct HnsBackend {
@@ -34,6 +36,8 @@ pub struct HnsBackend {
     /// Planner warnings already logged: each is logged once while it holds (every periodic
     /// sync re-plans every port, and would repeat them every `--sync-period`).
     warned: BTreeSet<String>,
+    /// What `kpng status` shows, written after each successful sync.
+    summary: SharedSummary,
 }
 
 /// How one sync went, beyond its result.
@@ -71,6 +75,35 @@ impl HnsBackend {
             known: Known::default(),
             metrics,
             warned: BTreeSet::new(),
+            summary: SharedSummary::default(),
+        }
+    }
+
+    /// The backend's last picture of HCN, kept up to date after every successful sync.
+    pub fn summary(&self) -> SharedSummary {
+        self.summary.clone()
+    }
+
+    fn publish_summary(&self) {
+        let network = self.known.view.as_ref().map(|v| NetworkSummary {
+            name: self.config.network_name.clone(),
+            id: v.id.clone(),
+            network_type: match &v.network_type {
+                NetworkType::L2Bridge => "L2Bridge".to_string(),
+                NetworkType::Overlay => "Overlay".to_string(),
+                NetworkType::Other(t) => t.clone(),
+            },
+            local_endpoints: v.local.len(),
+            root_endpoint: v.root.as_ref().map(|(ip, _)| *ip),
+        });
+        let summary = HnsSummary {
+            network,
+            load_balancers: self.known.lbs.len(),
+            remote_endpoints: self.known.remote.len(),
+            warnings: self.warned.iter().cloned().collect(),
+        };
+        if let Ok(mut shared) = self.summary.lock() {
+            *shared = summary;
         }
     }
 
@@ -579,6 +612,7 @@ impl Backend for HnsBackend {
                 "HNS in sync"
             );
         }
+        self.publish_summary();
         if let Some(what) = &run.repair {
             warn!("{what}");
         }

@@ -21,6 +21,7 @@ pub mod schema;
 #[cfg(windows)]
 pub mod service;
 pub mod sim;
+pub mod summary;
 #[cfg(windows)]
 pub mod system;
 

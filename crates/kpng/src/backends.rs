@@ -219,6 +219,9 @@ pub struct Built {
     pub backend: Box<dyn Backend>,
     /// What of [`crate::leftovers::Leftover`] is its own; `None` for a dry run.
     pub own: Vec<crate::leftovers::Leftover>,
+    /// What `kpng status` adds about the backend's data plane beyond its rules (the eBPF
+    /// backend's programs and maps, the HNS network and objects); none for a dry run.
+    pub data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
 }
 
 /// What every node backend is configured with, whatever the backend.
@@ -283,6 +286,7 @@ mod linux {
         node: NodeSettings,
         refusals: &Refusals,
     ) -> anyhow::Result<Built> {
+        let backend_args = backend;
         let kind = BackendKind::of(backend);
         let dry_run = BackendKind::dry_run(backend);
         match backend {
@@ -321,7 +325,18 @@ mod linux {
         } else {
             crate::leftovers::own(kind, variant)
         };
-        Ok(Built { backend, own })
+        let data_plane = match backend_args {
+            LocalBackend::Ebpf(args) if !dry_run => Some(crate::ebpf_status::probe(
+                args.bpf_pin_path.clone(),
+                args.cgroup_path.clone(),
+            )),
+            _ => None,
+        };
+        Ok(Built {
+            backend,
+            own,
+            data_plane,
+        })
     }
 
     fn nft(
@@ -570,9 +585,12 @@ pub(crate) mod hns {
         } else {
             system()?
         };
+        let backend = HnsBackend::new(config, hcn);
+        let data_plane = (!args.dry_run).then(|| crate::hns_status::probe(backend.summary()));
         Ok(Built {
-            backend: Box::new(HnsBackend::new(config, hcn)),
+            backend: Box::new(backend),
             own: Vec::new(),
+            data_plane,
         })
     }
 

@@ -16,6 +16,7 @@ mod conntrack;
 mod dry_run;
 #[cfg(target_os = "linux")]
 mod ebpf_status;
+mod hns_status;
 mod http;
 mod input_metrics;
 mod instance_lock;

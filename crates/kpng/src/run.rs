@@ -402,26 +402,9 @@ fn local_backend(
         events: None,
         client_metrics: None,
         input: None,
-        data_plane: data_plane_probe(backend, dry_run),
+        data_plane: built.data_plane,
     };
     Ok((built.backend, facts))
-}
-
-/// `kpng status`'s look at the eBPF backend's programs and maps (none for other backends,
-/// and none in a dry run, which loads nothing).
-#[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
-fn data_plane_probe(
-    backend: &LocalBackend,
-    dry_run: bool,
-) -> Option<kpng_runner::admin::DataPlaneProbe> {
-    match backend {
-        #[cfg(target_os = "linux")]
-        LocalBackend::Ebpf(args) if !dry_run => Some(crate::ebpf_status::probe(
-            args.bpf_pin_path.clone(),
-            args.cgroup_path.clone(),
-        )),
-        _ => None,
-    }
 }
 
 /// The backend of an in-process sink (not `to-api`) and what `serve` must know about it.
