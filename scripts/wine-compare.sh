@@ -146,10 +146,14 @@ if win "${common[@]}" --network-name cbr0 to-local hns >second-hns.log 2>&1; the
 fi
 grep -q 'another kpng already runs `to-local hns` on this node' second-hns.log \
   || { cat second-hns.log; fail "the second kpng.exe did not say why it stops"; }
+# Its status says, unasked, that no sync has found the HNS network yet.
+win status --admin-socket "$hns_pipe" 2>/dev/null | tr -d '\r' >system-status.txt || true
+grep -q '^HNS network: not found yet; PROBLEM: no sync has found the CNI' system-status.txt \
+  || { cat system-status.txt; fail "kpng.exe status does not say the HNS network is not found"; }
 kill "$sp" 2>/dev/null || true
 wait "$sp" 2>/dev/null || true
 grep -q "HNS unavailable" system.log || { cat system.log; fail "kpng.exe --hcn system did not report HNS unavailable"; }
-echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries; cleanup and a second kpng.exe refuse while it runs"
+echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries, and its status says the network is not found; cleanup and a second kpng.exe refuse while it runs"
 
 # 5. `--windows-service`: from a console it refuses (no Service Control Manager), as
 # kube-proxy; installed with `sc create` and started with `net start` under Wine's SCM it
