@@ -5,6 +5,9 @@
 //! ruleset, every table of every program, at each invocation). Without the check, an old node
 //! fails later with an `nft` syntax error that names neither.
 //!
+//! The eBPF backend also needs 5.18 for its socket programs ([`MIN_KERNEL_EBPF`]); without
+//! the check an older node failed every sync with a verifier error about `bpf_set_retval`.
+//!
 //! `KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK` (kube-proxy's) or
 //! `KPNG_SKIP_KERNEL_VERSION_CHECK`, set to anything, skip the kernel check, for kernels with
 //! backported features.
@@ -13,6 +16,10 @@ use crate::backends::BackendKind;
 
 /// The oldest kernel nftables mode supports.
 pub const MIN_KERNEL: (u32, u32) = (5, 13);
+/// The oldest kernel the eBPF backend's socket programs load on: `bpf_set_retval` (a connect
+/// to a Service without endpoints fails with ECONNREFUSED) came with 5.18; the other hooks and
+/// helpers it uses are older (getpeername 5.8, sock_release 5.9, cgroup bpf_links 5.7).
+pub const MIN_KERNEL_EBPF: (u32, u32) = (5, 18);
 /// The oldest `nft` the nftables backends support.
 pub const MIN_NFT: (u32, u32, u32) = (1, 0, 1);
 /// Environment variables that skip the kernel check.
@@ -47,6 +54,18 @@ pub fn kernel_ok(kind: BackendKind, release: &str) -> Result<(), String> {
     let Some((major, minor, _)) = parse_version(release) else {
         return Err(format!("cannot read the kernel version {release:?}"));
     };
+    if kind == BackendKind::Ebpf && (major, minor) < MIN_KERNEL_EBPF {
+        return Err(format!(
+            "the eBPF backend needs Linux {}.{} or later, this node runs {} (its programs use \
+             bpf_set_retval, which the kernel's verifier refuses before 5.18); use `to-local \
+             nft`, the same Service behaviour with the nftables rules alone, or set {} if this \
+             kernel has the feature backported",
+            MIN_KERNEL_EBPF.0,
+            MIN_KERNEL_EBPF.1,
+            release.trim(),
+            SKIP_KERNEL_CHECK[0]
+        ));
+    }
     if (major, minor) < MIN_KERNEL {
         return Err(format!(
             "the nftables backend needs Linux {}.{} or later, this node runs {release} (as \
@@ -123,6 +142,18 @@ mod tests {
             "{err}"
         );
         assert!(kernel_ok(BackendKind::Iptables, "4.19.0").is_ok());
+        // The eBPF backend's programs need more than the nftables half: Ubuntu 22.04's 5.15
+        // runs nft but not ebpf.
+        assert!(kernel_ok(BackendKind::Nft, "5.15.0-91-generic").is_ok());
+        let err = kernel_ok(BackendKind::Ebpf, "5.15.0-91-generic\n").expect_err("too old");
+        assert!(
+            err.starts_with(
+                "the eBPF backend needs Linux 5.18 or later, this node runs 5.15.0-91-generic"
+            ) && err.contains("to-local nft"),
+            "{err}"
+        );
+        assert!(kernel_ok(BackendKind::Ebpf, "5.18.0").is_ok());
+        assert!(kernel_ok(BackendKind::Ebpf, "6.1.0-18-amd64").is_ok());
         assert!(nft_ok("nftables v1.0.1 (Fearless Fosdick #3)").is_ok());
         let err = nft_ok("nftables v0.9.8 (E.D.S.)").expect_err("too old");
         assert!(err.contains("nft 0.9.8 is too old"), "{err}");
