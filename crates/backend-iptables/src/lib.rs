@@ -122,6 +122,21 @@ fn counted(table: Table) -> Option<usize> {
 /// Reads the node's interface addresses (for CIDR `--nodeport-addresses`).
 pub type LocalAddresses = Box<dyn Fn() -> Vec<IpAddr> + Send>;
 
+/// The rules kpng keeps in one family's nat and filter tables (what
+/// `kubeproxy_sync_proxy_rules_iptables_total` counts), for `kpng status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleCounts {
+    /// The family.
+    pub family: Family,
+    /// Rules in the nat table.
+    pub nat: usize,
+    /// Rules in the filter table.
+    pub filter: usize,
+}
+
+/// The counts of every family programmed, written after each commit and read by the status.
+pub type SharedRuleCounts = std::sync::Arc<std::sync::Mutex<Vec<RuleCounts>>>;
+
 /// The iptables backend.
 pub struct IptablesBackend {
     /// What the tampering watcher shares with us (armed families, the busy lock).
@@ -141,6 +156,8 @@ pub struct IptablesBackend {
     /// The families a sync found flushed by someone else (its own check, without an alarm),
     /// for the runner's count of repairs.
     found_flushed: Vec<Family>,
+    /// What `kpng status` shows of the rules' size.
+    rule_counts: SharedRuleCounts,
 }
 
 impl IptablesBackend {
@@ -167,7 +184,13 @@ impl IptablesBackend {
             local_addresses: Box::new(kpng_backend::host::local_addresses),
             known_addresses: Vec::new(),
             found_flushed: Vec::new(),
+            rule_counts: SharedRuleCounts::default(),
         }
+    }
+
+    /// The rules kept per family, updated after every commit.
+    pub fn rule_counts(&self) -> SharedRuleCounts {
+        self.rule_counts.clone()
     }
 
     /// Replaces how local addresses are read (tests).
@@ -220,6 +243,11 @@ impl IptablesBackend {
         let Some(cfg) = &state.committed else {
             return;
         };
+        let mut counts = RuleCounts {
+            family: state.family,
+            nat: 0,
+            filter: 0,
+        };
         for table in [Table::Filter, Table::Nat] {
             let label = TableLabel {
                 table: table.name().into(),
@@ -227,6 +255,10 @@ impl IptablesBackend {
             };
             let ports = counted(table).map_or(0, |i| state.port_rules[i]);
             let total = skeleton::fixed_rule_count(cfg, table) + ports;
+            match table {
+                Table::Nat => counts.nat = total,
+                _ => counts.filter = total,
+            }
             let written: usize = transactions.iter().map(|t| t.rules_written(table)).sum();
             self.metrics
                 .rules_total
@@ -236,6 +268,11 @@ impl IptablesBackend {
                 .rules_last
                 .get_or_create(&label)
                 .set(written as i64);
+        }
+        if let Ok(mut shared) = self.rule_counts.lock() {
+            shared.retain(|c| c.family != counts.family);
+            shared.push(counts);
+            shared.sort_by_key(|c| c.family);
         }
     }
 

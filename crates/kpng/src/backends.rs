@@ -287,6 +287,7 @@ mod linux {
         refusals: &Refusals,
     ) -> anyhow::Result<Built> {
         let backend_args = backend;
+        let mut iptables_probe = None;
         let kind = BackendKind::of(backend);
         let dry_run = BackendKind::dry_run(backend);
         match backend {
@@ -313,6 +314,11 @@ mod linux {
                     Mode::Legacy => Variant::Legacy,
                     Mode::Nft => Variant::Nft,
                 });
+                // A dry run has no mode (and commits nothing to count).
+                iptables_probe = mode.map(|m| {
+                    let detected = args.iptables_mode == IptablesMode::Auto;
+                    crate::iptables_status::probe(m, detected, b.rule_counts())
+                });
                 (Box::new(b), variant)
             }
             LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
@@ -330,6 +336,7 @@ mod linux {
                 args.bpf_pin_path.clone(),
                 args.cgroup_path.clone(),
             )),
+            LocalBackend::Iptables(_) => iptables_probe,
             _ => None,
         };
         Ok(Built {

@@ -20,6 +20,8 @@ mod hns_status;
 mod http;
 mod input_metrics;
 mod instance_lock;
+#[cfg(target_os = "linux")]
+mod iptables_status;
 mod kube_proxy_flags;
 mod leftovers;
 mod log_dedup;

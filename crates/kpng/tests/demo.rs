@@ -39,6 +39,15 @@ fn run_demo(backend: &str) {
         stdout.contains("is outside loadBalancerSourceRanges"),
         "{stdout}"
     );
+    // `-o wide` adds what the backend holds beyond its rules.
+    let data_plane = match backend {
+        "iptables" => Some("iptables: iptables-"),
+        "ebpf" => Some("eBPF socket programs: 9 of 9 attached to cgroup "),
+        _ => None,
+    };
+    if let Some(line) = data_plane {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
 }
 
 #[test]
