@@ -61,10 +61,13 @@ impl AdminHandle {
     /// What is programmed now, for the Service ports `query` selects; `None` once the loop
     /// has ended.
     pub async fn status(&self, query: StatusQuery) -> Option<Status> {
+        // `kpng status` reads a large answer page by page and keeps the first page's header:
+        // the probe (a dump of every map, for the eBPF backend) runs for that page only.
+        let first_page = query.offset.unwrap_or_default() == 0;
         let (tx, rx) = oneshot::channel();
         self.queries.send(Query::Status(query, tx)).await.ok()?;
         let mut status = rx.await.ok()?;
-        if let Some(probe) = self.probe.clone() {
+        if let Some(probe) = self.probe.clone().filter(|_| first_page) {
             status.data_plane = tokio::task::spawn_blocking(move || probe())
                 .await
                 .unwrap_or_default();
@@ -219,7 +222,9 @@ pub struct Status {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackStatus>,
     /// What the backend holds beyond the model's rules, looked at when asked (the eBPF
-    /// backend: its programs attached, its maps' fill): empty for most backends.
+    /// backend: its programs attached, its maps' fill; the HNS network; the iptables variant),
+    /// in the first page of an answer read page by page: empty otherwise, and for the
+    /// backends without such lines.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_plane: Vec<DataPlaneDetail>,
 }

@@ -667,3 +667,38 @@ async fn a_status_query_selects_ports_before_they_are_explained() {
         assert_eq!(paged, names(&all), "{text:?}");
     }
 }
+
+/// A data-plane probe's lines are in the status, computed when asked and for the first page of
+/// a paged answer only (the eBPF backend's probe dumps every map).
+#[tokio::test]
+async fn the_data_plane_probe_answers_the_first_page_only() {
+    let h = start(SyncTiming::default());
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    let admin = h.admin.clone().with_data_plane_probe(Arc::new(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        vec![admin::DataPlaneDetail {
+            what: "probe".into(),
+            state: "fine".into(),
+            problem: None,
+        }]
+    }));
+    let page = |offset: Option<usize>| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .status(admin::StatusQuery {
+                    offset,
+                    ..admin::StatusQuery::default()
+                })
+                .await
+                .expect("an answer")
+        }
+    };
+    assert_eq!(page(None).await.data_plane.len(), 1);
+    assert_eq!(page(Some(0)).await.data_plane[0].state, "fine");
+    assert!(page(Some(2000)).await.data_plane.is_empty());
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // The handle without a probe answers without lines.
+    assert!(status_of(&h).await.data_plane.is_empty());
+}
