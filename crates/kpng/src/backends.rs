@@ -220,7 +220,8 @@ pub struct Built {
     /// What of [`crate::leftovers::Leftover`] is its own; `None` for a dry run.
     pub own: Vec<crate::leftovers::Leftover>,
     /// What `kpng status` adds about the backend's data plane beyond its rules (the eBPF
-    /// backend's programs and maps, the HNS network and objects); none for a dry run.
+    /// backend's programs and maps, the HNS network and objects, the iptables variant and
+    /// rule counts); none for a dry run and for the other backends.
     pub data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
 }
 
@@ -286,8 +287,8 @@ mod linux {
         node: NodeSettings,
         refusals: &Refusals,
     ) -> anyhow::Result<Built> {
-        let backend_args = backend;
-        let mut iptables_probe = None;
+        // What `kpng status` adds about the backend beyond its rules (none for a dry run).
+        let mut data_plane = None;
         let kind = BackendKind::of(backend);
         let dry_run = BackendKind::dry_run(backend);
         match backend {
@@ -315,14 +316,22 @@ mod linux {
                     Mode::Nft => Variant::Nft,
                 });
                 // A dry run has no mode (and commits nothing to count).
-                iptables_probe = mode.map(|m| {
+                data_plane = mode.map(|m| {
                     let detected = args.iptables_mode == IptablesMode::Auto;
                     crate::iptables_status::probe(m, detected, b.rule_counts())
                 });
                 (Box::new(b), variant)
             }
             LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
-            LocalBackend::Ebpf(args) => (ebpf(flags, args, node, refusals)?, None),
+            LocalBackend::Ebpf(args) => {
+                if !dry_run {
+                    data_plane = Some(crate::ebpf_status::probe(
+                        args.bpf_pin_path.clone(),
+                        args.cgroup_path.clone(),
+                    ));
+                }
+                (ebpf(flags, args, node, refusals)?, None)
+            }
             // Built by `super::hns` before the Linux backends are considered.
             LocalBackend::Hns(args) => return super::hns::build(flags, args),
         };
@@ -330,14 +339,6 @@ mod linux {
             Vec::new()
         } else {
             crate::leftovers::own(kind, variant)
-        };
-        let data_plane = match backend_args {
-            LocalBackend::Ebpf(args) if !dry_run => Some(crate::ebpf_status::probe(
-                args.bpf_pin_path.clone(),
-                args.cgroup_path.clone(),
-            )),
-            LocalBackend::Iptables(_) => iptables_probe,
-            _ => None,
         };
         Ok(Built {
             backend,

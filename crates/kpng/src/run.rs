@@ -341,8 +341,8 @@ struct SinkFacts {
     client_metrics: Option<kpng_source_kube::ClientMetrics>,
     /// The source's record of its input's health, shown by `kpng status`.
     input: Option<InputHealth>,
-    /// What `kpng status` adds about the backend's data plane beyond its rules (the eBPF
-    /// backend's programs and maps).
+    /// What `kpng status` adds about the backend's data plane beyond its rules
+    /// ([`crate::backends::Built::data_plane`]).
     data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
 }
 

@@ -26,7 +26,8 @@ pub(crate) enum Query {
 }
 
 /// Looks at what the model does not hold about the data plane (the eBPF backend's programs
-/// and maps), when a status is asked for: on a blocking thread, never on the sync loop.
+/// and maps, the HNS network, the iptables variant), when a status is asked for: on a
+/// blocking thread, never on the sync loop.
 pub type DataPlaneProbe = std::sync::Arc<dyn Fn() -> Vec<DataPlaneDetail> + Send + Sync>;
 
 /// Asks the running loop; cheap to clone.
