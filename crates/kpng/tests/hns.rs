@@ -23,13 +23,37 @@ fn initial_state() -> Value {
 }
 
 /// Starts kpng; its log goes to `log` (a file: a pipe nobody reads could fill up).
-fn start(input: &Path, state: &Path, log: &Path) -> Child {
+fn start(input: &Path, state: &Path, log: &Path) -> Running {
     start_with(input, state, log, &[])
 }
 
+/// A kpng under test, killed when the test ends, however it ends (a failed assertion too: a
+/// kpng left running would hold its simulator file and ports after the test).
+struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// [`start`] with more flags.
-fn start_with(input: &Path, state: &Path, log: &Path, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_kpng"))
+fn start_with(input: &Path, state: &Path, log: &Path, extra: &[&str]) -> Running {
+    let child = Command::new(env!("CARGO_BIN_EXE_kpng"))
         .args(["file", "--input"])
         .arg(input)
         .args(["--node-name", "node1", "--network-name", "cbr0"])
@@ -50,7 +74,8 @@ fn start_with(input: &Path, state: &Path, log: &Path, extra: &[&str]) -> Child {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("log file"))
         .spawn()
-        .expect("start kpng")
+        .expect("start kpng");
+    Running(child)
 }
 
 /// Waits until FILE holds a state for which `ready` is true.
@@ -196,8 +221,6 @@ fn manifests_in_hcn_state_out_and_out_of_band_deletes_are_repaired() {
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// A LoadBalancer Service annotated `preserve-destination: "true"`, its ingress IP, and one
@@ -387,6 +410,4 @@ fn status_names_the_hns_network_and_what_kpng_keeps_there() {
     assert!(status(&[]).contains(problem), "{}", status(&[]));
     let wide = status(&["-o", "wide"]);
     assert!(wide.contains("HNS network: cbr0 (L2Bridge, net)"), "{wide}");
-    let _ = child.kill();
-    let _ = child.wait();
 }
