@@ -1,5 +1,6 @@
 //! Batched map operations (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH`,
-//! `BPF_MAP_LOOKUP_BATCH`) on the map fds aya opened: the only unsafe code of the crate.
+//! `BPF_MAP_LOOKUP_BATCH`) on the map fds aya opened: with [`crate::links`], the only unsafe
+//! code of the crate.
 //!
 //! Why unsafe: aya 0.14 offers one `bpf()` call per element, and a cold sync at 30k Services ×
 //! 4 endpoints is ~400k elements (about a second of system calls). The kernel's batch
@@ -68,9 +69,19 @@ struct BatchAttr {
 /// `attr` must be the attribute struct of `cmd`, and every pointer in it must be valid for the
 /// sizes the map's key and value sizes imply, for as many elements as it says.
 unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<()> {
+    // SAFETY: the caller's guarantee is `bpf_returning`'s.
+    unsafe { bpf_returning(cmd, attr) }.map(drop)
+}
+
+/// `bpf(cmd, attr, sizeof attr)`, with what the command returns (a new fd for `BPF_OBJ_GET`).
+///
+/// # Safety
+/// As [`bpf`]: `attr` must be `cmd`'s attribute struct, every pointer in it valid for what
+/// the command reads or writes through it.
+pub(crate) unsafe fn bpf_returning<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     // SAFETY: the caller guarantees that `attr` is `cmd`'s attribute struct with valid
     // pointers; the kernel reads at most `size_of::<T>()` bytes of it and writes only fields
-    // of that struct (a batch's `count`).
+    // of that struct (a batch's `count`) or through its pointers.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -82,7 +93,7 @@ unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<()> {
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(ret)
     }
 }
 

@@ -1,5 +1,5 @@
 //! What a running eBPF backend has in the kernel, read from its pins when `kpng status` asks:
-//! whether every program's link is pinned (and so attached), and how full each map is.
+//! whether every program's link is pinned and attached to the cgroup, and how full each map is.
 //!
 //! Why: the nftables half of `to-local ebpf` has its table to look at, the socket half had
 //! nothing; and when its programs are not where the operator thinks (a DaemonSet whose
@@ -14,6 +14,7 @@ use aya::maps::MapData;
 use crate::batch;
 use crate::kernel::{LINKS, MAP_NAMES, PROGRAMS};
 use crate::layout::VERSION;
+use crate::links::{LinkState, check};
 
 /// One map's fill.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,21 +38,40 @@ impl MapFill {
 /// What the pin directory shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inspection {
-    /// The programs whose link is pinned.
+    /// The programs whose link is pinned and attached to the cgroup (or pinned, when the
+    /// cgroup to compare with is unknown).
     pub pinned: Vec<&'static str>,
     /// The programs whose link pin is missing.
     pub missing: Vec<&'static str>,
+    /// The programs whose link is pinned but not attached to the cgroup (detached, attached
+    /// elsewhere, or unreadable), and why.
+    pub not_attached: Vec<(&'static str, String)>,
     /// Each map that could be opened, with its fill; maps that could not are in `unreadable`.
     pub maps: Vec<MapFill>,
     /// Maps that are not pinned or cannot be read, and why.
     pub unreadable: Vec<(&'static str, String)>,
 }
 
-/// Reads the links and maps pinned under `pin_dir` (the backend's `--bpf-pin-path`).
-pub fn inspect(pin_dir: &Path) -> Inspection {
+/// Reads the links and maps pinned under `pin_dir` (the backend's `--bpf-pin-path`); each
+/// pinned link is checked against `cgroup`, the directory the programs should be attached to.
+pub fn inspect(pin_dir: &Path, cgroup: Option<&Path>) -> Inspection {
     let links = pin_dir.join(LINKS);
     let (pinned, missing): (Vec<&'static str>, Vec<&'static str>) =
         PROGRAMS.iter().partition(|name| links.join(name).exists());
+    let mut not_attached = Vec::new();
+    let pinned = pinned
+        .into_iter()
+        .filter(|name| {
+            let state = cgroup.map_or(LinkState::Attached, |cg| check(&links.join(name), cg));
+            match state {
+                LinkState::Attached => true,
+                LinkState::NotAttached(why) | LinkState::Unknown(why) => {
+                    not_attached.push((*name, why));
+                    false
+                }
+            }
+        })
+        .collect();
     let mut maps = Vec::new();
     let mut unreadable = Vec::new();
     for name in MAP_NAMES {
@@ -63,6 +83,7 @@ pub fn inspect(pin_dir: &Path) -> Inspection {
     Inspection {
         pinned,
         missing,
+        not_attached,
         maps,
         unreadable,
     }

@@ -28,6 +28,7 @@ use crate::batch;
 use crate::layout::{
     ENDPOINT, FRONTEND_KEY, MEMBER, MEMBER_KEY, REVERSE_KEY, SERVICE, SLOT_KEY, VERSION,
 };
+use crate::links::LinkState;
 use crate::object::OBJECT;
 use crate::plan::{Kind, MapId, Step, Table};
 
@@ -45,8 +46,23 @@ pub const PROGRAMS: [&str; 9] = [
     "kpng_sock_release",
 ];
 
-/// Loads program `name` and attaches it to the cgroup `cg` (at `cgroup`) with a bpf_link.
-fn load_and_attach(ebpf: &mut Ebpf, name: &str, cg: &File, cgroup: &Path) -> Result<FdLink, Error> {
+/// Whether [`attach`] loads the program first (once per process) or attaches the loaded one
+/// again (after someone detached its link).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    First,
+    Loaded,
+}
+
+/// Attaches program `name` (loading it first if `load` says so) to the cgroup `cg` (at
+/// `cgroup`) with a bpf_link.
+fn attach(
+    ebpf: &mut Ebpf,
+    name: &str,
+    load: Load,
+    cg: &File,
+    cgroup: &Path,
+) -> Result<FdLink, Error> {
     use aya::programs::Program;
     let loading = |e| bpf_err(format_args!("loading {name}"), e);
     let attaching = |e| bpf_err(format_args!("attaching {name} to {}", cgroup.display()), e);
@@ -55,13 +71,17 @@ fn load_and_attach(ebpf: &mut Ebpf, name: &str, cg: &File, cgroup: &Path) -> Res
     // and refuses the flag from userspace).
     match ebpf.program_mut(name) {
         Some(Program::CgroupSockAddr(p)) => {
-            p.load().map_err(loading)?;
+            if load == Load::First {
+                p.load().map_err(loading)?;
+            }
             let id = p.attach(cg, CgroupAttachMode::Single).map_err(attaching)?;
             let link = p.take_link(id).map_err(|e| bpf_err(name, e))?;
             link.try_into().map_err(not_a_link)
         }
         Some(Program::CgroupSock(p)) => {
-            p.load().map_err(loading)?;
+            if load == Load::First {
+                p.load().map_err(loading)?;
+            }
             let id = p.attach(cg, CgroupAttachMode::Single).map_err(attaching)?;
             let link = p.take_link(id).map_err(|e| bpf_err(name, e))?;
             link.try_into().map_err(not_a_link)
@@ -69,6 +89,25 @@ fn load_and_attach(ebpf: &mut Ebpf, name: &str, cg: &File, cgroup: &Path) -> Res
         Some(_) => Err(Error::Bpf(format!("{name} is not a cgroup socket program"))),
         None => Err(Error::Bpf(format!("the object has no program {name}"))),
     }
+}
+
+/// Pins `link` as `links_dir/name`, replacing what was pinned there in one rename: the
+/// previous link (a previous kpng's, or a detached one) loses its pin only once this one has
+/// it, so the hook is never left without a program.
+fn pin_over(link: FdLink, links_dir: &Path, name: &str) -> Result<PinnedLink, Error> {
+    // bpffs refuses names with dots.
+    let fresh = links_dir.join(format!("new-{name}"));
+    let _ = std::fs::remove_file(&fresh);
+    let held = link
+        .pin(&fresh)
+        .map_err(|e| bpf_err(format_args!("pinning {}", fresh.display()), e))?;
+    std::fs::rename(&fresh, links_dir.join(name)).map_err(|e| {
+        Error::io(
+            format!("renaming {} over the previous link", fresh.display()),
+            e,
+        )
+    })?;
+    Ok(held)
 }
 
 /// The directory of the link pins inside the pin directory.
@@ -86,6 +125,8 @@ pub struct Kernel {
     members: BpfHashMap<MapData, [u8; MEMBER_KEY], [u8; MEMBER]>,
     reverse: BpfHashMap<MapData, [u8; REVERSE_KEY], [u8; ENDPOINT]>,
     pin_dir: PathBuf,
+    /// The cgroup v2 directory the programs are attached to.
+    cgroup: PathBuf,
 }
 
 fn bpf_err(what: impl std::fmt::Display, e: impl std::error::Error) -> Error {
@@ -131,21 +172,8 @@ impl Kernel {
             .map_err(|e| Error::io(format!("opening cgroup {}", cgroup.display()), e))?;
         let mut pinned = Vec::with_capacity(PROGRAMS.len());
         for name in PROGRAMS {
-            let fd = load_and_attach(&mut ebpf, name, &cg, cgroup)?;
-            let pin = links.join(name);
-            // bpffs refuses names with dots.
-            let fresh = links.join(format!("new-{name}"));
-            let _ = std::fs::remove_file(&fresh);
-            let held = fd
-                .pin(&fresh)
-                .map_err(|e| bpf_err(format_args!("pinning {}", fresh.display()), e))?;
-            std::fs::rename(&fresh, &pin).map_err(|e| {
-                Error::io(
-                    format!("renaming {} over the previous link", fresh.display()),
-                    e,
-                )
-            })?;
-            pinned.push((name, held));
+            let fd = attach(&mut ebpf, name, Load::First, &cg, cgroup)?;
+            pinned.push((name, pin_over(fd, &links, name)?));
         }
         // The previous programs are detached: pins of another layout have no reader left.
         remove_other_layouts(pin_dir)?;
@@ -157,6 +185,7 @@ impl Kernel {
             ebpf,
             links: pinned,
             pin_dir: pin_dir.to_owned(),
+            cgroup: cgroup.to_owned(),
         })
     }
 
@@ -353,6 +382,48 @@ impl Kernel {
             }
         }
         Ok(restored)
+    }
+
+    /// Attaches again every program whose link someone detached (`bpftool link detach`), or
+    /// whose cgroup was removed and made again at the same path: the link and its pin survive
+    /// both, so pins alone cannot show it, but the hook translates nothing. Each program gets a
+    /// new link, pinned over the old one. Returns the names attached again; one `BPF_OBJ_GET`
+    /// and one info query per program when all is well, so it runs at every periodic sync,
+    /// after [`Kernel::restore_pins`] (which makes sure every pin is there to read).
+    pub fn reattach_detached(&mut self) -> Result<Vec<&'static str>, Error> {
+        let links_dir = self.pin_dir.join(LINKS);
+        let detached: Vec<(&'static str, String)> = self
+            .links
+            .iter()
+            .filter_map(|(name, _)| {
+                match crate::links::check(&links_dir.join(name), &self.cgroup) {
+                    LinkState::Attached => None,
+                    LinkState::NotAttached(why) => Some((*name, why)),
+                    // Attaching blindly could attach a program twice; the next sync looks again.
+                    LinkState::Unknown(why) => {
+                        tracing::debug!("eBPF program {name}: {why}");
+                        None
+                    }
+                }
+            })
+            .collect();
+        if detached.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cg = File::open(&self.cgroup)
+            .map_err(|e| Error::io(format!("opening cgroup {}", self.cgroup.display()), e))?;
+        let mut reattached = Vec::with_capacity(detached.len());
+        for (name, why) in detached {
+            tracing::debug!("eBPF program {name}: {why}; attaching it again");
+            let link = attach(&mut self.ebpf, name, Load::Loaded, &cg, &self.cgroup)?;
+            let held = pin_over(link, &links_dir, name)?;
+            // The old link (detached) goes with its last fd.
+            if let Some(slot) = self.links.iter_mut().find(|(n, _)| *n == name) {
+                slot.1 = held;
+            }
+            reattached.push(name);
+        }
+        Ok(reattached)
     }
 }
 

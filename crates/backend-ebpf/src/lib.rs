@@ -18,6 +18,7 @@ pub mod host;
 pub mod inspect;
 pub mod kernel;
 pub mod layout;
+pub mod links;
 mod object;
 pub mod plan;
 pub mod sockets;
@@ -133,29 +134,48 @@ impl EbpfBackend {
         }
     }
 
-    /// Pins again what someone unpinned ([`Kernel::restore_pins`]); what was restored, as a
-    /// repair for `kpng status`. On a failure the kernel state is dropped, so that the retry
-    /// loads and attaches everything again.
-    fn restore_pins(&mut self) -> Result<Option<String>, Error> {
+    /// Pins again what someone unpinned ([`Kernel::restore_pins`]) and attaches again what
+    /// someone detached ([`Kernel::reattach_detached`]); what was repaired, as a repair for
+    /// `kpng status`. On a failure the kernel state is dropped, so that the retry loads and
+    /// attaches everything again.
+    fn repair_kernel(&mut self) -> Result<Option<String>, Error> {
         let Some(kernel) = self.kernel.as_mut() else {
             return Ok(None);
         };
-        match kernel.restore_pins() {
-            Ok(restored) if restored.is_empty() => Ok(None),
-            Ok(restored) => {
-                let what = format!(
-                    "eBPF pins under {} removed by someone else, pinned again: {}",
-                    kernel.pin_dir().display(),
-                    restored.join(", ")
-                );
-                tracing::warn!("{what} (the programs kept translating: kpng holds them)");
-                Ok(Some(what))
-            }
+        let repaired = kernel.restore_pins().and_then(|restored| {
+            let reattached = kernel.reattach_detached()?;
+            Ok((restored, reattached))
+        });
+        let (restored, reattached) = match repaired {
+            Ok(done) => done,
             Err(e) => {
                 self.kernel = None;
-                Err(e)
+                return Err(e);
             }
+        };
+        let mut what = Vec::new();
+        if !restored.is_empty() {
+            let text = format!(
+                "eBPF pins under {} removed by someone else, pinned again: {}",
+                kernel.pin_dir().display(),
+                restored.join(", ")
+            );
+            tracing::warn!("{text} (the programs kept translating: kpng holds them)");
+            what.push(text);
         }
+        if !reattached.is_empty() {
+            let text = format!(
+                "eBPF programs detached from their cgroup by someone else (bpftool link \
+                 detach, or the cgroup removed), attached again: {}",
+                reattached.join(", ")
+            );
+            tracing::warn!(
+                "{text} (until now those hooks did nothing: local sockets reached Services \
+                 through the nftables rules, or got UDP replies from the endpoint's address)"
+            );
+            what.push(text);
+        }
+        Ok((!what.is_empty()).then(|| what.join("; ")))
     }
 
     /// Publishes what each map costs the kernel (after full syncs: the maps' memory only changes
@@ -429,10 +449,10 @@ impl Backend for EbpfBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
-        // Periodic syncs (nothing changed) and full ones check the pins, as the iptables
-        // backend checks its canary chain.
+        // Periodic syncs (nothing changed) and full ones check the pins and the programs'
+        // attachment, as the iptables backend checks its canary chain.
         let repaired = if request.full || request.diff.is_empty() {
-            self.restore_pins()?
+            self.repair_kernel()?
         } else {
             None
         };

@@ -12,17 +12,26 @@ use kpng_runner::admin::{DataPlaneDetail, DataPlaneProbe};
 /// cgroup v2 root).
 pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
     Arc::new(move || {
-        let scope = match &cgroup {
-            Some(c) => format!("cgroup {} (its subtree's sockets)", c.display()),
+        let (scope, dir) = match &cgroup {
+            Some(c) => (
+                format!("cgroup {} (its subtree's sockets)", c.display()),
+                Some(c.clone()),
+            ),
             None => match kpng_backend_ebpf::host::cgroup2_root() {
-                Ok(root) => format!(
-                    "cgroup {} (the root: every socket of the node)",
-                    root.display()
+                Ok(root) => (
+                    format!(
+                        "cgroup {} (the root: every socket of the node)",
+                        root.display()
+                    ),
+                    Some(root),
                 ),
-                Err(_) => "the cgroup v2 root (every socket of the node)".to_string(),
+                Err(_) => (
+                    "the cgroup v2 root (every socket of the node)".to_string(),
+                    None,
+                ),
             },
         };
-        details(&inspect(&pin_dir), &pin_dir, &scope)
+        details(&inspect(&pin_dir, dir.as_deref()), &pin_dir, &scope)
     })
 }
 
@@ -38,6 +47,34 @@ fn label(map: &str) -> &str {
     }
 }
 
+/// What is wrong with the links, if anything: pins removed, or programs not attached.
+fn link_problems(i: &Inspection) -> Option<String> {
+    let mut problems = Vec::new();
+    if !i.missing.is_empty() {
+        problems.push(format!(
+            "not pinned: {} (removed by someone else; this kpng still holds them, so they \
+             translate, and its next periodic sync pins them again)",
+            i.missing.join(", ")
+        ));
+    }
+    if !i.not_attached.is_empty() {
+        let each: Vec<String> = i
+            .not_attached
+            .iter()
+            .map(|(name, why)| format!("{name} {why}"))
+            .collect();
+        problems.push(format!(
+            "not attached to the cgroup: {} (by someone else: bpftool link detach, or the \
+             cgroup removed; those hooks do nothing meanwhile: without connect or sendmsg, local \
+             sockets go through the nftables rules; without recvmsg, an unconnected UDP socket \
+             sees replies from the endpoint's address; the next periodic sync attaches them \
+             again)",
+            each.join(", ")
+        ));
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
 /// The lines for one inspection.
 fn details(i: &Inspection, pin_dir: &Path, scope: &str) -> Vec<DataPlaneDetail> {
     let programs = DataPlaneDetail {
@@ -48,13 +85,7 @@ fn details(i: &Inspection, pin_dir: &Path, scope: &str) -> Vec<DataPlaneDetail> 
             PROGRAMS.len(),
             pin_dir.join(kpng_backend_ebpf::kernel::LINKS).display()
         ),
-        problem: (!i.missing.is_empty()).then(|| {
-            format!(
-                "not pinned: {} (removed by someone else; this kpng still holds them, so they \
-                 translate, and its next periodic sync pins them again)",
-                i.missing.join(", ")
-            )
-        }),
+        problem: link_problems(i),
     };
     let fills: Vec<String> = i
         .maps
@@ -102,6 +133,7 @@ mod tests {
         let healthy = Inspection {
             pinned: all.clone(),
             missing: vec![],
+            not_attached: vec![],
             maps: vec![
                 MapFill {
                     name: "kpng_frontends",
@@ -133,8 +165,9 @@ mod tests {
         assert_eq!(lines[1].problem, None);
 
         let broken = Inspection {
-            pinned: all[..7].to_vec(),
+            pinned: all[..6].to_vec(),
             missing: all[7..].to_vec(),
+            not_attached: vec![(all[6], "detached".into())],
             maps: vec![MapFill {
                 name: "kpng_frontends",
                 entries: 235_930,
@@ -143,13 +176,17 @@ mod tests {
             unreadable: vec![("kpng_reverse", "No such file or directory".into())],
         };
         let lines = details(&broken, Path::new("/p"), "cgroup /c");
-        assert!(lines[0].state.starts_with("7 of 9 attached"), "{lines:?}");
+        assert!(lines[0].state.starts_with("6 of 9 attached"), "{lines:?}");
         assert_eq!(
             lines[0].problem.as_deref(),
             Some(
                 "not pinned: kpng_getpeername6, kpng_sock_release (removed by someone else; this \
                  kpng still holds them, so they translate, and its next periodic sync pins them \
-                 again)"
+                 again); not attached to the cgroup: kpng_getpeername4 detached (by someone \
+                 else: bpftool link detach, or the cgroup removed; those hooks do nothing \
+                 meanwhile: without connect or sendmsg, local sockets go through the nftables \
+                 rules; without recvmsg, an unconnected UDP socket sees replies from the \
+                 endpoint's address; the next periodic sync attaches them again)"
             )
         );
         assert_eq!(

@@ -585,3 +585,101 @@ fn status_shows_the_socket_programs_and_their_maps() {
     held.second("pod2a")
         .expect("and the programs still translate");
 }
+
+/// Someone detaches kpng's programs from the cgroup (`bpftool link detach`) while their links
+/// and pins stay: the pins alone would show nothing wrong. `kpng status` says so unasked, the
+/// hooks' traffic goes through the nftables rules meanwhile, and the next periodic sync
+/// attaches the programs again (new links pinned over the old ones).
+#[test]
+fn detached_programs_are_shown_and_attached_again() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("detach")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    // The default sync period (30 s): nothing repairs during the first half.
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    let (_, pins) = ebpf_scope(&c.node1.ns);
+    let detach = |name: &str| {
+        let out = std::process::Command::new("bpftool")
+            .args(["link", "detach", "pinned"])
+            .arg(pins.join("links").join(name))
+            .output()
+            .expect("bpftool link detach");
+        assert!(out.status.success(), "bpftool link detach {name}: {out:?}");
+    };
+    let conntrack = |args: &[&str]| -> String {
+        let mut all = vec!["conntrack"];
+        all.extend(args);
+        let out = c.node1.ns.exec(all).expect("conntrack");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let service = cip(10, false).to_string();
+    let entries_to_service = || conntrack(&["-L", "-p", "tcp", "--orig-dst", &service]);
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    assert!(entries_to_service().is_empty(), "translated at connect()");
+
+    detach("kpng_connect4");
+    assert!(
+        !attached(&c).iter().any(|n| n == "kpng_connect4"),
+        "{:?}",
+        attached(&c)
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket"])
+        .arg(k.admin_socket())
+        .output()
+        .expect("kpng status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("eBPF socket programs: 8 of 9 attached")
+            && table.contains("PROBLEM: not attached to the cgroup: kpng_connect4 detached"),
+        "said unasked: {table}"
+    );
+    // Meanwhile a new connection is the rules' (DNAT, conntracked to the ClusterIP).
+    HeldConnection::open(&c.pod("pod1b").ns, cip(10, false), "pod2a")
+        .second("pod2a")
+        .expect("a new connection while connect4 is detached");
+    assert!(
+        !entries_to_service().is_empty(),
+        "the nftables rules took it: the detach was real"
+    );
+
+    // Repaired by the periodic sync: every program detached at once this time.
+    k.set_extra(&["--sync-period", "1s"]);
+    k.restart();
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    for name in kpng_backend_ebpf::kernel::PROGRAMS {
+        detach(name);
+    }
+    assert!(attached(&c).is_empty(), "{:?}", attached(&c));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while attached(&c).len() < 9 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(attached(&c).len(), 9, "attached again within 5 s");
+    let status = k.status_json();
+    assert!(
+        status["repairs"]["lastChange"]
+            .as_str()
+            .is_some_and(|c| c.contains("attached again: kpng_connect4, ")),
+        "the repair is shown: {status}"
+    );
+    assert!(
+        status["dataPlane"][0].get("problem").is_none(),
+        "and nothing is left to say: {status}"
+    );
+    conntrack(&["-D", "-p", "tcp", "--orig-dst", &service]);
+    let mut again = HeldConnection::open(&c.pod("pod1b").ns, cip(10, false), "pod2a");
+    again.second("pod2a").expect("a new connection");
+    assert!(
+        entries_to_service().is_empty(),
+        "translated at connect() again: {}",
+        entries_to_service()
+    );
+    held.second("pod2a")
+        .expect("the first connection outlived it all");
+}
