@@ -132,6 +132,51 @@ fn window_per_client(clients: usize) -> u32 {
 /// reads, more wake-ups); 2,048 cost nothing measurable.
 const OPS_BEFORE_YIELD: usize = 2048;
 
+/// How often a simulated node asks for change sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asking {
+    /// Once (`WatchReq.continuous`), as kpng's own client does with a brain that honours it.
+    Once,
+    /// Before each change set, as KPNG's clients and kpng before `continuous` did.
+    EachChangeSet,
+}
+
+impl Asking {
+    /// The name on the command line (`--ask once|each`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Asking::Once => "once",
+            Asking::EachChangeSet => "each",
+        }
+    }
+
+    /// Parses [`Asking::name`].
+    pub fn parse(name: &str) -> Result<Asking, String> {
+        match name {
+            "once" => Ok(Asking::Once),
+            "each" => Ok(Asking::EachChangeSet),
+            other => Err(format!("--ask {other:?}: expected once or each")),
+        }
+    }
+}
+
+/// How the simulated nodes behave.
+#[derive(Debug, Clone, Copy)]
+pub struct Nodes {
+    /// What they do with the messages.
+    pub reading: Reading,
+    /// How often they ask for change sets.
+    pub asking: Asking,
+}
+
+impl Nodes {
+    /// Nodes as kpng's: decoding everything, asking once.
+    pub const KPNG: Nodes = Nodes {
+        reading: Reading::Decode,
+        asking: Asking::Once,
+    };
+}
+
 async fn connect(socket: &Path, clients: usize) -> Result<tonic::transport::Channel, String> {
     let path = socket.to_path_buf();
     let window = window_per_client(clients);
@@ -149,10 +194,12 @@ async fn connect(socket: &Path, clients: usize) -> Result<tonic::transport::Chan
 }
 
 /// One simulated node: reads every op as `reading` says; reports (client, ops) at every Sync.
+#[allow(clippy::too_many_arguments)]
 async fn client(
     socket: &Path,
     clients: usize,
     reading: Reading,
+    asking: Asking,
     index: usize,
     node: String,
     start: Arc<Barrier>,
@@ -161,19 +208,29 @@ async fn client(
     let channel = connect(socket, clients).await?;
     start.wait().await;
     let (requests, rx) = mpsc::channel(2);
-    let request = proto::WatchReq { node_name: node };
+    // Asking once, as kpng's own client does, a brain that does not say it honours that (an
+    // older kpng given as `--before`) is still asked for each change set.
+    let request = proto::WatchReq {
+        node_name: node,
+        continuous: asking == Asking::Once,
+    };
     let _ = requests.send(request.clone()).await;
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
     grpc.ready().await.map_err(|e| format!("connecting: {e}"))?;
-    let mut stream = grpc
+    let response = grpc
         .streaming(
             tonic::Request::new(ReceiverStream::new(rx)),
             PathAndQuery::from_static(kpng_api::server::WATCH_PATH),
             NodeCodec(reading),
         )
         .await
-        .map_err(|e| format!("watch: {e}"))?
-        .into_inner();
+        .map_err(|e| format!("watch: {e}"))?;
+    let continuous = asking == Asking::Once
+        && response
+            .metadata()
+            .get(kpng_api::server::CONTINUOUS_HEADER)
+            .is_some();
+    let mut stream = response.into_inner();
     let mut ops = 0;
     while let Some(received) = stream.message().await.map_err(|e| format!("stream: {e}"))? {
         if received == Received::Sync {
@@ -181,7 +238,9 @@ async fn client(
                 return Ok(());
             }
             ops = 0;
-            let _ = requests.send(request.clone()).await;
+            if !continuous {
+                let _ = requests.send(request.clone()).await;
+            }
             continue;
         }
         ops += 1;
@@ -195,7 +254,12 @@ async fn client(
 /// `kpng-bench api-clients --socket PATH --clients N [--read decode|frames]`: N simulated
 /// nodes (`node0`…) in this process. Prints `start` once every client is connected, then
 /// `sync CLIENT OPS` at every Sync a client receives; ends when stdin closes.
-pub fn clients_main(socket: &Path, clients: usize, reading: Reading) -> Result<(), String> {
+pub fn clients_main(
+    socket: &Path,
+    clients: usize,
+    reading: Reading,
+    asking: Asking,
+) -> Result<(), String> {
     use std::io::Write;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -211,7 +275,9 @@ pub fn clients_main(socket: &Path, clients: usize, reading: Reading) -> Result<(
             let barrier = barrier.clone();
             tokio::spawn(async move {
                 let node = format!("node{i}");
-                if let Err(e) = client(&socket, clients, reading, i, node, barrier, tx).await {
+                if let Err(e) =
+                    client(&socket, clients, reading, asking, i, node, barrier, tx).await
+                {
                     eprintln!("client node{i}: {e}");
                 }
             });
@@ -262,6 +328,7 @@ pub(crate) fn start_clients(
     socket: &Path,
     clients: usize,
     reading: Reading,
+    asking: Asking,
 ) -> Result<(ClientsProcess, mpsc::UnboundedReceiver<(String, Instant)>), String> {
     use std::io::BufRead;
     let exe = std::env::current_exe().map_err(|e| format!("locating kpng-bench: {e}"))?;
@@ -272,6 +339,7 @@ pub(crate) fn start_clients(
         .arg("--clients")
         .arg(clients.to_string())
         .args(["--read", reading.name()])
+        .args(["--ask", asking.name()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -321,11 +389,16 @@ pub(crate) async fn collect_lines(
 }
 
 /// The in-process probe: reports its Syncs.
-async fn probe(socket: &Path, syncs: mpsc::UnboundedSender<(usize, usize)>) -> Result<(), String> {
+async fn probe(
+    socket: &Path,
+    asking: Asking,
+    syncs: mpsc::UnboundedSender<(usize, usize)>,
+) -> Result<(), String> {
     client(
         socket,
         1,
         Reading::Decode,
+        asking,
         0,
         "probe".into(),
         Arc::new(Barrier::new(1)),
@@ -355,8 +428,9 @@ pub fn run(
     m: usize,
     clients: usize,
     changes: usize,
-    reading: Reading,
+    nodes: Nodes,
 ) -> Result<ApiResult, String> {
+    let Nodes { reading, asking } = nodes;
     let scratch = Scratch::new(&format!("api{n}"))?;
     let manifests = scratch.0.join("manifests");
     let spread = Endpoints::Spread(clients);
@@ -406,12 +480,12 @@ pub fn run(
         let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
         let probe_socket = socket.clone();
         tokio::spawn(async move {
-            let _ = probe(&probe_socket, probe_tx).await;
+            let _ = probe(&probe_socket, asking, probe_tx).await;
         });
         let loaded_at = probe_synced(&mut probe_rx, Duration::from_secs(300)).await?;
         let load = loaded_at - started;
 
-        let (_clients, mut lines) = start_clients(&socket, clients, reading)?;
+        let (_clients, mut lines) = start_clients(&socket, clients, reading, asking)?;
         // Every client is connected when the process says `start`.
         loop {
             let (line, _) = tokio::time::timeout(Duration::from_secs(300), lines.recv())
@@ -446,9 +520,15 @@ pub fn run(
             change_cpu += cpu().saturating_sub(before);
         }
         Ok(ApiResult {
-            label: match reading {
-                Reading::Decode => label.to_string(),
-                Reading::Frames => format!("{label} (nodes read frames only)"),
+            label: match (reading, asking) {
+                (Reading::Decode, Asking::Once) => label.to_string(),
+                (Reading::Frames, Asking::Once) => format!("{label} (nodes read frames only)"),
+                (Reading::Decode, Asking::EachChangeSet) => {
+                    format!("{label} (nodes ask for each change set)")
+                }
+                (Reading::Frames, Asking::EachChangeSet) => {
+                    format!("{label} (nodes read frames only, ask for each change set)")
+                }
             },
             n,
             m,

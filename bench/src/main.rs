@@ -46,7 +46,7 @@ use std::time::Duration;
 /// root, where the benchmarks are run from).
 const BENCHMARKS_MD: &str = "docs/benchmarks.md";
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api [--clients 1000,5000 --read decode|frames --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api [--clients 1000,5000 --read decode|frames --ask once,each --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -93,6 +93,16 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 /// `--read decode|frames`: how the simulated API nodes read their stream (decode by default).
 fn read_flag(args: &[String]) -> Result<node_codec::Reading, String> {
     node_codec::Reading::parse(&flag(args, "--read").unwrap_or_else(|| "decode".into()))
+}
+
+/// `--ask once,each`: how often the simulated API nodes ask for change sets, one run per
+/// value in order (once by default, as kpng's own client).
+fn ask_flag(args: &[String]) -> Result<Vec<api::Asking>, String> {
+    flag(args, "--ask")
+        .unwrap_or_else(|| "once".into())
+        .split(',')
+        .map(|a| api::Asking::parse(a.trim()))
+        .collect()
 }
 
 fn num(args: &[String], name: &str, default: usize) -> usize {
@@ -184,6 +194,9 @@ fn main() -> ExitCode {
             // `--read frames`: the simulated nodes only split the stream into messages, so
             // their decoding on this machine's CPUs does not hide the brain's fan-out.
             let reading = read_flag(&args)?;
+            // `--ask once,each`: the nodes ask once (kpng's client) and/or for each change set
+            // (KPNG's clients, kpng before `continuous`): the rows side by side.
+            let askings = ask_flag(&args)?;
             let mut table = api::ApiResult::markdown_header().to_string();
             // `--clients 1000,5000`: one row per count; `--before PATH`: the same against
             // another kpng binary first (side by side in one run).
@@ -192,16 +205,19 @@ fn main() -> ExitCode {
                 .split(',')
                 .filter_map(|c| c.trim().parse::<usize>().ok())
             {
-                if let Some(before) = flag(&args, "--before") {
-                    let r = api::run(&before, "before", n, m, clients, changes, reading)?;
+                for &asking in &askings {
+                    let nodes = api::Nodes { reading, asking };
+                    if let Some(before) = flag(&args, "--before") {
+                        let r = api::run(&before, "before", n, m, clients, changes, nodes)?;
+                        eprintln!("{}", r.markdown_row());
+                        table.push_str(&r.markdown_row());
+                        table.push('\n');
+                    }
+                    let r = api::run(&kpng, "kpng", n, m, clients, changes, nodes)?;
                     eprintln!("{}", r.markdown_row());
                     table.push_str(&r.markdown_row());
                     table.push('\n');
                 }
-                let r = api::run(&kpng, "kpng", n, m, clients, changes, reading)?;
-                eprintln!("{}", r.markdown_row());
-                table.push_str(&r.markdown_row());
-                table.push('\n');
             }
             println!("{table}");
             Ok(())
@@ -236,10 +252,13 @@ fn main() -> ExitCode {
             .map(|r| println!("{}", r.markdown()))
         }
         Some("api-clients") => read_flag(&args).and_then(|reading| {
+            let asking =
+                api::Asking::parse(&flag(&args, "--ask").unwrap_or_else(|| "once".into()))?;
             api::clients_main(
                 std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
                 num(&args, "--clients", 1000),
                 reading,
+                asking,
             )
         }),
         Some("hns") => hns::run(
@@ -396,7 +415,7 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
             4,
             *clients,
             if quick { 3 } else { 20 },
-            node_codec::Reading::Decode,
+            api::Nodes::KPNG,
         )?;
         report.push_str(&r.markdown_row());
         report.push('\n');

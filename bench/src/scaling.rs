@@ -132,7 +132,7 @@ pub fn run(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
             ENDPOINTS,
             nodes,
             plan.brain_changes,
-            crate::node_codec::Reading::Decode,
+            crate::api::Nodes::KPNG,
         )?;
         eprintln!("{}", r.markdown_row());
         brains.push(r);

@@ -468,14 +468,21 @@ async fn session(
     let (requests, requests_rx) = mpsc::channel(2);
     let request = proto::WatchReq {
         node_name: config.node_name.clone(),
+        continuous: true,
     };
     // The receiver lives in the stream below; a failed send only means the stream is gone.
     let _ = requests.send(request.clone()).await;
-    let mut stream = SetsClient::new(channel)
+    let response = SetsClient::new(channel)
         .watch(ReceiverStream::new(requests_rx))
-        .await?
-        .into_inner();
-    info!(brain = %config.addr, node = %config.node_name, "watching the brain");
+        .await?;
+    // A brain that honours `continuous` says so; any other (KPNG's, an older kpng) is asked
+    // for each change set, as the protocol always had it.
+    let continuous = response
+        .metadata()
+        .get(crate::server::CONTINUOUS_HEADER)
+        .is_some();
+    let mut stream = response.into_inner();
+    info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
     config.health.recovered(BRAIN);
     while let Some(item) = stream.message().await? {
         match wire.apply(item) {
@@ -490,8 +497,10 @@ async fn session(
                 }
                 config.health.loaded(std::time::SystemTime::now(), None);
                 backoff.reset();
-                // Ready for the next change set.
-                let _ = requests.send(request.clone()).await;
+                if !continuous {
+                    // Ready for the next change set.
+                    let _ = requests.send(request.clone()).await;
+                }
             }
             Err(e) => warn!("ignoring a value from the brain: {e}"),
         }

@@ -551,12 +551,15 @@ pub struct WatcherStatus {
     pub node: String,
     /// When it connected (RFC 3339).
     pub connected_at: String,
-    /// Change sets it took; each request for the next one acknowledges the previous.
+    /// Change sets it took: a client that asks for each acknowledges the previous with its
+    /// request; one that asked once (`WatchReq.continuous`) takes them as HTTP/2 flow control
+    /// lets it.
     pub change_sets_sent: u64,
     /// When it last took one (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sent_at: Option<String>,
-    /// Services changed since its last change set, waiting for its next request.
+    /// Services changed since its last change set, waiting for its next request (or, asked
+    /// once, for room in its stream's flow-control window).
     pub pending_service_changes: usize,
     /// How long the oldest of those has waited: the node's lag behind the brain.
     pub lag_seconds: f64,

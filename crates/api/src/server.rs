@@ -151,13 +151,18 @@ impl SetsService {
                 _watching: conn.map(|state| state.watching()),
             },
             registration: None,
+            continuous: false,
+            requests_ended: false,
             step: Step::Request,
             queue: VecDeque::new(),
         }));
-        response.headers_mut().insert(
+        let headers = response.headers_mut();
+        headers.insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/grpc"),
         );
+        // Tells a kpng client that asking once is enough (`WatchReq.Continuous`).
+        headers.insert(CONTINUOUS_HEADER, http::HeaderValue::from_static("1"));
         response
     }
 }
@@ -165,6 +170,10 @@ impl SetsService {
 /// The one method this service has: its HTTP/2 path, also for clients that call it with a
 /// codec of their own (the benchmark's simulated nodes).
 pub const WATCH_PATH: &str = "/localv1.Sets/Watch";
+/// The response header by which a server says it honours `WatchReq.Continuous`: a client that
+/// asked for it and sees the header sends no request per change set; without it (KPNG's
+/// server, an older kpng) the client keeps asking, as the protocol always had it.
+pub const CONTINUOUS_HEADER: &str = "kpng-watch-continuous";
 /// A `WatchReq` is a node name: anything larger is not one.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Batches (of about [`BATCH_BYTES`]) a large change set's task buffers before it waits for
@@ -292,6 +301,11 @@ struct WatchBody {
     requests: Streaming<proto::WatchReq>,
     client: Client,
     registration: Option<Registration>,
+    /// The client asked (in its first request) for every change set without a request each:
+    /// half the system calls and wake-ups per change and node, on both sides.
+    continuous: bool,
+    /// A continuous client closed its side of the stream (it sends nothing more).
+    requests_ended: bool,
     step: Step,
     /// Chunks of frames ready to hand to the connection.
     queue: VecDeque<Bytes>,
@@ -299,8 +313,13 @@ struct WatchBody {
 
 impl WatchBody {
     /// A request for `node_name`: registers the watcher (or renames it), or refuses a node the
-    /// client certificate does not name.
-    fn requested(&mut self, node_name: String) -> Step {
+    /// client certificate does not name. The first request says whether the stream is
+    /// continuous.
+    fn requested(&mut self, request: proto::WatchReq) -> Step {
+        let node_name = request.node_name;
+        if self.registration.is_none() {
+            self.continuous = request.continuous;
+        }
         let peer = self.client.peer;
         if let Some(allowed) = &self.client.allowed
             && !crate::identity::may_watch(allowed, &node_name)
@@ -340,7 +359,43 @@ impl WatchBody {
         let mut frames = pending.frames(self.hub.replay_cache());
         self.queue.extend(frames.by_ref());
         count_sent(&self.hub, frames.ops(), frames.synced());
-        after_change_set(frames.synced())
+        self.after_change_set(frames.synced())
+    }
+
+    /// After a change set: the next request when it ended with `Sync` and the client asks for
+    /// each change set; else (a continuous client, or nothing changed for this node) the next
+    /// change set.
+    fn after_change_set(&self, synced: bool) -> Step {
+        if synced && !self.continuous {
+            Step::Request
+        } else {
+            Step::ChangeSet
+        }
+    }
+
+    /// For a continuous stream waiting on its next change set: a request (a rename) or a
+    /// broken request stream, if either came; `None` when neither did (the waker is
+    /// registered). A client that half-closes its side has nothing more to ask, and keeps
+    /// receiving.
+    fn poll_request_meanwhile(&mut self, cx: &mut Context<'_>) -> Option<Step> {
+        if self.requests_ended {
+            return None;
+        }
+        match Pin::new(&mut self.requests).poll_next(cx) {
+            Poll::Pending => None,
+            Poll::Ready(Some(Ok(request))) => match self.requested(request) {
+                Step::ChangeSet => None,
+                other => Some(other),
+            },
+            Poll::Ready(None) => {
+                self.requests_ended = true;
+                None
+            }
+            Poll::Ready(Some(Err(status))) => {
+                debug!(peer = ?self.client.peer, "watch stream ended: {status}");
+                Some(Step::End(Status::ok("")))
+            }
+        }
     }
 }
 
@@ -349,16 +404,6 @@ fn count_sent(hub: &Hub, ops: u64, synced: bool) {
     hub.metrics().ops.inc_by(ops);
     if synced {
         hub.metrics().change_sets.inc();
-    }
-}
-
-/// After a change set: the next request when it ended with `Sync`, else (nothing changed for
-/// this node) the next change set.
-fn after_change_set(synced: bool) -> Step {
-    if synced {
-        Step::Request
-    } else {
-        Step::ChangeSet
     }
 }
 
@@ -406,7 +451,7 @@ impl http_body::Body for WatchBody {
             let next = match &mut this.step {
                 Step::Request => match Pin::new(&mut this.requests).poll_next(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Some(Ok(request))) => this.requested(request.node_name),
+                    Poll::Ready(Some(Ok(request))) => this.requested(request),
                     Poll::Ready(None) => Step::End(Status::ok("")),
                     Poll::Ready(Some(Err(status))) => {
                         debug!(peer = ?this.client.peer, "watch stream ended: {status}");
@@ -414,6 +459,12 @@ impl http_body::Body for WatchBody {
                     }
                 },
                 Step::ChangeSet => {
+                    if this.continuous
+                        && let Some(step) = this.poll_request_meanwhile(cx)
+                    {
+                        this.step = step;
+                        continue;
+                    }
                     let Some(reg) = &this.registration else {
                         // Unreachable: a change set is awaited only once registered.
                         return Poll::Ready(None);
@@ -429,7 +480,7 @@ impl http_body::Body for WatchBody {
                         this.queue.extend(batch);
                         continue;
                     }
-                    Poll::Ready(Some(Produced::End { synced })) => after_change_set(synced),
+                    Poll::Ready(Some(Produced::End { synced })) => this.after_change_set(synced),
                     Poll::Ready(None) => {
                         Step::End(Status::internal("the change set's encoder stopped"))
                     }

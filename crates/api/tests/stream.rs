@@ -90,3 +90,67 @@ async fn one_stream_takes_every_kind_of_change_set_in_order_and_ends_cleanly() {
     assert!(matches!(end, Ok(None)), "ended with {end:?}");
     watchers(&hub, 0).await;
 }
+
+/// A kpng client asks once (`WatchReq.continuous`): every change set then comes as it
+/// happens, small or large, with no request per change set; closing its side of the stream
+/// does not end it (it has nothing more to ask); going away unregisters it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuous_stream_takes_every_change_set_after_one_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let (hub, mut state) = common::hub_with_one_service();
+    common::serve(hub.clone(), &socket, Default::default()).await;
+
+    let mut node = Watcher::connect_continuous(&socket).await;
+    assert!(node.server_continuous, "the server says it honours it");
+    assert_eq!(node.next().await, ["default/a"], "the replay");
+
+    state.push_str(&service("b", "10.96.0.2"));
+    hub.apply(manifest(&state));
+    assert_eq!(node.next().await, ["default/b"], "one Service, unasked");
+
+    let mut bulk = Vec::new();
+    for i in 0..40 {
+        let name = format!("bulk{i:02}");
+        state.push_str(&service(&name, &format!("10.96.1.{i}")));
+        bulk.push(format!("default/{name}"));
+    }
+    hub.apply(manifest(&state));
+    assert_eq!(
+        node.next().await,
+        bulk,
+        "40 Services at once (its own task)"
+    );
+
+    // Two changes while the client reads nothing: both arrive, in one change set or two.
+    for (name, ip) in [("c", "10.96.0.3"), ("d", "10.96.0.4")] {
+        state.push_str(&service(name, ip));
+        hub.apply(manifest(&state));
+    }
+    let mut got = node.next().await;
+    if got.len() < 2 {
+        got.extend(node.next().await);
+    }
+    assert_eq!(got, ["default/c", "default/d"]);
+
+    // The client closes its side: the changes keep coming.
+    let common::Watcher {
+        requests,
+        mut stream,
+        ..
+    } = node;
+    drop(requests);
+    state.push_str(&service("e", "10.96.0.5"));
+    hub.apply(manifest(&state));
+    assert_eq!(
+        common::next_change_set(&mut stream).await,
+        ["default/e"],
+        "after the client closed its side"
+    );
+    let status = &hub.watchers()[0];
+    assert_eq!(status.node, "n1");
+    assert!(status.change_sets_sent >= 5, "{}", status.change_sets_sent);
+
+    drop(stream);
+    watchers(&hub, 0).await;
+}

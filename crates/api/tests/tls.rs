@@ -149,6 +149,7 @@ async fn raw_watch(
     let mut stream = kpng_api::proto::sets_client::SetsClient::new(channel)
         .watch(tokio_stream::iter([kpng_api::proto::WatchReq {
             node_name: node.into(),
+            continuous: false,
         }]))
         .await
         .map_err(|e| e.to_string())?

@@ -279,3 +279,74 @@ async fn an_unreachable_brain_is_reported_with_the_reason_underneath() {
     assert!(text.starts_with("transport error: "), "{text}");
     assert!(text.contains("Connection refused"), "{text}");
 }
+
+/// A brain that knows nothing of `WatchReq.continuous` (KPNG's own, or a kpng before it): it
+/// answers each request with the next change set, and sends no `kpng-watch-continuous` header.
+struct AskedEachTime(Arc<Hub>);
+
+#[tonic::async_trait]
+impl proto::sets_server::Sets for AskedEachTime {
+    type WatchStream = ReceiverStream<Result<proto::OpItem, tonic::Status>>;
+
+    async fn watch(
+        &self,
+        request: tonic::Request<tonic::Streaming<proto::WatchReq>>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        let mut requests = request.into_inner();
+        let hub = self.0.clone();
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut registration = None;
+            while let Ok(Some(req)) = requests.message().await {
+                let reg = registration.get_or_insert_with(|| hub.register(&req.node_name));
+                for op in reg.slot.next().await.ops() {
+                    if tx.send(Ok(op)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brain_without_continuous_watches_is_asked_for_each_change_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("old-brain.sock");
+    let hub = hub();
+    let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(proto::sets_server::SetsServer::new(AskedEachTime(
+                hub.clone(),
+            )))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let config = WatchConfig {
+        addr: format!("unix://{}", socket.display())
+            .parse()
+            .expect("addr"),
+        tls: TlsFiles::default(),
+        tls_server_name: None,
+        node_name: "node-a".into(),
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: InputHealth::default(),
+    };
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(config, updates));
+    let first = tokio::time::timeout(Duration::from_secs(10), received.recv())
+        .await
+        .expect("the first change set within 10 s")
+        .expect("an update");
+    assert!(first.replay, "the replay");
+    hub.apply(service_cidr("extra", &["10.97.0.0/16"]));
+    let second = tokio::time::timeout(Duration::from_secs(10), received.recv())
+        .await
+        .expect("the second change set within 10 s: the client asked for it")
+        .expect("an update");
+    assert!(!second.replay, "a change, not a replay");
+    assert!(second.service_cidrs.is_some(), "the change: {second:?}");
+    watching.abort();
+}

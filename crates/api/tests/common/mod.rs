@@ -22,15 +22,29 @@ pub fn manifest(text: &str) -> Event {
     }
 }
 
-/// A Watch client on `socket`: sends one request per change set and returns the Service
-/// paths set in each.
+/// A Watch client on `socket`: sends one request per change set (or, continuous, one in
+/// all) and returns the Service paths set in each.
 pub struct Watcher {
     pub requests: tokio::sync::mpsc::Sender<proto::WatchReq>,
     pub stream: tonic::Streaming<proto::OpItem>,
+    /// Asked for every change set with its first request.
+    pub continuous: bool,
+    /// The server answered with `kpng-watch-continuous`.
+    pub server_continuous: bool,
 }
 
 impl Watcher {
+    /// A client that asks for each change set.
     pub async fn connect(socket: &std::path::Path) -> Watcher {
+        Watcher::open(socket, false).await
+    }
+
+    /// A client that asks once (`WatchReq.continuous`).
+    pub async fn connect_continuous(socket: &std::path::Path) -> Watcher {
+        Watcher::open(socket, true).await
+    }
+
+    async fn open(socket: &std::path::Path, continuous: bool) -> Watcher {
         let path = socket.to_path_buf();
         let channel =
             tonic::transport::Endpoint::from_static("http://localhost")
@@ -43,40 +57,65 @@ impl Watcher {
                 .await
                 .expect("connect");
         let (requests, rx) = tokio::sync::mpsc::channel(4);
+        if continuous {
+            requests
+                .send(proto::WatchReq {
+                    node_name: "n1".into(),
+                    continuous: true,
+                })
+                .await
+                .expect("request");
+        }
         let mut client = proto::sets_client::SetsClient::new(channel);
-        let stream = client
+        let response = client
             .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
-            .expect("watch")
-            .into_inner();
-        Watcher { requests, stream }
+            .expect("watch");
+        let server_continuous = response
+            .metadata()
+            .get(kpng_api::server::CONTINUOUS_HEADER)
+            .is_some();
+        Watcher {
+            requests,
+            stream: response.into_inner(),
+            continuous,
+            server_continuous,
+        }
     }
 
     /// The next change set: the paths of the Services it sets.
     pub async fn next(&mut self) -> Vec<String> {
-        self.requests
-            .send(proto::WatchReq {
-                node_name: "n1".into(),
-            })
-            .await
-            .expect("request");
-        let mut services = Vec::new();
-        loop {
-            let item = tokio::time::timeout(Duration::from_secs(10), self.stream.message())
+        if !self.continuous {
+            self.requests
+                .send(proto::WatchReq {
+                    node_name: "n1".into(),
+                    continuous: false,
+                })
                 .await
-                .expect("a change set within 10 s")
-                .expect("stream")
-                .expect("an op");
-            match item.op.expect("op") {
-                proto::op_item::Op::Sync(_) => return services,
-                proto::op_item::Op::Set(v) => {
-                    let r = v.r#ref.expect("ref");
-                    if r.set == proto::Set::ServicesSet as i32 {
-                        services.push(r.path);
-                    }
+                .expect("request");
+        }
+        next_change_set(&mut self.stream).await
+    }
+}
+
+/// The next change set on `stream`: the paths of the Services it sets.
+pub async fn next_change_set(stream: &mut tonic::Streaming<proto::OpItem>) -> Vec<String> {
+    let mut services = Vec::new();
+    loop {
+        let item = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("a change set within 10 s")
+            .expect("stream")
+            .expect("an op");
+        match item.op.expect("op") {
+            proto::op_item::Op::Sync(_) => return services,
+            proto::op_item::Op::Set(v) => {
+                let r = v.r#ref.expect("ref");
+                if r.set == proto::Set::ServicesSet as i32 {
+                    services.push(r.path);
                 }
-                _ => {}
             }
+            _ => {}
         }
     }
 }
