@@ -151,6 +151,22 @@ struct NftMetrics {
     >,
 }
 
+/// What kpng keeps in one family's table, for `kpng status`: the table to look at, and how big
+/// it is (the same figures as `kpng_nftables_elements` and `kpng_nftables_dynamic_chains`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// The family.
+    pub family: Family,
+    /// Set and map elements.
+    pub elements: usize,
+    /// Dynamic chains (one per distinct endpoint count and affinity timeout).
+    pub chains: usize,
+}
+
+/// The figures of every family programmed, written after each successful sync and read by
+/// the status (never the kernel: listing a 30k-Service table takes seconds).
+pub type SharedCommitted = std::sync::Arc<std::sync::Mutex<Vec<Committed>>>;
+
 /// The nftables backend.
 pub struct NftBackend {
     /// Whether to watch the kernel for changes others make to our tables (off for dry runs
@@ -170,6 +186,8 @@ pub struct NftBackend {
     warned_no_node_ip: bool,
     /// Element writes over netlink (see [`netlink`]); `None`: everything goes as nft text.
     netlink: Option<Box<dyn ElementWriter>>,
+    /// What is committed, for `kpng status`.
+    committed: SharedCommitted,
 }
 
 impl NftBackend {
@@ -195,6 +213,17 @@ impl NftBackend {
         self.monitor
             .as_ref()
             .map(|m| (m.foreign_seen(), m.own_seen()))
+    }
+
+    /// What this backend has committed, shared with `kpng status` (updated after each
+    /// successful sync).
+    pub fn committed(&self) -> SharedCommitted {
+        self.committed.clone()
+    }
+
+    /// The table's name (in every family).
+    pub fn table(&self) -> &str {
+        &self.config.table
     }
 
     /// A backend that commits through `exec`.
@@ -224,6 +253,7 @@ impl NftBackend {
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
             netlink: None,
+            committed: SharedCommitted::default(),
         }
     }
 
@@ -858,6 +888,7 @@ impl Backend for NftBackend {
             m.end_own();
         }
         let operations = result?;
+        let mut committed = Vec::with_capacity(self.states.len());
         for state in &self.states {
             let label = kpng_backend::metrics::FamilyLabel::from(state.fam.0);
             let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -869,6 +900,14 @@ impl Backend for NftBackend {
                 .chains
                 .get_or_create(&label)
                 .set(count(state.chains.len()));
+            committed.push(Committed {
+                family: state.fam.0,
+                elements: state.store.len(),
+                chains: state.chains.len(),
+            });
+        }
+        if let Ok(mut shared) = self.committed.lock() {
+            *shared = committed;
         }
         self.forget_removed_ports(request);
         debug!(operations, "nftables sync done");

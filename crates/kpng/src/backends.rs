@@ -266,7 +266,7 @@ mod linux {
     use kpng_backend_nft::exec::libnftables::LibNftables;
     use kpng_backend_nft::exec::{Auto, NftCommand, NftExec};
     use kpng_backend_nft::netlink::NetlinkWriter;
-    use kpng_backend_nft::{NftBackend, NftConfig};
+    use kpng_backend_nft::{NftBackend, NftConfig, SharedCommitted};
     use kpng_backend_userspace::capture::nft::{NftCapture, PodMatch};
     use kpng_backend_userspace::proxy::ProxySettings;
     use kpng_backend_userspace::{UserspaceBackend, UserspaceConfig};
@@ -308,7 +308,13 @@ mod linux {
             LocalBackend::Iptables(_) | LocalBackend::Hns(_) => {}
         }
         let (backend, variant): (Box<dyn Backend>, Option<Variant>) = match backend {
-            LocalBackend::Nft(args) => (Box::new(nft(flags, args, node, refusals)?), None),
+            LocalBackend::Nft(args) => {
+                let b = nft(flags, args, node, refusals)?;
+                if !args.dry_run {
+                    data_plane = Some(crate::nft_status::probe(b.table().into(), b.committed()));
+                }
+                (Box::new(b), None)
+            }
             LocalBackend::Iptables(args) => {
                 let (b, mode) = iptables(flags, args, node, refusals)?;
                 let variant = mode.map(|m| match m {
@@ -324,13 +330,21 @@ mod linux {
             }
             LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
             LocalBackend::Ebpf(args) => {
+                let (b, rules) = ebpf(flags, args, node, refusals)?;
                 if !dry_run {
-                    data_plane = Some(crate::ebpf_status::probe(
+                    // The rules half's table, then the socket half.
+                    let rules = crate::nft_status::probe(rules.0, rules.1);
+                    let sockets = crate::ebpf_status::probe(
                         args.bpf_pin_path.clone(),
                         args.cgroup_path.clone(),
-                    ));
+                    );
+                    data_plane = Some(std::sync::Arc::new(move || {
+                        let mut lines = rules();
+                        lines.extend(sockets());
+                        lines
+                    }));
                 }
-                (ebpf(flags, args, node, refusals)?, None)
+                (b, None)
             }
             // Built by `super::hns` before the Linux backends are considered.
             LocalBackend::Hns(args) => return super::hns::build(flags, args),
@@ -469,7 +483,7 @@ mod linux {
         args: &EbpfArgs,
         node: NodeSettings,
         refusals: &Refusals,
-    ) -> anyhow::Result<Box<dyn Backend>> {
+    ) -> anyhow::Result<(Box<dyn Backend>, (String, SharedCommitted))> {
         let socket = EbpfConfig {
             pin_dir: args.bpf_pin_path.clone(),
             cgroup: args.cgroup_path.clone(),
@@ -482,13 +496,12 @@ mod linux {
             nft_binary: args.nft_binary.clone(),
         };
         let rules = nft(flags, &nft_args, node, refusals)?;
+        let committed = (rules.table().to_string(), rules.committed());
         if args.dry_run {
-            return Ok(Box::new(rules));
+            return Ok((Box::new(rules), committed));
         }
-        Ok(Box::new(crate::beside::Beside::new(
-            Box::new(rules),
-            Box::new(EbpfBackend::new(socket)),
-        )))
+        let both = crate::beside::Beside::new(Box::new(rules), Box::new(EbpfBackend::new(socket)));
+        Ok((Box::new(both), committed))
     }
 
     fn userspace(

@@ -28,6 +28,8 @@ mod log_dedup;
 mod logging;
 mod memory;
 #[cfg(target_os = "linux")]
+mod nft_status;
+#[cfg(target_os = "linux")]
 mod prereq;
 mod process_metrics;
 mod run;

@@ -40,12 +40,16 @@ fn run_demo(backend: &str) {
         "{stdout}"
     );
     // `-o wide` adds what the backend holds beyond its rules.
-    let data_plane = match backend {
-        "iptables" => Some("iptables: iptables-"),
-        "ebpf" => Some("eBPF socket programs: 9 of 9 attached to cgroup "),
-        _ => None,
+    let data_plane: &[&str] = match backend {
+        "nft" => &["nftables: table ip kpng: "],
+        "iptables" => &["iptables: iptables-"],
+        "ebpf" => &[
+            "nftables: table ip kpng: ",
+            "eBPF socket programs: 9 of 9 attached to cgroup ",
+        ],
+        _ => &[],
     };
-    if let Some(line) = data_plane {
+    for line in data_plane {
         assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
     }
 }

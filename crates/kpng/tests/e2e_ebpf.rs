@@ -537,6 +537,15 @@ fn status_shows_the_socket_programs_and_their_maps() {
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
     let status = k.status_json();
     let lines = status["dataPlane"].as_array().expect("dataPlane lines");
+    // The rules half's table first, then the socket half.
+    assert_eq!(lines[0]["what"], "nftables", "{status}");
+    assert!(
+        lines[0]["state"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("table ip kpng: ") && s.contains("table ip6 kpng: ")),
+        "{status}"
+    );
+    let lines = &lines[1..];
     assert_eq!(
         lines[0]["state"],
         format!(
@@ -669,7 +678,9 @@ fn detached_programs_are_shown_and_attached_again() {
         "the repair is shown: {status}"
     );
     assert!(
-        status["dataPlane"][0].get("problem").is_none(),
+        status["dataPlane"]
+            .as_array()
+            .is_some_and(|lines| lines.iter().all(|l| l.get("problem").is_none())),
         "and nothing is left to say: {status}"
     );
     conntrack(&["-D", "-p", "tcp", "--orig-dst", &service]);
