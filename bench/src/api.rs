@@ -44,6 +44,10 @@ pub struct ApiResult {
     /// the process's CPU clock counts in 10 ms ticks (a median of single changes reads
     /// 10 or 20 ms whatever the cost).
     change_cpu: Duration,
+    /// Bytes the brain wrote (`/proc/PID/io` `wchar`: its streams, and a few log lines) from
+    /// the clients' start until all hold the initial state, per node: what the initial state
+    /// costs the network.
+    initial_bytes_per_node: u64,
 }
 
 impl ApiResult {
@@ -66,13 +70,13 @@ impl ApiResult {
 
     /// The table header matching [`ApiResult::markdown_row`].
     pub fn markdown_header() -> &'static str {
-        "| brain | Services × endpoints | clients | brain load → first client synced | all clients hold the initial state | ops per client | brain CPU, initial state: total / per node | one change reaches all: p50 | p99 | brain CPU per change | brain RSS after | brain peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| brain | Services × endpoints | clients | brain load → first client synced | all clients hold the initial state | ops per client | brain CPU, initial state: total / per node | brain bytes sent per node, initial state | one change reaches all: p50 | p99 | brain CPU per change | brain RSS after | brain peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     }
 
     /// One table row.
     pub fn markdown_row(&self) -> String {
         format!(
-            "| {} | {} × {} | {} | {:.2} s | {:.2} s | {} | {:.2} s / {:.2} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} MB | {:.0} MB |",
+            "| {} | {} × {} | {} | {:.2} s | {:.2} s | {} | {:.2} s / {:.2} ms | {:.2} MB | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} MB | {:.0} MB |",
             self.label,
             self.n,
             self.m,
@@ -82,6 +86,7 @@ impl ApiResult {
             self.ops_per_client,
             self.initial_cpu.as_secs_f64(),
             self.initial_cpu_per_node().as_secs_f64() * 1000.0,
+            self.initial_bytes_per_node as f64 / 1e6,
             self.change_p50.as_secs_f64() * 1000.0,
             self.change_p99.as_secs_f64() * 1000.0,
             self.change_cpu.as_secs_f64() * 1000.0,
@@ -89,6 +94,18 @@ impl ApiResult {
             self.peak_rss_mb,
         )
     }
+}
+
+/// Bytes `pid` has written so far (`wchar` of `/proc/PID/io`; 0 when it cannot be read).
+fn written(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("wchar:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// A brain process, killed on drop.
@@ -167,14 +184,48 @@ pub struct Nodes {
     pub reading: Reading,
     /// How often they ask for change sets.
     pub asking: Asking,
+    /// Whether they read bundles (`WatchReq.AcceptZstd`).
+    pub bundles: bool,
 }
 
 impl Nodes {
-    /// Nodes as kpng's: decoding everything, asking once.
+    /// Nodes as kpng's: decoding everything, asking once, reading bundles.
     pub const KPNG: Nodes = Nodes {
         reading: Reading::Decode,
         asking: Asking::Once,
+        bundles: true,
     };
+
+    /// The `api-clients` flags that make its nodes behave so.
+    fn flags(self) -> [String; 6] {
+        [
+            "--read".into(),
+            self.reading.name().into(),
+            "--ask".into(),
+            self.asking.name().into(),
+            "--zstd".into(),
+            if self.bundles { "on" } else { "off" }.into(),
+        ]
+    }
+
+    /// How a table row names them, after the brain's label.
+    fn describe(self) -> String {
+        let mut how = Vec::new();
+        if self.reading == Reading::Frames {
+            how.push("read frames only");
+        }
+        if self.asking == Asking::EachChangeSet {
+            how.push("ask for each change set");
+        }
+        if !self.bundles {
+            how.push("without bundles");
+        }
+        if how.is_empty() {
+            String::new()
+        } else {
+            format!(" (nodes {})", how.join(", "))
+        }
+    }
 }
 
 async fn connect(socket: &Path, clients: usize) -> Result<tonic::transport::Channel, String> {
@@ -194,17 +245,20 @@ async fn connect(socket: &Path, clients: usize) -> Result<tonic::transport::Chan
 }
 
 /// One simulated node: reads every op as `reading` says; reports (client, ops) at every Sync.
-#[allow(clippy::too_many_arguments)]
 async fn client(
     socket: &Path,
     clients: usize,
-    reading: Reading,
-    asking: Asking,
+    nodes: Nodes,
     index: usize,
     node: String,
     start: Arc<Barrier>,
     syncs: mpsc::UnboundedSender<(usize, usize)>,
 ) -> Result<(), String> {
+    let Nodes {
+        reading,
+        asking,
+        bundles,
+    } = nodes;
     let channel = connect(socket, clients).await?;
     start.wait().await;
     let (requests, rx) = mpsc::channel(2);
@@ -213,6 +267,7 @@ async fn client(
     let request = proto::WatchReq {
         node_name: node,
         continuous: asking == Asking::Once,
+        accept_zstd: bundles,
     };
     let _ = requests.send(request.clone()).await;
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
@@ -243,8 +298,12 @@ async fn client(
             }
             continue;
         }
-        ops += 1;
-        if ops % OPS_BEFORE_YIELD == 0 {
+        let before = ops;
+        ops += match received {
+            Received::Bundle(n) => n as usize,
+            _ => 1,
+        };
+        if ops / OPS_BEFORE_YIELD != before / OPS_BEFORE_YIELD {
             tokio::task::yield_now().await;
         }
     }
@@ -254,12 +313,7 @@ async fn client(
 /// `kpng-bench api-clients --socket PATH --clients N [--read decode|frames]`: N simulated
 /// nodes (`node0`…) in this process. Prints `start` once every client is connected, then
 /// `sync CLIENT OPS` at every Sync a client receives; ends when stdin closes.
-pub fn clients_main(
-    socket: &Path,
-    clients: usize,
-    reading: Reading,
-    asking: Asking,
-) -> Result<(), String> {
+pub fn clients_main(socket: &Path, clients: usize, nodes: Nodes) -> Result<(), String> {
     use std::io::Write;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -275,9 +329,7 @@ pub fn clients_main(
             let barrier = barrier.clone();
             tokio::spawn(async move {
                 let node = format!("node{i}");
-                if let Err(e) =
-                    client(&socket, clients, reading, asking, i, node, barrier, tx).await
-                {
+                if let Err(e) = client(&socket, clients, nodes, i, node, barrier, tx).await {
                     eprintln!("client node{i}: {e}");
                 }
             });
@@ -327,8 +379,7 @@ impl Drop for ClientsProcess {
 pub(crate) fn start_clients(
     socket: &Path,
     clients: usize,
-    reading: Reading,
-    asking: Asking,
+    nodes: Nodes,
 ) -> Result<(ClientsProcess, mpsc::UnboundedReceiver<(String, Instant)>), String> {
     use std::io::BufRead;
     let exe = std::env::current_exe().map_err(|e| format!("locating kpng-bench: {e}"))?;
@@ -338,8 +389,7 @@ pub(crate) fn start_clients(
         .arg(socket)
         .arg("--clients")
         .arg(clients.to_string())
-        .args(["--read", reading.name()])
-        .args(["--ask", asking.name()])
+        .args(nodes.flags())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -391,14 +441,16 @@ pub(crate) async fn collect_lines(
 /// The in-process probe: reports its Syncs.
 async fn probe(
     socket: &Path,
-    asking: Asking,
+    nodes: Nodes,
     syncs: mpsc::UnboundedSender<(usize, usize)>,
 ) -> Result<(), String> {
     client(
         socket,
         1,
-        Reading::Decode,
-        asking,
+        Nodes {
+            reading: Reading::Decode,
+            ..nodes
+        },
         0,
         "probe".into(),
         Arc::new(Barrier::new(1)),
@@ -430,7 +482,6 @@ pub fn run(
     changes: usize,
     nodes: Nodes,
 ) -> Result<ApiResult, String> {
-    let Nodes { reading, asking } = nodes;
     let scratch = Scratch::new(&format!("api{n}"))?;
     let manifests = scratch.0.join("manifests");
     let spread = Endpoints::Spread(clients);
@@ -480,12 +531,12 @@ pub fn run(
         let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
         let probe_socket = socket.clone();
         tokio::spawn(async move {
-            let _ = probe(&probe_socket, asking, probe_tx).await;
+            let _ = probe(&probe_socket, nodes, probe_tx).await;
         });
         let loaded_at = probe_synced(&mut probe_rx, Duration::from_secs(300)).await?;
         let load = loaded_at - started;
 
-        let (_clients, mut lines) = start_clients(&socket, clients, reading, asking)?;
+        let (_clients, mut lines) = start_clients(&socket, clients, nodes)?;
         // Every client is connected when the process says `start`.
         loop {
             let (line, _) = tokio::time::timeout(Duration::from_secs(300), lines.recv())
@@ -498,9 +549,11 @@ pub fn run(
         }
         let t0 = Instant::now();
         let cpu0 = cpu();
+        let written0 = written(pid);
         let timeout = Duration::from_secs(1800);
         let (last, ops) = collect_lines(&mut lines, clients, timeout).await?;
         let initial_cpu = cpu().saturating_sub(cpu0);
+        let initial_bytes = written(pid).saturating_sub(written0);
         let initial_all = last - t0;
         let rss = rss_mb(pid);
 
@@ -520,16 +573,7 @@ pub fn run(
             change_cpu += cpu().saturating_sub(before);
         }
         Ok(ApiResult {
-            label: match (reading, asking) {
-                (Reading::Decode, Asking::Once) => label.to_string(),
-                (Reading::Frames, Asking::Once) => format!("{label} (nodes read frames only)"),
-                (Reading::Decode, Asking::EachChangeSet) => {
-                    format!("{label} (nodes ask for each change set)")
-                }
-                (Reading::Frames, Asking::EachChangeSet) => {
-                    format!("{label} (nodes read frames only, ask for each change set)")
-                }
-            },
+            label: format!("{label}{}", nodes.describe()),
             n,
             m,
             clients,
@@ -542,6 +586,7 @@ pub fn run(
             peak_rss_mb: peak_rss_mb(pid),
             initial_cpu,
             change_cpu: change_cpu / u32::try_from(changes.max(1)).unwrap_or(u32::MAX),
+            initial_bytes_per_node: initial_bytes / clients.max(1) as u64,
         })
     })
 }

@@ -337,12 +337,7 @@ fn one_brain(
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let (_clients, mut lines) = start_clients(
-            &socket,
-            nodes,
-            crate::node_codec::Reading::Decode,
-            crate::api::Asking::Once,
-        )?;
+        let (_clients, mut lines) = start_clients(&socket, nodes, crate::api::Nodes::KPNG)?;
         let long = Duration::from_secs(600);
         collect_lines(&mut lines, nodes, long).await?;
         let initial_time = t0.elapsed();

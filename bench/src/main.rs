@@ -46,7 +46,7 @@ use std::time::Duration;
 /// root, where the benchmarks are run from).
 const BENCHMARKS_MD: &str = "docs/benchmarks.md";
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api [--clients 1000,5000 --read decode|frames --ask once,each --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api [--clients 1000,5000 --read decode|frames --ask once,each --zstd on,off --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -102,6 +102,20 @@ fn ask_flag(args: &[String]) -> Result<Vec<api::Asking>, String> {
         .unwrap_or_else(|| "once".into())
         .split(',')
         .map(|a| api::Asking::parse(a.trim()))
+        .collect()
+}
+
+/// `--zstd on,off`: whether the simulated API nodes read bundles, one run per value in order
+/// (on by default, as kpng's own client).
+fn zstd_flag(args: &[String]) -> Result<Vec<bool>, String> {
+    flag(args, "--zstd")
+        .unwrap_or_else(|| "on".into())
+        .split(',')
+        .map(|v| match v.trim() {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            other => Err(format!("--zstd {other:?}: expected on or off")),
+        })
         .collect()
 }
 
@@ -197,6 +211,8 @@ fn main() -> ExitCode {
             // `--ask once,each`: the nodes ask once (kpng's client) and/or for each change set
             // (KPNG's clients, kpng before `continuous`): the rows side by side.
             let askings = ask_flag(&args)?;
+            // `--zstd on,off`: the nodes read bundles (kpng's client) and/or not.
+            let zstds = zstd_flag(&args)?;
             let mut table = api::ApiResult::markdown_header().to_string();
             // `--clients 1000,5000`: one row per count; `--before PATH`: the same against
             // another kpng binary first (side by side in one run).
@@ -205,8 +221,15 @@ fn main() -> ExitCode {
                 .split(',')
                 .filter_map(|c| c.trim().parse::<usize>().ok())
             {
-                for &asking in &askings {
-                    let nodes = api::Nodes { reading, asking };
+                let kinds = askings
+                    .iter()
+                    .flat_map(|&asking| zstds.iter().map(move |&bundles| (asking, bundles)));
+                for (asking, bundles) in kinds {
+                    let nodes = api::Nodes {
+                        reading,
+                        asking,
+                        bundles,
+                    };
                     if let Some(before) = flag(&args, "--before") {
                         let r = api::run(&before, "before", n, m, clients, changes, nodes)?;
                         eprintln!("{}", r.markdown_row());
@@ -254,11 +277,15 @@ fn main() -> ExitCode {
         Some("api-clients") => read_flag(&args).and_then(|reading| {
             let asking =
                 api::Asking::parse(&flag(&args, "--ask").unwrap_or_else(|| "once".into()))?;
+            let bundles = zstd_flag(&args)?.first().copied().unwrap_or(true);
             api::clients_main(
                 std::path::Path::new(&flag(&args, "--socket").unwrap_or_default()),
                 num(&args, "--clients", 1000),
-                reading,
-                asking,
+                api::Nodes {
+                    reading,
+                    asking,
+                    bundles,
+                },
             )
         }),
         Some("hns") => hns::run(

@@ -49,6 +49,8 @@ pub enum Received {
     Sync,
     /// Any other op.
     Op,
+    /// A bundle of this many ops (a node that reads bundles).
+    Bundle(u64),
 }
 
 /// The codec of one simulated node's Watch call.
@@ -110,6 +112,13 @@ impl Decoder for NodeDecoder {
         match self.reading {
             Reading::Frames => {
                 let len = src.remaining();
+                if src.chunk().starts_with(&BUNDLE_TAG) {
+                    // Its op count, without opening it.
+                    return match decode_item(src)?.op {
+                        Some(proto::op_item::Op::Bundle(b)) => Ok(Some(Received::Bundle(b.ops))),
+                        _ => Ok(Some(Received::Op)),
+                    };
+                }
                 let received = classify_frame(src.chunk(), len, &self.sync);
                 src.advance(len);
                 Ok(Some(received))
@@ -128,10 +137,29 @@ fn classify_frame(head: &[u8], len: usize, sync: &[u8]) -> Received {
     }
 }
 
-/// Decodes an op and the `Service` or `Endpoint` value it carries.
+/// How an `OpItem` holding a bundle starts: field 100 (`Bundle`), length-delimited.
+const BUNDLE_TAG: [u8; 2] = [0xa2, 0x06];
+
+fn decode_item(src: impl Buf) -> Result<proto::OpItem, Status> {
+    proto::OpItem::decode(src).map_err(|e| Status::internal(format!("decoding an op: {e}")))
+}
+
+/// Decodes an op and the `Service` or `Endpoint` value it carries (every op of a bundle).
 fn decode_op(src: impl Buf) -> Result<Received, Status> {
-    let item =
-        proto::OpItem::decode(src).map_err(|e| Status::internal(format!("decoding an op: {e}")))?;
+    let item = decode_item(src)?;
+    if let Some(proto::op_item::Op::Bundle(bundle)) = &item.op {
+        let ops = kpng_api::bundle::unbundle(bundle)
+            .map_err(|e| Status::internal(format!("opening a bundle: {e}")))?;
+        for op in ops {
+            decode_value(op)?;
+        }
+        return Ok(Received::Bundle(bundle.ops));
+    }
+    decode_value(item)
+}
+
+/// Decodes the `Service` or `Endpoint` value `item` carries.
+fn decode_value(item: proto::OpItem) -> Result<Received, Status> {
     match item.op {
         Some(proto::op_item::Op::Sync(_)) => Ok(Received::Sync),
         Some(proto::op_item::Op::Set(value)) => {
@@ -201,6 +229,23 @@ mod tests {
             .filter(|op| matches!(op.op, Some(proto::op_item::Op::Sync(_))))
             .count();
         assert_eq!(syncs, 1);
+    }
+
+    #[test]
+    fn a_bundle_counts_its_ops_opened_or_not() {
+        let inner: Vec<proto::OpItem> = ops()
+            .into_iter()
+            .filter(|o| !matches!(o.op, Some(proto::op_item::Op::Sync(_))))
+            .cycle()
+            .take(200)
+            .collect();
+        let frames = kpng_api::frames::frames_of(&inner);
+        let framed = kpng_api::bundle::bundle_frame(&frames, 200).expect("it compresses");
+        let message = &framed[5..];
+        assert!(message.starts_with(&BUNDLE_TAG));
+        assert_eq!(decode_op(message).expect("decodes"), Received::Bundle(200));
+        let outer = decode_item(message).expect("an OpItem");
+        assert!(matches!(outer.op, Some(proto::op_item::Op::Bundle(b)) if b.ops == 200));
     }
 
     #[test]

@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     tonic_prost_build::configure()
         .bytes(".localv1.Value.Bytes")
+        .bytes(".localv1.KpngBundle.Zstd")
         .compile_fds(protox::compile([ours], ["proto"])?)?;
 
     let out = PathBuf::from(std::env::var("OUT_DIR")?).join("kpng_original");

@@ -257,6 +257,14 @@ impl WireState {
                 }
                 _ => {}
             },
+            // Opened by the session ([`crate::bundle::unbundle`]) before its ops come here.
+            Some(Op::Bundle(_)) => {
+                return Err(DecodeError {
+                    what: "a bundle".into(),
+                    field: "OpItem.Bundle".into(),
+                    message: "bundles are opened before their ops are applied".into(),
+                });
+            }
             None => {}
         }
         Ok(false)
@@ -338,6 +346,10 @@ pub enum SessionError {
     /// The brain closed the stream.
     #[error("the brain closed the stream")]
     Closed,
+    /// A bundle could not be opened: its ops are lost, so the session starts again (and the
+    /// brain replays everything).
+    #[error("a broken bundle from the brain ({0}); reconnecting for a full replay")]
+    Bundle(#[from] crate::bundle::BundleError),
 }
 
 /// `error` and each of its causes, joined by ": ", a cause that repeats its wrapper's text
@@ -469,6 +481,7 @@ async fn session(
     let request = proto::WatchReq {
         node_name: config.node_name.clone(),
         continuous: true,
+        accept_zstd: true,
     };
     // The receiver lives in the stream below; a failed send only means the stream is gone.
     let _ = requests.send(request.clone()).await;
@@ -485,6 +498,14 @@ async fn session(
     info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
     config.health.recovered(BRAIN);
     while let Some(item) = stream.message().await? {
+        if let Some(Op::Bundle(bundle)) = &item.op {
+            for op in crate::bundle::unbundle(bundle)? {
+                if let Err(e) = wire.apply(op) {
+                    warn!("ignoring a value from the brain: {e}");
+                }
+            }
+            continue;
+        }
         match wire.apply(item) {
             Ok(false) => {}
             Ok(true) => {

@@ -257,6 +257,8 @@ enum Piece {
     Op(proto::OpItem),
     /// Frames encoded once and shared.
     Shared(Bytes, u64),
+    /// A bundle compressed once and shared (always passed by reference).
+    Bundle(Bytes, u64),
 }
 
 impl Pending {
@@ -295,8 +297,9 @@ impl Pending {
     /// This change set as gRPC frames, in large chunks, produced as they are taken: exactly
     /// the bytes of [`Pending::ops`] encoded one by one, but with every Service that does not
     /// depend on the watcher's node encoded once for all watchers (a replay of an unchanged
-    /// snapshot takes whole [`crate::frames::SharedChunk`]s from `cache`).
-    pub fn frames<'a>(&'a self, cache: &ReplayCache) -> ChangeSetFrames<'a> {
+    /// snapshot takes whole [`crate::frames::SharedChunk`]s from `cache`, each as one
+    /// compressed bundle when `bundles`: the watcher asked for them, `WatchReq.AcceptZstd`).
+    pub fn frames<'a>(&'a self, cache: &ReplayCache, bundles: bool) -> ChangeSetFrames<'a> {
         let head = self
             .ops_head()
             .map(Piece::Op)
@@ -309,10 +312,13 @@ impl Pending {
                     let node = self.node.name.clone();
                     Box::new((0..chunks.len()).flat_map(move |i| {
                         let mut pieces = Vec::new();
-                        for run in chunks[i].runs_for(&node) {
+                        for run in chunks[i].runs_for(&node, bundles) {
                             match run {
                                 ChunkRun::Shared(frames, ops) => {
                                     pieces.push(Piece::Shared(frames, ops));
+                                }
+                                ChunkRun::Bundle(bundle, ops) => {
+                                    pieces.push(Piece::Bundle(bundle, ops));
                                 }
                                 ChunkRun::Own(e) => {
                                     pieces.extend(self.service_pieces(&e.key, None, Some(e)));
@@ -397,6 +403,10 @@ impl Iterator for ChangeSetFrames<'_> {
                 Some(Piece::Shared(frames, ops)) => {
                     self.ops += ops;
                     self.writer.shared(&frames);
+                }
+                Some(Piece::Bundle(bundle, ops)) => {
+                    self.ops += ops;
+                    self.writer.by_reference(&bundle);
                 }
                 None => {
                     self.finished = true;

@@ -10,6 +10,7 @@
 //! Sources and backends never depend on this crate; the binary wires it.
 
 pub mod addr;
+pub mod bundle;
 pub mod client;
 pub mod convert;
 #[cfg(test)]

@@ -11,8 +11,11 @@ pub struct ApiMetrics {
     pub clients_connected: Gauge,
     /// `kpng_api_change_sets_total`: change sets sent (each ends with `Sync`).
     pub change_sets: Counter,
-    /// `kpng_api_ops_total`: Set and Delete ops sent.
+    /// `kpng_api_ops_total`: Set and Delete ops sent (those inside bundles included).
     pub ops: Counter,
+    /// `kpng_api_sent_bytes_total`: bytes of the Watch streams handed to HTTP/2 (gRPC
+    /// messages; bundles compressed): what the brain costs the network.
+    pub sent_bytes: Counter,
 }
 
 impl ApiMetrics {
@@ -34,6 +37,11 @@ impl ApiMetrics {
             "kpng_api_ops",
             "Set and Delete ops sent to API clients",
             m.ops.clone(),
+        );
+        registry.register(
+            "kpng_api_sent_bytes",
+            "Bytes of gRPC messages sent to API clients (bundles compressed)",
+            m.sent_bytes.clone(),
         );
         m
     }

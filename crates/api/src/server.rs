@@ -153,6 +153,7 @@ impl SetsService {
             registration: None,
             continuous: false,
             requests_ended: false,
+            bundles: false,
             step: Step::Request,
             queue: VecDeque::new(),
         }));
@@ -306,6 +307,9 @@ struct WatchBody {
     continuous: bool,
     /// A continuous client closed its side of the stream (it sends nothing more).
     requests_ended: bool,
+    /// The client reads bundles (`WatchReq.AcceptZstd`): a replay's shared chunks go to it
+    /// compressed.
+    bundles: bool,
     step: Step,
     /// Chunks of frames ready to hand to the connection.
     queue: VecDeque<Bytes>,
@@ -319,6 +323,7 @@ impl WatchBody {
         let node_name = request.node_name;
         if self.registration.is_none() {
             self.continuous = request.continuous;
+            self.bundles = request.accept_zstd;
         }
         let peer = self.client.peer;
         if let Some(allowed) = &self.client.allowed
@@ -353,10 +358,10 @@ impl WatchBody {
             !pending.replay && pending.base.is_none() && pending.changes.len() <= INLINE_SERVICES;
         if !small {
             let (tx, rx) = mpsc::channel(CHUNKS_BUFFER);
-            tokio::spawn(produce(self.hub.clone(), pending, tx));
+            tokio::spawn(produce(self.hub.clone(), pending, self.bundles, tx));
             return Step::Large(rx);
         }
-        let mut frames = pending.frames(self.hub.replay_cache());
+        let mut frames = pending.frames(self.hub.replay_cache(), self.bundles);
         self.queue.extend(frames.by_ref());
         count_sent(&self.hub, frames.ops(), frames.synced());
         self.after_change_set(frames.synced())
@@ -409,8 +414,8 @@ fn count_sent(hub: &Hub, ops: u64, synced: bool) {
 
 /// Encodes a large change set in batches of about [`BATCH_BYTES`], each sent when the
 /// stream has taken the previous one; stops when the stream is gone.
-async fn produce(hub: Arc<Hub>, pending: Pending, tx: mpsc::Sender<Produced>) {
-    let mut frames = pending.frames(hub.replay_cache());
+async fn produce(hub: Arc<Hub>, pending: Pending, bundles: bool, tx: mpsc::Sender<Produced>) {
+    let mut frames = pending.frames(hub.replay_cache(), bundles);
     let mut batch = Vec::new();
     let mut batched = 0;
     for chunk in frames.by_ref() {
@@ -446,6 +451,7 @@ impl http_body::Body for WatchBody {
         let this = self.get_mut();
         loop {
             if let Some(bytes) = this.queue.pop_front() {
+                this.hub.metrics().sent_bytes.inc_by(bytes.len() as u64);
                 return Poll::Ready(Some(Ok(http_body::Frame::data(bytes))));
             }
             let next = match &mut this.step {

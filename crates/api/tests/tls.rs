@@ -150,6 +150,7 @@ async fn raw_watch(
         .watch(tokio_stream::iter([kpng_api::proto::WatchReq {
             node_name: node.into(),
             continuous: false,
+            accept_zstd: false,
         }]))
         .await
         .map_err(|e| e.to_string())?

@@ -350,3 +350,96 @@ async fn a_brain_without_continuous_watches_is_asked_for_each_change_set() {
     assert!(second.service_cidrs.is_some(), "the change: {second:?}");
     watching.abort();
 }
+
+/// 100 ClusterIP Services whose endpoint runs on node-b: node-a depends on none of them.
+fn hundred_services_elsewhere() -> Event {
+    let mut yaml = String::from(
+        "---\napiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n\
+         ---\napiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n",
+    );
+    for i in 0..100u32 {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: s{i}}}\n\
+             spec: {{clusterIP: 10.96.1.{}, ports: [{{name: p, port: 80}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: default, name: s{i}-1, labels: {{kubernetes.io/service-name: s{i}}}}}\n\
+             addressType: IPv4\nports: [{{name: p, port: 8080}}]\n\
+             endpoints: [{{addresses: [10.244.2.{}], nodeName: node-b}}]\n",
+            i + 1,
+            i + 1,
+        ));
+    }
+    Event::Replace {
+        kinds: vec![
+            kpng_model::Kind::Service,
+            kpng_model::Kind::EndpointSlice,
+            kpng_model::Kind::Node,
+        ],
+        objects: kpng_source_file::parse_manifests(&yaml)
+            .expect("manifests")
+            .objects,
+    }
+}
+
+/// The real client against the real server: the replay comes in bundles (every chunk is
+/// shared whole with node-a), the client opens them, and holds what the plain ops would have
+/// given it, for a fraction of the bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_in_bundles_gives_the_client_the_whole_state_for_fewer_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        crate::metrics::ApiMetrics::default(),
+    ));
+    hub.apply(hundred_services_elsewhere());
+    // What the replay weighs as single ops.
+    let plain: usize = {
+        let reg = hub.register("node-a");
+        let pending = reg.slot.next().await;
+        pending
+            .frames(hub.replay_cache(), false)
+            .map(|c| c.len())
+            .sum()
+    };
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let server = crate::server::serve(
+        hub.clone(),
+        &addr,
+        &TlsFiles::default(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+    let config = WatchConfig {
+        addr,
+        tls: TlsFiles::default(),
+        tls_server_name: None,
+        node_name: "node-a".into(),
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: InputHealth::default(),
+    };
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(config, updates));
+    let first = tokio::time::timeout(Duration::from_secs(10), received.recv())
+        .await
+        .expect("the replay within 10 s")
+        .expect("an update");
+    assert!(first.replay);
+    assert_eq!(first.services.len(), 100, "{first:?}");
+    assert_eq!(first.endpoint_changes, 100);
+    assert!(first.services.iter().all(|(_, ports)| ports.len() == 1));
+    let sent = hub.metrics().sent_bytes.get() as usize;
+    assert!(sent * 3 < plain, "{plain} bytes as single ops, {sent} sent");
+    assert_eq!(
+        hub.metrics().ops.get(),
+        1 + 1 + 200,
+        "Reset, the node, 200 values"
+    );
+    watching.abort();
+}

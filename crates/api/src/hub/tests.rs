@@ -37,7 +37,7 @@ fn hub() -> Arc<Hub> {
 fn next(reg: &Registration) -> Vec<String> {
     let pending = block_on(reg.slot.next());
     let ops: Vec<proto::OpItem> = pending.ops().collect();
-    let mut frames = pending.frames(reg.hub.replay_cache());
+    let mut frames = pending.frames(reg.hub.replay_cache(), false);
     let mut sent = Vec::new();
     for chunk in frames.by_ref() {
         sent.extend_from_slice(&chunk);
@@ -47,6 +47,18 @@ fn next(reg: &Registration) -> Vec<String> {
         crate::frames::frames_of(&ops).to_vec(),
         "frames differ from the ops"
     );
+    // To a watcher that reads bundles: the same ops once the bundles are opened.
+    let mut bundled = pending.frames(reg.hub.replay_cache(), true);
+    let mut received = Vec::new();
+    for chunk in bundled.by_ref() {
+        received.extend_from_slice(&chunk);
+    }
+    assert_eq!(
+        unbundled(&received),
+        ops,
+        "bundled frames differ from the ops"
+    );
+    assert_eq!(bundled.ops(), frames.ops());
     let syncs = ops
         .iter()
         .filter(|o| matches!(o.op, Some(Op::Sync(_))))
@@ -54,6 +66,21 @@ fn next(reg: &Registration) -> Vec<String> {
     assert_eq!(frames.ops() as usize, ops.len() - syncs);
     assert_eq!(frames.synced(), syncs == 1);
     ops.into_iter().map(describe).collect()
+}
+
+/// The ops of a stream's bytes, each bundle replaced by the ops it holds.
+fn unbundled(mut bytes: &[u8]) -> Vec<proto::OpItem> {
+    let mut ops = Vec::new();
+    while !bytes.is_empty() {
+        let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
+        let item = proto::OpItem::decode(&bytes[5..5 + len]).expect("an OpItem");
+        match item.op {
+            Some(Op::Bundle(b)) => ops.extend(crate::bundle::unbundle(&b).expect("a bundle")),
+            _ => ops.push(item),
+        }
+        bytes = &bytes[5 + len..];
+    }
+    ops
 }
 
 fn describe(item: proto::OpItem) -> String {
@@ -81,6 +108,8 @@ fn describe(item: proto::OpItem) -> String {
             proto::Set::ServicesSet => format!("del svc {}", r.path),
             _ => format!("del ep {}", r.path),
         },
+        // `Pending::ops` gives single ops only.
+        Op::Bundle(b) => format!("bundle of {}", b.ops),
     }
 }
 
@@ -397,4 +426,30 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
             200
         );
     }
+    // n3 depends on none of them: every chunk of 32 Services is shared whole, and a watcher
+    // that reads bundles gets each as one compressed bundle.
+    let reg = hub.register("n3");
+    let pending = block_on(reg.slot.next());
+    let plain: usize = pending
+        .frames(hub.replay_cache(), false)
+        .map(|c| c.len())
+        .sum();
+    let bundled: Vec<u8> = pending
+        .frames(hub.replay_cache(), true)
+        .flat_map(|c| c.to_vec())
+        .collect();
+    let mut bundles = 0;
+    let mut rest = bundled.as_slice();
+    while !rest.is_empty() {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let item = proto::OpItem::decode(&rest[5..5 + len]).expect("an OpItem");
+        bundles += usize::from(matches!(item.op, Some(Op::Bundle(_))));
+        rest = &rest[5 + len..];
+    }
+    assert_eq!(bundles, 200usize.div_ceil(32));
+    assert!(
+        bundled.len() * 3 < plain,
+        "{plain} → {} bytes",
+        bundled.len()
+    );
 }

@@ -62,6 +62,7 @@ impl Watcher {
                 .send(proto::WatchReq {
                     node_name: "n1".into(),
                     continuous: true,
+                    accept_zstd: false,
                 })
                 .await
                 .expect("request");
@@ -90,6 +91,7 @@ impl Watcher {
                 .send(proto::WatchReq {
                     node_name: "n1".into(),
                     continuous: false,
+                    accept_zstd: false,
                 })
                 .await
                 .expect("request");
