@@ -14,7 +14,9 @@
 //!   frames, never one op at a time.
 //!
 //! The bytes on the wire are exactly what encoding the `OpItem`s one by one gives: any
-//! `localv1` client reads them.
+//! `localv1` client reads them. A client that asks for bundles (`WatchReq.AcceptZstd`) gets
+//! each chunk it takes whole as one compressed bundle instead ([`crate::bundle`]), which opens
+//! to those same bytes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
