@@ -280,6 +280,29 @@ async fn an_unreachable_brain_is_reported_with_the_reason_underneath() {
     assert!(text.contains("Connection refused"), "{text}");
 }
 
+/// The real client watching `addr` as node-a: its task, and where its updates arrive.
+fn watch_as_node_a(addr: ApiAddr) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<RemoteUpdate>) {
+    let config = WatchConfig {
+        addr,
+        tls: TlsFiles::default(),
+        tls_server_name: None,
+        node_name: "node-a".into(),
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: InputHealth::default(),
+    };
+    let (updates, received) = mpsc::channel(4);
+    (tokio::spawn(watch(config, updates)), received)
+}
+
+/// The next update, within 10 s.
+async fn next_update(received: &mut mpsc::Receiver<RemoteUpdate>, what: &str) -> RemoteUpdate {
+    tokio::time::timeout(Duration::from_secs(10), received.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{what} within 10 s"))
+        .expect("an update")
+}
+
 /// A brain that knows nothing of `WatchReq.continuous` (KPNG's own, or a kpng before it): it
 /// answers each request with the next change set, and sends no `kpng-watch-continuous` header.
 struct AskedEachTime(Arc<Hub>);
@@ -323,29 +346,14 @@ async fn a_brain_without_continuous_watches_is_asked_for_each_change_set() {
             )))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
-    let config = WatchConfig {
-        addr: format!("unix://{}", socket.display())
-            .parse()
-            .expect("addr"),
-        tls: TlsFiles::default(),
-        tls_server_name: None,
-        node_name: "node-a".into(),
-        retry_min: Duration::from_millis(50),
-        retry_max: Duration::from_millis(200),
-        health: InputHealth::default(),
-    };
-    let (updates, mut received) = mpsc::channel(4);
-    let watching = tokio::spawn(watch(config, updates));
-    let first = tokio::time::timeout(Duration::from_secs(10), received.recv())
-        .await
-        .expect("the first change set within 10 s")
-        .expect("an update");
+    let addr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let (watching, mut received) = watch_as_node_a(addr);
+    let first = next_update(&mut received, "the first change set").await;
     assert!(first.replay, "the replay");
     hub.apply(service_cidr("extra", &["10.97.0.0/16"]));
-    let second = tokio::time::timeout(Duration::from_secs(10), received.recv())
-        .await
-        .expect("the second change set within 10 s: the client asked for it")
-        .expect("an update");
+    let second = next_update(&mut received, "the second change set (the client asked)").await;
     assert!(!second.replay, "a change, not a replay");
     assert!(second.service_cidrs.is_some(), "the change: {second:?}");
     watching.abort();
@@ -415,21 +423,8 @@ async fn a_replay_in_bundles_gives_the_client_the_whole_state_for_fewer_bytes() 
     .await
     .expect("listen");
     tokio::spawn(server);
-    let config = WatchConfig {
-        addr,
-        tls: TlsFiles::default(),
-        tls_server_name: None,
-        node_name: "node-a".into(),
-        retry_min: Duration::from_millis(50),
-        retry_max: Duration::from_millis(200),
-        health: InputHealth::default(),
-    };
-    let (updates, mut received) = mpsc::channel(4);
-    let watching = tokio::spawn(watch(config, updates));
-    let first = tokio::time::timeout(Duration::from_secs(10), received.recv())
-        .await
-        .expect("the replay within 10 s")
-        .expect("an update");
+    let (watching, mut received) = watch_as_node_a(addr);
+    let first = next_update(&mut received, "the replay").await;
     assert!(first.replay);
     assert_eq!(first.services.len(), 100, "{first:?}");
     assert_eq!(first.endpoint_changes, 100);
