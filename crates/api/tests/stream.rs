@@ -10,6 +10,18 @@ use std::time::{Duration, Instant};
 use common::{Watcher, manifest, service};
 use kpng_api::hub::Hub;
 
+/// Appends `n` Services `bulkNN` to the manifest `state` (more than are encoded inline);
+/// returns their paths.
+fn add_bulk(state: &mut String, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let name = format!("bulk{i:02}");
+            state.push_str(&service(&name, &format!("10.96.1.{i}")));
+            format!("default/{name}")
+        })
+        .collect()
+}
+
 /// Waits until the hub has `n` watchers (a stream's end unregisters it).
 async fn watchers(hub: &Hub, n: usize) {
     let start = Instant::now();
@@ -38,12 +50,7 @@ async fn one_stream_takes_every_kind_of_change_set_in_order_and_ends_cleanly() {
     assert_eq!(node.next().await, ["default/b"], "one Service");
 
     // More Services in one change set than are encoded inline.
-    let mut bulk = Vec::new();
-    for i in 0..40 {
-        let name = format!("bulk{i:02}");
-        state.push_str(&service(&name, &format!("10.96.1.{i}")));
-        bulk.push(format!("default/{name}"));
-    }
+    let bulk = add_bulk(&mut state, 40);
     hub.apply(manifest(&state));
     assert_eq!(node.next().await, bulk, "40 Services at once");
 
@@ -109,12 +116,7 @@ async fn a_continuous_stream_takes_every_change_set_after_one_request() {
     hub.apply(manifest(&state));
     assert_eq!(node.next().await, ["default/b"], "one Service, unasked");
 
-    let mut bulk = Vec::new();
-    for i in 0..40 {
-        let name = format!("bulk{i:02}");
-        state.push_str(&service(&name, &format!("10.96.1.{i}")));
-        bulk.push(format!("default/{name}"));
-    }
+    let bulk = add_bulk(&mut state, 40);
     hub.apply(manifest(&state));
     assert_eq!(
         node.next().await,
