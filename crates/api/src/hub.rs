@@ -257,8 +257,9 @@ enum Piece {
     Op(proto::OpItem),
     /// Frames encoded once and shared.
     Shared(Bytes, u64),
-    /// A bundle compressed once and shared (always passed by reference).
-    Bundle(Bytes, u64),
+    /// A bundle compressed once and shared: its span of a buffer of consecutive bundles
+    /// (always passed by reference, consecutive ones as one slice), and its ops.
+    Bundle(Bytes, std::ops::Range<usize>, u64),
 }
 
 impl Pending {
@@ -308,17 +309,17 @@ impl Pending {
         let services: Box<dyn Iterator<Item = Piece> + Send + 'a> =
             match (&self.base, self.replay && self.changes.is_empty()) {
                 (Some(base), true) => {
-                    let chunks = cache.chunks(base);
+                    let replay = cache.replay(base);
                     let node = self.node.name.clone();
-                    Box::new((0..chunks.len()).flat_map(move |i| {
+                    Box::new((0..replay.chunks.len()).flat_map(move |i| {
                         let mut pieces = Vec::new();
-                        for run in chunks[i].runs_for(&node, bundles) {
+                        for run in replay.runs_for(i, &node, bundles) {
                             match run {
                                 ChunkRun::Shared(frames, ops) => {
                                     pieces.push(Piece::Shared(frames, ops));
                                 }
-                                ChunkRun::Bundle(bundle, ops) => {
-                                    pieces.push(Piece::Bundle(bundle, ops));
+                                ChunkRun::Bundle { buffer, span, ops } => {
+                                    pieces.push(Piece::Bundle(buffer, span, ops));
                                 }
                                 ChunkRun::Own(e) => {
                                     pieces.extend(self.service_pieces(&e.key, None, Some(e)));
@@ -404,9 +405,9 @@ impl Iterator for ChangeSetFrames<'_> {
                     self.ops += ops;
                     self.writer.shared(&frames);
                 }
-                Some(Piece::Bundle(bundle, ops)) => {
+                Some(Piece::Bundle(buffer, span, ops)) => {
                     self.ops += ops;
-                    self.writer.by_reference(&bundle);
+                    self.writer.span(&buffer, span);
                 }
                 None => {
                     self.finished = true;

@@ -434,10 +434,11 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
         .frames(hub.replay_cache(), false)
         .map(|c| c.len())
         .sum();
-    let bundled: Vec<u8> = pending
-        .frames(hub.replay_cache(), true)
-        .flat_map(|c| c.to_vec())
-        .collect();
+    let pieces: Vec<prost::bytes::Bytes> = pending.frames(hub.replay_cache(), true).collect();
+    // The Reset, ServiceCIDRs and node ops, the 7 bundles as one slice of their shared
+    // buffer, the Sync.
+    assert_eq!(pieces.len(), 3, "{} pieces", pieces.len());
+    let bundled: Vec<u8> = pieces.iter().flat_map(|c| c.to_vec()).collect();
     let mut bundles = 0;
     let mut rest = bundled.as_slice();
     while !rest.is_empty() {
