@@ -16,9 +16,10 @@
 //! The bytes on the wire are exactly what encoding the `OpItem`s one by one gives: any
 //! `localv1` client reads them. A client that asks for bundles (`WatchReq.AcceptZstd`) gets
 //! each chunk it takes whole as one compressed bundle instead ([`crate::bundle`]), which opens
-//! to those same bytes. The bundles of [`CHUNKS_PER_BUNDLE_BUFFER`] consecutive chunks are
-//! kept in one buffer, so a node that takes several of them whole receives them as one slice:
-//! one HTTP/2 DATA frame of ~50 kB instead of dozens of ~1.7 kB ones.
+//! to those same bytes. The frames of [`CHUNKS_PER_BUFFER`] consecutive chunks are kept in one
+//! buffer, and so are their bundles, so a node that takes several chunks whole (or a slice of
+//! one and the next ones) receives them as one slice: at most a few HTTP/2 DATA frames per
+//! thousand Services instead of one per chunk (~17 kB, or ~1.7 kB as a bundle).
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -109,21 +110,53 @@ impl FrameWriter {
         self.done.push_back(frames.clone());
     }
 
-    /// Appends `buffer[span]`, frames that every node receives, by reference; a span that
-    /// continues the previous one in the same buffer extends it, so consecutive bundles
-    /// leave as one slice (at 5,000 nodes, each ~1.7 kB bundle as a frame of its own kept
-    /// ~44 kB per stream in HTTP/2's send queue after a replay, and cost CPU per frame).
+    /// Appends `buffer[span]`, a replay's bundles that many nodes receive, by reference
+    /// whatever their size; a span that continues the previous one in the same buffer extends
+    /// it, so consecutive bundles leave as one slice. Copied, the ~1.7 kB bundles were a copy
+    /// of the compressed replay per node in flight (773 MB of brain peak RSS at 1,000 nodes,
+    /// against 293 MB without bundles); each as a frame of its own, they kept ~44 kB per
+    /// stream in HTTP/2's send queue after a replay (h2's slab of queued frames never
+    /// shrinks), and cost CPU per frame.
     pub fn span(&mut self, buffer: &Bytes, span: Range<usize>) {
-        if let Some((current, range)) = &mut self.span
-            && current.as_ptr() == buffer.as_ptr()
-            && current.len() == buffer.len()
-            && range.end == span.start
-        {
-            range.end = span.end;
+        if !self.extend_span(buffer, &span) {
+            self.flush();
+            self.span = Some((buffer.clone(), span));
+        }
+    }
+
+    /// Appends `buffer[span]`, a replay's frames that many nodes receive: as
+    /// [`FrameWriter::span`], but a span under [`BY_REFERENCE_BYTES`] that does not continue
+    /// the previous one is copied (cheaper than a frame of its own).
+    pub fn span_or_copy(&mut self, buffer: &Bytes, span: Range<usize>) {
+        if self.extend_span(buffer, &span) {
             return;
         }
-        self.flush();
-        self.span = Some((buffer.clone(), span));
+        match buffer.get(span.clone()) {
+            Some(frames) if frames.len() < BY_REFERENCE_BYTES => {
+                self.end_span();
+                self.make_room();
+                self.current.extend_from_slice(frames);
+                if self.current.len() >= CHUNK_BYTES {
+                    self.flush();
+                }
+            }
+            _ => self.span(buffer, span),
+        }
+    }
+
+    /// Extends the pending span with `span` of `buffer` if it continues it.
+    fn extend_span(&mut self, buffer: &Bytes, span: &Range<usize>) -> bool {
+        match &mut self.span {
+            Some((current, range))
+                if current.as_ptr() == buffer.as_ptr()
+                    && current.len() == buffer.len()
+                    && range.end == span.start =>
+            {
+                range.end = span.end;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Completes the unfinished chunk. The rest of its buffer stays for the next one, so a
@@ -182,12 +215,15 @@ pub fn count_frames(frames: &[u8]) -> u64 {
 pub struct SharedChunk {
     /// The Services, in key order (their anonymous frames make `frames`).
     pub entries: Vec<Arc<Entry>>,
-    /// Their frames as an anonymous node receives them.
+    /// Their frames as an anonymous node receives them: a slice of `buffer`.
     pub frames: Bytes,
     /// How many ops `frames` holds.
     pub ops: u64,
-    /// Where each entry's frames start in `frames`, and how many ops come before them; one
-    /// more mark for the end.
+    /// The frames of this chunk and of its [`CHUNKS_PER_BUFFER`] neighbours, one after the
+    /// other.
+    buffer: Bytes,
+    /// Where each entry's frames start in `buffer`, and how many ops of the chunk come before
+    /// them; one more mark for the end.
     marks: Vec<(usize, u64)>,
     /// For each node some of the Services depend on, the indexes of those Services.
     dependents: HashMap<String, Vec<usize>>,
@@ -199,12 +235,20 @@ pub struct SharedChunk {
 /// What a node receives of one [`SharedChunk`], in order.
 #[derive(Debug)]
 pub enum ChunkRun<'a> {
-    /// Consecutive Services' anonymous frames: a slice of the chunk's (no copy), and its ops.
-    Shared(Bytes, u64),
+    /// Consecutive Services' anonymous frames: `buffer[span]`, where the frames of the chunks
+    /// around them are too (so consecutive runs can leave as one slice), and their ops.
+    Shared {
+        /// The frames of this chunk's [`CHUNKS_PER_BUFFER`] neighbours.
+        buffer: Bytes,
+        /// These Services' frames in it.
+        span: Range<usize>,
+        /// The ops they hold.
+        ops: u64,
+    },
     /// The whole chunk as one bundle message: `buffer[span]`, where the bundles of the
     /// chunks around it are too (so consecutive ones can leave as one slice), and its ops.
     Bundle {
-        /// The bundles of this chunk's [`CHUNKS_PER_BUNDLE_BUFFER`] neighbours.
+        /// The bundles of this chunk's [`CHUNKS_PER_BUFFER`] neighbours.
         buffer: Bytes,
         /// This chunk's bundle in it.
         span: Range<usize>,
@@ -252,21 +296,26 @@ impl SharedChunk {
         if let (Some(&(a, ops_a)), Some(&(b, ops_b))) = (self.marks.get(from), self.marks.get(to))
             && b > a
         {
-            runs.push(ChunkRun::Shared(self.frames.slice(a..b), ops_b - ops_a));
+            runs.push(ChunkRun::Shared {
+                buffer: self.buffer.clone(),
+                span: a..b,
+                ops: ops_b - ops_a,
+            });
         }
     }
 }
 
-/// Shared chunks whose bundles are compressed together and kept in one buffer (~50 kB): a
-/// node that takes consecutive chunks whole gets them as one slice of it.
-pub const CHUNKS_PER_BUNDLE_BUFFER: usize = 32;
+/// Shared chunks whose frames are kept in one buffer (~550 kB at 4 endpoints a Service), and
+/// their bundles in another (~50 kB): a node that takes consecutive chunks whole gets them as
+/// one slice of it.
+pub const CHUNKS_PER_BUFFER: usize = 32;
 
 /// A snapshot's replay: its shared chunks, and their bundles (compressed on first use).
 #[derive(Debug)]
 pub struct Replay {
     /// The chunks, in key order.
     pub chunks: Vec<SharedChunk>,
-    /// For every [`CHUNKS_PER_BUNDLE_BUFFER`] chunks, their bundles in one buffer.
+    /// For every [`CHUNKS_PER_BUFFER`] chunks, their bundles in one buffer.
     bundles: Vec<OnceLock<BundleBuffer>>,
 }
 
@@ -280,7 +329,7 @@ struct BundleBuffer {
 
 impl Replay {
     fn new(chunks: Vec<SharedChunk>) -> Replay {
-        let buffers = chunks.len().div_ceil(CHUNKS_PER_BUNDLE_BUFFER);
+        let buffers = chunks.len().div_ceil(CHUNKS_PER_BUFFER);
         Replay {
             chunks,
             bundles: (0..buffers).map(|_| OnceLock::new()).collect(),
@@ -305,19 +354,19 @@ impl Replay {
                 ops: chunk.ops,
             }];
         }
-        vec![ChunkRun::Shared(chunk.frames.clone(), chunk.ops)]
+        chunk.slices_for("")
     }
 
     /// Chunk `i`'s bundle: its buffer and where in it. The buffer is compressed by the first
     /// node that takes one of its chunks whole and reads bundles (~1 ms), for every node.
     fn bundle(&self, i: usize) -> Option<(Bytes, Range<usize>)> {
-        let n = i / CHUNKS_PER_BUNDLE_BUFFER;
+        let n = i / CHUNKS_PER_BUFFER;
         let buffer = self.bundles.get(n)?.get_or_init(|| {
-            let first = n * CHUNKS_PER_BUNDLE_BUFFER;
-            let last = (first + CHUNKS_PER_BUNDLE_BUFFER).min(self.chunks.len());
+            let first = n * CHUNKS_PER_BUFFER;
+            let last = (first + CHUNKS_PER_BUFFER).min(self.chunks.len());
             bundle_buffer(self.chunks.get(first..last).unwrap_or_default())
         });
-        let span = buffer.spans.get(i % CHUNKS_PER_BUNDLE_BUFFER)?.clone()?;
+        let span = buffer.spans.get(i % CHUNKS_PER_BUFFER)?.clone()?;
         Some((buffer.bytes.clone(), span))
     }
 }
@@ -370,38 +419,72 @@ impl ReplayCache {
 
 fn build_chunks(entries: &Entries) -> Vec<SharedChunk> {
     let all: Vec<&Arc<Entry>> = entries.values().collect();
-    all.chunks(SERVICES_PER_CHUNK)
-        .map(|group| {
-            let mut out = BytesMut::new();
-            let mut ops = 0;
-            let mut marks = Vec::with_capacity(group.len() + 1);
-            let mut dependents: HashMap<String, Vec<usize>> = HashMap::new();
-            let mut everyones = Vec::new();
-            for (i, entry) in group.iter().enumerate() {
-                let (frames, n) = entry.anonymous_frames();
-                marks.push((out.len(), ops));
-                out.extend_from_slice(&frames);
-                ops += n;
-                match entry.dependent_nodes() {
-                    Some(nodes) => {
-                        for node in nodes {
-                            dependents.entry(node.clone()).or_default().push(i);
-                        }
-                    }
-                    None => everyones.push(i),
+    let mut chunks = Vec::with_capacity(all.len().div_ceil(SERVICES_PER_CHUNK));
+    for neighbours in all.chunks(SERVICES_PER_CHUNK * CHUNKS_PER_BUFFER) {
+        let mut out = BytesMut::new();
+        let built: Vec<_> = neighbours
+            .chunks(SERVICES_PER_CHUNK)
+            .map(|group| encode_chunk(group, &mut out))
+            .collect();
+        let buffer = out.freeze();
+        chunks.extend(built.into_iter().map(|chunk| chunk.into_shared(&buffer)));
+    }
+    chunks
+}
+
+/// A chunk encoded into its neighbours' buffer, before the buffer is complete.
+struct EncodedChunk {
+    entries: Vec<Arc<Entry>>,
+    ops: u64,
+    marks: Vec<(usize, u64)>,
+    dependents: HashMap<String, Vec<usize>>,
+    everyones: Vec<usize>,
+}
+
+/// Appends the anonymous frames of `group` to `out`.
+fn encode_chunk(group: &[&Arc<Entry>], out: &mut BytesMut) -> EncodedChunk {
+    let mut ops = 0;
+    let mut marks = Vec::with_capacity(group.len() + 1);
+    let mut dependents: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut everyones = Vec::new();
+    for (i, entry) in group.iter().enumerate() {
+        let (frames, n) = entry.anonymous_frames();
+        marks.push((out.len(), ops));
+        out.extend_from_slice(&frames);
+        ops += n;
+        match entry.dependent_nodes() {
+            Some(nodes) => {
+                for node in nodes {
+                    dependents.entry(node.clone()).or_default().push(i);
                 }
             }
-            marks.push((out.len(), ops));
-            SharedChunk {
-                entries: group.iter().map(|e| Arc::clone(e)).collect(),
-                frames: out.freeze(),
-                ops,
-                marks,
-                dependents,
-                everyones,
-            }
-        })
-        .collect()
+            None => everyones.push(i),
+        }
+    }
+    marks.push((out.len(), ops));
+    EncodedChunk {
+        entries: group.iter().map(|e| Arc::clone(e)).collect(),
+        ops,
+        marks,
+        dependents,
+        everyones,
+    }
+}
+
+impl EncodedChunk {
+    fn into_shared(self, buffer: &Bytes) -> SharedChunk {
+        let start = self.marks.first().map_or(0, |m| m.0);
+        let end = self.marks.last().map_or(start, |m| m.0);
+        SharedChunk {
+            entries: self.entries,
+            frames: buffer.slice(start..end),
+            ops: self.ops,
+            buffer: buffer.clone(),
+            marks: self.marks,
+            dependents: self.dependents,
+            everyones: self.everyones,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -463,49 +546,68 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_spans_of_one_buffer_leave_as_one_slice_and_anything_between_splits_them() {
-        let buffer = frames_of(&(0..6).map(|i| value_op(10 + i)).collect::<Vec<_>>());
-        let marks: Vec<usize> = {
-            let mut at = 0;
-            let mut marks = vec![0];
-            for i in 0..6 {
-                at += 5 + value_op(10 + i).encoded_len();
-                marks.push(at);
-            }
-            marks
-        };
-        let other = frames_of(&[value_op(50)]);
+    fn consecutive_spans_of_one_buffer_leave_as_one_slice_and_a_small_one_alone_is_copied() {
+        // Frames of 3 kB (passed by reference) but the fourth (copied when alone).
+        let sizes = [3000, 3000, 3000, 100, 3000, 3000];
+        let ops: Vec<_> = sizes.iter().map(|&n| value_op(n)).collect();
+        let buffer = frames_of(&ops);
+        let mut marks = vec![0];
+        for op in &ops {
+            marks.push(marks[marks.len() - 1] + 5 + op.encoded_len());
+        }
+        let other = frames_of(&[value_op(3000)]);
         let mut writer = FrameWriter::default();
-        writer.span(&buffer, marks[0]..marks[1]);
-        writer.span(&buffer, marks[1]..marks[2]);
-        writer.span(&buffer, marks[2]..marks[3]);
-        // Not consecutive: a slice of its own.
-        writer.span(&buffer, marks[4]..marks[5]);
-        // Another buffer with the same offsets: a slice of its own.
-        writer.span(&other, 0..other.len());
+        writer.span_or_copy(&buffer, marks[0]..marks[1]);
+        writer.span_or_copy(&buffer, marks[1]..marks[2]);
+        writer.span_or_copy(&buffer, marks[2]..marks[3]);
+        // Small, but it continues the span: joined.
+        writer.span_or_copy(&buffer, marks[3]..marks[4]);
+        // Another buffer: a slice of its own.
+        writer.span_or_copy(&other, 0..other.len());
+        // Small and alone: copied, with the op after it.
+        writer.span_or_copy(&buffer, marks[3]..marks[4]);
         writer.op(&value_op(20));
-        writer.span(&buffer, marks[5]..marks[6]);
+        writer.span_or_copy(&buffer, marks[4]..marks[5]);
+        writer.span_or_copy(&buffer, marks[5]..marks[6]);
         writer.flush();
         let chunks = drain(&mut writer);
         let lens: Vec<usize> = chunks.iter().map(Bytes::len).collect();
         assert_eq!(
             lens,
             vec![
-                marks[3],
-                marks[5] - marks[4],
+                marks[4],
                 other.len(),
-                5 + value_op(20).encoded_len(),
-                marks[6] - marks[5],
+                marks[4] - marks[3] + 5 + value_op(20).encoded_len(),
+                marks[6] - marks[4],
             ]
         );
-        // Slices of the buffer, not copies.
+        // Slices of the buffers, not copies.
         assert_eq!(chunks[0].as_ptr(), buffer.as_ptr());
+        assert_eq!(chunks[1].as_ptr(), other.as_ptr());
+        assert_eq!(chunks[3].as_ptr(), buffer[marks[4]..].as_ptr());
         let joined: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
-        let mut expected = buffer[..marks[3]].to_vec();
-        expected.extend_from_slice(&buffer[marks[4]..marks[5]]);
+        let mut expected = buffer[..marks[4]].to_vec();
         expected.extend_from_slice(&other);
+        expected.extend_from_slice(&buffer[marks[3]..marks[4]]);
         expected.extend_from_slice(&frames_of(&[value_op(20)]));
-        expected.extend_from_slice(&buffer[marks[5]..]);
+        expected.extend_from_slice(&buffer[marks[4]..]);
         assert_eq!(joined, expected);
+    }
+
+    #[test]
+    fn bundles_are_passed_by_reference_however_small() {
+        let bundles = frames_of(&[value_op(100), value_op(100), value_op(100)]);
+        let third = bundles.len() / 3;
+        let mut writer = FrameWriter::default();
+        writer.span(&bundles, 0..third);
+        writer.op(&value_op(20));
+        writer.span(&bundles, third..2 * third);
+        writer.span(&bundles, 2 * third..bundles.len());
+        writer.flush();
+        let chunks = drain(&mut writer);
+        assert_eq!(chunks.len(), 3);
+        assert_eq!(chunks[0].as_ptr(), bundles.as_ptr());
+        assert_eq!(chunks[2].as_ptr(), bundles[third..].as_ptr());
+        assert_eq!(chunks[2].len(), bundles.len() - third);
     }
 }

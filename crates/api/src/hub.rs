@@ -257,9 +257,13 @@ enum Piece {
     Op(proto::OpItem),
     /// Frames encoded once and shared.
     Shared(Bytes, u64),
-    /// A bundle compressed once and shared: its span of a buffer of consecutive bundles
-    /// (always passed by reference, consecutive ones as one slice), and its ops.
-    Bundle(Bytes, std::ops::Range<usize>, u64),
+    /// A replay's frames encoded once and shared: their span of a buffer of consecutive
+    /// chunks (consecutive spans leave as one slice, a small one alone is copied), and their
+    /// ops.
+    SharedSpan(Bytes, std::ops::Range<usize>, u64),
+    /// A replay's bundles compressed once and shared: their span of a buffer of consecutive
+    /// bundles (always passed by reference, consecutive spans as one slice), and their ops.
+    BundleSpan(Bytes, std::ops::Range<usize>, u64),
 }
 
 impl Pending {
@@ -315,11 +319,11 @@ impl Pending {
                         let mut pieces = Vec::new();
                         for run in replay.runs_for(i, &node, bundles) {
                             match run {
-                                ChunkRun::Shared(frames, ops) => {
-                                    pieces.push(Piece::Shared(frames, ops));
+                                ChunkRun::Shared { buffer, span, ops } => {
+                                    pieces.push(Piece::SharedSpan(buffer, span, ops));
                                 }
                                 ChunkRun::Bundle { buffer, span, ops } => {
-                                    pieces.push(Piece::Bundle(buffer, span, ops));
+                                    pieces.push(Piece::BundleSpan(buffer, span, ops));
                                 }
                                 ChunkRun::Own(e) => {
                                     pieces.extend(self.service_pieces(&e.key, None, Some(e)));
@@ -405,7 +409,11 @@ impl Iterator for ChangeSetFrames<'_> {
                     self.ops += ops;
                     self.writer.shared(&frames);
                 }
-                Some(Piece::Bundle(buffer, span, ops)) => {
+                Some(Piece::SharedSpan(buffer, span, ops)) => {
+                    self.ops += ops;
+                    self.writer.span_or_copy(&buffer, span);
+                }
+                Some(Piece::BundleSpan(buffer, span, ops)) => {
                     self.ops += ops;
                     self.writer.span(&buffer, span);
                 }

@@ -377,6 +377,7 @@ fn service_cidrs_follow_the_reset_and_every_change_goes_to_every_watcher() {
 /// A replay of many Services whose endpoints run on several nodes: each node receives the
 /// shared chunks whole, or sliced around the Services that depend on it (their endpoints run
 /// there), and the bytes are still exactly its ops encoded one by one (`next` checks that).
+/// 2,100 Services fill three buffers of 32 chunks of 32 (the last one partly).
 #[test]
 fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
     let mut yaml = String::new();
@@ -385,7 +386,7 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
             "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"
         ));
     }
-    for i in 0..200u32 {
+    for i in 0..2100u32 {
         // Service i has one endpoint on n1 when i % 7 == 0, on n2 when i % 50 == 0, else on n4.
         let node = if i % 50 == 0 {
             "n2"
@@ -417,27 +418,26 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
         ],
         objects: loaded.objects,
     });
-    for (node, local) in [("n1", 28), ("n2", 4), ("n3", 0), ("n4", 168)] {
+    for (node, local) in [("n1", 294), ("n2", 42), ("n3", 0), ("n4", 1764)] {
         let ops = next(&hub.register(node));
         let set_local = ops.iter().filter(|o| o.ends_with(" local")).count();
-        assert_eq!(set_local, local, "{node}: {ops:?}");
+        assert_eq!(set_local, local, "{node}");
         assert_eq!(
             ops.iter().filter(|o| o.starts_with("set svc ")).count(),
-            200
+            2100
         );
     }
     // n3 depends on none of them: every chunk of 32 Services is shared whole, and a watcher
     // that reads bundles gets each as one compressed bundle.
     let reg = hub.register("n3");
     let pending = block_on(reg.slot.next());
-    let plain: usize = pending
-        .frames(hub.replay_cache(), false)
-        .map(|c| c.len())
-        .sum();
+    let plain: Vec<prost::bytes::Bytes> = pending.frames(hub.replay_cache(), false).collect();
+    // The single ops before, each buffer's chunks as one slice of it, the Sync.
+    assert_eq!(plain.len(), 5, "{} pieces", plain.len());
+    let plain: usize = plain.iter().map(|c| c.len()).sum();
     let pieces: Vec<prost::bytes::Bytes> = pending.frames(hub.replay_cache(), true).collect();
-    // The Reset, ServiceCIDRs and node ops, the 7 bundles as one slice of their shared
-    // buffer, the Sync.
-    assert_eq!(pieces.len(), 3, "{} pieces", pieces.len());
+    // The same with the buffers of bundles (passed by reference however small).
+    assert_eq!(pieces.len(), 5, "{} pieces", pieces.len());
     let bundled: Vec<u8> = pieces.iter().flat_map(|c| c.to_vec()).collect();
     let mut bundles = 0;
     let mut rest = bundled.as_slice();
@@ -447,7 +447,7 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
         bundles += usize::from(matches!(item.op, Some(Op::Bundle(_))));
         rest = &rest[5 + len..];
     }
-    assert_eq!(bundles, 200usize.div_ceil(32));
+    assert_eq!(bundles, 2100usize.div_ceil(32));
     assert!(
         bundled.len() * 3 < plain,
         "{plain} → {} bytes",
