@@ -69,7 +69,7 @@ pub fn frames_of(ops: &[proto::OpItem]) -> Bytes {
 #[derive(Debug, Default)]
 pub struct FrameWriter {
     current: BytesMut,
-    /// Consecutive bundles of one shared buffer ([`FrameWriter::span`]), passed on as one
+    /// Consecutive spans of one shared buffer ([`FrameWriter::span`]), passed on as one
     /// slice once anything else comes.
     span: Option<(Bytes, Range<usize>)>,
     done: VecDeque<Bytes>,
@@ -213,11 +213,9 @@ pub fn count_frames(frames: &[u8]) -> u64 {
 /// Consecutive Services of a snapshot, encoded once for every node none of them depends on.
 #[derive(Debug)]
 pub struct SharedChunk {
-    /// The Services, in key order (their anonymous frames make `frames`).
+    /// The Services, in key order (their anonymous frames make [`SharedChunk::frames`]).
     pub entries: Vec<Arc<Entry>>,
-    /// Their frames as an anonymous node receives them: a slice of `buffer`.
-    pub frames: Bytes,
-    /// How many ops `frames` holds.
+    /// How many ops [`SharedChunk::frames`] holds.
     pub ops: u64,
     /// The frames of this chunk and of its [`CHUNKS_PER_BUFFER`] neighbours, one after the
     /// other.
@@ -260,6 +258,13 @@ pub enum ChunkRun<'a> {
 }
 
 impl SharedChunk {
+    /// The Services' frames as an anonymous node receives them (a part of the buffer).
+    pub fn frames(&self) -> &[u8] {
+        let start = self.marks.first().map_or(0, |m| m.0);
+        let end = self.marks.last().map_or(start, |m| m.0);
+        self.buffer.get(start..end).unwrap_or_default()
+    }
+
     /// Whether `node_name` receives exactly [`SharedChunk::frames`].
     pub fn shared_with(&self, node_name: &str) -> bool {
         self.everyones.is_empty()
@@ -377,7 +382,7 @@ fn bundle_buffer(chunks: &[SharedChunk]) -> BundleBuffer {
     let spans = chunks
         .iter()
         .map(|chunk| {
-            let bundle = crate::bundle::bundle_frame(&chunk.frames, chunk.ops)?;
+            let bundle = crate::bundle::bundle_frame(chunk.frames(), chunk.ops)?;
             let start = out.len();
             out.extend_from_slice(&bundle);
             Some(start..out.len())
@@ -473,11 +478,8 @@ fn encode_chunk(group: &[&Arc<Entry>], out: &mut BytesMut) -> EncodedChunk {
 
 impl EncodedChunk {
     fn into_shared(self, buffer: &Bytes) -> SharedChunk {
-        let start = self.marks.first().map_or(0, |m| m.0);
-        let end = self.marks.last().map_or(start, |m| m.0);
         SharedChunk {
             entries: self.entries,
-            frames: buffer.slice(start..end),
             ops: self.ops,
             buffer: buffer.clone(),
             marks: self.marks,
