@@ -612,4 +612,20 @@ mod tests {
         assert_eq!(chunks[2].as_ptr(), bundles[third..].as_ptr());
         assert_eq!(chunks[2].len(), bundles.len() - third);
     }
+
+    #[test]
+    fn a_span_that_skips_part_of_the_buffer_is_a_slice_of_its_own() {
+        let bundles = frames_of(&[value_op(100), value_op(100), value_op(100)]);
+        let third = bundles.len() / 3;
+        let mut writer = FrameWriter::default();
+        writer.span(&bundles, 0..third);
+        writer.span(&bundles, 2 * third..bundles.len());
+        writer.flush();
+        let chunks = drain(&mut writer);
+        let joined: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        let mut expected = bundles[..third].to_vec();
+        expected.extend_from_slice(&bundles[2 * third..]);
+        assert_eq!(joined, expected);
+        assert_eq!(chunks.len(), 2);
+    }
 }

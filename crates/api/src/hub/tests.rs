@@ -374,6 +374,59 @@ fn service_cidrs_follow_the_reset_and_every_change_goes_to_every_watcher() {
     }
 }
 
+/// Services that depend on a node at the edges of chunks (every 32) and of buffers (every
+/// 1,024): the slices around them, the whole chunks and the bundles before and after join or
+/// split there, and every node's stream is still exactly its ops (`next` checks the plain and
+/// the bundled stream).
+#[test]
+fn a_replay_sliced_at_chunk_and_buffer_edges_is_exactly_the_ops() {
+    let edges = [0u32, 31, 32, 63, 1023, 1024, 1055, 1056, 1099];
+    let mut yaml = String::new();
+    for node in ["edge", "other", "none"] {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"
+        ));
+    }
+    for i in 0..1100u32 {
+        let node = if edges.contains(&i) { "edge" } else { "other" };
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: s{i:04}}}\n\
+             spec: {{clusterIP: 10.96.{}.{}, ports: [{{name: p, port: 80}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: default, name: s{i:04}-1, labels: {{kubernetes.io/service-name: s{i:04}}}}}\n\
+             addressType: IPv4\nports: [{{name: p, port: 8080}}]\n\
+             endpoints: [{{addresses: [10.244.{}.{}], nodeName: {node}}}]\n",
+            i / 200,
+            i % 200 + 1,
+            i / 200,
+            i % 200 + 1,
+        ));
+    }
+    let loaded = kpng_source_file::parse_manifests(&yaml).expect("manifests");
+    let hub = hub();
+    hub.apply(Event::Replace {
+        kinds: vec![
+            kpng_model::Kind::Service,
+            kpng_model::Kind::EndpointSlice,
+            kpng_model::Kind::Node,
+        ],
+        objects: loaded.objects,
+    });
+    for (node, local) in [
+        ("edge", edges.len()),
+        ("other", 1100 - edges.len()),
+        ("none", 0),
+    ] {
+        let ops = next(&hub.register(node));
+        let set_local = ops.iter().filter(|o| o.ends_with(" local")).count();
+        assert_eq!(set_local, local, "{node}");
+        assert_eq!(
+            ops.iter().filter(|o| o.starts_with("set svc ")).count(),
+            1100
+        );
+    }
+}
+
 /// A replay of many Services whose endpoints run on several nodes: each node receives the
 /// shared chunks whole, or sliced around the Services that depend on it (their endpoints run
 /// there), and the bytes are still exactly its ops encoded one by one (`next` checks that).
