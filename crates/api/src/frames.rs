@@ -84,9 +84,7 @@ impl FrameWriter {
         self.end_span();
         self.make_room();
         frame_into(op, &mut self.current);
-        if self.current.len() >= CHUNK_BYTES {
-            self.flush();
-        }
+        self.complete_if_full();
     }
 
     /// Appends frames encoded elsewhere: copied when small, passed on by reference from
@@ -95,12 +93,22 @@ impl FrameWriter {
         if frames.len() >= BY_REFERENCE_BYTES {
             self.by_reference(frames);
         } else {
-            self.end_span();
-            self.make_room();
-            self.current.extend_from_slice(frames);
-            if self.current.len() >= CHUNK_BYTES {
-                self.flush();
-            }
+            self.copy(frames);
+        }
+    }
+
+    /// Appends a copy of `frames`.
+    fn copy(&mut self, frames: &[u8]) {
+        self.end_span();
+        self.make_room();
+        self.current.extend_from_slice(frames);
+        self.complete_if_full();
+    }
+
+    /// Completes the chunk once it holds [`CHUNK_BYTES`].
+    fn complete_if_full(&mut self) {
+        if self.current.len() >= CHUNK_BYTES {
+            self.flush();
         }
     }
 
@@ -132,14 +140,7 @@ impl FrameWriter {
             return;
         }
         match buffer.get(span.clone()) {
-            Some(frames) if frames.len() < BY_REFERENCE_BYTES => {
-                self.end_span();
-                self.make_room();
-                self.current.extend_from_slice(frames);
-                if self.current.len() >= CHUNK_BYTES {
-                    self.flush();
-                }
-            }
+            Some(frames) if frames.len() < BY_REFERENCE_BYTES => self.copy(frames),
             _ => self.span(buffer, span),
         }
     }
@@ -213,9 +214,9 @@ pub fn count_frames(frames: &[u8]) -> u64 {
 /// Consecutive Services of a snapshot, encoded once for every node none of them depends on.
 #[derive(Debug)]
 pub struct SharedChunk {
-    /// The Services, in key order (their anonymous frames make [`SharedChunk::frames`]).
+    /// The Services, in key order (their anonymous frames are the chunk's part of `buffer`).
     pub entries: Vec<Arc<Entry>>,
-    /// How many ops [`SharedChunk::frames`] holds.
+    /// How many ops the chunk's frames hold.
     pub ops: u64,
     /// The frames of this chunk and of its [`CHUNKS_PER_BUFFER`] neighbours, one after the
     /// other.
@@ -258,24 +259,15 @@ pub enum ChunkRun<'a> {
 }
 
 impl SharedChunk {
-    /// The Services' frames as an anonymous node receives them (a part of the buffer).
-    pub fn frames(&self) -> &[u8] {
-        let start = self.marks.first().map_or(0, |m| m.0);
-        let end = self.marks.last().map_or(start, |m| m.0);
-        self.buffer.get(start..end).unwrap_or_default()
-    }
-
-    /// Whether `node_name` receives exactly [`SharedChunk::frames`].
+    /// Whether `node_name` receives the chunk's frames exactly as an anonymous node does.
     pub fn shared_with(&self, node_name: &str) -> bool {
         self.everyones.is_empty()
             && (node_name.is_empty() || !self.dependents.contains_key(node_name))
     }
 
-    /// The chunk as `node_name` receives it, when it is not
-    /// [shared with](SharedChunk::shared_with) the node: slices of it around the Services
-    /// that depend on the node.
-    fn slices_for(&self, node_name: &str) -> Vec<ChunkRun<'_>> {
-        // The Services that depend on this node, in order (both lists are ascending).
+    /// The Services of this chunk that depend on `node_name`, in order (both lists are
+    /// ascending).
+    fn own_for(&self, node_name: &str) -> Vec<usize> {
         let mut own = self.everyones.clone();
         if !node_name.is_empty()
             && let Some(mine) = self.dependents.get(node_name)
@@ -283,17 +275,29 @@ impl SharedChunk {
             own.extend(mine);
             own.sort_unstable();
         }
+        own
+    }
+
+    /// Entries `from..to` as a node whose own Services are `own` receives them: slices of the
+    /// chunk's frames around those Services.
+    fn slices_for(&self, own: &[usize], from: usize, to: usize) -> Vec<ChunkRun<'_>> {
         let mut runs = Vec::new();
-        let mut start = 0;
-        for i in own {
+        let mut start = from;
+        for &i in own.iter().filter(|&&i| from <= i && i < to) {
             if let Some(entry) = self.entries.get(i) {
                 self.push_slice(&mut runs, start, i);
                 runs.push(ChunkRun::Own(entry));
                 start = i + 1;
             }
         }
-        self.push_slice(&mut runs, start, self.entries.len());
+        self.push_slice(&mut runs, start, to);
         runs
+    }
+
+    /// The anonymous frames of entries `from..to` and their ops.
+    fn part(&self, from: usize, to: usize) -> Option<(&[u8], u64)> {
+        let (&(a, ops_a), &(b, ops_b)) = (self.marks.get(from)?, self.marks.get(to)?);
+        Some((self.buffer.get(a..b)?, ops_b.checked_sub(ops_a)?))
     }
 
     /// The anonymous frames of entries `from..to`, unless that is empty.
@@ -315,6 +319,11 @@ impl SharedChunk {
 /// one slice of it.
 pub const CHUNKS_PER_BUFFER: usize = 32;
 
+/// Services per part of a chunk that is bundled on its own, for a node that depends on
+/// another part of the chunk. With a few hundred nodes most chunks of 32 hold a Service of
+/// each node's own (at 200 nodes, 4 endpoints a Service: 48 %), and went whole as single ops.
+const SERVICES_PER_PART: usize = 8;
+
 /// A snapshot's replay: its shared chunks, and their bundles (compressed on first use).
 #[derive(Debug)]
 pub struct Replay {
@@ -322,13 +331,16 @@ pub struct Replay {
     pub chunks: Vec<SharedChunk>,
     /// For every [`CHUNKS_PER_BUFFER`] chunks, their bundles in one buffer.
     bundles: Vec<OnceLock<BundleBuffer>>,
+    /// For the same chunks, the bundles of their parts of [`SERVICES_PER_PART`] Services.
+    part_bundles: Vec<OnceLock<BundleBuffer>>,
 }
 
 /// The bundles of consecutive chunks, one after the other.
 #[derive(Debug)]
 struct BundleBuffer {
     bytes: Bytes,
-    /// Each chunk's bundle in `bytes`; `None` for a chunk that compressing does not shrink.
+    /// Each chunk's (or part's) bundle in `bytes`; `None` for one that compressing does not
+    /// shrink.
     spans: Vec<Option<Range<usize>>>,
 }
 
@@ -338,28 +350,49 @@ impl Replay {
         Replay {
             chunks,
             bundles: (0..buffers).map(|_| OnceLock::new()).collect(),
+            part_bundles: (0..buffers).map(|_| OnceLock::new()).collect(),
         }
     }
 
     /// Chunk `i` as `node_name` receives it: the whole chunk when it is
     /// [shared with](SharedChunk::shared_with) the node (as one bundle when the node reads
     /// bundles and compressing pays), else slices of it around the Services that depend on
-    /// the node.
+    /// the node (to a node that reads bundles, the parts of [`SERVICES_PER_PART`] Services
+    /// without one of those as bundles).
     pub fn runs_for(&self, i: usize, node_name: &str, bundles: bool) -> Vec<ChunkRun<'_>> {
         let Some(chunk) = self.chunks.get(i) else {
             return Vec::new();
         };
-        if !chunk.shared_with(node_name) {
-            return chunk.slices_for(node_name);
+        let len = chunk.entries.len();
+        if chunk.shared_with(node_name) {
+            if bundles && let Some((buffer, span)) = self.bundle(i) {
+                return vec![ChunkRun::Bundle {
+                    buffer,
+                    span,
+                    ops: chunk.ops,
+                }];
+            }
+            return chunk.slices_for(&[], 0, len);
         }
-        if bundles && let Some((buffer, span)) = self.bundle(i) {
-            return vec![ChunkRun::Bundle {
-                buffer,
-                span,
-                ops: chunk.ops,
-            }];
+        let own = chunk.own_for(node_name);
+        if !bundles {
+            return chunk.slices_for(&own, 0, len);
         }
-        chunk.slices_for("")
+        let mut runs = Vec::new();
+        for part in 0..len.div_ceil(SERVICES_PER_PART) {
+            let from = part * SERVICES_PER_PART;
+            let to = (from + SERVICES_PER_PART).min(len);
+            let bundle = (!own.iter().any(|o| (from..to).contains(o)))
+                .then(|| self.part_bundle(i, part))
+                .flatten();
+            match (bundle, chunk.part(from, to)) {
+                (Some((buffer, span)), Some((_, ops))) => {
+                    runs.push(ChunkRun::Bundle { buffer, span, ops });
+                }
+                _ => runs.extend(chunk.slices_for(&own, from, to)),
+            }
+        }
+        runs
     }
 
     /// Chunk `i`'s bundle: its buffer and where in it. The buffer is compressed by the first
@@ -367,22 +400,51 @@ impl Replay {
     fn bundle(&self, i: usize) -> Option<(Bytes, Range<usize>)> {
         let n = i / CHUNKS_PER_BUFFER;
         let buffer = self.bundles.get(n)?.get_or_init(|| {
-            let first = n * CHUNKS_PER_BUFFER;
-            let last = (first + CHUNKS_PER_BUFFER).min(self.chunks.len());
-            bundle_buffer(self.chunks.get(first..last).unwrap_or_default())
+            bundle_buffer(
+                self.neighbours(n)
+                    .iter()
+                    .map(|c| c.part(0, c.entries.len())),
+            )
         });
         let span = buffer.spans.get(i % CHUNKS_PER_BUFFER)?.clone()?;
         Some((buffer.bytes.clone(), span))
     }
+
+    /// The bundle of part `part` of chunk `i`, as [`Replay::bundle`].
+    fn part_bundle(&self, i: usize, part: usize) -> Option<(Bytes, Range<usize>)> {
+        let n = i / CHUNKS_PER_BUFFER;
+        let parts_per_chunk = SERVICES_PER_CHUNK.div_ceil(SERVICES_PER_PART);
+        let buffer = self.part_bundles.get(n)?.get_or_init(|| {
+            bundle_buffer(self.neighbours(n).iter().flat_map(|c| {
+                (0..parts_per_chunk).map(|p| {
+                    let from = p * SERVICES_PER_PART;
+                    let to = (from + SERVICES_PER_PART).min(c.entries.len());
+                    c.part(from, to).filter(|_| from < to)
+                })
+            }))
+        });
+        let span = buffer
+            .spans
+            .get((i % CHUNKS_PER_BUFFER) * parts_per_chunk + part)?
+            .clone()?;
+        Some((buffer.bytes.clone(), span))
+    }
+
+    /// The chunks of buffer `n`.
+    fn neighbours(&self, n: usize) -> &[SharedChunk] {
+        let first = n * CHUNKS_PER_BUFFER;
+        let last = (first + CHUNKS_PER_BUFFER).min(self.chunks.len());
+        self.chunks.get(first..last).unwrap_or_default()
+    }
 }
 
-/// The bundles of `chunks` in one buffer.
-fn bundle_buffer(chunks: &[SharedChunk]) -> BundleBuffer {
+/// The bundles of `parts` (frames and their ops; `None`: nothing to bundle) in one buffer.
+fn bundle_buffer<'a>(parts: impl Iterator<Item = Option<(&'a [u8], u64)>>) -> BundleBuffer {
     let mut out = BytesMut::new();
-    let spans = chunks
-        .iter()
-        .map(|chunk| {
-            let bundle = crate::bundle::bundle_frame(chunk.frames(), chunk.ops)?;
+    let spans = parts
+        .map(|part| {
+            let (frames, ops) = part?;
+            let bundle = crate::bundle::bundle_frame(frames, ops)?;
             let start = out.len();
             out.extend_from_slice(&bundle);
             Some(start..out.len())

@@ -68,6 +68,18 @@ fn next(reg: &Registration) -> Vec<String> {
     ops.into_iter().map(describe).collect()
 }
 
+/// How many bundles a stream's bytes hold.
+fn count_bundles(mut rest: &[u8]) -> usize {
+    let mut bundles = 0;
+    while !rest.is_empty() {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let item = proto::OpItem::decode(&rest[5..5 + len]).expect("an OpItem");
+        bundles += usize::from(matches!(item.op, Some(Op::Bundle(_))));
+        rest = &rest[5 + len..];
+    }
+    bundles
+}
+
 /// The ops of a stream's bytes, each bundle replaced by the ops it holds.
 fn unbundled(mut bytes: &[u8]) -> Vec<proto::OpItem> {
     let mut ops = Vec::new();
@@ -425,6 +437,16 @@ fn a_replay_sliced_at_chunk_and_buffer_edges_is_exactly_the_ops() {
             1100
         );
     }
+    // Read with bundles, the 29 chunks without a Service of "edge" go as one bundle each, and
+    // the 6 with one as the parts of 8 Services without one (2, 2, 3, 2, 3 and 1 of the last
+    // chunk's 2) as one bundle each, beside the slices around its own.
+    let reg = hub.register("edge");
+    let pending = block_on(reg.slot.next());
+    let bundled: Vec<u8> = pending
+        .frames(hub.replay_cache(), true)
+        .flat_map(|c| c.to_vec())
+        .collect();
+    assert_eq!(count_bundles(&bundled), 29 + 13);
 }
 
 /// A replay of many Services whose endpoints run on several nodes: each node receives the
@@ -492,15 +514,7 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
     // The same with the buffers of bundles (passed by reference however small).
     assert_eq!(pieces.len(), 5, "{} pieces", pieces.len());
     let bundled: Vec<u8> = pieces.iter().flat_map(|c| c.to_vec()).collect();
-    let mut bundles = 0;
-    let mut rest = bundled.as_slice();
-    while !rest.is_empty() {
-        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-        let item = proto::OpItem::decode(&rest[5..5 + len]).expect("an OpItem");
-        bundles += usize::from(matches!(item.op, Some(Op::Bundle(_))));
-        rest = &rest[5 + len..];
-    }
-    assert_eq!(bundles, 2100usize.div_ceil(32));
+    assert_eq!(count_bundles(&bundled), 2100usize.div_ceil(32));
     assert!(
         bundled.len() * 3 < plain,
         "{plain} → {} bytes",
