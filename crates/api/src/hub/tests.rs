@@ -386,21 +386,21 @@ fn service_cidrs_follow_the_reset_and_every_change_goes_to_every_watcher() {
     }
 }
 
-/// Services that depend on a node at the edges of chunks (every 32) and of buffers (every
-/// 1,024): the slices around them, the whole chunks and the bundles before and after join or
-/// split there, and every node's stream is still exactly its ops (`next` checks the plain and
-/// the bundled stream).
-#[test]
-fn a_replay_sliced_at_chunk_and_buffer_edges_is_exactly_the_ops() {
-    let edges = [0u32, 31, 32, 63, 1023, 1024, 1055, 1056, 1099];
+/// A hub that holds the Nodes `nodes` and `services` Services of one port, Service `i`
+/// (`s0000`, `s0001`, … in key order) with one endpoint on node `node_of(i)`.
+fn hub_with_services(
+    nodes: &[&str],
+    services: u32,
+    node_of: impl Fn(u32) -> &'static str,
+) -> Arc<Hub> {
     let mut yaml = String::new();
-    for node in ["edge", "other", "none"] {
+    for node in nodes {
         yaml.push_str(&format!(
             "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"
         ));
     }
-    for i in 0..1100u32 {
-        let node = if edges.contains(&i) { "edge" } else { "other" };
+    for i in 0..services {
+        let node = node_of(i);
         yaml.push_str(&format!(
             "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: s{i:04}}}\n\
              spec: {{clusterIP: 10.96.{}.{}, ports: [{{name: p, port: 80}}]}}\n\
@@ -423,6 +423,19 @@ fn a_replay_sliced_at_chunk_and_buffer_edges_is_exactly_the_ops() {
             kpng_model::Kind::Node,
         ],
         objects: loaded.objects,
+    });
+    hub
+}
+
+/// Services that depend on a node at the edges of chunks (every 32) and of buffers (every
+/// 1,024): the slices around them, the whole chunks and the bundles before and after join or
+/// split there, and every node's stream is still exactly its ops (`next` checks the plain and
+/// the bundled stream).
+#[test]
+fn a_replay_sliced_at_chunk_and_buffer_edges_is_exactly_the_ops() {
+    let edges = [0u32, 31, 32, 63, 1023, 1024, 1055, 1056, 1099];
+    let hub = hub_with_services(&["edge", "other", "none"], 1100, |i| {
+        if edges.contains(&i) { "edge" } else { "other" }
     });
     for (node, local) in [
         ("edge", edges.len()),
@@ -455,43 +468,15 @@ fn a_replay_sliced_at_chunk_and_buffer_edges_is_exactly_the_ops() {
 /// 2,100 Services fill three buffers of 32 chunks of 32 (the last one partly).
 #[test]
 fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
-    let mut yaml = String::new();
-    for node in ["n1", "n2", "n3", "n4"] {
-        yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"
-        ));
-    }
-    for i in 0..2100u32 {
+    let hub = hub_with_services(&["n1", "n2", "n3", "n4"], 2100, |i| {
         // Service i has one endpoint on n1 when i % 7 == 0, on n2 when i % 50 == 0, else on n4.
-        let node = if i % 50 == 0 {
+        if i % 50 == 0 {
             "n2"
         } else if i % 7 == 0 {
             "n1"
         } else {
             "n4"
-        };
-        yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: s{i}}}\n\
-             spec: {{clusterIP: 10.96.{}.{}, ports: [{{name: p, port: 80}}]}}\n\
-             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata: {{namespace: default, name: s{i}-1, labels: {{kubernetes.io/service-name: s{i}}}}}\n\
-             addressType: IPv4\nports: [{{name: p, port: 8080}}]\n\
-             endpoints: [{{addresses: [10.244.{}.{}], nodeName: {node}}}]\n",
-            i / 200,
-            i % 200 + 1,
-            i / 200,
-            i % 200 + 1,
-        ));
-    }
-    let loaded = kpng_source_file::parse_manifests(&yaml).expect("manifests");
-    let hub = hub();
-    hub.apply(Event::Replace {
-        kinds: vec![
-            kpng_model::Kind::Service,
-            kpng_model::Kind::EndpointSlice,
-            kpng_model::Kind::Node,
-        ],
-        objects: loaded.objects,
+        }
     });
     for (node, local) in [("n1", 294), ("n2", 42), ("n3", 0), ("n4", 1764)] {
         let ops = next(&hub.register(node));
