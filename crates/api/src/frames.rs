@@ -568,6 +568,13 @@ mod tests {
         }
     }
 
+    /// Three frames of the same small size in one buffer, and the size of one.
+    fn three_small_frames() -> (Bytes, usize) {
+        let frames = frames_of(&[value_op(100), value_op(100), value_op(100)]);
+        let one = frames.len() / 3;
+        (frames, one)
+    }
+
     fn drain(writer: &mut FrameWriter) -> Vec<Bytes> {
         std::iter::from_fn(|| writer.pop_ready()).collect()
     }
@@ -660,8 +667,7 @@ mod tests {
 
     #[test]
     fn bundles_are_passed_by_reference_however_small() {
-        let bundles = frames_of(&[value_op(100), value_op(100), value_op(100)]);
-        let third = bundles.len() / 3;
+        let (bundles, third) = three_small_frames();
         let mut writer = FrameWriter::default();
         writer.span(&bundles, 0..third);
         writer.op(&value_op(20));
@@ -677,8 +683,7 @@ mod tests {
 
     #[test]
     fn a_span_that_skips_part_of_the_buffer_is_a_slice_of_its_own() {
-        let bundles = frames_of(&[value_op(100), value_op(100), value_op(100)]);
-        let third = bundles.len() / 3;
+        let (bundles, third) = three_small_frames();
         let mut writer = FrameWriter::default();
         writer.span(&bundles, 0..third);
         writer.span(&bundles, 2 * third..bundles.len());

@@ -427,6 +427,19 @@ fn hub_with_services(
     hub
 }
 
+/// A new watcher for `node` replays every one of the `services` Services, `local` of them
+/// with the node's own endpoint; `next` checks on the way that its plain and bundled streams
+/// are exactly its ops.
+fn check_replay(hub: &Arc<Hub>, node: &str, local: usize, services: usize) {
+    let ops = next(&hub.register(node));
+    let set_local = ops.iter().filter(|o| o.ends_with(" local")).count();
+    assert_eq!(set_local, local, "{node}");
+    assert_eq!(
+        ops.iter().filter(|o| o.starts_with("set svc ")).count(),
+        services
+    );
+}
+
 /// Services that depend on a node at the edges of chunks (every 32) and of buffers (every
 /// 1,024): the slices around them, the whole chunks and the bundles before and after join or
 /// split there, and every node's stream is still exactly its ops (`next` checks the plain and
@@ -442,13 +455,7 @@ fn a_replay_sliced_at_chunk_and_buffer_edges_is_exactly_the_ops() {
         ("other", 1100 - edges.len()),
         ("none", 0),
     ] {
-        let ops = next(&hub.register(node));
-        let set_local = ops.iter().filter(|o| o.ends_with(" local")).count();
-        assert_eq!(set_local, local, "{node}");
-        assert_eq!(
-            ops.iter().filter(|o| o.starts_with("set svc ")).count(),
-            1100
-        );
+        check_replay(&hub, node, local, 1100);
     }
     // Read with bundles, the 29 chunks without a Service of "edge" go as one bundle each, and
     // the 6 with one as the parts of 8 Services without one (2, 2, 3, 2, 3 and 1 of the last
@@ -479,13 +486,7 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
         }
     });
     for (node, local) in [("n1", 294), ("n2", 42), ("n3", 0), ("n4", 1764)] {
-        let ops = next(&hub.register(node));
-        let set_local = ops.iter().filter(|o| o.ends_with(" local")).count();
-        assert_eq!(set_local, local, "{node}");
-        assert_eq!(
-            ops.iter().filter(|o| o.starts_with("set svc ")).count(),
-            2100
-        );
+        check_replay(&hub, node, local, 2100);
     }
     // n3 depends on none of them: every chunk of 32 Services is shared whole, and a watcher
     // that reads bundles gets each as one compressed bundle.
