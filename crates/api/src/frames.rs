@@ -113,7 +113,7 @@ impl FrameWriter {
     }
 
     /// Appends frames encoded elsewhere by reference, whatever their size.
-    fn by_reference(&mut self, frames: &Bytes) {
+    pub fn by_reference(&mut self, frames: &Bytes) {
         self.flush();
         self.done.push_back(frames.clone());
     }

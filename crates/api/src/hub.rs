@@ -5,9 +5,11 @@
 //!   gets a new [`Entry`]: its inputs (shared with the model, copy-on-write) and the messages an
 //!   *anonymous* node would receive, encoded once.
 //! - Each watcher has a [`Pending`] change set: per touched Service, the entry it last received
-//!   and the newest one (a change and its undo cancel, as [`kpng_model::Diff`] does). Recording
-//!   a change costs O(watchers) map inserts and never waits for a watcher, so a slow client
-//!   never blocks the brain or the other clients; it just receives one bigger change set later.
+//!   and the newest one (a change and its undo cancel, as [`kpng_model::Diff`] does). An
+//!   event's changes are one shared [`Batch`]: a watcher with nothing else pending holds an
+//!   `Arc` of it, any other folds it into its map. Recording never waits for a watcher, so a
+//!   slow client never blocks the brain or the other clients; it just receives one bigger
+//!   change set later.
 //! - When a watcher asks for its next change set, only the Services in it are evaluated for its
 //!   node: the anonymous messages when the Service does not depend on that node (no endpoint on
 //!   it, no topology hints), else a view computed for it. Old and new messages are compared, so
@@ -35,6 +37,10 @@ use crate::frames::{ChunkRun, FrameWriter, ReplayCache, frames_of};
 use crate::metrics::ApiMetrics;
 use crate::proto;
 use crate::proto::op_item::Op;
+
+mod batch;
+
+pub use batch::{Batch, BatchChange};
 
 /// The kinds that must be listed before anything is served (as KPNG's `AllSynced`).
 const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
@@ -161,10 +167,14 @@ pub struct Pending {
     pub base: Option<Arc<Entries>>,
     /// Services changed since the last change set.
     pub changes: BTreeMap<ServiceKey, Change>,
-    /// The node state the watcher's views were computed with (`None` before the first).
-    pub old_node: Option<NodeState>,
+    /// The one event since the last change set, when nothing else is pending: shared with
+    /// every other watcher it reached, not yet folded into `changes` (see [`Batch`]).
+    pub batch: Option<Arc<Batch>>,
+    /// The node state the watcher's views were computed with (`None` before the first);
+    /// shared, so taking a change set copies none of it.
+    pub old_node: Option<Arc<NodeState>>,
     /// The node state to compute views with now.
-    pub node: NodeState,
+    pub node: Arc<NodeState>,
     /// The cluster's ServiceCIDR ranges, when they must be sent (a change, or a replay while
     /// there are some).
     pub service_cidrs: Option<Arc<Vec<IpNet>>>,
@@ -177,9 +187,51 @@ impl Pending {
             || self.old_node.as_ref().is_some_and(|old| {
                 self.base.is_some()
                     || !self.changes.is_empty()
+                    || self.batch.is_some()
                     || *old != self.node
                     || self.service_cidrs.is_some()
             })
+    }
+
+    /// Records one event's changes: kept shared while nothing else is pending, else folded
+    /// into the coalesced map.
+    fn record_batch(&mut self, batch: &Arc<Batch>) {
+        if self.batch.is_none() && self.changes.is_empty() && self.base.is_none() && !self.replay {
+            self.batch = Some(batch.clone());
+        } else {
+            self.fold();
+            self.fold_batch(batch);
+        }
+    }
+
+    /// Folds the shared batch, if any, into the coalesced map (it is newer than the map).
+    fn fold(&mut self) {
+        if let Some(batch) = self.batch.take() {
+            self.fold_batch(&batch);
+        }
+    }
+
+    fn fold_batch(&mut self, batch: &Batch) {
+        for c in batch.changes() {
+            self.record(&c.key, c.old.clone(), c.new.clone());
+        }
+    }
+
+    /// Once taken: keeps the shared batch only when it is the whole change set and the node
+    /// depends on none of its Services (then [`Pending::frames`] passes the batch's one
+    /// encoding on); else folds it, and the change set is assembled per Service.
+    fn settle(&mut self) {
+        let shared = self.batch.as_ref().is_some_and(|batch| {
+            self.changes.is_empty()
+                && self.base.is_none()
+                && !self.replay
+                && self.service_cidrs.is_none()
+                && self.old_node.as_ref() == Some(&self.node)
+                && !batch.depends_on_node(&self.node.name)
+        });
+        if !shared {
+            self.fold();
+        }
     }
 
     fn record(&mut self, key: &ServiceKey, old: Option<Arc<Entry>>, new: Option<Arc<Entry>>) {
@@ -202,19 +254,26 @@ impl Pending {
         }
     }
 
-    /// Every Service to evaluate, in key order, as (key, what the watcher holds, newest).
+    /// Every Service to evaluate, in key order, as (key, what the watcher holds, newest). A
+    /// taken change set holds a shared batch only when nothing else is pending (see
+    /// [`Pending::settle`]).
     pub fn services(
         &self,
     ) -> impl Iterator<Item = (&ServiceKey, Option<&Arc<Entry>>, Option<&Arc<Entry>>)> {
         let base = self.base.as_deref().into_iter().flat_map(|b| b.iter());
-        merge_by_key(base, self.changes.iter()).map(move |(key, based, changed)| {
-            let (old, new) = match (changed, based) {
-                (Some(c), _) => (c.old.as_ref(), c.new.as_ref()),
-                (None, Some(b)) => (Some(b), Some(b)),
-                (None, None) => (None, None),
-            };
-            (key, if self.replay { None } else { old }, new)
-        })
+        let batch = self
+            .batch
+            .iter()
+            .flat_map(|b| b.changes())
+            .map(|c| (&c.key, c.old.as_ref(), c.new.as_ref()));
+        merge_by_key(base, self.changes.iter())
+            .map(|(key, based, changed)| match (changed, based) {
+                (Some(c), _) => (key, c.old.as_ref(), c.new.as_ref()),
+                (None, Some(b)) => (key, Some(b), Some(b)),
+                (None, None) => (key, None, None),
+            })
+            .chain(batch)
+            .map(move |(key, old, new)| (key, if self.replay { None } else { old }, new))
     }
 }
 
@@ -264,6 +323,9 @@ enum Piece {
     /// A replay's bundles compressed once and shared: their span of a buffer of consecutive
     /// bundles (always passed by reference, consecutive spans as one slice), and their ops.
     BundleSpan(Bytes, std::ops::Range<usize>, u64),
+    /// A whole change set encoded once and shared, `Sync` included, and its ops (`Sync` not
+    /// counted): passed on by reference.
+    Whole(Bytes, u64),
 }
 
 impl Pending {
@@ -303,7 +365,8 @@ impl Pending {
     /// the bytes of [`Pending::ops`] encoded one by one, but with every Service that does not
     /// depend on the watcher's node encoded once for all watchers (a replay of an unchanged
     /// snapshot takes whole [`crate::frames::SharedChunk`]s from `cache`, each as one
-    /// compressed bundle when `bundles`: the watcher asked for them, `WatchReq.AcceptZstd`).
+    /// compressed bundle when `bundles`: the watcher asked for them, `WatchReq.AcceptZstd`; a
+    /// shared batch as the batch's one encoding, by reference).
     pub fn frames<'a>(&'a self, cache: &ReplayCache, bundles: bool) -> ChangeSetFrames<'a> {
         let head = self
             .ops_head()
@@ -312,6 +375,10 @@ impl Pending {
             .into_iter();
         let services: Box<dyn Iterator<Item = Piece> + Send + 'a> =
             match (&self.base, self.replay && self.changes.is_empty()) {
+                _ if let Some(batch) = &self.batch => {
+                    let (frames, ops) = batch.shared_change_set();
+                    Box::new((ops > 0).then_some(Piece::Whole(frames, ops)).into_iter())
+                }
                 (Some(base), true) => {
                     let replay = cache.replay(base);
                     let node = self.node.name.clone();
@@ -416,6 +483,11 @@ impl Iterator for ChangeSetFrames<'_> {
                 Some(Piece::BundleSpan(buffer, span, ops)) => {
                     self.ops += ops;
                     self.writer.span(&buffer, span);
+                }
+                Some(Piece::Whole(frames, ops)) => {
+                    self.ops += ops;
+                    self.finished = true;
+                    self.writer.by_reference(&frames);
                 }
                 None => {
                     self.finished = true;
@@ -635,15 +707,10 @@ impl Slot {
             stats.last_sent_at = Some(SystemTime::now());
             stats.pending_since = None;
         }
-        let node = pending.node.clone();
-        Poll::Ready(std::mem::replace(
-            &mut *pending,
-            Pending {
-                old_node: Some(node.clone()),
-                node,
-                ..Pending::default()
-            },
-        ))
+        let mut taken = take_pending(&mut pending);
+        drop(pending);
+        taken.settle();
+        Poll::Ready(taken)
     }
 
     /// Waits until something is to be sent, then takes it (see [`Slot::poll_next`]): the
@@ -651,6 +718,20 @@ impl Slot {
     #[cfg(test)]
     pub(crate) async fn next(&self) -> Pending {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+}
+
+/// Takes what `pending` holds, leaving it empty with the node state the watcher now holds:
+/// field by field, so nothing is allocated and the node state is shared, not copied.
+fn take_pending(pending: &mut Pending) -> Pending {
+    Pending {
+        replay: std::mem::take(&mut pending.replay),
+        base: pending.base.take(),
+        changes: std::mem::take(&mut pending.changes),
+        batch: pending.batch.take(),
+        old_node: pending.old_node.replace(pending.node.clone()),
+        node: pending.node.clone(),
+        service_cidrs: pending.service_cidrs.take(),
     }
 }
 
@@ -711,7 +792,7 @@ impl Registration {
     /// The watcher now watches as another node: everything is re-evaluated for it.
     pub fn rename(&mut self, node_name: &str) {
         let mut state = self.hub.lock();
-        let node = state.node(node_name);
+        let node = Arc::new(state.node(node_name));
         let entries = state.entries.clone();
         let synced = state.synced;
         if let Some(w) = state.watchers.get_mut(&self.id) {
@@ -781,7 +862,7 @@ impl Hub {
                 replay: state.synced,
                 base: state.synced.then(|| state.entries.clone()),
                 service_cidrs: state.replay_cidrs(),
-                node: state.node(node_name),
+                node: Arc::new(state.node(node_name)),
                 ..Pending::default()
             }),
             waker: Mutex::new(None),
@@ -814,7 +895,10 @@ impl Hub {
         let state = &mut *state;
         let out = state.cluster.apply(event);
         state.listed.extend(out.listed.iter().copied());
+        // Every watcher, or (`false`) those in `touched`.
+        let mut touched_all = false;
         let mut touched: BTreeSet<u64> = BTreeSet::new();
+        let mut changes = Vec::with_capacity(out.services.len());
         for key in &out.services {
             let new = state
                 .cluster
@@ -825,27 +909,33 @@ impl Hub {
                 Some(entry) => entries.insert(key.clone(), entry.clone()),
                 None => entries.remove(key),
             };
-            if state.synced {
-                for (id, w) in &state.watchers {
-                    w.slot.lock().record(key, old.clone(), new.clone());
-                    touched.insert(*id);
-                }
+            changes.push(BatchChange {
+                key: key.clone(),
+                old,
+                new,
+            });
+        }
+        let batch = Arc::new(Batch::new(changes));
+        if state.synced && !batch.is_empty() {
+            for w in state.watchers.values() {
+                w.slot.lock().record_batch(&batch);
             }
+            touched_all = true;
         }
         if out.service_cidrs_changed {
             let cidrs = state.cluster.service_cidrs();
             if cidrs != *state.service_cidrs {
                 state.service_cidrs = Arc::new(cidrs);
                 if state.synced {
-                    for (id, w) in &state.watchers {
+                    for w in state.watchers.values() {
                         w.slot.lock().service_cidrs = Some(state.service_cidrs.clone());
-                        touched.insert(*id);
                     }
+                    touched_all = true;
                 }
             }
         }
         for name in &out.nodes {
-            let node = state.node(name);
+            let node = Arc::new(state.node(name));
             for (id, w) in state.watchers.iter().filter(|(_, w)| &w.node_name == name) {
                 let mut pending = w.slot.lock();
                 if state.synced && pending.node.zone != node.zone && pending.base.is_none() {
@@ -864,15 +954,22 @@ impl Hub {
                 pending.base = Some(state.entries.clone());
                 pending.service_cidrs = state.replay_cidrs();
                 pending.changes.clear();
+                pending.batch = None;
                 touched.insert(*id);
             }
         }
         let now = SystemTime::now();
-        for id in touched {
-            if let Some(w) = state.watchers.get(&id) {
-                w.slot.queued(now);
-                w.slot.wake();
-            }
+        let wake = |w: &Watcher| {
+            w.slot.queued(now);
+            w.slot.wake();
+        };
+        if touched_all {
+            state.watchers.values().for_each(wake);
+        } else {
+            touched
+                .iter()
+                .filter_map(|id| state.watchers.get(id))
+                .for_each(wake);
         }
         out
     }
@@ -887,7 +984,10 @@ impl Hub {
             .values()
             .map(|w| {
                 let stats = *w.slot.stats();
-                let pending = w.slot.lock().changes.len();
+                let pending = {
+                    let pending = w.slot.lock();
+                    pending.changes.len() + pending.batch.as_ref().map_or(0, |b| b.changes().len())
+                };
                 WatcherStatus {
                     node: w.node_name.clone(),
                     connected_at: rfc3339(stats.connected_at),

@@ -259,6 +259,94 @@ fn a_change_sends_only_its_difference_and_deletes_after_sets() {
     );
 }
 
+/// The chunks of the next change set, checked against its ops as [`next`] does.
+fn next_chunks(reg: &Registration) -> (Vec<String>, Vec<Bytes>) {
+    let pending = block_on(reg.slot.next());
+    let ops: Vec<proto::OpItem> = pending.ops().collect();
+    let chunks: Vec<Bytes> = pending.frames(reg.hub.replay_cache(), false).collect();
+    assert_eq!(chunks.concat(), crate::frames::frames_of(&ops).to_vec());
+    (ops.into_iter().map(describe).collect(), chunks)
+}
+
+#[test]
+fn one_event_is_encoded_once_for_every_node_that_does_not_depend_on_it() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let n1 = hub.register("n1");
+    let n3 = hub.register("n3");
+    let stranger = hub.register("not-a-node");
+    for reg in [&n1, &n3, &stranger] {
+        next(reg);
+    }
+    hub.apply(slice(&[("10.244.1.3", "n1"), ("10.244.2.9", "n2")]));
+    let (n3_ops, n3_chunks) = next_chunks(&n3);
+    let (stranger_ops, stranger_chunks) = next_chunks(&stranger);
+    let want = [
+        "set ep default/np-local/10.244.2.9",
+        "del ep default/np-local/10.244.2.3",
+        "sync",
+    ];
+    assert_eq!(n3_ops, want);
+    assert_eq!(stranger_ops, want);
+    assert_eq!(n3_chunks.len(), 1, "one chunk, Sync included");
+    assert_eq!(
+        n3_chunks[0].as_ptr(),
+        stranger_chunks[0].as_ptr(),
+        "the same bytes, not a copy per node"
+    );
+    // n1 runs an endpoint of the Service: its own view; it holds the version before both
+    // events, so they are folded into one.
+    hub.apply(slice(&[("10.244.1.3", "n1"), ("10.244.2.10", "n2")]));
+    assert_eq!(
+        next(&n1),
+        [
+            "set ep default/np-local/10.244.2.10",
+            "del ep default/np-local/10.244.2.3",
+            "sync"
+        ]
+    );
+    let (_, n3_chunks) = next_chunks(&n3);
+    let (_, stranger_next) = next_chunks(&stranger);
+    assert_eq!(n3_chunks[0].as_ptr(), stranger_next[0].as_ptr());
+    assert_ne!(
+        n3_chunks[0].as_ptr(),
+        stranger_chunks[0].as_ptr(),
+        "another event, other bytes"
+    );
+    // One event that moves n1's own endpoint: n1 gets its view, not the shared bytes.
+    hub.apply(slice(&[("10.244.1.4", "n1"), ("10.244.2.10", "n2")]));
+    assert_eq!(
+        next(&n1),
+        [
+            "set ep default/np-local/10.244.1.4 local",
+            "del ep default/np-local/10.244.1.3",
+            "sync"
+        ]
+    );
+    assert_eq!(next(&n3), next(&stranger));
+    // An event that changes nothing for a node (an endpoint that is not serving is usable
+    // nowhere) sends it nothing, not even a Sync.
+    hub.apply(Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
+            "metadata": {"namespace": "default", "name": "np-local-1",
+                         "labels": {"kubernetes.io/service-name": "np-local"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "", "port": 8080}],
+            "endpoints": [
+                {"addresses": ["10.244.1.4"], "nodeName": "n1"},
+                {"addresses": ["10.244.2.10"], "nodeName": "n2"},
+                {"addresses": ["10.244.1.77"], "nodeName": "n1",
+                 "conditions": {"ready": false, "serving": false, "terminating": true}}
+            ]
+        }))
+        .expect("slice")
+        .object,
+    ));
+    let ops = next(&n3);
+    assert!(ops.is_empty(), "{ops:?}");
+    assert!(!ready(&n3), "taken");
+}
+
 #[test]
 fn a_slow_watcher_blocks_nobody_and_gets_one_coalesced_change_set() {
     let hub = hub();
