@@ -21,6 +21,7 @@ use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
 mod conn;
+mod request_wake;
 
 pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, limit};
 
@@ -153,6 +154,7 @@ impl SetsService {
             registration: None,
             continuous: false,
             requests_ended: false,
+            request_wake: request_wake::RequestWake::default(),
             bundles: false,
             step: Step::Request,
             queue: VecDeque::new(),
@@ -307,6 +309,8 @@ struct WatchBody {
     continuous: bool,
     /// A continuous client closed its side of the stream (it sends nothing more).
     requests_ended: bool,
+    /// Whether the request stream woke the body (a continuous stream polls it only then).
+    request_wake: request_wake::RequestWake,
     /// The client reads bundles (`WatchReq.AcceptZstd`): a replay's shared chunks go to it
     /// compressed.
     bundles: bool,
@@ -386,7 +390,9 @@ impl WatchBody {
         if self.requests_ended {
             return None;
         }
-        match Pin::new(&mut self.requests).poll_next(cx) {
+        let waker = self.request_wake.take(cx)?;
+        let mut requests_cx = Context::from_waker(waker);
+        match Pin::new(&mut self.requests).poll_next(&mut requests_cx) {
             Poll::Pending => None,
             Poll::Ready(Some(Ok(request))) => match self.requested(request) {
                 Step::ChangeSet => None,

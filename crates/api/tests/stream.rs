@@ -135,6 +135,23 @@ async fn a_continuous_stream_takes_every_change_set_after_one_request() {
     }
     assert_eq!(got, ["default/c", "default/d"]);
 
+    // A rename asked on the open stream is seen with nothing else pending: the node's views
+    // are re-evaluated (no Service set again) and it now watches as n2.
+    node.requests
+        .send(kpng_api::proto::WatchReq {
+            node_name: "n2".into(),
+            continuous: true,
+            accept_zstd: false,
+        })
+        .await
+        .expect("request");
+    assert_eq!(
+        node.next().await,
+        Vec::<String>::new(),
+        "the rename's change set"
+    );
+    assert_eq!(hub.watchers()[0].node, "n2");
+
     // The client closes its side: the changes keep coming.
     let common::Watcher {
         requests,
@@ -150,8 +167,8 @@ async fn a_continuous_stream_takes_every_change_set_after_one_request() {
         "after the client closed its side"
     );
     let status = &hub.watchers()[0];
-    assert_eq!(status.node, "n1");
-    assert!(status.change_sets_sent >= 5, "{}", status.change_sets_sent);
+    assert_eq!(status.node, "n2");
+    assert!(status.change_sets_sent >= 6, "{}", status.change_sets_sent);
 
     drop(stream);
     watchers(&hub, 0).await;
