@@ -373,38 +373,41 @@ impl Pending {
             .map(Piece::Op)
             .collect::<Vec<_>>()
             .into_iter();
-        let services: Box<dyn Iterator<Item = Piece> + Send + 'a> =
-            match (&self.base, self.replay && self.changes.is_empty()) {
-                _ if let Some(batch) = &self.batch => {
-                    let (frames, ops) = batch.shared_change_set();
-                    Box::new((ops > 0).then_some(Piece::Whole(frames, ops)).into_iter())
-                }
-                (Some(base), true) => {
-                    let replay = cache.replay(base);
-                    let node = self.node.name.clone();
-                    Box::new((0..replay.chunks.len()).flat_map(move |i| {
-                        let mut pieces = Vec::new();
-                        for run in replay.runs_for(i, &node, bundles) {
-                            match run {
-                                ChunkRun::Shared { buffer, span, ops } => {
-                                    pieces.push(Piece::SharedSpan(buffer, span, ops));
-                                }
-                                ChunkRun::Bundle { buffer, span, ops } => {
-                                    pieces.push(Piece::BundleSpan(buffer, span, ops));
-                                }
-                                ChunkRun::Own(e) => {
-                                    pieces.extend(self.service_pieces(&e.key, None, Some(e)));
-                                }
+        let services: Box<dyn Iterator<Item = Piece> + Send + 'a> = match (
+            &self.batch,
+            &self.base,
+            self.replay && self.changes.is_empty(),
+        ) {
+            (Some(batch), _, _) => {
+                let (frames, ops) = batch.shared_change_set();
+                Box::new((ops > 0).then_some(Piece::Whole(frames, ops)).into_iter())
+            }
+            (None, Some(base), true) => {
+                let replay = cache.replay(base);
+                let node = self.node.name.clone();
+                Box::new((0..replay.chunks.len()).flat_map(move |i| {
+                    let mut pieces = Vec::new();
+                    for run in replay.runs_for(i, &node, bundles) {
+                        match run {
+                            ChunkRun::Shared { buffer, span, ops } => {
+                                pieces.push(Piece::SharedSpan(buffer, span, ops));
+                            }
+                            ChunkRun::Bundle { buffer, span, ops } => {
+                                pieces.push(Piece::BundleSpan(buffer, span, ops));
+                            }
+                            ChunkRun::Own(e) => {
+                                pieces.extend(self.service_pieces(&e.key, None, Some(e)));
                             }
                         }
-                        pieces
-                    }))
-                }
-                _ => Box::new(
-                    self.services()
-                        .flat_map(move |(key, old, new)| self.service_pieces(key, old, new)),
-                ),
-            };
+                    }
+                    pieces
+                }))
+            }
+            _ => Box::new(
+                self.services()
+                    .flat_map(move |(key, old, new)| self.service_pieces(key, old, new)),
+            ),
+        };
         ChangeSetFrames {
             pieces: Box::new(head.chain(services)),
             writer: FrameWriter::default(),
