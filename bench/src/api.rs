@@ -5,7 +5,7 @@
 //! `--read frames` only taking the stream apart into messages: [`crate::node_codec`]), so that
 //! the brain's own CPU time is visible. Measures the time until every client holds the initial
 //! state, the time for one endpoint change to reach every client, the brain's memory and its
-//! CPU seconds per node and per change.
+//! CPU seconds per node and per change, and the simulated nodes' CPU per change beside it.
 
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -44,6 +44,10 @@ pub struct ApiResult {
     /// the process's CPU clock counts in 10 ms ticks (a median of single changes reads
     /// 10 or 20 ms whatever the cost).
     change_cpu: Duration,
+    /// The simulated nodes' CPU per change (their process, measured as `change_cpu`). On one
+    /// machine they share the brain's CPUs, so the two together, divided by the CPUs, bound
+    /// how soon the last node can hold a change; in a cluster each node reads on its own CPU.
+    nodes_change_cpu: Duration,
     /// Bytes the brain wrote (`/proc/PID/io` `wchar`: its streams, and a few log lines) from
     /// the clients' start until all hold the initial state, per node: what the initial state
     /// costs the network.
@@ -70,13 +74,13 @@ impl ApiResult {
 
     /// The table header matching [`ApiResult::markdown_row`].
     pub fn markdown_header() -> &'static str {
-        "| brain | Services × endpoints | clients | brain load → first client synced | all clients hold the initial state | ops per client | brain CPU, initial state: total / per node | brain bytes sent per node, initial state | one change reaches all: p50 | p99 | brain CPU per change | brain RSS after | brain peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| brain | Services × endpoints | clients | brain load → first client synced | all clients hold the initial state | ops per client | brain CPU, initial state: total / per node | brain bytes sent per node, initial state | one change reaches all: p50 | p99 | brain CPU per change | nodes' CPU per change | brain RSS after | brain peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     }
 
     /// One table row.
     pub fn markdown_row(&self) -> String {
         format!(
-            "| {} | {} × {} | {} | {:.2} s | {:.2} s | {} | {:.2} s / {:.2} ms | {:.2} MB | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} MB | {:.0} MB |",
+            "| {} | {} × {} | {} | {:.2} s | {:.2} s | {} | {:.2} s / {:.2} ms | {:.2} MB | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} MB | {:.0} MB |",
             self.label,
             self.n,
             self.m,
@@ -90,6 +94,7 @@ impl ApiResult {
             self.change_p50.as_secs_f64() * 1000.0,
             self.change_p99.as_secs_f64() * 1000.0,
             self.change_cpu.as_secs_f64() * 1000.0,
+            self.nodes_change_cpu.as_secs_f64() * 1000.0,
             self.rss_mb,
             self.peak_rss_mb,
         )
@@ -536,7 +541,9 @@ pub fn run(
         let loaded_at = probe_synced(&mut probe_rx, Duration::from_secs(300)).await?;
         let load = loaded_at - started;
 
-        let (_clients, mut lines) = start_clients(&socket, clients, nodes)?;
+        let (nodes_process, mut lines) = start_clients(&socket, clients, nodes)?;
+        let nodes_pid = nodes_process.0.id();
+        let nodes_cpu = || crate::cpu::cpu_time(nodes_pid).unwrap_or_default();
         // Every client is connected when the process says `start`.
         loop {
             let (line, _) = tokio::time::timeout(Duration::from_secs(300), lines.recv())
@@ -559,10 +566,12 @@ pub fn run(
 
         let mut latencies = Vec::new();
         let mut change_cpu = Duration::ZERO;
+        let mut nodes_change_cpu = Duration::ZERO;
         for k in 0..changes {
             let i = (k * 7919 + 13) % n;
             tokio::time::sleep(Duration::from_millis(200)).await;
             let before = cpu();
+            let nodes_before = nodes_cpu();
             let t = Instant::now();
             // An odd generation moves endpoint 0 of a Service that was never changed before.
             workload::rewrite(&manifests, i, m, spread, 2 * k + 1).map_err(|e| e.to_string())?;
@@ -571,7 +580,10 @@ pub fn run(
             let probe_at = probe_synced(&mut probe_rx, Duration::from_secs(120)).await?;
             latencies.push((last.max(probe_at) - t).as_secs_f64());
             change_cpu += cpu().saturating_sub(before);
+            nodes_change_cpu += nodes_cpu().saturating_sub(nodes_before);
         }
+        let per_change =
+            |total: Duration| total / u32::try_from(changes.max(1)).unwrap_or(u32::MAX);
         Ok(ApiResult {
             label: format!("{label}{}", nodes.describe()),
             n,
@@ -585,7 +597,8 @@ pub fn run(
             rss_mb: rss,
             peak_rss_mb: peak_rss_mb(pid),
             initial_cpu,
-            change_cpu: change_cpu / u32::try_from(changes.max(1)).unwrap_or(u32::MAX),
+            change_cpu: per_change(change_cpu),
+            nodes_change_cpu: per_change(nodes_change_cpu),
             initial_bytes_per_node: initial_bytes / clients.max(1) as u64,
         })
     })
