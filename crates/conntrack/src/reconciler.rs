@@ -265,6 +265,41 @@ impl Reconciler {
         self.checked.clear();
     }
 
+    /// Forgets the frontends of `family` that `diff` takes out of the rules or leaves without
+    /// serving endpoints: a removed UDP port, a dropped external or load-balancer IP, a
+    /// changed node port, a port scaled to zero. Call it after every successful sync, with or
+    /// without a pass.
+    ///
+    /// Why: a pass runs only after a sync that can strand entries, and a removal cannot; but
+    /// while a frontend is out of the rules, a client's packets to it are not DNATed, and if
+    /// the frontend comes back (a Service re-created with the same IP, as kube-dns often is)
+    /// those never-DNATed entries are stale. Remembered as checked, it would be read by the
+    /// DNAT dump alone and they would stay; forgotten, it is new again and read whole.
+    pub fn forget_gone(&mut self, family: Family, diff: &Diff) {
+        let Some(checked) = self.checked.get_mut(&family) else {
+            return;
+        };
+        for (key, change) in &diff.changes {
+            let Some(old) = &change.old else {
+                continue;
+            };
+            if key.family != family || key.protocol != Protocol::Udp {
+                continue;
+            }
+            let kept: HashSet<Frontend> = change
+                .new
+                .iter()
+                .filter(|new| !new.serving_endpoints.is_empty())
+                .flat_map(|new| frontends_of(new))
+                .collect();
+            for frontend in frontends_of(old) {
+                if !kept.contains(&frontend) {
+                    checked.remove(&frontend);
+                }
+            }
+        }
+    }
+
     /// The dumps of a pass: the DNATed UDP entries, plus every entry of each new frontend
     /// (narrow dumps, or one dump of every UDP entry when that is cheaper). When every
     /// frontend is new (after a start-up) the narrow dumps alone see every entry that matters.

@@ -34,7 +34,9 @@ impl ConntrackCleanup {
 
     /// Runs the passes a successful sync calls for: per family, when the sync was full, when
     /// it changed a UDP port in a way that can strand entries, or when the last pass failed.
-    /// Each pass sees every Service port of its family in `snapshot`.
+    /// Each pass sees every Service port of its family in `snapshot`. Before that, whatever
+    /// the sync, the frontends it took out of the rules are forgotten as checked
+    /// ([`Reconciler::forget_gone`]), so that they are read whole if they come back.
     pub fn after_sync(
         &mut self,
         families: &[Family],
@@ -43,6 +45,7 @@ impl ConntrackCleanup {
         full: bool,
     ) {
         for &family in families {
+            self.reconciler.forget_gone(family, diff);
             if !self.retry.contains(&family) && !pass_needed(family, diff, full) {
                 continue;
             }

@@ -374,3 +374,87 @@ fn which_syncs_need_a_pass() {
         );
     }
 }
+
+/// What the runner does after each successful sync: forget the frontends that left the
+/// rules, then a pass when the sync calls for one.
+fn after_sync(reconciler: &mut Reconciler, diff: &Diff, now: &[ServicePort]) -> Option<Pass> {
+    reconciler.forget_gone(Family::V4, diff);
+    pass_needed(Family::V4, diff, false)
+        .then(|| reconciler.reconcile(Family::V4, now).expect("pass"))
+}
+
+#[test]
+fn a_frontend_that_left_the_rules_is_new_when_it_comes_back() {
+    let dns = |serving: &[&str]| udp_port("dns", "10.96.0.10", 53, serving);
+    let with_external = |serving: &[&str]| {
+        let mut p = dns(serving);
+        p.external_ips = vec![ip("198.51.100.10")];
+        p
+    };
+    let to_cluster_ip = flow("10.244.1.9:7001", "10.96.0.10:53", "10.96.0.10:53");
+    let to_external = flow(
+        "192.168.100.10:6000",
+        "198.51.100.10:53",
+        "198.51.100.10:53",
+    );
+    // (what happens, the port, the port while a frontend is out of the rules (None: gone),
+    // an entry a client created meanwhile, never DNATed)
+    let cases = [
+        (
+            "Service deleted and re-created with its ClusterIP",
+            dns(&["10.244.2.7:53"]),
+            None,
+            to_cluster_ip,
+        ),
+        (
+            "scaled to zero and back",
+            dns(&["10.244.2.7:53"]),
+            Some(dns(&[])),
+            to_cluster_ip,
+        ),
+        (
+            "external IP dropped and added again",
+            with_external(&["10.244.2.7:53"]),
+            Some(dns(&["10.244.2.7:53"])),
+            to_external,
+        ),
+    ];
+    for (what, port, out, early) in cases {
+        let fake = table(unrelated());
+        let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+        let added = change(None, Some(port.clone()));
+        assert!(after_sync(&mut reconciler, &added, std::slice::from_ref(&port)).is_some());
+        let now: Vec<ServicePort> = out.iter().cloned().collect();
+        let taken_out = change(Some(port.clone()), out.clone());
+        assert!(
+            after_sync(&mut reconciler, &taken_out, &now).is_none(),
+            "{what}: taking a frontend out calls for no pass"
+        );
+        fake.state().flows.push(early);
+        let back = change(out, Some(port.clone()));
+        let pass = after_sync(&mut reconciler, &back, std::slice::from_ref(&port))
+            .expect("a frontend back calls for a pass");
+        assert_eq!(pass.new_frontends, 1, "{what}: {:?}", pass.dumps);
+        assert!(!fake.flows().contains(&early), "{what}: {:?}", pass.dumps);
+        assert_eq!(originals(&fake.flows()), originals(&unrelated()), "{what}");
+    }
+
+    // A frontend that stays in the rules stays checked: an endpoint leaving reads the DNATed
+    // entries only.
+    let fake = table(unrelated());
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    let two = dns(&["10.244.2.7:53", "10.244.2.8:53"]);
+    after_sync(
+        &mut reconciler,
+        &change(None, Some(two.clone())),
+        std::slice::from_ref(&two),
+    );
+    let one = dns(&["10.244.2.7:53"]);
+    let pass = after_sync(
+        &mut reconciler,
+        &change(Some(two), Some(one.clone())),
+        &[one],
+    )
+    .expect("a lost endpoint calls for a pass");
+    assert_eq!(pass.dumps, [DumpFilter::UdpDnat]);
+}

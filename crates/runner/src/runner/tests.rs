@@ -464,6 +464,28 @@ async fn stale_udp_entries_are_deleted_after_syncs_that_can_strand_them() {
     assert_eq!(fake.flows(), [unrelated]);
     assert_eq!((deleted(), failures()), (3, 1));
 
+    // The Service deleted (no pass: nothing can be stranded) and re-created with its
+    // ClusterIP, as kube-dns often is: an entry a client created while the IP had no rule
+    // was never DNATed, and goes when the IP is programmed again.
+    let dumps = fake.state().dumps.len();
+    h.tx.send(Event::Delete(kpng_model::ObjectRef {
+        kind: Kind::Service,
+        namespace: "ns".into(),
+        name: "dns".into(),
+    }))
+    .await
+    .expect("send");
+    settle().await;
+    assert_eq!(fake.state().dumps.len(), dumps);
+    let meanwhile = udp_flow("10.244.1.9:4004", "10.96.0.10:53", "10.96.0.10:53");
+    fake.state().flows.push(meanwhile);
+    h.tx.send(Event::Apply(udp_service("10.96.0.10")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(fake.flows(), [unrelated]);
+    assert_eq!(deleted(), 4);
+
     // A failed backend sync runs no pass.
     h.calls.fail.store(true, Ordering::SeqCst);
     let dumps = fake.state().dumps.len();
