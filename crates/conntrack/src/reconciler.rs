@@ -274,7 +274,10 @@ impl Reconciler {
     /// while a frontend is out of the rules, a client's packets to it are not DNATed, and if
     /// the frontend comes back (a Service re-created with the same IP, as kube-dns often is)
     /// those never-DNATed entries are stale. Remembered as checked, it would be read by the
-    /// DNAT dump alone and they would stay; forgotten, it is new again and read whole.
+    /// DNAT dump alone and they would stay; forgotten, it is new again and read whole. A port
+    /// scaled to zero keeps a rule (its traffic is rejected, which leaves no entry) but is
+    /// forgotten too, as a port back from zero has always been new: one walk more, never an
+    /// entry left.
     pub fn forget_gone(&mut self, family: Family, diff: &Diff) {
         let Some(checked) = self.checked.get_mut(&family) else {
             return;
