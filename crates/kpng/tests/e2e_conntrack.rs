@@ -408,6 +408,81 @@ fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is(sin
     early.all_from("pod2a", 5);
 }
 
+/// A UDP client that starts while someone else has deleted kpng's table (a firewall reload)
+/// sends un-NATed until kpng repairs it; the repair's cleanup reads the ClusterIP whole and
+/// moves the client to the endpoint. nftables only: the table's deletion is what kpng
+/// repairs at once (the iptables backends find changes at their periodic full sync).
+#[test]
+fn nft_a_client_that_started_while_the_table_was_gone_is_served_after_the_repair() {
+    require_root!();
+    let c = Cluster::create("ct-gap").expect("cluster");
+    let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
+    // Something else on the node uses conntrack, so node1 tracks what crosses it while
+    // kpng's table is gone (as in the test of a client that sent before kpng started).
+    c.node1
+        .ns
+        .nft(
+            "table inet cni {\n chain forward {\n  type filter hook forward priority 0;\n  \
+             ct state established,related accept\n }\n}\n",
+        )
+        .expect("a conntrack user in node1");
+    let mut k = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[udp_service("gap", 60, &["pod2a"])]),
+        &["to-local", "nft"],
+    );
+    let target = SocketAddr::new(cip(60, false), SVC_PORT);
+    let client = c.pod("pod1b");
+    let mut before = Client::start(&client.ns, target);
+    before.wait_for("pod2a", WITHIN);
+
+    // kpng is held still while the table is deleted and a new client starts, so that the
+    // client's first datagrams surely meet no rule; then kpng runs again and repairs.
+    let pid = k.proc.id().to_string();
+    c.node1
+        .ns
+        .run_ok(["kill", "-STOP", pid.as_str()])
+        .expect("stop kpng");
+    let syncs = k.syncs();
+    c.node1
+        .ns
+        .run_ok(["nft", "delete", "table", "ip", "kpng"])
+        .expect("delete kpng's table");
+    let mut during = Client::start(&client.ns, target);
+    let r = during.next();
+    assert_eq!(
+        r.outcome,
+        Outcome::Timeout,
+        "no rule while the table is gone: {r}"
+    );
+    let src = r.client_addr.expect("client address");
+    let unnated = [
+        format!("dst={} ", cip(60, false)),
+        port_of(src),
+        format!("src={} ", cip(60, false)),
+    ];
+    assert_eq!(
+        conntrack_lines(&c.node1.ns, false, &unnated).len(),
+        1,
+        "an un-NATed entry of the client that started in the gap"
+    );
+    c.node1
+        .ns
+        .run_ok(["kill", "-CONT", pid.as_str()])
+        .expect("resume kpng");
+    k.wait_synced(syncs);
+    during.wait_for("pod2a", WITHIN);
+    during.all_from("pod2a", 5);
+    // The first client's entry stayed DNATed, but without any NAT rule in the namespace the
+    // kernel translates nothing: it timed out during the gap too, and is served again.
+    before.wait_for("pod2a", WITHIN);
+    before.all_from("pod2a", 5);
+    assert!(
+        conntrack_lines(&c.node1.ns, false, &unnated).is_empty(),
+        "the un-NATed entry is gone"
+    );
+}
+
 /// The scenarios above, once per backend.
 macro_rules! for_each_backend {
     ($($backend:ident: $sink:expr;)*) => {

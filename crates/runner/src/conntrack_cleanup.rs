@@ -32,6 +32,14 @@ impl ConntrackCleanup {
         }
     }
 
+    /// After a sync that repaired what someone else changed (a table flushed or deleted by a
+    /// firewall reload, say): until the repair, the node may have had no rule for any
+    /// frontend, and clients' packets to them went un-DNATed. Every frontend is read whole
+    /// by the repair's pass (a full sync always runs one), as after a start-up.
+    pub fn rules_were_missing(&mut self) {
+        self.reconciler.forget_checked();
+    }
+
     /// Runs the passes a successful sync calls for: per family, when the sync was full, when
     /// it changed a UDP port in a way that can strand entries, or when the last pass failed.
     /// Each pass sees every Service port of its family in `snapshot`. Before that, whatever

@@ -811,6 +811,9 @@ impl<M: NodeModel> LoopState<M> {
             // Once the data plane has changed: a client's next packet follows the new rules.
             #[cfg(target_os = "linux")]
             if let Some(conntrack) = &mut self.runner.conntrack {
+                if repaired {
+                    conntrack.rules_were_missing();
+                }
                 conntrack.after_sync(&self.families, &diff, self.runner.model.snapshot(), full);
             }
         }

@@ -496,6 +496,47 @@ async fn stale_udp_entries_are_deleted_after_syncs_that_can_strand_them() {
     assert_eq!(fake.state().dumps.len(), dumps);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_repair_reads_every_udp_frontend_whole() {
+    use kpng_conntrack::DumpFilter;
+    use kpng_conntrack::fake::FakeTable;
+    let fake = FakeTable::new(vec![], vec![]);
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(30),
+        full_sync_period: Duration::ZERO,
+    };
+    let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
+    let h = start_with(timing, Some(reconciler));
+    h.tx.send(all_kinds(vec![
+        udp_service("10.96.0.10"),
+        udp_slice("10.244.2.7"),
+    ]))
+    .await
+    .expect("send");
+    settle().await;
+    assert_eq!(log(&h).len(), 1);
+    // Someone deletes the table; until the repair, a client's packets to the ClusterIP are
+    // not DNATed, and its entry would keep them from the endpoint afterwards.
+    let during_the_gap = udp_flow("10.244.1.9:4000", "10.96.0.10:53", "10.96.0.10:53");
+    fake.state().flows.push(during_the_gap);
+    fake.state().dumps.clear();
+    let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
+    alarm.raise("ip kpng: table deleted");
+    settle().await;
+    tokio::time::sleep(TAMPER_DEBOUNCE + Duration::from_millis(1)).await;
+    assert_eq!(log(&h).len(), 2, "the repair");
+    assert_eq!(
+        fake.state().dumps,
+        [(
+            Family::V4,
+            DumpFilter::UdpTo("10.96.0.10:53".parse().expect("addr"))
+        )],
+        "the ClusterIP is read whole, as at a start-up"
+    );
+    assert!(fake.flows().is_empty());
+}
+
 fn encoded(h: &Harness) -> String {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &h.registry).expect("encode");
