@@ -11,6 +11,9 @@
 //! - the first pass after a start-up, when every frontend is new (never-DNATed entries are
 //!   looked for too);
 //! - a pass after an endpoint change (steady state: DNATed entries only, one dump);
+//! - the first pass after a restart whose backend kept the rules in place, the last run's
+//!   checked frontends remembered (`kpng_conntrack::memory`): an endpoint changed while kpng
+//!   was down, so DNATed entries are stale, and never-DNATed ones cannot exist;
 //! - for comparison, a first pass that reads every UDP entry in one dump.
 //!
 //! `nf_conntrack_max` is global: it is raised for the run (from the initial namespace) and
@@ -48,6 +51,8 @@ pub struct ConntrackResult {
     pub first: PassFigures,
     /// A pass after an endpoint change.
     pub after_change: PassFigures,
+    /// The first pass after a restart that kept the rules, the last run's checks remembered.
+    pub restart: PassFigures,
     /// A first pass reading every UDP entry in one dump.
     pub full_dump: PassFigures,
 }
@@ -120,7 +125,7 @@ impl ConntrackResult {
         format!(
             "{} unrelated entries in the table (created over netlink in {:.1} s), kube-dns-like UDP \
              Service with a node port plus {OTHER_SERVICES} other UDP Services.\n\n\
-             | pass | time | dumps | entries read | stale deleted | unrelated deleted |\n|---|---|---|---|---|---|\n{}{}{}",
+             | pass | time | dumps | entries read | stale deleted | unrelated deleted |\n|---|---|---|---|---|---|\n{}{}{}{}",
             self.unrelated,
             self.create.as_secs_f64(),
             row(
@@ -130,6 +135,10 @@ impl ConntrackResult {
             row(
                 "first pass after a start-up (every frontend new)",
                 &self.first
+            ),
+            row(
+                "first pass after a restart that kept the rules (the last run's checks remembered)",
+                &self.restart
             ),
             row("first pass, every UDP entry in one dump", &self.full_dump),
         )
@@ -202,6 +211,7 @@ pub fn run(entries: usize) -> Result<ConntrackResult, String> {
             first: PassFigures::parse(words.get(2..9)?)?,
             after_change: PassFigures::parse(words.get(9..16)?)?,
             full_dump: PassFigures::parse(words.get(16..23)?)?,
+            restart: PassFigures::parse(words.get(23..30)?)?,
         })
     })();
     parsed.ok_or_else(|| format!("conntrack-inner printed {text:?}"))
@@ -375,12 +385,20 @@ pub fn inner(entries: usize) -> Result<(), String> {
     let after_change = timed_pass(&mut socket, &mut reconciler, &ports, &dnat_stale)?;
     let mut one_dump = open()?.with_max_narrow_dumps(0);
     let full = timed_pass(&mut socket, &mut one_dump, &ports, &all_stale)?;
+    // A new process, as after a restart: the first one's checks handed over as its memory
+    // file would hand them (the backend kept the rules, so nothing was ever un-DNATed).
+    let mut restarted = open()?;
+    for (family, frontends) in reconciler.checked() {
+        restarted.assume_checked(*family, frontends.clone());
+    }
+    let restart = timed_pass(&mut socket, &mut restarted, &ports, &dnat_stale)?;
     println!(
-        "{entries} {} {} {} {}",
+        "{entries} {} {} {} {} {}",
         create.as_micros(),
         first.line(),
         after_change.line(),
-        full.line()
+        full.line(),
+        restart.line()
     );
     Ok(())
 }

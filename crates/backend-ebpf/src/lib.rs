@@ -486,6 +486,7 @@ impl Backend for EbpfBackend {
         Ok(SyncStats {
             operations,
             repaired,
+            ..SyncStats::default()
         })
     }
 

@@ -619,6 +619,7 @@ impl Backend for HnsBackend {
         Ok(SyncStats {
             operations: run.calls,
             repaired: run.repair,
+            ..SyncStats::default()
         })
     }
 

@@ -770,6 +770,7 @@ impl IptablesBackend {
         Ok(SyncStats {
             operations,
             repaired,
+            ..SyncStats::default()
         })
     }
 

@@ -107,6 +107,9 @@ struct FamilyState {
     /// Putting the rules back in place failed (the table no longer fits the skeleton's
     /// declarations): the next full sync replaces the table whole.
     replace_whole: bool,
+    /// The last full sync adopted the table's rules as they were and refilled its sets in
+    /// one transaction ([`SyncStats::kept_rules`]).
+    kept_rules: bool,
 }
 
 /// How a full sync treats a table in the kernel that has our skeleton.
@@ -239,6 +242,7 @@ impl NftBackend {
                 kernel: KernelTable::Unknown,
                 distrust: false,
                 replace_whole: false,
+                kept_rules: false,
             })
             .collect();
         let affinity_ids = affinity::AffinityIds::new(config.conntrack_mark_mask);
@@ -619,6 +623,7 @@ impl NftBackend {
                 state.kernel = KernelTable::Skeleton(marker);
                 state.distrust = false;
                 state.replace_whole = false;
+                state.kept_rules = adopting == Adopt::Sets;
                 Ok(ops)
             }
             Err(message) => {
@@ -883,6 +888,9 @@ impl Backend for NftBackend {
                     .is_some_and(|p| p.session_affinity.is_some())
             });
         }
+        for state in &mut self.states {
+            state.kept_rules = false;
+        }
         let result = sync_each(self.states.len(), |index| self.sync_family(index, request));
         if let Some(m) = &self.monitor {
             m.end_own();
@@ -913,6 +921,12 @@ impl Backend for NftBackend {
         debug!(operations, "nftables sync done");
         Ok(SyncStats {
             operations,
+            kept_rules: self
+                .states
+                .iter()
+                .filter(|s| s.kept_rules)
+                .map(|s| s.fam.0)
+                .collect(),
             ..SyncStats::default()
         })
     }

@@ -874,7 +874,13 @@ fn netlink_full_sync_adopts_a_table_with_the_same_skeleton_by_flushing_and_refil
     let model = model_from(ONE_SERVICE);
     let (mut b, r, w) = netlink_backend();
     *w.tables.lock().expect("lock") = markers(&b, &model);
-    let ops = full_sync(&mut b, &model);
+    let stats = try_full_sync(&mut b, &model).expect("sync");
+    let ops = stats.operations;
+    assert_eq!(
+        stats.kept_rules,
+        [Family::V4, Family::V6],
+        "the rules stayed in place: the conntrack cleanup may trust the last run"
+    );
     let batches = w.recorded();
     assert_eq!(batches.len(), 2);
     for batch in &batches {
@@ -892,6 +898,28 @@ fn netlink_full_sync_adopts_a_table_with_the_same_skeleton_by_flushing_and_refil
         s.iter().all(|t| !t.contains("table ip kpng {")),
         "no skeleton text when adopting: {s:?}"
     );
+}
+
+#[test]
+fn only_an_adopted_table_keeps_its_rules_in_a_full_sync() {
+    let model = model_from(ONE_SERVICE);
+    // No table yet: created, nothing kept.
+    let (mut b, _r, _w) = netlink_backend();
+    assert!(
+        try_full_sync(&mut b, &model)
+            .expect("sync")
+            .kept_rules
+            .is_empty()
+    );
+    // Someone else changed the table: its rules are put back, so they were not kept.
+    let (mut b, _r, w) = netlink_backend();
+    *w.tables.lock().expect("lock") = markers(&b, &model);
+    full_sync(&mut b, &model);
+    // (What the monitor's report of a change by someone else does to the IPv4 table.)
+    b.states[0].distrust = true;
+    b.states[0].kernel = KernelTable::Unknown;
+    let stats = try_full_sync(&mut b, &model).expect("sync");
+    assert_eq!(stats.kept_rules, [Family::V6], "IPv4's rules were put back");
 }
 
 #[test]

@@ -60,6 +60,12 @@ pub struct SyncStats {
     /// for flushed tables in a periodic sync). The runner counts it as a repair, as it does
     /// one it scheduled after an alarm, so `kpng status` shows every repair.
     pub repaired: Option<String>,
+    /// The families whose rules from before this sync stayed in place throughout it: a
+    /// table this backend left in an earlier run, adopted and refilled in one transaction
+    /// (or the same table refilled again by a periodic full sync). A frontend those rules
+    /// covered never went without a rule, which lets the UDP conntrack cleanup trust, after
+    /// a restart, what the earlier run had checked. Empty when not known: always safe.
+    pub kept_rules: Vec<kpng_model::Family>,
 }
 
 /// Why a sync failed. The runner logs it, counts it and retries with a full sync.

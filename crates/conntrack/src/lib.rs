@@ -19,6 +19,7 @@
 
 mod flow;
 mod local_addrs;
+pub mod memory;
 mod reconciler;
 mod socket;
 mod stale;

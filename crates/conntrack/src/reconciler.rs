@@ -265,6 +265,19 @@ impl Reconciler {
         self.checked.clear();
     }
 
+    /// The frontends a successful pass has checked, per family: what
+    /// [`crate::memory::MemoryFile`] keeps across a restart.
+    pub fn checked(&self) -> &crate::memory::Checked {
+        &self.checked
+    }
+
+    /// Takes `frontends` of `family` as checked, as a restart whose backend kept the last
+    /// run's rules in place may (see [`crate::memory`]): the next pass reads their DNATed
+    /// entries only. Frontends the next pass does not see are dropped by it.
+    pub fn assume_checked(&mut self, family: Family, frontends: HashSet<Frontend>) {
+        self.checked.entry(family).or_default().extend(frontends);
+    }
+
     /// Forgets the frontends of `family` that `diff` takes out of the rules or leaves without
     /// serving endpoints: a removed UDP port, a dropped external or load-balancer IP, a
     /// changed node port, a port scaled to zero. Call it after every successful sync, with or
@@ -301,6 +314,30 @@ impl Reconciler {
                 }
             }
         }
+    }
+
+    /// Forgets the frontends of `family` that none of `ports` (the whole desired state, as a
+    /// full sync programs it) keeps in the rules with serving endpoints: what
+    /// [`Reconciler::forget_gone`] does for a diff, for a full sync, whose diff names no
+    /// removal.
+    pub fn keep_only<'a>(
+        &mut self,
+        family: Family,
+        ports: impl IntoIterator<Item = &'a ServicePort>,
+    ) {
+        let Some(checked) = self.checked.get_mut(&family) else {
+            return;
+        };
+        let kept: HashSet<Frontend> = ports
+            .into_iter()
+            .filter(|p| {
+                p.key.family == family
+                    && p.key.protocol == Protocol::Udp
+                    && !p.serving_endpoints.is_empty()
+            })
+            .flat_map(frontends_of)
+            .collect();
+        checked.retain(|f| kept.contains(f));
     }
 
     /// The dumps of a pass: the DNATed UDP entries, plus every entry of each new frontend

@@ -75,6 +75,18 @@ pub enum DumpFilter {
     UdpToPort(u16),
 }
 
+/// What a dump reads, for logs: `DNATed UDP entries`, `UDP to 10.96.0.10:53`.
+impl std::fmt::Display for DumpFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DumpFilter::Udp => f.write_str("every UDP entry"),
+            DumpFilter::UdpDnat => f.write_str("DNATed UDP entries"),
+            DumpFilter::UdpTo(dst) => write!(f, "UDP to {dst}"),
+            DumpFilter::UdpToPort(port) => write!(f, "UDP to port {port}"),
+        }
+    }
+}
+
 impl DumpFilter {
     /// Whether an entry passes the filter: what the kernel checks, for fakes and re-checks.
     pub fn matches(&self, flow: &Flow) -> bool {

@@ -106,6 +106,8 @@ impl Backend for Beside {
         Ok(SyncStats {
             operations: rules.operations + sockets.operations,
             repaired: rules.repaired.or(sockets.repaired),
+            // The sockets' translations keep no conntrack entry: what counts is the rules'.
+            kept_rules: rules.kept_rules,
         })
     }
 

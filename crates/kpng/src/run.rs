@@ -64,8 +64,29 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
         } else {
             crate::leftovers::Scope::Everything
         };
-        crate::leftovers::cleanup_all(scope, dry_run)
+        crate::leftovers::cleanup_all(scope, dry_run)?;
+        #[cfg(target_os = "linux")]
+        remove_conntrack_memory(dry_run)?;
+        Ok(())
     }
+}
+
+/// Removes this network namespace's conntrack memory (`kpng_conntrack::memory`): kpng's
+/// last state file. Without it a later start reads every UDP frontend whole, as it would
+/// anyway once the tables are gone.
+#[cfg(target_os = "linux")]
+fn remove_conntrack_memory(dry_run: bool) -> anyhow::Result<()> {
+    let Some(path) = kpng_conntrack::memory::default_path().filter(|p| p.exists()) else {
+        return Ok(());
+    };
+    let what = format!("the UDP conntrack cleanup's memory ({})", path.display());
+    if dry_run {
+        println!("kpng: would remove {what}");
+        return Ok(());
+    }
+    std::fs::remove_file(&path).with_context(|| format!("removing {what}"))?;
+    println!("kpng: removed {what}");
+    Ok(())
 }
 
 /// A kpng still programming this network namespace would put back at once what cleanup
@@ -644,7 +665,15 @@ where
     #[cfg(target_os = "linux")]
     if facts.cleans_conntrack {
         match kpng_conntrack::Reconciler::open() {
-            Ok(reconciler) => runner = runner.with_conntrack_cleanup(reconciler),
+            Ok(reconciler) => {
+                runner = runner.with_conntrack_cleanup(reconciler);
+                // What the cleanup checked, kept across restarts of this boot: a restart that
+                // keeps the rules in place need not walk the table once per UDP frontend.
+                use kpng_conntrack::memory;
+                if let (Some(path), Some(boot)) = (memory::default_path(), memory::boot_id()) {
+                    runner = runner.with_conntrack_memory(memory::MemoryFile::new(path, boot));
+                }
+            }
             Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
         }
     }

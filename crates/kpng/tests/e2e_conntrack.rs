@@ -476,10 +476,70 @@ fn nft_a_client_that_started_while_the_table_was_gone_is_served_after_the_repair
     // The first client's entry stayed DNATed, but without any NAT rule in the namespace the
     // kernel translates nothing: it timed out during the gap too, and is served again.
     before.wait_for("pod2a", WITHIN);
-    before.all_from("pod2a", 5);
     assert!(
         conntrack_lines(&c.node1.ns, false, &unnated).is_empty(),
         "the un-NATed entry is gone"
+    );
+}
+
+/// A restart that adopts the table the last run left (nftables: its rules stay in place while
+/// the sets are refilled in one transaction) trusts what the last run's conntrack cleanup
+/// checked: the first pass reads the DNATed entries only, as in steady state, instead of every
+/// UDP frontend whole, and still moves a client whose endpoint changed while kpng was down.
+#[test]
+fn nft_a_restart_that_keeps_the_rules_reads_only_the_dnated_entries() {
+    require_root!();
+    let c = Cluster::create("ct-rst").expect("cluster");
+    let _echo: Vec<Spawned> = ["pod1a", "pod2a"]
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .into();
+    let sink = &["to-local", "nft"];
+    let before = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[udp_service("dns", 70, &["pod1a"])]),
+        sink,
+    );
+    let client = c.pod("pod1b");
+    let mut dns = Client::start(&client.ns, SocketAddr::new(cip(70, false), SVC_PORT));
+    dns.wait_for("pod1a", WITHIN);
+    // The first pass has checked the frontend (written to this namespace's memory file) before
+    // kpng stops (its rules stay); it starts again with pod1a replaced by pod2a meanwhile.
+    let memory = {
+        use std::os::unix::fs::MetadataExt;
+        let netns = std::fs::metadata(Path::new("/run/netns").join(c.node1.ns.name()))
+            .expect("node1's namespace")
+            .ino();
+        PathBuf::from(format!("/run/kpng/conntrack-checked.{netns}"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&memory).is_ok_and(|m| m.contains("IPv4 ip 10.96.0.70:53")) {
+        assert!(
+            Instant::now() < deadline,
+            "{} not written",
+            memory.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    before.proc.kill().expect("stop kpng");
+    let after = Kpng::start(
+        &c.node1.ns,
+        &manifest(&[udp_service("dns", 70, &["pod2a"])]),
+        sink,
+    );
+    dns.wait_for("pod2a", WITHIN);
+    dns.all_from("pod2a", 5);
+    let log = after.proc.stderr_text();
+    assert!(
+        log.contains("the rules stayed in place since the last run"),
+        "the restart did not use the last run's checks:\n{log}"
+    );
+    let cleanup = log
+        .lines()
+        .find(|l| l.contains("deleted stale UDP conntrack entries"))
+        .unwrap_or_else(|| panic!("no cleanup after the restart:\n{log}"));
+    assert!(
+        cleanup.contains("read=DNATed UDP entries "),
+        "one walk of the DNATed entries, not one per frontend: {cleanup}"
     );
 }
 

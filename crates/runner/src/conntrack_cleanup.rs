@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 
+use kpng_conntrack::memory::{Checked, MemoryFile};
 use kpng_conntrack::{Reconciler, pass_needed};
 use kpng_model::{Diff, Family, Snapshot};
 use tracing::{debug, info, warn};
@@ -20,6 +21,13 @@ pub struct ConntrackCleanup {
     /// that sync changed.
     retry: BTreeSet<Family>,
     metrics: ProxyMetrics,
+    /// Where the checked frontends are kept across restarts; `None`: nowhere.
+    memory: Option<MemoryFile>,
+    /// What the last run remembered, until the first sync says which families' rules
+    /// stayed in place ([`kpng_backend::SyncStats::kept_rules`]).
+    remembered: Option<Checked>,
+    /// Writing the memory failed once (said once, then only at debug level).
+    memory_failed: bool,
 }
 
 impl ConntrackCleanup {
@@ -29,6 +37,57 @@ impl ConntrackCleanup {
             reconciler,
             retry: BTreeSet::new(),
             metrics,
+            memory: None,
+            remembered: None,
+            memory_failed: false,
+        }
+    }
+
+    /// Keeps the checked frontends in `file` across restarts, and reads what the last run of
+    /// this boot left there (see [`kpng_conntrack::memory`]).
+    pub fn with_memory(mut self, mut file: MemoryFile) -> ConntrackCleanup {
+        match file.load() {
+            Ok(remembered) => self.remembered = remembered,
+            Err(e) => warn!("{e}; every UDP frontend will be read whole at start-up"),
+        }
+        self.memory = Some(file);
+        self
+    }
+
+    /// Before a sync is committed: forgets, in memory and in the file, the frontends it takes
+    /// out of the rules or leaves without serving endpoints ([`Reconciler::forget_gone`]), so
+    /// that a crash right after the commit cannot leave them remembered as checked.
+    /// A full sync's diff names no removal: what it does not keep is forgotten instead.
+    pub fn before_sync(
+        &mut self,
+        families: &[Family],
+        diff: &Diff,
+        snapshot: &Snapshot,
+        full: bool,
+    ) {
+        for &family in families {
+            if full {
+                let ports = snapshot.family(family).map(|p| &**p);
+                self.reconciler.keep_only(family, ports);
+            } else {
+                self.reconciler.forget_gone(family, diff);
+            }
+        }
+        self.save();
+    }
+
+    /// Writes the checked frontends to the memory file when they changed.
+    fn save(&mut self) {
+        let Some(file) = &mut self.memory else {
+            return;
+        };
+        if let Err(e) = file.save(self.reconciler.checked()) {
+            if self.memory_failed {
+                debug!("{e}");
+            } else {
+                warn!("{e}; a restart will read every UDP frontend whole");
+                self.memory_failed = true;
+            }
         }
     }
 
@@ -38,22 +97,37 @@ impl ConntrackCleanup {
     /// by the repair's pass (a full sync always runs one), as after a start-up.
     pub fn rules_were_missing(&mut self) {
         self.reconciler.forget_checked();
+        self.save();
     }
 
     /// Runs the passes a successful sync calls for: per family, when the sync was full, when
     /// it changed a UDP port in a way that can strand entries, or when the last pass failed.
-    /// Each pass sees every Service port of its family in `snapshot`. Before that, whatever
-    /// the sync, the frontends it took out of the rules are forgotten as checked
-    /// ([`Reconciler::forget_gone`]), so that they are read whole if they come back.
+    /// Each pass sees every Service port of its family in `snapshot`. After the first sync,
+    /// the frontends the last run checked count as checked in the families whose rules the
+    /// backend kept in place (`kept_rules`): the first pass then reads their DNATed entries
+    /// only, as in steady state.
     pub fn after_sync(
         &mut self,
         families: &[Family],
         diff: &Diff,
         snapshot: &Snapshot,
         full: bool,
+        kept_rules: &[Family],
     ) {
+        if let Some(remembered) = self.remembered.take() {
+            for family in kept_rules {
+                if let Some(frontends) = remembered.get(family) {
+                    info!(
+                        %family,
+                        frontends = frontends.len(),
+                        "the rules stayed in place since the last run: its checked UDP \
+                         frontends need no walk of the conntrack table of their own"
+                    );
+                    self.reconciler.assume_checked(*family, frontends.clone());
+                }
+            }
+        }
         for &family in families {
-            self.reconciler.forget_gone(family, diff);
             if !self.retry.contains(&family) && !pass_needed(family, diff, full) {
                 continue;
             }
@@ -90,11 +164,19 @@ impl ConntrackCleanup {
                     } else {
                         self.retry.remove(&family);
                     }
+                    // Each dump is a walk of the kernel's whole table: what a pass cost.
+                    let read = pass
+                        .dumps
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ");
                     if outcome.deleted > 0 {
                         info!(
                             %family,
                             deleted = outcome.deleted,
                             scanned = pass.scanned,
+                            %read,
                             duration = ?pass.duration,
                             "deleted stale UDP conntrack entries"
                         );
@@ -102,7 +184,7 @@ impl ConntrackCleanup {
                         debug!(
                             %family,
                             scanned = pass.scanned,
-                            dumps = pass.dumps.len(),
+                            %read,
                             duration = ?pass.duration,
                             "no stale UDP conntrack entries"
                         );
@@ -121,5 +203,6 @@ impl ConntrackCleanup {
                 }
             }
         }
+        self.save();
     }
 }

@@ -152,6 +152,16 @@ impl<M: NodeModel> Runner<M> {
         self
     }
 
+    /// Keeps the conntrack cleanup's checked frontends in `file` across restarts, so that the
+    /// first pass after a restart whose backend kept its rules in place reads only the DNATed
+    /// entries (see `kpng_conntrack::memory`). Without [`Runner::with_conntrack_cleanup`]
+    /// first, nothing.
+    #[cfg(target_os = "linux")]
+    pub fn with_conntrack_memory(mut self, file: kpng_conntrack::memory::MemoryFile) -> Runner<M> {
+        self.conntrack = self.conntrack.map(|c| c.with_memory(file));
+        self
+    }
+
     /// A receiver of the latest [`SyncReport`].
     pub fn subscribe(&self) -> watch::Receiver<Option<SyncReport>> {
         self.reports.subscribe()
@@ -655,6 +665,10 @@ impl<M: NodeModel> LoopState<M> {
         if self.last_sync.is_none() && ports_total >= LARGE_FIRST_SYNC {
             info!("first sync: programming {ports_total} Service ports");
         }
+        #[cfg(target_os = "linux")]
+        if let Some(conntrack) = &mut self.runner.conntrack {
+            conntrack.before_sync(&self.families, &diff, snapshot, full);
+        }
         let started = std::time::Instant::now();
         let result = self.runner.backend.sync(&SyncRequest {
             diff: &diff,
@@ -675,6 +689,13 @@ impl<M: NodeModel> LoopState<M> {
         m.endpoint_changes_pending.set(0);
         // Whether this sync put back what someone else changed: always in the history.
         let mut repaired = false;
+        // The families whose rules stayed in place through this sync (the first one after a
+        // restart that adopted the last run's table).
+        #[cfg(target_os = "linux")]
+        let kept_rules: Vec<Family> = result
+            .as_ref()
+            .map(|stats| stats.kept_rules.clone())
+            .unwrap_or_default();
         let report = match result {
             Ok(stats) => {
                 let wall = SystemTime::now();
@@ -814,7 +835,13 @@ impl<M: NodeModel> LoopState<M> {
                 if repaired {
                     conntrack.rules_were_missing();
                 }
-                conntrack.after_sync(&self.families, &diff, self.runner.model.snapshot(), full);
+                conntrack.after_sync(
+                    &self.families,
+                    &diff,
+                    self.runner.model.snapshot(),
+                    full,
+                    &kept_rules,
+                );
             }
         }
     }

@@ -285,15 +285,18 @@ fn namespace_inode(name: &str) -> Option<u64> {
         .map(|m| m.ino())
 }
 
-/// Removes the `route_localnet` record a kpng left for a namespace that no longer exists (one
-/// that ended without `kpng cleanup`). Left behind, the records pile up in `/run/kpng` over
-/// test runs, and a later namespace given the same inode would find a record not its own.
+/// Removes the records a kpng left for a namespace that no longer exists (one that ended
+/// without `kpng cleanup`): the iptables backend's `route_localnet` and the conntrack
+/// cleanup's memory. Left behind, the records pile up in `/run/kpng` over test runs, and a
+/// later namespace given the same inode would find a record not its own.
 fn forget_kpng_records(inode: u64) {
-    let record = Path::new("/run/kpng").join(format!("route_localnet.{inode}"));
-    if let Err(e) = std::fs::remove_file(&record)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        eprintln!("kpng-testkit: removing {}: {e}", record.display());
+    for name in ["route_localnet", "conntrack-checked"] {
+        let record = Path::new("/run/kpng").join(format!("{name}.{inode}"));
+        if let Err(e) = std::fs::remove_file(&record)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("kpng-testkit: removing {}: {e}", record.display());
+        }
     }
 }
 

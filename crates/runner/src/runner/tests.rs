@@ -19,6 +19,8 @@ struct Calls {
     alarm: Mutex<Option<kpng_backend::TamperAlarm>>,
     /// What the next sync says it found changed and repaired itself (`SyncStats::repaired`).
     found: Mutex<Option<String>>,
+    /// Whether syncs say the rules stayed in place (`SyncStats::kept_rules`).
+    kept_rules: Mutex<bool>,
 }
 
 struct FakeBackend(Arc<Calls>);
@@ -46,6 +48,11 @@ impl Backend for FakeBackend {
         Ok(SyncStats {
             operations: r.diff.changes.len(),
             repaired: self.0.found.lock().expect("lock").take(),
+            kept_rules: if *self.0.kept_rules.lock().expect("lock") {
+                vec![Family::V4]
+            } else {
+                Vec::new()
+            },
         })
     }
 }
@@ -82,7 +89,19 @@ fn start(timing: SyncTiming) -> Harness {
 }
 
 fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>) -> Harness {
+    start_remembering(timing, conntrack, None, false)
+}
+
+/// [`start_with`], the conntrack cleanup keeping its memory in `memory`, and the fake backend
+/// saying its rules stayed in place when `kept_rules`.
+fn start_remembering(
+    timing: SyncTiming,
+    conntrack: Option<kpng_conntrack::Reconciler>,
+    memory: Option<kpng_conntrack::memory::MemoryFile>,
+    kept_rules: bool,
+) -> Harness {
     let calls = Arc::new(Calls::default());
+    *calls.kept_rules.lock().expect("lock") = kept_rules;
     let mut registry = Registry::default();
     let metrics = ProxyMetrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(&[Family::V4], timing.sync_period * 2));
@@ -99,6 +118,9 @@ fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>)
     );
     if let Some(reconciler) = conntrack {
         runner = runner.with_conntrack_cleanup(reconciler);
+    }
+    if let Some(file) = memory {
+        runner = runner.with_conntrack_memory(file);
     }
     let reports = runner.subscribe();
     let (runner, admin) = runner.with_admin(Box::new(|_: &kpng_model::Snapshot| {
@@ -535,6 +557,50 @@ async fn a_repair_reads_every_udp_frontend_whole() {
         "the ClusterIP is read whole, as at a start-up"
     );
     assert!(fake.flows().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_that_kept_the_rules_reads_only_the_dnated_udp_entries() {
+    use kpng_conntrack::DumpFilter;
+    use kpng_conntrack::fake::FakeTable;
+    use kpng_conntrack::memory::MemoryFile;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("conntrack.checked");
+    let fake = FakeTable::new(vec![], vec![]);
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(30),
+        full_sync_period: Duration::ZERO,
+    };
+    let objects = || all_kinds(vec![udp_service("10.96.0.10"), udp_slice("10.244.2.7")]);
+    let cluster_ip = DumpFilter::UdpTo("10.96.0.10:53".parse().expect("addr"));
+    // (the run's boot, whether its backend kept the last run's rules, the first pass's dumps)
+    let runs = [
+        ("b1", false, vec![cluster_ip]),
+        ("b1", true, vec![DumpFilter::UdpDnat]),
+        ("b1", false, vec![cluster_ip]),
+        ("b2", true, vec![cluster_ip]),
+    ];
+    for (boot, kept_rules, dumps) in runs {
+        fake.state().dumps.clear();
+        // An entry pinned to an endpoint that went away while kpng was down.
+        let pinned = udp_flow("10.244.1.9:4000", "10.96.0.10:53", "10.244.2.6:53");
+        fake.state().flows.push(pinned);
+        let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
+        let memory = MemoryFile::new(path.clone(), boot.into());
+        let h = start_remembering(timing, Some(reconciler), Some(memory), kept_rules);
+        h.tx.send(objects()).await.expect("send");
+        settle().await;
+        assert_eq!(log(&h).len(), 1);
+        let done: Vec<DumpFilter> = fake.state().dumps.iter().map(|(_, d)| *d).collect();
+        assert_eq!(done, dumps, "boot {boot}, rules kept: {kept_rules}");
+        assert!(
+            fake.flows().is_empty(),
+            "boot {boot}: the pinned entry goes"
+        );
+        let written = std::fs::read_to_string(&path).expect("memory written");
+        assert!(written.ends_with("\nIPv4 ip 10.96.0.10:53\n"), "{written}");
+    }
 }
 
 fn encoded(h: &Harness) -> String {
