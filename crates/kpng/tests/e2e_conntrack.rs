@@ -282,6 +282,29 @@ fn port_of(a: SocketAddr) -> String {
     format!("sport={} ", a.port())
 }
 
+/// Makes node1 track what crosses it when no kpng rule is in place, as a node whose CNI uses
+/// conntrack does (a forward rule that matches `ct state`): without such a user, a datagram
+/// that meets no rule of kpng's leaves no entry.
+fn track_without_kpng(c: &Cluster) {
+    c.node1
+        .ns
+        .nft(
+            "table inet cni {\n chain forward {\n  type filter hook forward priority 0;\n  \
+             ct state established,related accept\n }\n}\n",
+        )
+        .expect("a conntrack user in node1");
+}
+
+/// The `conntrack -L` needles of `client`'s entry to `vip`, never DNATed: its reply comes
+/// from the Service IP itself.
+fn unnated_entry(vip: IpAddr, client: SocketAddr) -> [String; 3] {
+    [
+        format!("dst={vip} "),
+        port_of(client),
+        format!("src={vip} "),
+    ]
+}
+
 fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive(sink: &[&str]) {
     require_root!();
     let c = Cluster::create("ct-rep").expect("cluster");
@@ -376,24 +399,13 @@ fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is(sin
     // kpng is not running yet (a node booting): the client's datagrams to the ClusterIP leave
     // node1 un-NATed (to `ext`, which drops them), and node1 tracks them as such, because
     // something else on the node (here: a CNI-like forward rule) already uses conntrack.
-    c.node1
-        .ns
-        .nft(
-            "table inet cni {\n chain forward {\n  type filter hook forward priority 0;\n  \
-             ct state established,related accept\n }\n}\n",
-        )
-        .expect("a conntrack user in node1");
+    track_without_kpng(&c);
     let client = c.pod("pod1b");
     let target = SocketAddr::new(cip(50, false), SVC_PORT);
     let mut early = Client::start(&client.ns, target);
     let r = early.next();
     assert_eq!(r.outcome, Outcome::Timeout, "nothing programmed yet: {r}");
-    let src = r.client_addr.expect("client address");
-    let unnated = [
-        format!("dst={} ", cip(50, false)),
-        port_of(src),
-        format!("src={} ", cip(50, false)),
-    ];
+    let unnated = unnated_entry(cip(50, false), r.client_addr.expect("client address"));
     assert_eq!(
         conntrack_lines(&c.node1.ns, false, &unnated).len(),
         1,
@@ -419,13 +431,7 @@ fn nft_a_client_that_started_while_the_table_was_gone_is_served_after_the_repair
     let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
     // Something else on the node uses conntrack, so node1 tracks what crosses it while
     // kpng's table is gone (as in the test of a client that sent before kpng started).
-    c.node1
-        .ns
-        .nft(
-            "table inet cni {\n chain forward {\n  type filter hook forward priority 0;\n  \
-             ct state established,related accept\n }\n}\n",
-        )
-        .expect("a conntrack user in node1");
+    track_without_kpng(&c);
     let mut k = Kpng::start(
         &c.node1.ns,
         &manifest(&[udp_service("gap", 60, &["pod2a"])]),
@@ -455,12 +461,7 @@ fn nft_a_client_that_started_while_the_table_was_gone_is_served_after_the_repair
         Outcome::Timeout,
         "no rule while the table is gone: {r}"
     );
-    let src = r.client_addr.expect("client address");
-    let unnated = [
-        format!("dst={} ", cip(60, false)),
-        port_of(src),
-        format!("src={} ", cip(60, false)),
-    ];
+    let unnated = unnated_entry(cip(60, false), r.client_addr.expect("client address"));
     assert_eq!(
         conntrack_lines(&c.node1.ns, false, &unnated).len(),
         1,

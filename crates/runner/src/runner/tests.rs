@@ -407,6 +407,16 @@ fn slice(name: &str, ip: &str, trigger: Option<SystemTime>) -> Object {
     .object
 }
 
+/// The conntrack cleanup tests' timing: every change synced at once, a periodic sync every
+/// 30 s, no periodic full sync (a full sync always runs a pass).
+fn cleanup_timing() -> SyncTiming {
+    SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(30),
+        full_sync_period: Duration::ZERO,
+    }
+}
+
 fn udp_flow(client: &str, dst: &str, reply_src: &str) -> kpng_conntrack::Flow {
     let sa = |s: &str| s.parse().expect("socket address");
     kpng_conntrack::Flow::udp(
@@ -421,11 +431,7 @@ async fn stale_udp_entries_are_deleted_after_syncs_that_can_strand_them() {
     let unrelated = udp_flow("10.244.1.9:4000", "8.8.8.8:53", "8.8.8.8:53");
     let before_start = udp_flow("10.244.1.9:4001", "10.96.0.10:53", "10.244.2.9:53");
     let fake = FakeTable::new(vec![unrelated, before_start], vec![]);
-    let timing = SyncTiming {
-        min_sync_period: Duration::ZERO,
-        sync_period: Duration::from_secs(30),
-        full_sync_period: Duration::ZERO,
-    };
+    let timing = cleanup_timing();
     let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
     let h = start_with(timing, Some(reconciler));
     let deleted = || {
@@ -523,11 +529,7 @@ async fn a_repair_reads_every_udp_frontend_whole() {
     use kpng_conntrack::DumpFilter;
     use kpng_conntrack::fake::FakeTable;
     let fake = FakeTable::new(vec![], vec![]);
-    let timing = SyncTiming {
-        min_sync_period: Duration::ZERO,
-        sync_period: Duration::from_secs(30),
-        full_sync_period: Duration::ZERO,
-    };
+    let timing = cleanup_timing();
     let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
     let h = start_with(timing, Some(reconciler));
     h.tx.send(all_kinds(vec![
@@ -567,11 +569,7 @@ async fn a_restart_that_kept_the_rules_reads_only_the_dnated_udp_entries() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("conntrack.checked");
     let fake = FakeTable::new(vec![], vec![]);
-    let timing = SyncTiming {
-        min_sync_period: Duration::ZERO,
-        sync_period: Duration::from_secs(30),
-        full_sync_period: Duration::ZERO,
-    };
+    let timing = cleanup_timing();
     let objects = || all_kinds(vec![udp_service("10.96.0.10"), udp_slice("10.244.2.7")]);
     let cluster_ip = DumpFilter::UdpTo("10.96.0.10:53".parse().expect("addr"));
     // (the run's boot, whether its backend kept the last run's rules, the first pass's dumps)
