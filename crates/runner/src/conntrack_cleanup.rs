@@ -94,7 +94,10 @@ impl ConntrackCleanup {
     /// After a sync that repaired what someone else changed (a table flushed or deleted by a
     /// firewall reload, say): until the repair, the node may have had no rule for any
     /// frontend, and clients' packets to them went un-DNATed. Every frontend is read whole
-    /// by the repair's pass (a full sync always runs one), as after a start-up.
+    /// by the repair's pass (a full sync always runs one), as after a start-up. The runner
+    /// calls it when an alarm reports the change (so that the memory file forgets at once,
+    /// not after the repair), and after every repairing sync (a backend may find the change
+    /// itself, during the sync).
     pub fn rules_were_missing(&mut self) {
         self.reconciler.forget_checked();
         self.save();

@@ -476,6 +476,13 @@ impl<M: NodeModel> LoopState<M> {
             return;
         }
         self.repair_for.get_or_insert(t.what.clone());
+        // The rules may be gone now: what the conntrack cleanup checked is forgotten at once
+        // (in its memory file too), not at the repair, so that a crash meanwhile cannot
+        // leave it remembered.
+        #[cfg(target_os = "linux")]
+        if let Some(conntrack) = &mut self.runner.conntrack {
+            conntrack.rules_were_missing();
+        }
         let at = Instant::now() + TAMPER_DEBOUNCE;
         if self.retry_at.is_none_or(|r| r > at) {
             warn!(backend = %backend.backend, "changed by someone else ({}); repairing with a full sync", t.what);
