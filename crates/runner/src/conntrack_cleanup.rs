@@ -123,8 +123,8 @@ impl ConntrackCleanup {
                     info!(
                         %family,
                         frontends = frontends.len(),
-                        "the rules stayed in place since the last run: its checked UDP \
-                         frontends need no walk of the conntrack table of their own"
+                        "the rules stayed in place since the last run: the UDP conntrack \
+                         cleanup trusts its checks (one walk of the table, not one per frontend)"
                     );
                     self.reconciler.assume_checked(*family, frontends.clone());
                 }
