@@ -221,6 +221,8 @@ pub struct Reconciler {
     table: Box<dyn FlowTable>,
     /// Frontends whose entries (DNATed or not) a successful pass has checked, per family.
     checked: HashMap<Family, HashSet<Frontend>>,
+    /// Grows whenever `checked` changes: a caller that keeps it elsewhere writes it only then.
+    checked_version: u64,
     max_narrow_dumps: Option<usize>,
 }
 
@@ -247,6 +249,7 @@ impl Reconciler {
         Reconciler {
             table,
             checked: HashMap::new(),
+            checked_version: 0,
             max_narrow_dumps: None,
         }
     }
@@ -262,7 +265,10 @@ impl Reconciler {
     /// Forgets which frontends were checked: the next pass looks for never-DNATed entries of
     /// every frontend, as after a restart.
     pub fn forget_checked(&mut self) {
-        self.checked.clear();
+        if !self.checked.is_empty() {
+            self.checked.clear();
+            self.checked_version += 1;
+        }
     }
 
     /// The frontends a successful pass has checked, per family: what
@@ -271,11 +277,18 @@ impl Reconciler {
         &self.checked
     }
 
+    /// Changes whenever [`Reconciler::checked`] does (and only then), so that keeping it
+    /// elsewhere costs nothing in a sync that changed nothing.
+    pub fn checked_version(&self) -> u64 {
+        self.checked_version
+    }
+
     /// Takes `frontends` of `family` as checked, as a restart whose backend kept the last
     /// run's rules in place may (see [`crate::memory`]): the next pass reads their DNATed
     /// entries only. Frontends the next pass does not see are dropped by it.
     pub fn assume_checked(&mut self, family: Family, frontends: HashSet<Frontend>) {
         self.checked.entry(family).or_default().extend(frontends);
+        self.checked_version += 1;
     }
 
     /// Forgets the frontends of `family` that `diff` takes out of the rules or leaves without
@@ -309,8 +322,8 @@ impl Reconciler {
                 .flat_map(|new| frontends_of(new))
                 .collect();
             for frontend in frontends_of(old) {
-                if !kept.contains(&frontend) {
-                    checked.remove(&frontend);
+                if !kept.contains(&frontend) && checked.remove(&frontend) {
+                    self.checked_version += 1;
                 }
             }
         }
@@ -337,7 +350,11 @@ impl Reconciler {
             })
             .flat_map(frontends_of)
             .collect();
+        let before = checked.len();
         checked.retain(|f| kept.contains(f));
+        if checked.len() != before {
+            self.checked_version += 1;
+        }
     }
 
     /// The dumps of a pass: the DNATed UDP entries, plus every entry of each new frontend
@@ -385,7 +402,9 @@ impl Reconciler {
             })
             .collect();
         if ports.is_empty() {
-            self.checked.remove(&family);
+            if self.checked.remove(&family).is_some() {
+                self.checked_version += 1;
+            }
             return Ok(Pass {
                 duration: started.elapsed(),
                 ..Pass::default()
@@ -428,7 +447,10 @@ impl Reconciler {
         if !stale.is_empty() {
             pass.outcome = self.table.delete(&stale)?;
         }
-        self.checked.insert(family, frontends.into_iter().collect());
+        let now: HashSet<Frontend> = frontends.into_iter().collect();
+        if self.checked.insert(family, now.clone()).as_ref() != Some(&now) {
+            self.checked_version += 1;
+        }
         pass.duration = started.elapsed();
         Ok(pass)
     }

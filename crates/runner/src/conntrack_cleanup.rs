@@ -28,6 +28,9 @@ pub struct ConntrackCleanup {
     remembered: Option<Checked>,
     /// Writing the memory failed once (said once, then only at debug level).
     memory_failed: bool,
+    /// The reconciler's `checked_version` the memory file holds: nothing is encoded or
+    /// written in a sync that changed no check.
+    saved_version: Option<u64>,
 }
 
 impl ConntrackCleanup {
@@ -40,6 +43,7 @@ impl ConntrackCleanup {
             memory: None,
             remembered: None,
             memory_failed: false,
+            saved_version: None,
         }
     }
 
@@ -81,13 +85,23 @@ impl ConntrackCleanup {
         let Some(file) = &mut self.memory else {
             return;
         };
-        if let Err(e) = file.save(self.reconciler.checked()) {
-            if self.memory_failed {
-                debug!("{e}");
-            } else {
-                warn!("{e}; a restart will read every UDP frontend whole");
-                self.memory_failed = true;
-            }
+        let version = self.reconciler.checked_version();
+        if self.saved_version == Some(version) {
+            return;
+        }
+        match file.save(self.reconciler.checked()) {
+            Ok(()) => self.saved_version = Some(version),
+            Err(e) => self.warn_unsaved(e),
+        }
+    }
+
+    /// Says once that the memory cannot be written, then only at debug level.
+    fn warn_unsaved(&mut self, e: kpng_conntrack::memory::MemoryError) {
+        if self.memory_failed {
+            debug!("{e}");
+        } else {
+            warn!("{e}; a restart will read every UDP frontend whole");
+            self.memory_failed = true;
         }
     }
 

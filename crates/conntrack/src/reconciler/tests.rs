@@ -449,6 +449,14 @@ fn a_frontend_that_left_the_rules_is_new_when_it_comes_back() {
         &change(None, Some(two.clone())),
         std::slice::from_ref(&two),
     );
+    // The checks' version moves only when they change: a memory of them is not rewritten
+    // by syncs that change nothing.
+    let version = reconciler.checked_version();
+    reconciler
+        .reconcile(Family::V4, std::slice::from_ref(&two))
+        .expect("pass");
+    reconciler.forget_gone(Family::V4, &change(Some(two.clone()), Some(two.clone())));
+    assert_eq!(reconciler.checked_version(), version);
     let one = dns(&["10.244.2.7:53"]);
     let pass = after_sync(
         &mut reconciler,
@@ -457,4 +465,11 @@ fn a_frontend_that_left_the_rules_is_new_when_it_comes_back() {
     )
     .expect("a lost endpoint calls for a pass");
     assert_eq!(pass.dumps, [DumpFilter::UdpDnat]);
+    assert_eq!(
+        reconciler.checked_version(),
+        version,
+        "the same frontend, still checked"
+    );
+    reconciler.forget_gone(Family::V4, &change(Some(dns(&["10.244.2.7:53"])), None));
+    assert_ne!(reconciler.checked_version(), version, "forgotten");
 }
