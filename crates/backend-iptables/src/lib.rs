@@ -108,6 +108,10 @@ struct FamilyState {
     ports: HashMap<PortKey, PortRules>,
     /// Rules of all ports in the filter and nat tables.
     port_rules: [usize; 2],
+    /// The last sync was full and found our rules already in place (an earlier run's, or this
+    /// run's): its restore replaced them atomically, so no frontend went without a rule
+    /// ([`SyncStats::kept_rules`]).
+    kept_rules: bool,
 }
 
 /// Index of a table in [`FamilyState::port_rules`].
@@ -171,6 +175,7 @@ impl IptablesBackend {
                 committed: None,
                 ports: HashMap::new(),
                 port_rules: [0; 2],
+                kept_rules: false,
             })
             .collect();
         IptablesBackend {
@@ -313,6 +318,7 @@ impl IptablesBackend {
             .save(family, Table::Filter)
             .map_err(|e| self.exec_error(family, "reading the filter table", e))?;
         let (nat, filter) = (Saved::parse(&nat), Saved::parse(&filter));
+        let kept_rules = rules_in_place(&nat, &cfg);
 
         let mut script = Script::default();
         for table in Table::ALL {
@@ -393,6 +399,7 @@ impl IptablesBackend {
         state.committed = Some(cfg);
         state.ports = rendered.into_iter().collect();
         state.port_rules = port_rules;
+        state.kept_rules = kept_rules;
         self.record_rule_counts(index, &transactions);
         Ok(operations)
     }
@@ -494,6 +501,20 @@ impl IptablesBackend {
             self.partial_sync(index, request, &cfg)
         }
     }
+}
+
+/// Whether the nat table, as a full sync read it, already sends Service traffic through our
+/// rules: `KUBE-SERVICES` holds rules and every jump to it from the built-in chains is there.
+/// The full sync's restore then replaces those rules atomically (each port chain is flushed
+/// and refilled in one transaction, `KUBE-SERVICES` last), so a frontend they covered never
+/// went without a rule. A table someone flushed, or a node kpng never programmed, fails it.
+fn rules_in_place(nat: &Saved, cfg: &StaticConfig) -> bool {
+    nat.rules.iter().any(|(chain, _)| chain == SERVICES)
+        && cfg
+            .jumps()
+            .iter()
+            .filter(|j| j.table == Table::Nat && j.to == SERVICES)
+            .all(|j| nat.has_jump(j.from, j.to, j.comment))
 }
 
 /// Adds (`sign` 1) or removes (`sign` -1) a port's rules from the per-table counts.
@@ -758,6 +779,9 @@ impl IptablesBackend {
             self.known_addresses = (self.local_addresses)();
         }
         self.found_flushed.clear();
+        for state in &mut self.states {
+            state.kept_rules = false;
+        }
         let operations = sync_each(self.states.len(), |index| self.sync_family(index, request))?;
         debug!(operations, "iptables sync done");
         let repaired = (!self.found_flushed.is_empty()).then(|| {
@@ -770,7 +794,12 @@ impl IptablesBackend {
         Ok(SyncStats {
             operations,
             repaired,
-            ..SyncStats::default()
+            kept_rules: self
+                .states
+                .iter()
+                .filter(|s| s.kept_rules)
+                .map(|s| s.family)
+                .collect(),
         })
     }
 

@@ -354,6 +354,79 @@ fn a_full_sync_adopts_existing_jumps_and_removes_stale_chains() {
     assert!(!v4.contains("DOCKER"), "other chains are not ours: {v4}");
 }
 
+/// A full sync reports a family's rules as kept (so that a restart's UDP conntrack cleanup
+/// trusts what the last run checked) only when its nat table already sent Service traffic
+/// through `KUBE-SERVICES`: the restore then replaces those rules without a gap.
+#[test]
+fn a_full_sync_keeps_the_rules_only_when_they_were_in_place() {
+    let portals = "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES";
+    let service = "-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m udp --dport 53 -j KUBE-SVC-X";
+    let nat = |lines: &[String]| {
+        format!(
+            "*nat\n:KUBE-SERVICES - [0:0]\n{}\nCOMMIT\n",
+            lines.join("\n")
+        )
+    };
+    let both_jumps = [
+        format!("-A PREROUTING {portals}"),
+        format!("-A OUTPUT {portals}"),
+        service.to_owned(),
+    ];
+    let cases: [(&str, Option<String>, &[Family]); 5] = [
+        ("a node kpng never programmed", None, &[]),
+        (
+            "an earlier run's rules",
+            Some(nat(&both_jumps)),
+            &[Family::V4],
+        ),
+        (
+            "the OUTPUT jump gone",
+            Some(nat(&both_jumps[..1]
+                .iter()
+                .chain(&both_jumps[2..])
+                .cloned()
+                .collect::<Vec<_>>())),
+            &[],
+        ),
+        ("KUBE-SERVICES flushed", Some(nat(&both_jumps[..2])), &[]),
+        (
+            "another comment on the jumps",
+            Some(nat(&both_jumps
+                .clone()
+                .map(|l| l.replace("service portals", "other")))),
+            &[],
+        ),
+    ];
+    let model = model_from(ONE_SERVICE);
+    for (case, saved, kept) in cases {
+        let (mut b, r) = backend();
+        canary_present(&r, &Family::ALL);
+        r.0.lock()
+            .expect("lock")
+            .saved
+            .extend(saved.map(|text| (Family::V4, Table::Nat, text)));
+        let stats = b
+            .sync(&SyncRequest {
+                diff: &Diff::full(model.snapshot()),
+                snapshot: model.snapshot(),
+                full: true,
+            })
+            .expect("sync");
+        assert_eq!(stats.kept_rules, kept, "{case}");
+        let partial = b
+            .sync(&SyncRequest {
+                diff: &Diff::default(),
+                snapshot: model.snapshot(),
+                full: false,
+            })
+            .expect("sync");
+        assert!(
+            partial.kept_rules.is_empty(),
+            "{case}: a partial sync says nothing"
+        );
+    }
+}
+
 #[test]
 fn periodic_syncs_rewrite_everything_after_a_flush() {
     let model = model_from(ONE_SERVICE);

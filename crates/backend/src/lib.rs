@@ -62,7 +62,8 @@ pub struct SyncStats {
     pub repaired: Option<String>,
     /// The families whose rules from before this sync stayed in place throughout it: a
     /// table this backend left in an earlier run, adopted and refilled in one transaction
-    /// (or the same table refilled again by a periodic full sync). A frontend those rules
+    /// (or the same table refilled again by a periodic full sync), or chains replaced
+    /// atomically by one restore. A frontend those rules
     /// covered never went without a rule, which lets the UDP conntrack cleanup trust, after
     /// a restart, what the earlier run had checked. Empty when not known: always safe.
     pub kept_rules: Vec<kpng_model::Family>,

@@ -483,18 +483,17 @@ fn nft_a_client_that_started_while_the_table_was_gone_is_served_after_the_repair
     );
 }
 
-/// A restart that adopts the table the last run left (nftables: its rules stay in place while
-/// the sets are refilled in one transaction) trusts what the last run's conntrack cleanup
-/// checked: the first pass reads the DNATed entries only, as in steady state, instead of every
-/// UDP frontend whole, and still moves a client whose endpoint changed while kpng was down.
-#[test]
-fn nft_a_restart_that_keeps_the_rules_reads_only_the_dnated_entries() {
+/// A restart that finds the rules the last run left in place (nftables: the table is adopted
+/// and its sets refilled in one transaction; iptables: the restore replaces the chains
+/// atomically) trusts what the last run's conntrack cleanup checked: the first pass reads the
+/// DNATed entries only, as in steady state, instead of every UDP frontend whole, and still
+/// moves a client whose endpoint changed while kpng was down.
+fn a_restart_that_keeps_the_rules_reads_only_the_dnated_entries(sink: &[&str]) {
     require_root!();
     let c = Cluster::create("ct-rst").expect("cluster");
     let _echo: Vec<Spawned> = ["pod1a", "pod2a"]
         .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
         .into();
-    let sink = &["to-local", "nft"];
     let before = Kpng::start(
         &c.node1.ns,
         &manifest(&[udp_service("dns", 70, &["pod1a"])]),
@@ -562,6 +561,11 @@ macro_rules! for_each_backend {
                 #[test]
                 fn a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is() {
                     super::a_client_that_sent_before_the_service_was_programmed_is_served_once_it_is($sink);
+                }
+
+                #[test]
+                fn a_restart_that_keeps_the_rules_reads_only_the_dnated_entries() {
+                    super::a_restart_that_keeps_the_rules_reads_only_the_dnated_entries($sink);
                 }
             }
         )*
