@@ -98,6 +98,13 @@ impl Leftover {
     }
 }
 
+/// Whether `table` (`nat`, `filter`, …) of one iptables variant and family exists, found
+/// without touching iptables (reading a legacy table creates it, and its hooks with it).
+#[cfg(target_os = "linux")]
+pub fn iptables_table_exists(variant: Variant, family: kpng_model::Family, table: &str) -> bool {
+    imp::iptables_table_exists(variant, family, table)
+}
+
 /// What a running backend installs itself, which [`sweep`] keeps.
 #[cfg(target_os = "linux")]
 pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover> {
@@ -320,7 +327,7 @@ mod imp {
     /// reading a legacy table instantiates it, and with it netfilter hooks that every packet of
     /// the node then crosses (the benchmark measured +5-10% on a connection's first packet),
     /// and iptables-nft may create its base chains when asked to list them.
-    fn iptables_table_exists(variant: Variant, family: Family, table: &str) -> bool {
+    pub(crate) fn iptables_table_exists(variant: Variant, family: Family, table: &str) -> bool {
         match variant {
             Variant::Legacy => {
                 let names = match family {

@@ -22,6 +22,8 @@ mod input_metrics;
 mod instance_lock;
 #[cfg(target_os = "linux")]
 mod iptables_status;
+#[cfg(target_os = "linux")]
+mod kube_proxy_checks;
 mod kube_proxy_flags;
 mod leftovers;
 mod log_dedup;

@@ -670,8 +670,24 @@ where
                 // What the cleanup checked, kept across restarts of this boot: a restart that
                 // keeps the rules in place need not walk the table once per UDP frontend.
                 use kpng_conntrack::memory;
+                let mut kpng_ran_here = true;
                 if let (Some(path), Some(boot)) = (memory::default_path(), memory::boot_id()) {
-                    runner = runner.with_conntrack_memory(memory::MemoryFile::new(path, boot));
+                    let mut file = memory::MemoryFile::new(path, boot);
+                    kpng_ran_here = !matches!(file.load(), Ok(None));
+                    runner = runner.with_conntrack_memory(file);
+                }
+                // What kube-proxy's rules, if it ran here, had checked for us: read while the
+                // cluster loads, used after the first sync (before kube-proxy's rules go).
+                if !dry_run {
+                    let reading =
+                        std::thread::spawn(move || crate::kube_proxy_checks::read(kpng_ran_here));
+                    runner = runner.with_conntrack_inherited(
+                        kpng_runner::conntrack_cleanup::InheritedChecks::new(move || {
+                            let checked = reading.join().unwrap_or_default();
+                            crate::kube_proxy_checks::log(&checked);
+                            checked
+                        }),
+                    );
                 }
             }
             Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),

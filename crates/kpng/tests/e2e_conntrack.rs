@@ -543,6 +543,178 @@ fn a_restart_that_keeps_the_rules_reads_only_the_dnated_entries(sink: &[&str]) {
     );
 }
 
+/// kube-proxy's rules for one UDP Service (ClusterIP `cip(n)`:53 → `pod`:8080), as its
+/// nftables mode (v1.31+ layout, the parts that DNAT) or its iptables mode programs them.
+fn kube_proxy_udp_rules(mode: &str, n: u8, pod: &str) -> (&'static str, String) {
+    let (vip, ep) = (cip(n, false), pod_ips(pod).0);
+    match mode {
+        "nftables" => {
+            let t = "ip kube-proxy";
+            let service = "service-AAAAAAAA-default/dns/udp/dns";
+            let endpoint = format!("endpoint-BBBBBBBB-default/dns/udp/dns__{ep}/{EP_PORT}");
+            (
+                "nft",
+                format!(
+                    "add table {t} {{ comment \"rules for kube-proxy\" ; }}\n\
+                     add chain {t} nat-prerouting {{ type nat hook prerouting priority -100 ; }}\n\
+                     add chain {t} nat-output {{ type nat hook output priority -100 ; }}\n\
+                     add chain {t} services\n\
+                     add chain {t} {service}\n\
+                     add chain {t} {endpoint}\n\
+                     add map {t} service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict ; }}\n\
+                     add rule {t} nat-prerouting jump services\n\
+                     add rule {t} nat-output jump services\n\
+                     add rule {t} services ip daddr . meta l4proto . th dport vmap @service-ips\n\
+                     add rule {t} {service} numgen random mod 1 vmap {{ 0 : goto {endpoint} }}\n\
+                     add rule {t} {endpoint} meta l4proto udp dnat to {ep}:{EP_PORT}\n\
+                     add element {t} service-ips {{ {vip} . udp . {SVC_PORT} comment \"default/dns:dns\" : goto {service} }}\n"
+                ),
+            )
+        }
+        _ => (
+            "iptables-nft-restore",
+            format!(
+                "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]\n\
+                 :KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]\n\
+                 -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                 -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                 -A KUBE-SERVICES -d {vip}/32 -p udp -m comment --comment \"default/dns:dns cluster IP\" -m udp --dport {SVC_PORT} -j KUBE-SVC-AAAAAAAAAAAAAAAA\n\
+                 -A KUBE-SVC-AAAAAAAAAAAAAAAA -m comment --comment \"default/dns:dns -> {ep}:{EP_PORT}\" -j KUBE-SEP-BBBBBBBBBBBBBBBB\n\
+                 -A KUBE-SEP-BBBBBBBBBBBBBBBB -p udp -m comment --comment \"default/dns:dns\" -m udp -j DNAT --to-destination {ep}:{EP_PORT}\n\
+                 COMMIT\n"
+            ),
+        ),
+    }
+}
+
+/// The swap from kube-proxy on a busy node: kube-proxy's rules DNAT a UDP client's flow when
+/// kpng starts, with the Service's endpoint replaced meanwhile. kube-proxy deleted its
+/// frontends' never-DNATed entries itself and its rules stay until kpng's are in place, so
+/// kpng's first pass reads their DNATed entries alone (one walk of the table, not one per
+/// frontend) and still moves the client; a Service kube-proxy did not have is read whole;
+/// then kube-proxy's rules are gone.
+fn a_swap_from_kube_proxy_reads_only_the_dnated_entries(
+    mode: &str,
+    sink: &[&str],
+    with_late: bool,
+) {
+    require_root!();
+    let c = Cluster::create("ct-swap").expect("cluster");
+    let _echo: Vec<Spawned> = ["pod1a", "pod2a"]
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .into();
+    let (tool, rules) = kube_proxy_udp_rules(mode, 72, "pod1a");
+    let args: &[&str] = if tool == "nft" {
+        &["nft", "-f", "-"]
+    } else {
+        &["iptables-nft-restore", "--noflush"]
+    };
+    c.node1
+        .ns
+        .run_with_stdin(args, &rules)
+        .expect("kube-proxy's rules");
+    let client = c.pod("pod1b");
+    let mut dns = Client::start(&client.ns, SocketAddr::new(cip(72, false), SVC_PORT));
+    dns.wait_for("pod1a", WITHIN);
+    // A Service kube-proxy never programmed (created while it was down): its client's entry
+    // is un-NATed, and kpng must still read that frontend whole.
+    let mut late = with_late.then(|| {
+        track_without_kpng(&c);
+        let mut late = Client::start(&client.ns, SocketAddr::new(cip(73, false), SVC_PORT));
+        let r = late.next();
+        assert_eq!(r.outcome, Outcome::Timeout, "kube-proxy has no rule: {r}");
+        let unnated = unnated_entry(cip(73, false), r.client_addr.expect("client address"));
+        assert_eq!(conntrack_lines(&c.node1.ns, false, &unnated).len(), 1);
+        late
+    });
+    // ClusterIP Services, as kube-dns is (node ports are not taken from kube-proxy).
+    let cluster_ip = |name, n: u8| {
+        udp_service(name, n, &["pod2a"])
+            .replace("type: NodePort", "type: ClusterIP")
+            .replace(&format!(", nodePort: {}", 30000 + u16::from(n)), "")
+    };
+    let mut services = vec![cluster_ip("dns", 72)];
+    if with_late {
+        services.push(cluster_ip("late", 73));
+    }
+    let k = Kpng::start(&c.node1.ns, &manifest(&services), sink);
+    dns.wait_for("pod2a", WITHIN);
+    dns.all_from("pod2a", 5);
+    if let Some(late) = &mut late {
+        late.wait_for("pod2a", WITHIN);
+    }
+    let log = k.proc.stderr_text();
+    assert!(
+        log.contains("kube-proxy's rules DNATed these UDP frontends"),
+        "kpng did not take kube-proxy's checks:\n{log}"
+    );
+    let cleanup = log
+        .lines()
+        .find(|l| l.contains("deleted stale UDP conntrack entries") && l.contains("family=IPv4"))
+        .unwrap_or_else(|| panic!("no IPv4 cleanup after the start:\n{log}"));
+    // With a second, new frontend, this small table is read whole in one dump (cheaper
+    // than two); with kube-proxy's frontend alone, only the DNATed entries are read.
+    let planned = if late.is_some() {
+        "read=every UDP entry "
+    } else {
+        "read=DNATed UDP entries "
+    };
+    assert!(
+        cleanup.contains(planned),
+        "kube-proxy's frontend needs no walk of its own: {cleanup}"
+    );
+    // Once kpng's rules are in place, kube-proxy's are gone (nftables mode: its table;
+    // iptables mode: kpng's iptables backend rewrote its chains).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c
+        .node1
+        .ns
+        .run_ok(["nft", "list", "table", "ip", "kube-proxy"])
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "kube-proxy's table stayed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A restart finds kpng's own rules (in iptables, under kube-proxy's names) and its own
+    // memory of this boot: nothing is taken for kube-proxy's any more.
+    k.proc.kill().expect("stop kpng");
+    let again = Kpng::start(&c.node1.ns, &manifest(&services), sink);
+    dns.all_from("pod2a", 5);
+    let log = again.proc.stderr_text();
+    assert!(
+        !log.contains("kube-proxy's rules DNATed"),
+        "kpng's own rules were taken for kube-proxy's:\n{log}"
+    );
+    assert!(
+        log.contains("the rules stayed in place since the last run"),
+        "the restart did not use its own checks:\n{log}"
+    );
+}
+
+const IPTABLES_NFT: &[&str] = &["to-local", "iptables", "--iptables-mode", "nft"];
+
+#[test]
+fn nft_a_swap_from_kube_proxy_nftables_mode_reads_only_the_dnated_entries() {
+    a_swap_from_kube_proxy_reads_only_the_dnated_entries("nftables", &["to-local", "nft"], false);
+}
+
+#[test]
+fn iptables_a_swap_from_kube_proxy_iptables_mode_reads_only_the_dnated_entries() {
+    a_swap_from_kube_proxy_reads_only_the_dnated_entries("iptables", IPTABLES_NFT, false);
+}
+
+/// kpng's own rules for a Service kube-proxy did not have are never taken for kube-proxy's
+/// (in iptables they carry the same names): that Service's stuck client is served.
+#[test]
+fn nft_a_swap_from_kube_proxy_nftables_mode_reads_a_service_it_did_not_have_whole() {
+    a_swap_from_kube_proxy_reads_only_the_dnated_entries("nftables", &["to-local", "nft"], true);
+}
+
+#[test]
+fn iptables_a_swap_from_kube_proxy_iptables_mode_reads_a_service_it_did_not_have_whole() {
+    a_swap_from_kube_proxy_reads_only_the_dnated_entries("iptables", IPTABLES_NFT, true);
+}
+
 /// The scenarios above, once per backend.
 macro_rules! for_each_backend {
     ($($backend:ident: $sink:expr;)*) => {

@@ -205,6 +205,21 @@ pub fn nf_attrs(msg: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     })
 }
 
+/// The attributes inside a nested attribute's payload, as (type without the nested and
+/// byte-order flags, payload); a truncated one ends the walk.
+pub fn attrs(payload: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    let mut a = 0;
+    std::iter::from_fn(move || {
+        let (len, ty) = (u16_at(payload, a)? as usize, u16_at(payload, a + 2)?);
+        if len < 4 || a + len > payload.len() {
+            return None;
+        }
+        let value = &payload[a + 4..a + len];
+        a += len.next_multiple_of(4);
+        Some((ty & 0x3fff, value))
+    })
+}
+
 /// What an `NLMSG_ERROR` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack {

@@ -7,12 +7,14 @@
 //! elements through [`socket`] and [`attr`]; the nftables backend and the userspace proxy's
 //! capture both watch their tables with [`monitor`]; the nftables backend's start-up probe and
 //! the binary's leftover sweep list tables with [`tables`] (a table dump: no set element is
-//! read). Backends never depend on each other.
+//! read); the binary reads kube-proxy's `service-ips` map with [`elements`] (one map's
+//! elements, no other table's). Backends never depend on each other.
 //!
 //! Unsafe code is confined to [`socket`] (std has no netlink sockets), each call with its SAFETY
 //! argument.
 
 pub mod attr;
+pub mod elements;
 pub mod monitor;
 pub mod socket;
 pub mod tables;

@@ -31,6 +31,32 @@ pub struct ConntrackCleanup {
     /// The reconciler's `checked_version` the memory file holds: nothing is encoded or
     /// written in a sync that changed no check.
     saved_version: Option<u64>,
+    /// What another proxy's rules on the node had already checked: read before the first
+    /// sync commits, taken as checked after the first successful one.
+    inherited: Option<InheritedChecks>,
+    /// What `inherited` gave, until the first successful sync.
+    inherited_checked: Option<Checked>,
+}
+
+/// Gives, once, the frontends another proxy's rules were DNATing when kpng started and whose
+/// never-DNATed entries that proxy deletes itself (kube-proxy's, read by the binary). Called
+/// before kpng's first sync commits (which may wait for it: it is read while kpng loads), so
+/// that it reads the other proxy's rules, never kpng's own under the same names (kpng's
+/// iptables backend writes kube-proxy's chains); that proxy's rules must stay in place until
+/// kpng's first successful sync.
+pub struct InheritedChecks(Box<dyn FnOnce() -> Checked + Send>);
+
+impl InheritedChecks {
+    /// Wraps the function that gives them.
+    pub fn new(give: impl FnOnce() -> Checked + Send + 'static) -> InheritedChecks {
+        InheritedChecks(Box::new(give))
+    }
+}
+
+impl std::fmt::Debug for InheritedChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InheritedChecks")
+    }
 }
 
 impl ConntrackCleanup {
@@ -44,7 +70,17 @@ impl ConntrackCleanup {
             remembered: None,
             memory_failed: false,
             saved_version: None,
+            inherited: None,
+            inherited_checked: None,
         }
+    }
+
+    /// Takes what `inherited` gives (before the first sync commits) as checked after the first
+    /// successful sync, in every family: those frontends' first pass then reads their DNATed
+    /// entries only, as in steady state.
+    pub fn with_inherited(mut self, inherited: InheritedChecks) -> ConntrackCleanup {
+        self.inherited = Some(inherited);
+        self
     }
 
     /// Keeps the checked frontends in `file` across restarts, and reads what the last run of
@@ -69,6 +105,9 @@ impl ConntrackCleanup {
         snapshot: &Snapshot,
         full: bool,
     ) {
+        if let Some(inherited) = self.inherited.take() {
+            self.inherited_checked = Some((inherited.0)());
+        }
         for &family in families {
             if full {
                 let ports = snapshot.family(family).map(|p| &**p);
@@ -114,6 +153,7 @@ impl ConntrackCleanup {
     /// itself, during the sync).
     pub fn rules_were_missing(&mut self) {
         self.reconciler.forget_checked();
+        self.inherited_checked = None;
         self.save();
     }
 
@@ -142,6 +182,12 @@ impl ConntrackCleanup {
                     );
                     self.reconciler.assume_checked(*family, frontends.clone());
                 }
+            }
+        }
+        if let Some(inherited) = self.inherited_checked.take() {
+            for (family, frontends) in inherited {
+                debug!(%family, frontends = frontends.len(), "inherited UDP conntrack checks");
+                self.reconciler.assume_checked(family, frontends);
             }
         }
         for &family in families {

@@ -162,6 +162,19 @@ impl<M: NodeModel> Runner<M> {
         self
     }
 
+    /// Frontends another proxy's rules (kube-proxy's) had DNATed and cleaned when kpng
+    /// started: the conntrack cleanup takes them as checked after the first sync (see
+    /// [`crate::conntrack_cleanup::InheritedChecks`]). Without
+    /// [`Runner::with_conntrack_cleanup`] first, nothing.
+    #[cfg(target_os = "linux")]
+    pub fn with_conntrack_inherited(
+        mut self,
+        inherited: crate::conntrack_cleanup::InheritedChecks,
+    ) -> Runner<M> {
+        self.conntrack = self.conntrack.map(|c| c.with_inherited(inherited));
+        self
+    }
+
     /// A receiver of the latest [`SyncReport`].
     pub fn subscribe(&self) -> watch::Receiver<Option<SyncReport>> {
         self.reports.subscribe()

@@ -89,16 +89,17 @@ fn start(timing: SyncTiming) -> Harness {
 }
 
 fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>) -> Harness {
-    start_remembering(timing, conntrack, None, false)
+    start_remembering(timing, conntrack, None, false, None)
 }
 
-/// [`start_with`], the conntrack cleanup keeping its memory in `memory`, and the fake backend
-/// saying its rules stayed in place when `kept_rules`.
+/// [`start_with`], the conntrack cleanup keeping its memory in `memory` and taking
+/// `inherited` checks, and the fake backend saying its rules stayed in place when `kept_rules`.
 fn start_remembering(
     timing: SyncTiming,
     conntrack: Option<kpng_conntrack::Reconciler>,
     memory: Option<kpng_conntrack::memory::MemoryFile>,
     kept_rules: bool,
+    inherited: Option<crate::conntrack_cleanup::InheritedChecks>,
 ) -> Harness {
     let calls = Arc::new(Calls::default());
     *calls.kept_rules.lock().expect("lock") = kept_rules;
@@ -121,6 +122,9 @@ fn start_remembering(
     }
     if let Some(file) = memory {
         runner = runner.with_conntrack_memory(file);
+    }
+    if let Some(inherited) = inherited {
+        runner = runner.with_conntrack_inherited(inherited);
     }
     let reports = runner.subscribe();
     let (runner, admin) = runner.with_admin(Box::new(|_: &kpng_model::Snapshot| {
@@ -561,6 +565,47 @@ async fn a_repair_reads_every_udp_frontend_whole() {
     assert!(fake.flows().is_empty());
 }
 
+/// Frontends another proxy's rules had checked (kube-proxy's, when kpng replaces it) need
+/// no walk of their own in the first pass, whatever the backend says of its rules; others do.
+#[tokio::test(start_paused = true)]
+async fn inherited_checks_spare_the_first_pass_its_walks() {
+    use kpng_conntrack::fake::FakeTable;
+    use kpng_conntrack::memory::Checked;
+    use kpng_conntrack::{DumpFilter, Frontend};
+    let timing = cleanup_timing();
+    let objects = || all_kinds(vec![udp_service("10.96.0.10"), udp_slice("10.244.2.7")]);
+    let cluster_ip = DumpFilter::UdpTo("10.96.0.10:53".parse().expect("addr"));
+    let of = |frontends: &[&str]| -> Checked {
+        let set = frontends
+            .iter()
+            .map(|f| Frontend::Ip(f.parse().expect("addr")))
+            .collect();
+        [(Family::V4, set)].into()
+    };
+    // (what kube-proxy's rules covered, the first pass's dumps)
+    let cases = [
+        (of(&[]), vec![cluster_ip]),
+        (of(&["10.96.0.10:53"]), vec![DumpFilter::UdpDnat]),
+        (of(&["10.96.0.99:53"]), vec![cluster_ip]),
+    ];
+    for (inherited, dumps) in cases {
+        let fake = FakeTable::new(vec![], vec![]);
+        let pinned = udp_flow("10.244.1.9:4000", "10.96.0.10:53", "10.244.2.6:53");
+        fake.state().flows.push(pinned);
+        let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
+        let given = crate::conntrack_cleanup::InheritedChecks::new({
+            let inherited = inherited.clone();
+            move || inherited
+        });
+        let h = start_remembering(timing, Some(reconciler), None, false, Some(given));
+        h.tx.send(objects()).await.expect("send");
+        settle().await;
+        let done: Vec<DumpFilter> = fake.state().dumps.iter().map(|(_, d)| *d).collect();
+        assert_eq!(done, dumps, "inherited {inherited:?}");
+        assert!(fake.flows().is_empty(), "the pinned entry goes");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restart_that_kept_the_rules_reads_only_the_dnated_udp_entries() {
     use kpng_conntrack::DumpFilter;
@@ -586,7 +631,7 @@ async fn a_restart_that_kept_the_rules_reads_only_the_dnated_udp_entries() {
         fake.state().flows.push(pinned);
         let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
         let memory = MemoryFile::new(path.clone(), boot.into());
-        let h = start_remembering(timing, Some(reconciler), Some(memory), kept_rules);
+        let h = start_remembering(timing, Some(reconciler), Some(memory), kept_rules, None);
         h.tx.send(objects()).await.expect("send");
         settle().await;
         assert_eq!(log(&h).len(), 1);
