@@ -33,7 +33,7 @@ use std::net::IpAddr;
 
 use kpng_backend::metrics::FamilyLabel;
 use kpng_backend::settings::{DetectLocal, NodePortAddresses};
-use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm};
+use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm, UdpFrontends};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -112,6 +112,10 @@ struct FamilyState {
     /// run's): its restore replaced them atomically, so no frontend went without a rule
     /// ([`SyncStats::kept_rules`]).
     kept_rules: bool,
+    /// The UDP frontends whose rules that sync found in place: kube-proxy writes the same
+    /// chains, so while kpng was down any of them may have come and gone
+    /// ([`SyncStats::kept_udp_frontends`]).
+    kept_udp_frontends: UdpFrontends,
 }
 
 /// Index of a table in [`FamilyState::port_rules`].
@@ -176,6 +180,7 @@ impl IptablesBackend {
                 ports: HashMap::new(),
                 port_rules: [0; 2],
                 kept_rules: false,
+                kept_udp_frontends: UdpFrontends::default(),
             })
             .collect();
         IptablesBackend {
@@ -400,6 +405,18 @@ impl IptablesBackend {
         state.ports = rendered.into_iter().collect();
         state.port_rules = port_rules;
         state.kept_rules = kept_rules;
+        state.kept_udp_frontends = if kept_rules {
+            UdpFrontends {
+                service_ips: nat.udp_service_ips(),
+                node_ports: nat
+                    .udp_node_ports()
+                    .into_iter()
+                    .map(|p| (family, p))
+                    .collect(),
+            }
+        } else {
+            UdpFrontends::default()
+        };
         self.record_rule_counts(index, &transactions);
         Ok(operations)
     }
@@ -791,15 +808,21 @@ impl IptablesBackend {
                 families.join(" and ")
             )
         });
+        let kept: Vec<&FamilyState> = self.states.iter().filter(|s| s.kept_rules).collect();
         Ok(SyncStats {
             operations,
             repaired,
-            kept_rules: self
-                .states
-                .iter()
-                .filter(|s| s.kept_rules)
-                .map(|s| s.family)
-                .collect(),
+            kept_rules: kept.iter().map(|s| s.family).collect(),
+            kept_udp_frontends: Some(UdpFrontends {
+                service_ips: kept
+                    .iter()
+                    .flat_map(|s| s.kept_udp_frontends.service_ips.iter().copied())
+                    .collect(),
+                node_ports: kept
+                    .iter()
+                    .flat_map(|s| s.kept_udp_frontends.node_ports.iter().copied())
+                    .collect(),
+            }),
         })
     }
 

@@ -3,6 +3,9 @@
 //! the per-change path.
 
 use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use crate::rules::{NODEPORTS, SERVICES};
 
 /// One table as `iptables-save -t TABLE` prints it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -44,6 +47,67 @@ impl Saved {
     }
 }
 
+impl Saved {
+    /// The UDP Service IP:ports (ClusterIPs, external and load-balancer IPs) that
+    /// `KUBE-SERVICES` sends to a Service's chain: the rules kube-proxy's iptables mode and
+    /// this backend write, `-A KUBE-SERVICES -d IP/32 -p udp … --dport PORT -j KUBE-SVC-…`.
+    /// Node ports (`KUBE-NODEPORTS`) are not among them.
+    pub fn udp_service_ips(&self) -> Vec<SocketAddr> {
+        self.rules
+            .iter()
+            .filter(|(chain, _)| chain == SERVICES)
+            .filter_map(|(_, spec)| udp_rule(spec))
+            .filter_map(|(addr, port)| Some(SocketAddr::new(addr?, port)))
+            .collect()
+    }
+
+    /// The UDP node ports that `KUBE-NODEPORTS` sends to a Service's chain
+    /// (`-A KUBE-NODEPORTS -p udp … --dport PORT -j KUBE-EXT-…`).
+    pub fn udp_node_ports(&self) -> Vec<u16> {
+        self.rules
+            .iter()
+            .filter(|(chain, _)| chain == NODEPORTS)
+            .filter_map(|(_, spec)| udp_rule(spec))
+            .filter_map(|(addr, port)| addr.is_none().then_some(port))
+            .collect()
+    }
+}
+
+/// The destination of one rule that sends UDP to a Service's chain: its single address
+/// (`-d IP/32` or `/128`; `None` without `-d`) and port; `None` for any other rule.
+fn udp_rule(spec: &str) -> Option<(Option<IpAddr>, u16)> {
+    // The words outside double quotes: a comment never reads as a flag.
+    let words: Vec<&str> = spec
+        .split('"')
+        .step_by(2)
+        .flat_map(str::split_whitespace)
+        .collect();
+    let value = |flag: &str| {
+        words
+            .iter()
+            .position(|w| *w == flag)
+            .and_then(|i| words.get(i + 1).copied())
+    };
+    let target = value("-j")?;
+    let to_service = ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-"]
+        .iter()
+        .any(|p| target.starts_with(p));
+    if !to_service || value("-p") != Some("udp") {
+        return None;
+    }
+    let port: u16 = value("--dport")?.parse().ok()?;
+    let Some(destination) = value("-d") else {
+        return Some((None, port));
+    };
+    let (addr, prefix) = destination.split_once('/')?;
+    let addr: IpAddr = addr.parse().ok()?;
+    let whole = match addr {
+        IpAddr::V4(_) => "32",
+        IpAddr::V6(_) => "128",
+    };
+    (prefix == whole).then_some((Some(addr), port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +134,26 @@ mod tests {
         );
         assert_eq!(s.rules.len(), 3);
         assert_eq!(s.rules[0].0, "PREROUTING");
+    }
+
+    #[test]
+    fn udp_rules_to_service_chains_are_service_ips() {
+        let text = "-N KUBE-SERVICES\n\
+            -A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment \"kube-system/kube-dns:dns cluster IP\" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU\n\
+            -A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"kube-system/kube-dns:dns-tcp cluster IP\" -m tcp --dport 53 -j KUBE-SVC-ERIFXISQEP7F7OF4\n\
+            -A KUBE-SERVICES -d 192.0.2.7/32 -p udp -m comment --comment \"ns/lb:p loadbalancer IP\" -m udp --dport 700 -j KUBE-FW-AAAAAAAAAAAAAAAA\n\
+            -A KUBE-SERVICES -d 198.51.100.0/24 -p udp -m udp --dport 9 -j KUBE-SVC-BBBBBBBBBBBBBBBB\n\
+            -A KUBE-SERVICES -d 10.96.0.20/32 -p udp -m comment --comment \"-d 10.96.0.99/32 -j KUBE-SVC-X\" -m udp --dport 20 -j KUBE-MARK-MASQ\n\
+            -A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n\
+            -A KUBE-NODEPORTS -p udp -m udp --dport 30053 -j KUBE-EXT-CCCCCCCCCCCCCCCC\n\
+            -A KUBE-SERVICES -d fd00:96::a/128 -p udp -m udp --dport 53 -j KUBE-SVL-CCCCCCCCCCCCCCCC\n";
+        let want: Vec<SocketAddr> = ["10.96.0.10:53", "192.0.2.7:700", "[fd00:96::a]:53"]
+            .iter()
+            .map(|a| a.parse().expect("address"))
+            .collect();
+        let saved = Saved::parse(text);
+        assert_eq!(saved.udp_service_ips(), want);
+        assert_eq!(saved.udp_node_ports(), [30053]);
     }
 
     #[test]

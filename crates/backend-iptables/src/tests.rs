@@ -413,6 +413,14 @@ fn a_full_sync_keeps_the_rules_only_when_they_were_in_place() {
             })
             .expect("sync");
         assert_eq!(stats.kept_rules, kept, "{case}");
+        // What was in place is told per Service IP: kube-proxy writes the same chains.
+        let in_place = if kept.is_empty() {
+            Vec::new()
+        } else {
+            vec!["10.96.0.10:53".parse().expect("addr")]
+        };
+        let found = stats.kept_udp_frontends.expect("told");
+        assert_eq!(found.service_ips, in_place, "{case}");
         let partial = b
             .sync(&SyncRequest {
                 diff: &Diff::default(),

@@ -67,6 +67,21 @@ pub struct SyncStats {
     /// covered never went without a rule, which lets the UDP conntrack cleanup trust, after
     /// a restart, what the earlier run had checked. Empty when not known: always safe.
     pub kept_rules: Vec<kpng_model::Family>,
+    /// Which UDP frontends of the families in `kept_rules` had a rule before this sync, when
+    /// the backend knows it from what it read, and someone else may have rewritten its rules
+    /// while kpng was down (kube-proxy's iptables mode writes the iptables backend's chains):
+    /// only these keep the earlier run's checks. `None`: every frontend of a kept family kept
+    /// its rule (a table no one else writes).
+    pub kept_udp_frontends: Option<UdpFrontends>,
+}
+
+/// UDP frontends whose rules a backend found in place ([`SyncStats::kept_udp_frontends`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UdpFrontends {
+    /// Service IP:ports: ClusterIPs, external and load-balancer IPs.
+    pub service_ips: Vec<std::net::SocketAddr>,
+    /// Node ports (on the node's addresses), with the family of the rules that had them.
+    pub node_ports: Vec<(kpng_model::Family, u16)>,
 }
 
 /// Why a sync failed. The runner logs it, counts it and retries with a full sync.

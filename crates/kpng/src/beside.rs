@@ -108,6 +108,7 @@ impl Backend for Beside {
             repaired: rules.repaired.or(sockets.repaired),
             // The sockets' translations keep no conntrack entry: what counts is the rules'.
             kept_rules: rules.kept_rules,
+            kept_udp_frontends: rules.kept_udp_frontends,
         })
     }
 

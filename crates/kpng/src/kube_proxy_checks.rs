@@ -71,44 +71,13 @@ pub fn from_service_ips(elements: &[Element], family: Family) -> HashSet<Fronten
 }
 
 /// The UDP Service-IP frontends of one family's `KUBE-SERVICES` rules in the nat table, from
-/// `iptables -t nat -S KUBE-SERVICES` (or `iptables-save` lines of that chain).
+/// `iptables -t nat -S KUBE-SERVICES`.
 pub fn from_iptables_services(text: &str, family: Family) -> HashSet<Frontend> {
-    text.lines()
-        .filter_map(|line| line.strip_prefix("-A KUBE-SERVICES "))
-        .filter_map(|rule| {
-            let words = unquoted_words(rule);
-            let value = |flag: &str| {
-                words
-                    .iter()
-                    .position(|w| *w == flag)
-                    .and_then(|i| words.get(i + 1).copied())
-            };
-            let target = value("-j")?;
-            let to_service = ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-"]
-                .iter()
-                .any(|p| target.starts_with(p));
-            if !to_service || value("-p") != Some("udp") {
-                return None;
-            }
-            let (addr, prefix) = value("-d")?.split_once('/')?;
-            let addr: IpAddr = addr.parse().ok()?;
-            let whole = match addr {
-                IpAddr::V4(_) => "32",
-                IpAddr::V6(_) => "128",
-            };
-            let port: u16 = value("--dport")?.parse().ok()?;
-            (prefix == whole && Family::of(&addr) == family)
-                .then_some(Frontend::Ip(SocketAddr::new(addr, port)))
-        })
-        .collect()
-}
-
-/// The rule's words outside double quotes (a comment's words are dropped), so that a comment
-/// never reads as a flag.
-fn unquoted_words(rule: &str) -> Vec<&str> {
-    rule.split('"')
-        .step_by(2)
-        .flat_map(str::split_whitespace)
+    kpng_backend_iptables::save::Saved::parse(text)
+        .udp_service_ips()
+        .into_iter()
+        .filter(|a| Family::of(&a.ip()) == family)
+        .map(Frontend::Ip)
         .collect()
 }
 
@@ -213,26 +182,6 @@ mod tests {
         for (family, want) in cases {
             let want: HashSet<Frontend> = want.iter().map(|s| ip(s)).collect();
             assert_eq!(from_service_ips(&elements, family), want, "{family}");
-        }
-    }
-
-    #[test]
-    fn iptables_udp_rules_to_service_chains_count() {
-        let text = "-N KUBE-SERVICES\n\
-            -A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment \"kube-system/kube-dns:dns cluster IP\" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU\n\
-            -A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"kube-system/kube-dns:dns-tcp cluster IP\" -m tcp --dport 53 -j KUBE-SVC-ERIFXISQEP7F7OF4\n\
-            -A KUBE-SERVICES -d 192.0.2.7/32 -p udp -m comment --comment \"ns/lb:p loadbalancer IP\" -m udp --dport 700 -j KUBE-FW-AAAAAAAAAAAAAAAA\n\
-            -A KUBE-SERVICES -d 198.51.100.0/24 -p udp -m udp --dport 9 -j KUBE-SVC-BBBBBBBBBBBBBBBB\n\
-            -A KUBE-SERVICES -d 10.96.0.20/32 -p udp -m comment --comment \"-d 10.96.0.99/32 -j KUBE-SVC-X\" -m udp --dport 20 -j KUBE-MARK-MASQ\n\
-            -A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n\
-            -A KUBE-SERVICES -d fd00:96::a/128 -p udp -m udp --dport 53 -j KUBE-SVL-CCCCCCCCCCCCCCCC\n";
-        let cases: [(Family, &[&str]); 2] = [
-            (Family::V4, &["10.96.0.10:53", "192.0.2.7:700"]),
-            (Family::V6, &["[fd00:96::a]:53"]),
-        ];
-        for (family, want) in cases {
-            let want: HashSet<Frontend> = want.iter().map(|s| ip(s)).collect();
-            assert_eq!(from_iptables_services(text, family), want, "{family}");
         }
     }
 }

@@ -715,6 +715,59 @@ fn iptables_a_swap_from_kube_proxy_iptables_mode_reads_a_service_it_did_not_have
     a_swap_from_kube_proxy_reads_only_the_dnated_entries("iptables", IPTABLES_NFT, true);
 }
 
+/// kube-proxy's iptables mode writes the iptables backend's chains: while kpng is down, a
+/// Service's rule may go (kube-proxy removed it, the Service was re-created after it stopped)
+/// and its clients send un-NATed meanwhile. The restart trusts the last run's checks only for
+/// the frontends whose rules it found in place, so that client is served.
+#[test]
+fn iptables_a_rule_removed_while_kpng_was_down_is_read_whole_after_the_restart() {
+    require_root!();
+    let c = Cluster::create("ct-gone").expect("cluster");
+    let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
+    let service = udp_service("dns", 74, &["pod2a"])
+        .replace("type: NodePort", "type: ClusterIP")
+        .replace(", nodePort: 30074", "");
+    let manifest = manifest(std::slice::from_ref(&service));
+    let before = Kpng::start(&c.node1.ns, &manifest, IPTABLES_NFT);
+    let client = c.pod("pod1b");
+    let target = SocketAddr::new(cip(74, false), SVC_PORT);
+    Client::start(&client.ns, target).wait_for("pod2a", WITHIN);
+    before.proc.kill().expect("stop kpng");
+    // What kube-proxy would have done meanwhile: the Service's rule is gone.
+    let rules = c
+        .node1
+        .ns
+        .run_ok(["iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"])
+        .expect("KUBE-SERVICES");
+    let rule = rules
+        .lines()
+        .find(|l| l.contains("-d 10.96.0.74/32"))
+        .unwrap_or_else(|| panic!("no rule for the Service:\n{rules}"));
+    let mut delete = vec!["iptables-nft", "-t", "nat", "-D"];
+    delete.extend(unquoted(rule.trim_start_matches("-A ")));
+    c.node1.ns.run_ok(delete).expect("delete the rule");
+    let mut late = Client::start(&client.ns, target);
+    let r = late.next();
+    assert_eq!(r.outcome, Outcome::Timeout, "no rule for the Service: {r}");
+    let unnated = unnated_entry(cip(74, false), r.client_addr.expect("client address"));
+    assert_eq!(conntrack_lines(&c.node1.ns, false, &unnated).len(), 1);
+    let _after = Kpng::start(&c.node1.ns, &manifest, IPTABLES_NFT);
+    late.wait_for("pod2a", WITHIN);
+}
+
+/// A rule's words as the shell would pass them: a double-quoted comment is one word.
+fn unquoted(rule: &str) -> Vec<&str> {
+    let mut words = Vec::new();
+    for (i, part) in rule.split('"').enumerate() {
+        if i % 2 == 1 {
+            words.push(part);
+        } else {
+            words.extend(part.split_whitespace());
+        }
+    }
+    words
+}
+
 /// The scenarios above, once per backend.
 macro_rules! for_each_backend {
     ($($backend:ident: $sink:expr;)*) => {

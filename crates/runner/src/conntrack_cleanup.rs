@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use kpng_conntrack::memory::{Checked, MemoryFile};
-use kpng_conntrack::{Reconciler, pass_needed};
+use kpng_conntrack::{Frontend, Reconciler, pass_needed};
 use kpng_model::{Diff, Family, Snapshot};
 use tracing::{debug, info, warn};
 
@@ -36,6 +36,43 @@ pub struct ConntrackCleanup {
     inherited: Option<InheritedChecks>,
     /// What `inherited` gave, until the first successful sync.
     inherited_checked: Option<Checked>,
+}
+
+/// What a sync's backend said of the rules it found (see [`kpng_backend::SyncStats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeptRules {
+    /// The families whose rules stayed in place throughout the sync (`kept_rules`).
+    pub families: Vec<Family>,
+    /// Among them, the UDP frontends whose rule was there before it, when the backend knows
+    /// (`kept_udp_frontends`); `None`: every one of the families' frontends.
+    pub udp_frontends: Option<Checked>,
+}
+
+impl KeptRules {
+    /// From a successful sync's statistics.
+    pub fn of(stats: &kpng_backend::SyncStats) -> KeptRules {
+        let udp_frontends = stats.kept_udp_frontends.as_ref().map(|found| {
+            let mut frontends = Checked::new();
+            for addr in &found.service_ips {
+                let family = Family::of(&addr.ip());
+                frontends
+                    .entry(family)
+                    .or_default()
+                    .insert(Frontend::Ip(*addr));
+            }
+            for (family, port) in &found.node_ports {
+                frontends
+                    .entry(*family)
+                    .or_default()
+                    .insert(Frontend::NodePort(*port));
+            }
+            frontends
+        });
+        KeptRules {
+            families: stats.kept_rules.clone(),
+            udp_frontends,
+        }
+    }
 }
 
 /// Gives, once, the frontends another proxy's rules were DNATing when kpng started and whose
@@ -161,27 +198,33 @@ impl ConntrackCleanup {
     /// it changed a UDP port in a way that can strand entries, or when the last pass failed.
     /// Each pass sees every Service port of its family in `snapshot`. After the first sync,
     /// the frontends the last run checked count as checked in the families whose rules the
-    /// backend kept in place (`kept_rules`): the first pass then reads their DNATed entries
-    /// only, as in steady state.
+    /// backend kept in place (`kept`, narrowed to the Service IPs whose rules it found when it
+    /// says which): the first pass then reads their DNATed entries only, as in steady state.
     pub fn after_sync(
         &mut self,
         families: &[Family],
         diff: &Diff,
         snapshot: &Snapshot,
         full: bool,
-        kept_rules: &[Family],
+        kept: &KeptRules,
     ) {
-        if let Some(remembered) = self.remembered.take() {
-            for family in kept_rules {
-                if let Some(frontends) = remembered.get(family) {
-                    info!(
-                        %family,
-                        frontends = frontends.len(),
-                        "the rules stayed in place since the last run: the UDP conntrack \
-                         cleanup trusts its checks (one walk of the table, not one per frontend)"
-                    );
-                    self.reconciler.assume_checked(*family, frontends.clone());
+        if let Some(mut remembered) = self.remembered.take() {
+            for family in &kept.families {
+                let Some(mut frontends) = remembered.remove(family) else {
+                    continue;
+                };
+                if let Some(in_place) = &kept.udp_frontends {
+                    // Only those whose rule the backend found in place.
+                    let in_place = in_place.get(family);
+                    frontends.retain(|f| in_place.is_some_and(|p| p.contains(f)));
                 }
+                info!(
+                    %family,
+                    frontends = frontends.len(),
+                    "the rules stayed in place since the last run: the UDP conntrack \
+                     cleanup trusts its checks (one walk of the table, not one per frontend)"
+                );
+                self.reconciler.assume_checked(*family, frontends);
             }
         }
         if let Some(inherited) = self.inherited_checked.take() {

@@ -712,9 +712,9 @@ impl<M: NodeModel> LoopState<M> {
         // The families whose rules stayed in place through this sync (the first one after a
         // restart that adopted the last run's table).
         #[cfg(target_os = "linux")]
-        let kept_rules: Vec<Family> = result
+        let kept_rules = result
             .as_ref()
-            .map(|stats| stats.kept_rules.clone())
+            .map(crate::conntrack_cleanup::KeptRules::of)
             .unwrap_or_default();
         let report = match result {
             Ok(stats) => {

@@ -19,9 +19,14 @@ struct Calls {
     alarm: Mutex<Option<kpng_backend::TamperAlarm>>,
     /// What the next sync says it found changed and repaired itself (`SyncStats::repaired`).
     found: Mutex<Option<String>>,
-    /// Whether syncs say the rules stayed in place (`SyncStats::kept_rules`).
-    kept_rules: Mutex<bool>,
+    /// What syncs say of the rules they found: `None`, not kept; `Some(None)`, kept
+    /// (`SyncStats::kept_rules`); `Some(Some(frontends))`, kept for these UDP frontends only
+    /// (`SyncStats::kept_udp_frontends`).
+    kept_rules: Mutex<Kept>,
 }
+
+/// What the fake backend says of the rules it found (see [`Calls::kept_rules`]).
+type Kept = Option<Option<kpng_backend::UdpFrontends>>;
 
 struct FakeBackend(Arc<Calls>);
 
@@ -45,14 +50,12 @@ impl Backend for FakeBackend {
         if self.0.fail.load(Ordering::SeqCst) {
             return Err(BackendError::Other("injected failure".into()));
         }
+        let kept = self.0.kept_rules.lock().expect("lock").clone();
         Ok(SyncStats {
             operations: r.diff.changes.len(),
             repaired: self.0.found.lock().expect("lock").take(),
-            kept_rules: if *self.0.kept_rules.lock().expect("lock") {
-                vec![Family::V4]
-            } else {
-                Vec::new()
-            },
+            kept_rules: kept.iter().map(|_| Family::V4).collect(),
+            kept_udp_frontends: kept.flatten(),
         })
     }
 }
@@ -89,16 +92,16 @@ fn start(timing: SyncTiming) -> Harness {
 }
 
 fn start_with(timing: SyncTiming, conntrack: Option<kpng_conntrack::Reconciler>) -> Harness {
-    start_remembering(timing, conntrack, None, false, None)
+    start_remembering(timing, conntrack, None, None, None)
 }
 
 /// [`start_with`], the conntrack cleanup keeping its memory in `memory` and taking
-/// `inherited` checks, and the fake backend saying its rules stayed in place when `kept_rules`.
+/// `inherited` checks, and the fake backend saying what `kept_rules` says of its rules.
 fn start_remembering(
     timing: SyncTiming,
     conntrack: Option<kpng_conntrack::Reconciler>,
     memory: Option<kpng_conntrack::memory::MemoryFile>,
-    kept_rules: bool,
+    kept_rules: Kept,
     inherited: Option<crate::conntrack_cleanup::InheritedChecks>,
 ) -> Harness {
     let calls = Arc::new(Calls::default());
@@ -597,7 +600,7 @@ async fn inherited_checks_spare_the_first_pass_its_walks() {
             let inherited = inherited.clone();
             move || inherited
         });
-        let h = start_remembering(timing, Some(reconciler), None, false, Some(given));
+        let h = start_remembering(timing, Some(reconciler), None, None, Some(given));
         h.tx.send(objects()).await.expect("send");
         settle().await;
         let done: Vec<DumpFilter> = fake.state().dumps.iter().map(|(_, d)| *d).collect();
@@ -617,12 +620,21 @@ async fn a_restart_that_kept_the_rules_reads_only_the_dnated_udp_entries() {
     let timing = cleanup_timing();
     let objects = || all_kinds(vec![udp_service("10.96.0.10"), udp_slice("10.244.2.7")]);
     let cluster_ip = DumpFilter::UdpTo("10.96.0.10:53".parse().expect("addr"));
-    // (the run's boot, whether its backend kept the last run's rules, the first pass's dumps)
+    let only = |ip: &str| {
+        Some(Some(kpng_backend::UdpFrontends {
+            service_ips: vec![ip.parse().expect("addr")],
+            node_ports: Vec::new(),
+        }))
+    };
+    // (the run's boot, what its backend said of the last run's rules, the first pass's dumps)
     let runs = [
-        ("b1", false, vec![cluster_ip]),
-        ("b1", true, vec![DumpFilter::UdpDnat]),
-        ("b1", false, vec![cluster_ip]),
-        ("b2", true, vec![cluster_ip]),
+        ("b1", None, vec![cluster_ip]),
+        ("b1", Some(None), vec![DumpFilter::UdpDnat]),
+        ("b1", None, vec![cluster_ip]),
+        ("b1", only("10.96.0.10:53"), vec![DumpFilter::UdpDnat]),
+        // Kept, but the ClusterIP's rule was not among those found (someone else's writes).
+        ("b1", only("10.96.0.99:53"), vec![cluster_ip]),
+        ("b2", Some(None), vec![cluster_ip]),
     ];
     for (boot, kept_rules, dumps) in runs {
         fake.state().dumps.clear();
@@ -631,12 +643,18 @@ async fn a_restart_that_kept_the_rules_reads_only_the_dnated_udp_entries() {
         fake.state().flows.push(pinned);
         let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
         let memory = MemoryFile::new(path.clone(), boot.into());
-        let h = start_remembering(timing, Some(reconciler), Some(memory), kept_rules, None);
+        let h = start_remembering(
+            timing,
+            Some(reconciler),
+            Some(memory),
+            kept_rules.clone(),
+            None,
+        );
         h.tx.send(objects()).await.expect("send");
         settle().await;
         assert_eq!(log(&h).len(), 1);
         let done: Vec<DumpFilter> = fake.state().dumps.iter().map(|(_, d)| *d).collect();
-        assert_eq!(done, dumps, "boot {boot}, rules kept: {kept_rules}");
+        assert_eq!(done, dumps, "boot {boot}, rules kept: {kept_rules:?}");
         assert!(
             fake.flows().is_empty(),
             "boot {boot}: the pinned entry goes"
