@@ -11,16 +11,12 @@ use crate::attr::{
     self, NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
     NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS,
     NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE,
-    NLM_F_REQUEST, NLMSG_ERROR, NLMSG_HDRLEN, string_attr, u16_at,
+    NLM_F_REQUEST, string_attr,
 };
-use crate::socket::Socket;
+use crate::dump::{self, NLM_F_DUMP};
 
 /// `NFT_MSG_GETSETELEM`.
 const NFT_MSG_GETSETELEM: u16 = 13;
-/// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`).
-const NLM_F_DUMP: u16 = 0x300;
-/// `NLMSG_DONE`: the end of a dump.
-const NLMSG_DONE: u16 = 3;
 
 /// A verdict map element's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,86 +43,38 @@ pub struct Element {
 /// # Errors
 /// The socket fails, or the kernel refuses the dump for another reason.
 pub fn set_elements(family: &str, table: &str, set: &str) -> io::Result<Option<Vec<Element>>> {
-    let nfproto = match family {
-        "ip" => libc::NFPROTO_IPV4,
-        "ip6" => libc::NFPROTO_IPV6,
-        "inet" => libc::NFPROTO_INET,
-        other => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("no element dump for family {other}"),
-            ));
-        }
-    };
-    let socket = Socket::open()?;
+    let nfproto = dump::nfproto(family)?;
     let mut request = Vec::with_capacity(96);
     let start = attr::msg_start(
         &mut request,
         (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM,
         NLM_F_REQUEST | NLM_F_DUMP,
         1,
-        nfproto as u8,
+        nfproto,
         0,
     );
     attr::put_str(&mut request, NFTA_SET_ELEM_LIST_TABLE, table);
     attr::put_str(&mut request, NFTA_SET_ELEM_LIST_SET, set);
     attr::msg_end(&mut request, start);
-    socket.send(&[request])?;
     let mut elements = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = socket.recv(&mut buf, false)?;
-        match parse_datagram(&buf[..n], &mut elements) {
-            Step::More => {}
-            Step::Done => return Ok(Some(elements)),
-            Step::Missing => return Ok(None),
-            Step::Failed(errno) => return Err(io::Error::from_raw_os_error(errno)),
-        }
+    let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM;
+    match dump::run(request, kind, |msg| parse_message(msg, &mut elements)) {
+        Ok(()) => Ok(Some(elements)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
-/// Where a dump stands after one datagram.
-#[derive(Debug, PartialEq, Eq)]
-enum Step {
-    More,
-    Done,
-    /// `ENOENT`: no such table or set.
-    Missing,
-    Failed(i32),
-}
-
-/// Adds the elements of one dump datagram to `out`.
-fn parse_datagram(datagram: &[u8], out: &mut Vec<Element>) -> Step {
-    for msg in attr::messages(datagram) {
-        let Some(kind) = u16_at(msg, 4) else { break };
-        match kind {
-            NLMSG_DONE => return Step::Done,
-            NLMSG_ERROR => {
-                let error = msg
-                    .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(-libc::EPROTO, i32::from_ne_bytes);
-                return match -error {
-                    0 => Step::Done,
-                    libc::ENOENT => Step::Missing,
-                    errno => Step::Failed(errno),
-                };
-            }
-            k if k == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM => {
-                let lists =
-                    attr::nf_attrs(msg).filter(|(ty, _)| *ty == NFTA_SET_ELEM_LIST_ELEMENTS);
-                for (_, list) in lists {
-                    out.extend(
-                        attr::attrs(list)
-                            .filter(|(ty, _)| *ty == NFTA_LIST_ELEM)
-                            .filter_map(|(_, elem)| parse_element(elem)),
-                    );
-                }
-            }
-            _ => {}
-        }
+/// Adds the elements of one `NFT_MSG_NEWSETELEM` message to `out`.
+fn parse_message(msg: &[u8], out: &mut Vec<Element>) {
+    let lists = attr::nf_attrs(msg).filter(|(ty, _)| *ty == NFTA_SET_ELEM_LIST_ELEMENTS);
+    for (_, list) in lists {
+        out.extend(
+            attr::attrs(list)
+                .filter(|(ty, _)| *ty == NFTA_LIST_ELEM)
+                .filter_map(|(_, elem)| parse_element(elem)),
+        );
     }
-    Step::More
 }
 
 /// One `NFTA_LIST_ELEM`'s key and verdict.
@@ -200,7 +148,7 @@ mod tests {
         }
         nest_end(&mut buf, list);
         attr::msg_end(&mut buf, start);
-        let done = attr::msg_start(&mut buf, NLMSG_DONE, 0x2, 1, 0, 0);
+        let done = attr::msg_start(&mut buf, dump::NLMSG_DONE, 0x2, 1, 0, 0);
         attr::msg_end(&mut buf, done);
         buf
     }
@@ -229,29 +177,9 @@ mod tests {
             },
         ];
         let mut out = Vec::new();
-        assert_eq!(parse_datagram(&datagram(&elements), &mut out), Step::Done);
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM;
+        let step = dump::walk(&datagram(&elements), kind, |m| parse_message(m, &mut out));
+        assert_eq!(step, dump::Step::Done);
         assert_eq!(out, elements);
-    }
-
-    #[test]
-    fn a_missing_set_and_a_refusal_are_told_apart() {
-        let error = |errno: i32| {
-            let mut buf = Vec::new();
-            let start = attr::msg_start(&mut buf, NLMSG_ERROR, 0, 1, 0, 0);
-            buf.truncate(start + NLMSG_HDRLEN);
-            buf.extend_from_slice(&(-errno).to_ne_bytes());
-            buf.extend_from_slice(&[0; NLMSG_HDRLEN]);
-            attr::msg_end(&mut buf, start);
-            buf
-        };
-        let mut out = Vec::new();
-        assert_eq!(
-            parse_datagram(&error(libc::ENOENT), &mut out),
-            Step::Missing
-        );
-        assert_eq!(
-            parse_datagram(&error(libc::EPERM), &mut out),
-            Step::Failed(libc::EPERM)
-        );
     }
 }

@@ -14,6 +14,7 @@
 //! argument.
 
 pub mod attr;
+pub mod dump;
 pub mod elements;
 pub mod monitor;
 pub mod socket;

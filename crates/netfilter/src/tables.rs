@@ -11,6 +11,7 @@ use std::io;
 use crate::attr::{
     self, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, NLMSG_ERROR, NLMSG_HDRLEN, string_attr, u16_at,
 };
+use crate::dump::{self, NLM_F_DUMP};
 use crate::socket::Socket;
 
 /// `NFT_MSG_GETTABLE`.
@@ -27,10 +28,6 @@ const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 /// `NFTA_CHAIN_USERDATA`: nft's TLVs, among them the chain's comment (type 0, as a table's).
 const NFTA_CHAIN_USERDATA: u16 = 12;
-/// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`).
-const NLM_F_DUMP: u16 = 0x300;
-/// `NLMSG_DONE`: the end of a dump.
-const NLMSG_DONE: u16 = 3;
 /// `NFTA_TABLE_NAME`.
 const NFTA_TABLE_NAME: u16 = 1;
 /// `NFTA_TABLE_USERDATA`: nft's TLVs, among them the table's comment.
@@ -64,7 +61,6 @@ fn family_word(nfproto: u8) -> &'static str {
 
 /// Every table of the calling thread's network namespace, in the kernel's order.
 pub fn list_tables() -> io::Result<Vec<TableInfo>> {
-    let socket = Socket::open()?;
     let mut request = Vec::with_capacity(32);
     let start = attr::msg_start(
         &mut request,
@@ -75,18 +71,10 @@ pub fn list_tables() -> io::Result<Vec<TableInfo>> {
         0,
     );
     attr::msg_end(&mut request, start);
-    socket.send(&[request])?;
     let mut tables = Vec::new();
-    // A dump datagram is at most a page or the receive buffer, whichever is larger.
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = socket.recv(&mut buf, false)?;
-        match parse_dump(&buf[..n], &mut tables) {
-            DumpState::More => {}
-            DumpState::Done => return Ok(tables),
-            DumpState::Failed(errno) => return Err(io::Error::from_raw_os_error(errno)),
-        }
-    }
+    let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE;
+    dump::run(request, kind, |msg| tables.extend(parse_table(msg)))?;
+    Ok(tables)
 }
 
 /// The table `name` of `family` (`ip`, `ip6`, …): `Ok(None)` when it does not exist.
@@ -100,17 +88,7 @@ pub fn find_table(family: &str, name: &str) -> io::Result<Option<TableInfo>> {
 /// there is no such chain (or table), `Some("")` for a chain without a comment. One
 /// `NFT_MSG_GETCHAIN` request: no rule or element is read.
 pub fn chain_comment(family: &str, table: &str, chain: &str) -> io::Result<Option<String>> {
-    let nfproto = match family {
-        "ip" => libc::NFPROTO_IPV4,
-        "ip6" => libc::NFPROTO_IPV6,
-        "inet" => libc::NFPROTO_INET,
-        other => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("no chain lookup for family {other}"),
-            ));
-        }
-    };
+    let nfproto = dump::nfproto(family)?;
     let socket = Socket::open()?;
     let mut request = Vec::with_capacity(64);
     let start = attr::msg_start(
@@ -118,7 +96,7 @@ pub fn chain_comment(family: &str, table: &str, chain: &str) -> io::Result<Optio
         (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
         NLM_F_REQUEST,
         1,
-        nfproto as u8,
+        nfproto,
         0,
     );
     attr::put_str(&mut request, NFTA_CHAIN_TABLE, table);
@@ -139,11 +117,7 @@ fn parse_chain_answer(datagram: &[u8]) -> Option<io::Result<Option<String>>> {
     for msg in attr::messages(datagram) {
         match u16_at(msg, 4)? {
             NLMSG_ERROR => {
-                let error = msg
-                    .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(-libc::EPROTO, i32::from_ne_bytes);
-                return Some(match -error {
+                return Some(match dump::errno_of(msg) {
                     0 => Ok(None),
                     libc::ENOENT => Ok(None),
                     errno => Err(io::Error::from_raw_os_error(errno)),
@@ -159,45 +133,6 @@ fn parse_chain_answer(datagram: &[u8]) -> Option<io::Result<Option<String>>> {
         }
     }
     None
-}
-
-/// Where a dump stands after one datagram.
-#[derive(Debug, PartialEq, Eq)]
-enum DumpState {
-    /// More datagrams follow.
-    More,
-    /// `NLMSG_DONE` arrived.
-    Done,
-    /// The kernel refused the dump with this errno.
-    Failed(i32),
-}
-
-/// Adds the tables of one dump datagram to `out`.
-fn parse_dump(datagram: &[u8], out: &mut Vec<TableInfo>) -> DumpState {
-    for msg in attr::messages(datagram) {
-        let Some(kind) = u16_at(msg, 4) else { break };
-        match kind {
-            NLMSG_DONE => return DumpState::Done,
-            NLMSG_ERROR => {
-                let error = msg
-                    .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(-libc::EPROTO, i32::from_ne_bytes);
-                return if error == 0 {
-                    DumpState::Done
-                } else {
-                    DumpState::Failed(-error)
-                };
-            }
-            k if k == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE => {
-                if let Some(table) = parse_table(msg) {
-                    out.push(table);
-                }
-            }
-            _ => {}
-        }
-    }
-    DumpState::More
 }
 
 /// One `NFT_MSG_NEWTABLE` message.
@@ -267,6 +202,11 @@ mod tests {
         v
     }
 
+    fn walk_tables(datagram: &[u8], out: &mut Vec<TableInfo>) -> dump::Step {
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE;
+        dump::walk(datagram, kind, |msg| out.extend(parse_table(msg)))
+    }
+
     #[test]
     fn a_dump_lists_families_names_and_comments_until_done() {
         let ip = libc::NFPROTO_IPV4 as u8;
@@ -278,12 +218,12 @@ mod tests {
         let first = [table(ip, "kpng", Some(udata)), table(ip6, "kpng", None)].concat();
         let second = [
             table(inet, "filter", Some(vec![9, 1, 0])),
-            message(NLMSG_DONE, 0, &[]),
+            message(dump::NLMSG_DONE, 0, &[]),
         ]
         .concat();
         let mut out = Vec::new();
-        assert_eq!(parse_dump(&first, &mut out), DumpState::More);
-        assert_eq!(parse_dump(&second, &mut out), DumpState::Done);
+        assert_eq!(walk_tables(&first, &mut out), dump::Step::More);
+        assert_eq!(walk_tables(&second, &mut out), dump::Step::Done);
         let seen: Vec<_> = out
             .iter()
             .map(|t| (t.family, t.name.as_str(), t.comment.as_deref()))
@@ -328,7 +268,7 @@ mod tests {
         assert_eq!(answer(&error(libc::ENOENT)), Some(Ok(None)));
         assert_eq!(answer(&error(libc::EPERM)), Some(Err(Some(libc::EPERM))));
         assert_eq!(
-            answer(&message(NLMSG_DONE, 0, &[])),
+            answer(&message(dump::NLMSG_DONE, 0, &[])),
             None,
             "not an answer yet"
         );
@@ -343,8 +283,8 @@ mod tests {
         error.extend_from_slice(&[0; NLMSG_HDRLEN]);
         attr::msg_end(&mut error, start);
         assert_eq!(
-            parse_dump(&error, &mut Vec::new()),
-            DumpState::Failed(libc::EPERM)
+            walk_tables(&error, &mut Vec::new()),
+            dump::Step::Failed(libc::EPERM)
         );
         // A comment TLV whose length runs past the data, and a table without a name.
         let bad = [
@@ -353,7 +293,7 @@ mod tests {
         ]
         .concat();
         let mut out = Vec::new();
-        assert_eq!(parse_dump(&bad, &mut out), DumpState::More);
+        assert_eq!(walk_tables(&bad, &mut out), dump::Step::More);
         assert_eq!(out.len(), 1);
         assert_eq!(
             (out[0].name.as_str(), out[0].comment.as_deref()),

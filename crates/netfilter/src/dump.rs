@@ -1,0 +1,113 @@
+//! Reading an nf_tables dump (`NLM_F_DUMP`): the datagrams the kernel sends until
+//! `NLMSG_DONE`, shared by the table dump ([`crate::tables`]) and the element dump
+//! ([`crate::elements`]).
+
+use std::io;
+
+use crate::attr::{self, NLMSG_ERROR, NLMSG_HDRLEN, u16_at};
+use crate::socket::Socket;
+
+/// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`).
+pub const NLM_F_DUMP: u16 = 0x300;
+/// `NLMSG_DONE`: the end of a dump.
+pub const NLMSG_DONE: u16 = 3;
+
+/// Where a dump stands after one datagram.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// More datagrams follow.
+    More,
+    /// `NLMSG_DONE` arrived.
+    Done,
+    /// The kernel refused the dump with this errno.
+    Failed(i32),
+}
+
+/// The `NFPROTO_*` value of an nft family word (`ip`, `ip6`, `inet`).
+///
+/// # Errors
+/// Another family: nothing here reads those.
+pub fn nfproto(family: &str) -> io::Result<u8> {
+    let value = match family {
+        "ip" => libc::NFPROTO_IPV4,
+        "ip6" => libc::NFPROTO_IPV6,
+        "inet" => libc::NFPROTO_INET,
+        other => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no lookup for family {other}"),
+            ));
+        }
+    };
+    Ok(value as u8)
+}
+
+/// The errno an `NLMSG_ERROR` message carries (0 for an acknowledgement).
+pub fn errno_of(msg: &[u8]) -> i32 {
+    let error = msg
+        .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(-libc::EPROTO, i32::from_ne_bytes);
+    -error
+}
+
+/// Hands each message of type `kind` in one dump datagram to `each`.
+pub fn walk(datagram: &[u8], kind: u16, mut each: impl FnMut(&[u8])) -> Step {
+    for msg in attr::messages(datagram) {
+        let Some(ty) = u16_at(msg, 4) else { break };
+        match ty {
+            NLMSG_DONE => return Step::Done,
+            NLMSG_ERROR => {
+                return match errno_of(msg) {
+                    0 => Step::Done,
+                    errno => Step::Failed(errno),
+                };
+            }
+            t if t == kind => each(msg),
+            _ => {}
+        }
+    }
+    Step::More
+}
+
+/// Sends the dump `request` and hands each answer of type `kind` to `each`, until the end.
+///
+/// # Errors
+/// The socket fails, or the kernel refuses the dump (`ENOENT`: no such object).
+pub fn run(request: Vec<u8>, kind: u16, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+    let socket = Socket::open()?;
+    socket.send(&[request])?;
+    // A dump datagram is at most a page or the receive buffer, whichever is larger.
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = socket.recv(&mut buf, false)?;
+        match walk(&buf[..n], kind, &mut each) {
+            Step::More => {}
+            Step::Done => return Ok(()),
+            Step::Failed(errno) => return Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(errno: i32) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let start = attr::msg_start(&mut buf, NLMSG_ERROR, 0, 1, 0, 0);
+        buf.truncate(start + NLMSG_HDRLEN);
+        buf.extend_from_slice(&(-errno).to_ne_bytes());
+        buf.extend_from_slice(&[0; NLMSG_HDRLEN]);
+        attr::msg_end(&mut buf, start);
+        buf
+    }
+
+    #[test]
+    fn a_refusal_ends_the_dump_with_its_errno() {
+        for errno in [libc::ENOENT, libc::EPERM] {
+            assert_eq!(walk(&error(errno), 0, |_| {}), Step::Failed(errno));
+        }
+        assert_eq!(walk(&error(0), 0, |_| {}), Step::Done);
+    }
+}
