@@ -193,16 +193,7 @@ pub fn messages(datagram: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// The top-level attributes of an nfnetlink message (after its header and `nfgenmsg`), as
 /// (type without the nested and byte-order flags, payload); a truncated one ends the walk.
 pub fn nf_attrs(msg: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut a = NLMSG_HDRLEN + NFGENMSG_LEN;
-    std::iter::from_fn(move || {
-        let (len, ty) = (u16_at(msg, a)? as usize, u16_at(msg, a + 2)?);
-        if len < 4 || a + len > msg.len() {
-            return None;
-        }
-        let payload = &msg[a + 4..a + len];
-        a += len.next_multiple_of(4);
-        Some((ty & 0x3fff, payload))
-    })
+    attrs(msg.get(NLMSG_HDRLEN + NFGENMSG_LEN..).unwrap_or(&[]))
 }
 
 /// The attributes inside a nested attribute's payload, as (type without the nested and
