@@ -61,11 +61,11 @@ pub struct SyncStats {
     /// one it scheduled after an alarm, so `kpng status` shows every repair.
     pub repaired: Option<String>,
     /// The families whose rules from before this sync stayed in place throughout it: a
-    /// table this backend left in an earlier run, adopted and refilled in one transaction
-    /// (or the same table refilled again by a periodic full sync), or chains replaced
-    /// atomically by one restore. A frontend those rules
-    /// covered never went without a rule, which lets the UDP conntrack cleanup trust, after
-    /// a restart, what the earlier run had checked. Empty when not known: always safe.
+    /// table this backend left in an earlier run, adopted and refilled in one transaction (or
+    /// the same table refilled again by a periodic full sync), or chains replaced atomically
+    /// by one restore. A frontend those rules covered never went without a rule, which lets
+    /// the UDP conntrack cleanup trust, after a restart, what the earlier run had checked.
+    /// Empty when not known: always safe.
     pub kept_rules: Vec<kpng_model::Family>,
     /// Which UDP frontends of the families in `kept_rules` had a rule before this sync, when
     /// the backend knows it from what it read, and someone else may have rewritten its rules

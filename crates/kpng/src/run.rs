@@ -677,7 +677,8 @@ where
                     runner = runner.with_conntrack_memory(file);
                 }
                 // What kube-proxy's rules, if it ran here, had checked for us: read while the
-                // cluster loads, used after the first sync (before kube-proxy's rules go).
+                // cluster loads, waited for before the first commit (so that kpng's own rules
+                // are never read as kube-proxy's), used after the first sync.
                 if !dry_run {
                     let reading =
                         std::thread::spawn(move || crate::kube_proxy_checks::read(kpng_ran_here));

@@ -198,8 +198,8 @@ impl ConntrackCleanup {
     /// it changed a UDP port in a way that can strand entries, or when the last pass failed.
     /// Each pass sees every Service port of its family in `snapshot`. After the first sync,
     /// the frontends the last run checked count as checked in the families whose rules the
-    /// backend kept in place (`kept`, narrowed to the Service IPs whose rules it found when it
-    /// says which): the first pass then reads their DNATed entries only, as in steady state.
+    /// backend kept in place (`kept`, narrowed to the UDP frontends whose rules it found, when
+    /// it says which): the first pass then reads their DNATed entries only, as in steady state.
     pub fn after_sync(
         &mut self,
         families: &[Family],
