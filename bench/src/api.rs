@@ -503,6 +503,8 @@ pub fn run(
                 "0",
                 "--metrics-bind-address",
                 "",
+                "--admin-socket",
+                "",
                 "--service-node-port-range",
                 workload::NODE_PORT_RANGE,
                 "to-api",

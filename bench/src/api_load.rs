@@ -312,6 +312,8 @@ fn one_brain(
             .args([
                 "--metrics-bind-address",
                 "",
+                "--admin-socket",
+                "",
                 "--healthz-bind-address",
                 "127.0.0.1:0",
                 "--service-node-port-range",

@@ -266,6 +266,9 @@ impl Kpng {
             "0",
             "--metrics-bind-address",
             "",
+            // No admin socket: the benchmark kills kpng, which would leave it in /run/kpng.
+            "--admin-socket",
+            "",
             "--healthz-bind-address",
             "127.0.0.1:10256",
             "--cluster-cidr",

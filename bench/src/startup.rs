@@ -157,6 +157,8 @@ fn start_once(kpng: &str, source: &[String], scratch: &std::path::Path) -> Resul
             "0",
             "--metrics-bind-address",
             "",
+            "--admin-socket",
+            "",
             "--healthz-bind-address",
             "127.0.0.1:0",
             "--cluster-cidr",

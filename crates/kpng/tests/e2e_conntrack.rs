@@ -125,6 +125,9 @@ impl Kpng {
             "127.0.0.1:10256",
             "--metrics-bind-address",
             "",
+            // No admin socket: these tests kill kpng, which would leave it in /run/kpng.
+            "--admin-socket",
+            "",
         ]
         .map(String::from)
         .to_vec();
