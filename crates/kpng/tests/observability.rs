@@ -10,7 +10,8 @@ fn kpng() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kpng"))
 }
 
-/// A running `kpng`, killed when dropped.
+/// A running `kpng`, stopped when dropped (SIGTERM, so that it removes its admin socket;
+/// killed if it has not exited within 5 s).
 struct Running {
     child: Child,
     stderr: Arc<Mutex<String>>,
@@ -51,6 +52,12 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
