@@ -673,8 +673,9 @@ where
                 let mut kpng_ran_here = true;
                 if let (Some(path), Some(boot)) = (memory::default_path(), memory::boot_id()) {
                     let mut file = memory::MemoryFile::new(path, boot);
-                    kpng_ran_here = !matches!(file.load(), Ok(None));
-                    runner = runner.with_conntrack_memory(file);
+                    let loaded = file.load();
+                    kpng_ran_here = !matches!(loaded, Ok(None));
+                    runner = runner.with_conntrack_memory(file, loaded);
                 }
                 // What kube-proxy's rules, if it ran here, had checked for us: read while the
                 // cluster loads, waited for before the first commit (so that kpng's own rules

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use kpng_conntrack::memory::{Checked, MemoryFile};
+use kpng_conntrack::memory::{Checked, MemoryError, MemoryFile};
 use kpng_conntrack::{Frontend, Reconciler, pass_needed};
 use kpng_model::{Diff, Family, Snapshot};
 use tracing::{debug, info, warn};
@@ -120,10 +120,16 @@ impl ConntrackCleanup {
         self
     }
 
-    /// Keeps the checked frontends in `file` across restarts, and reads what the last run of
-    /// this boot left there (see [`kpng_conntrack::memory`]).
-    pub fn with_memory(mut self, mut file: MemoryFile) -> ConntrackCleanup {
-        match file.load() {
+    /// Keeps the checked frontends in `file` across restarts; `loaded` is what
+    /// [`MemoryFile::load`] read there, what the last run of this boot left (see
+    /// [`kpng_conntrack::memory`]). The caller loads it, once, because it also tells whether
+    /// kpng ran here before.
+    pub fn with_memory(
+        mut self,
+        file: MemoryFile,
+        loaded: Result<Option<Checked>, MemoryError>,
+    ) -> ConntrackCleanup {
+        match loaded {
             Ok(remembered) => self.remembered = remembered,
             Err(e) => warn!("{e}; every UDP frontend will be read whole at start-up"),
         }
@@ -172,7 +178,7 @@ impl ConntrackCleanup {
     }
 
     /// Says once that the memory cannot be written, then only at debug level.
-    fn warn_unsaved(&mut self, e: kpng_conntrack::memory::MemoryError) {
+    fn warn_unsaved(&mut self, e: MemoryError) {
         if self.memory_failed {
             debug!("{e}");
         } else {

@@ -154,11 +154,18 @@ impl<M: NodeModel> Runner<M> {
 
     /// Keeps the conntrack cleanup's checked frontends in `file` across restarts, so that the
     /// first pass after a restart whose backend kept its rules in place reads only the DNATed
-    /// entries (see `kpng_conntrack::memory`). Without [`Runner::with_conntrack_cleanup`]
-    /// first, nothing.
+    /// entries (see `kpng_conntrack::memory`); `loaded` is what `file.load()` read at start-up.
+    /// Without [`Runner::with_conntrack_cleanup`] first, nothing.
     #[cfg(target_os = "linux")]
-    pub fn with_conntrack_memory(mut self, file: kpng_conntrack::memory::MemoryFile) -> Runner<M> {
-        self.conntrack = self.conntrack.map(|c| c.with_memory(file));
+    pub fn with_conntrack_memory(
+        mut self,
+        file: kpng_conntrack::memory::MemoryFile,
+        loaded: Result<
+            Option<kpng_conntrack::memory::Checked>,
+            kpng_conntrack::memory::MemoryError,
+        >,
+    ) -> Runner<M> {
+        self.conntrack = self.conntrack.map(|c| c.with_memory(file, loaded));
         self
     }
 

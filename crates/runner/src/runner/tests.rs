@@ -123,8 +123,9 @@ fn start_remembering(
     if let Some(reconciler) = conntrack {
         runner = runner.with_conntrack_cleanup(reconciler);
     }
-    if let Some(file) = memory {
-        runner = runner.with_conntrack_memory(file);
+    if let Some(mut file) = memory {
+        let loaded = file.load();
+        runner = runner.with_conntrack_memory(file, loaded);
     }
     if let Some(inherited) = inherited {
         runner = runner.with_conntrack_inherited(inherited);
