@@ -1,5 +1,7 @@
 //! Real-packet end-to-end tests of the UDP conntrack cleanup of `kpng … to-local <backend>`, for
-//! every backend that DNATs in the kernel (nft, iptables-legacy, iptables-nft).
+//! every backend that DNATs in the kernel (nft, iptables-legacy, iptables-nft, and ebpf's
+//! nftables half, which serves every flow that does not come from a socket its programs
+//! translate: here the pods', see [`ebpf_node_only`]).
 //!
 //! A long-lived UDP client keeps sending on ONE connected socket (one conntrack entry, as
 //! DNS and statsd clients do) to a Service of a throw-away cluster (`kpng_testkit::Cluster`,
@@ -99,7 +101,32 @@ fn write_atomically(path: &Path, text: &str) {
 struct Kpng {
     proc: Spawned,
     input: PathBuf,
+    /// The eBPF backend's pins (dropped after `proc`, which is killed first).
+    _pins: Option<Pins>,
     _dir: tempfile::TempDir,
+}
+
+/// The eBPF backend's pin directory, removed when the test ends: the pins keep the programs
+/// attached after kpng is gone.
+struct Pins(PathBuf);
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The eBPF backend's scope for these tests: its programs translate the sockets of node1's
+/// own processes only (a group of their own, as `--cgroup-path` on a host's system slice
+/// would), so the pods' UDP flows go through its nftables half like traffic from outside the
+/// node, and that half's conntrack cleanup is what moves them. Returns (the group, the pin
+/// directory); both go when the test's namespaces do (the group) or its kpng does (the pins).
+fn ebpf_node_only(ns: &Netns) -> (PathBuf, PathBuf) {
+    use kpng_testkit::cgroups;
+    let group = cgroups::create(&format!("{}/node-only", ns.name())).expect("cgroup");
+    cgroups::assign(ns.name(), &group).expect("node1 in its group");
+    cgroups::bpffs().expect("test bpffs");
+    (group, cgroups::socket_pins(ns.name()))
 }
 
 impl Kpng {
@@ -132,9 +159,20 @@ impl Kpng {
         .map(String::from)
         .to_vec();
         args.extend(sink.iter().map(|a| (*a).to_owned()));
+        let pins = (sink.get(1) == Some(&"ebpf")).then(|| {
+            let (group, pins) = ebpf_node_only(ns);
+            args.extend([
+                "--cgroup-path".to_owned(),
+                group.display().to_string(),
+                "--bpf-pin-path".to_owned(),
+                pins.display().to_string(),
+            ]);
+            Pins(pins)
+        });
         let mut k = Kpng {
             proc: ns.spawn(&args).expect("start kpng"),
             input,
+            _pins: pins,
             _dir: dir,
         };
         k.wait_synced(0);
@@ -818,4 +856,5 @@ for_each_backend! {
     nft: &["to-local", "nft"];
     iptables_legacy: &["to-local", "iptables", "--iptables-mode", "legacy"];
     iptables_nft: &["to-local", "iptables", "--iptables-mode", "nft"];
+    ebpf: &["to-local", "ebpf"];
 }
