@@ -159,10 +159,11 @@ Examples:
   kpng file --input examples/cluster.yaml --node-name node1 to-local hns --hcn-simulator hcn.json
   kpng --cleanup
 
-kube-proxy flags kpng accepts without effect (each warns once when set): --feature-gates,
---profiling, --show-hidden-metrics-for-version, --oom-score-adj, --config-sync-period,
---bind-address-hard-fail, --kube-api-content-type, --proxy-port-range, --ipvs-*,
---log-flush-frequency, --vmodule, --log-{json,text}-*.";
+kube-proxy flags kpng accepts without effect, each warning once when set away from kube-proxy's
+default: --feature-gates, --profiling, --show-hidden-metrics-for-version, --oom-score-adj,
+--config-sync-period, --proxy-port-range, --ipvs-*, --vmodule. Accepted silently, because kpng
+already does what they ask or they only tune kube-proxy's own logging: --bind-address-hard-fail,
+--kube-api-content-type, --log-flush-frequency, --log-{json,text}-*.";
 
 /// Node, proxy and server flags (kube-proxy's names and defaults).
 #[derive(Debug, Args, Clone)]
@@ -544,6 +545,9 @@ pub struct CleanupArgs {
     /// name with kpng's iptables backend, are kept (kube-proxy takes them over).
     #[arg(long)]
     pub kpng_only: bool,
+    /// Print what would be removed, remove nothing (`kpng --cleanup --dry-run` says the same).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `kpng version`.

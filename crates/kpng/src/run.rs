@@ -126,7 +126,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         None => return kube_proxy(flags, cli.dry_run),
     };
     if let Command::Cleanup(args) = &command {
-        return cleanup(&flags, args, cli.dry_run);
+        return cleanup(&flags, args, cli.dry_run || args.dry_run);
     }
     if cli.dry_run {
         anyhow::bail!(
@@ -146,7 +146,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(args) => {
             crate::admin::print_trace(std::path::Path::new(&flags.admin_socket), &args)
         }
-        Command::Cleanup(args) => cleanup(&flags, &args, false),
+        Command::Cleanup(args) => cleanup(&flags, &args, args.dry_run),
         Command::File(file) => {
             let source_metrics = SourceMetrics::default();
             let input = source_metrics.health.clone();

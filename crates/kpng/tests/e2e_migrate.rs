@@ -338,6 +338,16 @@ fn cleanup_kpng_only_leaves_kube_proxys_rules() {
         dry.trim(),
         "kpng: would remove kpng's nftables tables (`to-local nft`)"
     );
+    // Written after the subcommand, as most people would, it says the same.
+    let after = ns
+        .run_ok([
+            env!("CARGO_BIN_EXE_kpng"),
+            "cleanup",
+            "--kpng-only",
+            "--dry-run",
+        ])
+        .expect("kpng cleanup --kpng-only --dry-run");
+    assert_eq!(after, dry);
     let out = ns
         .run_ok([env!("CARGO_BIN_EXE_kpng"), "cleanup", "--kpng-only"])
         .expect("kpng cleanup --kpng-only");
