@@ -13,11 +13,14 @@
 //!   or its recorder for tests;
 //! - [`netlink`]: elements straight over netlink ([`netlink::ElementWriter`]), or a fake.
 //!
-//! A full sync (start-up, after a failure, periodically) atomically replaces our tables, which
-//! also adopts whatever a previous run left; established connections are untouched because their
-//! NAT lives in conntrack. Every other sync sends only the elements that changed. The kernel is
-//! read once per family, at the first full sync ([`netlink::ElementWriter::probe_table`]: the
-//! table's comment, without its elements), and never in the sync loop. See `docs/nftables.md`.
+//! The first full sync of each family reads the kernel once
+//! ([`netlink::ElementWriter::probe_table`]: the table and its `skeleton` marker chain, which
+//! says the layout and skeleton it was written with, never its elements) and decides: adopt a
+//! table a previous run left (refill its sets in one transaction), put the rules back then the
+//! sets (same layout, another configuration, or tampered with), or replace it whole. Either way
+//! established connections are untouched, because their NAT lives in conntrack. Every other sync
+//! sends only the elements that changed, and the sync loop never reads the kernel. See
+//! `docs/nftables.md`.
 
 pub mod affinity;
 pub mod elements;

@@ -219,9 +219,10 @@ pub struct Built {
     pub backend: Box<dyn Backend>,
     /// What of [`crate::leftovers::Leftover`] is its own; `None` for a dry run.
     pub own: Vec<crate::leftovers::Leftover>,
-    /// What `kpng status` adds about the backend's data plane beyond its rules (the eBPF
-    /// backend's programs and maps, the HNS network and objects, the iptables variant and
-    /// rule counts); none for a dry run and for the other backends.
+    /// What `kpng status` adds about the backend's data plane beyond its rules (the nftables
+    /// table's name and size, the eBPF backend's programs and maps, the HNS network and
+    /// objects, the iptables variant and rule counts); none for a dry run and for the
+    /// userspace backend.
     pub data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
 }
 
