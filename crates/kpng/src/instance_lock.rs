@@ -1,11 +1,12 @@
-//! One kpng per network namespace and backend: two proxies programming the same kernel
-//! tables fight each other (each repairs what the other "tampered with").
+//! One kpng programming each network namespace: two proxies programming the same node fight
+//! each other (each repairs what the other "tampered with", or sweeps the other's rules).
 //!
-//! How: the lock is an abstract Unix socket named `kpng-<backend>` (`\0kpng-nft`, …). Abstract
-//! names live in the network namespace, so instances in different namespaces (containers,
-//! tests) never block each other, and the name vanishes with the process, whatever killed it:
-//! no stale lock file. The holder answers every connection with its pid, so a second instance
-//! refuses to start with a message naming the first. On Windows the lock is a named mutex.
+//! How: the lock is an abstract Unix socket named `kpng-<backend>` (`\0kpng-nft`, …), and a
+//! kpng that took its own asks for the other backends' before it goes on. Abstract names live
+//! in the network namespace, so instances in different namespaces (containers, tests) never
+//! block each other, and the name vanishes with the process, whatever killed it: no stale lock
+//! file. The holder answers every connection with its pid, so a second instance refuses to
+//! start with a message naming the first. On Windows the lock is a named mutex.
 
 /// Held for the life of the process (dropping it does not release the name; exiting does).
 #[derive(Debug)]
@@ -48,9 +49,15 @@ pub fn holder(backend: &str) -> Option<String> {
     ))
 }
 
-/// Takes the lock of `backend` (`nft`, `iptables`, `userspace`) in this network namespace.
+/// Takes the lock of `backend` (`nft`, `iptables`, …) in this network namespace, and refuses
+/// when a kpng of one of the `others` backends programs it already: two proxies on one node
+/// remove or rewrite each other's rules (`ebpf`'s ruleset is the `kpng` table `nft` writes, so
+/// those two repair each other's "tampering" several times a second; the others sweep each
+/// other's rules at start-up). Its own lock is taken before the others are asked, so of two
+/// kpngs of different backends starting at once neither misses the other (at worst both
+/// refuse, and the next start wins).
 #[cfg(target_os = "linux")]
-pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
+pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
     use std::io::Write;
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixListener};
@@ -69,6 +76,16 @@ pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
         }
         Err(e) => return Err(e.into()),
     };
+    for other in others.iter().filter(|o| **o != backend) {
+        if let Some(who) = holder(other) {
+            anyhow::bail!(
+                "{who} runs `to-local {other}` in this network namespace; `to-local {backend}` \
+                 beside it would remove or rewrite its rules, and it would put them back: two \
+                 proxies on one node fight. Stop it first (its systemd unit, or the DaemonSet's \
+                 pod on this node)"
+            );
+        }
+    }
     let pid = std::process::id();
     let thread = std::thread::Builder::new()
         .name("kpng-instance-lock".into())
@@ -86,7 +103,7 @@ pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
 /// service. The lock is the named mutex
 /// `Global\kpng-<backend>`, which the system releases with the process.
 #[cfg(windows)]
-pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
+pub fn acquire(backend: &str, _others: &[&str]) -> anyhow::Result<InstanceLock> {
     let name = format!("Global\\kpng-{backend}");
     match kpng_backend_hns::system::NamedMutex::acquire(&name) {
         Ok(Some(mutex)) => Ok(InstanceLock { _mutex: mutex }),
@@ -106,7 +123,7 @@ pub fn acquire(backend: &str) -> anyhow::Result<InstanceLock> {
 
 /// Other systems: no node backend, nothing to lock.
 #[cfg(not(any(target_os = "linux", windows)))]
-pub fn acquire(_backend: &str) -> anyhow::Result<InstanceLock> {
+pub fn acquire(_backend: &str, _others: &[&str]) -> anyhow::Result<InstanceLock> {
     Ok(InstanceLock {})
 }
 
@@ -118,8 +135,8 @@ mod tests {
     fn a_second_holder_is_refused_with_the_first_ones_pid() {
         // A name of our own, so that a kpng running on this host is not disturbed.
         let backend = format!("test-{}", std::process::id());
-        let first = acquire(&backend).expect("first");
-        let err = acquire(&backend).expect_err("second").to_string();
+        let first = acquire(&backend, &[]).expect("first");
+        let err = acquire(&backend, &[]).expect_err("second").to_string();
         assert!(
             err.contains(&format!("pid {}", std::process::id())),
             "{err}"
@@ -130,8 +147,20 @@ mod tests {
             Some(format!("another kpng (pid {})", std::process::id()))
         );
         assert_eq!(holder(&format!("{backend}-none")), None, "nobody holds it");
-        // Another backend is another lock.
-        let other = acquire(&format!("{backend}-other")).expect("other backend");
-        drop((first, other));
+        // Another backend is another lock, refused while the first runs when it is told
+        // about the first one's backend (as kpng tells it about every backend).
+        let other = format!("{backend}-other");
+        let err = acquire(&other, &[backend.as_str(), other.as_str()])
+            .expect_err("another backend beside the first")
+            .to_string();
+        assert!(
+            err.contains(&format!("pid {}", std::process::id()))
+                && err.contains(&format!("runs `to-local {backend}`"))
+                && err.contains(&format!("`to-local {other}` beside it")),
+            "{err}"
+        );
+        let third = format!("{backend}-third");
+        let alone = acquire(&third, &[third.as_str(), "none-running"]).expect("no other runs");
+        drop((first, alone));
     }
 }

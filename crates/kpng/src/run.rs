@@ -533,7 +533,10 @@ where
 {
     // One kpng per network namespace and backend (before anything touches the node).
     let _lock = match facts.lock {
-        Some(kind) => Some(crate::instance_lock::acquire(kind.word())?),
+        Some(kind) => Some(crate::instance_lock::acquire(
+            kind.word(),
+            &BackendKind::ALL.map(BackendKind::word),
+        )?),
         None => None,
     };
     info!(node = %model.snapshot().node.name, backend = backend.name(), "starting kpng");

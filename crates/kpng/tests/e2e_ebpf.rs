@@ -33,6 +33,11 @@ fn attached(c: &Cluster) -> Vec<String> {
 }
 
 #[test]
+fn one_instance_per_namespace() {
+    e2e::faults::one_instance_per_namespace(e2e::Backend::Ebpf);
+}
+
+#[test]
 fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
     require_root!();
     let c = Cluster::create(&B.prefix("nonat")).expect("cluster");

@@ -448,20 +448,44 @@ pub fn one_instance_per_namespace(b: Backend) {
     let c = Cluster::create(&b.prefix("lock")).expect("cluster");
     let k = Kpng::start(b, &c.node1.ns, &manifest(&[]), &[]);
     let pid = k.pid().expect("pid");
-    let mut second = k.spawn_another(&c.node1.ns);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = second.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the second kpng still runs");
-        std::thread::sleep(Duration::from_millis(10));
+    let refused = |mut second: Spawned| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = second.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the second kpng still runs");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(!status.success());
+        second.stderr_text()
     };
-    assert!(!status.success());
-    let err = second.stderr_text();
+    let err = refused(k.spawn_another(&c.node1.ns));
     assert!(
         err.contains(&format!("another kpng (pid {pid}) already runs")),
         "{err}"
+    );
+    // Nor may a kpng of another backend run beside it: `ebpf`'s ruleset is the table `nft`
+    // writes (the two repaired each other's "tampering" ten times a second), and the others
+    // sweep each other's rules.
+    let other = if b == Backend::Nft {
+        Backend::Ebpf
+    } else {
+        Backend::Nft
+    };
+    let err = refused(k.spawn_beside(other));
+    assert!(
+        err.contains(&format!(
+            "another kpng (pid {pid}) runs `to-local {}` in this network namespace",
+            b.sink_args()[1]
+        )),
+        "{err}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !k.stderr().contains("a change by someone else"),
+        "the first kpng's rules were touched:\n{}",
+        k.stderr()
     );
     // Another namespace is another node: no conflict.
     let mut other = k.spawn_another(&c.node2.ns);

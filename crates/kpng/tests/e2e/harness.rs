@@ -290,12 +290,24 @@ impl<'a> Kpng<'a> {
         ns.spawn(self.args()).expect("start another kpng")
     }
 
+    /// Starts a kpng of `backend` (another one) in this one's namespace, on the same input,
+    /// without waiting for anything.
+    pub fn spawn_beside(&self, backend: Backend) -> Spawned {
+        self.ns
+            .spawn(self.args_for(backend))
+            .expect("start a kpng of another backend")
+    }
+
     /// The running kpng's pid.
     pub fn pid(&self) -> Option<u32> {
         self.proc.as_ref().map(Spawned::id)
     }
 
     fn args(&self) -> Vec<String> {
+        self.args_for(self.backend)
+    }
+
+    fn args_for(&self, backend: Backend) -> Vec<String> {
         let mut args: Vec<String> = vec![env!("CARGO_BIN_EXE_kpng").into()];
         match &self.source {
             Some(source) => args.extend(source.iter().cloned()),
@@ -325,8 +337,8 @@ impl<'a> Kpng<'a> {
             .map(|a| a.to_string()),
         );
         args.extend(self.extra.iter().cloned());
-        args.extend(self.backend.sink_args().iter().map(|a| (*a).to_owned()));
-        if self.backend == Backend::Ebpf {
+        args.extend(backend.sink_args().iter().map(|a| (*a).to_owned()));
+        if backend == Backend::Ebpf {
             let (cgroup, pins) = ebpf_scope(self.ns);
             args.extend([
                 "--cgroup-path".to_owned(),
