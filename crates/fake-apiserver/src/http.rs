@@ -136,6 +136,8 @@ pub(crate) struct Shared {
     pub missing: Mutex<std::collections::BTreeSet<Resource>>,
     /// Events (`events.k8s.io/v1`) created or patched by clients, newest last.
     pub events: Mutex<Vec<Value>>,
+    /// Whether posting Events is refused (`403 Forbidden`, as without the RBAC rule for them).
+    pub events_forbidden: AtomicBool,
     /// What was answered and sent.
     pub counters: Arc<Counters>,
 }
@@ -253,8 +255,14 @@ fn answer(
         return Response::new(Body::from_stream(cut));
     }
     if let Some(rest) = path.strip_prefix("/apis/events.k8s.io/v1/namespaces/")
-        && let Some((_, tail)) = rest.split_once("/events")
+        && let Some((namespace, tail)) = rest.split_once("/events")
     {
+        if shared.events_forbidden.load(Ordering::SeqCst) {
+            let message = format!(
+                "events.events.k8s.io is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot create resource \"events\" in API group \"events.k8s.io\" in the namespace \"{namespace}\""
+            );
+            return error(StatusCode::FORBIDDEN, "Forbidden", &message);
+        }
         return event(shared, &method, tail.trim_start_matches('/'), &body);
     }
     if method != Method::GET {

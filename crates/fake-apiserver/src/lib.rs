@@ -110,6 +110,7 @@ impl Builder {
                 forbidden: Mutex::default(),
                 missing: Mutex::default(),
                 events: Mutex::default(),
+                events_forbidden: AtomicBool::new(false),
                 counters: Arc::default(),
             }),
             runtime: Some(runtime),
@@ -318,6 +319,14 @@ impl FakeApiServer {
         } else {
             set.remove(&resource);
         }
+    }
+
+    /// Refuses every Event post with `403 Forbidden` (as without the RBAC rule for Events), or
+    /// accepts them again.
+    pub fn forbid_events(&self, forbidden: bool) {
+        self.shared
+            .events_forbidden
+            .store(forbidden, Ordering::SeqCst);
     }
 
     /// Answers every request for `resource` with `404 Not Found` (as a server that does not

@@ -774,13 +774,36 @@ async fn report_health_check_failures(
     events: kpng_source_kube::NodeEvents,
     mut failures: tokio::sync::mpsc::UnboundedReceiver<kpng_runner::service_health::NotServed>,
 ) {
+    let mut refused = RefusedPosts::default();
     while let Some(f) = failures.recv().await {
         let (namespace, name) = (&*f.service.namespace, &*f.service.name);
         if let Err(e) = events
             .health_check_failed(namespace, name, f.port, &f.error)
             .await
         {
-            tracing::debug!("cannot post the FailedToStartServiceHealthcheck Event: {e}");
+            refused.log("FailedToStartServiceHealthcheck", e);
+        }
+    }
+}
+
+/// Logs an Event the API server refused: a warning the first time (saying which RBAC rule is
+/// missing when that is why), debug lines after, so that an operator learns it once and the
+/// log is not filled with it.
+#[derive(Default)]
+struct RefusedPosts {
+    warned: bool,
+}
+
+impl RefusedPosts {
+    fn log(&mut self, what: &str, e: kpng_source_kube::EventError) {
+        if std::mem::replace(&mut self.warned, true) {
+            tracing::debug!("cannot post the {what} Event: {e}");
+        } else if e.is_forbidden() {
+            tracing::warn!(
+                "cannot post the {what} Event (RBAC: events.k8s.io events create, patch): {e}"
+            );
+        } else {
+            tracing::warn!("cannot post the {what} Event: {e}");
         }
     }
 }
@@ -794,20 +817,9 @@ async fn report_events(
     backend: &'static str,
     mut reports: tokio::sync::watch::Receiver<Option<kpng_runner::runner::SyncReport>>,
 ) {
-    let mut refused_once = false;
-    let mut refused = |what: &str, e: kpng_source_kube::EventError| {
-        if std::mem::replace(&mut refused_once, true) {
-            tracing::debug!("cannot post the {what} Event: {e}");
-        } else if e.is_forbidden() {
-            tracing::warn!(
-                "cannot post the {what} Event (RBAC: events.k8s.io events create, patch): {e}"
-            );
-        } else {
-            tracing::warn!("cannot post the {what} Event: {e}");
-        }
-    };
+    let mut refused = RefusedPosts::default();
     if let Err(e) = events.starting(backend).await {
-        refused("Starting", e);
+        refused.log("Starting", e);
     }
     let mut failures = 0u32;
     while reports.changed().await.is_ok() {
@@ -822,7 +834,7 @@ async fn report_events(
         if failures == FAILURES_BEFORE_EVENT {
             let error = report.error.as_deref().unwrap_or("unknown");
             if let Err(e) = events.sync_failing(failures, error).await {
-                refused("SyncProxyRulesFailed", e);
+                refused.log("SyncProxyRulesFailed", e);
             }
         }
     }

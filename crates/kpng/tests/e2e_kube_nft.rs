@@ -64,6 +64,9 @@ fn kpng(ns: &Netns, source: &[&str]) -> Spawned {
         "0",
         "--metrics-bind-address",
         "",
+        // No admin socket: these kpngs are killed, which would leave it in /run/kpng.
+        "--admin-socket",
+        "",
         "to-local",
         "nft",
     ]);
@@ -210,6 +213,54 @@ fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
          192.168.100.1:32100: Cannot assign requested address (os error 99)",
         "{event}"
     );
+}
+
+/// Without the RBAC rule for Events every post is refused: kpng says so once per kind of Event
+/// at warning level, naming the rule (later refusals are debug lines), and programs the node
+/// all the same.
+#[test]
+fn refused_event_posts_are_one_warning_each() {
+    require_root!();
+    let ns = Netns::new("kubeev").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    std::fs::write(&input, &example).expect("write");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut server = FakeServer::start(&ns, &input, &kubeconfig);
+    server.command("forbid-events");
+    let kube = kpng(
+        &ns,
+        &["kube", "--kubeconfig", kubeconfig.to_str().expect("utf-8")],
+    );
+    // shop/storefront's health check cannot start (node1's address is not in the namespace).
+    let warned = |what: &str| {
+        format!(
+            "WARN kpng::run: cannot post the {what} Event (RBAC: events.k8s.io events create, patch)"
+        )
+    };
+    let deadline = Instant::now() + WAIT;
+    while !(kube.stderr_text().contains(&warned("Starting"))
+        && kube
+            .stderr_text()
+            .contains(&warned("FailedToStartServiceHealthcheck")))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no warning for each refused Event; kpng said:\n{}",
+            kube.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_tables(&ns, &kube, "the example's Services", |t| {
+        t.contains("10.96.0.10")
+    });
+    let log = kube.stderr_text();
+    assert_eq!(log.matches("cannot post the").count(), 2, "{log}");
+    assert!(server.command("events").contains("[]"), "nothing posted");
 }
 
 /// The fault suite's API server outage (`e2e/faults.rs`; figures in docs/reliability.md).

@@ -13,7 +13,8 @@
 //! - `delete KIND NAMESPACE NAME` (`-` as the namespace of cluster-scoped kinds);
 //! - `expire` (410 Gone to every watch), `drop` (cut every watch), `bookmark`;
 //! - `stop` / `restart` (an outage and its end);
-//! - `events`: the Events posted so far, as a JSON array after `ok`.
+//! - `events`: the Events posted so far, as a JSON array after `ok`;
+//! - `forbid-events` / `allow-events`: Event posts refused with 403 (no RBAC rule), or not.
 //!
 //! It exits when standard input closes.
 
@@ -66,6 +67,9 @@ fn command(server: &mut FakeApiServer, line: &str) -> Result<String, String> {
         ["events"] => {
             return serde_json::to_string(&server.events()).map_err(|e| e.to_string());
         }
+        // Event posts refused (403) from now on, or accepted again.
+        ["forbid-events"] => server.forbid_events(true),
+        ["allow-events"] => server.forbid_events(false),
         ["expire"] => server.expire_watches(),
         ["drop"] => server.drop_watches(),
         ["bookmark"] => server.bookmark(),
