@@ -873,7 +873,8 @@ impl Backend for NftBackend {
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         self.warn_unsupported(request);
         if self.monitor.as_ref().is_some_and(|m| m.begin_own()) {
-            // Someone else changed our tables: look at them again and rebuild them whole.
+            // Someone else changed our tables: look at them again, and put the rules and then
+            // the sets back (or replace a table that is gone or not ours whole).
             for state in &mut self.states {
                 state.kernel = KernelTable::Unknown;
                 state.committed = None;
