@@ -182,12 +182,25 @@ impl BackendKind {
         if let LocalBackend::Hns(args) = backend {
             return hns::build(flags, args);
         }
+        let detect_local = detect_local(flags)?;
+        if matches!(&detect_local, DetectLocal::ClusterCidr(c) if c.is_empty())
+            && !flags.masquerade_all
+        {
+            // kube-proxy says so too: an operator who forgot the flag learns why traffic from
+            // outside the cluster to a ClusterIP keeps its source address.
+            tracing::warn!(
+                "--detect-local-mode ClusterCIDR without --cluster-cidr: kpng cannot tell pods \
+                 from other sources, so ClusterIP traffic from outside the cluster is not \
+                 masqueraded (as kube-proxy); give the pods' CIDRs, or another \
+                 --detect-local-mode"
+            );
+        }
         let node = NodeSettings {
             masquerade: Masquerade {
                 all: flags.masquerade_all,
                 bit: flags.masquerade_bit,
             },
-            detect_local: detect_local(flags)?,
+            detect_local,
             nodeport_addresses: kind.nodeport_addresses(flags)?,
         };
         linux::build(flags, backend, node, refusals)

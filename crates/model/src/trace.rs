@@ -219,7 +219,7 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
     let from_node = facts.local_ips.contains(&q.from);
     let (list, masquerade, why) = match frontend {
         Frontend::ClusterIp => {
-            let masq = facts.masquerade_all || (is_detecting(facts) && !from_pod);
+            let masq = facts.masquerade_all || (is_detecting(facts, q.from) && !from_pod);
             let why = if facts.masquerade_all {
                 "masquerade-all"
             } else if masq {
@@ -333,8 +333,18 @@ fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: F
     Trace::unmatched(Verdict::None, format!("{} is not a Service address", q.to))
 }
 
-fn is_detecting(facts: &NodeFacts) -> bool {
-    !matches!(facts.local_pods, LocalPods::None)
+/// Whether the rules tell pods from other sources in `source`'s family, as the backends
+/// write them: CIDRs detect only in a family they have one of (without `--cluster-cidr`, or
+/// with one family's only, the other family has no rule and no ClusterIP traffic of it is
+/// masqueraded for coming from outside, as in kube-proxy); interfaces detect in both.
+fn is_detecting(facts: &NodeFacts, source: IpAddr) -> bool {
+    match &facts.local_pods {
+        LocalPods::None => false,
+        LocalPods::Cidrs(cidrs) => cidrs
+            .iter()
+            .any(|c| Family::of(&c.addr()) == Family::of(&source)),
+        LocalPods::Interface { .. } => true,
+    }
 }
 
 fn is_local_pod(facts: &NodeFacts, ip: IpAddr) -> bool {

@@ -35,6 +35,22 @@ fn web() -> ServicePort {
     p
 }
 
+/// `web`'s IPv6 half.
+fn web6() -> ServicePort {
+    let mut p = ServicePort::new(
+        PortKey {
+            family: Family::V6,
+            ..web().key
+        },
+        "fd00:96::10".parse().expect("ip"),
+        80,
+    );
+    p.cluster_endpoints = vec![ep("fd00:244:1::5", true)];
+    p.local_endpoints = p.cluster_endpoints.clone();
+    p.has_any_endpoints = true;
+    p
+}
+
 fn snapshot(ports: Vec<ServicePort>) -> Snapshot {
     let mut s = Snapshot {
         service_cidrs: vec!["10.96.0.0/16".parse().expect("cidr")],
@@ -68,6 +84,94 @@ struct Case {
 }
 
 fn same(_: &mut ServicePort) {}
+
+/// A family without a pod CIDR has no detection rule, so its ClusterIP traffic from outside
+/// is not masqueraded (the backends write no rule for it; kube-proxy's no-op detector).
+#[test]
+fn clusterip_masquerade_follows_the_detection_of_the_packets_family() {
+    let node = "172.18.0.2";
+    let v6_node = "fd00:18::2";
+    for (what, cidrs, from, to, masquerade) in [
+        (
+            "v4 CIDR, node to v4 ClusterIP",
+            &["10.244.1.0/24"][..],
+            node,
+            "10.96.0.10:80",
+            true,
+        ),
+        (
+            "v4 CIDR, pod to v4 ClusterIP",
+            &["10.244.1.0/24"][..],
+            "10.244.1.7",
+            "10.96.0.10:80",
+            false,
+        ),
+        (
+            "no CIDR at all, node to v4 ClusterIP",
+            &[][..],
+            node,
+            "10.96.0.10:80",
+            false,
+        ),
+        (
+            "v4 CIDR only, node to v6 ClusterIP",
+            &["10.244.1.0/24"][..],
+            v6_node,
+            "[fd00:96::10]:80",
+            false,
+        ),
+        (
+            "both CIDRs, node to v6 ClusterIP",
+            &["10.244.1.0/24", "fd00:244:1::/64"][..],
+            v6_node,
+            "[fd00:96::10]:80",
+            true,
+        ),
+        (
+            "both CIDRs, pod to v6 ClusterIP",
+            &["10.244.1.0/24", "fd00:244:1::/64"][..],
+            "fd00:244:1::7",
+            "[fd00:96::10]:80",
+            false,
+        ),
+    ] {
+        let p = if to.starts_with('[') { web6() } else { web() };
+        let facts = NodeFacts {
+            local_ips: vec![node.parse().expect("ip"), v6_node.parse().expect("ip")],
+            local_pods: LocalPods::Cidrs(cidrs.iter().map(|c| c.parse().expect("cidr")).collect()),
+            ..facts()
+        };
+        let t = trace(
+            &snapshot(vec![p]),
+            &facts,
+            &TraceQuery {
+                from: from.parse().expect("ip"),
+                to: to.parse().expect("addr"),
+                protocol: Protocol::Tcp,
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Dnat, "{what}: {t:?}");
+        assert_eq!(t.masquerade, masquerade, "{what}: {t:?}");
+    }
+    // Interfaces tell pods in both families.
+    let facts = NodeFacts {
+        local_pods: LocalPods::Interface {
+            rule: "entering from cbr0".into(),
+            assumed: vec!["10.244.1.0/24".parse().expect("cidr")],
+        },
+        ..facts()
+    };
+    let t = trace(
+        &snapshot(vec![web()]),
+        &facts,
+        &TraceQuery {
+            from: node.parse().expect("ip"),
+            to: "10.96.0.10:80".parse().expect("addr"),
+            protocol: Protocol::Tcp,
+        },
+    );
+    assert!(t.masquerade, "{t:?}");
+}
 
 #[test]
 fn packets_meet_the_same_rules_as_in_the_kernel() {
