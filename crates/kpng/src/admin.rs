@@ -574,11 +574,16 @@ fn health_check_answer(hc: &kpng_runner::service_health::HealthCheckAnswer) -> S
         (Some(_), 0) => "no local ready endpoint".to_string(),
         (Some(_), _) => "kpng not healthy".to_string(),
     };
-    format!(
+    let answers = format!(
         "health check :{} answers {} ({why})",
         hc.port,
         hc.status.unwrap_or_default()
-    )
+    );
+    match &hc.not_served {
+        // Served on some of the node's addresses only (another family's is missing, say).
+        Some(e) => format!("{answers}, NOT SERVED on {e}"),
+        None => answers,
+    }
 }
 
 /// `1 node`, `2 nodes`.
@@ -1107,6 +1112,14 @@ mod tests {
                 "health check :32100 answers 503 (kpng not healthy)",
             ),
             (answer(None, 2), "health check :32100 NOT SERVED"),
+            (
+                HealthCheckAnswer {
+                    not_served: Some("[fd00:100::1]:32100: Cannot assign requested address (os error 99) (served on 192.168.100.1:32100)".into()),
+                    ..answer(Some(200), 2)
+                },
+                "health check :32100 answers 200 (2 local), NOT SERVED on [fd00:100::1]:32100: \
+                 Cannot assign requested address (os error 99) (served on 192.168.100.1:32100)",
+            ),
         ] {
             assert_eq!(health_check_answer(&hc), want);
         }

@@ -136,7 +136,12 @@ async fn answer(State(h): State<Handler>) -> Response {
 
 struct Running {
     port: u16,
+    /// Where the check is wanted.
     addresses: Vec<IpAddr>,
+    /// Of those, where it could not be bound yet (retried at every sync): one family's
+    /// address missing from the host must not take the other family's check down, as with
+    /// kube-proxy's proxier per family.
+    unbound: Vec<IpAddr>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -208,7 +213,8 @@ pub struct HealthCheckAnswer {
     pub status: Option<u16>,
     /// The local ready endpoints it reports (`X-Load-Balancing-Endpoint-Weight`).
     pub local_endpoints: u32,
-    /// Why nothing answers, when the server could not start.
+    /// Why nothing answers, when the server could not start; with a `status`, where it could
+    /// not start while it answers on the node's other addresses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_served: Option<String>,
 }
@@ -269,22 +275,22 @@ impl ServiceHealthServers {
     /// code and the local endpoint count its server answers with, or why it is not served.
     /// `None` when the Service has no health check here.
     pub fn answer(&self, service: &ServiceKey) -> Option<HealthCheckAnswer> {
-        if let Some(failed) = self.not_started.get(service) {
-            return Some(HealthCheckAnswer {
+        let failed = self.not_started.get(service);
+        let Some(running) = self.running.get(service) else {
+            return failed.map(|failed| HealthCheckAnswer {
                 port: failed.check.port,
                 status: None,
                 local_endpoints: failed.check.local_endpoints,
                 not_served: Some(failed.error.clone()),
             });
-        }
-        let running = self.running.get(service)?;
+        };
         let local_endpoints = self.counts().get(service).copied().unwrap_or(0);
         let healthy = self.shared.health.is_healthy(SystemTime::now());
         Some(HealthCheckAnswer {
             port: running.port,
             status: Some(answer_status(local_endpoints, healthy).as_u16()),
             local_endpoints,
-            not_served: None,
+            not_served: failed.map(|f| f.error.clone()),
         })
     }
 
@@ -296,8 +302,12 @@ impl ServiceHealthServers {
             .collect()
     }
 
-    /// `service`'s check, when it is wanted and not served.
+    /// `service`'s check, when it is wanted and served on none of the node's addresses (a
+    /// check served on some answers the load balancers that probe those).
     pub fn not_served_for(&self, service: &ServiceKey) -> Option<NotServed> {
+        if self.running.contains_key(service) {
+            return None;
+        }
         self.not_started.get(service).map(|n| n.not_served(service))
     }
 
@@ -344,6 +354,16 @@ impl ServiceHealthServers {
                 _ => false,
             };
             if unchanged {
+                // Served where it could be: the addresses it could not bind are tried again
+                // without closing the others.
+                if let Some(check) = check
+                    && self
+                        .running
+                        .get(&key)
+                        .is_some_and(|r| !r.unbound.is_empty())
+                {
+                    to_start.push((key, check));
+                }
                 continue;
             }
             if let Some(r) = self.running.remove(&key) {
@@ -359,22 +379,28 @@ impl ServiceHealthServers {
             let before = failed_before
                 .get(&key)
                 .filter(|f| f.check.port == check.port);
-            match self.start(&key, check.port, &addresses).await {
-                Ok(running) => {
-                    match before {
-                        Some(f) => info!(
-                            service = %key,
-                            port = check.port,
-                            "serving health check, after {} failed attempts",
-                            f.attempts
-                        ),
-                        None => info!(service = %key, port = check.port, "serving health check"),
-                    }
-                    self.running.insert(key, running);
-                }
-                Err(e) => {
+            let mut running = self.running.remove(&key).unwrap_or_else(|| Running {
+                port: check.port,
+                addresses: addresses.clone(),
+                unbound: addresses.clone(),
+                tasks: Vec::new(),
+            });
+            let bound = self.bind_unbound(&key, &mut running);
+            if !running.tasks.is_empty() {
+                self.running.insert(key.clone(), running);
+            }
+            match bound {
+                Ok(()) => match before {
+                    Some(f) => info!(
+                        service = %key,
+                        port = check.port,
+                        "serving health check, after {} failed attempts",
+                        f.attempts
+                    ),
+                    None => info!(service = %key, port = check.port, "serving health check"),
+                },
+                Err(error) => {
                     self.failures.inc();
-                    let error = e.to_string();
                     // A first failure, or a new reason: logged and reported once.
                     let new_failure = before.is_none_or(|f| f.error != error);
                     if new_failure {
@@ -422,30 +448,43 @@ impl ServiceHealthServers {
         self.shared.counts.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn start(
-        &self,
-        key: &ServiceKey,
-        port: u16,
-        addresses: &[IpAddr],
-    ) -> std::io::Result<Running> {
-        let mut running = Running {
-            port,
-            addresses: addresses.to_vec(),
-            tasks: Vec::new(),
-        };
-        for ip in addresses {
-            let addr = SocketAddr::new(*ip, port);
-            let listener =
-                bind(addr).map_err(|e| std::io::Error::new(e.kind(), format!("{addr}: {e}")))?;
-            let app = Router::new().fallback(answer).with_state(Handler {
-                service: key.clone(),
-                shared: self.shared.clone(),
-            });
-            running.tasks.push(tokio::spawn(async move {
-                let _ = axum::serve(listener, app).await;
-            }));
+    /// Serves `key`'s check on each of `running`'s addresses not bound yet, independently:
+    /// one that fails leaves the others served. The error names every address still unbound
+    /// (and, when some are served, where).
+    fn bind_unbound(&self, key: &ServiceKey, running: &mut Running) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for ip in std::mem::take(&mut running.unbound) {
+            let addr = SocketAddr::new(ip, running.port);
+            match bind(addr) {
+                Ok(listener) => {
+                    let app = Router::new().fallback(answer).with_state(Handler {
+                        service: key.clone(),
+                        shared: self.shared.clone(),
+                    });
+                    running.tasks.push(tokio::spawn(async move {
+                        let _ = axum::serve(listener, app).await;
+                    }));
+                }
+                Err(e) => {
+                    errors.push(format!("{addr}: {e}"));
+                    running.unbound.push(ip);
+                }
+            }
         }
-        Ok(running)
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let mut error = errors.join("; ");
+        if running.unbound.len() < running.addresses.len() {
+            let served: Vec<String> = running
+                .addresses
+                .iter()
+                .filter(|ip| !running.unbound.contains(ip))
+                .map(|ip| SocketAddr::new(*ip, running.port).to_string())
+                .collect();
+            error.push_str(&format!(" (served on {})", served.join(", ")));
+        }
+        Err(error)
     }
 }
 

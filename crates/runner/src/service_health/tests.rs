@@ -185,6 +185,75 @@ async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
     assert_eq!(status, 200);
 }
 
+/// One address that cannot be bound (another family's, missing from the host) leaves the
+/// check served on the others: kube-proxy runs a proxier per family, so a load balancer
+/// probing the node's IPv4 address still gets its answer. The missing address is tried again
+/// at every sync without closing the served ones, and the failure names both.
+#[tokio::test]
+async fn an_address_that_cannot_be_bound_leaves_the_others_served() {
+    let (mut hc, failures, not_served) = servers_and_gauge(true);
+    let port = free_port();
+    let squatter = std::net::TcpListener::bind(("127.0.0.2", port)).expect("bind");
+    let key = ServiceKey::new("ns", "svc");
+    let wanted = BTreeMap::from([(
+        key.clone(),
+        HealthCheck {
+            port,
+            local_endpoints: 1,
+        },
+    )]);
+    let addresses = [IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2])];
+    hc.sync(&wanted, &addresses).await;
+    assert_eq!(failures.get(), 1);
+    assert_eq!(not_served.get(), 1, "a failure to look at");
+    assert_eq!(hc.serving(), BTreeMap::from([(key.clone(), port)]));
+    let answered = || async move {
+        tokio::task::spawn_blocking(move || get(port, "/"))
+            .await
+            .expect("join")
+            .expect("127.0.0.1 answers")
+            .0
+    };
+    assert_eq!(answered().await, 200);
+    let answer = hc.answer(&key).expect("an answer");
+    assert_eq!(answer.status, Some(200), "{answer:?}");
+    assert!(
+        hc.not_served_for(&key).is_none(),
+        "load balancers probing 127.0.0.1 get their answer"
+    );
+    assert_eq!(
+        hc.not_served().len(),
+        1,
+        "but `kpng status` lists the failure"
+    );
+    assert_eq!(
+        answer.not_served.as_deref(),
+        Some(format!("127.0.0.2:{port}: Address already in use (os error 98) (served on 127.0.0.1:{port})").as_str()),
+        "{answer:?}"
+    );
+    // Retried without closing 127.0.0.1's: a connection held open across the sync survives.
+    let held = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    drop(squatter);
+    hc.sync(&wanted, &addresses).await;
+    assert!(hc.not_served().is_empty());
+    assert_eq!(not_served.get(), 0);
+    assert_eq!(hc.answer(&key).and_then(|a| a.not_served), None);
+    let mut s = std::net::TcpStream::connect(("127.0.0.2", port)).expect("127.0.0.2 served now");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let mut held = held;
+    held.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
+        .expect("the held connection is still open");
+    let mut text = String::new();
+    held.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    tokio::task::spawn_blocking(move || held.read_to_string(&mut text).map(|_| text))
+        .await
+        .expect("join")
+        .map(|t| assert!(t.starts_with("HTTP/1.1 200"), "{t}"))
+        .expect("read the held connection's answer");
+}
+
 #[tokio::test]
 async fn a_port_in_use_is_retried_by_an_update_that_names_other_services() {
     let (mut hc, failures) = servers(true);
