@@ -6,8 +6,12 @@
 //! cannot be programmed (an nftables map takes one verdict per key and refuses the transaction
 //! otherwise), so the model picks one deterministically, as the API server would have: the
 //! **oldest** Service keeps the frontend (`metadata.creationTimestamp`; a Service without one
-//! counts as the newest; equal ages are ordered by namespace/name). The others lose it, with a
-//! warning naming both Services; when the winner goes away, the next one takes it over.
+//! counts as the newest). Equal ages (hand-written manifests have no creation times) go to
+//! the Service the model had first, so that a Service added beside a working one never takes
+//! its frontend away; the Services of one list (a start, a relist) count as had at once, and
+//! are ordered by namespace/name, so that a restart decides the same way whatever the order
+//! of the input. The others lose it, with a warning naming both Services; when the winner
+//! goes away, the next one takes it over.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -32,14 +36,21 @@ struct Claimant {
     /// `true` without a creation timestamp: such a Service counts as the newest.
     undated: bool,
     created: Option<SystemTime>,
+    /// When the model first had the Service ([`Seen`]).
+    seen: Seen,
     key: ServiceKey,
 }
 
+/// When the model first had a Service: a counter that moves on after every event but a list's
+/// items, so the Services of one list share it and every later one is newer.
+pub(crate) type Seen = u64;
+
 impl Claimant {
-    fn of(info: &ServiceInfo) -> Claimant {
+    fn of(info: &ServiceInfo, seen: Seen) -> Claimant {
         Claimant {
             undated: info.created.is_none(),
             created: info.created,
+            seen,
             key: info.key.clone(),
         }
     }
@@ -88,16 +99,17 @@ pub(crate) fn frontends(info: &ServiceInfo) -> Vec<(Frontend, String)> {
 
 impl Claims {
     /// Replaces the claims of one Service (`old` → `new`, `None` = not claiming, e.g. deleted
-    /// or not ours) and returns every Service whose set of lost frontends may have changed:
-    /// the claimants of each frontend involved.
+    /// or not ours), first had by the model at `seen`, and returns every Service whose set of
+    /// lost frontends may have changed: the claimants of each frontend involved.
     pub(crate) fn update(
         &mut self,
         old: Option<&ServiceInfo>,
         new: Option<&ServiceInfo>,
+        seen: Seen,
     ) -> BTreeSet<ServiceKey> {
         let mut affected = BTreeSet::new();
         if let Some(old) = old {
-            let claimant = Claimant::of(old);
+            let claimant = Claimant::of(old, seen);
             for (frontend, _) in frontends(old) {
                 if let Some(set) = self.by_frontend.get_mut(&frontend) {
                     if let Ok(at) = set.binary_search(&claimant) {
@@ -112,7 +124,7 @@ impl Claims {
             affected.insert(old.key.clone());
         }
         if let Some(new) = new {
-            let claimant = Claimant::of(new);
+            let claimant = Claimant::of(new, seen);
             for (frontend, _) in frontends(new) {
                 let set = self.by_frontend.entry(frontend).or_default();
                 // Room for exactly the one claimant almost every frontend has (a first
@@ -174,10 +186,10 @@ fn conflict_warning(
     };
     let message = match frontend {
         Frontend::Cluster(ip, port, protocol) => format!(
-            "ClusterIP {ip} port {port}/{protocol} is also Service {owner}'s, which is older (or as old and first by namespace/name) and keeps it; this Service port is not programmed for {ip}"
+            "ClusterIP {ip} port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it; this Service port is not programmed for {ip}"
         ),
         Frontend::NodePort(port, protocol) => format!(
-            "node port {port}/{protocol} is also Service {owner}'s, which is older (or as old and first by namespace/name) and keeps it; the {what} is not programmed"
+            "node port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it; the {what} is not programmed"
         ),
     };
     Warning {

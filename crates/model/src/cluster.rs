@@ -17,7 +17,7 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 
 use crate::build::service_ports;
-use crate::claims::{Claims, Lost, conflict_warnings};
+use crate::claims::{Claims, Lost, Seen, conflict_warnings};
 use crate::event::{Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, ServiceKey};
 use crate::node::NodeState;
@@ -50,6 +50,9 @@ pub struct ServiceSource {
     owned: bool,
     /// Frontends an older Service owns (see `claims`): not programmed for this one.
     lost: Lost,
+    /// When the model first had the Service object (see `claims`): of two Services without
+    /// creation times claiming one frontend, the one had first keeps it.
+    seen: Seen,
 }
 
 impl ServiceSource {
@@ -160,6 +163,12 @@ pub struct ClusterOutcome {
     pub warnings: Vec<Warning>,
 }
 
+/// Whether an event is part of a streamed list (its start or an item) or stands whole.
+enum EventKind {
+    ListPart,
+    Whole,
+}
+
 /// A streamed list ([`Event::ListStart`] … [`Event::ListDone`]) in progress.
 #[derive(Debug, Default)]
 struct Listing {
@@ -192,6 +201,9 @@ pub struct ClusterModel {
     listings: Vec<Listing>,
     /// Who claims each ClusterIP port and node port (conflicts resolved oldest first).
     claims: Claims,
+    /// Moves on after every event but a streamed list's start and items: what a Service first
+    /// had now is stamped with (`ServiceSource::seen`).
+    clock: Seen,
     /// Objects whose latest version was rejected, until a usable version replaces it or the
     /// object goes: what `kpng status` shows as still wrong (an error line alone scrolls away).
     rejected: BTreeMap<ObjectRef, Rejection>,
@@ -237,6 +249,10 @@ impl ClusterModel {
     /// Applies one event and reports what it touched.
     pub fn apply(&mut self, event: Event) -> ClusterOutcome {
         let mut out = ClusterOutcome::default();
+        let event_kind = match event {
+            Event::ListStart { .. } | Event::ListItem(_) => EventKind::ListPart,
+            _ => EventKind::Whole,
+        };
         match event {
             Event::Apply(object) => self.apply_single(object, &mut out),
             Event::Delete(reference) => self.delete(&reference, &mut out),
@@ -269,6 +285,9 @@ impl ClusterModel {
                     self.finish_listing(listing, &mut out);
                 }
             }
+        }
+        if !matches!(event_kind, EventKind::ListPart) {
+            self.clock += 1;
         }
         out
     }
@@ -330,6 +349,9 @@ impl ClusterModel {
                 };
                 let owned = self.owns(&info);
                 let source = self.sources.entry(info.key.clone()).or_default();
+                if source.info.is_none() {
+                    Arc::make_mut(source).seen = self.clock;
+                }
                 if source.info.as_ref() != Some(&info) || source.owned != owned {
                     if source.info.as_ref() != Some(&info) {
                         out.services_changed.push(info.key.clone());
@@ -343,9 +365,11 @@ impl ClusterModel {
                     let source = Arc::make_mut(source);
                     source.owned = owned;
                     source.info = Some(info);
+                    let seen = source.seen;
                     self.reclaim(
                         old_claim.as_ref(),
                         new_claim.as_ref(),
+                        seen,
                         &mut touched.services,
                         &mut out.warnings,
                     );
@@ -483,12 +507,14 @@ impl ClusterModel {
         let old_claim = source.info.take().filter(|_| source.owned);
         source.owned = false;
         source.lost = Lost::new();
+        let seen = source.seen;
         if source.is_empty() {
             self.sources.remove(key);
         }
         self.reclaim(
             old_claim.as_ref(),
             None,
+            seen,
             &mut out.services,
             &mut out.warnings,
         );
@@ -502,10 +528,11 @@ impl ClusterModel {
         &mut self,
         old: Option<&ServiceInfo>,
         new: Option<&ServiceInfo>,
+        seen: Seen,
         services: &mut BTreeSet<ServiceKey>,
         warnings: &mut Vec<Warning>,
     ) {
-        for key in self.claims.update(old, new) {
+        for key in self.claims.update(old, new, seen) {
             let Some(source) = self.sources.get_mut(&key) else {
                 continue;
             };

@@ -311,7 +311,7 @@ fn conflicting_frontends_go_to_the_oldest_service() {
                 })
                 .collect()
         };
-        // Forward and backward: the same result, whichever comes first.
+        // One list (a start), forward and backward: the same result, whichever comes first.
         for order in ["forward", "backward"] {
             let list = if order == "forward" {
                 events(&mut case.services.iter())
@@ -320,9 +320,17 @@ fn conflicting_frontends_go_to_the_oldest_service() {
             };
             let mut m = model(Some(NodePortRange::default()));
             let mut warnings = Vec::new();
+            let kinds = vec![Kind::Service];
+            m.apply(Event::ListStart {
+                kinds: kinds.clone(),
+            });
             for e in list {
-                warnings.extend(m.apply(e).warnings);
+                let Event::Apply(o) = e else {
+                    unreachable!("service() builds an Apply")
+                };
+                warnings.extend(m.apply(Event::ListItem(o)).warnings);
             }
+            warnings.extend(m.apply(Event::ListDone { kinds }).warnings);
             assert_eq!(programmed(&m), case.programmed, "{} ({order})", case.name);
             let mut got: Vec<(String, String)> = warnings
                 .iter()
@@ -355,6 +363,59 @@ fn conflicting_frontends_go_to_the_oldest_service() {
                 );
             }
         }
+    }
+}
+
+/// Hand-written manifests have no creation times: a Service added beside a working one that
+/// claims its ClusterIP port or node port (a copy-paste slip) loses them, whatever the names,
+/// so that an edit never takes a working Service's frontends away; the warning names the
+/// newcomer. A list (a start, a relist) shares one moment: there namespace/name decides.
+#[test]
+fn a_service_added_beside_a_working_one_does_not_take_its_frontends() {
+    let spec = |ip: &str| {
+        json!({"type": "NodePort", "clusterIP": ip,
+               "ports": [{"name": "p", "port": 80, "nodePort": 30080}]})
+    };
+    for (working, newcomer) in [("zonal", "clash"), ("clash", "zonal")] {
+        let mut m = model(Some(NodePortRange::default()));
+        m.apply(service("default", working, None, spec("10.96.0.40")));
+        let out = m.apply(service("default", newcomer, None, spec("10.96.0.40")));
+        assert_eq!(
+            programmed(&m),
+            [format!("default/{working} 10.96.0.40:80 np=30080 hc=-"),],
+            "{newcomer} added beside {working}"
+        );
+        assert!(
+            out.warnings.len() == 2
+                && out
+                    .warnings
+                    .iter()
+                    .all(|w| w.object.name.as_ref() == newcomer
+                        && w.message.contains(&format!("Service default/{working}'s"))),
+            "{:?}",
+            out.warnings
+        );
+        // Its own edits keep it what it is: still the newcomer.
+        let out = m.apply(service("default", newcomer, None, spec("10.96.0.40")));
+        assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+        let mut edited = spec("10.96.0.40");
+        edited["ports"][0]["port"] = json!(80);
+        edited["sessionAffinity"] = json!("ClientIP");
+        m.apply(service("default", working, None, edited));
+        assert!(
+            programmed(&m)
+                .iter()
+                .all(|p| p.starts_with(&format!("default/{working} "))),
+            "{:?}",
+            programmed(&m)
+        );
+        // Deleted and added again, it is the newest.
+        m.apply(delete("default", working));
+        m.apply(service("default", working, None, spec("10.96.0.40")));
+        assert_eq!(
+            programmed(&m),
+            [format!("default/{newcomer} 10.96.0.40:80 np=30080 hc=-")]
+        );
     }
 }
 
