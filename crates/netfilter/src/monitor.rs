@@ -73,6 +73,21 @@ fn message_name(msg: u16) -> &'static str {
     }
 }
 
+/// How much a change says about what happened, for choosing one to report among those read
+/// together: a table gone, then a chain, a named set, a rule, an element; additions last (an
+/// anonymous set, `__set0`, goes with the rule that held it).
+fn significance(note: &Notification) -> u8 {
+    let anonymous = note.set.as_deref().is_some_and(|s| s.starts_with("__"));
+    match note.msg {
+        2 => 6,
+        5 => 5,
+        11 if !anonymous => 4,
+        8 => 3,
+        14 => 2,
+        _ => 1,
+    }
+}
+
 fn is_element(msg: u16) -> bool {
     msg == 12 || msg == 14
 }
@@ -278,12 +293,15 @@ impl Shared {
             .set_opt(libc::SOL_NETLINK, option, NFNLGRP_NFTABLES)
     }
 
-    /// Reads everything queued, attributing it to us when inside our window.
+    /// Reads everything queued, attributing it to us when inside our window. Someone else's
+    /// changes read together are reported as the most telling of them: `nft delete table`
+    /// sends its rules' deletions before the table's, and "table deleted" is what happened.
     fn drain(&self, inner: &mut Inner) {
+        let mut telling: Option<(u8, String)> = None;
         loop {
             let Inner { buf, own } = &mut *inner;
             match self.sock.recv(buf, true) {
-                Ok(0) => return,
+                Ok(0) => break,
                 Ok(n) => {
                     for note in parse_notifications(&buf[..n]) {
                         let Some(what) = self.watched.tampering(&note) else {
@@ -291,29 +309,39 @@ impl Shared {
                         };
                         if *own {
                             self.own_seen.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            self.foreign(what);
+                            continue;
+                        }
+                        self.foreign_seen.fetch_add(1, Ordering::Relaxed);
+                        let rank = significance(&note);
+                        if telling.as_ref().is_none_or(|(best, _)| rank > *best) {
+                            telling = Some((rank, what));
                         }
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     if !*own {
-                        self.foreign("notifications were lost (receive queue full)".into());
+                        self.foreign_seen.fetch_add(1, Ordering::Relaxed);
+                        telling = Some((
+                            u8::MAX,
+                            "notifications were lost (receive queue full)".into(),
+                        ));
                     }
                 }
                 Err(e) => {
                     debug!("reading nftables notifications: {e}");
-                    return;
+                    break;
                 }
             }
+        }
+        if let Some((_, what)) = telling {
+            self.raise_once(what);
         }
     }
 
     /// Someone else's change: the alarm is raised for the first of a burst only (until the
     /// backend's next sync looks), so a `nft flush ruleset` is one report, not thousands.
-    fn foreign(&self, what: String) {
-        self.foreign_seen.fetch_add(1, Ordering::Relaxed);
+    fn raise_once(&self, what: String) {
         if !self.tampered.swap(true, Ordering::SeqCst) {
             self.alarm.raise(what);
         }

@@ -786,7 +786,9 @@ impl<M: NodeModel> LoopState<M> {
                     repairs.last_at = admin::rfc3339(wall);
                     repairs.last_change = what;
                 }
-                if stats.operations > 0 || full {
+                // A change is logged even when the backend counted no operation for it (a
+                // sync that empties the node rebuilds the table with nothing in it).
+                if stats.operations > 0 || full || !diff.is_empty() || repaired {
                     info!(
                         backend = %backend.backend,
                         full,

@@ -200,3 +200,42 @@ fn what_counts_as_tampering_in_shared_tables() {
         assert_eq!(w.tampering(&notes[0]).as_deref(), *want, "{name}");
     }
 }
+
+#[test]
+fn the_most_telling_change_of_a_burst_is_the_one_reported() {
+    let note = |msg: u16, set: Option<&str>| Notification {
+        msg,
+        nfproto: 2,
+        table: Some("kpng".into()),
+        set: set.map(str::to_string),
+        chain: None,
+        rule: Vec::new(),
+        portid: 4242,
+    };
+    // What `nft delete table` and `nft flush table` send, in the kernel's order.
+    let burst = [
+        note(8, None),
+        note(11, Some("__set0")),
+        note(14, Some("cluster-ips")),
+        note(11, Some("cluster-ips")),
+        note(5, None),
+        note(2, None),
+        note(6, None),
+    ];
+    let mut ranked: Vec<&Notification> = burst.iter().collect();
+    ranked.sort_by_key(|n| std::cmp::Reverse(significance(n)));
+    let order: Vec<(u16, Option<&str>)> =
+        ranked.iter().map(|n| (n.msg, n.set.as_deref())).collect();
+    assert_eq!(
+        order,
+        [
+            (2, None),
+            (5, None),
+            (11, Some("cluster-ips")),
+            (8, None),
+            (14, Some("cluster-ips")),
+            (11, Some("__set0")),
+            (6, None),
+        ]
+    );
+}
