@@ -37,6 +37,15 @@ pub trait NodeModel: Send + 'static {
     fn rejected_count(&self) -> usize {
         0
     }
+    /// The Services matching `wanted` (namespace, name) that this model holds but programs no
+    /// port of, with why, for `kpng status NAME`; empty when this model cannot tell (a
+    /// brain's node receives only what it programs).
+    fn not_programmed(
+        &self,
+        _wanted: &dyn Fn(&str, &str) -> bool,
+    ) -> Vec<(kpng_model::ServiceKey, String)> {
+        Vec::new()
+    }
 }
 
 /// What one input carries: counted in `kpng_objects_seen_total` and kube-proxy's
@@ -104,5 +113,12 @@ impl NodeModel for Model {
 
     fn rejected_count(&self) -> usize {
         Model::rejected(self).len()
+    }
+
+    fn not_programmed(
+        &self,
+        wanted: &dyn Fn(&str, &str) -> bool,
+    ) -> Vec<(kpng_model::ServiceKey, String)> {
+        Model::not_programmed(self, wanted)
     }
 }

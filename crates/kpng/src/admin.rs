@@ -223,6 +223,25 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             if let Some(why) = rejected_service(&status, filter) {
                 bail!("no Service port matches {filter:?}: {why}");
             }
+            // Nor has one kpng holds and gives no rule (headless, another proxy's, …).
+            let not_programmed: Vec<String> = status["notProgrammed"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| {
+                    Some(format!(
+                        "{} has no rule: {}",
+                        n["service"].as_str()?,
+                        n["why"].as_str()?
+                    ))
+                })
+                .collect();
+            if !not_programmed.is_empty() {
+                bail!(
+                    "no Service port matches {filter:?}: {}",
+                    not_programmed.join("; ")
+                );
+            }
             bail!(
                 "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)"
             );

@@ -504,6 +504,28 @@ fn status_and_trace_answer_from_the_running_proxy() {
         "{says}"
     );
 
+    // Asked for by name, a Service kpng holds but gives no rule says why.
+    for (service, why) in [
+        (
+            "default/headless",
+            "default/headless has no rule: no ClusterIP (spec.clusterIP None or empty: headless)",
+        ),
+        (
+            "external-db",
+            "default/external-db has no rule: type ExternalName: a DNS alias, no proxy rule",
+        ),
+    ] {
+        let out = kpng()
+            .args(["status", service, "--admin-socket", &socket_flag])
+            .output()
+            .expect("run");
+        let says = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && says.contains(why),
+            "{service}: {says}"
+        );
+    }
+
     // A file that does not read at all is the input's problem, shown until it loads again.
     make_unreadable(&mut running, dir.path());
     let status: serde_json::Value =

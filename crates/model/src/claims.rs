@@ -56,6 +56,17 @@ impl Claimant {
     }
 }
 
+impl std::fmt::Display for Frontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Frontend::Cluster(ip, port, protocol) => {
+                write!(f, "ClusterIP {ip} port {port}/{protocol}")
+            }
+            Frontend::NodePort(port, protocol) => write!(f, "node port {port}/{protocol}"),
+        }
+    }
+}
+
 /// The frontends a Service lost to older Services: frontend → the Service that owns it.
 pub(crate) type Lost = BTreeMap<Frontend, ServiceKey>;
 

@@ -228,6 +228,56 @@ impl ClusterModel {
         self.sources.iter()
     }
 
+    /// Why Service `key`, which the model holds, gets no rules at all (headless, another
+    /// proxy's, every frontend another Service's, …), in words for `kpng status NAME`; `None`
+    /// for a Service the model does not hold, or one whose ports depend on the node only.
+    pub fn why_not_programmed(&self, key: &ServiceKey) -> Option<String> {
+        let source = self.sources.get(key)?;
+        let Some(info) = &source.info else {
+            return Some("no Service object yet, only EndpointSlices that name it".into());
+        };
+        let label = "service.kubernetes.io/service-proxy-name";
+        Some(match (&info.ignored, &self.config.service_proxy_name) {
+            (Some(crate::records::Ignored::Headless), _) => {
+                "no ClusterIP (spec.clusterIP None or empty: headless): DNS names its endpoints, \
+                 no proxy rule, as kube-proxy"
+                    .into()
+            }
+            (Some(crate::records::Ignored::ExternalName), _) => {
+                "type ExternalName: a DNS alias, no proxy rule, as kube-proxy".into()
+            }
+            _ if info.headless_label => {
+                "labelled service.kubernetes.io/headless: not proxied, as kube-proxy".into()
+            }
+            (None, None) if !source.owned => format!(
+                "labelled {label}={}: another proxy's (kpng serves the Services without that \
+                 label, unless --service-proxy-name names it)",
+                info.proxy_name_label.as_deref().unwrap_or_default()
+            ),
+            (None, Some(mine)) if !source.owned => format!(
+                "kpng runs with --service-proxy-name {mine} and serves only the Services \
+                 labelled {label}={mine}; this one is {}",
+                info.proxy_name_label
+                    .as_deref()
+                    .map_or_else(|| "not labelled".to_string(), |l| format!("labelled {l}"))
+            ),
+            _ if !source.lost.is_empty() => {
+                let lost: Vec<String> = source
+                    .lost
+                    .iter()
+                    .map(|(frontend, owner)| format!("{frontend} is Service {owner}'s"))
+                    .collect();
+                format!(
+                    "its frontends are older Services' ({}); see the warning logged when it \
+                     lost them",
+                    lost.join(", ")
+                )
+            }
+            _ if info.ports.is_empty() => "no spec.ports".into(),
+            _ => return None,
+        })
+    }
+
     /// The names of every Node the model holds: a brain compares them with the nodes
     /// connected to it, to name the ones that are not.
     pub fn node_names(&self) -> impl Iterator<Item = &str> {

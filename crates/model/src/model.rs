@@ -179,6 +179,22 @@ impl Model {
         self.cluster.rejected()
     }
 
+    /// Every Service the model holds that has no port on this node and matches `wanted`
+    /// (namespace, name), with why ([`ClusterModel::why_not_programmed`]): what `kpng status
+    /// NAME` says instead of "no such Service". Walks every Service: asked on demand only.
+    pub fn not_programmed(&self, wanted: &dyn Fn(&str, &str) -> bool) -> Vec<(ServiceKey, String)> {
+        let programmed: std::collections::HashSet<&ServiceKey> =
+            self.snapshot.ports.keys().map(|k| &k.service).collect();
+        let mut out: Vec<(ServiceKey, String)> = self
+            .cluster
+            .sources()
+            .filter(|(key, _)| wanted(&key.namespace, &key.name) && !programmed.contains(key))
+            .filter_map(|(key, _)| Some((key.clone(), self.cluster.why_not_programmed(key)?)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Every endpoint of one Service port with whether this node uses it and, if not, why;
     /// `None` for a port the snapshot does not hold.
     pub fn explain(&self, key: &PortKey) -> Option<Vec<crate::inspect::EndpointStatus>> {

@@ -548,3 +548,81 @@ fn a_health_check_node_port_conflicts_with_node_ports_over_tcp_only() {
         }
     }
 }
+
+/// `kpng status NAME` for a Service kpng holds but gives no rule: why, in words.
+#[test]
+fn a_service_without_rules_says_why() {
+    let np = |ip: &str| {
+        json!({"type": "NodePort", "clusterIP": ip,
+               "ports": [{"name": "p", "port": 80, "nodePort": 30080}]})
+    };
+    let labelled = |name: &str, label: &str, value: &str| {
+        let Event::Apply(Object::Service(mut info)) = service(
+            "ns",
+            name,
+            None,
+            json!({"clusterIP": "10.96.0.9", "ports": [{"port": 80}]}),
+        ) else {
+            unreachable!("service() builds a Service")
+        };
+        match label {
+            "proxy" => info.proxy_name_label = Some(value.into()),
+            _ => info.headless_label = true,
+        }
+        Event::Apply(Object::Service(info))
+    };
+    let mut m = model(Some(NodePortRange::default()));
+    for event in [
+        service("ns", "working", None, np("10.96.0.40")),
+        service("ns", "copy", None, np("10.96.0.40")),
+        service(
+            "ns",
+            "headless",
+            None,
+            json!({"clusterIP": "None", "ports": [{"port": 80}]}),
+        ),
+        service(
+            "ns",
+            "alias",
+            None,
+            json!({"type": "ExternalName", "externalName": "db.example.com"}),
+        ),
+        labelled("other-proxy", "proxy", "cilium"),
+        labelled("not-proxied", "headless", ""),
+    ] {
+        m.apply(event);
+    }
+    let why = |name: &str| -> Vec<(String, String)> {
+        m.not_programmed(&|ns, n| ns == "ns" && n == name)
+            .into_iter()
+            .map(|(k, w)| (k.to_string(), w))
+            .collect()
+    };
+    for (name, says) in [
+        (
+            "copy",
+            "its frontends are older Services' (ClusterIP 10.96.0.40 port 80/TCP is Service ns/working's, node port 30080/TCP is Service ns/working's)",
+        ),
+        (
+            "headless",
+            "no ClusterIP (spec.clusterIP None or empty: headless)",
+        ),
+        ("alias", "type ExternalName: a DNS alias"),
+        (
+            "other-proxy",
+            "labelled service.kubernetes.io/service-proxy-name=cilium: another proxy's",
+        ),
+        (
+            "not-proxied",
+            "labelled service.kubernetes.io/headless: not proxied",
+        ),
+    ] {
+        let got = why(name);
+        assert!(
+            got.len() == 1 && got[0].0 == format!("ns/{name}") && got[0].1.starts_with(says),
+            "{name}: {got:?}"
+        );
+    }
+    assert!(why("working").is_empty(), "programmed: nothing to explain");
+    assert!(why("unknown").is_empty(), "not held: nothing to explain");
+}

@@ -116,15 +116,21 @@ impl StatusQuery {
         let Some(filter) = self.service.as_deref().filter(|f| !f.is_empty()) else {
             return true;
         };
-        let (svc, want_port) = match filter.rsplit_once(':') {
-            Some((s, p)) => (s, Some(p)),
-            None => (filter, None),
+        let want_port = filter.rsplit_once(':').map(|(_, p)| p);
+        self.names_service(namespace, name) && want_port.is_none_or(|p| p == port_name)
+    }
+
+    /// Whether [`StatusQuery::service`] names Service `namespace`/`name`, whatever port it
+    /// asks for.
+    pub fn names_service(&self, namespace: &str, name: &str) -> bool {
+        let Some(filter) = self.service.as_deref().filter(|f| !f.is_empty()) else {
+            return true;
         };
-        let name_ok = match svc.split_once('/') {
+        let svc = filter.rsplit_once(':').map_or(filter, |(s, _)| s);
+        match svc.split_once('/') {
             Some((ns, n)) => ns == namespace && n == name,
             None => svc == name,
-        };
-        name_ok && want_port.is_none_or(|p| p == port_name)
+        }
     }
 
     /// The text filter, lowercased, when there is one ([`StatusQuery::text`], blanks ignored):
@@ -203,6 +209,11 @@ pub struct Status {
     /// whether an earlier version of each is in use.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
+    /// When a Service was asked for and no port of it matched: the Services of that name
+    /// the model holds but programs nothing for, and why (headless, another proxy's, its
+    /// frontends another Service's, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_programmed: Vec<NotProgrammed>,
     /// Before the first sync: the kinds whose first complete list has not arrived yet
     /// (nothing is programmed until every one has).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -228,6 +239,16 @@ pub struct Status {
     /// backends without such lines.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_plane: Vec<DataPlaneDetail>,
+}
+
+/// A Service the model holds that gets no rule, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NotProgrammed {
+    /// `namespace/name`.
+    pub service: String,
+    /// Why, in words.
+    pub why: String,
 }
 
 /// One line about the data plane: what, its state, and what is wrong with it, if anything.

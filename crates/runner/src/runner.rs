@@ -32,8 +32,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 use crate::admin::{
-    self, AdminHandle, ConntrackStatus, FactsFn, HealthCheckStatus, InputStatus, PortStatus, Query,
-    RejectedStatus, RepairStatus, Status, SyncStatus, TraceAnswer,
+    self, AdminHandle, ConntrackStatus, FactsFn, HealthCheckStatus, InputStatus, NotProgrammed,
+    PortStatus, Query, RejectedStatus, RepairStatus, Status, SyncStatus, TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -365,8 +365,22 @@ impl<M: NodeModel> LoopState<M> {
                         matching += 1;
                     }
                 }
+                let not_programmed = if matching == 0 && query.service.is_some() {
+                    self.runner
+                        .model
+                        .not_programmed(&|namespace, name| query.names_service(namespace, name))
+                        .into_iter()
+                        .map(|(key, why)| NotProgrammed {
+                            service: key.to_string(),
+                            why,
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let _ = reply.send(Status {
                     node: snapshot.node.name.clone(),
+                    not_programmed,
                     backend: self.runner.backend.name().to_string(),
                     programmed: self.last_ok_at.is_some(),
                     generation: self.generation,
