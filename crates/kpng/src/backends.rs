@@ -72,6 +72,7 @@ impl BackendKind {
             "" | "iptables" => Ok(BackendKind::Iptables),
             "nftables" => Ok(BackendKind::Nft),
             "userspace" => Ok(BackendKind::Userspace),
+            "ebpf" => Ok(BackendKind::Ebpf),
             "ipvs" => Err(
                 "\"ipvs\" is not supported: kpng runs mode \"nftables\" (recommended) or \
                  \"iptables\". Set one of them; kpng removes the ipvs mode's kube-ipvs0 interface \

@@ -61,7 +61,20 @@ pub struct Report {
 pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Report> {
     let mut report = Report::default();
     if let Some(path) = flags.config.clone() {
-        let (settings, file_report) = read(&path)?;
+        let (mut settings, mut file_report) = read(&path)?;
+        if let Some(e) = settings.mode_error.take() {
+            // Only kube-proxy's own line without --proxy-mode takes the backend from the file.
+            let chosen_elsewhere = given_on_command_line(matches, "proxy_mode")
+                || matches.subcommand_name().is_some()
+                || flags.cleanup;
+            if !chosen_elsewhere {
+                return Err(anyhow::anyhow!("{e}"))
+                    .with_context(|| format!("--config {}", path.display()));
+            }
+            file_report
+                .warnings
+                .push(format!("{e}; the command line chooses the backend instead"));
+        }
         let mode = settings.proxy_mode;
         overlay(flags, settings, |id| given_on_command_line(matches, id));
         if !given_on_command_line(matches, "proxy_mode") {

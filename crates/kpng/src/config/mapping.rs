@@ -92,8 +92,13 @@ pub struct FileSettings {
     pub log_level: String,
     /// `logging.format` (empty: text).
     pub logging_format: LogFormat,
-    /// `mode`; `None` when empty (kube-proxy's default: iptables).
+    /// `mode`; `None` when empty (kube-proxy's default: iptables) or not one kpng runs.
     pub proxy_mode: Option<BackendKind>,
+    /// Why `mode` is not one kpng runs (`ipvs`, a typo), naming the field: an error only when
+    /// the mode would choose the backend, not when the command line does (`--proxy-mode`, a
+    /// subcommand, `--cleanup`), so that an operator leaving ipvs can override or clean up
+    /// without editing the ConfigMap first.
+    pub mode_error: Option<String>,
     /// `iptables.localhostNodePorts` (null: true), read in iptables mode only, as kube-proxy.
     pub iptables_localhost_nodeports: bool,
     /// `clientConnection`, for the `kube` source.
@@ -134,8 +139,11 @@ enum Section {
 pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
-    let kind = BackendKind::from_mode(config.mode.trim())
-        .map_err(|e| anyhow::anyhow!("field mode: {e}"))?;
+    // An unsupported mode reads the iptables section, as kube-proxy's ipvs mode does.
+    let (kind, mode_error) = match BackendKind::from_mode(config.mode.trim()) {
+        Ok(kind) => (kind, None),
+        Err(e) => (BackendKind::Iptables, Some(format!("field mode: {e}"))),
+    };
     let section = match kind {
         BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => Section::NfTables,
         // kube-proxy's Windows proxier reads the iptables section's sync periods in v1alpha1.
@@ -148,7 +156,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
                 .to_string(),
         );
     }
-    let proxy_mode = Some(kind).filter(|_| !config.mode.trim().is_empty());
+    let proxy_mode = Some(kind).filter(|_| !config.mode.trim().is_empty() && mode_error.is_none());
     let (prefix, masquerade_all, masquerade_bit, sync_period, min_sync_period) = match section {
         Section::NfTables => {
             let s = &config.nftables;
@@ -258,6 +266,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         log_level: log_level(config.logging.verbosity).to_string(),
         logging_format: logging_format(&config.logging.format)?,
         proxy_mode,
+        mode_error,
         iptables_localhost_nodeports: match section {
             Section::IpTables => config.iptables.localhost_node_ports.unwrap_or(true),
             Section::NfTables => true,

@@ -123,6 +123,7 @@ fn defaults() -> FileSettings {
         logging_format: LogFormat::Text,
         client_connection: ClientConnection::default(),
         proxy_mode: None,
+        mode_error: None,
         iptables_localhost_nodeports: true,
         enable_dsr: false,
         source_vip: vec![],
@@ -395,18 +396,38 @@ fn fields_map_onto_flags() {
     }
 }
 
+/// A mode kpng does not run is not a parse error: it is kept, naming the field, for the
+/// command line to decide (an error only where the mode would choose the backend).
 #[test]
-fn bad_values_are_errors_naming_the_field() {
-    let cases = [
+fn a_mode_kpng_does_not_run_is_kept_as_an_error_for_later() {
+    for (text, want) in [
         ("mode: ipvs\n", "field mode: \"ipvs\" is not supported"),
-        (
-            "winkernel:\n  sourceVip: 10.0.0.x\n",
-            "field winkernel.sourceVip: \"10.0.0.x\" is not an IP address",
-        ),
         ("mode: proxy\n", "field mode: unknown proxy mode \"proxy\""),
         (
             "mode: NFTables\n",
             "field mode: unknown proxy mode \"NFTables\"",
+        ),
+    ] {
+        let (got, _) = from_text(&doc(text)).unwrap_or_else(|e| panic!("{text}: {e:#}"));
+        assert_eq!(got.proxy_mode, None, "{text}");
+        assert!(
+            got.mode_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(want)),
+            "{text}: {:?}",
+            got.mode_error
+        );
+    }
+    let (got, _) = from_text(&doc("mode: ebpf\n")).expect("ebpf is a mode kpng runs");
+    assert_eq!(got.proxy_mode, Some(BackendKind::Ebpf));
+}
+
+#[test]
+fn bad_values_are_errors_naming_the_field() {
+    let cases = [
+        (
+            "winkernel:\n  sourceVip: 10.0.0.x\n",
+            "field winkernel.sourceVip: \"10.0.0.x\" is not an IP address",
         ),
         (
             "mode: nftables\nnftables:\n  masqueradeBit: 32\n",
@@ -686,9 +707,29 @@ fn a_missing_or_broken_file_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.conf");
     std::fs::write(&path, doc("mode: ipvs\n")).unwrap();
-    let err = run_cli(&["kpng", "--config", path.to_str().unwrap(), "version"]).unwrap_err();
+    // kube-proxy's own line takes the backend from the file: there the mode is an error.
+    let config = path.to_str().unwrap();
+    let err = run_cli(&["kpng", "--config", config]).unwrap_err();
     let want = format!("--config {}: field mode: \"ipvs\"", path.display());
     assert!(format!("{err:#}").starts_with(&want), "{err:#}");
+    // Where the command line chooses (or needs no backend), it is a warning: an operator
+    // leaving ipvs can override it, clean up or ask the version without editing the file.
+    for line in [
+        &["kpng", "--config", config, "--proxy-mode", "nftables"][..],
+        &["kpng", "--config", config, "--cleanup"],
+        &["kpng", "--config", config, "version"],
+        &["kpng", "--config", config, "cleanup"],
+    ] {
+        let (_, report) = run_cli(line).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
+        assert!(
+            report
+                .warnings
+                .iter()
+                .any(|w| w.starts_with("field mode: \"ipvs\" is not supported")
+                    && w.ends_with("the command line chooses the backend instead")),
+            "{line:?}: {report:?}"
+        );
+    }
 }
 
 #[test]
