@@ -345,8 +345,12 @@ impl NftBackend {
             && self.config.nodeport_addresses == NodePortAddresses::Primary
             && request.snapshot.node.ips.is_empty()
         {
+            // Named, so that a wrong name (an unexpanded `$(NODE_NAME)`, a short hostname
+            // where the Node is an FQDN) shows at once.
             warn!(
-                "the node's IPs are unknown (no Node object and no --node-ip): NodePorts are not served"
+                "the node's IPs are unknown (no Node named {:?} with addresses, and no \
+                 --node-ip): NodePorts are not served",
+                request.snapshot.node.name
             );
             self.warned_no_node_ip = true;
         }

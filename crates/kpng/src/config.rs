@@ -57,6 +57,33 @@ pub struct Report {
     pub flag_warnings: Vec<String>,
 }
 
+/// A node name must be a Node's name (an RFC 1123 subdomain): anything else can never match
+/// a Node, so every local endpoint and the node's addresses would be missed in silence. The
+/// usual cause is a DaemonSet whose `$(NODE_NAME)` was not expanded, which the error names.
+fn check_node_name(name: &str) -> anyhow::Result<()> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() <= 253 && name.split('.').all(label_ok) {
+        return Ok(());
+    }
+    let hint = if name.contains("$(") {
+        ": the Pod's command line refers to an environment variable the Pod does not set \
+         (give it env NODE_NAME from fieldRef spec.nodeName)"
+    } else {
+        ""
+    };
+    anyhow::bail!(
+        "the node name {name:?} (--hostname-override, --node-name or the file's \
+         hostnameOverride) is not a Node's name (lower-case letters, digits, '-' and '.'){hint}"
+    )
+}
+
 /// Applies `--config` (if given) to the flags; flags given on the command line win.
 pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Report> {
     let mut report = Report::default();
@@ -93,6 +120,9 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
             .as_deref()
             .map(|n| n.trim().to_lowercase())
             .filter(|n| !n.is_empty());
+    }
+    if let Some(name) = &flags.node_name {
+        check_node_name(name)?;
     }
     if given_on_command_line(matches, "proxy_mode") {
         flags.proxy_mode_origin = Some("--proxy-mode".into());

@@ -830,3 +830,27 @@ fn written_default_configuration_is_kube_proxys_shape() {
     let want = include_str!("../../testdata/kube-proxy/kpng-effective-defaults.yaml");
     assert_eq!(text, want, "got:\n{text}");
 }
+
+#[test]
+fn a_node_name_that_no_node_can_have_is_refused() {
+    for ok in ["node1", "ip-10-0-0-1.ec2.internal", "NODE1"] {
+        let (flags, _) = run_cli(&["kpng", "--hostname-override", ok, "version"])
+            .unwrap_or_else(|e| panic!("{ok}: {e:#}"));
+        assert_eq!(flags.node_name.as_deref(), Some(ok.to_lowercase().as_str()));
+    }
+    for (bad, says) in [
+        ("$(NODE_NAME)", "environment variable the Pod does not set"),
+        ("node_1", "is not a Node's name"),
+        ("-node", "is not a Node's name"),
+        ("node..1", "is not a Node's name"),
+    ] {
+        let flag = format!("--hostname-override={bad}");
+        let err = run_cli(&["kpng", &flag, "version"])
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            err.contains(says) && err.contains(&format!("{:?}", bad.to_lowercase())),
+            "{bad}: {err}"
+        );
+    }
+}
