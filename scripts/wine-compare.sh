@@ -42,9 +42,9 @@ wait_logged() {
 wv=$(win version 2>/dev/null | sed -n 1p | tr -d '\r')
 lv=$("$linux" version | sed -n 1p)
 [ "$wv" = "$lv" ] || fail "kpng.exe version says '$wv', kpng says '$lv'"
-win version 2>/dev/null | tr -d '\r' | grep -q 'platform: *windows/x86_64' \
-  || fail "kpng.exe version does not say windows/x86_64"
-echo "ok: kpng.exe version: $wv (windows/x86_64)"
+win version 2>/dev/null | tr -d '\r' | grep -q 'platform: *windows/amd64' \
+  || fail "kpng.exe version does not say windows/amd64"
+echo "ok: kpng.exe version: $wv (windows/amd64)"
 
 # Runs `kpng … to-local hns --hcn-simulator STATE` until STATE holds a synced state, then stops it.
 serving=(file --input cluster.yaml --node-name node1 --min-sync-period 0

@@ -311,16 +311,19 @@ pub struct GlobalFlags {
     )]
     pub service_node_port_range: kpng_model::NodePortRange,
 
-    /// Where /healthz and /livez are served (kube-proxy's health server).
+    /// Where /healthz and /livez are served (kube-proxy's health server); a bare IP gets port
+    /// 10256, as kube-proxy's.
     #[arg(
         long,
         global = true,
         default_value = "0.0.0.0:10256",
+        value_parser = parse_healthz_bind_address,
         help_heading = "Output"
     )]
     pub healthz_bind_address: SocketAddr,
 
-    /// Where /metrics, /healthz and /proxyMode are served; empty disables.
+    /// Where /metrics, /healthz and /proxyMode are served; empty disables; a bare IP gets
+    /// port 10249, as kube-proxy's.
     #[arg(
         long,
         global = true,
@@ -1045,6 +1048,24 @@ pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// `IP:port`, or a bare IP given `port` (kube-proxy's `AppendPortIfNeeded`, which its
+/// `--healthz-bind-address` and `--metrics-bind-address` go through: its help says "set to
+/// 0.0.0.0 for all IPv4 interfaces").
+pub fn listen_address(s: &str, port: u16) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    s.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, port))
+        .map_err(|_| format!("{s:?} is not IP:port or an IP"))
+}
+
+fn parse_healthz_bind_address(s: &str) -> Result<SocketAddr, String> {
+    listen_address(s, 10256)
 }
 
 /// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]), and kpng's backend

@@ -148,8 +148,15 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
 }
 
 /// kube-proxy's deprecated `--healthz-port` and `--metrics-port`: the port of the server's
-/// address (0: kube-proxy turns the server off; kpng can do so for metrics only).
+/// address (0: kube-proxy turns the server off; kpng can do so for metrics only). A bare
+/// `--metrics-bind-address` IP gets the metrics port first, as kube-proxy's.
 fn deprecated_ports(flags: &mut GlobalFlags, report: &mut Report) {
+    let metrics = flags.metrics_bind_address.trim();
+    if !metrics.is_empty()
+        && let Ok(addr) = crate::cli::listen_address(metrics, 10249)
+    {
+        flags.metrics_bind_address = addr.to_string();
+    }
     if let Some(port) = flags.healthz_port {
         if port == 0 {
             report.flag_warnings.push(

@@ -31,7 +31,11 @@ impl BuildInfo {
             build_date: env!("KPNG_BUILD_DATE"),
             kubernetes_schema: kpng_k8s::KUBERNETES_SCHEMA,
             api_resources: &kpng_k8s::API_RESOURCES,
-            platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+            platform: format!(
+                "{}/{}",
+                std::env::consts::OS,
+                go_arch(std::env::consts::ARCH)
+            ),
         }
     }
 }
@@ -51,4 +55,15 @@ pub fn print(args: &VersionArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Go's name of an architecture (`GOARCH`), as Kubernetes components print their platform:
+/// `linux/amd64`, not Rust's `linux/x86_64`.
+fn go_arch(rust: &str) -> &str {
+    match rust {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    }
 }

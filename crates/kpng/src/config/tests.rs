@@ -854,3 +854,27 @@ fn a_node_name_that_no_node_can_have_is_refused() {
         );
     }
 }
+
+#[test]
+fn a_bare_ip_for_a_server_gets_its_default_port_as_in_kube_proxy() {
+    let (flags, _) = run_cli(&[
+        "kpng",
+        "--healthz-bind-address=0.0.0.0",
+        "--metrics-bind-address",
+        "::",
+        "version",
+    ])
+    .expect("bare IPs");
+    assert_eq!(flags.healthz_bind_address.to_string(), "0.0.0.0:10256");
+    assert_eq!(flags.metrics_bind_address, "[::]:10249");
+    let (flags, _) =
+        run_cli(&["kpng", "--healthz-bind-address=[::1]:9999", "version"]).expect("IP:port");
+    assert_eq!(flags.healthz_bind_address.to_string(), "[::1]:9999");
+    let err = run_cli(&["kpng", "--healthz-bind-address=localhost", "version"])
+        .expect_err("a name")
+        .to_string();
+    assert!(
+        err.contains("\"localhost\" is not IP:port or an IP"),
+        "{err}"
+    );
+}
