@@ -89,11 +89,17 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     let mut report = Report::default();
     if let Some(path) = flags.config.clone() {
         let (mut settings, mut file_report) = read(&path)?;
+        // Only kube-proxy's own line without --proxy-mode takes the backend from the file.
+        let chosen_elsewhere = given_on_command_line(matches, "proxy_mode")
+            || matches.subcommand_name().is_some()
+            || flags.cleanup;
+        if chosen_elsewhere {
+            // How an empty mode chooses the backend does not matter here.
+            file_report
+                .notes
+                .retain(|n| !n.starts_with(mapping::EMPTY_MODE_NOTE));
+        }
         if let Some(e) = settings.mode_error.take() {
-            // Only kube-proxy's own line without --proxy-mode takes the backend from the file.
-            let chosen_elsewhere = given_on_command_line(matches, "proxy_mode")
-                || matches.subcommand_name().is_some()
-                || flags.cleanup;
             if !chosen_elsewhere {
                 return Err(anyhow::anyhow!("{e}"))
                     .with_context(|| format!("--config {}", path.display()));

@@ -391,7 +391,12 @@ fn local_backend(
     backend: &LocalBackend,
 ) -> anyhow::Result<(Box<dyn Backend>, SinkFacts)> {
     let kind = BackendKind::of(backend);
-    if let Some(origin) = &flags.proxy_mode_origin {
+    // A file whose mode is empty (kubeadm's) asks for nothing: the command line chooses.
+    let asked = flags
+        .proxy_mode_origin
+        .as_ref()
+        .filter(|origin| *origin == "--proxy-mode" || flags.proxy_mode.is_some());
+    if let Some(origin) = asked {
         let wanted = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
         if wanted != kind {
             let what = format!(

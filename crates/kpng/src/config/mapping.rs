@@ -128,6 +128,10 @@ pub struct Mapped {
     pub notes: Vec<String>,
 }
 
+/// How the note on an empty `mode` starts (dropped where the command line chooses the
+/// backend).
+pub const EMPTY_MODE_NOTE: &str = "mode is empty";
+
 /// Which mode section the sync periods and masquerade settings come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Section {
@@ -150,11 +154,10 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         BackendKind::Iptables | BackendKind::Hns => Section::IpTables,
     };
     if config.mode.trim().is_empty() {
-        notes.push(
-            "mode is empty (kube-proxy's Linux default): the iptables backend without a \
+        notes.push(format!(
+            "{EMPTY_MODE_NOTE} (kube-proxy's Linux default): the iptables backend without a \
              subcommand, and the iptables section's settings, as kube-proxy would"
-                .to_string(),
-        );
+        ));
     }
     let proxy_mode = Some(kind).filter(|_| !config.mode.trim().is_empty() && mode_error.is_none());
     let (prefix, masquerade_all, masquerade_bit, sync_period, min_sync_period) = match section {
