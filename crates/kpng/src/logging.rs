@@ -52,7 +52,10 @@ fn normalize(spec: &str) -> String {
 
 /// `--log-level`, with kube's own crates silenced unless it names them: they log every
 /// failed attempt while the API server is down, and the `kube` source already reports an
-/// outage, a refusal or a bad object once itself.
+/// outage, a refusal or a bad object once itself. At `debug` and `trace` (kube-proxy's
+/// `--v=4` and up) the HTTP, TLS and service plumbing stays at `info` unless named: its
+/// lines (a connection pool's checkouts, a buffer worker's polls) outnumbered kpng's own
+/// thirty to eleven, and hid the proxy's detail that the level is asked for.
 pub fn filter_spec(spec: &str) -> String {
     let mut filter = normalize(spec);
     for chatty in ["kube_client", "kube_runtime"] {
@@ -60,8 +63,29 @@ pub fn filter_spec(spec: &str) -> String {
             filter.push_str(&format!(",{chatty}=off"));
         }
     }
+    let verbose = filter.split(',').any(|d| matches!(d, "debug" | "trace"));
+    if verbose {
+        for plumbing in PLUMBING {
+            if !spec.contains(plumbing) {
+                filter.push_str(&format!(",{plumbing}=info"));
+            }
+        }
+    }
     filter
 }
+
+/// Libraries whose debug lines are about their own machinery, not the proxy.
+const PLUMBING: [&str; 9] = [
+    "hyper",
+    "hyper_util",
+    "h2",
+    "tower",
+    "rustls",
+    "tonic",
+    "axum",
+    "mio",
+    "want",
+];
 
 /// Where log lines go: standard error, or `--log-file` opened for appending.
 pub enum LogTarget {
@@ -132,6 +156,15 @@ mod tests {
     #[test]
     fn kube_crates_are_quiet_unless_named() {
         assert_eq!(filter_spec("info"), "info,kube_client=off,kube_runtime=off");
+        // At debug, the plumbing stays at info unless named.
+        let debug = filter_spec("debug,h2=trace");
+        assert!(
+            debug.starts_with("debug,h2=trace,kube_client=off,kube_runtime=off,hyper=info,")
+                && debug.contains(",tower=info")
+                && !debug.contains(",h2=info"),
+            "{debug}"
+        );
+        assert_eq!(filter_spec("warn"), "warn,kube_client=off,kube_runtime=off");
         assert_eq!(
             filter_spec("info,kube_client=debug"),
             "info,kube_client=debug,kube_runtime=off"
