@@ -210,7 +210,8 @@ fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
     assert_eq!(
         event["note"],
         "node node1 failed to start healthcheck \"shop/storefront\" on port 32100: \
-         192.168.100.1:32100: Cannot assign requested address (os error 99)",
+         192.168.100.1:32100: Cannot assign requested address (os error 99); \
+         [fd00:100::1]:32100: Cannot assign requested address (os error 99)",
         "{event}"
     );
 }

@@ -776,7 +776,9 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
     assert_eq!(listed[0]["service"], "shop/storefront", "{listed}");
     assert_eq!(listed[0]["port"], 32100, "{listed}");
     assert_eq!(
-        listed[0]["message"], "192.168.100.1:32100: Cannot assign requested address (os error 99)",
+        listed[0]["message"],
+        "192.168.100.1:32100: Cannot assign requested address (os error 99); \
+         [fd00:100::1]:32100: Cannot assign requested address (os error 99)",
         "{listed}"
     );
     let table = kpng()

@@ -494,7 +494,10 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             continue;
         }
         let read = serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
-            .map_err(|e| origin.error(None, None, None, yaml_error(&e, doc.len(), limit)))
+            .map_err(|e| {
+                let message = yaml_error(&e, doc.len(), limit, origin.line);
+                origin.error(None, None, None, message)
+            })
             .and_then(|value: Value| {
                 take(
                     value,
@@ -776,9 +779,28 @@ pub fn yaml_options(len: usize, limit: ExpansionLimit) -> serde_saphyr::Options 
 }
 
 /// A parser error, saying which limit a breached budget was, why it was there and how to
-/// raise it.
-fn yaml_error(e: &serde_saphyr::Error, len: usize, limit: ExpansionLimit) -> String {
+/// raise it. A syntax error's position is the file's line (the parser counts from the
+/// document's first line, `first_line` in the file), without the parser's excerpt, whose
+/// numbers would be the document's.
+fn yaml_error(
+    e: &serde_saphyr::Error,
+    len: usize,
+    limit: ExpansionLimit,
+    first_line: usize,
+) -> String {
     let text = e.to_string();
+    if let Some(at) = e.location().filter(|_| !text.contains("budget")) {
+        let line = u64::try_from(first_line.max(1))
+            .unwrap_or(u64::MAX)
+            .saturating_add(at.line().saturating_sub(1));
+        let bare = e.without_snippet().to_string();
+        let suffix = format!(" at line {}, column {}", at.line(), at.column());
+        let reason = bare.strip_suffix(&suffix).unwrap_or(&bare);
+        return format!(
+            "invalid YAML: {reason} at line {line}, column {}",
+            at.column()
+        );
+    }
     if text.contains("budget") {
         format!(
             "invalid YAML: {text} (the parser's limits scale with the document's size, \
