@@ -150,13 +150,15 @@ fn kube_programs_the_same_rules_as_file_and_follows_an_endpoint_change() {
     );
 }
 
-/// A health check this node cannot serve (node1's address is not in the namespace) is
-/// reported as kube-proxy reports it: a `Warning FailedToStartServiceHealthcheck` Event on the
-/// Service, posted once however many syncs retry it.
-#[test]
-fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
-    require_root!();
-    let ns = Netns::new("kubehc").expect("netns");
+/// The fake API server serving the example cluster in `ns`, and a `kube` source kpng watching
+/// it (started once `prepare` has told the server what to do).
+struct OnTheExample {
+    dir: tempfile::TempDir,
+    server: FakeServer,
+    kube: Spawned,
+}
+
+fn on_the_example(ns: &Netns, prepare: impl FnOnce(&mut FakeServer)) -> OnTheExample {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("cluster.yaml");
     let example = std::fs::read_to_string(
@@ -165,11 +167,27 @@ fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
     .expect("example");
     std::fs::write(&input, &example).expect("write");
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut server = FakeServer::start(&ns, &input, &kubeconfig);
+    let mut server = FakeServer::start(ns, &input, &kubeconfig);
+    prepare(&mut server);
     let kube = kpng(
-        &ns,
+        ns,
         &["kube", "--kubeconfig", kubeconfig.to_str().expect("utf-8")],
     );
+    OnTheExample { dir, server, kube }
+}
+
+/// A health check this node cannot serve (node1's address is not in the namespace) is
+/// reported as kube-proxy reports it: a `Warning FailedToStartServiceHealthcheck` Event on the
+/// Service, posted once however many syncs retry it.
+#[test]
+fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
+    require_root!();
+    let ns = Netns::new("kubehc").expect("netns");
+    let OnTheExample {
+        dir,
+        mut server,
+        kube,
+    } = on_the_example(&ns, |_| {});
     let failed = |server: &mut FakeServer| -> Vec<serde_json::Value> {
         let answer = server.command("events");
         let events: Vec<serde_json::Value> =
@@ -223,20 +241,13 @@ fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
 fn refused_event_posts_are_one_warning_each() {
     require_root!();
     let ns = Netns::new("kubeev").expect("netns");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    let example = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
-    )
-    .expect("example");
-    std::fs::write(&input, &example).expect("write");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let mut server = FakeServer::start(&ns, &input, &kubeconfig);
-    server.command("forbid-events");
-    let kube = kpng(
-        &ns,
-        &["kube", "--kubeconfig", kubeconfig.to_str().expect("utf-8")],
-    );
+    let OnTheExample {
+        dir: _dir,
+        mut server,
+        kube,
+    } = on_the_example(&ns, |server| {
+        server.command("forbid-events");
+    });
     // shop/storefront's health check cannot start (node1's address is not in the namespace).
     let warned = |what: &str| {
         format!(
