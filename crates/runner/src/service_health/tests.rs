@@ -137,19 +137,28 @@ async fn an_unhealthy_proxy_answers_503_even_with_endpoints() {
     assert_eq!(text, body(&key, 3, false));
 }
 
+/// A free port, and a listener that holds it on `ip` (so that binding it there fails).
+fn squatted(ip: &str) -> (u16, std::net::TcpListener) {
+    let port = free_port();
+    let squatter = std::net::TcpListener::bind((ip, port)).expect("bind");
+    (port, squatter)
+}
+
+/// Service `ns/svc` wanting its check on `port`, with one local endpoint.
+fn one_check(port: u16) -> (ServiceKey, BTreeMap<ServiceKey, HealthCheck>) {
+    let key = ServiceKey::new("ns", "svc");
+    let check = HealthCheck {
+        port,
+        local_endpoints: 1,
+    };
+    (key.clone(), BTreeMap::from([(key, check)]))
+}
+
 #[tokio::test]
 async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
     let (mut hc, failures, not_served) = servers_and_gauge(true);
-    let port = free_port();
-    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
-    let key = ServiceKey::new("ns", "svc");
-    let wanted = BTreeMap::from([(
-        key.clone(),
-        HealthCheck {
-            port,
-            local_endpoints: 1,
-        },
-    )]);
+    let (port, squatter) = squatted("127.0.0.1");
+    let (key, wanted) = one_check(port);
     let loopback = [IpAddr::from([127, 0, 0, 1])];
     hc.sync(&wanted, &loopback).await;
     assert_eq!(failures.get(), 1);
@@ -192,16 +201,8 @@ async fn a_port_in_use_is_counted_and_retried_at_the_next_sync() {
 #[tokio::test]
 async fn an_address_that_cannot_be_bound_leaves_the_others_served() {
     let (mut hc, failures, not_served) = servers_and_gauge(true);
-    let port = free_port();
-    let squatter = std::net::TcpListener::bind(("127.0.0.2", port)).expect("bind");
-    let key = ServiceKey::new("ns", "svc");
-    let wanted = BTreeMap::from([(
-        key.clone(),
-        HealthCheck {
-            port,
-            local_endpoints: 1,
-        },
-    )]);
+    let (port, squatter) = squatted("127.0.0.2");
+    let (key, wanted) = one_check(port);
     let addresses = [IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2])];
     hc.sync(&wanted, &addresses).await;
     assert_eq!(failures.get(), 1);
