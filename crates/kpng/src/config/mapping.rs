@@ -132,6 +132,83 @@ pub struct Mapped {
 /// backend).
 pub const EMPTY_MODE_NOTE: &str = "mode is empty";
 
+/// One mode section's settings, with kube-proxy's defaults filled in (so that a field left
+/// at its default compares equal to one that spells the default out).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ModeSettings {
+    masquerade_all: bool,
+    masquerade_bit: i32,
+    sync_period: Duration,
+    min_sync_period: Duration,
+}
+
+impl ModeSettings {
+    fn of(
+        masquerade_all: bool,
+        masquerade_bit: Option<i32>,
+        sync_period: Duration,
+        min_sync_period: Duration,
+    ) -> ModeSettings {
+        ModeSettings {
+            masquerade_all,
+            masquerade_bit: masquerade_bit.unwrap_or(14),
+            sync_period: non_zero_or(sync_period, SYNC_PERIOD),
+            min_sync_period: non_zero_or(min_sync_period, MIN_SYNC_PERIOD),
+        }
+    }
+}
+
+/// One field of [`ModeSettings`], as the file writes it.
+type ShowSetting = fn(&ModeSettings) -> String;
+
+/// The settings of the mode section this mode does not read, where they are not kube-proxy's
+/// defaults and differ from the section it reads: an operator who switched `mode` (with
+/// docs/deploy.md's sed, say) and left `iptables.masqueradeAll: true` behind would otherwise
+/// lose it without a word.
+fn unread_section(config: &KubeProxyConfiguration, section: Section) -> Vec<String> {
+    let i = &config.iptables;
+    let n = &config.nftables;
+    let iptables = ModeSettings::of(
+        i.masquerade_all,
+        i.masquerade_bit,
+        i.sync_period.0,
+        i.min_sync_period.0,
+    );
+    let nftables = ModeSettings::of(
+        n.masquerade_all,
+        n.masquerade_bit,
+        n.sync_period.0,
+        n.min_sync_period.0,
+    );
+    let ((read, used), (unread, unused)) = match section {
+        Section::NfTables => (("nftables", nftables), ("iptables", iptables)),
+        Section::IpTables => (("iptables", iptables), ("nftables", nftables)),
+    };
+    let default = ModeSettings::of(false, None, Duration::ZERO, Duration::ZERO);
+    let mode = match config.mode.trim() {
+        "" => "\"\" (iptables)".to_string(),
+        m => format!("{m:?}"),
+    };
+    let fields: [(&str, ShowSetting); 4] = [
+        ("masqueradeAll", |s| s.masquerade_all.to_string()),
+        ("masqueradeBit", |s| s.masquerade_bit.to_string()),
+        ("syncPeriod", |s| format(s.sync_period)),
+        ("minSyncPeriod", |s| format(s.min_sync_period)),
+    ];
+    fields
+        .iter()
+        .filter(|(_, value)| value(&unused) != value(&default) && value(&unused) != value(&used))
+        .map(|(field, value)| {
+            format!(
+                "{unread}.{field}: {} is not read in mode {mode}, which reads {read}.{field} \
+                 ({}); move it there to keep it",
+                value(&unused),
+                value(&used)
+            )
+        })
+        .collect()
+}
+
 /// Which mode section the sync periods and masquerade settings come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Section {
@@ -294,6 +371,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         bail!("field clientConnection.burst: {} is negative", client.burst);
     }
     warnings.extend(unsupported(config));
+    warnings.extend(unread_section(config, section));
     Ok(Mapped {
         settings,
         warnings,

@@ -529,7 +529,7 @@ fn bad_values_are_errors_naming_the_field() {
 
 #[test]
 fn unsupported_settings_warn_naming_the_field() {
-    let cases: [(&str, &[&str]); 13] = [
+    let cases: [(&str, &[&str]); 16] = [
         (
             "featureGates:\n  Foo: true\n  Bar: false\n",
             &["featureGates (Bar=false, Foo=true): kpng has no feature gates; ignored"],
@@ -575,6 +575,24 @@ fn unsupported_settings_warn_naming_the_field() {
         (
             "bindAddressHardFail: true\nclientConnection:\n  contentType: application/vnd.kubernetes.protobuf\n  acceptContentTypes: application/json\n",
             &[],
+        ),
+        // The mode section the mode does not read: what would be lost says so.
+        (
+            "mode: nftables\niptables:\n  masqueradeAll: true\n  minSyncPeriod: 10s\n  syncPeriod: 30s\n",
+            &[
+                "iptables.masqueradeAll: true is not read in mode \"nftables\", which reads nftables.masqueradeAll (false); move it there",
+                "iptables.minSyncPeriod: 10s is not read in mode \"nftables\", which reads nftables.minSyncPeriod (1s)",
+            ],
+        ),
+        (
+            "mode: nftables\niptables:\n  masqueradeAll: true\nnftables:\n  masqueradeAll: true\n",
+            &[],
+        ),
+        (
+            "nftables:\n  masqueradeBit: 20\n",
+            &[
+                "nftables.masqueradeBit: 20 is not read in mode \"\" (iptables), which reads iptables.masqueradeBit (14)",
+            ],
         ),
     ];
     for (body, want) in cases {
