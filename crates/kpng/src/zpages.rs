@@ -86,6 +86,10 @@ fn collect(command: &clap::Command, matches: &clap::ArgMatches, out: &mut Vec<St
         if let Ok(Some(values)) = matches.try_get_raw(id) {
             let values: Vec<String> = values.map(|v| v.to_string_lossy().into_owned()).collect();
             out.push(format!("--{long}={}", values.join(",")));
+        } else if arg.get_action().takes_values() {
+            // Unset and without a default (`--cluster-cidr`, `--node-ip`): listed empty, as
+            // kube-proxy's page lists every flag, so its absence is visible too.
+            out.push(format!("--{long}="));
         }
     }
     if let Some((name, sub)) = matches.subcommand()

@@ -215,7 +215,10 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
     );
     let flagz = http_get(&metrics_addr, "/flagz");
     assert!(
-        flagz.contains("--node-name=n1") && flagz.contains("--logging-format=json"),
+        flagz.contains("--node-name=n1")
+            && flagz.contains("--logging-format=json")
+            // An unset flag without a default is listed too, empty.
+            && flagz.lines().any(|l| l == "--node-ip="),
         "{flagz}"
     );
     let statusz = http_get(&metrics_addr, "/statusz");
