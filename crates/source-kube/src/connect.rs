@@ -39,7 +39,20 @@ impl Default for ClientOptions {
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// The kubeconfig could not be read or used.
+    /// The kubeconfig file could not be read (kube's own message quotes the path twice and
+    /// names no flag, so it is worded here).
+    #[error(
+        "the kubeconfig {path} (--kubeconfig, or clientConnection.kubeconfig of a --config file) \
+         cannot be read: {source}"
+    )]
+    KubeconfigUnreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kubeconfig could not be used.
     #[error("--kubeconfig {path}: {source}")]
     Kubeconfig {
         /// The file.
@@ -98,7 +111,15 @@ pub async fn client_with_metrics(
                 path: path.clone(),
                 source,
             };
-            let file = Kubeconfig::read_from(path).map_err(kubeconfig)?;
+            let file = Kubeconfig::read_from(path).map_err(|e| match e {
+                kube::config::KubeconfigError::ReadConfig(source, _) => {
+                    ConnectError::KubeconfigUnreadable {
+                        path: path.clone(),
+                        source,
+                    }
+                }
+                other => kubeconfig(other),
+            })?;
             kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
                 .await
                 .map_err(kubeconfig)?
@@ -125,4 +146,27 @@ pub async fn client_with_metrics(
         )))
         .build();
     Ok((client, server))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unreadable_kubeconfig_is_named_once_with_where_it_came_from() {
+        let options = ClientOptions {
+            kubeconfig: Some(PathBuf::from("/nonexistent/kubeconfig.conf")),
+            ..ClientOptions::default()
+        };
+        let Err(err) = client(&options).await else {
+            panic!("a client from a kubeconfig that does not exist");
+        };
+        let err = err.to_string();
+        assert_eq!(
+            err,
+            "the kubeconfig /nonexistent/kubeconfig.conf (--kubeconfig, or \
+             clientConnection.kubeconfig of a --config file) cannot be read: No such file or \
+             directory (os error 2)"
+        );
+    }
 }
