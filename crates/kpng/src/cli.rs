@@ -234,11 +234,12 @@ pub struct GlobalFlags {
     #[arg(skip)]
     pub client_connection: crate::config::ClientConnection,
 
-    /// This node's name; endpoints with this nodeName are local. Default: the OS hostname.
+    /// This node's name (kube-proxy's --hostname-override, accepted too); endpoints with this
+    /// nodeName are local. Default: the OS hostname.
     #[arg(
         long,
         global = true,
-        alias = "hostname-override",
+        visible_alias = "hostname-override",
         env = "KPNG_NODE_NAME",
         help_heading = "Node"
     )]
@@ -956,6 +957,18 @@ pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
     };
     match error.kind() {
         ErrorKind::InvalidSubcommand => {
+            // `--masquerade-all true`: a boolean takes its value after `=`, as in kube-proxy.
+            if let Some(ContextValue::String(word)) = error.get(ContextKind::InvalidSubcommand)
+                && matches!(word.as_str(), "true" | "false")
+                && let Some(at) = args.iter().position(|a| a == word)
+                && let Some(flag) = at.checked_sub(1).and_then(|i| args.get(i))
+                && flag.starts_with("--")
+            {
+                return Some(format!(
+                    "a boolean flag takes its value after '=': {flag}={word} (or {flag} alone \
+                     for true)"
+                ));
+            }
             let here = path.last()?;
             let what = if here.get_name() == "to-local" || here.get_name() == "local" {
                 "backends"

@@ -705,6 +705,13 @@ fn an_operators_slips_get_a_hint_or_work() {
         err.contains("write it right after `nft`") && !err.contains("without a subcommand"),
         "{err}"
     );
+    // kube-proxy's booleans take `=`; a space makes the value a word clap reads as a command.
+    let (code, _, err) = run(&["--masquerade-all", "true"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("hint: a boolean flag takes its value after '=': --masquerade-all=true"),
+        "{err}"
+    );
     let (code, _, err) = run(&["--dry-run", "kube", "to-local", "nft"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("write it after the backend"), "{err}");

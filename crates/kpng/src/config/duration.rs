@@ -152,10 +152,19 @@ impl Serialize for GoDuration {
 
 impl<'de> Deserialize<'de> for GoDuration {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse(&text)
-            .map(GoDuration)
-            .map_err(serde::de::Error::custom)
+        /// Says what a duration looks like when the value is of another type (`30` is not
+        /// one: Go wants the unit).
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = GoDuration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration such as \"30s\" or \"1m0s\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<GoDuration, E> {
+                parse(text).map(GoDuration).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Text)
     }
 }
 

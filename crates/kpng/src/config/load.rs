@@ -25,7 +25,10 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     let value: Value = if text.trim_start().starts_with('{') {
         serde_json::from_str(text).context("invalid JSON")?
     } else {
-        serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("invalid YAML: {e}"))?
+        // Without the parser's excerpt, which names the file `<input>`: the message already
+        // says which file, and the position is the file's.
+        serde_saphyr::from_str(text)
+            .map_err(|e| anyhow::anyhow!("invalid YAML: {}", e.without_snippet()))?
     };
     let Value::Object(mut object) = value else {
         bail!(
@@ -48,12 +51,29 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     strip_nulls(&mut value);
     let config = serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        anyhow::anyhow!("field {path}: {}", e.into_inner())
+        anyhow::anyhow!("field {path}: {}", in_words(&e.into_inner().to_string()))
     })?;
     Ok(Parsed {
         config,
         unknown_fields,
     })
+}
+
+/// A type error's Rust type names in the words of a configuration file (`expected i32` is
+/// what the decoder says; an operator reads "an integer").
+fn in_words(message: &str) -> String {
+    let mut out = message.to_string();
+    for (rust, words) in [
+        ("expected i32", "expected an integer"),
+        ("expected i64", "expected an integer"),
+        ("expected u32", "expected a whole number"),
+        ("expected u64", "expected a whole number"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+    ] {
+        out = out.replace(rust, words);
+    }
+    out
 }
 
 /// `apiVersion` and `kind` must name a v1alpha1 KubeProxyConfiguration, as kube-proxy requires.

@@ -475,7 +475,15 @@ fn bad_values_are_errors_naming_the_field() {
         ),
         (
             "conntrack:\n  udpTimeout: 5\n",
-            "field conntrack.udpTimeout: invalid type: integer",
+            "field conntrack.udpTimeout: invalid type: integer `5`, expected a duration such as \"30s\"",
+        ),
+        (
+            "conntrack:\n  maxPerCore: many\n",
+            "field conntrack.maxPerCore: invalid type: string \"many\", expected an integer",
+        ),
+        (
+            "clientConnection:\n  qps: fast\n",
+            "field clientConnection.qps: invalid type: string \"fast\", expected a number",
         ),
         (
             "conntrack:\n  udpTimeout: 5x\n",
@@ -519,7 +527,8 @@ fn bad_values_are_errors_naming_the_field() {
             "- a\n",
             "expected a KubeProxyConfiguration mapping, found a list",
         ),
-        ("mode: [\n", "invalid YAML"),
+        ("mode: [\n", "invalid YAML: "),
+        ("kind: x\nmode: {a\n", " at line 2, column 7"),
         ("{\"kind\": ", "invalid JSON"),
     ] {
         let err = format!("{:#}", from_text(text).expect_err(text));
