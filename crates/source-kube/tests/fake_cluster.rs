@@ -580,7 +580,7 @@ async fn bad_client_flags_are_clear_errors() {
                 kubeconfig: Some("/nonexistent/kubeconfig".into()),
                 ..ClientOptions::default()
             },
-            "--kubeconfig /nonexistent/kubeconfig",
+            "the kubeconfig /nonexistent/kubeconfig (--kubeconfig, or clientConnection.kubeconfig of a --config file) cannot be read",
         ),
     ];
     for (options, want) in cases {
