@@ -1078,7 +1078,7 @@ pub fn listen_address(s: &str, port: u16) -> Result<SocketAddr, String> {
 }
 
 fn parse_healthz_bind_address(s: &str) -> Result<SocketAddr, String> {
-    listen_address(s, 10256)
+    listen_address(s, crate::config::HEALTHZ_PORT)
 }
 
 /// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]), and kpng's backend

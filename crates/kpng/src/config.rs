@@ -28,6 +28,7 @@ use clap::parser::ValueSource;
 use crate::cli::GlobalFlags;
 
 pub use duration::parse as parse_go_duration;
+pub use mapping::HEALTHZ_PORT;
 pub use write::effective;
 
 /// `clientConnection` of the file, for the `kube` source, whose flags of the same names
@@ -159,7 +160,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
 fn deprecated_ports(flags: &mut GlobalFlags, report: &mut Report) {
     let metrics = flags.metrics_bind_address.trim();
     if !metrics.is_empty()
-        && let Ok(addr) = crate::cli::listen_address(metrics, 10249)
+        && let Ok(addr) = crate::cli::listen_address(metrics, mapping::METRICS_PORT)
     {
         flags.metrics_bind_address = addr.to_string();
     }

@@ -163,12 +163,6 @@ pub struct ClusterOutcome {
     pub warnings: Vec<Warning>,
 }
 
-/// Whether an event is part of a streamed list (its start or an item) or stands whole.
-enum EventKind {
-    ListPart,
-    Whole,
-}
-
 /// A streamed list ([`Event::ListStart`] … [`Event::ListDone`]) in progress.
 #[derive(Debug, Default)]
 struct Listing {
@@ -299,10 +293,8 @@ impl ClusterModel {
     /// Applies one event and reports what it touched.
     pub fn apply(&mut self, event: Event) -> ClusterOutcome {
         let mut out = ClusterOutcome::default();
-        let event_kind = match event {
-            Event::ListStart { .. } | Event::ListItem(_) => EventKind::ListPart,
-            _ => EventKind::Whole,
-        };
+        // A streamed list's start and items share one moment (see `clock`).
+        let part_of_a_list = matches!(event, Event::ListStart { .. } | Event::ListItem(_));
         match event {
             Event::Apply(object) => self.apply_single(object, &mut out),
             Event::Delete(reference) => self.delete(&reference, &mut out),
@@ -336,7 +328,7 @@ impl ClusterModel {
                 }
             }
         }
-        if !matches!(event_kind, EventKind::ListPart) {
+        if !part_of_a_list {
             self.clock += 1;
         }
         out

@@ -183,12 +183,11 @@ impl Model {
     /// (namespace, name), with why ([`ClusterModel::why_not_programmed`]): what `kpng status
     /// NAME` says instead of "no such Service". Walks every Service: asked on demand only.
     pub fn not_programmed(&self, wanted: &dyn Fn(&str, &str) -> bool) -> Vec<(ServiceKey, String)> {
-        let programmed: std::collections::HashSet<&ServiceKey> =
-            self.snapshot.ports.keys().map(|k| &k.service).collect();
+        let programmed = |key: &ServiceKey| self.snapshot.ports.keys().any(|k| &k.service == key);
         let mut out: Vec<(ServiceKey, String)> = self
             .cluster
             .sources()
-            .filter(|(key, _)| wanted(&key.namespace, &key.name) && !programmed.contains(key))
+            .filter(|(key, _)| wanted(&key.namespace, &key.name) && !programmed(key))
             .filter_map(|(key, _)| Some((key.clone(), self.cluster.why_not_programmed(key)?)))
             .collect();
         out.sort();

@@ -429,17 +429,12 @@ fn listen_address(field: &str, text: &str, default: SocketAddr) -> anyhow::Resul
     if text.is_empty() {
         return Ok(default);
     }
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Ok(addr);
-    }
-    let bare = text.trim_start_matches('[').trim_end_matches(']');
-    match bare.parse::<IpAddr>() {
-        Ok(ip) => Ok(SocketAddr::new(ip, default.port())),
-        Err(_) => bail!(
+    crate::cli::listen_address(text, default.port()).map_err(|_| {
+        anyhow::anyhow!(
             "field {field}: {text:?} is not IP:port (e.g. 0.0.0.0:{})",
             default.port()
-        ),
-    }
+        )
+    })
 }
 
 /// `clusterCIDR`: one CIDR or a dual-stack pair, comma-separated.
