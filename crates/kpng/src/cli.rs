@@ -197,7 +197,12 @@ pub struct GlobalFlags {
     /// The backend, by kube-proxy's mode name: iptables (kube-proxy's default, also ""),
     /// nftables, or kpng's userspace. Without a subcommand it chooses the backend; with
     /// `to-local` it must agree. Default: the --config file's `mode`.
-    #[arg(long, global = true, value_name = "MODE", value_parser = parse_proxy_mode, help_heading = "Backend")]
+    #[arg(id = "proxy_mode", long = "proxy-mode", global = true, value_name = "MODE", value_parser = parse_proxy_mode, help_heading = "Backend")]
+    pub proxy_mode_arg: Option<ProxyModeArg>,
+
+    /// The backend `--proxy-mode` or the --config file's `mode` chose (`config::apply`
+    /// settles it); `None` when neither did.
+    #[arg(skip)]
     pub proxy_mode: Option<BackendKind>,
 
     /// Where the backend came from (`--proxy-mode`, or the --config file's `mode`), for
@@ -1081,15 +1086,28 @@ fn parse_healthz_bind_address(s: &str) -> Result<SocketAddr, String> {
     listen_address(s, crate::config::HEALTHZ_PORT)
 }
 
+/// What `--proxy-mode` said. kube-proxy's `ipvs` is one of its valid modes that kpng does not
+/// run: it parses, so that `--proxy-mode=ipvs --cleanup` (an operator leaving ipvs) cleans up
+/// as kube-proxy's would, and is refused only where it would choose the backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProxyModeArg {
+    /// A mode kpng runs.
+    Runs(BackendKind),
+    /// A mode kube-proxy accepts and kpng does not run, with why and what to use instead.
+    Refused(String),
+}
+
 /// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]), and kpng's backend
-/// words (`nft`) too.
-fn parse_proxy_mode(s: &str) -> Result<BackendKind, String> {
-    BackendKind::from_mode(s).or_else(|e| {
-        BackendKind::ALL
-            .into_iter()
-            .find(|k| k.word() == s)
-            .ok_or(e)
-    })
+/// words (`nft`) too. A typo stays an error here, as in kube-proxy's validation.
+fn parse_proxy_mode(s: &str) -> Result<ProxyModeArg, String> {
+    match BackendKind::from_mode(s) {
+        Ok(kind) => Ok(ProxyModeArg::Runs(kind)),
+        Err(e) => match BackendKind::ALL.into_iter().find(|k| k.word() == s) {
+            Some(kind) => Ok(ProxyModeArg::Runs(kind)),
+            None if s == "ipvs" => Ok(ProxyModeArg::Refused(e)),
+            None => Err(e),
+        },
+    }
 }
 
 impl LocalBackend {
@@ -1295,7 +1313,10 @@ mod tests {
         ])
         .expect("parses");
         assert!(cli.command.is_none());
-        assert_eq!(cli.global.proxy_mode, Some(BackendKind::Nft));
+        assert_eq!(
+            cli.global.proxy_mode_arg,
+            Some(ProxyModeArg::Runs(BackendKind::Nft))
+        );
         assert!(cli.global.masquerade_all && cli.global.conntrack_tcp_be_liberal);
         assert_eq!(cli.global.verbosity, Some(4));
         assert!(!cli.global.cleanup && !cli.global.init_only);
@@ -1305,17 +1326,24 @@ mod tests {
 
     #[test]
     fn proxy_mode_takes_mode_names_and_backend_words() {
-        let cases: [(&str, Option<BackendKind>); 7] = [
-            ("", Some(BackendKind::Iptables)),
-            ("iptables", Some(BackendKind::Iptables)),
-            ("nftables", Some(BackendKind::Nft)),
-            ("nft", Some(BackendKind::Nft)),
-            ("userspace", Some(BackendKind::Userspace)),
-            ("ipvs", None),
-            ("nf", None),
+        // (mode, the backend it runs, whether it parses at all)
+        let cases: [(&str, Option<BackendKind>, bool); 7] = [
+            ("", Some(BackendKind::Iptables), true),
+            ("iptables", Some(BackendKind::Iptables), true),
+            ("nftables", Some(BackendKind::Nft), true),
+            ("nft", Some(BackendKind::Nft), true),
+            ("userspace", Some(BackendKind::Userspace), true),
+            ("ipvs", None, true),
+            ("nf", None, false),
         ];
-        for (mode, want) in cases {
-            assert_eq!(parse_proxy_mode(mode).ok(), want, "{mode:?}");
+        for (mode, runs, parses) in cases {
+            let got = parse_proxy_mode(mode);
+            assert_eq!(got.is_ok(), parses, "{mode:?}");
+            let kind = match got {
+                Ok(ProxyModeArg::Runs(kind)) => Some(kind),
+                _ => None,
+            };
+            assert_eq!(kind, runs, "{mode:?}");
         }
     }
 

@@ -25,7 +25,7 @@ use anyhow::Context;
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 
-use crate::cli::GlobalFlags;
+use crate::cli::{GlobalFlags, ProxyModeArg};
 
 pub use duration::parse as parse_go_duration;
 pub use mapping::HEALTHZ_PORT;
@@ -107,7 +107,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
             }
             file_report
                 .warnings
-                .push(format!("{e}; the command line chooses the backend instead"));
+                .push(format!("{e}; {}", mode_unused(flags)));
         }
         let mode = settings.proxy_mode;
         overlay(flags, settings, |id| given_on_command_line(matches, id));
@@ -134,6 +134,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     if given_on_command_line(matches, "proxy_mode") {
         flags.proxy_mode_origin = Some("--proxy-mode".into());
     }
+    settle_proxy_mode(flags, matches, &mut report)?;
     // klog's -v, as kube-proxy's logging flags, wins over the file; --log-level over both.
     if let Some(v) = flags.verbosity
         && !given_on_command_line(matches, "log_level")
@@ -213,6 +214,41 @@ fn from_text(text: &str) -> anyhow::Result<(mapping::FileSettings, Report)> {
         flag_warnings: Vec::new(),
     };
     Ok((mapped.settings, report))
+}
+
+/// Turns `--proxy-mode` into the backend it chooses. A mode kpng refuses (`ipvs`) is an error
+/// only on kube-proxy's own line, where it would choose the backend; beside `--cleanup` or a
+/// subcommand it is a warning, so an operator leaving ipvs can still clean up, as with the
+/// file's `mode` (`FileSettings::mode_error`).
+fn settle_proxy_mode(
+    flags: &mut GlobalFlags,
+    matches: &ArgMatches,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    match flags.proxy_mode_arg.clone() {
+        None => {}
+        Some(ProxyModeArg::Runs(kind)) => flags.proxy_mode = Some(kind),
+        Some(ProxyModeArg::Refused(why)) => {
+            if !(flags.cleanup || matches.subcommand_name().is_some()) {
+                anyhow::bail!("--proxy-mode: {why}");
+            }
+            flags.proxy_mode = None;
+            flags.proxy_mode_origin = None;
+            report
+                .flag_warnings
+                .push(format!("--proxy-mode: {why}; {}", mode_unused(flags)));
+        }
+    }
+    Ok(())
+}
+
+/// Why a refused mode does not stop this command, for its warning.
+fn mode_unused(flags: &GlobalFlags) -> &'static str {
+    if flags.cleanup {
+        "--cleanup removes the rules of every mode all the same"
+    } else {
+        "the command line chooses the backend instead"
+    }
 }
 
 /// Sets every flag that was not given explicitly to the file's value.

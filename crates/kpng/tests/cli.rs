@@ -284,21 +284,33 @@ fn proxy_modes_choose_the_backend_or_say_what_to_use() {
         );
         assert!(stdout.lines().any(|l| l == want), "{mode}: {stdout}");
     }
-    for (mode, want) in [
-        (
-            "ipvs",
-            "\"ipvs\" is not supported: kpng runs mode \"nftables\"",
-        ),
-        ("bpf", "unknown proxy mode \"bpf\""),
-    ] {
-        let out = kpng()
-            .args(["--proxy-mode", mode, "--cleanup"])
-            .output()
-            .expect("run kpng");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{mode}: {stderr}");
-        assert!(stderr.contains(want), "{mode}: {stderr}");
-    }
+    // A typo is a usage error, as in kube-proxy's validation, even beside --cleanup.
+    let out = kpng()
+        .args(["--proxy-mode", "bpf", "--cleanup"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown proxy mode \"bpf\""), "{stderr}");
+    // ipvs, a mode kube-proxy runs, is refused where it would choose the backend ...
+    let out = kpng()
+        .args(["--proxy-mode", "ipvs", "--write-config-to", "-"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--proxy-mode: \"ipvs\" is not supported: kpng runs mode \"nftables\""),
+        "{stderr}"
+    );
+    // ... and not where the command line needs no mode (an operator leaving ipvs).
+    let out = kpng()
+        .args(["--proxy-mode", "ipvs", "version"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("\"ipvs\" is not supported"), "{stderr}");
     // A mode that contradicts the subcommand's backend.
     let out = kpng()
         .args(["--proxy-mode", "iptables", "file", "--input", "/dev/null"])

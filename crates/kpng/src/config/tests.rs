@@ -748,15 +748,54 @@ fn a_missing_or_broken_file_is_an_error_naming_it() {
         &["kpng", "--config", config, "cleanup"],
     ] {
         let (_, report) = run_cli(line).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
+        let why = if line.contains(&"--cleanup") {
+            "--cleanup removes the rules of every mode all the same"
+        } else {
+            "the command line chooses the backend instead"
+        };
         assert!(
             report
                 .warnings
                 .iter()
-                .any(|w| w.starts_with("field mode: \"ipvs\" is not supported")
-                    && w.ends_with("the command line chooses the backend instead")),
+                .any(|w| w.starts_with("field mode: \"ipvs\" is not supported") && w.ends_with(why)),
             "{line:?}: {report:?}"
         );
     }
+}
+
+#[test]
+fn proxy_mode_ipvs_is_refused_only_where_it_would_choose_the_backend() {
+    // kube-proxy's own line: ipvs would choose the backend.
+    let err = run_cli(&["kpng", "--proxy-mode=ipvs"]).unwrap_err();
+    assert!(
+        format!("{err:#}").starts_with("--proxy-mode: \"ipvs\" is not supported"),
+        "{err:#}"
+    );
+    // An operator leaving ipvs cleans up with the flags kube-proxy had (#28's finding).
+    for (line, why) in [
+        (
+            &["kpng", "--proxy-mode=ipvs", "--cleanup"][..],
+            "--cleanup removes the rules of every mode all the same",
+        ),
+        (
+            &["kpng", "--proxy-mode=ipvs", "cleanup", "--dry-run"],
+            "the command line chooses the backend instead",
+        ),
+    ] {
+        let (flags, report) = run_cli(line).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
+        assert_eq!(flags.proxy_mode, None, "{line:?}");
+        assert!(
+            report
+                .flag_warnings
+                .iter()
+                .any(|w| w.starts_with("--proxy-mode: \"ipvs\"") && w.ends_with(why)),
+            "{line:?}: {report:?}"
+        );
+    }
+    // A mode kpng runs is the backend, whatever else the line says.
+    let (flags, report) = run_cli(&["kpng", "--proxy-mode=nftables", "--cleanup"]).unwrap();
+    assert_eq!(flags.proxy_mode, Some(BackendKind::Nft));
+    assert!(report.flag_warnings.is_empty(), "{report:?}");
 }
 
 #[test]
