@@ -280,6 +280,7 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         conntrack_udp_timeout,
         conntrack_udp_timeout_stream,
         log_level,
+        verbosity,
         logging_format,
         client_connection,
         proxy_mode,
@@ -325,5 +326,9 @@ fn command_line_value(matches: &ArgMatches, id: &str) -> Option<String> {
 /// `--write-config-to`: writes the effective configuration (`-`: standard output).
 pub fn write_effective(flags: &GlobalFlags, destination: &str) -> anyhow::Result<()> {
     let config = write::effective(flags)?;
-    write::write_to(destination, &write::render(&config)?)
+    write::write_to(destination, &write::render(&config)?)?;
+    for lost in write::not_written(flags) {
+        tracing::warn!("--write-config-to: {lost}");
+    }
+    Ok(())
 }

@@ -90,6 +90,8 @@ pub struct FileSettings {
     pub conntrack_udp_timeout_stream: Duration,
     /// `logging.verbosity` as a tracing level.
     pub log_level: String,
+    /// `logging.verbosity` itself, so that `--write-config-to` writes back the number read.
+    pub verbosity: Option<u32>,
     /// `logging.format` (empty: text).
     pub logging_format: LogFormat,
     /// `mode`; `None` when empty (kube-proxy's default: iptables) or not one kpng runs.
@@ -344,6 +346,7 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         conntrack_udp_timeout: conntrack.udp_timeout.0,
         conntrack_udp_timeout_stream: conntrack.udp_stream_timeout.0,
         log_level: log_level(config.logging.verbosity).to_string(),
+        verbosity: Some(config.logging.verbosity),
         logging_format: logging_format(&config.logging.format)?,
         proxy_mode,
         mode_error,

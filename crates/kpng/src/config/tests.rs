@@ -120,6 +120,7 @@ fn defaults() -> FileSettings {
         conntrack_udp_timeout: Duration::ZERO,
         conntrack_udp_timeout_stream: Duration::ZERO,
         log_level: "info".into(),
+        verbosity: Some(0),
         logging_format: LogFormat::Text,
         client_connection: ClientConnection::default(),
         proxy_mode: None,
@@ -363,6 +364,7 @@ fn fields_map_onto_flags() {
             doc("logging:\n  verbosity: 4\n"),
             FileSettings {
                 log_level: "debug".into(),
+                verbosity: Some(4),
                 ..defaults()
             },
         ),
@@ -886,6 +888,9 @@ fn written_configuration_reads_back_to_the_same_flags() {
         }
     );
     back.client_connection = flags.client_connection.clone();
+    // --log-level debug is written as kube-proxy's verbosity 4, and read back as that number.
+    assert_eq!(back.verbosity, Some(4));
+    back.verbosity = flags.verbosity;
     assert_eq!(format!("{back:?}"), format!("{flags:?}"), "{text}");
 }
 
@@ -942,5 +947,34 @@ fn a_bare_ip_for_a_server_gets_its_default_port_as_in_kube_proxy() {
     assert!(
         err.contains("\"localhost\" is not IP:port or an IP"),
         "{err}"
+    );
+}
+
+#[test]
+fn write_config_to_reads_back_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kp.conf");
+    // -v=7 is trace, as 5 is; the file keeps the number the operator chose.
+    let (flags, _) = run_cli(&["kpng", "--proxy-mode=nftables", "-v=7"]).unwrap();
+    let written = write::render(&write::effective(&flags).unwrap()).unwrap();
+    assert!(written.contains("\n  verbosity: 7\n"), "{written}");
+    std::fs::write(&path, &written).unwrap();
+    let config = path.to_str().unwrap();
+    let (again, _) = run_cli(&["kpng", "--config", config]).unwrap();
+    let rewritten = write::render(&write::effective(&again).unwrap()).unwrap();
+    assert_eq!(rewritten, written);
+    // --log-level wins over the file's number: the level in force is written.
+    let (debug, _) = run_cli(&["kpng", "--config", config, "--log-level=debug"]).unwrap();
+    let text = write::render(&write::effective(&debug).unwrap()).unwrap();
+    assert!(text.contains("\n  verbosity: 4\n"), "{text}");
+    // What the file cannot carry is named, not written as if it could.
+    assert!(write::not_written(&flags).is_empty());
+    let (zero, _) = run_cli(&["kpng", "--min-sync-period=0s", "--metrics-bind-address="]).unwrap();
+    let lost = write::not_written(&zero);
+    assert_eq!(lost.len(), 2, "{lost:?}");
+    assert!(lost[0].starts_with("--min-sync-period=0s"), "{lost:?}");
+    assert!(
+        lost[1].starts_with("--metrics-bind-address=\"\""),
+        "{lost:?}"
     );
 }

@@ -6,8 +6,9 @@
 //! warning and into kube-proxy unchanged. The mode is `--proxy-mode`'s, the file's, or the
 //! `to-local` backend's; `""` (kube-proxy's default, iptables) when none says. kpng-only flags (`--service-cidr`,
 //! `--service-proxy-name`, `--full-sync-period`, the sink's flags) have no field and are not
-//! written; neither can a `minSyncPeriod` of 0 nor an empty (disabled) `--metrics-bind-address`
-//! be, since the file format reads 0 as "1s" and an empty address as the default one.
+//! written. A `minSyncPeriod` of 0 and an empty (disabled) `--metrics-bind-address` are written
+//! as given but read back as defaults (the file format reads 0 as "1s" and an empty address as
+//! the default one), so [`not_written`] names them for a warning.
 
 use anyhow::Context;
 
@@ -121,7 +122,11 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
                 json: buffer.clone(),
                 text: buffer,
             },
-            verbosity: verbosity(&flags.log_level),
+            // The number read (`-v=7`, the file's), while it still gives the level in force.
+            verbosity: flags
+                .verbosity
+                .filter(|v| super::mapping::log_level(*v) == flags.log_level.trim())
+                .unwrap_or_else(|| verbosity(&flags.log_level)),
             vmodule: None,
         },
         metrics_bind_address: flags.metrics_bind_address.clone(),
@@ -180,6 +185,29 @@ fn client_connection(client: &ClientConnection) -> ClientConnectionConfiguration
 }
 
 /// A `--log-level` as klog verbosity (the inverse of the mapping on reading).
+/// Settings in force that the file cannot carry, one line each naming the flag to keep on the
+/// command line: the file reads a `minSyncPeriod` of 0 as kube-proxy's default 1s, and an
+/// empty `metricsBindAddress` as the default address, as kube-proxy does.
+pub fn not_written(flags: &GlobalFlags) -> Vec<String> {
+    let mut lost = Vec::new();
+    if flags.min_sync_period.is_zero() {
+        lost.push(
+            "--min-sync-period=0s is written as 0s, which the file reads as kube-proxy's \
+             default 1s: keep --min-sync-period=0s on the command line"
+                .to_string(),
+        );
+    }
+    if flags.metrics_bind_address.trim().is_empty() {
+        lost.push(
+            "--metrics-bind-address=\"\" (no metrics server) is written as \"\", which the file \
+             reads as the default 127.0.0.1:10249: keep --metrics-bind-address=\"\" on the \
+             command line"
+                .to_string(),
+        );
+    }
+    lost
+}
+
 fn verbosity(log_level: &str) -> u32 {
     match log_level.trim() {
         "debug" => 4,
