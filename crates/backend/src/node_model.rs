@@ -52,9 +52,6 @@ pub trait NodeModel: Send + 'static {
 /// `…_changes_total` before it is applied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InputInfo {
-    /// The kind of a single-object change (`None` for lists and remote updates): labels
-    /// `kpng_objects_applied_total`.
-    pub kind: Option<Kind>,
     /// The kinds of the Kubernetes objects it carries, one entry per object.
     pub objects: Vec<Kind>,
     /// Service changes it carries (`kubeproxy_sync_proxy_rules_service_changes_total`).
@@ -65,10 +62,9 @@ pub struct InputInfo {
 
 impl InputInfo {
     /// An input carrying these Kubernetes objects: each Service and EndpointSlice is one change.
-    pub fn objects(kind: Option<Kind>, objects: Vec<Kind>) -> InputInfo {
+    pub fn objects(objects: Vec<Kind>) -> InputInfo {
         let count = |k: Kind| objects.iter().filter(|o| **o == k).count() as u64;
         InputInfo {
-            kind,
             service_changes: count(Kind::Service),
             endpoint_changes: count(Kind::EndpointSlice),
             objects,
@@ -81,12 +77,10 @@ impl NodeModel for Model {
 
     fn describe(event: &Event) -> InputInfo {
         match event {
-            Event::Apply(o) | Event::ListItem(o) => {
-                InputInfo::objects(Some(o.kind()), vec![o.kind()])
-            }
-            Event::Delete(r) => InputInfo::objects(Some(r.kind), vec![r.kind]),
+            Event::Apply(o) | Event::ListItem(o) => InputInfo::objects(vec![o.kind()]),
+            Event::Delete(r) => InputInfo::objects(vec![r.kind]),
             Event::Replace { objects, .. } => {
-                InputInfo::objects(None, objects.iter().map(|o| o.kind()).collect())
+                InputInfo::objects(objects.iter().map(|o| o.kind()).collect())
             }
             Event::ListStart { .. } | Event::ListDone { .. } => InputInfo::default(),
         }

@@ -18,7 +18,7 @@ use ipnet::IpNet;
 
 use crate::build::service_ports;
 use crate::claims::{Claims, Lost, Seen, conflict_warnings};
-use crate::event::{Event, Kind, Object, ObjectRef};
+use crate::event::{AppliedCounts, Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, ServiceKey};
 use crate::node::NodeState;
 use crate::port_range::{NodePortRange, drop_out_of_range};
@@ -142,8 +142,8 @@ pub struct ClusterOutcome {
     pub nodes: BTreeSet<String>,
     /// Objects that could not be used; their previous version (if any) was kept.
     pub errors: Vec<Rejection>,
-    /// Objects accepted.
-    pub applied: usize,
+    /// Objects accepted, per kind.
+    pub applied: AppliedCounts,
     /// Kinds whose complete list this event finished ([`Event::Replace`], [`Event::ListDone`]).
     pub listed: Vec<Kind>,
     /// Services whose object changed, appeared or disappeared (what kube-proxy counts as
@@ -384,7 +384,7 @@ impl ClusterModel {
             Object::Service(info) => {
                 let mut info = *info;
                 info.shrink_to_fit();
-                out.applied += 1;
+                out.applied.add(Kind::Service);
                 let range_warnings = match self.config.node_port_range {
                     Some(range) => drop_out_of_range(&mut info, range),
                     None => Vec::new(),
@@ -423,7 +423,7 @@ impl ClusterModel {
             } => {
                 let mut info = *slice;
                 info.shrink_to_fit();
-                out.applied += 1;
+                out.applied.add(Kind::EndpointSlice);
                 if let Some(only) = &self.config.only_node {
                     // Only locality matters: keep a node name only when it is ours (saves a
                     // string per endpoint, most of them remote).
@@ -454,7 +454,7 @@ impl ClusterModel {
                 }
             }
             Object::Node(info) => {
-                out.applied += 1;
+                out.applied.add(Kind::Node);
                 if self.keeps_node(&info.name)
                     && self.nodes.get(&info.name).map(|n| n.as_ref()) != Some(&*info)
                 {
@@ -464,7 +464,7 @@ impl ClusterModel {
             }
             Object::ServiceCidr(info) => {
                 let ServiceCidrInfo { name, cidrs } = *info;
-                out.applied += 1;
+                out.applied.add(Kind::ServiceCidr);
                 if self.service_cidrs.get(&name) != Some(&cidrs) {
                     self.service_cidrs.insert(name, cidrs);
                     touched.service_cidrs_changed = true;

@@ -29,6 +29,16 @@ impl Kind {
         Kind::ServiceCidr,
     ];
 
+    /// This kind's place in [`Kind::ALL`].
+    fn index(self) -> usize {
+        match self {
+            Kind::Service => 0,
+            Kind::EndpointSlice => 1,
+            Kind::Node => 2,
+            Kind::ServiceCidr => 3,
+        }
+    }
+
     /// The Kubernetes `kind` string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -37,6 +47,36 @@ impl Kind {
             Kind::Node => "Node",
             Kind::ServiceCidr => "ServiceCIDR",
         }
+    }
+}
+
+/// Objects accepted by one apply, per kind: a list (a file's snapshot, a relist) carries every
+/// kind at once, and `kpng_objects_applied_total{kind}` counts each under its own.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AppliedCounts([usize; 4]);
+
+impl AppliedCounts {
+    /// Counts one accepted object of this kind.
+    pub fn add(&mut self, kind: Kind) {
+        self.0[kind.index()] += 1;
+    }
+
+    /// How many objects of this kind were accepted.
+    pub fn of(&self, kind: Kind) -> usize {
+        self.0[kind.index()]
+    }
+
+    /// How many objects were accepted, every kind together.
+    pub fn total(&self) -> usize {
+        self.0.iter().sum()
+    }
+
+    /// The kinds with at least one accepted object, and their counts.
+    pub fn iter(&self) -> impl Iterator<Item = (Kind, usize)> + '_ {
+        Kind::ALL
+            .into_iter()
+            .map(|k| (k, self.of(k)))
+            .filter(|(_, n)| *n > 0)
     }
 }
 

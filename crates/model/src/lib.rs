@@ -36,7 +36,7 @@ pub use cluster::{
     ClusterConfig, ClusterModel, ClusterOutcome, ServiceSource, TriggerTime, node_state,
 };
 pub use diff::{Change, Diff, DiffSummary};
-pub use event::{Event, Kind, Object, ObjectRef};
+pub use event::{AppliedCounts, Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
 pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
 pub use node::NodeState;

@@ -124,8 +124,8 @@ pub struct ApplyOutcome {
     pub errors: Vec<Rejection>,
     /// Values refused in objects otherwise used (see [`crate::ClusterOutcome::warnings`]).
     pub warnings: Vec<Warning>,
-    /// Objects accepted into the model.
-    pub applied: usize,
+    /// Objects accepted into the model, per kind.
+    pub applied: crate::AppliedCounts,
     /// Kinds whose complete list this event finished (the runner programs nothing before
     /// Services, EndpointSlices and Nodes have all been listed once).
     pub listed: Vec<Kind>,

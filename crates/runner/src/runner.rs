@@ -609,7 +609,6 @@ impl<M: NodeModel> LoopState<M> {
     fn handle(&mut self, input: M::Input) {
         let info = M::describe(&input);
         self.count_seen(&info);
-        let kind = info.kind;
         let outcome = self.runner.model.apply(input);
         let m = &self.runner.metrics;
         for w in &outcome.warnings {
@@ -629,13 +628,11 @@ impl<M: NodeModel> LoopState<M> {
                 })
                 .inc();
         }
-        if outcome.applied > 0 {
+        for (kind, count) in outcome.applied.iter() {
             let label = KindLabel {
-                kind: kind.map_or("List", |k| k.as_str()).into(),
+                kind: kind.as_str().into(),
             };
-            m.objects_applied
-                .get_or_create(&label)
-                .inc_by(outcome.applied as u64);
+            m.objects_applied.get_or_create(&label).inc_by(count as u64);
         }
         self.listed.extend(outcome.listed.iter().copied());
         self.pending_services.extend(outcome.services_changed);

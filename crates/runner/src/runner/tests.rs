@@ -712,6 +712,30 @@ async fn change_counters_count_events_and_pending_counts_changes_until_a_sync() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_list_counts_applied_objects_under_their_own_kinds() {
+    let h = start(SyncTiming::default());
+    h.tx.send(all_kinds(vec![
+        service("a", "10.96.0.1"),
+        service("b", "10.96.0.2"),
+        slice("a-1", "10.0.0.1", None),
+    ]))
+    .await
+    .expect("send");
+    h.tx.send(Event::Apply(service("c", "10.96.0.3")))
+        .await
+        .expect("send");
+    settle().await;
+    let text = encoded(&h);
+    for line in [
+        "kpng_objects_applied_total{kind=\"Service\"} 3",
+        "kpng_objects_applied_total{kind=\"EndpointSlice\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line}:\n{text}");
+    }
+    assert!(!text.contains("kind=\"List\""), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn interleaved_lists_of_each_kind_gate_the_first_sync() {
     let h = start(SyncTiming::default());
     for kind in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
