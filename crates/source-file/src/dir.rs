@@ -166,7 +166,7 @@ impl DirState {
                 if !self.broken.is_empty() {
                     self.broken.remove(path.as_os_str());
                 }
-                let new_refs: Vec<ObjectRef> =
+                let mut new_refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
                 let keep: BTreeSet<&ObjectRef> = new_refs.iter().collect();
                 let old = self
@@ -174,11 +174,20 @@ impl DirState {
                     .remove(path.as_os_str())
                     .map(|(_, r)| r.unpack())
                     .unwrap_or_default();
-                let mut events: Vec<Event> = old
-                    .into_iter()
-                    .filter(|r| !keep.contains(r))
-                    .map(Event::Delete)
-                    .collect();
+                let gone: Vec<ObjectRef> = old.into_iter().filter(|r| !keep.contains(r)).collect();
+                let mut events = Vec::new();
+                if loaded.ends_rejected() && !gone.is_empty() {
+                    // Possibly cut off mid-write: what it no longer has stays its objects.
+                    warn!(
+                        "{}: {} ({} kept)",
+                        path.display(),
+                        crate::watch::HELD_DELETIONS,
+                        gone.len()
+                    );
+                    new_refs.extend(gone);
+                } else {
+                    events.extend(gone.into_iter().map(Event::Delete));
+                }
                 events.extend(loaded.objects.into_iter().map(Event::Apply));
                 self.files.insert(
                     path.as_os_str().to_owned(),

@@ -147,6 +147,13 @@ impl Loaded {
             .count()
     }
 
+    /// Whether the file may have been cut off mid-write: its last object was rejected, as an
+    /// interrupted copy or write leaves one. Deleting what such a load no longer has could tear
+    /// down working rules, so the sources keep those objects until the end of the file reads.
+    pub fn ends_rejected(&self) -> bool {
+        matches!(self.objects.last(), Some(Object::Rejected(_)))
+    }
+
     /// Prefixes each rejected object's location with the file it came from, so that the error
     /// line names the file as well as the document.
     pub fn locate_in(&mut self, source: &std::path::Path) {

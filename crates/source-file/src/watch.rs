@@ -256,6 +256,11 @@ impl FileSource {
                         loaded.objects.len()
                     ),
                 }
+                // A possibly cut-off file after a good one: apply what it has, delete nothing.
+                let hold_deletions = state.good.is_some() && loaded.ends_rejected();
+                if hold_deletions {
+                    warn!("{}: {HELD_DELETIONS}", self.path.display());
+                }
                 state.good = Some(state.digests.of(&text));
                 state.bad = None;
                 self.metrics.good_load(&self.path);
@@ -265,6 +270,15 @@ impl FileSource {
                     std::time::SystemTime::now(),
                     Some(objects_loaded(loaded.objects.len(), loaded.rejected())),
                 );
+                if hold_deletions {
+                    // Each object on its own: a list would delete what it does not hold.
+                    for object in loaded.objects {
+                        if events.send(Event::Apply(object)).await.is_err() {
+                            return false;
+                        }
+                    }
+                    return true;
+                }
                 let event = Event::Replace {
                     kinds: Kind::ALL.to_vec(),
                     objects: loaded.objects,
@@ -274,6 +288,11 @@ impl FileSource {
         }
     }
 }
+
+/// Why a load whose last object was rejected deletes nothing ([`crate::parse::Loaded::ends_rejected`]).
+pub(crate) const HELD_DELETIONS: &str = "its last object was rejected, as in a file cut off \
+    mid-write: objects no longer in it are kept, not deleted, until a version whose last object \
+    reads (fix or remove that object to apply deletions)";
 
 /// What a load held, in words, for `kpng status`.
 pub(crate) fn objects_loaded(objects: usize, rejected: usize) -> String {

@@ -89,19 +89,17 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
     assert_eq!(cluster_ip(&next(&mut rx).await.expect("edit")), "10.96.0.2");
 
     // A broken object is sent as rejected, naming the file and the field: the model keeps its
-    // last good version (the rest of the file would load).
+    // last good version (the rest of the file would load). Being the file's last object, it
+    // comes on its own, so that nothing else is deleted (as for a file cut off mid-write).
     std::fs::write(&path, "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 0}]}\n").expect("write");
     match next(&mut rx).await {
-        Some(Event::Replace { objects, .. }) => match objects.as_slice() {
-            [Object::Rejected(e)] => {
-                assert_eq!(&*e.object.name, "web");
-                assert_eq!(e.field, "spec.ports[0].port");
-                let at = e.location.as_deref().unwrap_or_default();
-                assert!(at.ends_with("cluster.yaml: document 1 (line 1)"), "{at}");
-            }
-            other => panic!("expected web rejected, got {other:?}"),
-        },
-        other => panic!("expected a Replace, got {other:?}"),
+        Some(Event::Apply(Object::Rejected(e))) => {
+            assert_eq!(&*e.object.name, "web");
+            assert_eq!(e.field, "spec.ports[0].port");
+            let at = e.location.as_deref().unwrap_or_default();
+            assert!(at.ends_with("cluster.yaml: document 1 (line 1)"), "{at}");
+        }
+        other => panic!("expected web rejected, got {other:?}"),
     }
     // A file that does not read sends nothing (the last good state stays).
     std::fs::write(
@@ -413,5 +411,97 @@ async fn going_back_to_the_version_in_use_ends_the_problem() {
             .is_err(),
         "the version in use is not sent again"
     );
+    task.abort();
+}
+
+/// Where a write of [`three_services`] is cut off: inside `b`'s protocol.
+const B_CUT: &str = "10.96.0.2\n  ports:\n  - port: 80\n    protocol: TC";
+
+/// Services `a`, `b` and `c` in block style, `b` cut off mid-write at `cut` when given.
+fn three_services(cut: Option<&str>) -> String {
+    let block = |name: &str, ip: &str| {
+        format!(
+            "kind: Service\nmetadata:\n  namespace: ns\n  name: {name}\nspec:\n  clusterIP: {ip}\n  ports:\n  - port: 80\n    protocol: TCP\n"
+        )
+    };
+    let whole = format!(
+        "{}---\n{}---\n{}",
+        block("a", "10.96.0.1"),
+        block("b", "10.96.0.2"),
+        block("c", "10.96.0.3")
+    );
+    match cut.and_then(|at| whole.find(at).map(|i| i + at.len())) {
+        Some(end) => whole[..end].to_string(),
+        None => whole,
+    }
+}
+
+#[tokio::test]
+async fn a_file_cut_off_mid_write_deletes_nothing_until_its_end_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    match next(&mut rx).await {
+        Some(Event::Replace { kinds, objects }) => {
+            assert_eq!(kinds.len(), 4, "a whole load lists every kind");
+            assert_eq!(objects.len(), 3);
+        }
+        other => panic!("expected the first load, got {other:?}"),
+    }
+    // Cut inside b's protocol: b is rejected and c is missing. The load applies a, keeps b's
+    // last good version (the model does), and must not delete c.
+    std::fs::write(&path, three_services(Some(B_CUT))).expect("write");
+    match (next(&mut rx).await, next(&mut rx).await) {
+        (Some(Event::Apply(Object::Service(a))), Some(Event::Apply(Object::Rejected(b)))) => {
+            assert_eq!((&*a.key.name, &*b.object.name), ("a", "b"));
+        }
+        other => panic!("expected a applied and b rejected, one by one, got {other:?}"),
+    }
+    // Once the end reads, what the file no longer has goes.
+    let two = three_services(None);
+    let two = &two[..two.rfind("---").expect("separator")];
+    std::fs::write(&path, two).expect("write");
+    match next(&mut rx).await {
+        Some(Event::Replace { kinds, objects }) => {
+            assert_eq!(kinds.len(), 4, "a clean load deletes c");
+            assert_eq!(objects.len(), 2);
+        }
+        other => panic!("expected a Replace, got {other:?}"),
+    }
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_directory_file_cut_off_mid_write_deletes_nothing_until_its_end_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("services.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(dir.path());
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    for _ in 0..3 {
+        assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+    std::fs::write(&path, three_services(Some(B_CUT))).expect("write");
+    let mut events = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), rx.recv()).await {
+        events.push(event);
+    }
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Delete(_))),
+        "c was deleted: {events:?}"
+    );
+    assert_eq!(events.len(), 2, "a applied, b rejected: {events:?}");
+    // The clean version without c deletes it: the held object is still the file's.
+    let two = three_services(None);
+    std::fs::write(&path, &two[..two.rfind("---").expect("separator")]).expect("write");
+    let mut deleted = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), rx.recv()).await {
+        if let Event::Delete(r) = event {
+            deleted.push(r.name.to_string());
+        }
+    }
+    assert_eq!(deleted, ["c"]);
     task.abort();
 }
