@@ -267,25 +267,36 @@ impl Kernel {
             .ok_or_else(|| Error::Bpf(format!("reading {}: a short element", map.name())))
     }
 
-    /// The endpoints some socket is translated to right now (from the reverse map): the
-    /// candidates for socket destruction when an endpoint leaves.
+    /// The sockets translated for a (frontend, endpoint) pair in `pairs` (from the reverse
+    /// map, whose key is the socket's cookie and endpoint and whose value the frontend): the
+    /// sockets to destroy when those pairs go, by cookie, with the endpoint each is connected to.
     ///
     /// Read in batches (4096 elements per system call): on a busy node the map is full (131,072
     /// sockets), and a walk key by key would cost two system calls per socket on the sync
-    /// that removes a UDP endpoint. A map that cannot be read yields no candidate: the sockets
+    /// that removes a UDP endpoint. A map that cannot be read yields no socket: the sockets
     /// then stay until their owner closes them, as before the backend destroyed any.
-    pub fn reverse_endpoints(&self) -> std::collections::BTreeSet<std::net::SocketAddr> {
+    pub fn translated_sockets(
+        &self,
+        pairs: &std::collections::BTreeSet<(std::net::SocketAddr, std::net::SocketAddr)>,
+    ) -> std::collections::BTreeMap<u64, std::net::SocketAddr> {
         use aya::maps::IterableMap;
         use std::os::fd::AsFd;
         let mut map = batch::Map::new(self.reverse.map().fd().as_fd(), REVERSE_KEY, ENDPOINT);
         match map.dump() {
-            Ok((keys, _)) => keys
+            Ok((keys, values)) => keys
                 .chunks_exact(REVERSE_KEY)
-                .filter_map(crate::layout::reverse_key_endpoint)
+                .zip(values.chunks_exact(ENDPOINT))
+                .filter_map(|(key, value)| {
+                    let (cookie, endpoint) = crate::layout::reverse_key(key)?;
+                    let frontend = crate::layout::endpoint_of(value)?;
+                    pairs
+                        .contains(&(frontend, endpoint))
+                        .then_some((cookie, endpoint))
+                })
                 .collect(),
             Err(e) => {
                 tracing::warn!("reading kpng_reverse: {e}; no UDP socket destroyed this time");
-                std::collections::BTreeSet::new()
+                std::collections::BTreeMap::new()
             }
         }
     }

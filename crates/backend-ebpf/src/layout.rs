@@ -140,9 +140,11 @@ pub fn member_key(id: u32, addr: SocketAddr) -> [u8; MEMBER_KEY] {
     k
 }
 
-/// The endpoint part of a `struct reverse_key` (after the 8-byte cookie).
-pub fn reverse_key_endpoint(bytes: &[u8]) -> Option<SocketAddr> {
-    endpoint_of(bytes.get(8..)?)
+/// A `struct reverse_key`: the socket's cookie (as `bpf_get_socket_cookie` and sock_diag give
+/// it) and the endpoint it was translated to.
+pub fn reverse_key(bytes: &[u8]) -> Option<(u64, SocketAddr)> {
+    let cookie = u64::from_ne_bytes(bytes.get(..8)?.try_into().ok()?);
+    Some((cookie, endpoint_of(bytes.get(8..)?)?))
 }
 
 #[cfg(test)]
@@ -164,6 +166,10 @@ mod tests {
         let ep: SocketAddr = "10.244.1.2:8080".parse().expect("sa");
         assert_eq!(endpoint_of(&endpoint(ep)), Some(ep));
         assert_eq!(endpoint_of(&member_key(3, ep)[4..]), Some(ep));
+        let mut rk = [0u8; REVERSE_KEY];
+        rk[..8].copy_from_slice(&0x6546bu64.to_ne_bytes());
+        rk[8..8 + ENDPOINT].copy_from_slice(&endpoint(ep));
+        assert_eq!(reverse_key(&rk), Some((0x6546b, ep)));
         // A service holds its id and its first INLINE endpoints.
         let eps: Vec<SocketAddr> = (0..10u16).map(|i| SocketAddr::new(ip, 8000 + i)).collect();
         let v = service(7, 10, 0, 0, &eps);

@@ -239,7 +239,7 @@ impl EbpfBackend {
     /// read back (sealed tables), and each wanted element is compared with them as it is
     /// computed ([`plan::Converge`]) and written in batches, so no image of the wanted state
     /// is built beside the dump; after the writes, what no port wanted is deleted.
-    fn full(&mut self, snapshot: &Snapshot) -> Result<(usize, Vec<SocketAddr>), Error> {
+    fn full(&mut self, snapshot: &Snapshot) -> Result<(usize, BTreeSet<UdpPair>), Error> {
         let started = std::time::Instant::now();
         self.refresh_node_port_ips(snapshot);
         let loaded = self.kernel.is_some();
@@ -291,7 +291,7 @@ impl EbpfBackend {
                 });
                 let id = self.ids.assign(&port.key, g.scope, preferred);
                 if Some(proto) == udp {
-                    udp_now.extend(g.endpoints.iter().copied());
+                    udp_now.extend(group_pairs(&g));
                 }
                 let (mut full_pointed, mut full_frontends) = (false, false);
                 plan::for_group(id, proto, &g, &mut |m, k, v| match m {
@@ -327,9 +327,9 @@ impl EbpfBackend {
             }
             kernel.delete(map, &keys)?;
         }
-        let gone: Vec<SocketAddr> = udp_endpoints(&old)
+        let gone: BTreeSet<UdpPair> = udp_pairs(&old)
             .into_iter()
-            .filter(|ep| !udp_now.contains(ep))
+            .filter(|pair| !udp_now.contains(pair))
             .collect();
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         debug!(
@@ -346,7 +346,7 @@ impl EbpfBackend {
     fn incremental(
         &mut self,
         request: &SyncRequest<'_>,
-    ) -> Result<(usize, Vec<SocketAddr>), Error> {
+    ) -> Result<(usize, BTreeSet<UdpPair>), Error> {
         let mut old = Entries::default();
         let mut new = Entries::default();
         let mut released = Vec::new();
@@ -388,10 +388,10 @@ impl EbpfBackend {
         old.seal();
         new.seal();
         let steps = plan::steps(&old, &new);
-        let now = udp_endpoints(&new);
-        let gone: Vec<SocketAddr> = udp_endpoints(&old)
+        let now = udp_pairs(&new);
+        let gone: BTreeSet<UdpPair> = udp_pairs(&old)
             .into_iter()
-            .filter(|ep| !now.contains(ep))
+            .filter(|pair| !now.contains(pair))
             .collect();
         self.kernel()?.apply(&steps)?;
         let operations = plan::count(&steps);
@@ -402,29 +402,54 @@ impl EbpfBackend {
     }
 }
 
-/// The endpoints of the UDP services in `e` (inline and overflow): those whose connected
-/// sockets are destroyed when they leave.
-fn udp_endpoints(e: &Entries) -> BTreeSet<SocketAddr> {
+/// A UDP frontend and one of its endpoints. When the pair goes (the endpoint left the
+/// frontend's list), the sockets the programs translated to that endpoint *for that frontend*
+/// are destroyed, as kube-proxy deletes the conntrack entries DNATed from the Service's IP to
+/// the endpoint: a socket connected to the endpoint directly, or through another Service that
+/// still has it, is left alone.
+type UdpPair = (SocketAddr, SocketAddr);
+
+/// The (frontend, endpoint) pairs of one group.
+fn group_pairs(g: &Group) -> impl Iterator<Item = UdpPair> + '_ {
+    g.frontends.iter().flat_map(|(ip, port)| {
+        let frontend = SocketAddr::new(*ip, *port);
+        g.endpoints.iter().map(move |ep| (frontend, *ep))
+    })
+}
+
+/// The (frontend, endpoint) pairs of the UDP frontends in `e` (inline and overflow endpoints).
+fn udp_pairs(e: &Entries) -> BTreeSet<UdpPair> {
     let udp = layout::ip_proto(Protocol::Udp);
-    let mut ids = BTreeSet::new();
-    let mut out = BTreeSet::new();
+    let mut inline: Vec<(SocketAddr, u32, Vec<SocketAddr>)> = Vec::new();
     for (k, v) in e
         .table(MapId::Frontends)
         .into_iter()
         .flat_map(plan::Table::iter)
     {
-        if k.get(18) == udp.as_ref() {
-            ids.extend(layout::service_id_of(v));
-            out.extend(layout::service_endpoints(v));
+        if k.get(18) == udp.as_ref()
+            && let (Some(frontend), Some(id)) = (layout::endpoint_of(k), layout::service_id_of(v))
+        {
+            inline.push((frontend, id, layout::service_endpoints(v)));
         }
     }
-    out.extend(
-        e.table(MapId::Slots)
-            .into_iter()
-            .flat_map(plan::Table::iter)
-            .filter(|(k, _)| layout::service_id_of(k).is_some_and(|id| ids.contains(&id)))
-            .filter_map(|(_, v)| layout::endpoint_of(v)),
-    );
+    let ids: BTreeSet<u32> = inline.iter().map(|(_, id, _)| *id).collect();
+    let mut overflow: HashMap<u32, Vec<SocketAddr>> = HashMap::new();
+    for (k, v) in e
+        .table(MapId::Slots)
+        .into_iter()
+        .flat_map(plan::Table::iter)
+    {
+        if let (Some(id), Some(ep)) = (layout::service_id_of(k), layout::endpoint_of(v))
+            && ids.contains(&id)
+        {
+            overflow.entry(id).or_default().push(ep);
+        }
+    }
+    let mut out = BTreeSet::new();
+    for (frontend, id, endpoints) in inline {
+        let more = overflow.get(&id).map_or(&[][..], Vec::as_slice);
+        out.extend(endpoints.iter().chain(more).map(|ep| (frontend, *ep)));
+    }
     out
 }
 
@@ -464,23 +489,24 @@ impl Backend for EbpfBackend {
             self.incremental(request)?
         };
         if self.config.destroy_udp_sockets && !gone.is_empty() {
-            // Only sockets the programs translated can be connected to an endpoint they
-            // chose; the reverse map says which endpoints some socket uses right now.
-            let in_use: BTreeSet<SocketAddr> = self
+            // Only the sockets the programs translated for a gone pair: the reverse map names
+            // each by its cookie.
+            let targets = self
                 .kernel
                 .as_ref()
-                .map(Kernel::reverse_endpoints)
+                .map(|k| k.translated_sockets(&gone))
                 .unwrap_or_default();
-            let targets: Vec<SocketAddr> =
-                gone.into_iter().filter(|ep| in_use.contains(ep)).collect();
             if let Some(cgroup) = &self.cgroup
                 && !targets.is_empty()
             {
                 let n = sockets::destroy_udp(cgroup, &targets);
-                debug!(
-                    "{n} UDP sockets connected to {} gone endpoints destroyed",
-                    targets.len()
-                );
+                if n > 0 {
+                    info!(
+                        "destroyed {n} UDP sockets translated to endpoints that left their \
+                         Service ({} pairs gone)",
+                        gone.len()
+                    );
+                }
             }
         }
         Ok(SyncStats {

@@ -1,15 +1,22 @@
-//! Connected UDP sockets whose endpoint left are destroyed (`SOCK_DESTROY` through sock_diag,
-//! with `ss -K`), the way kube-proxy's conntrack reconciler deletes the UDP conntrack entries
-//! of a gone endpoint: the application sees `ECONNABORTED` and opens a new socket, which the
-//! programs translate to a current endpoint. Unconnected sockets need nothing: every
-//! `sendmsg()` is translated anew.
+//! Connected UDP sockets the programs translated to an endpoint that has since left the
+//! Service are destroyed (`SOCK_DESTROY` through sock_diag, with `ss -K`), the way kube-proxy's
+//! conntrack reconciler deletes the UDP conntrack entries DNATed from the Service to a gone
+//! endpoint: a pending or later receive fails with `ECONNABORTED` and a send on the socket, now
+//! unconnected, with `EDESTADDRREQ`; the application opens a new socket, which the programs
+//! translate to a current endpoint. Unconnected sockets need nothing: every `sendmsg()` is
+//! translated anew.
+//!
+//! Only the translated sockets go, named by their cookie in the reverse map: a socket connected
+//! to the same endpoint directly, or through another Service that still has it, is left alone.
+//! `ss` cannot select by cookie, so each namespace is read once (`ss -e` shows each socket's
+//! cookie as `sk:`) and the translated sockets are then destroyed by their exact addresses.
 //!
 //! sock_diag works on one network namespace at a time, and pods have their own: the namespaces
 //! are found from the processes of the cgroup subtree the programs are attached to (one
-//! `nsenter … ss -K` per namespace, only when a UDP endpoint leaves).
+//! `nsenter … ss` to read and one to destroy per namespace, only when a UDP endpoint leaves).
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 
@@ -41,53 +48,117 @@ fn namespaces(cgroup: &Path) -> BTreeMap<String, u32> {
 }
 
 /// The `ss` filter selecting sockets connected to any of `endpoints`.
-pub fn filter(endpoints: &[SocketAddr]) -> Vec<String> {
+pub fn filter(endpoints: &BTreeSet<SocketAddr>) -> Vec<String> {
     let mut words = vec!["(".to_owned()];
     for (i, ep) in endpoints.iter().enumerate() {
         if i > 0 {
             words.push("or".into());
         }
         words.push("dst".into());
-        words.push(match ep {
-            SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
-            SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
-        });
+        words.push(ep.to_string());
     }
     words.push(")".into());
     words
 }
 
-/// Destroys the UDP sockets connected to `endpoints` in every network namespace of the cgroup
-/// subtree; returns how many were destroyed.
-pub fn destroy_udp(cgroup: &Path, endpoints: &[SocketAddr]) -> usize {
-    if endpoints.is_empty() {
+/// The `ss` filter selecting exactly these sockets, by (local, peer) address.
+pub fn exact_filter(sockets: &[(SocketAddr, SocketAddr)]) -> Vec<String> {
+    let mut words = Vec::new();
+    for (i, (local, peer)) in sockets.iter().enumerate() {
+        if i > 0 {
+            words.push("or".into());
+        }
+        words.extend(["(".into(), "src".into(), local.to_string()]);
+        words.extend(["and".into(), "dst".into(), peer.to_string(), ")".into()]);
+    }
+    words
+}
+
+/// One line of `ss -H -n -u -e`: the socket's local and peer addresses and its cookie
+/// (`sk:` in hex). `None` for a line that does not read so.
+pub fn parse_line(line: &str) -> Option<(SocketAddr, SocketAddr, u64)> {
+    let mut addresses = line.split_whitespace().filter_map(socket_address);
+    let local = addresses.next()?;
+    let peer = addresses.next()?;
+    let cookie = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("sk:"))
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())?;
+    Some((local, peer, cookie))
+}
+
+/// An address as `ss -n` writes it: `10.0.0.1:53`, `[fd00::1]:53`, or with the device a
+/// socket is bound to (`10.0.0.1%eth0:53`), which is dropped.
+fn socket_address(word: &str) -> Option<SocketAddr> {
+    if let Ok(a) = word.parse() {
+        return Some(a);
+    }
+    let (host, port) = word.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = host.split_once('%').map_or(host, |(h, _)| h);
+    let ip: IpAddr = host.parse().ok()?;
+    Some(SocketAddr::new(ip, port.parse().ok()?))
+}
+
+/// Runs `ss` with `args` in the network namespace of `pid`; its output lines.
+fn ss_in(ns: &str, pid: u32, args: &[String]) -> Option<Vec<String>> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .arg("ss")
+        .args(args)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(str::to_owned)
+                .collect(),
+        ),
+        Ok(o) => {
+            warn!(
+                "ss in {ns} (pid {pid}) failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            None
+        }
+        // The process left meanwhile, or nsenter/ss are missing.
+        Err(e) => {
+            warn!("cannot run nsenter … ss for {ns}: {e}");
+            None
+        }
+    }
+}
+
+/// Destroys the connected UDP sockets named in `targets` (cookie → the endpoint it is
+/// connected to) in every network namespace of the cgroup subtree; returns how many were
+/// destroyed.
+pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> usize {
+    if targets.is_empty() {
         return 0;
     }
-    let filter = filter(endpoints);
+    let endpoints: BTreeSet<SocketAddr> = targets.values().copied().collect();
+    let mut list = vec!["-H".to_owned(), "-n".into(), "-u".into(), "-e".into()];
+    list.extend(filter(&endpoints));
     let mut destroyed = 0;
     for (ns, pid) in namespaces(cgroup) {
-        let out = Command::new("nsenter")
-            .arg(format!("--net=/proc/{pid}/ns/net"))
-            .args(["ss", "-K", "-H", "-n", "-u"])
-            .args(&filter)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => {
-                let n = String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .filter(|l| !l.trim().is_empty())
-                    .count();
-                if n > 0 {
-                    debug!("destroyed {n} UDP sockets in {ns} (pid {pid})");
-                }
-                destroyed += n;
-            }
-            Ok(o) => warn!(
-                "ss -K in {ns} (pid {pid}) failed: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ),
-            // The process left meanwhile, or nsenter/ss are missing.
-            Err(e) => warn!("cannot run nsenter … ss -K for {ns}: {e}"),
+        let Some(lines) = ss_in(&ns, pid, &list) else {
+            continue;
+        };
+        let exact: Vec<(SocketAddr, SocketAddr)> = lines
+            .iter()
+            .filter_map(|l| parse_line(l))
+            .filter(|(_, peer, cookie)| targets.get(cookie) == Some(peer))
+            .map(|(local, peer, _)| (local, peer))
+            .collect();
+        if exact.is_empty() {
+            continue;
+        }
+        let mut kill = vec!["-K".to_owned(), "-H".into(), "-n".into(), "-u".into()];
+        kill.extend(exact_filter(&exact));
+        if let Some(lines) = ss_in(&ns, pid, &kill) {
+            debug!("destroyed {} UDP sockets in {ns} (pid {pid})", lines.len());
+            destroyed += lines.len();
         }
     }
     destroyed
@@ -95,15 +166,49 @@ pub fn destroy_udp(cgroup: &Path, endpoints: &[SocketAddr]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().expect("socket address")
+    }
+
     #[test]
-    fn filter_lists_every_endpoint() {
-        let eps = [
-            "10.0.0.1:53".parse().expect("sa"),
-            "[fd00::1]:53".parse().expect("sa"),
-        ];
+    fn filters_list_every_endpoint_and_every_exact_socket() {
+        let eps: BTreeSet<SocketAddr> = [sa("10.0.0.1:53"), sa("[fd00::1]:53")].into();
         assert_eq!(
-            super::filter(&eps).join(" "),
+            filter(&eps).join(" "),
             "( dst 10.0.0.1:53 or dst [fd00::1]:53 )"
         );
+        let exact = [
+            (sa("10.244.1.2:40000"), sa("10.0.0.1:53")),
+            (sa("[fd00::2]:40001"), sa("[fd00::1]:53")),
+        ];
+        assert_eq!(
+            exact_filter(&exact).join(" "),
+            "( src 10.244.1.2:40000 and dst 10.0.0.1:53 ) or ( src [fd00::2]:40001 and dst [fd00::1]:53 )"
+        );
+    }
+
+    #[test]
+    fn lines_give_addresses_and_cookie() {
+        let cases = [
+            (
+                "0      0      127.0.0.1:46455 127.0.0.1:9 ino:39254495 sk:6546b cgroup:/ <->",
+                Some((sa("127.0.0.1:46455"), sa("127.0.0.1:9"), 0x6546b)),
+            ),
+            (
+                "ESTAB 0 0 [fd00::2]:40001 [fd00::1]:53 ino:1 sk:1001 <->",
+                Some((sa("[fd00::2]:40001"), sa("[fd00::1]:53"), 0x1001)),
+            ),
+            (
+                "ESTAB 0 0 10.244.1.2%eth0:40000 10.0.0.1:53 ino:1 sk:ff <->",
+                Some((sa("10.244.1.2:40000"), sa("10.0.0.1:53"), 0xff)),
+            ),
+            ("ESTAB 0 0 10.244.1.2:40000 10.0.0.1:53 ino:1 <->", None),
+            ("garbage", None),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse_line(line), want, "{line}");
+        }
     }
 }

@@ -134,17 +134,31 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
         .iter()
         .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
         .collect();
+    // `other` keeps pod1b: sockets translated for it are not the change's.
+    let other = svc("other", 11, "ClusterIP", "", &[("pod1b", Cond::Ready)]);
     let mut k = Kpng::start(
         B,
         &c.node1.ns,
-        &manifest(&[svc("dns", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)])]),
+        &manifest(&[
+            svc("dns", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)]),
+            other.clone(),
+        ]),
         &[],
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let (mark, stop) = (dir.path().join("mark"), dir.path().join("stop"));
-    let mut clients: Vec<Spawned> = ["sendto", "connect"]
+    let pod1b = c.pod("pod1b").addr_v4(EP_PORT);
+    // (what, destination, how): the two through the changed Service, then two connected to
+    // pod1b that must be left alone: directly, and through `other`.
+    let cases = [
+        ("sendto", (cip(10, false), SVC_PORT), "sendto"),
+        ("connect", (cip(10, false), SVC_PORT), "connect"),
+        ("direct", (pod1b.ip(), pod1b.port()), "connect"),
+        ("other", (cip(11, false), SVC_PORT), "connect"),
+    ];
+    let mut clients: Vec<Spawned> = cases
         .iter()
-        .map(|how| {
+        .map(|(_, (ip, port), how)| {
             let mut client = c
                 .pod("pod1a")
                 .ns
@@ -152,8 +166,8 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
                     "python3",
                     "-c",
                     UDP_CLIENT,
-                    &cip(10, false).to_string(),
-                    &SVC_PORT.to_string(),
+                    &ip.to_string(),
+                    &port.to_string(),
                     how,
                     &mark.display().to_string(),
                     &stop.display().to_string(),
@@ -166,22 +180,35 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
         })
         .collect();
 
-    // pod1b leaves, pod2a comes.
-    k.apply(&manifest(&[svc(
-        "dns",
-        10,
-        "ClusterIP",
-        "",
-        &[("pod2a", Cond::Ready)],
-    )]));
+    // pod1b leaves dns, pod2a comes.
+    k.apply(&manifest(&[
+        svc("dns", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)]),
+        other,
+    ]));
     std::fs::write(&mark, "").expect("mark");
-    for (how, client) in ["sendto", "connect"].iter().zip(clients.iter_mut()) {
-        client
-            .wait_for_line(|l| l == "mark", Duration::from_secs(5))
+    for ((what, _, _), client) in cases.iter().zip(clients.iter_mut()) {
+        let seen = client
+            .wait_for_line(|l| l == "mark" || l == "aborted", Duration::from_secs(5))
             .expect("the client saw the mark");
-        client
-            .wait_for_line(|l| l == "got pod2a", Duration::from_secs(5))
-            .unwrap_or_else(|e| panic!("{how}: answers from pod2a after the change: {e}"));
+        if matches!(*what, "direct" | "other") {
+            // Ten answers from pod1b, and no abort before or among them.
+            assert_eq!(seen, "mark", "{what}: its socket was destroyed");
+            let answers = std::cell::Cell::new(0);
+            let last = client
+                .wait_for_line(
+                    |l| {
+                        answers.set(answers.get() + usize::from(l == "got pod1b"));
+                        l == "aborted" || answers.get() == 10
+                    },
+                    Duration::from_secs(5),
+                )
+                .unwrap_or_else(|e| panic!("{what}: answers from pod1b after the change: {e}"));
+            assert_eq!(last, "got pod1b", "{what}: its socket was destroyed");
+        } else {
+            client
+                .wait_for_line(|l| l == "got pod2a", Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("{what}: answers from pod2a after the change: {e}"));
+        }
     }
     std::fs::write(&stop, "").expect("stop");
 }
