@@ -94,6 +94,44 @@ pub fn cgroup2_root() -> Result<PathBuf, Error> {
     Ok(PathBuf::from(OWN_CGROUP2_MOUNT))
 }
 
+/// Checks that `path` is a directory of a cgroup v2 hierarchy, where the socket programs can
+/// attach: any directory is not (a cgroup v1 controller, the tmpfs of a hybrid host's
+/// `/sys/fs/cgroup`), and the kernel would refuse every attach at every retry.
+pub fn check_cgroup2_dir(path: &Path) -> Result<(), Error> {
+    let real = std::fs::canonicalize(path)
+        .map_err(|e| Error::io(format!("--cgroup-path {}", path.display()), e))?;
+    if !real.is_dir() {
+        return Err(Error::Setup(format!(
+            "--cgroup-path {}: not a directory (it names the cgroup v2 subtree whose sockets \
+             are translated; default: the cgroup v2 root)",
+            path.display()
+        )));
+    }
+    match fstype_of(&mounts()?, &real) {
+        Some("cgroup2") => Ok(()),
+        other => Err(Error::Setup(format!(
+            "--cgroup-path {} is on {}, not a cgroup v2 hierarchy: the socket programs attach \
+             to cgroup v2 directories only (on a hybrid host the v2 hierarchy is usually \
+             /sys/fs/cgroup/unified; default: the cgroup v2 root)",
+            path.display(),
+            other.map_or_else(
+                || "no known file system".to_string(),
+                |t| format!("a {t} file system")
+            )
+        ))),
+    }
+}
+
+/// The type of the file system `path` is on: that of the mount with the longest mount point
+/// holding it.
+fn fstype_of<'m>(mounts: &'m [Mount], path: &Path) -> Option<&'m str> {
+    mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.point))
+        .max_by_key(|m| m.point.as_os_str().len())
+        .map(|m| m.fstype.as_str())
+}
+
 /// The mount point of the first `cgroup2` mount that shows a whole hierarchy.
 fn whole_cgroup2(mounts: &[Mount]) -> Option<PathBuf> {
     mounts
@@ -106,12 +144,7 @@ fn whole_cgroup2(mounts: &[Mount]) -> Option<PathBuf> {
 /// conventional `/sys/fs/bpf`, one is mounted there (`mount -t bpf bpf /sys/fs/bpf`, as
 /// systemd does on most distributions).
 pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), Error> {
-    let on_bpffs = |all: &[Mount]| {
-        all.iter()
-            .filter(|m| pin_dir.starts_with(&m.point))
-            .max_by_key(|m| m.point.as_os_str().len())
-            .is_some_and(|m| m.fstype == "bpf")
-    };
+    let on_bpffs = |all: &[Mount]| fstype_of(all, pin_dir) == Some("bpf");
     if on_bpffs(&mounts()?) {
         return Ok(());
     }
@@ -123,7 +156,13 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), Error> {
         )));
     }
     mount("bpf", conventional)?;
-    tracing::info!("mounted a BPF file system on /sys/fs/bpf");
+    tracing::warn!(
+        "mounted a BPF file system on /sys/fs/bpf: none was visible, so this mount is kpng's \
+         own (a private mount namespace, such as `ip netns exec` or a container without a \
+         /sys/fs/bpf hostPath, makes one) and the pins go with it: the next kpng starts cold \
+         instead of adopting the programs and maps (mount /sys/fs/bpf on the host, or pass it \
+         in as a hostPath)"
+    );
     Ok(())
 }
 
@@ -163,6 +202,25 @@ mod tests {
         assert_eq!(m[1].fstype, "cgroup2");
         assert_eq!(m[2].fstype, "bpf");
         assert_eq!(m[3].point, PathBuf::from("/run/with space"));
+    }
+
+    /// (path, the type of the file system it is on)
+    #[test]
+    fn a_path_is_on_the_mount_with_the_longest_point() {
+        let text = "31 25 0:27 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
+                    33 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n\
+                    41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                    42 1 0:1 / / rw - ext4 /dev/sda rw\n";
+        let mounts = parse_mountinfo(text);
+        for (path, want) in [
+            ("/sys/fs/cgroup/unified/kubepods", Some("cgroup2")),
+            ("/sys/fs/cgroup/unified", Some("cgroup2")),
+            ("/sys/fs/cgroup/cpu/x", Some("cgroup")),
+            ("/sys/fs/cgroup", Some("tmpfs")),
+            ("/tmp/x", Some("ext4")),
+        ] {
+            assert_eq!(fstype_of(&mounts, Path::new(path)), want, "{path}");
+        }
     }
 
     /// (case, mountinfo, the cgroup v2 root found)

@@ -311,12 +311,15 @@ mod linux {
             LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Ebpf(args) => {
                 // A mistyped path never becomes right: say so now, not at every retry.
-                if let Some(cgroup) = args.cgroup_path.as_ref().filter(|p| !p.is_dir()) {
-                    anyhow::bail!(
-                        "--cgroup-path {}: no such directory (it names the cgroup v2 subtree \
-                         whose sockets are translated; default: the cgroup v2 root)",
-                        cgroup.display()
-                    );
+                if let Some(cgroup) = args.cgroup_path.as_ref() {
+                    if !cgroup.exists() {
+                        anyhow::bail!(
+                            "--cgroup-path {}: no such directory (it names the cgroup v2 \
+                             subtree whose sockets are translated; default: the cgroup v2 root)",
+                            cgroup.display()
+                        );
+                    }
+                    kpng_backend_ebpf::host::check_cgroup2_dir(cgroup)?;
                 }
                 crate::prereq::check(kind, &args.nft_binary)?
             }

@@ -441,7 +441,7 @@ fn mistakes_on_the_line_say_what_was_meant() {
 }
 
 #[test]
-fn an_ebpf_cgroup_path_that_does_not_exist_is_refused_at_start() {
+fn an_ebpf_cgroup_path_that_does_not_exist_or_is_not_cgroup_v2_is_refused_at_start() {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("c.yaml");
     std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
@@ -460,6 +460,22 @@ fn an_ebpf_cgroup_path_that_does_not_exist_is_refused_at_start() {
             "--cgroup-path {}: no such directory",
             missing.display()
         )),
+        "{stderr}"
+    );
+    // A directory that is not a cgroup v2 one (here a temporary directory) is refused too: the
+    // kernel would refuse every attach, at every retry.
+    let out = kpng()
+        .args(["file", "--input"])
+        .arg(&input)
+        .args(["to-local", "ebpf", "--cgroup-path"])
+        .arg(dir.path())
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--cgroup-path {} is on a ", dir.path().display()))
+            && stderr.contains("not a cgroup v2 hierarchy"),
         "{stderr}"
     );
 }
