@@ -413,3 +413,72 @@ fn three_nodes_follow_one_brain_through_a_restart() {
         );
     }
 }
+
+#[test]
+fn a_node_notices_a_brain_that_hangs_and_follows_it_when_it_wakes() {
+    require_root!();
+    let c = Cluster::builder("apihang").create().expect("cluster");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let socket = dir.path().join("brain.sock");
+    let web = [("pod1a", addr::POD1A_V4, "node1")];
+    write_atomically(&input, &manifest(&web));
+    let log = dir.path().join("brain.log");
+    let brain = Brain::start(&input, &socket, &log);
+    let node = start_node(&c.node1.ns, "node1", &socket);
+    let logs = || {
+        format!(
+            "{}\n--- node1:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            node.stderr_text()
+        )
+    };
+    wait_until(
+        "the node synced from the brain",
+        || count(&node, "synced backend=") >= 1,
+        logs,
+    );
+    // The brain hangs (as one whose host lost power: the connection stays open, nothing
+    // answers). The node's pings go unanswered and it says so, within the keepalive.
+    let signal = |sig: &str| {
+        let status = Command::new("kill")
+            .args([sig, &brain.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    let hung = Instant::now();
+    // Within the keepalive's interval and timeout (45 s), and some slack.
+    let deadline = hung + Duration::from_secs(60);
+    while count(&node, "brain unreachable") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the node noticed the hung brain within 60 s:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let noticed = hung.elapsed();
+    let problems = node_input(&socket, "node1")["problems"].clone();
+    assert_eq!(problems[0]["what"], "brain", "{problems}");
+    eprintln!("the node noticed the hung brain after {noticed:?}");
+    // Awake again: the node follows it, and a change made meanwhile arrives.
+    let syncs = count(&node, "synced backend=");
+    write_atomically(&input, &manifest(&[]));
+    signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&node, "synced backend=") == syncs {
+        assert!(
+            Instant::now() < deadline,
+            "the node synced the change after the brain woke:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_until(
+        "the brain problem ended",
+        || node_input(&socket, "node1")["problems"] == serde_json::json!([]),
+        logs,
+    );
+}
