@@ -140,6 +140,70 @@ fn whole_cgroup2(mounts: &[Mount]) -> Option<PathBuf> {
         .map(|m| m.point.clone())
 }
 
+/// One kpng's hold on a pin directory: an exclusive `flock` on the directory, released when
+/// the process ends (even by `kill -9`). The instance lock is per network namespace, but pins
+/// and cgroup attachments are the host's: two kpngs of one host (kind or minikube nodes, or a
+/// test's namespaces) sharing a pin directory would overwrite each other's maps in silence,
+/// and an `nftables` kpng's sweep or a `kpng cleanup` in another namespace would remove pins a
+/// running kpng uses.
+#[derive(Debug)]
+pub struct PinLock {
+    _dir: std::fs::File,
+}
+
+/// Takes the pin directory for this kpng (mounting a bpffs and creating the directory as
+/// [`ensure_bpffs`] does), or says which process holds it.
+pub fn lock_pins(pin_dir: &Path) -> Result<PinLock, Error> {
+    ensure_bpffs(pin_dir)?;
+    std::fs::create_dir_all(pin_dir)
+        .map_err(|e| Error::io(format!("creating {}", pin_dir.display()), e))?;
+    let dir = std::fs::File::open(pin_dir)
+        .map_err(|e| Error::io(format!("opening {}", pin_dir.display()), e))?;
+    match dir.try_lock() {
+        Ok(()) => Ok(PinLock { _dir: dir }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Setup(format!(
+            "another kpng{} uses the eBPF pins under {}: pins and cgroup attachments are the \
+             host's, not a network namespace's, so two kpngs of one host need their own \
+             --bpf-pin-path and --cgroup-path (or stop the other one)",
+            holder(pin_dir).map_or_else(String::new, |h| format!(" ({h})")),
+            pin_dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::io(format!("locking {}", pin_dir.display()), e))
+        }
+    }
+}
+
+/// Whether a running kpng holds `pin_dir` ([`lock_pins`]): its pins are then not leftovers.
+pub fn pins_in_use(pin_dir: &Path) -> bool {
+    std::fs::File::open(pin_dir)
+        .is_ok_and(|dir| matches!(dir.try_lock(), Err(std::fs::TryLockError::WouldBlock)))
+}
+
+/// Who holds the lock on `pin_dir`, from `/proc/locks`: "pid N, network namespace net:[…]".
+pub fn holder(pin_dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(pin_dir).ok()?.ino();
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid = lock_holder(&locks, inode)?;
+    let netns = std::fs::read_link(format!("/proc/{pid}/ns/net"))
+        .map(|n| format!(", network namespace {}", n.display()))
+        .unwrap_or_default();
+    Some(format!("pid {pid}{netns}"))
+}
+
+/// The pid holding a `flock` on `inode` in `/proc/locks` text (`1: FLOCK  ADVISORY  WRITE
+/// PID MAJ:MIN:INODE 0 EOF`).
+fn lock_holder(locks: &str, inode: u64) -> Option<u32> {
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let at = fields.iter().position(|f| *f == "FLOCK")?;
+        let pid = fields.get(at + 3)?.parse().ok()?;
+        let ino: u64 = fields.get(at + 4)?.rsplit(':').next()?.parse().ok()?;
+        (ino == inode).then_some(pid)
+    })
+}
+
 /// Where the pins go must be on a bpffs. When no bpffs holds `pin_dir` and it is under the
 /// conventional `/sys/fs/bpf`, one is mounted there (`mount -t bpf bpf /sys/fs/bpf`, as
 /// systemd does on most distributions).
@@ -202,6 +266,16 @@ mod tests {
         assert_eq!(m[1].fstype, "cgroup2");
         assert_eq!(m[2].fstype, "bpf");
         assert_eq!(m[3].point, PathBuf::from("/run/with space"));
+    }
+
+    #[test]
+    fn the_holder_of_a_lock_is_read_from_proc_locks() {
+        let locks = "1: POSIX  ADVISORY  WRITE 900 00:19:1234 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 12746 00:2f:39274263 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 5 00:2f:1 0 EOF\n";
+        assert_eq!(lock_holder(locks, 39274263), Some(12746));
+        assert_eq!(lock_holder(locks, 1234), None, "a POSIX lock is not kpng's");
+        assert_eq!(lock_holder(locks, 7), None);
     }
 
     /// (path, the type of the file system it is on)

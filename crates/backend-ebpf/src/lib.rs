@@ -119,9 +119,17 @@ pub struct EbpfBackend {
     ids: Ids,
     node_port_ips: HashMap<Family, Vec<IpAddr>>,
     map_memory: MetricFamily<MapLabel, Gauge>,
+    /// This kpng's hold on the pin directory, for as long as the backend lives.
+    pin_lock: Option<host::PinLock>,
 }
 
 impl EbpfBackend {
+    /// The backend, holding the pin directory ([`host::lock_pins`]) while it lives.
+    pub fn holding(mut self, lock: host::PinLock) -> EbpfBackend {
+        self.pin_lock = Some(lock);
+        self
+    }
+
     /// A backend that loads its programs at the first sync.
     pub fn new(config: EbpfConfig) -> EbpfBackend {
         EbpfBackend {
@@ -131,6 +139,7 @@ impl EbpfBackend {
             ids: Ids::default(),
             node_port_ips: HashMap::new(),
             map_memory: MetricFamily::default(),
+            pin_lock: None,
         }
     }
 

@@ -518,7 +518,10 @@ mod linux {
         if args.dry_run {
             return Ok((Box::new(rules), committed));
         }
-        let both = crate::beside::Beside::new(Box::new(rules), Box::new(EbpfBackend::new(socket)));
+        // Refused at start when another kpng of this host uses the same pins.
+        let lock = kpng_backend_ebpf::host::lock_pins(&args.bpf_pin_path)?;
+        let sockets = EbpfBackend::new(socket).holding(lock);
+        let both = crate::beside::Beside::new(Box::new(rules), Box::new(sockets));
         Ok((Box::new(both), committed))
     }
 

@@ -546,7 +546,7 @@ pub struct TraceArgs {
 }
 
 /// `kpng cleanup`.
-#[derive(Debug, Args, Default)]
+#[derive(Debug, Args)]
 pub struct CleanupArgs {
     /// Remove only what kpng alone installs (its `kpng` and `kpng-userspace` nftables tables,
     /// the eBPF backend's pins), never kube-proxy's rules: for going back to a kube-proxy that
@@ -557,6 +557,10 @@ pub struct CleanupArgs {
     /// Print what would be removed, remove nothing (`kpng --cleanup --dry-run` says the same).
     #[arg(long)]
     pub dry_run: bool,
+    /// The eBPF backend's pin directory to remove, as `to-local ebpf --bpf-pin-path` had it
+    /// (pins a running kpng holds are kept).
+    #[arg(long, env = "KPNG_BPF_PIN_PATH", default_value = crate::leftovers::DEFAULT_EBPF_PINS)]
+    pub bpf_pin_path: std::path::PathBuf,
 }
 
 /// `kpng version`.
@@ -870,7 +874,7 @@ pub struct EbpfArgs {
     /// Where maps and links are pinned (on a BPF file system; `/sys/fs/bpf` is mounted when
     /// missing). The next kpng adopts them; `kpng cleanup` removes them (it reads the same
     /// environment variable).
-    #[arg(long, env = "KPNG_BPF_PIN_PATH", default_value = "/sys/fs/bpf/kpng")]
+    #[arg(long, env = "KPNG_BPF_PIN_PATH", default_value = crate::leftovers::DEFAULT_EBPF_PINS)]
     pub bpf_pin_path: std::path::PathBuf,
     /// The `nft` binary (the nftables ruleset for traffic from outside the node).
     #[arg(long, default_value = "nft")]

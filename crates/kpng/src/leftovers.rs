@@ -9,6 +9,8 @@
 //! backend keeps its variant's and removes the other's. kubelet's chains (`KUBE-FIREWALL`,
 //! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`, `KUBE-MARK-DROP`) are never touched.
 
+use std::path::{Path, PathBuf};
+
 #[cfg(target_os = "linux")]
 use crate::backends::BackendKind;
 
@@ -87,16 +89,35 @@ impl Leftover {
     }
 
     /// Whether any of it is on the node. Errors (a tool missing, no permission) count as
-    /// "nothing there": whatever cannot be read cannot be removed either.
-    pub fn present(self) -> bool {
-        imp::present(self)
+    /// "nothing there": whatever cannot be read cannot be removed either. `ebpf_pins` is the
+    /// eBPF backend's pin directory (`--bpf-pin-path`).
+    pub fn present(self, ebpf_pins: &Path) -> bool {
+        imp::present(self, ebpf_pins)
+    }
+
+    /// Who uses it right now, when a running kpng of this host does: then it is not a
+    /// leftover (the eBPF pins, which are the host's, of a kpng in another network namespace).
+    pub fn in_use(self, ebpf_pins: &Path) -> Option<String> {
+        imp::in_use(self, ebpf_pins)
     }
 
     /// Removes it.
-    pub fn remove(self) -> anyhow::Result<()> {
-        imp::remove(self)
+    pub fn remove(self, ebpf_pins: &Path) -> anyhow::Result<()> {
+        imp::remove(self, ebpf_pins)
     }
 }
+
+/// The eBPF backend's pin directory when no `--bpf-pin-path` is given: `$KPNG_BPF_PIN_PATH`
+/// (what `--bpf-pin-path` also reads), else the default.
+pub fn default_ebpf_pins() -> PathBuf {
+    std::env::var_os("KPNG_BPF_PIN_PATH")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_EBPF_PINS), PathBuf::from)
+}
+
+/// `--bpf-pin-path`'s default (the eBPF backend's `DEFAULT_PIN_DIR`, which Windows builds do
+/// not link).
+pub const DEFAULT_EBPF_PINS: &str = "/sys/fs/bpf/kpng";
 
 /// Whether `table` (`nat`, `filter`, …) of one iptables variant and family exists, found
 /// without touching iptables (reading a legacy table creates it, and its hooks with it).
@@ -125,13 +146,17 @@ pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover
 /// warning, never fatal. Called once the running backend's rules are in place, so that
 /// traffic keeps flowing through whichever rules match first meanwhile, and established
 /// connections keep their conntrack entries.
-pub fn sweep(own: &[Leftover]) {
+pub fn sweep(own: &[Leftover], ebpf_pins: &Path) {
     for leftover in Leftover::ALL.into_iter().filter(|l| !own.contains(l)) {
-        if !leftover.present() {
+        if !leftover.present(ebpf_pins) {
             tracing::debug!("no {}", leftover.describe());
             continue;
         }
-        match leftover.remove() {
+        if let Some(user) = leftover.in_use(ebpf_pins) {
+            tracing::info!("kept {}: in use by {user}", leftover.describe());
+            continue;
+        }
+        match leftover.remove(ebpf_pins) {
             Ok(()) => tracing::info!("removed {}", leftover.describe()),
             Err(e) => tracing::warn!("could not remove {}: {e:#}", leftover.describe()),
         }
@@ -163,14 +188,21 @@ impl Leftover {
 /// `kpng cleanup`, `kpng --cleanup`: removes every leftover in `scope` and prints what it
 /// removed; with `dry_run`, prints what it would remove and removes nothing.
 #[cfg_attr(windows, allow(dead_code))]
-pub fn cleanup_all(scope: Scope, dry_run: bool) -> anyhow::Result<()> {
+pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf_pins: &Path) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     let mut removed = 0;
     for leftover in Leftover::ALL {
         if scope == Scope::KpngOnly && !leftover.is_kpngs_own() {
             continue;
         }
-        if !leftover.present() {
+        if !leftover.present(ebpf_pins) {
+            continue;
+        }
+        if let Some(user) = leftover.in_use(ebpf_pins) {
+            failed.push(format!(
+                "{}: in use by {user}; stop that kpng first",
+                leftover.describe()
+            ));
             continue;
         }
         if dry_run {
@@ -178,7 +210,7 @@ pub fn cleanup_all(scope: Scope, dry_run: bool) -> anyhow::Result<()> {
             println!("kpng: would remove {}", leftover.describe());
             continue;
         }
-        match leftover.remove() {
+        match leftover.remove(ebpf_pins) {
             Ok(()) => {
                 removed += 1;
                 println!("kpng: removed {}", leftover.describe());
@@ -288,6 +320,7 @@ mod imp {
     use kpng_model::Family;
 
     use super::{Leftover, Variant, removal_script};
+    use std::path::Path;
 
     /// The tables an iptables proxy uses.
     const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
@@ -375,24 +408,25 @@ mod imp {
         std::path::Path::new("/sys/class/net/kube-ipvs0").exists()
     }
 
-    /// The eBPF backend's pin directory: `$KPNG_BPF_PIN_PATH` (what `--bpf-pin-path` also
-    /// reads), else the default.
-    fn ebpf_pins() -> std::path::PathBuf {
-        std::env::var_os("KPNG_BPF_PIN_PATH")
-            .filter(|v| !v.is_empty())
-            .map_or_else(
-                || std::path::PathBuf::from(kpng_backend_ebpf::DEFAULT_PIN_DIR),
-                std::path::PathBuf::from,
-            )
+    pub(super) fn in_use(leftover: Leftover, ebpf_pins: &Path) -> Option<String> {
+        match leftover {
+            Leftover::KpngEbpf if kpng_backend_ebpf::host::pins_in_use(ebpf_pins) => {
+                Some(kpng_backend_ebpf::host::holder(ebpf_pins).map_or_else(
+                    || "a running kpng".into(),
+                    |h| format!("a running kpng ({h})"),
+                ))
+            }
+            _ => None,
+        }
     }
 
-    pub(super) fn present(leftover: Leftover) -> bool {
+    pub(super) fn present(leftover: Leftover, ebpf_pins: &Path) -> bool {
         match leftover {
             Leftover::KpngNft => has_table("kpng", &["ip", "ip6"]),
             Leftover::KpngUserspace => {
                 has_table(kpng_backend_userspace::capture::nft::TABLE, &["ip", "ip6"])
             }
-            Leftover::KpngEbpf => ebpf_pins().exists(),
+            Leftover::KpngEbpf => ebpf_pins.exists(),
             Leftover::KubeProxyNft => has_table("kube-proxy", &["ip", "ip6"]),
             Leftover::IptablesChains(v) => Family::ALL
                 .iter()
@@ -401,7 +435,7 @@ mod imp {
         }
     }
 
-    pub(super) fn remove(leftover: Leftover) -> anyhow::Result<()> {
+    pub(super) fn remove(leftover: Leftover, ebpf_pins: &Path) -> anyhow::Result<()> {
         match leftover {
             Leftover::KpngNft => {
                 NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()))
@@ -412,7 +446,7 @@ mod imp {
                 .cleanup()
                 .context("removing the userspace proxy's nftables tables")?,
             Leftover::KpngEbpf => {
-                kpng_backend_ebpf::kernel::remove_pins(&ebpf_pins())
+                kpng_backend_ebpf::kernel::remove_pins(ebpf_pins)
                     .context("removing the eBPF backend's pins")?;
             }
             Leftover::KubeProxyNft => {
@@ -451,12 +485,17 @@ mod imp {
 #[cfg(not(target_os = "linux"))]
 mod imp {
     use super::Leftover;
+    use std::path::Path;
 
-    pub(super) fn present(_leftover: Leftover) -> bool {
+    pub(super) fn present(_leftover: Leftover, _ebpf_pins: &Path) -> bool {
         false
     }
 
-    pub(super) fn remove(_leftover: Leftover) -> anyhow::Result<()> {
+    pub(super) fn in_use(_leftover: Leftover, _ebpf_pins: &Path) -> Option<String> {
+        None
+    }
+
+    pub(super) fn remove(_leftover: Leftover, _ebpf_pins: &Path) -> anyhow::Result<()> {
         Ok(())
     }
 }

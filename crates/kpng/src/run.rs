@@ -64,7 +64,7 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
         } else {
             crate::leftovers::Scope::Everything
         };
-        crate::leftovers::cleanup_all(scope, dry_run)?;
+        crate::leftovers::cleanup_all(scope, dry_run, &args.bpf_pin_path)?;
         #[cfg(target_os = "linux")]
         remove_conntrack_memory(dry_run)?;
         Ok(())
@@ -119,7 +119,13 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     let flags = cli.global;
     // kube-proxy's --cleanup and --init-only stop before anything runs, whatever follows.
     if flags.cleanup {
-        return cleanup(&flags, &CleanupArgs::default(), cli.dry_run);
+        // kube-proxy's line has no eBPF flags: the pins of `$KPNG_BPF_PIN_PATH` or the default.
+        let args = CleanupArgs {
+            kpng_only: false,
+            dry_run: cli.dry_run,
+            bpf_pin_path: crate::leftovers::default_ebpf_pins(),
+        };
+        return cleanup(&flags, &args, cli.dry_run);
     }
     let command = match cli.command {
         Some(command) => command,
@@ -713,8 +719,10 @@ where
                 let ok = reports.borrow_and_update().as_ref().is_some_and(|r| r.ok);
                 if ok {
                     let own = own.clone();
-                    let _ =
-                        tokio::task::spawn_blocking(move || crate::leftovers::sweep(&own)).await;
+                    let _ = tokio::task::spawn_blocking(move || {
+                        crate::leftovers::sweep(&own, &crate::leftovers::default_ebpf_pins())
+                    })
+                    .await;
                     return;
                 }
             }

@@ -243,6 +243,61 @@ fn a_restart_adopts_the_pinned_programs_and_maps() {
 }
 
 #[test]
+fn a_second_kpng_of_the_host_with_the_same_pins_is_refused() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("pinlock")).expect("cluster");
+    let _k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    let (cgroup, pins) = ebpf_scope(&c.node1.ns);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &input,
+        manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+    )
+    .expect("write");
+    // node2's kpng, given node1's pins (a copied DaemonSet on a host with two nodes). It must
+    // stop at once; `timeout` ends one that runs (the regression) so that the test fails.
+    let out = c
+        .node2
+        .ns
+        .command([
+            "timeout",
+            "20",
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+        ])
+        .arg(&input)
+        .args([
+            "--node-name",
+            "node2",
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+            "--admin-socket=",
+            "to-local",
+            "ebpf",
+            "--bpf-pin-path",
+        ])
+        .arg(&pins)
+        .arg("--cgroup-path")
+        .arg(&cgroup)
+        .output()
+        .expect("kpng");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("another kpng (pid ") && said.contains("uses the eBPF pins under"),
+        "{said}"
+    );
+    assert_eq!(attached(&c).len(), 9, "node1's programs only: {said}");
+}
+
+#[test]
 fn cleanup_removes_the_pins_and_detaches_the_programs() {
     require_root!();
     let c = Cluster::create(&B.prefix("clean")).expect("cluster");
@@ -254,17 +309,34 @@ fn cleanup_removes_the_pins_and_detaches_the_programs() {
     );
     let pins = ebpf_pins(&c.node1.ns);
     assert!(pins.join("v2/kpng_frontends").exists(), "maps pinned");
+    // Pins are the host's: while node1's kpng runs, a cleanup in another network namespace
+    // (node2's: its own instance check sees no kpng) keeps them, and says who uses them.
+    let out = c
+        .node2
+        .ns
+        .command([env!("CARGO_BIN_EXE_kpng"), "cleanup", "--bpf-pin-path"])
+        .arg(&pins)
+        .output()
+        .expect("kpng cleanup");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("in use by a running kpng (pid ") && said.contains("stop that kpng first"),
+        "{said}"
+    );
+    assert!(pins.join("v2/kpng_frontends").exists(), "maps kept: {said}");
     k.stop();
     assert_eq!(
         attached(&c).len(),
         9,
         "the programs stay attached after kpng left"
     );
+    // `--bpf-pin-path`, as `to-local ebpf` had it (not only `$KPNG_BPF_PIN_PATH`).
     let out = c
         .node1
         .ns
-        .command([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
-        .env("KPNG_BPF_PIN_PATH", &pins)
+        .command([env!("CARGO_BIN_EXE_kpng"), "cleanup", "--bpf-pin-path"])
+        .arg(&pins)
         .output()
         .expect("kpng cleanup");
     let said = format!(
