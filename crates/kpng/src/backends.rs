@@ -15,6 +15,43 @@ use kpng_runner::runner::HealthCheckAddresses;
 
 use crate::cli::{DetectLocalMode, GlobalFlags, LocalBackend};
 
+/// The system whose kube-proxy defaults apply. kube-proxy's `platformApplyDefaults` makes an
+/// empty mode `iptables` on Linux and `kernelspace` on Windows, so a kpng.exe given kube-proxy's
+/// Windows command line (no `--proxy-mode`) must run the HNS backend, not iptables. A value,
+/// not `cfg!` at each use, so that both systems' behaviour is tested on either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    /// Linux, and every system that is not Windows: kube-proxy's Linux defaults.
+    Linux,
+    /// Windows: kube-proxy's Windows defaults (kernelspace).
+    Windows,
+}
+
+impl Platform {
+    /// The system this binary was built for.
+    pub const HOST: Platform = if cfg!(windows) {
+        Platform::Windows
+    } else {
+        Platform::Linux
+    };
+
+    /// The backend of an empty (or absent) mode on this system, as kube-proxy's default.
+    pub fn default_backend(self) -> BackendKind {
+        match self {
+            Platform::Linux => BackendKind::Iptables,
+            Platform::Windows => BackendKind::Hns,
+        }
+    }
+
+    /// How messages name that default: "kube-proxy's Linux default" / "… Windows default".
+    pub fn default_name(self) -> &'static str {
+        match self {
+            Platform::Linux => "kube-proxy's Linux default",
+            Platform::Windows => "kube-proxy's Windows default",
+        }
+    }
+}
+
 /// A backend that programs this node (`to-local <kind>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -63,13 +100,22 @@ impl BackendKind {
     }
 
     /// The backend a kube-proxy `mode` (`--proxy-mode`, the configuration file's `mode`) asks
-    /// for, so that kube-proxy's own command line and configuration choose kpng's backend:
-    /// `""` (kube-proxy's Linux default) and `iptables` → iptables, `nftables` → nftables.
-    /// kube-proxy's other modes are errors that say what to use instead; `userspace` (removed
-    /// from kube-proxy in 1.26) is kpng's proxy.
+    /// for on this system ([`Platform::HOST`]); see [`BackendKind::from_mode_on`].
     pub fn from_mode(mode: &str) -> Result<BackendKind, String> {
+        BackendKind::from_mode_on(mode, Platform::HOST)
+    }
+
+    /// The backend a kube-proxy `mode` asks for on `platform`, so that kube-proxy's own command
+    /// line and configuration choose kpng's backend: `""` is kube-proxy's default of that
+    /// system (its `platformApplyDefaults`: iptables on Linux, kernelspace on Windows),
+    /// `iptables` → iptables, `nftables` → nftables, `kernelspace` → the HNS backend.
+    /// kube-proxy's other modes are errors that say what to use instead; `userspace` (removed
+    /// from kube-proxy in 1.26) is kpng's proxy. The platform is a parameter so that both
+    /// systems' defaults are tested on either.
+    pub fn from_mode_on(mode: &str, platform: Platform) -> Result<BackendKind, String> {
         match mode {
-            "" | "iptables" => Ok(BackendKind::Iptables),
+            "" => Ok(platform.default_backend()),
+            "iptables" => Ok(BackendKind::Iptables),
             "nftables" => Ok(BackendKind::Nft),
             "userspace" => Ok(BackendKind::Userspace),
             "ebpf" => Ok(BackendKind::Ebpf),
@@ -83,9 +129,17 @@ impl BackendKind {
             "kernelspace" => Ok(BackendKind::Hns),
             other => {
                 let ours: Vec<&str> = BackendKind::ALL.iter().map(|k| k.mode()).collect();
+                let theirs = match platform {
+                    Platform::Linux => {
+                        "kube-proxy's Linux modes are \"iptables\" (the default, also \"\"), \
+                         \"nftables\" and \"ipvs\""
+                    }
+                    Platform::Windows => {
+                        "kube-proxy's Windows mode is \"kernelspace\" (the default, also \"\")"
+                    }
+                };
                 Err(format!(
-                    "unknown proxy mode {other:?}: kube-proxy's Linux modes are \"iptables\" \
-                     (the default, also \"\"), \"nftables\" and \"ipvs\"; kpng runs {}",
+                    "unknown proxy mode {other:?}: {theirs}; kpng runs {}",
                     ours.join(", ")
                 ))
             }
@@ -689,5 +743,50 @@ pub(crate) mod hns {
              not have; run it on a Windows node, or against the simulator with \
              --hcn-simulator FILE"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BackendKind, Platform};
+
+    #[test]
+    fn an_empty_mode_is_kube_proxys_default_of_the_platform() {
+        // kube-proxy's platformApplyDefaults: iptables on Linux, kernelspace on Windows.
+        assert_eq!(
+            BackendKind::from_mode_on("", Platform::Linux),
+            Ok(BackendKind::Iptables)
+        );
+        assert_eq!(
+            BackendKind::from_mode_on("", Platform::Windows),
+            Ok(BackendKind::Hns)
+        );
+        assert_eq!(Platform::Windows.default_backend(), BackendKind::Hns);
+        assert_eq!(Platform::Linux.default_backend(), BackendKind::Iptables);
+        // A named mode means the same everywhere.
+        for platform in [Platform::Linux, Platform::Windows] {
+            assert_eq!(
+                BackendKind::from_mode_on("iptables", platform),
+                Ok(BackendKind::Iptables)
+            );
+            assert_eq!(
+                BackendKind::from_mode_on("kernelspace", platform),
+                Ok(BackendKind::Hns)
+            );
+        }
+        let unknown = BackendKind::from_mode_on("winkernl", Platform::Windows)
+            .expect_err("a typo is an error");
+        assert!(
+            unknown.contains("Windows mode is \"kernelspace\" (the default"),
+            "{unknown}"
+        );
+        assert_eq!(
+            Platform::HOST,
+            if cfg!(windows) {
+                Platform::Windows
+            } else {
+                Platform::Linux
+            }
+        );
     }
 }
