@@ -388,8 +388,18 @@ pub struct GlobalFlags {
     pub iptables_localhost_nodeports: bool,
 
     /// Windows (`to-local hns`): direct server return for ClusterIPs and for
-    /// externalTrafficPolicy Local frontends (kube-proxy's `winkernel.enableDSR`).
-    #[arg(long, global = true, help_heading = "Windows")]
+    /// externalTrafficPolicy Local frontends (kube-proxy's `winkernel.enableDSR`);
+    /// `--enable-dsr=true|false` as kube-proxy's (Calico's start.ps1 writes `=true`).
+    #[arg(
+        long,
+        global = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true",
+        help_heading = "Windows"
+    )]
     pub enable_dsr: bool,
     /// Windows (`to-local hns`): the source address of load-balanced traffic on an overlay
     /// network, an address the CNI reserved on this node (`winkernel.sourceVip`); one per
@@ -1322,6 +1332,45 @@ mod tests {
         assert!(!cli.global.cleanup && !cli.global.init_only);
         let cli = Cli::try_parse_from(["kpng", "--cleanup", "--init-only=false"]).expect("parses");
         assert!(cli.global.cleanup && !cli.global.init_only);
+    }
+
+    #[test]
+    fn kube_proxys_boolean_flags_take_true_and_false() {
+        // pflag booleans: `--flag`, `--flag=true`, `--flag=false` (Calico's start.ps1 writes
+        // `--enable-dsr=true`).
+        for flag in [
+            "enable-dsr",
+            "forward-healthcheck-vip",
+            "windows-service",
+            "cleanup",
+            "init-only",
+            "masquerade-all",
+            "conntrack-tcp-be-liberal",
+            "iptables-localhost-nodeports",
+        ] {
+            for (line, want) in [
+                (format!("--{flag}=true"), true),
+                (format!("--{flag}=false"), false),
+                (format!("--{flag}"), true),
+            ] {
+                let matches = <Cli as clap::CommandFactory>::command()
+                    .try_get_matches_from(["kpng", line.as_str()])
+                    .unwrap_or_else(|e| panic!("{line}: {e}"));
+                let id = flag.replace('-', "_");
+                assert_eq!(matches.get_one::<bool>(&id), Some(&want), "{line}");
+            }
+        }
+        let cli = Cli::try_parse_from(["kpng", "--enable-dsr=true"]).expect("parses");
+        assert!(cli.global.enable_dsr);
+        // Every boolean flag of the root takes a value: one that is a bare switch (SetTrue)
+        // refuses `=true`. Only kpng's own --dry-run is a switch.
+        let root = <Cli as clap::CommandFactory>::command();
+        let switches: Vec<&str> = root
+            .get_arguments()
+            .filter(|a| matches!(a.get_action(), clap::ArgAction::SetTrue))
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert_eq!(switches, ["dry_run"]);
     }
 
     #[test]
