@@ -22,14 +22,23 @@ use crate::backends::BackendKind;
 #[derive(Debug, Parser)]
 #[command(
     name = "kpng",
-    version,
+    // Both carry the Kubernetes API version as kube-proxy's `Kubernetes v1.x.y` does: tools that
+    // run `kube-proxy --version` (Calico's start.ps1) match `v([0-9])\.([0-9]+)` in it.
+    version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        ", Kubernetes v",
+        kpng_k8s::kubernetes_schema!(),
+        " API"
+    ),
     long_version = concat!(
         env!("CARGO_PKG_VERSION"),
         " (git ",
         env!("KPNG_GIT_COMMIT"),
         ", built ",
         env!("KPNG_BUILD_DATE"),
-        ")"
+        "), Kubernetes v",
+        kpng_k8s::kubernetes_schema!(),
+        " API"
     ),
     propagate_version = true,
     max_term_width = 100,
