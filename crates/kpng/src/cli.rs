@@ -18,7 +18,8 @@ use crate::backends::BackendKind;
 ///
 /// A source turns cluster state (Services, EndpointSlices, Nodes) into a small node-local model;
 /// a sink consumes it. Without a subcommand kpng runs as kube-proxy does: the `kube` source and
-/// the backend of --proxy-mode or the --config file's `mode` (iptables by default).
+/// the backend of --proxy-mode or the --config file's `mode` (by default kube-proxy's: iptables
+/// on Linux, kernelspace on Windows).
 #[derive(Debug, Parser)]
 #[command(
     name = "kpng",
@@ -203,9 +204,10 @@ pub struct GlobalFlags {
     #[arg(long, global = true, value_name = "FILE", help_heading = "Output")]
     pub write_config_to: Option<String>,
 
-    /// The backend, by kube-proxy's mode name: iptables (kube-proxy's default, also ""),
-    /// nftables, or kpng's userspace. Without a subcommand it chooses the backend; with
-    /// `to-local` it must agree. Default: the --config file's `mode`.
+    /// The backend, by kube-proxy's mode name: iptables, nftables, kernelspace (Windows' HNS;
+    /// also winkernel), or kpng's userspace and ebpf; "" is kube-proxy's default of the system
+    /// (iptables on Linux, kernelspace on Windows). Without a subcommand it chooses the
+    /// backend; with `to-local` it must agree. Default: the --config file's `mode`.
     #[arg(id = "proxy_mode", long = "proxy-mode", global = true, value_name = "MODE", value_parser = parse_proxy_mode, help_heading = "Backend")]
     pub proxy_mode_arg: Option<ProxyModeArg>,
 
@@ -440,7 +442,7 @@ pub struct GlobalFlags {
     pub root_hnsendpoint_name: String,
     /// Windows: the process priority class, set at start (kubernetes#96935). Accepted on other
     /// systems with a warning.
-    #[arg(long, global = true, value_enum, help_heading = "Windows")]
+    #[arg(long, global = true, value_enum, ignore_case = true, help_heading = "Windows")]
     pub windows_priority_class: Option<WindowsPriorityClass>,
     /// Windows: run as a Windows service under the Service Control Manager (install with
     /// `sc.exe create`; `windowsRunAsService`): its Stop control stops kpng. Accepted on other
@@ -789,26 +791,28 @@ pub enum NftExecMode {
     Command,
 }
 
-/// `--windows-priority-class`: Windows' process priority classes (`SetPriorityClass`).
+/// `--windows-priority-class`: Windows' process priority classes (`SetPriorityClass`), in any
+/// case and with or without `_PRIORITY_CLASS` (`above_normal`, `ABOVE_NORMAL_PRIORITY_CLASS`),
+/// as `set_priority_class` in kpng-backend-hns documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WindowsPriorityClass {
     /// IDLE_PRIORITY_CLASS.
-    #[value(name = "IDLE")]
+    #[value(name = "IDLE", alias = "IDLE_PRIORITY_CLASS")]
     Idle,
     /// BELOW_NORMAL_PRIORITY_CLASS.
-    #[value(name = "BELOW_NORMAL")]
+    #[value(name = "BELOW_NORMAL", alias = "BELOW_NORMAL_PRIORITY_CLASS")]
     BelowNormal,
     /// NORMAL_PRIORITY_CLASS.
-    #[value(name = "NORMAL")]
+    #[value(name = "NORMAL", alias = "NORMAL_PRIORITY_CLASS")]
     Normal,
     /// ABOVE_NORMAL_PRIORITY_CLASS.
-    #[value(name = "ABOVE_NORMAL")]
+    #[value(name = "ABOVE_NORMAL", alias = "ABOVE_NORMAL_PRIORITY_CLASS")]
     AboveNormal,
     /// HIGH_PRIORITY_CLASS.
-    #[value(name = "HIGH")]
+    #[value(name = "HIGH", alias = "HIGH_PRIORITY_CLASS")]
     High,
     /// REALTIME_PRIORITY_CLASS.
-    #[value(name = "REALTIME")]
+    #[value(name = "REALTIME", alias = "REALTIME_PRIORITY_CLASS")]
     Realtime,
 }
 
@@ -1117,16 +1121,29 @@ pub enum ProxyModeArg {
 }
 
 /// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]), and kpng's backend
-/// words (`nft`) too. A typo stays an error here, as in kube-proxy's validation.
+/// words (`nft`) and their `to-local` aliases (`winkernel`) too, so that every name `to-local`
+/// takes works here. A typo stays an error here, as in kube-proxy's validation.
 fn parse_proxy_mode(s: &str) -> Result<ProxyModeArg, String> {
     match BackendKind::from_mode(s) {
         Ok(kind) => Ok(ProxyModeArg::Runs(kind)),
-        Err(e) => match BackendKind::ALL.into_iter().find(|k| k.word() == s) {
+        Err(e) => match backend_word(s) {
             Some(kind) => Ok(ProxyModeArg::Runs(kind)),
             None if s == "ipvs" => Ok(ProxyModeArg::Refused(e)),
             None => Err(e),
         },
     }
+}
+
+/// The backend `to-local WORD` names: its word or one of its aliases (`hns`, `winkernel`).
+fn backend_word(word: &str) -> Option<BackendKind> {
+    let to_local =
+        <LocalBackend as clap::Subcommand>::augment_subcommands(clap::Command::new("to-local"));
+    let sub = to_local
+        .get_subcommands()
+        .find(|c| c.get_name() == word || c.get_all_aliases().any(|a| a == word))?;
+    BackendKind::ALL
+        .into_iter()
+        .find(|k| k.word() == sub.get_name())
 }
 
 impl LocalBackend {
@@ -1385,8 +1402,12 @@ mod tests {
     #[test]
     fn proxy_mode_takes_mode_names_and_backend_words() {
         // (mode, the backend it runs, whether it parses at all)
-        let cases: [(&str, Option<BackendKind>, bool); 7] = [
-            ("", Some(BackendKind::Iptables), true),
+        let cases: [(&str, Option<BackendKind>, bool); 11] = [
+            ("", Some(crate::backends::Platform::HOST.default_backend()), true),
+            ("kernelspace", Some(BackendKind::Hns), true),
+            ("winkernel", Some(BackendKind::Hns), true),
+            ("hns", Some(BackendKind::Hns), true),
+            ("ebpf", Some(BackendKind::Ebpf), true),
             ("iptables", Some(BackendKind::Iptables), true),
             ("nftables", Some(BackendKind::Nft), true),
             ("nft", Some(BackendKind::Nft), true),
@@ -1403,6 +1424,31 @@ mod tests {
             };
             assert_eq!(kind, runs, "{mode:?}");
         }
+    }
+
+    #[test]
+    fn windows_priority_classes_take_windows_spellings() {
+        for spelling in [
+            "ABOVE_NORMAL",
+            "above_normal",
+            "ABOVE_NORMAL_PRIORITY_CLASS",
+            "Above_Normal_Priority_Class",
+        ] {
+            let cli = Cli::try_parse_from(["kpng", "--windows-priority-class", spelling])
+                .unwrap_or_else(|e| panic!("{spelling}: {e}"));
+            assert_eq!(
+                cli.global.windows_priority_class,
+                Some(WindowsPriorityClass::AboveNormal),
+                "{spelling}"
+            );
+        }
+        let cli = Cli::try_parse_from(["kpng", "--windows-priority-class=idle_priority_class"])
+            .expect("parses");
+        assert_eq!(
+            cli.global.windows_priority_class,
+            Some(WindowsPriorityClass::Idle)
+        );
+        assert!(Cli::try_parse_from(["kpng", "--windows-priority-class", "LOUD"]).is_err());
     }
 
     #[test]

@@ -842,3 +842,36 @@ fn version_lines_carry_the_kubernetes_version_as_kube_proxys_does() {
     let long = String::from_utf8_lossy(&long.stdout);
     assert!(long.contains("(git ") && long.contains(", built "), "{long}");
 }
+
+#[test]
+fn help_names_every_mode_and_each_systems_default() {
+    let out = kpng().arg("--help").output().expect("run kpng");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    // Help wraps lines: compare with single spaces.
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("iptables on Linux, kernelspace on Windows"),
+        "{help}"
+    );
+    let proxy_mode = flat
+        .split("--proxy-mode <MODE>")
+        .nth(1)
+        .and_then(|rest| rest.split(" --").next())
+        .unwrap_or_else(|| panic!("--proxy-mode in:\n{help}"));
+    for mode in ["iptables", "nftables", "kernelspace", "winkernel", "userspace", "ebpf"] {
+        assert!(proxy_mode.contains(mode), "{mode} in: {proxy_mode}");
+    }
+    // `to-local winkernel` is an alias of the HNS backend: --proxy-mode takes it too.
+    let out = kpng()
+        .args(["--proxy-mode=winkernel", "--write-config-to", "-"])
+        .output()
+        .expect("run kpng");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.lines().any(|l| l == "mode: kernelspace"), "{stdout}");
+}
