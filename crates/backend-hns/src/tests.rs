@@ -1158,3 +1158,103 @@ fn on_overlay_every_cluster_ip_gets_a_remote_endpoint_while_it_is_used() {
         "and so does its VIP endpoint"
     );
 }
+
+/// An HCN that records the JSON of every create request kpng sends, then asks the simulator.
+struct Recording {
+    inner: Simulator,
+    sent: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl Recording {
+    fn record(&self, request: &impl serde::Serialize) {
+        let json = serde_json::to_value(request).expect("serializes");
+        if let Ok(mut sent) = self.sent.lock() {
+            sent.push(json);
+        }
+    }
+}
+
+impl Hcn for Recording {
+    fn enumerate_networks(&mut self) -> Result<Vec<Network>, crate::hcn::HcnError> {
+        self.inner.enumerate_networks()
+    }
+    fn enumerate_endpoints(&mut self) -> Result<Vec<HcnEndpoint>, crate::hcn::HcnError> {
+        self.inner.enumerate_endpoints()
+    }
+    fn enumerate_load_balancers(
+        &mut self,
+    ) -> Result<Vec<crate::schema::LoadBalancer>, crate::hcn::HcnError> {
+        self.inner.enumerate_load_balancers()
+    }
+    fn create_endpoint(
+        &mut self,
+        endpoint: &HcnEndpoint,
+    ) -> Result<HcnEndpoint, crate::hcn::HcnError> {
+        self.record(endpoint);
+        self.inner.create_endpoint(endpoint)
+    }
+    fn delete_endpoint(&mut self, id: &str) -> Result<(), crate::hcn::HcnError> {
+        self.inner.delete_endpoint(id)
+    }
+    fn create_load_balancer(
+        &mut self,
+        lb: &crate::schema::LoadBalancer,
+    ) -> Result<crate::schema::LoadBalancer, crate::hcn::HcnError> {
+        self.record(lb);
+        self.inner.create_load_balancer(lb)
+    }
+    fn delete_load_balancer(&mut self, id: &str) -> Result<(), crate::hcn::HcnError> {
+        self.inner.delete_load_balancer(id)
+    }
+}
+
+#[test]
+fn create_requests_omit_an_empty_id_and_a_node_ports_empty_frontend_vips() {
+    // hcsshim writes `json:"ID,omitempty"` and `FrontendVIPs json:",omitempty"`: HCN picks the
+    // GUID, and a node port's load balancer has no frontend VIP field at all.
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recording = Recording {
+        inner: hcn("L2Bridge"),
+        sent: sent.clone(),
+    };
+    let mut backend = HnsBackend::new(config(), Box::new(recording));
+    let mut p = port(
+        "web",
+        "10.96.0.20",
+        &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+    );
+    p.node_port = Some(30080);
+    let snap = snapshot(&[p]);
+    let diff = Diff::full(&snap);
+    backend
+        .sync(&SyncRequest {
+            diff: &diff,
+            snapshot: &snap,
+            full: true,
+        })
+        .expect("sync");
+    let sent = sent.lock().expect("lock").clone();
+    let endpoints: Vec<&serde_json::Value> = sent
+        .iter()
+        .filter(|r| r.get("IpConfigurations").is_some())
+        .collect();
+    let lbs: Vec<&serde_json::Value> = sent
+        .iter()
+        .filter(|r| r.get("PortMappings").is_some())
+        .collect();
+    assert_eq!(endpoints.len(), 1, "the remote endpoint: {sent:?}");
+    assert_eq!(lbs.len(), 2, "ClusterIP and node port: {sent:?}");
+    for request in &sent {
+        assert!(request.get("ID").is_none(), "{request}");
+    }
+    let node_port = lbs
+        .iter()
+        .find(|l| l["PortMappings"][0]["ExternalPort"] == 30080)
+        .expect("node-port request");
+    assert!(node_port.get("FrontendVIPs").is_none(), "{node_port}");
+    let cluster = lbs
+        .iter()
+        .find(|l| l["PortMappings"][0]["ExternalPort"] == 80)
+        .expect("ClusterIP request");
+    assert_eq!(cluster["FrontendVIPs"], serde_json::json!(["10.96.0.20"]));
+}
