@@ -48,6 +48,9 @@ struct Run {
     /// Failures that did not stop the sync; it returns an error at the end so that the
     /// runner retries with a full sync.
     failures: Vec<String>,
+    /// How many of `calls` failed (each also in `failures`); the other failures are load
+    /// balancers that could not be asked for (no call made).
+    failed_calls: usize,
     /// Load balancers enumerated during this sync (to adopt after a conflict), at most once.
     enumerated_lbs: Option<Vec<LoadBalancer>>,
     /// Endpoints enumerated during this sync, at most once.
@@ -55,6 +58,48 @@ struct Run {
     /// What a periodic sync (nothing changed in the cluster) found missing or changed in HCN
     /// and puts back: a repair, shown by `kpng status`.
     repair: Option<String>,
+}
+
+impl Run {
+    /// A change call HCN refused (already counted in `calls`).
+    fn call_failed(&mut self, what: String) {
+        self.failed_calls += 1;
+        self.failures.push(what);
+    }
+
+    /// Why a sync with failures fails: counts that agree with each other (the change calls
+    /// made, how many of them failed, the load balancers not asked for), then the first three
+    /// failures and how many more, so that a log line never hides how much went wrong.
+    fn failure_message(&self) -> String {
+        const SHOWN: usize = 3;
+        let not_asked = self.failures.len().saturating_sub(self.failed_calls);
+        let counts = match (self.failed_calls, not_asked) {
+            (failed, 0) => format!("{failed} of its {} HCN change calls failed", self.calls),
+            (0, left) => format!(
+                "{left} load balancer(s) could not be asked for (no HNS endpoint); its {} HCN \
+                 change calls succeeded",
+                self.calls
+            ),
+            (failed, left) => format!(
+                "{failed} of its {} HCN change calls failed, and {left} load balancer(s) could \
+                 not be asked for (no HNS endpoint)",
+                self.calls
+            ),
+        };
+        let first: Vec<&str> = self
+            .failures
+            .iter()
+            .take(SHOWN)
+            .map(String::as_str)
+            .collect();
+        let more = self.failures.len().saturating_sub(SHOWN);
+        let more = if more > 0 {
+            format!("; and {more} more")
+        } else {
+            String::new()
+        };
+        format!("HNS sync failed: {counts}: {}{more}", first.join("; "))
+    }
 }
 
 fn unavailable(e: &HcnError, what: &str) -> BackendError {
@@ -211,9 +256,9 @@ impl HnsBackend {
                     Err(e) if e.is_unavailable() => {
                         return Err(unavailable(&e, "creating the source VIP endpoint"));
                     }
-                    Err(e) => run
-                        .failures
-                        .push(format!("creating the source VIP endpoint {vip}: {e}")),
+                    Err(e) => {
+                        run.call_failed(format!("creating the source VIP endpoint {vip}: {e}"))
+                    }
                 }
             }
         }
@@ -263,9 +308,9 @@ impl HnsBackend {
                         Err(e) if e.is_unavailable() => {
                             return Err(unavailable(&e, "deleting an endpoint"));
                         }
-                        Err(e) => run
-                            .failures
-                            .push(format!("deleting remote endpoint {ip} ({id}): {e}")),
+                        Err(e) => {
+                            run.call_failed(format!("deleting remote endpoint {ip} ({id}): {e}"))
+                        }
                     }
                 }
             }
@@ -306,15 +351,12 @@ impl HnsBackend {
                             v.local.insert(ip, id);
                         }
                     }
-                    None => run
-                        .failures
-                        .push(format!("creating remote endpoint {ip}: {e}")),
+                    None => run.call_failed(format!("creating remote endpoint {ip}: {e}")),
                 }
                 Ok(())
             }
             Err(e) => {
-                run.failures
-                    .push(format!("creating remote endpoint {ip}: {e}"));
+                run.call_failed(format!("creating remote endpoint {ip}: {e}"));
                 Ok(())
             }
         }
@@ -329,8 +371,7 @@ impl HnsBackend {
             Err(e) if e.is_not_found() => Ok(true),
             Err(e) if e.is_unavailable() => Err(unavailable(&e, "deleting a load balancer")),
             Err(e) => {
-                run.failures
-                    .push(format!("deleting load balancer {id}: {e}"));
+                run.call_failed(format!("deleting load balancer {id}: {e}"));
                 Ok(false)
             }
         }
@@ -378,7 +419,7 @@ impl HnsBackend {
                         .find(|x| Frontend::of(x) == Some(plan.frontend))
                         .cloned();
                     let Some(existing) = existing else {
-                        run.failures.push(format!(
+                        run.call_failed(format!(
                             "{} ({}): {e}, and no load balancer holds it",
                             plan.frontend, plan.port_key
                         ));
@@ -403,8 +444,7 @@ impl HnsBackend {
                     }
                 }
                 Err(e) => {
-                    run.failures
-                        .push(format!("{} ({}): {e}", plan.frontend, plan.port_key));
+                    run.call_failed(format!("{} ({}): {e}", plan.frontend, plan.port_key));
                     return Ok(());
                 }
             }
@@ -590,13 +630,7 @@ impl Backend for HnsBackend {
         result?;
         written.map_err(|e| BackendError::Other(e.to_string()))?;
         if !run.failures.is_empty() {
-            let n = run.failures.len();
-            let first: Vec<&str> = run.failures.iter().take(3).map(String::as_str).collect();
-            return Err(BackendError::Transaction {
-                backend: "hns",
-                operations: run.calls,
-                message: format!("{n} HCN operations failed: {}", first.join("; ")),
-            });
+            return Err(BackendError::Other(run.failure_message()));
         }
         self.metrics
             .load_balancers

@@ -1258,3 +1258,42 @@ fn create_requests_omit_an_empty_id_and_a_node_ports_empty_frontend_vips() {
         .expect("ClusterIP request");
     assert_eq!(cluster["FrontendVIPs"], serde_json::json!(["10.96.0.20"]));
 }
+
+#[test]
+fn a_failed_sync_counts_agree_and_say_how_many_more_failed() {
+    // One remote endpoint's create fails (so its ClusterIP's load balancer cannot be asked
+    // for), and four load balancer creates fail: six failures, five change calls.
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let mut ports = vec![port("remote", "10.96.0.30", &[ep("10.244.2.7", false)])];
+    for i in 0..4 {
+        ports.push(port(
+            &format!("web{i}"),
+            &format!("10.96.0.{}", 40 + i),
+            &[ep("10.244.1.5", true)],
+        ));
+    }
+    sim.fail_next(Call::CreateEndpoint, E_INVALID_ARG);
+    for _ in 0..4 {
+        sim.fail_next(Call::CreateLoadBalancer, E_INVALID_ARG);
+    }
+    let err = d.full(&ports).expect_err("the sync fails");
+    assert!(
+        err.contains(
+            "5 of its 5 HCN change calls failed, and 1 load balancer(s) could not be asked for"
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with("; and 3 more"), "{err}");
+    assert!(!err.contains("transaction of"), "{err}");
+    // Only refused calls: no word about load balancers not asked for.
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    sim.fail_next(Call::CreateLoadBalancer, E_INVALID_ARG);
+    let err = d.full(&ports[1..2]).expect_err("the sync fails");
+    assert!(
+        err.starts_with("HNS sync failed: 1 of its 1 HCN change calls failed: "),
+        "{err}"
+    );
+    assert!(!err.contains("more"), "{err}");
+}
