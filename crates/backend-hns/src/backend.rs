@@ -19,8 +19,8 @@ use tracing::{debug, info, warn};
 use crate::hcn::{Hcn, HcnError};
 use crate::metrics::{Counted, HnsMetrics};
 use crate::plan::{
-    Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkType, NetworkView, Op, PlanWarning,
-    plan_ops,
+    ConfigError, Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkType, NetworkView, Op,
+    PlanWarning, plan_ops,
 };
 use crate::schema::{
     Endpoint, IpConfig, LoadBalancer, Policy, SchemaVersion, endpoint_flags, normalize_id,
@@ -149,6 +149,22 @@ impl HnsBackend {
         };
         if let Ok(mut shared) = self.summary.lock() {
             *shared = summary;
+        }
+    }
+
+    /// At start, before the first sync: finds the network (one enumerate) and refuses a
+    /// configuration that cannot work on it ([`HnsConfig::check`]: Overlay without a source
+    /// VIP), so that kpng stops at once with the flag to set, as kube-proxy does, instead of
+    /// failing every sync. HNS unavailable, or no such network yet: `Ok`, the sync says so
+    /// (and checks again once the network is there).
+    pub fn check_network(&mut self) -> Result<(), ConfigError> {
+        let Ok(networks) = self.hcn.enumerate_networks() else {
+            return Ok(());
+        };
+        let name = &self.config.network_name;
+        match networks.iter().find(|n| n.name.eq_ignore_ascii_case(name)) {
+            Some(network) => self.config.check(&network.name, &NetworkView::of(network)),
+            None => Ok(()),
         }
     }
 
@@ -489,6 +505,11 @@ impl HnsBackend {
         let Some(view) = self.known.view.clone() else {
             return Err(BackendError::Other("HNS network not discovered".into()));
         };
+        // A network that appeared after the start's check: the same refusal, every sync, rather
+        // than load balancers with the node IP as an overlay's source VIP.
+        self.config
+            .check(&self.config.network_name, &view)
+            .map_err(|e| BackendError::Other(e.to_string()))?;
         let ports: BTreeSet<PortKey> = if full {
             request.snapshot.ports.keys().cloned().collect()
         } else {

@@ -26,7 +26,7 @@ pub mod summary;
 pub mod system;
 
 pub use backend::{HnsBackend, conjure_mac};
-pub use plan::HnsConfig;
+pub use plan::{ConfigError, HnsConfig};
 
 #[cfg(test)]
 mod tests;

@@ -70,6 +70,14 @@ fn config() -> HnsConfig {
     }
 }
 
+/// [`config`] for an Overlay network, which needs a source VIP.
+fn overlay_config() -> HnsConfig {
+    HnsConfig {
+        source_vips: vec![ip("10.244.1.2")],
+        ..config()
+    }
+}
+
 fn ep(addr: &str, local: bool) -> Endpoint {
     Endpoint {
         ip: ip(addr),
@@ -787,7 +795,7 @@ fn bug_113524_identity_is_content_not_endpoint_count() {
 #[test]
 fn bug_110674_objects_deleted_out_of_band_come_back_at_the_next_full_sync() {
     let sim = hcn("Overlay");
-    let mut d = Driver::new(&sim, config());
+    let mut d = Driver::new(&sim, overlay_config());
     let ports = [
         port("a", "10.96.0.10", &[ep("10.244.2.7", false)]),
         port("b", "10.96.0.11", &[ep("10.244.1.5", true)]),
@@ -1133,7 +1141,7 @@ fn hcn_calls_are_metrics() {
 #[test]
 fn on_overlay_every_cluster_ip_gets_a_remote_endpoint_while_it_is_used() {
     let sim = hcn("Overlay");
-    let mut d = Driver::new(&sim, config());
+    let mut d = Driver::new(&sim, overlay_config());
     let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
     d.full(&ports).expect("cold");
     let vip_endpoint = |state: &State| {
@@ -1296,4 +1304,47 @@ fn a_failed_sync_counts_agree_and_say_how_many_more_failed() {
         "{err}"
     );
     assert!(!err.contains("more"), "{err}");
+}
+
+#[test]
+fn overlay_without_a_source_vip_is_refused_at_start_naming_the_flag() {
+    // Upstream winkernel refuses to start on Overlay without --source-vip ("source-vip flag
+    // not set"); kpng used the node IP as SourceVIP without a word.
+    let sim = hcn("Overlay");
+    let mut backend = HnsBackend::new(config(), Box::new(sim.clone()));
+    let err = backend
+        .check_network()
+        .expect_err("Overlay needs a source VIP")
+        .to_string();
+    assert!(
+        err.contains("\"cbr0\" is an Overlay network")
+            && err.contains("--source-vip")
+            && err.contains("winkernel.sourceVip"),
+        "{err}"
+    );
+    // It changed nothing, and a sync refuses as well (a network that appears after start).
+    let mut d = Driver::new(&sim, config());
+    let sync = d
+        .full(&[port("a", "10.96.0.10", &[ep("10.244.1.5", true)])])
+        .expect_err("no load balancer with the node IP as source VIP");
+    assert!(sync.contains("--source-vip"), "{sync}");
+    assert!(sim.state().load_balancers.is_empty());
+    // With a source VIP, or on L2Bridge (the node IP), it starts.
+    let mut backend = HnsBackend::new(overlay_config(), Box::new(hcn("Overlay")));
+    assert_eq!(backend.check_network(), Ok(()));
+    let mut backend = HnsBackend::new(config(), Box::new(hcn("L2Bridge")));
+    assert_eq!(backend.check_network(), Ok(()));
+    // No such network yet, or HNS down: the sync says so, not the start.
+    let mut backend = HnsBackend::new(
+        HnsConfig {
+            network_name: "vxlan0".into(),
+            ..config()
+        },
+        Box::new(hcn("Overlay")),
+    );
+    assert_eq!(backend.check_network(), Ok(()));
+    let down = hcn("Overlay");
+    down.set_unavailable(true);
+    let mut backend = HnsBackend::new(config(), Box::new(down));
+    assert_eq!(backend.check_network(), Ok(()));
 }

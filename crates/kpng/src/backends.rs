@@ -675,7 +675,10 @@ pub(crate) mod hns {
         } else {
             system()?
         };
-        let backend = HnsBackend::new(config, hcn);
+        let mut backend = HnsBackend::new(config, hcn);
+        // Overlay without --source-vip: stop now, naming the flag, as kube-proxy does (not a
+        // sync that fails again and again).
+        backend.check_network()?;
         let data_plane = (!args.dry_run).then(|| crate::hns_status::probe(backend.summary()));
         Ok(Built {
             backend: Box::new(backend),

@@ -442,7 +442,13 @@ pub struct GlobalFlags {
     pub root_hnsendpoint_name: String,
     /// Windows: the process priority class, set at start (kubernetes#96935). Accepted on other
     /// systems with a warning.
-    #[arg(long, global = true, value_enum, ignore_case = true, help_heading = "Windows")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        ignore_case = true,
+        help_heading = "Windows"
+    )]
     pub windows_priority_class: Option<WindowsPriorityClass>,
     /// Windows: run as a Windows service under the Service Control Manager (install with
     /// `sc.exe create`; `windowsRunAsService`): its Stop control stops kpng. Accepted on other
@@ -1403,7 +1409,11 @@ mod tests {
     fn proxy_mode_takes_mode_names_and_backend_words() {
         // (mode, the backend it runs, whether it parses at all)
         let cases: [(&str, Option<BackendKind>, bool); 11] = [
-            ("", Some(crate::backends::Platform::HOST.default_backend()), true),
+            (
+                "",
+                Some(crate::backends::Platform::HOST.default_backend()),
+                true,
+            ),
             ("kernelspace", Some(BackendKind::Hns), true),
             ("winkernel", Some(BackendKind::Hns), true),
             ("hns", Some(BackendKind::Hns), true),

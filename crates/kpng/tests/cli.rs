@@ -840,7 +840,10 @@ fn version_lines_carry_the_kubernetes_version_as_kube_proxys_does() {
     }
     let long = kpng().arg("--version").output().expect("run kpng");
     let long = String::from_utf8_lossy(&long.stdout);
-    assert!(long.contains("(git ") && long.contains(", built "), "{long}");
+    assert!(
+        long.contains("(git ") && long.contains(", built "),
+        "{long}"
+    );
 }
 
 #[test]
@@ -859,7 +862,14 @@ fn help_names_every_mode_and_each_systems_default() {
         .nth(1)
         .and_then(|rest| rest.split(" --").next())
         .unwrap_or_else(|| panic!("--proxy-mode in:\n{help}"));
-    for mode in ["iptables", "nftables", "kernelspace", "winkernel", "userspace", "ebpf"] {
+    for mode in [
+        "iptables",
+        "nftables",
+        "kernelspace",
+        "winkernel",
+        "userspace",
+        "ebpf",
+    ] {
         assert!(proxy_mode.contains(mode), "{mode} in: {proxy_mode}");
     }
     // `to-local winkernel` is an alias of the HNS backend: --proxy-mode takes it too.
