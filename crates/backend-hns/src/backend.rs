@@ -67,10 +67,10 @@ impl Run {
         self.failures.push(what);
     }
 
-    /// Why a sync with failures fails: counts that agree with each other (the change calls
+    /// Why a sync (or cleanup, `what`) with failures fails: counts that agree with each other (the change calls
     /// made, how many of them failed, the load balancers not asked for), then the first three
     /// failures and how many more, so that a log line never hides how much went wrong.
-    fn failure_message(&self) -> String {
+    fn failure_message(&self, what: &str) -> String {
         const SHOWN: usize = 3;
         let not_asked = self.failures.len().saturating_sub(self.failed_calls);
         let counts = match (self.failed_calls, not_asked) {
@@ -98,8 +98,18 @@ impl Run {
         } else {
             String::new()
         };
-        format!("HNS sync failed: {counts}: {}{more}", first.join("; "))
+        format!("HNS {what} failed: {counts}: {}{more}", first.join("; "))
     }
+}
+
+/// What [`HnsBackend::clean`] removed (or, in a dry run, would remove), one line per object.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// The load balancers: frontend and ID (`10.96.0.10:80/TCP (…)`, `node port 30080/TCP
+    /// (…)`).
+    pub load_balancers: Vec<String>,
+    /// The remote endpoints: IP and ID.
+    pub remote_endpoints: Vec<String>,
 }
 
 fn unavailable(e: &HcnError, what: &str) -> BackendError {
@@ -165,6 +175,54 @@ impl HnsBackend {
         match networks.iter().find(|n| n.name.eq_ignore_ascii_case(name)) {
             Some(network) => self.config.check(&network.name, &NetworkView::of(network)),
             None => Ok(()),
+        }
+    }
+
+    /// `kpng cleanup`: removes every load balancer and remote endpoint kpng (or kube-proxy)
+    /// made on the network, or with `dry_run` only lists them, and says which, so that the
+    /// operator sees what went (or would go). The CNI's endpoints stay.
+    pub fn clean(&mut self, dry_run: bool) -> Result<CleanupReport, BackendError> {
+        let mut run = Run::default();
+        self.discover(&[], &mut run)?;
+        let lbs: Vec<(String, String)> = self
+            .known
+            .lbs
+            .iter()
+            .map(|(frontend, l)| (l.id.clone(), format!("{frontend} ({})", l.id)))
+            .chain(
+                self.known
+                    .strays
+                    .iter()
+                    .map(|id| (id.clone(), format!("a second or unreadable one ({id})"))),
+            )
+            .collect();
+        let eps: Vec<(IpAddr, String)> = self
+            .known
+            .remote
+            .iter()
+            .map(|(ip, id)| (*ip, id.clone()))
+            .collect();
+        let report = CleanupReport {
+            load_balancers: lbs.iter().map(|(_, what)| what.clone()).collect(),
+            remote_endpoints: eps.iter().map(|(ip, id)| format!("{ip} ({id})")).collect(),
+        };
+        if dry_run {
+            return Ok(report);
+        }
+        for (id, _) in lbs {
+            self.delete_lb(&id, &mut run)?;
+        }
+        for (ip, id) in eps {
+            self.apply(vec![Op::DeleteEndpoint { id, ip }], &mut run)?;
+        }
+        self.known = Known::default();
+        self.hcn
+            .end_sync()
+            .map_err(|e| BackendError::Other(e.to_string()))?;
+        if run.failures.is_empty() {
+            Ok(report)
+        } else {
+            Err(BackendError::Other(run.failure_message("cleanup")))
         }
     }
 
@@ -651,7 +709,7 @@ impl Backend for HnsBackend {
         result?;
         written.map_err(|e| BackendError::Other(e.to_string()))?;
         if !run.failures.is_empty() {
-            return Err(BackendError::Other(run.failure_message()));
+            return Err(BackendError::Other(run.failure_message("sync")));
         }
         self.metrics
             .load_balancers
@@ -679,35 +737,6 @@ impl Backend for HnsBackend {
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
-        let mut run = Run::default();
-        self.discover(&[], &mut run)?;
-        let lbs: Vec<String> = self
-            .known
-            .lbs
-            .values()
-            .map(|l| l.id.clone())
-            .chain(self.known.strays.iter().cloned())
-            .collect();
-        for id in lbs {
-            self.delete_lb(&id, &mut run)?;
-        }
-        let eps: Vec<(IpAddr, String)> = self
-            .known
-            .remote
-            .iter()
-            .map(|(ip, id)| (*ip, id.clone()))
-            .collect();
-        for (ip, id) in eps {
-            self.apply(vec![Op::DeleteEndpoint { id, ip }], &mut run)?;
-        }
-        self.known = Known::default();
-        self.hcn
-            .end_sync()
-            .map_err(|e| BackendError::Other(e.to_string()))?;
-        if run.failures.is_empty() {
-            Ok(())
-        } else {
-            Err(BackendError::Other(run.failures.join("; ")))
-        }
+        self.clean(false).map(|_| ())
     }
 }

@@ -25,7 +25,7 @@ pub mod summary;
 #[cfg(windows)]
 pub mod system;
 
-pub use backend::{HnsBackend, conjure_mac};
+pub use backend::{CleanupReport, HnsBackend, conjure_mac};
 pub use plan::{ConfigError, HnsConfig};
 
 #[cfg(test)]
