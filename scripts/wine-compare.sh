@@ -140,6 +140,16 @@ if win cleanup --network-name cbr0 --admin-socket "$hns_pipe" >cleanup.out 2>cle
 fi
 grep -q 'programs HNS (kernelspace): it would re-create at once what cleanup removes' cleanup.err \
   || { cat cleanup.err; fail "kpng.exe cleanup did not name the running kpng.exe"; }
+# Without the pipe to ask (--admin-socket=), the mutex still tells: cleanup and its dry run
+# name it.
+if win cleanup --network-name cbr0 --admin-socket= >cleanup.out 2>cleanup.err; then
+  cat cleanup.out cleanup.err; fail "kpng.exe cleanup ran while a kpng.exe holds the mutex"
+fi
+grep -q 'holds the mutex Global\\kpng-hns): it would re-create' cleanup.err \
+  || { cat cleanup.err; fail "kpng.exe cleanup did not name the mutex"; }
+win cleanup --dry-run --network-name cbr0 --admin-socket= >cleanup.out 2>cleanup.err || true
+grep -q 'holds the mutex Global\\kpng-hns); cleanup would refuse' cleanup.out \
+  || { cat cleanup.out cleanup.err; fail "kpng.exe cleanup --dry-run did not name the mutex"; }
 # Nor does a second kpng.exe start programming HNS beside it (the named mutex).
 if win "${common[@]}" --network-name cbr0 to-local hns >second-hns.log 2>&1; then
   cat second-hns.log; fail "a second kpng.exe to-local hns started beside the first"

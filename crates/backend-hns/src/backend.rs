@@ -19,8 +19,8 @@ use tracing::{debug, info, warn};
 use crate::hcn::{Hcn, HcnError};
 use crate::metrics::{Counted, HnsMetrics};
 use crate::plan::{
-    Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkType, NetworkView, Op, PlanWarning,
-    plan_ops,
+    ConfigError, Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkType, NetworkView, Op,
+    PlanWarning, plan_ops,
 };
 use crate::schema::{
     Endpoint, IpConfig, LoadBalancer, Policy, SchemaVersion, endpoint_flags, normalize_id,
@@ -48,6 +48,9 @@ struct Run {
     /// Failures that did not stop the sync; it returns an error at the end so that the
     /// runner retries with a full sync.
     failures: Vec<String>,
+    /// How many of `calls` failed (each also in `failures`); the other failures are load
+    /// balancers that could not be asked for (no call made).
+    failed_calls: usize,
     /// Load balancers enumerated during this sync (to adopt after a conflict), at most once.
     enumerated_lbs: Option<Vec<LoadBalancer>>,
     /// Endpoints enumerated during this sync, at most once.
@@ -55,6 +58,58 @@ struct Run {
     /// What a periodic sync (nothing changed in the cluster) found missing or changed in HCN
     /// and puts back: a repair, shown by `kpng status`.
     repair: Option<String>,
+}
+
+impl Run {
+    /// A change call HCN refused (already counted in `calls`).
+    fn call_failed(&mut self, what: String) {
+        self.failed_calls += 1;
+        self.failures.push(what);
+    }
+
+    /// Why a sync (or cleanup, `what`) with failures fails: counts that agree with each other (the change calls
+    /// made, how many of them failed, the load balancers not asked for), then the first three
+    /// failures and how many more, so that a log line never hides how much went wrong.
+    fn failure_message(&self, what: &str) -> String {
+        const SHOWN: usize = 3;
+        let not_asked = self.failures.len().saturating_sub(self.failed_calls);
+        let counts = match (self.failed_calls, not_asked) {
+            (failed, 0) => format!("{failed} of its {} HCN change calls failed", self.calls),
+            (0, left) => format!(
+                "{left} load balancer(s) could not be asked for (no HNS endpoint); its {} HCN \
+                 change calls succeeded",
+                self.calls
+            ),
+            (failed, left) => format!(
+                "{failed} of its {} HCN change calls failed, and {left} load balancer(s) could \
+                 not be asked for (no HNS endpoint)",
+                self.calls
+            ),
+        };
+        let first: Vec<&str> = self
+            .failures
+            .iter()
+            .take(SHOWN)
+            .map(String::as_str)
+            .collect();
+        let more = self.failures.len().saturating_sub(SHOWN);
+        let more = if more > 0 {
+            format!("; and {more} more")
+        } else {
+            String::new()
+        };
+        format!("HNS {what} failed: {counts}: {}{more}", first.join("; "))
+    }
+}
+
+/// What [`HnsBackend::clean`] removed (or, in a dry run, would remove), one line per object.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// The load balancers: frontend and ID (`10.96.0.10:80/TCP (…)`, `node port 30080/TCP
+    /// (…)`).
+    pub load_balancers: Vec<String>,
+    /// The remote endpoints: IP and ID.
+    pub remote_endpoints: Vec<String>,
 }
 
 fn unavailable(e: &HcnError, what: &str) -> BackendError {
@@ -104,6 +159,70 @@ impl HnsBackend {
         };
         if let Ok(mut shared) = self.summary.lock() {
             *shared = summary;
+        }
+    }
+
+    /// At start, before the first sync: finds the network (one enumerate) and refuses a
+    /// configuration that cannot work on it ([`HnsConfig::check`]: Overlay without a source
+    /// VIP), so that kpng stops at once with the flag to set, as kube-proxy does, instead of
+    /// failing every sync. HNS unavailable, or no such network yet: `Ok`, the sync says so
+    /// (and checks again once the network is there).
+    pub fn check_network(&mut self) -> Result<(), ConfigError> {
+        let Ok(networks) = self.hcn.enumerate_networks() else {
+            return Ok(());
+        };
+        let name = &self.config.network_name;
+        match networks.iter().find(|n| n.name.eq_ignore_ascii_case(name)) {
+            Some(network) => self.config.check(&network.name, &NetworkView::of(network)),
+            None => Ok(()),
+        }
+    }
+
+    /// `kpng cleanup`: removes every load balancer and remote endpoint kpng (or kube-proxy)
+    /// made on the network, or with `dry_run` only lists them, and says which, so that the
+    /// operator sees what went (or would go). The CNI's endpoints stay.
+    pub fn clean(&mut self, dry_run: bool) -> Result<CleanupReport, BackendError> {
+        let mut run = Run::default();
+        self.discover(&[], &mut run)?;
+        let lbs: Vec<(String, String)> = self
+            .known
+            .lbs
+            .iter()
+            .map(|(frontend, l)| (l.id.clone(), format!("{frontend} ({})", l.id)))
+            .chain(
+                self.known
+                    .strays
+                    .iter()
+                    .map(|id| (id.clone(), format!("a second or unreadable one ({id})"))),
+            )
+            .collect();
+        let eps: Vec<(IpAddr, String)> = self
+            .known
+            .remote
+            .iter()
+            .map(|(ip, id)| (*ip, id.clone()))
+            .collect();
+        let report = CleanupReport {
+            load_balancers: lbs.iter().map(|(_, what)| what.clone()).collect(),
+            remote_endpoints: eps.iter().map(|(ip, id)| format!("{ip} ({id})")).collect(),
+        };
+        if dry_run {
+            return Ok(report);
+        }
+        for (id, _) in lbs {
+            self.delete_lb(&id, &mut run)?;
+        }
+        for (ip, id) in eps {
+            self.apply(vec![Op::DeleteEndpoint { id, ip }], &mut run)?;
+        }
+        self.known = Known::default();
+        self.hcn
+            .end_sync()
+            .map_err(|e| BackendError::Other(e.to_string()))?;
+        if run.failures.is_empty() {
+            Ok(report)
+        } else {
+            Err(BackendError::Other(run.failure_message("cleanup")))
         }
     }
 
@@ -211,9 +330,9 @@ impl HnsBackend {
                     Err(e) if e.is_unavailable() => {
                         return Err(unavailable(&e, "creating the source VIP endpoint"));
                     }
-                    Err(e) => run
-                        .failures
-                        .push(format!("creating the source VIP endpoint {vip}: {e}")),
+                    Err(e) => {
+                        run.call_failed(format!("creating the source VIP endpoint {vip}: {e}"))
+                    }
                 }
             }
         }
@@ -263,9 +382,9 @@ impl HnsBackend {
                         Err(e) if e.is_unavailable() => {
                             return Err(unavailable(&e, "deleting an endpoint"));
                         }
-                        Err(e) => run
-                            .failures
-                            .push(format!("deleting remote endpoint {ip} ({id}): {e}")),
+                        Err(e) => {
+                            run.call_failed(format!("deleting remote endpoint {ip} ({id}): {e}"))
+                        }
                     }
                 }
             }
@@ -306,15 +425,12 @@ impl HnsBackend {
                             v.local.insert(ip, id);
                         }
                     }
-                    None => run
-                        .failures
-                        .push(format!("creating remote endpoint {ip}: {e}")),
+                    None => run.call_failed(format!("creating remote endpoint {ip}: {e}")),
                 }
                 Ok(())
             }
             Err(e) => {
-                run.failures
-                    .push(format!("creating remote endpoint {ip}: {e}"));
+                run.call_failed(format!("creating remote endpoint {ip}: {e}"));
                 Ok(())
             }
         }
@@ -329,8 +445,7 @@ impl HnsBackend {
             Err(e) if e.is_not_found() => Ok(true),
             Err(e) if e.is_unavailable() => Err(unavailable(&e, "deleting a load balancer")),
             Err(e) => {
-                run.failures
-                    .push(format!("deleting load balancer {id}: {e}"));
+                run.call_failed(format!("deleting load balancer {id}: {e}"));
                 Ok(false)
             }
         }
@@ -378,7 +493,7 @@ impl HnsBackend {
                         .find(|x| Frontend::of(x) == Some(plan.frontend))
                         .cloned();
                     let Some(existing) = existing else {
-                        run.failures.push(format!(
+                        run.call_failed(format!(
                             "{} ({}): {e}, and no load balancer holds it",
                             plan.frontend, plan.port_key
                         ));
@@ -403,8 +518,7 @@ impl HnsBackend {
                     }
                 }
                 Err(e) => {
-                    run.failures
-                        .push(format!("{} ({}): {e}", plan.frontend, plan.port_key));
+                    run.call_failed(format!("{} ({}): {e}", plan.frontend, plan.port_key));
                     return Ok(());
                 }
             }
@@ -449,6 +563,11 @@ impl HnsBackend {
         let Some(view) = self.known.view.clone() else {
             return Err(BackendError::Other("HNS network not discovered".into()));
         };
+        // A network that appeared after the start's check: the same refusal, every sync, rather
+        // than load balancers with the node IP as an overlay's source VIP.
+        self.config
+            .check(&self.config.network_name, &view)
+            .map_err(|e| BackendError::Other(e.to_string()))?;
         let ports: BTreeSet<PortKey> = if full {
             request.snapshot.ports.keys().cloned().collect()
         } else {
@@ -590,13 +709,7 @@ impl Backend for HnsBackend {
         result?;
         written.map_err(|e| BackendError::Other(e.to_string()))?;
         if !run.failures.is_empty() {
-            let n = run.failures.len();
-            let first: Vec<&str> = run.failures.iter().take(3).map(String::as_str).collect();
-            return Err(BackendError::Transaction {
-                backend: "hns",
-                operations: run.calls,
-                message: format!("{n} HCN operations failed: {}", first.join("; ")),
-            });
+            return Err(BackendError::Other(run.failure_message("sync")));
         }
         self.metrics
             .load_balancers
@@ -624,35 +737,6 @@ impl Backend for HnsBackend {
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
-        let mut run = Run::default();
-        self.discover(&[], &mut run)?;
-        let lbs: Vec<String> = self
-            .known
-            .lbs
-            .values()
-            .map(|l| l.id.clone())
-            .chain(self.known.strays.iter().cloned())
-            .collect();
-        for id in lbs {
-            self.delete_lb(&id, &mut run)?;
-        }
-        let eps: Vec<(IpAddr, String)> = self
-            .known
-            .remote
-            .iter()
-            .map(|(ip, id)| (*ip, id.clone()))
-            .collect();
-        for (ip, id) in eps {
-            self.apply(vec![Op::DeleteEndpoint { id, ip }], &mut run)?;
-        }
-        self.known = Known::default();
-        self.hcn
-            .end_sync()
-            .map_err(|e| BackendError::Other(e.to_string()))?;
-        if run.failures.is_empty() {
-            Ok(())
-        } else {
-            Err(BackendError::Other(run.failures.join("; ")))
-        }
+        self.clean(false).map(|_| ())
     }
 }

@@ -25,8 +25,8 @@ pub mod summary;
 #[cfg(windows)]
 pub mod system;
 
-pub use backend::{HnsBackend, conjure_mac};
-pub use plan::HnsConfig;
+pub use backend::{CleanupReport, HnsBackend, conjure_mac};
+pub use plan::{ConfigError, HnsConfig};
 
 #[cfg(test)]
 mod tests;

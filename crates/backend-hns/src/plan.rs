@@ -40,6 +40,37 @@ pub struct HnsConfig {
     pub healthz_port: u16,
 }
 
+/// A configuration that cannot work on the network HNS has: the backend refuses to start with
+/// it (as kube-proxy's winkernel does) instead of programming load balancers that do not work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// An Overlay network and no source VIP: load-balanced traffic leaving the node needs a
+    /// SNAT source the CNI reserved on it; the node IP (L2Bridge's) is not one.
+    #[error(
+        "HNS network {network:?} is an Overlay network, whose load balancers need a source VIP \
+         (the SNAT source of load-balanced traffic, an address the CNI reserved on this node): \
+         set --source-vip or the configuration file's winkernel.sourceVip (kube-proxy refuses \
+         to start likewise: \"source-vip flag not set\")"
+    )]
+    NoSourceVip {
+        /// The network's name.
+        network: String,
+    },
+}
+
+impl HnsConfig {
+    /// Checks this configuration against the network found (`view`): on Overlay a source VIP
+    /// is required, as upstream winkernel's NewProxier requires `--source-vip` there.
+    pub fn check(&self, network: &str, view: &NetworkView) -> Result<(), ConfigError> {
+        if view.network_type == NetworkType::Overlay && self.source_vips.is_empty() {
+            return Err(ConfigError::NoSourceVip {
+                network: network.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The HNS network type, as far as the proxy cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetworkType {

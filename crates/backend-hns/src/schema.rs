@@ -161,8 +161,9 @@ pub struct IpConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
 pub struct Endpoint {
-    /// The endpoint's GUID (empty in a create request).
-    #[serde(rename = "ID", default)]
+    /// The endpoint's GUID (empty in a create request, which then omits it, as hcsshim's
+    /// `json:"ID,omitempty"`: HCN picks the GUID).
+    #[serde(rename = "ID", default, skip_serializing_if = "String::is_empty")]
     pub id: String,
     /// Its name.
     #[serde(default)]
@@ -228,8 +229,9 @@ pub struct PortMapping {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
 pub struct LoadBalancer {
-    /// The load balancer's GUID (empty in a create request).
-    #[serde(rename = "ID", default)]
+    /// The load balancer's GUID (empty in a create request, which then omits it, as
+    /// hcsshim's `json:"ID,omitempty"`: HCN picks the GUID).
+    #[serde(rename = "ID", default, skip_serializing_if = "String::is_empty")]
     pub id: String,
     /// The endpoints' GUIDs.
     #[serde(default, deserialize_with = "list")]
@@ -237,8 +239,14 @@ pub struct LoadBalancer {
     /// The source address of traffic sent to endpoints (SNAT), `--source-vip` or the node IP.
     #[serde(rename = "SourceVIP", default, deserialize_with = "string")]
     pub source_vip: String,
-    /// The frontend addresses; empty for a node-port load balancer.
-    #[serde(rename = "FrontendVIPs", default, deserialize_with = "list")]
+    /// The frontend addresses; empty for a node-port load balancer, whose request then omits
+    /// the field, as hcsshim's `json:",omitempty"` does.
+    #[serde(
+        rename = "FrontendVIPs",
+        default,
+        deserialize_with = "list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub frontend_vips: Vec<String>,
     /// The port mappings (kpng writes one).
     #[serde(default, deserialize_with = "list")]

@@ -70,6 +70,14 @@ fn config() -> HnsConfig {
     }
 }
 
+/// [`config`] for an Overlay network, which needs a source VIP.
+fn overlay_config() -> HnsConfig {
+    HnsConfig {
+        source_vips: vec![ip("10.244.1.2")],
+        ..config()
+    }
+}
+
 fn ep(addr: &str, local: bool) -> Endpoint {
     Endpoint {
         ip: ip(addr),
@@ -787,7 +795,7 @@ fn bug_113524_identity_is_content_not_endpoint_count() {
 #[test]
 fn bug_110674_objects_deleted_out_of_band_come_back_at_the_next_full_sync() {
     let sim = hcn("Overlay");
-    let mut d = Driver::new(&sim, config());
+    let mut d = Driver::new(&sim, overlay_config());
     let ports = [
         port("a", "10.96.0.10", &[ep("10.244.2.7", false)]),
         port("b", "10.96.0.11", &[ep("10.244.1.5", true)]),
@@ -1133,7 +1141,7 @@ fn hcn_calls_are_metrics() {
 #[test]
 fn on_overlay_every_cluster_ip_gets_a_remote_endpoint_while_it_is_used() {
     let sim = hcn("Overlay");
-    let mut d = Driver::new(&sim, config());
+    let mut d = Driver::new(&sim, overlay_config());
     let ports = [port("a", "10.96.0.10", &[ep("10.244.2.7", false)])];
     d.full(&ports).expect("cold");
     let vip_endpoint = |state: &State| {
@@ -1157,4 +1165,186 @@ fn on_overlay_every_cluster_ip_gets_a_remote_endpoint_while_it_is_used() {
         vip_endpoint(&sim.state()).is_none(),
         "and so does its VIP endpoint"
     );
+}
+
+/// An HCN that records the JSON of every create request kpng sends, then asks the simulator.
+struct Recording {
+    inner: Simulator,
+    sent: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl Recording {
+    fn record(&self, request: &impl serde::Serialize) {
+        let json = serde_json::to_value(request).expect("serializes");
+        if let Ok(mut sent) = self.sent.lock() {
+            sent.push(json);
+        }
+    }
+}
+
+impl Hcn for Recording {
+    fn enumerate_networks(&mut self) -> Result<Vec<Network>, crate::hcn::HcnError> {
+        self.inner.enumerate_networks()
+    }
+    fn enumerate_endpoints(&mut self) -> Result<Vec<HcnEndpoint>, crate::hcn::HcnError> {
+        self.inner.enumerate_endpoints()
+    }
+    fn enumerate_load_balancers(
+        &mut self,
+    ) -> Result<Vec<crate::schema::LoadBalancer>, crate::hcn::HcnError> {
+        self.inner.enumerate_load_balancers()
+    }
+    fn create_endpoint(
+        &mut self,
+        endpoint: &HcnEndpoint,
+    ) -> Result<HcnEndpoint, crate::hcn::HcnError> {
+        self.record(endpoint);
+        self.inner.create_endpoint(endpoint)
+    }
+    fn delete_endpoint(&mut self, id: &str) -> Result<(), crate::hcn::HcnError> {
+        self.inner.delete_endpoint(id)
+    }
+    fn create_load_balancer(
+        &mut self,
+        lb: &crate::schema::LoadBalancer,
+    ) -> Result<crate::schema::LoadBalancer, crate::hcn::HcnError> {
+        self.record(lb);
+        self.inner.create_load_balancer(lb)
+    }
+    fn delete_load_balancer(&mut self, id: &str) -> Result<(), crate::hcn::HcnError> {
+        self.inner.delete_load_balancer(id)
+    }
+}
+
+#[test]
+fn create_requests_omit_an_empty_id_and_a_node_ports_empty_frontend_vips() {
+    // hcsshim writes `json:"ID,omitempty"` and `FrontendVIPs json:",omitempty"`: HCN picks the
+    // GUID, and a node port's load balancer has no frontend VIP field at all.
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recording = Recording {
+        inner: hcn("L2Bridge"),
+        sent: sent.clone(),
+    };
+    let mut backend = HnsBackend::new(config(), Box::new(recording));
+    let mut p = port(
+        "web",
+        "10.96.0.20",
+        &[ep("10.244.1.5", true), ep("10.244.2.7", false)],
+    );
+    p.node_port = Some(30080);
+    let snap = snapshot(&[p]);
+    let diff = Diff::full(&snap);
+    backend
+        .sync(&SyncRequest {
+            diff: &diff,
+            snapshot: &snap,
+            full: true,
+        })
+        .expect("sync");
+    let sent = sent.lock().expect("lock").clone();
+    let endpoints: Vec<&serde_json::Value> = sent
+        .iter()
+        .filter(|r| r.get("IpConfigurations").is_some())
+        .collect();
+    let lbs: Vec<&serde_json::Value> = sent
+        .iter()
+        .filter(|r| r.get("PortMappings").is_some())
+        .collect();
+    assert_eq!(endpoints.len(), 1, "the remote endpoint: {sent:?}");
+    assert_eq!(lbs.len(), 2, "ClusterIP and node port: {sent:?}");
+    for request in &sent {
+        assert!(request.get("ID").is_none(), "{request}");
+    }
+    let node_port = lbs
+        .iter()
+        .find(|l| l["PortMappings"][0]["ExternalPort"] == 30080)
+        .expect("node-port request");
+    assert!(node_port.get("FrontendVIPs").is_none(), "{node_port}");
+    let cluster = lbs
+        .iter()
+        .find(|l| l["PortMappings"][0]["ExternalPort"] == 80)
+        .expect("ClusterIP request");
+    assert_eq!(cluster["FrontendVIPs"], serde_json::json!(["10.96.0.20"]));
+}
+
+#[test]
+fn a_failed_sync_counts_agree_and_say_how_many_more_failed() {
+    // One remote endpoint's create fails (so its ClusterIP's load balancer cannot be asked
+    // for), and four load balancer creates fail: six failures, five change calls.
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    let mut ports = vec![port("remote", "10.96.0.30", &[ep("10.244.2.7", false)])];
+    for i in 0..4 {
+        ports.push(port(
+            &format!("web{i}"),
+            &format!("10.96.0.{}", 40 + i),
+            &[ep("10.244.1.5", true)],
+        ));
+    }
+    sim.fail_next(Call::CreateEndpoint, E_INVALID_ARG);
+    for _ in 0..4 {
+        sim.fail_next(Call::CreateLoadBalancer, E_INVALID_ARG);
+    }
+    let err = d.full(&ports).expect_err("the sync fails");
+    assert!(
+        err.contains(
+            "5 of its 5 HCN change calls failed, and 1 load balancer(s) could not be asked for"
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with("; and 3 more"), "{err}");
+    assert!(!err.contains("transaction of"), "{err}");
+    // Only refused calls: no word about load balancers not asked for.
+    let sim = hcn("L2Bridge");
+    let mut d = Driver::new(&sim, config());
+    sim.fail_next(Call::CreateLoadBalancer, E_INVALID_ARG);
+    let err = d.full(&ports[1..2]).expect_err("the sync fails");
+    assert!(
+        err.starts_with("HNS sync failed: 1 of its 1 HCN change calls failed: "),
+        "{err}"
+    );
+    assert!(!err.contains("more"), "{err}");
+}
+
+#[test]
+fn overlay_without_a_source_vip_is_refused_at_start_naming_the_flag() {
+    // Upstream winkernel refuses to start on Overlay without --source-vip ("source-vip flag
+    // not set"); kpng used the node IP as SourceVIP without a word.
+    let sim = hcn("Overlay");
+    let mut backend = HnsBackend::new(config(), Box::new(sim.clone()));
+    let err = backend
+        .check_network()
+        .expect_err("Overlay needs a source VIP")
+        .to_string();
+    assert!(
+        err.contains("\"cbr0\" is an Overlay network")
+            && err.contains("--source-vip")
+            && err.contains("winkernel.sourceVip"),
+        "{err}"
+    );
+    // It changed nothing, and a sync refuses as well (a network that appears after start).
+    let mut d = Driver::new(&sim, config());
+    let sync = d
+        .full(&[port("a", "10.96.0.10", &[ep("10.244.1.5", true)])])
+        .expect_err("no load balancer with the node IP as source VIP");
+    assert!(sync.contains("--source-vip"), "{sync}");
+    assert!(sim.state().load_balancers.is_empty());
+    // With a source VIP, or on L2Bridge (the node IP), it starts.
+    let mut backend = HnsBackend::new(overlay_config(), Box::new(hcn("Overlay")));
+    assert_eq!(backend.check_network(), Ok(()));
+    let mut backend = HnsBackend::new(config(), Box::new(hcn("L2Bridge")));
+    assert_eq!(backend.check_network(), Ok(()));
+    // No such network yet, or HNS down: the sync says so, not the start.
+    let mut backend = HnsBackend::new(
+        HnsConfig {
+            network_name: "vxlan0".into(),
+            ..config()
+        },
+        Box::new(hcn("Overlay")),
+    );
+    assert_eq!(backend.check_network(), Ok(()));
+    let down = hcn("Overlay");
+    down.set_unavailable(true);
+    let mut backend = HnsBackend::new(config(), Box::new(down));
+    assert_eq!(backend.check_network(), Ok(()));
 }

@@ -28,10 +28,20 @@ pub const API_RESOURCES: [&str; 4] = [
     "networking.k8s.io/v1 ServiceCIDR",
 ];
 
+/// [`KUBERNETES_SCHEMA`] as a string literal, for `concat!` in attributes (kpng's clap
+/// `--version` line, which tools such as Calico's start.ps1 match for `vMAJOR.MINOR`, as they
+/// match kube-proxy's `Kubernetes v1.x.y`). The one place the number is written.
+#[macro_export]
+macro_rules! kubernetes_schema {
+    () => {
+        "1.33"
+    };
+}
+
 /// The Kubernetes API schema kpng is compiled against (k8s-openapi's `v1_33` feature, set in
 /// the workspace's Cargo.toml): the oldest API server whose objects it reads completely.
 /// ServiceCIDRs are read only when discovery says the server serves them.
-pub const KUBERNETES_SCHEMA: &str = "1.33";
+pub const KUBERNETES_SCHEMA: &str = kubernetes_schema!();
 
 /// An object as the model receives it, and the values its conversion ignored.
 #[derive(Debug, Clone)]

@@ -15,6 +15,43 @@ use kpng_runner::runner::HealthCheckAddresses;
 
 use crate::cli::{DetectLocalMode, GlobalFlags, LocalBackend};
 
+/// The system whose kube-proxy defaults apply. kube-proxy's `platformApplyDefaults` makes an
+/// empty mode `iptables` on Linux and `kernelspace` on Windows, so a kpng.exe given kube-proxy's
+/// Windows command line (no `--proxy-mode`) must run the HNS backend, not iptables. A value,
+/// not `cfg!` at each use, so that both systems' behaviour is tested on either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    /// Linux, and every system that is not Windows: kube-proxy's Linux defaults.
+    Linux,
+    /// Windows: kube-proxy's Windows defaults (kernelspace).
+    Windows,
+}
+
+impl Platform {
+    /// The system this binary was built for.
+    pub const HOST: Platform = if cfg!(windows) {
+        Platform::Windows
+    } else {
+        Platform::Linux
+    };
+
+    /// The backend of an empty (or absent) mode on this system, as kube-proxy's default.
+    pub fn default_backend(self) -> BackendKind {
+        match self {
+            Platform::Linux => BackendKind::Iptables,
+            Platform::Windows => BackendKind::Hns,
+        }
+    }
+
+    /// How messages name that default: "kube-proxy's Linux default" / "… Windows default".
+    pub fn default_name(self) -> &'static str {
+        match self {
+            Platform::Linux => "kube-proxy's Linux default",
+            Platform::Windows => "kube-proxy's Windows default",
+        }
+    }
+}
+
 /// A backend that programs this node (`to-local <kind>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -63,13 +100,22 @@ impl BackendKind {
     }
 
     /// The backend a kube-proxy `mode` (`--proxy-mode`, the configuration file's `mode`) asks
-    /// for, so that kube-proxy's own command line and configuration choose kpng's backend:
-    /// `""` (kube-proxy's Linux default) and `iptables` → iptables, `nftables` → nftables.
-    /// kube-proxy's other modes are errors that say what to use instead; `userspace` (removed
-    /// from kube-proxy in 1.26) is kpng's proxy.
+    /// for on this system ([`Platform::HOST`]); see [`BackendKind::from_mode_on`].
     pub fn from_mode(mode: &str) -> Result<BackendKind, String> {
+        BackendKind::from_mode_on(mode, Platform::HOST)
+    }
+
+    /// The backend a kube-proxy `mode` asks for on `platform`, so that kube-proxy's own command
+    /// line and configuration choose kpng's backend: `""` is kube-proxy's default of that
+    /// system (its `platformApplyDefaults`: iptables on Linux, kernelspace on Windows),
+    /// `iptables` → iptables, `nftables` → nftables, `kernelspace` → the HNS backend.
+    /// kube-proxy's other modes are errors that say what to use instead; `userspace` (removed
+    /// from kube-proxy in 1.26) is kpng's proxy. The platform is a parameter so that both
+    /// systems' defaults are tested on either.
+    pub fn from_mode_on(mode: &str, platform: Platform) -> Result<BackendKind, String> {
         match mode {
-            "" | "iptables" => Ok(BackendKind::Iptables),
+            "" => Ok(platform.default_backend()),
+            "iptables" => Ok(BackendKind::Iptables),
             "nftables" => Ok(BackendKind::Nft),
             "userspace" => Ok(BackendKind::Userspace),
             "ebpf" => Ok(BackendKind::Ebpf),
@@ -83,9 +129,17 @@ impl BackendKind {
             "kernelspace" => Ok(BackendKind::Hns),
             other => {
                 let ours: Vec<&str> = BackendKind::ALL.iter().map(|k| k.mode()).collect();
+                let theirs = match platform {
+                    Platform::Linux => {
+                        "kube-proxy's Linux modes are \"iptables\" (the default, also \"\"), \
+                         \"nftables\" and \"ipvs\""
+                    }
+                    Platform::Windows => {
+                        "kube-proxy's Windows mode is \"kernelspace\" (the default, also \"\")"
+                    }
+                };
                 Err(format!(
-                    "unknown proxy mode {other:?}: kube-proxy's Linux modes are \"iptables\" \
-                     (the default, also \"\"), \"nftables\" and \"ipvs\"; kpng runs {}",
+                    "unknown proxy mode {other:?}: {theirs}; kpng runs {}",
                     ours.join(", ")
                 ))
             }
@@ -627,7 +681,10 @@ pub(crate) mod hns {
         } else {
             system()?
         };
-        let backend = HnsBackend::new(config, hcn);
+        let mut backend = HnsBackend::new(config, hcn);
+        // Overlay without --source-vip: stop now, naming the flag, as kube-proxy does (not a
+        // sync that fails again and again).
+        backend.check_network()?;
         let data_plane = (!args.dry_run).then(|| crate::hns_status::probe(backend.summary()));
         Ok(Built {
             backend: Box::new(backend),
@@ -640,7 +697,6 @@ pub(crate) mod hns {
     /// endpoint kpng (or kube-proxy) made on the CNI's network, as kube-proxy's `--cleanup`.
     #[cfg(windows)]
     pub fn cleanup(flags: &GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
-        use kpng_backend::Backend;
         let network_name = flags
             .network_name
             .clone()
@@ -648,38 +704,79 @@ pub(crate) mod hns {
             .context(
                 "cleaning HNS needs the CNI's network: --network-name or the KUBE_NETWORK variable",
             )?;
-        // A kpng still programming HNS would re-create at once what cleanup removes.
+        // A kpng still programming HNS would re-create at once what cleanup removes: one
+        // answering on the admin pipe, or any holding the mutex (one started with
+        // `--admin-socket=` serves no pipe). The mutex is held while cleaning, so that a kpng
+        // starting meanwhile refuses.
         let admin = std::path::Path::new(&flags.admin_socket);
-        if crate::admin::serving_backend(admin).as_deref() == Some(HnsBackend::NAME) {
-            let running = format!(
-                "a kpng answering on {} programs HNS ({})",
-                admin.display(),
-                HnsBackend::NAME
-            );
-            if dry_run {
-                println!("kpng: {running}; cleanup would refuse until it stops");
-            } else {
+        let serving = (crate::admin::serving_backend(admin).as_deref() == Some(HnsBackend::NAME))
+            .then(|| {
+                format!(
+                    "a kpng answering on {} programs HNS ({})",
+                    admin.display(),
+                    HnsBackend::NAME
+                )
+            });
+        let (lock, held) = match crate::instance_lock::hold(super::BackendKind::Hns.word()) {
+            Ok(lock) => (Some(lock), None),
+            Err(why) => (None, Some(why)),
+        };
+        let mut out = std::io::stdout().lock();
+        let result = clean(
+            system()?,
+            &network_name,
+            dry_run,
+            serving.or(held),
+            &mut out,
+        );
+        drop(lock);
+        result
+    }
+
+    /// The cleanup of HNS over `hcn` (the system's on Windows; the simulator in tests):
+    /// refuses while `running` (who programs HNS, a refusal's subject) unless `dry_run`, which
+    /// says it would refuse; then removes, or lists, the load balancers and remote endpoints
+    /// on `network_name` and says how many. Free of the platform, so that it is tested on any.
+    #[cfg_attr(not(windows), allow(dead_code))] // Windows' cleanup; tested everywhere
+    pub(crate) fn clean(
+        hcn: Box<dyn Hcn>,
+        network_name: &str,
+        dry_run: bool,
+        running: Option<String>,
+        out: &mut dyn std::io::Write,
+    ) -> anyhow::Result<()> {
+        if let Some(running) = running {
+            if !dry_run {
                 anyhow::bail!(
                     "{running}: it would re-create at once what cleanup removes. Stop it first \
                      (`Stop-Service kpng`, or the DaemonSet's pod on this node), then run \
                      cleanup again"
                 );
             }
-        }
-        if dry_run {
-            println!(
-                "kpng: would remove every HNS load balancer and remote endpoint on network \
-                 {network_name}"
-            );
-            return Ok(());
+            writeln!(out, "kpng: {running}; cleanup would refuse until it stops")?;
         }
         let config = HnsConfig {
-            network_name: network_name.clone(),
+            network_name: network_name.to_string(),
             ..HnsConfig::default()
         };
-        let mut backend = HnsBackend::new(config, system()?);
-        backend.cleanup()?;
-        println!("kpng: removed the HNS load balancers and remote endpoints on {network_name}");
+        let mut backend = HnsBackend::new(config, hcn);
+        let report = backend.clean(dry_run)?;
+        writeln!(
+            out,
+            "kpng: {} {} HNS load balancer(s) and {} remote endpoint(s) on network \
+             {network_name}",
+            if dry_run { "would remove" } else { "removed" },
+            report.load_balancers.len(),
+            report.remote_endpoints.len()
+        )?;
+        if dry_run {
+            for lb in &report.load_balancers {
+                writeln!(out, "  load balancer {lb}")?;
+            }
+            for ep in &report.remote_endpoints {
+                writeln!(out, "  remote endpoint {ep}")?;
+            }
+        }
         Ok(())
     }
 
@@ -695,5 +792,135 @@ pub(crate) mod hns {
              not have; run it on a Windows node, or against the simulator with \
              --hcn-simulator FILE"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BackendKind, Platform};
+
+    #[test]
+    fn an_empty_mode_is_kube_proxys_default_of_the_platform() {
+        // kube-proxy's platformApplyDefaults: iptables on Linux, kernelspace on Windows.
+        assert_eq!(
+            BackendKind::from_mode_on("", Platform::Linux),
+            Ok(BackendKind::Iptables)
+        );
+        assert_eq!(
+            BackendKind::from_mode_on("", Platform::Windows),
+            Ok(BackendKind::Hns)
+        );
+        assert_eq!(Platform::Windows.default_backend(), BackendKind::Hns);
+        assert_eq!(Platform::Linux.default_backend(), BackendKind::Iptables);
+        // A named mode means the same everywhere.
+        for platform in [Platform::Linux, Platform::Windows] {
+            assert_eq!(
+                BackendKind::from_mode_on("iptables", platform),
+                Ok(BackendKind::Iptables)
+            );
+            assert_eq!(
+                BackendKind::from_mode_on("kernelspace", platform),
+                Ok(BackendKind::Hns)
+            );
+        }
+        let unknown = BackendKind::from_mode_on("winkernl", Platform::Windows)
+            .expect_err("a typo is an error");
+        assert!(
+            unknown.contains("Windows mode is \"kernelspace\" (the default"),
+            "{unknown}"
+        );
+        assert_eq!(
+            Platform::HOST,
+            if cfg!(windows) {
+                Platform::Windows
+            } else {
+                Platform::Linux
+            }
+        );
+    }
+}
+
+#[cfg(test)]
+mod hns_cleanup_tests {
+    use kpng_backend_hns::schema::State;
+    use kpng_backend_hns::sim::Simulator;
+
+    use super::hns::clean;
+
+    /// HCN with the CNI's endpoint, a remote endpoint and two load balancers kpng made.
+    fn programmed() -> Simulator {
+        let state: State = serde_json::from_value(serde_json::json!({
+            "Networks": [{"ID": "NET", "Name": "cbr0", "Type": "L2Bridge"}],
+            "Endpoints": [
+                {"ID": "CNI-2", "HostComputeNetwork": "NET",
+                 "IpConfigurations": [{"IpAddress": "10.244.1.2"}]},
+                {"ID": "REMOTE-7", "HostComputeNetwork": "NET", "Flags": 1,
+                 "IpConfigurations": [{"IpAddress": "10.244.2.7"}]}],
+            "LoadBalancers": [
+                {"ID": "LB-1", "HostComputeEndpoints": ["CNI-2", "REMOTE-7"],
+                 "FrontendVIPs": ["10.96.0.10"],
+                 "PortMappings": [{"Protocol": 6, "InternalPort": 8080, "ExternalPort": 80}]},
+                {"ID": "LB-2", "HostComputeEndpoints": ["CNI-2"],
+                 "PortMappings": [{"Protocol": 6, "InternalPort": 8080, "ExternalPort": 30080}]}]
+        }))
+        .expect("state");
+        Simulator::new(state)
+    }
+
+    fn run(
+        sim: &Simulator,
+        dry_run: bool,
+        running: Option<String>,
+    ) -> (anyhow::Result<()>, String) {
+        let mut out = Vec::new();
+        let result = clean(Box::new(sim.clone()), "cbr0", dry_run, running, &mut out);
+        (result, String::from_utf8_lossy(&out).into_owned())
+    }
+
+    #[test]
+    fn cleanup_refuses_while_the_mutex_is_held_and_says_what_it_removes() {
+        let held = crate::instance_lock::held_by_another("hns");
+        assert!(held.contains("the mutex Global\\kpng-hns"), "{held}");
+        // A kpng holding the mutex (and serving no admin pipe) programs HNS: refused, nothing
+        // touched.
+        let sim = programmed();
+        let (result, _) = run(&sim, false, Some(held.clone()));
+        let err = result.expect_err("refused").to_string();
+        assert!(
+            err.contains("Global\\kpng-hns") && err.contains("would re-create"),
+            "{err}"
+        );
+        assert_eq!(sim.state().load_balancers.len(), 2);
+        // The dry run says it would refuse, naming the mutex, and lists what would go.
+        let (result, said) = run(&sim, true, Some(held));
+        result.expect("a dry run");
+        assert!(
+            said.contains("holds the mutex Global\\kpng-hns); cleanup would refuse"),
+            "{said}"
+        );
+        assert!(
+            said.contains("would remove 2 HNS load balancer(s) and 1 remote endpoint(s)")
+                && said.contains("load balancer 10.96.0.10:80/TCP")
+                && said.contains("load balancer node port 30080/TCP")
+                && said.contains("remote endpoint 10.244.2.7"),
+            "{said}"
+        );
+        assert_eq!(
+            sim.state().load_balancers.len(),
+            2,
+            "a dry run removes nothing"
+        );
+        // Nobody programs HNS: removed and counted; the CNI's endpoint stays.
+        let (result, said) = run(&sim, false, None);
+        result.expect("cleanup");
+        assert!(
+            said.contains(
+                "removed 2 HNS load balancer(s) and 1 remote endpoint(s) on network cbr0"
+            ),
+            "{said}"
+        );
+        let after = sim.state();
+        assert!(after.load_balancers.is_empty());
+        assert_eq!(after.endpoints.len(), 1, "{:?}", after.endpoints);
     }
 }

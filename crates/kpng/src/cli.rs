@@ -18,18 +18,28 @@ use crate::backends::BackendKind;
 ///
 /// A source turns cluster state (Services, EndpointSlices, Nodes) into a small node-local model;
 /// a sink consumes it. Without a subcommand kpng runs as kube-proxy does: the `kube` source and
-/// the backend of --proxy-mode or the --config file's `mode` (iptables by default).
+/// the backend of --proxy-mode or the --config file's `mode` (by default kube-proxy's: iptables
+/// on Linux, kernelspace on Windows).
 #[derive(Debug, Parser)]
 #[command(
     name = "kpng",
-    version,
+    // Both carry the Kubernetes API version as kube-proxy's `Kubernetes v1.x.y` does: tools that
+    // run `kube-proxy --version` (Calico's start.ps1) match `v([0-9])\.([0-9]+)` in it.
+    version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        ", Kubernetes v",
+        kpng_k8s::kubernetes_schema!(),
+        " API"
+    ),
     long_version = concat!(
         env!("CARGO_PKG_VERSION"),
         " (git ",
         env!("KPNG_GIT_COMMIT"),
         ", built ",
         env!("KPNG_BUILD_DATE"),
-        ")"
+        "), Kubernetes v",
+        kpng_k8s::kubernetes_schema!(),
+        " API"
     ),
     propagate_version = true,
     max_term_width = 100,
@@ -194,9 +204,10 @@ pub struct GlobalFlags {
     #[arg(long, global = true, value_name = "FILE", help_heading = "Output")]
     pub write_config_to: Option<String>,
 
-    /// The backend, by kube-proxy's mode name: iptables (kube-proxy's default, also ""),
-    /// nftables, or kpng's userspace. Without a subcommand it chooses the backend; with
-    /// `to-local` it must agree. Default: the --config file's `mode`.
+    /// The backend, by kube-proxy's mode name: iptables, nftables, kernelspace (Windows' HNS;
+    /// also winkernel), or kpng's userspace and ebpf; "" is kube-proxy's default of the system
+    /// (iptables on Linux, kernelspace on Windows). Without a subcommand it chooses the
+    /// backend; with `to-local` it must agree. Default: the --config file's `mode`.
     #[arg(id = "proxy_mode", long = "proxy-mode", global = true, value_name = "MODE", value_parser = parse_proxy_mode, help_heading = "Backend")]
     pub proxy_mode_arg: Option<ProxyModeArg>,
 
@@ -388,8 +399,18 @@ pub struct GlobalFlags {
     pub iptables_localhost_nodeports: bool,
 
     /// Windows (`to-local hns`): direct server return for ClusterIPs and for
-    /// externalTrafficPolicy Local frontends (kube-proxy's `winkernel.enableDSR`).
-    #[arg(long, global = true, help_heading = "Windows")]
+    /// externalTrafficPolicy Local frontends (kube-proxy's `winkernel.enableDSR`);
+    /// `--enable-dsr=true|false` as kube-proxy's (Calico's start.ps1 writes `=true`).
+    #[arg(
+        long,
+        global = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true",
+        help_heading = "Windows"
+    )]
     pub enable_dsr: bool,
     /// Windows (`to-local hns`): the source address of load-balanced traffic on an overlay
     /// network, an address the CNI reserved on this node (`winkernel.sourceVip`); one per
@@ -421,7 +442,13 @@ pub struct GlobalFlags {
     pub root_hnsendpoint_name: String,
     /// Windows: the process priority class, set at start (kubernetes#96935). Accepted on other
     /// systems with a warning.
-    #[arg(long, global = true, value_enum, help_heading = "Windows")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        ignore_case = true,
+        help_heading = "Windows"
+    )]
     pub windows_priority_class: Option<WindowsPriorityClass>,
     /// Windows: run as a Windows service under the Service Control Manager (install with
     /// `sc.exe create`; `windowsRunAsService`): its Stop control stops kpng. Accepted on other
@@ -774,26 +801,28 @@ pub enum NftExecMode {
     Command,
 }
 
-/// `--windows-priority-class`: Windows' process priority classes (`SetPriorityClass`).
+/// `--windows-priority-class`: Windows' process priority classes (`SetPriorityClass`), in any
+/// case and with or without `_PRIORITY_CLASS` (`above_normal`, `ABOVE_NORMAL_PRIORITY_CLASS`),
+/// as `set_priority_class` in kpng-backend-hns documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WindowsPriorityClass {
     /// IDLE_PRIORITY_CLASS.
-    #[value(name = "IDLE")]
+    #[value(name = "IDLE", alias = "IDLE_PRIORITY_CLASS")]
     Idle,
     /// BELOW_NORMAL_PRIORITY_CLASS.
-    #[value(name = "BELOW_NORMAL")]
+    #[value(name = "BELOW_NORMAL", alias = "BELOW_NORMAL_PRIORITY_CLASS")]
     BelowNormal,
     /// NORMAL_PRIORITY_CLASS.
-    #[value(name = "NORMAL")]
+    #[value(name = "NORMAL", alias = "NORMAL_PRIORITY_CLASS")]
     Normal,
     /// ABOVE_NORMAL_PRIORITY_CLASS.
-    #[value(name = "ABOVE_NORMAL")]
+    #[value(name = "ABOVE_NORMAL", alias = "ABOVE_NORMAL_PRIORITY_CLASS")]
     AboveNormal,
     /// HIGH_PRIORITY_CLASS.
-    #[value(name = "HIGH")]
+    #[value(name = "HIGH", alias = "HIGH_PRIORITY_CLASS")]
     High,
     /// REALTIME_PRIORITY_CLASS.
-    #[value(name = "REALTIME")]
+    #[value(name = "REALTIME", alias = "REALTIME_PRIORITY_CLASS")]
     Realtime,
 }
 
@@ -1102,16 +1131,29 @@ pub enum ProxyModeArg {
 }
 
 /// `--proxy-mode`: kube-proxy's mode names ([`BackendKind::from_mode`]), and kpng's backend
-/// words (`nft`) too. A typo stays an error here, as in kube-proxy's validation.
+/// words (`nft`) and their `to-local` aliases (`winkernel`) too, so that every name `to-local`
+/// takes works here. A typo stays an error here, as in kube-proxy's validation.
 fn parse_proxy_mode(s: &str) -> Result<ProxyModeArg, String> {
     match BackendKind::from_mode(s) {
         Ok(kind) => Ok(ProxyModeArg::Runs(kind)),
-        Err(e) => match BackendKind::ALL.into_iter().find(|k| k.word() == s) {
+        Err(e) => match backend_word(s) {
             Some(kind) => Ok(ProxyModeArg::Runs(kind)),
             None if s == "ipvs" => Ok(ProxyModeArg::Refused(e)),
             None => Err(e),
         },
     }
+}
+
+/// The backend `to-local WORD` names: its word or one of its aliases (`hns`, `winkernel`).
+fn backend_word(word: &str) -> Option<BackendKind> {
+    let to_local =
+        <LocalBackend as clap::Subcommand>::augment_subcommands(clap::Command::new("to-local"));
+    let sub = to_local
+        .get_subcommands()
+        .find(|c| c.get_name() == word || c.get_all_aliases().any(|a| a == word))?;
+    BackendKind::ALL
+        .into_iter()
+        .find(|k| k.word() == sub.get_name())
 }
 
 impl LocalBackend {
@@ -1329,10 +1371,57 @@ mod tests {
     }
 
     #[test]
+    fn kube_proxys_boolean_flags_take_true_and_false() {
+        // pflag booleans: `--flag`, `--flag=true`, `--flag=false` (Calico's start.ps1 writes
+        // `--enable-dsr=true`).
+        for flag in [
+            "enable-dsr",
+            "forward-healthcheck-vip",
+            "windows-service",
+            "cleanup",
+            "init-only",
+            "masquerade-all",
+            "conntrack-tcp-be-liberal",
+            "iptables-localhost-nodeports",
+        ] {
+            for (line, want) in [
+                (format!("--{flag}=true"), true),
+                (format!("--{flag}=false"), false),
+                (format!("--{flag}"), true),
+            ] {
+                let matches = <Cli as clap::CommandFactory>::command()
+                    .try_get_matches_from(["kpng", line.as_str()])
+                    .unwrap_or_else(|e| panic!("{line}: {e}"));
+                let id = flag.replace('-', "_");
+                assert_eq!(matches.get_one::<bool>(&id), Some(&want), "{line}");
+            }
+        }
+        let cli = Cli::try_parse_from(["kpng", "--enable-dsr=true"]).expect("parses");
+        assert!(cli.global.enable_dsr);
+        // Every boolean flag of the root takes a value: one that is a bare switch (SetTrue)
+        // refuses `=true`. Only kpng's own --dry-run is a switch.
+        let root = <Cli as clap::CommandFactory>::command();
+        let switches: Vec<&str> = root
+            .get_arguments()
+            .filter(|a| matches!(a.get_action(), clap::ArgAction::SetTrue))
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert_eq!(switches, ["dry_run"]);
+    }
+
+    #[test]
     fn proxy_mode_takes_mode_names_and_backend_words() {
         // (mode, the backend it runs, whether it parses at all)
-        let cases: [(&str, Option<BackendKind>, bool); 7] = [
-            ("", Some(BackendKind::Iptables), true),
+        let cases: [(&str, Option<BackendKind>, bool); 11] = [
+            (
+                "",
+                Some(crate::backends::Platform::HOST.default_backend()),
+                true,
+            ),
+            ("kernelspace", Some(BackendKind::Hns), true),
+            ("winkernel", Some(BackendKind::Hns), true),
+            ("hns", Some(BackendKind::Hns), true),
+            ("ebpf", Some(BackendKind::Ebpf), true),
             ("iptables", Some(BackendKind::Iptables), true),
             ("nftables", Some(BackendKind::Nft), true),
             ("nft", Some(BackendKind::Nft), true),
@@ -1349,6 +1438,31 @@ mod tests {
             };
             assert_eq!(kind, runs, "{mode:?}");
         }
+    }
+
+    #[test]
+    fn windows_priority_classes_take_windows_spellings() {
+        for spelling in [
+            "ABOVE_NORMAL",
+            "above_normal",
+            "ABOVE_NORMAL_PRIORITY_CLASS",
+            "Above_Normal_Priority_Class",
+        ] {
+            let cli = Cli::try_parse_from(["kpng", "--windows-priority-class", spelling])
+                .unwrap_or_else(|e| panic!("{spelling}: {e}"));
+            assert_eq!(
+                cli.global.windows_priority_class,
+                Some(WindowsPriorityClass::AboveNormal),
+                "{spelling}"
+            );
+        }
+        let cli = Cli::try_parse_from(["kpng", "--windows-priority-class=idle_priority_class"])
+            .expect("parses");
+        assert_eq!(
+            cli.global.windows_priority_class,
+            Some(WindowsPriorityClass::Idle)
+        );
+        assert!(Cli::try_parse_from(["kpng", "--windows-priority-class", "LOUD"]).is_err());
     }
 
     #[test]

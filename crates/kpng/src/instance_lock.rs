@@ -104,7 +104,7 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
 /// `Global\kpng-<backend>`, which the system releases with the process.
 #[cfg(windows)]
 pub fn acquire(backend: &str, _others: &[&str]) -> anyhow::Result<InstanceLock> {
-    let name = format!("Global\\kpng-{backend}");
+    let name = mutex_name(backend);
     match kpng_backend_hns::system::NamedMutex::acquire(&name) {
         Ok(Some(mutex)) => Ok(InstanceLock { _mutex: mutex }),
         Ok(None) => anyhow::bail!(
@@ -118,6 +118,38 @@ pub fn acquire(backend: &str, _others: &[&str]) -> anyhow::Result<InstanceLock> 
             "creating the mutex {name}: {e} (another kpng, running as another account, may \
              hold it; programming HNS needs an administrator's shell)"
         ),
+    }
+}
+
+/// The named mutex of `backend`'s lock on Windows (`Global\kpng-hns`).
+#[cfg_attr(not(windows), allow(dead_code))] // Windows' lock; messages tested everywhere
+pub fn mutex_name(backend: &str) -> String {
+    format!("Global\\kpng-{backend}")
+}
+
+/// Why a cleanup refuses while a kpng holds `backend`'s mutex: that kpng programs HNS (with or
+/// without an admin pipe) and would re-create at once what cleanup removes.
+#[cfg_attr(not(windows), allow(dead_code))] // Windows' lock; messages tested everywhere
+pub fn held_by_another(backend: &str) -> String {
+    format!(
+        "another kpng runs `to-local {backend}` on this node (it holds the mutex {})",
+        mutex_name(backend)
+    )
+}
+
+/// Windows: takes `backend`'s lock for the length of a cleanup, so that a kpng starting
+/// meanwhile refuses rather than re-create what goes; `Err` says who holds it, naming the
+/// mutex. Dropping the lock releases it.
+#[cfg(windows)]
+pub fn hold(backend: &str) -> Result<InstanceLock, String> {
+    let name = mutex_name(backend);
+    match kpng_backend_hns::system::NamedMutex::acquire(&name) {
+        Ok(Some(mutex)) => Ok(InstanceLock { _mutex: mutex }),
+        Ok(None) => Err(held_by_another(backend)),
+        Err(e) => Err(format!(
+            "the mutex {name} cannot be opened ({e}): a kpng running as another account holds \
+             it, or this shell is not an administrator's"
+        )),
     }
 }
 

@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use crate::backends::BackendKind;
+use crate::backends::{BackendKind, Platform};
 use crate::cli::{
     ApiSource, BrainFlags, CleanupArgs, Cli, Command, FileSource as FileArgs, GlobalFlags,
     KubeSource as KubeArgs, LocalBackend, NodeSink, Sink, ToLocal,
@@ -213,10 +213,10 @@ fn local_of(command: &Command) -> Option<&LocalBackend> {
 }
 
 /// kube-proxy's command line (no subcommand): the `kube` source into the backend of
-/// `--proxy-mode` or the configuration file's `mode`, iptables when neither says, as
-/// kube-proxy's Linux default.
+/// `--proxy-mode` or the configuration file's `mode`; when neither says, kube-proxy's default
+/// on this system (iptables on Linux, kernelspace on Windows: [`Platform::default_backend`]).
 fn kube_proxy(flags: GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
-    let kind = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
+    let kind = chosen_backend(&flags, Platform::HOST);
     if flags.init_only {
         return init_only(&flags, Some(kind), dry_run);
     }
@@ -227,11 +227,17 @@ fn kube_proxy(flags: GlobalFlags, dry_run: bool) -> anyhow::Result<()> {
         kind.mode(),
         match &flags.proxy_mode_origin {
             Some(origin) => format!(" from {origin}"),
-            None => ", kube-proxy's default".into(),
+            None => format!(", {}", Platform::HOST.default_name()),
         }
     );
     let backend = LocalBackend::defaults(kind, dry_run)?;
     run_kube(flags, Sink::ToLocal(ToLocal { backend }))
+}
+
+/// The backend kube-proxy's command line runs on `platform`: `--proxy-mode`'s or the file's
+/// `mode`, else that system's default (kube-proxy's `platformApplyDefaults`).
+fn chosen_backend(flags: &GlobalFlags, platform: Platform) -> BackendKind {
+    flags.proxy_mode.unwrap_or(platform.default_backend())
 }
 
 /// `--init-only`: what needs full privileges, then exit: the node checks of the backend and
@@ -403,7 +409,7 @@ fn local_backend(
         .as_ref()
         .filter(|origin| *origin == "--proxy-mode" || flags.proxy_mode.is_some());
     if let Some(origin) = asked {
-        let wanted = flags.proxy_mode.unwrap_or(BackendKind::Iptables);
+        let wanted = chosen_backend(flags, Platform::HOST);
         if wanted != kind {
             let what = format!(
                 "{origin} asks for mode {:?} (`to-local {}`), but the command line runs \
@@ -850,5 +856,33 @@ async fn report_events(
                 refused.log("SyncProxyRulesFailed", e);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::chosen_backend;
+    use crate::backends::{BackendKind, Platform};
+    use crate::cli::Cli;
+
+    #[test]
+    fn kube_proxys_line_without_a_mode_runs_the_platforms_default() {
+        // `kpng.exe --hostname-override=node1 --kubeconfig C:\k\config`: kube-proxy's Windows
+        // default is kernelspace, never iptables.
+        let cli = Cli::try_parse_from(["kpng", "--hostname-override=node1"]).expect("parses");
+        assert_eq!(cli.global.proxy_mode, None);
+        assert_eq!(
+            chosen_backend(&cli.global, Platform::Windows),
+            BackendKind::Hns
+        );
+        assert_eq!(
+            chosen_backend(&cli.global, Platform::Linux),
+            BackendKind::Iptables
+        );
+        let mut flags = cli.global;
+        flags.proxy_mode = Some(BackendKind::Nft);
+        assert_eq!(chosen_backend(&flags, Platform::Windows), BackendKind::Nft);
     }
 }

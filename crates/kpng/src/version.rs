@@ -40,13 +40,25 @@ impl BuildInfo {
     }
 }
 
+impl BuildInfo {
+    /// The first line's version: the crate's and the Kubernetes API's as `vMAJOR.MINOR`
+    /// (`0.1.0 (Kubernetes v1.33 API)`), the form kube-proxy's `Kubernetes v1.x.y` has and
+    /// version-matching scripts look for.
+    pub fn headline(&self) -> String {
+        format!(
+            "{} (Kubernetes v{} API)",
+            self.version, self.kubernetes_schema
+        )
+    }
+}
+
 /// Prints the version as asked.
 pub fn print(args: &VersionArgs) -> anyhow::Result<()> {
     let info = BuildInfo::current();
     match args.output {
         LogFormat::Json => println!("{}", serde_json::to_string_pretty(&info)?),
         LogFormat::Text => {
-            println!("kpng {}", info.version);
+            println!("kpng {}", info.headline());
             println!("  git commit:         {}", info.git_commit);
             println!("  built:              {}", info.build_date);
             println!("  platform:           {}", info.platform);
@@ -65,5 +77,21 @@ fn go_arch(rust: &str) -> &str {
         "aarch64" => "arm64",
         "x86" => "386",
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BuildInfo;
+
+    #[test]
+    fn the_headline_names_the_kubernetes_version_as_v_major_minor() {
+        let info = BuildInfo::current();
+        let line = info.headline();
+        assert!(line.starts_with(env!("CARGO_PKG_VERSION")), "{line}");
+        assert!(
+            line.contains(&format!("Kubernetes v{} API", kpng_k8s::KUBERNETES_SCHEMA)),
+            "{line}"
+        );
     }
 }

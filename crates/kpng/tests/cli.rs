@@ -819,3 +819,85 @@ fn log_file_takes_the_log_and_the_error_kpng_stops_with() {
         "{stderr}"
     );
 }
+
+/// The first `vMAJOR.MINOR` in `text`, as Calico's start.ps1 finds kube-proxy's version
+/// (`v([0-9])\.([0-9]+)`).
+fn v_major_minor(text: &str) -> Option<(u32, u32)> {
+    text.match_indices('v').find_map(|(i, _)| {
+        let rest = &text[i + 1..];
+        let mut chars = rest.chars();
+        let major = chars.next()?.to_digit(10)?;
+        let rest = rest.get(1..)?.strip_prefix('.')?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        Some((major, digits.parse().ok()?))
+    })
+}
+
+#[test]
+fn version_lines_carry_the_kubernetes_version_as_kube_proxys_does() {
+    // kube-proxy prints `Kubernetes v1.x.y`; scripts that check it (Calico's start.ps1 runs
+    // `kube-proxy.exe --version`) find kpng's Kubernetes API version the same way.
+    let schema = kpng_k8s::KUBERNETES_SCHEMA;
+    let want = schema
+        .split_once('.')
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+    assert!(want.is_some(), "{schema}");
+    for args in [&["--version"][..], &["-V"], &["version"]] {
+        let out = kpng().args(args).output().expect("run kpng");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {stdout}");
+        let first = stdout.lines().next().unwrap_or_default();
+        assert!(first.starts_with("kpng 0."), "{args:?}: {first}");
+        assert!(
+            first.contains(&format!("Kubernetes v{schema} API")),
+            "{args:?}: {first}"
+        );
+        assert_eq!(v_major_minor(first), want, "{args:?}: {first}");
+    }
+    let long = kpng().arg("--version").output().expect("run kpng");
+    let long = String::from_utf8_lossy(&long.stdout);
+    assert!(
+        long.contains("(git ") && long.contains(", built "),
+        "{long}"
+    );
+}
+
+#[test]
+fn help_names_every_mode_and_each_systems_default() {
+    let out = kpng().arg("--help").output().expect("run kpng");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    // Help wraps lines: compare with single spaces.
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("iptables on Linux, kernelspace on Windows"),
+        "{help}"
+    );
+    let proxy_mode = flat
+        .split("--proxy-mode <MODE>")
+        .nth(1)
+        .and_then(|rest| rest.split(" --").next())
+        .unwrap_or_else(|| panic!("--proxy-mode in:\n{help}"));
+    for mode in [
+        "iptables",
+        "nftables",
+        "kernelspace",
+        "winkernel",
+        "userspace",
+        "ebpf",
+    ] {
+        assert!(proxy_mode.contains(mode), "{mode} in: {proxy_mode}");
+    }
+    // `to-local winkernel` is an alias of the HNS backend: --proxy-mode takes it too.
+    let out = kpng()
+        .args(["--proxy-mode=winkernel", "--write-config-to", "-"])
+        .output()
+        .expect("run kpng");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.lines().any(|l| l == "mode: kernelspace"), "{stdout}");
+}

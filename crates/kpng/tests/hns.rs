@@ -411,3 +411,42 @@ fn status_names_the_hns_network_and_what_kpng_keeps_there() {
     let wide = status(&["-o", "wide"]);
     assert!(wide.contains("HNS network: cbr0 (L2Bridge, net)"), "{wide}");
 }
+
+/// Overlay without `--source-vip`: kpng stops at start naming the flag and the file's field,
+/// as kube-proxy's winkernel ("source-vip flag not set"), and programs nothing; with it, it
+/// runs.
+#[test]
+fn overlay_without_a_source_vip_stops_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    let state = dir.path().join("hcn.json");
+    let mut overlay = initial_state();
+    overlay["Networks"][0]["Type"] = json!("Overlay");
+    std::fs::write(&state, overlay.to_string()).expect("write state");
+    let log = dir.path().join("kpng.log");
+    let mut child = start(&input, &state, &log);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "kpng kept running on Overlay");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("\"cbr0\" is an Overlay network")
+            && said.contains("--source-vip")
+            && said.contains("winkernel.sourceVip"),
+        "{said}"
+    );
+    let after: Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("state")).expect("json");
+    assert_eq!(after["LoadBalancers"], json!([]), "nothing programmed");
+
+    let mut child = start_with(&input, &state, &log, &["--source-vip", "10.244.1.9"]);
+    wait_for(&mut child, &state, &log, "the first sync", |s| {
+        lb(s, "10.96.0.10", 6).is_some()
+    });
+}

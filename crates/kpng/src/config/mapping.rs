@@ -27,7 +27,7 @@ use super::ClientConnection;
 use super::duration::format;
 use super::v1alpha1::KubeProxyConfiguration;
 use super::why;
-use crate::backends::BackendKind;
+use crate::backends::{BackendKind, Platform};
 use crate::cli::{DetectLocalMode, LogFormat};
 
 /// kube-proxy's health server port.
@@ -218,12 +218,18 @@ enum Section {
     NfTables,
 }
 
-/// Maps a parsed file; errors name the field at fault.
+/// Maps a parsed file on this system ([`Platform::HOST`]); errors name the field at fault.
 pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
+    map_on(config, Platform::HOST)
+}
+
+/// Maps a parsed file as kube-proxy on `platform` reads it (an empty `mode` is that system's
+/// default: iptables on Linux, kernelspace on Windows); errors name the field at fault.
+pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Result<Mapped> {
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
     // An unsupported mode reads the iptables section, as kube-proxy's ipvs mode does.
-    let (kind, mode_error) = match BackendKind::from_mode(config.mode.trim()) {
+    let (kind, mode_error) = match BackendKind::from_mode_on(config.mode.trim(), platform) {
         Ok(kind) => (kind, None),
         Err(e) => (BackendKind::Iptables, Some(format!("field mode: {e}"))),
     };
@@ -233,9 +239,18 @@ pub fn map(config: &KubeProxyConfiguration) -> anyhow::Result<Mapped> {
         BackendKind::Iptables | BackendKind::Hns => Section::IpTables,
     };
     if config.mode.trim().is_empty() {
+        let what = match platform {
+            Platform::Windows => {
+                "the kernelspace (HNS) backend without a subcommand, the iptables section's \
+                 sync periods and the winkernel section"
+            }
+            Platform::Linux => {
+                "the iptables backend without a subcommand, and the iptables section's settings"
+            }
+        };
         notes.push(format!(
-            "{EMPTY_MODE_NOTE} (kube-proxy's Linux default): the iptables backend without a \
-             subcommand, and the iptables section's settings, as kube-proxy would"
+            "{EMPTY_MODE_NOTE} ({}): {what}, as kube-proxy would",
+            platform.default_name()
         ));
     }
     let proxy_mode = Some(kind).filter(|_| !config.mode.trim().is_empty() && mode_error.is_none());

@@ -144,6 +144,31 @@ fn nft_defaults() -> FileSettings {
 }
 
 #[test]
+fn an_empty_mode_reads_as_the_platforms_kube_proxy_default() {
+    // kubeadm's file says `mode: ""`: kube-proxy on Windows runs kernelspace, on Linux iptables.
+    let parsed = load::parse(KUBEADM).unwrap();
+    assert_eq!(parsed.config.mode, "");
+    let windows = mapping::map_on(&parsed.config, crate::backends::Platform::Windows).unwrap();
+    assert_eq!(windows.notes.len(), 1, "{:?}", windows.notes);
+    let note = &windows.notes[0];
+    assert!(
+        note.starts_with(mapping::EMPTY_MODE_NOTE)
+            && note.contains("kube-proxy's Windows default")
+            && note.contains("kernelspace (HNS) backend")
+            && !note.contains("Linux"),
+        "{note}"
+    );
+    assert!(windows.settings.mode_error.is_none());
+    let linux = mapping::map_on(&parsed.config, crate::backends::Platform::Linux).unwrap();
+    assert!(
+        linux.notes[0].contains("kube-proxy's Linux default")
+            && linux.notes[0].contains("the iptables backend"),
+        "{:?}",
+        linux.notes
+    );
+}
+
+#[test]
 fn stock_kubeadm_file_loads_without_a_warning() {
     let (settings, report) = from_text(KUBEADM).unwrap();
     assert_eq!(report.warnings, Vec::<String>::new());

@@ -61,7 +61,8 @@ pub struct KubeProxyConfiguration {
     pub logging: LoggingConfiguration,
     /// Metrics server address (`IP:port`, or an IP that gets port 10249).
     pub metrics_bind_address: String,
-    /// The proxy mode: `iptables` (kube-proxy's Linux default), `ipvs`, `nftables`, `kernelspace`.
+    /// The proxy mode: `iptables` (kube-proxy's Linux default), `ipvs`, `nftables`, `kernelspace`
+    /// (its Windows default); empty: the system's default.
     pub mode: String,
     /// Settings of the nftables mode.
     pub nftables: NfTablesConfiguration,

@@ -4,7 +4,9 @@
 //! fields, keys in kube-proxy's order, Go durations; the sync and masquerade settings in the
 //! mode's section, kube-proxy's defaults in the other), so it reads back into kpng without a
 //! warning and into kube-proxy unchanged. The mode is `--proxy-mode`'s, the file's, or the
-//! `to-local` backend's; `""` (kube-proxy's default, iptables) when none says. kpng-only flags (`--service-cidr`,
+//! `to-local` backend's; `""` when none says, which reads back as kube-proxy's default of the
+//! system (iptables on Linux, kernelspace on Windows; both read the iptables section's sync
+//! periods, so the sections written are the same). kpng-only flags (`--service-cidr`,
 //! `--service-proxy-name`, `--full-sync-period`, the sink's flags) have no field and are not
 //! written. A `minSyncPeriod` of 0 and an empty (disabled) `--metrics-bind-address` are written
 //! as given but read back as defaults (the file format reads 0 as "1s" and an empty address as
