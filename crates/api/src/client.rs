@@ -27,7 +27,7 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::convert::{DecodeError, decode_node, decode_service, decode_service_cidrs};
@@ -493,6 +493,7 @@ async fn session(
     wire: &mut WireState,
     updates: &mpsc::Sender<RemoteUpdate>,
     backoff: &mut Backoff,
+    connected: &mut bool,
 ) -> Result<(), SessionError> {
     let channel = connect(config).await?;
     let (requests, requests_rx) = mpsc::channel(2);
@@ -514,6 +515,7 @@ async fn session(
         .is_some();
     let mut stream = response.into_inner();
     info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
+    *connected = true;
     config.health.recovered(BRAIN);
     while let Some(item) = stream.message().await? {
         if let Some(Op::Bundle(bundle)) = &item.op {
@@ -561,12 +563,30 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut backoff = Backoff::new(config.retry_min, config.retry_max, seed);
     let mut wire = WireState::default();
     config.health.set_source(format!("brain {}", config.addr));
+    // The cause last warned about in this outage: an outage is one warning (and one more per
+    // new cause), its retries debug lines, as the `kube` source logs an API server outage.
+    let mut warned: Option<String> = None;
     loop {
-        match session(&config, &mut wire, &updates, &mut backoff).await {
+        let mut connected = false;
+        match session(&config, &mut wire, &updates, &mut backoff, &mut connected).await {
             Ok(()) => return,
             Err(e) => {
                 let delay = backoff.next_delay();
-                warn!(brain = %config.addr, retry_in = ?delay, "brain unreachable, keeping the rules as they are: {e}");
+                if connected {
+                    warned = None;
+                }
+                let cause = e.to_string();
+                if warned.as_deref() == Some(cause.as_str()) {
+                    debug!(brain = %config.addr, retry_in = ?delay, "brain still unreachable: {e}");
+                } else {
+                    warn!(
+                        brain = %config.addr,
+                        retry_in = ?delay,
+                        "brain unreachable, keeping the rules as they are (retries are logged at \
+                         debug): {e}"
+                    );
+                    warned = Some(cause);
+                }
                 config.health.failing(
                     BRAIN,
                     &format!("unreachable: {e}; keeping the rules as they are, retrying"),

@@ -344,6 +344,17 @@ fn three_nodes_follow_one_brain_through_a_restart() {
         servers(&c.pod("pod2a").ns, cip, 20),
         set(&["pod1a", "pod2a", "pod3a"])
     );
+    // The outage is one warning per cause (the dropped stream, then the refused connects),
+    // not one per retry (every 500 ms at most here).
+    std::thread::sleep(Duration::from_secs(2));
+    for (k, name) in kpngs.iter().zip(names) {
+        let warned = count(k, "brain unreachable");
+        assert!(
+            (1..=2).contains(&warned),
+            "{name}: {warned} warnings:\n{}",
+            logs()
+        );
+    }
     let _brain2 = Brain::start(&input, &socket, &dir.path().join("brain2.log"));
     for (k, before) in kpngs.iter().zip(&replays_before) {
         wait_until(
