@@ -496,6 +496,9 @@ async fn serve_remote(
     facts: SinkFacts,
 ) -> anyhow::Result<()> {
     let node_name = node_name(&flags)?;
+    for ignored in brain_only_settings(&flags) {
+        tracing::warn!("{ignored}");
+    }
     let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
     let config = kpng_api::client::WatchConfig {
         addr: brain.api.clone(),
@@ -519,6 +522,28 @@ async fn serve_remote(
         Ok(())
     })
     .await
+}
+
+/// Settings a node fed by a brain has but cannot apply, one line each: the brain chooses the
+/// Services and their node ports for every node, so a node's own `--service-proxy-name` or
+/// `--service-node-port-range` (carried over from a kube-proxy configuration) would otherwise
+/// be dropped in silence.
+fn brain_only_settings(flags: &GlobalFlags) -> Vec<String> {
+    let mut ignored = Vec::new();
+    if let Some(name) = &flags.service_proxy_name {
+        ignored.push(format!(
+            "--service-proxy-name {name}: ignored on a node fed by a brain, which serves the \
+             Services its own --service-proxy-name selects; give it to the brain"
+        ));
+    }
+    if flags.service_node_port_range != kpng_model::NodePortRange::default() {
+        ignored.push(format!(
+            "--service-node-port-range {}: ignored on a node fed by a brain, which applies its \
+             own --service-node-port-range; give it to the brain",
+            flags.service_node_port_range
+        ));
+    }
+    ignored
 }
 
 /// The OS hostname, lower-cased as kube-proxy does.
@@ -866,6 +891,32 @@ mod tests {
     use super::chosen_backend;
     use crate::backends::{BackendKind, Platform};
     use crate::cli::Cli;
+
+    #[test]
+    fn a_node_fed_by_a_brain_names_the_settings_only_the_brain_applies() {
+        let cli = Cli::try_parse_from(["kpng", "local", "--api", "unix:///b.sock", "nft"])
+            .expect("parses");
+        assert_eq!(
+            super::brain_only_settings(&cli.global),
+            Vec::<String>::new()
+        );
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "local",
+            "--api",
+            "unix:///b.sock",
+            "--service-proxy-name",
+            "foo",
+            "--service-node-port-range",
+            "30000-30001",
+            "nft",
+        ])
+        .expect("parses");
+        let ignored = super::brain_only_settings(&cli.global);
+        assert_eq!(ignored.len(), 2, "{ignored:?}");
+        assert!(ignored[0].starts_with("--service-proxy-name foo: ignored"));
+        assert!(ignored[1].starts_with("--service-node-port-range 30000-30001: ignored"));
+    }
 
     #[test]
     fn kube_proxys_line_without_a_mode_runs_the_platforms_default() {
