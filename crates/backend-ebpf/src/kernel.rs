@@ -306,12 +306,16 @@ impl Kernel {
     pub fn memory(&self) -> Vec<(&'static str, u64)> {
         use aya::maps::IterableMap;
         use std::os::fd::{AsFd, AsRawFd};
-        let maps: [(&'static str, &MapData); 4] = [
+        let mut maps: Vec<(&'static str, &MapData)> = vec![
             (MapId::Frontends.name(), self.frontends.map()),
             (MapId::Slots.name(), self.slots.map()),
             (MapId::Members.name(), self.members.map()),
             ("kpng_reverse", self.reverse.map()),
         ];
+        // Only the programs use the affinity map; it is charged all the same (7 MB).
+        if let Some(aya::maps::Map::LruHashMap(data)) = self.ebpf.map("kpng_affinity") {
+            maps.push(("kpng_affinity", data));
+        }
         maps.into_iter()
             .filter_map(|(name, data)| {
                 let fd = data.fd().as_fd().as_raw_fd();

@@ -226,6 +226,23 @@ fn a_restart_adopts_the_pinned_programs_and_maps() {
     );
     let before = attached(&c);
     assert_eq!(before.len(), 9, "nine programs attached: {before:?}");
+    // Every map's kernel memory is reported, the affinity map's too.
+    let out = c
+        .node1
+        .ns
+        .exec(["curl", "-s", "http://127.0.0.1:10249/metrics"])
+        .expect("curl");
+    let metrics = String::from_utf8_lossy(&out.stdout);
+    for map in [
+        "kpng_frontends",
+        "kpng_slots",
+        "kpng_members",
+        "kpng_affinity",
+        "kpng_reverse",
+    ] {
+        let line = format!("kpng_ebpf_map_memory_bytes{{map=\"{map}\"}} ");
+        assert!(metrics.contains(&line), "{line}in:\n{metrics}");
+    }
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
     k.restart();
     assert_eq!(
