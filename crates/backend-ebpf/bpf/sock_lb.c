@@ -72,6 +72,20 @@ struct affinity_value {
 	__u64 last_ns;
 };
 
+// An unconnected UDP socket's flow to one frontend: kube-proxy's conntrack entry keeps a
+// flow's datagrams on one endpoint while it lives, so the socket keeps its choice too.
+struct flow_key {
+	__u64 cookie;
+	struct frontend_key fe;
+	__u32 pad;
+};
+
+struct flow_value {
+	struct endpoint ep;
+	__u32 pad;
+	__u64 last_ns;
+};
+
 struct reverse_key {
 	__u64 cookie;
 	struct endpoint ep;
@@ -133,6 +147,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_reverse SEC(".maps");
 
+// The flows of unconnected UDP sockets (sendmsg), by socket and frontend. An LRU: a socket
+// that closed leaves its entries to be evicted. A flow idle longer than FLOW_IDLE_NS chooses
+// again, as a UDP conntrack entry expires after 30 s (nf_conntrack_udp_timeout).
+#define FLOW_IDLE_NS (30ULL * 1000000000ULL)
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct flow_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_flows SEC(".maps");
+
 enum verdict {
 	PASS = 0,   // not a frontend (or nothing usable): leave the address alone
 	MAPPED = 1, // *out holds the endpoint
@@ -162,7 +188,9 @@ static __always_inline int is_member(const struct service *svc, const struct end
 	return 0;
 }
 
-static __always_inline enum verdict pick(void *ctx, struct frontend_key *k, struct endpoint *out)
+// `flow`: the datagram of an unconnected socket (sendmsg), whose flow keeps its endpoint.
+static __always_inline enum verdict pick(struct bpf_sock_addr *ctx, struct frontend_key *k,
+					 struct endpoint *out, int flow)
 {
 	struct service *svc = bpf_map_lookup_elem(&kpng_frontends, k);
 	if (!svc)
@@ -170,6 +198,22 @@ static __always_inline enum verdict pick(void *ctx, struct frontend_key *k, stru
 	__u32 count = svc->count;
 	if (count == 0)
 		return (svc->flags & SVC_REFUSE) ? REFUSE : PASS;
+
+	// A flow under way keeps its endpoint while it is one of the Service's (affinity, when
+	// the Service has it, decides below as for a connect).
+	struct flow_key fk = {};
+	__u64 flow_now = 0;
+	if (flow && !svc->affinity_seconds) {
+		flow_now = bpf_ktime_get_ns();
+		fk.cookie = bpf_get_socket_cookie(ctx);
+		fk.fe = *k;
+		struct flow_value *fv = bpf_map_lookup_elem(&kpng_flows, &fk);
+		if (fv && flow_now - fv->last_ns <= FLOW_IDLE_NS && is_member(svc, &fv->ep)) {
+			*out = fv->ep;
+			fv->last_ns = flow_now;
+			return MAPPED;
+		}
+	}
 
 	// Without affinity (most Services) a connect costs one lookup and a random number: no
 	// clock read, no affinity map access.
@@ -205,6 +249,11 @@ static __always_inline enum verdict pick(void *ctx, struct frontend_key *k, stru
 		av.ep = *out;
 		av.last_ns = now;
 		bpf_map_update_elem(&kpng_affinity, &ak, &av, BPF_ANY);
+	} else if (flow) {
+		struct flow_value fv = {};
+		fv.ep = *out;
+		fv.last_ns = flow_now;
+		bpf_map_update_elem(&kpng_flows, &fk, &fv, BPF_ANY);
 	}
 	return MAPPED;
 }
@@ -236,7 +285,7 @@ static __always_inline int is_mapped_v4(const __u32 *a)
 }
 
 // IPv4 hooks: the address is ctx->user_ip4, the key holds it IPv4-mapped.
-static __always_inline int translate4(struct bpf_sock_addr *ctx, int refuse_ok)
+static __always_inline int translate4(struct bpf_sock_addr *ctx, int flow)
 {
 	struct frontend_key k = {};
 	k.addr[2] = bpf_htonl(0xffff);
@@ -244,7 +293,7 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx, int refuse_ok)
 	k.port = (__u16)ctx->user_port;
 	k.proto = (__u8)ctx->protocol;
 	struct endpoint ep = {};
-	switch (pick(ctx, &k, &ep)) {
+	switch (pick(ctx, &k, &ep, flow)) {
 	case MAPPED:
 		if (!is_mapped_v4(ep.addr))
 			return 1;
@@ -253,17 +302,14 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx, int refuse_ok)
 		remember(ctx, &k, &ep);
 		return 1;
 	case REFUSE:
-		if (refuse_ok) {
-			bpf_set_retval(-ECONNREFUSED);
-			return 0;
-		}
-		return 1;
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
 	default:
 		return 1;
 	}
 }
 
-static __always_inline int translate6(struct bpf_sock_addr *ctx, int refuse_ok)
+static __always_inline int translate6(struct bpf_sock_addr *ctx, int flow)
 {
 	struct frontend_key k = {};
 	k.addr[0] = ctx->user_ip6[0];
@@ -273,7 +319,7 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, int refuse_ok)
 	k.port = (__u16)ctx->user_port;
 	k.proto = (__u8)ctx->protocol;
 	struct endpoint ep = {};
-	switch (pick(ctx, &k, &ep)) {
+	switch (pick(ctx, &k, &ep, flow)) {
 	case MAPPED:
 		// An IPv4 frontend reached through a dual-stack socket (::ffff:a.b.c.d) has IPv4
 		// endpoints, written back IPv4-mapped; an IPv6 frontend has IPv6 endpoints.
@@ -287,11 +333,8 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, int refuse_ok)
 		remember(ctx, &k, &ep);
 		return 1;
 	case REFUSE:
-		if (refuse_ok) {
-			bpf_set_retval(-ECONNREFUSED);
-			return 0;
-		}
-		return 1;
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
 	default:
 		return 1;
 	}
@@ -300,13 +343,13 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, int refuse_ok)
 SEC("cgroup/connect4")
 int kpng_connect4(struct bpf_sock_addr *ctx)
 {
-	return translate4(ctx, 1);
+	return translate4(ctx, 0);
 }
 
 SEC("cgroup/connect6")
 int kpng_connect6(struct bpf_sock_addr *ctx)
 {
-	return translate6(ctx, 1);
+	return translate6(ctx, 0);
 }
 
 SEC("cgroup/sendmsg4")

@@ -312,9 +312,11 @@ impl Kernel {
             (MapId::Members.name(), self.members.map()),
             ("kpng_reverse", self.reverse.map()),
         ];
-        // Only the programs use the affinity map; it is charged all the same (7 MB).
-        if let Some(aya::maps::Map::LruHashMap(data)) = self.ebpf.map("kpng_affinity") {
-            maps.push(("kpng_affinity", data));
+        // Only the programs use the affinity and flow maps; they are charged all the same.
+        for name in ["kpng_affinity", "kpng_flows"] {
+            if let Some(aya::maps::Map::LruHashMap(data)) = self.ebpf.map(name) {
+                maps.push((name, data));
+            }
         }
         maps.into_iter()
             .filter_map(|(name, data)| {
@@ -443,11 +445,12 @@ impl Kernel {
 }
 
 /// Every map of the object, by name: each is pinned in the layout's directory.
-pub const MAP_NAMES: [&str; 5] = [
+pub const MAP_NAMES: [&str; 6] = [
     "kpng_frontends",
     "kpng_slots",
     "kpng_members",
     "kpng_affinity",
+    "kpng_flows",
     "kpng_reverse",
 ];
 

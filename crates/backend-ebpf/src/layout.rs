@@ -9,10 +9,10 @@ use std::net::{IpAddr, SocketAddr};
 
 use kpng_model::Protocol;
 
-/// The layout's version: it names the directory the maps are pinned in (`<pin dir>/v2`), so a
+/// The layout's version: it names the directory the maps are pinned in (`<pin dir>/v3`), so a
 /// kpng whose maps differ from the pinned ones (an upgrade, a downgrade) creates its own instead
 /// of adopting maps whose elements it would misread. Bump it with any change to a map below.
-pub const VERSION: &str = "v2";
+pub const VERSION: &str = "v3";
 
 /// `INLINE`: the endpoints a frontend's value holds itself; a longer list continues in
 /// `kpng_slots`. Eight keeps the value at 176 bytes (about 250 per element with the kernel's

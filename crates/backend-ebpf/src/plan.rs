@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
-use kpng_model::{PortKey, ServicePort};
+use kpng_model::{PortKey, Protocol, ServicePort};
 
 use crate::layout;
 
@@ -313,11 +313,13 @@ pub type ElementSink<'a> = dyn FnMut(MapId, &[u8], &[u8]) + 'a;
 ///
 /// A frontend's value is the service itself with its first [`layout::INLINE`] endpoints: one
 /// element per frontend, where the list used to cost a service element and one slot per
-/// endpoint. Only longer lists write slots (from `INLINE` on), and only those with affinity
-/// write members (the program searches a short list inline).
+/// endpoint. Only longer lists write slots (from `INLINE` on), and only those whose choices
+/// are kept write members (the program searches a short list inline): ClientIP affinity, and
+/// UDP, whose unconnected sockets' flows keep their endpoint while it is a member.
 pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut ElementSink<'_>) {
     let count = u32::try_from(group.endpoints.len()).unwrap_or(u32::MAX);
     let overflow = group.endpoints.len() > layout::INLINE;
+    let kept = group.affinity_seconds > 0 || Some(proto) == layout::ip_proto(Protocol::Udp);
     if overflow {
         for (slot, ep) in (0u32..).zip(&group.endpoints) {
             if slot as usize >= layout::INLINE {
@@ -327,7 +329,7 @@ pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut ElementSink<'_>) {
                     &layout::endpoint(*ep),
                 );
             }
-            if group.affinity_seconds > 0 {
+            if kept {
                 out(MapId::Members, &layout::member_key(id, *ep), &[1]);
             }
         }

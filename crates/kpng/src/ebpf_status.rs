@@ -42,6 +42,7 @@ fn label(map: &str) -> &str {
         "kpng_slots" => "endpoint slots past 8",
         "kpng_members" => "affinity members",
         "kpng_affinity" => "ClientIP affinities",
+        "kpng_flows" => "unconnected UDP flows",
         "kpng_reverse" => "open translated sockets",
         other => other,
     }
@@ -97,7 +98,7 @@ fn details(i: &Inspection, pin_dir: &Path, scope: &str) -> Vec<DataPlaneDetail> 
         .iter()
         .filter(|m| m.nearly_full())
         .map(|m| {
-            let consequence = if m.name == "kpng_reverse" || m.name == "kpng_affinity" {
+            let consequence = if matches!(m.name, "kpng_reverse" | "kpng_affinity" | "kpng_flows") {
                 "the oldest entries are evicted"
             } else {
                 "new entries are refused and the sync fails"

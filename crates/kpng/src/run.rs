@@ -360,9 +360,10 @@ struct SinkFacts {
     /// For a dry run: where the kernel's first refusal arrives. A dry run opens no listener
     /// and writes no sysctl.
     dry_run: Option<tokio::sync::watch::Receiver<Option<String>>>,
-    /// For a backend that changes the node: the instance lock it takes (one kpng per network
-    /// namespace and backend).
-    lock: Option<BackendKind>,
+    /// For a backend that changes the node: the instance lock it holds (one kpng per network
+    /// namespace), taken before the backend was built, so that a second kpng is refused for
+    /// that first, before anything else of the node's (the eBPF pins) is asked.
+    lock: Option<crate::instance_lock::InstanceLock>,
     /// The `file` source's metrics, registered with the rest.
     source_metrics: Option<SourceMetrics>,
     /// The backend programming the node, if any: its node-port addresses tell `kpng trace`
@@ -424,17 +425,26 @@ fn local_backend(
             tracing::warn!("{what}: the command line wins");
         }
     }
-    let (refusals, refused) = crate::dry_run::Refusals::channel();
-    let built = BackendKind::build(flags, backend, &refusals)?;
     let dry_run = BackendKind::dry_run(backend);
     let simulated = BackendKind::simulated(backend);
+    // One kpng per network namespace, whatever the backend (before anything touches the node).
+    let lock = if dry_run || simulated {
+        None
+    } else {
+        Some(crate::instance_lock::acquire(
+            kind.word(),
+            &BackendKind::ALL.map(BackendKind::word),
+        )?)
+    };
+    let (refusals, refused) = crate::dry_run::Refusals::channel();
+    let built = BackendKind::build(flags, backend, &refusals)?;
     let facts = SinkFacts {
         health_checks: (!simulated).then(|| kind.health_check_addresses(flags)),
         cleans_conntrack: BackendKind::cleans_conntrack(backend),
         // Linux proxies' leftovers are not the Windows backend's to sweep.
         sweeps: (!dry_run && kind != BackendKind::Hns).then_some(built.own),
         dry_run: dry_run.then_some(refused),
-        lock: (!dry_run && !simulated).then_some(kind),
+        lock,
         source_metrics: None,
         kind: Some(kind),
         events: None,
@@ -573,14 +583,8 @@ where
     F: FnOnce(mpsc::Sender<M::Input>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    // One kpng per network namespace and backend (before anything touches the node).
-    let _lock = match facts.lock {
-        Some(kind) => Some(crate::instance_lock::acquire(
-            kind.word(),
-            &BackendKind::ALL.map(BackendKind::word),
-        )?),
-        None => None,
-    };
+    // Held until kpng ends.
+    let _lock = facts.lock;
     info!(node = %model.snapshot().node.name, backend = backend.name(), "starting kpng");
     let timing = SyncTiming {
         min_sync_period: flags.min_sync_period,

@@ -213,6 +213,80 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
     std::fs::write(&stop, "").expect("stop");
 }
 
+/// Two rounds of 20 datagrams through one unconnected socket (`sendto`) to argv[1]:argv[2],
+/// each round printed as the answering pods' names; the second round waits for file argv[3].
+const UDP_ROUNDS: &str = r#"
+import os, socket, sys, time
+dst = (sys.argv[1], int(sys.argv[2]))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
+def round():
+    names = []
+    for _ in range(20):
+        s.sendto(b"x", dst); d, a = s.recvfrom(200); assert a == dst, a
+        names.append(d.decode().split()[0])
+    print(" ".join(names), flush=True)
+round()
+while not os.path.exists(sys.argv[3]): time.sleep(0.05)
+round()
+"#;
+
+#[test]
+fn an_unconnected_udp_socket_keeps_its_endpoint_while_it_serves() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("udpflow")).expect("cluster");
+    let _echo: Vec<Spawned> = ["pod1a", "pod1b", "pod2a"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let both = [("pod1b", Cond::Ready), ("pod2a", Cond::Ready)];
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("dns", 10, "ClusterIP", "", &both)]),
+        &[],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let next = dir.path().join("next");
+    let mut client = c
+        .pod("pod1a")
+        .ns
+        .spawn([
+            "python3",
+            "-c",
+            UDP_ROUNDS,
+            &cip(10, false).to_string(),
+            &SVC_PORT.to_string(),
+            &next.display().to_string(),
+        ])
+        .expect("python3 UDP client");
+    let names = |line: &str| -> std::collections::BTreeSet<String> {
+        line.split_whitespace().map(String::from).collect()
+    };
+    // As kube-proxy's conntrack entry does: one flow, one endpoint.
+    let first = client
+        .wait_for_line(|l| !l.is_empty(), Duration::from_secs(10))
+        .expect("the first round");
+    let chosen = names(&first);
+    assert_eq!(chosen.len(), 1, "one endpoint for the flow: {first}");
+    // Its endpoint leaves: the flow moves to one of the others, and stays there.
+    let gone = chosen.first().cloned().unwrap_or_default();
+    let stays = if gone == "pod1b" { "pod2a" } else { "pod1b" };
+    k.apply(&manifest(&[svc(
+        "dns",
+        10,
+        "ClusterIP",
+        "",
+        &[(stays, Cond::Ready), ("pod1a", Cond::Ready)],
+    )]));
+    std::fs::write(&next, "").expect("next");
+    let second = client
+        .wait_for_line(|l| !l.is_empty(), Duration::from_secs(10))
+        .expect("the second round");
+    let now = names(&second);
+    assert_eq!(now.len(), 1, "one endpoint for the flow: {second}");
+    assert!(!now.contains(&gone), "{gone} left the Service: {second}");
+}
+
 #[test]
 fn a_restart_adopts_the_pinned_programs_and_maps() {
     require_root!();
@@ -238,6 +312,7 @@ fn a_restart_adopts_the_pinned_programs_and_maps() {
         "kpng_slots",
         "kpng_members",
         "kpng_affinity",
+        "kpng_flows",
         "kpng_reverse",
     ] {
         let line = format!("kpng_ebpf_map_memory_bytes{{map=\"{map}\"}} ");
@@ -325,7 +400,7 @@ fn cleanup_removes_the_pins_and_detaches_the_programs() {
         &[],
     );
     let pins = ebpf_pins(&c.node1.ns);
-    assert!(pins.join("v2/kpng_frontends").exists(), "maps pinned");
+    assert!(pins.join("v3/kpng_frontends").exists(), "maps pinned");
     // Pins are the host's: while node1's kpng runs, a cleanup in another network namespace
     // (node2's: its own instance check sees no kpng) keeps them, and says who uses them.
     let out = c
@@ -341,7 +416,7 @@ fn cleanup_removes_the_pins_and_detaches_the_programs() {
         said.contains("in use by a running kpng (pid ") && said.contains("stop that kpng first"),
         "{said}"
     );
-    assert!(pins.join("v2/kpng_frontends").exists(), "maps kept: {said}");
+    assert!(pins.join("v3/kpng_frontends").exists(), "maps kept: {said}");
     k.stop();
     assert_eq!(
         attached(&c).len(),
@@ -408,7 +483,7 @@ fn an_upgrade_replaces_maps_of_another_layout() {
         &[],
     );
     assert!(!legacy.exists(), "the old layout's pin is gone");
-    assert!(pins.join("v2/kpng_frontends").exists(), "new maps pinned");
+    assert!(pins.join("v3/kpng_frontends").exists(), "new maps pinned");
     assert_eq!(attached(&c).len(), 9, "programs attached");
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
     held.second("pod2a")
@@ -540,9 +615,9 @@ fn removed_pins_are_pinned_again_and_translation_never_stops() {
         names.sort();
         names
     };
-    let (links, maps) = (pinned("links"), pinned("v2"));
+    let (links, maps) = (pinned("links"), pinned("v3"));
     assert_eq!(links.len(), 9, "{links:?}");
-    assert_eq!(maps.len(), 5, "{maps:?}");
+    assert_eq!(maps.len(), 6, "{maps:?}");
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
 
     std::fs::remove_dir_all(&pins).expect("rm -rf the pin directory");
@@ -556,12 +631,12 @@ fn removed_pins_are_pinned_again_and_translation_never_stops() {
         .expect("a new connection right after the pins went");
 
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while (pinned("links") != links || pinned("v2") != maps) && std::time::Instant::now() < deadline
+    while (pinned("links") != links || pinned("v3") != maps) && std::time::Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(pinned("links"), links, "links pinned again within 5 s");
-    assert_eq!(pinned("v2"), maps, "maps pinned again within 5 s");
+    assert_eq!(pinned("v3"), maps, "maps pinned again within 5 s");
     let status = k.status_json();
     assert!(
         status["repairs"]["count"].as_u64().is_some_and(|n| n >= 1)
@@ -583,7 +658,7 @@ fn removed_pins_are_pinned_again_and_translation_never_stops() {
 
 /// Elements of the pinned reverse map (`bpftool map dump`).
 fn reverse_entries(c: &Cluster) -> usize {
-    let map = ebpf_pins(&c.node1.ns).join("v2/kpng_reverse");
+    let map = ebpf_pins(&c.node1.ns).join("v3/kpng_reverse");
     let out = std::process::Command::new("bpftool")
         .args(["-j", "map", "dump", "pinned"])
         .arg(&map)

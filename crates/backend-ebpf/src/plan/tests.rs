@@ -222,7 +222,7 @@ fn a_long_list_overflows_into_slots_written_before_and_deleted_after_the_fronten
 }
 
 #[test]
-fn members_are_written_only_for_long_lists_with_affinity() {
+fn members_are_written_only_for_long_lists_whose_choices_are_kept() {
     let ten = eps(10);
     let plain = with_affinity(1, &strs(&ten), 0);
     assert!(plain.table(MapId::Members).is_some_and(Table::is_empty));
@@ -231,6 +231,21 @@ fn members_are_written_only_for_long_lists_with_affinity() {
     assert_eq!(sticky.table(MapId::Members).map(Table::len), Some(10));
     let short = with_affinity(1, &strs(&ten[..3]), 10);
     assert_eq!(short.len(), 1, "a short list is searched inline");
+    // UDP without affinity: unconnected sockets' flows keep their endpoint while it is a member.
+    let mut udp = Entries::default();
+    udp.add_group(
+        1,
+        17,
+        &Group {
+            scope: Scope::Internal,
+            frontends: vec![(ip("10.96.0.10"), 53)],
+            endpoints: ten.iter().map(|e| sa(e)).collect(),
+            affinity_seconds: 0,
+            refuse: false,
+        },
+    );
+    udp.seal();
+    assert_eq!(udp.table(MapId::Members).map(Table::len), Some(10));
     // Turning affinity off deletes the members, after the frontend is rewritten.
     let off = maps_of(&ops(&sticky, &plain));
     assert_eq!(off[0], (MapId::Frontends, true));

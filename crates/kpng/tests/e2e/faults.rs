@@ -499,6 +499,10 @@ pub fn one_instance_per_namespace(b: Backend) {
         assert!(Instant::now() < deadline, "{}", other.stderr_text());
         std::thread::sleep(Duration::from_millis(10));
     }
+    drop(other);
+    if b == Backend::Ebpf {
+        forget_ebpf_scope(&c.node2.ns);
+    }
 }
 
 /// `kill -9` of kpng right after it read a change (its sync starts at once), then a restart

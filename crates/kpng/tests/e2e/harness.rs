@@ -285,9 +285,12 @@ impl<'a> Kpng<'a> {
     }
 
     /// Starts another kpng with the same arguments in `ns` (this one's namespace or another),
-    /// without waiting for anything.
+    /// without waiting for anything. In another namespace an eBPF kpng gets that node's own
+    /// cgroup and pins, as a node of its own would have (pins are the host's: shared ones are
+    /// refused).
     pub fn spawn_another(&self, ns: &Netns) -> Spawned {
-        ns.spawn(self.args()).expect("start another kpng")
+        ns.spawn(self.args_in(self.backend, ns))
+            .expect("start another kpng")
     }
 
     /// Starts a kpng of `backend` (another one) in this one's namespace, on the same input,
@@ -308,6 +311,11 @@ impl<'a> Kpng<'a> {
     }
 
     fn args_for(&self, backend: Backend) -> Vec<String> {
+        self.args_in(backend, self.ns)
+    }
+
+    /// The arguments of a kpng of `backend` in namespace `ns`.
+    fn args_in(&self, backend: Backend, ns: &Netns) -> Vec<String> {
         let mut args: Vec<String> = vec![env!("CARGO_BIN_EXE_kpng").into()];
         match &self.source {
             Some(source) => args.extend(source.iter().cloned()),
@@ -339,7 +347,7 @@ impl<'a> Kpng<'a> {
         args.extend(self.extra.iter().cloned());
         args.extend(backend.sink_args().iter().map(|a| (*a).to_owned()));
         if backend == Backend::Ebpf {
-            let (cgroup, pins) = ebpf_scope(self.ns);
+            let (cgroup, pins) = ebpf_scope(ns);
             args.extend([
                 "--cgroup-path".to_owned(),
                 cgroup.display().to_string(),
@@ -493,6 +501,19 @@ impl Drop for Kpng<'_> {
 }
 
 /// The pin directory of the eBPF backend running in `node`.
+/// Removes what an eBPF kpng of `node` started by hand (not a [`Kpng`], whose drop does it)
+/// leaves: its pins and the node's test cgroups. Its process must be gone.
+pub fn forget_ebpf_scope(node: &Netns) {
+    let (local, pins) = ebpf_scope(node);
+    let _ = std::fs::remove_dir_all(pins);
+    if let Some(groups) = local.parent() {
+        for group in ["local", "outside"] {
+            let _ = std::fs::remove_dir(groups.join(group));
+        }
+        let _ = std::fs::remove_dir(groups);
+    }
+}
+
 pub fn ebpf_pins(node: &Netns) -> PathBuf {
     kpng_testkit::cgroups::socket_pins(node.name())
 }
