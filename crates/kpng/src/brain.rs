@@ -42,6 +42,15 @@ where
         }),
         metrics,
     ));
+    if flags.healthz_bind_address.port() != crate::config::HEALTHZ_PORT
+        || !flags.healthz_bind_address.ip().is_unspecified()
+    {
+        warn!(
+            "--healthz-bind-address {}: a brain has no health server; its /healthz (ready once \
+             the cluster is listed) and /livez are on --metrics-bind-address",
+            flags.healthz_bind_address
+        );
+    }
     if !flags.metrics_bind_address.trim().is_empty() {
         let addr: SocketAddr = flags.metrics_bind_address.parse().with_context(|| {
             format!(
@@ -55,6 +64,10 @@ where
             "api",
             crate::zpages::ZPages::new(&flags, "to-api"),
             None,
+            Some(crate::http::BrainHealth {
+                hub: hub.clone(),
+                input: input.clone(),
+            }),
         )
         .await?;
         tokio::spawn(async move {

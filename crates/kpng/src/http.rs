@@ -3,7 +3,8 @@
 //! - health server (`--healthz-bind-address`, default `0.0.0.0:10256`): `/healthz`, `/livez`
 //!   with kube-proxy's JSON body and status rules;
 //! - metrics server (`--metrics-bind-address`, default `127.0.0.1:10249`): `/metrics`
-//!   (Prometheus/OpenMetrics text), `/healthz` (plain `ok`) and `/proxyMode`.
+//!   (Prometheus/OpenMetrics text), `/healthz` (plain `ok`; a brain's readiness on a brain,
+//!   with `/livez`) and `/proxyMode`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,6 +83,55 @@ struct MetricsState {
     proxy_mode: &'static str,
     z: Arc<crate::zpages::ZPages>,
     admin: Option<kpng_runner::admin::AdminHandle>,
+    brain: Option<BrainHealth>,
+}
+
+/// What a brain's `/healthz` and `/livez` (on its metrics server: it has no health server)
+/// read, so that a brain Deployment has probes that mean something: ready once the cluster is
+/// listed (nodes get their state only then), alive while it answers.
+#[derive(Clone)]
+pub struct BrainHealth {
+    /// The brain's hub: listed yet, and how many nodes it serves.
+    pub hub: Arc<kpng_api::hub::Hub>,
+    /// The source's problems (the brain keeps serving its last good state meanwhile).
+    pub input: kpng_model::input::InputHealth,
+}
+
+impl BrainHealth {
+    /// The status and JSON body: 503 until the cluster has been listed (`/healthz` only).
+    fn answer(&self, healthz: bool) -> Response {
+        let synced = self.hub.synced();
+        let body = serde_json::json!({
+            "synced": synced,
+            "nodesConnected": self.hub.metrics().clients_connected.get(),
+            "inputProblems": self.input.state().problems.len(),
+        });
+        let status = if synced || !healthz {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics_healthz(State(state): State<MetricsState>) -> Response {
+    match &state.brain {
+        Some(brain) => brain.answer(true),
+        None => "ok".into_response(),
+    }
+}
+
+async fn metrics_livez(State(state): State<MetricsState>) -> Response {
+    match &state.brain {
+        Some(brain) => brain.answer(false),
+        None => "ok".into_response(),
+    }
 }
 
 /// The status page: plain HTML and a little JavaScript, embedded, no external assets. It
@@ -160,24 +210,23 @@ async fn proxy_mode_text(State(state): State<MetricsState>) -> Response {
         .into_response()
 }
 
-async fn plain_ok() -> &'static str {
-    "ok"
-}
-
-/// Binds the metrics server now and returns its future.
+/// Binds the metrics server now and returns its future. `/healthz` there is kube-proxy's
+/// plain `ok`, or a brain's readiness when `brain` is given (with `/livez`).
 pub async fn metrics_server(
     addr: SocketAddr,
     registry: Arc<Registry>,
     proxy_mode: &'static str,
     z: crate::zpages::ZPages,
     admin: Option<kpng_runner::admin::AdminHandle>,
+    brain: Option<BrainHealth>,
 ) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
     let app = Router::new()
         .route("/status", get(status_page))
         .route("/status/status.json", get(status_json))
         .route("/status/trace.json", get(trace_json))
         .route("/metrics", get(metrics))
-        .route("/healthz", get(plain_ok))
+        .route("/healthz", get(metrics_healthz))
+        .route("/livez", get(metrics_livez))
         .route("/proxyMode", get(proxy_mode_text))
         .route("/configz", get(configz))
         .route("/flagz", get(flagz))
@@ -187,6 +236,7 @@ pub async fn metrics_server(
             proxy_mode,
             z: Arc::new(z),
             admin,
+            brain,
         });
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("binding the metrics server to {addr} (--metrics-bind-address)")

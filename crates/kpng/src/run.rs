@@ -667,8 +667,15 @@ where
         })?;
         let z = crate::zpages::ZPages::new(&flags, proxy_mode);
         Some(
-            crate::http::metrics_server(addr, Arc::new(registry), proxy_mode, z, admin.clone())
-                .await?,
+            crate::http::metrics_server(
+                addr,
+                Arc::new(registry),
+                proxy_mode,
+                z,
+                admin.clone(),
+                None,
+            )
+            .await?,
         )
     };
 

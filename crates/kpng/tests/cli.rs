@@ -901,3 +901,61 @@ fn help_names_every_mode_and_each_systems_default() {
     );
     assert!(stdout.lines().any(|l| l == "mode: kernelspace"), "{stdout}");
 }
+
+/// `GET path` on 127.0.0.1:port: (status code, body); `None` while nothing listens.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((code, body))
+}
+
+#[test]
+fn a_brain_is_ready_once_its_cluster_is_listed_and_alive_before() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let brain = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--debounce", "0", "--admin-socket="])
+            .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
+            .args(["to-api", "--listen"])
+            .arg(format!("unix://{}", dir.path().join("b.sock").display())),
+    );
+    let wait_for = |path: &str, want: u16| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some((code, body)) = http_get(port, path)
+                && code == want
+            {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{path} {want} within 10 s:\n{}",
+                brain.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // The manifest is not there yet: alive, not ready (nodes would get nothing).
+    let live = wait_for("/livez", 200);
+    assert!(live.contains("\"synced\":false"), "{live}");
+    let not_ready = wait_for("/healthz", 503);
+    assert!(not_ready.contains("\"inputProblems\":1"), "{not_ready}");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let ready = wait_for("/healthz", 200);
+    assert!(
+        ready.contains("\"synced\":true") && ready.contains("\"inputProblems\":0"),
+        "{ready}"
+    );
+}
