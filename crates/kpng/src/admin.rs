@@ -40,26 +40,39 @@ pub async fn serve_brain(
 ) -> anyhow::Result<Option<Serving>> {
     use axum::response::IntoResponse;
     use axum::routing::get;
-    let app = axum::Router::new().route(
-        "/v1/status",
-        get(move || {
-            let hub = hub.clone();
-            let input = InputStatus::of(&input.state());
-            async move {
-                axum::Json(BrainStatus {
-                    role: "brain".into(),
-                    synced: hub.synced(),
-                    services: hub.service_count(),
-                    nodes: hub.watchers(),
-                    not_connected: hub.not_connected(),
-                    rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
-                    input: Some(input),
-                })
-                .into_response()
-            }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/v1/status",
+            get(move || {
+                let hub = hub.clone();
+                let input = InputStatus::of(&input.state());
+                async move {
+                    axum::Json(BrainStatus {
+                        role: "brain".into(),
+                        synced: hub.synced(),
+                        services: hub.service_count(),
+                        nodes: hub.watchers(),
+                        not_connected: hub.not_connected(),
+                        rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
+                        input: Some(input),
+                    })
+                    .into_response()
+                }
+            }),
+        )
+        .route("/v1/trace", get(brain_trace));
     crate::admin_socket::serve(path, app).await
+}
+
+/// `kpng trace` asked of a brain: it programs no node, so no packet meets its rules.
+async fn brain_trace() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::NOT_FOUND,
+        "this kpng is a brain (`to-api`): it programs no node, so there is nothing to trace \
+         here; ask a node's kpng (`kpng trace --admin-socket` of a `kpng local`/`api` node)",
+    )
+        .into_response()
 }
 
 /// What a brain answers to `kpng status`.

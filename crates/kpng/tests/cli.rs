@@ -915,7 +915,7 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 #[test]
-fn a_brain_is_ready_once_its_cluster_is_listed_and_alive_before() {
+fn a_brain_is_ready_once_its_cluster_is_listed_alive_before_and_says_it_traces_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("c.yaml");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -926,7 +926,8 @@ fn a_brain_is_ready_once_its_cluster_is_listed_and_alive_before() {
         kpng()
             .args(["file", "--input"])
             .arg(&input)
-            .args(["--debounce", "0", "--admin-socket="])
+            .args(["--debounce", "0", "--admin-socket"])
+            .arg(dir.path().join("admin.sock"))
             .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
             .args(["to-api", "--listen"])
             .arg(format!("unix://{}", dir.path().join("b.sock").display())),
@@ -958,4 +959,20 @@ fn a_brain_is_ready_once_its_cluster_is_listed_and_alive_before() {
         ready.contains("\"synced\":true") && ready.contains("\"inputProblems\":0"),
         "{ready}"
     );
+    // `kpng trace` asked of a brain says where to ask instead.
+    let out = kpng()
+        .args([
+            "trace",
+            "--from",
+            "10.244.1.5",
+            "--to",
+            "10.96.0.9:80",
+            "--admin-socket",
+        ])
+        .arg(dir.path().join("admin.sock"))
+        .output()
+        .expect("kpng trace");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("this kpng is a brain"), "{said}");
 }
