@@ -1027,6 +1027,27 @@ impl Hub {
         out
     }
 
+    /// The node names watchers ask for that no Node of the cluster has (once it is listed):
+    /// a typo or a short hostname where the Node is an FQDN, whose kpng gets no local endpoint
+    /// and cannot see why itself.
+    pub fn unknown_watchers(&self) -> Vec<String> {
+        let state = self.lock();
+        if !state.synced {
+            return Vec::new();
+        }
+        let known: std::collections::HashSet<&str> = state.cluster.node_names().collect();
+        let mut out: Vec<String> = state
+            .watchers
+            .values()
+            .map(|w| w.node_name.as_str())
+            .filter(|n| !known.contains(n))
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Service entries the brain holds.
     pub fn service_count(&self) -> usize {
         self.lock().entries.len()

@@ -53,6 +53,7 @@ pub async fn serve_brain(
                         services: hub.service_count(),
                         nodes: hub.watchers(),
                         not_connected: hub.not_connected(),
+                        unknown_nodes: hub.unknown_watchers(),
                         rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
                         input: Some(input),
                     })
@@ -90,6 +91,9 @@ pub struct BrainStatus {
     /// The cluster's Nodes with no kpng connected: they do not follow the cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_connected: Vec<String>,
+    /// Node names connected kpngs ask for that no Node of the cluster has.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown_nodes: Vec<String>,
     /// Objects whose latest version the brain rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
@@ -348,6 +352,13 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
                 write_input(&mut text, input);
             }
             write_not_connected(&mut text, &brain.not_connected);
+            if !brain.unknown_nodes.is_empty() {
+                text.push_str(&format!(
+                    "PROBLEM: connected kpngs ask for node names no Node has (a typo, or a short \
+                     hostname where the Node is an FQDN: they get no local endpoint): {}\n",
+                    brain.unknown_nodes.join(", ")
+                ));
+            }
             write_rejected(&mut text, &brain.rejected);
             write_brain_nodes(&mut text, &brain.nodes, output == StatusOutput::Wide);
             print!("{text}");
@@ -427,6 +438,9 @@ fn table(status: &Status, wide: bool) -> String {
     );
     if let Some(e) = &status.last_error {
         let _ = writeln!(out, "last error: {e}");
+    }
+    if let Some(problem) = &status.node_problem {
+        let _ = writeln!(out, "PROBLEM: {problem}");
     }
     if let Some(input) = &status.input {
         write_input(&mut out, input);

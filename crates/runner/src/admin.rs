@@ -221,6 +221,9 @@ pub struct Status {
     /// How the source is doing: what it reads, its problems now, its last good load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<InputStatus>,
+    /// What is wrong with this node's own Node object once the cluster is listed ([`node_problem`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_problem: Option<String>,
     /// The repairs of the data plane after changes someone else made (a firewall reload, an
     /// `nft flush ruleset`): none so far when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -239,6 +242,32 @@ pub struct Status {
     /// backends without such lines.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_plane: Vec<DataPlaneDetail>,
+}
+
+/// What is wrong with the node's Node object, in words, for `kpng status`: a node name no
+/// Node has (a typo, a short hostname where the Node is an FQDN) leaves every endpoint
+/// remote and `/healthz` at 503, and was only a log line before; a Node being deleted or
+/// tainted by the cluster autoscaler turns `/healthz` to 503 as kube-proxy does.
+pub fn node_problem(node: &kpng_model::NodeState) -> Option<String> {
+    if !node.known {
+        return Some(format!(
+            "no Node named {:?} in the cluster: no endpoint is local to this node, NodePorts \
+             on its primary addresses are not served and /healthz answers 503 (check \
+             --hostname-override / --node-name against `kubectl get nodes`)",
+            node.name
+        ));
+    }
+    if node.deleting {
+        return Some("the Node is being deleted: /healthz answers 503, as kube-proxy's".into());
+    }
+    if node.to_be_deleted {
+        return Some(
+            "the Node is tainted ToBeDeletedByClusterAutoscaler: /healthz answers 503, as \
+             kube-proxy's"
+                .into(),
+        );
+    }
+    None
 }
 
 /// A Service the model holds that gets no rule, and why.

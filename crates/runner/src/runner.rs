@@ -401,6 +401,11 @@ impl<M: NodeModel> LoopState<M> {
                         .map(RejectedStatus::of)
                         .collect(),
                     waiting_for: self.unlisted().iter().map(|k| k.as_str().into()).collect(),
+                    node_problem: if self.unlisted().is_empty() {
+                        admin::node_problem(&snapshot.node)
+                    } else {
+                        None
+                    },
                     repairs: self.repairs.clone(),
                     health_checks_not_served: self
                         .runner

@@ -220,16 +220,19 @@ fn every_watcher_gets_its_own_node_view() {
 }
 
 #[test]
-fn the_nodes_no_watcher_asks_for_are_named() {
+fn the_nodes_no_watcher_asks_for_and_the_watchers_no_node_has_are_named() {
     let hub = hub();
     hub.apply(fixtures::cluster_event());
     let all = hub.not_connected();
     assert!(all.len() >= 2, "the fixture's Nodes: {all:?}");
     assert!(all.windows(2).all(|w| w[0] < w[1]), "sorted: {all:?}");
     let first = hub.register(&all[0]);
-    // A watcher for a node the cluster does not know changes nothing.
+    assert_eq!(hub.unknown_watchers(), Vec::<String>::new());
+    // A watcher for a node the cluster does not know changes nothing here, and is named as
+    // unknown (its kpng gets no local endpoint and cannot see why).
     let _stranger = hub.register("not-a-node");
     assert_eq!(hub.not_connected(), all[1..]);
+    assert_eq!(hub.unknown_watchers(), ["not-a-node"]);
     drop(first);
     assert_eq!(
         hub.not_connected(),

@@ -712,6 +712,26 @@ async fn change_counters_count_events_and_pending_counts_changes_until_a_sync() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_node_name_no_node_has_is_a_status_problem_once_listed() {
+    let h = start(SyncTiming::default());
+    assert_eq!(status_of(&h).await.node_problem, None, "not listed yet");
+    h.tx.send(all_kinds(vec![])).await.expect("send");
+    settle().await;
+    let problem = status_of(&h).await.node_problem.unwrap_or_default();
+    assert!(
+        problem.starts_with("no Node named \"n\" in the cluster"),
+        "{problem}"
+    );
+    let node =
+        kpng_k8s::from_json::<k8s_openapi::api::core::v1::Node>(json!({"metadata": {"name": "n"}}))
+            .expect("node")
+            .object;
+    h.tx.send(Event::Apply(node)).await.expect("send");
+    settle().await;
+    assert_eq!(status_of(&h).await.node_problem, None);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_list_counts_applied_objects_under_their_own_kinds() {
     let h = start(SyncTiming::default());
     h.tx.send(all_kinds(vec![
