@@ -820,11 +820,16 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
     }
     let s = |k: &str| t[k].as_str().unwrap_or_default().to_string();
     println!(
-        "{} {} → {}: {}",
+        "{} {} → {}: {}{}",
         proto,
         q.from,
         q.to,
-        s("verdict").to_uppercase()
+        s("verdict").to_uppercase(),
+        if t["translatedAtSocket"] == true {
+            " (at the socket: connect()/sendmsg(), not per packet)"
+        } else {
+            ""
+        }
     );
     if let Some(service) = t["service"].as_str() {
         println!("  service:    {service} (via {})", s("frontend"));

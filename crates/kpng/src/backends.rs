@@ -570,6 +570,10 @@ mod linux {
         let rules = nft(flags, &nft_args, node, refusals)?;
         let committed = (rules.table().to_string(), rules.committed());
         if args.dry_run {
+            tracing::info!(
+                "dry run of `to-local ebpf`: the nftables half's transactions are printed (the \
+                 log names that backend); the socket programs and their maps are not loaded"
+            );
             return Ok((Box::new(rules), committed));
         }
         // Refused at start when another kpng of this host uses the same pins.

@@ -262,11 +262,24 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
     };
     t.endpoint_list = Some(list);
     t.endpoints = endpoints.iter().map(|e| e.addr()).collect();
+    let from_this_node = from_node || snapshot.node.pod_cidrs.iter().any(|c| c.contains(&q.from));
+    let at_socket = facts.backend.translates_local_sockets
+        && from_this_node
+        && q.protocol != Protocol::Sctp
+        && (frontend != Frontend::LoadBalancer || port.source_ranges.is_empty());
     if endpoints.is_empty() {
         (t.verdict, t.reason) = if port.has_any_endpoints {
             (
                 Verdict::Drop,
                 format!("no {list} endpoint on this node's view, though the Service has endpoints"),
+            )
+        } else if at_socket {
+            t.translated_at_socket = true;
+            (
+                Verdict::Reject,
+                "the Service has no endpoints: the eBPF programs fail the socket's \
+                 connect()/sendmsg() with ECONNREFUSED at once, and no packet is sent"
+                    .to_string(),
             )
         } else {
             (Verdict::Reject, "the Service has no endpoints".to_string())
@@ -274,12 +287,7 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         return t;
     }
     t.hairpin = endpoints.iter().any(|e| e.ip == q.from);
-    let from_this_node = from_node || snapshot.node.pod_cidrs.iter().any(|c| c.contains(&q.from));
-    if facts.backend.translates_local_sockets
-        && from_this_node
-        && q.protocol != Protocol::Sctp
-        && (frontend != Frontend::LoadBalancer || port.source_ranges.is_empty())
-    {
+    if at_socket {
         t.translated_at_socket = true;
         t.masquerade = false;
         t.hairpin = false;

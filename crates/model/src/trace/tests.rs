@@ -535,4 +535,30 @@ fn sockets_of_this_node_are_translated_at_the_socket_with_ebpf() {
             assert!(!t.hairpin && t.reason.contains("eBPF"), "{}: {t:?}", c.what);
         }
     }
+    // Without endpoints, a local socket's connect() itself fails (no packet); from outside
+    // the node the rules reject the packet.
+    let mut empty = web();
+    empty.cluster_endpoints.clear();
+    empty.local_endpoints.clear();
+    empty.has_any_endpoints = false;
+    let mut snap = snapshot(vec![empty]);
+    snap.node.pod_cidrs = vec!["10.244.1.0/24".parse().expect("cidr")];
+    for (from, at_socket) in [("10.244.1.7", true), ("203.0.113.9", false)] {
+        let t = trace(
+            &snap,
+            &ebpf,
+            &TraceQuery {
+                from: from.parse().expect("ip"),
+                to: "10.96.0.10:80".parse().expect("addr"),
+                protocol: Protocol::Tcp,
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Reject, "{from}: {t:?}");
+        assert_eq!(t.translated_at_socket, at_socket, "{from}: {t:?}");
+        assert_eq!(
+            t.reason.contains("ECONNREFUSED"),
+            at_socket,
+            "{from}: {t:?}"
+        );
+    }
 }
