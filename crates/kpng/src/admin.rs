@@ -901,8 +901,10 @@ pub fn node_facts(
     use kpng_model::trace::LocalPods;
     #[cfg(target_os = "linux")]
     let host = kpng_backend::host::local_addresses();
+    // Elsewhere (Windows) the node's own addresses stand for the host's: HNS serves node
+    // ports on every node address.
     #[cfg(not(target_os = "linux"))]
-    let host: Vec<IpAddr> = Vec::new();
+    let host: Vec<IpAddr> = snapshot.node.ips.clone();
     let mut nodeport_ips = Vec::new();
     for family in [Family::V4, Family::V6] {
         nodeport_ips.extend(
@@ -936,9 +938,11 @@ pub fn node_facts(
         },
         masquerade_all,
         backend: kpng_model::trace::BackendTraits {
-            rejects_unknown_ports: kind != Some(BackendKind::Iptables),
+            // HNS leaves a Service IP's other ports alone, as iptables mode does.
+            rejects_unknown_ports: !matches!(kind, Some(BackendKind::Iptables | BackendKind::Hns)),
             proxies_connections: kind == Some(BackendKind::Userspace),
             translates_local_sockets: kind == Some(BackendKind::Ebpf),
+            enforces_source_ranges: kind != Some(BackendKind::Hns),
         },
     }
 }

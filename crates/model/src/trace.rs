@@ -56,6 +56,9 @@ pub struct BackendTraits {
     /// `connect()`/`sendmsg()`: no packet of theirs is rewritten and none is masqueraded (the
     /// eBPF backend; load-balancer IPs with source ranges, and SCTP, stay with the rules).
     pub translates_local_sockets: bool,
+    /// `loadBalancerSourceRanges` drop other sources (every Linux backend); kube-proxy's
+    /// winkernel, and so the HNS backend, does not enforce them (kubernetes#107019).
+    pub enforces_source_ranges: bool,
 }
 
 impl Default for BackendTraits {
@@ -65,6 +68,7 @@ impl Default for BackendTraits {
             rejects_unknown_ports: true,
             proxies_connections: false,
             translates_local_sockets: false,
+            enforces_source_ranges: true,
         }
     }
 }
@@ -203,10 +207,10 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         affinity_timeout_seconds: port.session_affinity.map(|a| a.timeout_seconds),
         ..Trace::unmatched(Verdict::Dnat, String::new())
     };
-    if frontend == Frontend::LoadBalancer
+    let outside_ranges = frontend == Frontend::LoadBalancer
         && !port.source_ranges.is_empty()
-        && !port.source_ranges.iter().any(|r| r.contains(&q.from))
-    {
+        && !port.source_ranges.iter().any(|r| r.contains(&q.from));
+    if outside_ranges && facts.backend.enforces_source_ranges {
         t.verdict = Verdict::Drop;
         t.reason = format!(
             "{} is outside loadBalancerSourceRanges ({})",
@@ -302,6 +306,14 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
     } else {
         t.masquerade = masquerade;
         t.reason = why.to_string();
+    }
+    if outside_ranges {
+        t.reason.push_str(&format!(
+            "; {} is outside loadBalancerSourceRanges ({}), which this backend does not \
+             enforce (as kube-proxy's winkernel)",
+            q.from,
+            join(&port.source_ranges)
+        ));
     }
     t
 }

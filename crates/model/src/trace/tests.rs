@@ -396,8 +396,7 @@ fn backend_differences_change_the_trace() {
     let iptables = NodeFacts {
         backend: BackendTraits {
             rejects_unknown_ports: false,
-            proxies_connections: false,
-            translates_local_sockets: false,
+            ..BackendTraits::default()
         },
         ..facts()
     };
@@ -407,14 +406,38 @@ fn backend_differences_change_the_trace() {
     }
     let userspace = NodeFacts {
         backend: BackendTraits {
-            rejects_unknown_ports: true,
             proxies_connections: true,
-            translates_local_sockets: false,
+            ..BackendTraits::default()
         },
         ..facts()
     };
     let t = trace(&snapshot(vec![web()]), &userspace, &q("10.96.0.10:80"));
     assert!(t.masquerade && t.verdict == Verdict::Dnat, "{t:?}");
+    // HNS (kube-proxy's winkernel) does not enforce loadBalancerSourceRanges: the trace says
+    // where the packet goes, and that the ranges do not apply.
+    let mut ranged = web();
+    ranged.load_balancer_ips = vec!["198.51.100.10".parse().expect("ip")];
+    ranged.source_ranges = vec!["192.0.2.0/24".parse().expect("cidr")];
+    let hns = NodeFacts {
+        backend: BackendTraits {
+            rejects_unknown_ports: false,
+            enforces_source_ranges: false,
+            ..BackendTraits::default()
+        },
+        ..facts()
+    };
+    for (facts, verdict) in [(&facts(), Verdict::Drop), (&hns, Verdict::Dnat)] {
+        let t = trace(
+            &snapshot(vec![ranged.clone()]),
+            facts,
+            &q("198.51.100.10:80"),
+        );
+        assert_eq!(t.verdict, verdict, "{t:?}");
+        assert!(
+            t.reason.contains("outside loadBalancerSourceRanges"),
+            "{t:?}"
+        );
+    }
 }
 
 /// The eBPF backend: sockets of this node (its pods, by the Node's pod CIDR, and the node
