@@ -549,6 +549,40 @@ async fn session(
     Err(SessionError::Closed)
 }
 
+/// What a failure's text says about a TLS mismatch between this node and its brain, as a
+/// hint to append (empty when nothing): the transport's own words ("FRAME_SIZE_ERROR", "broken
+/// pipe", "UnsupportedCertVersion") do not name TLS.
+///
+/// A connection closed at once, before this node was ever served, is named as a possible
+/// mismatch only then (`ever_connected` false): later it is a brain going away.
+pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool) -> &'static str {
+    let closed_at_once = !ever_connected
+        && ["connection closed", "operation was canceled", "broken pipe"]
+            .iter()
+            .any(|c| failure.contains(c));
+    if !tls.enabled()
+        && (failure.contains("FRAME_SIZE_ERROR") || failure.contains("frame with invalid size"))
+    {
+        " (the brain seems to serve TLS: give --api-tls-ca, and --api-tls-cert/--api-tls-key \
+         if it asks for client certificates)"
+    } else if !tls.enabled() && closed_at_once {
+        " (if the brain serves TLS: give --api-tls-ca, and --api-tls-cert/--api-tls-key if it \
+         asks for client certificates)"
+    } else if tls.enabled()
+        && (failure.contains("InvalidContentType") || failure.contains("corrupt message"))
+    {
+        " (the brain seems to serve plaintext: drop --api-tls-*, or give it --listen-tls-*)"
+    } else if failure.contains("UnsupportedCertVersion") {
+        " (a certificate is X.509 v1, which rustls refuses: issue v3 certificates, for this \
+         node's --api-tls-cert as well as the brain's)"
+    } else if tls.enabled() && tls.cert.is_none() && closed_at_once {
+        " (the brain may ask for a client certificate (mTLS): give --api-tls-cert and \
+         --api-tls-key)"
+    } else {
+        ""
+    }
+}
+
 /// What the link's problem concerns, in `kpng status`.
 const BRAIN: &str = "brain";
 
@@ -566,6 +600,7 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     // The cause last warned about in this outage: an outage is one warning (and one more per
     // new cause), its retries debug lines, as the `kube` source logs an API server outage.
     let mut warned: Option<String> = None;
+    let mut ever_connected = false;
     loop {
         let mut connected = false;
         match session(&config, &mut wire, &updates, &mut backoff, &mut connected).await {
@@ -574,8 +609,10 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                 let delay = backoff.next_delay();
                 if connected {
                     warned = None;
+                    ever_connected = true;
                 }
-                let cause = e.to_string();
+                let hint = tls_hint(&e.to_string(), &config.tls, ever_connected);
+                let cause = format!("{e}{hint}");
                 if warned.as_deref() == Some(cause.as_str()) {
                     debug!(brain = %config.addr, retry_in = ?delay, "brain still unreachable: {e}");
                 } else {
@@ -583,13 +620,13 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                         brain = %config.addr,
                         retry_in = ?delay,
                         "brain unreachable, keeping the rules as they are (retries are logged at \
-                         debug): {e}"
+                         debug): {cause}"
                     );
-                    warned = Some(cause);
+                    warned = Some(cause.clone());
                 }
                 config.health.failing(
                     BRAIN,
-                    &format!("unreachable: {e}; keeping the rules as they are, retrying"),
+                    &format!("unreachable: {cause}; keeping the rules as they are, retrying"),
                     std::time::SystemTime::now(),
                 );
                 tokio::select! {

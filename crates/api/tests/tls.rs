@@ -107,6 +107,34 @@ async fn mtls_brain_serves_clients_with_certificates_only() {
         .expect_err("node1's certificate must not watch as node2");
     assert!(err.contains("does not name node"), "{err}");
 
+    // A node without TLS flags is told the brain seems to serve TLS (the transport only says
+    // FRAME_SIZE_ERROR).
+    let (tx, _rx) = tokio::sync::mpsc::channel(4);
+    let plaintext = WatchConfig {
+        tls: TlsFiles::default(),
+        ..config.clone()
+    };
+    let health = plaintext.health.clone();
+    let client = tokio::spawn(watch(plaintext, tx));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let message = loop {
+        if let Some(p) = health.state().problems.get("brain") {
+            break p.message.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no problem reported"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Over TCP the transport says FRAME_SIZE_ERROR ("seems to serve TLS"), over a Unix
+    // socket only that the connection closed ("if the brain serves TLS").
+    assert!(
+        message.contains("serve TLS") && message.contains("give --api-tls-ca"),
+        "{message}"
+    );
+    client.abort();
+
     // Without a client certificate, the handshake or the stream fails.
     let refused = raw_watch(&socket, &client_tls, false, "node1");
     assert!(

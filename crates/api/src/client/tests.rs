@@ -438,3 +438,51 @@ async fn a_replay_in_bundles_gives_the_client_the_whole_state_for_fewer_bytes() 
     );
     watching.abort();
 }
+
+#[test]
+fn tls_mismatches_get_a_hint_naming_the_flags() {
+    use crate::addr::TlsFiles;
+    let plain = TlsFiles::default();
+    let ca_only = TlsFiles {
+        ca: Some("ca.pem".into()),
+        ..TlsFiles::default()
+    };
+    // (failure, TLS files, ever connected, a piece of the hint or "" for none)
+    let cases: [(&str, &TlsFiles, bool, &str); 7] = [
+        (
+            "http2 error: GoAway(b\"\", FRAME_SIZE_ERROR)",
+            &plain,
+            false,
+            "seems to serve TLS",
+        ),
+        (
+            "connection closed",
+            &plain,
+            false,
+            "if the brain serves TLS",
+        ),
+        ("connection closed", &plain, true, ""),
+        ("Connection refused (os error 111)", &plain, false, ""),
+        (
+            "received corrupt message of type InvalidContentType",
+            &ca_only,
+            false,
+            "plaintext",
+        ),
+        (
+            "invalid peer certificate: UnsupportedCertVersion",
+            &ca_only,
+            true,
+            "X.509 v1",
+        ),
+        ("broken pipe", &ca_only, false, "client certificate (mTLS)"),
+    ];
+    for (failure, tls, ever, want) in cases {
+        let hint = tls_hint(failure, tls, ever);
+        if want.is_empty() {
+            assert_eq!(hint, "", "{failure}");
+        } else {
+            assert!(hint.contains(want), "{failure}: {hint}");
+        }
+    }
+}
