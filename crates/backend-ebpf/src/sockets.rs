@@ -3,8 +3,8 @@
 //! conntrack reconciler deletes the UDP conntrack entries DNATed from the Service to a gone
 //! endpoint: a pending or later receive fails with `ECONNABORTED` and a send on the socket, now
 //! unconnected, with `EDESTADDRREQ`; the application opens a new socket, which the programs
-//! translate to a current endpoint. Unconnected sockets need nothing: every `sendmsg()` is
-//! translated anew.
+//! translate to a current endpoint. Unconnected sockets need nothing: a flow whose endpoint
+//! left chooses again at its next `sendmsg()`.
 //!
 //! Only the translated sockets go, named by their cookie in the reverse map: a socket connected
 //! to the same endpoint directly, or through another Service that still has it, is left alone.

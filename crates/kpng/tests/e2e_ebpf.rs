@@ -307,14 +307,7 @@ fn a_restart_adopts_the_pinned_programs_and_maps() {
         .exec(["curl", "-s", "http://127.0.0.1:10249/metrics"])
         .expect("curl");
     let metrics = String::from_utf8_lossy(&out.stdout);
-    for map in [
-        "kpng_frontends",
-        "kpng_slots",
-        "kpng_members",
-        "kpng_affinity",
-        "kpng_flows",
-        "kpng_reverse",
-    ] {
+    for map in kpng_backend_ebpf::kernel::MAP_NAMES {
         let line = format!("kpng_ebpf_map_memory_bytes{{map=\"{map}\"}} ");
         assert!(metrics.contains(&line), "{line}in:\n{metrics}");
     }

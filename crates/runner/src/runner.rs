@@ -378,6 +378,7 @@ impl<M: NodeModel> LoopState<M> {
                 } else {
                     Vec::new()
                 };
+                let unlisted = self.unlisted();
                 let _ = reply.send(Status {
                     node: snapshot.node.name.clone(),
                     not_programmed,
@@ -400,12 +401,12 @@ impl<M: NodeModel> LoopState<M> {
                         .iter()
                         .map(RejectedStatus::of)
                         .collect(),
-                    waiting_for: self.unlisted().iter().map(|k| k.as_str().into()).collect(),
-                    node_problem: if self.unlisted().is_empty() {
+                    node_problem: if unlisted.is_empty() {
                         admin::node_problem(&snapshot.node)
                     } else {
                         None
                     },
+                    waiting_for: unlisted.iter().map(|k| k.as_str().into()).collect(),
                     repairs: self.repairs.clone(),
                     health_checks_not_served: self
                         .runner
