@@ -1,5 +1,5 @@
 //! Logging set-up: the `--log-level` filter (checked, so a typo does not silence everything),
-//! text or JSON lines (`--logging-format`), and the rate limit of identical warnings.
+//! text or component-base JSON lines (`--logging-format`, see [`crate::json_log`]), and the rate limit of identical warnings.
 
 use std::io::IsTerminal;
 
@@ -136,13 +136,8 @@ pub fn init(level: &str, format: LogFormat, target: LogTarget) {
             ))
             .init(),
         LogFormat::Json => builder
-            .json()
             .event_format(log_dedup::Dedup::new(
-                tracing_subscriber::fmt::format()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(false)
-                    .with_span_list(false),
+                crate::json_log::KubeJson,
                 log_dedup::WINDOW,
             ))
             .init(),

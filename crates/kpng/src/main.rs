@@ -22,6 +22,7 @@ mod input_metrics;
 mod instance_lock;
 #[cfg(target_os = "linux")]
 mod iptables_status;
+mod json_log;
 #[cfg(target_os = "linux")]
 mod kube_proxy_checks;
 mod kube_proxy_flags;

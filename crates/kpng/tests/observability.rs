@@ -160,8 +160,24 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
         .collect();
     let sync = lines
         .iter()
-        .find(|l| l["message"] == "synced")
+        .find(|l| l["msg"] == "synced")
         .expect("a synced line");
+    // component-base's keys, so that a pipeline parsing kube-proxy's JSON reads kpng's lines:
+    // the time in Unix milliseconds, the caller, the verbosity.
+    let ts = sync["ts"].as_f64().expect("ts is a number");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64;
+    assert!(
+        (now_ms - ts).abs() < 600_000.0,
+        "ts {ts} is not Unix ms ({now_ms})"
+    );
+    assert_eq!(sync["v"], 0, "{sync}");
+    assert!(
+        sync["caller"].as_str().is_some_and(|c| c.contains(".rs:")),
+        "{sync}"
+    );
     assert_eq!(
         sync["changes"],
         "Service ports: 1 added (ns/web); node or Service CIDRs changed"
@@ -169,7 +185,7 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
     assert_eq!(sync["ports"], 1);
     let metrics_addr = lines
         .iter()
-        .filter_map(|l| l["message"].as_str())
+        .filter_map(|l| l["msg"].as_str())
         .find_map(|m| m.strip_prefix("serving /metrics on http://"))
         .expect("the metrics address is logged")
         .to_string();
