@@ -186,9 +186,10 @@ impl Leftover {
 }
 
 /// `kpng cleanup`, `kpng --cleanup`: removes every leftover in `scope` and prints what it
-/// removed; with `dry_run`, prints what it would remove and removes nothing.
+/// removed; with `dry_run`, prints what it would remove and removes nothing. Returns how many
+/// it removed (or would).
 #[cfg_attr(windows, allow(dead_code))]
-pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf_pins: &Path) -> anyhow::Result<()> {
+pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf_pins: &Path) -> anyhow::Result<usize> {
     let mut failed = Vec::new();
     let mut removed = 0;
     for leftover in Leftover::ALL {
@@ -221,10 +222,7 @@ pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf_pins: &Path) -> anyhow::Res
     if !failed.is_empty() {
         anyhow::bail!("{}", failed.join("; "));
     }
-    if removed == 0 {
-        println!("kpng: nothing to remove");
-    }
-    Ok(())
+    Ok(removed)
 }
 
 /// Whether an iptables chain is kube-proxy's (any mode) or kpng's iptables backend's, never

@@ -31,6 +31,8 @@ mod log_dedup;
 mod logging;
 mod memory;
 #[cfg(target_os = "linux")]
+mod netns_records;
+#[cfg(target_os = "linux")]
 mod nft_status;
 #[cfg(target_os = "linux")]
 mod prereq;

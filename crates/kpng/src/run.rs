@@ -64,29 +64,52 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
         } else {
             crate::leftovers::Scope::Everything
         };
-        crate::leftovers::cleanup_all(scope, dry_run, &args.bpf_pin_path)?;
+        #[allow(unused_mut)]
+        let mut removed = crate::leftovers::cleanup_all(scope, dry_run, &args.bpf_pin_path)?;
         #[cfg(target_os = "linux")]
-        remove_conntrack_memory(dry_run)?;
+        {
+            removed += remove_conntrack_memory(dry_run)?;
+            removed += forget_gone_namespaces(dry_run);
+        }
+        if removed == 0 {
+            println!("kpng: nothing to remove");
+        }
         Ok(())
     }
+}
+
+/// Removes the records of network namespaces that no longer exist (`crate::netns_records`);
+/// returns how many.
+#[cfg(target_os = "linux")]
+fn forget_gone_namespaces(dry_run: bool) -> usize {
+    let dir = std::path::Path::new(kpng_backend_iptables::route_localnet::STATE_DIR);
+    let verb = if dry_run { "would remove" } else { "removed" };
+    let gone = crate::netns_records::forget_gone(dir, dry_run);
+    for record in &gone {
+        println!(
+            "kpng: {verb} {}, a record of a network namespace that no longer exists",
+            record.display()
+        );
+    }
+    gone.len()
 }
 
 /// Removes this network namespace's conntrack memory (`kpng_conntrack::memory`): kpng's
 /// last state file. Without it a later start reads every UDP frontend whole, as it would
 /// anyway once the tables are gone.
 #[cfg(target_os = "linux")]
-fn remove_conntrack_memory(dry_run: bool) -> anyhow::Result<()> {
+fn remove_conntrack_memory(dry_run: bool) -> anyhow::Result<usize> {
     let Some(path) = kpng_conntrack::memory::default_path().filter(|p| p.exists()) else {
-        return Ok(());
+        return Ok(0);
     };
     let what = format!("the UDP conntrack cleanup's memory ({})", path.display());
     if dry_run {
         println!("kpng: would remove {what}");
-        return Ok(());
+        return Ok(1);
     }
     std::fs::remove_file(&path).with_context(|| format!("removing {what}"))?;
     println!("kpng: removed {what}");
-    Ok(())
+    Ok(1)
 }
 
 /// A kpng still programming this network namespace would put back at once what cleanup
@@ -436,6 +459,16 @@ fn local_backend(
             &BackendKind::ALL.map(BackendKind::word),
         )?)
     };
+    #[cfg(target_os = "linux")]
+    if lock.is_some() {
+        let dir = std::path::Path::new(kpng_backend_iptables::route_localnet::STATE_DIR);
+        for record in crate::netns_records::forget_gone(dir, false) {
+            tracing::info!(
+                "removed {}, a record of a network namespace that no longer exists",
+                record.display()
+            );
+        }
+    }
     let (refusals, refused) = crate::dry_run::Refusals::channel();
     let built = BackendKind::build(flags, backend, &refusals)?;
     let facts = SinkFacts {

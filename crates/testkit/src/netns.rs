@@ -267,13 +267,14 @@ impl Drop for Netns {
 /// for it in `/run/kpng`.
 fn destroy(name: &str) -> Result<()> {
     kill_all_in(name);
-    let inode = namespace_inode(name);
+    // Before the namespace goes: a kpng starting or cleaning up meanwhile elsewhere removes
+    // the records of gone namespaces and says so, which a test may be reading.
+    if let Some(inode) = namespace_inode(name) {
+        forget_kpng_records(inode);
+    }
     let res = run(Command::new("ip").args(["netns", "del", name])).map(drop);
     remove_marker(name);
     crate::cgroups::forget(name);
-    if let Some(inode) = inode {
-        forget_kpng_records(inode);
-    }
     res
 }
 
