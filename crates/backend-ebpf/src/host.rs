@@ -94,6 +94,28 @@ pub fn cgroup2_root() -> Result<PathBuf, Error> {
     Ok(PathBuf::from(OWN_CGROUP2_MOUNT))
 }
 
+/// The inode of the kernel's initial cgroup namespace (`PROC_CGROUP_INIT_INO`).
+const INITIAL_CGROUP_NAMESPACE: u64 = 0xEFFF_FFFB;
+
+/// Whether kpng runs in a cgroup namespace of its own, as a container on a cgroup v2 host
+/// does by default (containerd, CRI-O). There the root of the hierarchy it sees, and so the
+/// default `--cgroup-path`, is its own container's cgroup: the programs would translate
+/// kpng's own sockets only, and every pod's traffic would take the nftables rules (NAT)
+/// instead, with nothing failing to tell anyone.
+pub fn in_private_cgroup_namespace() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/cgroup").is_ok_and(|m| m.ino() != INITIAL_CGROUP_NAMESPACE)
+}
+
+/// What to tell an operator whose kpng runs in a cgroup namespace of its own with the default
+/// `--cgroup-path` (see [`in_private_cgroup_namespace`]).
+pub const PRIVATE_CGROUP_NAMESPACE: &str = "kpng runs in a cgroup namespace of its own (a \
+     container's), so the cgroup v2 root it sees is its own cgroup, not the node's: only \
+     sockets below it are translated, and pods' connections to Services go through the \
+     nftables rules (NAT) instead. Give kpng the node's cgroup v2 hierarchy: mount the host's \
+     /sys/fs/cgroup into the container (a hostPath volume, e.g. at /run/kpng/host-cgroup) and \
+     pass that path as --cgroup-path";
+
 /// Checks that `path` is a directory of a cgroup v2 hierarchy, where the socket programs can
 /// attach: any directory is not (a cgroup v1 controller, the tmpfs of a hybrid host's
 /// `/sys/fs/cgroup`), and the kernel would refuse every attach at every retry.

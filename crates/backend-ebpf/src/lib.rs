@@ -34,7 +34,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family as MetricFamily;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::kernel::Kernel;
 use crate::plan::{Entries, Group, Ids, MapId};
@@ -206,7 +206,12 @@ impl EbpfBackend {
         if self.kernel.is_none() {
             let cgroup = match &self.config.cgroup {
                 Some(c) => c.clone(),
-                None => host::cgroup2_root()?,
+                None => {
+                    if host::in_private_cgroup_namespace() {
+                        warn!("{}", host::PRIVATE_CGROUP_NAMESPACE);
+                    }
+                    host::cgroup2_root()?
+                }
             };
             let k = Kernel::open(&self.config.pin_dir, &cgroup)?;
             info!(

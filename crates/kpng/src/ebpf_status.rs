@@ -17,6 +17,25 @@ pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
                 format!("cgroup {} (its subtree's sockets)", c.display()),
                 Some(c.clone()),
             ),
+            None if kpng_backend_ebpf::host::in_private_cgroup_namespace() => {
+                let mut shown = details(
+                    &inspect(
+                        &pin_dir,
+                        kpng_backend_ebpf::host::cgroup2_root().ok().as_deref(),
+                    ),
+                    &pin_dir,
+                    "the root of kpng's own cgroup namespace (its container's cgroup, not the \
+                     node's)",
+                );
+                if let Some(programs) = shown.first_mut() {
+                    let problem = kpng_backend_ebpf::host::PRIVATE_CGROUP_NAMESPACE.to_string();
+                    programs.problem = Some(match programs.problem.take() {
+                        Some(other) => format!("{problem}; {other}"),
+                        None => problem,
+                    });
+                }
+                return shown;
+            }
             None => match kpng_backend_ebpf::host::cgroup2_root() {
                 Ok(root) => (
                     format!(

@@ -883,3 +883,79 @@ fn detached_programs_are_shown_and_attached_again() {
     held.second("pod2a")
         .expect("the first connection outlived it all");
 }
+
+/// A kpng in a cgroup namespace of its own (a container's, by default on a cgroup v2 node)
+/// with the default `--cgroup-path` sees its own cgroup as the root: attached there, the
+/// programs would translate kpng's sockets only while every pod's traffic took the NAT rules,
+/// and nothing would fail to say so. It warns at start, and `kpng status` shows it unasked.
+#[test]
+fn a_kpng_in_its_own_cgroup_namespace_says_the_pods_are_not_translated() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("cgns")).expect("cluster");
+    // node1's test cgroup: the process joins it before `unshare --cgroup` makes it the root.
+    let (_cgroup, pins) = ebpf_scope(&c.node1.ns);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &input,
+        manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+    )
+    .expect("write");
+    let socket = dir.path().join("kpng.sock");
+    let mut args: Vec<std::ffi::OsString> = [
+        "timeout",
+        "60",
+        "unshare",
+        "--mount",
+        "--cgroup",
+        env!("CARGO_BIN_EXE_kpng"),
+        "file",
+        "--input",
+    ]
+    .map(Into::into)
+    .to_vec();
+    args.push(input.clone().into());
+    for a in [
+        "--node-name",
+        "node1",
+        "--metrics-bind-address=",
+        "--healthz-bind-address=127.0.0.1:0",
+        "--admin-socket",
+    ] {
+        args.push(a.into());
+    }
+    args.push(socket.clone().into());
+    for a in ["to-local", "ebpf", "--bpf-pin-path"] {
+        args.push(a.into());
+    }
+    args.push(pins.clone().into());
+    let mut k = c.node1.ns.spawn(&args).expect("kpng");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !k.stderr_text().contains("synced backend=") {
+        assert!(
+            k.try_wait().expect("wait").is_none(),
+            "kpng exited: {}",
+            k.stderr_text()
+        );
+        assert!(std::time::Instant::now() < deadline, "{}", k.stderr_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let said = k.stderr_text();
+    assert!(
+        said.contains("WARN") && said.contains("cgroup namespace of its own"),
+        "{said}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("kpng status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("attached to the root of kpng's own cgroup namespace")
+            && table.contains("PROBLEM: kpng runs in a cgroup namespace of its own"),
+        "{table}"
+    );
+    drop(k);
+    forget_ebpf_scope(&c.node1.ns);
+}
