@@ -371,6 +371,9 @@ fn daemon_set_mounts_what_kubeadms_kube_proxy_mounts() {
     for (path, read_only, host_type) in [
         ("/run/xtables.lock", false, Some("FileOrCreate")),
         ("/lib/modules", true, None),
+        // Not kubeadm's: kpng's records (conntrack memory, route_localnet) outlive the
+        // container only on the host.
+        ("/run/kpng", false, Some("DirectoryOrCreate")),
     ] {
         let mount = mounts
             .iter()
