@@ -18,6 +18,9 @@
 //!   shared snapshot of the entries, not a per-watcher copy.
 //! - The cluster's ServiceCIDR ranges (one shared list) go to every watcher after its `Reset`
 //!   and whenever they change.
+//! - So does the brain's report on its own input ([`Hub::reporting`]): the objects it rejects
+//!   and its source's problems, which its nodes never see otherwise. It is the same for every
+//!   node, encoded once, and sent only when it changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -26,13 +29,16 @@ use std::time::SystemTime;
 
 use ipnet::IpNet;
 
+use kpng_model::input::InputHealth;
 use kpng_model::{
     ClusterModel, ClusterOutcome, Event, Kind, NodeState, ServiceKey, ServicePort, ServiceSource,
     node_state,
 };
 use prost::bytes::Bytes;
 
-use crate::convert::{ServiceMessages, encode_node, encode_service, encode_service_cidrs};
+use crate::convert::{
+    ServiceMessages, brain_report, encode_node, encode_service, encode_service_cidrs,
+};
 use crate::frames::{ChunkRun, FrameWriter, ReplayCache, frames_of};
 use crate::metrics::ApiMetrics;
 use crate::proto;
@@ -178,6 +184,34 @@ pub struct Pending {
     /// The cluster's ServiceCIDR ranges, when they must be sent (a change, or a replay while
     /// there are some).
     pub service_cidrs: Option<Arc<Vec<IpNet>>>,
+    /// The brain's report on its input, when it must be sent (a change, or a replay).
+    pub brain_report: Option<Arc<SharedReport>>,
+}
+
+/// The brain's report on its own input as one op, encoded once and passed to every watcher by
+/// reference (see [`Hub::reporting`]).
+#[derive(Debug)]
+pub struct SharedReport {
+    value: proto::KpngBrainReport,
+    op: proto::OpItem,
+    frames: Bytes,
+}
+
+impl SharedReport {
+    fn new(value: proto::KpngBrainReport) -> SharedReport {
+        let op = set(
+            proto::Set::KpngBrainReportSet,
+            "brain".to_string(),
+            Bytes::from(prost::Message::encode_to_vec(&value)),
+        );
+        let frames = frames_of(std::slice::from_ref(&op));
+        SharedReport { value, op, frames }
+    }
+
+    /// The report.
+    pub fn value(&self) -> &proto::KpngBrainReport {
+        &self.value
+    }
 }
 
 impl Pending {
@@ -190,6 +224,7 @@ impl Pending {
                     || self.batch.is_some()
                     || *old != self.node
                     || self.service_cidrs.is_some()
+                    || self.brain_report.is_some()
             })
     }
 
@@ -226,6 +261,7 @@ impl Pending {
                 && self.base.is_none()
                 && !self.replay
                 && self.service_cidrs.is_none()
+                && self.brain_report.is_none()
                 && self.old_node.as_ref() == Some(&self.node)
                 && !batch.depends_on_node(&self.node.name)
         });
@@ -368,9 +404,18 @@ impl Pending {
     /// compressed bundle when `bundles`: the watcher asked for them, `WatchReq.AcceptZstd`; a
     /// shared batch as the batch's one encoding, by reference).
     pub fn frames<'a>(&'a self, cache: &ReplayCache, bundles: bool) -> ChangeSetFrames<'a> {
+        // As `ops_head`, with the report's shared frames.
         let head = self
-            .ops_head()
+            .reset_op()
+            .into_iter()
+            .chain(self.cidrs_op())
             .map(Piece::Op)
+            .chain(
+                self.brain_report
+                    .as_ref()
+                    .map(|r| Piece::Shared(r.frames.clone(), 1)),
+            )
+            .chain(self.node_op().map(Piece::Op))
             .collect::<Vec<_>>()
             .into_iter();
         let services: Box<dyn Iterator<Item = Piece> + Send + 'a> = match (
@@ -417,24 +462,39 @@ impl Pending {
         }
     }
 
-    /// The ops before the Services: `Reset`, the ServiceCIDR ranges, the node.
+    /// The ops before the Services: `Reset`, the ServiceCIDR ranges, the brain's report, the
+    /// node.
     fn ops_head(&self) -> impl Iterator<Item = proto::OpItem> + '_ {
-        let reset = self.replay.then(|| op(Op::Reset(proto::EmptyOp {})));
-        let cidrs = self.service_cidrs.as_ref().map(|cidrs| {
+        let report = self.brain_report.as_ref().map(|r| r.op.clone());
+        self.reset_op()
+            .into_iter()
+            .chain(self.cidrs_op())
+            .chain(report)
+            .chain(self.node_op())
+    }
+
+    fn reset_op(&self) -> Option<proto::OpItem> {
+        self.replay.then(|| op(Op::Reset(proto::EmptyOp {})))
+    }
+
+    fn cidrs_op(&self) -> Option<proto::OpItem> {
+        self.service_cidrs.as_ref().map(|cidrs| {
             set(
                 proto::Set::KpngServiceCidRsSet,
                 "cluster".to_string(),
                 encode_service_cidrs(cidrs),
             )
-        });
-        let node = (self.replay || self.old_node.as_ref() != Some(&self.node)).then(|| {
+        })
+    }
+
+    fn node_op(&self) -> Option<proto::OpItem> {
+        (self.replay || self.old_node.as_ref() != Some(&self.node)).then(|| {
             set(
                 proto::Set::KpngNodeSet,
                 self.node.name.clone(),
                 encode_node(&self.node),
             )
-        });
-        reset.into_iter().chain(cidrs).chain(node)
+        })
     }
 }
 
@@ -616,6 +676,15 @@ fn merge_by_key<'a, A: 'a, B: 'a>(
     })
 }
 
+/// Wakes every watcher: something was queued for all of them.
+fn wake_all(state: &State) {
+    let now = SystemTime::now();
+    for w in state.watchers.values() {
+        w.slot.queued(now);
+        w.slot.wake();
+    }
+}
+
 /// One watcher's place in the hub.
 #[derive(Debug)]
 pub struct Slot {
@@ -735,6 +804,7 @@ fn take_pending(pending: &mut Pending) -> Pending {
         old_node: pending.old_node.replace(pending.node.clone()),
         node: pending.node.clone(),
         service_cidrs: pending.service_cidrs.take(),
+        brain_report: pending.brain_report.take(),
     }
 }
 
@@ -753,6 +823,13 @@ struct State {
     synced: bool,
     watchers: HashMap<u64, Watcher>,
     next_id: u64,
+    /// The brain's input, when its report goes to the nodes ([`Hub::reporting`]).
+    input: Option<InputHealth>,
+    /// The newest report (`None` before the first, or without [`Hub::reporting`]).
+    report: Option<Arc<SharedReport>>,
+    /// How many objects the model rejected when the report was made: a fixed or deleted
+    /// object changes the count without an error.
+    report_rejected: usize,
 }
 
 impl State {
@@ -764,6 +841,32 @@ impl State {
 
     fn node(&self, name: &str) -> NodeState {
         node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
+    }
+
+    /// The report a replay sends: none before the cluster is listed (nothing is sent then).
+    fn replay_report(&self) -> Option<Arc<SharedReport>> {
+        self.report.clone().filter(|_| self.synced)
+    }
+
+    /// Makes the report again from the input's record and the model's rejections; when it
+    /// changed, records it for every watcher (once the cluster is listed) and says so.
+    fn refresh_report(&mut self) -> bool {
+        let Some(input) = &self.input else {
+            return false;
+        };
+        let value = brain_report(&input.state(), self.cluster.rejected());
+        self.report_rejected = self.cluster.rejected().len();
+        if self.report.as_ref().is_some_and(|r| r.value == value) {
+            return false;
+        }
+        let report = Arc::new(SharedReport::new(value));
+        self.report = Some(report.clone());
+        if self.synced {
+            for w in self.watchers.values() {
+                w.slot.lock().brain_report = Some(report.clone());
+            }
+        }
+        self.synced
     }
 }
 
@@ -833,6 +936,29 @@ impl Hub {
         }
     }
 
+    /// Sends the brain's report on its own input to every node: the objects it rejects and
+    /// `input`'s problems (its source's), which a node shows in its `kpng status` since it
+    /// never sees the objects. Sent after each `Reset` and when it changed: on an event that
+    /// changed the rejections, and when [`Hub::refresh_report`] finds the input changed.
+    pub fn reporting(self, input: InputHealth) -> Hub {
+        {
+            let mut state = self.lock();
+            state.input = Some(input);
+            state.refresh_report();
+        }
+        self
+    }
+
+    /// Looks at the input's record again (its problems change without an event: an API
+    /// server out of reach) and sends the report to every watcher if it changed. The brain
+    /// calls it every second; it costs a few small copies when nothing changed.
+    pub fn refresh_report(&self) {
+        let mut state = self.lock();
+        if state.refresh_report() {
+            wake_all(&state);
+        }
+    }
+
     /// Where replays of the newest snapshot are encoded once for all watchers.
     pub fn replay_cache(&self) -> &ReplayCache {
         &self.replay_cache
@@ -865,6 +991,7 @@ impl Hub {
                 replay: state.synced,
                 base: state.synced.then(|| state.entries.clone()),
                 service_cidrs: state.replay_cidrs(),
+                brain_report: state.replay_report(),
                 node: Arc::new(state.node(node_name)),
                 ..Pending::default()
             }),
@@ -898,6 +1025,10 @@ impl Hub {
         let state = &mut *state;
         let out = state.cluster.apply(event);
         state.listed.extend(out.listed.iter().copied());
+        // The rejections changed: an error, or one fewer (fixed, deleted, relisted without).
+        let report_changed = (!out.errors.is_empty()
+            || state.cluster.rejected().len() != state.report_rejected)
+            && state.refresh_report();
         // Every watcher, or (`false`) those in `touched`.
         let mut touched_all = false;
         let mut touched: BTreeSet<u64> = BTreeSet::new();
@@ -956,6 +1087,7 @@ impl Hub {
                 pending.replay = true;
                 pending.base = Some(state.entries.clone());
                 pending.service_cidrs = state.replay_cidrs();
+                pending.brain_report = state.replay_report();
                 pending.changes.clear();
                 pending.batch = None;
                 touched.insert(*id);
@@ -966,7 +1098,7 @@ impl Hub {
             w.slot.queued(now);
             w.slot.wake();
         };
-        if touched_all {
+        if touched_all || report_changed {
             state.watchers.values().for_each(wake);
         } else {
             touched

@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
 use kpng_runner::admin::{
-    AdminHandle, ConntrackStatus, DataPlaneDetail, HealthCheckStatus, InputStatus, PortStatus,
-    RejectedStatus, RepairStatus, Status, StatusQuery,
+    AdminHandle, BrainReportStatus, ConntrackStatus, DataPlaneDetail, HealthCheckStatus,
+    InputStatus, PortStatus, RejectedStatus, RepairStatus, Status, StatusQuery,
 };
 
 use crate::admin_socket::Serving;
@@ -393,8 +393,15 @@ fn rejected_service(status: &serde_json::Value, filter: &str) -> Option<String> 
         service: Some(service.to_string()),
         ..StatusQuery::default()
     };
-    let rejected: Vec<RejectedStatus> =
-        serde_json::from_value(status.get("rejected")?.clone()).ok()?;
+    // This kpng's own rejections, and on a node its brain's.
+    let list = |value: Option<&serde_json::Value>| -> Vec<RejectedStatus> {
+        value
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    };
+    let rejected = list(status.get("rejected"))
+        .into_iter()
+        .chain(list(status.pointer("/brainReports/rejected")));
     rejected.into_iter().find_map(|r| {
         let (namespace, name) = r.object.strip_prefix("Service ")?.split_once('/')?;
         query
@@ -444,6 +451,9 @@ fn table(status: &Status, wide: bool) -> String {
     }
     if let Some(input) = &status.input {
         write_input(&mut out, input);
+    }
+    if let Some(report) = &status.brain_reports {
+        write_brain_reports(&mut out, report);
     }
     if let Some(repairs) = &status.repairs {
         write_repairs(&mut out, repairs);
@@ -551,6 +561,42 @@ fn write_input(out: &mut String, input: &InputStatus) {
     );
     for p in &input.problems {
         let _ = writeln!(out, "  {} (since {}): {}", p.what, p.since, p.message);
+    }
+}
+
+/// What the brain reports about its own input, on a node: its source's problems and the
+/// objects it rejects (listed as the node's own rejected objects would be), which explain a
+/// Service that looks wrong here although this node's own input is fine.
+fn write_brain_reports(out: &mut String, report: &BrainReportStatus) {
+    use std::fmt::Write as _;
+    let state = match report.problems.len() {
+        0 => "ok".to_string(),
+        1 => "1 PROBLEM".to_string(),
+        n => format!("{n} PROBLEMS"),
+    };
+    let rejects = match report.rejected_total {
+        0 => "rejects nothing".to_string(),
+        1 => "rejects 1 object".to_string(),
+        n => format!("rejects {n} objects"),
+    };
+    let _ = writeln!(
+        out,
+        "brain reports: its input {}  {state}; it {rejects}",
+        report.source
+    );
+    for p in &report.problems {
+        let _ = writeln!(out, "  {} (since {}): {}", p.what, p.since, p.message);
+    }
+    for r in report.rejected.iter().take(REJECTED_LISTED) {
+        let _ = writeln!(out, "  rejected {}", rejected_line(r));
+    }
+    let listed = report.rejected.len().min(REJECTED_LISTED) as u64;
+    if report.rejected_total > listed {
+        let _ = writeln!(
+            out,
+            "  … and {} more (`kpng status` on the brain lists all)",
+            report.rejected_total - listed
+        );
     }
 }
 
