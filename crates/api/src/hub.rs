@@ -685,6 +685,11 @@ fn wake_all(state: &State) {
     }
 }
 
+/// A connection's address in words, `unknown` when the server could not tell.
+fn peer_or_unknown(peer: &Option<String>) -> &str {
+    peer.as_deref().unwrap_or("unknown")
+}
+
 /// One watcher's place in the hub.
 #[derive(Debug)]
 pub struct Slot {
@@ -712,6 +717,11 @@ struct SlotStats {
 pub struct WatcherStatus {
     /// The node name it watches for.
     pub node: String,
+    /// Where its connection comes from: `IP:port` over TCP, `unix, pid N` over a Unix socket
+    /// (absent: not known). Two kpngs that claim the same node name (a copied DaemonSet, a
+    /// wrong `--hostname-override`) are told apart only by this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
     /// When it connected (RFC 3339).
     pub connected_at: String,
     /// Change sets it took: a client that asks for each acknowledges the previous with its
@@ -811,7 +821,22 @@ fn take_pending(pending: &mut Pending) -> Pending {
 #[derive(Debug)]
 struct Watcher {
     node_name: String,
+    /// Where its connection comes from (see [`WatcherStatus::peer`]).
+    peer: Option<String>,
     slot: Arc<Slot>,
+}
+
+/// A node name that more than one connected watcher asks for: two kpngs program the same
+/// node's view (a copied DaemonSet, a wrong `--hostname-override`), so one of them programs a
+/// host with another node's local endpoints and health checks. The brain's `kpng status` names
+/// it as a problem with every connection's address.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DuplicateNode {
+    /// The node name claimed more than once.
+    pub node: String,
+    /// The address of each connection that claims it (`unknown` when not known), sorted.
+    pub peers: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -833,6 +858,33 @@ struct State {
 }
 
 impl State {
+    /// Warns when watcher `id` is the second to ask for its node name: the start of a
+    /// duplicate claim, logged once (not again for a third, nor while it lasts; again only
+    /// after it ended and began anew). `kpng status` on the brain shows it for as long as it
+    /// lasts ([`Hub::duplicate_nodes`]).
+    fn warn_if_claimed_twice(&self, id: u64) {
+        let Some(me) = self.watchers.get(&id) else {
+            return;
+        };
+        let others: Vec<&Watcher> = self
+            .watchers
+            .iter()
+            .filter(|(other, w)| **other != id && w.node_name == me.node_name)
+            .map(|(_, w)| w)
+            .collect();
+        if let [other] = others[..] {
+            tracing::warn!(
+                node = %me.node_name,
+                "two kpngs claim node {:?}: connections from {} and {} (a copied DaemonSet or a \
+                 wrong --hostname-override/--node-name?); each gets that node's view, so one of \
+                 them programs its host with another node's local endpoints",
+                me.node_name,
+                peer_or_unknown(&other.peer),
+                peer_or_unknown(&me.peer),
+            );
+        }
+    }
+
     /// The ServiceCIDR ranges a replay sends: none when there are none (`Reset` already means
     /// "no ranges") or before the cluster is listed.
     fn replay_cidrs(&self) -> Option<Arc<Vec<IpNet>>> {
@@ -909,6 +961,7 @@ impl Registration {
                 pending.base = Some(entries);
             }
         }
+        state.warn_if_claimed_twice(self.id);
         self.node_name = node_name.to_string();
         self.slot.wake();
     }
@@ -980,9 +1033,17 @@ impl Hub {
         &self.metrics
     }
 
-    /// Adds a watcher for `node_name`. Its first change set is a replay of everything, ready
-    /// as soon as the cluster has been listed.
+    /// Adds a watcher for `node_name` whose connection's address is not known (see
+    /// [`Hub::register_from`]).
     pub fn register(self: &Arc<Hub>, node_name: &str) -> Registration {
+        self.register_from(node_name, None)
+    }
+
+    /// Adds a watcher for `node_name`, connected from `peer` (`IP:port`, `unix, pid N`: shown
+    /// in the brain's status, where it tells apart two kpngs that claim the same node). Its
+    /// first change set is a replay of everything, ready as soon as the cluster has been
+    /// listed.
+    pub fn register_from(self: &Arc<Hub>, node_name: &str, peer: Option<String>) -> Registration {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
@@ -1007,9 +1068,11 @@ impl Hub {
             id,
             Watcher {
                 node_name: node_name.to_string(),
+                peer,
                 slot: slot.clone(),
             },
         );
+        state.warn_if_claimed_twice(id);
         self.metrics.clients_connected.inc();
         Registration {
             hub: self.clone(),
@@ -1125,6 +1188,7 @@ impl Hub {
                 };
                 WatcherStatus {
                     node: w.node_name.clone(),
+                    peer: w.peer.clone(),
                     connected_at: rfc3339(stats.connected_at),
                     change_sets_sent: stats.change_sets_sent,
                     last_sent_at: stats.last_sent_at.map(rfc3339),
@@ -1136,8 +1200,32 @@ impl Hub {
                 }
             })
             .collect();
-        out.sort_by(|a, b| a.node.cmp(&b.node));
+        out.sort_by(|a, b| a.node.cmp(&b.node).then(a.peer.cmp(&b.peer)));
         out
+    }
+
+    /// The node names more than one connected watcher asks for, sorted, with each
+    /// connection's address: a misconfiguration (see [`DuplicateNode`]).
+    pub fn duplicate_nodes(&self) -> Vec<DuplicateNode> {
+        let state = self.lock();
+        let mut by_node: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for w in state.watchers.values() {
+            by_node
+                .entry(w.node_name.as_str())
+                .or_default()
+                .push(peer_or_unknown(&w.peer).to_string());
+        }
+        by_node
+            .into_iter()
+            .filter(|(_, peers)| peers.len() > 1)
+            .map(|(node, mut peers)| {
+                peers.sort();
+                DuplicateNode {
+                    node: node.to_string(),
+                    peers,
+                }
+            })
+            .collect()
     }
 
     /// The cluster's Nodes that no connected watcher asks for, sorted: nodes whose kpng is

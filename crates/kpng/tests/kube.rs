@@ -791,6 +791,71 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         "every Node follows: {table}"
     );
 
+    // Every node is listed with its connection: over the Unix socket, its kpng's process.
+    let pids: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("unix, pid {}", n.child.id()))
+        .collect();
+    let peers: Vec<&str> = listed.iter().filter_map(|n| n["peer"].as_str()).collect();
+    assert_eq!(peers, pids, "{status}");
+    assert!(table.contains(&format!("  {}\n", pids[0])), "{table}");
+
+    // A second kpng claiming node1 (a copied DaemonSet): the brain names both connections.
+    let copy_admin = dir.path().join("copy-admin.sock");
+    let mut copy = Kpng::start(&[
+        "api",
+        "--api",
+        &socket,
+        "--admin-socket",
+        copy_admin.to_str().expect("utf-8"),
+        "--node-name",
+        "node1",
+        "--metrics-bind-address",
+        "",
+        "to-file",
+        "--output",
+        dir.path().join("copy.yaml").to_str().expect("utf-8"),
+    ]);
+    let copy_pid = format!("unix, pid {}", copy.child.id());
+    let mut claimants = vec![pids[0].clone(), copy_pid.clone()];
+    claimants.sort();
+    let deadline = Instant::now() + WAIT;
+    while status_json(brain_admin)["duplicateNodes"]
+        != json!([{"node": "node1", "peers": claimants}])
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{}\n{}",
+            status_json(brain_admin),
+            copy.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let table = brain_table();
+    assert!(
+        table.contains(&format!(
+            "PROBLEM: 2 kpngs claim node node1: connections from {} and {} (",
+            claimants[0], claimants[1]
+        )),
+        "{table}"
+    );
+    brain.wait("the brain warns of the second claim", |_, err| {
+        err.contains("two kpngs claim node \"node1\"")
+    });
+    copy.wait("the copy synced", |_, err| err.contains(" synced"));
+    drop(copy);
+    let deadline = Instant::now() + WAIT;
+    while status_json(brain_admin).get("duplicateNodes").is_some() {
+        assert!(Instant::now() < deadline, "{}", status_json(brain_admin));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        brain.stderr().matches("two kpngs claim node").count(),
+        1,
+        "warned once: {}",
+        brain.stderr()
+    );
+
     // A node whose kpng stops is named: its Node exists, nothing follows the brain for it.
     drop(nodes.pop());
     let deadline = Instant::now() + WAIT;
