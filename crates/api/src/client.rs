@@ -144,6 +144,9 @@ pub struct WireState {
     touched: BTreeSet<ServiceKey>,
     node_touched: bool,
     service_cidrs_touched: bool,
+    /// The brain's report on its own input (`None`: it sent none since the last `Reset`).
+    brain_report: Option<proto::KpngBrainReport>,
+    brain_report_touched: bool,
     service_changes: BTreeSet<ServiceKey>,
     endpoint_changes: usize,
     reset: bool,
@@ -195,6 +198,8 @@ impl WireState {
                 self.endpoints.clear();
                 self.service_cidrs.clear();
                 self.service_cidrs_touched = true;
+                self.brain_report = None;
+                self.brain_report_touched = true;
                 self.reset = true;
             }
             Some(Op::Set(value)) => {
@@ -230,6 +235,12 @@ impl WireState {
                             .map_err(|e| decode_error("ServiceCIDRs", &r.path, e))?;
                         self.service_cidrs = decode_service_cidrs(&value)?;
                         self.service_cidrs_touched = true;
+                    }
+                    Ok(proto::Set::KpngBrainReportSet) => {
+                        let value = proto::KpngBrainReport::decode(value.bytes)
+                            .map_err(|e| decode_error("brain report", &r.path, e))?;
+                        self.brain_report = Some(value);
+                        self.brain_report_touched = true;
                     }
                     // Sets we do not watch.
                     _ => {}
@@ -268,6 +279,16 @@ impl WireState {
             None => {}
         }
         Ok(false)
+    }
+
+    /// The brain's report on its own input, when a `Reset` or a new report changed it since
+    /// the last call (`Some(None)`: the brain reports nothing).
+    pub fn take_brain_report(&mut self) -> Option<Option<kpng_model::input::BrainReport>> {
+        std::mem::take(&mut self.brain_report_touched).then(|| {
+            self.brain_report
+                .as_ref()
+                .map(crate::convert::decode_brain_report)
+        })
     }
 
     /// The touched Services as model ports (and the node, if it was sent). A Service whose
@@ -532,6 +553,10 @@ async fn session(
                 let (update, errors) = wire.take_update();
                 for e in errors {
                     warn!("ignoring a value from the brain: {e}");
+                }
+                // Shown by `kpng status`; what the node programs does not depend on it.
+                if let Some(report) = wire.take_brain_report() {
+                    config.health.set_brain_report(report);
                 }
                 if updates.send(update).await.is_err() {
                     return Ok(());

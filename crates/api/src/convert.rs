@@ -644,3 +644,84 @@ pub fn decode_node(node: &proto::KpngNode) -> Result<NodeState, DecodeError> {
 
 #[cfg(test)]
 mod tests;
+
+/// How many rejected objects a brain's report names (its total counts them all): the report
+/// goes to every node, so a cluster full of broken objects must not make it large.
+pub const REPORTED_REJECTIONS: usize = 100;
+
+/// A brain's report on its own input for its nodes: what it reads, its problems now, and the
+/// first [`REPORTED_REJECTIONS`] of the objects it rejects (in the model's order: by kind,
+/// namespace and name) with how many there are.
+pub fn brain_report<'a>(
+    input: &kpng_model::input::InputState,
+    rejected: impl ExactSizeIterator<Item = &'a kpng_model::records::Rejection>,
+) -> proto::KpngBrainReport {
+    let millis = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    };
+    let total = rejected.len() as u64;
+    proto::KpngBrainReport {
+        source: input.source.clone(),
+        problems: input
+            .problems
+            .iter()
+            .map(|(what, p)| proto::KpngInputProblem {
+                what: what.clone(),
+                message: p.message.clone(),
+                since_unix_millis: millis(p.since),
+            })
+            .collect(),
+        rejected: rejected
+            .take(REPORTED_REJECTIONS)
+            .map(|r| proto::KpngRejectedObject {
+                kind: r.error.object.kind.as_str().to_string(),
+                namespace: r.error.object.namespace.to_string(),
+                name: r.error.object.name.to_string(),
+                field: r.error.field.clone(),
+                message: r.error.message.clone(),
+                location: r.error.location.clone(),
+                kept: r.kept,
+            })
+            .collect(),
+        rejected_total: total,
+    }
+}
+
+/// A brain's report as a node keeps it (times before the epoch read as the epoch).
+pub fn decode_brain_report(value: &proto::KpngBrainReport) -> kpng_model::input::BrainReport {
+    use kpng_model::input::{BrainReport, InputProblem, ReportedRejection};
+    let since = |ms: i64| {
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    };
+    BrainReport {
+        source: value.source.clone(),
+        problems: value
+            .problems
+            .iter()
+            .map(|p| {
+                (
+                    p.what.clone(),
+                    InputProblem {
+                        message: p.message.clone(),
+                        since: since(p.since_unix_millis),
+                    },
+                )
+            })
+            .collect(),
+        rejected: value
+            .rejected
+            .iter()
+            .map(|r| ReportedRejection {
+                kind: r.kind.clone(),
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                field: r.field.clone(),
+                message: r.message.clone(),
+                location: r.location.clone(),
+                kept: r.kept,
+            })
+            .collect(),
+        rejected_total: value.rejected_total.max(value.rejected.len() as u64),
+    }
+}

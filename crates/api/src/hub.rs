@@ -18,6 +18,9 @@
 //!   shared snapshot of the entries, not a per-watcher copy.
 //! - The cluster's ServiceCIDR ranges (one shared list) go to every watcher after its `Reset`
 //!   and whenever they change.
+//! - So does the brain's report on its own input ([`Hub::reporting`]): the objects it rejects
+//!   and its source's problems, which its nodes never see otherwise. It is the same for every
+//!   node, encoded once, and sent only when it changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -26,13 +29,16 @@ use std::time::SystemTime;
 
 use ipnet::IpNet;
 
+use kpng_model::input::InputHealth;
 use kpng_model::{
     ClusterModel, ClusterOutcome, Event, Kind, NodeState, ServiceKey, ServicePort, ServiceSource,
     node_state,
 };
 use prost::bytes::Bytes;
 
-use crate::convert::{ServiceMessages, encode_node, encode_service, encode_service_cidrs};
+use crate::convert::{
+    ServiceMessages, brain_report, encode_node, encode_service, encode_service_cidrs,
+};
 use crate::frames::{ChunkRun, FrameWriter, ReplayCache, frames_of};
 use crate::metrics::ApiMetrics;
 use crate::proto;
@@ -178,6 +184,34 @@ pub struct Pending {
     /// The cluster's ServiceCIDR ranges, when they must be sent (a change, or a replay while
     /// there are some).
     pub service_cidrs: Option<Arc<Vec<IpNet>>>,
+    /// The brain's report on its input, when it must be sent (a change, or a replay).
+    pub brain_report: Option<Arc<SharedReport>>,
+}
+
+/// The brain's report on its own input as one op, encoded once and passed to every watcher by
+/// reference (see [`Hub::reporting`]).
+#[derive(Debug)]
+pub struct SharedReport {
+    value: proto::KpngBrainReport,
+    op: proto::OpItem,
+    frames: Bytes,
+}
+
+impl SharedReport {
+    fn new(value: proto::KpngBrainReport) -> SharedReport {
+        let op = set(
+            proto::Set::KpngBrainReportSet,
+            "brain".to_string(),
+            Bytes::from(prost::Message::encode_to_vec(&value)),
+        );
+        let frames = frames_of(std::slice::from_ref(&op));
+        SharedReport { value, op, frames }
+    }
+
+    /// The report.
+    pub fn value(&self) -> &proto::KpngBrainReport {
+        &self.value
+    }
 }
 
 impl Pending {
@@ -190,6 +224,7 @@ impl Pending {
                     || self.batch.is_some()
                     || *old != self.node
                     || self.service_cidrs.is_some()
+                    || self.brain_report.is_some()
             })
     }
 
@@ -226,6 +261,7 @@ impl Pending {
                 && self.base.is_none()
                 && !self.replay
                 && self.service_cidrs.is_none()
+                && self.brain_report.is_none()
                 && self.old_node.as_ref() == Some(&self.node)
                 && !batch.depends_on_node(&self.node.name)
         });
@@ -368,9 +404,18 @@ impl Pending {
     /// compressed bundle when `bundles`: the watcher asked for them, `WatchReq.AcceptZstd`; a
     /// shared batch as the batch's one encoding, by reference).
     pub fn frames<'a>(&'a self, cache: &ReplayCache, bundles: bool) -> ChangeSetFrames<'a> {
+        // As `ops_head`, with the report's shared frames.
         let head = self
-            .ops_head()
+            .reset_op()
+            .into_iter()
+            .chain(self.cidrs_op())
             .map(Piece::Op)
+            .chain(
+                self.brain_report
+                    .as_ref()
+                    .map(|r| Piece::Shared(r.frames.clone(), 1)),
+            )
+            .chain(self.node_op().map(Piece::Op))
             .collect::<Vec<_>>()
             .into_iter();
         let services: Box<dyn Iterator<Item = Piece> + Send + 'a> = match (
@@ -417,24 +462,39 @@ impl Pending {
         }
     }
 
-    /// The ops before the Services: `Reset`, the ServiceCIDR ranges, the node.
+    /// The ops before the Services: `Reset`, the ServiceCIDR ranges, the brain's report, the
+    /// node.
     fn ops_head(&self) -> impl Iterator<Item = proto::OpItem> + '_ {
-        let reset = self.replay.then(|| op(Op::Reset(proto::EmptyOp {})));
-        let cidrs = self.service_cidrs.as_ref().map(|cidrs| {
+        let report = self.brain_report.as_ref().map(|r| r.op.clone());
+        self.reset_op()
+            .into_iter()
+            .chain(self.cidrs_op())
+            .chain(report)
+            .chain(self.node_op())
+    }
+
+    fn reset_op(&self) -> Option<proto::OpItem> {
+        self.replay.then(|| op(Op::Reset(proto::EmptyOp {})))
+    }
+
+    fn cidrs_op(&self) -> Option<proto::OpItem> {
+        self.service_cidrs.as_ref().map(|cidrs| {
             set(
                 proto::Set::KpngServiceCidRsSet,
                 "cluster".to_string(),
                 encode_service_cidrs(cidrs),
             )
-        });
-        let node = (self.replay || self.old_node.as_ref() != Some(&self.node)).then(|| {
+        })
+    }
+
+    fn node_op(&self) -> Option<proto::OpItem> {
+        (self.replay || self.old_node.as_ref() != Some(&self.node)).then(|| {
             set(
                 proto::Set::KpngNodeSet,
                 self.node.name.clone(),
                 encode_node(&self.node),
             )
-        });
-        reset.into_iter().chain(cidrs).chain(node)
+        })
     }
 }
 
@@ -616,6 +676,20 @@ fn merge_by_key<'a, A: 'a, B: 'a>(
     })
 }
 
+/// Wakes every watcher: something was queued for all of them.
+fn wake_all(state: &State) {
+    let now = SystemTime::now();
+    for w in state.watchers.values() {
+        w.slot.queued(now);
+        w.slot.wake();
+    }
+}
+
+/// A connection's address in words, `unknown` when the server could not tell.
+fn peer_or_unknown(peer: &Option<String>) -> &str {
+    peer.as_deref().unwrap_or("unknown")
+}
+
 /// One watcher's place in the hub.
 #[derive(Debug)]
 pub struct Slot {
@@ -643,6 +717,11 @@ struct SlotStats {
 pub struct WatcherStatus {
     /// The node name it watches for.
     pub node: String,
+    /// Where its connection comes from: `IP:port` over TCP, `unix, pid N` over a Unix socket
+    /// (absent: not known). Two kpngs that claim the same node name (a copied DaemonSet, a
+    /// wrong `--hostname-override`) are told apart only by this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
     /// When it connected (RFC 3339).
     pub connected_at: String,
     /// Change sets it took: a client that asks for each acknowledges the previous with its
@@ -735,13 +814,29 @@ fn take_pending(pending: &mut Pending) -> Pending {
         old_node: pending.old_node.replace(pending.node.clone()),
         node: pending.node.clone(),
         service_cidrs: pending.service_cidrs.take(),
+        brain_report: pending.brain_report.take(),
     }
 }
 
 #[derive(Debug)]
 struct Watcher {
     node_name: String,
+    /// Where its connection comes from (see [`WatcherStatus::peer`]).
+    peer: Option<String>,
     slot: Arc<Slot>,
+}
+
+/// A node name that more than one connected watcher asks for: two kpngs program the same
+/// node's view (a copied DaemonSet, a wrong `--hostname-override`), so one of them programs a
+/// host with another node's local endpoints and health checks. The brain's `kpng status` names
+/// it as a problem with every connection's address.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DuplicateNode {
+    /// The node name claimed more than once.
+    pub node: String,
+    /// The address of each connection that claims it (`unknown` when not known), sorted.
+    pub peers: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -753,9 +848,43 @@ struct State {
     synced: bool,
     watchers: HashMap<u64, Watcher>,
     next_id: u64,
+    /// The brain's input, when its report goes to the nodes ([`Hub::reporting`]).
+    input: Option<InputHealth>,
+    /// The newest report (`None` before the first, or without [`Hub::reporting`]).
+    report: Option<Arc<SharedReport>>,
+    /// How many objects the model rejected when the report was made: a fixed or deleted
+    /// object changes the count without an error.
+    report_rejected: usize,
 }
 
 impl State {
+    /// Warns when watcher `id` is the second to ask for its node name: the start of a
+    /// duplicate claim, logged once (not again for a third, nor while it lasts; again only
+    /// after it ended and began anew). `kpng status` on the brain shows it for as long as it
+    /// lasts ([`Hub::duplicate_nodes`]).
+    fn warn_if_claimed_twice(&self, id: u64) {
+        let Some(me) = self.watchers.get(&id) else {
+            return;
+        };
+        let others: Vec<&Watcher> = self
+            .watchers
+            .iter()
+            .filter(|(other, w)| **other != id && w.node_name == me.node_name)
+            .map(|(_, w)| w)
+            .collect();
+        if let [other] = others[..] {
+            tracing::warn!(
+                node = %me.node_name,
+                "two kpngs claim node {:?}: connections from {} and {} (a copied DaemonSet or a \
+                 wrong --hostname-override/--node-name?); each gets that node's view, so one of \
+                 them programs its host with another node's local endpoints",
+                me.node_name,
+                peer_or_unknown(&other.peer),
+                peer_or_unknown(&me.peer),
+            );
+        }
+    }
+
     /// The ServiceCIDR ranges a replay sends: none when there are none (`Reset` already means
     /// "no ranges") or before the cluster is listed.
     fn replay_cidrs(&self) -> Option<Arc<Vec<IpNet>>> {
@@ -764,6 +893,32 @@ impl State {
 
     fn node(&self, name: &str) -> NodeState {
         node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
+    }
+
+    /// The report a replay sends: none before the cluster is listed (nothing is sent then).
+    fn replay_report(&self) -> Option<Arc<SharedReport>> {
+        self.report.clone().filter(|_| self.synced)
+    }
+
+    /// Makes the report again from the input's record and the model's rejections; when it
+    /// changed, records it for every watcher (once the cluster is listed) and says so.
+    fn refresh_report(&mut self) -> bool {
+        let Some(input) = &self.input else {
+            return false;
+        };
+        let value = brain_report(&input.state(), self.cluster.rejected());
+        self.report_rejected = self.cluster.rejected().len();
+        if self.report.as_ref().is_some_and(|r| r.value == value) {
+            return false;
+        }
+        let report = Arc::new(SharedReport::new(value));
+        self.report = Some(report.clone());
+        if self.synced {
+            for w in self.watchers.values() {
+                w.slot.lock().brain_report = Some(report.clone());
+            }
+        }
+        self.synced
     }
 }
 
@@ -806,6 +961,7 @@ impl Registration {
                 pending.base = Some(entries);
             }
         }
+        state.warn_if_claimed_twice(self.id);
         self.node_name = node_name.to_string();
         self.slot.wake();
     }
@@ -833,6 +989,29 @@ impl Hub {
         }
     }
 
+    /// Sends the brain's report on its own input to every node: the objects it rejects and
+    /// `input`'s problems (its source's), which a node shows in its `kpng status` since it
+    /// never sees the objects. Sent after each `Reset` and when it changed: on an event that
+    /// changed the rejections, and when [`Hub::refresh_report`] finds the input changed.
+    pub fn reporting(self, input: InputHealth) -> Hub {
+        {
+            let mut state = self.lock();
+            state.input = Some(input);
+            state.refresh_report();
+        }
+        self
+    }
+
+    /// Looks at the input's record again (its problems change without an event: an API
+    /// server out of reach) and sends the report to every watcher if it changed. The brain
+    /// calls it every second; it costs a few small copies when nothing changed.
+    pub fn refresh_report(&self) {
+        let mut state = self.lock();
+        if state.refresh_report() {
+            wake_all(&state);
+        }
+    }
+
     /// Where replays of the newest snapshot are encoded once for all watchers.
     pub fn replay_cache(&self) -> &ReplayCache {
         &self.replay_cache
@@ -854,9 +1033,17 @@ impl Hub {
         &self.metrics
     }
 
-    /// Adds a watcher for `node_name`. Its first change set is a replay of everything, ready
-    /// as soon as the cluster has been listed.
+    /// Adds a watcher for `node_name` whose connection's address is not known (see
+    /// [`Hub::register_from`]).
     pub fn register(self: &Arc<Hub>, node_name: &str) -> Registration {
+        self.register_from(node_name, None)
+    }
+
+    /// Adds a watcher for `node_name`, connected from `peer` (`IP:port`, `unix, pid N`: shown
+    /// in the brain's status, where it tells apart two kpngs that claim the same node). Its
+    /// first change set is a replay of everything, ready as soon as the cluster has been
+    /// listed.
+    pub fn register_from(self: &Arc<Hub>, node_name: &str, peer: Option<String>) -> Registration {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
@@ -865,6 +1052,7 @@ impl Hub {
                 replay: state.synced,
                 base: state.synced.then(|| state.entries.clone()),
                 service_cidrs: state.replay_cidrs(),
+                brain_report: state.replay_report(),
                 node: Arc::new(state.node(node_name)),
                 ..Pending::default()
             }),
@@ -880,9 +1068,11 @@ impl Hub {
             id,
             Watcher {
                 node_name: node_name.to_string(),
+                peer,
                 slot: slot.clone(),
             },
         );
+        state.warn_if_claimed_twice(id);
         self.metrics.clients_connected.inc();
         Registration {
             hub: self.clone(),
@@ -898,6 +1088,10 @@ impl Hub {
         let state = &mut *state;
         let out = state.cluster.apply(event);
         state.listed.extend(out.listed.iter().copied());
+        // The rejections changed: an error, or one fewer (fixed, deleted, relisted without).
+        let report_changed = (!out.errors.is_empty()
+            || state.cluster.rejected().len() != state.report_rejected)
+            && state.refresh_report();
         // Every watcher, or (`false`) those in `touched`.
         let mut touched_all = false;
         let mut touched: BTreeSet<u64> = BTreeSet::new();
@@ -956,6 +1150,7 @@ impl Hub {
                 pending.replay = true;
                 pending.base = Some(state.entries.clone());
                 pending.service_cidrs = state.replay_cidrs();
+                pending.brain_report = state.replay_report();
                 pending.changes.clear();
                 pending.batch = None;
                 touched.insert(*id);
@@ -966,7 +1161,7 @@ impl Hub {
             w.slot.queued(now);
             w.slot.wake();
         };
-        if touched_all {
+        if touched_all || report_changed {
             state.watchers.values().for_each(wake);
         } else {
             touched
@@ -993,6 +1188,7 @@ impl Hub {
                 };
                 WatcherStatus {
                     node: w.node_name.clone(),
+                    peer: w.peer.clone(),
                     connected_at: rfc3339(stats.connected_at),
                     change_sets_sent: stats.change_sets_sent,
                     last_sent_at: stats.last_sent_at.map(rfc3339),
@@ -1004,8 +1200,32 @@ impl Hub {
                 }
             })
             .collect();
-        out.sort_by(|a, b| a.node.cmp(&b.node));
+        out.sort_by(|a, b| a.node.cmp(&b.node).then(a.peer.cmp(&b.peer)));
         out
+    }
+
+    /// The node names more than one connected watcher asks for, sorted, with each
+    /// connection's address: a misconfiguration (see [`DuplicateNode`]).
+    pub fn duplicate_nodes(&self) -> Vec<DuplicateNode> {
+        let state = self.lock();
+        let mut by_node: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for w in state.watchers.values() {
+            by_node
+                .entry(w.node_name.as_str())
+                .or_default()
+                .push(peer_or_unknown(&w.peer).to_string());
+        }
+        by_node
+            .into_iter()
+            .filter(|(_, peers)| peers.len() > 1)
+            .map(|(node, mut peers)| {
+                peers.sort();
+                DuplicateNode {
+                    node: node.to_string(),
+                    peers,
+                }
+            })
+            .collect()
     }
 
     /// The cluster's Nodes that no connected watcher asks for, sorted: nodes whose kpng is

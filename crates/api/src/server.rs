@@ -231,17 +231,21 @@ fn peer_certs(
     None
 }
 
-/// The client's address (TCP) and its connection's shared state, with or without TLS.
-fn connection(
-    ext: &http::Extensions,
-) -> (Option<std::net::SocketAddr>, Option<Arc<conn::ConnState>>) {
+/// The client's address (`IP:port` over TCP, `unix, pid N` over a Unix socket, where the peer
+/// has no address but the kernel names its process) and its connection's shared state, with
+/// or without TLS. The address is what tells two kpngs that claim one node name apart in the
+/// brain's status.
+fn connection(ext: &http::Extensions) -> (Option<String>, Option<Arc<conn::ConnState>>) {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     let tcp = ext.get::<ConnInfo<TcpConnectInfo>>().or_else(|| {
         ext.get::<TlsConnectInfo<ConnInfo<TcpConnectInfo>>>()
             .map(TlsConnectInfo::get_ref)
     });
     if let Some(info) = tcp {
-        return (info.inner.remote_addr(), Some(info.state.clone()));
+        return (
+            info.inner.remote_addr().map(|a| a.to_string()),
+            Some(info.state.clone()),
+        );
     }
     #[cfg(unix)]
     {
@@ -251,7 +255,11 @@ fn connection(
                 .map(TlsConnectInfo::get_ref)
         });
         if let Some(info) = uds {
-            return (None, Some(info.state.clone()));
+            let peer = match info.inner.peer_cred.and_then(|cred| cred.pid()) {
+                Some(pid) => format!("unix, pid {pid}"),
+                None => "unix".to_string(),
+            };
+            return (Some(peer), Some(info.state.clone()));
         }
     }
     (None, None)
@@ -259,7 +267,8 @@ fn connection(
 
 /// Who is watching.
 struct Client {
-    peer: Option<std::net::SocketAddr>,
+    /// Where the connection comes from (see [`connection`]).
+    peer: Option<String>,
     /// With mTLS: the node names its certificate allows; `None` without client certificates.
     allowed: Option<Vec<String>>,
     /// Held while the stream is served.
@@ -329,7 +338,7 @@ impl WatchBody {
             self.continuous = request.continuous;
             self.bundles = request.accept_zstd;
         }
-        let peer = self.client.peer;
+        let peer = &self.client.peer;
         if let Some(allowed) = &self.client.allowed
             && !crate::identity::may_watch(allowed, &node_name)
         {
@@ -350,7 +359,7 @@ impl WatchBody {
             }
             None => {
                 info!(?peer, node = %node_name, "API client watching");
-                self.registration = Some(self.hub.register(&node_name));
+                self.registration = Some(self.hub.register_from(&node_name, peer.clone()));
             }
         }
         Step::ChangeSet

@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
 use kpng_runner::admin::{
-    AdminHandle, ConntrackStatus, DataPlaneDetail, HealthCheckStatus, InputStatus, PortStatus,
-    RejectedStatus, RepairStatus, Status, StatusQuery,
+    AdminHandle, BrainReportStatus, ConntrackStatus, DataPlaneDetail, HealthCheckStatus,
+    InputStatus, PortStatus, RejectedStatus, RepairStatus, Status, StatusQuery,
 };
 
 use crate::admin_socket::Serving;
@@ -54,6 +54,7 @@ pub async fn serve_brain(
                         nodes: hub.watchers(),
                         not_connected: hub.not_connected(),
                         unknown_nodes: hub.unknown_watchers(),
+                        duplicate_nodes: hub.duplicate_nodes(),
                         rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
                         input: Some(input),
                     })
@@ -94,6 +95,10 @@ pub struct BrainStatus {
     /// Node names connected kpngs ask for that no Node of the cluster has.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknown_nodes: Vec<String>,
+    /// Node names that more than one connected kpng asks for, with each one's address: a
+    /// copied DaemonSet or a wrong `--hostname-override`, which only the brain can see.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub duplicate_nodes: Vec<kpng_api::hub::DuplicateNode>,
     /// Objects whose latest version the brain rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
@@ -359,6 +364,7 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
                     brain.unknown_nodes.join(", ")
                 ));
             }
+            write_duplicate_nodes(&mut text, &brain.duplicate_nodes);
             write_rejected(&mut text, &brain.rejected);
             write_brain_nodes(&mut text, &brain.nodes, output == StatusOutput::Wide);
             print!("{text}");
@@ -393,8 +399,15 @@ fn rejected_service(status: &serde_json::Value, filter: &str) -> Option<String> 
         service: Some(service.to_string()),
         ..StatusQuery::default()
     };
-    let rejected: Vec<RejectedStatus> =
-        serde_json::from_value(status.get("rejected")?.clone()).ok()?;
+    // This kpng's own rejections, and on a node its brain's.
+    let list = |value: Option<&serde_json::Value>| -> Vec<RejectedStatus> {
+        value
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    };
+    let rejected = list(status.get("rejected"))
+        .into_iter()
+        .chain(list(status.pointer("/brainReports/rejected")));
     rejected.into_iter().find_map(|r| {
         let (namespace, name) = r.object.strip_prefix("Service ")?.split_once('/')?;
         query
@@ -444,6 +457,9 @@ fn table(status: &Status, wide: bool) -> String {
     }
     if let Some(input) = &status.input {
         write_input(&mut out, input);
+    }
+    if let Some(report) = &status.brain_reports {
+        write_brain_reports(&mut out, report);
     }
     if let Some(repairs) = &status.repairs {
         write_repairs(&mut out, repairs);
@@ -554,6 +570,42 @@ fn write_input(out: &mut String, input: &InputStatus) {
     }
 }
 
+/// What the brain reports about its own input, on a node: its source's problems and the
+/// objects it rejects (listed as the node's own rejected objects would be), which explain a
+/// Service that looks wrong here although this node's own input is fine.
+fn write_brain_reports(out: &mut String, report: &BrainReportStatus) {
+    use std::fmt::Write as _;
+    let state = match report.problems.len() {
+        0 => "ok".to_string(),
+        1 => "1 PROBLEM".to_string(),
+        n => format!("{n} PROBLEMS"),
+    };
+    let rejects = match report.rejected_total {
+        0 => "rejects nothing".to_string(),
+        1 => "rejects 1 object".to_string(),
+        n => format!("rejects {n} objects"),
+    };
+    let _ = writeln!(
+        out,
+        "brain reports: its input {}  {state}; it {rejects}",
+        report.source
+    );
+    for p in &report.problems {
+        let _ = writeln!(out, "  {} (since {}): {}", p.what, p.since, p.message);
+    }
+    for r in report.rejected.iter().take(REJECTED_LISTED) {
+        let _ = writeln!(out, "  rejected {}", rejected_line(r));
+    }
+    let listed = report.rejected.len().min(REJECTED_LISTED) as u64;
+    if report.rejected_total > listed {
+        let _ = writeln!(
+            out,
+            "  … and {} more (`kpng status` on the brain lists all)",
+            report.rejected_total - listed
+        );
+    }
+}
+
 /// How often kpng put back what someone else changed, and the last time.
 fn write_repairs(out: &mut String, r: &RepairStatus) {
     use std::fmt::Write as _;
@@ -567,6 +619,23 @@ fn write_repairs(out: &mut String, r: &RepairStatus) {
         r.last_at,
         r.last_change
     );
+}
+
+/// One `PROBLEM:` line per node name that several connected kpngs claim, with their
+/// addresses: each of them gets that node's view, so at most one programs the right host.
+fn write_duplicate_nodes(out: &mut String, duplicates: &[kpng_api::hub::DuplicateNode]) {
+    use std::fmt::Write as _;
+    for d in duplicates {
+        let _ = writeln!(
+            out,
+            "PROBLEM: {} kpngs claim node {}: connections from {} (a copied DaemonSet or a \
+             wrong --hostname-override/--node-name: each gets that node's view, so one \
+             programs its host with another node's local endpoints)",
+            d.peers.len(),
+            d.node,
+            d.peers.join(" and "),
+        );
+    }
 }
 
 /// A brain's connected nodes, the most behind first (the longest lag, then the most pending
@@ -588,19 +657,20 @@ fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], w
     };
     let _ = writeln!(
         out,
-        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}",
+        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}  PEER",
         "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"
     );
     for n in &order[..shown] {
         let _ = writeln!(
             out,
-            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s",
+            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s  {}",
             n.node,
             n.connected_at,
             n.change_sets_sent,
             n.last_sent_at.as_deref().unwrap_or("-"),
             n.pending_service_changes,
-            n.lag_seconds
+            n.lag_seconds,
+            n.peer.as_deref().unwrap_or("-"),
         );
     }
     if shown < order.len() {
@@ -1114,6 +1184,7 @@ mod tests {
     fn a_brains_nodes_are_listed_most_behind_first_and_capped_unless_wide() {
         let node = |name: &str, lag: f64, pending: usize| kpng_api::hub::WatcherStatus {
             node: name.into(),
+            peer: Some("10.0.0.9:41000".into()),
             connected_at: "T0".into(),
             change_sets_sent: 3,
             last_sent_at: None,
@@ -1142,6 +1213,41 @@ mod tests {
         let mut wide = String::new();
         write_brain_nodes(&mut wide, &nodes, true);
         assert_eq!(names(&wide).len(), 62, "{wide}");
+    }
+
+    #[test]
+    fn a_node_name_claimed_twice_is_a_problem_naming_both_addresses() {
+        let mut out = String::new();
+        write_duplicate_nodes(&mut out, &[]);
+        assert_eq!(out, "", "one kpng per node: nothing said");
+        write_duplicate_nodes(
+            &mut out,
+            &[kpng_api::hub::DuplicateNode {
+                node: "node1".into(),
+                peers: vec!["10.0.0.5:41000".into(), "10.0.0.7:39000".into()],
+            }],
+        );
+        assert!(
+            out.starts_with(
+                "PROBLEM: 2 kpngs claim node node1: connections from 10.0.0.5:41000 and \
+                 10.0.0.7:39000 (a copied DaemonSet"
+            ),
+            "{out}"
+        );
+        let mut table = String::new();
+        let watcher = kpng_api::hub::WatcherStatus {
+            node: "node1".into(),
+            peer: Some("10.0.0.5:41000".into()),
+            connected_at: "T0".into(),
+            change_sets_sent: 1,
+            last_sent_at: None,
+            pending_service_changes: 0,
+            lag_seconds: 0.0,
+        };
+        write_brain_nodes(&mut table, &[watcher], false);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].ends_with("  PEER"), "{table}");
+        assert!(lines[1].ends_with("  10.0.0.5:41000"), "{table}");
     }
 
     #[test]

@@ -19,6 +19,11 @@ use crate::cli::{GlobalFlags, ToApi};
 /// How often a brain renews its budget of warnings about objects (a runner does at each sync).
 const WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How often a brain looks whether its input's problems changed, for the report its nodes show
+/// (an API server outage changes them without any event); the report is sent only when it
+/// changed.
+const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Runs the source into a hub and serves it until the source ends or SIGINT/SIGTERM.
 pub async fn serve<F, Fut>(
     flags: GlobalFlags,
@@ -34,14 +39,19 @@ where
     crate::process_metrics::register(&mut registry);
     crate::input_metrics::register(&mut registry, input.clone());
     let metrics = ApiMetrics::new(&mut registry);
-    let hub = Arc::new(Hub::new(
-        ClusterModel::new(ClusterConfig {
-            service_proxy_name: flags.service_proxy_name.clone(),
-            only_node: None,
-            node_port_range: Some(flags.service_node_port_range),
-        }),
-        metrics,
-    ));
+    // Its nodes show what it rejects and how its input is doing (`kpng status`, "brain
+    // reports"): they never see the objects themselves.
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig {
+                service_proxy_name: flags.service_proxy_name.clone(),
+                only_node: None,
+                node_port_range: Some(flags.service_node_port_range),
+            }),
+            metrics,
+        )
+        .reporting(input.clone()),
+    );
     if flags.healthz_bind_address.port() != crate::config::HEALTHZ_PORT
         || !flags.healthz_bind_address.ip().is_unspecified()
     {
@@ -118,6 +128,8 @@ where
         // A brain has no syncs: its warning budget is renewed every ten seconds.
         let mut warnings = kpng_runner::warning_budget::WarningBudget::default();
         let mut renew = tokio::time::interval(WARNING_INTERVAL);
+        let mut report = tokio::time::interval(REPORT_INTERVAL);
+        report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 event = rx.recv() => {
@@ -137,6 +149,7 @@ where
                 _ = renew.tick() => {
                     kpng_runner::warning_budget::held_back(warnings.next_interval());
                 }
+                _ = report.tick() => hub.refresh_report(),
             }
         }
     };

@@ -671,7 +671,7 @@ fn kube_programs_the_same_rules_as_file_for_the_same_objects() {
 
 #[test]
 fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
-    let server = FakeApiServer::start().expect("server");
+    let mut server = FakeApiServer::start().expect("server");
     cluster(&server, true);
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
@@ -698,14 +698,23 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         .into_iter()
         .map(|n| (n.to_string(), dir.path().join(format!("{n}.yaml"))))
         .collect();
+    // node1's health server on a port known here: a brain's problems must not turn it 503.
+    let node1_health = free_port();
     let mut nodes: Vec<Kpng> = outputs
         .iter()
         .map(|(name, output)| {
             let admin = dir.path().join(format!("{name}-admin.sock"));
+            let health = if name == "node1" {
+                format!("127.0.0.1:{node1_health}")
+            } else {
+                "127.0.0.1:0".to_string()
+            };
             Kpng::start(&[
                 "api",
                 "--api",
                 &socket,
+                "--healthz-bind-address",
+                &health,
                 "--admin-socket",
                 admin.to_str().expect("utf-8"),
                 "--node-name",
@@ -782,6 +791,71 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         "every Node follows: {table}"
     );
 
+    // Every node is listed with its connection: over the Unix socket, its kpng's process.
+    let pids: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("unix, pid {}", n.child.id()))
+        .collect();
+    let peers: Vec<&str> = listed.iter().filter_map(|n| n["peer"].as_str()).collect();
+    assert_eq!(peers, pids, "{status}");
+    assert!(table.contains(&format!("  {}\n", pids[0])), "{table}");
+
+    // A second kpng claiming node1 (a copied DaemonSet): the brain names both connections.
+    let copy_admin = dir.path().join("copy-admin.sock");
+    let mut copy = Kpng::start(&[
+        "api",
+        "--api",
+        &socket,
+        "--admin-socket",
+        copy_admin.to_str().expect("utf-8"),
+        "--node-name",
+        "node1",
+        "--metrics-bind-address",
+        "",
+        "to-file",
+        "--output",
+        dir.path().join("copy.yaml").to_str().expect("utf-8"),
+    ]);
+    let copy_pid = format!("unix, pid {}", copy.child.id());
+    let mut claimants = vec![pids[0].clone(), copy_pid.clone()];
+    claimants.sort();
+    let deadline = Instant::now() + WAIT;
+    while status_json(brain_admin)["duplicateNodes"]
+        != json!([{"node": "node1", "peers": claimants}])
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{}\n{}",
+            status_json(brain_admin),
+            copy.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let table = brain_table();
+    assert!(
+        table.contains(&format!(
+            "PROBLEM: 2 kpngs claim node node1: connections from {} and {} (",
+            claimants[0], claimants[1]
+        )),
+        "{table}"
+    );
+    brain.wait("the brain warns of the second claim", |_, err| {
+        err.contains("two kpngs claim node \"node1\"")
+    });
+    copy.wait("the copy synced", |_, err| err.contains(" synced"));
+    drop(copy);
+    let deadline = Instant::now() + WAIT;
+    while status_json(brain_admin).get("duplicateNodes").is_some() {
+        assert!(Instant::now() < deadline, "{}", status_json(brain_admin));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        brain.stderr().matches("two kpngs claim node").count(),
+        1,
+        "warned once: {}",
+        brain.stderr()
+    );
+
     // A node whose kpng stops is named: its Node exists, nothing follows the brain for it.
     drop(nodes.pop());
     let deadline = Instant::now() + WAIT;
@@ -814,6 +888,80 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
             && table.contains("(not in use: no earlier version)"),
         "{table}"
     );
+
+    // node1 hears of it from the brain: its `kpng status` says what the brain rejects, so a
+    // Service that looks wrong on the node is explained there.
+    let node1_admin = dir.path().join("node1-admin.sock");
+    let node1_admin = node1_admin.to_str().expect("utf-8");
+    let node1_reports = || status_json(node1_admin)["brainReports"].clone();
+    let deadline = Instant::now() + WAIT;
+    while node1_reports()["rejectedTotal"] != 1 {
+        assert!(Instant::now() < deadline, "{}", status_json(node1_admin));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let reports = node1_reports();
+    assert_eq!(reports["healthy"], true, "{reports}");
+    assert_eq!(
+        reports["rejected"],
+        json!([{"object": "Service default/typo", "field": "spec.ports[0].protocol",
+                "message": reports["rejected"][0]["message"], "kept": false}]),
+        "{reports}"
+    );
+    let node1_table = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .args(["status", "--admin-socket", node1_admin])
+            .output()
+            .expect("kpng status");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = node1_table();
+    assert!(
+        table.contains("\nbrain reports: its input kube http://127.0.0.1:")
+            && table.contains("  ok; it rejects 1 object\n")
+            && table.contains("\n  rejected Service default/typo: field spec.ports[0].protocol: "),
+        "{table}"
+    );
+    // `kpng status typo` on the node names the brain's rejection instead of "no such Service".
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket", node1_admin, "default/typo"])
+        .output()
+        .expect("kpng status");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Service default/typo: field spec.ports[0].protocol"),
+        "{err}"
+    );
+
+    // The brain's API server goes away: node1 says its brain's source fails, and stays
+    // healthy itself (its rules are as the brain last knew, nothing is pending).
+    server.stop();
+    let deadline = Instant::now() + WAIT;
+    while node1_reports()["healthy"] != false {
+        assert!(Instant::now() < deadline, "{}", status_json(node1_admin));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let node1 = status_json(node1_admin);
+    assert_eq!(
+        node1["brainReports"]["problems"][0]["what"], "API server",
+        "{node1}"
+    );
+    assert_eq!(
+        node1["input"]["problems"],
+        json!([]),
+        "the node's own input is fine"
+    );
+    assert_eq!(http_get(node1_health, "/healthz").0, 200, "{node1}");
+    let table = node1_table();
+    assert!(
+        table.contains("  1 PROBLEM; it rejects 1 object\n  API server (since "),
+        "{table}"
+    );
+    server.restart().expect("restart");
+    let deadline = Instant::now() + WAIT;
+    while node1_reports()["healthy"] != true {
+        assert!(Instant::now() < deadline, "{}", status_json(node1_admin));
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

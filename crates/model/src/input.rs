@@ -41,6 +41,46 @@ pub struct InputState {
     pub last_good: Option<SystemTime>,
     /// What that load held, in words ("18 objects, 1 rejected").
     pub detail: Option<String>,
+    /// On a node fed by a brain: what the brain last reported about its own input (`None`:
+    /// it reported nothing, such as KPNG's brain or an older kpng). Shared, so reading the
+    /// record copies none of it.
+    pub brain_report: Option<Arc<BrainReport>>,
+}
+
+/// What a brain reports to its nodes about its own input: a node never sees the Kubernetes
+/// objects, so without this a Service the brain rejects, or a brain whose API server is out of
+/// reach, only looks wrong on the node, whose own record says the brain is fine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrainReport {
+    /// What the brain reads (`kube https://10.0.0.1:6443/`).
+    pub source: String,
+    /// The brain's input problems now, by what they concern; empty: its source is healthy.
+    pub problems: BTreeMap<String, InputProblem>,
+    /// Objects whose latest version the brain rejects (the first of them: see
+    /// `rejected_total`).
+    pub rejected: Vec<ReportedRejection>,
+    /// How many objects the brain rejects in all.
+    pub rejected_total: u64,
+}
+
+/// An object a brain rejects, as it reported it (plain words: a newer brain may name a kind
+/// this node does not know).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReportedRejection {
+    /// `Service`, `EndpointSlice`, `Node`, `ServiceCIDR`.
+    pub kind: String,
+    /// Its namespace (empty for cluster-scoped kinds).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The field at fault.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+    /// Where the brain's source found it (a manifest's file and line).
+    pub location: Option<String>,
+    /// Whether an earlier version of it is in use.
+    pub kept: bool,
 }
 
 /// One problem with the input.
@@ -127,6 +167,12 @@ impl InputHealth {
         let mut state = self.lock();
         state.last_good = Some(at);
         state.detail = detail;
+    }
+
+    /// A node fed by a brain: what the brain now reports about its own input (`None`: it
+    /// reports nothing).
+    pub fn set_brain_report(&self, report: Option<BrainReport>) {
+        self.lock().brain_report = report.map(Arc::new);
     }
 
     /// The record now.

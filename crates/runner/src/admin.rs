@@ -221,6 +221,13 @@ pub struct Status {
     /// How the source is doing: what it reads, its problems now, its last good load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<InputStatus>,
+    /// On a node fed by a brain: what the brain reports about its own input (the objects it
+    /// rejects, its source's problems), which this node never sees itself; absent when the
+    /// brain reports nothing. It does not make `/healthz` fail (another object's rejection
+    /// does not make this node unhealthy, as with kube-proxy), but says why a Service looks
+    /// wrong here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brain_reports: Option<BrainReportStatus>,
     /// What is wrong with this node's own Node object once the cluster is listed ([`node_problem`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_problem: Option<String>,
@@ -394,6 +401,66 @@ impl InputStatus {
                 .collect(),
             last_good: state.last_good.map(rfc3339),
             detail: state.detail.clone(),
+        }
+    }
+}
+
+/// What a node's brain reports about its own input, as `kpng status` on the node shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrainReportStatus {
+    /// What the brain reads: `kube URL`, `file PATH`.
+    pub source: String,
+    /// Whether the brain's source has no problem now.
+    pub healthy: bool,
+    /// The brain's input problems now.
+    #[serde(default)]
+    pub problems: Vec<InputProblemStatus>,
+    /// Objects the brain rejects, as far as it listed them (a Node object only when it is
+    /// this node's).
+    #[serde(default)]
+    pub rejected: Vec<RejectedStatus>,
+    /// How many objects the brain rejects (the brain lists at most 100; other nodes' Node
+    /// objects among them not counted).
+    #[serde(default)]
+    pub rejected_total: u64,
+}
+
+impl BrainReportStatus {
+    /// The status of a brain's report as node `node` sees it: another node's rejected Node
+    /// object is that node's concern, and is left out.
+    pub fn of(report: &kpng_model::input::BrainReport, node: &str) -> BrainReportStatus {
+        let mine = |r: &&kpng_model::input::ReportedRejection| r.kind != "Node" || r.name == node;
+        let others = report.rejected.iter().filter(|r| !mine(r)).count() as u64;
+        BrainReportStatus {
+            source: report.source.clone(),
+            healthy: report.problems.is_empty(),
+            problems: report
+                .problems
+                .iter()
+                .map(|(what, p)| InputProblemStatus {
+                    what: what.clone(),
+                    message: p.message.clone(),
+                    since: rfc3339(p.since),
+                })
+                .collect(),
+            rejected: report
+                .rejected
+                .iter()
+                .filter(mine)
+                .map(|r| RejectedStatus {
+                    object: if r.namespace.is_empty() {
+                        format!("{} {}", r.kind, r.name)
+                    } else {
+                        format!("{} {}/{}", r.kind, r.namespace, r.name)
+                    },
+                    field: r.field.clone(),
+                    message: r.message.clone(),
+                    location: r.location.clone(),
+                    kept: r.kept,
+                })
+                .collect(),
+            rejected_total: report.rejected_total.saturating_sub(others),
         }
     }
 }

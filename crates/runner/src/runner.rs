@@ -32,8 +32,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
 use crate::admin::{
-    self, AdminHandle, ConntrackStatus, FactsFn, HealthCheckStatus, InputStatus, NotProgrammed,
-    PortStatus, Query, RejectedStatus, RepairStatus, Status, SyncStatus, TraceAnswer,
+    self, AdminHandle, BrainReportStatus, ConntrackStatus, FactsFn, HealthCheckStatus, InputStatus,
+    NotProgrammed, PortStatus, Query, RejectedStatus, RepairStatus, Status, SyncStatus,
+    TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -379,6 +380,7 @@ impl<M: NodeModel> LoopState<M> {
                     Vec::new()
                 };
                 let unlisted = self.unlisted();
+                let input = self.runner.input.as_ref().map(|h| h.state());
                 let _ = reply.send(Status {
                     node: snapshot.node.name.clone(),
                     not_programmed,
@@ -422,11 +424,11 @@ impl<M: NodeModel> LoopState<M> {
                         .unwrap_or_default(),
                     conntrack: self.conntrack_status(),
                     data_plane: Vec::new(),
-                    input: self
-                        .runner
-                        .input
+                    input: input.as_ref().map(InputStatus::of),
+                    brain_reports: input
                         .as_ref()
-                        .map(|h| InputStatus::of(&h.state())),
+                        .and_then(|i| i.brain_report.as_deref())
+                        .map(|r| BrainReportStatus::of(r, &snapshot.node.name)),
                 });
             }
             Query::Trace(q, reply) => {

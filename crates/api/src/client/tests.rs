@@ -486,3 +486,136 @@ fn tls_mismatches_get_a_hint_naming_the_flags() {
         }
     }
 }
+
+/// The real client against the real server: what the brain reports about its own input
+/// (rejected objects, its source's problems) lands in the node's input record, which its
+/// `kpng status` shows, and changes when the brain's report does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brains_report_reaches_the_nodes_input_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let brain_input = InputHealth::new("kube https://10.0.0.1:6443/");
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::default(),
+        )
+        .reporting(brain_input.clone()),
+    );
+    hub.apply(fixtures::cluster_event());
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let server = crate::server::serve(
+        hub.clone(),
+        &addr,
+        &TlsFiles::default(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+    let node_input = InputHealth::default();
+    let config = WatchConfig {
+        addr,
+        tls: TlsFiles::default(),
+        tls_server_name: None,
+        node_name: "n1".into(),
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: node_input.clone(),
+    };
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(config, updates));
+    next_update(&mut received, "the replay").await;
+    let report = node_input
+        .state()
+        .brain_report
+        .expect("a report after the replay");
+    assert_eq!(report.source, "kube https://10.0.0.1:6443/");
+    assert!(report.problems.is_empty() && report.rejected.is_empty());
+
+    // The brain rejects a Service and its API server fails.
+    let typo = kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(json!({
+        "metadata": {"namespace": "default", "name": "typo"},
+        "spec": {"clusterIP": "10.96.9.9", "ports": [{"port": 80, "protocol": "TPC"}]}
+    }))
+    .expect("service");
+    hub.apply(Event::Apply(typo.object));
+    next_update(&mut received, "the report").await;
+    brain_input.failing("API server", "unreachable", std::time::SystemTime::now());
+    hub.refresh_report();
+    next_update(&mut received, "the next report").await;
+    let report = node_input.state().brain_report.expect("a report");
+    assert_eq!(report.rejected_total, 1);
+    let r = &report.rejected[0];
+    assert_eq!(
+        (
+            r.kind.as_str(),
+            r.namespace.as_str(),
+            r.name.as_str(),
+            r.field.as_str(),
+            r.kept
+        ),
+        (
+            "Service",
+            "default",
+            "typo",
+            "spec.ports[0].protocol",
+            false
+        )
+    );
+    assert_eq!(
+        report.problems.keys().collect::<Vec<_>>(),
+        ["API server"],
+        "{report:?}"
+    );
+    assert!(
+        node_input.state().problems.is_empty(),
+        "the brain's problems are not the node's own"
+    );
+    watching.abort();
+}
+
+#[test]
+fn a_reset_forgets_the_brains_report_and_a_brain_without_one_leaves_none() {
+    let mut wire = WireState::default();
+    assert_eq!(wire.take_brain_report(), None, "nothing received");
+    let report = proto::KpngBrainReport {
+        source: "file /x.yaml".into(),
+        rejected_total: 3,
+        ..Default::default()
+    };
+    for op in [
+        proto::OpItem {
+            op: Some(Op::Reset(proto::EmptyOp {})),
+        },
+        proto::OpItem {
+            op: Some(Op::Set(proto::Value {
+                r#ref: Some(proto::Ref {
+                    set: proto::Set::KpngBrainReportSet as i32,
+                    path: "brain".into(),
+                }),
+                bytes: report.encode_to_vec().into(),
+            })),
+        },
+    ] {
+        wire.apply(op).expect("valid");
+    }
+    let got = wire
+        .take_brain_report()
+        .expect("changed")
+        .expect("a report");
+    assert_eq!(
+        (got.source.as_str(), got.rejected_total),
+        ("file /x.yaml", 3)
+    );
+    assert_eq!(wire.take_brain_report(), None, "taken");
+    // A replay from a brain that reports nothing (KPNG's, an older kpng).
+    wire.apply(proto::OpItem {
+        op: Some(Op::Reset(proto::EmptyOp {})),
+    })
+    .expect("valid");
+    assert_eq!(wire.take_brain_report(), Some(None));
+}

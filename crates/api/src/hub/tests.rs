@@ -593,3 +593,142 @@ fn a_replay_is_sliced_around_the_services_that_depend_on_the_node() {
         bundled.len()
     );
 }
+
+/// The brain's report in a change set, if any: (source, problems as `what: message`,
+/// rejected objects as `Kind ns/name field`, total).
+fn report_of(pending_ops: &[proto::OpItem]) -> Option<(String, Vec<String>, Vec<String>, u64)> {
+    pending_ops.iter().find_map(|item| match &item.op {
+        Some(Op::Set(v))
+            if v.r#ref.as_ref().map(|r| r.set) == Some(proto::Set::KpngBrainReportSet as i32) =>
+        {
+            let r = proto::KpngBrainReport::decode(v.bytes.clone()).expect("a report");
+            Some((
+                r.source,
+                r.problems
+                    .iter()
+                    .map(|p| format!("{}: {}", p.what, p.message))
+                    .collect(),
+                r.rejected
+                    .iter()
+                    .map(|o| format!("{} {}/{} {}", o.kind, o.namespace, o.name, o.field))
+                    .collect(),
+                r.rejected_total,
+            ))
+        }
+        _ => None,
+    })
+}
+
+/// The next change set's ops (checked as [`next`] does).
+fn next_ops(reg: &Registration) -> Vec<proto::OpItem> {
+    let pending = block_on(reg.slot.next());
+    let ops: Vec<proto::OpItem> = pending.ops().collect();
+    let mut sent = Vec::new();
+    for chunk in pending.frames(reg.hub.replay_cache(), false) {
+        sent.extend_from_slice(&chunk);
+    }
+    assert_eq!(sent, crate::frames::frames_of(&ops).to_vec());
+    ops
+}
+
+/// A Service `default/typo` whose protocol no kpng knows: the model rejects it.
+fn typo_service(protocol: &str) -> Event {
+    Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(json!({
+            "metadata": {"namespace": "default", "name": "typo"},
+            "spec": {"clusterIP": "10.96.9.9", "ports": [{"port": 80, "protocol": protocol}]}
+        }))
+        .expect("service")
+        .object,
+    )
+}
+
+#[test]
+fn the_brains_report_reaches_every_node_once_per_change_and_after_each_reset() {
+    let input = kpng_model::input::InputHealth::new("kube https://10.0.0.1:6443/");
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::default(),
+        )
+        .reporting(input.clone()),
+    );
+    let n1 = hub.register("n1");
+    hub.apply(fixtures::cluster_event());
+    let ops = next_ops(&n1);
+    let healthy = Some(("kube https://10.0.0.1:6443/".to_string(), vec![], vec![], 0));
+    assert_eq!(report_of(&ops), healthy, "after the Reset: all is well");
+    assert_eq!(
+        ops.iter()
+            .map(|o| describe(o.clone()))
+            .take(3)
+            .collect::<Vec<_>>(),
+        ["reset", "set KpngBrainReportSet", "node n1"],
+        "the report comes before the node and the Services"
+    );
+
+    // A broken Service: every node hears of it, with one encoding shared by all.
+    let n2 = hub.register("n2");
+    assert!(
+        report_of(&next_ops(&n2)).is_some(),
+        "n2's replay has it too"
+    );
+    let out = hub.apply(typo_service("TPC"));
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    let n1_ops = next_ops(&n1);
+    let rejected = vec!["Service default/typo spec.ports[0].protocol".to_string()];
+    assert_eq!(
+        report_of(&n1_ops).map(|r| (r.2, r.3)),
+        Some((rejected.clone(), 1))
+    );
+    let shared = |reg: &Registration| {
+        reg.slot
+            .lock()
+            .brain_report
+            .clone()
+            .expect("a report pending")
+    };
+    let n2_report = shared(&n2);
+    assert!(n2_report.value().rejected_total == 1);
+    assert_eq!(next_ops(&n2), n1_ops, "the same change set for both");
+
+    // An event that changes no rejection sends no report (and nothing at all when nothing
+    // else changed for the node).
+    hub.apply(slice(&[("10.244.1.3", "n1"), ("10.244.2.9", "n2")]));
+    assert_eq!(report_of(&next_ops(&n1)), None);
+    // The same rejection again: no new report.
+    hub.apply(typo_service("TPC"));
+    assert!(!ready(&n1), "nothing new for n1");
+    hub.refresh_report();
+    assert!(!ready(&n1), "a refresh with nothing changed sends nothing");
+
+    // The brain's source fails: the next refresh sends it; while it holds, nothing more.
+    input.failing(
+        "API server",
+        "unreachable: connection refused",
+        std::time::SystemTime::now(),
+    );
+    hub.refresh_report();
+    let report = report_of(&next_ops(&n1)).expect("a report");
+    assert_eq!(report.1, ["API server: unreachable: connection refused"]);
+    assert_eq!(report.2, rejected, "the rejection still holds");
+    hub.refresh_report();
+    assert!(!ready(&n1));
+
+    // Fixed: both go, the report says all is well again.
+    input.recovered("API server");
+    hub.apply(typo_service("TCP"));
+    assert_eq!(report_of(&next_ops(&n1)), healthy);
+    assert_eq!(hub.rejected(), vec![]);
+}
+
+#[test]
+fn a_brain_that_does_not_report_sends_no_report() {
+    let hub = hub();
+    let n1 = hub.register("n1");
+    hub.apply(fixtures::cluster_event());
+    assert_eq!(report_of(&next_ops(&n1)), None);
+    hub.apply(typo_service("TPC"));
+    hub.refresh_report();
+    assert!(!ready(&n1), "no report, and nothing else changed for n1");
+}

@@ -1,0 +1,147 @@
+//! Who is watching: the brain's status names each connection's address, so that two kpngs
+//! claiming one node name (a copied DaemonSet, a wrong `--hostname-override`) can be told
+//! apart, and it names such a node name as claimed twice.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Watcher;
+use kpng_api::hub::{DuplicateNode, Hub};
+use kpng_api::proto;
+
+/// Waits until the hub has `n` watchers.
+async fn watchers(hub: &Hub, n: usize) {
+    let start = Instant::now();
+    while hub.watchers().len() != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} watchers after 10 s, not {n}",
+            hub.watchers().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Watch stream over TCP to `addr` for node `node`, asked once (kept open while returned).
+async fn watch_tcp(
+    addr: std::net::SocketAddr,
+    node: &str,
+) -> (
+    tokio::sync::mpsc::Sender<proto::WatchReq>,
+    tonic::Streaming<proto::OpItem>,
+) {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let (requests, rx) = tokio::sync::mpsc::channel(4);
+    requests
+        .send(proto::WatchReq {
+            node_name: node.into(),
+            continuous: true,
+            accept_zstd: false,
+        })
+        .await
+        .expect("request");
+    let stream = proto::sets_client::SetsClient::new(channel)
+        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("watch")
+        .into_inner();
+    (requests, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tcp_connections_claiming_one_node_are_named_with_their_addresses() {
+    let (hub, _) = common::hub_with_one_service();
+    // A free loopback port (bound and released: the server binds it again at once).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: kpng_api::addr::ApiAddr = format!("tcp://127.0.0.1:{port}").parse().expect("addr");
+    let server = kpng_api::server::serve(
+        hub.clone(),
+        &addr,
+        &Default::default(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+    let brain = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+
+    let first = watch_tcp(brain, "n1").await;
+    let other = watch_tcp(brain, "n2").await;
+    watchers(&hub, 2).await;
+    assert!(hub.duplicate_nodes().is_empty(), "one kpng per node name");
+    let status = hub.watchers();
+    for w in &status {
+        let peer: std::net::SocketAddr = w
+            .peer
+            .as_deref()
+            .unwrap_or_else(|| panic!("{w:?} has its address"))
+            .parse()
+            .unwrap_or_else(|e| panic!("{w:?}: IP:port: {e}"));
+        assert_eq!(peer.ip(), brain.ip(), "{w:?}");
+        assert_ne!(
+            peer.port(),
+            port,
+            "the client's port, not the brain's: {w:?}"
+        );
+    }
+    assert_ne!(
+        status[0].peer, status[1].peer,
+        "two connections: {status:?}"
+    );
+
+    // A second kpng claims n1.
+    let second = watch_tcp(brain, "n1").await;
+    watchers(&hub, 3).await;
+    let mut n1_peers: Vec<String> = hub
+        .watchers()
+        .into_iter()
+        .filter(|w| w.node == "n1")
+        .filter_map(|w| w.peer)
+        .collect();
+    n1_peers.sort();
+    assert_eq!(n1_peers.len(), 2);
+    assert_eq!(
+        hub.duplicate_nodes(),
+        [DuplicateNode {
+            node: "n1".into(),
+            peers: n1_peers,
+        }]
+    );
+    // It goes: n1 is claimed once again.
+    drop(second);
+    watchers(&hub, 2).await;
+    assert!(hub.duplicate_nodes().is_empty());
+    drop((first, other));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_unix_socket_the_address_is_the_peers_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let (hub, _) = common::hub_with_one_service();
+    common::serve(hub.clone(), &socket, Default::default()).await;
+    // Both watch n1 (the shared client's node).
+    let _a = Watcher::connect_continuous(&socket).await;
+    let _b = Watcher::connect_continuous(&socket).await;
+    watchers(&hub, 2).await;
+    let me = format!("unix, pid {}", std::process::id());
+    for w in hub.watchers() {
+        assert_eq!(w.peer.as_deref(), Some(me.as_str()), "{w:?}");
+    }
+    assert_eq!(
+        hub.duplicate_nodes(),
+        [DuplicateNode {
+            node: "n1".into(),
+            peers: vec![me.clone(), me],
+        }]
+    );
+}
