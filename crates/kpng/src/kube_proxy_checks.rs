@@ -28,7 +28,6 @@
 //! cleanup's node-port frontend covers every address of the node. They are read whole.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
 
 use kpng_conntrack::Frontend;
 use kpng_conntrack::memory::Checked;
@@ -36,37 +35,23 @@ use kpng_model::Family;
 use kpng_netfilter::attr::{NFT_GOTO, NFT_JUMP};
 use kpng_netfilter::elements::Element;
 
-/// UDP's protocol number, as an `inet_proto` key field holds it.
-const IPPROTO_UDP: u8 = 17;
-
 /// The UDP Service-IP frontends among the elements of one family's `service-ips` map
 /// (`address . inet_proto . inet_service : verdict`) that go to a Service's chain.
 pub fn from_service_ips(elements: &[Element], family: Family) -> HashSet<Frontend> {
-    let addr_len = match family {
-        Family::V4 => 4,
-        Family::V6 => 16,
-    };
     elements
         .iter()
-        .filter_map(|e| {
-            let verdict = e.verdict.as_ref()?;
-            let chain = verdict.chain.as_deref()?;
-            let to_service = matches!(verdict.code, NFT_GOTO | NFT_JUMP)
-                && ["service-", "local-", "external-"]
-                    .iter()
-                    .any(|p| chain.starts_with(p));
-            // Each field of the concatenation is padded to 4 bytes.
-            let key = e.key.as_slice();
-            if !to_service || key.len() != addr_len + 8 || key[addr_len] != IPPROTO_UDP {
-                return None;
-            }
-            let addr = match family {
-                Family::V4 => IpAddr::from(<[u8; 4]>::try_from(&key[..4]).ok()?),
-                Family::V6 => IpAddr::from(<[u8; 16]>::try_from(&key[..16]).ok()?),
-            };
-            let port = u16::from_be_bytes([key[addr_len + 4], key[addr_len + 5]]);
-            Some(Frontend::Ip(SocketAddr::new(addr, port)))
+        .filter(|e| {
+            e.verdict.as_ref().is_some_and(|verdict| {
+                matches!(verdict.code, NFT_GOTO | NFT_JUMP)
+                    && verdict.chain.as_deref().is_some_and(|chain| {
+                        ["service-", "local-", "external-"]
+                            .iter()
+                            .any(|p| chain.starts_with(p))
+                    })
+            })
         })
+        .filter_map(|e| crate::own_rules::udp_service_ip(&e.key, family))
+        .map(Frontend::Ip)
         .collect()
 }
 
@@ -124,9 +109,10 @@ pub fn log(checked: &Checked) {
         tracing::info!(
             %family,
             frontends = frontends.len(),
-            "kube-proxy's rules DNATed these UDP frontends until kpng's were in place, and it \
-             deleted their never-DNATed conntrack entries itself: the UDP conntrack cleanup \
-             reads only their DNATed entries"
+            "the rules found at start (kube-proxy's, or an earlier kpng build's in kube-proxy's \
+             iptables chains) DNATed these UDP frontends until kpng's were in place, and their \
+             writer deleted their never-DNATed conntrack entries itself: the UDP conntrack \
+             cleanup reads only their DNATed entries"
         );
     }
 }

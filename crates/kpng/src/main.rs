@@ -35,6 +35,8 @@ mod netns_records;
 #[cfg(target_os = "linux")]
 mod nft_status;
 #[cfg(target_os = "linux")]
+mod own_rules;
+#[cfg(target_os = "linux")]
 mod prereq;
 mod process_metrics;
 mod run;

@@ -764,6 +764,22 @@ where
                     let mut file = memory::MemoryFile::new(path, boot);
                     let loaded = file.load();
                     kpng_ran_here = !matches!(loaded, Ok(None));
+                    // The memory is trusted only for the frontends still in kpng's table
+                    // (another kpng build may have adopted it meanwhile): read before the
+                    // first commit, while the cluster loads. iptables says which frontends
+                    // it found itself.
+                    let nft_table =
+                        matches!(facts.kind, Some(BackendKind::Nft | BackendKind::Ebpf));
+                    if nft_table && matches!(loaded, Ok(Some(_))) && !dry_run {
+                        let table = kpng_backend_nft::NftConfig::default().table;
+                        let reading =
+                            std::thread::spawn(move || crate::own_rules::read_nft(&table));
+                        runner = runner.with_conntrack_rules_in_place(
+                            kpng_runner::conntrack_cleanup::StartRead::new(move || {
+                                reading.join().unwrap_or_default()
+                            }),
+                        );
+                    }
                     runner = runner.with_conntrack_memory(file, loaded);
                 }
                 // What kube-proxy's rules, if it ran here, had checked for us: read while the
@@ -773,7 +789,7 @@ where
                     let reading =
                         std::thread::spawn(move || crate::kube_proxy_checks::read(kpng_ran_here));
                     runner = runner.with_conntrack_inherited(
-                        kpng_runner::conntrack_cleanup::InheritedChecks::new(move || {
+                        kpng_runner::conntrack_cleanup::StartRead::new(move || {
                             let checked = reading.join().unwrap_or_default();
                             crate::kube_proxy_checks::log(&checked);
                             checked

@@ -592,7 +592,7 @@ fn a_restart_that_keeps_the_rules_reads_only_the_dnated_entries(sink: &[&str]) {
     );
     dns.wait_for("pod2a", WITHIN);
     dns.all_from("pod2a", 5);
-    after.log_with("the rules stayed in place since the last run");
+    after.log_with("kpng's rules were in place at start");
     let log = after.log_with("deleted stale UDP conntrack entries");
     let cleanup = log
         .lines()
@@ -704,7 +704,7 @@ fn a_swap_from_kube_proxy_reads_only_the_dnated_entries(
     if let Some(late) = &mut late {
         late.wait_for("pod2a", WITHIN);
     }
-    k.log_with("kube-proxy's rules DNATed these UDP frontends");
+    k.log_with("DNATed these UDP frontends until kpng's were in place");
     let log = k.log_with("deleted stale UDP conntrack entries family=IPv4");
     let cleanup = log
         .lines()
@@ -739,9 +739,9 @@ fn a_swap_from_kube_proxy_reads_only_the_dnated_entries(
     k.proc.kill().expect("stop kpng");
     let again = Kpng::start(&c.node1.ns, &manifest(&services), sink);
     dns.all_from("pod2a", 5);
-    let log = again.log_with("the rules stayed in place since the last run");
+    let log = again.log_with("kpng's rules were in place at start");
     assert!(
-        !log.contains("kube-proxy's rules DNATed"),
+        !log.contains("DNATed these UDP frontends until kpng's"),
         "kpng's own rules were taken for kube-proxy's:\n{log}"
     );
 }
@@ -808,6 +808,55 @@ fn iptables_a_rule_removed_while_kpng_was_down_is_read_whole_after_the_restart()
     assert_eq!(conntrack_lines(&c.node1.ns, false, &unnated).len(), 1);
     let _after = Kpng::start(&c.node1.ns, &manifest, IPTABLES_NFT);
     late.wait_for("pod2a", WITHIN);
+}
+
+/// The same for nftables: kpng's table is its own, but an earlier kpng build (a rollback, then
+/// the upgrade again) adopts it too, and may take a Service out of it while this build is down
+/// and its memory file stays. The restart trusts the last run's checks only for the UDP
+/// frontends it finds in the adopted table, so the client that sent meanwhile is served.
+#[test]
+fn nft_a_frontend_taken_out_of_the_table_while_kpng_was_down_is_read_whole_after_the_restart() {
+    require_root!();
+    let c = Cluster::create("ct-gone-nft").expect("cluster");
+    let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
+    let service = udp_service("dns", 75, &["pod2a"])
+        .replace("type: NodePort", "type: ClusterIP")
+        .replace(", nodePort: 30075", "");
+    let manifest = manifest(std::slice::from_ref(&service));
+    let sink: &[&str] = &["to-local", "nft"];
+    let before = Kpng::start(&c.node1.ns, &manifest, sink);
+    let client = c.pod("pod1b");
+    let target = SocketAddr::new(cip(75, false), SVC_PORT);
+    Client::start(&client.ns, target).wait_for("pod2a", WITHIN);
+    wait_remembered(&c, "IPv4 ip 10.96.0.75:53");
+    before.proc.kill().expect("stop kpng");
+    // What an earlier build running meanwhile leaves when the Service is deleted: its
+    // elements gone (and, as a build before ServiceCIDRs, no drop of unallocated Service IPs).
+    c.node1
+        .ns
+        .nft(
+            "delete element ip kpng service-ips { 10.96.0.75 . udp . 53 }\n\
+             delete element ip kpng cluster-ips { 10.96.0.75 }\n\
+             flush set ip kpng service-cidrs\n",
+        )
+        .expect("take the Service out of the table");
+    let mut late = Client::start(&client.ns, target);
+    let r = late.next();
+    // The node answers for the Service CIDR itself: port unreachable.
+    assert!(
+        matches!(r.outcome, Outcome::Timeout | Outcome::Refused),
+        "no rule for the Service: {r}"
+    );
+    let unnated = unnated_entry(cip(75, false), r.client_addr.expect("client address"));
+    assert_eq!(
+        conntrack_lines(&c.node1.ns, false, &unnated).len(),
+        1,
+        "{unnated:?} in {:#?}",
+        conntrack_lines(&c.node1.ns, false, &[])
+    );
+    let after = Kpng::start(&c.node1.ns, &manifest, sink);
+    late.wait_for("pod2a", WITHIN);
+    after.log_with("not found in the rules in place");
 }
 
 /// A rule's words as the shell would pass them: a double-quoted comment is one word.

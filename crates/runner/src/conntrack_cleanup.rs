@@ -33,9 +33,15 @@ pub struct ConntrackCleanup {
     saved_version: Option<u64>,
     /// What another proxy's rules on the node had already checked: read before the first
     /// sync commits, taken as checked after the first successful one.
-    inherited: Option<InheritedChecks>,
+    inherited: Option<StartRead>,
     /// What `inherited` gave, until the first successful sync.
     inherited_checked: Option<Checked>,
+    /// The UDP frontends kpng's own rules had when it started, for a backend whose rules
+    /// another writer may have changed meanwhile although it does not say which frontends it
+    /// found ([`ConntrackCleanup::with_rules_in_place`]).
+    in_place: Option<StartRead>,
+    /// What `in_place` gave, until the first successful sync.
+    in_place_found: Option<Checked>,
 }
 
 /// What a sync's backend said of the rules it found (see [`kpng_backend::SyncStats`]).
@@ -75,24 +81,27 @@ impl KeptRules {
     }
 }
 
-/// Gives, once, the frontends another proxy's rules were DNATing when kpng started and whose
-/// never-DNATed entries that proxy deletes itself (kube-proxy's, read by the binary). Called
-/// before kpng's first sync commits (which may wait for it: it is read while kpng loads), so
-/// that it reads the other proxy's rules, never kpng's own under the same names (kpng's
-/// iptables backend writes kube-proxy's chains); that proxy's rules must stay in place until
-/// kpng's first successful sync.
-pub struct InheritedChecks(Box<dyn FnOnce() -> Checked + Send>);
+/// Gives, once, UDP frontends read from the rules on the node as kpng started, before kpng's
+/// first sync commits (which may wait for it: it is read while kpng loads), so that it reads
+/// the rules as they were, never what kpng's first commit put there. Two reads use it:
+/// - [`ConntrackCleanup::with_inherited`]: the frontends another proxy's rules were DNATing
+///   and whose never-DNATed entries that proxy deletes itself (kube-proxy's, read by the
+///   binary; kpng's iptables backend writes kube-proxy's chains, hence before the commit);
+///   that proxy's rules must stay in place until kpng's first successful sync;
+/// - [`ConntrackCleanup::with_rules_in_place`]: the frontends kpng's own table had, which
+///   narrow what the last run's memory is trusted for.
+pub struct StartRead(Box<dyn FnOnce() -> Checked + Send>);
 
-impl InheritedChecks {
+impl StartRead {
     /// Wraps the function that gives them.
-    pub fn new(give: impl FnOnce() -> Checked + Send + 'static) -> InheritedChecks {
-        InheritedChecks(Box::new(give))
+    pub fn new(give: impl FnOnce() -> Checked + Send + 'static) -> StartRead {
+        StartRead(Box::new(give))
     }
 }
 
-impl std::fmt::Debug for InheritedChecks {
+impl std::fmt::Debug for StartRead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("InheritedChecks")
+        f.write_str("StartRead")
     }
 }
 
@@ -109,14 +118,27 @@ impl ConntrackCleanup {
             saved_version: None,
             inherited: None,
             inherited_checked: None,
+            in_place: None,
+            in_place_found: None,
         }
     }
 
     /// Takes what `inherited` gives (before the first sync commits) as checked after the first
     /// successful sync, in every family: those frontends' first pass then reads their DNATed
     /// entries only, as in steady state.
-    pub fn with_inherited(mut self, inherited: InheritedChecks) -> ConntrackCleanup {
+    pub fn with_inherited(mut self, inherited: StartRead) -> ConntrackCleanup {
         self.inherited = Some(inherited);
+        self
+    }
+
+    /// Trusts the last run's memory only for the UDP frontends `in_place` finds in kpng's own
+    /// rules before the first commit, when the backend keeps its rules but does not say which
+    /// frontends they had (`kept_udp_frontends` is `None`: nftables). kpng's table is its own,
+    /// but another kpng build adopts it too (a rollback, then the upgrade again): a Service it
+    /// deleted meanwhile had no rule for a while, and its clients' never-DNATed entries must be
+    /// read whole, although this build's memory still lists the frontend as checked.
+    pub fn with_rules_in_place(mut self, in_place: StartRead) -> ConntrackCleanup {
+        self.in_place = Some(in_place);
         self
     }
 
@@ -150,6 +172,9 @@ impl ConntrackCleanup {
     ) {
         if let Some(inherited) = self.inherited.take() {
             self.inherited_checked = Some((inherited.0)());
+        }
+        if let Some(in_place) = self.in_place.take() {
+            self.in_place_found = Some((in_place.0)());
         }
         for &family in families {
             if full {
@@ -214,22 +239,40 @@ impl ConntrackCleanup {
         full: bool,
         kept: &KeptRules,
     ) {
+        let found_at_start = self.in_place_found.take();
         if let Some(mut remembered) = self.remembered.take() {
             for family in &kept.families {
                 let Some(mut frontends) = remembered.remove(family) else {
                     continue;
                 };
-                if let Some(in_place) = &kept.udp_frontends {
-                    // Only those whose rule the backend found in place.
+                let remembered_count = frontends.len();
+                // Only those whose rule was in place: as the backend found them, or as read
+                // from kpng's own rules before the first commit.
+                if let Some(in_place) = kept.udp_frontends.as_ref().or(found_at_start.as_ref()) {
                     let in_place = in_place.get(family);
                     frontends.retain(|f| in_place.is_some_and(|p| p.contains(f)));
                 }
-                info!(
-                    %family,
-                    frontends = frontends.len(),
-                    "the rules stayed in place since the last run: the UDP conntrack \
-                     cleanup trusts its checks (one walk of the table, not one per frontend)"
-                );
+                let missing = remembered_count - frontends.len();
+                if missing == 0 {
+                    info!(
+                        %family,
+                        frontends = frontends.len(),
+                        "kpng's rules were in place at start: the UDP conntrack cleanup \
+                         trusts the last run's checks (one walk of the table, not one per \
+                         frontend)"
+                    );
+                } else {
+                    info!(
+                        %family,
+                        frontends = frontends.len(),
+                        missing,
+                        "kpng's rules were in place at start: the UDP conntrack cleanup \
+                         trusts the last run's checks of the frontends still in them; \
+                         {missing} it had checked were not found in the rules in place \
+                         (another writer took them out meanwhile, such as an earlier kpng \
+                         build) and are read whole"
+                    );
+                }
                 self.reconciler.assume_checked(*family, frontends);
             }
         }

@@ -172,14 +172,27 @@ impl<M: NodeModel> Runner<M> {
 
     /// Frontends another proxy's rules (kube-proxy's) had DNATed and cleaned when kpng
     /// started: the conntrack cleanup takes them as checked after the first sync (see
-    /// [`crate::conntrack_cleanup::InheritedChecks`]). Without
+    /// [`crate::conntrack_cleanup::StartRead`]). Without
     /// [`Runner::with_conntrack_cleanup`] first, nothing.
     #[cfg(target_os = "linux")]
     pub fn with_conntrack_inherited(
         mut self,
-        inherited: crate::conntrack_cleanup::InheritedChecks,
+        inherited: crate::conntrack_cleanup::StartRead,
     ) -> Runner<M> {
         self.conntrack = self.conntrack.map(|c| c.with_inherited(inherited));
+        self
+    }
+
+    /// The UDP frontends kpng's own rules had when it started, read before the first commit:
+    /// the conntrack cleanup trusts the last run's memory for those only (see
+    /// [`crate::conntrack_cleanup::ConntrackCleanup::with_rules_in_place`]). Without
+    /// [`Runner::with_conntrack_cleanup`] first, nothing.
+    #[cfg(target_os = "linux")]
+    pub fn with_conntrack_rules_in_place(
+        mut self,
+        in_place: crate::conntrack_cleanup::StartRead,
+    ) -> Runner<M> {
+        self.conntrack = self.conntrack.map(|c| c.with_rules_in_place(in_place));
         self
     }
 

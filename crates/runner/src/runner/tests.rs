@@ -102,7 +102,7 @@ fn start_remembering(
     conntrack: Option<kpng_conntrack::Reconciler>,
     memory: Option<kpng_conntrack::memory::MemoryFile>,
     kept_rules: Kept,
-    inherited: Option<crate::conntrack_cleanup::InheritedChecks>,
+    inherited: Option<crate::conntrack_cleanup::StartRead>,
 ) -> Harness {
     let calls = Arc::new(Calls::default());
     *calls.kept_rules.lock().expect("lock") = kept_rules;
@@ -597,7 +597,7 @@ async fn inherited_checks_spare_the_first_pass_its_walks() {
         let pinned = udp_flow("10.244.1.9:4000", "10.96.0.10:53", "10.244.2.6:53");
         fake.state().flows.push(pinned);
         let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake.clone()));
-        let given = crate::conntrack_cleanup::InheritedChecks::new({
+        let given = crate::conntrack_cleanup::StartRead::new({
             let inherited = inherited.clone();
             move || inherited
         });
