@@ -602,7 +602,8 @@ impl NftBackend {
                 );
             }
             (KernelTable::Skeleton(m), Adopt::No) => tracing::info!(
-                "table {} {}: {}; replacing it whole, elements included",
+                "table {} {}: {}; replacing it whole, elements included (established \
+                 connections keep their conntrack state; ClientIP affinities start over)",
                 fam.table_family(),
                 self.config.table,
                 if m.is_empty() {

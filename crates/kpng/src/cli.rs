@@ -25,9 +25,13 @@ use crate::backends::BackendKind;
     name = "kpng",
     // Both carry the Kubernetes API version as kube-proxy's `Kubernetes v1.x.y` does: tools that
     // run `kube-proxy --version` (Calico's start.ps1) match `v([0-9])\.([0-9]+)` in it.
+    // The commit too: every build of a version says the same number, and an operator rolling
+    // builds out must tell them apart.
     version = concat!(
         env!("CARGO_PKG_VERSION"),
-        ", Kubernetes v",
+        " (git ",
+        env!("KPNG_GIT_COMMIT"),
+        "), Kubernetes v",
         kpng_k8s::kubernetes_schema!(),
         " API"
     ),

@@ -65,17 +65,17 @@ impl Leftover {
         Leftover::KubeProxyIpvs,
     ];
 
-    /// What it is, for messages.
-    pub fn describe(self) -> String {
+    /// What it is, for messages; `ebpf_pins` is where the eBPF backend's pins are looked for.
+    pub fn describe(self, ebpf_pins: &Path) -> String {
         match self {
             Leftover::KpngNft => "kpng's nftables tables (`to-local nft`)".into(),
             Leftover::KpngUserspace => {
                 "the userspace proxy's nftables tables (`to-local userspace`)".into()
             }
-            Leftover::KpngEbpf => {
-                "the eBPF backend's pinned programs and maps (`to-local ebpf`, /sys/fs/bpf/kpng or $KPNG_BPF_PIN_PATH)"
-                    .into()
-            }
+            Leftover::KpngEbpf => format!(
+                "the eBPF backend's pinned programs and maps under {} (`to-local ebpf`)",
+                ebpf_pins.display()
+            ),
             Leftover::IptablesChains(v) => format!(
                 "kube-proxy's iptables chains in iptables-{} (iptables or ipvs mode, or kpng's \
                  `to-local iptables`)",
@@ -149,16 +149,16 @@ pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover
 pub fn sweep(own: &[Leftover], ebpf_pins: &Path) {
     for leftover in Leftover::ALL.into_iter().filter(|l| !own.contains(l)) {
         if !leftover.present(ebpf_pins) {
-            tracing::debug!("no {}", leftover.describe());
+            tracing::debug!("no {}", leftover.describe(ebpf_pins));
             continue;
         }
         if let Some(user) = leftover.in_use(ebpf_pins) {
-            tracing::info!("kept {}: in use by {user}", leftover.describe());
+            tracing::info!("kept {}: in use by {user}", leftover.describe(ebpf_pins));
             continue;
         }
         match leftover.remove(ebpf_pins) {
-            Ok(()) => tracing::info!("removed {}", leftover.describe()),
-            Err(e) => tracing::warn!("could not remove {}: {e:#}", leftover.describe()),
+            Ok(()) => tracing::info!("removed {}", leftover.describe(ebpf_pins)),
+            Err(e) => tracing::warn!("could not remove {}: {e:#}", leftover.describe(ebpf_pins)),
         }
     }
 }
@@ -202,21 +202,21 @@ pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf_pins: &Path) -> anyhow::Res
         if let Some(user) = leftover.in_use(ebpf_pins) {
             failed.push(format!(
                 "{}: in use by {user}; stop that kpng first",
-                leftover.describe()
+                leftover.describe(ebpf_pins)
             ));
             continue;
         }
         if dry_run {
             removed += 1;
-            println!("kpng: would remove {}", leftover.describe());
+            println!("kpng: would remove {}", leftover.describe(ebpf_pins));
             continue;
         }
         match leftover.remove(ebpf_pins) {
             Ok(()) => {
                 removed += 1;
-                println!("kpng: removed {}", leftover.describe());
+                println!("kpng: removed {}", leftover.describe(ebpf_pins));
             }
-            Err(e) => failed.push(format!("{}: {e:#}", leftover.describe())),
+            Err(e) => failed.push(format!("{}: {e:#}", leftover.describe(ebpf_pins))),
         }
     }
     if !failed.is_empty() {

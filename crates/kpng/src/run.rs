@@ -618,7 +618,14 @@ where
 {
     // Held until kpng ends.
     let _lock = facts.lock;
-    info!(node = %model.snapshot().node.name, backend = backend.name(), "starting kpng");
+    let build = crate::version::BuildInfo::current();
+    info!(
+        node = %model.snapshot().node.name,
+        backend = backend.name(),
+        version = build.version,
+        commit = build.git_commit,
+        "starting kpng"
+    );
     let timing = SyncTiming {
         min_sync_period: flags.min_sync_period,
         sync_period: flags.sync_period,

@@ -853,6 +853,9 @@ fn version_lines_carry_the_kubernetes_version_as_kube_proxys_does() {
             "{args:?}: {first}"
         );
         assert_eq!(v_major_minor(first), want, "{args:?}: {first}");
+        if args != ["version"] {
+            assert!(first.contains("(git "), "which build: {args:?}: {first}");
+        }
     }
     let long = kpng().arg("--version").output().expect("run kpng");
     let long = String::from_utf8_lossy(&long.stdout);

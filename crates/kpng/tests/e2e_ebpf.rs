@@ -431,6 +431,13 @@ fn cleanup_removes_the_pins_and_detaches_the_programs() {
     );
     assert!(out.status.success(), "{said}");
     assert!(!pins.exists(), "pins removed: {said}");
+    assert!(
+        said.contains(&format!(
+            "removed the eBPF backend's pinned programs and maps under {}",
+            pins.display()
+        )),
+        "the message names the pins it removed: {said}"
+    );
     // The kernel releases an unpinned link (and detaches its program) from a work queue,
     // after the unlink returned: one run in about ten saw a program still attached at once.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
