@@ -410,6 +410,14 @@ fn status_names_the_hns_network_and_what_kpng_keeps_there() {
     assert!(status(&[]).contains(problem), "{}", status(&[]));
     let wide = status(&["-o", "wide"]);
     assert!(wide.contains("HNS network: cbr0 (L2Bridge, net)"), "{wide}");
+    // A Service without endpoints has no load balancer on HNS: nothing answers its
+    // connections, nothing rejects them (the Linux backends' REJECT).
+    let empty = status(&["default/empty"]);
+    assert!(
+        empty.contains("no endpoints: no HNS load balancer") && empty.contains("not answered"),
+        "{empty}"
+    );
+    assert!(!empty.contains("rejected"), "{empty}");
 }
 
 /// Overlay without `--source-vip`: kpng stops at start naming the flag and the file's field,
