@@ -25,6 +25,7 @@ mod iptables_status;
 #[cfg(target_os = "linux")]
 mod kube_proxy_checks;
 mod kube_proxy_flags;
+mod kube_proxy_process;
 mod leftovers;
 mod log_dedup;
 mod logging;
