@@ -6,6 +6,8 @@
 #   `kpng status` and `kpng trace` answers (a named pipe on Windows, a Unix socket on Linux);
 # - `kpng file … to-local hns --hcn-simulator F`: the same HCN state (the simulator's GUIDs are
 #   deterministic, so the files are compared as they are);
+# - `kpng file … to-local hns --dry-run`: the same printed HCN plan, the simulator's file untouched;
+# - beside a running kube-proxy.exe, `to-local hns` refuses, naming it;
 # - `--windows-service`: refused from a console; run by Wine's Service Control Manager
 #   (`sc create`, `net start`, `net stop`) it programs HCN, reports RUNNING, then STOPPED (0).
 # Wine 8.0 (Debian 12) lacks bcryptprimitives.dll, which Rust's std imports, and
@@ -164,6 +166,81 @@ kill "$sp" 2>/dev/null || true
 wait "$sp" 2>/dev/null || true
 grep -q "HNS unavailable" system.log || { cat system.log; fail "kpng.exe --hcn system did not report HNS unavailable"; }
 echo "ok: kpng.exe to-local hns (system HCN): calls computenetwork.dll, reports HNS unavailable and retries, and its status says the network is not found; cleanup and a second kpng.exe refuse while it runs"
+
+# 4b. `--dry-run`: reads HCN (here the simulator's file; on a node, the system's) and prints the
+# HCN calls it would make, the same under Wine as on Linux; the CNI's endpoints in the file are
+# found (no "has no HNS endpoint" warning for them) and the file is not written.
+dry_hns() {
+  local out=$1; shift
+  cat > "$out.json" <<'JSON'
+{"Networks": [{"ID": "NET", "Name": "cbr0", "Type": "L2Bridge"}],
+ "Endpoints": [
+  {"ID": "CNI-2", "HostComputeNetwork": "NET", "IpConfigurations": [{"IpAddress": "10.244.1.2"}]},
+  {"ID": "CNI-3", "HostComputeNetwork": "NET", "IpConfigurations": [{"IpAddress": "10.244.1.3"}]}],
+ "LoadBalancers": []}
+JSON
+  cp "$out.json" "$out.before"
+  "$@" "${common[@]}" --network-name cbr0 to-local hns --dry-run --hcn-simulator "$out.json" \
+    >"$out.txt" 2>"$out.log" &
+  local pid=$! i
+  for i in $(seq 1 600); do
+    grep -q 'HcnCreateLoadBalancer' "$out.txt" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  sleep 1
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  grep -q 'HcnCreateLoadBalancer' "$out.txt" || { cat "$out.log"; return 1; }
+}
+dry_hns linux-dry "$linux" || fail "kpng to-local hns --dry-run printed no HCN call"
+dry_hns windows-dry wine "$work/kpng.exe" || fail "kpng.exe to-local hns --dry-run printed no HCN call"
+tr -d '\r' < windows-dry.txt > windows-dry.lf.txt
+diff -u linux-dry.txt windows-dry.lf.txt || fail "kpng.exe and kpng --dry-run print different HCN plans"
+cmp -s windows-dry.json windows-dry.before || fail "kpng.exe --dry-run wrote the simulator's file"
+if grep -q 'local endpoint 10\.244\.1\.[23] has no HNS endpoint' windows-dry.log; then
+  cat windows-dry.log; fail "kpng.exe --dry-run did not see the CNI's endpoints"
+fi
+grep -q 'HcnCreateLoadBalancer: 10.96.0.10:80/TCP → 10.244.1.2' windows-dry.txt \
+  || { cat windows-dry.txt; fail "kpng.exe --dry-run does not plan web's load balancer over the CNI's endpoint"; }
+# Without the simulator it reads the system's HCN (computenetwork.dll: the stand-in answers
+# "HNS unavailable"), rather than planning against an empty network.
+wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local hns --dry-run \
+  >dry-system.txt 2>dry-system.log &
+dp=$!
+wait_logged dry-system.log "HNS unavailable"
+kill "$dp" 2>/dev/null || true
+wait "$dp" 2>/dev/null || true
+grep -q "HNS unavailable" dry-system.log || { cat dry-system.log; fail "kpng.exe --dry-run did not read the system's HCN"; }
+echo "ok: kpng.exe to-local hns --dry-run: the same HCN plan as kpng ($(grep -c '^# Hcn' linux-dry.txt) calls), the CNI's endpoints found, the file untouched; without a file it reads the system's HCN"
+
+# 4c. A kube-proxy.exe running on the node (here a copy of kpng.exe under that name): kpng.exe
+# refuses to program HNS beside it, naming it; its dry run says a real run would refuse.
+cp "$work/kpng.exe" "$work/kube-proxy.exe"
+wine "$work/kube-proxy.exe" "${common[@]}" to-file --output kube-proxy.yaml >kube-proxy.log 2>&1 &
+kp=$!
+for i in $(seq 1 600); do
+  [ -s kube-proxy.yaml ] && break
+  sleep 0.1
+done
+[ -s kube-proxy.yaml ] || { cat kube-proxy.log; fail "the stand-in kube-proxy.exe did not start"; }
+# (Bounded: a kpng.exe that does not refuse would run on; it is stopped after 30 s.)
+if timeout 30 wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local hns \
+    >beside.log 2>&1; then
+  kill "$kp" 2>/dev/null || true
+  cat beside.log; fail "kpng.exe to-local hns started beside a running kube-proxy.exe"
+fi
+grep -q 'kube-proxy.exe (pid [0-9]*) runs on this node; `to-local hns` beside it' beside.log \
+  || { kill "$kp" 2>/dev/null || true; cat beside.log; fail "kpng.exe did not name the running kube-proxy.exe"; }
+wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local hns --dry-run \
+  >beside-dry.txt 2>beside-dry.log &
+bp=$!
+wait_logged beside-dry.log "a real run would refuse"
+kill "$bp" "$kp" 2>/dev/null || true
+wait "$bp" "$kp" 2>/dev/null || true
+grep -q "a real run would refuse" beside-dry.log \
+  || { cat beside-dry.log; fail "kpng.exe --dry-run did not say a real run would refuse beside kube-proxy.exe"; }
+echo "ok: kpng.exe to-local hns refuses beside a running kube-proxy.exe, naming it (its dry run warns)"
 
 # 5. `--windows-service`: from a console it refuses (no Service Control Manager), as
 # kube-proxy; installed with `sc create` and started with `net start` under Wine's SCM it

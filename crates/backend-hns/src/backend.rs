@@ -20,7 +20,7 @@ use crate::hcn::{Hcn, HcnError};
 use crate::metrics::{Counted, HnsMetrics};
 use crate::plan::{
     ConfigError, Frontend, HnsConfig, Known, KnownLb, LbPlan, NetworkType, NetworkView, Op,
-    PlanWarning, plan_ops,
+    PlanWarning, ServedFamilies, plan_ops, served_families,
 };
 use crate::schema::{
     Endpoint, IpConfig, LoadBalancer, Policy, SchemaVersion, endpoint_flags, normalize_id,
@@ -38,6 +38,9 @@ pub struct HnsBackend {
     warned: BTreeSet<String>,
     /// What `kpng status` shows, written after each successful sync.
     summary: SharedSummary,
+    /// The IP families served on the network as last decided ([`served_families`]), so that
+    /// a family left out is logged once, not at every sync.
+    families: Option<ServedFamilies>,
 }
 
 /// How one sync went, beyond its result.
@@ -131,6 +134,7 @@ impl HnsBackend {
             metrics,
             warned: BTreeSet::new(),
             summary: SharedSummary::default(),
+            families: None,
         }
     }
 
@@ -156,6 +160,11 @@ impl HnsBackend {
             load_balancers: self.known.lbs.len(),
             remote_endpoints: self.known.remote.len(),
             warnings: self.warned.iter().cloned().collect(),
+            skipped_family: self
+                .families
+                .as_ref()
+                .and_then(|f| f.skipped.as_ref())
+                .map(|(_, why)| why.clone()),
         };
         if let Ok(mut shared) = self.summary.lock() {
             *shared = summary;
@@ -568,11 +577,30 @@ impl HnsBackend {
         self.config
             .check(&self.config.network_name, &view)
             .map_err(|e| BackendError::Other(e.to_string()))?;
+        // The families winkernel would serve on this network: the other one's ports get no
+        // load balancer (and, at a full sync, lose those they had).
+        let families =
+            served_families(&self.config.network_name, &view, &request.snapshot.node.ips);
+        if self.families.as_ref() != Some(&families) {
+            match &families.skipped {
+                Some((_, why)) => info!("{why}"),
+                None if self.families.is_some() => info!(
+                    "HNS network {}: both IP families are served again",
+                    self.config.network_name
+                ),
+                None => {}
+            }
+            self.families = Some(families.clone());
+        }
         let ports: BTreeSet<PortKey> = if full {
             request.snapshot.ports.keys().cloned().collect()
         } else {
             request.diff.changes.keys().cloned().collect()
         };
+        let ports: BTreeSet<PortKey> = ports
+            .into_iter()
+            .filter(|k| families.serves(k.family))
+            .collect();
         let mut warnings: Vec<PlanWarning> = Vec::new();
         let (ops, by_port) = plan_ops(
             &self.known,

@@ -8,12 +8,15 @@
 //!   fault injection (`to-local hns --hcn-simulator FILE`); `system` (Windows only): the real
 //!   `computenetwork.dll`; `service` (Windows only): running under the Service Control
 //!   Manager (kpng's `--windows-service`), here because this crate is the one allowed FFI.
+//! - [`dry_run`]: `--dry-run`, the HCN calls a sync would make, printed against HCN's
+//!   state as read once, none made.
 //! - [`HnsBackend`]: reconciliation that survives HNS (docs/windows.md lists the upstream bugs
 //!   it is tested against).
 //!
 //! Like every backend it sees only the model, never a Kubernetes type.
 
 mod backend;
+pub mod dry_run;
 pub mod hcn;
 pub mod metrics;
 pub mod plan;

@@ -97,6 +97,9 @@ pub struct NetworkView {
     /// The root HNS endpoint (`--root-hnsendpoint-name`, found by name among the network's
     /// endpoints): its IP and ID.
     pub root: Option<(IpAddr, String)>,
+    /// The network's pod subnets (`Ipams[].Subnets[].IpAddressPrefix`): which IP families
+    /// the network carries; empty when HCN does not say.
+    pub subnets: Vec<IpNet>,
 }
 
 impl NetworkView {
@@ -122,12 +125,23 @@ impl NetworkView {
                 Some((prefix, pa))
             })
             .collect();
+        let subnets = network
+            .extra
+            .get("Ipams")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|ipam| ipam.get("Subnets")?.as_array())
+            .flatten()
+            .filter_map(|subnet| subnet.get("IpAddressPrefix")?.as_str()?.parse().ok())
+            .collect();
         NetworkView {
             id: crate::schema::normalize_id(&network.id),
             network_type,
             routes,
             local: BTreeMap::new(),
             root: None,
+            subnets,
         }
     }
 
@@ -139,6 +153,87 @@ impl NetworkView {
             .filter(|(net, _)| net.contains(&ip))
             .max_by_key(|(net, _)| net.prefix_len())
             .map(|(_, pa)| *pa)
+    }
+}
+
+/// The IP families the backend programs on a network, and the one it leaves out and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedFamilies {
+    /// The families whose Service ports get load balancers.
+    pub served: Vec<Family>,
+    /// The family left out, with the reason in words (logged once, shown by `kpng status`).
+    pub skipped: Option<(Family, String)>,
+}
+
+impl ServedFamilies {
+    /// Whether ports of `family` get load balancers.
+    pub fn serves(&self, family: Family) -> bool {
+        self.served.contains(&family)
+    }
+}
+
+/// Which IP families to program on the network `name` (`view`), as kube-proxy's winkernel
+/// decides between dual-stack and single-stack (its `DualStackCompatible`): an Overlay
+/// network is served single-stack ("Winoverlay does not support dual-stack, falling back to
+/// single-stack"), in the node's primary family (its first IP's, as kube-proxy's
+/// `PrimaryIPFamily`; without one, the family of the network's subnets, else IPv4). Beyond
+/// upstream, a network whose subnets (`Ipams`) are all of one family is served in that family
+/// only: HNS could not place the other family's endpoints on it, and load balancers for them
+/// would only fail or serve nothing. A network whose subnets HCN does not list is served in
+/// both, as before. (Upstream's other reason for single-stack, a Windows version without
+/// dual-stack support, is not probed, as kpng does not probe HNS's version for DSR either.)
+pub fn served_families(name: &str, view: &NetworkView, node_ips: &[IpAddr]) -> ServedFamilies {
+    let has = |family: Family| view.subnets.iter().any(|s| Family::of(&s.addr()) == family);
+    let word = |family: Family| match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    };
+    let only = |keep: Family, skip: Family, why: String| ServedFamilies {
+        served: vec![keep],
+        skipped: Some((skip, why)),
+    };
+    let other = |f: Family| match f {
+        Family::V4 => Family::V6,
+        Family::V6 => Family::V4,
+    };
+    if view.network_type == NetworkType::Overlay {
+        let primary = node_ips
+            .first()
+            .map(Family::of)
+            .or_else(|| Family::ALL.into_iter().find(|f| has(*f) && !has(other(*f))))
+            .unwrap_or(Family::V4);
+        let skipped = other(primary);
+        return only(
+            primary,
+            skipped,
+            format!(
+                "HNS network {name} is an Overlay network, which kube-proxy's winkernel serves \
+                 single-stack (\"Winoverlay does not support dual-stack\"): {} Services \
+                 only, the node's primary family; {} Service ports get no load balancer",
+                word(primary),
+                word(skipped)
+            ),
+        );
+    }
+    for family in Family::ALL {
+        if !view.subnets.is_empty() && !has(family) {
+            let subnets: Vec<String> = view.subnets.iter().map(|s| s.to_string()).collect();
+            return only(
+                other(family),
+                family,
+                format!(
+                    "HNS network {name} has no {} subnet (its subnets: {}): {} Service ports \
+                     get no load balancer",
+                    word(family),
+                    subnets.join(", "),
+                    word(family)
+                ),
+            );
+        }
+    }
+    ServedFamilies {
+        served: Family::ALL.to_vec(),
+        skipped: None,
     }
 }
 

@@ -36,6 +36,9 @@ pub struct HnsSummary {
     pub remote_endpoints: usize,
     /// Planner warnings that still hold.
     pub warnings: Vec<String>,
+    /// The IP family the network is not served in, and why (an Overlay network is served
+    /// single-stack, as winkernel; a network without a subnet of the family).
+    pub skipped_family: Option<String>,
 }
 
 /// The summary shared between the backend (which writes it after each sync) and the status.

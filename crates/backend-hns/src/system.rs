@@ -291,3 +291,40 @@ impl Drop for NamedMutex {
         let _ = unsafe { windows::Win32::Foundation::CloseHandle(self.0) };
     }
 }
+
+/// Every running process of this host, as `(pid, executable file name)`, from a Toolhelp32
+/// snapshot: kpng looks for a `kube-proxy.exe` that would fight it over HNS (here because
+/// this is the module allowed FFI).
+pub fn processes() -> Result<Vec<(u32, String)>, String> {
+    use windows::Win32::Foundation::CloseHandle;
+    use windows::Win32::System::Diagnostics::ToolHelp::{
+        CreateToolhelp32Snapshot, PROCESSENTRY32W, Process32FirstW, Process32NextW,
+        TH32CS_SNAPPROCESS,
+    };
+    // SAFETY: no pointer arguments; the handle is closed below.
+    let snapshot =
+        unsafe { CreateToolhelp32Snapshot(TH32CS_SNAPPROCESS, 0) }.map_err(|e| e.to_string())?;
+    let mut entry = PROCESSENTRY32W {
+        dwSize: std::mem::size_of::<PROCESSENTRY32W>() as u32,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    // SAFETY: `entry` is a PROCESSENTRY32W with its dwSize set, valid for the calls.
+    let mut more = unsafe { Process32FirstW(snapshot, &mut entry) }.is_ok();
+    while more {
+        let len = entry
+            .szExeFile
+            .iter()
+            .position(|c| *c == 0)
+            .unwrap_or(entry.szExeFile.len());
+        out.push((
+            entry.th32ProcessID,
+            String::from_utf16_lossy(&entry.szExeFile[..len]),
+        ));
+        // SAFETY: as above.
+        more = unsafe { Process32NextW(snapshot, &mut entry) }.is_ok();
+    }
+    // SAFETY: the snapshot handle is ours and closed once.
+    let _ = unsafe { CloseHandle(snapshot) };
+    Ok(out)
+}

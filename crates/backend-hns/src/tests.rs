@@ -1348,3 +1348,179 @@ fn overlay_without_a_source_vip_is_refused_at_start_naming_the_flag() {
     let mut backend = HnsBackend::new(config(), Box::new(down));
     assert_eq!(backend.check_network(), Ok(()));
 }
+
+// ---- IP families: winkernel's dual-stack decision ----
+
+/// `network(kind)` with the pod subnets HCN lists in its `Ipams`.
+fn network_with_subnets(kind: &str, subnets: &[&str]) -> Network {
+    let mut n = network(kind);
+    if !subnets.is_empty() {
+        let subnets: Vec<serde_json::Value> = subnets
+            .iter()
+            .map(|s| serde_json::json!({ "IpAddressPrefix": s }))
+            .collect();
+        n.extra.insert(
+            "Ipams".into(),
+            serde_json::json!([{ "Type": "Static", "Subnets": subnets }]),
+        );
+    }
+    n
+}
+
+#[test]
+fn the_families_served_follow_winkernels_dual_stack_decision_and_the_networks_subnets() {
+    use crate::plan::served_families;
+    struct Case {
+        what: &'static str,
+        kind: &'static str,
+        subnets: &'static [&'static str],
+        node_ips: &'static [&'static str],
+        served: &'static [Family],
+        why: Option<&'static str>,
+    }
+    let both: &[Family] = &[Family::V4, Family::V6];
+    let cases = [
+        Case {
+            what: "L2Bridge, subnets not listed: both, as before",
+            kind: "L2Bridge",
+            subnets: &[],
+            node_ips: &[NODE_IP, "fd00::10"],
+            served: both,
+            why: None,
+        },
+        Case {
+            what: "L2Bridge, a subnet of each family: dual-stack",
+            kind: "L2Bridge",
+            subnets: &["10.244.1.0/24", "fd00:244:1::/64"],
+            node_ips: &[NODE_IP, "fd00::10"],
+            served: both,
+            why: None,
+        },
+        Case {
+            what: "L2Bridge, IPv4 subnets only",
+            kind: "L2Bridge",
+            subnets: &["10.244.1.0/24"],
+            node_ips: &[NODE_IP, "fd00::10"],
+            served: &[Family::V4],
+            why: Some(
+                "HNS network cbr0 has no IPv6 subnet (its subnets: 10.244.1.0/24): IPv6 \
+                 Service ports get no load balancer",
+            ),
+        },
+        Case {
+            what: "L2Bridge, IPv6 subnets only",
+            kind: "L2Bridge",
+            subnets: &["fd00:244:1::/64"],
+            node_ips: &["fd00::10"],
+            served: &[Family::V6],
+            why: Some("HNS network cbr0 has no IPv4 subnet"),
+        },
+        Case {
+            what: "Overlay: single-stack in the node's primary family, even with both subnets",
+            kind: "Overlay",
+            subnets: &["10.244.1.0/24", "fd00:244:1::/64"],
+            node_ips: &[NODE_IP, "fd00::10"],
+            served: &[Family::V4],
+            why: Some(
+                "HNS network cbr0 is an Overlay network, which kube-proxy's winkernel serves \
+                 single-stack",
+            ),
+        },
+        Case {
+            what: "Overlay, an IPv6-primary node",
+            kind: "overlay",
+            subnets: &[],
+            node_ips: &["fd00::10", NODE_IP],
+            served: &[Family::V6],
+            why: Some("IPv6 Services only, the node's primary family; IPv4 Service ports"),
+        },
+        Case {
+            what: "Overlay, no node IP yet: the subnets' family",
+            kind: "Overlay",
+            subnets: &["fd00:244:1::/64"],
+            node_ips: &[],
+            served: &[Family::V6],
+            why: Some("IPv6 Services only"),
+        },
+    ];
+    for c in cases {
+        let view = NetworkView::of(&network_with_subnets(c.kind, c.subnets));
+        let ips: Vec<IpAddr> = c.node_ips.iter().map(|s| ip(s)).collect();
+        let got = served_families("cbr0", &view, &ips);
+        assert_eq!(got.served, c.served, "{}", c.what);
+        match (c.why, &got.skipped) {
+            (None, None) => {}
+            (Some(why), Some((family, said))) => {
+                assert!(!c.served.contains(family), "{}: {family}", c.what);
+                assert!(said.contains(why), "{}: {said}", c.what);
+            }
+            (want, got) => panic!("{}: want {want:?}, got {got:?}", c.what),
+        }
+    }
+}
+
+/// A dual-stack cluster on a single-stack HNS network: the IPv6 ports get no load balancer
+/// (those made before the network was known to be IPv4-only go at the next full sync), the
+/// IPv4 ones are programmed, and the summary (`kpng status`) says which family is left out.
+#[test]
+fn a_single_stack_network_gets_no_load_balancer_of_the_other_family() {
+    let sim = Simulator::new(State {
+        networks: vec![network("L2Bridge")],
+        endpoints: vec![cni_endpoint("LOCAL-5", "10.244.1.5")],
+        load_balancers: vec![],
+    });
+    let mut d = Driver::new(&sim, config());
+    let ports = [
+        port("web", "10.96.0.10", &[ep("10.244.2.7", false)]),
+        port("web", "fd00:96::10", &[ep("fd00:244:2::7", false)]),
+    ];
+    let ipv6_lbs = |state: &State| {
+        state
+            .load_balancers
+            .iter()
+            .filter(|l| l.flags & lb_flags::IPV6 != 0)
+            .count()
+    };
+    // Subnets not listed: both families, as before.
+    d.full(&ports).expect("sync");
+    assert_eq!(ipv6_lbs(&sim.state()), 1);
+    assert_eq!(
+        d.backend.summary().lock().expect("summary").skipped_family,
+        None
+    );
+    // HCN now says the network's subnets: IPv4 only.
+    let mut state = sim.state();
+    state.networks = vec![network_with_subnets("L2Bridge", &["10.244.1.0/24"])];
+    sim.set_state(state);
+    d.full(&ports).expect("sync");
+    let state = sim.state();
+    assert_eq!(ipv6_lbs(&state), 0, "{:?}", state.load_balancers);
+    assert!(lb_at(&state, "10.96.0.10").is_some(), "IPv4 still served");
+    assert!(
+        !state.endpoints.iter().any(|e| e.ips().any(|a| a.is_ipv6())),
+        "no IPv6 remote endpoint is kept: {:?}",
+        state.endpoints
+    );
+    let skipped = d
+        .backend
+        .summary()
+        .lock()
+        .expect("summary")
+        .skipped_family
+        .clone();
+    assert_eq!(
+        skipped.as_deref(),
+        Some(
+            "HNS network cbr0 has no IPv6 subnet (its subnets: 10.244.1.0/24): IPv6 Service \
+             ports get no load balancer"
+        )
+    );
+    // An IPv6 change alone asks HNS for nothing.
+    sim.reset_calls();
+    d.change(&[
+        ports[0].clone(),
+        port("web", "fd00:96::10", &[ep("fd00:244:2::8", false)]),
+    ])
+    .expect("sync");
+    assert_eq!(sim.calls().total(), 0, "{:?}", sim.calls());
+}

@@ -1013,6 +1013,9 @@ pub fn node_facts(
             proxies_connections: kind == Some(BackendKind::Userspace),
             translates_local_sockets: kind == Some(BackendKind::Ebpf),
             enforces_source_ranges: kind != Some(BackendKind::Hns),
+            // HNS gets no load balancer for a Service without endpoints (winkernel's "not
+            // applying any policy"): nothing answers, nothing rejects.
+            rejects_without_endpoints: kind != Some(BackendKind::Hns),
         },
     }
 }

@@ -635,7 +635,9 @@ mod linux {
 
 /// The Windows backend: the system's HCN on Windows, the simulator anywhere.
 pub(crate) mod hns {
+    #[cfg(windows)]
     use anyhow::Context;
+    use kpng_backend_hns::dry_run::DryRunHcn;
     use kpng_backend_hns::schema::Network;
     use kpng_backend_hns::sim::Simulator;
     use kpng_backend_hns::{HnsBackend, HnsConfig, hcn::Hcn};
@@ -647,9 +649,14 @@ pub(crate) mod hns {
     const SIMULATED_NETWORK: &str = "kpng-sim";
 
     pub(super) fn build(flags: &GlobalFlags, args: &HnsArgs) -> anyhow::Result<Built> {
-        let simulated =
-            args.dry_run || args.hcn_simulator.is_some() || args.hcn == HcnMode::Simulator;
-        let network_name = match (&flags.network_name, simulated) {
+        let simulated = args.hcn_simulator.is_some() || args.hcn == HcnMode::Simulator;
+        // A dry run on Windows reads the system's HCN (what a real run would find there),
+        // so it needs the real network's name as a real run does.
+        let reads_system = args.dry_run && !simulated && cfg!(windows);
+        let network_name = match (
+            &flags.network_name,
+            simulated || (args.dry_run && !reads_system),
+        ) {
             (Some(n), _) if !n.is_empty() => n.clone(),
             (_, true) => SIMULATED_NETWORK.to_string(),
             _ => anyhow::bail!(
@@ -667,23 +674,37 @@ pub(crate) mod hns {
         };
         let default = Network {
             id: "00000000-0000-4000-8000-000000000000".into(),
-            name: network_name,
+            name: network_name.clone(),
             network_type: "L2Bridge".into(),
             ..Network::default()
         };
+        // What HCN holds: the simulator's file, or the system's HCN.
+        let source: Box<dyn Hcn> = match &args.hcn_simulator {
+            Some(path) => Box::new(Simulator::with_file(path, default)?),
+            None if args.hcn == HcnMode::Simulator && !args.dry_run => {
+                anyhow::bail!("--hcn simulator needs --hcn-simulator FILE (where its state lives)")
+            }
+            None if args.dry_run && !reads_system => {
+                // Nothing to read here (no HNS on this system): the network alone.
+                tracing::warn!(
+                    "--dry-run: no HNS to read on this system: planning against network \
+                     {network_name} alone, without the CNI's endpoints (this node's pods are \
+                     left out, and said so); give --hcn-simulator FILE holding the node's HCN \
+                     state to plan against it"
+                );
+                Box::new(Simulator::new(kpng_backend_hns::schema::State {
+                    networks: vec![default],
+                    ..Default::default()
+                }))
+            }
+            None => system()?,
+        };
+        // A dry run reads HCN once (never changes it; a simulator's file is not written)
+        // and prints the calls each sync would make.
         let hcn: Box<dyn Hcn> = if args.dry_run {
-            Box::new(Simulator::new(kpng_backend_hns::schema::State {
-                networks: vec![default],
-                ..Default::default()
-            }))
-        } else if simulated {
-            let path = args
-                .hcn_simulator
-                .as_ref()
-                .context("--hcn simulator needs --hcn-simulator FILE (where its state lives)")?;
-            Box::new(Simulator::with_file(path, default)?)
+            Box::new(DryRunHcn::new(source, Box::new(std::io::stdout())))
         } else {
-            system()?
+            source
         };
         let mut backend = HnsBackend::new(config, hcn);
         // Overlay without --source-vip: stop now, naming the flag, as kube-proxy does (not a

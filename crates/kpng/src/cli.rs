@@ -856,8 +856,9 @@ pub enum HcnMode {
 /// `… to-local hns …`.
 #[derive(Debug, Args)]
 pub struct HnsArgs {
-    /// Program an in-memory HCN simulator holding only the network (nothing on the node is
-    /// changed): shows the operations a cold start costs.
+    /// Print the HCN calls each sync would make (load balancers and remote endpoints to
+    /// create or delete, with the JSON HCN would be given) and make none: HCN is read once
+    /// (the system's, or --hcn-simulator FILE, which is not written), then planned in memory.
     #[arg(long)]
     pub dry_run: bool,
     /// Which HCN to program: the system's (Windows only) or the simulator (any OS).

@@ -1,6 +1,6 @@
 //! `kpng status`'s lines about `to-local hns`: the CNI's HNS network kpng programs, what it
-//! keeps there, and the planner's warnings that still hold
-//! ([`kpng_backend_hns::summary`]).
+//! keeps there, the planner's warnings that still hold, and the IP family it leaves out on a
+//! single-stack network ([`kpng_backend_hns::summary`]).
 
 use std::sync::Arc;
 
@@ -61,7 +61,17 @@ fn details(s: &HnsSummary) -> Vec<DataPlaneDetail> {
         ),
         problem: (!s.warnings.is_empty()).then_some(problem),
     };
-    vec![network, objects]
+    let mut lines = vec![network, objects];
+    // A family left out (single-stack on this network) is said every time, not only logged:
+    // an IPv6 Service that does not answer on this node has its reason here.
+    if let Some(why) = &s.skipped_family {
+        lines.push(DataPlaneDetail {
+            what: "HNS IP families".into(),
+            state: why.clone(),
+            problem: None,
+        });
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -82,6 +92,7 @@ mod tests {
             load_balancers: 41,
             remote_endpoints: 3,
             warnings: vec![],
+            skipped_family: None,
         };
         let lines = details(&s);
         assert_eq!(
@@ -99,6 +110,14 @@ mod tests {
             details(&s)[1].problem.as_deref(),
             Some("warning 1; warning 2; warning 3; and 2 more")
         );
+        assert_eq!(
+            details(&s).len(),
+            2,
+            "both families served: no families line"
+        );
+        s.skipped_family = Some("HNS network cbr0 has no IPv6 subnet".into());
+        assert_eq!(details(&s)[2].what, "HNS IP families");
+        assert_eq!(details(&s)[2].state, "HNS network cbr0 has no IPv6 subnet");
         s.network = None;
         assert_eq!(details(&s)[0].state, "not found yet");
         assert!(details(&s)[0].problem.is_some());

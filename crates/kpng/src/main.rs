@@ -26,6 +26,7 @@ mod json_log;
 #[cfg(target_os = "linux")]
 mod kube_proxy_checks;
 mod kube_proxy_flags;
+mod kube_proxy_process;
 mod leftovers;
 mod log_dedup;
 mod logging;

@@ -469,6 +469,15 @@ fn local_backend(
             );
         }
     }
+    // kube-proxy.exe programming HNS beside kpng: refused as another proxy is (a dry run
+    // that reads the system's HCN warns). Not for the simulator, which is not this node's HNS.
+    #[cfg(windows)]
+    if let LocalBackend::Hns(args) = backend
+        && args.hcn_simulator.is_none()
+        && args.hcn == crate::cli::HcnMode::System
+    {
+        crate::kube_proxy_process::check(dry_run)?;
+    }
     let (refusals, refused) = crate::dry_run::Refusals::channel();
     let built = BackendKind::build(flags, backend, &refusals)?;
     let facts = SinkFacts {

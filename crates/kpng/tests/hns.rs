@@ -410,6 +410,14 @@ fn status_names_the_hns_network_and_what_kpng_keeps_there() {
     assert!(status(&[]).contains(problem), "{}", status(&[]));
     let wide = status(&["-o", "wide"]);
     assert!(wide.contains("HNS network: cbr0 (L2Bridge, net)"), "{wide}");
+    // A Service without endpoints has no load balancer on HNS: nothing answers its
+    // connections, nothing rejects them (the Linux backends' REJECT).
+    let empty = status(&["default/empty"]);
+    assert!(
+        empty.contains("no endpoints: no HNS load balancer") && empty.contains("not answered"),
+        "{empty}"
+    );
+    assert!(!empty.contains("rejected"), "{empty}");
 }
 
 /// Overlay without `--source-vip`: kpng stops at start naming the flag and the file's field,
@@ -449,4 +457,77 @@ fn overlay_without_a_source_vip_stops_at_start() {
     wait_for(&mut child, &state, &log, "the first sync", |s| {
         lb(s, "10.96.0.10", 6).is_some()
     });
+}
+
+/// `to-local hns --dry-run` plans against what HCN holds (here the simulator's file; on a
+/// Windows node the system's HCN) and prints the HCN calls it would make, making none: the
+/// CNI's endpoints of node1's pods are found (no "not created by the CNI yet" warning for
+/// them), the load balancers over them are printed with the JSON HCN would get, and the file
+/// is not written. (The dry run used to plan against an empty in-memory network: it warned
+/// about every local endpoint and printed nothing.)
+#[test]
+fn dry_run_prints_the_hcn_plan_against_what_hcn_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    let state = dir.path().join("hcn.json");
+    let before = initial_state().to_string();
+    std::fs::write(&state, &before).expect("write state");
+    let log = dir.path().join("kpng.log");
+    let out = dir.path().join("plan.txt");
+    let child = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["file", "--input"])
+        .arg(&input)
+        .args(["--node-name", "node1", "--network-name", "cbr0"])
+        .args(["--min-sync-period", "0", "--admin-socket", ""])
+        .args([
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+        ])
+        .args(["to-local", "hns", "--dry-run", "--hcn-simulator"])
+        .arg(&state)
+        .stdout(std::fs::File::create(&out).expect("plan file"))
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start kpng");
+    let mut child = Running(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let plan = loop {
+        let plan = std::fs::read_to_string(&out).unwrap_or_default();
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        if said.contains(" synced ") && plan.contains("HcnCreateLoadBalancer") {
+            break plan;
+        }
+        if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            panic!("no HCN plan within 20 s; printed:\n{plan}\nkpng said:\n{said}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    for local in ["10.244.1.2", "10.244.1.3"] {
+        assert!(
+            !said.contains(&format!("local endpoint {local} has no HNS endpoint")),
+            "{local} is the CNI's endpoint in the file:\n{said}"
+        );
+    }
+    // web's ClusterIP over node1's two pods (the CNI's endpoints) and node2's (a remote
+    // endpoint the dry run would create first).
+    let line = plan
+        .lines()
+        .find(|l| l.starts_with("# HcnCreateLoadBalancer: 10.96.0.10:80/TCP"))
+        .unwrap_or_else(|| panic!("no load balancer for web:\n{plan}"));
+    assert!(line.contains("10.244.1.2, 10.244.1.3"), "{line}");
+    assert!(
+        plan.contains("# HcnCreateEndpoint: remote endpoint"),
+        "{plan}"
+    );
+    assert!(plan.contains("\"FrontendVIPs\":[\"10.96.0.10\"]"), "{plan}");
+    assert!(
+        plan.starts_with("# kpng --dry-run: the HCN calls of this sync"),
+        "{plan}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&state).expect("state"),
+        before,
+        "a dry run writes nothing"
+    );
 }

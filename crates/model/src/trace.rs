@@ -59,6 +59,11 @@ pub struct BackendTraits {
     /// `loadBalancerSourceRanges` drop other sources (every Linux backend); kube-proxy's
     /// winkernel, and so the HNS backend, does not enforce them (kubernetes#107019).
     pub enforces_source_ranges: bool,
+    /// A Service without any endpoint is refused at once (a reject rule: TCP reset / ICMP
+    /// unreachable) on every Linux backend; HNS has no such object and refuses a load balancer
+    /// without endpoints, so kube-proxy's winkernel, and the HNS backend, program nothing for
+    /// it and its connections are not answered (the client times out).
+    pub rejects_without_endpoints: bool,
 }
 
 impl Default for BackendTraits {
@@ -69,6 +74,7 @@ impl Default for BackendTraits {
             proxies_connections: false,
             translates_local_sockets: false,
             enforces_source_ranges: true,
+            rejects_without_endpoints: true,
         }
     }
 }
@@ -101,7 +107,8 @@ pub enum Verdict {
     /// Refused at once (TCP reset / ICMP unreachable): no endpoint anywhere, or no such port.
     Reject,
     /// Silently dropped: endpoints exist but none for this policy, a firewall, or an
-    /// unallocated Service IP.
+    /// unallocated Service IP; on HNS also a Service without endpoints (no load balancer:
+    /// nothing answers).
     Drop,
     /// Delivered to the node itself untouched (one of its addresses, no node port there).
     Accept,
@@ -283,6 +290,14 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
                 Verdict::Reject,
                 "the Service has no endpoints: the eBPF programs fail the socket's \
                  connect()/sendmsg() with ECONNREFUSED at once, and no packet is sent"
+                    .to_string(),
+            )
+        } else if !facts.backend.rejects_without_endpoints {
+            (
+                Verdict::Drop,
+                "the Service has no endpoints: HNS has no load balancer for it (it refuses one \
+                 without endpoints, as kube-proxy's winkernel), so nothing answers and the \
+                 connection times out instead of being refused"
                     .to_string(),
             )
         } else {

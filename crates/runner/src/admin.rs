@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use ipnet::IpNet;
 use kpng_model::inspect::EndpointStatus;
-use kpng_model::trace::{NodeFacts, Trace, TraceQuery};
+use kpng_model::trace::{BackendTraits, NodeFacts, Trace, TraceQuery};
 use kpng_model::{ServicePort, Snapshot};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
@@ -562,8 +562,9 @@ pub struct PortStatus {
     /// program the node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<crate::service_health::HealthCheckAnswer>,
-    /// When an endpoint list the port needs is empty: what traffic meets, in words
-    /// (rejected when the Service has no endpoint at all, dropped when none suits the policy).
+    /// When an endpoint list the port needs is empty: what traffic meets, in words, for the
+    /// running backend (Linux: rejected when the Service has no endpoint at all, dropped when
+    /// none suits the policy; HNS: not answered, as there is no load balancer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub without_endpoints: Option<String>,
     /// Every endpoint, used or not, and why.
@@ -572,8 +573,13 @@ pub struct PortStatus {
 
 impl PortStatus {
     /// The status of `port`; `explained` lists every endpoint with reasons when the model
-    /// can tell (an in-process model), else the used ones are listed from the port itself.
-    pub fn of(port: &ServicePort, explained: Option<Vec<EndpointStatus>>) -> PortStatus {
+    /// can tell (an in-process model), else the used ones are listed from the port itself;
+    /// `traits` (the backend's) say what traffic meets when an endpoint list is empty.
+    pub fn of(
+        port: &ServicePort,
+        explained: Option<Vec<EndpointStatus>>,
+        traits: &BackendTraits,
+    ) -> PortStatus {
         let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_string();
         let endpoints = explained.unwrap_or_else(|| used_endpoints(port));
         PortStatus {
@@ -592,7 +598,7 @@ impl PortStatus {
             affinity_timeout_seconds: port.session_affinity.map(|a| a.timeout_seconds),
             health_check_node_port: port.health_check_node_port,
             health_check: None,
-            without_endpoints: without_endpoints(port),
+            without_endpoints: without_endpoints(port, traits),
             endpoints,
         }
     }
@@ -626,13 +632,33 @@ impl PortStatus {
     }
 }
 
-/// What happens to traffic whose endpoint list is empty; `None` when every list it needs has
-/// endpoints.
-fn without_endpoints(port: &ServicePort) -> Option<String> {
+/// What happens to traffic whose endpoint list is empty, on a backend with `traits` (the
+/// Linux backends reject a Service without endpoints and drop what no endpoint suits; HNS has
+/// no load balancer for an empty list, so nothing answers); `None` when every list it needs
+/// has endpoints.
+fn without_endpoints(port: &ServicePort, traits: &BackendTraits) -> Option<String> {
     let cluster_empty = port.uses_cluster_endpoints() && port.cluster_endpoints.is_empty();
     let local_empty = port.uses_local_endpoints() && port.local_endpoints.is_empty();
     let text = if !port.has_any_endpoints {
-        "no endpoints: connections are rejected"
+        if traits.rejects_without_endpoints {
+            "no endpoints: connections are rejected"
+        } else {
+            "no endpoints: no HNS load balancer (HNS refuses one without endpoints), so \
+             connections are not answered: they time out"
+        }
+    } else if !traits.rejects_without_endpoints {
+        // HNS: an empty list is a load balancer that does not exist, not a drop rule.
+        if cluster_empty {
+            "no usable endpoint: no HNS load balancer, so connections are not answered"
+        } else if local_empty && port.internal_policy_local {
+            "no local endpoint: no ClusterIP load balancer, so ClusterIP connections are not \
+             answered (internalTrafficPolicy Local)"
+        } else if local_empty {
+            "no local endpoint: no external load balancers, so external connections are not \
+             answered (externalTrafficPolicy Local)"
+        } else {
+            return None;
+        }
     } else if cluster_empty {
         "no usable endpoint: connections are dropped"
     } else if local_empty && port.internal_policy_local {
@@ -707,6 +733,119 @@ mod tests {
                 q.wants_service("default", "web", "http"),
                 want,
                 "{filter:?}"
+            );
+        }
+    }
+
+    /// What `kpng status` says of an empty endpoint list is the backend's truth: the Linux
+    /// backends reject a Service without endpoints and drop what no endpoint suits; HNS has no
+    /// load balancer then (winkernel: "not applying any policy"), so nothing answers.
+    #[test]
+    fn an_empty_endpoint_list_is_worded_per_backend() {
+        use kpng_model::{Endpoint, Family, PortKey, Protocol, ServiceKey};
+        let port = |endpoints: &[(&str, bool)], etp_local: bool, itp_local: bool| {
+            let mut p = ServicePort::new(
+                PortKey {
+                    service: ServiceKey::new("ns", "web"),
+                    port_name: "http".into(),
+                    protocol: Protocol::Tcp,
+                    family: Family::V4,
+                },
+                "10.96.0.10".parse().expect("ip"),
+                80,
+            );
+            p.node_port = Some(30080);
+            p.external_policy_local = etp_local;
+            p.internal_policy_local = itp_local;
+            let eps: Vec<Endpoint> = endpoints
+                .iter()
+                .map(|(ip, local)| Endpoint {
+                    ip: ip.parse().expect("ip"),
+                    port: 8080,
+                    is_local: *local,
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                })
+                .collect();
+            p.has_any_endpoints = !eps.is_empty();
+            p.local_endpoints = eps.iter().filter(|e| e.is_local).cloned().collect();
+            p.cluster_endpoints = eps;
+            p
+        };
+        let linux = BackendTraits::default();
+        let hns = BackendTraits {
+            rejects_without_endpoints: false,
+            ..BackendTraits::default()
+        };
+        let remote_only = [("10.244.2.5", false)];
+        let cases: [(&str, ServicePort, &BackendTraits, Option<&str>); 8] = [
+            (
+                "none, Linux",
+                port(&[], false, false),
+                &linux,
+                Some("no endpoints: connections are rejected"),
+            ),
+            (
+                "none, HNS",
+                port(&[], false, false),
+                &hns,
+                Some(
+                    "no endpoints: no HNS load balancer (HNS refuses one without endpoints), \
+                     so connections are not answered: they time out",
+                ),
+            ),
+            (
+                "eTP Local, none here, Linux",
+                port(&remote_only, true, false),
+                &linux,
+                Some(
+                    "no local endpoint: external connections are dropped \
+                     (externalTrafficPolicy Local)",
+                ),
+            ),
+            (
+                "eTP Local, none here, HNS",
+                port(&remote_only, true, false),
+                &hns,
+                Some(
+                    "no local endpoint: no external load balancers, so external connections \
+                     are not answered (externalTrafficPolicy Local)",
+                ),
+            ),
+            (
+                "iTP Local, none here, Linux",
+                port(&remote_only, false, true),
+                &linux,
+                Some(
+                    "no local endpoint: ClusterIP connections are dropped \
+                     (internalTrafficPolicy Local)",
+                ),
+            ),
+            (
+                "iTP Local, none here, HNS",
+                port(&remote_only, false, true),
+                &hns,
+                Some(
+                    "no local endpoint: no ClusterIP load balancer, so ClusterIP connections \
+                     are not answered (internalTrafficPolicy Local)",
+                ),
+            ),
+            (
+                "served, Linux",
+                port(&remote_only, false, false),
+                &linux,
+                None,
+            ),
+            ("served, HNS", port(&remote_only, false, false), &hns, None),
+        ];
+        for (what, port, traits, want) in cases {
+            assert_eq!(
+                PortStatus::of(&port, None, traits)
+                    .without_endpoints
+                    .as_deref(),
+                want,
+                "{what}"
             );
         }
     }

@@ -354,6 +354,9 @@ impl<M: NodeModel> LoopState<M> {
                     query.offset.unwrap_or_default(),
                 );
                 let text = query.text_filter();
+                // What an empty endpoint list means depends on the backend (HNS: no load
+                // balancer, nothing answers; Linux: reject or drop).
+                let traits = admin::facts_or_default(self.facts.as_ref(), snapshot).backend;
                 let (mut services, mut matching) = (Vec::new(), 0);
                 for (key, port) in &snapshot.ports {
                     let svc = &key.service;
@@ -366,7 +369,7 @@ impl<M: NodeModel> LoopState<M> {
                         matching += 1;
                         continue;
                     }
-                    let mut status = PortStatus::of(port, self.runner.model.explain(key));
+                    let mut status = PortStatus::of(port, self.runner.model.explain(key), &traits);
                     if port.health_check_node_port.is_some()
                         && let Some((servers, _)) = &self.runner.service_health
                     {

@@ -438,6 +438,31 @@ fn backend_differences_change_the_trace() {
             "{t:?}"
         );
     }
+    // A Service without endpoints: rejected by the Linux backends; on HNS it has no load
+    // balancer (HNS refuses one), so nothing answers: not a reject.
+    let mut empty = web();
+    empty.cluster_endpoints.clear();
+    empty.local_endpoints.clear();
+    empty.has_any_endpoints = false;
+    let hns = NodeFacts {
+        backend: BackendTraits {
+            rejects_without_endpoints: false,
+            ..hns.backend
+        },
+        ..hns
+    };
+    for (facts, verdict, says) in [
+        (&facts(), Verdict::Reject, "the Service has no endpoints"),
+        (
+            &hns,
+            Verdict::Drop,
+            "nothing answers and the connection times out",
+        ),
+    ] {
+        let t = trace(&snapshot(vec![empty.clone()]), facts, &q("10.96.0.10:80"));
+        assert_eq!(t.verdict, verdict, "{t:?}");
+        assert!(t.reason.contains(says), "{t:?}");
+    }
 }
 
 /// The eBPF backend: sockets of this node (its pods, by the Node's pod CIDR, and the node
