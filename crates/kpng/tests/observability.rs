@@ -934,3 +934,85 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
     );
     // The namespace goes with its tables once kpng is stopped (dropped first).
 }
+
+/// On a node fed by a brain, the page shows what the brain reports about its own input: the
+/// node never sees a rejected object itself, and the page is where the engineer debugging a
+/// Service on that node looks.
+#[test]
+fn the_status_page_of_a_node_shows_what_its_brain_rejects() {
+    let Some(browser) = browser_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &input,
+        format!(
+            "{MANIFEST}---\napiVersion: v1\nkind: Service\n\
+             metadata: {{namespace: ns, name: broken}}\n\
+             spec: {{clusterIP: 10.96.0.99, ports: [{{port: nope}}]}}\n"
+        ),
+    )
+    .expect("write");
+    let listen = dir.path().join("brain.sock");
+    let mut brain = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+                "",
+                "to-api",
+                "--listen",
+            ])
+            .arg(format!("unix://{}", listen.display())),
+    );
+    brain.wait("the brain's first sync", |e| e.contains("serving"));
+    let mut node = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["api", "--api"])
+            .arg(format!("unix://{}", listen.display()))
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+                "",
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml")),
+    );
+    let log = node.wait("the node's first sync and its metrics address", |e| {
+        e.contains(" synced ") && e.contains("serving /metrics on http://")
+    });
+    let addr = log
+        .lines()
+        .find_map(|l| {
+            l.split_once("serving /metrics on http://")
+                .map(|(_, a)| a.trim())
+        })
+        .expect("the metrics address")
+        .to_string();
+    let page = dom(browser, &format!("http://{addr}/status"));
+    assert!(
+        page.contains("brain reports: its input file ") && page.contains("it rejects 1 object"),
+        "{page}"
+    );
+    let rejected = table_after(&page, "<div id=\"rejected\"").expect("the rejected table");
+    assert!(
+        rejected.contains("ns/broken")
+            && rejected.contains("rejected by the brain")
+            && rejected.contains("field spec.ports[0].port"),
+        "{rejected}"
+    );
+}
