@@ -459,7 +459,12 @@ fn table(status: &Status, wide: bool) -> String {
         write_input(&mut out, input);
     }
     if let Some(report) = &status.brain_reports {
-        write_brain_reports(&mut out, report);
+        // While the brain is out of reach, what it last said may be out of date.
+        let out_of_reach = status
+            .input
+            .as_ref()
+            .is_some_and(|i| !i.problems.is_empty());
+        write_brain_reports(&mut out, report, out_of_reach);
     }
     if let Some(repairs) = &status.repairs {
         write_repairs(&mut out, repairs);
@@ -573,7 +578,9 @@ fn write_input(out: &mut String, input: &InputStatus) {
 /// What the brain reports about its own input, on a node: its source's problems and the
 /// objects it rejects (listed as the node's own rejected objects would be), which explain a
 /// Service that looks wrong here although this node's own input is fine.
-fn write_brain_reports(out: &mut String, report: &BrainReportStatus) {
+/// `out_of_reach`: the node's connection to the brain has a problem now, so the report is the
+/// last one received, and says so.
+fn write_brain_reports(out: &mut String, report: &BrainReportStatus, out_of_reach: bool) {
     use std::fmt::Write as _;
     let state = match report.problems.len() {
         0 => "ok".to_string(),
@@ -585,9 +592,14 @@ fn write_brain_reports(out: &mut String, report: &BrainReportStatus) {
         1 => "rejects 1 object".to_string(),
         n => format!("rejects {n} objects"),
     };
+    let heading = if out_of_reach {
+        "brain reported (before it went out of reach; may be out of date)"
+    } else {
+        "brain reports"
+    };
     let _ = writeln!(
         out,
-        "brain reports: its input {}  {state}; it {rejects}",
+        "{heading}: its input {}  {state}; it {rejects}",
         report.source
     );
     for p in &report.problems {

@@ -962,6 +962,20 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         assert!(Instant::now() < deadline, "{}", status_json(node1_admin));
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // The brain itself goes away: node1 keeps what it last reported, and says it may be out
+    // of date.
+    drop(brain);
+    let deadline = Instant::now() + WAIT;
+    while status_json(node1_admin)["input"]["problems"] == json!([]) {
+        assert!(Instant::now() < deadline, "{}", status_json(node1_admin));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let table = node1_table();
+    assert!(
+        table.contains("\nbrain reported (before it went out of reach; may be out of date): "),
+        "{table}"
+    );
 }
 
 #[test]
