@@ -36,7 +36,7 @@ fn record_namespace(file_name: &str) -> Option<u64> {
 
 /// The network namespaces something holds: a process's or thread's (`/proc/*/ns/net`,
 /// `/proc/*/task/*/ns/net`) or a bind mount's (`ip netns add`'s, CNI's), as this process's
-/// mount table shows them (`net:[<inode>]`).
+/// and the host's mount tables show them (`net:[<inode>]`).
 pub fn live_namespaces() -> HashSet<u64> {
     let mut live = HashSet::new();
     let inode = |path: PathBuf| std::fs::metadata(path).ok().map(|m| m.ino());
@@ -60,14 +60,18 @@ pub fn live_namespaces() -> HashSet<u64> {
             live.extend(inode(thread.join("ns/net")));
         }
     }
-    if let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") {
-        live.extend(mounts.lines().filter_map(|line| {
-            let root = line.split(' ').nth(3)?;
-            root.strip_prefix("net:[")?
-                .strip_suffix(']')?
-                .parse::<u64>()
-                .ok()
-        }));
+    // This process's mount table and the host's (init's): `ip netns exec` runs kpng in a
+    // mount namespace of its own, which may not see a bind mount made after it began.
+    for table in ["/proc/self/mountinfo", "/proc/1/mountinfo"] {
+        if let Ok(mounts) = std::fs::read_to_string(table) {
+            live.extend(mounts.lines().filter_map(|line| {
+                let root = line.split(' ').nth(3)?;
+                root.strip_prefix("net:[")?
+                    .strip_suffix(']')?
+                    .parse::<u64>()
+                    .ok()
+            }));
+        }
     }
     live
 }
