@@ -965,4 +965,8 @@ fn a_kpng_in_its_own_cgroup_namespace_says_the_pods_are_not_translated() {
     );
     drop(k);
     forget_ebpf_scope(&c.node1.ns);
+    // The directory kpng mounted its own hierarchy on, in its private mount namespace: the
+    // mount went with it, the empty directory stays on the host's /run (removed only if
+    // empty, so a real mount there is never touched).
+    let _ = std::fs::remove_dir(kpng_backend_ebpf::host::OWN_CGROUP2_MOUNT);
 }
