@@ -360,6 +360,11 @@ mod linux {
         let mut data_plane = None;
         let kind = BackendKind::of(backend);
         let dry_run = BackendKind::dry_run(backend);
+        // Without it every transaction fails with an error that names no capability.
+        #[cfg(target_os = "linux")]
+        if !dry_run && kind != BackendKind::Hns {
+            crate::caps::need_net_admin(&format!("`to-local {}`", kind.word()))?;
+        }
         match backend {
             LocalBackend::Nft(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,

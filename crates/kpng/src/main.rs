@@ -9,6 +9,8 @@ mod backends;
 #[cfg(target_os = "linux")]
 mod beside;
 mod brain;
+#[cfg(target_os = "linux")]
+mod caps;
 mod cli;
 mod config;
 #[cfg(target_os = "linux")]

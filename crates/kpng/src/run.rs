@@ -58,7 +58,27 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
     {
         let _ = flags;
         #[cfg(target_os = "linux")]
-        refuse_while_running(dry_run)?;
+        {
+            refuse_while_running(dry_run)?;
+            // Without these, tables and chains cannot even be listed: they would look absent
+            // and cleanup would report success.
+            let unreadable = crate::caps::legacy_unreadable();
+            if dry_run {
+                if !crate::caps::has(crate::caps::NET_ADMIN) {
+                    println!(
+                        "kpng: cleanup would refuse: it needs CAP_NET_ADMIN, which this process lacks"
+                    );
+                }
+                if let Some(why) = &unreadable {
+                    println!("kpng: cleanup would refuse: {why}");
+                }
+            } else {
+                crate::caps::need_net_admin("kpng cleanup")?;
+                if let Some(why) = unreadable {
+                    anyhow::bail!("kpng cleanup: {why}");
+                }
+            }
+        }
         let scope = if args.kpng_only {
             crate::leftovers::Scope::KpngOnly
         } else {
@@ -459,6 +479,16 @@ fn local_backend(
             &BackendKind::ALL.map(BackendKind::word),
         )?)
     };
+    // Legacy iptables rules this process cannot read (no CAP_NET_RAW): kube-proxy's there
+    // would stay and translate beside kpng's, and the iptables backend's automatic mode would
+    // not see them. Said once, at start.
+    #[cfg(target_os = "linux")]
+    if lock.is_some()
+        && kind != BackendKind::Hns
+        && let Some(why) = crate::caps::legacy_unreadable()
+    {
+        tracing::warn!("{why}");
+    }
     #[cfg(target_os = "linux")]
     if lock.is_some() {
         let dir = std::path::Path::new(kpng_backend_iptables::route_localnet::STATE_DIR);

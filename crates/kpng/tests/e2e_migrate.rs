@@ -578,3 +578,75 @@ fn sigterm_does_not_wait_for_the_leftover_sweep() {
     assert!(status.success(), "{status}");
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
+
+/// In a hardened Pod (capabilities instead of `privileged`), cleanup without CAP_NET_ADMIN
+/// could not list the tables, took them for absent and reported success; without CAP_NET_RAW
+/// it could not read legacy iptables tables, and said "nothing to remove" beside kube-proxy's
+/// legacy chains. Both now refuse, naming the capability, and remove nothing.
+#[test]
+fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
+    require_root!();
+    let ns = Netns::new("kpcleancap").expect("netns");
+    ns.nft("add table ip kpng\n").expect("a kpng table");
+    ns.run_ok(["iptables-legacy", "-t", "nat", "-N", "KUBE-SERVICES"])
+        .expect("a legacy chain");
+    // `setpriv` drops the capability from the bounding set: root's exec then lacks it.
+    let cleanup_without = |cap: &str| {
+        ns.exec([
+            "setpriv",
+            &format!("--bounding-set=-{cap}"),
+            "--",
+            env!("CARGO_BIN_EXE_kpng"),
+            "cleanup",
+        ])
+        .expect("kpng cleanup")
+    };
+    for (cap, named) in [("net_admin", "CAP_NET_ADMIN"), ("net_raw", "CAP_NET_RAW")] {
+        let out = cleanup_without(cap);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "without {cap}: {said}");
+        assert!(said.contains(named), "without {cap}: {said}");
+        assert!(tables(&ns).contains("table ip kpng"), "without {cap}: {said}");
+    }
+    let saved = ns
+        .run_ok(["iptables-legacy-save", "-t", "nat"])
+        .expect("iptables-legacy-save");
+    assert!(saved.contains(":KUBE-SERVICES"), "{saved}");
+    // `to-local` says so at start too, instead of retrying transactions that fail.
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
+    let out = ns
+        .exec([
+            "timeout",
+            "20",
+            "setpriv",
+            "--bounding-set=-net_admin",
+            "--",
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+            input,
+            "--node-name",
+            "node1",
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+            "--admin-socket=",
+            "to-local",
+            "nft",
+        ])
+        .expect("kpng");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("`to-local nft` needs CAP_NET_ADMIN"),
+        "{said}"
+    );
+    // With both, it removes both.
+    let out = ns
+        .exec([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
+        .expect("kpng cleanup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!tables(&ns).contains("table ip kpng"));
+}
