@@ -321,6 +321,8 @@ pub struct Recorded {
     pub fail_restores: usize,
     /// How often `route_localnet` was set.
     pub route_localnet: usize,
+    /// Setting `route_localnet` fails (a read-only `/proc/sys`, as in an unprivileged Pod).
+    pub route_localnet_read_only: bool,
     /// What [`Iptables::chains_per_restore`] answers.
     pub chains_per_restore: Option<usize>,
 }
@@ -370,8 +372,16 @@ impl Iptables for Recorder {
     }
 
     fn enable_route_localnet(&mut self) -> Result<(), ExecError> {
-        self.with(|r| r.route_localnet += 1);
-        Ok(())
+        self.with(|r| {
+            if r.route_localnet_read_only {
+                return Err(ExecError::Io {
+                    what: "setting /proc/sys/net/ipv4/conf/all/route_localnet".into(),
+                    source: std::io::Error::from_raw_os_error(30),
+                });
+            }
+            r.route_localnet += 1;
+            Ok(())
+        })
     }
 
     fn describe(&self) -> String {

@@ -166,6 +166,10 @@ pub struct IptablesBackend {
     found_flushed: Vec<Family>,
     /// What `kpng status` shows of the rules' size.
     rule_counts: SharedRuleCounts,
+    /// `route_localnet` could not be set (a read-only `/proc/sys`, as in an unprivileged
+    /// Pod): node ports are served without 127.0.0.1 from then on, rather than IPv4 failing
+    /// every sync.
+    route_localnet_failed: bool,
 }
 
 impl IptablesBackend {
@@ -195,6 +199,7 @@ impl IptablesBackend {
             known_addresses: Vec::new(),
             found_flushed: Vec::new(),
             rule_counts: SharedRuleCounts::default(),
+            route_localnet_failed: false,
         }
     }
 
@@ -215,7 +220,7 @@ impl IptablesBackend {
             masquerade_bit: self.config.masquerade_bit,
             detect_local: &self.config.detect_local,
             nodeport_addresses: &self.config.nodeport_addresses,
-            localhost_node_ports: self.config.localhost_node_ports,
+            localhost_node_ports: self.config.localhost_node_ports && !self.route_localnet_failed,
             tcp_be_liberal: self.config.tcp_be_liberal,
         };
         StaticConfig::new(&inputs, family, &snapshot.node, &self.known_addresses)
@@ -306,13 +311,23 @@ impl IptablesBackend {
         &mut self,
         index: usize,
         snapshot: &Snapshot,
-        cfg: StaticConfig,
+        mut cfg: StaticConfig,
     ) -> Result<usize, BackendError> {
         let family = self.states[index].family;
-        if cfg.localhost_node_ports {
-            self.ipt
-                .enable_route_localnet()
-                .map_err(|e| self.exec_error(family, "localhost node ports", e))?;
+        if cfg.localhost_node_ports
+            && let Err(e) = self.ipt.enable_route_localnet()
+        {
+            // kube-proxy exits here; serving every other node port is what the node needs.
+            warn!(
+                "{} {family}: node ports on 127.0.0.1 need net.ipv4.conf.all.route_localnet=1, \
+                 which cannot be set here ({e}): node ports are served on the node's other \
+                 addresses only. Say so with --iptables-localhost-nodeports=false \
+                 (iptables.localhostNodePorts: false) or --nodeport-addresses without \
+                 127.0.0.1, or give kpng a writable /proc/sys (a privileged container)",
+                self.ipt.describe()
+            );
+            self.route_localnet_failed = true;
+            cfg = self.static_config(family, snapshot);
         }
         let nat = self
             .ipt

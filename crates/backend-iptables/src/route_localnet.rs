@@ -41,12 +41,28 @@ pub fn record_and_enable(proc_sys: &Path, state_dir: &Path) -> Result<(), ExecEr
         return Ok(());
     }
     let record = record_path(state_dir);
+    let mut recorded_now = false;
     if !record.exists() {
-        std::fs::create_dir_all(state_dir)
-            .map_err(io(format!("creating {}", state_dir.display())))?;
-        std::fs::write(&record, current).map_err(io(format!("writing {}", record.display())))?;
+        // Without the record, cleanup cannot put the value back (kube-proxy never does): the
+        // setting itself still matters more than its restore.
+        let written =
+            std::fs::create_dir_all(state_dir).and_then(|()| std::fs::write(&record, current));
+        match written {
+            Ok(()) => recorded_now = true,
+            Err(e) => tracing::warn!(
+                "cannot record route_localnet's value ({current}) in {}: {e}; cleanup will not \
+                 put it back",
+                record.display()
+            ),
+        }
     }
-    std::fs::write(&path, "1").map_err(io(format!("setting {}", path.display())))
+    std::fs::write(&path, "1").map_err(|e| {
+        // Nothing changed: nothing to put back.
+        if recorded_now {
+            let _ = std::fs::remove_file(&record);
+        }
+        io(format!("setting {}", path.display()))(e)
+    })
 }
 
 /// Writes back the recorded value, if any, and forgets it.

@@ -151,6 +151,27 @@ fn other_flags_full_restore_is_golden() {
     assert_eq!(r.0.lock().expect("lock").route_localnet, 0);
 }
 
+/// In an unprivileged Pod `/proc/sys` is read-only and `route_localnet` cannot be set. IPv4
+/// failed every sync for it (kube-proxy exits); now the node ports are served without
+/// 127.0.0.1: the rules are exactly those of `--iptables-localhost-nodeports=false`, and
+/// later syncs neither retry nor fail.
+#[test]
+fn a_read_only_route_localnet_serves_node_ports_without_localhost() {
+    let yaml = std::fs::read_to_string(repo_file("../../examples/cluster.yaml")).expect("example");
+    let model = model_from(&yaml);
+    let (mut without, want) = backend_with(IptablesConfig {
+        localhost_node_ports: false,
+        ..config()
+    });
+    full_sync(&mut without, &model);
+    let (mut b, r) = backend();
+    r.0.lock().expect("lock").route_localnet_read_only = true;
+    full_sync(&mut b, &model);
+    assert_eq!(inputs(&r), inputs(&want));
+    full_sync(&mut b, &model);
+    assert_eq!(inputs(&r).len(), 2 * inputs(&want).len());
+}
+
 /// The packet mark and the conntrack mark are shared with the CNI: the rules only OR and XOR
 /// the masquerade bit into the packet mark, and never touch the conntrack mark (affinity is
 /// `-m recent`).

@@ -161,6 +161,39 @@ pub fn sweep(own: &[Leftover], ebpf_pins: &Path) {
             Err(e) => tracing::warn!("could not remove {}: {e:#}", leftover.describe(ebpf_pins)),
         }
     }
+    #[cfg(target_os = "linux")]
+    if !own.iter().any(|l| matches!(l, Leftover::IptablesChains(_)))
+        && let Some(done) = put_back_route_localnet(false)
+    {
+        tracing::info!("{done}");
+    }
+}
+
+/// Puts `net.ipv4.conf.all.route_localnet` back as it was before kpng's iptables backend set
+/// it (its record in `/run/kpng`), once no rules of kpng's need it: `kpng cleanup` of every
+/// proxy's rules, and a start of another backend that removed the iptables chains. Returns
+/// what it did (or would do). Not under `--kpng-only`: a kube-proxy running again in iptables
+/// mode set it to 1 itself at its start and needs it.
+#[cfg(target_os = "linux")]
+pub fn put_back_route_localnet(dry_run: bool) -> Option<String> {
+    use kpng_backend_iptables::route_localnet::{STATE_DIR, record_path, restore};
+    let state = Path::new(STATE_DIR);
+    let value = std::fs::read_to_string(record_path(state)).ok()?;
+    let what = format!(
+        "net.ipv4.conf.all.route_localnet back to {}, as it was before kpng's iptables backend \
+         set it",
+        value.trim()
+    );
+    if dry_run {
+        return Some(format!("would put {what}"));
+    }
+    match restore(Path::new("/proc/sys"), state) {
+        Ok(()) => Some(format!("put {what}")),
+        Err(e) => {
+            tracing::warn!("putting {what}: {e}");
+            None
+        }
+    }
 }
 
 /// What `kpng cleanup` removes.
@@ -221,6 +254,13 @@ pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf_pins: &Path) -> anyhow::Res
     }
     if !failed.is_empty() {
         anyhow::bail!("{}", failed.join("; "));
+    }
+    #[cfg(target_os = "linux")]
+    if scope == Scope::Everything
+        && let Some(done) = put_back_route_localnet(dry_run)
+    {
+        println!("kpng: {done}");
+        removed += 1;
     }
     Ok(removed)
 }

@@ -610,7 +610,10 @@ fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
         );
         assert!(!out.status.success(), "without {cap}: {said}");
         assert!(said.contains(named), "without {cap}: {said}");
-        assert!(tables(&ns).contains("table ip kpng"), "without {cap}: {said}");
+        assert!(
+            tables(&ns).contains("table ip kpng"),
+            "without {cap}: {said}"
+        );
     }
     let saved = ns
         .run_ok(["iptables-legacy-save", "-t", "nat"])
@@ -647,6 +650,66 @@ fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
     let out = ns
         .exec([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
         .expect("kpng cleanup");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!tables(&ns).contains("table ip kpng"));
+}
+
+/// kpng's iptables backend sets `route_localnet` (node ports on 127.0.0.1) and records the
+/// value it found; `kpng cleanup` said it put it back and did not (the record stayed, the
+/// setting stayed 1).
+#[test]
+fn cleanup_puts_route_localnet_back_as_it_was() {
+    require_root!();
+    let ns = Netns::new("kpcleanrl").expect("netns");
+    let sysctl = "net.ipv4.conf.all.route_localnet";
+    let value = || {
+        ns.run_ok(["sysctl", "-n", sysctl])
+            .expect("sysctl")
+            .trim()
+            .to_string()
+    };
+    ns.run_ok(["sysctl", "-w", &format!("{sysctl}=0")])
+        .expect("route_localnet=0");
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
+    let kpng = ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+            input,
+            "--node-name",
+            "node1",
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+            "--admin-socket=",
+            "to-local",
+            "iptables",
+            "--iptables-mode",
+            "nft",
+        ])
+        .expect("kpng");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while value() != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "kpng did not set route_localnet: {}",
+            kpng.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(kpng);
+    let out = ns
+        .exec([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
+        .expect("kpng cleanup");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("put net.ipv4.conf.all.route_localnet back to 0"),
+        "{said}"
+    );
+    assert_eq!(value(), "0");
 }
