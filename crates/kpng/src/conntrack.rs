@@ -125,13 +125,26 @@ impl ConntrackSettings {
                         raise_hashsize(value / 4);
                     }
                 }
-                Err(e) => warn!(
-                    "cannot set {} to {value} ({e}); continuing with {current:?}",
-                    path.display()
-                ),
+                Err(e) => warn!("{}", cannot_set(&path, value, current, &e)),
             }
         }
     }
+}
+
+/// The warning for a setting that could not be written: the value kept, and the way out where
+/// `/proc/sys` is read-only (an unprivileged container), where it is expected.
+fn cannot_set(path: &Path, value: u64, current: Option<u64>, e: &std::io::Error) -> String {
+    let kept = current.map_or_else(|| "the kernel's value".to_string(), |c| c.to_string());
+    let hint = if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem {
+        " (/proc/sys is read-only outside a privileged container: set the config's conntrack \
+         values to 0 to leave them to the node)"
+    } else {
+        ""
+    };
+    format!(
+        "cannot set {} to {value} ({e}); continuing with {kept}{hint}",
+        path.display()
+    )
 }
 
 /// The conntrack hash table should have a bucket per four entries (kube-proxy's rule).
@@ -151,6 +164,24 @@ fn raise_hashsize(buckets: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_setting_that_cannot_be_written_says_what_stays_and_the_way_out() {
+        let path = Path::new("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established");
+        let ro = std::io::Error::from(std::io::ErrorKind::ReadOnlyFilesystem);
+        let said = cannot_set(path, 86400, Some(432000), &ro);
+        assert!(
+            said.contains("; continuing with 432000 (/proc/sys is read-only")
+                && said.contains("conntrack values to 0"),
+            "{said}"
+        );
+        let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let said = cannot_set(path, 86400, None, &other);
+        assert!(
+            said.ends_with("continuing with the kernel's value"),
+            "{said}"
+        );
+    }
 
     fn settings() -> ConntrackSettings {
         ConntrackSettings {

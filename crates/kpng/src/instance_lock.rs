@@ -41,12 +41,38 @@ pub fn holder(backend: &str) -> Option<String> {
         .and_then(|()| {
             let mut line = String::new();
             BufReader::new(stream).read_line(&mut line).ok()?;
-            line.trim().parse::<u32>().ok()
+            Some(line)
         });
     Some(pid.map_or_else(
         || "another kpng".to_string(),
-        |pid| format!("another kpng (pid {pid})"),
+        |line| describe_holder(&line, pid_namespace()),
     ))
+}
+
+/// This process's PID namespace (its inode), which the holder also sends: a pid means
+/// something only in its own namespace.
+#[cfg(target_os = "linux")]
+fn pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}
+
+/// The holder as its answer (`PID [PID-NAMESPACE]`) names it: a pid of another PID namespace
+/// (a container's, where kpng is often pid 1) is said to be one, since here that pid is
+/// another process (init, for pid 1).
+#[cfg(target_os = "linux")]
+fn describe_holder(line: &str, own_namespace: Option<u64>) -> String {
+    let mut words = line.split_whitespace();
+    let Some(pid) = words.next().and_then(|w| w.parse::<u32>().ok()) else {
+        return "another kpng".to_string();
+    };
+    let namespace = words.next().and_then(|w| w.parse::<u64>().ok());
+    match (namespace, own_namespace) {
+        (Some(theirs), Some(ours)) if theirs != ours => {
+            format!("another kpng (pid {pid} in another PID namespace, such as a container's)")
+        }
+        _ => format!("another kpng (pid {pid})"),
+    }
 }
 
 /// Takes the lock of `backend` (`nft`, `iptables`, …) in this network namespace, and refuses
@@ -91,7 +117,10 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
         .name("kpng-instance-lock".into())
         .spawn(move || {
             for mut stream in listener.incoming().flatten() {
-                let _ = writeln!(stream, "{pid}");
+                let _ = match pid_namespace() {
+                    Some(ns) => writeln!(stream, "{pid} {ns}"),
+                    None => writeln!(stream, "{pid}"),
+                };
             }
         })?;
     Ok(InstanceLock { _listener: thread })
@@ -162,6 +191,25 @@ pub fn acquire(_backend: &str, _others: &[&str]) -> anyhow::Result<InstanceLock>
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_holder_in_another_pid_namespace_is_said_to_be_there() {
+        let cases = [
+            ("42 7\n", Some(7), "another kpng (pid 42)"),
+            (
+                "1 9\n",
+                Some(7),
+                "another kpng (pid 1 in another PID namespace, such as a container's)",
+            ),
+            // An older kpng sends the pid alone.
+            ("42\n", Some(7), "another kpng (pid 42)"),
+            ("garbage", Some(7), "another kpng"),
+        ];
+        for (line, ours, want) in cases {
+            assert_eq!(describe_holder(line, ours), want, "{line:?}");
+        }
+    }
 
     #[test]
     fn a_second_holder_is_refused_with_the_first_ones_pid() {
