@@ -560,17 +560,28 @@ fn write_input(out: &mut String, input: &InputStatus) {
         (Some(at), None) => at.clone(),
         (None, _) => "never".into(),
     };
-    let state = match input.problems.len() {
-        0 => "ok".to_string(),
-        1 => "1 PROBLEM".to_string(),
-        n => format!("{n} PROBLEMS"),
-    };
+    let state = problems_word(input.problems.len());
     let _ = writeln!(
         out,
         "input {}  {state}  last good input {last}",
         input.source
     );
-    for p in &input.problems {
+    write_problems(out, &input.problems);
+}
+
+/// `ok`, `1 PROBLEM`, `N PROBLEMS`: an input's state in the status's first lines.
+fn problems_word(n: usize) -> String {
+    match n {
+        0 => "ok".to_string(),
+        1 => "1 PROBLEM".to_string(),
+        n => format!("{n} PROBLEMS"),
+    }
+}
+
+/// One indented line per problem of an input.
+fn write_problems(out: &mut String, problems: &[kpng_runner::admin::InputProblemStatus]) {
+    use std::fmt::Write as _;
+    for p in problems {
         let _ = writeln!(out, "  {} (since {}): {}", p.what, p.since, p.message);
     }
 }
@@ -582,11 +593,7 @@ fn write_input(out: &mut String, input: &InputStatus) {
 /// last one received, and says so.
 fn write_brain_reports(out: &mut String, report: &BrainReportStatus, out_of_reach: bool) {
     use std::fmt::Write as _;
-    let state = match report.problems.len() {
-        0 => "ok".to_string(),
-        1 => "1 PROBLEM".to_string(),
-        n => format!("{n} PROBLEMS"),
-    };
+    let state = problems_word(report.problems.len());
     let rejects = match report.rejected_total {
         0 => "rejects nothing".to_string(),
         1 => "rejects 1 object".to_string(),
@@ -602,9 +609,7 @@ fn write_brain_reports(out: &mut String, report: &BrainReportStatus, out_of_reac
         "{heading}: its input {}  {state}; it {rejects}",
         report.source
     );
-    for p in &report.problems {
-        let _ = writeln!(out, "  {} (since {}): {}", p.what, p.since, p.message);
-    }
+    write_problems(out, &report.problems);
     for r in report.rejected.iter().take(REJECTED_LISTED) {
         let _ = writeln!(out, "  rejected {}", rejected_line(r));
     }
