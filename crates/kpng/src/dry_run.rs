@@ -168,8 +168,8 @@ mod linux {
                 Err(e) if cannot_ask(&e.to_string()) => {
                     self.checking = false;
                     tracing::info!(
-                        "--dry-run: not checking transactions with the kernel ({e}); run as \
-                         root for `nft --check`"
+                        "--dry-run: not checking transactions with the kernel ({e}); \
+                         `nft --check` needs CAP_NET_ADMIN (root with its capabilities)"
                     );
                     Ok(())
                 }
