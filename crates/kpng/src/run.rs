@@ -489,15 +489,19 @@ fn local_backend(
     {
         tracing::warn!("{why}");
     }
+    // On its own thread: it reads every process's and thread's namespace, which on a busy
+    // node is not worth delaying the first programming for.
     #[cfg(target_os = "linux")]
     if lock.is_some() {
-        let dir = std::path::Path::new(kpng_backend_iptables::route_localnet::STATE_DIR);
-        for record in crate::netns_records::forget_gone(dir, false) {
-            tracing::info!(
-                "removed {}, a record of a network namespace that no longer exists",
-                record.display()
-            );
-        }
+        std::thread::spawn(|| {
+            let dir = std::path::Path::new(kpng_backend_iptables::route_localnet::STATE_DIR);
+            for record in crate::netns_records::forget_gone(dir, false) {
+                tracing::info!(
+                    "removed {}, a record of a network namespace that no longer exists",
+                    record.display()
+                );
+            }
+        });
     }
     // kube-proxy.exe programming HNS beside kpng: refused as another proxy is (a dry run
     // that reads the system's HCN warns). Not for the simulator, which is not this node's HNS.
