@@ -12,45 +12,40 @@ use kpng_runner::admin::{DataPlaneDetail, DataPlaneProbe};
 /// cgroup v2 root).
 pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
     Arc::new(move || {
+        use kpng_backend_ebpf::host;
+        // In a cgroup namespace of its own, the default root is its container's cgroup.
+        let private = cgroup.is_none() && host::in_private_cgroup_namespace();
         let (scope, dir) = match &cgroup {
             Some(c) => (
                 format!("cgroup {} (its subtree's sockets)", c.display()),
                 Some(c.clone()),
             ),
-            None if kpng_backend_ebpf::host::in_private_cgroup_namespace() => {
-                let mut shown = details(
-                    &inspect(
-                        &pin_dir,
-                        kpng_backend_ebpf::host::cgroup2_root().ok().as_deref(),
-                    ),
-                    &pin_dir,
-                    "the root of kpng's own cgroup namespace (its container's cgroup, not the \
-                     node's)",
-                );
-                if let Some(programs) = shown.first_mut() {
-                    let problem = kpng_backend_ebpf::host::PRIVATE_CGROUP_NAMESPACE.to_string();
-                    programs.problem = Some(match programs.problem.take() {
-                        Some(other) => format!("{problem}; {other}"),
-                        None => problem,
-                    });
-                }
-                return shown;
+            None => {
+                let root = host::cgroup2_root().ok();
+                let scope = match (&root, private) {
+                    (_, true) => "the root of kpng's own cgroup namespace (its container's \
+                                  cgroup, not the node's)"
+                        .to_string(),
+                    (Some(r), false) => {
+                        format!(
+                            "cgroup {} (the root: every socket of the node)",
+                            r.display()
+                        )
+                    }
+                    (None, false) => "the cgroup v2 root (every socket of the node)".to_string(),
+                };
+                (scope, root)
             }
-            None => match kpng_backend_ebpf::host::cgroup2_root() {
-                Ok(root) => (
-                    format!(
-                        "cgroup {} (the root: every socket of the node)",
-                        root.display()
-                    ),
-                    Some(root),
-                ),
-                Err(_) => (
-                    "the cgroup v2 root (every socket of the node)".to_string(),
-                    None,
-                ),
-            },
         };
-        details(&inspect(&pin_dir, dir.as_deref()), &pin_dir, &scope)
+        let mut shown = details(&inspect(&pin_dir, dir.as_deref()), &pin_dir, &scope);
+        if private && let Some(programs) = shown.first_mut() {
+            let problem = host::PRIVATE_CGROUP_NAMESPACE.to_string();
+            programs.problem = Some(match programs.problem.take() {
+                Some(other) => format!("{problem}; {other}"),
+                None => problem,
+            });
+        }
+        shown
     })
 }
 
