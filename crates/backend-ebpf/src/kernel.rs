@@ -175,6 +175,9 @@ impl Kernel {
             let fd = attach(&mut ebpf, name, Load::First, &cg, cgroup)?;
             pinned.push((name, pin_over(fd, &links, name)?));
         }
+        // A newer build's programs this one lacks (after a rollback) keep running against maps
+        // this build now writes alone: their pins go, which detaches them.
+        remove_unknown_links(&links)?;
         // The previous programs are detached: pins of another layout have no reader left.
         remove_other_layouts(pin_dir)?;
         Ok(Kernel {
@@ -453,6 +456,30 @@ pub const MAP_NAMES: [&str; 6] = [
     "kpng_flows",
     "kpng_reverse",
 ];
+
+/// Removes the link pins in `links_dir` of programs this build does not have: a newer kpng's
+/// extra hook, left attached when the node rolls back to this build, and a `new-` pin a
+/// crash left between [`pin_over`]'s pin and rename. Removing the last pin of a link nobody
+/// holds open detaches its program.
+fn remove_unknown_links(links_dir: &Path) -> Result<(), Error> {
+    let entries = std::fs::read_dir(links_dir)
+        .map_err(|e| Error::io(format!("reading {}", links_dir.display()), e))?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        if PROGRAMS.iter().any(|p| name == *p) {
+            continue;
+        }
+        let path = entry.path();
+        std::fs::remove_file(&path)
+            .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+        tracing::info!(
+            "removed {} (the link of a program this build does not have, as a newer kpng's \
+             after a rollback): that program is detached",
+            path.display()
+        );
+    }
+    Ok(())
+}
 
 /// Removes what the pin directory holds besides the links and this layout's maps: the map pins
 /// of other layout versions (before versions, the maps were pinned in the directory itself).

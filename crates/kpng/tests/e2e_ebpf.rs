@@ -490,6 +490,42 @@ fn an_upgrade_replaces_maps_of_another_layout() {
         .expect("connections work after the upgrade");
 }
 
+/// A rollback from a newer build with a program this one lacks: that program's link stays
+/// pinned (and attached) when the newer kpng stops. The older kpng removes the pin, which
+/// detaches it, instead of leaving a hook it knows nothing about beside its own. The newer
+/// program is stood in for by one of this build's, its pin renamed to a name no build has.
+#[test]
+fn a_rollback_detaches_the_programs_this_build_does_not_have() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("rollback")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    k.terminate();
+    let links = ebpf_pins(&c.node1.ns).join("links");
+    let newer = links.join("kpng_newer_hook");
+    std::fs::rename(links.join("kpng_sock_release"), &newer).expect("rename a link pin");
+    assert_eq!(attached(&c).len(), 9, "the renamed link stays attached");
+    k.spawn();
+    k.wait_logged("the unknown link's removal", |log| {
+        log.contains("kpng_newer_hook") && log.contains("does not have")
+    });
+    assert!(!newer.exists(), "the unknown link's pin is gone");
+    assert_eq!(
+        attached(&c).len(),
+        9,
+        "only this build's programs stay attached: {:?}",
+        attached(&c)
+    );
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    held.second("pod2a")
+        .expect("connections work after the rollback");
+}
+
 /// Accepts TCP on port 8080 and answers each connection with the local address it reached.
 const ADDR_SERVER: &str = r#"
 import socket
