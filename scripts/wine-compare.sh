@@ -7,7 +7,7 @@
 # - `kpng file … to-local hns --hcn-simulator F`: the same HCN state (the simulator's GUIDs are
 #   deterministic, so the files are compared as they are);
 # - `kpng file … to-local hns --dry-run`: the same printed HCN plan, the simulator's file untouched;
-# - beside a running kube-proxy.exe, `to-local hns` refuses, naming it;
+# - beside a running kube-proxy.exe, `to-local hns` and `cleanup` refuse, naming it;
 # - `--windows-service`: refused from a console; run by Wine's Service Control Manager
 #   (`sc create`, `net start`, `net stop`) it programs HCN, reports RUNNING, then STOPPED (0).
 # Wine 8.0 (Debian 12) lacks bcryptprimitives.dll, which Rust's std imports, and
@@ -215,7 +215,8 @@ grep -q "HNS unavailable" dry-system.log || { cat dry-system.log; fail "kpng.exe
 echo "ok: kpng.exe to-local hns --dry-run: the same HCN plan as kpng ($(grep -c '^# Hcn' linux-dry.txt) calls), the CNI's endpoints found, the file untouched; without a file it reads the system's HCN"
 
 # 4c. A kube-proxy.exe running on the node (here a copy of kpng.exe under that name): kpng.exe
-# refuses to program HNS beside it, naming it; its dry run says a real run would refuse.
+# refuses to program HNS beside it, naming it, and so does its cleanup; its dry run says a real
+# run would refuse.
 cp "$work/kpng.exe" "$work/kube-proxy.exe"
 wine "$work/kube-proxy.exe" "${common[@]}" to-file --output kube-proxy.yaml >kube-proxy.log 2>&1 &
 kp=$!
@@ -232,6 +233,13 @@ if timeout 30 wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local 
 fi
 grep -q 'kube-proxy.exe (pid [0-9]*) runs on this node; `to-local hns` beside it' beside.log \
   || { kill "$kp" 2>/dev/null || true; cat beside.log; fail "kpng.exe did not name the running kube-proxy.exe"; }
+# `kpng.exe cleanup` refuses too: kube-proxy.exe would re-create what it removes.
+if win cleanup --network-name cbr0 >kp-cleanup.out 2>kp-cleanup.err; then
+  kill "$kp" 2>/dev/null || true
+  cat kp-cleanup.out kp-cleanup.err; fail "kpng.exe cleanup ran beside a running kube-proxy.exe"
+fi
+grep -q 'kube-proxy.exe (pid [0-9]*) runs on this node and programs HNS: it would re-create' kp-cleanup.err \
+  || { kill "$kp" 2>/dev/null || true; cat kp-cleanup.err; fail "kpng.exe cleanup did not name the running kube-proxy.exe"; }
 wine "$work/kpng.exe" "${common[@]}" --network-name cbr0 to-local hns --dry-run \
   >beside-dry.txt 2>beside-dry.log &
 bp=$!
@@ -240,7 +248,7 @@ kill "$bp" "$kp" 2>/dev/null || true
 wait "$bp" "$kp" 2>/dev/null || true
 grep -q "a real run would refuse" beside-dry.log \
   || { cat beside-dry.log; fail "kpng.exe --dry-run did not say a real run would refuse beside kube-proxy.exe"; }
-echo "ok: kpng.exe to-local hns refuses beside a running kube-proxy.exe, naming it (its dry run warns)"
+echo "ok: kpng.exe to-local hns and cleanup refuse beside a running kube-proxy.exe, naming it (the dry run warns)"
 
 # 5. `--windows-service`: from a console it refuses (no Service Control Manager), as
 # kube-proxy; installed with `sc create` and started with `net start` under Wine's SCM it

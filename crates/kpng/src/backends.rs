@@ -741,26 +741,49 @@ pub(crate) mod hns {
         let admin = std::path::Path::new(&flags.admin_socket);
         let serving = (crate::admin::serving_backend(admin).as_deref() == Some(HnsBackend::NAME))
             .then(|| {
-                format!(
+                Programmer::kpng(format!(
                     "a kpng answering on {} programs HNS ({})",
                     admin.display(),
                     HnsBackend::NAME
-                )
+                ))
             });
         let (lock, held) = match crate::instance_lock::hold(super::BackendKind::Hns.word()) {
             Ok(lock) => (Some(lock), None),
-            Err(why) => (None, Some(why)),
+            Err(why) => (None, Some(Programmer::kpng(why))),
         };
+        let kube_proxy = crate::kube_proxy_process::on_this_node()
+            .map(|p| crate::kube_proxy_process::as_programmer(&p));
         let mut out = std::io::stdout().lock();
         let result = clean(
             system()?,
             &network_name,
             dry_run,
-            serving.or(held),
+            serving.or(held).or(kube_proxy),
             &mut out,
         );
         drop(lock);
         result
+    }
+
+    /// A process that programs HNS while cleanup would run: it would re-create at once what
+    /// cleanup removes.
+    #[cfg_attr(not(windows), allow(dead_code))] // Windows' cleanup; tested everywhere
+    pub struct Programmer {
+        /// Who it is, as a clause ("a kpng answering on … programs HNS").
+        pub who: String,
+        /// How the operator stops it.
+        pub stop: &'static str,
+    }
+
+    impl Programmer {
+        /// Another kpng, described by `who`.
+        #[cfg_attr(not(windows), allow(dead_code))]
+        pub fn kpng(who: String) -> Programmer {
+            Programmer {
+                who,
+                stop: "`Stop-Service kpng`, or the DaemonSet's pod on this node",
+            }
+        }
     }
 
     /// The cleanup of HNS over `hcn` (the system's on Windows; the simulator in tests):
@@ -772,18 +795,17 @@ pub(crate) mod hns {
         hcn: Box<dyn Hcn>,
         network_name: &str,
         dry_run: bool,
-        running: Option<String>,
+        running: Option<Programmer>,
         out: &mut dyn std::io::Write,
     ) -> anyhow::Result<()> {
-        if let Some(running) = running {
+        if let Some(Programmer { who, stop }) = running {
             if !dry_run {
                 anyhow::bail!(
-                    "{running}: it would re-create at once what cleanup removes. Stop it first \
-                     (`Stop-Service kpng`, or the DaemonSet's pod on this node), then run \
-                     cleanup again"
+                    "{who}: it would re-create at once what cleanup removes. Stop it first \
+                     ({stop}), then run cleanup again"
                 );
             }
-            writeln!(out, "kpng: {running}; cleanup would refuse until it stops")?;
+            writeln!(out, "kpng: {who}; cleanup would refuse until it stops")?;
         }
         let config = HnsConfig {
             network_name: network_name.to_string(),
@@ -875,7 +897,7 @@ mod hns_cleanup_tests {
     use kpng_backend_hns::schema::State;
     use kpng_backend_hns::sim::Simulator;
 
-    use super::hns::clean;
+    use super::hns::{Programmer, clean};
 
     /// HCN with the CNI's endpoint, a remote endpoint and two load balancers kpng made.
     fn programmed() -> Simulator {
@@ -900,7 +922,7 @@ mod hns_cleanup_tests {
     fn run(
         sim: &Simulator,
         dry_run: bool,
-        running: Option<String>,
+        running: Option<Programmer>,
     ) -> (anyhow::Result<()>, String) {
         let mut out = Vec::new();
         let result = clean(Box::new(sim.clone()), "cbr0", dry_run, running, &mut out);
@@ -914,7 +936,7 @@ mod hns_cleanup_tests {
         // A kpng holding the mutex (and serving no admin pipe) programs HNS: refused, nothing
         // touched.
         let sim = programmed();
-        let (result, _) = run(&sim, false, Some(held.clone()));
+        let (result, _) = run(&sim, false, Some(Programmer::kpng(held.clone())));
         let err = result.expect_err("refused").to_string();
         assert!(
             err.contains("Global\\kpng-hns") && err.contains("would re-create"),
@@ -922,7 +944,7 @@ mod hns_cleanup_tests {
         );
         assert_eq!(sim.state().load_balancers.len(), 2);
         // The dry run says it would refuse, naming the mutex, and lists what would go.
-        let (result, said) = run(&sim, true, Some(held));
+        let (result, said) = run(&sim, true, Some(Programmer::kpng(held)));
         result.expect("a dry run");
         assert!(
             said.contains("holds the mutex Global\\kpng-hns); cleanup would refuse"),
@@ -952,5 +974,24 @@ mod hns_cleanup_tests {
         let after = sim.state();
         assert!(after.load_balancers.is_empty());
         assert_eq!(after.endpoints.len(), 1, "{:?}", after.endpoints);
+    }
+
+    #[test]
+    fn cleanup_refuses_while_kube_proxy_runs_and_says_how_to_stop_it() {
+        let kube_proxy = crate::kube_proxy_process::Process {
+            pid: 2100,
+            name: "kube-proxy.exe".into(),
+        };
+        let sim = programmed();
+        let running = crate::kube_proxy_process::as_programmer(&kube_proxy);
+        let (result, _) = run(&sim, false, Some(running));
+        let err = result.expect_err("refused").to_string();
+        assert!(
+            err.starts_with("kube-proxy.exe (pid 2100) runs on this node and programs HNS")
+                && err.contains("would re-create")
+                && err.contains("Stop-Service kube-proxy"),
+            "{err}"
+        );
+        assert_eq!(sim.state().load_balancers.len(), 2, "nothing removed");
     }
 }

@@ -42,10 +42,10 @@ pub fn refusal(kube_proxy: &Process) -> String {
     )
 }
 
-/// Refuses (or, for a dry run, warns that a real run would refuse) when a kube-proxy runs on
-/// this node. A process list that cannot be read is a warning: kpng goes on, as it cannot tell.
+/// The kube-proxy running on this node, if any. A process list that cannot be read is a
+/// warning and `None`: kpng goes on, as it cannot tell.
 #[cfg(windows)]
-pub fn check(dry_run: bool) -> anyhow::Result<()> {
+pub fn on_this_node() -> Option<Process> {
     let processes = match kpng_backend_hns::system::processes() {
         Ok(list) => list
             .into_iter()
@@ -53,13 +53,32 @@ pub fn check(dry_run: bool) -> anyhow::Result<()> {
             .collect::<Vec<_>>(),
         Err(e) => {
             tracing::warn!("listing this node's processes to find a running kube-proxy.exe: {e}");
-            return Ok(());
+            return None;
         }
     };
-    let Some(kube_proxy) = running_kube_proxy(&processes, std::process::id()) else {
+    running_kube_proxy(&processes, std::process::id()).cloned()
+}
+
+/// Who programs HNS, for `kpng cleanup`'s refusal: a running kube-proxy would re-create the
+/// load balancers cleanup removes, as a running kpng would.
+pub fn as_programmer(kube_proxy: &Process) -> crate::backends::hns::Programmer {
+    crate::backends::hns::Programmer {
+        who: format!(
+            "{} (pid {}) runs on this node and programs HNS",
+            kube_proxy.name, kube_proxy.pid
+        ),
+        stop: "`Stop-Service kube-proxy`, or the kube-proxy DaemonSet's pod on this node",
+    }
+}
+
+/// Refuses (or, for a dry run, warns that a real run would refuse) when a kube-proxy runs on
+/// this node.
+#[cfg(windows)]
+pub fn check(dry_run: bool) -> anyhow::Result<()> {
+    let Some(kube_proxy) = on_this_node() else {
         return Ok(());
     };
-    let why = refusal(kube_proxy);
+    let why = refusal(&kube_proxy);
     if dry_run {
         tracing::warn!("--dry-run: {why}; a real run would refuse to start");
         return Ok(());
