@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -19,6 +18,8 @@ use axum::routing::get;
 use kpng_runner::health::ProxyHealth;
 use kpng_runner::metrics::{CodeLabel, ProxyMetrics};
 use prometheus_client::registry::Registry;
+
+use crate::listen::Listener;
 
 #[derive(Clone)]
 struct HealthState {
@@ -57,7 +58,8 @@ async fn livez(State(state): State<HealthState>) -> Response {
     health_answer(&state, false)
 }
 
-/// Binds the health server now (so a port conflict fails start-up) and returns its future.
+/// Binds the health server now (so a port conflict fails start-up; an address the node does
+/// not have yet is tried again, `listen.rs`) and returns its future.
 pub async fn health_server(
     addr: SocketAddr,
     health: Arc<ProxyHealth>,
@@ -67,14 +69,15 @@ pub async fn health_server(
         .route("/healthz", get(healthz))
         .route("/livez", get(livez))
         .with_state(HealthState { health, metrics });
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the health server to {addr} (--healthz-bind-address)"))?;
-    tracing::info!(
-        "serving /healthz and /livez on http://{}",
-        listener.local_addr().unwrap_or(addr)
-    );
-    Ok(async move { axum::serve(listener, app).await })
+    let listener = Listener::bind(addr, "the health server (--healthz-bind-address)")?;
+    Ok(async move {
+        let listener = listener.ready().await?;
+        tracing::info!(
+            "serving /healthz and /livez on http://{}",
+            listener.local_addr().unwrap_or(addr)
+        );
+        axum::serve(listener, app).await
+    })
 }
 
 #[derive(Clone)]
@@ -238,12 +241,13 @@ pub async fn metrics_server(
             admin,
             brain,
         });
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
-        format!("binding the metrics server to {addr} (--metrics-bind-address)")
-    })?;
-    tracing::info!(
-        "serving /metrics on http://{}",
-        listener.local_addr().unwrap_or(addr)
-    );
-    Ok(async move { axum::serve(listener, app).await })
+    let listener = Listener::bind(addr, "the metrics server (--metrics-bind-address)")?;
+    Ok(async move {
+        let listener = listener.ready().await?;
+        tracing::info!(
+            "serving /metrics on http://{}",
+            listener.local_addr().unwrap_or(addr)
+        );
+        axum::serve(listener, app).await
+    })
 }

@@ -30,6 +30,7 @@ mod kube_proxy_checks;
 mod kube_proxy_flags;
 mod kube_proxy_process;
 mod leftovers;
+mod listen;
 mod log_dedup;
 mod logging;
 mod memory;

@@ -1016,3 +1016,61 @@ fn the_status_page_of_a_node_shows_what_its_brain_rejects() {
         "{rejected}"
     );
 }
+
+/// kube-proxy's servers bind as Go does: the health server's default `0.0.0.0:10256` is one
+/// dual-stack socket, so it answers over IPv6 too (an IPv6-only node's probes); an address the
+/// node does not have yet (here the metrics address) is tried again every 5 s rather than
+/// ending kpng, and is served once it appears.
+#[test]
+fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_for() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::new("obs-bind").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let mut command = ns.command([env!("CARGO_BIN_EXE_kpng")]);
+    command
+        .arg("file")
+        .arg("--input")
+        .arg(&input)
+        .args([
+            "--node-name",
+            "n1",
+            "--metrics-bind-address",
+            "10.99.0.1:10249",
+            "--admin-socket=",
+            "to-file",
+            "--output",
+        ])
+        .arg(dir.path().join("out.yaml"));
+    let mut running = Running::start(&mut command);
+    running.wait("the retry of the metrics address", |e| {
+        e.contains("cannot bind the metrics server (--metrics-bind-address) to 10.99.0.1:10249")
+            && e.contains("trying again every 5s")
+    });
+    let get = |url: &str| {
+        let out = ns
+            .exec([
+                "curl",
+                "-s",
+                "-m",
+                "2",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                url,
+            ])
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for url in ["http://127.0.0.1:10256/livez", "http://[::1]:10256/livez"] {
+        assert_eq!(get(url), "200", "{url}:\n{}", running.stderr());
+    }
+    ns.ip(["addr", "add", "10.99.0.1/32", "dev", "lo"])
+        .expect("add the address");
+    running.wait("the metrics server bound", |e| {
+        e.contains("serving /metrics on http://10.99.0.1:10249")
+    });
+    assert_eq!(get("http://10.99.0.1:10249/healthz"), "200");
+}
