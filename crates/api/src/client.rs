@@ -62,7 +62,7 @@ pub struct RemoteModel {
 
 impl RemoteModel {
     /// An empty state for node `node_name`; `node_ips` (`--node-ip`) replace the node's
-    /// addresses as in the in-process model.
+    /// address of their family, as in the in-process model.
     pub fn new(node_name: &str, node_ips: Vec<IpAddr>) -> RemoteModel {
         let mut snapshot = Snapshot::default();
         snapshot.node.name = node_name.to_string();
@@ -89,9 +89,7 @@ impl NodeModel for RemoteModel {
     fn apply(&mut self, update: RemoteUpdate) -> ApplyOutcome {
         let mut diff = Diff::default();
         if let Some(mut node) = update.node {
-            if !self.node_ips.is_empty() {
-                node.ips = self.node_ips.clone();
-            }
+            node.ips = kpng_model::cluster::override_node_ips(&node.ips, &self.node_ips);
             if node != self.snapshot.node {
                 self.snapshot.node = node;
                 diff.node_changed = true;

@@ -265,7 +265,8 @@ pub struct GlobalFlags {
     )]
     pub node_name: Option<String>,
 
-    /// This node's IP(s), overriding the Node object's addresses (comma-separated, one per family).
+    /// This node's IP(s), each replacing the Node object's address of its family and made primary,
+    /// as kube-proxy's --bind-address (comma-separated, one per family).
     #[arg(
         long,
         global = true,

@@ -740,7 +740,8 @@ impl ClusterModel {
 }
 
 /// The node as the model sees it: `name` (from configuration), the Node object's properties
-/// when known, and `override_ips` (`--node-ip`) in place of its addresses when given.
+/// when known, and `override_ips` (`--node-ip`) in place of its addresses of the same family
+/// ([`override_node_ips`]).
 pub fn node_state(
     name: &str,
     node: Option<&NodeInfo>,
@@ -763,8 +764,24 @@ pub fn node_state(
             }
         }
     }
-    if !override_ips.is_empty() {
-        state.ips = override_ips.to_vec();
-    }
+    state.ips = override_node_ips(&state.ips, override_ips);
     state
+}
+
+/// The node IPs with `overrides` (`--node-ip`, `--bind-address`) applied as kube-proxy applies
+/// its bind address (`detectNodeIPs`): each replaces the node IP of its own family and
+/// becomes primary (first); a family it does not name keeps the Node object's IP. So an IPv6
+/// `--bind-address` on a dual-stack node does not take the IPv4 node IP (and the IPv4 node
+/// ports with it) away.
+pub fn override_node_ips(
+    node_ips: &[std::net::IpAddr],
+    overrides: &[std::net::IpAddr],
+) -> Vec<std::net::IpAddr> {
+    let mut ips: Vec<std::net::IpAddr> = Vec::with_capacity(2);
+    for ip in overrides.iter().chain(node_ips) {
+        if !ips.iter().any(|have| have.is_ipv4() == ip.is_ipv4()) {
+            ips.push(*ip);
+        }
+    }
+    ips
 }

@@ -963,6 +963,58 @@ fn node_ip_override_wins() {
     );
 }
 
+/// `--node-ip` replaces the Node object's IP of its own family only, and comes first, as
+/// kube-proxy's bind address does.
+#[test]
+fn node_ip_override_replaces_its_own_family() {
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
+    // (what, the Node object's IPs, --node-ip, the node IPs)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+    let cases: [Case; 6] = [
+        (
+            "no override",
+            &["10.1.1.1", "fd00::1"],
+            &[],
+            &["10.1.1.1", "fd00::1"],
+        ),
+        (
+            "IPv6 on a dual-stack node keeps IPv4",
+            &["10.1.1.1", "fd00::1"],
+            &["fd00::9"],
+            &["fd00::9", "10.1.1.1"],
+        ),
+        (
+            "IPv4 on a dual-stack node keeps IPv6",
+            &["10.1.1.1", "fd00::1"],
+            &["192.0.2.1"],
+            &["192.0.2.1", "fd00::1"],
+        ),
+        (
+            "both families",
+            &["10.1.1.1", "fd00::1"],
+            &["fd00::9", "192.0.2.1"],
+            &["fd00::9", "192.0.2.1"],
+        ),
+        ("no Node IPs", &[], &["fd00::9"], &["fd00::9"]),
+        (
+            "the other family on a single-stack node adds it",
+            &["10.1.1.1"],
+            &["fd00::9"],
+            &["fd00::9", "10.1.1.1"],
+        ),
+    ];
+    for (what, node, overrides, want) in cases {
+        let node: Vec<_> = node.iter().map(|s| ip(s)).collect();
+        let overrides: Vec<_> = overrides.iter().map(|s| ip(s)).collect();
+        let want: Vec<_> = want.iter().map(|s| ip(s)).collect();
+        assert_eq!(
+            kpng_model::cluster::override_node_ips(&node, &overrides),
+            want,
+            "{what}"
+        );
+    }
+}
+
 #[test]
 fn diff_merge_folds_and_cancels() {
     let mut m = model();
