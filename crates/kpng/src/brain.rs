@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::cli::{GlobalFlags, ToApi};
+use crate::cli::{GlobalFlags, InputKind, ToApi};
 
 /// How often a brain renews its budget of warnings about objects (a runner does at each sync).
 const WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
@@ -24,10 +24,12 @@ const WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10)
 /// changed.
 const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Runs the source into a hub and serves it until the source ends or SIGINT/SIGTERM.
+/// Runs the source (of `kind`) into a hub and serves it until the source ends or
+/// SIGINT/SIGTERM.
 pub async fn serve<F, Fut>(
     flags: GlobalFlags,
     to_api: &ToApi,
+    kind: InputKind,
     input: InputHealth,
     source: F,
 ) -> anyhow::Result<()>
@@ -46,7 +48,7 @@ where
             ClusterModel::new(ClusterConfig {
                 service_proxy_name: flags.service_proxy_name.clone(),
                 only_node: None,
-                node_port_range: Some(flags.service_node_port_range),
+                node_port_range: flags.node_port_range(kind),
             }),
             metrics,
         )

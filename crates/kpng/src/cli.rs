@@ -179,6 +179,27 @@ default: --feature-gates, --profiling, --show-hidden-metrics-for-version, --oom-
 already does what they ask or they only tune kube-proxy's own logging: --bind-address-hard-fail,
 --kube-api-content-type, --log-flush-frequency, --log-{json,text}-*.";
 
+/// What feeds the model: hand-written manifests, or objects an API server has validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    /// The `file` source: nothing checked the objects before kpng.
+    Manifests,
+    /// The `kube` source: the API server allocated the node ports, within its own range.
+    ApiServer,
+}
+
+impl GlobalFlags {
+    /// The node-port range the model enforces for `input`: `--service-node-port-range` when
+    /// given, else the API server's default for manifests and none for the API server's own
+    /// objects (see the flag).
+    pub fn node_port_range(&self, input: InputKind) -> Option<kpng_model::NodePortRange> {
+        self.service_node_port_range.or(match input {
+            InputKind::Manifests => Some(kpng_model::NodePortRange::DEFAULT),
+            InputKind::ApiServer => None,
+        })
+    }
+}
+
 /// Node, proxy and server flags (kube-proxy's names and defaults).
 #[derive(Debug, Args, Clone)]
 pub struct GlobalFlags {
@@ -324,14 +345,11 @@ pub struct GlobalFlags {
     /// The node ports the API server may allocate (its own `--service-node-port-range`):
     /// `FIRST-LAST`, `FIRST+COUNT` or one port. A Service's node port outside it (a hand-written
     /// manifest taking, say, port 22 on every node) is not programmed, with a warning.
-    #[arg(
-        long,
-        global = true,
-        default_value = "30000-32767",
-        value_name = "RANGE",
-        help_heading = "Node"
-    )]
-    pub service_node_port_range: kpng_model::NodePortRange,
+    /// Default: 30000-32767 for the `file` source, whose manifests no API server checked; no
+    /// check for the `kube` source, whose API server allocated every node port within its own
+    /// range, whatever that is (kube-proxy has no such check).
+    #[arg(long, global = true, value_name = "RANGE", help_heading = "Node")]
+    pub service_node_port_range: Option<kpng_model::NodePortRange>,
 
     /// Where /healthz and /livez are served (kube-proxy's health server); a bare IP gets port
     /// 10256, as kube-proxy's.
@@ -1300,10 +1318,28 @@ mod tests {
             args.extend(["file", "--input", "x.yaml", "to-local", "nft"]);
             Cli::try_parse_from(args)
         };
-        let range = |cli: Cli| cli.global.service_node_port_range.to_string();
-        assert_eq!(range(parse(&[]).expect("parses")), "30000-32767");
+        let range = |cli: Cli| {
+            cli.global
+                .node_port_range(InputKind::Manifests)
+                .map(|r| r.to_string())
+                .unwrap_or_default()
+        };
+        let default = parse(&[]).expect("parses");
+        assert_eq!(
+            default.global.node_port_range(InputKind::ApiServer),
+            None,
+            "the API server checked its own node ports"
+        );
+        assert_eq!(range(default), "30000-32767");
         for (given, want) in [("20000-22767", "20000-22767"), ("30000+100", "30000-30100")] {
             let cli = parse(&["--service-node-port-range", given]).expect("parses");
+            assert_eq!(
+                cli.global
+                    .node_port_range(InputKind::ApiServer)
+                    .map(|r| r.to_string()),
+                Some(want.to_string()),
+                "{given}: given, it applies to the API server's objects too"
+            );
             assert_eq!(range(cli), want, "{given}");
         }
         let err = parse(&["--service-node-port-range", "30000..32767"])

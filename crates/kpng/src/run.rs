@@ -21,7 +21,7 @@ use tracing::info;
 use crate::backends::{BackendKind, Platform};
 use crate::cli::{
     ApiSource, BrainFlags, CleanupArgs, Cli, Command, FileSource as FileArgs, GlobalFlags,
-    KubeSource as KubeArgs, LocalBackend, NodeSink, Sink, ToLocal,
+    InputKind, KubeSource as KubeArgs, LocalBackend, NodeSink, Sink, ToLocal,
 };
 
 /// The async runtime every source runs on.
@@ -206,11 +206,17 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 ));
             let run_source = |tx| async move { source.run(tx).await.map_err(anyhow::Error::from) };
             if let Sink::ToApi(to_api) = &file.sink {
-                return block_on(crate::brain::serve(flags, to_api, input, run_source));
+                return block_on(crate::brain::serve(
+                    flags,
+                    to_api,
+                    InputKind::Manifests,
+                    input,
+                    run_source,
+                ));
             }
             let (backend, facts) = sink_backend(&flags, &file.sink)?;
             block_on(async move {
-                let model = Model::new(model_config(&flags)?);
+                let model = Model::new(model_config(&flags, InputKind::Manifests)?);
                 let facts = SinkFacts {
                     source_metrics: Some(source_metrics),
                     input: Some(input),
@@ -372,12 +378,19 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     if let Sink::ToApi(to_api) = &sink {
         return block_on(async move {
             let (source, _) = connect.await?;
-            crate::brain::serve(flags, to_api, input, run_source(source)).await
+            crate::brain::serve(
+                flags,
+                to_api,
+                InputKind::ApiServer,
+                input,
+                run_source(source),
+            )
+            .await
         });
     }
     let (backend, facts) = sink_backend(&flags, &sink)?;
     block_on(async move {
-        let model = Model::new(model_config(&flags)?);
+        let model = Model::new(model_config(&flags, InputKind::ApiServer)?);
         let (source, events) = connect.await?;
         let facts = SinkFacts {
             events,
@@ -564,12 +577,12 @@ fn node_name(flags: &GlobalFlags) -> anyhow::Result<String> {
     }
 }
 
-fn model_config(flags: &GlobalFlags) -> anyhow::Result<ModelConfig> {
+fn model_config(flags: &GlobalFlags, input: InputKind) -> anyhow::Result<ModelConfig> {
     Ok(ModelConfig {
         node_name: node_name(flags)?,
         service_proxy_name: flags.service_proxy_name.clone(),
         node_ips: flags.node_ip.clone(),
-        node_port_range: Some(flags.service_node_port_range),
+        node_port_range: flags.node_port_range(input),
     })
 }
 
@@ -622,11 +635,10 @@ fn brain_only_settings(flags: &GlobalFlags) -> Vec<String> {
              Services its own --service-proxy-name selects; give it to the brain"
         ));
     }
-    if flags.service_node_port_range != kpng_model::NodePortRange::default() {
+    if let Some(range) = flags.service_node_port_range {
         ignored.push(format!(
-            "--service-node-port-range {}: ignored on a node fed by a brain, which applies its \
-             own --service-node-port-range; give it to the brain",
-            flags.service_node_port_range
+            "--service-node-port-range {range}: ignored on a node fed by a brain, which applies \
+             its own --service-node-port-range; give it to the brain"
         ));
     }
     ignored

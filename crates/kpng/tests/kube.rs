@@ -1067,3 +1067,44 @@ fn kube_proxys_command_line_takes_a_dry_run() {
         "a dry run serves neither health nor metrics"
     );
 }
+
+/// A node port the API server allocated is programmed whatever range the API server was given:
+/// kube-proxy has no range check, and an API server with `--service-node-port-range
+/// 20000-22767` hands out 20080. (The file source keeps the default range check: nothing
+/// checked a manifest's node ports before kpng.)
+#[test]
+fn node_ports_from_the_api_server_are_programmed_outside_the_default_range() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    server
+        .apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "default", "name": "low"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.40", "clusterIPs": ["10.96.0.40"],
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 20080}]}}))
+        .expect("apply");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let mut args = kube_args(
+        &k,
+        &[
+            "--metrics-bind-address",
+            "",
+            "--admin-socket=",
+            "to-file",
+            "--output",
+        ],
+    );
+    args.push(output.to_str().expect("utf-8"));
+    let mut kpng = Kpng::start(&args);
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("default/low"))
+    });
+    let text = std::fs::read_to_string(&output).expect("output");
+    assert!(text.contains("nodePort: 20080"), "{text}");
+    assert!(
+        !kpng.stderr().contains("--service-node-port-range"),
+        "no warning:\n{}",
+        kpng.stderr()
+    );
+}
