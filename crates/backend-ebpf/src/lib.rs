@@ -231,8 +231,11 @@ impl EbpfBackend {
         self.node_port_ips.get(&family).map_or(&[], Vec::as_slice)
     }
 
-    fn refresh_node_port_ips(&mut self, snapshot: &Snapshot) {
+    /// Computes the addresses node ports are served on again (reading the node's interface
+    /// addresses when `--nodeport-addresses` needs them); returns whether they changed.
+    fn refresh_node_port_ips(&mut self, snapshot: &Snapshot) -> bool {
         let mut local: Option<Vec<IpAddr>> = None;
+        let mut changed = false;
         for family in Family::ALL {
             let scope = self.config.nodeport_addresses.scope(family);
             let ips = scope.addresses(family, &snapshot.node.ips, || {
@@ -240,8 +243,10 @@ impl EbpfBackend {
                     .get_or_insert_with(kpng_backend::host::local_addresses)
                     .clone()
             });
+            changed |= self.node_port_ips.get(&family) != Some(&ips);
             self.node_port_ips.insert(family, ips);
         }
+        changed
     }
 
     fn port_groups(&self, port: &ServicePort) -> Vec<Group> {
@@ -495,7 +500,14 @@ impl Backend for EbpfBackend {
         } else {
             None
         };
-        let (operations, gone) = if request.full || request.diff.node_changed {
+        // A periodic sync also looks at the node's addresses again, as kube-proxy does at every
+        // sync: one that came or went (a VIP moving between nodes) gets or loses its node
+        // ports, through a full converge (rare; a change's sync never reads them).
+        let addresses_moved = !request.full
+            && request.diff.is_empty()
+            && self.kernel.is_some()
+            && self.refresh_node_port_ips(request.snapshot);
+        let (operations, gone) = if request.full || request.diff.node_changed || addresses_moved {
             let done = self.full(request.snapshot)?;
             self.report_memory();
             done

@@ -805,8 +805,12 @@ impl IptablesBackend {
 
     fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         let rebuilding = self.states.iter().any(|s| s.committed.is_none());
+        // Full, node and periodic (empty) syncs read the node's addresses again, so that an
+        // address added or removed gets or loses its node ports within a sync period (as
+        // kube-proxy reads them at every sync); a change in them changes the static
+        // configuration, which rebuilds that family.
         if matches!(self.config.nodeport_addresses, NodePortAddresses::Cidrs(_))
-            && (request.full || request.diff.node_changed || rebuilding)
+            && (request.full || request.diff.is_empty() || request.diff.node_changed || rebuilding)
         {
             self.known_addresses = (self.local_addresses)();
         }

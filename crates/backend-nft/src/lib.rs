@@ -42,7 +42,7 @@ use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::exec::NftExec;
 use crate::netlink::{ElementWriter, ProbedTable};
@@ -190,6 +190,12 @@ pub struct NftBackend {
     states: Vec<FamilyState>,
     metrics: NftMetrics,
     warned_no_node_ip: bool,
+    /// The node's interface addresses as last read, for `--nodeport-addresses` other than
+    /// `primary`. Read again at full syncs, node changes and the periodic (empty) syncs, so
+    /// that an address added to or removed from the node gets or loses its node ports within
+    /// a sync period, as kube-proxy reads them again at every sync; not at a change's sync,
+    /// which stays free of the `ip` call.
+    local_addrs: Vec<IpAddr>,
     /// Element writes over netlink (see [`netlink`]); `None`: everything goes as nft text.
     netlink: Option<Box<dyn ElementWriter>>,
     /// What is committed, for `kpng status`.
@@ -259,6 +265,7 @@ impl NftBackend {
             states,
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
+            local_addrs: Vec::new(),
             netlink: None,
             committed: SharedCommitted::default(),
         }
@@ -270,12 +277,35 @@ impl NftBackend {
 
     /// Node-level elements of one family: NodePort addresses and Service CIDRs.
     fn node_elements(&self, fam: Fam, snapshot: &Snapshot) -> Vec<Element> {
+        self.node_elements_with(fam, snapshot, &self.local_addrs)
+    }
+
+    /// Whether any family's node ports depend on the node's interface addresses.
+    fn reads_local_addresses(&self) -> bool {
+        self.states.iter().any(|s| {
+            self.config.nodeport_addresses.scope(s.fam.0)
+                != kpng_backend::settings::NodePortScope::Primary
+        })
+    }
+
+    /// Reads the node's interface addresses again when node ports depend on them; returns the
+    /// previous ones when they changed.
+    fn refresh_local_addresses(&mut self) -> Option<Vec<IpAddr>> {
+        if !self.reads_local_addresses() {
+            return None;
+        }
+        let now = local_addrs::local_addresses();
+        (now != self.local_addrs).then(|| std::mem::replace(&mut self.local_addrs, now))
+    }
+
+    /// [`NftBackend::node_elements`] as they are with the interface addresses `local`.
+    fn node_elements_with(&self, fam: Fam, snapshot: &Snapshot, local: &[IpAddr]) -> Vec<Element> {
         let family = fam.0;
         let loopback = |ip: &IpAddr| ip.is_loopback();
         let nodeport_ips = self.config.nodeport_addresses.scope(family).addresses(
             family,
             &snapshot.node.ips,
-            local_addrs::local_addresses,
+            || local.to_vec(),
         );
         let mut out: Vec<Element> = nodeport_ips
             .into_iter()
@@ -396,10 +426,13 @@ impl NftBackend {
         }
     }
 
+    /// Syncs one family; `addresses_were` are the node's interface addresses before this
+    /// sync read them again, when they changed.
     fn sync_family(
         &mut self,
         index: usize,
         request: &SyncRequest<'_>,
+        addresses_were: Option<&[IpAddr]>,
     ) -> Result<usize, BackendError> {
         let fam = self.states[index].fam;
         let family = fam.0;
@@ -442,6 +475,20 @@ impl NftBackend {
             let resolve =
                 |o: OwnerId, e: &Element| this.resolve(o, e, fam, request.snapshot, &node_ips);
             store.change_owner(owner, &old, &new, &mut ops, &resolve);
+        }
+        if let Some(before) = addresses_were {
+            let old = self.node_elements_with(fam, request.snapshot, before);
+            let new = self.node_elements(fam, request.snapshot);
+            if old != new {
+                info!(
+                    family = %family,
+                    "the node's addresses changed: node ports follow (--nodeport-addresses)"
+                );
+                let this: &NftBackend = self;
+                let resolve =
+                    |o: OwnerId, e: &Element| this.resolve(o, e, fam, request.snapshot, &node_ips);
+                store.change_owner(NODE_OWNER, &old, &new, &mut ops, &resolve);
+            }
         }
         self.states[index].store = store;
         if ops.is_empty() {
@@ -900,7 +947,14 @@ impl Backend for NftBackend {
         for state in &mut self.states {
             state.kept_rules = false;
         }
-        let result = sync_each(self.states.len(), |index| self.sync_family(index, request));
+        // The periodic sync (nothing changed) and every full or node sync look at the node's
+        // addresses again; a partial sync applies what changed in them.
+        let addresses_were = (request.full || request.diff.is_empty() || request.diff.node_changed)
+            .then(|| self.refresh_local_addresses())
+            .flatten();
+        let result = sync_each(self.states.len(), |index| {
+            self.sync_family(index, request, addresses_were.as_deref())
+        });
         if let Some(m) = &self.monitor {
             m.end_own();
         }

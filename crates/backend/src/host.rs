@@ -7,8 +7,8 @@ use std::process::Command;
 
 use tracing::warn;
 
-/// Every address configured on a local interface (`ip -o addr show`). Read at full syncs and
-/// node changes only.
+/// Every address configured on a local interface (`ip -o addr show`). Backends read it at full,
+/// node and periodic syncs, never at a change's sync (a process per call).
 pub fn local_addresses() -> Vec<IpAddr> {
     let output = match Command::new("ip").args(["-o", "addr", "show"]).output() {
         Ok(o) if o.status.success() => o,

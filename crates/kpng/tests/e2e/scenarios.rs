@@ -1233,12 +1233,18 @@ pub fn node_port_addresses_cidrs(b: Backend) {
     require_root!();
     let c = Cluster::create(&b.prefix("npa")).expect("cluster");
     let _echo = echo_all(&c);
-    // Only node1's pod-bridge IPv4 address takes node ports.
+    // Only node1's pod-bridge IPv4 address takes node ports. A sync period of 1 s: the
+    // addresses are read again at each periodic sync.
     let _k = Kpng::start(
         b,
         &c.node1.ns,
         &manifest(&[svc("np", 10, "NodePort", "", &[("pod2a", Cond::Ready)])]),
-        &["--nodeport-addresses", addr::NODE1_POD_CIDR_V4],
+        &[
+            "--nodeport-addresses",
+            addr::NODE1_POD_CIDR_V4,
+            "--sync-period",
+            "1s",
+        ],
     );
     let pod = c.pod("pod1a");
     let r = probe(
@@ -1259,6 +1265,32 @@ pub fn node_port_addresses_cidrs(b: Backend) {
     // The ClusterIP is not affected.
     let r = probe(&pod.ns, Proto::Tcp, sa(cip(10, false), SVC_PORT), OK_T);
     assert_direct(b, &r, &["pod2a"], pod.ipv4.into());
+    // An address the node gets later inside the CIDR (a VIP moving in) serves node ports
+    // within a sync period, as kube-proxy reads the addresses again at every sync.
+    let added: IpAddr = "10.244.1.250".parse().expect("ip");
+    c.node1
+        .ns
+        .ip(["addr", "add", "10.244.1.250/32", "dev", "cbr0"])
+        .expect("add an address");
+    // (Unchecked probes while waiting: `kpng trace` reads the addresses when asked, the data
+    // plane at its next periodic sync.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let target = sa(added, node_port(10));
+    loop {
+        let r = pod
+            .ns
+            .probe_one(&kpng_testkit::Probe::new(Proto::Tcp, target).timeout(REJECT_T))
+            .expect("run kpng-probe");
+        if r.outcome == Outcome::Ok {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{added}'s node port not served within 5 s: {r:?}"
+        );
+    }
+    let r = probe(&pod.ns, Proto::Tcp, target, OK_T);
+    assert_pod_masqueraded(b, &r, &["pod2a"], pod.ipv4.into());
 }
 
 // ---------------------------------------------------------------------------------------
