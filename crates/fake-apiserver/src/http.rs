@@ -138,6 +138,8 @@ pub(crate) struct Shared {
     pub events: Mutex<Vec<Value>>,
     /// Whether posting Events is refused (`403 Forbidden`, as without the RBAC rule for them).
     pub events_forbidden: AtomicBool,
+    /// Whether requests are accepted and never answered (a hung server).
+    pub stalled: AtomicBool,
     /// What was answered and sent.
     pub counters: Arc<Counters>,
 }
@@ -219,6 +221,10 @@ async fn handle(
     body: axum::body::Bytes,
 ) -> Response {
     shared.counters.requests.fetch_add(1, Ordering::Relaxed);
+    if shared.stalled.load(Ordering::SeqCst) {
+        // Hung: never answers; the future is dropped when the client gives up.
+        std::future::pending::<()>().await;
+    }
     let response = answer(&shared, method, uri, headers, query, body);
     // Whole answers have a known length; watch streams count their lines as they go.
     if let Some(bytes) = axum::body::HttpBody::size_hint(response.body()).exact() {
@@ -788,6 +794,11 @@ async fn stream_events(
                 Ok(Notice::Drop) => {
                     // An error in the body makes the server abort the connection mid-stream.
                     let _ = tx.send(Err(std::io::Error::other("connection dropped by the test"))).await;
+                    return;
+                }
+                Ok(Notice::Stall) => {
+                    // Silent until the client gives up on the connection.
+                    tx.closed().await;
                     return;
                 }
                 // Fell behind, or the server is gone: end the watch cleanly.

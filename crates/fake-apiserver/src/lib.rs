@@ -22,7 +22,8 @@
 //! Tests then drive the situations a proxy must survive: [`FakeApiServer::drop_watches`]
 //! (connections cut mid-stream), [`FakeApiServer::expire_watches`] (410, so clients relist),
 //! [`FakeApiServer::stop`] / [`FakeApiServer::restart`] (an outage: connections refused, on
-//! the same port afterwards), and objects no validation would let through.
+//! the same port afterwards), [`FakeApiServer::stall`] (a hung server: connections open, no
+//! answer), and objects no validation would let through.
 //!
 //! The server runs on its own small runtime, so plain `#[test]`s and async tests can both use
 //! it; every method is synchronous.
@@ -111,6 +112,7 @@ impl Builder {
                 missing: Mutex::default(),
                 events: Mutex::default(),
                 events_forbidden: AtomicBool::new(false),
+                stalled: AtomicBool::new(false),
                 counters: Arc::default(),
             }),
             runtime: Some(runtime),
@@ -272,6 +274,16 @@ impl FakeApiServer {
     /// Cuts every open watch connection mid-stream (no clean end of the chunked body).
     pub fn drop_watches(&self) {
         self.store().notify(Notice::Drop);
+    }
+
+    /// A hung server (`true`): every open watch goes silent for good with its connection left
+    /// open, and every request from now on is accepted and never answered, until `false`
+    /// (connections hung meanwhile stay hung: only new requests are answered again).
+    pub fn stall(&self, stalled: bool) {
+        self.shared.stalled.store(stalled, Ordering::SeqCst);
+        if stalled {
+            self.store().notify(Notice::Stall);
+        }
     }
 
     /// An outage: stops accepting connections and closes every open one. The objects stay

@@ -63,6 +63,9 @@ pub enum Notice {
     Bookmark,
     /// Abort every watch connection without a clean end (a dropped TCP connection).
     Drop,
+    /// Every open watch goes silent for good, its connection left open: a hung server, or a
+    /// connection a middlebox black-holed.
+    Stall,
 }
 
 /// Why a store operation was refused.

@@ -269,6 +269,12 @@ pub struct GlobalFlags {
     /// Requests allowed in a burst above --kube-api-qps.
     #[arg(long, global = true, default_value_t = 10, help_heading = "Source")]
     pub kube_api_burst: u32,
+    /// How long a connection to the API server may send nothing before kpng gives up on it
+    /// and connects again (a hung API server, or a connection a load balancer dropped). The
+    /// API server sends a watch a bookmark every minute, so a healthy idle watch never
+    /// reaches it; kube-proxy's client gives up after about 45 s (HTTP/2 pings).
+    #[arg(long, global = true, default_value = "90s", value_parser = parse_duration, help_heading = "Source")]
+    pub kube_api_idle_timeout: Duration,
 
     /// How the `kube` source reaches the API server, from `--config`'s `clientConnection` and
     /// the source's own flags (see `config::ClientConnection`).

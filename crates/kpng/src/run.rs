@@ -349,6 +349,7 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         master: flags.master.clone(),
         qps: cc.kube_api_qps.unwrap_or(flags.kube_api_qps),
         burst: cc.kube_api_burst.unwrap_or(flags.kube_api_burst),
+        idle_timeout: flags.kube_api_idle_timeout,
     };
     let config = SourceConfig {
         node_name,

@@ -1108,3 +1108,56 @@ fn node_ports_from_the_api_server_are_programmed_outside_the_default_range() {
         kpng.stderr()
     );
 }
+
+/// A hung API server (connections open, nothing sent): kpng gives up on a connection that has
+/// been silent for `--kube-api-idle-timeout`, says so, and once the server answers again it
+/// watches again and programs what changed meanwhile. Before, a silent watch held for 295 s
+/// and a hung list for ever, with everything looking fine.
+#[test]
+fn a_hung_api_server_is_given_up_on_and_the_changes_arrive_after() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let admin = dir.path().join("admin.sock");
+    let admin = admin.to_str().expect("utf-8");
+    let mut args = kube_args(
+        &k,
+        &[
+            "--kube-api-idle-timeout",
+            "3s",
+            "--metrics-bind-address",
+            "",
+            "--admin-socket",
+            admin,
+            "to-file",
+            "--output",
+        ],
+    );
+    args.push(output.to_str().expect("utf-8"));
+    let mut kpng = Kpng::start(&args);
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+    server.stall(true);
+    server
+        .apply(endpoints("web-1", "web", "10.244.1.4", None))
+        .expect("a change while the server hangs");
+    let said = "nothing received for 3s (--kube-api-idle-timeout): a hung API server or a \
+                dropped connection";
+    kpng.wait("the silent connections given up on", |_, err| {
+        err.contains(said)
+    });
+    let problems = status_json(admin)["input"]["problems"].clone();
+    assert!(
+        problems[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(said)),
+        "kpng status says why nothing changes: {problems}"
+    );
+    server.stall(false);
+    kpng.wait("the change made while the server hung", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
+    });
+}

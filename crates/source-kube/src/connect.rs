@@ -22,6 +22,12 @@ pub struct ClientOptions {
     pub qps: f32,
     /// `--kube-api-burst`: requests allowed at once above the sustained rate.
     pub burst: u32,
+    /// `--kube-api-idle-timeout`: how long a connection may receive nothing before the
+    /// request on it fails and is made again. Without it, kube's client waits for ever on a
+    /// hung list and 295 s on a silent watch, and a node programs nothing new meanwhile while
+    /// everything looks fine. The API server sends every watch that allows bookmarks (as
+    /// kube's watcher asks) one a minute, so only a dead connection goes this long silent.
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Default for ClientOptions {
@@ -32,6 +38,7 @@ impl Default for ClientOptions {
             master: None,
             qps: 5.0,
             burst: 10,
+            idle_timeout: std::time::Duration::from_secs(90),
         }
     }
 }
@@ -130,11 +137,16 @@ pub async fn client_with_metrics(
     if let Some(url) = master {
         config.cluster_url = url;
     }
+    // Counted from each request sent, not from when its pooled connection went idle.
+    config.read_timeout = Some(options.idle_timeout);
+    config.reset_reader_on_write = true;
     let server = config.cluster_url.to_string();
     let client = ClientBuilder::try_from(config)
         .map_err(ConnectError::Client)?
         .with_layer(&ReachabilityLayer(
-            Reachability::new(&server).with_health(health.clone()),
+            Reachability::new(&server)
+                .with_health(health.clone())
+                .with_idle_timeout(options.idle_timeout),
         ))
         .with_layer(&ClientMetricsLayer {
             metrics: metrics.clone(),

@@ -22,6 +22,9 @@ pub struct Reachability {
     state: Arc<Mutex<State>>,
     /// Where an outage is recorded for `kpng status`, as it begins and ends.
     health: InputHealth,
+    /// The client's idle timeout (`--kube-api-idle-timeout`), named when a request ran into
+    /// it: "timed out" alone does not tell a hung server from a slow network.
+    idle_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -37,7 +40,14 @@ impl Reachability {
             server: server.into(),
             state: Arc::default(),
             health: InputHealth::default(),
+            idle_timeout: None,
         }
+    }
+
+    /// Names `timeout` (`--kube-api-idle-timeout`) when a request runs into it.
+    pub fn with_idle_timeout(mut self, timeout: std::time::Duration) -> Reachability {
+        self.idle_timeout = Some(timeout);
+        self
     }
 
     /// Also records outages in `health`, which is named after the server.
@@ -123,6 +133,20 @@ impl Display for WithCauses<'_> {
     }
 }
 
+/// Whether `error` or one of its causes is an I/O timeout (the client's idle timeout).
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// What an outage concerns, in `kpng status`.
 const API_SERVER: &str = "API server";
 
@@ -186,7 +210,14 @@ where
                     tracker.answered_to(Some(sent));
                 }
                 Err(e) => {
-                    tracker.failed(&WithCauses(e.as_ref()));
+                    let _ = match tracker.idle_timeout.filter(|_| timed_out(e.as_ref())) {
+                        Some(timeout) => tracker.failed(&format!(
+                        "nothing received for {timeout:?} (--kube-api-idle-timeout): a hung API \
+                         server or a dropped connection ({})",
+                        WithCauses(e.as_ref())
+                    )),
+                        None => tracker.failed(&WithCauses(e.as_ref())),
+                    };
                 }
             }
             result

@@ -12,7 +12,8 @@
 //! - `apply FILE`: apply every object of a YAML manifest;
 //! - `delete KIND NAMESPACE NAME` (`-` as the namespace of cluster-scoped kinds);
 //! - `expire` (410 Gone to every watch), `drop` (cut every watch), `bookmark`;
-//! - `stop` / `restart` (an outage and its end);
+//! - `stop` / `restart` (an outage and its end); `stall` / `unstall` (a hung server: open
+//!   connections go silent, new requests get no answer; and its end, for new requests);
 //! - `events`: the Events posted so far, as a JSON array after `ok`;
 //! - `forbid-events` / `allow-events`: Event posts refused with 403 (no RBAC rule), or not.
 //!
@@ -74,6 +75,8 @@ fn command(server: &mut FakeApiServer, line: &str) -> Result<String, String> {
         ["drop"] => server.drop_watches(),
         ["bookmark"] => server.bookmark(),
         ["stop"] => server.stop(),
+        ["stall"] => server.stall(true),
+        ["unstall"] => server.stall(false),
         ["restart"] => server.restart().map_err(|e| e.to_string())?,
         _ => return Err(format!("unknown command {line:?}")),
     }
