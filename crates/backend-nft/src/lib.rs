@@ -113,6 +113,8 @@ struct FamilyState {
     /// The last full sync adopted the table's rules as they were and refilled its sets in
     /// one transaction ([`SyncStats::kept_rules`]).
     kept_rules: bool,
+    /// A full sync has committed this table: finding it absent later means someone deleted it.
+    ever_committed: bool,
 }
 
 /// How a full sync treats a table in the kernel that has our skeleton.
@@ -196,6 +198,9 @@ pub struct NftBackend {
     /// a sync period, as kube-proxy reads them again at every sync; not at a change's sync,
     /// which stays free of the `ip` call.
     local_addrs: Vec<IpAddr>,
+    /// The families whose table this sync found deleted by someone else without a
+    /// notification saying so: reported as a repair ([`SyncStats::repaired`]).
+    found_gone: Vec<Family>,
     /// Element writes over netlink (see [`netlink`]); `None`: everything goes as nft text.
     netlink: Option<Box<dyn ElementWriter>>,
     /// What is committed, for `kpng status`.
@@ -252,6 +257,7 @@ impl NftBackend {
                 distrust: false,
                 replace_whole: false,
                 kept_rules: false,
+                ever_committed: false,
             })
             .collect();
         let affinity_ids = affinity::AffinityIds::new(config.conntrack_mark_mask);
@@ -266,6 +272,7 @@ impl NftBackend {
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
             local_addrs: Vec::new(),
+            found_gone: Vec::new(),
             netlink: None,
             committed: SharedCommitted::default(),
         }
@@ -511,8 +518,14 @@ impl NftBackend {
                 .map_err(|e| e.to_string())
         };
         if let Err(message) = result {
-            // Our in-memory view is now ahead of the kernel: force the next sync to be full.
-            self.states[index].committed = None;
+            // Our in-memory view is now ahead of the kernel: force the next sync to be full,
+            // and let it look at the table again (someone may have deleted it, or its chains,
+            // while this transaction was on its way: trusting what we knew would fail the
+            // retry the same way).
+            let state = &mut self.states[index];
+            state.committed = None;
+            state.kernel = KernelTable::Unknown;
+            state.chains.clear();
             return Err(self.fail_with(index, count, message));
         }
         Ok(count)
@@ -614,7 +627,15 @@ impl NftBackend {
         if self.states[index].kernel == KernelTable::Unknown
             && let Some(writer) = &mut self.netlink
         {
+            let state = &self.states[index];
+            let deleted_by_someone = state.ever_committed && !state.distrust;
             self.states[index].kernel = match writer.probe_table(fam.0, &self.config.table) {
+                // Ours before, gone now, and no notification said so (it went while a
+                // transaction of ours was on its way): a repair, as the monitor's would be.
+                ProbedTable::Absent if deleted_by_someone => {
+                    self.found_gone.push(fam.0);
+                    KernelTable::Absent
+                }
                 ProbedTable::Absent => KernelTable::Absent,
                 // A fill that did not finish: no base chain, nothing runs through it.
                 ProbedTable::Present(marker) if ruleset::is_filling(&marker) => KernelTable::Absent,
@@ -678,6 +699,7 @@ impl NftBackend {
                 state.kernel = KernelTable::Skeleton(marker);
                 state.distrust = false;
                 state.replace_whole = false;
+                state.ever_committed = true;
                 state.kept_rules = adopting == Adopt::Sets;
                 Ok(ops)
             }
@@ -947,6 +969,7 @@ impl Backend for NftBackend {
         for state in &mut self.states {
             state.kept_rules = false;
         }
+        self.found_gone.clear();
         // The periodic sync (nothing changed) and every full or node sync look at the node's
         // addresses again; a partial sync applies what changed in them.
         let addresses_were = (request.full || request.diff.is_empty() || request.diff.node_changed)
@@ -982,8 +1005,21 @@ impl Backend for NftBackend {
         }
         self.forget_removed_ports(request);
         debug!(operations, "nftables sync done");
+        let repaired = (!self.found_gone.is_empty()).then(|| {
+            let tables: Vec<String> = self
+                .found_gone
+                .iter()
+                .map(|f| format!("{} {}", Fam(*f).table_family(), self.config.table))
+                .collect();
+            format!(
+                "table {} deleted by someone else during a transaction of kpng's; created \
+                 again",
+                tables.join(" and ")
+            )
+        });
         Ok(SyncStats {
             operations,
+            repaired,
             kept_rules: self
                 .states
                 .iter()

@@ -688,6 +688,88 @@ fn a_cold_fill_stops_at_a_refused_transaction_in_the_middle() {
     );
 }
 
+/// A table someone deletes while kpng commits: from `deleted_at` (the number of text scripts
+/// run by then) its probe says absent and every element transaction fails, until a text
+/// script creates the table again.
+struct DeletedTable {
+    inner: RecordingWriter,
+    text: Recorder,
+    deleted_at: std::sync::Arc<std::sync::Mutex<Option<usize>>>,
+}
+
+impl DeletedTable {
+    fn gone(&self) -> bool {
+        let Some(at) = *self.deleted_at.lock().expect("lock") else {
+            return false;
+        };
+        !self.text.scripts()[at..]
+            .iter()
+            .any(|s| s.starts_with("add table ip kpng"))
+    }
+}
+
+impl netlink::ElementWriter for DeletedTable {
+    fn commit(
+        &mut self,
+        batch: netlink::ElementBatch,
+        describe: &dyn Fn(Operation, usize) -> Option<String>,
+    ) -> Result<(), netlink::NetlinkError> {
+        if batch.family() == Family::V4 && self.gone() {
+            return Err(netlink::NetlinkError::Injected(
+                "No such file or directory".into(),
+            ));
+        }
+        self.inner.commit(batch, describe)
+    }
+
+    fn probe_table(&mut self, family: Family, table: &str) -> ProbedTable {
+        if family == Family::V4 && self.gone() {
+            return ProbedTable::Absent;
+        }
+        self.inner.probe_table(family, table)
+    }
+}
+
+/// The table deleted while a transaction of kpng's was on its way (no notification tells
+/// kpng, since its own commit was running): that transaction fails, and the retry looks at the
+/// table again and creates it, rather than failing the same way on what it knew, and the sync
+/// reports the repair.
+#[test]
+fn a_table_deleted_during_a_transaction_is_created_again_by_the_first_retry() {
+    let mut model = model_from(ONE_SERVICE);
+    let (b, r) = backend();
+    let deleted_at = std::sync::Arc::default();
+    let mut b = b.with_netlink(DeletedTable {
+        inner: RecordingWriter::default(),
+        text: r.clone(),
+        deleted_at: std::sync::Arc::clone(&deleted_at),
+    });
+    full_sync(&mut b, &model);
+    // The first full sync committed the table (the fake has no probe of it afterwards: say
+    // it is ours).
+    *deleted_at.lock().expect("lock") = Some(scripts(&r).len());
+    let loaded =
+        kpng_source_file::parse_manifests(&ONE_SERVICE.replace("10.244.2.2", "10.244.2.9"))
+            .expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    let err = b
+        .sync(&SyncRequest {
+            diff: &out.diff,
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect_err("the table is gone");
+    assert!(err.to_string().contains("No such file"), "{err}");
+    let stats = try_full_sync(&mut b, &model).expect("the first retry creates the table again");
+    assert_eq!(
+        stats.repaired.as_deref(),
+        Some("table ip kpng deleted by someone else during a transaction of kpng's; created again")
+    );
+}
+
 /// The `chain NAME {` lines of a script, by name, and whether each is hooked.
 fn declared_chains(script: &str) -> BTreeMap<String, bool> {
     let mut out = BTreeMap::new();
