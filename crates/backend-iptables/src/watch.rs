@@ -6,9 +6,11 @@
 //! chain (`iptables -t TABLE -S CHAIN`), never a whole table: per table, one of our chains
 //! that always holds rules while our rules are in place (`KUBE-POSTROUTING` in nat,
 //! `KUBE-FORWARD` in filter; a flush empties it, a delete removes it) or, in mangle, the
-//! `KUBE-PROXY-CANARY` chain (kube-proxy's canary: a delete removes it). nat is checked every
-//! [`CHECK_INTERVAL`] (a flushed nat table is what breaks Services), filter and mangle every
-//! other time. A family is checked only while its rules are known to be committed (the backend
+//! `KUBE-PROXY-CANARY` chain (kube-proxy's canary: a delete removes it); and the built-in
+//! chains `PREROUTING` and `OUTPUT` of nat, which must still jump to `KUBE-SERVICES` (a flush
+//! of `PREROUTING` alone, or the jump deleted, leaves every chain of ours intact and every
+//! Service dead for pods). nat is checked every [`CHECK_INTERVAL`] (a flushed nat table is
+//! what breaks Services), the others in turn ([`canaries`]). A family is checked only while its rules are known to be committed (the backend
 //! arms it after a full sync and disarms it when a sync fails), and is disarmed once it has
 //! raised the alarm until the repairing sync re-arms it, so one flush is one repair. Checks
 //! never overlap our own restores (they share a lock), although each restore is atomic per
@@ -25,42 +27,58 @@ use kpng_model::Family;
 use tracing::debug;
 
 use crate::exec::{ExecError, Iptables};
-use crate::rules::{CANARY, FORWARD, POSTROUTING, Table};
+use crate::rules::{CANARY, FORWARD, POSTROUTING, SERVICES, Table};
 
-/// Time between two checks of a family (its nat table; filter and mangle every other time).
+/// Time between two checks of a family (its nat table; the other canaries in turn).
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(400);
 
-/// What one check looks at: a chain of a table, and whether it must hold rules.
+/// What one check looks at: a chain of a table, and what it must hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Canary {
     /// The table.
     pub table: Table,
-    /// Our chain in it.
+    /// The chain in it: ours, or a built-in one holding our jump.
     pub chain: &'static str,
     /// Whether the chain always holds rules while ours are in place (so a flush shows).
     pub has_rules: bool,
+    /// A chain of ours the chain must jump to (a built-in chain's jump into our rules).
+    pub jumps_to: Option<&'static str>,
 }
 
-/// The canaries of one check round (`round` counts from 0): nat always, filter and mangle on
-/// alternate rounds.
-pub fn canaries(round: u64) -> Vec<Canary> {
-    let nat = Canary {
-        table: Table::Nat,
-        chain: POSTROUTING,
-        has_rules: true,
-    };
-    let other = if round.is_multiple_of(2) {
+impl Canary {
+    const fn ours(table: Table, chain: &'static str, has_rules: bool) -> Canary {
         Canary {
-            table: Table::Filter,
-            chain: FORWARD,
+            table,
+            chain,
+            has_rules,
+            jumps_to: None,
+        }
+    }
+
+    const fn jump(table: Table, chain: &'static str, to: &'static str) -> Canary {
+        Canary {
+            table,
+            chain,
             has_rules: true,
+            jumps_to: Some(to),
         }
+    }
+}
+
+/// The canaries of one check round (`round` counts from 0), two listings per family: in nat,
+/// `KUBE-POSTROUTING` and `PREROUTING`'s jump in turn (a flush of the table shows in both,
+/// so it is seen every round; the jump alone every other, 0.8 s); then filter's
+/// `KUBE-FORWARD`, mangle's canary and nat `OUTPUT`'s jump in turn (each every third round).
+pub fn canaries(round: u64) -> Vec<Canary> {
+    let nat = if round.is_multiple_of(2) {
+        Canary::ours(Table::Nat, POSTROUTING, true)
     } else {
-        Canary {
-            table: Table::Mangle,
-            chain: CANARY,
-            has_rules: false,
-        }
+        Canary::jump(Table::Nat, "PREROUTING", SERVICES)
+    };
+    let other = match round % 3 {
+        0 => Canary::ours(Table::Filter, FORWARD, true),
+        1 => Canary::ours(Table::Mangle, CANARY, false),
+        _ => Canary::jump(Table::Nat, "OUTPUT", SERVICES),
     };
     vec![nat, other]
 }
@@ -69,12 +87,24 @@ pub fn canaries(round: u64) -> Vec<Canary> {
 pub fn judge(family: Family, canary: Canary, listing: Option<&str>) -> Option<String> {
     let table = canary.table.name();
     let chain = canary.chain;
-    match listing {
-        None => Some(format!("{family} {table}: chain {chain} was deleted")),
-        Some(text) if canary.has_rules && !text.lines().any(|l| l.starts_with("-A ")) => {
+    match (listing, canary.jumps_to) {
+        (None, _) => Some(format!("{family} {table}: chain {chain} was deleted")),
+        (Some(text), Some(to))
+            if !text.lines().any(|l| {
+                l.starts_with("-A ")
+                    && l.split_whitespace()
+                        .collect::<Vec<_>>()
+                        .ends_with(&["-j", to])
+            }) =>
+        {
+            Some(format!(
+                "{family} {table}: chain {chain} lost its jump to {to}"
+            ))
+        }
+        (Some(text), _) if canary.has_rules && !text.lines().any(|l| l.starts_with("-A ")) => {
             Some(format!("{family} {table}: chain {chain} was flushed"))
         }
-        Some(_) => None,
+        (Some(_), _) => None,
     }
 }
 
@@ -187,6 +217,7 @@ mod tests {
     fn judging_a_listing() {
         let nat = canaries(0)[0];
         let mangle = canaries(1)[1];
+        let prerouting = canaries(1)[0];
         let cases: &[(&str, Canary, Option<&str>, Option<&str>)] = &[
             (
                 "intact",
@@ -218,6 +249,27 @@ mod tests {
                 None,
                 Some("IPv4 mangle: chain KUBE-PROXY-CANARY was deleted"),
             ),
+            (
+                "the jump in place, among others",
+                prerouting,
+                Some(
+                    "-P PREROUTING ACCEPT\n-A PREROUTING -j CNI-HOSTPORT-DNAT\n\
+                     -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
+                ),
+                None,
+            ),
+            (
+                "PREROUTING flushed",
+                prerouting,
+                Some("-P PREROUTING ACCEPT\n"),
+                Some("IPv4 nat: chain PREROUTING lost its jump to KUBE-SERVICES"),
+            ),
+            (
+                "only someone else's jump left",
+                prerouting,
+                Some("-P PREROUTING ACCEPT\n-A PREROUTING -j KUBE-SERVICES-OTHER\n"),
+                Some("IPv4 nat: chain PREROUTING lost its jump to KUBE-SERVICES"),
+            ),
         ];
         for (name, canary, listing, want) in cases {
             assert_eq!(
@@ -229,10 +281,18 @@ mod tests {
     }
 
     #[test]
-    fn rounds_alternate_filter_and_mangle_and_always_check_nat() {
-        let tables = |r| -> Vec<&str> { canaries(r).iter().map(|c| c.table.name()).collect() };
-        assert_eq!(tables(0), ["nat", "filter"]);
-        assert_eq!(tables(1), ["nat", "mangle"]);
+    fn rounds_take_the_other_canaries_in_turn_and_always_check_nat() {
+        let chains = |r| -> Vec<String> {
+            canaries(r)
+                .iter()
+                .map(|c| format!("{} {}", c.table.name(), c.chain))
+                .collect()
+        };
+        assert_eq!(chains(0), ["nat KUBE-POSTROUTING", "filter KUBE-FORWARD"]);
+        assert_eq!(chains(1), ["nat PREROUTING", "mangle KUBE-PROXY-CANARY"]);
+        assert_eq!(chains(2), ["nat KUBE-POSTROUTING", "nat OUTPUT"]);
+        assert_eq!(chains(3), ["nat PREROUTING", "filter KUBE-FORWARD"]);
+        assert_eq!(chains(6), chains(0));
     }
 
     #[test]

@@ -28,6 +28,11 @@ fn fault_nat_chains_deleted() {
 }
 
 #[test]
+fn fault_jump_deleted() {
+    e2e::faults::iptables_jump_deleted(e2e::Backend::IptablesLegacy);
+}
+
+#[test]
 fn fault_killed_during_a_sync_and_restarted() {
     e2e::faults::kill_during_sync_and_restart(e2e::Backend::IptablesLegacy);
 }
