@@ -281,13 +281,17 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         .flatten()
         .enumerate()
     {
-        match parse_cidr_sloppy(raw) {
-            Some(net) => info.source_ranges.push(net),
-            None => c.warn(
+        // Not a warning dropping the one entry: with the others gone too, or with the entry
+        // that allowed the only legitimate clients gone, fewer ranges would let more sources
+        // in (no range at all lets every source in). A broken object keeps its last good
+        // version instead.
+        let net = parse_cidr_sloppy(raw).map_err(|e| {
+            c.error(
                 format!("spec.loadBalancerSourceRanges[{i}]"),
-                format!("{raw:?} is not a CIDR"),
-            ),
-        }
+                format!("{e}; an invalid source range never widens access, so the Service is not used as it is"),
+            )
+        })?;
+        info.source_ranges.push(net);
     }
 
     if spec.session_affinity.as_deref() == Some("ClientIP") {
@@ -393,6 +397,16 @@ pub fn endpoint_slice(
             );
             continue;
         };
+        // An IPv4-mapped address reads as IPv4 (as Go's net.ParseIP has it), which an IPv6
+        // slice cannot hold (the API server refuses it): the address of the wrong family is
+        // dropped, not served in the other family.
+        if let Some(family) = family.filter(|f| *f != Family::of(&ip)) {
+            c.warn(
+                format!("endpoints[{i}].addresses[0]"),
+                format!("{raw:?} is not an {family} address (addressType {family})"),
+            );
+            continue;
+        }
         let cond = ep.conditions.as_ref();
         let hints = ep.hints.as_ref();
         info.endpoints.push(SliceEndpoint {
@@ -462,11 +476,8 @@ pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, Conver
         };
         for (i, raw) in cidrs.iter().enumerate() {
             match parse_cidr_sloppy(raw) {
-                Some(net) => info.pod_cidrs.push(net),
-                None => c.warn(
-                    format!("spec.podCIDRs[{i}]"),
-                    format!("{raw:?} is not a CIDR"),
-                ),
+                Ok(net) => info.pod_cidrs.push(net),
+                Err(e) => c.warn(format!("spec.podCIDRs[{i}]"), e.to_string()),
             }
         }
         info.to_be_deleted = spec
@@ -497,8 +508,8 @@ pub fn service_cidr(
     let cidrs = object.spec.as_ref().and_then(|s| s.cidrs.as_ref());
     for (i, raw) in cidrs.into_iter().flatten().enumerate() {
         match parse_cidr_sloppy(raw) {
-            Some(net) => info.cidrs.push(net),
-            None => c.warn(format!("spec.cidrs[{i}]"), format!("{raw:?} is not a CIDR")),
+            Ok(net) => info.cidrs.push(net),
+            Err(e) => c.warn(format!("spec.cidrs[{i}]"), e.to_string()),
         }
     }
     Ok(info)

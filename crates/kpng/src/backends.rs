@@ -181,9 +181,11 @@ impl BackendKind {
             .nodeport_addresses
             .iter()
             .map(|a| {
-                a.parse::<ipnet::IpNet>().with_context(|| {
+                let net = a.parse::<ipnet::IpNet>().with_context(|| {
                     format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`")
-                })
+                })?;
+                kpng_model::ip::unmap_cidr(net, a)
+                    .map_err(|e| anyhow::anyhow!("--nodeport-addresses: {e}"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(NodePortAddresses::Cidrs(cidrs))

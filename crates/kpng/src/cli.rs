@@ -309,7 +309,7 @@ pub struct GlobalFlags {
     pub service_proxy_name: Option<String>,
 
     /// The cluster's pod CIDR(s), one per family: traffic from outside them is masqueraded.
-    #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
+    #[arg(long, global = true, value_delimiter = ',', value_parser = parse_cidr_flag, help_heading = "Node")]
     pub cluster_cidr: Vec<ipnet::IpNet>,
 
     /// Masquerade all traffic to ClusterIPs.
@@ -340,7 +340,7 @@ pub struct GlobalFlags {
     pub conntrack_mark_mask: u32,
 
     /// The Service CIDR(s): traffic to unallocated ClusterIPs inside them is dropped.
-    #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
+    #[arg(long, global = true, value_delimiter = ',', value_parser = parse_cidr_flag, help_heading = "Node")]
     pub service_cidr: Vec<ipnet::IpNet>,
 
     /// Addresses that accept NodePort traffic: `primary` (the node's IPs) or CIDRs. Unset: the
@@ -1205,6 +1205,17 @@ impl LocalBackend {
 
 /// Parses Go's duration syntax as kube-proxy's flags do (`1s`, `500ms`, `1m0s`, `1.5h`, `0`),
 /// and humantime's spelled-out forms (`1 hour`) as kpng always has.
+/// A CIDR flag (`--cluster-cidr`, `--service-cidr`): an IPv4-mapped IPv6 CIDR is the IPv4
+/// one (prefix − 96), as kube-proxy's Go parser reads it; below /96 it is refused (clap names
+/// the flag).
+pub(crate) fn parse_cidr_flag(s: &str) -> Result<ipnet::IpNet, String> {
+    let net: ipnet::IpNet = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a CIDR"))?;
+    kpng_model::ip::unmap_cidr(net, s).map_err(|e| e.to_string())
+}
+
 /// `--conntrack-mark-mask`: `0x…` or decimal, with room for one Service port's two affinity
 /// ids (2 bits).
 fn parse_mark_mask(s: &str) -> Result<u32, String> {
@@ -1587,6 +1598,57 @@ mod userspace_tests {
 #[cfg(test)]
 mod nft_tests {
     use super::*;
+
+    /// `::ffff:a.b.c.d/N` is the IPv4 CIDR `/N-96` (kube-proxy's Go parser reads it so);
+    /// below /96 the flag is refused, naming it.
+    #[test]
+    fn ipv4_mapped_cidr_flags_are_ipv4() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["kpng", "file", "--input", "x.yaml", "to-local", "nft"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all)
+        };
+        let cli = parse(&[
+            "--cluster-cidr",
+            "::ffff:10.244.0.0/112,fd00:244::/32",
+            "--service-cidr",
+            "::ffff:10.96.0.0/108",
+            "--nodeport-addresses",
+            "::ffff:192.168.100.0/120",
+        ])
+        .expect("parses");
+        let text = |nets: &[ipnet::IpNet]| nets.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            text(&cli.global.cluster_cidr),
+            ["10.244.0.0/16", "fd00:244::/32"]
+        );
+        assert_eq!(text(&cli.global.service_cidr), ["10.96.0.0/12"]);
+        let Ok(kpng_backend::settings::NodePortAddresses::Cidrs(cidrs)) =
+            crate::backends::BackendKind::Nft.nodeport_addresses(&cli.global)
+        else {
+            panic!("CIDRs")
+        };
+        assert_eq!(text(&cidrs), ["192.168.100.0/24"]);
+        for flag in ["--cluster-cidr", "--service-cidr"] {
+            let Err(e) = parse(&[flag, "::ffff:10.0.0.0/64"]) else {
+                panic!("{flag} accepted a mapped /64")
+            };
+            let e = e.to_string();
+            assert!(
+                e.contains(flag) && e.contains("IPv4-mapped IPv6 CIDR with prefix /64"),
+                "{e}"
+            );
+        }
+        let cli = parse(&["--nodeport-addresses", "::ffff:10.0.0.0/64"]).expect("parses");
+        let e = crate::backends::BackendKind::Nft
+            .nodeport_addresses(&cli.global)
+            .expect_err("a mapped /64");
+        assert!(
+            e.to_string()
+                .starts_with("--nodeport-addresses: \"::ffff:10.0.0.0/64\" is an IPv4-mapped"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn to_local_nft() {

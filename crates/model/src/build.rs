@@ -55,11 +55,12 @@ pub(crate) fn candidates<'a>(
     by_addr.into_values().collect()
 }
 
-fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
+/// The IPs of `family`, without the ones `lost` to another Service, sorted and unique.
+fn of_family(ips: &[IpAddr], family: Family, lost: impl Fn(IpAddr) -> bool) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = ips
         .iter()
         .copied()
-        .filter(|ip| Family::of(ip) == family)
+        .filter(|ip| Family::of(ip) == family && !lost(*ip))
         .collect();
     out.sort();
     out.dedup();
@@ -68,8 +69,8 @@ fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
 
 /// Computes every [`ServicePort`] (per port, per family) of one Service, leaving out the
 /// frontends it `lost` to older Services: a lost ClusterIP port drops that port of that family
-/// (a Service port is keyed by its ClusterIP), a lost node port (or health check node port)
-/// only that port.
+/// (a Service port is keyed by its ClusterIP), a lost external or load-balancer IP only that IP
+/// of that port, a lost node port (or health check node port) only that port.
 pub(crate) fn service_ports(
     svc: &ServiceInfo,
     slices: &[SliceInfo],
@@ -96,8 +97,12 @@ pub(crate) fn service_ports(
                 cluster_ip: *cluster_ip,
                 port: port.port,
                 node_port,
-                external_ips: of_family(&svc.external_ips, family),
-                load_balancer_ips: of_family(&svc.load_balancer_ips, family),
+                external_ips: of_family(&svc.external_ips, family, |ip| {
+                    lost.contains_key(&Frontend::External(ip, port.port, port.protocol))
+                }),
+                load_balancer_ips: of_family(&svc.load_balancer_ips, family, |ip| {
+                    lost.contains_key(&Frontend::LoadBalancer(ip, port.port, port.protocol))
+                }),
                 source_ranges: {
                     let mut r: Vec<_> = svc
                         .source_ranges

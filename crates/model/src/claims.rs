@@ -1,10 +1,14 @@
-//! Frontends two Services cannot both own: a ClusterIP + port + protocol, and a node port +
-//! protocol.
+//! Frontends two Services cannot both own: an IP + port + protocol (a ClusterIP, an external
+//! IP or a load-balancer ingress IP: one key space, as the backends' Service maps have one),
+//! and a node port + protocol.
 //!
 //! The API server allocates ClusterIPs and node ports once, so two Services never share one in
-//! a real cluster; they can in hand-written manifests or after a restore of old objects. Both
-//! cannot be programmed (an nftables map takes one verdict per key and refuses the transaction
-//! otherwise), so the model picks one deterministically, as the API server would have: the
+//! a real cluster; they can in hand-written manifests or after a restore of old objects, and
+//! external and load-balancer IPs are not allocated at all (two Services can name the same
+//! one). Both cannot be programmed (an nftables map takes one verdict per key and refuses the
+//! transaction otherwise; taking one Service's endpoints and another's firewall would let
+//! traffic through that neither allows), so the model picks one deterministically, so that
+//! every attribute of the frontend comes from one Service, as the API server would have: the
 //! **oldest** Service keeps the frontend (`metadata.creationTimestamp`; a Service without one
 //! counts as the newest). Equal ages (hand-written manifests have no creation times) go to
 //! the Service the model had first, so that a Service added beside a working one never takes
@@ -18,16 +22,41 @@ use std::net::IpAddr;
 use std::time::SystemTime;
 
 use crate::event::{Kind, ObjectRef};
-use crate::key::{Protocol, ServiceKey};
+use crate::key::{Family, Protocol, ServiceKey};
 use crate::records::{ServiceInfo, Warning};
 
-/// A frontend only one Service may own.
+/// A frontend only one Service may own, as the Service declares it (the field it comes from
+/// words the warnings and `kpng status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Frontend {
     /// A ClusterIP, Service port and protocol.
     Cluster(IpAddr, u16, Protocol),
+    /// An external IP (`spec.externalIPs`), Service port and protocol.
+    External(IpAddr, u16, Protocol),
+    /// A load-balancer ingress IP, Service port and protocol.
+    LoadBalancer(IpAddr, u16, Protocol),
     /// A node port and protocol (on every node address).
     NodePort(u16, Protocol),
+}
+
+/// What two Services conflict over: the key of the backends' maps. A ClusterIP, an external
+/// IP and a load-balancer IP with the same port and protocol are one key (one Service's
+/// external IP can be another's load-balancer IP, or even its ClusterIP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ClaimKey {
+    Ip(IpAddr, u16, Protocol),
+    NodePort(u16, Protocol),
+}
+
+impl Frontend {
+    fn claim_key(self) -> ClaimKey {
+        match self {
+            Frontend::Cluster(ip, port, protocol)
+            | Frontend::External(ip, port, protocol)
+            | Frontend::LoadBalancer(ip, port, protocol) => ClaimKey::Ip(ip, port, protocol),
+            Frontend::NodePort(port, protocol) => ClaimKey::NodePort(port, protocol),
+        }
+    }
 }
 
 /// A Service claiming a frontend, ordered oldest first (the winner is the first).
@@ -62,6 +91,12 @@ impl std::fmt::Display for Frontend {
             Frontend::Cluster(ip, port, protocol) => {
                 write!(f, "ClusterIP {ip} port {port}/{protocol}")
             }
+            Frontend::External(ip, port, protocol) => {
+                write!(f, "external IP {ip} port {port}/{protocol}")
+            }
+            Frontend::LoadBalancer(ip, port, protocol) => {
+                write!(f, "load-balancer IP {ip} port {port}/{protocol}")
+            }
             Frontend::NodePort(port, protocol) => write!(f, "node port {port}/{protocol}"),
         }
     }
@@ -78,10 +113,12 @@ pub(crate) type Lost = BTreeMap<Frontend, ServiceKey>;
 /// was 18 MB of the model (measured with `kpng-bench mem`, docs/benchmarks.md).
 #[derive(Debug, Default)]
 pub(crate) struct Claims {
-    by_frontend: HashMap<Frontend, Vec<Claimant>>,
+    by_frontend: HashMap<ClaimKey, Vec<Claimant>>,
 }
 
-/// The frontends `info` claims, each with the field that declares it (for warnings).
+/// The frontends `info` claims, each with the field that declares it (for warnings). External
+/// and load-balancer IPs count only in a family the Service has a ClusterIP of (the others are
+/// never programmed, so they take nothing from another Service).
 pub(crate) fn frontends(info: &ServiceInfo) -> Vec<(Frontend, String)> {
     let mut out = Vec::new();
     for (i, port) in info.ports.iter().enumerate() {
@@ -90,6 +127,23 @@ pub(crate) fn frontends(info: &ServiceInfo) -> Vec<(Frontend, String)> {
                 Frontend::Cluster(*ip, port.port, port.protocol),
                 format!("spec.ports[{i}].port"),
             ));
+            let family = Family::of(ip);
+            for external in info.external_ips.iter().filter(|e| Family::of(e) == family) {
+                out.push((
+                    Frontend::External(*external, port.port, port.protocol),
+                    "spec.externalIPs".to_string(),
+                ));
+            }
+            for lb in info
+                .load_balancer_ips
+                .iter()
+                .filter(|e| Family::of(e) == family)
+            {
+                out.push((
+                    Frontend::LoadBalancer(*lb, port.port, port.protocol),
+                    "status.loadBalancer.ingress".to_string(),
+                ));
+            }
         }
         if let Some(np) = port.node_port {
             out.push((
@@ -122,13 +176,14 @@ impl Claims {
         if let Some(old) = old {
             let claimant = Claimant::of(old, seen);
             for (frontend, _) in frontends(old) {
-                if let Some(set) = self.by_frontend.get_mut(&frontend) {
+                let key = frontend.claim_key();
+                if let Some(set) = self.by_frontend.get_mut(&key) {
                     if let Ok(at) = set.binary_search(&claimant) {
                         set.remove(at);
                     }
                     affected.extend(set.iter().map(|c| c.key.clone()));
                     if set.is_empty() {
-                        self.by_frontend.remove(&frontend);
+                        self.by_frontend.remove(&key);
                     }
                 }
             }
@@ -137,7 +192,7 @@ impl Claims {
         if let Some(new) = new {
             let claimant = Claimant::of(new, seen);
             for (frontend, _) in frontends(new) {
-                let set = self.by_frontend.entry(frontend).or_default();
+                let set = self.by_frontend.entry(frontend.claim_key()).or_default();
                 // Room for exactly the one claimant almost every frontend has (a first
                 // `insert` makes room for four: 160 bytes more per frontend).
                 if set.capacity() == 0 {
@@ -159,7 +214,7 @@ impl Claims {
         for (frontend, _) in frontends(info) {
             let winner = self
                 .by_frontend
-                .get(&frontend)
+                .get(&frontend.claim_key())
                 .and_then(|set| set.first())
                 .filter(|winner| winner.key != info.key);
             if let Some(winner) = winner {
@@ -199,6 +254,11 @@ fn conflict_warning(
         Frontend::Cluster(ip, port, protocol) => format!(
             "ClusterIP {ip} port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it; this Service port is not programmed for {ip}"
         ),
+        Frontend::External(ip, port, protocol) | Frontend::LoadBalancer(ip, port, protocol) => {
+            format!(
+                "{ip} port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it, with its endpoints and source ranges; {ip} is not programmed for this Service port"
+            )
+        }
         Frontend::NodePort(port, protocol) => format!(
             "node port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it; the {what} is not programmed"
         ),

@@ -193,7 +193,8 @@ pub struct ClusterModel {
     service_cidrs: BTreeMap<String, Vec<IpNet>>,
     /// Streamed lists in progress, at most one per kind.
     listings: Vec<Listing>,
-    /// Who claims each ClusterIP port and node port (conflicts resolved oldest first).
+    /// Who claims each IP port (ClusterIP, external, load-balancer) and node port (conflicts
+    /// resolved oldest first).
     claims: Claims,
     /// Moves on after every event but a streamed list's start and items: what a Service first
     /// had now is stamped with (`ServiceSource::seen`).

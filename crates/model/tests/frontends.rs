@@ -626,3 +626,286 @@ fn a_service_without_rules_says_why() {
     assert!(why("working").is_empty(), "programmed: nothing to explain");
     assert!(why("unknown").is_empty(), "not held: nothing to explain");
 }
+
+/// An IP two Services name as external or load-balancer IP.
+const X: &str = "198.51.100.80";
+
+/// Every programmed Service port as `ns/name cluster_ip:port ext=… lb=… ranges=…`, sorted.
+fn programmed_vips(m: &Model) -> Vec<String> {
+    let list = |v: Vec<String>| v.join(",");
+    m.snapshot()
+        .ports
+        .values()
+        .map(|p| {
+            format!(
+                "{} {}:{} ext={} lb={} ranges={}",
+                p.key.service,
+                p.cluster_ip,
+                p.port,
+                list(p.external_ips.iter().map(|i| i.to_string()).collect()),
+                list(p.load_balancer_ips.iter().map(|i| i.to_string()).collect()),
+                list(p.source_ranges.iter().map(|r| r.to_string()).collect()),
+            )
+        })
+        .collect()
+}
+
+/// An external IP or load-balancer IP + port + protocol is one frontend, whichever field of
+/// which Service names it (and a ClusterIP with the same port is the same key of the
+/// backends' maps): the oldest Service keeps it whole (its endpoints, its source ranges), the
+/// other loses that IP for that port with a warning naming both; a Service naming one IP in
+/// two of its own fields conflicts with nobody.
+#[test]
+fn external_and_load_balancer_ips_go_to_the_oldest_service() {
+    /// (namespace/name, creationTimestamp, spec, load-balancer ingress IPs).
+    type Svc = (
+        &'static str,
+        Option<&'static str>,
+        Value,
+        &'static [&'static str],
+    );
+    struct Case {
+        name: &'static str,
+        services: Vec<Svc>,
+        programmed: &'static [&'static str],
+        /// (loser, owner named in the warning, field).
+        warned: &'static [(&'static str, &'static str, &'static str)],
+    }
+    let lb = |ip: &str, ext: &[&str], ranges: &[&str], port: u16, protocol: &str| {
+        json!({"type": "LoadBalancer", "clusterIP": ip, "externalIPs": ext,
+               "loadBalancerSourceRanges": ranges, "allocateLoadBalancerNodePorts": false,
+               "ports": [{"name": "p", "port": port, "protocol": protocol}]})
+    };
+    let cip = |ip: &str, ext: &[&str], port: u16, protocol: &str| {
+        json!({"clusterIP": ip, "externalIPs": ext,
+               "ports": [{"name": "p", "port": port, "protocol": protocol}]})
+    };
+    let cases = [
+        Case {
+            name: "the repro: LB IP + external IP vs external IP, one list, by name",
+            services: vec![
+                (
+                    "q/same",
+                    None,
+                    lb("10.96.11.1", &[X], &["203.0.113.0/24"], 80, "TCP"),
+                    &[X],
+                ),
+                ("q/other", None, cip("10.96.11.2", &[X], 80, "TCP"), &[]),
+            ],
+            programmed: &[
+                "q/other 10.96.11.2:80 ext=198.51.100.80 lb= ranges=",
+                "q/same 10.96.11.1:80 ext= lb= ranges=203.0.113.0/24",
+            ],
+            warned: &[
+                ("q/same", "q/other", "spec.externalIPs"),
+                ("q/same", "q/other", "status.loadBalancer.ingress"),
+            ],
+        },
+        Case {
+            name: "the repro with creation times: the LoadBalancer is older and keeps its firewall",
+            services: vec![
+                (
+                    "q/same",
+                    OLD,
+                    lb("10.96.11.1", &[X], &["203.0.113.0/24"], 80, "TCP"),
+                    &[X],
+                ),
+                ("q/other", NEW, cip("10.96.11.2", &[X], 80, "TCP"), &[]),
+            ],
+            programmed: &[
+                "q/other 10.96.11.2:80 ext= lb= ranges=",
+                "q/same 10.96.11.1:80 ext=198.51.100.80 lb=198.51.100.80 ranges=203.0.113.0/24",
+            ],
+            warned: &[("q/other", "q/same", "spec.externalIPs")],
+        },
+        Case {
+            name: "one's external IP is the other's LB IP",
+            services: vec![
+                (
+                    "a/lb",
+                    NEW,
+                    lb("10.96.0.1", &[], &["203.0.113.0/24"], 80, "TCP"),
+                    &[X],
+                ),
+                (
+                    "a/ext",
+                    OLD,
+                    cip("10.96.0.2", &[X, "198.51.100.81"], 80, "TCP"),
+                    &[],
+                ),
+            ],
+            programmed: &[
+                "a/ext 10.96.0.2:80 ext=198.51.100.80,198.51.100.81 lb= ranges=",
+                "a/lb 10.96.0.1:80 ext= lb= ranges=203.0.113.0/24",
+            ],
+            warned: &[("a/lb", "a/ext", "status.loadBalancer.ingress")],
+        },
+        Case {
+            name: "another port or protocol: no conflict",
+            services: vec![
+                ("a/x", NEW, cip("10.96.0.1", &[X], 80, "TCP"), &[]),
+                ("a/y", OLD, cip("10.96.0.2", &[X], 81, "TCP"), &[]),
+                ("a/z", OLD, cip("10.96.0.3", &[X], 80, "UDP"), &[]),
+            ],
+            programmed: &[
+                "a/x 10.96.0.1:80 ext=198.51.100.80 lb= ranges=",
+                "a/y 10.96.0.2:81 ext=198.51.100.80 lb= ranges=",
+                "a/z 10.96.0.3:80 ext=198.51.100.80 lb= ranges=",
+            ],
+            warned: &[],
+        },
+        Case {
+            name: "one Service naming one IP as external and LB IP: no conflict",
+            services: vec![(
+                "a/both",
+                None,
+                lb("10.96.0.1", &[X], &["203.0.113.0/24"], 80, "TCP"),
+                &[X],
+            )],
+            programmed: &[
+                "a/both 10.96.0.1:80 ext=198.51.100.80 lb=198.51.100.80 ranges=203.0.113.0/24",
+            ],
+            warned: &[],
+        },
+        Case {
+            name: "an external IP that is an older Service's ClusterIP",
+            services: vec![
+                (
+                    "a/hijack",
+                    NEW,
+                    cip("10.96.0.2", &["10.96.0.1"], 80, "TCP"),
+                    &[],
+                ),
+                ("a/dns", OLD, cip("10.96.0.1", &[], 80, "TCP"), &[]),
+            ],
+            programmed: &[
+                "a/dns 10.96.0.1:80 ext= lb= ranges=",
+                "a/hijack 10.96.0.2:80 ext= lb= ranges=",
+            ],
+            warned: &[("a/hijack", "a/dns", "spec.externalIPs")],
+        },
+        Case {
+            name: "an IPv6 external IP of an IPv4-only Service is never programmed: no claim",
+            services: vec![
+                (
+                    "a/v4",
+                    OLD,
+                    cip("10.96.0.1", &["2001:db8::80"], 80, "TCP"),
+                    &[],
+                ),
+                (
+                    "a/v6",
+                    NEW,
+                    cip("fd00:96::1", &["2001:db8::80"], 80, "TCP"),
+                    &[],
+                ),
+            ],
+            programmed: &[
+                "a/v4 10.96.0.1:80 ext= lb= ranges=",
+                "a/v6 fd00:96::1:80 ext=2001:db8::80 lb= ranges=",
+            ],
+            warned: &[],
+        },
+    ];
+    for case in cases {
+        let event = |(key, created, spec, ingress): &Svc| -> Object {
+            let (ns, name) = key.split_once('/').expect("ns/name");
+            let mut metadata = json!({"namespace": ns, "name": name});
+            if let Some(at) = created {
+                metadata["creationTimestamp"] = json!(at);
+            }
+            let ingress: Vec<Value> = ingress.iter().map(|ip| json!({"ip": ip})).collect();
+            let svc = from_json::<Service>(json!({"metadata": metadata, "spec": spec,
+                "status": {"loadBalancer": {"ingress": ingress}}}))
+            .expect("valid Service JSON");
+            assert!(svc.warnings.is_empty(), "{:?}", svc.warnings);
+            svc.object
+        };
+        for order in ["forward", "backward"] {
+            let mut objects: Vec<Object> = case.services.iter().map(event).collect();
+            if order == "backward" {
+                objects.reverse();
+            }
+            let mut m = model(Some(NodePortRange::default()));
+            let kinds = vec![Kind::Service];
+            m.apply(Event::ListStart {
+                kinds: kinds.clone(),
+            });
+            let mut warnings = Vec::new();
+            for o in objects {
+                warnings.extend(m.apply(Event::ListItem(o)).warnings);
+            }
+            warnings.extend(m.apply(Event::ListDone { kinds }).warnings);
+            assert_eq!(
+                programmed_vips(&m),
+                case.programmed,
+                "{} ({order})",
+                case.name
+            );
+            let mut got: Vec<(String, String)> = warnings
+                .iter()
+                .map(|w| {
+                    let loser = format!("{}/{}", w.object.namespace, w.object.name);
+                    let owner = case
+                        .warned
+                        .iter()
+                        .find(|(l, _, f)| *l == loser && *f == w.field)
+                        .map_or("?", |(_, owner, _)| owner);
+                    assert!(
+                        w.message.contains(&format!("is also Service {owner}'s")),
+                        "{}: {w}",
+                        case.name
+                    );
+                    (loser, w.field.clone())
+                })
+                .collect();
+            got.sort();
+            got.dedup();
+            let mut want: Vec<(String, String)> = case
+                .warned
+                .iter()
+                .map(|(loser, _, field)| (loser.to_string(), field.to_string()))
+                .collect();
+            want.sort();
+            assert_eq!(got, want, "{} ({order})", case.name);
+        }
+    }
+}
+
+/// When the Service that keeps an external IP goes, the one that lost it takes it over, with
+/// its own source ranges; an older Service arriving takes it back with a warning.
+#[test]
+fn an_external_ip_passes_to_the_next_oldest_service() {
+    let lb = json!({"type": "LoadBalancer", "clusterIP": "10.96.11.1", "externalIPs": [X],
+                    "loadBalancerSourceRanges": ["203.0.113.0/24"],
+                    "allocateLoadBalancerNodePorts": false,
+                    "ports": [{"name": "p", "port": 80}]});
+    let mut m = model(None);
+    m.apply(service(
+        "q",
+        "other",
+        OLD,
+        json!({"clusterIP": "10.96.11.2", "externalIPs": [X], "ports": [{"name": "p", "port": 80}]}),
+    ));
+    let out = m.apply(service("q", "same", NEW, lb));
+    let warned: Vec<String> = out.warnings.iter().map(|w| w.to_string()).collect();
+    assert_eq!(
+        warned,
+        [
+            "Service q/same: field spec.externalIPs: 198.51.100.80 port 80/TCP is also Service q/other's, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it, with its endpoints and source ranges; 198.51.100.80 is not programmed for this Service port (ignored)"
+        ]
+    );
+    assert_eq!(
+        programmed_vips(&m),
+        [
+            "q/other 10.96.11.2:80 ext=198.51.100.80 lb= ranges=",
+            "q/same 10.96.11.1:80 ext= lb= ranges=203.0.113.0/24",
+        ]
+    );
+    let out = m.apply(delete("q", "other"));
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    assert_eq!(
+        programmed_vips(&m),
+        ["q/same 10.96.11.1:80 ext=198.51.100.80 lb= ranges=203.0.113.0/24"]
+    );
+}

@@ -527,6 +527,35 @@ mod tests {
         }
     }
 
+    /// The `kube` source converts through `kpng-k8s` as the `file` source does: an invalid
+    /// source range rejects the Service (never a wider firewall), and an IPv4-mapped address
+    /// is IPv4.
+    #[test]
+    fn an_invalid_source_range_rejects_the_service() {
+        let object = json!({"metadata": {"namespace": "bad", "name": "zone"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "fd00:96::a1",
+                     "loadBalancerSourceRanges": ["fd00:100::10%eth0/128"],
+                     "ports": [{"port": 80, "nodePort": 30101}]}});
+        let converted = read::<Slim<Service>>(&object).expect("read").convert();
+        let Object::Rejected(error) = converted.object else {
+            panic!("not rejected: {:?}", converted.object);
+        };
+        assert_eq!(error.field, "spec.loadBalancerSourceRanges[0]");
+        assert!(
+            error
+                .message
+                .starts_with("\"fd00:100::10%eth0/128\" is not a CIDR"),
+            "{error}"
+        );
+        let object = json!({"metadata": {"namespace": "bad", "name": "mapped"},
+            "spec": {"clusterIP": "::ffff:10.96.0.99", "ports": [{"port": 80}]}});
+        let converted = read::<Slim<Service>>(&object).expect("read").convert();
+        let Object::Service(info) = converted.object else {
+            panic!("not a Service: {:?}", converted.object);
+        };
+        assert_eq!(info.cluster_ips, [std::net::IpAddr::from([10, 96, 0, 99])]);
+    }
+
     /// A good object reads whole and converts as the full type does.
     #[test]
     fn a_good_object_is_not_rejected() {

@@ -462,6 +462,8 @@ fn cluster_cidrs(text: &str) -> anyhow::Result<Vec<IpNet>> {
         let net: IpNet = part
             .parse()
             .map_err(|_| anyhow::anyhow!("field clusterCIDR: {part:?} is not a CIDR"))?;
+        let net = kpng_model::ip::unmap_cidr(net, part)
+            .map_err(|e| anyhow::anyhow!("field clusterCIDR: {e}"))?;
         if out
             .iter()
             .any(|o| o.addr().is_ipv4() == net.addr().is_ipv4())
@@ -491,8 +493,11 @@ fn nodeport_addresses(list: Option<&[String]>) -> anyhow::Result<Vec<String>> {
         bail!("field nodePortAddresses: \"primary\" cannot be combined with CIDRs");
     }
     for a in list.iter().filter(|a| *a != "primary") {
-        if a.parse::<IpNet>().is_err() {
+        let Ok(net) = a.parse::<IpNet>() else {
             bail!("field nodePortAddresses: {a:?} is not a CIDR or \"primary\"");
+        };
+        if let Err(e) = kpng_model::ip::unmap_cidr(net, a) {
+            bail!("field nodePortAddresses: {e}");
         }
     }
     Ok(list)

@@ -497,6 +497,14 @@ fn bad_values_are_errors_naming_the_field() {
             "field nodePortAddresses: \"10.0.0.1\" is not a CIDR or \"primary\"",
         ),
         (
+            "nodePortAddresses: [\"::ffff:10.0.0.0/88\"]\n",
+            "field nodePortAddresses: \"::ffff:10.0.0.0/88\" is an IPv4-mapped IPv6 CIDR with prefix /88",
+        ),
+        (
+            "clusterCIDR: \"::ffff:10.244.0.0/64\"\n",
+            "field clusterCIDR: \"::ffff:10.244.0.0/64\" is an IPv4-mapped IPv6 CIDR with prefix /64",
+        ),
+        (
             "conntrack:\n  maxPerCore: -1\n",
             "field conntrack.maxPerCore: -1 is negative",
         ),

@@ -159,6 +159,7 @@ macro_rules! suite {
             wrong_port_unallocated_ip_and_no_endpoints,
             node_port_default_addresses_and_loopback,
             external_ip_and_load_balancer_source_ranges,
+            external_ip_shared_by_two_services_goes_to_the_older,
             external_traffic_policy_local,
             internal_traffic_policy_local,
             hairpin_to_own_service_is_masqueraded,

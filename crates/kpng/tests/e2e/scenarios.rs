@@ -415,6 +415,93 @@ pub fn external_ip_and_load_balancer_source_ranges(b: Backend) {
     assert_masqueraded(&probe(&c.ext.ns, Proto::Tcp, lb, OK_T), &two);
 }
 
+/// Two Services name one IP, port and protocol, one as its load-balancer IP, the other as an
+/// external IP (the API server allocates neither): the older one keeps the frontend whole, its firewall
+/// (source ranges) and its endpoints, the newer one's is not programmed (its ClusterIP is), in
+/// every backend and in `kpng trace` (each probe is traced). Creation times decide against the
+/// names: without them, `copy` (first by name) would keep it. When the owner goes, the other
+/// takes the frontend over, unfiltered.
+pub fn external_ip_shared_by_two_services_goes_to_the_older(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("xs")).expect("cluster");
+    let _echo = echo_all(&c);
+    let created = |text: String, name: &str, at: &str| {
+        text.replace(
+            &format!("name: {name}}}"),
+            &format!("name: {name}, creationTimestamp: \"{at}\"}}"),
+        )
+    };
+    let objects = |ranges: &str, with_owner: bool| {
+        let mut objects = vec![created(
+            svc_v4(
+                "copy",
+                51,
+                "ClusterIP",
+                &format!("externalIPs: [{}]", vip(50)),
+                &[("pod2a", Cond::Ready)],
+            ),
+            "copy",
+            "2025-06-01T00:00:00Z",
+        )];
+        if with_owner {
+            objects.push(created(
+                svc_v4(
+                    "shared-lb",
+                    50,
+                    "LoadBalancer",
+                    &format!("loadBalancerSourceRanges: [{ranges}]"),
+                    &[("pod1a", Cond::Ready)],
+                ),
+                "shared-lb",
+                "2024-01-01T00:00:00Z",
+            ));
+        }
+        manifest(&objects)
+    };
+    let mut k = Kpng::start(b, &c.node1.ns, &objects("203.0.113.0/24", true), &[]);
+    let target = sa(vip(50), SVC_PORT);
+    // The outside (192.168.100.0/24) is outside the older Service's ranges: dropped, not
+    // sent to the newer Service's endpoint.
+    assert_outcome(
+        &probe(&c.ext.ns, Proto::Tcp, target, DROP_T),
+        Outcome::Timeout,
+        "ext → the shared IP, outside the older Service's source ranges",
+    );
+    // The newer Service keeps its ClusterIP.
+    let pod = c.pod("pod1b");
+    assert_direct(
+        b,
+        &probe(&pod.ns, Proto::Tcp, sa(cip(51, false), SVC_PORT), OK_T),
+        &["pod2a"],
+        pod.ipv4.into(),
+    );
+    // Allowed: only the older Service's endpoint answers.
+    k.apply(&objects("192.168.100.0/24", true));
+    let results = probes(&c.ext.ns, Proto::Tcp, target, 10);
+    assert_eq!(
+        names(&tally(&results)),
+        set(&["pod1a"]),
+        "{:?}",
+        tally(&results)
+    );
+    // The newer Service was told, naming both.
+    k.wait_logged("the newer Service's warning", |err| {
+        err.contains(
+            "Service default/copy: field spec.externalIPs: 198.51.100.50 port 80/TCP is also \
+             Service default/shared-lb's",
+        )
+    });
+    // The owner goes: the newer Service takes the IP over, without any source range.
+    k.apply(&objects("192.168.100.0/24", false));
+    let results = probes(&c.ext.ns, Proto::Tcp, target, 10);
+    assert_eq!(
+        names(&tally(&results)),
+        set(&["pod2a"]),
+        "{:?}",
+        tally(&results)
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 6. externalTrafficPolicy Local.
 // ---------------------------------------------------------------------------------------
