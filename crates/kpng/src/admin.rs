@@ -1033,6 +1033,7 @@ pub fn node_facts(
             // HNS gets no load balancer for a Service without endpoints (winkernel's "not
             // applying any policy"): nothing answers, nothing rejects.
             rejects_without_endpoints: kind != Some(BackendKind::Hns),
+            external_ips_before_load_balancers: kind == Some(BackendKind::Iptables),
         },
     }
 }

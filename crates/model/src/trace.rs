@@ -64,6 +64,11 @@ pub struct BackendTraits {
     /// without endpoints, so kube-proxy's winkernel, and the HNS backend, program nothing for
     /// it and its connections are not answered (the client times out).
     pub rejects_without_endpoints: bool,
+    /// An IP that is both an external IP and a load-balancer IP of one Service port is
+    /// served as the external IP, without the source ranges (iptables mode: its external-IP
+    /// rule comes first); nftables mode serves it as the load balancer, firewall included
+    /// (one map key for both, the firewall keyed by the load-balancer IP).
+    pub external_ips_before_load_balancers: bool,
 }
 
 impl Default for BackendTraits {
@@ -75,6 +80,7 @@ impl Default for BackendTraits {
             translates_local_sockets: false,
             enforces_source_ranges: true,
             rejects_without_endpoints: true,
+            external_ips_before_load_balancers: false,
         }
     }
 }
@@ -194,7 +200,11 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
     let matched = ports.iter().find_map(|p| {
         if p.cluster_ip == dst && p.port == dport {
             Some((*p, Frontend::ClusterIp))
-        } else if p.port == dport && p.external_ips.contains(&dst) {
+        } else if p.port == dport
+            && p.external_ips.contains(&dst)
+            && (facts.backend.external_ips_before_load_balancers
+                || !p.load_balancer_ips.contains(&dst))
+        {
             Some((*p, Frontend::ExternalIp))
         } else if p.port == dport && p.load_balancer_ips.contains(&dst) {
             Some((*p, Frontend::LoadBalancer))

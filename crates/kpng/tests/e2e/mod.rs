@@ -104,6 +104,13 @@ impl Backend {
         format!("{tag}-{what}")
     }
 
+    /// Whether an IP that is both an external IP and the load-balancer IP of one Service
+    /// port is served as the external IP, without the load balancer's source ranges
+    /// (iptables mode's rule order), rather than as the load balancer (nftables mode).
+    pub fn external_ips_before_load_balancers(self) -> bool {
+        self.iptables_tool().is_some()
+    }
+
     /// The variant's `iptables` tool, for iptables backends.
     pub fn iptables_tool(self) -> Option<&'static str> {
         match self {
@@ -160,6 +167,7 @@ macro_rules! suite {
             node_port_default_addresses_and_loopback,
             external_ip_and_load_balancer_source_ranges,
             external_ip_shared_by_two_services_goes_to_the_older,
+            own_external_ip_that_is_its_load_balancer_ip,
             external_traffic_policy_local,
             internal_traffic_policy_local,
             hairpin_to_own_service_is_masqueraded,

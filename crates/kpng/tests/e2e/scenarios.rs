@@ -502,6 +502,43 @@ pub fn external_ip_shared_by_two_services_goes_to_the_older(b: Backend) {
     );
 }
 
+/// One Service naming its load-balancer IP among its external IPs too, with source ranges
+/// that leave the outside out. nftables mode (one map key for both, the firewall keyed by the
+/// load-balancer IP) drops the outside; iptables mode matches the external-IP rule first and
+/// lets it through, without the firewall. Whatever a backend does, `kpng trace` must say it
+/// (every probe here is checked against the trace).
+pub fn own_external_ip_that_is_its_load_balancer_ip(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("xlb")).expect("cluster");
+    let _echo = echo_all(&c);
+    let _k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc_v4(
+            "both",
+            52,
+            "LoadBalancer",
+            &format!(
+                "externalIPs: [{}], loadBalancerSourceRanges: [203.0.113.0/24]",
+                vip(52)
+            ),
+            &[("pod2a", Cond::Ready)],
+        )]),
+        &[],
+    );
+    let r = probe(&c.ext.ns, Proto::Tcp, sa(vip(52), SVC_PORT), DROP_T);
+    let expected = if b.external_ips_before_load_balancers() {
+        Outcome::Ok
+    } else {
+        Outcome::Timeout
+    };
+    assert_outcome(
+        &r,
+        expected,
+        "ext → the IP that is both, outside the source ranges",
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 6. externalTrafficPolicy Local.
 // ---------------------------------------------------------------------------------------

@@ -438,6 +438,26 @@ fn backend_differences_change_the_trace() {
             "{t:?}"
         );
     }
+    // An IP that is both the external IP and the load-balancer IP of the port: nftables
+    // mode applies the load balancer's source ranges to it, iptables mode matches the
+    // external-IP rule first and does not.
+    let mut both = ranged.clone();
+    both.external_ips = both.load_balancer_ips.clone();
+    let iptables = NodeFacts {
+        backend: BackendTraits {
+            rejects_unknown_ports: false,
+            external_ips_before_load_balancers: true,
+            ..BackendTraits::default()
+        },
+        ..facts()
+    };
+    for (facts, verdict, frontend) in [
+        (&facts(), Verdict::Drop, Frontend::LoadBalancer),
+        (&iptables, Verdict::Dnat, Frontend::ExternalIp),
+    ] {
+        let t = trace(&snapshot(vec![both.clone()]), facts, &q("198.51.100.10:80"));
+        assert_eq!((t.verdict, t.frontend), (verdict, Some(frontend)), "{t:?}");
+    }
     // A Service without endpoints: rejected by the Linux backends; on HNS it has no load
     // balancer (HNS refuses one), so nothing answers: not a reject.
     let mut empty = web();
