@@ -174,18 +174,23 @@ impl BackendKind {
         if flags.nodeport_addresses.is_empty() {
             return Ok(self.default_nodeport_addresses());
         }
-        if flags.nodeport_addresses.iter().all(|a| a == "primary") {
+        // Checked at start (`config::apply`), the file's and the command line's alike.
+        if let Some(problem) = crate::config::nodeport_addresses_problem(&flags.nodeport_addresses)
+        {
+            anyhow::bail!("--nodeport-addresses: {problem}");
+        }
+        if flags
+            .nodeport_addresses
+            .iter()
+            .all(|a| a.trim() == "primary")
+        {
             return Ok(NodePortAddresses::Primary);
         }
         let cidrs = flags
             .nodeport_addresses
             .iter()
-            .map(|a| {
-                a.parse::<ipnet::IpNet>().with_context(|| {
-                    format!("--nodeport-addresses: {a:?} is not a CIDR or `primary`")
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .filter_map(|a| a.trim().parse::<ipnet::IpNet>().ok())
+            .collect();
         Ok(NodePortAddresses::Cidrs(cidrs))
     }
 

@@ -919,6 +919,37 @@ fn written_configuration_reads_back_to_the_same_flags() {
     assert_eq!(format!("{back:?}"), format!("{flags:?}"), "{text}");
 }
 
+/// The command line and the file refuse the same values with the same words, so
+/// `--write-config-to` cannot write a file that `--config` refuses.
+#[test]
+fn the_command_line_and_the_file_refuse_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value, field, says) in [
+        (
+            "--nodeport-addresses",
+            "primary,fd00::/8",
+            "nodePortAddresses: [primary, \"fd00::/8\"]",
+            "\"primary\" cannot be combined with CIDRs",
+        ),
+        (
+            "--cluster-cidr",
+            "10.244.0.0/16,10.245.0.0/16",
+            "clusterCIDR: 10.244.0.0/16,10.245.0.0/16",
+            "\"10.244.0.0/16,10.245.0.0/16\" has two CIDRs of one family (at most one IPv4 \
+             and one IPv6)",
+        ),
+    ] {
+        let err =
+            run_cli(&["kpng", flag, value, "--write-config-to", "-", "version"]).expect_err(value);
+        assert_eq!(format!("{err:#}"), format!("{flag}: {says}"));
+        let path = dir.path().join("kp.conf");
+        std::fs::write(&path, doc(&format!("{field}\n"))).unwrap();
+        let err =
+            run_cli(&["kpng", "--config", path.to_str().unwrap(), "version"]).expect_err(field);
+        assert!(format!("{err:#}").contains(says), "{err:#}");
+    }
+}
+
 #[test]
 fn written_default_configuration_is_kube_proxys_shape() {
     let (flags, _) = run_cli(&["kpng", "version"]).unwrap();
