@@ -916,7 +916,21 @@ fn written_configuration_reads_back_to_the_same_flags() {
     // --log-level debug is written as kube-proxy's verbosity 4, and read back as that number.
     assert_eq!(back.verbosity, Some(4));
     back.verbosity = flags.verbosity;
+    // bindAddress is one IP, as kube-proxy reads it: the other family's is left out, and
+    // named for a warning.
+    assert!(text.contains("\nbindAddress: \"192.168.1.5\"\n"), "{text}");
+    assert_eq!(back.node_ip, vec![flags.node_ip[0]]);
+    back.node_ip = flags.node_ip.clone();
     assert_eq!(format!("{back:?}"), format!("{flags:?}"), "{text}");
+    let lost = write::not_written(&flags);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert!(
+        lost[0].starts_with(
+            "--node-ip 192.168.1.5,fd00::5: bindAddress takes one IP (kube-proxy refuses a \
+             pair), so only 192.168.1.5 is written and fd00::5 is left out"
+        ),
+        "{lost:?}"
+    );
 }
 
 /// The command line and the file refuse the same values with the same words, so
