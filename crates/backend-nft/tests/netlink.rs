@@ -450,8 +450,8 @@ fn every_set_type(family: Family) -> Vec<Element> {
         el(
             Set::AffinityTimeouts,
             Key::Mark(0x0100_3000),
-            // nft 1.0.6 cannot build the IPv6 affinity chains (the backend leaves IPv6
-            // affinity out), so IPv6 jumps nowhere.
+            // This test's ports have no IPv6 affinity (written before the backend had it,
+            // docs/nftables.md), so IPv6 jumps nowhere.
             match family {
                 Family::V4 => verdict(Verdict::Goto(Chain::Dynamic(
                     DynamicChain::AffinityTimeout(600),
@@ -695,7 +695,7 @@ fn service_port(i: u32, family: Family, endpoints: u32) -> ServicePort {
             Vec::new()
         },
         source_ranges,
-        // As the backend does: no IPv6 affinity (nft 1.0.6 cannot build its chains).
+        // IPv4 affinity only in this test's data (it predates the backend's IPv6 affinity).
         session_affinity: (i % 20 == 1 && family == Family::V4).then_some(SessionAffinity {
             timeout_seconds: 10800,
         }),

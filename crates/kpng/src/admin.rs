@@ -175,16 +175,24 @@ fn not_answering() -> axum::response::Response {
         .into_response()
 }
 
-/// A trace request, checked.
+/// A trace request, checked. An IPv6 `--from` may be bracketed as in `--to`; an IPv4-mapped
+/// IPv6 address (`::ffff:10.96.0.20`) is the IPv4 address, as the kernel sends it and
+/// kube-proxy's rules see it.
 pub fn parse_trace(from: &str, to: &str, proto: Option<&str>) -> anyhow::Result<TraceQuery> {
-    let from: IpAddr = from
-        .trim()
-        .parse()
-        .with_context(|| format!("--from {from:?} is not an IP address"))?;
+    let bare = from.trim();
+    let bare = bare
+        .strip_prefix('[')
+        .and_then(|b| b.strip_suffix(']'))
+        .unwrap_or(bare);
+    let from: IpAddr = bare
+        .parse::<IpAddr>()
+        .with_context(|| format!("--from {from:?} is not an IP address"))?
+        .to_canonical();
     let to: SocketAddr = to
         .trim()
         .parse()
         .with_context(|| format!("--to {to:?} is not IP:PORT (IPv6: [ADDRESS]:PORT)"))?;
+    let to = SocketAddr::new(to.ip().to_canonical(), to.port());
     let protocol = match proto.unwrap_or("tcp").to_ascii_lowercase().as_str() {
         "tcp" => Protocol::Tcp,
         "udp" => Protocol::Udp,
@@ -891,24 +899,64 @@ fn row(p: &PortStatus) -> [String; 6] {
 /// `kpng trace`.
 pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
     let q = parse_trace(&args.from, &args.to, Some(&args.proto))?;
-    let proto = match q.protocol {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    };
     let body = get(
         socket,
-        &format!("/v1/trace?from={}&to={}&proto={proto}", q.from, q.to),
+        &format!(
+            "/v1/trace?from={}&to={}&proto={}",
+            q.from,
+            q.to,
+            proto_word(q.protocol)
+        ),
     )?;
     let t: serde_json::Value = serde_json::from_str(&body).context("kpng's trace is not JSON")?;
     if args.output == crate::cli::LogFormat::Json {
         println!("{}", serde_json::to_string_pretty(&t)?);
         return Ok(());
     }
+    print!("{}", trace_text(&q, &t));
+    Ok(())
+}
+
+fn proto_word(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// The masquerade line's words: `yes`/`no` as the trace decided, and hairpin as the client
+/// meets it. When every endpoint the client can pick is itself (`onlyItself`), it is always
+/// masqueraded (hairpin), whatever the non-hairpin decision says; "whenever" only when it may
+/// pick another endpoint.
+fn masquerade_words(t: &serde_json::Value) -> String {
+    if t["translatedAtSocket"] == true {
+        let yes_no = if t["masquerade"] == true { "yes" } else { "no" };
+        return format!(
+            "{yes_no} (translated at the socket: no NAT, the endpoint sees the client's address)"
+        );
+    }
+    match (t["masquerade"] == true, t["hairpin"] == true) {
+        (_, true) if t["onlyItself"] == true => {
+            "yes (hairpin: the client is the only endpoint it can pick, so it always reaches \
+             itself, from the node's address)"
+                .to_string()
+        }
+        (true, _) => "yes".to_string(),
+        (false, true) => "no (and whenever the client picks itself: hairpin)".to_string(),
+        (false, false) => "no".to_string(),
+    }
+}
+
+/// `kpng trace`'s text output for the answer `t` to `q`.
+fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let s = |k: &str| t[k].as_str().unwrap_or_default().to_string();
-    println!(
+    let _ = writeln!(
+        out,
         "{} {} → {}: {}{}",
-        proto,
+        proto_word(q.protocol),
         q.from,
         q.to,
         s("verdict").to_uppercase(),
@@ -919,7 +967,7 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         }
     );
     if let Some(service) = t["service"].as_str() {
-        println!("  service:    {service} (via {})", s("frontend"));
+        let _ = writeln!(out, "  service:    {service} (via {})", s("frontend"));
     }
     if let Some(list) = t["endpointList"]
         .as_str()
@@ -933,32 +981,24 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
                     .collect()
             })
             .unwrap_or_default();
-        println!("  endpoints:  {list} list: {}", eps.join(", "));
-        println!(
-            "  masquerade: {}{}",
-            if t["masquerade"] == true { "yes" } else { "no" },
-            if t["translatedAtSocket"] == true {
-                " (translated at the socket: no NAT, the endpoint sees the client's address)"
-            } else if t["hairpin"] == true {
-                " (and whenever the client picks itself: hairpin)"
-            } else {
-                ""
-            }
-        );
+        let _ = writeln!(out, "  endpoints:  {list} list: {}", eps.join(", "));
+        let _ = writeln!(out, "  masquerade: {}", masquerade_words(t));
     }
     if let Some(timeout) = t["affinityTimeoutSeconds"].as_u64() {
-        println!("  affinity:   ClientIP, {timeout} s");
+        let _ = writeln!(out, "  affinity:   ClientIP, {timeout} s");
     }
-    println!("  why:        {}", s("reason"));
+    let _ = writeln!(out, "  why:        {}", s("reason"));
     if let Ok(r) = serde_json::from_value::<RejectedStatus>(t["rejected"].clone()) {
-        println!(
+        let _ = writeln!(
+            out,
             "  note:       the Service's latest version is rejected, so this traces its last good \
              version: {}",
             rejected_line(&r)
         );
     }
     if let Ok(c) = serde_json::from_value::<HealthCheckStatus>(t["healthCheckNotServed"].clone()) {
-        println!(
+        let _ = writeln!(
+            out,
             "  note:       this node does not serve the Service's health check \
              (healthCheckNodePort {}: {}, since {}): load balancers see it as unhealthy and send \
              this Service's traffic to other nodes",
@@ -966,12 +1006,28 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         );
     }
     if t["inSync"] == false {
-        println!(
+        let _ = writeln!(
+            out,
             "  note:       changes are waiting for a sync (or the last one failed): this is what \
              kpng is about to program, not yet what the kernel does"
         );
     }
-    Ok(())
+    out
+}
+
+/// `--nodeport-addresses` as the backend reads it, in the flag's own words, for a trace that
+/// explains why a node port is not served on an address.
+fn nodeport_setting(nodeport: &kpng_backend::settings::NodePortAddresses) -> String {
+    use kpng_backend::settings::NodePortAddresses;
+    match nodeport {
+        NodePortAddresses::Primary => "primary".to_string(),
+        NodePortAddresses::AllLocal => "unset: every local address but loopback".to_string(),
+        NodePortAddresses::Cidrs(cidrs) => cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    }
 }
 
 /// The trace facts of a node, from the flags and the current snapshot.
@@ -981,6 +1037,7 @@ pub fn node_facts(
     detect: &kpng_backend::settings::DetectLocal,
     masquerade_all: bool,
     kind: Option<crate::backends::BackendKind>,
+    service_cidrs: &[ipnet::IpNet],
 ) -> NodeFacts {
     use crate::backends::BackendKind;
     use kpng_backend::settings::DetectLocal;
@@ -1010,10 +1067,12 @@ pub fn node_facts(
     NodeFacts {
         local_ips,
         nodeport_ips,
+        nodeport_setting: nodeport_setting(nodeport),
+        service_cidrs: service_cidrs.to_vec(),
         local_pods: match detect {
             DetectLocal::None => LocalPods::None,
             DetectLocal::ClusterCidr(c) => LocalPods::Cidrs(c.clone()),
-            DetectLocal::NodeCidr => LocalPods::Cidrs(snapshot.node.pod_cidrs.clone()),
+            DetectLocal::NodeCidr => LocalPods::NodeCidrs(snapshot.node.pod_cidrs.clone()),
             DetectLocal::BridgeInterface(b) => LocalPods::Interface {
                 rule: format!("entering from {b}"),
                 assumed: snapshot.node.pod_cidrs.clone(),
@@ -1046,14 +1105,103 @@ mod tests {
     fn trace_requests_are_checked() {
         assert!(parse_trace("10.0.0.1", "10.96.0.1:80", None).is_ok());
         assert!(parse_trace("fd00::1", "[fd00:96::1]:80", Some("UDP")).is_ok());
+        // A bracketed IPv6 source, as in --to; IPv4-mapped addresses are IPv4.
+        for (from, to, want_from, want_to) in [
+            (
+                "[fd00:244:1::2]",
+                "[fd00:96::10]:80",
+                "fd00:244:1::2",
+                "[fd00:96::10]:80",
+            ),
+            (
+                "192.168.100.10",
+                "[::ffff:10.96.0.20]:80",
+                "192.168.100.10",
+                "10.96.0.20:80",
+            ),
+            (
+                "[::ffff:192.168.100.10]",
+                "10.96.0.20:80",
+                "192.168.100.10",
+                "10.96.0.20:80",
+            ),
+            (
+                "::ffff:192.168.100.10",
+                "[::ffff:10.96.0.20]:80",
+                "192.168.100.10",
+                "10.96.0.20:80",
+            ),
+        ] {
+            let q = parse_trace(from, to, None).expect(from);
+            assert_eq!(q.from.to_string(), want_from, "{from}");
+            assert_eq!(q.to.to_string(), want_to, "{to}");
+        }
         for (from, to, proto, says) in [
             ("x", "10.96.0.1:80", None, "--from \"x\" is not an IP"),
+            ("[10.0.0.1", "10.96.0.1:80", None, "is not an IP"),
             ("10.0.0.1", "10.96.0.1", None, "is not IP:PORT"),
             ("10.0.0.1", "10.96.0.1:80", Some("icmp"), "tcp, udp or sctp"),
             ("fd00::1", "10.96.0.1:80", None, "different IP families"),
         ] {
             let e = parse_trace(from, to, proto).expect_err(says);
             assert!(format!("{e:#}").contains(says), "{e:#}");
+        }
+    }
+
+    /// The masquerade line agrees with the JSON's `masquerade` and `hairpin`: a client whose
+    /// only endpoint is itself is always masqueraded (hairpin); "whenever" is for a client
+    /// that may pick another endpoint.
+    #[test]
+    fn the_masquerade_line_says_when_hairpin_is_certain() {
+        let q = parse_trace("10.244.1.5", "10.96.0.10:80", None).expect("query");
+        for (what, masquerade, hairpin, only_itself, endpoints, says) in [
+            (
+                "only itself",
+                false,
+                true,
+                true,
+                &["10.244.1.5:8080"][..],
+                "masquerade: yes (hairpin: the client is the only endpoint",
+            ),
+            (
+                "itself among others",
+                false,
+                true,
+                false,
+                &["10.244.1.5:8080", "10.244.2.5:8080"][..],
+                "masquerade: no (and whenever the client picks itself: hairpin)",
+            ),
+            (
+                "not itself",
+                false,
+                false,
+                false,
+                &["10.244.2.5:8080"][..],
+                "masquerade: no\n",
+            ),
+            (
+                "masqueraded anyway",
+                true,
+                false,
+                false,
+                &["10.244.2.5:8080"][..],
+                "masquerade: yes\n",
+            ),
+        ] {
+            let t = serde_json::json!({
+                "verdict": "dnat",
+                "service": "ns/web:http",
+                "frontend": "clusterIP",
+                "endpointList": "cluster",
+                "endpoints": endpoints,
+                "masquerade": masquerade,
+                "hairpin": hairpin,
+                "onlyItself": only_itself,
+                "reason": "r",
+                "inSync": true,
+            });
+            let text = trace_text(&q, &t);
+            assert!(text.contains(says), "{what}: {text}");
         }
     }
 

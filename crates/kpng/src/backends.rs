@@ -174,7 +174,16 @@ impl BackendKind {
         if flags.nodeport_addresses.is_empty() {
             return Ok(self.default_nodeport_addresses());
         }
-        if flags.nodeport_addresses.iter().all(|a| a == "primary") {
+        // Checked at start (`config::apply`), the file's and the command line's alike.
+        if let Some(problem) = crate::config::nodeport_addresses_problem(&flags.nodeport_addresses)
+        {
+            anyhow::bail!("--nodeport-addresses: {problem}");
+        }
+        if flags
+            .nodeport_addresses
+            .iter()
+            .all(|a| a.trim() == "primary")
+        {
             return Ok(NodePortAddresses::Primary);
         }
         let cidrs = flags
@@ -240,17 +249,11 @@ impl BackendKind {
             return hns::build(flags, args);
         }
         let detect_local = detect_local(flags)?;
-        if matches!(&detect_local, DetectLocal::ClusterCidr(c) if c.is_empty())
-            && !flags.masquerade_all
-        {
-            // kube-proxy says so too: an operator who forgot the flag learns why traffic from
-            // outside the cluster to a ClusterIP keeps its source address.
-            tracing::warn!(
-                "--detect-local-mode ClusterCIDR without --cluster-cidr: kpng cannot tell pods \
-                 from other sources, so ClusterIP traffic from outside the cluster is not \
-                 masqueraded (as kube-proxy); give the pods' CIDRs, or another \
-                 --detect-local-mode"
-            );
+        if !flags.masquerade_all {
+            for warning in cluster_cidr_warnings(&detect_local, &flags.node_ip, &flags.service_cidr)
+            {
+                tracing::warn!("{warning}");
+            }
         }
         let node = NodeSettings {
             masquerade: Masquerade {
@@ -302,6 +305,59 @@ struct NodeSettings {
     masquerade: Masquerade,
     detect_local: DetectLocal,
     nodeport_addresses: NodePortAddresses,
+}
+
+/// What `--detect-local-mode ClusterCIDR` cannot do with the `--cluster-cidr` given, one
+/// warning each: kube-proxy says so too, and an operator who forgot the flag (or one family
+/// of it on a dual-stack node) learns why traffic from outside the cluster to a ClusterIP of
+/// that family keeps its source address. The families known at start are those of
+/// `--node-ip` and `--service-cidr` (the Node object and the Services come later).
+fn cluster_cidr_warnings(
+    detect: &DetectLocal,
+    node_ips: &[std::net::IpAddr],
+    service_cidrs: &[ipnet::IpNet],
+) -> Vec<String> {
+    use kpng_model::Family;
+    let DetectLocal::ClusterCidr(cidrs) = detect else {
+        return Vec::new();
+    };
+    if cidrs.is_empty() {
+        return vec![
+            "--detect-local-mode ClusterCIDR without --cluster-cidr: kpng cannot tell pods \
+             from other sources, so ClusterIP traffic from outside the cluster is not \
+             masqueraded (as kube-proxy); give the pods' CIDRs, or another \
+             --detect-local-mode"
+                .to_string(),
+        ];
+    }
+    let mut out = Vec::new();
+    for family in Family::ALL {
+        if cidrs.iter().any(|c| Family::of(&c.addr()) == family) {
+            continue;
+        }
+        let mut served: Vec<String> = node_ips
+            .iter()
+            .filter(|ip| Family::of(ip) == family)
+            .map(|ip| format!("--node-ip {ip}"))
+            .collect();
+        served.extend(
+            service_cidrs
+                .iter()
+                .filter(|c| Family::of(&c.addr()) == family)
+                .map(|c| format!("--service-cidr {c}")),
+        );
+        if served.is_empty() {
+            continue;
+        }
+        out.push(format!(
+            "--cluster-cidr has no {family} CIDR, though this node serves {family} ({}): the \
+             local-traffic detector (--detect-local-mode ClusterCIDR) does nothing for \
+             {family}, so {family} ClusterIP traffic from outside the cluster is not \
+             masqueraded (as kube-proxy); add the {family} pod CIDR to --cluster-cidr",
+            served.join(", ")
+        ));
+    }
+    out
 }
 
 /// `--detect-local-mode` with its parameters.
@@ -852,6 +908,75 @@ pub(crate) mod hns {
 #[cfg(test)]
 mod tests {
     use super::{BackendKind, Platform};
+
+    /// A ClusterCIDR detector warns for no `--cluster-cidr` at all, and for a family the node
+    /// serves (by `--node-ip` or `--service-cidr`) that `--cluster-cidr` has no CIDR of.
+    #[test]
+    fn a_family_without_a_cluster_cidr_is_warned_about() {
+        use kpng_backend::settings::DetectLocal;
+        let nets = |l: &[&str]| -> Vec<ipnet::IpNet> {
+            l.iter().map(|c| c.parse().expect("cidr")).collect()
+        };
+        let ips = |l: &[&str]| -> Vec<std::net::IpAddr> {
+            l.iter().map(|c| c.parse().expect("ip")).collect()
+        };
+        for (what, detect, node_ips, service_cidrs, want) in [
+            (
+                "no --cluster-cidr",
+                DetectLocal::ClusterCidr(vec![]),
+                ips(&[]),
+                nets(&[]),
+                &["--detect-local-mode ClusterCIDR without --cluster-cidr"][..],
+            ),
+            (
+                "IPv6 only, dual-stack Service CIDRs",
+                DetectLocal::ClusterCidr(nets(&["fd00:244::/32"])),
+                ips(&[]),
+                nets(&["fd00:96::/112", "10.96.0.0/16"]),
+                &[
+                    "--cluster-cidr has no IPv4 CIDR, though this node serves IPv4 \
+                   (--service-cidr 10.96.0.0/16)",
+                ][..],
+            ),
+            (
+                "IPv4 only, an IPv6 node IP",
+                DetectLocal::ClusterCidr(nets(&["10.244.0.0/16"])),
+                ips(&["192.168.100.1", "fd00:100::1"]),
+                nets(&[]),
+                &[
+                    "--cluster-cidr has no IPv6 CIDR, though this node serves IPv6 \
+                   (--node-ip fd00:100::1)",
+                ][..],
+            ),
+            (
+                "a pair",
+                DetectLocal::ClusterCidr(nets(&["10.244.0.0/16", "fd00:244::/32"])),
+                ips(&["192.168.100.1", "fd00:100::1"]),
+                nets(&["fd00:96::/112", "10.96.0.0/16"]),
+                &[][..],
+            ),
+            (
+                "one family, nothing says the node has the other",
+                DetectLocal::ClusterCidr(nets(&["10.244.0.0/16"])),
+                ips(&[]),
+                nets(&["10.96.0.0/16"]),
+                &[][..],
+            ),
+            (
+                "another mode",
+                DetectLocal::NodeCidr,
+                ips(&["fd00:100::1"]),
+                nets(&[]),
+                &[][..],
+            ),
+        ] {
+            let got = super::cluster_cidr_warnings(&detect, &node_ips, &service_cidrs);
+            assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+            for (g, w) in got.iter().zip(want) {
+                assert!(g.starts_with(w), "{what}: {g}");
+            }
+        }
+    }
 
     #[test]
     fn an_empty_mode_is_kube_proxys_default_of_the_platform() {

@@ -9,6 +9,7 @@
 //! kube-proxy itself ignores most flags when `--config` is given (only `--hostname-override` and
 //! the logging flags win); letting every explicit flag win is a superset of that.
 
+mod checks;
 mod duration;
 mod load;
 mod mapping;
@@ -27,6 +28,7 @@ use clap::parser::ValueSource;
 
 use crate::cli::{GlobalFlags, ProxyModeArg};
 
+pub use checks::nodeport_addresses_problem;
 pub use duration::parse as parse_go_duration;
 pub use mapping::HEALTHZ_PORT;
 pub use write::effective;
@@ -133,6 +135,14 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     }
     if given_on_command_line(matches, "proxy_mode") {
         flags.proxy_mode_origin = Some("--proxy-mode".into());
+    }
+    // The command line's values meet the file's checks (the file's own were checked on
+    // reading), so --write-config-to never writes a file --config refuses.
+    if let Some(problem) = checks::cluster_cidr_problem(&flags.cluster_cidr) {
+        anyhow::bail!("--cluster-cidr: {problem}");
+    }
+    if let Some(problem) = checks::nodeport_addresses_problem(&flags.nodeport_addresses) {
+        anyhow::bail!("--nodeport-addresses: {problem}");
     }
     settle_proxy_mode(flags, matches, &mut report)?;
     // klog's -v, as kube-proxy's logging flags, wins over the file; --log-level over both.

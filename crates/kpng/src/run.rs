@@ -736,9 +736,16 @@ where
         let masquerade_all = flags.masquerade_all;
         let kind = facts.kind;
         let localhost_node_ports = flags.iptables_localhost_nodeports;
+        let service_cidrs = flags.service_cidr.clone();
         let (with_admin, handle) = runner.with_admin(Box::new(move |snapshot| {
-            let mut node =
-                crate::admin::node_facts(snapshot, &nodeport, &detect, masquerade_all, kind);
+            let mut node = crate::admin::node_facts(
+                snapshot,
+                &nodeport,
+                &detect,
+                masquerade_all,
+                kind,
+                &service_cidrs,
+            );
             // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
             if kind == Some(BackendKind::Iptables) && localhost_node_ports {
                 node.nodeport_ips

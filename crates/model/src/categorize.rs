@@ -36,14 +36,16 @@ pub struct CategorizedEndpoints {
     pub has_any: bool,
 }
 
+/// Which hints decide for this node: the same choice serves the lists and `kpng status`'s
+/// explanation of an unused endpoint ([`crate::inspect`]), which must name what decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TopologyMode {
+pub(crate) enum TopologyMode {
     None,
     PreferSameNode,
     PreferSameZone,
 }
 
-fn topology_mode(
+pub(crate) fn topology_mode(
     candidates: &[EndpointCandidate],
     node_name: &str,
     zone: Option<&str>,

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::categorize::EndpointCandidate;
+use crate::categorize::{EndpointCandidate, TopologyMode, topology_mode};
 use crate::node::NodeState;
 use crate::service_port::ServicePort;
 
@@ -54,6 +54,7 @@ pub fn explain_endpoints(
     let any_local_ready = candidates
         .iter()
         .any(|c| c.endpoint.ready && c.endpoint.is_local);
+    let mode = topology_mode(candidates, &node.name, node.zone.as_deref());
     candidates
         .iter()
         .map(|c| {
@@ -68,7 +69,7 @@ pub fn explain_endpoints(
             }
             let reason = used_by
                 .is_empty()
-                .then(|| unused_reason(port, c, node, any_ready, any_local_ready));
+                .then(|| unused_reason(port, c, node, mode, any_ready, any_local_ready));
             EndpointStatus {
                 address: addr,
                 ready: e.ready,
@@ -89,6 +90,7 @@ fn unused_reason(
     port: &ServicePort,
     c: &EndpointCandidate,
     node: &NodeState,
+    mode: TopologyMode,
     any_ready: bool,
     any_local_ready: bool,
 ) -> String {
@@ -119,24 +121,27 @@ fn unused_reason(
     } else {
         format!("this node ({})", node.name)
     };
-    if !c.node_hints.is_empty() && !c.node_hints.contains(&node.name) {
-        return format!(
-            "topology: hinted for node {}, not {this_node}",
-            c.node_hints.join(", ")
-        );
-    }
-    if !c.zone_hints.is_empty() {
-        let zone = node.zone.as_deref().unwrap_or("(no zone label)");
-        if !c
-            .zone_hints
-            .iter()
-            .any(|z| Some(z.as_str()) == node.zone.as_deref())
+    // The hints that decided (node hints, else zone hints), as categorize chose them.
+    match mode {
+        TopologyMode::PreferSameNode if !c.node_hints.contains(&node.name) => {
+            return format!(
+                "topology: hinted for node {}, not {this_node}",
+                c.node_hints.join(", ")
+            );
+        }
+        TopologyMode::PreferSameZone
+            if !c
+                .zone_hints
+                .iter()
+                .any(|z| Some(z.as_str()) == node.zone.as_deref()) =>
         {
+            let zone = node.zone.as_deref().unwrap_or("(no zone label)");
             return format!(
                 "topology: hinted for zone {}, {this_node} is in {zone}",
                 c.zone_hints.join(", ")
             );
         }
+        _ => {}
     }
     "not selected".into()
 }
@@ -195,9 +200,20 @@ mod tests {
         hinted.zone_hints = vec!["b".into()];
         let mut node_hinted = cand("10.0.0.7", false, true, true, false);
         node_hinted.node_hints = vec!["n2".into()];
-        let ready = cand("10.0.0.1", false, true, true, false);
+        // PreferSameZone decides (the used endpoint has no node hint): the zone excluded it,
+        // whatever its node hint says.
+        let mut zone_decided = cand("10.0.0.8", false, true, true, false);
+        zone_decided.node_hints = vec!["n2".into()];
+        zone_decided.zone_hints = vec!["b".into()];
+        // The endpoint in use: hinted for this node and its zone, so that every case's hints
+        // are the ones that decide.
+        let mut ready = cand("10.0.0.1", false, true, true, false);
+        ready.node_hints = vec!["n1".into()];
+        ready.zone_hints = vec!["a".into()];
+        let mut ready_zone_only = ready.clone();
+        ready_zone_only.node_hints.clear();
         let cases: Vec<(&str, EndpointCandidate, bool, Option<&str>)> = vec![
-            ("used", ready.clone(), false, None),
+            ("used", ready_zone_only.clone(), false, None),
             (
                 "not serving",
                 cand("10.0.0.2", false, false, false, true),
@@ -234,6 +250,12 @@ mod tests {
                 false,
                 Some("topology: hinted for node n2, not this node (n1)"),
             ),
+            (
+                "zone hint decides, a node hint too",
+                zone_decided,
+                false,
+                Some("topology: hinted for zone b, this node (n1) is in a"),
+            ),
         ];
         for (what, c, itp_local, want) in cases {
             let mut p = port();
@@ -242,7 +264,12 @@ mod tests {
             if want.is_none() {
                 p.cluster_endpoints = vec![c.endpoint.clone()];
             }
-            let all = [ready.clone(), c.clone()];
+            let used = if what.starts_with("zone hint decides") {
+                ready_zone_only.clone()
+            } else {
+                ready.clone()
+            };
+            let all = [used, c.clone()];
             let got = explain_endpoints(&p, &all, &node());
             let status = got
                 .iter()

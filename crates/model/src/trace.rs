@@ -35,6 +35,13 @@ pub struct NodeFacts {
     pub local_ips: Vec<IpAddr>,
     /// The addresses that accept node ports (`--nodeport-addresses`).
     pub nodeport_ips: Vec<IpAddr>,
+    /// `--nodeport-addresses` as set, in words (`primary`, CIDRs, every local address): a
+    /// node port reached on another of the node's addresses is not served there, and the
+    /// trace names the setting that decided so.
+    pub nodeport_setting: String,
+    /// `--service-cidr`: the rules drop traffic to an unallocated IP inside them as inside the
+    /// cluster's ServiceCIDR objects (which the snapshot holds), so the trace must know both.
+    pub service_cidrs: Vec<IpNet>,
     /// How a source is recognised as a pod (`--detect-local-mode`).
     pub local_pods: LocalPods,
     /// `--masquerade-all`.
@@ -91,8 +98,11 @@ pub enum LocalPods {
     /// No detection: no source is a pod.
     #[default]
     None,
-    /// Sources inside these CIDRs are pods.
+    /// Sources inside these CIDRs (`--cluster-cidr`, mode ClusterCIDR) are pods.
     Cidrs(Vec<IpNet>),
+    /// Sources inside the Node's pod CIDRs (mode NodeCIDR) are pods: a separate variant so
+    /// that a family without one is explained by the Node, not by `--cluster-cidr`.
+    NodeCidrs(Vec<IpNet>),
     /// Decided by the interface the packet came in on, which a trace does not know: the
     /// trace takes sources inside `assumed` (the node's pod CIDRs, whose pods sit behind that
     /// interface) as pods; `rule` names the real rule for the reason text.
@@ -160,6 +170,11 @@ pub struct Trace {
     /// The client is itself one of the endpoints: when it is picked, the packet is
     /// masqueraded (hairpin) whatever `masquerade` says.
     pub hairpin: bool,
+    /// Every endpoint the client can pick is the client itself: it is always masqueraded
+    /// (hairpin). Said once here so that every renderer (the text, the status page) words it
+    /// alike, not "whenever it picks itself".
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub only_itself: bool,
     /// The connection is made to the endpoint at the socket (`connect()`/`sendmsg()`, the eBPF
     /// backend) rather than rewritten packet by packet: for a source on this node.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -181,6 +196,7 @@ impl Trace {
             endpoints: Vec::new(),
             masquerade: false,
             hairpin: false,
+            only_itself: false,
             translated_at_socket: false,
             affinity_timeout_seconds: None,
             reason,
@@ -240,13 +256,16 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
     let from_node = facts.local_ips.contains(&q.from);
     let (list, masquerade, why) = match frontend {
         Frontend::ClusterIp => {
-            let masq = facts.masquerade_all || (is_detecting(facts, q.from) && !from_pod);
+            let detecting = is_detecting(facts, q.from);
+            let masq = facts.masquerade_all || (detecting && !from_pod);
             let why = if facts.masquerade_all {
-                "masquerade-all"
+                "masquerade-all".to_string()
             } else if masq {
-                "the source is not a pod (--detect-local-mode): ClusterIP traffic from outside is masqueraded"
+                "the source is not a pod (--detect-local-mode): ClusterIP traffic from outside is masqueraded".to_string()
+            } else if !detecting {
+                no_detector(&facts.local_pods, Family::of(&q.from))
             } else {
-                "the source is a pod (--detect-local-mode), its address kept"
+                "the source is a pod (--detect-local-mode), its address kept".to_string()
             };
             let list = if port.internal_policy_local {
                 "local"
@@ -258,22 +277,22 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         _ if !port.external_policy_local => (
             "cluster",
             true,
-            "externalTrafficPolicy Cluster: external traffic is masqueraded",
+            "externalTrafficPolicy Cluster: external traffic is masqueraded".to_string(),
         ),
         _ if from_pod => (
             "cluster",
             facts.masquerade_all,
-            "externalTrafficPolicy Local, but the source is a pod (--detect-local-mode): every endpoint",
+            "externalTrafficPolicy Local, but the source is a pod (--detect-local-mode): every endpoint".to_string(),
         ),
         _ if from_node => (
             "cluster",
             true,
-            "externalTrafficPolicy Local, but the node itself is the source: every endpoint, masqueraded",
+            "externalTrafficPolicy Local, but the node itself is the source: every endpoint, masqueraded".to_string(),
         ),
         _ => (
             "local",
             facts.masquerade_all,
-            "externalTrafficPolicy Local: this node's endpoints, the client's address kept",
+            "externalTrafficPolicy Local: this node's endpoints, the client's address kept".to_string(),
         ),
     };
     let endpoints = if list == "local" {
@@ -316,10 +335,12 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         return t;
     }
     t.hairpin = endpoints.iter().any(|e| e.ip == q.from);
+    t.only_itself = endpoints.iter().all(|e| e.ip == q.from);
     if at_socket {
         t.translated_at_socket = true;
         t.masquerade = false;
         t.hairpin = false;
+        t.only_itself = false;
         t.reason = "a socket on this node (the node's, or a pod's of this node): the eBPF \
                     programs connect it to one of the endpoints at connect()/sendmsg(), so no \
                     packet is rewritten and the endpoint sees the client's own address (a \
@@ -330,7 +351,7 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         t.reason = "the userspace proxy connects to the endpoint from the node".to_string();
     } else {
         t.masquerade = masquerade;
-        t.reason = why.to_string();
+        t.reason = why;
     }
     if outside_ranges {
         t.reason.push_str(&format!(
@@ -357,12 +378,52 @@ fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: F
             ),
         );
     }
-    if snapshot.service_cidrs.iter().any(|c| c.contains(&dst))
+    if let Some(cidr) = snapshot
+        .service_cidrs
+        .iter()
+        .chain(&facts.service_cidrs)
+        .find(|c| c.contains(&dst))
         && facts.backend.rejects_unknown_ports
     {
         return Trace::unmatched(
             Verdict::Drop,
-            format!("{dst} is in a Service CIDR but no Service has it"),
+            format!(
+                "{dst} is in the Service CIDR {cidr} but no Service has it: traffic to \
+                 unallocated ClusterIPs is dropped"
+            ),
+        );
+    }
+    let node_port_elsewhere = snapshot
+        .family(family)
+        .any(|p| p.key.protocol == q.protocol && p.node_port == Some(q.to.port()));
+    if node_port_elsewhere && facts.local_ips.contains(&dst) && !facts.nodeport_ips.contains(&dst) {
+        let not_served = if dst.is_loopback() {
+            "loopback is never a node-port address".to_string()
+        } else {
+            let served: Vec<String> = facts
+                .nodeport_ips
+                .iter()
+                .filter(|ip| Family::of(ip) == family)
+                .map(ToString::to_string)
+                .collect();
+            format!(
+                "it is not one of the node-port addresses (--nodeport-addresses {}: {})",
+                facts.nodeport_setting,
+                if served.is_empty() {
+                    format!("no {family} address")
+                } else {
+                    served.join(", ")
+                }
+            )
+        };
+        return Trace::unmatched(
+            Verdict::Accept,
+            format!(
+                "{dst} is this node's, but {not_served}: node port {}/{} is not served on it, \
+                 so the packet goes to the node untouched",
+                q.to.port(),
+                q.protocol
+            ),
         );
     }
     if facts.local_ips.contains(&dst) || facts.nodeport_ips.contains(&dst) {
@@ -378,6 +439,28 @@ fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: F
     Trace::unmatched(Verdict::None, format!("{} is not a Service address", q.to))
 }
 
+/// Why ClusterIP traffic of `family` is not masqueraded when no rule of the family tells pods
+/// apart: the detector has nothing of that family to match (kube-proxy's no-op detector).
+fn no_detector(local_pods: &LocalPods, family: Family) -> String {
+    let nothing = format!(
+        "so the local-traffic detector does nothing for {family}: no {family} ClusterIP \
+         traffic is masqueraded for coming from outside the cluster (as kube-proxy)"
+    );
+    match local_pods {
+        LocalPods::Cidrs(_) => format!(
+            "no {family} cluster CIDR is given (--cluster-cidr, --detect-local-mode \
+             ClusterCIDR), {nothing}"
+        ),
+        LocalPods::NodeCidrs(_) => format!(
+            "the Node has no {family} pod CIDR (spec.podCIDRs, --detect-local-mode NodeCIDR), \
+             {nothing}"
+        ),
+        LocalPods::None | LocalPods::Interface { .. } => {
+            format!("--detect-local-mode None tells no source apart, {nothing}")
+        }
+    }
+}
+
 /// Whether the rules tell pods from other sources in `source`'s family, as the backends
 /// write them: CIDRs detect only in a family they have one of (without `--cluster-cidr`, or
 /// with one family's only, the other family has no rule and no ClusterIP traffic of it is
@@ -385,7 +468,7 @@ fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: F
 fn is_detecting(facts: &NodeFacts, source: IpAddr) -> bool {
     match &facts.local_pods {
         LocalPods::None => false,
-        LocalPods::Cidrs(cidrs) => cidrs
+        LocalPods::Cidrs(cidrs) | LocalPods::NodeCidrs(cidrs) => cidrs
             .iter()
             .any(|c| Family::of(&c.addr()) == Family::of(&source)),
         LocalPods::Interface { .. } => true,
@@ -395,7 +478,9 @@ fn is_detecting(facts: &NodeFacts, source: IpAddr) -> bool {
 fn is_local_pod(facts: &NodeFacts, ip: IpAddr) -> bool {
     match &facts.local_pods {
         LocalPods::None => false,
-        LocalPods::Cidrs(cidrs) => cidrs.iter().any(|c| c.contains(&ip)),
+        LocalPods::Cidrs(cidrs) | LocalPods::NodeCidrs(cidrs) => {
+            cidrs.iter().any(|c| c.contains(&ip))
+        }
         LocalPods::Interface { assumed, .. } => assumed.iter().any(|c| c.contains(&ip)),
     }
 }

@@ -455,7 +455,8 @@ fn listen_address(field: &str, text: &str, default: SocketAddr) -> anyhow::Resul
     })
 }
 
-/// `clusterCIDR`: one CIDR or a dual-stack pair, comma-separated.
+/// `clusterCIDR`: one CIDR or a dual-stack pair, comma-separated (checked as
+/// `--cluster-cidr` is).
 fn cluster_cidrs(text: &str) -> anyhow::Result<Vec<IpNet>> {
     let mut out: Vec<IpNet> = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -464,15 +465,10 @@ fn cluster_cidrs(text: &str) -> anyhow::Result<Vec<IpNet>> {
             .map_err(|_| anyhow::anyhow!("field clusterCIDR: {part:?} is not a CIDR"))?;
         let net = kpng_model::ip::unmap_cidr(net, part)
             .map_err(|e| anyhow::anyhow!("field clusterCIDR: {e}"))?;
-        if out
-            .iter()
-            .any(|o| o.addr().is_ipv4() == net.addr().is_ipv4())
-        {
-            bail!(
-                "field clusterCIDR: {text:?} has two CIDRs of one family (at most one IPv4 and one IPv6)"
-            );
-        }
         out.push(net);
+    }
+    if let Some(problem) = super::checks::cluster_cidr_problem(&out) {
+        bail!("field clusterCIDR: {problem}");
     }
     Ok(out)
 }
@@ -489,16 +485,8 @@ fn nodeport_addresses(list: Option<&[String]>) -> anyhow::Result<Vec<String>> {
     if list.is_empty() {
         return Ok(Vec::new());
     }
-    if list.len() > 1 && list.iter().any(|a| a == "primary") {
-        bail!("field nodePortAddresses: \"primary\" cannot be combined with CIDRs");
-    }
-    for a in list.iter().filter(|a| *a != "primary") {
-        let Ok(net) = a.parse::<IpNet>() else {
-            bail!("field nodePortAddresses: {a:?} is not a CIDR or \"primary\"");
-        };
-        if let Err(e) = kpng_model::ip::unmap_cidr(net, a) {
-            bail!("field nodePortAddresses: {e}");
-        }
+    if let Some(problem) = super::checks::nodeport_addresses_problem(&list) {
+        bail!("field nodePortAddresses: {problem}");
     }
     Ok(list)
 }

@@ -924,7 +924,52 @@ fn written_configuration_reads_back_to_the_same_flags() {
     // --log-level debug is written as kube-proxy's verbosity 4, and read back as that number.
     assert_eq!(back.verbosity, Some(4));
     back.verbosity = flags.verbosity;
+    // bindAddress is one IP, as kube-proxy reads it: the other family's is left out, and
+    // named for a warning.
+    assert!(text.contains("\nbindAddress: \"192.168.1.5\"\n"), "{text}");
+    assert_eq!(back.node_ip, vec![flags.node_ip[0]]);
+    back.node_ip = flags.node_ip.clone();
     assert_eq!(format!("{back:?}"), format!("{flags:?}"), "{text}");
+    let lost = write::not_written(&flags);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert!(
+        lost[0].starts_with(
+            "--node-ip 192.168.1.5,fd00::5: bindAddress takes one IP (kube-proxy refuses a \
+             pair), so only 192.168.1.5 is written and fd00::5 is left out"
+        ),
+        "{lost:?}"
+    );
+}
+
+/// The command line and the file refuse the same values with the same words, so
+/// `--write-config-to` cannot write a file that `--config` refuses.
+#[test]
+fn the_command_line_and_the_file_refuse_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value, field, says) in [
+        (
+            "--nodeport-addresses",
+            "primary,fd00::/8",
+            "nodePortAddresses: [primary, \"fd00::/8\"]",
+            "\"primary\" cannot be combined with CIDRs",
+        ),
+        (
+            "--cluster-cidr",
+            "10.244.0.0/16,10.245.0.0/16",
+            "clusterCIDR: 10.244.0.0/16,10.245.0.0/16",
+            "\"10.244.0.0/16,10.245.0.0/16\" has two CIDRs of one family (at most one IPv4 \
+             and one IPv6)",
+        ),
+    ] {
+        let err =
+            run_cli(&["kpng", flag, value, "--write-config-to", "-", "version"]).expect_err(value);
+        assert_eq!(format!("{err:#}"), format!("{flag}: {says}"));
+        let path = dir.path().join("kp.conf");
+        std::fs::write(&path, doc(&format!("{field}\n"))).unwrap();
+        let err =
+            run_cli(&["kpng", "--config", path.to_str().unwrap(), "version"]).expect_err(field);
+        assert!(format!("{err:#}").contains(says), "{err:#}");
+    }
 }
 
 #[test]

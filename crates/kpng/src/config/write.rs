@@ -31,12 +31,12 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
     let i32_field = |name: &str, v: u64| {
         i32::try_from(v).with_context(|| format!("{name} {v} does not fit the file's int32 field"))
     };
-    let bind_address = if flags.node_ip.is_empty() {
-        "0.0.0.0".to_string()
-    } else {
-        let ips: Vec<String> = flags.node_ip.iter().map(ToString::to_string).collect();
-        ips.join(",")
-    };
+    // kube-proxy's bindAddress is one IP (a pair is refused); the other family's is left out
+    // and named by `not_written`.
+    let bind_address = flags
+        .node_ip
+        .first()
+        .map_or_else(|| "0.0.0.0".to_string(), ToString::to_string);
     let cluster_cidr: Vec<String> = flags.cluster_cidr.iter().map(ToString::to_string).collect();
     let kind = flags.proxy_mode;
     let nftables_mode = matches!(
@@ -188,10 +188,24 @@ fn client_connection(client: &ClientConnection) -> ClientConnectionConfiguration
 
 /// A `--log-level` as klog verbosity (the inverse of the mapping on reading).
 /// Settings in force that the file cannot carry, one line each naming the flag to keep on the
-/// command line: the file reads a `minSyncPeriod` of 0 as kube-proxy's default 1s, and an
+/// command line: `bindAddress` holds one node IP, not a dual-stack pair; the file reads a `minSyncPeriod` of 0 as kube-proxy's default 1s, and an
 /// empty `metricsBindAddress` as the default address, as kube-proxy does.
 pub fn not_written(flags: &GlobalFlags) -> Vec<String> {
     let mut lost = Vec::new();
+    if let [first, rest @ ..] = flags.node_ip.as_slice()
+        && !rest.is_empty()
+    {
+        let all: Vec<String> = flags.node_ip.iter().map(ToString::to_string).collect();
+        let left: Vec<String> = rest.iter().map(ToString::to_string).collect();
+        lost.push(format!(
+            "--node-ip {}: bindAddress takes one IP (kube-proxy refuses a pair), so only \
+             {first} is written and {} is left out (kube-proxy reads the other family's node \
+             IP from the Node object): keep --node-ip {} on kpng's command line to keep both",
+            all.join(","),
+            left.join(","),
+            all.join(",")
+        ));
+    }
     if flags.min_sync_period.is_zero() {
         lost.push(
             "--min-sync-period=0s is written as 0s, which the file reads as kube-proxy's \

@@ -66,6 +66,8 @@ fn facts() -> NodeFacts {
     NodeFacts {
         local_ips: vec!["172.18.0.2".parse().expect("ip")],
         nodeport_ips: vec!["172.18.0.2".parse().expect("ip")],
+        nodeport_setting: "primary".into(),
+        service_cidrs: Vec::new(),
         local_pods: LocalPods::Cidrs(vec!["10.244.1.0/24".parse().expect("cidr")]),
         masquerade_all: false,
         backend: BackendTraits::default(),
@@ -171,6 +173,115 @@ fn clusterip_masquerade_follows_the_detection_of_the_packets_family() {
         },
     );
     assert!(t.masquerade, "{t:?}");
+}
+
+/// The reason names what decided: a family without a detector, a Service CIDR given by
+/// flag, a node port on an address that is not a node-port address.
+#[test]
+fn the_reason_names_what_decided() {
+    struct Why {
+        what: &'static str,
+        facts: fn(&mut NodeFacts),
+        from: &'static str,
+        to: &'static str,
+        verdict: Verdict,
+        says: &'static str,
+    }
+    let cases = [
+        Why {
+            what: "IPv6 cluster CIDR only, a LAN client to an IPv4 ClusterIP",
+            facts: |f| {
+                f.local_pods = LocalPods::Cidrs(vec!["fd00:244::/32".parse().expect("cidr")])
+            },
+            from: "192.168.100.10",
+            to: "10.96.0.10:80",
+            verdict: Verdict::Dnat,
+            says: "no IPv4 cluster CIDR is given (--cluster-cidr, --detect-local-mode \
+                   ClusterCIDR), so the local-traffic detector does nothing for IPv4",
+        },
+        Why {
+            what: "NodeCIDR mode, the Node has an IPv6 pod CIDR only",
+            facts: |f| {
+                f.local_pods = LocalPods::NodeCidrs(vec!["fd00:244:1::/64".parse().expect("cidr")])
+            },
+            from: "192.168.100.10",
+            to: "10.96.0.10:80",
+            verdict: Verdict::Dnat,
+            says: "the Node has no IPv4 pod CIDR",
+        },
+        Why {
+            what: "a pod of a detected family keeps its address",
+            facts: |_| {},
+            from: "10.244.1.7",
+            to: "10.96.0.10:80",
+            verdict: Verdict::Dnat,
+            says: "the source is a pod (--detect-local-mode)",
+        },
+        Why {
+            what: "an unallocated IP of a --service-cidr range",
+            facts: |f| {
+                f.service_cidrs = vec![
+                    "fd00:96::/112".parse().expect("cidr"),
+                    "10.96.0.0/16".parse().expect("cidr"),
+                ]
+            },
+            from: "192.168.100.10",
+            to: "10.96.0.99:80",
+            verdict: Verdict::Drop,
+            says: "10.96.0.99 is in the Service CIDR 10.96.0.0/16 but no Service has it",
+        },
+        Why {
+            what: "an allocated ClusterIP on a port no Service has",
+            facts: |_| {},
+            from: "192.168.100.10",
+            to: "10.96.0.10:81",
+            verdict: Verdict::Reject,
+            says: "10.96.0.10 is a ClusterIP, but no Service port 81/TCP is on it",
+        },
+        Why {
+            what: "a node port on a local address that is not a node-port address",
+            facts: |f| f.local_ips.push("10.244.1.1".parse().expect("ip")),
+            from: "10.244.1.7",
+            to: "10.244.1.1:30080",
+            verdict: Verdict::Accept,
+            says: "10.244.1.1 is this node's, but it is not one of the node-port addresses \
+                   (--nodeport-addresses primary: 172.18.0.2): node port 30080/TCP is not \
+                   served on it",
+        },
+        Why {
+            what: "a node port on loopback",
+            facts: |f| f.local_ips.push("127.0.0.1".parse().expect("ip")),
+            from: "127.0.0.1",
+            to: "127.0.0.1:30080",
+            verdict: Verdict::Accept,
+            says: "loopback is never a node-port address",
+        },
+        Why {
+            what: "a port that is no node port, on the node",
+            facts: |_| {},
+            from: "203.0.113.1",
+            to: "172.18.0.2:22",
+            verdict: Verdict::Accept,
+            says: "no node port 22/TCP here",
+        },
+    ];
+    for c in cases {
+        let mut facts = facts();
+        (c.facts)(&mut facts);
+        let mut snap = snapshot(vec![web()]);
+        snap.service_cidrs.clear();
+        let t = trace(
+            &snap,
+            &facts,
+            &TraceQuery {
+                from: c.from.parse().expect("ip"),
+                to: c.to.parse().expect("addr"),
+                protocol: Protocol::Tcp,
+            },
+        );
+        assert_eq!(t.verdict, c.verdict, "{}: {t:?}", c.what);
+        assert!(t.reason.contains(c.says), "{}: {}", c.what, t.reason);
+    }
 }
 
 #[test]
@@ -372,8 +483,27 @@ fn hairpin_and_affinity_are_reported() {
             protocol: Protocol::Tcp,
         },
     );
-    assert!(t.hairpin && !t.masquerade, "{t:?}");
+    assert!(t.hairpin && !t.masquerade && !t.only_itself, "{t:?}");
     assert_eq!(t.affinity_timeout_seconds, Some(60));
+    // Its only endpoint is itself: always hairpin, and said so.
+    let mut alone = web();
+    alone
+        .cluster_endpoints
+        .retain(|e| e.ip.to_string() == "10.244.1.5");
+    let t = trace(
+        &snapshot(vec![alone]),
+        &facts(),
+        &TraceQuery {
+            from: "10.244.1.5".parse().expect("ip"),
+            to: "10.96.0.10:80".parse().expect("addr"),
+            protocol: Protocol::Tcp,
+        },
+    );
+    assert!(t.hairpin && t.only_itself, "{t:?}");
+    assert_eq!(
+        serde_json::to_value(&t).expect("json")["onlyItself"],
+        serde_json::Value::Bool(true)
+    );
     let udp = trace(
         &snapshot(vec![web()]),
         &facts(),
