@@ -3,7 +3,8 @@
 //! Windows admin has the same commands as the Linux operator.
 //!
 //! - Unix: a socket file, mode 0600 (root only), replaced when a dead kpng left it and left
-//!   alone when a live process answers on it.
+//!   alone when a live process answers on it; served again within seconds when someone
+//!   removes it while kpng runs.
 //! - Windows: `\\.\pipe\kpng` by default, local clients only. The pipe keeps Windows' default
 //!   security: full control for SYSTEM, Administrators and its creator, read-only for everyone
 //!   else, and a read-only client cannot send a request, so only an administrator (or the
@@ -43,8 +44,6 @@ pub type Serving = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + 
 /// file system.
 #[cfg(unix)]
 pub async fn serve(path: &Path, app: axum::Router) -> anyhow::Result<Option<Serving>> {
-    use std::os::unix::fs::PermissionsExt;
-
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating {} for --admin-socket", dir.display()))?;
@@ -57,14 +56,67 @@ pub async fn serve(path: &Path, app: axum::Router) -> anyhow::Result<Option<Serv
         std::fs::remove_file(path)
             .with_context(|| format!("removing the stale admin socket {}", path.display()))?;
     }
+    let listener = bind_private(path)?;
+    serving(path);
+    let path = path.to_owned();
+    Ok(Some(Box::pin(async move {
+        let mut current = tokio::spawn(axum::serve(listener, app.clone()).into_future());
+        let mut bound = inode(&path);
+        let mut every = tokio::time::interval(SOCKET_CHECK);
+        loop {
+            tokio::select! {
+                done = &mut current => {
+                    return done.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                }
+                _ = every.tick() => {}
+            }
+            let now = inode(&path);
+            if now.is_some() && now == bound {
+                continue;
+            }
+            // Removed (or replaced by someone else's file): serve a new socket at the path,
+            // unless a live process answers there now.
+            if now.is_some() && std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                continue;
+            }
+            let _ = std::fs::remove_file(&path);
+            match bind_private(&path) {
+                Ok(listener) => {
+                    tracing::warn!(
+                        "the admin socket {} was removed by someone else; serving it again",
+                        path.display()
+                    );
+                    current.abort();
+                    current = tokio::spawn(axum::serve(listener, app.clone()).into_future());
+                    bound = inode(&path);
+                }
+                Err(e) => tracing::debug!("serving the removed admin socket again: {e:#}"),
+            }
+        }
+    })))
+}
+
+/// How often the admin socket's file is looked at: `kpng status` at 3 a.m. must not find it
+/// gone because someone cleaned `/run/kpng`.
+#[cfg(unix)]
+const SOCKET_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The inode of the file at `path`, `None` when there is none.
+#[cfg(unix)]
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
+/// A Unix socket at `path` only its owner (root) may connect to.
+#[cfg(unix)]
+fn bind_private(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
     let listener = tokio::net::UnixListener::bind(path)
         .with_context(|| format!("binding the admin socket {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("restricting {} to its owner", path.display()))?;
-    serving(path);
-    Ok(Some(Box::pin(
-        async move { axum::serve(listener, app).await },
-    )))
+    Ok(listener)
 }
 
 /// Serves `app` on the named pipe `path` (`\\.\pipe\NAME`); `Ok(None)` (with a warning) when

@@ -1074,3 +1074,45 @@ fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_
     });
     assert_eq!(get("http://10.99.0.1:10249/healthz"), "200");
 }
+
+/// The admin socket removed while kpng runs (someone cleaning `/run/kpng`): kpng notices
+/// within seconds, serves it again and says so, so that `kpng status` keeps working.
+#[test]
+fn a_removed_admin_socket_is_served_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let mut running = Running::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+            ])
+            .arg(&socket)
+            .args(["to-file", "--output"])
+            .arg(dir.path().join("out.yaml")),
+    );
+    running.wait("the first sync", |e| e.contains(" synced"));
+    std::fs::remove_file(&socket).expect("remove the socket");
+    running.wait("the socket served again", |e| {
+        e.contains("was removed by someone else; serving it again")
+    });
+    let status = kpng()
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("kpng status");
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
