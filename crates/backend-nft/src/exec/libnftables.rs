@@ -107,7 +107,7 @@ impl ScriptExec for LibNftables {
                 CStr::from_ptr(p).to_string_lossy().into_owned()
             }
         };
-        let stderr: String = stderr.lines().take(20).collect::<Vec<_>>().join("\n");
+        let stderr = summarize_errors(&stderr);
         Err(refused(if stderr.is_empty() {
             format!("libnftables returned {rc}")
         } else {
@@ -116,9 +116,67 @@ impl ScriptExec for LibNftables {
     }
 }
 
+/// nft's error output for a refused transaction, shortened to its first error (the message,
+/// the command, the carets) and how many more there were: a transaction on a table that has
+/// gone fails every one of its commands the same way, and the log would repeat the same three
+/// lines for each.
+fn summarize_errors(stderr: &str) -> String {
+    let mut blocks: Vec<Vec<&str>> = Vec::new();
+    for line in stderr.lines() {
+        match blocks.last_mut() {
+            Some(block) if !line.contains("Error:") => block.push(line),
+            _ => blocks.push(vec![line]),
+        }
+    }
+    let Some(first) = blocks.first() else {
+        return String::new();
+    };
+    let mut out: Vec<String> = first.iter().take(20).map(|l| l.to_string()).collect();
+    let more = blocks.len() - 1;
+    if more > 0 {
+        let same = |b: &Vec<&str>| {
+            let message = |l: &str| l.split_once("Error:").map(|(_, m)| m.trim().to_string());
+            b.first().and_then(|l| message(l)) == first.first().and_then(|l| message(l))
+        };
+        let alike = blocks[1..].iter().filter(|b| same(b)).count();
+        out.push(if alike == more {
+            format!("(and {more} more commands refused the same way)")
+        } else {
+            format!("(and {more} more errors, {alike} of them the same)")
+        });
+    }
+    out.join("\n")
+}
+
 impl Drop for LibNftables {
     fn drop(&mut self) {
         // SAFETY: `ctx` came from nft_ctx_new and is freed exactly once.
         unsafe { (self.free)(self.ctx) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn repeated_errors_are_summarized_after_the_first() {
+        let one = "/dev/stdin:5:1-28: Error: Could not process rule: No such file or directory\n\
+                   add chain ip kpng cluster-n4\n\
+                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n";
+        let three = format!("{one}{one}{one}");
+        let said = super::summarize_errors(&three);
+        assert_eq!(
+            said,
+            "/dev/stdin:5:1-28: Error: Could not process rule: No such file or directory\n\
+             add chain ip kpng cluster-n4\n\
+             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n\
+             (and 2 more commands refused the same way)"
+        );
+        assert_eq!(super::summarize_errors(one), one.trim_end());
+        let other = "/dev/stdin:9:1-3: Error: syntax error\nxyz\n^^^\n";
+        assert!(
+            super::summarize_errors(&format!("{one}{other}"))
+                .ends_with("(and 1 more errors, 0 of them the same)")
+        );
+        assert_eq!(super::summarize_errors(""), "");
     }
 }
