@@ -796,10 +796,27 @@ fn yaml_error(
     first_line: usize,
 ) -> String {
     let text = e.to_string();
-    if let Some(at) = e.location().filter(|_| !text.contains("budget")) {
-        let line = u64::try_from(first_line.max(1))
+    let file_line = |at: &serde_saphyr::Location| {
+        u64::try_from(first_line.max(1))
             .unwrap_or(u64::MAX)
-            .saturating_add(at.line().saturating_sub(1));
+            .saturating_add(at.line().saturating_sub(1))
+    };
+    if let serde_saphyr::Error::Budget {
+        breach: serde_saphyr::budget::BudgetBreach::Depth { depth },
+        location,
+    } = e.without_snippet()
+    {
+        // Not an expansion: the alias advice below would mislead.
+        return format!(
+            "invalid YAML: nested {depth} levels deep at line {}, column {} (the limit is {}; \
+             no manifest nests so deep)",
+            file_line(location),
+            location.column(),
+            depth.saturating_sub(1)
+        );
+    }
+    if let Some(at) = e.location().filter(|_| !text.contains("budget")) {
+        let line = file_line(&at);
         let bare = e.without_snippet().to_string();
         let suffix = format!(" at line {}, column {}", at.line(), at.column());
         let reason = bare.strip_suffix(&suffix).unwrap_or(&bare);

@@ -552,3 +552,72 @@ fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
         );
     }
 }
+
+/// A document nested deeper than any manifest is (every way YAML and JSON nest: flow and block
+/// sequences and mappings, `- - -` on one line, JSON arrays and objects, inside a Service and
+/// at the top) is refused like any unreadable document, naming the place: it must not overflow
+/// the stack. Parsed on a thread with a tokio worker's stack (2 MiB), where the file source
+/// parses; at 10,000 levels the subset reader overflowed it and aborted kpng.
+#[test]
+fn a_document_nested_beyond_any_manifest_is_refused_without_exhausting_the_stack() {
+    const DEPTH: usize = 100_000;
+    let service = |ports: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: deep}}\nspec:\n  ports: {ports}\n"
+        )
+    };
+    let nested = |open: &str, close: &str| format!("{}{}", open.repeat(DEPTH), close.repeat(DEPTH));
+    let json_service = |ports: &str| {
+        format!(
+            r#"{{"apiVersion": "v1", "kind": "Service", "metadata": {{"namespace": "ns", "name": "deep"}}, "spec": {{"ports": {ports}}}}}"#
+        )
+    };
+    let cases = [
+        ("flow sequences in a Service", service(&nested("[", "]"))),
+        ("flow mappings in a Service", service(&nested("{a: ", "}"))),
+        (
+            "block sequences on one line",
+            format!(
+                "kind: Service\nmetadata: {{name: deep}}\nspec:\n  ports:\n  {}x\n",
+                "- ".repeat(DEPTH)
+            ),
+        ),
+        (
+            "block mappings",
+            (0..2_000)
+                .map(|i| format!("{}a{i}:\n", " ".repeat(i)))
+                .collect::<String>(),
+        ),
+        ("flow sequences at the top", nested("[", "]")),
+        ("JSON arrays in a Service", json_service(&nested("[", "]"))),
+        (
+            "JSON objects in a Service",
+            json_service(&nested(r#"{"a": "#, "}")),
+        ),
+        (
+            "a JSON List's item",
+            format!(
+                r#"{{"kind": "List", "items": [{}]}}"#,
+                json_service(&nested("[", "]"))
+            ),
+        ),
+    ];
+    for (case, text) in cases {
+        let outcome = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || parse_manifests(&text).map(|l| l.objects.len()))
+            .expect("thread")
+            .join()
+            .expect("the parse returns");
+        let errors = outcome.expect_err(case).errors;
+        assert_eq!(errors.len(), 1, "{case}: {errors:?}");
+        let message = &errors[0].message;
+        assert!(
+            errors[0].document == 1
+                && (message.starts_with("invalid YAML: recursion limit exceeded at line ")
+                    || message.starts_with("invalid YAML: nested 65 levels deep at line ")),
+            "{case}: {}",
+            errors[0]
+        );
+    }
+}
