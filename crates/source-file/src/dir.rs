@@ -11,7 +11,7 @@ use tracing::{error, info, warn};
 
 use crate::dirwatch::DirWatch;
 use crate::parse::{ExpansionLimit, parse_manifests_with};
-use crate::watch::SourceError;
+use crate::watch::{Fingerprint, POLL, SourceError, fingerprint};
 
 fn is_manifest(path: &Path) -> bool {
     matches!(
@@ -43,6 +43,11 @@ struct DirState {
     /// still a problem, while the same text as the last good one ends a problem (a file that
     /// could not be read for a moment). Empty unless a file is broken.
     broken: BTreeSet<OsString>,
+    /// Files that are symlinks → the identity of the file they led to when last read. A change
+    /// behind a link makes no event for the link (kubelet updates a ConfigMap by swapping its
+    /// `..data` link to a new directory): these are compared on every change in the directory
+    /// and every [`POLL`]. Empty unless a file is a symlink.
+    links: BTreeMap<OsString, Option<Fingerprint>>,
 }
 
 /// The objects of one file, packed into one allocation (`kind` `\0` `namespace` `\0` `name`
@@ -103,6 +108,28 @@ impl DirState {
 
     /// Re-reads one file. Returns the events it implies (none when unchanged or broken).
     fn reload(&mut self, path: &Path) -> Vec<Event> {
+        // What a link leads to, before reading: a change after this is seen at the next check.
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        if is_link {
+            self.links
+                .insert(path.as_os_str().to_owned(), fingerprint(path));
+        } else if !self.links.is_empty() {
+            self.links.remove(path.as_os_str());
+        }
+        self.read(path)
+    }
+
+    /// The files that are symlinks whose target changed since they were read.
+    fn moved_links(&self) -> Vec<PathBuf> {
+        self.links
+            .iter()
+            .filter(|(path, seen)| fingerprint(Path::new(path)) != **seen)
+            .map(|(path, _)| PathBuf::from(path))
+            .collect()
+    }
+
+    /// [`DirState::reload`] without the note of what a link leads to.
+    fn read(&mut self, path: &Path) -> Vec<Event> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -276,6 +303,7 @@ fn first_load(
         merged.files.append(&mut part.files);
         merged.unreadable += part.unreadable;
         merged.broken.append(&mut part.broken);
+        merged.links.append(&mut part.links);
         count += n;
     }
     let settling = std::time::Instant::now();
@@ -435,11 +463,21 @@ pub(crate) async fn run(
         return Ok(());
     }
 
+    let mut poll = tokio::time::interval(POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    poll.tick().await;
     loop {
-        let Some(changed) = watch.next_writes(debounce).await else {
-            return Ok(());
+        let mut changed = tokio::select! {
+            written = watch.next_writes(debounce) => match written {
+                Some(written) => written.into_iter().filter(|p| is_manifest(p)).collect(),
+                None => return Ok(()),
+            },
+            _ = poll.tick() => BTreeSet::new(),
         };
-        for path in changed.iter().filter(|p| is_manifest(p)) {
+        // A link whose target changed: after any change in the directory (a `..data` swap
+        // names no manifest), and every poll (a link into another directory).
+        changed.extend(state.moved_links());
+        for path in &changed {
             let changes = state.reload(path);
             if !changes.is_empty() {
                 state.metrics.health.loaded(

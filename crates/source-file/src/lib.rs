@@ -27,7 +27,9 @@
 //!
 //! The source never goes quietly stale: besides inotify on the file's directory, the resolved
 //! file (symlinks followed, into any directory) is checked every two seconds, and a
-//! re-created directory is watched again. `kpng_source_errors_total{reason}` and
+//! re-created directory is watched again. In a directory, each file that is a symlink is
+//! re-read when what it leads to changes (a ConfigMap update swaps the `..data` link, an event
+//! that names no manifest), checked after every change in the directory and every two seconds. `kpng_source_errors_total{reason}` and
 //! `kpng_source_last_good_load_timestamp_seconds` ([`SourceMetrics`]) show a source that stopped
 //! loading.
 

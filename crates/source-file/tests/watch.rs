@@ -505,3 +505,49 @@ async fn a_directory_file_cut_off_mid_write_deletes_nothing_until_its_end_reads(
     assert_eq!(deleted, ["c"]);
     task.abort();
 }
+
+/// A ConfigMap mounted as kubelet mounts it: each key a symlink through `..data` into a
+/// timestamped directory, updated by swapping `..data` (write `..<new>/`, link `..data_tmp` to
+/// it, rename that over `..data`, remove the old directory). No event names the manifest, yet
+/// its content changed: the directory source must follow it, as the file source does.
+#[tokio::test]
+async fn a_directory_follows_a_configmap_swap_of_its_data_link() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let cm = root.path().join("cm");
+    let version = |name: &str, ip: &str| {
+        let dir = cm.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("services.yaml"), manifest(ip)).expect("write");
+    };
+    version("..2026_01", "10.96.0.1");
+    std::os::unix::fs::symlink("..2026_01", cm.join("..data")).expect("symlink");
+    std::os::unix::fs::symlink("..data/services.yaml", cm.join("services.yaml")).expect("symlink");
+    let (mut rx, _health, task) = watch(&cm);
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    match next(&mut rx).await {
+        Some(Event::ListItem(Object::Service(s))) => {
+            assert_eq!(
+                s.cluster_ips.first().map(ToString::to_string).as_deref(),
+                Some("10.96.0.1")
+            );
+        }
+        other => panic!("expected the Service, got {other:?}"),
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+
+    // kubelet's swap.
+    version("..2026_02", "10.96.0.2");
+    std::os::unix::fs::symlink("..2026_02", cm.join("..data_tmp")).expect("symlink");
+    std::fs::rename(cm.join("..data_tmp"), cm.join("..data")).expect("rename");
+    std::fs::remove_dir_all(cm.join("..2026_01")).expect("remove the old version");
+    match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+        Ok(Some(Event::Apply(Object::Service(s)))) => {
+            assert_eq!(
+                s.cluster_ips.first().map(ToString::to_string).as_deref(),
+                Some("10.96.0.2")
+            );
+        }
+        other => panic!("expected the new version applied, got {other:?}"),
+    }
+    task.abort();
+}
