@@ -423,6 +423,7 @@ const FIRST: Origin = Origin {
     document: 1,
     item: None,
     line: 1,
+    lacks: None,
 };
 
 /// What the whole-document reading of `doc` (the YAML parser's value) loads, and from where.
@@ -619,5 +620,82 @@ fn a_document_nested_beyond_any_manifest_is_refused_without_exhausting_the_stack
             "{case}: {}",
             errors[0]
         );
+    }
+}
+
+/// A file whose last object lacks a part the API server requires ends where a write was cut
+/// off: that object is rejected (its last good version stays, and the sources delete nothing,
+/// `ends_rejected`). The same object elsewhere in the file, or followed by another document,
+/// is used as written; a headless Service and an ExternalName need no ports.
+#[test]
+fn a_service_cut_off_at_the_end_of_the_file_is_rejected() {
+    let whole = "kind: Service\nmetadata: {namespace: ns, name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+    let no_spec = "kind: Service\nmetadata:\n  namespace: ns\n  name: b\n";
+    let no_ports = "kind: Service\nmetadata: {namespace: ns, name: b}\nspec:\n  type: ClusterIP\n  clusterIP: 10.96.0.2\n";
+    let headless = "kind: Service\nmetadata: {namespace: ns, name: b}\nspec: {clusterIP: None}\n";
+    let external = "kind: Service\nmetadata: {namespace: ns, name: b}\nspec: {type: ExternalName, externalName: example.com}\n";
+    let cidr = "kind: ServiceCIDR\nmetadata: {name: kubernetes}\n";
+    let json = r#"{"kind": "Service", "metadata": {"namespace": "ns", "name": "b"}}"#;
+    // (case, text, the field the last object is rejected at, if it is)
+    let cases = [
+        (
+            "a Service without spec",
+            format!("{whole}---\n{no_spec}"),
+            Some("spec"),
+        ),
+        (
+            "…followed by a comment",
+            format!("{whole}---\n{no_spec}---\n# done\n"),
+            Some("spec"),
+        ),
+        (
+            "…as the file's only object",
+            no_spec.to_string(),
+            Some("spec"),
+        ),
+        ("…in JSON", format!("{whole}---\n{json}\n"), Some("spec")),
+        (
+            "a Service without ports",
+            format!("{whole}---\n{no_ports}"),
+            Some("spec.ports"),
+        ),
+        (
+            "a ServiceCIDR without spec",
+            format!("{whole}---\n{cidr}"),
+            Some("spec"),
+        ),
+        (
+            "a headless Service",
+            format!("{whole}---\n{headless}"),
+            None,
+        ),
+        (
+            "an ExternalName Service",
+            format!("{whole}---\n{external}"),
+            None,
+        ),
+        (
+            "a Service without spec before another",
+            format!("{no_spec}---\n{whole}"),
+            None,
+        ),
+        (
+            "…before a kind kpng skips",
+            format!("{no_spec}---\nkind: ConfigMap\nmetadata: {{name: x}}\n"),
+            None,
+        ),
+    ];
+    for (case, text, rejected_at) in cases {
+        let loaded = parse_manifests(&text).expect(case);
+        let last = loaded.objects.last().expect(case);
+        match (rejected_at, last) {
+            (Some(field), Object::Rejected(e)) => {
+                assert_eq!(e.field, field, "{case}");
+                assert!(e.message.contains("cut off"), "{case}: {}", e.message);
+                assert!(loaded.ends_rejected(), "{case}");
+            }
+            (None, Object::Service(_) | Object::ServiceCidr(_)) if loaded.rejected() == 0 => {}
+            _ => panic!("{case}: {:?}", loaded.objects),
+        }
     }
 }
