@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use kpng_model::{Event, Object};
-use kpng_source_file::FileSource;
+use kpng_source_file::{DELETE_QUIET, FileSource};
 use tokio::sync::mpsc;
 
 fn manifest(ip: &str) -> String {
@@ -458,17 +458,11 @@ async fn a_file_cut_off_mid_write_deletes_nothing_until_its_end_reads() {
         }
         other => panic!("expected a applied and b rejected, one by one, got {other:?}"),
     }
-    // Once the end reads, what the file no longer has goes.
+    // Once the end reads, what the file no longer has goes (once the file has been quiet).
     let two = three_services(None);
     let two = &two[..two.rfind("---").expect("separator")];
     std::fs::write(&path, two).expect("write");
-    match next(&mut rx).await {
-        Some(Event::Replace { kinds, objects }) => {
-            assert_eq!(kinds.len(), 4, "a clean load deletes c");
-            assert_eq!(objects.len(), 2);
-        }
-        other => panic!("expected a Replace, got {other:?}"),
-    }
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["c"]);
     task.abort();
 }
 
@@ -496,13 +490,7 @@ async fn a_directory_file_cut_off_mid_write_deletes_nothing_until_its_end_reads(
     // The clean version without c deletes it: the held object is still the file's.
     let two = three_services(None);
     std::fs::write(&path, &two[..two.rfind("---").expect("separator")]).expect("write");
-    let mut deleted = Vec::new();
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), rx.recv()).await {
-        if let Event::Delete(r) = event {
-            deleted.push(r.name.to_string());
-        }
-    }
-    assert_eq!(deleted, ["c"]);
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["c"]);
     task.abort();
 }
 
@@ -549,5 +537,147 @@ async fn a_directory_follows_a_configmap_swap_of_its_data_link() {
         }
         other => panic!("expected the new version applied, got {other:?}"),
     }
+    task.abort();
+}
+
+/// The names of the objects deleted after a write just made: every event until the deletions
+/// (at most 15 s), asserting that none came before the file had been quiet for
+/// [`DELETE_QUIET`] (the write was before this call) and that nothing but deletions and
+/// applies came.
+async fn deleted_once_quiet(rx: &mut mpsc::Receiver<Event>) -> Vec<String> {
+    let written = tokio::time::Instant::now();
+    let deadline = written + Duration::from_secs(15);
+    let mut deleted = Vec::new();
+    loop {
+        let wait = if deleted.is_empty() {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        } else {
+            // The rest of the deletions come in the same burst.
+            Duration::from_millis(300)
+        };
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(Event::Delete(r))) => {
+                assert!(
+                    written.elapsed() >= DELETE_QUIET,
+                    "{} deleted {:?} after the write",
+                    r.name,
+                    written.elapsed()
+                );
+                deleted.push(r.name.to_string());
+            }
+            Ok(Some(Event::Apply(_))) => {}
+            Ok(Some(other)) => panic!("expected applies and deletions, got {other:?}"),
+            Ok(None) | Err(_) => return deleted,
+        }
+    }
+}
+
+/// The events within `wait`.
+async fn events_within(rx: &mut mpsc::Receiver<Event>, wait: Duration) -> Vec<Event> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut events = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        events.push(event);
+    }
+    events
+}
+
+/// What in `events` removes an object: a deletion, or a list that lacks some of `a`, `b`, `c`.
+fn removals(events: &[Event]) -> Vec<&Event> {
+    events
+        .iter()
+        .filter(|e| match e {
+            Event::Delete(_) => true,
+            Event::Replace { objects, .. } => objects.len() < 3,
+            _ => false,
+        })
+        .collect()
+}
+
+/// [`three_services`] as a writer that does not rename atomically leaves it after its first
+/// document (a shell loop, `helm template … > file`, writing the rest a moment later).
+fn first_document_only() -> String {
+    let whole = three_services(None);
+    whole[..whole.find("---").expect("separator")].to_string()
+}
+
+/// A file caught after its first document parses, and lacks the Services after it: they stay
+/// until the file has been quiet for `DELETE_QUIET` (the rest arriving meanwhile deletes
+/// nothing); what it has is applied at once; a Service really removed goes after the quiet.
+#[tokio::test]
+async fn a_file_caught_after_its_first_document_deletes_nothing_until_it_has_been_quiet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+
+    // Caught after a, the rest written as soon as a is applied (well within the quiet period).
+    std::fs::write(&path, first_document_only()).expect("write");
+    match next(&mut rx).await {
+        Some(Event::Apply(Object::Service(a))) => assert_eq!(&*a.key.name, "a"),
+        other => panic!("expected a applied on its own, got {other:?}"),
+    }
+    std::fs::write(&path, three_services(None)).expect("write");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(removals(&events).is_empty(), "{events:?}");
+
+    // b and c really removed: deleted, once the file has been quiet.
+    std::fs::write(&path, first_document_only()).expect("write");
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["b", "c"]);
+    task.abort();
+}
+
+/// A file cut off right after a Service's `metadata:` parses (a Service without `spec`): at the
+/// end of the file that is a cut-off object, so it keeps its last good version and the
+/// Services after it are not deleted, however long the file stays so.
+#[tokio::test]
+async fn a_file_cut_off_after_a_services_metadata_deletes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+    std::fs::write(&path, three_services(Some("  name: b\n"))).expect("write");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(removals(&events).is_empty(), "{events:?}");
+    assert!(
+        matches!(events.as_slice(), [Event::Apply(Object::Service(a)), Event::Apply(Object::Rejected(b))]
+            if &*a.key.name == "a" && &*b.object.name == "b" && b.field == "spec"),
+        "{events:?}"
+    );
+    task.abort();
+}
+
+/// The same in a directory: a file caught after its first document deletes nothing until it
+/// has been quiet, and then what it lacks.
+#[tokio::test]
+async fn a_directory_file_caught_after_its_first_document_deletes_nothing_until_it_has_been_quiet()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("services.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(dir.path());
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    for _ in 0..3 {
+        assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+
+    std::fs::write(&path, first_document_only()).expect("write");
+    match next(&mut rx).await {
+        Some(Event::Apply(Object::Service(a))) => assert_eq!(&*a.key.name, "a"),
+        other => panic!("expected a applied on its own, got {other:?}"),
+    }
+    std::fs::write(&path, three_services(None)).expect("write");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(removals(&events).is_empty(), "{events:?}");
+
+    std::fs::write(&path, first_document_only()).expect("write");
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["b", "c"]);
     task.abort();
 }
