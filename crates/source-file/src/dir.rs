@@ -498,7 +498,7 @@ pub(crate) async fn run(
     poll.tick().await;
     loop {
         let mut changed = tokio::select! {
-            written = watch.next_writes(debounce) => match written {
+            written = watch.next_writes(debounce, &is_manifest) => match written {
                 Some(written) => written.into_iter().filter(|p| is_manifest(p)).collect(),
                 None => return Ok(()),
             },

@@ -21,12 +21,14 @@
 //!
 //! Writers should replace the file atomically (write a temporary file, then rename it over the
 //! input, as `kubectl`'s ConfigMap mounts and most editors do): a file written in place can be
-//! read half-written. So a load that does not parse, or has a rejected object, is only reported
-//! once the file has been quiet for half a second (a newer version within that time is read
-//! instead); a load whose last object is rejected, or lacks a part the API server requires (a
-//! Service without `spec`: see `parse::reject_a_cut_off_end`), deletes nothing until a version
-//! whose end reads; and what a load no longer has is deleted only once the file has been
-//! unchanged for [`DELETE_QUIET`] (`refs`), while what it adds or changes is applied at once.
+//! read half-written. So a written file is read once its writer has closed it (where the watcher
+//! reports closes, inotify on Linux; at most 10 s after the write began, see `dirwatch`); a load
+//! that does not parse, or has a rejected object, is only reported once the file has been quiet
+//! for half a second (a newer version within that time is read instead); a load whose last
+//! object is rejected, or lacks a part the API server requires (a Service without `spec`: see
+//! `parse::reject_a_cut_off_end`), deletes nothing until a version whose end reads; and what a
+//! load no longer has is deleted only once the file has been unchanged for [`DELETE_QUIET`]
+//! (`refs`), while what it adds or changes is applied at once.
 //!
 //! The source never goes quietly stale: besides inotify on the file's directory, the resolved
 //! file (symlinks followed, into any directory) is checked every two seconds, and a

@@ -149,6 +149,9 @@ impl FileSource {
         let mut watch = DirWatch::new(&directory)?;
         let mut watched = fingerprint(&directory).map(|f| (f.dev, f.ino));
 
+        // The manifest, as the watch names it (`dir/name`, whatever `self.path` looks like).
+        let name = self.path.file_name().map(ToOwned::to_owned);
+        let is_input = |path: &Path| name.is_some() && path.file_name() == name.as_deref();
         let mut state = ReloadState::default();
         if !self.reload(&events, &mut state).await {
             return Ok(());
@@ -158,7 +161,7 @@ impl FileSource {
         poll.tick().await;
         loop {
             tokio::select! {
-                written = watch.next_writes(self.debounce) => {
+                written = watch.next_writes(self.debounce, &is_input) => {
                     if written.is_none() {
                         return Ok(());
                     }
@@ -181,7 +184,8 @@ impl FileSource {
                             Err(e) => warn!("{e}"),
                         }
                     }
-                    if fingerprint(&self.path) == state.seen {
+                    // Unchanged, or being written (read once its writer closes it).
+                    if fingerprint(&self.path) == state.seen || watch.writing(&is_input) {
                         continue;
                     }
                 }

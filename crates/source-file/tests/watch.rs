@@ -681,3 +681,42 @@ async fn a_directory_file_caught_after_its_first_document_deletes_nothing_until_
     assert_eq!(deleted_once_quiet(&mut rx).await, ["b", "c"]);
     task.abort();
 }
+
+/// A writer that keeps the file open while it pauses between its parts (a shell loop, `helm
+/// template … > file`), longer than the debounce and than `DELETE_QUIET`: the file is read
+/// once the writer closes it, so neither a partial version nor a deletion reaches the model.
+#[tokio::test]
+async fn a_file_written_in_parts_through_one_open_is_read_once_closed() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+
+    // The new version changes c (the same text as before would send nothing).
+    let whole = three_services(None).replace("10.96.0.3", "10.96.0.33");
+    let first = first_document_only();
+    assert!(whole.starts_with(&first));
+    let mut file = std::fs::File::create(&path).expect("open for writing");
+    file.write_all(first.as_bytes()).expect("write");
+    file.flush().expect("flush");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(
+        events.is_empty(),
+        "read before the writer closed it: {events:?}"
+    );
+    file.write_all(&whole.as_bytes()[first.len()..])
+        .expect("write");
+    drop(file);
+    match next(&mut rx).await {
+        Some(Event::Replace { objects, .. }) => {
+            assert_eq!(objects.len(), 3);
+            assert!(format!("{objects:?}").contains("10.96.0.33"), "{objects:?}");
+        }
+        other => panic!("expected the whole new version, got {other:?}"),
+    }
+    task.abort();
+}
