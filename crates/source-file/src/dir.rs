@@ -52,6 +52,10 @@ struct DirState {
     /// Files whose last version lacks objects the one before had: deleted once the file has
     /// been quiet (see [`crate::refs`]); they stay in the file's refs until then.
     held: BTreeMap<OsString, Held>,
+    /// Each file's identity at its last good read: a version written in place over it (the
+    /// same file) may be caught between its writer's parts; a file replaced atomically is
+    /// whole.
+    last_good: BTreeMap<OsString, Fingerprint>,
 }
 
 fn text_hash(text: &str) -> u64 {
@@ -221,7 +225,12 @@ impl DirState {
                     .remove(path.as_os_str())
                     .map(|(_, r)| r.unpack())
                     .unwrap_or_default();
-                let gone: Vec<ObjectRef> = old.into_iter().filter(|r| !keep.contains(r)).collect();
+                let mut gone: Vec<ObjectRef> =
+                    old.into_iter().filter(|r| !keep.contains(r)).collect();
+                let before = match seen {
+                    Some(now) => self.last_good.insert(path.as_os_str().to_owned(), now),
+                    None => self.last_good.remove(path.as_os_str()),
+                };
                 if !self.held.is_empty() {
                     self.held.remove(path.as_os_str());
                 }
@@ -234,7 +243,8 @@ impl DirState {
                         gone.len()
                     );
                     new_refs.extend(gone);
-                } else if !gone.is_empty() {
+                    gone = Vec::new();
+                } else if !gone.is_empty() && crate::watch::written_in_place(before, seen) {
                     // Maybe a write in progress: deleted once the file has been quiet.
                     info!(
                         "{}: {}",
@@ -244,8 +254,11 @@ impl DirState {
                     new_refs.extend(gone.iter().cloned());
                     self.held
                         .insert(path.as_os_str().to_owned(), Held::new(gone, seen));
+                    gone = Vec::new();
                 }
-                let events: Vec<Event> = loaded.objects.into_iter().map(Event::Apply).collect();
+                // A file replaced atomically is whole: what it lacks goes at once.
+                let mut events: Vec<Event> = gone.into_iter().map(Event::Delete).collect();
+                events.extend(loaded.objects.into_iter().map(Event::Apply));
                 self.files.insert(
                     path.as_os_str().to_owned(),
                     (hash, PackedRefs::pack(&new_refs)),

@@ -27,8 +27,9 @@
 //! for half a second (a newer version within that time is read instead); a load whose last
 //! object is rejected, or lacks a part the API server requires (a Service without `spec`: see
 //! `parse::reject_a_cut_off_end`), deletes nothing until a version whose end reads; and what a
-//! load no longer has is deleted only once the file has been unchanged for [`DELETE_QUIET`]
-//! (`refs`), while what it adds or changes is applied at once.
+//! load written in place (the same file as the last good read) no longer has is deleted only
+//! once the file has been unchanged for [`DELETE_QUIET`] (`refs`), while what it adds or
+//! changes is applied at once. A file replaced atomically is whole: it deletes at once.
 //!
 //! The source never goes quietly stale: besides inotify on the file's directory, the resolved
 //! file (symlinks followed, into any directory) is checked every two seconds, and a

@@ -4,7 +4,9 @@
 //! the file readable part of the way: a version that lacks objects the last one had may be a
 //! write in progress rather than an edit. Deleting them would tear down working Services until
 //! the rest arrives, so the sources apply what such a version adds or changes at once and
-//! delete what it lacks only once the file has been unchanged for [`DELETE_QUIET`].
+//! delete what it lacks only once the file has been unchanged for [`DELETE_QUIET`]. Only a
+//! version written in place (the same file, by inode, as the last good read) is held: a file
+//! replaced atomically is whole.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -40,6 +40,21 @@ pub(crate) struct Fingerprint {
     modified: Option<std::time::SystemTime>,
 }
 
+impl Fingerprint {
+    /// Whether `self` and `other` are the same file (an in-place write keeps it; an atomic
+    /// replace, a rename over the path or a ConfigMap's `..data` swap, makes a new one).
+    pub(crate) fn same_file(self, other: Fingerprint) -> bool {
+        (self.dev, self.ino) == (other.dev, other.ino)
+    }
+}
+
+/// Whether the version fingerprinted `now` was written in place over the one fingerprinted
+/// `before`: only such a write can be caught between its parts, so only its deletions wait
+/// for the file to be quiet.
+pub(crate) fn written_in_place(before: Option<Fingerprint>, now: Option<Fingerprint>) -> bool {
+    matches!((before, now), (Some(b), Some(n)) if b.same_file(n))
+}
+
 /// The fingerprint of `path` (symlinks followed); `None` when it cannot be read.
 pub(crate) fn fingerprint(path: &Path) -> Option<Fingerprint> {
     let m = std::fs::metadata(path).ok()?;
@@ -234,6 +249,7 @@ impl FileSource {
 
     /// Re-reads the file; returns false when the receiver is gone.
     async fn reload(&self, events: &mpsc::Sender<Event>, state: &mut ReloadState) -> bool {
+        let before = state.seen;
         let mut retries = 0;
         let (text, parsed) = loop {
             let seen = fingerprint(&self.path);
@@ -315,17 +331,22 @@ impl FileSource {
                 };
                 state.held = None;
                 // A possibly cut-off file after a good one: apply what it has, delete nothing
-                // until a version whose end reads. Any other version that lacks objects may be
-                // a write in progress: they are deleted once the file has been quiet.
+                // until a version whose end reads. Another version written in place that lacks
+                // objects may be a write in progress: they are deleted once the file has been
+                // quiet. A file replaced atomically is whole: its deletions apply at once.
                 let cut_off = state.good.is_some() && loaded.ends_rejected();
-                let hold_deletions = cut_off || !gone.is_empty();
+                let wait_for_quiet =
+                    !cut_off && !gone.is_empty() && written_in_place(before, state.seen);
+                let hold_deletions = cut_off || wait_for_quiet;
                 if cut_off {
                     warn!("{}: {HELD_DELETIONS}", self.path.display());
-                } else if hold_deletions {
+                } else if wait_for_quiet {
                     info!("{}: {}", self.path.display(), held_until_quiet(gone.len()));
                     state.held = Some(Held::new(gone.clone(), state.seen));
                 }
-                refs.extend(gone);
+                if hold_deletions {
+                    refs.extend(gone);
+                }
                 state.refs = PackedRefs::pack(&refs);
                 state.good = Some(state.digests.of(&text));
                 state.bad = None;
@@ -364,8 +385,8 @@ pub(crate) const HELD_DELETIONS: &str = "its last object was rejected, as in a f
 pub(crate) fn held_until_quiet(gone: usize) -> String {
     format!(
         "{gone} objects are no longer in it: they are deleted once it has been unchanged for \
-         {DELETE_QUIET:?} (a writer that does not rename atomically may not have written them \
-         yet)"
+         {DELETE_QUIET:?} (it was written in place, not renamed over atomically, and its writer \
+         may not have written them yet)"
     )
 }
 

@@ -630,6 +630,56 @@ async fn a_file_caught_after_its_first_document_deletes_nothing_until_it_has_bee
     task.abort();
 }
 
+/// Replaces `path` atomically with `text` (a new file renamed over it, as editors, `kubectl`
+/// and kubelet's ConfigMap volumes do).
+fn replace_atomically(path: &std::path::Path, text: &str) {
+    let fresh = path.with_extension("new");
+    std::fs::write(&fresh, text).expect("write");
+    std::fs::rename(&fresh, path).expect("rename");
+}
+
+/// A file replaced atomically is whole: what it no longer has is deleted at once, not after
+/// the quiet period that in-place writes wait for (file and directory).
+#[tokio::test]
+async fn a_file_replaced_atomically_deletes_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+    let written = tokio::time::Instant::now();
+    replace_atomically(&path, &first_document_only());
+    match next(&mut rx).await {
+        Some(Event::Replace { objects, .. }) => assert_eq!(objects.len(), 1, "{objects:?}"),
+        other => panic!("expected the one Service left as a list, got {other:?}"),
+    }
+    assert!(written.elapsed() < DELETE_QUIET, "{:?}", written.elapsed());
+    task.abort();
+
+    let sub = dir.path().join("d");
+    std::fs::create_dir(&sub).expect("mkdir");
+    let file = sub.join("services.yaml");
+    std::fs::write(&file, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&sub);
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    for _ in 0..3 {
+        assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+    let written = tokio::time::Instant::now();
+    replace_atomically(&file, &first_document_only());
+    let events = events_within(&mut rx, Duration::from_secs(1)).await;
+    assert_eq!(
+        removals(&events).len(),
+        2,
+        "b and c deleted at once: {events:?}"
+    );
+    assert!(written.elapsed() < DELETE_QUIET, "{:?}", written.elapsed());
+    task.abort();
+}
+
 /// A file cut off right after a Service's `metadata:` parses (a Service without `spec`): at the
 /// end of the file that is a cut-off object, so it keeps its last good version and the
 /// Services after it are not deleted, however long the file stays so.
