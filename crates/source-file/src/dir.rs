@@ -11,7 +11,8 @@ use tracing::{error, info, warn};
 
 use crate::dirwatch::DirWatch;
 use crate::parse::{ExpansionLimit, parse_manifests_with};
-use crate::watch::SourceError;
+use crate::refs::{Held, PackedRefs, until};
+use crate::watch::{Fingerprint, POLL, SourceError, fingerprint};
 
 fn is_manifest(path: &Path) -> bool {
     matches!(
@@ -43,46 +44,18 @@ struct DirState {
     /// still a problem, while the same text as the last good one ends a problem (a file that
     /// could not be read for a moment). Empty unless a file is broken.
     broken: BTreeSet<OsString>,
-}
-
-/// The objects of one file, packed into one allocation (`kind` `\0` `namespace` `\0` `name`
-/// `\n` each): read only when the file changes, and at 30k files a list of [`ObjectRef`]s
-/// (each two shared strings) would cost ~200 bytes per file more.
-#[derive(Default)]
-struct PackedRefs(Box<str>);
-
-impl PackedRefs {
-    fn pack(refs: &[ObjectRef]) -> PackedRefs {
-        let mut text = String::new();
-        for r in refs {
-            let kind = Kind::ALL
-                .iter()
-                .position(|k| *k == r.kind)
-                .unwrap_or_default();
-            text.push_str(&format!("{kind}\0{}\0{}\n", r.namespace, r.name));
-        }
-        PackedRefs(text.into_boxed_str())
-    }
-
-    fn unpack(&self) -> Vec<ObjectRef> {
-        self.lines().filter_map(PackedRefs::parse_line).collect()
-    }
-
-    /// One packed line per object: equal lines are the same object.
-    fn lines(&self) -> std::str::Lines<'_> {
-        self.0.lines()
-    }
-
-    /// The object of one of [`PackedRefs::lines`].
-    fn parse_line(line: &str) -> Option<ObjectRef> {
-        let mut parts = line.split('\0');
-        let kind = *Kind::ALL.get(parts.next()?.parse::<usize>().ok()?)?;
-        Some(ObjectRef {
-            kind,
-            namespace: parts.next()?.into(),
-            name: parts.next()?.into(),
-        })
-    }
+    /// Files that are symlinks → the identity of the file they led to when last read. A change
+    /// behind a link makes no event for the link (kubelet updates a ConfigMap by swapping its
+    /// `..data` link to a new directory): these are compared on every change in the directory
+    /// and every [`POLL`]. Empty unless a file is a symlink.
+    links: BTreeMap<OsString, Option<Fingerprint>>,
+    /// Files whose last version lacks objects the one before had: deleted once the file has
+    /// been quiet (see [`crate::refs`]); they stay in the file's refs until then.
+    held: BTreeMap<OsString, Held>,
+    /// Each file's identity at its last good read: a version written in place over it (the
+    /// same file) may be caught between its writer's parts; a file replaced atomically is
+    /// whole.
+    last_good: BTreeMap<OsString, Fingerprint>,
 }
 
 fn text_hash(text: &str) -> u64 {
@@ -103,12 +76,83 @@ impl DirState {
 
     /// Re-reads one file. Returns the events it implies (none when unchanged or broken).
     fn reload(&mut self, path: &Path) -> Vec<Event> {
+        // The file's identity before reading: a change after this is seen at the next check.
+        let seen = fingerprint(path);
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        if is_link {
+            self.links.insert(path.as_os_str().to_owned(), seen);
+        } else if !self.links.is_empty() {
+            self.links.remove(path.as_os_str());
+        }
+        self.read(path, seen)
+    }
+
+    /// When the next held deletion is due.
+    fn next_due(&self) -> Option<tokio::time::Instant> {
+        self.held.values().map(|h| h.due).min()
+    }
+
+    /// Deletes what the files whose quiet period is over no longer have; a file that changed
+    /// meanwhile is read again instead (that version decides).
+    fn release_due(&mut self) -> Vec<(PathBuf, Vec<Event>)> {
+        let now = tokio::time::Instant::now();
+        let due: Vec<OsString> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.due <= now)
+            .map(|(path, _)| path.clone())
+            .collect();
+        let mut out = Vec::new();
+        for key in due {
+            let path = PathBuf::from(&key);
+            let Some(held) = self.held.get(&key) else {
+                continue;
+            };
+            if fingerprint(&path) != held.seen {
+                let events = self.reload(&path);
+                // A version that did not load holds nothing: the next one that does decides.
+                if self.held.get(&key).is_some_and(|h| h.due <= now) {
+                    self.held.remove(&key);
+                }
+                out.push((path, events));
+                continue;
+            }
+            let Some(held) = self.held.remove(&key) else {
+                continue;
+            };
+            info!(
+                "{}: unchanged for {:?}: deleting the {} objects it no longer has",
+                path.display(),
+                crate::refs::DELETE_QUIET,
+                held.gone.len()
+            );
+            if let Some((_, refs)) = self.files.get_mut(&key) {
+                *refs = refs.without(&held.gone);
+            }
+            out.push((path, held.gone.into_iter().map(Event::Delete).collect()));
+        }
+        out
+    }
+
+    /// The files that are symlinks whose target changed since they were read.
+    fn moved_links(&self) -> Vec<PathBuf> {
+        self.links
+            .iter()
+            .filter(|(path, seen)| fingerprint(Path::new(path)) != **seen)
+            .map(|(path, _)| PathBuf::from(path))
+            .collect()
+    }
+
+    /// [`DirState::reload`] without the notes of the file's identity; `seen`: its identity
+    /// before reading.
+    fn read(&mut self, path: &Path, seen: Option<Fingerprint>) -> Vec<Event> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // The file is gone: so are its objects, and its problem.
                 self.metrics.health.recovered(&path.to_string_lossy());
                 self.broken.remove(path.as_os_str());
+                self.held.remove(path.as_os_str());
                 let Some(refs) = self.files.remove(path.as_os_str()).map(|(_, r)| r.unpack())
                 else {
                     return Vec::new();
@@ -125,6 +169,8 @@ impl DirState {
                 warn!("cannot read {}: {e}; {instead}", path.display());
                 self.metrics
                     .failed("read", path, &format!("cannot read it: {e}; {instead}"));
+                // What a held version lacks stays the file's until a version that loads.
+                self.held.remove(path.as_os_str());
                 return Vec::new();
             }
         };
@@ -137,6 +183,10 @@ impl DirState {
             if !self.broken.contains(path.as_os_str()) {
                 // The last good version, read again: a read problem meanwhile is over.
                 self.metrics.health.recovered(&path.to_string_lossy());
+                // Written again: what it lacks waits for a new quiet period.
+                if let Some(held) = self.held.get_mut(path.as_os_str()) {
+                    held.rewritten(seen);
+                }
             }
             return Vec::new();
         }
@@ -157,6 +207,7 @@ impl DirState {
                     .unwrap_or_default();
                 self.files.insert(path.as_os_str().to_owned(), (hash, refs));
                 self.broken.insert(path.as_os_str().to_owned());
+                self.held.remove(path.as_os_str());
                 Vec::new()
             }
             Ok(mut loaded) => {
@@ -174,8 +225,15 @@ impl DirState {
                     .remove(path.as_os_str())
                     .map(|(_, r)| r.unpack())
                     .unwrap_or_default();
-                let gone: Vec<ObjectRef> = old.into_iter().filter(|r| !keep.contains(r)).collect();
-                let mut events = Vec::new();
+                let mut gone: Vec<ObjectRef> =
+                    old.into_iter().filter(|r| !keep.contains(r)).collect();
+                let before = match seen {
+                    Some(now) => self.last_good.insert(path.as_os_str().to_owned(), now),
+                    None => self.last_good.remove(path.as_os_str()),
+                };
+                if !self.held.is_empty() {
+                    self.held.remove(path.as_os_str());
+                }
                 if loaded.ends_rejected() && !gone.is_empty() {
                     // Possibly cut off mid-write: what it no longer has stays its objects.
                     warn!(
@@ -185,9 +243,21 @@ impl DirState {
                         gone.len()
                     );
                     new_refs.extend(gone);
-                } else {
-                    events.extend(gone.into_iter().map(Event::Delete));
+                    gone = Vec::new();
+                } else if !gone.is_empty() && crate::watch::written_in_place(before, seen) {
+                    // Maybe a write in progress: deleted once the file has been quiet.
+                    info!(
+                        "{}: {}",
+                        path.display(),
+                        crate::watch::held_until_quiet(gone.len())
+                    );
+                    new_refs.extend(gone.iter().cloned());
+                    self.held
+                        .insert(path.as_os_str().to_owned(), Held::new(gone, seen));
+                    gone = Vec::new();
                 }
+                // A file replaced atomically is whole: what it lacks goes at once.
+                let mut events: Vec<Event> = gone.into_iter().map(Event::Delete).collect();
                 events.extend(loaded.objects.into_iter().map(Event::Apply));
                 self.files.insert(
                     path.as_os_str().to_owned(),
@@ -276,6 +346,7 @@ fn first_load(
         merged.files.append(&mut part.files);
         merged.unreadable += part.unreadable;
         merged.broken.append(&mut part.broken);
+        merged.links.append(&mut part.links);
         count += n;
     }
     let settling = std::time::Instant::now();
@@ -435,11 +506,37 @@ pub(crate) async fn run(
         return Ok(());
     }
 
+    let mut poll = tokio::time::interval(POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    poll.tick().await;
     loop {
-        let Some(changed) = watch.next_writes(debounce).await else {
-            return Ok(());
+        let mut changed = tokio::select! {
+            written = watch.next_writes(debounce, &is_manifest) => match written {
+                Some(written) => written.into_iter().filter(|p| is_manifest(p)).collect(),
+                None => return Ok(()),
+            },
+            _ = poll.tick() => BTreeSet::new(),
+            _ = until(state.next_due()) => {
+                for (path, changes) in state.release_due() {
+                    if !changes.is_empty() {
+                        state.metrics.health.loaded(
+                            std::time::SystemTime::now(),
+                            Some(format!("last change from {}", path.display())),
+                        );
+                    }
+                    for event in changes {
+                        if events.send(event).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                continue;
+            }
         };
-        for path in changed.iter().filter(|p| is_manifest(p)) {
+        // A link whose target changed: after any change in the directory (a `..data` swap
+        // names no manifest), and every poll (a link into another directory).
+        changed.extend(state.moved_links());
+        for path in &changed {
             let changes = state.reload(path);
             if !changes.is_empty() {
                 state.metrics.health.loaded(
@@ -453,29 +550,5 @@ pub(crate) async fn run(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn packed_refs_round_trip() {
-        let refs: Vec<ObjectRef> = [
-            (Kind::Service, "ns", "web"),
-            (Kind::EndpointSlice, "ns", "web-abc12"),
-            (Kind::Node, "", "node1"),
-            (Kind::ServiceCidr, "", "kubernetes"),
-        ]
-        .into_iter()
-        .map(|(kind, namespace, name)| ObjectRef {
-            kind,
-            namespace: namespace.into(),
-            name: name.into(),
-        })
-        .collect();
-        assert_eq!(PackedRefs::pack(&refs).unpack(), refs);
-        assert!(PackedRefs::default().unpack().is_empty());
     }
 }

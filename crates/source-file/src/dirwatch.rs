@@ -1,6 +1,12 @@
 //! A watched directory: inotify (through `notify`) plus the debounce both sources share.
+//!
+//! A change is taken once the directory's writes have been quiet for the debounce, and, where
+//! the watcher reports a writer closing its file (inotify's `IN_CLOSE_WRITE`, on Linux), once
+//! the files that matter were closed: a writer that does not rename atomically (a shell loop,
+//! `helm template … > file`) may pause longer than the debounce between its parts, and its
+//! file read in between is a cut-off manifest.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,8 +21,60 @@ use crate::watch::SourceError;
 pub(crate) struct DirWatch {
     dir: PathBuf,
     rx: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
+    /// Files written and not yet closed.
+    writers: Writers,
     // Dropping the watcher ends the watch.
     _watcher: RecommendedWatcher,
+}
+
+/// How long a file written and not closed is waited for before it is read anyway: a writer
+/// may keep its file open (or the close may be lost when the kernel's event queue
+/// overflows), and the file must be read some time.
+pub(crate) const UNCLOSED_WAIT: Duration = Duration::from_secs(10);
+
+/// Files a writer has open: written (`IN_MODIFY`) and not yet closed, with when their write
+/// began. Only where the watcher reports closes (Linux's inotify); elsewhere always empty.
+#[derive(Debug, Default)]
+pub(crate) struct Writers(BTreeMap<PathBuf, tokio::time::Instant>);
+
+impl Writers {
+    /// Takes note of one event.
+    fn note(&mut self, event: &notify::Event) {
+        use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+        if !cfg!(any(target_os = "linux", target_os = "android")) {
+            return;
+        }
+        match event.kind {
+            EventKind::Modify(ModifyKind::Data(_)) => {
+                let now = tokio::time::Instant::now();
+                for path in &event.paths {
+                    self.0.entry(path.clone()).or_insert(now);
+                }
+            }
+            // Closed, or the name now names another file (created, removed, renamed).
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Create(_)
+            | EventKind::Remove(_)
+            | EventKind::Modify(ModifyKind::Name(_)) => {
+                for path in &event.paths {
+                    self.0.remove(path);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Until when a write of a file that matters may still be waited for: `None` when no such
+    /// file is open (or each has been open longer than [`UNCLOSED_WAIT`]).
+    fn open_until(&self, matters: &(dyn Fn(&Path) -> bool + Sync)) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        self.0
+            .iter()
+            .filter(|(path, _)| matters(path))
+            .map(|(_, since)| *since + UNCLOSED_WAIT)
+            .filter(|until| *until > now)
+            .max()
+    }
 }
 
 impl DirWatch {
@@ -43,15 +101,35 @@ impl DirWatch {
         Ok(DirWatch {
             dir: dir.to_path_buf(),
             rx,
+            writers: Writers::default(),
             _watcher: watcher,
         })
     }
 
     /// Waits for something to be written in the directory, then until it has been quiet for
     /// `debounce` (but never longer than ten debounce periods, so an always-busy directory
-    /// cannot starve us). Returns the paths written, or `None` when the watch has ended.
-    pub(crate) async fn next_writes(&mut self, debounce: Duration) -> Option<BTreeSet<PathBuf>> {
-        next_writes(&mut self.rx, &self.dir, debounce).await
+    /// cannot starve us) and each written file that `matters` was closed by its writer (for
+    /// at most [`UNCLOSED_WAIT`]). Returns the paths written, or `None` when the watch has
+    /// ended.
+    pub(crate) async fn next_writes(
+        &mut self,
+        debounce: Duration,
+        matters: &(dyn Fn(&Path) -> bool + Sync),
+    ) -> Option<BTreeSet<PathBuf>> {
+        next_writes(
+            &mut self.rx,
+            &self.dir,
+            debounce,
+            &mut self.writers,
+            matters,
+        )
+        .await
+    }
+
+    /// Whether a file that `matters` is being written (written, not yet closed, for less than
+    /// [`UNCLOSED_WAIT`]): a poll must not read it half-written.
+    pub(crate) fn writing(&self, matters: &(dyn Fn(&Path) -> bool + Sync)) -> bool {
+        self.writers.open_until(matters).is_some()
     }
 }
 
@@ -62,12 +140,15 @@ async fn next_writes(
     rx: &mut mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
     dir: &Path,
     debounce: Duration,
+    writers: &mut Writers,
+    matters: &(dyn Fn(&Path) -> bool + Sync),
 ) -> Option<BTreeSet<PathBuf>> {
     let mut changed = BTreeSet::new();
     loop {
         match rx.recv().await? {
             Err(e) => warn!("file watch error on {}: {e}", dir.display()),
             Ok(ev) if is_write(&ev) => {
+                writers.note(&ev);
                 changed.extend(ev.paths);
                 break;
             }
@@ -79,18 +160,29 @@ async fn next_writes(
         // the timer wheel's next millisecond tick, a delay on every change.)
         loop {
             match rx.try_recv() {
-                Ok(Ok(ev)) if is_write(&ev) => changed.extend(ev.paths),
+                Ok(Ok(ev)) if is_write(&ev) => {
+                    writers.note(&ev);
+                    changed.extend(ev.paths);
+                }
                 Ok(_) => {}
-                Err(mpsc::error::TryRecvError::Empty) => return Some(changed),
+                Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
             }
+        }
+        if writers.open_until(matters).is_none() {
+            return Some(changed);
         }
     }
     let give_up = tokio::time::Instant::now() + debounce * 10;
     let mut quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);
     loop {
-        match tokio::time::timeout_at(quiet_until, rx.recv()).await {
+        // A file still open for writing is read once its writer closes it.
+        let until = writers
+            .open_until(matters)
+            .map_or(quiet_until, |open| open.max(quiet_until));
+        match tokio::time::timeout_at(until, rx.recv()).await {
             Ok(Some(Ok(ev))) if is_write(&ev) => {
+                writers.note(&ev);
                 changed.extend(ev.paths);
                 quiet_until = (tokio::time::Instant::now() + debounce).min(give_up);
             }
@@ -115,7 +207,9 @@ fn is_write(event: &notify::Event) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{AccessKind, AccessMode, CreateKind, Event, EventKind};
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, DataChange, Event, EventKind, ModifyKind,
+    };
     use tokio::time::Instant;
 
     fn event(kind: EventKind, path: &str) -> notify::Result<Event> {
@@ -127,6 +221,16 @@ mod tests {
             EventKind::Access(AccessKind::Close(AccessMode::Write)),
             path,
         )
+    }
+
+    /// Data written, the file still open.
+    fn modify(path: &str) -> notify::Result<Event> {
+        event(EventKind::Modify(ModifyKind::Data(DataChange::Any)), path)
+    }
+
+    /// The files that matter in these tests.
+    fn is_yaml(path: &Path) -> bool {
+        path.extension().is_some_and(|e| e == "yaml")
     }
 
     fn read(path: &str) -> notify::Result<Event> {
@@ -187,6 +291,43 @@ mod tests {
                 200,
             ),
             (
+                "a file written in parts is taken once its writer closes it",
+                vec![
+                    (0, modify("/d/m.yaml")),
+                    (500, modify("/d/m.yaml")),
+                    (1000, write("/d/m.yaml")),
+                ],
+                vec!["/d/m.yaml"],
+                1500,
+            ),
+            (
+                "a file never closed is taken after UNCLOSED_WAIT",
+                vec![(0, modify("/d/m.yaml"))],
+                vec!["/d/m.yaml"],
+                10_000,
+            ),
+            (
+                "a file that does not matter, left open, does not hold a change back",
+                vec![(0, modify("/d/log.txt")), (0, write("/d/m.yaml"))],
+                vec!["/d/log.txt", "/d/m.yaml"],
+                100,
+            ),
+            (
+                "a file replaced by a rename is no longer waited for",
+                vec![
+                    (0, modify("/d/m.yaml")),
+                    (
+                        0,
+                        event(
+                            EventKind::Modify(ModifyKind::Name(notify::event::RenameMode::To)),
+                            "/d/m.yaml",
+                        ),
+                    ),
+                ],
+                vec!["/d/m.yaml"],
+                100,
+            ),
+            (
                 "a directory that never goes quiet is read after ten periods",
                 std::iter::once((0, write("/d/m.yaml")))
                     .chain((0..100).map(|_| (50, write("/d/m.yaml"))))
@@ -204,9 +345,15 @@ mod tests {
                 .expect("every case writes");
             let start = Instant::now();
             feed(tx, events);
-            let got = next_writes(&mut rx, Path::new("/d"), Duration::from_millis(100))
-                .await
-                .expect("the watch goes on");
+            let got = next_writes(
+                &mut rx,
+                Path::new("/d"),
+                Duration::from_millis(100),
+                &mut Writers::default(),
+                &is_yaml,
+            )
+            .await
+            .expect("the watch goes on");
             let took = Instant::now() - start - Duration::from_millis(first_write_at);
             let want: BTreeSet<PathBuf> = paths.into_iter().map(PathBuf::from).collect();
             assert_eq!(got, want, "{case}");
@@ -220,7 +367,14 @@ mod tests {
         tx.send(write("/d/m.yaml")).expect("open channel");
         drop(tx);
         assert_eq!(
-            next_writes(&mut rx, Path::new("/d"), Duration::from_millis(100)).await,
+            next_writes(
+                &mut rx,
+                Path::new("/d"),
+                Duration::from_millis(100),
+                &mut Writers::default(),
+                &is_yaml
+            )
+            .await,
             None
         );
     }

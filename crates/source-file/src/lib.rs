@@ -19,15 +19,23 @@
 //! *nothing* is sent: the last good state stays programmed until the file is fixed. Values the
 //! conversion dropped are logged with the file's name.
 //!
-//! Writers must replace the file atomically (write a temporary file, then rename it over the
+//! Writers should replace the file atomically (write a temporary file, then rename it over the
 //! input, as `kubectl`'s ConfigMap mounts and most editors do): a file written in place can be
-//! read half-written. A load that does not parse, or has a rejected object, is therefore only
-//! reported once the file has been quiet for half a second; a newer version within that time is
-//! read instead.
+//! read half-written. So a written file is read once its writer has closed it (where the watcher
+//! reports closes, inotify on Linux; at most 10 s after the write began, see `dirwatch`); a load
+//! that does not parse, or has a rejected object, is only reported once the file has been quiet
+//! for half a second (a newer version within that time is read instead); a load whose last
+//! object is rejected, or lacks a part the API server requires (a Service without `spec`: see
+//! `parse::reject_a_cut_off_end`), deletes nothing until a version whose end reads; and what a
+//! load written in place (the same file as the last good read) no longer has is deleted only
+//! once the file has been unchanged for [`DELETE_QUIET`] (`refs`), while what it adds or
+//! changes is applied at once. A file replaced atomically is whole: it deletes at once.
 //!
 //! The source never goes quietly stale: besides inotify on the file's directory, the resolved
 //! file (symlinks followed, into any directory) is checked every two seconds, and a
-//! re-created directory is watched again. `kpng_source_errors_total{reason}` and
+//! re-created directory is watched again. In a directory, each file that is a symlink is
+//! re-read when what it leads to changes (a ConfigMap update swaps the `..data` link, an event
+//! that names no manifest), checked after every change in the directory and every two seconds. `kpng_source_errors_total{reason}` and
 //! `kpng_source_last_good_load_timestamp_seconds` ([`SourceMetrics`]) show a source that stopped
 //! loading.
 
@@ -39,10 +47,12 @@ mod dir;
 mod dirwatch;
 mod metrics;
 mod parse;
+mod refs;
 mod watch;
 
 pub use metrics::{ReasonLabel, SourceMetrics};
 pub use parse::{
     ExpansionLimit, Loaded, ManifestError, ManifestErrors, parse_manifests, parse_manifests_with,
 };
+pub use refs::DELETE_QUIET;
 pub use watch::{FileSource, SourceError};

@@ -40,6 +40,7 @@ impl fmt::Display for ManifestError {
             document: self.document,
             item: self.item,
             line: self.line,
+            lacks: None,
         };
         write!(f, "{place}")?;
         match (&self.kind, &self.object) {
@@ -235,6 +236,10 @@ struct Origin {
     document: usize,
     item: Option<usize>,
     line: usize,
+    /// For an object read from here: a part it lacks that the API server requires (a
+    /// Service's `spec`), named as a field. At the end of a file it marks a write cut off
+    /// mid-object (see [`reject_a_cut_off_end`]).
+    lacks: Option<&'static str>,
 }
 
 impl fmt::Display for Origin {
@@ -309,17 +314,24 @@ fn object(
         return Err(origin.error(Some(&value), None, Some("kind".into()), "missing".into()));
     };
     let converted = match kind.as_str() {
-        "Service" => typed::<Service>(&value, origin, &kind).map(|o| o.convert()),
-        "EndpointSlice" => typed::<EndpointSlice>(&value, origin, &kind).map(|o| o.convert()),
-        "Node" => typed::<Node>(&value, origin, &kind).map(|o| o.convert()),
-        "ServiceCIDR" => typed::<ServiceCIDR>(&value, origin, &kind).map(|o| o.convert()),
+        "Service" => {
+            typed::<Service>(&value, origin, &kind).map(|o| (service_lacks(&o), o.convert()))
+        }
+        "EndpointSlice" => {
+            typed::<EndpointSlice>(&value, origin, &kind).map(|o| (None, o.convert()))
+        }
+        "Node" => typed::<Node>(&value, origin, &kind).map(|o| (None, o.convert())),
+        "ServiceCIDR" => typed::<ServiceCIDR>(&value, origin, &kind)
+            .map(|o| (o.spec.is_none().then_some("spec"), o.convert())),
         other => {
             loaded.skipped_kinds.insert(other.to_string());
             return Ok(());
         }
     };
     match (converted, undecodable, reference_of(&value, &kind)) {
-        (Ok(converted), _, _) => accept(converted, origin, loaded, origins),
+        (Ok((lacks, converted)), _, _) => {
+            accept(converted, Origin { lacks, ..origin }, loaded, origins)
+        }
         (Err(e), Undecodable::Reject, Some(object)) => {
             let rejected = ConversionError {
                 object,
@@ -422,6 +434,8 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
     // A large input takes seconds: say how far along it is every few seconds.
     let started = std::time::Instant::now();
     let mut next_report = started + PROGRESS_EVERY;
+    // The last document with content: what a write cut off mid-object ends with.
+    let mut last_document = 0;
     for (index, (line, doc)) in documents(text).into_iter().enumerate() {
         let document = index + 1;
         if std::time::Instant::now() >= next_report {
@@ -438,6 +452,7 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             document,
             item: None,
             line,
+            lacks: None,
         };
         if doc
             .lines()
@@ -445,6 +460,7 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         {
             continue;
         }
+        last_document = document;
         // Strict JSON (`kubectl get -o json`) is read by serde_json, and the plain YAML most
         // manifests are written in by the subset reader: both about ten times faster than the
         // YAML parser. A document the subset reader takes but whose objects do not read (a
@@ -496,8 +512,13 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
         // A Service or an EndpointSlice document is read straight into its type (no generic
         // tree in between: half the work). Anything else, and any document that does not read
         // so, takes the generic path, which also words the errors.
-        if let Some(converted) = direct(&doc, limit) {
-            accept(converted, origin, &mut loaded, &mut origins);
+        if let Some((lacks, converted)) = direct(&doc, limit) {
+            accept(
+                converted,
+                Origin { lacks, ..origin },
+                &mut loaded,
+                &mut origins,
+            );
             continue;
         }
         let read = serde_saphyr::from_str_with_options(&doc, yaml_options(doc.len(), limit))
@@ -518,6 +539,7 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             errors.push(e);
         }
     }
+    reject_a_cut_off_end(&mut loaded, &origins, last_document);
     reject_duplicates(&mut loaded, &mut origins);
     if !errors.is_empty() {
         // The objects that would be rejected once the file reads are named too, in file
@@ -688,19 +710,59 @@ fn top_level_kind(doc: &str) -> Option<&str> {
         .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric()))
 }
 
-/// A Service or EndpointSlice document read straight into its type and converted; `None` for
-/// any other document or when it does not read so (the generic path then says why).
-fn direct(doc: &str, limit: ExpansionLimit) -> Option<Converted> {
+/// A Service or EndpointSlice document read straight into its type and converted, with the
+/// required part it lacks (see [`Origin::lacks`]); `None` for any other document or when it
+/// does not read so (the generic path then says why).
+fn direct(doc: &str, limit: ExpansionLimit) -> Option<(Option<&'static str>, Converted)> {
     let options = || yaml_options(doc.len(), limit);
     match top_level_kind(doc)? {
         "Service" => serde_saphyr::from_str_with_options::<Service>(doc, options())
             .ok()
-            .map(|o| o.convert()),
+            .map(|o| (service_lacks(&o), o.convert())),
         "EndpointSlice" => serde_saphyr::from_str_with_options::<EndpointSlice>(doc, options())
             .ok()
-            .map(|o| o.convert()),
+            .map(|o| (None, o.convert())),
         _ => None,
     }
+}
+
+/// The part of a Service the API server requires that it lacks: its `spec`, or the ports of
+/// one that is neither headless nor an `ExternalName` (the API server's validation).
+fn service_lacks(service: &Service) -> Option<&'static str> {
+    let Some(spec) = &service.spec else {
+        return Some("spec");
+    };
+    let headless = spec.cluster_ip.as_deref() == Some("None");
+    let external_name = spec.type_.as_deref() == Some("ExternalName");
+    let no_ports = spec.ports.as_ref().is_none_or(Vec::is_empty);
+    (no_ports && !headless && !external_name).then_some("spec.ports")
+}
+
+/// The file's last object lacking a part the API server requires (a Service cut off after its
+/// `metadata:`, or before its `ports:`) is where a write was cut off mid-object, more likely
+/// than a Service meant so: it is rejected, so that its last good version stays and the load
+/// deletes nothing (see [`Loaded::ends_rejected`]). Elsewhere in a file such an object is used
+/// as written.
+fn reject_a_cut_off_end(loaded: &mut Loaded, origins: &[Origin], last_document: usize) {
+    let (Some(object), Some(origin)) = (loaded.objects.last_mut(), origins.last()) else {
+        return;
+    };
+    let Some(part) = origin.lacks.filter(|_| origin.document == last_document) else {
+        return;
+    };
+    if matches!(object, Object::Rejected(_)) {
+        return;
+    }
+    let kind = object.kind().as_str();
+    *object = Object::Rejected(Box::new(ConversionError {
+        object: object.reference(),
+        field: part.into(),
+        message: format!(
+            "missing, and the {kind} ends the file, as a write cut off mid-object does (the \
+             API server requires it): its last good version is kept"
+        ),
+        location: Some(origin.to_string()),
+    }));
 }
 
 /// An object defined more than once in one file: which copy is meant is unclear, so none is
@@ -796,10 +858,27 @@ fn yaml_error(
     first_line: usize,
 ) -> String {
     let text = e.to_string();
-    if let Some(at) = e.location().filter(|_| !text.contains("budget")) {
-        let line = u64::try_from(first_line.max(1))
+    let file_line = |at: &serde_saphyr::Location| {
+        u64::try_from(first_line.max(1))
             .unwrap_or(u64::MAX)
-            .saturating_add(at.line().saturating_sub(1));
+            .saturating_add(at.line().saturating_sub(1))
+    };
+    if let serde_saphyr::Error::Budget {
+        breach: serde_saphyr::budget::BudgetBreach::Depth { depth },
+        location,
+    } = e.without_snippet()
+    {
+        // Not an expansion: the alias advice below would mislead.
+        return format!(
+            "invalid YAML: nested {depth} levels deep at line {}, column {} (the limit is {}; \
+             no manifest nests so deep)",
+            file_line(location),
+            location.column(),
+            depth.saturating_sub(1)
+        );
+    }
+    if let Some(at) = e.location().filter(|_| !text.contains("budget")) {
+        let line = file_line(&at);
         let bare = e.without_snippet().to_string();
         let suffix = format!(" at line {}, column {}", at.line(), at.column());
         let reason = bare.strip_suffix(&suffix).unwrap_or(&bare);

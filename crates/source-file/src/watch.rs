@@ -14,13 +14,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kpng_model::{Event, Kind};
+use kpng_model::{Event, Kind, Object, ObjectRef};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::dirwatch::DirWatch;
 use crate::metrics::SourceMetrics;
 use crate::parse::{ExpansionLimit, parse_manifests_with};
+use crate::refs::{DELETE_QUIET, Held, PackedRefs, until};
 
 /// How often the resolved file and its directory are checked besides inotify.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -37,6 +38,21 @@ pub(crate) struct Fingerprint {
     ino: u64,
     len: u64,
     modified: Option<std::time::SystemTime>,
+}
+
+impl Fingerprint {
+    /// Whether `self` and `other` are the same file (an in-place write keeps it; an atomic
+    /// replace, a rename over the path or a ConfigMap's `..data` swap, makes a new one).
+    pub(crate) fn same_file(self, other: Fingerprint) -> bool {
+        (self.dev, self.ino) == (other.dev, other.ino)
+    }
+}
+
+/// Whether the version fingerprinted `now` was written in place over the one fingerprinted
+/// `before`: only such a write can be caught between its parts, so only its deletions wait
+/// for the file to be quiet.
+pub(crate) fn written_in_place(before: Option<Fingerprint>, now: Option<Fingerprint>) -> bool {
+    matches!((before, now), (Some(b), Some(n)) if b.same_file(n))
 }
 
 /// The fingerprint of `path` (symlinks followed); `None` when it cannot be read.
@@ -148,6 +164,9 @@ impl FileSource {
         let mut watch = DirWatch::new(&directory)?;
         let mut watched = fingerprint(&directory).map(|f| (f.dev, f.ino));
 
+        // The manifest, as the watch names it (`dir/name`, whatever `self.path` looks like).
+        let name = self.path.file_name().map(ToOwned::to_owned);
+        let is_input = |path: &Path| name.is_some() && path.file_name() == name.as_deref();
         let mut state = ReloadState::default();
         if !self.reload(&events, &mut state).await {
             return Ok(());
@@ -157,10 +176,16 @@ impl FileSource {
         poll.tick().await;
         loop {
             tokio::select! {
-                written = watch.next_writes(self.debounce) => {
+                written = watch.next_writes(self.debounce, &is_input) => {
                     if written.is_none() {
                         return Ok(());
                     }
+                }
+                _ = until(state.held.as_ref().map(|h| h.due)) => {
+                    if !self.release_held(&events, &mut state).await {
+                        return Ok(());
+                    }
+                    continue;
                 }
                 _ = poll.tick() => {
                     let now = fingerprint(&directory).map(|f| (f.dev, f.ino));
@@ -174,7 +199,8 @@ impl FileSource {
                             Err(e) => warn!("{e}"),
                         }
                     }
-                    if fingerprint(&self.path) == state.seen {
+                    // Unchanged, or being written (read once its writer closes it).
+                    if fingerprint(&self.path) == state.seen || watch.writing(&is_input) {
                         continue;
                     }
                 }
@@ -185,8 +211,45 @@ impl FileSource {
         }
     }
 
+    /// Deletes what the version in use lacks, once it has been unchanged for [`DELETE_QUIET`];
+    /// a file that changed meanwhile is read again instead (that version decides). Returns
+    /// false when the receiver is gone.
+    async fn release_held(&self, events: &mpsc::Sender<Event>, state: &mut ReloadState) -> bool {
+        let Some(seen) = state.held.as_ref().map(|h| h.seen) else {
+            return true;
+        };
+        if fingerprint(&self.path) != seen {
+            let alive = self.reload(events, state).await;
+            // A version that did not load holds nothing: the next one that does decides.
+            if state
+                .held
+                .as_ref()
+                .is_some_and(|h| h.due <= tokio::time::Instant::now())
+            {
+                state.held = None;
+            }
+            return alive;
+        }
+        let Some(held) = state.held.take() else {
+            return true;
+        };
+        info!(
+            "{}: unchanged for {DELETE_QUIET:?}: deleting the {} objects it no longer has",
+            self.path.display(),
+            held.gone.len()
+        );
+        state.refs = state.refs.without(&held.gone);
+        for gone in held.gone {
+            if events.send(Event::Delete(gone)).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Re-reads the file; returns false when the receiver is gone.
     async fn reload(&self, events: &mpsc::Sender<Event>, state: &mut ReloadState) -> bool {
+        let before = state.seen;
         let mut retries = 0;
         let (text, parsed) = loop {
             let seen = fingerprint(&self.path);
@@ -211,6 +274,10 @@ impl FileSource {
                 // after a moment): whatever went wrong meanwhile is over.
                 state.bad = None;
                 self.metrics.health.recovered_all();
+                // Written again: what it lacks waits for a new quiet period.
+                if let Some(held) = &mut state.held {
+                    held.rewritten(seen);
+                }
                 return true;
             }
             if state.bad == Some(digest) {
@@ -256,11 +323,31 @@ impl FileSource {
                         loaded.objects.len()
                     ),
                 }
-                // A possibly cut-off file after a good one: apply what it has, delete nothing.
-                let hold_deletions = state.good.is_some() && loaded.ends_rejected();
-                if hold_deletions {
+                let mut refs: Vec<ObjectRef> =
+                    loaded.objects.iter().map(Object::reference).collect();
+                let gone = match state.good {
+                    Some(_) => state.refs.gone_from(&refs),
+                    None => Vec::new(),
+                };
+                state.held = None;
+                // A possibly cut-off file after a good one: apply what it has, delete nothing
+                // until a version whose end reads. Another version written in place that lacks
+                // objects may be a write in progress: they are deleted once the file has been
+                // quiet. A file replaced atomically is whole: its deletions apply at once.
+                let cut_off = state.good.is_some() && loaded.ends_rejected();
+                let wait_for_quiet =
+                    !cut_off && !gone.is_empty() && written_in_place(before, state.seen);
+                let hold_deletions = cut_off || wait_for_quiet;
+                if cut_off {
                     warn!("{}: {HELD_DELETIONS}", self.path.display());
+                } else if wait_for_quiet {
+                    info!("{}: {}", self.path.display(), held_until_quiet(gone.len()));
+                    state.held = Some(Held::new(gone.clone(), state.seen));
                 }
+                if hold_deletions {
+                    refs.extend(gone);
+                }
+                state.refs = PackedRefs::pack(&refs);
                 state.good = Some(state.digests.of(&text));
                 state.bad = None;
                 self.metrics.good_load(&self.path);
@@ -271,7 +358,7 @@ impl FileSource {
                     Some(objects_loaded(loaded.objects.len(), loaded.rejected())),
                 );
                 if hold_deletions {
-                    // Each object on its own: a list would delete what it does not hold.
+                    // Each object on its own: a list would delete what it does not have.
                     for object in loaded.objects {
                         if events.send(Event::Apply(object)).await.is_err() {
                             return false;
@@ -294,6 +381,15 @@ pub(crate) const HELD_DELETIONS: &str = "its last object was rejected, as in a f
     mid-write: objects no longer in it are kept, not deleted, until a version whose last object \
     reads (fix or remove that object to apply deletions)";
 
+/// Why a load that lacks objects the last one had does not delete them yet.
+pub(crate) fn held_until_quiet(gone: usize) -> String {
+    format!(
+        "{gone} objects are no longer in it: they are deleted once it has been unchanged for \
+         {DELETE_QUIET:?} (it was written in place, not renamed over atomically, and its writer \
+         may not have written them yet)"
+    )
+}
+
 /// What a load held, in words, for `kpng status`.
 pub(crate) fn objects_loaded(objects: usize, rejected: usize) -> String {
     match rejected {
@@ -311,6 +407,11 @@ struct ReloadState {
     /// The fingerprint of the version last read.
     seen: Option<Fingerprint>,
     digests: Digests,
+    /// What the model has from the file: the last load's objects, and those it lacks but are
+    /// kept (cut off, or held until the file is quiet).
+    refs: PackedRefs,
+    /// Deletions waiting for the file to be quiet.
+    held: Option<Held>,
 }
 
 impl ReloadState {

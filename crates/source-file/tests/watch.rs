@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use kpng_model::{Event, Object};
-use kpng_source_file::FileSource;
+use kpng_source_file::{DELETE_QUIET, FileSource};
 use tokio::sync::mpsc;
 
 fn manifest(ip: &str) -> String {
@@ -458,17 +458,11 @@ async fn a_file_cut_off_mid_write_deletes_nothing_until_its_end_reads() {
         }
         other => panic!("expected a applied and b rejected, one by one, got {other:?}"),
     }
-    // Once the end reads, what the file no longer has goes.
+    // Once the end reads, what the file no longer has goes (once the file has been quiet).
     let two = three_services(None);
     let two = &two[..two.rfind("---").expect("separator")];
     std::fs::write(&path, two).expect("write");
-    match next(&mut rx).await {
-        Some(Event::Replace { kinds, objects }) => {
-            assert_eq!(kinds.len(), 4, "a clean load deletes c");
-            assert_eq!(objects.len(), 2);
-        }
-        other => panic!("expected a Replace, got {other:?}"),
-    }
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["c"]);
     task.abort();
 }
 
@@ -496,12 +490,283 @@ async fn a_directory_file_cut_off_mid_write_deletes_nothing_until_its_end_reads(
     // The clean version without c deletes it: the held object is still the file's.
     let two = three_services(None);
     std::fs::write(&path, &two[..two.rfind("---").expect("separator")]).expect("write");
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["c"]);
+    task.abort();
+}
+
+/// A ConfigMap mounted as kubelet mounts it: each key a symlink through `..data` into a
+/// timestamped directory, updated by swapping `..data` (write `..<new>/`, link `..data_tmp` to
+/// it, rename that over `..data`, remove the old directory). No event names the manifest, yet
+/// its content changed: the directory source must follow it, as the file source does.
+#[tokio::test]
+async fn a_directory_follows_a_configmap_swap_of_its_data_link() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let cm = root.path().join("cm");
+    let version = |name: &str, ip: &str| {
+        let dir = cm.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("services.yaml"), manifest(ip)).expect("write");
+    };
+    version("..2026_01", "10.96.0.1");
+    std::os::unix::fs::symlink("..2026_01", cm.join("..data")).expect("symlink");
+    std::os::unix::fs::symlink("..data/services.yaml", cm.join("services.yaml")).expect("symlink");
+    let (mut rx, _health, task) = watch(&cm);
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    match next(&mut rx).await {
+        Some(Event::ListItem(Object::Service(s))) => {
+            assert_eq!(
+                s.cluster_ips.first().map(ToString::to_string).as_deref(),
+                Some("10.96.0.1")
+            );
+        }
+        other => panic!("expected the Service, got {other:?}"),
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+
+    // kubelet's swap.
+    version("..2026_02", "10.96.0.2");
+    std::os::unix::fs::symlink("..2026_02", cm.join("..data_tmp")).expect("symlink");
+    std::fs::rename(cm.join("..data_tmp"), cm.join("..data")).expect("rename");
+    std::fs::remove_dir_all(cm.join("..2026_01")).expect("remove the old version");
+    match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+        Ok(Some(Event::Apply(Object::Service(s)))) => {
+            assert_eq!(
+                s.cluster_ips.first().map(ToString::to_string).as_deref(),
+                Some("10.96.0.2")
+            );
+        }
+        other => panic!("expected the new version applied, got {other:?}"),
+    }
+    task.abort();
+}
+
+/// The names of the objects deleted after a write just made: every event until the deletions
+/// (at most 15 s), asserting that none came before the file had been quiet for
+/// [`DELETE_QUIET`] (the write was before this call) and that nothing but deletions and
+/// applies came.
+async fn deleted_once_quiet(rx: &mut mpsc::Receiver<Event>) -> Vec<String> {
+    let written = tokio::time::Instant::now();
+    let deadline = written + Duration::from_secs(15);
     let mut deleted = Vec::new();
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), rx.recv()).await {
-        if let Event::Delete(r) = event {
-            deleted.push(r.name.to_string());
+    loop {
+        let wait = if deleted.is_empty() {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        } else {
+            // The rest of the deletions come in the same burst.
+            Duration::from_millis(300)
+        };
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(Event::Delete(r))) => {
+                assert!(
+                    written.elapsed() >= DELETE_QUIET,
+                    "{} deleted {:?} after the write",
+                    r.name,
+                    written.elapsed()
+                );
+                deleted.push(r.name.to_string());
+            }
+            Ok(Some(Event::Apply(_))) => {}
+            Ok(Some(other)) => panic!("expected applies and deletions, got {other:?}"),
+            Ok(None) | Err(_) => return deleted,
         }
     }
-    assert_eq!(deleted, ["c"]);
+}
+
+/// The events within `wait`.
+async fn events_within(rx: &mut mpsc::Receiver<Event>, wait: Duration) -> Vec<Event> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut events = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        events.push(event);
+    }
+    events
+}
+
+/// What in `events` removes an object: a deletion, or a list that lacks some of `a`, `b`, `c`.
+fn removals(events: &[Event]) -> Vec<&Event> {
+    events
+        .iter()
+        .filter(|e| match e {
+            Event::Delete(_) => true,
+            Event::Replace { objects, .. } => objects.len() < 3,
+            _ => false,
+        })
+        .collect()
+}
+
+/// [`three_services`] as a writer that does not rename atomically leaves it after its first
+/// document (a shell loop, `helm template … > file`, writing the rest a moment later).
+fn first_document_only() -> String {
+    let whole = three_services(None);
+    whole[..whole.find("---").expect("separator")].to_string()
+}
+
+/// A file caught after its first document parses, and lacks the Services after it: they stay
+/// until the file has been quiet for `DELETE_QUIET` (the rest arriving meanwhile deletes
+/// nothing); what it has is applied at once; a Service really removed goes after the quiet.
+#[tokio::test]
+async fn a_file_caught_after_its_first_document_deletes_nothing_until_it_has_been_quiet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+
+    // Caught after a, the rest written as soon as a is applied (well within the quiet period).
+    std::fs::write(&path, first_document_only()).expect("write");
+    match next(&mut rx).await {
+        Some(Event::Apply(Object::Service(a))) => assert_eq!(&*a.key.name, "a"),
+        other => panic!("expected a applied on its own, got {other:?}"),
+    }
+    std::fs::write(&path, three_services(None)).expect("write");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(removals(&events).is_empty(), "{events:?}");
+
+    // b and c really removed: deleted, once the file has been quiet.
+    std::fs::write(&path, first_document_only()).expect("write");
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["b", "c"]);
+    task.abort();
+}
+
+/// Replaces `path` atomically with `text` (a new file renamed over it, as editors, `kubectl`
+/// and kubelet's ConfigMap volumes do).
+fn replace_atomically(path: &std::path::Path, text: &str) {
+    let fresh = path.with_extension("new");
+    std::fs::write(&fresh, text).expect("write");
+    std::fs::rename(&fresh, path).expect("rename");
+}
+
+/// A file replaced atomically is whole: what it no longer has is deleted at once, not after
+/// the quiet period that in-place writes wait for (file and directory).
+#[tokio::test]
+async fn a_file_replaced_atomically_deletes_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+    let written = tokio::time::Instant::now();
+    replace_atomically(&path, &first_document_only());
+    match next(&mut rx).await {
+        Some(Event::Replace { objects, .. }) => assert_eq!(objects.len(), 1, "{objects:?}"),
+        other => panic!("expected the one Service left as a list, got {other:?}"),
+    }
+    assert!(written.elapsed() < DELETE_QUIET, "{:?}", written.elapsed());
+    task.abort();
+
+    let sub = dir.path().join("d");
+    std::fs::create_dir(&sub).expect("mkdir");
+    let file = sub.join("services.yaml");
+    std::fs::write(&file, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&sub);
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    for _ in 0..3 {
+        assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+    let written = tokio::time::Instant::now();
+    replace_atomically(&file, &first_document_only());
+    let events = events_within(&mut rx, Duration::from_secs(1)).await;
+    assert_eq!(
+        removals(&events).len(),
+        2,
+        "b and c deleted at once: {events:?}"
+    );
+    assert!(written.elapsed() < DELETE_QUIET, "{:?}", written.elapsed());
+    task.abort();
+}
+
+/// A file cut off right after a Service's `metadata:` parses (a Service without `spec`): at the
+/// end of the file that is a cut-off object, so it keeps its last good version and the
+/// Services after it are not deleted, however long the file stays so.
+#[tokio::test]
+async fn a_file_cut_off_after_a_services_metadata_deletes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+    std::fs::write(&path, three_services(Some("  name: b\n"))).expect("write");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(removals(&events).is_empty(), "{events:?}");
+    assert!(
+        matches!(events.as_slice(), [Event::Apply(Object::Service(a)), Event::Apply(Object::Rejected(b))]
+            if &*a.key.name == "a" && &*b.object.name == "b" && b.field == "spec"),
+        "{events:?}"
+    );
+    task.abort();
+}
+
+/// The same in a directory: a file caught after its first document deletes nothing until it
+/// has been quiet, and then what it lacks.
+#[tokio::test]
+async fn a_directory_file_caught_after_its_first_document_deletes_nothing_until_it_has_been_quiet()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("services.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(dir.path());
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    for _ in 0..3 {
+        assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+
+    std::fs::write(&path, first_document_only()).expect("write");
+    match next(&mut rx).await {
+        Some(Event::Apply(Object::Service(a))) => assert_eq!(&*a.key.name, "a"),
+        other => panic!("expected a applied on its own, got {other:?}"),
+    }
+    std::fs::write(&path, three_services(None)).expect("write");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(removals(&events).is_empty(), "{events:?}");
+
+    std::fs::write(&path, first_document_only()).expect("write");
+    assert_eq!(deleted_once_quiet(&mut rx).await, ["b", "c"]);
+    task.abort();
+}
+
+/// A writer that keeps the file open while it pauses between its parts (a shell loop, `helm
+/// template … > file`), longer than the debounce and than `DELETE_QUIET`: the file is read
+/// once the writer closes it, so neither a partial version nor a deletion reaches the model.
+#[tokio::test]
+async fn a_file_written_in_parts_through_one_open_is_read_once_closed() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, three_services(None)).expect("write");
+    let (mut rx, _health, task) = watch(&path);
+    assert!(
+        matches!(next(&mut rx).await, Some(Event::Replace { objects, .. }) if objects.len() == 3)
+    );
+
+    // The new version changes c (the same text as before would send nothing).
+    let whole = three_services(None).replace("10.96.0.3", "10.96.0.33");
+    let first = first_document_only();
+    assert!(whole.starts_with(&first));
+    let mut file = std::fs::File::create(&path).expect("open for writing");
+    file.write_all(first.as_bytes()).expect("write");
+    file.flush().expect("flush");
+    let events = events_within(&mut rx, DELETE_QUIET + Duration::from_secs(1)).await;
+    assert!(
+        events.is_empty(),
+        "read before the writer closed it: {events:?}"
+    );
+    file.write_all(&whole.as_bytes()[first.len()..])
+        .expect("write");
+    drop(file);
+    match next(&mut rx).await {
+        Some(Event::Replace { objects, .. }) => {
+            assert_eq!(objects.len(), 3);
+            assert!(format!("{objects:?}").contains("10.96.0.33"), "{objects:?}");
+        }
+        other => panic!("expected the whole new version, got {other:?}"),
+    }
     task.abort();
 }

@@ -423,6 +423,7 @@ const FIRST: Origin = Origin {
     document: 1,
     item: None,
     line: 1,
+    lacks: None,
 };
 
 /// What the whole-document reading of `doc` (the YAML parser's value) loads, and from where.
@@ -550,5 +551,151 @@ fn a_list_read_item_by_item_loads_what_the_whole_document_loads() {
             format!("{:?}", Ok::<_, ManifestError>(whole.objects)),
             "{case}: through parse_manifests"
         );
+    }
+}
+
+/// A document nested deeper than any manifest is (every way YAML and JSON nest: flow and block
+/// sequences and mappings, `- - -` on one line, JSON arrays and objects, inside a Service and
+/// at the top) is refused like any unreadable document, naming the place: it must not overflow
+/// the stack. Parsed on a thread with a tokio worker's stack (2 MiB), where the file source
+/// parses; at 10,000 levels the subset reader overflowed it and aborted kpng.
+#[test]
+fn a_document_nested_beyond_any_manifest_is_refused_without_exhausting_the_stack() {
+    const DEPTH: usize = 100_000;
+    let service = |ports: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: deep}}\nspec:\n  ports: {ports}\n"
+        )
+    };
+    let nested = |open: &str, close: &str| format!("{}{}", open.repeat(DEPTH), close.repeat(DEPTH));
+    let json_service = |ports: &str| {
+        format!(
+            r#"{{"apiVersion": "v1", "kind": "Service", "metadata": {{"namespace": "ns", "name": "deep"}}, "spec": {{"ports": {ports}}}}}"#
+        )
+    };
+    let cases = [
+        ("flow sequences in a Service", service(&nested("[", "]"))),
+        ("flow mappings in a Service", service(&nested("{a: ", "}"))),
+        (
+            "block sequences on one line",
+            format!(
+                "kind: Service\nmetadata: {{name: deep}}\nspec:\n  ports:\n  {}x\n",
+                "- ".repeat(DEPTH)
+            ),
+        ),
+        (
+            "block mappings",
+            (0..2_000)
+                .map(|i| format!("{}a{i}:\n", " ".repeat(i)))
+                .collect::<String>(),
+        ),
+        ("flow sequences at the top", nested("[", "]")),
+        ("JSON arrays in a Service", json_service(&nested("[", "]"))),
+        (
+            "JSON objects in a Service",
+            json_service(&nested(r#"{"a": "#, "}")),
+        ),
+        (
+            "a JSON List's item",
+            format!(
+                r#"{{"kind": "List", "items": [{}]}}"#,
+                json_service(&nested("[", "]"))
+            ),
+        ),
+    ];
+    for (case, text) in cases {
+        let outcome = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || parse_manifests(&text).map(|l| l.objects.len()))
+            .expect("thread")
+            .join()
+            .expect("the parse returns");
+        let errors = outcome.expect_err(case).errors;
+        assert_eq!(errors.len(), 1, "{case}: {errors:?}");
+        let message = &errors[0].message;
+        assert!(
+            errors[0].document == 1
+                && (message.starts_with("invalid YAML: recursion limit exceeded at line ")
+                    || message.starts_with("invalid YAML: nested 65 levels deep at line ")),
+            "{case}: {}",
+            errors[0]
+        );
+    }
+}
+
+/// A file whose last object lacks a part the API server requires ends where a write was cut
+/// off: that object is rejected (its last good version stays, and the sources delete nothing,
+/// `ends_rejected`). The same object elsewhere in the file, or followed by another document,
+/// is used as written; a headless Service and an ExternalName need no ports.
+#[test]
+fn a_service_cut_off_at_the_end_of_the_file_is_rejected() {
+    let whole = "kind: Service\nmetadata: {namespace: ns, name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+    let no_spec = "kind: Service\nmetadata:\n  namespace: ns\n  name: b\n";
+    let no_ports = "kind: Service\nmetadata: {namespace: ns, name: b}\nspec:\n  type: ClusterIP\n  clusterIP: 10.96.0.2\n";
+    let headless = "kind: Service\nmetadata: {namespace: ns, name: b}\nspec: {clusterIP: None}\n";
+    let external = "kind: Service\nmetadata: {namespace: ns, name: b}\nspec: {type: ExternalName, externalName: example.com}\n";
+    let cidr = "kind: ServiceCIDR\nmetadata: {name: kubernetes}\n";
+    let json = r#"{"kind": "Service", "metadata": {"namespace": "ns", "name": "b"}}"#;
+    // (case, text, the field the last object is rejected at, if it is)
+    let cases = [
+        (
+            "a Service without spec",
+            format!("{whole}---\n{no_spec}"),
+            Some("spec"),
+        ),
+        (
+            "…followed by a comment",
+            format!("{whole}---\n{no_spec}---\n# done\n"),
+            Some("spec"),
+        ),
+        (
+            "…as the file's only object",
+            no_spec.to_string(),
+            Some("spec"),
+        ),
+        ("…in JSON", format!("{whole}---\n{json}\n"), Some("spec")),
+        (
+            "a Service without ports",
+            format!("{whole}---\n{no_ports}"),
+            Some("spec.ports"),
+        ),
+        (
+            "a ServiceCIDR without spec",
+            format!("{whole}---\n{cidr}"),
+            Some("spec"),
+        ),
+        (
+            "a headless Service",
+            format!("{whole}---\n{headless}"),
+            None,
+        ),
+        (
+            "an ExternalName Service",
+            format!("{whole}---\n{external}"),
+            None,
+        ),
+        (
+            "a Service without spec before another",
+            format!("{no_spec}---\n{whole}"),
+            None,
+        ),
+        (
+            "…before a kind kpng skips",
+            format!("{no_spec}---\nkind: ConfigMap\nmetadata: {{name: x}}\n"),
+            None,
+        ),
+    ];
+    for (case, text, rejected_at) in cases {
+        let loaded = parse_manifests(&text).expect(case);
+        let last = loaded.objects.last().expect(case);
+        match (rejected_at, last) {
+            (Some(field), Object::Rejected(e)) => {
+                assert_eq!(e.field, field, "{case}");
+                assert!(e.message.contains("cut off"), "{case}: {}", e.message);
+                assert!(loaded.ends_rejected(), "{case}");
+            }
+            (None, Object::Service(_) | Object::ServiceCidr(_)) if loaded.rejected() == 0 => {}
+            _ => panic!("{case}: {:?}", loaded.objects),
+        }
     }
 }

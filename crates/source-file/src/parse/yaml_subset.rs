@@ -23,6 +23,7 @@ pub(super) fn document(doc: &str) -> Option<Value> {
         return None;
     }
     let mut parser = Parser {
+        depth: 0,
         lines: Lines {
             raw: doc.lines().peekable(),
             queue: VecDeque::new(),
@@ -227,13 +228,31 @@ fn block_scalar(
     Some(text)
 }
 
+/// How deep the subset reader nests, block and flow together. Manifests nest about 15 deep
+/// (`managedFields`); serde-saphyr refuses anything beyond 64 (its budget's `max_depth`), so a
+/// deeper document is left to it, to be refused there with its place. The readers recurse once
+/// per level: without a limit, a 20 KB line of `[` overflowed a 2 MiB stack at 10,000 levels.
+const MAX_DEPTH: usize = 64;
+
 struct Parser<'a> {
     lines: Lines<'a>,
+    /// How many nodes the current one is inside.
+    depth: usize,
 }
 
 impl Parser<'_> {
-    /// The node whose first line is the current one.
+    /// The node whose first line is the current one; `None` beyond [`MAX_DEPTH`].
     fn node(&mut self) -> Option<Value> {
+        if self.depth >= MAX_DEPTH {
+            return None;
+        }
+        self.depth += 1;
+        let value = self.node_within_depth();
+        self.depth -= 1;
+        value
+    }
+
+    fn node_within_depth(&mut self) -> Option<Value> {
         let line = self.lines.peek()?;
         let indent = line.indent;
         match &line.content {
@@ -242,7 +261,8 @@ impl Parser<'_> {
             Content::Value(text) => {
                 let text = *text;
                 self.lines.advance();
-                let value = inline_value(text)?;
+                // This node is the value: it counts once, in the flow reader.
+                let value = inline_value(text, self.depth.saturating_sub(1))?;
                 // A following line as far right would continue a multi-line scalar.
                 let continued = matches!(self.lines.peek(), Some(next) if next.indent >= indent);
                 (!continued).then_some(value)
@@ -289,7 +309,7 @@ impl Parser<'_> {
                     _ => Value::Null,
                 }
             } else {
-                let value = inline_value(rest)?;
+                let value = inline_value(rest, self.depth)?;
                 if matches!(self.lines.peek(), Some(next) if next.indent > indent) {
                     return None;
                 }
@@ -304,15 +324,19 @@ impl Parser<'_> {
 }
 
 /// A value written on one line after its key or dash: a quoted or plain scalar or a flow
-/// collection, with an optional comment after it.
-fn inline_value(text: &str) -> Option<Value> {
+/// collection, with an optional comment after it. `depth`: how many nodes it is inside.
+fn inline_value(text: &str, depth: usize) -> Option<Value> {
     match text.as_bytes().first()? {
         b'"' | b'\'' => {
             let (text, after) = quoted(text)?;
             ends_cleanly(after).then_some(Value::String(text))
         }
         b'[' | b'{' => {
-            let mut flow = Flow { text, pos: 0 };
+            let mut flow = Flow {
+                text,
+                pos: 0,
+                depth,
+            };
             let value = flow.node()?;
             ends_cleanly(&text[flow.pos..]).then_some(value)
         }
@@ -459,6 +483,8 @@ fn quoted(text: &str) -> Option<(String, &str)> {
 struct Flow<'a> {
     text: &'a str,
     pos: usize,
+    /// How many nodes the current one is inside (block nodes around the collection too).
+    depth: usize,
 }
 
 impl<'a> Flow<'a> {
@@ -478,7 +504,18 @@ impl<'a> Flow<'a> {
         found
     }
 
+    /// The node at `pos`; `None` beyond [`MAX_DEPTH`].
     fn node(&mut self) -> Option<Value> {
+        if self.depth >= MAX_DEPTH {
+            return None;
+        }
+        self.depth += 1;
+        let value = self.node_within_depth();
+        self.depth -= 1;
+        value
+    }
+
+    fn node_within_depth(&mut self) -> Option<Value> {
         self.skip_spaces();
         match self.rest().as_bytes().first()? {
             b'[' => self.sequence(),
