@@ -693,6 +693,12 @@ impl Backend for IptablesBackend {
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
+        // At 0 from the start, so that the first failure shows in `increase()`.
+        for state in &self.states {
+            let label = FamilyLabel::from(state.family);
+            let _ = self.metrics.restore_failures.get_or_create(&label);
+            let _ = self.metrics.partial_restore_failures.get_or_create(&label);
+        }
         registry.register(
             "kubeproxy_sync_proxy_rules_iptables_restore_failures",
             "Cumulative proxy iptables restore failures",

@@ -187,14 +187,12 @@ async fn statusz(State(state): State<MetricsState>) -> Response {
 
 async fn metrics(State(state): State<MetricsState>) -> Response {
     let mut body = String::new();
+    // The text format, as kube-proxy serves it whatever the scraper accepts (metrics_text.rs).
     match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
         Ok(()) => (
             StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
+            [(header::CONTENT_TYPE, crate::metrics_text::CONTENT_TYPE)],
+            crate::metrics_text::to_text(&body),
         )
             .into_response(),
         Err(e) => (
@@ -227,6 +225,7 @@ pub async fn metrics_server(
         .route("/status", get(status_page))
         .route("/status/status.json", get(status_json))
         .route("/status/trace.json", get(trace_json))
+        .route_layer(axum::middleware::from_fn(this_node_only))
         .route("/metrics", get(metrics))
         .route("/healthz", get(metrics_healthz))
         .route("/livez", get(metrics_livez))
@@ -248,6 +247,36 @@ pub async fn metrics_server(
             "serving /metrics on http://{}",
             listener.local_addr().unwrap_or(addr)
         );
-        axum::serve(listener, app).await
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
     })
+}
+
+/// The status page and its JSON answer this node only (a loopback client: the node itself,
+/// `kubectl port-forward`, an SSH tunnel). They show every Service, endpoint, node and zone
+/// of the cluster and answer traces, which `kpng status` gives root only (the admin socket is
+/// mode 0600); a metrics address opened for Prometheus (`metricsBindAddress 0.0.0.0:10249`,
+/// as for kube-proxy) must not publish them to every pod. kube-proxy serves no such page.
+async fn this_node_only(
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if peer.ip().to_canonical().is_loopback() {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::FORBIDDEN,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!(
+            "kpng's status page answers this node only, not {}: open it on the node \
+             (http://127.0.0.1:PORT/status), through `kubectl port-forward` or an SSH tunnel, \
+             or run `kpng status` there\n",
+            peer.ip().to_canonical()
+        ),
+    )
+        .into_response()
 }

@@ -34,6 +34,7 @@ mod listen;
 mod log_dedup;
 mod logging;
 mod memory;
+mod metrics_text;
 #[cfg(target_os = "linux")]
 mod netns_records;
 #[cfg(target_os = "linux")]

@@ -340,6 +340,18 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         gets >= 3.0,
         "lists of Services, EndpointSlices and Nodes:\n{body}"
     );
+    // client-go's `host` label is the server's host and port, not its URL.
+    let host = server
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("rest_client_requests_total{")
+                && l.contains(&format!("host=\"{host}\""))),
+        "host=\"{host}\" in:\n{body}"
+    );
     assert!(
         body.contains("rest_client_request_duration_seconds_count{verb=\"GET\""),
         "{body}"

@@ -212,6 +212,21 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
     };
+    // kube-proxy's text format (not OpenMetrics, whatever the scraper accepts), so that a
+    // Prometheus 2 stores kpng's series under kube-proxy's names and bucket labels.
+    assert!(
+        metrics
+            .to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_total counter")
+            && metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"")
+            && !metrics.contains("# EOF")
+            && !metrics.contains("le=\"1.0\""),
+        "{metrics}"
+    );
     assert!(value("process_resident_memory_bytes") > 1e6);
     assert!(value("process_open_fds") >= 3.0);
     assert!(value("process_cpu_seconds_total") >= 0.0);
@@ -1073,6 +1088,16 @@ fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_
         e.contains("serving /metrics on http://10.99.0.1:10249")
     });
     assert_eq!(get("http://10.99.0.1:10249/healthz"), "200");
+    // A metrics address other nodes and pods reach serves them /metrics, not the status page
+    // and its JSON (every Service and endpoint, traces): those answer loopback clients only.
+    assert_eq!(get("http://10.99.0.1:10249/metrics"), "200");
+    for path in ["/status", "/status/status.json", "/status/trace.json"] {
+        assert_eq!(
+            get(&format!("http://10.99.0.1:10249{path}")),
+            "403",
+            "{path}"
+        );
+    }
 }
 
 /// The admin socket removed while kpng runs (someone cleaning `/run/kpng`): kpng notices

@@ -129,6 +129,29 @@ pub struct ProxyMetrics {
 }
 
 impl ProxyMetrics {
+    /// Creates, at 0, the series whose labels are known at start (this backend, its families,
+    /// the object kinds): a series that appears only with its first event makes that event
+    /// invisible to `increase()` and `rate()`, which an alert on tampering or sync failures
+    /// relies on, and a histogram that appears only after the first EndpointSlice change
+    /// leaves the node out of a dashboard's node picker after a restart.
+    pub fn export_from_start(&self, backend: &str, families: &[kpng_model::Family]) {
+        let backend = BackendLabel {
+            backend: backend.to_string(),
+        };
+        let _ = self.sync_failures.get_or_create(&backend);
+        let _ = self.tampering_detected.get_or_create(&backend);
+        for kind in kpng_model::Kind::ALL {
+            let _ = self.object_errors.get_or_create(&KindLabel {
+                kind: kind.as_str().into(),
+            });
+        }
+        for family in families {
+            let _ = self
+                .network_programming_duration
+                .get_or_create(&(*family).into());
+        }
+    }
+
     /// Creates the metrics and registers them.
     pub fn new(registry: &mut Registry) -> ProxyMetrics {
         let m = ProxyMetrics {

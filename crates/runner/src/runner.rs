@@ -215,6 +215,8 @@ impl<M: NodeModel> Runner<M> {
     /// Runs until the event channel closes. Rules stay as they are when it returns.
     pub async fn run(mut self, events: mpsc::Receiver<M::Input>) {
         let families = self.backend.families();
+        self.metrics
+            .export_from_start(self.backend.name(), &families);
         let (tamper_tx, tampering) = mpsc::unbounded_channel();
         let alarm = TamperAlarm::new(move |t| {
             // The loop has ended when the receiver is gone: nothing left to repair.
@@ -252,6 +254,7 @@ impl<M: NodeModel> Runner<M> {
             started: SystemTime::now(),
             facts,
             last_sync_status: None,
+            model_counts: BTreeMap::new(),
             sync_history: std::collections::VecDeque::new(),
             loading_report_at: Instant::now(),
             last_ok_at: None,
@@ -295,6 +298,8 @@ struct LoopState<M: NodeModel> {
     facts: Option<FactsFn>,
     /// The last sync, for `kpng status`.
     last_sync_status: Option<SyncStatus>,
+    /// What the model gauges count per family, as of the last successful sync.
+    model_counts: BTreeMap<Family, ModelCounts>,
     /// When the loading progress was last reported (before the first sync).
     loading_report_at: Instant,
     /// The last syncs that did something or failed, newest first ([`admin::SYNC_HISTORY`]).
@@ -791,11 +796,15 @@ impl<M: NodeModel> LoopState<M> {
                             .observe(latency.as_secs_f64());
                     }
                 }
-                // These gauges walk every Service port: keep them off the per-change path
-                // (they are refreshed by full and periodic syncs, at least every sync period).
+                // Counted over every Service port at full and periodic syncs; a change's sync
+                // moves them by what it changed, so they never lag (kube-proxy sets them at
+                // every sync).
                 if full || diff.is_empty() {
-                    self.record_model_gauges();
+                    self.model_counts = count_model(self.runner.model.snapshot(), &self.families);
+                } else {
+                    count_changes(&mut self.model_counts, &diff);
                 }
+                self.record_model_gauges();
                 if full {
                     self.pending = Diff::default();
                     self.last_full = Some(now);
@@ -938,30 +947,71 @@ impl<M: NodeModel> LoopState<M> {
 
     fn record_model_gauges(&self) {
         let m = &self.runner.metrics;
-        let snapshot = self.runner.model.snapshot();
         for family in &self.families {
-            let mut ports = 0i64;
-            let (mut internal, mut external) = (0i64, 0i64);
-            for sp in snapshot.family(*family) {
-                ports += 1;
-                let no_local = sp.has_any_endpoints && sp.local_endpoints.is_empty();
-                if sp.internal_policy_local && no_local {
-                    internal += 1;
-                }
-                if sp.external_policy_local && sp.externally_accessible() && no_local {
-                    external += 1;
-                }
-            }
+            let c = self.model_counts.get(family).copied().unwrap_or_default();
             m.model_service_ports
                 .get_or_create(&(*family).into())
-                .set(ports);
-            for (policy, n) in [("internal", internal), ("external", external)] {
+                .set(c.ports);
+            for (policy, n) in [("internal", c.internal), ("external", c.external)] {
                 let label = NoLocalLabel {
                     traffic_policy: policy.into(),
                     ip_family: family.label().into(),
                 };
                 m.no_local_endpoints.get_or_create(&label).set(n);
             }
+        }
+    }
+}
+
+/// Counts the model gauges over every Service port of `families`.
+fn count_model(
+    snapshot: &kpng_model::Snapshot,
+    families: &[Family],
+) -> BTreeMap<Family, ModelCounts> {
+    let mut counts = BTreeMap::new();
+    for family in families {
+        let mut c = ModelCounts::default();
+        for sp in snapshot.family(*family) {
+            c.add(sp, 1);
+        }
+        counts.insert(*family, c);
+    }
+    counts
+}
+
+/// Moves the model gauges' counts by what `diff` changed since the last sync.
+fn count_changes(counts: &mut BTreeMap<Family, ModelCounts>, diff: &Diff) {
+    for (key, change) in &diff.changes {
+        let c = counts.entry(key.family).or_default();
+        if let Some(old) = &change.old {
+            c.add(old, -1);
+        }
+        if let Some(new) = &change.new {
+            c.add(new, 1);
+        }
+    }
+}
+
+/// What the model gauges count in one family: Service ports, and those of each traffic
+/// policy Local that have endpoints but none on this node
+/// (`kubeproxy_sync_proxy_rules_no_local_endpoints_total`).
+#[derive(Debug, Clone, Copy, Default)]
+struct ModelCounts {
+    ports: i64,
+    internal: i64,
+    external: i64,
+}
+
+impl ModelCounts {
+    /// Counts `sp` `n` times (-1 takes it away).
+    fn add(&mut self, sp: &kpng_model::ServicePort, n: i64) {
+        self.ports += n;
+        let no_local = sp.has_any_endpoints && sp.local_endpoints.is_empty();
+        if sp.internal_policy_local && no_local {
+            self.internal += n;
+        }
+        if sp.external_policy_local && sp.externally_accessible() && no_local {
+            self.external += n;
         }
     }
 }

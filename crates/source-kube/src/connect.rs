@@ -141,6 +141,11 @@ pub async fn client_with_metrics(
     config.read_timeout = Some(options.idle_timeout);
     config.reset_reader_on_write = true;
     let server = config.cluster_url.to_string();
+    // client-go's `host` label: the URL's host and port, not the whole URL.
+    let host = config
+        .cluster_url
+        .authority()
+        .map_or_else(|| server.clone(), |a| a.to_string());
     let client = ClientBuilder::try_from(config)
         .map_err(ConnectError::Client)?
         .with_layer(&ReachabilityLayer(
@@ -150,7 +155,7 @@ pub async fn client_with_metrics(
         ))
         .with_layer(&ClientMetricsLayer {
             metrics: metrics.clone(),
-            host: server.as_str().into(),
+            host: host.as_str().into(),
         })
         .with_layer(&RateLimitLayer(TokenBucket::new(
             options.qps,

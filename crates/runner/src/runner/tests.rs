@@ -937,3 +937,52 @@ async fn the_data_plane_probe_answers_the_first_page_only() {
     // The handle without a probe answers without lines.
     assert!(status_of(&h).await.data_plane.is_empty());
 }
+
+/// The model gauges follow a change's sync at once (kube-proxy sets them at every sync), not
+/// only the next periodic one; the alerting counters exist at 0 from the start, so that the
+/// first failure or tampering shows in `increase()`.
+#[tokio::test(start_paused = true)]
+async fn model_gauges_follow_each_sync_and_alert_counters_start_at_zero() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::from_secs(1),
+        ..SyncTiming::default()
+    });
+    settle().await;
+    let text = encoded(&h);
+    for line in [
+        "kpng_sync_failures_total{backend=\"fake\"} 0",
+        "kpng_tampering_detected_total{backend=\"fake\"} 0",
+        "kpng_object_errors_total{kind=\"Service\"} 0",
+        "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+    h.tx.send(all_kinds(vec![
+        service("a", "10.96.0.1"),
+        service("b", "10.96.0.2"),
+    ]))
+    .await
+    .expect("send");
+    settle().await;
+    let ports = |h: &Harness| {
+        h.metrics
+            .model_service_ports
+            .get_or_create(&Family::V4.into())
+            .get()
+    };
+    assert_eq!(ports(&h), 2);
+    h.tx.send(Event::Delete(kpng_model::ObjectRef {
+        kind: Kind::Service,
+        namespace: "ns".into(),
+        name: "b".into(),
+    }))
+    .await
+    .expect("send");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        log(&h).len(),
+        2,
+        "a partial sync, well before the periodic one"
+    );
+    assert_eq!(ports(&h), 1, "the gauge followed the partial sync");
+}
