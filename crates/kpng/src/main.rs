@@ -129,6 +129,8 @@ fn main() -> std::process::ExitCode {
     for warning in report.flag_warnings.iter().chain(&extracted.warnings) {
         tracing::warn!("{warning}");
     }
+    #[cfg(target_os = "linux")]
+    raise_open_files_limit();
     if let Some(class) = cli.global.windows_priority_class {
         windows_priority(class);
     }
@@ -216,6 +218,25 @@ fn describe(e: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
+}
+
+/// Raises the soft limit of open files to the hard one, as a Go program (kube-proxy) does at
+/// start: the default soft limit of 1024 is reached by about a thousand idle connections to
+/// the health port, and then the manifest, the netlink sockets and the API server's
+/// connections cannot be opened, so nothing is programmed until they go.
+#[cfg(target_os = "linux")]
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::debug!("raising the open files limit to the hard limit: {e}");
+        }
+    }
 }
 
 #[cfg(test)]

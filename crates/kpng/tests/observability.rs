@@ -1141,3 +1141,44 @@ fn a_removed_admin_socket_is_served_again() {
         String::from_utf8_lossy(&status.stderr)
     );
 }
+
+/// The soft limit of open files is raised to the hard one at start, as a Go program
+/// (kube-proxy) does: with the common default of 1024, a thousand idle connections to the
+/// health port would leave kpng unable to open its manifest or sockets.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_open_files_limit_is_raised_to_the_hard_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg("ulimit -Sn 1024 && ulimit -Hn 4096 && exec \"$@\"")
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_kpng"))
+        .args(["file", "--input"])
+        .arg(&input)
+        .args([
+            "--node-name",
+            "n1",
+            "--metrics-bind-address",
+            "",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--admin-socket=",
+            "to-file",
+            "--output",
+        ])
+        .arg(dir.path().join("out.yaml"));
+    let mut running = Running::start(&mut command);
+    running.wait("the first sync", |e| e.contains(" synced"));
+    let limits =
+        std::fs::read_to_string(format!("/proc/{}/limits", running.child.id())).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("the open files line");
+    let values: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(values[3..5], ["4096", "4096"], "{line}");
+}
