@@ -211,6 +211,15 @@ async fn proxy_mode_text(State(state): State<MetricsState>) -> Response {
         .into_response()
 }
 
+/// Whether a `Host` header names an IP address or `localhost` (with or without a port).
+fn host_is_an_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
 /// Binds the metrics server now and returns its future. `/healthz` there is kube-proxy's
 /// plain `ok`, or a brain's readiness when `brain` is given (with `/livez`).
 pub async fn metrics_server(
@@ -260,11 +269,27 @@ pub async fn metrics_server(
 /// of the cluster and answer traces, which `kpng status` gives root only (the admin socket is
 /// mode 0600); a metrics address opened for Prometheus (`metricsBindAddress 0.0.0.0:10249`,
 /// as for kube-proxy) must not publish them to every pod. kube-proxy serves no such page.
+/// The request must also name the server by an address or `localhost`: a browser on the node
+/// sent there by a web page through a name that resolves to 127.0.0.1 (DNS rebinding) names
+/// the page's own host, and is refused.
 async fn this_node_only(
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let named_by_address = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .is_none_or(host_is_an_address);
+    if !named_by_address {
+        return (
+            StatusCode::FORBIDDEN,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "kpng's status page answers requests that name it by address or localhost only\n",
+        )
+            .into_response();
+    }
     if peer.ip().to_canonical().is_loopback() {
         return next.run(request).await;
     }
@@ -279,4 +304,24 @@ async fn this_node_only(
         ),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_host_header_names_an_address_or_localhost() {
+        for (host, ok) in [
+            ("127.0.0.1:10249", true),
+            ("127.0.0.1", true),
+            ("[::1]:10249", true),
+            ("localhost:10249", true),
+            ("LOCALHOST", true),
+            ("10.0.0.5:10249", true),
+            ("rebound.example:10249", false),
+            ("rebound.example", false),
+            ("127.0.0.1.nip.io:10249", false),
+        ] {
+            assert_eq!(super::host_is_an_address(host), ok, "{host}");
+        }
+    }
 }

@@ -252,6 +252,20 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
             && flagz.lines().any(|l| l == "--node-ip="),
         "{flagz}"
     );
+    // The status page answers loopback clients that name the server by address: a request
+    // naming another host (a browser sent there by DNS rebinding; `http_get` sends `Host:
+    // kpng`) is refused, the same request naming the address is answered.
+    let named = http_get(&metrics_addr, "/status/status.json");
+    assert!(named.starts_with("HTTP/1.1 403"), "{named}");
+    let mut stream = std::net::TcpStream::connect(&metrics_addr).expect("connect");
+    write!(
+        stream,
+        "GET /status/status.json HTTP/1.1\r\nHost: {metrics_addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut by_address = String::new();
+    stream.read_to_string(&mut by_address).expect("response");
+    assert!(by_address.starts_with("HTTP/1.1 200"), "{by_address}");
     let statusz = http_get(&metrics_addr, "/statusz");
     assert!(
         statusz.contains("Started: ") && statusz.contains(env!("CARGO_PKG_VERSION")),
