@@ -84,7 +84,10 @@ fn collect(command: &clap::Command, matches: &clap::ArgMatches, out: &mut Vec<St
             continue;
         };
         if let Ok(Some(values)) = matches.try_get_raw(id) {
-            let values: Vec<String> = values.map(|v| v.to_string_lossy().into_owned()).collect();
+            // A URL's user and password (`--master https://user:pass@…`) stay off the page.
+            let values: Vec<String> = values
+                .map(|v| kpng_source_kube::without_credentials(&v.to_string_lossy()))
+                .collect();
             out.push(format!("--{long}={}", values.join(",")));
         } else if arg.get_action().takes_values() {
             // Unset and without a default (`--cluster-cidr`, `--node-ip`): listed empty, as

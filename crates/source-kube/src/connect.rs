@@ -43,6 +43,20 @@ impl Default for ClientOptions {
     }
 }
 
+/// `url` without the user and password it may carry (`https://admin:secret@host/` →
+/// `https://***@host/`), for logs and status: `--master` may hold them, and they must not
+/// reach a log collector or a debug page.
+pub fn without_credentials(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -140,7 +154,8 @@ pub async fn client_with_metrics(
     // Counted from each request sent, not from when its pooled connection went idle.
     config.read_timeout = Some(options.idle_timeout);
     config.reset_reader_on_write = true;
-    let server = config.cluster_url.to_string();
+    // Named in logs, `kpng status` and metrics: never with a password from `--master`.
+    let server = without_credentials(&config.cluster_url.to_string());
     // client-go's `host` label: the URL's host and port, not the whole URL.
     let host = config
         .cluster_url
@@ -168,6 +183,22 @@ pub async fn client_with_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_are_left_out_of_a_url() {
+        for (url, shown) in [
+            (
+                "https://admin:S3cret@10.0.0.1:6443/",
+                "https://***@10.0.0.1:6443/",
+            ),
+            ("https://token@api.example/", "https://***@api.example/"),
+            ("https://10.0.0.1:6443/", "https://10.0.0.1:6443/"),
+            ("https://10.0.0.1/path@x", "https://10.0.0.1/path@x"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(without_credentials(url), shown, "{url}");
+        }
+    }
 
     #[tokio::test]
     async fn an_unreadable_kubeconfig_is_named_once_with_where_it_came_from() {

@@ -22,7 +22,7 @@ mod slim;
 mod watch;
 
 pub use client_metrics::{ClientMetrics, ClientMetricsLayer};
-pub use connect::{ClientOptions, ConnectError, client, client_with_metrics};
+pub use connect::{ClientOptions, ConnectError, client, client_with_metrics, without_credentials};
 pub use events::{EventError, NodeEvents};
 pub use rate_limit::{RateLimitLayer, TokenBucket};
 pub use reachability::{Reachability, ReachabilityLayer};
