@@ -45,8 +45,7 @@ pub fn record_and_enable(proc_sys: &Path, state_dir: &Path) -> Result<(), ExecEr
     if !record.exists() {
         // Without the record, cleanup cannot put the value back (kube-proxy never does): the
         // setting itself still matters more than its restore.
-        let written =
-            std::fs::create_dir_all(state_dir).and_then(|()| std::fs::write(&record, current));
+        let written = write_record(state_dir, &record, current);
         match written {
             Ok(()) => recorded_now = true,
             Err(e) => tracing::warn!(
@@ -82,6 +81,26 @@ pub fn restore(proc_sys: &Path, state_dir: &Path) -> Result<(), ExecError> {
     let path = proc_sys.join(SYSCTL);
     std::fs::write(&path, value).map_err(io(format!("setting {}", path.display())))?;
     std::fs::remove_file(&record).map_err(io(format!("removing {}", record.display())))
+}
+
+/// Writes the record `record` in `state_dir` (made `rwxr-xr-x` whatever the umask): a new
+/// file, mode 0600, created only if nothing holds the name (`O_EXCL`), after removing what
+/// was there without following it, so that a link a local user planted cannot make root
+/// write another file.
+fn write_record(state_dir: &Path, record: &Path, value: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(state_dir)?;
+    let _ = std::fs::remove_file(record);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(record)?
+        .write_all(value.as_bytes())
 }
 
 #[cfg(test)]

@@ -172,7 +172,8 @@ impl MemoryFile {
         Ok(checked)
     }
 
-    /// Writes `checked` (atomically: a new file renamed over the old) unless the file holds it
+    /// Writes `checked` (atomically: a new file, mode 0600, renamed over the old; never through
+    /// a link someone left at the temporary name) unless the file holds it
     /// already.
     ///
     /// # Errors
@@ -187,17 +188,37 @@ impl MemoryFile {
             source,
         };
         if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
+            private_dir(dir).map_err(io)?;
         }
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
-        let mut file = std::fs::File::create(&tmp).map_err(io)?;
-        file.write_all(text.as_bytes()).map_err(io)?;
+        write_new_private(&tmp, text.as_bytes()).map_err(io)?;
         std::fs::rename(&tmp, &self.path).map_err(io)?;
         self.written = Some(text);
         Ok(())
     }
+}
+
+/// Creates `dir` (and its parents) as root's own, `rwxr-xr-x` whatever the umask.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o755);
+    builder.create(dir)
+}
+
+/// Writes `bytes` to `path` as a new file, mode 0600: whatever was there (a file, or a link a
+/// local user planted to make root overwrite another file) is removed first, never followed,
+/// and the file is created only if nothing took the name meanwhile (`O_EXCL`).
+fn write_new_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(bytes)
 }
 
 #[cfg(test)]
@@ -248,6 +269,27 @@ mod tests {
             let err = decode(path, &text, "b").expect_err(bad).to_string();
             assert!(err.contains("line 3") && err.contains(bad), "{err}");
         }
+    }
+
+    /// A link a local user planted at the temporary name does not make root write its target;
+    /// the memory is root's alone (0600) whatever the umask.
+    #[test]
+    fn a_link_at_the_temporary_name_is_not_followed_and_the_file_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").expect("victim");
+        let path = dir.path().join("c.checked");
+        std::os::unix::fs::symlink(&victim, dir.path().join("c.checked.tmp")).expect("link");
+        let mut file = MemoryFile::new(path.clone(), "b".into());
+        file.save(&checked()).expect("save");
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("victim"),
+            "precious"
+        );
+        let meta = std::fs::symlink_metadata(&path).expect("written");
+        assert!(meta.is_file(), "{meta:?}");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     }
 
     #[test]
