@@ -133,6 +133,27 @@ fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), Conversi
     if namespaced && object.namespace.is_empty() {
         return Err(err("metadata.namespace"));
     }
+    // No API server lets a name hold a control character; one from a manifest would reach
+    // logs, `kpng status` and terminals raw (a newline forges a log line, an escape sequence
+    // rewrites the operator's screen). The object is named escaped in the error.
+    let controls = |s: &str| s.chars().any(char::is_control);
+    for (field, bad) in [
+        ("metadata.name", controls(&object.name)),
+        ("metadata.namespace", controls(&object.namespace)),
+    ] {
+        if bad {
+            return Err(ConversionError {
+                object: ObjectRef {
+                    kind: object.kind,
+                    namespace: object.namespace.escape_debug().to_string().into(),
+                    name: object.name.escape_debug().to_string().into(),
+                },
+                field: field.to_string(),
+                message: "must not contain control characters".to_string(),
+                location: None,
+            });
+        }
+    }
     Ok(())
 }
 

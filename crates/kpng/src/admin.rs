@@ -283,7 +283,10 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         StatusOutput::Table | StatusOutput::Wide => {
             let typed: Status = serde_json::from_value(status)
                 .context("kpng's status does not have the expected shape")?;
-            print!("{}", table(&typed, args.output == StatusOutput::Wide));
+            print!(
+                "{}",
+                terminal_safe(&table(&typed, args.output == StatusOutput::Wide))
+            );
         }
     }
     Ok(())
@@ -375,7 +378,7 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
             write_duplicate_nodes(&mut text, &brain.duplicate_nodes);
             write_rejected(&mut text, &brain.rejected);
             write_brain_nodes(&mut text, &brain.nodes, output == StatusOutput::Wide);
-            print!("{text}");
+            print!("{}", terminal_safe(&text));
         }
     }
     Ok(())
@@ -913,8 +916,18 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&t)?);
         return Ok(());
     }
-    print!("{}", trace_text(&q, &t));
+    print!("{}", terminal_safe(&trace_text(&q, &t)));
     Ok(())
+}
+
+/// `text` for a terminal: its lines as they are, every other control character escaped
+/// (`\u{1b}`), so that a value from the input (a manifest's field, a name a brain client
+/// sent) cannot rewrite the operator's screen with an escape sequence.
+fn terminal_safe(text: &str) -> String {
+    text.split('\n')
+        .map(|line| crate::logging::escape_controls(line).into_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn proto_word(protocol: Protocol) -> &'static str {

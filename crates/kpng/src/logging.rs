@@ -130,6 +130,7 @@ pub fn init(level: &str, format: LogFormat, target: LogTarget) {
     match format {
         LogFormat::Text => builder
             .with_ansi(ansi)
+            .fmt_fields(EscapedFields)
             .event_format(log_dedup::Dedup::new(
                 tracing_subscriber::fmt::format(),
                 log_dedup::WINDOW,
@@ -144,9 +145,55 @@ pub fn init(level: &str, format: LogFormat, target: LogTarget) {
     }
 }
 
+/// Text logs' fields (the message among them) as tracing's default formatting writes them,
+/// with control characters escaped (`\n`, `\u{1b}`): a value from the input (a manifest's
+/// name, a node name a brain client sent) could otherwise forge a log line with a newline or
+/// rewrite a terminal with an escape sequence. JSON logs escape them by JSON's rules.
+struct EscapedFields;
+
+impl<'writer> tracing_subscriber::fmt::FormatFields<'writer> for EscapedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: tracing_subscriber::fmt::format::Writer<'writer>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut plain = String::new();
+        tracing_subscriber::fmt::format::DefaultFields::new().format_fields(
+            tracing_subscriber::fmt::format::Writer::new(&mut plain),
+            fields,
+        )?;
+        writer.write_str(&escape_controls(&plain))
+    }
+}
+
+/// `text` with every control character escaped as Rust writes it in a string literal.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(escape_controls("plain café"), "plain café");
+        assert_eq!(
+            escape_controls("evil\u{1b}[2J\nERROR forged"),
+            "evil\\u{1b}[2J\\nERROR forged"
+        );
+    }
 
     #[test]
     fn kube_crates_are_quiet_unless_named() {

@@ -1196,3 +1196,58 @@ fn the_open_files_limit_is_raised_to_the_hard_limit() {
     let values: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(values[3..5], ["4096", "4096"], "{line}");
 }
+
+/// A name with control characters (a newline that would forge a log line, an escape sequence
+/// that would rewrite the operator's terminal) is refused as no API server would take it,
+/// and neither the text log nor `kpng status` carries the raw characters.
+#[test]
+fn control_characters_from_the_input_reach_no_log_or_terminal_raw() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.json");
+    let evil = "evil\u{1b}[2J\nERROR forged line";
+    let manifest = serde_json::json!({"kind": "List", "items": [
+        {"kind": "Node", "metadata": {"name": "n1"}},
+        {"kind": "Service", "metadata": {"namespace": "ns", "name": "web"},
+         "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "http", "port": 80}]}},
+        {"kind": "Service", "metadata": {"namespace": "ns", "name": evil},
+         "spec": {"clusterIP": "10.96.0.2", "ports": [{"name": "http\u{1b}]0;t\u{7}", "port": 80}]}},
+    ]});
+    std::fs::write(&input, manifest.to_string()).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let mut running = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+            ])
+            .arg(&socket)
+            .args(["to-file", "--output"])
+            .arg(dir.path().join("out.yaml")),
+    );
+    let err = running.wait("the first sync", |e| e.contains(" synced"));
+    assert!(err.contains("must not contain control characters"), "{err}");
+    assert!(!err.contains('\u{1b}'), "a raw escape in the log:\n{err}");
+    assert!(
+        !err.lines().any(|l| l.starts_with("ERROR forged")),
+        "a forged log line:\n{err}"
+    );
+    let status = kpng()
+        .args(["status", "-o", "wide", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("kpng status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{text}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text}"
+    );
+}
