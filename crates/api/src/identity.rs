@@ -28,6 +28,29 @@ pub fn node_names(der: &[u8]) -> Vec<String> {
     names
 }
 
+/// What a Kubernetes Node's name is, as the brain's refusal names it.
+pub const NODE_NAME_RULE: &str = "a Kubernetes Node's name: a DNS-1123 subdomain of at most 253 \
+     characters, dot-separated labels of lower-case letters, digits and '-' (at most 63 each, \
+     starting and ending with a letter or digit)";
+
+/// Whether `name` can be a Kubernetes Node's name (an RFC 1123 subdomain, at most 253 bytes).
+///
+/// Why: anything else can never match a Node, so a node that watches with it would miss its
+/// local endpoints in silence; and a brain that took any bytes as a node's name would keep up
+/// to a request's size per watcher and write control characters raw into its status and log.
+/// The kpng client refuses such a name at start-up, and the brain refuses a Watch naming one.
+pub fn is_node_name(name: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    name.len() <= 253 && name.split('.').all(label_ok)
+}
+
 /// Whether a client whose certificate allows `allowed` may watch as `node`.
 pub fn may_watch(allowed: &[String], node: &str) -> bool {
     allowed.iter().any(|a| a == node)
@@ -64,6 +87,37 @@ mod tests {
             assert_eq!(node_names(&cert(cn, sans)), *want, "{name}");
         }
         assert!(node_names(b"not a certificate").is_empty());
+    }
+
+    #[test]
+    fn node_names_are_dns_1123_subdomains() {
+        let long_label = "a".repeat(64);
+        // 253 bytes, the longest; one more is too long.
+        let longest = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61),
+        ]
+        .join(".");
+        let too_long = format!("{longest}d");
+        for ok in ["n1", "node-1.example", "a", &longest] {
+            assert!(is_node_name(ok), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "Node1",
+            "node_1",
+            "-node",
+            "node-",
+            "node..1",
+            "node\x1b[31m",
+            "node\nforged",
+            &long_label,
+            &too_long,
+        ] {
+            assert!(!is_node_name(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -13,25 +13,27 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prost::bytes::Bytes;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
+use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tonic::body::Body;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
+mod admission;
 mod conn;
 mod request_wake;
+#[cfg(unix)]
+mod unix_socket;
 
+pub use admission::{FIRST_REQUEST_TIMEOUT, MAX_WATCHES, MAX_WATCHES_PER_PEER};
 pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, limit};
 
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::hub::{Hub, Pending, Registration};
 use crate::proto;
 
-/// Watch streams served at once: a brain serves a few thousand nodes; beyond this a client is
-/// refused (`RESOURCE_EXHAUSTED`) instead of exhausting the brain.
-pub const MAX_WATCHES: usize = 20_000;
 /// Streams one connection may open (a node needs one).
 const STREAMS_PER_CONNECTION: u32 = 8;
 /// A TLS handshake that takes longer is dropped (a client that connects and says nothing).
@@ -106,8 +108,8 @@ fn server_tls(files: &TlsFiles) -> Result<Option<ServerTlsConfig>, ServeError> {
 #[derive(Debug, Clone)]
 pub struct SetsService {
     hub: Arc<Hub>,
-    /// One permit per Watch stream being served.
-    watches: Arc<Semaphore>,
+    /// The places of the Watch streams being served.
+    admission: Arc<admission::Admission>,
 }
 
 impl SetsService {
@@ -115,7 +117,7 @@ impl SetsService {
     pub fn new(hub: Arc<Hub>) -> SetsService {
         SetsService {
             hub,
-            watches: Arc::new(Semaphore::new(MAX_WATCHES)),
+            admission: Arc::new(admission::Admission::new(MAX_WATCHES, MAX_WATCHES_PER_PEER)),
         }
     }
 
@@ -124,11 +126,7 @@ impl SetsService {
             return Status::unimplemented(format!("no method {}", request.uri().path()))
                 .into_http();
         }
-        let (peer, conn) = connection(request.extensions());
-        let Ok(permit) = self.watches.clone().try_acquire_owned() else {
-            warn!(?peer, "refusing a Watch: {MAX_WATCHES} are being served");
-            return Status::resource_exhausted("too many Watch streams").into_http();
-        };
+        let from = connection(request.extensions());
         // With mTLS, the node names the client's certificate allows.
         let allowed = peer_certs(request.extensions()).map(|certs| {
             certs
@@ -144,13 +142,16 @@ impl SetsService {
         );
         let mut response = http::Response::new(Body::new(WatchBody {
             hub: self.hub.clone(),
+            admission: self.admission.clone(),
             requests,
             client: Client {
-                peer,
+                peer: from.peer,
+                ip: from.ip,
+                conn: from.state,
                 allowed,
-                _permit: permit,
-                _watching: conn.map(|state| state.watching()),
+                admitted: None,
             },
+            first_request: Box::pin(tokio::time::sleep(FIRST_REQUEST_TIMEOUT)),
             registration: None,
             continuous: false,
             requests_ended: false,
@@ -177,8 +178,9 @@ pub const WATCH_PATH: &str = "/localv1.Sets/Watch";
 /// asked for it and sees the header sends no request per change set; without it (KPNG's
 /// server, an older kpng) the client keeps asking, as the protocol always had it.
 pub const CONTINUOUS_HEADER: &str = "kpng-watch-continuous";
-/// A `WatchReq` is a node name: anything larger is not one.
-const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// A `WatchReq` is a node name (at most 253 bytes) and two flags: anything larger is not one,
+/// and is not buffered.
+const MAX_REQUEST_BYTES: usize = 1024;
 /// Batches (of about [`BATCH_BYTES`]) a large change set's task buffers before it waits for
 /// the client to read.
 const CHUNKS_BUFFER: usize = 1;
@@ -231,21 +233,32 @@ fn peer_certs(
     None
 }
 
-/// The client's address (`IP:port` over TCP, `unix, pid N` over a Unix socket, where the peer
-/// has no address but the kernel names its process) and its connection's shared state, with
-/// or without TLS. The address is what tells two kpngs that claim one node name apart in the
-/// brain's status.
-fn connection(ext: &http::Extensions) -> (Option<String>, Option<Arc<conn::ConnState>>) {
+/// Where a stream comes from.
+struct From {
+    /// `IP:port` over TCP, `unix, pid N` over a Unix socket (where the peer has no address but
+    /// the kernel names its process): what tells two kpngs that claim one node name apart in
+    /// the brain's status.
+    peer: Option<String>,
+    /// The remote IP address (TCP).
+    ip: Option<std::net::IpAddr>,
+    /// The connection's shared state.
+    state: Option<Arc<conn::ConnState>>,
+}
+
+/// Where a stream comes from, with or without TLS.
+fn connection(ext: &http::Extensions) -> From {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     let tcp = ext.get::<ConnInfo<TcpConnectInfo>>().or_else(|| {
         ext.get::<TlsConnectInfo<ConnInfo<TcpConnectInfo>>>()
             .map(TlsConnectInfo::get_ref)
     });
     if let Some(info) = tcp {
-        return (
-            info.inner.remote_addr().map(|a| a.to_string()),
-            Some(info.state.clone()),
-        );
+        let remote = info.inner.remote_addr();
+        return From {
+            peer: remote.map(|a| a.to_string()),
+            ip: remote.map(|a| a.ip()),
+            state: Some(info.state.clone()),
+        };
     }
     #[cfg(unix)]
     {
@@ -259,22 +272,34 @@ fn connection(ext: &http::Extensions) -> (Option<String>, Option<Arc<conn::ConnS
                 Some(pid) => format!("unix, pid {pid}"),
                 None => "unix".to_string(),
             };
-            return (Some(peer), Some(info.state.clone()));
+            return From {
+                peer: Some(peer),
+                ip: None,
+                state: Some(info.state.clone()),
+            };
         }
     }
-    (None, None)
+    From {
+        peer: None,
+        ip: None,
+        state: None,
+    }
 }
 
 /// Who is watching.
 struct Client {
-    /// Where the connection comes from (see [`connection`]).
+    /// Where the connection comes from (see [`From`]).
     peer: Option<String>,
+    /// The remote IP address (TCP): whose share of the streams this one takes without mTLS.
+    ip: Option<std::net::IpAddr>,
+    /// The connection's shared state, marked as watching once the stream is admitted.
+    conn: Option<Arc<conn::ConnState>>,
     /// With mTLS: the node names its certificate allows; `None` without client certificates.
     allowed: Option<Vec<String>>,
-    /// Held while the stream is served.
-    _permit: OwnedSemaphorePermit,
-    /// Keeps the connection from being closed as idle while the stream is served.
-    _watching: Option<conn::WatchGuard>,
+    /// From the first request on: the stream's place, and the mark that keeps the connection
+    /// from being closed as idle. A stream that has not asked holds neither (see
+    /// [`admission`]).
+    admitted: Option<(admission::Admitted, Option<conn::WatchGuard>)>,
 }
 
 /// What a large change set's task hands the response body.
@@ -310,8 +335,12 @@ enum Step {
 /// meanwhile keep coalescing in its [`crate::hub::Pending`].
 struct WatchBody {
     hub: Arc<Hub>,
+    admission: Arc<admission::Admission>,
     requests: Streaming<proto::WatchReq>,
     client: Client,
+    /// Until the first request: when the stream is closed without one
+    /// ([`FIRST_REQUEST_TIMEOUT`]).
+    first_request: Pin<Box<Sleep>>,
     registration: Option<Registration>,
     /// The client asked (in its first request) for every change set without a request each:
     /// half the system calls and wake-ups per change and node, on both sides.
@@ -329,8 +358,9 @@ struct WatchBody {
 }
 
 impl WatchBody {
-    /// A request for `node_name`: registers the watcher (or renames it), or refuses a node the
-    /// client certificate does not name. The first request says whether the stream is
+    /// A request for `node_name`: registers the watcher (or renames it), or refuses a name
+    /// that is not a Node's, a node the client certificate does not name, or a client that
+    /// holds its share of the streams. The first request says whether the stream is
     /// continuous.
     fn requested(&mut self, request: proto::WatchReq) -> Step {
         let node_name = request.node_name;
@@ -339,6 +369,19 @@ impl WatchBody {
             self.bundles = request.accept_zstd;
         }
         let peer = &self.client.peer;
+        if !crate::identity::is_node_name(&node_name) {
+            // The name goes to the log escaped and cut short, never raw.
+            let shown: String = node_name.chars().take(80).collect();
+            warn!(
+                ?peer,
+                name_bytes = node_name.len(),
+                "refusing a Watch: {shown:?} is not a Node's name"
+            );
+            return Step::End(Status::invalid_argument(format!(
+                "the node name is not {}",
+                crate::identity::NODE_NAME_RULE
+            )));
+        }
         if let Some(allowed) = &self.client.allowed
             && !crate::identity::may_watch(allowed, &node_name)
         {
@@ -358,6 +401,20 @@ impl WatchBody {
                 }
             }
             None => {
+                let key = match (&self.client.allowed, self.client.ip) {
+                    (Some(_), _) => Some(admission::PeerKey::Node(node_name.clone())),
+                    (None, Some(ip)) => Some(admission::PeerKey::ip(ip)),
+                    (None, None) => None,
+                };
+                let admitted = match self.admission.admit(key) {
+                    Ok(admitted) => admitted,
+                    Err(refused) => {
+                        warn!(?peer, node = %node_name, "refusing a Watch: {refused}");
+                        return Step::End(Status::resource_exhausted(refused.to_string()));
+                    }
+                };
+                let watching = self.client.conn.as_ref().map(|state| state.watching());
+                self.client.admitted = Some((admitted, watching));
                 info!(?peer, node = %node_name, "API client watching");
                 self.registration = Some(self.hub.register_from(&node_name, peer.clone()));
             }
@@ -471,6 +528,19 @@ impl http_body::Body for WatchBody {
             }
             let next = match &mut this.step {
                 Step::Request => match Pin::new(&mut this.requests).poll_next(cx) {
+                    Poll::Pending
+                        if this.registration.is_none()
+                            && this.first_request.as_mut().poll(cx).is_ready() =>
+                    {
+                        debug!(
+                            peer = ?this.client.peer,
+                            "closing a Watch stream that sent no request within \
+                             {FIRST_REQUEST_TIMEOUT:?}"
+                        );
+                        Step::End(Status::deadline_exceeded(format!(
+                            "no WatchReq within {FIRST_REQUEST_TIMEOUT:?} of opening the stream"
+                        )))
+                    }
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Some(Ok(request))) => this.requested(request),
                     Poll::Ready(None) => Step::End(Status::ok("")),
@@ -584,14 +654,7 @@ pub async fn serve(
         ))),
         #[cfg(unix)]
         ApiAddr::Unix(path) => {
-            // A socket left by a previous run would make bind fail.
-            if std::fs::symlink_metadata(path).is_ok_and(|m| {
-                use std::os::unix::fs::FileTypeExt;
-                m.file_type().is_socket()
-            }) {
-                let _ = std::fs::remove_file(path);
-            }
-            let listener = tokio::net::UnixListener::bind(path).map_err(listen_err)?;
+            let listener = unix_socket::bind(path).map_err(listen_err)?;
             info!(addr = %addr, "API listening");
             let incoming = limit(
                 tokio_stream::wrappers::UnixListenerStream::new(listener),

@@ -64,15 +64,7 @@ pub struct Report {
 /// a Node, so every local endpoint and the node's addresses would be missed in silence. The
 /// usual cause is a DaemonSet whose `$(NODE_NAME)` was not expanded, which the error names.
 fn check_node_name(name: &str) -> anyhow::Result<()> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.len() <= 253 && name.split('.').all(label_ok) {
+    if kpng_api::identity::is_node_name(name) {
         return Ok(());
     }
     let hint = if name.contains("$(") {

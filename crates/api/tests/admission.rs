@@ -1,0 +1,256 @@
+//! Which Watch streams the brain serves: a stream that never asks is closed and holds no
+//! place, one client gets only its share of the places, and a node name that is not a Node's
+//! is refused.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Watcher, next_change_set};
+use kpng_api::hub::Hub;
+use kpng_api::proto;
+use kpng_api::server::{ConnLimits, FIRST_REQUEST_TIMEOUT, MAX_WATCHES_PER_PEER};
+use prost::bytes::Bytes;
+use tokio::net::UnixStream;
+
+/// A raw HTTP/2 connection to `socket` with `window` as its streams' initial window.
+async fn raw(
+    socket: &std::path::Path,
+    window: u32,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let io = UnixStream::connect(socket).await.expect("connect");
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake::<_, Bytes>(io)
+        .await
+        .expect("handshake");
+    (client, tokio::spawn(conn))
+}
+
+/// Opens a Watch stream on `client` and sends nothing on it.
+async fn silent_watch(
+    client: &mut h2::client::SendRequest<Bytes>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    client.clone().ready().await.expect("ready");
+    let request = http::Request::post("http://brain/localv1.Sets/Watch")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    client.send_request(request, false).expect("open a stream")
+}
+
+/// A Watch stream over TCP to `addr` from `local` for node `node`, asked once.
+async fn watch_tcp(
+    channel: tonic::transport::Channel,
+    node: &str,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<proto::WatchReq>,
+        tonic::Streaming<proto::OpItem>,
+    ),
+    tonic::Status,
+> {
+    let (requests, rx) = tokio::sync::mpsc::channel(4);
+    requests
+        .send(proto::WatchReq {
+            node_name: node.into(),
+            continuous: true,
+            accept_zstd: false,
+        })
+        .await
+        .expect("request");
+    let stream = proto::sets_client::SetsClient::new(channel)
+        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok((requests, stream))
+}
+
+/// A connection to `brain` from the loopback address `local`.
+async fn channel_from(brain: std::net::SocketAddr, local: [u8; 4]) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
+        .expect("uri")
+        .local_address(Some(local.into()))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Waits until the hub has `n` watchers.
+async fn watchers(hub: &Hub, n: usize) {
+    let start = Instant::now();
+    while hub.watchers().len() != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{} watchers after 20 s, not {n}",
+            hub.watchers().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_never_ask_are_closed_and_do_not_keep_their_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let (hub, _) = common::hub_with_one_service();
+    // Longer than the first request's deadline, as by default (20 s against 5 s).
+    let idle = FIRST_REQUEST_TIMEOUT + Duration::from_secs(2);
+    common::serve(
+        hub.clone(),
+        &socket,
+        ConnLimits {
+            max_connections: 100,
+            idle_timeout: idle,
+        },
+    )
+    .await;
+
+    // Eight streams that never ask (the connection's whole allowance), read as usual: each
+    // is ended with DEADLINE_EXCEEDED.
+    let (mut client, _conn) = raw(&socket, 65_535).await;
+    let start = Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(silent_watch(&mut client).await);
+    }
+    for (response, _send) in silent {
+        let response = response.await.expect("response");
+        let mut body = response.into_body();
+        let trailers = tokio::time::timeout(FIRST_REQUEST_TIMEOUT * 2, body.trailers())
+            .await
+            .expect("the silent stream is ended")
+            .expect("trailers")
+            .expect("trailers");
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"4"[..]),
+            "DEADLINE_EXCEEDED: {trailers:?}"
+        );
+    }
+    let took = start.elapsed();
+    assert!(
+        took >= FIRST_REQUEST_TIMEOUT - Duration::from_millis(100),
+        "closed after {took:?}"
+    );
+
+    // Eight that never ask and never let the brain write (a zero window): they hold no place
+    // and do not count as watching, so the connection is idle and is closed.
+    let (mut client, conn) = raw(&socket, 0).await;
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(silent_watch(&mut client).await);
+    }
+    // Closed at the idle timeout, not once the streams have been ended at their deadline.
+    let closed = tokio::time::timeout(idle + Duration::from_secs(2), conn).await;
+    assert!(
+        closed.is_ok(),
+        "a connection whose streams never ask is closed as idle"
+    );
+
+    // A node is served meanwhile and after.
+    let mut node = Watcher::connect_continuous(&socket).await;
+    assert_eq!(next_change_set(&mut node.stream).await, ["default/a"]);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_gets_only_its_share_of_the_watch_streams() {
+    let (hub, _) = common::hub_with_one_service();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: kpng_api::addr::ApiAddr = format!("tcp://127.0.0.1:{port}").parse().expect("addr");
+    let server = kpng_api::server::serve(
+        hub.clone(),
+        &addr,
+        &Default::default(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+    let brain = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+
+    // One client (127.0.0.1) takes its whole share, eight streams per connection.
+    let mut held = Vec::new();
+    let mut channel = channel_from(brain, [127, 0, 0, 1]).await;
+    for i in 0..MAX_WATCHES_PER_PEER {
+        if i % 8 == 0 {
+            channel = channel_from(brain, [127, 0, 0, 1]).await;
+        }
+        held.push(watch_tcp(channel.clone(), "n1").await.expect("watch"));
+    }
+    watchers(&hub, MAX_WATCHES_PER_PEER).await;
+
+    // One more from it is refused…
+    let channel = channel_from(brain, [127, 0, 0, 1]).await;
+    let refused = match watch_tcp(channel, "n1").await {
+        Err(status) => status,
+        Ok((_requests, mut stream)) => {
+            tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .expect("an answer")
+                .expect_err("refused")
+        }
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert_eq!(hub.watchers().len(), MAX_WATCHES_PER_PEER);
+
+    // …while another client (127.0.0.2) is served.
+    let (_requests, mut stream) = watch_tcp(channel_from(brain, [127, 0, 0, 2]).await, "n2")
+        .await
+        .expect("watch");
+    let mut first = next_change_set(&mut stream).await;
+    first.sort();
+    assert_eq!(first, ["default/a"]);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_that_is_not_a_nodes_is_refused_without_echoing_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let (hub, _) = common::hub_with_one_service();
+    common::serve(hub.clone(), &socket, Default::default()).await;
+    let long = "a".repeat(300);
+    for bad in ["n1\x1b[31m\nforged log line", &long, "N1", ""] {
+        let mut node = Watcher::connect(&socket).await;
+        node.requests
+            .send(proto::WatchReq {
+                node_name: bad.into(),
+                continuous: true,
+                accept_zstd: false,
+            })
+            .await
+            .expect("request");
+        let status = tokio::time::timeout(Duration::from_secs(10), node.stream.message())
+            .await
+            .expect("an answer")
+            .expect_err("refused");
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{bad:?}: {status:?}"
+        );
+        assert!(
+            status.message().contains("DNS-1123 subdomain"),
+            "{status:?}"
+        );
+        assert!(
+            !status.message().contains('\x1b') && !status.message().contains(&long),
+            "{status:?}"
+        );
+    }
+    assert!(hub.watchers().is_empty(), "{:?}", hub.watchers());
+}
