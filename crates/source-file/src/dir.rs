@@ -269,6 +269,28 @@ impl DirState {
     }
 }
 
+/// Sends what a change of `path` did, noting it as the last change; false when the receiver
+/// is gone.
+async fn send_changes(
+    state: &DirState,
+    path: &Path,
+    changes: Vec<Event>,
+    events: &mpsc::Sender<Event>,
+) -> bool {
+    if !changes.is_empty() {
+        state.metrics.health.loaded(
+            std::time::SystemTime::now(),
+            Some(format!("last change from {}", path.display())),
+        );
+    }
+    for event in changes {
+        if events.send(event).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 /// Reads every file once, on as many threads as there are CPUs (each its own share of the
 /// files, in order), sending each object as a `ListItem` as soon as it is converted. Returns
 /// the merged state and the number of objects, or `None` when the receiver is gone.
@@ -518,16 +540,8 @@ pub(crate) async fn run(
             _ = poll.tick() => BTreeSet::new(),
             _ = until(state.next_due()) => {
                 for (path, changes) in state.release_due() {
-                    if !changes.is_empty() {
-                        state.metrics.health.loaded(
-                            std::time::SystemTime::now(),
-                            Some(format!("last change from {}", path.display())),
-                        );
-                    }
-                    for event in changes {
-                        if events.send(event).await.is_err() {
-                            return Ok(());
-                        }
+                    if !send_changes(&state, &path, changes, &events).await {
+                        return Ok(());
                     }
                 }
                 continue;
@@ -538,16 +552,8 @@ pub(crate) async fn run(
         changed.extend(state.moved_links());
         for path in &changed {
             let changes = state.reload(path);
-            if !changes.is_empty() {
-                state.metrics.health.loaded(
-                    std::time::SystemTime::now(),
-                    Some(format!("last change from {}", path.display())),
-                );
-            }
-            for event in changes {
-                if events.send(event).await.is_err() {
-                    return Ok(());
-                }
+            if !send_changes(&state, path, changes, &events).await {
+                return Ok(());
             }
         }
     }
