@@ -161,22 +161,7 @@ async fn streams_that_never_ask_are_closed_and_do_not_keep_their_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_gets_only_its_share_of_the_watch_streams() {
     let (hub, _) = common::hub_with_one_service();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let addr: kpng_api::addr::ApiAddr = format!("tcp://127.0.0.1:{port}").parse().expect("addr");
-    let server = kpng_api::server::serve(
-        hub.clone(),
-        &addr,
-        &Default::default(),
-        Default::default(),
-        std::future::pending(),
-    )
-    .await
-    .expect("listen");
-    tokio::spawn(server);
-    let brain = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let brain = common::serve_tcp(hub.clone()).await;
 
     // One client (127.0.0.1) takes its whole share, eight streams per connection.
     let mut held = Vec::new();

@@ -56,23 +56,7 @@ async fn watch_tcp(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tcp_connections_claiming_one_node_are_named_with_their_addresses() {
     let (hub, _) = common::hub_with_one_service();
-    // A free loopback port (bound and released: the server binds it again at once).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let addr: kpng_api::addr::ApiAddr = format!("tcp://127.0.0.1:{port}").parse().expect("addr");
-    let server = kpng_api::server::serve(
-        hub.clone(),
-        &addr,
-        &Default::default(),
-        Default::default(),
-        std::future::pending(),
-    )
-    .await
-    .expect("listen");
-    tokio::spawn(server);
-    let brain = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let brain = common::serve_tcp(hub.clone()).await;
 
     let first = watch_tcp(brain, "n1").await;
     let other = watch_tcp(brain, "n2").await;
@@ -89,7 +73,7 @@ async fn two_tcp_connections_claiming_one_node_are_named_with_their_addresses() 
         assert_eq!(peer.ip(), brain.ip(), "{w:?}");
         assert_ne!(
             peer.port(),
-            port,
+            brain.port(),
             "the client's port, not the brain's: {w:?}"
         );
     }

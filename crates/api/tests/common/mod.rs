@@ -147,6 +147,28 @@ pub async fn serve(hub: Arc<Hub>, socket: &std::path::Path, limits: ConnLimits) 
     tokio::spawn(server);
 }
 
+/// Serves `hub` on a free loopback TCP port (in a task) with the default limits; returns the
+/// address to connect to. The port is bound and released first, and the server binds it
+/// again at once.
+pub async fn serve_tcp(hub: Arc<Hub>) -> std::net::SocketAddr {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: kpng_api::addr::ApiAddr = format!("tcp://127.0.0.1:{port}").parse().expect("addr");
+    let server = kpng_api::server::serve(
+        hub,
+        &addr,
+        &Default::default(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
+}
+
 /// A brain holding node `n1` and Service `default/a`: the manifest text, to append to.
 pub fn hub_with_one_service() -> (Arc<Hub>, String) {
     let hub = Arc::new(Hub::new(
