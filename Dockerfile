@@ -11,8 +11,10 @@
 # iptables 1.8.9).
 
 FROM rust:1.95-bookworm AS build
+# clang and libbpf-dev build the eBPF backend's programs (crates/backend-ebpf/build.rs).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nftables iptables iproute2 ca-certificates netbase \
+       clang libbpf-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

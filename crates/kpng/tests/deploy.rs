@@ -4,7 +4,7 @@
 //! load with `kpng --config` without a warning.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -348,6 +348,32 @@ fn dockerfile_builds_the_binary_the_daemon_set_runs() {
     assert!(dockerfile.contains("COPY --from=build /rootfs/ /"));
     for package in ["nftables", "iptables", "iproute2"] {
         assert!(dockerfile.contains(&format!(" {package} ")), "{package}");
+    }
+    // The build stage installs what the eBPF backend's build script says it needs: the image
+    // build fails without them (the rust image has gcc, not clang).
+    let installed: BTreeSet<&str> = dockerfile
+        .split("apt-get install")
+        .skip(1)
+        .flat_map(|rest| {
+            rest.split("&&")
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter(|w| !w.starts_with('-') && *w != "\\")
+        })
+        .collect();
+    let build_rs = std::fs::read_to_string(repo().join("crates/backend-ebpf/build.rs")).unwrap();
+    let needed = build_rs
+        .split("(apt-get install ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .expect("the eBPF build script names the packages it needs");
+    for package in needed.split_whitespace() {
+        assert!(
+            installed.contains(package),
+            "the Dockerfile's build stage installs {package} (crates/backend-ebpf/build.rs \
+             needs it); it installs {installed:?}"
+        );
     }
     let script = std::fs::read_to_string(repo().join("scripts/image-rootfs.sh")).unwrap();
     assert_eq!(command[0], "/usr/local/bin/kpng");
