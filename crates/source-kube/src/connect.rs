@@ -10,6 +10,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::client_metrics::{ClientMetrics, ClientMetricsLayer};
 use crate::rate_limit::{RateLimitLayer, TokenBucket};
 use crate::reachability::{Reachability, ReachabilityLayer};
+use crate::token_file::{TokenFile, TokenFileError, TokenFileLayer};
 
 /// How to reach the API server.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +92,9 @@ pub enum ConnectError {
         #[source]
         source: http::uri::InvalidUri,
     },
+    /// The kubeconfig's (or the service account's) token file cannot be used.
+    #[error(transparent)]
+    TokenFile(#[from] TokenFileError),
     /// Neither flag was given and this is not a Pod with a service account.
     #[error(
         "no --kubeconfig or --master given, and no in-cluster configuration ({0}); \
@@ -151,6 +155,14 @@ pub async fn client_with_metrics(
     if let Some(url) = master {
         config.cluster_url = url;
     }
+    // Read by kpng, trimmed as client-go does (kube would send a trailing newline); an inline
+    // token takes precedence over the file, as in kube and client-go.
+    let token_file = match config.auth_info.token_file.take() {
+        Some(path) if config.auth_info.token.is_none() => {
+            Some(TokenFile::open(PathBuf::from(path))?)
+        }
+        _ => None,
+    };
     // Counted from each request sent, not from when its pooled connection went idle.
     config.read_timeout = Some(options.idle_timeout);
     config.reset_reader_on_write = true;
@@ -172,6 +184,7 @@ pub async fn client_with_metrics(
             metrics: metrics.clone(),
             host: host.as_str().into(),
         })
+        .with_layer(&TokenFileLayer(token_file))
         .with_layer(&RateLimitLayer(TokenBucket::new(
             options.qps,
             options.burst,

@@ -19,6 +19,7 @@ mod events;
 mod rate_limit;
 mod reachability;
 mod slim;
+mod token_file;
 mod watch;
 
 pub use client_metrics::{ClientMetrics, ClientMetricsLayer};
@@ -26,4 +27,5 @@ pub use connect::{ClientOptions, ConnectError, client, client_with_metrics, with
 pub use events::{EventError, NodeEvents};
 pub use rate_limit::{RateLimitLayer, TokenBucket};
 pub use reachability::{Reachability, ReachabilityLayer};
+pub use token_file::{TokenFile, TokenFileError, TokenFileLayer};
 pub use watch::{KubeSource, SourceConfig, label_selector};

@@ -566,6 +566,44 @@ async fn master_overrides_the_kubeconfig_and_works_alone() {
 }
 
 #[tokio::test]
+async fn a_token_file_with_a_trailing_newline_is_sent_trimmed() {
+    use k8s_openapi::api::core::v1::Node;
+    let server = FakeApiServer::start().expect("server");
+    server.apply(node("node1")).expect("apply");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // As `kubectl create token kube-proxy > token` writes it; client-go trims it.
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok123\n").expect("write");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        server.kubeconfig().replace(
+            "token: fake-token",
+            &format!("tokenFile: {}", token.display()),
+        ),
+    )
+    .expect("write");
+    let (client, _) = client(&ClientOptions {
+        kubeconfig: Some(kubeconfig),
+        ..ClientOptions::default()
+    })
+    .await
+    .expect("client");
+    let nodes: kube::Api<Node> = kube::Api::all(client);
+    let list = nodes.list(&Default::default()).await;
+    assert_eq!(
+        list.map(|l| l.items.len()).map_err(|e| e.to_string()),
+        Ok(1)
+    );
+    let sent: Vec<Option<String>> = server
+        .requests()
+        .into_iter()
+        .map(|r| r.authorization)
+        .collect();
+    assert_eq!(sent, [Some("Bearer tok123".to_string())]);
+}
+
+#[tokio::test]
 async fn bad_client_flags_are_clear_errors() {
     let cases = [
         (
