@@ -297,7 +297,11 @@ impl Iptables for DryRun {
     }
 
     fn enable_route_localnet(&mut self) -> Result<(), ExecError> {
-        println!("# sysctl net.ipv4.conf.all.route_localnet=1");
+        // The same line as the other sysctls a dry run leaves alone (docs/deploy.md).
+        const KEY: &str = "/proc/sys/net/ipv4/conf/all/route_localnet";
+        let current = std::fs::read_to_string(KEY)
+            .map_or_else(|e| format!("unreadable: {e}"), |v| v.trim().to_string());
+        println!("# would write 1 to {KEY} (now {current})");
         Ok(())
     }
 

@@ -399,6 +399,10 @@ fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
         namespace,
         name,
         service["portName"].as_str().unwrap_or_default(),
+        service["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or_default(),
     )
 }
 
@@ -422,7 +426,7 @@ fn rejected_service(status: &serde_json::Value, filter: &str) -> Option<String> 
     rejected.into_iter().find_map(|r| {
         let (namespace, name) = r.object.strip_prefix("Service ")?.split_once('/')?;
         query
-            .wants_service(namespace, name, "")
+            .wants_service(namespace, name, "", 0)
             .then(|| format!("{}; fix it in the input", rejected_line(&r)))
     })
 }

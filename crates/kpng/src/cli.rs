@@ -564,7 +564,7 @@ pub enum Command {
 /// `kpng status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// One Service: NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT.
+    /// One Service: NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT (PORT: the port's name or number).
     pub service: Option<String>,
     /// `table`, `wide` (every endpoint and why it is unused), `json` or `yaml`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusOutput::Table)]
@@ -633,7 +633,7 @@ pub enum LogFormat {
     /// Human-readable lines.
     #[default]
     Text,
-    /// One JSON object per line.
+    /// JSON: one object per line for log lines; one indented object for `kpng version` and `kpng trace`.
     Json,
 }
 

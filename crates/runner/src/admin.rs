@@ -110,14 +110,17 @@ pub struct StatusQuery {
 }
 
 impl StatusQuery {
-    /// Whether port `port_name` of Service `namespace`/`name` is asked for by
-    /// [`StatusQuery::service`].
-    pub fn wants_service(&self, namespace: &str, name: &str, port_name: &str) -> bool {
+    /// Whether port `port_name` (number `port`) of Service `namespace`/`name` is asked for by
+    /// [`StatusQuery::service`]. The port is asked for by name or by number: an engineer types
+    /// the number they connect to, and a port name always has a letter (IANA_SVC_NAME), so
+    /// the two cannot be mistaken for each other.
+    pub fn wants_service(&self, namespace: &str, name: &str, port_name: &str, port: u16) -> bool {
         let Some(filter) = self.service.as_deref().filter(|f| !f.is_empty()) else {
             return true;
         };
         let want_port = filter.rsplit_once(':').map(|(_, p)| p);
-        self.names_service(namespace, name) && want_port.is_none_or(|p| p == port_name)
+        self.names_service(namespace, name)
+            && want_port.is_none_or(|p| p == port_name || p.parse::<u16>() == Ok(port))
     }
 
     /// Whether [`StatusQuery::service`] names Service `namespace`/`name`, whatever port it
@@ -722,6 +725,10 @@ mod tests {
             (Some("default/web:http"), true),
             (Some("web:http"), true),
             (Some("default/web:grpc"), false),
+            (Some("default/web:80"), true),
+            (Some("web:80"), true),
+            (Some("default/web:8080"), false),
+            (Some("default/web:080x"), false),
             (Some("other/web"), false),
             (Some("we"), false),
         ] {
@@ -730,7 +737,7 @@ mod tests {
                 ..StatusQuery::default()
             };
             assert_eq!(
-                q.wants_service("default", "web", "http"),
+                q.wants_service("default", "web", "http", 80),
                 want,
                 "{filter:?}"
             );

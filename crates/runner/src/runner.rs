@@ -365,7 +365,7 @@ impl<M: NodeModel> LoopState<M> {
                 let (mut services, mut matching) = (Vec::new(), 0);
                 for (key, port) in &snapshot.ports {
                     let svc = &key.service;
-                    if !query.wants_service(&svc.namespace, &svc.name, &key.port_name) {
+                    if !query.wants_service(&svc.namespace, &svc.name, &key.port_name, port.port) {
                         continue;
                     }
                     // Without a text filter, ports outside the page are only counted.
