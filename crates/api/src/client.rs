@@ -636,6 +636,13 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                 }
                 let hint = tls_hint(&e.to_string(), &config.tls, ever_connected);
                 let cause = format!("{e}{hint}");
+                // Recorded before it is logged: whoever reads the warning and then asks
+                // `kpng status` finds the problem there.
+                config.health.failing(
+                    BRAIN,
+                    &format!("unreachable: {cause}; keeping the rules as they are, retrying"),
+                    std::time::SystemTime::now(),
+                );
                 if warned.as_deref() == Some(cause.as_str()) {
                     debug!(brain = %config.addr, retry_in = ?delay, "brain still unreachable: {e}");
                 } else {
@@ -645,13 +652,8 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                         "brain unreachable, keeping the rules as they are (retries are logged at \
                          debug): {cause}"
                     );
-                    warned = Some(cause.clone());
+                    warned = Some(cause);
                 }
-                config.health.failing(
-                    BRAIN,
-                    &format!("unreachable: {cause}; keeping the rules as they are, retrying"),
-                    std::time::SystemTime::now(),
-                );
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = updates.closed() => return,

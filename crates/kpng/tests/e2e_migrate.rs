@@ -17,7 +17,10 @@ use e2e::harness::{
     svc,
 };
 use e2e::scenarios::HeldConnection;
-use kpng_testkit::{Cluster, Netns, Outcome, Probe, Proto, Spawned, addr, require_root, tally};
+use kpng_testkit::{
+    Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, bin_path, require_root,
+    tally,
+};
 
 /// kube-proxy's nftables ruleset (v1.31–v1.35 layout) for Service `mig` (ClusterIP
 /// 10.96.0.120, node port 30120, endpoints pod1a and pod1b) and Service `hold`
@@ -159,44 +162,60 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
     )
     .expect("write config");
 
-    // New connections every 25 ms while kpng starts and takes over.
+    // New connections every 25 ms while kpng starts and takes over, for as long as that
+    // takes (kpng-probe prints each result as it goes; it is stopped once kpng took over).
     let probing = Probe::tcp(mig)
-        .count(300)
+        .count(100_000)
         .interval(Duration::from_millis(25))
         .fresh_socket(true)
         .timeout(OK_T);
-    let (results, kpng) = std::thread::scope(|s| {
-        let prober = s.spawn(|| (client.probe(&probing).expect("probe"), Instant::now()));
-        std::thread::sleep(Duration::from_millis(300));
-        let kpng = c
-            .node1
-            .ns
-            .spawn([
-                env!("CARGO_BIN_EXE_kpng"),
-                "--config",
-                config.to_str().expect("utf-8"),
-                "--hostname-override=node1",
-                "--oom-score-adj=-999",
-                "--v=2",
-            ])
-            .expect("start kpng");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tables(&c.node1.ns).contains("kube-proxy") {
-            assert!(
-                Instant::now() < deadline,
-                "kube-proxy's tables still there; kpng said:\n{}",
-                kpng.stderr_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let gone = Instant::now();
-        let (results, finished) = prober.join().expect("prober thread");
+    let mut prober_args = vec![
+        bin_path("kpng-probe")
+            .expect("kpng-probe")
+            .display()
+            .to_string(),
+    ];
+    prober_args.extend(probing.args());
+    let mut prober = client.spawn(&prober_args).expect("start kpng-probe");
+    let next_result = |prober: &mut Spawned| {
+        let line = prober
+            .wait_for_line(|l| !l.trim().is_empty(), Duration::from_secs(10))
+            .expect("a probe result");
+        ProbeResult::from_json_line(&line).expect("a probe result")
+    };
+    // Probing runs (its first answer came back) before kpng starts.
+    let mut results = vec![next_result(&mut prober)];
+    let kpng = c
+        .node1
+        .ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--hostname-override=node1",
+            "--oom-score-adj=-999",
+            "--v=2",
+        ])
+        .expect("start kpng");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tables(&c.node1.ns).contains("kube-proxy") {
         assert!(
-            finished > gone,
-            "the prober must still run when kube-proxy's rules go"
+            Instant::now() < deadline,
+            "kube-proxy's tables still there; kpng said:\n{}",
+            kpng.stderr_text()
         );
-        (results, kpng)
-    });
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let gone = Instant::now();
+    // Every result so far, then a second's more: the prober still runs after kube-proxy's
+    // rules went (what it has printed before is read at once, in well under a second).
+    loop {
+        results.push(next_result(&mut prober));
+        if Instant::now() >= gone + Duration::from_secs(1) {
+            break;
+        }
+    }
+    prober.kill().expect("stop kpng-probe");
     let log = kpng.stderr_text();
     let m = tally(&results);
     assert_eq!(
@@ -227,7 +246,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
         all
     );
     assert_eq!(
-        names(&e2e::harness::spread(client, Proto::Tcp, mig_np, 10)),
+        names(&e2e::harness::spread(client, Proto::Tcp, mig_np, 30)),
         all
     );
 

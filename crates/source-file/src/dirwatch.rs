@@ -23,6 +23,10 @@ pub(crate) struct DirWatch {
     rx: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
     /// Files written and not yet closed.
     writers: Writers,
+    /// Paths written whose quiet period [`DirWatch::next_writes`] was waiting for when it was
+    /// cancelled (a `select!` whose other branch won: a poll, a held deletion falling due):
+    /// the next call returns them, instead of losing the change.
+    written: BTreeSet<PathBuf>,
     // Dropping the watcher ends the watch.
     _watcher: RecommendedWatcher,
 }
@@ -102,6 +106,7 @@ impl DirWatch {
             dir: dir.to_path_buf(),
             rx,
             writers: Writers::default(),
+            written: BTreeSet::new(),
             _watcher: watcher,
         })
     }
@@ -121,6 +126,7 @@ impl DirWatch {
             &self.dir,
             debounce,
             &mut self.writers,
+            &mut self.written,
             matters,
         )
         .await
@@ -136,15 +142,18 @@ impl DirWatch {
 /// [`DirWatch::next_writes`] over the watcher's channel. Only writes make the directory busy:
 /// a process that reads a file beside the manifest (a poller, a backup, kpng itself) must not
 /// hold every change back until the ten periods are up.
+///
+/// Cancellation-safe: what has been received is kept in `changed` (the watch's own), and a call
+/// that finds it non-empty (its predecessor was cancelled) waits only for the quiet period.
 async fn next_writes(
     rx: &mut mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
     dir: &Path,
     debounce: Duration,
     writers: &mut Writers,
+    changed: &mut BTreeSet<PathBuf>,
     matters: &(dyn Fn(&Path) -> bool + Sync),
 ) -> Option<BTreeSet<PathBuf>> {
-    let mut changed = BTreeSet::new();
-    loop {
+    while changed.is_empty() {
         match rx.recv().await? {
             Err(e) => warn!("file watch error on {}: {e}", dir.display()),
             Ok(ev) if is_write(&ev) => {
@@ -170,7 +179,7 @@ async fn next_writes(
             }
         }
         if writers.open_until(matters).is_none() {
-            return Some(changed);
+            return Some(std::mem::take(changed));
         }
     }
     let give_up = tokio::time::Instant::now() + debounce * 10;
@@ -189,7 +198,7 @@ async fn next_writes(
             Ok(Some(Err(e))) => warn!("file watch error on {}: {e}", dir.display()),
             Ok(Some(Ok(_))) => {}
             Ok(None) => return None,
-            Err(_) => return Some(changed),
+            Err(_) => return Some(std::mem::take(changed)),
         }
     }
 }
@@ -350,6 +359,7 @@ mod tests {
                 Path::new("/d"),
                 Duration::from_millis(100),
                 &mut Writers::default(),
+                &mut BTreeSet::new(),
                 &is_yaml,
             )
             .await
@@ -359,6 +369,43 @@ mod tests {
             assert_eq!(got, want, "{case}");
             assert_eq!(took, Duration::from_millis(after_ms), "{case}");
         }
+    }
+
+    /// A wait cancelled within the quiet period (the source's poll or a held deletion fell due
+    /// first) loses nothing: the next wait returns what the cancelled one had received.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_cancelled_in_its_quiet_period_keeps_what_it_received() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send(write("/d/m.yaml")).expect("open channel");
+        let mut writers = Writers::default();
+        let mut changed = BTreeSet::new();
+        let debounce = Duration::from_millis(100);
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(50),
+            next_writes(
+                &mut rx,
+                Path::new("/d"),
+                debounce,
+                &mut writers,
+                &mut changed,
+                &is_yaml,
+            ),
+        )
+        .await;
+        assert!(cancelled.is_err(), "still in its quiet period");
+        let got = next_writes(
+            &mut rx,
+            Path::new("/d"),
+            debounce,
+            &mut writers,
+            &mut changed,
+            &is_yaml,
+        )
+        .await
+        .expect("the watch goes on");
+        assert_eq!(got, BTreeSet::from([PathBuf::from("/d/m.yaml")]));
+        assert!(changed.is_empty());
+        drop(tx);
     }
 
     #[tokio::test(start_paused = true)]
@@ -372,6 +419,7 @@ mod tests {
                 Path::new("/d"),
                 Duration::from_millis(100),
                 &mut Writers::default(),
+                &mut BTreeSet::new(),
                 &is_yaml
             )
             .await,

@@ -51,9 +51,9 @@ fn problems_of(health: &kpng_model::input::InputHealth) -> Vec<(String, String)>
         .collect()
 }
 
-/// The input's problems once it has one (at most 3 s from now).
+/// The input's problems once it has one (at most 10 s from now).
 async fn first_problems(health: &kpng_model::input::InputHealth) -> Vec<(String, String)> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while problems_of(health).is_empty() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -61,7 +61,7 @@ async fn first_problems(health: &kpng_model::input::InputHealth) -> Vec<(String,
 }
 
 async fn next(rx: &mut mpsc::Receiver<Event>) -> Option<Event> {
-    tokio::time::timeout(Duration::from_secs(3), rx.recv())
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .ok()
         .flatten()
@@ -101,20 +101,21 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
         }
         other => panic!("expected web rejected, got {other:?}"),
     }
-    // A file that does not read sends nothing (the last good state stays).
+    // A file that does not read is the input's problem (`kpng status`), saying the last good
+    // state is in use; it sends nothing (the last good state stays). The problem says the
+    // source has read the edit: no event before that window proves anything.
     std::fs::write(
         &path,
         "kind: Service\nmetadata: {namespace: ns, name: [web\n",
     )
     .expect("write");
+    let problems = first_problems(&health).await;
     assert!(
         tokio::time::timeout(Duration::from_millis(600), rx.recv())
             .await
             .is_err(),
         "unreadable edit was sent"
     );
-    // …and is the input's problem (`kpng status`), saying the last good state is in use.
-    let problems = problems_of(&health);
     assert_eq!(problems.len(), 1, "{problems:?}");
     let (what, message) = &problems[0];
     assert_eq!(what, &path.display().to_string());
@@ -179,13 +180,14 @@ async fn a_directory_is_read_per_file() {
         "kind: Service\nmetadata: {name: [\n",
     )
     .expect("write");
+    // Once the source has read it (its problem recorded), nothing is sent.
+    let problems = first_problems(&health).await;
     assert!(
         tokio::time::timeout(Duration::from_millis(500), rx.recv())
             .await
             .is_err()
     );
     let a = dir.path().join("a.yaml").display().to_string();
-    let problems = problems_of(&health);
     assert!(
         matches!(problems.as_slice(), [(what, message)]
             if *what == a && message.ends_with("; keeping its last good state")),
@@ -478,7 +480,8 @@ async fn a_directory_file_cut_off_mid_write_deletes_nothing_until_its_end_reads(
     }
     assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
     std::fs::write(&path, three_services(Some(B_CUT))).expect("write");
-    let mut events = Vec::new();
+    // The first event whenever the source reads the cut file; the rest of its burst after.
+    let mut events = vec![next(&mut rx).await.expect("the cut file read")];
     while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), rx.recv()).await {
         events.push(event);
     }

@@ -71,18 +71,19 @@ impl Reachability {
     pub fn failed(&self, why: &dyn Display) -> bool {
         let mut s = self.lock();
         s.failures += 1;
+        // Recorded before it is logged: whoever reads the warning and then asks `kpng status`
+        // finds the problem there. The latest reason (a refused connection may become a
+        // timeout).
+        self.record(why);
         if s.down_since.is_none() {
             s.down_since = Some(Instant::now());
             warn!(
                 server = %self.server,
                 "API server unreachable: {why}; keeping the programmed rules, retrying with backoff"
             );
-            self.record(why);
             true
         } else {
             debug!(server = %self.server, failures = s.failures, "API server still unreachable: {why}");
-            // The latest reason (a refused connection may become a timeout).
-            self.record(why);
             false
         }
     }

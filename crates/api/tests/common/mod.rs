@@ -149,24 +149,37 @@ pub async fn serve(hub: Arc<Hub>, socket: &std::path::Path, limits: ConnLimits) 
 
 /// Serves `hub` on a free loopback TCP port (in a task) with the default limits; returns the
 /// address to connect to. The port is bound and released first, and the server binds it
-/// again at once.
+/// again at once; another test of this binary may take it meanwhile (a port-0 bind or a
+/// connection's local port), and then another port is tried.
 pub async fn serve_tcp(hub: Arc<Hub>) -> std::net::SocketAddr {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let addr: kpng_api::addr::ApiAddr = format!("tcp://127.0.0.1:{port}").parse().expect("addr");
-    let server = kpng_api::server::serve(
-        hub,
-        &addr,
-        &Default::default(),
-        Default::default(),
-        std::future::pending(),
-    )
-    .await
-    .expect("listen");
-    tokio::spawn(server);
-    std::net::SocketAddr::from(([127, 0, 0, 1], port))
+    let mut attempts = 0;
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr: kpng_api::addr::ApiAddr =
+            format!("tcp://127.0.0.1:{port}").parse().expect("addr");
+        match kpng_api::server::serve(
+            hub.clone(),
+            &addr,
+            &Default::default(),
+            Default::default(),
+            std::future::pending(),
+        )
+        .await
+        {
+            Ok(server) => {
+                tokio::spawn(server);
+                return std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            }
+            Err(e) if attempts < 10 => {
+                attempts += 1;
+                eprintln!("port {port} taken meanwhile ({e}); another");
+            }
+            Err(e) => panic!("listen: {e}"),
+        }
+    }
 }
 
 /// A brain holding node `n1` and Service `default/a`: the manifest text, to append to.
