@@ -200,12 +200,20 @@ impl BackendKind {
         Ok(NodePortAddresses::Cidrs(cidrs))
     }
 
-    /// Where the Service health checks (`healthCheckNodePort`) listen: the node IPs when node
-    /// ports are served on those only, else every address.
+    /// Where the Service health checks (`healthCheckNodePort`) listen: where the node ports
+    /// are, as kube-proxy's health server follows `--nodeport-addresses`: the node IPs when
+    /// node ports are served on those only, the node's addresses inside the CIDRs when given
+    /// (the runner reads them as the backends do), else every address. The Windows backend
+    /// does not read `--nodeport-addresses` (nor can the runner read Windows' addresses):
+    /// every address, as before.
     pub fn health_check_addresses(self, flags: &GlobalFlags) -> HealthCheckAddresses {
+        if self == BackendKind::Hns {
+            return HealthCheckAddresses::All;
+        }
         match self.nodeport_addresses(flags) {
             Ok(NodePortAddresses::Primary) => HealthCheckAddresses::NodeIps,
-            _ => HealthCheckAddresses::All,
+            Ok(NodePortAddresses::Cidrs(cidrs)) => HealthCheckAddresses::Cidrs(cidrs),
+            Ok(NodePortAddresses::AllLocal) | Err(_) => HealthCheckAddresses::All,
         }
     }
 
@@ -975,6 +983,61 @@ mod tests {
             for (g, w) in got.iter().zip(want) {
                 assert!(g.starts_with(w), "{what}: {g}");
             }
+        }
+    }
+
+    /// The health checks listen where the node ports are: the node IPs, the node's addresses
+    /// inside CIDR `--nodeport-addresses` (not every address, as kube-proxy), or every address
+    /// (iptables' default; the Windows backend, which does not read the flag).
+    #[test]
+    fn health_checks_listen_where_the_node_ports_are() {
+        use clap::Parser;
+        use kpng_runner::runner::HealthCheckAddresses;
+        let flags = |args: &[&str]| {
+            let mut all = vec!["kpng", "file", "--input", "x.yaml"];
+            all.extend_from_slice(args);
+            all.extend(["to-local", "nft"]);
+            crate::cli::Cli::try_parse_from(all).expect("parses").global
+        };
+        let cidrs = |l: &[&str]| {
+            HealthCheckAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
+        };
+        let npa = ["--nodeport-addresses", "10.0.0.0/8,fd00::/64"];
+        for (kind, args, want) in [
+            (BackendKind::Nft, &[][..], HealthCheckAddresses::NodeIps),
+            (BackendKind::Iptables, &[][..], HealthCheckAddresses::All),
+            (
+                BackendKind::Iptables,
+                &["--nodeport-addresses", "primary"][..],
+                HealthCheckAddresses::NodeIps,
+            ),
+            (
+                BackendKind::Nft,
+                &npa[..],
+                cidrs(&["10.0.0.0/8", "fd00::/64"]),
+            ),
+            (
+                BackendKind::Iptables,
+                &npa[..],
+                cidrs(&["10.0.0.0/8", "fd00::/64"]),
+            ),
+            (
+                BackendKind::Userspace,
+                &npa[..],
+                cidrs(&["10.0.0.0/8", "fd00::/64"]),
+            ),
+            (
+                BackendKind::Ebpf,
+                &npa[..],
+                cidrs(&["10.0.0.0/8", "fd00::/64"]),
+            ),
+            (BackendKind::Hns, &npa[..], HealthCheckAddresses::All),
+        ] {
+            assert_eq!(
+                kind.health_check_addresses(&flags(args)),
+                want,
+                "{kind:?} {args:?}"
+            );
         }
     }
 

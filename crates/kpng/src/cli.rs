@@ -344,7 +344,8 @@ pub struct GlobalFlags {
     pub service_cidr: Vec<ipnet::IpNet>,
 
     /// Addresses that accept NodePort traffic: `primary` (the node's IPs) or CIDRs. Unset: the
-    /// backend's default (nftables: `primary`; iptables: every local address).
+    /// backend's default (nftables: `primary`; iptables: every local address). Service health
+    /// checks (`healthCheckNodePort`) listen on the same addresses.
     #[arg(long, global = true, value_delimiter = ',', help_heading = "Node")]
     pub nodeport_addresses: Vec<String>,
 

@@ -14,6 +14,13 @@ fn session_affinity_keeps_foreign_conntrack_mark_bits() {
     e2e::scenarios::session_affinity_keeps_foreign_conntrack_mark_bits(e2e::Backend::Nft);
 }
 
+/// The health-check servers are the runner's, the same for every node backend: one backend
+/// shows where they listen with CIDR `--nodeport-addresses`.
+#[test]
+fn health_check_listens_on_the_node_port_addresses() {
+    e2e::scenarios::health_check_listens_on_the_node_port_addresses(e2e::Backend::Nft);
+}
+
 // The fault suite (`e2e/faults.rs`; figures in docs/reliability.md).
 
 #[test]

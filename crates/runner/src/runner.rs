@@ -41,7 +41,7 @@ use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
-use crate::service_health::{ServiceHealthServers, wanted, wanted_for};
+use crate::service_health::{ListenAddresses, ServiceHealthServers, wanted, wanted_for};
 use kpng_backend::{Backend, InputInfo, NodeModel, SyncRequest, TamperAlarm, Tampering};
 
 /// The kinds a source must list before anything is programmed.
@@ -51,14 +51,7 @@ const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Nod
 /// or `iptables -F` arrives as a burst of notifications, and one sync repairs them all.
 pub const TAMPER_DEBOUNCE: Duration = Duration::from_millis(20);
 
-/// Where Service health checks listen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HealthCheckAddresses {
-    /// The node's IPs (`--nodeport-addresses primary`).
-    NodeIps,
-    /// Every address (`0.0.0.0` and `[::]`).
-    All,
-}
+pub use crate::service_health::HealthCheckAddresses;
 
 /// The outcome of one sync, published for tests, benchmarks and the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +72,7 @@ pub struct SyncReport {
 
 /// Everything the loop needs.
 pub struct Runner<M: NodeModel = Model> {
-    service_health: Option<(ServiceHealthServers, HealthCheckAddresses)>,
+    service_health: Option<(ServiceHealthServers, ListenAddresses)>,
     #[cfg(target_os = "linux")]
     conntrack: Option<ConntrackCleanup>,
     model: M,
@@ -141,7 +134,7 @@ impl<M: NodeModel> Runner<M> {
             self.metrics.healthcheck_failures.clone(),
             self.metrics.healthchecks_not_served.clone(),
         );
-        self.service_health = Some((servers, addresses));
+        self.service_health = Some((servers, ListenAddresses::new(addresses)));
         self
     }
 
@@ -919,19 +912,20 @@ impl<M: NodeModel> LoopState<M> {
         }
     }
 
-    /// Health-check servers after a sync. A full sync, or a change of the node (its IPs are
-    /// the servers' addresses), reconciles every Service; otherwise only the Services the diff
-    /// touched are looked at: walking every port after each change cost more than the change.
+    /// Health-check servers after a sync. A full sync, a change of the node (its IPs may be
+    /// the servers' addresses) or a move of the addresses they listen on reconciles every
+    /// Service; otherwise only the Services the diff touched are looked at: walking every
+    /// port after each change cost more than the change. With CIDR `--nodeport-addresses`,
+    /// the node's addresses are read again when the backends read them (full, node and
+    /// periodic syncs), so that the checks follow an address added or removed.
     async fn sync_service_health(&mut self, diff: &Diff, full: bool) {
         let snapshot = self.runner.model.snapshot();
-        let Some((servers, addresses)) = &mut self.runner.service_health else {
+        let Some((servers, listen)) = &mut self.runner.service_health else {
             return;
         };
-        let addresses: Vec<std::net::IpAddr> = match addresses {
-            HealthCheckAddresses::NodeIps => snapshot.node.ips.clone(),
-            HealthCheckAddresses::All => Vec::new(),
-        };
-        if full || diff.node_changed {
+        let reread = full || diff.node_changed || diff.is_empty();
+        let (addresses, moved) = listen.at_sync(&self.families, &snapshot.node.ips, reread);
+        if full || diff.node_changed || moved {
             servers.sync(&wanted(snapshot), &addresses).await;
             return;
         }

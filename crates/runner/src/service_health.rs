@@ -7,6 +7,11 @@
 //! `X-Load-Balancing-Endpoint-Weight` header. Load balancers then send external traffic only to
 //! nodes that can serve it locally. Servers open and close with the Services after each sync;
 //! a port already in use is reported and retried at the next sync, never fatal.
+//!
+//! Where they listen follows `--nodeport-addresses` as kube-proxy's `newServiceHealthServer`
+//! does ([`HealthCheckAddresses`]): with CIDRs, only the node's addresses inside them (per
+//! family, as the node ports themselves), read again at full, node and periodic syncs so that an
+//! address added is bound and one removed is closed ([`ListenAddresses`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -17,13 +22,217 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use kpng_model::{ServiceKey, ServicePort, Snapshot};
+use ipnet::IpNet;
+use kpng_backend::settings::{NodePortAddresses, NodePortScope};
+use kpng_model::{Family, ServiceKey, ServicePort, Snapshot};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::health::ProxyHealth;
+
+/// Where Service health checks listen, as `--nodeport-addresses` says (decided by the binary
+/// with the backend's node-port addresses, so that the checks go where the node ports are).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthCheckAddresses {
+    /// The node's IPs (`--nodeport-addresses primary`, or the mode's default): every address
+    /// when they are unknown.
+    NodeIps,
+    /// Every address (`0.0.0.0` and `[::]`): iptables mode's default, and the Windows backend.
+    All,
+    /// The node's interface addresses inside these CIDRs (`--nodeport-addresses` as CIDRs), as
+    /// kube-proxy's `GetNodeIPs`. Per family, as the node ports ([`NodePortAddresses::scope`]):
+    /// a family without a CIDR, or with a `/0` (kube-proxy's "match all"), listens on all of
+    /// its addresses; one whose CIDRs match no address listens nowhere; when the addresses
+    /// cannot be read, on all of them (kube-proxy's fallback, with an error logged). Only the
+    /// backend's families listen: kube-proxy runs a health server per family's proxier.
+    Cidrs(Vec<IpNet>),
+}
+
+/// The addresses [`HealthCheckAddresses`] selects at one moment, with what the log says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chosen {
+    /// Where the checks listen: addresses, or a family's wildcard (`0.0.0.0`, `[::]`). Sorted.
+    pub addresses: Vec<IpAddr>,
+    /// Families that needed the node's interface addresses, which could not be read: they
+    /// listen on every address instead.
+    pub unread: Vec<Family>,
+    /// Families whose CIDRs match no address of the node: they listen nowhere.
+    pub unmatched: Vec<Family>,
+}
+
+/// The wildcard of a family: every address of it.
+fn wildcard(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::from([0u8; 4]),
+        Family::V6 => IpAddr::from([0u16; 8]),
+    }
+}
+
+impl HealthCheckAddresses {
+    /// Whether the choice depends on the node's interface addresses, which change without
+    /// any Kubernetes event (read again at full, node and periodic syncs, as the backends).
+    pub fn reads_local_addresses(&self) -> bool {
+        matches!(self, HealthCheckAddresses::Cidrs(_))
+    }
+
+    /// The addresses to listen on for the backend's `families`, the node's primary IPs
+    /// `node_ips`, and its interface addresses `local` (read only when needed; an empty list
+    /// means they could not be read: a host always has some).
+    pub fn choose(
+        &self,
+        families: &[Family],
+        node_ips: &[IpAddr],
+        local: impl FnOnce() -> Vec<IpAddr>,
+    ) -> Chosen {
+        let mut chosen = Chosen::default();
+        match self {
+            HealthCheckAddresses::All => {
+                chosen.addresses = Family::ALL.into_iter().map(wildcard).collect();
+            }
+            HealthCheckAddresses::NodeIps if node_ips.is_empty() => {
+                chosen.addresses = Family::ALL.into_iter().map(wildcard).collect();
+            }
+            HealthCheckAddresses::NodeIps => chosen.addresses = node_ips.to_vec(),
+            HealthCheckAddresses::Cidrs(cidrs) => {
+                // The node ports' own rule, so that the checks and the node ports agree.
+                let setting = NodePortAddresses::Cidrs(cidrs.clone());
+                let mut local = Some(local);
+                let mut read: Option<Vec<IpAddr>> = None;
+                for &family in families {
+                    let scope = setting.scope(family);
+                    let matches_all = match &scope {
+                        NodePortScope::Cidrs(c) => c.iter().any(|n| n.prefix_len() == 0),
+                        NodePortScope::AllLocal => true,
+                        NodePortScope::Primary => false,
+                    };
+                    if matches_all {
+                        chosen.addresses.push(wildcard(family));
+                        continue;
+                    }
+                    let here =
+                        read.get_or_insert_with(|| local.take().map_or_else(Vec::new, |f| f()));
+                    if here.is_empty() {
+                        chosen.unread.push(family);
+                        chosen.addresses.push(wildcard(family));
+                        continue;
+                    }
+                    let ips = scope.addresses(family, node_ips, || here.clone());
+                    if ips.is_empty() {
+                        chosen.unmatched.push(family);
+                    }
+                    chosen.addresses.extend(ips);
+                }
+            }
+        }
+        chosen.addresses.sort();
+        chosen.addresses.dedup();
+        chosen
+    }
+}
+
+/// Reads the node's interface addresses (empty when they cannot be read).
+pub type LocalAddresses = Box<dyn FnMut() -> Vec<IpAddr> + Send>;
+
+/// [`HealthCheckAddresses`] followed from sync to sync: what was chosen last, so that a
+/// change moves the servers and is logged once.
+pub struct ListenAddresses {
+    setting: HealthCheckAddresses,
+    local_addresses: LocalAddresses,
+    last: Option<Chosen>,
+}
+
+impl ListenAddresses {
+    /// Reads the node's interface addresses as the backends do (`ip -o addr show`; none
+    /// outside Linux, where the CIDR setting falls back to every address).
+    pub fn new(setting: HealthCheckAddresses) -> ListenAddresses {
+        #[cfg(target_os = "linux")]
+        let local_addresses: LocalAddresses = Box::new(kpng_backend::host::local_addresses);
+        #[cfg(not(target_os = "linux"))]
+        let local_addresses: LocalAddresses = Box::new(Vec::new);
+        ListenAddresses {
+            setting,
+            local_addresses,
+            last: None,
+        }
+    }
+
+    /// Reads the node's interface addresses with `read` instead (tests).
+    pub fn with_local_addresses(mut self, read: LocalAddresses) -> ListenAddresses {
+        self.local_addresses = read;
+        self
+    }
+
+    /// Where the checks listen at this sync, and whether that changed since the last one.
+    /// `reread`: whether to read the node's interface addresses again (a full, node or
+    /// periodic sync; other syncs keep the last ones, since reading them costs a process).
+    pub fn at_sync(
+        &mut self,
+        families: &[Family],
+        node_ips: &[IpAddr],
+        reread: bool,
+    ) -> (Vec<IpAddr>, bool) {
+        if let Some(last) = &self.last
+            && self.setting.reads_local_addresses()
+            && !reread
+        {
+            return (last.addresses.clone(), false);
+        }
+        let chosen = self
+            .setting
+            .choose(families, node_ips, &mut self.local_addresses);
+        let before = self.last.take();
+        self.report(before.as_ref(), &chosen);
+        let changed = before.is_none_or(|b| b.addresses != chosen.addresses);
+        let addresses = chosen.addresses.clone();
+        self.last = Some(chosen);
+        (addresses, changed)
+    }
+
+    /// Logs what changed in the choice: a fallback, a family served nowhere, a move.
+    fn report(&self, before: Option<&Chosen>, now: &Chosen) {
+        let names = |families: &[Family]| {
+            families
+                .iter()
+                .map(|f| f.label())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        };
+        if !now.unread.is_empty() && before.is_none_or(|b| b.unread != now.unread) {
+            error!(
+                "cannot read the node's addresses: Service health checks listen on every {} \
+                 address instead of those inside --nodeport-addresses",
+                names(&now.unread)
+            );
+        }
+        if !now.unmatched.is_empty() && before.is_none_or(|b| b.unmatched != now.unmatched) {
+            warn!(
+                "no {} address of the node is inside --nodeport-addresses: Service health \
+                 checks do not listen on {}",
+                names(&now.unmatched),
+                names(&now.unmatched)
+            );
+        }
+        if let Some(before) = before
+            && before.addresses != now.addresses
+            && self.setting.reads_local_addresses()
+        {
+            let list = |ips: &[IpAddr]| {
+                ips.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            info!(
+                "the node's addresses inside --nodeport-addresses changed: Service health \
+                 checks listen on [{}] (were [{}])",
+                list(&now.addresses),
+                list(&before.addresses)
+            );
+        }
+    }
+}
 
 /// What one Service's health check must answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,29 +345,62 @@ async fn answer(State(h): State<Handler>) -> Response {
 
 struct Running {
     port: u16,
-    /// Where the check is wanted.
+    /// Where the check is wanted (sorted); none when no address of the node is inside
+    /// `--nodeport-addresses`.
     addresses: Vec<IpAddr>,
     /// Of those, where it could not be bound yet (retried at every sync): one family's
     /// address missing from the host must not take the other family's check down, as with
     /// kube-proxy's proxier per family.
     unbound: Vec<IpAddr>,
-    tasks: Vec<JoinHandle<()>>,
+    /// One server per bound address, so that an address that goes closes alone.
+    tasks: Vec<(IpAddr, JoinHandle<()>)>,
+    /// Since when it listens nowhere (no address wanted), for `kpng trace`.
+    nowhere_since: Option<SystemTime>,
 }
+
+/// Why a wanted check listens nowhere: `--nodeport-addresses` CIDRs no address of the node is
+/// in (kube-proxy then listens nowhere too; a load balancer probing the node sees it down).
+const NO_ADDRESS: &str = "no address of the node is inside --nodeport-addresses";
 
 impl Running {
     /// Stops the server and waits until its sockets are closed, so that its port can be
     /// bound again at once (dropping only asks the runtime to stop the tasks).
     async fn close(mut self) {
-        for task in std::mem::take(&mut self.tasks) {
+        for (_, task) in std::mem::take(&mut self.tasks) {
             task.abort();
             let _ = task.await;
         }
+    }
+
+    /// Follows the node's addresses: closes (and waits for) the servers of addresses no
+    /// longer wanted, and marks the new ones unbound; the others keep serving, connections
+    /// included.
+    async fn move_to(&mut self, addresses: &[IpAddr]) {
+        let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.tasks)
+            .into_iter()
+            .partition(|(ip, _)| addresses.contains(ip));
+        self.tasks = kept;
+        for (_, task) in gone {
+            task.abort();
+            let _ = task.await;
+        }
+        self.unbound.retain(|ip| addresses.contains(ip));
+        for ip in addresses {
+            if !self.addresses.contains(ip) {
+                self.unbound.push(*ip);
+            }
+        }
+        self.addresses = addresses.to_vec();
+        self.nowhere_since = match (self.addresses.is_empty(), self.nowhere_since) {
+            (false, _) => None,
+            (true, since) => Some(since.unwrap_or_else(SystemTime::now)),
+        };
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for (_, t) in &self.tasks {
             t.abort();
         }
     }
@@ -285,6 +527,14 @@ impl ServiceHealthServers {
             });
         };
         let local_endpoints = self.counts().get(service).copied().unwrap_or(0);
+        if running.addresses.is_empty() {
+            return Some(HealthCheckAnswer {
+                port: running.port,
+                status: None,
+                local_endpoints,
+                not_served: Some(NO_ADDRESS.to_string()),
+            });
+        }
         let healthy = self.shared.health.is_healthy(SystemTime::now());
         Some(HealthCheckAnswer {
             port: running.port,
@@ -305,14 +555,20 @@ impl ServiceHealthServers {
     /// `service`'s check, when it is wanted and served on none of the node's addresses (a
     /// check served on some answers the load balancers that probe those).
     pub fn not_served_for(&self, service: &ServiceKey) -> Option<NotServed> {
-        if self.running.contains_key(service) {
-            return None;
+        if let Some(running) = self.running.get(service) {
+            return running.nowhere_since.map(|since| NotServed {
+                service: service.clone(),
+                port: running.port,
+                error: NO_ADDRESS.to_string(),
+                since,
+            });
         }
         self.not_started.get(service).map(|n| n.not_served(service))
     }
 
     /// Opens, moves and closes servers so that exactly `wanted` are served on `addresses`
-    /// (an empty list means all addresses, `0.0.0.0` and `[::]`), and updates the counts.
+    /// (`0.0.0.0` and `[::]` for every address; none: listening nowhere, when no address of
+    /// the node is inside `--nodeport-addresses`), and updates the counts.
     pub async fn sync(&mut self, wanted: &BTreeMap<ServiceKey, HealthCheck>, addresses: &[IpAddr]) {
         let mut services: BTreeSet<ServiceKey> = self.running.keys().cloned().collect();
         services.extend(self.counts().keys().cloned());
@@ -328,8 +584,9 @@ impl ServiceHealthServers {
     }
 
     /// Brings the given Services (and any whose server could not start before) to their
-    /// wanted check: `None` closes a Service's server. Other servers are left as they are, so
-    /// a change to one Service costs one Service's work, not the cluster's.
+    /// wanted check on `addresses`: `None` closes a Service's server. Other servers are left
+    /// as they are, so a change to one Service costs one Service's work, not the cluster's.
+    /// A server whose addresses changed (and whose port did not) keeps the ones still wanted.
     pub async fn update(
         &mut self,
         mut changes: BTreeMap<ServiceKey, Option<HealthCheck>>,
@@ -339,21 +596,34 @@ impl ServiceHealthServers {
         for (key, failed) in &failed_before {
             changes.entry(key.clone()).or_insert(Some(failed.check));
         }
-        let addresses: Vec<IpAddr> = if addresses.is_empty() {
-            vec![IpAddr::from([0u8; 4]), IpAddr::from([0u16; 8])]
-        } else {
-            addresses.to_vec()
-        };
+        let mut addresses = addresses.to_vec();
+        addresses.sort();
+        addresses.dedup();
         // Every server that goes is closed before any opens: two Services that trade ports
-        // both get theirs in the same sync.
+        // (or an address and the wildcard that replaces it) both get theirs in the same sync.
         let mut to_start = Vec::new();
         for (key, check) in changes {
             self.set_count(&key, check);
-            let unchanged = match (self.running.get(&key), check) {
-                (Some(r), Some(c)) => r.port == c.port && r.addresses == addresses,
+            let same_port = match (self.running.get(&key), check) {
+                (Some(r), Some(c)) => r.port == c.port,
                 _ => false,
             };
-            if unchanged {
+            if same_port {
+                // The node's addresses moved: the ones that went close, the others keep
+                // serving (and their connections), the new ones are bound below.
+                if let Some(r) = self.running.get_mut(&key)
+                    && r.addresses != addresses
+                {
+                    // (One line per Service: `ListenAddresses` logs the move once.)
+                    debug!(
+                        service = %key,
+                        port = r.port,
+                        "moving the health check to the node's addresses {addresses:?} \
+                         (was {:?})",
+                        r.addresses
+                    );
+                    r.move_to(&addresses).await;
+                }
                 // Served where it could be: the addresses it could not bind are tried again
                 // without closing the others.
                 if let Some(check) = check
@@ -384,12 +654,19 @@ impl ServiceHealthServers {
                 addresses: addresses.clone(),
                 unbound: addresses.clone(),
                 tasks: Vec::new(),
+                nowhere_since: addresses.is_empty().then(SystemTime::now),
             });
             let bound = self.bind_unbound(&key, &mut running);
-            if !running.tasks.is_empty() {
+            let nowhere = running.addresses.is_empty();
+            if !running.tasks.is_empty() || nowhere {
                 self.running.insert(key.clone(), running);
             }
             match bound {
+                Ok(()) if nowhere => info!(
+                    service = %key,
+                    port = check.port,
+                    "the health check listens on no address: {NO_ADDRESS}"
+                ),
                 Ok(()) => match before {
                     Some(f) => info!(
                         service = %key,
@@ -461,9 +738,12 @@ impl ServiceHealthServers {
                         service: key.clone(),
                         shared: self.shared.clone(),
                     });
-                    running.tasks.push(tokio::spawn(async move {
-                        let _ = axum::serve(listener, app).await;
-                    }));
+                    running.tasks.push((
+                        ip,
+                        tokio::spawn(async move {
+                            let _ = axum::serve(listener, app).await;
+                        }),
+                    ));
                 }
                 Err(e) => {
                     errors.push(format!("{addr}: {e}"));

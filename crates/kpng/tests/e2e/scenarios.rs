@@ -1618,6 +1618,107 @@ pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
     );
 }
 
+/// With CIDR `--nodeport-addresses`, Service health checks listen where the node ports are, as
+/// kube-proxy's (`GetNodeIPs`): on node1's IPv4 addresses inside the CIDR (its pod bridge's),
+/// on every IPv6 address (no IPv6 CIDR given: upstream's rule per family), and not on its LAN
+/// IPv4 address. An address node1 gets inside the CIDR is listened on within a sync period, and
+/// one it loses is closed there, the others left serving.
+pub fn health_check_listens_on_the_node_port_addresses(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("hcnpa")).expect("cluster");
+    let _echo = echo_all(&c);
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[svc(
+            "hc",
+            61,
+            "LoadBalancer",
+            "externalTrafficPolicy: Local, healthCheckNodePort: 32161",
+            &[("pod1a", Cond::Ready), ("pod2a", Cond::Ready)],
+        )]),
+        &[
+            "--nodeport-addresses",
+            addr::NODE1_POD_CIDR_V4,
+            "--sync-period",
+            "1s",
+        ],
+    );
+    // The kernel's listening sockets on the port, as `ss` names their addresses.
+    let listening = || -> Vec<String> {
+        let out = c
+            .node1
+            .ns
+            .run_ok(["ss", "-H", "-l", "-t", "-n", "sport = :32161"])
+            .expect("ss");
+        let mut local: Vec<String> = out
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .map(str::to_string)
+            .collect();
+        local.sort();
+        local
+    };
+    let wait_for = |what: &str, done: &dyn Fn(&[String]) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = listening();
+            if done(&now) {
+                return now;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} within 5 s: listening on {now:?}\n{}",
+                k.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let gateway = format!("{}:32161", addr::NODE1_POD_GW_V4);
+    let first = wait_for("the health check listening", &|l| !l.is_empty());
+    assert_eq!(first, [gateway.clone(), "[::]:32161".to_string()]);
+    // A load balancer probing the pod-bridge address gets its answer (one local endpoint)…
+    let (status, _, text) = http_get(
+        &c.pod("pod1a").ns,
+        &format!("http://{}:32161/", addr::NODE1_POD_GW_V4),
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\"localEndpoints\": 1"), "{text}");
+    let (status, _, text) = http_get(
+        &c.ext.ns,
+        &format!("http://[{}]:32161/", addr::NODE1_LAN_V6),
+    );
+    assert_eq!(status, 200, "IPv6 has no CIDR: every address; {text}");
+    // …one probing the LAN IPv4 address, outside the CIDR, finds nothing listening.
+    let lan = format!("http://{}:32161/", addr::NODE1_LAN_V4);
+    assert!(
+        c.ext
+            .ns
+            .run_ok(["curl", "-s", "--max-time", "1", &lan])
+            .is_err(),
+        "{lan} answers: it is outside --nodeport-addresses"
+    );
+    // An address added inside the CIDR is listened on at the next periodic sync…
+    c.node1
+        .ns
+        .ip(["addr", "add", "10.244.1.250/32", "dev", "cbr0"])
+        .expect("add an address");
+    let added = "10.244.1.250:32161".to_string();
+    let now = wait_for("the added address listened on", &|l| l.contains(&added));
+    assert_eq!(
+        now,
+        [gateway.clone(), added.clone(), "[::]:32161".to_string()]
+    );
+    // …and closed once the node loses it (a socket outlives its address), the others kept.
+    c.node1
+        .ns
+        .ip(["addr", "del", "10.244.1.250/32", "dev", "cbr0"])
+        .expect("delete the address");
+    let now = wait_for("the removed address closed", &|l| !l.contains(&added));
+    assert_eq!(now, [gateway, "[::]:32161".to_string()]);
+    k.stop();
+}
+
 // ---------------------------------------------------------------------------------------
 // iptables only: kube-proxy's chains, and repair after someone flushes the tables.
 // ---------------------------------------------------------------------------------------

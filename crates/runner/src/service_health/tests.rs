@@ -392,3 +392,239 @@ async fn two_services_that_trade_ports_both_serve_after_one_sync() {
         .expect("get");
     assert_eq!(text, body(&b, 1, true), "p1 answers for b now");
 }
+
+fn ips(list: &[&str]) -> Vec<IpAddr> {
+    list.iter().map(|ip| ip.parse().expect("ip")).collect()
+}
+
+/// Which addresses the checks listen on, per `--nodeport-addresses` (kube-proxy's
+/// `newServiceHealthServer`): with CIDRs, the node's addresses inside them, per family as the
+/// node ports; a family without a CIDR or with a `/0` on every address; a family whose CIDRs
+/// match nothing nowhere; every address when the node's cannot be read.
+#[test]
+fn the_checks_listen_on_the_node_port_addresses() {
+    let local = || {
+        ips(&[
+            "127.0.0.1",
+            "10.1.2.3",
+            "192.168.1.1",
+            "10.1.2.3",
+            "::1",
+            "fd00::1",
+            "fd01::1",
+        ])
+    };
+    let node = ips(&["192.168.1.1", "fd00::9"]);
+    let cidrs = |l: &[&str]| {
+        HealthCheckAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
+    };
+    let both = [Family::V4, Family::V6];
+    let wildcards = ips(&["0.0.0.0", "::"]);
+    let chosen = |addresses: Vec<IpAddr>, unread: &[Family], unmatched: &[Family]| Chosen {
+        addresses,
+        unread: unread.to_vec(),
+        unmatched: unmatched.to_vec(),
+    };
+    /// What, the setting, the backend's families, the node's addresses, the choice.
+    type Row<'a> = (
+        &'a str,
+        HealthCheckAddresses,
+        &'a [Family],
+        Vec<IpAddr>,
+        Chosen,
+    );
+    let table: Vec<Row<'_>> = vec![
+        (
+            "every address (iptables' default)",
+            HealthCheckAddresses::All,
+            &both,
+            local(),
+            chosen(wildcards.clone(), &[], &[]),
+        ),
+        (
+            "the node IPs (primary)",
+            HealthCheckAddresses::NodeIps,
+            &both,
+            local(),
+            chosen(node.clone(), &[], &[]),
+        ),
+        (
+            "one CIDR per family",
+            cidrs(&["10.0.0.0/8", "fd00::/64"]),
+            &both,
+            local(),
+            chosen(ips(&["10.1.2.3", "fd00::1"]), &[], &[]),
+        ),
+        (
+            "no IPv6 CIDR: every IPv6 address",
+            cidrs(&["10.0.0.0/8", "192.168.0.0/16"]),
+            &both,
+            local(),
+            chosen(ips(&["10.1.2.3", "192.168.1.1", "::"]), &[], &[]),
+        ),
+        (
+            "only the backend's families",
+            cidrs(&["10.0.0.0/8"]),
+            &[Family::V4],
+            local(),
+            chosen(ips(&["10.1.2.3"]), &[], &[]),
+        ),
+        (
+            "a /0 matches all (kube-proxy's MatchAll)",
+            cidrs(&["0.0.0.0/0", "fd00::/64"]),
+            &both,
+            local(),
+            chosen(ips(&["0.0.0.0", "fd00::1"]), &[], &[]),
+        ),
+        (
+            "loopback when a CIDR holds it",
+            cidrs(&["127.0.0.0/8", "::1/128"]),
+            &both,
+            local(),
+            chosen(ips(&["127.0.0.1", "::1"]), &[], &[]),
+        ),
+        (
+            "a CIDR no address is in: that family listens nowhere",
+            cidrs(&["172.16.0.0/12", "fd00::/64"]),
+            &both,
+            local(),
+            chosen(ips(&["fd00::1"]), &[], &[Family::V4]),
+        ),
+        (
+            "the addresses cannot be read: every address of that family",
+            cidrs(&["10.0.0.0/8"]),
+            &both,
+            Vec::new(),
+            chosen(wildcards.clone(), &[Family::V4], &[]),
+        ),
+    ];
+    for (what, setting, families, local, want) in table {
+        assert_eq!(setting.choose(families, &node, || local), want, "{what}");
+    }
+    // Unknown node IPs: every address, as before; and nothing reads the node's addresses
+    // unless a CIDR needs them.
+    let unread = || -> Vec<IpAddr> { panic!("read the node's addresses") };
+    assert_eq!(
+        HealthCheckAddresses::NodeIps.choose(&both, &[], unread),
+        chosen(wildcards.clone(), &[], &[])
+    );
+    assert_eq!(
+        HealthCheckAddresses::All.choose(&both, &node, unread),
+        chosen(wildcards.clone(), &[], &[])
+    );
+    assert_eq!(
+        cidrs(&["fd00::/64"]).choose(&[Family::V4], &node, unread),
+        chosen(ips(&["0.0.0.0"]), &[], &[])
+    );
+}
+
+/// The node's addresses are read again only when the runner says so (full, node and periodic
+/// syncs), and a change is reported once.
+#[test]
+fn the_node_addresses_are_followed_at_the_syncs_that_read_them() {
+    let now = Arc::new(std::sync::Mutex::new(ips(&["10.1.2.3", "192.168.1.1"])));
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (n, r) = (now.clone(), reads.clone());
+    let mut listen = ListenAddresses::new(HealthCheckAddresses::Cidrs(vec![
+        "10.0.0.0/8".parse().expect("cidr"),
+    ]))
+    .with_local_addresses(Box::new(move || {
+        r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        n.lock().expect("lock").clone()
+    }));
+    let v4 = [Family::V4];
+    assert_eq!(
+        listen.at_sync(&v4, &[], false),
+        (ips(&["10.1.2.3"]), true),
+        "the first sync reads them"
+    );
+    now.lock()
+        .expect("lock")
+        .push("10.9.9.9".parse().expect("ip"));
+    assert_eq!(
+        listen.at_sync(&v4, &[], false),
+        (ips(&["10.1.2.3"]), false),
+        "a change's sync does not read them"
+    );
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        listen.at_sync(&v4, &[], true),
+        (ips(&["10.1.2.3", "10.9.9.9"]), true),
+        "an address added"
+    );
+    assert_eq!(
+        listen.at_sync(&v4, &[], true),
+        (ips(&["10.1.2.3", "10.9.9.9"]), false),
+        "nothing moved"
+    );
+    now.lock()
+        .expect("lock")
+        .retain(|ip| ip.to_string() != "10.1.2.3");
+    assert_eq!(
+        listen.at_sync(&v4, &[], true),
+        (ips(&["10.9.9.9"]), true),
+        "an address removed"
+    );
+}
+
+/// When the node's addresses move, a server binds the added ones and closes the removed
+/// ones, the others left serving with their connections; no address at all (CIDRs that match
+/// none of the node's) listens nowhere without counting a failure, and says so.
+#[tokio::test]
+async fn an_address_added_is_bound_and_one_removed_is_closed() {
+    let (mut hc, failures, not_served) = servers_and_gauge(true);
+    let (key, wanted) = one_check(free_port());
+    let port = wanted[&key].port;
+    let connect = |ip: &str| std::net::TcpStream::connect((ip, port));
+    let answers = |mut s: std::net::TcpStream| {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok::<_, std::io::Error>(text.starts_with("HTTP/1.1 200"))
+    };
+    hc.sync(&wanted, &ips(&["127.0.0.1"])).await;
+    assert!(connect("127.0.0.2").is_err(), "not listened on yet");
+    let held = connect("127.0.0.1").expect("127.0.0.1 served");
+    hc.sync(&wanted, &ips(&["127.0.0.1", "127.0.0.2"])).await;
+    let added = connect("127.0.0.2").expect("the added address is bound");
+    let (added, held) = tokio::task::spawn_blocking(move || (answers(added), answers(held)))
+        .await
+        .expect("join");
+    assert!(added.expect("answer"), "the added address answers");
+    assert!(
+        held.expect("the held connection is still open"),
+        "the kept address was not closed"
+    );
+    hc.sync(&wanted, &ips(&["127.0.0.2"])).await;
+    assert!(
+        connect("127.0.0.1").is_err(),
+        "the removed address is closed"
+    );
+    let kept = connect("127.0.0.2").expect("127.0.0.2 still served");
+    assert!(
+        tokio::task::spawn_blocking(move || answers(kept))
+            .await
+            .expect("join")
+            .expect("answer")
+    );
+    assert_eq!(hc.serving(), BTreeMap::from([(key.clone(), port)]));
+    // No address: nothing listens, nothing failed, and the answer says why.
+    hc.sync(&wanted, &[]).await;
+    assert!(connect("127.0.0.2").is_err(), "closed");
+    assert_eq!((failures.get(), not_served.get()), (0, 0));
+    let answer = hc.answer(&key).expect("an answer");
+    assert_eq!(answer.status, None, "{answer:?}");
+    assert_eq!(answer.not_served.as_deref(), Some(NO_ADDRESS));
+    assert_eq!(
+        hc.not_served_for(&key).map(|n| n.error),
+        Some(NO_ADDRESS.to_string()),
+        "a trace says so"
+    );
+    // An address again: bound, the answer back.
+    hc.sync(&wanted, &ips(&["127.0.0.1"])).await;
+    assert!(connect("127.0.0.1").is_ok(), "bound again");
+    assert_eq!(hc.answer(&key).and_then(|a| a.status), Some(200));
+    assert!(hc.not_served_for(&key).is_none());
+    assert_eq!(failures.get(), 0);
+}
