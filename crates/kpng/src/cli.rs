@@ -46,6 +46,11 @@ use crate::backends::BackendKind;
         " API"
     ),
     propagate_version = true,
+    // A flag given twice keeps its last value, as pflag (kube-proxy's flag parser) does:
+    // `--v=2 --v=4` is 4. List flags kube-proxy reads as one string (`--cluster-cidr`,
+    // `--bind-address`, `--source-vip`) are `Set` for the same reason; `--nodeport-addresses`
+    // is a pflag StringSlice, whose repeats append, so it stays `Append`.
+    args_override_self = true,
     max_term_width = 100,
     after_help = EXAMPLES
 )]
@@ -220,7 +225,8 @@ pub struct GlobalFlags {
     )]
     pub admin_socket: String,
 
-    /// Every flag's effective value (`--name=value`), for `/flagz`; filled after parsing.
+    /// Every flag's effective value (`name=value`, kube-proxy's names), for `/flagz`;
+    /// filled once `--config` applied.
     #[arg(skip)]
     pub effective_flags: Vec<String>,
 
@@ -248,12 +254,12 @@ pub struct GlobalFlags {
 
     /// Remove the rules of kube-proxy (every mode) and of every kpng backend from this node,
     /// then exit (kube-proxy's --cleanup).
-    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
     pub cleanup: bool,
 
     /// Do what needs full privileges (the conntrack sysctls, the kernel checks), then exit
     /// (kube-proxy's --init-only).
-    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
     pub init_only: bool,
 
     /// The kubeconfig file of the `kube` source. Without it and without --master, kpng uses
@@ -298,6 +304,7 @@ pub struct GlobalFlags {
         long,
         global = true,
         alias = "bind-address",
+        action = clap::ArgAction::Set,
         value_delimiter = ',',
         help_heading = "Node"
     )]
@@ -309,11 +316,11 @@ pub struct GlobalFlags {
     pub service_proxy_name: Option<String>,
 
     /// The cluster's pod CIDR(s), one per family: traffic from outside them is masqueraded.
-    #[arg(long, global = true, value_delimiter = ',', value_parser = parse_cidr_flag, help_heading = "Node")]
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_delimiter = ',', value_parser = parse_cidr_flag, help_heading = "Node")]
     pub cluster_cidr: Vec<ipnet::IpNet>,
 
     /// Masquerade all traffic to ClusterIPs.
-    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Backend")]
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Backend")]
     pub masquerade_all: bool,
 
     /// How pod traffic is recognised.
@@ -375,6 +382,7 @@ pub struct GlobalFlags {
         long,
         global = true,
         default_value = "127.0.0.1:10249",
+        value_parser = parse_metrics_bind_address,
         help_heading = "Output"
     )]
     pub metrics_bind_address: String,
@@ -404,7 +412,7 @@ pub struct GlobalFlags {
     #[arg(long, global = true, default_value = "1h", value_parser = parse_duration, help_heading = "Node")]
     pub conntrack_tcp_timeout_close_wait: Duration,
     /// Accept out-of-window TCP packets instead of marking them invalid.
-    #[arg(long, global = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Node")]
     pub conntrack_tcp_be_liberal: bool,
     /// Idle timeout of UDP flows (0: leave it).
     #[arg(long, global = true, default_value = "0", value_parser = parse_duration, help_heading = "Node")]
@@ -421,6 +429,7 @@ pub struct GlobalFlags {
         global = true,
         default_value_t = true,
         action = clap::ArgAction::Set,
+        value_parser = parse_go_bool,
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "true",
@@ -435,6 +444,7 @@ pub struct GlobalFlags {
         long,
         global = true,
         action = clap::ArgAction::Set,
+        value_parser = parse_go_bool,
         num_args = 0..=1,
         require_equals = true,
         default_value_t = false,
@@ -445,7 +455,7 @@ pub struct GlobalFlags {
     /// Windows (`to-local hns`): the source address of load-balanced traffic on an overlay
     /// network, an address the CNI reserved on this node (`winkernel.sourceVip`); one per
     /// family, comma-separated.
-    #[arg(long, global = true, value_delimiter = ',', help_heading = "Windows")]
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_delimiter = ',', help_heading = "Windows")]
     pub source_vip: Vec<IpAddr>,
     /// Windows (`to-local hns`): the CNI's HNS network (`winkernel.networkName`; kube-proxy's
     /// KUBE_NETWORK variable).
@@ -459,6 +469,7 @@ pub struct GlobalFlags {
         long,
         global = true,
         action = clap::ArgAction::Set,
+        value_parser = parse_go_bool,
         num_args = 0..=1,
         require_equals = true,
         default_value_t = false,
@@ -487,6 +498,7 @@ pub struct GlobalFlags {
         long,
         global = true,
         action = clap::ArgAction::Set,
+        value_parser = parse_go_bool,
         num_args = 0..=1,
         require_equals = true,
         default_value_t = false,
@@ -1146,6 +1158,30 @@ pub fn listen_address(s: &str, port: u16) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not IP:port or an IP"))
 }
 
+/// A boolean flag's value as kube-proxy's (pflag's, Go's `strconv.ParseBool`) reads it:
+/// `1`, `t`, `T`, `TRUE`, `true`, `True` and their `0`/`f`/`false` counterparts, so that a
+/// DaemonSet written for kube-proxy (`--masquerade-all=1`) parses unchanged.
+pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!(
+            "{s:?} is not a boolean (true, false, 1, 0, t, f, TRUE, FALSE, True, False)"
+        )),
+    }
+}
+
+/// `--metrics-bind-address`: empty (no server), an IP, or IP:port, as kube-proxy's flag
+/// (`IPPortVar`) and the file's `metricsBindAddress` take it; a host name or a missing IP
+/// (`:10249`) is refused here as there, so `--write-config-to` never writes one.
+fn parse_metrics_bind_address(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Ok(String::new());
+    }
+    listen_address(s.trim(), crate::config::METRICS_PORT)?;
+    Ok(s.trim().to_string())
+}
+
 fn parse_healthz_bind_address(s: &str) -> Result<SocketAddr, String> {
     listen_address(s, crate::config::HEALTHZ_PORT)
 }
@@ -1467,6 +1503,94 @@ mod tests {
             .map(|a| a.get_id().as_str())
             .collect();
         assert_eq!(switches, ["dry_run"]);
+    }
+
+    /// pflag's booleans take Go's `strconv.ParseBool` spellings; anything else is refused,
+    /// naming the flag.
+    #[test]
+    fn kube_proxys_boolean_flags_take_go_spellings() {
+        for (value, want) in [
+            ("1", Some(true)),
+            ("t", Some(true)),
+            ("T", Some(true)),
+            ("TRUE", Some(true)),
+            ("True", Some(true)),
+            ("0", Some(false)),
+            ("f", Some(false)),
+            ("F", Some(false)),
+            ("FALSE", Some(false)),
+            ("False", Some(false)),
+            ("yes", None),
+            ("tRuE", None),
+        ] {
+            for flag in [
+                "masquerade-all",
+                "cleanup",
+                "init-only",
+                "conntrack-tcp-be-liberal",
+                "iptables-localhost-nodeports",
+                "enable-dsr",
+                "forward-healthcheck-vip",
+                "windows-service",
+            ] {
+                let line = format!("--{flag}={value}");
+                let got = <Cli as clap::CommandFactory>::command()
+                    .try_get_matches_from(["kpng", line.as_str()]);
+                match (got, want) {
+                    (Ok(m), Some(want)) => assert_eq!(
+                        m.get_one::<bool>(&flag.replace('-', "_")),
+                        Some(&want),
+                        "{line}"
+                    ),
+                    (Err(e), None) => assert!(e.to_string().contains(&format!("--{flag}")), "{e}"),
+                    (got, _) => panic!("{line}: {got:?}"),
+                }
+            }
+        }
+    }
+
+    /// A scalar flag given twice keeps its last value, as pflag's; a pflag StringSlice
+    /// (`--nodeport-addresses`) appends; kube-proxy's string flags that kpng reads as lists
+    /// (`--cluster-cidr`, `--bind-address`) keep the last occurrence whole.
+    #[test]
+    fn a_repeated_flag_keeps_the_last_value_as_in_pflag() {
+        let cli = Cli::try_parse_from([
+            "kpng",
+            "--v=2",
+            "--v=4",
+            "--hostname-override=a",
+            "--hostname-override=b",
+            "--proxy-mode=iptables",
+            "--proxy-mode=nftables",
+            "--kubeconfig=/a",
+            "--kubeconfig=/b",
+            "--config=/a",
+            "--config=/b",
+            "--masquerade-all",
+            "--masquerade-all=false",
+            "--cluster-cidr=10.1.0.0/16,fd00:1::/64",
+            "--cluster-cidr=10.2.0.0/16",
+            "--bind-address=10.0.0.1",
+            "--bind-address=10.0.0.2,fd00::2",
+            "--nodeport-addresses=10.0.0.0/8",
+            "--nodeport-addresses=fd00::/8",
+            "--iptables-sync-period=10s",
+            "--iptables-sync-period=20s",
+        ])
+        .expect("repeats parse");
+        let g = &cli.global;
+        assert_eq!(g.verbosity, Some(4));
+        assert_eq!(g.node_name.as_deref(), Some("b"));
+        assert_eq!(g.proxy_mode_arg, Some(ProxyModeArg::Runs(BackendKind::Nft)));
+        assert_eq!(g.kubeconfig.as_deref(), Some(std::path::Path::new("/b")));
+        assert_eq!(g.config.as_deref(), Some(std::path::Path::new("/b")));
+        assert!(!g.masquerade_all);
+        let cidrs: Vec<String> = g.cluster_cidr.iter().map(ToString::to_string).collect();
+        assert_eq!(cidrs, ["10.2.0.0/16"]);
+        let ips: Vec<String> = g.node_ip.iter().map(ToString::to_string).collect();
+        assert_eq!(ips, ["10.0.0.2", "fd00::2"]);
+        assert_eq!(g.nodeport_addresses, ["10.0.0.0/8", "fd00::/8"]);
+        assert_eq!(g.sync_period, Duration::from_secs(20));
     }
 
     #[test]

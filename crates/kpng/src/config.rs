@@ -29,8 +29,8 @@ use clap::parser::ValueSource;
 use crate::cli::{GlobalFlags, ProxyModeArg};
 
 pub use checks::nodeport_addresses_problem;
-pub use duration::parse as parse_go_duration;
-pub use mapping::HEALTHZ_PORT;
+pub use duration::{format as format_go_duration, parse as parse_go_duration};
+pub use mapping::{HEALTHZ_PORT, METRICS_PORT};
 pub use write::effective;
 
 /// `clientConnection` of the file, for the `kube` source, whose flags of the same names
@@ -82,6 +82,20 @@ fn check_node_name(name: &str) -> anyhow::Result<()> {
 /// Applies `--config` (if given) to the flags; flags given on the command line win.
 pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Report> {
     let mut report = Report::default();
+    // As kube-proxy's processHostnameOverrideFlag: an empty --hostname-override (what
+    // `$(NODE_NAME)` gives when the variable is empty) is not given at all, so the file's
+    // hostnameOverride (or the OS hostname) stays; one of spaces only is an error.
+    let node_name_flag = command_line_value(matches, "node_name");
+    let node_name_given = node_name_flag.as_deref().is_some_and(|v| !v.is_empty());
+    if let Some(v) = &node_name_flag
+        && !v.is_empty()
+        && v.trim().is_empty()
+    {
+        anyhow::bail!("--hostname-override {v:?}: empty hostname-override is invalid");
+    }
+    if node_name_flag.is_some() && !node_name_given {
+        flags.node_name = None;
+    }
     if let Some(path) = flags.config.clone() {
         let (mut settings, mut file_report) = read(&path)?;
         // Only kube-proxy's own line without --proxy-mode takes the backend from the file.
@@ -103,8 +117,14 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
                 .warnings
                 .push(format!("{e}; {}", mode_unused(flags)));
         }
+        if let Some(w) = kube_proxy_would_ignore(matches) {
+            file_report.flag_warnings.push(w);
+        }
         let mode = settings.proxy_mode;
-        overlay(flags, settings, |id| given_on_command_line(matches, id));
+        overlay(flags, settings, |id| match id {
+            "node_name" => node_name_given,
+            _ => given_on_command_line(matches, id),
+        });
         if !given_on_command_line(matches, "proxy_mode") {
             flags.proxy_mode_origin = Some(format!(
                 "--config {} mode {:?}",
@@ -115,7 +135,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
         report = file_report;
     }
     // As kube-proxy's --hostname-override: trimmed and lower-cased (the file's value is too).
-    if given_on_command_line(matches, "node_name") {
+    if node_name_given {
         flags.node_name = flags
             .node_name
             .as_deref()
@@ -135,6 +155,21 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     }
     if let Some(problem) = checks::nodeport_addresses_problem(&flags.nodeport_addresses) {
         anyhow::bail!("--nodeport-addresses: {problem}");
+    }
+    if let Some(missing) = checks::detect_local_missing(
+        flags.detect_local_mode,
+        flags.pod_bridge_interface.as_deref().unwrap_or_default(),
+        flags
+            .pod_interface_name_prefix
+            .as_deref()
+            .unwrap_or_default(),
+    ) {
+        anyhow::bail!(
+            "--detect-local-mode {}: needs {} (detectLocal.{})",
+            flags.detect_local_mode.as_str(),
+            missing.flag,
+            missing.field
+        );
     }
     settle_proxy_mode(flags, matches, &mut report)?;
     // klog's -v, as kube-proxy's logging flags, wins over the file; --log-level over both.
@@ -202,7 +237,8 @@ fn read(path: &Path) -> anyhow::Result<(mapping::FileSettings, Report)> {
 fn from_text(text: &str) -> anyhow::Result<(mapping::FileSettings, Report)> {
     let parsed = load::parse(text)?;
     let mapped = mapping::map(&parsed.config)?;
-    let mut warnings = mapped.warnings;
+    let mut warnings = parsed.lenient;
+    warnings.extend(mapped.warnings);
     if !parsed.unknown_fields.is_empty() {
         warnings.push(format!(
             "{}: not fields of {}; ignored",
@@ -251,6 +287,136 @@ fn mode_unused(flags: &GlobalFlags) -> &'static str {
     } else {
         "the command line chooses the backend instead"
     }
+}
+
+/// The flags that set a field of the configuration file, by clap id, with kube-proxy's flag
+/// name and the field: beside `--config`, kube-proxy ignores them all (it honors only
+/// `--hostname-override` and the logging flags there), kpng lets them win.
+const FLAGS_OF_FIELDS: [(&str, &str, &str); 30] = [
+    ("node_ip", "--bind-address", "bindAddress"),
+    ("cluster_cidr", "--cluster-cidr", "clusterCIDR"),
+    ("masquerade_all", "--masquerade-all", "masqueradeAll"),
+    (
+        "detect_local_mode",
+        "--detect-local-mode",
+        "detectLocalMode",
+    ),
+    (
+        "pod_bridge_interface",
+        "--pod-bridge-interface",
+        "detectLocal.bridgeInterface",
+    ),
+    (
+        "pod_interface_name_prefix",
+        "--pod-interface-name-prefix",
+        "detectLocal.interfaceNamePrefix",
+    ),
+    (
+        "masquerade_bit",
+        "--iptables-masquerade-bit",
+        "masqueradeBit",
+    ),
+    (
+        "nodeport_addresses",
+        "--nodeport-addresses",
+        "nodePortAddresses",
+    ),
+    (
+        "healthz_bind_address",
+        "--healthz-bind-address",
+        "healthzBindAddress",
+    ),
+    ("healthz_port", "--healthz-port", "healthzBindAddress"),
+    (
+        "metrics_bind_address",
+        "--metrics-bind-address",
+        "metricsBindAddress",
+    ),
+    ("metrics_port", "--metrics-port", "metricsBindAddress"),
+    (
+        "min_sync_period",
+        "--iptables-min-sync-period",
+        "minSyncPeriod",
+    ),
+    ("sync_period", "--iptables-sync-period", "syncPeriod"),
+    (
+        "conntrack_max_per_core",
+        "--conntrack-max-per-core",
+        "conntrack.maxPerCore",
+    ),
+    ("conntrack_min", "--conntrack-min", "conntrack.min"),
+    (
+        "conntrack_tcp_timeout_established",
+        "--conntrack-tcp-timeout-established",
+        "conntrack.tcpEstablishedTimeout",
+    ),
+    (
+        "conntrack_tcp_timeout_close_wait",
+        "--conntrack-tcp-timeout-close-wait",
+        "conntrack.tcpCloseWaitTimeout",
+    ),
+    (
+        "conntrack_tcp_be_liberal",
+        "--conntrack-tcp-be-liberal",
+        "conntrack.tcpBeLiberal",
+    ),
+    (
+        "conntrack_udp_timeout",
+        "--conntrack-udp-timeout",
+        "conntrack.udpTimeout",
+    ),
+    (
+        "conntrack_udp_timeout_stream",
+        "--conntrack-udp-timeout-stream",
+        "conntrack.udpStreamTimeout",
+    ),
+    ("kubeconfig", "--kubeconfig", "clientConnection.kubeconfig"),
+    ("kube_api_qps", "--kube-api-qps", "clientConnection.qps"),
+    (
+        "kube_api_burst",
+        "--kube-api-burst",
+        "clientConnection.burst",
+    ),
+    ("proxy_mode", "--proxy-mode", "mode"),
+    (
+        "iptables_localhost_nodeports",
+        "--iptables-localhost-nodeports",
+        "iptables.localhostNodePorts",
+    ),
+    ("enable_dsr", "--enable-dsr", "winkernel.enableDSR"),
+    ("source_vip", "--source-vip", "winkernel.sourceVip"),
+    (
+        "forward_healthcheck_vip",
+        "--forward-healthcheck-vip",
+        "winkernel.forwardHealthCheckVip",
+    ),
+    (
+        "root_hnsendpoint_name",
+        "--root-hnsendpoint-name",
+        "winkernel.rootHnsEndpointName",
+    ),
+];
+
+/// One warning naming each flag written on the command line that overrides a field of the
+/// `--config` file, which kube-proxy would ignore there: an operator whose DaemonSet carries
+/// leftover flags learns that kpng and kube-proxy run them differently. Environment
+/// variables (`KUBE_NETWORK`) are not flags an operator left behind, and are not named.
+fn kube_proxy_would_ignore(matches: &ArgMatches) -> Option<String> {
+    let named: Vec<String> = FLAGS_OF_FIELDS
+        .iter()
+        .filter(|(id, _, _)| {
+            command_line_matches(matches, id)
+                .is_some_and(|m| m.value_source(id) == Some(ValueSource::CommandLine))
+        })
+        .map(|(_, flag, field)| format!("{flag} ({field})"))
+        .collect();
+    (!named.is_empty()).then(|| {
+        format!(
+            "flags given beside --config override the file's fields in kpng, but kube-proxy \
+             ignores them there (it honors only --hostname-override and the logging flags): {}",
+            named.join(", ")
+        )
+    })
 }
 
 /// Sets every flag that was not given explicitly to the file's value.

@@ -96,7 +96,6 @@ fn main() -> std::process::ExitCode {
         }
     };
     let mut cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    cli.global.effective_flags = zpages::effective_flags(&cli::Cli::command(), &matches);
     // The configuration file comes first: it may set the log level.
     let report = match config::apply(&mut cli.global, &matches) {
         Ok(report) => report,
@@ -105,6 +104,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    // After the file applied: /flagz shows the values in force.
+    cli.global.effective_flags =
+        zpages::effective_flags(&cli::Cli::command(), &matches, &cli.global);
     if std::env::var_os("RUST_LOG").is_none()
         && let Err(e) = logging::check_level(&cli.global.log_level)
     {

@@ -246,10 +246,10 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
     );
     let flagz = http_get(&metrics_addr, "/flagz");
     assert!(
-        flagz.contains("--node-name=n1")
-            && flagz.contains("--logging-format=json")
+        flagz.contains("\nhostname-override=n1\n")
+            && flagz.contains("\nlogging-format=json\n")
             // An unset flag without a default is listed too, empty.
-            && flagz.lines().any(|l| l == "--node-ip="),
+            && flagz.lines().any(|l| l == "bind-address="),
         "{flagz}"
     );
     // The status page answers loopback clients that name the server by address: a request

@@ -35,6 +35,41 @@ pub fn nodeport_addresses_problem(list: &[String]) -> Option<String> {
         })
 }
 
+/// The setting an interface-based `detectLocalMode` needs, by both of its names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetectLocalField {
+    /// The field of `detectLocal` in the file.
+    pub field: &'static str,
+    /// The command-line flag.
+    pub flag: &'static str,
+}
+
+/// `detectLocalMode` BridgeInterface or InterfaceNamePrefix without its interface (blank
+/// counts as missing): kube-proxy's `validateDetectLocalConfiguration` refuses it at start,
+/// so kpng does too rather than failing when the backend starts. `None` when fine.
+pub fn detect_local_missing(
+    mode: crate::cli::DetectLocalMode,
+    bridge_interface: &str,
+    interface_name_prefix: &str,
+) -> Option<DetectLocalField> {
+    use crate::cli::DetectLocalMode;
+    match mode {
+        DetectLocalMode::BridgeInterface if bridge_interface.trim().is_empty() => {
+            Some(DetectLocalField {
+                field: "bridgeInterface",
+                flag: "--pod-bridge-interface",
+            })
+        }
+        DetectLocalMode::InterfaceNamePrefix if interface_name_prefix.trim().is_empty() => {
+            Some(DetectLocalField {
+                field: "interfaceNamePrefix",
+                flag: "--pod-interface-name-prefix",
+            })
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

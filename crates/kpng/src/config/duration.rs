@@ -25,10 +25,81 @@ const UNITS: [(&str, u128); 8] = [
     ("h", 3_600_000_000_000),
 ];
 
+/// A duration that may be negative, for the fields kube-proxy checks only in a mode kpng does
+/// not run (the `ipvs` section, validated in ipvs mode only): a file carrying `-1s` there must
+/// load, as it does in kube-proxy in any other mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SignedGoDuration {
+    /// The duration without its sign.
+    pub magnitude: Duration,
+    /// Whether it is below zero.
+    pub negative: bool,
+}
+
+impl SignedGoDuration {
+    /// A non-negative duration.
+    pub const fn from(magnitude: Duration) -> SignedGoDuration {
+        SignedGoDuration {
+            magnitude,
+            negative: false,
+        }
+    }
+
+    /// Whether it is zero.
+    pub fn is_zero(&self) -> bool {
+        self.magnitude.is_zero()
+    }
+}
+
+impl fmt::Display for SignedGoDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.negative { "-" } else { "" };
+        write!(f, "{sign}{}", format(self.magnitude))
+    }
+}
+
+impl Serialize for SignedGoDuration {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for SignedGoDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// Reads the text, sign allowed.
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = SignedGoDuration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration such as \"30s\" or \"1m0s\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<SignedGoDuration, E> {
+                parse_signed(text)
+                    .map(|(negative, magnitude)| SignedGoDuration {
+                        magnitude,
+                        negative: negative && !magnitude.is_zero(),
+                    })
+                    .map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Text)
+    }
+}
+
 /// Parses Go's duration syntax: a sequence of decimal numbers, each with an optional fraction
 /// and a unit (`ns`, `us`/`µs`, `ms`, `s`, `m`, `h`), e.g. `1h30m`, `1.5s`; a bare `0` is zero.
-/// Negative durations are rejected: no duration kpng reads may be negative.
+/// Negative durations are rejected: no duration kpng reads may be negative (but see
+/// [`SignedGoDuration`]).
 pub fn parse(text: &str) -> Result<Duration, String> {
+    let bad = |why: &str| format!("{text:?} is not a duration ({why}; e.g. 30s, 1m0s, 1.5h)");
+    match parse_signed(text)? {
+        (true, d) if !d.is_zero() => Err(bad("negative")),
+        (_, d) => Ok(d),
+    }
+}
+
+/// Go's duration syntax with its sign: (negative, magnitude).
+fn parse_signed(text: &str) -> Result<(bool, Duration), String> {
     let s = text.trim();
     let bad = |why: &str| format!("{text:?} is not a duration ({why}; e.g. 30s, 1m0s, 1.5h)");
     let (negative, s) = match s.strip_prefix('-') {
@@ -36,7 +107,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         None => (false, s.strip_prefix('+').unwrap_or(s)),
     };
     if s == "0" {
-        return Ok(Duration::ZERO);
+        return Ok((negative, Duration::ZERO));
     }
     if s.is_empty() {
         return Err(bad("empty"));
@@ -91,15 +162,12 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         total = total.checked_add(nanos).ok_or_else(|| bad("too large"))?;
         rest = after;
     }
-    if negative && total > 0 {
-        return Err(bad("negative"));
-    }
     // Go's limit is i64 nanoseconds (about 292 years).
     let total = u64::try_from(total)
         .ok()
         .filter(|n| i64::try_from(*n).is_ok())
         .ok_or_else(|| bad("too large"))?;
-    Ok(Duration::from_nanos(total))
+    Ok((negative, Duration::from_nanos(total)))
 }
 
 /// Formats like Go's `Duration.String`: `0s`, `250ms`, `1.5s`, `30s`, `1m0s`, `24h0m0s`.

@@ -18,17 +18,42 @@ pub struct Parsed {
     pub config: KubeProxyConfiguration,
     /// Dotted paths of fields that are not part of v1alpha1 (e.g. `conntrack.max`).
     pub unknown_fields: Vec<String>,
+    /// What kube-proxy's lenient decoding lets pass and kpng warns about, one line each:
+    /// a key given twice (the last value wins), documents after the first (ignored).
+    pub lenient: Vec<String>,
 }
 
 /// Parses the text of a configuration file.
 pub fn parse(text: &str) -> anyhow::Result<Parsed> {
+    let mut lenient = Vec::new();
     let value: Value = if text.trim_start().starts_with('{') {
         serde_json::from_str(text).context("invalid JSON")?
     } else {
+        // kube-proxy's YAML decoder (sigs.k8s.io/yaml) reads the first document only.
+        let (first, rest) = split_first_document(text);
+        if has_content(rest) {
+            lenient.push(
+                "the file has more than one YAML document: only the first is read, as \
+                 kube-proxy does; the others are ignored"
+                    .to_string(),
+            );
+        }
+        // Every key is passed on, so that a repeated one is seen: its last value wins, as in
+        // kube-proxy's lenient decoding, with a warning.
+        let options = serde_saphyr::options! {
+            duplicate_keys: serde_saphyr::DuplicateKeyPolicy::PassThrough,
+        };
         // Without the parser's excerpt, which names the file `<input>`: the message already
         // says which file, and the position is the file's.
-        serde_saphyr::from_str(text)
-            .map_err(|e| anyhow::anyhow!("invalid YAML: {}", e.without_snippet()))?
+        let node: Node = serde_saphyr::from_str_with_options(first, options)
+            .map_err(|e| anyhow::anyhow!("invalid YAML: {}", e.without_snippet()))?;
+        for (key, line) in node.duplicates {
+            lenient.push(format!(
+                "{key} (line {line}): given twice; the last value is used, as kube-proxy's \
+                 lenient decoding does"
+            ));
+        }
+        node.value
     };
     let Value::Object(mut object) = value else {
         bail!(
@@ -56,7 +81,152 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     Ok(Parsed {
         config,
         unknown_fields,
+        lenient,
     })
+}
+
+/// The first YAML document of `text` and the rest (from the marker that ends the first). A
+/// line starting with `---` or `...` (then a space or the end) at column 0 is always a
+/// document marker in YAML, even inside a block scalar, so lines tell documents apart. A
+/// `---` before any content opens the first document.
+fn split_first_document(text: &str) -> (&str, &str) {
+    let mut offset = 0;
+    let mut content = false;
+    for line in text.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        let marker = |m: &str| {
+            bare.strip_prefix(m)
+                .is_some_and(|r| r.is_empty() || r.starts_with([' ', '\t']))
+        };
+        if marker("...") || (marker("---") && content) {
+            return text.split_at(offset);
+        }
+        if !marker("---") && !is_blank_or_comment(bare) && !bare.starts_with('%') {
+            content = true;
+        }
+        offset += line.len();
+    }
+    (text, "")
+}
+
+/// Whether the text after the first document holds anything but markers, comments and
+/// blank lines.
+fn has_content(rest: &str) -> bool {
+    rest.lines().any(|line| {
+        let bare = line.trim_end();
+        !(is_blank_or_comment(bare)
+            || ["---", "..."].iter().any(|m| {
+                bare.strip_prefix(m)
+                    .is_some_and(|r| is_blank_or_comment(r.trim_start()) || r.trim().is_empty())
+            }))
+    })
+}
+
+/// A line holding nothing but maybe a comment.
+fn is_blank_or_comment(line: &str) -> bool {
+    let t = line.trim();
+    t.is_empty() || t.starts_with('#')
+}
+
+/// A YAML value as JSON, and the keys given twice in it (dotted path, line), last value
+/// kept: what kube-proxy's lenient decoding does with a repeated key.
+struct Node {
+    value: Value,
+    duplicates: Vec<(String, u64)>,
+}
+
+impl Node {
+    fn leaf(value: Value) -> Node {
+        Node {
+            value,
+            duplicates: Vec::new(),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Node {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Node, D::Error> {
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+/// Builds a [`Node`] from whatever the YAML holds.
+struct NodeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NodeVisitor {
+    type Value = Node;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a YAML value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Node, E> {
+        Ok(Node::leaf(Value::Bool(v)))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Node, E> {
+        Ok(Node::leaf(Value::from(v)))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Node, E> {
+        Ok(Node::leaf(Value::from(v)))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Node, E> {
+        Ok(Node::leaf(
+            serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number),
+        ))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Node, E> {
+        Ok(Node::leaf(Value::String(v.to_string())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Node, E> {
+        Ok(Node::leaf(Value::String(v)))
+    }
+    fn visit_unit<E>(self) -> Result<Node, E> {
+        Ok(Node::leaf(Value::Null))
+    }
+    fn visit_none<E>(self) -> Result<Node, E> {
+        Ok(Node::leaf(Value::Null))
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
+        d.deserialize_any(NodeVisitor)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+        let mut items = Vec::new();
+        let mut duplicates = Vec::new();
+        let mut index = 0usize;
+        while let Some(item) = seq.next_element::<Node>()? {
+            duplicates.extend(
+                item.duplicates
+                    .into_iter()
+                    .map(|(path, line)| (format!("[{index}].{path}"), line)),
+            );
+            items.push(item.value);
+            index += 1;
+        }
+        Ok(Node {
+            value: Value::Array(items),
+            duplicates,
+        })
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+        let mut object = Map::new();
+        let mut duplicates = Vec::new();
+        while let Some(key) = map.next_key::<serde_saphyr::Spanned<String>>()? {
+            let item: Node = map.next_value()?;
+            let name = key.value;
+            duplicates.extend(
+                item.duplicates
+                    .into_iter()
+                    .map(|(path, line)| (format!("{name}.{path}"), line)),
+            );
+            if object.insert(name.clone(), item.value).is_some() {
+                duplicates.push((name, key.referenced.line()));
+            }
+        }
+        duplicates.sort_by_key(|(_, line)| *line);
+        Ok(Node {
+            value: Value::Object(object),
+            duplicates,
+        })
+    }
 }
 
 /// A type error's Rust type names in the words of a configuration file (`expected i32` is

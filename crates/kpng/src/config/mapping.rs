@@ -24,7 +24,7 @@ use anyhow::{Context, bail};
 use ipnet::IpNet;
 
 use super::ClientConnection;
-use super::duration::format;
+use super::duration::{SignedGoDuration, format};
 use super::v1alpha1::KubeProxyConfiguration;
 use super::why;
 use crate::backends::{BackendKind, Platform};
@@ -293,6 +293,34 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
         );
     }
 
+    // kube-proxy validates the ipvs section in ipvs mode only: a negative timeout there is
+    // an error, in any other mode a setting kpng ignores (warned about as such).
+    if config.mode.trim() == "ipvs" {
+        let ipvs = &config.ipvs;
+        for (field, value) in [
+            ("tcpTimeout", ipvs.tcp_timeout),
+            ("tcpFinTimeout", ipvs.tcp_fin_timeout),
+            ("udpTimeout", ipvs.udp_timeout),
+            ("minSyncPeriod", ipvs.min_sync_period),
+        ] {
+            if value.negative {
+                bail!("field ipvs.{field}: {value} must not be negative (mode ipvs)");
+            }
+        }
+    }
+    // kube-proxy reads the winkernel section on Windows only: elsewhere a bad value there
+    // changes nothing and does not stop it, so it only warns here.
+    let source_vip = match (source_vip(&config.winkernel.source_vip), platform) {
+        (Ok(vips), _) => vips,
+        (Err(e), Platform::Windows) => return Err(e),
+        (Err(e), Platform::Linux) => {
+            warnings.push(format!(
+                "{e:#}; kube-proxy reads winkernel only on Windows; ignored"
+            ));
+            Vec::new()
+        }
+    };
+
     let node_ip = bind_address(&config.bind_address)?;
     let ipv6_defaults = node_ip.first().is_some_and(IpAddr::is_ipv6)
         || config
@@ -326,6 +354,18 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
             )
         })?,
     };
+    // kube-proxy's validateDetectLocalConfiguration: the interface modes need their field.
+    if let Some(field) = super::checks::detect_local_missing(
+        detect_local_mode,
+        &config.detect_local.bridge_interface,
+        &config.detect_local.interface_name_prefix,
+    ) {
+        bail!(
+            "field detectLocal.{}: must not be empty with detectLocalMode {}",
+            field.field,
+            detect_local_mode.as_str()
+        );
+    }
     let conntrack = &config.conntrack;
     let count = |field: &str, value: Option<i32>, default: u64| -> anyhow::Result<u64> {
         match value {
@@ -371,20 +411,19 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
         },
         client_connection: ClientConnection {
             kubeconfig: non_empty(&client.kubeconfig).map(PathBuf::from),
-            kube_api_qps: Some(client.qps).filter(|q| *q > 0.0),
+            // 0 is "the default" (5); a negative QPS is no limit, as in client-go (kube-proxy
+            // does not validate it), and as `--kube-api-qps` says.
+            kube_api_qps: Some(client.qps).filter(|q| *q != 0.0),
             kube_api_burst: u32::try_from(client.burst).ok().filter(|b| *b > 0),
         },
         enable_dsr: config.winkernel.enable_dsr,
-        source_vip: source_vip(&config.winkernel.source_vip)?,
+        source_vip,
         network_name: non_empty(&config.winkernel.network_name),
         forward_healthcheck_vip: config.winkernel.forward_health_check_vip,
         root_hnsendpoint_name: non_empty(&config.winkernel.root_hns_endpoint_name)
             .unwrap_or_else(|| ROOT_HNS_ENDPOINT_NAME.to_string()),
         windows_service: config.windows_run_as_service,
     };
-    if client.qps < 0.0 {
-        bail!("field clientConnection.qps: {} is negative", client.qps);
-    }
     if client.burst < 0 {
         bail!("field clientConnection.burst: {} is negative", client.burst);
     }
@@ -536,16 +575,16 @@ fn unsupported(config: &KubeProxyConfiguration) -> Vec<String> {
             "ipvs.excludeCIDRs",
             ipvs.exclude_cidrs.as_ref().is_some_and(|c| !c.is_empty()),
         ),
-        ("ipvs.minSyncPeriod", !ipvs.min_sync_period.0.is_zero()),
+        ("ipvs.minSyncPeriod", !ipvs.min_sync_period.is_zero()),
         ("ipvs.scheduler", !ipvs.scheduler.is_empty()),
         ("ipvs.strictARP", ipvs.strict_arp),
         (
             "ipvs.syncPeriod",
-            !ipvs.sync_period.0.is_zero() && ipvs.sync_period.0 != SYNC_PERIOD,
+            !ipvs.sync_period.is_zero() && ipvs.sync_period != SignedGoDuration::from(SYNC_PERIOD),
         ),
-        ("ipvs.tcpFinTimeout", !ipvs.tcp_fin_timeout.0.is_zero()),
-        ("ipvs.tcpTimeout", !ipvs.tcp_timeout.0.is_zero()),
-        ("ipvs.udpTimeout", !ipvs.udp_timeout.0.is_zero()),
+        ("ipvs.tcpFinTimeout", !ipvs.tcp_fin_timeout.is_zero()),
+        ("ipvs.tcpTimeout", !ipvs.tcp_timeout.is_zero()),
+        ("ipvs.udpTimeout", !ipvs.udp_timeout.is_zero()),
     ]
     .into_iter()
     .filter_map(|(name, set)| set.then_some(name))

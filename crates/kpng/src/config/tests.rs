@@ -453,10 +453,6 @@ fn a_mode_kpng_does_not_run_is_kept_as_an_error_for_later() {
 fn bad_values_are_errors_naming_the_field() {
     let cases = [
         (
-            "winkernel:\n  sourceVip: 10.0.0.x\n",
-            "field winkernel.sourceVip: \"10.0.0.x\" is not an IP address",
-        ),
-        (
             "mode: nftables\nnftables:\n  masqueradeBit: 32\n",
             "field nftables.masqueradeBit: 32 is not in 0-31",
         ),
@@ -1055,4 +1051,370 @@ fn write_config_to_reads_back_as_written() {
         lost[1].starts_with("--metrics-bind-address=\"\""),
         "{lost:?}"
     );
+}
+
+/// kube-proxy's processHostnameOverrideFlag: an empty --hostname-override (an empty
+/// `$(NODE_NAME)`) is ignored, so the file's hostnameOverride stays (or, without one, the OS
+/// hostname: `None`); spaces only are an error; anything else wins, trimmed and lower-cased.
+#[test]
+fn an_empty_hostname_override_leaves_the_files_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kp.conf");
+    std::fs::write(&path, doc("hostnameOverride: From-File\n")).unwrap();
+    let config = path.to_str().unwrap();
+    let none: Option<&str> = None;
+    for (line, want) in [
+        (vec!["--hostname-override="], Ok(Some("from-file"))),
+        (vec!["--hostname-override", ""], Ok(Some("from-file"))),
+        (vec!["--node-name="], Ok(Some("from-file"))),
+        (vec!["--hostname-override= Node2 "], Ok(Some("node2"))),
+        (vec![], Ok(Some("from-file"))),
+        (
+            vec!["--hostname-override=  "],
+            Err("--hostname-override \"  \": empty hostname-override is invalid"),
+        ),
+    ] {
+        let mut args = vec!["kpng", "--config", config];
+        args.extend(&line);
+        args.push("version");
+        match (run_cli(&args), want) {
+            (Ok((flags, _)), Ok(name)) => assert_eq!(flags.node_name.as_deref(), name, "{line:?}"),
+            (Err(e), Err(says)) => assert_eq!(format!("{e:#}"), says, "{line:?}"),
+            (got, _) => panic!("{line:?}: {:?}", got.map(|(f, _)| f.node_name)),
+        }
+        // Without a file: an empty flag is no name (the OS hostname), as without the flag.
+        let mut args = vec!["kpng"];
+        args.extend(&line);
+        args.push("version");
+        if let Ok(Some(name)) = want {
+            let (flags, _) = run_cli(&args).unwrap();
+            let expect = if name == "from-file" {
+                none
+            } else {
+                Some(name)
+            };
+            assert_eq!(
+                flags.node_name.as_deref(),
+                expect,
+                "{line:?} without --config"
+            );
+        }
+    }
+}
+
+/// kube-proxy decodes leniently when strict decoding fails: a key given twice keeps its last
+/// value (with a warning naming it and its line), and sigs.k8s.io/yaml reads the first
+/// document only (later ones warn when they hold anything).
+#[test]
+fn repeated_keys_and_later_documents_are_lenient_as_in_kube_proxy() {
+    for (text, cidr, warning) in [
+        (
+            doc("clusterCIDR: 10.1.0.0/16\nclusterCIDR: 10.2.0.0/16\n"),
+            "10.2.0.0/16",
+            Some("clusterCIDR (line 4): given twice; the last value is used"),
+        ),
+        (
+            doc("conntrack:\n  min: 1\n  min: 2\nclusterCIDR: 10.2.0.0/16\n"),
+            "10.2.0.0/16",
+            Some("conntrack.min (line 5): given twice"),
+        ),
+        (
+            format!("{}---\n", doc("clusterCIDR: 10.3.0.0/16\n")),
+            "10.3.0.0/16",
+            None,
+        ),
+        (
+            format!("---\n{}...\n# done\n", doc("clusterCIDR: 10.3.0.0/16\n")),
+            "10.3.0.0/16",
+            None,
+        ),
+        (
+            format!(
+                "{}---\n{}",
+                doc("clusterCIDR: 10.3.0.0/16\n"),
+                doc("clusterCIDR: 10.4.0.0/16\n")
+            ),
+            "10.3.0.0/16",
+            Some("more than one YAML document: only the first is read"),
+        ),
+        (
+            format!("{}--- \nnot: [valid\n", doc("clusterCIDR: 10.3.0.0/16\n")),
+            "10.3.0.0/16",
+            Some("more than one YAML document"),
+        ),
+    ] {
+        let (settings, report) = from_text(&text).unwrap_or_else(|e| panic!("{text:?}: {e:#}"));
+        assert_eq!(
+            settings.cluster_cidr,
+            [cidr.parse::<ipnet::IpNet>().unwrap()],
+            "{text:?}"
+        );
+        match warning {
+            None => assert!(report.warnings.is_empty(), "{text:?}: {report:?}"),
+            Some(w) => assert!(
+                report.warnings.len() == 1 && report.warnings[0].contains(w),
+                "{text:?}: {:?}",
+                report.warnings
+            ),
+        }
+    }
+}
+
+/// What the command line accepts, `--write-config-to` writes and `--config` reads back with
+/// the same meaning; what one refuses, the other refuses, naming the flag or the field.
+#[test]
+fn write_config_to_writes_only_what_config_reads_with_the_same_meaning() {
+    // (command line, the client settings the written file reads back to)
+    for (line, qps, burst) in [
+        (&["--kube-api-qps=-1"][..], Some(-1.0), Some(10)),
+        (&["--kube-api-qps=0"][..], Some(-1.0), Some(10)),
+        (
+            &["--kube-api-qps=20", "--kube-api-burst=0"][..],
+            Some(20.0),
+            Some(1),
+        ),
+        (&["--kube-api-burst=30"][..], Some(5.0), Some(30)),
+    ] {
+        let mut args = vec!["kpng"];
+        args.extend(line);
+        args.push("version");
+        let (flags, _) = run_cli(&args).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
+        let text = write::render(&write::effective(&flags).unwrap()).unwrap();
+        let (settings, _) = from_text(&text).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
+        let cc = settings.client_connection;
+        assert_eq!(
+            (cc.kube_api_qps, cc.kube_api_burst),
+            (qps, burst),
+            "{line:?}"
+        );
+        // The rate the source gets is the same: no limit at 0 or less, a bucket of at least 1.
+        let limited = |q: f32| q > 0.0;
+        let given_qps = flags.client_connection.kube_api_qps.unwrap_or(5.0);
+        assert_eq!(limited(given_qps), limited(qps.unwrap_or(5.0)), "{line:?}");
+    }
+    // (flag, value, the file's line, what both say)
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value, field, says) in [
+        (
+            "--metrics-bind-address",
+            ":10249",
+            "metricsBindAddress: \":10249\"",
+            "\":10249\" is not IP:port",
+        ),
+        (
+            "--metrics-bind-address",
+            "localhost:10249",
+            "metricsBindAddress: localhost:10249",
+            "\"localhost:10249\" is not IP:port",
+        ),
+        (
+            "--detect-local-mode",
+            "BridgeInterface",
+            "detectLocalMode: BridgeInterface",
+            "detectLocal.bridgeInterface",
+        ),
+        (
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "detectLocalMode: InterfaceNamePrefix\ndetectLocal:\n  interfaceNamePrefix: \" \"",
+            "detectLocal.interfaceNamePrefix",
+        ),
+    ] {
+        let err = run_cli(&["kpng", flag, value, "version"]).expect_err(value);
+        let err = format!("{err:#}");
+        assert!(
+            err.contains(flag) && err.contains(says),
+            "{flag} {value}: {err}"
+        );
+        let path = dir.path().join("kp.conf");
+        std::fs::write(&path, doc(&format!("{field}\n"))).unwrap();
+        let err =
+            run_cli(&["kpng", "--config", path.to_str().unwrap(), "version"]).expect_err(field);
+        assert!(format!("{err:#}").contains(says), "{field}: {err:#}");
+    }
+    // A negative QPS in the file is no limit, as kube-proxy reads it.
+    let (settings, _) = from_text(&doc("clientConnection:\n  qps: -1\n")).unwrap();
+    assert_eq!(settings.client_connection.kube_api_qps, Some(-1.0));
+}
+
+/// kube-proxy validates the ipvs section in ipvs mode only and the winkernel section on
+/// Windows only: elsewhere such a file loads (with a warning), so that swapping the image
+/// never turns a running kube-proxy's ConfigMap into a crash loop.
+#[test]
+fn sections_of_other_modes_and_systems_are_checked_only_there() {
+    use crate::backends::Platform;
+    let parse = |body: &str, platform| {
+        let parsed = load::parse(&doc(body)).unwrap_or_else(|e| panic!("{body:?}: {e:#}"));
+        mapping::map_on(&parsed.config, platform)
+    };
+    // (file, system, Ok(a warning that contains) or Err(the error that contains))
+    let cases: [(&str, Platform, Result<&str, &str>); 7] = [
+        (
+            "mode: nftables\nipvs:\n  tcpTimeout: -1s\n  udpTimeout: -5m\n",
+            Platform::Linux,
+            Ok("ipvs.tcpTimeout, ipvs.udpTimeout"),
+        ),
+        (
+            "ipvs:\n  tcpFinTimeout: -1s\n  minSyncPeriod: -2s\n  syncPeriod: -1s\n",
+            Platform::Linux,
+            Ok("ipvs.minSyncPeriod, ipvs.syncPeriod, ipvs.tcpFinTimeout"),
+        ),
+        (
+            "mode: ipvs\nipvs:\n  tcpTimeout: -1s\n",
+            Platform::Linux,
+            Err("field ipvs.tcpTimeout: -1s must not be negative (mode ipvs)"),
+        ),
+        (
+            "ipvs:\n  tcpTimeout: -1x\n",
+            Platform::Linux,
+            Err("field ipvs.tcpTimeout: \"-1x\" is not a duration"),
+        ),
+        (
+            "winkernel:\n  sourceVip: 10.0.0.x\n",
+            Platform::Linux,
+            Ok("field winkernel.sourceVip: \"10.0.0.x\" is not an IP address"),
+        ),
+        (
+            "winkernel:\n  sourceVip: 10.0.0.x\n",
+            Platform::Windows,
+            Err("field winkernel.sourceVip: \"10.0.0.x\" is not an IP address"),
+        ),
+        (
+            "winkernel:\n  sourceVip: 10.0.0.9\n",
+            Platform::Windows,
+            Ok(""),
+        ),
+    ];
+    for (body, platform, want) in cases {
+        let got = if body.contains("-1x") {
+            load::parse(&doc(body))
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}"))
+        } else {
+            parse(body, platform)
+                .map(|m| {
+                    if let Ok(w) = want
+                        && !w.is_empty()
+                    {
+                        assert!(
+                            m.warnings.iter().any(|g| g.contains(w)),
+                            "{body:?}: {:?}",
+                            m.warnings
+                        );
+                    }
+                })
+                .map_err(|e| format!("{e:#}"))
+        };
+        match (got, want) {
+            (Ok(()), Ok(_)) => {}
+            (Err(e), Err(w)) => assert!(e.contains(w), "{body:?}: {e}"),
+            (got, _) => panic!("{body:?} on {platform:?}: {got:?}"),
+        }
+    }
+    // A negative ipvs duration is written back as read.
+    let parsed = load::parse(&doc("ipvs:\n  tcpTimeout: -1m30s\n")).unwrap();
+    let text = serde_json::to_value(&parsed.config.ipvs).unwrap();
+    assert_eq!(text["tcpTimeout"], "-1m30s");
+}
+
+/// `/flagz` lists the values in force once `--config` applied, under kube-proxy's flag
+/// names where kube-proxy has the flag, as component-base's page writes them (`name=value`).
+#[test]
+fn flagz_shows_the_values_in_force_under_kube_proxys_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kp.conf");
+    std::fs::write(
+        &path,
+        doc("mode: nftables\nhostnameOverride: from-file\nnftables:\n  syncPeriod: 1m\n  masqueradeBit: 9\nclusterCIDR: 10.244.0.0/16\nclientConnection:\n  qps: 7\n"),
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let args = ["kpng", "--config", config, "--iptables-min-sync-period=2s"];
+    let matches = Cli::command().try_get_matches_from(args).unwrap();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap();
+    apply(&mut cli.global, &matches).unwrap();
+    let lines = crate::zpages::effective_flags(&Cli::command(), &matches, &cli.global);
+    let config_line = format!("config={config}");
+    for want in [
+        "hostname-override=from-file",
+        "iptables-sync-period=1m0s",
+        "iptables-min-sync-period=2s",
+        "iptables-masquerade-bit=9",
+        "cluster-cidr=10.244.0.0/16",
+        "proxy-mode=nftables",
+        "kube-api-qps=7",
+        "kube-api-burst=10",
+        "bind-address=",
+        config_line.as_str(),
+    ] {
+        assert!(lines.iter().any(|l| l == want), "{want}: {lines:#?}");
+    }
+    for kpng_name in ["node-name=", "sync-period=", "masquerade-bit=", "--"] {
+        assert!(
+            !lines.iter().any(|l| l.starts_with(kpng_name)),
+            "{kpng_name}: {lines:#?}"
+        );
+    }
+}
+
+/// kpng lets flags beside `--config` win where kube-proxy ignores them: one warning names
+/// each such flag and its field; --hostname-override, the logging flags and flags without
+/// a file say nothing.
+#[test]
+fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kp.conf");
+    std::fs::write(&path, doc("mode: nftables\n")).unwrap();
+    let config = path.to_str().unwrap();
+    let warned = |line: &[&str]| -> Vec<String> {
+        let (_, report) = run_cli(line).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
+        report
+            .flag_warnings
+            .into_iter()
+            .filter(|w| w.contains("kube-proxy ignores them there"))
+            .collect()
+    };
+    for (line, named) in [
+        (
+            vec![
+                "kpng",
+                "--config",
+                config,
+                "--iptables-sync-period=1m",
+                "--cluster-cidr=10.0.0.0/8",
+            ],
+            Some("--cluster-cidr (clusterCIDR), --iptables-sync-period (syncPeriod)"),
+        ),
+        (
+            vec![
+                "kpng",
+                "--config",
+                config,
+                "--kube-api-qps=9",
+                "--masquerade-all",
+            ],
+            Some("--masquerade-all (masqueradeAll), --kube-api-qps (clientConnection.qps)"),
+        ),
+        (
+            vec![
+                "kpng",
+                "--config",
+                config,
+                "--hostname-override=n1",
+                "-v=4",
+                "--logging-format=json",
+            ],
+            None,
+        ),
+        (vec!["kpng", "--iptables-sync-period=1m"], None),
+    ] {
+        let got = warned(&line);
+        match named {
+            None => assert!(got.is_empty(), "{line:?}: {got:?}"),
+            Some(n) => {
+                assert_eq!(got.len(), 1, "{line:?}: {got:?}");
+                assert!(got[0].ends_with(n), "{line:?}: {}", got[0]);
+            }
+        }
+    }
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::duration::GoDuration;
+use super::duration::{GoDuration, SignedGoDuration};
 
 /// The `apiVersion` kpng reads and writes.
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
@@ -146,24 +146,25 @@ pub struct IpTablesConfiguration {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct IpvsConfiguration {
+    // Durations here may be negative: kube-proxy validates this section in ipvs mode only.
     /// CIDRs the ipvs cleanup leaves alone.
     #[serde(rename = "excludeCIDRs")]
     pub exclude_cidrs: Option<Vec<String>>,
     /// Minimum time between syncs.
-    pub min_sync_period: GoDuration,
+    pub min_sync_period: SignedGoDuration,
     /// The ipvs scheduler.
     pub scheduler: String,
     /// arp_ignore/arp_announce for kube-ipvs0.
     #[serde(rename = "strictARP")]
     pub strict_arp: bool,
     /// Periodic sync interval (0: 30s).
-    pub sync_period: GoDuration,
+    pub sync_period: SignedGoDuration,
     /// ipvs TCP FIN timeout.
-    pub tcp_fin_timeout: GoDuration,
+    pub tcp_fin_timeout: SignedGoDuration,
     /// ipvs TCP timeout.
-    pub tcp_timeout: GoDuration,
+    pub tcp_timeout: SignedGoDuration,
     /// ipvs UDP timeout.
-    pub udp_timeout: GoDuration,
+    pub udp_timeout: SignedGoDuration,
 }
 
 /// `nftables`.

@@ -109,7 +109,7 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         hostname_override: flags.node_name.clone().unwrap_or_default(),
         iptables,
         ipvs: IpvsConfiguration {
-            sync_period: GoDuration(SYNC_PERIOD),
+            sync_period: super::duration::SignedGoDuration::from(SYNC_PERIOD),
             ..Default::default()
         },
         kind: KIND.into(),
@@ -172,9 +172,11 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
 fn client_connection(client: &ClientConnection) -> ClientConnectionConfiguration {
     ClientConnectionConfiguration {
         accept_content_types: String::new(),
+        // A burst of 0 is a bucket of one request (the source's token bucket holds at least
+        // one), but the file reads 0 as the default 10: written as 1, it means the same.
         burst: client
             .kube_api_burst
-            .and_then(|b| i32::try_from(b).ok())
+            .and_then(|b| i32::try_from(b.max(1)).ok())
             .unwrap_or(10),
         content_type: "application/json".into(),
         kubeconfig: client
@@ -182,7 +184,18 @@ fn client_connection(client: &ClientConnection) -> ClientConnectionConfiguration
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
-        qps: client.kube_api_qps.unwrap_or(5.0),
+        // A QPS of 0 is no limit, but the file reads 0 as the default 5: written as -1 (no
+        // limit there too), it means the same.
+        qps: match client.kube_api_qps {
+            None => 5.0,
+            Some(q) => {
+                if q == 0.0 {
+                    -1.0
+                } else {
+                    q
+                }
+            }
+        },
     }
 }
 
