@@ -63,7 +63,8 @@ pub struct Report {
 /// A node name must be a Node's name (an RFC 1123 subdomain): anything else can never match
 /// a Node, so every local endpoint and the node's addresses would be missed in silence. The
 /// usual cause is a DaemonSet whose `$(NODE_NAME)` was not expanded, which the error names.
-fn check_node_name(name: &str) -> anyhow::Result<()> {
+/// `typed` is the name as given (before lower-casing), which the error quotes.
+fn check_node_name(name: &str, typed: &str) -> anyhow::Result<()> {
     if kpng_api::identity::is_node_name(name) {
         return Ok(());
     }
@@ -74,7 +75,7 @@ fn check_node_name(name: &str) -> anyhow::Result<()> {
         ""
     };
     anyhow::bail!(
-        "the node name {name:?} (--hostname-override, --node-name or the file's \
+        "the node name {typed:?} (--hostname-override, --node-name or the file's \
          hostnameOverride) is not a Node's name (lower-case letters, digits, '-' and '.'){hint}"
     )
 }
@@ -134,6 +135,8 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
         }
         report = file_report;
     }
+    // As typed, for the error: the operator looks for what they wrote, not its lower case.
+    let typed = flags.node_name.as_deref().map(|n| n.trim().to_string());
     // As kube-proxy's --hostname-override: trimmed and lower-cased (the file's value is too).
     if node_name_given {
         flags.node_name = flags
@@ -143,7 +146,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
             .filter(|n| !n.is_empty());
     }
     if let Some(name) = &flags.node_name {
-        check_node_name(name)?;
+        check_node_name(name, typed.as_deref().unwrap_or(name))?;
     }
     if given_on_command_line(matches, "proxy_mode") {
         flags.proxy_mode_origin = Some("--proxy-mode".into());

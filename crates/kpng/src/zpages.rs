@@ -57,7 +57,7 @@ impl ZPages {
             .unwrap_or_default();
         let up = std::time::Duration::from_secs(up.as_secs());
         format!(
-            "{} statusz\n{NOT_PARSEABLE}\n\nStarted: {}\nUp: {}\nBinary version: {} (git {}, built {})\nKubernetes schema: {}\nPaths: /configz /flagz /healthz /metrics /proxyMode /statusz\n",
+            "{} statusz\n{NOT_PARSEABLE}\n\nStarted: {}\nUp: {}\nBinary version: {} (git {}, built {})\nKubernetes schema: {}\nPaths: /configz /flagz /healthz /livez /metrics /proxyMode /status /statusz\n",
             self.component,
             humantime::format_rfc3339_seconds(self.started),
             humantime::format_duration(up),

@@ -994,7 +994,8 @@ fn a_node_name_that_no_node_can_have_is_refused() {
             .expect_err(bad)
             .to_string();
         assert!(
-            err.contains(says) && err.contains(&format!("{:?}", bad.to_lowercase())),
+            // Quoted as typed (not lower-cased): what the operator searches their manifest for.
+            err.contains(says) && err.contains(&format!("the node name {bad:?}")),
             "{bad}: {err}"
         );
     }
