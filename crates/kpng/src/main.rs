@@ -87,10 +87,32 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
         Err(e) => {
-            let hint = cli::hint(&e, &args);
-            let _ = e.print();
-            if let Some(hint) = hint {
-                eprintln!("\nhint: {hint}");
+            match cli::hint(&e, &args) {
+                // kpng knows where the flag belongs: clap's guess at a similar spelling (often
+                // a flag of the wrong backend) would only mislead, so it is left out.
+                Some(hint) if hint.contains(" is a flag of `kpng ") => {
+                    let text = e.render().to_string();
+                    let mut kept = String::new();
+                    for line in text.split_inclusive('\n') {
+                        let blank_again = line.trim().is_empty() && kept.ends_with("\n\n");
+                        if !blank_again
+                            && !line
+                                .trim_start()
+                                .starts_with("tip: a similar argument exists")
+                        {
+                            kept.push_str(line);
+                        }
+                    }
+                    eprint!("{kept}");
+                    eprintln!("\nhint: {hint}");
+                }
+                Some(hint) => {
+                    let _ = e.print();
+                    eprintln!("\nhint: {hint}");
+                }
+                None => {
+                    let _ = e.print();
+                }
             }
             return std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }

@@ -176,7 +176,16 @@ fn config_file_and_flags_make_the_written_configuration() {
         stderr.contains("INFO kpng: --config: mode is empty"),
         "{stderr}"
     );
-    assert!(!stderr.contains("WARN"), "{stderr}");
+    // The one warning: kube-proxy would ignore the flag beside --config, kpng applies it.
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains(
+            "flags given beside --config override the file's fields in kpng, but kube-proxy \
+             ignores them there"
+        ) && warnings[0].ends_with(": --iptables-sync-period (syncPeriod)"),
+        "{stderr}"
+    );
     // Where the command line chooses (a subcommand), the note would only be noise.
     let quiet = Command::new(env!("CARGO_BIN_EXE_kpng"))
         .args(["--config", fixture, "--write-config-to", "-", "version"])
@@ -255,11 +264,15 @@ fn kube_proxys_command_line_is_kpngs() {
     ] {
         assert!(stdout.lines().any(|l| l == line), "{line:?} in:\n{stdout}");
     }
-    assert_eq!(stderr.matches("WARN").count(), 2, "{stderr}");
+    assert_eq!(stderr.matches("WARN").count(), 3, "{stderr}");
     assert!(
         stderr.contains(
             "--feature-gates \"Foo=true\" (featureGates): kpng has no feature gates; ignored"
-        ) && stderr.contains("--profiling \"true\" (enableProfiling)"),
+        ) && stderr.contains("--profiling \"true\" (enableProfiling)")
+            // kubeadm's --hostname-override is honoured beside --config by kube-proxy too, so
+            // only the sync period is named.
+            && stderr.contains("(it honors only --hostname-override and the logging flags): \
+                 --iptables-sync-period (syncPeriod)\n"),
         "{stderr}"
     );
 }
@@ -731,6 +744,24 @@ fn an_operators_slips_get_a_hint_or_work() {
     assert_eq!(code, Some(2));
     assert!(
         err.contains("write it right after `nft`") && !err.contains("without a subcommand"),
+        "{err}"
+    );
+    // A flag of another backend: kpng says which, and clap's guess at a similar flag of this
+    // backend (`--iptables-sync-period` for `--iptables-mode`) is left out.
+    let (code, _, err) = run(&[
+        "file",
+        "--input",
+        "x.yaml",
+        "to-local",
+        "nft",
+        "--iptables-mode",
+        "nft",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("hint: --iptables-mode is a flag of `kpng")
+            && err.contains("error: unexpected argument '--iptables-mode'")
+            && !err.contains("similar argument"),
         "{err}"
     );
     // kube-proxy's booleans take `=`; a space makes the value a word clap reads as a command.
