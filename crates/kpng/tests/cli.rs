@@ -952,20 +952,30 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 fn a_brain_is_ready_once_its_cluster_is_listed_alive_before_and_says_it_traces_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("c.yaml");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let brain = Kpng::start(
+    let mut brain = Kpng::start(
         kpng()
             .args(["file", "--input"])
             .arg(&input)
             .args(["--debounce", "0", "--admin-socket"])
             .arg(dir.path().join("admin.sock"))
-            .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
+            .arg("--metrics-bind-address=127.0.0.1:0")
             .args(["to-api", "--listen"])
             .arg(format!("unix://{}", dir.path().join("b.sock").display())),
     );
+    // The port kpng bound and logged (one found free here and released could be taken by
+    // another test of this binary before kpng binds it).
+    const SERVING: &str = "serving /metrics on http://";
+    brain.wait("the metrics address", &input, |_, err| {
+        err.contains(SERVING)
+    });
+    let port = brain
+        .stderr()
+        .lines()
+        .find_map(|l| l.split_once(SERVING))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("no metrics address in:\n{}", brain.stderr()))
+        .port();
     let wait_for = |path: &str, want: u16| {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

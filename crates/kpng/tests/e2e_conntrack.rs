@@ -417,11 +417,8 @@ fn a_udp_client_follows_a_replaced_endpoint_and_unrelated_flows_survive(sink: &[
         entry_id(&c.node1.ns, false, &direct_entry),
     );
     assert_eq!(ids_before, ids_after, "unrelated entries were deleted");
-    let log = k.proc.stderr_text();
-    assert!(
-        log.contains("deleted stale UDP conntrack entries"),
-        "kpng did not report the cleanup:\n{log}"
-    );
+    // Logged once the deletions are done, which the clients may see first (panics after 5 s).
+    k.log_with("deleted stale UDP conntrack entries");
 }
 
 fn a_udp_service_scaled_to_zero_and_back_serves_its_clients_again(sink: &[&str]) {

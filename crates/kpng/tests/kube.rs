@@ -73,6 +73,23 @@ impl Kpng {
     fn synced(&self) -> usize {
         self.stderr().matches(" synced").count()
     }
+
+    /// The port of a server kpng was given `127.0.0.1:0` for, once it logged `serving WHAT on
+    /// http://ADDR` (`/metrics`, `/healthz and /livez`). A port found free, released and given
+    /// to kpng could be taken by another test of this binary before kpng binds it.
+    #[track_caller]
+    fn served_port(&mut self, what: &str) -> u16 {
+        let prefix = format!("serving {what} on http://");
+        self.wait(&format!("{what} served"), |_, err| err.contains(&prefix));
+        let err = self.stderr();
+        let addr = err
+            .lines()
+            .find_map(|l| l.split_once(&prefix))
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .unwrap_or_else(|| panic!("no address after {prefix:?}:\n{err}"));
+        addr.port()
+    }
 }
 
 impl Drop for Kpng {
@@ -150,14 +167,6 @@ fn kubeconfig(server: &FakeApiServer, dir: &Path) -> PathBuf {
     path
 }
 
-/// A free TCP port on 127.0.0.1 (for the metrics and health servers the tests query).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 /// `GET path` on 127.0.0.1:port: (status code, body).
 fn http_get(port: u16, path: &str) -> (u16, String) {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -207,15 +216,13 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
     let output = dir.path().join("out.yaml");
-    let metrics_port = free_port().to_string();
-    let metrics = format!("127.0.0.1:{metrics_port}");
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
     let mut args = kube_args(
         &k,
         &[
             "--metrics-bind-address",
-            &metrics,
+            "127.0.0.1:0",
             "--admin-socket",
             admin,
             "to-file",
@@ -224,6 +231,7 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     );
     args.push(output.to_str().expect("utf-8"));
     let mut kpng = Kpng::start(&args);
+    let port = kpng.served_port("/metrics");
 
     let watching = |path: &str| {
         server
@@ -264,7 +272,6 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         "{status}"
     );
 
-    let port: u16 = metrics_port.parse().expect("port");
     assert_eq!(
         metric(&http_get(port, "/metrics").1, "kpng_input_problems"),
         Some(1.0),
@@ -453,8 +460,6 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
     let output = dir.path().join("out.yaml");
-    let health_port = free_port();
-    let health = format!("127.0.0.1:{health_port}");
     // The reachability layer's debug lines count the failed attempts during the outage.
     let mut args = kube_args(
         &k,
@@ -468,11 +473,12 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
         ],
     );
     args.push(output.to_str().expect("utf-8"));
-    args.extend(["--healthz-bind-address", &health]);
+    args.extend(["--healthz-bind-address", "127.0.0.1:0"]);
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
     args.extend(["--admin-socket", admin]);
     let mut kpng = Kpng::start(&args);
+    let health_port = kpng.served_port("/healthz and /livez");
     kpng.wait("the first sync", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
     });
@@ -710,23 +716,16 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         .into_iter()
         .map(|n| (n.to_string(), dir.path().join(format!("{n}.yaml"))))
         .collect();
-    // node1's health server on a port known here: a brain's problems must not turn it 503.
-    let node1_health = free_port();
     let mut nodes: Vec<Kpng> = outputs
         .iter()
         .map(|(name, output)| {
             let admin = dir.path().join(format!("{name}-admin.sock"));
-            let health = if name == "node1" {
-                format!("127.0.0.1:{node1_health}")
-            } else {
-                "127.0.0.1:0".to_string()
-            };
             Kpng::start(&[
                 "api",
                 "--api",
                 &socket,
                 "--healthz-bind-address",
-                &health,
+                "127.0.0.1:0",
                 "--admin-socket",
                 admin.to_str().expect("utf-8"),
                 "--node-name",
@@ -741,6 +740,8 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
             ])
         })
         .collect();
+    // node1's health server: a brain's problems must not turn it 503.
+    let node1_health = nodes[0].served_port("/healthz and /livez");
     for ((name, output), node) in outputs.iter().zip(&mut nodes) {
         node.wait(&format!("{name}'s first sync"), |_, _| {
             std::fs::read_to_string(output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
@@ -1051,8 +1052,10 @@ fn kube_proxys_command_line_takes_a_dry_run() {
     cluster(&server, true);
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
-    let port = free_port().to_string();
-    let bind = format!("127.0.0.1:{port}");
+    // A port held here all along: a kpng that bound it (for health or metrics) would fail to
+    // start; one released first could be taken by another test before the check at the end.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let bind = held.local_addr().expect("its address").to_string();
     let mut kpng = Kpng::start(&[
         "--kubeconfig",
         k.to_str().expect("utf-8 path"),
@@ -1075,9 +1078,11 @@ fn kube_proxys_command_line_takes_a_dry_run() {
         kpng.stderr()
     );
     assert!(
-        std::net::TcpListener::bind(&bind).is_ok(),
-        "a dry run serves neither health nor metrics"
+        matches!(kpng.child.try_wait(), Ok(None)),
+        "a dry run serves neither health nor metrics (it runs on, with its port taken):\n{}",
+        kpng.stderr()
     );
+    drop(held);
 }
 
 /// A node port the API server allocated is programmed whatever range the API server was given:

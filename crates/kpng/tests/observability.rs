@@ -153,7 +153,10 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
             ])
             .arg(dir.path().join("out.yaml")),
     );
-    let err = running.wait("the first sync", |e| e.contains("\"synced\""));
+    // The metrics server logs its address from its own task, which may run after the sync.
+    let err = running.wait("the first sync and the metrics address", |e| {
+        e.contains("\"synced\"") && e.contains("serving /metrics on http://")
+    });
     let lines: Vec<serde_json::Value> = err
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -904,6 +907,18 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
     // failure, and logged once, not at every sync.
     let since = listed[0]["since"].clone();
     let ports_before = status()["totalPorts"].as_u64().expect("totalPorts");
+    // Failed attempts to start it so far (each retry counts one).
+    let attempts = || -> u64 {
+        let text = ns
+            .run_ok(["curl", "-s", &format!("http://{metrics}/metrics")])
+            .expect("metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix("kpng_service_healthcheck_failures_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no kpng_service_healthcheck_failures_total:\n{text}"))
+            as u64
+    };
+    let attempts_before = attempts();
     let mut text = std::fs::read_to_string(input).expect("read");
     text.push_str(
         "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: later}\n\
@@ -918,7 +933,16 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // The health checks are brought up to date after the sync: wait for the retry itself
+    // (a fixed pause was over before a slow machine retried, and checked nothing).
+    while attempts() <= attempts_before {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(10),
+            "the change's sync did not retry the health check:\n{}",
+            running.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(status()["healthChecksNotServed"][0]["since"], since);
     assert_eq!(
         running

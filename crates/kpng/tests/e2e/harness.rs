@@ -567,6 +567,34 @@ pub fn probes(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> Vec<Pro
     results
 }
 
+/// `kpng-probe` running in the background (a probe of many attempts), its results read as it
+/// prints them: for probing across an event that takes as long as it takes (a restart), rather
+/// than for a number of attempts fixed beforehand. Stopped when dropped.
+pub struct ProbeStream(Spawned);
+
+impl ProbeStream {
+    pub fn start(ns: &Netns, probe: &Probe) -> ProbeStream {
+        let mut args = vec![
+            bin_path("kpng-probe")
+                .expect("kpng-probe")
+                .display()
+                .to_string(),
+        ];
+        args.extend(probe.args());
+        ProbeStream(ns.spawn(&args).expect("start kpng-probe"))
+    }
+
+    /// The next attempt's result.
+    #[track_caller]
+    pub fn next(&mut self) -> ProbeResult {
+        let line = self
+            .0
+            .wait_for_line(|l| !l.trim().is_empty(), Duration::from_secs(10))
+            .expect("a probe result");
+        ProbeResult::from_json_line(&line).expect("a probe result")
+    }
+}
+
 /// `n` probes from fresh sockets, answers counted by server (`!timeout`, … for failures).
 pub fn spread(ns: &Netns, proto: Proto, target: SocketAddr, n: usize) -> BTreeMap<String, usize> {
     tally(&probes(ns, proto, target, n))
