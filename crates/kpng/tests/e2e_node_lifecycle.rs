@@ -113,16 +113,17 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
 
     server.command("delete Node - node1");
     std::thread::sleep(Duration::from_millis(1500));
-    let log = kpng.stderr_text();
-    assert!(
-        log.contains("Node \"node1\" was deleted; keeping node IPs [192.168.100.1, fd00:100::1]"),
-        "{log}"
-    );
     // The health check still answers 200 for the local endpoint: so must the NodePort.
     assert_eq!(health_check(&c), "200");
     assert!(
         node_port_answers(&c),
-        "NodePort dropped after the Node's deletion:\n{log}"
+        "NodePort dropped after the Node's deletion:\n{}",
+        kpng.stderr_text()
+    );
+    let log = kpng.stderr_text();
+    assert!(
+        log.contains("Node \"node1\" was deleted; keeping node IPs [192.168.100.1, fd00:100::1]"),
+        "{log}"
     );
     kpng.kill().expect("stop kpng");
     drop(server);
