@@ -639,6 +639,7 @@ pub fn decode_node(node: &proto::KpngNode) -> Result<NodeState, DecodeError> {
         pod_cidrs,
         deleting: node.deleting,
         to_be_deleted: node.to_be_deleted,
+        ..NodeState::default()
     })
 }
 

@@ -237,7 +237,10 @@ impl EbpfBackend {
         let mut local: Option<Vec<IpAddr>> = None;
         let mut changed = false;
         for family in Family::ALL {
-            let scope = self.config.nodeport_addresses.scope(family);
+            let scope = self
+                .config
+                .nodeport_addresses
+                .scope_on(family, &snapshot.node);
             let ips = scope.addresses(family, &snapshot.node.ips, || {
                 local
                     .get_or_insert_with(kpng_backend::host::local_addresses)

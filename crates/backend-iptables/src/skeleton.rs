@@ -101,7 +101,7 @@ impl StaticConfig {
     ) -> StaticConfig {
         let of_family = |ip: &IpAddr| Family::of(ip) == family;
         let v4 = family == Family::V4;
-        let scope = inputs.nodeport_addresses.scope(family);
+        let scope = inputs.nodeport_addresses.scope_on(family, node);
         let (scope_is_all, cidrs): (bool, Vec<IpNet>) = match &scope {
             NodePortScope::AllLocal => (true, Vec::new()),
             NodePortScope::Primary => (false, Vec::new()),
@@ -335,6 +335,7 @@ mod tests {
             pod_cidrs: vec!["10.244.1.0/24".parse().expect("cidr")],
             deleting: false,
             to_be_deleted: false,
+            ..NodeState::default()
         }
     }
 

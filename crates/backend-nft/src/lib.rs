@@ -288,17 +288,17 @@ impl NftBackend {
     }
 
     /// Whether any family's node ports depend on the node's interface addresses.
-    fn reads_local_addresses(&self) -> bool {
+    fn reads_local_addresses(&self, node: &kpng_model::NodeState) -> bool {
         self.states.iter().any(|s| {
-            self.config.nodeport_addresses.scope(s.fam.0)
+            self.config.nodeport_addresses.scope_on(s.fam.0, node)
                 != kpng_backend::settings::NodePortScope::Primary
         })
     }
 
     /// Reads the node's interface addresses again when node ports depend on them; returns the
     /// previous ones when they changed.
-    fn refresh_local_addresses(&mut self) -> Option<Vec<IpAddr>> {
-        if !self.reads_local_addresses() {
+    fn refresh_local_addresses(&mut self, node: &kpng_model::NodeState) -> Option<Vec<IpAddr>> {
+        if !self.reads_local_addresses(node) {
             return None;
         }
         let now = local_addrs::local_addresses();
@@ -309,11 +309,11 @@ impl NftBackend {
     fn node_elements_with(&self, fam: Fam, snapshot: &Snapshot, local: &[IpAddr]) -> Vec<Element> {
         let family = fam.0;
         let loopback = |ip: &IpAddr| ip.is_loopback();
-        let nodeport_ips = self.config.nodeport_addresses.scope(family).addresses(
-            family,
-            &snapshot.node.ips,
-            || local.to_vec(),
-        );
+        let nodeport_ips = self
+            .config
+            .nodeport_addresses
+            .scope_on(family, &snapshot.node)
+            .addresses(family, &snapshot.node.ips, || local.to_vec());
         let mut out: Vec<Element> = nodeport_ips
             .into_iter()
             .filter(|ip| !loopback(ip))
@@ -381,12 +381,14 @@ impl NftBackend {
         if !self.warned_no_node_ip
             && self.config.nodeport_addresses == NodePortAddresses::Primary
             && request.snapshot.node.ips.is_empty()
+            && !request.snapshot.node.nodeports_on_all_local
         {
             // Named, so that a wrong name (an unexpanded `$(NODE_NAME)`, a short hostname
             // where the Node is an FQDN) shows at once.
             warn!(
                 "the node's IPs are unknown (no Node named {:?} with addresses, and no \
-                 --node-ip): NodePorts are not served",
+                 --node-ip): NodePorts are not served until they are known or the wait for \
+                 them ends (then on every local address, as kube-proxy)",
                 request.snapshot.node.name
             );
             self.warned_no_node_ip = true;
@@ -622,7 +624,9 @@ impl NftBackend {
         let marker = ruleset::skeleton_marker(&skeleton)
             .unwrap_or_default()
             .to_string();
-        self.states[index].committed = None;
+        // What this process committed last: when it differs from `cfg`, a different skeleton
+        // in the kernel is our own change (the node's pod CIDRs changed), not someone else's.
+        let ours_was = self.states[index].committed.take();
 
         if self.states[index].kernel == KernelTable::Unknown
             && let Some(writer) = &mut self.netlink
@@ -661,13 +665,22 @@ impl NftBackend {
         };
         let adopt = adopting != Adopt::No;
         match (&kernel, adopting) {
-            (KernelTable::Skeleton(_), Adopt::RulesAndSets) if !self.states[index].distrust => {
-                tracing::info!(
-                    "table {} {}: another configuration's rules; putting ours in place and \
-                     refilling its sets",
-                    fam.table_family(),
-                    self.config.table
-                );
+            (KernelTable::Skeleton(m), Adopt::RulesAndSets) if !self.states[index].distrust => {
+                match ours_was.as_ref().filter(|was| **was != cfg && *m != marker) {
+                    Some(was) => tracing::info!(
+                        "table {} {}: our configuration changed ({}); putting the new rules in \
+                         place and refilling the sets",
+                        fam.table_family(),
+                        self.config.table,
+                        was.change_to(&cfg)
+                    ),
+                    None => tracing::info!(
+                        "table {} {}: another configuration's rules; putting ours in place and \
+                         refilling its sets",
+                        fam.table_family(),
+                        self.config.table
+                    ),
+                }
             }
             (KernelTable::Skeleton(m), Adopt::No) => tracing::info!(
                 "table {} {}: {}; replacing it whole, elements included (established \
@@ -973,7 +986,7 @@ impl Backend for NftBackend {
         // The periodic sync (nothing changed) and every full or node sync look at the node's
         // addresses again; a partial sync applies what changed in them.
         let addresses_were = (request.full || request.diff.is_empty() || request.diff.node_changed)
-            .then(|| self.refresh_local_addresses())
+            .then(|| self.refresh_local_addresses(&request.snapshot.node))
             .flatten();
         let result = sync_each(self.states.len(), |index| {
             self.sync_family(index, request, addresses_were.as_deref())

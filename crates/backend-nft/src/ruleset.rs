@@ -114,6 +114,30 @@ pub struct StaticConfig {
 }
 
 impl StaticConfig {
+    /// What differs from `other`, in words, for the log line of a full sync that replaces
+    /// this configuration's rules with `other`'s (the pod-traffic match follows the node's
+    /// pod CIDRs in NodeCIDR mode).
+    pub fn change_to(&self, other: &StaticConfig) -> String {
+        let mut out = Vec::new();
+        if self.local_match != other.local_match {
+            out.push(format!(
+                "pod traffic match {} → {}",
+                self.local_match.as_deref().unwrap_or("none"),
+                other.local_match.as_deref().unwrap_or("none")
+            ));
+        }
+        if self.masquerade_all != other.masquerade_all
+            || self.mark != other.mark
+            || self.affinity_mask != other.affinity_mask
+        {
+            out.push("masquerade or mark settings".into());
+        }
+        if out.is_empty() {
+            out.push("rules".into());
+        }
+        out.join(", ")
+    }
+
     /// Derives the per-family configuration from the flags and the node.
     pub fn new(
         fam: Fam,

@@ -1407,3 +1407,37 @@ fn a_table_of_another_configuration_gets_its_rules_in_place_and_another_layout_i
         "our own skeleton is adopted as it is"
     );
 }
+
+/// A full sync that replaces our own rules after the node's pod CIDRs changed says what
+/// changed, not "another configuration's rules" (which reads like someone else's change).
+#[test]
+fn our_own_configuration_change_says_what_changed() {
+    use crate::ruleset::{Fam, StaticConfig};
+    use kpng_backend::settings::DetectLocal;
+    let node = |cidr: &str| kpng_model::NodeState {
+        pod_cidrs: vec![cidr.parse().expect("cidr")],
+        ..kpng_model::NodeState::default()
+    };
+    let cfg = |cidr: &str| {
+        StaticConfig::new(
+            Fam(kpng_model::Family::V4),
+            false,
+            14,
+            0xffff,
+            &DetectLocal::NodeCidr,
+            &node(cidr),
+        )
+    };
+    let cases = [
+        (
+            "pod CIDR",
+            cfg("10.244.1.0/24"),
+            cfg("10.244.2.0/24"),
+            "pod traffic match ip saddr 10.244.1.0/24 → ip saddr 10.244.2.0/24",
+        ),
+        ("same", cfg("10.244.1.0/24"), cfg("10.244.1.0/24"), "rules"),
+    ];
+    for (what, was, now, want) in cases {
+        assert_eq!(was.change_to(&now), want, "{what}");
+    }
+}

@@ -20,6 +20,12 @@ pub trait NodeModel: Send + 'static {
     fn apply(&mut self, input: Self::Input) -> ApplyOutcome;
     /// The current node-local state.
     fn snapshot(&self) -> &Snapshot;
+    /// Stops waiting for the node's IPs (see [`Model::give_up_waiting_for_node_ips`]): the
+    /// runner calls it a while after the initial lists. The diff says whether the node
+    /// changed; a model that does not compute the node itself (a brain's view) changes nothing.
+    fn give_up_waiting_for_node_ips(&mut self) -> kpng_model::Diff {
+        kpng_model::Diff::default()
+    }
     /// Every endpoint of one port with why it is used or not, for `kpng status`; `None` when
     /// this model cannot tell (a brain's view carries only the endpoints in use).
     fn explain(
@@ -92,6 +98,10 @@ impl NodeModel for Model {
 
     fn snapshot(&self) -> &Snapshot {
         Model::snapshot(self)
+    }
+
+    fn give_up_waiting_for_node_ips(&mut self) -> kpng_model::Diff {
+        Model::give_up_waiting_for_node_ips(self)
     }
 
     fn explain(

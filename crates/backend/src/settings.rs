@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kpng_model::Family;
+use kpng_model::{Family, NodeState};
 
 /// Where node ports are served (`--nodeport-addresses`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +53,17 @@ impl NodePortAddresses {
                     NodePortScope::Cidrs(mine)
                 }
             }
+        }
+    }
+
+    /// The scope for one family on `node`: [`NodePortAddresses::scope`], except that
+    /// `primary` is every local address once the wait for node IPs gave up with none
+    /// ([`NodeState::nodeports_on_all_local`]), as kube-proxy's `primary` resolves to no
+    /// address when it starts without node IPs, and no address means all of them.
+    pub fn scope_on(&self, family: Family, node: &NodeState) -> NodePortScope {
+        match self.scope(family) {
+            NodePortScope::Primary if node.nodeports_on_all_local => NodePortScope::AllLocal,
+            scope => scope,
         }
     }
 }

@@ -467,6 +467,21 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(e) = &status.last_error {
         let _ = writeln!(out, "last error: {e}");
     }
+    if !status.node_ips.is_empty() || !status.pod_cidrs.is_empty() || status.zone.is_some() {
+        // What kpng uses of the Node (or of --node-ip, or kept from a deleted Node).
+        let none = || "none".to_string();
+        let _ = writeln!(
+            out,
+            "node IPs {}  pod CIDRs {}  zone {}",
+            Some(status.node_ips.join(", "))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(none),
+            Some(status.pod_cidrs.join(", "))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(none),
+            status.zone.clone().unwrap_or_else(none)
+        );
+    }
     if let Some(problem) = &status.node_problem {
         let _ = writeln!(out, "PROBLEM: {problem}");
     }
@@ -1068,11 +1083,11 @@ pub fn node_facts(
     let host: Vec<IpAddr> = snapshot.node.ips.clone();
     let mut nodeport_ips = Vec::new();
     for family in [Family::V4, Family::V6] {
-        nodeport_ips.extend(
-            nodeport
-                .scope(family)
-                .addresses(family, &snapshot.node.ips, || host.clone()),
-        );
+        nodeport_ips.extend(nodeport.scope_on(family, &snapshot.node).addresses(
+            family,
+            &snapshot.node.ips,
+            || host.clone(),
+        ));
     }
     // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
     // (iptables mode's 127.0.0.1 exception is added by the caller).

@@ -399,6 +399,12 @@ pub struct GlobalFlags {
     #[arg(long, global = true, default_value = "1h", value_parser = parse_duration, help_heading = "Backend")]
     pub full_sync_period: Duration,
 
+    /// With NodePorts on the primary node IPs: how long after the initial lists kpng waits
+    /// for a node IP before serving NodePorts on every local address (kube-proxy's fixed
+    /// 30 s start-up wait for the Node's addresses). Hidden: tests shorten it.
+    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration, hide = true)]
+    pub node_ips_wait: Duration,
+
     /// Conntrack entries per CPU for nf_conntrack_max (0: leave it).
     #[arg(long, global = true, default_value_t = 32768, help_heading = "Node")]
     pub conntrack_max_per_core: u64,

@@ -723,6 +723,20 @@ where
     if let Some(input) = facts.input.clone() {
         runner = runner.with_input_health(input);
     }
+    if facts.health_checks == Some(HealthCheckAddresses::NodeIps) {
+        // NodePorts on the primary node IPs: with none known, on every local address after
+        // kube-proxy's start-up wait.
+        runner = runner.with_node_ips_wait(flags.node_ips_wait);
+    }
+    if facts.health_checks.is_some()
+        && matches!(
+            crate::backends::detect_local(&flags),
+            Ok(kpng_backend::settings::DetectLocal::NodeCidr)
+        )
+    {
+        // The node is programmed with the Node's pod CIDRs: not before it has some.
+        runner = runner.requiring_pod_cidrs();
+    }
     // Answers about the running proxy (`kpng status`, `kpng trace`, the status page); none in
     // a dry run, which opens nothing.
     let mut admin = None;

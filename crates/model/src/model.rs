@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use crate::cluster::{ClusterConfig, ClusterModel, TriggerTime, node_state};
+use crate::cluster::{ClusterConfig, ClusterModel, TriggerTime, node_state, override_node_ips};
 use crate::diff::Diff;
 use crate::event::{Event, Kind};
 use crate::key::{Family, PortKey, Protocol, ServiceKey};
@@ -150,6 +150,22 @@ pub struct Model {
     config: ModelConfig,
     cluster: ClusterModel,
     snapshot: Snapshot,
+    /// What the Node last said, kept when it is deleted or stops saying it.
+    remembered: RememberedNode,
+    /// The wait for node IPs is over ([`Model::give_up_waiting_for_node_ips`]).
+    node_ips_wait_over: bool,
+}
+
+/// The last values the Node gave, for when it is deleted or loses them: kube-proxy fixes its
+/// node IPs and pod CIDRs at start and never drops them while it runs.
+#[derive(Debug, Default)]
+struct RememberedNode {
+    /// The Node's primary IPs (before `--node-ip`), last non-empty value.
+    ips: Vec<IpAddr>,
+    /// `spec.podCIDRs`, last non-empty value.
+    pod_cidrs: Vec<IpNet>,
+    /// Whether the Node has been seen at all.
+    seen: bool,
 }
 
 impl Model {
@@ -164,6 +180,8 @@ impl Model {
             config,
             cluster,
             snapshot: Snapshot::default(),
+            remembered: RememberedNode::default(),
+            node_ips_wait_over: false,
         };
         model.snapshot.node = model.node_state();
         model
@@ -234,20 +252,63 @@ impl Model {
         out
     }
 
+    /// Stops waiting for the node's IPs: while none is known (no Node, or one without
+    /// InternalIP/ExternalIP, and no `--node-ip`), `--nodeport-addresses primary` means every
+    /// local address from now on ([`NodeState::nodeports_on_all_local`]), as kube-proxy does
+    /// when its start-up wait for the Node's addresses times out. The caller decides when
+    /// (the model knows no time). Returns the diff: `node_changed` when that changed the node.
+    pub fn give_up_waiting_for_node_ips(&mut self) -> Diff {
+        let mut diff = Diff::default();
+        self.node_ips_wait_over = true;
+        self.refresh(BTreeSet::new(), true, &mut diff);
+        diff
+    }
+
+    /// The Node's own values (no `--node-ip`), remembered when present.
+    fn remember_node(&mut self) {
+        let node = self
+            .cluster
+            .node(&self.config.node_name)
+            .map(|n| n.as_ref());
+        let fresh = node_state(&self.config.node_name, node, &[]);
+        if !fresh.ips.is_empty() {
+            self.remembered.ips = fresh.ips;
+        }
+        if !fresh.pod_cidrs.is_empty() {
+            self.remembered.pod_cidrs = fresh.pod_cidrs;
+        }
+        self.remembered.seen |= fresh.known;
+    }
+
+    /// The node from the Node object, with what it no longer says taken from what it said
+    /// before, then `--node-ip` applied.
     fn node_state(&self) -> NodeState {
-        node_state(
-            &self.config.node_name,
-            self.cluster
-                .node(&self.config.node_name)
-                .map(|n| n.as_ref()),
-            &self.config.node_ips,
-        )
+        let node = self
+            .cluster
+            .node(&self.config.node_name)
+            .map(|n| n.as_ref());
+        let mut state = node_state(&self.config.node_name, node, &[]);
+        if state.ips.is_empty() && !self.remembered.ips.is_empty() {
+            state.ips = self.remembered.ips.clone();
+            // Kept only matters where `--node-ip` does not name the family.
+            state.ips_kept = override_node_ips(&state.ips, &self.config.node_ips)
+                != override_node_ips(&[], &self.config.node_ips);
+        }
+        if state.pod_cidrs.is_empty() && !self.remembered.pod_cidrs.is_empty() {
+            state.pod_cidrs = self.remembered.pod_cidrs.clone();
+            state.pod_cidrs_kept = true;
+        }
+        state.ips = override_node_ips(&state.ips, &self.config.node_ips);
+        state.ever_known = state.known || self.remembered.seen;
+        state.nodeports_on_all_local = self.node_ips_wait_over && state.ips.is_empty();
+        state
     }
 
     /// Recomputes the dirty Services (all of them when the node's zone changed) into the
     /// snapshot and records the transitions in `diff`.
     fn refresh(&mut self, mut dirty: BTreeSet<ServiceKey>, node_dirty: bool, diff: &mut Diff) {
         if node_dirty {
+            self.remember_node();
             let state = self.node_state();
             if state != self.snapshot.node {
                 if state.zone != self.snapshot.node.zone {

@@ -26,6 +26,21 @@ pub struct NodeState {
     pub deleting: bool,
     /// The Node carries the cluster autoscaler's `ToBeDeletedByClusterAutoscaler` taint.
     pub to_be_deleted: bool,
+    /// A Node of this name has been seen since start. With `known` false it was deleted
+    /// (rather than never there: a wrong `--hostname-override`), which `kpng status` tells apart.
+    pub ever_known: bool,
+    /// `ips` are the last ones the Node had: it has been deleted, or lists no address any more.
+    /// kube-proxy fixes its node IPs at start; dropping them would stop the NodePorts on them
+    /// while the health-check node ports still answer, so a load balancer keeps sending
+    /// traffic that is dropped.
+    pub ips_kept: bool,
+    /// `pod_cidrs` are the last ones the Node had (it has been deleted or lists none): the
+    /// NodeCIDR local-traffic detector keeps working, as kube-proxy's start-up values do.
+    pub pod_cidrs_kept: bool,
+    /// No node IP is known a while after the initial lists ([`crate::Model::give_up_waiting_for_node_ips`]):
+    /// `--nodeport-addresses primary` then means every local address, as kube-proxy does once
+    /// its start-up wait for the Node's addresses times out. Cleared when an IP appears.
+    pub nodeports_on_all_local: bool,
 }
 
 impl NodeState {

@@ -1128,3 +1128,212 @@ fn serving_endpoints_ignore_readiness_policy_and_locality() {
         .collect();
     assert_eq!(serving, ["10.0.1.1:8080", "10.0.2.1:8080", "10.0.2.2:8080"]);
 }
+
+/// A Node event, for the lifecycle table.
+enum NodeStep {
+    /// Apply the Node with these addresses (InternalIP) and podCIDRs.
+    Apply(&'static [&'static str], &'static [&'static str]),
+    /// Delete the Node.
+    Delete,
+    /// The runner's wait for node IPs ended.
+    GiveUp,
+}
+
+/// The node IPs and pod CIDRs survive the Node's deletion and the loss of its addresses, as
+/// kube-proxy keeps its start-up values (NodePorts stay served, the NodeCIDR detector keeps
+/// working); a new value replaces them; with none ever known, giving up the wait turns
+/// `primary` node ports into every local address until an IP appears.
+#[test]
+fn node_lifecycle_keeps_the_last_ips_and_pod_cidrs() {
+    use NodeStep::*;
+    // (what, --node-ip, steps, then: node IPs, pod CIDRs, known, ever known, IPs kept,
+    // CIDRs kept, node ports on all local addresses)
+    type Want = (
+        &'static [&'static str],
+        &'static [&'static str],
+        bool,
+        bool,
+        bool,
+        bool,
+        bool,
+    );
+    let cases: Vec<(&str, &[&str], Vec<NodeStep>, Want)> = vec![
+        (
+            "present",
+            &[],
+            vec![Apply(&["10.1.1.1"], &["10.244.1.0/24"])],
+            (
+                &["10.1.1.1"],
+                &["10.244.1.0/24"],
+                true,
+                true,
+                false,
+                false,
+                false,
+            ),
+        ),
+        (
+            "deleted: both kept",
+            &[],
+            vec![Apply(&["10.1.1.1"], &["10.244.1.0/24"]), Delete],
+            (
+                &["10.1.1.1"],
+                &["10.244.1.0/24"],
+                false,
+                true,
+                true,
+                true,
+                false,
+            ),
+        ),
+        (
+            "addresses emptied: IPs kept",
+            &[],
+            vec![
+                Apply(&["10.1.1.1"], &["10.244.1.0/24"]),
+                Apply(&[], &["10.244.1.0/24"]),
+            ],
+            (
+                &["10.1.1.1"],
+                &["10.244.1.0/24"],
+                true,
+                true,
+                true,
+                false,
+                false,
+            ),
+        ),
+        (
+            "deleted then re-created with another IP: the new one",
+            &[],
+            vec![
+                Apply(&["10.1.1.1"], &["10.244.1.0/24"]),
+                Delete,
+                Apply(&["10.1.1.2"], &["10.244.2.0/24"]),
+            ],
+            (
+                &["10.1.1.2"],
+                &["10.244.2.0/24"],
+                true,
+                true,
+                false,
+                false,
+                false,
+            ),
+        ),
+        (
+            "deleted, giving up changes nothing: IPs are known",
+            &[],
+            vec![Apply(&["10.1.1.1"], &[]), Delete, GiveUp],
+            (&["10.1.1.1"], &[], false, true, true, false, false),
+        ),
+        (
+            "deleted with --node-ip of the family: nothing to keep",
+            &["192.0.2.1"],
+            vec![Apply(&["10.1.1.1"], &[]), Delete],
+            (&["192.0.2.1"], &[], false, true, false, false, false),
+        ),
+        (
+            "deleted with --node-ip of the other family: the IPv4 kept",
+            &["fd00::9"],
+            vec![Apply(&["10.1.1.1"], &[]), Delete],
+            (
+                &["fd00::9", "10.1.1.1"],
+                &[],
+                false,
+                true,
+                true,
+                false,
+                false,
+            ),
+        ),
+        (
+            "never a Node, before the wait ends",
+            &[],
+            vec![],
+            (&[], &[], false, false, false, false, false),
+        ),
+        (
+            "never a Node, the wait ended: all local",
+            &[],
+            vec![GiveUp],
+            (&[], &[], false, false, false, false, true),
+        ),
+        (
+            "a Node with no address, the wait ended: all local",
+            &[],
+            vec![Apply(&[], &[]), GiveUp],
+            (&[], &[], true, true, false, false, true),
+        ),
+        (
+            "an IP after the wait: on it only",
+            &[],
+            vec![Apply(&[], &[]), GiveUp, Apply(&["10.1.1.1"], &[])],
+            (&["10.1.1.1"], &[], true, true, false, false, false),
+        ),
+        (
+            "--node-ip: the wait changes nothing",
+            &["192.0.2.1"],
+            vec![GiveUp],
+            (&["192.0.2.1"], &[], false, false, false, false, false),
+        ),
+    ];
+    for (what, overrides, steps, want) in cases {
+        let mut m = Model::new(ModelConfig {
+            node_name: "node-a".into(),
+            node_ips: overrides.iter().map(|s| s.parse().expect("ip")).collect(),
+            ..ModelConfig::default()
+        });
+        for step in steps {
+            match step {
+                Apply(ips, cidrs) => {
+                    let addresses: Vec<Value> = ips
+                        .iter()
+                        .map(|ip| json!({"type": "InternalIP", "address": ip}))
+                        .chain([json!({"type": "Hostname", "address": "node-a"})])
+                        .collect();
+                    m.apply(Event::Apply(node(json!({
+                        "metadata": {"name": "node-a"},
+                        "spec": {"podCIDRs": cidrs},
+                        "status": {"addresses": addresses}
+                    }))));
+                }
+                Delete => {
+                    let out = m.apply(Event::Delete(ObjectRef {
+                        kind: Kind::Node,
+                        namespace: "".into(),
+                        name: "node-a".into(),
+                    }));
+                    assert!(out.diff.node_changed, "{what}: a deletion changes the node");
+                }
+                GiveUp => {
+                    m.give_up_waiting_for_node_ips();
+                }
+            }
+        }
+        let n = &m.snapshot().node;
+        let ips: Vec<String> = n.ips.iter().map(|i| i.to_string()).collect();
+        let cidrs: Vec<String> = n.pod_cidrs.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            (
+                ips,
+                cidrs,
+                n.known,
+                n.ever_known,
+                n.ips_kept,
+                n.pod_cidrs_kept,
+                n.nodeports_on_all_local
+            ),
+            (
+                want.0.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                want.1.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                want.2,
+                want.3,
+                want.4,
+                want.5,
+                want.6
+            ),
+            "{what}"
+        );
+    }
+}

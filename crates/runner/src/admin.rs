@@ -234,6 +234,16 @@ pub struct Status {
     /// What is wrong with this node's own Node object once the cluster is listed ([`node_problem`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_problem: Option<String>,
+    /// The node IPs in use (`--node-ip`, or the Node's, or kept from it): where NodePorts are
+    /// served with `--nodeport-addresses primary`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_ips: Vec<String>,
+    /// The pod CIDRs in use (the NodeCIDR local-traffic detector's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<String>,
+    /// The node's zone (selects zone-hinted endpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
     /// The repairs of the data plane after changes someone else made (a firewall reload, an
     /// `nft flush ruleset`): none so far when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,30 +264,96 @@ pub struct Status {
     pub data_plane: Vec<DataPlaneDetail>,
 }
 
-/// What is wrong with the node's Node object, in words, for `kpng status`: a node name no
-/// Node has (a typo, a short hostname where the Node is an FQDN) leaves every endpoint
-/// remote and `/healthz` at 503, and was only a log line before; a Node being deleted or
-/// tainted by the cluster autoscaler turns `/healthz` to 503 as kube-proxy does.
-pub fn node_problem(node: &kpng_model::NodeState) -> Option<String> {
-    if !node.known {
-        return Some(format!(
-            "no Node named {:?} in the cluster: no endpoint is local to this node, NodePorts \
-             on its primary addresses are not served and /healthz answers 503 (check \
-             --hostname-override / --node-name against `kubectl get nodes`)",
+/// What the node's configuration needs from its Node object, for [`node_problem`]: which
+/// missing values stop something from being served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeNeeds {
+    /// NodePorts are served on the node's primary IPs (`--nodeport-addresses primary`), and
+    /// how long after the initial lists they fall back to every local address when none is
+    /// known.
+    pub primary_node_ports: Option<std::time::Duration>,
+    /// `--detect-local-mode NodeCIDR`: nothing is programmed before the Node has podCIDRs.
+    pub pod_cidrs: bool,
+}
+
+/// What is wrong with the node's Node object, in words, for `kpng status`, each cause
+/// saying what it really does: a node name no Node has (a typo, a short hostname where the
+/// Node is an FQDN) and a deleted Node turn `/healthz` to 503 (endpoints stay local: their
+/// `nodeName` is compared with the configured name, not with a Node); a Node being deleted or
+/// tainted by the cluster autoscaler too, as kube-proxy's; no node IP stops the NodePorts on
+/// the primary addresses; no podCIDR in NodeCIDR mode holds the first sync.
+pub fn node_problem(node: &kpng_model::NodeState, needs: NodeNeeds) -> Option<String> {
+    let mut problems: Vec<String> = Vec::new();
+    if !node.known && node.ever_known {
+        problems.push(format!(
+            "the Node {:?} was deleted: /healthz answers 503; kpng keeps its last node IPs \
+             ({}) and pod CIDRs ({}) until it is back",
+            node.name,
+            list_or_none(&node.ips),
+            list_or_none(&node.pod_cidrs)
+        ));
+    } else if !node.known {
+        problems.push(format!(
+            "no Node named {:?} in the cluster: /healthz answers 503 and topology hints are \
+             ignored (check --hostname-override / --node-name against `kubectl get nodes`)",
             node.name
         ));
-    }
-    if node.deleting {
-        return Some("the Node is being deleted: /healthz answers 503, as kube-proxy's".into());
-    }
-    if node.to_be_deleted {
-        return Some(
+    } else if node.deleting {
+        problems.push("the Node is being deleted: /healthz answers 503, as kube-proxy's".into());
+    } else if node.to_be_deleted {
+        problems.push(
             "the Node is tainted ToBeDeletedByClusterAutoscaler: /healthz answers 503, as \
              kube-proxy's"
                 .into(),
         );
     }
-    None
+    if let Some(wait) = needs.primary_node_ports
+        && node.ips.is_empty()
+    {
+        let why = if node.known {
+            "the Node lists no InternalIP or ExternalIP and there is no --node-ip"
+        } else {
+            "no node IP is known (no Node, no --node-ip)"
+        };
+        problems.push(if node.nodeports_on_all_local {
+            format!(
+                "{why}: NodePorts are served on every local address, as kube-proxy's \
+                 (on the node IPs once known)"
+            )
+        } else {
+            format!(
+                "{why}: NodePorts are not served yet ({}s after the initial lists they are \
+                 served on every local address, as kube-proxy's)",
+                wait.as_secs()
+            )
+        });
+    } else if node.known && node.ips_kept {
+        problems.push(format!(
+            "the Node lists no InternalIP or ExternalIP any more: kpng keeps its last node IPs \
+             ({})",
+            list_or_none(&node.ips)
+        ));
+    }
+    if needs.pod_cidrs && node.pod_cidrs.is_empty() {
+        problems.push(
+            "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: nothing is \
+             programmed until it has (kube-proxy waits for them too, then refuses to start)"
+                .into(),
+        );
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// `a, b` or `none`.
+fn list_or_none<T: std::fmt::Display>(items: &[T]) -> String {
+    if items.is_empty() {
+        return "none".into();
+    }
+    items
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A Service the model holds that gets no rule, and why.

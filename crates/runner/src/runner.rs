@@ -84,6 +84,9 @@ pub struct Runner<M: NodeModel = Model> {
     admin: Option<(mpsc::Receiver<Query>, FactsFn)>,
     /// How the source is doing, for the status answers.
     input: Option<InputHealth>,
+    /// What the configuration needs from the Node ([`Runner::with_node_ips_wait`],
+    /// [`Runner::requiring_pod_cidrs`]).
+    node_needs: admin::NodeNeeds,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -108,7 +111,27 @@ impl<M: NodeModel> Runner<M> {
             reports,
             admin: None,
             input: None,
+            node_needs: admin::NodeNeeds::default(),
         }
+    }
+
+    /// NodePorts are served on the node's primary IPs (`--nodeport-addresses primary`): when
+    /// no node IP is known `wait` after the initial lists, they are served on every local
+    /// address instead (as kube-proxy, whose start-up wait for the Node's IPs ends after 30 s
+    /// and leaves `primary` with no address, which means all), with a warning; once node IPs
+    /// are known, on those only. Without this, a model with no node IPs serves no NodePort.
+    pub fn with_node_ips_wait(mut self, wait: Duration) -> Runner<M> {
+        self.node_needs.primary_node_ports = Some(wait);
+        self
+    }
+
+    /// `--detect-local-mode NodeCIDR`: the first sync waits for the Node's podCIDRs, as
+    /// kube-proxy never programs rules without them (without them nothing tells pod traffic
+    /// apart: external clients are not masqueraded and pods lose the eTP Local
+    /// short-circuit). After the first sync the model keeps the last pod CIDRs it had.
+    pub fn requiring_pod_cidrs(mut self) -> Runner<M> {
+        self.node_needs.pod_cidrs = true;
+        self
     }
 
     /// Answers `kpng status` and `kpng trace` through the returned handle; `facts` tells a
@@ -255,6 +278,9 @@ impl<M: NodeModel> Runner<M> {
             warnings: crate::warning_budget::WarningBudget::default(),
             repair_for: None,
             repairs: None,
+            node_ips_deadline: None,
+            logged_node: None,
+            held_for_pod_cidrs: false,
         };
         state
             .runner
@@ -308,6 +334,23 @@ struct LoopState<M: NodeModel> {
     repair_for: Option<String>,
     /// The repairs made so far, for `kpng status`.
     repairs: Option<RepairStatus>,
+    /// When the wait for node IPs ends ([`Runner::with_node_ips_wait`]): set when the initial
+    /// lists are complete, taken when it has ended.
+    node_ips_deadline: Option<NodeIpsWait>,
+    /// The node as last logged: each change of it is logged once, old → new; `None` before
+    /// the initial lists (the first complete view is logged whole).
+    logged_node: Option<kpng_model::NodeState>,
+    /// The first sync was held for the Node's podCIDRs and that was logged.
+    held_for_pod_cidrs: bool,
+}
+
+/// The wait for node IPs ([`Runner::with_node_ips_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeIpsWait {
+    /// Ends at this time.
+    Until(Instant),
+    /// Has ended.
+    Over,
 }
 
 impl<M: NodeModel> LoopState<M> {
@@ -337,6 +380,7 @@ impl<M: NodeModel> LoopState<M> {
                 },
                 Some(t) = tampering.recv() => self.tampered(t),
                 Some(q) = next_query(&mut queries) => self.answer(q),
+                _ = sleep_until(self.node_ips_timer()) => self.stop_waiting_for_node_ips(),
                 _ = sleep_until(deadline) => self.sync().await,
             }
         }
@@ -418,10 +462,18 @@ impl<M: NodeModel> LoopState<M> {
                         .map(RejectedStatus::of)
                         .collect(),
                     node_problem: if unlisted.is_empty() {
-                        admin::node_problem(&snapshot.node)
+                        admin::node_problem(&snapshot.node, self.runner.node_needs)
                     } else {
                         None
                     },
+                    node_ips: snapshot.node.ips.iter().map(|ip| ip.to_string()).collect(),
+                    pod_cidrs: snapshot
+                        .node
+                        .pod_cidrs
+                        .iter()
+                        .map(|c| c.to_string())
+                        .collect(),
+                    zone: snapshot.node.zone.clone(),
                     waiting_for: unlisted.iter().map(|k| k.as_str().into()).collect(),
                     repairs: self.repairs.clone(),
                     health_checks_not_served: self
@@ -549,7 +601,65 @@ impl<M: NodeModel> LoopState<M> {
     }
 
     fn ready(&self) -> bool {
+        self.listed_all() && !self.held_for_pod_cidrs()
+    }
+
+    /// Whether every required kind has been listed once.
+    fn listed_all(&self) -> bool {
         REQUIRED_KINDS.iter().all(|k| self.listed.contains(k))
+    }
+
+    /// Whether the first sync waits for the Node's podCIDRs ([`Runner::requiring_pod_cidrs`]).
+    fn held_for_pod_cidrs(&self) -> bool {
+        self.runner.node_needs.pod_cidrs
+            && self.last_sync.is_none()
+            && self.runner.model.snapshot().node.pod_cidrs.is_empty()
+    }
+
+    /// When the wait for node IPs ends, while it runs.
+    fn node_ips_timer(&self) -> Option<Instant> {
+        match self.node_ips_deadline {
+            Some(NodeIpsWait::Until(at)) => Some(at),
+            _ => None,
+        }
+    }
+
+    /// The wait for node IPs has ended: with none known, NodePorts go to every local address.
+    fn stop_waiting_for_node_ips(&mut self) {
+        self.node_ips_deadline = Some(NodeIpsWait::Over);
+        let diff = self.runner.model.give_up_waiting_for_node_ips();
+        let node = &self.runner.model.snapshot().node;
+        if node.nodeports_on_all_local {
+            warn!(
+                "no node IP known {}s after the initial lists (no Node named {:?} with an \
+                 InternalIP or ExternalIP, and no --node-ip): serving NodePorts on every local \
+                 address, as kube-proxy does; on the node IPs once they are known",
+                self.runner
+                    .node_needs
+                    .primary_node_ports
+                    .unwrap_or_default()
+                    .as_secs(),
+                node.name
+            );
+        }
+        self.take_diff(diff);
+    }
+
+    /// Logs what changed in the node since it was last logged, one line per change.
+    fn log_node_changes(&mut self) {
+        if !self.listed_all() {
+            return;
+        }
+        let now = &self.runner.model.snapshot().node;
+        match &self.logged_node {
+            None => info!("{}", describe_node(now)),
+            Some(was) => {
+                for line in node_changes(was, now) {
+                    info!("{line}");
+                }
+            }
+        }
+        self.logged_node = Some(now.clone());
     }
 
     /// The kinds whose first complete list has not arrived (the first sync waits for them).
@@ -569,6 +679,15 @@ impl<M: NodeModel> LoopState<M> {
     fn report_gate(&mut self) {
         if self.last_sync.is_some() {
             return;
+        }
+        if self.listed_all() && self.held_for_pod_cidrs() && !self.held_for_pod_cidrs {
+            warn!(
+                "--detect-local-mode NodeCIDR and Node {:?} has no spec.podCIDRs: holding the \
+                 first sync until it has (kube-proxy waits for them too); nothing is programmed \
+                 meanwhile",
+                self.runner.model.snapshot().node.name
+            );
+            self.held_for_pod_cidrs = true;
         }
         let missing = self.unlisted();
         if missing != self.reported_missing && !missing.is_empty() {
@@ -656,17 +775,29 @@ impl<M: NodeModel> LoopState<M> {
             };
             m.objects_applied.get_or_create(&label).inc_by(count as u64);
         }
+        let was_listed = self.listed_all();
         self.listed.extend(outcome.listed.iter().copied());
         self.pending_services.extend(outcome.services_changed);
         self.pending_endpoints += outcome.slices_changed as i64;
+        let m = &self.runner.metrics;
         m.service_changes_pending
             .set(self.pending_services.len() as i64);
         m.endpoint_changes_pending.set(self.pending_endpoints);
         let started = self.started;
         self.pending_triggers
             .extend(outcome.trigger_times.into_iter().filter(|t| t.at > started));
+        if !was_listed && self.listed_all() {
+            if let Some(wait) = self.runner.node_needs.primary_node_ports {
+                self.node_ips_deadline = Some(NodeIpsWait::Until(Instant::now() + wait));
+            }
+            self.log_node_changes();
+        }
 
-        let diff = outcome.diff;
+        self.take_diff(outcome.diff);
+    }
+
+    /// Queues a diff of the model for the next sync.
+    fn take_diff(&mut self, diff: Diff) {
         if diff.is_empty() {
             return;
         }
@@ -674,6 +805,7 @@ impl<M: NodeModel> LoopState<M> {
             self.runner
                 .health
                 .set_node_eligible(self.runner.model.snapshot().node.eligible());
+            self.log_node_changes();
         }
         let m = &self.runner.metrics;
         let now = SystemTime::now();
@@ -923,6 +1055,11 @@ impl<M: NodeModel> LoopState<M> {
         let Some((servers, listen)) = &mut self.runner.service_health else {
             return;
         };
+        if listen.serves_nothing(&snapshot.node) {
+            // The NodePorts are not served: neither are their health checks.
+            servers.sync(&BTreeMap::new(), &[]).await;
+            return;
+        }
         let reread = full || diff.node_changed || diff.is_empty();
         let (addresses, moved) = listen.at_sync(&self.families, &snapshot.node.ips, reread);
         if full || diff.node_changed || moved {
@@ -1065,4 +1202,91 @@ fn changed_services(diff: &Diff) -> Vec<String> {
     }
     let names: BTreeSet<String> = diff.changes.keys().map(|k| k.service.to_string()).collect();
     names.into_iter().collect()
+}
+
+/// The node's values, for the first log line about it.
+fn describe_node(node: &kpng_model::NodeState) -> String {
+    if !node.known {
+        return format!("no Node named {:?} in the cluster", node.name);
+    }
+    format!(
+        "Node {:?}: node IPs {}, pod CIDRs {}, zone {}",
+        node.name,
+        list(&node.ips),
+        list(&node.pod_cidrs),
+        node.zone.as_deref().unwrap_or("none")
+    )
+}
+
+/// One line per change between two views of the node, old → new: node IPs, pod CIDRs,
+/// zone, deletion and re-creation (the sync line only says "node … changed").
+fn node_changes(was: &kpng_model::NodeState, now: &kpng_model::NodeState) -> Vec<String> {
+    let mut lines = Vec::new();
+    let name = &now.name;
+    if was.known && !now.known {
+        lines.push(format!(
+            "Node {name:?} was deleted; keeping node IPs {} and pod CIDRs {} (as kube-proxy \
+             keeps its start-up ones)",
+            list(&now.ips),
+            list(&now.pod_cidrs)
+        ));
+    } else if !was.known && now.known {
+        lines.push(format!(
+            "Node {name:?} {}: node IPs {}, pod CIDRs {}, zone {}",
+            if was.ever_known {
+                "was re-created"
+            } else {
+                "appeared"
+            },
+            list(&now.ips),
+            list(&now.pod_cidrs),
+            now.zone.as_deref().unwrap_or("none")
+        ));
+    }
+    if now.known && now.deleting && !was.deleting {
+        lines.push(format!(
+            "Node {name:?} is being deleted; keeping node IPs {} (/healthz answers 503)",
+            list(&now.ips)
+        ));
+    }
+    if now.known && now.ips_kept && !(was.known && was.ips_kept) {
+        lines.push(format!(
+            "Node {name:?} lists no InternalIP or ExternalIP any more; keeping node IPs {}",
+            list(&now.ips)
+        ));
+    }
+    if was.ips != now.ips {
+        lines.push(format!(
+            "node IPs changed: {} → {}",
+            list(&was.ips),
+            list(&now.ips)
+        ));
+    }
+    if now.known && now.pod_cidrs_kept && !(was.known && was.pod_cidrs_kept) {
+        lines.push(format!(
+            "Node {name:?} lists no podCIDRs any more; keeping pod CIDRs {}",
+            list(&now.pod_cidrs)
+        ));
+    }
+    if was.pod_cidrs != now.pod_cidrs {
+        lines.push(format!(
+            "pod CIDRs changed: {} → {}",
+            list(&was.pod_cidrs),
+            list(&now.pod_cidrs)
+        ));
+    }
+    if was.zone != now.zone {
+        lines.push(format!(
+            "zone changed: {} → {}",
+            was.zone.as_deref().unwrap_or("none"),
+            now.zone.as_deref().unwrap_or("none")
+        ));
+    }
+    lines
+}
+
+/// `[a, b]`, `[]` when empty.
+fn list<T: std::fmt::Display>(items: &[T]) -> String {
+    let items: Vec<String> = items.iter().map(|i| i.to_string()).collect();
+    format!("[{}]", items.join(", "))
 }

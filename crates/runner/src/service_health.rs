@@ -36,8 +36,9 @@ use crate::health::ProxyHealth;
 /// with the backend's node-port addresses, so that the checks go where the node ports are).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HealthCheckAddresses {
-    /// The node's IPs (`--nodeport-addresses primary`, or the mode's default): every address
-    /// when they are unknown.
+    /// The node's IPs (`--nodeport-addresses primary`, or the mode's default): none while they
+    /// are unknown ([`ListenAddresses::serves_nothing`]), every address once NodePorts are
+    /// served on every local address for want of them.
     NodeIps,
     /// Every address (`0.0.0.0` and `[::]`): iptables mode's default, and the Windows backend.
     All,
@@ -156,6 +157,16 @@ impl ListenAddresses {
             local_addresses,
             last: None,
         }
+    }
+
+    /// Whether no health check may be served on `node`: with checks on the node IPs and none
+    /// known (before `--node-ips-wait` moves NodePorts to every local address), the NodePorts
+    /// are not served either, and a check answering 200 would draw a load balancer's traffic
+    /// to a node that drops it.
+    pub fn serves_nothing(&self, node: &kpng_model::NodeState) -> bool {
+        matches!(self.setting, HealthCheckAddresses::NodeIps)
+            && node.ips.is_empty()
+            && !node.nodeports_on_all_local
     }
 
     /// Reads the node's interface addresses with `read` instead (tests).

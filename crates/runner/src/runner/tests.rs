@@ -991,3 +991,337 @@ async fn model_gauges_follow_each_sync_and_alert_counters_start_at_zero() {
     );
     assert_eq!(ports(&h), 1, "the gauge followed the partial sync");
 }
+
+fn node_state(known: bool, ips: &[&str], cidrs: &[&str]) -> kpng_model::NodeState {
+    kpng_model::NodeState {
+        name: "n".into(),
+        known,
+        ever_known: known,
+        ips: ips.iter().map(|s| s.parse().expect("ip")).collect(),
+        pod_cidrs: cidrs.iter().map(|s| s.parse().expect("cidr")).collect(),
+        ..kpng_model::NodeState::default()
+    }
+}
+
+/// Each change of the node is one line saying old → new, and deletion and re-creation say
+/// what they keep or bring.
+#[test]
+fn node_changes_say_what_changed_from_what_to_what() {
+    let present = node_state(true, &["10.1.1.1"], &["10.244.1.0/24"]);
+    let deleted = kpng_model::NodeState {
+        known: false,
+        ever_known: true,
+        ips_kept: true,
+        pod_cidrs_kept: true,
+        ..present.clone()
+    };
+    let recreated = kpng_model::NodeState {
+        ever_known: true,
+        ..node_state(true, &["10.1.1.2"], &["10.244.1.0/24"])
+    };
+    let no_address = kpng_model::NodeState {
+        ips_kept: true,
+        ..present.clone()
+    };
+    let deleting = kpng_model::NodeState {
+        deleting: true,
+        ..present.clone()
+    };
+    let zoned = kpng_model::NodeState {
+        zone: Some("z1".into()),
+        ..present.clone()
+    };
+    let cases: [(
+        &str,
+        &kpng_model::NodeState,
+        &kpng_model::NodeState,
+        &[&str],
+    ); 7] = [
+        ("nothing", &present, &present, &[]),
+        (
+            "deleted",
+            &present,
+            &deleted,
+            &[
+                "Node \"n\" was deleted; keeping node IPs [10.1.1.1] and pod CIDRs [10.244.1.0/24] (as kube-proxy keeps its start-up ones)",
+            ],
+        ),
+        (
+            "re-created with another IP",
+            &deleted,
+            &recreated,
+            &[
+                "Node \"n\" was re-created: node IPs [10.1.1.2], pod CIDRs [10.244.1.0/24], zone none",
+                "node IPs changed: [10.1.1.1] → [10.1.1.2]",
+            ],
+        ),
+        (
+            "addresses emptied",
+            &present,
+            &no_address,
+            &["Node \"n\" lists no InternalIP or ExternalIP any more; keeping node IPs [10.1.1.1]"],
+        ),
+        (
+            "being deleted",
+            &present,
+            &deleting,
+            &["Node \"n\" is being deleted; keeping node IPs [10.1.1.1] (/healthz answers 503)"],
+        ),
+        (
+            "pod CIDRs assigned",
+            &node_state(true, &["10.1.1.1"], &[]),
+            &present,
+            &["pod CIDRs changed: [] → [10.244.1.0/24]"],
+        ),
+        ("zone", &present, &zoned, &["zone changed: none → z1"]),
+    ];
+    for (what, was, now, want) in cases {
+        assert_eq!(node_changes(was, now), want, "{what}");
+    }
+}
+
+/// `kpng status` names each cause of a Node problem with what it really does.
+#[test]
+fn node_problem_names_each_cause() {
+    let wait = admin::NodeNeeds {
+        primary_node_ports: Some(Duration::from_secs(30)),
+        pod_cidrs: false,
+    };
+    let cidrs = admin::NodeNeeds {
+        primary_node_ports: None,
+        pod_cidrs: true,
+    };
+    let present = node_state(true, &["10.1.1.1"], &["10.244.1.0/24"]);
+    let never = node_state(false, &[], &[]);
+    let deleted = kpng_model::NodeState {
+        known: false,
+        ever_known: true,
+        ips_kept: true,
+        ..present.clone()
+    };
+    let all_local = kpng_model::NodeState {
+        nodeports_on_all_local: true,
+        ..never.clone()
+    };
+    let no_address = node_state(true, &[], &[]);
+    let cases: [(&str, &kpng_model::NodeState, admin::NodeNeeds, Option<&str>); 7] = [
+        ("fine", &present, wait, None),
+        (
+            "deleted: IPs kept",
+            &deleted,
+            wait,
+            Some(
+                "the Node \"n\" was deleted: /healthz answers 503; kpng keeps its last node IPs (10.1.1.1) and pod CIDRs (10.244.1.0/24) until it is back",
+            ),
+        ),
+        (
+            "misnamed, during the wait",
+            &never,
+            wait,
+            Some(
+                "no Node named \"n\" in the cluster: /healthz answers 503 and topology hints are ignored (check --hostname-override / --node-name against `kubectl get nodes`); no node IP is known (no Node, no --node-ip): NodePorts are not served yet (30s after the initial lists they are served on every local address, as kube-proxy's)",
+            ),
+        ),
+        (
+            "misnamed, node ports not on node IPs",
+            &never,
+            admin::NodeNeeds::default(),
+            Some(
+                "no Node named \"n\" in the cluster: /healthz answers 503 and topology hints are ignored (check --hostname-override / --node-name against `kubectl get nodes`)",
+            ),
+        ),
+        (
+            "misnamed, after the wait",
+            &all_local,
+            wait,
+            Some(
+                "no Node named \"n\" in the cluster: /healthz answers 503 and topology hints are ignored (check --hostname-override / --node-name against `kubectl get nodes`); no node IP is known (no Node, no --node-ip): NodePorts are served on every local address, as kube-proxy's (on the node IPs once known)",
+            ),
+        ),
+        (
+            "no addresses",
+            &no_address,
+            wait,
+            Some(
+                "the Node lists no InternalIP or ExternalIP and there is no --node-ip: NodePorts are not served yet (30s after the initial lists they are served on every local address, as kube-proxy's)",
+            ),
+        ),
+        (
+            "NodeCIDR without podCIDRs",
+            &no_address,
+            cidrs,
+            Some(
+                "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: nothing is programmed until it has (kube-proxy waits for them too, then refuses to start)",
+            ),
+        ),
+    ];
+    for (what, node, needs, want) in cases {
+        assert_eq!(admin::node_problem(node, needs).as_deref(), want, "{what}");
+    }
+}
+
+/// Health checks on the node IPs are never served while the NodePorts are not (no node IP,
+/// before the wait ends): a 200 would draw traffic the node drops.
+#[test]
+fn health_checks_are_not_served_where_node_ports_are_not() {
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().expect("ip") };
+    let with_ip = node_state(true, &["10.1.1.1"], &[]);
+    let without = node_state(false, &[], &[]);
+    let all_local = kpng_model::NodeState {
+        nodeports_on_all_local: true,
+        ..without.clone()
+    };
+    let every = vec![ip("0.0.0.0"), ip("::")];
+    let cases = [
+        (
+            "node IPs",
+            HealthCheckAddresses::NodeIps,
+            &with_ip,
+            Some(vec![ip("10.1.1.1")]),
+        ),
+        (
+            "no node IP: none",
+            HealthCheckAddresses::NodeIps,
+            &without,
+            None,
+        ),
+        (
+            "no node IP after the wait: all",
+            HealthCheckAddresses::NodeIps,
+            &all_local,
+            Some(every.clone()),
+        ),
+        (
+            "all addresses",
+            HealthCheckAddresses::All,
+            &without,
+            Some(every.clone()),
+        ),
+    ];
+    for (what, addresses, node, want) in cases {
+        let mut listen = crate::service_health::ListenAddresses::new(addresses)
+            .with_local_addresses(Box::new(Vec::new));
+        let got =
+            (!listen.serves_nothing(node)).then(|| listen.at_sync(&Family::ALL, &node.ips, true).0);
+        assert_eq!(got, want, "{what}");
+    }
+}
+
+/// [`start`] with `customize` applied to the runner (node needs).
+fn start_customized(customize: impl FnOnce(Runner<Model>) -> Runner<Model>) -> Harness {
+    let timing = SyncTiming::default();
+    let calls = Arc::new(Calls::default());
+    let mut registry = Registry::default();
+    let metrics = ProxyMetrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(&[Family::V4], timing.sync_period * 2));
+    let model = Model::new(ModelConfig {
+        node_name: "n".into(),
+        ..ModelConfig::default()
+    });
+    let runner = Runner::new(
+        model,
+        Box::new(FakeBackend(calls.clone())),
+        timing,
+        metrics.clone(),
+        health.clone(),
+    );
+    let runner = customize(runner);
+    let reports = runner.subscribe();
+    let (runner, admin) = runner.with_admin(Box::new(|_: &kpng_model::Snapshot| {
+        kpng_model::trace::NodeFacts::default()
+    }));
+    let (tx, rx) = mpsc::channel(16);
+    let task = tokio::spawn(runner.run(rx));
+    Harness {
+        calls,
+        tx,
+        reports,
+        metrics,
+        registry,
+        health,
+        admin,
+        _task: task,
+    }
+}
+
+fn node_object(value: serde_json::Value) -> Object {
+    kpng_k8s::from_json::<k8s_openapi::api::core::v1::Node>(value)
+        .expect("node")
+        .object
+}
+
+/// With no node IP, the wait ends 30 s after the initial lists: NodePorts then go to every
+/// local address (a node sync), and once an IP appears, to it only.
+#[tokio::test(start_paused = true)]
+async fn the_wait_for_node_ips_ends_with_node_ports_on_every_local_address() {
+    let h = start_customized(|r| r.with_node_ips_wait(Duration::from_secs(30)));
+    h.tx.send(all_kinds(vec![node_object(
+        json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "Hostname", "address": "n"}]}}),
+    )]))
+    .await
+    .expect("send");
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(
+        status_of(&h)
+            .await
+            .node_problem
+            .unwrap_or_default()
+            .contains("NodePorts are not served yet"),
+    );
+    let syncs = log(&h).len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = status_of(&h).await;
+    assert!(
+        status
+            .node_problem
+            .unwrap_or_default()
+            .contains("NodePorts are served on every local address"),
+    );
+    assert_eq!(log(&h).len(), syncs + 1, "the node change is synced");
+    h.tx.send(Event::Apply(node_object(
+        json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "InternalIP", "address": "10.1.1.1"}]}}),
+    )))
+    .await
+    .expect("send");
+    settle().await;
+    let status = status_of(&h).await;
+    assert_eq!(status.node_problem, None);
+    assert_eq!(status.node_ips, ["10.1.1.1"]);
+}
+
+/// In NodeCIDR mode nothing is programmed before the Node has podCIDRs (as kube-proxy).
+#[tokio::test(start_paused = true)]
+async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
+    let h = start_customized(|r| r.requiring_pod_cidrs());
+    h.tx.send(all_kinds(vec![
+        service("a", "10.96.0.1"),
+        node_object(json!({"metadata": {"name": "n"}})),
+    ]))
+    .await
+    .expect("send");
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(log(&h).is_empty(), "synced without pod CIDRs");
+    assert!(
+        status_of(&h)
+            .await
+            .node_problem
+            .unwrap_or_default()
+            .contains("no spec.podCIDRs"),
+    );
+    h.tx.send(Event::Apply(node_object(
+        json!({"metadata": {"name": "n"}, "spec": {"podCIDRs": ["10.244.1.0/24"]}}),
+    )))
+    .await
+    .expect("send");
+    settle().await;
+    assert_eq!(
+        log(&h).len(),
+        1,
+        "the first sync, once the pod CIDRs are known"
+    );
+    let status = status_of(&h).await;
+    assert_eq!(status.node_problem, None);
+    assert_eq!(status.pod_cidrs, ["10.244.1.0/24"]);
+}

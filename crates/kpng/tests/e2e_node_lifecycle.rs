@@ -1,0 +1,168 @@
+//! The node's own Node object through its lifecycle, with real packets (root): `kpng` in
+//! kube-proxy mode (nftables) against the fake API server in node1.
+//!
+//! - The Node deleted while kpng runs: its NodePorts stay served on the last node IPs (as
+//!   kube-proxy keeps its start-up IPs), so the eTP Local health check that still answers 200
+//!   does not draw a load balancer's traffic to a node that drops it.
+//! - A Node with no InternalIP/ExternalIP: after the wait for node IPs, NodePorts are served
+//!   on every local address (as kube-proxy once its start-up wait times out).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use e2e::harness::{Cond, EP_PORT, FakeServer, OK_T, manifest, sa, svc};
+use kpng_testkit::{Cluster, Netns, Outcome, Proto, Spawned, addr, require_root};
+
+#[allow(unused_macros, unused_imports)]
+mod e2e;
+
+/// The LoadBalancer Service (eTP Local) both tests serve: ClusterIP number 130, node port
+/// 30130, health check node port 32130, its endpoint pod1a on node1.
+fn lb_service() -> String {
+    svc(
+        "lb",
+        130,
+        "LoadBalancer",
+        "externalTrafficPolicy: Local, healthCheckNodePort: 32130",
+        &[("pod1a", Cond::Ready)],
+    )
+}
+
+/// Starts kpng as kube-proxy (nftables mode) in node1 against `kubeconfig`.
+fn kpng(ns: &Netns, dir: &Path, kubeconfig: &Path, extra: &[&str]) -> Spawned {
+    let socket = dir.join("admin.sock");
+    let mut args: Vec<String> = [
+        env!("CARGO_BIN_EXE_kpng"),
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8"),
+        "--proxy-mode",
+        "nftables",
+        "--hostname-override",
+        "node1",
+        "--cluster-cidr",
+        &format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6),
+        "--healthz-bind-address",
+        "127.0.0.1:10256",
+        "--metrics-bind-address",
+        "127.0.0.1:10249",
+        "--min-sync-period",
+        "0",
+        "--admin-socket",
+        socket.to_str().expect("utf-8"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    ns.spawn(args).expect("start kpng")
+}
+
+/// Whether the node port answers from the external client.
+fn node_port_answers(c: &Cluster) -> bool {
+    let target = sa(addr::NODE1_LAN_V4.into(), 30130);
+    e2e::harness::probe(&c.ext.ns, Proto::Tcp, target, OK_T).outcome == Outcome::Ok
+}
+
+/// The health check's HTTP status from the external client (`000`: no answer).
+fn health_check(c: &Cluster) -> String {
+    c.ext
+        .ns
+        .run_ok([
+            "curl",
+            "-s",
+            "-m",
+            "2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "http://192.168.100.1:32130/",
+        ])
+        .unwrap_or_else(|_| "000".into())
+}
+
+/// Waits until `check` holds, for at most `within`.
+fn wait_for(within: Duration, check: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    check()
+}
+
+#[test]
+fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
+    require_root!();
+    let c = Cluster::create("nlife").expect("cluster");
+    let _echo = c.pod("pod1a").start_echo(EP_PORT).expect("echo");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, manifest(&[lb_service()])).expect("write manifest");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut server = FakeServer::start(&c.node1.ns, &input, &kubeconfig);
+    let kpng = kpng(&c.node1.ns, dir.path(), &kubeconfig, &[]);
+    assert!(
+        wait_for(Duration::from_secs(20), || node_port_answers(&c)),
+        "NodePort never served:\n{}",
+        kpng.stderr_text()
+    );
+    assert_eq!(health_check(&c), "200");
+
+    server.command("delete Node - node1");
+    std::thread::sleep(Duration::from_millis(1500));
+    // The health check still answers 200 for the local endpoint: so must the NodePort.
+    assert_eq!(health_check(&c), "200");
+    assert!(
+        node_port_answers(&c),
+        "NodePort dropped after the Node's deletion:\n{}",
+        kpng.stderr_text()
+    );
+    let log = kpng.stderr_text();
+    assert!(
+        log.contains("Node \"node1\" was deleted; keeping node IPs [192.168.100.1, fd00:100::1]"),
+        "{log}"
+    );
+    kpng.kill().expect("stop kpng");
+    drop(server);
+}
+
+#[test]
+fn without_node_ips_node_ports_go_to_every_local_address_after_the_wait() {
+    require_root!();
+    let c = Cluster::create("nlife2").expect("cluster");
+    let _echo = c.pod("pod1a").start_echo(EP_PORT).expect("echo");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    // node1 with a Hostname address only: no node IP.
+    let objects = manifest(&[lb_service()]).replacen(
+        "  - {type: InternalIP, address: 192.168.100.1}\n  - {type: InternalIP, address: \"fd00:100::1\"}\n",
+        "  - {type: Hostname, address: node1}\n",
+        1,
+    );
+    assert!(objects.contains("{type: Hostname, address: node1}"));
+    std::fs::write(&input, objects).expect("write manifest");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let server = FakeServer::start(&c.node1.ns, &input, &kubeconfig);
+    let kpng = kpng(
+        &c.node1.ns,
+        dir.path(),
+        &kubeconfig,
+        &["--node-ips-wait", "3s"],
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || node_port_answers(&c)),
+        "NodePort never served without node IPs:\n{}",
+        kpng.stderr_text()
+    );
+    let log = kpng.stderr_text();
+    assert!(
+        log.contains("serving NodePorts on every local address"),
+        "{log}"
+    );
+    assert_eq!(health_check(&c), "200");
+    kpng.kill().expect("stop kpng");
+    drop(server);
+}
