@@ -433,13 +433,16 @@ impl NftBackend {
         )
     }
 
+    /// The error of a failed sync of family `index`. Not "transaction of N operations": the
+    /// transaction refused may be the skeleton's or a chain's text, while `ops` counts the
+    /// elements the sync sent (an IPv6 table without Services failed as "0 operations").
     fn fail_with(&self, index: usize, ops: usize, message: String) -> BackendError {
         self.metrics.sync_failures.inc();
-        BackendError::Transaction {
-            backend: "nftables",
-            operations: ops,
-            message: format!("{} table: {message}", self.states[index].fam.table_family()),
-        }
+        BackendError::Other(format!(
+            "nftables transaction failed (the sync had {ops} element operations): {} table: \
+             {message}",
+            self.states[index].fam.table_family()
+        ))
     }
 
     /// Syncs one family; `addresses_were` are the node's interface addresses before this
