@@ -321,6 +321,9 @@ pub struct Recorded {
     pub restores: Vec<(Family, String)>,
     /// What `save` returns per family and table (empty when absent).
     pub saved: Vec<(Family, Table, String)>,
+    /// What `list_chain` returns per family, table and chain, before looking in `saved`
+    /// (the canaries of an intact node, without a whole saved table).
+    pub chains: Vec<(Family, Table, String, String)>,
     /// Fail this many of the next restores.
     pub fail_restores: usize,
     /// How often `route_localnet` was set.
@@ -373,6 +376,34 @@ impl Iptables for Recorder {
                 .map(|(_, _, text)| text.clone())
                 .unwrap_or_default()
         }))
+    }
+
+    fn list_chain(
+        &mut self,
+        family: Family,
+        table: Table,
+        chain: &str,
+    ) -> Result<Option<String>, ExecError> {
+        let listed = self.with(|r| {
+            r.chains
+                .iter()
+                .find(|(f, t, c, _)| *f == family && *t == table && c == chain)
+                .map(|(_, _, _, text)| text.clone())
+        });
+        if let Some(text) = listed {
+            return Ok(Some(text));
+        }
+        let saved = crate::save::Saved::parse(&self.save(family, table)?);
+        if !saved.chains.contains(chain) {
+            return Ok(None);
+        }
+        let mut out = format!("-N {chain}\n");
+        for (c, spec) in &saved.rules {
+            if c == chain {
+                out.push_str(&format!("-A {chain} {spec}\n"));
+            }
+        }
+        Ok(Some(out))
     }
 
     fn enable_route_localnet(&mut self) -> Result<(), ExecError> {

@@ -116,6 +116,9 @@ struct FamilyState {
     /// chains, so while kpng was down any of them may have come and gone
     /// ([`SyncStats::kept_udp_frontends`]).
     kept_udp_frontends: UdpFrontends,
+    /// This sync rewrote every rule of the family: it is confirmed once the notification
+    /// monitor listens again ([`IptablesBackend::confirm`]).
+    full_done: bool,
 }
 
 /// Index of a table in [`FamilyState::port_rules`].
@@ -161,9 +164,12 @@ pub struct IptablesBackend {
     /// The interface addresses last read (CIDR node-port addresses only): refreshed at full
     /// syncs and node changes, not on every change.
     known_addresses: Vec<IpAddr>,
-    /// The families a sync found flushed by someone else (its own check, without an alarm),
-    /// for the runner's count of repairs.
-    found_flushed: Vec<Family>,
+    /// What a sync found changed by someone else (its own check of the canaries, without an
+    /// alarm), for the runner's count of repairs.
+    found_flushed: Vec<String>,
+    /// The runner's alarm (iptables-nft, kept from [`Backend::watch_tampering`]): a canary
+    /// found gone right after a repair is reported through it, for a prompt second repair.
+    alarm: Option<TamperAlarm>,
     /// What `kpng status` shows of the rules' size.
     rule_counts: SharedRuleCounts,
     /// `route_localnet` could not be set (a read-only `/proc/sys`, as in an unprivileged
@@ -185,6 +191,7 @@ impl IptablesBackend {
                 port_rules: [0; 2],
                 kept_rules: false,
                 kept_udp_frontends: UdpFrontends::default(),
+                full_done: false,
             })
             .collect();
         IptablesBackend {
@@ -198,6 +205,7 @@ impl IptablesBackend {
             local_addresses: Box::new(kpng_backend::host::local_addresses),
             known_addresses: Vec::new(),
             found_flushed: Vec::new(),
+            alarm: None,
             rule_counts: SharedRuleCounts::default(),
             route_localnet_failed: false,
         }
@@ -494,21 +502,55 @@ impl IptablesBackend {
         Ok(operations)
     }
 
-    /// Whether someone flushed our tables (the mangle canary chain is gone).
-    fn flushed(&mut self, family: Family) -> bool {
+    /// What someone else changed of our rules, read from every canary ([`watch::every_canary`]:
+    /// our chains in nat, filter and mangle and the jumps from nat's built-in chains), one
+    /// chain listing each, never a whole table; `None` when all are in place (or unreadable:
+    /// nothing is concluded from an error).
+    fn canary_gone(&mut self, family: Family) -> Option<String> {
         if !self.ipt.reads_kernel() {
-            return false;
+            return None;
         }
-        match self.ipt.save(family, Table::Mangle) {
-            Ok(text) => !Saved::parse(&text).chains.contains(CANARY),
-            Err(e) => {
-                warn!(
-                    "{} {family}: reading the mangle table: {e}",
-                    self.ipt.describe()
-                );
-                false
+        for canary in watch::every_canary() {
+            match self.ipt.list_chain(family, canary.table, canary.chain) {
+                Ok(listing) => {
+                    if let Some(what) = watch::judge(family, canary, listing.as_deref()) {
+                        return Some(what);
+                    }
+                }
+                Err(e) => {
+                    warn!(
+                        "{} {family}: reading chain {} of {}: {e}",
+                        self.ipt.describe(),
+                        canary.chain,
+                        canary.table.name()
+                    );
+                    return None;
+                }
             }
         }
+        None
+    }
+
+    /// After a sync's own window closed (the monitor listens again), checks the canaries of
+    /// every family the sync rewrote whole, and returns what someone else changed meanwhile.
+    /// A family found changed is rebuilt by the next sync.
+    ///
+    /// Why: while a sync of kpng's runs, the notification monitor has left its group, so a
+    /// second `iptables-restore` landing then (30-70 ms after the first, as a firewall
+    /// restart does) was never reported, and nat stayed without kpng's jumps.
+    fn confirm(&mut self) -> Vec<String> {
+        let mut lost = Vec::new();
+        for index in 0..self.states.len() {
+            if !self.states[index].full_done {
+                continue;
+            }
+            let family = self.states[index].family;
+            if let Some(what) = self.canary_gone(family) {
+                self.states[index].committed = None;
+                lost.push(what);
+            }
+        }
+        lost
     }
 
     fn sync_family(
@@ -521,14 +563,19 @@ impl IptablesBackend {
         let committed = self.states[index].committed.as_ref();
         let mut full = request.full || committed != Some(&cfg);
         // Periodic syncs (nothing changed) check that nobody flushed the tables, as
-        // kube-proxy's monitor does.
-        if !full && request.diff.is_empty() && self.flushed(family) {
-            info!("{family}: iptables were flushed by someone else; rewriting every rule");
-            self.found_flushed.push(family);
+        // kube-proxy's canaries in mangle, nat and filter do.
+        if !full
+            && request.diff.is_empty()
+            && let Some(what) = self.canary_gone(family)
+        {
+            info!("{what}: changed by someone else; rewriting every rule");
+            self.found_flushed.push(what);
             full = true;
         }
         if full {
-            self.full_sync(index, request.snapshot, cfg)
+            let done = self.full_sync(index, request.snapshot, cfg);
+            self.states[index].full_done = done.is_ok();
+            done
         } else {
             self.partial_sync(index, request, &cfg)
         }
@@ -729,6 +776,7 @@ impl Backend for IptablesBackend {
             match kpng_netfilter::monitor::TableMonitor::start(self.watched(), alarm.clone()) {
                 Ok(monitor) => {
                     self.monitor = Some(monitor);
+                    self.alarm = Some(alarm);
                     return Ok(true);
                 }
                 Err(e) => warn!(
@@ -756,6 +804,24 @@ impl Backend for IptablesBackend {
         let result = self.sync_all(request);
         if let Some(m) = &self.monitor {
             m.end_own();
+            // Listening again: what went before is read here, what comes after is notified.
+            let lost = self.confirm();
+            if !lost.is_empty() {
+                let what = format!(
+                    "{}, again, right after kpng's sync rewrote the rules",
+                    lost.join("; ")
+                );
+                match &self.alarm {
+                    Some(alarm) => alarm.raise(what),
+                    None if result.is_ok() => {
+                        for state in &self.states {
+                            watch_state.arm(state.family, state.committed.is_some());
+                        }
+                        return Err(BackendError::Other(what));
+                    }
+                    None => {}
+                }
+            }
         }
         for state in &self.states {
             watch_state.arm(state.family, state.committed.is_some());
@@ -823,16 +889,11 @@ impl IptablesBackend {
         self.found_flushed.clear();
         for state in &mut self.states {
             state.kept_rules = false;
+            state.full_done = false;
         }
         let operations = sync_each(self.states.len(), |index| self.sync_family(index, request))?;
         debug!(operations, "iptables sync done");
-        let repaired = (!self.found_flushed.is_empty()).then(|| {
-            let families: Vec<String> = self.found_flushed.iter().map(|f| f.to_string()).collect();
-            format!(
-                "{} iptables flushed: the {CANARY} chain in mangle was gone",
-                families.join(" and ")
-            )
-        });
+        let repaired = (!self.found_flushed.is_empty()).then(|| self.found_flushed.join("; "));
         let kept: Vec<&FamilyState> = self.states.iter().filter(|s| s.kept_rules).collect();
         Ok(SyncStats {
             operations,

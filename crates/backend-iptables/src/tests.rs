@@ -67,18 +67,30 @@ fn backend() -> (IptablesBackend, Recorder) {
     backend_with(config())
 }
 
-/// Makes the recorder's kernel show our canary chain (nobody flushed the tables).
+/// Makes the recorder's kernel show every canary of `families` in place (nobody flushed the
+/// tables), and those of the other families gone.
 fn canary_present(r: &Recorder, families: &[Family]) {
-    r.0.lock().expect("lock").saved = families
-        .iter()
-        .map(|f| {
-            (
-                *f,
-                Table::Mangle,
-                "*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n".to_owned(),
-            )
-        })
-        .collect();
+    canaries_except(r, families, None);
+}
+
+/// As [`canary_present`], with `missing` (table, chain) gone.
+fn canaries_except(r: &Recorder, families: &[Family], missing: Option<(Table, &str)>) {
+    let mut chains = Vec::new();
+    for f in families {
+        for c in crate::watch::every_canary() {
+            let gone = missing == Some((c.table, c.chain));
+            let listing = match (c.jumps_to, c.has_rules) {
+                // A built-in chain stays; it loses our jump.
+                (Some(_), _) if gone => format!("-P {} ACCEPT\n", c.chain),
+                _ if gone => continue,
+                (Some(to), _) => format!("-P {} ACCEPT\n-A {} -j {to}\n", c.chain, c.chain),
+                (None, true) => format!("-N {}\n-A {} -j RETURN\n", c.chain, c.chain),
+                (None, false) => format!("-N {}\n", c.chain),
+            };
+            chains.push((*f, c.table, c.chain.to_string(), listing));
+        }
+    }
+    r.0.lock().expect("lock").chains = chains;
 }
 
 fn sync(b: &mut IptablesBackend, model: &Model, diff: &Diff, full: bool) -> usize {
@@ -478,13 +490,73 @@ fn periodic_syncs_rewrite_everything_after_a_flush() {
     assert!(stats.operations > 0);
     assert_eq!(
         stats.repaired.as_deref(),
-        Some("IPv4 iptables flushed: the KUBE-PROXY-CANARY chain in mangle was gone"),
+        Some("IPv4 nat: chain KUBE-POSTROUTING was deleted"),
         "the runner counts the repair"
     );
     let s = r.restores();
     assert_eq!(s.len(), 3, "only the flushed family is rewritten");
     assert_eq!(s[2].0, Family::V4);
     assert!(s[2].1.contains(":KUBE-PROXY-CANARY - [0:0]"));
+}
+
+/// Upstream's canaries are in mangle, nat and filter: a restore of nat alone (`iptables-restore
+/// < rules-nat.v4`, which leaves mangle's canary alone) is found by the periodic sync too,
+/// whichever of nat's or filter's canaries it took.
+#[test]
+fn periodic_syncs_check_the_canaries_of_nat_and_filter_too() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, r) = backend_with(IptablesConfig {
+        families: vec![Family::V4],
+        ..config()
+    });
+    full_sync(&mut b, &model);
+    let cases = [
+        (
+            Table::Nat,
+            "PREROUTING",
+            "IPv4 nat: chain PREROUTING lost its jump to KUBE-SERVICES",
+        ),
+        (
+            Table::Nat,
+            "OUTPUT",
+            "IPv4 nat: chain OUTPUT lost its jump to KUBE-SERVICES",
+        ),
+        (
+            Table::Filter,
+            "KUBE-FORWARD",
+            "IPv4 filter: chain KUBE-FORWARD was deleted",
+        ),
+        (
+            Table::Mangle,
+            "KUBE-PROXY-CANARY",
+            "IPv4 mangle: chain KUBE-PROXY-CANARY was deleted",
+        ),
+    ];
+    for (table, chain, want) in cases {
+        canaries_except(&r, &[Family::V4], Some((table, chain)));
+        let before = r.restores().len();
+        let stats = b
+            .sync(&SyncRequest {
+                diff: &Diff::default(),
+                snapshot: model.snapshot(),
+                full: false,
+            })
+            .expect("sync");
+        assert_eq!(stats.repaired.as_deref(), Some(want), "{chain}");
+        assert!(r.restores().len() > before, "{chain}: rewritten");
+    }
+    // Everything in place: nothing read but the canaries, nothing written.
+    canary_present(&r, &[Family::V4]);
+    let before = r.restores().len();
+    let stats = b
+        .sync(&SyncRequest {
+            diff: &Diff::default(),
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect("sync");
+    assert_eq!((stats.operations, stats.repaired), (0, None));
+    assert_eq!(r.restores().len(), before);
 }
 
 #[test]

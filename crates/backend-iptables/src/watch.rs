@@ -83,6 +83,19 @@ pub fn canaries(round: u64) -> Vec<Canary> {
     vec![nat, other]
 }
 
+/// Every canary of a family, each once: what the periodic sync and the confirmation after a
+/// repair check (upstream's canaries are in mangle, nat and filter alike), nat first (a
+/// flushed nat table is what breaks Services). One chain listing each, never a table.
+pub fn every_canary() -> [Canary; 5] {
+    [
+        Canary::ours(Table::Nat, POSTROUTING, true),
+        Canary::jump(Table::Nat, "PREROUTING", SERVICES),
+        Canary::jump(Table::Nat, "OUTPUT", SERVICES),
+        Canary::ours(Table::Filter, FORWARD, true),
+        Canary::ours(Table::Mangle, CANARY, false),
+    ]
+}
+
 /// Judges one listing (`None`: the chain does not exist): why it shows tampering, if it does.
 pub fn judge(family: Family, canary: Canary, listing: Option<&str>) -> Option<String> {
     let table = canary.table.name();

@@ -115,6 +115,9 @@ struct FamilyState {
     kept_rules: bool,
     /// A full sync has committed this table: finding it absent later means someone deleted it.
     ever_committed: bool,
+    /// This sync committed the table whole (created, replaced or refilled): it is confirmed
+    /// once the sync's window of own changes has closed ([`NftBackend::confirm`]).
+    full_done: bool,
 }
 
 /// How a full sync treats a table in the kernel that has our skeleton.
@@ -205,6 +208,10 @@ pub struct NftBackend {
     netlink: Option<Box<dyn ElementWriter>>,
     /// What is committed, for `kpng status`.
     committed: SharedCommitted,
+    /// The runner's alarm (kept from [`Backend::watch_tampering`]): a table found deleted
+    /// right after a sync of kpng's committed it is reported through it, so that the repair
+    /// comes a few milliseconds later instead of at the next full sync.
+    alarm: Option<TamperAlarm>,
 }
 
 impl NftBackend {
@@ -258,6 +265,7 @@ impl NftBackend {
                 replace_whole: false,
                 kept_rules: false,
                 ever_committed: false,
+                full_done: false,
             })
             .collect();
         let affinity_ids = affinity::AffinityIds::new(config.conntrack_mark_mask);
@@ -275,6 +283,7 @@ impl NftBackend {
             found_gone: Vec::new(),
             netlink: None,
             committed: SharedCommitted::default(),
+            alarm: None,
         }
     }
 
@@ -426,13 +435,16 @@ impl NftBackend {
         )
     }
 
+    /// The error of a failed sync of family `index`. Not "transaction of N operations": the
+    /// transaction refused may be the skeleton's or a chain's text, while `ops` counts the
+    /// elements the sync sent (an IPv6 table without Services failed as "0 operations").
     fn fail_with(&self, index: usize, ops: usize, message: String) -> BackendError {
         self.metrics.sync_failures.inc();
-        BackendError::Transaction {
-            backend: "nftables",
-            operations: ops,
-            message: format!("{} table: {message}", self.states[index].fam.table_family()),
-        }
+        BackendError::Other(format!(
+            "nftables transaction failed (the sync had {ops} element operations): {} table: \
+             {message}",
+            self.states[index].fam.table_family()
+        ))
     }
 
     /// Syncs one family; `addresses_were` are the node's interface addresses before this
@@ -713,6 +725,7 @@ impl NftBackend {
                 state.distrust = false;
                 state.replace_whole = false;
                 state.ever_committed = true;
+                state.full_done = true;
                 state.kept_rules = adopting == Adopt::Sets;
                 Ok(ops)
             }
@@ -892,6 +905,47 @@ impl NftBackend {
         (result, store, ops)
     }
 
+    /// Reads back, with one chain request per family, the tables this sync committed whole
+    /// (`all`: every table committed, as the periodic sync does) and returns what someone
+    /// else changed of them (`ip kpng: table deleted`). A table found changed is forgotten:
+    /// the next sync looks at it again and rebuilds it.
+    ///
+    /// Why: while a sync of kpng's runs, the notification monitor has left its group (its
+    /// own commits would be thousands of notifications), so a second `nft flush ruleset`
+    /// landing then, 30-70 ms after the first as `systemctl restart nftables` does, was
+    /// never reported, and the tables stayed deleted until the hourly full sync.
+    fn confirm(&mut self, all: bool) -> Vec<(String, &'static str)> {
+        let mut lost = Vec::new();
+        for index in 0..self.states.len() {
+            let state = &self.states[index];
+            let KernelTable::Skeleton(marker) = &state.kernel else {
+                continue;
+            };
+            if !(state.full_done || all && state.committed.is_some()) {
+                continue;
+            }
+            let (fam, marker) = (state.fam, marker.clone());
+            let Some(writer) = self.netlink.as_mut() else {
+                return lost;
+            };
+            let table = &self.config.table;
+            let what = match writer.check_marker(fam.0, table) {
+                None => continue,
+                Some(ProbedTable::Present(m)) if m == marker => continue,
+                Some(ProbedTable::Absent) => "table deleted",
+                Some(ProbedTable::Present(_)) => "skeleton marker changed",
+            };
+            let name = format!("{} {table}", fam.table_family());
+            let state = &mut self.states[index];
+            state.kernel = KernelTable::Unknown;
+            state.committed = None;
+            state.distrust = true;
+            state.chains.clear();
+            lost.push((name, what));
+        }
+        lost
+    }
+
     fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {
         for (key, change) in &request.diff.changes {
             if change.new.is_none() {
@@ -951,9 +1005,10 @@ impl Backend for NftBackend {
             dynamic_sets: Set::dynamic().map(|s| s.name().to_string()).collect(),
             chains: None,
         };
-        let monitor = netlink::monitor::TableMonitor::start(watched, alarm)
+        let monitor = netlink::monitor::TableMonitor::start(watched, alarm.clone())
             .map_err(|e| BackendError::Other(e.to_string()))?;
         self.monitor = Some(monitor);
+        self.alarm = Some(alarm);
         Ok(true)
     }
 
@@ -981,8 +1036,13 @@ impl Backend for NftBackend {
         }
         for state in &mut self.states {
             state.kept_rules = false;
+            state.full_done = false;
         }
         self.found_gone.clear();
+        // The periodic sync (nothing changed) confirms every table, not only those it
+        // rebuilt: a deletion no notification reported (it came while a sync of kpng's had
+        // left the notification group) is then repaired within a sync period.
+        let periodic = !request.full && request.diff.is_empty();
         // The periodic sync (nothing changed) and every full or node sync look at the node's
         // addresses again; a partial sync applies what changed in them.
         let addresses_were = (request.full || request.diff.is_empty() || request.diff.node_changed)
@@ -993,6 +1053,33 @@ impl Backend for NftBackend {
         });
         if let Some(m) = &self.monitor {
             m.end_own();
+        }
+        // Only now, with the notification group joined again, are the tables confirmed: a
+        // deletion from here on is notified, and one before is read here.
+        let lost = self.confirm(periodic);
+        if !lost.is_empty() {
+            let what = if periodic {
+                format!("{}, found by the periodic check", name_all(&lost))
+            } else {
+                format!(
+                    "{}, again, right after kpng's sync committed it",
+                    name_all(&lost)
+                )
+            };
+            match &self.alarm {
+                // The runner schedules the repair within milliseconds.
+                Some(alarm) => alarm.raise(what),
+                None if result.is_ok() => return Err(BackendError::Other(what)),
+                None => {}
+            }
+        }
+        if result.is_err() {
+            // `nft flush ruleset` deletes every family's table: a failure in one family is
+            // reason enough to look at all of them again, or the retry (a full sync) would
+            // trust a table that went with the other one and fail the same way.
+            for state in &mut self.states {
+                state.kernel = KernelTable::Unknown;
+            }
         }
         let operations = result?;
         let mut committed = Vec::with_capacity(self.states.len());
@@ -1018,18 +1105,20 @@ impl Backend for NftBackend {
         }
         self.forget_removed_ports(request);
         debug!(operations, "nftables sync done");
-        let repaired = (!self.found_gone.is_empty()).then(|| {
+        let mut found = Vec::new();
+        if !self.found_gone.is_empty() {
             let tables: Vec<String> = self
                 .found_gone
                 .iter()
                 .map(|f| format!("{} {}", Fam(*f).table_family(), self.config.table))
                 .collect();
-            format!(
+            found.push(format!(
                 "table {} deleted by someone else during a transaction of kpng's; created \
                  again",
                 tables.join(" and ")
-            )
-        });
+            ));
+        }
+        let repaired = (!found.is_empty()).then(|| found.join("; "));
         Ok(SyncStats {
             operations,
             repaired,
@@ -1061,6 +1150,24 @@ impl Backend for NftBackend {
         }
         Ok(())
     }
+}
+
+/// Every table of `lost` with what happened to it, each change said once:
+/// `ip kpng and ip6 kpng: table deleted` (an operator reading one name would look for the
+/// other table in vain).
+pub fn name_all(lost: &[(String, &str)]) -> String {
+    let mut parts: Vec<(Vec<&str>, &str)> = Vec::new();
+    for (table, what) in lost {
+        match parts.iter_mut().find(|(_, w)| w == what) {
+            Some((tables, _)) => tables.push(table),
+            None => parts.push((vec![table], what)),
+        }
+    }
+    parts
+        .iter()
+        .map(|(tables, what)| format!("{}: {what}", tables.join(" and ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]

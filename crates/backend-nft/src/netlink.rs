@@ -102,6 +102,31 @@ pub trait ElementWriter: Send {
     fn probe_table(&mut self, family: Family, table: &str) -> ProbedTable {
         probe_with_netlink(family, table)
     }
+
+    /// Reads our table's skeleton marker again after kpng committed it, to confirm that it is
+    /// still there (after a repair, and at every periodic sync): `None` when this writer cannot
+    /// tell (fakes that do not model the kernel), which confirms nothing and repairs nothing.
+    ///
+    /// Why a second method beside [`ElementWriter::probe_table`]: the steady-state loop must
+    /// stay cheap, so this is a single chain request (`NFT_MSG_GETCHAIN` of the marker chain:
+    /// a missing table and a missing chain both answer `ENOENT`), never a table dump.
+    fn check_marker(&mut self, _family: Family, _table: &str) -> Option<ProbedTable> {
+        None
+    }
+}
+
+/// [`ElementWriter::check_marker`] over netlink: one `NFT_MSG_GETCHAIN` of the marker chain.
+/// An unreadable answer is `None` (nothing is concluded from it).
+pub fn check_with_netlink(family: Family, table: &str) -> Option<ProbedTable> {
+    let f = crate::ruleset::Fam(family).table_family();
+    match kpng_netfilter::tables::chain_comment(f, table, crate::ruleset::MARKER_CHAIN) {
+        Ok(Some(marker)) => Some(ProbedTable::Present(marker)),
+        Ok(None) => Some(ProbedTable::Absent),
+        Err(e) => {
+            tracing::debug!("cannot read the nftables chain {f} {table} skeleton: {e}");
+            None
+        }
+    }
 }
 
 /// [`ElementWriter::probe_table`] through a netlink table dump and a chain request

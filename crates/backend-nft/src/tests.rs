@@ -730,6 +730,20 @@ impl netlink::ElementWriter for DeletedTable {
     }
 }
 
+/// Makes `writer`'s probe find `family`'s table as `b` committed it (its skeleton's marker).
+fn keep_table(writer: &RecordingWriter, b: &NftBackend, model: &Model, family: Family) {
+    let cfg = b.static_config(Fam(family), model.snapshot());
+    let skeleton = ruleset::skeleton(Fam(family), "kpng", &cfg);
+    let marker = ruleset::skeleton_marker(&skeleton)
+        .expect("marker")
+        .to_string();
+    writer
+        .tables
+        .lock()
+        .expect("lock")
+        .push((family, ProbedTable::Present(marker)));
+}
+
 /// The table deleted while a transaction of kpng's was on its way (no notification tells
 /// kpng, since its own commit was running): that transaction fails, and the retry looks at the
 /// table again and creates it, rather than failing the same way on what it knew, and the sync
@@ -739,15 +753,17 @@ fn a_table_deleted_during_a_transaction_is_created_again_by_the_first_retry() {
     let mut model = model_from(ONE_SERVICE);
     let (b, r) = backend();
     let deleted_at = std::sync::Arc::default();
+    let inner = RecordingWriter::default();
     let mut b = b.with_netlink(DeletedTable {
-        inner: RecordingWriter::default(),
+        inner: inner.clone(),
         text: r.clone(),
         deleted_at: std::sync::Arc::clone(&deleted_at),
     });
     full_sync(&mut b, &model);
     // The first full sync committed the table (the fake has no probe of it afterwards: say
-    // it is ours).
+    // it is ours). The IPv6 table stays, with its skeleton.
     *deleted_at.lock().expect("lock") = Some(scripts(&r).len());
+    keep_table(&inner, &b, &model, Family::V6);
     let loaded =
         kpng_source_file::parse_manifests(&ONE_SERVICE.replace("10.244.2.2", "10.244.2.9"))
             .expect("parses");
@@ -1440,4 +1456,214 @@ fn our_own_configuration_change_says_what_changed() {
     for (what, was, now, want) in cases {
         assert_eq!(was.change_to(&now), want, "{what}");
     }
+}
+
+/// A kernel whose tables someone can flush (`nft flush ruleset`) at a chosen moment of a
+/// sync: the probes and the confirmation read what it holds, element transactions to a
+/// table that is gone fail, and a text script that creates a table brings it back.
+#[derive(Clone)]
+struct Flushable {
+    inner: RecordingWriter,
+    text: Recorder,
+    /// Each family's table is gone since the text script of this index (none: present).
+    gone: std::sync::Arc<std::sync::Mutex<BTreeMap<Family, usize>>>,
+    /// When an element transaction of this family arrives: flush every table, before it
+    /// (`true`: it fails) or right after it (it succeeds); once.
+    flush_at: std::sync::Arc<std::sync::Mutex<Option<(Family, bool)>>>,
+    markers: BTreeMap<Family, String>,
+}
+
+impl Flushable {
+    fn new(b: &NftBackend, model: &Model, text: Recorder) -> Flushable {
+        let markers = Family::ALL
+            .iter()
+            .map(|f| {
+                let cfg = b.static_config(Fam(*f), model.snapshot());
+                let skeleton = ruleset::skeleton(Fam(*f), "kpng", &cfg);
+                let marker = ruleset::skeleton_marker(&skeleton).expect("marker");
+                (*f, marker.to_string())
+            })
+            .collect();
+        let k = Flushable {
+            inner: RecordingWriter::default(),
+            text,
+            gone: Default::default(),
+            flush_at: Default::default(),
+            markers,
+        };
+        k.flush();
+        k
+    }
+
+    /// `nft flush ruleset`, now.
+    fn flush(&self) {
+        let at = self.text.scripts().len();
+        let mut gone = self.gone.lock().expect("lock");
+        for f in Family::ALL {
+            gone.insert(f, at);
+        }
+    }
+
+    fn is_gone(&self, family: Family) -> bool {
+        let Some(at) = self.gone.lock().expect("lock").get(&family).copied() else {
+            return false;
+        };
+        let create = format!("add table {} kpng", Fam(family).table_family());
+        !self.text.scripts()[at..]
+            .iter()
+            .any(|s| s.starts_with(&create))
+    }
+
+    fn table(&self, family: Family) -> ProbedTable {
+        if self.is_gone(family) {
+            ProbedTable::Absent
+        } else {
+            ProbedTable::Present(self.markers[&family].clone())
+        }
+    }
+}
+
+impl netlink::ElementWriter for Flushable {
+    fn commit(
+        &mut self,
+        batch: netlink::ElementBatch,
+        describe: &dyn Fn(Operation, usize) -> Option<String>,
+    ) -> Result<(), netlink::NetlinkError> {
+        let family = batch.family();
+        let flush = {
+            let mut at = self.flush_at.lock().expect("lock");
+            match *at {
+                Some((f, before)) if f == family => {
+                    *at = None;
+                    Some(before)
+                }
+                _ => None,
+            }
+        };
+        if flush == Some(true) {
+            self.flush();
+        }
+        if self.is_gone(family) {
+            return Err(netlink::NetlinkError::Injected(
+                "No such file or directory".into(),
+            ));
+        }
+        let result = self.inner.commit(batch, describe);
+        if flush == Some(false) {
+            self.flush();
+        }
+        result
+    }
+
+    fn probe_table(&mut self, family: Family, _table: &str) -> ProbedTable {
+        self.table(family)
+    }
+
+    fn check_marker(&mut self, family: Family, _table: &str) -> Option<ProbedTable> {
+        Some(self.table(family))
+    }
+}
+
+/// What the notification monitor's report of a foreign change does at the next sync.
+fn monitor_told(b: &mut NftBackend) {
+    for state in &mut b.states {
+        state.kernel = KernelTable::Unknown;
+        state.committed = None;
+        state.distrust = true;
+    }
+}
+
+/// A backend on a [`Flushable`] kernel, with the runner's alarm recording what it is told.
+fn flushable_backend(
+    model: &Model,
+) -> (
+    NftBackend,
+    Flushable,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let (b, r) = backend();
+    let kernel = Flushable::new(&b, model, r);
+    let mut b = b.with_netlink(kernel.clone());
+    let raised = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = raised.clone();
+    b.alarm = Some(TamperAlarm::new(move |t| {
+        sink.lock().expect("lock").push(t.what);
+    }));
+    (b, kernel, raised)
+}
+
+/// `systemctl restart nftables`: a flush repaired by a full sync, and a second flush landing
+/// right after that sync committed (while the notification monitor had left its group, so
+/// no notification would say so). The sync reads its tables back and raises the alarm, so
+/// the runner repairs again within milliseconds, instead of the tables staying deleted
+/// until the hourly full sync.
+#[test]
+fn a_flush_right_after_a_repair_is_found_by_the_repairs_confirmation() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, kernel, raised) = flushable_backend(&model);
+    full_sync(&mut b, &model);
+    assert!(
+        raised.lock().expect("lock").is_empty(),
+        "the first sync is confirmed"
+    );
+    // The first flush, then its repair; the second flush lands right after the repair's
+    // last element transaction (the IPv6 table's).
+    kernel.flush();
+    monitor_told(&mut b);
+    *kernel.flush_at.lock().expect("lock") = Some((Family::V6, false));
+    try_full_sync(&mut b, &model).expect("the repair commits");
+    assert_eq!(
+        *raised.lock().expect("lock"),
+        ["ip kpng and ip6 kpng: table deleted, again, right after kpng's sync committed it"]
+    );
+    assert!(kernel.is_gone(Family::V4) && kernel.is_gone(Family::V6));
+    // The runner's next repair looks at both tables again and creates them.
+    try_full_sync(&mut b, &model).expect("the second repair");
+    assert!(!kernel.is_gone(Family::V4) && !kernel.is_gone(Family::V6));
+    assert_eq!(raised.lock().expect("lock").len(), 1, "confirmed");
+}
+
+/// A flush during a repair that makes the IPv6 transaction fail, after the IPv4 table was
+/// refilled: the first retry looks at both tables again (the IPv4 one went too) and creates
+/// them, rather than refilling a table it trusted and failing the same way.
+#[test]
+fn a_flush_failing_one_family_makes_the_first_retry_look_at_every_table_again() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, kernel, _raised) = flushable_backend(&model);
+    full_sync(&mut b, &model);
+    *kernel.flush_at.lock().expect("lock") = Some((Family::V6, true));
+    let err = try_full_sync(&mut b, &model).expect_err("the IPv6 transaction fails");
+    assert!(err.to_string().contains("No such file"), "{err}");
+    try_full_sync(&mut b, &model).expect("the first retry creates both tables");
+    assert!(!kernel.is_gone(Family::V4) && !kernel.is_gone(Family::V6));
+}
+
+/// A table deleted when no notification could say so is found by the next periodic sync
+/// (one chain request per table), not at the hourly full sync.
+#[test]
+fn the_periodic_sync_finds_a_deleted_table() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, kernel, raised) = flushable_backend(&model);
+    full_sync(&mut b, &model);
+    let periodic = |b: &mut NftBackend| {
+        b.sync(&SyncRequest {
+            diff: &Diff::default(),
+            snapshot: model.snapshot(),
+            full: false,
+        })
+        .expect("sync")
+    };
+    periodic(&mut b);
+    assert!(
+        raised.lock().expect("lock").is_empty(),
+        "in place: nothing said"
+    );
+    kernel.flush();
+    periodic(&mut b);
+    assert_eq!(
+        *raised.lock().expect("lock"),
+        ["ip kpng and ip6 kpng: table deleted, found by the periodic check"]
+    );
+    try_full_sync(&mut b, &model).expect("the repair");
+    assert!(!kernel.is_gone(Family::V4) && !kernel.is_gone(Family::V6));
 }

@@ -33,6 +33,11 @@ fn fault_jump_deleted() {
 }
 
 #[test]
+fn fault_double_flush_during_the_repair() {
+    e2e::faults::double_flush(e2e::Backend::IptablesNft);
+}
+
+#[test]
 fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::IptablesNft);
 }

@@ -88,6 +88,42 @@ fn significance(note: &Notification) -> u8 {
     }
 }
 
+/// Someone else's changes read together, reported as one line.
+#[derive(Debug, Default)]
+pub struct Burst {
+    /// The most telling change so far, with its [`significance`].
+    telling: Option<(u8, String)>,
+    /// Every table deleted (`ip kpng`): `nft flush ruleset` deletes both families' tables,
+    /// and an operator told of one only would look for the other in vain.
+    deleted: Vec<String>,
+}
+
+impl Burst {
+    /// Takes `note`, someone else's change described as `what` ([`Watched::tampering`]).
+    pub fn add(&mut self, note: &Notification, what: String) {
+        if note.msg == 2
+            && let Some((table, _)) = what.split_once(": ")
+            && !self.deleted.iter().any(|d| d == table)
+        {
+            self.deleted.push(table.to_string());
+        }
+        let rank = significance(note);
+        if self.telling.as_ref().is_none_or(|(best, _)| rank > *best) {
+            self.telling = Some((rank, what));
+        }
+    }
+
+    /// The line to report: the most telling change, with every table deleted named.
+    pub fn report(self) -> Option<String> {
+        let (rank, what) = self.telling?;
+        Some(if rank == 6 && self.deleted.len() > 1 {
+            format!("{}: table deleted", self.deleted.join(" and "))
+        } else {
+            what
+        })
+    }
+}
+
 fn is_element(msg: u16) -> bool {
     msg == 12 || msg == 14
 }
@@ -297,7 +333,7 @@ impl Shared {
     /// changes read together are reported as the most telling of them: `nft delete table`
     /// sends its rules' deletions before the table's, and "table deleted" is what happened.
     fn drain(&self, inner: &mut Inner) {
-        let mut telling: Option<(u8, String)> = None;
+        let mut burst = Burst::default();
         loop {
             let Inner { buf, own } = &mut *inner;
             match self.sock.recv(buf, true) {
@@ -312,17 +348,14 @@ impl Shared {
                             continue;
                         }
                         self.foreign_seen.fetch_add(1, Ordering::Relaxed);
-                        let rank = significance(&note);
-                        if telling.as_ref().is_none_or(|(best, _)| rank > *best) {
-                            telling = Some((rank, what));
-                        }
+                        burst.add(&note, what);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     if !*own {
                         self.foreign_seen.fetch_add(1, Ordering::Relaxed);
-                        telling = Some((
+                        burst.telling = Some((
                             u8::MAX,
                             "notifications were lost (receive queue full)".into(),
                         ));
@@ -334,7 +367,7 @@ impl Shared {
                 }
             }
         }
-        if let Some((_, what)) = telling {
+        if let Some(what) = burst.report() {
             self.raise_once(what);
         }
     }

@@ -277,6 +277,15 @@ impl ElementWriter for NetlinkWriter {
             Some(first) => Err(rejected(&batch, table, first, errors.len() - 1, describe)),
         }
     }
+
+    /// One chain request: cheap enough for every periodic sync and every repair.
+    fn check_marker(
+        &mut self,
+        family: kpng_model::Family,
+        table: &str,
+    ) -> Option<super::ProbedTable> {
+        super::check_with_netlink(family, table)
+    }
 }
 
 /// The error for the first failing message of `batch`, with its set and element.

@@ -358,6 +358,105 @@ pub fn nft_ruleset_flushed(b: Backend) {
     assert_repaired("ruleset flushed", &f);
 }
 
+/// `systemctl restart nftables` (ExecStop `nft flush ruleset`, ExecStart `nft -f FILE` whose
+/// file starts with `flush ruleset`), or for the iptables backends `iptables-restore` of a nat
+/// table twice: two deletions of kpng's rules 30-70 ms apart, so that the second lands while
+/// kpng repairs the first. Until kpng confirmed its repairs, about half such rounds left the
+/// tables deleted for up to an hour (the monitor has left its group during kpng's own sync,
+/// and the periodic sync never looked). Eight rounds, gaps spread over 30-70 ms: in each,
+/// Service traffic must be back within 5 s and kpng's rules in place.
+pub fn double_flush(b: Backend) {
+    require_root!();
+    let bed = Bed::new(b, "dblfl");
+    let k = Kpng::start(b, &bed.c.node1.ns, &manifest(&[web(), hold()]), &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (first, again, in_place): (String, String, Vec<&str>) = match b.iptables_tool() {
+        None => {
+            let file = dir.path().join("firewall.nft");
+            std::fs::write(
+                &file,
+                "flush ruleset\ntable inet filter {\n  chain input {\n    type filter hook input \
+                 priority filter; policy accept;\n  }\n}\n",
+            )
+            .expect("write the firewall file");
+            (
+                "nft flush ruleset".into(),
+                format!("nft -f {}", file.display()),
+                vec![
+                    "nft list chain ip kpng skeleton",
+                    "nft list chain ip6 kpng skeleton",
+                ],
+            )
+        }
+        Some(tool) => {
+            let file = dir.path().join("rules-nat.v4");
+            std::fs::write(
+                &file,
+                "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+                 :POSTROUTING ACCEPT [0:0]\n-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j \
+                 MASQUERADE\nCOMMIT\n",
+            )
+            .expect("write the rules file");
+            let restore = format!("{tool}-restore {}", file.display());
+            (
+                restore.clone(),
+                restore,
+                vec!["sh -c '{tool} -t nat -S PREROUTING | grep -q KUBE-SERVICES'"],
+            )
+        }
+    };
+    let in_place: Vec<String> = in_place
+        .iter()
+        .map(|c| c.replace("{tool}", b.iptables_tool().unwrap_or_default()))
+        .collect();
+    for (round, gap_ms) in [30, 45, 60, 70, 35, 50, 65, 40].into_iter().enumerate() {
+        bed.wait_served(10, "before the round");
+        std::thread::sleep(Duration::from_millis(300));
+        let script = format!("{first}; sleep 0.{gap_ms:03}; {again}");
+        let t0 = Instant::now();
+        bed.c
+            .node1
+            .ns
+            .run_ok(["sh", "-c", &script])
+            .expect("inject");
+        let deadline = t0 + Duration::from_secs(5);
+        loop {
+            // Not `probe`: its check against `kpng trace` would fail first, on a timeout
+            // while kpng says it is in sync (which is this bug too), with a vaguer message.
+            let served = bed
+                .c
+                .pod("pod1a")
+                .ns
+                .probe_one(
+                    &kpng_testkit::Probe::new(
+                        kpng_testkit::Proto::Tcp,
+                        sa(cip(10, false), SVC_PORT),
+                    )
+                    .timeout(Duration::from_millis(300)),
+                )
+                .is_ok_and(|r| r.is_ok());
+            let present = in_place
+                .iter()
+                .all(|c| bed.c.node1.ns.run_ok(["sh", "-c", c]).is_ok());
+            if served && present {
+                println!(
+                    "FAULT {} round {round} (gap {gap_ms} ms): served and in place after {:?}",
+                    b.prefix("dblfl"),
+                    t0.elapsed()
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round} (gap {gap_ms} ms): after `{script}`, served: {served}, rules in \
+                 place: {present}, 5 s later; kpng's log:\n{}",
+                k.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// `nft flush chain ip kpng services`: the table stays, a chain's rules go.
 pub fn nft_chain_flushed(b: Backend) {
     let f = run_fault(

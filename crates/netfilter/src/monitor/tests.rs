@@ -239,3 +239,33 @@ fn the_most_telling_change_of_a_burst_is_the_one_reported() {
         ]
     );
 }
+
+/// `nft flush ruleset` deletes both families' tables: the one report names both, not the
+/// first read.
+#[test]
+fn a_burst_names_every_table_deleted() {
+    let w = watched();
+    let mut burst = Burst::default();
+    for n in [
+        message(8, IP, 42, &[(1, "kpng"), (2, "services")]),
+        message(2, IP, 42, &[(1, "kpng")]),
+        message(2, IP6, 42, &[(1, "kpng")]),
+        message(2, IP6, 42, &[(1, "kpng")]),
+    ] {
+        for note in parse_notifications(&n) {
+            let what = w.tampering(&note).expect("ours");
+            burst.add(&note, what);
+        }
+    }
+    assert_eq!(
+        burst.report().as_deref(),
+        Some("ip kpng and ip6 kpng: table deleted")
+    );
+    let mut one = Burst::default();
+    for note in parse_notifications(&message(2, IP6, 42, &[(1, "kpng")])) {
+        let what = w.tampering(&note).expect("ours");
+        one.add(&note, what);
+    }
+    assert_eq!(one.report().as_deref(), Some("ip6 kpng: table deleted"));
+    assert_eq!(Burst::default().report(), None);
+}
