@@ -66,6 +66,23 @@ impl Mode {
 
 pub use kpng_backend_kit::exec::ExecError;
 
+/// `chain` cut out of a table's `iptables-save` text, as `iptables -S CHAIN` prints it; `None`
+/// when the table has no such chain. The fallback of [`Iptables::list_chain`] for writers
+/// that can only save a whole table.
+fn chain_from_save(save: &str, chain: &str) -> Option<String> {
+    let saved = crate::save::Saved::parse(save);
+    if !saved.chains.contains(chain) {
+        return None;
+    }
+    let mut out = format!("-N {chain}\n");
+    for (c, spec) in &saved.rules {
+        if c == chain {
+            out.push_str(&format!("-A {chain} {spec}\n"));
+        }
+    }
+    Some(out)
+}
+
 /// The node's iptables, as the backend uses it.
 pub trait Iptables: Send {
     /// Feeds `input` to the restore tool of `family` with `--noflush`: only the chains and rules
@@ -87,17 +104,7 @@ pub trait Iptables: Send {
         table: Table,
         chain: &str,
     ) -> Result<Option<String>, ExecError> {
-        let saved = crate::save::Saved::parse(&self.save(family, table)?);
-        if !saved.chains.contains(chain) {
-            return Ok(None);
-        }
-        let mut out = format!("-N {chain}\n");
-        for (c, spec) in &saved.rules {
-            if c == chain {
-                out.push_str(&format!("-A {chain} {spec}\n"));
-            }
-        }
-        Ok(Some(out))
+        Ok(chain_from_save(&self.save(family, table)?, chain))
     }
     /// A second handle on the same iptables for the tampering watcher's thread; `None` when
     /// there is nothing to watch (a dry run).
@@ -393,17 +400,7 @@ impl Iptables for Recorder {
         if let Some(text) = listed {
             return Ok(Some(text));
         }
-        let saved = crate::save::Saved::parse(&self.save(family, table)?);
-        if !saved.chains.contains(chain) {
-            return Ok(None);
-        }
-        let mut out = format!("-N {chain}\n");
-        for (c, spec) in &saved.rules {
-            if c == chain {
-                out.push_str(&format!("-A {chain} {spec}\n"));
-            }
-        }
-        Ok(Some(out))
+        Ok(chain_from_save(&self.save(family, table)?, chain))
     }
 
     fn enable_route_localnet(&mut self) -> Result<(), ExecError> {

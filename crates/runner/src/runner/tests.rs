@@ -104,6 +104,18 @@ fn start_remembering(
     kept_rules: Kept,
     inherited: Option<crate::conntrack_cleanup::StartRead>,
 ) -> Harness {
+    start_full(timing, conntrack, memory, kept_rules, inherited, |r| r)
+}
+
+/// [`start_remembering`] with `customize` applied to the runner last.
+fn start_full(
+    timing: SyncTiming,
+    conntrack: Option<kpng_conntrack::Reconciler>,
+    memory: Option<kpng_conntrack::memory::MemoryFile>,
+    kept_rules: Kept,
+    inherited: Option<crate::conntrack_cleanup::StartRead>,
+    customize: impl FnOnce(Runner<Model>) -> Runner<Model>,
+) -> Harness {
     let calls = Arc::new(Calls::default());
     *calls.kept_rules.lock().expect("lock") = kept_rules;
     let mut registry = Registry::default();
@@ -130,6 +142,7 @@ fn start_remembering(
     if let Some(inherited) = inherited {
         runner = runner.with_conntrack_inherited(inherited);
     }
+    let runner = customize(runner);
     let reports = runner.subscribe();
     let (runner, admin) = runner.with_admin(Box::new(|_: &kpng_model::Snapshot| {
         kpng_model::trace::NodeFacts::default()
@@ -1209,39 +1222,14 @@ fn health_checks_are_not_served_where_node_ports_are_not() {
 
 /// [`start`] with `customize` applied to the runner (node needs).
 fn start_customized(customize: impl FnOnce(Runner<Model>) -> Runner<Model>) -> Harness {
-    let timing = SyncTiming::default();
-    let calls = Arc::new(Calls::default());
-    let mut registry = Registry::default();
-    let metrics = ProxyMetrics::new(&mut registry);
-    let health = Arc::new(ProxyHealth::new(&[Family::V4], timing.sync_period * 2));
-    let model = Model::new(ModelConfig {
-        node_name: "n".into(),
-        ..ModelConfig::default()
-    });
-    let runner = Runner::new(
-        model,
-        Box::new(FakeBackend(calls.clone())),
-        timing,
-        metrics.clone(),
-        health.clone(),
-    );
-    let runner = customize(runner);
-    let reports = runner.subscribe();
-    let (runner, admin) = runner.with_admin(Box::new(|_: &kpng_model::Snapshot| {
-        kpng_model::trace::NodeFacts::default()
-    }));
-    let (tx, rx) = mpsc::channel(16);
-    let task = tokio::spawn(runner.run(rx));
-    Harness {
-        calls,
-        tx,
-        reports,
-        metrics,
-        registry,
-        health,
-        admin,
-        _task: task,
-    }
+    start_full(
+        SyncTiming::default(),
+        None,
+        None,
+        Kept::default(),
+        None,
+        customize,
+    )
 }
 
 fn node_object(value: serde_json::Value) -> Object {
