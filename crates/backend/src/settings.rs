@@ -57,12 +57,19 @@ impl NodePortAddresses {
     }
 
     /// The scope for one family on `node`: [`NodePortAddresses::scope`], except that
-    /// `primary` is every local address once the wait for node IPs gave up with none
-    /// ([`NodeState::nodeports_on_all_local`]), as kube-proxy's `primary` resolves to no
-    /// address when it starts without node IPs, and no address means all of them.
+    /// `primary` is every local address of the family when the node has no IP of it: once
+    /// the wait for node IPs gave up with none at all
+    /// ([`NodeState::nodeports_on_all_local`]), or when the node has IPs of the other family
+    /// only (a dual-stack cluster whose Node lists one family). kube-proxy resolves `primary`
+    /// to a CIDR per family it has a node IP of, and a family without a CIDR matches all of
+    /// its addresses (`NewNodePortAddresses`).
     pub fn scope_on(&self, family: Family, node: &NodeState) -> NodePortScope {
+        let lacks_family =
+            !node.ips.is_empty() && !node.ips.iter().any(|ip| Family::of(ip) == family);
         match self.scope(family) {
-            NodePortScope::Primary if node.nodeports_on_all_local => NodePortScope::AllLocal,
+            NodePortScope::Primary if node.nodeports_on_all_local || lacks_family => {
+                NodePortScope::AllLocal
+            }
             scope => scope,
         }
     }
@@ -179,6 +186,54 @@ mod tests {
                 scope.addresses(family, &node, local),
                 want,
                 "{scope:?} {family:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn primary_is_every_local_address_of_a_family_the_node_has_no_ip_of() {
+        let node = |ips: &[&str], all_local: bool| NodeState {
+            ips: ips.iter().map(|s| ip(s)).collect(),
+            nodeports_on_all_local: all_local,
+            ..NodeState::default()
+        };
+        let table = [
+            (
+                "both families",
+                node(&["10.0.0.1", "fd00::1"], false),
+                Family::V6,
+                NodePortScope::Primary,
+            ),
+            (
+                "IPv4 only: IPv4",
+                node(&["10.0.0.1"], false),
+                Family::V4,
+                NodePortScope::Primary,
+            ),
+            (
+                "IPv4 only: IPv6",
+                node(&["10.0.0.1"], false),
+                Family::V6,
+                NodePortScope::AllLocal,
+            ),
+            (
+                "none yet (waiting)",
+                node(&[], false),
+                Family::V4,
+                NodePortScope::Primary,
+            ),
+            (
+                "none after the wait",
+                node(&[], true),
+                Family::V4,
+                NodePortScope::AllLocal,
+            ),
+        ];
+        for (what, n, family, want) in table {
+            assert_eq!(
+                NodePortAddresses::Primary.scope_on(family, &n),
+                want,
+                "{what}"
             );
         }
     }
