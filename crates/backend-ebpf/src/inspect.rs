@@ -50,6 +50,15 @@ pub struct Inspection {
     pub maps: Vec<MapFill>,
     /// Maps that are not pinned or cannot be read, and why.
     pub unreadable: Vec<(&'static str, String)>,
+    /// The programs of which a kpng program is attached to the cgroup, by the cgroup's own
+    /// list (`BPF_PROG_QUERY`): true whether the pins are there or not. `None` when the cgroup
+    /// is unknown or could not be asked.
+    pub attached: Option<Vec<&'static str>>,
+    /// kpng programs attached to the cgroup that are not the pinned links' (another
+    /// generation's, which runs before this kpng's and translates from maps nobody updates), by
+    /// hook name and program id. Without a pin to compare with, every one of a hook but the
+    /// last attached (the running kpng's) counts.
+    pub strangers: Vec<(&'static str, u32)>,
 }
 
 /// Reads the links and maps pinned under `pin_dir` (the backend's `--bpf-pin-path`); each
@@ -72,6 +81,34 @@ pub fn inspect(pin_dir: &Path, cgroup: Option<&Path>) -> Inspection {
             }
         })
         .collect();
+    let (attached, strangers) = match cgroup.map(crate::kernel::kpng_programs) {
+        Some(Ok(on_cgroup)) => {
+            let mut attached = Vec::new();
+            let mut strangers = Vec::new();
+            for name in PROGRAMS {
+                let mine: Vec<u32> = on_cgroup
+                    .iter()
+                    .filter(|(n, _)| *n == name)
+                    .map(|(_, p)| p.id)
+                    .collect();
+                let own = crate::links::pinned_link_program(&links.join(name))
+                    .ok()
+                    .map(|(_, id)| id)
+                    .filter(|id| mine.contains(id))
+                    .or_else(|| mine.last().copied());
+                if own.is_some() {
+                    attached.push(name);
+                }
+                strangers.extend(
+                    mine.iter()
+                        .filter(|id| Some(**id) != own)
+                        .map(|id| (name, *id)),
+                );
+            }
+            (Some(attached), strangers)
+        }
+        _ => (None, Vec::new()),
+    };
     let mut maps = Vec::new();
     let mut unreadable = Vec::new();
     for name in MAP_NAMES {
@@ -86,6 +123,8 @@ pub fn inspect(pin_dir: &Path, cgroup: Option<&Path>) -> Inspection {
         not_attached,
         maps,
         unreadable,
+        attached,
+        strangers,
     }
 }
 

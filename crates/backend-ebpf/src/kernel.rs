@@ -46,6 +46,63 @@ pub const PROGRAMS: [&str; 9] = [
     "kpng_sock_release",
 ];
 
+/// Each program's attach type (`enum bpf_attach_type`), in [`PROGRAMS`]' order: what
+/// [`kpng_programs`] asks the cgroup about.
+pub const ATTACH_TYPES: [u32; 9] = [10, 11, 14, 15, 19, 20, 29, 30, 34];
+
+/// The name of kpng's program for `attach_type`, if it has one.
+pub fn program_for(attach_type: u32) -> Option<&'static str> {
+    ATTACH_TYPES
+        .iter()
+        .position(|t| *t == attach_type)
+        .and_then(|i| PROGRAMS.get(i).copied())
+}
+
+/// Every kpng program (by name: `kpng_*`) attached to the cgroup `cgroup` with one of kpng's
+/// attach types, whoever attached it, with the name of the kpng program of its hook.
+pub fn kpng_programs(
+    cgroup: &Path,
+) -> std::io::Result<Vec<(&'static str, crate::links::CgroupProgram)>> {
+    Ok(crate::links::attached_programs(cgroup, &ATTACH_TYPES)?
+        .into_iter()
+        .filter(|p| p.name.starts_with("kpng_"))
+        .filter_map(|p| Some((program_for(p.attach_type)?, p)))
+        .collect())
+}
+
+/// Detaches every kpng program attached to `cgroup` whose id is not in `own`: a previous
+/// generation that this kpng could not replace through the pins (another `--bpf-pin-path`, a
+/// bpffs of its own, a DaemonSet without the host's `/sys/fs/bpf`), or a second kpng on the
+/// same cgroup. Those run before this kpng's programs and translate from maps nobody updates.
+/// Returns what was detached, in words (`kpng_connect4 (program 812)`).
+pub fn detach_strangers(
+    cgroup: &Path,
+    own: &std::collections::BTreeSet<u32>,
+) -> Result<Vec<String>, Error> {
+    let strangers: Vec<(&'static str, crate::links::CgroupProgram)> = kpng_programs(cgroup)
+        .map_err(|e| Error::io(format!("querying cgroup {}", cgroup.display()), e))?
+        .into_iter()
+        .filter(|(_, p)| !own.contains(&p.id))
+        .collect();
+    if strangers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids = strangers.iter().map(|(_, p)| p.id).collect();
+    let cgroup_id = crate::links::cgroup_id(cgroup)
+        .map_err(|e| Error::io(format!("reading cgroup {}", cgroup.display()), e))?;
+    let detached = crate::links::detach_links(cgroup_id, &ids).map_err(|e| {
+        Error::io(
+            format!("detaching other kpng programs from {}", cgroup.display()),
+            e,
+        )
+    })?;
+    Ok(strangers
+        .iter()
+        .filter(|(_, p)| detached.contains(&p.id))
+        .map(|(name, p)| format!("{name} (program {})", p.id))
+        .collect())
+}
+
 /// Whether [`attach`] loads the program first (once per process) or attaches the loaded one
 /// again (after someone detached its link).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -127,6 +184,9 @@ pub struct Kernel {
     pin_dir: PathBuf,
     /// The cgroup v2 directory the programs are attached to.
     cgroup: PathBuf,
+    /// The kernel's ids of this kpng's programs: kpng programs on the cgroup with other ids
+    /// are another generation's ([`detach_strangers`]).
+    own: std::collections::BTreeSet<u32>,
 }
 
 fn bpf_err(what: impl std::fmt::Display, e: impl std::error::Error) -> Error {
@@ -137,6 +197,19 @@ fn bpf_err(what: impl std::fmt::Display, e: impl std::error::Error) -> Error {
         source = s.source();
     }
     Error::Bpf(text)
+}
+
+/// `e`, with the capabilities to check when the kernel said "Operation not permitted": the
+/// kernel's words name none, and the sync retried forever.
+fn permission_hint(e: Error) -> Error {
+    match e {
+        Error::Bpf(text) if text.contains("Operation not permitted") => Error::Bpf(format!(
+            "{text} (loading eBPF programs and creating maps needs CAP_BPF, or CAP_SYS_ADMIN \
+             on kernels before 5.8, and attaching them CAP_NET_ADMIN; kernels before 5.11 also \
+             need a memlock limit large enough for the maps)"
+        )),
+        other => other,
+    }
 }
 
 fn take<K: aya::Pod, V: aya::Pod>(
@@ -167,14 +240,25 @@ impl Kernel {
             .btf(None)
             .default_map_pin_directory(&maps)
             .load(&OBJECT.0)
-            .map_err(|e| bpf_err("loading the socket programs", e))?;
+            .map_err(|e| permission_hint(bpf_err("loading the socket programs", e)))?;
         let cg = File::open(cgroup)
             .map_err(|e| Error::io(format!("opening cgroup {}", cgroup.display()), e))?;
         let mut pinned = Vec::with_capacity(PROGRAMS.len());
         for name in PROGRAMS {
-            let fd = attach(&mut ebpf, name, Load::First, &cg, cgroup)?;
+            let fd = attach(&mut ebpf, name, Load::First, &cg, cgroup).map_err(permission_hint)?;
             pinned.push((name, pin_over(fd, &links, name)?));
         }
+        let own = PROGRAMS
+            .iter()
+            .filter_map(|name| ebpf.program(name))
+            .map(|p| {
+                use std::os::fd::AsFd;
+                let fd = p.fd().map_err(|e| bpf_err("program fd", e))?;
+                crate::links::program_of(fd.as_fd())
+                    .map(|(id, _)| id)
+                    .map_err(|e| Error::io("reading a program's id", e))
+            })
+            .collect::<Result<_, Error>>()?;
         // A newer build's programs this one lacks (after a rollback) keep running against maps
         // this build now writes alone: their pins go, which detaches them.
         remove_unknown_links(&links)?;
@@ -189,6 +273,7 @@ impl Kernel {
             links: pinned,
             pin_dir: pin_dir.to_owned(),
             cgroup: cgroup.to_owned(),
+            own,
         })
     }
 
@@ -208,7 +293,29 @@ impl Kernel {
         }
         self.batch(map)
             .update(keys, values)
-            .map_err(|e| Error::Bpf(format!("updating {}: {e}", map.name())))
+            .map_err(|e| self.update_error(map, &e))
+    }
+
+    /// The error of a refused update, saying so when the map is full (`E2BIG`: a hash map at
+    /// its `max_entries` refuses new keys), which the kernel's own words do not.
+    fn update_error(&self, map: MapId, e: &std::io::Error) -> Error {
+        if e.raw_os_error() != Some(libc::E2BIG) {
+            return Error::Bpf(format!("updating {}: {e}", map.name()));
+        }
+        let capacity = self
+            .map_data(map)
+            .info()
+            .map(|i| i.max_entries().to_string())
+            .unwrap_or_else(|_| "its".into());
+        tracing::error!(
+            "{} is full ({capacity} entries): the kernel refuses new elements; the next full \
+             sync deletes the unwanted ones before it writes",
+            map.name()
+        );
+        Error::Bpf(format!(
+            "updating {}: the map is full ({capacity} entries): {e}",
+            map.name()
+        ))
     }
 
     /// Deletes the keys (back to back) from `map`, batched; absent keys are fine.
@@ -247,12 +354,9 @@ impl Kernel {
                     Kind::Upsert => map.update(&keys, &values),
                     Kind::Delete => map.delete(&keys),
                 };
-                r.map_err(|e| {
-                    let what = match step.kind {
-                        Kind::Upsert => "updating",
-                        Kind::Delete => "deleting from",
-                    };
-                    Error::Bpf(format!("{what} {}: {e}", step.map.name()))
+                r.map_err(|e| match step.kind {
+                    Kind::Upsert => self.update_error(step.map, &e),
+                    Kind::Delete => Error::Bpf(format!("deleting from {}: {e}", step.map.name())),
                 })?;
             }
         }
@@ -328,6 +432,18 @@ impl Kernel {
                 Some((name, memlock(&info)?))
             })
             .collect()
+    }
+
+    /// Detaches the kpng programs on this kpng's cgroup that are not its own
+    /// ([`detach_strangers`]); what it detached, in words. One `BPF_PROG_QUERY` per attach
+    /// type when there are none, so it runs at start and at every periodic sync.
+    pub fn detach_strangers(&self) -> Result<Vec<String>, Error> {
+        detach_strangers(&self.cgroup, &self.own)
+    }
+
+    /// The cgroup v2 directory the programs are attached to.
+    pub fn cgroup(&self) -> &Path {
+        &self.cgroup
     }
 
     /// The pin directory.

@@ -121,6 +121,22 @@ pub struct EbpfBackend {
     map_memory: MetricFamily<MapLabel, Gauge>,
     /// This kpng's hold on the pin directory, for as long as the backend lives.
     pin_lock: Option<host::PinLock>,
+    /// A repair done while loading (other kpng programs detached from the cgroup), reported
+    /// with the next sync's stats.
+    pending_repair: Option<String>,
+}
+
+/// The words for kpng programs of another generation detached from `cgroup`, logged as a
+/// warning and shown as a repair.
+fn strangers_detached(cgroup: &std::path::Path, detached: &[String]) -> String {
+    format!(
+        "kpng eBPF programs that are not this kpng's were attached to cgroup {}, detached: \
+         {} (a previous kpng whose pins this one cannot see: another --bpf-pin-path, a bpffs of \
+         its own, a DaemonSet without the host's /sys/fs/bpf; or a second kpng on this cgroup, \
+         which is unsupported: two kpngs need their own --cgroup-path and --bpf-pin-path)",
+        cgroup.display(),
+        detached.join(", ")
+    )
 }
 
 impl EbpfBackend {
@@ -140,6 +156,7 @@ impl EbpfBackend {
             node_port_ips: HashMap::new(),
             map_memory: MetricFamily::default(),
             pin_lock: None,
+            pending_repair: None,
         }
     }
 
@@ -184,6 +201,21 @@ impl EbpfBackend {
             );
             what.push(text);
         }
+        what.extend(self.pending_repair.take());
+        // Another generation's programs run before this kpng's: they go (a failure to look
+        // is logged, and the next periodic sync looks again).
+        match kernel.detach_strangers() {
+            Ok(detached) if !detached.is_empty() => {
+                let text = strangers_detached(kernel.cgroup(), &detached);
+                tracing::warn!(
+                    "{text} (until now they ran before this kpng's programs and translated \
+                     Service addresses from maps nobody updates)"
+                );
+                what.push(text);
+            }
+            Ok(_) => {}
+            Err(e) => warn!("looking for other kpng programs on the cgroup: {e}"),
+        }
         Ok((!what.is_empty()).then(|| what.join("; ")))
     }
 
@@ -214,6 +246,20 @@ impl EbpfBackend {
                 }
             };
             let k = Kernel::open(&self.config.pin_dir, &cgroup)?;
+            // Detached at once, before the first sync: until then the other generation's
+            // programs would keep running ahead of these.
+            match k.detach_strangers() {
+                Ok(detached) if !detached.is_empty() => {
+                    let text = strangers_detached(&cgroup, &detached);
+                    warn!(
+                        "{text} (they ran before this kpng's programs and translated Service \
+                         addresses from maps nobody updates)"
+                    );
+                    self.pending_repair = Some(text);
+                }
+                Ok(_) => {}
+                Err(e) => warn!("looking for other kpng programs on the cgroup: {e}"),
+            }
             info!(
                 "socket programs attached to cgroup {}, maps and links pinned under {}",
                 cgroup.display(),
@@ -260,7 +306,14 @@ impl EbpfBackend {
     /// Converges the maps on `snapshot` from whatever they hold: the kernel's contents are
     /// read back (sealed tables), and each wanted element is compared with them as it is
     /// computed ([`plan::Converge`]) and written in batches, so no image of the wanted state
-    /// is built beside the dump; after the writes, what no port wanted is deleted.
+    /// is built beside the dump.
+    ///
+    /// Two passes over the ports: the first only marks what is still wanted, so that what is
+    /// not can be deleted *before* the writes. A map full of unwanted elements (a crash
+    /// between writes and deletes, someone else's writes) would otherwise refuse every new
+    /// element, and the deletes at the end would never come. Deleted first: every unwanted
+    /// frontend, and the slots and members no remaining frontend points at; the rest (what
+    /// a frontend that is about to be rewritten still points at) after the writes.
     fn full(&mut self, snapshot: &Snapshot) -> Result<(usize, BTreeSet<UdpPair>), Error> {
         let started = std::time::Instant::now();
         self.refresh_node_port_ips(snapshot);
@@ -296,9 +349,15 @@ impl EbpfBackend {
             }
             Ok(())
         };
+        let delete = |map: MapId, keys: &[u8]| -> Result<usize, Error> {
+            let key_size = map.sizes().0.max(1);
+            for chunk in keys.chunks(batch::CHUNK * key_size) {
+                kernel.delete(map, chunk)?;
+            }
+            Ok(keys.len() / key_size)
+        };
         self.ids.begin();
-        let udp = layout::ip_proto(Protocol::Udp);
-        let mut udp_now = BTreeSet::new();
+        // The first pass: ids, and what is still wanted.
         for port in snapshot.ports.values() {
             let Some(proto) = layout::ip_proto(port.key.protocol) else {
                 continue;
@@ -312,6 +371,34 @@ impl EbpfBackend {
                         .and_then(layout::service_id_of)
                 });
                 let id = self.ids.assign(&port.key, g.scope, preferred);
+                plan::for_group(id, proto, &g, &mut |m, k, _| match m {
+                    MapId::Frontends => frontends.keep(k),
+                    MapId::Slots => slots.keep(k),
+                    MapId::Members => members.keep(k),
+                });
+            }
+        }
+        // Unwanted frontends go first (nothing wants them); then the slots and members of
+        // services no remaining frontend points at.
+        let mut operations = delete(MapId::Frontends, &frontends.take_stale(|_, _| true))?;
+        let pointed: BTreeSet<u32> = frontends
+            .kept()
+            .filter_map(|(_, v)| layout::service_id_of(v))
+            .collect();
+        let unpointed =
+            |k: &[u8], _: &[u8]| layout::service_id_of(k).is_some_and(|id| !pointed.contains(&id));
+        operations += delete(MapId::Slots, &slots.take_stale(unpointed))?;
+        operations += delete(MapId::Members, &members.take_stale(unpointed))?;
+        let udp = layout::ip_proto(Protocol::Udp);
+        let mut udp_now = BTreeSet::new();
+        for port in snapshot.ports.values() {
+            let Some(proto) = layout::ip_proto(port.key.protocol) else {
+                continue;
+            };
+            let node_ips = self.node_port_ips.get(&port.key.family);
+            for g in plan::groups(port, node_ips.map_or(&[], Vec::as_slice)) {
+                // Assigned by the first pass.
+                let id = self.ids.assign(&port.key, g.scope, None);
                 if Some(proto) == udp {
                     udp_now.extend(group_pairs(&g));
                 }
@@ -330,24 +417,11 @@ impl EbpfBackend {
         }
         flush(&mut slots, &mut members, Some(&mut frontends))?;
         self.ids.sweep();
-        let mut operations = frontends.written() + slots.written() + members.written();
-        // What no port wants any more: frontends first, then what they pointed at.
-        for (map, c) in [
-            (MapId::Frontends, &frontends),
-            (MapId::Slots, &slots),
-            (MapId::Members, &members),
-        ] {
-            let key_size = map.sizes().0;
-            let mut keys = Vec::new();
-            for key in c.stale() {
-                keys.extend_from_slice(key);
-                operations += 1;
-                if keys.len() >= batch::CHUNK * key_size {
-                    kernel.delete(map, &keys)?;
-                    keys.clear();
-                }
-            }
-            kernel.delete(map, &keys)?;
+        operations += frontends.written() + slots.written() + members.written();
+        // What rewritten frontends pointed at until now.
+        for (map, c) in [(MapId::Slots, &slots), (MapId::Members, &members)] {
+            let keys: Vec<u8> = c.stale().flatten().copied().collect();
+            operations += delete(map, &keys)?;
         }
         let gone: BTreeSet<UdpPair> = udp_pairs(&old)
             .into_iter()

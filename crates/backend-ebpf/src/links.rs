@@ -6,6 +6,12 @@
 //! kernel's link info says which cgroup a cgroup link is attached to, 0 once detached; aya 0.14
 //! reads that info but keeps the cgroup member to itself, so it is read here through `bpf()`
 //! (`BPF_OBJ_GET` on the pin, `BPF_OBJ_GET_INFO_BY_FD` on the fd).
+//!
+//! And what is attached to a cgroup, whoever attached it ([`attached_programs`],
+//! `BPF_PROG_QUERY`): a kpng that cannot see the previous generation's pins (another
+//! `--bpf-pin-path`, a bpffs of its own) attaches its programs *beside* the previous ones, which
+//! run first and translate from maps nobody updates. Pins cannot show those; the cgroup can.
+//! [`detach_links`] detaches them (`BPF_LINK_DETACH` on each of their links).
 
 #![allow(unsafe_code)]
 
@@ -22,6 +28,16 @@ use crate::batch::bpf_returning;
 const OBJ_GET: libc::c_long = 7;
 /// `BPF_OBJ_GET_INFO_BY_FD`.
 const OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+/// `BPF_PROG_GET_FD_BY_ID`.
+const PROG_GET_FD_BY_ID: libc::c_long = 13;
+/// `BPF_PROG_QUERY`.
+const PROG_QUERY: libc::c_long = 16;
+/// `BPF_LINK_GET_FD_BY_ID`.
+const LINK_GET_FD_BY_ID: libc::c_long = 30;
+/// `BPF_LINK_GET_NEXT_ID`.
+const LINK_GET_NEXT_ID: libc::c_long = 31;
+/// `BPF_LINK_DETACH`.
+const LINK_DETACH: libc::c_long = 34;
 /// `BPF_LINK_TYPE_CGROUP`.
 const LINK_TYPE_CGROUP: u32 = 3;
 
@@ -57,6 +73,201 @@ struct CgroupLinkInfo {
     _pad2: u32,
 }
 
+/// `union bpf_attr`'s `query` member, up to `prog_cnt` (older kernels know no more; newer ones
+/// read the rest as zero).
+#[repr(C)]
+#[derive(Default)]
+struct QueryAttr {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+}
+
+/// `union bpf_attr` for the `*_GET_FD_BY_ID` and `*_GET_NEXT_ID` commands.
+#[repr(C)]
+#[derive(Default)]
+struct IdAttr {
+    id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
+/// `union bpf_attr`'s `link_detach` member.
+#[repr(C)]
+#[derive(Default)]
+struct DetachAttr {
+    link_fd: u32,
+}
+
+/// The start of `struct bpf_prog_info`, up to its name.
+#[repr(C)]
+#[derive(Default)]
+struct ProgInfo {
+    prog_type: u32,
+    id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+    load_time: u64,
+    created_by_uid: u32,
+    nr_map_ids: u32,
+    map_ids: u64,
+    name: [u8; 16],
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info` (a prefix of the object's info struct).
+fn info_of<T>(fd: &OwnedFd, info: &mut T) -> io::Result<()> {
+    let mut attr = InfoAttr {
+        bpf_fd: u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX),
+        info_len: u32::try_from(std::mem::size_of::<T>()).unwrap_or(u32::MAX),
+        info: std::ptr::from_mut(info) as u64,
+    };
+    // SAFETY: `attr` is the info struct; `info` points at a `T` of `info_len` bytes, which
+    // the kernel fills (at most that many bytes); `T` is a `repr(C)` prefix of the info
+    // struct of the object behind `fd`, made of plain integers.
+    unsafe { bpf_returning(OBJ_GET_INFO_BY_FD, &mut attr) }.map(drop)
+}
+
+/// The fd a `*_GET_FD_BY_ID` command returns for `id`.
+fn fd_by_id(cmd: libc::c_long, id: u32) -> io::Result<OwnedFd> {
+    let mut attr = IdAttr {
+        id,
+        ..IdAttr::default()
+    };
+    // SAFETY: `attr` is the command's struct; it holds no pointer.
+    let fd = unsafe { bpf_returning(cmd, &mut attr) }?;
+    let fd = i32::try_from(fd).map_err(|_| io::Error::other("not an fd"))?;
+    // SAFETY: a successful `*_GET_FD_BY_ID` returns a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The id and name (at most 15 bytes: the kernel truncates) of the program behind `fd`.
+pub fn program_of(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u32, String)> {
+    let fd = fd.try_clone_to_owned()?;
+    let mut info = ProgInfo::default();
+    info_of(&fd, &mut info)?;
+    let len = info
+        .name
+        .iter()
+        .position(|b| *b == 0)
+        .unwrap_or(info.name.len());
+    Ok((
+        info.id,
+        String::from_utf8_lossy(&info.name[..len]).into_owned(),
+    ))
+}
+
+/// A program attached to a cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupProgram {
+    /// The kernel's id of the program.
+    pub id: u32,
+    /// Its name as the kernel keeps it (at most 15 bytes).
+    pub name: String,
+    /// The attach type (`BPF_CGROUP_INET4_CONNECT`, …) it is attached with.
+    pub attach_type: u32,
+}
+
+/// The programs attached directly to the cgroup v2 directory `cgroup` (not inherited from its
+/// parents) with each of `attach_types`, in the order they run.
+pub fn attached_programs(cgroup: &Path, attach_types: &[u32]) -> io::Result<Vec<CgroupProgram>> {
+    let cg = std::fs::File::open(cgroup)?;
+    let mut out = Vec::new();
+    for &attach_type in attach_types {
+        let mut ids = vec![0u32; 64];
+        loop {
+            let mut attr = QueryAttr {
+                target_fd: u32::try_from(cg.as_raw_fd()).unwrap_or(u32::MAX),
+                attach_type,
+                prog_ids: ids.as_mut_ptr() as u64,
+                prog_cnt: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+                ..QueryAttr::default()
+            };
+            // SAFETY: `attr` is `BPF_PROG_QUERY`'s struct; `prog_ids` points at `prog_cnt`
+            // u32s, which the kernel fills (at most that many).
+            match unsafe { bpf_returning(PROG_QUERY, &mut attr) } {
+                Ok(_) => {
+                    ids.truncate(attr.prog_cnt as usize);
+                    break;
+                }
+                // More attached than room: the kernel said how many.
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                    ids = vec![0u32; attr.prog_cnt as usize + 16];
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for id in ids {
+            // Gone since the query (a link released meanwhile): nothing to report.
+            let Ok(fd) = fd_by_id(PROG_GET_FD_BY_ID, id) else {
+                continue;
+            };
+            let mut info = ProgInfo::default();
+            info_of(&fd, &mut info)?;
+            let len = info
+                .name
+                .iter()
+                .position(|b| *b == 0)
+                .unwrap_or(info.name.len());
+            out.push(CgroupProgram {
+                id,
+                name: String::from_utf8_lossy(&info.name[..len]).into_owned(),
+                attach_type,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Detaches every live link that attaches one of `programs` (ids) to the cgroup with id
+/// `cgroup_id`, found by walking the kernel's links (`BPF_LINK_GET_NEXT_ID`). Returns the ids
+/// of the programs whose link it detached. A link whose last reference is already gone (its
+/// pin just replaced, detaching in the kernel's work queue) cannot be opened and is left to
+/// the kernel.
+pub fn detach_links(
+    cgroup_id: u64,
+    programs: &std::collections::BTreeSet<u32>,
+) -> io::Result<Vec<u32>> {
+    let mut detached = Vec::new();
+    let mut id = 0u32;
+    loop {
+        let mut next = IdAttr {
+            id,
+            ..IdAttr::default()
+        };
+        // SAFETY: `next` is the command's struct; it holds no pointer.
+        match unsafe { bpf_returning(LINK_GET_NEXT_ID, &mut next) } {
+            Ok(_) => id = next.next_id,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Err(e) => return Err(e),
+        }
+        let Ok(fd) = fd_by_id(LINK_GET_FD_BY_ID, id) else {
+            continue;
+        };
+        let mut info = CgroupLinkInfo::default();
+        if info_of(&fd, &mut info).is_err()
+            || info.link_type != LINK_TYPE_CGROUP
+            || info.cgroup_id != cgroup_id
+            || !programs.contains(&info.prog_id)
+        {
+            continue;
+        }
+        let mut attr = DetachAttr {
+            link_fd: u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX),
+        };
+        // SAFETY: `attr` is `BPF_LINK_DETACH`'s struct; it holds no pointer.
+        unsafe { bpf_returning(LINK_DETACH, &mut attr) }?;
+        detached.push(info.prog_id);
+    }
+    Ok(detached)
+}
+
 /// Where a link is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attachment {
@@ -68,6 +279,12 @@ pub enum Attachment {
 
 /// Where the link pinned at `pin` is attached.
 pub fn pinned_link(pin: &Path) -> io::Result<Attachment> {
+    pinned_link_program(pin).map(|(a, _)| a)
+}
+
+/// An fd of the object (map, link, program) pinned at `pin` (`BPF_OBJ_GET`): for tools and
+/// tests that read or fill a pinned map with [`crate::batch::Map`].
+pub fn open_pin(pin: &Path) -> io::Result<OwnedFd> {
     let path = CString::new(pin.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut get = ObjGetAttr {
@@ -79,26 +296,25 @@ pub fn pinned_link(pin: &Path) -> io::Result<Attachment> {
     let fd = unsafe { bpf_returning(OBJ_GET, &mut get) }?;
     let fd = i32::try_from(fd).map_err(|_| io::Error::other("BPF_OBJ_GET: not an fd"))?;
     // SAFETY: a successful `BPF_OBJ_GET` returns a new fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Where the link pinned at `pin` is attached, and the id of its program.
+pub fn pinned_link_program(pin: &Path) -> io::Result<(Attachment, u32)> {
+    let fd = open_pin(pin)?;
     let mut info = CgroupLinkInfo::default();
-    let mut attr = InfoAttr {
-        bpf_fd: u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX),
-        info_len: std::mem::size_of::<CgroupLinkInfo>() as u32,
-        info: std::ptr::from_mut(&mut info) as u64,
-    };
-    // SAFETY: `attr` is the info struct; `info` points at a zeroed `CgroupLinkInfo` of
-    // `info_len` bytes, which the kernel fills (at most that many bytes).
-    unsafe { bpf_returning(OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    info_of(&fd, &mut info)?;
     if info.link_type != LINK_TYPE_CGROUP {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{} is not a cgroup link", pin.display()),
         ));
     }
-    Ok(match info.cgroup_id {
+    let attachment = match info.cgroup_id {
         0 => Attachment::Detached,
         id => Attachment::Cgroup(id),
-    })
+    };
+    Ok((attachment, info.prog_id))
 }
 
 /// The id the kernel gives the cgroup v2 directory `dir` (its inode number on the cgroup2
@@ -144,6 +360,14 @@ mod tests {
         assert_eq!(std::mem::size_of::<CgroupLinkInfo>(), 32);
         assert_eq!(std::mem::offset_of!(CgroupLinkInfo, cgroup_id), 16);
         assert_eq!(std::mem::offset_of!(CgroupLinkInfo, attach_type), 24);
+    }
+
+    #[test]
+    fn the_prog_info_prefix_has_the_kernel_layout() {
+        assert_eq!(std::mem::offset_of!(ProgInfo, id), 4);
+        assert_eq!(std::mem::offset_of!(ProgInfo, name), 64);
+        assert_eq!(std::mem::size_of::<ProgInfo>(), 80);
+        assert_eq!(std::mem::size_of::<QueryAttr>(), 32);
     }
 
     #[test]

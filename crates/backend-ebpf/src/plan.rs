@@ -386,6 +386,38 @@ impl<'a> Converge<'a> {
         self.keys.len() / key.len().max(1) >= crate::batch::CHUNK
     }
 
+    /// Wants `key`, whatever its value: marks the old row still wanted without writing
+    /// anything (the first pass of a full sync, which learns what is stale before it writes).
+    pub fn keep(&mut self, key: &[u8]) {
+        if let Ok(i) = self.old.find(key) {
+            self.seen[i] = true;
+        }
+    }
+
+    /// The stale rows that `early` accepts (by key and old value), marked as handled: the
+    /// caller deletes them now, before its writes, and [`Converge::stale`] no longer lists
+    /// them.
+    pub fn take_stale(&mut self, early: impl Fn(&[u8], &[u8]) -> bool) -> Vec<u8> {
+        let mut keys = Vec::new();
+        for (i, seen) in self.seen.iter_mut().enumerate() {
+            if !*seen && early(self.old.key(i), self.old.value(i)) {
+                *seen = true;
+                keys.extend_from_slice(self.old.key(i));
+            }
+        }
+        keys
+    }
+
+    /// The (key, old value) of the rows that stay wanted.
+    pub fn kept(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + '_ {
+        let old = self.old;
+        self.seen
+            .iter()
+            .enumerate()
+            .filter(|(_, seen)| **seen)
+            .map(move |(i, _)| (old.key(i), old.value(i)))
+    }
+
     /// The pending writes (keys and values back to back), emptied.
     pub fn take(&mut self) -> (Vec<u8>, Vec<u8>) {
         (

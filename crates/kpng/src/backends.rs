@@ -435,6 +435,11 @@ mod linux {
             LocalBackend::Nft(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Userspace(args) => crate::prereq::check(kind, &args.nft_binary)?,
             LocalBackend::Ebpf(args) => {
+                // Without it every sync fails with "Operation not permitted" and no hint.
+                #[cfg(target_os = "linux")]
+                if !dry_run {
+                    crate::caps::need_bpf("`to-local ebpf`")?;
+                }
                 // A mistyped path never becomes right: say so now, not at every retry.
                 if let Some(cgroup) = args.cgroup_path.as_ref() {
                     if !cgroup.exists() {

@@ -7,11 +7,33 @@
 //! iptables rules that were never seen: `iptables-legacy-save` needs a raw socket.
 //! - `CAP_NET_ADMIN`: every nftables, iptables and conntrack operation.
 //! - `CAP_NET_RAW`: `iptables-legacy` (reading or writing legacy tables).
+//! - `CAP_BPF` (or `CAP_SYS_ADMIN`, which kernels before 5.8 need instead): `to-local ebpf`'s
+//!   programs and maps; without it every sync failed with "failed to create map …: Operation
+//!   not permitted".
 
 /// `CAP_NET_ADMIN`'s bit.
 pub const NET_ADMIN: u32 = 12;
 /// `CAP_NET_RAW`'s bit.
 pub const NET_RAW: u32 = 13;
+
+/// `CAP_SYS_ADMIN`'s bit.
+pub const SYS_ADMIN: u32 = 21;
+/// `CAP_BPF`'s bit (kernel 5.8+).
+pub const BPF: u32 = 39;
+
+/// Refuses `what` without `CAP_BPF` or `CAP_SYS_ADMIN` (loading programs, creating maps),
+/// naming them and how a Pod gets them.
+pub fn need_bpf(what: &str) -> anyhow::Result<()> {
+    if has(BPF) || has(SYS_ADMIN) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{what} needs CAP_BPF (or CAP_SYS_ADMIN on kernels before 5.8) to load its programs and \
+         create its maps, which this process lacks: run it as root with its capabilities, or in \
+         a Pod with `privileged: true` or `securityContext.capabilities.add: [NET_ADMIN, \
+         NET_RAW, BPF]`"
+    )
+}
 
 /// The effective set in `/proc/self/status` text (`CapEff:\t000001fffeffffff`).
 pub fn effective_in(status: &str) -> Option<u64> {

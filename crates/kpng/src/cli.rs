@@ -636,6 +636,12 @@ pub struct CleanupArgs {
     /// (pins a running kpng holds are kept).
     #[arg(long, env = "KPNG_BPF_PIN_PATH", default_value = crate::leftovers::DEFAULT_EBPF_PINS)]
     pub bpf_pin_path: std::path::PathBuf,
+    /// The cgroup v2 directory the eBPF backend's programs were attached to, as `to-local
+    /// ebpf --cgroup-path` had it (default: the cgroup v2 root): kpng programs attached there
+    /// are detached even when no pin is left to find them by (a kpng that ran with another
+    /// `--bpf-pin-path`).
+    #[arg(long, env = "KPNG_CGROUP_PATH")]
+    pub cgroup_path: Option<std::path::PathBuf>,
 }
 
 /// `kpng version`.

@@ -87,6 +87,20 @@ fn link_problems(i: &Inspection) -> Option<String> {
             each.join(", ")
         ));
     }
+    if !i.strangers.is_empty() {
+        let each: Vec<String> = i
+            .strangers
+            .iter()
+            .map(|(name, id)| format!("{name} (program {id})"))
+            .collect();
+        problems.push(format!(
+            "other kpng programs attached to the cgroup, not this kpng's links: {} (a previous \
+             kpng whose pins this one cannot see, or a second kpng on this cgroup; they run \
+             before this kpng's and translate Service addresses from maps nobody updates; the \
+             next periodic sync detaches them, `kpng cleanup --cgroup-path` too)",
+            each.join(", ")
+        ));
+    }
     (!problems.is_empty()).then(|| problems.join("; "))
 }
 
@@ -94,10 +108,21 @@ fn link_problems(i: &Inspection) -> Option<String> {
 fn details(i: &Inspection, pin_dir: &Path, scope: &str) -> Vec<DataPlaneDetail> {
     let programs = DataPlaneDetail {
         what: "eBPF socket programs".into(),
+        // The cgroup's own list when it could be asked: pins can be gone while the programs
+        // still run.
         state: format!(
-            "{} of {} attached to {scope}, links pinned in {}",
-            i.pinned.len(),
+            "{} of {} attached to {scope}, {}links pinned in {}",
+            i.attached.as_ref().map_or(i.pinned.len(), Vec::len),
             PROGRAMS.len(),
+            if i.missing.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "{} of {} ",
+                    PROGRAMS.len() - i.missing.len(),
+                    PROGRAMS.len()
+                )
+            },
             pin_dir.join(kpng_backend_ebpf::kernel::LINKS).display()
         ),
         problem: link_problems(i),
@@ -112,10 +137,17 @@ fn details(i: &Inspection, pin_dir: &Path, scope: &str) -> Vec<DataPlaneDetail> 
         .iter()
         .filter(|m| m.nearly_full())
         .map(|m| {
-            let consequence = if matches!(m.name, "kpng_reverse" | "kpng_affinity" | "kpng_flows") {
-                "the oldest entries are evicted"
-            } else {
-                "new entries are refused and the sync fails"
+            let lru = matches!(m.name, "kpng_reverse" | "kpng_affinity" | "kpng_flows");
+            let consequence = match (lru, m.entries >= m.max_entries as usize) {
+                (true, true) => "the oldest entries are evicted",
+                (true, false) => "once full, the oldest entries are evicted",
+                (false, true) => {
+                    "new entries are refused: a sync that adds any fails until some are removed"
+                }
+                (false, false) => {
+                    "nothing is refused yet; once full, new entries are refused and a sync that \
+                     adds any fails"
+                }
             };
             format!(
                 "{} is {} % full: {consequence}",
@@ -162,6 +194,8 @@ mod tests {
                 },
             ],
             unreadable: vec![],
+            attached: Some(all.clone()),
+            strangers: vec![],
         };
         let lines = details(
             &healthy,
@@ -189,9 +223,17 @@ mod tests {
                 max_entries: 262_144,
             }],
             unreadable: vec![("kpng_reverse", "No such file or directory".into())],
+            attached: None,
+            strangers: vec![],
         };
         let lines = details(&broken, Path::new("/p"), "cgroup /c");
-        assert!(lines[0].state.starts_with("6 of 9 attached"), "{lines:?}");
+        assert!(
+            lines[0].state.starts_with("6 of 9 attached")
+                && lines[0]
+                    .state
+                    .ends_with(", 7 of 9 links pinned in /p/links"),
+            "{lines:?}"
+        );
         assert_eq!(
             lines[0].problem.as_deref(),
             Some(
@@ -207,8 +249,41 @@ mod tests {
         assert_eq!(
             lines[1].problem.as_deref(),
             Some(
-                "kpng_frontends is 90 % full: new entries are refused and the sync fails; \
-                 kpng_reverse cannot be read: No such file or directory"
+                "kpng_frontends is 90 % full: nothing is refused yet; once full, new entries are \
+                 refused and a sync that adds any fails; kpng_reverse cannot be read: No such \
+                 file or directory"
+            )
+        );
+
+        // Pins gone, programs still on the cgroup, and a previous generation beside them.
+        let unpinned = Inspection {
+            pinned: vec![],
+            missing: all.clone(),
+            not_attached: vec![],
+            maps: vec![MapFill {
+                name: "kpng_frontends",
+                entries: 262_144,
+                max_entries: 262_144,
+            }],
+            unreadable: vec![],
+            attached: Some(all.clone()),
+            strangers: vec![("kpng_connect4", 812)],
+        };
+        let lines = details(&unpinned, Path::new("/p"), "cgroup /c");
+        assert_eq!(
+            lines[0].state,
+            "9 of 9 attached to cgroup /c, 0 of 9 links pinned in /p/links"
+        );
+        let problem = lines[0].problem.as_deref().unwrap_or_default();
+        assert!(
+            problem.contains("other kpng programs attached to the cgroup, not this kpng's links: kpng_connect4 (program 812)"),
+            "{problem}"
+        );
+        assert_eq!(
+            lines[1].problem.as_deref(),
+            Some(
+                "kpng_frontends is 100 % full: new entries are refused: a sync that adds any \
+                 fails until some are removed"
             )
         );
     }

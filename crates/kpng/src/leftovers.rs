@@ -9,7 +9,9 @@
 //! backend keeps its variant's and removes the other's. kubelet's chains (`KUBE-FIREWALL`,
 //! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`, `KUBE-MARK-DROP`) are never touched.
 
-use std::path::{Path, PathBuf};
+#[cfg(target_os = "linux")]
+use std::path::Path;
+use std::path::PathBuf;
 
 #[cfg(target_os = "linux")]
 use crate::backends::BackendKind;
@@ -65,16 +67,21 @@ impl Leftover {
         Leftover::KubeProxyIpvs,
     ];
 
-    /// What it is, for messages; `ebpf_pins` is where the eBPF backend's pins are looked for.
-    pub fn describe(self, ebpf_pins: &Path) -> String {
+    /// What it is, for messages; `ebpf` is where the eBPF backend's pins are looked for.
+    pub fn describe(self, ebpf: &EbpfPlaces) -> String {
         match self {
             Leftover::KpngNft => "kpng's nftables tables (`to-local nft`)".into(),
             Leftover::KpngUserspace => {
                 "the userspace proxy's nftables tables (`to-local userspace`)".into()
             }
             Leftover::KpngEbpf => format!(
-                "the eBPF backend's pinned programs and maps under {} (`to-local ebpf`)",
-                ebpf_pins.display()
+                "the eBPF backend's pinned programs and maps under {} and the kpng programs \
+                 attached to {} (`to-local ebpf`)",
+                ebpf.pins.display(),
+                ebpf.cgroup.as_ref().map_or_else(
+                    || "the cgroup v2 root".into(),
+                    |c| format!("cgroup {}", c.display())
+                )
             ),
             Leftover::IptablesChains(v) => format!(
                 "kube-proxy's iptables chains in iptables-{} (iptables or ipvs mode, or kpng's \
@@ -89,21 +96,45 @@ impl Leftover {
     }
 
     /// Whether any of it is on the node. Errors (a tool missing, no permission) count as
-    /// "nothing there": whatever cannot be read cannot be removed either. `ebpf_pins` is the
+    /// "nothing there": whatever cannot be read cannot be removed either. `ebpf` is the
     /// eBPF backend's pin directory (`--bpf-pin-path`).
-    pub fn present(self, ebpf_pins: &Path) -> bool {
-        imp::present(self, ebpf_pins)
+    pub fn present(self, ebpf: &EbpfPlaces) -> bool {
+        imp::present(self, ebpf)
     }
 
     /// Who uses it right now, when a running kpng of this host does: then it is not a
     /// leftover (the eBPF pins, which are the host's, of a kpng in another network namespace).
-    pub fn in_use(self, ebpf_pins: &Path) -> Option<String> {
-        imp::in_use(self, ebpf_pins)
+    pub fn in_use(self, ebpf: &EbpfPlaces) -> Option<String> {
+        imp::in_use(self, ebpf)
     }
 
     /// Removes it.
-    pub fn remove(self, ebpf_pins: &Path) -> anyhow::Result<()> {
-        imp::remove(self, ebpf_pins)
+    pub fn remove(self, ebpf: &EbpfPlaces) -> anyhow::Result<()> {
+        imp::remove(self, ebpf)
+    }
+}
+
+/// Where the eBPF backend's leftovers are: its pins, and the cgroup its programs were attached
+/// to. Both, because a kpng that could not see its predecessor's pins (another
+/// `--bpf-pin-path`, a bpffs of its own) leaves programs attached with no pin to find them by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EbpfPlaces {
+    /// The pin directory (`--bpf-pin-path`).
+    pub pins: PathBuf,
+    /// The cgroup (`--cgroup-path`); `None`: the cgroup v2 root.
+    pub cgroup: Option<PathBuf>,
+}
+
+impl EbpfPlaces {
+    /// `$KPNG_BPF_PIN_PATH` and `$KPNG_CGROUP_PATH` (what the flags also read), else the
+    /// defaults: what kube-proxy's `--cleanup` and another backend's start look at.
+    pub fn from_env() -> EbpfPlaces {
+        EbpfPlaces {
+            pins: default_ebpf_pins(),
+            cgroup: std::env::var_os("KPNG_CGROUP_PATH")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+        }
     }
 }
 
@@ -146,19 +177,19 @@ pub fn own(kind: BackendKind, iptables_variant: Option<Variant>) -> Vec<Leftover
 /// warning, never fatal. Called once the running backend's rules are in place, so that
 /// traffic keeps flowing through whichever rules match first meanwhile, and established
 /// connections keep their conntrack entries.
-pub fn sweep(own: &[Leftover], ebpf_pins: &Path) {
+pub fn sweep(own: &[Leftover], ebpf: &EbpfPlaces) {
     for leftover in Leftover::ALL.into_iter().filter(|l| !own.contains(l)) {
-        if !leftover.present(ebpf_pins) {
-            tracing::debug!("no {}", leftover.describe(ebpf_pins));
+        if !leftover.present(ebpf) {
+            tracing::debug!("no {}", leftover.describe(ebpf));
             continue;
         }
-        if let Some(user) = leftover.in_use(ebpf_pins) {
-            tracing::info!("kept {}: in use by {user}", leftover.describe(ebpf_pins));
+        if let Some(user) = leftover.in_use(ebpf) {
+            tracing::info!("kept {}: in use by {user}", leftover.describe(ebpf));
             continue;
         }
-        match leftover.remove(ebpf_pins) {
-            Ok(()) => tracing::info!("removed {}", leftover.describe(ebpf_pins)),
-            Err(e) => tracing::warn!("could not remove {}: {e:#}", leftover.describe(ebpf_pins)),
+        match leftover.remove(ebpf) {
+            Ok(()) => tracing::info!("removed {}", leftover.describe(ebpf)),
+            Err(e) => tracing::warn!("could not remove {}: {e:#}", leftover.describe(ebpf)),
         }
     }
     #[cfg(target_os = "linux")]
@@ -222,34 +253,34 @@ impl Leftover {
 /// removed; with `dry_run`, prints what it would remove and removes nothing. Returns how many
 /// it removed (or would).
 #[cfg_attr(windows, allow(dead_code))]
-pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf_pins: &Path) -> anyhow::Result<usize> {
+pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf: &EbpfPlaces) -> anyhow::Result<usize> {
     let mut failed = Vec::new();
     let mut removed = 0;
     for leftover in Leftover::ALL {
         if scope == Scope::KpngOnly && !leftover.is_kpngs_own() {
             continue;
         }
-        if !leftover.present(ebpf_pins) {
+        if !leftover.present(ebpf) {
             continue;
         }
-        if let Some(user) = leftover.in_use(ebpf_pins) {
+        if let Some(user) = leftover.in_use(ebpf) {
             failed.push(format!(
                 "{}: in use by {user}; stop that kpng first",
-                leftover.describe(ebpf_pins)
+                leftover.describe(ebpf)
             ));
             continue;
         }
         if dry_run {
             removed += 1;
-            println!("kpng: would remove {}", leftover.describe(ebpf_pins));
+            println!("kpng: would remove {}", leftover.describe(ebpf));
             continue;
         }
-        match leftover.remove(ebpf_pins) {
+        match leftover.remove(ebpf) {
             Ok(()) => {
                 removed += 1;
-                println!("kpng: removed {}", leftover.describe(ebpf_pins));
+                println!("kpng: removed {}", leftover.describe(ebpf));
             }
-            Err(e) => failed.push(format!("{}: {e:#}", leftover.describe(ebpf_pins))),
+            Err(e) => failed.push(format!("{}: {e:#}", leftover.describe(ebpf))),
         }
     }
     if !failed.is_empty() {
@@ -357,8 +388,8 @@ mod imp {
     use kpng_backend_userspace::capture::nft::NftCapture;
     use kpng_model::Family;
 
-    use super::{Leftover, Variant, removal_script};
-    use std::path::Path;
+    use super::{EbpfPlaces, Leftover, Variant, removal_script};
+    use std::path::PathBuf;
 
     /// The tables an iptables proxy uses.
     const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
@@ -446,10 +477,26 @@ mod imp {
         std::path::Path::new("/sys/class/net/kube-ipvs0").exists()
     }
 
-    pub(super) fn in_use(leftover: Leftover, ebpf_pins: &Path) -> Option<String> {
+    /// The cgroup the eBPF backend's programs are looked for on: its `--cgroup-path`, else the
+    /// cgroup v2 root (where the backend attaches by default).
+    fn ebpf_cgroup(ebpf: &EbpfPlaces) -> Option<PathBuf> {
+        ebpf.cgroup
+            .clone()
+            .or_else(|| kpng_backend_ebpf::host::cgroup2_root().ok())
+    }
+
+    /// The kpng programs attached to that cgroup (none when it cannot be read).
+    fn ebpf_programs(ebpf: &EbpfPlaces) -> Vec<u32> {
+        ebpf_cgroup(ebpf)
+            .and_then(|cg| kpng_backend_ebpf::kernel::kpng_programs(&cg).ok())
+            .map(|found| found.into_iter().map(|(_, p)| p.id).collect())
+            .unwrap_or_default()
+    }
+
+    pub(super) fn in_use(leftover: Leftover, ebpf: &EbpfPlaces) -> Option<String> {
         match leftover {
-            Leftover::KpngEbpf if kpng_backend_ebpf::host::pins_in_use(ebpf_pins) => {
-                Some(kpng_backend_ebpf::host::holder(ebpf_pins).map_or_else(
+            Leftover::KpngEbpf if kpng_backend_ebpf::host::pins_in_use(&ebpf.pins) => {
+                Some(kpng_backend_ebpf::host::holder(&ebpf.pins).map_or_else(
                     || "a running kpng".into(),
                     |h| format!("a running kpng ({h})"),
                 ))
@@ -458,13 +505,13 @@ mod imp {
         }
     }
 
-    pub(super) fn present(leftover: Leftover, ebpf_pins: &Path) -> bool {
+    pub(super) fn present(leftover: Leftover, ebpf: &EbpfPlaces) -> bool {
         match leftover {
             Leftover::KpngNft => has_table("kpng", &["ip", "ip6"]),
             Leftover::KpngUserspace => {
                 has_table(kpng_backend_userspace::capture::nft::TABLE, &["ip", "ip6"])
             }
-            Leftover::KpngEbpf => ebpf_pins.exists(),
+            Leftover::KpngEbpf => ebpf.pins.exists() || !ebpf_programs(ebpf).is_empty(),
             Leftover::KubeProxyNft => has_table("kube-proxy", &["ip", "ip6"]),
             Leftover::IptablesChains(v) => Family::ALL
                 .iter()
@@ -473,7 +520,7 @@ mod imp {
         }
     }
 
-    pub(super) fn remove(leftover: Leftover, ebpf_pins: &Path) -> anyhow::Result<()> {
+    pub(super) fn remove(leftover: Leftover, ebpf: &EbpfPlaces) -> anyhow::Result<()> {
         match leftover {
             Leftover::KpngNft => {
                 NftBackend::new(NftConfig::default(), Box::new(NftCommand::default()))
@@ -484,8 +531,24 @@ mod imp {
                 .cleanup()
                 .context("removing the userspace proxy's nftables tables")?,
             Leftover::KpngEbpf => {
-                kpng_backend_ebpf::kernel::remove_pins(ebpf_pins)
+                kpng_backend_ebpf::kernel::remove_pins(&ebpf.pins)
                     .context("removing the eBPF backend's pins")?;
+                // Programs attached with no pin left to find them by (a kpng that ran with
+                // another pin directory): none is this kpng's, so every one goes.
+                if let Some(cgroup) = ebpf_cgroup(ebpf) {
+                    let detached = kpng_backend_ebpf::kernel::detach_strangers(
+                        &cgroup,
+                        &std::collections::BTreeSet::new(),
+                    )
+                    .context("detaching kpng programs")?;
+                    if !detached.is_empty() {
+                        tracing::info!(
+                            "detached kpng programs from {}: {}",
+                            cgroup.display(),
+                            detached.join(", ")
+                        );
+                    }
+                }
             }
             Leftover::KubeProxyNft => {
                 let script = "add table ip kube-proxy\ndelete table ip kube-proxy\n\
@@ -522,18 +585,17 @@ mod imp {
 
 #[cfg(not(target_os = "linux"))]
 mod imp {
-    use super::Leftover;
-    use std::path::Path;
+    use super::{EbpfPlaces, Leftover};
 
-    pub(super) fn present(_leftover: Leftover, _ebpf_pins: &Path) -> bool {
+    pub(super) fn present(_leftover: Leftover, _ebpf: &EbpfPlaces) -> bool {
         false
     }
 
-    pub(super) fn in_use(_leftover: Leftover, _ebpf_pins: &Path) -> Option<String> {
+    pub(super) fn in_use(_leftover: Leftover, _ebpf: &EbpfPlaces) -> Option<String> {
         None
     }
 
-    pub(super) fn remove(_leftover: Leftover, _ebpf_pins: &Path) -> anyhow::Result<()> {
+    pub(super) fn remove(_leftover: Leftover, _ebpf: &EbpfPlaces) -> anyhow::Result<()> {
         Ok(())
     }
 }

@@ -85,7 +85,14 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
             crate::leftovers::Scope::Everything
         };
         #[allow(unused_mut)]
-        let mut removed = crate::leftovers::cleanup_all(scope, dry_run, &args.bpf_pin_path)?;
+        let mut removed = crate::leftovers::cleanup_all(
+            scope,
+            dry_run,
+            &crate::leftovers::EbpfPlaces {
+                pins: args.bpf_pin_path.clone(),
+                cgroup: args.cgroup_path.clone(),
+            },
+        )?;
         #[cfg(target_os = "linux")]
         {
             removed += remove_conntrack_memory(dry_run)?;
@@ -167,6 +174,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
             kpng_only: false,
             dry_run: cli.dry_run,
             bpf_pin_path: crate::leftovers::default_ebpf_pins(),
+            cgroup_path: crate::leftovers::EbpfPlaces::from_env().cgroup,
         };
         return cleanup(&flags, &args, cli.dry_run);
     }
@@ -895,7 +903,7 @@ where
                 if ok {
                     let own = own.clone();
                     let _ = tokio::task::spawn_blocking(move || {
-                        crate::leftovers::sweep(&own, &crate::leftovers::default_ebpf_pins())
+                        crate::leftovers::sweep(&own, &crate::leftovers::EbpfPlaces::from_env())
                     })
                     .await;
                     return;

@@ -822,11 +822,13 @@ fn status_shows_the_socket_programs_and_their_maps() {
         kpng_status(true)
     );
 
-    // Someone removes the link pins: said unasked (the default 30 s sync period has not come).
+    // Someone removes the link pins: said unasked (the default 30 s sync period has not come),
+    // and the programs still count as attached (the cgroup's own list says so).
     std::fs::remove_dir_all(pins.join("links")).expect("rm the link pins");
     let table = kpng_status(false);
     assert!(
-        table.contains("eBPF socket programs: 0 of 9 attached")
+        table.contains("eBPF socket programs: 9 of 9 attached")
+            && table.contains("0 of 9 links pinned in")
             && table.contains("PROBLEM: not pinned: kpng_connect4, "),
         "{table}"
     );
@@ -1035,4 +1037,182 @@ fn a_kpng_in_its_own_cgroup_namespace_says_the_pods_are_not_translated() {
     // mount went with it, the empty directory stays on the host's /run (removed only if
     // empty, so a real mount there is never touched).
     let _ = std::fs::remove_dir(kpng_backend_ebpf::host::OWN_CGROUP2_MOUNT);
+}
+
+/// Removes a pin directory when dropped (a test's moved-away pins, on failure too).
+struct PinsGone(std::path::PathBuf);
+
+impl Drop for PinsGone {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Moves node1's pin directory away, as a kpng started with another `--bpf-pin-path` (or its
+/// own bpffs) would not see it: the programs stay attached, held by pins nobody looks at.
+fn hide_pins(c: &Cluster, suffix: &str) -> PinsGone {
+    let pins = ebpf_pins(&c.node1.ns);
+    let hidden = pins.with_file_name(format!(
+        "{}-{suffix}",
+        pins.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ));
+    let _ = std::fs::remove_dir_all(&hidden);
+    std::fs::rename(&pins, &hidden).expect("move the pins away");
+    PinsGone(hidden)
+}
+
+/// A kpng that cannot see its predecessor's pins (another `--bpf-pin-path`, its own bpffs, a
+/// DaemonSet without the host's `/sys/fs/bpf`) finds the previous generation on its cgroup and
+/// detaches it, instead of leaving it to run first and translate from a map nobody updates;
+/// `kpng cleanup` detaches programs that no pin names.
+#[test]
+fn a_start_that_cannot_see_the_old_pins_detaches_the_old_programs() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("stale")).expect("cluster");
+    let _echo: Vec<Spawned> = ["pod2a", "pod1b"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
+        &[],
+    );
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    k.stop();
+    let _old = hide_pins(&c, "old");
+
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
+        &["--sync-period", "1s"],
+    );
+    assert_eq!(
+        attached(&c).len(),
+        9,
+        "the old generation was detached: {:?}",
+        attached(&c)
+    );
+    k.wait_logged("the warning", |err| {
+        err.contains("kpng eBPF programs that are not this kpng's were attached to cgroup")
+            && err.contains("kpng_connect4 (program ")
+    });
+    let repaired = |status: &serde_json::Value| {
+        status["repairs"]["count"].as_u64().is_some_and(|n| n >= 1)
+            && status["repairs"]["lastChange"]
+                .as_str()
+                .is_some_and(|c| c.contains("not this kpng's"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut status = k.status_json();
+    while !repaired(&status) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        status = k.status_json();
+    }
+    assert!(repaired(&status), "counted as a repair: {status}");
+
+    // pod2a leaves: new connections go to pod1b only (the old programs, had they stayed,
+    // would translate from their frozen map first).
+    k.apply(&manifest(&[svc(
+        "web",
+        10,
+        "ClusterIP",
+        "",
+        &[("pod1b", Cond::Ready)],
+    )]));
+    let reached = spread(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(10, false), SVC_PORT),
+        8,
+    );
+    assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
+
+    // Stopped and its pins moved away too: `kpng cleanup` finds the programs on the cgroup.
+    k.stop();
+    let _newer = hide_pins(&c, "newer");
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    let (cgroup, pins) = ebpf_scope(&c.node1.ns);
+    let out = c
+        .node1
+        .ns
+        .command([
+            env!("CARGO_BIN_EXE_kpng"),
+            "cleanup",
+            "--kpng-only",
+            "--bpf-pin-path",
+        ])
+        .arg(&pins)
+        .arg("--cgroup-path")
+        .arg(&cgroup)
+        .output()
+        .expect("kpng cleanup");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("removed the eBPF backend's pinned programs and maps"),
+        "{said}"
+    );
+    assert!(attached(&c).is_empty(), "{:?}: {said}", attached(&c));
+}
+
+/// A full `kpng_frontends` map (unwanted elements: a crash between a sync's writes and its
+/// deletes, someone else's writes) recovers at the next full sync: the unwanted elements are
+/// deleted before the wanted ones are written. Before, the writes came first and every retry
+/// failed with "Argument list too long".
+#[test]
+fn a_full_frontends_map_converges() {
+    use std::os::fd::AsFd;
+    require_root!();
+    let c = Cluster::create(&B.prefix("fullmap")).expect("cluster");
+    let _echo: Vec<Spawned> = ["pod2a", "pod1b"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let web = svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
+    let mut k = Kpng::start(B, &c.node1.ns, &manifest(std::slice::from_ref(&web)), &[]);
+    k.stop();
+    // Filled to its capacity with frontends nobody wants.
+    let pin = ebpf_pins(&c.node1.ns).join("v3/kpng_frontends");
+    let fd = kpng_backend_ebpf::links::open_pin(&pin).expect("open the pinned map");
+    use kpng_backend_ebpf::layout::{FRONTEND_KEY, SERVICE, frontend_key};
+    let mut map = kpng_backend_ebpf::batch::Map::new(fd.as_fd(), FRONTEND_KEY, SERVICE);
+    let mut refused = None;
+    for chunk in 0u32..(262_144 / 4096) + 1 {
+        let (mut keys, values) = (Vec::new(), vec![0u8; 4096 * SERVICE]);
+        for i in 0..4096u32 {
+            let n = chunk * 4096 + i;
+            let ip =
+                std::net::Ipv6Addr::new(0xfd00, 0xdead, 0, 0, 0, 0, (n >> 16) as u16, n as u16);
+            keys.extend_from_slice(&frontend_key(ip.into(), 80, 6));
+        }
+        if let Err(e) = map.update(&keys, &values) {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refused = refused.expect("the map filled up");
+    // E2BIG: a full hash map refuses new keys.
+    assert_eq!(refused.raw_os_error(), Some(7), "{refused}");
+    drop(fd);
+
+    // A new Service while the map is full: the start's full sync must converge.
+    let api = svc("api", 11, "ClusterIP", "", &[("pod1b", Cond::Ready)]);
+    k.write(&manifest(&[web, api]));
+    k.spawn();
+    let reached = spread(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(11, false), SVC_PORT),
+        4,
+    );
+    assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
 }
