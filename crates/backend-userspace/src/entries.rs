@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 pub use kpng_backend::settings::NodePortAddresses;
 use kpng_backend::settings::NodePortScope;
-use kpng_model::{Family, Protocol, ServicePort};
+use kpng_model::{Family, NodeState, Protocol, ServicePort};
 
 /// What an entry is about. Each key holds at most one [`Action`] at a time.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -284,7 +284,7 @@ pub fn port_entries(sp: &ServicePort, listeners: ListenerPorts, node_ips: &[IpAd
 /// mode), the Service CIDRs and the pod CIDRs whose traffic is short-circuited.
 pub fn node_entries(
     nodeport_addresses: &NodePortAddresses,
-    node_ips: &[IpAddr],
+    node: &NodeState,
     service_cidrs: &[IpNet],
     pod_cidrs: &[IpNet],
     families: &[Family],
@@ -293,13 +293,15 @@ pub fn node_entries(
     // of the family" is the family's whole range.
     let mut nets: Vec<IpNet> = Vec::new();
     for family in families {
-        match nodeport_addresses.scope(*family) {
+        // `primary` for a family the node has no IP of (or none at all after the wait) is
+        // every local address of it, as in the other backends.
+        match nodeport_addresses.scope_on(*family, node) {
             NodePortScope::AllLocal => nets.push(match family {
                 Family::V4 => IpNet::V4(ipnet::Ipv4Net::default()),
                 Family::V6 => IpNet::V6(ipnet::Ipv6Net::default()),
             }),
             NodePortScope::Primary => nets.extend(
-                node_ips
+                node.ips
                     .iter()
                     .filter(|ip| !ip.is_loopback() && Family::of(ip) == *family)
                     .map(|ip| IpNet::from(*ip)),

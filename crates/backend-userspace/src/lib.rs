@@ -215,15 +215,9 @@ impl UserspaceBackend {
             .chain(&snapshot.service_cidrs)
             .copied()
             .collect();
-        // `primary` with no node IP after the wait is every local address (as upstream).
-        let all_local = NodePortAddresses::AllLocal;
-        let nodeport_addresses = match &self.config.nodeport_addresses {
-            NodePortAddresses::Primary if node.nodeports_on_all_local => &all_local,
-            other => other,
-        };
         self.node_entries = entries::node_entries(
-            nodeport_addresses,
-            &node.ips,
+            &self.config.nodeport_addresses,
+            node,
             &service_cidrs,
             pod_cidrs,
             &self.config.families,

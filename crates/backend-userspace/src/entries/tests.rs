@@ -218,7 +218,11 @@ fn node_entries_follow_the_node_port_addresses_setting() {
     let cidrs = ["10.96.0.0/16".parse().unwrap()];
     let pods = ["10.244.1.0/24".parse().unwrap()];
     let keys = |setting: &NodePortAddresses, families: &[Family]| -> Vec<EntryKey> {
-        node_entries(setting, &node_ips, &cidrs, &pods, families)
+        let node = kpng_model::NodeState {
+            ips: node_ips.to_vec(),
+            ..kpng_model::NodeState::default()
+        };
+        node_entries(setting, &node, &cidrs, &pods, families)
             .into_iter()
             .map(|e| e.key)
             .collect()
@@ -251,6 +255,29 @@ fn node_entries_follow_the_node_port_addresses_setting() {
             EntryKey::NodePortAddresses(net("192.168.0.0/16")),
             EntryKey::ServiceCidr(net("10.96.0.0/16")),
             EntryKey::PodCidr(net("10.244.1.0/24")),
+        ]
+    );
+    // primary on a node that lists IPv4 only: IPv6 node ports on every local IPv6 address, as
+    // kube-proxy's `primary` gives IPv6 no CIDR.
+    let v4_only = kpng_model::NodeState {
+        ips: vec![ip("192.168.100.1")],
+        ..kpng_model::NodeState::default()
+    };
+    let nodeports: Vec<EntryKey> = node_entries(
+        &NodePortAddresses::Primary,
+        &v4_only,
+        &[],
+        &[],
+        &Family::ALL,
+    )
+    .into_iter()
+    .map(|e| e.key)
+    .collect();
+    assert_eq!(
+        nodeports,
+        vec![
+            EntryKey::NodePortAddresses(net("192.168.100.1/32")),
+            EntryKey::NodePortAddresses(net("::/0")),
         ]
     );
 }
