@@ -681,12 +681,7 @@ fn removed_pins_are_pinned_again_and_translation_never_stops() {
                 .as_str()
                 .is_some_and(|c| c.contains("eBPF pins") && c.contains("kpng_connect4"))
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut status = k.status_json();
-    while !repaired(&status) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        status = k.status_json();
-    }
+    let status = k.status_until(repaired);
     assert!(repaired(&status), "the repair is shown: {status}");
 
     // The pins are the real ones: a restart adopts the maps and replaces the programs.
@@ -934,12 +929,7 @@ fn detached_programs_are_shown_and_attached_again() {
                 .as_str()
                 .is_some_and(|c| c.contains("attached again: kpng_connect4, "))
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut status = k.status_json();
-    while !repaired(&status) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        status = k.status_json();
-    }
+    let status = k.status_until(repaired);
     assert!(repaired(&status), "the repair is shown: {status}");
     assert!(
         status["dataPlane"]
@@ -1107,12 +1097,7 @@ fn a_start_that_cannot_see_the_old_pins_detaches_the_old_programs() {
                 .as_str()
                 .is_some_and(|c| c.contains("not this kpng's"))
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut status = k.status_json();
-    while !repaired(&status) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-        status = k.status_json();
-    }
+    let status = k.status_until(repaired);
     assert!(repaired(&status), "counted as a repair: {status}");
 
     // pod2a leaves: new connections go to pod1b only (the old programs, had they stayed,

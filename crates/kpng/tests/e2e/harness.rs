@@ -284,6 +284,19 @@ impl<'a> Kpng<'a> {
         })
     }
 
+    /// `kpng status -o json` of this kpng once `ok` holds for it (asked every 20 ms, for at most
+    /// 10 s), or the last answer: a sync records what it did (a repair, say) when it ends, after
+    /// its effect on the node can already be seen.
+    pub fn status_until(&self, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut status = self.status_json();
+        while !ok(&status) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            status = self.status_json();
+        }
+        status
+    }
+
     /// Starts another kpng with the same arguments in `ns` (this one's namespace or another),
     /// without waiting for anything. In another namespace an eBPF kpng gets that node's own
     /// cgroup and pins, as a node of its own would have (pins are the host's: shared ones are
