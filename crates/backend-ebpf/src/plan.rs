@@ -86,8 +86,32 @@ pub fn groups(port: &ServicePort, node_port_ips: &[IpAddr]) -> Vec<Group> {
     }
     external.sort();
     external.dedup();
+    // With ClientIP affinity and one list for both, the external frontends join the
+    // ClusterIP's group: one service id, so one affinity per client whichever address it
+    // uses, as kube-proxy's external chain jumps to the Service's own chain and its affinity.
+    let shared = affinity_seconds > 0
+        && external_list_is_internal(port)
+        && out.first().is_some_and(|g| g.scope == Scope::Internal);
+    if shared {
+        if let Some(internal) = out.first_mut() {
+            internal.frontends.extend(external);
+            internal.frontends.sort();
+            internal.frontends.dedup();
+        }
+        return out;
+    }
     out.extend(make(Scope::External, external, &port.cluster_endpoints));
     out
+}
+
+/// Whether the external frontends' list (the cluster endpoints) is the ClusterIP's.
+fn external_list_is_internal(port: &ServicePort) -> bool {
+    let internal = port.internal_endpoints();
+    internal.len() == port.cluster_endpoints.len()
+        && internal
+            .iter()
+            .zip(&port.cluster_endpoints)
+            .all(|(a, b)| a.addr() == b.addr())
 }
 
 /// One of the three maps userspace writes.

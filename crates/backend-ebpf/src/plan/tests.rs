@@ -126,6 +126,50 @@ fn sctp_is_left_to_the_rules_and_affinity_is_carried() {
     assert_eq!(groups(&p, &[])[0].affinity_seconds, 30);
 }
 
+/// With ClientIP affinity, the node port, external and LB IPs share the ClusterIP's group
+/// (one id, one affinity per client) when their endpoint lists are the same; a different list
+/// (internalTrafficPolicy Local) keeps its own group.
+#[test]
+fn affinity_is_shared_by_every_address_of_a_port_with_one_list() {
+    let eps = vec![ep("10.244.1.2:8080", true), ep("10.244.2.2:8080", false)];
+    let node = [ip("192.168.100.1")];
+    let affinity = Some(SessionAffinity {
+        timeout_seconds: 30,
+    });
+    let shape = |p: &ServicePort| -> Vec<(Scope, usize, usize)> {
+        groups(p, &node)
+            .iter()
+            .map(|g| (g.scope, g.frontends.len(), g.endpoints.len()))
+            .collect()
+    };
+    let both = ServicePort {
+        node_port: Some(30080),
+        external_ips: vec![ip("198.51.100.1")],
+        cluster_endpoints: eps.clone(),
+        local_endpoints: vec![eps[0].clone()],
+        has_any_endpoints: true,
+        session_affinity: affinity,
+        ..port("a")
+    };
+    assert_eq!(shape(&both), vec![(Scope::Internal, 3, 2)]);
+    let without_affinity = ServicePort {
+        session_affinity: None,
+        ..both.clone()
+    };
+    assert_eq!(
+        shape(&without_affinity),
+        vec![(Scope::Internal, 1, 2), (Scope::External, 2, 2)]
+    );
+    let internal_local = ServicePort {
+        internal_policy_local: true,
+        ..both
+    };
+    assert_eq!(
+        shape(&internal_local),
+        vec![(Scope::Internal, 1, 1), (Scope::External, 2, 2)]
+    );
+}
+
 fn entries(id: u32, eps: &[&str]) -> Entries {
     with_affinity(id, eps, 10)
 }

@@ -751,11 +751,22 @@ pub fn session_affinity_client_ip(b: Backend) {
         &[],
     );
     let cluster_ip = sa(cip(80, false), SVC_PORT);
-    // A pod client sticks.
+    // A pod client sticks, and to the same endpoint through the node port and the external
+    // IP (eBPF: translated at the socket, one affinity for the port's every address).
     let pod_server = sole_server(
         &probes(&c.pod("pod1b").ns, Proto::Tcp, cluster_ip, 20),
         "pod1b → ClusterIP",
     );
+    for (what, target) in [
+        ("node port", sa(addr::NODE1_LAN_V4.into(), node_port(80))),
+        ("external IP", sa(vip(80), SVC_PORT)),
+    ] {
+        let s = sole_server(&probes(&c.pod("pod1b").ns, Proto::Tcp, target, 10), what);
+        assert_eq!(
+            s, pod_server,
+            "pod1b → {what} must stick to the ClusterIP's choice"
+        );
+    }
     // ext sticks, and to the same endpoint whichever address of the Service it uses.
     let ext = &c.ext.ns;
     let sticky = sole_server(&probes(ext, Proto::Tcp, cluster_ip, 20), "ext → ClusterIP");
