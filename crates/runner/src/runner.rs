@@ -282,10 +282,7 @@ impl<M: NodeModel> Runner<M> {
             logged_node: None,
             held_for_pod_cidrs: false,
         };
-        state
-            .runner
-            .health
-            .set_node_eligible(state.runner.model.snapshot().node.eligible());
+        state.update_eligibility();
         state.run(events, tampering, queries).await;
     }
 }
@@ -609,6 +606,14 @@ impl<M: NodeModel> LoopState<M> {
         REQUIRED_KINDS.iter().all(|k| self.listed.contains(k))
     }
 
+    /// Tells `/healthz` whether the node may receive load-balancer traffic: the Node's own
+    /// eligibility, and not while the first sync is held for its podCIDRs (nothing is
+    /// programmed; kube-proxy serves no health check before it has them).
+    fn update_eligibility(&self) {
+        let eligible = self.runner.model.snapshot().node.eligible() && !self.held_for_pod_cidrs();
+        self.runner.health.set_node_eligible(eligible);
+    }
+
     /// Whether the first sync waits for the Node's podCIDRs ([`Runner::requiring_pod_cidrs`]).
     fn held_for_pod_cidrs(&self) -> bool {
         self.runner.node_needs.pod_cidrs
@@ -688,6 +693,7 @@ impl<M: NodeModel> LoopState<M> {
                 self.runner.model.snapshot().node.name
             );
             self.held_for_pod_cidrs = true;
+            self.update_eligibility();
         }
         let missing = self.unlisted();
         if missing != self.reported_missing && !missing.is_empty() {
@@ -802,9 +808,7 @@ impl<M: NodeModel> LoopState<M> {
             return;
         }
         if diff.node_changed {
-            self.runner
-                .health
-                .set_node_eligible(self.runner.model.snapshot().node.eligible());
+            self.update_eligibility();
             self.log_node_changes();
         }
         let m = &self.runner.metrics;

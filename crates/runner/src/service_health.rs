@@ -95,7 +95,22 @@ impl HealthCheckAddresses {
             HealthCheckAddresses::NodeIps if node_ips.is_empty() => {
                 chosen.addresses = Family::ALL.into_iter().map(wildcard).collect();
             }
-            HealthCheckAddresses::NodeIps => chosen.addresses = node_ips.to_vec(),
+            // Per family, as the node ports (`NodePortAddresses::scope_on`): a family the node
+            // has no IP of is served on all its addresses, so its checks listen on all too.
+            HealthCheckAddresses::NodeIps => {
+                for &family in families {
+                    let of_family: Vec<IpAddr> = node_ips
+                        .iter()
+                        .copied()
+                        .filter(|ip| Family::of(ip) == family)
+                        .collect();
+                    if of_family.is_empty() {
+                        chosen.addresses.push(wildcard(family));
+                    } else {
+                        chosen.addresses.extend(of_family);
+                    }
+                }
+            }
             HealthCheckAddresses::Cidrs(cidrs) => {
                 // The node ports' own rule, so that the checks and the node ports agree.
                 let setting = NodePortAddresses::Cidrs(cidrs.clone());

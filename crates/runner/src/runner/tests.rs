@@ -1187,10 +1187,10 @@ fn health_checks_are_not_served_where_node_ports_are_not() {
     let every = vec![ip("0.0.0.0"), ip("::")];
     let cases = [
         (
-            "node IPs",
+            "node IPs (IPv4 only: IPv6 on every address, as its node ports)",
             HealthCheckAddresses::NodeIps,
             &with_ip,
-            Some(vec![ip("10.1.1.1")]),
+            Some(vec![ip("10.1.1.1"), ip("::")]),
         ),
         (
             "no node IP: none",
@@ -1289,6 +1289,9 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
     .await
     .expect("send");
     settle().await;
+    // Nothing is programmed: /healthz says so at once, not after the health timeout.
+    let healthz = |h: &Harness| h.health.report(SystemTime::now(), true).status;
+    assert_eq!(healthz(&h), 503, "/healthz while held for pod CIDRs");
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(log(&h).is_empty(), "synced without pod CIDRs");
     assert!(
@@ -1312,4 +1315,5 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
     let status = status_of(&h).await;
     assert_eq!(status.node_problem, None);
     assert_eq!(status.pod_cidrs, ["10.244.1.0/24"]);
+    assert_eq!(healthz(&h), 200, "/healthz once synced");
 }

@@ -512,6 +512,15 @@ fn the_checks_listen_on_the_node_port_addresses() {
         HealthCheckAddresses::All.choose(&both, &node, unread),
         chosen(wildcards.clone(), &[], &[])
     );
+    // A Node that lists IPv4 only: IPv6 node ports are on every IPv6 address
+    // (`NodePortAddresses::scope_on`), and so are their checks.
+    let v4_node: Vec<IpAddr> = node.iter().copied().filter(IpAddr::is_ipv4).collect();
+    let mut want = v4_node.clone();
+    want.push("::".parse().expect("ip"));
+    assert_eq!(
+        HealthCheckAddresses::NodeIps.choose(&both, &v4_node, unread),
+        chosen(want, &[], &[])
+    );
     assert_eq!(
         cidrs(&["fd00::/64"]).choose(&[Family::V4], &node, unread),
         chosen(ips(&["0.0.0.0"]), &[], &[])
