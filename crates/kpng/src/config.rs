@@ -97,6 +97,11 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     if node_name_flag.is_some() && !node_name_given {
         flags.node_name = None;
     }
+    // pflag reads an empty `--nodeport-addresses=` (an empty `$(VAR)`) as an empty list, which
+    // kube-proxy takes as unset: so does kpng (the file's value, or the backend's default).
+    flags.nodeport_addresses.retain(|a| !a.trim().is_empty());
+    let nodeport_addresses_given = given_on_command_line(matches, "nodeport_addresses")
+        && !flags.nodeport_addresses.is_empty();
     if let Some(path) = flags.config.clone() {
         let (mut settings, mut file_report) = read(&path)?;
         // Only kube-proxy's own line without --proxy-mode takes the backend from the file.
@@ -124,6 +129,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
         let mode = settings.proxy_mode;
         overlay(flags, settings, |id| match id {
             "node_name" => node_name_given,
+            "nodeport_addresses" => nodeport_addresses_given,
             _ => given_on_command_line(matches, id),
         });
         if !given_on_command_line(matches, "proxy_mode") {

@@ -1057,6 +1057,28 @@ fn write_config_to_reads_back_as_written() {
 /// kube-proxy's processHostnameOverrideFlag: an empty --hostname-override (an empty
 /// `$(NODE_NAME)`) is ignored, so the file's hostnameOverride stays (or, without one, the OS
 /// hostname: `None`); spaces only are an error; anything else wins, trimmed and lower-cased.
+/// An empty `--nodeport-addresses=` (an empty `$(VAR)`): pflag's empty list, unset for
+/// kube-proxy; the file's value stays, and without a file the backend's default applies.
+#[test]
+fn an_empty_nodeport_addresses_flag_is_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kp.conf");
+    std::fs::write(&path, doc("nodePortAddresses: [10.0.0.0/8]\n")).unwrap();
+    let config = path.to_str().unwrap();
+    let (flags, _) = run_cli(&[
+        "kpng",
+        "--config",
+        config,
+        "--nodeport-addresses=",
+        "version",
+    ])
+    .expect("an empty flag is accepted");
+    assert_eq!(flags.nodeport_addresses, ["10.0.0.0/8"]);
+    let (flags, _) =
+        run_cli(&["kpng", "--nodeport-addresses=", "version"]).expect("an empty flag alone");
+    assert!(flags.nodeport_addresses.is_empty());
+}
+
 #[test]
 fn an_empty_hostname_override_leaves_the_files_name() {
     let dir = tempfile::tempdir().unwrap();
