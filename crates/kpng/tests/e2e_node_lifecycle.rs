@@ -109,7 +109,12 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         "NodePort never served:\n{}",
         kpng.stderr_text()
     );
-    assert_eq!(health_check(&c), "200");
+    // Bound after the sync that serves the NodePort, a moment later.
+    assert!(
+        wait_for(Duration::from_secs(10), || health_check(&c) == "200"),
+        "the health check answers 200:\n{}",
+        kpng.stderr_text()
+    );
 
     server.command("delete Node - node1");
     std::thread::sleep(Duration::from_millis(1500));
@@ -162,7 +167,12 @@ fn without_node_ips_node_ports_go_to_every_local_address_after_the_wait() {
         log.contains("serving NodePorts on every local address"),
         "{log}"
     );
-    assert_eq!(health_check(&c), "200");
+    // The health checks are bound after the sync that serves the NodePorts, a moment later.
+    assert!(
+        wait_for(Duration::from_secs(10), || health_check(&c) == "200"),
+        "the health check answers 200 on every address too:\n{}",
+        kpng.stderr_text()
+    );
     kpng.kill().expect("stop kpng");
     drop(server);
 }
