@@ -152,15 +152,18 @@ pub fn program_of(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u32, String)> 
     let fd = fd.try_clone_to_owned()?;
     let mut info = ProgInfo::default();
     info_of(&fd, &mut info)?;
+    Ok((info.id, program_name(&info)))
+}
+
+/// A program's name from its info: the bytes before the first NUL (the kernel keeps at most
+/// 15 and pads with NULs).
+fn program_name(info: &ProgInfo) -> String {
     let len = info
         .name
         .iter()
         .position(|b| *b == 0)
         .unwrap_or(info.name.len());
-    Ok((
-        info.id,
-        String::from_utf8_lossy(&info.name[..len]).into_owned(),
-    ))
+    String::from_utf8_lossy(&info.name[..len]).into_owned()
 }
 
 /// A program attached to a cgroup.
@@ -210,14 +213,9 @@ pub fn attached_programs(cgroup: &Path, attach_types: &[u32]) -> io::Result<Vec<
             };
             let mut info = ProgInfo::default();
             info_of(&fd, &mut info)?;
-            let len = info
-                .name
-                .iter()
-                .position(|b| *b == 0)
-                .unwrap_or(info.name.len());
             out.push(CgroupProgram {
                 id,
-                name: String::from_utf8_lossy(&info.name[..len]).into_owned(),
+                name: program_name(&info),
                 attach_type,
             });
         }
