@@ -38,6 +38,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpng_backend::host as local_addrs;
+use kpng_backend::settings::NodePortScope;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats, TamperAlarm};
 use kpng_model::{Family, PortKey, Snapshot};
 use prometheus_client::metrics::counter::Counter;
@@ -296,11 +297,14 @@ impl NftBackend {
         self.node_elements_with(fam, snapshot, &self.local_addrs)
     }
 
-    /// Whether any family's node ports depend on the node's interface addresses.
+    /// Whether any family's node ports depend on the node's interface addresses: only CIDR
+    /// scopes list them; every local address is matched in the kernel.
     fn reads_local_addresses(&self, node: &kpng_model::NodeState) -> bool {
         self.states.iter().any(|s| {
-            self.config.nodeport_addresses.scope_on(s.fam.0, node)
-                != kpng_backend::settings::NodePortScope::Primary
+            matches!(
+                self.config.nodeport_addresses.scope_on(s.fam.0, node),
+                kpng_backend::settings::NodePortScope::Cidrs(_)
+            )
         })
     }
 
@@ -318,11 +322,15 @@ impl NftBackend {
     fn node_elements_with(&self, fam: Fam, snapshot: &Snapshot, local: &[IpAddr]) -> Vec<Element> {
         let family = fam.0;
         let loopback = |ip: &IpAddr| ip.is_loopback();
-        let nodeport_ips = self
+        // Every local address is `fib daddr type local` in the rules: no set to fill.
+        let nodeport_ips = match self
             .config
             .nodeport_addresses
             .scope_on(family, &snapshot.node)
-            .addresses(family, &snapshot.node.ips, || local.to_vec());
+        {
+            NodePortScope::AllLocal => Vec::new(),
+            scope => scope.addresses(family, &snapshot.node.ips, || local.to_vec()),
+        };
         let mut out: Vec<Element> = nodeport_ips
             .into_iter()
             .filter(|ip| !loopback(ip))
@@ -432,6 +440,10 @@ impl NftBackend {
             self.config.conntrack_mark_mask,
             &self.config.detect_local,
             &snapshot.node,
+            self.config
+                .nodeport_addresses
+                .scope_on(fam.0, &snapshot.node)
+                == NodePortScope::AllLocal,
         )
     }
 

@@ -111,6 +111,10 @@ pub struct StaticConfig {
     pub local_match: Option<String>,
     /// The negation of `local_match`.
     pub non_local_match: Option<String>,
+    /// Node ports on every local address of the family (kube-proxy's match-all
+    /// `--nodeport-addresses`): matched by `fib daddr type local`, loopback excepted, instead
+    /// of the `nodeport-ips` set, so an address the node gains serves them at once.
+    pub nodeports_on_local_addresses: bool,
 }
 
 impl StaticConfig {
@@ -126,6 +130,20 @@ impl StaticConfig {
                 other.local_match.as_deref().unwrap_or("none")
             ));
         }
+        if self.nodeports_on_local_addresses != other.nodeports_on_local_addresses {
+            let on = |all: bool| {
+                if all {
+                    "every local address"
+                } else {
+                    "the listed addresses"
+                }
+            };
+            out.push(format!(
+                "node ports on {} → {}",
+                on(self.nodeports_on_local_addresses),
+                on(other.nodeports_on_local_addresses)
+            ));
+        }
         if self.masquerade_all != other.masquerade_all
             || self.mark != other.mark
             || self.affinity_mask != other.affinity_mask
@@ -138,7 +156,9 @@ impl StaticConfig {
         out.join(", ")
     }
 
-    /// Derives the per-family configuration from the flags and the node.
+    /// Derives the per-family configuration from the flags and the node;
+    /// `nodeports_on_local_addresses` is whether the family's `--nodeport-addresses` scope on
+    /// this node is every local address.
     pub fn new(
         fam: Fam,
         masquerade_all: bool,
@@ -146,6 +166,7 @@ impl StaticConfig {
         affinity_mask: u32,
         detect: &DetectLocal,
         node: &NodeState,
+        nodeports_on_local_addresses: bool,
     ) -> Self {
         let cidr_match = |cidrs: Vec<IpNet>| -> (Option<String>, Option<String>) {
             let mine: Vec<String> = cidrs
@@ -187,6 +208,20 @@ impl StaticConfig {
             affinity_mask,
             local_match,
             non_local_match,
+            nodeports_on_local_addresses,
+        }
+    }
+
+    /// The match for "a node-port address" in `fam`'s rules.
+    fn nodeport_destination(&self, fam: Fam) -> String {
+        if self.nodeports_on_local_addresses {
+            format!(
+                "fib daddr type local {} daddr != {}",
+                fam.l3(),
+                fam.loopback()
+            )
+        } else {
+            format!("{} daddr @nodeport-ips", fam.l3())
         }
     }
 }
@@ -409,6 +444,7 @@ fn render(fam: Fam, table: &str, cfg: &StaticConfig, part: Part) -> String {
     let r = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let vipkey = format!("{l3} daddr . meta l4proto . th dport");
     let masq = format!("meta mark set meta mark or {mark}");
+    let nodeport_destination = cfg.nodeport_destination(fam);
 
     // Filter, after DNAT: no-endpoint and wrong-port checks, and the recording of ClientIP
     // affinity (the packet now carries the chosen endpoint, and every packet reaches one of
@@ -459,7 +495,7 @@ fn render(fam: Fam, table: &str, cfg: &StaticConfig, part: Part) -> String {
         "nodeport-endpoints-check",
         None,
         &[format!(
-            "{l3} daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports"
+            "{nodeport_destination} meta l4proto . th dport vmap @no-endpoint-nodeports"
         )],
     );
     chain(
@@ -509,7 +545,7 @@ fn render(fam: Fam, table: &str, cfg: &StaticConfig, part: Part) -> String {
     }
     services.push(format!("{vipkey} vmap @service-ips"));
     services.push(format!(
-        "{l3} daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports"
+        "{nodeport_destination} meta l4proto . th dport vmap @service-nodeports"
     ));
     chain(&mut s, "services", None, &services);
     chain(

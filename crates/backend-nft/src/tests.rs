@@ -1434,7 +1434,7 @@ fn our_own_configuration_change_says_what_changed() {
         pod_cidrs: vec![cidr.parse().expect("cidr")],
         ..kpng_model::NodeState::default()
     };
-    let cfg = |cidr: &str| {
+    let on = |cidr: &str, all_local: bool| {
         StaticConfig::new(
             Fam(kpng_model::Family::V4),
             false,
@@ -1442,9 +1442,17 @@ fn our_own_configuration_change_says_what_changed() {
             0xffff,
             &DetectLocal::NodeCidr,
             &node(cidr),
+            all_local,
         )
     };
+    let cfg = |cidr: &str| on(cidr, false);
     let cases = [
+        (
+            "node ports",
+            cfg("10.244.1.0/24"),
+            on("10.244.1.0/24", true),
+            "node ports on the listed addresses → every local address",
+        ),
         (
             "pod CIDR",
             cfg("10.244.1.0/24"),

@@ -446,20 +446,30 @@ mod tests {
     #[test]
     fn the_skeleton_has_every_fixed_chain() {
         use crate::ruleset::{Fam, StaticConfig, skeleton};
-        let cfg = StaticConfig {
-            masquerade_all: false,
-            mark: 0x4000,
-            affinity_mask: crate::affinity::DEFAULT_CONNTRACK_MARK_MASK,
-            local_match: None,
-            non_local_match: None,
-        };
-        for family in kpng_model::Family::ALL {
-            let s = skeleton(Fam(family), "kpng", &cfg);
-            for chain in FixedChain::ALL {
-                assert!(
-                    s.contains(&format!("\tchain {} {{\n", chain.name())),
-                    "{chain:?}"
+        for all_local in [false, true] {
+            let cfg = StaticConfig {
+                masquerade_all: false,
+                mark: 0x4000,
+                affinity_mask: crate::affinity::DEFAULT_CONNTRACK_MARK_MASK,
+                local_match: None,
+                non_local_match: None,
+                nodeports_on_local_addresses: all_local,
+            };
+            for family in kpng_model::Family::ALL {
+                let s = skeleton(Fam(family), "kpng", &cfg);
+                for chain in FixedChain::ALL {
+                    assert!(
+                        s.contains(&format!("\tchain {} {{\n", chain.name())),
+                        "{chain:?}"
+                    );
+                }
+                // Node ports: the listed addresses, or the kernel's "local" (kube-proxy's
+                // match-all), in both rules that select them.
+                let (set, fib) = (
+                    s.matches("daddr @nodeport-ips meta l4proto").count(),
+                    s.matches("fib daddr type local").count(),
                 );
+                assert_eq!((set, fib), if all_local { (0, 2) } else { (2, 0) }, "{s}");
             }
         }
     }

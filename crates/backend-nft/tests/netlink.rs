@@ -151,6 +151,7 @@ fn static_config() -> StaticConfig {
         affinity_mask: kpng_backend_nft::affinity::DEFAULT_CONNTRACK_MARK_MASK,
         local_match: None,
         non_local_match: None,
+        nodeports_on_local_addresses: false,
     }
 }
 

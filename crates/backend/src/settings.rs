@@ -18,8 +18,9 @@ pub enum NodePortAddresses {
     /// The node's primary IPs, from the Node object or `--node-ip` (nftables mode's default,
     /// and `--nodeport-addresses primary`).
     Primary,
-    /// Every local address inside these CIDRs. A family none of them belongs to is served on
-    /// all its local addresses, as upstream does.
+    /// Every local address inside these CIDRs. A family none of them belongs to, or one of
+    /// whose CIDRs is the whole family (`0.0.0.0/0`, `::/0`), is served on all its local
+    /// addresses, as upstream does.
     Cidrs(Vec<IpNet>),
 }
 
@@ -35,8 +36,11 @@ pub enum NodePortScope {
 }
 
 impl NodePortAddresses {
-    /// The scope for one family: a CIDR list without a CIDR of `family` means every local
-    /// address of that family (upstream's rule), so backends need not repeat it.
+    /// The scope for one family: a CIDR list without a CIDR of `family`, or with the whole
+    /// family among them, means every local address of that family (upstream's rule and its
+    /// `MatchAll`), so backends need not repeat it, and can match "a local address" in the
+    /// kernel (`fib daddr type local`, `addrtype LOCAL`) rather than list the addresses: an
+    /// address added to the node then serves node ports at once, not at the next sync.
     pub fn scope(&self, family: Family) -> NodePortScope {
         match self {
             NodePortAddresses::AllLocal => NodePortScope::AllLocal,
@@ -47,7 +51,7 @@ impl NodePortAddresses {
                     .filter(|c| Family::of(&c.addr()) == family)
                     .copied()
                     .collect();
-                if mine.is_empty() {
+                if mine.is_empty() || mine.iter().any(|c| c.prefix_len() == 0) {
                     NodePortScope::AllLocal
                 } else {
                     NodePortScope::Cidrs(mine)
@@ -150,10 +154,32 @@ mod tests {
     }
 
     #[test]
-    fn a_family_without_a_cidr_is_served_on_all_local_addresses() {
-        let cidrs = NodePortAddresses::Cidrs(vec!["10.0.0.0/8".parse().expect("cidr")]);
-        assert_eq!(cidrs.scope(Family::V6), NodePortScope::AllLocal);
-        assert!(matches!(cidrs.scope(Family::V4), NodePortScope::Cidrs(c) if c.len() == 1));
+    fn a_family_without_a_cidr_or_with_its_whole_range_is_served_on_all_local_addresses() {
+        let cidrs = |list: &[&str]| {
+            NodePortAddresses::Cidrs(list.iter().map(|c| c.parse().expect("cidr")).collect())
+        };
+        let table = [
+            ("no IPv6 CIDR", cidrs(&["10.0.0.0/8"]), Family::V6, true),
+            ("an IPv4 CIDR", cidrs(&["10.0.0.0/8"]), Family::V4, false),
+            ("0.0.0.0/0", cidrs(&["0.0.0.0/0"]), Family::V4, true),
+            (
+                "0.0.0.0/0 beside a narrower one",
+                cidrs(&["10.0.0.0/8", "0.0.0.0/0"]),
+                Family::V4,
+                true,
+            ),
+            ("::/0", cidrs(&["0.0.0.0/0", "::/0"]), Family::V6, true),
+            (
+                "::/0 is not IPv4's",
+                cidrs(&["::/0", "10.0.0.0/8"]),
+                Family::V4,
+                false,
+            ),
+        ];
+        for (what, setting, family, all) in table {
+            let scope = setting.scope(family);
+            assert_eq!(scope == NodePortScope::AllLocal, all, "{what}: {scope:?}");
+        }
     }
 
     #[test]

@@ -7,10 +7,14 @@
 //! - [`admin`]: answers `kpng status` and `kpng trace` from the loop's model.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
+//! - `address_watch` (Linux): the node's interface addresses, so that a change moves node ports
+//!   and health checks at once rather than at the next periodic sync.
 //!
 //! The contract a backend implements lives in `kpng-backend`; this crate is the machinery
 //! around it, so that the contract stays small and builds on every platform.
 
+#[cfg(target_os = "linux")]
+pub mod address_watch;
 pub mod admin;
 #[cfg(target_os = "linux")]
 pub mod conntrack_cleanup;

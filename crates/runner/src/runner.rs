@@ -242,6 +242,20 @@ impl<M: NodeModel> Runner<M> {
             Some((rx, facts)) => (Some(rx), Some(facts)),
             None => (None, None),
         };
+        // What the node's addresses did, in words (the loop only logs it and syncs).
+        let (address_tx, address_changes) = mpsc::unbounded_channel::<String>();
+        #[cfg(target_os = "linux")]
+        if let Err(e) = crate::address_watch::watch(
+            move |change| address_tx.send(change.to_string()).is_ok(),
+            kpng_backend::host::local_addresses,
+        ) {
+            warn!(
+                "cannot watch the node's addresses ({e}): a change reaches node ports and \
+                 health checks at the next periodic sync"
+            );
+        }
+        #[cfg(not(target_os = "linux"))]
+        drop(address_tx);
         match self.backend.watch_tampering(alarm) {
             Ok(true) => debug!("the backend reports changes made by others to its data plane"),
             Ok(false) => {}
@@ -281,9 +295,10 @@ impl<M: NodeModel> Runner<M> {
             node_ips_deadline: None,
             logged_node: None,
             held_for_pod_cidrs: false,
+            addresses_changed: None,
         };
         state.update_eligibility();
-        state.run(events, tampering, queries).await;
+        state.run(events, tampering, address_changes, queries).await;
     }
 }
 
@@ -339,6 +354,8 @@ struct LoopState<M: NodeModel> {
     logged_node: Option<kpng_model::NodeState>,
     /// The first sync was held for the Node's podCIDRs and that was logged.
     held_for_pod_cidrs: bool,
+    /// The node's address change not yet synced, in words (its sync says so).
+    addresses_changed: Option<String>,
 }
 
 /// The wait for node IPs ([`Runner::with_node_ips_wait`]).
@@ -355,6 +372,7 @@ impl<M: NodeModel> LoopState<M> {
         &mut self,
         mut events: mpsc::Receiver<M::Input>,
         mut tampering: mpsc::UnboundedReceiver<Tampering>,
+        mut address_changes: mpsc::UnboundedReceiver<String>,
         mut queries: Option<mpsc::Receiver<Query>>,
     ) {
         loop {
@@ -376,6 +394,7 @@ impl<M: NodeModel> LoopState<M> {
                     }
                 },
                 Some(t) = tampering.recv() => self.tampered(t),
+                Some(c) = address_changes.recv() => self.addresses_changed(c),
                 Some(q) = next_query(&mut queries) => self.answer(q),
                 _ = sleep_until(self.node_ips_timer()) => self.stop_waiting_for_node_ips(),
                 _ = sleep_until(deadline) => self.sync().await,
@@ -564,6 +583,17 @@ impl<M: NodeModel> LoopState<M> {
             && self.last_error.is_none()
     }
 
+    /// The node gained or lost an address: an empty sync soon (as a change's, after
+    /// `min_sync_period`), at which the backends and the health checks read the addresses
+    /// again, as at a periodic one.
+    fn addresses_changed(&mut self, change: String) {
+        info!(
+            "the node's addresses changed ({change}): node ports and health checks that \
+             depend on them follow at the next sync"
+        );
+        self.addresses_changed = Some(change);
+    }
+
     /// Someone else changed the data plane: a full sync soon, whatever `min_sync_period` (a
     /// burst of reports schedules one sync, [`TAMPER_DEBOUNCE`] after the first).
     fn tampered(&mut self, t: Tampering) {
@@ -728,7 +758,7 @@ impl<M: NodeModel> LoopState<M> {
         let Some(last) = self.last_sync else {
             return Some(now);
         };
-        if self.need_full || !self.pending.is_empty() {
+        if self.need_full || !self.pending.is_empty() || self.addresses_changed.is_some() {
             return Some((last + self.runner.timing.min_sync_period).max(now));
         }
         let periodic = last + self.runner.timing.sync_period;
@@ -850,6 +880,9 @@ impl<M: NodeModel> LoopState<M> {
             Some(what) => repair_changes(what, &summary),
             None => summary.to_string(),
         };
+        if let Some(addresses) = self.addresses_changed.take() {
+            changes.push_str(&format!("; the node's addresses changed ({addresses})"));
+        }
         let changed_names = changed_services(&pending);
         let diff = if full {
             drop(pending);

@@ -179,6 +179,7 @@ macro_rules! suite {
             masquerade_all_masquerades_pod_traffic,
             detect_local_modes,
             node_port_addresses_cidrs,
+            node_port_addresses_match_all,
             nothing_is_left_behind,
             health_check_node_port_reports_local_ready_endpoints,
         );
