@@ -159,6 +159,40 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_flows SEC(".maps");
 
+// Event counters of the translating hooks: one __u64 per CPU and counter (no lock, no atomic
+// instruction, no shared cache line on the socket path), summed over the CPUs by userspace at
+// each scrape (crates/backend-ebpf/src/counters.rs mirrors the indexes). Counter `hook *
+// EVENTS + event`. Pinned like the other maps, so the counts survive a restart and the
+// overlap of two generations counts into one map. Its definition never changes: the loader
+// adopts a pinned map whatever its definition, so a new counter takes one of the free indexes
+// (COUNTERS leaves room), never a new size or type. A pin set of a build without it lacks
+// the pin: the loader creates the map beside the adopted ones (no layout version bump).
+#define HOOK_CONNECT4 0
+#define HOOK_CONNECT6 1
+#define HOOK_SENDMSG4 2
+#define HOOK_SENDMSG6 3
+#define EV_TRANSLATED 0 // the address was rewritten to an endpoint
+#define EV_REFUSED 1    // refused with ECONNREFUSED: a frontend without endpoints
+#define EV_AFFINITY 2   // the endpoint came from a live ClientIP affinity entry
+#define EVENTS 3
+#define COUNTERS 64
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpng_counters SEC(".maps");
+
+// `hook` and `event` are constants at every call (the helpers are inlined): the index folds.
+static __always_inline void tally(__u32 hook, __u32 event)
+{
+	__u32 i = hook * EVENTS + event;
+	__u64 *c = bpf_map_lookup_elem(&kpng_counters, &i);
+	if (c)
+		*c += 1;
+}
+
 enum verdict {
 	PASS = 0,   // not a frontend (or nothing usable): leave the address alone
 	MAPPED = 1, // *out holds the endpoint
@@ -188,10 +222,12 @@ static __always_inline int is_member(const struct service *svc, const struct end
 	return 0;
 }
 
-// `flow`: the datagram of an unconnected socket (sendmsg), whose flow keeps its endpoint.
+// `hook`: the HOOK_* calling (a sendmsg's datagram is an unconnected socket's: its flow keeps
+// its endpoint).
 static __always_inline enum verdict pick(struct bpf_sock_addr *ctx, struct frontend_key *k,
-					 struct endpoint *out, int flow)
+					 struct endpoint *out, __u32 hook)
 {
+	int flow = hook == HOOK_SENDMSG4 || hook == HOOK_SENDMSG6;
 	struct service *svc = bpf_map_lookup_elem(&kpng_frontends, k);
 	if (!svc)
 		return PASS;
@@ -228,6 +264,7 @@ static __always_inline enum verdict pick(struct bpf_sock_addr *ctx, struct front
 		    is_member(svc, &av->ep)) {
 			*out = av->ep;
 			av->last_ns = now;
+			tally(hook, EV_AFFINITY);
 			return MAPPED;
 		}
 	}
@@ -285,7 +322,7 @@ static __always_inline int is_mapped_v4(const __u32 *a)
 }
 
 // IPv4 hooks: the address is ctx->user_ip4, the key holds it IPv4-mapped.
-static __always_inline int translate4(struct bpf_sock_addr *ctx, int flow)
+static __always_inline int translate4(struct bpf_sock_addr *ctx, __u32 hook)
 {
 	struct frontend_key k = {};
 	k.addr[2] = bpf_htonl(0xffff);
@@ -293,23 +330,25 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx, int flow)
 	k.port = (__u16)ctx->user_port;
 	k.proto = (__u8)ctx->protocol;
 	struct endpoint ep = {};
-	switch (pick(ctx, &k, &ep, flow)) {
+	switch (pick(ctx, &k, &ep, hook)) {
 	case MAPPED:
 		if (!is_mapped_v4(ep.addr))
 			return 1;
 		ctx->user_ip4 = ep.addr[3];
 		ctx->user_port = ep.port;
 		remember(ctx, &k, &ep);
+		tally(hook, EV_TRANSLATED);
 		return 1;
 	case REFUSE:
 		bpf_set_retval(-ECONNREFUSED);
+		tally(hook, EV_REFUSED);
 		return 0;
 	default:
 		return 1;
 	}
 }
 
-static __always_inline int translate6(struct bpf_sock_addr *ctx, int flow)
+static __always_inline int translate6(struct bpf_sock_addr *ctx, __u32 hook)
 {
 	struct frontend_key k = {};
 	k.addr[0] = ctx->user_ip6[0];
@@ -319,7 +358,7 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, int flow)
 	k.port = (__u16)ctx->user_port;
 	k.proto = (__u8)ctx->protocol;
 	struct endpoint ep = {};
-	switch (pick(ctx, &k, &ep, flow)) {
+	switch (pick(ctx, &k, &ep, hook)) {
 	case MAPPED:
 		// An IPv4 frontend reached through a dual-stack socket (::ffff:a.b.c.d) has IPv4
 		// endpoints, written back IPv4-mapped; an IPv6 frontend has IPv6 endpoints.
@@ -331,9 +370,11 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, int flow)
 		ctx->user_ip6[3] = ep.addr[3];
 		ctx->user_port = ep.port;
 		remember(ctx, &k, &ep);
+		tally(hook, EV_TRANSLATED);
 		return 1;
 	case REFUSE:
 		bpf_set_retval(-ECONNREFUSED);
+		tally(hook, EV_REFUSED);
 		return 0;
 	default:
 		return 1;
@@ -343,25 +384,25 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, int flow)
 SEC("cgroup/connect4")
 int kpng_connect4(struct bpf_sock_addr *ctx)
 {
-	return translate4(ctx, 0);
+	return translate4(ctx, HOOK_CONNECT4);
 }
 
 SEC("cgroup/connect6")
 int kpng_connect6(struct bpf_sock_addr *ctx)
 {
-	return translate6(ctx, 0);
+	return translate6(ctx, HOOK_CONNECT6);
 }
 
 SEC("cgroup/sendmsg4")
 int kpng_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return translate4(ctx, 1);
+	return translate4(ctx, HOOK_SENDMSG4);
 }
 
 SEC("cgroup/sendmsg6")
 int kpng_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return translate6(ctx, 1);
+	return translate6(ctx, HOOK_SENDMSG6);
 }
 
 // The peer a socket sees (recvmsg's source, getpeername): endpoint → frontend when this socket

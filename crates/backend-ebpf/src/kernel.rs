@@ -11,6 +11,11 @@
 //! which detaches the previous programs. During the overlap both generations translate with the
 //! same maps (the second finds the endpoint address, which is no frontend, and passes).
 //!
+//! The programs' counters (`kpng_counters`) are pinned the same way, so the counts go on across
+//! a restart. A pin set of a build without them lacks that pin: the loader creates the map
+//! beside the adopted ones; a rollback to such a build leaves it unused until the next upgrade
+//! or `kpng cleanup` (which removes the whole pin directory).
+//!
 //! aya 0.14 has no batch map API: the maps are written and read through [`crate::batch`]
 //! (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH`, `BPF_MAP_LOOKUP_BATCH` on the fds aya
 //! opened), 4096 elements per system call.
@@ -408,30 +413,90 @@ impl Kernel {
         }
     }
 
-    /// Kernel memory charged to each map (`memlock` in the map fd's `/proc/self/fdinfo`):
-    /// what the maps cost, reported as a metric. Maps whose figure cannot be read are left out.
-    pub fn memory(&self) -> Vec<(&'static str, u64)> {
+    /// Every map of the object, by name (the Service maps, the programs' LRU maps, the
+    /// counters).
+    fn maps(&self) -> Vec<(&'static str, &MapData)> {
         use aya::maps::IterableMap;
-        use std::os::fd::{AsFd, AsRawFd};
         let mut maps: Vec<(&'static str, &MapData)> = vec![
             (MapId::Frontends.name(), self.frontends.map()),
             (MapId::Slots.name(), self.slots.map()),
             (MapId::Members.name(), self.members.map()),
             ("kpng_reverse", self.reverse.map()),
         ];
-        // Only the programs use the affinity and flow maps; they are charged all the same.
-        for name in ["kpng_affinity", "kpng_flows"] {
-            if let Some(aya::maps::Map::LruHashMap(data)) = self.ebpf.map(name) {
+        // Only the programs use these; they are charged all the same.
+        for name in [LRU_MAPS[0], LRU_MAPS[1], crate::counters::MAP] {
+            if let Some(aya::maps::Map::LruHashMap(data) | aya::maps::Map::PerCpuArray(data)) =
+                self.ebpf.map(name)
+            {
                 maps.push((name, data));
             }
         }
-        maps.into_iter()
+        maps
+    }
+
+    /// Kernel memory charged to each map (`memlock` in the map fd's `/proc/self/fdinfo`):
+    /// what the maps cost, reported as a metric. Maps whose figure cannot be read are left out.
+    pub fn memory(&self) -> Vec<(&'static str, u64)> {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.maps()
+            .into_iter()
             .filter_map(|(name, data)| {
                 let fd = data.fd().as_fd().as_raw_fd();
                 let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
                 Some((name, memlock(&info)?))
             })
             .collect()
+    }
+
+    /// Each map's capacity (`max_entries`); maps whose info cannot be read are left out.
+    pub fn capacities(&self) -> Vec<(&'static str, u32)> {
+        self.maps()
+            .into_iter()
+            .filter_map(|(name, data)| Some((name, data.info().ok()?.max_entries())))
+            .collect()
+    }
+
+    /// Elements in each map the programs fill ([`LRU_MAPS`]), counted with a batched dump (the
+    /// kernel keeps no count of a hash map's elements): what `kpng status` reads, at most
+    /// 131,072 elements (~7 MB) per map, so only at full and periodic syncs. Maps that cannot
+    /// be read are left out.
+    pub fn lru_entries(&self) -> Vec<(&'static str, usize)> {
+        use std::os::fd::AsFd;
+        self.maps()
+            .into_iter()
+            .filter(|(name, _)| LRU_MAPS.contains(name))
+            .filter_map(|(name, data)| {
+                let info = data.info().ok()?;
+                let (key, value) = (info.key_size() as usize, info.value_size() as usize);
+                match batch::Map::new(data.fd().as_fd(), key, value).dump() {
+                    Ok((keys, _)) => Some((name, keys.len() / key.max(1))),
+                    Err(e) => {
+                        tracing::debug!("counting {name}: {e}");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// A second handle on the programs' counters map (`kpng_counters`), for the scrape-time
+    /// reader ([`crate::counters::KernelCounters`]), which lives on another thread.
+    pub fn counters(&self) -> Result<aya::maps::PerCpuArray<MapData, u64>, Error> {
+        use std::os::fd::AsFd;
+        let name = crate::counters::MAP;
+        let Some(aya::maps::Map::PerCpuArray(data)) = self.ebpf.map(name) else {
+            return Err(Error::Bpf(format!(
+                "the object has no per-CPU array {name}"
+            )));
+        };
+        let fd = data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::io(format!("duplicating the fd of {name}"), e))?;
+        let data = MapData::from_fd(fd).map_err(|e| bpf_err(format_args!("map {name}"), e))?;
+        aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))
+            .map_err(|e| bpf_err(format_args!("map {name}"), e))
     }
 
     /// Detaches the kpng programs on this kpng's cgroup that are not its own
@@ -462,8 +527,9 @@ impl Kernel {
         let maps_dir = self.pin_dir.join(VERSION);
         let missing_link = |name: &str| !links_dir.join(name).exists();
         let missing_map = |name: &str| !maps_dir.join(name).exists();
+        let pinned_maps = || MAP_NAMES.iter().chain([&crate::counters::MAP]);
         if !self.links.iter().any(|(n, _)| missing_link(n))
-            && !MAP_NAMES.iter().any(|n| missing_map(n))
+            && !pinned_maps().any(|n| missing_map(n))
         {
             return Ok(Vec::new());
         }
@@ -508,7 +574,7 @@ impl Kernel {
             }
         }
         for (name, map) in self.ebpf.maps() {
-            let Some(name) = MAP_NAMES.iter().find(|n| **n == name) else {
+            let Some(name) = pinned_maps().find(|n| **n == name) else {
                 continue;
             };
             if missing_map(name) {
@@ -563,7 +629,13 @@ impl Kernel {
     }
 }
 
-/// Every map of the object, by name: each is pinned in the layout's directory.
+/// The maps only the programs write (least recently used elements go first): their fill is
+/// counted from the kernel, not known from what kpng wrote.
+pub const LRU_MAPS: [&str; 3] = ["kpng_affinity", "kpng_flows", "kpng_reverse"];
+
+/// Every map of the object that holds Service or socket state, by name: each is pinned in the
+/// layout's directory. The programs' counters (`kpng_counters`, [`crate::counters::MAP`]) are
+/// pinned there too, but hold no elements to show.
 pub const MAP_NAMES: [&str; 6] = [
     "kpng_frontends",
     "kpng_slots",

@@ -14,11 +14,13 @@
 //! binary runs the nftables backend beside it (docs/backends.md, "eBPF").
 
 pub mod batch;
+pub mod counters;
 pub mod host;
 pub mod inspect;
 pub mod kernel;
 pub mod layout;
 pub mod links;
+pub mod metrics;
 mod object;
 pub mod plan;
 pub mod sockets;
@@ -30,13 +32,11 @@ use std::path::PathBuf;
 use kpng_backend::settings::NodePortAddresses;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
 use kpng_model::{Family, Protocol, ServicePort, Snapshot};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::family::Family as MetricFamily;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
 use crate::kernel::Kernel;
+use crate::metrics::EbpfMetrics;
 use crate::plan::{Entries, Group, Ids, MapId};
 
 /// Why the backend could not do its work.
@@ -102,12 +102,6 @@ impl Default for EbpfConfig {
     }
 }
 
-/// The `map` label of the map-memory gauge.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MapLabel {
-    map: String,
-}
-
 /// What one port writes: `(service id, IP protocol, group)` per group.
 type Written = Vec<(u32, u8, Group)>;
 
@@ -118,7 +112,7 @@ pub struct EbpfBackend {
     kernel: Option<Kernel>,
     ids: Ids,
     node_port_ips: HashMap<Family, Vec<IpAddr>>,
-    map_memory: MetricFamily<MapLabel, Gauge>,
+    metrics: EbpfMetrics,
     /// This kpng's hold on the pin directory, for as long as the backend lives.
     pin_lock: Option<host::PinLock>,
     /// A repair done while loading (other kpng programs detached from the cgroup), reported
@@ -154,7 +148,7 @@ impl EbpfBackend {
             kernel: None,
             ids: Ids::default(),
             node_port_ips: HashMap::new(),
-            map_memory: MetricFamily::default(),
+            metrics: EbpfMetrics::default(),
             pin_lock: None,
             pending_repair: None,
         }
@@ -176,6 +170,9 @@ impl EbpfBackend {
             Ok(done) => done,
             Err(e) => {
                 self.kernel = None;
+                if let Some(cgroup) = &self.cgroup {
+                    self.metrics.set_attached(&kernel::PROGRAMS, cgroup, false);
+                }
                 return Err(e);
             }
         };
@@ -219,18 +216,39 @@ impl EbpfBackend {
         Ok((!what.is_empty()).then(|| what.join("; ")))
     }
 
-    /// Publishes what each map costs the kernel (after full syncs: the maps' memory only changes
-    /// with their size class, and reading it costs a file read per map).
+    /// Publishes what each map costs the kernel and holds at most (after full syncs: the maps'
+    /// memory only changes with their size class, and reading it costs a file read per map),
+    /// and how full the programs' maps are.
     fn report_memory(&self) {
         let Some(kernel) = &self.kernel else { return };
         let mut total = 0;
         for (map, bytes) in kernel.memory() {
             total += bytes;
-            self.map_memory
-                .get_or_create(&MapLabel { map: map.into() })
-                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            EbpfMetrics::set_map(&self.metrics.memory, map, bytes);
         }
+        for (map, capacity) in kernel.capacities() {
+            EbpfMetrics::set_map(&self.metrics.max_entries, map, u64::from(capacity));
+        }
+        self.report_lru_entries();
         debug!("BPF maps: {total} bytes of kernel memory");
+    }
+
+    /// Publishes how many elements the programs' own maps hold (a batched dump of each: at
+    /// full and periodic syncs, never on a change's sync).
+    fn report_lru_entries(&self) {
+        let Some(kernel) = &self.kernel else { return };
+        for (map, n) in kernel.lru_entries() {
+            EbpfMetrics::set_map(&self.metrics.entries, map, n as u64);
+        }
+    }
+
+    /// Publishes the elements of the Service maps after a full sync: exactly what it wanted
+    /// (`wanted`, by map), since it deleted everything else.
+    fn report_service_entries(&self, wanted: &std::collections::BTreeMap<MapId, usize>) {
+        for m in MapId::ALL {
+            let n = wanted.get(&m).copied().unwrap_or(0);
+            EbpfMetrics::set_map(&self.metrics.entries, m.name(), n as u64);
+        }
     }
 
     /// Loads and attaches the programs (adopting a previous kpng's pins) unless done.
@@ -265,6 +283,11 @@ impl EbpfBackend {
                 cgroup.display(),
                 self.config.pin_dir.display()
             );
+            match k.counters() {
+                Ok(map) => self.metrics.kernel.set(Some(map)),
+                Err(e) => warn!("the programs' counters will not be exported: {e}"),
+            }
+            self.metrics.set_attached(&kernel::PROGRAMS, &cgroup, true);
             self.cgroup = Some(cgroup);
             self.kernel = Some(k);
         }
@@ -391,6 +414,7 @@ impl EbpfBackend {
         operations += delete(MapId::Members, &members.take_stale(unpointed))?;
         let udp = layout::ip_proto(Protocol::Udp);
         let mut udp_now = BTreeSet::new();
+        let mut wanted = std::collections::BTreeMap::new();
         for port in snapshot.ports.values() {
             let Some(proto) = layout::ip_proto(port.key.protocol) else {
                 continue;
@@ -403,10 +427,13 @@ impl EbpfBackend {
                     udp_now.extend(group_pairs(&g));
                 }
                 let (mut full_pointed, mut full_frontends) = (false, false);
-                plan::for_group(id, proto, &g, &mut |m, k, v| match m {
-                    MapId::Frontends => full_frontends |= frontends.put(k, v),
-                    MapId::Slots => full_pointed |= slots.put(k, v),
-                    MapId::Members => full_pointed |= members.put(k, v),
+                plan::for_group(id, proto, &g, &mut |m, k, v| {
+                    *wanted.entry(m).or_insert(0) += 1;
+                    match m {
+                        MapId::Frontends => full_frontends |= frontends.put(k, v),
+                        MapId::Slots => full_pointed |= slots.put(k, v),
+                        MapId::Members => full_pointed |= members.put(k, v),
+                    }
                 });
                 if full_frontends {
                     flush(&mut slots, &mut members, Some(&mut frontends))?;
@@ -427,6 +454,7 @@ impl EbpfBackend {
             .into_iter()
             .filter(|pair| !udp_now.contains(pair))
             .collect();
+        self.report_service_entries(&wanted);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         debug!(
             load_ms = if loaded { 0.0 } else { ms(opened) },
@@ -490,6 +518,16 @@ impl EbpfBackend {
             .filter(|pair| !now.contains(pair))
             .collect();
         self.kernel()?.apply(&steps)?;
+        // What the changed ports had in each map, and have now: the rest is unchanged.
+        for m in MapId::ALL {
+            let len = |e: &Entries| e.table(m).map_or(0, plan::Table::len);
+            let delta = i64::try_from(len(&new)).unwrap_or(i64::MAX)
+                - i64::try_from(len(&old)).unwrap_or(i64::MAX);
+            self.metrics
+                .entries
+                .get_or_create(&metrics::MapLabel::of(m.name()))
+                .inc_by(delta);
+        }
         let operations = plan::count(&steps);
         for (key, scope) in released {
             self.ids.release(&key, scope);
@@ -555,11 +593,7 @@ impl Backend for EbpfBackend {
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
-        registry.register(
-            "kpng_ebpf_map_memory_bytes",
-            "Kernel memory charged to each of the eBPF backend's maps (memlock)",
-            self.map_memory.clone(),
-        );
+        self.metrics.register(registry);
     }
 
     /// Loads and attaches the programs and opens (or adopts) the maps: about a third of a
@@ -589,7 +623,11 @@ impl Backend for EbpfBackend {
             self.report_memory();
             done
         } else {
-            self.incremental(request)?
+            let done = self.incremental(request)?;
+            if request.diff.is_empty() {
+                self.report_lru_entries();
+            }
+            done
         };
         if self.config.destroy_udp_sockets && !gone.is_empty() {
             // Only the sockets the programs translated for a gone pair: the reverse map names
@@ -602,7 +640,17 @@ impl Backend for EbpfBackend {
             if let Some(cgroup) = &self.cgroup
                 && !targets.is_empty()
             {
-                let n = sockets::destroy_udp(cgroup, &targets);
+                let sockets::Destroyed { destroyed, failed } =
+                    sockets::destroy_udp(cgroup, &targets);
+                self.metrics.sockets_destroyed.inc_by(destroyed as u64);
+                self.metrics.socket_destroy_failures.inc_by(failed as u64);
+                if failed > 0 {
+                    warn!(
+                        "{failed} UDP sockets translated to endpoints that left their Service \
+                         could not be destroyed (see the warnings above)"
+                    );
+                }
+                let n = destroyed;
                 if n > 0 {
                     info!(
                         "destroyed {n} UDP sockets translated to endpoints that left their \
@@ -621,6 +669,7 @@ impl Backend for EbpfBackend {
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
         self.kernel = None;
+        self.metrics.kernel.set(None);
         kernel::remove_pins(&self.config.pin_dir)?;
         Ok(())
     }

@@ -130,19 +130,42 @@ fn ss_in(ns: &str, pid: u32, args: &[String]) -> Option<Vec<String>> {
     }
 }
 
+/// What one [`destroy_udp`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Destroyed {
+    /// Sockets destroyed.
+    pub destroyed: usize,
+    /// Sockets to destroy that were not: see [`failed`].
+    pub failed: usize,
+}
+
+/// The sockets of `targets` (`targets` of them) that were to be destroyed and were not, after
+/// `destroyed` were: 0 when every `ss` run worked (a target not found had closed meanwhile);
+/// when a run failed (`nsenter` or `ss` missing, a namespace that could not be entered or a
+/// destroy refused), every target not destroyed, since any could have been behind it.
+pub fn failed(targets: usize, destroyed: usize, a_run_failed: bool) -> usize {
+    if a_run_failed {
+        targets.saturating_sub(destroyed)
+    } else {
+        0
+    }
+}
+
 /// Destroys the connected UDP sockets named in `targets` (cookie → the endpoint it is
 /// connected to) in every network namespace of the cgroup subtree; returns how many were
-/// destroyed.
-pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> usize {
+/// destroyed, and how many could not be.
+pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> Destroyed {
     if targets.is_empty() {
-        return 0;
+        return Destroyed::default();
     }
     let endpoints: BTreeSet<SocketAddr> = targets.values().copied().collect();
     let mut list = vec!["-H".to_owned(), "-n".into(), "-u".into(), "-e".into()];
     list.extend(filter(&endpoints));
     let mut destroyed = 0;
+    let mut a_run_failed = false;
     for (ns, pid) in namespaces(cgroup) {
         let Some(lines) = ss_in(&ns, pid, &list) else {
+            a_run_failed = true;
             continue;
         };
         let exact: Vec<(SocketAddr, SocketAddr)> = lines
@@ -156,12 +179,19 @@ pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> usize 
         }
         let mut kill = vec!["-K".to_owned(), "-H".into(), "-n".into(), "-u".into()];
         kill.extend(exact_filter(&exact));
-        if let Some(lines) = ss_in(&ns, pid, &kill) {
-            debug!("destroyed {} UDP sockets in {ns} (pid {pid})", lines.len());
-            destroyed += lines.len();
+        match ss_in(&ns, pid, &kill) {
+            Some(lines) => {
+                debug!("destroyed {} UDP sockets in {ns} (pid {pid})", lines.len());
+                a_run_failed |= lines.len() < exact.len();
+                destroyed += lines.len();
+            }
+            None => a_run_failed = true,
         }
     }
-    destroyed
+    Destroyed {
+        destroyed,
+        failed: failed(targets.len(), destroyed, a_run_failed),
+    }
 }
 
 #[cfg(test)]
@@ -187,6 +217,25 @@ mod tests {
             exact_filter(&exact).join(" "),
             "( src 10.244.1.2:40000 and dst 10.0.0.1:53 ) or ( src [fd00::2]:40001 and dst [fd00::1]:53 )"
         );
+    }
+
+    #[test]
+    fn failures_count_the_targets_left_only_when_a_run_failed() {
+        // (targets, destroyed, a run failed, failed)
+        let cases = [
+            (3, 3, false, 0),
+            (3, 1, false, 0), // two had closed: not found, not failed
+            (3, 1, true, 2),
+            (3, 0, true, 3),
+            (1, 2, true, 0), // two sockets of one cookie's addresses: never below 0
+        ];
+        for (targets, destroyed, run_failed, want) in cases {
+            assert_eq!(
+                failed(targets, destroyed, run_failed),
+                want,
+                "{targets} {destroyed} {run_failed}"
+            );
+        }
     }
 
     #[test]

@@ -312,12 +312,18 @@ fn a_restart_adopts_the_pinned_programs_and_maps() {
         assert!(metrics.contains(&line), "{line}in:\n{metrics}");
     }
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    let translated = "kpng_ebpf_translations_total{hook=\"connect4\"}";
+    let counted = sample(&scrape_metrics(&c), translated).expect("the translation counter");
+    assert!(counted >= 1.0, "the held connection was translated");
     k.restart();
     assert_eq!(
         attached(&c),
         before,
         "the new programs replaced the old ones, no duplicates"
     );
+    // The counters map is pinned too: the restarted kpng's counts go on from there.
+    let after = sample(&scrape_metrics(&c), translated).expect("the translation counter");
+    assert!(after >= counted, "{translated}: {counted}, then {after}");
     held.second("pod2a")
         .expect("the established connection outlives the restart");
     // The restarted kpng's programs translate (the adopted maps hold the Service).
@@ -654,7 +660,8 @@ fn removed_pins_are_pinned_again_and_translation_never_stops() {
     };
     let (links, maps) = (pinned("links"), pinned("v3"));
     assert_eq!(links.len(), 9, "{links:?}");
-    assert_eq!(maps.len(), 6, "{maps:?}");
+    // The six maps and the programs' counters.
+    assert_eq!(maps.len(), 7, "{maps:?}");
     let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
 
     std::fs::remove_dir_all(&pins).expect("rm -rf the pin directory");
@@ -1200,4 +1207,108 @@ fn a_full_frontends_map_converges() {
         4,
     );
     assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
+}
+
+/// node1's `/metrics`.
+fn scrape_metrics(c: &Cluster) -> String {
+    let out = c
+        .node1
+        .ns
+        .exec(["curl", "-s", "http://127.0.0.1:10249/metrics"])
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of the sample `series` (name and labels, as written) in `metrics`.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// `/metrics` answers the questions about the socket half: the programs attached to which
+/// cgroup, each map's fill and capacity, and what the programs do (their per-CPU counters,
+/// read at scrape): a connection through a ClusterIP counts as translated, one to a Service
+/// without endpoints as refused, and a new Service's frontend shows in the map's entries.
+#[test]
+fn metrics_show_the_programs_translating_and_the_maps_filling() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("metrics")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let web = svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
+    let empty = svc("empty", 12, "ClusterIP", "", &[]);
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[web.clone(), empty.clone()]),
+        &[],
+    );
+    let (cgroup, _) = ebpf_scope(&c.node1.ns);
+    let before = scrape_metrics(&c);
+    for program in kpng_backend_ebpf::kernel::PROGRAMS {
+        let series = format!(
+            "kpng_ebpf_program_attached{{program=\"{program}\",cgroup=\"{}\"}}",
+            cgroup.display()
+        );
+        assert_eq!(
+            sample(&before, &series),
+            Some(1.0),
+            "{series} in:\n{before}"
+        );
+    }
+    let frontends = "kpng_ebpf_map_entries{map=\"kpng_frontends\"}";
+    let frontends_before = sample(&before, frontends).expect("frontends entries");
+    assert!(
+        frontends_before >= 2.0,
+        "both Services' frontends: {before}"
+    );
+    assert_eq!(
+        sample(&before, "kpng_ebpf_map_max_entries{map=\"kpng_frontends\"}"),
+        Some(262_144.0),
+        "{before}"
+    );
+    assert!(
+        sample(&before, "kpng_ebpf_map_memory_bytes{map=\"kpng_counters\"}").is_some(),
+        "{before}"
+    );
+    let translated = "kpng_ebpf_translations_total{hook=\"connect4\"}";
+    let refused = "kpng_ebpf_refused_total{hook=\"connect4\"}";
+    let translated_before = sample(&before, translated).expect("the translation counter");
+    let refused_before = sample(&before, refused).expect("the refusal counter");
+
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    held.second("pod2a").expect("the connection works");
+    let r = probe(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(12, false), SVC_PORT),
+        Duration::from_secs(2),
+    );
+    assert_outcome(&r, Outcome::Refused, "a Service without endpoints");
+    let after = scrape_metrics(&c);
+    let translated_after = sample(&after, translated).expect("the translation counter");
+    assert!(
+        translated_after > translated_before,
+        "{translated}: {translated_before} then {translated_after}"
+    );
+    assert_eq!(
+        sample(&after, refused),
+        Some(refused_before + 1.0),
+        "{after}"
+    );
+
+    // A new Service like the first two (a change's sync, not a full one): its frontends (one
+    // per family and port) are counted at once.
+    let more = svc("more", 13, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
+    k.apply(&manifest(&[web, empty, more]));
+    let applied = scrape_metrics(&c);
+    assert_eq!(
+        sample(&applied, frontends),
+        Some(frontends_before * 3.0 / 2.0),
+        "{applied}"
+    );
 }
