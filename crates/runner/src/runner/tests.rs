@@ -1016,8 +1016,8 @@ fn node_state(known: bool, ips: &[&str], cidrs: &[&str]) -> kpng_model::NodeStat
     }
 }
 
-/// Each change of the node is one line saying old → new, and deletion and re-creation say
-/// what they keep or bring.
+/// Each change of the node is one line saying old → new; deletion, re-creation and the first
+/// sighting are one line each, saying what they keep or bring.
 #[test]
 fn node_changes_say_what_changed_from_what_to_what() {
     let present = node_state(true, &["10.1.1.1"], &["10.244.1.0/24"]);
@@ -1044,12 +1044,13 @@ fn node_changes_say_what_changed_from_what_to_what() {
         zone: Some("z1".into()),
         ..present.clone()
     };
+    let absent = node_state(false, &[], &[]);
     let cases: [(
         &str,
         &kpng_model::NodeState,
         &kpng_model::NodeState,
         &[&str],
-    ); 7] = [
+    ); 9] = [
         ("nothing", &present, &present, &[]),
         (
             "deleted",
@@ -1064,8 +1065,21 @@ fn node_changes_say_what_changed_from_what_to_what() {
             &deleted,
             &recreated,
             &[
-                "Node \"n\" was re-created: node IPs [10.1.1.2], pod CIDRs [10.244.1.0/24], zone none",
-                "node IPs changed: [10.1.1.1] → [10.1.1.2]",
+                "Node \"n\" was re-created: node IPs [10.1.1.1] → [10.1.1.2], pod CIDRs [10.244.1.0/24], zone none",
+            ],
+        ),
+        (
+            "first sighting after the initial lists",
+            &absent,
+            &zoned,
+            &["Node \"n\" appeared: node IPs [10.1.1.1], pod CIDRs [10.244.1.0/24], zone z1"],
+        ),
+        (
+            "deleted with its zone",
+            &zoned,
+            &deleted,
+            &[
+                "Node \"n\" was deleted; keeping node IPs [10.1.1.1] and pod CIDRs [10.244.1.0/24] (as kube-proxy keeps its start-up ones); zone z1 → none",
             ],
         ),
         (
