@@ -132,6 +132,7 @@ fn defaults() -> FileSettings {
         forward_healthcheck_vip: false,
         root_hnsendpoint_name: "cbr0".into(),
         windows_service: false,
+        mode_section: "iptables",
     }
 }
 
@@ -139,6 +140,7 @@ fn defaults() -> FileSettings {
 fn nft_defaults() -> FileSettings {
     FileSettings {
         proxy_mode: Some(BackendKind::Nft),
+        mode_section: "nftables",
         ..defaults()
     }
 }
@@ -1381,7 +1383,7 @@ fn flagz_shows_the_values_in_force_under_kube_proxys_names() {
 }
 
 /// kpng lets flags beside `--config` win where kube-proxy ignores them: one warning names
-/// each such flag and its field; --hostname-override, the logging flags and flags without
+/// each such flag and its field (in the section of the file's mode); --hostname-override, the logging flags and flags without
 /// a file say nothing.
 #[test]
 fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
@@ -1389,6 +1391,10 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
     let path = dir.path().join("kp.conf");
     std::fs::write(&path, doc("mode: nftables\n")).unwrap();
     let config = path.to_str().unwrap();
+    // The field a flag overrode is in the section of the file's mode.
+    let iptables_path = dir.path().join("kp-iptables.conf");
+    std::fs::write(&iptables_path, doc("mode: iptables\n")).unwrap();
+    let iptables_config = iptables_path.to_str().unwrap();
     let warned = |line: &[&str]| -> Vec<String> {
         let (_, report) = run_cli(line).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
         report
@@ -1406,7 +1412,7 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
                 "--iptables-sync-period=1m",
                 "--cluster-cidr=10.0.0.0/8",
             ],
-            Some("--cluster-cidr (clusterCIDR), --iptables-sync-period (syncPeriod)"),
+            Some("--cluster-cidr (clusterCIDR), --iptables-sync-period (nftables.syncPeriod)"),
         ),
         (
             vec![
@@ -1416,7 +1422,22 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
                 "--kube-api-qps=9",
                 "--masquerade-all",
             ],
-            Some("--masquerade-all (masqueradeAll), --kube-api-qps (clientConnection.qps)"),
+            Some(
+                "--masquerade-all (nftables.masqueradeAll), --kube-api-qps (clientConnection.qps)",
+            ),
+        ),
+        (
+            vec![
+                "kpng",
+                "--config",
+                iptables_config,
+                "--iptables-min-sync-period=2s",
+                "--iptables-masquerade-bit=3",
+            ],
+            Some(
+                "--iptables-masquerade-bit (iptables.masqueradeBit), \
+                 --iptables-min-sync-period (iptables.minSyncPeriod)",
+            ),
         ),
         (
             vec![
