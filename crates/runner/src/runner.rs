@@ -530,6 +530,7 @@ impl<M: NodeModel> LoopState<M> {
                     in_sync: self.in_sync(),
                     rejected,
                     health_check_not_served,
+                    first_sync_held: self.first_sync_held(),
                 });
             }
         }
@@ -649,6 +650,27 @@ impl<M: NodeModel> LoopState<M> {
         self.runner.node_needs.pod_cidrs
             && self.last_sync.is_none()
             && self.runner.model.snapshot().node.pod_cidrs.is_empty()
+    }
+
+    /// Why the first sync has not been made, while it is held: for `kpng trace`, whose answer
+    /// otherwise reads as if its rules were in the kernel.
+    fn first_sync_held(&self) -> Option<String> {
+        let missing = self.unlisted();
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
+            return Some(format!(
+                "nothing is programmed yet: the first sync is held until the lists of {} are \
+                 complete",
+                names.join(", ")
+            ));
+        }
+        self.held_for_pod_cidrs().then(|| {
+            format!(
+                "nothing is programmed yet: the first sync is held until Node {:?} has \
+                 spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)",
+                self.runner.model.snapshot().node.name
+            )
+        })
     }
 
     /// When the wait for node IPs ends, while it runs.

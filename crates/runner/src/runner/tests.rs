@@ -1178,7 +1178,7 @@ fn node_problem_names_each_cause() {
             &no_address,
             cidrs,
             Some(
-                "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: nothing is programmed until it has (kube-proxy waits for them too, then refuses to start)",
+                "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: the first sync is held until it has them, so nothing is programmed yet (kube-proxy waits for them too, then refuses to start)",
             ),
         ),
     ];
@@ -1308,12 +1308,27 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
     assert_eq!(healthz(&h), 503, "/healthz while held for pod CIDRs");
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(log(&h).is_empty(), "synced without pod CIDRs");
+    let problem = status_of(&h).await.node_problem.unwrap_or_default();
     assert!(
-        status_of(&h)
-            .await
-            .node_problem
-            .unwrap_or_default()
-            .contains("no spec.podCIDRs"),
+        problem.contains("no spec.podCIDRs: the first sync is held until it has them"),
+        "{problem}"
+    );
+    // A trace says what kpng will program, and that none of it is in the kernel yet.
+    let traced = h
+        .admin
+        .trace(kpng_model::trace::TraceQuery {
+            from: "10.0.0.1".parse().expect("ip"),
+            to: "10.96.0.1:80".parse().expect("addr"),
+            protocol: kpng_model::Protocol::Tcp,
+        })
+        .await
+        .expect("trace");
+    assert_eq!(
+        traced.first_sync_held.as_deref(),
+        Some(
+            "nothing is programmed yet: the first sync is held until Node \"n\" has \
+             spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)"
+        )
     );
     h.tx.send(Event::Apply(node_object(
         json!({"metadata": {"name": "n"}, "spec": {"podCIDRs": ["10.244.1.0/24"]}}),
@@ -1330,4 +1345,14 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
     assert_eq!(status.node_problem, None);
     assert_eq!(status.pod_cidrs, ["10.244.1.0/24"]);
     assert_eq!(healthz(&h), 200, "/healthz once synced");
+    let traced = h
+        .admin
+        .trace(kpng_model::trace::TraceQuery {
+            from: "10.0.0.1".parse().expect("ip"),
+            to: "10.96.0.1:80".parse().expect("addr"),
+            protocol: kpng_model::Protocol::Tcp,
+        })
+        .await
+        .expect("trace");
+    assert_eq!(traced.first_sync_held, None, "synced");
 }
