@@ -11,6 +11,7 @@
 
 mod checks;
 mod duration;
+mod json_keys;
 mod load;
 mod mapping;
 mod v1alpha1;

@@ -1128,7 +1128,7 @@ fn an_empty_hostname_override_leaves_the_files_name() {
 }
 
 /// kube-proxy decodes leniently when strict decoding fails: a key given twice keeps its last
-/// value (with a warning naming it and its line), and sigs.k8s.io/yaml reads the first
+/// value (with a warning naming it and its line, in YAML and JSON alike), and sigs.k8s.io/yaml reads the first
 /// document only (later ones warn when they hold anything).
 #[test]
 fn repeated_keys_and_later_documents_are_lenient_as_in_kube_proxy() {
@@ -1166,6 +1166,25 @@ fn repeated_keys_and_later_documents_are_lenient_as_in_kube_proxy() {
             format!("{}--- \nnot: [valid\n", doc("clusterCIDR: 10.3.0.0/16\n")),
             "10.3.0.0/16",
             Some("more than one YAML document"),
+        ),
+        // JSON, which kube-proxy reads too: the same warning, key and line.
+        (
+            "{\"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",\n\
+             \"kind\": \"KubeProxyConfiguration\",\n\
+             \"clusterCIDR\": \"10.1.0.0/16\",\n\
+             \"clusterCIDR\": \"10.2.0.0/16\"}"
+                .to_string(),
+            "10.2.0.0/16",
+            Some("clusterCIDR (line 4): given twice; the last value is used"),
+        ),
+        (
+            "{\"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",\n\
+             \"kind\": \"KubeProxyConfiguration\",\n\
+             \"conntrack\": {\"min\": 1,\n\"min\": 2},\n\
+             \"clusterCIDR\": \"10.2.0.0/16\"}"
+                .to_string(),
+            "10.2.0.0/16",
+            Some("conntrack.min (line 4): given twice"),
         ),
     ] {
         let (settings, report) = from_text(&text).unwrap_or_else(|e| panic!("{text:?}: {e:#}"));
