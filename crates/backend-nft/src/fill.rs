@@ -234,6 +234,7 @@ impl NftBackend {
         };
         let node_ips = snapshot.node.ips.clone();
         let mut chains = BTreeSet::new();
+        self.states[index].chain_refs = Default::default();
         let mut first = 0;
         let mut ports = snapshot.family(fam.0);
         let (mut going, mut node_done) = (true, false);
@@ -249,6 +250,7 @@ impl NftBackend {
                 match produced.store.build_one(owner, &e) {
                     store::Built::Emit => {
                         chains.extend(script::referenced_chain(&e));
+                        self.states[index].chain_refs.add(&e);
                         if let Err(err) = fill.current.add(&e) {
                             produced.failed.get_or_insert(err.to_string());
                         }

@@ -23,6 +23,7 @@
 //! `docs/nftables.md`.
 
 pub mod affinity;
+mod chain_refs;
 pub mod elements;
 pub mod exec;
 mod fill;
@@ -100,6 +101,9 @@ struct FamilyState {
     store: ElementStore,
     /// Dynamic chains that exist in the kernel.
     chains: BTreeSet<String>,
+    /// How many committed elements refer to each dynamic chain: a chain none refers to is
+    /// deleted after the partial sync that removed its last reference.
+    chain_refs: chain_refs::ChainRefs,
     /// The static configuration last committed; `None` until the first full sync succeeds.
     committed: Option<StaticConfig>,
     /// What the kernel's table is known to be: `Unknown` until probed once at start-up.
@@ -260,6 +264,7 @@ impl NftBackend {
                 fam: Fam(*f),
                 store: ElementStore::new(),
                 chains: BTreeSet::new(),
+                chain_refs: chain_refs::ChainRefs::default(),
                 committed: None,
                 kernel: KernelTable::Unknown,
                 distrust: false,
@@ -528,6 +533,8 @@ impl NftBackend {
             return Ok(0);
         }
         let count = ops.len();
+        let mut refs_after = self.states[index].chain_refs.clone();
+        refs_after.apply(&ops);
         let result = if self.netlink.is_some() {
             self.partial_over_netlink(index, ops)
         } else {
@@ -554,7 +561,35 @@ impl NftBackend {
             state.chains.clear();
             return Err(self.fail_with(index, count, message));
         }
+        self.states[index].chain_refs = refs_after;
+        self.delete_unreferenced_chains(index);
         Ok(count)
+    }
+
+    /// Deletes the dynamic chains no committed element refers to any more, in a transaction
+    /// of its own after the sync's: should nft refuse (something else jumps to one), the sync
+    /// has succeeded all the same, and the chains stay until the next full sync replaces or
+    /// restores the table's rules.
+    fn delete_unreferenced_chains(&mut self, index: usize) {
+        let state = &self.states[index];
+        let stale = state.chain_refs.unreferenced(&state.chains);
+        if stale.is_empty() {
+            return;
+        }
+        let text = script::delete_chains(state.fam, &self.config.table, &stale);
+        match self.exec.run(&text) {
+            Ok(()) => {
+                debug!(chains = ?stale, "deleted dynamic chains no element refers to any more");
+                for chain in &stale {
+                    self.states[index].chains.remove(chain);
+                }
+            }
+            Err(e) => {
+                debug!(chains = ?stale, "could not delete unreferenced dynamic chains: {e}");
+                // Not tried again before the next full sync, which rebuilds the rules.
+                self.states[index].chain_refs.keep(stale);
+            }
+        }
     }
 
     /// Creates the dynamic chains in `needed` that do not exist yet, in one text
@@ -808,6 +843,7 @@ impl NftBackend {
             Err(e) => return Some((Err(e.to_string()), ElementStore::new(), 0)),
         };
         let mut chains = BTreeSet::new();
+        let mut refs = chain_refs::ChainRefs::default();
         let (mut superseded, mut failed) = (false, None);
         for set in Set::owned(fam.0) {
             refill.flush(set);
@@ -817,6 +853,7 @@ impl NftBackend {
                 match store.build_one(owner, &e) {
                     store::Built::Emit => {
                         chains.extend(script::referenced_chain(&e));
+                        refs.add(&e);
                         if let Err(err) = refill.add(&e) {
                             failed.get_or_insert(err.to_string());
                         }
@@ -836,6 +873,7 @@ impl NftBackend {
         }
         // Same skeleton: refill every set atomically (the affinity map is kept).
         self.states[index].chains.clear();
+        self.states[index].chain_refs = refs;
         let result = self
             .adopt_rules(index, cfg, adopt, chains)
             .and_then(|()| self.commit_refill(fam, snapshot, refill));
@@ -900,6 +938,11 @@ impl NftBackend {
         });
         drop(index_of);
         let ops = all.len();
+        let mut refs = chain_refs::ChainRefs::default();
+        for e in &all {
+            refs.add(e);
+        }
+        self.states[index].chain_refs = refs;
         let result = if adopt != Adopt::No {
             self.states[index].chains.clear();
             let flush: Vec<Set> = Set::owned(fam.0).collect();

@@ -135,6 +135,15 @@ pub fn partial(
     (out, new_chains.iter().map(DynamicChain::name).collect())
 }
 
+/// Deletes the dynamic chains `chains` (no element refers to them any more).
+pub fn delete_chains(fam: Fam, table: &str, chains: &[String]) -> String {
+    let mut out = String::new();
+    for chain in chains {
+        let _ = writeln!(out, "delete chain {} {table} {chain}", fam.table_family());
+    }
+    out
+}
+
 /// Creates (or resets) dynamic chains: `add` + `flush` + rules is idempotent. `mask` is
 /// `--conntrack-mark-mask` (the affinity chains read the id through it).
 pub fn ensure_chains<'c>(

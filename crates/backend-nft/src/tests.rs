@@ -164,7 +164,12 @@ fn a_new_endpoint_count_adds_its_chain_once() {
     })
     .expect("sync");
     let s = scripts(&r);
-    let last = s.last().expect("script");
+    // The chains of 2 endpoints, which no element refers to any more, go after the sync.
+    assert_eq!(
+        s.last().map(String::as_str),
+        Some("delete chain ip kpng cluster-n2\ndelete chain ip kpng nodeport-cluster-n2\n")
+    );
+    let last = &s[s.len() - 2];
     assert!(
         last.starts_with(
             "add chain ip kpng cluster-n3\n\
@@ -182,6 +187,132 @@ fn a_new_endpoint_count_adds_its_chain_once() {
         last.contains("10.96.0.10 . tcp . 80 comment \"ns/web:http\" : goto cluster-n3"),
         "{last}"
     );
+}
+
+/// ONE_SERVICE with `web`'s endpoints `10.244.2.2`, `10.244.2.3`, … (`n` in all, with the
+/// first) and Service `other` with `others` endpoints.
+fn scaled(n: usize, others: usize) -> String {
+    let mut text = ONE_SERVICE.replace("- {addresses: [10.244.2.2], nodeName: node2}\n", "");
+    for i in 0..n.saturating_sub(1) {
+        text.push_str(&format!(
+            "- {{addresses: [10.244.2.{}], nodeName: node2}}\n",
+            i + 2
+        ));
+    }
+    if others > 0 {
+        text.push_str(
+            "---\nkind: Service\nmetadata: {namespace: ns, name: other}\n\
+             spec: {clusterIP: 10.96.0.11, ports: [{name: http, port: 80}]}\n---\n\
+             kind: EndpointSlice\n\
+             metadata: {namespace: ns, name: other-1, labels: {kubernetes.io/service-name: other}}\n\
+             addressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n",
+        );
+        for i in 0..others {
+            text.push_str(&format!(
+                "- {{addresses: [10.244.3.{}], nodeName: node2}}\n",
+                i + 2
+            ));
+        }
+    }
+    text
+}
+
+/// Applies `yaml` to `model` and syncs the change (partial).
+fn partial_sync_to(b: &mut NftBackend, model: &mut Model, yaml: &str) {
+    let loaded = kpng_source_file::parse_manifests(yaml).expect("parses");
+    let out = model.apply(Event::Replace {
+        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+        objects: loaded.objects,
+    });
+    b.sync(&SyncRequest {
+        diff: &out.diff,
+        snapshot: model.snapshot(),
+        full: false,
+    })
+    .expect("sync");
+}
+
+/// A `*-n<k>` chain no element refers to any more is deleted right after the sync that
+/// removed its last reference, in a transaction of its own; one another Service still uses
+/// stays.
+#[test]
+fn a_chain_is_deleted_with_its_last_reference() {
+    let mut model = model_from(&scaled(3, 3));
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let dynamic = |b: &NftBackend| b.states[0].chains.clone();
+    assert!(dynamic(&b).contains("cluster-n3"), "{:?}", dynamic(&b));
+    // `other` still has 3 endpoints: cluster-n3 stays.
+    partial_sync_to(&mut b, &mut model, &scaled(1, 3));
+    let s = scripts(&r);
+    assert!(
+        !s.iter()
+            .any(|t| t.contains("delete chain ip kpng cluster-n3")),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.last().map(String::as_str),
+        Some("delete chain ip kpng nodeport-cluster-n3\n"),
+        "web was the only NodePort with 3 endpoints"
+    );
+    assert!(dynamic(&b).contains("cluster-n3"));
+    // The last Service with 3 endpoints goes to 1: its chain goes in the same sync.
+    partial_sync_to(&mut b, &mut model, &scaled(1, 1));
+    let s = scripts(&r);
+    assert_eq!(
+        s.last().map(String::as_str),
+        Some("delete chain ip kpng cluster-n3\n")
+    );
+    assert!(
+        s[s.len() - 2].contains("goto cluster-n1"),
+        "the elements moved first, in the transaction before: {s:?}"
+    );
+    assert!(!dynamic(&b).contains("cluster-n3"), "{:?}", dynamic(&b));
+    // Needed again: created again.
+    partial_sync_to(&mut b, &mut model, &scaled(1, 3));
+    assert!(dynamic(&b).contains("cluster-n3"));
+    assert!(
+        scripts(&r)
+            .last()
+            .expect("script")
+            .starts_with("add chain ip kpng cluster-n3\n")
+    );
+}
+
+/// A delete nft refuses never fails the sync, and is not tried again at every sync.
+#[test]
+fn a_refused_chain_delete_does_not_fail_the_sync() {
+    /// Refuses every `delete chain`, records everything.
+    struct RefusesChainDeletes(Recorder);
+    impl exec::ScriptExec for RefusesChainDeletes {
+        fn run(&mut self, script: &str) -> Result<(), exec::ExecError> {
+            let result = exec::ScriptExec::run(&mut self.0, script);
+            if script.starts_with("delete chain") {
+                return Err(exec::ExecError::Refused {
+                    tool: "nft".into(),
+                    status: "exit status: 1".into(),
+                    message: "Error: Could not process rule: Device or resource busy".into(),
+                });
+            }
+            result
+        }
+    }
+    let mut model = model_from(&scaled(3, 0));
+    let r = Recorder::default();
+    let mut b = NftBackend::new(config(), Box::new(RefusesChainDeletes(r.clone())));
+    full_sync(&mut b, &model);
+    partial_sync_to(&mut b, &mut model, &scaled(1, 0));
+    let deletes = |r: &Recorder| {
+        r.scripts()
+            .iter()
+            .filter(|t| t.contains("delete chain ip kpng cluster-n3\n"))
+            .count()
+    };
+    assert_eq!(deletes(&r), 1, "tried once");
+    assert!(b.states[0].committed.is_some(), "the sync stands");
+    assert!(b.states[0].chains.contains("cluster-n3"), "still there");
+    partial_sync_to(&mut b, &mut model, &scaled(2, 0));
+    assert_eq!(deletes(&r), 1, "not tried again before a full sync");
 }
 
 /// `kpng_nftables_elements` and `kpng_nftables_dynamic_chains` follow what was programmed.

@@ -1037,7 +1037,10 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
             c.port, c.message, c.since
         );
     }
-    if t["inSync"] == false {
+    if let Some(held) = t["firstSyncHeld"].as_str() {
+        // Says why no packet meets these rules yet, which the in-sync note below does not.
+        let _ = writeln!(out, "  note:       {held}: this is what kpng will program");
+    } else if t["inSync"] == false {
         let _ = writeln!(
             out,
             "  note:       changes are waiting for a sync (or the last one failed): this is what \
@@ -1178,6 +1181,29 @@ mod tests {
             let e = parse_trace(from, to, proto).expect_err(says);
             assert!(format!("{e:#}").contains(says), "{e:#}");
         }
+    }
+
+    /// While the first sync is held, the trace says so and why, instead of the generic
+    /// "waiting for a sync" note.
+    #[test]
+    fn a_trace_says_when_the_first_sync_is_held() {
+        let q = parse_trace("10.244.1.5", "10.96.0.10:80", None).expect("query");
+        let held = "nothing is programmed yet: the first sync is held until Node \"n\" has \
+                    spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)";
+        let t = serde_json::json!({
+            "verdict": "dnat",
+            "reason": "r",
+            "inSync": false,
+            "firstSyncHeld": held,
+        });
+        let text = trace_text(&q, &t);
+        assert!(
+            text.contains(&format!(
+                "  note:       {held}: this is what kpng will program\n"
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("waiting for a sync"), "{text}");
     }
 
     /// The masquerade line agrees with the JSON's `masquerade` and `hairpin`: a client whose

@@ -11,6 +11,7 @@
 
 mod checks;
 mod duration;
+mod json_keys;
 mod load;
 mod mapping;
 mod v1alpha1;
@@ -123,7 +124,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
                 .warnings
                 .push(format!("{e}; {}", mode_unused(flags)));
         }
-        if let Some(w) = kube_proxy_would_ignore(matches) {
+        if let Some(w) = kube_proxy_would_ignore(matches, settings.mode_section) {
             file_report.flag_warnings.push(w);
         }
         let mode = settings.proxy_mode;
@@ -298,13 +299,17 @@ fn mode_unused(flags: &GlobalFlags) -> &'static str {
     }
 }
 
+/// Stands for the mode's section (`iptables`, `nftables`) in a field of [`FLAGS_OF_FIELDS`].
+const MODE_SECTION: &str = "<mode>";
+
 /// The flags that set a field of the configuration file, by clap id, with kube-proxy's flag
 /// name and the field: beside `--config`, kube-proxy ignores them all (it honors only
-/// `--hostname-override` and the logging flags there), kpng lets them win.
+/// `--hostname-override` and the logging flags there), kpng lets them win. A field under
+/// [`MODE_SECTION`] is in the section of the file's mode (`nftables.syncPeriod`).
 const FLAGS_OF_FIELDS: [(&str, &str, &str); 30] = [
     ("node_ip", "--bind-address", "bindAddress"),
     ("cluster_cidr", "--cluster-cidr", "clusterCIDR"),
-    ("masquerade_all", "--masquerade-all", "masqueradeAll"),
+    ("masquerade_all", "--masquerade-all", "<mode>.masqueradeAll"),
     (
         "detect_local_mode",
         "--detect-local-mode",
@@ -323,7 +328,7 @@ const FLAGS_OF_FIELDS: [(&str, &str, &str); 30] = [
     (
         "masquerade_bit",
         "--iptables-masquerade-bit",
-        "masqueradeBit",
+        "<mode>.masqueradeBit",
     ),
     (
         "nodeport_addresses",
@@ -345,9 +350,9 @@ const FLAGS_OF_FIELDS: [(&str, &str, &str); 30] = [
     (
         "min_sync_period",
         "--iptables-min-sync-period",
-        "minSyncPeriod",
+        "<mode>.minSyncPeriod",
     ),
-    ("sync_period", "--iptables-sync-period", "syncPeriod"),
+    ("sync_period", "--iptables-sync-period", "<mode>.syncPeriod"),
     (
         "conntrack_max_per_core",
         "--conntrack-max-per-core",
@@ -410,14 +415,17 @@ const FLAGS_OF_FIELDS: [(&str, &str, &str); 30] = [
 /// `--config` file, which kube-proxy would ignore there: an operator whose DaemonSet carries
 /// leftover flags learns that kpng and kube-proxy run them differently. Environment
 /// variables (`KUBE_NETWORK`) are not flags an operator left behind, and are not named.
-fn kube_proxy_would_ignore(matches: &ArgMatches) -> Option<String> {
+/// `mode_section` is the section the file's mode reads (the field the flag overrode).
+fn kube_proxy_would_ignore(matches: &ArgMatches, mode_section: &str) -> Option<String> {
     let named: Vec<String> = FLAGS_OF_FIELDS
         .iter()
         .filter(|(id, _, _)| {
             command_line_matches(matches, id)
                 .is_some_and(|m| m.value_source(id) == Some(ValueSource::CommandLine))
         })
-        .map(|(_, flag, field)| format!("{flag} ({field})"))
+        .map(|(_, flag, field)| {
+            format!("{flag} ({})", field.replacen(MODE_SECTION, mode_section, 1))
+        })
         .collect();
     (!named.is_empty()).then(|| {
         format!(

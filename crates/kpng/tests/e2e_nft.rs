@@ -189,3 +189,41 @@ fn a_cold_fill_in_several_transactions_holds_what_one_refill_holds() {
     );
     bed.assert_served(10, "after the restart's refill");
 }
+
+/// A `*-n<k>` chain goes with its last reference: `web` scaled from 3 endpoints to 1 (no other
+/// Service has 3) leaves no `cluster-n3` chain in the table after that sync, without waiting
+/// for a full sync, and `web` is still served.
+#[test]
+fn a_chain_no_element_refers_to_goes_with_the_scale_down() {
+    use e2e::faults::{Bed, hold, web};
+    use e2e::harness::{Cond, Kpng, manifest, svc};
+    kpng_testkit::require_root!();
+    let bed = Bed::new(e2e::Backend::Nft, "chaingc");
+    let ns = &bed.c.node1.ns;
+    let three = svc(
+        "web",
+        10,
+        "ClusterIP",
+        "",
+        &[
+            ("pod1b", Cond::Ready),
+            ("pod1a", Cond::Ready),
+            ("pod2a", Cond::Ready),
+        ],
+    );
+    let mut k = Kpng::start(e2e::Backend::Nft, ns, &manifest(&[three, hold()]), &[]);
+    let has_chain = |chain: &str| {
+        ns.run_ok(["nft", "list", "chain", "ip", "kpng", chain])
+            .is_ok()
+    };
+    assert!(has_chain("cluster-n3"), "3 endpoints: cluster-n3 in use");
+    k.apply(&manifest(&[web(), hold()]));
+    assert!(
+        !has_chain("cluster-n3"),
+        "cluster-n3 is left after the scale-down:\n{}",
+        ns.run_ok(["nft", "list", "table", "ip", "kpng"])
+            .unwrap_or_default()
+    );
+    assert!(has_chain("cluster-n1"), "the chain web uses now");
+    bed.wait_served(10, "after the scale-down");
+}

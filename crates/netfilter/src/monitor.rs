@@ -42,6 +42,12 @@ const NFNLGRP_NFTABLES: libc::c_int = 7;
 const RCVBUF: libc::c_int = 4 << 20;
 /// How often the thread looks at its stop flag.
 const POLL_MS: i32 = 200;
+/// How long a drain waits for the rest of a transaction that deleted a table (its
+/// notifications are queued while the kernel commits it), at most [`TRANSACTION_END_WAITS`]
+/// times.
+const TRANSACTION_END_MS: i32 = 20;
+/// See [`TRANSACTION_END_MS`].
+const TRANSACTION_END_WAITS: u32 = 5;
 /// The attribute that names the table in table, chain, rule, set, element, object and
 /// flowtable messages alike (`NFTA_TABLE_NAME`, `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, …).
 const ATTR_TABLE: u16 = 1;
@@ -88,6 +94,13 @@ fn significance(note: &Notification) -> u8 {
     }
 }
 
+/// `NFT_MSG_NEWGEN`: the kernel's last notification of every committed transaction.
+const MSG_NEWGEN: u16 = 15;
+/// `NFT_MSG_NEWTABLE`.
+const MSG_NEWTABLE: u16 = 0;
+/// `NFT_MSG_DELTABLE`.
+const MSG_DELTABLE: u16 = 2;
+
 /// Someone else's changes read together, reported as one line.
 #[derive(Debug, Default)]
 pub struct Burst {
@@ -96,16 +109,45 @@ pub struct Burst {
     /// Every table deleted (`ip kpng`): `nft flush ruleset` deletes both families' tables,
     /// and an operator told of one only would look for the other in vain.
     deleted: Vec<String>,
+    /// Watched tables added after they were deleted: a restore of a whole table
+    /// (`iptables-restore` of a saved `filter`, a host firewall's reload) deletes the table
+    /// and adds it again in one transaction, which is a replacement, not a deletion.
+    re_added: Vec<String>,
+    /// A table was deleted and its transaction's end ([`MSG_NEWGEN`]) has not been read yet:
+    /// the rest of it may still re-add the table.
+    transaction_open: bool,
 }
 
 impl Burst {
+    /// Takes `note`, someone else's change to what `watched` names; returns whether it is
+    /// tampering.
+    pub fn take(&mut self, watched: &Watched, note: &Notification) -> bool {
+        match watched.tampering(note) {
+            Some(what) => {
+                self.add(note, what);
+                true
+            }
+            None => {
+                self.add_other(note, watched.table_of(note).as_deref());
+                false
+            }
+        }
+    }
+
     /// Takes `note`, someone else's change described as `what` ([`Watched::tampering`]).
     pub fn add(&mut self, note: &Notification, what: String) {
-        if note.msg == 2
+        if note.msg == MSG_DELTABLE
             && let Some((table, _)) = what.split_once(": ")
-            && !self.deleted.iter().any(|d| d == table)
         {
-            self.deleted.push(table.to_string());
+            if !self.deleted.iter().any(|d| d == table) {
+                self.deleted.push(table.to_string());
+            }
+            self.re_added.retain(|t| t != table);
+            self.transaction_open = true;
+        }
+        if note.msg == MSG_NEWTABLE {
+            // Our own tables count every change: their re-creation is one as well.
+            self.add_other(note, what.split_once(": ").map(|(table, _)| table));
         }
         let rank = significance(note);
         if self.telling.as_ref().is_none_or(|(best, _)| rank > *best) {
@@ -113,13 +155,55 @@ impl Burst {
         }
     }
 
-    /// The line to report: the most telling change, with every table deleted named.
+    /// Takes someone else's change that is no tampering by itself: a watched table (named
+    /// `table`, as in [`Watched::tampering`]'s lines) added, or the end of a transaction.
+    pub fn add_other(&mut self, note: &Notification, table: Option<&str>) {
+        match (note.msg, table) {
+            (MSG_NEWTABLE, Some(table))
+                if self.deleted.iter().any(|d| d == table)
+                    && !self.re_added.iter().any(|t| t == table) =>
+            {
+                self.re_added.push(table.to_string());
+            }
+            (MSG_NEWGEN, _) => self.transaction_open = false,
+            _ => {}
+        }
+    }
+
+    /// Whether a table was deleted in a transaction whose end has not been read: the
+    /// notifications that follow may show it was replaced rather than deleted.
+    pub fn awaits_transaction_end(&self) -> bool {
+        self.transaction_open
+    }
+
+    /// The line to report: the most telling change, with every table deleted named; tables
+    /// deleted and added again are said to be replaced, with what that did to ours.
     pub fn report(self) -> Option<String> {
         let (rank, what) = self.telling?;
-        Some(if rank == 6 && self.deleted.len() > 1 {
-            format!("{}: table deleted", self.deleted.join(" and "))
-        } else {
+        if rank != 6 {
+            return Some(what);
+        }
+        let gone: Vec<&String> = self
+            .deleted
+            .iter()
+            .filter(|d| !self.re_added.contains(d))
+            .collect();
+        let mut parts = Vec::new();
+        if !self.re_added.is_empty() {
+            parts.push(format!(
+                "{}: table replaced as a whole (a restore of the table, as iptables-restore or a \
+                 firewall reload does): kpng's chains and jumps in it were removed or replaced",
+                self.re_added.join(" and ")
+            ));
+        }
+        if gone.len() > 1 || (!gone.is_empty() && !self.re_added.is_empty()) {
+            let names: Vec<&str> = gone.iter().map(|g| g.as_str()).collect();
+            parts.push(format!("{}: table deleted", names.join(" and ")));
+        }
+        Some(if parts.is_empty() {
             what
+        } else {
+            parts.join("; ")
         })
     }
 }
@@ -252,6 +336,20 @@ fn names(bytes: &[u8], name: &str) -> bool {
 }
 
 impl Watched {
+    /// The watched table `n` concerns, as the report lines name it (`ip filter`).
+    pub fn table_of(&self, n: &Notification) -> Option<String> {
+        let table = n.table.as_deref()?;
+        let (family, _) = self
+            .tables
+            .iter()
+            .find(|(f, t)| nfproto(*f) == n.nfproto && t == table)?;
+        let fam = match family {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        };
+        Some(format!("{fam} {table}"))
+    }
+
     /// Why `n` is someone else's change to our tables, or `None` when it is not ours to mind.
     pub fn tampering(&self, n: &Notification) -> Option<String> {
         let table = n.table.as_deref()?;
@@ -334,21 +432,33 @@ impl Shared {
     /// sends its rules' deletions before the table's, and "table deleted" is what happened.
     fn drain(&self, inner: &mut Inner) {
         let mut burst = Burst::default();
+        let mut waits_for_end = TRANSACTION_END_WAITS;
         loop {
             let Inner { buf, own } = &mut *inner;
             match self.sock.recv(buf, true) {
                 Ok(0) => break,
                 Ok(n) => {
                     for note in parse_notifications(&buf[..n]) {
-                        let Some(what) = self.watched.tampering(&note) else {
-                            continue;
-                        };
                         if *own {
-                            self.own_seen.fetch_add(1, Ordering::Relaxed);
-                            continue;
+                            if self.watched.tampering(&note).is_some() {
+                                self.own_seen.fetch_add(1, Ordering::Relaxed);
+                            }
+                        } else if burst.take(&self.watched, &note) {
+                            self.foreign_seen.fetch_add(1, Ordering::Relaxed);
                         }
-                        self.foreign_seen.fetch_add(1, Ordering::Relaxed);
-                        burst.add(&note, what);
+                    }
+                }
+                // The kernel queues a transaction's notifications as it commits: a table's
+                // deletion read without its transaction's end may yet be followed by the
+                // table's re-creation (a restore), so wait a moment for the rest.
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        && burst.awaits_transaction_end()
+                        && waits_for_end > 0 =>
+                {
+                    waits_for_end -= 1;
+                    if !matches!(self.sock.wait_readable(TRANSACTION_END_MS), Ok(true)) {
+                        break;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

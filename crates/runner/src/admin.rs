@@ -168,6 +168,11 @@ pub struct TraceAnswer {
     /// then see the node as unhealthy for the Service and send its traffic elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check_not_served: Option<HealthCheckStatus>,
+    /// Why nothing is programmed yet, while the first sync is held (for the complete lists,
+    /// or in NodeCIDR mode for the Node's podCIDRs): the trace then says what kpng will
+    /// program, and no packet meets any of it meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_sync_held: Option<String>,
 }
 
 /// The state of the proxy: what `kpng status` prints.
@@ -336,8 +341,9 @@ pub fn node_problem(node: &kpng_model::NodeState, needs: NodeNeeds) -> Option<St
     }
     if needs.pod_cidrs && node.pod_cidrs.is_empty() {
         problems.push(
-            "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: nothing is \
-             programmed until it has (kube-proxy waits for them too, then refuses to start)"
+            "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: the first sync is \
+             held until it has them, so nothing is programmed yet (kube-proxy waits for them \
+             too, then refuses to start)"
                 .into(),
         );
     }

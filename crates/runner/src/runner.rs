@@ -530,6 +530,7 @@ impl<M: NodeModel> LoopState<M> {
                     in_sync: self.in_sync(),
                     rejected,
                     health_check_not_served,
+                    first_sync_held: self.first_sync_held(),
                 });
             }
         }
@@ -649,6 +650,27 @@ impl<M: NodeModel> LoopState<M> {
         self.runner.node_needs.pod_cidrs
             && self.last_sync.is_none()
             && self.runner.model.snapshot().node.pod_cidrs.is_empty()
+    }
+
+    /// Why the first sync has not been made, while it is held: for `kpng trace`, whose answer
+    /// otherwise reads as if its rules were in the kernel.
+    fn first_sync_held(&self) -> Option<String> {
+        let missing = self.unlisted();
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
+            return Some(format!(
+                "nothing is programmed yet: the first sync is held until the lists of {} are \
+                 complete",
+                names.join(", ")
+            ));
+        }
+        self.held_for_pod_cidrs().then(|| {
+            format!(
+                "nothing is programmed yet: the first sync is held until Node {:?} has \
+                 spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)",
+                self.runner.model.snapshot().node.name
+            )
+        })
     }
 
     /// When the wait for node IPs ends, while it runs.
@@ -1255,31 +1277,28 @@ fn describe_node(node: &kpng_model::NodeState) -> String {
     )
 }
 
-/// One line per change between two views of the node, old → new: node IPs, pod CIDRs,
-/// zone, deletion and re-creation (the sync line only says "node … changed").
+/// The lines about a change between two views of the node: one line for the Node's deletion,
+/// appearance or re-creation, with everything it changed on that line; otherwise one line
+/// per change, old → new (the sync line only says "node … changed").
 fn node_changes(was: &kpng_model::NodeState, now: &kpng_model::NodeState) -> Vec<String> {
-    let mut lines = Vec::new();
     let name = &now.name;
     if was.known && !now.known {
-        lines.push(format!(
+        let zone = if was.zone != now.zone {
+            format!("; zone {}", change(&zone_name(was), &zone_name(now)))
+        } else {
+            String::new()
+        };
+        return vec![format!(
             "Node {name:?} was deleted; keeping node IPs {} and pod CIDRs {} (as kube-proxy \
-             keeps its start-up ones)",
+             keeps its start-up ones){zone}",
             list(&now.ips),
             list(&now.pod_cidrs)
-        ));
-    } else if !was.known && now.known {
-        lines.push(format!(
-            "Node {name:?} {}: node IPs {}, pod CIDRs {}, zone {}",
-            if was.ever_known {
-                "was re-created"
-            } else {
-                "appeared"
-            },
-            list(&now.ips),
-            list(&now.pod_cidrs),
-            now.zone.as_deref().unwrap_or("none")
-        ));
+        )];
     }
+    if !was.known && now.known {
+        return vec![node_arrival(was, now)];
+    }
+    let mut lines = Vec::new();
     if now.known && now.deleting && !was.deleting {
         lines.push(format!(
             "Node {name:?} is being deleted; keeping node IPs {} (/healthz answers 503)",
@@ -1320,6 +1339,56 @@ fn node_changes(was: &kpng_model::NodeState, now: &kpng_model::NodeState) -> Vec
         ));
     }
     lines
+}
+
+/// The one line for a Node that appeared or was re-created: its whole view, each value that
+/// differs from the last view (a re-created Node's) as old → new, and what the new Node
+/// lacks that kpng keeps or that it is being deleted.
+fn node_arrival(was: &kpng_model::NodeState, now: &kpng_model::NodeState) -> String {
+    let (event, ips, pod_cidrs, zone) = if was.ever_known {
+        (
+            "was re-created",
+            change(&list(&was.ips), &list(&now.ips)),
+            change(&list(&was.pod_cidrs), &list(&now.pod_cidrs)),
+            change(&zone_name(was), &zone_name(now)),
+        )
+    } else {
+        // First sighting: what kpng had before is only the lack of a Node, not a value.
+        (
+            "appeared",
+            list(&now.ips),
+            list(&now.pod_cidrs),
+            zone_name(now),
+        )
+    };
+    let mut line = format!(
+        "Node {:?} {event}: node IPs {ips}, pod CIDRs {pod_cidrs}, zone {zone}",
+        now.name
+    );
+    if now.ips_kept {
+        line.push_str("; it lists no InternalIP or ExternalIP: keeping the node IPs");
+    }
+    if now.pod_cidrs_kept {
+        line.push_str("; it lists no podCIDRs: keeping the pod CIDRs");
+    }
+    if now.deleting {
+        line.push_str("; it is being deleted (/healthz answers 503)");
+    }
+    line
+}
+
+/// `old → new`, or just the value when it did not change.
+fn change(was: &str, now: &str) -> String {
+    if was == now {
+        now.to_string()
+    } else {
+        format!("{was} → {now}")
+    }
+}
+
+/// The zone for a log line: `none` when the Node has no zone label.
+fn zone_name(node: &kpng_model::NodeState) -> String {
+    node.zone.as_deref().unwrap_or("none").to_string()
 }
 
 /// `[a, b]`, `[]` when empty.

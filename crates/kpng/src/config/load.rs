@@ -27,7 +27,12 @@ pub struct Parsed {
 pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     let mut lenient = Vec::new();
     let value: Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).context("invalid JSON")?
+        let value = serde_json::from_str(text).context("invalid JSON")?;
+        // serde_json keeps a repeated key's last value in silence: warn as for YAML.
+        for (key, line) in super::json_keys::duplicate_keys(text) {
+            lenient.push(given_twice(&key, line));
+        }
+        value
     } else {
         // kube-proxy's YAML decoder (sigs.k8s.io/yaml) reads the first document only.
         let (first, rest) = split_first_document(text);
@@ -48,10 +53,7 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
         let node: Node = serde_saphyr::from_str_with_options(first, options)
             .map_err(|e| anyhow::anyhow!("invalid YAML: {}", e.without_snippet()))?;
         for (key, line) in node.duplicates {
-            lenient.push(format!(
-                "{key} (line {line}): given twice; the last value is used, as kube-proxy's \
-                 lenient decoding does"
-            ));
+            lenient.push(given_twice(&key, line));
         }
         node.value
     };
@@ -83,6 +85,14 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
         unknown_fields,
         lenient,
     })
+}
+
+/// The warning for a key given twice (YAML or JSON): its last value is used.
+fn given_twice(key: &str, line: u64) -> String {
+    format!(
+        "{key} (line {line}): given twice; the last value is used, as kube-proxy's lenient \
+         decoding does"
+    )
 }
 
 /// The first YAML document of `text` and the rest (from the marker that ends the first). A

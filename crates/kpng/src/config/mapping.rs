@@ -117,6 +117,9 @@ pub struct FileSettings {
     pub root_hnsendpoint_name: String,
     /// `windowsRunAsService`.
     pub windows_service: bool,
+    /// The mode section (`iptables`, `nftables`) the `<section>.` fields were read from:
+    /// messages about those fields name the one kube-proxy reads in this mode.
+    pub mode_section: &'static str,
 }
 
 /// The result of mapping one file.
@@ -216,6 +219,16 @@ fn unread_section(config: &KubeProxyConfiguration, section: Section) -> Vec<Stri
 enum Section {
     IpTables,
     NfTables,
+}
+
+impl Section {
+    /// The section's name in the file.
+    fn name(self) -> &'static str {
+        match self {
+            Section::IpTables => "iptables",
+            Section::NfTables => "nftables",
+        }
+    }
 }
 
 /// Maps a parsed file on this system ([`Platform::HOST`]); errors name the field at fault.
@@ -423,6 +436,7 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
         root_hnsendpoint_name: non_empty(&config.winkernel.root_hns_endpoint_name)
             .unwrap_or_else(|| ROOT_HNS_ENDPOINT_NAME.to_string()),
         windows_service: config.windows_run_as_service,
+        mode_section: section.name(),
     };
     if client.burst < 0 {
         bail!("field clientConnection.burst: {} is negative", client.burst);

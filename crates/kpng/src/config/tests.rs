@@ -132,6 +132,7 @@ fn defaults() -> FileSettings {
         forward_healthcheck_vip: false,
         root_hnsendpoint_name: "cbr0".into(),
         windows_service: false,
+        mode_section: "iptables",
     }
 }
 
@@ -139,6 +140,7 @@ fn defaults() -> FileSettings {
 fn nft_defaults() -> FileSettings {
     FileSettings {
         proxy_mode: Some(BackendKind::Nft),
+        mode_section: "nftables",
         ..defaults()
     }
 }
@@ -1126,7 +1128,7 @@ fn an_empty_hostname_override_leaves_the_files_name() {
 }
 
 /// kube-proxy decodes leniently when strict decoding fails: a key given twice keeps its last
-/// value (with a warning naming it and its line), and sigs.k8s.io/yaml reads the first
+/// value (with a warning naming it and its line, in YAML and JSON alike), and sigs.k8s.io/yaml reads the first
 /// document only (later ones warn when they hold anything).
 #[test]
 fn repeated_keys_and_later_documents_are_lenient_as_in_kube_proxy() {
@@ -1164,6 +1166,25 @@ fn repeated_keys_and_later_documents_are_lenient_as_in_kube_proxy() {
             format!("{}--- \nnot: [valid\n", doc("clusterCIDR: 10.3.0.0/16\n")),
             "10.3.0.0/16",
             Some("more than one YAML document"),
+        ),
+        // JSON, which kube-proxy reads too: the same warning, key and line.
+        (
+            "{\"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",\n\
+             \"kind\": \"KubeProxyConfiguration\",\n\
+             \"clusterCIDR\": \"10.1.0.0/16\",\n\
+             \"clusterCIDR\": \"10.2.0.0/16\"}"
+                .to_string(),
+            "10.2.0.0/16",
+            Some("clusterCIDR (line 4): given twice; the last value is used"),
+        ),
+        (
+            "{\"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",\n\
+             \"kind\": \"KubeProxyConfiguration\",\n\
+             \"conntrack\": {\"min\": 1,\n\"min\": 2},\n\
+             \"clusterCIDR\": \"10.2.0.0/16\"}"
+                .to_string(),
+            "10.2.0.0/16",
+            Some("conntrack.min (line 4): given twice"),
         ),
     ] {
         let (settings, report) = from_text(&text).unwrap_or_else(|e| panic!("{text:?}: {e:#}"));
@@ -1381,7 +1402,7 @@ fn flagz_shows_the_values_in_force_under_kube_proxys_names() {
 }
 
 /// kpng lets flags beside `--config` win where kube-proxy ignores them: one warning names
-/// each such flag and its field; --hostname-override, the logging flags and flags without
+/// each such flag and its field (in the section of the file's mode); --hostname-override, the logging flags and flags without
 /// a file say nothing.
 #[test]
 fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
@@ -1389,6 +1410,10 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
     let path = dir.path().join("kp.conf");
     std::fs::write(&path, doc("mode: nftables\n")).unwrap();
     let config = path.to_str().unwrap();
+    // The field a flag overrode is in the section of the file's mode.
+    let iptables_path = dir.path().join("kp-iptables.conf");
+    std::fs::write(&iptables_path, doc("mode: iptables\n")).unwrap();
+    let iptables_config = iptables_path.to_str().unwrap();
     let warned = |line: &[&str]| -> Vec<String> {
         let (_, report) = run_cli(line).unwrap_or_else(|e| panic!("{line:?}: {e:#}"));
         report
@@ -1406,7 +1431,7 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
                 "--iptables-sync-period=1m",
                 "--cluster-cidr=10.0.0.0/8",
             ],
-            Some("--cluster-cidr (clusterCIDR), --iptables-sync-period (syncPeriod)"),
+            Some("--cluster-cidr (clusterCIDR), --iptables-sync-period (nftables.syncPeriod)"),
         ),
         (
             vec![
@@ -1416,7 +1441,22 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
                 "--kube-api-qps=9",
                 "--masquerade-all",
             ],
-            Some("--masquerade-all (masqueradeAll), --kube-api-qps (clientConnection.qps)"),
+            Some(
+                "--masquerade-all (nftables.masqueradeAll), --kube-api-qps (clientConnection.qps)",
+            ),
+        ),
+        (
+            vec![
+                "kpng",
+                "--config",
+                iptables_config,
+                "--iptables-min-sync-period=2s",
+                "--iptables-masquerade-bit=3",
+            ],
+            Some(
+                "--iptables-masquerade-bit (iptables.masqueradeBit), \
+                 --iptables-min-sync-period (iptables.minSyncPeriod)",
+            ),
         ),
         (
             vec![

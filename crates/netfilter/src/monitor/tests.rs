@@ -269,3 +269,59 @@ fn a_burst_names_every_table_deleted() {
     assert_eq!(one.report().as_deref(), Some("ip6 kpng: table deleted"));
     assert_eq!(Burst::default().report(), None);
 }
+
+/// `iptables-restore` of a saved filter table (a host firewall's reload) deletes the whole
+/// table and adds it again in one transaction: reported as the replacement it is, saying
+/// what it did to kpng's chains, not as "table deleted"; a deletion alone still reads so.
+#[test]
+fn a_table_deleted_and_added_again_is_reported_as_replaced() {
+    let w = shared();
+    let chain = |msg, name: &str| message(msg, IP, 9, &[(1, "filter"), (3, name)]);
+    let rule = |msg, chain: &str, target: &str| {
+        message(msg, IP, 9, &[(1, "filter"), (2, chain), (4, target)])
+    };
+    // What `nft monitor` shows of `iptables-nft-restore` of a filter table without our chains.
+    let restore = [
+        rule(8, "KUBE-SERVICES", "ACCEPT"),
+        rule(8, "FORWARD", "KUBE-SERVICES"),
+        chain(5, "KUBE-SERVICES"),
+        chain(5, "FORWARD"),
+        message(2, IP, 9, &[(1, "filter")]),
+        message(0, IP, 9, &[(1, "filter")]),
+        chain(3, "INPUT"),
+        chain(3, "FORWARD"),
+        message(15, 0, 9, &[]),
+    ];
+    let feed = |notes: &[Vec<u8>]| {
+        let mut burst = Burst::default();
+        for n in notes {
+            for note in parse_notifications(n) {
+                burst.take(&w, &note);
+            }
+        }
+        burst
+    };
+    let replaced = feed(&restore);
+    assert!(!replaced.awaits_transaction_end());
+    assert_eq!(
+        replaced.report().as_deref(),
+        Some(
+            "ip filter: table replaced as a whole (a restore of the table, as iptables-restore \
+             or a firewall reload does): kpng's chains and jumps in it were removed or replaced"
+        )
+    );
+    // Read before the transaction's end: the drain waits for the rest.
+    assert!(feed(&restore[..5]).awaits_transaction_end());
+    // Deleted, not added again (`nft delete table ip filter`).
+    let deleted = feed(&[
+        rule(8, "FORWARD", "KUBE-SERVICES"),
+        message(2, IP, 9, &[(1, "filter")]),
+        message(15, 0, 9, &[]),
+    ]);
+    assert_eq!(
+        deleted.report().as_deref(),
+        Some("ip filter: table deleted")
+    );
+    // A table added that was never deleted is nobody's tampering.
+    assert_eq!(feed(&[message(0, IP, 9, &[(1, "filter")])]).report(), None);
+}

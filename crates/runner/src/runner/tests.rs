@@ -1016,8 +1016,8 @@ fn node_state(known: bool, ips: &[&str], cidrs: &[&str]) -> kpng_model::NodeStat
     }
 }
 
-/// Each change of the node is one line saying old → new, and deletion and re-creation say
-/// what they keep or bring.
+/// Each change of the node is one line saying old → new; deletion, re-creation and the first
+/// sighting are one line each, saying what they keep or bring.
 #[test]
 fn node_changes_say_what_changed_from_what_to_what() {
     let present = node_state(true, &["10.1.1.1"], &["10.244.1.0/24"]);
@@ -1044,12 +1044,13 @@ fn node_changes_say_what_changed_from_what_to_what() {
         zone: Some("z1".into()),
         ..present.clone()
     };
+    let absent = node_state(false, &[], &[]);
     let cases: [(
         &str,
         &kpng_model::NodeState,
         &kpng_model::NodeState,
         &[&str],
-    ); 7] = [
+    ); 9] = [
         ("nothing", &present, &present, &[]),
         (
             "deleted",
@@ -1064,8 +1065,21 @@ fn node_changes_say_what_changed_from_what_to_what() {
             &deleted,
             &recreated,
             &[
-                "Node \"n\" was re-created: node IPs [10.1.1.2], pod CIDRs [10.244.1.0/24], zone none",
-                "node IPs changed: [10.1.1.1] → [10.1.1.2]",
+                "Node \"n\" was re-created: node IPs [10.1.1.1] → [10.1.1.2], pod CIDRs [10.244.1.0/24], zone none",
+            ],
+        ),
+        (
+            "first sighting after the initial lists",
+            &absent,
+            &zoned,
+            &["Node \"n\" appeared: node IPs [10.1.1.1], pod CIDRs [10.244.1.0/24], zone z1"],
+        ),
+        (
+            "deleted with its zone",
+            &zoned,
+            &deleted,
+            &[
+                "Node \"n\" was deleted; keeping node IPs [10.1.1.1] and pod CIDRs [10.244.1.0/24] (as kube-proxy keeps its start-up ones); zone z1 → none",
             ],
         ),
         (
@@ -1164,7 +1178,7 @@ fn node_problem_names_each_cause() {
             &no_address,
             cidrs,
             Some(
-                "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: nothing is programmed until it has (kube-proxy waits for them too, then refuses to start)",
+                "--detect-local-mode NodeCIDR and the Node has no spec.podCIDRs: the first sync is held until it has them, so nothing is programmed yet (kube-proxy waits for them too, then refuses to start)",
             ),
         ),
     ];
@@ -1294,12 +1308,27 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
     assert_eq!(healthz(&h), 503, "/healthz while held for pod CIDRs");
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(log(&h).is_empty(), "synced without pod CIDRs");
+    let problem = status_of(&h).await.node_problem.unwrap_or_default();
     assert!(
-        status_of(&h)
-            .await
-            .node_problem
-            .unwrap_or_default()
-            .contains("no spec.podCIDRs"),
+        problem.contains("no spec.podCIDRs: the first sync is held until it has them"),
+        "{problem}"
+    );
+    // A trace says what kpng will program, and that none of it is in the kernel yet.
+    let traced = h
+        .admin
+        .trace(kpng_model::trace::TraceQuery {
+            from: "10.0.0.1".parse().expect("ip"),
+            to: "10.96.0.1:80".parse().expect("addr"),
+            protocol: kpng_model::Protocol::Tcp,
+        })
+        .await
+        .expect("trace");
+    assert_eq!(
+        traced.first_sync_held.as_deref(),
+        Some(
+            "nothing is programmed yet: the first sync is held until Node \"n\" has \
+             spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)"
+        )
     );
     h.tx.send(Event::Apply(node_object(
         json!({"metadata": {"name": "n"}, "spec": {"podCIDRs": ["10.244.1.0/24"]}}),
@@ -1316,4 +1345,14 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
     assert_eq!(status.node_problem, None);
     assert_eq!(status.pod_cidrs, ["10.244.1.0/24"]);
     assert_eq!(healthz(&h), 200, "/healthz once synced");
+    let traced = h
+        .admin
+        .trace(kpng_model::trace::TraceQuery {
+            from: "10.0.0.1".parse().expect("ip"),
+            to: "10.96.0.1:80".parse().expect("addr"),
+            protocol: kpng_model::Protocol::Tcp,
+        })
+        .await
+        .expect("trace");
+    assert_eq!(traced.first_sync_held, None, "synced");
 }
