@@ -22,7 +22,9 @@ use ipnet::IpNet;
 use hyper_util::rt::TokioIo;
 use kpng_backend::{InputInfo, NodeModel};
 use kpng_model::input::InputHealth;
-use kpng_model::{ApplyOutcome, Diff, Kind, NodeState, ServiceKey, ServicePort, Snapshot};
+use kpng_model::{
+    ApplyOutcome, Diff, Kind, NodeMemory, NodeState, ServiceKey, ServicePort, Snapshot,
+};
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -53,10 +55,20 @@ pub struct RemoteUpdate {
 }
 
 /// The node-local state received from a brain, as the runner's model.
+///
+/// The brain sends the node's Node as it is now; this node keeps its last IPs and pod CIDRs
+/// when the Node is deleted or stops listing them, and falls back to every local address for
+/// NodePorts when the runner's wait for node IPs ends with none, through the same
+/// [`NodeMemory`] as the in-process model. The keeping is the node's, not the brain's: it
+/// survives a brain restart (the replay sends the Node as it is), and, as with kube-proxy or an
+/// in-process kpng, a node restarted while its Node is deleted starts without node IPs.
 #[derive(Debug, Default)]
 pub struct RemoteModel {
     snapshot: Snapshot,
     node_ips: Vec<IpAddr>,
+    /// The node as the brain last sent it (before [`NodeMemory`] and `--node-ip`).
+    received_node: NodeState,
+    memory: NodeMemory,
     listed: bool,
 }
 
@@ -64,13 +76,33 @@ impl RemoteModel {
     /// An empty state for node `node_name`; `node_ips` (`--node-ip`) replace the node's
     /// address of their family, as in the in-process model.
     pub fn new(node_name: &str, node_ips: Vec<IpAddr>) -> RemoteModel {
-        let mut snapshot = Snapshot::default();
-        snapshot.node.name = node_name.to_string();
+        let received_node = NodeState {
+            name: node_name.to_string(),
+            ..NodeState::default()
+        };
+        let mut memory = NodeMemory::default();
+        let snapshot = Snapshot {
+            node: memory.view(&received_node, &node_ips),
+            ..Snapshot::default()
+        };
         RemoteModel {
             snapshot,
             node_ips,
+            received_node,
+            memory,
             listed: false,
         }
+    }
+
+    /// Sets the node from what the brain sent last and what this node remembers; whether it
+    /// changed.
+    fn refresh_node(&mut self) -> bool {
+        let node = self.memory.view(&self.received_node, &self.node_ips);
+        if node == self.snapshot.node {
+            return false;
+        }
+        self.snapshot.node = node;
+        true
     }
 }
 
@@ -88,12 +120,9 @@ impl NodeModel for RemoteModel {
 
     fn apply(&mut self, update: RemoteUpdate) -> ApplyOutcome {
         let mut diff = Diff::default();
-        if let Some(mut node) = update.node {
-            node.ips = kpng_model::cluster::override_node_ips(&node.ips, &self.node_ips);
-            if node != self.snapshot.node {
-                self.snapshot.node = node;
-                diff.node_changed = true;
-            }
+        if let Some(node) = update.node {
+            self.received_node = node;
+            diff.node_changed = self.refresh_node();
         }
         if let Some(cidrs) = update.service_cidrs
             && cidrs != self.snapshot.service_cidrs
@@ -129,6 +158,14 @@ impl NodeModel for RemoteModel {
 
     fn snapshot(&self) -> &Snapshot {
         &self.snapshot
+    }
+
+    fn give_up_waiting_for_node_ips(&mut self) -> Diff {
+        self.memory.give_up_waiting_for_ips();
+        Diff {
+            node_changed: self.refresh_node(),
+            ..Diff::default()
+        }
     }
 }
 

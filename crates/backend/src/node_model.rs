@@ -22,10 +22,9 @@ pub trait NodeModel: Send + 'static {
     fn snapshot(&self) -> &Snapshot;
     /// Stops waiting for the node's IPs (see [`Model::give_up_waiting_for_node_ips`]): the
     /// runner calls it a while after the initial lists. The diff says whether the node
-    /// changed; a model that does not compute the node itself (a brain's view) changes nothing.
-    fn give_up_waiting_for_node_ips(&mut self) -> kpng_model::Diff {
-        kpng_model::Diff::default()
-    }
+    /// changed. Both models keep the node through [`kpng_model::NodeMemory`], so a brain-fed
+    /// node keeps its last node IPs and falls back as an in-process one does.
+    fn give_up_waiting_for_node_ips(&mut self) -> kpng_model::Diff;
     /// Every endpoint of one port with why it is used or not, for `kpng status`; `None` when
     /// this model cannot tell (a brain's view carries only the endpoints in use).
     fn explain(

@@ -6,6 +6,11 @@
 //!   does not draw a load balancer's traffic to a node that drops it.
 //! - A Node with no InternalIP/ExternalIP: after the wait for node IPs, NodePorts are served
 //!   on every local address (as kube-proxy once its start-up wait times out).
+//!
+//! The same with a brain: `kpng file … to-api` beside node1, node1 programmed by
+//! `kpng api … to-local nft`, which keeps its Node's last IPs and falls back as the
+//! in-process sources do (the keeping is the node's: restarted while its Node is deleted, it
+//! knows no node IP, as an in-process kpng or kube-proxy restarted then).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -55,6 +60,92 @@ fn kpng(ns: &Netns, dir: &Path, kubeconfig: &Path, extra: &[&str]) -> Spawned {
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     ns.spawn(args).expect("start kpng")
+}
+
+/// The brain: `kpng file --input <input> to-api` in node1, on a Unix socket in `dir`.
+fn brain(ns: &Netns, dir: &Path, input: &Path) -> Spawned {
+    let socket = dir.join("brain.sock");
+    let brain = ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+            input.to_str().expect("utf-8"),
+            "--debounce",
+            "0",
+            "--metrics-bind-address",
+            "",
+            "to-api",
+            "--listen",
+            &format!("unix://{}", socket.display()),
+        ])
+        .expect("start the brain");
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        }),
+        "the brain listens:\n{}",
+        brain.stderr_text()
+    );
+    brain
+}
+
+/// node1's kpng fed by the brain in `dir`: `kpng api … to-local nft`.
+fn brain_node(ns: &Netns, dir: &Path, extra: &[&str]) -> Spawned {
+    let socket = dir.join("brain.sock");
+    let admin = dir.join("admin.sock");
+    let mut args: Vec<String> = [
+        env!("CARGO_BIN_EXE_kpng"),
+        "api",
+        "--api",
+        &format!("unix://{}", socket.display()),
+        "--api-retry-max",
+        "500ms",
+        "--node-name",
+        "node1",
+        "--cluster-cidr",
+        &format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6),
+        "--healthz-bind-address",
+        "127.0.0.1:10256",
+        "--metrics-bind-address",
+        "",
+        "--min-sync-period",
+        "0",
+        "--admin-socket",
+        admin.to_str().expect("utf-8"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["to-local".to_string(), "nft".to_string()]);
+    ns.spawn(args).expect("start kpng api")
+}
+
+/// `objects` with node1's Node left out (node2's stays).
+fn without_node1(objects: &str) -> String {
+    let node1 = e2e::harness::NODES
+        .split_inclusive("---\n")
+        .next()
+        .expect("node1 first");
+    assert!(node1.contains("{name: node1}") && objects.contains(node1));
+    objects.replacen(node1, "", 1)
+}
+
+/// `kpng status -o json` of the kpng whose admin socket is in `dir`.
+fn status(dir: &Path) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(dir.join("admin.sock"))
+        .output()
+        .expect("kpng status");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// How many syncs `kpng` has logged.
+fn syncs(kpng: &Spawned) -> usize {
+    kpng.stderr_text().matches("synced backend=").count()
 }
 
 /// Whether the node port answers from the external client.
@@ -175,4 +266,124 @@ fn without_node_ips_node_ports_go_to_every_local_address_after_the_wait() {
     );
     kpng.kill().expect("stop kpng");
     drop(server);
+}
+
+#[test]
+fn brain_a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
+    require_root!();
+    let c = Cluster::create("bnlife").expect("cluster");
+    let _echo = c.pod("pod1a").start_echo(EP_PORT).expect("echo");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let objects = manifest(&[lb_service()]);
+    e2e::harness::write_atomically(&input, &objects);
+    let brain = brain(&c.node1.ns, dir.path(), &input);
+    let node = brain_node(&c.node1.ns, dir.path(), &["--node-ips-wait", "2s"]);
+    let logs = |node: &Spawned| {
+        format!(
+            "{}\n--- node1:\n{}",
+            brain.stderr_text(),
+            node.stderr_text()
+        )
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || node_port_answers(&c)),
+        "NodePort never served:\n{}",
+        logs(&node)
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || health_check(&c) == "200"),
+        "the health check answers 200:\n{}",
+        logs(&node)
+    );
+
+    // The Node goes; the node's kpng hears it from the brain and syncs.
+    let before = syncs(&node);
+    e2e::harness::write_atomically(&input, &without_node1(&objects));
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            node.stderr_text().contains("Node \"node1\" was deleted") && syncs(&node) > before
+        }),
+        "the node synced the Node's deletion:\n{}",
+        logs(&node)
+    );
+    assert_eq!(health_check(&c), "200", "{}", logs(&node));
+    assert!(
+        node_port_answers(&c),
+        "NodePort dropped after the Node's deletion:\n{}",
+        logs(&node)
+    );
+    let log = node.stderr_text();
+    assert!(
+        log.contains("Node \"node1\" was deleted; keeping node IPs [192.168.100.1, fd00:100::1]"),
+        "{log}"
+    );
+
+    // Restarted while its Node is deleted, the node knows no node IP (as an in-process kpng
+    // restarted then): after the wait, its NodePorts are on every local address.
+    node.kill().expect("stop kpng api");
+    let node = brain_node(&c.node1.ns, dir.path(), &["--node-ips-wait", "2s"]);
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            node.stderr_text()
+                .contains("serving NodePorts on every local address")
+        }),
+        "the restarted node fell back to every local address:\n{}",
+        logs(&node)
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || node_port_answers(&c)),
+        "NodePort served on every local address after the restart:\n{}",
+        logs(&node)
+    );
+    node.kill().expect("stop kpng api");
+}
+
+#[test]
+fn brain_without_node_ips_node_ports_go_to_every_local_address_after_the_wait() {
+    require_root!();
+    let c = Cluster::create("bnlife2").expect("cluster");
+    let _echo = c.pod("pod1a").start_echo(EP_PORT).expect("echo");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    // node1 with a Hostname address only: no node IP.
+    let objects = manifest(&[lb_service()]).replacen(
+        "  - {type: InternalIP, address: 192.168.100.1}\n  - {type: InternalIP, address: \"fd00:100::1\"}\n",
+        "  - {type: Hostname, address: node1}\n",
+        1,
+    );
+    assert!(objects.contains("{type: Hostname, address: node1}"));
+    e2e::harness::write_atomically(&input, &objects);
+    let brain = brain(&c.node1.ns, dir.path(), &input);
+    let node = brain_node(&c.node1.ns, dir.path(), &["--node-ips-wait", "3s"]);
+    let logs = || {
+        format!(
+            "{}\n--- node1:\n{}",
+            brain.stderr_text(),
+            node.stderr_text()
+        )
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || node_port_answers(&c)),
+        "NodePort never served without node IPs:\n{}",
+        logs()
+    );
+    let log = node.stderr_text();
+    assert!(
+        log.contains("serving NodePorts on every local address"),
+        "{log}"
+    );
+    let problem = status(dir.path())["nodeProblem"].clone();
+    assert!(
+        problem
+            .as_str()
+            .is_some_and(|p| p.contains("NodePorts are served on every local address")),
+        "{problem}"
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || health_check(&c) == "200"),
+        "the health check answers 200 on every address too:\n{}",
+        logs()
+    );
+    node.kill().expect("stop kpng api");
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use crate::cluster::{ClusterConfig, ClusterModel, TriggerTime, node_state, override_node_ips};
+use crate::cluster::{ClusterConfig, ClusterModel, TriggerTime, node_state};
 use crate::diff::Diff;
 use crate::event::{Event, Kind};
 use crate::key::{Family, PortKey, Protocol, ServiceKey};
-use crate::node::NodeState;
+use crate::node::{NodeMemory, NodeState};
 use crate::port_range::NodePortRange;
 use crate::records::{Rejection, Warning};
 use crate::service_port::ServicePort;
@@ -150,22 +150,9 @@ pub struct Model {
     config: ModelConfig,
     cluster: ClusterModel,
     snapshot: Snapshot,
-    /// What the Node last said, kept when it is deleted or stops saying it.
-    remembered: RememberedNode,
-    /// The wait for node IPs is over ([`Model::give_up_waiting_for_node_ips`]).
-    node_ips_wait_over: bool,
-}
-
-/// The last values the Node gave, for when it is deleted or loses them: kube-proxy fixes its
-/// node IPs and pod CIDRs at start and never drops them while it runs.
-#[derive(Debug, Default)]
-struct RememberedNode {
-    /// The Node's primary IPs (before `--node-ip`), last non-empty value.
-    ips: Vec<IpAddr>,
-    /// `spec.podCIDRs`, last non-empty value.
-    pod_cidrs: Vec<IpNet>,
-    /// Whether the Node has been seen at all.
-    seen: bool,
+    /// What the Node last said, kept when it is deleted or stops saying it, and whether the
+    /// wait for node IPs is over (shared with a brain-fed node's model).
+    memory: NodeMemory,
 }
 
 impl Model {
@@ -180,8 +167,7 @@ impl Model {
             config,
             cluster,
             snapshot: Snapshot::default(),
-            remembered: RememberedNode::default(),
-            node_ips_wait_over: false,
+            memory: NodeMemory::default(),
         };
         model.snapshot.node = model.node_state();
         model
@@ -259,56 +245,26 @@ impl Model {
     /// (the model knows no time). Returns the diff: `node_changed` when that changed the node.
     pub fn give_up_waiting_for_node_ips(&mut self) -> Diff {
         let mut diff = Diff::default();
-        self.node_ips_wait_over = true;
+        self.memory.give_up_waiting_for_ips();
         self.refresh(BTreeSet::new(), true, &mut diff);
         diff
     }
 
-    /// The Node's own values (no `--node-ip`), remembered when present.
-    fn remember_node(&mut self) {
-        let node = self
-            .cluster
-            .node(&self.config.node_name)
-            .map(|n| n.as_ref());
-        let fresh = node_state(&self.config.node_name, node, &[]);
-        if !fresh.ips.is_empty() {
-            self.remembered.ips = fresh.ips;
-        }
-        if !fresh.pod_cidrs.is_empty() {
-            self.remembered.pod_cidrs = fresh.pod_cidrs;
-        }
-        self.remembered.seen |= fresh.known;
-    }
-
     /// The node from the Node object, with what it no longer says taken from what it said
-    /// before, then `--node-ip` applied.
-    fn node_state(&self) -> NodeState {
+    /// before ([`NodeMemory`]), then `--node-ip` applied.
+    fn node_state(&mut self) -> NodeState {
         let node = self
             .cluster
             .node(&self.config.node_name)
             .map(|n| n.as_ref());
-        let mut state = node_state(&self.config.node_name, node, &[]);
-        if state.ips.is_empty() && !self.remembered.ips.is_empty() {
-            state.ips = self.remembered.ips.clone();
-            // Kept only matters where `--node-ip` does not name the family.
-            state.ips_kept = override_node_ips(&state.ips, &self.config.node_ips)
-                != override_node_ips(&[], &self.config.node_ips);
-        }
-        if state.pod_cidrs.is_empty() && !self.remembered.pod_cidrs.is_empty() {
-            state.pod_cidrs = self.remembered.pod_cidrs.clone();
-            state.pod_cidrs_kept = true;
-        }
-        state.ips = override_node_ips(&state.ips, &self.config.node_ips);
-        state.ever_known = state.known || self.remembered.seen;
-        state.nodeports_on_all_local = self.node_ips_wait_over && state.ips.is_empty();
-        state
+        let current = node_state(&self.config.node_name, node, &[]);
+        self.memory.view(&current, &self.config.node_ips)
     }
 
     /// Recomputes the dirty Services (all of them when the node's zone changed) into the
     /// snapshot and records the transitions in `diff`.
     fn refresh(&mut self, mut dirty: BTreeSet<ServiceKey>, node_dirty: bool, diff: &mut Diff) {
         if node_dirty {
-            self.remember_node();
             let state = self.node_state();
             if state != self.snapshot.node {
                 if state.zone != self.snapshot.node.zone {

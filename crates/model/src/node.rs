@@ -50,3 +50,68 @@ impl NodeState {
         self.known && !self.deleting && !self.to_be_deleted
     }
 }
+
+/// What this node's own Node said last, and whether the wait for its IPs is over: the one
+/// place that turns the Node's current values into the [`NodeState`] a runner uses, for the
+/// in-process [`crate::Model`] (values from the Node object) and a brain-fed node's model
+/// (values from the brain, which sends the Node as it is now).
+///
+/// kube-proxy fixes its node IPs and pod CIDRs at start and never drops them while it runs;
+/// dropping them would stop the NodePorts on them while the health-check node ports still
+/// answer. So a Node that is deleted, or stops listing addresses or podCIDRs, leaves the last
+/// values in place (`ips_kept`, `pod_cidrs_kept`); a new value replaces them. The memory is
+/// the running process's, as kube-proxy's: a kpng restarted while its Node is deleted knows no
+/// node IP, whichever source feeds it.
+#[derive(Debug, Clone, Default)]
+pub struct NodeMemory {
+    /// The Node's primary IPs (before `--node-ip`), last non-empty value.
+    ips: Vec<IpAddr>,
+    /// `spec.podCIDRs`, last non-empty value.
+    pod_cidrs: Vec<IpNet>,
+    /// Whether the Node has been seen at all.
+    seen: bool,
+    /// The wait for node IPs is over ([`NodeMemory::give_up_waiting_for_ips`]).
+    ips_wait_over: bool,
+}
+
+impl NodeMemory {
+    /// The node as the runner uses it, from `current` (the Node's values now, without
+    /// `--node-ip`: `known` false when there is no Node): what it no longer says is taken from
+    /// what it said before, then `override_ips` (`--node-ip`) replace the IPs of their family.
+    /// Remembers what `current` says.
+    pub fn view(&mut self, current: &NodeState, override_ips: &[IpAddr]) -> NodeState {
+        if !current.ips.is_empty() {
+            self.ips = current.ips.clone();
+        }
+        if !current.pod_cidrs.is_empty() {
+            self.pod_cidrs = current.pod_cidrs.clone();
+        }
+        self.seen |= current.known;
+        let mut state = NodeState {
+            ips_kept: false,
+            pod_cidrs_kept: false,
+            ..current.clone()
+        };
+        if state.ips.is_empty() && !self.ips.is_empty() {
+            state.ips = self.ips.clone();
+            // Kept only matters where `--node-ip` does not name the family.
+            state.ips_kept = crate::cluster::override_node_ips(&state.ips, override_ips)
+                != crate::cluster::override_node_ips(&[], override_ips);
+        }
+        if state.pod_cidrs.is_empty() && !self.pod_cidrs.is_empty() {
+            state.pod_cidrs = self.pod_cidrs.clone();
+            state.pod_cidrs_kept = true;
+        }
+        state.ips = crate::cluster::override_node_ips(&state.ips, override_ips);
+        state.ever_known = state.known || self.seen;
+        state.nodeports_on_all_local = self.ips_wait_over && state.ips.is_empty();
+        state
+    }
+
+    /// The runner's wait for node IPs is over: from now on, while no node IP is known, the
+    /// view says NodePorts go to every local address ([`NodeState::nodeports_on_all_local`]),
+    /// as kube-proxy's `primary` node-port addresses do once its start-up wait times out.
+    pub fn give_up_waiting_for_ips(&mut self) {
+        self.ips_wait_over = true;
+    }
+}

@@ -51,7 +51,8 @@ fn the_received_state_is_the_in_process_state() {
         let cluster = fixtures::cluster();
         let node = fixtures::node(&cluster, name);
         let mut want = Snapshot {
-            node: node.clone(),
+            // As the in-process model keeps it (`ever_known`).
+            node: kpng_model::NodeMemory::default().view(&node, &[]),
             ..Snapshot::default()
         };
         for (key, source) in cluster.sources() {
@@ -125,6 +126,193 @@ fn node_ip_override_wins_over_the_brain() {
         model.snapshot().node.ips,
         ["10.1.1.1".parse::<IpAddr>().expect("ip")]
     );
+}
+
+/// One step of a brain-fed node's Node lifecycle.
+enum BrainNodeStep {
+    /// The brain sends the Node with these IPs and pod CIDRs.
+    Node(&'static [&'static str], &'static [&'static str]),
+    /// The brain sends that there is no Node of this name (deleted, or never there).
+    NoNode,
+    /// The runner's wait for node IPs ended.
+    GiveUp,
+    /// The brain went away and came back: its replay sends the Node as it is now.
+    Replay,
+}
+
+/// A brain-fed node keeps its last node IPs and pod CIDRs when its Node is deleted or loses
+/// them, and falls back to every local address once the wait for node IPs ends with none, as
+/// the in-process model does (the same `NodeMemory`); a brain's replay of a deleted Node keeps
+/// them too.
+#[test]
+fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
+    use BrainNodeStep::*;
+    // (what, --node-ip, steps, then: node IPs, pod CIDRs, known, ever known, IPs kept, CIDRs
+    // kept, node ports on all local addresses, whether the last step changed the node)
+    type Want = (&'static [&'static str], &'static [&'static str], [bool; 6]);
+    let cases: Vec<(&str, &[&str], Vec<BrainNodeStep>, Want)> = vec![
+        (
+            "present",
+            &[],
+            vec![Node(&["10.1.1.1"], &["10.244.1.0/24"])],
+            (
+                &["10.1.1.1"],
+                &["10.244.1.0/24"],
+                [true, true, false, false, false, true],
+            ),
+        ),
+        (
+            "deleted: both kept",
+            &[],
+            vec![Node(&["10.1.1.1"], &["10.244.1.0/24"]), NoNode],
+            (
+                &["10.1.1.1"],
+                &["10.244.1.0/24"],
+                [false, true, true, true, false, true],
+            ),
+        ),
+        (
+            "deleted, then the brain's replay: still kept, no change",
+            &[],
+            vec![Node(&["10.1.1.1"], &["10.244.1.0/24"]), NoNode, Replay],
+            (
+                &["10.1.1.1"],
+                &["10.244.1.0/24"],
+                [false, true, true, true, false, false],
+            ),
+        ),
+        (
+            "addresses emptied: IPs kept",
+            &[],
+            vec![
+                Node(&["10.1.1.1"], &["10.244.1.0/24"]),
+                Node(&[], &["10.244.1.0/24"]),
+            ],
+            (
+                &["10.1.1.1"],
+                &["10.244.1.0/24"],
+                [true, true, true, false, false, true],
+            ),
+        ),
+        (
+            "deleted then re-created with another IP: the new one",
+            &[],
+            vec![
+                Node(&["10.1.1.1"], &["10.244.1.0/24"]),
+                NoNode,
+                Node(&["10.1.1.2"], &["10.244.2.0/24"]),
+            ],
+            (
+                &["10.1.1.2"],
+                &["10.244.2.0/24"],
+                [true, true, false, false, false, true],
+            ),
+        ),
+        (
+            "deleted, giving up changes nothing: IPs are known",
+            &[],
+            vec![Node(&["10.1.1.1"], &[]), NoNode, GiveUp],
+            (&["10.1.1.1"], &[], [false, true, true, false, false, false]),
+        ),
+        (
+            "deleted with --node-ip of the other family: the IPv4 kept",
+            &["fd00::9"],
+            vec![Node(&["10.1.1.1"], &[]), NoNode],
+            (
+                &["fd00::9", "10.1.1.1"],
+                &[],
+                [false, true, true, false, false, true],
+            ),
+        ),
+        (
+            "never a Node, the wait ended: all local",
+            &[],
+            vec![NoNode, GiveUp],
+            (&[], &[], [false, false, false, false, true, true]),
+        ),
+        (
+            "a Node with no address, the wait ended: all local",
+            &[],
+            vec![Node(&[], &[]), GiveUp],
+            (&[], &[], [true, true, false, false, true, true]),
+        ),
+        (
+            "an IP after the wait: on it only",
+            &[],
+            vec![Node(&[], &[]), GiveUp, Node(&["10.1.1.1"], &[])],
+            (&["10.1.1.1"], &[], [true, true, false, false, false, true]),
+        ),
+        (
+            "--node-ip: the wait changes nothing",
+            &["192.0.2.1"],
+            vec![NoNode, GiveUp],
+            (
+                &["192.0.2.1"],
+                &[],
+                [false, false, false, false, false, false],
+            ),
+        ),
+    ];
+    for (what, overrides, steps, want) in cases {
+        let overrides = overrides.iter().map(|s| s.parse().expect("ip")).collect();
+        let mut model = RemoteModel::new("n1", overrides);
+        let mut sent = NodeState {
+            name: "n1".into(),
+            ..NodeState::default()
+        };
+        let mut changed = false;
+        for step in steps {
+            let update = |node: &NodeState, replay| RemoteUpdate {
+                node: Some(node.clone()),
+                replay,
+                ..RemoteUpdate::default()
+            };
+            changed = match step {
+                Node(ips, cidrs) => {
+                    sent = NodeState {
+                        name: "n1".into(),
+                        known: true,
+                        ips: ips.iter().map(|s| s.parse().expect("ip")).collect(),
+                        pod_cidrs: cidrs.iter().map(|s| s.parse().expect("cidr")).collect(),
+                        ..NodeState::default()
+                    };
+                    model.apply(update(&sent, false)).diff.node_changed
+                }
+                NoNode => {
+                    sent = NodeState {
+                        name: "n1".into(),
+                        ..NodeState::default()
+                    };
+                    model.apply(update(&sent, false)).diff.node_changed
+                }
+                GiveUp => model.give_up_waiting_for_node_ips().node_changed,
+                Replay => model.apply(update(&sent, true)).diff.node_changed,
+            };
+        }
+        let n = &model.snapshot().node;
+        let ips: Vec<String> = n.ips.iter().map(|i| i.to_string()).collect();
+        let cidrs: Vec<String> = n.pod_cidrs.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            (
+                ips,
+                cidrs,
+                [
+                    n.known,
+                    n.ever_known,
+                    n.ips_kept,
+                    n.pod_cidrs_kept,
+                    n.nodeports_on_all_local,
+                    changed
+                ]
+            ),
+            (
+                want.0.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                want.1.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                want.2
+            ),
+            "{what}"
+        );
+    }
 }
 
 #[test]
