@@ -7,7 +7,8 @@
 //! A thread listens on a `NETLINK_ROUTE` socket to the kernel's address groups, lets a burst
 //! settle, reads the addresses again (with the reader the backends use, so both agree on what
 //! "changed" means) and reports only a real change: the kernel also announces an address whose
-//! lifetimes were refreshed (every IPv6 router advertisement), which changes nothing.
+//! lifetimes were refreshed (every IPv6 router advertisement), which changes nothing, and
+//! link-local addresses are left out ([`without_link_local`]: every pod's veth brings one).
 
 use std::io;
 use std::net::IpAddr;
@@ -16,6 +17,8 @@ use std::time::Duration;
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr};
 use tracing::{debug, warn};
+
+use crate::address_change::{AddressChange, without_link_local};
 
 /// `RTMGRP_IPV4_IFADDR`: the kernel's IPv4 address notifications.
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
@@ -26,45 +29,6 @@ const ENOBUFS: i32 = 105;
 /// How long a burst of notifications (`ip addr flush`, an interface coming up with several
 /// addresses) may last and still be one change.
 const SETTLE: Duration = Duration::from_millis(100);
-
-/// Addresses the node gained and lost, as one report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AddressChange {
-    /// New addresses, sorted.
-    pub added: Vec<IpAddr>,
-    /// Addresses gone, sorted.
-    pub removed: Vec<IpAddr>,
-}
-
-impl AddressChange {
-    /// The difference from `was` to `now` (both sorted); `None` when they are the same.
-    pub fn between(was: &[IpAddr], now: &[IpAddr]) -> Option<AddressChange> {
-        let added: Vec<IpAddr> = now.iter().filter(|a| !was.contains(a)).copied().collect();
-        let removed: Vec<IpAddr> = was.iter().filter(|a| !now.contains(a)).copied().collect();
-        (!added.is_empty() || !removed.is_empty()).then_some(AddressChange { added, removed })
-    }
-}
-
-impl std::fmt::Display for AddressChange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let list = |ips: &[IpAddr]| {
-            ips.iter()
-                .map(IpAddr::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        match (self.added.is_empty(), self.removed.is_empty()) {
-            (false, true) => write!(f, "gained {}", list(&self.added)),
-            (true, false) => write!(f, "lost {}", list(&self.removed)),
-            _ => write!(
-                f,
-                "gained {}, lost {}",
-                list(&self.added),
-                list(&self.removed)
-            ),
-        }
-    }
-}
 
 /// Starts the watch on a thread of its own, which calls `on_change` with each change; the
 /// thread ends at the first change `on_change` answers `false` to (its receiver is gone).
@@ -79,7 +43,7 @@ pub fn watch(
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind(&SocketAddr::new(0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))?;
     // Joined before the first read: a change between the two is seen, not lost.
-    let mut last = sorted(read());
+    let mut last = without_link_local(read());
     std::thread::Builder::new()
         .name("kpng-addresses".into())
         .spawn(move || {
@@ -99,7 +63,7 @@ pub fn watch(
                 }
                 std::thread::sleep(SETTLE);
                 drain(&mut socket, &mut buffer);
-                let now = sorted(read());
+                let now = without_link_local(read());
                 if let Some(change) = AddressChange::between(&last, &now) {
                     if !on_change(change) {
                         return;
@@ -124,48 +88,4 @@ fn drain(socket: &mut Socket, buffer: &mut [u8]) {
         }
     }
     let _ = socket.set_non_blocking(false);
-}
-
-fn sorted(mut ips: Vec<IpAddr>) -> Vec<IpAddr> {
-    ips.sort();
-    ips.dedup();
-    ips
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ips(list: &[&str]) -> Vec<IpAddr> {
-        list.iter().map(|s| s.parse().expect("ip")).collect()
-    }
-
-    #[test]
-    fn a_change_is_what_came_and_what_went() {
-        let table = [
-            ("same", ips(&["10.0.0.1"]), ips(&["10.0.0.1"]), None),
-            (
-                "gained",
-                ips(&["10.0.0.1"]),
-                ips(&["10.0.0.1", "10.0.0.9"]),
-                Some("gained 10.0.0.9"),
-            ),
-            (
-                "lost",
-                ips(&["10.0.0.1", "fd00::1"]),
-                ips(&["10.0.0.1"]),
-                Some("lost fd00::1"),
-            ),
-            (
-                "moved",
-                ips(&["10.0.0.1"]),
-                ips(&["10.0.0.2"]),
-                Some("gained 10.0.0.2, lost 10.0.0.1"),
-            ),
-        ];
-        for (what, was, now, want) in table {
-            let got = AddressChange::between(&was, &now).map(|c| c.to_string());
-            assert_eq!(got.as_deref(), want, "{what}");
-        }
-    }
 }

@@ -13,6 +13,7 @@
 //! The contract a backend implements lives in `kpng-backend`; this crate is the machinery
 //! around it, so that the contract stays small and builds on every platform.
 
+pub mod address_change;
 #[cfg(target_os = "linux")]
 pub mod address_watch;
 pub mod admin;

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::SyncTiming;
+use crate::address_change::AddressChange;
 use crate::admin::{
     self, AdminHandle, BrainReportStatus, ConntrackStatus, FactsFn, HealthCheckStatus, InputStatus,
     NotProgrammed, PortStatus, Query, RejectedStatus, RepairStatus, Status, SyncStatus,
@@ -242,11 +243,10 @@ impl<M: NodeModel> Runner<M> {
             Some((rx, facts)) => (Some(rx), Some(facts)),
             None => (None, None),
         };
-        // What the node's addresses did, in words (the loop only logs it and syncs).
-        let (address_tx, address_changes) = mpsc::unbounded_channel::<String>();
+        let (address_tx, address_changes) = mpsc::unbounded_channel::<AddressChange>();
         #[cfg(target_os = "linux")]
         if let Err(e) = crate::address_watch::watch(
-            move |change| address_tx.send(change.to_string()).is_ok(),
+            move |change| address_tx.send(change).is_ok(),
             kpng_backend::host::local_addresses,
         ) {
             warn!(
@@ -354,8 +354,8 @@ struct LoopState<M: NodeModel> {
     logged_node: Option<kpng_model::NodeState>,
     /// The first sync was held for the Node's podCIDRs and that was logged.
     held_for_pod_cidrs: bool,
-    /// The node's address change not yet synced, in words (its sync says so).
-    addresses_changed: Option<String>,
+    /// The node's address changes not yet synced, net (the sync names them).
+    addresses_changed: Option<AddressChange>,
 }
 
 /// The wait for node IPs ([`Runner::with_node_ips_wait`]).
@@ -372,7 +372,7 @@ impl<M: NodeModel> LoopState<M> {
         &mut self,
         mut events: mpsc::Receiver<M::Input>,
         mut tampering: mpsc::UnboundedReceiver<Tampering>,
-        mut address_changes: mpsc::UnboundedReceiver<String>,
+        mut address_changes: mpsc::UnboundedReceiver<AddressChange>,
         mut queries: Option<mpsc::Receiver<Query>>,
     ) {
         loop {
@@ -587,12 +587,16 @@ impl<M: NodeModel> LoopState<M> {
     /// The node gained or lost an address: an empty sync soon (as a change's, after
     /// `min_sync_period`), at which the backends and the health checks read the addresses
     /// again, as at a periodic one.
-    fn addresses_changed(&mut self, change: String) {
+    fn addresses_changed(&mut self, change: AddressChange) {
         info!(
             "the node's addresses changed ({change}): node ports and health checks that \
              depend on them follow at the next sync"
         );
-        self.addresses_changed = Some(change);
+        // Several changes before one sync: the sync names their net effect.
+        self.addresses_changed = match self.addresses_changed.take() {
+            Some(earlier) => earlier.then(change),
+            None => Some(change),
+        };
     }
 
     /// Someone else changed the data plane: a full sync soon, whatever `min_sync_period` (a

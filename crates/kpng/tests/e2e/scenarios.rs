@@ -1468,7 +1468,7 @@ pub fn node_port_addresses_match_all(b: Backend) {
     require_root!();
     let c = Cluster::create(&b.prefix("npall")).expect("cluster");
     let _echo = echo_all(&c);
-    let _k = Kpng::start(
+    let mut k = Kpng::start(
         b,
         &c.node1.ns,
         &manifest(&[svc("np", 11, "NodePort", "", &[("pod2a", Cond::Ready)])]),
@@ -1483,6 +1483,27 @@ pub fn node_port_addresses_match_all(b: Backend) {
     let lan_v4 = IpAddr::from(addr::NODE1_LAN_V4);
     let r = probe(&c.ext.ns, Proto::Tcp, sa(lan_v4, node_port(11)), OK_T);
     assert_masqueraded(&r, &["pod2a"]);
+    // A new pod's veth brings only an IPv6 link-local address: not a change kpng follows
+    // (it would log and sync once per pod started).
+    let ns = &c.node1.ns;
+    ns.ip([
+        "link", "add", "npall0", "type", "veth", "peer", "name", "npall1",
+    ])
+    .expect("add a veth");
+    for link in ["npall0", "npall1"] {
+        ns.ip(["link", "set", link, "up"]).expect("link up");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ns
+        .run_ok(["ip", "-6", "addr", "show", "dev", "npall0"])
+        .is_ok_and(|a| a.contains("fe80") && !a.contains("tentative"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no link-local address on the veth"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for (added, prefix) in [("10.244.1.251", 32), ("fd00:244:1::fb", 128)] {
         let added: IpAddr = added.parse().expect("ip");
         c.node1
@@ -1501,6 +1522,20 @@ pub fn node_port_addresses_match_all(b: Backend) {
         let r = probe(&pod.ns, Proto::Tcp, target, OK_T);
         assert_pod_masqueraded(b, &r, &["pod2a"], pod.ip(added.is_ipv6()));
     }
+    // The watch reports in order: once the last address is logged, a report of the
+    // link-local one would have come before it.
+    // (Both addresses may be one report when the second came within the first's settle.)
+    k.wait_logged("the last address reported", |log| {
+        log.lines().any(|l| {
+            l.contains("the node's addresses changed (gained") && l.contains("fd00:244:1::fb")
+        })
+    });
+    let log = k.stderr();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("the node's addresses changed") && l.contains("fe80")),
+        "a link-local address was reported:\n{log}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
