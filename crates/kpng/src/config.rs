@@ -423,8 +423,20 @@ fn kube_proxy_would_ignore(matches: &ArgMatches, mode_section: &str) -> Option<S
             command_line_matches(matches, id)
                 .is_some_and(|m| m.value_source(id) == Some(ValueSource::CommandLine))
         })
-        .map(|(_, flag, field)| {
-            format!("{flag} ({})", field.replacen(MODE_SECTION, mode_section, 1))
+        .map(|(id, flag, field)| {
+            // kpng's own spelling and kube-proxy's, when they differ (`--sync-period` and its
+            // alias `--iptables-sync-period`): clap does not say which one was typed, and an
+            // operator searches the DaemonSet for the one it holds.
+            let own = format!("--{}", id.replace('_', "-"));
+            let spelled = if own == *flag {
+                own
+            } else {
+                format!("{own}/{flag}")
+            };
+            format!(
+                "{spelled} ({})",
+                field.replacen(MODE_SECTION, mode_section, 1)
+            )
         })
         .collect();
     (!named.is_empty()).then(|| {

@@ -183,7 +183,7 @@ fn config_file_and_flags_make_the_written_configuration() {
         warnings[0].contains(
             "flags given beside --config override the file's fields in kpng, but kube-proxy \
              ignores them there"
-        ) && warnings[0].ends_with(": --iptables-sync-period (iptables.syncPeriod)"),
+        ) && warnings[0].ends_with(": --sync-period/--iptables-sync-period (iptables.syncPeriod)"),
         "{stderr}"
     );
     // Where the command line chooses (a subcommand), the note would only be noise.
@@ -272,7 +272,7 @@ fn kube_proxys_command_line_is_kpngs() {
             // kubeadm's --hostname-override is honoured beside --config by kube-proxy too, so
             // only the sync period is named.
             && stderr.contains("(it honors only --hostname-override and the logging flags): \
-                 --iptables-sync-period (iptables.syncPeriod)\n"),
+                 --sync-period/--iptables-sync-period (iptables.syncPeriod)\n"),
         "{stderr}"
     );
 }

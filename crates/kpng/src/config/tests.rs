@@ -1431,7 +1431,9 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
                 "--iptables-sync-period=1m",
                 "--cluster-cidr=10.0.0.0/8",
             ],
-            Some("--cluster-cidr (clusterCIDR), --iptables-sync-period (nftables.syncPeriod)"),
+            Some(
+                "--cluster-cidr (clusterCIDR), --sync-period/--iptables-sync-period (nftables.syncPeriod)",
+            ),
         ),
         (
             vec![
@@ -1454,8 +1456,8 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
                 "--iptables-masquerade-bit=3",
             ],
             Some(
-                "--iptables-masquerade-bit (iptables.masqueradeBit), \
-                 --iptables-min-sync-period (iptables.minSyncPeriod)",
+                "--masquerade-bit/--iptables-masquerade-bit (iptables.masqueradeBit), \
+                 --min-sync-period/--iptables-min-sync-period (iptables.minSyncPeriod)",
             ),
         ),
         (
