@@ -225,6 +225,17 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
     drop(server);
 }
 
+/// The test's manifest with node1 listing a Hostname address only: no node IP.
+fn without_node_ips() -> String {
+    let objects = manifest(&[lb_service()]).replacen(
+        "  - {type: InternalIP, address: 192.168.100.1}\n  - {type: InternalIP, address: \"fd00:100::1\"}\n",
+        "  - {type: Hostname, address: node1}\n",
+        1,
+    );
+    assert!(objects.contains("{type: Hostname, address: node1}"));
+    objects
+}
+
 #[test]
 fn without_node_ips_node_ports_go_to_every_local_address_after_the_wait() {
     require_root!();
@@ -232,13 +243,7 @@ fn without_node_ips_node_ports_go_to_every_local_address_after_the_wait() {
     let _echo = c.pod("pod1a").start_echo(EP_PORT).expect("echo");
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("cluster.yaml");
-    // node1 with a Hostname address only: no node IP.
-    let objects = manifest(&[lb_service()]).replacen(
-        "  - {type: InternalIP, address: 192.168.100.1}\n  - {type: InternalIP, address: \"fd00:100::1\"}\n",
-        "  - {type: Hostname, address: node1}\n",
-        1,
-    );
-    assert!(objects.contains("{type: Hostname, address: node1}"));
+    let objects = without_node_ips();
     std::fs::write(&input, objects).expect("write manifest");
     let kubeconfig = dir.path().join("kubeconfig");
     let server = FakeServer::start(&c.node1.ns, &input, &kubeconfig);
@@ -346,13 +351,7 @@ fn brain_without_node_ips_node_ports_go_to_every_local_address_after_the_wait() 
     let _echo = c.pod("pod1a").start_echo(EP_PORT).expect("echo");
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("cluster.yaml");
-    // node1 with a Hostname address only: no node IP.
-    let objects = manifest(&[lb_service()]).replacen(
-        "  - {type: InternalIP, address: 192.168.100.1}\n  - {type: InternalIP, address: \"fd00:100::1\"}\n",
-        "  - {type: Hostname, address: node1}\n",
-        1,
-    );
-    assert!(objects.contains("{type: Hostname, address: node1}"));
+    let objects = without_node_ips();
     e2e::harness::write_atomically(&input, &objects);
     let brain = brain(&c.node1.ns, dir.path(), &input);
     let node = brain_node(&c.node1.ns, dir.path(), &["--node-ips-wait", "3s"]);
