@@ -160,6 +160,10 @@ impl NodeModel for RemoteModel {
         &self.snapshot
     }
 
+    fn fed_by_brain(&self) -> bool {
+        true
+    }
+
     fn give_up_waiting_for_node_ips(&mut self) -> Diff {
         self.memory.give_up_waiting_for_ips();
         Diff {

@@ -87,6 +87,33 @@ mod tests {
     }
 
     #[test]
+    fn only_the_names_kpng_writes_are_dynamic_chains() {
+        let cases = [
+            ("cluster-n3", Some(DynamicChain::Pick(PickKind::Cluster, 3))),
+            ("local-n12", Some(DynamicChain::Pick(PickKind::Local, 12))),
+            (
+                "nodeport-cluster-n3",
+                Some(DynamicChain::Pick(PickKind::NodePortCluster, 3)),
+            ),
+            (
+                "nodeport-local-n1",
+                Some(DynamicChain::Pick(PickKind::NodePortLocal, 1)),
+            ),
+            ("affinity-t600", Some(DynamicChain::AffinityTimeout(600))),
+            ("cluster-n03", None),
+            ("cluster-n+3", None),
+            ("cluster-n", None),
+            ("affinity-t", None),
+            ("services", None),
+            ("skeleton", None),
+            ("my-cluster-n3", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(DynamicChain::from_name(name), want, "{name}");
+        }
+    }
+
+    #[test]
     fn a_chain_is_unreferenced_once_its_last_element_goes() {
         let existing: BTreeSet<String> = ["cluster-n1", "cluster-n3"].map(String::from).into();
         let mut refs = ChainRefs::default();

@@ -18,8 +18,10 @@
 //! says the layout and skeleton it was written with, never its elements) and decides: adopt a
 //! table a previous run left (refill its sets in one transaction), put the rules back then the
 //! sets (same layout, another configuration, or tampered with), or replace it whole. Either way
-//! established connections are untouched, because their NAT lives in conntrack. Every other sync
-//! sends only the elements that changed, and the sync loop never reads the kernel. See
+//! established connections are untouched, because their NAT lives in conntrack. A full sync
+//! that reuses the table also lists its chains (one chain dump) to delete the dynamic chains no
+//! element refers to. Every other sync sends only the elements that changed, and the sync loop
+//! never reads the kernel. See
 //! `docs/nftables.md`.
 
 pub mod affinity;
@@ -568,8 +570,8 @@ impl NftBackend {
 
     /// Deletes the dynamic chains no committed element refers to any more, in a transaction
     /// of its own after the sync's: should nft refuse (something else jumps to one), the sync
-    /// has succeeded all the same, and the chains stay until the next full sync replaces or
-    /// restores the table's rules.
+    /// has succeeded all the same, and the chains stay until the next full sync tries again
+    /// ([`NftBackend::delete_chains_the_table_holds_unreferenced`]).
     fn delete_unreferenced_chains(&mut self, index: usize) {
         let state = &self.states[index];
         let stale = state.chain_refs.unreferenced(&state.chains);
@@ -586,10 +588,35 @@ impl NftBackend {
             }
             Err(e) => {
                 debug!(chains = ?stale, "could not delete unreferenced dynamic chains: {e}");
-                // Not tried again before the next full sync, which rebuilds the rules.
+                // Not tried again before the next full sync, which lists the table's
+                // chains and tries again.
                 self.states[index].chain_refs.keep(stale);
             }
         }
+    }
+
+    /// After a full sync that reused the table (start-up adoption, a repair, the periodic
+    /// full sync): learns, with one chain dump, which dynamic chains the table holds, and
+    /// deletes those no element refers to as [`NftBackend::delete_unreferenced_chains`] does.
+    ///
+    /// Why: the per-sync delete knows only the chains this process created, while an adopted
+    /// table may hold a previous run's (`cluster-n3` of a Service that had 3 endpoints before
+    /// the restart), someone's (`nft add chain ip kpng cluster-n9`), or one whose delete was
+    /// refused before; refilling the sets keeps them all, and they would stay for good.
+    fn delete_chains_the_table_holds_unreferenced(&mut self, index: usize) {
+        let fam = self.states[index].fam;
+        let Some(names) = self
+            .netlink
+            .as_mut()
+            .and_then(|w| w.chain_names(fam.0, &self.config.table))
+        else {
+            return;
+        };
+        let dynamic = names
+            .into_iter()
+            .filter(|name| ruleset::DynamicChain::from_name(name).is_some());
+        self.states[index].chains.extend(dynamic);
+        self.delete_unreferenced_chains(index);
     }
 
     /// Creates the dynamic chains in `needed` that do not exist yet, in one text
@@ -774,6 +801,9 @@ impl NftBackend {
                 state.ever_committed = true;
                 state.full_done = true;
                 state.kept_rules = adopting == Adopt::Sets;
+                if adopt {
+                    self.delete_chains_the_table_holds_unreferenced(index);
+                }
                 Ok(ops)
             }
             Err(message) => {

@@ -113,6 +113,28 @@ pub trait ElementWriter: Send {
     fn check_marker(&mut self, _family: Family, _table: &str) -> Option<ProbedTable> {
         None
     }
+
+    /// The names of every chain of our table (one chain dump: no rule or element is read), for
+    /// the full syncs that adopt a table, which then delete the dynamic chains it holds that no
+    /// element refers to (a previous run's, a refused delete's, someone's). Never called by
+    /// partial or periodic syncs. `None` when this writer cannot tell (fakes that do not model
+    /// the kernel, a failed dump): the chains kpng knows of are then all it deletes.
+    fn chain_names(&mut self, _family: Family, _table: &str) -> Option<Vec<String>> {
+        None
+    }
+}
+
+/// [`ElementWriter::chain_names`] over netlink: one chain dump of the table. A failed dump is
+/// `None` (nothing is deleted on its account).
+pub fn chain_names_with_netlink(family: Family, table: &str) -> Option<Vec<String>> {
+    let f = crate::ruleset::Fam(family).table_family();
+    match kpng_netfilter::tables::chain_names(f, table) {
+        Ok(names) => Some(names),
+        Err(e) => {
+            tracing::debug!("cannot list the chains of nftables table {f} {table}: {e}");
+            None
+        }
+    }
 }
 
 /// [`ElementWriter::check_marker`] over netlink: one `NFT_MSG_GETCHAIN` of the marker chain.

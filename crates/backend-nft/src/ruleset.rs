@@ -316,6 +316,21 @@ impl DynamicChain {
         self.to_string()
     }
 
+    /// The dynamic chain named `name` (the inverse of [`DynamicChain::name`]); `None` for any
+    /// other chain, so that a chain listing of the table yields the dynamic ones only.
+    pub fn from_name(name: &str) -> Option<DynamicChain> {
+        let number = |rest: &str| rest.parse::<u32>().ok();
+        let chain = match name.strip_prefix("affinity-t") {
+            Some(rest) => DynamicChain::AffinityTimeout(number(rest)?),
+            None => PickKind::ALL.iter().find_map(|kind| {
+                let n = number(name.strip_prefix(kind.prefix())?)?;
+                Some(DynamicChain::Pick(*kind, n))
+            })?,
+        };
+        // `cluster-n03` or `cluster-n+3` is not a name kpng writes.
+        (chain.name() == name).then_some(chain)
+    }
+
     /// The chain's rules; `mask` is `--conntrack-mark-mask` (affinity ids).
     pub fn rules(&self, fam: Fam, mask: u32) -> Vec<String> {
         let l3 = fam.l3();

@@ -99,8 +99,8 @@ pub fn replace_in_two(fam: Fam, table: &str, cfg: &StaticConfig) -> (String, Str
 }
 
 /// A partial sync: the element changes, preceded by any dynamic chain they newly need.
-/// Chains that fall out of use stay until the next full sync (their number is bounded by the
-/// distinct endpoint counts and affinity timeouts). Returns the script and the new chains.
+/// Chains that fall out of use are deleted after it, in a transaction of their own
+/// ([`delete_chains`]). Returns the script and the new chains.
 pub fn partial(
     fam: Fam,
     table: &str,

@@ -315,6 +315,138 @@ fn a_refused_chain_delete_does_not_fail_the_sync() {
     assert_eq!(deletes(&r), 1, "not tried again before a full sync");
 }
 
+/// A full sync that adopts a table deletes the dynamic chains the table holds that no element
+/// refers to: a previous run's (`cluster-n3`, `affinity-t600` of a Service that had 3
+/// endpoints and ClientIP affinity before the restart) and someone's (`cluster-n9`), listed
+/// with one chain dump; other chains are not touched, and partial and periodic syncs never
+/// list the kernel. The dynamic chain count is then the table's.
+#[test]
+fn an_adopted_tables_unreferenced_dynamic_chains_go_at_the_full_sync() {
+    let mut model = model_from(&scaled(1, 0));
+    let (mut b, r, w) = netlink_backend();
+    keep_table(&w, &b, &model, Family::V4);
+    *w.chains.lock().expect("lock") = vec![(
+        Family::V4,
+        [
+            "skeleton",
+            "services",
+            "cluster-n1",
+            "cluster-n3",
+            "nodeport-cluster-n1",
+            "nodeport-cluster-n3",
+            "affinity-t600",
+            "cluster-n9",
+            "cluster-n03",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )];
+    let stats = try_full_sync(&mut b, &model).expect("sync");
+    assert_eq!(stats.kept_rules, [Family::V4], "the table was adopted");
+    let deletes: Vec<String> = scripts(&r)
+        .into_iter()
+        .filter(|t| t.starts_with("delete chain ip kpng "))
+        .collect();
+    assert_eq!(
+        deletes.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["delete chain ip kpng affinity-t600\n\
+             delete chain ip kpng cluster-n3\n\
+             delete chain ip kpng cluster-n9\n\
+             delete chain ip kpng nodeport-cluster-n3\n"],
+        "one transaction of its own: {:?}",
+        scripts(&r)
+    );
+    let dynamic = |b: &NftBackend| b.states[0].chains.iter().cloned().collect::<Vec<_>>();
+    assert_eq!(dynamic(&b), ["cluster-n1", "nodeport-cluster-n1"]);
+    let shared = b.committed();
+    let count = |family| {
+        shared
+            .lock()
+            .expect("lock")
+            .iter()
+            .find(|c| c.family == family)
+            .map(|c| c.chains)
+    };
+    assert_eq!(
+        count(Family::V4),
+        Some(2),
+        "the metric counts the table's chains"
+    );
+    // Partial and periodic syncs do not list the kernel.
+    let listings = |w: &RecordingWriter| *w.chain_listings.lock().expect("lock");
+    let before = listings(&w);
+    partial_sync_to(&mut b, &mut model, &scaled(2, 0));
+    let empty = Diff::default();
+    b.sync(&SyncRequest {
+        diff: &empty,
+        snapshot: model.snapshot(),
+        full: false,
+    })
+    .expect("periodic sync");
+    assert_eq!(listings(&w), before, "no chain dump outside full syncs");
+}
+
+/// A delete nft refused once is tried again by the next full sync that reuses the table (the
+/// periodic one), which lists the table's chains; refused again, the sync still stands.
+#[test]
+fn a_refused_chain_delete_is_tried_again_by_the_next_full_sync() {
+    /// Refuses `delete chain` while `refuse` is set, records everything.
+    struct RefusesChainDeletes(Recorder, std::sync::Arc<std::sync::Mutex<bool>>);
+    impl exec::ScriptExec for RefusesChainDeletes {
+        fn run(&mut self, script: &str) -> Result<(), exec::ExecError> {
+            let result = exec::ScriptExec::run(&mut self.0, script);
+            // Not the hooks of a new table (`delete chain ip6 kpng skeleton` + `table …`).
+            let chain_deletes = script.starts_with("delete chain") && !script.contains("table");
+            if chain_deletes && *self.1.lock().expect("lock") {
+                return Err(exec::ExecError::Refused {
+                    tool: "nft".into(),
+                    status: "exit status: 1".into(),
+                    message: "Error: Could not process rule: Device or resource busy".into(),
+                });
+            }
+            result
+        }
+    }
+    let mut model = model_from(&scaled(3, 0));
+    let (r, refuse) = (
+        Recorder::default(),
+        std::sync::Arc::new(std::sync::Mutex::new(true)),
+    );
+    let w = RecordingWriter::default();
+    let mut b = NftBackend::new(
+        config(),
+        Box::new(RefusesChainDeletes(r.clone(), refuse.clone())),
+    )
+    .with_netlink(w.clone());
+    full_sync(&mut b, &model);
+    partial_sync_to(&mut b, &mut model, &scaled(1, 0));
+    let deletes = |r: &Recorder| {
+        r.scripts()
+            .iter()
+            .filter(|t| t.contains("delete chain ip kpng cluster-n3\n"))
+            .count()
+    };
+    assert_eq!(deletes(&r), 1, "refused once");
+    // The table as it is: what the first sync created, cluster-n3 still there.
+    keep_table(&w, &b, &model, Family::V4);
+    let mut held: Vec<String> = b.states[0].chains.iter().cloned().collect();
+    held.push("skeleton".into());
+    *w.chains.lock().expect("lock") = vec![(Family::V4, held)];
+    full_sync(&mut b, &model);
+    assert_eq!(deletes(&r), 2, "tried again by the full sync");
+    assert!(
+        b.states[0].chains.contains("cluster-n3"),
+        "refused again: kept"
+    );
+    *refuse.lock().expect("lock") = false;
+    full_sync(&mut b, &model);
+    assert_eq!(deletes(&r), 3);
+    assert!(
+        !b.states[0].chains.contains("cluster-n3"),
+        "deleted at last"
+    );
+}
+
 /// `kpng_nftables_elements` and `kpng_nftables_dynamic_chains` follow what was programmed.
 #[test]
 fn element_and_chain_counts_are_exported() {

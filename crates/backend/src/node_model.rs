@@ -25,6 +25,11 @@ pub trait NodeModel: Send + 'static {
     /// changed. Both models keep the node through [`kpng_model::NodeMemory`], so a brain-fed
     /// node keeps its last node IPs and falls back as an in-process one does.
     fn give_up_waiting_for_node_ips(&mut self) -> kpng_model::Diff;
+    /// Whether this node's state comes from a brain (`kpng api …`): its first sync then waits
+    /// for the brain's first state, not for lists of objects, and `kpng trace` says so.
+    fn fed_by_brain(&self) -> bool {
+        false
+    }
     /// Every endpoint of one port with why it is used or not, for `kpng status`; `None` when
     /// this model cannot tell (a brain's view carries only the endpoints in use).
     fn explain(

@@ -1038,8 +1038,9 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
         );
     }
     if let Some(held) = t["firstSyncHeld"].as_str() {
-        // Says why no packet meets these rules yet, which the in-sync note below does not.
-        let _ = writeln!(out, "  note:       {held}: this is what kpng will program");
+        // Says why no packet meets these rules yet, which the in-sync note below does not,
+        // and that the answer may change when what is missing arrives (the runner's words).
+        let _ = writeln!(out, "  note:       {held}");
     } else if t["inSync"] == false {
         let _ = writeln!(
             out,
@@ -1183,27 +1184,33 @@ mod tests {
         }
     }
 
-    /// While the first sync is held, the trace says so and why, instead of the generic
-    /// "waiting for a sync" note.
+    /// While the first sync is held, the trace says so, why, and that the answer may change
+    /// when what is missing arrives, instead of the generic "waiting for a sync" note; never
+    /// that it is what kpng will program (in NodeCIDR mode the podCIDRs can turn
+    /// `masquerade: no` into `yes`).
     #[test]
     fn a_trace_says_when_the_first_sync_is_held() {
         let q = parse_trace("10.244.1.5", "10.96.0.10:80", None).expect("query");
-        let held = "nothing is programmed yet: the first sync is held until Node \"n\" has \
-                    spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)";
-        let t = serde_json::json!({
-            "verdict": "dnat",
-            "reason": "r",
-            "inSync": false,
-            "firstSyncHeld": held,
-        });
-        let text = trace_text(&q, &t);
-        assert!(
-            text.contains(&format!(
-                "  note:       {held}: this is what kpng will program\n"
-            )),
-            "{text}"
-        );
-        assert!(!text.contains("waiting for a sync"), "{text}");
+        let cases = [
+            "nothing is programmed yet: the first sync is held until Node \"n\" has \
+             spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too); this \
+             answer is from what kpng knows now and may change when they arrive (which clients \
+             are local to this node, hence masqueraded, follows them)",
+            "nothing is programmed yet: the first sync is held until the brain's first state \
+             arrives; this answer is from what kpng knows now and may change when it does",
+        ];
+        for held in cases {
+            let t = serde_json::json!({
+                "verdict": "dnat",
+                "reason": "r",
+                "inSync": false,
+                "firstSyncHeld": held,
+            });
+            let text = trace_text(&q, &t);
+            assert!(text.contains(&format!("  note:       {held}\n")), "{text}");
+            assert!(!text.contains("waiting for a sync"), "{text}");
+            assert!(!text.contains("will program"), "{text}");
+        }
     }
 
     /// The masquerade line agrees with the JSON's `masquerade` and `hairpin`: a client whose

@@ -227,3 +227,78 @@ fn a_chain_no_element_refers_to_goes_with_the_scale_down() {
     assert!(has_chain("cluster-n1"), "the chain web uses now");
     bed.wait_served(10, "after the scale-down");
 }
+
+/// The dynamic chains of a table adopted at start-up are exactly those its elements refer to:
+/// kpng stopped (its table left in place) with `web` at 3 endpoints and ClientIP affinity
+/// (600 s), someone's `cluster-n9` added, then started again with `web` at 1 endpoint and no
+/// affinity: the start-up full sync, which reuses the table, deletes `cluster-n3`,
+/// `affinity-t600` and `cluster-n9`, and `kpng status` counts the chains that are left.
+#[test]
+fn a_restart_deletes_the_chains_the_adopted_table_no_longer_needs() {
+    use e2e::faults::{Bed, hold, web};
+    use e2e::harness::{Cond, Kpng, manifest, svc};
+    kpng_testkit::require_root!();
+    let bed = Bed::new(e2e::Backend::Nft, "chainrst");
+    let ns = &bed.c.node1.ns;
+    let three = svc(
+        "web",
+        10,
+        "ClusterIP",
+        "sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}",
+        &[
+            ("pod1b", Cond::Ready),
+            ("pod1a", Cond::Ready),
+            ("pod2a", Cond::Ready),
+        ],
+    );
+    let mut k = Kpng::start(e2e::Backend::Nft, ns, &manifest(&[three, hold()]), &[]);
+    // The chains of table ip kpng (rules and elements left out).
+    let chains = || {
+        let listing = ns
+            .run_ok(["nft", "list", "chains", "ip"])
+            .expect("nft list chains");
+        let mut in_kpng = false;
+        let mut names = Vec::new();
+        for line in listing.lines().map(str::trim) {
+            if let Some(table) = line.strip_prefix("table ip ") {
+                in_kpng = table == "kpng {";
+            } else if let Some(name) = line
+                .strip_prefix("chain ")
+                .and_then(|l| l.strip_suffix(" {"))
+                && in_kpng
+            {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        names
+    };
+    let has = |names: &[String], chain: &str| names.iter().any(|c| c == chain);
+    let before = chains();
+    for chain in ["cluster-n3", "affinity-t600"] {
+        assert!(has(&before, chain), "{chain} in use: {before:?}");
+    }
+    k.terminate();
+    ns.run_ok(["nft", "add", "chain", "ip", "kpng", "cluster-n9"])
+        .expect("someone's chain");
+    k.write(&manifest(&[web(), hold()]));
+    k.spawn();
+    let after = chains();
+    for chain in ["cluster-n3", "affinity-t600", "cluster-n9"] {
+        assert!(
+            !has(&after, chain),
+            "{chain} is left in the adopted table: {after:?}"
+        );
+    }
+    assert!(has(&after, "cluster-n1"), "the chain web uses now");
+    let status = k.status_json().to_string();
+    let ip_table = status
+        .split("table ip kpng: ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next());
+    assert!(
+        ip_table.is_some_and(|t| t.ends_with(" set and map elements, 1 dynamic chain")),
+        "kpng status counts the chains left (cluster-n1): {status}"
+    );
+    bed.wait_served(10, "after the restart");
+}

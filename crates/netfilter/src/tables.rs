@@ -112,6 +112,47 @@ pub fn chain_comment(family: &str, table: &str, chain: &str) -> io::Result<Optio
     }
 }
 
+/// The names of every chain of table `table` of `family` (`ip`, `ip6`), in the kernel's order:
+/// empty when there is no such table. One chain dump (`NFT_MSG_GETCHAIN` with `NLM_F_DUMP`):
+/// names and hooks only, no rule or element is read.
+///
+/// Why: a table kpng adopts may hold chains it did not create (a previous run's, or someone's),
+/// which only a listing reveals; kpng reads it at full syncs, never in the steady-state loop.
+pub fn chain_names(family: &str, table: &str) -> io::Result<Vec<String>> {
+    let nfproto = dump::nfproto(family)?;
+    let mut request = Vec::with_capacity(64);
+    let start = attr::msg_start(
+        &mut request,
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        1,
+        nfproto,
+        0,
+    );
+    // Older kernels dump every table's chains whatever this says: filtered below as well.
+    attr::put_str(&mut request, NFTA_CHAIN_TABLE, table);
+    attr::msg_end(&mut request, start);
+    let mut names = Vec::new();
+    let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN;
+    dump::run(request, kind, |msg| {
+        names.extend(chain_of_table(msg, table))
+    })?;
+    Ok(names)
+}
+
+/// The name of the chain of one `NFT_MSG_NEWCHAIN` message, when it belongs to `table`.
+fn chain_of_table(msg: &[u8], table: &str) -> Option<String> {
+    let (mut of_table, mut name) = (None, None);
+    for (ty, payload) in attr::nf_attrs(msg) {
+        match ty {
+            NFTA_CHAIN_TABLE => of_table = Some(string_attr(payload)),
+            NFTA_CHAIN_NAME => name = Some(string_attr(payload)),
+            _ => {}
+        }
+    }
+    (of_table? == table).then_some(name?)
+}
+
 /// The answer to a chain request, once a datagram holds it.
 fn parse_chain_answer(datagram: &[u8]) -> Option<io::Result<Option<String>>> {
     for msg in attr::messages(datagram) {
@@ -272,6 +313,32 @@ mod tests {
             None,
             "not an answer yet"
         );
+    }
+
+    #[test]
+    fn a_chain_dump_names_the_chains_of_the_table_asked_for() {
+        let chain = |table: &str, name: Option<&str>| {
+            let mut attrs = vec![(NFTA_CHAIN_TABLE, [table.as_bytes(), &[0]].concat())];
+            if let Some(n) = name {
+                attrs.push((NFTA_CHAIN_NAME, [n.as_bytes(), &[0]].concat()));
+            }
+            message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN, 2, &attrs)
+        };
+        let datagram = [
+            chain("kpng", Some("cluster-n3")),
+            chain("filter", Some("INPUT")),
+            chain("kpng", None),
+            chain("kpng", Some("affinity-t600")),
+            message(dump::NLMSG_DONE, 0, &[]),
+        ]
+        .concat();
+        let mut names = Vec::new();
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN;
+        let step = dump::walk(&datagram, kind, |msg| {
+            names.extend(chain_of_table(msg, "kpng"))
+        });
+        assert_eq!(step, dump::Step::Done);
+        assert_eq!(names, ["cluster-n3", "affinity-t600"]);
     }
 
     #[test]

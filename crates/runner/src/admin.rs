@@ -169,8 +169,9 @@ pub struct TraceAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check_not_served: Option<HealthCheckStatus>,
     /// Why nothing is programmed yet, while the first sync is held (for the complete lists,
-    /// or in NodeCIDR mode for the Node's podCIDRs): the trace then says what kpng will
-    /// program, and no packet meets any of it meanwhile.
+    /// a brain's first state, or in NodeCIDR mode the Node's podCIDRs): no packet meets any of
+    /// the trace meanwhile, and its answer, from what kpng knows now, may change when what is
+    /// missing arrives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_sync_held: Option<String>,
 }

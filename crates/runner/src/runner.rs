@@ -659,22 +659,12 @@ impl<M: NodeModel> LoopState<M> {
     /// Why the first sync has not been made, while it is held: for `kpng trace`, whose answer
     /// otherwise reads as if its rules were in the kernel.
     fn first_sync_held(&self) -> Option<String> {
-        let missing = self.unlisted();
-        if !missing.is_empty() {
-            let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
-            return Some(format!(
-                "nothing is programmed yet: the first sync is held until the lists of {} are \
-                 complete",
-                names.join(", ")
-            ));
-        }
-        self.held_for_pod_cidrs().then(|| {
-            format!(
-                "nothing is programmed yet: the first sync is held until Node {:?} has \
-                 spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)",
-                self.runner.model.snapshot().node.name
-            )
-        })
+        let node = &self.runner.model.snapshot().node.name;
+        first_sync_held_note(
+            &self.unlisted(),
+            self.runner.model.fed_by_brain(),
+            self.held_for_pod_cidrs().then_some(node.as_str()),
+        )
     }
 
     /// When the wait for node IPs ends, while it runs.
@@ -1240,6 +1230,44 @@ fn unix_seconds(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or_default()
+}
+
+/// The note of a trace made while the first sync is held (`firstSyncHeld`): that nothing is
+/// programmed yet, what the sync waits for (`missing` lists, or the brain's first state on a
+/// brain-fed node; else the podCIDRs of Node `pod_cidrs_of`), and that the answer is from
+/// what kpng knows now.
+///
+/// Why not "this is what kpng will program": the verdict may depend on what is missing. In
+/// NodeCIDR mode without podCIDRs no client counts as local (`masquerade: no`), which the
+/// podCIDRs, once they arrive, can turn into `masquerade: yes`.
+pub(crate) fn first_sync_held_note(
+    missing: &[Kind],
+    fed_by_brain: bool,
+    pod_cidrs_of: Option<&str>,
+) -> Option<String> {
+    let (waits_for, when) = if !missing.is_empty() && fed_by_brain {
+        ("the brain's first state arrives".to_string(), "it does")
+    } else if !missing.is_empty() {
+        let names: Vec<&str> = missing.iter().map(|k| k.as_str()).collect();
+        (
+            format!("the lists of {} are complete", names.join(", ")),
+            "they are",
+        )
+    } else {
+        let node = pod_cidrs_of?;
+        (
+            format!(
+                "Node {node:?} has spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy \
+                 waits for them too)"
+            ),
+            "they arrive (which clients are local to this node, hence masqueraded, follows \
+             them)",
+        )
+    };
+    Some(format!(
+        "nothing is programmed yet: the first sync is held until {waits_for}; this answer is \
+         from what kpng knows now and may change when {when}"
+    ))
 }
 
 #[cfg(test)]

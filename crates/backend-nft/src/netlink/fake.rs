@@ -14,6 +14,9 @@ use super::batch::{ElementBatch, MsgInfo, Operation};
 use super::error::NetlinkError;
 use super::{ElementWriter, ProbedTable};
 
+/// The chain names a [`RecordingWriter`] answers, per family.
+pub type ChainsPerFamily = Vec<(Family, Vec<String>)>;
+
 /// One transaction the fake writer received.
 #[derive(Debug, Clone)]
 pub struct RecordedBatch {
@@ -53,6 +56,11 @@ pub struct RecordingWriter {
     /// What [`ElementWriter::probe_table`] answers per family ([`ProbedTable::Absent`] for a
     /// family not listed).
     pub tables: Arc<Mutex<Vec<(Family, ProbedTable)>>>,
+    /// What [`ElementWriter::chain_names`] answers per family (`None` for a family not
+    /// listed: the fake cannot tell).
+    pub chains: Arc<Mutex<ChainsPerFamily>>,
+    /// How many times [`ElementWriter::chain_names`] was asked (the table's chains listed).
+    pub chain_listings: Arc<Mutex<usize>>,
 }
 
 impl RecordingWriter {
@@ -106,5 +114,18 @@ impl ElementWriter for RecordingWriter {
             .iter()
             .find(|(f, _)| *f == family)
             .map_or(ProbedTable::Absent, |(_, t)| t.clone())
+    }
+
+    fn chain_names(&mut self, family: Family, _table: &str) -> Option<Vec<String>> {
+        *self
+            .chain_listings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) += 1;
+        self.chains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map(|(_, names)| names.clone())
     }
 }

@@ -286,6 +286,11 @@ impl ElementWriter for NetlinkWriter {
     ) -> Option<super::ProbedTable> {
         super::check_with_netlink(family, table)
     }
+
+    /// One chain dump, at the full syncs that adopt the table only.
+    fn chain_names(&mut self, family: kpng_model::Family, table: &str) -> Option<Vec<String>> {
+        super::chain_names_with_netlink(family, table)
+    }
 }
 
 /// The error for the first failing message of `batch`, with its set and element.

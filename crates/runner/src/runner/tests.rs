@@ -1313,7 +1313,8 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
         problem.contains("no spec.podCIDRs: the first sync is held until it has them"),
         "{problem}"
     );
-    // A trace says what kpng will program, and that none of it is in the kernel yet.
+    // A trace says that none of it is in the kernel yet, and that the answer may change
+    // with the podCIDRs (not that it is what kpng will program).
     let traced = h
         .admin
         .trace(kpng_model::trace::TraceQuery {
@@ -1327,7 +1328,9 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
         traced.first_sync_held.as_deref(),
         Some(
             "nothing is programmed yet: the first sync is held until Node \"n\" has \
-             spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too)"
+             spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too); this \
+             answer is from what kpng knows now and may change when they arrive (which clients \
+             are local to this node, hence masqueraded, follows them)"
         )
     );
     h.tx.send(Event::Apply(node_object(
@@ -1355,4 +1358,67 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
         .await
         .expect("trace");
     assert_eq!(traced.first_sync_held, None, "synced");
+}
+
+/// The note of a trace while the first sync is held names what is missing (the lists, the
+/// brain's first state on a brain-fed node, or the Node's podCIDRs) and says the answer may
+/// change when it arrives; nothing once nothing holds the sync.
+#[test]
+fn a_held_first_syncs_trace_note_names_what_is_missing() {
+    let lists = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+    /// Missing lists, fed by a brain, held for this Node's podCIDRs, the note.
+    type Case<'a> = (&'a [Kind], bool, Option<&'a str>, Option<&'a str>);
+    let cases: [Case<'_>; 5] = [
+        (
+            &lists,
+            false,
+            None,
+            Some(
+                "nothing is programmed yet: the first sync is held until the lists of Service, \
+                 EndpointSlice, Node are complete; this answer is from what kpng knows now and \
+                 may change when they are",
+            ),
+        ),
+        (
+            &lists,
+            true,
+            None,
+            Some(
+                "nothing is programmed yet: the first sync is held until the brain's first \
+                 state arrives; this answer is from what kpng knows now and may change when it \
+                 does",
+            ),
+        ),
+        (
+            &[],
+            false,
+            Some("n"),
+            Some(
+                "nothing is programmed yet: the first sync is held until Node \"n\" has \
+                 spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too); \
+                 this answer is from what kpng knows now and may change when they arrive (which \
+                 clients are local to this node, hence masqueraded, follows them)",
+            ),
+        ),
+        // A brain-fed node that has its state waits for the podCIDRs as any other.
+        (
+            &[],
+            true,
+            Some("n"),
+            Some(
+                "nothing is programmed yet: the first sync is held until Node \"n\" has \
+                 spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too); \
+                 this answer is from what kpng knows now and may change when they arrive (which \
+                 clients are local to this node, hence masqueraded, follows them)",
+            ),
+        ),
+        (&[], false, None, None),
+    ];
+    for (missing, brain, pod_cidrs_of, want) in cases {
+        assert_eq!(
+            first_sync_held_note(missing, brain, pod_cidrs_of).as_deref(),
+            want,
+            "{missing:?} brain={brain} {pod_cidrs_of:?}"
+        );
+    }
 }
