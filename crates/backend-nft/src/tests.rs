@@ -152,17 +152,7 @@ fn a_new_endpoint_count_adds_its_chain_once() {
     let (mut b, r) = backend();
     full_sync(&mut b, &model);
     let three = ONE_SERVICE.replace("- {addresses: [10.244.2.2], nodeName: node2}", "- {addresses: [10.244.2.2], nodeName: node2}\n- {addresses: [10.244.2.3], nodeName: node2}");
-    let loaded = kpng_source_file::parse_manifests(&three).expect("parses");
-    let out = model.apply(Event::Replace {
-        kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
-        objects: loaded.objects,
-    });
-    b.sync(&SyncRequest {
-        diff: &out.diff,
-        snapshot: model.snapshot(),
-        full: false,
-    })
-    .expect("sync");
+    partial_sync_to(&mut b, &mut model, &three);
     let s = scripts(&r);
     // The chains of 2 endpoints, which no element refers to any more, go after the sync.
     assert_eq!(
