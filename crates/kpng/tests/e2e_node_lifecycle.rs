@@ -35,31 +35,48 @@ fn lb_service() -> String {
 
 /// Starts kpng as kube-proxy (nftables mode) in node1 against `kubeconfig`.
 fn kpng(ns: &Netns, dir: &Path, kubeconfig: &Path, extra: &[&str]) -> Spawned {
-    let socket = dir.join("admin.sock");
-    let mut args: Vec<String> = [
-        env!("CARGO_BIN_EXE_kpng"),
+    let source = [
         "--kubeconfig",
         kubeconfig.to_str().expect("utf-8"),
         "--proxy-mode",
         "nftables",
         "--hostname-override",
+    ];
+    let admin = dir.join("admin.sock");
+    ns.spawn(node1_args(&source, "127.0.0.1:10249", &admin, extra, &[]))
+        .expect("start kpng")
+}
+
+/// kpng's command line in node1: `source` (ending with the node-name flag), the test's node
+/// flags, then `extra` and `sink`.
+fn node1_args(
+    source: &[&str],
+    metrics: &str,
+    admin: &Path,
+    extra: &[&str],
+    sink: &[&str],
+) -> Vec<String> {
+    let cluster_cidr = format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6);
+    let node = [
         "node1",
         "--cluster-cidr",
-        &format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6),
+        &cluster_cidr,
         "--healthz-bind-address",
         "127.0.0.1:10256",
         "--metrics-bind-address",
-        "127.0.0.1:10249",
+        metrics,
         "--min-sync-period",
         "0",
         "--admin-socket",
-        socket.to_str().expect("utf-8"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    ns.spawn(args).expect("start kpng")
+        admin.to_str().expect("utf-8"),
+    ];
+    std::iter::once(env!("CARGO_BIN_EXE_kpng"))
+        .chain(source.iter().copied())
+        .chain(node)
+        .chain(extra.iter().copied())
+        .chain(sink.iter().copied())
+        .map(str::to_string)
+        .collect()
 }
 
 /// The brain: `kpng file --input <input> to-api` in node1, on a Unix socket in `dir`.
@@ -92,34 +109,18 @@ fn brain(ns: &Netns, dir: &Path, input: &Path) -> Spawned {
 
 /// node1's kpng fed by the brain in `dir`: `kpng api … to-local nft`.
 fn brain_node(ns: &Netns, dir: &Path, extra: &[&str]) -> Spawned {
-    let socket = dir.join("brain.sock");
-    let admin = dir.join("admin.sock");
-    let mut args: Vec<String> = [
-        env!("CARGO_BIN_EXE_kpng"),
+    let api = format!("unix://{}", dir.join("brain.sock").display());
+    let source = [
         "api",
         "--api",
-        &format!("unix://{}", socket.display()),
+        &api,
         "--api-retry-max",
         "500ms",
         "--node-name",
-        "node1",
-        "--cluster-cidr",
-        &format!("{},{}", addr::CLUSTER_CIDR_V4, addr::CLUSTER_CIDR_V6),
-        "--healthz-bind-address",
-        "127.0.0.1:10256",
-        "--metrics-bind-address",
-        "",
-        "--min-sync-period",
-        "0",
-        "--admin-socket",
-        admin.to_str().expect("utf-8"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args.extend(["to-local".to_string(), "nft".to_string()]);
-    ns.spawn(args).expect("start kpng api")
+    ];
+    let admin = dir.join("admin.sock");
+    ns.spawn(node1_args(&source, "", &admin, extra, &["to-local", "nft"]))
+        .expect("start kpng api")
 }
 
 /// `objects` with node1's Node left out (node2's stays).
