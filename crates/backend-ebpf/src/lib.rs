@@ -242,12 +242,11 @@ impl EbpfBackend {
         }
     }
 
-    /// Publishes the elements of the Service maps after a full sync: exactly what it wanted
-    /// (`wanted`, by map), since it deleted everything else.
-    fn report_service_entries(&self, wanted: &std::collections::BTreeMap<MapId, usize>) {
-        for m in MapId::ALL {
-            let n = wanted.get(&m).copied().unwrap_or(0);
-            EbpfMetrics::set_map(&self.metrics.entries, m.name(), n as u64);
+    /// Publishes the elements of the Service maps after a full sync: exactly the distinct keys
+    /// it wanted (`wanted`, by map), since it deleted everything else.
+    fn report_service_entries(&self, wanted: &[(MapId, usize)]) {
+        for (m, n) in wanted {
+            EbpfMetrics::set_map(&self.metrics.entries, m.name(), *n as u64);
         }
     }
 
@@ -414,7 +413,6 @@ impl EbpfBackend {
         operations += delete(MapId::Members, &members.take_stale(unpointed))?;
         let udp = layout::ip_proto(Protocol::Udp);
         let mut udp_now = BTreeSet::new();
-        let mut wanted = std::collections::BTreeMap::new();
         for port in snapshot.ports.values() {
             let Some(proto) = layout::ip_proto(port.key.protocol) else {
                 continue;
@@ -427,13 +425,10 @@ impl EbpfBackend {
                     udp_now.extend(group_pairs(&g));
                 }
                 let (mut full_pointed, mut full_frontends) = (false, false);
-                plan::for_group(id, proto, &g, &mut |m, k, v| {
-                    *wanted.entry(m).or_insert(0) += 1;
-                    match m {
-                        MapId::Frontends => full_frontends |= frontends.put(k, v),
-                        MapId::Slots => full_pointed |= slots.put(k, v),
-                        MapId::Members => full_pointed |= members.put(k, v),
-                    }
+                plan::for_group(id, proto, &g, &mut |m, k, v| match m {
+                    MapId::Frontends => full_frontends |= frontends.put(k, v),
+                    MapId::Slots => full_pointed |= slots.put(k, v),
+                    MapId::Members => full_pointed |= members.put(k, v),
                 });
                 if full_frontends {
                     flush(&mut slots, &mut members, Some(&mut frontends))?;
@@ -454,7 +449,11 @@ impl EbpfBackend {
             .into_iter()
             .filter(|pair| !udp_now.contains(pair))
             .collect();
-        self.report_service_entries(&wanted);
+        self.report_service_entries(&[
+            (MapId::Frontends, frontends.wanted()),
+            (MapId::Slots, slots.wanted()),
+            (MapId::Members, members.wanted()),
+        ]);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         debug!(
             load_ms = if loaded { 0.0 } else { ms(opened) },

@@ -374,11 +374,17 @@ pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut ElementSink<'_>) {
 /// the rest into a batch of [`CHUNK`](crate::batch::CHUNK) elements for the caller to write,
 /// and marks the old rows still wanted, so that [`Converge::stale`] is what to delete
 /// afterwards. A full sync at 30k Services thus holds the kernel's dump and one batch, not a
-/// second image of every map.
+/// second image of every map: only the keys it adds are remembered, to count the map's
+/// elements ([`Converge::wanted`]).
 #[derive(Debug)]
 pub struct Converge<'a> {
     old: &'a Table,
     seen: Vec<bool>,
+    /// The old rows a [`Converge::put`] wanted (not [`Converge::keep`] or
+    /// [`Converge::take_stale`], which mark `seen` too).
+    put_old: Vec<bool>,
+    /// The keys put that the map did not hold.
+    put_new: HashSet<Box<[u8]>>,
     keys: Vec<u8>,
     values: Vec<u8>,
     written: usize,
@@ -390,6 +396,8 @@ impl<'a> Converge<'a> {
         Converge {
             old,
             seen: vec![false; old.len()],
+            put_old: vec![false; old.len()],
+            put_new: HashSet::new(),
             keys: Vec::new(),
             values: Vec::new(),
             written: 0,
@@ -400,9 +408,12 @@ impl<'a> Converge<'a> {
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> bool {
         if let Ok(i) = self.old.find(key) {
             self.seen[i] = true;
+            self.put_old[i] = true;
             if self.old.value(i) == value {
                 return false;
             }
+        } else if !self.put_new.contains(key) {
+            self.put_new.insert(key.into());
         }
         self.keys.extend_from_slice(key);
         self.values.extend_from_slice(value);
@@ -453,6 +464,13 @@ impl<'a> Converge<'a> {
     /// Elements written so far (changed or new).
     pub fn written(&self) -> usize {
         self.written
+    }
+
+    /// The distinct keys [`Converge::put`] wanted: what the map holds once the stale rows are
+    /// deleted. Not the number of puts: two Services that share an external IP and port want
+    /// one frontend key, and the map holds it once.
+    pub fn wanted(&self) -> usize {
+        self.put_old.iter().filter(|put| **put).count() + self.put_new.len()
     }
 
     /// The keys the map holds that no [`Converge::put`] wanted.

@@ -228,6 +228,61 @@ fn config_file_and_flags_make_the_written_configuration() {
     assert!(out.stdout.is_empty(), "nothing runs after a bad file");
 }
 
+/// A JSON file that gives a section twice: kube-proxy's Go decoder merges the two objects,
+/// and so does kpng, saying so in its warning; in YAML the last mapping is used whole.
+#[test]
+fn a_section_given_twice_in_the_config_file_is_merged_in_json_and_replaced_in_yaml() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // (file name, text, the written sync period, the warning)
+    let cases = [
+        (
+            "twice.json",
+            "{\"kind\": \"KubeProxyConfiguration\",\n\
+             \"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",\n\"mode\": \"nftables\",\n\
+             \"nftables\": {\"syncPeriod\": \"10s\"},\n\"nftables\": {\"minSyncPeriod\": \"2s\"}}",
+            "  syncPeriod: 10s",
+            "nftables (line 5): given twice; merged with the earlier `nftables` (a field given in \
+             both takes the later value), as kube-proxy's lenient decoding of JSON does",
+        ),
+        (
+            "twice.yaml",
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             mode: nftables\nnftables:\n  syncPeriod: 10s\nnftables:\n  minSyncPeriod: 2s\n",
+            "  syncPeriod: 30s",
+            "nftables (line 6): given twice; the last value is used whole (the earlier \
+             `nftables` mapping is dropped, not merged), as kube-proxy's lenient decoding does",
+        ),
+    ];
+    for (name, text, sync_period, warning) in cases {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).expect("write");
+        let out = kpng()
+            .arg("--config")
+            .arg(&file)
+            .args(["--write-config-to", "-"])
+            .output()
+            .expect("run kpng");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        let section: Vec<&str> = stdout
+            .lines()
+            .skip_while(|l| *l != "nftables:")
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .collect();
+        assert!(
+            section.contains(&sync_period) && section.contains(&"  minSyncPeriod: 2s"),
+            "{name}: {section:?} in:\n{stdout}"
+        );
+        let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert!(
+            warnings.len() == 1 && warnings[0].contains(warning),
+            "{name}: {stderr}"
+        );
+    }
+}
+
 fn kpng() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kpng"))
 }

@@ -330,6 +330,42 @@ fn converge_writes_only_changes_in_batches_and_finds_the_stale() {
     assert_eq!(c.stale().collect::<Vec<_>>(), [k]);
 }
 
+/// The map holds each key once: two Services that share an external IP and port want one
+/// frontend key (the later put wins), so `kpng_ebpf_map_entries` counts it once.
+#[test]
+fn wanted_counts_each_key_once() {
+    let old = entries(1, &["10.0.0.1:80"]);
+    let t = old.table(MapId::Frontends).expect("frontends");
+    let (held, value) = t.iter().next().expect("row");
+    let shared = layout::frontend_key(ip("203.0.113.7"), 443, 6);
+    let other = layout::frontend_key(ip("203.0.113.8"), 443, 6);
+    // (what, the keys put, the distinct keys wanted)
+    let cases: [(&str, Vec<&[u8]>, usize); 5] = [
+        ("nothing", vec![], 0),
+        ("a held key", vec![held], 1),
+        ("a held key twice", vec![held, held], 1),
+        (
+            "a new key twice, as two Services' external IP",
+            vec![&shared, &shared],
+            1,
+        ),
+        (
+            "held and new keys",
+            vec![held, &shared, &other, &shared, held],
+            3,
+        ),
+    ];
+    for (what, puts, want) in cases {
+        let mut c = Converge::new(t);
+        // The first pass of a full sync marks the held keys first: not a put.
+        c.keep(held);
+        for key in &puts {
+            c.put(key, value);
+        }
+        assert_eq!(c.wanted(), want, "{what}");
+    }
+}
+
 #[test]
 fn ids_are_stable_reused_and_prefer_the_kernels() {
     let mut ids = Ids::default();

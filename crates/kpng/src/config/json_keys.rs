@@ -1,26 +1,144 @@
-//! The keys a JSON configuration file gives twice, with their lines.
+//! The keys a JSON configuration file gives twice: what kube-proxy makes of them, and where
+//! they are.
 //!
-//! Why a scanner of its own: serde_json keeps a repeated key's last value without a word and
-//! tells no line, while kube-proxy's strict decoding refuses the file and its lenient one
-//! keeps the last value, logging it; kpng warns as it does for YAML, naming key and line. The
-//! text has already been parsed by serde_json, so the scanner only walks valid JSON.
+//! kube-proxy's strict decoding refuses such a file and its lenient one decodes it with
+//! sigs.k8s.io/json, a fork of Go's encoding/json, straight into the typed configuration: a
+//! repeated key is decoded *into the value the first one left*. Two objects (a section such as
+//! `nftables`, or `featureGates`) are thus merged field by field, a field given in both taking
+//! the later value; anything else (a scalar, a list, an object after a scalar) is replaced.
+//! serde_json would keep the last value whole and in silence, so [`parse_merging`] decodes the
+//! way Go does and [`duplicate_keys`] names each repeat with its line for the warning. (YAML
+//! is different: sigs.k8s.io/yaml first builds a generic map, where a repeated key replaces the
+//! whole value; see `load.rs`.)
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// A key given twice in a JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repeat {
+    /// The dotted path of the key (`conntrack.min`, an array item `l.[0].x`).
+    pub path: String,
+    /// The 1-based line of the repeat.
+    pub line: u64,
+    /// Whether the repeat was merged into the earlier value (both are objects) rather than
+    /// replacing it.
+    pub merged: bool,
+}
 
 /// One open container while walking the text.
 enum Frame {
-    /// An object: the keys seen so far, and the last one (the path of its value).
+    /// An object: the keys seen so far, whether the value each holds so far is an object (the
+    /// condition for a repeat to merge), and the last key (the path of its value).
     Object {
-        keys: BTreeSet<String>,
+        keys: BTreeMap<String, bool>,
         current: Option<String>,
     },
     /// An array: the index of the item being read.
     Array { index: usize },
 }
 
+/// Parses JSON `text` as kube-proxy's lenient decoding reads it: a repeated key whose earlier
+/// and later values are both objects merges them (recursively, the later field winning), any
+/// other repeated key keeps its later value.
+pub fn parse_merging(text: &str) -> serde_json::Result<Value> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let merged = Merged::deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(merged.0)
+}
+
+/// Merges `later` into `earlier` as Go decodes a repeated key into the value already there:
+/// object into object field by field, anything else replaced.
+fn merge_into(earlier: &mut Value, later: Value) {
+    match (earlier, later) {
+        (Value::Object(earlier), Value::Object(later)) => {
+            for (key, value) in later {
+                match earlier.get_mut(&key) {
+                    Some(existing) => merge_into(existing, value),
+                    None => {
+                        earlier.insert(key, value);
+                    }
+                }
+            }
+        }
+        (earlier, later) => *earlier = later,
+    }
+}
+
+/// A JSON value decoded with [`merge_into`] for repeated keys.
+struct Merged(Value);
+
+impl<'de> Deserialize<'de> for Merged {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Merged, D::Error> {
+        deserializer.deserialize_any(MergedVisitor)
+    }
+}
+
+/// Builds a [`Merged`] value.
+struct MergedVisitor;
+
+impl<'de> Visitor<'de> for MergedVisitor {
+    type Value = Merged;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Merged, E> {
+        Ok(Merged(Value::Bool(v)))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Merged, E> {
+        Ok(Merged(Value::from(v)))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Merged, E> {
+        Ok(Merged(Value::from(v)))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Merged, E> {
+        Ok(Merged(
+            serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number),
+        ))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Merged, E> {
+        Ok(Merged(Value::String(v.to_string())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Merged, E> {
+        Ok(Merged(Value::String(v)))
+    }
+    fn visit_unit<E>(self) -> Result<Merged, E> {
+        Ok(Merged(Value::Null))
+    }
+    fn visit_none<E>(self) -> Result<Merged, E> {
+        Ok(Merged(Value::Null))
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Merged, D::Error> {
+        d.deserialize_any(MergedVisitor)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Merged, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Merged(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Merged(Value::Array(items)))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Merged, A::Error> {
+        let mut object = Map::new();
+        while let Some((key, Merged(value))) = map.next_entry::<String, Merged>()? {
+            match object.get_mut(&key) {
+                Some(existing) => merge_into(existing, value),
+                None => {
+                    object.insert(key, value);
+                }
+            }
+        }
+        Ok(Merged(Value::Object(object)))
+    }
+}
+
 /// Each key given twice in the valid JSON `text`, as a dotted path (`conntrack.min`, an array
-/// item `[0]`) and the 1-based line of the repeat, in the order of the text.
-pub fn duplicate_keys(text: &str) -> Vec<(String, u64)> {
+/// item `[0]`), the 1-based line of the repeat and whether it merges, in the order of the text.
+pub fn duplicate_keys(text: &str) -> Vec<Repeat> {
     let bytes = text.as_bytes();
     let mut stack: Vec<Frame> = Vec::new();
     let mut out = Vec::new();
@@ -30,7 +148,7 @@ pub fn duplicate_keys(text: &str) -> Vec<(String, u64)> {
         match bytes[i] {
             b'\n' => line += 1,
             b'{' => stack.push(Frame::Object {
-                keys: BTreeSet::new(),
+                keys: BTreeMap::new(),
                 current: None,
             }),
             b'[' => stack.push(Frame::Array { index: 0 }),
@@ -51,9 +169,13 @@ pub fn duplicate_keys(text: &str) -> Vec<(String, u64)> {
                 if expects_key {
                     let name: String = serde_json::from_str(&text[i..end]).unwrap_or_default();
                     let path = path_to(&stack, &name);
+                    let is_object = value_start(bytes, end) == Some(b'{');
                     if let Some(Frame::Object { keys, current }) = stack.last_mut() {
-                        if !keys.insert(name.clone()) {
-                            out.push((path, line));
+                        // What the key holds now is an object exactly when the later value is
+                        // one (merged or not), so the later kind replaces the earlier.
+                        if let Some(was_object) = keys.insert(name.clone(), is_object) {
+                            let merged = was_object && is_object;
+                            out.push(Repeat { path, line, merged });
                         }
                         *current = Some(name);
                     }
@@ -89,6 +211,12 @@ fn next_token(bytes: &[u8], from: usize) -> Option<u8> {
         .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
 }
 
+/// The first byte of the value that follows the key ending at `key_end` (past the colon).
+fn value_start(bytes: &[u8], key_end: usize) -> Option<u8> {
+    let colon = (key_end..bytes.len()).find(|&i| bytes[i] == b':')?;
+    next_token(bytes, colon + 1)
+}
+
 /// The dotted path of key `name` in the innermost object of `stack`.
 fn path_to(stack: &[Frame], name: &str) -> String {
     let mut path = String::new();
@@ -115,16 +243,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn repeated_keys_are_named_with_their_path_and_line() {
-        /// What a case expects: each repeated key's path and line.
-        type Repeats<'a> = &'a [(&'a str, u64)];
-        let cases: [(&str, &str, Repeats); 6] = [
+    fn repeated_keys_are_named_with_their_path_line_and_merge() {
+        /// What a case expects: each repeated key's path, line, and whether it merges.
+        type Repeats<'a> = &'a [(&'a str, u64, bool)];
+        let cases: [(&str, &str, Repeats); 9] = [
             ("none", r#"{"a": 1, "b": {"a": 2}}"#, &[]),
-            ("top level", "{\n\"a\": 1,\n\"a\": 2\n}", &[("a", 3)]),
+            ("top level", "{\n\"a\": 1,\n\"a\": 2\n}", &[("a", 3, false)]),
             (
                 "nested",
                 "{\"conntrack\": {\n  \"min\": 1,\n  \"min\": 2}}",
-                &[("conntrack.min", 3)],
+                &[("conntrack.min", 3, false)],
             ),
             (
                 "a value that looks like a key is not one",
@@ -134,17 +262,88 @@ mod tests {
             (
                 "in an array's object",
                 r#"{"l": [{"x": 1}, {"y": 1, "y": 2}]}"#,
-                &[("l.[1].y", 1)],
+                &[("l.[1].y", 1, false)],
             ),
             (
                 "escaped names",
                 r#"{"a\"b": 1, "a\u0022b": 2}"#,
-                &[("a\"b", 1)],
+                &[("a\"b", 1, false)],
+            ),
+            (
+                "two objects merge",
+                "{\"n\": {\"s\": 1},\n \"n\" :\n {\"m\": 2}}",
+                &[("n", 2, true)],
+            ),
+            (
+                "an object after a scalar replaces it; a third object then merges",
+                r#"{"n": 1, "n": {"s": 1}, "n": {"m": 2}}"#,
+                &[("n", 1, false), ("n", 1, true)],
+            ),
+            (
+                "a scalar or a list after an object replaces it",
+                r#"{"n": {"s": 1}, "n": 1, "l": {}, "l": []}"#,
+                &[("n", 1, false), ("l", 1, false)],
             ),
         ];
         for (what, text, want) in cases {
-            let want: Vec<(String, u64)> = want.iter().map(|(p, l)| (p.to_string(), *l)).collect();
+            let want: Vec<Repeat> = want
+                .iter()
+                .map(|(p, line, merged)| Repeat {
+                    path: p.to_string(),
+                    line: *line,
+                    merged: *merged,
+                })
+                .collect();
             assert_eq!(duplicate_keys(text), want, "{what}");
         }
+    }
+
+    /// sigs.k8s.io/json decodes a repeated key into the value already there: objects merge
+    /// field by field (recursively), anything else is replaced.
+    #[test]
+    fn repeated_keys_decode_as_go_does() {
+        let cases = [
+            (
+                "no repeat",
+                r#"{"a": 1, "b": [1, 2]}"#,
+                r#"{"a": 1, "b": [1, 2]}"#,
+            ),
+            (
+                "scalar: the last wins",
+                r#"{"a": 1, "a": 2}"#,
+                r#"{"a": 2}"#,
+            ),
+            (
+                "objects merge, a field in both takes the later value",
+                r#"{"n": {"s": "10s", "m": "1s"}, "n": {"m": "2s"}}"#,
+                r#"{"n": {"s": "10s", "m": "2s"}}"#,
+            ),
+            (
+                "merging is recursive",
+                r#"{"n": {"o": {"x": 1}}, "n": {"o": {"y": 2}}}"#,
+                r#"{"n": {"o": {"x": 1, "y": 2}}}"#,
+            ),
+            (
+                "a list replaces a list",
+                r#"{"l": [1, 2], "l": [3]}"#,
+                r#"{"l": [3]}"#,
+            ),
+            (
+                "an object replaces a scalar",
+                r#"{"n": 1, "n": {"s": 1}}"#,
+                r#"{"n": {"s": 1}}"#,
+            ),
+            (
+                "a repeat inside a list item",
+                r#"{"l": [{"a": {"x": 1}, "a": {"y": 1}}]}"#,
+                r#"{"l": [{"a": {"x": 1, "y": 1}}]}"#,
+            ),
+        ];
+        for (what, text, want) in cases {
+            let want: Value = serde_json::from_str(want).expect("the expected JSON");
+            let got = parse_merging(text).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(got, want, "{what}");
+        }
+        assert!(parse_merging("{} x").is_err(), "trailing characters");
     }
 }

@@ -19,7 +19,8 @@ pub struct Parsed {
     /// Dotted paths of fields that are not part of v1alpha1 (e.g. `conntrack.max`).
     pub unknown_fields: Vec<String>,
     /// What kube-proxy's lenient decoding lets pass and kpng warns about, one line each:
-    /// a key given twice (the last value wins), documents after the first (ignored).
+    /// a key given twice (the last value wins; in JSON two objects merge), documents after
+    /// the first (ignored).
     pub lenient: Vec<String>,
 }
 
@@ -27,10 +28,15 @@ pub struct Parsed {
 pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     let mut lenient = Vec::new();
     let value: Value = if text.trim_start().starts_with('{') {
-        let value = serde_json::from_str(text).context("invalid JSON")?;
-        // serde_json keeps a repeated key's last value in silence: warn as for YAML.
-        for (key, line) in super::json_keys::duplicate_keys(text) {
-            lenient.push(given_twice(&key, line));
+        // A repeated key is decoded into the earlier value, as sigs.k8s.io/json does in
+        // kube-proxy: two objects merge, anything else is replaced.
+        let value = super::json_keys::parse_merging(text).context("invalid JSON")?;
+        for repeat in super::json_keys::duplicate_keys(text) {
+            lenient.push(if repeat.merged {
+                merged_twice(&repeat.path, repeat.line)
+            } else {
+                given_twice(&repeat.path, repeat.line, Kind::Other)
+            });
         }
         value
     } else {
@@ -43,8 +49,9 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
                     .to_string(),
             );
         }
-        // Every key is passed on, so that a repeated one is seen: its last value wins, as in
-        // kube-proxy's lenient decoding, with a warning.
+        // Every key is passed on, so that a repeated one is seen: its last value wins whole, as
+        // in kube-proxy's lenient decoding (sigs.k8s.io/yaml builds a generic map first, where
+        // a repeat replaces the earlier value, mapping or not), with a warning.
         let options = serde_saphyr::options! {
             duplicate_keys: serde_saphyr::DuplicateKeyPolicy::PassThrough,
         };
@@ -52,8 +59,8 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
         // says which file, and the position is the file's.
         let node: Node = serde_saphyr::from_str_with_options(first, options)
             .map_err(|e| anyhow::anyhow!("invalid YAML: {}", e.without_snippet()))?;
-        for (key, line) in node.duplicates {
-            lenient.push(given_twice(&key, line));
+        for (key, line, kind) in node.duplicates {
+            lenient.push(given_twice(&key, line, kind));
         }
         node.value
     };
@@ -87,11 +94,34 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     })
 }
 
-/// The warning for a key given twice (YAML or JSON): its last value is used.
-fn given_twice(key: &str, line: u64) -> String {
+/// What a repeated key's two values were, for the words of its warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Both are mappings (a YAML section given twice): the earlier is dropped, not merged.
+    Mappings,
+    /// Anything else.
+    Other,
+}
+
+/// The warning for a key given twice whose last value is used (any YAML key; a JSON key unless
+/// both values are objects).
+fn given_twice(key: &str, line: u64, kind: Kind) -> String {
+    let whole = match kind {
+        Kind::Mappings => format!(" whole (the earlier `{key}` mapping is dropped, not merged)"),
+        Kind::Other => String::new(),
+    };
     format!(
-        "{key} (line {line}): given twice; the last value is used, as kube-proxy's lenient \
-         decoding does"
+        "{key} (line {line}): given twice; the last value is used{whole}, as kube-proxy's \
+         lenient decoding does"
+    )
+}
+
+/// The warning for a JSON key given twice with an object both times: Go's JSON decoding, in
+/// kube-proxy's lenient path, decodes the later object into the earlier one.
+fn merged_twice(key: &str, line: u64) -> String {
+    format!(
+        "{key} (line {line}): given twice; merged with the earlier `{key}` (a field given in \
+         both takes the later value), as kube-proxy's lenient decoding of JSON does"
     )
 }
 
@@ -138,11 +168,11 @@ fn is_blank_or_comment(line: &str) -> bool {
     t.is_empty() || t.starts_with('#')
 }
 
-/// A YAML value as JSON, and the keys given twice in it (dotted path, line), last value
-/// kept: what kube-proxy's lenient decoding does with a repeated key.
+/// A YAML value as JSON, and the keys given twice in it (dotted path, line, what the two values
+/// were), last value kept: what kube-proxy's lenient decoding does with a repeated key.
 struct Node {
     value: Value,
-    duplicates: Vec<(String, u64)>,
+    duplicates: Vec<(String, u64, Kind)>,
 }
 
 impl Node {
@@ -206,7 +236,7 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
             duplicates.extend(
                 item.duplicates
                     .into_iter()
-                    .map(|(path, line)| (format!("[{index}].{path}"), line)),
+                    .map(|(path, line, kind)| (format!("[{index}].{path}"), line, kind)),
             );
             items.push(item.value);
             index += 1;
@@ -225,13 +255,19 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
             duplicates.extend(
                 item.duplicates
                     .into_iter()
-                    .map(|(path, line)| (format!("{name}.{path}"), line)),
+                    .map(|(path, line, kind)| (format!("{name}.{path}"), line, kind)),
             );
-            if object.insert(name.clone(), item.value).is_some() {
-                duplicates.push((name, key.referenced.line()));
+            let later_is_mapping = item.value.is_object();
+            if let Some(earlier) = object.insert(name.clone(), item.value) {
+                let kind = if earlier.is_object() && later_is_mapping {
+                    Kind::Mappings
+                } else {
+                    Kind::Other
+                };
+                duplicates.push((name, key.referenced.line(), kind));
             }
         }
-        duplicates.sort_by_key(|(_, line)| *line);
+        duplicates.sort_by_key(|(_, line, _)| *line);
         Ok(Node {
             value: Value::Object(object),
             duplicates,

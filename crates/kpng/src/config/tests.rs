@@ -1204,6 +1204,77 @@ fn repeated_keys_and_later_documents_are_lenient_as_in_kube_proxy() {
     }
 }
 
+/// A section given twice: kube-proxy's lenient JSON decoding (sigs.k8s.io/json) decodes the
+/// later object into the earlier one, so the two merge field by field; its YAML decoding
+/// (sigs.k8s.io/yaml over a generic map) keeps the later mapping whole. The warning says which.
+#[test]
+fn a_section_given_twice_merges_in_json_and_is_replaced_in_yaml_as_in_kube_proxy() {
+    const JSON_HEAD: &str = "{\"kind\": \"KubeProxyConfiguration\",\n\
+                             \"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",\n";
+    // (what, text, sync period, min sync period, the warning)
+    let cases = [
+        (
+            "JSON: two objects merge",
+            format!(
+                "{JSON_HEAD}\"mode\": \"nftables\",\n\"nftables\": {{\"syncPeriod\": \"10s\"}},\n\
+                 \"nftables\": {{\"minSyncPeriod\": \"2s\"}}}}"
+            ),
+            10,
+            2,
+            "nftables (line 5): given twice; merged with the earlier `nftables` (a field given \
+             in both takes the later value)",
+        ),
+        (
+            "JSON: a field in both takes the later value",
+            format!(
+                "{JSON_HEAD}\"mode\": \"nftables\",\n\"nftables\": {{\"syncPeriod\": \"10s\", \"minSyncPeriod\": \"3s\"}},\n\
+                 \"nftables\": {{\"syncPeriod\": \"20s\"}}}}"
+            ),
+            20,
+            3,
+            "nftables (line 5): given twice; merged with the earlier `nftables`",
+        ),
+        (
+            "JSON: a scalar given twice keeps its last value",
+            format!(
+                "{JSON_HEAD}\"mode\": \"nftables\",\n\"nftables\": {{\"syncPeriod\": \"10s\",\n\
+                 \"syncPeriod\": \"20s\"}}}}"
+            ),
+            20,
+            1,
+            "nftables.syncPeriod (line 5): given twice; the last value is used, as",
+        ),
+        (
+            "YAML: the later mapping is used whole",
+            doc("mode: nftables\nnftables:\n  syncPeriod: 10s\nnftables:\n  minSyncPeriod: 2s\n"),
+            30,
+            2,
+            "nftables (line 6): given twice; the last value is used whole (the earlier \
+             `nftables` mapping is dropped, not merged)",
+        ),
+        (
+            "YAML: a scalar given twice keeps its last value",
+            doc("mode: nftables\nnftables:\n  syncPeriod: 10s\n  syncPeriod: 20s\n"),
+            20,
+            1,
+            "nftables.syncPeriod (line 6): given twice; the last value is used, as",
+        ),
+    ];
+    for (what, text, sync, min_sync, warning) in cases {
+        let (settings, report) = from_text(&text).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        assert_eq!(
+            (settings.sync_period, settings.min_sync_period),
+            (Duration::from_secs(sync), Duration::from_secs(min_sync)),
+            "{what}"
+        );
+        assert!(
+            report.warnings.len() == 1 && report.warnings[0].contains(warning),
+            "{what}: {:?}",
+            report.warnings
+        );
+    }
+}
+
 /// What the command line accepts, `--write-config-to` writes and `--config` reads back with
 /// the same meaning; what one refuses, the other refuses, naming the flag or the field.
 #[test]
