@@ -467,8 +467,8 @@ impl<'a> Converge<'a> {
     }
 
     /// The distinct keys [`Converge::put`] wanted: what the map holds once the stale rows are
-    /// deleted. Not the number of puts: two Services that share an external IP and port want
-    /// one frontend key, and the map holds it once.
+    /// deleted. Not the number of puts: an IP that is both a Service's external and
+    /// load-balancer IP is one frontend key put twice, and the map holds it once.
     pub fn wanted(&self) -> usize {
         self.put_old.iter().filter(|put| **put).count() + self.put_new.len()
     }

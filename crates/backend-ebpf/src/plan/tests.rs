@@ -330,8 +330,8 @@ fn converge_writes_only_changes_in_batches_and_finds_the_stale() {
     assert_eq!(c.stale().collect::<Vec<_>>(), [k]);
 }
 
-/// The map holds each key once: two Services that share an external IP and port want one
-/// frontend key (the later put wins), so `kpng_ebpf_map_entries` counts it once.
+/// The map holds each key once: an IP that is both a Service's external and load-balancer IP is one
+/// frontend key put twice, so `kpng_ebpf_map_entries` counts it once.
 #[test]
 fn wanted_counts_each_key_once() {
     let old = entries(1, &["10.0.0.1:80"]);
@@ -345,7 +345,7 @@ fn wanted_counts_each_key_once() {
         ("a held key", vec![held], 1),
         ("a held key twice", vec![held, held], 1),
         (
-            "a new key twice, as two Services' external IP",
+            "a new key twice, as one Service's external and load-balancer IP",
             vec![&shared, &shared],
             1,
         ),
