@@ -23,8 +23,7 @@ use hyper_util::rt::TokioIo;
 use kpng_backend::{InputInfo, NodeModel};
 use kpng_model::input::InputHealth;
 use kpng_model::{
-    ApplyOutcome, Diff, Kind, NodeChange, NodeMemory, NodeState, ServiceKey, ServicePort,
-    Snapshot,
+    ApplyOutcome, Diff, Kind, NodeChange, NodeMemory, NodeState, ServiceKey, ServicePort, Snapshot,
 };
 use prost::Message;
 use tokio::sync::mpsc;

@@ -160,7 +160,13 @@ fn scrape_metrics(c: &Cluster) -> String {
 fn sample(metrics: &str, series: &str) -> f64 {
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
         .unwrap_or(0.0)
 }
 
@@ -177,6 +183,24 @@ fn kernel_work(c: &Cluster, kpng: &Spawned) -> (f64, usize) {
 /// How many Node events the in-process kpng has received.
 fn node_events(c: &Cluster) -> f64 {
     sample(&scrape_metrics(c), "kpng_objects_seen_total{kind=\"Node\"}")
+}
+
+/// The HTTP status of the in-process kpng's `/healthz` (`000`: no answer).
+fn healthz(c: &Cluster) -> String {
+    c.node1
+        .ns
+        .run_ok([
+            "curl",
+            "-s",
+            "-m",
+            "2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "http://127.0.0.1:10256/healthz",
+        ])
+        .unwrap_or_else(|_| "000".into())
 }
 
 /// Waits until the kpng whose admin socket is in `dir` holds no change waiting for a sync:
@@ -290,6 +314,8 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         "the deletion changed nothing to program:\n{}",
         kpng.stderr_text()
     );
+    // The node's status did change: `/healthz` says the node is no longer eligible.
+    assert_eq!(healthz(&c), "503", "{}", kpng.stderr_text());
     // The health check still answers 200 for the local endpoint: so must the NodePort.
     assert_eq!(health_check(&c), "200");
     assert!(
@@ -308,8 +334,10 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         "{log}"
     );
 
-    // Re-created with the same values, then given a label and an annotation: still nothing.
+    // Re-created with the same values, then given a label and an annotation: still nothing
+    // to program, and the node eligible again.
     apply_node1(&c, dir.path(), &mut server, &kpng, node1());
+    assert_eq!(healthz(&c), "200", "{}", kpng.stderr_text());
     let labelled = node1().replacen(
         "metadata: {name: node1}",
         "metadata: {name: node1, labels: {team: blue}, annotations: {note: drained}}",
@@ -434,7 +462,12 @@ fn brain_a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         logs(&node)
     );
     wait_in_sync(dir.path(), || logs(&node));
-    assert_eq!(syncs(&node), before, "no sync for the deletion:\n{}", logs(&node));
+    assert_eq!(
+        syncs(&node),
+        before,
+        "no sync for the deletion:\n{}",
+        logs(&node)
+    );
     assert_eq!(health_check(&c), "200", "{}", logs(&node));
     assert!(
         node_port_answers(&c),

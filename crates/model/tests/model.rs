@@ -1173,10 +1173,34 @@ fn only_a_change_of_what_the_backends_program_is_a_node_change() {
     // (what, events before, the event, then: its summary, node status changed)
     let cases: Vec<(&str, Vec<Event>, Event, &str, bool)> = vec![
         ("deleted, values kept", vec![], delete(), SAME, true),
-        ("re-created identical", vec![delete()], Event::Apply(plain()), SAME, true),
-        ("labels and annotations only", vec![], Event::Apply(labelled()), SAME, false),
-        ("the same Node again", vec![], Event::Apply(plain()), SAME, false),
-        ("being deleted", vec![], Event::Apply(deleting()), SAME, true),
+        (
+            "re-created identical",
+            vec![delete()],
+            Event::Apply(plain()),
+            SAME,
+            true,
+        ),
+        (
+            "labels and annotations only",
+            vec![],
+            Event::Apply(labelled()),
+            SAME,
+            false,
+        ),
+        (
+            "the same Node again",
+            vec![],
+            Event::Apply(plain()),
+            SAME,
+            false,
+        ),
+        (
+            "being deleted",
+            vec![],
+            Event::Apply(deleting()),
+            SAME,
+            true,
+        ),
         (
             "a new pod CIDR",
             vec![],

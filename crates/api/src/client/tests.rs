@@ -213,7 +213,11 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             "deleted, giving up changes nothing: IPs are known",
             &[],
             vec![Node(&["10.1.1.1"], &[]), NoNode, GiveUp],
-            (&["10.1.1.1"], &[], [false, true, true, false, false, false, false]),
+            (
+                &["10.1.1.1"],
+                &[],
+                [false, true, true, false, false, false, false],
+            ),
         ),
         (
             "deleted with --node-ip of the other family: the IPv4 kept",
@@ -241,7 +245,11 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             "an IP after the wait: on it only",
             &[],
             vec![Node(&[], &[]), GiveUp, Node(&["10.1.1.1"], &[])],
-            (&["10.1.1.1"], &[], [true, true, false, false, false, true, false]),
+            (
+                &["10.1.1.1"],
+                &[],
+                [true, true, false, false, false, true, false],
+            ),
         ),
         (
             "--node-ip: the wait changes nothing",
