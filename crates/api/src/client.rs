@@ -23,7 +23,7 @@ use hyper_util::rt::TokioIo;
 use kpng_backend::{InputInfo, NodeModel};
 use kpng_model::input::InputHealth;
 use kpng_model::{
-    ApplyOutcome, Diff, Kind, NodeMemory, NodeState, ServiceKey, ServicePort, Snapshot,
+    ApplyOutcome, Diff, Kind, NodeChange, NodeMemory, NodeState, ServiceKey, ServicePort, Snapshot,
 };
 use prost::Message;
 use tokio::sync::mpsc;
@@ -94,15 +94,11 @@ impl RemoteModel {
         }
     }
 
-    /// Sets the node from what the brain sent last and what this node remembers; whether it
-    /// changed.
-    fn refresh_node(&mut self) -> bool {
+    /// Sets the node from what the brain sent last and what this node remembers; what that
+    /// changed (for the backends, or in the node's status only).
+    fn refresh_node(&mut self) -> NodeChange {
         let node = self.memory.view(&self.received_node, &self.node_ips);
-        if node == self.snapshot.node {
-            return false;
-        }
-        self.snapshot.node = node;
-        true
+        self.snapshot.node.replace(node)
     }
 }
 
@@ -120,9 +116,14 @@ impl NodeModel for RemoteModel {
 
     fn apply(&mut self, update: RemoteUpdate) -> ApplyOutcome {
         let mut diff = Diff::default();
+        let mut node_status_changed = false;
         if let Some(node) = update.node {
             self.received_node = node;
-            diff.node_changed = self.refresh_node();
+            match self.refresh_node() {
+                NodeChange::None => {}
+                NodeChange::Status => node_status_changed = true,
+                NodeChange::Programmed => diff.node_changed = true,
+            }
         }
         if let Some(cidrs) = update.service_cidrs
             && cidrs != self.snapshot.service_cidrs
@@ -149,6 +150,7 @@ impl NodeModel for RemoteModel {
         }
         ApplyOutcome {
             diff,
+            node_status_changed,
             listed,
             services_changed: update.service_changes,
             slices_changed: update.endpoint_changes,
@@ -166,8 +168,9 @@ impl NodeModel for RemoteModel {
 
     fn give_up_waiting_for_node_ips(&mut self) -> Diff {
         self.memory.give_up_waiting_for_ips();
+        // Only `nodeports_on_all_local` can change, a programmed value.
         Diff {
-            node_changed: self.refresh_node(),
+            node_changed: self.refresh_node() == NodeChange::Programmed,
             ..Diff::default()
         }
     }

@@ -3,7 +3,9 @@
 //!
 //! - The Node deleted while kpng runs: its NodePorts stay served on the last node IPs (as
 //!   kube-proxy keeps its start-up IPs), so the eTP Local health check that still answers 200
-//!   does not draw a load balancer's traffic to a node that drops it.
+//!   does not draw a load balancer's traffic to a node that drops it. Nothing kpng programs
+//!   changes, so the deletion, the Node's re-creation with the same values and an edit of its
+//!   labels cost no sync and no kernel operation.
 //! - A Node with no InternalIP/ExternalIP: after the wait for node IPs, NodePorts are served
 //!   on every local address (as kube-proxy once its start-up wait times out).
 //!
@@ -125,10 +127,7 @@ fn brain_node(ns: &Netns, dir: &Path, extra: &[&str]) -> Spawned {
 
 /// `objects` with node1's Node left out (node2's stays).
 fn without_node1(objects: &str) -> String {
-    let node1 = e2e::harness::NODES
-        .split_inclusive("---\n")
-        .next()
-        .expect("node1 first");
+    let node1 = node1();
     assert!(node1.contains("{name: node1}") && objects.contains(node1));
     objects.replacen(node1, "", 1)
 }
@@ -147,6 +146,94 @@ fn status(dir: &Path) -> serde_json::Value {
 /// How many syncs `kpng` has logged.
 fn syncs(kpng: &Spawned) -> usize {
     kpng.stderr_text().matches("synced backend=").count()
+}
+
+/// node1's `/metrics` (the in-process kpng's).
+fn scrape_metrics(c: &Cluster) -> String {
+    c.node1
+        .ns
+        .run_ok(["curl", "-s", "http://127.0.0.1:10249/metrics"])
+        .expect("curl /metrics")
+}
+
+/// The value of the sample `series` (name and labels, as written) in `metrics`; 0 when absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// What programming the kernel leaves behind: the nftables operations sent (`/metrics`) and
+/// the syncs logged. A Node event that changes nothing kpng programs leaves both alone.
+fn kernel_work(c: &Cluster, kpng: &Spawned) -> (f64, usize) {
+    let ops = sample(
+        &scrape_metrics(c),
+        "kpng_sync_operations_total{backend=\"nftables\"}",
+    );
+    (ops, syncs(kpng))
+}
+
+/// How many Node events the in-process kpng has received.
+fn node_events(c: &Cluster) -> f64 {
+    sample(&scrape_metrics(c), "kpng_objects_seen_total{kind=\"Node\"}")
+}
+
+/// The HTTP status of the in-process kpng's `/healthz` (`000`: no answer).
+fn healthz(c: &Cluster) -> String {
+    c.node1
+        .ns
+        .run_ok([
+            "curl",
+            "-s",
+            "-m",
+            "2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "http://127.0.0.1:10256/healthz",
+        ])
+        .unwrap_or_else(|_| "000".into())
+}
+
+/// Waits until the kpng whose admin socket is in `dir` holds no change waiting for a sync:
+/// asked after it handled an event, whatever sync that event queued is done.
+fn wait_in_sync(dir: &Path, log: impl Fn() -> String) {
+    assert!(
+        wait_for(Duration::from_secs(10), || status(dir)["inSync"] == true),
+        "kpng in sync:\n{}",
+        log()
+    );
+}
+
+/// Applies `yaml` (node1's Node) to the fake API server, waits until kpng has handled the
+/// event and synced whatever it queued.
+fn apply_node1(c: &Cluster, dir: &Path, server: &mut FakeServer, kpng: &Spawned, yaml: &str) {
+    let file = dir.join("node1.yaml");
+    std::fs::write(&file, yaml).expect("write node1");
+    let seen = node_events(c);
+    server.command(&format!("apply {}", file.display()));
+    assert!(
+        wait_for(Duration::from_secs(10), || node_events(c) > seen),
+        "kpng received the Node:\n{}",
+        kpng.stderr_text()
+    );
+    wait_in_sync(dir, || kpng.stderr_text());
+}
+
+/// node1's Node as the manifest has it.
+fn node1() -> &'static str {
+    e2e::harness::NODES
+        .split_inclusive("---\n")
+        .next()
+        .expect("node1 first")
 }
 
 /// Whether the node port answers from the external client.
@@ -208,8 +295,27 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         kpng.stderr_text()
     );
 
+    wait_in_sync(dir.path(), || kpng.stderr_text());
+    let before = kernel_work(&c, &kpng);
+    let logged_before = kpng.stderr_text().len();
+
+    // The deletion keeps every value kpng programs: no sync, no element flushed or refilled.
+    let seen = node_events(&c);
     server.command("delete Node - node1");
-    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        wait_for(Duration::from_secs(10), || node_events(&c) > seen),
+        "kpng received the deletion:\n{}",
+        kpng.stderr_text()
+    );
+    wait_in_sync(dir.path(), || kpng.stderr_text());
+    assert_eq!(
+        kernel_work(&c, &kpng),
+        before,
+        "the deletion changed nothing to program:\n{}",
+        kpng.stderr_text()
+    );
+    // The node's status did change: `/healthz` says the node is no longer eligible.
+    assert_eq!(healthz(&c), "503", "{}", kpng.stderr_text());
     // The health check still answers 200 for the local endpoint: so must the NodePort.
     assert_eq!(health_check(&c), "200");
     assert!(
@@ -218,9 +324,49 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         kpng.stderr_text()
     );
     let log = kpng.stderr_text();
-    assert!(
-        log.contains("Node \"node1\" was deleted; keeping node IPs [192.168.100.1, fd00:100::1]"),
+    assert_eq!(
+        log.matches(
+            "Node \"node1\" was deleted; keeping node IPs [192.168.100.1, fd00:100::1] and pod \
+             CIDRs [10.244.1.0/24, fd00:244:1::/64]"
+        )
+        .count(),
+        1,
         "{log}"
+    );
+
+    // Re-created with the same values, then given a label and an annotation: still nothing
+    // to program, and the node eligible again.
+    apply_node1(&c, dir.path(), &mut server, &kpng, node1());
+    assert_eq!(healthz(&c), "200", "{}", kpng.stderr_text());
+    let labelled = node1().replacen(
+        "metadata: {name: node1}",
+        "metadata: {name: node1, labels: {team: blue}, annotations: {note: drained}}",
+        1,
+    );
+    assert_ne!(labelled, node1());
+    apply_node1(&c, dir.path(), &mut server, &kpng, &labelled);
+    assert_eq!(
+        kernel_work(&c, &kpng),
+        before,
+        "the re-creation and the labels changed nothing to program:\n{}",
+        kpng.stderr_text()
+    );
+    let log = kpng.stderr_text();
+    assert_eq!(
+        log.matches(
+            "Node \"node1\" was re-created: node IPs [192.168.100.1, fd00:100::1], pod CIDRs \
+             [10.244.1.0/24, fd00:244:1::/64], zone none"
+        )
+        .count(),
+        1,
+        "{log}"
+    );
+    let since = log.get(logged_before..).unwrap_or_default();
+    assert!(!since.contains("node or Service CIDRs changed"), "{log}");
+    assert!(
+        node_port_answers(&c),
+        "NodePort served after the re-creation:\n{}",
+        kpng.stderr_text()
     );
     kpng.kill().expect("stop kpng");
     drop(server);
@@ -303,14 +449,23 @@ fn brain_a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         logs(&node)
     );
 
-    // The Node goes; the node's kpng hears it from the brain and syncs.
+    // The Node goes; the node's kpng hears it from the brain and, with its values kept, has
+    // nothing to program: no sync.
+    wait_in_sync(dir.path(), || logs(&node));
     let before = syncs(&node);
     e2e::harness::write_atomically(&input, &without_node1(&objects));
     assert!(
         wait_for(Duration::from_secs(10), || {
-            node.stderr_text().contains("Node \"node1\" was deleted") && syncs(&node) > before
+            node.stderr_text().contains("Node \"node1\" was deleted")
         }),
-        "the node synced the Node's deletion:\n{}",
+        "the node heard of the Node's deletion:\n{}",
+        logs(&node)
+    );
+    wait_in_sync(dir.path(), || logs(&node));
+    assert_eq!(
+        syncs(&node),
+        before,
+        "no sync for the deletion:\n{}",
         logs(&node)
     );
     assert_eq!(health_check(&c), "200", "{}", logs(&node));

@@ -25,8 +25,11 @@ pub struct Change {
 pub struct Diff {
     /// Changed ports, ordered by key.
     pub changes: BTreeMap<PortKey, Change>,
-    /// Node-level state changed: the node's IPs, zone, podCIDRs or eligibility, or the
-    /// cluster's Service CIDRs.
+    /// Node-level state the backends program changed: the node's IPs, zone or podCIDRs,
+    /// whether NodePorts go to every local address ([`crate::NodeState::programs_as`]), or
+    /// the cluster's Service CIDRs. Not the node's status alone (a deleted Node whose values
+    /// are kept, a re-created one with the same values, eligibility): that is
+    /// [`crate::ApplyOutcome::node_status_changed`], and no work for a backend.
     pub node_changed: bool,
 }
 
@@ -121,7 +124,8 @@ pub struct DiffSummary {
     pub frontend_changed: usize,
     /// Ports whose endpoints alone changed.
     pub endpoints_changed: usize,
-    /// Whether node-level state (the node's IPs, zone, Service CIDRs …) changed.
+    /// Whether node-level state the backends program (the node's IPs, zone, pod CIDRs,
+    /// Service CIDRs …) changed.
     pub node_changed: bool,
     /// The first Services the changes belong to, in key order, at most
     /// [`DiffSummary::NAMED`]: an operator reads which Service an edit reached.

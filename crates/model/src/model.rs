@@ -10,7 +10,7 @@ use crate::cluster::{ClusterConfig, ClusterModel, TriggerTime, node_state};
 use crate::diff::Diff;
 use crate::event::{Event, Kind};
 use crate::key::{Family, PortKey, Protocol, ServiceKey};
-use crate::node::{NodeMemory, NodeState};
+use crate::node::{NodeChange, NodeMemory, NodeState};
 use crate::port_range::NodePortRange;
 use crate::records::{Rejection, Warning};
 use crate::service_port::ServicePort;
@@ -118,8 +118,13 @@ impl Snapshot {
 /// What applying one event produced.
 #[derive(Debug, Default)]
 pub struct ApplyOutcome {
-    /// The Service ports that changed.
+    /// The Service ports that changed, and whether anything the backends program from the node
+    /// or the Service CIDRs did ([`Diff::node_changed`]).
     pub diff: Diff,
+    /// The node's view changed in its status only ([`crate::NodeChange::Status`]: the Node
+    /// deleted or re-created with the same values, being deleted, tainted): `/healthz` and the
+    /// node log follow it, and there is nothing to program (the diff says nothing of it).
+    pub node_status_changed: bool,
     /// Objects that could not be used; their previous version (if any) was kept.
     pub errors: Vec<Rejection>,
     /// Values refused in objects otherwise used (see [`crate::ClusterOutcome::warnings`]).
@@ -225,6 +230,7 @@ impl Model {
             slices_changed: touched.slices_changed,
             trigger_times: touched.trigger_times,
             diff: Diff::default(),
+            node_status_changed: false,
         };
         if touched.service_cidrs_changed {
             let cidrs = self.cluster.service_cidrs();
@@ -234,7 +240,7 @@ impl Model {
             }
         }
         let node_dirty = touched.nodes.contains(&self.config.node_name);
-        self.refresh(touched.services, node_dirty, &mut out.diff);
+        out.node_status_changed = self.refresh(touched.services, node_dirty, &mut out.diff);
         out
     }
 
@@ -246,6 +252,7 @@ impl Model {
     pub fn give_up_waiting_for_node_ips(&mut self) -> Diff {
         let mut diff = Diff::default();
         self.memory.give_up_waiting_for_ips();
+        // Only `nodeports_on_all_local` can change, a programmed value: no status change.
         self.refresh(BTreeSet::new(), true, &mut diff);
         diff
     }
@@ -262,23 +269,35 @@ impl Model {
     }
 
     /// Recomputes the dirty Services (all of them when the node's zone changed) into the
-    /// snapshot and records the transitions in `diff`.
-    fn refresh(&mut self, mut dirty: BTreeSet<ServiceKey>, node_dirty: bool, diff: &mut Diff) {
+    /// snapshot and records the transitions in `diff`: `node_changed` only when the node
+    /// changed in what the backends program. Returns whether it changed in its status only.
+    fn refresh(
+        &mut self,
+        mut dirty: BTreeSet<ServiceKey>,
+        node_dirty: bool,
+        diff: &mut Diff,
+    ) -> bool {
+        let mut status_changed = false;
         if node_dirty {
             let state = self.node_state();
-            if state != self.snapshot.node {
-                if state.zone != self.snapshot.node.zone {
-                    dirty.extend(self.cluster.sources().map(|(k, _)| k.clone()));
-                    dirty.extend(self.snapshot.ports.keys().map(|k| k.service.clone()));
+            let zone_changed = state.zone != self.snapshot.node.zone;
+            match self.snapshot.node.replace(state) {
+                NodeChange::None => {}
+                NodeChange::Status => status_changed = true,
+                NodeChange::Programmed => {
+                    if zone_changed {
+                        dirty.extend(self.cluster.sources().map(|(k, _)| k.clone()));
+                        dirty.extend(self.snapshot.ports.keys().map(|k| k.service.clone()));
+                    }
+                    diff.node_changed = true;
                 }
-                self.snapshot.node = state;
-                diff.node_changed = true;
             }
         }
         let computed = compute_ports(&self.cluster, &dirty, &self.snapshot.node);
         for (key, new_ports) in dirty.iter().zip(computed) {
             self.snapshot.replace_service(key, new_ports, diff);
         }
+        status_changed
     }
 }
 

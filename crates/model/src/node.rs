@@ -49,6 +49,46 @@ impl NodeState {
     pub fn eligible(&self) -> bool {
         self.known && !self.deleting && !self.to_be_deleted
     }
+
+    /// Whether `other` gives the backends the same values to program as this view: the node
+    /// IPs, the pod CIDRs, the zone (topology-aware routing chooses endpoints by it) and whether
+    /// NodePorts go to every local address. The rest (whether the Node exists or is being
+    /// deleted, whether values are kept) is the node's status, for `/healthz`, `kpng status`
+    /// and the log: a deleted Node whose values are kept changes nothing in the kernel.
+    pub fn programs_as(&self, other: &NodeState) -> bool {
+        self.ips == other.ips
+            && self.pod_cidrs == other.pod_cidrs
+            && self.zone == other.zone
+            && self.nodeports_on_all_local == other.nodeports_on_all_local
+    }
+
+    /// Replaces this view with `new` and says what that changed ([`NodeChange`]): the one
+    /// place that decides whether a new view of the node is work for the backends, for the
+    /// in-process model and a brain-fed node's.
+    pub fn replace(&mut self, new: NodeState) -> NodeChange {
+        if *self == new {
+            return NodeChange::None;
+        }
+        let change = if self.programs_as(&new) {
+            NodeChange::Status
+        } else {
+            NodeChange::Programmed
+        };
+        *self = new;
+        change
+    }
+}
+
+/// What a new view of the node changed ([`NodeState::replace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeChange {
+    /// Nothing.
+    None,
+    /// Only the node's status (the Node's existence, deletion, eligibility, kept values):
+    /// `/healthz` and the node log follow it, the backends have nothing to program.
+    Status,
+    /// A value the backends program ([`NodeState::programs_as`]), and maybe the status too.
+    Programmed,
 }
 
 /// What this node's own Node said last, and whether the wait for its IPs is over: the one

@@ -844,8 +844,18 @@ impl<M: NodeModel> LoopState<M> {
             }
             self.log_node_changes();
         }
-
+        if outcome.node_status_changed {
+            // Nothing to program (the diff says nothing of it): only /healthz and the log.
+            self.node_view_changed();
+        }
         self.take_diff(outcome.diff);
+    }
+
+    /// The node's view changed: `/healthz` follows its eligibility, and the log says what
+    /// changed, once per change.
+    fn node_view_changed(&mut self) {
+        self.update_eligibility();
+        self.log_node_changes();
     }
 
     /// Queues a diff of the model for the next sync.
@@ -854,8 +864,7 @@ impl<M: NodeModel> LoopState<M> {
             return;
         }
         if diff.node_changed {
-            self.update_eligibility();
-            self.log_node_changes();
+            self.node_view_changed();
         }
         let m = &self.runner.metrics;
         let now = SystemTime::now();

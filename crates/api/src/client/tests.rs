@@ -143,13 +143,14 @@ enum BrainNodeStep {
 /// A brain-fed node keeps its last node IPs and pod CIDRs when its Node is deleted or loses
 /// them, and falls back to every local address once the wait for node IPs ends with none, as
 /// the in-process model does (the same `NodeMemory`); a brain's replay of a deleted Node keeps
-/// them too.
+/// them too. Keeping them changes the node's status only, nothing the backends program.
 #[test]
 fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
     use BrainNodeStep::*;
     // (what, --node-ip, steps, then: node IPs, pod CIDRs, known, ever known, IPs kept, CIDRs
-    // kept, node ports on all local addresses, whether the last step changed the node)
-    type Want = (&'static [&'static str], &'static [&'static str], [bool; 6]);
+    // kept, node ports on all local addresses, whether the last step changed what the
+    // backends program, whether it changed the node's status only)
+    type Want = (&'static [&'static str], &'static [&'static str], [bool; 7]);
     let cases: Vec<(&str, &[&str], Vec<BrainNodeStep>, Want)> = vec![
         (
             "present",
@@ -158,7 +159,7 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             (
                 &["10.1.1.1"],
                 &["10.244.1.0/24"],
-                [true, true, false, false, false, true],
+                [true, true, false, false, false, true, false],
             ),
         ),
         (
@@ -168,7 +169,7 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             (
                 &["10.1.1.1"],
                 &["10.244.1.0/24"],
-                [false, true, true, true, false, true],
+                [false, true, true, true, false, false, true],
             ),
         ),
         (
@@ -178,7 +179,7 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             (
                 &["10.1.1.1"],
                 &["10.244.1.0/24"],
-                [false, true, true, true, false, false],
+                [false, true, true, true, false, false, false],
             ),
         ),
         (
@@ -191,7 +192,7 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             (
                 &["10.1.1.1"],
                 &["10.244.1.0/24"],
-                [true, true, true, false, false, true],
+                [true, true, true, false, false, false, true],
             ),
         ),
         (
@@ -205,14 +206,18 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             (
                 &["10.1.1.2"],
                 &["10.244.2.0/24"],
-                [true, true, false, false, false, true],
+                [true, true, false, false, false, true, false],
             ),
         ),
         (
             "deleted, giving up changes nothing: IPs are known",
             &[],
             vec![Node(&["10.1.1.1"], &[]), NoNode, GiveUp],
-            (&["10.1.1.1"], &[], [false, true, true, false, false, false]),
+            (
+                &["10.1.1.1"],
+                &[],
+                [false, true, true, false, false, false, false],
+            ),
         ),
         (
             "deleted with --node-ip of the other family: the IPv4 kept",
@@ -221,26 +226,30 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             (
                 &["fd00::9", "10.1.1.1"],
                 &[],
-                [false, true, true, false, false, true],
+                [false, true, true, false, false, false, true],
             ),
         ),
         (
             "never a Node, the wait ended: all local",
             &[],
             vec![NoNode, GiveUp],
-            (&[], &[], [false, false, false, false, true, true]),
+            (&[], &[], [false, false, false, false, true, true, false]),
         ),
         (
             "a Node with no address, the wait ended: all local",
             &[],
             vec![Node(&[], &[]), GiveUp],
-            (&[], &[], [true, true, false, false, true, true]),
+            (&[], &[], [true, true, false, false, true, true, false]),
         ),
         (
             "an IP after the wait: on it only",
             &[],
             vec![Node(&[], &[]), GiveUp, Node(&["10.1.1.1"], &[])],
-            (&["10.1.1.1"], &[], [true, true, false, false, false, true]),
+            (
+                &["10.1.1.1"],
+                &[],
+                [true, true, false, false, false, true, false],
+            ),
         ),
         (
             "--node-ip: the wait changes nothing",
@@ -249,7 +258,7 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             (
                 &["192.0.2.1"],
                 &[],
-                [false, false, false, false, false, false],
+                [false, false, false, false, false, false, false],
             ),
         ),
     ];
@@ -260,7 +269,8 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
             name: "n1".into(),
             ..NodeState::default()
         };
-        let mut changed = false;
+        let mut changed = (false, false);
+        let both = |out: ApplyOutcome| (out.diff.node_changed, out.node_status_changed);
         for step in steps {
             let update = |node: &NodeState, replay| RemoteUpdate {
                 node: Some(node.clone()),
@@ -276,17 +286,17 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
                         pod_cidrs: cidrs.iter().map(|s| s.parse().expect("cidr")).collect(),
                         ..NodeState::default()
                     };
-                    model.apply(update(&sent, false)).diff.node_changed
+                    both(model.apply(update(&sent, false)))
                 }
                 NoNode => {
                     sent = NodeState {
                         name: "n1".into(),
                         ..NodeState::default()
                     };
-                    model.apply(update(&sent, false)).diff.node_changed
+                    both(model.apply(update(&sent, false)))
                 }
-                GiveUp => model.give_up_waiting_for_node_ips().node_changed,
-                Replay => model.apply(update(&sent, true)).diff.node_changed,
+                GiveUp => (model.give_up_waiting_for_node_ips().node_changed, false),
+                Replay => both(model.apply(update(&sent, true))),
             };
         }
         let n = &model.snapshot().node;
@@ -302,7 +312,8 @@ fn a_brain_fed_node_keeps_its_last_node_ips_and_falls_back_as_in_process() {
                     n.ips_kept,
                     n.pod_cidrs_kept,
                     n.nodeports_on_all_local,
-                    changed
+                    changed.0,
+                    changed.1
                 ]
             ),
             (
