@@ -84,6 +84,8 @@ fn node1_args(
 /// The brain: `kpng file --input <input> to-api` in node1, on a Unix socket in `dir`.
 fn brain(ns: &Netns, dir: &Path, input: &Path) -> Spawned {
     let socket = dir.join("brain.sock");
+    // Its own admin socket: the default, /run/kpng/kpng.sock, may be another test's.
+    let admin = dir.join("brain-admin.sock");
     let brain = ns
         .spawn([
             env!("CARGO_BIN_EXE_kpng"),
@@ -94,6 +96,8 @@ fn brain(ns: &Netns, dir: &Path, input: &Path) -> Spawned {
             "0",
             "--metrics-bind-address",
             "",
+            "--admin-socket",
+            admin.to_str().expect("utf-8"),
             "to-api",
             "--listen",
             &format!("unix://{}", socket.display()),
