@@ -20,6 +20,7 @@ mod event;
 pub mod input;
 pub mod inspect;
 pub mod ip;
+pub mod log_limit;
 mod key;
 mod model;
 mod node;
