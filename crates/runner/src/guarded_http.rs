@@ -137,14 +137,12 @@ pub struct RefusedConnections(MetricFamily<RefusedLabel, Counter>);
 
 impl RefusedConnections {
     /// Registers the counter in `registry`.
-    pub fn register(registry: &mut Registry) -> RefusedConnections {
-        let refused = RefusedConnections::default();
+    pub fn register_in(&self, registry: &mut Registry) {
         registry.register(
             "kpng_http_connections_refused",
             "Connections to kpng's health, metrics and Service health-check servers closed at once because their address or the server held as many as it may",
-            refused.0.clone(),
+            self.0.clone(),
         );
-        refused
     }
 
     /// How many connections `server` refused for `reason`.

@@ -128,7 +128,8 @@ async fn a_flooding_address_holds_its_share_and_another_address_is_still_answere
     assert_eq!(server.open.total(), limits.per_peer);
     let closed = clients.iter().filter(|c| closed_by_server(c)).count();
     assert_eq!(closed, flood - limits.per_peer);
-    // The process holds the flood's client sockets plus the server's side of the cap.
+    // The process holds the flood's client sockets plus the server's side of the cap (shown,
+    // not asserted: other tests of this binary open sockets at the same time).
     let fds_during = open_fds();
     eprintln!(
         "{flood} idle connections from {FLOODER}: {} held by the server, {} refused; \
@@ -137,7 +138,6 @@ async fn a_flooding_address_holds_its_share_and_another_address_is_still_answere
         server.open.total(),
         server.refused.get("test", Refusal::PeerCap)
     );
-    assert!(fds_during <= fds_before + flood + limits.per_peer + 8);
     assert_eq!(server.refused.get("test", Refusal::TotalCap), 0);
 
     // A probe from another address is answered meanwhile.
