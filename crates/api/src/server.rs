@@ -29,13 +29,13 @@ mod request_wake;
 mod unix_socket;
 
 pub use admission::{FIRST_REQUEST_TIMEOUT, MAX_WATCHES, MAX_WATCHES_PER_PEER};
-pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, PeerIp};
 use conn::limit;
+pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, PeerIp};
 
 use crate::addr::{ApiAddr, TlsFiles};
-use refusal_log::Refusal;
 use crate::hub::{Hub, Pending, Registration};
 use crate::proto;
+use refusal_log::Refusal;
 
 /// Streams one connection may open (a node needs one).
 const STREAMS_PER_CONNECTION: u32 = 8;

@@ -32,7 +32,11 @@ impl Write for Lines {
 
 impl Lines {
     fn matching(&self, text: &str) -> Vec<String> {
-        let bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let bytes = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         String::from_utf8_lossy(&bytes)
             .lines()
             .filter(|l| l.contains(text))

@@ -231,7 +231,8 @@ where
             Err(_) => {
                 let peer = io.peer_ip();
                 if refusals.record(peer, Refusal::TooManyConnections) {
-                    let from = peer.map_or_else(|| "a Unix-socket client".into(), |ip| ip.to_string());
+                    let from =
+                        peer.map_or_else(|| "a Unix-socket client".into(), |ip| ip.to_string());
                     warn!(
                         "closing a new API connection from {from}: {} are open \
                          (--max-connections); further ones from this address are summarised \

@@ -191,7 +191,13 @@ mod tests {
             !log.record(Some(mapped), Refusal::NotANodeName),
             "the same peer, IPv4-mapped"
         );
-        assert!(log.record(Some(node), Refusal::TooManyConnections), "a new kind");
-        assert!(log.record(Some(other), Refusal::NotANodeName), "another peer");
+        assert!(
+            log.record(Some(node), Refusal::TooManyConnections),
+            "a new kind"
+        );
+        assert!(
+            log.record(Some(other), Refusal::NotANodeName),
+            "another peer"
+        );
     }
 }

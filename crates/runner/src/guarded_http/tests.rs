@@ -29,7 +29,9 @@ impl Drop for Server {
 
 /// A health-check-like server (`ok` on any path, 16 MiB on `/large`) within `limits`.
 async fn start(limits: ConnectionLimits) -> Server {
-    let listener = TcpListener::bind((FLOODER, 0)).await.expect("bind on loopback");
+    let listener = TcpListener::bind((FLOODER, 0))
+        .await
+        .expect("bind on loopback");
     let addr = listener.local_addr().expect("bound address");
     let app = Router::new()
         .route("/large", get(|| async { vec![b'x'; 16 << 20] }))
@@ -48,8 +50,8 @@ async fn start(limits: ConnectionLimits) -> Server {
 
 /// A blocking client connection from `from`.
 fn connect(from: IpAddr, to: SocketAddr) -> StdStream {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-        .expect("a socket");
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
     socket
         .bind(&SocketAddr::new(from, 0).into())
         .expect("bind the client's address");

@@ -641,8 +641,8 @@ async fn an_address_added_is_bound_and_one_removed_is_closed() {
 /// A client connection from `from` (a loopback address: 127.0.0.1 and 127.0.0.2 are two
 /// peers).
 fn connect_from(from: [u8; 4], port: u16) -> std::net::TcpStream {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-        .expect("a socket");
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
     socket
         .bind(&std::net::SocketAddr::from((from, 0)).into())
         .expect("bind the client's address");
@@ -689,7 +689,10 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
     let per_peer = crate::guarded_http::Refusal::PeerCap;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while refused.get(SERVER, per_peer) < 97 {
-        assert!(tokio::time::Instant::now() < deadline, "the flood is not refused");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the flood is not refused"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(refused.get(SERVER, per_peer), 97);
@@ -725,5 +728,8 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
     })
     .await
     .expect("join");
-    assert_eq!(closed, 100, "every connection of the flood ends closed by the server");
+    assert_eq!(
+        closed, 100,
+        "every connection of the flood ends closed by the server"
+    );
 }
