@@ -179,11 +179,9 @@ mod tests {
 
     /// One step: at `at` seconds, a refusal (`Some((peer, why))`, expecting `verdict`) or a
     /// flush (`None`, expecting `summaries` as (peer, [(why, n)])).
-    type Step = (
-        u64,
-        Option<(u8, Why, Verdict)>,
-        Vec<(Option<u8>, Vec<(Why, u64)>)>,
-    );
+    type Step = (u64, Option<(u8, Why, Verdict)>, Vec<Held>);
+    /// A summary: its peer and what it held back.
+    type Held = (Option<u8>, Vec<(Why, u64)>);
 
     fn run(max_peers: usize, steps: &[Step]) {
         let start = Instant::now();
@@ -195,7 +193,7 @@ mod tests {
                     assert_eq!(limiter.record(peer, *why, now), *verdict, "step {i}");
                 }
                 None => {
-                    let mut got: Vec<(Option<u8>, Vec<(Why, u64)>)> = limiter
+                    let mut got: Vec<Held> = limiter
                         .flush(now)
                         .into_iter()
                         .map(|s| (s.peer, s.held))
