@@ -23,16 +23,19 @@ use tracing::{debug, info, warn};
 
 mod admission;
 mod conn;
+mod refusal_log;
 mod request_wake;
 #[cfg(unix)]
 mod unix_socket;
 
 pub use admission::{FIRST_REQUEST_TIMEOUT, MAX_WATCHES, MAX_WATCHES_PER_PEER};
-pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, limit};
+use conn::limit;
+pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, PeerIp};
 
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::hub::{Hub, Pending, Registration};
 use crate::proto;
+use refusal_log::Refusal;
 
 /// Streams one connection may open (a node needs one).
 const STREAMS_PER_CONNECTION: u32 = 8;
@@ -110,6 +113,8 @@ pub struct SetsService {
     hub: Arc<Hub>,
     /// The places of the Watch streams being served.
     admission: Arc<admission::Admission>,
+    /// Where refusals are logged, a line per peer and kind then a summary a minute.
+    refusals: Arc<refusal_log::RefusalLog>,
 }
 
 impl SetsService {
@@ -118,7 +123,14 @@ impl SetsService {
         SetsService {
             hub,
             admission: Arc::new(admission::Admission::new(MAX_WATCHES, MAX_WATCHES_PER_PEER)),
+            refusals: Arc::default(),
         }
+    }
+
+    /// Logs refusals in `refusals` (shared with the server's connection cap).
+    fn with_refusal_log(mut self, refusals: Arc<refusal_log::RefusalLog>) -> SetsService {
+        self.refusals = refusals;
+        self
     }
 
     fn handle(&self, request: http::Request<Body>) -> http::Response<Body> {
@@ -143,6 +155,7 @@ impl SetsService {
         let mut response = http::Response::new(Body::new(WatchBody {
             hub: self.hub.clone(),
             admission: self.admission.clone(),
+            refusals: self.refusals.clone(),
             requests,
             client: Client {
                 peer: from.peer,
@@ -170,6 +183,9 @@ impl SetsService {
         response
     }
 }
+
+/// Ends a refusal's full line: the peer's next ones are summarised.
+const SUMMARISED: &str = "; further refusals from this address are summarised once a minute";
 
 /// The one method this service has: its HTTP/2 path, also for clients that call it with a
 /// codec of their own (the benchmark's simulated nodes).
@@ -336,6 +352,7 @@ enum Step {
 struct WatchBody {
     hub: Arc<Hub>,
     admission: Arc<admission::Admission>,
+    refusals: Arc<refusal_log::RefusalLog>,
     requests: Streaming<proto::WatchReq>,
     client: Client,
     /// Until the first request: when the stream is closed without one
@@ -358,6 +375,11 @@ struct WatchBody {
 }
 
 impl WatchBody {
+    /// Records a refusal of this stream's peer: whether to log it in full.
+    fn refused(&self, refusal: Refusal) -> bool {
+        self.refusals.record(self.client.ip, refusal)
+    }
+
     /// A request for `node_name`: registers the watcher (or renames it), or refuses a name
     /// that is not a Node's, a node the client certificate does not name, or a client that
     /// holds its share of the streams. The first request says whether the stream is
@@ -372,11 +394,13 @@ impl WatchBody {
         if !crate::identity::is_node_name(&node_name) {
             // The name goes to the log escaped and cut short, never raw.
             let shown: String = node_name.chars().take(80).collect();
-            warn!(
-                ?peer,
-                name_bytes = node_name.len(),
-                "refusing a Watch: {shown:?} is not a Node's name"
-            );
+            if self.refused(Refusal::NotANodeName) {
+                warn!(
+                    ?peer,
+                    name_bytes = node_name.len(),
+                    "refusing a Watch: {shown:?} is not a Node's name{SUMMARISED}"
+                );
+            }
             return Step::End(Status::invalid_argument(format!(
                 "the node name is not {}",
                 crate::identity::NODE_NAME_RULE
@@ -385,11 +409,14 @@ impl WatchBody {
         if let Some(allowed) = &self.client.allowed
             && !crate::identity::may_watch(allowed, &node_name)
         {
-            warn!(
-                ?peer,
-                node = %node_name,
-                "refusing a Watch: the client certificate names {allowed:?}, not this node"
-            );
+            if self.refused(Refusal::OtherNode) {
+                warn!(
+                    ?peer,
+                    node = %node_name,
+                    "refusing a Watch: the client certificate names {allowed:?}, not this \
+                     node{SUMMARISED}"
+                );
+            }
             return Step::End(Status::permission_denied(format!(
                 "the client certificate does not name node {node_name:?}"
             )));
@@ -409,7 +436,17 @@ impl WatchBody {
                 let admitted = match self.admission.admit(key) {
                     Ok(admitted) => admitted,
                     Err(refused) => {
-                        warn!(?peer, node = %node_name, "refusing a Watch: {refused}");
+                        let kind = match refused {
+                            admission::Refused::Total => Refusal::TooManyWatches,
+                            admission::Refused::Peer => Refusal::TooManyWatchesFromPeer,
+                        };
+                        if self.refused(kind) {
+                            warn!(
+                                ?peer,
+                                node = %node_name,
+                                "refusing a Watch: {refused}{SUMMARISED}"
+                            );
+                        }
                         return Step::End(Status::resource_exhausted(refused.to_string()));
                     }
                 };
@@ -616,7 +653,8 @@ pub async fn serve(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
-    let router = builder.add_service(SetsService::new(hub));
+    let refusals = Arc::new(refusal_log::RefusalLog::default());
+    let router = builder.add_service(SetsService::new(hub).with_refusal_log(refusals.clone()));
     let listen_err = |source| ServeError::Listen {
         addr: addr.clone(),
         source,
@@ -639,13 +677,11 @@ pub async fn serve(
                      --listen-tls-ca so that each node reads only its own view)"
                 );
             }
-            let incoming = limit(conn::tcp_incoming(listener), limits);
-            Ok(Box::pin(async move {
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-                    .map_err(ServeError::from)
-            }))
+            let incoming = limit(conn::tcp_incoming(listener), limits, refusals.clone());
+            Ok(Box::pin(serve_and_summarise(
+                router.serve_with_incoming_shutdown(incoming, shutdown),
+                refusals,
+            )))
         }
         #[cfg(not(unix))]
         ApiAddr::Unix(_) => Err(listen_err(std::io::Error::new(
@@ -659,13 +695,23 @@ pub async fn serve(
             let incoming = limit(
                 tokio_stream::wrappers::UnixListenerStream::new(listener),
                 limits,
+                refusals.clone(),
             );
-            Ok(Box::pin(async move {
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-                    .map_err(ServeError::from)
-            }))
+            Ok(Box::pin(serve_and_summarise(
+                router.serve_with_incoming_shutdown(incoming, shutdown),
+                refusals,
+            )))
         }
+    }
+}
+
+/// Runs `server` and, beside it, the summaries of its refusals, until the server ends.
+async fn serve_and_summarise(
+    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    refusals: Arc<refusal_log::RefusalLog>,
+) -> Result<(), ServeError> {
+    tokio::select! {
+        result = server => result.map_err(ServeError::from),
+        () = refusals.flush_every_interval() => Ok(()),
     }
 }

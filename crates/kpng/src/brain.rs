@@ -41,6 +41,8 @@ where
     crate::process_metrics::register(&mut registry);
     crate::input_metrics::register(&mut registry, input.clone());
     let metrics = ApiMetrics::new(&mut registry);
+    let refused_connections = kpng_runner::guarded_http::RefusedConnections::default();
+    refused_connections.register_in(&mut registry);
     // Its nodes show what it rejects and how its input is doing (`kpng status`, "brain
     // reports"): they never see the objects themselves.
     let hub = Arc::new(
@@ -80,6 +82,7 @@ where
                 hub: hub.clone(),
                 input: input.clone(),
             }),
+            refused_connections,
         )
         .await?;
         tokio::spawn(async move {

@@ -5,6 +5,10 @@
 //! - metrics server (`--metrics-bind-address`, default `127.0.0.1:10249`): `/metrics`
 //!   (Prometheus/OpenMetrics text), `/healthz` (plain `ok`; a brain's readiness on a brain,
 //!   with `/livez`) and `/proxyMode`.
+//!
+//! Both are served within `kpng_runner::guarded_http`'s connection caps and timeouts, so
+//! that one client flooding or holding connections cannot take them from the kubelet's probes
+//! and Prometheus (kube-proxy's Go servers have none: docs/reliability.md).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +19,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use kpng_runner::guarded_http::{
+    self, ConnectionLimits, Guard, OpenConnections, RefusedConnections,
+};
 use kpng_runner::health::ProxyHealth;
 use kpng_runner::metrics::{CodeLabel, ProxyMetrics};
 use prometheus_client::registry::Registry;
@@ -65,6 +72,12 @@ pub async fn health_server(
     health: Arc<ProxyHealth>,
     metrics: ProxyMetrics,
 ) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
+    let guard = Guard::new(
+        "healthz",
+        "health server",
+        ConnectionLimits::DEFAULT,
+        metrics.http_connections_refused.clone(),
+    );
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(livez))
@@ -76,7 +89,7 @@ pub async fn health_server(
             "serving /healthz and /livez on http://{}",
             listener.local_addr().unwrap_or(addr)
         );
-        axum::serve(listener, app).await
+        guarded_http::serve(listener, app, guard, OpenConnections::default()).await
     })
 }
 
@@ -221,7 +234,8 @@ fn host_is_an_address(host: &str) -> bool {
 }
 
 /// Binds the metrics server now and returns its future. `/healthz` there is kube-proxy's
-/// plain `ok`, or a brain's readiness when `brain` is given (with `/livez`).
+/// plain `ok`, or a brain's readiness when `brain` is given (with `/livez`). Connections it
+/// closes for a cap are counted in `refused`.
 pub async fn metrics_server(
     addr: SocketAddr,
     registry: Arc<Registry>,
@@ -229,6 +243,7 @@ pub async fn metrics_server(
     z: crate::zpages::ZPages,
     admin: Option<kpng_runner::admin::AdminHandle>,
     brain: Option<BrainHealth>,
+    refused: RefusedConnections,
 ) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
     let app = Router::new()
         .route("/status", get(status_page))
@@ -256,11 +271,14 @@ pub async fn metrics_server(
             "serving /metrics on http://{}",
             listener.local_addr().unwrap_or(addr)
         );
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
+        // Each request carries its peer's address (`ConnectInfo`) for `this_node_only`.
+        let guard = Guard::new(
+            "metrics",
+            "metrics server",
+            ConnectionLimits::DEFAULT,
+            refused,
+        );
+        guarded_http::serve(listener, app, guard, OpenConnections::default()).await
     })
 }
 

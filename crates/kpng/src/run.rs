@@ -708,6 +708,7 @@ where
         client_metrics.register(&mut registry);
     }
     let metrics = ProxyMetrics::new(&mut registry);
+    let refused_connections = metrics.http_connections_refused.clone();
     let health = Arc::new(ProxyHealth::new(
         &backend.families(),
         timing.sync_period * 2,
@@ -799,6 +800,7 @@ where
                 z,
                 admin.clone(),
                 None,
+                refused_connections,
             )
             .await?,
         )

@@ -21,6 +21,7 @@ pub mod input;
 pub mod inspect;
 pub mod ip;
 mod key;
+pub mod log_limit;
 mod model;
 mod node;
 mod port_range;

@@ -19,6 +19,7 @@ pub mod address_watch;
 pub mod admin;
 #[cfg(target_os = "linux")]
 pub mod conntrack_cleanup;
+pub mod guarded_http;
 pub mod health;
 pub mod metrics;
 pub mod runner;

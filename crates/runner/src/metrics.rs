@@ -119,6 +119,9 @@ pub struct ProxyMetrics {
     /// running now (`kpng status` names them): above 0, a load balancer sees this node as
     /// unhealthy for those Services. The gauge to alert on; the counter above counts attempts.
     pub healthchecks_not_served: Gauge,
+    /// `kpng_http_connections_refused_total`: connections to the health, metrics and Service
+    /// health-check servers closed at once for a cap (`guarded_http`).
+    pub http_connections_refused: crate::guarded_http::RefusedConnections,
     /// `kubeproxy_conntrack_reconciler_sync_duration_seconds`: one UDP conntrack cleanup pass.
     pub conntrack_reconciler_duration: DurationHistograms,
     /// `kubeproxy_conntrack_reconciler_deleted_entries_total`: stale UDP entries deleted.
@@ -180,6 +183,7 @@ impl ProxyMetrics {
             model_service_ports: MetricFamily::default(),
             healthcheck_failures: Counter::default(),
             healthchecks_not_served: Gauge::default(),
+            http_connections_refused: crate::guarded_http::RefusedConnections::default(),
             conntrack_reconciler_duration: MetricFamily::new_with_constructor(
                 sync_duration_histogram,
             ),
@@ -303,6 +307,7 @@ impl ProxyMetrics {
             "Service health checks whose server is not running now (kpng status names them)",
             m.healthchecks_not_served.clone(),
         );
+        m.http_connections_refused.register_in(r);
         r.register(
             "kubeproxy_conntrack_reconciler_sync_duration_seconds",
             "ReconcileConntrackFlowsLatency latency in seconds",

@@ -157,6 +157,10 @@ impl<M: NodeModel> Runner<M> {
             self.health.clone(),
             self.metrics.healthcheck_failures.clone(),
             self.metrics.healthchecks_not_served.clone(),
+        )
+        .with_connection_limits(
+            crate::guarded_http::ConnectionLimits::DEFAULT,
+            self.metrics.http_connections_refused.clone(),
         );
         self.service_health = Some((servers, ListenAddresses::new(addresses)));
         self

@@ -30,6 +30,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
+use crate::guarded_http::{ConnectionLimits, Guard, OpenConnections, RefusedConnections};
 use crate::health::ProxyHealth;
 
 /// Where Service health checks listen, as `--nodeport-addresses` says (decided by the binary
@@ -499,7 +500,15 @@ pub struct ServiceHealthServers {
     /// Where each new failure (a first one, or a new reason) is reported, for kube-proxy's
     /// `FailedToStartServiceHealthcheck` Event on the Service.
     failure_reports: Option<tokio::sync::mpsc::UnboundedSender<NotServed>>,
+    /// The connection caps and timeouts of every server (each listener counts its own
+    /// connections; the refusal log is shared, so a peer flooding every port is summarised
+    /// once).
+    guard: Guard,
 }
+
+/// The metric label and the log's name of these servers.
+const SERVER: &str = "service_health_check";
+const WHAT: &str = "Service health check";
 
 impl ServiceHealthServers {
     /// Servers that report `health` as `serviceProxyHealthy`. `failures` counts servers that
@@ -520,7 +529,24 @@ impl ServiceHealthServers {
             failures,
             not_served,
             failure_reports: None,
+            guard: Guard::new(
+                SERVER,
+                WHAT,
+                ConnectionLimits::DEFAULT,
+                RefusedConnections::default(),
+            ),
         }
+    }
+
+    /// Serves within `limits` (per listener: each address and port), counting refused
+    /// connections in `refused`. Without it: [`ConnectionLimits::DEFAULT`], uncounted.
+    pub fn with_connection_limits(
+        mut self,
+        limits: ConnectionLimits,
+        refused: RefusedConnections,
+    ) -> ServiceHealthServers {
+        self.guard = Guard::new(SERVER, WHAT, limits, refused);
+        self
     }
 
     /// Reports each new failure to start a server (the ones logged as warnings) on the
@@ -764,10 +790,17 @@ impl ServiceHealthServers {
                         service: key.clone(),
                         shared: self.shared.clone(),
                     });
+                    let guard = self.guard.clone();
                     running.tasks.push((
                         ip,
                         tokio::spawn(async move {
-                            let _ = axum::serve(listener, app).await;
+                            let _ = crate::guarded_http::serve(
+                                listener,
+                                app,
+                                guard,
+                                OpenConnections::default(),
+                            )
+                            .await;
                         }),
                     ));
                 }

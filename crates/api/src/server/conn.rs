@@ -7,6 +7,7 @@
 //! stream lasts as long as the node runs, so a working node is never idle.
 
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,8 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::{Connected, TcpIncoming};
 use tracing::{debug, warn};
+
+use super::refusal_log::{Refusal, RefusalLog};
 
 /// The default of `--max-connections`: a node holds one connection and a brain serves a few
 /// thousand nodes, so this leaves room while bounding what idle peers can take.
@@ -183,15 +186,36 @@ impl<IO: Connected> Connected for Limited<IO> {
     }
 }
 
+/// An accepted connection's peer address, for the refusal log.
+pub trait PeerIp {
+    /// The remote IP address; `None` over a Unix socket.
+    fn peer_ip(&self) -> Option<IpAddr>;
+}
+
+impl PeerIp for tokio::net::TcpStream {
+    fn peer_ip(&self) -> Option<IpAddr> {
+        self.peer_addr().ok().map(|a| a.ip())
+    }
+}
+
+#[cfg(unix)]
+impl PeerIp for tokio::net::UnixStream {
+    fn peer_ip(&self) -> Option<IpAddr> {
+        None
+    }
+}
+
 /// Applies `limits` to a stream of accepted connections: over the cap, a connection is
-/// dropped (closed) at once with a warning; the others are wrapped in [`Limited`].
-pub fn limit<S, IO>(
+/// dropped (closed) at once, with a warning the first time for its peer (later ones are
+/// summarised in `refusals`); the others are wrapped in [`Limited`].
+pub(crate) fn limit<S, IO>(
     incoming: S,
     limits: ConnLimits,
+    refusals: Arc<RefusalLog>,
 ) -> impl Stream<Item = io::Result<Limited<IO>>> + Send + 'static
 where
     S: Stream<Item = io::Result<IO>> + Send + 'static,
-    IO: Send + 'static,
+    IO: PeerIp + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     incoming.filter_map(move |accepted| match accepted {
@@ -205,10 +229,17 @@ where
                 _permit: permit,
             })),
             Err(_) => {
-                warn!(
-                    "closing a new API connection: {} are open (--max-connections)",
-                    limits.max_connections
-                );
+                let peer = io.peer_ip();
+                if refusals.record(peer, Refusal::TooManyConnections) {
+                    let from =
+                        peer.map_or_else(|| "a Unix-socket client".into(), |ip| ip.to_string());
+                    warn!(
+                        "closing a new API connection from {from}: {} are open \
+                         (--max-connections); further ones from this address are summarised \
+                         once a minute",
+                        limits.max_connections
+                    );
+                }
                 drop(io);
                 None
             }

@@ -637,3 +637,99 @@ async fn an_address_added_is_bound_and_one_removed_is_closed() {
     assert!(hc.not_served_for(&key).is_none());
     assert_eq!(failures.get(), 0);
 }
+
+/// A client connection from `from` (a loopback address: 127.0.0.1 and 127.0.0.2 are two
+/// peers).
+fn connect_from(from: [u8; 4], port: u16) -> std::net::TcpStream {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+    socket
+        .bind(&std::net::SocketAddr::from((from, 0)).into())
+        .expect("bind the client's address");
+    socket
+        .connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
+        .expect("connect");
+    let stream: std::net::TcpStream = socket.into();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires() {
+    let limits = crate::guarded_http::ConnectionLimits {
+        per_peer: 3,
+        total: 64,
+        header_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_secs(600),
+    };
+    let refused = RefusedConnections::default();
+    let (hc, _) = servers(true);
+    let mut hc = hc.with_connection_limits(limits, refused.clone());
+    let port = free_port();
+    let key = ServiceKey::new("shop", "storefront");
+    let wanted = BTreeMap::from([(
+        key,
+        HealthCheck {
+            port,
+            local_endpoints: 1,
+        },
+    )]);
+    hc.sync(&wanted, &[IpAddr::from([127, 0, 0, 1])]).await;
+
+    // 100 idle connections from 127.0.0.1: three are held, the others closed at once.
+    let flood = tokio::task::spawn_blocking(move || {
+        (0..100)
+            .map(|_| connect_from([127, 0, 0, 1], port))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("flood");
+    let per_peer = crate::guarded_http::Refusal::PeerCap;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while refused.get(SERVER, per_peer) < 97 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the flood is not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(refused.get(SERVER, per_peer), 97);
+
+    // A load balancer's probe from another address is answered meanwhile.
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut probe = connect_from([127, 0, 0, 2], port);
+        probe
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
+            .expect("probe");
+        let mut text = String::new();
+        probe.read_to_string(&mut text).map(|_| text)
+    })
+    .await
+    .expect("join")
+    .expect("the probe is answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // The held ones (idle, one with half a header) are closed after the header timeout.
+    let closed = tokio::task::spawn_blocking(move || {
+        flood
+            .into_iter()
+            .map(|mut c| {
+                let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: ");
+                let mut rest = Vec::new();
+                match c.read_to_end(&mut rest) {
+                    Ok(_) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+                }
+            })
+            .filter(|closed| *closed)
+            .count()
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        closed, 100,
+        "every connection of the flood ends closed by the server"
+    );
+}

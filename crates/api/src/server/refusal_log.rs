@@ -1,0 +1,203 @@
+//! How the brain's refusals (of Watches and of connections) reach its log: the first of each
+//! kind from a peer address in full, then at most one summary line a minute per peer.
+//!
+//! Why: a node stuck in a retry loop (a wrong node name, a certificate for another node, a
+//! peer over its share) or a hostile client is refused many times a second, and a warning
+//! each would flood the brain's log. The rule and its bounded table are
+//! [`kpng_model::log_limit`]'s; this module words the lines.
+
+use std::net::IpAddr;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use kpng_model::log_limit::{PeerLogLimiter, Summary, Verdict};
+use tracing::warn;
+
+/// How long a peer's refusals are summarised over.
+pub(crate) const INTERVAL: Duration = Duration::from_secs(60);
+
+/// Peers tracked at once: the refusals of more are summarised together.
+const MAX_PEERS: usize = 4096;
+
+/// Why something was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A Watch for a name that is not a Node's.
+    NotANodeName,
+    /// A Watch for a node the client certificate does not name.
+    OtherNode,
+    /// A Watch over [`super::MAX_WATCHES`].
+    TooManyWatches,
+    /// A Watch over [`super::MAX_WATCHES_PER_PEER`] from one peer.
+    TooManyWatchesFromPeer,
+    /// A connection over `--max-connections`.
+    TooManyConnections,
+}
+
+impl Refusal {
+    /// Whether a connection, not a Watch, was refused.
+    fn is_connection(self) -> bool {
+        self == Refusal::TooManyConnections
+    }
+
+    /// The reason, in a summary.
+    fn words(self) -> &'static str {
+        match self {
+            Refusal::NotANodeName => "not a Node's name",
+            Refusal::OtherNode => "a node the client certificate does not name",
+            Refusal::TooManyWatches => "too many Watch streams",
+            Refusal::TooManyWatchesFromPeer => "too many Watch streams from this client",
+            Refusal::TooManyConnections => "too many connections (--max-connections)",
+        }
+    }
+}
+
+/// The peer a refusal is counted for: its IP address, or `None` over a Unix socket.
+pub(crate) type Peer = Option<IpAddr>;
+
+/// The server's refusal log, shared by its connections and streams.
+#[derive(Debug)]
+pub(crate) struct RefusalLog {
+    limiter: Mutex<PeerLogLimiter<Peer, Refusal>>,
+}
+
+impl Default for RefusalLog {
+    fn default() -> RefusalLog {
+        RefusalLog {
+            limiter: Mutex::new(PeerLogLimiter::new(INTERVAL, MAX_PEERS)),
+        }
+    }
+}
+
+impl RefusalLog {
+    /// Records a refusal from `peer`: whether to log it in full (the caller does, with its
+    /// details); the others are told in [`RefusalLog::flush`]'s summaries.
+    pub(crate) fn record(&self, peer: Peer, refusal: Refusal) -> bool {
+        let peer = peer.map(|ip| ip.to_canonical());
+        self.limiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(&peer, refusal, Instant::now())
+            == Verdict::Log
+    }
+
+    /// Logs the summaries due.
+    pub(crate) fn flush(&self) {
+        let due = self
+            .limiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .flush(Instant::now());
+        for summary in &due {
+            warn!("{}", summary_line(summary));
+        }
+    }
+
+    /// Logs the summaries due, forever (a quarter of [`INTERVAL`] apart): run beside the
+    /// server.
+    pub(crate) async fn flush_every_interval(&self) {
+        let mut tick = tokio::time::interval(INTERVAL / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.flush();
+        }
+    }
+}
+
+/// `refused 512 more Watches from 10.0.0.7 in the last 60 s: 512 too many Watch streams from
+/// this client`.
+fn summary_line(summary: &Summary<Peer, Refusal>) -> String {
+    let connections = summary.held.iter().any(|(r, _)| r.is_connection());
+    let watches = summary.held.iter().any(|(r, _)| !r.is_connection());
+    let what = match (watches, connections) {
+        (true, true) => "Watches and connections",
+        (false, true) => "connections",
+        _ => "Watches",
+    };
+    let from = match summary.peer {
+        Some(Some(ip)) => ip.to_string(),
+        Some(None) => "Unix-socket clients".to_string(),
+        None => "other peers (too many to track each)".to_string(),
+    };
+    let why = summary
+        .held
+        .iter()
+        .map(|(r, n)| format!("{n} {}", r.words()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "refused {} more {what} from {from} in the last {} s: {why}",
+        summary.total(),
+        summary.over.as_secs()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_says_how_many_more_were_refused_from_whom_and_why() {
+        let ip: IpAddr = "10.0.0.7".parse().expect("an address");
+        let minute = Duration::from_secs(60);
+        let cases = [
+            (
+                Some(Some(ip)),
+                vec![(Refusal::TooManyWatchesFromPeer, 512)],
+                "refused 512 more Watches from 10.0.0.7 in the last 60 s: 512 too many Watch \
+                 streams from this client",
+            ),
+            (
+                Some(Some(ip)),
+                vec![(Refusal::NotANodeName, 3), (Refusal::TooManyConnections, 2)],
+                "refused 5 more Watches and connections from 10.0.0.7 in the last 60 s: 3 not \
+                 a Node's name, 2 too many connections (--max-connections)",
+            ),
+            (
+                Some(None),
+                vec![(Refusal::TooManyConnections, 9)],
+                "refused 9 more connections from Unix-socket clients in the last 60 s: 9 too \
+                 many connections (--max-connections)",
+            ),
+            (
+                None,
+                vec![(Refusal::OtherNode, 1)],
+                "refused 1 more Watches from other peers (too many to track each) in the last \
+                 60 s: 1 a node the client certificate does not name",
+            ),
+        ];
+        for (peer, held, line) in cases {
+            let summary = Summary {
+                peer,
+                held,
+                over: minute,
+            };
+            assert_eq!(summary_line(&summary), line);
+        }
+    }
+
+    #[test]
+    fn a_refusal_loop_logs_one_line_per_kind_then_counts() {
+        let log = RefusalLog::default();
+        let node: IpAddr = "10.0.0.7".parse().expect("an address");
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().expect("an address");
+        let other: IpAddr = "10.0.0.8".parse().expect("an address");
+        let shown = (0..500)
+            .filter(|_| log.record(Some(node), Refusal::NotANodeName))
+            .count();
+        assert_eq!(shown, 1, "one line for a loop of 500");
+        assert!(
+            !log.record(Some(mapped), Refusal::NotANodeName),
+            "the same peer, IPv4-mapped"
+        );
+        assert!(
+            log.record(Some(node), Refusal::TooManyConnections),
+            "a new kind"
+        );
+        assert!(
+            log.record(Some(other), Refusal::NotANodeName),
+            "another peer"
+        );
+    }
+}

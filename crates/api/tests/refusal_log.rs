@@ -1,0 +1,108 @@
+//! A node stuck in a refusal loop costs the brain's log one line, not one per attempt: the
+//! first refusal of each kind from a peer address is logged in full, the rest are summarised
+//! once a minute (the summary's wording and timing: the unit tests of `refusal_log` and
+//! `kpng_model::log_limit`).
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kpng_api::proto;
+
+/// The log lines written while the test's subscriber is the default (the test runs on one
+/// thread, the server's tasks with it).
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn matching(&self, text: &str) -> Vec<String> {
+        let bytes = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Asks for a Watch of `node` from loopback address `local` and waits for its refusal.
+async fn refused_watch(brain: std::net::SocketAddr, local: [u8; 4], node: &str) -> tonic::Code {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
+        .expect("uri")
+        .local_address(Some(local.into()))
+        .connect()
+        .await
+        .expect("connect");
+    let (requests, rx) = tokio::sync::mpsc::channel(4);
+    requests
+        .send(proto::WatchReq {
+            node_name: node.into(),
+            continuous: true,
+            accept_zstd: false,
+        })
+        .await
+        .expect("request");
+    let answer = proto::sets_client::SetsClient::new(channel)
+        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    let status = match answer {
+        Err(status) => status,
+        Ok(stream) => tokio::time::timeout(Duration::from_secs(10), stream.into_inner().message())
+            .await
+            .expect("an answer")
+            .expect_err("refused"),
+    };
+    status.code()
+}
+
+#[tokio::test]
+async fn a_refusal_loop_logs_one_line_per_peer_and_kind() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let (hub, _) = common::hub_with_one_service();
+    let brain = common::serve_tcp(hub).await;
+
+    let attempts = 40;
+    for _ in 0..attempts {
+        for peer in [[127, 0, 0, 1], [127, 0, 0, 2]] {
+            let code = refused_watch(brain, peer, "Not_A_Node").await;
+            assert_eq!(code, tonic::Code::InvalidArgument);
+        }
+    }
+    let full = lines.matching("refusing a Watch");
+    assert_eq!(
+        full.len(),
+        2,
+        "{} attempts from each of two addresses: one full line each\n{}",
+        attempts,
+        full.join("\n")
+    );
+    for line in &full {
+        assert!(line.contains("summarised once a minute"), "{line}");
+    }
+}

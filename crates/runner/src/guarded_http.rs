@@ -1,0 +1,512 @@
+//! Serving kpng's small HTTP servers (the health server, the metrics server, the Service
+//! health checks) so that one misbehaving or hostile client cannot take them from the others.
+//!
+//! Why: these servers listen on every node, the health checks on the node's public addresses,
+//! and a cloud load balancer marks the node unhealthy when its probes go unanswered. Served as
+//! `axum::serve` serves (and as kube-proxy's Go servers do), a connection is kept for as long
+//! as the client likes: one client opening thousands of idle connections holds as many file
+//! descriptors and buffers, and one sending half a request header (slowloris) holds its
+//! connection forever. Here each listener has:
+//!
+//! - a cap on the connections of one peer address ([`ConnectionLimits::per_peer`]), so that a
+//!   flooding source takes only its own share and probes from other addresses are answered;
+//! - a cap on all its connections ([`ConnectionLimits::total`]), which bounds its file
+//!   descriptors and memory whatever the number of sources;
+//! - a header timeout ([`ConnectionLimits::header_timeout`]): a connection that has not sent a
+//!   complete request header this long after it opened, or after its previous answer, is
+//!   closed (hyper's own timer, which runs from when it waits for a request: slowloris and
+//!   idle kept-alive connections alike);
+//! - an idle timeout ([`ConnectionLimits::idle_timeout`]): a connection on which nothing is
+//!   read or written for this long is closed (a client that stops reading a `/metrics` answer).
+//!
+//! A connection over a cap is closed as soon as it is accepted (with a reset: nothing stays in
+//! the kernel's backlog or in `TIME_WAIT`), counted in `kpng_http_connections_refused_total`,
+//! and logged once per peer and kind, then summarised at most once a minute per peer
+//! ([`kpng_model::log_limit`]).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use kpng_model::log_limit::{PeerLogLimiter, Summary, Verdict};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family as MetricFamily;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tower::Service;
+use tracing::{debug, error, warn};
+
+/// How many connections a listener keeps, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections open at once from one IP address (an IPv4-mapped IPv6 address counts as
+    /// its IPv4 address).
+    pub per_peer: usize,
+    /// Connections open at once on the listener.
+    pub total: usize,
+    /// A connection must send a complete request header within this long of opening, or of
+    /// its previous answer.
+    pub header_timeout: Duration,
+    /// A connection on which nothing is read or written for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl ConnectionLimits {
+    /// 32 connections per address, 512 per listener, 10 s to send a request header (and to
+    /// send the next one on a kept-alive connection), 60 s without progress. A load balancer's
+    /// prober opens one connection per probe, sends its request at once and is answered in
+    /// milliseconds: it holds one or two connections at a time, never waits seconds between
+    /// connecting and asking, and a prober that keeps connections alive sees them closed
+    /// cleanly between probes and opens a new one. Prometheus and the kubelet are one client
+    /// each.
+    pub const DEFAULT: ConnectionLimits = ConnectionLimits {
+        per_peer: 32,
+        total: 512,
+        header_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+    };
+}
+
+impl Default for ConnectionLimits {
+    /// [`ConnectionLimits::DEFAULT`].
+    fn default() -> ConnectionLimits {
+        ConnectionLimits::DEFAULT
+    }
+}
+
+/// The largest read buffer of a connection: a request to these servers is a line and a few
+/// headers, so 16 KiB is plenty, and [`ConnectionLimits::total`] connections hold at most
+/// 8 MiB of buffers (hyper's default, ~400 KiB each, would be 200 MiB).
+const MAX_BUF_SIZE: usize = 16 * 1024;
+
+/// How long a peer's refusals are summarised over, and how many peers are tracked for it.
+const LOG_INTERVAL: Duration = Duration::from_secs(60);
+const LOG_PEERS: usize = 1024;
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its address holds [`ConnectionLimits::per_peer`] connections.
+    PeerCap,
+    /// The listener holds [`ConnectionLimits::total`] connections.
+    TotalCap,
+}
+
+impl Refusal {
+    /// The metric label.
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::PeerCap => "per_peer",
+            Refusal::TotalCap => "total",
+        }
+    }
+
+    /// In words, for the log.
+    fn words(self) -> &'static str {
+        match self {
+            Refusal::PeerCap => "its address holds as many connections as one address may",
+            Refusal::TotalCap => "the server holds as many connections as it may",
+        }
+    }
+}
+
+/// A label set of `kpng_http_connections_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabel {
+    /// `healthz`, `metrics` or `service_health_check`.
+    pub server: String,
+    /// `per_peer` or `total`.
+    pub reason: String,
+}
+
+/// `kpng_http_connections_refused_total`: connections closed at once for a cap. Cheap to
+/// clone; an unregistered one counts for nobody.
+#[derive(Clone, Debug, Default)]
+pub struct RefusedConnections(MetricFamily<RefusedLabel, Counter>);
+
+impl RefusedConnections {
+    /// Registers the counter in `registry`.
+    pub fn register_in(&self, registry: &mut Registry) {
+        registry.register(
+            "kpng_http_connections_refused",
+            "Connections to kpng's health, metrics and Service health-check servers closed at once because their address or the server held as many as it may",
+            self.0.clone(),
+        );
+    }
+
+    /// How many connections `server` refused for `reason`.
+    pub fn get(&self, server: &str, reason: Refusal) -> u64 {
+        self.0
+            .get_or_create(&RefusedLabel {
+                server: server.to_string(),
+                reason: reason.label().to_string(),
+            })
+            .get()
+    }
+
+    fn inc(&self, server: &str, reason: Refusal) {
+        self.0
+            .get_or_create(&RefusedLabel {
+                server: server.to_string(),
+                reason: reason.label().to_string(),
+            })
+            .inc();
+    }
+}
+
+/// What the listeners of one server share: its name, limits, refusal counter and the log
+/// limiter (so that a peer flooding every health-check port is summarised once, not once per
+/// port). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Guard {
+    server: &'static str,
+    /// What the log calls the server.
+    what: &'static str,
+    limits: ConnectionLimits,
+    refused: RefusedConnections,
+    log: Arc<Mutex<PeerLogLimiter<IpAddr, Refusal>>>,
+}
+
+impl Guard {
+    /// A guard for server `server` (the metric label), `what` in the log, with `limits`.
+    pub fn new(
+        server: &'static str,
+        what: &'static str,
+        limits: ConnectionLimits,
+        refused: RefusedConnections,
+    ) -> Guard {
+        Guard {
+            server,
+            what,
+            limits,
+            refused,
+            log: Arc::new(Mutex::new(PeerLogLimiter::new(LOG_INTERVAL, LOG_PEERS))),
+        }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> ConnectionLimits {
+        self.limits
+    }
+
+    /// Counts and (within the log budget) logs a refused connection.
+    fn refuse(&self, peer: IpAddr, local: Option<SocketAddr>, reason: Refusal) {
+        self.refused.inc(self.server, reason);
+        let verdict = self
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(&peer, reason, Instant::now());
+        if verdict == Verdict::Log {
+            let cap = match reason {
+                Refusal::PeerCap => self.limits.per_peer,
+                Refusal::TotalCap => self.limits.total,
+            };
+            let on = local.map(|a| format!(" on {a}")).unwrap_or_default();
+            warn!(
+                "closing a new connection to the {}{on} from {peer}: {} ({cap}); further ones \
+                 from {peer} are summarised once a minute",
+                self.what,
+                reason.words()
+            );
+        }
+    }
+
+    /// Logs the summaries due.
+    fn flush_log(&self) {
+        let due = self
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .flush(Instant::now());
+        for summary in due {
+            warn!("{}", self.summary_line(&summary));
+        }
+    }
+
+    fn summary_line(&self, summary: &Summary<IpAddr, Refusal>) -> String {
+        let from = summary
+            .peer
+            .map_or_else(|| "other addresses".to_string(), |p| p.to_string());
+        let why = summary
+            .held
+            .iter()
+            .map(|(r, n)| format!("{n} because {}", r.words()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "closed {} more new connections to the {} from {from} in the last {} s: {why}",
+            summary.total(),
+            self.what,
+            summary.over.as_secs()
+        )
+    }
+}
+
+/// The connections one listener holds, per peer address and in all.
+#[derive(Debug, Default)]
+struct Open {
+    per_peer: HashMap<IpAddr, usize>,
+    total: usize,
+}
+
+/// One listener's count of open connections (for tests and `Permit`).
+#[derive(Clone, Debug, Default)]
+pub struct OpenConnections(Arc<Mutex<Open>>);
+
+impl OpenConnections {
+    /// Connections open now, in all.
+    pub fn total(&self) -> usize {
+        self.lock().total
+    }
+
+    /// Connections open now from `peer`.
+    pub fn from(&self, peer: IpAddr) -> usize {
+        self.lock()
+            .per_peer
+            .get(&peer.to_canonical())
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place for a connection from `peer`, or why there is none.
+    fn admit(&self, peer: IpAddr, limits: &ConnectionLimits) -> Result<Permit, Refusal> {
+        let mut open = self.lock();
+        let of_peer = open.per_peer.get(&peer).copied().unwrap_or(0);
+        if of_peer >= limits.per_peer {
+            return Err(Refusal::PeerCap);
+        }
+        if open.total >= limits.total {
+            return Err(Refusal::TotalCap);
+        }
+        open.per_peer.insert(peer, of_peer + 1);
+        open.total += 1;
+        Ok(Permit {
+            open: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// One connection's place, given back when dropped.
+struct Permit {
+    open: OpenConnections,
+    peer: IpAddr,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut open = self.open.lock();
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.per_peer.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Serves `app` on `listener` within `guard`'s limits until the listener fails; `open` counts
+/// its connections. Accept errors (out of file descriptors) are logged and retried after a
+/// second, as `axum::serve` does.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    guard: Guard,
+    open: OpenConnections,
+) -> io::Result<()> {
+    let local = listener.local_addr().ok();
+    let mut log_tick = tokio::time::interval(LOG_INTERVAL / 4);
+    log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = log_tick.tick() => {
+                guard.flush_log();
+                continue;
+            }
+        };
+        let (stream, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                error!("{}: accepting a connection: {e}", guard.what);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let peer = remote.ip().to_canonical();
+        match open.admit(peer, &guard.limits) {
+            Ok(permit) => {
+                tokio::spawn(serve_connection(
+                    stream,
+                    remote,
+                    app.clone(),
+                    guard.limits,
+                    permit,
+                ));
+            }
+            Err(reason) => {
+                close_at_once(stream);
+                guard.refuse(peer, local, reason);
+            }
+        }
+    }
+}
+
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Closes with a reset: the socket is freed at once, with no `TIME_WAIT` or `FIN_WAIT` state
+/// left for a flood to fill the kernel's tables with.
+fn close_at_once(stream: TcpStream) {
+    if let Err(e) = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO)) {
+        debug!("SO_LINGER on a refused connection: {e}");
+    }
+    drop(stream);
+}
+
+/// Serves one connection: HTTP/1.1 with the header timeout, closed when idle too long.
+async fn serve_connection(
+    stream: TcpStream,
+    remote: SocketAddr,
+    app: Router,
+    limits: ConnectionLimits,
+    permit: Permit,
+) {
+    let _permit = permit;
+    let _ = stream.set_nodelay(true);
+    let progress = Arc::new(AtomicU64::new(0));
+    let started = tokio::time::Instant::now();
+    let io = TokioIo::new(Watched {
+        io: stream,
+        started,
+        progress: progress.clone(),
+    });
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(remote));
+        let mut app = app.clone();
+        app.call(request.map(axum::body::Body::new))
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_BUF_SIZE);
+    let connection = builder.serve_connection(io, service);
+    tokio::select! {
+        result = connection => {
+            if let Err(e) = result {
+                debug!(peer = %remote, "HTTP connection closed: {e}");
+            }
+        }
+        () = stalled(started, progress, limits.idle_timeout) => {
+            debug!(peer = %remote, "closing an HTTP connection idle for {:?}", limits.idle_timeout);
+        }
+    }
+}
+
+/// Completes once nothing has been read or written for `idle` (`progress`: the last time,
+/// in milliseconds after `started`).
+async fn stalled(started: tokio::time::Instant, progress: Arc<AtomicU64>, idle: Duration) {
+    loop {
+        let last = started + Duration::from_millis(progress.load(Ordering::Relaxed));
+        let deadline = last + idle;
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+/// A connection that records when it last read or wrote something.
+struct Watched {
+    io: TcpStream,
+    started: tokio::time::Instant,
+    progress: Arc<AtomicU64>,
+}
+
+impl Watched {
+    fn moved(&self) {
+        let millis = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.progress.store(millis, Ordering::Relaxed);
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.moved();
+        }
+        poll
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(poll, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        poll
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if matches!(poll, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        poll
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;
