@@ -147,6 +147,14 @@ pub trait Backend: Send {
     /// Makes the data plane match the request.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError>;
 
+    /// Whether the output shows the node's status (whether its Node exists, is being deleted,
+    /// is eligible), not only what is programmed: a change of the status alone (a deleted Node
+    /// whose IPs are kept) is then a sync for this backend, with an empty diff. `false` (the
+    /// default): a backend that programs the data plane has nothing to do for it.
+    fn shows_node_status(&self) -> bool {
+        false
+    }
+
     /// Starts watching the data plane for changes made by someone else, raising `alarm` (from
     /// any thread) for each; the runner answers with a full sync. Called once, before the
     /// first sync; changes the backend makes itself must not raise it. Returns whether the

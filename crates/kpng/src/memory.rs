@@ -99,6 +99,10 @@ impl Backend for ReleaseBeforeFirstSync {
         self.inner.sync(request)
     }
 
+    fn shows_node_status(&self) -> bool {
+        self.inner.shows_node_status()
+    }
+
     fn watch_tampering(&mut self, alarm: TamperAlarm) -> Result<bool, BackendError> {
         self.inner.watch_tampering(alarm)
     }

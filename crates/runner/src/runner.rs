@@ -300,6 +300,7 @@ impl<M: NodeModel> Runner<M> {
             logged_node: None,
             held_for_pod_cidrs: false,
             addresses_changed: None,
+            node_status_changed: false,
         };
         state.update_eligibility();
         state.run(events, tampering, address_changes, queries).await;
@@ -360,6 +361,9 @@ struct LoopState<M: NodeModel> {
     held_for_pod_cidrs: bool,
     /// The node's address changes not yet synced, net (the sync names them).
     addresses_changed: Option<AddressChange>,
+    /// The node's status changed alone and the backend shows it
+    /// ([`kpng_backend::Backend::shows_node_status`]): an empty sync soon.
+    node_status_changed: bool,
 }
 
 /// The wait for node IPs ([`Runner::with_node_ips_wait`]).
@@ -778,7 +782,11 @@ impl<M: NodeModel> LoopState<M> {
         let Some(last) = self.last_sync else {
             return Some(now);
         };
-        if self.need_full || !self.pending.is_empty() || self.addresses_changed.is_some() {
+        if self.need_full
+            || !self.pending.is_empty()
+            || self.addresses_changed.is_some()
+            || self.node_status_changed
+        {
             return Some((last + self.runner.timing.min_sync_period).max(now));
         }
         let periodic = last + self.runner.timing.sync_period;
@@ -849,8 +857,10 @@ impl<M: NodeModel> LoopState<M> {
             self.log_node_changes();
         }
         if outcome.node_status_changed {
-            // Nothing to program (the diff says nothing of it): only /healthz and the log.
+            // Nothing to program (the diff says nothing of it): /healthz and the log, and a
+            // sink that shows the status (`to-file`'s `node:` block) at an empty sync.
             self.node_view_changed();
+            self.node_status_changed |= self.runner.backend.shows_node_status();
         }
         self.take_diff(outcome.diff);
     }
@@ -911,6 +921,9 @@ impl<M: NodeModel> LoopState<M> {
         };
         if let Some(addresses) = self.addresses_changed.take() {
             changes.push_str(&format!("; the node's addresses changed ({addresses})"));
+        }
+        if std::mem::take(&mut self.node_status_changed) {
+            changes.push_str("; the node's status changed");
         }
         let changed_names = changed_services(&pending);
         let diff = if full {

@@ -54,6 +54,11 @@ impl Backend for FileSink {
         "file"
     }
 
+    /// The dump's `node:` block shows whether the Node is known and eligible.
+    fn shows_node_status(&self) -> bool {
+        true
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         let text = render(request.snapshot)
             .map_err(|e| BackendError::Other(format!("rendering YAML: {e}")))?;

@@ -17,6 +17,8 @@ struct Calls {
     fail: AtomicBool,
     /// The alarm the runner handed over (`watch_tampering`).
     alarm: Mutex<Option<kpng_backend::TamperAlarm>>,
+    /// Whether the fake backend shows the node's status (`Backend::shows_node_status`).
+    shows_node_status: AtomicBool,
     /// What the next sync says it found changed and repaired itself (`SyncStats::repaired`).
     found: Mutex<Option<String>>,
     /// What syncs say of the rules they found: `None`, not kept; `Some(None)`, kept
@@ -40,6 +42,9 @@ impl Backend for FakeBackend {
     fn watch_tampering(&mut self, alarm: kpng_backend::TamperAlarm) -> Result<bool, BackendError> {
         *self.0.alarm.lock().expect("lock") = Some(alarm);
         Ok(true)
+    }
+    fn shows_node_status(&self) -> bool {
+        self.0.shows_node_status.load(Ordering::SeqCst)
     }
     fn sync(&mut self, r: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         self.0.log.lock().expect("lock").push((
@@ -1419,6 +1424,48 @@ fn a_held_first_syncs_trace_note_names_what_is_missing() {
             first_sync_held_note(missing, brain, pod_cidrs_of).as_deref(),
             want,
             "{missing:?} brain={brain} {pod_cidrs_of:?}"
+        );
+    }
+}
+
+/// A Node deleted while its IPs are kept changes nothing programmed: no sync for a backend
+/// that programs the data plane, and an empty one, soon, for a sink that shows the node's
+/// status (`to-file`'s `node:` block), whose dump would otherwise say the Node exists until
+/// the periodic sync.
+#[tokio::test(start_paused = true)]
+async fn a_status_only_node_change_is_synced_only_where_the_status_is_shown() {
+    for shows in [false, true] {
+        let h = start(SyncTiming::default());
+        h.calls.shows_node_status.store(shows, Ordering::SeqCst);
+        h.tx.send(all_kinds(vec![
+            service("a", "10.96.0.1"),
+            node_object(json!({"metadata": {"name": "n"},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.1.1.1"}]}})),
+        ]))
+        .await
+        .expect("send");
+        settle().await;
+        assert_eq!(log(&h).len(), 1, "the first sync (shows status: {shows})");
+        h.tx.send(Event::Delete(kpng_model::ObjectRef {
+            kind: Kind::Node,
+            namespace: "".into(),
+            name: "n".into(),
+        }))
+        .await
+        .expect("send");
+        // Well past min-sync-period, well before the periodic sync.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let syncs = log(&h);
+        if shows {
+            assert_eq!(syncs.len(), 2, "an empty sync shows the deleted Node");
+            assert_eq!(syncs[1], (false, 0, 1), "nothing changed but the status");
+        } else {
+            assert_eq!(syncs.len(), 1, "nothing to program: no sync");
+        }
+        assert_eq!(
+            h.health.report(SystemTime::now(), true).status,
+            503,
+            "/healthz follows the deletion either way"
         );
     }
 }
