@@ -860,7 +860,9 @@ impl<M: NodeModel> LoopState<M> {
             // Nothing to program (the diff says nothing of it): /healthz and the log, and a
             // sink that shows the status (`to-file`'s `node:` block) at an empty sync.
             self.node_view_changed();
-            self.node_status_changed |= self.runner.backend.shows_node_status();
+            // (Before the first sync there is nothing to update: it shows the status anyway.)
+            self.node_status_changed |=
+                self.last_sync.is_some() && self.runner.backend.shows_node_status();
         }
         self.take_diff(outcome.diff);
     }
