@@ -746,7 +746,9 @@ pub(crate) mod hns {
             source_vips: flags.source_vip.clone(),
             forward_health_check_vip: flags.forward_healthcheck_vip,
             root_hns_endpoint_name: flags.root_hnsendpoint_name.clone(),
-            healthz_port: flags.healthz_bind_address.port(),
+            // No health server: no port for the load balancers' probes either (kube-proxy's
+            // winkernel takes 0 then).
+            healthz_port: flags.healthz_bind_address.map_or(0, |a| a.port()),
         };
         let default = Network {
             id: "00000000-0000-4000-8000-000000000000".into(),

@@ -56,13 +56,12 @@ where
         )
         .reporting(input.clone()),
     );
-    if flags.healthz_bind_address.port() != crate::config::HEALTHZ_PORT
-        || !flags.healthz_bind_address.ip().is_unspecified()
+    if let Some(addr) = flags.healthz_bind_address
+        && (addr.port() != crate::config::HEALTHZ_PORT || !addr.ip().is_unspecified())
     {
         warn!(
-            "--healthz-bind-address {}: a brain has no health server; its /healthz (ready once \
-             the cluster is listed) and /livez are on --metrics-bind-address",
-            flags.healthz_bind_address
+            "--healthz-bind-address {addr}: a brain has no health server; its /healthz (ready \
+             once the cluster is listed) and /livez are on --metrics-bind-address"
         );
     }
     if !flags.metrics_bind_address.trim().is_empty() {

@@ -365,8 +365,10 @@ pub struct GlobalFlags {
     #[arg(long, global = true, value_name = "RANGE", help_heading = "Node")]
     pub service_node_port_range: Option<kpng_model::NodePortRange>,
 
-    /// Where /healthz and /livez are served (kube-proxy's health server); a bare IP gets port
-    /// 10256, as kube-proxy's.
+    /// Where /healthz and /livez are served (kube-proxy's health server); empty disables; a
+    /// bare IP gets port 10256, as kube-proxy's.
+    // (`::std::option::Option`: the parser itself says `None` for an empty value, where
+    // clap's `Option` would mean "not given".)
     #[arg(
         long,
         global = true,
@@ -374,7 +376,7 @@ pub struct GlobalFlags {
         value_parser = parse_healthz_bind_address,
         help_heading = "Output"
     )]
-    pub healthz_bind_address: SocketAddr,
+    pub healthz_bind_address: ::std::option::Option<SocketAddr>,
 
     /// Where /metrics, /healthz and /proxyMode are served; empty disables; a bare IP gets
     /// port 10249, as kube-proxy's.
@@ -1194,8 +1196,13 @@ fn parse_metrics_bind_address(s: &str) -> Result<String, String> {
     Ok(s.trim().to_string())
 }
 
-fn parse_healthz_bind_address(s: &str) -> Result<SocketAddr, String> {
-    listen_address(s, crate::config::HEALTHZ_PORT)
+/// `--healthz-bind-address`: empty (no health server, as kube-proxy's "Set empty to
+/// disable"), an IP or IP:port.
+fn parse_healthz_bind_address(s: &str) -> Result<Option<SocketAddr>, String> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    listen_address(s.trim(), crate::config::HEALTHZ_PORT).map(Some)
 }
 
 /// What `--proxy-mode` said. kube-proxy's `ipvs` is one of its valid modes that kpng does not

@@ -188,7 +188,7 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     {
         flags.log_level = mapping::log_level(v).to_string();
     }
-    deprecated_ports(flags, &mut report);
+    deprecated_ports(flags);
     let cc = &mut flags.client_connection;
     if let Some(v) = command_line_value(matches, "kubeconfig") {
         cc.kubeconfig = Some(PathBuf::from(v));
@@ -203,9 +203,9 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
 }
 
 /// kube-proxy's deprecated `--healthz-port` and `--metrics-port`: the port of the server's
-/// address (0: kube-proxy turns the server off; kpng can do so for metrics only). A bare
+/// address (0 turns the server off, as in kube-proxy). A bare
 /// `--metrics-bind-address` IP gets the metrics port first, as kube-proxy's.
-fn deprecated_ports(flags: &mut GlobalFlags, report: &mut Report) {
+fn deprecated_ports(flags: &mut GlobalFlags) {
     let metrics = flags.metrics_bind_address.trim();
     if !metrics.is_empty()
         && let Ok(addr) = crate::cli::listen_address(metrics, mapping::METRICS_PORT)
@@ -214,13 +214,10 @@ fn deprecated_ports(flags: &mut GlobalFlags, report: &mut Report) {
     }
     if let Some(port) = flags.healthz_port {
         if port == 0 {
-            report.flag_warnings.push(
-                "--healthz-port=0: kpng always serves /healthz and /livez \
-                 (--healthz-bind-address); ignored"
-                    .into(),
-            );
-        } else {
-            flags.healthz_bind_address.set_port(port);
+            // kube-proxy turns its health server off, as with an empty address.
+            flags.healthz_bind_address = None;
+        } else if let Some(addr) = &mut flags.healthz_bind_address {
+            addr.set_port(port);
         }
     }
     if let Some(port) = flags.metrics_port {

@@ -717,14 +717,12 @@ where
     let dry_run = facts.dry_run.is_some();
 
     // A dry run opens no listener: it must not change the host, nor take the ports of a
-    // proxy running on it.
-    let health_server = if dry_run {
-        None
-    } else {
-        Some(
-            crate::http::health_server(flags.healthz_bind_address, health.clone(), metrics.clone())
-                .await?,
-        )
+    // proxy running on it. An empty --healthz-bind-address opens none either.
+    let health_server = match flags.healthz_bind_address {
+        Some(addr) if !dry_run => {
+            Some(crate::http::health_server(addr, health.clone(), metrics.clone()).await?)
+        }
+        _ => None,
     };
     let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));

@@ -156,7 +156,9 @@ fn effective_value(flags: &GlobalFlags, id: &str) -> Option<String> {
         "pod_interface_name_prefix" => flags.pod_interface_name_prefix.clone().unwrap_or_default(),
         "masquerade_bit" => flags.masquerade_bit.to_string(),
         "nodeport_addresses" => list(&flags.nodeport_addresses),
-        "healthz_bind_address" => flags.healthz_bind_address.to_string(),
+        "healthz_bind_address" => flags
+            .healthz_bind_address
+            .map_or_else(String::new, |a| a.to_string()),
         "metrics_bind_address" => flags.metrics_bind_address.clone(),
         "min_sync_period" => d(flags.min_sync_period),
         "sync_period" => d(flags.sync_period),

@@ -66,8 +66,9 @@ pub struct FileSettings {
     pub masquerade_bit: u8,
     /// `nodePortAddresses` (unset: `primary`, nftables mode's default).
     pub nodeport_addresses: Vec<String>,
-    /// `healthzBindAddress`.
-    pub healthz_bind_address: SocketAddr,
+    /// `healthzBindAddress` (empty in the file: the default, as kube-proxy's defaulting; only
+    /// the flag can turn the server off).
+    pub healthz_bind_address: Option<SocketAddr>,
     /// `metricsBindAddress`.
     pub metrics_bind_address: String,
     /// `<section>.minSyncPeriod`.
@@ -398,7 +399,7 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
         pod_interface_name_prefix: non_empty(&config.detect_local.interface_name_prefix),
         masquerade_bit,
         nodeport_addresses: nodeport_addresses(config.node_port_addresses.as_deref())?,
-        healthz_bind_address,
+        healthz_bind_address: Some(healthz_bind_address),
         metrics_bind_address,
         min_sync_period,
         sync_period,

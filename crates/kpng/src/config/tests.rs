@@ -108,7 +108,7 @@ fn defaults() -> FileSettings {
         pod_interface_name_prefix: None,
         masquerade_bit: 14,
         nodeport_addresses: vec![],
-        healthz_bind_address: "0.0.0.0:10256".parse().unwrap(),
+        healthz_bind_address: Some("0.0.0.0:10256".parse().unwrap()),
         metrics_bind_address: "127.0.0.1:10249".into(),
         min_sync_period: Duration::from_secs(1),
         sync_period: Duration::from_secs(30),
@@ -304,7 +304,7 @@ fn fields_map_onto_flags() {
             "IPv6 bind address moves the default listen addresses",
             doc("bindAddress: \"::\"\n"),
             FileSettings {
-                healthz_bind_address: "[::]:10256".parse().unwrap(),
+                healthz_bind_address: Some("[::]:10256".parse().unwrap()),
                 metrics_bind_address: "[::1]:10249".into(),
                 ..defaults()
             },
@@ -313,7 +313,7 @@ fn fields_map_onto_flags() {
             "listen addresses get default ports",
             doc("healthzBindAddress: 10.0.0.1\nmetricsBindAddress: \"[fd00::1]\"\n"),
             FileSettings {
-                healthz_bind_address: "10.0.0.1:10256".parse().unwrap(),
+                healthz_bind_address: Some("10.0.0.1:10256".parse().unwrap()),
                 metrics_bind_address: "[fd00::1]:10249".into(),
                 ..defaults()
             },
@@ -322,7 +322,7 @@ fn fields_map_onto_flags() {
             "listen addresses with ports",
             doc("healthzBindAddress: 0.0.0.0:1234\nmetricsBindAddress: 0.0.0.0:10249\n"),
             FileSettings {
-                healthz_bind_address: "0.0.0.0:1234".parse().unwrap(),
+                healthz_bind_address: Some("0.0.0.0:1234".parse().unwrap()),
                 metrics_bind_address: "0.0.0.0:10249".into(),
                 ..defaults()
             },
@@ -745,7 +745,7 @@ fn explicit_flags_win_over_the_file_and_defaults_do_not() {
     assert_eq!(flags.full_sync_period, Duration::from_secs(3600));
     assert_eq!(
         flags.healthz_bind_address,
-        "0.0.0.0:10256".parse::<SocketAddr>().unwrap()
+        Some("0.0.0.0:10256".parse::<SocketAddr>().unwrap())
     );
 }
 
@@ -1013,11 +1013,12 @@ fn a_bare_ip_for_a_server_gets_its_default_port_as_in_kube_proxy() {
         "version",
     ])
     .expect("bare IPs");
-    assert_eq!(flags.healthz_bind_address.to_string(), "0.0.0.0:10256");
+    let shown = |flags: &crate::cli::GlobalFlags| flags.healthz_bind_address.map(|a| a.to_string());
+    assert_eq!(shown(&flags).as_deref(), Some("0.0.0.0:10256"));
     assert_eq!(flags.metrics_bind_address, "[::]:10249");
     let (flags, _) =
         run_cli(&["kpng", "--healthz-bind-address=[::1]:9999", "version"]).expect("IP:port");
-    assert_eq!(flags.healthz_bind_address.to_string(), "[::1]:9999");
+    assert_eq!(shown(&flags).as_deref(), Some("[::1]:9999"));
     let err = run_cli(&["kpng", "--healthz-bind-address=localhost", "version"])
         .expect_err("a name")
         .to_string();
@@ -1552,5 +1553,44 @@ fn flags_kube_proxy_would_ignore_beside_config_are_named_once() {
                 assert!(got[0].ends_with(n), "{line:?}: {}", got[0]);
             }
         }
+    }
+}
+
+/// An empty `--healthz-bind-address` turns the health server off, as kube-proxy's "Set empty
+/// to disable", and so does the deprecated `--healthz-port=0`; an empty `healthzBindAddress`
+/// in the file is the default (kube-proxy's defaulting fills it in).
+#[test]
+fn the_health_server_is_turned_off_as_in_kube_proxy() {
+    // (what, the command line, the health server's address)
+    let cases: [(&str, &[&str], Option<&str>); 5] = [
+        ("default", &["kpng", "version"], Some("0.0.0.0:10256")),
+        (
+            "empty flag",
+            &["kpng", "--healthz-bind-address=", "version"],
+            None,
+        ),
+        (
+            "blank flag",
+            &["kpng", "--healthz-bind-address", " ", "version"],
+            None,
+        ),
+        (
+            "deprecated port 0",
+            &["kpng", "--healthz-port=0", "version"],
+            None,
+        ),
+        (
+            "deprecated port",
+            &["kpng", "--healthz-port=9000", "version"],
+            Some("0.0.0.0:9000"),
+        ),
+    ];
+    for (what, args, want) in cases {
+        let (flags, _) = run_cli(args).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            flags.healthz_bind_address.map(|a| a.to_string()).as_deref(),
+            want,
+            "{what}"
+        );
     }
 }

@@ -105,7 +105,9 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         detect_local_mode: flags.detect_local_mode.as_str().to_string(),
         enable_profiling: false,
         feature_gates: Default::default(),
-        healthz_bind_address: flags.healthz_bind_address.to_string(),
+        healthz_bind_address: flags
+            .healthz_bind_address
+            .map_or_else(String::new, |a| a.to_string()),
         hostname_override: flags.node_name.clone().unwrap_or_default(),
         iptables,
         ipvs: IpvsConfiguration {
