@@ -634,7 +634,8 @@ pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool
          if it asks for client certificates)"
     } else if !tls.enabled() && closed_at_once {
         " (if the brain serves TLS: give --api-tls-ca, and --api-tls-cert/--api-tls-key if it \
-         asks for client certificates)"
+         asks for client certificates; a brain at its --max-connections also closes new \
+         connections at once, and its log says so)"
     } else if tls.enabled()
         && (failure.contains("InvalidContentType") || failure.contains("corrupt message"))
     {
@@ -664,9 +665,11 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut backoff = Backoff::new(config.retry_min, config.retry_max, seed);
     let mut wire = WireState::default();
     config.health.set_source(format!("brain {}", config.addr));
-    // The cause last warned about in this outage: an outage is one warning (and one more per
-    // new cause), its retries debug lines, as the `kube` source logs an API server outage.
-    let mut warned: Option<String> = None;
+    // The causes warned about in this outage: an outage is one warning per cause, its
+    // retries debug lines, as the `kube` source logs an API server outage. A set, not the
+    // last cause: a refused connection fails in turn as "operation was canceled" and as a
+    // transport error, which would otherwise warn at every retry.
+    let mut warned = WarnedCauses::default();
     let mut ever_connected = false;
     loop {
         let mut connected = false;
@@ -675,7 +678,7 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             Err(e) => {
                 let delay = backoff.next_delay();
                 if connected {
-                    warned = None;
+                    warned = WarnedCauses::default();
                     ever_connected = true;
                 }
                 let hint = tls_hint(&e.to_string(), &config.tls, ever_connected);
@@ -687,16 +690,15 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                     &format!("unreachable: {cause}; keeping the rules as they are, retrying"),
                     std::time::SystemTime::now(),
                 );
-                if warned.as_deref() == Some(cause.as_str()) {
-                    debug!(brain = %config.addr, retry_in = ?delay, "brain still unreachable: {e}");
-                } else {
+                if warned.first_time(&cause) {
                     warn!(
                         brain = %config.addr,
                         retry_in = ?delay,
                         "brain unreachable, keeping the rules as they are (retries are logged at \
                          debug): {cause}"
                     );
-                    warned = Some(cause);
+                } else {
+                    debug!(brain = %config.addr, retry_in = ?delay, "brain still unreachable: {e}");
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -704,6 +706,25 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                 }
             }
         }
+    }
+}
+
+/// The causes of one outage already warned about ([`watch`]), at most
+/// [`WarnedCauses::MAX`]: past them, an outage's new causes are debug lines too.
+#[derive(Debug, Default)]
+struct WarnedCauses(Vec<String>);
+
+impl WarnedCauses {
+    const MAX: usize = 4;
+
+    /// Whether `cause` is to be warned about: the first time this outage, and while fewer
+    /// than [`WarnedCauses::MAX`] were.
+    fn first_time(&mut self, cause: &str) -> bool {
+        if self.0.len() >= Self::MAX || self.0.iter().any(|c| c == cause) {
+            return false;
+        }
+        self.0.push(cause.to_string());
+        true
     }
 }
 

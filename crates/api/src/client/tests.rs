@@ -647,7 +647,7 @@ fn tls_mismatches_get_a_hint_naming_the_flags() {
         ..TlsFiles::default()
     };
     // (failure, TLS files, ever connected, a piece of the hint or "" for none)
-    let cases: [(&str, &TlsFiles, bool, &str); 7] = [
+    let cases: [(&str, &TlsFiles, bool, &str); 8] = [
         (
             "http2 error: GoAway(b\"\", FRAME_SIZE_ERROR)",
             &plain,
@@ -659,6 +659,12 @@ fn tls_mismatches_get_a_hint_naming_the_flags() {
             &plain,
             false,
             "if the brain serves TLS",
+        ),
+        (
+            "operation was canceled",
+            &plain,
+            false,
+            "at its --max-connections",
         ),
         ("connection closed", &plain, true, ""),
         ("Connection refused (os error 111)", &plain, false, ""),
@@ -817,4 +823,28 @@ fn a_reset_forgets_the_brains_report_and_a_brain_without_one_leaves_none() {
     })
     .expect("valid");
     assert_eq!(wire.take_brain_report(), Some(None));
+}
+
+/// An outage warns once per cause, whatever their order: a brain refusing connections fails
+/// in turn as a cancelled operation and as a transport error, and used to warn at each retry.
+#[test]
+fn an_outage_warns_once_per_cause() {
+    // (the causes of one outage in order, which of them warn)
+    let cases: [(&[&str], &[bool]); 4] = [
+        (&["a", "a", "a"], &[true, false, false]),
+        (
+            &["a", "b", "a", "b", "a"],
+            &[true, true, false, false, false],
+        ),
+        (
+            &["a", "b", "c", "d", "e", "a"],
+            &[true, true, true, true, false, false],
+        ),
+        (&[], &[]),
+    ];
+    for (causes, want) in cases {
+        let mut warned = super::WarnedCauses::default();
+        let got: Vec<bool> = causes.iter().map(|c| warned.first_time(c)).collect();
+        assert_eq!(got, want, "{causes:?}");
+    }
 }
