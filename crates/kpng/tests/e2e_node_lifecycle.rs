@@ -189,22 +189,25 @@ fn node_events(c: &Cluster) -> f64 {
     sample(&scrape_metrics(c), "kpng_objects_seen_total{kind=\"Node\"}")
 }
 
+/// The HTTP status of `url` asked from `ns` (`000`: no answer).
+fn http_status(ns: &Netns, url: &str) -> String {
+    ns.run_ok([
+        "curl",
+        "-s",
+        "-m",
+        "2",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        url,
+    ])
+    .unwrap_or_else(|_| "000".into())
+}
+
 /// The HTTP status of the in-process kpng's `/healthz` (`000`: no answer).
 fn healthz(c: &Cluster) -> String {
-    c.node1
-        .ns
-        .run_ok([
-            "curl",
-            "-s",
-            "-m",
-            "2",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "http://127.0.0.1:10256/healthz",
-        ])
-        .unwrap_or_else(|_| "000".into())
+    http_status(&c.node1.ns, "http://127.0.0.1:10256/healthz")
 }
 
 /// Waits until the kpng whose admin socket is in `dir` holds no change waiting for a sync:
@@ -248,20 +251,7 @@ fn node_port_answers(c: &Cluster) -> bool {
 
 /// The health check's HTTP status from the external client (`000`: no answer).
 fn health_check(c: &Cluster) -> String {
-    c.ext
-        .ns
-        .run_ok([
-            "curl",
-            "-s",
-            "-m",
-            "2",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "http://192.168.100.1:32130/",
-        ])
-        .unwrap_or_else(|_| "000".into())
+    http_status(&c.ext.ns, "http://192.168.100.1:32130/")
 }
 
 /// Waits until `check` holds, for at most `within`.
