@@ -5,7 +5,9 @@
 //! sigs.k8s.io/json, a fork of Go's encoding/json, straight into the typed configuration: a
 //! repeated key is decoded *into the value the first one left*. Two objects (a section such as
 //! `nftables`, or `featureGates`) are thus merged field by field, a field given in both taking
-//! the later value; anything else (a scalar, a list, an object after a scalar) is replaced.
+//! the later value; anything else (a scalar, a list, an object after a scalar) is replaced,
+//! except by a `null`: Go sets a pointer, map or slice field to nil for it (its default) and
+//! leaves any other field (a section, a string, a number, a bool) as it was ([`NILLABLE`]).
 //! serde_json would keep the last value whole and in silence, so [`parse_merging`] decodes the
 //! way Go does and [`duplicate_keys`] names each repeat with its line for the warning. (YAML
 //! is different: sigs.k8s.io/yaml first builds a generic map, where a repeated key replaces the
@@ -23,9 +25,47 @@ pub struct Repeat {
     pub path: String,
     /// The 1-based line of the repeat.
     pub line: u64,
-    /// Whether the repeat was merged into the earlier value (both are objects) rather than
-    /// replacing it.
-    pub merged: bool,
+    /// What the repeat did to the earlier value.
+    pub outcome: RepeatOutcome,
+}
+
+/// What a repeated key did to the value the first one left, as Go's decoding does it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepeatOutcome {
+    /// Both are objects: merged field by field.
+    Merged,
+    /// The later value replaced the earlier one.
+    Replaced,
+    /// A later `null` for a field that cannot be nil ([`NILLABLE`]): ignored.
+    NullIgnored,
+}
+
+/// The fields of kube-proxy's `KubeProxyConfiguration` (v1alpha1) whose Go type is a pointer,
+/// a map or a slice, by key: a `null` sets such a field to nil (its default). For any other
+/// field Go's decoding leaves the value already there. The names do not recur elsewhere in
+/// the configuration with another type.
+const NILLABLE: [&str; 11] = [
+    "featureGates",
+    "masqueradeBit",
+    "localhostNodePorts",
+    "oomScoreAdj",
+    "maxPerCore",
+    "min",
+    "tcpEstablishedTimeout",
+    "tcpCloseWaitTimeout",
+    "nodePortAddresses",
+    "excludeCIDRs",
+    "vmodule",
+];
+
+/// What a repeat of `key` whose earlier value is (`earlier_is_object`) and whose later value
+/// starts with `later` does, as Go decodes it.
+fn outcome_of(key: &str, earlier_is_object: bool, later: Option<u8>) -> RepeatOutcome {
+    match later {
+        Some(b'n') if !NILLABLE.contains(&key) => RepeatOutcome::NullIgnored,
+        Some(b'{') if earlier_is_object => RepeatOutcome::Merged,
+        _ => RepeatOutcome::Replaced,
+    }
 }
 
 /// One open container while walking the text.
@@ -50,14 +90,16 @@ pub fn parse_merging(text: &str) -> serde_json::Result<Value> {
     Ok(merged.0)
 }
 
-/// Merges `later` into `earlier` as Go decodes a repeated key into the value already there:
-/// object into object field by field, anything else replaced.
-fn merge_into(earlier: &mut Value, later: Value) {
+/// Decodes field `key`'s `later` value into the `earlier` one as Go decodes a repeated key
+/// into the value already there: object into object field by field, a `null` ignored unless
+/// the field is [`NILLABLE`], anything else replaced.
+fn merge_field(key: &str, earlier: &mut Value, later: Value) {
     match (earlier, later) {
+        (_, Value::Null) if !NILLABLE.contains(&key) => {}
         (Value::Object(earlier), Value::Object(later)) => {
             for (key, value) in later {
                 match earlier.get_mut(&key) {
-                    Some(existing) => merge_into(existing, value),
+                    Some(existing) => merge_field(&key, existing, value),
                     None => {
                         earlier.insert(key, value);
                     }
@@ -68,7 +110,7 @@ fn merge_into(earlier: &mut Value, later: Value) {
     }
 }
 
-/// A JSON value decoded with [`merge_into`] for repeated keys.
+/// A JSON value decoded with [`merge_field`] for repeated keys.
 struct Merged(Value);
 
 impl<'de> Deserialize<'de> for Merged {
@@ -126,7 +168,7 @@ impl<'de> Visitor<'de> for MergedVisitor {
         let mut object = Map::new();
         while let Some((key, Merged(value))) = map.next_entry::<String, Merged>()? {
             match object.get_mut(&key) {
-                Some(existing) => merge_into(existing, value),
+                Some(existing) => merge_field(&key, existing, value),
                 None => {
                     object.insert(key, value);
                 }
@@ -169,13 +211,26 @@ pub fn duplicate_keys(text: &str) -> Vec<Repeat> {
                 if expects_key {
                     let name: String = serde_json::from_str(&text[i..end]).unwrap_or_default();
                     let path = path_to(&stack, &name);
-                    let is_object = value_start(bytes, end) == Some(b'{');
+                    let later = value_start(bytes, end);
                     if let Some(Frame::Object { keys, current }) = stack.last_mut() {
                         // What the key holds now is an object exactly when the later value is
-                        // one (merged or not), so the later kind replaces the earlier.
-                        if let Some(was_object) = keys.insert(name.clone(), is_object) {
-                            let merged = was_object && is_object;
-                            out.push(Repeat { path, line, merged });
+                        // one (merged or not), or when an ignored `null` left an object.
+                        let is_object = later == Some(b'{');
+                        match keys.get(&name).copied() {
+                            Some(was_object) => {
+                                let outcome = outcome_of(&name, was_object, later);
+                                if outcome != RepeatOutcome::NullIgnored {
+                                    keys.insert(name.clone(), is_object);
+                                }
+                                out.push(Repeat {
+                                    path,
+                                    line,
+                                    outcome,
+                                });
+                            }
+                            None => {
+                                keys.insert(name.clone(), is_object);
+                            }
                         }
                         *current = Some(name);
                     }
@@ -244,15 +299,20 @@ mod tests {
 
     #[test]
     fn repeated_keys_are_named_with_their_path_line_and_merge() {
-        /// What a case expects: each repeated key's path, line, and whether it merges.
-        type Repeats<'a> = &'a [(&'a str, u64, bool)];
-        let cases: [(&str, &str, Repeats); 9] = [
+        use RepeatOutcome::{Merged, NullIgnored, Replaced};
+        /// What a case expects: each repeated key's path, line, and what it did.
+        type Repeats<'a> = &'a [(&'a str, u64, RepeatOutcome)];
+        let cases: [(&str, &str, Repeats); 11] = [
             ("none", r#"{"a": 1, "b": {"a": 2}}"#, &[]),
-            ("top level", "{\n\"a\": 1,\n\"a\": 2\n}", &[("a", 3, false)]),
+            (
+                "top level",
+                "{\n\"a\": 1,\n\"a\": 2\n}",
+                &[("a", 3, Replaced)],
+            ),
             (
                 "nested",
                 "{\"conntrack\": {\n  \"min\": 1,\n  \"min\": 2}}",
-                &[("conntrack.min", 3, false)],
+                &[("conntrack.min", 3, Replaced)],
             ),
             (
                 "a value that looks like a key is not one",
@@ -262,36 +322,50 @@ mod tests {
             (
                 "in an array's object",
                 r#"{"l": [{"x": 1}, {"y": 1, "y": 2}]}"#,
-                &[("l.[1].y", 1, false)],
+                &[("l.[1].y", 1, Replaced)],
             ),
             (
                 "escaped names",
                 r#"{"a\"b": 1, "a\u0022b": 2}"#,
-                &[("a\"b", 1, false)],
+                &[("a\"b", 1, Replaced)],
             ),
             (
                 "two objects merge",
                 "{\"n\": {\"s\": 1},\n \"n\" :\n {\"m\": 2}}",
-                &[("n", 2, true)],
+                &[("n", 2, Merged)],
             ),
             (
                 "an object after a scalar replaces it; a third object then merges",
                 r#"{"n": 1, "n": {"s": 1}, "n": {"m": 2}}"#,
-                &[("n", 1, false), ("n", 1, true)],
+                &[("n", 1, Replaced), ("n", 1, Merged)],
+            ),
+            (
+                "a null after a section or a string is ignored; after a pointer field it is not",
+                r#"{"n": {"s": 1}, "n": null, "mode": "x", "mode": null, "masqueradeBit": 1, "masqueradeBit": null}"#,
+                &[
+                    ("n", 1, NullIgnored),
+                    ("mode", 1, NullIgnored),
+                    ("masqueradeBit", 1, Replaced),
+                ],
+            ),
+            (
+                "an object after an ignored null still merges",
+                r#"{"n": {"s": 1}, "n": null, "n": {"m": 2}}"#,
+                &[("n", 1, NullIgnored), ("n", 1, Merged)],
             ),
             (
                 "a scalar or a list after an object replaces it",
                 r#"{"n": {"s": 1}, "n": 1, "l": {}, "l": []}"#,
-                &[("n", 1, false), ("l", 1, false)],
+                &[("n", 1, Replaced), ("l", 1, Replaced)],
             ),
         ];
         for (what, text, want) in cases {
             let want: Vec<Repeat> = want
                 .iter()
-                .map(|(p, line, merged)| Repeat {
+                .map(|(p, line, outcome)| Repeat {
                     path: p.to_string(),
                     line: *line,
-                    merged: *merged,
+                    outcome: *outcome,
                 })
                 .collect();
             assert_eq!(duplicate_keys(text), want, "{what}");
@@ -332,6 +406,16 @@ mod tests {
                 "an object replaces a scalar",
                 r#"{"n": 1, "n": {"s": 1}}"#,
                 r#"{"n": {"s": 1}}"#,
+            ),
+            (
+                "a null leaves a section, a string, a number as they were",
+                r#"{"n": {"s": "10s"}, "n": null, "mode": "nftables", "mode": null, "v": 2, "v": null}"#,
+                r#"{"n": {"s": "10s"}, "mode": "nftables", "v": 2}"#,
+            ),
+            (
+                "a null resets a pointer, map or slice field (nested too)",
+                r#"{"featureGates": {"A": true}, "featureGates": null, "c": {"min": 5}, "c": {"min": null}}"#,
+                r#"{"featureGates": null, "c": {"min": null}}"#,
             ),
             (
                 "a repeat inside a list item",

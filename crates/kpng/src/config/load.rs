@@ -32,10 +32,11 @@ pub fn parse(text: &str) -> anyhow::Result<Parsed> {
         // kube-proxy: two objects merge, anything else is replaced.
         let value = super::json_keys::parse_merging(text).context("invalid JSON")?;
         for repeat in super::json_keys::duplicate_keys(text) {
-            lenient.push(if repeat.merged {
-                merged_twice(&repeat.path, repeat.line)
-            } else {
-                given_twice(&repeat.path, repeat.line, Kind::Other)
+            use super::json_keys::RepeatOutcome;
+            lenient.push(match repeat.outcome {
+                RepeatOutcome::Merged => merged_twice(&repeat.path, repeat.line),
+                RepeatOutcome::Replaced => given_twice(&repeat.path, repeat.line, Kind::Other),
+                RepeatOutcome::NullIgnored => null_ignored(&repeat.path, repeat.line),
             });
         }
         value
@@ -113,6 +114,15 @@ fn given_twice(key: &str, line: u64, kind: Kind) -> String {
     format!(
         "{key} (line {line}): given twice; the last value is used{whole}, as kube-proxy's \
          lenient decoding does"
+    )
+}
+
+/// The warning for a JSON key given again as `null` where Go's decoding leaves the earlier
+/// value (a field that is no pointer, map or slice in kube-proxy's configuration).
+fn null_ignored(key: &str, line: u64) -> String {
+    format!(
+        "{key} (line {line}): given twice, the second time as null, which is ignored (the \
+         earlier value is kept), as kube-proxy's lenient decoding of JSON does"
     )
 }
 

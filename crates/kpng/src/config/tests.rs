@@ -1047,12 +1047,22 @@ fn write_config_to_reads_back_as_written() {
     assert!(text.contains("\n  verbosity: 4\n"), "{text}");
     // What the file cannot carry is named, not written as if it could.
     assert!(write::not_written(&flags).is_empty());
-    let (zero, _) = run_cli(&["kpng", "--min-sync-period=0s", "--metrics-bind-address="]).unwrap();
+    let (zero, _) = run_cli(&[
+        "kpng",
+        "--min-sync-period=0s",
+        "--metrics-bind-address=",
+        "--healthz-bind-address=",
+    ])
+    .unwrap();
     let lost = write::not_written(&zero);
-    assert_eq!(lost.len(), 2, "{lost:?}");
+    assert_eq!(lost.len(), 3, "{lost:?}");
     assert!(lost[0].starts_with("--min-sync-period=0s"), "{lost:?}");
     assert!(
-        lost[1].starts_with("--metrics-bind-address=\"\""),
+        lost[1].starts_with("--healthz-bind-address=\"\""),
+        "{lost:?}"
+    );
+    assert!(
+        lost[2].starts_with("--metrics-bind-address=\"\""),
         "{lost:?}"
     );
 }

@@ -228,6 +228,14 @@ pub fn not_written(flags: &GlobalFlags) -> Vec<String> {
                 .to_string(),
         );
     }
+    if flags.healthz_bind_address.is_none() {
+        lost.push(
+            "--healthz-bind-address=\"\" (no health server) is written as \"\", which the file \
+             reads as the default 0.0.0.0:10256: keep --healthz-bind-address=\"\" on the \
+             command line"
+                .to_string(),
+        );
+    }
     if flags.metrics_bind_address.trim().is_empty() {
         lost.push(
             "--metrics-bind-address=\"\" (no metrics server) is written as \"\", which the file \
