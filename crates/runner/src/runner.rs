@@ -1365,6 +1365,22 @@ fn node_changes(was: &kpng_model::NodeState, now: &kpng_model::NodeState) -> Vec
             list(&now.ips)
         ));
     }
+    if now.known && was.known && was.deleting && !now.deleting {
+        lines.push(format!(
+            "Node {name:?} is no longer being deleted (its deletion timestamp is gone)"
+        ));
+    }
+    if now.known && now.to_be_deleted && !(was.known && was.to_be_deleted) {
+        lines.push(format!(
+            "Node {name:?} has the cluster autoscaler's ToBeDeletedByClusterAutoscaler taint \
+             (/healthz answers 503, so load balancers drain it)"
+        ));
+    }
+    if now.known && was.known && was.to_be_deleted && !now.to_be_deleted {
+        lines.push(format!(
+            "Node {name:?} no longer has the ToBeDeletedByClusterAutoscaler taint"
+        ));
+    }
     if now.known && now.ips_kept && !(was.known && was.ips_kept) {
         lines.push(format!(
             "Node {name:?} lists no InternalIP or ExternalIP any more; keeping node IPs {}",

@@ -1049,13 +1049,17 @@ fn node_changes_say_what_changed_from_what_to_what() {
         zone: Some("z1".into()),
         ..present.clone()
     };
+    let tainted = kpng_model::NodeState {
+        to_be_deleted: true,
+        ..present.clone()
+    };
     let absent = node_state(false, &[], &[]);
     let cases: [(
         &str,
         &kpng_model::NodeState,
         &kpng_model::NodeState,
         &[&str],
-    ); 9] = [
+    ); 12] = [
         ("nothing", &present, &present, &[]),
         (
             "deleted",
@@ -1098,6 +1102,26 @@ fn node_changes_say_what_changed_from_what_to_what() {
             &present,
             &deleting,
             &["Node \"n\" is being deleted; keeping node IPs [10.1.1.1] (/healthz answers 503)"],
+        ),
+        (
+            "no longer being deleted",
+            &deleting,
+            &present,
+            &["Node \"n\" is no longer being deleted (its deletion timestamp is gone)"],
+        ),
+        (
+            "tainted by the autoscaler",
+            &present,
+            &tainted,
+            &[
+                "Node \"n\" has the cluster autoscaler's ToBeDeletedByClusterAutoscaler taint (/healthz answers 503, so load balancers drain it)",
+            ],
+        ),
+        (
+            "taint removed",
+            &tainted,
+            &present,
+            &["Node \"n\" no longer has the ToBeDeletedByClusterAutoscaler taint"],
         ),
         (
             "pod CIDRs assigned",
