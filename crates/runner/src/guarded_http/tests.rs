@@ -464,3 +464,23 @@ async fn a_client_that_half_closes_after_its_request_gets_the_whole_answer() {
     .expect("clients");
     assert_eq!(failures, 0, "of 20 half-closing clients");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_header_over_16_kib_gets_431() {
+    let server = start(ConnectionLimits::DEFAULT).await;
+    let addr = server.addr;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut client = connect(PROBER, addr);
+        let large = "x".repeat(MAX_BUF_SIZE + 1);
+        // The server may answer and close before it has read everything: a failed write is
+        // fine, the answer is what counts.
+        let _ = client.write_all(
+            format!("GET /healthz HTTP/1.1\r\nHost: node\r\nX-Large: {large}\r\n\r\n").as_bytes(),
+        );
+        read_until_closed(client)
+    })
+    .await
+    .expect("client")
+    .expect("the answer");
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+}
