@@ -1,34 +1,49 @@
-//! How often one peer's refusals reach the log: the first of each kind at once, then at most
-//! one summary per peer and interval.
+//! How often refusals reach the log: the first of each kind from a peer at once, then at most
+//! one summary per peer and interval, and in all at most a fixed number of full lines per
+//! interval, past which peers are only counted and summarised together.
 //!
 //! Why: a client stuck in a retry loop (a node whose name is wrong, one over its share of
 //! connections) or a hostile one is refused hundreds of times a second, and a line per refusal
 //! buries everything else in the log and costs disk on every node or brain it hits. What an
 //! operator needs is the first refusal of each kind, with its details, and then how many more
-//! there were. The table is bounded ([`PeerLogLimiter::new`]'s `max_peers`), so a flood from
-//! many addresses cannot grow it either.
+//! there were. A flood from many addresses (a thousand, each refused once) would still write a
+//! full line per address, so full lines share a budget per interval
+//! ([`FULL_LINES_PER_INTERVAL`]), and so do per-peer summaries: the rest are counted in one
+//! "N more from M other addresses" summary. The tables are bounded ([`PeerLogLimiter::new`]'s
+//! `max_peers`), so a flood from many addresses cannot grow them either.
 //!
 //! This type decides and counts only; the caller logs, and passes the time in (`now`), so the
 //! rule is tested without waiting.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::time::{Duration, Instant};
+
+/// Full lines (first refusals) one limiter lets through per interval, and per-peer summaries
+/// per flush: a flood from many addresses writes at most this many lines of each, plus one
+/// summary of the others.
+pub const FULL_LINES_PER_INTERVAL: usize = 10;
 
 /// What to do with one refusal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// The first of its kind from this peer in the interval: log it in full.
+    /// The first of its kind from this peer in the interval, within the interval's budget of
+    /// full lines: log it in full.
     Log,
-    /// Counted, and told in the peer's next summary.
+    /// Counted, and told in a summary.
     Hold,
 }
 
-/// The refusals held back from one peer in one interval.
+/// The refusals held back from one peer, or from the others, in one interval.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary<P, R> {
-    /// The peer; `None` for the refusals of peers the table had no room for.
+    /// The peer; `None` for the refusals of the peers counted together (past the budget of
+    /// full lines, the table's room, or the budget of summaries).
     pub peer: Option<P>,
+    /// How many peers the summary counts: 1 for a peer's own.
+    pub peers: usize,
+    /// Whether more peers than `peers` were counted (too many to tell apart).
+    pub peers_at_least: bool,
     /// How many refusals of each kind were held back, in the order first seen.
     pub held: Vec<(R, u64)>,
     /// How long the interval lasted.
@@ -51,82 +66,150 @@ struct Entry<R> {
     held: Vec<(R, u64)>,
 }
 
-/// Counts held-back refusals into `held`.
-fn hold<R: PartialEq>(held: &mut Vec<(R, u64)>, reason: R) {
+/// The refusals of the peers counted together, and which peers (at most `max_peers` told
+/// apart).
+#[derive(Debug)]
+struct Others<P, R> {
+    since: Instant,
+    held: Vec<(R, u64)>,
+    peers: HashSet<P>,
+    peers_at_least: bool,
+}
+
+/// Counts `n` held-back refusals of kind `reason` into `held`.
+fn hold<R: PartialEq>(held: &mut Vec<(R, u64)>, reason: R, n: u64) {
     match held.iter_mut().find(|(r, _)| *r == reason) {
-        Some((_, n)) => *n += 1,
-        None => held.push((reason, 1)),
+        Some((_, count)) => *count += n,
+        None => held.push((reason, n)),
     }
 }
 
-/// The first refusal of each (peer, kind) is logged; the others are counted and summarised
-/// once per `interval` per peer ([`PeerLogLimiter::flush`]). A peer quiet for a whole interval
-/// is forgotten, so its next refusal is logged in full again.
+/// The first refusal of each (peer, kind) is logged, within a budget of full lines per
+/// interval; the others are counted and summarised once per `interval` per peer
+/// ([`PeerLogLimiter::flush`]), and past the budgets together. A peer quiet for a whole
+/// interval is forgotten, so its next refusal is logged in full again.
 #[derive(Debug)]
 pub struct PeerLogLimiter<P, R> {
     interval: Duration,
     max_peers: usize,
+    lines_per_interval: usize,
     peers: HashMap<P, Entry<R>>,
-    /// Refusals of peers that found the table full, held for one summary.
-    overflow: Option<Entry<R>>,
+    /// When the budget's interval started, and how many full lines it let through.
+    budget_since: Option<Instant>,
+    lines_used: usize,
+    /// Refusals of the peers counted together, held for one summary.
+    others: Option<Others<P, R>>,
 }
 
-impl<P: Hash + Eq + Clone, R: Copy + PartialEq> PeerLogLimiter<P, R> {
-    /// At most one summary per peer and `interval`, and at most `max_peers` peers tracked: the
-    /// refusals of others are summarised together.
+impl<P: Hash + Eq + Clone, R: Clone + PartialEq> PeerLogLimiter<P, R> {
+    /// At most one summary per peer and `interval`, at most [`FULL_LINES_PER_INTERVAL`] full
+    /// lines and as many per-peer summaries per interval, and at most `max_peers` peers
+    /// tracked: the refusals of others are summarised together.
     pub fn new(interval: Duration, max_peers: usize) -> PeerLogLimiter<P, R> {
         PeerLogLimiter {
             interval,
             max_peers,
+            lines_per_interval: FULL_LINES_PER_INTERVAL,
             peers: HashMap::new(),
-            overflow: None,
+            budget_since: None,
+            lines_used: 0,
+            others: None,
         }
     }
 
-    /// How many peers are tracked now.
+    /// With a budget of `lines` full lines (and per-peer summaries) per interval instead of
+    /// [`FULL_LINES_PER_INTERVAL`].
+    pub fn with_line_budget(mut self, lines: usize) -> PeerLogLimiter<P, R> {
+        self.lines_per_interval = lines;
+        self
+    }
+
+    /// How many peers are tracked apart now.
     pub fn tracked(&self) -> usize {
         self.peers.len()
     }
 
+    /// Takes one full line from the budget, if any is left at `now`.
+    fn take_line(&mut self, now: Instant) -> bool {
+        let since = self.budget_since.get_or_insert(now);
+        if now.saturating_duration_since(*since) >= self.interval {
+            *since = now;
+            self.lines_used = 0;
+        }
+        if self.lines_used >= self.lines_per_interval {
+            return false;
+        }
+        self.lines_used += 1;
+        true
+    }
+
     /// Records a refusal of kind `reason` from `peer` at `now`: whether to log it in full.
     pub fn record(&mut self, peer: &P, reason: R, now: Instant) -> Verdict {
-        if !self.peers.contains_key(peer) && self.peers.len() >= self.max_peers {
-            self.forget_quiet(now);
-        }
-        if let Some(entry) = self.peers.get_mut(peer) {
-            if entry.logged.contains(&reason) {
-                hold(&mut entry.held, reason);
-                return Verdict::Hold;
+        if self.peers.contains_key(peer) {
+            let logged = self
+                .peers
+                .get(peer)
+                .is_some_and(|e| e.logged.contains(&reason));
+            let verdict = if !logged && self.take_line(now) {
+                Verdict::Log
+            } else {
+                Verdict::Hold
+            };
+            if let Some(entry) = self.peers.get_mut(peer) {
+                match verdict {
+                    Verdict::Log => entry.logged.push(reason),
+                    Verdict::Hold => hold(&mut entry.held, reason, 1),
+                }
             }
-            entry.logged.push(reason);
-            return Verdict::Log;
+            return verdict;
         }
         if self.peers.len() >= self.max_peers {
-            let entry = self.overflow.get_or_insert_with(|| Entry {
-                since: now,
-                logged: Vec::new(),
-                held: Vec::new(),
-            });
-            hold(&mut entry.held, reason);
-            return Verdict::Hold;
+            self.forget_quiet(now);
         }
-        self.peers.insert(
-            peer.clone(),
-            Entry {
-                since: now,
-                logged: vec![reason],
-                held: Vec::new(),
-            },
-        );
-        Verdict::Log
+        if self.peers.len() < self.max_peers && self.take_line(now) {
+            self.peers.insert(
+                peer.clone(),
+                Entry {
+                    since: now,
+                    logged: vec![reason],
+                    held: Vec::new(),
+                },
+            );
+            return Verdict::Log;
+        }
+        self.hold_for_others(Some(peer), reason, 1, now);
+        Verdict::Hold
+    }
+
+    /// Counts `n` refusals of `peer` (if told) among the others'.
+    fn hold_for_others(&mut self, peer: Option<&P>, reason: R, n: u64, since: Instant) {
+        let max_peers = self.max_peers;
+        let others = self.others.get_or_insert_with(|| Others {
+            since,
+            held: Vec::new(),
+            peers: HashSet::new(),
+            peers_at_least: false,
+        });
+        others.since = others.since.min(since);
+        hold(&mut others.held, reason, n);
+        if let Some(peer) = peer
+            && !others.peers.contains(peer)
+        {
+            if others.peers.len() < max_peers {
+                others.peers.insert(peer.clone());
+            } else {
+                others.peers_at_least = true;
+            }
+        }
     }
 
     /// The summaries due at `now`: every peer whose interval has ended with refusals held back
-    /// (its next interval starts), and the peers the table had no room for. A peer whose
-    /// interval ended with nothing held back is forgotten. Call it at least once per interval.
+    /// (its next interval starts), at most the budget of them, the most refused first; and the
+    /// others together (the peers past the budget among them). A peer whose interval ended
+    /// with nothing held back is forgotten. Call it at least once per interval.
     pub fn flush(&mut self, now: Instant) -> Vec<Summary<P, R>> {
         let interval = self.interval;
-        let mut out = Vec::new();
+        let mut due = Vec::new();
         self.peers.retain(|peer, entry| {
             let over = now.saturating_duration_since(entry.since);
             if over < interval {
@@ -135,25 +218,38 @@ impl<P: Hash + Eq + Clone, R: Copy + PartialEq> PeerLogLimiter<P, R> {
             if entry.held.is_empty() {
                 return false;
             }
-            out.push(Summary {
+            due.push(Summary {
                 peer: Some(peer.clone()),
+                peers: 1,
+                peers_at_least: false,
                 held: std::mem::take(&mut entry.held),
                 over,
             });
             entry.since = now;
             true
         });
-        if let Some(entry) = self
-            .overflow
-            .take_if(|e| now.saturating_duration_since(e.since) >= interval)
+        due.sort_by_key(|s| std::cmp::Reverse(s.total()));
+        let past_budget = due.split_off(due.len().min(self.lines_per_interval));
+        for summary in past_budget {
+            let since = now.checked_sub(summary.over).unwrap_or(now);
+            let peer = summary.peer.clone();
+            for (reason, n) in summary.held {
+                self.hold_for_others(peer.as_ref(), reason, n, since);
+            }
+        }
+        if let Some(others) = self
+            .others
+            .take_if(|o| now.saturating_duration_since(o.since) >= interval)
         {
-            out.push(Summary {
+            due.push(Summary {
                 peer: None,
-                over: now.saturating_duration_since(entry.since),
-                held: entry.held,
+                peers: others.peers.len(),
+                peers_at_least: others.peers_at_least,
+                over: now.saturating_duration_since(others.since),
+                held: others.held,
             });
         }
-        out
+        due
     }
 
     /// Drops the peers whose interval has ended with nothing held back (room for new ones).
@@ -178,14 +274,15 @@ mod tests {
     const MINUTE: Duration = Duration::from_secs(60);
 
     /// One step: at `at` seconds, a refusal (`Some((peer, why))`, expecting `verdict`) or a
-    /// flush (`None`, expecting `summaries` as (peer, [(why, n)])).
+    /// flush (`None`, expecting `summaries`).
     type Step = (u64, Option<(u8, Why, Verdict)>, Vec<Held>);
-    /// A summary: its peer and what it held back.
-    type Held = (Option<u8>, Vec<(Why, u64)>);
+    /// A summary: its peer, how many peers it counts (and whether at least), what it held back.
+    type Held = (Option<u8>, usize, bool, Vec<(Why, u64)>);
 
-    fn run(max_peers: usize, steps: &[Step]) {
+    /// Runs `steps` on a limiter of `max_peers` and `lines` full lines per minute.
+    fn run(max_peers: usize, lines: usize, steps: &[Step]) {
         let start = Instant::now();
-        let mut limiter = PeerLogLimiter::<u8, Why>::new(MINUTE, max_peers);
+        let mut limiter = PeerLogLimiter::<u8, Why>::new(MINUTE, max_peers).with_line_budget(lines);
         for (i, (at, refusal, summaries)) in steps.iter().enumerate() {
             let now = start + Duration::from_secs(*at);
             match refusal {
@@ -196,13 +293,15 @@ mod tests {
                     let mut got: Vec<Held> = limiter
                         .flush(now)
                         .into_iter()
-                        .map(|s| (s.peer, s.held))
+                        .map(|s| (s.peer, s.peers, s.peers_at_least, s.held))
                         .collect();
-                    got.sort_by_key(|(p, _)| *p);
+                    got.sort_by_key(|(p, ..)| *p);
                     assert_eq!(&got, summaries, "step {i}");
                 }
             }
             assert!(limiter.tracked() <= max_peers, "step {i}");
+            let others = limiter.others.as_ref().map_or(0, |o| o.peers.len());
+            assert!(others <= max_peers, "step {i}");
         }
     }
 
@@ -221,10 +320,10 @@ mod tests {
                     (2, Some((1, Cap, Hold)), vec![]),
                     (30, None, vec![]),
                     (59, Some((1, Cap, Hold)), vec![]),
-                    (60, None, vec![(Some(1), vec![(Cap, 3)])]),
+                    (60, None, vec![(Some(1), 1, false, vec![(Cap, 3)])]),
                     // The next minute goes on summarising, without a full line.
                     (61, Some((1, Cap, Hold)), vec![]),
-                    (120, None, vec![(Some(1), vec![(Cap, 1)])]),
+                    (120, None, vec![(Some(1), 1, false, vec![(Cap, 1)])]),
                     // A quiet minute: forgotten, so the next refusal is logged in full.
                     (180, None, vec![]),
                     (181, Some((1, Cap, Log)), vec![]),
@@ -239,7 +338,11 @@ mod tests {
                     (2, Some((1, Name, Hold)), vec![]),
                     (3, Some((1, Cap, Hold)), vec![]),
                     (4, Some((1, Name, Hold)), vec![]),
-                    (60, None, vec![(Some(1), vec![(Name, 2), (Cap, 1)])]),
+                    (
+                        60,
+                        None,
+                        vec![(Some(1), 1, false, vec![(Name, 2), (Cap, 1)])],
+                    ),
                 ],
             ),
             (
@@ -249,7 +352,7 @@ mod tests {
                     (0, Some((1, Cap, Log)), vec![]),
                     (0, Some((2, Cap, Log)), vec![]),
                     (1, Some((2, Cap, Hold)), vec![]),
-                    (60, None, vec![(Some(2), vec![(Cap, 1)])]),
+                    (60, None, vec![(Some(2), 1, false, vec![(Cap, 1)])]),
                 ],
             ),
             (
@@ -261,7 +364,7 @@ mod tests {
                     (1, Some((3, Cap, Hold)), vec![]),
                     (2, Some((4, Name, Hold)), vec![]),
                     (3, Some((4, Name, Hold)), vec![]),
-                    (61, None, vec![(None, vec![(Cap, 1), (Name, 2)])]),
+                    (61, None, vec![(None, 2, false, vec![(Cap, 1), (Name, 2)])]),
                     // Peers 1 and 2 were quiet and are forgotten: room again.
                     (62, Some((3, Cap, Log)), vec![]),
                 ],
@@ -274,14 +377,107 @@ mod tests {
                     (60, Some((2, Cap, Log)), vec![]),
                     // Peer 2 is not quiet yet: peer 1 waits for room, counted with the others.
                     (61, Some((1, Cap, Hold)), vec![]),
-                    (121, None, vec![(None, vec![(Cap, 1)])]),
+                    (121, None, vec![(None, 1, false, vec![(Cap, 1)])]),
                 ],
             ),
         ];
         for (name, max_peers, steps) in cases {
             eprintln!("case: {name}");
-            run(max_peers, &steps);
+            run(max_peers, FULL_LINES_PER_INTERVAL, &steps);
         }
+    }
+
+    #[test]
+    fn full_lines_and_summaries_share_a_budget_per_interval() {
+        // (name, max_peers, full lines per minute, steps)
+        let cases: Vec<(&str, usize, usize, Vec<Step>)> = vec![
+            (
+                "a flood from many addresses: the budget's lines, then one summary of the rest",
+                8,
+                3,
+                vec![
+                    (0, Some((1, Cap, Log)), vec![]),
+                    (0, Some((2, Cap, Log)), vec![]),
+                    (0, Some((3, Cap, Log)), vec![]),
+                    (0, Some((4, Cap, Hold)), vec![]),
+                    (1, Some((5, Cap, Hold)), vec![]),
+                    (2, Some((4, Cap, Hold)), vec![]),
+                    (60, None, vec![(None, 2, false, vec![(Cap, 3)])]),
+                    // A new interval, a new budget.
+                    (61, Some((6, Cap, Log)), vec![]),
+                ],
+            ),
+            (
+                "a new kind past the budget is summarised",
+                8,
+                1,
+                vec![
+                    (0, Some((1, Cap, Log)), vec![]),
+                    (1, Some((1, Name, Hold)), vec![]),
+                    (60, None, vec![(Some(1), 1, false, vec![(Name, 1)])]),
+                ],
+            ),
+            (
+                "per-peer summaries past the budget are counted with the others",
+                8,
+                2,
+                vec![
+                    (0, Some((1, Cap, Log)), vec![]),
+                    (0, Some((2, Cap, Log)), vec![]),
+                    (60, Some((3, Cap, Log)), vec![]),
+                    (61, Some((1, Cap, Hold)), vec![]),
+                    (61, Some((1, Cap, Hold)), vec![]),
+                    (61, Some((1, Cap, Hold)), vec![]),
+                    (61, Some((2, Cap, Hold)), vec![]),
+                    (61, Some((3, Cap, Hold)), vec![]),
+                    (61, Some((3, Cap, Hold)), vec![]),
+                    (
+                        120,
+                        None,
+                        vec![
+                            (None, 1, false, vec![(Cap, 1)]),
+                            (Some(1), 1, false, vec![(Cap, 3)]),
+                            (Some(3), 1, false, vec![(Cap, 2)]),
+                        ],
+                    ),
+                ],
+            ),
+            (
+                "the others' addresses are told apart up to the table's size",
+                2,
+                1,
+                vec![
+                    (0, Some((1, Cap, Log)), vec![]),
+                    (0, Some((2, Cap, Hold)), vec![]),
+                    (0, Some((3, Cap, Hold)), vec![]),
+                    (0, Some((4, Cap, Hold)), vec![]),
+                    (0, Some((2, Cap, Hold)), vec![]),
+                    (60, None, vec![(None, 2, true, vec![(Cap, 4)])]),
+                ],
+            ),
+        ];
+        for (name, max_peers, lines, steps) in cases {
+            eprintln!("case: {name}");
+            run(max_peers, lines, &steps);
+        }
+    }
+
+    #[test]
+    fn a_thousand_addresses_write_the_budget_and_one_summary() {
+        let start = Instant::now();
+        let mut limiter = PeerLogLimiter::<u16, Why>::new(MINUTE, 1024);
+        let logged = (0..1300u16)
+            .filter(|peer| limiter.record(peer, Cap, start) == Log)
+            .count();
+        assert_eq!(logged, FULL_LINES_PER_INTERVAL);
+        let summaries = limiter.flush(start + MINUTE);
+        assert_eq!(summaries.len(), 1);
+        assert_eq!(summaries[0].peer, None);
+        assert_eq!(summaries[0].total(), 1290);
+        assert_eq!(
+            (summaries[0].peers, summaries[0].peers_at_least),
+            (1024, true)
+        );
     }
 
     #[test]

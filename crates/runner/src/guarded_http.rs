@@ -11,7 +11,11 @@
 //! - a cap on the connections of one peer address ([`ConnectionLimits::per_peer`]), so that a
 //!   flooding source takes only its own share and probes from other addresses are answered;
 //! - a cap on all its connections ([`ConnectionLimits::total`]), which bounds its file
-//!   descriptors and memory whatever the number of sources;
+//!   descriptors and memory whatever the number of sources. At that cap a new connection is
+//!   still served: the oldest connection of the source holding the most is closed for it
+//!   (an IPv6 source is its /64, which one host can fill with addresses; an IPv4 source its
+//!   address), so a flood from many addresses of one host or prefix cannot shut a load
+//!   balancer's prober out; only a newcomer whose own source holds the most is refused;
 //! - a header timeout ([`ConnectionLimits::header_timeout`]): a connection that has not sent a
 //!   complete request header this long after it opened, or after its previous answer, is
 //!   closed (hyper's own timer, which runs from when it waits for a request: slowloris and
@@ -20,13 +24,18 @@
 //!   read or written for this long is closed (a client that stops reading a `/metrics` answer).
 //!
 //! A connection over a cap is closed as soon as it is accepted (with a reset: nothing stays in
-//! the kernel's backlog or in `TIME_WAIT`), counted in `kpng_http_connections_refused_total`,
-//! and logged once per peer and kind, then summarised at most once a minute per peer
-//! ([`kpng_model::log_limit`]).
+//! the kernel's backlog or in `TIME_WAIT`), counted in `kpng_http_connections_refused_total`
+//! (as is each connection closed for a newcomer, `reason="evicted"`), and logged once per
+//! peer, kind and listener, then summarised at most once a minute per peer, within a budget
+//! of lines per minute ([`kpng_model::log_limit`]).
+//!
+//! Connections are HTTP/1 only (as kube-proxy's Go servers, which do not serve HTTP/2 prior
+//! knowledge either), with `half_close`: a client that shuts its sending side after its
+//! request still gets the answer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +53,7 @@ use prometheus_client::metrics::family::Family as MetricFamily;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
 use tower::Service;
 use tracing::{debug, error, warn};
 
@@ -99,8 +109,12 @@ const LOG_PEERS: usize = 1024;
 pub enum Refusal {
     /// Its address holds [`ConnectionLimits::per_peer`] connections.
     PeerCap,
-    /// The listener holds [`ConnectionLimits::total`] connections.
+    /// The listener holds [`ConnectionLimits::total`] connections and the new connection's
+    /// source holds the most of them.
     TotalCap,
+    /// An open connection closed for a new one from another source: the listener held
+    /// [`ConnectionLimits::total`] connections, and its source the most of them.
+    Evicted,
 }
 
 impl Refusal {
@@ -109,6 +123,7 @@ impl Refusal {
         match self {
             Refusal::PeerCap => "per_peer",
             Refusal::TotalCap => "total",
+            Refusal::Evicted => "evicted",
         }
     }
 
@@ -116,7 +131,14 @@ impl Refusal {
     fn words(self) -> &'static str {
         match self {
             Refusal::PeerCap => "its address holds as many connections as one address may",
-            Refusal::TotalCap => "the server holds as many connections as it may",
+            Refusal::TotalCap => {
+                "the server holds as many connections as it may, its source (address, or IPv6 \
+                 /64) the most"
+            }
+            Refusal::Evicted => {
+                "the server held as many connections as it may, its source (address, or IPv6 \
+                 /64) the most: its oldest was closed for a new one from another source"
+            }
         }
     }
 }
@@ -126,7 +148,7 @@ impl Refusal {
 pub struct RefusedLabel {
     /// `healthz`, `metrics` or `service_health_check`.
     pub server: String,
-    /// `per_peer` or `total`.
+    /// `per_peer`, `total` or `evicted`.
     pub reason: String,
 }
 
@@ -140,7 +162,7 @@ impl RefusedConnections {
     pub fn register_in(&self, registry: &mut Registry) {
         registry.register(
             "kpng_http_connections_refused",
-            "Connections to kpng's health, metrics and Service health-check servers closed at once because their address or the server held as many as it may",
+            "Connections to kpng's health, metrics and Service health-check servers closed at once because their address or the server held as many as it may (reason per_peer, total), or closed for a new connection from another source while the server held as many as it may (reason evicted)",
             self.0.clone(),
         );
     }
@@ -165,6 +187,14 @@ impl RefusedConnections {
     }
 }
 
+/// What a refusal is logged and summarised as: why, and on which listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Cause {
+    refusal: Refusal,
+    /// The listening address, and the Service when there is one.
+    on: Arc<str>,
+}
+
 /// What the listeners of one server share: its name, limits, refusal counter and the log
 /// limiter (so that a peer flooding every health-check port is summarised once, not once per
 /// port). Cheap to clone.
@@ -173,9 +203,11 @@ pub struct Guard {
     server: &'static str,
     /// What the log calls the server.
     what: &'static str,
+    /// The Service a Service health-check listener answers for (`namespace/name`), for the log.
+    service: Option<Arc<str>>,
     limits: ConnectionLimits,
     refused: RefusedConnections,
-    log: Arc<Mutex<PeerLogLimiter<IpAddr, Refusal>>>,
+    log: Arc<Mutex<PeerLogLimiter<IpAddr, Cause>>>,
 }
 
 impl Guard {
@@ -189,9 +221,19 @@ impl Guard {
         Guard {
             server,
             what,
+            service: None,
             limits,
             refused,
             log: Arc::new(Mutex::new(PeerLogLimiter::new(LOG_INTERVAL, LOG_PEERS))),
+        }
+    }
+
+    /// The same guard (sharing its counter and log) for a listener answering for `service`
+    /// (`namespace/name`), which its log lines name.
+    pub fn for_service(&self, service: &str) -> Guard {
+        Guard {
+            service: Some(Arc::from(service)),
+            ..self.clone()
         }
     }
 
@@ -200,25 +242,42 @@ impl Guard {
         self.limits
     }
 
-    /// Counts and (within the log budget) logs a refused connection.
-    fn refuse(&self, peer: IpAddr, local: Option<SocketAddr>, reason: Refusal) {
-        self.refused.inc(self.server, reason);
+    /// What the log calls a listener on `local`.
+    fn listener_name(&self, local: Option<SocketAddr>) -> Arc<str> {
+        let addr = local.map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+        match &self.service {
+            Some(service) => Arc::from(format!("{addr} (Service {service})")),
+            None => Arc::from(addr),
+        }
+    }
+
+    /// Counts and (within the log budget) logs a refused or evicted connection of `peer`
+    /// (`newcomer`: the peer an evicted connection was closed for).
+    fn refuse(&self, peer: IpAddr, on: &Arc<str>, refusal: Refusal, newcomer: Option<IpAddr>) {
+        self.refused.inc(self.server, refusal);
+        let cause = Cause {
+            refusal,
+            on: on.clone(),
+        };
         let verdict = self
             .log
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .record(&peer, reason, Instant::now());
+            .record(&peer, cause, Instant::now());
         if verdict == Verdict::Log {
-            let cap = match reason {
+            let cap = match refusal {
                 Refusal::PeerCap => self.limits.per_peer,
-                Refusal::TotalCap => self.limits.total,
+                Refusal::TotalCap | Refusal::Evicted => self.limits.total,
             };
-            let on = local.map(|a| format!(" on {a}")).unwrap_or_default();
+            let (what, newcomer) = match newcomer {
+                Some(n) => ("an open", format!(" for a new one from {n}")),
+                None => ("a new", String::new()),
+            };
             warn!(
-                "closing a new connection to the {}{on} from {peer}: {} ({cap}); further ones \
-                 from {peer} are summarised once a minute",
+                "closing {what} connection to the {} on {on} from {peer}{newcomer}: {} ({cap}); \
+                 further ones from {peer} are summarised once a minute",
                 self.what,
-                reason.words()
+                refusal.words()
             );
         }
     }
@@ -235,18 +294,27 @@ impl Guard {
         }
     }
 
-    fn summary_line(&self, summary: &Summary<IpAddr, Refusal>) -> String {
-        let from = summary
-            .peer
-            .map_or_else(|| "other addresses".to_string(), |p| p.to_string());
-        let why = summary
+    fn summary_line(&self, summary: &Summary<IpAddr, Cause>) -> String {
+        /// Listeners named in one line; the rest are counted.
+        const NAMED: usize = 4;
+        let from = match summary.peer {
+            Some(peer) => peer.to_string(),
+            None if summary.peers_at_least => format!("{} or more other addresses", summary.peers),
+            None => format!("{} other addresses", summary.peers),
+        };
+        let mut why: Vec<String> = summary
             .held
             .iter()
-            .map(|(r, n)| format!("{n} because {}", r.words()))
-            .collect::<Vec<_>>()
-            .join(", ");
+            .take(NAMED)
+            .map(|(c, n)| format!("{n} on {} because {}", c.on, c.refusal.words()))
+            .collect();
+        if summary.held.len() > NAMED {
+            let rest: u64 = summary.held.iter().skip(NAMED).map(|(_, n)| n).sum();
+            why.push(format!("{rest} on or for other listeners"));
+        }
+        let why = why.join(", ");
         format!(
-            "closed {} more new connections to the {} from {from} in the last {} s: {why}",
+            "closed {} more connections to the {} from {from} in the last {} s: {why}",
             summary.total(),
             self.what,
             summary.over.as_secs()
@@ -254,16 +322,86 @@ impl Guard {
     }
 }
 
-/// The connections one listener holds, per peer address and in all.
+/// The source a connection is counted in when the listener is full: its IPv4 address, or
+/// its IPv6 address's /64 (one host is commonly given a whole /64, so counting addresses
+/// would let it hold a listener with a few of them).
+fn source_of(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & !u128::from(u64::MAX))),
+    }
+}
+
+/// One open connection: its peer, and what closes it when dropped.
+#[derive(Debug)]
+struct Held {
+    peer: IpAddr,
+    _close: oneshot::Sender<()>,
+}
+
+/// The connections one listener holds, per peer address, per source (by age) and in all.
 #[derive(Debug, Default)]
 struct Open {
     per_peer: HashMap<IpAddr, usize>,
+    /// Per [`source_of`], its connections by id (ids grow: the first is the oldest).
+    per_source: HashMap<IpAddr, BTreeMap<u64, Held>>,
+    next_id: u64,
     total: usize,
+}
+
+impl Open {
+    /// Forgets connection `id` of `peer`; false when it was not held (already evicted).
+    fn release(&mut self, peer: IpAddr, id: u64) -> bool {
+        let source = source_of(peer);
+        let Some(held) = self.per_source.get_mut(&source) else {
+            return false;
+        };
+        if held.remove(&id).is_none() {
+            return false;
+        }
+        if held.is_empty() {
+            self.per_source.remove(&source);
+        }
+        self.total = self.total.saturating_sub(1);
+        if let Some(n) = self.per_peer.get_mut(&peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_peer.remove(&peer);
+            }
+        }
+        true
+    }
+
+    /// Closes the oldest connection of the source holding the most, unless `newcomer`'s
+    /// source holds as many: the evicted connection's peer.
+    fn evict_for(&mut self, newcomer: IpAddr) -> Option<IpAddr> {
+        let own = self
+            .per_source
+            .get(&source_of(newcomer))
+            .map_or(0, BTreeMap::len);
+        let (&source, held) = self.per_source.iter().max_by_key(|(_, h)| h.len())?;
+        if held.len() <= own {
+            return None;
+        }
+        let (&id, oldest) = held.first_key_value()?;
+        let peer = oldest.peer;
+        debug_assert_eq!(source_of(peer), source);
+        // Dropping its `Held` (its sender) tells its task to close it.
+        self.release(peer, id).then_some(peer)
+    }
 }
 
 /// One listener's count of open connections (for tests and `Permit`).
 #[derive(Clone, Debug, Default)]
 pub struct OpenConnections(Arc<Mutex<Open>>);
+
+/// A connection admitted: its place, what tells it to close, and the peer whose connection
+/// was closed to make room, if any.
+struct Admitted {
+    permit: Permit,
+    closed: oneshot::Receiver<()>,
+    evicted: Option<IpAddr>,
+}
 
 impl OpenConnections {
     /// Connections open now, in all.
@@ -284,21 +422,38 @@ impl OpenConnections {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place for a connection from `peer`, or why there is none.
-    fn admit(&self, peer: IpAddr, limits: &ConnectionLimits) -> Result<Permit, Refusal> {
+    /// A place for a connection from `peer` (making room by closing another source's oldest
+    /// connection when the listener is full), or why there is none.
+    fn admit(&self, peer: IpAddr, limits: &ConnectionLimits) -> Result<Admitted, Refusal> {
         let mut open = self.lock();
         let of_peer = open.per_peer.get(&peer).copied().unwrap_or(0);
         if of_peer >= limits.per_peer {
             return Err(Refusal::PeerCap);
         }
+        let mut evicted = None;
         if open.total >= limits.total {
-            return Err(Refusal::TotalCap);
+            evicted = Some(open.evict_for(peer).ok_or(Refusal::TotalCap)?);
         }
-        open.per_peer.insert(peer, of_peer + 1);
+        let (close, closed) = oneshot::channel();
+        let id = open.next_id;
+        open.next_id += 1;
+        open.per_source.entry(source_of(peer)).or_default().insert(
+            id,
+            Held {
+                peer,
+                _close: close,
+            },
+        );
+        *open.per_peer.entry(peer).or_insert(0) += 1;
         open.total += 1;
-        Ok(Permit {
-            open: self.clone(),
-            peer,
+        Ok(Admitted {
+            permit: Permit {
+                open: self.clone(),
+                peer,
+                id,
+            },
+            closed,
+            evicted,
         })
     }
 }
@@ -307,18 +462,12 @@ impl OpenConnections {
 struct Permit {
     open: OpenConnections,
     peer: IpAddr,
+    id: u64,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut open = self.open.lock();
-        open.total = open.total.saturating_sub(1);
-        if let Some(n) = open.per_peer.get_mut(&self.peer) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                open.per_peer.remove(&self.peer);
-            }
-        }
+        self.open.lock().release(self.peer, self.id);
     }
 }
 
@@ -331,7 +480,7 @@ pub async fn serve(
     guard: Guard,
     open: OpenConnections,
 ) -> io::Result<()> {
-    let local = listener.local_addr().ok();
+    let on = guard.listener_name(listener.local_addr().ok());
     let mut log_tick = tokio::time::interval(LOG_INTERVAL / 4);
     log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -353,18 +502,22 @@ pub async fn serve(
         };
         let peer = remote.ip().to_canonical();
         match open.admit(peer, &guard.limits) {
-            Ok(permit) => {
+            Ok(admitted) => {
+                if let Some(evicted) = admitted.evicted {
+                    guard.refuse(evicted, &on, Refusal::Evicted, Some(peer));
+                }
                 tokio::spawn(serve_connection(
                     stream,
                     remote,
                     app.clone(),
                     guard.limits,
-                    permit,
+                    admitted.permit,
+                    admitted.closed,
                 ));
             }
             Err(reason) => {
                 close_at_once(stream);
-                guard.refuse(peer, local, reason);
+                guard.refuse(peer, &on, reason, None);
             }
         }
     }
@@ -388,13 +541,15 @@ fn close_at_once(stream: TcpStream) {
     drop(stream);
 }
 
-/// Serves one connection: HTTP/1.1 with the header timeout, closed when idle too long.
+/// Serves one connection: HTTP/1.1 with the header timeout, closed when idle too long or
+/// when `closed` completes (evicted for a newcomer).
 async fn serve_connection(
     stream: TcpStream,
     remote: SocketAddr,
     app: Router,
     limits: ConnectionLimits,
     permit: Permit,
+    closed: oneshot::Receiver<()>,
 ) {
     let _permit = permit;
     let _ = stream.set_nodelay(true);
@@ -414,13 +569,19 @@ async fn serve_connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_buf_size(MAX_BUF_SIZE);
+        .max_buf_size(MAX_BUF_SIZE)
+        // A client may shut its sending side after its request and wait for the answer
+        // (curl's and some probers' way); without this hyper may close before answering.
+        .half_close(true);
     let connection = builder.serve_connection(io, service);
     tokio::select! {
         result = connection => {
             if let Err(e) = result {
                 debug!(peer = %remote, "HTTP connection closed: {e}");
             }
+        }
+        _ = closed => {
+            debug!(peer = %remote, "closing an HTTP connection for a new one from another source");
         }
         () = stalled(started, progress, limits.idle_timeout) => {
             debug!(peer = %remote, "closing an HTTP connection idle for {:?}", limits.idle_timeout);

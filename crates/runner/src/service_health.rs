@@ -790,7 +790,7 @@ impl ServiceHealthServers {
                         service: key.clone(),
                         shared: self.shared.clone(),
                     });
-                    let guard = self.guard.clone();
+                    let guard = self.guard.for_service(&key.to_string());
                     running.tasks.push((
                         ip,
                         tokio::spawn(async move {

@@ -1,5 +1,6 @@
 //! How the brain's refusals (of Watches and of connections) reach its log: the first of each
-//! kind from a peer address in full, then at most one summary line a minute per peer.
+//! kind from a peer address in full (at most [`kpng_model::log_limit::FULL_LINES_PER_INTERVAL`]
+//! a minute), then at most one summary line a minute per peer and one for the others.
 //!
 //! Why: a node stuck in a retry loop (a wrong node name, a certificate for another node, a
 //! peer over its share) or a hostile client is refused many times a second, and a warning
@@ -118,7 +119,8 @@ fn summary_line(summary: &Summary<Peer, Refusal>) -> String {
     let from = match summary.peer {
         Some(Some(ip)) => ip.to_string(),
         Some(None) => "Unix-socket clients".to_string(),
-        None => "other peers (too many to track each)".to_string(),
+        None if summary.peers_at_least => format!("{} or more other peers", summary.peers),
+        None => format!("{} other peers", summary.peers),
     };
     let why = summary
         .held
@@ -163,12 +165,14 @@ mod tests {
             (
                 None,
                 vec![(Refusal::OtherNode, 1)],
-                "refused 1 more Watches from other peers (too many to track each) in the last \
-                 60 s: 1 a node the client certificate does not name",
+                "refused 1 more Watches from 1 other peers in the last 60 s: 1 a node the client \
+                 certificate does not name",
             ),
         ];
         for (peer, held, line) in cases {
             let summary = Summary {
+                peers: usize::from(peer.is_none()),
+                peers_at_least: false,
                 peer,
                 held,
                 over: minute,

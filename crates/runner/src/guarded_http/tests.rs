@@ -27,7 +27,8 @@ impl Drop for Server {
     }
 }
 
-/// A health-check-like server (`ok` on any path, 16 MiB on `/large`) within `limits`.
+/// A health-check-like server (`ok` on any path, 16 MiB on `/large`, `ok` after 20 ms on
+/// `/slow`) within `limits`.
 async fn start(limits: ConnectionLimits) -> Server {
     let listener = TcpListener::bind((FLOODER, 0))
         .await
@@ -35,6 +36,15 @@ async fn start(limits: ConnectionLimits) -> Server {
     let addr = listener.local_addr().expect("bound address");
     let app = Router::new()
         .route("/large", get(|| async { vec![b'x'; 16 << 20] }))
+        // An answer that takes a moment (as one reading shared state may): the client's
+        // half-close reaches the server before it.
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                "ok"
+            }),
+        )
         .fallback(|| async { "ok" });
     let refused = RefusedConnections::default();
     let open = OpenConnections::default();
@@ -177,16 +187,18 @@ async fn the_listener_holds_at_most_its_total() {
     })
     .await
     .expect("connect");
-    wait_for("all connections are accepted or refused", || {
-        server.refused.get("test", Refusal::PeerCap) + server.refused.get("test", Refusal::TotalCap)
+    wait_for("all connections are accepted, refused or make room", || {
+        server.refused.get("test", Refusal::PeerCap) + server.refused.get("test", Refusal::Evicted)
             == 3
     })
     .await;
     assert_eq!(server.refused.get("test", Refusal::PeerCap), 2);
-    assert_eq!(server.refused.get("test", Refusal::TotalCap), 1);
+    // The last address found the listener full and closed a larger source's oldest.
+    assert_eq!(server.refused.get("test", Refusal::Evicted), 1);
+    assert_eq!(server.refused.get("test", Refusal::TotalCap), 0);
     assert_eq!(server.open.total(), limits.total);
-    assert_eq!(server.open.from(FLOODER), 2);
-    assert_eq!(server.open.from(PROBER), 2);
+    assert_eq!(server.open.from(FLOODER) + server.open.from(PROBER), 3);
+    assert_eq!(server.open.from(IpAddr::from([127, 0, 0, 3])), 1);
     drop(clients);
     wait_for("closed connections give their places back", || {
         server.open.total() == 0
@@ -272,22 +284,203 @@ async fn a_client_that_stops_reading_is_closed_when_idle() {
 }
 
 #[test]
-fn a_summary_says_how_many_more_were_closed_and_why() {
+fn a_summary_says_how_many_more_were_closed_where_and_why() {
     let guard = Guard::new(
-        "healthz",
-        "health server",
+        "service_health_check",
+        "Service health check",
         ConnectionLimits::DEFAULT,
         RefusedConnections::default(),
-    );
-    let line = guard.summary_line(&Summary {
-        peer: Some(FLOODER),
-        held: vec![(Refusal::PeerCap, 512), (Refusal::TotalCap, 3)],
-        over: Duration::from_secs(60),
-    });
-    assert_eq!(
-        line,
-        "closed 515 more new connections to the health server from 127.0.0.1 in the last 60 s: \
-         512 because its address holds as many connections as one address may, 3 because the \
-         server holds as many connections as it may"
-    );
+    )
+    .for_service("default/web");
+    let on = guard.listener_name(Some(SocketAddr::new(PROBER, 30_000)));
+    let cause = |refusal| Cause {
+        refusal,
+        on: on.clone(),
+    };
+    let cases = [
+        (
+            Some(FLOODER),
+            1,
+            false,
+            vec![
+                (cause(Refusal::PeerCap), 512),
+                (cause(Refusal::TotalCap), 3),
+            ],
+            "closed 515 more connections to the Service health check from 127.0.0.1 in the last \
+             60 s: 512 on 127.0.0.2:30000 (Service default/web) because its address holds as \
+             many connections as one address may, 3 on 127.0.0.2:30000 (Service default/web) \
+             because the server holds as many connections as it may, its source (address, or \
+             IPv6 /64) the most",
+        ),
+        (
+            None,
+            1300,
+            true,
+            vec![(cause(Refusal::Evicted), 7)],
+            "closed 7 more connections to the Service health check from 1300 or more other \
+             addresses in the last 60 s: 7 on 127.0.0.2:30000 (Service default/web) because the \
+             server held as many connections as it may, its source (address, or IPv6 /64) the \
+             most: its oldest was closed for a new one from another source",
+        ),
+    ];
+    for (peer, peers, peers_at_least, held, line) in cases {
+        let summary = Summary {
+            peer,
+            peers,
+            peers_at_least,
+            held,
+            over: Duration::from_secs(60),
+        };
+        assert_eq!(guard.summary_line(&summary), line);
+    }
+}
+
+#[test]
+fn a_full_listener_closes_the_oldest_connection_of_the_largest_source() {
+    let limits = ConnectionLimits {
+        per_peer: 32,
+        total: 16,
+        ..ConnectionLimits::DEFAULT
+    };
+    let ip = |s: &str| -> IpAddr { s.parse().expect("an address") };
+    // One host with 16 addresses of one /64 fills the listener, one connection each.
+    let flood: Vec<IpAddr> = (1..=16)
+        .map(|i| ip(&format!("2001:db8:1:2::{i:x}")))
+        .collect();
+    // (newcomer, expected: the evicted peer or the refusal)
+    let cases: Vec<(IpAddr, Result<Option<IpAddr>, Refusal>)> = vec![
+        // A prober from another /64: the flood's oldest connection is closed for it.
+        (ip("2001:db8:1:3::1"), Ok(Some(flood[0]))),
+        // And the next from another source again: the flood's next oldest.
+        (ip("10.0.0.1"), Ok(Some(flood[1]))),
+        // A newcomer from the flood's /64 (another address): its source holds the most.
+        (ip("2001:db8:1:2::ffff"), Err(Refusal::TotalCap)),
+    ];
+    let open = OpenConnections::default();
+    let mut kept = Vec::new();
+    for peer in &flood {
+        let admitted = open.admit(*peer, &limits).expect("room for the flood");
+        assert_eq!(admitted.evicted, None);
+        kept.push(admitted);
+    }
+    for (i, (newcomer, expected)) in cases.into_iter().enumerate() {
+        let got = open.admit(newcomer, &limits);
+        match (got, expected) {
+            (Ok(admitted), Ok(evicted)) => {
+                assert_eq!(admitted.evicted, evicted, "case {i}");
+                kept.push(admitted);
+            }
+            (Err(got), Err(expected)) => assert_eq!(got, expected, "case {i}"),
+            (got, expected) => panic!(
+                "case {i}: got {:?}, expected {expected:?}",
+                got.map(|a| a.evicted)
+            ),
+        }
+        assert_eq!(open.total(), limits.total, "case {i}");
+    }
+    // The evicted connections were told to close; the others were not.
+    let mut told = 0;
+    for admitted in &mut kept {
+        if admitted
+            .closed
+            .try_recv()
+            .is_err_and(|e| e == oneshot::error::TryRecvError::Closed)
+        {
+            told += 1;
+        }
+    }
+    assert_eq!(told, 2);
+    assert_eq!(open.from(flood[0]), 0);
+    drop(kept);
+    assert_eq!(open.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prober_is_answered_while_a_flood_holds_the_listener() {
+    let limits = ConnectionLimits {
+        per_peer: 4,
+        total: 12,
+        header_timeout: Duration::from_secs(600),
+        idle_timeout: Duration::from_secs(600),
+    };
+    let server = start(limits).await;
+    let addr = server.addr;
+    // Three flooding addresses fill the listener with idle connections.
+    let flooders: Vec<IpAddr> = (3..=5).map(|i| IpAddr::from([127, 0, 0, i])).collect();
+    let from = flooders.clone();
+    let clients = tokio::task::spawn_blocking(move || {
+        from.iter()
+            .flat_map(|&f| (0..limits.per_peer).map(move |_| connect(f, addr)))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("connect the flood");
+    wait_for("the flood holds the listener", || {
+        server.open.total() == limits.total
+    })
+    .await;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut probe = connect(PROBER, addr);
+        probe
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
+            .expect("send the probe");
+        read_until_closed(probe)
+    })
+    .await
+    .expect("probe")
+    .expect("the probe's answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("ok"), "{answer}");
+    assert_eq!(server.refused.get("test", Refusal::Evicted), 1);
+    assert_eq!(server.refused.get("test", Refusal::TotalCap), 0);
+    // The evicted connection is one flooder's oldest, and its client sees it closed.
+    wait_for("the evicted connection is closed", || {
+        clients.iter().filter(|c| closed_by_server(c)).count() == 1
+    })
+    .await;
+    drop(clients);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_request_gets_the_whole_answer() {
+    let server = start(ConnectionLimits::DEFAULT).await;
+    let addr = server.addr;
+    let failures = tokio::task::spawn_blocking(move || {
+        (0..20)
+            .filter(|_| {
+                let mut client = connect(PROBER, addr);
+                client
+                    .write_all(b"GET /slow HTTP/1.1\r\nHost: node\r\n\r\n")
+                    .expect("send a request");
+                client
+                    .shutdown(std::net::Shutdown::Write)
+                    .expect("half-close");
+                let answer = read_until_closed(client).unwrap_or_default();
+                !(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"))
+            })
+            .count()
+    })
+    .await
+    .expect("clients");
+    assert_eq!(failures, 0, "of 20 half-closing clients");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_header_over_16_kib_gets_431() {
+    let server = start(ConnectionLimits::DEFAULT).await;
+    let addr = server.addr;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut client = connect(PROBER, addr);
+        let large = "x".repeat(MAX_BUF_SIZE + 1);
+        // The server may answer and close before it has read everything: a failed write is
+        // fine, the answer is what counts.
+        let _ = client.write_all(
+            format!("GET /healthz HTTP/1.1\r\nHost: node\r\nX-Large: {large}\r\n\r\n").as_bytes(),
+        );
+        read_until_closed(client)
+    })
+    .await
+    .expect("client")
+    .expect("the answer");
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 }
