@@ -1,6 +1,8 @@
 //! The brain's own metrics, in a registry the binary owns (no globals).
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
@@ -16,6 +18,18 @@ pub struct ApiMetrics {
     /// `kpng_api_sent_bytes_total`: bytes of the Watch streams handed to HTTP/2 (gRPC
     /// messages; bundles compressed): what the brain costs the network.
     pub sent_bytes: Counter,
+    /// `kpng_api_refused_total{reason}`: Watches and connections refused, by reason. The log
+    /// tells the first of each kind per peer and then summarises; this counts every one, for
+    /// an alert on a node stuck in a retry loop.
+    pub refused: Family<RefusedLabel, Counter>,
+}
+
+/// The label of `kpng_api_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabel {
+    /// `not_a_node_name`, `other_node`, `too_many_watches`, `too_many_watches_from_peer` or
+    /// `too_many_connections`.
+    pub reason: String,
 }
 
 impl ApiMetrics {
@@ -42,6 +56,11 @@ impl ApiMetrics {
             "kpng_api_sent_bytes",
             "Bytes of gRPC messages sent to API clients (bundles compressed)",
             m.sent_bytes.clone(),
+        );
+        registry.register(
+            "kpng_api_refused",
+            "Watches and connections the API server refused, by reason",
+            m.refused.clone(),
         );
         m
     }

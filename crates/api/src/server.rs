@@ -653,7 +653,9 @@ pub async fn serve(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
-    let refusals = Arc::new(refusal_log::RefusalLog::default());
+    let refusals = Arc::new(refusal_log::RefusalLog::counting_in(
+        hub.metrics().refused.clone(),
+    ));
     let router = builder.add_service(SetsService::new(hub).with_refusal_log(refusals.clone()));
     let listen_err = |source| ServeError::Listen {
         addr: addr.clone(),

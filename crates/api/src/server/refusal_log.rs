@@ -12,6 +12,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kpng_model::log_limit::{PeerLogLimiter, Summary, Verdict};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::metrics::RefusedLabel;
 use tracing::warn;
 
 /// How long a peer's refusals are summarised over.
@@ -41,6 +45,17 @@ impl Refusal {
         self == Refusal::TooManyConnections
     }
 
+    /// The reason, as `kpng_api_refused_total`'s label.
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::NotANodeName => "not_a_node_name",
+            Refusal::OtherNode => "other_node",
+            Refusal::TooManyWatches => "too_many_watches",
+            Refusal::TooManyWatchesFromPeer => "too_many_watches_from_peer",
+            Refusal::TooManyConnections => "too_many_connections",
+        }
+    }
+
     /// The reason, in a summary.
     fn words(self) -> &'static str {
         match self {
@@ -60,20 +75,33 @@ pub(crate) type Peer = Option<IpAddr>;
 #[derive(Debug)]
 pub(crate) struct RefusalLog {
     limiter: Mutex<PeerLogLimiter<Peer, Refusal>>,
+    /// Every refusal, by reason (`kpng_api_refused_total`).
+    counted: Family<RefusedLabel, Counter>,
 }
 
 impl Default for RefusalLog {
     fn default() -> RefusalLog {
-        RefusalLog {
-            limiter: Mutex::new(PeerLogLimiter::new(INTERVAL, MAX_PEERS)),
-        }
+        RefusalLog::counting_in(Family::default())
     }
 }
 
 impl RefusalLog {
+    /// A log that also counts every refusal in `counted` (the brain's registered family).
+    pub(crate) fn counting_in(counted: Family<RefusedLabel, Counter>) -> RefusalLog {
+        RefusalLog {
+            limiter: Mutex::new(PeerLogLimiter::new(INTERVAL, MAX_PEERS)),
+            counted,
+        }
+    }
+
     /// Records a refusal from `peer`: whether to log it in full (the caller does, with its
     /// details); the others are told in [`RefusalLog::flush`]'s summaries.
     pub(crate) fn record(&self, peer: Peer, refusal: Refusal) -> bool {
+        self.counted
+            .get_or_create(&RefusedLabel {
+                reason: refusal.label().to_string(),
+            })
+            .inc();
         let peer = peer.map(|ip| ip.to_canonical());
         self.limiter
             .lock()
@@ -203,5 +231,15 @@ mod tests {
             log.record(Some(other), Refusal::NotANodeName),
             "another peer"
         );
+        // The metric counts every refusal, logged or not.
+        let counted = |reason: &str| {
+            log.counted
+                .get_or_create(&RefusedLabel {
+                    reason: reason.into(),
+                })
+                .get()
+        };
+        assert_eq!(counted("not_a_node_name"), 502);
+        assert_eq!(counted("too_many_connections"), 1);
     }
 }
