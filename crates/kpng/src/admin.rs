@@ -742,9 +742,17 @@ fn health_check_answer(hc: &kpng_runner::service_health::HealthCheckAnswer) -> S
         hc.port,
         hc.status.unwrap_or_default()
     );
-    match &hc.not_served {
+    let answers = match &hc.not_served {
         // Served on some of the node's addresses only (another family's is missing, say).
         Some(e) => format!("{answers}, NOT SERVED on {e}"),
+        None => answers,
+    };
+    match hc.refused_connections {
+        // A flood holds the listener: probers may be refused or have connections closed.
+        Some((total, ago)) => format!(
+            "{answers}, REFUSING CONNECTIONS over its caps ({total} since it started, the \
+             last {ago} s ago; the log names the sources)"
+        ),
         None => answers,
     }
 }
@@ -1492,6 +1500,7 @@ mod tests {
             status,
             local_endpoints,
             not_served: status.is_none().then(|| "in use".to_string()),
+            refused_connections: None,
         };
         for (hc, want) in [
             (
@@ -1514,6 +1523,14 @@ mod tests {
                 },
                 "health check :32100 answers 200 (2 local), NOT SERVED on [fd00:100::1]:32100: \
                  Cannot assign requested address (os error 99) (served on 192.168.100.1:32100)",
+            ),
+            (
+                HealthCheckAnswer {
+                    refused_connections: Some((968, 3)),
+                    ..answer(Some(200), 1)
+                },
+                "health check :32100 answers 200 (1 local), REFUSING CONNECTIONS over its caps \
+                 (968 since it started, the last 3 s ago; the log names the sources)",
             ),
         ] {
             assert_eq!(health_check_answer(&hc), want);

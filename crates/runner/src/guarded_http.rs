@@ -205,6 +205,8 @@ pub struct Guard {
     what: &'static str,
     /// The Service a Service health-check listener answers for (`namespace/name`), for the log.
     service: Option<Arc<str>>,
+    /// That Service's refusals, for `kpng status`.
+    tally: Option<RefusalTally>,
     limits: ConnectionLimits,
     refused: RefusedConnections,
     log: Arc<Mutex<PeerLogLimiter<IpAddr, Cause>>>,
@@ -222,6 +224,7 @@ impl Guard {
             server,
             what,
             service: None,
+            tally: None,
             limits,
             refused,
             log: Arc::new(Mutex::new(PeerLogLimiter::new(LOG_INTERVAL, LOG_PEERS))),
@@ -229,10 +232,11 @@ impl Guard {
     }
 
     /// The same guard (sharing its counter and log) for a listener answering for `service`
-    /// (`namespace/name`), which its log lines name.
-    pub fn for_service(&self, service: &str) -> Guard {
+    /// (`namespace/name`), which its log lines name; its refusals are also told in `tally`.
+    pub fn for_service(&self, service: &str, tally: RefusalTally) -> Guard {
         Guard {
             service: Some(Arc::from(service)),
+            tally: Some(tally),
             ..self.clone()
         }
     }
@@ -255,6 +259,9 @@ impl Guard {
     /// (`newcomer`: the peer an evicted connection was closed for).
     fn refuse(&self, peer: IpAddr, on: &Arc<str>, refusal: Refusal, newcomer: Option<IpAddr>) {
         self.refused.inc(self.server, refusal);
+        if let Some(tally) = &self.tally {
+            tally.add(Instant::now());
+        }
         let cause = Cause {
             refusal,
             on: on.clone(),
@@ -468,6 +475,35 @@ struct Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.open.lock().release(self.peer, self.id);
+    }
+}
+
+/// The connections one Service's health-check listeners refused or closed over a cap, for
+/// `kpng status`: the engineer asking why a load balancer marks the node down sees the flood
+/// there, not only in the log and a metric.
+#[derive(Clone, Debug, Default)]
+pub struct RefusalTally(Arc<Mutex<Tally>>);
+
+#[derive(Debug, Default)]
+struct Tally {
+    total: u64,
+    last: Option<Instant>,
+}
+
+impl RefusalTally {
+    fn add(&self, now: Instant) {
+        let mut t = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        t.total += 1;
+        t.last = Some(now);
+    }
+
+    /// How many connections were refused or closed since the listeners started, and how long
+    /// ago the last one was, when that is within `within` of `now` (else `None`: no recent
+    /// flood).
+    pub fn recent(&self, now: Instant, within: Duration) -> Option<(u64, Duration)> {
+        let t = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let ago = now.saturating_duration_since(t.last?);
+        (ago <= within).then_some((t.total, ago))
     }
 }
 

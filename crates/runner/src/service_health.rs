@@ -30,7 +30,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use crate::guarded_http::{ConnectionLimits, Guard, OpenConnections, RefusedConnections};
+use crate::guarded_http::{
+    ConnectionLimits, Guard, OpenConnections, RefusalTally, RefusedConnections,
+};
 use crate::health::ProxyHealth;
 
 /// Where Service health checks listen, as `--nodeport-addresses` says (decided by the binary
@@ -383,6 +385,8 @@ struct Running {
     tasks: Vec<(IpAddr, JoinHandle<()>)>,
     /// Since when it listens nowhere (no address wanted), for `kpng trace`.
     nowhere_since: Option<SystemTime>,
+    /// The connections its listeners refused or closed over a cap, for `kpng status`.
+    refusals: RefusalTally,
 }
 
 /// Why a wanted check listens nowhere: `--nodeport-addresses` CIDRs no address of the node is
@@ -486,7 +490,14 @@ pub struct HealthCheckAnswer {
     /// not start while it answers on the node's other addresses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_served: Option<String>,
+    /// Connections its listeners refused or closed over a connection cap, when the last was
+    /// within [`RECENT_REFUSALS`]: (since the check started, seconds since the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_connections: Option<(u64, u64)>,
 }
+
+/// How recent a refused connection must be for `kpng status` to show the check refusing.
+pub const RECENT_REFUSALS: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The health-check servers of this node.
 pub struct ServiceHealthServers {
@@ -576,8 +587,13 @@ impl ServiceHealthServers {
                 status: None,
                 local_endpoints: failed.check.local_endpoints,
                 not_served: Some(failed.error.clone()),
+                refused_connections: None,
             });
         };
+        let refused_connections = running
+            .refusals
+            .recent(std::time::Instant::now(), RECENT_REFUSALS)
+            .map(|(total, ago)| (total, ago.as_secs()));
         let local_endpoints = self.counts().get(service).copied().unwrap_or(0);
         if running.addresses.is_empty() {
             return Some(HealthCheckAnswer {
@@ -585,6 +601,7 @@ impl ServiceHealthServers {
                 status: None,
                 local_endpoints,
                 not_served: Some(NO_ADDRESS.to_string()),
+                refused_connections,
             });
         }
         let healthy = self.shared.health.is_healthy(SystemTime::now());
@@ -593,6 +610,7 @@ impl ServiceHealthServers {
             status: Some(answer_status(local_endpoints, healthy).as_u16()),
             local_endpoints,
             not_served: failed.map(|f| f.error.clone()),
+            refused_connections,
         })
     }
 
@@ -707,6 +725,7 @@ impl ServiceHealthServers {
                 unbound: addresses.clone(),
                 tasks: Vec::new(),
                 nowhere_since: addresses.is_empty().then(SystemTime::now),
+                refusals: RefusalTally::default(),
             });
             let bound = self.bind_unbound(&key, &mut running);
             let nowhere = running.addresses.is_empty();
@@ -790,7 +809,9 @@ impl ServiceHealthServers {
                         service: key.clone(),
                         shared: self.shared.clone(),
                     });
-                    let guard = self.guard.for_service(&key.to_string());
+                    let guard = self
+                        .guard
+                        .for_service(&key.to_string(), running.refusals.clone());
                     running.tasks.push((
                         ip,
                         tokio::spawn(async move {

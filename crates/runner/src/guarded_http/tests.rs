@@ -291,7 +291,7 @@ fn a_summary_says_how_many_more_were_closed_where_and_why() {
         ConnectionLimits::DEFAULT,
         RefusedConnections::default(),
     )
-    .for_service("default/web");
+    .for_service("default/web", RefusalTally::default());
     let on = guard.listener_name(Some(SocketAddr::new(PROBER, 30_000)));
     let cause = |refusal| Cause {
         refusal,

@@ -670,7 +670,7 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
     let port = free_port();
     let key = ServiceKey::new("shop", "storefront");
     let wanted = BTreeMap::from([(
-        key,
+        key.clone(),
         HealthCheck {
             port,
             local_endpoints: 1,
@@ -696,6 +696,12 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(refused.get(SERVER, per_peer), 97);
+    // `kpng status` says the check is refusing connections.
+    let (total, _ago) = hc
+        .answer(&key)
+        .and_then(|a| a.refused_connections)
+        .expect("the status tells the refusals");
+    assert_eq!(total, 97);
 
     // A load balancer's probe from another address is answered meanwhile.
     let answer = tokio::task::spawn_blocking(move || {
