@@ -137,11 +137,16 @@ async fn an_unhealthy_proxy_answers_503_even_with_endpoints() {
     assert_eq!(text, body(&key, 3, false));
 }
 
-/// A free port, and a listener that holds it on `ip` (so that binding it there fails).
+/// A free port, and a listener that holds it on `ip` (so that binding it there fails). A port
+/// taken on `ip` between the two binds (by another test's client) is given up for another.
 fn squatted(ip: &str) -> (u16, std::net::TcpListener) {
-    let port = free_port();
-    let squatter = std::net::TcpListener::bind((ip, port)).expect("bind");
-    (port, squatter)
+    for _ in 0..20 {
+        let port = free_port();
+        if let Ok(squatter) = std::net::TcpListener::bind((ip, port)) {
+            return (port, squatter);
+        }
+    }
+    panic!("no port free on both 127.0.0.1 and {ip} in 20 tries")
 }
 
 /// Service `ns/svc` wanting its check on `port`, with one local endpoint.
@@ -638,22 +643,26 @@ async fn an_address_added_is_bound_and_one_removed_is_closed() {
     assert_eq!(failures.get(), 0);
 }
 
-/// A client connection from `from` (a loopback address: 127.0.0.1 and 127.0.0.2 are two
+/// A client connection from `from` (a loopback address: 127.0.0.9 and 127.0.0.10 are two
 /// peers).
 fn connect_from(from: [u8; 4], port: u16) -> std::net::TcpStream {
+    try_connect_from(from, port).expect("connect")
+}
+
+/// [`connect_from`] for a flood: `None` when the server's reset of a refused connection
+/// reached `connect()` before it returned (a loaded machine).
+fn try_connect_from(from: [u8; 4], port: u16) -> std::io::Result<std::net::TcpStream> {
     let socket =
         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
     socket
         .bind(&std::net::SocketAddr::from((from, 0)).into())
         .expect("bind the client's address");
-    socket
-        .connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
-        .expect("connect");
+    socket.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())?;
     let stream: std::net::TcpStream = socket.into();
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .expect("read timeout");
-    stream
+    Ok(stream)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -678,10 +687,16 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
     )]);
     hc.sync(&wanted, &[IpAddr::from([127, 0, 0, 1])]).await;
 
-    // 100 idle connections from 127.0.0.1: three are held, the others closed at once.
+    // 100 idle connections from 127.0.0.9: three are held, the others closed at once.
     let flood = tokio::task::spawn_blocking(move || {
         (0..100)
-            .map(|_| connect_from([127, 0, 0, 1], port))
+            // From an address no test listens on (its client ports cannot take a port another
+            // test picked), to the check on 127.0.0.1.
+            .map(|_| match try_connect_from([127, 0, 0, 9], port) {
+                Ok(c) => Some(c),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
+                Err(e) => panic!("connect: {e}"),
+            })
             .collect::<Vec<_>>()
     })
     .await
@@ -705,7 +720,7 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
 
     // A load balancer's probe from another address is answered meanwhile.
     let answer = tokio::task::spawn_blocking(move || {
-        let mut probe = connect_from([127, 0, 0, 2], port);
+        let mut probe = connect_from([127, 0, 0, 10], port);
         probe
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
             .expect("probe");
@@ -721,7 +736,9 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
     let closed = tokio::task::spawn_blocking(move || {
         flood
             .into_iter()
-            .map(|mut c| {
+            .map(|c| {
+                // Reset before `connect()` returned: closed by the server too.
+                let Some(mut c) = c else { return true };
                 let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: ");
                 let mut rest = Vec::new();
                 match c.read_to_end(&mut rest) {
