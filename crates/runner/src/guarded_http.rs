@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -571,10 +571,23 @@ fn is_connection_error(e: &io::Error) -> bool {
 /// Closes with a reset: the socket is freed at once, with no `TIME_WAIT` or `FIN_WAIT` state
 /// left for a flood to fill the kernel's tables with.
 fn close_at_once(stream: TcpStream) {
-    if let Err(e) = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO)) {
-        debug!("SO_LINGER on a refused connection: {e}");
-    }
+    reset_when_closed(&stream);
     drop(stream);
+}
+
+/// Makes closing `stream` send a reset (SO_LINGER 0) rather than a FIN.
+fn reset_when_closed(stream: &TcpStream) {
+    if let Err(e) = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO)) {
+        debug!("SO_LINGER on a connection closed at once: {e}");
+    }
+}
+
+/// Completes when the connection is told to close for a newcomer, first marking it to be
+/// reset: an evicted client is most likely part of a flood, and a reset leaves no
+/// `FIN_WAIT`/`TIME_WAIT` socket behind for each connection closed, as a refusal does not.
+async fn told_to_close(closed: oneshot::Receiver<()>, reset: Arc<AtomicBool>) {
+    let _ = closed.await;
+    reset.store(true, Ordering::Relaxed);
 }
 
 /// Serves one connection: HTTP/1.1 with the header timeout, closed when idle too long or
@@ -590,11 +603,13 @@ async fn serve_connection(
     let _permit = permit;
     let _ = stream.set_nodelay(true);
     let progress = Arc::new(AtomicU64::new(0));
+    let reset = Arc::new(AtomicBool::new(false));
     let started = tokio::time::Instant::now();
     let io = TokioIo::new(Watched {
         io: stream,
         started,
         progress: progress.clone(),
+        reset_on_drop: reset.clone(),
     });
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(remote));
@@ -616,7 +631,7 @@ async fn serve_connection(
                 debug!(peer = %remote, "HTTP connection closed: {e}");
             }
         }
-        _ = closed => {
+        () = told_to_close(closed, reset) => {
             debug!(peer = %remote, "closing an HTTP connection for a new one from another source");
         }
         () = stalled(started, progress, limits.idle_timeout) => {
@@ -643,6 +658,16 @@ struct Watched {
     io: TcpStream,
     started: tokio::time::Instant,
     progress: Arc<AtomicU64>,
+    /// Set when the connection is evicted: closing it then sends a reset.
+    reset_on_drop: Arc<AtomicBool>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if self.reset_on_drop.load(Ordering::Relaxed) {
+            reset_when_closed(&self.io);
+        }
+    }
 }
 
 impl Watched {

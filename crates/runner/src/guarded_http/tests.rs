@@ -103,16 +103,22 @@ async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 /// Whether the server has closed this connection (a reset or an end of stream is waiting);
 /// `false` while it is open and silent.
 fn closed_by_server(stream: &StdStream) -> bool {
+    server_closing(stream).is_some()
+}
+
+/// How the server closed this connection: `Ok` for an end of stream (a FIN), the error for
+/// a reset; `None` while it is open and silent.
+fn server_closing(stream: &StdStream) -> Option<Result<(), ErrorKind>> {
     stream.set_nonblocking(true).expect("non-blocking");
     let mut byte = [0u8; 1];
-    let closed = match (&*stream).read(&mut byte) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) if e.kind() == ErrorKind::WouldBlock => false,
-        Err(_) => true,
+    let closing = match (&*stream).read(&mut byte) {
+        Ok(0) => Some(Ok(())),
+        Ok(_) => None,
+        Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+        Err(e) => Some(Err(e.kind())),
     };
     stream.set_nonblocking(false).expect("blocking");
-    closed
+    closing
 }
 
 /// What a load balancer's probe from [`PROBER`] gets for `/healthz` on `addr`.
@@ -451,11 +457,16 @@ async fn a_prober_is_answered_while_a_flood_holds_the_listener() {
     assert!(answer.ends_with("ok"), "{answer}");
     assert_eq!(server.refused.get("test", Refusal::Evicted), 1);
     assert_eq!(server.refused.get("test", Refusal::TotalCap), 0);
-    // The evicted connection is one flooder's oldest, and its client sees it closed.
+    // The evicted connection is one flooder's oldest, and its client sees it reset (no
+    // FIN_WAIT/TIME_WAIT socket is left on the server for a flood to pile up).
+    let mut closings = Vec::new();
     wait_for("the evicted connection is closed", || {
-        clients.iter().filter(|c| closed_by_server(c)).count() == 1
+        closings.extend(clients.iter().filter_map(server_closing));
+        !closings.is_empty()
     })
     .await;
+    assert_eq!(closings, [Err(ErrorKind::ConnectionReset)]);
+    assert_eq!(clients.iter().filter(|c| closed_by_server(c)).count(), 1);
     drop(clients);
 }
 
