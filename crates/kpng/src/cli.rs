@@ -667,7 +667,8 @@ pub enum LogFormat {
 /// `kpng file …`.
 #[derive(Debug, Args)]
 pub struct FileSource {
-    /// The manifest file (what `kubectl get svc,endpointslices,nodes -A -o yaml` prints).
+    /// The manifest file (what `kubectl get svc,endpointslices,nodes -A -o yaml` prints), or a
+    /// directory whose every *.yaml, *.yml and *.json file is one.
     #[arg(short = 'i', long)]
     pub input: PathBuf,
     /// How long the file must be quiet after a change before it is re-read.

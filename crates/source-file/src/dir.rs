@@ -456,6 +456,10 @@ pub(crate) async fn run(
     expansion: ExpansionLimit,
     events: mpsc::Sender<Event>,
 ) -> Result<(), SourceError> {
+    // The watcher names changed files under the directory made absolute; the first load's
+    // paths must be the same, or a file read at start is known under another name than its
+    // changes and its removal (`--input manifests`) deletes nothing.
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
     let mut watch = DirWatch::new(&dir)?;
 
     // First load: every file, as one complete list, streamed object by object so that no

@@ -142,7 +142,8 @@ impl FileSource {
     /// When the path is a directory, every `*.yaml`, `*.yml` and `*.json` file in it is one
     /// manifest: the first load is one streamed list of all of them, and a change re-reads only
     /// the files that changed and sends `Apply`/`Delete` for their objects. That keeps one change
-    /// O(that file) however large the cluster.
+    /// O(that file) however large the cluster. A path missing at start that appears as a
+    /// directory is read as one from then on.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), SourceError> {
         let is_dir = self.path.is_dir();
         self.metrics.health.set_source(format!(
@@ -205,10 +206,33 @@ impl FileSource {
                     }
                 }
             }
+            if self.path.is_dir() {
+                break;
+            }
             if !self.reload(&events, &mut state).await {
                 return Ok(());
             }
         }
+        // The path was missing at start (a volume not mounted yet, a directory created
+        // later) and is a directory now: read it as one, its first load replacing whatever
+        // the path held before.
+        info!(
+            "{} is a directory now: reading every manifest in it",
+            self.path.display()
+        );
+        self.metrics.health.recovered_all();
+        self.metrics
+            .health
+            .set_source(format!("directory {}", self.path.display()));
+        drop(watch);
+        crate::dir::run(
+            self.path,
+            self.debounce,
+            self.metrics,
+            self.expansion,
+            events,
+        )
+        .await
     }
 
     /// Deletes what the version in use lacks, once it has been unchanged for [`DELETE_QUIET`];

@@ -341,6 +341,94 @@ async fn an_object_in_two_files_of_a_large_directory_is_the_last_files() {
     task.abort();
 }
 
+/// `path` as a path relative to the current directory (`../../tmp/…`), without changing the
+/// current directory (which every test of this binary shares).
+fn relative_to_current_dir(path: &std::path::Path) -> std::path::PathBuf {
+    let cwd = std::env::current_dir().expect("current directory");
+    let up = cwd.components().count().saturating_sub(1);
+    let mut relative: std::path::PathBuf = std::iter::repeat_n("..", up).collect();
+    relative.push(path.strip_prefix("/").expect("an absolute path"));
+    relative
+}
+
+#[tokio::test]
+async fn a_directory_given_by_a_relative_path_applies_the_removal_of_a_file_read_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let svc = |name: &str, ip: &str| {
+        format!(
+            "kind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    };
+    std::fs::write(dir.path().join("a.yaml"), svc("a", "10.96.0.1")).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.2")).expect("write");
+    let relative = relative_to_current_dir(dir.path());
+    assert!(relative.is_relative() && relative.is_dir(), "{relative:?}");
+    let (mut rx, _health, task) = watch(&relative);
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+
+    std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
+    match next(&mut rx).await {
+        Some(Event::Delete(r)) => assert_eq!(&*r.name, "a"),
+        other => panic!("expected Delete of a, got {other:?}"),
+    }
+    // A file read at start and replaced atomically without its object deletes it at once.
+    let tmp = dir.path().join(".b.yaml.tmp");
+    std::fs::write(&tmp, svc("c", "10.96.0.3")).expect("write");
+    std::fs::rename(&tmp, dir.path().join("b.yaml")).expect("rename");
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        match next(&mut rx).await {
+            Some(Event::Apply(Object::Service(s))) => got.push(format!("apply {}", s.key.name)),
+            Some(Event::Delete(r)) => got.push(format!("delete {}", r.name)),
+            other => panic!("expected Apply of c and Delete of b, got {other:?}"),
+        }
+    }
+    got.sort();
+    assert_eq!(got, ["apply c", "delete b"]);
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_path_missing_at_start_that_becomes_a_directory_is_read_as_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("manifests");
+    let (mut rx, health, task) = watch(&path);
+    let problems = first_problems(&health).await;
+    assert_eq!(problems.len(), 1, "{problems:?}");
+
+    // Made elsewhere and moved in whole, as a volume appears.
+    let staging = dir.path().join(".staging");
+    std::fs::create_dir(&staging).expect("mkdir");
+    std::fs::write(
+        staging.join("web.yaml"),
+        "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n",
+    )
+    .expect("write");
+    std::fs::rename(&staging, &path).expect("rename");
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    match next(&mut rx).await {
+        Some(Event::ListItem(Object::Service(s))) => assert_eq!(&*s.key.name, "web"),
+        other => panic!("expected web listed, got {other:?}"),
+    }
+    assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
+    assert_eq!(problems_of(&health), []);
+    assert_eq!(
+        health.state().source,
+        format!("directory {}", path.display())
+    );
+
+    // And it is watched as a directory from then on.
+    std::fs::remove_file(path.join("web.yaml")).expect("remove");
+    match next(&mut rx).await {
+        Some(Event::Delete(r)) => assert_eq!(&*r.name, "web"),
+        other => panic!("expected Delete of web, got {other:?}"),
+    }
+    task.abort();
+}
+
 #[tokio::test]
 async fn a_manifest_in_a_missing_directory_is_an_error_naming_the_directory() {
     let dir = tempfile::tempdir().expect("temporary directory");
