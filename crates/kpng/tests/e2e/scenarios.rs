@@ -586,7 +586,7 @@ pub fn external_ip_on_a_node_address_wins_over_a_node_port(b: Backend) {
         &["--sync-period", "1h"],
     );
     check("both Services", "pod1a", true);
-    k.apply(&manifest(&[external.clone()]));
+    k.apply(&manifest(std::slice::from_ref(&external)));
     check("the node port's Service deleted", "pod1a", false);
     k.apply(&manifest(&[external, node_port_svc.clone()]));
     check("the node port's Service back", "pod1a", false);
