@@ -31,7 +31,7 @@ use std::path::PathBuf;
 
 use kpng_backend::settings::NodePortAddresses;
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
-use kpng_model::{Family, Protocol, ServicePort, Snapshot};
+use kpng_model::{Family, Protocol, Snapshot};
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
@@ -102,15 +102,15 @@ impl Default for EbpfConfig {
     }
 }
 
-/// What one port writes: `(service id, IP protocol, group)` per group.
-type Written = Vec<(u32, u8, Group)>;
-
 /// The eBPF backend (see the crate documentation).
 pub struct EbpfBackend {
     config: EbpfConfig,
     cgroup: Option<PathBuf>,
     kernel: Option<Kernel>,
     ids: Ids,
+    /// Who owns a `kpng_frontends` key several ports want (a node port on an address that is
+    /// also a Service IP): as the ports were last programmed.
+    contest: plan::Contest,
     node_port_ips: HashMap<Family, Vec<IpAddr>>,
     metrics: EbpfMetrics,
     /// This kpng's hold on the pin directory, for as long as the backend lives.
@@ -147,6 +147,7 @@ impl EbpfBackend {
             cgroup: None,
             kernel: None,
             ids: Ids::default(),
+            contest: plan::Contest::default(),
             node_port_ips: HashMap::new(),
             metrics: EbpfMetrics::default(),
             pin_lock: None,
@@ -295,10 +296,6 @@ impl EbpfBackend {
             .ok_or_else(|| Error::Setup("eBPF programs not loaded".into()))
     }
 
-    fn node_ips_for(&self, family: Family) -> &[IpAddr] {
-        self.node_port_ips.get(&family).map_or(&[], Vec::as_slice)
-    }
-
     /// Computes the addresses node ports are served on again (reading the node's interface
     /// addresses when `--nodeport-addresses` needs them); returns whether they changed.
     fn refresh_node_port_ips(&mut self, snapshot: &Snapshot) -> bool {
@@ -318,11 +315,6 @@ impl EbpfBackend {
             self.node_port_ips.insert(family, ips);
         }
         changed
-    }
-
-    fn port_groups(&self, port: &ServicePort) -> Vec<Group> {
-        // (`full` calls `plan::groups` itself: it borrows the ids mutably meanwhile.)
-        plan::groups(port, self.node_ips_for(port.key.family))
     }
 
     /// Converges the maps on `snapshot` from whatever they hold: the kernel's contents are
@@ -379,13 +371,21 @@ impl EbpfBackend {
             Ok(keys.len() / key_size)
         };
         self.ids.begin();
+        // Who owns each shared key, before any port's frontends are computed.
+        self.contest.clear();
+        for port in snapshot.ports.values() {
+            let node_ips = self.node_port_ips.get(&port.key.family);
+            self.contest
+                .declare(port, node_ips.map_or(&[], Vec::as_slice));
+        }
         // The first pass: ids, and what is still wanted.
         for port in snapshot.ports.values() {
             let Some(proto) = layout::ip_proto(port.key.protocol) else {
                 continue;
             };
             let node_ips = self.node_port_ips.get(&port.key.family);
-            for g in plan::groups(port, node_ips.map_or(&[], Vec::as_slice)) {
+            let node_ips = node_ips.map_or(&[][..], Vec::as_slice);
+            for g in plan::won_groups(port, node_ips, &self.contest) {
                 let preferred = self.ids.get(&port.key, g.scope).or_else(|| {
                     let (ip, p) = g.frontends.first()?;
                     table(MapId::Frontends)
@@ -418,7 +418,8 @@ impl EbpfBackend {
                 continue;
             };
             let node_ips = self.node_port_ips.get(&port.key.family);
-            for g in plan::groups(port, node_ips.map_or(&[], Vec::as_slice)) {
+            let node_ips = node_ips.map_or(&[][..], Vec::as_slice);
+            for g in plan::won_groups(port, node_ips, &self.contest) {
                 // Assigned by the first pass.
                 let id = self.ids.assign(&port.key, g.scope, None);
                 if Some(proto) == udp {
@@ -470,46 +471,14 @@ impl EbpfBackend {
         &mut self,
         request: &SyncRequest<'_>,
     ) -> Result<(usize, BTreeSet<UdpPair>), Error> {
-        let mut old = Entries::default();
-        let mut new = Entries::default();
-        let mut released = Vec::new();
-        for (key, change) in &request.diff.changes {
-            // What the last sync wrote for this port: the groups of the state it received
-            // (the node's addresses are unchanged, else this would be a full sync), under the
-            // ids they were given. Recomputed rather than kept: keeping them cost ~10 MB at
-            // 30k Services, and twice that during a full sync.
-            let before: Written = change
-                .old
-                .as_deref()
-                .and_then(|p| Some((p, layout::ip_proto(p.key.protocol)?)))
-                .map(|(p, proto)| {
-                    self.port_groups(p)
-                        .into_iter()
-                        .filter_map(|g| Some((self.ids.get(key, g.scope)?, proto, g)))
-                        .collect()
-                })
-                .unwrap_or_default();
-            for (id, proto, g) in &before {
-                old.add_group(*id, *proto, g);
-            }
-            let mut mine = Vec::new();
-            if let Some(port) = &change.new
-                && let Some(proto) = layout::ip_proto(port.key.protocol)
-            {
-                for g in self.port_groups(port) {
-                    let id = self.ids.assign(key, g.scope, None);
-                    new.add_group(id, proto, &g);
-                    mine.push((id, proto, g));
-                }
-            }
-            for (_, _, g) in &before {
-                if !mine.iter().any(|(_, _, m)| m.scope == g.scope) {
-                    released.push((key.clone(), g.scope));
-                }
-            }
-        }
-        old.seal();
-        new.seal();
+        // (The node's addresses are unchanged, else this would be a full sync.)
+        let plan::Replan { old, new, released } = plan::replan(
+            &request.diff.changes,
+            &request.snapshot.ports,
+            &self.node_port_ips,
+            &mut self.ids,
+            &mut self.contest,
+        );
         let steps = plan::steps(&old, &new);
         let now = udp_pairs(&new);
         let gone: BTreeSet<UdpPair> = udp_pairs(&old)

@@ -33,6 +33,11 @@ fn attached(c: &Cluster) -> Vec<String> {
 }
 
 #[test]
+fn external_ip_on_a_node_address_wins_over_a_node_port() {
+    e2e::scenarios::external_ip_on_a_node_address_wins_over_a_node_port(B);
+}
+
+#[test]
 fn one_instance_per_namespace() {
     e2e::faults::one_instance_per_namespace(e2e::Backend::Ebpf);
 }

@@ -5,6 +5,11 @@ mod e2e;
 e2e::suite!(e2e::Backend::Nft);
 
 #[test]
+fn external_ip_on_a_node_address_wins_over_a_node_port() {
+    e2e::scenarios::external_ip_on_a_node_address_wins_over_a_node_port(e2e::Backend::Nft);
+}
+
+#[test]
 fn session_affinity_dual_stack() {
     e2e::scenarios::session_affinity_dual_stack(e2e::Backend::Nft);
 }

@@ -213,7 +213,10 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         .filter(|p| p.key.protocol == q.protocol)
         .collect();
     let (dst, dport) = (q.to.ip(), q.to.port());
-    let matched = ports.iter().find_map(|p| {
+    // The Service IPs of every port before any node port, as kube-proxy's nftables `services`
+    // chain matches its `service-ips` map before the node-port dispatch: an external IP that
+    // is a node address owns its port over another Service's node port of that number.
+    let service_ip = ports.iter().find_map(|p| {
         if p.cluster_ip == dst && p.port == dport {
             Some((*p, Frontend::ClusterIp))
         } else if p.port == dport
@@ -224,11 +227,15 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
             Some((*p, Frontend::ExternalIp))
         } else if p.port == dport && p.load_balancer_ips.contains(&dst) {
             Some((*p, Frontend::LoadBalancer))
-        } else if p.node_port == Some(dport) && facts.nodeport_ips.contains(&dst) {
-            Some((*p, Frontend::NodePort))
         } else {
             None
         }
+    });
+    let matched = service_ip.or_else(|| {
+        ports
+            .iter()
+            .find(|p| p.node_port == Some(dport) && facts.nodeport_ips.contains(&dst))
+            .map(|p| (*p, Frontend::NodePort))
     });
     let Some((port, frontend)) = matched else {
         return no_frontend(snapshot, facts, q, family);

@@ -444,3 +444,248 @@ fn tables_sort_keep_the_last_of_equal_keys_and_diff_by_value() {
         "{back:?}"
     );
 }
+
+/// A node's maps driven by [`replan`] as the backend's change syncs drive them, beside what
+/// a full sync of the same ports wants.
+#[derive(Default)]
+struct Node {
+    ids: Ids,
+    contest: Contest,
+    node_ips: HashMap<Family, Vec<IpAddr>>,
+    ports: BTreeMap<PortKey, Arc<ServicePort>>,
+    /// The maps, element by element.
+    maps: BTreeMap<(MapId, Vec<u8>), Vec<u8>>,
+    /// `kpng_ebpf_map_entries` as the change syncs move it (summed over the maps).
+    counted: i64,
+}
+
+impl Node {
+    fn with_node_ip(ip: IpAddr) -> Node {
+        Node {
+            node_ips: HashMap::from([(Family::V4, vec![ip])]),
+            ..Node::default()
+        }
+    }
+
+    /// One change sync: `changes` are ports set (`Some`) or deleted (`None`).
+    fn sync(&mut self, changes: Vec<(PortKey, Option<ServicePort>)>) {
+        let mut diff = BTreeMap::new();
+        for (key, new) in changes {
+            let new = new.map(Arc::new);
+            let old = match &new {
+                Some(p) => self.ports.insert(key.clone(), p.clone()),
+                None => self.ports.remove(&key),
+            };
+            diff.insert(key, Change { old, new });
+        }
+        let plan = replan(
+            &diff,
+            &self.ports,
+            &self.node_ips,
+            &mut self.ids,
+            &mut self.contest,
+        );
+        for op in ops(&plan.old, &plan.new) {
+            match op {
+                Op::Upsert(m, k, v) => {
+                    self.maps.insert((m, k.to_vec()), v.to_vec());
+                }
+                Op::Delete(m, k) => {
+                    self.maps.remove(&(m, k.to_vec()));
+                }
+            }
+        }
+        self.counted += i64::try_from(plan.new.len()).expect("len")
+            - i64::try_from(plan.old.len()).expect("len");
+        for (key, scope) in plan.released {
+            self.ids.release(&key, scope);
+        }
+    }
+
+    /// The endpoints each frontend key translates to, from the maps (`full`: what a full sync
+    /// of the same ports writes instead, as `EbpfBackend::full` computes it).
+    fn frontends(&self, full: bool) -> BTreeMap<Vec<u8>, Vec<SocketAddr>> {
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = if full {
+            let ips = |f: Family| self.node_ips.get(&f).map_or(&[][..], Vec::as_slice);
+            let mut contest = Contest::default();
+            for p in self.ports.values() {
+                contest.declare(p, ips(p.key.family));
+            }
+            let mut e = Entries::default();
+            for (id, p) in (1..).zip(self.ports.values()) {
+                for (scope, g) in (0..).zip(won_groups(p, ips(p.key.family), &contest)) {
+                    let proto = layout::ip_proto(p.key.protocol).expect("proto");
+                    e.add_group(id * 2 + scope, proto, &g);
+                }
+            }
+            e.seal();
+            let t = e.table(MapId::Frontends).expect("frontends");
+            t.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+        } else {
+            self.maps
+                .iter()
+                .filter(|((m, _), _)| *m == MapId::Frontends)
+                .map(|((_, k), v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        entries
+            .into_iter()
+            .map(|(k, v)| (k, layout::service_endpoints(&v)))
+            .collect()
+    }
+}
+
+/// A Service's external IP that is also a node address shares its `kpng_frontends` key with
+/// another Service's node port of that number: the external IP wins (nftables matches the
+/// Service IPs before the node ports), whichever came first, and a change of either leaves
+/// the maps as a full sync of the new state would: the loser takes over in the same sync as
+/// the winner leaves, and a change of the loser leaves the winner's element alone.
+#[test]
+fn a_service_ip_wins_a_key_shared_with_a_node_port_in_every_order() {
+    let node_ip = ip("192.168.1.1");
+    let a_key = key("a-external", Protocol::Tcp);
+    let b_key = key("b-nodeport", Protocol::Tcp);
+    let a_ep = sa("10.244.0.1:80");
+    let b_ep = sa("10.244.0.2:80");
+    let a = ServicePort {
+        external_ips: vec![node_ip],
+        cluster_endpoints: vec![ep("10.244.0.1:80", false)],
+        has_any_endpoints: true,
+        ..ServicePort::new(a_key.clone(), ip("10.96.0.1"), 30080)
+    };
+    let b = ServicePort {
+        node_port: Some(30080),
+        cluster_endpoints: vec![ep("10.244.0.2:80", false)],
+        has_any_endpoints: true,
+        ..ServicePort::new(b_key.clone(), ip("10.96.0.2"), 80)
+    };
+    let a_moved = ServicePort {
+        external_ips: vec![node_ip],
+        ..ServicePort::new(a_key.clone(), ip("10.96.0.1"), 8080)
+    };
+    let b_moved = ServicePort {
+        node_port: Some(30081),
+        ..b.clone()
+    };
+    let a_firewalled = ServicePort {
+        external_ips: vec![],
+        load_balancer_ips: vec![node_ip],
+        source_ranges: vec!["10.0.0.0/8".parse().expect("net")],
+        ..a.clone()
+    };
+    let shared = layout::frontend_key(node_ip, 30080, 6).to_vec();
+    let moved = layout::frontend_key(node_ip, 30081, 6).to_vec();
+    let (set_a, set_b) = (
+        || (a_key.clone(), Some(a.clone())),
+        || (b_key.clone(), Some(b.clone())),
+    );
+    type Step = Vec<(PortKey, Option<ServicePort>)>;
+    struct Case {
+        what: &'static str,
+        steps: Vec<Step>,
+        /// Who the shared key translates to after the last step; `moved`: B's moved node port.
+        shared: Option<SocketAddr>,
+        moved: Option<SocketAddr>,
+    }
+    let cases = [
+        Case {
+            what: "external IP first, then the node port",
+            steps: vec![vec![set_a()], vec![set_b()]],
+            shared: Some(a_ep),
+            moved: None,
+        },
+        Case {
+            what: "node port first, then the external IP",
+            steps: vec![vec![set_b()], vec![set_a()]],
+            shared: Some(a_ep),
+            moved: None,
+        },
+        Case {
+            what: "both in one sync",
+            steps: vec![vec![set_b(), set_a()]],
+            shared: Some(a_ep),
+            moved: None,
+        },
+        Case {
+            what: "the winner deleted: the node port takes over",
+            steps: vec![vec![set_a()], vec![set_b()], vec![(a_key.clone(), None)]],
+            shared: Some(b_ep),
+            moved: None,
+        },
+        Case {
+            what: "the winner deleted, node port first",
+            steps: vec![vec![set_b()], vec![set_a()], vec![(a_key.clone(), None)]],
+            shared: Some(b_ep),
+            moved: None,
+        },
+        Case {
+            what: "the loser deleted: the winner keeps its element",
+            steps: vec![vec![set_a()], vec![set_b()], vec![(b_key.clone(), None)]],
+            shared: Some(a_ep),
+            moved: None,
+        },
+        Case {
+            what: "the loser's node port changed: the winner keeps the key",
+            steps: vec![
+                vec![set_b()],
+                vec![set_a()],
+                vec![(b_key.clone(), Some(b_moved.clone()))],
+            ],
+            shared: Some(a_ep),
+            moved: Some(b_ep),
+        },
+        Case {
+            what: "the winner's port changed: the node port takes over",
+            steps: vec![
+                vec![set_a()],
+                vec![set_b()],
+                vec![(a_key.clone(), Some(a_moved.clone()))],
+            ],
+            shared: Some(b_ep),
+            moved: None,
+        },
+        Case {
+            what: "a load-balancer IP with source ranges leaves the key to the nftables rules",
+            steps: vec![
+                vec![set_b()],
+                vec![(a_key.clone(), Some(a_firewalled.clone()))],
+            ],
+            shared: None,
+            moved: None,
+        },
+    ];
+    // Every case is run, and every wrong one named.
+    let mut wrong = Vec::new();
+    for c in cases {
+        let mut node = Node::with_node_ip(node_ip);
+        for (i, step) in c.steps.into_iter().enumerate() {
+            node.sync(step);
+            let (now, full) = (node.frontends(false), node.frontends(true));
+            if now != full {
+                wrong.push(format!(
+                    "{}: after step {i} the maps hold {now:?}, a full sync writes {full:?}",
+                    c.what
+                ));
+            }
+            let held = i64::try_from(node.maps.len()).expect("len");
+            if node.counted != held {
+                wrong.push(format!(
+                    "{}: after step {i} the entries gauge says {}, the maps hold {held}",
+                    c.what, node.counted
+                ));
+            }
+        }
+        let frontends = node.frontends(false);
+        let owner = |k: &Vec<u8>| frontends.get(k).cloned().unwrap_or_default();
+        for (which, k, want) in [("shared", &shared, c.shared), ("moved", &moved, c.moved)] {
+            let got = owner(k);
+            if got != Vec::from_iter(want) {
+                wrong.push(format!(
+                    "{}: the {which} key goes to {got:?}, want {want:?}",
+                    c.what
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -505,6 +505,95 @@ pub fn external_ip_shared_by_two_services_goes_to_the_older(b: Backend) {
     );
 }
 
+/// Service A's external IP is node1's address and its port is Service B's node port: both
+/// frontends are node1-address:port. kube-proxy's nftables `services` chain matches the
+/// Service IPs (ClusterIPs, external and load-balancer IPs) before the node ports, so A owns
+/// it, from node1's pods and from outside, whichever Service came first; once A is deleted,
+/// B's node port serves it. Every step is a change's sync (no periodic sync in this test:
+/// `--sync-period 1h`). Where node1's sockets are translated at `connect()`, each connection
+/// from pod1b must have been (no NAT entry in node1's conntrack): a key the programs lost
+/// would still reach A through the nftables rules beside them.
+pub fn external_ip_on_a_node_address_wins_over_a_node_port(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("xnp")).expect("cluster");
+    let _echo = echo_all(&c);
+    let node_ip = IpAddr::from(addr::NODE1_LAN_V4);
+    let shared = node_port(61);
+    let external = format!(
+        "{}---\n{}",
+        service_fams(
+            "xip",
+            60,
+            "ClusterIP",
+            &format!("externalIPs: [{node_ip}]"),
+            false
+        )
+        .replace(
+            &format!("port: {SVC_PORT}, protocol"),
+            &format!("port: {shared}, protocol")
+        ),
+        slices("xip", &[("pod1a", Cond::Ready)])
+    );
+    let node_port_svc = svc_v4("np", 61, "NodePort", "", &[("pod2a", Cond::Ready)]);
+    let target = sa(node_ip, shared);
+    let pod = c.pod("pod1b");
+    let check = |step: &str, owner: &str, from_outside: bool| {
+        let results = probes(&pod.ns, Proto::Tcp, target, 10);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&[owner]),
+            "{step}: pod1b → {target}: {:?}",
+            tally(&results)
+        );
+        if b.behaviour().translates_local_sockets {
+            let tracked = c
+                .node1
+                .ns
+                .exec([
+                    "conntrack",
+                    "-L",
+                    "-p",
+                    "tcp",
+                    "--orig-src",
+                    &pod.ipv4.to_string(),
+                    "--orig-dst",
+                    &node_ip.to_string(),
+                    "--dport",
+                    &shared.to_string(),
+                ])
+                .expect("conntrack");
+            let tracked = String::from_utf8_lossy(&tracked.stdout);
+            assert!(
+                !tracked.contains("dport="),
+                "{step}: pod1b's connections were translated at connect(), not by the \
+                 rules: {tracked:?}"
+            );
+        }
+        if from_outside {
+            let results = probes(&c.ext.ns, Proto::Tcp, target, 10);
+            assert_eq!(
+                names(&tally(&results)),
+                set(&[owner]),
+                "{step}: ext → {target}: {:?}",
+                tally(&results)
+            );
+        }
+    };
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[external.clone(), node_port_svc.clone()]),
+        &["--sync-period", "1h"],
+    );
+    check("both Services", "pod1a", true);
+    k.apply(&manifest(std::slice::from_ref(&external)));
+    check("the node port's Service deleted", "pod1a", false);
+    k.apply(&manifest(&[external, node_port_svc.clone()]));
+    check("the node port's Service back", "pod1a", false);
+    k.apply(&manifest(&[node_port_svc]));
+    check("the external IP's Service deleted", "pod2a", true);
+}
+
 /// One Service naming its load-balancer IP among its external IPs too, with source ranges
 /// that leave the outside out. nftables mode (one map key for both, the firewall keyed by the
 /// load-balancer IP) drops the outside; iptables mode matches the external-IP rule first and

@@ -516,6 +516,40 @@ fn hairpin_and_affinity_are_reported() {
     assert_eq!(udp.verdict, Verdict::Reject, "TCP only: {udp:?}");
 }
 
+/// A Service IP that is a node address, on another Service's node port: the Service IP wins
+/// (nftables matches `service-ips` before the node ports), whichever Service sorts first.
+#[test]
+fn a_service_ip_on_a_node_address_wins_over_a_node_port() {
+    let node_port_first = |name: &str| {
+        let mut p = web();
+        p.key.service = ServiceKey::new("ns", name);
+        p.external_ips.clear();
+        p.load_balancer_ips.clear();
+        p
+    };
+    for other in ["aaa", "zzz"] {
+        let mut external = web();
+        external.external_ips = vec!["172.18.0.2".parse().expect("ip")];
+        external.port = 30080;
+        external.node_port = None;
+        let t = trace(
+            &snapshot(vec![node_port_first(other), external]),
+            &facts(),
+            &TraceQuery {
+                from: "10.244.1.7".parse().expect("ip"),
+                to: "172.18.0.2:30080".parse().expect("addr"),
+                protocol: Protocol::Tcp,
+            },
+        );
+        assert_eq!(
+            t.frontend,
+            Some(Frontend::ExternalIp),
+            "beside {other}: {t:?}"
+        );
+        assert_eq!(t.service.as_deref(), Some("ns/web:http"), "beside {other}");
+    }
+}
+
 #[test]
 fn backend_differences_change_the_trace() {
     let q = |to: &str| TraceQuery {
