@@ -385,3 +385,25 @@ async fn a_node_reads_its_tls_files_again_when_it_reconnects() {
     rx.recv().await.expect("the state, with the renewed files");
     node.abort();
 }
+
+/// A client that connects and never starts its handshake is dropped after 10 s, before the
+/// idle timeout (20 s), as when tonic did the handshakes.
+#[tokio::test(start_paused = true)]
+async fn a_silent_client_is_dropped_at_the_handshake_timeout() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server_tls, _) = certificates(dir.path());
+    let (socket, _) = tls_brain(dir.path(), hub_with_fixture(), &server_tls).await;
+    let mut silent = tokio::net::UnixStream::connect(&socket)
+        .await
+        .expect("connect");
+    let start = tokio::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let read = silent.read(&mut buf).await;
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(20),
+        "{waited:?}"
+    );
+}

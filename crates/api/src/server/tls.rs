@@ -196,7 +196,10 @@ fn read_all(paths: &Paths) -> Vec<io::Result<Vec<u8>>> {
 
 fn contents(read: &[io::Result<Vec<u8>>]) -> Contents {
     read.iter()
-        .map(|r| r.as_ref().map(Clone::clone).map_err(io::Error::kind))
+        .map(|r| match r {
+            Ok(bytes) => Ok(bytes.clone()),
+            Err(e) => Err(e.kind()),
+        })
         .collect()
 }
 

@@ -233,7 +233,9 @@ fn invalid_files_at_start_are_errors_naming_the_file() {
     std::fs::write(path("a-key.pem"), &a_key).expect("write");
     std::fs::write(path("b.pem"), &b_cert).expect("write");
     std::fs::write(path("junk"), "junk").expect("write");
-    let cases: &[(&str, &str, &str, Option<&str>, &[&str])] = &[
+    /// What, the certificate, key and CA files, and the words the error must hold.
+    type Case<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, &'a [&'a str]);
+    let cases: &[Case] = &[
         (
             "missing cert",
             "none.pem",
