@@ -722,13 +722,15 @@ fn write_tls(out: &mut String, tls: &kpng_api::metrics::TlsStatus, now: std::tim
     };
     let _ = writeln!(
         out,
-        "{problem}TLS certificate {} ({}) expires {} ({when}); its files are reloaded when they          change",
+        "{problem}TLS certificate {} ({}) expires {} ({when}); its files are reloaded when they \
+         change",
         tls.file, tls.subject, tls.not_after
     );
     if let Some(failure) = &tls.reload_failure {
         let _ = writeln!(
             out,
-            "PROBLEM: the TLS files changed but cannot be used, the previous certificate is still              served: {failure}"
+            "PROBLEM: the TLS files changed but cannot be used, the previous certificate \
+             is still served: {failure}"
         );
     }
 }
@@ -1254,6 +1256,7 @@ mod tests {
             for n in *not {
                 assert!(!out.contains(n), "{what}: {out:?} has {n:?}");
             }
+            assert!(!out.contains("  "), "{what}: {out:?}");
         }
     }
 
