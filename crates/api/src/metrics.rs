@@ -1,5 +1,7 @@
 //! The brain's own metrics, in a registry the binary owns (no globals).
 
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -22,6 +24,63 @@ pub struct ApiMetrics {
     /// tells the first of each kind per peer and then summarises; this counts every one, for
     /// an alert on a node stuck in a retry loop.
     pub refused: Family<RefusedLabel, Counter>,
+    /// `kpng_api_tls_certificate_expiry_seconds{file}`: the served certificate's notAfter as
+    /// a Unix time (node_exporter's and cert-manager's convention), so that an alert is
+    /// `kpng_api_tls_certificate_expiry_seconds - time() < 7*86400`. No series without TLS,
+    /// so a plaintext brain does not look expired.
+    pub tls_certificate_expiry: Family<TlsFileLabel, Gauge>,
+    /// `kpng_api_tls_reload_failures_total`: changed TLS files the brain could not take (it
+    /// keeps serving the previous ones), one per change of the files.
+    pub tls_reload_failures: Counter,
+    /// What the brain serves over TLS, for `kpng status`.
+    pub tls: ServedTls,
+}
+
+/// The label of `kpng_api_tls_certificate_expiry_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TlsFileLabel {
+    /// The certificate file (`--listen-tls-cert`).
+    pub file: String,
+}
+
+/// The certificate a brain serves and whether its files' last change could be taken: shared
+/// by the server, which sets it at start and at each reload, and `kpng status`.
+#[derive(Clone, Debug, Default)]
+pub struct ServedTls(Arc<Mutex<Option<TlsStatus>>>);
+
+impl ServedTls {
+    /// What is served; `None` without TLS.
+    pub fn get(&self) -> Option<TlsStatus> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set(&self, status: TlsStatus) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(status);
+    }
+}
+
+/// The certificate a brain serves, as `kpng status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsStatus {
+    /// The certificate file (`--listen-tls-cert`).
+    pub file: String,
+    /// The served certificate's subject (`CN=…`).
+    pub subject: String,
+    /// Its notAfter, RFC 3339.
+    pub not_after: String,
+    /// Its notAfter, Unix time (what the status compares with the clock).
+    pub not_after_unix: i64,
+    /// Why the files' last change could not be taken (the previous material is still
+    /// served); `None` when the files are what is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reload_failure: Option<String>,
 }
 
 /// The label of `kpng_api_refused_total`.
@@ -61,6 +120,17 @@ impl ApiMetrics {
             "kpng_api_refused",
             "Watches and connections the API server refused, by reason",
             m.refused.clone(),
+        );
+        registry.register(
+            "kpng_api_tls_certificate_expiry_seconds",
+            "The notAfter of the certificate the API server serves, as a Unix time",
+            m.tls_certificate_expiry.clone(),
+        );
+        registry.register(
+            "kpng_api_tls_reload_failures",
+            "Changes of the API server's TLS files that could not be taken (the previous \
+             certificate is still served)",
+            m.tls_reload_failures.clone(),
         );
         m
     }

@@ -17,7 +17,8 @@ use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tonic::body::Body;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
+use tonic::transport::server::{Connected, Router};
 use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
@@ -25,12 +26,14 @@ mod admission;
 mod conn;
 mod refusal_log;
 mod request_wake;
+mod tls;
 #[cfg(unix)]
 mod unix_socket;
 
 pub use admission::{FIRST_REQUEST_TIMEOUT, MAX_WATCHES, MAX_WATCHES_PER_PEER};
 use conn::limit;
 pub use conn::{ConnInfo, ConnLimits, DEFAULT_MAX_CONNECTIONS, Limited, PeerIp};
+pub use tls::TlsError;
 
 use crate::addr::{ApiAddr, TlsFiles};
 use crate::hub::{Hub, Pending, Registration};
@@ -39,8 +42,6 @@ use refusal_log::Refusal;
 
 /// Streams one connection may open (a node needs one).
 const STREAMS_PER_CONNECTION: u32 = 8;
-/// A TLS handshake that takes longer is dropped (a client that connects and says nothing).
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 pings find peers that vanished without closing (a node powered off).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// Generous: a node busy decoding a replay (162k ops at 30k Services) may answer late, and
@@ -59,46 +60,16 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    /// A TLS file is missing or unreadable.
-    #[error("reading {path}: {source}")]
-    TlsFile {
-        /// The file.
-        path: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    /// A TLS file is missing, unreadable or invalid (at start; later changes that do not load
+    /// are logged, and the previous material stays served).
+    #[error(transparent)]
+    TlsFile(#[from] TlsError),
     /// An incomplete TLS configuration.
     #[error("{0}")]
     Tls(String),
     /// The gRPC transport failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
-}
-
-fn read(path: &std::path::Path) -> Result<Vec<u8>, ServeError> {
-    std::fs::read(path).map_err(|source| ServeError::TlsFile {
-        path: path.display().to_string(),
-        source,
-    })
-}
-
-fn server_tls(files: &TlsFiles) -> Result<Option<ServerTlsConfig>, ServeError> {
-    if !files.enabled() {
-        return Ok(None);
-    }
-    let (Some(cert), Some(key)) = (&files.cert, &files.key) else {
-        return Err(ServeError::Tls(
-            "--listen-tls-cert and --listen-tls-key go together".into(),
-        ));
-    };
-    let mut tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(read(cert)?, read(key)?))
-        .timeout(TLS_HANDSHAKE_TIMEOUT);
-    if let Some(ca) = &files.ca {
-        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
-    }
-    Ok(Some(tls))
 }
 
 /// The `Sets` service, answering `Watch` with frames encoded once and shared (see
@@ -648,11 +619,13 @@ pub async fn serve(
         .max_concurrent_streams(STREAMS_PER_CONNECTION)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
-    let tls = server_tls(tls)?;
+    // TLS is done here rather than by tonic, which reads its files once: each new connection
+    // is handed the files' current material (`server/tls.rs`).
+    let tls = match tls::Paths::of(tls).map_err(ServeError::Tls)? {
+        Some(paths) => Some(tls::ServerTls::start(paths, hub.metrics())?),
+        None => None,
+    };
     let secure = tls.is_some();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
     let refusals = Arc::new(refusal_log::RefusalLog::counting_in(
         hub.metrics().refused.clone(),
     ));
@@ -680,10 +653,7 @@ pub async fn serve(
                 );
             }
             let incoming = limit(conn::tcp_incoming(listener), limits, refusals.clone());
-            Ok(Box::pin(serve_and_summarise(
-                router.serve_with_incoming_shutdown(incoming, shutdown),
-                refusals,
-            )))
+            Ok(serve_on(router, incoming, tls, shutdown, refusals))
         }
         #[cfg(not(unix))]
         ApiAddr::Unix(_) => Err(listen_err(std::io::Error::new(
@@ -699,21 +669,54 @@ pub async fn serve(
                 limits,
                 refusals.clone(),
             );
-            Ok(Box::pin(serve_and_summarise(
-                router.serve_with_incoming_shutdown(incoming, shutdown),
-                refusals,
-            )))
+            Ok(serve_on(router, incoming, tls, shutdown, refusals))
         }
     }
 }
 
-/// Runs `server` and, beside it, the summaries of its refusals, until the server ends.
+/// The server's future on the connections of `incoming`, after a TLS handshake with `tls`.
+fn serve_on<S, IO>(
+    router: Router,
+    incoming: S,
+    tls: Option<Arc<tls::ServerTls>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    refusals: Arc<refusal_log::RefusalLog>,
+) -> Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>
+where
+    S: Stream<Item = std::io::Result<Limited<IO>>> + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+{
+    match tls {
+        None => Box::pin(serve_and_summarise(
+            router.serve_with_incoming_shutdown(incoming, shutdown),
+            refusals,
+            None,
+        )),
+        Some(tls) => Box::pin(serve_and_summarise(
+            router.serve_with_incoming_shutdown(tls::accept(incoming, tls.clone()), shutdown),
+            refusals,
+            Some(tls),
+        )),
+    }
+}
+
+/// Runs `server` and, beside it, the summaries of its refusals and the look at its TLS files
+/// every [`tls::RELOAD_INTERVAL`], until the server ends.
 async fn serve_and_summarise(
     server: impl Future<Output = Result<(), tonic::transport::Error>>,
     refusals: Arc<refusal_log::RefusalLog>,
+    tls: Option<Arc<tls::ServerTls>>,
 ) -> Result<(), ServeError> {
+    let watch_tls = async move {
+        match tls {
+            Some(tls) => tls.watch().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         result = server => result.map_err(ServeError::from),
         () = refusals.flush_every_interval() => Ok(()),
+        () = watch_tls => Ok(()),
     }
 }

@@ -10,42 +10,74 @@ use kpng_api::addr::{ApiAddr, TlsFiles};
 use kpng_api::client::{WatchConfig, watch};
 use kpng_api::hub::Hub;
 use kpng_api::metrics::ApiMetrics;
+use kpng_api::metrics::TlsFileLabel;
 use kpng_model::{ClusterConfig, ClusterModel, Event, Kind};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+/// A CA that issues certificates, written as PEM files.
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("ca");
+        Ca {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A certificate for `names` valid until `not_after` (a year), and its key, written as
+    /// `<who>.pem` and `<who>-key.pem` in `dir`, the CA bundle `ca` beside them: each file
+    /// written next to its place and renamed over it, as a Secret volume swaps its files.
+    fn issue(&self, dir: &Path, who: &str, names: &[&str], not_after: i32, ca: &[&Ca]) -> TlsFiles {
+        let key = KeyPair::generate().expect("key");
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        params.distinguished_name.push(DnType::CommonName, names[0]);
+        params.not_after = rcgen::date_time_ymd(not_after, 1, 1);
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let bundle: String = ca.iter().map(|ca| ca.pem.as_str()).collect();
+        TlsFiles {
+            cert: Some(replace(dir, &format!("{who}.pem"), &cert.pem())),
+            key: Some(replace(
+                dir,
+                &format!("{who}-key.pem"),
+                &key.serialize_pem(),
+            )),
+            ca: Some(replace(dir, &format!("{who}-ca.pem"), &bundle)),
+        }
+    }
+}
+
+/// Writes `text` as `dir/name`, atomically (a temporary file renamed over it).
+fn replace(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).expect("write pem");
+    std::fs::rename(&tmp, &path).expect("rename pem");
+    path
+}
 
 /// A CA, a server certificate for `localhost` and a client certificate, as PEM files.
 fn certificates(dir: &Path) -> (TlsFiles, TlsFiles) {
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
-    let issuer = Issuer::new(ca_params, ca_key);
-    let write = |name: &str, text: String| {
-        let p = dir.join(name);
-        std::fs::write(&p, text).expect("write pem");
-        p
-    };
-    let ca = write("ca.pem", ca_cert.pem());
-    let mut files = Vec::new();
-    for (who, names) in [
-        ("server", vec!["localhost".to_string()]),
-        ("client", vec!["node1".to_string()]),
-    ] {
-        let key = KeyPair::generate().expect("key");
-        let cert = CertificateParams::new(names)
-            .expect("params")
-            .signed_by(&key, &issuer)
-            .expect("sign");
-        files.push(TlsFiles {
-            cert: Some(write(&format!("{who}.pem"), cert.pem())),
-            key: Some(write(&format!("{who}-key.pem"), key.serialize_pem())),
-            ca: Some(ca.clone()),
-        });
-    }
-    let client = files.pop().expect("client");
-    let server = files.pop().expect("server");
-    (server, client)
+    let ca = Ca::new("ca");
+    (
+        ca.issue(dir, "server", &["localhost"], 2030, &[&ca]),
+        ca.issue(dir, "client", &["node1"], 2030, &[&ca]),
+    )
 }
+
+/// 2030-01-01 and 2031-01-01 as Unix times: the notAfter of certificates issued for them.
+const END_OF_2029: i64 = 1_893_456_000;
+const END_OF_2030: i64 = 1_924_992_000;
 
 fn fixture() -> Event {
     Event::Replace {
@@ -182,4 +214,196 @@ async fn raw_watch(
         .into_inner();
     stream.message().await.map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// A brain serving `hub` over TLS with `tls` on a Unix socket in `dir`.
+async fn tls_brain(dir: &Path, hub: Arc<Hub>, tls: &TlsFiles) -> (std::path::PathBuf, ApiAddr) {
+    let socket = dir.join("brain.sock");
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let server =
+        kpng_api::server::serve(hub, &addr, tls, Default::default(), std::future::pending())
+            .await
+            .expect("listen with TLS");
+    tokio::spawn(server);
+    (socket, addr)
+}
+
+fn hub_with_fixture() -> Arc<Hub> {
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        ApiMetrics::default(),
+    ));
+    hub.apply(fixture());
+    hub
+}
+
+/// The served certificate's notAfter, as the brain's metric says it.
+fn expiry(hub: &Hub, cert: &Path) -> i64 {
+    hub.metrics()
+        .tls_certificate_expiry
+        .get_or_create(&TlsFileLabel {
+            file: cert.display().to_string(),
+        })
+        .get()
+}
+
+fn node_config(addr: &ApiAddr, tls: &TlsFiles) -> WatchConfig {
+    WatchConfig {
+        addr: addr.clone(),
+        tls: tls.clone(),
+        tls_server_name: Some("localhost".into()),
+        node_name: "node1".into(),
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn a_brain_serves_renewed_certificates_to_new_connections_and_keeps_its_nodes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old_ca, new_ca) = (Ca::new("ca-1"), Ca::new("ca-2"));
+    let server_tls = old_ca.issue(dir.path(), "server", &["localhost"], 2030, &[&old_ca]);
+    let old_node = old_ca.issue(dir.path(), "old-node", &["node1"], 2030, &[&old_ca]);
+    let hub = hub_with_fixture();
+    let (socket, addr) = tls_brain(dir.path(), hub.clone(), &server_tls).await;
+    let cert = server_tls.cert.clone().expect("cert");
+    assert_eq!(expiry(&hub, &cert), END_OF_2029);
+
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+    let node = tokio::spawn(watch(node_config(&addr, &old_node), tx));
+    rx.recv()
+        .await
+        .expect("the state, with the first certificate");
+
+    // The brain's certificate is renewed by another CA, and its client CA becomes that CA:
+    // the same files, replaced.
+    new_ca.issue(dir.path(), "server", &["localhost"], 2031, &[&new_ca]);
+    let new_node = new_ca.issue(dir.path(), "new-node", &["node1"], 2031, &[&new_ca]);
+
+    // A new connection trusting only the new CA, with a certificate only the new CA signed,
+    // is served: the brain presents the new certificate and trusts the new client CA.
+    raw_watch(&socket, &new_node, true, "node1")
+        .await
+        .expect("a new connection gets the renewed certificate");
+    assert_eq!(expiry(&hub, &cert), END_OF_2030);
+    // One that trusts only the old CA no longer is.
+    let err = raw_watch(&socket, &old_node, true, "node1")
+        .await
+        .expect_err("the old certificate is no longer served");
+    assert!(!err.is_empty());
+
+    // The node connected before keeps its connection and its updates.
+    let mut fewer = fixture();
+    if let Event::Replace { objects, .. } = &mut fewer {
+        let service = objects
+            .iter()
+            .position(|o| matches!(o, kpng_model::Object::Service(_)))
+            .expect("a Service");
+        objects.remove(service);
+    }
+    hub.apply(fewer);
+    rx.recv()
+        .await
+        .expect("the node connected before the renewal receives the change");
+    assert_eq!(hub.metrics().tls_reload_failures.get(), 0);
+    node.abort();
+}
+
+#[tokio::test]
+async fn broken_tls_files_keep_the_served_certificate_and_count_one_failure_each() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new("ca");
+    let server_tls = ca.issue(dir.path(), "server", &["localhost"], 2030, &[&ca]);
+    let node = ca.issue(dir.path(), "node", &["node1"], 2030, &[&ca]);
+    let hub = hub_with_fixture();
+    let (socket, _) = tls_brain(dir.path(), hub.clone(), &server_tls).await;
+    let cert = server_tls.cert.clone().expect("cert");
+    let served_pem = std::fs::read_to_string(&cert).expect("cert pem");
+    let failures = || hub.metrics().tls_reload_failures.get();
+
+    // Garbage where the certificate was: still served, one failure however many connect.
+    replace(
+        dir.path(),
+        "server.pem",
+        "-----BEGIN CERTIFICATE-----\ngarbage\n",
+    );
+    for _ in 0..2 {
+        raw_watch(&socket, &node, true, "node1")
+            .await
+            .expect("the previous certificate is still served");
+    }
+    assert_eq!(failures(), 1);
+    assert_eq!(expiry(&hub, &cert), END_OF_2029);
+
+    // The certificate back, but the key of another pair (a copy half done).
+    replace(dir.path(), "server.pem", &served_pem);
+    let other = ca.issue(dir.path(), "other", &["localhost"], 2031, &[&ca]);
+    let other_key = std::fs::read_to_string(other.key.expect("key")).expect("key pem");
+    replace(dir.path(), "server-key.pem", &other_key);
+    raw_watch(&socket, &node, true, "node1")
+        .await
+        .expect("the previous certificate is still served");
+    assert_eq!(failures(), 2);
+
+    // The copy completed: the new pair is taken.
+    let other_cert = std::fs::read_to_string(other.cert.expect("cert")).expect("cert pem");
+    replace(dir.path(), "server.pem", &other_cert);
+    raw_watch(&socket, &node, true, "node1")
+        .await
+        .expect("the new certificate is served");
+    assert_eq!(expiry(&hub, &cert), END_OF_2030);
+    assert_eq!(failures(), 2);
+}
+
+/// A node reads its certificate, key and CA again at each connection: after its files are
+/// replaced, its next attempt uses them.
+#[tokio::test]
+async fn a_node_reads_its_tls_files_again_when_it_reconnects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old_ca, new_ca) = (Ca::new("ca-1"), Ca::new("ca-2"));
+    let server_tls = new_ca.issue(dir.path(), "server", &["localhost"], 2031, &[&new_ca]);
+    // The node's files are still the old CA's: it cannot connect.
+    let node_tls = old_ca.issue(dir.path(), "node", &["node1"], 2030, &[&old_ca]);
+    let (_, addr) = tls_brain(dir.path(), hub_with_fixture(), &server_tls).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+    let config = node_config(&addr, &node_tls);
+    let health = config.health.clone();
+    let node = tokio::spawn(watch(config, tx));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !health.state().problems.contains_key("brain") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no problem reported"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its files are renewed by the new CA: the next attempt connects.
+    new_ca.issue(dir.path(), "node", &["node1"], 2031, &[&new_ca]);
+    rx.recv().await.expect("the state, with the renewed files");
+    node.abort();
+}
+
+/// A client that connects and never starts its handshake is dropped after 10 s, before the
+/// idle timeout (20 s), as when tonic did the handshakes.
+#[tokio::test(start_paused = true)]
+async fn a_silent_client_is_dropped_at_the_handshake_timeout() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server_tls, _) = certificates(dir.path());
+    let (socket, _) = tls_brain(dir.path(), hub_with_fixture(), &server_tls).await;
+    let mut silent = tokio::net::UnixStream::connect(&socket)
+        .await
+        .expect("connect");
+    let start = tokio::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let read = silent.read(&mut buf).await;
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(20),
+        "{waited:?}"
+    );
 }

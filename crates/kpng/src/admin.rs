@@ -57,6 +57,7 @@ pub async fn serve_brain(
                         duplicate_nodes: hub.duplicate_nodes(),
                         rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
                         input: Some(input),
+                        tls: hub.metrics().tls.get(),
                     })
                     .into_response()
                 }
@@ -105,6 +106,10 @@ pub struct BrainStatus {
     /// How the brain's own source is doing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<InputStatus>,
+    /// The certificate its API serves, when it serves TLS: when it expires, and whether its
+    /// files' last change could be taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<kpng_api::metrics::TlsStatus>,
 }
 
 async fn status(
@@ -366,6 +371,9 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
             let mut text = String::new();
             if let Some(input) = &brain.input {
                 write_input(&mut text, input);
+            }
+            if let Some(tls) = &brain.tls {
+                write_tls(&mut text, tls, std::time::SystemTime::now());
             }
             write_not_connected(&mut text, &brain.not_connected);
             if !brain.unknown_nodes.is_empty() {
@@ -681,6 +689,48 @@ fn write_duplicate_nodes(out: &mut String, duplicates: &[kpng_api::hub::Duplicat
             d.peers.len(),
             d.node,
             d.peers.join(" and "),
+        );
+    }
+}
+
+/// Under this many days to its expiry, the served certificate is a problem: a renewal that
+/// should have happened (cert-manager renews with a third of the lifetime left) did not reach
+/// the brain.
+const CERTIFICATE_WARN_DAYS: i64 = 7;
+
+/// The certificate a brain serves: its expiry in one line, a PROBLEM when it is near or past,
+/// or when its files changed and could not be taken.
+fn write_tls(out: &mut String, tls: &kpng_api::metrics::TlsStatus, now: std::time::SystemTime) {
+    use std::fmt::Write as _;
+    let now = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let left = tls.not_after_unix.saturating_sub(now);
+    let days = left / 86_400;
+    let when = if left < 0 {
+        format!(
+            "EXPIRED {} ago",
+            plural(usize::try_from(-days).unwrap_or(0), "day")
+        )
+    } else {
+        format!("in {}", plural(usize::try_from(days).unwrap_or(0), "day"))
+    };
+    let problem = if left < CERTIFICATE_WARN_DAYS * 86_400 {
+        "PROBLEM: "
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "{problem}TLS certificate {} ({}) expires {} ({when}); its files are reloaded when they \
+         change",
+        tls.file, tls.subject, tls.not_after
+    );
+    if let Some(failure) = &tls.reload_failure {
+        let _ = writeln!(
+            out,
+            "PROBLEM: the TLS files changed but cannot be used, the previous certificate \
+             is still served: {failure}"
         );
     }
 }
@@ -1144,6 +1194,71 @@ pub fn node_facts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_brains_certificate_says_when_it_expires() {
+        let at = |unix: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix);
+        let not_after = 1_893_456_000;
+        let status = |failure: Option<&str>| kpng_api::metrics::TlsStatus {
+            file: "/etc/kpng/tls.crt".into(),
+            subject: "CN=brain".into(),
+            not_after: "2030-01-01T00:00:00Z".into(),
+            not_after_unix: not_after,
+            reload_failure: failure.map(String::from),
+        };
+        let day = 86_400;
+        /// What, the clock, the reload failure, words the lines hold and words they do not.
+        type Case<'a> = (&'a str, u64, Option<&'a str>, &'a [&'a str], &'a [&'a str]);
+        let cases: &[Case] = &[
+            (
+                "far",
+                1_893_456_000 - 60 * day,
+                None,
+                &[
+                    "expires 2030-01-01T00:00:00Z (in 60 days)",
+                    "/etc/kpng/tls.crt",
+                    "CN=brain",
+                ],
+                &["PROBLEM"],
+            ),
+            (
+                "near",
+                1_893_456_000 - 3 * day,
+                None,
+                &["PROBLEM: TLS certificate", "(in 3 days)"],
+                &[],
+            ),
+            (
+                "past",
+                1_893_456_000 + 2 * day,
+                None,
+                &["PROBLEM: TLS certificate", "EXPIRED 2 days ago"],
+                &[],
+            ),
+            (
+                "bad files",
+                1_893_456_000 - 60 * day,
+                Some("reading /etc/kpng/tls.key: gone"),
+                &[
+                    "(in 60 days)",
+                    "PROBLEM: the TLS files changed",
+                    "tls.key: gone",
+                ],
+                &[],
+            ),
+        ];
+        for (what, now, failure, want, not) in cases {
+            let mut out = String::new();
+            write_tls(&mut out, &status(*failure), at(*now));
+            for w in *want {
+                assert!(out.contains(w), "{what}: {out:?} lacks {w:?}");
+            }
+            for n in *not {
+                assert!(!out.contains(n), "{what}: {out:?} has {n:?}");
+            }
+            assert!(!out.contains("  "), "{what}: {out:?}");
+        }
+    }
 
     #[test]
     fn trace_requests_are_checked() {
