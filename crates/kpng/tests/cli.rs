@@ -1031,29 +1031,31 @@ fn a_brain_is_ready_once_its_cluster_is_listed_alive_before_and_says_it_traces_n
         .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
         .unwrap_or_else(|| panic!("no metrics address in:\n{}", brain.stderr()))
         .port();
-    let wait_for = |path: &str, want: u16| {
+    // The answer `want` whose body holds `showing` (the source records the missing file a
+    // moment after the server answers: a first 503 may not name it yet).
+    let wait_for = |path: &str, want: u16, showing: &str| {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some((code, body)) = http_get(port, path)
                 && code == want
+                && body.contains(showing)
             {
                 return body;
             }
             assert!(
                 Instant::now() < deadline,
-                "{path} {want} within 10 s:\n{}",
+                "{path} {want} showing {showing} within 10 s:\n{}",
                 brain.stderr()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
     };
     // The manifest is not there yet: alive, not ready (nodes would get nothing).
-    let live = wait_for("/livez", 200);
+    let live = wait_for("/livez", 200, "");
     assert!(live.contains("\"synced\":false"), "{live}");
-    let not_ready = wait_for("/healthz", 503);
-    assert!(not_ready.contains("\"inputProblems\":1"), "{not_ready}");
+    wait_for("/healthz", 503, "\"inputProblems\":1");
     std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
-    let ready = wait_for("/healthz", 200);
+    let ready = wait_for("/healthz", 200, "");
     assert!(
         ready.contains("\"synced\":true") && ready.contains("\"inputProblems\":0"),
         "{ready}"
