@@ -839,6 +839,44 @@ pub struct DuplicateNode {
     pub peers: Vec<String>,
 }
 
+/// What applying events changed for the watchers, recorded and woken once at the end
+/// ([`Hub::apply_all`]).
+#[derive(Default)]
+struct Applied {
+    /// Each Service changed, once: its version before the first event, after the last.
+    changes: BTreeMap<ServiceKey, BatchChange>,
+    /// Every watcher is concerned.
+    touched_all: bool,
+    /// These watchers are concerned.
+    touched: BTreeSet<u64>,
+    /// The brain's report changed (every watcher is sent it).
+    report_changed: bool,
+}
+
+impl Applied {
+    /// Takes note that Service `key` went from `old` to `new`.
+    fn record(&mut self, key: &ServiceKey, old: Option<Arc<Entry>>, new: Option<Arc<Entry>>) {
+        match self.changes.entry(key.clone()) {
+            std::collections::btree_map::Entry::Occupied(mut seen) => seen.get_mut().new = new,
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(BatchChange {
+                    key: key.clone(),
+                    old,
+                    new,
+                });
+            }
+        }
+        // Created and gone again within the events: nothing to tell.
+        if self
+            .changes
+            .get(key)
+            .is_some_and(|c| c.old.is_none() && c.new.is_none())
+        {
+            self.changes.remove(key);
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     cluster: ClusterModel,
@@ -858,6 +896,112 @@ struct State {
 }
 
 impl State {
+    /// Applies one event to the cluster, collecting in `applied` what it changed for the
+    /// watchers ([`State::finish`] records and wakes).
+    fn apply_one(&mut self, event: Event, applied: &mut Applied) -> ClusterOutcome {
+        let out = self.cluster.apply(event);
+        self.listed.extend(out.listed.iter().copied());
+        // The rejections changed: an error, or one fewer (fixed, deleted, relisted without).
+        if (!out.errors.is_empty() || self.cluster.rejected().len() != self.report_rejected)
+            && self.refresh_report()
+        {
+            applied.report_changed = true;
+        }
+        for key in &out.services {
+            let new = self
+                .cluster
+                .source(key)
+                .map(|source| Arc::new(Entry::new(key.clone(), source.clone())));
+            let entries = Arc::make_mut(&mut self.entries);
+            let old = match &new {
+                Some(entry) => entries.insert(key.clone(), entry.clone()),
+                None => entries.remove(key),
+            };
+            if self.synced {
+                applied.record(key, old, new);
+            }
+        }
+        if out.service_cidrs_changed {
+            let cidrs = self.cluster.service_cidrs();
+            if cidrs != *self.service_cidrs {
+                self.service_cidrs = Arc::new(cidrs);
+                if self.synced {
+                    for w in self.watchers.values() {
+                        w.slot.lock().service_cidrs = Some(self.service_cidrs.clone());
+                    }
+                    applied.touched_all = true;
+                }
+            }
+        }
+        if !out.nodes.is_empty() {
+            // A node's new zone makes its watchers start again from the entries as they are
+            // now: the changes before it go in first, as they came.
+            self.record_changes(applied);
+        }
+        for name in &out.nodes {
+            let node = Arc::new(self.node(name));
+            for (id, w) in self.watchers.iter().filter(|(_, w)| &w.node_name == name) {
+                let mut pending = w.slot.lock();
+                if self.synced && pending.node.zone != node.zone && pending.base.is_none() {
+                    // Zone hints may select other endpoints everywhere.
+                    pending.base = Some(self.entries.clone());
+                }
+                pending.node = node.clone();
+                applied.touched.insert(*id);
+            }
+        }
+        if !self.synced && REQUIRED_KINDS.iter().all(|k| self.listed.contains(k)) {
+            self.synced = true;
+            // The replay starts from the entries as they are: nothing before it is sent apart.
+            applied.changes.clear();
+            for (id, w) in &self.watchers {
+                let mut pending = w.slot.lock();
+                pending.replay = true;
+                pending.base = Some(self.entries.clone());
+                pending.service_cidrs = self.replay_cidrs();
+                pending.brain_report = self.replay_report();
+                pending.changes.clear();
+                pending.batch = None;
+                applied.touched.insert(*id);
+            }
+        }
+        out
+    }
+
+    /// Records the Service changes collected in `applied` for every watcher, as one batch.
+    fn record_changes(&mut self, applied: &mut Applied) {
+        if applied.changes.is_empty() {
+            return;
+        }
+        let changes = std::mem::take(&mut applied.changes).into_values().collect();
+        let batch = Arc::new(Batch::new(changes));
+        if !batch.is_empty() {
+            for w in self.watchers.values() {
+                w.slot.lock().record_batch(&batch);
+            }
+            applied.touched_all = true;
+        }
+    }
+
+    /// Records what `applied` collected and wakes the watchers it concerns.
+    fn finish(&mut self, mut applied: Applied) {
+        self.record_changes(&mut applied);
+        let now = SystemTime::now();
+        let wake = |w: &Watcher| {
+            w.slot.queued(now);
+            w.slot.wake();
+        };
+        if applied.touched_all || applied.report_changed {
+            self.watchers.values().for_each(wake);
+        } else {
+            applied
+                .touched
+                .iter()
+                .filter_map(|id| self.watchers.get(id))
+                .for_each(wake);
+        }
+    }
+
     /// Warns when watcher `id` is the second to ask for its node name: the start of a
     /// duplicate claim, logged once (not again for a third, nor while it lasts; again only
     /// after it ended and began anew). `kpng status` on the brain shows it for as long as it
@@ -1085,91 +1229,25 @@ impl Hub {
     /// Applies one event to the cluster and records what it changed for every watcher.
     pub fn apply(&self, event: Event) -> ClusterOutcome {
         let mut state = self.lock();
-        let state = &mut *state;
-        let out = state.cluster.apply(event);
-        state.listed.extend(out.listed.iter().copied());
-        // The rejections changed: an error, or one fewer (fixed, deleted, relisted without).
-        let report_changed = (!out.errors.is_empty()
-            || state.cluster.rejected().len() != state.report_rejected)
-            && state.refresh_report();
-        // Every watcher, or (`false`) those in `touched`.
-        let mut touched_all = false;
-        let mut touched: BTreeSet<u64> = BTreeSet::new();
-        let mut changes = Vec::with_capacity(out.services.len());
-        for key in &out.services {
-            let new = state
-                .cluster
-                .source(key)
-                .map(|source| Arc::new(Entry::new(key.clone(), source.clone())));
-            let entries = Arc::make_mut(&mut state.entries);
-            let old = match &new {
-                Some(entry) => entries.insert(key.clone(), entry.clone()),
-                None => entries.remove(key),
-            };
-            changes.push(BatchChange {
-                key: key.clone(),
-                old,
-                new,
-            });
-        }
-        let batch = Arc::new(Batch::new(changes));
-        if state.synced && !batch.is_empty() {
-            for w in state.watchers.values() {
-                w.slot.lock().record_batch(&batch);
-            }
-            touched_all = true;
-        }
-        if out.service_cidrs_changed {
-            let cidrs = state.cluster.service_cidrs();
-            if cidrs != *state.service_cidrs {
-                state.service_cidrs = Arc::new(cidrs);
-                if state.synced {
-                    for w in state.watchers.values() {
-                        w.slot.lock().service_cidrs = Some(state.service_cidrs.clone());
-                    }
-                    touched_all = true;
-                }
-            }
-        }
-        for name in &out.nodes {
-            let node = Arc::new(state.node(name));
-            for (id, w) in state.watchers.iter().filter(|(_, w)| &w.node_name == name) {
-                let mut pending = w.slot.lock();
-                if state.synced && pending.node.zone != node.zone && pending.base.is_none() {
-                    // Zone hints may select other endpoints everywhere.
-                    pending.base = Some(state.entries.clone());
-                }
-                pending.node = node.clone();
-                touched.insert(*id);
-            }
-        }
-        if !state.synced && REQUIRED_KINDS.iter().all(|k| state.listed.contains(k)) {
-            state.synced = true;
-            for (id, w) in &state.watchers {
-                let mut pending = w.slot.lock();
-                pending.replay = true;
-                pending.base = Some(state.entries.clone());
-                pending.service_cidrs = state.replay_cidrs();
-                pending.brain_report = state.replay_report();
-                pending.changes.clear();
-                pending.batch = None;
-                touched.insert(*id);
-            }
-        }
-        let now = SystemTime::now();
-        let wake = |w: &Watcher| {
-            w.slot.queued(now);
-            w.slot.wake();
-        };
-        if touched_all || report_changed {
-            state.watchers.values().for_each(wake);
-        } else {
-            touched
-                .iter()
-                .filter_map(|id| state.watchers.get(id))
-                .for_each(wake);
-        }
+        let mut applied = Applied::default();
+        let out = state.apply_one(event, &mut applied);
+        state.finish(applied);
         out
+    }
+
+    /// Applies `events` as one change: what they change together reaches each watcher in one
+    /// change set (a file holding a Service and its EndpointSlice never shows a node the
+    /// Service without its endpoints, a moment of REJECT), encoded once for all the nodes
+    /// that share a view. Returns each event's outcome, in order.
+    pub fn apply_all(&self, events: Vec<Event>) -> Vec<ClusterOutcome> {
+        let mut state = self.lock();
+        let mut applied = Applied::default();
+        let outcomes = events
+            .into_iter()
+            .map(|event| state.apply_one(event, &mut applied))
+            .collect();
+        state.finish(applied);
+        outcomes
     }
 
     /// Every connected watcher, by node name.

@@ -5,7 +5,7 @@
 //! remote brain's state received over the gRPC API (`kpng-api`'s `RemoteModel`). The trait lives
 //! in the contract crate so that the API client does not depend on the runner.
 
-use kpng_model::{ApplyOutcome, Event, Kind, Model, Snapshot};
+use kpng_model::{ApplyOutcome, Event, Kind, Model, Object, Snapshot};
 
 /// Where the runner's node-local state comes from: the in-process [`Model`] fed with
 /// Kubernetes objects, or a remote brain's state received over the API. Both drive the same
@@ -89,6 +89,13 @@ impl NodeModel for Model {
         match event {
             Event::Apply(o) | Event::ListItem(o) => InputInfo::objects(vec![o.kind()]),
             Event::Delete(r) => InputInfo::objects(vec![r.kind]),
+            Event::Changes { deleted, applied } => InputInfo::objects(
+                deleted
+                    .iter()
+                    .map(|r| r.kind)
+                    .chain(applied.iter().map(Object::kind))
+                    .collect(),
+            ),
             Event::Replace { objects, .. } => {
                 InputInfo::objects(objects.iter().map(|o| o.kind()).collect())
             }

@@ -23,6 +23,9 @@ const WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10)
 /// (an API server outage changes them without any event); the report is sent only when it
 /// changed.
 const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// The source's queue, and the most events applied as one change: what the source sent
+/// together (a file's objects) reaches the nodes in one change set.
+const MAX_EVENTS_AT_ONCE: usize = 1024;
 
 /// Runs the source (of `kind`) into a hub and serves it until the source ends or
 /// SIGINT/SIGTERM.
@@ -126,7 +129,7 @@ where
             }
         }
     }
-    let (tx, mut rx) = mpsc::channel(1024);
+    let (tx, mut rx) = mpsc::channel(MAX_EVENTS_AT_ONCE);
     let source_task = tokio::spawn(source(tx));
     let feed = async {
         // A brain has no syncs: its warning budget is renewed every ten seconds.
@@ -138,15 +141,24 @@ where
             tokio::select! {
                 event = rx.recv() => {
                     let Some(event) = event else { break };
-                    let out = hub.apply(event);
-                    for e in &out.errors {
-                        error!("rejected {e}");
+                    // What the source sent together (one file's objects) goes to the nodes as
+                    // one change set.
+                    let mut events = vec![event];
+                    while events.len() < MAX_EVENTS_AT_ONCE
+                        && let Ok(event) = rx.try_recv()
+                    {
+                        events.push(event);
                     }
-                    for w in &out.warnings {
-                        if warnings.admit() {
-                            warn!("{w}");
-                        } else {
-                            tracing::debug!("{w}");
+                    for out in hub.apply_all(events) {
+                        for e in &out.errors {
+                            error!("rejected {e}");
+                        }
+                        for w in &out.warnings {
+                            if warnings.admit() {
+                                warn!("{w}");
+                            } else {
+                                tracing::debug!("{w}");
+                            }
                         }
                     }
                 }

@@ -299,6 +299,14 @@ impl ClusterModel {
         match event {
             Event::Apply(object) => self.apply_single(object, &mut out),
             Event::Delete(reference) => self.delete(&reference, &mut out),
+            Event::Changes { deleted, applied } => {
+                for reference in &deleted {
+                    self.delete(reference, &mut out);
+                }
+                for object in applied {
+                    self.apply_single(object, &mut out);
+                }
+            }
             Event::Replace { kinds, objects } => {
                 let mut listing = Listing {
                     kinds,

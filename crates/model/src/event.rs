@@ -164,6 +164,16 @@ pub enum Event {
     Apply(Object),
     /// An object was deleted.
     Delete(ObjectRef),
+    /// Objects that changed together (one manifest file's): applied as one change, so that
+    /// nothing downstream sees a moment between them (a Service without its EndpointSlice:
+    /// a moment of REJECT on the nodes a brain feeds). The deleted and the applied objects
+    /// are different ones.
+    Changes {
+        /// Objects deleted.
+        deleted: Vec<ObjectRef>,
+        /// Objects created or updated.
+        applied: Vec<Object>,
+    },
     /// The complete current set of objects of the given kinds; objects of these kinds that are
     /// not listed no longer exist.
     Replace {

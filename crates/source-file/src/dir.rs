@@ -277,18 +277,34 @@ async fn send_changes(
     changes: Vec<Event>,
     events: &mpsc::Sender<Event>,
 ) -> bool {
-    if !changes.is_empty() {
-        state.metrics.health.loaded(
-            std::time::SystemTime::now(),
-            Some(format!("last change from {}", path.display())),
-        );
+    if changes.is_empty() {
+        return true;
     }
-    for event in changes {
-        if events.send(event).await.is_err() {
-            return false;
+    state.metrics.health.loaded(
+        std::time::SystemTime::now(),
+        Some(format!("last change from {}", path.display())),
+    );
+    // One file's changes are one event: applied as one change everywhere (a brain's nodes
+    // never see its Service without its EndpointSlice).
+    let event = match <[Event; 1]>::try_from(changes) {
+        Ok([single]) => single,
+        Err(several) => {
+            let (mut deleted, mut applied) = (Vec::new(), Vec::new());
+            for change in several {
+                match change {
+                    Event::Delete(reference) => deleted.push(reference),
+                    Event::Apply(object) => applied.push(object),
+                    other => {
+                        if events.send(other).await.is_err() {
+                            return false;
+                        }
+                    }
+                }
+            }
+            Event::Changes { deleted, applied }
         }
-    }
-    true
+    };
+    events.send(event).await.is_ok()
 }
 
 /// Reads every file once, on as many threads as there are CPUs (each its own share of the

@@ -27,7 +27,39 @@ fn cluster_ip(event: &Event) -> String {
 
 /// The file source on `path` (a file or a directory): its events, its input's health record
 /// and its task.
+/// The source watching `path`, one event per object changed: a file's changes sent as one
+/// [`Event::Changes`] are handed over as their deletions then their applies.
 fn watch(
+    path: &std::path::Path,
+) -> (
+    mpsc::Receiver<Event>,
+    kpng_model::input::InputHealth,
+    tokio::task::JoinHandle<Result<(), kpng_source_file::SourceError>>,
+) {
+    let (mut raw, health, task) = watch_raw(path);
+    let (tx, rx) = mpsc::channel(8);
+    tokio::spawn(async move {
+        while let Some(event) = raw.recv().await {
+            let one_by_one = match event {
+                Event::Changes { deleted, applied } => deleted
+                    .into_iter()
+                    .map(Event::Delete)
+                    .chain(applied.into_iter().map(Event::Apply))
+                    .collect(),
+                other => vec![other],
+            };
+            for event in one_by_one {
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (rx, health, task)
+}
+
+/// The source watching `path`, its events as it sends them.
+fn watch_raw(
     path: &std::path::Path,
 ) -> (
     mpsc::Receiver<Event>,
@@ -363,7 +395,7 @@ async fn a_directory_given_by_a_relative_path_applies_the_removal_of_a_file_read
     std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.2")).expect("write");
     let relative = relative_to_current_dir(dir.path());
     assert!(relative.is_relative() && relative.is_dir(), "{relative:?}");
-    let (mut rx, _health, task) = watch(&relative);
+    let (mut rx, _health, task) = watch_raw(&relative);
     assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
     assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
     assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
@@ -378,16 +410,20 @@ async fn a_directory_given_by_a_relative_path_applies_the_removal_of_a_file_read
     let tmp = dir.path().join(".b.yaml.tmp");
     std::fs::write(&tmp, svc("c", "10.96.0.3")).expect("write");
     std::fs::rename(&tmp, dir.path().join("b.yaml")).expect("rename");
-    let mut got = Vec::new();
-    for _ in 0..2 {
-        match next(&mut rx).await {
-            Some(Event::Apply(Object::Service(s))) => got.push(format!("apply {}", s.key.name)),
-            Some(Event::Delete(r)) => got.push(format!("delete {}", r.name)),
-            other => panic!("expected Apply of c and Delete of b, got {other:?}"),
+    // One event: the file's objects change together.
+    match next(&mut rx).await {
+        Some(Event::Changes { deleted, applied }) => {
+            assert!(
+                matches!(deleted.as_slice(), [r] if &*r.name == "b"),
+                "{deleted:?}"
+            );
+            assert!(
+                matches!(applied.as_slice(), [Object::Service(s)] if &*s.key.name == "c"),
+                "{applied:?}"
+            );
         }
+        other => panic!("expected Delete of b and Apply of c, got {other:?}"),
     }
-    got.sort();
-    assert_eq!(got, ["apply c", "delete b"]);
     task.abort();
 }
 

@@ -732,3 +732,76 @@ fn a_brain_that_does_not_report_sends_no_report() {
     hub.refresh_report();
     assert!(!ready(&n1), "no report, and nothing else changed for n1");
 }
+
+/// Service `default/pair` (ClusterIP 10.96.7.7, port 80) with `ready` endpoints on node n2.
+fn pair(ready: &[&str]) -> Vec<Event> {
+    let service = kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(json!({
+        "metadata": {"namespace": "default", "name": "pair"},
+        "spec": {"clusterIP": "10.96.7.7", "ports": [{"port": 80}]}
+    }))
+    .expect("service")
+    .object;
+    let slice = kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
+        "metadata": {"namespace": "default", "name": "pair-1",
+                     "labels": {"kubernetes.io/service-name": "pair"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "", "port": 8080}],
+        "endpoints": ready.iter()
+            .map(|ip| json!({"addresses": [ip], "nodeName": "n2"}))
+            .collect::<Vec<_>>()
+    }))
+    .expect("slice")
+    .object;
+    vec![Event::Apply(service), Event::Apply(slice)]
+}
+
+#[test]
+fn events_applied_together_are_one_change_set_encoded_once() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let n3 = hub.register("n3");
+    let stranger = hub.register("not-a-node");
+    for reg in [&n3, &stranger] {
+        next(reg);
+    }
+    // A Service and its endpoints (one file): one change set, the Service never without its
+    // endpoints, and the same bytes for every node whose view does not depend on it.
+    let outcomes = hub.apply_all(pair(&["10.244.2.7"]));
+    assert_eq!(outcomes.len(), 2);
+    let (n3_ops, n3_chunks) = next_chunks(&n3);
+    let (stranger_ops, stranger_chunks) = next_chunks(&stranger);
+    let want = [
+        "set svc default/pair",
+        "set ep default/pair/10.244.2.7",
+        "sync",
+    ];
+    assert_eq!(n3_ops, want);
+    assert_eq!(stranger_ops, want);
+    assert_eq!(
+        n3_chunks[0].as_ptr(),
+        stranger_chunks[0].as_ptr(),
+        "the same bytes, not a copy per node"
+    );
+    // A Service changed twice and one created and deleted within the events: the net change.
+    let mut events = pair(&["10.244.2.8"]);
+    events.extend(pair(&["10.244.2.9"]));
+    let mut gone = pair(&[]);
+    let Event::Apply(kpng_model::Object::Service(svc)) = &mut gone[0] else {
+        panic!("a Service first")
+    };
+    svc.key.name = "brief".into();
+    events.push(gone.swap_remove(0));
+    events.push(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::Service,
+        namespace: "default".into(),
+        name: "brief".into(),
+    }));
+    hub.apply_all(events);
+    let want = [
+        "set ep default/pair/10.244.2.9",
+        "del ep default/pair/10.244.2.7",
+        "sync",
+    ];
+    assert_eq!(next(&n3), want);
+    assert_eq!(next(&stranger), want);
+}

@@ -35,9 +35,12 @@ fn files_are_taken_when_they_change_and_load_and_never_when_they_do_not() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = |name: &str| dir.path().join(name);
     // Written next to the file and renamed over it, as a Secret volume or an atomic copy do.
+    // Each version ends with room to spare (PEM ignores what follows its last block), so
+    // that one written in place over it at the same length (`SameStamp`) is never cut short:
+    // certificates and keys differ in length by a few bytes.
     let write = |name: &str, text: &str| {
         let tmp = path(&format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).expect("write");
+        std::fs::write(&tmp, format!("{text}{}", "\n".repeat(64))).expect("write");
         std::fs::rename(&tmp, path(name)).expect("rename");
     };
     let (a_cert, a_key) = pair("brain-a");
