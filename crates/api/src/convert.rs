@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use kpng_model::records::ANNOTATION_PRESERVE_DESTINATION;
 use kpng_model::{
     Endpoint, Family, Name, NodeState, PortKey, Protocol, ServiceKey, ServicePort, SessionAffinity,
-    ip::parse_ip_sloppy, sort_endpoints,
+    TargetPort, ip::parse_ip_sloppy, sort_endpoints,
 };
 use prost::Message;
 use prost::bytes::Bytes;
@@ -113,6 +113,28 @@ fn preserve_destination(service: &proto::Service) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// KPNG's `PortMapping.TargetPort` and `TargetPortName`, as KPNG's brain set them from
+/// `spec.ports[].targetPort`: the number, or the name (and 0). The endpoints' own ports travel
+/// in `Endpoint.PortOverrides` and `Endpoint.Kpng`.
+fn target_port_to_wire(target: &TargetPort) -> (i32, String) {
+    match target {
+        TargetPort::Number(n) => (port_i32(*n), String::new()),
+        TargetPort::Name(name) => (0, name.to_string()),
+    }
+}
+
+/// The model's target port of a `PortMapping`: its name, else its number; neither (or a number
+/// out of range): the Service port, as the API server defaults it.
+fn target_port_from_wire(mapping: &proto::PortMapping, port: u16) -> TargetPort {
+    if !mapping.target_port_name.is_empty() {
+        return TargetPort::Name(mapping.target_port_name.as_str().into());
+    }
+    u16::try_from(mapping.target_port)
+        .ok()
+        .filter(|n| *n > 0)
+        .map_or(TargetPort::Number(port), TargetPort::Number)
+}
+
 /// KPNG's Service type, derived from what the ports need (the model does not keep `spec.type`).
 fn service_type(ports: &[&ServicePort]) -> &'static str {
     if ports
@@ -169,8 +191,6 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
     let mut lb_ips = Vec::new();
     let mut ranges: Vec<IpNet> = Vec::new();
     let mut mappings: BTreeMap<(Name, Protocol), proto::PortMapping> = BTreeMap::new();
-    // The endpoint port of each Service port, when every endpoint agrees (KPNG's TargetPort).
-    let mut targets: BTreeMap<(Name, Protocol), Option<u16>> = BTreeMap::new();
     let mut endpoints: BTreeMap<IpAddr, (Endpoint, EndpointBuild)> = BTreeMap::new();
     for sp in &ports {
         if !cluster_ips.contains(&sp.cluster_ip) {
@@ -180,15 +200,17 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
             ranges.extend(sp.source_ranges.iter().copied());
         }
         let pk = (sp.key.port_name.clone(), sp.key.protocol);
-        mappings
-            .entry(pk.clone())
-            .or_insert_with(|| proto::PortMapping {
+        mappings.entry(pk.clone()).or_insert_with(|| {
+            let (target_port, target_port_name) = target_port_to_wire(&sp.target_port);
+            proto::PortMapping {
                 name: sp.key.port_name.to_string(),
                 protocol: protocol_to_wire(sp.key.protocol) as i32,
                 port: port_i32(sp.port),
                 node_port: sp.node_port.map_or(0, port_i32),
-                ..proto::PortMapping::default()
-            });
+                target_port,
+                target_port_name,
+            }
+        });
         service.kpng_ports.push(proto::KpngPortStatus {
             name: sp.key.port_name.to_string(),
             protocol: protocol_to_wire(sp.key.protocol) as i32,
@@ -212,10 +234,6 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
             let internal = sp.internal_policy_local != in_cluster;
             let external = sp.external_policy_local != in_cluster;
             for ep in list {
-                let target = targets.entry(pk.clone()).or_insert(Some(ep.port));
-                if *target != Some(ep.port) {
-                    *target = None;
-                }
                 let (_, build) = endpoints
                     .entry(ep.ip)
                     .or_insert_with(|| (ep.clone(), EndpointBuild::default()));
@@ -243,9 +261,6 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
             }
         }
     }
-    for (pk, mapping) in &mut mappings {
-        mapping.target_port = targets.get(pk).copied().flatten().map_or(0, port_i32);
-    }
     service.ports = mappings.into_values().collect();
     service.i_ps = Some(proto::ServiceIPs {
         cluster_i_ps: Some(ip_set(&cluster_ips)),
@@ -259,6 +274,14 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
             source_ranges: ranges.iter().map(|n| n.to_string()).collect(),
         });
     }
+    // An unnamed port (a Service's only one) whose targetPort is a name: KPNG's newer client
+    // helper looks the endpoint's port up under that name, its older one under the port's
+    // (empty) name, so the override goes under both.
+    let unnamed_target_name = service
+        .ports
+        .iter()
+        .find(|m| m.name.is_empty() && !m.target_port_name.is_empty())
+        .map(|m| m.target_port_name.clone());
     let mut encoded: Vec<(String, Bytes)> = endpoints
         .into_iter()
         .map(|(ip, (ep, build))| {
@@ -270,6 +293,14 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
                         port: port.port,
                     });
                 }
+            }
+            if let Some(name) = &unnamed_target_name
+                && let Some(port) = overrides.iter().find(|o| o.name.is_empty()).map(|o| o.port)
+            {
+                overrides.push(proto::PortName {
+                    name: name.clone(),
+                    port,
+                });
             }
             let message = proto::Endpoint {
                 hostname: String::new(),
@@ -448,6 +479,7 @@ pub fn decode_service(
                 cluster_ip,
                 port,
                 node_port: port_u16(&what, "Ports.NodePort", mapping.node_port)?,
+                target_port: target_port_from_wire(mapping, port),
                 external_ips: external_ips.clone(),
                 load_balancer_ips: load_balancer_ips.clone(),
                 source_ranges: source_ranges.clone(),

@@ -315,7 +315,8 @@ impl Pending {
 
 impl Pending {
     /// The ops of this change set, in protocol order: `Reset` (first request), the ServiceCIDR
-    /// ranges (first request or when they changed), the node's properties (when they changed),
+    /// ranges (first request or when they changed), the node's properties (when they changed;
+    /// after a rename, the old name's value is deleted first),
     /// then per Service its `Service` Set, its `Endpoint` Sets
     /// and Deletes, and its `Service` Delete last, so an endpoint never exists without its
     /// Service. Ends with `Sync` unless nothing at all changed for this watcher.
@@ -415,6 +416,7 @@ impl Pending {
                     .as_ref()
                     .map(|r| Piece::Shared(r.frames.clone(), 1)),
             )
+            .chain(self.old_node_delete().map(Piece::Op))
             .chain(self.node_op().map(Piece::Op))
             .collect::<Vec<_>>()
             .into_iter();
@@ -463,13 +465,14 @@ impl Pending {
     }
 
     /// The ops before the Services: `Reset`, the ServiceCIDR ranges, the brain's report, the
-    /// node.
+    /// node (after a rename, the old name's value deleted first).
     fn ops_head(&self) -> impl Iterator<Item = proto::OpItem> + '_ {
         let report = self.brain_report.as_ref().map(|r| r.op.clone());
         self.reset_op()
             .into_iter()
             .chain(self.cidrs_op())
             .chain(report)
+            .chain(self.old_node_delete())
             .chain(self.node_op())
     }
 
@@ -485,6 +488,14 @@ impl Pending {
                 encode_service_cidrs(cidrs),
             )
         })
+    }
+
+    /// After a rename (a `WatchReq` with another `NodeName`), the value at the old name's path:
+    /// a client that keeps every value by set and path would otherwise hold two nodes.
+    fn old_node_delete(&self) -> Option<proto::OpItem> {
+        let old = self.old_node.as_ref()?;
+        (!self.replay && old.name != self.node.name)
+            .then(|| delete(proto::Set::KpngNodeSet, old.name.clone()))
     }
 
     fn node_op(&self) -> Option<proto::OpItem> {

@@ -23,6 +23,8 @@ use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
 mod admission;
+#[cfg(unix)]
+mod authority;
 mod conn;
 mod refusal_log;
 mod request_wake;
@@ -106,8 +108,7 @@ impl SetsService {
 
     fn handle(&self, request: http::Request<Body>) -> http::Response<Body> {
         if request.uri().path() != WATCH_PATH {
-            return Status::unimplemented(format!("no method {}", request.uri().path()))
-                .into_http();
+            return Status::unimplemented(no_method(request.uri().path())).into_http();
         }
         let from = connection(request.extensions());
         // With mTLS, the node names the client's certificate allows.
@@ -155,6 +156,31 @@ impl SetsService {
     }
 }
 
+/// The message of a call to a method this server does not have: a client of KPNG's older
+/// `localnetv1` API (`/localnetv1.Endpoints/Watch`) learns which API is served instead of an
+/// empty UNIMPLEMENTED.
+fn no_method(path: &str) -> String {
+    let shown = escaped_prefix(path);
+    let older = if path.starts_with("/localnetv1.") {
+        "; KPNG's older localnetv1 API is not served: use a client of KPNG's localv1 API \
+         (KPNG's own since it replaced localnetv1)"
+    } else {
+        ""
+    };
+    format!("no method {shown}: kpng serves {WATCH_PATH} (KPNG's localv1 API){older}")
+}
+
+/// How many characters of a client's text a refusal or a log line repeats.
+const SHOWN_CHARS: usize = 80;
+
+/// `text` quoted and escaped (no control characters reach a log or a terminal), cut after
+/// [`SHOWN_CHARS`] characters (`…` after the quote says so).
+fn escaped_prefix(text: &str) -> String {
+    let cut: String = text.chars().take(SHOWN_CHARS).collect();
+    let more = if cut.len() < text.len() { "…" } else { "" };
+    format!("{cut:?}{more}")
+}
+
 /// Ends a refusal's full line: the peer's next ones are summarised.
 const SUMMARISED: &str = "; further refusals from this address are summarised once a minute";
 
@@ -175,6 +201,32 @@ const CHUNKS_BUFFER: usize = 1;
 /// body is polled, without a task of its own: the common case of one Service changing costs
 /// no task switch and no channel per stream.
 const INLINE_SERVICES: usize = 32;
+
+/// KPNG's older API, `localnetv1.Endpoints` (`/localnetv1.Endpoints/Watch`): every call gets
+/// UNIMPLEMENTED saying what is served instead, where tonic's router would answer an unknown
+/// service with an empty message.
+#[derive(Debug, Clone, Copy, Default)]
+struct OlderApi;
+
+impl tonic::server::NamedService for OlderApi {
+    const NAME: &'static str = "localnetv1.Endpoints";
+}
+
+impl tower::Service<http::Request<Body>> for OlderApi {
+    type Response = http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        std::future::ready(Ok(
+            Status::unimplemented(no_method(request.uri().path())).into_http()
+        ))
+    }
+}
 
 impl tonic::server::NamedService for SetsService {
     const NAME: &'static str = "localv1.Sets";
@@ -363,17 +415,17 @@ impl WatchBody {
         }
         let peer = &self.client.peer;
         if !crate::identity::is_node_name(&node_name) {
-            // The name goes to the log escaped and cut short, never raw.
-            let shown: String = node_name.chars().take(80).collect();
+            // The name goes to the log and the client escaped and cut short, never raw.
+            let shown = escaped_prefix(&node_name);
             if self.refused(Refusal::NotANodeName) {
                 warn!(
                     ?peer,
                     name_bytes = node_name.len(),
-                    "refusing a Watch: {shown:?} is not a Node's name{SUMMARISED}"
+                    "refusing a Watch: {shown} is not a Node's name{SUMMARISED}"
                 );
             }
             return Step::End(Status::invalid_argument(format!(
-                "the node name is not {}",
+                "WatchReq.NodeName {shown} is not {}",
                 crate::identity::NODE_NAME_RULE
             )));
         }
@@ -629,7 +681,9 @@ pub async fn serve(
     let refusals = Arc::new(refusal_log::RefusalLog::counting_in(
         hub.metrics().refused.clone(),
     ));
-    let router = builder.add_service(SetsService::new(hub).with_refusal_log(refusals.clone()));
+    let router = builder
+        .add_service(SetsService::new(hub).with_refusal_log(refusals.clone()))
+        .add_service(OlderApi);
     let listen_err = |source| ServeError::Listen {
         addr: addr.clone(),
         source,
@@ -664,11 +718,13 @@ pub async fn serve(
         ApiAddr::Unix(path) => {
             let listener = unix_socket::bind(path).map_err(listen_err)?;
             info!(addr = %addr, "API listening");
-            let incoming = limit(
+            // grpc-core clients send the socket path as `:authority`, which h2 refuses: read
+            // as `localhost` (not under TLS, whose bytes are encrypted).
+            let accepted = tokio_stream::StreamExt::map(
                 tokio_stream::wrappers::UnixListenerStream::new(listener),
-                limits,
-                refusals.clone(),
+                move |conn| conn.map(|io| authority::AuthorityFix::new(io, !secure)),
             );
+            let incoming = limit(accepted, limits, refusals.clone());
             Ok(serve_on(router, incoming, tls, shutdown, refusals))
         }
     }

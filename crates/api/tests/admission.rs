@@ -203,13 +203,24 @@ async fn one_client_gets_only_its_share_of_the_watch_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_name_that_is_not_a_nodes_is_refused_without_echoing_it() {
+async fn a_node_name_that_is_not_a_nodes_is_refused_naming_the_field_and_echoing_it_escaped() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("brain.sock");
     let (hub, _) = common::hub_with_one_service();
     common::serve(hub.clone(), &socket, Default::default()).await;
     let long = "a".repeat(300);
-    for bad in ["n1\x1b[31m\nforged log line", &long, "N1", ""] {
+    let long_shown = format!("\"{}\"…", "a".repeat(80));
+    // (name sent, what the message repeats of it)
+    let cases = [
+        (
+            "n1\x1b[31m\nforged log line",
+            r#""n1\u{1b}[31m\nforged log line""#,
+        ),
+        (long.as_str(), long_shown.as_str()),
+        ("N1", r#""N1""#),
+        ("", "\"\""),
+    ];
+    for (bad, shown) in cases {
         let mut node = Watcher::connect(&socket).await;
         node.requests
             .send(proto::WatchReq {
@@ -233,9 +244,84 @@ async fn a_node_name_that_is_not_a_nodes_is_refused_without_echoing_it() {
             "{status:?}"
         );
         assert!(
+            status
+                .message()
+                .starts_with(&format!("WatchReq.NodeName {shown} is not ")),
+            "{status:?}"
+        );
+        assert!(
             !status.message().contains('\x1b') && !status.message().contains(&long),
             "{status:?}"
         );
     }
     assert!(hub.watchers().is_empty(), "{:?}", hub.watchers());
+}
+
+/// A client of KPNG's older `localnetv1` API (or of another method of `localv1.Sets`) learns
+/// what is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_methods_are_unimplemented_saying_what_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let (hub, _) = common::hub_with_one_service();
+    common::serve(hub, &socket, Default::default()).await;
+    // (method, what the message must say besides the served method)
+    let cases = [
+        (
+            "/localnetv1.Endpoints/Watch",
+            Some("KPNG's older localnetv1 API is not served"),
+        ),
+        ("/localv1.Sets/Next", None),
+    ];
+    for (path, older) in cases {
+        let (mut client, _conn) = raw(&socket, 65_535).await;
+        client.clone().ready().await.expect("ready");
+        let request = http::Request::post(format!("http://localhost{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("request");
+        let (response, _send) = client.send_request(request, true).expect("a stream");
+        let response = response.await.expect("an answer");
+        let headers = response.headers();
+        assert_eq!(
+            headers.get("grpc-status").and_then(|v| v.to_str().ok()),
+            Some("12"),
+            "{path}: {headers:?}"
+        );
+        let message = headers
+            .get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .map(percent_decode)
+            .unwrap_or_default();
+        assert!(
+            message.contains(path) && message.contains("kpng serves /localv1.Sets/Watch"),
+            "{path}: {message:?}"
+        );
+        assert_eq!(
+            older.is_some_and(|o| message.contains(o)),
+            older.is_some(),
+            "{path}: {message:?}"
+        );
+    }
+}
+
+/// A `grpc-message` as the client reads it (percent-decoded).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(hex) = text.get(i + 1..i + 3)
+            && let Ok(b) = u8::from_str_radix(hex, 16)
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

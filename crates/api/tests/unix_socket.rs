@@ -7,6 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use common::{Watcher, next_change_set};
 use kpng_api::addr::ApiAddr;
+use kpng_api::proto;
 use kpng_api::server::ServeError;
 
 async fn serve(
@@ -55,4 +56,133 @@ async fn the_socket_is_private_and_a_live_brains_socket_is_left_alone() {
     assert!(text.contains("answers on this socket"), "{text}");
     let mut node = Watcher::connect_continuous(&socket).await;
     assert_eq!(next_change_set(&mut node.stream).await, ["default/a"]);
+}
+
+/// An HTTP/2 frame: its type, flags, stream and payload.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len();
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one frame: (type, flags, stream, payload).
+async fn read_frame(io: &mut tokio::net::UnixStream) -> (u8, u8, u32, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0u8; 9];
+    io.read_exact(&mut header).await.expect("a frame header");
+    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    let mut payload = vec![0; len];
+    io.read_exact(&mut payload).await.expect("a frame payload");
+    let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+    (header[3], header[4], stream, payload)
+}
+
+/// What grpc-core (Python, C++, Ruby…) sends when it dials `unix:///run/kpng/ext-api.sock`:
+/// the socket path, percent-encoded, as `:authority`. h2 refuses such an authority (a `%` in
+/// a host), so the brain reads it as `localhost`; the client gets its Watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_core_clients_watch_with_the_socket_path_as_authority() {
+    use prost::Message;
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let (hub, _) = common::hub_with_one_service();
+    serve(hub, &socket).await.expect("serve");
+
+    let mut io = tokio::net::UnixStream::connect(&socket)
+        .await
+        .expect("connect");
+    let mut encoder = loona_hpack::Encoder::new();
+    let headers: Vec<(&[u8], &[u8])> = vec![
+        (b":scheme", b"http"),
+        (b":method", b"POST"),
+        (b":authority", b"run%2Fkpng%2Fext-api.sock"),
+        (b":path", b"/localv1.Sets/Watch"),
+        (b"te", b"trailers"),
+        (b"content-type", b"application/grpc"),
+        (
+            b"user-agent",
+            b"grpc-python/1.76.0 grpc-c/51.0.0 (linux; chttp2)",
+        ),
+    ];
+    let request = proto::WatchReq {
+        node_name: "n1".into(),
+        continuous: false,
+        accept_zstd: false,
+    }
+    .encode_to_vec();
+    let mut message = vec![0];
+    message.extend_from_slice(&u32::try_from(request.len()).expect("small").to_be_bytes());
+    message.extend_from_slice(&request);
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4, 1, &encoder.encode(headers)));
+    out.extend(frame(0x0, 0, 1, &message));
+    io.write_all(&out).await.expect("send the request");
+
+    // Until the first change set's Sync: the response headers, then OpItems.
+    let mut decoder = loona_hpack::Decoder::new();
+    let mut status = None;
+    let mut body = Vec::new();
+    let mut ops = Vec::new();
+    let read = async {
+        loop {
+            let (kind, flags, stream, payload) = read_frame(&mut io).await;
+            match (kind, stream) {
+                (0x4, 0) if flags & 0x1 == 0 => {
+                    io.write_all(&frame(0x4, 0x1, 0, &[])).await.expect("ack");
+                }
+                (0x3, 1) => panic!("the brain reset the stream: error code {payload:?}"),
+                (0x7, _) => panic!("the brain closed the connection (GOAWAY {payload:?})"),
+                (0x1, 1) => {
+                    for (name, value) in decoder.decode(&payload).expect("response headers") {
+                        if name == b":status" {
+                            status = Some(String::from_utf8(value).expect("status"));
+                        }
+                    }
+                }
+                (0x0, 1) => {
+                    body.extend_from_slice(&payload);
+                    while body.len() >= 5 {
+                        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]);
+                        let len = usize::try_from(len).expect("length");
+                        if body.len() < 5 + len {
+                            break;
+                        }
+                        let op = proto::OpItem::decode(&body[5..5 + len]).expect("an OpItem");
+                        body.drain(..5 + len);
+                        ops.push(op);
+                    }
+                    if ops
+                        .iter()
+                        .any(|op| matches!(op.op, Some(proto::op_item::Op::Sync(_))))
+                    {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), read)
+        .await
+        .expect("a change set within 30 s");
+    assert_eq!(status.as_deref(), Some("200"));
+    assert!(
+        matches!(
+            ops.first().and_then(|op| op.op.as_ref()),
+            Some(proto::op_item::Op::Reset(_))
+        ),
+        "{ops:?}"
+    );
+    assert!(
+        ops.iter().any(|op| matches!(
+            &op.op,
+            Some(proto::op_item::Op::Set(v))
+                if v.r#ref.as_ref().is_some_and(|r| r.path == "default/a")
+        )),
+        "{ops:?}"
+    );
 }

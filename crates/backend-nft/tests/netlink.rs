@@ -688,6 +688,7 @@ fn service_port(i: u32, family: Family, endpoints: u32) -> ServicePort {
         },
         cluster_ip: ip(0x0a60_0001, 0xfd00_0096_0000_0000_0000_0000_0000_0001),
         port: 80,
+        target_port: kpng_model::TargetPort::Number(80),
         node_port,
         external_ips: Vec::new(),
         load_balancer_ips: if lb {

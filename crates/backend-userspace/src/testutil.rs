@@ -35,6 +35,7 @@ pub fn service_port(
         cluster_ip,
         port: 80,
         node_port: None,
+        target_port: kpng_model::TargetPort::Number(80),
         external_ips: Vec::new(),
         load_balancer_ips: Vec::new(),
         source_ranges: Vec::new(),

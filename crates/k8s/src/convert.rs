@@ -16,13 +16,16 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use kpng_model::ip::{parse_cidr_sloppy, parse_ip_sloppy};
 use kpng_model::records::{
     ConversionError, Ignored, NodeInfo, PortInfo, ServiceCidrInfo, ServiceInfo, SliceEndpoint,
     SliceInfo, SlicePort, TopologyHints, Warning,
 };
-use kpng_model::{Family, Kind, Name, ObjectRef, Protocol, ServiceKey, SessionAffinity};
+use kpng_model::{
+    Family, Kind, Name, ObjectRef, Protocol, ServiceKey, SessionAffinity, TargetPort,
+};
 
 /// Label naming the proxy that owns a Service; others must ignore it.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -268,6 +271,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
             protocol,
             port,
             node_port,
+            target_port: target_port(p.target_port.as_ref(), port),
         });
     }
 
@@ -556,5 +560,21 @@ fn system_time(at: k8s_openapi::jiff::Timestamp) -> Option<std::time::SystemTime
         std::time::SystemTime::UNIX_EPOCH.checked_add(magnitude)
     } else {
         std::time::SystemTime::UNIX_EPOCH.checked_sub(magnitude)
+    }
+}
+
+/// A Service port's `targetPort`: unset, empty or out of range, the Service port (what the API
+/// server defaults it to, and no object it accepted has anything else there); it is never a
+/// reason to reject the Service, as no backend of kpng uses it (see [`TargetPort`]).
+fn target_port(value: Option<&IntOrString>, port: u16) -> TargetPort {
+    match value {
+        Some(IntOrString::Int(n)) => u16::try_from(*n)
+            .ok()
+            .filter(|n| *n > 0)
+            .map_or(TargetPort::Number(port), TargetPort::Number),
+        Some(IntOrString::String(name)) if !name.is_empty() => {
+            TargetPort::Name(name.as_str().into())
+        }
+        _ => TargetPort::Number(port),
     }
 }

@@ -97,6 +97,7 @@ pub(crate) fn service_ports(
                 cluster_ip: *cluster_ip,
                 port: port.port,
                 node_port,
+                target_port: port.target_port.clone(),
                 external_ips: of_family(&svc.external_ips, family, |ip| {
                     lost.contains_key(&Frontend::External(ip, port.port, port.protocol))
                 }),

@@ -43,4 +43,4 @@ pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
 pub use node::{NodeChange, NodeMemory, NodeState};
 pub use port_range::{NodePortRange, PortRangeError};
 pub use records::{ConversionError, Warning};
-pub use service_port::{Endpoint, ServicePort, SessionAffinity};
+pub use service_port::{Endpoint, ServicePort, SessionAffinity, TargetPort};

@@ -114,6 +114,8 @@ pub struct PortInfo {
     pub port: u16,
     /// The node port, if allocated.
     pub node_port: Option<u16>,
+    /// `targetPort` (unset: the Service port, as the API server defaults it).
+    pub target_port: crate::TargetPort,
 }
 
 /// A Service reduced to what proxying needs (all families together).

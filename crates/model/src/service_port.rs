@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::Serialize;
 
-use crate::key::PortKey;
+use crate::key::{Name, PortKey};
 
 /// serde's `skip_serializing_if` for flags that are usually off.
 fn is_false(b: &bool) -> bool {
@@ -43,6 +43,21 @@ impl fmt::Display for Endpoint {
     }
 }
 
+/// A Service port's `spec.ports[].targetPort`: where its Pods listen, by number or by the
+/// name of a container port (each Pod resolves the name itself).
+///
+/// Why it is kept: the DNAT target is each endpoint's own port ([`Endpoint::port`]), so no
+/// backend of kpng reads it; KPNG's API (`PortMapping.TargetPort` / `TargetPortName`) sends
+/// it, and an out-of-process backend written against KPNG's client helpers maps endpoints
+/// with it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub enum TargetPort {
+    /// A port number (an unset `targetPort` is the Service port, as the API server defaults it).
+    Number(u16),
+    /// The name of a container port.
+    Name(Name),
+}
+
 /// ClientIP session affinity: keep a client on one endpoint for `timeout_seconds`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct SessionAffinity {
@@ -64,6 +79,10 @@ pub struct ServicePort {
     pub port: u16,
     /// The node port, when the Service has one.
     pub node_port: Option<u16>,
+    /// `spec.ports[].targetPort`, for the API only (see [`TargetPort`]). Left out of the
+    /// serialized form: no backend's output depends on it.
+    #[serde(skip)]
+    pub target_port: TargetPort,
     /// `spec.externalIPs` of this family.
     pub external_ips: Vec<IpAddr>,
     /// `status.loadBalancer.ingress[].ip` of this family whose `ipMode` is unset or `VIP`.
@@ -113,6 +132,7 @@ impl ServicePort {
             cluster_ip,
             port,
             node_port,
+            target_port,
             external_ips,
             load_balancer_ips,
             source_ranges,
@@ -131,6 +151,7 @@ impl ServicePort {
             && *cluster_ip == other.cluster_ip
             && *port == other.port
             && *node_port == other.node_port
+            && *target_port == other.target_port
             && *external_ips == other.external_ips
             && *load_balancer_ips == other.load_balancer_ips
             && *source_ranges == other.source_ranges
@@ -142,14 +163,15 @@ impl ServicePort {
     }
 
     /// A port of `key` on `cluster_ip:port` with nothing else: no node port, external or
-    /// load-balancer IPs, policies, affinity or endpoints. Tests and tools fill in the rest with
-    /// struct update syntax.
+    /// load-balancer IPs, policies, affinity or endpoints, and `port` as its target port. Tests
+    /// and tools fill in the rest with struct update syntax.
     pub fn new(key: PortKey, cluster_ip: std::net::IpAddr, port: u16) -> ServicePort {
         ServicePort {
             key,
             cluster_ip,
             port,
             node_port: None,
+            target_port: TargetPort::Number(port),
             external_ips: Vec::new(),
             load_balancer_ips: Vec::new(),
             source_ranges: Vec::new(),

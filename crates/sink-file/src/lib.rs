@@ -299,6 +299,7 @@ mod tests {
             cluster_ip: ip(0x0a60_0000 + i),
             port: 80,
             node_port: i.is_multiple_of(3).then_some(30000),
+            target_port: kpng_model::TargetPort::Number(80),
             external_ips: Vec::new(),
             load_balancer_ips: if i.is_multiple_of(5) {
                 vec![ip(0xc612_0000 + i)]

@@ -56,7 +56,8 @@ fn every_port_of_every_node_survives_the_round_trip() {
 fn kpng_fields_describe_the_service_as_kpng_does() {
     let cluster = fixtures::cluster();
     let node = fixtures::node(&cluster, "n1");
-    // (service, type, target port of its first port, endpoints sent with (local, internal, external))
+    // (service, type, target port of its first port (no fixture sets targetPort: the Service
+    // port), endpoints sent with (local, internal, external))
     type Want = (
         &'static str,
         &'static str,
@@ -68,7 +69,7 @@ fn kpng_fields_describe_the_service_as_kpng_does() {
         (
             "default/web",
             "ClusterIP",
-            5353,
+            53,
             &[
                 ("10.244.1.2", true, true, true),
                 ("10.244.2.2", false, true, true),
@@ -79,7 +80,7 @@ fn kpng_fields_describe_the_service_as_kpng_does() {
         (
             "default/np-local",
             "NodePort",
-            8080,
+            80,
             &[
                 ("10.244.1.3", true, true, true),
                 ("10.244.2.3", false, true, false),
@@ -88,7 +89,7 @@ fn kpng_fields_describe_the_service_as_kpng_does() {
         (
             "default/lb",
             "LoadBalancer",
-            8443,
+            443,
             &[("10.244.2.4", false, true, false)],
         ),
         // iTP Local: only the local endpoint, for internal traffic; nothing for external use.
@@ -102,10 +103,10 @@ fn kpng_fields_describe_the_service_as_kpng_does() {
         (
             "other/zoned",
             "ClusterIP",
-            9000,
+            80,
             &[("10.244.1.7", true, true, true)],
         ),
-        ("other/empty", "ClusterIP", 0, &[]),
+        ("other/empty", "ClusterIP", 80, &[]),
     ];
     for (svc, ty, target, eps) in cases {
         let (ns, name) = svc.split_once('/').expect("ns/name");
@@ -227,4 +228,112 @@ fn preserve_destination_travels_as_kpngs_annotation() {
     );
     let got = decode_service(&key, &service, &endpoints).expect("decodes");
     assert!(got.iter().all(|p| !p.preserve_destination));
+}
+
+/// `PortMapping.TargetPort` / `TargetPortName` are the Service's `targetPort`, as KPNG's brain
+/// sent them (a KPNG client maps an endpoint with them), whatever ports the endpoints use;
+/// each endpoint's own port is in its `PortOverrides`; and kpng's own client reads the same
+/// model back.
+#[test]
+fn target_ports_are_the_services_as_kpng_sent_them() {
+    use kpng_model::TargetPort;
+    // (the port's name, its targetPort in YAML, its endpoints' ports, wire TargetPort and
+    // TargetPortName, the names each endpoint's PortOverrides hold)
+    type Case = (
+        &'static str,
+        &'static str,
+        &'static [u16],
+        i32,
+        &'static str,
+        &'static [&'static str],
+    );
+    let cases: &[Case] = &[
+        ("http", ", targetPort: 8080", &[8080], 8080, "", &["http"]),
+        ("http", ", targetPort: web", &[8080], 0, "web", &["http"]),
+        // Unset: the Service port, as the API server defaults it.
+        ("http", "", &[80], 80, "", &["http"]),
+        // Endpoints that disagree (a rolling update that renumbers the container port).
+        (
+            "http",
+            ", targetPort: web",
+            &[8080, 9090],
+            0,
+            "web",
+            &["http"],
+        ),
+        (
+            "http",
+            ", targetPort: 8080",
+            &[8080, 9090],
+            8080,
+            "",
+            &["http"],
+        ),
+        // No endpoints at all.
+        ("http", ", targetPort: 8443", &[], 8443, "", &[]),
+        // An unnamed port: KPNG's newer helper looks the override up by the target's name.
+        ("", ", targetPort: web", &[8080], 0, "web", &["", "web"]),
+        ("", ", targetPort: 8080", &[8080], 8080, "", &[""]),
+    ];
+    for (port_name, target, endpoint_ports, wire_port, wire_name, override_names) in cases {
+        let mut yaml = format!(
+            "kind: Node\nmetadata: {{name: n1}}\n---\nkind: Service\n\
+             metadata: {{namespace: default, name: s}}\n\
+             spec: {{clusterIP: 10.96.0.9, ports: [{{name: \"{port_name}\", port: 80, protocol: TCP{target}}}]}}\n"
+        );
+        for (i, port) in endpoint_ports.iter().enumerate() {
+            yaml.push_str(&format!(
+                "---\nkind: EndpointSlice\n\
+                 metadata: {{namespace: default, name: s-{i}, labels: {{kubernetes.io/service-name: s}}}}\n\
+                 addressType: IPv4\nports: [{{name: \"{port_name}\", port: {port}, protocol: TCP}}]\n\
+                 endpoints:\n- {{addresses: [10.244.1.{i}], nodeName: n1}}\n"
+            ));
+        }
+        let mut cluster = kpng_model::ClusterModel::new(kpng_model::ClusterConfig::default());
+        let loaded = kpng_source_file::parse_manifests(&yaml).expect("manifest");
+        let out = cluster.apply(kpng_model::Event::Replace {
+            kinds: vec![
+                kpng_model::Kind::Service,
+                kpng_model::Kind::EndpointSlice,
+                kpng_model::Kind::Node,
+            ],
+            objects: loaded.objects,
+        });
+        assert!(out.errors.is_empty(), "{target}: {:?}", out.errors);
+        let key = ServiceKey::new("default", "s");
+        let node = fixtures::node(&cluster, "n1");
+        let ports = cluster.source(&key).expect("the Service").ports_for(&node);
+        let want_model = if wire_name.is_empty() {
+            TargetPort::Number(u16::try_from(*wire_port).expect("a port"))
+        } else {
+            TargetPort::Name((*wire_name).into())
+        };
+        assert_eq!(ports[0].target_port, want_model, "{target}");
+
+        let refs: Vec<&ServicePort> = ports.iter().collect();
+        let messages = encode_service(&refs).expect("has ports");
+        let (service, endpoints) = decode_messages(&key, &messages);
+        let mapping = &service.ports[0];
+        assert_eq!(
+            (mapping.target_port, mapping.target_port_name.as_str()),
+            (*wire_port, *wire_name),
+            "{target} {endpoint_ports:?}"
+        );
+        let overrides: Vec<(String, i32)> = endpoints
+            .values()
+            .flat_map(|e| e.port_overrides.iter().map(|o| (o.name.clone(), o.port)))
+            .collect();
+        let want: Vec<(String, i32)> = endpoint_ports
+            .iter()
+            .flat_map(|p| {
+                override_names
+                    .iter()
+                    .map(move |name| (name.to_string(), i32::from(*p)))
+            })
+            .collect();
+        assert_eq!(overrides, want, "{target} {endpoint_ports:?}");
+
+        let got = decode_service(&key, &service, &endpoints).expect("decodes");
+        assert_eq!(got, ports, "{target} {endpoint_ports:?}");
+    }
 }

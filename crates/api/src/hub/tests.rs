@@ -118,6 +118,7 @@ fn describe(item: proto::OpItem) -> String {
         }
         Op::Delete(r) => match proto::Set::try_from(r.set).expect("set") {
             proto::Set::ServicesSet => format!("del svc {}", r.path),
+            proto::Set::KpngNodeSet => format!("del node {}", r.path),
             _ => format!("del ep {}", r.path),
         },
         // `Pending::ops` gives single ops only.
@@ -429,7 +430,8 @@ fn renaming_the_watched_node_moves_locality() {
     next(&w);
     w.rename("n2");
     let ops = next(&w);
-    assert_eq!(ops[0], "node n2");
+    // The old name's value goes: a client keeping values by path holds one node.
+    assert_eq!(ops[..2], ["del node n1", "node n2"]);
     assert!(
         ops.contains(&"set ep default/np-local/10.244.2.3 local".to_string()),
         "{ops:?}"
