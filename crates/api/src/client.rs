@@ -671,10 +671,38 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     // transport error, which would otherwise warn at every retry.
     let mut warned = WarnedCauses::default();
     let mut ever_connected = false;
+    // When the brain last said it shuts down (its successor may take a while to listen).
+    let mut shut_down_at: Option<tokio::time::Instant> = None;
+    // The causes logged at INFO while its successor was awaited.
+    let mut told = WarnedCauses::default();
     loop {
         let mut connected = false;
         match session(&config, &mut wire, &updates, &mut backoff, &mut connected).await {
             Ok(()) => return,
+            Err(e) if is_brain_shutting_down(&e) => {
+                // A restart or a rollout of the brain: not a failure to warn about. The rules
+                // stay as they are and the next brain is asked at once.
+                ever_connected = true;
+                warned = WarnedCauses::default();
+                told = WarnedCauses::default();
+                shut_down_at = Some(tokio::time::Instant::now());
+                backoff.reset();
+                config.health.failing(
+                    BRAIN,
+                    "unreachable: the brain shut down (a restart or a rollout); keeping the \
+                     rules as they are, reconnecting",
+                    std::time::SystemTime::now(),
+                );
+                info!(
+                    brain = %config.addr,
+                    "the brain is shutting down (a restart or a rollout): keeping the rules as \
+                     they are, reconnecting"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(config.retry_min) => {}
+                    _ = updates.closed() => return,
+                }
+            }
             Err(e) => {
                 let delay = backoff.next_delay();
                 if connected {
@@ -690,7 +718,21 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                     &format!("unreachable: {cause}; keeping the rules as they are, retrying"),
                     std::time::SystemTime::now(),
                 );
-                if warned.first_time(&cause) {
+                let restarting = shut_down_at.is_some_and(|at| at.elapsed() < RESTART_GRACE);
+                if connected {
+                    shut_down_at = None;
+                }
+                if restarting {
+                    // Its successor is not listening yet: expected for a while after a brain
+                    // said it shuts down, so no warning before RESTART_GRACE (and one after).
+                    if told.first_time(&cause) {
+                        info!(
+                            brain = %config.addr,
+                            retry_in = ?delay,
+                            "the brain is not back yet, keeping the rules as they are: {cause}"
+                        );
+                    }
+                } else if warned.first_time(&cause) {
                     warn!(
                         brain = %config.addr,
                         retry_in = ?delay,
@@ -707,6 +749,17 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             }
         }
     }
+}
+
+/// How long after a brain said it shuts down its successor's absence is expected (logged at
+/// INFO, not warned about).
+const RESTART_GRACE: Duration = Duration::from_secs(30);
+
+/// Whether the session ended because the brain shuts down ([`crate::server::SHUTTING_DOWN`]).
+fn is_brain_shutting_down(error: &SessionError) -> bool {
+    matches!(error, SessionError::Status(status)
+        if status.code() == tonic::Code::Unavailable
+            && status.message().contains(crate::server::SHUTTING_DOWN))
 }
 
 /// The causes of one outage already warned about ([`watch`]), at most

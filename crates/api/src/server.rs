@@ -16,6 +16,7 @@ use prost::bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tokio_stream::Stream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::body::Body;
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, Router};
@@ -88,7 +89,14 @@ pub struct SetsService {
     admission: Arc<admission::Admission>,
     /// Where refusals are logged, a line per peer and kind then a summary a minute.
     refusals: Arc<refusal_log::RefusalLog>,
+    /// Cancelled when the server shuts down: every Watch stream then ends with
+    /// [`SHUTTING_DOWN`], so nodes reconnect at once and say why.
+    stopping: CancellationToken,
 }
+
+/// The status a Watch stream ends with when the brain shuts down (a restart, a rollout):
+/// nodes tell it from a failure by its code and these words.
+pub const SHUTTING_DOWN: &str = "the kpng brain is shutting down";
 
 impl SetsService {
     /// Serves this hub.
@@ -97,7 +105,14 @@ impl SetsService {
             hub,
             admission: Arc::new(admission::Admission::new(MAX_WATCHES, MAX_WATCHES_PER_PEER)),
             refusals: Arc::default(),
+            stopping: CancellationToken::new(),
         }
+    }
+
+    /// Ends every Watch stream when `stopping` is cancelled.
+    fn stopping_with(mut self, stopping: CancellationToken) -> SetsService {
+        self.stopping = stopping;
+        self
     }
 
     /// Logs refusals in `refusals` (shared with the server's connection cap).
@@ -144,6 +159,7 @@ impl SetsService {
             bundles: false,
             step: Step::Request,
             queue: VecDeque::new(),
+            stopping: Box::pin(self.stopping.clone().cancelled_owned()),
         }));
         let headers = response.headers_mut();
         headers.insert(
@@ -395,6 +411,8 @@ struct WatchBody {
     step: Step,
     /// Chunks of frames ready to hand to the connection.
     queue: VecDeque<Bytes>,
+    /// Completes when the server shuts down: the stream then ends with [`SHUTTING_DOWN`].
+    stopping: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl WatchBody {
@@ -586,6 +604,13 @@ impl http_body::Body for WatchBody {
                 this.hub.metrics().sent_bytes.inc_by(bytes.len() as u64);
                 return Poll::Ready(Some(Ok(http_body::Frame::data(bytes))));
             }
+            if !matches!(this.step, Step::End(_) | Step::Done)
+                && this.stopping.as_mut().poll(cx).is_ready()
+            {
+                // A change set being sent is cut short; the client applies none without its
+                // Sync.
+                this.step = Step::End(Status::unavailable(SHUTTING_DOWN));
+            }
             let next = match &mut this.step {
                 Step::Request => match Pin::new(&mut this.requests).poll_next(cx) {
                     Poll::Pending
@@ -681,8 +706,20 @@ pub async fn serve(
     let refusals = Arc::new(refusal_log::RefusalLog::counting_in(
         hub.metrics().refused.clone(),
     ));
+    // Shutting down ends every Watch stream with a status saying so (hyper's graceful
+    // shutdown then finds no stream open), instead of connections dropped mid-stream.
+    let stopping = CancellationToken::new();
+    let stop_streams = stopping.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stop_streams.cancel();
+    };
     let router = builder
-        .add_service(SetsService::new(hub).with_refusal_log(refusals.clone()))
+        .add_service(
+            SetsService::new(hub)
+                .with_refusal_log(refusals.clone())
+                .stopping_with(stopping),
+        )
         .add_service(OlderApi);
     let listen_err = |source| ServeError::Listen {
         addr: addr.clone(),

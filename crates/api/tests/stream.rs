@@ -173,3 +173,60 @@ async fn a_continuous_stream_takes_every_change_set_after_one_request() {
     drop(stream);
     watchers(&hub, 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brain_that_shuts_down_ends_every_stream_saying_so_and_its_server_ends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let (hub, _state) = common::hub_with_one_service();
+    let addr: kpng_api::addr::ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = kpng_api::server::serve(
+        hub.clone(),
+        &addr,
+        &Default::default(),
+        Default::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    )
+    .await
+    .expect("listen");
+    let server = tokio::spawn(server);
+    let mut waiting = Watcher::connect(&socket).await;
+    assert_eq!(waiting.next().await, ["default/a"], "the replay");
+    let mut continuous = Watcher::connect_continuous(&socket).await;
+    assert_eq!(continuous.next().await, ["default/a"], "the replay");
+
+    stop.send(()).expect("the server is running");
+    // Both streams, one waiting for its client's next request and one for the next change,
+    // end with UNAVAILABLE and the words nodes look for.
+    waiting
+        .requests
+        .send(kpng_api::proto::WatchReq {
+            node_name: "n1".into(),
+            continuous: false,
+            accept_zstd: false,
+        })
+        .await
+        .expect("request");
+    for node in [&mut waiting, &mut continuous] {
+        let status = tokio::time::timeout(Duration::from_secs(10), node.stream.message())
+            .await
+            .expect("the stream ends within 10 s")
+            .expect_err("a status, not an op or a clean end");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().contains(kpng_api::server::SHUTTING_DOWN),
+            "{status:?}"
+        );
+    }
+    // No stream is left open, so the server's graceful shutdown completes.
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server ends within 10 s")
+        .expect("the server's task")
+        .expect("the server");
+}

@@ -12,7 +12,7 @@ use kpng_model::input::InputHealth;
 use kpng_model::{ClusterConfig, ClusterModel, Event};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cli::{GlobalFlags, InputKind, ToApi};
 
@@ -26,6 +26,9 @@ const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// The source's queue, and the most events applied as one change: what the source sent
 /// together (a file's objects) reaches the nodes in one change set.
 const MAX_EVENTS_AT_ONCE: usize = 1024;
+/// How long a brain that shuts down waits for its nodes' streams to end with the status that
+/// says so.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Runs the source (of `kind`) into a hub and serves it until the source ends or
 /// SIGINT/SIGTERM.
@@ -108,7 +111,7 @@ where
     })
     .await
     .with_context(|| format!("serving the API on {} (--listen)", to_api.listen))?;
-    let server = tokio::spawn(server);
+    let mut server = tokio::spawn(server);
 
     // `kpng status` on a brain: the connected nodes and the input.
     let mut _admin_socket: Option<crate::admin_socket::SocketFile> = None;
@@ -171,17 +174,31 @@ where
     };
     info!(listen = %to_api.listen, "starting kpng brain");
     let shutdown = crate::signals::shutdown()?;
+    let mut server_ended = false;
     let result = tokio::select! {
         _ = feed => match source_task.await {
             Ok(result) => result,
             Err(e) => Err(anyhow::anyhow!("source task failed: {e}")),
         },
-        r = server => match r {
-            Ok(r) => r.context("API server"),
-            Err(e) => Err(anyhow::anyhow!("API server task failed: {e}")),
-        },
+        r = &mut server => {
+            server_ended = true;
+            match r {
+                Ok(r) => r.context("API server"),
+                Err(e) => Err(anyhow::anyhow!("API server task failed: {e}")),
+            }
+        }
         why = shutdown => { info!("{why}"); Ok(()) }
     };
     let _ = stop_tx.send(());
+    if !server_ended {
+        // Every Watch stream ends with a status saying the brain shuts down, so nodes
+        // reconnect at once and log why; a connection that takes longer is dropped.
+        if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+            .await
+            .is_err()
+        {
+            debug!("API connections still open after {SHUTDOWN_GRACE:?}: dropped");
+        }
+    }
     result
 }

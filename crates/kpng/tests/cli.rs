@@ -1077,3 +1077,66 @@ fn a_brain_is_ready_once_its_cluster_is_listed_alive_before_and_says_it_traces_n
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("this kpng is a brain"), "{said}");
 }
+
+#[test]
+fn a_node_whose_brain_shuts_down_says_so_and_awaits_its_successor_without_a_warning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let socket = format!("unix://{}", dir.path().join("b.sock").display());
+    let brain = || {
+        let mut brain = Kpng::start(
+            kpng()
+                .args(["file", "--input"])
+                .arg(&input)
+                .arg("--admin-socket")
+                .arg(dir.path().join("brain.sock"))
+                .arg("--metrics-bind-address=127.0.0.1:0")
+                .args(["to-api", "--listen", &socket]),
+        );
+        brain.wait("the brain listens", &input, |_, err| {
+            err.contains("API listening")
+        });
+        brain
+    };
+    let mut first = brain();
+    let output = dir.path().join("out.yaml");
+    let mut node = Kpng::start(
+        kpng()
+            .args([
+                "api",
+                "--api",
+                &socket,
+                "--node-name",
+                "n1",
+                "--admin-socket",
+            ])
+            .arg(dir.path().join("node.sock"))
+            .args(["--metrics-bind-address=", "--healthz-port=0"])
+            .args(["to-file", "--output"])
+            .arg(&output),
+    );
+    node.wait("the node programmed web", &output, |out, _| {
+        out.contains("web")
+    });
+    // The brain is stopped as a rollout or a restart stops it.
+    let status = Command::new("kill")
+        .args(["-TERM", &first.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = first.child.wait().expect("the brain exits");
+    assert!(exit.success(), "{exit}:\n{}", first.stderr());
+    node.wait("the node heard the brain shut down", &output, |_, err| {
+        err.contains("the brain is shutting down (a restart or a rollout)")
+    });
+    let _second = brain();
+    node.wait("the node follows the next brain", &output, |_, err| {
+        err.matches("brain state replayed").count() == 2
+    });
+    assert!(
+        !node.stderr().contains(" WARN "),
+        "a planned restart is no warning:\n{}",
+        node.stderr()
+    );
+}
