@@ -385,7 +385,22 @@ pub struct WatchConfig {
     pub retry_max: Duration,
     /// Where the link's problems and last change set are recorded (`kpng status`).
     pub health: InputHealth,
+    /// How long a connection may carry no state before that is an input problem
+    /// ([`NO_STATE_GRACE`] by default): a brain that restarted and cannot list its input
+    /// accepts nodes and sends them nothing, which without this looks "ok" on every node.
+    pub no_state_grace: Duration,
 }
+
+/// How long a node connected to its brain waits for the brain's first state before it
+/// records "the brain has sent no state yet" as an input problem: longer than a healthy
+/// brain's replay to a reconnecting node takes (milliseconds to a few seconds, even with
+/// thousands of nodes reconnecting at once), short enough that an operator who restarted the
+/// brain sees the problem on the nodes before looking elsewhere.
+pub const NO_STATE_GRACE: Duration = Duration::from_secs(15);
+
+/// The input problem of a node connected to a brain that has sent it no state yet.
+pub const NO_STATE_YET: &str = "connected, but the brain has sent no state yet (it is still \
+     listing its input: `kpng status` on the brain says why); keeping the rules as they are";
 
 /// Why one Watch session ended.
 #[derive(Debug, thiserror::Error)]
@@ -579,8 +594,35 @@ async fn session(
     let mut stream = response.into_inner();
     info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
     *connected = true;
+    let connected_at = std::time::SystemTime::now();
     config.health.recovered(BRAIN);
-    while let Some(item) = stream.message().await? {
+    // What the brain reported before is the earlier connection's until this one sends state.
+    config.health.brain_connected();
+    // A brain that accepts this node and sends nothing (it restarted and is still listing its
+    // input, perhaps forever) is an input problem after the grace, until its first state.
+    let no_state = tokio::time::sleep(config.no_state_grace);
+    tokio::pin!(no_state);
+    let mut state_received = false;
+    let mut no_state_recorded = false;
+    loop {
+        let item = tokio::select! {
+            item = tokio_stream::StreamExt::next(&mut stream) => item,
+            () = &mut no_state, if !state_received && !no_state_recorded => {
+                no_state_recorded = true;
+                warn!(
+                    brain = %config.addr,
+                    "the brain accepted this node {:?} ago and has sent no state yet (it is \
+                     still listing its input: `kpng status` on the brain says why); keeping the \
+                     rules as they are",
+                    config.no_state_grace
+                );
+                config.health.failing(BRAIN, NO_STATE_YET, connected_at);
+                continue;
+            }
+        };
+        let Some(item) = item.transpose()? else {
+            break;
+        };
         if let Some(Op::Bundle(bundle)) = &item.op {
             for op in crate::bundle::unbundle(bundle)? {
                 if let Err(e) = wire.apply(op) {
@@ -599,6 +641,13 @@ async fn session(
                 // Shown by `kpng status`; what the node programs does not depend on it.
                 if let Some(report) = wire.take_brain_report() {
                     config.health.set_brain_report(report);
+                }
+                if !state_received {
+                    state_received = true;
+                    if no_state_recorded {
+                        info!(brain = %config.addr, "the brain sent its state");
+                    }
+                    config.health.recovered(BRAIN);
                 }
                 if updates.send(update).await.is_err() {
                     return Ok(());
@@ -708,6 +757,8 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                 if connected {
                     warned = WarnedCauses::default();
                     ever_connected = true;
+                    // A "no state yet" problem is over: the outage begins now.
+                    config.health.recovered(BRAIN);
                 }
                 let hint = tls_hint(&e.to_string(), &config.tls, ever_connected);
                 let cause = format!("{e}{hint}");

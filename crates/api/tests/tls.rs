@@ -122,6 +122,7 @@ async fn mtls_brain_serves_clients_with_certificates_only() {
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
         health: Default::default(),
+        no_state_grace: kpng_api::client::NO_STATE_GRACE,
     };
     let client = tokio::spawn(watch(config.clone(), tx));
     let update = rx.recv().await.expect("a change set over mTLS");
@@ -258,6 +259,7 @@ fn node_config(addr: &ApiAddr, tls: &TlsFiles) -> WatchConfig {
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
         health: Default::default(),
+        no_state_grace: kpng_api::client::NO_STATE_GRACE,
     }
 }
 

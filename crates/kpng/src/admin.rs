@@ -210,19 +210,37 @@ pub fn parse_trace(from: &str, to: &str, proto: Option<&str>) -> anyhow::Result<
     Ok(TraceQuery { from, to, protocol })
 }
 
+/// How long `kpng status` and `kpng trace` wait for the kpng's answer by default: a healthy
+/// kpng answers in milliseconds (a page of 2,000 ports in well under a second), so this is
+/// only reached by a hung one (stopped, deadlocked) or one far too busy.
+pub const DEFAULT_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One GET on the admin socket: the body of a 200 answer, else an error with the server's
-/// message.
-fn get(socket: &Path, target: &str) -> anyhow::Result<String> {
+/// message. A kpng that does not answer within `timeout` is an error that says so (and names
+/// its process where the socket tells), rather than a client waiting forever.
+fn get(socket: &Path, target: &str, timeout: std::time::Duration) -> anyhow::Result<String> {
     use std::io::{Read, Write};
     let mut stream = crate::admin_socket::connect(socket)?;
-    write!(
-        stream,
-        "GET {target} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .context("reading kpng's answer")?;
+    let peer = crate::admin_socket::peer_pid(&stream);
+    let request = format!("GET {target} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n");
+    // The exchange on a thread of its own: a named pipe (Windows) has no read timeout, and a
+    // thread left waiting on a hung kpng ends with this process.
+    let (done, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut exchange = || -> anyhow::Result<String> {
+            stream.write_all(request.as_bytes())?;
+            let mut response = String::new();
+            stream
+                .read_to_string(&mut response)
+                .context("reading kpng's answer")?;
+            Ok(response)
+        };
+        let _ = done.send(exchange());
+    });
+    let response = match answer.recv_timeout(timeout) {
+        Ok(response) => response?,
+        Err(_) => bail!("{}", no_answer(socket, peer, timeout)),
+    };
     let (head, body) = response
         .split_once("\r\n\r\n")
         .context("kpng's answer has no HTTP header")?;
@@ -233,19 +251,66 @@ fn get(socket: &Path, target: &str) -> anyhow::Result<String> {
     Ok(body.to_string())
 }
 
+/// Why `kpng status`/`kpng trace` gave up: the kpng at `socket` (process `pid`, when the
+/// socket tells) did not answer within `timeout`.
+fn no_answer(socket: &Path, pid: Option<u32>, timeout: std::time::Duration) -> String {
+    let who = match pid {
+        Some(pid) => format!("the kpng at {} (pid {pid})", socket.display()),
+        None => format!("the kpng at {}", socket.display()),
+    };
+    format!(
+        "{who} did not answer within {}: it is hung (stopped, deadlocked) or very busy; \
+         --timeout waits longer",
+        humantime_secs(timeout)
+    )
+}
+
+/// A timeout in words (`10s`, `1.5s`).
+fn humantime_secs(d: std::time::Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs.fract() == 0.0 {
+        format!("{secs:.0}s")
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// Standard output was closed by its reader (`kpng status -o json | head -1`): not a failure,
+/// so `kpng` ends quietly, as command-line tools do, instead of a panic's message.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Writes `text` to standard output; a reader gone is [`StdoutClosed`].
+fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        result => Ok(result?),
+    }
+}
+
 /// The backend of the kpng answering on `socket` (`nftables`, `kernelspace`, …), or `None`
 /// when nothing answers there. Lets `kpng cleanup` on Windows see a kpng that would put back
 /// what it removes (Linux has the instance lock for that).
 #[cfg_attr(not(windows), allow(dead_code))]
 pub fn serving_backend(socket: &Path) -> Option<String> {
-    let body = get(socket, "/v1/status?limit=0").ok()?;
+    let body = get(socket, "/v1/status?limit=0", DEFAULT_ANSWER_TIMEOUT).ok()?;
     let status: serde_json::Value = serde_json::from_str(&body).ok()?;
     status["backend"].as_str().map(str::to_string)
 }
 
 /// `kpng status`.
 pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
-    let mut status = read_status(socket, args.service.as_deref())?;
+    let mut status = read_status(socket, args.service.as_deref(), args.timeout)?;
     if status["role"] == "brain" {
         return print_brain(&status, args.output);
     }
@@ -254,9 +319,16 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
     {
         services.retain(|s| service_matches(s, filter));
         if services.is_empty() {
+            // The answer comes from the last good input: while the input has a problem, the
+            // Service may just not have arrived yet (added while the brain is unreachable).
+            let stale = serde_json::from_value::<InputStatus>(status["input"].clone())
+                .ok()
+                .and_then(|i| i.stale_note())
+                .map(|note| format!("\nnote: {note}"))
+                .unwrap_or_default();
             // A Service that never converted has no port: say so rather than "no such Service".
             if let Some(why) = rejected_service(&status, filter) {
-                bail!("no Service port matches {filter:?}: {why}");
+                bail!("no Service port matches {filter:?}: {why}{stale}");
             }
             // Nor has one kpng holds and gives no rule (headless, another proxy's, …).
             let not_programmed: Vec<String> = status["notProgrammed"]
@@ -273,28 +345,36 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
                 .collect();
             if !not_programmed.is_empty() {
                 bail!(
-                    "no Service port matches {filter:?}: {}",
+                    "no Service port matches {filter:?}: {}{stale}",
                     not_programmed.join("; ")
                 );
             }
             bail!(
-                "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)"
+                "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)\
+                 {stale}"
             );
         }
     }
     match args.output {
-        StatusOutput::Json => println!("{}", serde_json::to_string_pretty(&status)?),
-        StatusOutput::Yaml => print!("{}", serde_saphyr::to_string(&status)?),
+        StatusOutput::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(&status)?)),
+        StatusOutput::Yaml => print_out(&serde_saphyr::to_string(&status)?),
         StatusOutput::Table | StatusOutput::Wide => {
-            let typed: Status = serde_json::from_value(status)
+            let mut typed: Status = serde_json::from_value(status)
                 .context("kpng's status does not have the expected shape")?;
-            print!(
-                "{}",
-                terminal_safe(&table(&typed, args.output == StatusOutput::Wide))
-            );
+            let not_shown = match &args.service {
+                Some(filter) => keep_rejections_of(&mut typed, filter),
+                None => 0,
+            };
+            let mut text = table(&typed, args.output == StatusOutput::Wide);
+            if not_shown > 0 {
+                text.push_str(&format!(
+                    "({} rejected, not shown: `kpng status` without a Service lists them)\n",
+                    plural(not_shown, "other object")
+                ));
+            }
+            print_out(&terminal_safe(&text))
         }
     }
-    Ok(())
 }
 
 /// Ports per status request: the running kpng builds one page at a time (an answer for every
@@ -304,7 +384,11 @@ const STATUS_PAGE_PORTS: usize = 2000;
 /// The status, with the ports `service` selects read page by page and put together. The
 /// pages must come from one generation of the model (a sync in between starts over); the
 /// selection is applied here again by the caller for an older kpng, which ignores it.
-fn read_status(socket: &Path, service: Option<&str>) -> anyhow::Result<serde_json::Value> {
+fn read_status(
+    socket: &Path,
+    service: Option<&str>,
+    timeout: std::time::Duration,
+) -> anyhow::Result<serde_json::Value> {
     let selection = match service {
         Some(filter) => format!("service={}&", query_escape(filter)),
         None => String::new(),
@@ -319,7 +403,7 @@ fn read_status(socket: &Path, service: Option<&str>) -> anyhow::Result<serde_jso
                 "/v1/status?{selection}limit={STATUS_PAGE_PORTS}&offset={}",
                 ports.len()
             );
-            let body = get(socket, &target)?;
+            let body = get(socket, &target, timeout)?;
             let mut page: serde_json::Value =
                 serde_json::from_str(&body).context("kpng's status is not JSON")?;
             if page["role"] == "brain" {
@@ -353,13 +437,13 @@ fn read_status(socket: &Path, service: Option<&str>) -> anyhow::Result<serde_jso
 /// A brain's status: its nodes, what each took and how far behind it is.
 fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Result<()> {
     match output {
-        StatusOutput::Json => println!("{}", serde_json::to_string_pretty(status)?),
-        StatusOutput::Yaml => print!("{}", serde_saphyr::to_string(status)?),
+        StatusOutput::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(status)?)),
+        StatusOutput::Yaml => print_out(&serde_saphyr::to_string(status)?),
         StatusOutput::Table | StatusOutput::Wide => {
             let brain: BrainStatus = serde_json::from_value(status.clone())
                 .context("the brain's status does not have the expected shape")?;
-            println!(
-                "brain  {} Services  {}  {} connected",
+            let mut text = format!(
+                "brain  {} Services  {}  {} connected\n",
                 brain.services,
                 if brain.synced {
                     "synced"
@@ -368,7 +452,6 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
                 },
                 plural(brain.nodes.len(), "node")
             );
-            let mut text = String::new();
             if let Some(input) = &brain.input {
                 write_input(&mut text, input);
             }
@@ -386,10 +469,9 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
             write_duplicate_nodes(&mut text, &brain.duplicate_nodes);
             write_rejected(&mut text, &brain.rejected);
             write_brain_nodes(&mut text, &brain.nodes, output == StatusOutput::Wide);
-            print!("{}", terminal_safe(&text));
+            print_out(&terminal_safe(&text))
         }
     }
-    Ok(())
 }
 
 /// `ns/name`, `name` (any namespace) or `ns/name:port` ([`StatusQuery::wants_service`]).
@@ -412,6 +494,33 @@ fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
             .and_then(|p| u16::try_from(p).ok())
             .unwrap_or_default(),
     )
+}
+
+/// Keeps, of the rejections `status` lists (this kpng's own and its brain's), those of the
+/// Service `filter` names: `kpng status NAME` is about one Service. How many others were
+/// left out.
+fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
+    let service = filter.split_once(':').map_or(filter, |(s, _)| s);
+    let query = StatusQuery {
+        service: Some(service.to_string()),
+        ..StatusQuery::default()
+    };
+    let of_service = |r: &RejectedStatus| {
+        r.object
+            .strip_prefix("Service ")
+            .and_then(|o| o.split_once('/'))
+            .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
+    };
+    let before = status.rejected.len();
+    status.rejected.retain(of_service);
+    let mut not_shown = before - status.rejected.len();
+    if let Some(report) = &mut status.brain_reports {
+        let total = usize::try_from(report.rejected_total).unwrap_or(usize::MAX);
+        report.rejected.retain(of_service);
+        not_shown += total.saturating_sub(report.rejected.len());
+        report.rejected_total = report.rejected.len() as u64;
+    }
+    not_shown
 }
 
 /// The rejection of the Service `filter` names (its port left out), in words: why a Service the
@@ -497,12 +606,7 @@ fn table(status: &Status, wide: bool) -> String {
         write_input(&mut out, input);
     }
     if let Some(report) = &status.brain_reports {
-        // While the brain is out of reach, what it last said may be out of date.
-        let out_of_reach = status
-            .input
-            .as_ref()
-            .is_some_and(|i| !i.problems.is_empty());
-        write_brain_reports(&mut out, report, out_of_reach);
+        write_brain_reports(&mut out, report, brain_report_heading(status, report));
     }
     if let Some(repairs) = &status.repairs {
         write_repairs(&mut out, repairs);
@@ -511,12 +615,8 @@ fn table(status: &Status, wide: bool) -> String {
         write_conntrack(&mut out, conntrack, wide);
     }
     write_data_plane(&mut out, &status.data_plane, wide);
-    if !status.waiting_for.is_empty() {
-        let _ = writeln!(
-            out,
-            "waiting for the first complete lists of {} (nothing is programmed before)",
-            status.waiting_for.join(", ")
-        );
+    if let Some(line) = waiting_line(status) {
+        let _ = writeln!(out, "{line}");
     }
     write_rejected(&mut out, &status.rejected);
     write_health_checks(&mut out, &status.health_checks_not_served);
@@ -579,6 +679,49 @@ fn table(status: &Status, wide: bool) -> String {
     out
 }
 
+/// How current a node's brain report is, as its heading says: while the brain is out of
+/// reach, what it last said may be out of date; so is what a brain said on an earlier
+/// connection, until the brain connected now sends its state.
+fn brain_report_heading(status: &Status, report: &BrainReportStatus) -> &'static str {
+    let problems = status.input.as_ref().map_or(&[][..], |i| &i.problems[..]);
+    if problems
+        .iter()
+        .any(|p| p.message.starts_with("unreachable"))
+    {
+        "brain reported (before it went out of reach; may be out of date)"
+    } else if report.from_earlier_connection {
+        "brain reported (on the previous connection; may be out of date until the brain sends \
+         its state)"
+    } else if !problems.is_empty() {
+        "brain reported (may be out of date)"
+    } else {
+        "brain reports"
+    }
+}
+
+/// Before the first sync, what it waits for and what meanwhile routes traffic: nothing, or
+/// the rules an earlier run left (which the backend found at start).
+fn waiting_line(status: &Status) -> Option<String> {
+    if status.waiting_for.is_empty() {
+        return None;
+    }
+    let waiting = if status.fed_by_brain {
+        "waiting for the brain's first state".to_string()
+    } else {
+        format!(
+            "waiting for the first complete lists of {}",
+            status.waiting_for.join(", ")
+        )
+    };
+    let meanwhile = if status.earlier_rules_in_place {
+        "rules an earlier run of kpng left are still in place and route traffic as they did \
+         until the first sync replaces them"
+    } else {
+        "nothing is programmed before"
+    };
+    Some(format!("{waiting} ({meanwhile})"))
+}
+
 /// How many rejected objects the table lists (all of them are in `-o json`).
 const REJECTED_LISTED: usize = 20;
 
@@ -627,20 +770,15 @@ fn write_problems(out: &mut String, problems: &[kpng_runner::admin::InputProblem
 /// What the brain reports about its own input, on a node: its source's problems and the
 /// objects it rejects (listed as the node's own rejected objects would be), which explain a
 /// Service that looks wrong here although this node's own input is fine.
-/// `out_of_reach`: the node's connection to the brain has a problem now, so the report is the
-/// last one received, and says so.
-fn write_brain_reports(out: &mut String, report: &BrainReportStatus, out_of_reach: bool) {
+/// `heading` says whether the report is current (`brain reports`) or the last one received,
+/// which may be out of date.
+fn write_brain_reports(out: &mut String, report: &BrainReportStatus, heading: &str) {
     use std::fmt::Write as _;
     let state = problems_word(report.problems.len());
     let rejects = match report.rejected_total {
         0 => "rejects nothing".to_string(),
         1 => "rejects 1 object".to_string(),
         n => format!("rejects {n} objects"),
-    };
-    let heading = if out_of_reach {
-        "brain reported (before it went out of reach; may be out of date)"
-    } else {
-        "brain reports"
     };
     let _ = writeln!(
         out,
@@ -987,14 +1125,13 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
             q.to,
             proto_word(q.protocol)
         ),
+        args.timeout,
     )?;
     let t: serde_json::Value = serde_json::from_str(&body).context("kpng's trace is not JSON")?;
     if args.output == crate::cli::LogFormat::Json {
-        println!("{}", serde_json::to_string_pretty(&t)?);
-        return Ok(());
+        return print_out(&format!("{}\n", serde_json::to_string_pretty(&t)?));
     }
-    print!("{}", terminal_safe(&trace_text(&q, &t)));
-    Ok(())
+    print_out(&terminal_safe(&trace_text(&q, &t)))
 }
 
 /// `text` for a terminal: its lines as they are, every other control character escaped
@@ -1105,6 +1242,9 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
             "  note:       changes are waiting for a sync (or the last one failed): this is what \
              kpng is about to program, not yet what the kernel does"
         );
+    }
+    if let Some(note) = t["inputProblem"].as_str() {
+        let _ = writeln!(out, "  note:       {note}");
     }
     out
 }
@@ -1492,6 +1632,146 @@ mod tests {
             );
             assert_eq!(out, want);
         }
+    }
+
+    /// A status as a node answers it, from its JSON fields (the rest empty).
+    fn node_status(fields: serde_json::Value) -> Status {
+        let mut value = serde_json::json!({
+            "node": "n1", "backend": "nftables", "programmed": false,
+            "pendingPortChanges": 0, "services": [],
+        });
+        for (k, v) in fields.as_object().expect("an object") {
+            value[k] = v.clone();
+        }
+        serde_json::from_value(value).expect("a status")
+    }
+
+    #[test]
+    fn a_brain_report_says_whether_it_may_be_out_of_date() {
+        let problem = |message: &str| {
+            serde_json::json!({"source": "brain tcp://b:1", "problems": [
+                {"what": "brain", "message": message, "since": "T0"}]})
+        };
+        let fine = serde_json::json!({"source": "brain tcp://b:1", "problems": []});
+        // (the node's input, the report from an earlier connection, the heading)
+        let cases = [
+            (fine.clone(), false, "brain reports"),
+            (
+                problem("unreachable: refused"),
+                false,
+                "brain reported (before it went out of reach; may be out of date)",
+            ),
+            (
+                problem("unreachable: refused"),
+                true,
+                "brain reported (before it went out of reach; may be out of date)",
+            ),
+            (
+                fine,
+                true,
+                "brain reported (on the previous connection; may be out of date until the \
+                 brain sends its state)",
+            ),
+            (
+                problem(kpng_api::client::NO_STATE_YET),
+                true,
+                "brain reported (on the previous connection; may be out of date until the \
+                 brain sends its state)",
+            ),
+            (
+                problem("something else"),
+                false,
+                "brain reported (may be out of date)",
+            ),
+        ];
+        for (input, earlier, want) in cases {
+            let status = node_status(serde_json::json!({
+                "input": input,
+                "brainReports": {"source": "file /c.yaml", "healthy": true,
+                                 "fromEarlierConnection": earlier},
+            }));
+            let report = status.brain_reports.as_ref().expect("a report");
+            assert_eq!(
+                brain_report_heading(&status, report),
+                want,
+                "{input} {earlier}"
+            );
+            assert!(table(&status, false).contains(&format!("\n{want}: its input file /c.yaml")));
+        }
+    }
+
+    #[test]
+    fn the_wait_for_the_first_sync_says_what_routes_traffic_meanwhile() {
+        let kinds = serde_json::json!(["Service", "EndpointSlice", "Node"]);
+        let cases = [
+            (serde_json::json!({}), None),
+            (
+                serde_json::json!({"waitingFor": kinds}),
+                Some(
+                    "waiting for the first complete lists of Service, EndpointSlice, Node \
+                     (nothing is programmed before)",
+                ),
+            ),
+            (
+                serde_json::json!({"waitingFor": kinds, "fedByBrain": true}),
+                Some("waiting for the brain's first state (nothing is programmed before)"),
+            ),
+            (
+                serde_json::json!({"waitingFor": kinds, "fedByBrain": true,
+                                   "earlierRulesInPlace": true}),
+                Some(
+                    "waiting for the brain's first state (rules an earlier run of kpng left are \
+                     still in place and route traffic as they did until the first sync \
+                     replaces them)",
+                ),
+            ),
+        ];
+        for (fields, want) in cases {
+            let status = node_status(fields.clone());
+            assert_eq!(waiting_line(&status).as_deref(), want, "{fields}");
+        }
+    }
+
+    #[test]
+    fn one_services_status_keeps_its_own_rejections_and_counts_the_others() {
+        let rejected = |object: &str| serde_json::json!({"object": object, "field": "f", "message": "m", "kept": false});
+        let mut status = node_status(serde_json::json!({
+            "rejected": [rejected("Service ns/web"), rejected("Service ns/db")],
+            "brainReports": {"source": "file /c.yaml", "healthy": true, "rejectedTotal": 150,
+                "rejected": [rejected("Service ns/web"), rejected("EndpointSlice ns/web-1"),
+                             rejected("Service other/web2")]},
+        }));
+        assert_eq!(keep_rejections_of(&mut status, "ns/web:http"), 1 + 149);
+        let objects = |list: &[RejectedStatus]| -> Vec<String> {
+            list.iter().map(|r| r.object.clone()).collect()
+        };
+        assert_eq!(objects(&status.rejected), ["Service ns/web"]);
+        let report = status.brain_reports.as_ref().expect("a report");
+        assert_eq!(objects(&report.rejected), ["Service ns/web"]);
+        assert_eq!(report.rejected_total, 1);
+    }
+
+    #[test]
+    fn a_trace_notes_a_stale_input_and_a_kpng_that_does_not_answer_is_named() {
+        let q = parse_trace("10.0.0.1", "10.96.0.60:80", None).expect("query");
+        let t = serde_json::json!({"verdict": "none", "reason": "r", "inSync": true,
+            "inputProblem": "this node's input (brain tcp://b:1) has a problem"});
+        let text = trace_text(&q, &t);
+        assert!(
+            text.ends_with("  note:       this node's input (brain tcp://b:1) has a problem\n"),
+            "{text}"
+        );
+        let socket = Path::new("/run/kpng/kpng.sock");
+        let ten = std::time::Duration::from_secs(10);
+        assert_eq!(
+            no_answer(socket, Some(42), ten),
+            "the kpng at /run/kpng/kpng.sock (pid 42) did not answer within 10s: it is hung \
+             (stopped, deadlocked) or very busy; --timeout waits longer"
+        );
+        assert!(
+            no_answer(socket, None, std::time::Duration::from_millis(1500))
+                .starts_with("the kpng at /run/kpng/kpng.sock did not answer within 1.5s: ")
+        );
     }
 
     #[test]

@@ -187,6 +187,26 @@ pub fn connect(path: &Path) -> anyhow::Result<std::os::unix::net::UnixStream> {
     std::os::unix::net::UnixStream::connect(path).with_context(|| not_reached(path))
 }
 
+/// The process at the other end of an admin socket connection, when the socket tells
+/// (Linux's `SO_PEERCRED`): named when that kpng does not answer.
+#[cfg(target_os = "linux")]
+pub fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    let cred = rustix::net::sockopt::socket_peercred(stream).ok()?;
+    u32::try_from(cred.pid.as_raw_nonzero().get()).ok()
+}
+
+/// The process at the other end of an admin socket connection: not known here.
+#[cfg(all(unix, not(target_os = "linux")))]
+pub fn peer_pid(_stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    None
+}
+
+/// The process at the other end of an admin pipe connection: not known here.
+#[cfg(windows)]
+pub fn peer_pid(_stream: &std::fs::File) -> Option<u32> {
+    None
+}
+
 /// A connection to the kpng serving the named pipe `path`, for one request. Every instance
 /// of the pipe may be busy for a moment (another client's request): retried for two seconds.
 #[cfg(windows)]

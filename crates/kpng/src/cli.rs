@@ -590,6 +590,9 @@ pub struct StatusArgs {
     /// `table`, `wide` (every endpoint and why it is unused), `json` or `yaml`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusOutput::Table)]
     pub output: StatusOutput,
+    /// How long to wait for the kpng's answer (a hung kpng is an error after it).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 /// How `kpng status` prints.
@@ -620,6 +623,9 @@ pub struct TraceArgs {
     /// `text` or `json`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
     pub output: LogFormat,
+    /// How long to wait for the kpng's answer (a hung kpng is an error after it).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 /// `kpng cleanup`.
@@ -726,6 +732,11 @@ pub struct BrainFlags {
     /// Longest delay between reconnection attempts (they start at 100ms, doubling, jittered).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub api_retry_max: Duration,
+    /// How long the brain may keep this node connected without sending its state (a brain
+    /// restarted and still listing its input, or unable to) before that is an input problem in
+    /// `kpng status` and `kpng_input_problems`; the rules stay as they are meanwhile.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub api_state_grace: Duration,
 }
 
 /// `kpng local …`.

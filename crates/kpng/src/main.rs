@@ -180,6 +180,10 @@ fn main() -> std::process::ExitCode {
             winservice::stopped(0);
             std::process::ExitCode::SUCCESS
         }
+        // `kpng status … | head -1`: the reader had what it wanted.
+        Err(e) if e.downcast_ref::<admin::StdoutClosed>().is_some() => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             fatal(&e, to_file);
             winservice::stopped(1);

@@ -620,6 +620,7 @@ async fn serve_remote(
         retry_min: std::time::Duration::from_millis(100),
         retry_max: brain.api_retry_max,
         health: InputHealth::default(),
+        no_state_grace: brain.api_state_grace,
     };
     let facts = SinkFacts {
         input: Some(config.health.clone()),
@@ -727,6 +728,13 @@ where
     let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
     let mut runner = Runner::new(model, backend, timing, metrics, health);
+    // Whether an earlier run's rules still route traffic until the first sync: the nftables
+    // backend's table is one netlink dump away (its first sync adopts or replaces it). The
+    // other backends cannot tell as cheaply, and say nothing.
+    if !dry_run && matches!(facts.kind, Some(BackendKind::Nft)) {
+        let places = crate::leftovers::EbpfPlaces::from_env();
+        runner = runner.with_earlier_rules(crate::leftovers::Leftover::KpngNft.present(&places));
+    }
     if let Some(input) = facts.input.clone() {
         runner = runner.with_input_health(input);
     }

@@ -1140,3 +1140,83 @@ fn a_node_whose_brain_shuts_down_says_so_and_awaits_its_successor_without_a_warn
         node.stderr()
     );
 }
+
+/// `kpng status` against a kpng that does not answer (stopped here with SIGSTOP) gives up
+/// after `--timeout`, naming the process, instead of waiting forever; and a reader that
+/// closes its end of the pipe early (`| head -1`) ends it quietly, not with a panic.
+#[cfg(target_os = "linux")]
+#[test]
+fn status_gives_up_on_a_hung_kpng_and_stops_quietly_when_its_reader_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let output = dir.path().join("out.yaml");
+    let admin = dir.path().join("admin.sock");
+    let mut running = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--healthz-bind-address", "127.0.0.1:0"])
+            .args([
+                "--debounce",
+                "0",
+                "--metrics-bind-address=",
+                "--admin-socket",
+            ])
+            .arg(&admin)
+            .args(["to-file", "--output"])
+            .arg(&output),
+    );
+    running.wait("the first sync", &output, |_, err| err.contains(" synced"));
+
+    // The reader is gone before kpng writes.
+    let mut status = kpng()
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(&admin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kpng status");
+    drop(status.stdout.take());
+    let out = status.wait_with_output().expect("kpng status");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {said}", out.status);
+    assert!(!said.contains("panicked"), "{said}");
+
+    let pid = running.child.id().to_string();
+    let stopped = Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .expect("kill");
+    assert!(stopped.success());
+    let mut status = kpng()
+        .args(["status", "--timeout", "1s", "--admin-socket"])
+        .arg(&admin)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kpng status");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ended = loop {
+        if let Some(code) = status.try_wait().expect("wait") {
+            break Some(code);
+        }
+        if Instant::now() > deadline {
+            let _ = status.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    let out = status.wait_with_output().expect("kpng status");
+    let said = String::from_utf8_lossy(&out.stderr);
+    let code = ended.unwrap_or_else(|| panic!("still waiting after 20 s: {said}"));
+    assert!(!code.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "the kpng at {} (pid {pid}) did not answer within 1s",
+            admin.display()
+        )),
+        "{said}"
+    );
+}

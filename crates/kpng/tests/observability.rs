@@ -1274,3 +1274,193 @@ fn control_characters_from_the_input_reach_no_log_or_terminal_raw() {
         "{text}"
     );
 }
+
+/// A brain restarted with an input it cannot read accepts its nodes and sends them nothing:
+/// each node says so (after `--api-state-grace`) as an input problem, in its status and in
+/// `kpng_input_problems`, marks what the brain said before as the previous connection's, and
+/// its answers about one Service or one packet say they come from a stale input. /healthz
+/// stays as it was: the node's rules are as the brain last knew them.
+#[test]
+fn a_node_whose_brain_sends_no_state_says_its_input_is_stale() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let broken = |name: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\n\
+             spec: {{clusterIP: 10.96.0.99, ports: [{{port: nope}}]}}\n"
+        )
+    };
+    let good = format!("{MANIFEST}{}{}", broken("broken"), broken("other"));
+    std::fs::write(&input, &good).expect("write");
+    let listen = format!("unix://{}", dir.path().join("brain.sock").display());
+    let start_brain = || {
+        Running::start(
+            kpng()
+                .env_remove("RUST_LOG")
+                .args(["file", "--input"])
+                .arg(&input)
+                .args([
+                    "--metrics-bind-address",
+                    "127.0.0.1:0",
+                    "--healthz-bind-address",
+                    "127.0.0.1:0",
+                    "--admin-socket",
+                    "",
+                    "to-api",
+                    "--listen",
+                    &listen,
+                ]),
+        )
+    };
+    let mut brain = start_brain();
+    brain.wait("the brain's first sync", |e| e.contains("serving"));
+    let admin = dir.path().join("node.sock").display().to_string();
+    let mut node = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["api", "--api", &listen, "--api-state-grace", "1s"])
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+                &admin,
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml")),
+    );
+    let log = node.wait("the node's first sync and its servers", |e| {
+        e.contains(" synced ")
+            && e.contains("serving /metrics on http://")
+            && e.contains("serving /healthz and /livez on http://")
+    });
+    let addr_of = |what: &str| {
+        log.lines()
+            .find_map(|l| l.split_once(what).map(|(_, a)| a.trim().to_string()))
+            .expect("an address")
+    };
+    let (metrics, healthz) = (
+        addr_of("serving /metrics on http://"),
+        addr_of("serving /healthz and /livez on http://"),
+    );
+    let ask = |args: &[&str]| {
+        let out = kpng()
+            .args(args)
+            .args(["--admin-socket", &admin])
+            .output()
+            .expect("run");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (table, _) = ask(&["status"]);
+    assert!(
+        table.contains("\nbrain reports: its input file ") && table.contains("rejects 2 objects"),
+        "{table}"
+    );
+    // One Service's status lists its own rejections only, and counts the others.
+    let (table, _) = ask(&["status", "ns/web"]);
+    assert!(
+        !table.contains("ns/broken")
+            && !table.contains("ns/other")
+            && table.contains("(2 other objects rejected, not shown: "),
+        "{table}"
+    );
+
+    // The brain rejects web's next version and keeps its last good one: a trace on the node
+    // says it follows that version, as a trace on the brain's side of things would.
+    let web_broken = good.replacen("{name: http, port: 80}", "{name: http, port: 0}", 1);
+    assert_ne!(web_broken, good, "the manifest's web port moved");
+    std::fs::write(&input, &web_broken).expect("write");
+    let trace_web = ["trace", "--from", "10.0.0.1", "--to", "10.96.0.1:80"];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (trace, _) = ask(&trace_web);
+        if trace.contains("  note:       the Service's latest version is rejected, so this ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{trace}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (json, _) = ask(&[&trace_web[..], &["-o", "json"]].concat());
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(json["rejected"]["object"], "Service ns/web", "{json}");
+    assert_eq!(json["rejected"]["kept"], true, "{json}");
+    std::fs::write(&input, &good).expect("write");
+
+    // The brain restarts with an input it cannot read: it accepts the node, sends nothing.
+    drop(brain);
+    std::fs::write(&input, "kind: Service\nmetadata: {name: [web\n").expect("write");
+    let _brain = start_brain();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let table = loop {
+        let (table, _) = ask(&["status"]);
+        if table.contains("brain has sent no state yet") {
+            break table;
+        }
+        assert!(Instant::now() < deadline, "{table}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        table.contains("  1 PROBLEM  last good input ")
+            && table.contains("\n  brain (since ")
+            && table.contains(
+                "\nbrain reported (on the previous connection; may be out of date until the \
+                 brain sends its state): its input file "
+            ),
+        "{table}"
+    );
+    let text = http_get(&metrics, "/metrics");
+    assert!(text.contains("\nkpng_input_problems 1\n"), "{text}");
+    let health = http_get(&healthz, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+
+    // A Service added meanwhile is not there; the answer says why it may be missing.
+    let (_, err) = ask(&["status", "default/new"]);
+    assert!(
+        err.contains("no Service port matches \"default/new\"")
+            && err.contains("\nnote: this node's input (brain unix://")
+            && err.contains("brain has sent no state yet")
+            && err.contains("may be out of date"),
+        "{err}"
+    );
+    let (trace, _) = ask(&["trace", "--from", "10.0.0.1", "--to", "10.96.0.60:80"]);
+    assert!(
+        trace.contains("  note:       this node's input (brain unix://"),
+        "{trace}"
+    );
+    let (json, _) = ask(&[
+        "trace",
+        "--from",
+        "10.0.0.1",
+        "--to",
+        "10.96.0.60:80",
+        "-o",
+        "json",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert!(
+        json["inputProblem"]
+            .as_str()
+            .is_some_and(|p| p.contains("no state yet")),
+        "{json}"
+    );
+
+    // The input is readable again: the brain's state arrives, the problem is over.
+    std::fs::write(&input, &good).expect("write");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (table, _) = ask(&["status"]);
+        if table.contains("\nbrain reports: its input file ") {
+            assert!(!table.contains("PROBLEM"), "{table}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{table}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

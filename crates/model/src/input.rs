@@ -45,6 +45,10 @@ pub struct InputState {
     /// it reported nothing, such as KPNG's brain or an older kpng). Shared, so reading the
     /// record copies none of it.
     pub brain_report: Option<Arc<BrainReport>>,
+    /// Whether `brain_report` came on an earlier connection to the brain: the brain this node
+    /// is connected to now (perhaps a restarted one, still listing its input) has sent no
+    /// state yet, so the report may be out of date until it does.
+    pub brain_report_from_earlier_connection: bool,
 }
 
 /// What a brain reports to its nodes about its own input: a node never sees the Kubernetes
@@ -172,7 +176,16 @@ impl InputHealth {
     /// A node fed by a brain: what the brain now reports about its own input (`None`: it
     /// reports nothing).
     pub fn set_brain_report(&self, report: Option<BrainReport>) {
-        self.lock().brain_report = report.map(Arc::new);
+        let mut state = self.lock();
+        state.brain_report = report.map(Arc::new);
+        state.brain_report_from_earlier_connection = false;
+    }
+
+    /// A node fed by a brain connected to it (again): the report held, if any, is the earlier
+    /// connection's until this one sends the brain's state ([`Self::set_brain_report`]).
+    pub fn brain_connected(&self) {
+        let mut state = self.lock();
+        state.brain_report_from_earlier_connection = state.brain_report.is_some();
     }
 
     /// The record now.
@@ -230,5 +243,36 @@ mod tests {
         assert_eq!(state.source, "file /x.yaml");
         assert_eq!(state.last_good, Some(t(9)));
         assert_eq!(state.detail.as_deref(), Some("18 objects"));
+    }
+
+    #[test]
+    fn a_brain_report_is_the_earlier_connections_until_the_new_one_sends_state() {
+        let health = InputHealth::new("brain tcp://b:1");
+        // (step, whether a report is held, whether it is an earlier connection's)
+        type Step = fn(&InputHealth);
+        let steps: [(Step, bool, bool); 5] = [
+            (|h| h.brain_connected(), false, false),
+            (
+                |h| h.set_brain_report(Some(BrainReport::default())),
+                true,
+                false,
+            ),
+            (|h| h.brain_connected(), true, true),
+            (|h| h.brain_connected(), true, true),
+            (
+                |h| h.set_brain_report(Some(BrainReport::default())),
+                true,
+                false,
+            ),
+        ];
+        for (i, (step, held, earlier)) in steps.into_iter().enumerate() {
+            step(&health);
+            let state = health.state();
+            assert_eq!(state.brain_report.is_some(), held, "after step {i}");
+            assert_eq!(
+                state.brain_report_from_earlier_connection, earlier,
+                "after step {i}"
+            );
+        }
     }
 }

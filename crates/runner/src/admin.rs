@@ -174,6 +174,16 @@ pub struct TraceAnswer {
     /// missing arrives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_sync_held: Option<String>,
+    /// The input's problem now, in one line ([`InputStatus::stale_note`]): the trace follows
+    /// the last good input, which may be out of date (a Service added while the brain or the
+    /// API server is out of reach is not there yet). Separate from `in_sync`, which compares
+    /// the data plane with kpng's model, not the model with the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_problem: Option<String>,
+    /// Rules an earlier run of kpng left are still in place and serving while the first sync
+    /// is held ([`Status::earlier_rules_in_place`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier_rules_in_place: bool,
 }
 
 /// The state of the proxy: what `kpng status` prints.
@@ -227,6 +237,15 @@ pub struct Status {
     /// (nothing is programmed until every one has).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<String>,
+    /// This node is fed by a brain (`kpng api`/`kpng local`): the first sync waits for the
+    /// brain's first state, not for lists of its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fed_by_brain: bool,
+    /// Before the first sync: the backend found rules an earlier run of kpng left (its table
+    /// adopted at start), which still route traffic as they were until the first sync
+    /// replaces them. `false` also when the backend cannot tell.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier_rules_in_place: bool,
     /// How the source is doing: what it reads, its problems now, its last good load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<InputStatus>,
@@ -472,6 +491,24 @@ pub struct InputProblemStatus {
 }
 
 impl InputStatus {
+    /// One line for answers about one Service or one packet (`kpng status NAME`, `kpng
+    /// trace`) while the input has a problem: what they show is the last good input, which
+    /// may be out of date (a Service added meanwhile is missing, a deleted one still there).
+    /// `None` when the input is fine.
+    pub fn stale_note(&self) -> Option<String> {
+        let first = self.problems.first()?;
+        let more = match self.problems.len() - 1 {
+            0 => String::new(),
+            1 => " (and 1 more problem)".to_string(),
+            n => format!(" (and {n} more problems)"),
+        };
+        Some(format!(
+            "this node's input ({}) has a problem since {}: {}: {}{more}; what is shown is \
+             from its last good input, and may be out of date",
+            self.source, first.since, first.what, first.message
+        ))
+    }
+
     /// The status of an input's record.
     pub fn of(state: &kpng_model::input::InputState) -> InputStatus {
         InputStatus {
@@ -510,6 +547,11 @@ pub struct BrainReportStatus {
     /// objects among them not counted).
     #[serde(default)]
     pub rejected_total: u64,
+    /// The report came on an earlier connection to the brain: the brain connected now (a
+    /// restarted one, still listing its input) has sent no state yet, so it may be out of
+    /// date.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_earlier_connection: bool,
 }
 
 impl BrainReportStatus {
@@ -534,19 +576,10 @@ impl BrainReportStatus {
                 .rejected
                 .iter()
                 .filter(mine)
-                .map(|r| RejectedStatus {
-                    object: if r.namespace.is_empty() {
-                        format!("{} {}", r.kind, r.name)
-                    } else {
-                        format!("{} {}/{}", r.kind, r.namespace, r.name)
-                    },
-                    field: r.field.clone(),
-                    message: r.message.clone(),
-                    location: r.location.clone(),
-                    kept: r.kept,
-                })
+                .map(RejectedStatus::of_reported)
                 .collect(),
             rejected_total: report.rejected_total.saturating_sub(others),
+            from_earlier_connection: false,
         }
     }
 }
@@ -576,6 +609,21 @@ impl RejectedStatus {
             field: r.error.field.clone(),
             message: r.error.message.clone(),
             location: r.error.location.clone(),
+            kept: r.kept,
+        }
+    }
+
+    /// The status of a rejection a node's brain reports.
+    pub fn of_reported(r: &kpng_model::input::ReportedRejection) -> RejectedStatus {
+        RejectedStatus {
+            object: if r.namespace.is_empty() {
+                format!("{} {}", r.kind, r.name)
+            } else {
+                format!("{} {}/{}", r.kind, r.namespace, r.name)
+            },
+            field: r.field.clone(),
+            message: r.message.clone(),
+            location: r.location.clone(),
             kept: r.kept,
         }
     }
@@ -797,6 +845,43 @@ pub(crate) fn facts_or_default(facts: Option<&FactsFn>, snapshot: &Snapshot) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stale_input_is_one_line_naming_the_first_problem_and_counting_the_others() {
+        let problem = |what: &str| InputProblemStatus {
+            what: what.into(),
+            message: "unreachable: refused".into(),
+            since: "T0".into(),
+        };
+        let input = |problems: Vec<InputProblemStatus>| InputStatus {
+            source: "brain tcp://b:1".into(),
+            problems,
+            last_good: None,
+            detail: None,
+        };
+        let cases = [
+            (vec![], None),
+            (
+                vec![problem("brain")],
+                Some(
+                    "this node's input (brain tcp://b:1) has a problem since T0: brain: \
+                     unreachable: refused; what is shown is from its last good input, and may \
+                     be out of date",
+                ),
+            ),
+            (
+                vec![problem("a"), problem("b"), problem("c")],
+                Some(
+                    "this node's input (brain tcp://b:1) has a problem since T0: a: \
+                     unreachable: refused (and 2 more problems); what is shown is from its last \
+                     good input, and may be out of date",
+                ),
+            ),
+        ];
+        for (problems, want) in cases {
+            assert_eq!(input(problems).stale_note().as_deref(), want);
+        }
+    }
 
     #[test]
     fn services_are_asked_for_by_name_namespace_and_port() {

@@ -88,6 +88,8 @@ pub struct Runner<M: NodeModel = Model> {
     /// What the configuration needs from the Node ([`Runner::with_node_ips_wait`],
     /// [`Runner::requiring_pod_cidrs`]).
     node_needs: admin::NodeNeeds,
+    /// The backend's rules from an earlier run were found at start ([`Runner::with_earlier_rules`]).
+    earlier_rules_found: bool,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -113,7 +115,17 @@ impl<M: NodeModel> Runner<M> {
             admin: None,
             input: None,
             node_needs: admin::NodeNeeds::default(),
+            earlier_rules_found: false,
         }
+    }
+
+    /// The backend's rules from an earlier run of kpng were found at start (its table in the
+    /// kernel): until the first sync replaces them they still route traffic, which `kpng
+    /// status` and `kpng trace` say while the first sync is held, instead of only "nothing is
+    /// programmed".
+    pub fn with_earlier_rules(mut self, found: bool) -> Runner<M> {
+        self.earlier_rules_found = found;
+        self
     }
 
     /// NodePorts are served on the node's primary IPs (`--nodeport-addresses primary`): when
@@ -515,10 +527,15 @@ impl<M: NodeModel> LoopState<M> {
                     conntrack: self.conntrack_status(),
                     data_plane: Vec::new(),
                     input: input.as_ref().map(InputStatus::of),
-                    brain_reports: input
-                        .as_ref()
-                        .and_then(|i| i.brain_report.as_deref())
-                        .map(|r| BrainReportStatus::of(r, &snapshot.node.name)),
+                    brain_reports: input.as_ref().and_then(|i| {
+                        let report = i.brain_report.as_deref()?;
+                        Some(BrainReportStatus {
+                            from_earlier_connection: i.brain_report_from_earlier_connection,
+                            ..BrainReportStatus::of(report, &snapshot.node.name)
+                        })
+                    }),
+                    fed_by_brain: self.runner.model.fed_by_brain(),
+                    earlier_rules_in_place: self.earlier_rules_in_place(),
                 });
             }
             Query::Trace(q, reply) => {
@@ -532,6 +549,11 @@ impl<M: NodeModel> LoopState<M> {
                     .service
                     .as_deref()
                     .and_then(|matched| self.health_check_not_served(matched));
+                let input_problem = self
+                    .runner
+                    .input
+                    .as_ref()
+                    .and_then(|h| InputStatus::of(&h.state()).stale_note());
                 let _ = reply.send(TraceAnswer {
                     trace,
                     generation: self.generation,
@@ -539,6 +561,8 @@ impl<M: NodeModel> LoopState<M> {
                     rejected,
                     health_check_not_served,
                     first_sync_held: self.first_sync_held(),
+                    input_problem,
+                    earlier_rules_in_place: self.earlier_rules_in_place(),
                 });
             }
         }
@@ -569,10 +593,12 @@ impl<M: NodeModel> LoopState<M> {
     }
 
     /// The rejection of the Service of a traced port (`namespace/name:port`), if its latest
-    /// version is rejected.
+    /// version is rejected: by this kpng's own input, or on a node fed by a brain, as the
+    /// brain reports it.
     fn rejected_service(&self, port: &str) -> Option<RejectedStatus> {
         let (namespace, name) = service_of(port)?;
-        self.runner
+        let own = self
+            .runner
             .model
             .rejected()
             .iter()
@@ -580,7 +606,22 @@ impl<M: NodeModel> LoopState<M> {
                 let o = &r.error.object;
                 o.kind == Kind::Service && *o.namespace == *namespace && *o.name == *name
             })
-            .map(RejectedStatus::of)
+            .map(RejectedStatus::of);
+        own.or_else(|| {
+            let state = self.runner.input.as_ref()?.state();
+            let report = state.brain_report.as_deref()?;
+            report
+                .rejected
+                .iter()
+                .find(|r| r.kind == "Service" && r.namespace == namespace && r.name == name)
+                .map(RejectedStatus::of_reported)
+        })
+    }
+
+    /// Whether rules an earlier run left are still in place and serving: only before the
+    /// first sync, and only when the backend found its table at start.
+    fn earlier_rules_in_place(&self) -> bool {
+        self.last_sync.is_none() && self.runner.earlier_rules_found
     }
 
     /// Whether the data plane holds exactly the model: synced at least once, nothing waiting,
@@ -668,11 +709,16 @@ impl<M: NodeModel> LoopState<M> {
     /// otherwise reads as if its rules were in the kernel.
     fn first_sync_held(&self) -> Option<String> {
         let node = &self.runner.model.snapshot().node.name;
-        first_sync_held_note(
+        let note = first_sync_held_note(
             &self.unlisted(),
             self.runner.model.fed_by_brain(),
             self.held_for_pod_cidrs().then_some(node.as_str()),
-        )
+        )?;
+        Some(if self.earlier_rules_in_place() {
+            earlier_rules_note(&note)
+        } else {
+            note
+        })
     }
 
     /// When the wait for node IPs ends, while it runs.
@@ -1296,6 +1342,18 @@ pub(crate) fn first_sync_held_note(
         "nothing is programmed yet: the first sync is held until {waits_for}; this answer is \
          from what kpng knows now and may change when {when}"
     ))
+}
+
+/// [`first_sync_held_note`] when the rules an earlier run of kpng left are still in place:
+/// packets meet those, as they were, not "nothing".
+pub(crate) fn earlier_rules_note(note: &str) -> String {
+    let rest = note
+        .strip_prefix("nothing is programmed yet: ")
+        .unwrap_or(note);
+    format!(
+        "kpng has programmed nothing yet, but the rules an earlier run of kpng left are still in \
+         place and route traffic as they did (this answer does not show them): {rest}"
+    )
 }
 
 #[cfg(test)]

@@ -489,6 +489,7 @@ fn watch_as_node_a(addr: ApiAddr) -> (tokio::task::JoinHandle<()>, mpsc::Receive
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
         health: InputHealth::default(),
+        no_state_grace: crate::client::NO_STATE_GRACE,
     };
     let (updates, received) = mpsc::channel(4);
     (tokio::spawn(watch(config, updates)), received)
@@ -730,6 +731,7 @@ async fn the_brains_report_reaches_the_nodes_input_record() {
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
         health: node_input.clone(),
+        no_state_grace: crate::client::NO_STATE_GRACE,
     };
     let (updates, mut received) = mpsc::channel(4);
     let watching = tokio::spawn(watch(config, updates));
@@ -847,4 +849,75 @@ fn an_outage_warns_once_per_cause() {
         let got: Vec<bool> = causes.iter().map(|c| warned.first_time(c)).collect();
         assert_eq!(got, want, "{causes:?}");
     }
+}
+
+/// A brain that accepts this node and sends no state (restarted, still listing its input):
+/// the report held from before is the earlier connection's, and after the grace "no state
+/// yet" is an input problem of the node, until the brain's first state arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brain_that_sends_no_state_is_an_input_problem_after_the_grace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::default(),
+        )
+        .reporting(InputHealth::new("file /cluster.yaml")),
+    );
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let server = crate::server::serve(
+        hub.clone(),
+        &addr,
+        &TlsFiles::default(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+    // What an earlier connection (to the brain before its restart) had reported.
+    let node_input = InputHealth::default();
+    node_input.set_brain_report(Some(kpng_model::input::BrainReport {
+        source: "file /cluster.yaml".into(),
+        ..Default::default()
+    }));
+    let config = WatchConfig {
+        addr,
+        tls: TlsFiles::default(),
+        tls_server_name: None,
+        node_name: "n1".into(),
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: node_input.clone(),
+        no_state_grace: Duration::from_millis(200),
+    };
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(config, updates));
+    let problem = async {
+        loop {
+            if let Some(p) = node_input.state().problems.get("brain") {
+                return p.message.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let message = tokio::time::timeout(Duration::from_secs(10), problem)
+        .await
+        .expect("a problem after the grace");
+    assert_eq!(message, NO_STATE_YET);
+    assert!(
+        node_input.state().brain_report_from_earlier_connection,
+        "the report held is the earlier connection's"
+    );
+
+    // The brain lists its input: its state arrives, the problem is over.
+    hub.apply(fixtures::cluster_event());
+    next_update(&mut received, "the replay").await;
+    let state = node_input.state();
+    assert!(state.problems.is_empty(), "{:?}", state.problems);
+    assert!(!state.brain_report_from_earlier_connection);
+    watching.abort();
 }

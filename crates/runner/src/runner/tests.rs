@@ -1452,6 +1452,18 @@ fn a_held_first_syncs_trace_note_names_what_is_missing() {
     }
 }
 
+#[test]
+fn a_held_first_syncs_note_says_when_an_earlier_runs_rules_still_route() {
+    let note = first_sync_held_note(&[Kind::Service], true, None).expect("a note");
+    assert_eq!(
+        earlier_rules_note(&note),
+        "kpng has programmed nothing yet, but the rules an earlier run of kpng left are still \
+         in place and route traffic as they did (this answer does not show them): the first \
+         sync is held until the brain's first state arrives; this answer is from what kpng \
+         knows now and may change when it does"
+    );
+}
+
 /// A Node deleted while its IPs are kept changes nothing programmed: no sync for a backend
 /// that programs the data plane, and an empty one, soon, for a sink that shows the node's
 /// status (`to-file`'s `node:` block), whose dump would otherwise say the Node exists until
