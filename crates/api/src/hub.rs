@@ -912,8 +912,9 @@ impl State {
             .collect();
         names.sort_unstable();
         names.dedup();
-        let (deleted, unknown): (Vec<&str>, Vec<&str>) =
-            names.into_iter().partition(|n| self.nodes_seen.contains(*n));
+        let (deleted, unknown): (Vec<&str>, Vec<&str>) = names
+            .into_iter()
+            .partition(|n| self.nodes_seen.contains(*n));
         let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
         (owned(deleted), owned(unknown))
     }

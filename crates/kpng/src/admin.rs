@@ -50,7 +50,12 @@ pub async fn serve_brain(
                     let hub = hub.clone();
                     let input = InputStatus::of(&input.state());
                     async move {
-                        match query.node.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+                        match query
+                            .node
+                            .as_deref()
+                            .map(str::trim)
+                            .filter(|n| !n.is_empty())
+                        {
                             Some(node) => {
                                 axum::Json(brain_node_status(&hub, node, &query.status()))
                                     .into_response()
@@ -101,9 +106,10 @@ impl BrainQuery {
 
 /// The brain's own status; with a Service asked for, what it can say of it without a node.
 fn brain_status(hub: &kpng_api::hub::Hub, input: InputStatus, query: &StatusQuery) -> BrainStatus {
-    let selected = query.service.as_deref().filter(|s| !s.is_empty()).map(|_| {
-        hub.service_summaries(&|namespace, name| query.names_service(namespace, name))
-    });
+    let selected =
+        query.service.as_deref().filter(|s| !s.is_empty()).map(|_| {
+            hub.service_summaries(&|namespace, name| query.names_service(namespace, name))
+        });
     BrainStatus {
         role: "brain".into(),
         synced: hub.synced(),
@@ -372,7 +378,11 @@ pub fn serving_backend(socket: &Path) -> Option<String> {
 
 /// `kpng status`.
 pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
-    let node = args.node.as_deref().map(str::trim).filter(|n| !n.is_empty());
+    let node = args
+        .node
+        .as_deref()
+        .map(str::trim)
+        .filter(|n| !n.is_empty());
     let mut status = read_status(socket, args.service.as_deref(), node)?;
     if status["role"] == "brain" {
         return print_brain(&status, args.service.as_deref(), args.output);
@@ -1580,7 +1590,11 @@ mod tests {
         for (what, status, cell, want_hint) in cases {
             let out = table(&status, false);
             assert!(out.contains(cell), "{what}: {out}");
-            assert_eq!(out.contains("0/0 used"), cell == "0/0 used", "{what}: {out}");
+            assert_eq!(
+                out.contains("0/0 used"),
+                cell == "0/0 used",
+                "{what}: {out}"
+            );
             match want_hint {
                 Some(h) => assert!(out.ends_with(h), "{what}: {out}"),
                 None => assert!(!out.contains("hint:"), "{what}: {out}"),

@@ -1411,12 +1411,16 @@ fn split_mode(what: SplitCheck) {
     // Without --node, the brain says what it can, and how to ask for more.
     let summary = ask(&brain_admin, &["status", "default/itp"]);
     assert!(
-        summary.contains("Service default/itp: 1 port in every node's view; its endpoints run on node1")
-            && summary.contains("kpng status --node NODE default/itp"),
+        summary.contains(
+            "Service default/itp: 1 port in every node's view; its endpoints run on node1"
+        ) && summary.contains("kpng status --node NODE default/itp"),
         "{summary}"
     );
     let rejected = ask(&brain_admin, &["status", "default/broken"]);
-    assert!(rejected.contains("REJECTED: Service default/broken"), "{rejected}");
+    assert!(
+        rejected.contains("REJECTED: Service default/broken"),
+        "{rejected}"
+    );
     drop((brain, node));
 }
 
@@ -1431,7 +1435,10 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
             if want.iter().all(|w| text.contains(w)) {
                 return;
             }
-            assert!(Instant::now() < deadline, "{want:?} not within 10 s:\n{text}");
+            assert!(
+                Instant::now() < deadline,
+                "{want:?} not within 10 s:\n{text}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     };

@@ -48,9 +48,14 @@ impl NodeConfigCheck {
                 .pod_cidrs
                 .iter()
                 .filter(|pod| {
-                    !self.cluster_cidrs.iter().any(|c| {
-                        c.contains(&pod.network()) && c.prefix_len() <= pod.prefix_len()
-                    })
+                    // A family without a cluster CIDR is warned about at start (its pods
+                    // are never taken for pods then): only a CIDR of a family that has
+                    // one is checked.
+                    let family = |n: &IpNet| n.addr().is_ipv4();
+                    self.cluster_cidrs.iter().any(|c| family(c) == family(pod))
+                        && !self.cluster_cidrs.iter().any(|c| {
+                            c.contains(&pod.network()) && c.prefix_len() <= pod.prefix_len()
+                        })
                 })
                 .collect();
             if !outside.is_empty() {
@@ -94,7 +99,7 @@ mod tests {
             cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
         };
         let here = ["192.168.100.3", "10.0.0.1"];
-        let cases: [(&str, NodeConfigCheck, NodeState, &[&str]); 7] = [
+        let cases: [(&str, NodeConfigCheck, NodeState, &[&str]); 8] = [
             (
                 "fine",
                 check(Some(&here), &["10.244.0.0/16"]),
@@ -130,6 +135,12 @@ mod tests {
                 check(None, &["10.244.0.0/16"]),
                 node(&[], &["10.0.0.0/8"]),
                 &["pod CIDR 10.0.0.0/8 is outside"],
+            ),
+            (
+                "an IPv6 pod CIDR, no IPv6 cluster CIDR: not this check's",
+                check(None, &["10.0.0.0/16"]),
+                node(&[], &["10.0.2.0/24", "fd00:244:2::/64"]),
+                &[],
             ),
             (
                 "dual-stack, each inside its family's",

@@ -771,7 +771,10 @@ impl<M: NodeModel> LoopState<M> {
             .runner
             .node_check
             .problems(&self.runner.model.snapshot().node);
-        for p in problems.iter().filter(|p| !self.warned_node_config.contains(p)) {
+        for p in problems
+            .iter()
+            .filter(|p| !self.warned_node_config.contains(p))
+        {
             warn!("{p}");
         }
         self.warned_node_config = problems;
