@@ -904,6 +904,9 @@ struct State {
     /// How many objects the model rejected when the report was made: a fixed or deleted
     /// object changes the count without an error.
     report_rejected: usize,
+    /// Every Node name the cluster has had since the brain started: a watcher asking for one
+    /// that is gone now asks for a deleted Node, not a typo.
+    nodes_seen: std::collections::HashSet<String>,
 }
 
 impl State {
@@ -950,6 +953,9 @@ impl State {
             self.record_changes(applied);
         }
         for name in &out.nodes {
+            if self.cluster.node(name).is_some() && !self.nodes_seen.contains(name) {
+                self.nodes_seen.insert(name.clone());
+            }
             let node = Arc::new(self.node(name));
             for (id, w) in self.watchers.iter().filter(|(_, w)| &w.node_name == name) {
                 let mut pending = w.slot.lock();
@@ -1050,6 +1056,27 @@ impl State {
         node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
     }
 
+    /// The node names watchers ask for that no Node has now, sorted, split into those the
+    /// cluster had before (deleted Nodes) and those it never had (once it is listed).
+    fn missing_nodes(&self) -> (Vec<String>, Vec<String>) {
+        if !self.synced {
+            return (Vec::new(), Vec::new());
+        }
+        let mut names: Vec<&str> = self
+            .watchers
+            .values()
+            .map(|w| w.node_name.as_str())
+            .filter(|n| self.cluster.node(n).is_none())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let (deleted, unknown): (Vec<&str>, Vec<&str>) = names
+            .into_iter()
+            .partition(|n| self.nodes_seen.contains(*n));
+        let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
+        (owned(deleted), owned(unknown))
+    }
+
     /// The report a replay sends: none before the cluster is listed (nothing is sent then).
     fn replay_report(&self) -> Option<Arc<SharedReport>> {
         self.report.clone().filter(|_| self.synced)
@@ -1075,6 +1102,37 @@ impl State {
         }
         self.synced
     }
+}
+
+/// One node's view as the brain computes it ([`Hub::node_view`]).
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    /// The node as the brain sees it (its Node object; not the node's `--node-ip`, nor what
+    /// it kept of a deleted Node's addresses).
+    pub node: NodeState,
+    /// Whether a kpng watching as that node is connected now.
+    pub connected: bool,
+    /// The selected Service ports, each with every endpoint explained, in key order.
+    pub ports: Vec<(ServicePort, Vec<kpng_model::inspect::EndpointStatus>)>,
+    /// The selected Services that give the node no port, with why.
+    pub not_programmed: Vec<(ServiceKey, String)>,
+}
+
+/// One Service as the brain holds it, whatever the node ([`Hub::service_summaries`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSummary {
+    /// `namespace/name`.
+    pub service: String,
+    /// Its ports (per port and family) in a node's view; 0 when it gives none.
+    pub ports: usize,
+    /// Why it gives no node a port (headless, another proxy's, no Service object yet, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_programmed: Option<String>,
+    /// The nodes its endpoints run on, sorted (their views differ from the others'); `None`
+    /// when topology hints make every node's view its own.
+    #[serde(default)]
+    pub endpoint_nodes: Option<Vec<String>>,
 }
 
 /// The brain: cluster state plus every watcher's pending change set.
@@ -1167,6 +1225,23 @@ impl Hub {
         }
     }
 
+    /// Sets the gauges of what the brain's `kpng status` calls problems with its nodes (Nodes
+    /// without a kpng, names claimed twice, names no Node has), for an alert. The brain calls
+    /// it every second with [`Hub::refresh_report`]: it walks the watchers and the Nodes.
+    pub fn refresh_node_gauges(&self) {
+        let as_gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.metrics
+            .nodes_not_connected
+            .set(as_gauge(self.not_connected().len()));
+        self.metrics
+            .duplicate_node_names
+            .set(as_gauge(self.duplicate_nodes().len()));
+        let (deleted, unknown) = self.lock().missing_nodes();
+        self.metrics
+            .unknown_node_names
+            .set(as_gauge(deleted.len() + unknown.len()));
+    }
+
     /// Where replays of the newest snapshot are encoded once for all watchers.
     pub fn replay_cache(&self) -> &ReplayCache {
         &self.replay_cache
@@ -1243,7 +1318,24 @@ impl Hub {
         let mut applied = Applied::default();
         let out = state.apply_one(event, &mut applied);
         state.finish(applied);
+        self.count_rejections(&state, std::slice::from_ref(&out));
         out
+    }
+
+    /// Counts the objects `outcomes` refused and sets the gauge of those refused now, as a
+    /// non-split kpng does (`kpng_object_errors_total`, `kpng_rejected_objects`).
+    fn count_rejections(&self, state: &State, outcomes: &[ClusterOutcome]) {
+        for e in outcomes.iter().flat_map(|out| &out.errors) {
+            self.metrics
+                .object_errors
+                .get_or_create(&crate::metrics::KindLabel {
+                    kind: e.error.object.kind.as_str().into(),
+                })
+                .inc();
+        }
+        self.metrics
+            .rejected_objects
+            .set(i64::try_from(state.cluster.rejected().len()).unwrap_or(i64::MAX));
     }
 
     /// Applies `events` as one change: what they change together reaches each watcher in one
@@ -1253,11 +1345,12 @@ impl Hub {
     pub fn apply_all(&self, events: Vec<Event>) -> Vec<ClusterOutcome> {
         let mut state = self.lock();
         let mut applied = Applied::default();
-        let outcomes = events
+        let outcomes: Vec<ClusterOutcome> = events
             .into_iter()
             .map(|event| state.apply_one(event, &mut applied))
             .collect();
         state.finish(applied);
+        self.count_rejections(&state, &outcomes);
         outcomes
     }
 
@@ -1336,24 +1429,76 @@ impl Hub {
         out
     }
 
-    /// The node names watchers ask for that no Node of the cluster has (once it is listed):
-    /// a typo or a short hostname where the Node is an FQDN, whose kpng gets no local endpoint
-    /// and cannot see why itself.
+    /// The node names watchers ask for that no Node of the cluster has ever had since the
+    /// brain started (once it is listed): a typo or a short hostname where the Node is an
+    /// FQDN, whose kpng gets no local endpoint and cannot see why itself.
     pub fn unknown_watchers(&self) -> Vec<String> {
+        self.lock().missing_nodes().1
+    }
+
+    /// The node names watchers ask for whose Node the brain saw and is gone now: deleted
+    /// Nodes (a scale-down whose kpng still runs, or a Node re-created under another name).
+    pub fn deleted_node_watchers(&self) -> Vec<String> {
+        self.lock().missing_nodes().0
+    }
+
+    /// Node `node_name`'s view of the Services `wanted` selects (namespace, name), as the
+    /// brain computes it for a kpng watching as that node, with every endpoint explained
+    /// ([`ServiceSource::explained_ports_for`]), in key order; and the selected Services that
+    /// give that node no port, with why. The node receives only the endpoints it uses: this
+    /// is where an operator learns why it does not use the others. Walks the selected
+    /// Services: asked on demand only.
+    pub fn node_view(&self, node_name: &str, wanted: &dyn Fn(&str, &str) -> bool) -> NodeView {
         let state = self.lock();
-        if !state.synced {
-            return Vec::new();
+        let mut node = state.node(node_name);
+        node.ever_known = node.known || state.nodes_seen.contains(node_name);
+        let mut ports = Vec::new();
+        let mut not_programmed = Vec::new();
+        for (key, source) in state.cluster.sources() {
+            if !wanted(&key.namespace, &key.name) {
+                continue;
+            }
+            let explained = source.explained_ports_for(&node);
+            if explained.is_empty() {
+                if let Some(why) = state.cluster.why_not_programmed(key) {
+                    not_programmed.push((key.clone(), why));
+                }
+            } else {
+                ports.extend(explained);
+            }
         }
-        let known: std::collections::HashSet<&str> = state.cluster.node_names().collect();
-        let mut out: Vec<String> = state
-            .watchers
-            .values()
-            .map(|w| w.node_name.as_str())
-            .filter(|n| !known.contains(n))
-            .map(str::to_string)
+        ports.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+        not_programmed.sort();
+        NodeView {
+            connected: state.watchers.values().any(|w| w.node_name == node_name),
+            node,
+            ports,
+            not_programmed,
+        }
+    }
+
+    /// What the brain can say of the Services `wanted` selects without a node: each one's
+    /// ports, or why it gives no node a port, and the nodes its endpoints run on (whose views
+    /// differ from the others').
+    pub fn service_summaries(&self, wanted: &dyn Fn(&str, &str) -> bool) -> Vec<ServiceSummary> {
+        let state = self.lock();
+        let anonymous = NodeState::default();
+        let mut out: Vec<ServiceSummary> = state
+            .cluster
+            .sources()
+            .filter(|(key, _)| wanted(&key.namespace, &key.name))
+            .map(|(key, source)| ServiceSummary {
+                service: key.to_string(),
+                ports: source.ports_for(&anonymous).len(),
+                not_programmed: source
+                    .ports_for(&anonymous)
+                    .is_empty()
+                    .then(|| state.cluster.why_not_programmed(key))
+                    .flatten(),
+                endpoint_nodes: source.dependent_nodes(),
+            })
             .collect();
-        out.sort();
-        out.dedup();
+        out.sort_by(|a, b| a.service.cmp(&b.service));
         out
     }
 

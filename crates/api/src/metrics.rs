@@ -34,6 +34,19 @@ pub struct ApiMetrics {
     pub tls_reload_failures: Counter,
     /// What the brain serves over TLS, for `kpng status`.
     pub tls: ServedTls,
+    /// `kpng_object_errors_total{kind}`: objects rejected (their last good version kept), as
+    /// a node's kpng counts them: in split mode the brain is where objects are rejected.
+    pub object_errors: Family<KindLabel, Counter>,
+    /// `kpng_rejected_objects`: objects whose latest version is rejected now, as a node's
+    /// kpng reports it (the alert docs/observability.md recommends).
+    pub rejected_objects: Gauge,
+    /// `kpng_api_nodes_not_connected`: the cluster's Nodes with no kpng connected.
+    pub nodes_not_connected: Gauge,
+    /// `kpng_api_duplicate_node_names`: node names more than one connected kpng asks for.
+    pub duplicate_node_names: Gauge,
+    /// `kpng_api_unknown_node_names`: node names connected kpngs ask for that no Node has
+    /// (never had, or deleted).
+    pub unknown_node_names: Gauge,
 }
 
 /// The label of `kpng_api_tls_certificate_expiry_seconds`.
@@ -81,6 +94,13 @@ pub struct TlsStatus {
     /// served); `None` when the files are what is served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reload_failure: Option<String>,
+}
+
+/// The label of `kpng_object_errors_total` (the same as a node's kpng's).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `Service`, `EndpointSlice`, `Node` or `ServiceCIDR`.
+    pub kind: String,
 }
 
 /// The label of `kpng_api_refused_total`.
@@ -131,6 +151,31 @@ impl ApiMetrics {
             "Changes of the API server's TLS files that could not be taken (the previous \
              certificate is still served)",
             m.tls_reload_failures.clone(),
+        );
+        registry.register(
+            "kpng_object_errors",
+            "Objects rejected as invalid (their last good version is kept)",
+            m.object_errors.clone(),
+        );
+        registry.register(
+            "kpng_rejected_objects",
+            "Objects whose latest version is rejected as invalid (an earlier version, if any, is in use; `kpng status` names them)",
+            m.rejected_objects.clone(),
+        );
+        registry.register(
+            "kpng_api_nodes_not_connected",
+            "The cluster's Nodes with no kpng connected (they do not follow the cluster; `kpng status` on the brain names them)",
+            m.nodes_not_connected.clone(),
+        );
+        registry.register(
+            "kpng_api_duplicate_node_names",
+            "Node names more than one connected kpng asks for (a copied DaemonSet or a wrong --hostname-override)",
+            m.duplicate_node_names.clone(),
+        );
+        registry.register(
+            "kpng_api_unknown_node_names",
+            "Node names connected kpngs ask for that no Node has now (a typo, a short hostname, or a deleted Node)",
+            m.unknown_node_names.clone(),
         );
         m
     }

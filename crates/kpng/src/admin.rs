@@ -32,7 +32,9 @@ pub async fn serve(path: &Path, handle: AdminHandle) -> anyhow::Result<Option<Se
     crate::admin_socket::serve(path, app).await
 }
 
-/// A brain's admin socket: `kpng status` lists the connected nodes.
+/// A brain's admin socket: `kpng status` lists the connected nodes; `kpng status --node NAME`
+/// explains node NAME's view, every endpoint used or not, as that node cannot (it receives
+/// only the endpoints it uses).
 pub async fn serve_brain(
     path: &Path,
     hub: std::sync::Arc<kpng_api::hub::Hub>,
@@ -43,28 +45,157 @@ pub async fn serve_brain(
     let app = axum::Router::new()
         .route(
             "/v1/status",
-            get(move || {
-                let hub = hub.clone();
-                let input = InputStatus::of(&input.state());
-                async move {
-                    axum::Json(BrainStatus {
-                        role: "brain".into(),
-                        synced: hub.synced(),
-                        services: hub.service_count(),
-                        nodes: hub.watchers(),
-                        not_connected: hub.not_connected(),
-                        unknown_nodes: hub.unknown_watchers(),
-                        duplicate_nodes: hub.duplicate_nodes(),
-                        rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
-                        input: Some(input),
-                        tls: hub.metrics().tls.get(),
-                    })
-                    .into_response()
-                }
-            }),
+            get(
+                move |axum::extract::Query(query): axum::extract::Query<BrainQuery>| {
+                    let hub = hub.clone();
+                    let input = InputStatus::of(&input.state());
+                    async move {
+                        match query
+                            .node
+                            .as_deref()
+                            .map(str::trim)
+                            .filter(|n| !n.is_empty())
+                        {
+                            Some(node) => {
+                                axum::Json(brain_node_status(&hub, node, &query.status()))
+                                    .into_response()
+                            }
+                            None => axum::Json(brain_status(&hub, input, &query.status()))
+                                .into_response(),
+                        }
+                    }
+                },
+            ),
         )
         .route("/v1/trace", get(brain_trace));
     crate::admin_socket::serve(path, app).await
+}
+
+/// A status request to a brain: a node's view with `node`, else the brain's own status.
+#[derive(Debug, Default, serde::Deserialize)]
+struct BrainQuery {
+    /// The node whose view to explain (`kpng status --node`).
+    #[serde(default)]
+    node: Option<String>,
+    /// [`StatusQuery::service`].
+    #[serde(default)]
+    service: Option<String>,
+    /// [`StatusQuery::text`].
+    #[serde(default)]
+    q: Option<String>,
+    /// [`StatusQuery::limit`].
+    #[serde(default)]
+    limit: Option<usize>,
+    /// [`StatusQuery::offset`].
+    #[serde(default)]
+    offset: Option<usize>,
+}
+
+impl BrainQuery {
+    /// The Services and page asked for, as of a node's kpng (the query string's fields are
+    /// listed here rather than flattened: a flattened struct's numbers arrive as text).
+    fn status(&self) -> StatusQuery {
+        StatusQuery {
+            service: self.service.clone(),
+            text: self.q.clone(),
+            limit: self.limit,
+            offset: self.offset,
+        }
+    }
+}
+
+/// The brain's own status; with a Service asked for, what it can say of it without a node.
+fn brain_status(hub: &kpng_api::hub::Hub, input: InputStatus, query: &StatusQuery) -> BrainStatus {
+    let selected =
+        query.service.as_deref().filter(|s| !s.is_empty()).map(|_| {
+            hub.service_summaries(&|namespace, name| query.names_service(namespace, name))
+        });
+    BrainStatus {
+        role: "brain".into(),
+        synced: hub.synced(),
+        services: hub.service_count(),
+        nodes: hub.watchers(),
+        not_connected: hub.not_connected(),
+        unknown_nodes: hub.unknown_watchers(),
+        deleted_nodes: hub.deleted_node_watchers(),
+        duplicate_nodes: hub.duplicate_nodes(),
+        rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
+        input: Some(input),
+        tls: hub.metrics().tls.get(),
+        selected,
+    }
+}
+
+/// Node `node`'s view as the brain computes it, in the shape a node's kpng answers, so `kpng
+/// status --node` prints what a kpng of that node fed from the same cluster (not through a
+/// brain) would: every endpoint of each port, used or not, with why. What only the node knows
+/// (its `--node-ip`, backend, syncs, health-check servers) is left out and said so; empty
+/// endpoint lists are worded for a Linux backend.
+fn brain_node_status(hub: &kpng_api::hub::Hub, node: &str, query: &StatusQuery) -> Status {
+    let view = hub.node_view(node, &|namespace, name| {
+        query.names_service(namespace, name)
+    });
+    let traits = kpng_model::trace::BackendTraits::default();
+    let text = query.text_filter();
+    let ports: Vec<PortStatus> = view
+        .ports
+        .iter()
+        .filter(|(p, _)| {
+            let svc = &p.key.service;
+            query.wants_service(&svc.namespace, &svc.name, &p.key.port_name, p.port)
+        })
+        .map(|(p, explained)| PortStatus::of(p, Some(explained.clone()), &traits))
+        .filter(|s| text.as_deref().is_none_or(|t| s.row_contains(t)))
+        .collect();
+    let matching = ports.len();
+    let not_programmed = if matching == 0 && query.service.is_some() {
+        view.not_programmed
+            .iter()
+            .map(|(key, why)| kpng_runner::admin::NotProgrammed {
+                service: key.to_string(),
+                why: why.clone(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let connected = if view.connected {
+        format!("a kpng watching as {node} is connected")
+    } else {
+        format!("no kpng watching as {node} is connected now")
+    };
+    let synced = hub.synced();
+    Status {
+        node: node.to_string(),
+        brain_view: Some(format!(
+            "as the brain computes node {node}'s view ({connected}); that node's --node-ip, \
+             backend and syncs are not known here"
+        )),
+        backend: "-".into(),
+        programmed: synced,
+        in_sync: synced,
+        services: ports
+            .into_iter()
+            .skip(query.offset.unwrap_or_default())
+            .take(query.limit.unwrap_or(usize::MAX))
+            .collect(),
+        total_ports: matching,
+        matching_ports: matching,
+        not_programmed,
+        rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
+        waiting_for: if synced {
+            Vec::new()
+        } else {
+            vec!["the brain's lists".into()]
+        },
+        node_problem: synced
+            .then(|| kpng_runner::admin::node_problem(&view.node, Default::default()))
+            .flatten(),
+        node_ips: view.node.ips.iter().map(|ip| ip.to_string()).collect(),
+        pod_cidrs: view.node.pod_cidrs.iter().map(|c| c.to_string()).collect(),
+        zone: view.node.zone.clone(),
+        ..Status::default()
+    }
 }
 
 /// `kpng trace` asked of a brain: it programs no node, so no packet meets its rules.
@@ -93,9 +224,12 @@ pub struct BrainStatus {
     /// The cluster's Nodes with no kpng connected: they do not follow the cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_connected: Vec<String>,
-    /// Node names connected kpngs ask for that no Node of the cluster has.
+    /// Node names connected kpngs ask for that no Node of the cluster has had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknown_nodes: Vec<String>,
+    /// Node names connected kpngs ask for whose Node the brain saw, and is deleted now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted_nodes: Vec<String>,
     /// Node names that more than one connected kpng asks for, with each one's address: a
     /// copied DaemonSet or a wrong `--hostname-override`, which only the brain can see.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -110,6 +244,10 @@ pub struct BrainStatus {
     /// files' last change could be taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<kpng_api::metrics::TlsStatus>,
+    /// The Services `kpng status NAME` asked for without `--node`: what the brain can say of
+    /// them whatever the node (absent when none was asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected: Option<Vec<kpng_api::hub::ServiceSummary>>,
 }
 
 async fn status(
@@ -310,9 +448,23 @@ pub fn serving_backend(socket: &Path) -> Option<String> {
 
 /// `kpng status`.
 pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
-    let mut status = read_status(socket, args.service.as_deref(), args.timeout)?;
+    let node = args
+        .node
+        .as_deref()
+        .map(str::trim)
+        .filter(|n| !n.is_empty());
+    let mut status = read_status(socket, args.service.as_deref(), node, args.timeout)?;
     if status["role"] == "brain" {
-        return print_brain(&status, args.output);
+        return print_brain(&status, args.service.as_deref(), args.output);
+    }
+    if let Some(node) = node
+        && status.get("brainView").is_none()
+    {
+        bail!(
+            "--node {node} asks a brain (`kpng ... to-api`) for a node's view; this kpng is \
+             node {}'s own: ask without --node, or ask the brain's --admin-socket",
+            status["node"].as_str().unwrap_or("?")
+        );
     }
     if let Some(filter) = &args.service
         && let Some(services) = status.get_mut("services").and_then(|s| s.as_array_mut())
@@ -387,12 +539,16 @@ const STATUS_PAGE_PORTS: usize = 2000;
 fn read_status(
     socket: &Path,
     service: Option<&str>,
+    node: Option<&str>,
     timeout: std::time::Duration,
 ) -> anyhow::Result<serde_json::Value> {
-    let selection = match service {
+    let mut selection = match service {
         Some(filter) => format!("service={}&", query_escape(filter)),
         None => String::new(),
     };
+    if let Some(node) = node {
+        selection.push_str(&format!("node={}&", query_escape(node)));
+    }
     let mut attempts = 0;
     'again: loop {
         attempts += 1;
@@ -434,8 +590,13 @@ fn read_status(
     }
 }
 
-/// A brain's status: its nodes, what each took and how far behind it is.
-fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Result<()> {
+/// A brain's status: its nodes, what each took and how far behind it is; with `service`, what
+/// the brain can say of that Service without a node first.
+fn print_brain(
+    status: &serde_json::Value,
+    service: Option<&str>,
+    output: StatusOutput,
+) -> anyhow::Result<()> {
     match output {
         StatusOutput::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(status)?)),
         StatusOutput::Yaml => print_out(&serde_saphyr::to_string(status)?),
@@ -452,6 +613,9 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
                 },
                 plural(brain.nodes.len(), "node")
             );
+            if let Some(filter) = service {
+                write_selected(&mut text, filter, &brain);
+            }
             if let Some(input) = &brain.input {
                 write_input(&mut text, input);
             }
@@ -466,12 +630,61 @@ fn print_brain(status: &serde_json::Value, output: StatusOutput) -> anyhow::Resu
                     brain.unknown_nodes.join(", ")
                 ));
             }
+            if !brain.deleted_nodes.is_empty() {
+                text.push_str(&format!(
+                    "PROBLEM: connected kpngs ask for Nodes that were deleted (their kpng still \
+                     runs: a scale-down, or the Node re-created under another name; they get no \
+                     local endpoint): {}\n",
+                    brain.deleted_nodes.join(", ")
+                ));
+            }
             write_duplicate_nodes(&mut text, &brain.duplicate_nodes);
             write_rejected(&mut text, &brain.rejected);
             write_brain_nodes(&mut text, &brain.nodes, output == StatusOutput::Wide);
             print_out(&terminal_safe(&text))
         }
     }
+}
+
+/// What a brain says of the Services `filter` names without a node, above its own status:
+/// each one's ports and the nodes its endpoints run on, or why it gives no port (or is
+/// rejected), and the command that explains a node's view.
+fn write_selected(out: &mut String, filter: &str, brain: &BrainStatus) {
+    use std::fmt::Write as _;
+    let selected = brain.selected.as_deref().unwrap_or_default();
+    let example = selected
+        .first()
+        .map_or_else(|| filter.to_string(), |s| s.service.clone());
+    for s in selected {
+        let what = match (&s.not_programmed, &s.endpoint_nodes) {
+            (Some(why), _) => format!("gives no node a rule: {why}"),
+            (None, Some(nodes)) if nodes.is_empty() => format!(
+                "{} in every node's view; no endpoint runs on a known node",
+                plural(s.ports, "port")
+            ),
+            (None, Some(nodes)) => format!(
+                "{} in every node's view; its endpoints run on {}",
+                plural(s.ports, "port"),
+                nodes.join(", ")
+            ),
+            (None, None) => format!(
+                "{} in every node's view; topology hints make each node's endpoints its own",
+                plural(s.ports, "port")
+            ),
+        };
+        let _ = writeln!(out, "Service {}: {what}", s.service);
+    }
+    let status = serde_json::json!({ "rejected": brain.rejected });
+    if let Some(why) = rejected_service(&status, filter) {
+        let _ = writeln!(out, "REJECTED: {why}");
+    } else if selected.is_empty() {
+        let _ = writeln!(out, "no Service matches {filter:?} in the brain's cluster");
+    }
+    let _ = writeln!(
+        out,
+        "which endpoints a node uses, and why not the others: `kpng status --node NODE \
+         {example}`"
+    );
 }
 
 /// `ns/name`, `name` (any namespace) or `ns/name:port` ([`StatusQuery::wants_service`]).
@@ -576,11 +789,18 @@ fn table(status: &Status, wide: bool) -> String {
             s.duration_seconds * 1e3
         )
     });
-    let _ = writeln!(
-        out,
-        "node {}  backend {}  last sync {last}  pending changes {}",
-        status.node, status.backend, status.pending_port_changes
-    );
+    match &status.brain_view {
+        Some(view) => {
+            let _ = writeln!(out, "node {}  {view}", status.node);
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "node {}  backend {}  last sync {last}  pending changes {}",
+                status.node, status.backend, status.pending_port_changes
+            );
+        }
+    }
     if let Some(e) = &status.last_error {
         let _ = writeln!(out, "last error: {e}");
     }
@@ -676,6 +896,7 @@ fn table(status: &Status, wide: bool) -> String {
             }
         }
     }
+    write_brain_hint(&mut out, status);
     out
 }
 
@@ -720,6 +941,30 @@ fn waiting_line(status: &Status) -> Option<String> {
         "nothing is programmed before"
     };
     Some(format!("{waiting} ({meanwhile})"))
+}
+
+/// On a node fed by a brain, when a port uses no endpoint: one line naming the brain's
+/// command that says why (this node receives only the endpoints it uses, so it cannot).
+fn write_brain_hint(out: &mut String, status: &Status) {
+    use std::fmt::Write as _;
+    let mut unused: Vec<&str> = status
+        .services
+        .iter()
+        .filter(|p| p.only_used_known && p.endpoints.iter().all(|e| e.used_by.is_empty()))
+        .map(|p| p.service.as_str())
+        .collect();
+    unused.dedup();
+    let service = match unused[..] {
+        [] => return,
+        [one] => one,
+        _ => "NAMESPACE/NAME",
+    };
+    let _ = writeln!(
+        out,
+        "hint: this node receives only the endpoints it uses; `kpng status --node {} {service}` \
+         on the brain explains the endpoints this node does not receive",
+        status.node
+    );
 }
 
 /// How many rejected objects the table lists (all of them are in `-o json`).
@@ -1095,7 +1340,12 @@ fn row(p: &PortStatus) -> [String; 6] {
         policy.push_str(&format!(", {}", health_check_answer(hc)));
     }
     let used = p.endpoints.iter().filter(|e| !e.used_by.is_empty()).count();
-    let mut endpoints = format!("{used}/{} used", p.endpoints.len());
+    // A brain-fed node knows only the endpoints it uses: "0/0" would say there are none.
+    let mut endpoints = if p.only_used_known {
+        format!("{used} used")
+    } else {
+        format!("{used}/{} used", p.endpoints.len())
+    };
     if let Some(v) = &p.without_endpoints {
         endpoints.push_str(&format!("; {v}"));
     }
@@ -1531,6 +1781,85 @@ mod tests {
             let text = trace_text(&q, &t);
             assert!(text.contains(says), "{what}: {text}");
         }
+    }
+
+    /// A node fed by a brain knows only the endpoints it uses: no "0/0 used" (it would say the
+    /// Service has none), and one hint pointing at the brain when a port uses none.
+    #[test]
+    fn a_brain_fed_node_counts_used_endpoints_only_and_points_at_the_brain() {
+        let port = |service: &str, used: bool, only_used_known: bool| {
+            let endpoints = if used {
+                vec![kpng_model::inspect::EndpointStatus {
+                    address: "10.244.2.2:8080".parse().expect("addr"),
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                    local: true,
+                    zone_hints: Vec::new(),
+                    node_hints: Vec::new(),
+                    used_by: vec!["local".into()],
+                    reason: None,
+                }]
+            } else {
+                Vec::new()
+            };
+            serde_json::from_value::<PortStatus>(serde_json::json!({
+                "service": service, "portName": "", "protocol": "TCP", "family": "IPv4",
+                "clusterIp": "10.96.7.7", "port": 80, "externalTrafficPolicy": "Cluster",
+                "internalTrafficPolicy": "Local", "endpoints": endpoints,
+                "onlyUsedKnown": only_used_known,
+            }))
+            .expect("a port")
+        };
+        let status = |services: Vec<PortStatus>| Status {
+            node: "node2".into(),
+            services,
+            ..Status::default()
+        };
+        let hint = "hint: this node receives only the endpoints it uses; `kpng status --node \
+                    node2 default/itp` on the brain explains the endpoints this node does not \
+                    receive\n";
+        let cases = [
+            (
+                "brain-fed, none used",
+                status(vec![port("default/itp", false, true)]),
+                "0 used",
+                Some(hint),
+            ),
+            (
+                "brain-fed, one used",
+                status(vec![port("default/itp", true, true)]),
+                "1 used",
+                None,
+            ),
+            (
+                "in-process, none at all",
+                status(vec![port("default/itp", false, false)]),
+                "0/0 used",
+                None,
+            ),
+        ];
+        for (what, status, cell, want_hint) in cases {
+            let out = table(&status, false);
+            assert!(out.contains(cell), "{what}: {out}");
+            assert_eq!(
+                out.contains("0/0 used"),
+                cell == "0/0 used",
+                "{what}: {out}"
+            );
+            match want_hint {
+                Some(h) => assert!(out.ends_with(h), "{what}: {out}"),
+                None => assert!(!out.contains("hint:"), "{what}: {out}"),
+            }
+        }
+        let two = table(
+            &status(vec![
+                port("default/itp", false, true),
+                port("default/other", false, true),
+            ]),
+            false,
+        );
+        assert!(two.contains("--node node2 NAMESPACE/NAME`"), "{two}");
     }
 
     #[test]

@@ -168,7 +168,10 @@ where
                 _ = renew.tick() => {
                     kpng_runner::warning_budget::held_back(warnings.next_interval());
                 }
-                _ = report.tick() => hub.refresh_report(),
+                _ = report.tick() => {
+                    hub.refresh_report();
+                    hub.refresh_node_gauges();
+                }
             }
         }
     };

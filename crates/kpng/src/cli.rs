@@ -587,6 +587,10 @@ pub enum Command {
 pub struct StatusArgs {
     /// One Service: NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT (PORT: the port's name or number).
     pub service: Option<String>,
+    /// Asked of a brain (`to-api`): node NODE's view as the brain computes it, every endpoint
+    /// used or not and why (a node fed by a brain receives only the endpoints it uses).
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
     /// `table`, `wide` (every endpoint and why it is unused), `json` or `yaml`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusOutput::Table)]
     pub output: StatusOutput,

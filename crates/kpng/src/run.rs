@@ -743,6 +743,12 @@ where
         // kube-proxy's start-up wait.
         runner = runner.with_node_ips_wait(flags.node_ips_wait);
     }
+    // A Node whose pods are outside --cluster-cidr, or (NodePorts on the node IPs) none of
+    // whose addresses is on this host: warned about and shown in `kpng status`.
+    runner = runner.checking_node_config(
+        flags.cluster_cidr.clone(),
+        facts.health_checks == Some(HealthCheckAddresses::NodeIps),
+    );
     if facts.health_checks.is_some()
         && matches!(
             crate::backends::detect_local(&flags),

@@ -1464,3 +1464,183 @@ fn a_node_whose_brain_sends_no_state_says_its_input_is_stale() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Split mode, as an on-call engineer meets it: a node fed by a brain receives only the
+/// endpoints it uses, so the brain explains the others (`kpng status --node`) and the node
+/// points there when a Service uses none.
+#[test]
+fn a_brain_explains_the_endpoints_a_node_does_not_receive() {
+    split_mode(SplitCheck::Status);
+}
+
+/// Split mode: the rejection metrics work on the brain and on the node (the alert
+/// docs/observability.md recommends), and the brain counts its node problems.
+#[test]
+fn a_brain_and_its_node_export_the_rejections_and_the_node_gauges() {
+    split_mode(SplitCheck::Metrics);
+}
+
+/// What [`split_mode`] checks.
+#[derive(PartialEq)]
+enum SplitCheck {
+    Status,
+    Metrics,
+}
+
+/// A brain on the example cluster plus a Service with internalTrafficPolicy Local whose only
+/// endpoint is on node1 and a rejected Service, and a node2 fed by it (to-file); checks `what`.
+fn split_mode(what: SplitCheck) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    let extra = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: itp}\n\
+        spec: {clusterIP: 10.96.7.7, internalTrafficPolicy: Local, ports: [{name: http, port: 80, targetPort: 8080}]}\n\
+        ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+        metadata: {namespace: default, name: itp-1, labels: {kubernetes.io/service-name: itp}}\n\
+        addressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\n\
+        endpoints:\n- addresses: [10.244.1.2]\n  nodeName: node1\n\
+        ---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: broken}\n\
+        spec: {clusterIP: 10.96.7.8, ports: [{port: nope}]}\n";
+    std::fs::write(&input, format!("{example}{extra}")).expect("write");
+    let listen = dir.path().join("brain.sock");
+    let brain_admin = dir.path().join("brain-admin.sock");
+    let mut brain = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--metrics-bind-address", "127.0.0.1:0", "--admin-socket"])
+            .arg(&brain_admin)
+            .args(["to-api", "--listen"])
+            .arg(format!("unix://{}", listen.display())),
+    );
+    let log = brain.wait("the brain's metrics address", |e| {
+        e.contains("serving /metrics on http://")
+    });
+    let metrics_of = |log: &str| {
+        log.lines()
+            .find_map(|l| {
+                l.split_once("serving /metrics on http://")
+                    .map(|(_, a)| a.trim().to_string())
+            })
+            .expect("the metrics address")
+    };
+    let brain_metrics = metrics_of(&log);
+    let node_admin = dir.path().join("node-admin.sock");
+    let mut node = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["api", "--api"])
+            .arg(format!("unix://{}", listen.display()))
+            .args([
+                "--node-name",
+                "node2",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+            ])
+            .arg(&node_admin)
+            .args(["to-file", "--output"])
+            .arg(dir.path().join("out.yaml")),
+    );
+    let log = node.wait("the node's first sync and its metrics address", |e| {
+        e.contains(" synced ") && e.contains("serving /metrics on http://")
+    });
+    let node_metrics = metrics_of(&log);
+    let ask = |socket: &std::path::Path, args: &[&str]| {
+        let out = kpng()
+            .args(args)
+            .arg("--admin-socket")
+            .arg(socket)
+            .output()
+            .expect("run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    if what == SplitCheck::Metrics {
+        check_split_metrics(&brain_metrics, &node_metrics);
+        return;
+    }
+
+    // The node: its only endpoint is elsewhere, and it says where to ask.
+    let on_node = ask(&node_admin, &["status", "default/itp"]);
+    assert!(
+        on_node.contains("0 used") && !on_node.contains("0/0 used"),
+        "{on_node}"
+    );
+    assert!(
+        on_node.contains("`kpng status --node node2 default/itp` on the brain"),
+        "{on_node}"
+    );
+    // The brain, asked for node2's view: what a non-split node2 says.
+    let explained = ask(
+        &brain_admin,
+        &["status", "--node", "node2", "default/itp", "-o", "wide"],
+    );
+    assert!(
+        explained.contains("0/1 used")
+            && explained.contains("10.244.1.2:8080")
+            && explained.contains("on another node, and internalTrafficPolicy is Local"),
+        "{explained}"
+    );
+    let zonal = ask(
+        &brain_admin,
+        &["status", "--node", "node2", "default/zonal", "-o", "json"],
+    );
+    assert!(zonal.contains("hinted for zone"), "{zonal}");
+    // Without --node, the brain says what it can, and how to ask for more.
+    let summary = ask(&brain_admin, &["status", "default/itp"]);
+    assert!(
+        summary.contains(
+            "Service default/itp: 1 port in every node's view; its endpoints run on node1"
+        ) && summary.contains("kpng status --node NODE default/itp"),
+        "{summary}"
+    );
+    let rejected = ask(&brain_admin, &["status", "default/broken"]);
+    assert!(
+        rejected.contains("REJECTED: Service default/broken"),
+        "{rejected}"
+    );
+    drop((brain, node));
+}
+
+/// The rejection counts of [`split_mode`]'s brain and node.
+fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
+    // The rejection counts on the brain, as on a non-split kpng, and on the node as the brain
+    // reports it; the brain's node gauges.
+    let wait_for = |addr: &str, want: &[&str]| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = http_get(addr, "/metrics");
+            if want.iter().all(|w| text.contains(w)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{want:?} not within 10 s:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for(
+        brain_metrics,
+        &[
+            "\nkpng_rejected_objects 1\n",
+            "\nkpng_object_errors_total{kind=\"Service\"} 1\n",
+            "\nkpng_api_nodes_not_connected 1\n",
+            "\nkpng_api_duplicate_node_names 0\n",
+            "\nkpng_api_unknown_node_names 0\n",
+        ],
+    );
+    wait_for(node_metrics, &["\nkpng_rejected_objects 1\n"]);
+}

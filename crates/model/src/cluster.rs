@@ -85,6 +85,27 @@ impl ServiceSource {
         ))
     }
 
+    /// Every Service port as `node` programs it ([`ServiceSource::ports_for`]), each with every
+    /// endpoint and whether `node` uses it, and if not why ([`crate::inspect`]): what `kpng
+    /// status` says on that node, computed wherever the Service's inputs are, so a brain
+    /// explains a node's view that the node itself cannot (it receives only the endpoints it
+    /// uses).
+    pub fn explained_ports_for(
+        &self,
+        node: &NodeState,
+    ) -> Vec<(ServicePort, Vec<crate::inspect::EndpointStatus>)> {
+        self.ports_for(node)
+            .into_iter()
+            .map(|port| {
+                let explained = self
+                    .candidates_for(&port.key, node)
+                    .map(|c| crate::inspect::explain_endpoints(&port, &c, node))
+                    .unwrap_or_default();
+                (port, explained)
+            })
+            .collect()
+    }
+
     /// The nodes [`ServiceSource::depends_on_node`] is true for, sorted and without
     /// duplicates; `None` when every node's view may differ (topology hints). Lets a brain
     /// decide for thousands of nodes with one lookup each.

@@ -187,11 +187,15 @@ pub struct TraceAnswer {
 }
 
 /// The state of the proxy: what `kpng status` prints.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     /// This node's name.
     pub node: String,
+    /// Set when a brain computed this view for node `node` (`kpng status --node` on the
+    /// brain), saying what it cannot know there: none of the sync fields are then the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brain_view: Option<String>,
     /// The backend's name.
     pub backend: String,
     /// Whether every list has been received and a first sync made.
@@ -703,6 +707,11 @@ pub struct PortStatus {
     pub without_endpoints: Option<String>,
     /// Every endpoint, used or not, and why.
     pub endpoints: Vec<EndpointStatus>,
+    /// Only the used endpoints are known, not the others nor why they are unused: a node fed
+    /// by a brain receives the endpoints it uses only (`kpng status --node` on the brain
+    /// explains the rest).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub only_used_known: bool,
 }
 
 impl PortStatus {
@@ -715,6 +724,7 @@ impl PortStatus {
         traits: &BackendTraits,
     ) -> PortStatus {
         let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_string();
+        let only_used_known = explained.is_none();
         let endpoints = explained.unwrap_or_else(|| used_endpoints(port));
         PortStatus {
             service: port.key.service.to_string(),
@@ -734,6 +744,7 @@ impl PortStatus {
             health_check: None,
             without_endpoints: without_endpoints(port, traits),
             endpoints,
+            only_used_known,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod conntrack_cleanup;
 pub mod guarded_http;
 pub mod health;
 pub mod metrics;
+pub mod node_config_check;
 pub mod runner;
 pub mod service_health;
 pub mod warning_budget;

@@ -90,6 +90,10 @@ pub struct Runner<M: NodeModel = Model> {
     node_needs: admin::NodeNeeds,
     /// The backend's rules from an earlier run were found at start ([`Runner::with_earlier_rules`]).
     earlier_rules_found: bool,
+    /// Checks of the node's configuration ([`Runner::checking_node_config`]).
+    node_check: crate::node_config_check::NodeConfigCheck,
+    /// Whether the host's addresses are compared with the Node's.
+    node_ips_on_host: bool,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -116,6 +120,8 @@ impl<M: NodeModel> Runner<M> {
             input: None,
             node_needs: admin::NodeNeeds::default(),
             earlier_rules_found: false,
+            node_check: Default::default(),
+            node_ips_on_host: false,
         }
     }
 
@@ -125,6 +131,20 @@ impl<M: NodeModel> Runner<M> {
     /// programmed".
     pub fn with_earlier_rules(mut self, found: bool) -> Runner<M> {
         self.earlier_rules_found = found;
+        self
+    }
+
+    /// Warns (once per change) and shows in `kpng status` a Node whose pod CIDRs are outside
+    /// `cluster_cidrs` (`--cluster-cidr`) and, with `node_ips_on_host` (a backend serving
+    /// NodePorts on the node IPs, on Linux where the host's addresses are watched), a Node
+    /// none of whose addresses is on this host: a wrong `--node-name`.
+    pub fn checking_node_config(
+        mut self,
+        cluster_cidrs: Vec<ipnet::IpNet>,
+        node_ips_on_host: bool,
+    ) -> Runner<M> {
+        self.node_check.cluster_cidrs = cluster_cidrs;
+        self.node_ips_on_host = node_ips_on_host;
         self
     }
 
@@ -272,6 +292,10 @@ impl<M: NodeModel> Runner<M> {
         }
         #[cfg(not(target_os = "linux"))]
         drop(address_tx);
+        #[cfg(target_os = "linux")]
+        if self.node_ips_on_host {
+            self.node_check.host_addresses = Some(kpng_backend::host::local_addresses());
+        }
         match self.backend.watch_tampering(alarm) {
             Ok(true) => debug!("the backend reports changes made by others to its data plane"),
             Ok(false) => {}
@@ -313,6 +337,7 @@ impl<M: NodeModel> Runner<M> {
             held_for_pod_cidrs: false,
             addresses_changed: None,
             node_status_changed: false,
+            warned_node_config: Vec::new(),
         };
         state.update_eligibility();
         state.run(events, tampering, address_changes, queries).await;
@@ -376,6 +401,9 @@ struct LoopState<M: NodeModel> {
     /// The node's status changed alone and the backend shows it
     /// ([`kpng_backend::Backend::shows_node_status`]): an empty sync soon.
     node_status_changed: bool,
+    /// The node configuration problems last warned about: each is warned once, again only
+    /// after it went away and came back.
+    warned_node_config: Vec<String>,
 }
 
 /// The wait for node IPs ([`Runner::with_node_ips_wait`]).
@@ -477,6 +505,7 @@ impl<M: NodeModel> LoopState<M> {
                 let input = self.runner.input.as_ref().map(|h| h.state());
                 let _ = reply.send(Status {
                     node: snapshot.node.name.clone(),
+                    brain_view: None,
                     not_programmed,
                     backend: self.runner.backend.name().to_string(),
                     programmed: self.last_ok_at.is_some(),
@@ -498,7 +527,12 @@ impl<M: NodeModel> LoopState<M> {
                         .map(RejectedStatus::of)
                         .collect(),
                     node_problem: if unlisted.is_empty() {
-                        admin::node_problem(&snapshot.node, self.runner.node_needs)
+                        let mut problems: Vec<String> =
+                            admin::node_problem(&snapshot.node, self.runner.node_needs)
+                                .into_iter()
+                                .collect();
+                        problems.extend(self.runner.node_check.problems(&snapshot.node));
+                        (!problems.is_empty()).then(|| problems.join("; "))
                     } else {
                         None
                     },
@@ -641,6 +675,11 @@ impl<M: NodeModel> LoopState<M> {
             "the node's addresses changed ({change}): node ports and health checks that \
              depend on them follow at the next sync"
         );
+        if let Some(host) = &mut self.runner.node_check.host_addresses {
+            host.retain(|a| !change.removed.contains(a));
+            host.extend(change.added.iter().copied());
+            self.warn_node_config();
+        }
         // Several changes before one sync: the sync names their net effect.
         self.addresses_changed = match self.addresses_changed.take() {
             Some(earlier) => earlier.then(change),
@@ -765,6 +804,26 @@ impl<M: NodeModel> LoopState<M> {
             }
         }
         self.logged_node = Some(now.clone());
+        self.warn_node_config();
+    }
+
+    /// Warns of each node configuration problem new since the last call (see
+    /// [`Runner::checking_node_config`]); `kpng status` shows them for as long as they last.
+    fn warn_node_config(&mut self) {
+        if !self.listed_all() {
+            return;
+        }
+        let problems = self
+            .runner
+            .node_check
+            .problems(&self.runner.model.snapshot().node);
+        for p in problems
+            .iter()
+            .filter(|p| !self.warned_node_config.contains(p))
+        {
+            warn!("{p}");
+        }
+        self.warned_node_config = problems;
     }
 
     /// The kinds whose first complete list has not arrived (the first sync waits for them).
@@ -869,8 +928,22 @@ impl<M: NodeModel> LoopState<M> {
                 debug!("{w}");
             }
         }
-        m.rejected_objects
-            .set(self.runner.model.rejected_count() as i64);
+        // On a node fed by a brain, the brain rejects the objects: its count, as it reports it
+        // to this node (other nodes' Node objects left out), so the alert on this gauge works
+        // per node in split mode too.
+        let brain_rejected = self
+            .runner
+            .input
+            .as_ref()
+            .and_then(|h| h.state().brain_report)
+            .map_or(0, |r| {
+                admin::BrainReportStatus::of(&r, &self.runner.model.snapshot().node.name)
+                    .rejected_total
+            });
+        m.rejected_objects.set(
+            i64::try_from(self.runner.model.rejected_count() as u64 + brain_rejected)
+                .unwrap_or(i64::MAX),
+        );
         for e in &outcome.errors {
             error!("rejected {e}");
             m.object_errors

@@ -807,3 +807,104 @@ fn events_applied_together_are_one_change_set_encoded_once() {
     assert_eq!(next(&n3), want);
     assert_eq!(next(&stranger), want);
 }
+
+/// `kpng status --node` on the brain: a node's view with every endpoint explained, as an
+/// in-process node's model explains it (the node itself receives only what it uses).
+#[test]
+fn a_nodes_view_explains_the_endpoints_it_does_not_receive() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let wanted = |namespace: &str, name: &str| namespace == "default" && name == "itp-local";
+    let view = hub.node_view("n2", &wanted);
+    assert!(!view.connected);
+    assert_eq!(view.node.zone.as_deref(), Some("zb"));
+    let [(port, endpoints)] = &view.ports[..] else {
+        panic!("one port: {:?}", view.ports);
+    };
+    assert_eq!(port.key.service.to_string(), "default/itp-local");
+    let reasons: Vec<(String, Option<&str>)> = endpoints
+        .iter()
+        .map(|e| (e.address.to_string(), e.reason.as_deref()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            (
+                "10.244.1.6:80".to_string(),
+                Some("on another node, and internalTrafficPolicy is Local")
+            ),
+            (
+                "10.244.3.6:80".to_string(),
+                Some("on another node, and internalTrafficPolicy is Local")
+            ),
+        ]
+    );
+    // The same as an in-process node's model says.
+    let mut model = kpng_model::Model::new(kpng_model::ModelConfig {
+        node_name: "n2".into(),
+        ..kpng_model::ModelConfig::default()
+    });
+    model.apply(fixtures::cluster_event());
+    assert_eq!(model.explain(&port.key).as_ref(), Some(endpoints));
+    // n1 uses its own.
+    let _n1 = hub.register("n1");
+    let view = hub.node_view("n1", &wanted);
+    assert!(view.connected);
+    assert_eq!(view.ports[0].1[0].used_by, ["local"]);
+    // Services without a port for the node are named with why; summaries hold for all.
+    let summaries = hub.service_summaries(&wanted);
+    assert_eq!(summaries.len(), 1);
+    assert_eq!(summaries[0].ports, 1);
+    assert_eq!(
+        summaries[0].endpoint_nodes.as_deref(),
+        Some(&["n1".to_string(), "n3".to_string()][..])
+    );
+}
+
+/// A watcher whose Node the brain saw and is gone is a deleted Node, not a typo; the gauges
+/// count what the status names.
+#[test]
+fn a_deleted_node_is_told_apart_from_an_unknown_name_and_both_are_counted() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let _a = hub.register("n3");
+    let _b = hub.register("n3");
+    let _c = hub.register("typo");
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::Node,
+        namespace: "".into(),
+        name: "n3".into(),
+    }));
+    assert_eq!(hub.unknown_watchers(), ["typo"]);
+    assert_eq!(hub.deleted_node_watchers(), ["n3"]);
+    hub.refresh_node_gauges();
+    let m = hub.metrics();
+    assert_eq!(m.unknown_node_names.get(), 2);
+    assert_eq!(m.duplicate_node_names.get(), 1);
+    assert_eq!(m.nodes_not_connected.get(), 2, "n1 and n2");
+}
+
+/// The brain counts rejected objects as a node's kpng does.
+#[test]
+fn the_brain_counts_rejections_as_a_node_does() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let bad = kpng_source_file::parse_manifests(
+        "kind: Service\nmetadata: {namespace: default, name: bad}\n\
+         spec: {clusterIP: 10.96.9.9, ports: [{port: 80, protocol: TPC}]}\n",
+    )
+    .expect("parses");
+    for o in bad.objects {
+        hub.apply(Event::Apply(o));
+    }
+    let m = hub.metrics();
+    assert_eq!(m.rejected_objects.get(), 1);
+    assert_eq!(
+        m.object_errors
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: "Service".into()
+            })
+            .get(),
+        1
+    );
+}
