@@ -1007,23 +1007,10 @@ fn the_status_page_of_a_node_shows_what_its_brain_rejects() {
     )
     .expect("write");
     let listen = dir.path().join("brain.sock");
-    let mut brain = Running::start(
-        kpng()
-            .env_remove("RUST_LOG")
-            .args(["file", "--input"])
-            .arg(&input)
-            .args([
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-                "--healthz-bind-address",
-                "127.0.0.1:0",
-                "--admin-socket",
-                "",
-                "to-api",
-                "--listen",
-            ])
-            .arg(format!("unix://{}", listen.display())),
-    );
+    let mut brain = Running::start(&mut brain_command(
+        &input,
+        &format!("unix://{}", listen.display()),
+    ));
     brain.wait("the brain's first sync", |e| e.contains("serving"));
     let mut node = Running::start(
         kpng()
@@ -1293,25 +1280,7 @@ fn a_node_whose_brain_sends_no_state_says_its_input_is_stale() {
     let good = format!("{MANIFEST}{}{}", broken("broken"), broken("other"));
     std::fs::write(&input, &good).expect("write");
     let listen = format!("unix://{}", dir.path().join("brain.sock").display());
-    let start_brain = || {
-        Running::start(
-            kpng()
-                .env_remove("RUST_LOG")
-                .args(["file", "--input"])
-                .arg(&input)
-                .args([
-                    "--metrics-bind-address",
-                    "127.0.0.1:0",
-                    "--healthz-bind-address",
-                    "127.0.0.1:0",
-                    "--admin-socket",
-                    "",
-                    "to-api",
-                    "--listen",
-                    &listen,
-                ]),
-        )
-    };
+    let start_brain = || Running::start(&mut brain_command(&input, &listen));
     let mut brain = start_brain();
     brain.wait("the brain's first sync", |e| e.contains("serving"));
     let admin = dir.path().join("node.sock").display().to_string();
@@ -1643,4 +1612,26 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
         ],
     );
     wait_for(node_metrics, &["\nkpng_rejected_objects 1\n"]);
+}
+
+/// `kpng file --input INPUT … to-api --listen LISTEN`: a brain with its metrics and health
+/// servers on free loopback ports and no admin socket.
+fn brain_command(input: &std::path::Path, listen: &str) -> Command {
+    let mut command = kpng();
+    command
+        .env_remove("RUST_LOG")
+        .args(["file", "--input"])
+        .arg(input)
+        .args([
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--admin-socket",
+            "",
+            "to-api",
+            "--listen",
+            listen,
+        ]);
+    command
 }

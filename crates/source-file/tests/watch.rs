@@ -12,6 +12,13 @@ fn manifest(ip: &str) -> String {
     )
 }
 
+/// Service `ns/NAME` with ClusterIP `ip`, port 80.
+fn service(name: &str, ip: &str) -> String {
+    format!(
+        "kind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+    )
+}
+
 fn cluster_ip(event: &Event) -> String {
     let Event::Replace { objects, .. } = event else {
         panic!("expected Replace, got {event:?}")
@@ -184,13 +191,8 @@ async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watche
 #[tokio::test]
 async fn a_directory_is_read_per_file() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let svc = |name: &str, ip: &str| {
-        format!(
-            "kind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
-        )
-    };
-    std::fs::write(dir.path().join("a.yaml"), svc("a", "10.96.0.1")).expect("write");
-    std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.2")).expect("write");
+    std::fs::write(dir.path().join("a.yaml"), service("a", "10.96.0.1")).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), service("b", "10.96.0.2")).expect("write");
     std::fs::write(dir.path().join("notes.txt"), "not a manifest").expect("write");
     let (mut rx, health, task) = watch(dir.path());
 
@@ -201,7 +203,7 @@ async fn a_directory_is_read_per_file() {
     assert!(matches!(next(&mut rx).await, Some(Event::ListDone { .. })));
 
     // Changing one file sends only its objects.
-    std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.3")).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), service("b", "10.96.0.3")).expect("write");
     match next(&mut rx).await {
         Some(Event::Apply(Object::Service(s))) => assert_eq!(&*s.key.name, "b"),
         other => panic!("expected Apply of b, got {other:?}"),
@@ -335,16 +337,11 @@ async fn a_symlink_into_another_directory_and_a_recreated_directory_are_followed
 #[tokio::test]
 async fn an_object_in_two_files_of_a_large_directory_is_the_last_files() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let svc = |name: &str, ip: &str| {
-        format!(
-            "kind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
-        )
-    };
     for i in 0..300u32 {
         let text = match i {
-            149 => svc("dup", "10.96.200.1"),
-            150 => svc("dup", "10.96.200.2"),
-            _ => svc(
+            149 => service("dup", "10.96.200.1"),
+            150 => service("dup", "10.96.200.2"),
+            _ => service(
                 &format!("s{i}"),
                 &format!("10.96.{}.{}", i / 200, i % 200 + 1),
             ),
@@ -386,13 +383,8 @@ fn relative_to_current_dir(path: &std::path::Path) -> std::path::PathBuf {
 #[tokio::test]
 async fn a_directory_given_by_a_relative_path_applies_the_removal_of_a_file_read_at_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let svc = |name: &str, ip: &str| {
-        format!(
-            "kind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
-        )
-    };
-    std::fs::write(dir.path().join("a.yaml"), svc("a", "10.96.0.1")).expect("write");
-    std::fs::write(dir.path().join("b.yaml"), svc("b", "10.96.0.2")).expect("write");
+    std::fs::write(dir.path().join("a.yaml"), service("a", "10.96.0.1")).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), service("b", "10.96.0.2")).expect("write");
     let relative = relative_to_current_dir(dir.path());
     assert!(relative.is_relative() && relative.is_dir(), "{relative:?}");
     let (mut rx, _health, task) = watch_raw(&relative);
@@ -408,7 +400,7 @@ async fn a_directory_given_by_a_relative_path_applies_the_removal_of_a_file_read
     }
     // A file read at start and replaced atomically without its object deletes it at once.
     let tmp = dir.path().join(".b.yaml.tmp");
-    std::fs::write(&tmp, svc("c", "10.96.0.3")).expect("write");
+    std::fs::write(&tmp, service("c", "10.96.0.3")).expect("write");
     std::fs::rename(&tmp, dir.path().join("b.yaml")).expect("rename");
     // One event: the file's objects change together.
     match next(&mut rx).await {

@@ -610,19 +610,7 @@ async fn a_replay_in_bundles_gives_the_client_the_whole_state_for_fewer_bytes() 
             .map(|c| c.len())
             .sum()
     };
-    let addr: ApiAddr = format!("unix://{}", socket.display())
-        .parse()
-        .expect("addr");
-    let server = crate::server::serve(
-        hub.clone(),
-        &addr,
-        &TlsFiles::default(),
-        Default::default(),
-        std::future::pending(),
-    )
-    .await
-    .expect("listen");
-    tokio::spawn(server);
+    let addr = serve_on(&hub, &socket).await;
     let (watching, mut received) = watch_as_node_a(addr);
     let first = next_update(&mut received, "the replay").await;
     assert!(first.replay);
@@ -709,19 +697,7 @@ async fn the_brains_report_reaches_the_nodes_input_record() {
         .reporting(brain_input.clone()),
     );
     hub.apply(fixtures::cluster_event());
-    let addr: ApiAddr = format!("unix://{}", socket.display())
-        .parse()
-        .expect("addr");
-    let server = crate::server::serve(
-        hub.clone(),
-        &addr,
-        &TlsFiles::default(),
-        Default::default(),
-        std::future::pending(),
-    )
-    .await
-    .expect("listen");
-    tokio::spawn(server);
+    let addr = serve_on(&hub, &socket).await;
     let node_input = InputHealth::default();
     let config = WatchConfig {
         addr,
@@ -865,19 +841,7 @@ async fn a_brain_that_sends_no_state_is_an_input_problem_after_the_grace() {
         )
         .reporting(InputHealth::new("file /cluster.yaml")),
     );
-    let addr: ApiAddr = format!("unix://{}", socket.display())
-        .parse()
-        .expect("addr");
-    let server = crate::server::serve(
-        hub.clone(),
-        &addr,
-        &TlsFiles::default(),
-        Default::default(),
-        std::future::pending(),
-    )
-    .await
-    .expect("listen");
-    tokio::spawn(server);
+    let addr = serve_on(&hub, &socket).await;
     // What an earlier connection (to the brain before its restart) had reported.
     let node_input = InputHealth::default();
     node_input.set_brain_report(Some(kpng_model::input::BrainReport {
@@ -920,4 +884,23 @@ async fn a_brain_that_sends_no_state_is_an_input_problem_after_the_grace() {
     assert!(state.problems.is_empty(), "{:?}", state.problems);
     assert!(!state.brain_report_from_earlier_connection);
     watching.abort();
+}
+
+/// Serves `hub` on the Unix socket `socket` (plaintext, default limits) in a task; returns its
+/// address.
+async fn serve_on(hub: &Arc<Hub>, socket: &std::path::Path) -> ApiAddr {
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let server = crate::server::serve(
+        hub.clone(),
+        &addr,
+        &TlsFiles::default(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen");
+    tokio::spawn(server);
+    addr
 }
