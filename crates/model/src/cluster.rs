@@ -364,13 +364,14 @@ impl ClusterModel {
         out
     }
 
-    /// One object outside any list: what it touches is this event's outcome.
+    /// One object outside any list: what it touches is added to this event's outcome (an
+    /// [`Event::Changes`] applies several into one).
     fn apply_single(&mut self, object: Object, out: &mut ClusterOutcome) {
         let mut touched = Touched::default();
         self.apply_object(object, out, &mut touched);
-        out.services = touched.services;
-        out.nodes = touched.nodes;
-        out.service_cidrs_changed = touched.service_cidrs_changed;
+        out.services.extend(touched.services);
+        out.nodes.extend(touched.nodes);
+        out.service_cidrs_changed |= touched.service_cidrs_changed;
     }
 
     /// Starts a streamed list. A list still in progress for any of these kinds is abandoned:

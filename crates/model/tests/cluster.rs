@@ -243,3 +243,50 @@ fn interleaved_lists_of_every_node_end_separately_with_their_counters() {
     let out = cluster.apply(slice("web", &[("10.0.0.1", "n1", None)]));
     assert_eq!((out.slices_changed, out.services_changed.len()), (0, 0));
 }
+
+/// The objects of `events` (each an `Apply`), for an [`Event::Changes`].
+fn applied(events: Vec<Event>) -> Vec<Object> {
+    events
+        .into_iter()
+        .map(|e| match e {
+            Event::Apply(o) => o,
+            other => panic!("an Apply, not {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn changes_applied_together_touch_every_service_they_concern() {
+    let mut cluster = ClusterModel::new(ClusterConfig::default());
+    let ip = |ip: &str| json!({"clusterIP": ip});
+    // One file with two Services and a slice: the outcome names both Services.
+    let out = cluster.apply(Event::Changes {
+        deleted: Vec::new(),
+        applied: applied(vec![
+            svc("a1", ip("10.96.0.11")),
+            slice("a1", &[("10.244.1.1", "n1", None)]),
+            svc("a2", ip("10.96.0.12")),
+        ]),
+    });
+    let names = |out: &ClusterOutcome| -> Vec<String> {
+        out.services.iter().map(|k| k.name.to_string()).collect()
+    };
+    assert_eq!(names(&out), ["a1", "a2"]);
+    // The file rewritten: a1 edited, a2 gone, a3 new; every one of them is touched.
+    let out = cluster.apply(Event::Changes {
+        deleted: vec![ObjectRef {
+            kind: Kind::Service,
+            namespace: "ns".into(),
+            name: "a2".into(),
+        }],
+        applied: applied(vec![
+            svc(
+                "a1",
+                json!({"clusterIP": "10.96.0.11", "ports": [{"name": "p", "port": 81}]}),
+            ),
+            svc("a3", ip("10.96.0.13")),
+        ]),
+    });
+    assert_eq!(names(&out), ["a1", "a2", "a3"]);
+    assert!(cluster.source(&ServiceKey::new("ns", "a2")).is_none());
+}
