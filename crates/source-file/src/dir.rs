@@ -167,6 +167,7 @@ impl DirState {
             Err(e) => {
                 let instead = self.instead(path);
                 warn!("cannot read {}: {e}; {instead}", path.display());
+                self.unreadable += 1;
                 self.metrics
                     .failed("read", path, &format!("cannot read it: {e}; {instead}"));
                 // What a held version lacks stays the file's until a version that loads.
@@ -464,6 +465,22 @@ const SEND_BURST: usize = 128;
 /// Below this many files per thread, one thread reads them all (threads cost more).
 const FILES_PER_THREAD_AT_LEAST: usize = 64;
 
+/// The manifests in `dir`, by the path's bytes (as `DirState::files` is ordered).
+fn manifests_in(dir: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_manifest(p))
+            .collect(),
+        Err(e) => {
+            error!("cannot list {}: {e}", dir.display());
+            Vec::new()
+        }
+    };
+    paths.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
+    paths
+}
+
 /// Runs the directory source until the receiver is dropped.
 pub(crate) async fn run(
     dir: PathBuf,
@@ -482,40 +499,52 @@ pub(crate) async fn run(
     // event ever holds the whole cluster. Reading and parsing tens of thousands of files is
     // blocking work: it runs on a blocking thread, which also keeps the parser's short-lived
     // allocations apart from the model's (less fragmentation after a large load).
-    let state = DirState {
-        metrics,
-        expansion,
-        ..DirState::default()
-    };
-    let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| is_manifest(p))
-            .collect(),
-        Err(e) => {
-            error!("cannot list {}: {e}", dir.display());
-            Vec::new()
-        }
-    };
-    // By the path's bytes, as `DirState::files` is ordered.
-    paths.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
+    //
+    // The list is complete only when every file reads: a start (or a brain's restart) with a
+    // broken manifest would otherwise tell the model, and every node of a brain, that its
+    // objects are gone, and remove rules that work. Until then the list stays open (nothing
+    // is applied; an earlier run's rules stay) and is read again after each change.
     let kinds = Kind::ALL.to_vec();
-    if events
-        .send(Event::ListStart {
-            kinds: kinds.clone(),
+    let (mut state, count, paths) = loop {
+        let state = DirState {
+            metrics: metrics.clone(),
+            expansion,
+            ..DirState::default()
+        };
+        let paths = manifests_in(&dir);
+        if events
+            .send(Event::ListStart {
+                kinds: kinds.clone(),
+            })
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+        let loader_events = events.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            first_load(state, &paths, &loader_events).map(|(state, count)| (state, count, paths))
         })
-        .await
-        .is_err()
-    {
-        return Ok(());
-    }
-    let loader_events = events.clone();
-    let loaded = tokio::task::spawn_blocking(move || {
-        first_load(state, &paths, &loader_events).map(|(state, count)| (state, count, paths))
-    })
-    .await;
-    let Ok(Some((mut state, count, paths))) = loaded else {
-        return Ok(());
+        .await;
+        let Ok(Some((state, count, paths))) = loaded else {
+            return Ok(());
+        };
+        if state.unreadable == 0 {
+            break (state, count, paths);
+        }
+        warn!(
+            "{}: {} of {} files could not be read (see the errors above): nothing from the \
+             directory is applied until every file reads, so that a broken manifest at start \
+             removes no rules; fix or remove them",
+            dir.display(),
+            state.unreadable,
+            paths.len()
+        );
+        // Read again after the next change in the directory.
+        match watch.next_writes(debounce, &is_manifest).await {
+            Some(_) => {}
+            None => return Ok(()),
+        }
     };
     let files = |n: usize| {
         if n == 1 {
@@ -524,25 +553,14 @@ pub(crate) async fn run(
             format!("{n} files")
         }
     };
-    match state.unreadable {
-        0 => info!(
-            "{}: loaded {count} objects from {}",
-            dir.display(),
-            files(paths.len())
-        ),
-        unreadable => warn!(
-            "{}: loaded {count} objects from {}; {} could not be read (see the errors above) and give no objects until fixed",
-            dir.display(),
-            files(paths.len().saturating_sub(unreadable)),
-            files(unreadable)
-        ),
-    }
+    info!(
+        "{}: loaded {count} objects from {}",
+        dir.display(),
+        files(paths.len())
+    );
     state.metrics.health.loaded(
         std::time::SystemTime::now(),
-        Some(format!(
-            "{count} objects from {}",
-            files(paths.len().saturating_sub(state.unreadable))
-        )),
+        Some(format!("{count} objects from {}", files(paths.len()))),
     );
     if events.send(Event::ListDone { kinds }).await.is_err() {
         return Ok(());

@@ -458,6 +458,47 @@ async fn a_path_missing_at_start_that_becomes_a_directory_is_read_as_one() {
 }
 
 #[tokio::test]
+async fn a_directory_with_a_broken_file_at_start_is_applied_once_every_file_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), service("a", "10.96.0.1")).expect("write");
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "kind: Service\nmetadata: {name: [\n",
+    )
+    .expect("write");
+    let (mut rx, health, task) = watch_raw(dir.path());
+    // The list is started and never completed: a complete list without b's objects would
+    // remove them (from every node of a brain) although b is only broken.
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    assert!(matches!(next(&mut rx).await, Some(Event::ListItem(_))));
+    let problems = first_problems(&health).await;
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+            .await
+            .is_err(),
+        "the list was completed without b"
+    );
+    // b fixed: the directory is listed again, whole.
+    let tmp = dir.path().join(".b.yaml.tmp");
+    std::fs::write(&tmp, service("b", "10.96.0.2")).expect("write");
+    std::fs::rename(&tmp, dir.path().join("b.yaml")).expect("rename");
+    assert!(matches!(next(&mut rx).await, Some(Event::ListStart { .. })));
+    let mut listed = Vec::new();
+    loop {
+        match next(&mut rx).await {
+            Some(Event::ListItem(Object::Service(s))) => listed.push(s.key.name.to_string()),
+            Some(Event::ListDone { .. }) => break,
+            other => panic!("expected the list, got {other:?}"),
+        }
+    }
+    listed.sort();
+    assert_eq!(listed, ["a", "b"]);
+    assert_eq!(problems_of(&health), []);
+    task.abort();
+}
+
+#[tokio::test]
 async fn a_manifest_in_a_missing_directory_is_an_error_naming_the_directory() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let missing = dir.path().join("not-mounted");
