@@ -375,9 +375,15 @@ fn get(socket: &Path, target: &str, timeout: std::time::Duration) -> anyhow::Res
         };
         let _ = done.send(exchange());
     });
-    let response = match answer.recv_timeout(timeout) {
+    // `--timeout 0` waits as long as it takes (as kubectl's `--request-timeout=0`).
+    let answered = if timeout.is_zero() {
+        answer.recv().map_err(|_| ())
+    } else {
+        answer.recv_timeout(timeout).map_err(|_| ())
+    };
+    let response = match answered {
         Ok(response) => response?,
-        Err(_) => bail!("{}", no_answer(socket, peer, timeout)),
+        Err(()) => bail!("{}", no_answer(socket, peer, timeout)),
     };
     let (head, body) = response
         .split_once("\r\n\r\n")

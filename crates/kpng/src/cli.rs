@@ -594,7 +594,8 @@ pub struct StatusArgs {
     /// `table`, `wide` (every endpoint and why it is unused), `json` or `yaml`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusOutput::Table)]
     pub output: StatusOutput,
-    /// How long to wait for the kpng's answer (a hung kpng is an error after it).
+    /// How long to wait for the kpng's answer (a hung kpng is an error after it; 0: as long
+    /// as it takes).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
 }
@@ -627,7 +628,8 @@ pub struct TraceArgs {
     /// `text` or `json`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
     pub output: LogFormat,
-    /// How long to wait for the kpng's answer (a hung kpng is an error after it).
+    /// How long to wait for the kpng's answer (a hung kpng is an error after it; 0: as long
+    /// as it takes).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
 }

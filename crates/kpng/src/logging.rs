@@ -110,12 +110,22 @@ impl LogTarget {
     }
 }
 
+/// RUST_LOG when it is set to something (blank is as unset).
+pub fn rust_log() -> Option<String> {
+    std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+}
+
 /// Installs the process's log subscriber: `target`, the given filter (RUST_LOG wins when
 /// set), text or JSON, identical warnings rate-limited.
 pub fn init(level: &str, format: LogFormat, target: LogTarget) {
     use tracing_subscriber::fmt::writer::BoxMakeWriter;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter_spec(level)));
+    // An empty RUST_LOG (`RUST_LOG= kpng …`, a template that left it blank) is no filter:
+    // taken as one, it silenced every line, errors included.
+    let filter = rust_log()
+        .and_then(|_| tracing_subscriber::EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(filter_spec(level)));
     let (writer, ansi) = match target {
         LogTarget::Stderr => (
             BoxMakeWriter::new(std::io::stderr),

@@ -129,7 +129,7 @@ fn main() -> std::process::ExitCode {
     // After the file applied: /flagz shows the values in force.
     cli.global.effective_flags =
         zpages::effective_flags(&cli::Cli::command(), &matches, &cli.global);
-    if std::env::var_os("RUST_LOG").is_none()
+    if logging::rust_log().is_none()
         && let Err(e) = logging::check_level(&cli.global.log_level)
     {
         eprintln!("kpng: {e}");

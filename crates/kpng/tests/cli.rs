@@ -1220,3 +1220,26 @@ fn status_gives_up_on_a_hung_kpng_and_stops_quietly_when_its_reader_does() {
         "{said}"
     );
 }
+
+/// An empty RUST_LOG (a template that left it blank) is as unset: the log is kpng's usual one,
+/// not silenced.
+#[test]
+fn an_empty_rust_log_does_not_silence_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = kpng()
+        .env("RUST_LOG", "")
+        .args(["file", "--input"])
+        .arg(dir.path().join("missing/cluster.yaml"))
+        .args([
+            "--healthz-port=0",
+            "--metrics-bind-address=",
+            "--admin-socket=",
+            "to-file",
+            "--output",
+        ])
+        .arg(dir.path().join("out.yaml"))
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(" INFO "), "{stderr}");
+}
