@@ -1580,6 +1580,23 @@ fn split_mode(what: SplitCheck) {
         rejected.contains("REJECTED: Service default/broken"),
         "{rejected}"
     );
+    // A node the brain has no Node object of: said plainly, with the Nodes it knows and the
+    // connected node names, and an error (until 2026-12-06 it answered with node9's "view",
+    // a node without endpoints of its own, as if it existed).
+    let out = kpng()
+        .args(["status", "--node", "node9", "default/itp", "--admin-socket"])
+        .arg(&brain_admin)
+        .output()
+        .expect("run");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("the brain has no Node object named \"node9\"")
+            && said.contains("its Nodes: node1, node2")
+            && said.contains("connected kpngs watch as: node2")
+            && out.stdout.is_empty(),
+        "{said}"
+    );
     drop((brain, node));
 }
 
