@@ -1621,6 +1621,14 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
     if let Some(note) = t["inputProblem"].as_str() {
         let _ = writeln!(out, "  note:       {note}");
     }
+    if let Some(command) = t["brainExplains"].as_str() {
+        // As `kpng status` says it of such a port (`write_brain_hint`).
+        let _ = writeln!(
+            out,
+            "  hint:       this node receives only the endpoints it uses; `{command}` on the \
+             brain explains the endpoints this node does not receive"
+        );
+    }
     out
 }
 

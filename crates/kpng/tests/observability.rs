@@ -1551,6 +1551,20 @@ fn split_mode(what: SplitCheck) {
         on_node.contains("`kpng status --node node2 default/itp` on the brain"),
         "{on_node}"
     );
+    // Its trace says the same of a packet to that Service (until 2026-12-06 it said only
+    // that there is no endpoint).
+    let traced = ask(
+        &node_admin,
+        &["trace", "--from", "10.0.0.1", "--to", "10.96.7.7:80"],
+    );
+    assert!(
+        traced.contains("  service:    default/itp")
+            && traced.contains(
+                "  hint:       this node receives only the endpoints it uses; `kpng status \
+                 --node node2 default/itp` on the brain"
+            ),
+        "{traced}"
+    );
     // The brain, asked for node2's view: what a non-split node2 says.
     let explained = ask(
         &brain_admin,
