@@ -649,6 +649,13 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
                     plural(not_shown, "other object")
                 ));
             }
+            // About one Service, the input's problem is said as when no port matches: what is
+            // shown may be out of date (the header's PROBLEM line does not say so of it).
+            if args.service.is_some()
+                && let Some(note) = typed.input.as_ref().and_then(InputStatus::stale_note)
+            {
+                text.push_str(&format!("note: {note}\n"));
+            }
             print_out(&terminal_safe(&text))
         }
     }

@@ -1403,6 +1403,20 @@ fn a_node_whose_brain_sends_no_state_says_its_input_is_stale() {
         trace.contains("  note:       this node's input (brain unix://"),
         "{trace}"
     );
+    // A Service that is there says it too, its status below its table and its trace (until
+    // 2026-12-06 only the table's header said the input had a problem).
+    let (table, _) = ask(&["status", "ns/web"]);
+    assert!(
+        table.contains("\nnote: this node's input (brain unix://")
+            && table.contains("may be out of date"),
+        "{table}"
+    );
+    let (trace, _) = ask(&trace_web);
+    assert!(
+        trace.contains("  service:    ns/web")
+            && trace.contains("  note:       this node's input (brain unix://"),
+        "{trace}"
+    );
     let (json, _) = ask(&[
         "trace",
         "--from",
