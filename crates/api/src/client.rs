@@ -409,8 +409,9 @@ pub enum SessionError {
     /// "transport error", and the operator needs the "Connection refused" underneath.
     #[error("{}", with_causes(.0))]
     Transport(#[from] tonic::transport::Error),
-    /// The brain answered with an error status.
-    #[error("{0}")]
+    /// The brain answered with an error status, or the stream failed under it (tonic then
+    /// says "transport error" and holds the cause: shown as for [`SessionError::Transport`]).
+    #[error("{}", status_text(.0))]
     Status(#[from] tonic::Status),
     /// A TLS file could not be read.
     #[error("reading {path}: {source}")]
@@ -428,6 +429,23 @@ pub enum SessionError {
     /// brain replays everything).
     #[error("a broken bundle from the brain ({0}); reconnecting for a full replay")]
     Bundle(#[from] crate::bundle::BundleError),
+}
+
+/// A status's text: its message, and when it holds the error underneath (a failed stream),
+/// that error's causes rather than tonic's `code: 'Unknown error', message: "transport
+/// error", source: …` with the cause in Rust's debug notation.
+fn status_text(status: &tonic::Status) -> String {
+    match std::error::Error::source(status) {
+        Some(source) => {
+            let causes = with_causes(source);
+            if causes.starts_with(status.message()) {
+                causes
+            } else {
+                format!("{}: {causes}", status.message())
+            }
+        }
+        None => status.to_string(),
+    }
 }
 
 /// `error` and each of its causes, joined by ": ", a cause that repeats its wrapper's text
@@ -672,10 +690,7 @@ async fn session(
 /// A connection closed at once, before this node was ever served, is named as a possible
 /// mismatch only then (`ever_connected` false): later it is a brain going away.
 pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool) -> &'static str {
-    let closed_at_once = !ever_connected
-        && ["connection closed", "operation was canceled", "broken pipe"]
-            .iter()
-            .any(|c| failure.contains(c));
+    let closed_at_once = !ever_connected && is_closed(failure);
     if !tls.enabled()
         && (failure.contains("FRAME_SIZE_ERROR") || failure.contains("frame with invalid size"))
     {
@@ -698,6 +713,52 @@ pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool
     } else {
         ""
     }
+}
+
+/// Whether `failure` only says the connection went away (closed, reset, a write into a
+/// closed connection, hyper cancelling what was waiting on it): words that name no cause of
+/// their own. When connecting, such a failure often follows a cause said on the same
+/// connection a moment before (a brain refusing this node's certificate sends its TLS alert,
+/// then the node's next write meets a broken pipe and what waited is cancelled).
+fn is_closed(failure: &str) -> bool {
+    [
+        "connection closed",
+        "operation was canceled",
+        "broken pipe",
+        "Broken pipe",
+        "connection reset",
+        "Connection reset",
+    ]
+    .iter()
+    .any(|c| failure.contains(c))
+}
+
+/// The TLS alert the brain ended this node's handshake with, in words (`None` when `failure`
+/// carries none): the transport only says `received fatal alert: UnknownCA`, which does not
+/// say that the brain refused this node's own certificate, nor what to fix.
+pub fn brain_alert(failure: &str) -> Option<String> {
+    let (_, alert) = failure.split_once("received fatal alert: ")?;
+    let alert: String = alert
+        .chars()
+        .take_while(char::is_ascii_alphanumeric)
+        .collect();
+    let refused = |why: &str| format!("the brain refused this node's certificate: {why}");
+    Some(match alert.as_str() {
+        "UnknownCA" => refused(
+            "unknown CA (no CA in the brain's --listen-tls-ca signed this node's \
+             --api-tls-cert)",
+        ),
+        "CertificateExpired" => refused("expired or not yet valid (this node's --api-tls-cert)"),
+        "CertificateRevoked" => refused("revoked"),
+        "BadCertificate" => refused("bad certificate"),
+        "UnsupportedCertificate" => refused("unsupported certificate (not for client auth?)"),
+        "CertificateUnknown" => refused("certificate unknown"),
+        "DecryptError" => refused("its signature does not verify (a key of another pair?)"),
+        "CertificateRequired" => "the brain requires a client certificate (mTLS): give \
+                                  --api-tls-cert and --api-tls-key"
+            .to_string(),
+        other => format!("the brain ended the TLS handshake: {other}"),
+    })
 }
 
 /// What the link's problem concerns, in `kpng status`.
@@ -760,13 +821,18 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                     // A "no state yet" problem is over: the outage begins now.
                     config.health.recovered(BRAIN);
                 }
-                let hint = tls_hint(&e.to_string(), &config.tls, ever_connected);
-                let cause = format!("{e}{hint}");
+                let failure = Failure::of(&e, &config.tls, ever_connected, connected);
+                let cause = failure.cause.clone();
                 // Recorded before it is logged: whoever reads the warning and then asks
-                // `kpng status` finds the problem there.
+                // `kpng status` finds the problem there. A bare "broken pipe" after the
+                // brain's alert is the alert's consequence: the alert stays the problem.
+                let shown = match (failure.follow_on, warned.telling()) {
+                    (true, Some(telling)) => telling.to_string(),
+                    _ => cause.clone(),
+                };
                 config.health.failing(
                     BRAIN,
-                    &format!("unreachable: {cause}; keeping the rules as they are, retrying"),
+                    &format!("unreachable: {shown}; keeping the rules as they are, retrying"),
                     std::time::SystemTime::now(),
                 );
                 let restarting = shut_down_at.is_some_and(|at| at.elapsed() < RESTART_GRACE);
@@ -776,14 +842,14 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                 if restarting {
                     // Its successor is not listening yet: expected for a while after a brain
                     // said it shuts down, so no warning before RESTART_GRACE (and one after).
-                    if told.first_time(&cause) {
+                    if told.first_time(&failure) {
                         info!(
                             brain = %config.addr,
                             retry_in = ?delay,
                             "the brain is not back yet, keeping the rules as they are: {cause}"
                         );
                     }
-                } else if warned.first_time(&cause) {
+                } else if warned.first_time(&failure) {
                     warn!(
                         brain = %config.addr,
                         retry_in = ?delay,
@@ -813,22 +879,85 @@ fn is_brain_shutting_down(error: &SessionError) -> bool {
             && status.message().contains(crate::server::SHUTTING_DOWN))
 }
 
+/// One failed attempt, as the outage's log sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Failure {
+    /// What failed, with a hint when its words suggest a TLS mismatch, or the brain's TLS
+    /// alert in words ([`brain_alert`]) before the transport's own.
+    cause: String,
+    /// A connection that closed while connecting, with no cause of its own ([`is_closed`]):
+    /// often the consequence of a cause an attempt just before said.
+    follow_on: bool,
+}
+
+impl Failure {
+    /// `error` of an attempt; `connected`: this attempt had its stream (a connection that
+    /// closes then is the brain going away, a cause of its own).
+    fn of(
+        error: &SessionError,
+        tls: &crate::addr::TlsFiles,
+        ever_connected: bool,
+        connected: bool,
+    ) -> Failure {
+        let text = error.to_string();
+        if let Some(alert) = brain_alert(&text) {
+            return Failure {
+                cause: format!("{alert} ({text})"),
+                follow_on: false,
+            };
+        }
+        let hint = tls_hint(&text, tls, ever_connected);
+        Failure {
+            follow_on: !connected && is_closed(&text),
+            cause: format!("{text}{hint}"),
+        }
+    }
+}
+
 /// The causes of one outage already warned about ([`watch`]), at most
 /// [`WarnedCauses::MAX`]: past them, an outage's new causes are debug lines too.
+///
+/// A connection that only closed while connecting ([`Failure::follow_on`]) is warned about
+/// only when nothing else explains the outage: not once a cause was warned, and not before
+/// [`WarnedCauses::PATIENCE`] such attempts, since the attempt after it usually says why (a
+/// brain refusing this node's certificate fails in turn as its TLS alert, a broken pipe and
+/// a cancelled operation, and until 2026-12-06 each was a warning).
 #[derive(Debug, Default)]
-struct WarnedCauses(Vec<String>);
+struct WarnedCauses {
+    causes: Vec<String>,
+    /// Attempts of this outage that only closed, before any was warned about.
+    closed: usize,
+}
 
 impl WarnedCauses {
     const MAX: usize = 4;
+    /// How many attempts that only closed make a warning when no other cause came.
+    const PATIENCE: usize = 3;
 
-    /// Whether `cause` is to be warned about: the first time this outage, and while fewer
-    /// than [`WarnedCauses::MAX`] were.
-    fn first_time(&mut self, cause: &str) -> bool {
-        if self.0.len() >= Self::MAX || self.0.iter().any(|c| c == cause) {
+    /// Whether `failure` is to be warned about: the first time this outage, while fewer
+    /// than [`WarnedCauses::MAX`] were, and for a follow-on only as above.
+    fn first_time(&mut self, failure: &Failure) -> bool {
+        if failure.follow_on {
+            if !self.causes.is_empty() {
+                return false;
+            }
+            self.closed += 1;
+            if self.closed < Self::PATIENCE {
+                return false;
+            }
+        }
+        let cause = &failure.cause;
+        if self.causes.len() >= Self::MAX || self.causes.iter().any(|c| c == cause) {
             return false;
         }
-        self.0.push(cause.to_string());
+        self.causes.push(cause.clone());
         true
+    }
+
+    /// The last cause warned about this outage: what `kpng status` keeps showing while the
+    /// attempts only close.
+    fn telling(&self) -> Option<&str> {
+        self.causes.last().map(String::as_str)
     }
 }
 

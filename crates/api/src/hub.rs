@@ -1429,6 +1429,15 @@ impl Hub {
         out
     }
 
+    /// The names of the cluster's Nodes, sorted: what `kpng status --node` on the brain
+    /// suggests when asked for a node it has no Node object for.
+    pub fn node_names(&self) -> Vec<String> {
+        let state = self.lock();
+        let mut out: Vec<String> = state.cluster.node_names().map(str::to_string).collect();
+        out.sort();
+        out
+    }
+
     /// The node names watchers ask for that no Node of the cluster has ever had since the
     /// brain started (once it is listed): a typo or a short hostname where the Node is an
     /// FQDN, whose kpng gets no local endpoint and cannot see why itself.

@@ -24,9 +24,9 @@ use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
 mod admission;
-#[cfg(unix)]
 mod authority;
 mod conn;
+mod delegate;
 mod refusal_log;
 mod request_wake;
 mod tls;
@@ -744,7 +744,7 @@ pub async fn serve(
                 );
             }
             let incoming = limit(conn::tcp_incoming(listener), limits, refusals.clone());
-            Ok(serve_on(router, incoming, tls, shutdown, refusals))
+            Ok(serve_on(router, incoming, tls, false, shutdown, refusals))
         }
         #[cfg(not(unix))]
         ApiAddr::Unix(_) => Err(listen_err(std::io::Error::new(
@@ -755,23 +755,25 @@ pub async fn serve(
         ApiAddr::Unix(path) => {
             let listener = unix_socket::bind(path).map_err(listen_err)?;
             info!(addr = %addr, "API listening");
-            // grpc-core clients send the socket path as `:authority`, which h2 refuses: read
-            // as `localhost` (not under TLS, whose bytes are encrypted).
-            let accepted = tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                move |conn| conn.map(|io| authority::AuthorityFix::new(io, !secure)),
-            );
+            let accepted = tokio_stream::wrappers::UnixListenerStream::new(listener);
             let incoming = limit(accepted, limits, refusals.clone());
-            Ok(serve_on(router, incoming, tls, shutdown, refusals))
+            // grpc-core clients send the socket path as `:authority`, which h2 refuses: read
+            // as `localhost`, after the TLS handshake when there is one.
+            Ok(serve_on(router, incoming, tls, true, shutdown, refusals))
         }
     }
 }
 
-/// The server's future on the connections of `incoming`, after a TLS handshake with `tls`.
+/// The server's future on the connections of `incoming`, after a TLS handshake with `tls`;
+/// `fix_authority`: a Unix socket's, whose grpc-core clients' `:authority` is read as
+/// `localhost` ([`authority::AuthorityFix`]) in the plaintext HTTP/2 bytes, decrypted when
+/// TLS is on (until 2026-12-06 it was not applied under TLS, and such clients had to set
+/// their authority themselves).
 fn serve_on<S, IO>(
     router: Router,
     incoming: S,
     tls: Option<Arc<tls::ServerTls>>,
+    fix_authority: bool,
     shutdown: impl Future<Output = ()> + Send + 'static,
     refusals: Arc<refusal_log::RefusalLog>,
 ) -> Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>
@@ -780,14 +782,25 @@ where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
     IO::ConnectInfo: Clone + Send + Sync + 'static,
 {
+    use tokio_stream::StreamExt;
     match tls {
         None => Box::pin(serve_and_summarise(
-            router.serve_with_incoming_shutdown(incoming, shutdown),
+            router.serve_with_incoming_shutdown(
+                incoming.map(move |conn| {
+                    conn.map(|io| authority::AuthorityFix::new(io, fix_authority))
+                }),
+                shutdown,
+            ),
             refusals,
             None,
         )),
         Some(tls) => Box::pin(serve_and_summarise(
-            router.serve_with_incoming_shutdown(tls::accept(incoming, tls.clone()), shutdown),
+            router.serve_with_incoming_shutdown(
+                tls::accept(incoming, tls.clone()).map(move |conn| {
+                    conn.map(|io| authority::AuthorityFix::new(io, fix_authority))
+                }),
+                shutdown,
+            ),
             refusals,
             Some(tls),
         )),

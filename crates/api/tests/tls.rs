@@ -409,3 +409,94 @@ async fn a_silent_client_is_dropped_at_the_handshake_timeout() {
         "{waited:?}"
     );
 }
+
+/// The log lines written while a test's subscriber is the default (the test runs on one
+/// thread, the node's and the brain's tasks with it).
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn matching(&self, text: &str) -> Vec<String> {
+        let bytes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// A node whose certificate the brain refuses (signed by a CA the brain does not trust) fails
+/// in turn as the brain's TLS alert, a broken pipe and a cancelled operation: one warning,
+/// naming the alert, and its retries at debug, however long it goes on (until 2026-12-06 each
+/// of them was a warning of its own, within half a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refused_by_mtls_warns_once_naming_the_brains_alert() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    // The node and the brain on threads of their own, as in kpng (on one thread the alert
+    // always arrives first): the process's subscriber, this test's lines told apart by the
+    // brain's socket, which each line names.
+    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (brain_ca, other_ca) = (Ca::new("brain-ca"), Ca::new("other-ca"));
+    let server_tls = brain_ca.issue(dir.path(), "server", &["localhost"], 2030, &[&brain_ca]);
+    // The node trusts the brain, but its own certificate is another CA's.
+    let node_tls = other_ca.issue(dir.path(), "node", &["node1"], 2030, &[&brain_ca]);
+    let (_, addr) = tls_brain(dir.path(), hub_with_fixture(), &server_tls).await;
+    let (tx, _rx) = tokio::sync::mpsc::channel(4);
+    let config = node_config(&addr, &node_tls);
+    let health = config.health.clone();
+    let node = tokio::spawn(watch(config, tx));
+    // Every 50 to 200 ms: a dozen attempts or more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    node.abort();
+    let ours = lines.matching(&format!("brain={addr}"));
+    let of = |level: &str| -> Vec<&String> { ours.iter().filter(|l| l.contains(level)).collect() };
+    let warned = of(" WARN ");
+    let retries = of(" DEBUG ");
+    assert_eq!(
+        warned.len(),
+        1,
+        "one warning for {} failed attempts:\n{}",
+        warned.len() + retries.len(),
+        ours.join("\n")
+    );
+    assert!(retries.len() >= 5, "{}", ours.join("\n"));
+    assert!(
+        warned[0].contains("the brain refused this node's certificate: unknown CA"),
+        "{}",
+        warned[0]
+    );
+    let problem = health
+        .state()
+        .problems
+        .get("brain")
+        .expect("a problem")
+        .message
+        .clone();
+    assert!(problem.contains("unknown CA"), "{problem}");
+}

@@ -68,7 +68,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 }
 
 /// Reads one frame: (type, flags, stream, payload).
-async fn read_frame(io: &mut tokio::net::UnixStream) -> (u8, u8, u32, Vec<u8>) {
+async fn read_frame<IO: tokio::io::AsyncRead + Unpin>(io: &mut IO) -> (u8, u8, u32, Vec<u8>) {
     use tokio::io::AsyncReadExt;
     let mut header = [0u8; 9];
     io.read_exact(&mut header).await.expect("a frame header");
@@ -84,19 +84,89 @@ async fn read_frame(io: &mut tokio::net::UnixStream) -> (u8, u8, u32, Vec<u8>) {
 /// a host), so the brain reads it as `localhost`; the client gets its Watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_core_clients_watch_with_the_socket_path_as_authority() {
-    use prost::Message;
-    use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("brain.sock");
     let (hub, _) = common::hub_with_one_service();
     serve(hub, &socket).await.expect("serve");
-
-    let mut io = tokio::net::UnixStream::connect(&socket)
+    let io = tokio::net::UnixStream::connect(&socket)
         .await
         .expect("connect");
+    grpc_core_watch(io, b"http").await;
+}
+
+/// The same over TLS on a Unix socket: the brain terminates TLS itself, so it reads the
+/// authority in the decrypted bytes (until 2026-12-06 it did not, and the stream was reset
+/// with `PROTOCOL_ERROR` unless the client set `grpc.default_authority`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_core_clients_watch_with_the_socket_path_as_authority_over_tls() {
+    use tokio_rustls::rustls;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    // A CA and the brain's certificate for `localhost`, as PEM files.
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "ca");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("sign");
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("write");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write");
+    let (hub, _) = common::hub_with_one_service();
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let tls = kpng_api::addr::TlsFiles {
+        cert: Some(cert_path),
+        key: Some(key_path),
+        ca: None,
+    };
+    let server =
+        kpng_api::server::serve(hub, &addr, &tls, Default::default(), std::future::pending())
+            .await
+            .expect("serve with TLS");
+    tokio::spawn(server);
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_cert.der().clone()).expect("the CA");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let io = tokio::net::UnixStream::connect(&socket)
+        .await
+        .expect("connect");
+    let io = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").expect("name"),
+            io,
+        )
+        .await
+        .expect("TLS handshake");
+    grpc_core_watch(io, b"https").await;
+}
+
+/// A Watch as grpc-core sends it on a Unix socket (the path as `:authority`, HPACK with its
+/// dynamic table) over `io`, until the first change set's Sync: the brain must answer it.
+async fn grpc_core_watch<IO>(mut io: IO, scheme: &[u8])
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use prost::Message;
+    use tokio::io::AsyncWriteExt;
     let mut encoder = loona_hpack::Encoder::new();
     let headers: Vec<(&[u8], &[u8])> = vec![
-        (b":scheme", b"http"),
+        (b":scheme", scheme),
         (b":method", b"POST"),
         (b":authority", b"run%2Fkpng%2Fext-api.sock"),
         (b":path", b"/localv1.Sets/Watch"),
@@ -121,6 +191,7 @@ async fn grpc_core_clients_watch_with_the_socket_path_as_authority() {
     out.extend(frame(0x1, 0x4, 1, &encoder.encode(headers)));
     out.extend(frame(0x0, 0, 1, &message));
     io.write_all(&out).await.expect("send the request");
+    io.flush().await.expect("flush");
 
     // Until the first change set's Sync: the response headers, then OpItems.
     let mut decoder = loona_hpack::Decoder::new();
@@ -133,6 +204,7 @@ async fn grpc_core_clients_watch_with_the_socket_path_as_authority() {
             match (kind, stream) {
                 (0x4, 0) if flags & 0x1 == 0 => {
                     io.write_all(&frame(0x4, 0x1, 0, &[])).await.expect("ack");
+                    io.flush().await.expect("flush");
                 }
                 (0x3, 1) => panic!("the brain reset the stream: error code {payload:?}"),
                 (0x7, _) => panic!("the brain closed the connection (GOAWAY {payload:?})"),

@@ -56,10 +56,15 @@ pub async fn serve_brain(
                             .map(str::trim)
                             .filter(|n| !n.is_empty())
                         {
-                            Some(node) => {
-                                axum::Json(brain_node_status(&hub, node, &query.status()))
-                                    .into_response()
-                            }
+                            Some(node) => match brain_node_status(&hub, node, &query.status()) {
+                                Ok(status) => axum::Json(status).into_response(),
+                                // As `kpng status` says of a Service no port matches: an
+                                // error, not a view of a node that is not there.
+                                Err(no_such_node) => {
+                                    (axum::http::StatusCode::NOT_FOUND, no_such_node)
+                                        .into_response()
+                                }
+                            },
                             None => axum::Json(brain_status(&hub, input, &query.status()))
                                 .into_response(),
                         }
@@ -131,10 +136,28 @@ fn brain_status(hub: &kpng_api::hub::Hub, input: InputStatus, query: &StatusQuer
 /// brain) would: every endpoint of each port, used or not, with why. What only the node knows
 /// (its `--node-ip`, backend, syncs, health-check servers) is left out and said so; empty
 /// endpoint lists are worded for a Linux backend.
-fn brain_node_status(hub: &kpng_api::hub::Hub, node: &str, query: &StatusQuery) -> Status {
+///
+/// `Err` with what to say when the brain has no Node object of that name: the view of a node
+/// without one is a node with no endpoint of its own, which answered as if it existed (until
+/// 2026-12-06) sent the operator of a typo chasing endpoints.
+fn brain_node_status(
+    hub: &kpng_api::hub::Hub,
+    node: &str,
+    query: &StatusQuery,
+) -> Result<Status, String> {
     let view = hub.node_view(node, &|namespace, name| {
         query.names_service(namespace, name)
     });
+    if !view.node.known {
+        let connected: Vec<String> = hub.watchers().into_iter().map(|w| w.node).collect();
+        return Err(no_such_node(
+            node,
+            &hub.node_names(),
+            &connected,
+            view.node.ever_known,
+            hub.synced(),
+        ));
+    }
     let traits = kpng_model::trace::BackendTraits::default();
     let text = query.text_filter();
     let ports: Vec<PortStatus> = view
@@ -165,7 +188,7 @@ fn brain_node_status(hub: &kpng_api::hub::Hub, node: &str, query: &StatusQuery) 
         format!("no kpng watching as {node} is connected now")
     };
     let synced = hub.synced();
-    Status {
+    Ok(Status {
         node: node.to_string(),
         brain_view: Some(format!(
             "as the brain computes node {node}'s view ({connected}); that node's --node-ip, \
@@ -195,7 +218,98 @@ fn brain_node_status(hub: &kpng_api::hub::Hub, node: &str, query: &StatusQuery) 
         pod_cidrs: view.node.pod_cidrs.iter().map(|c| c.to_string()).collect(),
         zone: view.node.zone.clone(),
         ..Status::default()
+    })
+}
+
+/// How many Node names `kpng status --node` on a brain suggests for a name it has no Node
+/// for (the nearest first when there are more).
+const NEAREST_NODES: usize = 10;
+
+/// What a brain says when asked for node `node`'s view and it has no Node object of that name
+/// (`known`: its Nodes' names, `connected`: the names connected kpngs watch as, `deleted`:
+/// it had one, `synced`: its input is listed): plainly that, the Node names it does know
+/// (the [`NEAREST_NODES`] nearest when there are more), the connected node names, and a
+/// kpng watching as that name, which gets no local endpoint.
+fn no_such_node(
+    node: &str,
+    known: &[String],
+    connected: &[String],
+    deleted: bool,
+    synced: bool,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = if !synced {
+        format!(
+            "the brain has no Node object named {node:?} yet: it is still listing its input \
+             (`kpng status` on the brain says why)"
+        )
+    } else if deleted {
+        format!("the brain has no Node object named {node:?} now: it was deleted")
+    } else {
+        format!(
+            "the brain has no Node object named {node:?} (a typo, or a short hostname where \
+             the Node's name is an FQDN?)"
+        )
+    };
+    match known.len() {
+        0 => out.push_str("; it knows no Node"),
+        n if n <= NEAREST_NODES => {
+            let _ = write!(out, "; its Nodes: {}", known.join(", "));
+        }
+        n => {
+            let mut nearest: Vec<(usize, &String)> =
+                known.iter().map(|k| (edit_distance(node, k), k)).collect();
+            nearest.sort();
+            let names: Vec<&str> = nearest
+                .iter()
+                .take(NEAREST_NODES)
+                .map(|(_, k)| k.as_str())
+                .collect();
+            let _ = write!(
+                out,
+                "; the {NEAREST_NODES} nearest of its {n} Nodes: {}",
+                names.join(", ")
+            );
+        }
     }
+    let mut connected = connected.to_vec();
+    connected.dedup();
+    if connected.iter().any(|c| c == node) {
+        let _ = write!(
+            out,
+            "; a kpng watching as {node:?} is connected, and gets no local endpoint"
+        );
+    }
+    match connected.len() {
+        0 => out.push_str("; no kpng is connected"),
+        n if n <= NEAREST_NODES => {
+            let _ = write!(out, "; connected kpngs watch as: {}", connected.join(", "));
+        }
+        n => {
+            let _ = write!(
+                out,
+                "; {n} kpngs are connected (`kpng status` on the brain lists them)"
+            );
+        }
+    }
+    out
+}
+
+/// The Levenshtein distance between `a` and `b` (in characters): how near a Node's name is to
+/// the one asked for.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
 }
 
 /// `kpng trace` asked of a brain: it programs no node, so no packet meets its rules.
@@ -389,6 +503,11 @@ fn get(socket: &Path, target: &str, timeout: std::time::Duration) -> anyhow::Res
         .split_once("\r\n\r\n")
         .context("kpng's answer has no HTTP header")?;
     let code = head.split_whitespace().nth(1).unwrap_or("?");
+    // A 404 with words is kpng's own answer that what was asked for is not there (a brain
+    // asked for a node it has no Node of, or for a trace): said as it is.
+    if code == "404" && !body.trim().is_empty() {
+        bail!("{}", body.trim());
+    }
     if code != "200" {
         bail!("kpng answered {code}: {}", body.trim());
     }
@@ -529,6 +648,13 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
                     "({} rejected, not shown: `kpng status` without a Service lists them)\n",
                     plural(not_shown, "other object")
                 ));
+            }
+            // About one Service, the input's problem is said as when no port matches: what is
+            // shown may be out of date (the header's PROBLEM line does not say so of it).
+            if args.service.is_some()
+                && let Some(note) = typed.input.as_ref().and_then(InputStatus::stale_note)
+            {
+                text.push_str(&format!("note: {note}\n"));
             }
             print_out(&terminal_safe(&text))
         }
@@ -1502,6 +1628,14 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
     if let Some(note) = t["inputProblem"].as_str() {
         let _ = writeln!(out, "  note:       {note}");
     }
+    if let Some(command) = t["brainExplains"].as_str() {
+        // As `kpng status` says it of such a port (`write_brain_hint`).
+        let _ = writeln!(
+            out,
+            "  hint:       this node receives only the endpoints it uses; `{command}` on the \
+             brain explains the endpoints this node does not receive"
+        );
+    }
     out
 }
 
@@ -1590,6 +1724,90 @@ pub fn node_facts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A brain asked for a node it has no Node object of says so, with the Node names it
+    /// knows (the nearest when there are many) and the connected ones.
+    #[test]
+    fn a_brain_names_the_nodes_it_knows_when_asked_for_another() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let many: Vec<String> = (0..30).map(|i| format!("worker-{i:02}")).collect();
+        // (node asked for, known, connected, deleted, synced, words said, words not said)
+        type Case<'a> = (
+            &'a str,
+            Vec<String>,
+            Vec<String>,
+            bool,
+            bool,
+            &'a [&'a str],
+            &'a [&'a str],
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "node9",
+                names(&["node1", "node2"]),
+                names(&["node2"]),
+                false,
+                true,
+                &[
+                    "the brain has no Node object named \"node9\" (a typo",
+                    "its Nodes: node1, node2",
+                    "connected kpngs watch as: node2",
+                ],
+                &["is connected, and gets no local endpoint"],
+            ),
+            (
+                "node9",
+                names(&["node1"]),
+                names(&["node1", "node9"]),
+                false,
+                true,
+                &["a kpng watching as \"node9\" is connected, and gets no local endpoint"],
+                &[],
+            ),
+            (
+                "worker-7",
+                many.clone(),
+                Vec::new(),
+                false,
+                true,
+                &[
+                    "the 10 nearest of its 30 Nodes: worker-07, ",
+                    "no kpng is connected",
+                ],
+                &["worker-29"],
+            ),
+            (
+                "old",
+                names(&["node1"]),
+                Vec::new(),
+                true,
+                true,
+                &["no Node object named \"old\" now: it was deleted"],
+                &[],
+            ),
+            (
+                "node1",
+                Vec::new(),
+                Vec::new(),
+                false,
+                false,
+                &["yet: it is still listing its input", "it knows no Node"],
+                &[],
+            ),
+        ];
+        for (node, known, connected, deleted, synced, want, not) in cases {
+            let said = no_such_node(node, &known, &connected, deleted, synced);
+            for w in want {
+                assert!(said.contains(w), "{node}: {said:?} lacks {w:?}");
+            }
+            for w in not {
+                assert!(!said.contains(w), "{node}: {said:?} has {w:?}");
+            }
+        }
+        assert_eq!(edit_distance("node9", "node1"), 1);
+        assert_eq!(edit_distance("", "ab"), 2);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
 
     #[test]
     fn a_brains_certificate_says_when_it_expires() {

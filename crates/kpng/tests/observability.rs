@@ -1403,6 +1403,20 @@ fn a_node_whose_brain_sends_no_state_says_its_input_is_stale() {
         trace.contains("  note:       this node's input (brain unix://"),
         "{trace}"
     );
+    // A Service that is there says it too, its status below its table and its trace (until
+    // 2026-12-06 only the table's header said the input had a problem).
+    let (table, _) = ask(&["status", "ns/web"]);
+    assert!(
+        table.contains("\nnote: this node's input (brain unix://")
+            && table.contains("may be out of date"),
+        "{table}"
+    );
+    let (trace, _) = ask(&trace_web);
+    assert!(
+        trace.contains("  service:    ns/web")
+            && trace.contains("  note:       this node's input (brain unix://"),
+        "{trace}"
+    );
     let (json, _) = ask(&[
         "trace",
         "--from",
@@ -1551,6 +1565,20 @@ fn split_mode(what: SplitCheck) {
         on_node.contains("`kpng status --node node2 default/itp` on the brain"),
         "{on_node}"
     );
+    // Its trace says the same of a packet to that Service (until 2026-12-06 it said only
+    // that there is no endpoint).
+    let traced = ask(
+        &node_admin,
+        &["trace", "--from", "10.0.0.1", "--to", "10.96.7.7:80"],
+    );
+    assert!(
+        traced.contains("  service:    default/itp")
+            && traced.contains(
+                "  hint:       this node receives only the endpoints it uses; `kpng status \
+                 --node node2 default/itp` on the brain"
+            ),
+        "{traced}"
+    );
     // The brain, asked for node2's view: what a non-split node2 says.
     let explained = ask(
         &brain_admin,
@@ -1579,6 +1607,23 @@ fn split_mode(what: SplitCheck) {
     assert!(
         rejected.contains("REJECTED: Service default/broken"),
         "{rejected}"
+    );
+    // A node the brain has no Node object of: said plainly, with the Nodes it knows and the
+    // connected node names, and an error (until 2026-12-06 it answered with node9's "view",
+    // a node without endpoints of its own, as if it existed).
+    let out = kpng()
+        .args(["status", "--node", "node9", "default/itp", "--admin-socket"])
+        .arg(&brain_admin)
+        .output()
+        .expect("run");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("the brain has no Node object named \"node9\"")
+            && said.contains("its Nodes: node1, node2")
+            && said.contains("connected kpngs watch as: node2")
+            && out.stdout.is_empty(),
+        "{said}"
     );
     drop((brain, node));
 }

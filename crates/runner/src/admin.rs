@@ -184,6 +184,31 @@ pub struct TraceAnswer {
     /// is held ([`Status::earlier_rules_in_place`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub earlier_rules_in_place: bool,
+    /// On a node fed by a brain, when the matched Service port uses no endpoint here: the
+    /// brain's command that explains the endpoints this node does not receive ([`brain_explains`]),
+    /// as `kpng status` points at it for such a port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brain_explains: Option<String>,
+}
+
+/// For a trace on a node fed by a brain whose matched Service port (`trace.service`,
+/// `namespace/name:port`) uses no endpoint in this node's view: `kpng status --node NODE
+/// namespace/name`, the brain's command that says why. Such a node receives only the
+/// endpoints it uses, so "no endpoints" here may be endpoints the brain gave this node none
+/// of (another node's, with a Local traffic policy), which the node cannot tell.
+pub fn brain_explains(snapshot: &Snapshot, trace: &Trace, q: &TraceQuery) -> Option<String> {
+    let matched = trace.service.as_deref()?;
+    let family = kpng_model::Family::of(&q.to.ip());
+    let port = snapshot.family(family).find(|p| {
+        p.key.protocol == q.protocol && format!("{}:{}", p.key.service, p.key.port_name) == matched
+    })?;
+    if !(port.cluster_endpoints.is_empty() && port.local_endpoints.is_empty()) {
+        return None;
+    }
+    Some(format!(
+        "kpng status --node {} {}",
+        snapshot.node.name, port.key.service
+    ))
 }
 
 /// The state of the proxy: what `kpng status` prints.

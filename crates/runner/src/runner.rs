@@ -588,7 +588,13 @@ impl<M: NodeModel> LoopState<M> {
                     .input
                     .as_ref()
                     .and_then(|h| InputStatus::of(&h.state()).stale_note());
+                let brain_explains = if self.runner.model.fed_by_brain() {
+                    admin::brain_explains(snapshot, &trace, &q)
+                } else {
+                    None
+                };
                 let _ = reply.send(TraceAnswer {
+                    brain_explains,
                     trace,
                     generation: self.generation,
                     in_sync: self.in_sync(),

@@ -805,10 +805,14 @@ fn a_reset_forgets_the_brains_report_and_a_brain_without_one_leaves_none() {
 
 /// An outage warns once per cause, whatever their order: a brain refusing connections fails
 /// in turn as a cancelled operation and as a transport error, and used to warn at each retry.
+/// A connection that only closed while connecting ("~…", a follow-on) is warned about only
+/// when nothing else explains the outage, after [`WarnedCauses::PATIENCE`] of them: a brain
+/// refusing this node's certificate sends its alert, then a broken pipe and a cancelled
+/// operation follow, and each was a warning until 2026-12-06.
 #[test]
 fn an_outage_warns_once_per_cause() {
     // (the causes of one outage in order, which of them warn)
-    let cases: [(&[&str], &[bool]); 4] = [
+    let cases: [(&[&str], &[bool]); 8] = [
         (&["a", "a", "a"], &[true, false, false]),
         (
             &["a", "b", "a", "b", "a"],
@@ -819,12 +823,83 @@ fn an_outage_warns_once_per_cause() {
             &[true, true, true, true, false, false],
         ),
         (&[], &[]),
+        // The alert, then what follows from it: one warning.
+        (
+            &["a", "~1", "~2", "~1", "a"],
+            &[true, false, false, false, false],
+        ),
+        // What follows from it first, then the alert: still one warning, the alert.
+        (&["~1", "a", "~2", "a"], &[false, true, false, false]),
+        (&["~1", "~2", "a", "~1"], &[false, false, true, false]),
+        // Nothing but closed connections: warned once at the third.
+        (
+            &["~1", "~2", "~1", "~2", "~1"],
+            &[false, false, true, false, false],
+        ),
     ];
     for (causes, want) in cases {
         let mut warned = super::WarnedCauses::default();
-        let got: Vec<bool> = causes.iter().map(|c| warned.first_time(c)).collect();
+        let got: Vec<bool> = causes
+            .iter()
+            .map(|c| {
+                warned.first_time(&super::Failure {
+                    cause: c.to_string(),
+                    follow_on: c.starts_with('~'),
+                })
+            })
+            .collect();
         assert_eq!(got, want, "{causes:?}");
     }
+}
+
+/// The brain's TLS alerts are named as its refusal of this node's certificate, with what to
+/// check; the failures that follow a refusal are follow-ons, and a stream that closes after
+/// it was connected is not (the brain went away: a cause of its own).
+#[test]
+fn the_brains_tls_alert_is_named_and_what_follows_it_is_a_follow_on() {
+    let tls = crate::addr::TlsFiles {
+        ca: Some("ca.pem".into()),
+        cert: Some("node.pem".into()),
+        key: Some("node-key.pem".into()),
+    };
+    // (the transport's words, the words the cause must hold, whether a follow-on)
+    let cases: [(&str, &str, bool); 6] = [
+        (
+            "transport error: received fatal alert: UnknownCA",
+            "the brain refused this node's certificate: unknown CA",
+            false,
+        ),
+        (
+            "transport error: received fatal alert: CertificateExpired",
+            "the brain refused this node's certificate: expired",
+            false,
+        ),
+        (
+            "transport error: received fatal alert: CertificateRequired",
+            "requires a client certificate",
+            false,
+        ),
+        (
+            "transport error: received fatal alert: HandshakeFailure",
+            "the brain ended the TLS handshake: HandshakeFailure",
+            false,
+        ),
+        (
+            "transport error: Broken pipe (os error 32)",
+            "Broken pipe",
+            true,
+        ),
+        ("transport error: operation was canceled", "canceled", true),
+    ];
+    for (text, want, follow_on) in cases {
+        let error = SessionError::Status(tonic::Status::unavailable(text));
+        let failure = super::Failure::of(&error, &tls, false, false);
+        assert!(failure.cause.contains(want), "{text}: {failure:?}");
+        assert!(failure.cause.contains(text), "{text}: {failure:?}");
+        assert_eq!(failure.follow_on, follow_on, "{text}");
+    }
+    let closed = SessionError::Status(tonic::Status::unavailable("connection closed"));
+    assert!(!super::Failure::of(&closed, &tls, true, true).follow_on);
 }
 
 /// A brain that accepts this node and sends no state (restarted, still listing its input):

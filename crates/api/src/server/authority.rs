@@ -1,5 +1,5 @@
-//! Over a plain Unix socket, a request `:authority` that is not a URI authority is read as
-//! `localhost` before h2 sees it.
+//! Over a Unix socket (plain, or TLS once decrypted), a request `:authority` that is not a
+//! URI authority is read as `localhost` before h2 sees it.
 //!
 //! Why: gRPC clients built on grpc-core (Python, C++, Ruby, PHP, …) send the percent-encoded
 //! socket path as `:authority` when they dial `unix:///run/kpng.sock` (`run%2Fkpng.sock`). h2
@@ -12,19 +12,18 @@
 //! header block (HPACK, with the client's dynamic table) and passes it on unchanged while the
 //! authority is valid. Once one is not, that block and every later one on the connection is
 //! re-encoded with literals only (no dynamic table: the server's table stays as it was, so the
-//! client's references cannot reach it). Every other frame passes byte for byte. It is not
-//! used under TLS, where the bytes are encrypted (such a client sets the authority itself:
-//! `grpc.default_authority`, see docs/grpc-api.md).
+//! client's references cannot reach it). Every other frame passes byte for byte. Under TLS it
+//! wraps the decrypted stream (the brain does the handshakes itself, `server/tls.rs`), so
+//! these clients work unchanged over TLS on a Unix socket too. Over TCP such clients send a
+//! valid authority, and the bytes pass as they are.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tonic::transport::server::Connected;
 use tracing::debug;
-
-use super::conn::PeerIp;
 
 /// What an odd authority is read as.
 const LOCALHOST: &[u8] = b"localhost";
@@ -288,11 +287,11 @@ fn encode_integer(mut value: usize, n: u32, first_bits: u8, out: &mut Vec<u8>) {
     out.push(value as u8);
 }
 
-/// A plain Unix-socket connection whose client's odd `:authority` values reach h2 as
-/// `localhost` (see the module doc).
+/// A Unix-socket connection (after its TLS handshake, with TLS) whose client's odd
+/// `:authority` values reach h2 as `localhost` (see the module doc).
 pub struct AuthorityFix<IO> {
     io: IO,
-    /// `None`: the bytes pass as they are (TLS: they are encrypted).
+    /// `None`: the bytes pass as they are (TCP).
     rewriter: Option<Rewriter>,
     /// Bytes for the server to read, from `ready_at` on.
     ready: Vec<u8>,
@@ -301,7 +300,7 @@ pub struct AuthorityFix<IO> {
 }
 
 impl<IO> AuthorityFix<IO> {
-    /// Wraps an accepted connection; `rewrite`: false when the connection carries TLS, whose
+    /// Wraps an accepted connection (decrypted, with TLS); `rewrite`: false over TCP, whose
     /// bytes then pass as they are.
     pub fn new(io: IO, rewrite: bool) -> AuthorityFix<IO> {
         AuthorityFix {
@@ -352,47 +351,13 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-}
+super::delegate::delegate_async_write!(AuthorityFix);
 
 impl<IO: Connected> Connected for AuthorityFix<IO> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()
-    }
-}
-
-impl<IO: PeerIp> PeerIp for AuthorityFix<IO> {
-    fn peer_ip(&self) -> Option<std::net::IpAddr> {
-        self.io.peer_ip()
     }
 }
 

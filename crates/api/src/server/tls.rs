@@ -207,6 +207,18 @@ fn contents(read: &[io::Result<Vec<u8>>]) -> Contents {
 struct Material {
     config: Arc<ServerConfig>,
     leaf: Leaf,
+    /// The client CA's certificates' subjects (mTLS), as the log names them.
+    client_ca: Vec<String>,
+}
+
+/// The subjects of the certificates in a CA bundle (those that parse), for the log.
+fn subjects(certs: &[CertificateDer<'_>]) -> Vec<String> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    certs
+        .iter()
+        .filter_map(|der| X509Certificate::from_der(der).ok())
+        .map(|(_, cert)| cert.subject().to_string())
+        .collect()
 }
 
 fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -243,11 +255,14 @@ impl Material {
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| invalid(&paths.cert, e))?;
+        let mut client_ca = Vec::new();
         let builder = match (&paths.ca, ca_pem) {
             (Some(path), Some(ca_pem)) => {
                 let mut roots = RootCertStore::empty();
+                let cas = certificates(path, &ca_pem)?;
+                client_ca = subjects(&cas);
                 // As tonic did: certificates webpki cannot use are skipped, not fatal.
-                let (added, _) = roots.add_parsable_certificates(certificates(path, &ca_pem)?);
+                let (added, _) = roots.add_parsable_certificates(cas);
                 if added == 0 {
                     return Err(invalid(path, "no usable CA certificate"));
                 }
@@ -269,6 +284,7 @@ impl Material {
         Ok(Material {
             config: Arc::new(config),
             leaf,
+            client_ca,
         })
     }
 }
@@ -280,12 +296,23 @@ pub(crate) enum Checked {
     /// last time.
     Unchanged,
     /// New material is served from now on.
-    Reloaded(Leaf),
+    Reloaded(Reload),
     /// The files changed but cannot be used; the previous material stays served. Once per
     /// content of the files.
     Failed(String),
     /// The files hold what is served again after a failure (a bad copy undone).
     Recovered,
+}
+
+/// What a reload took: the certificate (with its key), the client CA, or both. Told apart
+/// because the log names what changed: a client CA renewed alone was logged with the server
+/// certificate's subject as if the certificate had changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reload {
+    /// The new certificate, when the certificate or key file changed.
+    pub(crate) certificate: Option<Leaf>,
+    /// The new client CA's subjects, when its file changed.
+    pub(crate) client_ca: Option<Vec<String>>,
 }
 
 /// How closely to look at the files.
@@ -350,11 +377,17 @@ impl Reloader {
         }
         match Material::load(&self.paths, read) {
             Ok(material) => {
-                let leaf = material.leaf.clone();
+                // Contents are in [`Paths::all`]'s order: certificate, key, client CA.
+                let pair_changed = held[..2] != self.served_contents[..2];
+                let ca_changed = held.get(2) != self.served_contents.get(2);
+                let reload = Reload {
+                    certificate: pair_changed.then(|| material.leaf.clone()),
+                    client_ca: ca_changed.then(|| material.client_ca.clone()),
+                };
                 self.served = material;
                 self.served_contents = held;
                 self.failure = None;
-                Checked::Reloaded(leaf)
+                Checked::Reloaded(reload)
             }
             Err(e) => {
                 let reason = e.to_string();
@@ -427,13 +460,7 @@ impl ServerTls {
         let cert = reloader.paths.cert.display();
         match checked {
             Checked::Unchanged => return,
-            Checked::Reloaded(leaf) => info!(
-                file = %cert,
-                subject = %leaf.subject,
-                not_after = %leaf.not_after_rfc3339(),
-                "API TLS files changed: new connections get the new certificate (connected \
-                 nodes keep theirs)"
-            ),
+            Checked::Reloaded(reload) => log_reload(&reloader.paths, &reload),
             Checked::Recovered => info!(
                 file = %cert,
                 "API TLS files hold the served certificate again"
@@ -464,6 +491,47 @@ impl ServerTls {
             not_after_unix: leaf.not_after,
             reload_failure: reloader.failure.clone(),
         });
+    }
+}
+
+/// The log line of a reload, naming what changed: the certificate (its file, subject and
+/// expiry), the client CA (its file and subjects), or both.
+fn log_reload(paths: &Paths, reload: &Reload) {
+    let ca_file = paths
+        .ca
+        .as_deref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    match (&reload.certificate, &reload.client_ca) {
+        (Some(leaf), None) => info!(
+            file = %paths.cert.display(),
+            subject = %leaf.subject,
+            not_after = %leaf.not_after_rfc3339(),
+            "API TLS files changed: new connections get the new certificate (connected \
+             nodes keep theirs)"
+        ),
+        (None, Some(subjects)) => info!(
+            ca_file = %ca_file,
+            ca_subject = %subjects.join("; "),
+            "API TLS client CA reloaded: new connections' client certificates are checked \
+             against the new CA, the served certificate is unchanged (connected nodes keep \
+             theirs)"
+        ),
+        (Some(leaf), Some(subjects)) => info!(
+            file = %paths.cert.display(),
+            subject = %leaf.subject,
+            not_after = %leaf.not_after_rfc3339(),
+            ca_file = %ca_file,
+            ca_subject = %subjects.join("; "),
+            "API TLS certificate and client CA reloaded: new connections get the new \
+             certificate and their client certificates are checked against the new CA \
+             (connected nodes keep theirs)"
+        ),
+        // Not reached: a reload changes the pair, the client CA or both.
+        (None, None) => info!(
+            file = %paths.cert.display(),
+            "API TLS files changed: new connections get them (connected nodes keep theirs)"
+        ),
     }
 }
 

@@ -26,6 +26,8 @@ enum Change {
 enum Want {
     Unchanged,
     Reloaded,
+    /// The client CA alone, its subject holding these words.
+    CaReloaded(&'static str),
     Failed(&'static [&'static str]),
     Recovered,
 }
@@ -47,6 +49,7 @@ fn files_are_taken_when_they_change_and_load_and_never_when_they_do_not() {
     let (b_cert, b_key) = pair("brain-b");
     let (c_cert, c_key) = pair("brain-c");
     let (ca, _) = pair("client-ca");
+    let (ca2, _) = pair("client-ca-2");
     write("cert.pem", &a_cert);
     write("key.pem", &a_key);
     write("ca.pem", &ca);
@@ -162,6 +165,13 @@ fn files_are_taken_when_they_change_and_load_and_never_when_they_do_not() {
             "brain-c",
         ),
         (
+            "the client CA renewed alone",
+            vec![Change::Write("ca.pem", ca2.clone())],
+            Look::Stat,
+            Want::CaReloaded("client-ca-2"),
+            "brain-c",
+        ),
+        (
             "a pair written in place within one clock tick: unseen by stat",
             vec![
                 Change::SameStamp("cert.pem", b_cert.clone()),
@@ -204,8 +214,18 @@ fn files_are_taken_when_they_change_and_load_and_never_when_they_do_not() {
         let checked = reloader.check(look);
         match (&want, &checked) {
             (Want::Unchanged, Checked::Unchanged) | (Want::Recovered, Checked::Recovered) => {}
-            (Want::Reloaded, Checked::Reloaded(leaf)) => {
-                assert!(leaf.subject.contains(serving), "{what}: {leaf:?}")
+            (Want::Reloaded, Checked::Reloaded(reload)) => {
+                let leaf = reload.certificate.as_ref().expect("the pair changed");
+                assert!(leaf.subject.contains(serving), "{what}: {reload:?}");
+                assert_eq!(reload.client_ca, None, "{what}");
+            }
+            (Want::CaReloaded(subject), Checked::Reloaded(reload)) => {
+                assert_eq!(reload.certificate, None, "{what}: {reload:?}");
+                let subjects = reload.client_ca.as_deref().expect("the CA changed");
+                assert!(
+                    subjects.iter().any(|s| s.contains(subject)),
+                    "{what}: {reload:?}"
+                );
             }
             (Want::Failed(words), Checked::Failed(reason)) => {
                 for word in *words {
@@ -295,4 +315,90 @@ fn invalid_files_at_start_are_errors_naming_the_file() {
             assert!(e.to_string().contains(word), "{what}: {e} lacks {word:?}");
         }
     }
+}
+
+/// The log line of a reload names what changed: a client CA renewed alone is named as the
+/// client CA (its file and subject), not as a new certificate with the served one's subject
+/// (until 2026-12-06 every reload was logged as the certificate's); both changed, both.
+#[test]
+fn a_reload_logs_what_changed() {
+    use std::sync::{Arc, Mutex, PoisonError};
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let last_line = || {
+        let bytes = lines
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name);
+    let write = |name: &str, text: &str| {
+        let tmp = path(&format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, path(name)).expect("rename");
+    };
+    let (cert, key) = pair("brain-a");
+    let (ca, _) = pair("client-ca-1");
+    write("cert.pem", &cert);
+    write("key.pem", &key);
+    write("ca.pem", &ca);
+    let paths = Paths {
+        cert: path("cert.pem"),
+        key: path("key.pem"),
+        ca: Some(path("ca.pem")),
+    };
+    let tls = ServerTls::start(paths, &ApiMetrics::default()).expect("start");
+
+    let (ca, _) = pair("client-ca-2");
+    write("ca.pem", &ca);
+    drop(tls.current());
+    let line = last_line();
+    assert!(
+        line.contains("client CA reloaded")
+            && line.contains("ca.pem")
+            && line.contains("client-ca-2")
+            && !line.contains("brain-a")
+            && !line.contains("new certificate"),
+        "{line}"
+    );
+
+    let (cert, key) = pair("brain-b");
+    let (ca, _) = pair("client-ca-3");
+    write("cert.pem", &cert);
+    write("key.pem", &key);
+    write("ca.pem", &ca);
+    drop(tls.current());
+    let line = last_line();
+    assert!(
+        line.contains("certificate and client CA reloaded")
+            && line.contains("brain-b")
+            && line.contains("client-ca-3"),
+        "{line}"
+    );
 }
