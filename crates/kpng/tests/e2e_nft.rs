@@ -39,6 +39,21 @@ fn fault_double_flush_during_the_repair() {
 }
 
 #[test]
+fn fault_repeated_deletions_back_off() {
+    e2e::faults::repair_loop(e2e::Backend::Nft, None);
+}
+
+/// The known gap (docs/reliability.md): a foreign change committed during kpng's own
+/// transaction is not notified, and waits for the periodic full sync. Run by hand to see it.
+#[test]
+#[ignore = "a known gap: a rule inserted during kpng's own transaction is repaired only by the periodic full sync"]
+fn fault_rule_inserted_during_a_sync_is_repaired() {
+    assert!(e2e::faults::nft_rule_inserted_during_a_sync(
+        e2e::Backend::Nft
+    ));
+}
+
+#[test]
 fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::Nft);
 }
