@@ -585,9 +585,9 @@ pub fn repair_loop(b: Backend, repairs_at_once: Option<&str>) -> (usize, Duratio
 /// A foreign rule inserted while a transaction of kpng's is on its way (an `nft` wrapper
 /// commits `nft insert rule ip kpng services ip daddr 10.96.0.10 drop` first, from a process
 /// of its own, then kpng's transaction): kpng's notification monitor has left its group for
-/// its own sync, so nothing tells it, and `web` stays dropped until the periodic full sync.
-/// The known gap of docs/reliability.md ("A foreign change committed during one of kpng's own
-/// syncs"); returns whether `web` was served again within 3 s.
+/// its own sync, so no notification tells it. Until 2026-12-06 `web` stayed dropped until the
+/// periodic full sync; now the kernel's generation id shows a commit that was not kpng's and
+/// the rules are put back. Returns whether `web` was served again within 3 s.
 pub fn nft_rule_inserted_during_a_sync(b: Backend) -> bool {
     require_root!(true);
     let bed = Bed::new(b, "racerule");
