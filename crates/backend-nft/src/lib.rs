@@ -30,6 +30,7 @@ pub mod elements;
 pub mod exec;
 mod fill;
 pub mod netlink;
+mod own_commits;
 pub mod ruleset;
 mod script;
 pub mod sets;
@@ -125,6 +126,10 @@ struct FamilyState {
     /// This sync committed the table whole (created, replaced or refilled): it is confirmed
     /// once the sync's window of own changes has closed ([`NftBackend::confirm`]).
     full_done: bool,
+    /// The table's rules (chain, handle) as read after kpng's last own change of them, when
+    /// no one else committed meanwhile: what a sync someone else's commit overlapped is
+    /// compared with ([`NftBackend::check_overlap`]). `None`: not read (yet).
+    rules_seen: Option<Vec<(String, u64)>>,
 }
 
 /// How a full sync treats a table in the kernel that has our skeleton.
@@ -194,6 +199,9 @@ pub struct NftBackend {
     monitor: Option<netlink::monitor::TableMonitor>,
     config: NftConfig,
     exec: Box<dyn NftExec>,
+    /// kpng's own commits (through `exec` and `netlink`), counted against the kernel's
+    /// generation id ([`NftBackend::check_overlap`]).
+    own: own_commits::OwnCommits,
     /// Service port ↔ its owner id; the reverse recomputes an owner's elements when a shared
     /// element passes to it.
     owners: OwnerIds,
@@ -226,7 +234,7 @@ impl NftBackend {
     /// load takes ~0.7 s instead of ~2.7 s), and ~50 µs per small change. Chains and the
     /// skeleton still go through `exec`.
     pub fn with_netlink(mut self, writer: impl ElementWriter + 'static) -> NftBackend {
-        self.netlink = Some(Box::new(writer));
+        self.netlink = Some(self.own.writer(Box::new(writer)));
         self
     }
 
@@ -274,14 +282,17 @@ impl NftBackend {
                 kept_rules: false,
                 ever_committed: false,
                 full_done: false,
+                rules_seen: None,
             })
             .collect();
         let affinity_ids = affinity::AffinityIds::new(config.conntrack_mark_mask);
+        let own = own_commits::OwnCommits::default();
         NftBackend {
             watch_kernel: false,
             monitor: None,
             config,
-            exec,
+            exec: own.exec(exec),
+            own,
             owners: OwnerIds::new(),
             affinity_ids,
             states,
@@ -1031,6 +1042,72 @@ impl NftBackend {
         lost
     }
 
+    /// After a sync's window of own commits (`window`: the kernel's generation and kpng's
+    /// commit count when it began), with the notification group joined again: when the
+    /// generation moved more than kpng's own commits, someone else committed while the monitor
+    /// was not listening. Their change is found by reading the rules of each committed table
+    /// (a rule dump, no element) and comparing them with those read after kpng's last change
+    /// of them; when this sync changed rules itself there is nothing to compare with, and the
+    /// table is repaired. A table found changed is reported through the alarm and its rules
+    /// are put back by the repair. Without an overlap, a sync that changed rules reads them
+    /// for the next comparison.
+    ///
+    /// Not seen this way: someone else's change to set elements (its sets are not read); the
+    /// periodic full sync repairs those.
+    fn check_overlap(&mut self, window: (u32, own_commits::Counted)) {
+        let (before, counted) = window;
+        let Ok(after) = kpng_netfilter::generation::generation() else {
+            return;
+        };
+        let own = self.own.now().since(counted);
+        let moved = u64::from(after.wrapping_sub(before));
+        let foreign = moved.saturating_sub(own.total());
+        if foreign == 0 && own.text == 0 {
+            return;
+        }
+        let table = self.config.table.clone();
+        let mut changed = Vec::new();
+        for state in &mut self.states {
+            if state.committed.is_none() {
+                state.rules_seen = None;
+                continue;
+            }
+            let fam = state.fam.table_family();
+            let now = kpng_netfilter::generation::rule_handles(fam, &table).ok();
+            if foreign == 0 {
+                state.rules_seen = now;
+                continue;
+            }
+            let same = own.text == 0 && now.is_some() && now == state.rules_seen;
+            if same {
+                continue;
+            }
+            changed.push(format!("{fam} {table}"));
+            state.rules_seen = None;
+            state.kernel = KernelTable::Unknown;
+            state.committed = None;
+            state.distrust = true;
+            state.chains.clear();
+        }
+        if changed.is_empty() {
+            return;
+        }
+        let what = if own.text == 0 {
+            "rules changed by someone else while kpng's sync ran"
+        } else {
+            "someone else committed while kpng's sync changed its rules"
+        };
+        let what = format!(
+            "{}: {what} ({foreign} transaction{} not notified)",
+            changed.join(" and "),
+            if foreign == 1 { "" } else { "s" }
+        );
+        debug!("{what}");
+        if let Some(alarm) = &self.alarm {
+            alarm.raise(what);
+        }
+    }
+
     fn forget_removed_ports(&mut self, request: &SyncRequest<'_>) {
         for (key, change) in &request.diff.changes {
             if change.new.is_none() {
@@ -1099,7 +1176,15 @@ impl Backend for NftBackend {
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, BackendError> {
         self.warn_unsupported(request);
-        if self.monitor.as_ref().is_some_and(|m| m.begin_own()) {
+        let tampered = self.monitor.as_ref().is_some_and(|m| m.begin_own());
+        // Where kpng's window of own commits starts: the kernel's generation, and kpng's
+        // count of its commits.
+        let window = self
+            .monitor
+            .as_ref()
+            .and_then(|_| kpng_netfilter::generation::generation().ok())
+            .map(|generation| (generation, self.own.now()));
+        if tampered {
             // Someone else changed our tables: look at them again, and put the rules and then
             // the sets back (or replace a table that is gone or not ours whole).
             for state in &mut self.states {
@@ -1138,6 +1223,9 @@ impl Backend for NftBackend {
         });
         if let Some(m) = &self.monitor {
             m.end_own();
+        }
+        if let Some(window) = window {
+            self.check_overlap(window);
         }
         // Only now, with the notification group joined again, are the tables confirmed: a
         // deletion from here on is notified, and one before is read here.

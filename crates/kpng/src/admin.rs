@@ -1175,6 +1175,9 @@ fn write_repairs(out: &mut String, r: &RepairStatus) {
         r.last_at,
         r.last_change
     );
+    if let Some(problem) = &r.problem {
+        let _ = writeln!(out, "PROBLEM: {problem}");
+    }
 }
 
 /// One `PROBLEM:` line per node name that several connected kpngs claim, with their
@@ -2147,14 +2150,22 @@ mod tests {
             write_input(&mut out, &input);
             assert_eq!(out, want);
         }
-        for (count, want) in [
+        for (count, problem, want) in [
             (
                 1,
+                None,
                 "repaired once after changes by someone else; the last at T (ip kpng: table deleted)\n",
             ),
             (
                 3,
+                None,
                 "repaired 3 times after changes by someone else; the last at T (ip kpng: table deleted)\n",
+            ),
+            (
+                9,
+                Some("someone else changed kpng's rules 9 times …"),
+                "repaired 9 times after changes by someone else; the last at T (ip kpng: table deleted)\n\
+                 PROBLEM: someone else changed kpng's rules 9 times …\n",
             ),
         ] {
             let mut out = String::new();
@@ -2164,6 +2175,7 @@ mod tests {
                     count,
                     last_at: "T".into(),
                     last_change: "ip kpng: table deleted".into(),
+                    problem: problem.map(str::to_string),
                 },
             );
             assert_eq!(out, want);

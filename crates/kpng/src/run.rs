@@ -727,7 +727,8 @@ where
     };
     let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
-    let mut runner = Runner::new(model, backend, timing, metrics, health);
+    let mut runner = Runner::new(model, backend, timing, metrics, health)
+        .with_free_repairs(flags.repairs_at_once);
     // Whether an earlier run's rules still route traffic until the first sync: the nftables
     // backend's table is one netlink dump away (its first sync adopts or replaces it). The
     // other backends cannot tell as cheaply, and say nothing.

@@ -39,6 +39,21 @@ fn fault_double_flush_during_the_repair() {
 }
 
 #[test]
+fn fault_repeated_deletions_back_off() {
+    e2e::faults::repair_loop(e2e::Backend::Nft, None);
+}
+
+/// A foreign rule committed during kpng's own transaction (not notified: the monitor has left
+/// its group) is found by the generation check and repaired within seconds, not at the
+/// periodic full sync (docs/reliability.md).
+#[test]
+fn fault_rule_inserted_during_a_sync_is_repaired() {
+    assert!(e2e::faults::nft_rule_inserted_during_a_sync(
+        e2e::Backend::Nft
+    ));
+}
+
+#[test]
 fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::Nft);
 }

@@ -8,7 +8,8 @@
 //! capture both watch their tables with [`monitor`]; the nftables backend's start-up probe and
 //! the binary's leftover sweep list tables with [`tables`] (a table dump: no set element is
 //! read); the binary reads kube-proxy's `service-ips` map with [`elements`] (one map's
-//! elements, no other table's). Backends never depend on each other.
+//! elements, no other table's); the nftables backend tells someone else's commits during its
+//! own from kpng's with [`generation`]. Backends never depend on each other.
 //!
 //! Unsafe code is confined to [`socket`] (std has no netlink sockets), each call with its SAFETY
 //! argument.
@@ -16,6 +17,7 @@
 pub mod attr;
 pub mod dump;
 pub mod elements;
+pub mod generation;
 pub mod monitor;
 pub mod socket;
 pub mod tables;

@@ -12,8 +12,8 @@
 //! group meanwhile, so that our own large commits cost the kernel no notifications); what is
 //! read at any other time (by the monitor's thread, or drained at `begin_own`) is someone
 //! else's. A
-//! foreign change committed *during* one of our syncs (milliseconds) is taken for ours; the
-//! periodic full sync still repairs it.
+//! foreign change committed *during* one of our syncs (milliseconds) is not notified; the
+//! backend tells it by the kernel's generation id ([`crate::generation`]).
 //!
 //! Not tampering: elements the kernel itself adds or removes (port id 0: the packet path's
 //! dynamic sets, timeouts) and elements of the sets named as dynamic (ClientIP affinity).

@@ -488,6 +488,10 @@ pub struct RepairStatus {
     pub last_at: String,
     /// What the backend saw changed before it (`ip kpng: table deleted`).
     pub last_change: String,
+    /// Someone else keeps changing the data plane and repairs are delayed
+    /// ([`crate::repair_backoff`]): how often, the likely causes, the delay. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// The source's input as the status reports it (see [`kpng_model::input`]).

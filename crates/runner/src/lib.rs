@@ -5,6 +5,8 @@
 //!   diffs, honours `--min-sync-period`, retries failures with a full resync, runs the periodic
 //!   syncs, and keeps [`health::ProxyHealth`] and [`metrics::ProxyMetrics`] current.
 //! - [`admin`]: answers `kpng status` and `kpng trace` from the loop's model.
+//! - [`repair_backoff`]: how long a repair of changes someone else made waits when they keep
+//!   coming.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
 //! - `address_watch` (Linux): the node's interface addresses, so that a change moves node ports
@@ -23,6 +25,7 @@ pub mod guarded_http;
 pub mod health;
 pub mod metrics;
 pub mod node_config_check;
+pub mod repair_backoff;
 pub mod runner;
 pub mod service_health;
 pub mod warning_budget;

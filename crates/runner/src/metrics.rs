@@ -111,6 +111,10 @@ pub struct ProxyMetrics {
     /// `kpng_tampering_detected_total`: changes someone else made to what the backend
     /// programmed, each answered with a full sync.
     pub tampering_detected: MetricFamily<BackendLabel, Counter>,
+    /// `kpng_repair_delay_seconds`: how long the repairs of someone else's changes wait now
+    /// (0: at once; above 0 while they keep coming, see [`crate::repair_backoff`]). The gauge
+    /// to alert on a neighbour that undoes kpng's rules in a loop.
+    pub repair_delay: MetricFamily<BackendLabel, FloatGauge>,
     /// `kpng_model_service_ports`: Service ports in the model, per family.
     pub model_service_ports: MetricFamily<FamilyLabel, Gauge>,
     /// `kpng_service_healthcheck_failures_total`: health-check servers that could not start.
@@ -143,6 +147,7 @@ impl ProxyMetrics {
         };
         let _ = self.sync_failures.get_or_create(&backend);
         let _ = self.tampering_detected.get_or_create(&backend);
+        let _ = self.repair_delay.get_or_create(&backend);
         for kind in kpng_model::Kind::ALL {
             let _ = self.object_errors.get_or_create(&KindLabel {
                 kind: kind.as_str().into(),
@@ -180,6 +185,7 @@ impl ProxyMetrics {
             sync_failures: MetricFamily::default(),
             sync_operations: MetricFamily::default(),
             tampering_detected: MetricFamily::default(),
+            repair_delay: MetricFamily::default(),
             model_service_ports: MetricFamily::default(),
             healthcheck_failures: Counter::default(),
             healthchecks_not_served: Gauge::default(),
@@ -291,6 +297,11 @@ impl ProxyMetrics {
             "kpng_tampering_detected",
             "Changes someone else made to the backend's data plane, each repaired by a full sync",
             m.tampering_detected.clone(),
+        );
+        r.register(
+            "kpng_repair_delay_seconds",
+            "How long repairs of changes someone else made wait now: 0 at once, above 0 while such changes keep coming",
+            m.repair_delay.clone(),
         );
         r.register(
             "kpng_model_service_ports",

@@ -11,7 +11,8 @@
 //!   every `full_sync_period`;
 //! - with an empty partial sync every `sync_period`, so backends can re-check cheap things;
 //! - with a full sync [`TAMPER_DEBOUNCE`] after the backend reports that someone else changed
-//!   its data plane ([`kpng_backend::Backend::watch_tampering`]), whatever `min_sync_period`.
+//!   its data plane ([`kpng_backend::Backend::watch_tampering`]), whatever `min_sync_period`;
+//!   when such changes keep coming, later (see [`crate::repair_backoff`]).
 //!
 //! After a successful sync, backends that program the node also get their Service health
 //! checks served and stale UDP conntrack entries deleted.
@@ -42,6 +43,7 @@ use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
+use crate::repair_backoff::RepairBackoff;
 use crate::service_health::{ListenAddresses, ServiceHealthServers, wanted, wanted_for};
 use kpng_backend::{Backend, InputInfo, NodeModel, SyncRequest, TamperAlarm, Tampering};
 
@@ -94,6 +96,8 @@ pub struct Runner<M: NodeModel = Model> {
     node_check: crate::node_config_check::NodeConfigCheck,
     /// Whether the host's addresses are compared with the Node's.
     node_ips_on_host: bool,
+    /// Repairs within a minute made at once ([`Runner::with_free_repairs`]).
+    free_repairs: usize,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -122,7 +126,17 @@ impl<M: NodeModel> Runner<M> {
             earlier_rules_found: false,
             node_check: Default::default(),
             node_ips_on_host: false,
+            free_repairs: crate::repair_backoff::FREE_REPAIRS,
         }
+    }
+
+    /// Repairs of changes someone else made that are made at once within a minute, before
+    /// later ones back off ([`crate::repair_backoff`]; default
+    /// [`crate::repair_backoff::FREE_REPAIRS`]): tests that repeat such a change on purpose
+    /// raise it.
+    pub fn with_free_repairs(mut self, free: usize) -> Runner<M> {
+        self.free_repairs = free;
+        self
     }
 
     /// The backend's rules from an earlier run of kpng were found at start (its table in the
@@ -306,6 +320,7 @@ impl<M: NodeModel> Runner<M> {
                 "cannot prepare the data plane before the first sync (the sync tries again): {e}"
             );
         }
+        let repair_backoff = RepairBackoff::new(self.timing.sync_period, self.free_repairs);
         let mut state = LoopState {
             runner: self,
             families,
@@ -332,6 +347,7 @@ impl<M: NodeModel> Runner<M> {
             warnings: crate::warning_budget::WarningBudget::default(),
             repair_for: None,
             repairs: None,
+            repair_backoff,
             node_ips_deadline: None,
             logged_node: None,
             held_for_pod_cidrs: false,
@@ -388,6 +404,8 @@ struct LoopState<M: NodeModel> {
     repair_for: Option<String>,
     /// The repairs made so far, for `kpng status`.
     repairs: Option<RepairStatus>,
+    /// How long the next repair waits when someone else's changes keep coming.
+    repair_backoff: RepairBackoff,
     /// When the wait for node IPs ends ([`Runner::with_node_ips_wait`]): set when the initial
     /// lists are complete, taken when it has ended.
     node_ips_deadline: Option<NodeIpsWait>,
@@ -545,7 +563,7 @@ impl<M: NodeModel> LoopState<M> {
                         .collect(),
                     zone: snapshot.node.zone.clone(),
                     waiting_for: unlisted.iter().map(|k| k.as_str().into()).collect(),
-                    repairs: self.repairs.clone(),
+                    repairs: self.repair_status(),
                     health_checks_not_served: self
                         .runner
                         .service_health
@@ -709,7 +727,14 @@ impl<M: NodeModel> LoopState<M> {
             // Nothing programmed yet: the first sync is a full one anyway.
             return;
         }
-        self.repair_for.get_or_insert(t.what.clone());
+        if self.repair_for.is_some() {
+            // Its repair is scheduled already (perhaps delayed: not brought forward).
+            debug!(backend = %backend.backend, "changed by someone else ({}); repair already scheduled", t.what);
+            return;
+        }
+        self.repair_for = Some(t.what.clone());
+        let now = Instant::now();
+        let delay = self.backoff_changed(now, &t.what);
         // The rules may be gone now: what the conntrack cleanup checked is forgotten at once
         // (in its memory file too), not at the repair, so that a crash meanwhile cannot
         // leave it remembered.
@@ -717,13 +742,79 @@ impl<M: NodeModel> LoopState<M> {
         if let Some(conntrack) = &mut self.runner.conntrack {
             conntrack.rules_were_missing();
         }
-        let at = Instant::now() + TAMPER_DEBOUNCE;
+        let at = now + TAMPER_DEBOUNCE + delay;
         if self.retry_at.is_none_or(|r| r > at) {
-            warn!(backend = %backend.backend, "changed by someone else ({}); repairing with a full sync", t.what);
+            if delay.is_zero() {
+                warn!(backend = %backend.backend, "changed by someone else ({}); repairing with a full sync", t.what);
+            } else {
+                // Said once, when the backoff started; `kpng status` shows it meanwhile.
+                debug!(backend = %backend.backend, "changed by someone else ({}); repairing in {delay:?}", t.what);
+            }
             self.retry_at = Some(at);
         } else {
             debug!(backend = %backend.backend, "changed by someone else ({}); repair already scheduled", t.what);
         }
+    }
+
+    /// Feeds a change by someone else that asks for a repair to the backoff: returns how long
+    /// the repair waits, and warns once when the backoff starts.
+    fn backoff_changed(&mut self, now: Instant, what: &str) -> Duration {
+        self.end_backoff_if_quiet(now);
+        let decision = self.repair_backoff.changed(now);
+        if decision.started {
+            warn!(
+                backend = %self.runner.backend.name(),
+                "{}; repairs now wait {:?}, doubling up to {:?}, until none comes for {:?}",
+                repeated_changes(self.repair_backoff.in_window(), what),
+                decision.delay,
+                self.repair_backoff.cap(),
+                crate::repair_backoff::quiet(self.repair_backoff.cap()),
+            );
+        }
+        self.set_repair_delay_gauge(now);
+        decision.delay
+    }
+
+    /// Ends the repairs' backoff once nobody changed the data plane for a while, and says so.
+    fn end_backoff_if_quiet(&mut self, now: Instant) {
+        if let Some(changes) = self.repair_backoff.end_if_quiet(now) {
+            info!(
+                backend = %self.runner.backend.name(),
+                "no change by someone else for {:?}: repairs are made at once again ({changes} \
+                 changes by someone else while they were delayed)",
+                crate::repair_backoff::quiet(self.repair_backoff.cap())
+            );
+        }
+        self.set_repair_delay_gauge(now);
+    }
+
+    /// `kpng_repair_delay_seconds`: how long repairs wait now.
+    fn set_repair_delay_gauge(&self, now: Instant) {
+        let label = BackendLabel {
+            backend: self.runner.backend.name().to_string(),
+        };
+        self.runner
+            .metrics
+            .repair_delay
+            .get_or_create(&label)
+            .set(self.repair_backoff.current_delay(now).as_secs_f64());
+    }
+
+    /// The repairs for `kpng status`, with the backoff as their problem while it lasts.
+    fn repair_status(&self) -> Option<RepairStatus> {
+        let now = Instant::now();
+        let Some((changes, over)) = self.repair_backoff.during(now) else {
+            return self.repairs.clone();
+        };
+        let mut status = self.repairs.clone().unwrap_or_default();
+        status.problem = Some(format!(
+            "{}; repairs are delayed (the last by {:?}, at most {:?}) until none comes for {:?}",
+            repeated_changes_over(changes, over, &status.last_change),
+            self.repair_backoff.current_delay(now),
+            self.repair_backoff.cap(),
+            crate::repair_backoff::quiet(self.repair_backoff.cap()),
+        ));
+        Some(status)
     }
 
     fn ready(&self) -> bool {
@@ -1025,6 +1116,7 @@ impl<M: NodeModel> LoopState<M> {
 
     async fn sync(&mut self) {
         let now = Instant::now();
+        self.end_backoff_if_quiet(now);
         crate::warning_budget::held_back(self.warnings.next_interval());
         let timing = self.runner.timing;
         let full_due = self.last_full.is_some_and(|t| {
@@ -1446,6 +1538,30 @@ fn service_of(port: &str) -> Option<(&str, &str)> {
 
 /// The history's text for a repairing sync: what was repaired, then the Service changes it
 /// carried (alone they would read "no Service port changed").
+/// The warning's account of changes by someone else that keep coming: how often, and who
+/// usually makes them.
+fn repeated_changes(in_window: usize, last: &str) -> String {
+    format!(
+        "someone else changed kpng's rules {in_window} times within {}s (the last: {last}){}",
+        crate::repair_backoff::WINDOW.as_secs(),
+        LIKELY_CAUSES
+    )
+}
+
+/// [`repeated_changes`] for `kpng status`: since the backoff started.
+fn repeated_changes_over(changes: u64, over: Duration, last: &str) -> String {
+    format!(
+        "someone else changed kpng's rules {changes} times in the last {}s (the last: {last}){}",
+        over.as_secs().max(1),
+        LIKELY_CAUSES
+    )
+}
+
+/// Who undoes kpng's rules in a loop, as seen so far.
+const LIKELY_CAUSES: &str = ": something keeps removing them, usually another program \
+     flushing the ruleset or restoring the table (firewalld or ufw reloading, iptables-restore, \
+     nft -f of a file with `flush ruleset`, a cron job) or a second kpng or kube-proxy on this node";
+
 fn repair_changes(what: &str, summary: &DiffSummary) -> String {
     format!("repair after a change by someone else ({what}); {summary}")
 }

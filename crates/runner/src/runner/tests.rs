@@ -356,6 +356,82 @@ async fn tampering_forces_one_prompt_full_sync_whatever_min_sync_period() {
     );
 }
 
+/// The repair delay's gauge now.
+fn repair_delay(h: &Harness) -> f64 {
+    let label = BackendLabel {
+        backend: "fake".into(),
+    };
+    h.metrics.repair_delay.get_or_create(&label).get()
+}
+
+/// A neighbour that undoes every repair (a flush every 100 ms for 2 s): the first five repairs
+/// are made at once, then they wait 1 s, 2 s, …; `kpng status` says why and the gauge how
+/// long; a quiet minute makes repairs immediate again.
+#[tokio::test(start_paused = true)]
+async fn repairs_that_keep_coming_back_off_and_reset_once_quiet() {
+    let h = start(SyncTiming::default());
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
+    let started = Instant::now();
+    // When each repair (a full sync after the first) was made, in ms from the first flush.
+    let mut repairs_at = Vec::new();
+    let mut seen = 1;
+    let mut note = |repairs_at: &mut Vec<u64>| {
+        for _ in seen..log(&h).len() {
+            repairs_at.push(started.elapsed().as_millis() as u64);
+        }
+        seen = log(&h).len();
+    };
+    for _ in 0..20 {
+        alarm.raise("ip kpng: table deleted");
+        settle().await;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            note(&mut repairs_at);
+        }
+    }
+    assert_eq!(
+        repairs_at,
+        vec![21, 121, 221, 321, 421, 1521],
+        "five at once, then 1 s after the sixth flush"
+    );
+    let status = status_of(&h).await;
+    let problem = status.repairs.and_then(|r| r.problem).expect("a problem");
+    assert!(
+        problem.starts_with("someone else changed kpng's rules 7 times in the last 1s (the last: ")
+            && problem.contains("firewalld or ufw reloading")
+            && problem.contains("a second kpng or kube-proxy")
+            && problem.ends_with(
+                "repairs are delayed (the last by 2s, at most 30s) until none comes for 60s"
+            ),
+        "{problem}"
+    );
+    assert_eq!(repair_delay(&h), 2.0);
+    // The flushes stopped: the delayed repairs are made (1 s after the 6th flush, 2 s after
+    // the 7th), then nothing more.
+    for _ in 0..3000 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        note(&mut repairs_at);
+    }
+    assert_eq!(repairs_at, vec![21, 121, 221, 321, 421, 1521, 3621]);
+    assert!(log(&h).iter().all(|(full, _, _)| *full));
+    assert_eq!(status_of(&h).await.repairs.map(|r| r.count), Some(7));
+    // A quiet minute (and the periodic sync that looks): immediate again, no problem shown.
+    tokio::time::sleep(Duration::from_secs(62)).await;
+    settle().await;
+    assert_eq!(repair_delay(&h), 0.0);
+    let status = status_of(&h).await;
+    assert_eq!(status.repairs.and_then(|r| r.problem), None);
+    let before = log(&h).len();
+    alarm.raise("ip kpng: table deleted");
+    settle().await;
+    tokio::time::sleep(TAMPER_DEBOUNCE + Duration::from_millis(1)).await;
+    assert_eq!(log(&h).len(), before + 1, "repaired at once again");
+}
+
 /// A repair the backend found itself in a periodic sync (no alarm) is counted and shown as
 /// one reported by an alarm is.
 #[tokio::test(start_paused = true)]
@@ -975,6 +1051,7 @@ async fn model_gauges_follow_each_sync_and_alert_counters_start_at_zero() {
     for line in [
         "kpng_sync_failures_total{backend=\"fake\"} 0",
         "kpng_tampering_detected_total{backend=\"fake\"} 0",
+        "kpng_repair_delay_seconds{backend=\"fake\"} 0.0",
         "kpng_object_errors_total{kind=\"Service\"} 0",
         "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 0",
     ] {
