@@ -1218,7 +1218,8 @@ impl Backend for NftBackend {
         let addresses_were = (request.full || request.diff.is_empty() || request.diff.node_changed)
             .then(|| self.refresh_local_addresses(&request.snapshot.node))
             .flatten();
-        let result = sync_each(self.states.len(), |index| {
+        let families: Vec<Family> = self.states.iter().map(|s| s.fam.0).collect();
+        let result = sync_each(&families, |index| {
             self.sync_family(index, request, addresses_were.as_deref())
         });
         if let Some(m) = &self.monitor {

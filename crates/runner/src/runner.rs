@@ -727,6 +727,12 @@ impl<M: NodeModel> LoopState<M> {
             // Nothing programmed yet: the first sync is a full one anyway.
             return;
         }
+        // The data plane no longer holds the model: a change waiting for its sync, for
+        // `/healthz` (which fails if the repair does not succeed within the health timeout).
+        let now_wall = SystemTime::now();
+        for family in &self.families {
+            self.runner.health.queued(*family, now_wall);
+        }
         if self.repair_for.is_some() {
             // Its repair is scheduled already (perhaps delayed: not brought forward).
             debug!(backend = %backend.backend, "changed by someone else ({}); repair already scheduled", t.what);
@@ -1186,27 +1192,45 @@ impl<M: NodeModel> LoopState<M> {
             .as_ref()
             .map(crate::conntrack_cleanup::KeptRules::of)
             .unwrap_or_default();
+        // Every attempt is timed, a failed one too (kube-proxy observes in a defer).
+        for family in &self.families {
+            let label: FamilyLabel = (*family).into();
+            m.sync_duration
+                .get_or_create(&label)
+                .observe(duration.as_secs_f64());
+            let by_kind = if full {
+                &m.full_sync_duration
+            } else {
+                &m.partial_sync_duration
+            };
+            by_kind
+                .get_or_create(&label)
+                .observe(duration.as_secs_f64());
+        }
+        let wall = SystemTime::now();
+        // The families this sync programmed: all of them, or those a failure did not name
+        // (each family is synced on its own, as kube-proxy's proxiers are).
+        let failed: Vec<Family> = match &result {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .failed_families()
+                .map(<[Family]>::to_vec)
+                .unwrap_or_else(|| self.families.clone()),
+        };
+        for family in &self.families {
+            if failed.contains(family) {
+                // Not programmed: as a change kube-proxy queued and could not apply, `/healthz`
+                // and `/livez` fail if no sync succeeds within the health timeout.
+                self.runner.health.queued(*family, wall);
+            } else {
+                m.last_sync_timestamp
+                    .get_or_create(&(*family).into())
+                    .set(unix_seconds(wall));
+                self.runner.health.updated(*family, wall);
+            }
+        }
         let report = match result {
             Ok(stats) => {
-                let wall = SystemTime::now();
-                for family in &self.families {
-                    let label: FamilyLabel = (*family).into();
-                    m.sync_duration
-                        .get_or_create(&label)
-                        .observe(duration.as_secs_f64());
-                    let by_kind = if full {
-                        &m.full_sync_duration
-                    } else {
-                        &m.partial_sync_duration
-                    };
-                    by_kind
-                        .get_or_create(&label)
-                        .observe(duration.as_secs_f64());
-                    m.last_sync_timestamp
-                        .get_or_create(&label)
-                        .set(unix_seconds(wall));
-                    self.runner.health.updated(*family, wall);
-                }
                 m.sync_operations
                     .get_or_create(&backend)
                     .inc_by(stats.operations as u64);
