@@ -152,6 +152,13 @@ impl ApiMetrics {
              certificate is still served)",
             m.tls_reload_failures.clone(),
         );
+        // Each kind at 0 from the start, as on a node: the first rejection shows in
+        // `increase()`.
+        for kind in kpng_model::Kind::ALL {
+            let _ = m.object_errors.get_or_create(&KindLabel {
+                kind: kind.as_str().into(),
+            });
+        }
         registry.register(
             "kpng_object_errors",
             "Objects rejected as invalid (their last good version is kept)",
@@ -178,5 +185,23 @@ impl ApiMetrics {
             m.unknown_node_names.clone(),
         );
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A brain's alerting counters exist at 0 from the start, as a node's.
+    #[test]
+    fn object_errors_are_exported_from_the_start() {
+        let mut registry = Registry::default();
+        let _metrics = ApiMetrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for kind in kpng_model::Kind::ALL {
+            let line = format!("kpng_object_errors_total{{kind=\"{}\"}} 0", kind.as_str());
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -284,6 +284,10 @@ impl<M: NodeModel> Runner<M> {
         let families = self.backend.families();
         self.metrics
             .export_from_start(self.backend.name(), &families);
+        #[cfg(target_os = "linux")]
+        if self.conntrack.is_some() {
+            self.metrics.export_conntrack_from_start(&families);
+        }
         let (tamper_tx, tampering) = mpsc::unbounded_channel();
         let alarm = TamperAlarm::new(move |t| {
             // The loop has ended when the receiver is gone: nothing left to repair.

@@ -688,6 +688,22 @@ fn udp_flow(client: &str, dst: &str, reply_src: &str) -> kpng_conntrack::Flow {
     )
 }
 
+/// The conntrack cleanup's failure counter exists at 0 from the start where the cleanup runs
+/// (the first failure then shows in `increase()`), and not where it does not.
+#[tokio::test(start_paused = true)]
+async fn conntrack_failures_are_exported_from_the_start_where_the_cleanup_runs() {
+    let line = "kpng_conntrack_reconciler_failures_total{ip_family=\"IPv4\"} 0";
+    let fake = kpng_conntrack::fake::FakeTable::new(vec![], vec![]);
+    let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake));
+    let h = start_with(cleanup_timing(), Some(reconciler));
+    settle().await;
+    let text = encoded(&h);
+    assert!(text.contains(line), "{line} missing:\n{text}");
+    let without = start(cleanup_timing());
+    settle().await;
+    assert!(!encoded(&without).contains("kpng_conntrack_reconciler_failures_total"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn stale_udp_entries_are_deleted_after_syncs_that_can_strand_them() {
     use kpng_conntrack::fake::FakeTable;
