@@ -1065,6 +1065,12 @@ impl<M: NodeModel> LoopState<M> {
             };
             m.objects_applied.get_or_create(&label).inc_by(count as u64);
         }
+        if info.changes_from_outcome {
+            m.service_changes_total
+                .inc_by(outcome.services_changed.len() as u64);
+            m.endpoint_changes_total
+                .inc_by(outcome.slices_changed as u64);
+        }
         let was_listed = self.listed_all();
         self.listed.extend(outcome.listed.iter().copied());
         self.pending_services.extend(outcome.services_changed);

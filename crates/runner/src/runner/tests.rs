@@ -982,6 +982,104 @@ async fn change_counters_count_events_and_pending_counts_changes_until_a_sync() 
     );
 }
 
+/// A batch (a reloaded file: `Replace`; a directory's changed file: `Changes`) moves the change
+/// counters by the objects that differ from what the model had, not by every object it
+/// repeats; a single watch event still counts as one, as kube-proxy counts every event.
+#[tokio::test(start_paused = true)]
+async fn a_reloaded_batch_counts_only_the_objects_that_changed() {
+    let reference = |kind: Kind, name: &str| kpng_model::ObjectRef {
+        kind,
+        namespace: "ns".into(),
+        name: name.into(),
+    };
+    let file = |b_ip: &str, slice_ip: &str, with_c: bool| {
+        let mut objects = vec![
+            service("a", "10.96.0.1"),
+            service("b", b_ip),
+            slice("a-1", slice_ip, None),
+            slice("a-2", "10.0.0.9", None),
+        ];
+        if with_c {
+            objects.push(service("c", "10.96.0.3"));
+        }
+        objects
+    };
+    let replace = |objects: Vec<Object>| all_kinds(objects);
+    // (what, the input, Service changes, endpoint changes)
+    let cases: Vec<(&str, Event, u64, u64)> = vec![
+        (
+            "the same file again",
+            replace(file("10.96.0.2", "10.0.0.1", true)),
+            0,
+            0,
+        ),
+        (
+            "one EndpointSlice edited",
+            replace(file("10.96.0.2", "10.0.0.7", true)),
+            0,
+            1,
+        ),
+        (
+            "one Service edited",
+            replace(file("10.96.0.20", "10.0.0.7", true)),
+            1,
+            0,
+        ),
+        (
+            "one Service gone from the file",
+            replace(file("10.96.0.20", "10.0.0.7", false)),
+            1,
+            0,
+        ),
+        (
+            "a directory's file: one slice deleted, the rest repeated",
+            Event::Changes {
+                deleted: vec![reference(Kind::EndpointSlice, "a-2")],
+                applied: vec![service("a", "10.96.0.1"), slice("a-1", "10.0.0.7", None)],
+            },
+            0,
+            1,
+        ),
+        (
+            "a watch event repeating an object: one event, as kube-proxy",
+            Event::Apply(service("a", "10.96.0.1")),
+            1,
+            0,
+        ),
+    ];
+    let h = start(SyncTiming::default());
+    h.tx.send(replace(file("10.96.0.2", "10.0.0.1", true)))
+        .await
+        .expect("send");
+    settle().await;
+    let m = &h.metrics;
+    assert_eq!(
+        (
+            m.service_changes_total.get(),
+            m.endpoint_changes_total.get()
+        ),
+        (3, 2),
+        "the first load: every object is new"
+    );
+    for (what, event, services, endpoints) in cases {
+        let before = (
+            m.service_changes_total.get(),
+            m.endpoint_changes_total.get(),
+        );
+        h.tx.send(event).await.expect("send");
+        settle().await;
+        let after = (
+            m.service_changes_total.get(),
+            m.endpoint_changes_total.get(),
+        );
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (services, endpoints),
+            "{what}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_node_name_no_node_has_is_a_status_problem_once_listed() {
     let h = start(SyncTiming::default());
