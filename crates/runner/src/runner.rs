@@ -359,6 +359,13 @@ impl<M: NodeModel> Runner<M> {
             node_status_changed: false,
             warned_node_config: Vec::new(),
         };
+        // As kube-proxy's sync loop, which calls `Updated` as it starts: `/healthz` reports
+        // the loop's start as each family's `lastUpdated` rather than the zero time, and a
+        // change queued from now on is late 2 × `--sync-period` after it was queued.
+        let started = SystemTime::now();
+        for family in &state.families {
+            state.runner.health.updated(*family, started);
+        }
         state.update_eligibility();
         state.run(events, tampering, address_changes, queries).await;
     }
@@ -839,8 +846,15 @@ impl<M: NodeModel> LoopState<M> {
     /// Tells `/healthz` whether the node may receive load-balancer traffic: the Node's own
     /// eligibility, and not while the first sync is held for its podCIDRs (nothing is
     /// programmed; kube-proxy serves no health check before it has them).
+    ///
+    /// As kube-proxy's, the node counts as eligible while starting, until the Node list says
+    /// otherwise (kube-proxy's health server starts eligible and only a Node event changes
+    /// that): `/healthz` did answer 503 (`nodeEligible: false`) while a Node that exists was
+    /// still being listed.
     fn update_eligibility(&self) {
-        let eligible = self.runner.model.snapshot().node.eligible() && !self.held_for_pod_cidrs();
+        let node = &self.runner.model.snapshot().node;
+        let starting = !node.known && !self.listed.contains(&Kind::Node);
+        let eligible = (node.eligible() || starting) && !self.held_for_pod_cidrs();
         self.runner.health.set_node_eligible(eligible);
     }
 
@@ -1072,7 +1086,12 @@ impl<M: NodeModel> LoopState<M> {
                 .inc_by(outcome.slices_changed as u64);
         }
         let was_listed = self.listed_all();
+        let node_was_listed = self.listed.contains(&Kind::Node);
         self.listed.extend(outcome.listed.iter().copied());
+        if !node_was_listed && self.listed.contains(&Kind::Node) {
+            // The start-up's eligibility ends: the Node list says whether the Node exists.
+            self.update_eligibility();
+        }
         self.pending_services.extend(outcome.services_changed);
         self.pending_endpoints += outcome.slices_changed as i64;
         let m = &self.runner.metrics;

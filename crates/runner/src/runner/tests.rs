@@ -1080,6 +1080,43 @@ async fn a_reloaded_batch_counts_only_the_objects_that_changed() {
     }
 }
 
+/// As kube-proxy's: while starting, `/healthz` takes the node as eligible until the Node list
+/// says otherwise, and reports the sync loop's start as each family's `lastUpdated` (not the
+/// zero time); once the list has no such Node, 503.
+#[tokio::test(start_paused = true)]
+async fn healthz_while_starting_is_as_kube_proxys() {
+    let h = start(SyncTiming::default());
+    settle().await;
+    let report = h.health.report(SystemTime::now(), true);
+    assert_eq!(report.status, 200, "{}", report.body);
+    assert!(
+        report.body.contains("\"nodeEligible\":true"),
+        "{}",
+        report.body
+    );
+    assert!(!report.body.contains("0001-01-01"), "{}", report.body);
+    // The lists end without a Node named "n".
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    let report = h.health.report(SystemTime::now(), true);
+    assert_eq!(report.status, 503, "{}", report.body);
+    assert!(
+        report.body.contains("\"nodeEligible\":false"),
+        "{}",
+        report.body
+    );
+    // The Node appears.
+    h.tx.send(Event::Apply(node_object(
+        json!({"metadata": {"name": "n"}}),
+    )))
+    .await
+    .expect("send");
+    settle().await;
+    assert_eq!(h.health.report(SystemTime::now(), true).status, 200);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_node_name_no_node_has_is_a_status_problem_once_listed() {
     let h = start(SyncTiming::default());
