@@ -24,9 +24,9 @@ pub struct ApiMetrics {
     /// tells the first of each kind per peer and then summarises; this counts every one, for
     /// an alert on a node stuck in a retry loop.
     pub refused: Family<RefusedLabel, Counter>,
-    /// `kpng_api_tls_certificate_expiry_seconds{file}`: the served certificate's notAfter as
+    /// `kpng_api_tls_certificate_expiry_timestamp_seconds{file}`: the served certificate's notAfter as
     /// a Unix time (node_exporter's and cert-manager's convention), so that an alert is
-    /// `kpng_api_tls_certificate_expiry_seconds - time() < 7*86400`. No series without TLS,
+    /// `kpng_api_tls_certificate_expiry_timestamp_seconds - time() < 7*86400`. No series without TLS,
     /// so a plaintext brain does not look expired.
     pub tls_certificate_expiry: Family<TlsFileLabel, Gauge>,
     /// `kpng_api_tls_reload_failures_total`: changed TLS files the brain could not take (it
@@ -49,7 +49,7 @@ pub struct ApiMetrics {
     pub unknown_node_names: Gauge,
 }
 
-/// The label of `kpng_api_tls_certificate_expiry_seconds`.
+/// The label of `kpng_api_tls_certificate_expiry_timestamp_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TlsFileLabel {
     /// The certificate file (`--listen-tls-cert`).
@@ -142,7 +142,7 @@ impl ApiMetrics {
             m.refused.clone(),
         );
         registry.register(
-            "kpng_api_tls_certificate_expiry_seconds",
+            "kpng_api_tls_certificate_expiry_timestamp_seconds",
             "The notAfter of the certificate the API server serves, as a Unix time",
             m.tls_certificate_expiry.clone(),
         );
@@ -152,6 +152,13 @@ impl ApiMetrics {
              certificate is still served)",
             m.tls_reload_failures.clone(),
         );
+        // Each kind at 0 from the start, as on a node: the first rejection shows in
+        // `increase()`.
+        for kind in kpng_model::Kind::ALL {
+            let _ = m.object_errors.get_or_create(&KindLabel {
+                kind: kind.as_str().into(),
+            });
+        }
         registry.register(
             "kpng_object_errors",
             "Objects rejected as invalid (their last good version is kept)",
@@ -178,5 +185,41 @@ impl ApiMetrics {
             m.unknown_node_names.clone(),
         );
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The certificate's expiry is a Unix time: Prometheus' convention names it `…_timestamp_seconds`.
+    #[test]
+    fn the_certificate_expiry_is_named_as_a_timestamp() {
+        let mut registry = Registry::default();
+        let metrics = ApiMetrics::new(&mut registry);
+        metrics
+            .tls_certificate_expiry
+            .get_or_create(&TlsFileLabel {
+                file: "/tls/tls.crt".into(),
+            })
+            .set(1_900_000_000);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        let line =
+            "kpng_api_tls_certificate_expiry_timestamp_seconds{file=\"/tls/tls.crt\"} 1900000000";
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+
+    /// A brain's alerting counters exist at 0 from the start, as a node's.
+    #[test]
+    fn object_errors_are_exported_from_the_start() {
+        let mut registry = Registry::default();
+        let _metrics = ApiMetrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for kind in kpng_model::Kind::ALL {
+            let line = format!("kpng_object_errors_total{{kind=\"{}\"}} 0", kind.as_str());
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -891,7 +891,8 @@ impl IptablesBackend {
             state.kept_rules = false;
             state.full_done = false;
         }
-        let operations = sync_each(self.states.len(), |index| self.sync_family(index, request))?;
+        let families: Vec<Family> = self.states.iter().map(|s| s.family).collect();
+        let operations = sync_each(&families, |index| self.sync_family(index, request))?;
         debug!(operations, "iptables sync done");
         let repaired = (!self.found_flushed.is_empty()).then(|| self.found_flushed.join("; "));
         let kept: Vec<&FamilyState> = self.states.iter().filter(|s| s.kept_rules).collect();

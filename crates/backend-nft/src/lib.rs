@@ -158,8 +158,14 @@ enum KernelTable {
 /// The nftables backend's own metrics.
 #[derive(Debug, Clone, Default)]
 struct NftMetrics {
-    sync_failures: Counter,
-    cleanup_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family}`: refused
+    /// transactions of that family's table (kube-proxy's, one proxier per family).
+    sync_failures:
+        prometheus_client::metrics::family::Family<kpng_backend::metrics::FamilyLabel, Counter>,
+    /// `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family}`: failed
+    /// removals of that family's table.
+    cleanup_failures:
+        prometheus_client::metrics::family::Family<kpng_backend::metrics::FamilyLabel, Counter>,
     /// `kpng_nftables_elements{ip_family}`: set and map elements kpng programmed (its in-memory
     /// view of the kernel's, updated after every successful sync).
     elements: prometheus_client::metrics::family::Family<
@@ -469,7 +475,10 @@ impl NftBackend {
     /// transaction refused may be the skeleton's or a chain's text, while `ops` counts the
     /// elements the sync sent (an IPv6 table without Services failed as "0 operations").
     fn fail_with(&self, index: usize, ops: usize, message: String) -> BackendError {
-        self.metrics.sync_failures.inc();
+        self.metrics
+            .sync_failures
+            .get_or_create(&self.states[index].fam.0.into())
+            .inc();
         BackendError::Other(format!(
             "nftables transaction failed (the sync had {ops} element operations): {} table: \
              {message}",
@@ -1131,14 +1140,21 @@ impl Backend for NftBackend {
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
+        // At 0 from the start, for the families this node runs, so that the first failure
+        // shows in `increase()`.
+        for state in &self.states {
+            let label = kpng_backend::metrics::FamilyLabel::from(state.fam.0);
+            let _ = self.metrics.sync_failures.get_or_create(&label);
+            let _ = self.metrics.cleanup_failures.get_or_create(&label);
+        }
         registry.register(
             "kubeproxy_sync_proxy_rules_nftables_sync_failures",
-            "Number of times the nftables transaction failed",
+            "Cumulative proxy nftables sync failures",
             self.metrics.sync_failures.clone(),
         );
         registry.register(
             "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
-            "Number of times the nftables cleanup failed",
+            "Cumulative proxy nftables cleanup failures",
             self.metrics.cleanup_failures.clone(),
         );
         registry.register(
@@ -1218,7 +1234,8 @@ impl Backend for NftBackend {
         let addresses_were = (request.full || request.diff.is_empty() || request.diff.node_changed)
             .then(|| self.refresh_local_addresses(&request.snapshot.node))
             .flatten();
-        let result = sync_each(self.states.len(), |index| {
+        let families: Vec<Family> = self.states.iter().map(|s| s.fam.0).collect();
+        let result = sync_each(&families, |index| {
             self.sync_family(index, request, addresses_were.as_deref())
         });
         if let Some(m) = &self.monitor {
@@ -1313,7 +1330,12 @@ impl Backend for NftBackend {
             m.end_own();
         }
         result.map_err(|e| {
-            self.metrics.cleanup_failures.inc();
+            for family in &self.config.families {
+                self.metrics
+                    .cleanup_failures
+                    .get_or_create(&(*family).into())
+                    .inc();
+            }
             BackendError::Other(format!("removing the {} tables: {e}", self.config.table))
         })?;
         for state in &mut self.states {

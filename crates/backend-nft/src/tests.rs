@@ -458,6 +458,45 @@ fn element_and_chain_counts_are_exported() {
     assert!(gauge(&registry, "kpng_nftables_dynamic_chains") >= 1.0);
 }
 
+/// kube-proxy's nftables failure counters are per `ip_family` (one proxier per family), with
+/// its help text, and exist at 0 from the start for the families the node runs; a refused
+/// transaction counts under its family only, and the error names it for the runner.
+#[test]
+fn a_refused_transaction_is_counted_under_its_family() {
+    let model = model_from(ONE_SERVICE);
+    let (mut b, r) = backend();
+    let mut registry = prometheus_client::registry::Registry::default();
+    b.register_metrics(&mut registry);
+    let text = |registry: &prometheus_client::registry::Registry| {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
+        text
+    };
+    let at_start = text(&registry);
+    for line in [
+        "# HELP kubeproxy_sync_proxy_rules_nftables_sync_failures Cumulative proxy nftables sync failures.",
+        "# HELP kubeproxy_sync_proxy_rules_nftables_cleanup_failures Cumulative proxy nftables cleanup failures.",
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 0",
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv6\"} 0",
+        "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv4\"} 0",
+        "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv6\"} 0",
+    ] {
+        assert!(at_start.contains(line), "{line} missing:\n{at_start}");
+    }
+    full_sync(&mut b, &model);
+    // The next transaction (IPv4's, synced first) is refused; IPv6's goes through.
+    r.record().fail_next = 1;
+    let error = try_full_sync(&mut b, &model).expect_err("refused");
+    assert_eq!(error.failed_families(), Some(&[Family::V4][..]), "{error}");
+    let after = text(&registry);
+    for line in [
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 1",
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv6\"} 0",
+    ] {
+        assert!(after.contains(line), "{line} missing:\n{after}");
+    }
+}
+
 #[test]
 fn an_unchanged_relist_sends_nothing() {
     let mut model = model_from(ONE_SERVICE);

@@ -109,6 +109,27 @@ pub enum BackendError {
     /// Anything else, described.
     #[error("{0}")]
     Other(String),
+    /// Some of the backend's families failed and the others synced (each family is synced on
+    /// its own, as kube-proxy runs one proxier per family): the runner then marks only the
+    /// failed ones unsynced, so the others' `/healthz` and last-sync timestamp move on.
+    #[error("{error}")]
+    InFamilies {
+        /// The families whose sync failed.
+        failed: Vec<Family>,
+        /// The first family's error.
+        error: Box<BackendError>,
+    },
+}
+
+impl BackendError {
+    /// The families this error is about, when the backend knows that the others synced;
+    /// `None`: every family is to be taken as unsynced.
+    pub fn failed_families(&self) -> Option<&[Family]> {
+        match self {
+            BackendError::InFamilies { failed, .. } => Some(failed),
+            _ => None,
+        }
+    }
 }
 
 /// A consumer of the node-local model: a sink that writes it somewhere, or a backend that

@@ -68,6 +68,13 @@ pub struct InputInfo {
     pub service_changes: u64,
     /// Endpoint changes it carries (`kubeproxy_sync_proxy_rules_endpoint_changes_total`).
     pub endpoint_changes: u64,
+    /// Whether the change counters move by what the model found changed (the applied
+    /// outcome's changed Services and EndpointSlices) rather than by `service_changes` and
+    /// `endpoint_changes`: a batch (a file reloaded, a re-list) repeats every object it
+    /// still has, changed or not, and counting them all would make `rate()` show churn that
+    /// is not there (editing one EndpointSlice in a file of 9 Services counted 9 Service
+    /// changes).
+    pub changes_from_outcome: bool,
 }
 
 impl InputInfo {
@@ -78,6 +85,18 @@ impl InputInfo {
             service_changes: count(Kind::Service),
             endpoint_changes: count(Kind::EndpointSlice),
             objects,
+            changes_from_outcome: false,
+        }
+    }
+
+    /// A batch carrying these objects (a whole file, a list): seen as carried, counted as
+    /// changes only where they differ from what the model had ([`InputInfo::changes_from_outcome`]).
+    pub fn batch(objects: Vec<Kind>) -> InputInfo {
+        InputInfo {
+            objects,
+            service_changes: 0,
+            endpoint_changes: 0,
+            changes_from_outcome: true,
         }
     }
 }
@@ -89,7 +108,10 @@ impl NodeModel for Model {
         match event {
             Event::Apply(o) | Event::ListItem(o) => InputInfo::objects(vec![o.kind()]),
             Event::Delete(r) => InputInfo::objects(vec![r.kind]),
-            Event::Changes { deleted, applied } => InputInfo::objects(
+            // A single watch event counts as one change, as kube-proxy counts every event.
+            // A batch (a reloaded file, a re-list) repeats what did not change: only what the
+            // model finds changed counts.
+            Event::Changes { deleted, applied } => InputInfo::batch(
                 deleted
                     .iter()
                     .map(|r| r.kind)
@@ -97,7 +119,7 @@ impl NodeModel for Model {
                     .collect(),
             ),
             Event::Replace { objects, .. } => {
-                InputInfo::objects(objects.iter().map(|o| o.kind()).collect())
+                InputInfo::batch(objects.iter().map(|o| o.kind()).collect())
             }
             Event::ListStart { .. } | Event::ListDone { .. } => InputInfo::default(),
         }

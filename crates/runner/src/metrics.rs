@@ -160,6 +160,17 @@ impl ProxyMetrics {
         }
     }
 
+    /// Creates, at 0, the UDP conntrack cleanup's failure counter of each family, on a node
+    /// that runs the cleanup (a series that appears with the first failure is invisible to
+    /// `increase()`; a node without the cleanup exports none).
+    pub fn export_conntrack_from_start(&self, families: &[kpng_model::Family]) {
+        for family in families {
+            let _ = self
+                .conntrack_reconciler_failures
+                .get_or_create(&(*family).into());
+        }
+    }
+
     /// Creates the metrics and registers them.
     pub fn new(registry: &mut Registry) -> ProxyMetrics {
         let m = ProxyMetrics {

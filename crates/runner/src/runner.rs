@@ -284,6 +284,10 @@ impl<M: NodeModel> Runner<M> {
         let families = self.backend.families();
         self.metrics
             .export_from_start(self.backend.name(), &families);
+        #[cfg(target_os = "linux")]
+        if self.conntrack.is_some() {
+            self.metrics.export_conntrack_from_start(&families);
+        }
         let (tamper_tx, tampering) = mpsc::unbounded_channel();
         let alarm = TamperAlarm::new(move |t| {
             // The loop has ended when the receiver is gone: nothing left to repair.
@@ -355,6 +359,13 @@ impl<M: NodeModel> Runner<M> {
             node_status_changed: false,
             warned_node_config: Vec::new(),
         };
+        // As kube-proxy's sync loop, which calls `Updated` as it starts: `/healthz` reports
+        // the loop's start as each family's `lastUpdated` rather than the zero time, and a
+        // change queued from now on is late 2 × `--sync-period` after it was queued.
+        let started = SystemTime::now();
+        for family in &state.families {
+            state.runner.health.updated(*family, started);
+        }
         state.update_eligibility();
         state.run(events, tampering, address_changes, queries).await;
     }
@@ -727,6 +738,12 @@ impl<M: NodeModel> LoopState<M> {
             // Nothing programmed yet: the first sync is a full one anyway.
             return;
         }
+        // The data plane no longer holds the model: a change waiting for its sync, for
+        // `/healthz` (which fails if the repair does not succeed within the health timeout).
+        let now_wall = SystemTime::now();
+        for family in &self.families {
+            self.runner.health.queued(*family, now_wall);
+        }
         if self.repair_for.is_some() {
             // Its repair is scheduled already (perhaps delayed: not brought forward).
             debug!(backend = %backend.backend, "changed by someone else ({}); repair already scheduled", t.what);
@@ -829,8 +846,15 @@ impl<M: NodeModel> LoopState<M> {
     /// Tells `/healthz` whether the node may receive load-balancer traffic: the Node's own
     /// eligibility, and not while the first sync is held for its podCIDRs (nothing is
     /// programmed; kube-proxy serves no health check before it has them).
+    ///
+    /// As kube-proxy's, the node counts as eligible while starting, until the Node list says
+    /// otherwise (kube-proxy's health server starts eligible and only a Node event changes
+    /// that): `/healthz` did answer 503 (`nodeEligible: false`) while a Node that exists was
+    /// still being listed.
     fn update_eligibility(&self) {
-        let eligible = self.runner.model.snapshot().node.eligible() && !self.held_for_pod_cidrs();
+        let node = &self.runner.model.snapshot().node;
+        let starting = !node.known && !self.listed.contains(&Kind::Node);
+        let eligible = (node.eligible() || starting) && !self.held_for_pod_cidrs();
         self.runner.health.set_node_eligible(eligible);
     }
 
@@ -1055,8 +1079,19 @@ impl<M: NodeModel> LoopState<M> {
             };
             m.objects_applied.get_or_create(&label).inc_by(count as u64);
         }
+        if info.changes_from_outcome {
+            m.service_changes_total
+                .inc_by(outcome.services_changed.len() as u64);
+            m.endpoint_changes_total
+                .inc_by(outcome.slices_changed as u64);
+        }
         let was_listed = self.listed_all();
+        let node_was_listed = self.listed.contains(&Kind::Node);
         self.listed.extend(outcome.listed.iter().copied());
+        if !node_was_listed && self.listed.contains(&Kind::Node) {
+            // The start-up's eligibility ends: the Node list says whether the Node exists.
+            self.update_eligibility();
+        }
         self.pending_services.extend(outcome.services_changed);
         self.pending_endpoints += outcome.slices_changed as i64;
         let m = &self.runner.metrics;
@@ -1186,27 +1221,45 @@ impl<M: NodeModel> LoopState<M> {
             .as_ref()
             .map(crate::conntrack_cleanup::KeptRules::of)
             .unwrap_or_default();
+        // Every attempt is timed, a failed one too (kube-proxy observes in a defer).
+        for family in &self.families {
+            let label: FamilyLabel = (*family).into();
+            m.sync_duration
+                .get_or_create(&label)
+                .observe(duration.as_secs_f64());
+            let by_kind = if full {
+                &m.full_sync_duration
+            } else {
+                &m.partial_sync_duration
+            };
+            by_kind
+                .get_or_create(&label)
+                .observe(duration.as_secs_f64());
+        }
+        let wall = SystemTime::now();
+        // The families this sync programmed: all of them, or those a failure did not name
+        // (each family is synced on its own, as kube-proxy's proxiers are).
+        let failed: Vec<Family> = match &result {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .failed_families()
+                .map(<[Family]>::to_vec)
+                .unwrap_or_else(|| self.families.clone()),
+        };
+        for family in &self.families {
+            if failed.contains(family) {
+                // Not programmed: as a change kube-proxy queued and could not apply, `/healthz`
+                // and `/livez` fail if no sync succeeds within the health timeout.
+                self.runner.health.queued(*family, wall);
+            } else {
+                m.last_sync_timestamp
+                    .get_or_create(&(*family).into())
+                    .set(unix_seconds(wall));
+                self.runner.health.updated(*family, wall);
+            }
+        }
         let report = match result {
             Ok(stats) => {
-                let wall = SystemTime::now();
-                for family in &self.families {
-                    let label: FamilyLabel = (*family).into();
-                    m.sync_duration
-                        .get_or_create(&label)
-                        .observe(duration.as_secs_f64());
-                    let by_kind = if full {
-                        &m.full_sync_duration
-                    } else {
-                        &m.partial_sync_duration
-                    };
-                    by_kind
-                        .get_or_create(&label)
-                        .observe(duration.as_secs_f64());
-                    m.last_sync_timestamp
-                        .get_or_create(&label)
-                        .set(unix_seconds(wall));
-                    self.runner.health.updated(*family, wall);
-                }
                 m.sync_operations
                     .get_or_create(&backend)
                     .inc_by(stats.operations as u64);

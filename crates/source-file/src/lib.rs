@@ -35,8 +35,9 @@
 //! file (symlinks followed, into any directory) is checked every two seconds, and a
 //! re-created directory is watched again. In a directory, each file that is a symlink is
 //! re-read when what it leads to changes (a ConfigMap update swaps the `..data` link, an event
-//! that names no manifest), checked after every change in the directory and every two seconds. `kpng_source_errors_total{reason}` and
-//! `kpng_source_last_good_load_timestamp_seconds` ([`SourceMetrics`]) show a source that stopped
+//! that names no manifest), checked after every change in the directory and every two seconds. `kpng_source_errors_total{reason}`
+//! ([`SourceMetrics`]) counts failed loads, and the input's health record (`kpng status`,
+//! `kpng_input_problems`, `kpng_input_last_good_timestamp_seconds`) shows a source that stopped
 //! loading.
 
 // Errors are rare, carry the whole location for the operator, and are never on a hot path:

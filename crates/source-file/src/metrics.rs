@@ -6,7 +6,6 @@
 //! input's [`InputHealth`], which `kpng status` shows: which file cannot be used, since when,
 //! and when the input last loaded.
 
-use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 
 use kpng_model::input::InputHealth;
@@ -14,7 +13,6 @@ use kpng_model::input::InputHealth;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// Why a load failed.
@@ -24,29 +22,34 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
-/// `kpng_source_errors_total{reason}` and `kpng_source_last_good_load_timestamp_seconds`.
+/// The reasons of `kpng_source_errors_total`, each exported from the start.
+pub const REASONS: [&str; 2] = ["read", "parse"];
+
+/// `kpng_source_errors_total{reason}`: every failed load, counted (a problem fixed between two
+/// scrapes still shows in `increase()`, which `kpng_input_problems`, a gauge of the problems
+/// now, misses). When the input last loaded is `kpng_input_last_good_timestamp_seconds`, from
+/// [`InputHealth`], for every source.
 #[derive(Debug, Clone, Default)]
 pub struct SourceMetrics {
     /// Failed loads, by reason.
     pub errors: Family<ReasonLabel, Counter>,
-    /// When the input last loaded without error (Unix seconds).
-    pub last_good_load: Gauge<f64, AtomicU64>,
     /// What is wrong with the input now, and its last good load (for `kpng status`).
     pub health: InputHealth,
 }
 
 impl SourceMetrics {
-    /// Registers the metrics.
+    /// Registers the metrics, each reason's series at 0 from the start (so that the first
+    /// failure shows in `increase()`).
     pub fn register(&self, registry: &mut Registry) {
+        for reason in REASONS {
+            let _ = self.errors.get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            });
+        }
         registry.register(
             "kpng_source_errors",
             "Loads of the file source that failed, by reason (read, parse)",
             self.errors.clone(),
-        );
-        registry.register(
-            "kpng_source_last_good_load_timestamp_seconds",
-            "When the file source last loaded its input without error",
-            self.last_good_load.clone(),
         );
     }
 
@@ -62,15 +65,30 @@ impl SourceMetrics {
             .failing(&file.to_string_lossy(), message, SystemTime::now());
     }
 
-    /// Records a good load of `file` now: its problem, if any, is over.
+    /// Records a good load of `file`: its problem, if any, is over.
     pub fn good_load(&self, file: &std::path::Path) {
-        let now = SystemTime::now();
-        let seconds = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or_default();
-        self.last_good_load.set(seconds);
         // Borrowed, not allocated, for a UTF-8 path: this runs per file of a large directory.
         self.health.recovered(&file.to_string_lossy());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each reason's counter is exported at 0 from the start; the last good load's time is
+    /// `kpng_input_last_good_timestamp_seconds` only (no duplicate of it).
+    #[test]
+    fn the_error_counters_exist_from_the_start() {
+        let metrics = SourceMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for reason in REASONS {
+            let line = format!("kpng_source_errors_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+        assert!(!text.contains("last_good_load"), "{text}");
     }
 }

@@ -275,7 +275,7 @@ async fn a_symlink_into_another_directory_and_a_recreated_directory_are_followed
         cluster_ip(&next(&mut rx).await.expect("initial")),
         "10.96.0.1"
     );
-    assert!(metrics.last_good_load.get() > 0.0);
+    assert!(metrics.health.state().last_good.is_some());
 
     let tmp = data.join(".real.yaml.tmp");
     std::fs::write(&tmp, manifest("10.96.0.2")).expect("write");

@@ -25,6 +25,11 @@ struct Calls {
     /// (`SyncStats::kept_rules`); `Some(Some(frontends))`, kept for these UDP frontends only
     /// (`SyncStats::kept_udp_frontends`).
     kept_rules: Mutex<Kept>,
+    /// Whether the fake backend programs IPv6 too (`Backend::families`).
+    dual_stack: AtomicBool,
+    /// The only family whose sync fails while `fail` is set (as `sync_each` reports it);
+    /// `None`: the sync fails as a whole.
+    fail_family: Mutex<Option<Family>>,
 }
 
 /// What the fake backend says of the rules it found (see [`Calls::kept_rules`]).
@@ -37,7 +42,11 @@ impl Backend for FakeBackend {
         "fake"
     }
     fn families(&self) -> Vec<Family> {
-        vec![Family::V4]
+        if self.0.dual_stack.load(Ordering::SeqCst) {
+            vec![Family::V4, Family::V6]
+        } else {
+            vec![Family::V4]
+        }
     }
     fn watch_tampering(&mut self, alarm: kpng_backend::TamperAlarm) -> Result<bool, BackendError> {
         *self.0.alarm.lock().expect("lock") = Some(alarm);
@@ -53,7 +62,14 @@ impl Backend for FakeBackend {
             r.snapshot.ports.len(),
         ));
         if self.0.fail.load(Ordering::SeqCst) {
-            return Err(BackendError::Other("injected failure".into()));
+            let error = BackendError::Other("injected failure".into());
+            return Err(match *self.0.fail_family.lock().expect("lock") {
+                Some(family) => BackendError::InFamilies {
+                    failed: vec![family],
+                    error: Box::new(error),
+                },
+                None => error,
+            });
         }
         let kept = self.0.kept_rules.lock().expect("lock").clone();
         Ok(SyncStats {
@@ -123,9 +139,22 @@ fn start_full(
 ) -> Harness {
     let calls = Arc::new(Calls::default());
     *calls.kept_rules.lock().expect("lock") = kept_rules;
+    start_calls(calls, timing, conntrack, memory, inherited, customize)
+}
+
+/// [`start_full`] with the fake backend's `calls` made by the caller (a dual-stack one).
+fn start_calls(
+    calls: Arc<Calls>,
+    timing: SyncTiming,
+    conntrack: Option<kpng_conntrack::Reconciler>,
+    memory: Option<kpng_conntrack::memory::MemoryFile>,
+    inherited: Option<crate::conntrack_cleanup::StartRead>,
+    customize: impl FnOnce(Runner<Model>) -> Runner<Model>,
+) -> Harness {
     let mut registry = Registry::default();
     let metrics = ProxyMetrics::new(&mut registry);
-    let health = Arc::new(ProxyHealth::new(&[Family::V4], timing.sync_period * 2));
+    let families = FakeBackend(calls.clone()).families();
+    let health = Arc::new(ProxyHealth::new(&families, timing.sync_period * 2));
     let model = Model::new(ModelConfig {
         node_name: "n".into(),
         ..ModelConfig::default()
@@ -282,6 +311,138 @@ async fn a_failed_sync_is_retried_as_a_full_sync_and_health_turns_bad_then_good(
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert!(h.reports.borrow().as_ref().expect("report").ok);
     assert!(h.health.is_healthy(SystemTime::now()));
+}
+
+/// A sync that fails with nothing pending (a periodic one, or the repair after a change by
+/// someone else) leaves the data plane unlike the model as much as a failed change's sync:
+/// `/healthz` and `/livez` fail once it lasts 2 × the sync period, as the docs promise, and
+/// are good again after the next successful sync.
+#[tokio::test(start_paused = true)]
+async fn failed_repairs_and_periodic_syncs_make_health_fail_after_two_sync_periods() {
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(10),
+        ..SyncTiming::default()
+    };
+    let h = start(timing);
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    let livez_in = |h: &Harness, secs: u64| {
+        h.health
+            .report(SystemTime::now() + Duration::from_secs(secs), false)
+            .status
+    };
+    assert_eq!(livez_in(&h, 25), 200, "synced");
+
+    // Someone else's change, whose repairs fail (another process owns the table).
+    h.calls.fail.store(true, Ordering::SeqCst);
+    let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
+    alarm.raise("ip kpng: table deleted");
+    settle().await;
+    tokio::time::sleep(TAMPER_DEBOUNCE + Duration::from_millis(1)).await;
+    assert_eq!(log(&h).len(), 2, "the repair was tried");
+    assert!(!h.reports.borrow().as_ref().expect("report").ok);
+    assert_eq!(livez_in(&h, 19), 200, "within 2 × sync period");
+    assert_eq!(
+        livez_in(&h, 21),
+        503,
+        "a repair failing for 2 × sync period"
+    );
+    assert_eq!(
+        h.health
+            .report(SystemTime::now() + Duration::from_secs(21), true)
+            .status,
+        503
+    );
+    // Good again once a sync succeeds.
+    h.calls.fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(h.reports.borrow().as_ref().expect("report").ok);
+    assert_eq!(livez_in(&h, 25), 200, "repaired");
+
+    // A periodic sync (nothing pending) that fails.
+    h.calls.fail.store(true, Ordering::SeqCst);
+    let before = log(&h).len();
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(log(&h).len() > before, "the periodic sync ran");
+    assert!(!h.reports.borrow().as_ref().expect("report").ok);
+    assert_eq!(livez_in(&h, 21), 503, "a failing periodic sync");
+}
+
+/// Every sync attempt is in the duration histograms, a failed one too (kube-proxy observes
+/// them in a defer): a backend whose syncs fail for minutes shows in them.
+#[tokio::test(start_paused = true)]
+async fn every_sync_attempt_is_timed_a_failed_one_too() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::ZERO,
+        ..SyncTiming::default()
+    });
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The first full sync, the failed partial one, the failed full retry.
+    assert_eq!(log(&h), vec![(true, 1, 1), (false, 1, 2), (true, 2, 2)]);
+    let text = encoded(&h);
+    for line in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 3",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 2",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+}
+
+/// Each family is synced on its own: when only IPv6 fails, IPv4's health and last-sync
+/// timestamp move on (kube-proxy's IPv4 proxier would not know of the IPv6 one's failure).
+#[tokio::test(start_paused = true)]
+async fn a_failure_of_one_family_leaves_the_other_healthy_and_current() {
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(10),
+        ..SyncTiming::default()
+    };
+    let calls = Arc::new(Calls::default());
+    calls.dual_stack.store(true, Ordering::SeqCst);
+    *calls.fail_family.lock().expect("lock") = Some(Family::V6);
+    let h = start_calls(calls, timing, None, None, None, |r| r);
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    let last_sync = |h: &Harness, family: Family| {
+        h.metrics
+            .last_sync_timestamp
+            .get_or_create(&family.into())
+            .get()
+    };
+    let (v4, v6) = (last_sync(&h, Family::V4), last_sync(&h, Family::V6));
+    assert!(v4 > 0.0 && v6 > 0.0);
+    h.calls.fail.store(true, Ordering::SeqCst);
+    // (The timestamps are wall-clock: let some pass.)
+    std::thread::sleep(Duration::from_millis(5));
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    settle().await;
+    assert!(!h.reports.borrow().as_ref().expect("report").ok);
+    assert!(last_sync(&h, Family::V4) > v4, "IPv4 synced");
+    assert_eq!(last_sync(&h, Family::V6), v6, "IPv6 did not");
+    let report = h
+        .health
+        .report(SystemTime::now() + Duration::from_secs(21), false);
+    let body: serde_json::Value = serde_json::from_str(&report.body).expect("JSON");
+    assert_eq!(report.status, 503, "{}", report.body);
+    assert_eq!(body["status"]["IPv4"]["healthy"], true, "{}", report.body);
+    assert_eq!(body["status"]["IPv6"]["healthy"], false, "{}", report.body);
 }
 
 #[tokio::test(start_paused = true)]
@@ -525,6 +686,22 @@ fn udp_flow(client: &str, dst: &str, reply_src: &str) -> kpng_conntrack::Flow {
         kpng_conntrack::Tuple::new(sa(client), sa(dst)),
         kpng_conntrack::Tuple::new(sa(reply_src), sa(client)),
     )
+}
+
+/// The conntrack cleanup's failure counter exists at 0 from the start where the cleanup runs
+/// (the first failure then shows in `increase()`), and not where it does not.
+#[tokio::test(start_paused = true)]
+async fn conntrack_failures_are_exported_from_the_start_where_the_cleanup_runs() {
+    let line = "kpng_conntrack_reconciler_failures_total{ip_family=\"IPv4\"} 0";
+    let fake = kpng_conntrack::fake::FakeTable::new(vec![], vec![]);
+    let reconciler = kpng_conntrack::Reconciler::new(Box::new(fake));
+    let h = start_with(cleanup_timing(), Some(reconciler));
+    settle().await;
+    let text = encoded(&h);
+    assert!(text.contains(line), "{line} missing:\n{text}");
+    let without = start(cleanup_timing());
+    settle().await;
+    assert!(!encoded(&without).contains("kpng_conntrack_reconciler_failures_total"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -803,6 +980,141 @@ async fn change_counters_count_events_and_pending_counts_changes_until_a_sync() 
         3,
         "totals only grow with events"
     );
+}
+
+/// A batch (a reloaded file: `Replace`; a directory's changed file: `Changes`) moves the change
+/// counters by the objects that differ from what the model had, not by every object it
+/// repeats; a single watch event still counts as one, as kube-proxy counts every event.
+#[tokio::test(start_paused = true)]
+async fn a_reloaded_batch_counts_only_the_objects_that_changed() {
+    let reference = |kind: Kind, name: &str| kpng_model::ObjectRef {
+        kind,
+        namespace: "ns".into(),
+        name: name.into(),
+    };
+    let file = |b_ip: &str, slice_ip: &str, with_c: bool| {
+        let mut objects = vec![
+            service("a", "10.96.0.1"),
+            service("b", b_ip),
+            slice("a-1", slice_ip, None),
+            slice("a-2", "10.0.0.9", None),
+        ];
+        if with_c {
+            objects.push(service("c", "10.96.0.3"));
+        }
+        objects
+    };
+    let replace = |objects: Vec<Object>| all_kinds(objects);
+    // (what, the input, Service changes, endpoint changes)
+    let cases: Vec<(&str, Event, u64, u64)> = vec![
+        (
+            "the same file again",
+            replace(file("10.96.0.2", "10.0.0.1", true)),
+            0,
+            0,
+        ),
+        (
+            "one EndpointSlice edited",
+            replace(file("10.96.0.2", "10.0.0.7", true)),
+            0,
+            1,
+        ),
+        (
+            "one Service edited",
+            replace(file("10.96.0.20", "10.0.0.7", true)),
+            1,
+            0,
+        ),
+        (
+            "one Service gone from the file",
+            replace(file("10.96.0.20", "10.0.0.7", false)),
+            1,
+            0,
+        ),
+        (
+            "a directory's file: one slice deleted, the rest repeated",
+            Event::Changes {
+                deleted: vec![reference(Kind::EndpointSlice, "a-2")],
+                applied: vec![service("a", "10.96.0.1"), slice("a-1", "10.0.0.7", None)],
+            },
+            0,
+            1,
+        ),
+        (
+            "a watch event repeating an object: one event, as kube-proxy",
+            Event::Apply(service("a", "10.96.0.1")),
+            1,
+            0,
+        ),
+    ];
+    let h = start(SyncTiming::default());
+    h.tx.send(replace(file("10.96.0.2", "10.0.0.1", true)))
+        .await
+        .expect("send");
+    settle().await;
+    let m = &h.metrics;
+    assert_eq!(
+        (
+            m.service_changes_total.get(),
+            m.endpoint_changes_total.get()
+        ),
+        (3, 2),
+        "the first load: every object is new"
+    );
+    for (what, event, services, endpoints) in cases {
+        let before = (
+            m.service_changes_total.get(),
+            m.endpoint_changes_total.get(),
+        );
+        h.tx.send(event).await.expect("send");
+        settle().await;
+        let after = (
+            m.service_changes_total.get(),
+            m.endpoint_changes_total.get(),
+        );
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (services, endpoints),
+            "{what}"
+        );
+    }
+}
+
+/// As kube-proxy's: while starting, `/healthz` takes the node as eligible until the Node list
+/// says otherwise, and reports the sync loop's start as each family's `lastUpdated` (not the
+/// zero time); once the list has no such Node, 503.
+#[tokio::test(start_paused = true)]
+async fn healthz_while_starting_is_as_kube_proxys() {
+    let h = start(SyncTiming::default());
+    settle().await;
+    let report = h.health.report(SystemTime::now(), true);
+    assert_eq!(report.status, 200, "{}", report.body);
+    assert!(
+        report.body.contains("\"nodeEligible\":true"),
+        "{}",
+        report.body
+    );
+    assert!(!report.body.contains("0001-01-01"), "{}", report.body);
+    // The lists end without a Node named "n".
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    let report = h.health.report(SystemTime::now(), true);
+    assert_eq!(report.status, 503, "{}", report.body);
+    assert!(
+        report.body.contains("\"nodeEligible\":false"),
+        "{}",
+        report.body
+    );
+    // The Node appears.
+    h.tx.send(Event::Apply(node_object(
+        json!({"metadata": {"name": "n"}}),
+    )))
+    .await
+    .expect("send");
+    settle().await;
+    assert_eq!(h.health.report(SystemTime::now(), true).status, 200);
 }
 
 #[tokio::test(start_paused = true)]
