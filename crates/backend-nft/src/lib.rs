@@ -1056,15 +1056,20 @@ impl NftBackend {
     /// generation moved more than kpng's own commits, someone else committed while the monitor
     /// was not listening. Their change is found by reading the rules of each committed table
     /// (a rule dump, no element) and comparing them with those read after kpng's last change
-    /// of them; when this sync changed rules itself there is nothing to compare with, and the
-    /// table is repaired. A table found changed is reported through the alarm and its rules
-    /// are put back by the repair. Without an overlap, a sync that changed rules reads them
-    /// for the next comparison.
+    /// of them, leaving out the chains this sync's own text changed (their handles moved). A
+    /// table found changed is reported through the alarm and its rules are put back by the
+    /// repair. Without a difference (someone committed to another table, as fail2ban, Docker or
+    /// a CNI do all day), the rules read are the next comparison's.
     ///
-    /// Not seen this way: someone else's change to set elements (its sets are not read); the
-    /// periodic full sync repairs those.
+    /// Not seen this way: someone else's change to set elements (its sets are not read), to a
+    /// chain this sync's text also changed, or to a table this sync replaced or restored
+    /// whole (nothing of it is left to compare); the periodic full sync repairs those. Until
+    /// 2026-12-06 such a sync with any foreign commit, to any table, was taken as tampering:
+    /// a repair (a whole-table text transaction itself) overlapping a busy neighbour's commits
+    /// raised the next, and the repairs fed themselves.
     fn check_overlap(&mut self, window: (u32, own_commits::Counted)) {
         let (before, counted) = window;
+        let touched = self.own.take_touched();
         let Ok(after) = kpng_netfilter::generation::generation() else {
             return;
         };
@@ -1083,12 +1088,21 @@ impl NftBackend {
             }
             let fam = state.fam.table_family();
             let now = kpng_netfilter::generation::rule_handles(fam, &table).ok();
-            if foreign == 0 {
+            let evidence = match (&now, &state.rules_seen) {
+                (Some(now), Some(seen)) if foreign > 0 && !touched.whole(fam, &table) => {
+                    let untouched = |rules: &[(String, u64)]| -> Vec<(String, u64)> {
+                        rules
+                            .iter()
+                            .filter(|(chain, _)| !touched.chain(fam, &table, chain))
+                            .cloned()
+                            .collect()
+                    };
+                    untouched(now) != untouched(seen)
+                }
+                _ => false,
+            };
+            if !evidence {
                 state.rules_seen = now;
-                continue;
-            }
-            let same = own.text == 0 && now.is_some() && now == state.rules_seen;
-            if same {
                 continue;
             }
             changed.push(format!("{fam} {table}"));
@@ -1101,13 +1115,9 @@ impl NftBackend {
         if changed.is_empty() {
             return;
         }
-        let what = if own.text == 0 {
-            "rules changed by someone else while kpng's sync ran"
-        } else {
-            "someone else committed while kpng's sync changed its rules"
-        };
         let what = format!(
-            "{}: {what} ({foreign} transaction{} not notified)",
+            "{}: rules changed by someone else while kpng's sync ran ({foreign} transaction{} \
+             not notified)",
             changed.join(" and "),
             if foreign == 1 { "" } else { "s" }
         );
@@ -1200,6 +1210,8 @@ impl Backend for NftBackend {
             .as_ref()
             .and_then(|_| kpng_netfilter::generation::generation().ok())
             .map(|generation| (generation, self.own.now()));
+        // What kpng's text changes from here on is this window's (`check_overlap`).
+        self.own.take_touched();
         if tampered {
             // Someone else changed our tables: look at them again, and put the rules and then
             // the sets back (or replace a table that is gone or not ours whole).

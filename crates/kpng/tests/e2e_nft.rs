@@ -53,6 +53,24 @@ fn fault_rule_inserted_during_a_sync_is_repaired() {
     ));
 }
 
+/// A neighbour committing to its own table during each of kpng's text transactions is not
+/// taken as someone changing kpng's rules (docs/reliability.md).
+#[test]
+fn fault_neighbour_commits_during_syncs_are_not_tampering() {
+    let (overlapped, log) = e2e::faults::nft_neighbour_commits_during_syncs(e2e::Backend::Nft);
+    if overlapped == 0 {
+        return; // not root: skipped with its reason printed
+    }
+    assert!(
+        overlapped >= 3,
+        "the neighbour committed during the start and both changes: {overlapped}"
+    );
+    assert!(
+        !log.contains("changed by someone else"),
+        "no change of kpng's rules, no repair:\n{log}"
+    );
+}
+
 #[test]
 fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::Nft);

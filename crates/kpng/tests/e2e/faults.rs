@@ -662,6 +662,72 @@ pub fn nft_rule_inserted_during_a_sync(b: Backend) -> bool {
     served
 }
 
+/// A neighbour committing to a table of its own (fail2ban, Docker, a CNI) during every text
+/// transaction of kpng's, as an `nft` wrapper does here before each one: the generation id
+/// moves more than kpng's own commits, but kpng's rules are untouched, so no change is reported
+/// and nothing is repaired. Until 2026-12-06 each such sync was taken as tampering and its
+/// repair (itself a text transaction) overlapped the next neighbour commit: the repairs fed
+/// themselves. Returns how many syncs the neighbour overlapped and kpng's log.
+pub fn nft_neighbour_commits_during_syncs(b: Backend) -> (usize, String) {
+    require_root!((0, String::new()));
+    let bed = Bed::new(b, "neighbour");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let count = dir.path().join("count");
+    let wrapper = dir.path().join("nft");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -f ]; then\n  echo x >> {c}\n  \
+             nft \"add table inet kpngneighbour; add chain inet kpngneighbour c$$\"\nfi\n\
+             exec nft \"$@\"\n",
+            c = count.display(),
+        ),
+    )
+    .expect("write the nft wrapper");
+    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).expect("chmod");
+    let wrapper = wrapper.display().to_string();
+    let mut k = Kpng::start_with(
+        b,
+        &bed.c.node1.ns,
+        &manifest(&[web(), hold()]),
+        None,
+        &[],
+        &["--nft-exec", "command", "--nft-binary", &wrapper],
+    );
+    bed.wait_served(10, "before");
+    // Services with endpoint counts kpng has no chain for yet: a text transaction each.
+    let two = svc(
+        "two",
+        13,
+        "ClusterIP",
+        "",
+        &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
+    );
+    k.apply(&manifest(&[web(), hold(), two.clone()]));
+    let three = svc(
+        "three",
+        14,
+        "ClusterIP",
+        "",
+        &[
+            ("pod1a", Cond::Ready),
+            ("pod1b", Cond::Ready),
+            ("pod2a", Cond::Ready),
+        ],
+    );
+    k.apply(&manifest(&[web(), hold(), two, three]));
+    // A report would be handled within the tamper debounce; give it time to show.
+    std::thread::sleep(Duration::from_millis(500));
+    // (Only pod1b runs an echo server in this bed: `web` is the one to probe.)
+    bed.wait_served(10, "after");
+    let overlapped = std::fs::read_to_string(&count)
+        .map(|c| c.lines().count())
+        .unwrap_or(0);
+    (overlapped, k.stderr())
+}
+
 /// `nft flush chain ip kpng services`: the table stays, a chain's rules go.
 pub fn nft_chain_flushed(b: Backend) {
     let f = run_fault(
