@@ -108,6 +108,122 @@ pub fn detach_strangers(
         .collect())
 }
 
+/// The kpng programs (by name: `kpng_*`) that run for the sockets of any of `cgroups`,
+/// attached there or inherited from an ancestor (which may be above the root this process
+/// sees), with the name of the kpng program of their hook; each program once. Cgroups that
+/// cannot be read are skipped, unless none can be.
+pub fn node_programs(
+    cgroups: &[PathBuf],
+) -> std::io::Result<Vec<(&'static str, crate::links::CgroupProgram)>> {
+    let mut out: Vec<(&'static str, crate::links::CgroupProgram)> = Vec::new();
+    let mut failure = None;
+    let mut read = false;
+    for cgroup in cgroups {
+        match crate::links::effective_programs(cgroup, &ATTACH_TYPES) {
+            Ok(found) => {
+                read = true;
+                for p in found.into_iter().filter(|p| p.name.starts_with("kpng_")) {
+                    let Some(name) = program_for(p.attach_type) else {
+                        continue;
+                    };
+                    if !out.iter().any(|(_, q)| q.id == p.id) {
+                        out.push((name, p));
+                    }
+                }
+            }
+            Err(e) => failure = Some(e),
+        }
+    }
+    match failure {
+        Some(e) if !read => Err(e),
+        _ => Ok(out),
+    }
+}
+
+/// The pid of a running process holding the link of one of the kpng programs that run for the
+/// sockets of `cgroups` (a running eBPF kpng, whatever its pins), if any.
+pub fn node_programs_holder(cgroups: &[PathBuf]) -> Option<u32> {
+    let found = node_programs(cgroups).ok()?;
+    if found.is_empty() {
+        return None;
+    }
+    let links = crate::links::cgroup_links().ok()?;
+    let held = crate::links::held_links();
+    found.iter().find_map(|(_, p)| {
+        links
+            .iter()
+            .filter(|l| l.program == p.id)
+            .find_map(|l| held.get(&l.id).copied())
+    })
+}
+
+/// What [`sweep_programs`] did, each program in words (`kpng_connect4 (program 812)`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProgramSweep {
+    /// Detached (`BPF_LINK_DETACH`).
+    pub detached: Vec<String>,
+    /// Kept: a running process holds its link (a running eBPF kpng), with its pid.
+    pub held: Vec<String>,
+    /// Still attached, and why: no link of it could be found or detached (attached without a
+    /// bpf_link, by another tool, or the kernel refused).
+    pub left: Vec<String>,
+}
+
+/// Detaches every kpng program that runs for the sockets of `cgroups` ([`node_programs`]),
+/// wherever it is pinned (pins that this process cannot see: another `--bpf-pin-path`, a bpffs
+/// of its own) and whatever cgroup it is attached to (an ancestor above this process's cgroup
+/// namespace): the links are found through the kernel's list of links, not through pins or
+/// cgroup directories. A link a running process holds (`/proc/PID/fdinfo`) is a running eBPF
+/// kpng's and is kept. Links whose pins were just removed are released by the kernel in a work
+/// queue: what is still attached is looked at again for up to `wait`.
+pub fn sweep_programs(
+    cgroups: &[PathBuf],
+    wait: std::time::Duration,
+) -> Result<ProgramSweep, Error> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut out = ProgramSweep::default();
+    loop {
+        let found = node_programs(cgroups)
+            .map_err(|e| Error::io("querying the cgroups' kpng programs", e))?;
+        let links = crate::links::cgroup_links()
+            .map_err(|e| Error::io("listing the kernel's cgroup links", e))?;
+        let held = crate::links::held_links();
+        out.held.clear();
+        let mut left = Vec::new();
+        for (name, program) in found {
+            let what = format!("{name} (program {})", program.id);
+            let theirs: Vec<u32> = links
+                .iter()
+                .filter(|l| l.program == program.id && l.cgroup_id != 0)
+                .map(|l| l.id)
+                .collect();
+            if let Some(pid) = theirs.iter().find_map(|l| held.get(l)) {
+                out.held.push(format!("{what}, held by pid {pid}"));
+                continue;
+            }
+            if theirs.is_empty() {
+                left.push(format!("{what}: no bpf_link attaches it"));
+                continue;
+            }
+            for link in theirs {
+                match crate::links::detach_link(link) {
+                    Ok(()) => {
+                        if !out.detached.contains(&what) {
+                            out.detached.push(what.clone());
+                        }
+                    }
+                    Err(e) => left.push(format!("{what}: detaching link {link}: {e}")),
+                }
+            }
+        }
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            out.left = left;
+            return Ok(out);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Whether [`attach`] loads the program first (once per process) or attaches the loaded one
 /// again (after someone detached its link).
 #[derive(Clone, Copy, PartialEq, Eq)]

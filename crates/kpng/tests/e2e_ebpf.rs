@@ -1317,3 +1317,90 @@ fn metrics_show_the_programs_translating_and_the_maps_filling() {
         "{applied}"
     );
 }
+
+/// A switch from eBPF to nftables on a node whose new kpng cannot see the eBPF kpng's pins
+/// (another `--bpf-pin-path`, a DaemonSet without the host's `/sys/fs/bpf`): the nftables
+/// kpng's sweep finds the programs that translate its node's sockets through the kernel's
+/// links and detaches them. Before, it looked at its pin path and the cgroup root only, found
+/// nothing, and the old programs kept sending pods to the endpoints of their frozen maps.
+/// While an eBPF kpng runs, its programs are kept (its links are held open), and `kpng status`
+/// of the other backend shows them as a PROBLEM.
+#[test]
+fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("switch")).expect("cluster");
+    let _echo: Vec<Spawned> = ["pod2a", "pod1b"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
+        &[],
+    );
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+
+    // An nftables kpng in a namespace of node1's cgroup (pod1a's) while the eBPF kpng runs:
+    // the programs are that kpng's, held open, and stay; its status says they translate.
+    let mut beside = Kpng::start(
+        Backend::Nft,
+        &c.pod("pod1a").ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
+        &[],
+    );
+    beside.wait_logged("the sweep keeping them", |err| {
+        err.contains("kept the eBPF backend's") && err.contains("in use by a running kpng (pid ")
+    });
+    assert_eq!(attached(&c).len(), 9, "a running kpng's programs stay");
+    let status = beside.status_json();
+    let shown = status["dataPlane"].to_string();
+    assert!(
+        shown.contains("eBPF socket programs of another kpng") && shown.contains("kpng_connect4"),
+        "{status}"
+    );
+    drop(beside);
+    // Its rules in pod1a's namespace would answer for node1's.
+    for family in ["ip", "ip6"] {
+        let out = c
+            .pod("pod1a")
+            .ns
+            .exec(["nft", "delete", "table", family, "kpng"])
+            .expect("nft");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // The eBPF kpng is gone (its DaemonSet replaced); its pins, in its own directory, keep
+    // its programs attached.
+    k.stop();
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    let mut nft = Kpng::start(
+        Backend::Nft,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)])]),
+        &[],
+    );
+    nft.wait_logged("the detach", |err| {
+        err.contains("detached the kpng eBPF programs that translated this node's sockets")
+            && err.contains("kpng_connect4 (program ")
+    });
+    assert!(attached(&c).is_empty(), "{:?}", attached(&c));
+    // pod2a left the Service with the switch: the frozen map still had it.
+    let reached = spread(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(10, false), SVC_PORT),
+        8,
+    );
+    assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
+    let status = nft.status_json();
+    assert!(
+        !status["dataPlane"].to_string().contains("another kpng"),
+        "{status}"
+    );
+}
