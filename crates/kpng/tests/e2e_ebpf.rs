@@ -502,6 +502,45 @@ fn an_upgrade_replaces_maps_of_another_layout() {
         .expect("connections work after the upgrade");
 }
 
+/// An upgrade across a layout change that leaves `kpng_reverse` as it was carries its elements
+/// over: the sockets the previous programs translated keep seeing the Service address
+/// (getpeername, connected UDP replies) and keep being destroyed when their endpoint leaves.
+/// Before, the whole previous layout went, and with it what every open socket had been
+/// translated to. The previous layout is stood in for by this build's own maps, their
+/// directory renamed to `v2`.
+#[test]
+fn an_upgrade_carries_the_reverse_map_over() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("carry")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    let before = reverse_entries(&c);
+    assert!(before >= 1, "the held connection's translation");
+    k.terminate();
+    let pins = ebpf_pins(&c.node1.ns);
+    std::fs::rename(pins.join("v3"), pins.join("v2")).expect("stand in for another layout");
+    k.spawn();
+    k.wait_logged("the carry-over", |log| {
+        log.contains("carried over") && log.contains("elements of kpng_reverse from layout v2")
+    });
+    assert!(
+        !pins.join("v2").exists(),
+        "the other layout's pins are gone"
+    );
+    assert!(
+        reverse_entries(&c) >= before,
+        "the translations of open sockets were carried over"
+    );
+    held.second("pod2a")
+        .expect("the established connection outlives the upgrade");
+}
+
 /// A rollback from a newer build with a program this one lacks: that program's link stays
 /// pinned (and attached) when the newer kpng stops. The older kpng removes the pin, which
 /// detaches it, instead of leaving a hook it knows nothing about beside its own. The newer
