@@ -112,6 +112,12 @@ fn unified_cgroup(text: &str) -> Option<&str> {
         .filter(|p| p.starts_with('/') && !p.split('/').any(|c| c == ".."))
 }
 
+/// The root of the cgroup v2 hierarchy if one is mounted where this process sees it, without
+/// mounting one as [`cgroup2_root`] does: for what only looks (`kpng status`).
+pub fn visible_cgroup2_root() -> Option<PathBuf> {
+    whole_cgroup2(&mounts().ok()?)
+}
+
 /// The inode of the kernel's initial cgroup namespace (`PROC_CGROUP_INIT_INO`).
 const INITIAL_CGROUP_NAMESPACE: u64 = 0xEFFF_FFFB;
 

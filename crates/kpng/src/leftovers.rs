@@ -301,12 +301,12 @@ pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf: &EbpfPlaces) -> anyhow::Re
 /// while another backend runs: a sweep that could not detach them (a running eBPF kpng holds
 /// them, or they are attached without a bpf_link), or programs attached since. Asked at every
 /// `kpng status`: one `BPF_PROG_QUERY` per hook and cgroup; nothing is shown when there are
-/// none. The cgroups are found at the first call (finding the root may mount one).
+/// none. The cgroups are found at the first call, among the visible mounts (none is mounted).
 #[cfg(target_os = "linux")]
 pub fn foreign_ebpf_probe(ebpf: EbpfPlaces) -> kpng_runner::admin::DataPlaneProbe {
     let cgroups = std::sync::OnceLock::new();
     std::sync::Arc::new(move || {
-        let cgroups = cgroups.get_or_init(|| imp::ebpf_cgroups(&ebpf));
+        let cgroups = cgroups.get_or_init(|| imp::ebpf_cgroups(&ebpf, false));
         let found = kpng_backend_ebpf::kernel::node_programs(cgroups).unwrap_or_default();
         if found.is_empty() {
             return Vec::new();
@@ -517,8 +517,14 @@ mod imp {
     /// `--cgroup-path`, else the cgroup v2 root (where the backend attaches by default), and
     /// this process's own cgroup, whose effective programs include those attached above the
     /// root it sees (a container's cgroup namespace, a DaemonSet without the host's cgroup).
-    pub(super) fn ebpf_cgroups(ebpf: &EbpfPlaces) -> Vec<PathBuf> {
-        let root = kpng_backend_ebpf::host::cgroup2_root().ok();
+    /// With `mount`, a cgroup v2 hierarchy is mounted when none is visible
+    /// ([`kpng_backend_ebpf::host::cgroup2_root`]); without, none is looked at then.
+    pub(super) fn ebpf_cgroups(ebpf: &EbpfPlaces, mount: bool) -> Vec<PathBuf> {
+        let root = if mount {
+            kpng_backend_ebpf::host::cgroup2_root().ok()
+        } else {
+            kpng_backend_ebpf::host::visible_cgroup2_root()
+        };
         let mut cgroups: Vec<PathBuf> = ebpf
             .cgroup
             .clone()
@@ -537,7 +543,7 @@ mod imp {
 
     /// The kpng programs that run for those cgroups' sockets (none when they cannot be read).
     fn ebpf_programs(ebpf: &EbpfPlaces) -> Vec<u32> {
-        kpng_backend_ebpf::kernel::node_programs(&ebpf_cgroups(ebpf))
+        kpng_backend_ebpf::kernel::node_programs(&ebpf_cgroups(ebpf, true))
             .map(|found| found.into_iter().map(|(_, p)| p.id).collect())
             .unwrap_or_default()
     }
@@ -551,11 +557,10 @@ mod imp {
                 ))
             }
             // Pins this process cannot see, of a kpng that runs: its links are held open.
-            Leftover::KpngEbpf => {
-                kpng_backend_ebpf::kernel::node_programs_holder(&ebpf_cgroups(ebpf)).map(|pid| {
-                    format!("a running kpng (pid {pid}, which holds its programs' links)")
-                })
-            }
+            Leftover::KpngEbpf => kpng_backend_ebpf::kernel::node_programs_holder(&ebpf_cgroups(
+                ebpf, true,
+            ))
+            .map(|pid| format!("a running kpng (pid {pid}, which holds its programs' links)")),
             _ => None,
         }
     }
@@ -592,7 +597,7 @@ mod imp {
                 // another pin directory or bpffs), or attached above the cgroup root it sees:
                 // found through the kernel's links, and none is a running kpng's.
                 let swept = kpng_backend_ebpf::kernel::sweep_programs(
-                    &ebpf_cgroups(ebpf),
+                    &ebpf_cgroups(ebpf, true),
                     std::time::Duration::from_secs(2),
                 )
                 .context("detaching kpng programs")?;
