@@ -94,6 +94,30 @@ pub fn cgroup2_root() -> Result<PathBuf, Error> {
     Ok(PathBuf::from(OWN_CGROUP2_MOUNT))
 }
 
+/// This process's own cgroup v2 directory under `root` (a [`cgroup2_root`]), from
+/// `/proc/self/cgroup`: the programs that run for its sockets are those of the node's pods
+/// too, wherever they are attached (the node's root, above a container's cgroup namespace).
+/// `None` when it cannot be read or is not below `root`.
+pub fn own_cgroup(root: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let dir = root.join(unified_cgroup(&text)?.trim_start_matches('/'));
+    dir.is_dir().then_some(dir)
+}
+
+/// The cgroup v2 path (`0::PATH`) of `/proc/PID/cgroup` text, if it is below the namespace's
+/// root (a path with `..` is a cgroup outside the namespace).
+fn unified_cgroup(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .filter(|p| p.starts_with('/') && !p.split('/').any(|c| c == ".."))
+}
+
+/// The root of the cgroup v2 hierarchy if one is mounted where this process sees it, without
+/// mounting one as [`cgroup2_root`] does: for what only looks (`kpng status`).
+pub fn visible_cgroup2_root() -> Option<PathBuf> {
+    whole_cgroup2(&mounts().ok()?)
+}
+
 /// The inode of the kernel's initial cgroup namespace (`PROC_CGROUP_INIT_INO`).
 const INITIAL_CGROUP_NAMESPACE: u64 = 0xEFFF_FFFB;
 
@@ -288,6 +312,19 @@ mod tests {
         assert_eq!(m[1].fstype, "cgroup2");
         assert_eq!(m[2].fstype, "bpf");
         assert_eq!(m[3].point, PathBuf::from("/run/with space"));
+    }
+
+    /// (/proc/self/cgroup, the unified path)
+    #[test]
+    fn the_own_cgroup_is_the_unified_line() {
+        for (text, want) in [
+            ("0::/kubepods/pod1/c1\n", Some("/kubepods/pod1/c1")),
+            ("12:cpu:/x\n0::/\n", Some("/")),
+            ("0::/../../system.slice\n", None),
+            ("4:memory:/user.slice\n", None),
+        ] {
+            assert_eq!(unified_cgroup(text), want, "{text}");
+        }
     }
 
     #[test]

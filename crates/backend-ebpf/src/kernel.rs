@@ -4,7 +4,8 @@
 //! Restart without interruption: the maps are pinned by name (`LIBBPF_PIN_BY_NAME`) under
 //! `<pin dir>/<layout version>`, so the next kpng's loader opens the same maps, contents
 //! included, as long as their layout is the same; a kpng of another layout creates its own
-//! maps in its own directory and removes the previous layout's pins once its programs are
+//! maps in its own directory, copies over the elements of the maps whose definition did not
+//! change ([`CARRIED`]), and removes the previous layout's pins once its programs are
 //! attached. Its programs are attached *beside*
 //! the previous ones (`BPF_F_ALLOW_MULTI`), their links pinned under a temporary name and
 //! renamed over the previous pins: the rename drops the last reference to the previous links,
@@ -106,6 +107,122 @@ pub fn detach_strangers(
         .filter(|(_, p)| detached.contains(&p.id))
         .map(|(name, p)| format!("{name} (program {})", p.id))
         .collect())
+}
+
+/// The kpng programs (by name: `kpng_*`) that run for the sockets of any of `cgroups`,
+/// attached there or inherited from an ancestor (which may be above the root this process
+/// sees), with the name of the kpng program of their hook; each program once. Cgroups that
+/// cannot be read are skipped, unless none can be.
+pub fn node_programs(
+    cgroups: &[PathBuf],
+) -> std::io::Result<Vec<(&'static str, crate::links::CgroupProgram)>> {
+    let mut out: Vec<(&'static str, crate::links::CgroupProgram)> = Vec::new();
+    let mut failure = None;
+    let mut read = false;
+    for cgroup in cgroups {
+        match crate::links::effective_programs(cgroup, &ATTACH_TYPES) {
+            Ok(found) => {
+                read = true;
+                for p in found.into_iter().filter(|p| p.name.starts_with("kpng_")) {
+                    let Some(name) = program_for(p.attach_type) else {
+                        continue;
+                    };
+                    if !out.iter().any(|(_, q)| q.id == p.id) {
+                        out.push((name, p));
+                    }
+                }
+            }
+            Err(e) => failure = Some(e),
+        }
+    }
+    match failure {
+        Some(e) if !read => Err(e),
+        _ => Ok(out),
+    }
+}
+
+/// The pid of a running process holding the link of one of the kpng programs that run for the
+/// sockets of `cgroups` (a running eBPF kpng, whatever its pins), if any.
+pub fn node_programs_holder(cgroups: &[PathBuf]) -> Option<u32> {
+    let found = node_programs(cgroups).ok()?;
+    if found.is_empty() {
+        return None;
+    }
+    let links = crate::links::cgroup_links().ok()?;
+    let held = crate::links::held_links();
+    found.iter().find_map(|(_, p)| {
+        links
+            .iter()
+            .filter(|l| l.program == p.id)
+            .find_map(|l| held.get(&l.id).copied())
+    })
+}
+
+/// What [`sweep_programs`] did, each program in words (`kpng_connect4 (program 812)`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProgramSweep {
+    /// Detached (`BPF_LINK_DETACH`).
+    pub detached: Vec<String>,
+    /// Kept: a running process holds its link (a running eBPF kpng), with its pid.
+    pub held: Vec<String>,
+    /// Still attached, and why: no link of it could be found or detached (attached without a
+    /// bpf_link, by another tool, or the kernel refused).
+    pub left: Vec<String>,
+}
+
+/// Detaches every kpng program that runs for the sockets of `cgroups` ([`node_programs`]),
+/// wherever it is pinned (pins that this process cannot see: another `--bpf-pin-path`, a bpffs
+/// of its own) and whatever cgroup it is attached to (an ancestor above this process's cgroup
+/// namespace): the links are found through the kernel's list of links, not through pins or
+/// cgroup directories. A link a running process holds (`/proc/PID/fdinfo`) is a running eBPF
+/// kpng's and is kept. Links whose pins were just removed are released by the kernel in a work
+/// queue: what is still attached is looked at again for up to `wait`.
+pub fn sweep_programs(
+    cgroups: &[PathBuf],
+    wait: std::time::Duration,
+) -> Result<ProgramSweep, Error> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut out = ProgramSweep::default();
+    loop {
+        let found = node_programs(cgroups)
+            .map_err(|e| Error::io("querying the cgroups' kpng programs", e))?;
+        let links = crate::links::cgroup_links()
+            .map_err(|e| Error::io("listing the kernel's cgroup links", e))?;
+        let held = crate::links::held_links();
+        out.held.clear();
+        let mut left = Vec::new();
+        for (name, program) in found {
+            let what = format!("{name} (program {})", program.id);
+            let theirs: Vec<u32> = links
+                .iter()
+                .filter(|l| l.program == program.id && l.cgroup_id != 0)
+                .map(|l| l.id)
+                .collect();
+            if let Some(pid) = theirs.iter().find_map(|l| held.get(l)) {
+                out.held.push(format!("{what}, held by pid {pid}"));
+                continue;
+            }
+            if theirs.is_empty() {
+                left.push(format!("{what}: no bpf_link attaches it"));
+                continue;
+            }
+            for link in theirs {
+                match crate::links::detach_link(link) {
+                    Ok(()) => {
+                        if !out.detached.contains(&what) {
+                            out.detached.push(what.clone());
+                        }
+                    }
+                    Err(e) => left.push(format!("{what}: detaching link {link}: {e}")),
+                }
+            }
+        }
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            out.left = left;
+            return Ok(out);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Whether [`attach`] loads the program first (once per process) or attaches the loaded one
@@ -267,6 +384,10 @@ impl Kernel {
         // A newer build's programs this one lacks (after a rollback) keep running against maps
         // this build now writes alone: their pins go, which detaches them.
         remove_unknown_links(&links)?;
+        // What another layout's maps hold that this one's mean the same way goes on.
+        for carried in carry_over(&ebpf, pin_dir) {
+            tracing::info!("carried over {carried}: its definition did not change");
+        }
         // The previous programs are detached: pins of another layout have no reader left.
         remove_other_layouts(pin_dir)?;
         Ok(Kernel {
@@ -667,6 +788,87 @@ fn remove_unknown_links(links_dir: &Path) -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+/// The maps whose elements are carried over from another layout's directory when their
+/// definition (type, key and value sizes, flags) is the same as this build's: a layout change
+/// that does not touch them keeps them. `kpng_reverse` ((socket cookie, endpoint) → frontend)
+/// depends on nothing else the layout holds: without it, connected UDP sockets' replies and
+/// TCP `getpeername()` show the endpoint instead of the Service after an upgrade, and the
+/// sockets of a leaving endpoint are not destroyed. Not `kpng_affinity`: its keys hold service
+/// ids, which a new layout's maps number afresh. A change to the meaning of a carried map's
+/// elements that keeps their sizes must rename the map or take it off this list.
+pub const CARRIED: [&str; 1] = ["kpng_reverse"];
+
+/// Copies the elements of each [`CARRIED`] map pinned in another layout's directory under
+/// `pin_dir` into this build's map of the same name, when both have the same definition.
+/// Best effort (a failure is a warning: the map starts empty, as before). Returns what was
+/// carried over, in words.
+fn carry_over(ebpf: &Ebpf, pin_dir: &Path) -> Vec<String> {
+    let mut carried = Vec::new();
+    let Ok(entries) = std::fs::read_dir(pin_dir) else {
+        return carried;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let layout = entry.file_name();
+        if layout == LINKS || layout == VERSION || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        for name in CARRIED {
+            let old = entry.path().join(name);
+            if !old.exists() {
+                continue;
+            }
+            match carry(ebpf, name, &old) {
+                Ok(Some(n)) => carried.push(format!(
+                    "{n} elements of {name} from layout {}",
+                    layout.to_string_lossy()
+                )),
+                Ok(None) => tracing::info!(
+                    "{name} of layout {} has another definition than {VERSION}'s: not carried over",
+                    layout.to_string_lossy()
+                ),
+                Err(e) => tracing::warn!("carrying {} over: {e}", old.display()),
+            }
+        }
+    }
+    carried
+}
+
+/// Copies the elements of the map pinned at `old` into this build's map `name` if their
+/// definitions match; how many, or `None` when they do not match.
+fn carry(ebpf: &Ebpf, name: &str, old: &Path) -> Result<Option<usize>, Error> {
+    use aya::maps::Map;
+    use std::os::fd::AsFd;
+    let Some(Map::HashMap(new) | Map::LruHashMap(new)) = ebpf.map(name) else {
+        return Err(Error::Bpf(format!("the object has no hash map {name}")));
+    };
+    let old = MapData::from_pin(old)
+        .map_err(|e| bpf_err(format_args!("opening {}", old.display()), e))?;
+    let info = |m: &MapData| {
+        m.info()
+            .map_err(|e| bpf_err(format_args!("map {name}"), e))
+            .map(|i| {
+                (
+                    i.map_type().ok(),
+                    i.key_size() as usize,
+                    i.value_size() as usize,
+                    i.map_flags(),
+                )
+            })
+    };
+    let (was, now) = (info(&old)?, info(new)?);
+    if was != now || was.0.is_none() {
+        return Ok(None);
+    }
+    let (_, key, value, _) = now;
+    let (keys, values) = batch::Map::new(old.fd().as_fd(), key, value)
+        .dump()
+        .map_err(|e| Error::io(format!("reading the old {name}"), e))?;
+    batch::Map::new(new.fd().as_fd(), key, value)
+        .update(&keys, &values)
+        .map_err(|e| Error::io(format!("writing {name}"), e))?;
+    Ok(Some(keys.len() / key.max(1)))
 }
 
 /// Removes what the pin directory holds besides the links and this layout's maps: the map pins

@@ -180,6 +180,25 @@ pub struct CgroupProgram {
 /// The programs attached directly to the cgroup v2 directory `cgroup` (not inherited from its
 /// parents) with each of `attach_types`, in the order they run.
 pub fn attached_programs(cgroup: &Path, attach_types: &[u32]) -> io::Result<Vec<CgroupProgram>> {
+    query_programs(cgroup, attach_types, 0)
+}
+
+/// `BPF_F_QUERY_EFFECTIVE`.
+const QUERY_EFFECTIVE: u32 = 1;
+
+/// The programs that run for the sockets of the cgroup v2 directory `cgroup` with each of
+/// `attach_types`: those attached to it and those inherited from its ancestors, even ancestors
+/// this process cannot see (a cgroup namespace of its own, as a container's: the node's root
+/// is above the root it sees).
+pub fn effective_programs(cgroup: &Path, attach_types: &[u32]) -> io::Result<Vec<CgroupProgram>> {
+    query_programs(cgroup, attach_types, QUERY_EFFECTIVE)
+}
+
+fn query_programs(
+    cgroup: &Path,
+    attach_types: &[u32],
+    query_flags: u32,
+) -> io::Result<Vec<CgroupProgram>> {
     let cg = std::fs::File::open(cgroup)?;
     let mut out = Vec::new();
     for &attach_type in attach_types {
@@ -188,6 +207,7 @@ pub fn attached_programs(cgroup: &Path, attach_types: &[u32]) -> io::Result<Vec<
             let mut attr = QueryAttr {
                 target_fd: u32::try_from(cg.as_raw_fd()).unwrap_or(u32::MAX),
                 attach_type,
+                query_flags,
                 prog_ids: ids.as_mut_ptr() as u64,
                 prog_cnt: u32::try_from(ids.len()).unwrap_or(u32::MAX),
                 ..QueryAttr::default()
@@ -264,6 +284,111 @@ pub fn detach_links(
         detached.push(info.prog_id);
     }
     Ok(detached)
+}
+
+/// A cgroup link of the kernel, whoever made it and wherever it is pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupLink {
+    /// The link's id.
+    pub id: u32,
+    /// The id of the program it attaches.
+    pub program: u32,
+    /// The id of the cgroup it is attached to (0: detached).
+    pub cgroup_id: u64,
+}
+
+/// Every live cgroup link of the kernel (`BPF_LINK_GET_NEXT_ID`): unlike pins and cgroup
+/// directories, the list depends on no mount and no cgroup namespace. A link whose last
+/// reference is already gone (detaching in the kernel's work queue) cannot be opened and is
+/// left out.
+pub fn cgroup_links() -> io::Result<Vec<CgroupLink>> {
+    let mut out = Vec::new();
+    let mut id = 0u32;
+    loop {
+        let mut next = IdAttr {
+            id,
+            ..IdAttr::default()
+        };
+        // SAFETY: `next` is the command's struct; it holds no pointer.
+        match unsafe { bpf_returning(LINK_GET_NEXT_ID, &mut next) } {
+            Ok(_) => id = next.next_id,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Err(e) => return Err(e),
+        }
+        let Ok(fd) = fd_by_id(LINK_GET_FD_BY_ID, id) else {
+            continue;
+        };
+        let mut info = CgroupLinkInfo::default();
+        if info_of(&fd, &mut info).is_err() || info.link_type != LINK_TYPE_CGROUP {
+            continue;
+        }
+        out.push(CgroupLink {
+            id,
+            program: info.prog_id,
+            cgroup_id: info.cgroup_id,
+        });
+    }
+    Ok(out)
+}
+
+/// Detaches the link with id `id` (`BPF_LINK_DETACH`): its program stops running at once,
+/// whoever holds or pins the link.
+pub fn detach_link(id: u32) -> io::Result<()> {
+    let fd = fd_by_id(LINK_GET_FD_BY_ID, id)?;
+    let mut attr = DetachAttr {
+        link_fd: u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX),
+    };
+    // SAFETY: `attr` is `BPF_LINK_DETACH`'s struct; it holds no pointer.
+    unsafe { bpf_returning(LINK_DETACH, &mut attr) }.map(drop)
+}
+
+/// The links that a running process of this pid namespace holds open, by link id, with one of
+/// the pids holding each: a running eBPF kpng holds its links, and they are not leftovers
+/// whatever its pins. From `/proc/PID/fdinfo` (`link_id:`), for the fds that are links.
+pub fn held_links() -> std::collections::BTreeMap<u32, u32> {
+    let me = std::process::id();
+    let mut held = std::collections::BTreeMap::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return held;
+    };
+    for proc in procs.filter_map(Result::ok) {
+        let Some(pid) = proc
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(proc.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.filter_map(Result::ok) {
+            let is_link = std::fs::read_link(fd.path())
+                .is_ok_and(|t| t.as_os_str().as_bytes() == b"anon_inode:bpf_link");
+            if !is_link {
+                continue;
+            }
+            let info = proc.path().join("fdinfo").join(fd.file_name());
+            if let Some(link) = std::fs::read_to_string(info)
+                .ok()
+                .as_deref()
+                .and_then(fdinfo_link_id)
+            {
+                held.entry(link).or_insert(pid);
+            }
+        }
+    }
+    held
+}
+
+/// The `link_id:` of a link fd's fdinfo text.
+fn fdinfo_link_id(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("link_id:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Where a link is attached.
@@ -366,6 +491,14 @@ mod tests {
         assert_eq!(std::mem::offset_of!(ProgInfo, name), 64);
         assert_eq!(std::mem::size_of::<ProgInfo>(), 80);
         assert_eq!(std::mem::size_of::<QueryAttr>(), 32);
+    }
+
+    #[test]
+    fn the_link_id_is_read_from_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000000\nmnt_id:\t15\nino:\t1057\nlink_type:\tcgroup\n\
+                    link_id:\t812\nprog_tag:\t0123456789abcdef\nprog_id:\t77\n";
+        assert_eq!(fdinfo_link_id(text), Some(812));
+        assert_eq!(fdinfo_link_id("pos:\t0\n"), None);
     }
 
     #[test]

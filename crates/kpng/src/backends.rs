@@ -502,6 +502,21 @@ mod linux {
         } else {
             crate::leftovers::own(kind, variant)
         };
+        // Another backend than eBPF: kpng socket programs left translating this node's
+        // sockets are shown as a PROBLEM (the sweep removes them when it can).
+        #[cfg(target_os = "linux")]
+        if !dry_run && kind != BackendKind::Ebpf {
+            let foreign =
+                crate::leftovers::foreign_ebpf_probe(crate::leftovers::EbpfPlaces::from_env());
+            data_plane = Some(match data_plane.take() {
+                Some(probe) => std::sync::Arc::new(move || {
+                    let mut lines = probe();
+                    lines.extend(foreign());
+                    lines
+                }),
+                None => foreign,
+            });
+        }
         Ok(Built {
             backend,
             own,

@@ -76,7 +76,8 @@ impl Leftover {
             }
             Leftover::KpngEbpf => format!(
                 "the eBPF backend's pinned programs and maps under {} and the kpng programs \
-                 attached to {} (`to-local ebpf`)",
+                 that translate the sockets of {} or of kpng's own cgroup, wherever they are \
+                 pinned (`to-local ebpf`)",
                 ebpf.pins.display(),
                 ebpf.cgroup.as_ref().map_or_else(
                     || "the cgroup v2 root".into(),
@@ -296,6 +297,41 @@ pub fn cleanup_all(scope: Scope, dry_run: bool, ebpf: &EbpfPlaces) -> anyhow::Re
     Ok(removed)
 }
 
+/// `kpng status`'s line about kpng eBPF programs that still translate this node's sockets
+/// while another backend runs: a sweep that could not detach them (a running eBPF kpng holds
+/// them, or they are attached without a bpf_link), or programs attached since. Asked at every
+/// `kpng status`: one `BPF_PROG_QUERY` per hook and cgroup; nothing is shown when there are
+/// none. The cgroups are found at the first call, among the visible mounts (none is mounted).
+#[cfg(target_os = "linux")]
+pub fn foreign_ebpf_probe(ebpf: EbpfPlaces) -> kpng_runner::admin::DataPlaneProbe {
+    let cgroups = std::sync::OnceLock::new();
+    std::sync::Arc::new(move || {
+        let cgroups = cgroups.get_or_init(|| imp::ebpf_cgroups(&ebpf, false));
+        let found = kpng_backend_ebpf::kernel::node_programs(cgroups).unwrap_or_default();
+        if found.is_empty() {
+            return Vec::new();
+        }
+        let names: Vec<String> = found
+            .iter()
+            .map(|(name, p)| format!("{name} (program {})", p.id))
+            .collect();
+        let holder = kpng_backend_ebpf::kernel::node_programs_holder(cgroups)
+            .map_or_else(String::new, |pid| {
+                format!(" (pid {pid} holds them: stop it)")
+            });
+        vec![kpng_runner::admin::DataPlaneDetail {
+            what: "eBPF socket programs of another kpng".into(),
+            state: format!("{} attached: {}", found.len(), names.join(", ")),
+            problem: Some(format!(
+                "they translate this node's connections to Services before this backend's \
+                 rules, from maps nobody updates{holder}; `kpng cleanup --kpng-only` (with the \
+                 eBPF kpng's --bpf-pin-path and --cgroup-path, once no eBPF kpng runs) detaches \
+                 them"
+            )),
+        }]
+    })
+}
+
 /// Whether an iptables chain is kube-proxy's (any mode) or kpng's iptables backend's, never
 /// kubelet's.
 #[cfg(target_os = "linux")]
@@ -477,18 +513,37 @@ mod imp {
         std::path::Path::new("/sys/class/net/kube-ipvs0").exists()
     }
 
-    /// The cgroup the eBPF backend's programs are looked for on: its `--cgroup-path`, else the
-    /// cgroup v2 root (where the backend attaches by default).
-    fn ebpf_cgroup(ebpf: &EbpfPlaces) -> Option<PathBuf> {
-        ebpf.cgroup
+    /// The cgroups whose sockets the eBPF backend's programs are looked for on: its
+    /// `--cgroup-path`, else the cgroup v2 root (where the backend attaches by default), and
+    /// this process's own cgroup, whose effective programs include those attached above the
+    /// root it sees (a container's cgroup namespace, a DaemonSet without the host's cgroup).
+    /// With `mount`, a cgroup v2 hierarchy is mounted when none is visible
+    /// ([`kpng_backend_ebpf::host::cgroup2_root`]); without, none is looked at then.
+    pub(super) fn ebpf_cgroups(ebpf: &EbpfPlaces, mount: bool) -> Vec<PathBuf> {
+        let root = if mount {
+            kpng_backend_ebpf::host::cgroup2_root().ok()
+        } else {
+            kpng_backend_ebpf::host::visible_cgroup2_root()
+        };
+        let mut cgroups: Vec<PathBuf> = ebpf
+            .cgroup
             .clone()
-            .or_else(|| kpng_backend_ebpf::host::cgroup2_root().ok())
+            .or_else(|| root.clone())
+            .into_iter()
+            .collect();
+        if let Some(own) = root
+            .as_deref()
+            .and_then(kpng_backend_ebpf::host::own_cgroup)
+            && !cgroups.contains(&own)
+        {
+            cgroups.push(own);
+        }
+        cgroups
     }
 
-    /// The kpng programs attached to that cgroup (none when it cannot be read).
+    /// The kpng programs that run for those cgroups' sockets (none when they cannot be read).
     fn ebpf_programs(ebpf: &EbpfPlaces) -> Vec<u32> {
-        ebpf_cgroup(ebpf)
-            .and_then(|cg| kpng_backend_ebpf::kernel::kpng_programs(&cg).ok())
+        kpng_backend_ebpf::kernel::node_programs(&ebpf_cgroups(ebpf, true))
             .map(|found| found.into_iter().map(|(_, p)| p.id).collect())
             .unwrap_or_default()
     }
@@ -501,6 +556,11 @@ mod imp {
                     |h| format!("a running kpng ({h})"),
                 ))
             }
+            // Pins this process cannot see, of a kpng that runs: its links are held open.
+            Leftover::KpngEbpf => kpng_backend_ebpf::kernel::node_programs_holder(&ebpf_cgroups(
+                ebpf, true,
+            ))
+            .map(|pid| format!("a running kpng (pid {pid}, which holds its programs' links)")),
             _ => None,
         }
     }
@@ -533,21 +593,27 @@ mod imp {
             Leftover::KpngEbpf => {
                 kpng_backend_ebpf::kernel::remove_pins(&ebpf.pins)
                     .context("removing the eBPF backend's pins")?;
-                // Programs attached with no pin left to find them by (a kpng that ran with
-                // another pin directory): none is this kpng's, so every one goes.
-                if let Some(cgroup) = ebpf_cgroup(ebpf) {
-                    let detached = kpng_backend_ebpf::kernel::detach_strangers(
-                        &cgroup,
-                        &std::collections::BTreeSet::new(),
-                    )
-                    .context("detaching kpng programs")?;
-                    if !detached.is_empty() {
-                        tracing::info!(
-                            "detached kpng programs from {}: {}",
-                            cgroup.display(),
-                            detached.join(", ")
-                        );
-                    }
+                // Programs attached with no pin this process can see (a kpng that ran with
+                // another pin directory or bpffs), or attached above the cgroup root it sees:
+                // found through the kernel's links, and none is a running kpng's.
+                let swept = kpng_backend_ebpf::kernel::sweep_programs(
+                    &ebpf_cgroups(ebpf, true),
+                    std::time::Duration::from_secs(2),
+                )
+                .context("detaching kpng programs")?;
+                if !swept.detached.is_empty() {
+                    tracing::info!(
+                        "detached the kpng eBPF programs that translated this node's sockets: {}",
+                        swept.detached.join(", ")
+                    );
+                }
+                let mut failed = swept.left;
+                failed.extend(swept.held);
+                if !failed.is_empty() {
+                    bail!(
+                        "kpng eBPF programs still translate this node's sockets: {}",
+                        failed.join("; ")
+                    );
                 }
             }
             Leftover::KubeProxyNft => {

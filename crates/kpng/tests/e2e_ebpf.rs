@@ -502,6 +502,45 @@ fn an_upgrade_replaces_maps_of_another_layout() {
         .expect("connections work after the upgrade");
 }
 
+/// An upgrade across a layout change that leaves `kpng_reverse` as it was carries its elements
+/// over: the sockets the previous programs translated keep seeing the Service address
+/// (getpeername, connected UDP replies) and keep being destroyed when their endpoint leaves.
+/// Before, the whole previous layout went, and with it what every open socket had been
+/// translated to. The previous layout is stood in for by this build's own maps, their
+/// directory renamed to `v2`.
+#[test]
+fn an_upgrade_carries_the_reverse_map_over() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("carry")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+        &[],
+    );
+    let mut held = HeldConnection::open(&c.pod("pod1a").ns, cip(10, false), "pod2a");
+    let before = reverse_entries(&c);
+    assert!(before >= 1, "the held connection's translation");
+    k.terminate();
+    let pins = ebpf_pins(&c.node1.ns);
+    std::fs::rename(pins.join("v3"), pins.join("v2")).expect("stand in for another layout");
+    k.spawn();
+    k.wait_logged("the carry-over", |log| {
+        log.contains("carried over") && log.contains("elements of kpng_reverse from layout v2")
+    });
+    assert!(
+        !pins.join("v2").exists(),
+        "the other layout's pins are gone"
+    );
+    assert!(
+        reverse_entries(&c) >= before,
+        "the translations of open sockets were carried over"
+    );
+    held.second("pod2a")
+        .expect("the established connection outlives the upgrade");
+}
+
 /// A rollback from a newer build with a program this one lacks: that program's link stays
 /// pinned (and attached) when the newer kpng stops. The older kpng removes the pin, which
 /// detaches it, instead of leaving a hook it knows nothing about beside its own. The newer
@@ -1315,5 +1354,92 @@ fn metrics_show_the_programs_translating_and_the_maps_filling() {
         sample(&applied, frontends),
         Some(frontends_before * 3.0 / 2.0),
         "{applied}"
+    );
+}
+
+/// A switch from eBPF to nftables on a node whose new kpng cannot see the eBPF kpng's pins
+/// (another `--bpf-pin-path`, a DaemonSet without the host's `/sys/fs/bpf`): the nftables
+/// kpng's sweep finds the programs that translate its node's sockets through the kernel's
+/// links and detaches them. Before, it looked at its pin path and the cgroup root only, found
+/// nothing, and the old programs kept sending pods to the endpoints of their frozen maps.
+/// While an eBPF kpng runs, its programs are kept (its links are held open), and `kpng status`
+/// of the other backend shows them as a PROBLEM.
+#[test]
+fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("switch")).expect("cluster");
+    let _echo: Vec<Spawned> = ["pod2a", "pod1b"]
+        .iter()
+        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
+        &[],
+    );
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+
+    // An nftables kpng in a namespace of node1's cgroup (pod1a's) while the eBPF kpng runs:
+    // the programs are that kpng's, held open, and stay; its status says they translate.
+    let mut beside = Kpng::start(
+        Backend::Nft,
+        &c.pod("pod1a").ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
+        &[],
+    );
+    beside.wait_logged("the sweep keeping them", |err| {
+        err.contains("kept the eBPF backend's") && err.contains("in use by a running kpng (pid ")
+    });
+    assert_eq!(attached(&c).len(), 9, "a running kpng's programs stay");
+    let status = beside.status_json();
+    let shown = status["dataPlane"].to_string();
+    assert!(
+        shown.contains("eBPF socket programs of another kpng") && shown.contains("kpng_connect4"),
+        "{status}"
+    );
+    drop(beside);
+    // Its rules in pod1a's namespace would answer for node1's.
+    for family in ["ip", "ip6"] {
+        let out = c
+            .pod("pod1a")
+            .ns
+            .exec(["nft", "delete", "table", family, "kpng"])
+            .expect("nft");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // The eBPF kpng is gone (its DaemonSet replaced); its pins, in its own directory, keep
+    // its programs attached.
+    k.stop();
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    let mut nft = Kpng::start(
+        Backend::Nft,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)])]),
+        &[],
+    );
+    nft.wait_logged("the detach", |err| {
+        err.contains("detached the kpng eBPF programs that translated this node's sockets")
+            && err.contains("kpng_connect4 (program ")
+    });
+    assert!(attached(&c).is_empty(), "{:?}", attached(&c));
+    // pod2a left the Service with the switch: the frozen map still had it.
+    let reached = spread(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(10, false), SVC_PORT),
+        8,
+    );
+    assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
+    let status = nft.status_json();
+    assert!(
+        !status["dataPlane"].to_string().contains("another kpng"),
+        "{status}"
     );
 }
