@@ -29,6 +29,15 @@ impl FromStr for ApiAddr {
             }
             return Ok(ApiAddr::Unix(PathBuf::from(path)));
         }
+        // `https://brain:9000` is what people type for a TLS brain: say where TLS is set.
+        for scheme in ["https://", "http://", "grpcs://", "grpc://"] {
+            if let Some(rest) = s.strip_prefix(scheme) {
+                return Err(AddrError(format!(
+                    "{s} (TLS is set by the --api-tls-* or --listen-tls-* flags, not by the \
+                     scheme: write tcp://{rest})"
+                )));
+            }
+        }
         let hostport = s.strip_prefix("tcp://").unwrap_or(s);
         match hostport.rsplit_once(':') {
             Some((host, port))
@@ -117,5 +126,13 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(input.parse::<ApiAddr>().ok(), *want, "{input}");
         }
+        let said = "https://brain:9000"
+            .parse::<ApiAddr>()
+            .expect_err("a scheme")
+            .to_string();
+        assert!(
+            said.contains("not by the scheme: write tcp://brain:9000"),
+            "{said}"
+        );
     }
 }

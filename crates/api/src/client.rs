@@ -919,30 +919,44 @@ impl Failure {
 ///
 /// A connection that only closed while connecting ([`Failure::follow_on`]) is warned about
 /// only when nothing else explains the outage: not once a cause was warned, and not before
-/// [`WarnedCauses::PATIENCE`] such attempts, since the attempt after it usually says why (a
-/// brain refusing this node's certificate fails in turn as its TLS alert, a broken pipe and
-/// a cancelled operation, and until 2026-12-06 each was a warning).
+/// [`WarnedCauses::PATIENCE`] such attempts over at least [`WarnedCauses::PATIENCE_TIME`],
+/// since an attempt after it usually says why (a brain refusing this node's certificate fails
+/// in turn as its TLS alert, a broken pipe and a cancelled operation, and until 2026-12-06 each
+/// was a warning; with an expired certificate three closed attempts came in 0.36 s, before the
+/// alert, so a count alone still warned first of a closed connection).
 #[derive(Debug, Default)]
 struct WarnedCauses {
     causes: Vec<String>,
     /// Attempts of this outage that only closed, before any was warned about.
     closed: usize,
+    /// When the first of them failed.
+    closed_since: Option<std::time::Instant>,
 }
 
 impl WarnedCauses {
     const MAX: usize = 4;
     /// How many attempts that only closed make a warning when no other cause came.
     const PATIENCE: usize = 3;
+    /// How long attempts that only closed are given for another cause to come.
+    const PATIENCE_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
     /// Whether `failure` is to be warned about: the first time this outage, while fewer
     /// than [`WarnedCauses::MAX`] were, and for a follow-on only as above.
     fn first_time(&mut self, failure: &Failure) -> bool {
+        self.first_time_at(failure, std::time::Instant::now())
+    }
+
+    /// [`WarnedCauses::first_time`] for a failure at `now`.
+    fn first_time_at(&mut self, failure: &Failure, now: std::time::Instant) -> bool {
         if failure.follow_on {
             if !self.causes.is_empty() {
                 return false;
             }
             self.closed += 1;
-            if self.closed < Self::PATIENCE {
+            let since = *self.closed_since.get_or_insert(now);
+            if self.closed < Self::PATIENCE
+                || now.saturating_duration_since(since) < Self::PATIENCE_TIME
+            {
                 return false;
             }
         }

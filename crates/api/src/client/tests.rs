@@ -831,25 +831,51 @@ fn an_outage_warns_once_per_cause() {
         // What follows from it first, then the alert: still one warning, the alert.
         (&["~1", "a", "~2", "a"], &[false, true, false, false]),
         (&["~1", "~2", "a", "~1"], &[false, false, true, false]),
-        // Nothing but closed connections: warned once at the third.
+        // Nothing but closed connections: warned once at the third (2 s after the first).
         (
             &["~1", "~2", "~1", "~2", "~1"],
             &[false, false, true, false, false],
         ),
     ];
+    // One attempt a second, unless the case says otherwise below.
+    let start = std::time::Instant::now();
     for (causes, want) in cases {
         let mut warned = super::WarnedCauses::default();
         let got: Vec<bool> = causes
             .iter()
-            .map(|c| {
-                warned.first_time(&super::Failure {
-                    cause: c.to_string(),
-                    follow_on: c.starts_with('~'),
-                })
+            .enumerate()
+            .map(|(i, c)| {
+                warned.first_time_at(
+                    &super::Failure {
+                        cause: c.to_string(),
+                        follow_on: c.starts_with('~'),
+                    },
+                    start + std::time::Duration::from_secs(i as u64),
+                )
             })
             .collect();
         assert_eq!(got, want, "{causes:?}");
     }
+    // Closed connections in quick succession (an expired certificate: three in 0.36 s before
+    // the alert came): no warning until the alert, which is the one.
+    let mut warned = super::WarnedCauses::default();
+    let at = |ms: u64| start + std::time::Duration::from_millis(ms);
+    let closed = |n: u8| super::Failure {
+        cause: format!("~{n}"),
+        follow_on: true,
+    };
+    let alert = super::Failure {
+        cause: "expired".into(),
+        follow_on: false,
+    };
+    assert!(!warned.first_time_at(&closed(1), at(0)));
+    assert!(!warned.first_time_at(&closed(2), at(85)));
+    assert!(
+        !warned.first_time_at(&closed(1), at(356)),
+        "the third, 0.36 s in"
+    );
+    assert!(warned.first_time_at(&alert, at(700)));
+    assert!(!warned.first_time_at(&closed(2), at(3_000)));
 }
 
 /// The brain's TLS alerts are named as its refusal of this node's certificate, with what to
