@@ -253,35 +253,16 @@ pub fn detach_links(
     programs: &std::collections::BTreeSet<u32>,
 ) -> io::Result<Vec<u32>> {
     let mut detached = Vec::new();
-    let mut id = 0u32;
-    loop {
-        let mut next = IdAttr {
-            id,
-            ..IdAttr::default()
-        };
-        // SAFETY: `next` is the command's struct; it holds no pointer.
-        match unsafe { bpf_returning(LINK_GET_NEXT_ID, &mut next) } {
-            Ok(_) => id = next.next_id,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+    for link in cgroup_links()? {
+        if link.cgroup_id != cgroup_id || !programs.contains(&link.program) {
+            continue;
+        }
+        match detach_link(link.id) {
+            Ok(()) => detached.push(link.program),
+            // Gone since the walk: the kernel is detaching it.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
             Err(e) => return Err(e),
         }
-        let Ok(fd) = fd_by_id(LINK_GET_FD_BY_ID, id) else {
-            continue;
-        };
-        let mut info = CgroupLinkInfo::default();
-        if info_of(&fd, &mut info).is_err()
-            || info.link_type != LINK_TYPE_CGROUP
-            || info.cgroup_id != cgroup_id
-            || !programs.contains(&info.prog_id)
-        {
-            continue;
-        }
-        let mut attr = DetachAttr {
-            link_fd: u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX),
-        };
-        // SAFETY: `attr` is `BPF_LINK_DETACH`'s struct; it holds no pointer.
-        unsafe { bpf_returning(LINK_DETACH, &mut attr) }?;
-        detached.push(info.prog_id);
     }
     Ok(detached)
 }
