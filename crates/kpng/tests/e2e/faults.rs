@@ -582,6 +582,18 @@ pub fn repair_loop(b: Backend, repairs_at_once: Option<&str>) -> (usize, Duratio
     (repairs, back)
 }
 
+/// Writes an executable `nft` wrapper in `dir` (for `--nft-exec command --nft-binary`): the
+/// shell lines `before`, then the real `nft` with kpng's arguments. Returns its path.
+fn nft_wrapper(dir: &std::path::Path, before: &str) -> String {
+    let wrapper = dir.join("nft");
+    std::fs::write(&wrapper, format!("#!/bin/sh\n{before}exec nft \"$@\"\n"))
+        .expect("write the nft wrapper");
+    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).expect("chmod");
+    wrapper.display().to_string()
+}
+
 /// A foreign rule inserted while a transaction of kpng's is on its way (an `nft` wrapper
 /// commits `nft insert rule ip kpng services ip daddr 10.96.0.10 drop` first, from a process
 /// of its own, then kpng's transaction): kpng's notification monitor has left its group for
@@ -593,21 +605,15 @@ pub fn nft_rule_inserted_during_a_sync(b: Backend) -> bool {
     let bed = Bed::new(b, "racerule");
     let dir = tempfile::tempdir().expect("tempdir");
     let armed = dir.path().join("armed");
-    let wrapper = dir.path().join("nft");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = -f ] && [ -e {a} ]; then\n  rm -f {a}\n  \
-             nft insert rule ip kpng services ip daddr {web} drop\nfi\nexec nft \"$@\"\n",
+    let wrapper = nft_wrapper(
+        dir.path(),
+        &format!(
+            "if [ \"$1\" = -f ] && [ -e {a} ]; then\n  rm -f {a}\n  \
+             nft insert rule ip kpng services ip daddr {web} drop\nfi\n",
             a = armed.display(),
             web = cip(10, false),
         ),
-    )
-    .expect("write the nft wrapper");
-    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&wrapper, perms).expect("chmod");
-    let wrapper = wrapper.display().to_string();
+    );
     let mut k = Kpng::start_with(
         b,
         &bed.c.node1.ns,
@@ -673,21 +679,14 @@ pub fn nft_neighbour_commits_during_syncs(b: Backend) -> (usize, String) {
     let bed = Bed::new(b, "neighbour");
     let dir = tempfile::tempdir().expect("tempdir");
     let count = dir.path().join("count");
-    let wrapper = dir.path().join("nft");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = -f ]; then\n  echo x >> {c}\n  \
-             nft \"add table inet kpngneighbour; add chain inet kpngneighbour c$$\"\nfi\n\
-             exec nft \"$@\"\n",
+    let wrapper = nft_wrapper(
+        dir.path(),
+        &format!(
+            "if [ \"$1\" = -f ]; then\n  echo x >> {c}\n  \
+             nft \"add table inet kpngneighbour; add chain inet kpngneighbour c$$\"\nfi\n",
             c = count.display(),
         ),
-    )
-    .expect("write the nft wrapper");
-    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&wrapper, perms).expect("chmod");
-    let wrapper = wrapper.display().to_string();
+    );
     let mut k = Kpng::start_with(
         b,
         &bed.c.node1.ns,
@@ -942,21 +941,15 @@ pub fn nft_transaction_refused(b: Backend) {
     let bed = Bed::new(b, tag);
     let dir = tempfile::tempdir().expect("tempdir");
     let refuse = dir.path().join("refuse");
-    let wrapper = dir.path().join("nft");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = -f ] && [ -e {r} ]; then\n  rm -f {r}\n  \
+    let wrapper = nft_wrapper(
+        dir.path(),
+        &format!(
+            "if [ \"$1\" = -f ] && [ -e {r} ]; then\n  rm -f {r}\n  \
              {{ cat; echo 'add rule ip kpng kpng-no-such-chain counter'; }} | nft \"$@\"\n  \
-             exit $?\nfi\nexec nft \"$@\"\n",
+             exit $?\nfi\n",
             r = refuse.display()
         ),
-    )
-    .expect("write the nft wrapper");
-    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&wrapper, perms).expect("chmod");
-    let wrapper = wrapper.display().to_string();
+    );
     let mut k = Kpng::start_with(
         b,
         &bed.c.node1.ns,
