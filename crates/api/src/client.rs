@@ -391,6 +391,24 @@ pub struct WatchConfig {
     pub no_state_grace: Duration,
 }
 
+impl WatchConfig {
+    /// Node `node_name`'s view from the brain at `addr`, without TLS, with kpng's own retry
+    /// delays (100 ms doubling to 5 s, as `--api-retry-max`) and [`NO_STATE_GRACE`]: what a backend of one's own
+    /// starts from (`crates/kpng/examples/remote_backend.rs`), setting the TLS fields after.
+    pub fn new(addr: ApiAddr, node_name: &str) -> WatchConfig {
+        WatchConfig {
+            addr,
+            tls: TlsFiles::default(),
+            tls_server_name: None,
+            node_name: node_name.to_string(),
+            retry_min: Duration::from_millis(100),
+            retry_max: Duration::from_secs(5),
+            health: InputHealth::default(),
+            no_state_grace: NO_STATE_GRACE,
+        }
+    }
+}
+
 /// How long a node connected to its brain waits for the brain's first state before it
 /// records "the brain has sent no state yet" as an input problem: longer than a healthy
 /// brain's replay to a reconnecting node takes (milliseconds to a few seconds, even with

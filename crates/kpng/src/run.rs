@@ -609,18 +609,15 @@ async fn serve_remote(
     }
     let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
     let config = kpng_api::client::WatchConfig {
-        addr: brain.api.clone(),
         tls: kpng_api::addr::TlsFiles {
             cert: brain.api_tls_cert.clone(),
             key: brain.api_tls_key.clone(),
             ca: brain.api_tls_ca.clone(),
         },
         tls_server_name: brain.api_tls_server_name.clone(),
-        node_name,
-        retry_min: std::time::Duration::from_millis(100),
         retry_max: brain.api_retry_max,
-        health: InputHealth::default(),
         no_state_grace: brain.api_state_grace,
+        ..kpng_api::client::WatchConfig::new(brain.api.clone(), &node_name)
     };
     let facts = SinkFacts {
         input: Some(config.health.clone()),
