@@ -310,7 +310,40 @@ fn no_endpoints(h: &mut dyn Harness) {
 fn node_port(h: &mut dyn Harness) {
     let mut sp = port("np", "10.96.0.30", Protocol::Tcp);
     sp.node_port = Some(30080);
-    programs_and_removes(h, "a NodePort", sp);
+    programs_and_removes(h, "a NodePort", sp.clone());
+    let cluster_ip_only = ServicePort {
+        node_port: None,
+        ..sp.clone()
+    };
+    holds_more_than(h, "a NodePort", sp, "its ClusterIP alone", cluster_ip_only);
+}
+
+/// Programs `lesser`, then `port` (the same Service port with a frontend more), each alone,
+/// and checks that `port` holds more of the data plane: a backend that ignored the frontend
+/// `port` adds (a node port, an external IP) passed the count of [`programs_and_removes`],
+/// since the ClusterIP alone is "more than nothing".
+fn holds_more_than(
+    harness: &mut dyn Harness,
+    what: &str,
+    port: ServicePort,
+    lesser_what: &str,
+    lesser: ServicePort,
+) {
+    let mut run = Run::start(harness);
+    let before = run.objects();
+    let key = port.key.clone();
+    run.add(lesser);
+    let less = run.objects().saturating_sub(before);
+    run.remove(&key);
+    run.add(port);
+    let more = run.objects().saturating_sub(before);
+    run.remove(&key);
+    assert!(
+        more > less,
+        "{what}: holds {more} objects, no more than {lesser_what} ({less}): is the frontend \
+         programmed?"
+    );
+    run.assert_quiet(&format!("adding and removing {what}"));
 }
 
 /// Mirrors `external_ip_and_load_balancer_source_ranges`.
@@ -320,7 +353,40 @@ fn external_ip_and_load_balancer_source_ranges(h: &mut dyn Harness) {
     sp.external_ips = vec![ip("192.168.100.50")];
     sp.load_balancer_ips = vec![ip("192.168.100.60")];
     sp.source_ranges = vec!["203.0.113.0/24".parse().expect("cidr")];
-    programs_and_removes(h, "external and LoadBalancer IPs with source ranges", sp);
+    programs_and_removes(
+        h,
+        "external and LoadBalancer IPs with source ranges",
+        sp.clone(),
+    );
+    let node_port_only = ServicePort {
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        source_ranges: Vec::new(),
+        ..sp.clone()
+    };
+    let external_only = ServicePort {
+        load_balancer_ips: Vec::new(),
+        source_ranges: Vec::new(),
+        ..sp.clone()
+    };
+    holds_more_than(
+        h,
+        "an external IP",
+        external_only.clone(),
+        "its NodePort alone",
+        node_port_only,
+    );
+    let load_balancer = ServicePort {
+        source_ranges: Vec::new(),
+        ..sp
+    };
+    holds_more_than(
+        h,
+        "a LoadBalancer IP",
+        load_balancer,
+        "its external IP alone",
+        external_only,
+    );
 }
 
 /// Mirrors `external_traffic_policy_local`.
