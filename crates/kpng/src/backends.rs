@@ -217,6 +217,25 @@ impl BackendKind {
         }
     }
 
+    /// Whether this backend, once running for real (not a dry run, not simulated), takes the
+    /// node's Service proxying over from every Linux proxy: after its first sync every other
+    /// proxy's rules on the node (other kpng backends', kube-proxy's of any mode, eBPF
+    /// programs) are removed, all but [`Built::own`], and it gets kube-proxy's conntrack
+    /// sysctls. A decision per backend, not a default: a backend that answers `true` without
+    /// listing its own leftovers deletes its own neighbours, one that answers `false` runs
+    /// beside whatever else proxies the node. An exhaustive `match`, so that a new variant
+    /// must decide.
+    pub fn takes_over_node_proxying(self) -> bool {
+        match self {
+            BackendKind::Nft
+            | BackendKind::Iptables
+            | BackendKind::Userspace
+            | BackendKind::Ebpf => true,
+            // Windows: kube-proxy's Linux leftovers and sysctls are not its own.
+            BackendKind::Hns => false,
+        }
+    }
+
     /// Whether this backend, as configured, changes the kernel's data plane so that stale UDP
     /// conntrack entries must go after syncs.
     pub fn cleans_conntrack(backend: &LocalBackend) -> bool {
@@ -1060,6 +1079,24 @@ mod tests {
                 want,
                 "{kind:?} {args:?}"
             );
+        }
+    }
+
+    /// The backends that ran the sweep of other proxies' rules and got the conntrack sysctls
+    /// before the decision was explicit keep doing so; the Windows backend keeps not doing
+    /// so. A new backend cannot inherit either: `takes_over_node_proxying` is an exhaustive
+    /// match.
+    #[test]
+    fn the_existing_backends_keep_taking_the_node_over_or_not() {
+        for kind in BackendKind::ALL {
+            let want = match kind {
+                BackendKind::Nft
+                | BackendKind::Iptables
+                | BackendKind::Userspace
+                | BackendKind::Ebpf => true,
+                BackendKind::Hns => false,
+            };
+            assert_eq!(kind.takes_over_node_proxying(), want, "{kind:?}");
         }
     }
 
