@@ -67,26 +67,38 @@ else
 fi
 rm -f "$skipped"
 
+# Every crate under crates/backend-*, read from the tree so that a new backend is checked without
+# editing this script: the [package] name of each Cargo.toml. kpng-backend-kit is what the
+# backends share (they all depend on it), so it is checked for Kubernetes types but is not a
+# backend for the check below; the contract, kpng-backend, lives in crates/backend.
+package_name() {
+  awk '/^\[package\]/ { p = 1; next } /^\[/ { p = 0 } p && /^name *=/ { gsub(/^name *= *"|".*$/, ""); print; exit }' "$1"
+}
+backend_crates=$(for manifest in crates/backend-*/Cargo.toml; do package_name "$manifest"; done)
+backends=$(printf '%s\n' $backend_crates | grep -vx 'kpng-backend-kit' || true)
+if [ -z "$backends" ]; then
+  echo "no backend crates found under crates/backend-*"
+  exit 1
+fi
+
 echo "== the contract and every backend build without Kubernetes types"
-for crate in kpng-model kpng-backend kpng-runner kpng-backend-nft kpng-backend-iptables \
-             kpng-backend-userspace kpng-backend-ebpf kpng-backend-hns kpng-sink-file kpng-api; do
+for crate in kpng-model kpng-backend kpng-runner $backend_crates kpng-sink-file kpng-api; do
   if cargo tree --locked -e normal -p "$crate" | grep -q 'k8s-openapi'; then
     echo "$crate depends on k8s-openapi (cargo tree -e normal -p $crate): conversion belongs in kpng-k8s"
     exit 1
   fi
 done
-echo "ok"
+echo "ok ($(echo $backend_crates | wc -w) crates/backend-* checked: $(echo $backend_crates))"
 
 echo "== backends do not depend on each other (to-local ebpf composes nft in the binary)"
-for crate in kpng-backend-nft kpng-backend-iptables kpng-backend-userspace kpng-backend-ebpf \
-             kpng-backend-hns; do
-  if cargo tree --locked -e normal -p "$crate" --prefix none | awk '{print $1}' | grep -v "^$crate\$" \
-      | grep -qE '^kpng-backend-(nft|iptables|userspace|ebpf|hns)$'; then
+for crate in $backends; do
+  if cargo tree --locked -e normal -p "$crate" --prefix none | awk '{print $1}' | grep -vx "$crate" \
+      | grep -qxF "$backends"; then
     echo "$crate depends on another backend (cargo tree -e normal -p $crate)"
     exit 1
   fi
 done
-echo "ok"
+echo "ok ($(echo $backends | wc -w) backends checked: $(echo $backends))"
 
 echo "== Windows build (cargo check --target x86_64-pc-windows-gnu -p kpng)"
 windows_target=x86_64-pc-windows-gnu

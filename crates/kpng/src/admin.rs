@@ -1652,7 +1652,6 @@ pub fn node_facts(
     kind: Option<crate::backends::BackendKind>,
     service_cidrs: &[ipnet::IpNet],
 ) -> NodeFacts {
-    use crate::backends::BackendKind;
     use kpng_backend::settings::DetectLocal;
     use kpng_model::Family;
     use kpng_model::trace::LocalPods;
@@ -1696,16 +1695,50 @@ pub fn node_facts(
             },
         },
         masquerade_all,
-        backend: kpng_model::trace::BackendTraits {
+        backend: backend_traits(kind),
+    }
+}
+
+/// How the backend's data plane differs from kube-proxy's nftables mode, for `kpng trace`:
+/// one arm per backend, so that a new backend must say how it differs (no backend, `None`,
+/// traces as nftables mode).
+fn backend_traits(kind: Option<crate::backends::BackendKind>) -> kpng_model::trace::BackendTraits {
+    use crate::backends::BackendKind;
+    use kpng_model::trace::BackendTraits;
+    let nftables = BackendTraits {
+        rejects_unknown_ports: true,
+        proxies_connections: false,
+        translates_local_sockets: false,
+        enforces_source_ranges: true,
+        rejects_without_endpoints: true,
+        external_ips_before_load_balancers: false,
+    };
+    let Some(kind) = kind else {
+        return nftables;
+    };
+    match kind {
+        BackendKind::Nft => nftables,
+        BackendKind::Iptables => BackendTraits {
+            rejects_unknown_ports: false,
+            external_ips_before_load_balancers: true,
+            ..nftables
+        },
+        BackendKind::Userspace => BackendTraits {
+            proxies_connections: true,
+            ..nftables
+        },
+        BackendKind::Ebpf => BackendTraits {
+            translates_local_sockets: true,
+            ..nftables
+        },
+        BackendKind::Hns => BackendTraits {
             // HNS leaves a Service IP's other ports alone, as iptables mode does.
-            rejects_unknown_ports: !matches!(kind, Some(BackendKind::Iptables | BackendKind::Hns)),
-            proxies_connections: kind == Some(BackendKind::Userspace),
-            translates_local_sockets: kind == Some(BackendKind::Ebpf),
-            enforces_source_ranges: kind != Some(BackendKind::Hns),
+            rejects_unknown_ports: false,
+            enforces_source_ranges: false,
             // HNS gets no load balancer for a Service without endpoints (winkernel's "not
             // applying any policy"): nothing answers, nothing rejects.
-            rejects_without_endpoints: kind != Some(BackendKind::Hns),
-            external_ips_before_load_balancers: kind == Some(BackendKind::Iptables),
+            rejects_without_endpoints: false,
+            ..nftables
         },
     }
 }
@@ -1713,6 +1746,34 @@ pub fn node_facts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The traits per backend, as they were written before one arm per backend (a
+    /// `matches!` list then): unchanged.
+    #[test]
+    fn each_backend_traces_with_its_own_traits() {
+        use crate::backends::BackendKind;
+        let kinds = BackendKind::ALL.map(Some);
+        for kind in kinds.iter().copied().chain([None]) {
+            let t = backend_traits(kind);
+            let got = [
+                t.rejects_unknown_ports,
+                t.proxies_connections,
+                t.translates_local_sockets,
+                t.enforces_source_ranges,
+                t.rejects_without_endpoints,
+                t.external_ips_before_load_balancers,
+            ];
+            let want = [
+                !matches!(kind, Some(BackendKind::Iptables | BackendKind::Hns)),
+                kind == Some(BackendKind::Userspace),
+                kind == Some(BackendKind::Ebpf),
+                kind != Some(BackendKind::Hns),
+                kind != Some(BackendKind::Hns),
+                kind == Some(BackendKind::Iptables),
+            ];
+            assert_eq!(got, want, "{kind:?}");
+        }
+    }
 
     /// A brain asked for a node it has no Node object of says so, with the Node names it
     /// knows (the nearest when there are many) and the connected ones.

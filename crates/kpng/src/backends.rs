@@ -68,7 +68,8 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// Every kind.
+    /// Every kind (a test checks it against the variants `clap` derives, so that a new one is
+    /// not forgotten here: `kpng cleanup` and the instance lock read this list).
     pub const ALL: [BackendKind; 5] = [
         BackendKind::Nft,
         BackendKind::Iptables,
@@ -113,12 +114,13 @@ impl BackendKind {
     /// from kube-proxy in 1.26) is kpng's proxy. The platform is a parameter so that both
     /// systems' defaults are tested on either.
     pub fn from_mode_on(mode: &str, platform: Platform) -> Result<BackendKind, String> {
+        // Every kind's own name ([`BackendKind::mode`]): what `--write-config-to` writes is
+        // read back, for a new backend too.
+        if let Some(kind) = BackendKind::ALL.into_iter().find(|k| k.mode() == mode) {
+            return Ok(kind);
+        }
         match mode {
             "" => Ok(platform.default_backend()),
-            "iptables" => Ok(BackendKind::Iptables),
-            "nftables" => Ok(BackendKind::Nft),
-            "userspace" => Ok(BackendKind::Userspace),
-            "ebpf" => Ok(BackendKind::Ebpf),
             "ipvs" => Err(
                 "\"ipvs\" is not supported: kpng runs mode \"nftables\" (recommended) or \
                  \"iptables\". Set one of them; kpng removes the ipvs mode's kube-ipvs0 interface \
@@ -126,7 +128,6 @@ impl BackendKind {
                  kube-proxy's image\"); the ipvs section does not carry over"
                     .into(),
             ),
-            "kernelspace" => Ok(BackendKind::Hns),
             other => {
                 let ours: Vec<&str> = BackendKind::ALL.iter().map(|k| k.mode()).collect();
                 let theirs = match platform {
@@ -214,6 +215,25 @@ impl BackendKind {
             Ok(NodePortAddresses::Primary) => HealthCheckAddresses::NodeIps,
             Ok(NodePortAddresses::Cidrs(cidrs)) => HealthCheckAddresses::Cidrs(cidrs),
             Ok(NodePortAddresses::AllLocal) | Err(_) => HealthCheckAddresses::All,
+        }
+    }
+
+    /// Whether this backend, once running for real (not a dry run, not simulated), takes the
+    /// node's Service proxying over from every Linux proxy: after its first sync every other
+    /// proxy's rules on the node (other kpng backends', kube-proxy's of any mode, eBPF
+    /// programs) are removed, all but [`Built::own`], and it gets kube-proxy's conntrack
+    /// sysctls. A decision per backend, not a default: a backend that answers `true` without
+    /// listing its own leftovers deletes its own neighbours, one that answers `false` runs
+    /// beside whatever else proxies the node. An exhaustive `match`, so that a new variant
+    /// must decide.
+    pub fn takes_over_node_proxying(self) -> bool {
+        match self {
+            BackendKind::Nft
+            | BackendKind::Iptables
+            | BackendKind::Userspace
+            | BackendKind::Ebpf => true,
+            // Windows: kube-proxy's Linux leftovers and sysctls are not its own.
+            BackendKind::Hns => false,
         }
     }
 
@@ -1060,6 +1080,42 @@ mod tests {
                 want,
                 "{kind:?} {args:?}"
             );
+        }
+    }
+
+    /// The backends that ran the sweep of other proxies' rules and got the conntrack sysctls
+    /// before the decision was explicit keep doing so; the Windows backend keeps not doing
+    /// so. A new backend cannot inherit either: `takes_over_node_proxying` is an exhaustive
+    /// match.
+    #[test]
+    fn all_lists_every_variant_and_each_mode_reads_back() {
+        use clap::ValueEnum;
+        // The derive lists every variant: one missing from ALL would be unknown to `kpng
+        // cleanup`'s refusal and to the instance lock.
+        assert_eq!(BackendKind::ALL.as_slice(), BackendKind::value_variants());
+        // What `--write-config-to` writes as `mode` is read back by `--config`.
+        for platform in [Platform::Linux, Platform::Windows] {
+            for kind in BackendKind::ALL {
+                assert_eq!(
+                    BackendKind::from_mode_on(kind.mode(), platform),
+                    Ok(kind),
+                    "{kind:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_existing_backends_keep_taking_the_node_over_or_not() {
+        for kind in BackendKind::ALL {
+            let want = match kind {
+                BackendKind::Nft
+                | BackendKind::Iptables
+                | BackendKind::Userspace
+                | BackendKind::Ebpf => true,
+                BackendKind::Hns => false,
+            };
+            assert_eq!(kind.takes_over_node_proxying(), want, "{kind:?}");
         }
     }
 

@@ -51,8 +51,10 @@ pub fn nft_version(output: &str) -> Option<(u32, u32, u32)> {
 
 /// Judges a kernel release (`uname -r`) for `kind`.
 pub fn kernel_ok(kind: BackendKind, release: &str) -> Result<(), String> {
-    if !matches!(kind, BackendKind::Nft | BackendKind::Ebpf) {
-        return Ok(());
+    // The kernels the nftables ruleset (and the eBPF programs) need; one arm per backend.
+    match kind {
+        BackendKind::Nft | BackendKind::Ebpf => {}
+        BackendKind::Iptables | BackendKind::Userspace | BackendKind::Hns => return Ok(()),
     }
     let Some((major, minor, _)) = parse_version(release) else {
         return Err(format!("cannot read the kernel version {release:?}"));
@@ -136,15 +138,20 @@ pub fn check(kind: BackendKind, nft_binary: &str) -> anyhow::Result<()> {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         kernel_ok(kind, &release).map_err(anyhow::Error::msg)?;
     }
-    if matches!(
-        kind,
-        BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf
-    ) {
+    let needs_nft = match kind {
+        BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => true,
+        BackendKind::Iptables | BackendKind::Hns => false,
+    };
+    let warns_bridge_netfilter = match kind {
+        BackendKind::Nft | BackendKind::Iptables => true,
+        BackendKind::Userspace | BackendKind::Ebpf | BackendKind::Hns => false,
+    };
+    if needs_nft {
         let output = kpng_backend_kit::exec::run_tool(nft_binary, &["--version"], None)
             .map_err(|e| anyhow::anyhow!("the {} backend needs nft: {e}", kind.word()))?;
         nft_ok(&output).map_err(anyhow::Error::msg)?;
     }
-    if matches!(kind, BackendKind::Nft | BackendKind::Iptables) {
+    if warns_bridge_netfilter {
         warn_bridge_netfilter();
     }
     Ok(())

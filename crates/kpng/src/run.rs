@@ -306,12 +306,15 @@ fn init_only(flags: &GlobalFlags, kind: Option<BackendKind>, dry_run: bool) -> a
         if let Some(kind) = kind {
             crate::prereq::check(kind, "nft")?;
         }
-        let settings = crate::conntrack::ConntrackSettings::from_flags(flags);
-        let proc_sys = std::path::Path::new("/proc/sys");
-        if dry_run {
-            print_pending_sysctls(&settings, proc_sys);
-        } else {
-            settings.apply(proc_sys, crate::conntrack::cpus());
+        // The sysctls are for the backends that take the node's proxying over.
+        if kind.is_none_or(BackendKind::takes_over_node_proxying) {
+            let settings = crate::conntrack::ConntrackSettings::from_flags(flags);
+            let proc_sys = std::path::Path::new("/proc/sys");
+            if dry_run {
+                print_pending_sysctls(&settings, proc_sys);
+            } else {
+                settings.apply(proc_sys, crate::conntrack::cpus());
+            }
         }
         info!("--init-only: done");
         Ok(())
@@ -413,8 +416,9 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
 
 /// What `serve` needs to know about a sink's backend besides the backend itself.
 struct SinkFacts {
-    /// For backends that program the node: where Service health checks listen (they then
-    /// also get the conntrack sysctls).
+    /// For backends that program the node: where Service health checks listen (those that
+    /// take the node's proxying over, [`BackendKind::takes_over_node_proxying`], also get the
+    /// conntrack sysctls).
     health_checks: Option<HealthCheckAddresses>,
     /// Whether stale UDP conntrack entries are cleaned after syncs (Linux).
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -506,7 +510,7 @@ fn local_backend(
     // not see them. Said once, at start.
     #[cfg(target_os = "linux")]
     if lock.is_some()
-        && kind != BackendKind::Hns
+        && kind.takes_over_node_proxying()
         && let Some(why) = crate::caps::legacy_unreadable()
     {
         tracing::warn!("{why}");
@@ -540,7 +544,8 @@ fn local_backend(
         health_checks: (!simulated).then(|| kind.health_check_addresses(flags)),
         cleans_conntrack: BackendKind::cleans_conntrack(backend),
         // Linux proxies' leftovers are not the Windows backend's to sweep.
-        sweeps: (!dry_run && kind != BackendKind::Hns).then_some(built.own),
+        // Only a backend that takes the node's proxying over sweeps the others' rules.
+        sweeps: (!dry_run && kind.takes_over_node_proxying()).then_some(built.own),
         dry_run: dry_run.then_some(refused),
         lock,
         source_metrics: None,
@@ -842,6 +847,9 @@ where
         // The node's conntrack table, as kube-proxy sets it (Linux's sysctls); a dry run
         // prints what it would write.
         #[cfg(target_os = "linux")]
+        if facts
+            .kind
+            .is_some_and(BackendKind::takes_over_node_proxying)
         {
             let settings = crate::conntrack::ConntrackSettings::from_flags(&flags);
             let proc_sys = std::path::Path::new("/proc/sys");

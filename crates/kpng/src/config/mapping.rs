@@ -217,12 +217,21 @@ fn unread_section(config: &KubeProxyConfiguration, section: Section) -> Vec<Stri
 
 /// Which mode section the sync periods and masquerade settings come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Section {
+pub(crate) enum Section {
     IpTables,
     NfTables,
 }
 
 impl Section {
+    /// The section a backend's mode reads (and `--write-config-to` writes the flags to).
+    pub(crate) fn of(kind: BackendKind) -> Section {
+        match kind {
+            BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => Section::NfTables,
+            // kube-proxy's Windows proxier reads the iptables section's sync periods in v1alpha1.
+            BackendKind::Iptables | BackendKind::Hns => Section::IpTables,
+        }
+    }
+
     /// The section's name in the file.
     fn name(self) -> &'static str {
         match self {
@@ -247,11 +256,7 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
         Ok(kind) => (kind, None),
         Err(e) => (BackendKind::Iptables, Some(format!("field mode: {e}"))),
     };
-    let section = match kind {
-        BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => Section::NfTables,
-        // kube-proxy's Windows proxier reads the iptables section's sync periods in v1alpha1.
-        BackendKind::Iptables | BackendKind::Hns => Section::IpTables,
-    };
+    let section = Section::of(kind);
     if config.mode.trim().is_empty() {
         let what = match platform {
             Platform::Windows => {

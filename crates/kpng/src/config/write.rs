@@ -39,10 +39,9 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         .map_or_else(|| "0.0.0.0".to_string(), ToString::to_string);
     let cluster_cidr: Vec<String> = flags.cluster_cidr.iter().map(ToString::to_string).collect();
     let kind = flags.proxy_mode;
-    let nftables_mode = matches!(
-        kind,
-        Some(BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf)
-    );
+    // The section the mode reads (one arm per backend); none given: iptables, the default.
+    let nftables_mode =
+        kind.map(super::mapping::Section::of) == Some(super::mapping::Section::NfTables);
     let iptables = if nftables_mode {
         IpTablesConfiguration {
             localhost_node_ports: Some(true),
