@@ -187,6 +187,14 @@ pub struct IptablesBackend {
     /// kpng's own restores, counted against the kernel's generation id
     /// ([`IptablesBackend::check_overlap`]).
     own: own_restores::OwnRestores,
+    /// The chains kpng's restores changed since its rules were last read: left out of the
+    /// next comparison, so that the rules need not be read after every sync.
+    touched_since_read: own_restores::TouchedChains,
+    /// When kpng's rules were last read for [`IptablesBackend::check_overlap`].
+    last_read: Option<std::time::Instant>,
+    /// Someone else committed during a sync whose check was put off
+    /// ([`IptablesBackend::OVERLAP_READ_INTERVAL`]): the next check reads and compares.
+    overlap_pending: bool,
 }
 
 impl IptablesBackend {
@@ -223,6 +231,9 @@ impl IptablesBackend {
             rule_counts: SharedRuleCounts::default(),
             route_localnet_failed: false,
             own,
+            touched_since_read: Default::default(),
+            last_read: None,
+            overlap_pending: false,
         }
     }
 
@@ -823,7 +834,6 @@ impl Backend for IptablesBackend {
             .as_ref()
             .and_then(|_| kpng_netfilter::generation::generation().ok())
             .map(|generation| (generation, self.own.now()));
-        self.own.take_touched();
         let result = self.sync_all(request);
         if let Some(m) = &self.monitor {
             m.end_own();
@@ -910,6 +920,8 @@ impl IptablesBackend {
     /// reference; the next check reads them again and compares from then on.
     fn forget_rules_seen(&mut self) {
         self.own.take_touched();
+        self.touched_since_read = Default::default();
+        self.overlap_pending = false;
         for state in &mut self.states {
             state.rules_seen = None;
         }
@@ -943,14 +955,21 @@ impl IptablesBackend {
         Some(ours)
     }
 
+    /// The shortest time between two reads of kpng's rules for someone else's commits
+    /// ([`IptablesBackend::check_overlap`]): each reads every kpng rule (at 10k Services some
+    /// 100k), and a neighbour committing during most syncs would otherwise cost one per sync.
+    const OVERLAP_READ_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
     /// After a sync's window of own restores (`window`: the kernel's generation and kpng's
     /// count of committed sections when it began), with the notification group joined again
     /// (iptables-nft): when the generation moved more than kpng's own commits, someone else
     /// committed while the monitor was not listening. Their change is found by reading the
     /// handles of kpng's rules ([`IptablesBackend::read_ours`]: its chains and the jumps to
     /// them, never the other programs' rules in the shared tables) and comparing them with those
-    /// read after kpng's last change of them, leaving out the chains this sync's own restores
-    /// changed (their handles moved). A family found changed is reported through the alarm and
+    /// read last, leaving out the chains kpng's own restores changed since (their handles
+    /// moved; remembered, so the rules are read only when someone else committed, after a
+    /// rebuild, and for someone else's commits at most once per
+    /// [`IptablesBackend::OVERLAP_READ_INTERVAL`]). A family found changed is reported through the alarm and
     /// rewritten whole by the repair. Without a difference (someone committed to another
     /// chain or table, as Docker, a CNI or fail2ban do), the rules read are the next
     /// comparison's.
@@ -964,13 +983,35 @@ impl IptablesBackend {
             self.forget_rules_seen();
             return;
         };
-        let touched = self.own.take_touched();
+        self.touched_since_read.merge(self.own.take_touched());
         let own = self.own.now().wrapping_sub(counted);
         let moved = u64::from(after.wrapping_sub(before));
-        let foreign = moved.saturating_sub(own);
-        if foreign == 0 && touched.is_empty() {
+        let foreign = moved.saturating_sub(own) + u64::from(self.overlap_pending);
+        let unread = self
+            .states
+            .iter()
+            .any(|s| s.committed.is_some() && s.rules_seen.is_none());
+        if foreign == 0 && !unread {
+            // Nothing to look for: kpng's own changes since the rules were read are
+            // remembered instead of read (a read is every kpng rule, O(Services) here).
             return;
         }
+        let recently = self
+            .last_read
+            .is_some_and(|at| at.elapsed() < Self::OVERLAP_READ_INTERVAL);
+        if !unread && recently {
+            // A neighbour committing all day: read at most once per interval; the next sync
+            // (a periodic one at the latest) compares, against the same reference.
+            self.overlap_pending = true;
+            return;
+        }
+        self.overlap_pending = false;
+        if foreign > 0 && !unread {
+            // Only comparisons for someone else's commits are rationed (not the read of a
+            // reference): the first after a calm spell is made at once.
+            self.last_read = Some(std::time::Instant::now());
+        }
+        let touched = std::mem::take(&mut self.touched_since_read);
         let mut changed = Vec::new();
         for state in &mut self.states {
             if state.committed.is_none() {

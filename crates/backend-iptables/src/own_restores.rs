@@ -88,6 +88,11 @@ impl TouchedChains {
     pub fn is_empty(&self) -> bool {
         self.chains.is_empty()
     }
+
+    /// Adds what `other` records.
+    pub fn merge(&mut self, other: TouchedChains) {
+        self.chains.extend(other.chains);
+    }
 }
 
 impl OwnRestores {
