@@ -9,6 +9,8 @@
 //! - [`watch`]: a thread that notices, within a second, someone flushing or deleting our
 //!   chains, and asks the runner for a full sync (iptables-legacy); iptables-nft is watched
 //!   through nf_tables notifications instead (`kpng-netfilter`'s monitor), within milliseconds;
+//! - [`own_restores`]: kpng's own restores counted and what they changed recorded, so that
+//!   someone else's commit while the monitor is away for them is found (iptables-nft);
 //! - [`route_localnet`]: the sysctl for localhost node ports, restored at cleanup.
 //!
 //! Every family keeps in memory what it last committed: the static configuration and each
@@ -21,6 +23,7 @@
 
 pub mod exec;
 pub mod names;
+pub mod own_restores;
 pub mod route_localnet;
 pub mod rules;
 pub mod save;
@@ -119,6 +122,11 @@ struct FamilyState {
     /// This sync rewrote every rule of the family: it is confirmed once the notification
     /// monitor listens again ([`IptablesBackend::confirm`]).
     full_done: bool,
+    /// The handles of kpng's rules in the family's tables (its chains' rules and the jumps to
+    /// them from the built-in chains), as (table, chain, handle), read after kpng's last own
+    /// change of them: what a sync someone else's commit overlapped is compared with
+    /// ([`IptablesBackend::check_overlap`], iptables-nft). `None`: not read (yet).
+    rules_seen: Option<Vec<(&'static str, String, u64)>>,
 }
 
 /// Index of a table in [`FamilyState::port_rules`].
@@ -176,6 +184,17 @@ pub struct IptablesBackend {
     /// Pod): node ports are served without 127.0.0.1 from then on, rather than IPv4 failing
     /// every sync.
     route_localnet_failed: bool,
+    /// kpng's own restores, counted against the kernel's generation id
+    /// ([`IptablesBackend::check_overlap`]).
+    own: own_restores::OwnRestores,
+    /// The chains kpng's restores changed since its rules were last read: left out of the
+    /// next comparison, so that the rules need not be read after every sync.
+    touched_since_read: own_restores::TouchedChains,
+    /// When kpng's rules were last read for [`IptablesBackend::check_overlap`].
+    last_read: Option<std::time::Instant>,
+    /// Someone else committed during a sync whose check was put off
+    /// ([`IptablesBackend::OVERLAP_READ_INTERVAL`]): the next check reads and compares.
+    overlap_pending: bool,
 }
 
 impl IptablesBackend {
@@ -192,8 +211,11 @@ impl IptablesBackend {
                 kept_rules: false,
                 kept_udp_frontends: UdpFrontends::default(),
                 full_done: false,
+                rules_seen: None,
             })
             .collect();
+        let own = own_restores::OwnRestores::default();
+        let ipt = own.wrap(ipt);
         IptablesBackend {
             watch_state: Default::default(),
             watcher: None,
@@ -208,6 +230,10 @@ impl IptablesBackend {
             alarm: None,
             rule_counts: SharedRuleCounts::default(),
             route_localnet_failed: false,
+            own,
+            touched_since_read: Default::default(),
+            last_read: None,
+            overlap_pending: false,
         }
     }
 
@@ -801,9 +827,22 @@ impl Backend for IptablesBackend {
                 state.committed = None;
             }
         }
+        // Where kpng's window of own restores starts: the kernel's generation, and kpng's
+        // count of its commits; what its restores change from here on is this window's.
+        let window = self
+            .monitor
+            .as_ref()
+            .and_then(|_| kpng_netfilter::generation::generation().ok())
+            .map(|generation| (generation, self.own.now()));
         let result = self.sync_all(request);
         if let Some(m) = &self.monitor {
             m.end_own();
+            match window {
+                Some(window) => self.check_overlap(window),
+                // The generation could not be read: what this sync's restores changed is not
+                // known against it, so the rules read before are no longer a reference.
+                None => self.forget_rules_seen(),
+            }
             // Listening again: what went before is read here, what comes after is notified.
             let lost = self.confirm();
             if !lost.is_empty() {
@@ -843,6 +882,7 @@ impl Backend for IptablesBackend {
         if let Some(m) = &self.monitor {
             m.end_own();
         }
+        self.forget_rules_seen();
         if let Err(e) = self.ipt.restore_route_localnet() {
             warn!("{}: restoring route_localnet: {e}", self.ipt.describe());
         }
@@ -872,6 +912,155 @@ impl IptablesBackend {
                 is_ours: is_our_chain,
                 jump_targets,
             }),
+        }
+    }
+
+    /// Forgets the rules read for [`IptablesBackend::check_overlap`] and what kpng's restores
+    /// changed since: after a window that could not be checked (or a cleanup) they are no
+    /// reference; the next check reads them again and compares from then on.
+    fn forget_rules_seen(&mut self) {
+        self.own.take_touched();
+        self.touched_since_read = Default::default();
+        self.overlap_pending = false;
+        for state in &mut self.states {
+            state.rules_seen = None;
+        }
+    }
+
+    /// The handles of kpng's rules in `family`'s three tables, as (table, chain, handle): the
+    /// rules of its chains and, in the built-in chains, those that jump to its chains. Other
+    /// programs' chains and rules in these shared tables (Docker's, a CNI's) are left out: their
+    /// commits are not a change of kpng's rules. `None`: a dump failed.
+    fn read_ours(family: Family) -> Option<Vec<(&'static str, String, u64)>> {
+        let fam = match family {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        };
+        let mut ours = Vec::new();
+        for table in Table::ALL {
+            let targets = OUR_TOP_CHAINS
+                .iter()
+                .filter(|(t, _)| *t == table)
+                .flat_map(|(_, chains)| chains.iter());
+            let targets: Vec<&str> = targets.copied().collect();
+            let keep = |chain: &str, rule: &[u8]| {
+                is_our_chain(chain)
+                    || (BUILTIN_CHAINS.contains(&chain)
+                        && targets.iter().any(|t| kpng_netfilter::attr::names(rule, t)))
+            };
+            let rules =
+                kpng_netfilter::generation::rule_handles_where(fam, table.name(), keep).ok()?;
+            ours.extend(rules.into_iter().map(|(c, h)| (table.name(), c, h)));
+        }
+        Some(ours)
+    }
+
+    /// The shortest time between two reads of kpng's rules for someone else's commits
+    /// ([`IptablesBackend::check_overlap`]): each reads every kpng rule (at 10k Services some
+    /// 100k), and a neighbour committing during most syncs would otherwise cost one per sync.
+    const OVERLAP_READ_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// After a sync's window of own restores (`window`: the kernel's generation and kpng's
+    /// count of committed sections when it began), with the notification group joined again
+    /// (iptables-nft): when the generation moved more than kpng's own commits, someone else
+    /// committed while the monitor was not listening. Their change is found by reading the
+    /// handles of kpng's rules ([`IptablesBackend::read_ours`]: its chains and the jumps to
+    /// them, never the other programs' rules in the shared tables) and comparing them with those
+    /// read last, leaving out the chains kpng's own restores changed since (their handles
+    /// moved; remembered, so the rules are read only when someone else committed, after a
+    /// rebuild, and for someone else's commits at most once per
+    /// [`IptablesBackend::OVERLAP_READ_INTERVAL`]). A family found changed is reported through the alarm and
+    /// rewritten whole by the repair. Without a difference (someone committed to another
+    /// chain or table, as Docker, a CNI or fail2ban do), the rules read are the next
+    /// comparison's.
+    ///
+    /// Not seen this way: someone else's change to a chain this sync's restore also changed,
+    /// or a rule replaced in place (its handle stays); the periodic checks and full syncs
+    /// repair those.
+    fn check_overlap(&mut self, window: (u32, u64)) {
+        let (before, counted) = window;
+        let Ok(after) = kpng_netfilter::generation::generation() else {
+            self.forget_rules_seen();
+            return;
+        };
+        self.touched_since_read.merge(self.own.take_touched());
+        let own = self.own.now().wrapping_sub(counted);
+        let moved = u64::from(after.wrapping_sub(before));
+        let foreign = moved.saturating_sub(own) + u64::from(self.overlap_pending);
+        let unread = self
+            .states
+            .iter()
+            .any(|s| s.committed.is_some() && s.rules_seen.is_none());
+        if foreign == 0 && !unread {
+            // Nothing to look for: kpng's own changes since the rules were read are
+            // remembered instead of read (a read is every kpng rule, O(Services) here).
+            return;
+        }
+        let recently = self
+            .last_read
+            .is_some_and(|at| at.elapsed() < Self::OVERLAP_READ_INTERVAL);
+        if !unread && recently {
+            // A neighbour committing all day: read at most once per interval; the next sync
+            // (a periodic one at the latest) compares, against the same reference.
+            self.overlap_pending = true;
+            return;
+        }
+        self.overlap_pending = false;
+        if foreign > 0 && !unread {
+            // Only comparisons for someone else's commits are rationed (not the read of a
+            // reference): the first after a calm spell is made at once.
+            self.last_read = Some(std::time::Instant::now());
+        }
+        let touched = std::mem::take(&mut self.touched_since_read);
+        let mut changed = Vec::new();
+        for state in &mut self.states {
+            if state.committed.is_none() {
+                state.rules_seen = None;
+                continue;
+            }
+            let family = state.family;
+            let now = Self::read_ours(family);
+            let differ: Vec<&str> = match (&now, &state.rules_seen) {
+                (Some(now), Some(seen)) if foreign > 0 => {
+                    let untouched = |rules: &[(&'static str, String, u64)], table: &str| {
+                        rules
+                            .iter()
+                            .filter(|(t, chain, _)| *t == table && !touched.chain(family, t, chain))
+                            .cloned()
+                            .collect::<Vec<_>>()
+                    };
+                    Table::ALL
+                        .iter()
+                        .map(|t| t.name())
+                        .filter(|t| untouched(now, t) != untouched(seen, t))
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            if differ.is_empty() {
+                state.rules_seen = now;
+                continue;
+            }
+            let fam = match family {
+                Family::V4 => "ip",
+                Family::V6 => "ip6",
+            };
+            changed.extend(differ.iter().map(|t| format!("{fam} {t}")));
+            state.rules_seen = None;
+            state.committed = None;
+        }
+        if changed.is_empty() {
+            return;
+        }
+        let what = format!(
+            "{}: kpng's rules changed by someone else while kpng's sync ran ({foreign} \
+             transaction{} not notified)",
+            changed.join(" and "),
+            if foreign == 1 { "" } else { "s" }
+        );
+        debug!("{what}");
+        if let Some(alarm) = &self.alarm {
+            alarm.raise(what);
         }
     }
 

@@ -467,13 +467,7 @@ mod imp {
     /// and iptables-nft may create its base chains when asked to list them.
     pub(crate) fn iptables_table_exists(variant: Variant, family: Family, table: &str) -> bool {
         match variant {
-            Variant::Legacy => {
-                let names = match family {
-                    Family::V4 => "/proc/net/ip_tables_names",
-                    Family::V6 => "/proc/net/ip6_tables_names",
-                };
-                std::fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == table))
-            }
+            Variant::Legacy => kpng_backend_iptables::exec::legacy_table_exists(family, table),
             Variant::Nft => {
                 let family = match family {
                     Family::V4 => "ip",

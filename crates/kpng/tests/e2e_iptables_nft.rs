@@ -37,6 +37,34 @@ fn fault_double_flush_during_the_repair() {
     e2e::faults::double_flush(e2e::Backend::IptablesNft);
 }
 
+/// A rule inserted into kpng's chains while its own restore runs (its monitor away) is found
+/// by the generation id and repaired (docs/reliability.md).
+#[test]
+fn fault_rule_inserted_during_a_sync_is_repaired() {
+    assert!(e2e::faults::iptables_rule_inserted_during_a_sync(
+        e2e::Backend::IptablesNft
+    ));
+}
+
+/// Neighbours committing their own chains, jumps and tables during each of kpng's restores are
+/// not taken as someone changing kpng's rules.
+#[test]
+fn fault_neighbour_commits_during_syncs_are_not_tampering() {
+    let (overlapped, log) =
+        e2e::faults::iptables_neighbour_commits_during_syncs(e2e::Backend::IptablesNft);
+    if overlapped == 0 {
+        return; // not root: skipped with its reason printed
+    }
+    assert!(
+        overlapped >= 3,
+        "the neighbours committed during the start and both changes: {overlapped}"
+    );
+    assert!(
+        !log.contains("changed by someone else"),
+        "no change of kpng's rules, no repair:\n{log}"
+    );
+}
+
 #[test]
 fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::IptablesNft);

@@ -1056,6 +1056,136 @@ fn the_status_page_of_a_node_shows_what_its_brain_rejects() {
     );
 }
 
+/// The body of a `Connection: close` HTTP/1.1 response, its chunks joined when it came in
+/// chunks (kpng's status JSON does).
+fn http_body(response: &str) -> String {
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or_default();
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return body.to_string();
+    }
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || after.len() < size {
+            break;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// When repairs are delayed because someone else keeps changing the data plane, the page
+/// shows the PROBLEM line that `kpng status` prints under the repairs line (until 2026-12-06 it
+/// showed only the repair count). A real kpng's page and status are served again with the
+/// repairs' problem added (bringing a node into repair backoff takes a tampering loop in a
+/// namespace; the page only renders what the status says).
+#[test]
+fn the_status_page_shows_a_repair_problem() {
+    let Some(browser) = browser_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let mut node = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket",
+                "",
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml")),
+    );
+    let log = node.wait("the first sync and the metrics address", |e| {
+        e.contains(" synced ") && e.contains("serving /metrics on http://")
+    });
+    let addr = log
+        .lines()
+        .find_map(|l| {
+            l.split_once("serving /metrics on http://")
+                .map(|(_, a)| a.trim())
+        })
+        .expect("the metrics address")
+        .to_string();
+    // The status page answers requests naming it by address only (`http_get` names `kpng`).
+    let get = |path: &str| {
+        let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).expect("response");
+        answer
+    };
+    let page = http_body(&get("/status"));
+    let answer = get("/status/status.json");
+    let mut status: serde_json::Value = serde_json::from_str(&http_body(&answer))
+        .unwrap_or_else(|e| panic!("the status JSON: {e}: {answer}"));
+    status["repairs"] = serde_json::json!({
+        "count": 7,
+        "lastAt": "2026-12-06T20:00:00Z",
+        "lastChange": "ip kpng: table deleted",
+        "problem": "someone else changed the data plane 7 times in 60 s; repairs wait 8 s",
+    });
+    let status = status.to_string();
+    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let served = server.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        for stream in server.incoming().take(20) {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 2048];
+            let n = stream.read(&mut request).unwrap_or(0);
+            let request = String::from_utf8_lossy(&request[..n]);
+            let (kind, body) = if request.starts_with("GET /status/status.json") {
+                ("application/json", status.as_str())
+            } else if request.starts_with("GET /status ") {
+                ("text/html; charset=utf-8", page.as_str())
+            } else {
+                ("text/plain", "")
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let dom = dom(browser, &format!("http://{served}/status"));
+    let line = dom
+        .split("<div id=\"repairs\"")
+        .nth(1)
+        .and_then(|t| t.split("</div>").next())
+        .unwrap_or_else(|| panic!("a repairs line: {dom}"));
+    assert!(
+        line.contains("PROBLEM: someone else changed the data plane 7 times in 60 s")
+            && line.contains("class=\"bad\"")
+            && !line.contains("hidden"),
+        "{line}"
+    );
+    assert!(
+        dom.contains("repaired 7× after changes by someone else"),
+        "{dom}"
+    );
+}
+
 /// kube-proxy's servers bind as Go does: the health server's default `0.0.0.0:10256` is one
 /// dual-stack socket, so it answers over IPv6 too (an IPv6-only node's probes); an address the
 /// node does not have yet (here the metrics address) is tried again every 5 s rather than

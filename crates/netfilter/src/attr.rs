@@ -263,6 +263,15 @@ pub fn parse_ack(payload: &[u8], flags: u16) -> Option<Ack> {
     })
 }
 
+/// Whether `bytes` (a message's attributes) hold `name` as a NUL-terminated string (netlink
+/// strings are; a longer name that starts with `name` does not match): how a rule's
+/// expressions are searched for the chain it jumps to without decoding them.
+pub fn names(bytes: &[u8], name: &str) -> bool {
+    let mut needle = name.as_bytes().to_vec();
+    needle.push(0);
+    bytes.windows(needle.len()).any(|w| w == needle.as_slice())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -88,6 +88,23 @@ fn parse_generation(datagram: &[u8]) -> Option<io::Result<u32>> {
 /// # Errors
 /// The socket fails or the kernel refuses the dump.
 pub fn rule_handles(family: &str, table: &str) -> io::Result<Vec<(String, u64)>> {
+    rule_handles_where(family, table, |_, _| true)
+}
+
+/// The rules of [`rule_handles`] that `keep` keeps, given each rule's chain and attributes as
+/// sent (its expressions hold the name of a chain it jumps to: see [`attr::names`]).
+///
+/// Why: in a table shared with other programs (iptables-nft's `nat`, `filter`, `mangle`, which
+/// Docker and CNIs write too) only the backend's own chains and the rules that jump to them are
+/// its to compare; the others' commits must not look like a change of its rules.
+///
+/// # Errors
+/// The socket fails or the kernel refuses the dump.
+pub fn rule_handles_where(
+    family: &str,
+    table: &str,
+    keep: impl Fn(&str, &[u8]) -> bool,
+) -> io::Result<Vec<(String, u64)>> {
     let nfproto = dump::nfproto(family)?;
     let mut request = Vec::with_capacity(64);
     let start = attr::msg_start(
@@ -102,7 +119,9 @@ pub fn rule_handles(family: &str, table: &str) -> io::Result<Vec<(String, u64)>>
     attr::msg_end(&mut request, start);
     let mut rules = Vec::new();
     let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE;
-    let result = dump::run(request, kind, |msg| rules.extend(rule_of_table(msg, table)));
+    let result = dump::run(request, kind, |msg| {
+        rules.extend(rule_of_table(msg, table).filter(|(chain, _)| keep(chain, msg)))
+    });
     match result {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
         other => other?,

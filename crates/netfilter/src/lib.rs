@@ -9,7 +9,9 @@
 //! the binary's leftover sweep list tables with [`tables`] (a table dump: no set element is
 //! read); the binary reads kube-proxy's `service-ips` map with [`elements`] (one map's
 //! elements, no other table's); the nftables backend tells someone else's commits during its
-//! own from kpng's with [`generation`]. Backends never depend on each other.
+//! own from kpng's with [`generation`], and so does the iptables backend in its nft variant (in
+//! the shared tables, its own chains and the jumps to them only). Backends never depend on
+//! each other.
 //!
 //! Unsafe code is confined to [`socket`] (std has no netlink sockets), each call with its SAFETY
 //! argument.

@@ -320,19 +320,11 @@ impl OurChains {
             // A rule added to or deleted from one of our chains.
             6 => ours,
             // A rule deleted elsewhere that jumped to one of our chains.
-            8 => ours || self.jump_targets.iter().any(|t| names(&n.rule, t)),
+            8 => ours || self.jump_targets.iter().any(|t| attr::names(&n.rule, t)),
             // Tables and chains added, sets, elements, objects: not ours in a shared table.
             _ => false,
         }
     }
-}
-
-/// Whether `bytes` hold `name` as a NUL-terminated string (netlink strings are; a longer name
-/// that starts with `name` does not match).
-fn names(bytes: &[u8], name: &str) -> bool {
-    let mut needle = name.as_bytes().to_vec();
-    needle.push(0);
-    bytes.windows(needle.len()).any(|w| w == needle.as_slice())
 }
 
 impl Watched {

@@ -727,6 +727,155 @@ pub fn nft_neighbour_commits_during_syncs(b: Backend) -> (usize, String) {
     (overlapped, k.stderr())
 }
 
+/// Writes an `iptables-nft-restore` wrapper into `dir` that runs `before` (shell) and then the
+/// real tool (found by dropping `dir`, the first entry, from `PATH`), for
+/// [`Kpng::start_with_path`].
+fn iptables_restore_wrapper(dir: &Path, before: &str) {
+    let wrapper = dir.join("iptables-nft-restore");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\n{before}\nPATH=${{PATH#*:}} exec iptables-nft-restore \"$@\"\n"),
+    )
+    .expect("write the iptables-nft-restore wrapper");
+    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).expect("chmod");
+}
+
+/// iptables-nft: a foreign rule inserted into one of kpng's chains while a restore of kpng's
+/// is on its way (an `iptables-nft-restore` wrapper commits `iptables -I KUBE-FORWARD 1 -j
+/// DROP` first, from a process of its own, then kpng's restore runs): kpng's notification
+/// monitor has left its group for its own sync, so no notification tells it. Until
+/// 2026-12-06 every forwarded packet stayed dropped until the periodic full sync; now the
+/// kernel's generation id shows a commit that was not kpng's, kpng's rules are compared and
+/// put back. Returns whether `web` was served again within 3 s.
+pub fn iptables_rule_inserted_during_a_sync(b: Backend) -> bool {
+    require_root!(true);
+    let bed = Bed::new(b, "iptrace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let armed = dir.path().join("armed");
+    iptables_restore_wrapper(
+        dir.path(),
+        &format!(
+            "if [ -e {a} ]; then\n  rm -f {a}\n  \
+             iptables-nft -w 5 -t filter -I KUBE-FORWARD 1 -j DROP\nfi",
+            a = armed.display(),
+        ),
+    );
+    let mut k = Kpng::start_with_path(
+        b,
+        &bed.c.node1.ns,
+        &manifest(&[web(), hold()]),
+        None,
+        &[],
+        &[],
+        Some(dir.path()),
+    );
+    bed.wait_served(10, "before");
+    std::fs::write(&armed, "").expect("arm");
+    // A new Service: a restore of kpng's (its own chains and KUBE-SERVICES, not KUBE-FORWARD).
+    let two = svc(
+        "two",
+        13,
+        "ClusterIP",
+        "",
+        &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
+    );
+    k.apply(&manifest(&[web(), hold(), two]));
+    assert!(!armed.exists(), "no restore of kpng's ran the wrapper");
+    let t0 = Instant::now();
+    let served = loop {
+        // Not `probe`: its check against `kpng trace` would fail first (kpng says it is in
+        // sync, which is this gap).
+        let ok = bed
+            .c
+            .pod("pod1a")
+            .ns
+            .probe_one(
+                &kpng_testkit::Probe::new(kpng_testkit::Proto::Tcp, sa(cip(10, false), SVC_PORT))
+                    .timeout(Duration::from_millis(300)),
+            )
+            .is_ok_and(|r| r.is_ok());
+        if ok {
+            break true;
+        }
+        if t0.elapsed() > Duration::from_secs(3) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "FAULT {} a rule inserted during kpng's restore: web served again: {served} ({:?}); \
+         kpng said:\n{}",
+        b.prefix("iptrace"),
+        t0.elapsed(),
+        k.stderr()
+    );
+    served
+}
+
+/// iptables-nft: neighbours (Docker, a CNI, fail2ban) committing in the shared `nat` and
+/// `filter` tables (a chain of their own and a jump to it from a built-in chain) and in a table
+/// of their own during every restore of kpng's, as an `iptables-nft-restore` wrapper does here:
+/// the generation id moves more than kpng's own commits, and the shared tables' rules change,
+/// but none of kpng's chains nor its jumps, so no change is reported and nothing is repaired
+/// (comparing whole tables would take each for tampering). Returns how many restores the
+/// neighbours overlapped and kpng's log.
+pub fn iptables_neighbour_commits_during_syncs(b: Backend) -> (usize, String) {
+    require_root!((0, String::new()));
+    let bed = Bed::new(b, "iptneigh");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let count = dir.path().join("count");
+    iptables_restore_wrapper(
+        dir.path(),
+        &format!(
+            "echo x >> {c}\n\
+             iptables-nft -w 5 -t filter -N NEIGH$$ && \
+             iptables-nft -w 5 -t filter -A FORWARD -j NEIGH$$\n\
+             iptables-nft -w 5 -t nat -N NEIGH$$ && iptables-nft -w 5 -t nat -A PREROUTING -j NEIGH$$\n\
+             nft \"add table inet kpngneighbour; add chain inet kpngneighbour c$$\"",
+            c = count.display(),
+        ),
+    );
+    let mut k = Kpng::start_with_path(
+        b,
+        &bed.c.node1.ns,
+        &manifest(&[web(), hold()]),
+        None,
+        &[],
+        &[],
+        Some(dir.path()),
+    );
+    bed.wait_served(10, "before");
+    let two = svc(
+        "two",
+        13,
+        "ClusterIP",
+        "",
+        &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
+    );
+    k.apply(&manifest(&[web(), hold(), two.clone()]));
+    let three = svc(
+        "three",
+        14,
+        "ClusterIP",
+        "",
+        &[
+            ("pod1a", Cond::Ready),
+            ("pod1b", Cond::Ready),
+            ("pod2a", Cond::Ready),
+        ],
+    );
+    k.apply(&manifest(&[web(), hold(), two, three]));
+    // A report would be handled within the tamper debounce; give it time to show.
+    std::thread::sleep(Duration::from_millis(500));
+    bed.wait_served(10, "after");
+    let overlapped = std::fs::read_to_string(&count)
+        .map(|c| c.lines().count())
+        .unwrap_or(0);
+    (overlapped, k.stderr())
+}
+
 /// `nft flush chain ip kpng services`: the table stays, a chain's rules go.
 pub fn nft_chain_flushed(b: Backend) {
     let f = run_fault(

@@ -212,6 +212,9 @@ pub struct Kpng<'a> {
     sink_extra: Vec<String>,
     proc: Option<Spawned>,
     dir: Option<tempfile::TempDir>,
+    /// A directory searched first for the tools kpng runs (a wrapper around
+    /// `iptables-nft-restore`, say); `None`: the inherited `PATH`.
+    path_first: Option<PathBuf>,
 }
 
 impl<'a> Kpng<'a> {
@@ -233,6 +236,21 @@ impl<'a> Kpng<'a> {
         extra: &[&str],
         sink_extra: &[&str],
     ) -> Kpng<'a> {
+        Kpng::start_with_path(backend, ns, manifest, source, extra, sink_extra, None)
+    }
+
+    /// [`Kpng::start_with`] with `path_first` searched first for the tools kpng runs (the
+    /// iptables backend has no flag naming its tools: a wrapper is put there instead).
+    #[track_caller]
+    pub fn start_with_path(
+        backend: Backend,
+        ns: &'a Netns,
+        manifest: &str,
+        source: Option<&[&str]>,
+        extra: &[&str],
+        sink_extra: &[&str],
+        path_first: Option<&Path>,
+    ) -> Kpng<'a> {
         let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
         let dir = tempfile::tempdir().expect("tempdir");
         let input = dir.path().join("cluster.yaml");
@@ -246,6 +264,7 @@ impl<'a> Kpng<'a> {
             sink_extra: owned(sink_extra),
             proc: None,
             dir: Some(dir),
+            path_first: path_first.map(Path::to_path_buf),
         };
         k.spawn();
         k
@@ -329,7 +348,12 @@ impl<'a> Kpng<'a> {
 
     /// The arguments of a kpng of `backend` in namespace `ns`.
     fn args_in(&self, backend: Backend, ns: &Netns) -> Vec<String> {
-        let mut args: Vec<String> = vec![env!("CARGO_BIN_EXE_kpng").into()];
+        let mut args: Vec<String> = Vec::new();
+        if let Some(dir) = &self.path_first {
+            let path = std::env::var("PATH").unwrap_or_default();
+            args.extend(["env".to_owned(), format!("PATH={}:{path}", dir.display())]);
+        }
+        args.push(env!("CARGO_BIN_EXE_kpng").into());
         match &self.source {
             Some(source) => args.extend(source.iter().cloned()),
             None => args.extend([
