@@ -695,36 +695,7 @@ pub fn nft_neighbour_commits_during_syncs(b: Backend) -> (usize, String) {
         &[],
         &["--nft-exec", "command", "--nft-binary", &wrapper],
     );
-    bed.wait_served(10, "before");
-    // Services with endpoint counts kpng has no chain for yet: a text transaction each.
-    let two = svc(
-        "two",
-        13,
-        "ClusterIP",
-        "",
-        &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
-    );
-    k.apply(&manifest(&[web(), hold(), two.clone()]));
-    let three = svc(
-        "three",
-        14,
-        "ClusterIP",
-        "",
-        &[
-            ("pod1a", Cond::Ready),
-            ("pod1b", Cond::Ready),
-            ("pod2a", Cond::Ready),
-        ],
-    );
-    k.apply(&manifest(&[web(), hold(), two, three]));
-    // A report would be handled within the tamper debounce; give it time to show.
-    std::thread::sleep(Duration::from_millis(500));
-    // (Only pod1b runs an echo server in this bed: `web` is the one to probe.)
-    bed.wait_served(10, "after");
-    let overlapped = std::fs::read_to_string(&count)
-        .map(|c| c.lines().count())
-        .unwrap_or(0);
-    (overlapped, k.stderr())
+    neighbour_overlaps(&bed, &mut k, &count)
 }
 
 /// Writes an `iptables-nft-restore` wrapper into `dir` that runs `before` (shell) and then the
@@ -846,6 +817,14 @@ pub fn iptables_neighbour_commits_during_syncs(b: Backend) -> (usize, String) {
         &[],
         Some(dir.path()),
     );
+    neighbour_overlaps(&bed, &mut k, &count)
+}
+
+/// The changes of the neighbour tests, kpng `k` started on `bed` with a wrapper that appends a
+/// line to `count` each time it commits for the neighbour: two Services with endpoint counts
+/// kpng has no chain for yet (new chains: a rule-changing transaction each), then `web`
+/// served. Returns how many times the neighbour committed and kpng's log.
+fn neighbour_overlaps(bed: &Bed, k: &mut Kpng, count: &Path) -> (usize, String) {
     bed.wait_served(10, "before");
     let two = svc(
         "two",
@@ -869,8 +848,9 @@ pub fn iptables_neighbour_commits_during_syncs(b: Backend) -> (usize, String) {
     k.apply(&manifest(&[web(), hold(), two, three]));
     // A report would be handled within the tamper debounce; give it time to show.
     std::thread::sleep(Duration::from_millis(500));
+    // (Only pod1b runs an echo server in this bed: `web` is the one to probe.)
     bed.wait_served(10, "after");
-    let overlapped = std::fs::read_to_string(&count)
+    let overlapped = std::fs::read_to_string(count)
         .map(|c| c.lines().count())
         .unwrap_or(0);
     (overlapped, k.stderr())
