@@ -1071,6 +1071,11 @@ impl NftBackend {
         let (before, counted) = window;
         let touched = self.own.take_touched();
         let Ok(after) = kpng_netfilter::generation::generation() else {
+            // This sync's own changes are not in the rules read last: comparing the next
+            // sync's with them would take kpng's own change for someone else's.
+            for state in &mut self.states {
+                state.rules_seen = None;
+            }
             return;
         };
         let own = self.own.now().since(counted);
