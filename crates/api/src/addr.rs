@@ -14,10 +14,36 @@ pub enum ApiAddr {
     Unix(PathBuf),
 }
 
-/// An address that cannot be used.
+/// An address that cannot be used: what was given, and what to write instead when the
+/// mistake is a common one (a scheme, an IPv6 address without brackets).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not tcp://HOST:PORT, unix:///PATH or HOST:PORT")]
-pub struct AddrError(pub String);
+#[error("{given:?} is not tcp://HOST:PORT, unix:///PATH or HOST:PORT{}", hint_suffix(.hint))]
+pub struct AddrError {
+    /// The address as given.
+    pub given: String,
+    /// What to write instead, when known.
+    pub hint: Option<String>,
+}
+
+impl AddrError {
+    fn plain(given: &str) -> AddrError {
+        AddrError {
+            given: given.to_string(),
+            hint: None,
+        }
+    }
+
+    fn hinted(given: &str, hint: String) -> AddrError {
+        AddrError {
+            given: given.to_string(),
+            hint: Some(hint),
+        }
+    }
+}
+
+fn hint_suffix(hint: &Option<String>) -> String {
+    hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default()
+}
 
 impl FromStr for ApiAddr {
     type Err = AddrError;
@@ -25,27 +51,40 @@ impl FromStr for ApiAddr {
     fn from_str(s: &str) -> Result<ApiAddr, AddrError> {
         if let Some(path) = s.strip_prefix("unix://") {
             if path.is_empty() {
-                return Err(AddrError(s.to_string()));
+                return Err(AddrError::plain(s));
             }
             return Ok(ApiAddr::Unix(PathBuf::from(path)));
         }
         // `https://brain:9000` is what people type for a TLS brain: say where TLS is set.
         for scheme in ["https://", "http://", "grpcs://", "grpc://"] {
             if let Some(rest) = s.strip_prefix(scheme) {
-                return Err(AddrError(format!(
-                    "{s} (TLS is set by the --api-tls-* or --listen-tls-* flags, not by the \
-                     scheme: write tcp://{rest})"
-                )));
+                return Err(AddrError::hinted(
+                    s,
+                    format!(
+                        "TLS is set by the --api-tls-* or --listen-tls-* flags, not by the \
+                         scheme: write tcp://{rest}"
+                    ),
+                ));
             }
         }
         let hostport = s.strip_prefix("tcp://").unwrap_or(s);
         match hostport.rsplit_once(':') {
+            // `fd00::1:9000` splits into a host `fd00::1` and a port, but it is also the IPv6
+            // address `fd00::1:9000` with no port: only brackets tell which was meant.
+            Some((host, port))
+                if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) =>
+            {
+                Err(AddrError::hinted(
+                    s,
+                    format!("an IPv6 address goes in brackets: tcp://[{host}]:{port}"),
+                ))
+            }
             Some((host, port))
                 if !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok() =>
             {
                 Ok(ApiAddr::Tcp(hostport.to_string()))
             }
-            _ => Err(AddrError(s.to_string())),
+            _ => Err(AddrError::plain(s)),
         }
     }
 }
@@ -63,10 +102,12 @@ impl ApiAddr {
     /// The socket address to listen on (TCP only).
     pub fn socket_addr(&self) -> Result<Option<SocketAddr>, AddrError> {
         match self {
-            ApiAddr::Tcp(hp) => hp
-                .parse()
-                .map(Some)
-                .map_err(|_| AddrError(format!("{hp} (listen on an IP:PORT)"))),
+            ApiAddr::Tcp(hp) => hp.parse().map(Some).map_err(|_| {
+                AddrError::hinted(
+                    &self.to_string(),
+                    "a brain listens on an IP address and port, not a host name".into(),
+                )
+            }),
             ApiAddr::Unix(_) => Ok(None),
         }
     }
@@ -122,6 +163,8 @@ mod tests {
             ("tcp://127.0.0.1", None),
             (":12090", None),
             ("http://x:1", None),
+            ("tcp://fd00:1::2:12390", None),
+            ("fd00::1", None),
         ];
         for (input, want) in cases {
             assert_eq!(input.parse::<ApiAddr>().ok(), *want, "{input}");
@@ -134,5 +177,19 @@ mod tests {
             said.contains("not by the scheme: write tcp://brain:9000"),
             "{said}"
         );
+        let said = "tcp://fd00:1::2:12390"
+            .parse::<ApiAddr>()
+            .expect_err("IPv6 without brackets")
+            .to_string();
+        assert_eq!(
+            said,
+            "\"tcp://fd00:1::2:12390\" is not tcp://HOST:PORT, unix:///PATH or HOST:PORT (an \
+             IPv6 address goes in brackets: tcp://[fd00:1::2]:12390)"
+        );
+        let said = ApiAddr::Tcp("brain:9000".into())
+            .socket_addr()
+            .expect_err("a host name")
+            .to_string();
+        assert!(said.starts_with("\"tcp://brain:9000\" is not"), "{said}");
     }
 }

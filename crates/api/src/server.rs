@@ -67,6 +67,9 @@ pub enum ServeError {
     /// are logged, and the previous material stays served).
     #[error(transparent)]
     TlsFile(#[from] TlsError),
+    /// The listening address is not an IP address and port.
+    #[error(transparent)]
+    Address(#[from] crate::addr::AddrError),
     /// An incomplete TLS configuration.
     #[error("{0}")]
     Tls(String),
@@ -728,8 +731,7 @@ pub async fn serve(
     match addr {
         ApiAddr::Tcp(_) => {
             let socket = addr
-                .socket_addr()
-                .map_err(|e| ServeError::Tls(e.to_string()))?
+                .socket_addr()?
                 .ok_or_else(|| ServeError::Tls("no TCP address".into()))?;
             let listener = tokio::net::TcpListener::bind(socket)
                 .await

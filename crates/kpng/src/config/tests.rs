@@ -1067,6 +1067,33 @@ fn write_config_to_reads_back_as_written() {
     );
 }
 
+/// An IPv6 cluster's file (kubeadm writes `bindAddress: "::"`) is written back as it was read,
+/// not as an IPv4 one whose listen defaults differ.
+#[test]
+fn an_ipv6_clusters_unspecified_bind_address_is_written_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kp.conf");
+    std::fs::write(&path, doc("bindAddress: \"::\"\nmode: nftables\n")).unwrap();
+    let config = path.to_str().unwrap();
+    let (flags, _) = run_cli(&["kpng", "--config", config]).unwrap();
+    let written = write::render(&write::effective(&flags).unwrap()).unwrap();
+    assert!(written.contains("\nbindAddress: \"::\"\n"), "{written}");
+    assert!(written.contains("[::]:10256"), "{written}");
+    std::fs::write(&path, &written).unwrap();
+    let (again, _) = run_cli(&["kpng", "--config", config]).unwrap();
+    assert_eq!(
+        write::render(&write::effective(&again).unwrap()).unwrap(),
+        written
+    );
+    // An IPv4 cluster's stays 0.0.0.0.
+    let (v4, _) = run_cli(&["kpng", "--proxy-mode=nftables"]).unwrap();
+    let written = write::render(&write::effective(&v4).unwrap()).unwrap();
+    assert!(
+        written.contains("\nbindAddress: \"0.0.0.0\"\n"),
+        "{written}"
+    );
+}
+
 /// kube-proxy's processHostnameOverrideFlag: an empty --hostname-override (an empty
 /// `$(NODE_NAME)`) is ignored, so the file's hostnameOverride stays (or, without one, the OS
 /// hostname: `None`); spaces only are an error; anything else wins, trimmed and lower-cased.

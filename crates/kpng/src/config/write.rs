@@ -32,11 +32,16 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
         i32::try_from(v).with_context(|| format!("{name} {v} does not fit the file's int32 field"))
     };
     // kube-proxy's bindAddress is one IP (a pair is refused); the other family's is left out
-    // and named by `not_written`.
-    let bind_address = flags
-        .node_ip
-        .first()
-        .map_or_else(|| "0.0.0.0".to_string(), ToString::to_string);
+    // and named by `not_written`. Without a node IP it is the unspecified address, `::` on an
+    // IPv6 cluster (kubeadm writes it so, and it makes the listen defaults IPv6): the health
+    // server's address, which followed it when the file was read, tells which.
+    let ipv6_defaults = flags
+        .healthz_bind_address
+        .is_some_and(|a| a.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+    let bind_address = flags.node_ip.first().map_or_else(
+        || if ipv6_defaults { "::" } else { "0.0.0.0" }.to_string(),
+        ToString::to_string,
+    );
     let cluster_cidr: Vec<String> = flags.cluster_cidr.iter().map(ToString::to_string).collect();
     let kind = flags.proxy_mode;
     // The section the mode reads (one arm per backend); none given: iptables, the default.

@@ -111,8 +111,12 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--bind" => {
                 let b = match v.parse::<SocketAddr>() {
                     Ok(sa) => sa,
+                    // A bare address, bracketed or not (`[fd00::2]`, as in `[fd00::2]:PORT`).
                     Err(_) => SocketAddr::new(
-                        v.parse::<IpAddr>()
+                        v.strip_prefix('[')
+                            .and_then(|rest| rest.strip_suffix(']'))
+                            .unwrap_or(&v)
+                            .parse::<IpAddr>()
                             .map_err(|e| format!("bad --bind {v:?}: {e}"))?,
                         0,
                     ),
