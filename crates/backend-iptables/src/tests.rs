@@ -52,15 +52,19 @@ fn config() -> IptablesConfig {
 
 fn backend_with(config: IptablesConfig) -> (IptablesBackend, Recorder) {
     let recorder = Recorder::default();
-    let backend = IptablesBackend::new(config, Box::new(recorder.clone())).with_local_addresses(
-        Box::new(|| {
-            ["127.0.0.1", "192.168.100.1", "10.244.1.1", "fd00:100::1"]
-                .iter()
-                .filter_map(|s| s.parse().ok())
-                .collect()
-        }),
-    );
+    let backend = IptablesBackend::new(config, Box::new(recorder.clone()))
+        .with_local_addresses(local_addresses());
     (backend, recorder)
+}
+
+/// The node's addresses, as the backend would read them.
+fn local_addresses() -> Box<dyn Fn() -> Vec<std::net::IpAddr> + Send> {
+    Box::new(|| {
+        ["127.0.0.1", "192.168.100.1", "10.244.1.1", "fd00:100::1"]
+            .iter()
+            .filter_map(|s| s.parse().ok())
+            .collect()
+    })
 }
 
 fn backend() -> (IptablesBackend, Recorder) {
@@ -828,13 +832,18 @@ fn many_new_chains_are_created_in_batches_of_whole_ports() {
 }
 
 /// The backend contract at the fake level (the kit's conformance scenarios): the recorder is
-/// the kernel; what the backend committed is its rules per Service port.
+/// the kernel; what the backend committed is its rules per Service port. Where a frontend
+/// dispatches is read from the restores that succeeded, replayed into a fake kernel
+/// ([`kernel`]).
+mod kernel;
 mod conformance_harness {
+    use kpng_backend_kit::conformance::{Client, Dispatch, Frontend};
+
     use super::*;
 
     pub struct IptablesHarness {
         backend: IptablesBackend,
-        recorder: Recorder,
+        kernel: kernel::FakeKernel,
     }
 
     impl kpng_backend_kit::conformance::Harness for IptablesHarness {
@@ -851,14 +860,24 @@ mod conformance_harness {
         }
 
         fn fail_next(&mut self) {
-            self.recorder.0.lock().expect("lock").fail_restores = 1;
+            self.kernel.recorder.0.lock().expect("lock").fail_restores = 1;
+        }
+
+        fn dispatch(&self, to: Frontend, from: Client) -> Dispatch {
+            self.kernel
+                .kernel
+                .lock()
+                .expect("kernel")
+                .dispatch(to, from)
         }
     }
 
     pub fn make() -> IptablesHarness {
-        let (backend, recorder) = backend();
-        canary_present(&recorder, &Family::ALL);
-        IptablesHarness { backend, recorder }
+        let kernel = kernel::FakeKernel::default();
+        let backend = IptablesBackend::new(config(), Box::new(kernel.clone()))
+            .with_local_addresses(local_addresses());
+        canary_present(&kernel.recorder, &Family::ALL);
+        IptablesHarness { backend, kernel }
     }
 }
 

@@ -7,20 +7,27 @@
 //! changed, converges after a failure with a full sync, and cleans up everything. The scenario
 //! names mirror the real-packet suite's, so a new backend runs both lists.
 //!
+//! Counting objects is not enough: a backend that ignored a traffic policy, sent terminating
+//! endpoints traffic while ready ones exist, or forgot a frontend's endpoints would still hold
+//! "more objects". So the scenarios also ask the harness where each frontend *dispatches*
+//! ([`Harness::dispatch`]), read back from what the backend committed to its fake data plane, and
+//! compare it with the endpoints Kubernetes prescribes (written out in each scenario, not
+//! derived from the [`ServicePort`] handed to the backend).
+//!
 //! A backend joins with a [`Harness`] (the backend over its fake data plane) and one line:
 //!
 //! ```ignore
 //! kpng_backend_kit::conformance_tests!(|| MyHarness::new());
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use kpng_backend::{Backend, SyncRequest};
 use kpng_model::{
-    Change, Diff, Endpoint, Family, NodeState, PortKey, Protocol, ServiceKey, ServicePort,
-    SessionAffinity, Snapshot,
+    Change, Diff, Endpoint, EndpointCandidate, Family, NodeState, PortKey, Protocol, ServiceKey,
+    ServicePort, SessionAffinity, Snapshot, categorize_endpoints,
 };
 
 /// A backend over a fake data plane.
@@ -32,6 +39,83 @@ pub trait Harness {
     fn objects(&self) -> usize;
     /// Makes the next data-plane transaction fail.
     fn fail_next(&mut self);
+    /// Where a new connection from `from` to `to` goes, read from what the backend committed
+    /// to the fake data plane (its committed set elements and chains, its committed rules, its
+    /// capture entries and running listeners), never from the [`ServicePort`]s the scenario
+    /// handed it: only then can a scenario catch a backend that programs the wrong endpoints
+    /// for a frontend (all endpoints under externalTrafficPolicy Local, terminating ones while
+    /// ready ones exist, the cluster list for ClusterIP traffic under internalTrafficPolicy
+    /// Local).
+    ///
+    /// Why `from`: a backend may program one frontend twice (nftables and iptables send
+    /// external traffic to an externalTrafficPolicy Local port through a chain that lets pods
+    /// and the node itself use every endpoint, and everyone else the local ones only); the
+    /// answer is the set of endpoints the data plane may pick for that client, whatever the
+    /// random choice or affinity would pick for one connection.
+    fn dispatch(&self, to: Frontend, from: Client) -> Dispatch;
+}
+
+/// What a client connects to: a ClusterIP, external IP or load-balancer IP with the Service
+/// port, or one of [`NODE_IPS`] with a node port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frontend {
+    /// The destination address.
+    pub ip: IpAddr,
+    /// The destination port.
+    pub port: u16,
+    /// The L4 protocol.
+    pub protocol: Protocol,
+}
+
+/// Who connects, as far as traffic policies care: they tell a pod (which may use every
+/// endpoint of an externalTrafficPolicy Local port) from a client outside the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    /// A pod of this node ([`Client::address`]: inside the node's pod CIDR). The harness's
+    /// pod detection (`--detect-local-mode`) must cover the IPv4 address at least.
+    Pod,
+    /// A client outside the cluster, neither a pod nor the node itself, inside the
+    /// load-balancer source ranges the scenarios use (`203.0.113.0/24`).
+    Outside,
+}
+
+impl Client {
+    /// The client's source address in `family`.
+    pub fn address(self, family: Family) -> IpAddr {
+        match (self, family) {
+            (Client::Pod, Family::V4) => ip("10.244.1.100"),
+            (Client::Pod, Family::V6) => ip("fd00:10:244:1::100"),
+            (Client::Outside, Family::V4) => ip("203.0.113.9"),
+            (Client::Outside, Family::V6) => ip("2001:db8::9"),
+        }
+    }
+}
+
+/// The addresses of the scenarios' node (every node port is served on them; a harness whose
+/// data plane asks "is this a local address?" answers from this list).
+pub const NODE_IPS: [&str; 2] = ["192.168.100.1", "fd00:100::1"];
+
+/// What the data plane does with a new connection to a [`Frontend`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Nothing of the backend's matches: the connection passes as if no Service existed.
+    Unknown,
+    /// Rejected or dropped (no endpoint may serve this client).
+    Refused,
+    /// Sent to one of these endpoints (the whole set the data plane may choose from).
+    To(BTreeSet<SocketAddr>),
+}
+
+impl Dispatch {
+    /// A dispatch to these endpoints (`IP:port` texts).
+    pub fn to(endpoints: &[&str]) -> Dispatch {
+        Dispatch::To(
+            endpoints
+                .iter()
+                .map(|e| e.parse().expect("socket address"))
+                .collect(),
+        )
+    }
 }
 
 /// One scenario: runs against a fresh harness and panics with what broke.
@@ -128,7 +212,7 @@ pub fn run(name: &str, harness: &mut dyn Harness) {
 fn node() -> NodeState {
     NodeState {
         name: "node1".into(),
-        ips: vec![ip("192.168.100.1"), ip("fd00:100::1")],
+        ips: NODE_IPS.iter().map(|a| ip(a)).collect(),
         pod_cidrs: vec!["10.244.1.0/24".parse().expect("cidr")],
         ..NodeState::default()
     }
@@ -148,32 +232,150 @@ fn key(name: &str, protocol: Protocol, family: Family) -> PortKey {
 }
 
 fn endpoint(addr: &str, local: bool) -> Endpoint {
+    endpoint_in(addr, local, State::Ready)
+}
+
+/// An endpoint's conditions, as its EndpointSlice says them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Ready (and serving).
+    Ready,
+    /// Terminating but still serving: used only where no ready endpoint is.
+    Terminating,
+    /// Terminating and no longer serving: never used.
+    Gone,
+}
+
+fn endpoint_in(addr: &str, local: bool, state: State) -> Endpoint {
     let sa: SocketAddr = addr.parse().expect("socket address");
     Endpoint {
         ip: sa.ip(),
         port: sa.port(),
         is_local: local,
-        ready: true,
-        serving: true,
-        terminating: false,
+        ready: state == State::Ready,
+        serving: state != State::Gone,
+        terminating: state != State::Ready,
     }
 }
 
+/// The local and the remote endpoint of [`port`], per family.
+fn endpoint_addrs(family: Family) -> (&'static str, &'static str) {
+    match family {
+        Family::V4 => (LOCAL, REMOTE),
+        Family::V6 => ("[fd00:10:244:1::2]:8080", "[fd00:10:244:2::2]:8080"),
+    }
+}
+
+/// The endpoint on this node (in its pod CIDR `10.244.1.0/24`).
+const LOCAL: &str = "10.244.1.2:8080";
+/// An endpoint on another node.
+const REMOTE: &str = "10.244.2.2:8080";
+/// Another endpoint on another node.
+const REMOTE2: &str = "10.244.2.3:8080";
+/// The node's IPv4 address, where node ports are served.
+const NODE: &str = NODE_IPS[0];
+
 /// A ClusterIP port with endpoints `10.244.1.2:8080` (local) and `10.244.2.2:8080`.
 fn port(name: &str, cluster_ip: &str, protocol: Protocol) -> ServicePort {
+    let family = Family::of(&ip(cluster_ip));
+    let (local, remote) = endpoint_addrs(family);
+    port_over(
+        name,
+        cluster_ip,
+        protocol,
+        &[endpoint(local, true), endpoint(remote, false)],
+        |_| {},
+    )
+}
+
+/// A port over `endpoints` with `shape` (frontends, policies, affinity) applied, whose endpoint
+/// lists are those the model hands a backend: chosen by [`categorize_endpoints`] (policies,
+/// terminating fallback), sorted, with the counts that go with them.
+fn port_over(
+    name: &str,
+    cluster_ip: &str,
+    protocol: Protocol,
+    endpoints: &[Endpoint],
+    shape: impl FnOnce(&mut ServicePort),
+) -> ServicePort {
     let cluster_ip = ip(cluster_ip);
     let family = Family::of(&cluster_ip);
-    let (local, remote) = match family {
-        Family::V4 => ("10.244.1.2:8080", "10.244.2.2:8080"),
-        Family::V6 => ("[fd00:10:244:1::2]:8080", "[fd00:10:244:2::2]:8080"),
-    };
     let mut sp = ServicePort::new(key(name, protocol, family), cluster_ip, 80);
-    sp.cluster_endpoints = vec![endpoint(local, true), endpoint(remote, false)];
-    sp.local_endpoints = vec![endpoint(local, true)];
-    sp.has_any_endpoints = true;
-    sp.local_ready_endpoints = 1;
-    sp.serving_endpoints = sp.cluster_endpoints.iter().map(Endpoint::addr).collect();
+    shape(&mut sp);
+    let candidates: Vec<EndpointCandidate> = endpoints
+        .iter()
+        .map(|e| EndpointCandidate {
+            endpoint: e.clone(),
+            zone_hints: Vec::new(),
+            node_hints: Vec::new(),
+        })
+        .collect();
+    let lists = categorize_endpoints(
+        &candidates,
+        sp.uses_cluster_endpoints(),
+        sp.uses_local_endpoints(),
+        &node().name,
+        None,
+    );
+    sp.cluster_endpoints = lists.cluster;
+    sp.local_endpoints = lists.local;
+    kpng_model::sort_endpoints(&mut sp.cluster_endpoints);
+    kpng_model::sort_endpoints(&mut sp.local_endpoints);
+    sp.has_any_endpoints = lists.has_any;
+    sp.local_ready_endpoints =
+        u32::try_from(endpoints.iter().filter(|e| e.is_local && e.ready).count())
+            .unwrap_or(u32::MAX);
+    sp.serving_endpoints = endpoints
+        .iter()
+        .filter(|e| e.serving)
+        .map(Endpoint::addr)
+        .collect();
+    sp.serving_endpoints.sort();
     sp
+}
+
+/// A TCP frontend (`IP:port`).
+fn tcp(addr: &str) -> Frontend {
+    frontend(addr, Protocol::Tcp)
+}
+
+fn frontend(addr: &str, protocol: Protocol) -> Frontend {
+    let sa: SocketAddr = addr.parse().expect("socket address");
+    Frontend {
+        ip: sa.ip(),
+        port: sa.port(),
+        protocol,
+    }
+}
+
+/// One expectation: a connection from `.1` to `.0` is dispatched as `.2`.
+type Expect = (Frontend, Client, Dispatch);
+
+/// Checks every expectation against what the harness's data plane holds.
+fn assert_dispatch(harness: &dyn Harness, what: &str, expected: &[Expect]) {
+    for (to, from, want) in expected {
+        let got = harness.dispatch(*to, *from);
+        assert_eq!(
+            &got, want,
+            "{what}: a connection from {from:?} to {}:{} {:?} (left: the data plane, right: \
+             the contract)",
+            to.ip, to.port, to.protocol
+        );
+    }
+}
+
+/// Checks that none of the frontends of `expected` reaches an endpoint any more (a Service
+/// CIDR may still drop what is sent to a ClusterIP that is gone).
+fn assert_gone(harness: &dyn Harness, what: &str, expected: &[Expect]) {
+    for (to, from, _) in expected {
+        let got = harness.dispatch(*to, *from);
+        assert!(
+            !matches!(got, Dispatch::To(_)),
+            "{what}: after removal a connection from {from:?} to {}:{} still goes to {got:?}",
+            to.ip,
+            to.port
+        );
+    }
 }
 
 /// The backend's view while a scenario runs: the snapshot it was last told about.
@@ -255,7 +457,14 @@ impl<'h> Run<'h> {
 
 /// Adds `port`, checks that it is programmed and that nothing else is to do, then removes it
 /// and checks that the data plane is back to what it was: the shape of most scenarios.
-fn programs_and_removes(harness: &mut dyn Harness, what: &str, port: ServicePort) {
+///
+/// `expected`: where each of the port's frontends must dispatch while it is programmed.
+fn programs_and_removes(
+    harness: &mut dyn Harness,
+    what: &str,
+    port: ServicePort,
+    expected: &[Expect],
+) {
     let mut run = Run::start(harness);
     let before = run.objects();
     let key = port.key.clone();
@@ -265,6 +474,7 @@ fn programs_and_removes(harness: &mut dyn Harness, what: &str, port: ServicePort
         run.objects() > before,
         "{what}: the data plane holds nothing more ({before} objects)"
     );
+    assert_dispatch(run.harness, what, expected);
     run.assert_quiet(&format!("adding {what}"));
     let ops = run.remove(&key);
     assert!(ops > 0, "{what}: removing it sent no operation");
@@ -273,12 +483,32 @@ fn programs_and_removes(harness: &mut dyn Harness, what: &str, port: ServicePort
         before,
         "{what}: removing it did not restore the data plane"
     );
+    assert_gone(run.harness, what, expected);
     run.assert_quiet(&format!("removing {what}"));
+}
+
+/// Programs `port` alone on a fresh data plane and checks its dispatch, then removes it.
+fn dispatches(harness: &mut dyn Harness, what: &str, port: ServicePort, expected: &[Expect]) {
+    let mut run = Run::start(harness);
+    let key = port.key.clone();
+    run.add(port);
+    assert_dispatch(run.harness, what, expected);
+    run.remove(&key);
+    assert_gone(run.harness, what, expected);
 }
 
 /// Mirrors `cluster_ip_from_pod_spreads_over_all_endpoints_without_masquerade`.
 fn cluster_ip(h: &mut dyn Harness) {
-    programs_and_removes(h, "a ClusterIP", port("web", "10.96.0.10", Protocol::Tcp));
+    programs_and_removes(
+        h,
+        "a ClusterIP",
+        port("web", "10.96.0.10", Protocol::Tcp),
+        &[(
+            tcp("10.96.0.10:80"),
+            Client::Pod,
+            Dispatch::to(&[LOCAL, REMOTE]),
+        )],
+    );
 }
 
 /// Mirrors `udp_services_are_load_balanced`.
@@ -287,22 +517,33 @@ fn udp_services(h: &mut dyn Harness) {
         h,
         "a UDP ClusterIP",
         port("dns", "10.96.0.53", Protocol::Udp),
+        &[(
+            frontend("10.96.0.53:80", Protocol::Udp),
+            Client::Pod,
+            Dispatch::to(&[LOCAL, REMOTE]),
+        )],
     );
 }
 
 /// Mirrors `wrong_port_unallocated_ip_and_no_endpoints`: a Service without endpoints is
 /// programmed too (it rejects), and gaining endpoints is a change.
 fn no_endpoints(h: &mut dyn Harness) {
-    let mut empty = port("empty", "10.96.0.20", Protocol::Tcp);
-    empty.cluster_endpoints.clear();
-    empty.local_endpoints.clear();
-    empty.serving_endpoints.clear();
-    empty.has_any_endpoints = false;
-    empty.local_ready_endpoints = 0;
-    programs_and_removes(h, "a Service without endpoints", empty.clone());
+    let empty = port_over("empty", "10.96.0.20", Protocol::Tcp, &[], |_| {});
+    let cip = tcp("10.96.0.20:80");
+    programs_and_removes(
+        h,
+        "a Service without endpoints",
+        empty.clone(),
+        &[(cip, Client::Pod, Dispatch::Refused)],
+    );
     let mut run = Run::start(h);
     run.add(empty);
     run.add(port("empty", "10.96.0.20", Protocol::Tcp));
+    assert_dispatch(
+        run.harness,
+        "endpoints appearing",
+        &[(cip, Client::Pod, Dispatch::to(&[LOCAL, REMOTE]))],
+    );
     run.assert_quiet("endpoints appearing");
 }
 
@@ -310,7 +551,16 @@ fn no_endpoints(h: &mut dyn Harness) {
 fn node_port(h: &mut dyn Harness) {
     let mut sp = port("np", "10.96.0.30", Protocol::Tcp);
     sp.node_port = Some(30080);
-    programs_and_removes(h, "a NodePort", sp.clone());
+    let all = || Dispatch::to(&[LOCAL, REMOTE]);
+    programs_and_removes(
+        h,
+        "a NodePort",
+        sp.clone(),
+        &[
+            (tcp(&format!("{NODE}:30080")), Client::Outside, all()),
+            (tcp("10.96.0.30:80"), Client::Pod, all()),
+        ],
+    );
     let cluster_ip_only = ServicePort {
         node_port: None,
         ..sp.clone()
@@ -353,10 +603,17 @@ fn external_ip_and_load_balancer_source_ranges(h: &mut dyn Harness) {
     sp.external_ips = vec![ip("192.168.100.50")];
     sp.load_balancer_ips = vec![ip("192.168.100.60")];
     sp.source_ranges = vec!["203.0.113.0/24".parse().expect("cidr")];
+    let all = || Dispatch::to(&[LOCAL, REMOTE]);
     programs_and_removes(
         h,
         "external and LoadBalancer IPs with source ranges",
         sp.clone(),
+        &[
+            (tcp("192.168.100.50:80"), Client::Outside, all()),
+            (tcp("192.168.100.60:80"), Client::Outside, all()),
+            (tcp(&format!("{NODE}:30040")), Client::Outside, all()),
+            (tcp("10.96.0.40:80"), Client::Pod, all()),
+        ],
     );
     let node_port_only = ServicePort {
         external_ips: Vec::new(),
@@ -389,53 +646,197 @@ fn external_ip_and_load_balancer_source_ranges(h: &mut dyn Harness) {
     );
 }
 
-/// Mirrors `external_traffic_policy_local`.
+/// Mirrors `external_traffic_policy_local`: external frontends (node port, external and
+/// load-balancer IPs) send clients from outside to local endpoints only, and drop them when
+/// there is none; pods (kube-proxy's short-circuit) and the ClusterIP use every endpoint.
 fn external_traffic_policy_local(h: &mut dyn Harness) {
-    let mut sp = port("etp", "10.96.0.50", Protocol::Tcp);
-    sp.node_port = Some(30050);
-    sp.load_balancer_ips = vec![ip("192.168.100.70")];
-    sp.external_policy_local = true;
-    sp.health_check_node_port = Some(31050);
-    programs_and_removes(h, "externalTrafficPolicy Local", sp);
+    let shape = |sp: &mut ServicePort| {
+        sp.node_port = Some(30050);
+        sp.external_ips = vec![ip("192.168.100.71")];
+        sp.load_balancer_ips = vec![ip("192.168.100.70")];
+        sp.external_policy_local = true;
+        sp.health_check_node_port = Some(31050);
+    };
+    let external = [
+        tcp(&format!("{NODE}:30050")),
+        tcp("192.168.100.71:80"),
+        tcp("192.168.100.70:80"),
+    ];
+    let cip = tcp("10.96.0.50:80");
+    let both = [endpoint(LOCAL, true), endpoint(REMOTE, false)];
+    let sp = port_over("etp", "10.96.0.50", Protocol::Tcp, &both, shape);
+    let mut expected = vec![(cip, Client::Pod, Dispatch::to(&[LOCAL, REMOTE]))];
+    for to in external {
+        expected.push((to, Client::Outside, Dispatch::to(&[LOCAL])));
+    }
+    // The short-circuit: a pod reaching the load-balancer IP may use every endpoint.
+    expected.push((external[2], Client::Pod, Dispatch::to(&[LOCAL, REMOTE])));
+    programs_and_removes(h, "externalTrafficPolicy Local", sp, &expected);
+
+    let remote_only = [endpoint(REMOTE, false)];
+    let sp = port_over("etp", "10.96.0.50", Protocol::Tcp, &remote_only, shape);
+    let mut expected = vec![(cip, Client::Pod, Dispatch::to(&[REMOTE]))];
+    for to in external {
+        expected.push((to, Client::Outside, Dispatch::Refused));
+    }
+    expected.push((external[2], Client::Pod, Dispatch::to(&[REMOTE])));
+    dispatches(
+        h,
+        "externalTrafficPolicy Local without a local endpoint",
+        sp,
+        &expected,
+    );
 }
 
-/// Mirrors `internal_traffic_policy_local`.
+/// Mirrors `internal_traffic_policy_local`: the ClusterIP sends to local endpoints only (and
+/// drops when there is none), while the node port keeps every endpoint.
 fn internal_traffic_policy_local(h: &mut dyn Harness) {
-    let mut sp = port("itp", "10.96.0.60", Protocol::Tcp);
-    sp.internal_policy_local = true;
-    programs_and_removes(h, "internalTrafficPolicy Local", sp);
+    let shape = |sp: &mut ServicePort| {
+        sp.internal_policy_local = true;
+        sp.node_port = Some(30060);
+    };
+    let cip = tcp("10.96.0.60:80");
+    let np = tcp(&format!("{NODE}:30060"));
+    let both = [endpoint(LOCAL, true), endpoint(REMOTE, false)];
+    let sp = port_over("itp", "10.96.0.60", Protocol::Tcp, &both, shape);
+    programs_and_removes(
+        h,
+        "internalTrafficPolicy Local",
+        sp,
+        &[
+            (cip, Client::Pod, Dispatch::to(&[LOCAL])),
+            (np, Client::Outside, Dispatch::to(&[LOCAL, REMOTE])),
+        ],
+    );
+    let remote_only = [endpoint(REMOTE, false)];
+    let sp = port_over("itp", "10.96.0.60", Protocol::Tcp, &remote_only, shape);
+    dispatches(
+        h,
+        "internalTrafficPolicy Local without a local endpoint",
+        sp,
+        &[
+            (cip, Client::Pod, Dispatch::Refused),
+            (np, Client::Outside, Dispatch::to(&[REMOTE])),
+        ],
+    );
 }
 
-/// Mirrors `session_affinity_client_ip`.
+/// Mirrors `session_affinity_client_ip`: the affinity path still dispatches to the
+/// endpoints each frontend's policy allows.
 fn session_affinity_client_ip(h: &mut dyn Harness) {
-    let mut sp = port("sticky", "10.96.0.70", Protocol::Tcp);
-    sp.session_affinity = Some(SessionAffinity {
+    let affinity = Some(SessionAffinity {
         timeout_seconds: 10_800,
     });
-    programs_and_removes(h, "ClientIP affinity", sp);
+    let mut sp = port("sticky", "10.96.0.70", Protocol::Tcp);
+    sp.session_affinity = affinity;
+    programs_and_removes(
+        h,
+        "ClientIP affinity",
+        sp,
+        &[(
+            tcp("10.96.0.70:80"),
+            Client::Pod,
+            Dispatch::to(&[LOCAL, REMOTE]),
+        )],
+    );
+    let both = [endpoint(LOCAL, true), endpoint(REMOTE, false)];
+    let sp = port_over("sticky", "10.96.0.70", Protocol::Tcp, &both, |sp| {
+        sp.session_affinity = affinity;
+        sp.node_port = Some(30070);
+        sp.external_policy_local = true;
+    });
+    dispatches(
+        h,
+        "ClientIP affinity with externalTrafficPolicy Local",
+        sp,
+        &[
+            (
+                tcp("10.96.0.70:80"),
+                Client::Pod,
+                Dispatch::to(&[LOCAL, REMOTE]),
+            ),
+            (
+                tcp(&format!("{NODE}:30070")),
+                Client::Outside,
+                Dispatch::to(&[LOCAL]),
+            ),
+        ],
+    );
 }
 
-/// Mirrors `terminating_endpoints_fallback`: the model hands a backend the serving,
-/// terminating endpoints as the list to use; a backend programs them like any others.
+/// Mirrors `terminating_endpoints_fallback`: serving, terminating endpoints take traffic only
+/// where no ready endpoint exists for the frontend's policy (the cluster for Cluster, this node
+/// for Local), and endpoints that no longer serve never do.
 fn terminating_endpoints_fallback(h: &mut dyn Harness) {
-    let mut sp = port("term", "10.96.0.80", Protocol::Tcp);
-    for e in sp
-        .cluster_endpoints
-        .iter_mut()
-        .chain(sp.local_endpoints.iter_mut())
-    {
-        e.ready = false;
-        e.terminating = true;
-    }
-    sp.local_ready_endpoints = 0;
-    programs_and_removes(h, "terminating endpoints", sp);
+    let cip = tcp("10.96.0.80:80");
+    let np = tcp(&format!("{NODE}:30080"));
+    let mixed = [
+        endpoint(LOCAL, true),
+        endpoint_in(REMOTE, false, State::Terminating),
+        endpoint_in(REMOTE2, false, State::Ready),
+    ];
+    dispatches(
+        h,
+        "a terminating endpoint beside ready ones",
+        port_over("term", "10.96.0.80", Protocol::Tcp, &mixed, |_| {}),
+        &[(cip, Client::Pod, Dispatch::to(&[LOCAL, REMOTE2]))],
+    );
+    let terminating = [
+        endpoint_in(LOCAL, true, State::Terminating),
+        endpoint_in(REMOTE, false, State::Terminating),
+        endpoint_in(REMOTE2, false, State::Gone),
+    ];
+    programs_and_removes(
+        h,
+        "terminating endpoints only",
+        port_over("term", "10.96.0.80", Protocol::Tcp, &terminating, |_| {}),
+        &[(cip, Client::Pod, Dispatch::to(&[LOCAL, REMOTE]))],
+    );
+    // externalTrafficPolicy Local: the local endpoint terminates, a remote one is ready. The
+    // node port falls back to the local terminating one; the ClusterIP uses the ready one.
+    let local_terminating = [
+        endpoint_in(LOCAL, true, State::Terminating),
+        endpoint_in(REMOTE, false, State::Ready),
+    ];
+    dispatches(
+        h,
+        "a terminating local endpoint under externalTrafficPolicy Local",
+        port_over(
+            "term",
+            "10.96.0.80",
+            Protocol::Tcp,
+            &local_terminating,
+            |sp| {
+                sp.node_port = Some(30080);
+                sp.external_policy_local = true;
+            },
+        ),
+        &[
+            (cip, Client::Pod, Dispatch::to(&[REMOTE])),
+            (np, Client::Outside, Dispatch::to(&[LOCAL])),
+        ],
+    );
 }
 
 /// Mirrors `ipv6_cluster_ip_and_node_port`.
 fn ipv6_cluster_ip_and_node_port(h: &mut dyn Harness) {
     let mut sp = port("web6", "fd00:96::10", Protocol::Tcp);
     sp.node_port = Some(30060);
-    programs_and_removes(h, "an IPv6 ClusterIP and node port", sp);
+    let (local, remote) = endpoint_addrs(Family::V6);
+    let all = || Dispatch::to(&[local, remote]);
+    programs_and_removes(
+        h,
+        "an IPv6 ClusterIP and node port",
+        sp,
+        &[
+            (tcp("[fd00:96::10]:80"), Client::Pod, all()),
+            (
+                tcp(&format!("[{}]:30060", NODE_IPS[1])),
+                Client::Outside,
+                all(),
+            ),
+        ],
+    );
 }
 
 /// Mirrors `live_changes_and_restart_keep_established_connections`: a change touches only what
@@ -471,6 +872,12 @@ fn live_changes_are_minimal(h: &mut dyn Harness) {
         objects,
         "an endpoint swap changed the object count"
     );
+    let moved = [(
+        tcp("10.96.1.8:80"),
+        Client::Pod,
+        Dispatch::to(&[LOCAL, "10.244.2.9:8080"]),
+    )];
+    assert_dispatch(run.harness, "an endpoint change", &moved);
     run.assert_quiet("an endpoint change");
     run.sync_full().expect("a full sync of an unchanged state");
     assert_eq!(
@@ -478,6 +885,7 @@ fn live_changes_are_minimal(h: &mut dyn Harness) {
         objects,
         "a full sync changed the object count"
     );
+    assert_dispatch(run.harness, "a full sync after an endpoint change", &moved);
     run.assert_quiet("a full sync");
 }
 
@@ -497,6 +905,15 @@ fn failed_sync_then_full(h: &mut dyn Harness) {
     assert!(
         run.objects() > objects_with_a,
         "the full sync after a failure did not program the new Service"
+    );
+    assert_dispatch(
+        run.harness,
+        "the full sync after a failure",
+        &[(
+            tcp("10.96.2.2:80"),
+            Client::Pod,
+            Dispatch::to(&[LOCAL, REMOTE]),
+        )],
     );
     run.assert_quiet("the repairing full sync");
     let ops = run.remove(&key("b", Protocol::Tcp, Family::V4));
@@ -521,10 +938,24 @@ fn nothing_is_left_behind(h: &mut dyn Harness) {
         .cleanup()
         .unwrap_or_else(|e| panic!("cleanup: {e}"));
     assert_eq!(run.objects(), 0, "cleanup left objects behind");
+    let expected = [
+        (
+            frontend(&format!("{NODE}:30300"), Protocol::Udp),
+            Client::Outside,
+            Dispatch::to(&[LOCAL, REMOTE]),
+        ),
+        (
+            frontend("10.96.3.1:80", Protocol::Udp),
+            Client::Pod,
+            Dispatch::to(&[LOCAL, REMOTE]),
+        ),
+    ];
+    assert_gone(run.harness, "cleanup", &expected);
     run.sync_full().expect("a full sync after cleanup");
     assert_eq!(
         run.objects(),
         programmed,
         "a full sync after cleanup differs"
     );
+    assert_dispatch(run.harness, "a full sync after cleanup", &expected);
 }

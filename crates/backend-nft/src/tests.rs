@@ -1384,13 +1384,17 @@ fn netlink_partial_sync_is_one_minimal_batch_and_a_failure_forces_a_full_sync() 
 /// The backend contract at the fake level (the kit's conformance scenarios): the recorder is
 /// the data plane; what the backend committed for Services is its set and map elements (the
 /// `cluster-nN` chains are shared by every Service with N endpoints, like the skeleton, and
-/// stay when one Service goes).
+/// stay when one Service goes). Where a frontend dispatches is read from the scripts that
+/// succeeded, replayed into a fake kernel ([`kernel`]).
+mod kernel;
 mod conformance_harness {
+    use kpng_backend_kit::conformance::{Client, Dispatch, Frontend};
+
     use super::*;
 
     pub struct NftHarness {
         backend: NftBackend,
-        recorder: Recorder,
+        kernel: kernel::FakeKernel,
     }
 
     impl kpng_backend_kit::conformance::Harness for NftHarness {
@@ -1403,13 +1407,22 @@ mod conformance_harness {
         }
 
         fn fail_next(&mut self) {
-            self.recorder.record().fail_next = 1;
+            self.kernel.recorder.record().fail_next = 1;
+        }
+
+        fn dispatch(&self, to: Frontend, from: Client) -> Dispatch {
+            self.kernel
+                .kernel
+                .lock()
+                .expect("kernel")
+                .dispatch(to, from)
         }
     }
 
     pub fn make() -> NftHarness {
-        let (backend, recorder) = backend();
-        NftHarness { backend, recorder }
+        let kernel = kernel::FakeKernel::default();
+        let backend = NftBackend::new(config(), Box::new(kernel.clone()));
+        NftHarness { backend, kernel }
     }
 }
 

@@ -107,6 +107,16 @@ impl PortShared {
         }
     }
 
+    /// The endpoints a new connection through `scope` may go to (the conformance harness
+    /// reads where a listener sends traffic).
+    #[cfg(test)]
+    pub fn endpoints(&self, scope: Scope) -> Vec<SocketAddr> {
+        self.routing
+            .lock()
+            .map(|r| r.endpoints(scope))
+            .unwrap_or_default()
+    }
+
     fn serves(&self, scope: Scope, endpoint: SocketAddr) -> bool {
         self.routing
             .lock()

@@ -100,6 +100,12 @@ impl Routing {
         self.balancer(scope).failed(client, endpoint);
     }
 
+    /// The endpoints a new connection through `scope` may go to.
+    #[cfg(test)]
+    pub fn endpoints(&self, scope: Scope) -> Vec<SocketAddr> {
+        self.list(scope).to_vec()
+    }
+
     /// Whether `endpoint` may still serve traffic that entered through `scope` (UDP sessions
     /// to an endpoint that left are ended, as kube-proxy clears their conntrack entries).
     pub fn serves(&self, scope: Scope, endpoint: SocketAddr) -> bool {

@@ -667,9 +667,14 @@ async fn listeners_take_the_ports_a_previous_run_left_when_free() {
 }
 
 /// The backend contract at the fake level (the kit's conformance scenarios): the recording
-/// capture is the data plane (its entries), and the proxy runs on a runtime of its own.
+/// capture is the data plane (its entries), and the proxy runs on a runtime of its own. Where
+/// a frontend dispatches is read from the committed entries and the listeners' endpoint lists
+/// ([`plane`]).
+mod plane;
 mod conformance_harness {
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use kpng_backend_kit::conformance::{Client, Dispatch, Frontend};
 
     use super::*;
 
@@ -711,6 +716,11 @@ mod conformance_harness {
         fn fail_next(&mut self) {
             self.fail.store(1, Ordering::SeqCst);
         }
+
+        fn dispatch(&self, to: Frontend, from: Client) -> Dispatch {
+            let entries = self.recorder.current();
+            super::plane::dispatch(&self.backend.backend, &entries, to, from)
+        }
     }
 
     pub fn make() -> UserspaceHarness {
@@ -725,7 +735,15 @@ mod conformance_harness {
             .enable_all()
             .build()
             .expect("runtime");
-        let backend = UserspaceBackend::new(UserspaceConfig::default(), Box::new(capture));
+        // Pods are recognised by address, as in the other backends' harnesses.
+        let config = UserspaceConfig {
+            detect_local: DetectLocal::ClusterCidr(vec![
+                "10.244.0.0/16".parse().expect("cidr"),
+                "fd00:10:244::/48".parse().expect("cidr"),
+            ]),
+            ..UserspaceConfig::default()
+        };
+        let backend = UserspaceBackend::new(config, Box::new(capture));
         UserspaceHarness {
             backend: InRuntime { runtime, backend },
             recorder,

@@ -36,6 +36,48 @@ pub enum Leftover {
     KubeProxyIpvs,
 }
 
+/// Whether an entry of [`Leftover::ALL`] matches the pattern `$p` (at compile time).
+macro_rules! in_all {
+    ($p:pat) => {{
+        let mut i = 0;
+        let mut found = false;
+        while i < Leftover::ALL.len() {
+            found |= matches!(Leftover::ALL[i], $p);
+            i += 1;
+        }
+        found
+    }};
+}
+
+/// One arm per leftover, each checking while kpng compiles that [`Leftover::ALL`] lists it:
+/// the match is exhaustive, so a new variant does not compile until it is named here, and
+/// then not until it is in `ALL`. Why: `ALL` is what `kpng cleanup` and a backend's takeover
+/// walk; a variant missing from it would never be removed, and nothing else would notice.
+macro_rules! each_in_all {
+    ($l:expr; $($p:pat),+ $(,)?) => {
+        match $l {
+            $($p => const {
+                assert!(in_all!($p), concat!(stringify!($p), " is missing from Leftover::ALL"))
+            },)+
+        }
+    };
+}
+
+/// See `each_in_all`; its checks run when the constant below is evaluated.
+const fn every_leftover_is_in_all(leftover: Leftover) {
+    each_in_all!(leftover;
+        Leftover::KpngNft,
+        Leftover::KpngUserspace,
+        Leftover::KpngEbpf,
+        Leftover::IptablesChains(Variant::Legacy),
+        Leftover::IptablesChains(Variant::Nft),
+        Leftover::KubeProxyNft,
+        Leftover::KubeProxyIpvs,
+    );
+}
+
+const _: () = every_leftover_is_in_all(Leftover::KpngNft);
+
 /// An iptables variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
@@ -57,6 +99,8 @@ impl Variant {
 
 impl Leftover {
     /// Everything, in the order it is removed (iptables rules before the ipsets they use).
+    /// Checked complete while kpng compiles: `every_leftover_is_in_all` fails while a variant
+    /// is missing (`kpng cleanup` and the takeover would never remove it).
     pub const ALL: [Leftover; 7] = [
         Leftover::KpngNft,
         Leftover::KpngUserspace,
@@ -663,6 +707,17 @@ mod imp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ALL` lists each leftover once (its completeness is checked while compiling:
+    /// `every_leftover_is_in_all`), so nothing is removed twice.
+    #[test]
+    fn all_lists_each_leftover_once() {
+        for (i, a) in Leftover::ALL.iter().enumerate() {
+            for b in &Leftover::ALL[i + 1..] {
+                assert_ne!(a, b, "{a:?} twice in Leftover::ALL");
+            }
+        }
+    }
 
     /// The Windows-safe copy of the eBPF backend's default pin directory is the same.
     #[cfg(target_os = "linux")]
