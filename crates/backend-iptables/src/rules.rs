@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use kpng_model::{Endpoint, ServicePort};
+use kpng_model::{Endpoint, Protocol, ServicePort};
 
 use crate::names::{self, PortChains};
 
@@ -130,6 +130,18 @@ pub fn probability(remaining: usize) -> String {
     format!("{:.10}", 1.0 / remaining as f64)
 }
 
+/// How a port without endpoints is refused: TCP with a reset, the rest with an ICMP port
+/// unreachable (kube-proxy: the ICMP error for TCP too). As the nftables backend's
+/// `reject-chain`: a client's kernel drops an ICMPv6 error that arrives while its `connect()`
+/// holds the socket lock, and its connection is refused only at the SYN retransmission, 1 s
+/// later; a reset is always taken.
+pub fn reject_target(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "REJECT --reject-with tcp-reset",
+        _ => "REJECT",
+    }
+}
+
 /// The rules of one Service port.
 pub fn render(port: &ServicePort, ctx: &RenderContext) -> PortRules {
     let name = names::service_port_name(&port.key);
@@ -171,7 +183,7 @@ pub fn render(port: &ServicePort, ctx: &RenderContext) -> PortRules {
     let (filter_target, filter_why) = if has_endpoints {
         ("DROP", &no_local)
     } else {
-        ("REJECT", &no_endpoints)
+        (reject_target(port.key.protocol), &no_endpoints)
     };
 
     let l4 = format!("-m {proto} -p {proto}");

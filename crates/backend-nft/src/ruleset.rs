@@ -513,16 +513,21 @@ fn render(fam: Fam, table: &str, cfg: &StaticConfig, part: Part) -> String {
             "{nodeport_destination} meta l4proto . th dport vmap @no-endpoint-nodeports"
         )],
     );
+    // A wrong port of an active ClusterIP is refused like a Service without endpoints:
+    // through `reject-chain`.
     chain(
         &mut s,
         "cluster-ips-check",
         None,
         &[
-            format!("{l3} daddr @cluster-ips reject"),
+            format!("{l3} daddr @cluster-ips goto reject-chain"),
             format!("{l3} daddr @service-cidrs drop"),
         ],
     );
-    // A TCP reset where TCP is concerned: on IPv6 an ICMPv6 unreachable left clients waiting.
+    // Every reject of kpng's: a TCP reset where TCP is concerned, an ICMP port unreachable
+    // otherwise (kube-proxy: an ICMP error for both). A client's kernel drops an ICMPv6 error
+    // that arrives while its connect() holds the socket lock (`TcpExtLockDroppedIcmps`), and
+    // only the SYN retransmission 1 s later is refused; a reset is always taken.
     chain(
         &mut s,
         "reject-chain",

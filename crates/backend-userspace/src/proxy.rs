@@ -14,6 +14,7 @@
 //!   whose handshake succeeded is reset. When kpng stops, the connections it accepted are
 //!   given a bounded grace to finish ([`ProxyTasks::drain`]).
 
+pub mod pktinfo;
 pub mod tcp;
 pub mod udp;
 
@@ -275,6 +276,9 @@ fn bind(family: Family, protocol: Protocol, port: u16) -> std::io::Result<Socket
         // A port the previous run used may still have connections in TIME_WAIT. (Never for
         // UDP, where it would let two sockets share a port.)
         socket.set_reuse_address(true)?;
+    } else {
+        // Replies leave from the address each datagram was redirected to (see `pktinfo`).
+        pktinfo::enable(&socket, family == Family::V6)?;
     }
     socket.set_nonblocking(true)?;
     socket.bind(&SocketAddr::new(any, port).into())?;

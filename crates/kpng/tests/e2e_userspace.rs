@@ -110,6 +110,72 @@ fn client_ip_affinity_holds_for_udp_and_across_ways_in() {
     }
 }
 
+/// A pod on node1 wired the Calico way: its own veth, routed rather than bridged, the node's
+/// side holding only the IPv6 link-local `fe80::ee` (and `169.254.1.1` with proxy ARP for
+/// IPv4), while node1's global IPv6 addresses are on other interfaces. Pod addresses
+/// `fd00:244:1::99`, `10.244.1.99`, inside node1's pod CIDR.
+fn routed_pod(c: &Cluster) -> Netns {
+    let pod = Netns::new(&format!("{}-rpod", B.prefix("lla"))).expect("pod namespace");
+    pod.sysctls(&[
+        ("net.ipv6.conf.all.accept_dad", "0"),
+        ("net.ipv6.conf.default.accept_dad", "0"),
+    ])
+    .expect("pod sysctls");
+    let node = &c.node1.ns;
+    node.ip_batch(&format!(
+        "link add calir type veth peer name eth0 netns {}\n\
+         link set calir addrgenmode none\n\
+         link set calir up\n\
+         addr add fe80::ee/64 dev calir nodad\n\
+         addr add 169.254.1.1/32 dev calir\n\
+         route add fd00:244:1::99/128 dev calir\n\
+         route add 10.244.1.99/32 dev calir\n",
+        pod.name()
+    ))
+    .expect("node side of the routed pod");
+    node.sysctl("net.ipv4.conf.calir.proxy_arp", "1")
+        .expect("proxy ARP");
+    pod.ip_batch(
+        "link set eth0 up\n\
+         addr add fd00:244:1::99/128 dev eth0 nodad\n\
+         addr add 10.244.1.99/32 dev eth0\n\
+         route add 169.254.1.1/32 dev eth0\n\
+         route add default via 169.254.1.1 dev eth0\n\
+         route add default via fe80::ee dev eth0\n",
+    )
+    .expect("pod side of the routed pod");
+    pod
+}
+
+/// UDP replies leave from the address the client's datagram was redirected to. A routed pod's
+/// node-side interface has only an IPv6 link-local address, which the capture redirects to;
+/// the kernel's own choice of source towards the pod is a global node address, which conntrack
+/// would not map back to the ClusterIP (the pod saw a reply from a stranger and answered it
+/// with a port unreachable).
+#[test]
+fn udp_replies_to_a_pod_behind_a_link_local_only_interface() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("lla")).expect("cluster");
+    let _echo = echo_all(&c);
+    let pod = routed_pod(&c);
+    let _k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("dns", 10, "ClusterIP", "", &[("pod1a", Cond::Ready)])]),
+        &[],
+    );
+    for v6 in [true, false] {
+        for proto in [Proto::Udp, Proto::Tcp] {
+            for _ in 0..3 {
+                // The probe's socket is connected to the ClusterIP: it takes only replies
+                // from there.
+                let r = probe(&pod, proto, sa(cip(10, v6), SVC_PORT), OK_T);
+                assert_masqueraded(&r, &["pod1a"]);
+            }
+        }
+    }
+}
+
 #[test]
 fn an_established_connection_drains_when_its_endpoint_leaves() {
     require_root!();

@@ -558,7 +558,9 @@ pub fn skeleton(family: Family, table: &str, pods: &PodMatch) -> String {
             "cluster-ips-check",
             "",
             vec![
-                format!("{f} daddr @cluster-ips reject"),
+                // As a Service without endpoints: a TCP reset for TCP (on IPv6 an ICMPv6
+                // error can reach a client's connect() too early and wait for a retransmit).
+                format!("{f} daddr @cluster-ips goto reject-chain"),
                 format!("{f} daddr @service-cidrs drop"),
             ],
         ),

@@ -2,11 +2,16 @@
 //!
 //! Client datagrams arrive on the listener socket and go out on the session's upstream socket
 //! (connected to the endpoint, so the kernel filters what comes back); a task per session
-//! relays the endpoint's replies to the client from the listener socket, whose address is the
-//! one the client's packets were redirected to, so conntrack maps the reply back to the VIP.
+//! relays the endpoint's replies to the client from the listener socket. The listener is bound
+//! to every address, so each reply names its source explicitly: the address the client's
+//! datagrams were redirected to (their [`Arrival`], on Linux), which conntrack maps back to
+//! the VIP. The kernel's own choice of source need not be that address (a node-side pod
+//! interface with only an IPv6 link-local address: the reply left from a global node address
+//! and never reached the client as the VIP's).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -16,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::pktinfo::{self, Arrival};
 use super::{PortShared, ProxySettings, TaskGuard};
 use crate::routing::Scope;
 use crate::sessions::SessionTable;
@@ -32,9 +38,26 @@ struct ReplyState {
     last_reply_ms: AtomicU64,
     /// The endpoint refused (ICMP port unreachable) or the socket failed: start over.
     closed: AtomicBool,
+    /// Where the client's latest datagram arrived: where replies leave from (`None`: where
+    /// the kernel chooses, off Linux).
+    arrival: Mutex<Option<Arrival>>,
 }
 
 impl ReplyState {
+    /// Where replies leave from.
+    fn arrival(&self) -> Option<Arrival> {
+        self.arrival.lock().map(|a| *a).unwrap_or(None)
+    }
+
+    /// Notes where the client's datagram arrived (a lock only when it changed).
+    fn arrived(&self, arrival: Option<Arrival>) {
+        if self.arrival() != arrival
+            && let Ok(mut a) = self.arrival.lock()
+        {
+            *a = arrival;
+        }
+    }
+
     fn replied_at(&self) -> Option<Instant> {
         match self.last_reply_ms.load(Ordering::Relaxed) {
             0 => None,
@@ -98,8 +121,8 @@ pub async fn serve(
         tokio::select! {
             // Its sessions end with it: a datagram has no connection to finish.
             () = stop.cancelled() => break,
-            received = listener.recv_from(&mut buf) => {
-                let (n, client) = match received {
+            received = pktinfo::recv(&listener, &mut buf) => {
+                let (n, client, arrival) = match received {
                     Ok(r) => r,
                     Err(e) => {
                         debug!(port = %shared.name, "receive failed: {e}");
@@ -114,7 +137,7 @@ pub async fn serve(
                         debug!(port = %shared.name, sessions = gone.len(), "ended sessions of endpoints that left");
                     }
                 }
-                if let Some(upstream) = session(&mut table, &listener, &shared, scope, client).await
+                if let Some(upstream) = session(&mut table, &listener, &shared, scope, client, arrival).await
                     && let Err(e) = upstream.send(&buf[..n]).await
                 {
                     debug!(port = %shared.name, %client, "forwarding a datagram failed: {e}");
@@ -136,11 +159,13 @@ async fn session(
     shared: &Arc<PortShared>,
     scope: Scope,
     client: SocketAddr,
+    arrival: Option<Arrival>,
 ) -> Option<Arc<UdpSocket>> {
     let now = Instant::now();
     let who = client.ip();
     if let Some(s) = table.touch(client, now) {
         if !s.value.state.closed.load(Ordering::Relaxed) {
+            s.value.state.arrived(arrival);
             return Some(s.value.socket.clone());
         }
         shared.failed(scope, who, s.endpoint);
@@ -161,6 +186,7 @@ async fn session(
         origin: now,
         last_reply_ms: AtomicU64::new(0),
         closed: AtomicBool::new(false),
+        arrival: Mutex::new(arrival),
     });
     let replies = tokio::spawn(relay_replies(
         socket.clone(),
@@ -207,7 +233,8 @@ async fn relay_replies(
                 state
                     .last_reply_ms
                     .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
-                if let Err(e) = listener.send_to(&buf[..n], client).await {
+                let from = state.arrival();
+                if let Err(e) = pktinfo::send(&listener, &buf[..n], client, from).await {
                     debug!(%client, "relaying a reply failed: {e}");
                 }
             }

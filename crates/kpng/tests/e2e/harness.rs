@@ -23,11 +23,23 @@ pub const SVC_PORT: u16 = 80;
 pub const OK_T: Duration = Duration::from_secs(2);
 /// Timeout of a probe that should be dropped.
 pub const DROP_T: Duration = Duration::from_millis(400);
-/// Timeout of a probe that should be rejected. An IPv4 client sees the REJECT at once;
-/// an IPv6 TCP client only at its first SYN retransmission (1 s): the ICMPv6 error comes
-/// back through the veths while `connect()` still holds the socket lock, so the kernel
-/// only records it as a soft error (`LockDroppedIcmps`).
+/// Timeout of a probe that should be rejected with an ICMP error (UDP; TCP where something
+/// other than kpng's rules refuses). An IPv6 TCP client may see such an error only at its
+/// first SYN retransmission (1 s): the ICMPv6 error comes back through the veths while
+/// `connect()` still holds the socket lock, so the kernel only records it as a soft error
+/// (`LockDroppedIcmps`).
 pub const REJECT_T: Duration = Duration::from_millis(1500);
+/// Timeout of a TCP connection kpng's rules should refuse: at once in both families, as
+/// every backend refuses TCP with a reset, never with the ICMP error above.
+pub const TCP_REJECT_T: Duration = Duration::from_millis(300);
+
+/// The timeout of a probe kpng's rules should refuse: [`TCP_REJECT_T`] or [`REJECT_T`].
+pub fn reject_t(proto: Proto) -> Duration {
+    match proto {
+        Proto::Tcp => TCP_REJECT_T,
+        Proto::Udp => REJECT_T,
+    }
+}
 
 /// node1 and node2, with the testkit topology's addresses and pod CIDRs.
 pub const NODES: &str = r#"apiVersion: v1

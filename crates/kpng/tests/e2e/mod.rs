@@ -53,7 +53,7 @@ pub enum NodePortScope {
 /// What happens to traffic a Service address does not serve (a port no Service uses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unserved {
-    /// REJECTed (ICMP port unreachable; TCP clients see ECONNREFUSED).
+    /// REJECTed (a TCP reset, an ICMP port unreachable for UDP; clients see ECONNREFUSED).
     Rejected,
     /// Left alone: routed on unchanged, as if the proxy did not exist.
     Untouched,

@@ -180,8 +180,9 @@ pub fn wrong_port_unallocated_ip_and_no_endpoints(b: Backend) {
     // Wrong port on an active ClusterIP: rejected (nftables), or left alone (iptables:
     // the packet is routed on unchanged; nothing in this topology answers it).
     let wrong_port = b.behaviour().wrong_port;
-    let (wrong_t, wrong_outcome) = match wrong_port {
-        Unserved::Rejected => (REJECT_T, Outcome::Refused),
+    // A refused TCP connection is refused at once, IPv6 too (a TCP reset: TCP_REJECT_T).
+    let wrong = |proto| match wrong_port {
+        Unserved::Rejected => (reject_t(proto), Outcome::Refused),
         Unserved::Untouched => (DROP_T, Outcome::Timeout),
     };
     for (proto, v6) in [
@@ -190,6 +191,7 @@ pub fn wrong_port_unallocated_ip_and_no_endpoints(b: Backend) {
         (Proto::Udp, false),
         (Proto::Udp, true),
     ] {
+        let (wrong_t, wrong_outcome) = wrong(proto);
         let r = probe(pod, proto, sa(cip(10, v6), 81), wrong_t);
         assert_outcome(
             &r,
@@ -198,11 +200,12 @@ pub fn wrong_port_unallocated_ip_and_no_endpoints(b: Backend) {
         );
     }
     for v6 in [false, true] {
+        let (wrong_t, wrong_outcome) = wrong(Proto::Tcp);
         let r = probe(&c.ext.ns, Proto::Tcp, sa(cip(10, v6), 81), wrong_t);
         assert_outcome(&r, wrong_outcome, &format!("ext v6={v6} wrong port"));
     }
     for proto in [Proto::Tcp, Proto::Udp] {
-        let r = probe(&c.node1.ns, proto, sa(cip(10, false), 81), wrong_t);
+        let r = probe(&c.node1.ns, proto, sa(cip(10, false), 81), wrong(proto).0);
         match wrong_port {
             Unserved::Rejected => assert_rejected_locally(&r, &format!("node1 {proto} wrong port")),
             Unserved::Untouched => {
@@ -232,7 +235,7 @@ pub fn wrong_port_unallocated_ip_and_no_endpoints(b: Backend) {
         (Proto::Udp, false),
         (Proto::Udp, true),
     ] {
-        let r = probe(pod, proto, sa(cip(20, v6), SVC_PORT), REJECT_T);
+        let r = probe(pod, proto, sa(cip(20, v6), SVC_PORT), reject_t(proto));
         assert_outcome(
             &r,
             Outcome::Refused,
@@ -240,7 +243,12 @@ pub fn wrong_port_unallocated_ip_and_no_endpoints(b: Backend) {
         );
     }
     for proto in [Proto::Tcp, Proto::Udp] {
-        let r = probe(&c.node1.ns, proto, sa(cip(20, false), SVC_PORT), REJECT_T);
+        let r = probe(
+            &c.node1.ns,
+            proto,
+            sa(cip(20, false), SVC_PORT),
+            reject_t(proto),
+        );
         assert_rejected_locally(&r, &format!("node1 {proto} ClusterIP without endpoints"));
     }
     let np4 = sa(addr::NODE1_LAN_V4.into(), node_port(20));
@@ -254,7 +262,7 @@ pub fn wrong_port_unallocated_ip_and_no_endpoints(b: Backend) {
         (Proto::Udp, np4),
         (Proto::Udp, eip),
     ] {
-        let r = probe(&c.ext.ns, proto, target, REJECT_T);
+        let r = probe(&c.ext.ns, proto, target, reject_t(proto));
         assert_outcome(
             &r,
             Outcome::Refused,
@@ -768,7 +776,7 @@ pub fn internal_traffic_policy_local(b: Backend) {
         }
         let r = probe(&pod.ns, Proto::Tcp, sa(cip(61, v6), SVC_PORT), DROP_T);
         assert_outcome(&r, Outcome::Timeout, "only a remote endpoint");
-        let r = probe(&pod.ns, Proto::Tcp, sa(cip(62, v6), SVC_PORT), REJECT_T);
+        let r = probe(&pod.ns, Proto::Tcp, sa(cip(62, v6), SVC_PORT), TCP_REJECT_T);
         assert_outcome(&r, Outcome::Refused, "no endpoints at all");
     }
     // The node itself follows the same policy.
@@ -1083,7 +1091,7 @@ pub fn terminating_endpoints_fallback(b: Backend) {
     for v6 in [false, true] {
         let m = spread(pod, Proto::Tcp, sa(cip(90, v6), SVC_PORT), 20);
         assert_eq!(names(&m), set(&["pod2a"]), "draining v6={v6}: {m:?}");
-        let r = probe(pod, Proto::Tcp, sa(cip(91, v6), SVC_PORT), REJECT_T);
+        let r = probe(pod, Proto::Tcp, sa(cip(91, v6), SVC_PORT), TCP_REJECT_T);
         assert_outcome(&r, Outcome::Refused, "only a non-serving endpoint");
         let m = spread(pod, Proto::Tcp, sa(cip(92, v6), SVC_PORT), 20);
         assert_eq!(names(&m), set(&["pod1a"]), "mixed v6={v6}: {m:?}");
