@@ -1257,7 +1257,14 @@ fn a_brain_says_who_can_read_it_and_names_a_key_every_user_can_read() {
     std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     let made = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
         .args(["-nodes", "-subj", "/CN=brain", "-days", "1", "-keyout"])
         .arg(&key)
         .arg("-out")
@@ -1318,7 +1325,13 @@ fn a_brain_says_who_can_read_it_and_names_a_key_every_user_can_read() {
     // A node's key, the same.
     let mut node = Kpng::start(
         ns.command([env!("CARGO_BIN_EXE_kpng")])
-            .args(["local", "--api", "tcp://127.0.0.1:12090", "--node-name", "n1"])
+            .args([
+                "local",
+                "--api",
+                "tcp://127.0.0.1:12090",
+                "--node-name",
+                "n1",
+            ])
             .arg("--api-tls-cert")
             .arg(&cert)
             .arg("--api-tls-key")

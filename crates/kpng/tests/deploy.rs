@@ -487,7 +487,14 @@ fn the_least_privilege_daemon_set_differs_by_its_security_context_only() {
     let mut variant: DaemonSet = typed("least-privilege/20-daemonset.yaml", &doc);
     let mut default = deploy().daemon_set;
     let container = |ds: &mut DaemonSet| {
-        ds.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0]
+        ds.spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
             .security_context
             .take()
             .unwrap()
@@ -516,8 +523,5 @@ fn the_least_privilege_daemon_set_differs_by_its_security_context_only() {
         .lines()
         .find_map(|l| l.trim().strip_prefix("mode:"))
         .map(str::trim);
-    assert!(
-        matches!(mode, Some("nftables" | "iptables")),
-        "{mode:?}"
-    );
+    assert!(matches!(mode, Some("nftables" | "iptables")), "{mode:?}");
 }
