@@ -13,6 +13,7 @@ pub mod addr;
 pub mod bundle;
 pub mod client;
 pub mod convert;
+pub mod exposure;
 #[cfg(test)]
 mod fixtures;
 pub mod frames;

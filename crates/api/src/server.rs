@@ -701,6 +701,12 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
     // TLS is done here rather than by tonic, which reads its files once: each new connection
     // is handed the files' current material (`server/tls.rs`).
+    let tls_files = tls;
+    if let Some(key) = &tls_files.key
+        && let Some(w) = crate::exposure::of_key_file("--listen-tls-key", key)
+    {
+        warn!("{w}");
+    }
     let tls = match tls::Paths::of(tls).map_err(ServeError::Tls)? {
         Some(paths) => Some(tls::ServerTls::start(paths, hub.metrics())?),
         None => None,
@@ -737,13 +743,10 @@ pub async fn serve(
                 .await
                 .map_err(listen_err)?;
             info!(addr = %addr, "API listening");
-            if !secure && !socket.ip().is_loopback() {
-                warn!(
-                    addr = %addr,
-                    "the API listens beyond loopback without TLS: anyone who reaches it reads \
-                     every Service and endpoint; give --listen-tls-cert/--listen-tls-key (and \
-                     --listen-tls-ca so that each node reads only its own view)"
-                );
+            match crate::exposure::of_listener(socket.ip(), secure, tls_files.ca.is_some()) {
+                Some(e) if e.warn => warn!(addr = %addr, "{}", e.message),
+                Some(e) => info!(addr = %addr, "{}", e.message),
+                None => {}
             }
             let incoming = limit(conn::tcp_incoming(listener), limits, refusals.clone());
             Ok(serve_on(router, incoming, tls, false, shutdown, refusals))

@@ -231,10 +231,12 @@ impl Iptables for IptablesCommand {
     }
 }
 
-/// Whether `family` can be programmed with `mode` (its nat table can be read). A node booted
-/// with IPv6 disabled cannot; kube-proxy then runs IPv4 only, and so does kpng.
-pub fn family_usable(mode: Mode, family: Family) -> bool {
-    run(&mode.save_binary(family), &["-t", "nat"], None).is_ok()
+/// Whether `family` can be programmed with `mode` (its nat table can be read), or the tool's
+/// own error when not, so that the caller can say why ("Permission denied (you must be
+/// root)" without `CAP_NET_RAW`). A node booted with IPv6 disabled cannot; kube-proxy then
+/// runs IPv4 only, and so does kpng.
+pub fn family_usable(mode: Mode, family: Family) -> Result<(), ExecError> {
+    run(&mode.save_binary(family), &["-t", "nat"], None).map(drop)
 }
 
 /// Picks the variant the node already uses, as kube-proxy's image does (iptables-wrapper):

@@ -631,25 +631,37 @@ mod linux {
         };
         // As kube-proxy: a family whose iptables does not work (IPv6 disabled) is not
         // programmed.
-        let families: Vec<Family> = Family::ALL
+        let (families, unusable): (Vec<_>, Vec<_>) = Family::ALL
             .into_iter()
-            .filter(|f| {
-                let usable = family_usable(mode, *f);
-                if !usable {
-                    tracing::warn!(
-                        "{f}: {} does not work here; not programming {f}",
-                        mode.save_binary(*f)
-                    );
-                }
-                usable
-            })
+            .map(|f| (f, family_usable(mode, f)))
+            .partition(|(_, usable)| usable.is_ok());
+        // The tool's own words ("Permission denied (you must be root)"), which said nothing
+        // until 2026-12-06.
+        let why: Vec<String> = unusable
+            .iter()
+            .filter_map(|(f, usable)| usable.as_ref().err().map(|e| format!("{f}: {e}")))
             .collect();
         if families.is_empty() {
+            // iptables-legacy reads and writes its tables over a raw socket: without
+            // CAP_NET_RAW both families fail, as nft without CAP_NET_ADMIN.
+            if mode == Mode::Legacy {
+                crate::caps::need_net_raw("`to-local iptables` with iptables-legacy", &why)?;
+            }
             bail!(
-                "iptables-{} works for neither IPv4 nor IPv6 on this node",
-                mode.name()
+                "iptables-{} works for neither IPv4 nor IPv6 on this node: {}",
+                mode.name(),
+                why.join("; ")
             );
         }
+        for (f, usable) in &unusable {
+            if let Err(e) = usable {
+                tracing::warn!(
+                    "{f}: {} does not work here ({e}); not programming {f}",
+                    mode.save_binary(*f)
+                );
+            }
+        }
+        let families: Vec<Family> = families.into_iter().map(|(f, _)| f).collect();
         info!("programming iptables-{}", mode.name());
         let ipt: Box<dyn Iptables> = Box::new(IptablesCommand::new(mode));
         Ok((

@@ -64,6 +64,21 @@ pub fn need_net_admin(what: &str) -> anyhow::Result<()> {
     )
 }
 
+/// Refuses `what` without `CAP_NET_RAW` (iptables-legacy's raw socket), naming it, how a Pod
+/// gets it and what the tool said (`tool_said`), as `need_net_admin` does for nftables.
+pub fn need_net_raw(what: &str, tool_said: &[String]) -> anyhow::Result<()> {
+    if has(NET_RAW) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{what} needs CAP_NET_RAW (iptables-legacy reads and writes its tables over a raw \
+         socket), which this process lacks: run it as root with its capabilities, or in a Pod \
+         with `privileged: true` or `securityContext.capabilities.add: [NET_ADMIN, NET_RAW]` \
+         (the tool said: {})",
+        tool_said.join("; ")
+    )
+}
+
 /// Whether this network namespace has legacy iptables tables (`/proc/net/ip_tables_names`,
 /// `ip6_tables_names`: readable without touching the tables).
 pub fn legacy_tables_present() -> bool {

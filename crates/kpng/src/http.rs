@@ -160,6 +160,25 @@ async fn status_page() -> Response {
         .into_response()
 }
 
+/// The status page's script, a file of its own so that the page's policy allows no inline
+/// script (`PAGE_POLICY`).
+async fn status_script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("status_page.js"),
+    )
+        .into_response()
+}
+
+/// The status page's style sheet, a file of its own for the same reason.
+async fn status_style() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("status_page.css"),
+    )
+        .into_response()
+}
+
 async fn status_json(
     State(state): State<MetricsState>,
     axum::extract::Query(query): axum::extract::Query<kpng_runner::admin::StatusQuery>,
@@ -249,6 +268,8 @@ pub async fn metrics_server(
         .route("/status", get(status_page))
         .route("/status/status.json", get(status_json))
         .route("/status/trace.json", get(trace_json))
+        .route("/status/page.js", get(status_script))
+        .route("/status/page.css", get(status_style))
         .route_layer(axum::middleware::from_fn(this_node_only))
         .route("/metrics", get(metrics))
         .route("/healthz", get(metrics_healthz))
@@ -283,7 +304,8 @@ pub async fn metrics_server(
 }
 
 /// The status page and its JSON answer this node only (a loopback client: the node itself,
-/// `kubectl port-forward`, an SSH tunnel). They show every Service, endpoint, node and zone
+/// `kubectl port-forward`, an SSH tunnel), and there root and kpng's own user only
+/// (`peer_allowed`). They show every Service, endpoint, node and zone
 /// of the cluster and answer traces, which `kpng status` gives root only (the admin socket is
 /// mode 0600); a metrics address opened for Prometheus (`metricsBindAddress 0.0.0.0:10249`,
 /// as for kube-proxy) must not publish them to every pod. kube-proxy serves no such page.
@@ -309,7 +331,24 @@ async fn this_node_only(
             .into_response();
     }
     if peer.ip().to_canonical().is_loopback() {
-        return next.run(request).await;
+        let local = request
+            .extensions()
+            .get::<guarded_http::LocalAddr>()
+            .map(|l| l.0);
+        return match peer_allowed(peer, local) {
+            Ok(()) => with_page_headers(next.run(request).await),
+            Err(why) => (
+                StatusCode::FORBIDDEN,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                format!(
+                    "kpng's status page answers root and kpng's own user only, as its admin \
+                     socket does: {why}. Run `kpng status` (or `kpng trace`) as root on this \
+                     node, or reach the page through `kubectl port-forward` or a tunnel as \
+                     root\n"
+                ),
+            )
+                .into_response(),
+        };
     }
     (
         StatusCode::FORBIDDEN,
@@ -322,6 +361,54 @@ async fn this_node_only(
         ),
     )
         .into_response()
+}
+
+/// Whether the loopback client at `peer` (to kpng's `local`) may read the status page: its
+/// socket belongs to root or to kpng's own user, whom the admin socket (0600) answers too.
+/// Another local user could otherwise read every Service, endpoint and node, and trace, which
+/// `kpng status` refuses them.
+#[cfg(target_os = "linux")]
+fn peer_allowed(peer: SocketAddr, local: Option<SocketAddr>) -> Result<(), String> {
+    let local = local.ok_or("kpng does not know its own end of the connection")?;
+    let uid = crate::peer_owner::uid_of_peer(peer, local)?;
+    let own = rustix::process::geteuid().as_raw();
+    if uid == 0 || uid == own {
+        Ok(())
+    } else {
+        Err(format!("the connection from {peer} belongs to uid {uid}"))
+    }
+}
+
+/// Elsewhere (Windows) kpng cannot tell which account owns a loopback connection (the TCP
+/// table names a process, whose account takes a token kpng may not open): the page is
+/// refused to everyone there, and `kpng status` on the admin pipe (administrators only)
+/// answers instead (docs/observability.md).
+#[cfg(not(target_os = "linux"))]
+fn peer_allowed(_peer: SocketAddr, _local: Option<SocketAddr>) -> Result<(), String> {
+    Err("kpng cannot tell which account a local connection belongs to on this system".into())
+}
+
+/// The status page's security headers: its script and style are its own files (no inline
+/// code, nothing from elsewhere), it reads its JSON from this server only, no other site may
+/// frame it (clickjacking the trace form) and no browser guesses another content type.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    connect-src 'self'; img-src 'self'; form-action 'none'; base-uri 'none'; \
+    frame-ancestors 'none'";
+
+/// Adds the security headers (`PAGE_POLICY`) to a status page answer, and keeps it out of
+/// caches: it shows the cluster's state at one moment.
+fn with_page_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, PAGE_POLICY),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, header::HeaderValue::from_static(value));
+    }
+    response
 }
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ mod nft_status;
 #[cfg(target_os = "linux")]
 mod own_rules;
 #[cfg(target_os = "linux")]
+mod peer_owner;
+#[cfg(target_os = "linux")]
 mod prereq;
 mod process_metrics;
 mod run;

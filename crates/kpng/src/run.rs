@@ -612,6 +612,11 @@ async fn serve_remote(
     for ignored in brain_only_settings(&flags) {
         tracing::warn!("{ignored}");
     }
+    if let Some(key) = &brain.api_tls_key
+        && let Some(w) = kpng_api::exposure::of_key_file("--api-tls-key", key)
+    {
+        tracing::warn!("{w}");
+    }
     let model = kpng_api::client::RemoteModel::new(&node_name, flags.node_ip.clone());
     let config = kpng_api::client::WatchConfig {
         tls: kpng_api::addr::TlsFiles {

@@ -1243,3 +1243,107 @@ fn an_empty_rust_log_does_not_silence_the_log() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(" INFO "), "{stderr}");
 }
+
+/// Who can read a brain, said once at start-up. With TLS but without `--listen-tls-ca` beyond
+/// loopback, any client that reaches it reads any node's view by naming the node: that was
+/// silent. A private key every local user can read is named with its mode (the brain's and a
+/// node's). The plaintext loopback default says, once, that every local user can read it.
+#[test]
+fn a_brain_says_who_can_read_it_and_names_a_key_every_user_can_read() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::new("cli-expose").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-subj", "/CN=brain", "-days", "1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(made.status.success(), "{made:?}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let brain = |listen: &str, tls: bool| {
+        let mut command = ns.command([env!("CARGO_BIN_EXE_kpng")]);
+        command
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--admin-socket=", "--metrics-bind-address="])
+            .args(["to-api", "--listen", listen]);
+        if tls {
+            command
+                .arg("--listen-tls-cert")
+                .arg(&cert)
+                .arg("--listen-tls-key")
+                .arg(&key);
+        }
+        Kpng::start(&mut command)
+    };
+    let key_warning = format!(
+        "--listen-tls-key {}: the private key is readable by every user (mode 0644)",
+        key.display()
+    );
+    let mut tls = brain("tcp://0.0.0.0:12090", true);
+    tls.wait("the brain's warnings", &input, |_, err| {
+        err.contains("API listening") && err.contains(&key_warning)
+    });
+    let said = tls.stderr();
+    let no_ca = "with TLS but without --listen-tls-ca: any client that reaches it reads any \
+                 node's view";
+    assert_eq!(said.matches(no_ca).count(), 1, "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.contains(" WARN ") && l.contains(no_ca)),
+        "{said}"
+    );
+    drop(tls);
+    let mut plain = brain("tcp://127.0.0.1:12090", false);
+    plain.wait("the brain's listening line", &input, |_, err| {
+        err.contains("API listening")
+    });
+    let said = plain.stderr();
+    assert!(
+        said.lines().any(|l| l.contains(" INFO ")
+            && l.contains("every local user and every host-network pod can read every Service")
+            && l.contains("unix:///PATH (mode 0600)")),
+        "{said}"
+    );
+    drop(plain);
+    // A node's key, the same.
+    let mut node = Kpng::start(
+        ns.command([env!("CARGO_BIN_EXE_kpng")])
+            .args([
+                "local",
+                "--api",
+                "tcp://127.0.0.1:12090",
+                "--node-name",
+                "n1",
+            ])
+            .arg("--api-tls-cert")
+            .arg(&cert)
+            .arg("--api-tls-key")
+            .arg(&key)
+            .args(["--admin-socket=", "--metrics-bind-address="])
+            .args(["--healthz-bind-address=127.0.0.1:0", "nft", "--dry-run"]),
+    );
+    let node_warning = format!(
+        "--api-tls-key {}: the private key is readable by every user (mode 0644)",
+        key.display()
+    );
+    node.wait("the node's key warning", &input, |_, err| {
+        err.contains(&node_warning)
+    });
+}

@@ -473,3 +473,55 @@ fn the_image_root_file_system_runs_kpng_and_its_tools() {
         .any(|d| d.path().join("libnftables.so.1").exists());
     assert!(found, "libnftables.so.1 in the image");
 }
+
+/// `deploy/least-privilege/20-daemonset.yaml`: the DaemonSet without `privileged`, for a
+/// hardened cluster. It must be the default one but for the container's securityContext (no
+/// drift), give root NET_ADMIN and NET_RAW only (what the ConfigMap's mode needs: nftables or
+/// iptables, legacy included; docs/deploy.md), with a read-only image, no privilege escalation
+/// and the runtime's seccomp filter.
+#[test]
+fn the_least_privilege_daemon_set_differs_by_its_security_context_only() {
+    let path = repo().join("deploy/least-privilege/20-daemonset.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc: Value = serde_saphyr::from_str(&text).unwrap();
+    let mut variant: DaemonSet = typed("least-privilege/20-daemonset.yaml", &doc);
+    let mut default = deploy().daemon_set;
+    let container = |ds: &mut DaemonSet| {
+        ds.spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .security_context
+            .take()
+            .unwrap()
+    };
+    let sc = container(&mut variant);
+    container(&mut default);
+    assert_eq!(
+        serde_json::to_value(&variant).unwrap(),
+        serde_json::to_value(&default).unwrap(),
+        "only the securityContext differs"
+    );
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_user, Some(0));
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(
+        caps.add,
+        Some(vec!["NET_ADMIN".to_string(), "NET_RAW".to_string()])
+    );
+    assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    // Enough for the ConfigMap's mode only: eBPF needs CAP_BPF and the host's bpffs.
+    let config = deploy().config_map.data.unwrap()["config.conf"].clone();
+    let mode = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("mode:"))
+        .map(str::trim);
+    assert!(matches!(mode, Some("nftables" | "iptables")), "{mode:?}");
+}

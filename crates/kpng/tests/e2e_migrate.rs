@@ -732,3 +732,45 @@ fn cleanup_puts_route_localnet_back_as_it_was() {
     );
     assert_eq!(value(), "0");
 }
+
+/// `to-local iptables --iptables-mode legacy` without CAP_NET_RAW (a Pod given NET_ADMIN
+/// only) said "iptables-legacy-save does not work here" and "works for neither IPv4 nor
+/// IPv6", naming no capability and dropping the tool's own "Permission denied (you must be
+/// root)". It now names CAP_NET_RAW, as `to-local nft` names CAP_NET_ADMIN, and keeps the
+/// tool's words.
+#[test]
+fn iptables_legacy_without_net_raw_names_the_capability_and_the_tools_words() {
+    require_root!();
+    let ns = Netns::new("kplegraw").expect("netns");
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
+    let out = ns
+        .exec([
+            "timeout",
+            "20",
+            "setpriv",
+            "--bounding-set=-all,+net_admin",
+            "--inh-caps=-all",
+            "--",
+            env!("CARGO_BIN_EXE_kpng"),
+            "file",
+            "--input",
+            input,
+            "--node-name",
+            "node1",
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+            "--admin-socket=",
+            "to-local",
+            "iptables",
+            "--iptables-mode",
+            "legacy",
+        ])
+        .expect("kpng");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains("`to-local iptables` with iptables-legacy needs CAP_NET_RAW")
+            && said.contains("Permission denied (you must be root)"),
+        "{said}"
+    );
+}

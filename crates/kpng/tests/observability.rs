@@ -1135,6 +1135,8 @@ fn the_status_page_shows_a_repair_problem() {
         answer
     };
     let page = http_body(&get("/status"));
+    let script = http_body(&get("/status/page.js"));
+    let style = http_body(&get("/status/page.css"));
     let answer = get("/status/status.json");
     let mut status: serde_json::Value = serde_json::from_str(&http_body(&answer))
         .unwrap_or_else(|e| panic!("the status JSON: {e}: {answer}"));
@@ -1157,6 +1159,10 @@ fn the_status_page_shows_a_repair_problem() {
                 ("application/json", status.as_str())
             } else if request.starts_with("GET /status ") {
                 ("text/html; charset=utf-8", page.as_str())
+            } else if request.starts_with("GET /status/page.js ") {
+                ("text/javascript", script.as_str())
+            } else if request.starts_with("GET /status/page.css ") {
+                ("text/css", style.as_str())
             } else {
                 ("text/plain", "")
             };
@@ -1251,6 +1257,89 @@ fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_
             "403",
             "{path}"
         );
+    }
+}
+
+/// The status page shows what the admin socket (0600) gives root only: every Service,
+/// endpoint and node, and traces. Any local user reaches 127.0.0.1, so the page answers a
+/// client whose socket belongs to root (or kpng's own user), and refuses `nobody` with 403
+/// saying what to use instead; /metrics and the probes stay open to every client, as
+/// kube-proxy's. The page's answers carry a strict policy (its script and style are files of
+/// their own) that the browser test loads it under.
+#[test]
+fn the_status_page_answers_root_and_refuses_another_local_user() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::new("obs-uid").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let mut command = ns.command([env!("CARGO_BIN_EXE_kpng")]);
+    command
+        .arg("file")
+        .arg("--input")
+        .arg(&input)
+        .args([
+            "--node-name",
+            "n1",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+            "--admin-socket=",
+            "to-file",
+            "--output",
+        ])
+        .arg(dir.path().join("out.yaml"));
+    let mut running = Running::start(&mut command);
+    running.wait("the metrics server", |e| {
+        e.contains("serving /metrics on http://127.0.0.1:10249") && e.contains(" synced ")
+    });
+    // `curl -i` as uid `who` (setpriv changes user, group and groups, then runs curl).
+    let get = |who: &str, path: &str| {
+        let out = ns
+            .exec([
+                "setpriv",
+                &format!("--reuid={who}"),
+                &format!("--regid={who}"),
+                "--clear-groups",
+                "curl",
+                "-sS",
+                "-i",
+                "-m",
+                "5",
+                &format!("http://127.0.0.1:10249{path}"),
+            ])
+            .expect("curl");
+        assert!(out.status.success(), "curl as {who}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let trace = "/status/trace.json?from=10.244.1.5&to=10.96.0.1:80";
+    for path in [
+        "/status",
+        "/status/status.json",
+        trace,
+        "/status/page.js",
+        "/status/page.css",
+    ] {
+        let root = get("0", path);
+        assert!(root.starts_with("HTTP/1.1 200"), "{path} as root:\n{root}");
+        for header in [
+            "content-security-policy: default-src 'none'; script-src 'self'; style-src 'self';",
+            "x-frame-options: DENY",
+            "x-content-type-options: nosniff",
+        ] {
+            assert!(root.contains(header), "{path} as root, {header}:\n{root}");
+        }
+        let nobody = get("65534", path);
+        assert!(
+            nobody.starts_with("HTTP/1.1 403")
+                && nobody.contains("belongs to uid 65534")
+                && nobody.contains("Run `kpng status` (or `kpng trace`) as root"),
+            "{path} as nobody:\n{nobody}"
+        );
+        assert!(!nobody.contains("web"), "{path} as nobody:\n{nobody}");
+    }
+    assert!(get("0", "/status/status.json").contains("ns/web"));
+    for path in ["/metrics", "/healthz", "/livez"] {
+        assert!(get("65534", path).starts_with("HTTP/1.1 200"), "{path}");
     }
 }
 

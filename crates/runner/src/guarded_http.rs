@@ -507,6 +507,12 @@ impl RefusalTally {
     }
 }
 
+/// This server's address and port of a request's connection (a request extension, beside
+/// `ConnectInfo`'s peer address), so that a handler can name the connection exactly: the
+/// status page asks the kernel who owns the client's end of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalAddr(pub SocketAddr);
+
 /// Serves `app` on `listener` within `guard`'s limits until the listener fails; `open` counts
 /// its connections. Accept errors (out of file descriptors) are logged and retried after a
 /// second, as `axum::serve` does.
@@ -602,6 +608,7 @@ async fn serve_connection(
 ) {
     let _permit = permit;
     let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().ok().map(LocalAddr);
     let progress = Arc::new(AtomicU64::new(0));
     let reset = Arc::new(AtomicBool::new(false));
     let started = tokio::time::Instant::now();
@@ -613,6 +620,9 @@ async fn serve_connection(
     });
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(remote));
+        if let Some(local) = local {
+            request.extensions_mut().insert(local);
+        }
         let mut app = app.clone();
         app.call(request.map(axum::body::Body::new))
     });

@@ -1,0 +1,210 @@
+// The status page's script (http.rs serves it as /status/page.js: its policy allows no inline
+// script). It reads /status/status.json and /status/trace.json, as `kpng status` and `kpng trace` do.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const text = (tag, value, cls) => {
+  const el = document.createElement(tag);
+  el.textContent = value;
+  if (cls) el.className = cls;
+  return el;
+};
+let status = null;
+// Ports per answer: enough to read, small enough for the node agent to build every 5 s.
+const PAGE_PORTS = 500;
+
+function frontends(p) {
+  const f = [p.clusterIp + ":" + p.port];
+  if (p.nodePort) f.push("node port " + p.nodePort);
+  (p.externalIps || []).forEach((ip) => f.push("external " + ip));
+  (p.loadBalancerIps || []).forEach((ip) => f.push("load balancer " + ip));
+  return f.join(", ");
+}
+
+function endpointCell(p) {
+  const td = document.createElement("td");
+  td.className = "ep";
+  if (p.withoutEndpoints) td.appendChild(text("div", p.withoutEndpoints, "unused"));
+  for (const e of p.endpoints) {
+    const state = e.ready ? "ready" : e.serving && e.terminating ? "terminating" : e.serving ? "serving" : "not serving";
+    const where = e.local ? "local" : "remote";
+    const used = e.usedBy.length ? "used (" + e.usedBy.join(", ") + ")" : "unused: " + (e.reason || "");
+    td.appendChild(text("div", e.address + " " + state + " " + where + " " + used, e.usedBy.length ? "" : "unused"));
+  }
+  return td;
+}
+
+function render() {
+  if (!status) return;
+  const last = status.lastSync;
+  $("header").textContent = "node " + status.node + " · backend " + status.backend +
+    " · last sync " + (last ? last.at + (last.ok ? " ok" : " FAILED") : "never") +
+    " · pending changes " + status.pendingPortChanges +
+    (status.lastError ? " · last error: " + status.lastError : "") +
+    (status.repairs ? " · repaired " + status.repairs.count + "× after changes by someone else, the last at " +
+      status.repairs.lastAt + " (" + status.repairs.lastChange + ")" : "") +
+    (status.conntrack ? " · conntrack table " +
+      Math.floor(status.conntrack.entries * 100 / Math.max(status.conntrack.max, 1)) + " % full (" +
+      status.conntrack.entries + " of " + status.conntrack.max + " entries)" : "");
+  const ct = status.conntrack;
+  $("header").className = ct && ct.max > 0 && ct.entries * 10 >= ct.max * 9 ? "bad" : "";
+  // Someone else keeps changing the data plane and repairs are delayed (as `kpng status`
+  // prints it under the repairs line).
+  const repairProblem = status.repairs ? status.repairs.problem : null;
+  $("repairs").hidden = !repairProblem;
+  $("repairs").textContent = repairProblem ? "PROBLEM: " + repairProblem : "";
+  const input = status.input;
+  const problems = (input ? input.problems || [] : []).slice();
+  $("input").textContent = input
+    ? "input " + input.source + " · " + (problems.length ? problems.length + " problem" +
+      (problems.length === 1 ? "" : "s") : "ok") + " · last good input " +
+      (input.lastGood ? input.lastGood + (input.detail ? " (" + input.detail + ")" : "") : "never")
+    : "";
+  $("input").className = problems.length ? "bad" : "";
+  // On a node fed by a brain: what the brain reports about its own input, which the node never
+  // sees itself (its problems join the problems table, its rejections the rejected table).
+  const report = status.brainReports;
+  const reported = report ? report.problems || [] : [];
+  const total = report ? report.rejectedTotal || 0 : 0;
+  // The last report received: out of date while the brain is away or, on a new connection,
+  // until the brain sends its state.
+  const stale = report && (problems.length > 0 || report.fromEarlierConnection);
+  $("brain").textContent = report
+    ? (stale ? "brain reported (may be out of date): " : "brain reports: ") + "its input " +
+      report.source + " · " + (reported.length ? reported.length +
+      " problem" + (reported.length === 1 ? "" : "s") : "ok") + " · it rejects " + total +
+      " object" + (total === 1 ? "" : "s")
+    : "";
+  $("brain").className = reported.length ? "bad" : "";
+  problems.push(...reported.map((p) => Object.assign({}, p, { what: "brain: " + p.what })));
+  // The backend's own lines (to-local ebpf: its programs and maps).
+  $("dataplane").replaceChildren(...(status.dataPlane || []).map((d) =>
+    text("div", d.what + ": " + d.state + (d.problem ? " · PROBLEM: " + d.problem : ""), d.problem ? "bad" : "")));
+  $("problems").hidden = problems.length === 0;
+  const rows = $("problems").querySelector("tbody");
+  rows.replaceChildren();
+  for (const p of problems) {
+    const tr = document.createElement("tr");
+    tr.appendChild(text("td", p.what));
+    tr.appendChild(text("td", p.since));
+    tr.appendChild(text("td", p.message, "bad"));
+    rows.appendChild(tr);
+  }
+  const waiting = status.waitingFor || [];
+  $("waiting").hidden = waiting.length === 0;
+  $("waiting").textContent = "nothing is programmed until the first complete lists of " +
+    waiting.join(", ") + " arrive";
+  const rejected = (status.rejected || []).concat(((report && report.rejected) || []).map((r) =>
+    Object.assign({}, r, { location: "rejected by the brain" + (r.location ? ": " + r.location : "") })));
+  $("rejected").hidden = rejected.length === 0;
+  const bad = $("rejected").querySelector("tbody");
+  bad.replaceChildren();
+  for (const r of rejected) {
+    const tr = document.createElement("tr");
+    tr.className = "rejected";
+    tr.appendChild(text("td", r.object));
+    tr.appendChild(text("td", r.location || ""));
+    tr.appendChild(text("td", "field " + r.field + ": " + r.message, "bad"));
+    tr.appendChild(text("td", r.kept ? "its last good version" : "nothing: no earlier version"));
+    bad.appendChild(tr);
+  }
+  const checks = status.healthChecksNotServed || [];
+  $("healthchecks").hidden = checks.length === 0;
+  const unserved = $("healthchecks").querySelector("tbody");
+  unserved.replaceChildren();
+  for (const c of checks) {
+    const tr = document.createElement("tr");
+    tr.appendChild(text("td", c.service));
+    tr.appendChild(text("td", String(c.port)));
+    tr.appendChild(text("td", c.since));
+    tr.appendChild(text("td", c.message, "bad"));
+    unserved.appendChild(tr);
+  }
+  // kpng filters and caps the list itself (the whole list is tens of MB on a large cluster).
+  const matching = status.matchingPorts ?? status.services.length;
+  $("shown").textContent = status.services.length < matching
+    ? "showing the first " + status.services.length + " of " + matching + " matching ports (" +
+      status.totalPorts + " in all): type to narrow"
+    : matching + " of " + (status.totalPorts ?? matching) + " ports";
+  const body = $("services").querySelector("tbody");
+  body.replaceChildren();
+  for (const p of status.services) {
+    const row = [p.service, (p.portName ? p.portName + "/" : "") + p.protocol, p.family, frontends(p),
+      "external " + p.externalTrafficPolicy + ", internal " + p.internalTrafficPolicy +
+        (p.affinityTimeoutSeconds ? ", affinity " + p.affinityTimeoutSeconds + "s" : "") +
+        (p.healthCheck ? ", health check :" + p.healthCheck.port + (p.healthCheck.status
+          ? " answers " + p.healthCheck.status + " (" + (p.healthCheck.status === 200
+            ? p.healthCheck.localEndpoints + " local"
+            : p.healthCheck.localEndpoints === 0 ? "no local ready endpoint" : "kpng not healthy") + ")" +
+            (p.healthCheck.notServed ? ", NOT SERVED on " + p.healthCheck.notServed : "")
+          : " NOT SERVED") : "")];
+    const tr = document.createElement("tr");
+    tr.className = "service";
+    row.forEach((v) => tr.appendChild(text("td", v)));
+    tr.appendChild(endpointCell(p));
+    body.appendChild(tr);
+  }
+  const syncs = $("syncs").querySelector("tbody");
+  syncs.replaceChildren();
+  for (const s of status.recentSyncs || []) {
+    const tr = document.createElement("tr");
+    tr.appendChild(text("td", s.at));
+    tr.appendChild(text("td", s.ok ? "ok" : "failed: " + (s.error || ""), s.ok ? "ok" : "bad"));
+    tr.appendChild(text("td", s.full ? "full" : "partial"));
+    tr.appendChild(text("td", String(s.operations)));
+    tr.appendChild(text("td", (s.durationSeconds * 1000).toFixed(1) + " ms"));
+    tr.appendChild(text("td", s.changes));
+    syncs.appendChild(tr);
+  }
+}
+
+async function refresh() {
+  try {
+    const q = new URLSearchParams({ limit: String(PAGE_PORTS), q: $("filter").value.trim() });
+    const r = await fetch("status/status.json?" + q);
+    if (!r.ok) throw new Error(await r.text());
+    status = await r.json();
+    render();
+  } catch (e) {
+    $("header").textContent = "kpng does not answer: " + e.message;
+  }
+}
+
+async function trace() {
+  const q = new URLSearchParams({ from: $("from").value.trim(), to: $("to").value.trim(), proto: $("proto").value });
+  const out = $("trace-result");
+  try {
+    const r = await fetch("status/trace.json?" + q);
+    if (!r.ok) throw new Error(await r.text());
+    const t = await r.json();
+    const lines = ["verdict: " + t.verdict.toUpperCase()];
+    if (t.service) lines.push("service: " + t.service + " (via " + t.frontend + ")");
+    if (t.verdict === "dnat") {
+      lines.push("endpoints: " + t.endpointList + " list: " + t.endpoints.join(", "));
+      lines.push("masquerade: " + (t.hairpin && t.onlyItself
+        ? "yes (hairpin: the client is the only endpoint it can pick)"
+        : (t.masquerade ? "yes" : "no") + (t.translatedAtSocket
+          ? " (translated at the socket: no NAT, the endpoint sees the client's address)"
+          : t.hairpin ? " (hairpin when the client picks itself)" : "")));
+    }
+    if (t.affinityTimeoutSeconds) lines.push("affinity: ClientIP, " + t.affinityTimeoutSeconds + " s");
+    lines.push("why: " + t.reason);
+    if (t.rejected) lines.push("note: the Service's latest version is rejected (field " + t.rejected.field + ": " +
+      t.rejected.message + "), so this traces its last good version");
+    if (t.healthCheckNotServed) lines.push("note: this node does not serve the Service's health check (healthCheckNodePort " +
+      t.healthCheckNotServed.port + ": " + t.healthCheckNotServed.message + "): load balancers see it as unhealthy and send this Service's traffic to other nodes");
+    out.textContent = lines.join("\n");
+    out.dataset.verdict = t.verdict;
+  } catch (e) {
+    out.textContent = "trace failed: " + e.message;
+  }
+}
+
+let typing;
+$("filter").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(refresh, 250); });
+$("trace-form").addEventListener("submit", (e) => { e.preventDefault(); trace(); });
+// Deep links: /status?filter=web&from=10.244.1.5&to=10.96.0.10:80 fills the page in.
+const params = new URLSearchParams(location.search);
+if (params.get("filter")) $("filter").value = params.get("filter");
+for (const k of ["from", "to", "proto"]) if (params.get(k)) $(k).value = params.get(k);
+refresh().then(() => { if (params.get("from") && params.get("to")) trace(); });
+setInterval(refresh, 5000);
