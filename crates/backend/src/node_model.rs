@@ -38,9 +38,24 @@ pub trait NodeModel: Send + 'static {
     ) -> Option<Vec<kpng_model::inspect::EndpointStatus>> {
         None
     }
+    /// The `loadBalancerSourceRanges` of the port's Service when none is of the port's family
+    /// (its load-balancer IPs then accept every source, as in kube-proxy), for `kpng status`
+    /// and `kpng trace`; empty otherwise, or when this model cannot tell (a brain's node
+    /// receives only the ranges of each port's family; the brain logs the warning).
+    fn source_ranges_of_other_families_only(
+        &self,
+        _key: &kpng_model::PortKey,
+    ) -> Vec<ipnet::IpNet> {
+        Vec::new()
+    }
     /// The objects whose latest version was rejected, for `kpng status`; empty when this model
     /// does not see objects (a brain's node gets views; the brain's own status names them).
     fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
+        Vec::new()
+    }
+    /// The values the conversion dropped from the objects in use (the rest of each object
+    /// is used), for `kpng status`; empty when this model does not see objects.
+    fn dropped(&self) -> Vec<(Option<kpng_model::ServiceKey>, kpng_model::Warning)> {
         Vec::new()
     }
     /// How many objects [`NodeModel::rejected`] would list (cheap: read after every input).
@@ -144,12 +159,22 @@ impl NodeModel for Model {
         Model::explain(self, key)
     }
 
+    fn source_ranges_of_other_families_only(&self, key: &kpng_model::PortKey) -> Vec<ipnet::IpNet> {
+        Model::source_ranges_of_other_families_only(self, key)
+    }
+
     fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
         Model::rejected(self).cloned().collect()
     }
 
     fn rejected_count(&self) -> usize {
         Model::rejected(self).len()
+    }
+
+    fn dropped(&self) -> Vec<(Option<kpng_model::ServiceKey>, kpng_model::Warning)> {
+        Model::dropped(self)
+            .map(|(service, w)| (service.cloned(), w.clone()))
+            .collect()
     }
 
     fn not_programmed(

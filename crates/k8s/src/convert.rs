@@ -198,6 +198,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
             .creation_timestamp
             .as_ref()
             .and_then(|t| system_time(t.0)),
+        dropped: None,
     };
     if let Some(raw) = svc
         .metadata
@@ -387,6 +388,7 @@ pub fn endpoint_slice(
         service,
         ports: Vec::new(),
         endpoints: Vec::new(),
+        dropped: None,
     };
     if slice.address_type == "FQDN" {
         return Ok(info);
@@ -426,9 +428,14 @@ pub fn endpoint_slice(
         // slice cannot hold (the API server refuses it): the address of the wrong family is
         // dropped, not served in the other family.
         if let Some(family) = family.filter(|f| *f != Family::of(&ip)) {
+            let what = if raw.contains(':') && ip.is_ipv4() {
+                format!("{raw:?} is an IPv4-mapped IPv6 address, which is IPv4 {ip}")
+            } else {
+                format!("{raw:?} is not an {family} address")
+            };
             c.warn(
                 format!("endpoints[{i}].addresses[0]"),
-                format!("{raw:?} is not an {family} address (addressType {family})"),
+                format!("{what}; an addressType {family} slice holds {family} addresses only"),
             );
             continue;
         }

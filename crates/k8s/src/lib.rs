@@ -78,7 +78,10 @@ impl Convert for Service {
     const KIND: Kind = Kind::Service;
     fn convert(&self) -> Converted {
         let mut warnings = Vec::new();
-        let result = convert::service(self, &mut warnings);
+        let result = convert::service(self, &mut warnings).map(|mut r| {
+            r.dropped = kpng_model::records::dropped(&warnings);
+            r
+        });
         converted(result, warnings, |r| Object::Service(Box::new(r)))
     }
 }
@@ -87,7 +90,10 @@ impl Convert for EndpointSlice {
     const KIND: Kind = Kind::EndpointSlice;
     fn convert(&self) -> Converted {
         let mut warnings = Vec::new();
-        let result = convert::endpoint_slice(self, &mut warnings);
+        let result = convert::endpoint_slice(self, &mut warnings).map(|mut r| {
+            r.dropped = kpng_model::records::dropped(&warnings);
+            r
+        });
         let trigger_time = last_change_trigger_time(self);
         converted(result, warnings, |slice| Object::EndpointSlice {
             slice: Box::new(slice),

@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use kpng_model::Protocol;
 use kpng_model::trace::{NodeFacts, TraceQuery};
 use kpng_runner::admin::{
-    AdminHandle, BrainReportStatus, ConntrackStatus, DataPlaneDetail, HealthCheckStatus,
-    InputStatus, PortStatus, RejectedStatus, RepairStatus, Status, StatusQuery,
+    AdminHandle, BrainReportStatus, ConntrackStatus, DataPlaneDetail, DroppedStatus,
+    HealthCheckStatus, InputStatus, PortStatus, RejectedStatus, RepairStatus, Status, StatusQuery,
 };
 
 use crate::admin_socket::Serving;
@@ -735,7 +735,7 @@ fn print_brain(
                 write_selected(&mut text, filter, &brain);
             }
             if let Some(input) = &brain.input {
-                write_input(&mut text, input);
+                write_input(&mut text, input, 0);
             }
             if let Some(tls) = &brain.tls {
                 write_tls(&mut text, tls, std::time::SystemTime::now());
@@ -828,7 +828,8 @@ fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
 }
 
 /// Keeps, of the rejections `status` lists (this kpng's own and its brain's), those of the
-/// Service `filter` names: `kpng status NAME` is about one Service. How many others were
+/// Service `filter` names, and of the dropped values those of that Service and its
+/// EndpointSlices: `kpng status NAME` is about one Service. How many other rejections were
 /// left out.
 fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
     let service = filter.split_once(':').map_or(filter, |(s, _)| s);
@@ -842,6 +843,12 @@ fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
             .and_then(|o| o.split_once('/'))
             .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
     };
+    status.dropped.retain(|d| {
+        d.service
+            .as_deref()
+            .and_then(|s| s.split_once('/'))
+            .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
+    });
     let before = status.rejected.len();
     status.rejected.retain(of_service);
     let mut not_shown = before - status.rejected.len();
@@ -941,7 +948,7 @@ fn table(status: &Status, wide: bool) -> String {
         let _ = writeln!(out, "PROBLEM: {problem}");
     }
     if let Some(input) = &status.input {
-        write_input(&mut out, input);
+        write_input(&mut out, input, status.dropped.len());
     }
     if let Some(report) = &status.brain_reports {
         write_brain_reports(&mut out, report, brain_report_heading(status, report));
@@ -957,6 +964,7 @@ fn table(status: &Status, wide: bool) -> String {
         let _ = writeln!(out, "{line}");
     }
     write_rejected(&mut out, &status.rejected);
+    write_dropped(&mut out, &status.dropped);
     write_health_checks(&mut out, &status.health_checks_not_served);
     let rows: Vec<[String; 6]> = status.services.iter().map(row).collect();
     let header = [
@@ -1097,14 +1105,22 @@ const BRAIN_NODES_LISTED: usize = 50;
 /// The objects whose latest version kpng could not use, above the ports: what to fix in the
 /// input, and whether an older version of each is what the ports below show.
 /// The input's line, and one line per problem it has now: what is wrong, since when.
-fn write_input(out: &mut String, input: &InputStatus) {
+fn write_input(out: &mut String, input: &InputStatus, dropped: usize) {
     use std::fmt::Write as _;
     let last = match (&input.last_good, &input.detail) {
         (Some(at), Some(detail)) => format!("{at} ({detail})"),
         (Some(at), None) => at.clone(),
         (None, _) => "never".into(),
     };
-    let state = problems_word(input.problems.len());
+    // Values dropped from objects in use are problems of the input too (the log said so
+    // once), though not of its freshness: listed apart ([`write_dropped`]).
+    let state = match (input.problems.len(), dropped) {
+        (_, 0) => problems_word(input.problems.len()),
+        (0, 1) => "1 VALUE DROPPED".to_string(),
+        (0, n) => format!("{n} VALUES DROPPED"),
+        (p, 1) => format!("{}, 1 VALUE DROPPED", problems_word(p)),
+        (p, n) => format!("{}, {n} VALUES DROPPED", problems_word(p)),
+    };
     let _ = writeln!(
         out,
         "input {}  {state}  last good input {last}",
@@ -1406,6 +1422,29 @@ fn write_health_checks(out: &mut String, checks: &[HealthCheckStatus]) {
     }
 }
 
+/// The values the conversion dropped from objects in use, as the log warned about them.
+fn write_dropped(out: &mut String, dropped: &[DroppedStatus]) {
+    use std::fmt::Write as _;
+    if dropped.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "dropped values: {} (the rest of each object is used)",
+        dropped.len()
+    );
+    for d in dropped.iter().take(REJECTED_LISTED) {
+        let _ = writeln!(out, "  {}: field {}: {}", d.object, d.field, d.message);
+    }
+    if dropped.len() > REJECTED_LISTED {
+        let _ = writeln!(
+            out,
+            "  … and {} more (`kpng status -o json` lists all)",
+            dropped.len() - REJECTED_LISTED
+        );
+    }
+}
+
 fn write_rejected(out: &mut String, rejected: &[RejectedStatus]) {
     use std::fmt::Write as _;
     if rejected.is_empty() {
@@ -1442,6 +1481,15 @@ fn rejected_line(r: &RejectedStatus) -> String {
     )
 }
 
+/// Ranges for a status line, comma-separated.
+fn join_ranges(ranges: &[ipnet::IpNet]) -> String {
+    ranges
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The cells of one Service port's line.
 fn row(p: &PortStatus) -> [String; 6] {
     let mut frontends = vec![format!("{}", SocketAddr::new(p.cluster_ip, p.port))];
@@ -1459,6 +1507,15 @@ fn row(p: &PortStatus) -> [String; 6] {
     }
     if let Some(hc) = &p.health_check {
         policy.push_str(&format!(", {}", health_check_answer(hc)));
+    }
+    if !p.source_ranges.is_empty() {
+        policy.push_str(&format!(", lb sources {}", join_ranges(&p.source_ranges)));
+    } else if !p.source_ranges_of_other_families_only.is_empty() {
+        policy.push_str(&format!(
+            ", lb sources ALL (loadBalancerSourceRanges {} name no {} range)",
+            join_ranges(&p.source_ranges_of_other_families_only),
+            p.family
+        ));
     }
     let used = p.endpoints.iter().filter(|e| !e.used_by.is_empty()).count();
     // A brain-fed node knows only the endpoints it uses: "0/0" would say there are none.
@@ -1616,6 +1673,19 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
     }
     if let Some(note) = t["inputProblem"].as_str() {
         let _ = writeln!(out, "  note:       {note}");
+    }
+    if let Some(ranges) = t["sourceRangesOfOtherFamiliesOnly"]
+        .as_array()
+        .filter(|a| !a.is_empty())
+    {
+        let ranges: Vec<&str> = ranges.iter().filter_map(|r| r.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "  note:       every {} source is let in: the Service's loadBalancerSourceRanges \
+             ({}) name no range of this family, and apply per family (as in kube-proxy)",
+            kpng_model::Family::of(&q.to.ip()),
+            ranges.join(", ")
+        );
     }
     if let Some(command) = t["brainExplains"].as_str() {
         // As `kpng status` says it of such a port (`write_brain_hint`).
@@ -2208,7 +2278,7 @@ mod tests {
         ];
         for (input, want) in cases {
             let mut out = String::new();
-            write_input(&mut out, &input);
+            write_input(&mut out, &input, 0);
             assert_eq!(out, want);
         }
         for (count, problem, want) in [
@@ -2380,6 +2450,130 @@ mod tests {
         assert!(
             no_answer(socket, None, std::time::Duration::from_millis(1500))
                 .starts_with("the kpng at /run/kpng/kpng.sock did not answer within 1.5s: ")
+        );
+    }
+
+    /// Values dropped from objects in use count in the input's line and are listed with
+    /// their object and field (until 2026-12-06 only the log had them, while the status said
+    /// "input … ok"); `kpng status NAME` keeps those of that Service and its slices.
+    #[test]
+    fn dropped_values_are_input_problems_in_the_status() {
+        let input = |problems: usize| InputStatus {
+            source: "file /c.yaml".into(),
+            problems: (0..problems)
+                .map(|i| kpng_runner::admin::InputProblemStatus {
+                    what: format!("/c{i}.yaml"),
+                    message: "not loaded".into(),
+                    since: "T0".into(),
+                })
+                .collect(),
+            last_good: Some("T1".into()),
+            detail: None,
+        };
+        for (problems, dropped, want) in [
+            (0, 0, "input file /c.yaml  ok  last good input T1\n"),
+            (
+                0,
+                1,
+                "input file /c.yaml  1 VALUE DROPPED  last good input T1\n",
+            ),
+            (
+                0,
+                2,
+                "input file /c.yaml  2 VALUES DROPPED  last good input T1\n",
+            ),
+            (
+                1,
+                2,
+                "input file /c.yaml  1 PROBLEM, 2 VALUES DROPPED  last good input T1\n  \
+                 /c0.yaml (since T0): not loaded\n",
+            ),
+        ] {
+            let mut out = String::new();
+            write_input(&mut out, &input(problems), dropped);
+            assert_eq!(out, want);
+        }
+        let dropped = |object: &str, service: Option<&str>| DroppedStatus {
+            object: object.into(),
+            service: service.map(String::from),
+            field: "endpoints[0].addresses[0]".into(),
+            message: "\"::ffff:10.77.0.2\" is an IPv4-mapped IPv6 address".into(),
+        };
+        let mut status = node_status(serde_json::json!({}));
+        status.dropped = vec![
+            dropped("EndpointSlice ns/web-6", Some("ns/web")),
+            dropped("Service ns/db", Some("ns/db")),
+            dropped("EndpointSlice ns/orphan", None),
+        ];
+        let mut out = String::new();
+        write_dropped(&mut out, &status.dropped);
+        assert_eq!(
+            out,
+            "dropped values: 3 (the rest of each object is used)\n  \
+             EndpointSlice ns/web-6: field endpoints[0].addresses[0]: \"::ffff:10.77.0.2\" is an IPv4-mapped IPv6 address\n  \
+             Service ns/db: field endpoints[0].addresses[0]: \"::ffff:10.77.0.2\" is an IPv4-mapped IPv6 address\n  \
+             EndpointSlice ns/orphan: field endpoints[0].addresses[0]: \"::ffff:10.77.0.2\" is an IPv4-mapped IPv6 address\n"
+        );
+        keep_rejections_of(&mut status, "ns/web");
+        let objects: Vec<&str> = status.dropped.iter().map(|d| d.object.as_str()).collect();
+        assert_eq!(objects, ["EndpointSlice ns/web-6"]);
+    }
+
+    /// An IPv4 load balancer whose source ranges are all IPv6 lets every IPv4 source in (as
+    /// kube-proxy): its status line and a trace to it say so, as they show the ranges that
+    /// do apply.
+    #[test]
+    fn source_ranges_of_another_family_only_are_shown_as_open() {
+        let port = |ranges: &[&str], other: &[&str]| PortStatus {
+            service: "t/lb2".into(),
+            port_name: "http".into(),
+            protocol: "TCP".into(),
+            family: "IPv4".into(),
+            cluster_ip: "10.96.0.42".parse().expect("ip"),
+            port: 80,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: vec!["203.0.113.42".parse().expect("ip")],
+            source_ranges: ranges.iter().map(|r| r.parse().expect("cidr")).collect(),
+            source_ranges_of_other_families_only: other
+                .iter()
+                .map(|r| r.parse().expect("cidr"))
+                .collect(),
+            external_traffic_policy: "Cluster".into(),
+            internal_traffic_policy: "Cluster".into(),
+            affinity_timeout_seconds: None,
+            health_check_node_port: None,
+            health_check: None,
+            without_endpoints: None,
+            endpoints: Vec::new(),
+            only_used_known: false,
+        };
+        for (ranges, other, want) in [
+            (&[][..], &[][..], "ext Cluster / int Cluster"),
+            (
+                &["10.1.0.0/16"][..],
+                &[][..],
+                "ext Cluster / int Cluster, lb sources 10.1.0.0/16",
+            ),
+            (
+                &[][..],
+                &["fd00::/8"][..],
+                "ext Cluster / int Cluster, lb sources ALL (loadBalancerSourceRanges fd00::/8 name no IPv4 range)",
+            ),
+        ] {
+            assert_eq!(row(&port(ranges, other))[4], want);
+        }
+        let q = parse_trace("198.51.100.7", "203.0.113.42:80", None).expect("query");
+        let t = serde_json::json!({"verdict": "dnat", "reason": "r", "inSync": true,
+            "service": "t/lb2:http", "frontend": "loadBalancer",
+            "sourceRangesOfOtherFamiliesOnly": ["fd00::/8"]});
+        let text = trace_text(&q, &t);
+        assert!(
+            text.ends_with(
+                "  note:       every IPv4 source is let in: the Service's loadBalancerSourceRanges \
+                 (fd00::/8) name no range of this family, and apply per family (as in kube-proxy)\n"
+            ),
+            "{text}"
         );
     }
 

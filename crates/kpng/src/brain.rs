@@ -57,6 +57,7 @@ where
                 service_proxy_name: flags.service_proxy_name.clone(),
                 only_node: None,
                 node_port_range: flags.node_port_range(kind),
+                service_cidrs: flags.service_cidr.clone(),
             }),
             metrics,
         )

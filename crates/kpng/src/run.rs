@@ -597,6 +597,7 @@ fn model_config(flags: &GlobalFlags, input: InputKind) -> anyhow::Result<ModelCo
         service_proxy_name: flags.service_proxy_name.clone(),
         node_ips: flags.node_ip.clone(),
         node_port_range: flags.node_port_range(input),
+        service_cidrs: flags.service_cidr.clone(),
     })
 }
 
@@ -757,6 +758,14 @@ where
         flags.cluster_cidr.clone(),
         facts.health_checks == Some(HealthCheckAddresses::NodeIps),
     );
+    if !flags.masquerade_all
+        && matches!(
+            crate::backends::detect_local(&flags),
+            Ok(kpng_backend::settings::DetectLocal::ClusterCidr(_))
+        )
+    {
+        runner = runner.detecting_pods_by_cluster_cidr();
+    }
     if facts.health_checks.is_some()
         && matches!(
             crate::backends::detect_local(&flags),

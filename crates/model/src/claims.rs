@@ -5,17 +5,28 @@
 //! The API server allocates ClusterIPs and node ports once, so two Services never share one in
 //! a real cluster; they can in hand-written manifests or after a restore of old objects, and
 //! external and load-balancer IPs are not allocated at all (two Services can name the same
-//! one). Both cannot be programmed (an nftables map takes one verdict per key and refuses the
-//! transaction otherwise; taking one Service's endpoints and another's firewall would let
-//! traffic through that neither allows), so the model picks one deterministically, so that
-//! every attribute of the frontend comes from one Service, as the API server would have: the
-//! **oldest** Service keeps the frontend (`metadata.creationTimestamp`; a Service without one
-//! counts as the newest). Equal ages (hand-written manifests have no creation times) go to
-//! the Service the model had first, so that a Service added beside a working one never takes
-//! its frontend away; the Services of one list (a start, a relist) count as had at once, and
-//! are ordered by namespace/name, so that a restart decides the same way whatever the order
-//! of the input. The others lose it, with a warning naming both Services; when the winner
-//! goes away, the next one takes it over.
+//! one, or name another Service's ClusterIP). Both cannot be programmed (an nftables map takes
+//! one verdict per key and refuses the transaction otherwise; taking one Service's endpoints
+//! and another's firewall would let traffic through that neither allows), so the model picks
+//! one deterministically, so that every attribute of the frontend comes from one Service, as
+//! the API server would have:
+//!
+//! 1. a **ClusterIP** keeps its address + port + protocol against an external IP or a
+//!    load-balancer ingress IP, whatever their ages: the API server hands a ClusterIP to one
+//!    Service only, while any tenant allowed to create a Service can write another one's
+//!    ClusterIP in `spec.externalIPs` (unless `DenyServiceExternalIPs` or an admission policy
+//!    refuses it); letting the older Service win there let any existing Service take over
+//!    every later ClusterIP (`kubernetes`'s 10.96.0.1:443 included);
+//! 2. among claims of one rank (two ClusterIPs, or external / load-balancer IPs), the
+//!    **oldest** Service keeps the frontend (`metadata.creationTimestamp`; a Service without
+//!    one counts as the newest). Equal ages (hand-written manifests have no creation times) go
+//!    to the Service the model had first, so that a Service added beside a working one never
+//!    takes its frontend away; the Services of one list (a start, a relist) count as had at
+//!    once, and are ordered by namespace/name, so that a restart decides the same way whatever
+//!    the order of the input.
+//!
+//! The others lose it, with a warning naming both Services, the field and why the winner
+//! keeps it; when the winner goes away, the next one takes it over.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -49,6 +60,12 @@ enum ClaimKey {
 }
 
 impl Frontend {
+    /// Whether the API server allocated this frontend to one Service (a ClusterIP): such a
+    /// claim outranks an external or load-balancer IP naming the same address.
+    fn allocated(self) -> bool {
+        matches!(self, Frontend::Cluster(..))
+    }
+
     fn claim_key(self) -> ClaimKey {
         match self {
             Frontend::Cluster(ip, port, protocol)
@@ -59,9 +76,13 @@ impl Frontend {
     }
 }
 
-/// A Service claiming a frontend, ordered oldest first (the winner is the first).
+/// A Service claiming a frontend, ordered ClusterIP first, then oldest first (the winner is
+/// the first).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Claimant {
+    /// `false` for a ClusterIP claim (allocated by the API server), `true` for an external or
+    /// load-balancer IP claim: an allocated address always wins over a named one.
+    unallocated: bool,
     /// `true` without a creation timestamp: such a Service counts as the newest.
     undated: bool,
     created: Option<SystemTime>,
@@ -75,8 +96,9 @@ struct Claimant {
 pub(crate) type Seen = u64;
 
 impl Claimant {
-    fn of(info: &ServiceInfo, seen: Seen) -> Claimant {
+    fn of(info: &ServiceInfo, frontend: Frontend, seen: Seen) -> Claimant {
         Claimant {
+            unallocated: !frontend.allocated(),
             undated: info.created.is_none(),
             created: info.created,
             seen,
@@ -102,8 +124,24 @@ impl std::fmt::Display for Frontend {
     }
 }
 
-/// The frontends a Service lost to older Services: frontend → the Service that owns it.
-pub(crate) type Lost = BTreeMap<Frontend, ServiceKey>;
+/// The frontends a Service lost to other Services: frontend → the Service that owns it.
+pub(crate) type Lost = BTreeMap<Frontend, Owner>;
+
+/// The Service that keeps a frontend another Service lost, and why it wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The Service that keeps the frontend.
+    pub(crate) key: ServiceKey,
+    /// Whether it keeps it as its ClusterIP against the loser's external or load-balancer IP
+    /// (a ClusterIP always wins) rather than by age.
+    pub(crate) as_cluster_ip: bool,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.key.fmt(f)
+    }
+}
 
 /// Every owned Service's frontends and who claims them.
 ///
@@ -174,8 +212,8 @@ impl Claims {
     ) -> BTreeSet<ServiceKey> {
         let mut affected = BTreeSet::new();
         if let Some(old) = old {
-            let claimant = Claimant::of(old, seen);
             for (frontend, _) in frontends(old) {
+                let claimant = Claimant::of(old, frontend, seen);
                 let key = frontend.claim_key();
                 if let Some(set) = self.by_frontend.get_mut(&key) {
                     if let Ok(at) = set.binary_search(&claimant) {
@@ -190,8 +228,8 @@ impl Claims {
             affected.insert(old.key.clone());
         }
         if let Some(new) = new {
-            let claimant = Claimant::of(new, seen);
             for (frontend, _) in frontends(new) {
+                let claimant = Claimant::of(new, frontend, seen);
                 let set = self.by_frontend.entry(frontend.claim_key()).or_default();
                 // Room for exactly the one claimant almost every frontend has (a first
                 // `insert` makes room for four: 160 bytes more per frontend).
@@ -208,7 +246,8 @@ impl Claims {
         affected
     }
 
-    /// The frontends of `info` that an older Service owns, with that Service.
+    /// The frontends of `info` that another Service owns (its ClusterIP, or an older
+    /// Service's claim of the same rank), with that Service.
     pub(crate) fn lost(&self, info: &ServiceInfo) -> Lost {
         let mut lost = Lost::new();
         for (frontend, _) in frontends(info) {
@@ -218,7 +257,13 @@ impl Claims {
                 .and_then(|set| set.first())
                 .filter(|winner| winner.key != info.key);
             if let Some(winner) = winner {
-                lost.insert(frontend, winner.key.clone());
+                lost.insert(
+                    frontend,
+                    Owner {
+                        key: winner.key.clone(),
+                        as_cluster_ip: !winner.unallocated && !frontend.allocated(),
+                    },
+                );
             }
         }
         lost
@@ -226,11 +271,11 @@ impl Claims {
 }
 
 /// The warnings for `info` losing `frontend` to `owner`, one per field that declares it; each
-/// names both Services and the field.
+/// names both Services and the field, and says which keeps the frontend and why.
 pub(crate) fn conflict_warnings(
     info: &ServiceInfo,
     frontend: Frontend,
-    owner: &ServiceKey,
+    owner: &Owner,
 ) -> Vec<Warning> {
     frontends(info)
         .into_iter()
@@ -239,10 +284,13 @@ pub(crate) fn conflict_warnings(
         .collect()
 }
 
+/// Why the owner keeps a frontend, in the words of a warning.
+const OLDER: &str = "which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it";
+
 fn conflict_warning(
     info: &ServiceInfo,
     frontend: Frontend,
-    owner: &ServiceKey,
+    owner: &Owner,
     field: String,
 ) -> Warning {
     let what = if field == "spec.healthCheckNodePort" {
@@ -252,15 +300,22 @@ fn conflict_warning(
     };
     let message = match frontend {
         Frontend::Cluster(ip, port, protocol) => format!(
-            "ClusterIP {ip} port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it; this Service port is not programmed for {ip}"
+            "ClusterIP {ip} port {port}/{protocol} is also Service {owner}'s, {OLDER}; this Service port is not programmed for {ip}"
         ),
+        Frontend::External(ip, port, protocol) | Frontend::LoadBalancer(ip, port, protocol)
+            if owner.as_cluster_ip =>
+        {
+            format!(
+                "{ip} port {port}/{protocol} is also Service {owner}'s, as its ClusterIP, which keeps it whatever the Services' ages (the API server allocates a ClusterIP to one Service; an external or load-balancer IP naming it never takes it over); {ip} is not programmed for this Service port"
+            )
+        }
         Frontend::External(ip, port, protocol) | Frontend::LoadBalancer(ip, port, protocol) => {
             format!(
-                "{ip} port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it, with its endpoints and source ranges; {ip} is not programmed for this Service port"
+                "{ip} port {port}/{protocol} is also Service {owner}'s, {OLDER}, with its endpoints and source ranges; {ip} is not programmed for this Service port"
             )
         }
         Frontend::NodePort(port, protocol) => format!(
-            "node port {port}/{protocol} is also Service {owner}'s, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it; the {what} is not programmed"
+            "node port {port}/{protocol} is also Service {owner}'s, {OLDER}; the {what} is not programmed"
         ),
     };
     Warning {

@@ -17,6 +17,7 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 
 use crate::build::service_ports;
+use crate::cidr_warnings::external_ips_in_service_cidrs;
 use crate::claims::{Claims, Lost, Seen, conflict_warnings};
 use crate::event::{AppliedCounts, Event, Kind, Object, ObjectRef};
 use crate::key::{Family, Name, ServiceKey};
@@ -24,6 +25,7 @@ use crate::node::NodeState;
 use crate::port_range::{NodePortRange, drop_out_of_range};
 use crate::records::{NodeInfo, Rejection, ServiceCidrInfo, ServiceInfo, SliceInfo, Warning};
 use crate::service_port::ServicePort;
+use crate::source_ranges::open_family_warnings;
 
 /// Configuration that is the same for every node.
 #[derive(Debug, Clone, Default)]
@@ -40,6 +42,9 @@ pub struct ClusterConfig {
     /// server never allocates them, so they come from a hand-written manifest and could take a
     /// port the node itself serves). `None` accepts every node port.
     pub node_port_range: Option<NodePortRange>,
+    /// `--service-cidr`: with the ServiceCIDR objects, the ranges an external IP is warned
+    /// about in (`cidr_warnings`).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 /// The inputs of one Service: the Service (once seen) and its EndpointSlices, sorted by name.
@@ -63,6 +68,16 @@ impl ServiceSource {
             Some(info) if self.owned => service_ports(info, &self.slices, node, &self.lost),
             _ => Vec::new(),
         }
+    }
+
+    /// The Service's `loadBalancerSourceRanges` when none is of `family`: they do not
+    /// restrict that family's load-balancer IPs (kube-proxy applies them per family), which
+    /// `kpng status` and `kpng trace` say. Empty when it has a range of `family`, or none.
+    pub fn source_ranges_of_other_families_only(&self, family: Family) -> Vec<IpNet> {
+        self.info
+            .as_ref()
+            .map(|info| crate::source_ranges::of_other_families_only(info, family))
+            .unwrap_or_default()
     }
 
     /// Every endpoint of one port of this Service as `node` sees it (before categorisation):
@@ -223,6 +238,9 @@ pub struct ClusterModel {
     /// Objects whose latest version was rejected, until a usable version replaces it or the
     /// object goes: what `kpng status` shows as still wrong (an error line alone scrolls away).
     rejected: BTreeMap<ObjectRef, Rejection>,
+    /// Values the conversion dropped from the latest version of each object (`records::Dropped`),
+    /// until a version without them arrives or the object goes: `kpng status` shows them.
+    dropped: BTreeMap<ObjectRef, Box<[Warning]>>,
 }
 
 impl ClusterModel {
@@ -281,10 +299,17 @@ impl ClusterModel {
                 let lost: Vec<String> = source
                     .lost
                     .iter()
-                    .map(|(frontend, owner)| format!("{frontend} is Service {owner}'s"))
+                    .map(|(frontend, owner)| {
+                        let how = if owner.as_cluster_ip {
+                            " ClusterIP"
+                        } else {
+                            ""
+                        };
+                        format!("{frontend} is Service {owner}'s{how}")
+                    })
                     .collect();
                 format!(
-                    "its frontends are older Services' ({}); see the warning logged when it \
+                    "its frontends are other Services' ({}); see the warning logged when it \
                      lost them",
                     lost.join(", ")
                 )
@@ -310,6 +335,13 @@ impl ClusterModel {
     pub fn service_cidrs(&self) -> Vec<IpNet> {
         let all: BTreeSet<IpNet> = self.service_cidrs.values().flatten().copied().collect();
         all.into_iter().collect()
+    }
+
+    /// `--service-cidr` and the ServiceCIDR objects' ranges together.
+    fn all_service_cidrs(&self) -> Vec<IpNet> {
+        let mut all = self.config.service_cidrs.clone();
+        all.extend(self.service_cidrs.values().flatten().copied());
+        all
     }
 
     /// Applies one event and reports what it touched.
@@ -411,6 +443,8 @@ impl ClusterModel {
         if !self.rejected.is_empty() && !matches!(object, Object::Rejected(_)) {
             self.rejected.remove(&object.reference());
         }
+        let mut object = object;
+        self.keep_dropped(&mut object);
         match object {
             Object::Service(info) => {
                 let mut info = *info;
@@ -421,6 +455,11 @@ impl ClusterModel {
                     None => Vec::new(),
                 };
                 let owned = self.owns(&info);
+                let cidrs = if owned && !info.external_ips.is_empty() {
+                    self.all_service_cidrs()
+                } else {
+                    Vec::new()
+                };
                 let source = self.sources.entry(info.key.clone()).or_default();
                 if source.info.is_none() {
                     Arc::make_mut(source).seen = self.clock;
@@ -431,6 +470,9 @@ impl ClusterModel {
                     }
                     if owned {
                         out.warnings.extend(range_warnings);
+                        out.warnings.extend(open_family_warnings(&info));
+                        out.warnings
+                            .extend(external_ips_in_service_cidrs(&info, &cidrs, &[]));
                     }
                     touched.services.insert(info.key.clone());
                     let old_claim = source.info.clone().filter(|_| source.owned);
@@ -497,8 +539,19 @@ impl ClusterModel {
                 let ServiceCidrInfo { name, cidrs } = *info;
                 out.applied.add(Kind::ServiceCidr);
                 if self.service_cidrs.get(&name) != Some(&cidrs) {
+                    let before = self.all_service_cidrs();
                     self.service_cidrs.insert(name, cidrs);
                     touched.service_cidrs_changed = true;
+                    let after = self.all_service_cidrs();
+                    out.warnings.extend(
+                        self.sources
+                            .values()
+                            .filter(|source| source.owned)
+                            .filter_map(|source| source.info.as_ref())
+                            .filter_map(|info| {
+                                external_ips_in_service_cidrs(info, &after, &before)
+                            }),
+                    );
                 }
             }
             Object::Rejected(error) => {
@@ -628,8 +681,53 @@ impl ClusterModel {
         }
     }
 
+    /// Moves the values the conversion dropped from `object` (a Service or EndpointSlice)
+    /// into `dropped`, replacing what its previous version had; a rejected object keeps its
+    /// last good version's.
+    fn keep_dropped(&mut self, object: &mut Object) {
+        let taken = match object {
+            Object::Service(info) => info.dropped.take(),
+            Object::EndpointSlice { slice, .. } => slice.dropped.take(),
+            Object::Rejected(_) => return,
+            Object::Node(_) | Object::ServiceCidr(_) => None,
+        };
+        match taken {
+            Some(warnings) => {
+                self.dropped.insert(object.reference(), warnings);
+            }
+            None if !self.dropped.is_empty() => {
+                self.dropped.remove(&object.reference());
+            }
+            None => {}
+        }
+    }
+
+    /// The values the conversion dropped from the objects in use (the rest of each object is
+    /// used), in kind and name order, each with the Service it concerns (a Service's own, an
+    /// EndpointSlice's owner): shown by `kpng status` beside the input's health.
+    pub fn dropped(&self) -> impl Iterator<Item = (Option<&ServiceKey>, &Warning)> {
+        self.dropped.iter().flat_map(|(object, warnings)| {
+            let service = match object.kind {
+                Kind::EndpointSlice => self
+                    .slice_owners
+                    .get(&(object.namespace.clone(), object.name.clone()))
+                    .and_then(Option::as_ref),
+                Kind::Service => self
+                    .sources
+                    .get_key_value(&ServiceKey::new(
+                        object.namespace.clone(),
+                        object.name.clone(),
+                    ))
+                    .map(|(key, _)| key),
+                Kind::Node | Kind::ServiceCidr => None,
+            };
+            warnings.iter().map(move |w| (service, w))
+        })
+    }
+
     fn delete(&mut self, reference: &ObjectRef, out: &mut ClusterOutcome) {
         self.rejected.remove(reference);
+        self.dropped.remove(reference);
         match reference.kind {
             Kind::Service => {
                 let key = ServiceKey::new(reference.namespace.clone(), reference.name.clone());
@@ -709,6 +807,8 @@ impl ClusterModel {
         out.nodes.extend(nodes);
         out.service_cidrs_changed |= service_cidrs_changed;
         self.rejected
+            .retain(|r, _| !kinds.contains(&r.kind) || seen.contains(r));
+        self.dropped
             .retain(|r, _| !kinds.contains(&r.kind) || seen.contains(r));
         let kept = |kind: Kind, namespace: &Name, name: &Name| {
             seen.contains(&ObjectRef {

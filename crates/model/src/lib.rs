@@ -13,6 +13,7 @@
 mod addr_text;
 mod build;
 mod categorize;
+mod cidr_warnings;
 mod claims;
 pub mod cluster;
 mod diff;
@@ -27,6 +28,7 @@ mod node;
 mod port_range;
 pub mod records;
 mod service_port;
+mod source_ranges;
 pub mod trace;
 
 pub use addr_text::AddrText;

@@ -29,6 +29,9 @@ pub struct ModelConfig {
     /// `--service-node-port-range`: node ports outside it are not programmed (warned about).
     /// `None` accepts any node port.
     pub node_port_range: Option<NodePortRange>,
+    /// `--service-cidr`: an external IP inside it (or inside a ServiceCIDR object) is warned
+    /// about, since it names a ClusterIP the API server allocates.
+    pub service_cidrs: Vec<IpNet>,
 }
 
 /// The complete node-local state: what a new subscriber or a full resync starts from.
@@ -167,6 +170,7 @@ impl Model {
             service_proxy_name: config.service_proxy_name.clone(),
             only_node: Some(config.node_name.clone()),
             node_port_range: config.node_port_range,
+            service_cidrs: config.service_cidrs.clone(),
         });
         let mut model = Model {
             config,
@@ -181,6 +185,12 @@ impl Model {
     /// The current node-local state.
     pub fn snapshot(&self) -> &Snapshot {
         &self.snapshot
+    }
+
+    /// The values the conversion dropped from the objects in use (see
+    /// [`ClusterModel::dropped`]).
+    pub fn dropped(&self) -> impl Iterator<Item = (Option<&ServiceKey>, &Warning)> {
+        self.cluster.dropped()
     }
 
     /// The objects whose latest version was rejected (see [`ClusterModel::rejected`]).
@@ -216,6 +226,24 @@ impl Model {
             &candidates,
             &self.snapshot.node,
         ))
+    }
+
+    /// The `loadBalancerSourceRanges` of the Service of `key` when none is of the port's
+    /// family, for a port that has load-balancer IPs: they then let every source in (as in
+    /// kube-proxy), which `kpng status` and `kpng trace` say. Empty otherwise.
+    pub fn source_ranges_of_other_families_only(&self, key: &PortKey) -> Vec<IpNet> {
+        let has_lb = self
+            .snapshot
+            .ports
+            .get(key)
+            .is_some_and(|p| !p.load_balancer_ips.is_empty());
+        if !has_lb {
+            return Vec::new();
+        }
+        self.cluster
+            .source(&key.service)
+            .map(|s| s.source_ranges_of_other_families_only(key.family))
+            .unwrap_or_default()
     }
 
     /// Applies one event and returns what changed.

@@ -154,6 +154,19 @@ pub struct ServiceInfo {
     /// `metadata.creationTimestamp`: when two Services claim the same ClusterIP port or node
     /// port, the oldest keeps it (`None`, as in a hand-written manifest, counts as the newest).
     pub created: Option<std::time::SystemTime>,
+    /// Values the conversion dropped from the Service, the rest being used (an `fe80::1%eth0`
+    /// external IP): the model keeps them apart ([`crate::cluster::ClusterModel::dropped`])
+    /// for `kpng status`, which otherwise said the input was fine while the log warned.
+    pub dropped: Dropped,
+}
+
+/// Values a conversion dropped from an object, with the field and why (`None`: nothing).
+/// Boxed, as almost every object has none.
+pub type Dropped = Option<Box<[Warning]>>;
+
+/// The [`Dropped`] of these warnings.
+pub fn dropped(warnings: &[Warning]) -> Dropped {
+    (!warnings.is_empty()).then(|| warnings.to_vec().into_boxed_slice())
 }
 
 impl ServiceInfo {
@@ -255,6 +268,9 @@ pub struct SliceInfo {
     pub ports: Vec<SlicePort>,
     /// Endpoints with a parseable first address.
     pub endpoints: Vec<SliceEndpoint>,
+    /// Values the conversion dropped (an endpoint address of the wrong family), the rest
+    /// being used; see [`ServiceInfo::dropped`].
+    pub dropped: Dropped,
 }
 
 impl SliceInfo {

@@ -95,7 +95,7 @@ fn ipv4_mapped_addresses_are_ipv4() {
             programmed: &["ns/web IPv6 fd00:96::a1 ext= lb= ranges= eps=[fd00:244:1::3]:8080"],
             warned: &[(
                 "endpoints[0].addresses[0]",
-                "\"::ffff:10.244.1.2\" is not an IPv6 address (addressType IPv6)",
+                "\"::ffff:10.244.1.2\" is an IPv4-mapped IPv6 address, which is IPv4 10.244.1.2; an addressType IPv6 slice holds IPv6 addresses only",
             )],
         },
         Case {
@@ -145,6 +145,15 @@ fn ipv4_mapped_addresses_are_ipv4() {
             assert_eq!(field, want_field, "{}", case.name);
             assert!(message.contains(want), "{}: {message}", case.name);
         }
+        // What was dropped stays in the model for `kpng status`, not only in the log.
+        let kept: Vec<(String, String)> = m
+            .dropped()
+            .map(|(service, w)| {
+                assert_eq!(service.map(|k| k.to_string()).as_deref(), Some("ns/web"));
+                (w.field.clone(), w.message.clone())
+            })
+            .collect();
+        assert_eq!(kept, got, "{}", case.name);
     }
 }
 
@@ -231,4 +240,53 @@ fn an_invalid_source_range_rejects_the_service() {
             programmed(&m)
         );
     }
+}
+
+/// What the conversion dropped stays listed while the object that had it is in use: a new
+/// version without it, the object's deletion or a list without it clears it.
+#[test]
+fn dropped_values_last_as_long_as_their_object() {
+    let mut m = model();
+    let svc = |ext: &[&str]| {
+        service(
+            "web",
+            json!({"clusterIP": "10.96.0.9", "externalIPs": ext,
+                   "ports": [{"name": "http", "port": 80}]}),
+            &[],
+        )
+        .object
+    };
+    let fields = |m: &Model| -> Vec<String> {
+        m.dropped()
+            .map(|(_, w)| format!("{} {}", w.object, w.field))
+            .collect()
+    };
+    m.apply(Event::Apply(svc(&["fe80::1%eth0", "198.51.100.9"])));
+    m.apply(Event::Apply(
+        slice("web", "IPv6", &["::ffff:10.244.1.2"]).object,
+    ));
+    assert_eq!(
+        fields(&m),
+        [
+            "Service ns/web spec.externalIPs[0]",
+            "EndpointSlice ns/web-IPv6 endpoints[0].addresses[0]"
+        ]
+    );
+    m.apply(Event::Apply(svc(&["198.51.100.9"])));
+    assert_eq!(
+        fields(&m),
+        ["EndpointSlice ns/web-IPv6 endpoints[0].addresses[0]"]
+    );
+    m.apply(Event::Replace {
+        kinds: vec![Kind::EndpointSlice],
+        objects: Vec::new(),
+    });
+    assert!(fields(&m).is_empty());
+    m.apply(Event::Apply(svc(&["fe80::1%eth0"])));
+    m.apply(Event::Delete(ObjectRef {
+        kind: Kind::Service,
+        namespace: "ns".into(),
+        name: "web".into(),
+    }));
+    assert!(fields(&m).is_empty());
 }

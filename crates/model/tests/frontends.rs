@@ -183,6 +183,7 @@ fn node_ports_outside_the_range_are_dropped_with_a_warning() {
 
 const OLD: Option<&str> = Some("2024-01-01T00:00:00Z");
 const NEW: Option<&str> = Some("2025-06-01T00:00:00Z");
+const MID: Option<&str> = Some("2024-06-01T00:00:00Z");
 
 #[test]
 fn conflicting_frontends_go_to_the_oldest_service() {
@@ -601,7 +602,7 @@ fn a_service_without_rules_says_why() {
     for (name, says) in [
         (
             "copy",
-            "its frontends are older Services' (ClusterIP 10.96.0.40 port 80/TCP is Service ns/working's, node port 30080/TCP is Service ns/working's)",
+            "its frontends are other Services' (ClusterIP 10.96.0.40 port 80/TCP is Service ns/working's, node port 30080/TCP is Service ns/working's)",
         ),
         (
             "headless",
@@ -785,6 +786,71 @@ fn external_and_load_balancer_ips_go_to_the_oldest_service() {
             warned: &[("a/hijack", "a/dns", "spec.externalIPs")],
         },
         Case {
+            name: "an older Service's external IP never takes a newer Service's ClusterIP (the audit's repro)",
+            services: vec![
+                (
+                    "tenant-b/evil",
+                    OLD,
+                    cip("10.96.0.20", &["10.96.0.1"], 443, "TCP"),
+                    &[],
+                ),
+                (
+                    "default/kubernetes",
+                    NEW,
+                    cip("10.96.0.1", &[], 443, "TCP"),
+                    &[],
+                ),
+            ],
+            programmed: &[
+                "default/kubernetes 10.96.0.1:443 ext= lb= ranges=",
+                "tenant-b/evil 10.96.0.20:443 ext= lb= ranges=",
+            ],
+            warned: &[("tenant-b/evil", "default/kubernetes", "spec.externalIPs")],
+        },
+        Case {
+            name: "an older Service's load-balancer IP never takes a newer (or undated) Service's ClusterIP",
+            services: vec![
+                (
+                    "t/lb",
+                    OLD,
+                    lb("10.96.0.30", &[], &[], 443, "TCP"),
+                    &["10.96.0.1"],
+                ),
+                (
+                    "default/kubernetes",
+                    None,
+                    cip("10.96.0.1", &[], 443, "TCP"),
+                    &[],
+                ),
+            ],
+            programmed: &[
+                "default/kubernetes 10.96.0.1:443 ext= lb= ranges=",
+                "t/lb 10.96.0.30:443 ext= lb= ranges=",
+            ],
+            warned: &[("t/lb", "default/kubernetes", "status.loadBalancer.ingress")],
+        },
+        Case {
+            name: "two ClusterIPs: the older keeps it, external IPs of it count for neither",
+            services: vec![
+                (
+                    "a/ext",
+                    OLD,
+                    cip("10.96.0.9", &["10.96.0.1"], 80, "TCP"),
+                    &[],
+                ),
+                ("a/mid", MID, cip("10.96.0.1", &[], 80, "TCP"), &[]),
+                ("a/new", NEW, cip("10.96.0.1", &[], 80, "TCP"), &[]),
+            ],
+            programmed: &[
+                "a/ext 10.96.0.9:80 ext= lb= ranges=",
+                "a/mid 10.96.0.1:80 ext= lb= ranges=",
+            ],
+            warned: &[
+                ("a/ext", "a/mid", "spec.externalIPs"),
+                ("a/new", "a/mid", "spec.ports[0].port"),
+            ],
+        },
+        Case {
             name: "an IPv6 external IP of an IPv4-only Service is never programmed: no claim",
             services: vec![
                 (
@@ -908,4 +974,196 @@ fn an_external_ip_passes_to_the_next_oldest_service() {
         programmed_vips(&m),
         ["q/same 10.96.11.1:80 ext=198.51.100.80 lb= ranges=203.0.113.0/24"]
     );
+}
+
+/// The audit's repro, as it happens in a cluster: a tenant's Service (created 2020) names
+/// 10.96.0.1 in `spec.externalIPs`; `default/kubernetes` (created 2024) gets that ClusterIP.
+/// The ClusterIP wins whatever the ages, with a warning on the tenant's Service naming both
+/// and the field; the tenant's external IP comes back only when the ClusterIP is gone.
+#[test]
+fn an_external_ip_never_takes_a_cluster_ip_whatever_the_ages() {
+    let mut m = model(None);
+    let out = m.apply(service(
+        "tenant-b",
+        "evil",
+        Some("2020-01-01T00:00:00Z"),
+        json!({"clusterIP": "10.96.0.20", "externalIPs": ["10.96.0.1"],
+               "ports": [{"name": "q", "port": 443}]}),
+    ));
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    let out = m.apply(service(
+        "default",
+        "kubernetes",
+        Some("2024-01-01T00:00:00Z"),
+        json!({"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443}]}),
+    ));
+    let warned: Vec<String> = out.warnings.iter().map(|w| w.to_string()).collect();
+    assert_eq!(
+        warned,
+        [
+            "Service tenant-b/evil: field spec.externalIPs: 10.96.0.1 port 443/TCP is also Service default/kubernetes's, as its ClusterIP, which keeps it whatever the Services' ages (the API server allocates a ClusterIP to one Service; an external or load-balancer IP naming it never takes it over); 10.96.0.1 is not programmed for this Service port (ignored)"
+        ]
+    );
+    assert_eq!(
+        programmed_vips(&m),
+        [
+            "default/kubernetes 10.96.0.1:443 ext= lb= ranges=",
+            "tenant-b/evil 10.96.0.20:443 ext= lb= ranges=",
+        ]
+    );
+    let out = m.apply(delete("default", "kubernetes"));
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    assert_eq!(
+        programmed_vips(&m),
+        ["tenant-b/evil 10.96.0.20:443 ext=10.96.0.1 lb= ranges="]
+    );
+}
+
+/// An external IP inside `--service-cidr` or a ServiceCIDR object names a ClusterIP the API
+/// server allocates: warned about once per Service change (and once when a new range takes
+/// it in), naming the Service, the field, the IP and the range; still programmed, as
+/// kube-proxy does, when no ClusterIP of that port takes it.
+#[test]
+fn external_ips_inside_a_service_cidr_are_warned_about() {
+    use k8s_openapi::api::networking::v1::ServiceCIDR;
+    let mut m = Model::new(ModelConfig {
+        node_name: "node-a".into(),
+        service_cidrs: vec!["10.96.0.0/12".parse().expect("cidr")],
+        ..ModelConfig::default()
+    });
+    let spec = json!({"clusterIP": "10.96.0.20",
+                      "externalIPs": ["10.96.0.1", "198.51.100.1", "10.200.0.5"],
+                      "ports": [{"name": "q", "port": 443}]});
+    let out = m.apply(service("t", "evil", OLD, spec.clone()));
+    let warned: Vec<String> = out.warnings.iter().map(|w| w.to_string()).collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].starts_with(
+            "Service t/evil: field spec.externalIPs: 10.96.0.1 (in 10.96.0.0/12) inside the Service CIDRs"
+        ),
+        "{warned:?}"
+    );
+    assert!(warned[0].contains("DenyServiceExternalIPs"), "{warned:?}");
+    // The same Service again: nothing new to say.
+    assert!(m.apply(service("t", "evil", OLD, spec)).warnings.is_empty());
+    // A ServiceCIDR object taking in another of its external IPs: that one only, once.
+    let cidr = || {
+        let object = from_json::<ServiceCIDR>(
+            json!({"metadata": {"name": "extra"}, "spec": {"cidrs": ["10.200.0.0/16"]}}),
+        )
+        .expect("valid ServiceCIDR JSON");
+        Event::Apply(object.object)
+    };
+    let warned: Vec<String> = m
+        .apply(cidr())
+        .warnings
+        .iter()
+        .map(|w| w.to_string())
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].starts_with(
+            "Service t/evil: field spec.externalIPs: 10.200.0.5 (in 10.200.0.0/16) inside"
+        ),
+        "{warned:?}"
+    );
+    assert!(m.apply(cidr()).warnings.is_empty());
+    assert_eq!(
+        programmed_vips(&m),
+        ["t/evil 10.96.0.20:443 ext=10.96.0.1,10.200.0.5,198.51.100.1 lb= ranges="]
+    );
+}
+
+/// kube-proxy applies `loadBalancerSourceRanges` per family: an IPv4 LoadBalancer whose ranges
+/// are all IPv6 accepts every IPv4 source. kpng does the same, but warns, naming the Service,
+/// the field and the open family, and tells `kpng status` / `kpng trace` which ranges did
+/// not apply.
+#[test]
+fn source_ranges_of_another_family_only_are_warned_about() {
+    let lb = |cluster_ips: &[&str], ranges: &[&str], ingress: &[&str]| {
+        let ingress: Vec<Value> = ingress.iter().map(|ip| json!({"ip": ip})).collect();
+        let svc = from_json::<Service>(json!({
+            "metadata": {"namespace": "t", "name": "lb2"},
+            "spec": {"type": "LoadBalancer", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+                     "allocateLoadBalancerNodePorts": false,
+                     "loadBalancerSourceRanges": ranges,
+                     "ports": [{"name": "http", "port": 80}]},
+            "status": {"loadBalancer": {"ingress": ingress}}}))
+        .expect("valid Service JSON");
+        Event::Apply(svc.object)
+    };
+    struct Case {
+        name: &'static str,
+        cluster_ips: &'static [&'static str],
+        ranges: &'static [&'static str],
+        ingress: &'static [&'static str],
+        warned: &'static [&'static str],
+        /// Per programmed port (family order): the ranges that do not apply to it.
+        open: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "the repro: an IPv4 LoadBalancer with fd00::/8 only",
+            cluster_ips: &["10.96.0.42"],
+            ranges: &["fd00::/8"],
+            ingress: &["203.0.113.42"],
+            warned: &[
+                "Service t/lb2: field spec.loadBalancerSourceRanges: no IPv4 range (fd00::/8): the IPv4 load-balancer IPs (203.0.113.42) accept every source, as with kube-proxy, which applies the ranges per family; add IPv4 ranges to restrict them (ignored)",
+            ],
+            open: &["fd00::/8"],
+        },
+        Case {
+            name: "an IPv4 range: nothing to say",
+            cluster_ips: &["10.96.0.42"],
+            ranges: &["fd00::/8", "198.51.100.0/24"],
+            ingress: &["203.0.113.42"],
+            warned: &[],
+            open: &[""],
+        },
+        Case {
+            name: "no range at all: open as the user asked",
+            cluster_ips: &["10.96.0.42"],
+            ranges: &[],
+            ingress: &["203.0.113.42"],
+            warned: &[],
+            open: &[""],
+        },
+        Case {
+            name: "no load-balancer IP yet: nothing open",
+            cluster_ips: &["10.96.0.42"],
+            ranges: &["fd00::/8"],
+            ingress: &[],
+            warned: &[],
+            open: &[""],
+        },
+        Case {
+            name: "dual-stack, IPv4 ranges only: IPv6 is open",
+            cluster_ips: &["10.96.0.42", "fd00:96::42"],
+            ranges: &["198.51.100.0/24"],
+            ingress: &["203.0.113.42", "2001:db8::42"],
+            warned: &[
+                "Service t/lb2: field spec.loadBalancerSourceRanges: no IPv6 range (198.51.100.0/24): the IPv6 load-balancer IPs (2001:db8::42) accept every source, as with kube-proxy, which applies the ranges per family; add IPv6 ranges to restrict them (ignored)",
+            ],
+            open: &["", "198.51.100.0/24"],
+        },
+    ];
+    for case in cases {
+        let mut m = model(None);
+        let out = m.apply(lb(case.cluster_ips, case.ranges, case.ingress));
+        let warned: Vec<String> = out.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(warned, case.warned, "{}", case.name);
+        let open: Vec<String> = m
+            .snapshot()
+            .ports
+            .keys()
+            .map(|k| {
+                m.source_ranges_of_other_families_only(k)
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        assert_eq!(open, case.open, "{}", case.name);
+    }
 }

@@ -240,6 +240,7 @@ fn service_proxy_name_label_decides_ownership() {
             service_proxy_name: ours.map(str::to_string),
             node_ips: vec![],
             node_port_range: None,
+            service_cidrs: vec![],
         });
         let labels = match label {
             Some(l) => json!({"service.kubernetes.io/service-proxy-name": l}),
@@ -952,6 +953,7 @@ fn node_ip_override_wins() {
         service_proxy_name: None,
         node_ips: vec!["192.0.2.1".parse().expect("ip")],
         node_port_range: None,
+        service_cidrs: vec![],
     });
     m.apply(Event::Apply(node(json!({"metadata": {"name": "node-a"}, "status": {"addresses": [{"type": "InternalIP", "address": "10.1.1.1"}]}}))));
     assert_eq!(

@@ -189,6 +189,29 @@ pub struct TraceAnswer {
     /// as `kpng status` points at it for such a port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub brain_explains: Option<String>,
+    /// When the packet matched a load-balancer IP whose family none of the Service's
+    /// `loadBalancerSourceRanges` is of: those ranges, which let every source of this family
+    /// in (kube-proxy applies them per family).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges_of_other_families_only: Vec<IpNet>,
+}
+
+/// The key of the Service port a trace matched (`trace.service`, `namespace/name:port`, in the
+/// family and protocol of the query), if the snapshot holds it.
+pub fn matched_port<'a>(
+    snapshot: &'a Snapshot,
+    trace: &Trace,
+    q: &TraceQuery,
+) -> Option<&'a kpng_model::PortKey> {
+    let matched = trace.service.as_deref()?;
+    let family = kpng_model::Family::of(&q.to.ip());
+    snapshot
+        .family(family)
+        .find(|p| {
+            p.key.protocol == q.protocol
+                && format!("{}:{}", p.key.service, p.key.port_name) == matched
+        })
+        .map(|p| &p.key)
 }
 
 /// For a trace on a node fed by a brain whose matched Service port (`trace.service`,
@@ -197,11 +220,7 @@ pub struct TraceAnswer {
 /// endpoints it uses, so "no endpoints" here may be endpoints the brain gave this node none
 /// of (another node's, with a Local traffic policy), which the node cannot tell.
 pub fn brain_explains(snapshot: &Snapshot, trace: &Trace, q: &TraceQuery) -> Option<String> {
-    let matched = trace.service.as_deref()?;
-    let family = kpng_model::Family::of(&q.to.ip());
-    let port = snapshot.family(family).find(|p| {
-        p.key.protocol == q.protocol && format!("{}:{}", p.key.service, p.key.port_name) == matched
-    })?;
+    let port = snapshot.ports.get(matched_port(snapshot, trace, q)?)?;
     if !(port.cluster_endpoints.is_empty() && port.local_endpoints.is_empty()) {
         return None;
     }
@@ -257,6 +276,11 @@ pub struct Status {
     /// whether an earlier version of each is in use.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
+    /// Values the conversion dropped from objects in use (the rest of each is used: an
+    /// `fe80::1%eth0` external IP, an IPv4-mapped endpoint in an IPv6 slice): problems of
+    /// the input the log warned about once, shown for as long as they last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<DroppedStatus>,
     /// When a Service was asked for and no port of it matched: the Services of that name
     /// the model holds but programs nothing for, and why (headless, another proxy's, its
     /// frontends another Service's, …).
@@ -634,6 +658,33 @@ pub struct RejectedStatus {
     pub kept: bool,
 }
 
+/// A value the conversion dropped from an object in use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DroppedStatus {
+    /// `Kind namespace/name`.
+    pub object: String,
+    /// The Service it concerns (`namespace/name`: a Service's own, an EndpointSlice's owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// The field of the dropped value.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl DroppedStatus {
+    /// The status of one dropped value of an object concerning `service`.
+    pub fn of(service: Option<&kpng_model::ServiceKey>, w: &kpng_model::Warning) -> DroppedStatus {
+        DroppedStatus {
+            object: w.object.to_string(),
+            service: service.map(ToString::to_string),
+            field: w.field.clone(),
+            message: w.message.clone(),
+        }
+    }
+}
+
 impl RejectedStatus {
     /// The status of one rejection.
     pub fn of(r: &kpng_model::records::Rejection) -> RejectedStatus {
@@ -715,6 +766,11 @@ pub struct PortStatus {
     /// `loadBalancerSourceRanges` of this family.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_ranges: Vec<IpNet>,
+    /// The Service's `loadBalancerSourceRanges` when none is of this family, for a port with
+    /// load-balancer IPs: they do not restrict this family's, which accept every source (as
+    /// in kube-proxy, which applies the ranges per family). Unknown (empty) on a brain's node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges_of_other_families_only: Vec<IpNet>,
     /// `Cluster` or `Local`.
     pub external_traffic_policy: String,
     /// `Cluster` or `Local`.
@@ -766,6 +822,7 @@ impl PortStatus {
             external_ips: port.external_ips.clone(),
             load_balancer_ips: port.load_balancer_ips.clone(),
             source_ranges: port.source_ranges.clone(),
+            source_ranges_of_other_families_only: Vec::new(),
             external_traffic_policy: policy(port.external_policy_local),
             internal_traffic_policy: policy(port.internal_policy_local),
             affinity_timeout_seconds: port.session_affinity.map(|a| a.timeout_seconds),

@@ -5,12 +5,19 @@
 //!   another node (a second kpng started as `node2` on node3), so this host serves another
 //!   node's local endpoints and its NodePorts on addresses it does not have;
 //! - the Node's podCIDRs are outside `--cluster-cidr`: masquerade decisions then take this
-//!   node's pods for outside traffic. Upstream kube-proxy says nothing of either.
+//!   node's pods for outside traffic. Upstream kube-proxy says nothing of either;
+//!
+//! and two facts of a dual-stack node that kube-proxy logs once and kpng also shows:
+//!
+//! - NodePorts on the primary node IPs (`--nodeport-addresses primary`) and no node IP of one
+//!   family: that family's NodePorts answer on every local address of it, as kube-proxy's;
+//! - `--detect-local-mode ClusterCIDR` and no `--cluster-cidr` of a family the Node uses: no
+//!   traffic of that family is taken for a pod's.
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kpng_model::NodeState;
+use kpng_model::{Family, NodeState};
 
 /// What the checks need beyond the node: the host's addresses (when the backend serves
 /// NodePorts on the node IPs, so they matter) and `--cluster-cidr`.
@@ -21,12 +28,22 @@ pub struct NodeConfigCheck {
     pub host_addresses: Option<Vec<IpAddr>>,
     /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
+    /// `--cluster-cidr` tells pods apart (`--detect-local-mode ClusterCIDR`, without
+    /// `--masquerade-all`): a family the Node uses without one has no pod detection.
+    pub cluster_cidrs_detect_pods: bool,
+    /// The families whose NodePorts are served on the node's primary IP (`--nodeport-addresses
+    /// primary`, the backend's families): one without a node IP serves them on every local
+    /// address of that family instead.
+    pub primary_node_port_families: Vec<Family>,
 }
 
 impl NodeConfigCheck {
     /// What is wrong, in words, one string per problem; empty when nothing is, or before the
-    /// Node is known (its absence is reported on its own).
-    pub fn problems(&self, node: &NodeState) -> Vec<String> {
+    /// Node is known (its absence is reported on its own). `node_port_families` are the
+    /// families some Service port with a node port is of ([`node_port_families`]): a family
+    /// without a node IP matters only when it has NodePorts or the Node has pod CIDRs of it
+    /// (an IPv4 cluster on an IPv6-capable host is not told about IPv6).
+    pub fn problems(&self, node: &NodeState, node_port_families: &[Family]) -> Vec<String> {
         let mut out = Vec::new();
         if !node.known {
             return out;
@@ -42,6 +59,44 @@ impl NodeConfigCheck {
                 node.name,
                 join(&node.ips)
             ));
+        }
+        // No node IP at all is reported on its own (`admin::node_problem`).
+        if !node.ips.is_empty() {
+            for family in &self.primary_node_port_families {
+                let in_use = node_port_families.contains(family)
+                    || node
+                        .pod_cidrs
+                        .iter()
+                        .any(|c| Family::of(&c.addr()) == *family);
+                if in_use && !node.ips.iter().any(|ip| Family::of(ip) == *family) {
+                    out.push(format!(
+                        "{family}: no node IP in the Node object; {family} NodePorts answer on \
+                         every local {family} address (as kube-proxy)"
+                    ));
+                }
+            }
+        }
+        if self.cluster_cidrs_detect_pods && !self.cluster_cidrs.is_empty() {
+            for family in Family::ALL {
+                let used = node.ips.iter().any(|ip| Family::of(ip) == family)
+                    || node
+                        .pod_cidrs
+                        .iter()
+                        .any(|c| Family::of(&c.addr()) == family);
+                let detected = self
+                    .cluster_cidrs
+                    .iter()
+                    .any(|c| Family::of(&c.addr()) == family);
+                if used && !detected {
+                    out.push(format!(
+                        "{family}: --cluster-cidr ({}) has no {family} CIDR though the Node has \
+                         {family} addresses or pod CIDRs: no {family} pod detection rule, so \
+                         {family} ClusterIP traffic from outside the cluster is not masqueraded \
+                         (as kube-proxy)",
+                        join(&self.cluster_cidrs)
+                    ));
+                }
+            }
         }
         if !self.cluster_cidrs.is_empty() {
             let outside: Vec<&IpNet> = node
@@ -73,6 +128,14 @@ impl NodeConfigCheck {
     }
 }
 
+/// The families some Service port with a node port is of, for [`NodeConfigCheck::problems`].
+pub fn node_port_families(snapshot: &kpng_model::Snapshot) -> Vec<Family> {
+    Family::ALL
+        .into_iter()
+        .filter(|f| snapshot.family(*f).any(|p| p.node_port.is_some()))
+        .collect()
+}
+
 fn join<T: std::fmt::Display>(items: &[T]) -> String {
     items
         .iter()
@@ -97,6 +160,7 @@ mod tests {
         let check = |host: Option<&[&str]>, cluster: &[&str]| NodeConfigCheck {
             host_addresses: host.map(|h| h.iter().map(|i| i.parse().expect("ip")).collect()),
             cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
+            ..NodeConfigCheck::default()
         };
         let here = ["192.168.100.3", "10.0.0.1"];
         let cases: [(&str, NodeConfigCheck, NodeState, &[&str]); 8] = [
@@ -150,11 +214,94 @@ mod tests {
             ),
         ];
         for (what, check, node, want) in cases {
-            let got = check.problems(&node);
+            let got = check.problems(&node, &[]);
             assert_eq!(got.len(), want.len(), "{what}: {got:?}");
             for (g, w) in got.iter().zip(want) {
                 assert!(g.contains(w), "{what}: {g:?} lacks {w:?}");
             }
         }
+    }
+
+    /// A dual-stack node (the backend programs both families) whose Node lists one family's
+    /// InternalIP only, or whose --cluster-cidr has one family only: one line per family, as
+    /// kube-proxy logs, shown in `kpng status` and warned once.
+    #[test]
+    fn a_family_without_node_ip_or_cluster_cidr_is_named() {
+        let node = |ips: &[&str], pods: &[&str]| NodeState {
+            name: "node1".into(),
+            known: true,
+            ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
+            pod_cidrs: pods.iter().map(|c| c.parse().expect("cidr")).collect(),
+            ..NodeState::default()
+        };
+        let check = |primary: &[Family], cluster: &[&str], detect: bool| NodeConfigCheck {
+            host_addresses: None,
+            cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
+            cluster_cidrs_detect_pods: detect,
+            primary_node_port_families: primary.to_vec(),
+        };
+        let both = [Family::V4, Family::V6];
+        let v6_node_ips = "IPv6: no node IP in the Node object; IPv6 NodePorts answer on every \
+                           local IPv6 address (as kube-proxy)";
+        let cases: [(&str, NodeConfigCheck, NodeState, &[&str]); 7] = [
+            (
+                "dual-stack, an IPv4 InternalIP only",
+                check(&both, &[], false),
+                node(&["192.168.77.1"], &[]),
+                &[v6_node_ips],
+            ),
+            (
+                "dual-stack, both node IPs",
+                check(&both, &[], false),
+                node(&["192.168.77.1", "fd00:77::1"], &[]),
+                &[],
+            ),
+            (
+                "IPv4-only backend",
+                check(&[Family::V4], &[], false),
+                node(&["192.168.77.1"], &[]),
+                &[],
+            ),
+            (
+                "no node IP at all: reported elsewhere",
+                check(&both, &[], false),
+                node(&[], &[]),
+                &[],
+            ),
+            (
+                "--cluster-cidr IPv4 only on a node with IPv6 pod CIDRs",
+                check(&[], &["10.77.0.0/24"], true),
+                node(&["192.168.77.1"], &["10.77.0.0/25", "fd00:77::/64"]),
+                &[
+                    "IPv6: --cluster-cidr (10.77.0.0/24) has no IPv6 CIDR though the Node has IPv6 \
+                   addresses or pod CIDRs: no IPv6 pod detection rule",
+                ],
+            ),
+            (
+                "--cluster-cidr IPv4 only, not the detector",
+                check(&[], &["10.77.0.0/24"], false),
+                node(&["192.168.77.1", "fd00:77::1"], &["10.77.0.0/25"]),
+                &[],
+            ),
+            (
+                "--cluster-cidr IPv4 only on an IPv4 node",
+                check(&[], &["10.77.0.0/24"], true),
+                node(&["192.168.77.1"], &["10.77.0.0/25"]),
+                &[],
+            ),
+        ];
+        for (what, check, node, want) in cases {
+            let got = check.problems(&node, &both);
+            assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+            for (g, w) in got.iter().zip(want) {
+                assert!(g.starts_with(w), "{what}: {g:?} is not {w:?}…");
+            }
+        }
+        // No IPv6 NodePort and no IPv6 pod CIDR: an IPv4 cluster on an IPv6-capable host.
+        let got = check(&both, &[], false).problems(&node(&["192.168.77.1"], &[]), &[Family::V4]);
+        assert!(got.is_empty(), "{got:?}");
+        let got = check(&both, &[], false)
+            .problems(&node(&["192.168.77.1"], &["fd00:77::/64"]), &[Family::V4]);
+        assert_eq!(got, [v6_node_ips]);
     }
 }

@@ -34,9 +34,9 @@ use tracing::{debug, error, info, warn};
 use crate::SyncTiming;
 use crate::address_change::AddressChange;
 use crate::admin::{
-    self, AdminHandle, BrainReportStatus, ConntrackStatus, FactsFn, HealthCheckStatus, InputStatus,
-    NotProgrammed, PortStatus, Query, RejectedStatus, RepairStatus, Status, SyncStatus,
-    TraceAnswer,
+    self, AdminHandle, BrainReportStatus, ConntrackStatus, DroppedStatus, FactsFn,
+    HealthCheckStatus, InputStatus, NotProgrammed, PortStatus, Query, RejectedStatus, RepairStatus,
+    Status, SyncStatus, TraceAnswer,
 };
 #[cfg(target_os = "linux")]
 use crate::conntrack_cleanup::ConntrackCleanup;
@@ -162,6 +162,14 @@ impl<M: NodeModel> Runner<M> {
         self
     }
 
+    /// `--detect-local-mode ClusterCIDR` (without `--masquerade-all`): a family the Node uses
+    /// that `--cluster-cidr` has no CIDR of gets no pod detection rule, which the node's
+    /// checks then name (once in the log, and in `kpng status`), as kube-proxy logs it.
+    pub fn detecting_pods_by_cluster_cidr(mut self) -> Runner<M> {
+        self.node_check.cluster_cidrs_detect_pods = true;
+        self
+    }
+
     /// NodePorts are served on the node's primary IPs (`--nodeport-addresses primary`): when
     /// no node IP is known `wait` after the initial lists, they are served on every local
     /// address instead (as kube-proxy, whose start-up wait for the Node's IPs ends after 30 s
@@ -282,6 +290,9 @@ impl<M: NodeModel> Runner<M> {
     /// Runs until the event channel closes. Rules stay as they are when it returns.
     pub async fn run(mut self, events: mpsc::Receiver<M::Input>) {
         let families = self.backend.families();
+        if self.node_needs.primary_node_ports.is_some() {
+            self.node_check.primary_node_port_families = families.clone();
+        }
         self.metrics
             .export_from_start(self.backend.name(), &families);
         #[cfg(target_os = "linux")]
@@ -505,6 +516,8 @@ impl<M: NodeModel> LoopState<M> {
                         continue;
                     }
                     let mut status = PortStatus::of(port, self.runner.model.explain(key), &traits);
+                    status.source_ranges_of_other_families_only =
+                        self.runner.model.source_ranges_of_other_families_only(key);
                     if port.health_check_node_port.is_some()
                         && let Some((servers, _)) = &self.runner.service_health
                     {
@@ -555,12 +568,22 @@ impl<M: NodeModel> LoopState<M> {
                         .iter()
                         .map(RejectedStatus::of)
                         .collect(),
+                    dropped: self
+                        .runner
+                        .model
+                        .dropped()
+                        .iter()
+                        .map(|(service, w)| DroppedStatus::of(service.as_ref(), w))
+                        .collect(),
                     node_problem: if unlisted.is_empty() {
                         let mut problems: Vec<String> =
                             admin::node_problem(&snapshot.node, self.runner.node_needs)
                                 .into_iter()
                                 .collect();
-                        problems.extend(self.runner.node_check.problems(&snapshot.node));
+                        problems.extend(self.runner.node_check.problems(
+                            &snapshot.node,
+                            &crate::node_config_check::node_port_families(snapshot),
+                        ));
                         (!problems.is_empty()).then(|| problems.join("; "))
                     } else {
                         None
@@ -622,7 +645,15 @@ impl<M: NodeModel> LoopState<M> {
                 } else {
                     None
                 };
+                let source_ranges_of_other_families_only =
+                    admin::matched_port(snapshot, &trace, &q)
+                        .filter(|_| {
+                            trace.frontend == Some(kpng_model::trace::Frontend::LoadBalancer)
+                        })
+                        .map(|key| self.runner.model.source_ranges_of_other_families_only(key))
+                        .unwrap_or_default();
                 let _ = reply.send(TraceAnswer {
+                    source_ranges_of_other_families_only,
                     brain_explains,
                     trace,
                     generation: self.generation,
@@ -934,10 +965,10 @@ impl<M: NodeModel> LoopState<M> {
         if !self.listed_all() {
             return;
         }
-        let problems = self
-            .runner
-            .node_check
-            .problems(&self.runner.model.snapshot().node);
+        let problems = self.runner.node_check.problems(
+            &self.runner.model.snapshot().node,
+            &crate::node_config_check::node_port_families(self.runner.model.snapshot()),
+        );
         for p in problems
             .iter()
             .filter(|p| !self.warned_node_config.contains(p))
