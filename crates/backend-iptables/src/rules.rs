@@ -116,12 +116,42 @@ pub struct RenderContext {
     pub node_ip: Option<IpAddr>,
 }
 
+/// The comment match takes at most this many bytes (`XT_MAX_COMMENT_LEN`, 256 with the NUL):
+/// a longer one makes iptables-restore refuse the whole input.
+const MAX_COMMENT: usize = 255;
+
 /// A comment argument: quoted when it has spaces, as kube-proxy writes it.
+///
+/// The text holds names from the input (`ns/name:port`). The conversion refuses names the
+/// API server would (`kpng_k8s::validate`), so none of what follows changes a comment kpng
+/// writes; it is defence in depth, for whatever reaches here anyway. iptables-restore reads
+/// one rule per line, so a newline in a comment would end the rule and start one of the
+/// input's choosing; a `"` ends the quoted argument and a `\` escapes the next character
+/// inside it, so either breaks the restore of every Service. They are **replaced** by `_`,
+/// with every other control character (not escaped: a newline cannot be escaped in
+/// restore input at all, and a replaced character reads back from iptables-save as written,
+/// so nothing has to be unescaped). The text is cut to [`MAX_COMMENT`] bytes.
 fn comment(text: &str) -> String {
-    if text.contains(' ') {
-        format!("-m comment --comment \"{text}\"")
+    let unsafe_char = |c: char| c.is_control() || c == '"' || c == '\\';
+    let mut safe = std::borrow::Cow::Borrowed(text);
+    if text.contains(unsafe_char) {
+        safe = text
+            .chars()
+            .map(|c| if unsafe_char(c) { '_' } else { c })
+            .collect::<String>()
+            .into();
+    }
+    if safe.len() > MAX_COMMENT {
+        let mut end = MAX_COMMENT;
+        while !safe.is_char_boundary(end) {
+            end -= 1;
+        }
+        safe = safe[..end].to_string().into();
+    }
+    if safe.contains(' ') {
+        format!("-m comment --comment \"{safe}\"")
     } else {
-        format!("-m comment --comment {text}")
+        format!("-m comment --comment {safe}")
     }
 }
 

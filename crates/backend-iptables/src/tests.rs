@@ -882,3 +882,68 @@ mod conformance_harness {
 }
 
 kpng_backend_kit::conformance_tests!(conformance_harness::make);
+
+/// A name that reaches the backend unchecked (the conversion refuses it: this is defence in
+/// depth) never writes a rule of its own nor breaks the restore: a newline in a port name
+/// once put a DNAT of the tenant's choice at the top of `KUBE-SERVICES`, and a `"` made every
+/// iptables-restore fail.
+#[test]
+fn hostile_names_stay_inside_their_comments() {
+    let model = model_from(
+        "apiVersion: v1\nkind: Service\nmetadata: {namespace: tenant-a, name: web}\n\
+         spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 81, protocol: TCP, targetPort: 8080}]}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {namespace: tenant-a, name: web-1, labels: {kubernetes.io/service-name: web}}\n\
+         addressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\n\
+         endpoints: [{addresses: [10.244.1.2], conditions: {ready: true}}]\n",
+    );
+    let port = model
+        .snapshot()
+        .ports
+        .values()
+        .next()
+        .expect("one port")
+        .as_ref()
+        .clone();
+    let ctx = crate::rules::RenderContext {
+        masquerade_all: false,
+        local: None,
+        node_ip: None,
+    };
+    for hostile in [
+        "a\n-I KUBE-SERVICES 1 -d 10.96.0.1/32 -p tcp --dport 443 -j DNAT --to-destination 10.244.1.66:443\n#",
+        "a\"b",
+        "a\\\" -j ACCEPT \\\"",
+        "a\r\u{1b}[2Jb\u{0}",
+        &"x".repeat(300),
+    ] {
+        let mut p = port.clone();
+        p.key.port_name = hostile.into();
+        let rules = crate::rules::render(&p, &ctx);
+        let specs = rules.shared.iter().map(|r| r.spec.as_str()).chain(
+            rules
+                .chains
+                .iter()
+                .flat_map(|c| c.rules.iter().map(String::as_str)),
+        );
+        for spec in specs {
+            assert!(!spec.chars().any(char::is_control), "{hostile:?}: {spec:?}");
+            assert!(!spec.contains('\\'), "{hostile:?}: {spec:?}");
+            // The only quotes are the two around a comment with spaces.
+            let quotes = spec.matches('"').count();
+            assert!(quotes == 0 || quotes == 2, "{hostile:?}: {spec:?}");
+            if let Some(start) = spec.find("--comment ") {
+                let text = &spec[start + "--comment ".len()..];
+                let text = match text.strip_prefix('"') {
+                    Some(quoted) => &quoted[..quoted.find('"').expect("closing quote")],
+                    None => text.split(' ').next().unwrap_or_default(),
+                };
+                assert!(
+                    text.len() <= 255,
+                    "{hostile:?}: comment of {} bytes",
+                    text.len()
+                );
+            }
+        }
+    }
+}

@@ -30,7 +30,25 @@ const MAX_COMMENT: usize = 127;
 
 /// The comment of a port's dispatch elements, cut to what nft accepts; one allocation per
 /// port, shared by its elements.
+///
+/// The text is `ns/name:port`, names the conversion checks (`kpng_k8s::validate`); as
+/// defence in depth a control character is replaced by `_` and a `"` by `'` (what the nft
+/// script writer does), so that the netlink and the script paths store the same comment and
+/// `nft list` never shows a line a name forged.
 fn port_comment(comment: &str) -> Arc<str> {
+    let cleaned: String;
+    let mut comment = comment;
+    if comment.contains(|c: char| c.is_control() || c == '"') {
+        cleaned = comment
+            .chars()
+            .map(|c| match c {
+                '"' => '\'',
+                c if c.is_control() => '_',
+                c => c,
+            })
+            .collect();
+        comment = &cleaned;
+    }
     let mut end = comment.len().min(MAX_COMMENT);
     while !comment.is_char_boundary(end) {
         end -= 1;
@@ -302,4 +320,23 @@ pub fn port_elements(sp: &ServicePort, marks: Option<Marks>, node_ips: &[IpAddr]
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod comment_tests {
+    use super::*;
+
+    /// Names reaching the backend unchecked stay one line, unquoted and within nft's limit.
+    #[test]
+    fn port_comments_hold_no_control_character_or_quote() {
+        for (raw, want) in [
+            ("ns/web:http", "ns/web:http".to_string()),
+            ("ns/web:a\n-I X\n#", "ns/web:a_-I X_#".to_string()),
+            ("ns/web:a\"b", "ns/web:a'b".to_string()),
+            ("ns/web:\u{1b}[2J", "ns/web:_[2J".to_string()),
+            (&"é".repeat(100), "é".repeat(63)),
+        ] {
+            assert_eq!(&*port_comment(raw), want.as_str(), "{raw:?}");
+        }
+    }
 }

@@ -3,10 +3,13 @@
 //!
 //! Two kinds of problems are distinguished, as kube-proxy does:
 //! - a [`ConversionError`] makes the whole object unusable (no name, a port out of range, an
-//!   unknown protocol). The model then keeps the object's previous good version, so a broken
-//!   update never tears down working rules.
+//!   unknown protocol, a name or port name the API server would refuse, an EndpointSlice over
+//!   the API server's size limits: see [`crate::validate`]). The model then keeps the
+//!   object's previous good version, so a broken update never tears down working rules.
 //! - a [`Warning`] drops one bad value (an unparseable external IP, source range or endpoint
-//!   address) and keeps the rest, exactly as upstream ignores such values with a log line.
+//!   address, an external IP or endpoint address the API server would refuse, such as
+//!   127.0.0.1 or 169.254.169.254) and keeps the rest, exactly as upstream ignores such values
+//!   with a log line.
 //!
 //! Both name the object and the field, so an operator can find the problem in one look.
 
@@ -26,6 +29,8 @@ use kpng_model::records::{
 use kpng_model::{
     Family, Kind, Name, ObjectRef, Protocol, ServiceKey, SessionAffinity, TargetPort,
 };
+
+use crate::validate;
 
 /// Label naming the proxy that owns a Service; others must ignore it.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -100,11 +105,20 @@ impl Checker<'_> {
         }
     }
 
-    fn ips(&mut self, field: &str, values: &[String]) -> Vec<IpAddr> {
+    /// The addresses of `values` that parse and pass `check`; a warning for each other one.
+    fn ips(
+        &mut self,
+        field: &str,
+        values: &[String],
+        check: impl Fn(IpAddr) -> Result<(), String>,
+    ) -> Vec<IpAddr> {
         let mut out = Vec::new();
         for (i, v) in values.iter().enumerate() {
             match parse_ip_sloppy(v) {
-                Some(ip) => out.push(ip),
+                Some(ip) => match check(ip) {
+                    Ok(()) => out.push(ip),
+                    Err(m) => self.warn(format!("{field}[{i}]"), m),
+                },
                 None => self.warn(
                     format!("{field}[{i}]"),
                     format!("{v:?} is not an IP address"),
@@ -160,10 +174,31 @@ fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), Conversi
     Ok(())
 }
 
+/// The API server's rules for the names of a Service or an EndpointSlice (and their
+/// namespace): they become iptables comments, chain-name hashes (`ns/name:port`) and log
+/// fields, so a `/`, a quote or a space in one must never reach a backend (see
+/// [`crate::validate`]). Nodes and ServiceCIDRs are the cluster administrator's, and keep the
+/// control-character check of [`require_identity`] only.
+fn require_valid_names(object: &ObjectRef) -> Result<(), ConversionError> {
+    let err = |field: &str, message: String| ConversionError {
+        object: object.clone(),
+        field: field.to_string(),
+        message,
+        location: None,
+    };
+    validate::dns1123_label(&object.namespace).map_err(|m| err("metadata.namespace", m))?;
+    let name = match object.kind {
+        Kind::Service => validate::service_name(&object.name),
+        _ => validate::dns1123_subdomain(&object.name),
+    };
+    name.map_err(|m| err("metadata.name", m))
+}
+
 /// Converts a Service. Errors make the whole Service unusable; warnings drop single values.
 pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo, ConversionError> {
     let object = object_ref(Kind::Service, &svc.metadata);
     require_identity(&object, true)?;
+    require_valid_names(&object)?;
     let mut c = Checker {
         object: &object,
         warnings,
@@ -256,7 +291,14 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         let port = c.port(format!("spec.ports[{i}].port"), p.port)?;
         let protocol = c.protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?;
         let node_port = c.optional_port(format!("spec.ports[{i}].nodePort"), p.node_port)?;
-        let name: Name = p.name.clone().unwrap_or_default().into();
+        let raw_name = p.name.as_deref().unwrap_or_default();
+        // Upstream's validateServicePort: a DNS-1123 label (the name reaches iptables
+        // comments and chain hashes).
+        if !raw_name.is_empty() {
+            validate::dns1123_label(raw_name)
+                .map_err(|m| c.error(format!("spec.ports[{i}].name"), m))?;
+        }
+        let name: Name = raw_name.into();
         if info
             .ports
             .iter()
@@ -276,9 +318,13 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         });
     }
 
+    // Upstream's ValidateEndpointIP for external IPs: 127.0.0.1, 0.0.0.0, 169.254.169.254 or
+    // 224.0.0.1 as a Service's external IP would capture the node's own or its metadata
+    // service's traffic. The one value is dropped, as an unparseable one is.
     info.external_ips = c.ips(
         "spec.externalIPs",
         spec.external_ips.as_deref().unwrap_or_default(),
+        validate::special_ip,
     );
     let ingress = svc
         .status
@@ -359,15 +405,23 @@ pub fn endpoint_slice(
 ) -> Result<SliceInfo, ConversionError> {
     let object = object_ref(Kind::EndpointSlice, &slice.metadata);
     require_identity(&object, true)?;
+    require_valid_names(&object)?;
     let mut c = Checker {
         object: &object,
         warnings,
     };
-    let service = slice
+    let label = slice
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        .and_then(|l| l.get(LABEL_SERVICE_NAME));
+    // A label value, as the API server checks every label: `b/c` here would join the slice to
+    // a Service of another namespace's chain name (`a` + `b/c` reads as `a/b` + `c`).
+    if let Some(value) = label {
+        validate::label_value(value)
+            .map_err(|m| c.error(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), m))?;
+    }
+    let service = label
         .filter(|s| !s.is_empty())
         .map(|svc| ServiceKey::new(object.namespace.clone(), svc.clone()));
     if service.is_none() {
@@ -390,14 +444,43 @@ pub fn endpoint_slice(
         endpoints: Vec::new(),
         dropped: None,
     };
+    // Upstream's limits: an object the API server would refuse for its size is refused
+    // before its endpoints are read (one slice of 50,000 endpoints delayed every other
+    // Service's first sync by 15 s).
+    let ports = slice.ports.as_deref().unwrap_or_default();
+    if ports.len() > validate::MAX_SLICE_PORTS {
+        return Err(c.error(
+            "ports",
+            format!(
+                "{} ports: an EndpointSlice has at most {}",
+                ports.len(),
+                validate::MAX_SLICE_PORTS
+            ),
+        ));
+    }
+    if slice.endpoints.len() > validate::MAX_SLICE_ENDPOINTS {
+        return Err(c.error(
+            "endpoints",
+            format!(
+                "{} endpoints: an EndpointSlice has at most {}",
+                slice.endpoints.len(),
+                validate::MAX_SLICE_ENDPOINTS
+            ),
+        ));
+    }
     if slice.address_type == "FQDN" {
         return Ok(info);
     }
-    for (i, p) in slice.ports.iter().flatten().enumerate() {
+    for (i, p) in ports.iter().enumerate() {
         let Some(name) = p.name.clone() else {
             c.warn(format!("ports[{i}].name"), "nil port name");
             continue;
         };
+        // Upstream's validatePorts: empty or a DNS-1123 label. The whole slice is refused, as
+        // for a bad protocol: without this port its endpoints would vanish from the Service.
+        if !name.is_empty() {
+            validate::dns1123_label(&name).map_err(|m| c.error(format!("ports[{i}].name"), m))?;
+        }
         let port = match p.port {
             None | Some(0) => {
                 c.warn(format!("ports[{i}].port"), "nil or zero port");
@@ -424,6 +507,12 @@ pub fn endpoint_slice(
             );
             continue;
         };
+        // Upstream's ValidateEndpointIP: 127.0.0.1, 0.0.0.0 or 169.254.169.254 as a DNAT
+        // target sends the Service's clients to the node itself or its metadata service.
+        if let Err(m) = validate::special_ip(ip) {
+            c.warn(format!("endpoints[{i}].addresses[0]"), m);
+            continue;
+        }
         // An IPv4-mapped address reads as IPv4 (as Go's net.ParseIP has it), which an IPv6
         // slice cannot hold (the API server refuses it): the address of the wrong family is
         // dropped, not served in the other family.

@@ -8,6 +8,7 @@
 //! [`Warning`]s for the source to log. Start with [`Convert`].
 
 pub mod convert;
+pub mod validate;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

@@ -565,6 +565,9 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         .map(str::trim)
         .filter(|n| !n.is_empty());
     let mut status = read_status(socket, args.service.as_deref(), node, args.timeout)?;
+    if matches!(args.output, StatusOutput::Table | StatusOutput::Wide) {
+        escape_value_controls(&mut status);
+    }
     if status["role"] == "brain" {
         return print_brain(&status, args.service.as_deref(), args.output);
     }
@@ -719,7 +722,9 @@ fn print_brain(
         StatusOutput::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(status)?)),
         StatusOutput::Yaml => print_out(&serde_saphyr::to_string(status)?),
         StatusOutput::Table | StatusOutput::Wide => {
-            let brain: BrainStatus = serde_json::from_value(status.clone())
+            let mut status = status.clone();
+            escape_value_controls(&mut status);
+            let brain: BrainStatus = serde_json::from_value(status)
                 .context("the brain's status does not have the expected shape")?;
             let mut text = format!(
                 "brain  {} Services  {}  {} connected\n",
@@ -1555,16 +1560,47 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         ),
         args.timeout,
     )?;
-    let t: serde_json::Value = serde_json::from_str(&body).context("kpng's trace is not JSON")?;
+    let mut t: serde_json::Value =
+        serde_json::from_str(&body).context("kpng's trace is not JSON")?;
     if args.output == crate::cli::LogFormat::Json {
         return print_out(&format!("{}\n", serde_json::to_string_pretty(&t)?));
     }
+    escape_value_controls(&mut t);
     print_out(&terminal_safe(&trace_text(&q, &t)))
+}
+
+/// Every string of `value` (and every key) with its control characters escaped (`\n`,
+/// `\u{1b}`), before the value is laid out as text for a terminal. A value comes from the
+/// input (a manifest's name, a brain client's node name); escaped only in the finished text,
+/// line by line, a newline inside one would still start a line of its choosing (a forged
+/// `PROBLEM:` line in `kpng status`). JSON and YAML output keep the values as they are
+/// (their own quoting is exact).
+fn escape_value_controls(value: &mut serde_json::Value) {
+    use crate::logging::escape_controls;
+    match value {
+        serde_json::Value::String(s) => {
+            if let std::borrow::Cow::Owned(escaped) = escape_controls(s) {
+                *s = escaped;
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(escape_value_controls),
+        serde_json::Value::Object(map) => {
+            if map.keys().any(|k| k.chars().any(char::is_control)) {
+                *map = std::mem::take(map)
+                    .into_iter()
+                    .map(|(k, v)| (escape_controls(&k).into_owned(), v))
+                    .collect();
+            }
+            map.values_mut().for_each(escape_value_controls);
+        }
+        _ => {}
+    }
 }
 
 /// `text` for a terminal: its lines as they are, every other control character escaped
 /// (`\u{1b}`), so that a value from the input (a manifest's field, a name a brain client
-/// sent) cannot rewrite the operator's screen with an escape sequence.
+/// sent) cannot rewrite the operator's screen with an escape sequence. The values were
+/// escaped before the text was laid out ([`escape_value_controls`]): this is the second net.
 fn terminal_safe(text: &str) -> String {
     text.split('\n')
         .map(|line| crate::logging::escape_controls(line).into_owned())
@@ -2409,6 +2445,51 @@ mod tests {
             let status = node_status(fields.clone());
             assert_eq!(waiting_line(&status).as_deref(), want, "{fields}");
         }
+    }
+
+    /// A newline inside a value (a name from a manifest, a brain client's node name) is
+    /// escaped where it stands: it once started a line of its own in `kpng status` and
+    /// `kpng trace` (a forged `PROBLEM:` line), as the text was escaped line by line only.
+    #[test]
+    fn a_newline_inside_a_value_forges_no_line() {
+        let forged = "web\nPROBLEM: forged line\u{1b}[2J";
+        let mut value = serde_json::json!({
+            "node": "n1", "backend": "nftables", "programmed": false,
+            "pendingPortChanges": 0, "services": [],
+            "rejected": [{"object": format!("Service ns/{forged}"), "field": "spec.ports[0].name",
+                          "message": forged, "kept": false}],
+        });
+        escape_value_controls(&mut value);
+        let status: Status = serde_json::from_value(value).expect("a status");
+        let text = terminal_safe(&table(&status, true));
+        assert!(
+            text.contains("web\\nPROBLEM: forged line\\u{1b}[2J"),
+            "{text}"
+        );
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.trim_start().starts_with("PROBLEM: forged")),
+            "{text}"
+        );
+
+        let q = parse_trace("10.0.0.1", "10.96.0.60:80", None).expect("query");
+        let mut t = serde_json::json!({"verdict": "none", "reason": forged, "inSync": true,
+            "inputProblem": forged, format!("key{forged}"): 1});
+        escape_value_controls(&mut t);
+        let text = terminal_safe(&trace_text(&q, &t));
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.trim_start().starts_with("PROBLEM: forged")),
+            "{text}"
+        );
+        assert!(
+            !t.as_object()
+                .expect("object")
+                .keys()
+                .any(|k| k.contains('\n'))
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ fn slice(name: &str, family: &str, addresses: &[&str]) -> kpng_k8s::Converted {
         .map(|a| json!({"addresses": [a], "nodeName": "node1"}))
         .collect();
     from_json::<EndpointSlice>(json!({
-        "metadata": {"namespace": "ns", "name": format!("{name}-{family}"),
+        "metadata": {"namespace": "ns", "name": format!("{name}-{}", family.to_lowercase()),
                      "labels": {"kubernetes.io/service-name": name}},
         "addressType": family,
         "ports": [{"name": "http", "port": 8080}],
