@@ -35,7 +35,9 @@ use std::time::Duration;
 /// Timing of the sync loop, kube-proxy's semantics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncTiming {
-    /// Minimum time between two syncs (`--min-sync-period`, default 1 s; 0 = sync at once).
+    /// Minimum time from a sync that wrote to the data plane to the next sync
+    /// (`--min-sync-period`, default 1 s; 0 = sync at once). A sync that changed nothing (an
+    /// idle periodic one) does not delay the next: the period limits the kernel's churn.
     pub min_sync_period: Duration,
     /// Periodic sync and retry ceiling (`--sync-period`, default 30 s). Also sets the health
     /// timeout: a change queued for longer than twice this without a sync makes `/healthz` fail.

@@ -272,6 +272,57 @@ async fn changes_within_min_sync_period_are_merged_into_one_partial_sync() {
     assert_eq!(h.metrics.service_changes_total.get(), 2);
 }
 
+/// A sync that changed nothing (an idle periodic one) does not hold the next change back by
+/// `min_sync_period`; one that wrote (a change's, a periodic full one's) does.
+#[tokio::test(start_paused = true)]
+async fn only_a_sync_that_wrote_delays_the_next_change_by_min_sync_period() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::from_secs(1),
+        sync_period: Duration::from_secs(30),
+        full_sync_period: Duration::from_secs(60),
+    });
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h), vec![(true, 1, 1)]);
+    // The idle periodic sync at 30 s, then a change 10 ms later: synced at once.
+    tokio::time::sleep(Duration::from_millis(30_010)).await;
+    assert_eq!(log(&h), vec![(true, 1, 1), (false, 0, 1)]);
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(
+        log(&h),
+        vec![(true, 1, 1), (false, 0, 1), (false, 1, 2)],
+        "a change after a sync that changed nothing waits for nothing"
+    );
+    // That sync wrote: the next change waits for min_sync_period from it.
+    h.tx.send(Event::Apply(service("c", "10.96.0.3")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h).len(), 3, "rate limited after a sync that wrote");
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    assert_eq!(log(&h).last(), Some(&(false, 1, 3)));
+    // The periodic full sync at 60 s writes every port: it still counts.
+    tokio::time::sleep(Duration::from_millis(60_010 - 31_011)).await;
+    assert_eq!(log(&h).last(), Some(&(true, 3, 3)), "{:?}", log(&h));
+    let synced = log(&h).len();
+    h.tx.send(Event::Apply(service("d", "10.96.0.4")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(
+        log(&h).len(),
+        synced,
+        "rate limited after a full sync that wrote"
+    );
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    assert_eq!(log(&h).last(), Some(&(false, 1, 4)));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failed_sync_is_retried_as_a_full_sync_and_health_turns_bad_then_good() {
     let timing = SyncTiming {
