@@ -45,6 +45,8 @@ mod own_rules;
 mod prereq;
 mod process_metrics;
 mod run;
+#[cfg(target_os = "linux")]
+mod run_marker;
 mod signals;
 mod version;
 mod winservice;

@@ -597,6 +597,7 @@ impl<M: NodeModel> LoopState<M> {
                         })
                         .unwrap_or_default(),
                     conntrack: self.conntrack_status(),
+                    previous_run: None,
                     data_plane: Vec::new(),
                     input: input.as_ref().map(InputStatus::of),
                     brain_reports: input.as_ref().and_then(|i| {
