@@ -173,7 +173,7 @@ fn left_by_previous(record: Record, here: &Here) -> Option<Previous> {
     })
 }
 
-/// Writes `record` at `path` atomically: a new file (mode 0644; whatever had the temporary
+/// Writes `record` at `path` atomically: a new file (mode 0600; whatever had the temporary
 /// name is removed, never followed), renamed over the old one.
 fn write(path: &Path, record: &Record) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
@@ -189,7 +189,7 @@ fn write(path: &Path, record: &Record) -> std::io::Result<()> {
     let _ = std::fs::remove_file(&tmp);
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o644);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     options.open(&tmp)?.write_all(text.as_bytes())?;
     std::fs::rename(&tmp, path)
 }

@@ -1482,6 +1482,100 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
     // The rules the kill left, and the clean runs' ones, go with the namespace.
 }
 
+/// With a soft limit of 32 open files and a hard one of 4096 (`prlimit --nofile=32:4096`),
+/// kpng raises the soft limit and answers 40 health requests made at once (from two loopback
+/// addresses: one address may hold 32); with a hard limit of 32 too (`ulimit -n 32` sets both)
+/// it warns at start, naming the fix.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_low_open_files_limit_is_raised_or_warned_about() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let command = |limit: &str| {
+        let mut command = Command::new("prlimit");
+        command
+            .arg(format!("--nofile={limit}"))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_kpng"))
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket=",
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml"));
+        command
+    };
+    let warning = "the open-files limit is 32, its hard limit too";
+    let mut running = Running::start(&mut command("32:4096"));
+    let said = running.wait("the first sync", |e| {
+        e.contains(" synced") && e.contains("serving /healthz")
+    });
+    let addr: std::net::SocketAddr = said
+        .lines()
+        .find_map(|l| l.split("serving /healthz and /livez on http://").nth(1))
+        .expect("the health address")
+        .trim()
+        .parse()
+        .expect("an address");
+    let streams: Vec<std::net::TcpStream> = (0..40)
+        .map(|i| {
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .expect("socket");
+            let from: std::net::SocketAddr = if i % 2 == 0 {
+                "127.0.0.1:0"
+            } else {
+                "127.0.0.2:0"
+            }
+            .parse()
+            .expect("address");
+            socket.bind(&from.into()).expect("bind");
+            socket.connect(&addr.into()).expect("connect");
+            socket.into()
+        })
+        .collect();
+    let mut answered = 0;
+    for mut stream in streams {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let _ = write!(
+            stream,
+            "GET /healthz HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
+        );
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        if response.starts_with("HTTP/1.1 200") {
+            answered += 1;
+        }
+    }
+    let said = running.stderr();
+    assert_eq!(answered, 40, "{said}");
+    assert!(
+        !said.contains(warning) && !said.contains("Too many open files"),
+        "{said}"
+    );
+    drop(running);
+    let mut low = Running::start(&mut command("32:32"));
+    let said = low.wait("the warning", |e| e.contains(warning));
+    let line = said
+        .lines()
+        .find(|l| l.contains(warning))
+        .expect("the line");
+    assert!(
+        line.contains(" WARN ") && line.contains("raise the open-files limit (ulimit -n"),
+        "{line}"
+    );
+}
+
 /// A name with control characters (a newline that would forge a log line, an escape sequence
 /// that would rewrite the operator's terminal) is refused as no API server would take it,
 /// and neither the text log nor `kpng status` carries the raw characters.

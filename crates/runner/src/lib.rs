@@ -7,6 +7,7 @@
 //! - [`admin`]: answers `kpng status` and `kpng trace` from the loop's model.
 //! - [`repair_backoff`]: how long a repair of changes someone else made waits when they keep
 //!   coming.
+//! - [`open_files`]: the advice added to errors that say kpng ran out of file descriptors.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
 //! - `address_watch` (Linux): the node's interface addresses, so that a change moves node ports
@@ -25,6 +26,7 @@ pub mod guarded_http;
 pub mod health;
 pub mod metrics;
 pub mod node_config_check;
+pub mod open_files;
 pub mod repair_backoff;
 pub mod runner;
 pub mod service_health;

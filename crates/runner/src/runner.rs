@@ -1365,8 +1365,10 @@ impl<M: NodeModel> LoopState<M> {
                     (self.retry_delay * 2).min(timing.sync_period)
                 };
                 self.retry_at = Some(now + self.retry_delay);
-                error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {e}");
-                self.last_error = Some(e.to_string());
+                // Out of descriptors (a low `ulimit -n`): the message says what to raise.
+                let message = crate::open_files::with_advice(e.to_string());
+                error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {message}");
+                self.last_error = Some(message);
                 SyncReport {
                     generation: self.generation,
                     ok: false,

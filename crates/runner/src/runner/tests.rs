@@ -30,6 +30,8 @@ struct Calls {
     /// The only family whose sync fails while `fail` is set (as `sync_each` reports it);
     /// `None`: the sync fails as a whole.
     fail_family: Mutex<Option<Family>>,
+    /// What a failing sync says (default "injected failure").
+    error_text: Mutex<Option<String>>,
 }
 
 /// What the fake backend says of the rules it found (see [`Calls::kept_rules`]).
@@ -62,7 +64,8 @@ impl Backend for FakeBackend {
             r.snapshot.ports.len(),
         ));
         if self.0.fail.load(Ordering::SeqCst) {
-            let error = BackendError::Other("injected failure".into());
+            let text = self.0.error_text.lock().expect("lock").clone();
+            let error = BackendError::Other(text.unwrap_or_else(|| "injected failure".into()));
             return Err(match *self.0.fail_family.lock().expect("lock") {
                 Some(family) => BackendError::InFamilies {
                     failed: vec![family],
@@ -321,6 +324,26 @@ async fn only_a_sync_that_wrote_delays_the_next_change_by_min_sync_period() {
     );
     tokio::time::sleep(Duration::from_millis(1001)).await;
     assert_eq!(log(&h).last(), Some(&(false, 1, 4)));
+}
+
+/// A sync that failed for want of file descriptors (a low `ulimit -n`: the eBPF backend's
+/// `bpf_link_create`) says what to raise, in the log and in `kpng status`.
+#[tokio::test(start_paused = true)]
+async fn a_sync_out_of_file_descriptors_says_to_raise_the_limit() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::ZERO,
+        ..SyncTiming::default()
+    });
+    *h.calls.error_text.lock().expect("lock") =
+        Some("attaching kpng_connect4: bpf_link_create failed: Too many open files".into());
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(all_kinds(vec![])).await.expect("send");
+    settle().await;
+    let want = "attaching kpng_connect4: bpf_link_create failed: Too many open files; raise the \
+                open-files limit (ulimit -n; the eBPF backend needs about 50 descriptors)";
+    let report = h.reports.borrow().clone().expect("report");
+    assert_eq!(report.error.as_deref(), Some(want));
+    assert_eq!(status_of(&h).await.last_error.as_deref(), Some(want));
 }
 
 #[tokio::test(start_paused = true)]
