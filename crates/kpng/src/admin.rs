@@ -934,6 +934,9 @@ fn table(status: &Status, wide: bool) -> String {
     if let Some(e) = &status.last_error {
         let _ = writeln!(out, "last error: {e}");
     }
+    if let Some(note) = &status.previous_run {
+        let _ = writeln!(out, "previous run: {note}");
+    }
     if !status.node_ips.is_empty() || !status.pod_cidrs.is_empty() || status.zone.is_some() {
         // What kpng uses of the Node (or of --node-ip, or kept from a deleted Node).
         let none = || "none".to_string();
@@ -2359,6 +2362,20 @@ mod tests {
             value[k] = v.clone();
         }
         serde_json::from_value(value).expect("a status")
+    }
+
+    #[test]
+    fn an_unclean_previous_run_is_an_information_line_not_a_problem() {
+        let note = "the previous kpng (pid 42, started T) ended without a clean shutdown \
+                    (killed, OOM — see `dmesg` / `journalctl -k`)";
+        let out = table(
+            &node_status(serde_json::json!({"previousRun": note})),
+            false,
+        );
+        assert!(out.contains(&format!("\nprevious run: {note}\n")), "{out}");
+        assert!(!out.contains("PROBLEM"), "{out}");
+        let out = table(&node_status(serde_json::json!({})), false);
+        assert!(!out.contains("previous run"), "{out}");
     }
 
     #[test]

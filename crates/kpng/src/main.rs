@@ -47,6 +47,8 @@ mod peer_owner;
 mod prereq;
 mod process_metrics;
 mod run;
+#[cfg(target_os = "linux")]
+mod run_marker;
 mod signals;
 mod version;
 mod winservice;
@@ -156,7 +158,15 @@ fn main() -> std::process::ExitCode {
         tracing::warn!("{warning}");
     }
     #[cfg(target_os = "linux")]
-    raise_open_files_limit();
+    raise_open_files_limit(!matches!(
+        cli.command,
+        Some(
+            cli::Command::Cleanup(_)
+                | cli::Command::Version(_)
+                | cli::Command::Status(_)
+                | cli::Command::Trace(_)
+        )
+    ));
     if let Some(class) = cli.global.windows_priority_class {
         windows_priority(class);
     }
@@ -254,8 +264,12 @@ fn describe(e: &anyhow::Error) -> String {
 /// start: the default soft limit of 1024 is reached by about a thousand idle connections to
 /// the health port, and then the manifest, the netlink sockets and the API server's
 /// connections cannot be opened, so nothing is programmed until they go.
+/// What is left after the raise is said at debug; for a proxy (`proxy`: not `kpng status`
+/// and the other commands that only ask or clean), a limit still below [`MIN_OPEN_FILES`] (a
+/// hard limit set that low: `ulimit -n 32` sets both) is warned about, since the health server
+/// then stops accepting connections and the eBPF backend fails every sync.
 #[cfg(target_os = "linux")]
-fn raise_open_files_limit() {
+fn raise_open_files_limit(proxy: bool) {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
     if limit.current.is_some() && limit.current != limit.maximum {
@@ -267,10 +281,58 @@ fn raise_open_files_limit() {
             tracing::debug!("raising the open files limit to the hard limit: {e}");
         }
     }
+    let now = getrlimit(Resource::Nofile);
+    let shown = |n: Option<u64>| n.map_or_else(|| "unlimited".to_string(), |n| n.to_string());
+    tracing::debug!(
+        "open files limit: {} (was {}; hard limit {})",
+        shown(now.current),
+        shown(limit.current),
+        shown(now.maximum)
+    );
+    if let Some(message) = low_open_files_limit(now.current).filter(|_| proxy) {
+        tracing::warn!("{message}");
+    }
+}
+
+/// Below this many open files kpng is likely to run out: its own sockets, files and netlink
+/// connections, the eBPF backend's ~50 descriptors, one per health, metrics or admin client
+/// and one per eTP Local Service's health check.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+const MIN_OPEN_FILES: u64 = 256;
+
+/// The warning for a soft limit of `soft` open files (`None`: unlimited) after the raise,
+/// when it is below [`MIN_OPEN_FILES`].
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn low_open_files_limit(soft: Option<u64>) -> Option<String> {
+    let soft = soft.filter(|n| *n < MIN_OPEN_FILES)?;
+    Some(format!(
+        "the open-files limit is {soft}, its hard limit too: kpng may run out of descriptors \
+         (health and metrics clients unanswered, syncs failing with \"Too many open files\"); \
+         {} to {MIN_OPEN_FILES} or more (LimitNOFILE= in a systemd unit, the container \
+         runtime's ulimits)",
+        kpng_runner::open_files::RAISE_THE_LIMIT
+    ))
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_open_files_limit_too_low_for_a_proxy_is_said_with_the_fix() {
+        assert_eq!(
+            super::low_open_files_limit(Some(32)).as_deref(),
+            Some(
+                "the open-files limit is 32, its hard limit too: kpng may run out of \
+                 descriptors (health and metrics clients unanswered, syncs failing with \"Too \
+                 many open files\"); raise the open-files limit (ulimit -n; the eBPF backend \
+                 needs about 50 descriptors) to 256 or more (LimitNOFILE= in a systemd unit, \
+                 the container runtime's ulimits)"
+            )
+        );
+        for fine in [Some(256), Some(1024), None] {
+            assert_eq!(super::low_open_files_limit(fine), None, "{fine:?}");
+        }
+    }
+
     #[test]
     fn an_error_says_each_cause_once() {
         let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file (os error 2)");

@@ -1,6 +1,6 @@
 //! The per-network-namespace records kpng keeps in `/run/kpng` (the iptables backend's
-//! `route_localnet.<netns inode>`, the conntrack cleanup's `conntrack-checked.<netns inode>`),
-//! forgotten once their namespace is gone.
+//! `route_localnet.<netns inode>`, the conntrack cleanup's `conntrack-checked.<netns inode>`,
+//! the run marker `running.<netns inode>`), forgotten once their namespace is gone.
 //!
 //! Why: a namespace deleted without `kpng cleanup` (a kind-style node torn down, a test
 //! namespace, `ip netns del`) leaves its records, and they pile up over the host's uptime.
@@ -19,7 +19,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The record names, each followed by `.<netns inode>` (and `.tmp` while being written).
-const RECORD_PREFIXES: [&str; 2] = ["route_localnet.", "conntrack-checked."];
+const RECORD_PREFIXES: [&str; 3] = [
+    "route_localnet.",
+    "conntrack-checked.",
+    crate::run_marker::PREFIX,
+];
 
 /// The inode of the kernel's initial PID namespace (`PROC_PID_INIT_INO`): only a process in
 /// it sees every process of the host in `/proc`.
@@ -137,6 +141,8 @@ mod tests {
             ("conntrack-checked.4026532261.tmp", Some(4026532261)),
             ("conntrack-checked.", None),
             ("conntrack-checked.x", None),
+            ("running.4026532261", Some(4026532261)),
+            ("running.4026532261.tmp", Some(4026532261)),
             ("kpng.sock", None),
             ("kpng-nft.lock", None),
             ("cgroupv2", None),
@@ -160,6 +166,8 @@ mod tests {
             (format!("route_localnet.{own}"), false),
             ("conntrack-checked.1".to_string(), true),
             ("route_localnet.1".to_string(), true),
+            (format!("running.{own}"), false),
+            ("running.1".to_string(), true),
             ("conntrack-checked.1.tmp".to_string(), true),
             ("kpng.sock".to_string(), false),
         ];

@@ -20,6 +20,22 @@ pub fn register(registry: &mut Registry) {
     registry.register_collector(Box::new(ProcessCollector));
 }
 
+/// Registers `kpng_unclean_previous_exit`: 1 when the previous kpng of this network namespace
+/// ended without a clean shutdown (killed, OOM; its run marker was still there at start,
+/// [`crate::run_marker`]), 0 otherwise, for the life of the process. A crash loop of a
+/// DaemonSet's pod then shows on a dashboard, not only in `dmesg`.
+#[cfg(target_os = "linux")]
+pub fn register_unclean_previous_exit(registry: &mut Registry, unclean: bool) {
+    let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    gauge.set(i64::from(unclean));
+    registry.register(
+        "kpng_unclean_previous_exit",
+        "1 when the previous kpng in this network namespace ended without a clean shutdown \
+         (killed, OOM), 0 otherwise.",
+        gauge,
+    );
+}
+
 /// `kpng_build_info{version, git_commit, build_date, platform} 1`.
 #[derive(Debug)]
 struct BuildInfoCollector(BuildInfo);

@@ -433,6 +433,11 @@ struct SinkFacts {
     /// namespace), taken before the backend was built, so that a second kpng is refused for
     /// that first, before anything else of the node's (the eBPF pins) is asked.
     lock: Option<crate::instance_lock::InstanceLock>,
+    /// For a backend that holds the lock on Linux: this run's marker
+    /// ([`crate::run_marker`]), removed when `serve` returns; it says whether the run before
+    /// ended without a clean shutdown.
+    #[cfg(target_os = "linux")]
+    run_marker: Option<crate::run_marker::RunMarker>,
     /// The `file` source's metrics, registered with the rest.
     source_metrics: Option<SourceMetrics>,
     /// The backend programming the node, if any: its node-port addresses tell `kpng trace`
@@ -457,6 +462,8 @@ impl SinkFacts {
         sweeps: None,
         dry_run: None,
         lock: None,
+        #[cfg(target_os = "linux")]
+        run_marker: None,
         source_metrics: None,
         kind: None,
         events: None,
@@ -505,6 +512,16 @@ fn local_backend(
             &BackendKind::ALL.map(BackendKind::word),
         )?)
     };
+    // The run marker: only the process holding the lock reads and writes it, so the one it
+    // finds is never a running kpng's.
+    #[cfg(target_os = "linux")]
+    let run_marker = lock.as_ref().map(|_| {
+        crate::run_marker::RunMarker::start(
+            std::path::Path::new(kpng_backend_iptables::route_localnet::STATE_DIR),
+            kind.word(),
+            std::process::id(),
+        )
+    });
     // Legacy iptables rules this process cannot read (no CAP_NET_RAW): kube-proxy's there
     // would stay and translate beside kpng's, and the iptables backend's automatic mode would
     // not see them. Said once, at start.
@@ -548,6 +565,8 @@ fn local_backend(
         sweeps: (!dry_run && kind.takes_over_node_proxying()).then_some(built.own),
         dry_run: dry_run.then_some(refused),
         lock,
+        #[cfg(target_os = "linux")]
+        run_marker,
         source_metrics: None,
         kind: Some(kind),
         events: None,
@@ -699,6 +718,19 @@ where
         commit = build.git_commit,
         "starting kpng"
     );
+    // Removed when this function returns (a clean shutdown, or an error kpng reports).
+    #[cfg(target_os = "linux")]
+    let run_marker = facts.run_marker;
+    #[cfg(target_os = "linux")]
+    let previous_run = run_marker
+        .as_ref()
+        .and_then(|m| m.previous())
+        .map(crate::run_marker::Previous::note);
+    #[cfg(not(target_os = "linux"))]
+    let previous_run: Option<String> = None;
+    if let Some(note) = &previous_run {
+        tracing::warn!("{note}");
+    }
     let timing = SyncTiming {
         min_sync_period: flags.min_sync_period,
         sync_period: flags.sync_period,
@@ -706,6 +738,13 @@ where
     };
     let mut registry = Registry::default();
     crate::process_metrics::register(&mut registry);
+    #[cfg(target_os = "linux")]
+    if run_marker.is_some() {
+        crate::process_metrics::register_unclean_previous_exit(
+            &mut registry,
+            previous_run.is_some(),
+        );
+    }
     backend.register_metrics(&mut registry);
     if let Some(source_metrics) = &facts.source_metrics {
         source_metrics.register(&mut registry);
@@ -806,6 +845,10 @@ where
             node
         }));
         runner = with_admin;
+        let handle = match previous_run.clone() {
+            Some(note) => handle.with_previous_run(note),
+            None => handle,
+        };
         admin = Some(match facts.data_plane.clone() {
             Some(probe) => handle.with_data_plane_probe(probe),
             None => handle,

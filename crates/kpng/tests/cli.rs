@@ -82,6 +82,8 @@ fn follows_edits_and_keeps_the_last_good_output_on_a_broken_edit() {
                 "127.0.0.1:0",
                 "--metrics-bind-address",
                 "",
+                // Killed at the end: it would leave the default socket in /run/kpng.
+                "--admin-socket=",
             ])
             .args(["--min-sync-period", "0", "to-file", "--output"])
             .arg(&output),

@@ -1426,6 +1426,245 @@ fn the_open_files_limit_is_raised_to_the_hard_limit() {
     assert_eq!(values[3..5], ["4096", "4096"], "{line}");
 }
 
+/// A kpng killed (SIGKILL, as the OOM killer kills) leaves its rules and its run marker; the
+/// next start in that network namespace warns once that the previous run ended without a
+/// clean shutdown, `kpng status` says so in an information line for the life of the process
+/// and `kpng_unclean_previous_exit` is 1. After a clean shutdown the next start says nothing,
+/// nor does a start that finds the marker of an earlier namespace with the same inode, and
+/// `kpng status` writes no marker of its own.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
+    use std::os::unix::fs::MetadataExt;
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::new("obs-kill").expect("netns");
+    let netns = std::fs::metadata(format!("/run/netns/{}", ns.name()))
+        .expect("the namespace's bind mount")
+        .ino();
+    let marker = std::path::PathBuf::from(format!("/run/kpng/running.{netns}"));
+    // Removed when the test ends, a failed one too (after its kpngs were killed).
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(marker.clone());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let metrics = "127.0.0.1:10249";
+    let args = [
+        env!("CARGO_BIN_EXE_kpng"),
+        "file",
+        "--input",
+        input.to_str().expect("utf-8"),
+        "--node-name",
+        "n1",
+        "--metrics-bind-address",
+        metrics,
+        "--healthz-bind-address",
+        "127.0.0.1:10256",
+        "--admin-socket",
+        socket.to_str().expect("utf-8"),
+        "to-local",
+        "nft",
+    ];
+    let start = || {
+        let running = ns.spawn(args).expect("kpng");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !running.stderr_text().contains(" synced") {
+            assert!(
+                Instant::now() < deadline,
+                "no first sync:\n{}",
+                running.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        running
+    };
+    let unclean = |ns: &kpng_testkit::Netns| {
+        ns.run_ok(["curl", "-s", &format!("http://{metrics}/metrics")])
+            .expect("metrics")
+            .lines()
+            .find(|l| l.starts_with("kpng_unclean_previous_exit "))
+            .map(str::to_string)
+    };
+    let status = || {
+        let out = kpng()
+            .args(["status", "--admin-socket"])
+            .arg(&socket)
+            .output()
+            .expect("kpng status");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // A marker a killed kpng left in an earlier namespace that had this one's inode (the
+    // kernel reuses them): not this namespace's (cookie 0 is never one's), so no warning.
+    std::fs::create_dir_all("/run/kpng").expect("/run/kpng");
+    std::fs::write(
+        &marker,
+        r#"{"pid":1,"started":"T","backend":"nft","netnsCookie":0}"#,
+    )
+    .expect("an earlier namespace's marker");
+    let first = start();
+    assert!(marker.exists(), "the running proxy's marker");
+    assert!(
+        !first.stderr_text().contains("previous kpng"),
+        "{}",
+        first.stderr_text()
+    );
+    assert_eq!(
+        unclean(&ns).as_deref(),
+        Some("kpng_unclean_previous_exit 0")
+    );
+    let killed = first.id();
+    first.kill().expect("SIGKILL");
+    let _ = std::fs::remove_file(&socket);
+
+    let second = start();
+    let said = second.stderr_text();
+    let warning = format!("the previous kpng (pid {killed}, started ");
+    let ending = ") ended without a clean shutdown (killed, OOM — see `dmesg` / `journalctl -k`)";
+    let warned: Vec<&str> = said.lines().filter(|l| l.contains(&warning)).collect();
+    assert!(
+        warned.len() == 1 && warned[0].contains(" WARN ") && warned[0].ends_with(ending),
+        "one warning naming the killed kpng {killed}: {warned:?}\n{said}"
+    );
+    assert_eq!(
+        unclean(&ns).as_deref(),
+        Some("kpng_unclean_previous_exit 1")
+    );
+    let table = status();
+    assert!(
+        table.contains(&format!("\nprevious run: {warning}"))
+            && !table
+                .lines()
+                .any(|l| l.starts_with("PROBLEM") && l.contains("previous kpng")),
+        "an information line:\n{table}"
+    );
+    second
+        .terminate(Duration::from_secs(10))
+        .expect("terminate")
+        .expect("a clean exit");
+    assert!(!marker.exists(), "removed at a clean shutdown");
+
+    let third = start();
+    assert!(
+        !third.stderr_text().contains("previous kpng"),
+        "a clean shutdown is no warning:\n{}",
+        third.stderr_text()
+    );
+    assert_eq!(
+        unclean(&ns).as_deref(),
+        Some("kpng_unclean_previous_exit 0")
+    );
+    assert!(!status().contains("previous run"));
+    third
+        .terminate(Duration::from_secs(10))
+        .expect("terminate")
+        .expect("a clean exit");
+    // Commands other than a running proxy write no marker.
+    let _ = ns.exec([env!("CARGO_BIN_EXE_kpng"), "status"]);
+    let _ = ns.exec([env!("CARGO_BIN_EXE_kpng"), "cleanup", "--dry-run"]);
+    assert!(!marker.exists(), "written by `kpng status` or `cleanup`");
+    // The rules the kill left, and the clean runs' ones, go with the namespace.
+}
+
+/// With a soft limit of 32 open files and a hard one of 4096 (`prlimit --nofile=32:4096`),
+/// kpng raises the soft limit and answers 40 health requests made at once (from two loopback
+/// addresses: one address may hold 32); with a hard limit of 32 too (`ulimit -n 32` sets both)
+/// it warns at start, naming the fix.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_low_open_files_limit_is_raised_or_warned_about() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let command = |limit: &str| {
+        let mut command = Command::new("prlimit");
+        command
+            .arg(format!("--nofile={limit}"))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_kpng"))
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--admin-socket=",
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml"));
+        command
+    };
+    let warning = "the open-files limit is 32, its hard limit too";
+    let mut running = Running::start(&mut command("32:4096"));
+    let said = running.wait("the first sync", |e| {
+        e.contains(" synced") && e.contains("serving /healthz")
+    });
+    let addr: std::net::SocketAddr = said
+        .lines()
+        .find_map(|l| l.split("serving /healthz and /livez on http://").nth(1))
+        .expect("the health address")
+        .trim()
+        .parse()
+        .expect("an address");
+    let streams: Vec<std::net::TcpStream> = (0..40)
+        .map(|i| {
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .expect("socket");
+            let from: std::net::SocketAddr = if i % 2 == 0 {
+                "127.0.0.1:0"
+            } else {
+                "127.0.0.2:0"
+            }
+            .parse()
+            .expect("address");
+            socket.bind(&from.into()).expect("bind");
+            socket.connect(&addr.into()).expect("connect");
+            socket.into()
+        })
+        .collect();
+    let mut answered = 0;
+    for mut stream in streams {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let _ = write!(
+            stream,
+            "GET /healthz HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n"
+        );
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        if response.starts_with("HTTP/1.1 200") {
+            answered += 1;
+        }
+    }
+    let said = running.stderr();
+    assert_eq!(answered, 40, "{said}");
+    assert!(
+        !said.contains(warning) && !said.contains("Too many open files"),
+        "{said}"
+    );
+    drop(running);
+    let mut low = Running::start(&mut command("32:32"));
+    let said = low.wait("the warning", |e| e.contains(warning));
+    let line = said
+        .lines()
+        .find(|l| l.contains(warning))
+        .expect("the line");
+    assert!(
+        line.contains(" WARN ") && line.contains("raise the open-files limit (ulimit -n"),
+        "{line}"
+    );
+}
+
 /// A name with control characters (a newline that would forge a log line, an escape sequence
 /// that would rewrite the operator's terminal) is refused as no API server would take it,
 /// and neither the text log nor `kpng status` carries the raw characters.

@@ -35,6 +35,7 @@ pub type DataPlaneProbe = std::sync::Arc<dyn Fn() -> Vec<DataPlaneDetail> + Send
 pub struct AdminHandle {
     pub(crate) queries: mpsc::Sender<Query>,
     probe: Option<DataPlaneProbe>,
+    previous_run: Option<String>,
 }
 
 impl std::fmt::Debug for AdminHandle {
@@ -50,7 +51,15 @@ impl AdminHandle {
         AdminHandle {
             queries,
             probe: None,
+            previous_run: None,
         }
+    }
+
+    /// Adds `note` (how the previous run of kpng ended uncleanly) to every status answer
+    /// ([`Status::previous_run`]), for the life of the process.
+    pub fn with_previous_run(mut self, note: String) -> AdminHandle {
+        self.previous_run = Some(note);
+        self
     }
 
     /// Adds `probe`'s lines to every status answer ([`Status::data_plane`]).
@@ -68,6 +77,7 @@ impl AdminHandle {
         let (tx, rx) = oneshot::channel();
         self.queries.send(Query::Status(query, tx)).await.ok()?;
         let mut status = rx.await.ok()?;
+        status.previous_run.clone_from(&self.previous_run);
         if let Some(probe) = self.probe.clone().filter(|_| first_page) {
             status.data_plane = tokio::task::spawn_blocking(move || probe())
                 .await
@@ -334,6 +344,11 @@ pub struct Status {
     /// kernel drops the first packet of every new connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackStatus>,
+    /// The previous kpng of this network namespace ended without a clean shutdown (killed,
+    /// OOM): who it was and where to look. Information, not a problem of this run; shown for
+    /// the life of the process, so a crash loop is not read as normal restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_run: Option<String>,
     /// What the backend holds beyond the model's rules, looked at when asked (the eBPF
     /// backend: its programs attached, its maps' fill; the HNS network; the iptables variant),
     /// in the first page of an answer read page by page: empty otherwise, and for the

@@ -537,7 +537,11 @@ pub async fn serve(
             Ok(a) => a,
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
-                error!("{}: accepting a connection: {e}", guard.what);
+                error!(
+                    "{}: accepting a connection: {}",
+                    guard.what,
+                    crate::open_files::with_advice(e.to_string())
+                );
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }

@@ -7,6 +7,7 @@
 //! - [`admin`]: answers `kpng status` and `kpng trace` from the loop's model.
 //! - [`repair_backoff`]: how long a repair of changes someone else made waits when they keep
 //!   coming.
+//! - [`open_files`]: the advice added to errors that say kpng ran out of file descriptors.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
 //! - `address_watch` (Linux): the node's interface addresses, so that a change moves node ports
@@ -25,6 +26,7 @@ pub mod guarded_http;
 pub mod health;
 pub mod metrics;
 pub mod node_config_check;
+pub mod open_files;
 pub mod repair_backoff;
 pub mod runner;
 pub mod service_health;
@@ -35,7 +37,9 @@ use std::time::Duration;
 /// Timing of the sync loop, kube-proxy's semantics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncTiming {
-    /// Minimum time between two syncs (`--min-sync-period`, default 1 s; 0 = sync at once).
+    /// Minimum time from a sync that wrote to the data plane to the next sync
+    /// (`--min-sync-period`, default 1 s; 0 = sync at once). A sync that changed nothing (an
+    /// idle periodic one) does not delay the next: the period limits the kernel's churn.
     pub min_sync_period: Duration,
     /// Periodic sync and retry ceiling (`--sync-period`, default 30 s). Also sets the health
     /// timeout: a change queued for longer than twice this without a sync makes `/healthz` fail.

@@ -6,7 +6,10 @@
 //! - not before Services, EndpointSlices and Nodes have all been listed once (a source signals a
 //!   complete list with [`Event::Replace`] or [`Event::ListDone`]; a brain's first change set
 //!   counts as all of them), so a half-known cluster is never programmed;
-//! - at most once per `min_sync_period`;
+//! - at most once per `min_sync_period` after a sync that wrote to the data plane (a full one,
+//!   one with operations, a failed one); a sync that changed nothing, such as an idle periodic
+//!   one, does not delay the next change: the period protects the kernel from churn, and such
+//!   a sync made none;
 //! - with a full sync first, after any failure (retried with backoff up to `sync_period`), and
 //!   every `full_sync_period`;
 //! - with an empty partial sync every `sync_period`, so backends can re-check cheap things;
@@ -344,6 +347,7 @@ impl<M: NodeModel> Runner<M> {
             listed: BTreeSet::new(),
             reported_missing: Vec::new(),
             last_sync: None,
+            last_write: None,
             last_full: None,
             retry_at: None,
             retry_delay: Duration::ZERO,
@@ -392,6 +396,11 @@ struct LoopState<M: NodeModel> {
     /// once, so an operator sees why nothing is programmed yet).
     reported_missing: Vec<Kind>,
     last_sync: Option<Instant>,
+    /// When the last sync that wrote to the data plane (a full one, one with operations, or a
+    /// failed one, which may have written part) started: the next sync waits `min_sync_period` from it. A sync
+    /// that changed nothing does not count, so a change arriving just after an idle periodic
+    /// sync is not held back by it.
+    last_write: Option<Instant>,
     last_full: Option<Instant>,
     retry_at: Option<Instant>,
     retry_delay: Duration,
@@ -611,6 +620,7 @@ impl<M: NodeModel> LoopState<M> {
                         })
                         .unwrap_or_default(),
                     conntrack: self.conntrack_status(),
+                    previous_run: None,
                     data_plane: Vec::new(),
                     input: input.as_ref().map(InputStatus::of),
                     brain_reports: input.as_ref().and_then(|i| {
@@ -1044,7 +1054,10 @@ impl<M: NodeModel> LoopState<M> {
             || self.addresses_changed.is_some()
             || self.node_status_changed
         {
-            return Some((last + self.runner.timing.min_sync_period).max(now));
+            return Some(
+                self.last_write
+                    .map_or(now, |w| (w + self.runner.timing.min_sync_period).max(now)),
+            );
         }
         let periodic = last + self.runner.timing.sync_period;
         let full = self
@@ -1289,6 +1302,15 @@ impl<M: NodeModel> LoopState<M> {
                 self.runner.health.updated(*family, wall);
             }
         }
+        // A full sync rewrites the backend's tables whatever it counts (nftables counts the
+        // elements, not the skeleton it commits), and a failed one may have written part.
+        let wrote = match &result {
+            Ok(stats) => full || stats.operations > 0,
+            Err(_) => true,
+        };
+        if wrote {
+            self.last_write = Some(now);
+        }
         let report = match result {
             Ok(stats) => {
                 m.sync_operations
@@ -1374,8 +1396,10 @@ impl<M: NodeModel> LoopState<M> {
                     (self.retry_delay * 2).min(timing.sync_period)
                 };
                 self.retry_at = Some(now + self.retry_delay);
-                error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {e}");
-                self.last_error = Some(e.to_string());
+                // Out of descriptors (a low `ulimit -n`): the message says what to raise.
+                let message = crate::open_files::with_advice(e.to_string());
+                error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {message}");
+                self.last_error = Some(message);
                 SyncReport {
                     generation: self.generation,
                     ok: false,

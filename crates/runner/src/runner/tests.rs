@@ -30,6 +30,8 @@ struct Calls {
     /// The only family whose sync fails while `fail` is set (as `sync_each` reports it);
     /// `None`: the sync fails as a whole.
     fail_family: Mutex<Option<Family>>,
+    /// What a failing sync says (default "injected failure").
+    error_text: Mutex<Option<String>>,
 }
 
 /// What the fake backend says of the rules it found (see [`Calls::kept_rules`]).
@@ -62,7 +64,8 @@ impl Backend for FakeBackend {
             r.snapshot.ports.len(),
         ));
         if self.0.fail.load(Ordering::SeqCst) {
-            let error = BackendError::Other("injected failure".into());
+            let text = self.0.error_text.lock().expect("lock").clone();
+            let error = BackendError::Other(text.unwrap_or_else(|| "injected failure".into()));
             return Err(match *self.0.fail_family.lock().expect("lock") {
                 Some(family) => BackendError::InFamilies {
                     failed: vec![family],
@@ -270,6 +273,77 @@ async fn changes_within_min_sync_period_are_merged_into_one_partial_sync() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(log(&h), vec![(true, 0, 0), (false, 2, 2)]);
     assert_eq!(h.metrics.service_changes_total.get(), 2);
+}
+
+/// A sync that changed nothing (an idle periodic one) does not hold the next change back by
+/// `min_sync_period`; one that wrote (a change's, a periodic full one's) does.
+#[tokio::test(start_paused = true)]
+async fn only_a_sync_that_wrote_delays_the_next_change_by_min_sync_period() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::from_secs(1),
+        sync_period: Duration::from_secs(30),
+        full_sync_period: Duration::from_secs(60),
+    });
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h), vec![(true, 1, 1)]);
+    // The idle periodic sync at 30 s, then a change 10 ms later: synced at once.
+    tokio::time::sleep(Duration::from_millis(30_010)).await;
+    assert_eq!(log(&h), vec![(true, 1, 1), (false, 0, 1)]);
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(
+        log(&h),
+        vec![(true, 1, 1), (false, 0, 1), (false, 1, 2)],
+        "a change after a sync that changed nothing waits for nothing"
+    );
+    // That sync wrote: the next change waits for min_sync_period from it.
+    h.tx.send(Event::Apply(service("c", "10.96.0.3")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(log(&h).len(), 3, "rate limited after a sync that wrote");
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    assert_eq!(log(&h).last(), Some(&(false, 1, 3)));
+    // The periodic full sync at 60 s writes every port: it still counts.
+    tokio::time::sleep(Duration::from_millis(60_010 - 31_011)).await;
+    assert_eq!(log(&h).last(), Some(&(true, 3, 3)), "{:?}", log(&h));
+    let synced = log(&h).len();
+    h.tx.send(Event::Apply(service("d", "10.96.0.4")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(
+        log(&h).len(),
+        synced,
+        "rate limited after a full sync that wrote"
+    );
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    assert_eq!(log(&h).last(), Some(&(false, 1, 4)));
+}
+
+/// A sync that failed for want of file descriptors (a low `ulimit -n`: the eBPF backend's
+/// `bpf_link_create`) says what to raise, in the log and in `kpng status`.
+#[tokio::test(start_paused = true)]
+async fn a_sync_out_of_file_descriptors_says_to_raise_the_limit() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::ZERO,
+        ..SyncTiming::default()
+    });
+    *h.calls.error_text.lock().expect("lock") =
+        Some("attaching kpng_connect4: bpf_link_create failed: Too many open files".into());
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(all_kinds(vec![])).await.expect("send");
+    settle().await;
+    let want = "attaching kpng_connect4: bpf_link_create failed: Too many open files; raise the \
+                open-files limit (ulimit -n; the eBPF backend needs about 50 descriptors)";
+    let report = h.reports.borrow().clone().expect("report");
+    assert_eq!(report.error.as_deref(), Some(want));
+    assert_eq!(status_of(&h).await.last_error.as_deref(), Some(want));
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,278 @@
+//! The run marker: `/run/kpng/running.<netns inode>`, written by a proxy programming the node
+//! when it starts (its pid, start time and backend) and removed when it shuts down cleanly.
+//!
+//! Why: a kpng killed by the OOM killer, a `SIGKILL` or a crash leaves its rules in place
+//! (good) but no trace in its own output; the next start looked like any other, so a crash
+//! loop read as normal restarts and only `dmesg` knew. A marker still there at start names
+//! the run that ended without a clean shutdown: kpng warns once, `kpng status` shows it for
+//! the life of the process and `kpng_unclean_previous_exit` is 1.
+//!
+//! Only the process holding the instance lock ([`crate::instance_lock`]) of its network
+//! namespace writes or reads the marker, so the marker it finds is never a running kpng's;
+//! `kpng status`, `cleanup` and `trace` never touch it. Like the other per-namespace records
+//! ([`crate::netns_records`]), a marker whose namespace is gone is forgotten by the next
+//! sweep. A marker from another boot, or of an earlier namespace whose inode this one got
+//! (told apart by the namespace's cookie, on Linux 5.14 and later), is ignored.
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The record name, followed by `.<netns inode>` (and `.tmp` while being written).
+pub const PREFIX: &str = "running.";
+
+/// What the marker holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    /// The running kpng's pid (in its PID namespace).
+    pid: u32,
+    /// When it started (RFC 3339).
+    started: String,
+    /// Its backend (`nft`, `iptables`, …).
+    backend: String,
+    /// The boot it ran in (`/proc/sys/kernel/random/boot_id`), empty if unknown.
+    #[serde(default)]
+    boot_id: String,
+    /// Its network namespace's cookie ([`kpng_netfilter::socket::netns_cookie`]), when the
+    /// kernel has one: the inode in the name is reused by a later namespace once one is gone
+    /// (test namespaces, pods), and the cookie tells them apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    netns_cookie: Option<u64>,
+}
+
+/// The run of kpng that ended without a clean shutdown, as the marker it left says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Previous {
+    /// Its pid.
+    pub pid: u32,
+    /// When it started (RFC 3339).
+    pub started: String,
+}
+
+impl Previous {
+    /// The warning and `kpng status` line.
+    pub fn note(&self) -> String {
+        format!(
+            "the previous kpng (pid {}, started {}) ended without a clean shutdown (killed, \
+             OOM — see `dmesg` / `journalctl -k`)",
+            self.pid, self.started
+        )
+    }
+}
+
+/// This run's marker, held for the life of the proxy: dropping it (a clean shutdown, or an
+/// error kpng stops with and reports) removes the file. A kill leaves it.
+#[derive(Debug)]
+pub struct RunMarker {
+    /// The file written, `None` when it could not be.
+    path: Option<PathBuf>,
+    /// The run before this one, when it ended uncleanly.
+    previous: Option<Previous>,
+}
+
+impl RunMarker {
+    /// Reads the marker an earlier run left in `dir` for this network namespace, then writes
+    /// this run's (pid `pid`, backend `backend`). Failures (a read-only `/run`) are logged at
+    /// debug and leave no marker: the marker only informs.
+    pub fn start(dir: &Path, backend: &str, pid: u32) -> RunMarker {
+        let Some(path) = marker_path(dir) else {
+            tracing::debug!("no run marker: this process's network namespace is unknown");
+            return RunMarker {
+                path: None,
+                previous: None,
+            };
+        };
+        let here = Here {
+            boot_id: kpng_conntrack::memory::boot_id().unwrap_or_default(),
+            netns_cookie: kpng_netfilter::socket::netns_cookie(),
+        };
+        let previous = read(&path).and_then(|r| left_by_previous(r, &here));
+        let record = Record {
+            pid,
+            started: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            backend: backend.to_string(),
+            boot_id: here.boot_id,
+            netns_cookie: here.netns_cookie,
+        };
+        let path = match write(&path, &record) {
+            Ok(()) => Some(path),
+            Err(e) => {
+                tracing::debug!("no run marker: writing {}: {e}", path.display());
+                None
+            }
+        };
+        RunMarker { path, previous }
+    }
+
+    /// The earlier run that ended without a clean shutdown, if the marker it left was found.
+    pub fn previous(&self) -> Option<&Previous> {
+        self.previous.as_ref()
+    }
+}
+
+impl Drop for RunMarker {
+    fn drop(&mut self) {
+        if let Some(path) = &self.path
+            && let Err(e) = std::fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!("removing the run marker {}: {e}", path.display());
+        }
+    }
+}
+
+/// The marker of this process's network namespace in `dir`.
+fn marker_path(dir: &Path) -> Option<PathBuf> {
+    let netns = std::fs::metadata("/proc/self/ns/net").ok()?.ino();
+    Some(dir.join(format!("{PREFIX}{netns}")))
+}
+
+/// The record at `path`: `None` when there is none, or it is not a regular file, or it does
+/// not parse (a marker is small: more than 4 KiB is not one).
+fn read(path: &Path) -> Option<Record> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.file_type().is_file() || meta.len() > 4096 {
+        return None;
+    }
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// Where this run is: what tells a marker of this boot and namespace from another's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Here {
+    /// This boot's id, empty if unknown.
+    boot_id: String,
+    /// This network namespace's cookie, if the kernel has one.
+    netns_cookie: Option<u64>,
+}
+
+/// The earlier run `record` names, if it ran here: in this boot and this network namespace
+/// (not an earlier one whose inode this one got). What either side does not know counts as
+/// the same.
+fn left_by_previous(record: Record, here: &Here) -> Option<Previous> {
+    let same = |a: &str, b: &str| a.is_empty() || b.is_empty() || a == b;
+    let same_boot = same(&record.boot_id, &here.boot_id);
+    let same_netns = match (record.netns_cookie, here.netns_cookie) {
+        (Some(theirs), Some(ours)) => theirs == ours,
+        _ => true,
+    };
+    if !(same_boot && same_netns) {
+        tracing::debug!(
+            "a run marker of another boot or network namespace (pid {}, started {}): ignored",
+            record.pid,
+            record.started
+        );
+        return None;
+    }
+    Some(Previous {
+        pid: record.pid,
+        started: record.started,
+    })
+}
+
+/// Writes `record` at `path` atomically: a new file (mode 0600; whatever had the temporary
+/// name is removed, never followed), renamed over the old one.
+fn write(path: &Path, record: &Record) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o755);
+        builder.create(dir)?;
+    }
+    let text = serde_json::to_string(record).map_err(std::io::Error::other)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(&tmp)?.write_all(text.as_bytes())?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_left_behind_names_the_run_that_did_not_shut_down_cleanly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = RunMarker::start(dir.path(), "nft", 4242);
+        assert_eq!(first.previous(), None, "nothing before the first run");
+        let path = marker_path(dir.path()).expect("path");
+        let record = read(&path).expect("the marker is written");
+        assert_eq!((record.pid, record.backend.as_str()), (4242, "nft"));
+        // A kill: the marker stays.
+        std::mem::forget(first);
+        let second = RunMarker::start(dir.path(), "nft", 4343);
+        let previous = second.previous().expect("the killed run is found").clone();
+        assert_eq!(previous.pid, 4242);
+        assert_eq!(previous.started, record.started);
+        assert!(
+            previous
+                .note()
+                .starts_with("the previous kpng (pid 4242, started 2")
+                && previous.note().ends_with(
+                    ") ended without a clean shutdown (killed, OOM — see `dmesg` / `journalctl -k`)"
+                ),
+            "{}",
+            previous.note()
+        );
+        // A clean shutdown removes it: the next run finds nothing.
+        drop(second);
+        assert!(!path.exists(), "removed at a clean shutdown");
+        let third = RunMarker::start(dir.path(), "nft", 4444);
+        assert_eq!(third.previous(), None);
+    }
+
+    #[test]
+    fn only_a_marker_of_this_boot_and_namespace_counts() {
+        let record = |boot: &str, cookie: Option<u64>| Record {
+            pid: 7,
+            started: "T".into(),
+            backend: "nft".into(),
+            boot_id: boot.into(),
+            netns_cookie: cookie,
+        };
+        let here = |boot: &str, cookie: Option<u64>| Here {
+            boot_id: boot.into(),
+            netns_cookie: cookie,
+        };
+        let found = true;
+        // (the marker's boot and cookie, this run's, whether it names an earlier run here)
+        let cases = [
+            (("a", Some(1)), ("a", Some(1)), found),
+            (("a", Some(1)), ("b", Some(1)), !found),
+            // A later namespace given the inode of one that is gone.
+            (("a", Some(1)), ("a", Some(2)), !found),
+            // What one side does not know is taken as the same.
+            (("", Some(1)), ("b", Some(1)), found),
+            (("a", Some(1)), ("", Some(1)), found),
+            (("a", None), ("a", Some(2)), found),
+            (("a", Some(1)), ("a", None), found),
+        ];
+        for ((boot, cookie), (our_boot, ours), want) in cases {
+            let previous = left_by_previous(record(boot, cookie), &here(our_boot, ours));
+            assert_eq!(
+                previous.is_some(),
+                want,
+                "{boot:?} {cookie:?} {our_boot:?} {ours:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_is_not_a_marker_is_ignored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("running.1");
+        std::fs::write(&path, "not json").expect("write");
+        assert_eq!(read(&path), None);
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("running.2")).expect("symlink");
+        assert_eq!(read(&dir.path().join("running.2")), None);
+        assert_eq!(read(&dir.path().join("running.3")), None);
+    }
+}
