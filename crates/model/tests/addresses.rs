@@ -269,13 +269,13 @@ fn dropped_values_last_as_long_as_their_object() {
         fields(&m),
         [
             "Service ns/web spec.externalIPs[0]",
-            "EndpointSlice ns/web-IPv6 endpoints[0].addresses[0]"
+            "EndpointSlice ns/web-ipv6 endpoints[0].addresses[0]"
         ]
     );
     m.apply(Event::Apply(svc(&["198.51.100.9"])));
     assert_eq!(
         fields(&m),
-        ["EndpointSlice ns/web-IPv6 endpoints[0].addresses[0]"]
+        ["EndpointSlice ns/web-ipv6 endpoints[0].addresses[0]"]
     );
     m.apply(Event::Replace {
         kinds: vec![Kind::EndpointSlice],
