@@ -601,19 +601,22 @@ fn list(
     if let Some(keep) = shared.faults().truncate
         && body.len() > keep
     {
-        // The status and the first bytes, then the connection aborted mid-body.
+        // The status and the first bytes, then the connection aborted mid-body. The pause
+        // lets them reach the client first: an error at once would abort the connection
+        // before the headers were written (a request with no answer, not a cut body).
         body.truncate(keep);
         shared.counters.sent(keep);
-        let chunks: [Result<Vec<u8>, std::io::Error>; 2] = [
-            Ok(body),
+        let first = futures::stream::iter([Ok::<_, std::io::Error>(body)]);
+        let cut = futures::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
             Err(std::io::Error::other(
                 "list body cut short by the test (truncate)",
-            )),
-        ];
+            ))
+        });
         return Response::builder()
             .status(StatusCode::OK)
             .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from_stream(futures::stream::iter(chunks)))
+            .body(Body::from_stream(futures::StreamExt::chain(first, cut)))
             .unwrap_or_else(|_| not_found());
     }
     (
