@@ -140,11 +140,43 @@ pub(crate) struct Shared {
     pub events_forbidden: AtomicBool,
     /// Whether requests are accepted and never answered (a hung server).
     pub stalled: AtomicBool,
+    /// Failures and slowness a test asked for ([`Faults`]).
+    pub faults: Mutex<Faults>,
     /// What was answered and sent.
     pub counters: Arc<Counters>,
 }
 
+/// Faults injected by a test, as a proxy in front of a real API server would: answers that
+/// fail, list bodies cut short, latency.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    /// The next `.1` requests are answered with status `.0` (a `Status` body).
+    pub fail: Option<(StatusCode, u64)>,
+    /// List bodies longer than this are cut after this many bytes (the connection is then
+    /// aborted, as by a proxy that gave up mid-answer).
+    pub truncate: Option<usize>,
+    /// Every request waits this long before it is answered.
+    pub delay: Option<Duration>,
+}
+
+impl Faults {
+    /// The status the next request is failed with, if any (and counts it).
+    fn take_failure(&mut self) -> Option<StatusCode> {
+        let (code, left) = self.fail.as_mut()?;
+        let code = *code;
+        *left -= 1;
+        if *left == 0 {
+            self.fail = None;
+        }
+        Some(code)
+    }
+}
+
 impl Shared {
+    pub fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub fn store(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -221,6 +253,21 @@ async fn handle(
     body: axum::body::Bytes,
 ) -> Response {
     shared.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let (failure, delay) = {
+        let mut faults = shared.faults();
+        (faults.take_failure(), faults.delay)
+    };
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    // Before the stall: a test can make a hung server fail a request too.
+    if let Some(code) = failure {
+        let reason = code
+            .canonical_reason()
+            .unwrap_or("Failure")
+            .replace(' ', "");
+        return error(code, &reason, "failing as the test asked (fail CODE N)");
+    }
     if shared.stalled.load(Ordering::SeqCst) {
         // Hung: never answers; the future is dropped when the client gives up.
         std::future::pending::<()>().await;
@@ -551,6 +598,27 @@ fn list(
     }
     body.extend_from_slice(b"]}");
     drop(store);
+    if let Some(keep) = shared.faults().truncate
+        && body.len() > keep
+    {
+        // The status and the first bytes, then the connection aborted mid-body. The pause
+        // lets them reach the client first: an error at once would abort the connection
+        // before the headers were written (a request with no answer, not a cut body).
+        body.truncate(keep);
+        shared.counters.sent(keep);
+        let first = futures::stream::iter([Ok::<_, std::io::Error>(body)]);
+        let cut = futures::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Err(std::io::Error::other(
+                "list body cut short by the test (truncate)",
+            ))
+        });
+        return Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(futures::StreamExt::chain(first, cut)))
+            .unwrap_or_else(|_| not_found());
+    }
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],

@@ -23,7 +23,9 @@
 //! (connections cut mid-stream), [`FakeApiServer::expire_watches`] (410, so clients relist),
 //! [`FakeApiServer::stop`] / [`FakeApiServer::restart`] (an outage: connections refused, on
 //! the same port afterwards), [`FakeApiServer::stall`] (a hung server: connections open, no
-//! answer), and objects no validation would let through.
+//! answer), [`FakeApiServer::fail`] (5xx answers), [`FakeApiServer::truncate`] (list bodies
+//! cut short), [`FakeApiServer::delay`] (latency), and objects no validation would let
+//! through.
 //!
 //! The server runs on its own small runtime, so plain `#[test]`s and async tests can both use
 //! it; every method is synchronous.
@@ -55,6 +57,9 @@ pub enum Error {
     /// The store refused an object.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A fault a test asked for cannot be made (not an HTTP status code).
+    #[error("fault: {0}")]
+    Fault(String),
     /// A manifest was not YAML.
     #[error("manifest: {0}")]
     Yaml(String),
@@ -67,6 +72,24 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Most YAML documents a manifest may hold: the parser's default (1,024) refused the 5,000
+/// Services of a scale test; this is a test tool, bounded only against a runaway generator.
+pub const MAX_MANIFEST_DOCUMENTS: usize = 1_000_000;
+
+/// The YAML parser's limits for manifests, sized for clusters of tens of thousands of
+/// objects (the defaults stop at 1,024 documents and 250,000 nodes).
+fn manifest_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_documents: MAX_MANIFEST_DOCUMENTS,
+            max_nodes: 100_000_000,
+            max_events: 400_000_000,
+            max_total_scalar_bytes: 1 << 30,
+            max_reader_input_bytes: Some(1 << 30),
+        },
+    }
 }
 
 /// Configures a [`FakeApiServer`] before it starts.
@@ -113,6 +136,7 @@ impl Builder {
                 events: Mutex::default(),
                 events_forbidden: AtomicBool::new(false),
                 stalled: AtomicBool::new(false),
+                faults: Mutex::default(),
                 counters: Arc::default(),
             }),
             runtime: Some(runtime),
@@ -226,8 +250,8 @@ impl FakeApiServer {
     /// Applies every document of a YAML stream (`kind: List` documents item by item);
     /// returns the last resourceVersion.
     pub fn apply_manifest(&self, yaml: &str) -> Result<u64, Error> {
-        let docs: Vec<Value> =
-            serde_saphyr::from_multiple(yaml).map_err(|e| Error::Yaml(e.to_string()))?;
+        let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(yaml, manifest_options())
+            .map_err(|e| Error::Yaml(e.to_string()))?;
         let mut rv = self.resource_version();
         for doc in docs.into_iter().filter(|d| !d.is_null()) {
             match doc.get("items").and_then(Value::as_array) {
@@ -284,6 +308,29 @@ impl FakeApiServer {
         if stalled {
             self.store().notify(Notice::Stall);
         }
+    }
+
+    /// Answers the next `count` requests (any path, even while stalled) with status `code`
+    /// and a `Status` body, as an overloaded API server (500, 503) or a proxy in front of it
+    /// (502, 504) does. `count` 0 stops failing. A code that is not an HTTP status is refused.
+    pub fn fail(&self, code: u16, count: u64) -> Result<(), Error> {
+        let code =
+            axum::http::StatusCode::from_u16(code).map_err(|e| Error::Fault(e.to_string()))?;
+        self.shared.faults().fail = (count > 0).then_some((code, count));
+        Ok(())
+    }
+
+    /// Cuts every list answer longer than `bytes` after that many bytes of its body and
+    /// aborts its connection (the status and headers were sent: a 200), as a proxy or load
+    /// balancer that gives up mid-answer does; `None` sends whole lists again.
+    pub fn truncate(&self, bytes: Option<usize>) {
+        self.shared.faults().truncate = bytes;
+    }
+
+    /// Makes every request wait `delay` before it is answered (`None`: no wait), as a slow
+    /// or distant API server.
+    pub fn delay(&self, delay: Option<Duration>) {
+        self.shared.faults().delay = delay;
     }
 
     /// An outage: stops accepting connections and closes every open one. The objects stay

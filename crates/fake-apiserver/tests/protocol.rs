@@ -436,3 +436,115 @@ async fn the_load_counters_count_requests_bytes_and_open_watches() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `fail`, `truncate` and `delay`: what a chaos proxy in front of an API server does, seen by
+/// a real client.
+#[tokio::test]
+async fn injected_faults_fail_cut_and_delay_answers() {
+    let server = FakeApiServer::start().expect("start");
+    for i in 0..50 {
+        server
+            .apply(service(&format!("svc-{i:03}"), json!({})))
+            .expect("apply");
+    }
+    let services: Api<Service> = Api::all(client(&server).await);
+
+    // fail CODE N: exactly N answers with that code and a Status, then normal again (500:
+    // kube's client retries a 503 on its own).
+    server.fail(500, 2).expect("fail");
+    for _ in 0..2 {
+        match services.list(&ListParams::default()).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!((s.code, s.reason.as_str()), (500, "InternalServerError"));
+            }
+            Err(e) => panic!("a 500, got {e}"),
+            Ok(list) => panic!("a 500, got a list of {}", list.items.len()),
+        }
+    }
+    assert_eq!(
+        services
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        50
+    );
+    assert!(server.fail(1000, 1).is_err(), "not an HTTP status");
+
+    // truncate BYTES: a 200 whose body stops short; small answers are whole.
+    server.truncate(Some(2_000));
+    let cut = services.list(&ListParams::default()).await;
+    // A 200 whose body fails (hyper's body error), not a request without an answer
+    // ("client error (SendRequest)").
+    match cut {
+        Err(kube::Error::Service(e)) => {
+            assert!(e.to_string().contains("error reading a body"), "{e}");
+        }
+        Err(e) => panic!("a body read error, got {e}"),
+        Ok(list) => panic!("a body read error, got a list of {}", list.items.len()),
+    }
+    let page = services.list(&ListParams::default().limit(2)).await;
+    assert_eq!(page.expect("a small page is whole").items.len(), 2);
+    server.truncate(None);
+    assert_eq!(
+        services
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        50
+    );
+
+    // delay MS: every answer late.
+    server.delay(Some(Duration::from_millis(400)));
+    let started = std::time::Instant::now();
+    services.list(&ListParams::default()).await.expect("list");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    server.delay(None);
+}
+
+/// A manifest of a scale test (thousands of documents) loads: the YAML parser's default
+/// budget stopped at 1,024 documents.
+#[test]
+fn a_manifest_of_thousands_of_services_loads() {
+    let server = FakeApiServer::start().expect("start");
+    let manifest: String = (0..5_000)
+        .map(|i| {
+            format!(
+                "---\napiVersion: v1\nkind: Service\nmetadata:\n  namespace: default\n  name: s{i}\n\
+                 spec:\n  clusterIP: 10.96.{}.{}\n  ports:\n  - port: 80\n",
+                i / 250,
+                i % 250 + 1
+            )
+        })
+        .collect();
+    server.apply_manifest(&manifest).expect("5,000 documents");
+}
+
+/// `--help` prints the usage and succeeds; an unknown argument points to it.
+#[test]
+fn the_binary_prints_its_usage() {
+    let exe = env!("CARGO_BIN_EXE_kpng-fake-apiserver");
+    let help = std::process::Command::new(exe)
+        .arg("--help")
+        .output()
+        .expect("run");
+    let out = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{help:?}");
+    assert!(
+        out.contains("usage: kpng-fake-apiserver") && out.contains("fail CODE N"),
+        "{out}"
+    );
+    let bad = std::process::Command::new(exe)
+        .arg("--bogus")
+        .output()
+        .expect("run");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("see --help"));
+}

@@ -31,12 +31,14 @@ const MAX_EVENTS_AT_ONCE: usize = 1024;
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Runs the source (of `kind`) into a hub and serves it until the source ends or
-/// SIGINT/SIGTERM.
+/// SIGINT/SIGTERM. `source_metrics` registers the source's own metrics (its errors, the API
+/// client's requests) with the brain's.
 pub async fn serve<F, Fut>(
     flags: GlobalFlags,
     to_api: &ToApi,
     kind: InputKind,
     input: InputHealth,
+    source_metrics: impl FnOnce(&mut Registry),
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -46,6 +48,7 @@ where
     let mut registry = Registry::default();
     crate::process_metrics::register(&mut registry);
     crate::input_metrics::register(&mut registry, input.clone());
+    source_metrics(&mut registry);
     let metrics = ApiMetrics::new(&mut registry);
     let refused_connections = kpng_runner::guarded_http::RefusedConnections::default();
     refused_connections.register_in(&mut registry);

@@ -219,6 +219,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                     to_api,
                     InputKind::Manifests,
                     input,
+                    |registry| source_metrics.register(registry),
                     run_source,
                 ));
             }
@@ -369,6 +370,8 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     let events_for = config.node_name.clone();
     let client_metrics = kpng_source_kube::ClientMetrics::default();
     let metrics_for_client = client_metrics.clone();
+    let source_errors = kpng_source_kube::SourceErrors::default();
+    let errors_for_source = source_errors.clone();
     let input = InputHealth::default();
     let input_for_client = input.clone();
     let connect = async move {
@@ -378,7 +381,9 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         info!(%server, "reading cluster state from the API server");
         let events =
             events_for.map(|node| kpng_source_kube::NodeEvents::new(client.clone(), &node));
-        let source = KubeSource::new(client, config).with_health(input_for_client);
+        let source = KubeSource::new(client, config)
+            .with_health(input_for_client)
+            .with_errors(errors_for_source);
         anyhow::Ok((source, events))
     };
     let run_source = |source: KubeSource| {
@@ -395,6 +400,10 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
                 to_api,
                 InputKind::ApiServer,
                 input,
+                |registry| {
+                    client_metrics.register(registry);
+                    source_errors.register(registry);
+                },
                 run_source(source),
             )
             .await
@@ -407,6 +416,7 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
         let facts = SinkFacts {
             events,
             client_metrics: Some(client_metrics),
+            kube_errors: Some(source_errors),
             input: Some(input),
             ..facts
         };
@@ -447,6 +457,9 @@ struct SinkFacts {
     events: Option<kpng_source_kube::NodeEvents>,
     /// The `kube` source's API client metrics, registered with the rest.
     client_metrics: Option<kpng_source_kube::ClientMetrics>,
+    /// The `kube` source's failed lists (`kpng_source_errors_total`), registered with the
+    /// rest.
+    kube_errors: Option<kpng_source_kube::SourceErrors>,
     /// The source's record of its input's health, shown by `kpng status`.
     input: Option<InputHealth>,
     /// What `kpng status` adds about the backend's data plane beyond its rules
@@ -468,6 +481,7 @@ impl SinkFacts {
         kind: None,
         events: None,
         client_metrics: None,
+        kube_errors: None,
         input: None,
         data_plane: None,
     };
@@ -571,6 +585,7 @@ fn local_backend(
         kind: Some(kind),
         events: None,
         client_metrics: None,
+        kube_errors: None,
         input: None,
         data_plane: built.data_plane,
     };
@@ -754,6 +769,9 @@ where
     }
     if let Some(client_metrics) = &facts.client_metrics {
         client_metrics.register(&mut registry);
+    }
+    if let Some(kube_errors) = &facts.kube_errors {
+        kube_errors.register(&mut registry);
     }
     let metrics = ProxyMetrics::new(&mut registry);
     let refused_connections = metrics.http_connections_refused.clone();

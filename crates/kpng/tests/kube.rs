@@ -1178,3 +1178,79 @@ fn a_hung_api_server_is_given_up_on_and_the_changes_arrive_after() {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
     });
 }
+
+/// A list the API server answers and then cuts short (a proxy giving up mid-answer) is
+/// warned, shown by `kpng status` and counted in `kpng_source_errors_total` until a list
+/// completes; the change made meanwhile then arrives. (It was a debug line: status `ok`, no
+/// counter moved, for as long as it lasted.)
+#[test]
+fn a_list_cut_short_is_shown_counted_and_over_when_a_list_completes() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    // The Service list longer than the cut, the others shorter.
+    for i in 0..30 {
+        let ip = format!("10.96.1.{}", i + 1);
+        server
+            .apply(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"namespace": "default", "name": format!("svc-{i:02}")},
+                "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": 80}]}}))
+            .expect("apply");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let admin = dir.path().join("admin.sock");
+    let admin = admin.to_str().expect("utf-8");
+    let mut args = kube_args(
+        &k,
+        &[
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--admin-socket",
+            admin,
+            "to-file",
+            "--output",
+        ],
+    );
+    args.push(output.to_str().expect("utf-8"));
+    let mut kpng = Kpng::start(&args);
+    let port = kpng.served_port("/metrics");
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+    let read_errors = || {
+        metric(
+            &http_get(port, "/metrics").1,
+            "kpng_source_errors_total{reason=\"list_read\"}",
+        )
+    };
+    assert_eq!(read_errors(), Some(0.0), "exported from the start");
+
+    server.truncate(Some(4_000));
+    server.expire_watches();
+    server
+        .apply(endpoints("web-1", "web", "10.244.1.4", None))
+        .expect("a change while lists are cut short");
+    kpng.wait("the cut list warned", |_, err| {
+        err.contains("WARN") && err.contains("the Service list's answer could not be read")
+    });
+    let problems = status_json(admin)["input"]["problems"].clone();
+    assert!(
+        problems
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["what"] == "Service watch"
+                && p["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("could not be read")))),
+        "kpng status says why nothing changes: {problems}"
+    );
+    assert!(read_errors().is_some_and(|n| n >= 1.0));
+
+    server.truncate(None);
+    kpng.wait("the change made meanwhile", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
+    });
+    kpng.wait("the problem over", |_, _| {
+        status_json(admin)["input"]["problems"] == json!([])
+    });
+}

@@ -6,6 +6,10 @@
 //! retried every 0.8 s forever. Here the delay (0.8 s doubling to 30 s, each drawn from [d/2, d]
 //! so nodes do not retry in lockstep) is only reset by real progress: a completed list
 //! (`InitDone`) or a watch event (`Apply`/`Delete`).
+//!
+//! A request cancelled because the outage it was sent into ended
+//! ([`crate::reachability::Superseded`]) is made again at once: the server is back, and the
+//! point of cancelling it was not to wait.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -62,6 +66,18 @@ pub fn progress<K>(item: &Result<watcher::Event<K>, watcher::Error>) -> bool {
     )
 }
 
+/// Whether an error is a request cancelled because the API server is reachable again (made
+/// again at once, without a delay).
+pub fn superseded(error: &watcher::Error) -> bool {
+    let client = match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => e,
+        _ => return false,
+    };
+    matches!(client, kube::Error::Service(e) if e.is::<crate::reachability::Superseded>())
+}
+
 /// A watcher stream with [`Delays`] after each error: the error is yielded at once, and the
 /// watcher is polled again only after the delay.
 pub struct Backoff<S> {
@@ -98,7 +114,9 @@ where
             Poll::Ready(Some(item)) => item,
             other => return other,
         };
-        if item.is_err() {
+        if let Err(e) = &item
+            && !superseded(e)
+        {
             let delay = self.delays.next_delay();
             self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
         } else if progress(&item) {
@@ -127,6 +145,40 @@ mod tests {
         assert_eq!(ceiling, MAX);
         d.reset();
         assert!(d.next_delay() <= MIN);
+    }
+
+    #[test]
+    fn only_a_request_cancelled_by_a_recovery_is_made_again_at_once() {
+        let service = |e: Box<dyn std::error::Error + Send + Sync>| kube::Error::Service(e);
+        let cases: Vec<(&str, watcher::Error, bool)> = vec![
+            (
+                "list superseded",
+                watcher::Error::InitialListFailed(service(Box::new(
+                    crate::reachability::Superseded,
+                ))),
+                true,
+            ),
+            (
+                "watch superseded",
+                watcher::Error::WatchStartFailed(service(Box::new(
+                    crate::reachability::Superseded,
+                ))),
+                true,
+            ),
+            (
+                "refused",
+                watcher::Error::InitialListFailed(service("connection refused".into())),
+                false,
+            ),
+            (
+                "no resourceVersion",
+                watcher::Error::NoResourceVersion,
+                false,
+            ),
+        ];
+        for (name, error, want) in cases {
+            assert_eq!(superseded(&error), want, "{name}");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod events;
 mod rate_limit;
 mod reachability;
 mod slim;
+mod source_errors;
 mod token_file;
 mod watch;
 
@@ -26,6 +27,9 @@ pub use client_metrics::{ClientMetrics, ClientMetricsLayer};
 pub use connect::{ClientOptions, ConnectError, client, client_with_metrics, without_credentials};
 pub use events::{EventError, NodeEvents};
 pub use rate_limit::{RateLimitLayer, TokenBucket};
-pub use reachability::{Reachability, ReachabilityLayer};
+pub use reachability::{
+    NoAnswerDuringOutage, OUTAGE_HEADER_TIMEOUT, Reachability, ReachabilityLayer, Superseded,
+};
+pub use source_errors::{ListFailure, SourceErrors};
 pub use token_file::{TokenFile, TokenFileError, TokenFileLayer};
 pub use watch::{KubeSource, SourceConfig, label_selector};

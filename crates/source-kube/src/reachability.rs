@@ -4,6 +4,22 @@
 //! 5xx answer while the server was reachable logs one warning; further failures are debug
 //! lines; the first good answer after that logs how long the outage lasted. Watchers retry
 //! on their own with backoff and jitter; the programmed rules stay untouched meanwhile.
+//!
+//! A request still waiting for its answer's headers when the outage ends is one sent to the
+//! hung or dead server (a stall, a connection that went silent): it would wait for the idle
+//! timeout (90 s by default) while everything says the server is back. So:
+//!
+//! - when an answer ends an outage, every GET sent before it that has no headers yet is
+//!   cancelled ([`Superseded`]) and the watcher makes it again at once;
+//! - a GET sent during an outage gets [`OUTAGE_HEADER_TIMEOUT`] (at most the idle timeout)
+//!   for its headers: without that, if every watcher's request hung, none would ever succeed
+//!   to end the outage before the idle timeout.
+//!
+//! client-go has no list timeout of its own (`rest.Config.Timeout` is 0 for kube-proxy); a
+//! dead connection is found by its HTTP/2 health check (a ping after 30 s without frames,
+//! 15 s for its answer), which a server that is up but hung answers. kpng speaks HTTP/1.1 to
+//! the API server, so the idle timeout plays that part, and the two rules above end what a
+//! hang left behind as soon as the server answers again.
 
 use std::fmt::Display;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,6 +28,7 @@ use std::time::SystemTime;
 
 use futures::future::BoxFuture;
 use kpng_model::input::InputHealth;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -25,7 +42,30 @@ pub struct Reachability {
     /// The client's idle timeout (`--kube-api-idle-timeout`), named when a request ran into
     /// it: "timed out" alone does not tell a hung server from a slow network.
     idle_timeout: Option<std::time::Duration>,
+    /// Counts the outages that ended: a request waiting for its headers when it moves was
+    /// sent to the hung server and is cancelled.
+    recoveries: Arc<watch::Sender<u64>>,
 }
+
+/// How long a GET sent while the API server is unreachable waits for its answer's headers
+/// (at most `--kube-api-idle-timeout`). An API server sends a list's headers once it has the
+/// page, a watch's at once; one that is back answers well within this, one that is not
+/// leaves the request to be made again with backoff.
+pub const OUTAGE_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A request cancelled because the outage it was sent into ended while it still had no
+/// answer: the watcher makes it again at once (no backoff, see `crate::backoff`).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cancelled: sent before the API server was reachable again and still unanswered; \
+     making it again"
+)]
+pub struct Superseded;
+
+/// A GET sent during an outage that got no headers within [`OUTAGE_HEADER_TIMEOUT`].
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {0:?} while the API server is unreachable")]
+pub struct NoAnswerDuringOutage(std::time::Duration);
 
 #[derive(Debug, Default)]
 struct State {
@@ -41,7 +81,14 @@ impl Reachability {
             state: Arc::default(),
             health: InputHealth::default(),
             idle_timeout: None,
+            recoveries: Arc::new(watch::Sender::new(0)),
         }
+    }
+
+    /// How long a GET sent during an outage waits for its headers.
+    fn outage_header_timeout(&self) -> std::time::Duration {
+        self.idle_timeout
+            .map_or(OUTAGE_HEADER_TIMEOUT, |t| t.min(OUTAGE_HEADER_TIMEOUT))
     }
 
     /// Names `timeout` (`--kube-api-idle-timeout`) when a request runs into it.
@@ -106,6 +153,8 @@ impl Reachability {
         let outage = s.down_since.take().map(|since| since.elapsed());
         if let Some(outage) = outage {
             self.health.recovered(API_SERVER);
+            // Requests still waiting on the hung server are cancelled and made again.
+            self.recoveries.send_modify(|n| *n = n.wrapping_add(1));
             info!(
                 server = %self.server,
                 failed_requests = s.failures,
@@ -183,11 +232,12 @@ pub struct Tracked<S> {
     tracker: Reachability,
 }
 
-impl<S, Req, B> tower::Service<Req> for Tracked<S>
+impl<S, ReqBody, B> tower::Service<http::Request<ReqBody>> for Tracked<S>
 where
-    S: tower::Service<Req, Response = http::Response<B>>,
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<B>>,
     S::Future: Send + 'static,
-    S::Error: AsRef<dyn std::error::Error + Send + Sync>,
+    S::Error:
+        AsRef<dyn std::error::Error + Send + Sync> + From<Superseded> + From<NoAnswerDuringOutage>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -197,12 +247,40 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Req) -> Self::Future {
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let sent = Instant::now();
+        // Only reads are cancelled and made again: an Event posted twice would be two.
+        let get = request.method() == http::Method::GET;
         let response = self.inner.call(request);
         let tracker = self.tracker.clone();
+        // Subscribed now: an outage that ends from here on supersedes this request.
+        let mut recovered = tracker.recoveries.subscribe();
+        let header_timeout = tracker.outage_header_timeout();
         Box::pin(async move {
-            let result = response.await;
+            let mut response = std::pin::pin!(response);
+            let mut check = tokio::time::interval_at(sent + header_timeout, header_timeout);
+            let mut watching = get;
+            let result = loop {
+                tokio::select! {
+                    biased;
+                    result = &mut response => break result,
+                    changed = recovered.changed(), if watching => {
+                        if changed.is_err() {
+                            watching = false;
+                            continue;
+                        }
+                        debug!(server = %tracker.server, "{Superseded}");
+                        return Err(Superseded.into());
+                    }
+                    _ = check.tick(), if get => {
+                        if tracker.is_down() {
+                            let error = NoAnswerDuringOutage(header_timeout);
+                            tracker.failed(&error);
+                            return Err(error.into());
+                        }
+                    }
+                }
+            };
             match &result {
                 Ok(r) if r.status().is_server_error() => {
                     tracker.failed(&r.status());

@@ -11,6 +11,13 @@
 //! The model applies a list atomically at `ListDone` and diffs it against what it had, so a
 //! relist is a minimal change, never a teardown; and the runner programs nothing until the
 //! Service, EndpointSlice and Node lists are all done.
+//!
+//! A list the API server answered (a 200) whose body then could not be read (cut short by a
+//! proxy, the connection reset) or decoded is a problem of its own: the reachability layer
+//! saw an answer and says nothing. It is logged once as a warning naming the kind and the
+//! error, shown in `kpng status` and counted (`kpng_source_errors_total{reason}`) until a
+//! list of that kind completes. A list with no complete answer after [`LIST_PATIENCE`] is
+//! shown too ("waiting for the Service list"), whatever holds it up.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -28,6 +35,7 @@ use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Api, Resource};
 
 use crate::slim::Slim;
+use crate::source_errors::{ListFailure, SourceErrors};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
@@ -52,12 +60,18 @@ pub fn label_selector(service_proxy_name: Option<&str>) -> String {
     }
 }
 
+/// How long a list may go without a complete answer before `kpng status` says the source is
+/// waiting for it: a list of tens of thousands of objects takes seconds, not this long.
+pub const LIST_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The `kube` source.
 #[derive(Clone)]
 pub struct KubeSource {
     client: kube::Client,
     config: SourceConfig,
     health: InputHealth,
+    errors: SourceErrors,
+    list_patience: std::time::Duration,
 }
 
 impl Debug for KubeSource {
@@ -194,6 +208,22 @@ struct ErrorLog {
     last: HashMap<Kind, String>,
     /// Where each kind's problem is shown (`kpng status`) until that watcher makes progress.
     health: InputHealth,
+    /// Lists that failed after their answer began, counted.
+    errors: SourceErrors,
+    /// The lists under way: since when each kind has been listing (its first attempt).
+    lists: HashMap<Kind, PendingList>,
+    /// How long a list may take before it is shown as a problem ([`LIST_PATIENCE`]).
+    patience: std::time::Duration,
+}
+
+/// A list started and not done.
+struct PendingList {
+    /// When its first attempt began (kept across retries), for `kpng status`.
+    since: std::time::SystemTime,
+    /// The same, for the timer.
+    started: tokio::time::Instant,
+    /// Whether it is shown as a problem already.
+    overdue: bool,
 }
 
 /// What a watcher's problem concerns, in `kpng status`.
@@ -201,11 +231,104 @@ fn watch_name(kind: Kind) -> String {
     format!("{} watch", kind.as_str())
 }
 
+/// What a list that takes too long concerns, in `kpng status`.
+fn list_name(kind: Kind) -> String {
+    format!("{} list", kind.as_str())
+}
+
+/// Why a list the API server answered failed, if that is what happened: the body could not
+/// be read (hyper's error for the body, as kube passes it on) or decoded. A request that got
+/// no answer, or a 5xx, is the reachability layer's (`None`).
+fn list_failure(error: &kube::Error) -> Option<ListFailure> {
+    match error {
+        kube::Error::Service(e) if e.is::<hyper::Error>() => Some(ListFailure::Read),
+        kube::Error::SerdeError(_) | kube::Error::FromUtf8(_) => Some(ListFailure::Decode),
+        _ => None,
+    }
+}
+
+/// An error with its causes (hyper's "error reading a body from connection" alone does not
+/// say the body ended early).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.ends_with(&c_text) {
+            text.push_str(": ");
+            text.push_str(&c_text);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 impl ErrorLog {
     fn progress(&mut self, kind: Kind) {
         // Per event: only a watcher that had a problem touches the shared record.
         if self.last.remove(&kind).is_some() {
             self.health.recovered(&watch_name(kind));
+        }
+    }
+
+    /// Follows `kind`'s watcher through `event`: a list started, done (its problems are
+    /// over), or a watch event (progress). A list's items and its restarts are not progress:
+    /// a list that keeps failing must not clear, then warn again, at each attempt.
+    fn event(&mut self, kind: Kind, event: &Event) {
+        match event {
+            Event::ListStart { .. } => {
+                self.lists.entry(kind).or_insert_with(|| PendingList {
+                    since: std::time::SystemTime::now(),
+                    started: tokio::time::Instant::now(),
+                    overdue: false,
+                });
+            }
+            Event::ListDone { .. } => {
+                if let Some(list) = self.lists.remove(&kind)
+                    && list.overdue
+                {
+                    info!(
+                        "the {} list is complete after {:.1?}",
+                        kind.as_str(),
+                        list.started.elapsed()
+                    );
+                    self.health.recovered(&list_name(kind));
+                }
+                self.progress(kind);
+            }
+            Event::ListItem(_) => {}
+            // (Only the last two come from this source.)
+            Event::Changes { .. } | Event::Replace { .. } | Event::Apply(_) | Event::Delete(_) => {
+                self.progress(kind);
+            }
+        }
+    }
+
+    /// When the next list under way becomes overdue, if one is under way.
+    fn next_overdue(&self) -> Option<tokio::time::Instant> {
+        self.lists
+            .values()
+            .filter(|l| !l.overdue)
+            .map(|l| l.started + self.patience)
+            .min()
+    }
+
+    /// Shows every list under way for longer than the patience as a problem (once each).
+    fn check_overdue(&mut self) {
+        let now = tokio::time::Instant::now();
+        for (kind, list) in &mut self.lists {
+            if list.overdue || now < list.started + self.patience {
+                continue;
+            }
+            list.overdue = true;
+            let what = kind.as_str();
+            let problem = format!(
+                "waiting for the {what} list: no complete answer for {}s; changes to {what}s \
+                 wait for it, the programmed rules stay",
+                (now - list.started).as_secs()
+            );
+            warn!("{problem}");
+            self.health.failing(&list_name(*kind), &problem, list.since);
         }
     }
 
@@ -231,8 +354,22 @@ impl ErrorLog {
                 );
                 return;
             }
-            watcher::Error::InitialListFailed(kube::Error::SerdeError(e)) => {
-                format!("the {what} list does not decode: {e}; retrying, the programmed rules stay")
+            watcher::Error::InitialListFailed(e) if let Some(failure) = list_failure(e) => {
+                // Every failed list counts; the warning is once per problem.
+                self.errors.count(failure);
+                match (failure, e) {
+                    (_, kube::Error::SerdeError(e)) => format!(
+                        "the {what} list does not decode: {e}; retrying, the programmed rules stay"
+                    ),
+                    (ListFailure::Decode, e) => format!(
+                        "the {what} list does not decode: {e}; retrying, the programmed rules stay"
+                    ),
+                    (ListFailure::Read, e) => format!(
+                        "the {what} list's answer could not be read ({}): cut short by a proxy \
+                         or the connection? retrying, the programmed rules stay",
+                        with_causes(e)
+                    ),
+                }
             }
             watcher::Error::InitialListFailed(kube::Error::Api(s))
             | watcher::Error::WatchStartFailed(kube::Error::Api(s))
@@ -296,7 +433,23 @@ impl KubeSource {
             client,
             config,
             health: InputHealth::default(),
+            errors: SourceErrors::default(),
+            list_patience: LIST_PATIENCE,
         }
+    }
+
+    /// Counts lists whose answer could not be read or decoded in `errors`
+    /// (`kpng_source_errors_total`).
+    pub fn with_errors(mut self, errors: SourceErrors) -> KubeSource {
+        self.errors = errors;
+        self
+    }
+
+    /// How long a list may go without a complete answer before `kpng status` shows it
+    /// ([`LIST_PATIENCE`] unless changed; tests shorten it).
+    pub fn with_list_patience(mut self, patience: std::time::Duration) -> KubeSource {
+        self.list_patience = patience;
+        self
     }
 
     /// Records each watcher's problems (RBAC refusals, APIs not served, undecodable lists)
@@ -343,6 +496,8 @@ impl KubeSource {
         let mut discovery = serves_service_cidrs(self.client.clone()).boxed().fuse();
         let mut log = ErrorLog {
             health: self.health.clone(),
+            errors: self.errors.clone(),
+            patience: self.list_patience,
             ..ErrorLog::default()
         };
         loop {
@@ -352,7 +507,7 @@ impl KubeSource {
                     let Some(Item { kind, result }) = item else { return };
                     match result {
                         Ok(event) => {
-                            log.progress(kind);
+                            log.event(kind, &event);
                             if matches!(event, Event::ListDone { .. }) {
                                 self.health.loaded(std::time::SystemTime::now(), None);
                             }
@@ -374,6 +529,12 @@ impl KubeSource {
                         info!("the API server serves no ServiceCIDRs: only --service-cidr ranges are dropped");
                     }
                 }
+                () = async {
+                    match log.next_overdue() {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => log.check_overdue(),
                 () = events.closed() => return,
             }
         }
@@ -397,7 +558,21 @@ mod tests {
     /// clears it.
     #[test]
     fn watch_problems_are_recorded_until_the_watcher_makes_progress() {
-        let cases: [(watcher::Error, Option<(&str, &str)>); 5] = [
+        let undecodable = || {
+            let Err(e) = serde_json::from_str::<u8>("x") else {
+                unreachable!("not a number")
+            };
+            e
+        };
+        let cases: [(watcher::Error, Option<(&str, &str)>); 6] = [
+            // A list answered whose body does not decode: a problem of its own.
+            (
+                watcher::Error::InitialListFailed(kube::Error::SerdeError(undecodable())),
+                Some((
+                    "Node watch",
+                    "the Node list does not decode: expected value at line 1 column 1; retrying, the programmed rules stay",
+                )),
+            ),
             (
                 watcher::Error::InitialListFailed(api(403, "Forbidden")),
                 Some((
@@ -451,8 +626,104 @@ mod tests {
                 .map(|(w, m)| (w.to_string(), m.to_string()))
                 .collect();
             assert_eq!(got, want, "{error:?}");
-            log.progress(Kind::Node);
+            // A list starting again (each retry) is not progress; one that completes is.
+            log.event(
+                Kind::Node,
+                &Event::ListStart {
+                    kinds: vec![Kind::Node],
+                },
+            );
+            assert_eq!(health.state().problems.len(), want.len(), "{error:?}");
+            log.event(
+                Kind::Node,
+                &Event::ListDone {
+                    kinds: vec![Kind::Node],
+                },
+            );
             assert!(health.state().problems.is_empty(), "progress clears it");
         }
+    }
+
+    /// A list that fails after its answer began counts once per attempt and warns once:
+    /// its retries do not clear the problem, its completion does.
+    #[test]
+    fn a_failing_list_counts_each_attempt_and_is_one_problem() {
+        let health = InputHealth::default();
+        let errors = SourceErrors::default();
+        let mut log = ErrorLog {
+            health: health.clone(),
+            errors: errors.clone(),
+            ..ErrorLog::default()
+        };
+        let undecodable = || match serde_json::from_str::<u8>("x") {
+            Err(e) => watcher::Error::InitialListFailed(kube::Error::SerdeError(e)),
+            Ok(_) => unreachable!("not a number"),
+        };
+        for _ in 0..3 {
+            log.event(
+                Kind::Service,
+                &Event::ListStart {
+                    kinds: vec![Kind::Service],
+                },
+            );
+            log.error(Kind::Service, &undecodable());
+        }
+        assert_eq!(errors.get(ListFailure::Decode), 3);
+        assert_eq!(health.state().problems.len(), 1);
+        log.event(
+            Kind::Service,
+            &Event::ListDone {
+                kinds: vec![Kind::Service],
+            },
+        );
+        assert!(health.state().problems.is_empty());
+    }
+
+    /// A list under way past the patience is shown from its first attempt, once, until it
+    /// completes.
+    #[tokio::test(start_paused = true)]
+    async fn a_list_without_an_answer_past_the_patience_is_shown_until_done() {
+        let health = InputHealth::default();
+        let mut log = ErrorLog {
+            health: health.clone(),
+            patience: std::time::Duration::from_secs(30),
+            ..ErrorLog::default()
+        };
+        assert_eq!(log.next_overdue(), None, "nothing under way");
+        let started = tokio::time::Instant::now();
+        log.event(
+            Kind::Service,
+            &Event::ListStart {
+                kinds: vec![Kind::Service],
+            },
+        );
+        tokio::time::advance(std::time::Duration::from_secs(10)).await;
+        // A retry keeps the first attempt's start.
+        log.event(
+            Kind::Service,
+            &Event::ListStart {
+                kinds: vec![Kind::Service],
+            },
+        );
+        let due = started + std::time::Duration::from_secs(30);
+        assert_eq!(log.next_overdue(), Some(due));
+        log.check_overdue();
+        assert!(health.state().problems.is_empty(), "not yet");
+        tokio::time::advance(std::time::Duration::from_secs(20)).await;
+        log.check_overdue();
+        let problems = health.state().problems;
+        let message = &problems["Service list"].message;
+        assert!(
+            message.starts_with("waiting for the Service list: no complete answer for 30s"),
+            "{message}"
+        );
+        assert_eq!(log.next_overdue(), None, "shown once");
+        log.event(
+            Kind::Service,
+            &Event::ListDone {
+                kinds: vec![Kind::Service],
+            },
+        );
+        assert!(health.state().problems.is_empty());
     }
 }

@@ -5,8 +5,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kpng_fake_apiserver::FakeApiServer;
+use kpng_model::input::InputHealth;
 use kpng_model::{Event, Kind, Model, ModelConfig, Object};
-use kpng_source_kube::{ClientOptions, KubeSource, SourceConfig, client};
+use kpng_source_kube::{
+    ClientOptions, KubeSource, ListFailure, SourceConfig, SourceErrors, Superseded, client,
+};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tracing::instrument::WithSubscriber;
@@ -60,7 +63,7 @@ struct Running {
     _task: tokio::task::JoinHandle<()>,
 }
 
-/// The messages of the events logged inside the future it is attached to (no
+/// The levels and messages of the events logged inside the future it is attached to (no
 /// tracing-subscriber here: a minimal subscriber that keeps each event's message).
 #[derive(Clone, Default)]
 struct Logged(Arc<Mutex<Vec<String>>>);
@@ -100,7 +103,8 @@ impl tracing::Subscriber for Logged {
                 }
             }
         }
-        let mut text = String::new();
+        // The level first ("WARN …"): tests tell a warning from the same text at debug.
+        let mut text = format!("{} ", event.metadata().level());
         event.record(&mut Message(&mut text));
         self.0
             .lock()
@@ -136,15 +140,30 @@ fn watches(server: &FakeApiServer, path: &str) -> usize {
 }
 
 async fn run(server: &FakeApiServer) -> Running {
+    run_with(server, ClientOptions::default(), |source| source).await
+}
+
+/// A client of `server` with `options` (its kubeconfig filled in).
+async fn client_of(server: &FakeApiServer, options: ClientOptions) -> kube::Client {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("kubeconfig");
     server.write_kubeconfig(&path).expect("kubeconfig");
     let (client, _) = client(&ClientOptions {
         kubeconfig: Some(path),
-        ..ClientOptions::default()
+        ..options
     })
     .await
     .expect("client");
+    client
+}
+
+/// [`run`] with the client's `options` and the source as `configure` makes it.
+async fn run_with(
+    server: &FakeApiServer,
+    options: ClientOptions,
+    configure: impl FnOnce(KubeSource) -> KubeSource,
+) -> Running {
+    let client = client_of(server, options).await;
     let source = KubeSource::new(
         client,
         SourceConfig {
@@ -152,6 +171,7 @@ async fn run(server: &FakeApiServer) -> Running {
             service_proxy_name: None,
         },
     );
+    let source = configure(source);
     let (tx, events) = mpsc::channel(64);
     let logged = Logged::default();
     Running {
@@ -674,5 +694,218 @@ async fn a_list_that_always_fails_backs_off_and_a_404_says_the_api_is_not_served
             .all(|l| !l.contains("check kpng's permissions")),
         "{:#?}",
         r.logged.lines()
+    );
+}
+
+/// A list the API server answers with a 200 and then cuts short (a proxy giving up mid-answer)
+/// is a problem of its own: warned once naming the kind and the error, shown in the input's
+/// record and counted at each attempt, until a list of that kind completes. (It was a debug
+/// line: the reachability layer had seen an answer.)
+#[tokio::test]
+async fn a_list_cut_short_is_warned_once_shown_and_counted_until_a_list_completes() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    // Enough Services that their list is longer than the cut; the other lists are shorter.
+    for i in 0..30 {
+        server
+            .apply(service(
+                &format!("svc-{i:02}"),
+                &format!("10.96.1.{}", i + 1),
+                json!({}),
+            ))
+            .expect("apply");
+    }
+    let health = InputHealth::default();
+    let errors = SourceErrors::default();
+    let mut r = run_with(&server, ClientOptions::default(), |source| {
+        source
+            .with_health(health.clone())
+            .with_errors(errors.clone())
+    })
+    .await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+    assert!(health.state().problems.is_empty());
+
+    server.truncate(Some(4_000));
+    server.expire_watches();
+    wait_for(
+        "three Service lists cut short, each counted",
+        || errors.get(ListFailure::Read) >= 3,
+        || format!("{:#?}", r.logged.lines()),
+    )
+    .await;
+    let problems = health.state().problems;
+    let message = problems
+        .get("Service watch")
+        .map(|p| p.message.clone())
+        .unwrap_or_else(|| panic!("the Service list is a problem: {problems:?}"));
+    assert!(
+        message.starts_with("the Service list's answer could not be read (")
+            && message.ends_with("retrying, the programmed rules stay"),
+        "{message}"
+    );
+    let warned = r
+        .logged
+        .lines()
+        .iter()
+        .filter(|l| l.starts_with("WARN the Service list's answer could not be read"))
+        .count();
+    assert_eq!(warned, 1, "once, not per attempt: {:#?}", r.logged.lines());
+    assert_eq!(errors.get(ListFailure::Decode), 0);
+
+    server.truncate(None);
+    until(&mut r, list_done(&[Kind::Service])).await;
+    assert!(
+        health.state().problems.is_empty(),
+        "a complete list ends it: {:?}",
+        health.state().problems
+    );
+}
+
+/// A request sent to a hung server and still unanswered when the server answers again is
+/// cancelled at once (it waited for the idle timeout, 90 s by default, while everything said
+/// the server was back).
+#[tokio::test]
+async fn a_request_hung_before_the_server_answers_again_is_cancelled() {
+    use k8s_openapi::api::core::v1::Service;
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let client = client_of(
+        &server,
+        ClientOptions {
+            idle_timeout: Duration::from_secs(60),
+            ..ClientOptions::default()
+        },
+    )
+    .await;
+    let services: kube::Api<Service> = kube::Api::all(client);
+    let before = server.load().requests;
+    server.stall(true);
+    let hung = tokio::spawn({
+        let services = services.clone();
+        async move { services.list(&Default::default()).await }
+    });
+    wait_for(
+        "the request at the hung server",
+        || server.load().requests > before,
+        || format!("{:?}", server.load()),
+    )
+    .await;
+    // An outage (a 500, answered although the server hangs), then an answer that ends it.
+    server.fail(500, 1).expect("fail");
+    let failed = services.list(&Default::default()).await;
+    assert!(matches!(failed, Err(kube::Error::Api(ref s)) if s.code == 500));
+    server.stall(false);
+    services
+        .list(&Default::default())
+        .await
+        .expect("the server answers again");
+    let cancelled = tokio::time::timeout(Duration::from_secs(3), hung)
+        .await
+        .expect("cancelled when the server answered, not after the idle timeout")
+        .expect("joined");
+    match cancelled {
+        Err(kube::Error::Service(e)) => assert!(e.is::<Superseded>(), "{e}"),
+        other => panic!("superseded, got {:?}", other.map(|l| l.items.len())),
+    }
+}
+
+/// The source's requests hung at a server that came back hung (after an outage) are made
+/// again once it answers: the change made meanwhile arrives seconds after, not after the
+/// idle timeout (60 s here).
+#[tokio::test]
+async fn requests_hung_during_an_outage_are_made_again_when_the_server_is_back() {
+    let mut server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let health = InputHealth::default();
+    let options = ClientOptions {
+        idle_timeout: Duration::from_secs(60),
+        ..ClientOptions::default()
+    };
+    let mut r = run_with(&server, options, |source| {
+        source.with_health(health.clone())
+    })
+    .await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+
+    server.stop();
+    wait_for(
+        "the outage",
+        || r.logged.any("API server unreachable"),
+        || format!("{:#?}", r.logged.lines()),
+    )
+    .await;
+    // Back, but hung: the watchers' retries get no answer.
+    server.stall(true);
+    server.restart().expect("restart");
+    server.apply(slice("web", "10.244.1.7")).expect("apply");
+    let before = server.load().requests;
+    wait_for(
+        "the retries at the hung server",
+        || server.load().requests >= before + 3,
+        || format!("{:?}", server.load()),
+    )
+    .await;
+    server.stall(false);
+    let unstalled = tokio::time::Instant::now();
+    let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
+    let Some(Event::Apply(Object::EndpointSlice { slice, .. })) = events.last() else {
+        panic!("{events:#?}")
+    };
+    assert_eq!(slice.endpoints[0].ip.to_string(), "10.244.1.7");
+    assert!(
+        unstalled.elapsed() < Duration::from_secs(15),
+        "{:?} after the server answered again",
+        unstalled.elapsed()
+    );
+    wait_for(
+        "the outage over in the record",
+        || health.state().problems.is_empty(),
+        || format!("{:?}", health.state().problems),
+    )
+    .await;
+}
+
+/// A list with no complete answer past the patience is shown ("waiting for the Service
+/// list") until it completes: `kpng status` said ok while the list was outstanding.
+#[tokio::test]
+async fn a_list_outstanding_past_the_patience_is_shown_until_it_completes() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let health = InputHealth::default();
+    let mut r = run_with(&server, ClientOptions::default(), |source| {
+        source
+            .with_health(health.clone())
+            .with_list_patience(Duration::from_secs(1))
+    })
+    .await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+    wait_for(
+        "the first lists' record clear",
+        || health.state().problems.is_empty(),
+        || format!("{:?}", health.state().problems),
+    )
+    .await;
+
+    server.delay(Some(Duration::from_millis(2_500)));
+    server.expire_watches();
+    wait_for(
+        "the Service list shown as awaited",
+        || health.state().problems.contains_key("Service list"),
+        || format!("{:?}", health.state().problems),
+    )
+    .await;
+    let message = health.state().problems["Service list"].message.clone();
+    assert!(
+        message.starts_with("waiting for the Service list: no complete answer for "),
+        "{message}"
+    );
+    assert!(r.logged.any("waiting for the Service list"));
+    server.delay(None);
+    until(&mut r, list_done(&[Kind::Service])).await;
+    assert!(
+        !health.state().problems.contains_key("Service list"),
+        "{:?}",
+        health.state().problems
     );
 }

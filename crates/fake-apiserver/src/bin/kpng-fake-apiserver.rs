@@ -14,10 +14,14 @@
 //! - `expire` (410 Gone to every watch), `drop` (cut every watch), `bookmark`;
 //! - `stop` / `restart` (an outage and its end); `stall` / `unstall` (a hung server: open
 //!   connections go silent, new requests get no answer; and its end, for new requests);
+//! - `fail CODE N` (the next N requests answered with status CODE, even while stalled; N 0
+//!   stops), `truncate BYTES` (list bodies cut after BYTES, then the connection aborted;
+//!   `truncate off` to stop), `delay MS` (every request answered MS milliseconds late; 0 to
+//!   stop);
 //! - `events`: the Events posted so far, as a JSON array after `ok`;
 //! - `forbid-events` / `allow-events`: Event posts refused with 403 (no RBAC rule), or not.
 //!
-//! It exits when standard input closes.
+//! It exits when standard input closes. `--help` prints this usage.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -25,13 +29,36 @@ use std::process::ExitCode;
 
 use kpng_fake_apiserver::FakeApiServer;
 
+/// What `--help` prints (the commands are the module's list).
+const USAGE: &str = "\
+usage: kpng-fake-apiserver [--manifest FILE] [--kubeconfig FILE] [--no-service-cidrs]
+
+A fake Kubernetes API server for tests. Listens on a free port of 127.0.0.1, applies the
+manifest, writes a kubeconfig for itself, prints `listening URL`, then reads one command per
+line on standard input and answers `ok [RESOURCEVERSION]` or `error MESSAGE`:
+
+  apply FILE                 apply every object of a YAML manifest
+  delete KIND NAMESPACE NAME (`-` as the namespace of cluster-scoped kinds)
+  expire | drop | bookmark   410 Gone to every watch | cut every watch | a bookmark now
+  stop | restart             an outage (connections refused) and its end
+  stall | unstall            a hung server (no answers) and its end, for new requests
+  fail CODE N                answer the next N requests with status CODE (N 0: stop)
+  truncate BYTES|off         cut list bodies after BYTES and abort the connection
+  delay MS                   answer every request MS milliseconds late (0: stop)
+  events                     the Events posted so far, as a JSON array
+  forbid-events | allow-events
+
+It exits when standard input closes.
+";
+
 struct Args {
     manifest: Option<PathBuf>,
     kubeconfig: Option<PathBuf>,
     service_cidrs: bool,
 }
 
-fn parse_args() -> Result<Args, String> {
+/// The arguments, or `None` for `--help`.
+fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
         manifest: None,
         kubeconfig: None,
@@ -43,10 +70,11 @@ fn parse_args() -> Result<Args, String> {
             "--manifest" => args.manifest = it.next().map(PathBuf::from),
             "--kubeconfig" => args.kubeconfig = it.next().map(PathBuf::from),
             "--no-service-cidrs" => args.service_cidrs = false,
-            other => return Err(format!("unknown argument {other:?}")),
+            "--help" | "-h" => return Ok(None),
+            other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
     }
-    Ok(args)
+    Ok(Some(args))
 }
 
 /// Runs one command line; the answer's text after `ok`.
@@ -78,6 +106,21 @@ fn command(server: &mut FakeApiServer, line: &str) -> Result<String, String> {
         ["stall"] => server.stall(true),
         ["unstall"] => server.stall(false),
         ["restart"] => server.restart().map_err(|e| e.to_string())?,
+        ["fail", code, count] => {
+            let number = |w: &str| w.parse::<u64>().map_err(|e| format!("{w:?}: {e}"));
+            let code = u16::try_from(number(code)?).map_err(|e| e.to_string())?;
+            server
+                .fail(code, number(count)?)
+                .map_err(|e| e.to_string())?;
+        }
+        ["truncate", "off"] => server.truncate(None),
+        ["truncate", bytes] => {
+            server.truncate(Some(bytes.parse().map_err(|e| format!("{bytes:?}: {e}"))?));
+        }
+        ["delay", ms] => {
+            let ms: u64 = ms.parse().map_err(|e| format!("{ms:?}: {e}"))?;
+            server.delay((ms > 0).then(|| std::time::Duration::from_millis(ms)));
+        }
         _ => return Err(format!("unknown command {line:?}")),
     }
     Ok(String::new())
@@ -85,7 +128,11 @@ fn command(server: &mut FakeApiServer, line: &str) -> Result<String, String> {
 
 fn main() -> ExitCode {
     let args = match parse_args() {
-        Ok(a) => a,
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("kpng-fake-apiserver: {e}");
             return ExitCode::from(2);

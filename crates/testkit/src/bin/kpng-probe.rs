@@ -16,7 +16,7 @@
 //! TCP makes a new connection per attempt. UDP sends all `--count` datagrams from
 //! ONE connected socket (same source port: one conntrack flow, as a long-lived UDP
 //! client would), unless `--fresh` asks for a new socket per attempt. Exit status
-//! is 0 whenever every attempt was reported, 2 on bad arguments.
+//! is 0 whenever every attempt was reported, 2 on bad arguments. `--help` prints the usage.
 
 use std::io::{ErrorKind, Read};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
@@ -39,8 +39,22 @@ struct Args {
     fresh: bool,
 }
 
+/// Whether the command line asks for the usage (`--help` or `-h` anywhere): it was taken
+/// as an unknown protocol.
+fn wants_help(args: &[String]) -> bool {
+    args.iter().any(|a| a == "--help" || a == "-h")
+}
+
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if wants_help(&argv) {
+        println!(
+            "{USAGE}\n\nOne JSON line per attempt: outcome ok (a reply line arrived), refused, \
+             timeout, unreachable or error."
+        );
+        return ExitCode::SUCCESS;
+    }
+    let args = match parse_args(argv.into_iter()) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("kpng-probe: {e}\n{USAGE}");
@@ -303,6 +317,20 @@ mod tests {
         let a = parse("tcp 10.0.0.1:80 --bind 10.0.0.2:4000").expect("valid");
         assert_eq!(a.bind, Some("10.0.0.2:4000".parse().expect("addr")));
         assert_eq!(a.count, 1);
+    }
+
+    #[test]
+    fn help_is_asked_for_anywhere_on_the_line() {
+        let words = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        for (line, want) in [
+            ("--help", true),
+            ("-h", true),
+            ("tcp 10.0.0.1:80 --help", true),
+            ("tcp 10.0.0.1:80", false),
+            ("", false),
+        ] {
+            assert_eq!(wants_help(&words(line)), want, "{line:?}");
+        }
     }
 
     #[test]
