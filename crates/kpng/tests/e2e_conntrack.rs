@@ -63,9 +63,11 @@ fn udp_service(name: &str, n: u8, pods: &[&str]) -> String {
         np = 30000 + u16::from(n),
     );
     for (fam, v6) in [("IPv4", false), ("IPv6", true)] {
+        // Slice names are DNS-1123 subdomains: lower case, as the API server requires.
+        let fam_lower = fam.to_lowercase();
         out.push_str(&format!(
             "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata: {{namespace: default, name: {name}-{fam}, \
+             metadata: {{namespace: default, name: {name}-{fam_lower}, \
              labels: {{kubernetes.io/service-name: {name}}}}}\n\
              addressType: {fam}\nports: [{{name: dns, port: {EP_PORT}, protocol: UDP}}]\nendpoints:"
         ));
