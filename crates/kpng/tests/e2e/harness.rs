@@ -153,9 +153,11 @@ pub fn service_fams(name: &str, n: u8, ty: &str, extra: &str, dual: bool) -> Str
 pub fn slices(svc: &str, eps: Eps<'_>) -> String {
     let mut out = Vec::new();
     for (fam, v6) in [("IPv4", false), ("IPv6", true)] {
+        // Slice names are DNS-1123 subdomains: lower case, as the API server requires.
+        let fam_lower = fam.to_lowercase();
         let mut s = format!(
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata: {{namespace: default, name: {svc}-{fam}, \
+             metadata: {{namespace: default, name: {svc}-{fam_lower}, \
              labels: {{kubernetes.io/service-name: {svc}}}}}\n\
              addressType: {fam}\n\
              ports: [{{name: tcp, port: {EP_PORT}, protocol: TCP}}, \
