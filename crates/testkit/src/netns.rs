@@ -287,11 +287,12 @@ fn namespace_inode(name: &str) -> Option<u64> {
 }
 
 /// Removes the records a kpng left for a namespace that no longer exists (one that ended
-/// without `kpng cleanup`): the iptables backend's `route_localnet` and the conntrack
-/// cleanup's memory. Left behind, the records pile up in `/run/kpng` over test runs, and a
-/// later namespace given the same inode would find a record not its own.
+/// without `kpng cleanup`): the iptables backend's `route_localnet`, the conntrack
+/// cleanup's memory and the run marker of a kpng a test killed. Left behind, the records pile
+/// up in `/run/kpng` over test runs, a later namespace given the same inode would find a
+/// record not its own, and `kpng cleanup` in another test would list them.
 fn forget_kpng_records(inode: u64) {
-    for name in ["route_localnet", "conntrack-checked"] {
+    for name in ["route_localnet", "conntrack-checked", "running"] {
         let record = Path::new("/run/kpng").join(format!("{name}.{inode}"));
         if let Err(e) = std::fs::remove_file(&record)
             && e.kind() != std::io::ErrorKind::NotFound
