@@ -51,8 +51,21 @@ pub trait Harness {
     /// external traffic to an externalTrafficPolicy Local port through a chain that lets pods
     /// and the node itself use every endpoint, and everyone else the local ones only); the
     /// answer is the set of endpoints the data plane may pick for that client, whatever the
-    /// random choice or affinity would pick for one connection.
+    /// random choice would pick for one connection. What the data plane recorded for earlier
+    /// connections counts: once a client of a ClientIP-affinity Service has connected
+    /// ([`Harness::connect`]), the set is its endpoint alone.
     fn dispatch(&self, to: Frontend, from: Client) -> Dispatch;
+    /// Makes one new connection from `from` to `to` through the fake data plane and says where
+    /// it went (`To` one endpoint, `Refused` or `Unknown`). The data plane records what it
+    /// records for a real connection (ClientIP affinity entries: nftables' `update @affinity`,
+    /// iptables' `recent --set`, the userspace proxy's sticky table), and its random choice is
+    /// made in turn (round robin over the choices, one step per connection), so that without
+    /// affinity two connections in a row reach two endpoints of a Service with two.
+    ///
+    /// Why: [`Harness::dispatch`] answers for one connection; ClientIP affinity is about the
+    /// next ones (the same client keeps its endpoint), which only connections made one after
+    /// the other show.
+    fn connect(&mut self, to: Frontend, from: Client) -> Dispatch;
 }
 
 /// What a client connects to: a ClusterIP, external IP or load-balancer IP with the Service
@@ -67,16 +80,25 @@ pub struct Frontend {
     pub protocol: Protocol,
 }
 
-/// Who connects, as far as traffic policies care: they tell a pod (which may use every
-/// endpoint of an externalTrafficPolicy Local port) from a client outside the cluster.
+/// Who connects, as far as traffic policies, source ranges and session affinity care: they
+/// tell a pod (which may use every endpoint of an externalTrafficPolicy Local port) from a
+/// client outside the cluster, a client inside the load-balancer source ranges from one
+/// outside them, and one client from another (affinity is per client).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Client {
     /// A pod of this node ([`Client::address`]: inside the node's pod CIDR). The harness's
-    /// pod detection (`--detect-local-mode`) must cover the IPv4 address at least.
+    /// pod detection (`--detect-local-mode`) must cover both addresses: the node's pod CIDRs
+    /// are `10.244.1.0/24` and `fd00:10:244:1::/64` (a cluster CIDR `10.244.0.0/16`,
+    /// `fd00:10:244::/48`).
     Pod,
+    /// Another pod of this node: a second client for ClientIP affinity.
+    OtherPod,
     /// A client outside the cluster, neither a pod nor the node itself, inside the
-    /// load-balancer source ranges the scenarios use (`203.0.113.0/24`).
+    /// load-balancer source ranges the scenarios use (`203.0.113.0/24`, `2001:db8::/64`).
     Outside,
+    /// A client outside the cluster and outside the load-balancer source ranges the scenarios
+    /// use (`198.51.100.9`, `2001:db8:ff::9`).
+    Barred,
 }
 
 impl Client {
@@ -85,8 +107,12 @@ impl Client {
         match (self, family) {
             (Client::Pod, Family::V4) => ip("10.244.1.100"),
             (Client::Pod, Family::V6) => ip("fd00:10:244:1::100"),
+            (Client::OtherPod, Family::V4) => ip("10.244.1.101"),
+            (Client::OtherPod, Family::V6) => ip("fd00:10:244:1::101"),
             (Client::Outside, Family::V4) => ip("203.0.113.9"),
             (Client::Outside, Family::V6) => ip("2001:db8::9"),
+            (Client::Barred, Family::V4) => ip("198.51.100.9"),
+            (Client::Barred, Family::V6) => ip("2001:db8:ff::9"),
         }
     }
 }
@@ -133,6 +159,10 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
         external_ip_and_load_balancer_source_ranges,
     ),
     (
+        "load_balancer_source_ranges_refuse_other_clients",
+        load_balancer_source_ranges_refuse_other_clients,
+    ),
+    (
         "external_traffic_policy_local",
         external_traffic_policy_local,
     ),
@@ -141,6 +171,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = &[
         internal_traffic_policy_local,
     ),
     ("session_affinity_client_ip", session_affinity_client_ip),
+    ("session_affinity_sticks", session_affinity_sticks),
     (
         "terminating_endpoints_fallback",
         terminating_endpoints_fallback,
@@ -168,9 +199,11 @@ macro_rules! conformance_tests {
             wrong_port_unallocated_ip_and_no_endpoints,
             node_port,
             external_ip_and_load_balancer_source_ranges,
+            load_balancer_source_ranges_refuse_other_clients,
             external_traffic_policy_local,
             internal_traffic_policy_local,
             session_affinity_client_ip,
+            session_affinity_sticks,
             terminating_endpoints_fallback,
             ipv6_cluster_ip_and_node_port,
             live_changes_are_minimal,
@@ -646,6 +679,47 @@ fn external_ip_and_load_balancer_source_ranges(h: &mut dyn Harness) {
     );
 }
 
+/// Mirrors `external_ip_and_load_balancer_source_ranges` for the clients the ranges leave out:
+/// a load-balancer IP with `loadBalancerSourceRanges` serves the clients inside them and
+/// refuses every other, in each family, while the ranges leave the Service's external IP,
+/// node port and ClusterIP open (kube-proxy's firewall covers load-balancer IPs only).
+fn load_balancer_source_ranges_refuse_other_clients(h: &mut dyn Harness) {
+    let mut sp = port("fw", "10.96.0.45", Protocol::Tcp);
+    sp.node_port = Some(30045);
+    sp.external_ips = vec![ip("192.168.100.55")];
+    sp.load_balancer_ips = vec![ip("192.168.100.65")];
+    sp.source_ranges = vec!["203.0.113.0/24".parse().expect("cidr")];
+    let all = || Dispatch::to(&[LOCAL, REMOTE]);
+    let lb = tcp("192.168.100.65:80");
+    programs_and_removes(
+        h,
+        "a LoadBalancer IP with source ranges",
+        sp,
+        &[
+            (lb, Client::Outside, all()),
+            (lb, Client::Barred, Dispatch::Refused),
+            (tcp("192.168.100.55:80"), Client::Barred, all()),
+            (tcp(&format!("{NODE}:30045")), Client::Barred, all()),
+            (tcp("10.96.0.45:80"), Client::Pod, all()),
+        ],
+    );
+
+    let mut sp = port("fw6", "fd00:96::45", Protocol::Tcp);
+    sp.load_balancer_ips = vec![ip("2001:db8:100::65")];
+    sp.source_ranges = vec!["2001:db8::/64".parse().expect("cidr")];
+    let (local, remote) = endpoint_addrs(Family::V6);
+    let lb = tcp("[2001:db8:100::65]:80");
+    dispatches(
+        h,
+        "an IPv6 LoadBalancer IP with source ranges",
+        sp,
+        &[
+            (lb, Client::Outside, Dispatch::to(&[local, remote])),
+            (lb, Client::Barred, Dispatch::Refused),
+        ],
+    );
+}
+
 /// Mirrors `external_traffic_policy_local`: external frontends (node port, external and
 /// load-balancer IPs) send clients from outside to local endpoints only, and drop them when
 /// there is none; pods (kube-proxy's short-circuit) and the ClusterIP use every endpoint.
@@ -764,6 +838,93 @@ fn session_affinity_client_ip(h: &mut dyn Harness) {
     );
 }
 
+/// One connection from `from` to `to`, which must reach an endpoint.
+fn connect_once(harness: &mut dyn Harness, what: &str, to: Frontend, from: Client) -> Dispatch {
+    let got = harness.connect(to, from);
+    match &got {
+        Dispatch::To(endpoints) if endpoints.len() == 1 => got,
+        _ => panic!(
+            "{what}: a connection from {from:?} to {}:{} reached {got:?}, not one endpoint",
+            to.ip, to.port
+        ),
+    }
+}
+
+/// Mirrors `session_affinity_client_ip`, connection after connection: under ClientIP affinity
+/// a client keeps the endpoint its first connection reached, through the ClusterIP and the
+/// node port, while a client that has not connected yet may still reach every endpoint (the
+/// affinity is per client, not one endpoint for all). Without affinity one client's
+/// connections spread (which also proves that the harness's choices vary, so that a sticky
+/// answer means something).
+fn session_affinity_sticks(h: &mut dyn Harness) {
+    let all = || Dispatch::to(&[LOCAL, REMOTE]);
+    let mut run = Run::start(h);
+
+    let plain = port("plain", "10.96.0.72", Protocol::Tcp);
+    let key = plain.key.clone();
+    run.add(plain);
+    let cip = tcp("10.96.0.72:80");
+    let what = "a Service without affinity";
+    let first = connect_once(run.harness, what, cip, Client::Pod);
+    let second = connect_once(run.harness, what, cip, Client::Pod);
+    assert_ne!(
+        first, second,
+        "{what}: two connections in a row from one client reached the same endpoint"
+    );
+    assert_dispatch(run.harness, what, &[(cip, Client::Pod, all())]);
+    run.remove(&key);
+
+    let mut sp = port("sticky", "10.96.0.71", Protocol::Tcp);
+    sp.session_affinity = Some(SessionAffinity {
+        timeout_seconds: 10_800,
+    });
+    sp.node_port = Some(30071);
+    let key = sp.key.clone();
+    run.add(sp);
+    let cip = tcp("10.96.0.71:80");
+    let np = tcp(&format!("{NODE}:30071"));
+    let ways = [
+        (
+            "ClientIP affinity on the ClusterIP",
+            cip,
+            Client::Pod,
+            Client::OtherPod,
+        ),
+        (
+            "ClientIP affinity on the node port",
+            np,
+            Client::Outside,
+            Client::Barred,
+        ),
+    ];
+    for (what, to, client, other) in ways {
+        assert_dispatch(
+            run.harness,
+            &format!("{what}, before any connection"),
+            &[(to, client, all()), (to, other, all())],
+        );
+        let first = connect_once(run.harness, what, to, client);
+        for n in 2..=5 {
+            let again = connect_once(run.harness, what, to, client);
+            assert_eq!(
+                again, first,
+                "{what}: connection {n} from {client:?} left the endpoint of its first"
+            );
+        }
+        assert_dispatch(
+            run.harness,
+            &format!("{what}, after {client:?} connected"),
+            &[(to, client, first), (to, other, all())],
+        );
+    }
+    run.remove(&key);
+    assert_gone(
+        run.harness,
+        "ClientIP affinity",
+        &[(cip, Client::Pod, all()), (np, Client::Outside, all())],
+    );
+}
+
 /// Mirrors `terminating_endpoints_fallback`: serving, terminating endpoints take traffic only
 /// where no ready endpoint exists for the frontend's policy (the cluster for Cluster, this node
 /// for Local), and endpoints that no longer serve never do.
@@ -818,7 +979,9 @@ fn terminating_endpoints_fallback(h: &mut dyn Harness) {
     );
 }
 
-/// Mirrors `ipv6_cluster_ip_and_node_port`.
+/// Mirrors `ipv6_cluster_ip_and_node_port`; with externalTrafficPolicy Local, a pod of this
+/// node (`fd00:10:244:1::100`, which the harness's pod detection must recognise) may use every
+/// endpoint of the node port, a client from outside the local one only.
 fn ipv6_cluster_ip_and_node_port(h: &mut dyn Harness) {
     let mut sp = port("web6", "fd00:96::10", Protocol::Tcp);
     sp.node_port = Some(30060);
@@ -835,6 +998,21 @@ fn ipv6_cluster_ip_and_node_port(h: &mut dyn Harness) {
                 Client::Outside,
                 all(),
             ),
+        ],
+    );
+    let both = [endpoint(local, true), endpoint(remote, false)];
+    let sp = port_over("web6", "fd00:96::10", Protocol::Tcp, &both, |sp| {
+        sp.node_port = Some(30061);
+        sp.external_policy_local = true;
+    });
+    let np = tcp(&format!("[{}]:30061", NODE_IPS[1]));
+    dispatches(
+        h,
+        "an IPv6 node port with externalTrafficPolicy Local",
+        sp,
+        &[
+            (np, Client::Pod, all()),
+            (np, Client::Outside, Dispatch::to(&[local])),
         ],
     );
 }

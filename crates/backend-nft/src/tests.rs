@@ -1417,11 +1417,23 @@ mod conformance_harness {
                 .expect("kernel")
                 .dispatch(to, from)
         }
+
+        fn connect(&mut self, to: Frontend, from: Client) -> Dispatch {
+            self.kernel.kernel.lock().expect("kernel").connect(to, from)
+        }
     }
 
     pub fn make() -> NftHarness {
         let kernel = kernel::FakeKernel::default();
-        let backend = NftBackend::new(config(), Box::new(kernel.clone()));
+        // Pods are recognised by the scenarios' cluster CIDRs (`Client::Pod`).
+        let config = NftConfig {
+            detect_local: DetectLocal::ClusterCidr(vec![
+                "10.244.0.0/16".parse().expect("cidr"),
+                "fd00:10:244::/48".parse().expect("cidr"),
+            ]),
+            ..config()
+        };
+        let backend = NftBackend::new(config, Box::new(kernel.clone()));
         NftHarness { backend, kernel }
     }
 }

@@ -107,6 +107,17 @@ impl Balancer {
         }
     }
 
+    /// The endpoint `client` sticks to at `now`, if any (the conformance harness reads where
+    /// the next connection of a client goes).
+    #[cfg(test)]
+    pub fn sticky(&self, client: IpAddr, now: Instant) -> Option<SocketAddr> {
+        let timeout = self.timeout?;
+        self.sticky
+            .get(&client)
+            .filter(|s| now.saturating_duration_since(s.last_used) <= timeout)
+            .map(|s| s.endpoint)
+    }
+
     /// Number of affinity entries held (expired ones included until the next sweep).
     pub fn affinity_entries(&self) -> usize {
         self.sticky.len()

@@ -108,14 +108,21 @@ impl PortShared {
         }
     }
 
-    /// The endpoints a new connection through `scope` may go to (the conformance harness
-    /// reads where a listener sends traffic).
+    /// The endpoints a new connection of `client` through `scope` may go to (the conformance
+    /// harness reads where a listener sends traffic).
     #[cfg(test)]
-    pub fn endpoints(&self, scope: Scope) -> Vec<SocketAddr> {
+    pub fn endpoints(&self, scope: Scope, client: IpAddr) -> Vec<SocketAddr> {
         self.routing
             .lock()
-            .map(|r| r.endpoints(scope))
+            .map(|r| r.endpoints(scope, client, Instant::now()))
             .unwrap_or_default()
+    }
+
+    /// The endpoint a new connection of `client` through `scope` goes to, picked as a
+    /// listener picks it (the conformance harness makes connections one after the other).
+    #[cfg(test)]
+    pub fn connect(&self, scope: Scope, client: IpAddr) -> Option<SocketAddr> {
+        self.pick(scope, client)
     }
 
     fn serves(&self, scope: Scope, endpoint: SocketAddr) -> bool {

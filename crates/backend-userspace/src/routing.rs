@@ -100,10 +100,19 @@ impl Routing {
         self.balancer(scope).failed(client, endpoint);
     }
 
-    /// The endpoints a new connection through `scope` may go to.
+    /// The endpoints a new connection of `client` through `scope` may go to: its sticky
+    /// endpoint alone while it has one, else the whole list.
     #[cfg(test)]
-    pub fn endpoints(&self, scope: Scope) -> Vec<SocketAddr> {
-        self.list(scope).to_vec()
+    pub fn endpoints(&self, scope: Scope, client: IpAddr, now: Instant) -> Vec<SocketAddr> {
+        let balancer = if self.uses_local(scope) {
+            &self.local
+        } else {
+            &self.cluster
+        };
+        match balancer.sticky(client, now) {
+            Some(endpoint) => vec![endpoint],
+            None => self.list(scope).to_vec(),
+        }
     }
 
     /// Whether `endpoint` may still serve traffic that entered through `scope` (UDP sessions

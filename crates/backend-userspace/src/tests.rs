@@ -721,6 +721,11 @@ mod conformance_harness {
             let entries = self.recorder.current();
             super::plane::dispatch(&self.backend.backend, &entries, to, from)
         }
+
+        fn connect(&mut self, to: Frontend, from: Client) -> Dispatch {
+            let entries = self.recorder.current();
+            super::plane::connect(&self.backend.backend, &entries, to, from)
+        }
     }
 
     pub fn make() -> UserspaceHarness {

@@ -3,13 +3,15 @@
 //!
 //! Two kinds of problems are distinguished, as kube-proxy does:
 //! - a [`ConversionError`] makes the whole object unusable (no name, a port out of range, an
-//!   unknown protocol, a name or port name the API server would refuse, an EndpointSlice over
-//!   the API server's size limits: see [`crate::validate`]). The model then keeps the
-//!   object's previous good version, so a broken update never tears down working rules.
+//!   unknown protocol, a name or port name the API server would refuse, Nodes' and
+//!   ServiceCIDRs' too, an EndpointSlice over the API server's size limits: see
+//!   [`crate::validate`]). The model then keeps the object's previous good version, so a
+//!   broken update never tears down working rules.
 //! - a [`Warning`] drops one bad value (an unparseable external IP, source range or endpoint
 //!   address, an external IP or endpoint address the API server would refuse, such as
-//!   127.0.0.1 or 169.254.169.254) and keeps the rest, exactly as upstream ignores such values
-//!   with a log line.
+//!   127.0.0.1 or 169.254.169.254, a load-balancer ingress the API server would refuse: on a
+//!   Service not of type LoadBalancer, or with an unknown `ipMode`) and keeps the rest, exactly
+//!   as upstream ignores such values with a log line.
 //!
 //! Both name the object and the field, so an operator can find the problem in one look.
 
@@ -177,8 +179,7 @@ fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), Conversi
 /// The API server's rules for the names of a Service or an EndpointSlice (and their
 /// namespace): they become iptables comments, chain-name hashes (`ns/name:port`) and log
 /// fields, so a `/`, a quote or a space in one must never reach a backend (see
-/// [`crate::validate`]). Nodes and ServiceCIDRs are the cluster administrator's, and keep the
-/// control-character check of [`require_identity`] only.
+/// [`crate::validate`]). Nodes and ServiceCIDRs: [`require_valid_cluster_name`].
 fn require_valid_names(object: &ObjectRef) -> Result<(), ConversionError> {
     let err = |field: &str, message: String| ConversionError {
         object: object.clone(),
@@ -192,6 +193,20 @@ fn require_valid_names(object: &ObjectRef) -> Result<(), ConversionError> {
         _ => validate::dns1123_subdomain(&object.name),
     };
     name.map_err(|m| err("metadata.name", m))
+}
+
+/// The API server's rule for the name of a Node (`ValidateNodeName`) or a ServiceCIDR
+/// (`ValidateServiceCIDRName`): a DNS-1123 subdomain. A Node's name is matched against
+/// endpoints' `nodeName` and `--hostname-override`, and shown with a ServiceCIDR's in logs and
+/// `kpng status`; a name no API server accepts (`Node 1`, `a/b`, `CIDR"x`) comes only from a
+/// manifest or a non-validating server, and is refused as for the other kinds.
+fn require_valid_cluster_name(object: &ObjectRef) -> Result<(), ConversionError> {
+    validate::dns1123_subdomain(&object.name).map_err(|message| ConversionError {
+        object: object.clone(),
+        field: "metadata.name".to_string(),
+        message,
+        location: None,
+    })
 }
 
 /// Converts a Service. Errors make the whole Service unusable; warnings drop single values.
@@ -331,13 +346,46 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         .as_ref()
         .and_then(|s| s.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref());
+    // Upstream's ValidateLoadBalancerStatus: only a LoadBalancer Service has a load-balancer
+    // status (AllowServiceLBStatusOnNonLB is off, locked since 1.32); `ip` is an IP address
+    // (checked as external IPs are, but without ValidateEndpointIP: upstream accepts any
+    // address there, and kube-proxy programs it); `ipMode` is VIP or Proxy, and only beside an
+    // `ip`. What it refuses is dropped here with a warning, the rest of the Service used.
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        let mode = ing.ip_mode.as_deref();
         let Some(raw) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
+            if let Some(mode) = mode {
+                c.warn(
+                    format!("status.loadBalancer.ingress[{i}].ipMode"),
+                    format!("{mode:?} may not be specified when `ip` is not set"),
+                );
+            }
             continue;
         };
-        // ipMode Proxy: the load balancer delivers to the node itself, so no VIP rules.
-        if ing.ip_mode.as_deref().is_some_and(|m| m != "VIP") {
+        if type_ != "LoadBalancer" {
+            c.warn(
+                format!("status.loadBalancer.ingress[{i}].ip"),
+                format!(
+                    "{raw:?}: a load-balancer status may only be used when `spec.type` is \
+                     'LoadBalancer', not {type_:?}"
+                ),
+            );
             continue;
+        }
+        match mode {
+            None | Some("VIP") => {}
+            // ipMode Proxy: the load balancer delivers to the node itself, so no VIP rules.
+            Some("Proxy") => continue,
+            Some(other) => {
+                c.warn(
+                    format!("status.loadBalancer.ingress[{i}].ipMode"),
+                    format!(
+                        "{other:?} is not a supported ipMode (\"Proxy\" or \"VIP\"); the \
+                         load-balancer IP {raw:?} is not used"
+                    ),
+                );
+                continue;
+            }
         }
         match parse_ip_sloppy(raw) {
             Some(ip) => info.load_balancer_ips.push(ip),
@@ -559,6 +607,7 @@ pub fn endpoint_slice(
 pub fn node(node: &Node, warnings: &mut Vec<Warning>) -> Result<NodeInfo, ConversionError> {
     let object = object_ref(Kind::Node, &node.metadata);
     require_identity(&object, false)?;
+    require_valid_cluster_name(&object)?;
     let mut c = Checker {
         object: &object,
         warnings,
@@ -618,6 +667,7 @@ pub fn service_cidr(
 ) -> Result<ServiceCidrInfo, ConversionError> {
     let reference = object_ref(Kind::ServiceCidr, &object.metadata);
     require_identity(&reference, false)?;
+    require_valid_cluster_name(&reference)?;
     let mut c = Checker {
         object: &reference,
         warnings,

@@ -5,8 +5,9 @@
 
 use serde_json::{Value, json};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpng_k8s::{Converted, from_json};
 use kpng_model::*;
 
@@ -357,4 +358,187 @@ fn slices_over_the_api_servers_limits_are_rejected() {
     assert_eq!(e.field, "ports");
     value["ports"] = Value::Array(ports(100));
     assert!(rejected(&slice(value)).is_none());
+}
+
+/// Upstream's ValidateLoadBalancerStatus: a load-balancer status on a Service not of type
+/// LoadBalancer (AllowServiceLBStatusOnNonLB is locked off since 1.32), an `ipMode` other than
+/// VIP or Proxy, an `ipMode` without an `ip` and an `ip` that is no address are refused by the
+/// API server. kpng drops each such value with a warning naming the field, keeps the rest of
+/// the Service, and reports the dropped values as for external IPs. Upstream applies no
+/// ValidateEndpointIP here (nor does kube-proxy), so neither does kpng.
+#[test]
+fn load_balancer_ingress_the_api_server_refuses_is_dropped() {
+    let lb = |name: &str, type_: &str, ingress: Value| {
+        from_json::<Service>(json!({
+            "metadata": {"namespace": "tenant-b", "name": name},
+            "spec": {"type": type_, "clusterIP": "10.96.0.30",
+                     "ports": [{"name": "p", "port": 443, "protocol": "TCP", "nodePort": 30443}]},
+            "status": {"loadBalancer": {"ingress": ingress}}
+        }))
+        .expect("valid Service JSON")
+    };
+    let c = lb(
+        "lb",
+        "LoadBalancer",
+        json!([
+            {"ip": "203.0.113.1"},
+            {"ip": "203.0.113.2", "ipMode": "VIP"},
+            {"ip": "203.0.113.3", "ipMode": "Proxy"},
+            {"ip": "203.0.113.4", "ipMode": "Tunnel"},
+            {"hostname": "lb.example.com", "ipMode": "VIP"},
+            {"ip": "not-an-ip"},
+            {"ip": "127.0.0.1", "ipMode": "VIP"},
+        ]),
+    );
+    let Object::Service(info) = &c.object else {
+        panic!("{:?}", c.object);
+    };
+    let kept: Vec<String> = info
+        .load_balancer_ips
+        .iter()
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(kept, ["203.0.113.1", "203.0.113.2", "127.0.0.1"]);
+    let fields: Vec<&str> = c.warnings.iter().map(|w| w.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "status.loadBalancer.ingress[3].ipMode",
+            "status.loadBalancer.ingress[4].ipMode",
+            "status.loadBalancer.ingress[5].ip",
+        ]
+    );
+    let first = c.warnings[0].to_string();
+    assert!(
+        first.contains("Service tenant-b/lb") && first.contains("\"Tunnel\""),
+        "{first}"
+    );
+
+    // On a Service of another type, no load-balancer IP is programmed; the rest is.
+    for type_ in ["ClusterIP", "NodePort"] {
+        let c = lb(
+            "np",
+            type_,
+            json!([{"ip": "203.0.113.9", "ipMode": "VIP"}, {"ip": "10.0.0.1"}]),
+        );
+        let Object::Service(info) = &c.object else {
+            panic!("{type_}: {:?}", c.object);
+        };
+        assert!(info.load_balancer_ips.is_empty(), "{type_}: {info:?}");
+        assert_eq!(info.cluster_ips.len(), 1);
+        let fields: Vec<&str> = c.warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "status.loadBalancer.ingress[0].ip",
+                "status.loadBalancer.ingress[1].ip"
+            ],
+            "{type_}"
+        );
+        assert!(
+            c.warnings[0].message.contains("'LoadBalancer'"),
+            "{}",
+            c.warnings[0]
+        );
+    }
+
+    // The model reports the dropped values of the Service in use, as for external IPs.
+    let mut m = model();
+    let c = lb("np", "NodePort", json!([{"ip": "203.0.113.9"}]));
+    m.apply(Event::Apply(c.object));
+    let dropped: Vec<String> = m.dropped().map(|(_, w)| w.field.clone()).collect();
+    assert_eq!(dropped, ["status.loadBalancer.ingress[0].ip"]);
+    assert!(
+        m.snapshot()
+            .ports
+            .values()
+            .all(|p| p.load_balancer_ips.is_empty()),
+        "{:?}",
+        m.snapshot().ports
+    );
+}
+
+fn node(name: &str) -> Converted {
+    from_json::<Node>(json!({
+        "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.1"}]}
+    }))
+    .expect("valid Node JSON")
+}
+
+fn service_cidr(name: &str, cidr: &str) -> Converted {
+    from_json::<ServiceCIDR>(json!({
+        "metadata": {"name": name},
+        "spec": {"cidrs": [cidr]}
+    }))
+    .expect("valid ServiceCIDR JSON")
+}
+
+/// Upstream's ValidateNodeName and ValidateServiceCIDRName: DNS-1123 subdomains. A Node or
+/// ServiceCIDR named otherwise is refused naming the object and the field, and changes nothing
+/// the model holds (the Nodes and ranges in use stay).
+#[test]
+fn node_and_service_cidr_names_follow_the_api_server() {
+    for name in ["node1", "ip-10-0-0-1.ec2.internal", "0", "kubernetes"] {
+        let c = node(name);
+        assert!(rejected(&c).is_none(), "Node {name}: {:?}", c.object);
+        let c = service_cidr(name, "10.96.0.0/16");
+        assert!(rejected(&c).is_none(), "ServiceCIDR {name}: {:?}", c.object);
+    }
+    let long = "n".repeat(254);
+    for name in [
+        "Node1",
+        "node_1",
+        "node 1",
+        "a/b",
+        "node1.",
+        "-node1",
+        "node\"1",
+        "é",
+        long.as_str(),
+    ] {
+        for (kind, c) in [
+            ("Node", node(name)),
+            ("ServiceCIDR", service_cidr(name, "10.97.0.0/16")),
+        ] {
+            let Some(e) = rejected(&c) else {
+                panic!("{kind} {name:?}: accepted: {:?}", c.object);
+            };
+            assert_eq!(e.field, "metadata.name", "{kind} {name:?}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(kind) && text.contains("DNS-1123 subdomain"),
+                "{kind} {name:?}: {text}"
+            );
+        }
+    }
+
+    // The node and the Service CIDRs in use stay, whether the refused objects come one by one
+    // or in a relist.
+    let mut m = model();
+    m.apply(Event::Replace {
+        kinds: vec![Kind::Node, Kind::ServiceCidr],
+        objects: vec![
+            node("node1").object,
+            service_cidr("kubernetes", "10.96.0.0/16").object,
+        ],
+    });
+    let before = m.snapshot().clone();
+    assert_eq!(before.service_cidrs.len(), 1);
+    assert_eq!(before.node.ips.len(), 1, "{:?}", before.node);
+    let out = m.apply(Event::Apply(service_cidr("Evil_CIDR", "0.0.0.0/0").object));
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    assert!(!out.errors[0].kept);
+    assert_eq!(m.snapshot(), &before);
+    let out = m.apply(Event::Replace {
+        kinds: vec![Kind::Node, Kind::ServiceCidr],
+        objects: vec![
+            node("node1").object,
+            node("Node1").object,
+            service_cidr("kubernetes", "10.96.0.0/16").object,
+            service_cidr("a/b", "10.0.0.0/8").object,
+        ],
+    });
+    assert_eq!(out.errors.len(), 2, "{:?}", out.errors);
+    assert_eq!(m.snapshot(), &before);
 }

@@ -171,58 +171,43 @@ impl Socket {
     }
 }
 
-/// `SO_NETNS_COOKIE` (Linux 5.14) where its value is asm-generic's; `libc` does not name it.
-#[cfg(any(
+/// `SO_NETNS_COOKIE` (Linux 5.14) where its value is asm-generic's (`libc` does not name it);
+/// `None` on the architectures whose value differs, where [`netns_cookie`] answers `None`.
+/// The one place the list of architectures is written.
+const SO_NETNS_COOKIE: Option<libc::c_int> = if cfg!(any(
     target_arch = "x86",
     target_arch = "x86_64",
     target_arch = "arm",
     target_arch = "aarch64",
     target_arch = "riscv64",
     target_arch = "loongarch64"
-))]
-const SO_NETNS_COOKIE: libc::c_int = 71;
+)) {
+    Some(71)
+} else {
+    None
+};
 
 /// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`): unlike the
 /// namespace's inode, which the kernel soon gives to a new namespace once one is gone, it is
 /// never reused within a boot, so a record kept per namespace can tell its own namespace from
 /// a later one with the same inode. `None` on kernels before 5.14 and other architectures.
 pub fn netns_cookie() -> Option<u64> {
-    #[cfg(any(
-        target_arch = "x86",
-        target_arch = "x86_64",
-        target_arch = "arm",
-        target_arch = "aarch64",
-        target_arch = "riscv64",
-        target_arch = "loongarch64"
-    ))]
-    {
-        let socket = std::os::unix::net::UnixDatagram::unbound().ok()?;
-        let mut cookie: u64 = 0;
-        let mut len = size_of::<u64>() as libc::socklen_t;
-        // SAFETY: the fd is the live socket above; the pointers are to `cookie` and `len`,
-        // and `len` says how many bytes `cookie` holds; the kernel writes at most that many.
-        let ret = unsafe {
-            libc::getsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_NETNS_COOKIE,
-                (&raw mut cookie).cast(),
-                &raw mut len,
-            )
-        };
-        (ret == 0 && len as usize == size_of::<u64>()).then_some(cookie)
-    }
-    #[cfg(not(any(
-        target_arch = "x86",
-        target_arch = "x86_64",
-        target_arch = "arm",
-        target_arch = "aarch64",
-        target_arch = "riscv64",
-        target_arch = "loongarch64"
-    )))]
-    {
-        None
-    }
+    let option = SO_NETNS_COOKIE?;
+    let socket = std::os::unix::net::UnixDatagram::unbound().ok()?;
+    let mut cookie: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the fd is the live socket above; the pointers are to `cookie` and `len`, and
+    // `len` says how many bytes `cookie` holds; the kernel writes at most that many.
+    let ret = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    (ret == 0 && len as usize == size_of::<u64>()).then_some(cookie)
 }
 
 #[cfg(test)]

@@ -4,11 +4,14 @@
 //! committed, not from what the backend was asked to do.
 //!
 //! The rule evaluator knows the matches and targets of kpng's own rules; an option it does not
-//! know fails the test. Random choices (`statistic`) and affinity checks (`recent --rcheck`)
-//! may or may not match: the answer is every endpoint a connection may reach.
+//! know fails the test. Random choices (`statistic`) may or may not match: the answer is every
+//! endpoint a connection may reach. Affinity checks (`recent --rcheck`) match the clients the
+//! `recent` lists hold, which only connections made with [`Kernel::connect`] fill
+//! (`recent --set`); such a connection takes its random choices in turn.
 //!
 //! [`Harness::dispatch`]: kpng_backend_kit::conformance::Harness::dispatch
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -24,6 +27,10 @@ use crate::rules::Table;
 #[derive(Debug, Default)]
 pub struct Kernel {
     chains: BTreeMap<(Family, &'static str, String), Vec<String>>,
+    /// The `recent` lists (`--name`): the clients their `--set` saw, per family.
+    recent: BTreeMap<(Family, String), BTreeSet<IpAddr>>,
+    /// Connections made so far: the next one's random choice.
+    connections: usize,
 }
 
 /// The recorder as the backend's iptables, applying each restore that succeeds to a
@@ -167,6 +174,29 @@ impl Kernel {
     /// DNATed, the filter chain it meets next (`INPUT` for an address of the node, `FORWARD`
     /// otherwise).
     pub fn dispatch(&self, to: Frontend, from: Client) -> Dispatch {
+        self.follow(to, from, None).0
+    }
+
+    /// Makes one new connection from `from` to `to` (as [`Kernel::dispatch`] follows it),
+    /// with this connection's random choices, and records the client in the `recent` lists
+    /// it passes with `--set`.
+    pub fn connect(&mut self, to: Frontend, from: Client) -> Dispatch {
+        let pick = self.connections;
+        self.connections += 1;
+        let (dispatch, set) = self.follow(to, from, Some(pick));
+        let family = Family::of(&to.ip);
+        for name in set {
+            self.recent
+                .entry((family, name))
+                .or_default()
+                .insert(from.address(family));
+        }
+        dispatch
+    }
+
+    /// Where a connection goes and the `recent` lists it is to be set in; `pick`: a
+    /// connection's random choice, `None` for every choice.
+    fn follow(&self, to: Frontend, from: Client, pick: Option<usize>) -> (Dispatch, Vec<String>) {
         let family = Family::of(&to.ip);
         let local = NODE_IPS.iter().any(|a| a.parse() == Ok(to.ip));
         let eval = Eval {
@@ -177,13 +207,22 @@ impl Kernel {
             proto: to.protocol.lower(),
             dport: to.port,
             local,
+            pick,
+            set: RefCell::new(Vec::new()),
         };
-        let (endpoints, _) = eval.chain("nat", "PREROUTING", 0);
+        let dispatch = eval.dispatch();
+        (dispatch, eval.set.into_inner())
+    }
+}
+
+impl Eval<'_> {
+    fn dispatch(&self) -> Dispatch {
+        let (endpoints, _) = self.chain("nat", "PREROUTING", 0);
         if !endpoints.is_empty() {
             return Dispatch::To(endpoints);
         }
-        let filter = if local { "INPUT" } else { "FORWARD" };
-        match eval.chain("filter", filter, 0) {
+        let filter = if self.local { "INPUT" } else { "FORWARD" };
+        match self.chain("filter", filter, 0) {
             (_, End::Refused) => Dispatch::Refused,
             _ => Dispatch::Unknown,
         }
@@ -218,6 +257,10 @@ struct Eval<'k> {
     proto: &'static str,
     dport: u16,
     local: bool,
+    /// A connection's random choice (`None`: every choice, as [`Hit::Maybe`]).
+    pick: Option<usize>,
+    /// The `recent` lists a connection made with `pick` is set in.
+    set: RefCell<Vec<String>>,
 }
 
 impl Eval<'_> {
@@ -231,10 +274,25 @@ impl Eval<'_> {
             None => panic!("a rule jumps to {table} chain {chain}, which does not exist"),
         };
         let mut endpoints = BTreeSet::new();
+        // A connection's choice among the chain's random rules (and the rule after the last).
+        let random = |r: &&String| r.contains("--probability");
+        let choices = rules.iter().filter(random).count() + 1;
+        let mut nth_random = 0;
         for rule in rules {
-            let (hit, target, to) = self.rule(rule);
+            let chance = match self.pick {
+                None => Hit::Maybe,
+                Some(pick) if pick % choices == nth_random => Hit::Yes,
+                Some(_) => Hit::No,
+            };
+            if random(&rule) {
+                nth_random += 1;
+            }
+            let (hit, target, to, set) = self.rule(rule, chance);
             if hit == Hit::No {
                 continue;
+            }
+            if let Some(name) = set.filter(|_| self.pick.is_some()) {
+                self.set.borrow_mut().push(name);
             }
             let end = match target.as_str() {
                 "DNAT" => {
@@ -259,11 +317,13 @@ impl Eval<'_> {
         (endpoints, End::Continue)
     }
 
-    /// A rule's matches, its target and the DNAT destination.
-    fn rule(&self, rule: &str) -> (Hit, String, Option<String>) {
+    /// A rule's matches (`chance`: what a random one does), its target, the DNAT destination
+    /// and the `recent` list it sets.
+    fn rule(&self, rule: &str, chance: Hit) -> (Hit, String, Option<String>, Option<String>) {
         let words = split(rule);
         let mut hit = Hit::Yes;
         let (mut target, mut to) = (String::new(), None);
+        let (mut name, mut set) = (String::new(), None);
         let mut negate = false;
         let mut i = 0;
         let mut fold = |this: Hit| {
@@ -285,9 +345,27 @@ impl Eval<'_> {
                     i += 1;
                     continue;
                 }
-                "-m" | "--comment" | "--seconds" | "--name" | "--set-xmark" | "--or-mark"
-                | "--xor-mark" | "--reject-with" => 2,
-                "--reap" | "--set" | "--random-fully" => 1,
+                "-m" | "--comment" | "--seconds" | "--set-xmark" | "--or-mark" | "--xor-mark"
+                | "--reject-with" | "--mode" => 2,
+                "--name" => {
+                    name = arg.to_owned();
+                    2
+                }
+                "--set" => {
+                    set = Some(name.clone());
+                    1
+                }
+                "--rcheck" => {
+                    let key = (self.family, name.clone());
+                    test(
+                        self.kernel
+                            .recent
+                            .get(&key)
+                            .is_some_and(|clients| clients.contains(&self.saddr)),
+                    );
+                    1
+                }
+                "--reap" | "--random-fully" => 1,
                 "-p" => {
                     test(arg == self.proto);
                     2
@@ -322,9 +400,9 @@ impl Eval<'_> {
                     test(false);
                     2
                 }
-                "--mode" | "--probability" | "--rcheck" => {
-                    fold(Hit::Maybe);
-                    if words[i] == "--rcheck" { 1 } else { 2 }
+                "--probability" => {
+                    fold(chance);
+                    2
                 }
                 "-j" => {
                     target = arg.to_owned();
@@ -339,7 +417,7 @@ impl Eval<'_> {
             negate = false;
             i += step;
         }
-        (hit, target, to)
+        (hit, target, to, set)
     }
 }
 

@@ -4,12 +4,15 @@
 //! from what the backend was asked to do.
 //!
 //! The rule evaluator knows the vocabulary of kpng's own ruleset (address, protocol and port
-//! matches, set lookups, verdict maps, `goto`/`jump`, `dnat … map`); a line of a script it does
-//! not know fails the test, and an expression it cannot evaluate (the conntrack mark, the
-//! affinity maps the packet path fills) makes its rule not match.
+//! matches, set lookups, verdict maps, `goto`/`jump`, `dnat … map`, the conntrack mark's
+//! affinity id); a line of a script it does not know fails the test, and an expression it
+//! cannot evaluate (the IPv6 affinity key's `jhash`) makes its rule not match. The affinity
+//! map the packet path fills (`update @affinity`) is filled by the connections made with
+//! [`Kernel::connect`], which take their random choices (`numgen`) in turn.
 //!
 //! [`Harness::dispatch`]: kpng_backend_kit::conformance::Harness::dispatch
 
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -31,6 +34,8 @@ struct Table {
 #[derive(Debug, Default)]
 pub struct Kernel {
     tables: BTreeMap<String, Table>,
+    /// Connections made so far: the next one's random choice.
+    connections: usize,
 }
 
 /// The recorder as the backend's executor, applying each script that succeeds to a [`Kernel`].
@@ -170,17 +175,37 @@ impl Kernel {
     /// dispatch), and, when nothing was DNATed, the filter hook it meets next (input for an
     /// address of the node, forward otherwise).
     pub fn dispatch(&self, to: Frontend, from: Client) -> Dispatch {
+        self.follow(to, from, None).0
+    }
+
+    /// Makes one new connection from `from` to `to` (as [`Kernel::dispatch`] follows it), with
+    /// this connection's random choice; a DNATed one then passes the filter hook, whose
+    /// `update` statements fill the affinity map as the kernel's packet path does.
+    pub fn connect(&mut self, to: Frontend, from: Client) -> Dispatch {
+        let pick = self.connections;
+        self.connections += 1;
+        let (dispatch, updates) = self.follow(to, from, Some(pick));
+        for (table, set, key, value) in updates {
+            let elements = self.table(&table).sets.entry(set).or_default();
+            elements.insert(key, value);
+        }
+        dispatch
+    }
+
+    /// Where a connection goes, and the updates its packet path makes (`table`, `set`, key,
+    /// value); `pick`: a connection's random choice, `None` for every choice.
+    fn follow(&self, to: Frontend, from: Client, pick: Option<usize>) -> (Dispatch, Updates) {
         let family = Family::of(&to.ip);
         let prefix = match family {
             Family::V4 => "ip ",
             Family::V6 => "ip6 ",
         };
-        let Some(table) = self
+        let Some((name, table)) = self
             .tables
             .iter()
-            .find_map(|(name, t)| name.starts_with(prefix).then_some(t))
+            .find(|(name, _)| name.starts_with(prefix))
         else {
-            return Dispatch::Unknown;
+            return (Dispatch::Unknown, Vec::new());
         };
         let packet = Packet {
             saddr: from.address(family),
@@ -188,9 +213,56 @@ impl Kernel {
             proto: to.protocol.lower(),
             dport: to.port,
         };
-        let eval = Eval { table, packet };
-        match eval.chain("nat-prerouting", 0) {
-            Step::To(endpoints) => return Dispatch::To(endpoints),
+        let eval = Eval::new(table, packet, pick);
+        let dispatch = eval.dispatch(to);
+        let updates = eval.updates.into_inner();
+        let updates = updates
+            .into_iter()
+            .map(|(set, key, value)| (name.clone(), set, key, value))
+            .collect();
+        (dispatch, updates)
+    }
+}
+
+/// Updates of a set by the packet path: (table, set, key, value).
+type Updates = Vec<(String, String, String, String)>;
+
+impl Eval<'_> {
+    fn new(table: &Table, packet: Packet, pick: Option<usize>) -> Eval<'_> {
+        Eval {
+            table,
+            packet,
+            pick,
+            mark: Cell::new(0),
+            dnat: false,
+            updates: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The NAT prerouting hook, then for a connection (`pick`) that was DNATed the filter
+    /// forward hook it meets next (an endpoint is a pod, never an address of the node), or for
+    /// one that was not the filter hook it meets next.
+    fn dispatch(&self, to: Frontend) -> Dispatch {
+        match self.chain("nat-prerouting", 0) {
+            Step::To(endpoints) => {
+                if let (Some(_), Some(endpoint)) = (self.pick, endpoints.first()) {
+                    let after = Eval {
+                        table: self.table,
+                        packet: Packet {
+                            daddr: endpoint.ip(),
+                            dport: endpoint.port(),
+                            ..self.packet
+                        },
+                        pick: self.pick,
+                        mark: self.mark.clone(),
+                        dnat: true,
+                        updates: RefCell::new(Vec::new()),
+                    };
+                    after.chain("filter-forward", 0);
+                    self.updates.borrow_mut().extend(after.updates.into_inner());
+                }
+                return Dispatch::To(endpoints);
+            }
             Step::Refused => return Dispatch::Refused,
             Step::Continue => {}
         }
@@ -200,7 +272,7 @@ impl Kernel {
         } else {
             "filter-forward"
         };
-        match eval.chain(filter, 0) {
+        match self.chain(filter, 0) {
             Step::Refused => Dispatch::Refused,
             Step::To(endpoints) => Dispatch::To(endpoints),
             Step::Continue => Dispatch::Unknown,
@@ -209,6 +281,7 @@ impl Kernel {
 }
 
 /// The first packet of a connection.
+#[derive(Clone, Copy)]
 struct Packet {
     saddr: IpAddr,
     daddr: IpAddr,
@@ -230,6 +303,14 @@ enum Step {
 struct Eval<'t> {
     table: &'t Table,
     packet: Packet,
+    /// A connection's random choice (`None`: every choice).
+    pick: Option<usize>,
+    /// The conntrack mark, as the rules set it.
+    mark: Cell<u32>,
+    /// Whether the packet was DNATed (`ct status dnat`).
+    dnat: bool,
+    /// What the packet path's `update` statements put in sets: (set, key, value).
+    updates: RefCell<Vec<(String, String, String)>>,
 }
 
 const VERDICTS: [&str; 7] = ["vmap", "goto", "jump", "drop", "reject", "dnat", "accept"];
@@ -252,6 +333,7 @@ impl Eval<'_> {
     fn rule(&self, rule: &str, depth: usize) -> Option<Step> {
         let t: Vec<&str> = rule.split_whitespace().collect();
         if !t.iter().any(|w| VERDICTS.contains(w)) {
+            self.statement(&t);
             return None;
         }
         let mut i = 0;
@@ -311,6 +393,54 @@ impl Eval<'_> {
         None
     }
 
+    /// A rule without a verdict: the conntrack mark's affinity id (`ct mark set ct mark & M`,
+    /// `KEY @set ct mark set ct mark | BIT`) and, for a connection, the affinity map's
+    /// `update`s (those whose key it can evaluate). Anything else changes nothing here.
+    fn statement(&self, t: &[&str]) {
+        let set_at = t.windows(3).position(|w| w == ["ct", "mark", "set"]);
+        if let Some(at) = set_at {
+            if at > 0 {
+                let Some((keys, i)) = self.expr(t, 0) else {
+                    return;
+                };
+                let Some(word) = t.get(i) else { return };
+                if !self.matches(&keys, word, t, i).0 {
+                    return;
+                }
+            }
+            // `ct mark set ct mark & X` or `ct mark set ct mark | X`.
+            let (op, value) = (t.get(at + 5).copied(), t.get(at + 6).and_then(|v| hex(v)));
+            match (op, value) {
+                (Some("&"), Some(v)) => self.mark.set(self.mark.get() & v),
+                (Some("|"), Some(v)) => self.mark.set(self.mark.get() | v),
+                _ => panic!("the fake kernel does not know `{}`", t.join(" ")),
+            }
+            return;
+        }
+        if self.pick.is_none() {
+            return;
+        }
+        let mut i = 0;
+        while t.get(i) == Some(&"update") {
+            let Some(set) = t.get(i + 1).and_then(|s| s.strip_prefix('@')) else {
+                return;
+            };
+            let Some((keys, after_key)) = self.expr(t, i + 3) else {
+                return;
+            };
+            // `timeout Ns : VALUE }`
+            let Some((values, after_value)) = self.expr(t, after_key + 3) else {
+                return;
+            };
+            if let ([key], [value]) = (keys.as_slice(), values.as_slice()) {
+                self.updates
+                    .borrow_mut()
+                    .push((set.to_owned(), key.clone(), value.clone()));
+            }
+            i = after_value + 1;
+        }
+    }
+
     /// Whether one of `keys` matches the operand at `t[i]` (a `@set`, a `{ … }` list or one
     /// value), and the index after the operand.
     fn matches(&self, keys: &[String], word: &str, t: &[&str], i: usize) -> (bool, usize) {
@@ -341,7 +471,8 @@ impl Eval<'_> {
     fn expr(&self, t: &[&str], mut i: usize) -> Option<(Vec<String>, usize)> {
         let mut keys = vec![String::new()];
         loop {
-            let values: Vec<String> = match (t.get(i).copied()?, t.get(i + 1).copied()) {
+            let term = t.get(i)?.trim_start_matches('(');
+            let values: Vec<String> = match (term, t.get(i + 1).copied()) {
                 ("ip" | "ip6", Some("saddr")) => vec![self.packet.saddr.to_string()],
                 ("ip" | "ip6", Some("daddr")) => vec![self.packet.daddr.to_string()],
                 ("meta", Some("l4proto")) => vec![self.packet.proto.to_owned()],
@@ -349,10 +480,30 @@ impl Eval<'_> {
                     vec![self.packet.dport.to_string()]
                 }
                 ("ct", Some("state")) => vec!["new".to_owned()],
+                ("ct", Some("status")) => {
+                    vec![if self.dnat { "dnat" } else { "none" }.to_owned()]
+                }
+                ("ct", Some("mark")) => {
+                    // `ct mark & X`, `ct mark & X | Y`: the affinity id, as the set elements
+                    // write it (`0x1000`).
+                    let mut value = self.mark.get();
+                    if t.get(i + 2) == Some(&"&") {
+                        value &= hex(t.get(i + 3)?)?;
+                        i += 2;
+                        if t.get(i + 2) == Some(&"|") {
+                            value |= hex(t.get(i + 3)?)?;
+                            i += 2;
+                        }
+                    }
+                    vec![format!("{value:#x}")]
+                }
                 ("numgen", Some("random")) => {
-                    let n: u32 = t.get(i + 3)?.parse().ok()?;
+                    let n: usize = t.get(i + 3)?.parse().ok()?;
                     i += 2;
-                    (0..n).map(|s| s.to_string()).collect()
+                    match self.pick {
+                        Some(pick) => vec![(pick % n.max(1)).to_string()],
+                        None => (0..n).map(|s| s.to_string()).collect(),
+                    }
                 }
                 _ => return None,
             };
@@ -401,6 +552,12 @@ impl Eval<'_> {
             .find(|(e, _)| key_matches(e, key))
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// The value of a `0x…` word (a closing parenthesis after it ignored).
+fn hex(word: &str) -> Option<u32> {
+    let digits = word.trim_end_matches(')').strip_prefix("0x")?;
+    u32::from_str_radix(digits, 16).ok()
 }
 
 /// Whether the element (or literal) `element` matches the packet's `key`, field by field: a

@@ -20,6 +20,28 @@ pub fn dispatch(
     to: Frontend,
     from: Client,
 ) -> Dispatch {
+    route(backend, entries, to, from, false)
+}
+
+/// Makes one connection from `from` to `to`: the capture as for [`dispatch`], then the
+/// listener's proxy picks its endpoint (recording the client's affinity).
+pub fn connect(
+    backend: &UserspaceBackend,
+    entries: &[Entry],
+    to: Frontend,
+    from: Client,
+) -> Dispatch {
+    route(backend, entries, to, from, true)
+}
+
+/// [`dispatch`], or with `connect` [`connect`].
+fn route(
+    backend: &UserspaceBackend,
+    entries: &[Entry],
+    to: Frontend,
+    from: Client,
+    connect: bool,
+) -> Dispatch {
     let family = Family::of(&to.ip);
     let saddr = from.address(family);
     let (ip, protocol, port) = (to.ip, to.protocol, to.port);
@@ -59,7 +81,9 @@ pub fn dispatch(
             .map(|e| e.action)
     });
     match action {
-        Some(Action::Redirect(listener)) => listener_endpoints(backend, family, protocol, listener),
+        Some(Action::Redirect(listener)) => {
+            listener_endpoints(backend, (family, protocol, listener), saddr, connect)
+        }
         Some(Action::Refuse | Action::Drop) => Dispatch::Refused,
         Some(Action::Member) | None => {
             let in_cidr = any(&|k| matches!(k, EntryKey::ServiceCidr(n) if n.contains(&ip)));
@@ -77,13 +101,14 @@ fn allows(key: &EntryKey, ip: IpAddr, protocol: Protocol, port: u16, saddr: IpAd
         if *i == ip && *p == protocol && *q == port && source.contains(&saddr))
 }
 
-/// The endpoints of the listener on `listener`: the list its proxy picks from for the way in
-/// the listener serves. A port nothing listens on refuses the connection.
+/// The endpoints of the listener on `listener`: the list its proxy picks from for `client`
+/// for the way in the listener serves (with `connect`, the one it picks for a new
+/// connection). A port nothing listens on refuses the connection.
 fn listener_endpoints(
     backend: &UserspaceBackend,
-    family: Family,
-    protocol: Protocol,
-    listener: u16,
+    (family, protocol, listener): (Family, Protocol, u16),
+    client: IpAddr,
+    connect: bool,
 ) -> Dispatch {
     for (key, proxy) in &backend.ports {
         if key.family != family || key.protocol != protocol {
@@ -96,7 +121,11 @@ fn listener_endpoints(
         ];
         for (l, scope) in ways {
             if l.is_some_and(|l| l.port == listener) {
-                let endpoints = proxy.shared.endpoints(scope);
+                let endpoints = if connect {
+                    proxy.shared.connect(scope, client).into_iter().collect()
+                } else {
+                    proxy.shared.endpoints(scope, client)
+                };
                 if endpoints.is_empty() {
                     return Dispatch::Refused;
                 }
