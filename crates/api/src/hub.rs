@@ -1522,6 +1522,17 @@ impl Hub {
     pub fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
         self.lock().cluster.rejected().cloned().collect()
     }
+
+    /// The values the conversion dropped from objects in use, each with the Service it
+    /// concerns: the brain logged them once, and its `kpng status` lists them (its nodes get
+    /// the rest of each object, and are not told).
+    pub fn dropped(&self) -> Vec<(Option<ServiceKey>, kpng_model::Warning)> {
+        self.lock()
+            .cluster
+            .dropped()
+            .map(|(service, w)| (service.cloned(), w.clone()))
+            .collect()
+    }
 }
 
 #[cfg(test)]
