@@ -888,6 +888,15 @@ fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
             .and_then(|s| s.split_once('/'))
             .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
     });
+    if let Some(report) = &mut status.brain_reports {
+        report.dropped.retain(|d| {
+            d.service
+                .as_deref()
+                .and_then(|s| s.split_once('/'))
+                .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
+        });
+        report.dropped_total = report.dropped.len() as u64;
+    }
     let before = status.rejected.len();
     status.rejected.retain(of_service);
     let mut not_shown = before - status.rejected.len();
@@ -1201,9 +1210,15 @@ fn write_brain_reports(out: &mut String, report: &BrainReportStatus, heading: &s
         1 => "rejects 1 object".to_string(),
         n => format!("rejects {n} objects"),
     };
+    // The values it dropped from objects it uses: this node got the rest of each object.
+    let dropped = match report.dropped_total {
+        0 => String::new(),
+        1 => "; it dropped 1 value".to_string(),
+        n => format!("; it dropped {n} values"),
+    };
     let _ = writeln!(
         out,
-        "{heading}: its input {}  {state}; it {rejects}",
+        "{heading}: its input {}  {state}; it {rejects}{dropped}",
         report.source
     );
     write_problems(out, &report.problems);
@@ -1216,6 +1231,21 @@ fn write_brain_reports(out: &mut String, report: &BrainReportStatus, heading: &s
             out,
             "  … and {} more (`kpng status` on the brain lists all)",
             report.rejected_total - listed
+        );
+    }
+    for d in report.dropped.iter().take(REJECTED_LISTED) {
+        let _ = writeln!(
+            out,
+            "  dropped {}: field {}: {} (the rest of the object is used)",
+            d.object, d.field, d.message
+        );
+    }
+    let listed = report.dropped.len().min(REJECTED_LISTED) as u64;
+    if report.dropped_total > listed {
+        let _ = writeln!(
+            out,
+            "  … and {} more dropped (`kpng status` on the brain lists all)",
+            report.dropped_total - listed
         );
     }
 }
@@ -2441,6 +2471,62 @@ mod tests {
                 ),
             "{text}"
         );
+    }
+
+    /// The values a brain dropped travel to its nodes in its report (new fields of the
+    /// kpng-rs-only KpngBrainReport, which a client from before skips): a node's `kpng status`
+    /// counts and lists them under the brain's line, and `kpng status NAME` keeps those of
+    /// that Service. Until 2026-12-07 a brain-fed node
+    /// showed none of them.
+    #[test]
+    fn a_brain_fed_node_lists_the_values_its_brain_dropped() {
+        use prost::Message as _;
+        let mut cluster = kpng_model::ClusterModel::new(kpng_model::ClusterConfig::default());
+        for value in [
+            serde_json::json!({"kind": "Service", "metadata": {"namespace": "ns", "name": "web"},
+                "spec": {"clusterIP": "10.96.0.1", "externalIPs": ["nope"],
+                         "ports": [{"name": "http", "port": 80}]}}),
+            serde_json::json!({"kind": "Service", "metadata": {"namespace": "ns", "name": "db"},
+                "spec": {"clusterIP": "10.96.0.2", "externalIPs": ["127.0.0.1"],
+                         "ports": [{"name": "sql", "port": 5432}]}}),
+        ] {
+            cluster.apply(kpng_model::Event::Apply(
+                kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(value)
+                    .expect("a Service")
+                    .object,
+            ));
+        }
+        let input = kpng_model::input::InputHealth::new("file /c.yaml");
+        let sent =
+            kpng_api::convert::brain_report(&input.state(), cluster.rejected(), cluster.dropped());
+        assert_eq!(sent.dropped_total, 2, "{sent:?}");
+        // Through the wire, as node n1 gets it.
+        let received = kpng_api::proto::KpngBrainReport::decode(sent.encode_to_vec().as_slice())
+            .expect("decode");
+        let report = kpng_runner::admin::BrainReportStatus::of(
+            &kpng_api::convert::decode_brain_report(&received),
+            "n1",
+        );
+        let objects: Vec<&str> = report.dropped.iter().map(|d| d.object.as_str()).collect();
+        assert_eq!(objects, ["Service ns/db", "Service ns/web"]);
+        assert_eq!(report.dropped_total, 2);
+        let status = node_status(serde_json::json!({
+            "brainReports": serde_json::to_value(&report).expect("JSON"),
+        }));
+        let text = table(&status, false);
+        assert!(
+            text.contains("brain reports: its input file /c.yaml  ok; it rejects nothing; it dropped 2 values\n")
+                && text.contains(
+                    "  dropped Service ns/web: field spec.externalIPs[0]: \"nope\" is not an IP \
+                     address (the rest of the object is used)\n"
+                ),
+            "{text}"
+        );
+        let mut status = status;
+        keep_rejections_of(&mut status, "ns/web");
+        let kept = status.brain_reports.as_ref().expect("a report");
+        assert_eq!(kept.dropped.len(), 1, "{:?}", kept.dropped);
+        assert_eq!(kept.dropped[0].object, "Service ns/web");
     }
 
     /// `kpng status NAME -o json|yaml` (and the table) stop with the same error when no port

@@ -75,6 +75,7 @@ function render() {
   const report = status.brainReports;
   const reported = report ? report.problems || [] : [];
   const total = report ? report.rejectedTotal || 0 : 0;
+  const droppedTotal = report ? report.droppedTotal || 0 : 0;
   // The last report received: out of date while the brain is away or, on a new connection,
   // until the brain sends its state.
   const stale = report && (problems.length > 0 || report.fromEarlierConnection);
@@ -82,7 +83,8 @@ function render() {
     ? (stale ? "brain reported (may be out of date): " : "brain reports: ") + "its input " +
       report.source + " · " + (reported.length ? reported.length +
       " problem" + (reported.length === 1 ? "" : "s") : "ok") + " · it rejects " + total +
-      " object" + (total === 1 ? "" : "s")
+      " object" + (total === 1 ? "" : "s") +
+      (droppedTotal ? " · it dropped " + droppedTotal + " value" + (droppedTotal === 1 ? "" : "s") : "")
     : "";
   $("brain").className = reported.length ? "bad" : "";
   problems.push(...reported.map((p) => Object.assign({}, p, { what: "brain: " + p.what })));
@@ -117,10 +119,14 @@ function render() {
     tr.appendChild(text("td", r.kept ? "its last good version" : "nothing: no earlier version"));
     bad.appendChild(tr);
   }
-  $("dropped").hidden = dropped.length === 0;
+  // On a node fed by a brain: the values the brain dropped (this node got the rest of each
+  // object), in the same table, marked as the brain's.
+  const droppedAll = dropped.concat(((report && report.dropped) || []).map((d) =>
+    Object.assign({}, d, { object: d.object + " · dropped by the brain" })));
+  $("dropped").hidden = droppedAll.length === 0;
   const droppedRows = $("dropped").querySelector("tbody");
   droppedRows.replaceChildren();
-  for (const d of dropped) {
+  for (const d of droppedAll) {
     const tr = document.createElement("tr");
     tr.appendChild(text("td", d.object));
     tr.appendChild(text("td", d.field));

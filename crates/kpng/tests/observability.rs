@@ -1093,6 +1093,48 @@ fn the_status_page_of_a_node_shows_what_its_brain_rejects() {
             && rejected.contains("field spec.ports[0].port"),
         "{rejected}"
     );
+    assert!(
+        page.contains("<div id=\"dropped\" hidden=\"\">"),
+        "the brain dropped nothing yet: {page}"
+    );
+
+    // A value the brain drops later (the rest of the Service reaches the node) is in the
+    // report it sends: the node's page counts it on the brain's line and lists it.
+    let text = std::fs::read_to_string(&input).expect("read");
+    let tmp = dir.path().join(".cluster.yaml.tmp");
+    std::fs::write(
+        &tmp,
+        format!(
+            "{text}---\napiVersion: v1\nkind: Service\n\
+             metadata: {{namespace: ns, name: dropper}}\n\
+             spec: {{clusterIP: 10.96.0.98, externalIPs: [not-an-ip], ports: [{{port: 80}}]}}\n"
+        ),
+    )
+    .expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    brain.wait("the brain's dropped external IP", |e| {
+        e.contains("ns/dropper") && e.contains("spec.externalIPs[0]")
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        let page = dom(browser, &format!("http://{addr}/status"));
+        if page.contains("it dropped 1 value") || Instant::now() > deadline {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        page.contains("it rejects 1 object · it dropped 1 value"),
+        "{page}"
+    );
+    let dropped = table_after(&page, "<div id=\"dropped\">")
+        .unwrap_or_else(|| panic!("a visible dropped section: {page}"));
+    assert!(
+        dropped.contains("Service ns/dropper · dropped by the brain")
+            && dropped.contains("spec.externalIPs[0]")
+            && dropped.contains("\"not-an-ip\" is not an IP address"),
+        "{dropped}"
+    );
 }
 
 /// The body of a `Connection: close` HTTP/1.1 response, its chunks joined when it came in
