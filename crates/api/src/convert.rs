@@ -682,19 +682,25 @@ mod tests;
 /// goes to every node, so a cluster full of broken objects must not make it large.
 pub const REPORTED_REJECTIONS: usize = 100;
 
-/// A brain's report on its own input for its nodes: what it reads, its problems now, and the
+/// How many dropped values a brain's report names (its total counts them all), for the same
+/// reason as [`REPORTED_REJECTIONS`].
+pub const REPORTED_DROPPED: usize = 100;
+
+/// A brain's report on its own input for its nodes: what it reads, its problems now, the
 /// first [`REPORTED_REJECTIONS`] of the objects it rejects (in the model's order: by kind,
-/// namespace and name) with how many there are.
+/// namespace and name) and the first [`REPORTED_DROPPED`] of the values it dropped from objects
+/// it uses, each with how many there are.
 pub fn brain_report<'a>(
     input: &kpng_model::input::InputState,
     rejected: impl ExactSizeIterator<Item = &'a kpng_model::records::Rejection>,
+    dropped: impl Iterator<Item = (Option<&'a ServiceKey>, &'a kpng_model::Warning)>,
 ) -> proto::KpngBrainReport {
     let millis = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
     };
     let total = rejected.len() as u64;
-    proto::KpngBrainReport {
+    let mut report = proto::KpngBrainReport {
         source: input.source.clone(),
         problems: input
             .problems
@@ -718,12 +724,28 @@ pub fn brain_report<'a>(
             })
             .collect(),
         rejected_total: total,
+        dropped: Vec::new(),
+        dropped_total: 0,
+    };
+    for (service, w) in dropped {
+        report.dropped_total += 1;
+        if report.dropped.len() < REPORTED_DROPPED {
+            report.dropped.push(proto::KpngDroppedValue {
+                kind: w.object.kind.as_str().to_string(),
+                namespace: w.object.namespace.to_string(),
+                name: w.object.name.to_string(),
+                field: w.field.clone(),
+                message: w.message.clone(),
+                service: service.map(ToString::to_string),
+            });
+        }
     }
+    report
 }
 
 /// A brain's report as a node keeps it (times before the epoch read as the epoch).
 pub fn decode_brain_report(value: &proto::KpngBrainReport) -> kpng_model::input::BrainReport {
-    use kpng_model::input::{BrainReport, InputProblem, ReportedRejection};
+    use kpng_model::input::{BrainReport, InputProblem, ReportedDropped, ReportedRejection};
     let since = |ms: i64| {
         std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
     };
@@ -756,5 +778,18 @@ pub fn decode_brain_report(value: &proto::KpngBrainReport) -> kpng_model::input:
             })
             .collect(),
         rejected_total: value.rejected_total.max(value.rejected.len() as u64),
+        dropped: value
+            .dropped
+            .iter()
+            .map(|d| ReportedDropped {
+                kind: d.kind.clone(),
+                namespace: d.namespace.clone(),
+                name: d.name.clone(),
+                service: d.service.clone(),
+                field: d.field.clone(),
+                message: d.message.clone(),
+            })
+            .collect(),
+        dropped_total: value.dropped_total.max(value.dropped.len() as u64),
     }
 }

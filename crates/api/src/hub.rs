@@ -904,6 +904,8 @@ struct State {
     /// How many objects the model rejected when the report was made: a fixed or deleted
     /// object changes the count without an error.
     report_rejected: usize,
+    /// The model's [`ClusterModel::dropped_changes`] when the report was made.
+    report_dropped: u64,
     /// Every Node name the cluster has had since the brain started: a watcher asking for one
     /// that is gone now asks for a deleted Node, not a typo.
     nodes_seen: std::collections::HashSet<String>,
@@ -916,7 +918,10 @@ impl State {
         let out = self.cluster.apply(event);
         self.listed.extend(out.listed.iter().copied());
         // The rejections changed: an error, or one fewer (fixed, deleted, relisted without).
-        if (!out.errors.is_empty() || self.cluster.rejected().len() != self.report_rejected)
+        // Or the values dropped from objects in use.
+        if (!out.errors.is_empty()
+            || self.cluster.rejected().len() != self.report_rejected
+            || self.cluster.dropped_changes() != self.report_dropped)
             && self.refresh_report()
         {
             applied.report_changed = true;
@@ -1088,8 +1093,13 @@ impl State {
         let Some(input) = &self.input else {
             return false;
         };
-        let value = brain_report(&input.state(), self.cluster.rejected());
+        let value = brain_report(
+            &input.state(),
+            self.cluster.rejected(),
+            self.cluster.dropped(),
+        );
         self.report_rejected = self.cluster.rejected().len();
+        self.report_dropped = self.cluster.dropped_changes();
         if self.report.as_ref().is_some_and(|r| r.value == value) {
             return false;
         }
@@ -1521,6 +1531,17 @@ impl Hub {
     /// nodes never see the objects.
     pub fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
         self.lock().cluster.rejected().cloned().collect()
+    }
+
+    /// The values the conversion dropped from objects in use, each with the Service it
+    /// concerns: the brain logged them once, and its `kpng status` lists them (its nodes get
+    /// the rest of each object, and are not told).
+    pub fn dropped(&self) -> Vec<(Option<ServiceKey>, kpng_model::Warning)> {
+        self.lock()
+            .cluster
+            .dropped()
+            .map(|(service, w)| (service.cloned(), w.clone()))
+            .collect()
     }
 }
 

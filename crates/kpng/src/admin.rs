@@ -125,6 +125,11 @@ fn brain_status(hub: &kpng_api::hub::Hub, input: InputStatus, query: &StatusQuer
         deleted_nodes: hub.deleted_node_watchers(),
         duplicate_nodes: hub.duplicate_nodes(),
         rejected: hub.rejected().iter().map(RejectedStatus::of).collect(),
+        dropped: hub
+            .dropped()
+            .iter()
+            .map(|(service, w)| DroppedStatus::of(service.as_ref(), w))
+            .collect(),
         input: Some(input),
         tls: hub.metrics().tls.get(),
         selected,
@@ -337,6 +342,10 @@ pub struct BrainStatus {
     /// Objects whose latest version the brain rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<RejectedStatus>,
+    /// Values the brain's conversion dropped from objects in use (the rest of each object
+    /// goes to the nodes, which are not told: see docs/observability.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<DroppedStatus>,
     /// How the brain's own source is doing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<InputStatus>,
@@ -575,9 +584,10 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         && status.get("brainView").is_none()
     {
         bail!(
-            "--node {node} asks a brain (`kpng ... to-api`) for a node's view; this kpng is \
+            "--node {} asks a brain (`kpng ... to-api`) for a node's view; this kpng is \
              node {}'s own: ask without --node, or ask the brain's --admin-socket",
-            status["node"].as_str().unwrap_or("?")
+            crate::logging::escape_controls(node),
+            crate::logging::escape_controls(status["node"].as_str().unwrap_or("?"))
         );
     }
     if let Some(filter) = &args.service
@@ -585,40 +595,7 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
     {
         services.retain(|s| service_matches(s, filter));
         if services.is_empty() {
-            // The answer comes from the last good input: while the input has a problem, the
-            // Service may just not have arrived yet (added while the brain is unreachable).
-            let stale = serde_json::from_value::<InputStatus>(status["input"].clone())
-                .ok()
-                .and_then(|i| i.stale_note())
-                .map(|note| format!("\nnote: {note}"))
-                .unwrap_or_default();
-            // A Service that never converted has no port: say so rather than "no such Service".
-            if let Some(why) = rejected_service(&status, filter) {
-                bail!("no Service port matches {filter:?}: {why}{stale}");
-            }
-            // Nor has one kpng holds and gives no rule (headless, another proxy's, …).
-            let not_programmed: Vec<String> = status["notProgrammed"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|n| {
-                    Some(format!(
-                        "{} has no rule: {}",
-                        n["service"].as_str()?,
-                        n["why"].as_str()?
-                    ))
-                })
-                .collect();
-            if !not_programmed.is_empty() {
-                bail!(
-                    "no Service port matches {filter:?}: {}{stale}",
-                    not_programmed.join("; ")
-                );
-            }
-            bail!(
-                "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT)\
-                 {stale}"
-            );
+            bail!("{}", no_port_matches(&status, filter));
         }
     }
     match args.output {
@@ -648,6 +625,53 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             print_out(&terminal_safe(&text))
         }
     }
+}
+
+/// Why no Service port matches `filter`, in words, for the error `kpng status NAME` stops
+/// with, whatever the output format: the values it quotes (a rejection's object and message,
+/// a Service's name, the input's problem) come from the input, and have their control
+/// characters escaped as the text output escapes every value ([`escape_value_controls`]), so
+/// a newline or an escape sequence in one neither forges a line nor reaches the terminal
+/// (with `-o json|yaml`, which leave the status itself unescaped, they used to, raw).
+fn no_port_matches(status: &serde_json::Value, filter: &str) -> String {
+    use crate::logging::escape_controls;
+    // The answer comes from the last good input: while the input has a problem, the
+    // Service may just not have arrived yet (added while the brain is unreachable).
+    let stale = serde_json::from_value::<InputStatus>(status["input"].clone())
+        .ok()
+        .and_then(|i| i.stale_note())
+        .map(|note| format!("\nnote: {}", escape_controls(&note)))
+        .unwrap_or_default();
+    // A Service that never converted has no port: say so rather than "no such Service". It
+    // is found by its name as it is (the filter is the operator's, unescaped).
+    if let Some(why) = rejected_service(status, filter) {
+        return format!(
+            "no Service port matches {filter:?}: {}{stale}",
+            escape_controls(&why)
+        );
+    }
+    // Nor has one kpng holds and gives no rule (headless, another proxy's, …).
+    let not_programmed: Vec<String> = status["notProgrammed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| {
+            Some(format!(
+                "{} has no rule: {}",
+                escape_controls(n["service"].as_str()?),
+                escape_controls(n["why"].as_str()?)
+            ))
+        })
+        .collect();
+    if !not_programmed.is_empty() {
+        return format!(
+            "no Service port matches {filter:?}: {}{stale}",
+            not_programmed.join("; ")
+        );
+    }
+    format!(
+        "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT){stale}"
+    )
 }
 
 /// Ports per status request: the running kpng builds one page at a time (an answer for every
@@ -726,47 +750,57 @@ fn print_brain(
             escape_value_controls(&mut status);
             let brain: BrainStatus = serde_json::from_value(status)
                 .context("the brain's status does not have the expected shape")?;
-            let mut text = format!(
-                "brain  {} Services  {}  {} connected\n",
-                brain.services,
-                if brain.synced {
-                    "synced"
-                } else {
-                    "still listing"
-                },
-                plural(brain.nodes.len(), "node")
-            );
-            if let Some(filter) = service {
-                write_selected(&mut text, filter, &brain);
-            }
-            if let Some(input) = &brain.input {
-                write_input(&mut text, input, 0);
-            }
-            if let Some(tls) = &brain.tls {
-                write_tls(&mut text, tls, std::time::SystemTime::now());
-            }
-            write_not_connected(&mut text, &brain.not_connected);
-            if !brain.unknown_nodes.is_empty() {
-                text.push_str(&format!(
-                    "PROBLEM: connected kpngs ask for node names no Node has (a typo, or a short \
-                     hostname where the Node is an FQDN: they get no local endpoint): {}\n",
-                    brain.unknown_nodes.join(", ")
-                ));
-            }
-            if !brain.deleted_nodes.is_empty() {
-                text.push_str(&format!(
-                    "PROBLEM: connected kpngs ask for Nodes that were deleted (their kpng still \
-                     runs: a scale-down, or the Node re-created under another name; they get no \
-                     local endpoint): {}\n",
-                    brain.deleted_nodes.join(", ")
-                ));
-            }
-            write_duplicate_nodes(&mut text, &brain.duplicate_nodes);
-            write_rejected(&mut text, &brain.rejected);
-            write_brain_nodes(&mut text, &brain.nodes, output == StatusOutput::Wide);
-            print_out(&terminal_safe(&text))
+            print_out(&terminal_safe(&brain_text(
+                &brain,
+                service,
+                output == StatusOutput::Wide,
+            )))
         }
     }
+}
+
+/// A brain's status as text (its values' control characters escaped already).
+fn brain_text(brain: &BrainStatus, service: Option<&str>, wide: bool) -> String {
+    let mut text = format!(
+        "brain  {} Services  {}  {} connected\n",
+        brain.services,
+        if brain.synced {
+            "synced"
+        } else {
+            "still listing"
+        },
+        plural(brain.nodes.len(), "node")
+    );
+    if let Some(filter) = service {
+        write_selected(&mut text, filter, brain);
+    }
+    if let Some(input) = &brain.input {
+        write_input(&mut text, input, brain.dropped.len());
+    }
+    if let Some(tls) = &brain.tls {
+        write_tls(&mut text, tls, std::time::SystemTime::now());
+    }
+    write_not_connected(&mut text, &brain.not_connected);
+    if !brain.unknown_nodes.is_empty() {
+        text.push_str(&format!(
+            "PROBLEM: connected kpngs ask for node names no Node has (a typo, or a short \
+             hostname where the Node is an FQDN: they get no local endpoint): {}\n",
+            brain.unknown_nodes.join(", ")
+        ));
+    }
+    if !brain.deleted_nodes.is_empty() {
+        text.push_str(&format!(
+            "PROBLEM: connected kpngs ask for Nodes that were deleted (their kpng still \
+             runs: a scale-down, or the Node re-created under another name; they get no \
+             local endpoint): {}\n",
+            brain.deleted_nodes.join(", ")
+        ));
+    }
+    write_duplicate_nodes(&mut text, &brain.duplicate_nodes);
+    write_rejected(&mut text, &brain.rejected);
+    write_dropped(&mut text, &brain.dropped);
+    write_brain_nodes(&mut text, &brain.nodes, wide);
+    text
 }
 
 /// What a brain says of the Services `filter` names without a node, above its own status:
@@ -854,6 +888,15 @@ fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
             .and_then(|s| s.split_once('/'))
             .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
     });
+    if let Some(report) = &mut status.brain_reports {
+        report.dropped.retain(|d| {
+            d.service
+                .as_deref()
+                .and_then(|s| s.split_once('/'))
+                .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
+        });
+        report.dropped_total = report.dropped.len() as u64;
+    }
     let before = status.rejected.len();
     status.rejected.retain(of_service);
     let mut not_shown = before - status.rejected.len();
@@ -1167,9 +1210,15 @@ fn write_brain_reports(out: &mut String, report: &BrainReportStatus, heading: &s
         1 => "rejects 1 object".to_string(),
         n => format!("rejects {n} objects"),
     };
+    // The values it dropped from objects it uses: this node got the rest of each object.
+    let dropped = match report.dropped_total {
+        0 => String::new(),
+        1 => "; it dropped 1 value".to_string(),
+        n => format!("; it dropped {n} values"),
+    };
     let _ = writeln!(
         out,
-        "{heading}: its input {}  {state}; it {rejects}",
+        "{heading}: its input {}  {state}; it {rejects}{dropped}",
         report.source
     );
     write_problems(out, &report.problems);
@@ -1182,6 +1231,21 @@ fn write_brain_reports(out: &mut String, report: &BrainReportStatus, heading: &s
             out,
             "  … and {} more (`kpng status` on the brain lists all)",
             report.rejected_total - listed
+        );
+    }
+    for d in report.dropped.iter().take(REJECTED_LISTED) {
+        let _ = writeln!(
+            out,
+            "  dropped {}: field {}: {} (the rest of the object is used)",
+            d.object, d.field, d.message
+        );
+    }
+    let listed = report.dropped.len().min(REJECTED_LISTED) as u64;
+    if report.dropped_total > listed {
+        let _ = writeln!(
+            out,
+            "  … and {} more dropped (`kpng status` on the brain lists all)",
+            report.dropped_total - listed
         );
     }
 }
@@ -2362,6 +2426,147 @@ mod tests {
             value[k] = v.clone();
         }
         serde_json::from_value(value).expect("a status")
+    }
+
+    /// A brain's own status lists the values its conversion dropped (the log said so once;
+    /// its nodes get the rest of each object and are not told), counted in its input's line
+    /// as a node's `kpng status` counts its own.
+    #[test]
+    fn a_brains_status_lists_the_values_it_dropped() {
+        let hub = kpng_api::hub::Hub::new(
+            kpng_model::ClusterModel::new(kpng_model::ClusterConfig::default()),
+            kpng_api::metrics::ApiMetrics::default(),
+        );
+        hub.apply(kpng_model::Event::Apply(
+            kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(serde_json::json!({
+                "metadata": {"namespace": "ns", "name": "web"},
+                "spec": {"clusterIP": "10.96.0.1", "externalIPs": ["nope"],
+                         "ports": [{"name": "http", "port": 80}]},
+            }))
+            .expect("a Service")
+            .object,
+        ));
+        let input = InputStatus {
+            source: "file /c.yaml".into(),
+            problems: Vec::new(),
+            last_good: Some("T1".into()),
+            detail: None,
+        };
+        let status = brain_status(&hub, input, &StatusQuery::default());
+        assert_eq!(
+            status.dropped,
+            [DroppedStatus {
+                object: "Service ns/web".into(),
+                service: Some("ns/web".into()),
+                field: "spec.externalIPs[0]".into(),
+                message: "\"nope\" is not an IP address".into(),
+            }]
+        );
+        let text = brain_text(&status, None, false);
+        assert!(
+            text.contains("input file /c.yaml  1 VALUE DROPPED  last good input T1\n")
+                && text.contains(
+                    "dropped values: 1 (the rest of each object is used)\n  \
+                     Service ns/web: field spec.externalIPs[0]: \"nope\" is not an IP address\n"
+                ),
+            "{text}"
+        );
+    }
+
+    /// The values a brain dropped travel to its nodes in its report (new fields of the
+    /// kpng-rs-only KpngBrainReport, which a client from before skips): a node's `kpng status`
+    /// counts and lists them under the brain's line, and `kpng status NAME` keeps those of
+    /// that Service. Until 2026-12-07 a brain-fed node
+    /// showed none of them.
+    #[test]
+    fn a_brain_fed_node_lists_the_values_its_brain_dropped() {
+        use prost::Message as _;
+        let mut cluster = kpng_model::ClusterModel::new(kpng_model::ClusterConfig::default());
+        for value in [
+            serde_json::json!({"kind": "Service", "metadata": {"namespace": "ns", "name": "web"},
+                "spec": {"clusterIP": "10.96.0.1", "externalIPs": ["nope"],
+                         "ports": [{"name": "http", "port": 80}]}}),
+            serde_json::json!({"kind": "Service", "metadata": {"namespace": "ns", "name": "db"},
+                "spec": {"clusterIP": "10.96.0.2", "externalIPs": ["127.0.0.1"],
+                         "ports": [{"name": "sql", "port": 5432}]}}),
+        ] {
+            cluster.apply(kpng_model::Event::Apply(
+                kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(value)
+                    .expect("a Service")
+                    .object,
+            ));
+        }
+        let input = kpng_model::input::InputHealth::new("file /c.yaml");
+        let sent =
+            kpng_api::convert::brain_report(&input.state(), cluster.rejected(), cluster.dropped());
+        assert_eq!(sent.dropped_total, 2, "{sent:?}");
+        // Through the wire, as node n1 gets it.
+        let received = kpng_api::proto::KpngBrainReport::decode(sent.encode_to_vec().as_slice())
+            .expect("decode");
+        let report = kpng_runner::admin::BrainReportStatus::of(
+            &kpng_api::convert::decode_brain_report(&received),
+            "n1",
+        );
+        let objects: Vec<&str> = report.dropped.iter().map(|d| d.object.as_str()).collect();
+        assert_eq!(objects, ["Service ns/db", "Service ns/web"]);
+        assert_eq!(report.dropped_total, 2);
+        let status = node_status(serde_json::json!({
+            "brainReports": serde_json::to_value(&report).expect("JSON"),
+        }));
+        let text = table(&status, false);
+        assert!(
+            text.contains("brain reports: its input file /c.yaml  ok; it rejects nothing; it dropped 2 values\n")
+                && text.contains(
+                    "  dropped Service ns/web: field spec.externalIPs[0]: \"nope\" is not an IP \
+                     address (the rest of the object is used)\n"
+                ),
+            "{text}"
+        );
+        let mut status = status;
+        keep_rejections_of(&mut status, "ns/web");
+        let kept = status.brain_reports.as_ref().expect("a report");
+        assert_eq!(kept.dropped.len(), 1, "{:?}", kept.dropped);
+        assert_eq!(kept.dropped[0].object, "Service ns/web");
+    }
+
+    /// `kpng status NAME -o json|yaml` (and the table) stop with the same error when no port
+    /// matches: the rejection or the reason it quotes has its control characters escaped as
+    /// the text output escapes each value, not raw (a newline forged a line, an escape
+    /// sequence reached the terminal); the filter is matched against the names as they are.
+    #[test]
+    fn the_no_port_error_escapes_the_values_it_quotes() {
+        let status = serde_json::json!({
+            "node": "n1",
+            "services": [],
+            "rejected": [{
+                "object": "Service ns/web",
+                "field": "spec.ports[0].name",
+                "message": "\"x\u{1b}[2J\nPROBLEM: forged\" is bad",
+                "kept": false,
+            }],
+            "notProgrammed": [{"service": "ns/other", "why": "headless\u{1b}[1m\nforged"}],
+        });
+        for (filter, want) in [
+            (
+                "ns/web",
+                "no Service port matches \"ns/web\": Service ns/web: field spec.ports[0].name: \
+                 \"x\\u{1b}[2J\\nPROBLEM: forged\" is bad (not in use: no earlier version); \
+                 fix it in the input",
+            ),
+            (
+                "ns/other",
+                "no Service port matches \"ns/other\": ns/other has no rule: \
+                 headless\\u{1b}[1m\\nforged",
+            ),
+        ] {
+            let mut status = status.clone();
+            if filter == "ns/other" {
+                status["rejected"] = serde_json::json!([]);
+            }
+            let said = no_port_matches(&status, filter);
+            assert_eq!(said, want, "{filter}");
+            assert!(!said.chars().any(char::is_control), "{said:?}");
+        }
     }
 
     #[test]

@@ -277,10 +277,13 @@ impl BackendKind {
             return hns::build(flags, args);
         }
         let detect_local = detect_local(flags)?;
+        let mut cluster_cidr_warned = Vec::new();
         if !flags.masquerade_all {
-            for warning in cluster_cidr_warnings(&detect_local, &flags.node_ip, &flags.service_cidr)
+            for (family, warning) in
+                cluster_cidr_warnings(&detect_local, &flags.node_ip, &flags.service_cidr)
             {
                 tracing::warn!("{warning}");
+                cluster_cidr_warned.extend(family);
             }
         }
         let node = NodeSettings {
@@ -291,7 +294,9 @@ impl BackendKind {
             detect_local,
             nodeport_addresses: kind.nodeport_addresses(flags)?,
         };
-        linux::build(flags, backend, node, refusals)
+        let mut built = linux::build(flags, backend, node, refusals)?;
+        built.cluster_cidr_warned = cluster_cidr_warned;
+        Ok(built)
     }
 
     /// Whether the backend, as configured, programs a simulation rather than this host
@@ -325,6 +330,9 @@ pub struct Built {
     /// objects, the iptables variant and rule counts); none for a dry run and for the
     /// userspace backend.
     pub data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
+    /// The families whose missing `--cluster-cidr` was warned about while building: the
+    /// runner's check of the Node does not log the same fact again.
+    pub cluster_cidr_warned: Vec<kpng_model::Family>,
 }
 
 /// What every node backend is configured with, whatever the backend.
@@ -339,24 +347,26 @@ struct NodeSettings {
 /// warning each: kube-proxy says so too, and an operator who forgot the flag (or one family
 /// of it on a dual-stack node) learns why traffic from outside the cluster to a ClusterIP of
 /// that family keeps its source address. The families known at start are those of
-/// `--node-ip` and `--service-cidr` (the Node object and the Services come later).
+/// `--node-ip` and `--service-cidr` (the Node object and the Services come later). Each
+/// warning comes with the family it is about (none for no `--cluster-cidr` at all).
 fn cluster_cidr_warnings(
     detect: &DetectLocal,
     node_ips: &[std::net::IpAddr],
     service_cidrs: &[ipnet::IpNet],
-) -> Vec<String> {
+) -> Vec<(Option<kpng_model::Family>, String)> {
     use kpng_model::Family;
     let DetectLocal::ClusterCidr(cidrs) = detect else {
         return Vec::new();
     };
     if cidrs.is_empty() {
-        return vec![
+        return vec![(
+            None,
             "--detect-local-mode ClusterCIDR without --cluster-cidr: kpng cannot tell pods \
              from other sources, so ClusterIP traffic from outside the cluster is not \
              masqueraded (as kube-proxy); give the pods' CIDRs, or another \
              --detect-local-mode"
                 .to_string(),
-        ];
+        )];
     }
     let mut out = Vec::new();
     for family in Family::ALL {
@@ -377,12 +387,15 @@ fn cluster_cidr_warnings(
         if served.is_empty() {
             continue;
         }
-        out.push(format!(
-            "--cluster-cidr has no {family} CIDR, though this node serves {family} ({}): the \
-             local-traffic detector (--detect-local-mode ClusterCIDR) does nothing for \
-             {family}, so {family} ClusterIP traffic from outside the cluster is not \
-             masqueraded (as kube-proxy); add the {family} pod CIDR to --cluster-cidr",
-            served.join(", ")
+        out.push((
+            Some(family),
+            format!(
+                "--cluster-cidr has no {family} CIDR, though this node serves {family} ({}): \
+                 the local-traffic detector (--detect-local-mode ClusterCIDR) does nothing for \
+                 {family}, so {family} ClusterIP traffic from outside the cluster is not \
+                 masqueraded (as kube-proxy); add the {family} pod CIDR to --cluster-cidr",
+                served.join(", ")
+            ),
         ));
     }
     out
@@ -541,6 +554,7 @@ mod linux {
             backend,
             own,
             data_plane,
+            cluster_cidr_warned: Vec::new(),
         })
     }
 
@@ -840,6 +854,7 @@ pub(crate) mod hns {
             backend: Box::new(backend),
             own: Vec::new(),
             data_plane,
+            cluster_cidr_warned: Vec::new(),
         })
     }
 
@@ -1034,7 +1049,7 @@ mod tests {
         ] {
             let got = super::cluster_cidr_warnings(&detect, &node_ips, &service_cidrs);
             assert_eq!(got.len(), want.len(), "{what}: {got:?}");
-            for (g, w) in got.iter().zip(want) {
+            for ((_, g), w) in got.iter().zip(want) {
                 assert!(g.starts_with(w), "{what}: {g}");
             }
         }

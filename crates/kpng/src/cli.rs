@@ -389,7 +389,9 @@ pub struct GlobalFlags {
     )]
     pub metrics_bind_address: String,
 
-    /// Minimum time between two syncs (0 = sync at once).
+    /// Minimum time from a sync that wrote to the data plane (a full sync, one with operations,
+    /// or a failed one) to the next sync; a periodic sync that changed nothing does not hold
+    /// the next change back (0 = sync at once).
     #[arg(long, global = true, alias = "iptables-min-sync-period", default_value = "1s", value_parser = parse_duration, help_heading = "Backend")]
     pub min_sync_period: Duration,
 
@@ -1707,6 +1709,24 @@ mod tests {
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// `--min-sync-period`'s help says what starts the window: a sync that wrote, not any
+    /// sync (an idle periodic sync holds nothing back since the runner counts from the last
+    /// sync that wrote; the help said "between two syncs").
+    #[test]
+    fn min_sync_period_help_says_a_sync_that_wrote_starts_the_window() {
+        use clap::CommandFactory;
+        let command = Cli::command();
+        let help = command
+            .get_arguments()
+            .find(|a| a.get_id() == "min_sync_period")
+            .and_then(|a| a.get_help())
+            .map(ToString::to_string)
+            .expect("--min-sync-period has help");
+        assert!(!help.contains("between two syncs"), "{help}");
+        assert!(help.contains("a sync that wrote"), "{help}");
+        assert!(help.contains("changed nothing"), "{help}");
     }
 }
 

@@ -465,6 +465,9 @@ struct SinkFacts {
     /// What `kpng status` adds about the backend's data plane beyond its rules
     /// ([`crate::backends::Built::data_plane`]).
     data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
+    /// The families whose missing `--cluster-cidr` the backend's build warned about
+    /// ([`crate::backends::Built::cluster_cidr_warned`]).
+    cluster_cidr_warned: Vec<kpng_model::Family>,
 }
 
 impl SinkFacts {
@@ -484,6 +487,7 @@ impl SinkFacts {
         kube_errors: None,
         input: None,
         data_plane: None,
+        cluster_cidr_warned: Vec::new(),
     };
 }
 
@@ -588,6 +592,7 @@ fn local_backend(
         kube_errors: None,
         input: None,
         data_plane: built.data_plane,
+        cluster_cidr_warned: built.cluster_cidr_warned,
     };
     Ok((built.backend, facts))
 }
@@ -821,7 +826,7 @@ where
             Ok(kpng_backend::settings::DetectLocal::ClusterCidr(_))
         )
     {
-        runner = runner.detecting_pods_by_cluster_cidr();
+        runner = runner.detecting_pods_by_cluster_cidr(facts.cluster_cidr_warned.clone());
     }
     if facts.health_checks.is_some()
         && matches!(

@@ -45,6 +45,10 @@ function render() {
     (status.conntrack ? " · conntrack table " +
       Math.floor(status.conntrack.entries * 100 / Math.max(status.conntrack.max, 1)) + " % full (" +
       status.conntrack.entries + " of " + status.conntrack.max + " entries)" : "");
+  // The previous kpng of this network namespace ended without a clean shutdown (killed,
+  // OOM): information, not a problem of this run (`kpng status`'s "previous run:" line).
+  $("previousrun").hidden = !status.previousRun;
+  $("previousrun").textContent = status.previousRun ? "previous run: " + status.previousRun : "";
   const ct = status.conntrack;
   $("header").className = ct && ct.max > 0 && ct.entries * 10 >= ct.max * 9 ? "bad" : "";
   // Someone else keeps changing the data plane and repairs are delayed (as `kpng status`
@@ -54,17 +58,24 @@ function render() {
   $("repairs").textContent = repairProblem ? "PROBLEM: " + repairProblem : "";
   const input = status.input;
   const problems = (input ? input.problems || [] : []).slice();
+  // Values dropped from objects in use are problems of the input too, as `kpng status` counts
+  // them ("2 VALUES DROPPED"), listed apart below.
+  const dropped = status.dropped || [];
+  const inputState = [];
+  if (problems.length) inputState.push(problems.length + " problem" + (problems.length === 1 ? "" : "s"));
+  if (dropped.length) inputState.push(dropped.length + " VALUE" + (dropped.length === 1 ? "" : "S") + " DROPPED");
   $("input").textContent = input
-    ? "input " + input.source + " · " + (problems.length ? problems.length + " problem" +
-      (problems.length === 1 ? "" : "s") : "ok") + " · last good input " +
+    ? "input " + input.source + " · " + (inputState.length ? inputState.join(", ") : "ok") +
+      " · last good input " +
       (input.lastGood ? input.lastGood + (input.detail ? " (" + input.detail + ")" : "") : "never")
     : "";
-  $("input").className = problems.length ? "bad" : "";
+  $("input").className = problems.length || dropped.length ? "bad" : "";
   // On a node fed by a brain: what the brain reports about its own input, which the node never
   // sees itself (its problems join the problems table, its rejections the rejected table).
   const report = status.brainReports;
   const reported = report ? report.problems || [] : [];
   const total = report ? report.rejectedTotal || 0 : 0;
+  const droppedTotal = report ? report.droppedTotal || 0 : 0;
   // The last report received: out of date while the brain is away or, on a new connection,
   // until the brain sends its state.
   const stale = report && (problems.length > 0 || report.fromEarlierConnection);
@@ -72,7 +83,8 @@ function render() {
     ? (stale ? "brain reported (may be out of date): " : "brain reports: ") + "its input " +
       report.source + " · " + (reported.length ? reported.length +
       " problem" + (reported.length === 1 ? "" : "s") : "ok") + " · it rejects " + total +
-      " object" + (total === 1 ? "" : "s")
+      " object" + (total === 1 ? "" : "s") +
+      (droppedTotal ? " · it dropped " + droppedTotal + " value" + (droppedTotal === 1 ? "" : "s") : "")
     : "";
   $("brain").className = reported.length ? "bad" : "";
   problems.push(...reported.map((p) => Object.assign({}, p, { what: "brain: " + p.what })));
@@ -106,6 +118,20 @@ function render() {
     tr.appendChild(text("td", "field " + r.field + ": " + r.message, "bad"));
     tr.appendChild(text("td", r.kept ? "its last good version" : "nothing: no earlier version"));
     bad.appendChild(tr);
+  }
+  // On a node fed by a brain: the values the brain dropped (this node got the rest of each
+  // object), in the same table, marked as the brain's.
+  const droppedAll = dropped.concat(((report && report.dropped) || []).map((d) =>
+    Object.assign({}, d, { object: d.object + " · dropped by the brain" })));
+  $("dropped").hidden = droppedAll.length === 0;
+  const droppedRows = $("dropped").querySelector("tbody");
+  droppedRows.replaceChildren();
+  for (const d of droppedAll) {
+    const tr = document.createElement("tr");
+    tr.appendChild(text("td", d.object));
+    tr.appendChild(text("td", d.field));
+    tr.appendChild(text("td", d.message, "bad"));
+    droppedRows.appendChild(tr);
   }
   const checks = status.healthChecksNotServed || [];
   $("healthchecks").hidden = checks.length === 0;

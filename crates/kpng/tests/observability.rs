@@ -757,11 +757,50 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
         page.contains("<table id=\"problems\" hidden=\"\">"),
         "the input reads, no problems table: {page}"
     );
+    assert!(
+        page.contains("<div id=\"dropped\" hidden=\"\">"),
+        "nothing dropped, no such section: {page}"
+    );
+
+    // A value the conversion dropped (the rest of the Service is used) counts in the input's
+    // line and is listed, as `kpng status` lists it.
+    let input = dir.path().join("cluster.yaml");
+    let mut text = std::fs::read_to_string(&input).expect("read");
+    text.push_str(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: dropper}\n\
+         spec: {clusterIP: 10.96.9.10, externalIPs: [not-an-ip], ports: [{port: 80, protocol: TCP}]}\n",
+    );
+    let tmp = dir.path().join(".cluster.yaml.tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    running.wait("the dropped external IP", |e| {
+        e.contains("default/dropper") && e.contains("spec.externalIPs[0]")
+    });
+    let page = dom(browser, &format!("http://{addr}/status"));
+    assert!(
+        page.contains("· 1 VALUE DROPPED · last good input 20"),
+        "{page}"
+    );
+    let dropped = table_after(&page, "<div id=\"dropped\">")
+        .unwrap_or_else(|| panic!("a visible dropped section: {page}"));
+    assert!(
+        dropped.contains("Service default/dropper")
+            && dropped.contains("spec.externalIPs[0]")
+            && dropped.contains("\"not-an-ip\" is not an IP address"),
+        "{dropped}"
+    );
+    assert!(
+        page.contains("<div id=\"previousrun\" hidden=\"\">"),
+        "a sink that does not program the node has no run marker: {page}"
+    );
 
     // A file that does not read is listed as the input's problem.
     make_unreadable(&mut running, dir.path());
     let page = dom(browser, &format!("http://{addr}/status"));
-    assert!(page.contains("1 problem · last good input 20"), "{page}");
+    assert!(
+        page.contains("1 problem, 1 VALUE DROPPED · last good input 20"),
+        "the last good input still has the dropped value: {page}"
+    );
     let problems = table_after(&page, "<table id=\"problems\">")
         .unwrap_or_else(|| panic!("a visible problems table: {page}"));
     assert!(
@@ -1053,6 +1092,48 @@ fn the_status_page_of_a_node_shows_what_its_brain_rejects() {
             && rejected.contains("rejected by the brain")
             && rejected.contains("field spec.ports[0].port"),
         "{rejected}"
+    );
+    assert!(
+        page.contains("<div id=\"dropped\" hidden=\"\">"),
+        "the brain dropped nothing yet: {page}"
+    );
+
+    // A value the brain drops later (the rest of the Service reaches the node) is in the
+    // report it sends: the node's page counts it on the brain's line and lists it.
+    let text = std::fs::read_to_string(&input).expect("read");
+    let tmp = dir.path().join(".cluster.yaml.tmp");
+    std::fs::write(
+        &tmp,
+        format!(
+            "{text}---\napiVersion: v1\nkind: Service\n\
+             metadata: {{namespace: ns, name: dropper}}\n\
+             spec: {{clusterIP: 10.96.0.98, externalIPs: [not-an-ip], ports: [{{port: 80}}]}}\n"
+        ),
+    )
+    .expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    brain.wait("the brain's dropped external IP", |e| {
+        e.contains("ns/dropper") && e.contains("spec.externalIPs[0]")
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        let page = dom(browser, &format!("http://{addr}/status"));
+        if page.contains("it dropped 1 value") || Instant::now() > deadline {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        page.contains("it rejects 1 object · it dropped 1 value"),
+        "{page}"
+    );
+    let dropped = table_after(&page, "<div id=\"dropped\">")
+        .unwrap_or_else(|| panic!("a visible dropped section: {page}"));
+    assert!(
+        dropped.contains("Service ns/dropper · dropped by the brain")
+            && dropped.contains("spec.externalIPs[0]")
+            && dropped.contains("\"not-an-ip\" is not an IP address"),
+        "{dropped}"
     );
 }
 
@@ -1543,6 +1624,23 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
                 .any(|l| l.starts_with("PROBLEM") && l.contains("previous kpng")),
         "an information line:\n{table}"
     );
+    // The status page says it too, under its header.
+    if let Some(browser) = browser_or_skip() {
+        let url = format!("http://{metrics}/status");
+        let out = ns
+            .exec(std::iter::once(browser).chain(dump_dom_args(&url)))
+            .expect("chromium");
+        let page = String::from_utf8_lossy(&out.stdout);
+        let line = page
+            .split("<div id=\"previousrun\">")
+            .nth(1)
+            .and_then(|t| t.split("</div>").next())
+            .unwrap_or_else(|| panic!("a visible previous-run line: {page}"));
+        assert!(
+            line.starts_with(&format!("previous run: {warning}")) && line.ends_with(ending),
+            "{line}"
+        );
+    }
     second
         .terminate(Duration::from_secs(10))
         .expect("terminate")

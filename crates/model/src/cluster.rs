@@ -241,6 +241,8 @@ pub struct ClusterModel {
     /// Values the conversion dropped from the latest version of each object (`records::Dropped`),
     /// until a version without them arrives or the object goes: `kpng status` shows them.
     dropped: BTreeMap<ObjectRef, Box<[Warning]>>,
+    /// Changes of `dropped` so far ([`ClusterModel::dropped_changes`]).
+    dropped_changes: u64,
 }
 
 impl ClusterModel {
@@ -691,15 +693,26 @@ impl ClusterModel {
             Object::Rejected(_) => return,
             Object::Node(_) | Object::ServiceCidr(_) => None,
         };
-        match taken {
+        let changed = match taken {
             Some(warnings) => {
-                self.dropped.insert(object.reference(), warnings);
+                let reference = object.reference();
+                if self.dropped.get(&reference) == Some(&warnings) {
+                    false
+                } else {
+                    self.dropped.insert(reference, warnings);
+                    true
+                }
             }
-            None if !self.dropped.is_empty() => {
-                self.dropped.remove(&object.reference());
-            }
-            None => {}
-        }
+            None if !self.dropped.is_empty() => self.dropped.remove(&object.reference()).is_some(),
+            None => false,
+        };
+        self.dropped_changes += u64::from(changed);
+    }
+
+    /// How many times the dropped values ([`ClusterModel::dropped`]) changed: a brain makes
+    /// the report it sends its nodes again when this moves, without comparing the values.
+    pub fn dropped_changes(&self) -> u64 {
+        self.dropped_changes
     }
 
     /// The values the conversion dropped from the objects in use (the rest of each object is
@@ -727,7 +740,9 @@ impl ClusterModel {
 
     fn delete(&mut self, reference: &ObjectRef, out: &mut ClusterOutcome) {
         self.rejected.remove(reference);
-        self.dropped.remove(reference);
+        if self.dropped.remove(reference).is_some() {
+            self.dropped_changes += 1;
+        }
         match reference.kind {
             Kind::Service => {
                 let key = ServiceKey::new(reference.namespace.clone(), reference.name.clone());
@@ -808,8 +823,12 @@ impl ClusterModel {
         out.service_cidrs_changed |= service_cidrs_changed;
         self.rejected
             .retain(|r, _| !kinds.contains(&r.kind) || seen.contains(r));
+        let before = self.dropped.len();
         self.dropped
             .retain(|r, _| !kinds.contains(&r.kind) || seen.contains(r));
+        if self.dropped.len() != before {
+            self.dropped_changes += 1;
+        }
         let kept = |kind: Kind, namespace: &Name, name: &Name| {
             seen.contains(&ObjectRef {
                 kind,

@@ -65,6 +65,29 @@ pub struct BrainReport {
     pub rejected: Vec<ReportedRejection>,
     /// How many objects the brain rejects in all.
     pub rejected_total: u64,
+    /// Values the brain's conversion dropped from objects it uses (the first of them: see
+    /// `dropped_total`); empty from a brain older than this field.
+    pub dropped: Vec<ReportedDropped>,
+    /// How many values the brain dropped in all.
+    pub dropped_total: u64,
+}
+
+/// A value a brain dropped from an object it uses, as it reported it: the node gets the rest
+/// of the object, and would not know otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReportedDropped {
+    /// `Service`, `EndpointSlice`, `Node`, `ServiceCIDR`.
+    pub kind: String,
+    /// Its namespace (empty for cluster-scoped kinds).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The Service it concerns (`namespace/name`), if any.
+    pub service: Option<String>,
+    /// The field of the dropped value.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
 }
 
 /// An object a brain rejects, as it reported it (plain words: a newer brain may name a kind

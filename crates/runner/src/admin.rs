@@ -619,6 +619,13 @@ pub struct BrainReportStatus {
     /// objects among them not counted).
     #[serde(default)]
     pub rejected_total: u64,
+    /// Values the brain dropped from objects it uses (the rest of each came to this node), as
+    /// far as it listed them; none from a brain older than 2026-12-07.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<DroppedStatus>,
+    /// How many values the brain dropped (it lists at most 100).
+    #[serde(default)]
+    pub dropped_total: u64,
     /// The report came on an earlier connection to the brain: the brain connected now (a
     /// restarted one, still listing its input) has sent no state yet, so it may be out of
     /// date.
@@ -651,6 +658,13 @@ impl BrainReportStatus {
                 .map(RejectedStatus::of_reported)
                 .collect(),
             rejected_total: report.rejected_total.saturating_sub(others),
+            // Only Services' and EndpointSlices' dropped values are kept (a Node's are not).
+            dropped: report
+                .dropped
+                .iter()
+                .map(DroppedStatus::of_reported)
+                .collect(),
+            dropped_total: report.dropped_total,
             from_earlier_connection: false,
         }
     }
@@ -696,6 +710,22 @@ impl DroppedStatus {
             service: service.map(ToString::to_string),
             field: w.field.clone(),
             message: w.message.clone(),
+        }
+    }
+}
+
+impl DroppedStatus {
+    /// The status of one value a brain reported it dropped.
+    pub fn of_reported(d: &kpng_model::input::ReportedDropped) -> DroppedStatus {
+        DroppedStatus {
+            object: if d.namespace.is_empty() {
+                format!("{} {}", d.kind, d.name)
+            } else {
+                format!("{} {}/{}", d.kind, d.namespace, d.name)
+            },
+            service: d.service.clone(),
+            field: d.field.clone(),
+            message: d.message.clone(),
         }
     }
 }

@@ -35,6 +35,17 @@ pub struct NodeConfigCheck {
     /// primary`, the backend's families): one without a node IP serves them on every local
     /// address of that family instead.
     pub primary_node_port_families: Vec<Family>,
+    /// The families whose missing `--cluster-cidr` was already warned about at start (from
+    /// `--node-ip` and `--service-cidr`, before the Node is known): the Node's check of the
+    /// same family still shows in `kpng status`, but is not logged a second time
+    /// ([`NodeConfigCheck::problems_to_warn`]).
+    pub cluster_cidr_warned_at_start: Vec<Family>,
+}
+
+/// One problem the checks found, and the family whose `--cluster-cidr` it says is missing.
+struct Found {
+    text: String,
+    no_cluster_cidr_of: Option<Family>,
 }
 
 impl NodeConfigCheck {
@@ -44,6 +55,27 @@ impl NodeConfigCheck {
     /// without a node IP matters only when it has NodePorts or the Node has pod CIDRs of it
     /// (an IPv4 cluster on an IPv6-capable host is not told about IPv6).
     pub fn problems(&self, node: &NodeState, node_port_families: &[Family]) -> Vec<String> {
+        self.found(node, node_port_families)
+            .into_iter()
+            .map(|f| f.text)
+            .collect()
+    }
+
+    /// The [`problems`](NodeConfigCheck::problems) to log: all but a family's missing
+    /// `--cluster-cidr` that the start already warned about (one notice per fact, where an
+    /// IPv6 `--node-ip` or `--service-cidr` made it two).
+    pub fn problems_to_warn(&self, node: &NodeState, node_port_families: &[Family]) -> Vec<String> {
+        self.found(node, node_port_families)
+            .into_iter()
+            .filter(|f| {
+                !f.no_cluster_cidr_of
+                    .is_some_and(|family| self.cluster_cidr_warned_at_start.contains(&family))
+            })
+            .map(|f| f.text)
+            .collect()
+    }
+
+    fn found(&self, node: &NodeState, node_port_families: &[Family]) -> Vec<Found> {
         let mut out = Vec::new();
         if !node.known {
             return out;
@@ -52,13 +84,13 @@ impl NodeConfigCheck {
             && !node.ips.is_empty()
             && !node.ips.iter().any(|ip| host.contains(ip))
         {
-            out.push(format!(
+            out.push(Found::other(format!(
                 "none of Node {}'s addresses ({}) is on this host: is --node-name/\
                  --hostname-override right? (this host then serves that node's local \
                  endpoints, and its NodePorts on addresses it does not have)",
                 node.name,
                 join(&node.ips)
-            ));
+            )));
         }
         // No node IP at all is reported on its own (`admin::node_problem`).
         if !node.ips.is_empty() {
@@ -69,10 +101,10 @@ impl NodeConfigCheck {
                         .iter()
                         .any(|c| Family::of(&c.addr()) == *family);
                 if in_use && !node.ips.iter().any(|ip| Family::of(ip) == *family) {
-                    out.push(format!(
+                    out.push(Found::other(format!(
                         "{family}: no node IP in the Node object; {family} NodePorts answer on \
                          every local {family} address (as kube-proxy)"
-                    ));
+                    )));
                 }
             }
         }
@@ -88,13 +120,16 @@ impl NodeConfigCheck {
                     .iter()
                     .any(|c| Family::of(&c.addr()) == family);
                 if used && !detected {
-                    out.push(format!(
-                        "{family}: --cluster-cidr ({}) has no {family} CIDR though the Node has \
-                         {family} addresses or pod CIDRs: no {family} pod detection rule, so \
-                         {family} ClusterIP traffic from outside the cluster is not masqueraded \
-                         (as kube-proxy)",
-                        join(&self.cluster_cidrs)
-                    ));
+                    out.push(Found {
+                        text: format!(
+                            "{family}: --cluster-cidr ({}) has no {family} CIDR though the Node \
+                             has {family} addresses or pod CIDRs: no {family} pod detection rule, \
+                             so {family} ClusterIP traffic from outside the cluster is not \
+                             masqueraded (as kube-proxy)",
+                            join(&self.cluster_cidrs)
+                        ),
+                        no_cluster_cidr_of: Some(family),
+                    });
                 }
             }
         }
@@ -114,17 +149,26 @@ impl NodeConfigCheck {
                 })
                 .collect();
             if !outside.is_empty() {
-                out.push(format!(
+                out.push(Found::other(format!(
                     "Node {}'s pod CIDR {} is outside --cluster-cidr {}: its pods' traffic is \
                      taken for traffic from outside the cluster when deciding what to \
                      masquerade",
                     node.name,
                     join(&outside),
                     join(&self.cluster_cidrs)
-                ));
+                )));
             }
         }
         out
+    }
+}
+
+impl Found {
+    fn other(text: String) -> Found {
+        Found {
+            text,
+            no_cluster_cidr_of: None,
+        }
     }
 }
 
@@ -239,6 +283,7 @@ mod tests {
             cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
             cluster_cidrs_detect_pods: detect,
             primary_node_port_families: primary.to_vec(),
+            cluster_cidr_warned_at_start: Vec::new(),
         };
         let both = [Family::V4, Family::V6];
         let v6_node_ips = "IPv6: no node IP in the Node object; IPv6 NodePorts answer on every \

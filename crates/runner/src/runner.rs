@@ -168,8 +168,14 @@ impl<M: NodeModel> Runner<M> {
     /// `--detect-local-mode ClusterCIDR` (without `--masquerade-all`): a family the Node uses
     /// that `--cluster-cidr` has no CIDR of gets no pod detection rule, which the node's
     /// checks then name (once in the log, and in `kpng status`), as kube-proxy logs it.
-    pub fn detecting_pods_by_cluster_cidr(mut self) -> Runner<M> {
+    /// `warned_at_start`: the families whose missing cluster CIDR the start already logged
+    /// (from `--node-ip` and `--service-cidr`): shown in `kpng status`, not logged again.
+    pub fn detecting_pods_by_cluster_cidr(
+        mut self,
+        warned_at_start: Vec<kpng_model::Family>,
+    ) -> Runner<M> {
         self.node_check.cluster_cidrs_detect_pods = true;
+        self.node_check.cluster_cidr_warned_at_start = warned_at_start;
         self
     }
 
@@ -975,7 +981,7 @@ impl<M: NodeModel> LoopState<M> {
         if !self.listed_all() {
             return;
         }
-        let problems = self.runner.node_check.problems(
+        let problems = self.runner.node_check.problems_to_warn(
             &self.runner.model.snapshot().node,
             &crate::node_config_check::node_port_families(self.runner.model.snapshot()),
         );
