@@ -27,6 +27,14 @@ impl Kpng {
         if !args.contains(&"--healthz-bind-address") {
             command.args(["--healthz-bind-address", "127.0.0.1:0"]);
         }
+        // No admin socket unless the test names its own: this kpng is killed (SIGKILL) when
+        // dropped, which would leave the default, /run/kpng/kpng.sock, on the host.
+        if !args
+            .iter()
+            .any(|a| *a == "--admin-socket" || a.starts_with("--admin-socket="))
+        {
+            command.arg("--admin-socket=");
+        }
         let mut child = command
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
