@@ -37,7 +37,8 @@ echo "== building"
 cargo build --quiet -p kpng -p kpng-testkit --bins
 echo "== the node-local model kpng computes for node1 (kpng file --input examples/cluster.yaml to-file):"
 timeout 3 target/debug/kpng file --input examples/cluster.yaml --node-name node1 \
-  --healthz-bind-address 127.0.0.1:0 --metrics-bind-address "" --log-level warn to-file --output - \
+  --healthz-bind-address 127.0.0.1:0 --metrics-bind-address "" --admin-socket "" \
+  --log-level warn to-file --output - \
   | sed -n '1,40p' || true
 echo "   … (full model: examples/cluster.node1.yaml)"
 echo

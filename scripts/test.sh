@@ -53,6 +53,24 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# kpng's default admin socket: every kpng a test starts names its own (--admin-socket under its
+# temp dir, or "" for none), so the suite leaves no /run/kpng/kpng.sock behind. One left (a new
+# file, or another than before) means a test ran kpng with the default and killed it (SIGKILL
+# skips the removal at shutdown): it would stay on the host, and two such tests at once share it.
+default_admin_socket=/run/kpng/kpng.sock
+admin_socket_id() { stat -c '%i %Y' "$default_admin_socket" 2>/dev/null || echo none; }
+admin_socket_before=$(admin_socket_id)
+check_default_admin_socket() {
+  local now
+  now=$(admin_socket_id)
+  if [ "$now" != none ] && [ "$now" != "$admin_socket_before" ]; then
+    echo "FAILED: $1 left kpng's default admin socket $default_admin_socket: a kpng was started"
+    echo "without --admin-socket and killed. Give every test kpng its own (a path under its temp"
+    echo "dir, or --admin-socket= for none)."
+    exit 1
+  fi
+}
+
 echo "== cargo test"
 # Root-only tests that cannot run record their names here (kpng_testkit::require_root!), so a
 # skip is counted and named below instead of passing unnoticed.
@@ -66,6 +84,7 @@ else
   echo "== every root-only test ran"
 fi
 rm -f "$skipped"
+check_default_admin_socket "cargo test"
 
 # Every crate under crates/backend-*, read from the tree so that a new backend is checked without
 # editing this script: the [package] name of each Cargo.toml. kpng-backend-kit is what the
@@ -147,6 +166,7 @@ if [ "$(id -u)" = 0 ]; then
   cargo build --quiet --locked -p kpng -p kpng-bench
   target/debug/kpng-bench all --quick --kpng target/debug/kpng > /tmp/kpng-bench-quick.md
   tail -n 12 /tmp/kpng-bench-quick.md
+  check_default_admin_socket "kpng-bench all --quick"
 else
   echo "skipping the benchmark smoke run: needs root (network namespaces, nftables)"
 fi

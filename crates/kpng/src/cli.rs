@@ -278,7 +278,9 @@ pub struct GlobalFlags {
     /// How long a connection to the API server may send nothing before kpng gives up on it
     /// and connects again (a hung API server, or a connection a load balancer dropped). The
     /// API server sends a watch a bookmark every minute, so a healthy idle watch never
-    /// reaches it; kube-proxy's client gives up after about 45 s (HTTP/2 pings).
+    /// reaches it; kube-proxy's client gives up after about 45 s (HTTP/2 pings). After a
+    /// third of it without anything from the server, kpng asks for /version: no answer is an
+    /// outage, and watches silent through it resume once the server answers.
     #[arg(long, global = true, default_value = "90s", value_parser = parse_duration, help_heading = "Source")]
     pub kube_api_idle_timeout: Duration,
 

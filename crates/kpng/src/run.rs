@@ -375,13 +375,16 @@ fn run_kube(mut flags: GlobalFlags, sink: Sink) -> anyhow::Result<()> {
     let input = InputHealth::default();
     let input_for_client = input.clone();
     let connect = async move {
-        let (client, server) =
-            kpng_source_kube::client_with_metrics(&options, &metrics_for_client, &input_for_client)
-                .await?;
+        let kpng_source_kube::Connection {
+            client,
+            server,
+            reachability,
+        } = kpng_source_kube::connect(&options, &metrics_for_client, &input_for_client).await?;
         info!(%server, "reading cluster state from the API server");
         let events =
             events_for.map(|node| kpng_source_kube::NodeEvents::new(client.clone(), &node));
         let source = KubeSource::new(client, config)
+            .with_reachability(reachability)
             .with_health(input_for_client)
             .with_errors(errors_for_source);
         anyhow::Ok((source, events))

@@ -108,6 +108,9 @@ impl Brain {
                 "0",
                 "--metrics-bind-address",
                 "",
+                // No admin socket: the brain is killed (SIGKILL), which would leave the
+                // default, /run/kpng/kpng.sock, on the host.
+                "--admin-socket=",
                 "to-api",
                 "--listen",
             ])

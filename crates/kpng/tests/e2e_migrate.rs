@@ -185,6 +185,9 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
     };
     // Probing runs (its first answer came back) before kpng starts.
     let mut results = vec![next_result(&mut prober)];
+    // Its own admin socket: it is killed (SIGKILL) at the end, which would leave the default,
+    // /run/kpng/kpng.sock, on the host.
+    let admin = dir.path().join("admin.sock");
     let kpng = c
         .node1
         .ns
@@ -195,6 +198,8 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
             "--hostname-override=node1",
             "--oom-score-adj=-999",
             "--v=2",
+            "--admin-socket",
+            admin.to_str().expect("utf-8"),
         ])
         .expect("start kpng");
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -27,6 +27,14 @@ impl Kpng {
         if !args.contains(&"--healthz-bind-address") {
             command.args(["--healthz-bind-address", "127.0.0.1:0"]);
         }
+        // No admin socket unless the test names its own: this kpng is killed (SIGKILL) when
+        // dropped, which would leave the default, /run/kpng/kpng.sock, on the host.
+        if !args
+            .iter()
+            .any(|a| *a == "--admin-socket" || a.starts_with("--admin-socket="))
+        {
+            command.arg("--admin-socket=");
+        }
         let mut child = command
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
@@ -1126,8 +1134,9 @@ fn node_ports_from_the_api_server_are_programmed_outside_the_default_range() {
     );
 }
 
-/// A hung API server (connections open, nothing sent): kpng gives up on a connection that has
-/// been silent for `--kube-api-idle-timeout`, says so, and once the server answers again it
+/// A hung API server (connections open, nothing sent): kpng probes it once nothing came for a
+/// third of `--kube-api-idle-timeout` and gives up on a connection that has been silent for
+/// all of it, says so, and once the server answers again it
 /// watches again and programs what changed meanwhile. Before, a silent watch held for 295 s
 /// and a hung list for ever, with everything looking fine.
 #[test]
@@ -1161,20 +1170,26 @@ fn a_hung_api_server_is_given_up_on_and_the_changes_arrive_after() {
     server
         .apply(endpoints("web-1", "web", "10.244.1.4", None))
         .expect("a change while the server hangs");
+    // Found by the probe (nothing came for a third of the idle timeout, and `GET /version`
+    // got no answer) or by a connection silent for the idle timeout, whichever comes first.
+    let probed = "no answer within 3s to GET /version, asked after nothing came from the server \
+                  for 1s (a hung API server or a dropped connection)";
     let said = "nothing received for 3s (--kube-api-idle-timeout): a hung API server or a \
                 dropped connection";
-    kpng.wait("the silent connections given up on", |_, err| {
-        err.contains(said)
+    kpng.wait("the hang found", |_, err| {
+        err.contains(&format!(
+            "WARN kpng_source_kube::reachability: API server unreachable: {probed}"
+        )) || err.contains(said)
     });
-    // The latest of the requests given up on is shown: a silent watch or list, or a request
-    // made while the server was already unreachable (allowed its headers for the idle timeout
-    // at most).
+    // The latest of the requests given up on is shown: the probe, a silent watch or list, or
+    // a request made while the server was already unreachable (allowed its headers for the
+    // idle timeout at most).
     let during = "no answer within 3s while the API server is unreachable";
     let problems = status_json(admin)["input"]["problems"].clone();
     assert!(
         problems[0]["message"]
             .as_str()
-            .is_some_and(|m| m.contains(said) || m.contains(during)),
+            .is_some_and(|m| m.contains(probed) || m.contains(said) || m.contains(during)),
         "kpng status says why nothing changes: {problems}"
     );
     server.stall(false);

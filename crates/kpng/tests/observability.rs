@@ -19,6 +19,14 @@ struct Running {
 
 impl Running {
     fn start(command: &mut Command) -> Running {
+        // No admin socket unless the test names its own: one still running after 5 s is
+        // killed, which would leave the default, /run/kpng/kpng.sock, on the host.
+        let names_one = command
+            .get_args()
+            .any(|a| a == "--admin-socket" || a.to_string_lossy().starts_with("--admin-socket="));
+        if !names_one {
+            command.arg("--admin-socket=");
+        }
         let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -29,14 +29,24 @@ pub const MAX: Duration = Duration::from_secs(30);
 pub struct Delays {
     current: Duration,
     rng: u64,
+    min: Duration,
+    max: Duration,
 }
 
 impl Delays {
-    /// Delays seeded with `seed` (any value).
+    /// Delays from [`MIN`] to [`MAX`], seeded with `seed` (any value).
     pub fn new(seed: u64) -> Delays {
+        Delays::between(MIN, MAX, seed)
+    }
+
+    /// Delays from `min` doubling to `max` (the liveness probe's, which must notice a
+    /// server that is back within seconds).
+    pub fn between(min: Duration, max: Duration, seed: u64) -> Delays {
         Delays {
-            current: MIN,
+            current: min,
             rng: seed | 1,
+            min,
+            max,
         }
     }
 
@@ -46,7 +56,7 @@ impl Delays {
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
         let d = self.current;
-        self.current = (self.current * 2).min(MAX);
+        self.current = (self.current * 2).min(self.max);
         let half = d / 2;
         let spread = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
         half + Duration::from_nanos(self.rng % spread)
@@ -54,7 +64,7 @@ impl Delays {
 
     /// After real progress: start again from [`MIN`].
     pub fn reset(&mut self) {
-        self.current = MIN;
+        self.current = self.min;
     }
 }
 
@@ -67,7 +77,9 @@ pub fn progress<K>(item: &Result<watcher::Event<K>, watcher::Error>) -> bool {
 }
 
 /// Whether an error is a request cancelled because the API server is reachable again (made
-/// again at once, without a delay).
+/// again at once, without a delay): a request still waiting for its answer, or a watch
+/// stream silent since the outage began (kube passes its body's error on inside an I/O
+/// error, `ReadEvents`).
 pub fn superseded(error: &watcher::Error) -> bool {
     let client = match error {
         watcher::Error::InitialListFailed(e)
@@ -75,7 +87,24 @@ pub fn superseded(error: &watcher::Error) -> bool {
         | watcher::Error::WatchFailed(e) => e,
         _ => return false,
     };
-    matches!(client, kube::Error::Service(e) if e.is::<crate::reachability::Superseded>())
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(client);
+    // Bounded: a cause chain that loops must not hang the watcher.
+    for _ in 0..16 {
+        let Some(c) = cause else { return false };
+        if c.is::<crate::reachability::Superseded>() {
+            return true;
+        }
+        // `io::Error::source` skips the error it wraps: look at that one too.
+        if let Some(inner) = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            cause = Some(inner);
+            continue;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// A watcher stream with [`Delays`] after each error: the error is yielded at once, and the
@@ -164,6 +193,20 @@ mod tests {
                     crate::reachability::Superseded,
                 ))),
                 true,
+            ),
+            (
+                "silent stream ended",
+                watcher::Error::WatchFailed(kube::Error::ReadEvents(std::io::Error::other(
+                    service(Box::new(crate::reachability::Superseded)),
+                ))),
+                true,
+            ),
+            (
+                "stream cut",
+                watcher::Error::WatchFailed(kube::Error::ReadEvents(std::io::Error::other(
+                    "connection reset",
+                ))),
+                false,
             ),
             (
                 "refused",

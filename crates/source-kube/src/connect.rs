@@ -107,18 +107,41 @@ pub enum ConnectError {
 }
 
 /// A client for the configured API server, rate limited and with outages logged once.
-/// Returns the client and the server's URL (for log lines).
+/// Returns the client and the server's URL (for log lines). Nothing probes the server (see
+/// [`connect`]): a stream silent since an outage began is still resumed when another request
+/// ends the outage.
 pub async fn client(options: &ClientOptions) -> Result<(kube::Client, String), ConnectError> {
-    client_with_metrics(options, &ClientMetrics::default(), &InputHealth::default()).await
+    let c = connect(options, &ClientMetrics::default(), &InputHealth::default()).await?;
+    Ok((c.client, c.server))
+}
+
+/// A client and what follows its API server's reachability.
+#[derive(Clone)]
+pub struct Connection {
+    /// The client.
+    pub client: kube::Client,
+    /// The server's URL without credentials, for log lines.
+    pub server: String,
+    /// Its outages: [`Reachability::keep_alive`] probes the server while streams are silent
+    /// (the source runs it, see `KubeSource::with_reachability`).
+    pub reachability: Reachability,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
 }
 
 /// [`client`], its requests counted in `metrics` (client-go's `rest_client_*`) and API server
-/// outages recorded in `health` (`kpng status`).
-pub async fn client_with_metrics(
+/// outages recorded in `health` (`kpng status`), with its [`Reachability`].
+pub async fn connect(
     options: &ClientOptions,
     metrics: &ClientMetrics,
     health: &InputHealth,
-) -> Result<(kube::Client, String), ConnectError> {
+) -> Result<Connection, ConnectError> {
     let master = options
         .master
         .as_ref()
@@ -173,13 +196,12 @@ pub async fn client_with_metrics(
         .cluster_url
         .authority()
         .map_or_else(|| server.clone(), |a| a.to_string());
+    let reachability = Reachability::new(&server)
+        .with_health(health.clone())
+        .with_idle_timeout(options.idle_timeout);
     let client = ClientBuilder::try_from(config)
         .map_err(ConnectError::Client)?
-        .with_layer(&ReachabilityLayer(
-            Reachability::new(&server)
-                .with_health(health.clone())
-                .with_idle_timeout(options.idle_timeout),
-        ))
+        .with_layer(&ReachabilityLayer(reachability.clone()))
         .with_layer(&ClientMetricsLayer {
             metrics: metrics.clone(),
             host: host.as_str().into(),
@@ -190,7 +212,11 @@ pub async fn client_with_metrics(
             options.burst,
         )))
         .build();
-    Ok((client, server))
+    Ok(Connection {
+        client,
+        server,
+        reachability,
+    })
 }
 
 #[cfg(test)]

@@ -10,12 +10,15 @@
 //!
 //! Recovery is kube-runtime's: a dropped watch resumes from its resourceVersion (bookmarks keep
 //! it fresh), `410 Gone` relists, errors back off exponentially with jitter. While the API
-//! server is unreachable nothing reaches the model, so the last programmed rules stay.
+//! server is unreachable nothing reaches the model, so the last programmed rules stay. A hang
+//! is found by a probe while the client hears nothing, and a watch silent since the hang
+//! began resumes from its resourceVersion once the server answers (`liveness`).
 
 mod backoff;
 mod client_metrics;
 mod connect;
 mod events;
+mod liveness;
 mod rate_limit;
 mod reachability;
 mod slim;
@@ -24,8 +27,9 @@ mod token_file;
 mod watch;
 
 pub use client_metrics::{ClientMetrics, ClientMetricsLayer};
-pub use connect::{ClientOptions, ConnectError, client, client_with_metrics, without_credentials};
+pub use connect::{ClientOptions, ConnectError, Connection, client, connect, without_credentials};
 pub use events::{EventError, NodeEvents};
+pub use liveness::{PROBE_AFTER, ProbeUnanswered, Watched};
 pub use rate_limit::{RateLimitLayer, TokenBucket};
 pub use reachability::{
     NoAnswerDuringOutage, OUTAGE_HEADER_TIMEOUT, Reachability, ReachabilityLayer, Superseded,

@@ -13,7 +13,12 @@
 //!   cancelled ([`Superseded`]) and the watcher makes it again at once;
 //! - a GET sent during an outage gets [`OUTAGE_HEADER_TIMEOUT`] (at most the idle timeout)
 //!   for its headers: without that, if every watcher's request hung, none would ever succeed
-//!   to end the outage before the idle timeout.
+//!   to end the outage before the idle timeout;
+//! - when an answer ends an outage, every response body of a GET (a streaming watch, a list
+//!   being read) that has received nothing since the outage began is ended
+//!   ([`crate::liveness`]): the watcher resumes from its last resourceVersion at once;
+//! - an outage that only silent streams would sit through is found by a probe
+//!   ([`Reachability::keep_alive`]).
 //!
 //! client-go has no list timeout of its own (`rest.Config.Timeout` is 0 for kube-proxy); a
 //! dead connection is found by its HTTP/2 health check (a ping after 30 s without frames,
@@ -28,6 +33,8 @@ use std::time::SystemTime;
 
 use futures::future::BoxFuture;
 use kpng_model::input::InputHealth;
+
+use crate::liveness::Watched;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -35,16 +42,29 @@ use tracing::{debug, info, warn};
 /// The shared up/down state of one API server.
 #[derive(Debug, Clone)]
 pub struct Reachability {
-    server: Arc<str>,
+    pub(crate) server: Arc<str>,
     state: Arc<Mutex<State>>,
     /// Where an outage is recorded for `kpng status`, as it begins and ends.
     health: InputHealth,
     /// The client's idle timeout (`--kube-api-idle-timeout`), named when a request ran into
     /// it: "timed out" alone does not tell a hung server from a slow network.
-    idle_timeout: Option<std::time::Duration>,
-    /// Counts the outages that ended: a request waiting for its headers when it moves was
-    /// sent to the hung server and is cancelled.
-    recoveries: Arc<watch::Sender<u64>>,
+    pub(crate) idle_timeout: Option<std::time::Duration>,
+    /// The start of the last outage that ended, sent as it ends: a request waiting for its
+    /// headers then was sent to the hung server and is cancelled, and a response body that
+    /// received nothing since that start is ended.
+    pub(crate) recoveries: Arc<watch::Sender<Option<Instant>>>,
+    /// Open response bodies of reads, and when anything last came from the server: what
+    /// [`Reachability::keep_alive`] probes on.
+    pub(crate) streams: Arc<Mutex<Streams>>,
+}
+
+/// Response bodies of reads and when the server was last heard from.
+#[derive(Debug)]
+pub(crate) struct Streams {
+    /// Open response bodies of GETs (watches, lists being read).
+    pub(crate) open: usize,
+    /// When the last answer's headers or body bytes arrived, from any request.
+    pub(crate) heard: Instant,
 }
 
 /// How long a GET sent while the API server is unreachable waits for its answer's headers
@@ -81,12 +101,16 @@ impl Reachability {
             state: Arc::default(),
             health: InputHealth::default(),
             idle_timeout: None,
-            recoveries: Arc::new(watch::Sender::new(0)),
+            recoveries: Arc::new(watch::Sender::new(None)),
+            streams: Arc::new(Mutex::new(Streams {
+                open: 0,
+                heard: Instant::now(),
+            })),
         }
     }
 
     /// How long a GET sent during an outage waits for its headers.
-    fn outage_header_timeout(&self) -> std::time::Duration {
+    pub(crate) fn outage_header_timeout(&self) -> std::time::Duration {
         self.idle_timeout
             .map_or(OUTAGE_HEADER_TIMEOUT, |t| t.min(OUTAGE_HEADER_TIMEOUT))
     }
@@ -150,11 +174,13 @@ impl Reachability {
         {
             return None;
         }
-        let outage = s.down_since.take().map(|since| since.elapsed());
+        let began = s.down_since.take();
+        let outage = began.map(|since| since.elapsed());
         if let Some(outage) = outage {
             self.health.recovered(API_SERVER);
-            // Requests still waiting on the hung server are cancelled and made again.
-            self.recoveries.send_modify(|n| *n = n.wrapping_add(1));
+            // Requests still waiting on the hung server are cancelled and made again, and
+            // streams silent since the outage began are ended and resumed.
+            self.recoveries.send_replace(began);
             info!(
                 server = %self.server,
                 failed_requests = s.failures,
@@ -238,10 +264,12 @@ where
     S::Future: Send + 'static,
     S::Error:
         AsRef<dyn std::error::Error + Send + Sync> + From<Superseded> + From<NoAnswerDuringOutage>,
+    B: http_body::Body + Unpin + Send + 'static,
+    B::Error: Into<tower::BoxError>,
 {
-    type Response = S::Response;
+    type Response = http::Response<Watched<B>>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+    type Future = BoxFuture<'static, Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -281,6 +309,9 @@ where
                     }
                 }
             };
+            if result.is_ok() {
+                tracker.heard();
+            }
             match &result {
                 Ok(r) if r.status().is_server_error() => {
                     tracker.failed(&r.status());
@@ -299,7 +330,8 @@ where
                     };
                 }
             }
-            result
+            // A read's body is followed: ended if it stays silent across an outage's end.
+            result.map(|r| r.map(|body| Watched::new(body, &tracker, get)))
         })
     }
 }

@@ -72,6 +72,8 @@ pub struct KubeSource {
     health: InputHealth,
     errors: SourceErrors,
     list_patience: std::time::Duration,
+    /// The client's reachability, probed while the source runs (`None`: no probe).
+    reachability: Option<crate::reachability::Reachability>,
 }
 
 impl Debug for KubeSource {
@@ -171,6 +173,15 @@ fn on_own_task(
         rx.recv().await.map(|item| (item, rx))
     })
     .boxed()
+}
+
+/// A task that ends with the source.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Asks discovery whether `networking.k8s.io/v1` serves ServiceCIDRs (Kubernetes ≥ 1.33, or
@@ -435,7 +446,20 @@ impl KubeSource {
             health: InputHealth::default(),
             errors: SourceErrors::default(),
             list_patience: LIST_PATIENCE,
+            reachability: None,
         }
+    }
+
+    /// Probes the API server through the client while the source runs
+    /// ([`crate::reachability::Reachability::keep_alive`]): a watch that was streaming when
+    /// the server hung is resumed seconds after it answers again, not after the idle timeout.
+    /// `reachability` must be the client's ([`crate::Connection`]).
+    pub fn with_reachability(
+        mut self,
+        reachability: crate::reachability::Reachability,
+    ) -> KubeSource {
+        self.reachability = Some(reachability);
+        self
     }
 
     /// Counts lists whose answer could not be read or decoded in `errors`
@@ -492,6 +516,16 @@ impl KubeSource {
             selector = %label_selector(self.config.service_proxy_name.as_deref()),
             "watching Services, EndpointSlices and {nodes}"
         );
+        // On a task of its own: a model slow to take events must not delay the probes.
+        let _probe = self.reachability.clone().map(|r| {
+            use tracing::Instrument;
+            use tracing::instrument::WithSubscriber;
+            AbortOnDrop(tokio::spawn(
+                r.keep_alive(self.client.clone())
+                    .in_current_span()
+                    .with_current_subscriber(),
+            ))
+        });
         let mut streams = self.streams();
         let mut discovery = serves_service_cidrs(self.client.clone()).boxed().fuse();
         let mut log = ErrorLog {

@@ -8,7 +8,8 @@ use kpng_fake_apiserver::FakeApiServer;
 use kpng_model::input::InputHealth;
 use kpng_model::{Event, Kind, Model, ModelConfig, Object};
 use kpng_source_kube::{
-    ClientOptions, KubeSource, ListFailure, SourceConfig, SourceErrors, Superseded, client,
+    ClientMetrics, ClientOptions, KubeSource, ListFailure, SourceConfig, SourceErrors, Superseded,
+    client, connect,
 };
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -864,6 +865,125 @@ async fn requests_hung_during_an_outage_are_made_again_when_the_server_is_back()
         || format!("{:?}", health.state().problems),
     )
     .await;
+}
+
+/// A watch already streaming when the API server hung (its connection stays open, nothing
+/// more comes) resumes from its resourceVersion seconds after the server answers again: the
+/// client probes while it hears nothing, the probe's answer ends the outage, and the streams
+/// silent since it began are ended and watched again. Before, they waited for the idle
+/// timeout (30 s here, 90 s by default), and a change made once the server was back arrived
+/// only then.
+#[tokio::test]
+async fn a_watch_streaming_when_the_server_hung_resumes_soon_after_it_answers() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&path).expect("kubeconfig");
+    let idle = Duration::from_secs(30);
+    let health = InputHealth::default();
+    let connection = connect(
+        &ClientOptions {
+            kubeconfig: Some(path),
+            idle_timeout: idle,
+            ..ClientOptions::default()
+        },
+        &ClientMetrics::default(),
+        &health,
+    )
+    .await
+    .expect("client");
+    let source = KubeSource::new(
+        connection.client,
+        SourceConfig {
+            node_name: Some("node1".into()),
+            service_proxy_name: None,
+        },
+    )
+    .with_reachability(connection.reachability)
+    .with_health(health.clone());
+    let (tx, events) = mpsc::channel(64);
+    let logged = Logged::default();
+    let mut r = Running {
+        events,
+        _task: tokio::spawn(source.run(tx).with_subscriber(logged.clone())),
+        logged,
+    };
+    until(&mut r, list_done(&Kind::ALL)).await;
+    let lists = |server: &FakeApiServer| {
+        server
+            .requests()
+            .iter()
+            .filter(|q| q.path.contains("endpointslices") && !q.is_watch())
+            .count()
+    };
+    let lists_before = lists(&server);
+
+    server.stall(true);
+    let hung = tokio::time::Instant::now();
+    // The probe (after 10 s of silence, a third of the idle timeout) finds the hang 5 s later.
+    wait_for_longer(
+        "the hang found",
+        Duration::from_secs(25),
+        || r.logged.any("WARN API server unreachable"),
+        || format!("{:#?}", r.logged.lines()),
+    )
+    .await;
+    assert!(
+        health.state().problems.contains_key("API server"),
+        "{:?}",
+        health.state().problems
+    );
+    let found = hung.elapsed();
+    server.stall(false);
+    let back = tokio::time::Instant::now();
+    server.apply(slice("web", "10.244.1.7")).expect("apply");
+    let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
+    let Some(Event::Apply(Object::EndpointSlice { slice, .. })) = events.last() else {
+        panic!("{events:#?}")
+    };
+    assert_eq!(slice.endpoints[0].ip.to_string(), "10.244.1.7");
+    eprintln!(
+        "HANG hang found after {found:.1?}; the change arrived {:.2?} after the server answered \
+         again ({:.1?} after the hang)",
+        back.elapsed(),
+        hung.elapsed()
+    );
+    assert!(
+        back.elapsed() < Duration::from_secs(7) && hung.elapsed() < idle,
+        "arrived {:?} after the server answered again, {:?} after it hung (idle timeout {idle:?})",
+        back.elapsed(),
+        hung.elapsed()
+    );
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::ListStart { .. })),
+        "resumed from the resourceVersion, not relisted: {events:#?}"
+    );
+    assert_eq!(lists(&server), lists_before, "no relist");
+    wait_for(
+        "the outage over in the record",
+        || health.state().problems.is_empty(),
+        || format!("{:?}", health.state().problems),
+    )
+    .await;
+}
+
+/// [`wait_for`] with a longer patience.
+async fn wait_for_longer(
+    what: &str,
+    patience: Duration,
+    ok: impl Fn() -> bool,
+    context: impl Fn() -> String,
+) {
+    let deadline = tokio::time::Instant::now() + patience;
+    while !ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {patience:?}; {}",
+            context()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A list with no complete answer past the patience is shown ("waiting for the Service
