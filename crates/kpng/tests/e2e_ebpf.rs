@@ -1367,14 +1367,15 @@ fn metrics_show_the_programs_translating_and_the_maps_filling() {
         "{after}"
     );
 
-    // A new Service like the first two (a change's sync, not a full one): its frontends (one
-    // per family and port) are counted at once.
+    // A new Service like the first (a change's sync, not a full one): its frontends (one per
+    // family and port: TCP and UDP on IPv4 and IPv6) are counted at once. (The empty one has
+    // its TCP frontends only: UDP without endpoints is the rules'.)
     let more = svc("more", 13, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
     k.apply(&manifest(&[web, empty, more]));
     let applied = scrape_metrics(&c);
     assert_eq!(
         sample(&applied, frontends),
-        Some(frontends_before * 3.0 / 2.0),
+        Some(frontends_before + 4.0),
         "{applied}"
     );
 }
