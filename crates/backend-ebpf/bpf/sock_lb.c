@@ -37,8 +37,13 @@ struct frontend_key {
 struct endpoint {
 	__u32 addr[4];
 	__u16 port;
-	__u16 pad;
+	__u16 pad; // 0; in a kpng_reverse value, REVERSE_DATAGRAM or 0
 };
+
+// A kpng_reverse value written for a datagram (sendmsg: an unconnected socket's) rather than
+// a connect: userspace destroys only connected sockets, and must not look for these (an
+// unconnected socket is no peer's in sock_diag, so it would never be found).
+#define REVERSE_DATAGRAM 1
 
 // A frontend's value: the service (its id, endpoint count, affinity, flags) and its first
 // INLINE endpoints. One map element per frontend: a connect is one hash lookup, and a cold
@@ -222,8 +227,48 @@ static __always_inline int is_member(const struct service *svc, const struct end
 	return 0;
 }
 
+static __always_inline int is_frontend(const struct endpoint *fe, const struct frontend_key *k)
+{
+	return fe->addr[0] == k->addr[0] && fe->addr[1] == k->addr[1] &&
+	       fe->addr[2] == k->addr[2] && fe->addr[3] == k->addr[3] && fe->port == k->port;
+}
+
+// Whether socket `cookie` already has a reverse entry for `ep` that names another frontend
+// than `k`: an unconnected socket sending to two Services that share the endpoint, or to the
+// endpoint directly as well (an entry naming the endpoint itself, see forget()). The reverse
+// key is (socket, endpoint), so a second translation to `ep` would overwrite the first, and
+// the replies of one of the two would come back from the wrong address.
+static __always_inline int conflicts(__u64 cookie, const struct frontend_key *k,
+				     const struct endpoint *ep)
+{
+	struct reverse_key rk = {};
+	rk.cookie = cookie;
+	rk.ep = *ep;
+	struct endpoint *fe = bpf_map_lookup_elem(&kpng_reverse, &rk);
+	return fe && !is_frontend(fe, k);
+}
+
+// For a datagram of an unconnected socket: keeps *out when it is free of conflict for this
+// socket, else takes the first inline endpoint of the service that is; 0 when none is (the
+// datagram is then left untranslated, and the nftables rules DNAT it: conntrack keeps each
+// destination's replies apart).
+static __always_inline int unambiguous(__u64 cookie, const struct service *svc,
+				       const struct frontend_key *k, struct endpoint *out)
+{
+	if (!conflicts(cookie, k, out))
+		return 1;
+#pragma unroll
+	for (int i = 0; i < INLINE; i++) {
+		if (i < svc->count && !conflicts(cookie, k, &svc->eps[i])) {
+			*out = svc->eps[i];
+			return 1;
+		}
+	}
+	return 0;
+}
+
 // `hook`: the HOOK_* calling (a sendmsg's datagram is an unconnected socket's: its flow keeps
-// its endpoint).
+// its endpoint, and its endpoint must not be one the socket reaches under another address).
 static __always_inline enum verdict pick(struct bpf_sock_addr *ctx, struct frontend_key *k,
 					 struct endpoint *out, __u32 hook)
 {
@@ -234,17 +279,19 @@ static __always_inline enum verdict pick(struct bpf_sock_addr *ctx, struct front
 	__u32 count = svc->count;
 	if (count == 0)
 		return (svc->flags & SVC_REFUSE) ? REFUSE : PASS;
+	__u64 cookie = flow ? bpf_get_socket_cookie(ctx) : 0;
 
-	// A flow under way keeps its endpoint while it is one of the Service's (affinity, when
-	// the Service has it, decides below as for a connect).
+	// A flow under way keeps its endpoint while it is one of the Service's and unambiguous
+	// (affinity, when the Service has it, decides below as for a connect).
 	struct flow_key fk = {};
 	__u64 flow_now = 0;
 	if (flow && !svc->affinity_seconds) {
 		flow_now = bpf_ktime_get_ns();
-		fk.cookie = bpf_get_socket_cookie(ctx);
+		fk.cookie = cookie;
 		fk.fe = *k;
 		struct flow_value *fv = bpf_map_lookup_elem(&kpng_flows, &fk);
-		if (fv && flow_now - fv->last_ns <= FLOW_IDLE_NS && is_member(svc, &fv->ep)) {
+		if (fv && flow_now - fv->last_ns <= FLOW_IDLE_NS && is_member(svc, &fv->ep) &&
+		    !conflicts(cookie, k, &fv->ep)) {
 			*out = fv->ep;
 			fv->last_ns = flow_now;
 			return MAPPED;
@@ -263,6 +310,8 @@ static __always_inline enum verdict pick(struct bpf_sock_addr *ctx, struct front
 		if (av && now - av->last_ns <= (__u64)svc->affinity_seconds * 1000000000ULL &&
 		    is_member(svc, &av->ep)) {
 			*out = av->ep;
+			if (flow && !unambiguous(cookie, svc, k, out))
+				return PASS;
 			av->last_ns = now;
 			tally(hook, EV_AFFINITY);
 			return MAPPED;
@@ -281,6 +330,8 @@ static __always_inline enum verdict pick(struct bpf_sock_addr *ctx, struct front
 			return PASS;
 		*out = *ep;
 	}
+	if (flow && !unambiguous(cookie, svc, k, out))
+		return PASS;
 	if (svc->affinity_seconds) {
 		struct affinity_value av = {};
 		av.ep = *out;
@@ -306,19 +357,79 @@ static __always_inline void frontend_of(const struct frontend_key *k, struct end
 
 // Remembers the translation for the peer the application reads back.
 static __always_inline void remember(struct bpf_sock_addr *ctx, struct frontend_key *k,
-				     struct endpoint *ep)
+				     struct endpoint *ep, __u32 hook)
 {
 	struct reverse_key rk = {};
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	rk.ep = *ep;
 	struct endpoint fe = {};
 	frontend_of(k, &fe);
+	if (hook == HOOK_SENDMSG4 || hook == HOOK_SENDMSG6)
+		fe.pad = REVERSE_DATAGRAM;
 	bpf_map_update_elem(&kpng_reverse, &rk, &fe, BPF_ANY);
 }
 
 static __always_inline int is_mapped_v4(const __u32 *a)
 {
 	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+}
+
+// The socket uses destination `k` untranslated (no frontend, or none usable). An entry of
+// this socket for that address as an endpoint is stale: a socket translated to it, then
+// disconnected (connect(AF_UNSPEC), no hook runs) and connected to it directly, would read a
+// Service as its peer; an unconnected one sending to it directly would get its replies as the
+// Service's. A connect deletes the entry; a datagram replaces it with the address itself,
+// which reads back unchanged and keeps the endpoint from being this socket's translation of a
+// Service (unambiguous()) while the entry lives. One lookup (lock-free) when there is none.
+static __always_inline void forget(struct bpf_sock_addr *ctx, const struct frontend_key *k,
+				   __u32 hook)
+{
+	struct reverse_key rk = {};
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	frontend_of(k, &rk.ep);
+	struct endpoint *fe = bpf_map_lookup_elem(&kpng_reverse, &rk);
+	if (!fe)
+		return;
+	if (hook == HOOK_SENDMSG4 || hook == HOOK_SENDMSG6) {
+		if (!same_endpoint(fe, &rk.ep)) {
+			struct endpoint self = rk.ep;
+			self.pad = REVERSE_DATAGRAM;
+			bpf_map_update_elem(&kpng_reverse, &rk, &self, BPF_ANY);
+		}
+	} else {
+		bpf_map_delete_elem(&kpng_reverse, &rk);
+	}
+}
+
+// Whether a datagram goes to the peer its socket is connected to. A send() on a connected
+// socket runs no sendmsg hook, except on a dual-stack socket connected to an IPv4-mapped
+// address, to which the kernel's udpv6_sendmsg hands udp_sendmsg the peer as an address of its
+// own, so that sendmsg4 sees every datagram (and a sendto() naming the socket's own peer). The
+// socket's connect() already decided: nothing is translated or forgotten for it (translated
+// again, a datagram of a socket connected to a Service without endpoints then would go to an
+// endpoint whose replies the connected socket drops; forgotten, the socket's translation to
+// its endpoint would be taken for a direct use of it).
+static __always_inline int to_own_peer(struct bpf_sock_addr *ctx, const struct frontend_key *k)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	// Read once each, volatile, as in kpng_sock_release (no computed context offsets).
+	__u32 family = *(volatile __u32 *)&sk->family;
+	__u16 port = *(volatile __u16 *)&sk->dst_port;
+	__u32 v4 = *(volatile __u32 *)&sk->dst_ip4;
+	__u32 v6[4];
+	v6[0] = *(volatile __u32 *)&sk->dst_ip6[0];
+	v6[1] = *(volatile __u32 *)&sk->dst_ip6[1];
+	v6[2] = *(volatile __u32 *)&sk->dst_ip6[2];
+	v6[3] = *(volatile __u32 *)&sk->dst_ip6[3];
+	if (port == 0 || port != k->port)
+		return 0;
+	if (family == AF_INET)
+		return k->addr[0] == 0 && k->addr[1] == 0 && k->addr[2] == bpf_htonl(0xffff) &&
+		       k->addr[3] == v4;
+	return v6[0] == k->addr[0] && v6[1] == k->addr[1] && v6[2] == k->addr[2] &&
+	       v6[3] == k->addr[3];
 }
 
 // IPv4 hooks: the address is ctx->user_ip4, the key holds it IPv4-mapped.
@@ -329,14 +440,18 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx, __u32 hook)
 	k.addr[3] = ctx->user_ip4;
 	k.port = (__u16)ctx->user_port;
 	k.proto = (__u8)ctx->protocol;
+	if (hook == HOOK_SENDMSG4 && to_own_peer(ctx, &k))
+		return 1;
 	struct endpoint ep = {};
 	switch (pick(ctx, &k, &ep, hook)) {
 	case MAPPED:
-		if (!is_mapped_v4(ep.addr))
+		if (!is_mapped_v4(ep.addr)) {
+			forget(ctx, &k, hook);
 			return 1;
+		}
 		ctx->user_ip4 = ep.addr[3];
 		ctx->user_port = ep.port;
-		remember(ctx, &k, &ep);
+		remember(ctx, &k, &ep, hook);
 		tally(hook, EV_TRANSLATED);
 		return 1;
 	case REFUSE:
@@ -344,6 +459,7 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx, __u32 hook)
 		tally(hook, EV_REFUSED);
 		return 0;
 	default:
+		forget(ctx, &k, hook);
 		return 1;
 	}
 }
@@ -357,19 +473,23 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, __u32 hook)
 	k.addr[3] = ctx->user_ip6[3];
 	k.port = (__u16)ctx->user_port;
 	k.proto = (__u8)ctx->protocol;
+	if (hook == HOOK_SENDMSG6 && to_own_peer(ctx, &k))
+		return 1;
 	struct endpoint ep = {};
 	switch (pick(ctx, &k, &ep, hook)) {
 	case MAPPED:
 		// An IPv4 frontend reached through a dual-stack socket (::ffff:a.b.c.d) has IPv4
 		// endpoints, written back IPv4-mapped; an IPv6 frontend has IPv6 endpoints.
-		if (is_mapped_v4(ep.addr) != is_mapped_v4(k.addr))
+		if (is_mapped_v4(ep.addr) != is_mapped_v4(k.addr)) {
+			forget(ctx, &k, hook);
 			return 1;
+		}
 		ctx->user_ip6[0] = ep.addr[0];
 		ctx->user_ip6[1] = ep.addr[1];
 		ctx->user_ip6[2] = ep.addr[2];
 		ctx->user_ip6[3] = ep.addr[3];
 		ctx->user_port = ep.port;
-		remember(ctx, &k, &ep);
+		remember(ctx, &k, &ep, hook);
 		tally(hook, EV_TRANSLATED);
 		return 1;
 	case REFUSE:
@@ -377,6 +497,7 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, __u32 hook)
 		tally(hook, EV_REFUSED);
 		return 0;
 	default:
+		forget(ctx, &k, hook);
 		return 1;
 	}
 }

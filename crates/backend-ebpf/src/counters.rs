@@ -56,7 +56,7 @@ impl Hook {
 pub enum Event {
     /// The address was rewritten to an endpoint.
     Translated,
-    /// Refused with `ECONNREFUSED`: the frontend has no endpoint anywhere.
+    /// Refused with `ECONNREFUSED`: a TCP frontend with no endpoint anywhere.
     Refused,
     /// The endpoint came from a live ClientIP affinity entry (also counted as translated).
     AffinityHit,
@@ -76,8 +76,8 @@ impl Event {
             ),
             Event::Refused => (
                 "kpng_ebpf_refused",
-                "connect()/sendmsg() calls the eBPF programs refused with ECONNREFUSED (a \
-                 Service without endpoints), per hook",
+                "connect() calls the eBPF programs refused with ECONNREFUSED (a TCP Service \
+                 without endpoints; UDP is left to the REJECT rule, as kube-proxy), per hook",
             ),
             Event::AffinityHit => (
                 "kpng_ebpf_affinity_hits",

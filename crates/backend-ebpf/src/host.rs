@@ -131,6 +131,26 @@ pub fn in_private_cgroup_namespace() -> bool {
     std::fs::metadata("/proc/self/ns/cgroup").is_ok_and(|m| m.ino() != INITIAL_CGROUP_NAMESPACE)
 }
 
+/// The inode of the kernel's initial PID namespace (`PROC_PID_INIT_INO`).
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// Whether kpng runs in a PID namespace of its own, as a container without `hostPID` does:
+/// there a cgroup's `cgroup.procs` lists only the processes of kpng's namespace (none of the
+/// pods'), so the pods' network namespaces cannot be found, and connected UDP sockets whose
+/// endpoint left cannot be destroyed ([`crate::sockets`]).
+pub fn in_private_pid_namespace() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() != INITIAL_PID_NAMESPACE)
+}
+
+/// What to tell an operator whose kpng runs in a PID namespace of its own (see
+/// [`in_private_pid_namespace`]).
+pub const PRIVATE_PID_NAMESPACE: &str = "kpng runs in a PID namespace of its own (a container \
+     without hostPID): the processes of the pods' cgroups are not visible to it (their \
+     cgroup.procs reads empty), so it cannot find the pods' network namespaces, and connected \
+     UDP sockets translated to an endpoint that leaves its Service are not destroyed (counted \
+     in kpng_ebpf_udp_socket_destroy_failures_total). Run kpng with hostPID: true";
+
 /// What to tell an operator whose kpng runs in a cgroup namespace of its own with the default
 /// `--cgroup-path` (see [`in_private_cgroup_namespace`]).
 pub const PRIVATE_CGROUP_NAMESPACE: &str = "kpng runs in a cgroup namespace of its own (a \

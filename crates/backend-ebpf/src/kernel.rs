@@ -500,7 +500,7 @@ impl Kernel {
             .ok_or_else(|| Error::Bpf(format!("reading {}: a short element", map.name())))
     }
 
-    /// The sockets translated for a (frontend, endpoint) pair in `pairs` (from the reverse
+    /// The connected sockets translated for a (frontend, endpoint) pair in `pairs` (from the reverse
     /// map, whose key is the socket's cookie and endpoint and whose value the frontend): the
     /// sockets to destroy when those pairs go, by cookie, with the endpoint each is connected to.
     ///
@@ -519,6 +519,9 @@ impl Kernel {
             Ok((keys, values)) => keys
                 .chunks_exact(REVERSE_KEY)
                 .zip(values.chunks_exact(ENDPOINT))
+                // A datagram's entry is an unconnected socket's: nothing to destroy, and
+                // nothing sock_diag would find by its peer.
+                .filter(|(_, value)| !crate::layout::reverse_is_datagram(value))
                 .filter_map(|(key, value)| {
                     let (cookie, endpoint) = crate::layout::reverse_key(key)?;
                     let frontend = crate::layout::endpoint_of(value)?;

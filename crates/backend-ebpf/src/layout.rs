@@ -33,7 +33,8 @@ pub const MEMBER: usize = 1;
 /// `struct reverse_key`: socket cookie (`__u64`), endpoint, 4 bytes of tail padding.
 pub const REVERSE_KEY: usize = 32;
 
-/// `SVC_REFUSE`: no endpoint anywhere, `connect()`/`sendmsg()` fail with ECONNREFUSED.
+/// `SVC_REFUSE`: no endpoint anywhere, `connect()` fails with ECONNREFUSED (TCP only: a UDP
+/// port without endpoints has no frontend, [`crate::plan::groups`]).
 pub const FLAG_REFUSE: u32 = 1;
 
 /// The protocol numbers the kernel puts in `bpf_sock_addr.protocol`; `None` for protocols the
@@ -140,6 +141,20 @@ pub fn member_key(id: u32, addr: SocketAddr) -> [u8; MEMBER_KEY] {
     k
 }
 
+/// `REVERSE_DATAGRAM`: in a `kpng_reverse` value's padding, the entry was written for a
+/// datagram of an unconnected socket (`sendmsg`), not by a `connect()`: no connected socket to
+/// destroy when its endpoint leaves. Entries of programs before 2026-12-07 have 0.
+pub const REVERSE_DATAGRAM: u16 = 1;
+
+/// Whether a `kpng_reverse` value is a datagram's ([`REVERSE_DATAGRAM`]).
+pub fn reverse_is_datagram(value: &[u8]) -> bool {
+    value
+        .get(18..20)
+        .and_then(|b| b.try_into().ok())
+        .map(u16::from_ne_bytes)
+        == Some(REVERSE_DATAGRAM)
+}
+
 /// A `struct reverse_key`: the socket's cookie (as `bpf_get_socket_cookie` and sock_diag give
 /// it) and the endpoint it was translated to.
 pub fn reverse_key(bytes: &[u8]) -> Option<(u64, SocketAddr)> {
@@ -170,6 +185,12 @@ mod tests {
         rk[..8].copy_from_slice(&0x6546bu64.to_ne_bytes());
         rk[8..8 + ENDPOINT].copy_from_slice(&endpoint(ep));
         assert_eq!(reverse_key(&rk), Some((0x6546b, ep)));
+        // A value written by sendmsg says so in its padding; a connect's does not.
+        let mut value = endpoint(ep);
+        assert!(!reverse_is_datagram(&value));
+        value[18..20].copy_from_slice(&REVERSE_DATAGRAM.to_ne_bytes());
+        assert!(reverse_is_datagram(&value));
+        assert_eq!(endpoint_of(&value), Some(ep));
         // A service holds its id and its first INLINE endpoints.
         let eps: Vec<SocketAddr> = (0..10u16).map(|i| SocketAddr::new(ip, 8000 + i)).collect();
         let v = service(7, 10, 0, 0, &eps);

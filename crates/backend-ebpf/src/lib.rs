@@ -118,6 +118,9 @@ pub struct EbpfBackend {
     /// A repair done while loading (other kpng programs detached from the cgroup), reported
     /// with the next sync's stats.
     pending_repair: Option<String>,
+    /// The warning about UDP sockets that could not be found to destroy, at most once per
+    /// ten minutes (a kpng without `hostPID` would say it at every endpoint change).
+    missed_warning: sockets::Throttle,
 }
 
 /// The words for kpng programs of another generation detached from `cgroup`, logged as a
@@ -152,6 +155,7 @@ impl EbpfBackend {
             metrics: EbpfMetrics::default(),
             pin_lock: None,
             pending_repair: None,
+            missed_warning: sockets::Throttle::new(std::time::Duration::from_secs(600)),
         }
     }
 
@@ -288,6 +292,9 @@ impl EbpfBackend {
                 Err(e) => warn!("the programs' counters will not be exported: {e}"),
             }
             self.metrics.set_attached(&kernel::PROGRAMS, &cgroup, true);
+            if self.config.destroy_udp_sockets && host::in_private_pid_namespace() {
+                warn!("{}", host::PRIVATE_PID_NAMESPACE);
+            }
             self.cgroup = Some(cgroup);
             self.kernel = Some(k);
         }
@@ -608,15 +615,46 @@ impl Backend for EbpfBackend {
             if let Some(cgroup) = &self.cgroup
                 && !targets.is_empty()
             {
-                let sockets::Destroyed { destroyed, failed } =
-                    sockets::destroy_udp(cgroup, &targets);
+                let sockets::Destroyed {
+                    destroyed,
+                    failed,
+                    missing,
+                    namespaces,
+                } = sockets::destroy_udp(cgroup, &targets);
+                // Not found, and still in the reverse map: open sockets kpng cannot reach.
+                let missed = if missing.is_empty() {
+                    0
+                } else {
+                    let now = self
+                        .kernel
+                        .as_ref()
+                        .map(|k| k.translated_sockets(&gone))
+                        .unwrap_or_default();
+                    sockets::still_there(&missing, &now)
+                };
                 self.metrics.sockets_destroyed.inc_by(destroyed as u64);
-                self.metrics.socket_destroy_failures.inc_by(failed as u64);
+                self.metrics
+                    .socket_destroy_failures
+                    .inc_by((failed + missed) as u64);
                 if failed > 0 {
                     warn!(
                         "{failed} UDP sockets translated to endpoints that left their Service \
                          could not be destroyed (see the warnings above)"
                     );
+                }
+                if missed > 0 {
+                    let why =
+                        sockets::miss_reason(cgroup, namespaces, host::in_private_pid_namespace());
+                    if self.missed_warning.allow(std::time::Instant::now()) {
+                        warn!(
+                            "{missed} UDP sockets translated to endpoints that left their \
+                             Service were not found, so not destroyed: {why} (counted in \
+                             kpng_ebpf_udp_socket_destroy_failures_total; this warning at most \
+                             every 10 minutes)"
+                        );
+                    } else {
+                        debug!("{missed} UDP sockets to destroy not found: {why}");
+                    }
                 }
                 let n = destroyed;
                 if n > 0 {

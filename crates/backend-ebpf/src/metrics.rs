@@ -92,7 +92,8 @@ impl EbpfMetrics {
         registry.register(
             "kpng_ebpf_udp_socket_destroy_failures",
             "UDP sockets to destroy that kpng could not (nsenter or ss failed in a network \
-             namespace, or a destroy was refused)",
+             namespace, a destroy was refused, or a socket still open was not found: kpng \
+             without hostPID cannot see the pods' processes)",
             self.socket_destroy_failures.clone(),
         );
         registry.register_collector(Box::new(self.kernel.clone()));

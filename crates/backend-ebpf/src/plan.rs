@@ -48,6 +48,13 @@ pub struct Group {
 /// without a local endpoint) gets no group: the nftables rules beside the programs drop that
 /// traffic as kube-proxy does. Load-balancer IPs with `loadBalancerSourceRanges` are left to
 /// the nftables rules too, which check the source before the translation.
+///
+/// A UDP port without any endpoint gets no group either: refused at `connect()`/`sendto()`,
+/// a client would fail where kube-proxy's lets it succeed and the error come at `recv()` (an
+/// ICMP port unreachable from the REJECT rule), and a Go `net.Dial("udp")` made before the
+/// endpoints come would fail for good. Left to the rules, it gets kube-proxy's REJECT, and a
+/// socket connected meanwhile is DNATed by them once endpoints come. TCP stays refused at
+/// `connect()`: the same `ECONNREFUSED` kube-proxy's reset gives, without a packet.
 pub fn groups(port: &ServicePort, node_port_ips: &[IpAddr]) -> Vec<Group> {
     if layout::ip_proto(port.key.protocol).is_none() {
         return Vec::new();
@@ -55,8 +62,9 @@ pub fn groups(port: &ServicePort, node_port_ips: &[IpAddr]) -> Vec<Group> {
     let affinity_seconds = port
         .session_affinity
         .map_or(0, |a| a.timeout_seconds.max(1));
+    let udp = port.key.protocol == Protocol::Udp;
     let make = |scope, frontends: Vec<(IpAddr, u16)>, eps: &[kpng_model::Endpoint]| {
-        if frontends.is_empty() || (eps.is_empty() && port.has_any_endpoints) {
+        if frontends.is_empty() || (eps.is_empty() && (port.has_any_endpoints || udp)) {
             return None;
         }
         Some(Group {

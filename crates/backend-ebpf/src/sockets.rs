@@ -14,6 +14,10 @@
 //! sock_diag works on one network namespace at a time, and pods have their own: the namespaces
 //! are found from the processes of the cgroup subtree the programs are attached to (one
 //! `nsenter … ss` to read and one to destroy per namespace, only when a UDP endpoint leaves).
+//! A kpng in a PID namespace of its own (no `hostPID`) sees none of the pods' processes there
+//! (`cgroup.procs` lists only its own namespace's): the sockets it cannot find are counted as
+//! failures and said why ([`miss_reason`]), never taken for closed ones, since a socket that
+//! closed has already left the reverse map (`sock_release`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -45,6 +49,14 @@ fn namespaces(cgroup: &Path) -> BTreeMap<String, u32> {
         }
     }
     out
+}
+
+/// Whether `ss`'s peer address `seen` is `target` (the endpoint as the reverse map holds
+/// it). The map holds IPv4 endpoints IPv4-mapped and [`crate::layout::ip_of`] gives them back
+/// as IPv4, while `ss` writes a dual-stack IPv6 socket's peer as `[::ffff:a.b.c.d]:port`: the
+/// addresses are compared in canonical form (the filters keep `ss`'s own form).
+pub fn same_peer(target: SocketAddr, seen: SocketAddr) -> bool {
+    target.port() == seen.port() && target.ip().to_canonical() == seen.ip().to_canonical()
 }
 
 /// The `ss` filter selecting sockets connected to any of `endpoints`.
@@ -131,23 +143,90 @@ fn ss_in(ns: &str, pid: u32, args: &[String]) -> Option<Vec<String>> {
 }
 
 /// What one [`destroy_udp`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Destroyed {
     /// Sockets destroyed.
     pub destroyed: usize,
     /// Sockets to destroy that were not: see [`failed`].
     pub failed: usize,
+    /// The targets' cookies found in no namespace, when every `ss` run worked (else they are
+    /// in `failed`). Each is a failure unless the socket closed meanwhile: the caller reads
+    /// the reverse map again, where a closed socket no longer is ([`still_there`]).
+    pub missing: Vec<u64>,
+    /// The network namespaces found in the cgroup subtree: 0 when `cgroup.procs` read empty
+    /// everywhere (another PID namespace's view).
+    pub namespaces: usize,
 }
 
 /// The sockets of `targets` (`targets` of them) that were to be destroyed and were not, after
-/// `destroyed` were: 0 when every `ss` run worked (a target not found had closed meanwhile);
-/// when a run failed (`nsenter` or `ss` missing, a namespace that could not be entered or a
-/// destroy refused), every target not destroyed, since any could have been behind it.
-pub fn failed(targets: usize, destroyed: usize, a_run_failed: bool) -> usize {
+/// `destroyed` were, of the `found` ones `ss` showed: when every `ss` run worked, the found
+/// ones not destroyed (the targets not found are [`Destroyed::missing`], judged by the
+/// caller); when a run failed (`nsenter` or `ss` missing, a namespace that could not be
+/// entered or a destroy refused), every target not destroyed, since any could have been
+/// behind it.
+pub fn failed(targets: usize, found: usize, destroyed: usize, a_run_failed: bool) -> usize {
     if a_run_failed {
         targets.saturating_sub(destroyed)
     } else {
-        0
+        found.saturating_sub(destroyed)
+    }
+}
+
+/// Of the `missing` cookies, those the reverse map read again (`now`) still holds: sockets
+/// still open that were not found, each a failure (a socket that closed meanwhile left the
+/// map at its `sock_release`).
+pub fn still_there(missing: &[u64], now: &BTreeMap<u64, SocketAddr>) -> usize {
+    missing.iter().filter(|c| now.contains_key(c)).count()
+}
+
+/// Why sockets still open were not found in the network namespaces of `cgroup`'s processes
+/// (`namespaces` of them seen): for the warning, which must say what to do.
+pub fn miss_reason(cgroup: &Path, namespaces: usize, private_pid_namespace: bool) -> String {
+    if private_pid_namespace {
+        format!(
+            "cannot see the processes of cgroup {} (kpng runs in a PID namespace of its own, \
+             where cgroup.procs lists only that namespace's processes; {namespaces} network \
+             namespaces found): run kpng with hostPID",
+            cgroup.display()
+        )
+    } else if namespaces == 0 {
+        format!(
+            "no process in cgroup {} (cgroup.procs reads empty everywhere below it)",
+            cgroup.display()
+        )
+    } else {
+        format!(
+            "not in the network namespaces of the processes of cgroup {} ({namespaces} found): \
+             their owners may have moved out of the subtree",
+            cgroup.display()
+        )
+    }
+}
+
+/// Lets a repeated warning through at most once per `every`: a node whose kpng cannot see
+/// the pods' processes would otherwise warn at every endpoint change.
+#[derive(Debug)]
+pub struct Throttle {
+    every: std::time::Duration,
+    last: Option<std::time::Instant>,
+}
+
+impl Throttle {
+    /// A throttle letting one warning through per `every`.
+    pub fn new(every: std::time::Duration) -> Throttle {
+        Throttle { every, last: None }
+    }
+
+    /// Whether a warning may go out at `now` (and if so, the next waits `every`).
+    pub fn allow(&mut self, now: std::time::Instant) -> bool {
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < self.every)
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
     }
 }
 
@@ -163,23 +242,29 @@ pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> Destro
     list.extend(filter(&endpoints));
     let mut destroyed = 0;
     let mut a_run_failed = false;
-    for (ns, pid) in namespaces(cgroup) {
-        let Some(lines) = ss_in(&ns, pid, &list) else {
+    let mut found = BTreeSet::new();
+    let namespaces = namespaces(cgroup);
+    for (ns, pid) in &namespaces {
+        let (ns, pid) = (ns.as_str(), *pid);
+        let Some(lines) = ss_in(ns, pid, &list) else {
             a_run_failed = true;
             continue;
         };
         let exact: Vec<(SocketAddr, SocketAddr)> = lines
             .iter()
             .filter_map(|l| parse_line(l))
-            .filter(|(_, peer, cookie)| targets.get(cookie) == Some(peer))
-            .map(|(local, peer, _)| (local, peer))
+            .filter(|(_, peer, cookie)| targets.get(cookie).is_some_and(|t| same_peer(*t, *peer)))
+            .map(|(local, peer, cookie)| {
+                found.insert(cookie);
+                (local, peer)
+            })
             .collect();
         if exact.is_empty() {
             continue;
         }
         let mut kill = vec!["-K".to_owned(), "-H".into(), "-n".into(), "-u".into()];
         kill.extend(exact_filter(&exact));
-        match ss_in(&ns, pid, &kill) {
+        match ss_in(ns, pid, &kill) {
             Some(lines) => {
                 debug!("destroyed {} UDP sockets in {ns} (pid {pid})", lines.len());
                 a_run_failed |= lines.len() < exact.len();
@@ -188,9 +273,20 @@ pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> Destro
             None => a_run_failed = true,
         }
     }
+    let missing = if a_run_failed {
+        Vec::new()
+    } else {
+        targets
+            .keys()
+            .filter(|c| !found.contains(c))
+            .copied()
+            .collect()
+    };
     Destroyed {
         destroyed,
-        failed: failed(targets.len(), destroyed, a_run_failed),
+        failed: failed(targets.len(), found.len(), destroyed, a_run_failed),
+        missing,
+        namespaces: namespaces.len(),
     }
 }
 
@@ -221,20 +317,72 @@ mod tests {
 
     #[test]
     fn failures_count_the_targets_left_only_when_a_run_failed() {
-        // (targets, destroyed, a run failed, failed)
+        // (targets, found, destroyed, a run failed, failed)
         let cases = [
-            (3, 3, false, 0),
-            (3, 1, false, 0), // two had closed: not found, not failed
-            (3, 1, true, 2),
-            (3, 0, true, 3),
-            (1, 2, true, 0), // two sockets of one cookie's addresses: never below 0
+            (3, 3, 3, false, 0),
+            (3, 1, 1, false, 0), // two not found: judged by the caller (missing)
+            (3, 3, 1, false, 2), // found, and the destroy missed two
+            (3, 3, 1, true, 2),
+            (3, 0, 0, true, 3),
+            (1, 1, 2, true, 0), // two sockets of one cookie's addresses: never below 0
         ];
-        for (targets, destroyed, run_failed, want) in cases {
+        for (targets, found, destroyed, run_failed, want) in cases {
             assert_eq!(
-                failed(targets, destroyed, run_failed),
+                failed(targets, found, destroyed, run_failed),
                 want,
-                "{targets} {destroyed} {run_failed}"
+                "{targets} {found} {destroyed} {run_failed}"
             );
+        }
+    }
+
+    #[test]
+    fn a_socket_not_found_is_a_failure_unless_it_left_the_reverse_map() {
+        let now: BTreeMap<u64, SocketAddr> =
+            [(1, sa("10.244.1.2:53")), (3, sa("10.244.1.2:53"))].into();
+        // (missing cookies, still open and missed)
+        let cases: [(&[u64], usize); 4] = [(&[], 0), (&[2], 0), (&[1], 1), (&[1, 2, 3], 2)];
+        for (missing, want) in cases {
+            assert_eq!(still_there(missing, &now), want, "{missing:?}");
+        }
+    }
+
+    #[test]
+    fn the_miss_reason_says_what_to_do() {
+        let cg = Path::new("/sys/fs/cgroup/kubepods");
+        let cases = [
+            ((0, true), "run kpng with hostPID"),
+            ((1, true), "run kpng with hostPID"),
+            ((0, false), "cgroup.procs reads empty"),
+            ((4, false), "4 found"),
+        ];
+        for ((namespaces, private), want) in cases {
+            let why = miss_reason(cg, namespaces, private);
+            assert!(why.contains(want) && why.contains("kubepods"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_throttle_lets_one_warning_through_per_interval() {
+        let mut t = Throttle::new(std::time::Duration::from_secs(60));
+        let t0 = std::time::Instant::now();
+        assert!(t.allow(t0));
+        assert!(!t.allow(t0 + std::time::Duration::from_secs(59)));
+        assert!(t.allow(t0 + std::time::Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn a_dual_stack_socket_connected_to_a_mapped_endpoint_is_its_peer() {
+        // (the reverse map's endpoint, ss's peer, same)
+        let cases = [
+            ("10.244.1.2:8080", "10.244.1.2:8080", true),
+            ("10.244.1.2:8080", "[::ffff:10.244.1.2]:8080", true),
+            ("10.244.1.2:8080", "[::ffff:10.244.1.2]:8081", false),
+            ("10.244.1.2:8080", "[::ffff:10.244.1.3]:8080", false),
+            ("[fd00::1]:53", "[fd00::1]:53", true),
+            ("[fd00::1]:53", "[fd00::2]:53", false),
+        ];
+        for (target, seen, want) in cases {
+            assert_eq!(same_peer(sa(target), sa(seen)), want, "{target} {seen}");
         }
     }
 

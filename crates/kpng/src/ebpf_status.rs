@@ -49,7 +49,9 @@ pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
     })
 }
 
-/// A map's name for an operator.
+/// A map's name for an operator. `kpng_reverse` holds an entry per open connected socket
+/// (deleted as it closes) and per (unconnected UDP socket, endpoint it sent to), which stays
+/// after the socket closed until the LRU evicts it: not a count of open sockets.
 fn label(map: &str) -> &str {
     match map {
         "kpng_frontends" => "Service frontends",
@@ -57,7 +59,9 @@ fn label(map: &str) -> &str {
         "kpng_members" => "affinity members",
         "kpng_affinity" => "ClientIP affinities",
         "kpng_flows" => "unconnected UDP flows",
-        "kpng_reverse" => "open translated sockets",
+        "kpng_reverse" => {
+            "socket translations (connected sockets + unconnected UDP flows, freed by eviction)"
+        }
         other => other,
     }
 }
@@ -209,7 +213,7 @@ mod tests {
         assert_eq!(lines[0].problem, None);
         assert_eq!(
             lines[1].state,
-            "Service frontends 12 of 262144, open translated sockets 3 of 131072"
+            "Service frontends 12 of 262144, socket translations (connected sockets + unconnected UDP flows, freed by eviction) 3 of 131072"
         );
         assert_eq!(lines[1].problem, None);
 

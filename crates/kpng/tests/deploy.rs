@@ -475,7 +475,8 @@ fn the_image_root_file_system_runs_kpng_and_its_tools() {
 }
 
 /// `deploy/least-privilege/20-daemonset.yaml`: the DaemonSet without `privileged`, for a
-/// hardened cluster. It must be the default one but for the container's securityContext (no
+/// hardened cluster. It must be the default one but for the container's securityContext and
+/// the default's `hostPID` (for `mode: ebpf`, which the variant does not run; no other
 /// drift), give root NET_ADMIN and NET_RAW only (what the ConfigMap's mode needs: nftables or
 /// iptables, legacy included; docs/deploy.md), with a read-only image, no privilege escalation
 /// and the runtime's seccomp filter.
@@ -501,6 +502,25 @@ fn the_least_privilege_daemon_set_differs_by_its_security_context_only() {
     };
     let sc = container(&mut variant);
     container(&mut default);
+    // The host's PID namespace is for `mode: ebpf` (its UDP socket destroys find the pods'
+    // processes), which this variant does not run: it keeps its own.
+    let host_pid = |ds: &mut DaemonSet| {
+        ds.spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .host_pid
+            .take()
+    };
+    assert_eq!(
+        host_pid(&mut variant),
+        None,
+        "the variant's own PID namespace"
+    );
+    assert_eq!(host_pid(&mut default), Some(true), "hostPID for mode: ebpf");
     assert_eq!(
         serde_json::to_value(&variant).unwrap(),
         serde_json::to_value(&default).unwrap(),

@@ -107,12 +107,14 @@ fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
 /// Sends a datagram every 50 ms and prints `got NAME` or `miss`, through an unconnected socket
 /// (`sendto`, argv[3] == "sendto") or a connected one that is re-made when the kernel aborts
 /// it (`ECONNABORTED`: its endpoint left); prints `mark` once file argv[4] exists, stops when
-/// file argv[5] exists.
+/// file argv[5] exists. An IPv6 address (`::ffff:10.96.0.10`) makes an AF_INET6 socket (a
+/// dual-stack one, as Java's DatagramChannel opens).
 const UDP_CLIENT: &str = r#"
 import os, socket, sys, errno, time
 dst = (sys.argv[1], int(sys.argv[2])); connected = sys.argv[3] != "sendto"
+family = socket.AF_INET6 if ":" in dst[0] else socket.AF_INET
 def make():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.2)
+    s = socket.socket(family, socket.SOCK_DGRAM); s.settimeout(0.2)
     if connected: s.connect(dst)
     return s
 s = make(); marked = False
@@ -121,7 +123,7 @@ while not os.path.exists(sys.argv[5]):
         marked = True; print("mark", flush=True)
     try:
         if connected: s.send(b"x"); d = s.recv(200)
-        else: s.sendto(b"x", dst); d, a = s.recvfrom(200); assert a == dst, a
+        else: s.sendto(b"x", dst); d, a = s.recvfrom(200); assert a[:2] == dst, a
         print("got", d.decode().split()[0], flush=True)
     except OSError as e:
         if e.errno in (errno.ECONNABORTED, errno.EDESTADDRREQ):
@@ -153,11 +155,18 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mark, stop) = (dir.path().join("mark"), dir.path().join("stop"));
     let pod1b = c.pod("pod1b").addr_v4(EP_PORT);
-    // (what, destination, how): the two through the changed Service, then two connected to
-    // pod1b that must be left alone: directly, and through `other`.
+    let mapped = match cip(10, false) {
+        std::net::IpAddr::V4(v4) => std::net::IpAddr::V6(v4.to_ipv6_mapped()),
+        v6 => v6,
+    };
+    // (what, destination, how): the three through the changed Service (one of them a
+    // dual-stack AF_INET6 socket connected to the IPv4-mapped ClusterIP, which `ss` shows as
+    // `[::ffff:…]`), then two connected to pod1b that must be left alone: directly, and
+    // through `other`.
     let cases = [
         ("sendto", (cip(10, false), SVC_PORT), "sendto"),
         ("connect", (cip(10, false), SVC_PORT), "connect"),
+        ("mapped", (mapped, SVC_PORT), "connect"),
         ("direct", (pod1b.ip(), pod1b.port()), "connect"),
         ("other", (cip(11, false), SVC_PORT), "connect"),
     ];
@@ -212,9 +221,22 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
         } else {
             client
                 .wait_for_line(|l| l == "got pod2a", Duration::from_secs(5))
-                .unwrap_or_else(|e| panic!("{what}: answers from pod2a after the change: {e}"));
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{what}: answers from pod2a after the change: {e}\nkpng:\n{}",
+                        k.stderr()
+                    )
+                });
         }
     }
+    // Every translated connected socket was found and destroyed; the unconnected socket's
+    // translations are no socket to destroy (nor a failure to find one).
+    let metrics = scrape_metrics(&c);
+    assert_eq!(
+        sample(&metrics, "kpng_ebpf_udp_socket_destroy_failures_total"),
+        Some(0.0),
+        "{metrics}"
+    );
     std::fs::write(&stop, "").expect("stop");
 }
 
@@ -845,7 +867,7 @@ fn status_shows_the_socket_programs_and_their_maps() {
     // translated socket.
     assert!(
         maps.starts_with("Service frontends 4 of 262144, ")
-            && maps.contains("open translated sockets 1 of 131072"),
+            && maps.contains("socket translations (connected sockets + unconnected UDP flows, freed by eviction) 1 of 131072"),
         "{maps}"
     );
     assert!(lines.iter().all(|l| l.get("problem").is_none()), "{status}");
@@ -1345,14 +1367,15 @@ fn metrics_show_the_programs_translating_and_the_maps_filling() {
         "{after}"
     );
 
-    // A new Service like the first two (a change's sync, not a full one): its frontends (one
-    // per family and port) are counted at once.
+    // A new Service like the first (a change's sync, not a full one): its frontends (one per
+    // family and port: TCP and UDP on IPv4 and IPv6) are counted at once. (The empty one has
+    // its TCP frontends only: UDP without endpoints is the rules'.)
     let more = svc("more", 13, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
     k.apply(&manifest(&[web, empty, more]));
     let applied = scrape_metrics(&c);
     assert_eq!(
         sample(&applied, frontends),
-        Some(frontends_before * 3.0 / 2.0),
+        Some(frontends_before + 4.0),
         "{applied}"
     );
 }

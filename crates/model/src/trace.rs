@@ -320,12 +320,12 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
                 Verdict::Drop,
                 format!("no {list} endpoint on this node's view, though the Service has endpoints"),
             )
-        } else if at_socket {
+        } else if at_socket && q.protocol == Protocol::Tcp {
             t.translated_at_socket = true;
             (
                 Verdict::Reject,
-                "the Service has no endpoints: the eBPF programs fail the socket's \
-                 connect()/sendmsg() with ECONNREFUSED at once, and no packet is sent"
+                "the Service has no endpoints: the eBPF programs fail the socket's connect() \
+                 with ECONNREFUSED at once, and no packet is sent"
                     .to_string(),
             )
         } else if !facts.backend.rejects_without_endpoints {

@@ -66,6 +66,11 @@ fn groups_follow_the_model_lists_and_policies() {
             want: vec![(Scope::Internal, 1, 0, true)],
         },
         Case {
+            what: "UDP without any endpoint: left to the rules (REJECT at recv, as kube-proxy)",
+            port: ServicePort::new(key("u", Protocol::Udp), ip("10.96.0.11"), 53),
+            want: vec![],
+        },
+        Case {
             what: "internalTrafficPolicy Local without a local endpoint: left to the rules",
             port: ServicePort {
                 internal_policy_local: true,

@@ -229,6 +229,8 @@ pub struct Kpng<'a> {
     /// A directory searched first for the tools kpng runs (a wrapper around
     /// `iptables-nft-restore`, say); `None`: the inherited `PATH`.
     path_first: Option<PathBuf>,
+    /// A command kpng runs under (`unshare --pid …`, say); empty: none.
+    wrapper: Vec<String>,
 }
 
 impl<'a> Kpng<'a> {
@@ -279,6 +281,36 @@ impl<'a> Kpng<'a> {
             proc: None,
             dir: Some(dir),
             path_first: path_first.map(Path::to_path_buf),
+            wrapper: Vec::new(),
+        };
+        k.spawn();
+        k
+    }
+
+    /// [`Kpng::start`] with kpng run under `wrapper` (a command that runs the rest of its
+    /// arguments: `unshare --pid --fork --kill-child --mount-proc`, say).
+    #[track_caller]
+    pub fn start_wrapped(
+        backend: Backend,
+        ns: &'a Netns,
+        manifest: &str,
+        extra: &[&str],
+        wrapper: &[&str],
+    ) -> Kpng<'a> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("cluster.yaml");
+        write_atomically(&input, manifest);
+        let mut k = Kpng {
+            backend,
+            ns,
+            input,
+            source: None,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            sink_extra: Vec::new(),
+            proc: None,
+            dir: Some(dir),
+            path_first: None,
+            wrapper: wrapper.iter().map(|s| (*s).to_owned()).collect(),
         };
         k.spawn();
         k
@@ -362,7 +394,7 @@ impl<'a> Kpng<'a> {
 
     /// The arguments of a kpng of `backend` in namespace `ns`.
     fn args_in(&self, backend: Backend, ns: &Netns) -> Vec<String> {
-        let mut args: Vec<String> = Vec::new();
+        let mut args: Vec<String> = self.wrapper.clone();
         if let Some(dir) = &self.path_first {
             let path = std::env::var("PATH").unwrap_or_default();
             args.extend(["env".to_owned(), format!("PATH={}:{path}", dir.display())]);

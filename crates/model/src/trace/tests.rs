@@ -767,22 +767,36 @@ fn sockets_of_this_node_are_translated_at_the_socket_with_ebpf() {
             assert!(!t.hairpin && t.reason.contains("eBPF"), "{}: {t:?}", c.what);
         }
     }
-    // Without endpoints, a local socket's connect() itself fails (no packet); from outside
-    // the node the rules reject the packet.
+    // Without endpoints, a local socket's TCP connect() itself fails (no packet); from
+    // outside the node, and for UDP (kube-proxy's connect() succeeds, recv() fails), the
+    // rules reject the packet.
     let mut empty = web();
     empty.cluster_endpoints.clear();
     empty.local_endpoints.clear();
     empty.has_any_endpoints = false;
-    let mut snap = snapshot(vec![empty]);
+    let mut snap = snapshot(vec![empty.clone()]);
     snap.node.pod_cidrs = vec!["10.244.1.0/24".parse().expect("cidr")];
-    for (from, at_socket) in [("10.244.1.7", true), ("203.0.113.9", false)] {
+    let mut empty_udp = empty;
+    empty_udp.key.protocol = Protocol::Udp;
+    let mut snap_udp = snapshot(vec![empty_udp]);
+    snap_udp.node.pod_cidrs = snap.node.pod_cidrs.clone();
+    for (from, protocol, at_socket) in [
+        ("10.244.1.7", Protocol::Tcp, true),
+        ("203.0.113.9", Protocol::Tcp, false),
+        ("10.244.1.7", Protocol::Udp, false),
+    ] {
+        let snap = if protocol == Protocol::Udp {
+            &snap_udp
+        } else {
+            &snap
+        };
         let t = trace(
-            &snap,
+            snap,
             &ebpf,
             &TraceQuery {
                 from: from.parse().expect("ip"),
                 to: "10.96.0.10:80".parse().expect("addr"),
-                protocol: Protocol::Tcp,
+                protocol,
             },
         );
         assert_eq!(t.verdict, Verdict::Reject, "{from}: {t:?}");
