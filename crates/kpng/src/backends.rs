@@ -325,6 +325,10 @@ pub struct Built {
     /// objects, the iptables variant and rule counts); none for a dry run and for the
     /// userspace backend.
     pub data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
+    /// Lists the other programs' chains on kpng's hooks for `kpng status` and `kpng trace`
+    /// (the nftables and iptables backends, and the eBPF backend's rules half); none for a
+    /// dry run.
+    pub foreign_chains: Option<kpng_runner::admin::ForeignChainsProbe>,
 }
 
 /// What every node backend is configured with, whatever the backend.
@@ -444,6 +448,7 @@ mod linux {
     ) -> anyhow::Result<Built> {
         // What `kpng status` adds about the backend beyond its rules (none for a dry run).
         let mut data_plane = None;
+        let mut foreign_chains = None;
         let kind = BackendKind::of(backend);
         let dry_run = BackendKind::dry_run(backend);
         // Without it every transaction fails with an error that names no capability.
@@ -480,6 +485,9 @@ mod linux {
                 let b = nft(flags, args, node, refusals)?;
                 if !args.dry_run {
                     data_plane = Some(crate::nft_status::probe(b.table().into(), b.committed()));
+                    foreign_chains = Some(crate::foreign_chains::probe(
+                        crate::foreign_chains::Own::NftTable(b.table().into()),
+                    ));
                 }
                 (Box::new(b), None)
             }
@@ -490,6 +498,8 @@ mod linux {
                     Mode::Nft => Variant::Nft,
                 });
                 // A dry run has no mode (and commits nothing to count).
+                foreign_chains = mode
+                    .map(|_| crate::foreign_chains::probe(crate::foreign_chains::Own::Iptables));
                 data_plane = mode.map(|m| {
                     let detected = args.iptables_mode == IptablesMode::Auto;
                     crate::iptables_status::probe(m, detected, b.rule_counts())
@@ -500,6 +510,9 @@ mod linux {
             LocalBackend::Ebpf(args) => {
                 let (b, rules) = ebpf(flags, args, node, refusals)?;
                 if !dry_run {
+                    foreign_chains = Some(crate::foreign_chains::probe(
+                        crate::foreign_chains::Own::NftTable(rules.0.clone()),
+                    ));
                     // The rules half's table, then the socket half.
                     let rules = crate::nft_status::probe(rules.0, rules.1);
                     let sockets = crate::ebpf_status::probe(
@@ -541,6 +554,7 @@ mod linux {
             backend,
             own,
             data_plane,
+            foreign_chains,
         })
     }
 
@@ -840,6 +854,7 @@ pub(crate) mod hns {
             backend: Box::new(backend),
             own: Vec::new(),
             data_plane,
+            foreign_chains: None,
         })
     }
 

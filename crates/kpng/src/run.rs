@@ -465,6 +465,8 @@ struct SinkFacts {
     /// What `kpng status` adds about the backend's data plane beyond its rules
     /// ([`crate::backends::Built::data_plane`]).
     data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
+    /// The other programs' chains on kpng's hooks ([`crate::backends::Built::foreign_chains`]).
+    foreign_chains: Option<kpng_runner::admin::ForeignChainsProbe>,
 }
 
 impl SinkFacts {
@@ -484,6 +486,7 @@ impl SinkFacts {
         kube_errors: None,
         input: None,
         data_plane: None,
+        foreign_chains: None,
     };
 }
 
@@ -588,6 +591,7 @@ fn local_backend(
         kube_errors: None,
         input: None,
         data_plane: built.data_plane,
+        foreign_chains: built.foreign_chains,
     };
     Ok((built.backend, facts))
 }
@@ -815,6 +819,15 @@ where
         flags.cluster_cidr.clone(),
         facts.health_checks == Some(HealthCheckAddresses::NodeIps),
     );
+    // IP forwarding and bridge netfilter, which Services need and kpng does not set (as
+    // kube-proxy does not): warned once and shown in `kpng status` (kpng_runner::host_check).
+    #[cfg(target_os = "linux")]
+    if !dry_run
+        && let Some(needs) = facts.kind.map(crate::host_facts::needs)
+        && needs != kpng_runner::host_check::HostNeeds::default()
+    {
+        runner = runner.checking_host(crate::host_facts::probe(), needs);
+    }
     if !flags.masquerade_all
         && matches!(
             crate::backends::detect_local(&flags),
@@ -865,6 +878,10 @@ where
         runner = with_admin;
         let handle = match previous_run.clone() {
             Some(note) => handle.with_previous_run(note),
+            None => handle,
+        };
+        let handle = match facts.foreign_chains.clone() {
+            Some(probe) => handle.with_foreign_chains_probe(probe),
             None => handle,
         };
         admin = Some(match facts.data_plane.clone() {
