@@ -140,6 +140,8 @@ pub struct IptablesCommand {
     proc_sys: PathBuf,
     /// Where the value of `route_localnet` before kpng is kept (see [`crate::route_localnet`]).
     state_dir: PathBuf,
+    /// What was said of `route_localnet` so far.
+    route_localnet_notes: crate::route_localnet::SetNotes,
 }
 
 impl IptablesCommand {
@@ -149,6 +151,7 @@ impl IptablesCommand {
             mode,
             proc_sys: PathBuf::from("/proc/sys"),
             state_dir: PathBuf::from(crate::route_localnet::STATE_DIR),
+            route_localnet_notes: Default::default(),
         }
     }
 
@@ -180,7 +183,12 @@ impl Iptables for IptablesCommand {
     }
 
     fn enable_route_localnet(&mut self) -> Result<(), ExecError> {
-        crate::route_localnet::record_and_enable(&self.proc_sys, &self.state_dir)
+        if let Some(was) =
+            crate::route_localnet::record_and_enable(&self.proc_sys, &self.state_dir)?
+        {
+            self.route_localnet_notes.log(&was);
+        }
+        Ok(())
     }
 
     fn restore_route_localnet(&mut self) -> Result<(), ExecError> {

@@ -31,14 +31,62 @@ pub fn record_path(state_dir: &Path) -> PathBuf {
     state_dir.join(format!("route_localnet.{netns}"))
 }
 
-/// Records the current value (once) and sets 1.
-pub fn record_and_enable(proc_sys: &Path, state_dir: &Path) -> Result<(), ExecError> {
+/// What kpng says when it sets the sysctl, as kube-proxy logs it (kubernetes#90259: with it 1,
+/// 127.0.0.0/8 addresses may be routed off the loopback device, which an admin who keeps it 0
+/// on purpose must be told): once at INFO the first time this process sets it, and a WARN each
+/// time it finds it reset after it had set it (someone, or a tool that hardens sysctls, put it
+/// back: kpng sets it again at each full sync while node ports on 127.0.0.1 are asked for).
+#[derive(Debug, Clone, Default)]
+pub struct SetNotes {
+    set_before: bool,
+}
+
+impl SetNotes {
+    /// The log line for setting the sysctl that was `was`: INFO the first time, WARN after.
+    pub fn note(&mut self, was: &str) -> (tracing::Level, String) {
+        let avoid = "run kpng with --iptables-localhost-nodeports=false \
+                     (iptables.localhostNodePorts: false), or --nodeport-addresses without \
+                     127.0.0.1, to leave it alone";
+        if std::mem::replace(&mut self.set_before, true) {
+            (
+                tracing::Level::WARN,
+                format!(
+                    "net.ipv4.conf.all.route_localnet was reset to {was} after kpng had set it to \
+                     1: set to 1 again (IPv4 node ports on 127.0.0.1 need it); to keep it {was}, \
+                     {avoid}"
+                ),
+            )
+        } else {
+            (
+                tracing::Level::INFO,
+                format!(
+                    "set net.ipv4.conf.all.route_localnet=1 (it was {was}) so that IPv4 node \
+                     ports answer on 127.0.0.1, as kube-proxy's iptables mode does; it also lets \
+                     packets to and from 127.0.0.0/8 be routed off the loopback device \
+                     (kubernetes#90259): {avoid}; `kpng cleanup` puts the old value back"
+                ),
+            )
+        }
+    }
+
+    /// Logs [`SetNotes::note`].
+    pub fn log(&mut self, was: &str) {
+        match self.note(was) {
+            (tracing::Level::WARN, line) => tracing::warn!("{line}"),
+            (_, line) => tracing::info!("{line}"),
+        }
+    }
+}
+
+/// Records the current value (once) and sets 1. Returns the value it found when it wrote 1
+/// (`None`: it was 1 already), for [`SetNotes`].
+pub fn record_and_enable(proc_sys: &Path, state_dir: &Path) -> Result<Option<String>, ExecError> {
     let path = proc_sys.join(SYSCTL);
     let current =
         std::fs::read_to_string(&path).map_err(io(format!("reading {}", path.display())))?;
     let current = current.trim();
     if current == "1" {
-        return Ok(());
+        return Ok(None);
     }
     let record = record_path(state_dir);
     let mut recorded_now = false;
@@ -61,7 +109,8 @@ pub fn record_and_enable(proc_sys: &Path, state_dir: &Path) -> Result<(), ExecEr
             let _ = std::fs::remove_file(&record);
         }
         io(format!("setting {}", path.display()))(e)
-    })
+    })?;
+    Ok(Some(current.to_string()))
 }
 
 /// Writes back the recorded value, if any, and forgets it.
@@ -129,6 +178,44 @@ mod tests {
         // Nothing recorded: nothing to do.
         restore(&proc_sys, &state).expect("restore again");
         assert_eq!(sysctl(&proc_sys), "0");
+    }
+
+    /// kpng set `route_localnet` silently at every full sync, and again after an admin reset
+    /// it: it now says so once at INFO, naming how to avoid it, and warns when it finds it
+    /// reset after it had set it.
+    #[test]
+    fn setting_it_is_said_once_and_a_reset_is_warned_of() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let proc_sys = dir.path().join("sys");
+        let state = dir.path().join("run");
+        std::fs::create_dir_all(proc_sys.join(SYSCTL).parent().expect("parent")).expect("mkdir");
+        std::fs::write(proc_sys.join(SYSCTL), "0\n").expect("write");
+        let mut notes = SetNotes::default();
+        let mut sync = || {
+            record_and_enable(&proc_sys, &state)
+                .expect("enable")
+                .map(|was| notes.note(&was))
+        };
+        let (level, line) = sync().expect("set: said");
+        assert_eq!(level, tracing::Level::INFO);
+        assert!(
+            line.starts_with("set net.ipv4.conf.all.route_localnet=1 (it was 0) ")
+                && line.contains("kubernetes#90259")
+                && line.contains("--iptables-localhost-nodeports=false"),
+            "{line}"
+        );
+        assert_eq!(sync(), None, "1 already: nothing said");
+        // An admin puts it back.
+        std::fs::write(proc_sys.join(SYSCTL), "0\n").expect("write");
+        let (level, line) = sync().expect("set again: said");
+        assert_eq!(level, tracing::Level::WARN);
+        assert!(
+            line.starts_with(
+                "net.ipv4.conf.all.route_localnet was reset to 0 after kpng had set it to 1"
+            ) && line.contains("--iptables-localhost-nodeports=false"),
+            "{line}"
+        );
+        assert_eq!(sysctl(&proc_sys), "1");
     }
 
     #[test]

@@ -1253,16 +1253,22 @@ fn write_brain_reports(out: &mut String, report: &BrainReportStatus, heading: &s
 /// How often kpng put back what someone else changed, and the last time.
 fn write_repairs(out: &mut String, r: &RepairStatus) {
     use std::fmt::Write as _;
-    let _ = writeln!(
-        out,
-        "repaired {} after changes by someone else; the last at {} ({})",
-        match r.count {
-            1 => "once".to_string(),
-            n => format!("{n} times"),
-        },
-        r.last_at,
-        r.last_change
-    );
+    // None made yet: the first change by someone else is still waiting for its repair.
+    if r.count > 0 {
+        let _ = writeln!(
+            out,
+            "repaired {} after changes by someone else; the last at {} ({})",
+            match r.count {
+                1 => "once".to_string(),
+                n => format!("{n} times"),
+            },
+            r.last_at,
+            r.last_change
+        );
+    }
+    if let Some(unrepaired) = &r.unrepaired {
+        let _ = writeln!(out, "PROBLEM: {unrepaired}");
+    }
     if let Some(problem) = &r.problem {
         let _ = writeln!(out, "PROBLEM: {problem}");
     }
@@ -1788,6 +1794,16 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
              ({}) name no range of this family, and apply per family (as in kube-proxy)",
             kpng_model::Family::of(&q.to.ip()),
             ranges.join(", ")
+        );
+    }
+    if let Some(chains) = t["otherChains"].as_array().filter(|a| !a.is_empty()) {
+        // kpng's model only: another table's chain may decide first.
+        let chains: Vec<&str> = chains.iter().filter_map(|c| c.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "  note:       this follows kpng's rules only; other tables' chains on its hooks see \
+             the packet before kpng's or drop what they do not accept: {}",
+            chains.join("; ")
         );
     }
     if let Some(command) = t["brainExplains"].as_str() {
@@ -2410,10 +2426,24 @@ mod tests {
                     last_at: "T".into(),
                     last_change: "ip kpng: table deleted".into(),
                     problem: problem.map(str::to_string),
+                    unrepaired: None,
                 },
             );
             assert_eq!(out, want);
         }
+        // A change not repaired yet (the first: nothing repaired before it) is a problem line.
+        let mut out = String::new();
+        write_repairs(
+            &mut out,
+            &RepairStatus {
+                unrepaired: Some("ip kpng: table deleted (reported at T): not repaired yet".into()),
+                ..RepairStatus::default()
+            },
+        );
+        assert_eq!(
+            out,
+            "PROBLEM: ip kpng: table deleted (reported at T): not repaired yet\n"
+        );
     }
 
     /// A status as a node answers it, from its JSON fields (the rest empty).

@@ -333,6 +333,10 @@ pub struct Built {
     /// The families whose missing `--cluster-cidr` was warned about while building: the
     /// runner's check of the Node does not log the same fact again.
     pub cluster_cidr_warned: Vec<kpng_model::Family>,
+    /// Lists the other programs' chains on kpng's hooks for `kpng status` and `kpng trace`
+    /// (the nftables and iptables backends, and the eBPF backend's rules half); none for a
+    /// dry run.
+    pub foreign_chains: Option<kpng_runner::admin::ForeignChainsProbe>,
 }
 
 /// What every node backend is configured with, whatever the backend.
@@ -457,6 +461,7 @@ mod linux {
     ) -> anyhow::Result<Built> {
         // What `kpng status` adds about the backend beyond its rules (none for a dry run).
         let mut data_plane = None;
+        let mut foreign_chains = None;
         let kind = BackendKind::of(backend);
         let dry_run = BackendKind::dry_run(backend);
         // Without it every transaction fails with an error that names no capability.
@@ -493,6 +498,9 @@ mod linux {
                 let b = nft(flags, args, node, refusals)?;
                 if !args.dry_run {
                     data_plane = Some(crate::nft_status::probe(b.table().into(), b.committed()));
+                    foreign_chains = Some(crate::foreign_chains::probe(
+                        crate::foreign_chains::Own::NftTable(b.table().into()),
+                    ));
                 }
                 (Box::new(b), None)
             }
@@ -503,6 +511,8 @@ mod linux {
                     Mode::Nft => Variant::Nft,
                 });
                 // A dry run has no mode (and commits nothing to count).
+                foreign_chains = mode
+                    .map(|_| crate::foreign_chains::probe(crate::foreign_chains::Own::Iptables));
                 data_plane = mode.map(|m| {
                     let detected = args.iptables_mode == IptablesMode::Auto;
                     crate::iptables_status::probe(m, detected, b.rule_counts())
@@ -513,6 +523,9 @@ mod linux {
             LocalBackend::Ebpf(args) => {
                 let (b, rules) = ebpf(flags, args, node, refusals)?;
                 if !dry_run {
+                    foreign_chains = Some(crate::foreign_chains::probe(
+                        crate::foreign_chains::Own::NftTable(rules.0.clone()),
+                    ));
                     // The rules half's table, then the socket half.
                     let rules = crate::nft_status::probe(rules.0, rules.1);
                     let sockets = crate::ebpf_status::probe(
@@ -555,6 +568,7 @@ mod linux {
             own,
             data_plane,
             cluster_cidr_warned: Vec::new(),
+            foreign_chains,
         })
     }
 
@@ -855,6 +869,7 @@ pub(crate) mod hns {
             own: Vec::new(),
             data_plane,
             cluster_cidr_warned: Vec::new(),
+            foreign_chains: None,
         })
     }
 

@@ -18,7 +18,11 @@ mod conntrack;
 mod dry_run;
 #[cfg(target_os = "linux")]
 mod ebpf_status;
+#[cfg(target_os = "linux")]
+mod foreign_chains;
 mod hns_status;
+#[cfg(target_os = "linux")]
+mod host_facts;
 mod http;
 mod input_metrics;
 mod instance_lock;

@@ -8,8 +8,8 @@
 //! The eBPF backend also needs 5.18 for its socket programs ([`MIN_KERNEL_EBPF`]); without
 //! the check an older node failed every sync with a verifier error about `bpf_set_retval`.
 //!
-//! For the nftables and iptables backends, a bridge-netfilter sysctl set to 0 is warned of
-//! ([`bridge_netfilter_warning`]), as kube-proxy's iptables mode does.
+//! The node's IP forwarding and bridge netfilter are checked by the runner at every full sync
+//! (`kpng_runner::host_check`), not here.
 //!
 //! `KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK` (kube-proxy's) or
 //! `KPNG_SKIP_KERNEL_VERSION_CHECK`, set to anything, skip the kernel check, for kernels with
@@ -100,34 +100,6 @@ pub fn nft_ok(output: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The warning for a bridge-netfilter sysctl (`key` under `/proc/sys/net/bridge/`) whose value
-/// is `value`, if any. Why: with it 0, packets between two pods on one Linux bridge skip
-/// netfilter, so a pod's connection to a Service whose chosen endpoint sits on the same bridge
-/// is never translated and fails, with nothing in kpng's rules to show why. kube-proxy's
-/// iptables mode logs the same at start. A missing file (br_netfilter not loaded: a CNI without
-/// a bridge) says nothing, as kube-proxy says nothing.
-pub fn bridge_netfilter_warning(key: &str, value: Option<&str>) -> Option<String> {
-    let value = value?.trim();
-    (value == "0").then(|| {
-        format!(
-            "net.bridge.{key} is 0: traffic between pods on one Linux bridge bypasses netfilter, \
-             so a pod's connection to a Service whose endpoint is on the same bridge fails; set \
-             it to 1 (sysctl -w net.bridge.{key}=1) unless the CNI does not bridge pods"
-        )
-    })
-}
-
-/// Logs [`bridge_netfilter_warning`] for the node's bridge-netfilter sysctls.
-#[cfg(target_os = "linux")]
-fn warn_bridge_netfilter() {
-    for key in ["bridge-nf-call-iptables", "bridge-nf-call-ip6tables"] {
-        let value = std::fs::read_to_string(format!("/proc/sys/net/bridge/{key}")).ok();
-        if let Some(warning) = bridge_netfilter_warning(key, value.as_deref()) {
-            tracing::warn!("{warning}");
-        }
-    }
-}
-
 /// Checks the node for `kind`, whose `nft` tool is `nft_binary`.
 #[cfg(target_os = "linux")]
 pub fn check(kind: BackendKind, nft_binary: &str) -> anyhow::Result<()> {
@@ -142,17 +114,10 @@ pub fn check(kind: BackendKind, nft_binary: &str) -> anyhow::Result<()> {
         BackendKind::Nft | BackendKind::Userspace | BackendKind::Ebpf => true,
         BackendKind::Iptables | BackendKind::Hns => false,
     };
-    let warns_bridge_netfilter = match kind {
-        BackendKind::Nft | BackendKind::Iptables => true,
-        BackendKind::Userspace | BackendKind::Ebpf | BackendKind::Hns => false,
-    };
     if needs_nft {
         let output = kpng_backend_kit::exec::run_tool(nft_binary, &["--version"], None)
             .map_err(|e| anyhow::anyhow!("the {} backend needs nft: {e}", kind.word()))?;
         nft_ok(&output).map_err(anyhow::Error::msg)?;
-    }
-    if warns_bridge_netfilter {
-        warn_bridge_netfilter();
     }
     Ok(())
 }
@@ -160,26 +125,6 @@ pub fn check(kind: BackendKind, nft_binary: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bridge_that_bypasses_netfilter_is_warned_of() {
-        for (value, warned) in [
-            (None, false),
-            (Some("1\n"), false),
-            (Some("0\n"), true),
-            (Some("0"), true),
-        ] {
-            let warning = bridge_netfilter_warning("bridge-nf-call-iptables", value);
-            assert_eq!(warning.is_some(), warned, "{value:?}");
-            if let Some(w) = warning {
-                assert!(
-                    w.starts_with("net.bridge.bridge-nf-call-iptables is 0: ")
-                        && w.contains("sysctl -w net.bridge.bridge-nf-call-iptables=1"),
-                    "{w}"
-                );
-            }
-        }
-    }
 
     #[test]
     fn versions_as_the_kernel_and_nft_print_them() {

@@ -471,6 +471,8 @@ struct SinkFacts {
     /// The families whose missing `--cluster-cidr` the backend's build warned about
     /// ([`crate::backends::Built::cluster_cidr_warned`]).
     cluster_cidr_warned: Vec<kpng_model::Family>,
+    /// The other programs' chains on kpng's hooks ([`crate::backends::Built::foreign_chains`]).
+    foreign_chains: Option<kpng_runner::admin::ForeignChainsProbe>,
 }
 
 impl SinkFacts {
@@ -491,6 +493,7 @@ impl SinkFacts {
         input: None,
         data_plane: None,
         cluster_cidr_warned: Vec::new(),
+        foreign_chains: None,
     };
 }
 
@@ -596,6 +599,7 @@ fn local_backend(
         input: None,
         data_plane: built.data_plane,
         cluster_cidr_warned: built.cluster_cidr_warned,
+        foreign_chains: built.foreign_chains,
     };
     Ok((built.backend, facts))
 }
@@ -823,6 +827,15 @@ where
         flags.cluster_cidr.clone(),
         facts.health_checks == Some(HealthCheckAddresses::NodeIps),
     );
+    // IP forwarding and bridge netfilter, which Services need and kpng does not set (as
+    // kube-proxy does not): warned once and shown in `kpng status` (kpng_runner::host_check).
+    #[cfg(target_os = "linux")]
+    if !dry_run
+        && let Some(needs) = facts.kind.map(crate::host_facts::needs)
+        && needs != kpng_runner::host_check::HostNeeds::default()
+    {
+        runner = runner.checking_host(crate::host_facts::probe(), needs);
+    }
     if !flags.masquerade_all
         && matches!(
             crate::backends::detect_local(&flags),
@@ -873,6 +886,10 @@ where
         runner = with_admin;
         let handle = match previous_run.clone() {
             Some(note) => handle.with_previous_run(note),
+            None => handle,
+        };
+        let handle = match facts.foreign_chains.clone() {
+            Some(probe) => handle.with_foreign_chains_probe(probe),
             None => handle,
         };
         admin = Some(match facts.data_plane.clone() {

@@ -40,7 +40,7 @@ function render() {
     " · last sync " + (last ? last.at + (last.ok ? " ok" : " FAILED") : "never") +
     " · pending changes " + status.pendingPortChanges +
     (status.lastError ? " · last error: " + status.lastError : "") +
-    (status.repairs ? " · repaired " + status.repairs.count + "× after changes by someone else, the last at " +
+    (status.repairs && status.repairs.count ? " · repaired " + status.repairs.count + "× after changes by someone else, the last at " +
       status.repairs.lastAt + " (" + status.repairs.lastChange + ")" : "") +
     (status.conntrack ? " · conntrack table " +
       Math.floor(status.conntrack.entries * 100 / Math.max(status.conntrack.max, 1)) + " % full (" +
@@ -53,9 +53,11 @@ function render() {
   $("header").className = ct && ct.max > 0 && ct.entries * 10 >= ct.max * 9 ? "bad" : "";
   // Someone else keeps changing the data plane and repairs are delayed (as `kpng status`
   // prints it under the repairs line).
-  const repairProblem = status.repairs ? status.repairs.problem : null;
-  $("repairs").hidden = !repairProblem;
-  $("repairs").textContent = repairProblem ? "PROBLEM: " + repairProblem : "";
+  // A change by someone else not repaired yet comes first: the node may serve no Service.
+  const repairProblems = status.repairs
+    ? [status.repairs.unrepaired, status.repairs.problem].filter((p) => p) : [];
+  $("repairs").hidden = repairProblems.length === 0;
+  $("repairs").textContent = repairProblems.map((p) => "PROBLEM: " + p).join("\n");
   const input = status.input;
   const problems = (input ? input.problems || [] : []).slice();
   // Values dropped from objects in use are problems of the input too, as `kpng status` counts

@@ -1170,7 +1170,7 @@ fn http_body(response: &str) -> String {
 
 /// When repairs are delayed because someone else keeps changing the data plane, the page
 /// shows the PROBLEM line that `kpng status` prints under the repairs line (until 2026-12-06 it
-/// showed only the repair count). A real kpng's page and status are served again with the
+/// showed only the repair count), and the change not repaired yet (until 2026-12-07 nothing). A real kpng's page and status are served again with the
 /// repairs' problem added (bringing a node into repair backoff takes a tampering loop in a
 /// namespace; the page only renders what the status says).
 #[test]
@@ -1234,6 +1234,7 @@ fn the_status_page_shows_a_repair_problem() {
         "lastAt": "2026-12-06T20:00:00Z",
         "lastChange": "ip kpng: table deleted",
         "problem": "someone else changed the data plane 7 times in 60 s; repairs wait 8 s",
+        "unrepaired": "ip kpng: table deleted (reported at 2026-12-06T20:00:01Z): not repaired yet",
     });
     let status = status.to_string();
     let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -1271,6 +1272,7 @@ fn the_status_page_shows_a_repair_problem() {
         .unwrap_or_else(|| panic!("a repairs line: {dom}"));
     assert!(
         line.contains("PROBLEM: someone else changed the data plane 7 times in 60 s")
+            && line.contains("PROBLEM: ip kpng: table deleted (reported at 2026-12-06T20:00:01Z)")
             && line.contains("class=\"bad\"")
             && !line.contains("hidden"),
         "{line}"

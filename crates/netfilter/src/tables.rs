@@ -140,6 +140,116 @@ pub fn chain_names(family: &str, table: &str) -> io::Result<Vec<String>> {
     Ok(names)
 }
 
+/// `NFTA_CHAIN_HOOK` (nested: `NFTA_HOOK_HOOKNUM`, `NFTA_HOOK_PRIORITY`).
+const NFTA_CHAIN_HOOK: u16 = 4;
+/// `NFTA_CHAIN_POLICY` (big-endian `u32`: `NF_DROP` 0, `NF_ACCEPT` 1).
+const NFTA_CHAIN_POLICY: u16 = 5;
+/// `NFTA_CHAIN_TYPE` (`filter`, `nat`, `route`).
+const NFTA_CHAIN_TYPE: u16 = 7;
+/// `NFTA_HOOK_HOOKNUM` (big-endian `u32`).
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+/// `NFTA_HOOK_PRIORITY` (big-endian `i32`).
+const NFTA_HOOK_PRIORITY: u16 = 2;
+
+/// One base chain (a chain attached to a hook) of any table, as the kernel lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseChain {
+    /// Its table's family as `nft` spells it (`ip`, `ip6`, `inet`, …).
+    pub family: &'static str,
+    /// Its table.
+    pub table: String,
+    /// Its name.
+    pub name: String,
+    /// The hook's number (`NF_INET_PRE_ROUTING` 0 … `NF_INET_POST_ROUTING` 4, ingress 5).
+    pub hook: u32,
+    /// Its priority: lower runs first on the hook.
+    pub priority: i32,
+    /// Its type (`filter`, `nat`, `route`).
+    pub kind: String,
+    /// Whether its policy drops what no rule accepted.
+    pub policy_drop: bool,
+}
+
+impl BaseChain {
+    /// nft's word for the hook of a chain of an IP family (`prerouting`, …).
+    pub fn hook_name(&self) -> &'static str {
+        match self.hook {
+            0 => "prerouting",
+            1 => "input",
+            2 => "forward",
+            3 => "output",
+            4 => "postrouting",
+            5 => "ingress",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Every base chain of every table of the calling thread's network namespace: one chain
+/// dump (`NFT_MSG_GETCHAIN` with `NLM_F_DUMP`, names, hooks and policies only; no rule or
+/// element is read). Regular chains are left out.
+///
+/// Why: `kpng status` shows the other tables' chains that see a packet before kpng's, or drop
+/// what they do not accept, so that "is it kpng or the firewall?" has an answer on the node;
+/// read when the status is asked for, never in the sync loop.
+pub fn base_chains() -> io::Result<Vec<BaseChain>> {
+    let mut request = Vec::with_capacity(32);
+    let start = attr::msg_start(
+        &mut request,
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        1,
+        libc::NFPROTO_UNSPEC as u8,
+        0,
+    );
+    attr::msg_end(&mut request, start);
+    let mut chains = Vec::new();
+    let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN;
+    dump::run(request, kind, |msg| chains.extend(parse_base_chain(msg)))?;
+    Ok(chains)
+}
+
+/// One `NFT_MSG_NEWCHAIN` message, when its chain is a base chain.
+fn parse_base_chain(msg: &[u8]) -> Option<BaseChain> {
+    let family = family_word(*msg.get(NLMSG_HDRLEN)?);
+    let be_u32 = |p: &[u8]| {
+        p.get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+    };
+    let (mut table, mut name, mut hook, mut priority, mut kind, mut policy_drop) =
+        (None, None, None, None, String::new(), false);
+    for (ty, payload) in attr::nf_attrs(msg) {
+        match ty {
+            NFTA_CHAIN_TABLE => table = Some(string_attr(payload)),
+            NFTA_CHAIN_NAME => name = Some(string_attr(payload)),
+            NFTA_CHAIN_TYPE => kind = string_attr(payload),
+            NFTA_CHAIN_POLICY => policy_drop = be_u32(payload) == Some(0),
+            NFTA_CHAIN_HOOK => {
+                for (ty, value) in attr::attrs(payload) {
+                    match ty {
+                        NFTA_HOOK_HOOKNUM => hook = be_u32(value),
+                        NFTA_HOOK_PRIORITY => {
+                            priority = be_u32(value).map(|v| i32::from_be_bytes(v.to_be_bytes()))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(BaseChain {
+        family,
+        table: table?,
+        name: name?,
+        hook: hook?,
+        priority: priority?,
+        kind,
+        policy_drop,
+    })
+}
+
 /// The name of the chain of one `NFT_MSG_NEWCHAIN` message, when it belongs to `table`.
 fn chain_of_table(msg: &[u8], table: &str) -> Option<String> {
     let (mut of_table, mut name) = (None, None);
@@ -246,6 +356,46 @@ mod tests {
     fn walk_tables(datagram: &[u8], out: &mut Vec<TableInfo>) -> dump::Step {
         let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE;
         dump::walk(datagram, kind, |msg| out.extend(parse_table(msg)))
+    }
+
+    /// A base chain's hook, priority (negative too), type and policy are read; a regular
+    /// chain (no hook) is not a base chain.
+    #[test]
+    fn base_chains_are_read_with_hook_priority_and_policy() {
+        let chain = |name: &str, hook: Option<(u32, i32)>, policy: u32| {
+            let mut attrs = vec![
+                (NFTA_CHAIN_TABLE, b"filter\0".to_vec()),
+                (NFTA_CHAIN_NAME, [name.as_bytes(), &[0]].concat()),
+            ];
+            if let Some((num, prio)) = hook {
+                let mut nest = Vec::new();
+                attr::put_attr(&mut nest, NFTA_HOOK_HOOKNUM, &num.to_be_bytes());
+                attr::put_attr(&mut nest, NFTA_HOOK_PRIORITY, &prio.to_be_bytes());
+                attrs.push((NFTA_CHAIN_HOOK | attr::NLA_F_NESTED, nest));
+                attrs.push((NFTA_CHAIN_POLICY, policy.to_be_bytes().to_vec()));
+                attrs.push((NFTA_CHAIN_TYPE, b"filter\0".to_vec()));
+            }
+            message(
+                (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN,
+                libc::NFPROTO_INET as u8,
+                &attrs,
+            )
+        };
+        assert_eq!(
+            parse_base_chain(&chain("forward", Some((2, -150)), 0)),
+            Some(BaseChain {
+                family: "inet",
+                table: "filter".into(),
+                name: "forward".into(),
+                hook: 2,
+                priority: -150,
+                kind: "filter".into(),
+                policy_drop: true,
+            })
+        );
+        let input = parse_base_chain(&chain("input", Some((1, 0)), 1)).expect("a base chain");
+        assert!(!input.policy_drop && input.hook_name() == "input");
+        assert_eq!(parse_base_chain(&chain("mine", None, 1)), None);
     }
 
     #[test]

@@ -30,12 +30,31 @@ pub(crate) enum Query {
 /// blocking thread, never on the sync loop.
 pub type DataPlaneProbe = std::sync::Arc<dyn Fn() -> Vec<DataPlaneDetail> + Send + Sync>;
 
+/// One base chain of another program's table on a hook kpng uses, that sees packets before
+/// kpng's chain there or drops what it does not accept (read by the binary from the kernel).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignChain {
+    /// `inet filter forward: hook forward, type filter, priority 0, policy drop (after kpng's
+    /// chain, priority -100)`.
+    pub line: String,
+    /// The families whose packets it sees (`inet`: both).
+    pub families: Vec<kpng_model::Family>,
+    /// Whether its policy drops what no rule accepted.
+    pub policy_drop: bool,
+}
+
+/// Lists the [`ForeignChain`]s now, when a status or a trace is asked for: one netlink dump on
+/// a blocking thread, never in the sync loop. `Err`: the dump failed, in words.
+pub type ForeignChainsProbe =
+    std::sync::Arc<dyn Fn() -> Result<Vec<ForeignChain>, String> + Send + Sync>;
+
 /// Asks the running loop; cheap to clone.
 #[derive(Clone)]
 pub struct AdminHandle {
     pub(crate) queries: mpsc::Sender<Query>,
     probe: Option<DataPlaneProbe>,
     previous_run: Option<String>,
+    foreign_chains: Option<ForeignChainsProbe>,
 }
 
 impl std::fmt::Debug for AdminHandle {
@@ -52,7 +71,18 @@ impl AdminHandle {
             queries,
             probe: None,
             previous_run: None,
+            foreign_chains: None,
         }
+    }
+
+    /// Adds the other programs' chains on kpng's hooks ([`ForeignChain`]) to every status
+    /// answer (an `other tables' chains` line of [`Status::data_plane`]) and, for the packet's
+    /// family, to every trace ([`TraceAnswer::other_chains`]): `kpng trace` follows kpng's
+    /// rules only, and a firewall that drops the packet first is the other half of "is it
+    /// kpng or the firewall?".
+    pub fn with_foreign_chains_probe(mut self, probe: ForeignChainsProbe) -> AdminHandle {
+        self.foreign_chains = Some(probe);
+        self
     }
 
     /// Adds `note` (how the previous run of kpng ended uncleanly) to every status answer
@@ -79,18 +109,85 @@ impl AdminHandle {
         let mut status = rx.await.ok()?;
         status.previous_run.clone_from(&self.previous_run);
         if let Some(probe) = self.probe.clone().filter(|_| first_page) {
-            status.data_plane = tokio::task::spawn_blocking(move || probe())
+            // After the loop's own lines (its node checks).
+            let lines = tokio::task::spawn_blocking(move || probe())
                 .await
                 .unwrap_or_default();
+            status.data_plane.extend(lines);
+        }
+        if let Some(probe) = self.foreign_chains.clone().filter(|_| first_page) {
+            let found = tokio::task::spawn_blocking(move || probe())
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            status.data_plane.push(foreign_chains_detail(found));
         }
         Some(status)
     }
 
     /// The decision for one packet; `None` once the loop has ended.
     pub async fn trace(&self, query: TraceQuery) -> Option<TraceAnswer> {
+        let family = kpng_model::Family::of(&query.to.ip());
         let (tx, rx) = oneshot::channel();
         self.queries.send(Query::Trace(query, tx)).await.ok()?;
-        rx.await.ok()
+        let mut answer = rx.await.ok()?;
+        if let Some(probe) = self.foreign_chains.clone() {
+            let found = tokio::task::spawn_blocking(move || probe())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            answer.other_chains = found
+                .into_iter()
+                .filter(|c| c.families.contains(&family))
+                .map(|c| c.line)
+                .collect();
+        }
+        Some(answer)
+    }
+}
+
+/// The `other tables' chains` line of `kpng status`: listed in its state (`-o wide`, JSON),
+/// and a problem (shown without being asked) when one of them drops by policy.
+pub fn foreign_chains_detail(found: Result<Vec<ForeignChain>, String>) -> DataPlaneDetail {
+    let what = "other tables' chains".to_string();
+    let chains = match found {
+        Ok(chains) => chains,
+        Err(e) => {
+            return DataPlaneDetail {
+                what,
+                state: format!("cannot list the node's nftables chains: {e}"),
+                problem: None,
+            };
+        }
+    };
+    let lines = |drop_only: bool| {
+        chains
+            .iter()
+            .filter(|c| !drop_only || c.policy_drop)
+            .map(|c| c.line.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let state = if chains.is_empty() {
+        "no other table's base chain runs before kpng's or drops by policy on its hooks".into()
+    } else {
+        format!(
+            "base chains of other tables on kpng's hooks that run before kpng's or drop by \
+             policy: {}",
+            lines(false)
+        )
+    };
+    let problem = chains.iter().any(|c| c.policy_drop).then(|| {
+        format!(
+            "another table drops by policy what its rules do not accept, whatever kpng does \
+             (check that Service traffic is accepted there): {}",
+            lines(true)
+        )
+    });
+    DataPlaneDetail {
+        what,
+        state,
+        problem,
     }
 }
 
@@ -204,6 +301,11 @@ pub struct TraceAnswer {
     /// in (kube-proxy applies them per family).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_ranges_of_other_families_only: Vec<IpNet>,
+    /// Other tables' base chains on kpng's hooks, of the packet's family, that see it before
+    /// kpng's or drop by policy ([`AdminHandle::with_foreign_chains_probe`]): the trace
+    /// follows kpng's rules only, and one of these may drop the packet first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_chains: Vec<String>,
 }
 
 /// The key of the Service port a trace matched (`trace.service`, `namespace/name:port`, in the
@@ -531,6 +633,11 @@ pub struct RepairStatus {
     /// ([`crate::repair_backoff`]): how often, the likely causes, the delay. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// A change by someone else reported and not repaired yet (during the repairs' backoff,
+    /// or while a repair fails): what, since when, when the repair is due. Until then the
+    /// last sync still reads "ok" though the node may serve no Service. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unrepaired: Option<String>,
 }
 
 /// The source's input as the status reports it (see [`kpng_model::input`]).

@@ -8,6 +8,8 @@
 //! - [`repair_backoff`]: how long a repair of changes someone else made waits when they keep
 //!   coming.
 //! - [`open_files`]: the advice added to errors that say kpng ran out of file descriptors.
+//! - [`host_check`]: the node's kernel settings Services need (IP forwarding, bridge
+//!   netfilter), warned of and shown in `kpng status`.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
 //! - `address_watch` (Linux): the node's interface addresses, so that a change moves node ports
@@ -24,6 +26,7 @@ pub mod admin;
 pub mod conntrack_cleanup;
 pub mod guarded_http;
 pub mod health;
+pub mod host_check;
 pub mod metrics;
 pub mod node_config_check;
 pub mod open_files;

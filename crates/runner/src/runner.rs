@@ -37,7 +37,7 @@ use tracing::{debug, error, info, warn};
 use crate::SyncTiming;
 use crate::address_change::AddressChange;
 use crate::admin::{
-    self, AdminHandle, BrainReportStatus, ConntrackStatus, DroppedStatus, FactsFn,
+    self, AdminHandle, BrainReportStatus, ConntrackStatus, DataPlaneDetail, DroppedStatus, FactsFn,
     HealthCheckStatus, InputStatus, NotProgrammed, PortStatus, Query, RejectedStatus, RepairStatus,
     Status, SyncStatus, TraceAnswer,
 };
@@ -101,6 +101,8 @@ pub struct Runner<M: NodeModel = Model> {
     node_ips_on_host: bool,
     /// Repairs within a minute made at once ([`Runner::with_free_repairs`]).
     free_repairs: usize,
+    /// The node's kernel settings Services need ([`Runner::checking_host`]).
+    host_check: Option<(crate::host_check::HostProbe, crate::host_check::HostNeeds)>,
 }
 
 impl<M: NodeModel> Runner<M> {
@@ -130,7 +132,20 @@ impl<M: NodeModel> Runner<M> {
             node_check: Default::default(),
             node_ips_on_host: false,
             free_repairs: crate::repair_backoff::FREE_REPAIRS,
+            host_check: None,
         }
+    }
+
+    /// Reads the node's kernel settings with `probe` at the first sync and at every full or
+    /// periodic one, warns once of each that breaks Services for a backend needing `needs`
+    /// ([`crate::host_check`]), and shows them as the `node checks` line of `kpng status`.
+    pub fn checking_host(
+        mut self,
+        probe: crate::host_check::HostProbe,
+        needs: crate::host_check::HostNeeds,
+    ) -> Runner<M> {
+        self.host_check = Some((probe, needs));
+        self
     }
 
     /// Repairs of changes someone else made that are made at once within a minute, before
@@ -371,6 +386,7 @@ impl<M: NodeModel> Runner<M> {
             last_error: None,
             warnings: crate::warning_budget::WarningBudget::default(),
             repair_for: None,
+            repair_since: None,
             repairs: None,
             repair_backoff,
             node_ips_deadline: None,
@@ -379,6 +395,7 @@ impl<M: NodeModel> Runner<M> {
             addresses_changed: None,
             node_status_changed: false,
             warned_node_config: Vec::new(),
+            host_checked: None,
         };
         // As kube-proxy's sync loop, which calls `Updated` as it starts: `/healthz` reports
         // the loop's start as each family's `lastUpdated` rather than the zero time, and a
@@ -439,6 +456,9 @@ struct LoopState<M: NodeModel> {
     /// What someone else changed, when the next full sync repairs it (the first report of a
     /// burst).
     repair_for: Option<String>,
+    /// When [`Self::repair_for`] was first reported (wall clock, for `kpng status`): from then
+    /// until the repair the data plane lacks (part of) the rules, which status says.
+    repair_since: Option<SystemTime>,
     /// The repairs made so far, for `kpng status`.
     repairs: Option<RepairStatus>,
     /// How long the next repair waits when someone else's changes keep coming.
@@ -459,6 +479,9 @@ struct LoopState<M: NodeModel> {
     /// The node configuration problems last warned about: each is warned once, again only
     /// after it went away and came back.
     warned_node_config: Vec<String>,
+    /// The node's kernel settings as last read and their problems ([`Runner::checking_host`]),
+    /// each problem warned once, again only after it went away and came back.
+    host_checked: Option<(String, Vec<crate::host_check::HostProblem>)>,
 }
 
 /// The wait for node IPs ([`Runner::with_node_ips_wait`]).
@@ -627,7 +650,7 @@ impl<M: NodeModel> LoopState<M> {
                         .unwrap_or_default(),
                     conntrack: self.conntrack_status(),
                     previous_run: None,
-                    data_plane: Vec::new(),
+                    data_plane: self.host_status().into_iter().collect(),
                     input: input.as_ref().map(InputStatus::of),
                     brain_reports: input.as_ref().and_then(|i| {
                         let report = i.brain_report.as_deref()?;
@@ -670,6 +693,8 @@ impl<M: NodeModel> LoopState<M> {
                         .unwrap_or_default();
                 let _ = reply.send(TraceAnswer {
                     source_ranges_of_other_families_only,
+                    // The admin handle's, added after the loop answered.
+                    other_chains: Vec::new(),
                     brain_explains,
                     trace,
                     generation: self.generation,
@@ -797,6 +822,7 @@ impl<M: NodeModel> LoopState<M> {
             return;
         }
         self.repair_for = Some(t.what.clone());
+        self.repair_since = Some(now_wall);
         let now = Instant::now();
         let delay = self.backoff_changed(now, &t.what);
         // The rules may be gone now: what the conntrack cleanup checked is forgotten at once
@@ -867,10 +893,19 @@ impl<M: NodeModel> LoopState<M> {
     /// The repairs for `kpng status`, with the backoff as their problem while it lasts.
     fn repair_status(&self) -> Option<RepairStatus> {
         let now = Instant::now();
+        let unrepaired = self.unrepaired(now, SystemTime::now());
         let Some((changes, over)) = self.repair_backoff.during(now) else {
-            return self.repairs.clone();
+            return match unrepaired {
+                Some(line) => {
+                    let mut status = self.repairs.clone().unwrap_or_default();
+                    status.unrepaired = Some(line);
+                    Some(status)
+                }
+                None => self.repairs.clone(),
+            };
         };
         let mut status = self.repairs.clone().unwrap_or_default();
+        status.unrepaired = unrepaired;
         status.problem = Some(format!(
             "{}; repairs are delayed (the last by {:?}, at most {:?}) until none comes for {:?}",
             repeated_changes_over(changes, over, &status.last_change),
@@ -879,6 +914,18 @@ impl<M: NodeModel> LoopState<M> {
             crate::repair_backoff::quiet(self.repair_backoff.cap()),
         ));
         Some(status)
+    }
+
+    /// While a change by someone else waits for its repair: what, since when, and when the
+    /// repair is due, for `kpng status` (which otherwise showed the last sync "ok" and no
+    /// pending change while the node served no Service).
+    fn unrepaired(&self, now: Instant, wall: SystemTime) -> Option<String> {
+        let what = self.repair_for.as_deref()?;
+        let since = self.repair_since?;
+        let due = self
+            .retry_at
+            .map(|at| wall + at.saturating_duration_since(now));
+        Some(unrepaired_line(what, since, due))
     }
 
     fn ready(&self) -> bool {
@@ -992,6 +1039,52 @@ impl<M: NodeModel> LoopState<M> {
             warn!("{p}");
         }
         self.warned_node_config = problems;
+    }
+
+    /// Reads the node's kernel settings ([`Runner::checking_host`]) for the families that have
+    /// Services, warns of each problem new since the last reading, and says when one is gone.
+    fn check_host(&mut self) {
+        let Some((probe, needs)) = &self.runner.host_check else {
+            return;
+        };
+        let facts = probe();
+        let snapshot = self.runner.model.snapshot();
+        let families: Vec<Family> = self
+            .families
+            .iter()
+            .copied()
+            .filter(|f| snapshot.family(*f).next().is_some())
+            .collect();
+        let problems = crate::host_check::problems(&facts, *needs, &families);
+        let before = self.host_checked.take().map(|(_, p)| p).unwrap_or_default();
+        for p in &problems {
+            if !before.iter().any(|b| b.key == p.key) {
+                warn!("node check: {}", p.message);
+            }
+        }
+        for b in &before {
+            if !problems.iter().any(|p| p.key == b.key) {
+                info!("node check: fixed now ({})", b.key);
+            }
+        }
+        let state = crate::host_check::describe(&facts, &families);
+        self.host_checked = Some((state, problems));
+    }
+
+    /// The `node checks` line of `kpng status`, once the settings were read.
+    fn host_status(&self) -> Option<DataPlaneDetail> {
+        let (state, problems) = self.host_checked.as_ref()?;
+        Some(DataPlaneDetail {
+            what: "node checks".into(),
+            state: state.clone(),
+            problem: (!problems.is_empty()).then(|| {
+                problems
+                    .iter()
+                    .map(|p| p.message.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            }),
+        })
     }
 
     /// The kinds whose first complete list has not arrived (the first sync waits for them).
@@ -1208,6 +1301,9 @@ impl<M: NodeModel> LoopState<M> {
             !timing.full_sync_period.is_zero() && now >= t + timing.full_sync_period
         });
         let full = self.need_full || full_due;
+        if full || self.pending.is_empty() {
+            self.check_host();
+        }
         let snapshot = self.runner.model.snapshot();
         // What this sync carries, for its log line: the changes since the last sync (a full
         // sync reprograms everything, but the operator asks what changed). A sync takes every
@@ -1360,6 +1456,7 @@ impl<M: NodeModel> LoopState<M> {
                 if let Some(what) = repairing {
                     repaired = true;
                     self.repair_for = None;
+                    self.repair_since = None;
                     let repairs = self.repairs.get_or_insert_with(RepairStatus::default);
                     repairs.count += 1;
                     repairs.last_at = admin::rfc3339(wall);
@@ -1675,6 +1772,20 @@ fn repeated_changes_over(changes: u64, over: Duration, last: &str) -> String {
 const LIKELY_CAUSES: &str = ": something keeps removing them, usually another program \
      flushing the ruleset or restoring the table (firewalld or ufw reloading, iptables-restore, \
      nft -f of a file with `flush ruleset`, a cron job) or a second kpng or kube-proxy on this node";
+
+/// `kpng status`'s line for a change by someone else not repaired yet: `what` (`ip kpng: table
+/// deleted`) reported at `since`, its repair due at `due` (`None`: at the next sync).
+fn unrepaired_line(what: &str, since: SystemTime, due: Option<SystemTime>) -> String {
+    let due = due.map_or_else(
+        || "at the next sync".to_string(),
+        |d| format!("at {}", admin::rfc3339(d)),
+    );
+    format!(
+        "{what} (reported at {}): not repaired yet, repair due {due}; until then Services whose \
+         rules it removed are not served on this node",
+        admin::rfc3339(since)
+    )
+}
 
 fn repair_changes(what: &str, summary: &DiffSummary) -> String {
     format!("repair after a change by someone else ({what}); {summary}")

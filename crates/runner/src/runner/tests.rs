@@ -667,6 +667,63 @@ async fn repairs_that_keep_coming_back_off_and_reset_once_quiet() {
     assert_eq!(log(&h).len(), before + 1, "repaired at once again");
 }
 
+/// While a change by someone else waits for its delayed repair, `kpng status` said "last sync
+/// ok, pending changes 0" and nothing else: it now names the change, since when, and when the
+/// repair is due. `/healthz` follows kube-proxy's rule for a queued update not applied: the
+/// known-absent rules count from their report, so a repair late by the health timeout (2 ×
+/// sync period) fails it, and the repair makes it good again.
+#[tokio::test(start_paused = true)]
+async fn a_repair_waiting_in_the_backoff_is_shown_and_counts_for_healthz() {
+    let sync_period = SyncTiming::default().sync_period;
+    let h = start(SyncTiming::default());
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    h.health.set_node_eligible(true);
+    let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
+    // Five repairs at once, then the sixth waits 1 s.
+    for _ in 0..5 {
+        alarm.raise("ip kpng: table deleted");
+        settle().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status_of(&h).await.repairs.and_then(|r| r.unrepaired), None);
+    let reported = SystemTime::now();
+    alarm.raise("ip kpng: table deleted");
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let repairs = status_of(&h).await.repairs.expect("repairs");
+    let line = repairs.unrepaired.expect("the waiting repair is shown");
+    assert!(
+        line.starts_with("ip kpng: table deleted (reported at ")
+            && line.contains("): not repaired yet, repair due at ")
+            && line.ends_with(
+                "; until then Services whose rules it removed are not served on this node"
+            ),
+        "{line}"
+    );
+    assert!(repairs.problem.is_some(), "the backoff's own line stays");
+    let healthz_at = |after: Duration| h.health.report(reported + after, true).status;
+    assert_eq!(
+        healthz_at(Duration::from_secs(1)),
+        200,
+        "within the timeout"
+    );
+    assert_eq!(
+        healthz_at(2 * sync_period + Duration::from_secs(1)),
+        503,
+        "not repaired within the health timeout"
+    );
+    // The repair (1 s after the report) ends both.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    let repairs = status_of(&h).await.repairs.expect("repairs");
+    assert_eq!(repairs.unrepaired, None);
+    assert_eq!(repairs.count, 6);
+    assert_eq!(healthz_at(2 * sync_period + Duration::from_secs(1)), 200);
+}
+
 /// A repair the backend found itself in a periodic sync (no alarm) is counted and shown as
 /// one reported by an alarm is.
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,308 @@
+//! The node's settings seen by a host-firewall admin (root; each test in its own network
+//! namespace, the host's settings untouched):
+//!
+//! - IP forwarding off and bridge netfilter off with a bridge of pods break Services silently:
+//!   kpng warns once per condition and `kpng status` shows a `node checks` problem until they
+//!   are fixed (sysctls read at start and at every full or periodic sync).
+//! - `route_localnet`, which the iptables backend sets: said once at INFO, and a WARN when
+//!   kpng finds it reset after it had set it.
+//! - Another table's base chain that drops by policy or runs before kpng's: shown by `kpng
+//!   status` and noted by `kpng trace`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kpng_testkit::{Netns, Spawned, require_root};
+
+const KPNG: &str = env!("CARGO_BIN_EXE_kpng");
+
+fn example() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml").to_string()
+}
+
+/// `kpng file --input examples/cluster.yaml --node-name node1` with a 1 s sync period in `ns`,
+/// answering on `admin`, then `backend`.
+fn start(ns: &Netns, admin: &Path, backend: &[&str]) -> Spawned {
+    let input = example();
+    let admin = admin.to_str().expect("utf-8");
+    let mut args = vec![
+        KPNG,
+        "file",
+        "--input",
+        &input,
+        "--node-name",
+        "node1",
+        "--metrics-bind-address=",
+        "--healthz-bind-address=127.0.0.1:0",
+        "--admin-socket",
+        admin,
+        "--sync-period",
+        "1s",
+        "to-local",
+    ];
+    args.extend_from_slice(backend);
+    ns.spawn(args).expect("kpng")
+}
+
+/// `kpng status -o json` and the text status, once the status answers.
+fn status(admin: &Path) -> (serde_json::Value, String) {
+    let run = |json: bool| {
+        let mut cmd = std::process::Command::new(KPNG);
+        cmd.arg("status").arg("--admin-socket").arg(admin);
+        if json {
+            cmd.args(["-o", "json"]);
+        }
+        cmd.output().expect("kpng status")
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run(true);
+        if out.status.success() {
+            let json = serde_json::from_slice(&out.stdout).expect("status JSON");
+            let text = String::from_utf8_lossy(&run(false).stdout).into_owned();
+            return (json, text);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The status's data-plane line `what`, if any.
+fn line(status: &serde_json::Value, what: &str) -> Option<serde_json::Value> {
+    status["dataPlane"]
+        .as_array()?
+        .iter()
+        .find(|d| d["what"] == what)
+        .cloned()
+}
+
+/// Waits until `cond` holds for the status (the checks run at the syncs, every second).
+fn wait_status(
+    admin: &Path,
+    kpng: &Spawned,
+    what: &str,
+    cond: impl Fn(&serde_json::Value, &str) -> bool,
+) -> (serde_json::Value, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (json, text) = status(admin);
+        if cond(&json, &text) {
+            return (json, text);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {json}\n{text}\nlog:\n{}",
+            kpng.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// IP forwarding off (a new namespace's default) and bridge netfilter off in a namespace
+/// with a bridge of "pods": until 2026-12-07 kpng said nothing and `kpng status` was fine
+/// while every forwarded Service packet was dropped. Now each is warned once and shown as
+/// a `node checks` problem, which goes (with an INFO line) once the setting is fixed.
+#[test]
+fn forwarding_and_bridge_netfilter_off_are_warned_and_shown() {
+    require_root!();
+    let ns = Netns::new("hostchk").expect("netns");
+    ns.run_ok([
+        "sh",
+        "-c",
+        "ip link add br0 type bridge && ip link add p0 type veth peer name p1 && \
+         ip link set p0 master br0 && ip link set br0 up && ip link set p0 up && \
+         sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0",
+    ])
+    .expect("the bridge");
+    // br_netfilter's sysctls are per namespace (Linux 5.3 and later) when it is loaded.
+    let br_netfilter = ns
+        .run_ok(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0"])
+        .is_ok();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let kpng = start(&ns, &admin, &["nft"]);
+    let bridge = if br_netfilter {
+        "net.bridge.bridge-nf-call-iptables is 0 and the node bridges pods (br0): "
+    } else {
+        "the br_netfilter module is not loaded and the node bridges pods (br0): "
+    };
+    let (json, text) = wait_status(&admin, &kpng, "the node checks", |json, _| {
+        line(json, "node checks").is_some_and(|l| l["problem"].is_string())
+    });
+    let checks = line(&json, "node checks").expect("node checks");
+    let problem = checks["problem"].as_str().expect("a problem");
+    for want in [
+        "net.ipv4.ip_forward is 0: the node forwards no IPv4 packet",
+        "net.ipv6.conf.all.forwarding is 0: the node forwards no IPv6 packet",
+        bridge,
+    ] {
+        assert!(problem.contains(want), "{want:?} not in {problem}");
+    }
+    assert!(
+        text.contains("node checks: net.ipv4.ip_forward 0")
+            && text.contains("; PROBLEM: net.ipv4.ip_forward is 0"),
+        "{text}"
+    );
+    // Warned once each, whatever the syncs since.
+    std::thread::sleep(Duration::from_millis(2500));
+    let log = kpng.stderr_text();
+    for want in [
+        "node check: net.ipv4.ip_forward is 0",
+        "node check: net.ipv6.conf.all.forwarding is 0",
+    ] {
+        assert_eq!(log.matches(want).count(), 1, "{want}:\n{log}");
+    }
+    // Fixed: gone from the status at a later sync, and said.
+    ns.run_ok(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        .expect("forwarding on");
+    wait_status(&admin, &kpng, "IPv4 forwarding fixed", |json, _| {
+        line(json, "node checks").is_some_and(|l| {
+            !l["problem"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("net.ipv4.ip_forward")
+        })
+    });
+    assert!(
+        kpng.stderr_text()
+            .contains("node check: fixed now (forwarding IPv4)"),
+        "{}",
+        kpng.stderr_text()
+    );
+}
+
+/// A host firewall's table with a forward chain whose policy drops, and a prerouting chain
+/// before kpng's: `kpng status` lists both (the drop as a problem) and `kpng trace` notes
+/// them, where it used to say nothing and status "ok".
+#[test]
+fn another_tables_drop_policy_is_shown_by_status_and_trace() {
+    require_root!();
+    let ns = Netns::new("fwchains").expect("netns");
+    ns.run_with_stdin(
+        ["nft", "-f", "-"],
+        "table inet hostfw {\n\
+           chain forward { type filter hook forward priority 0; policy drop; }\n\
+           chain early { type filter hook prerouting priority -300; policy accept; }\n\
+           chain late { type filter hook input priority 10; policy accept; }\n\
+         }\n",
+    )
+    .expect("the host firewall");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let kpng = start(&ns, &admin, &["nft"]);
+    let (json, text) = wait_status(&admin, &kpng, "the other tables' chains", |json, _| {
+        line(json, "other tables' chains").is_some_and(|l| l["problem"].is_string())
+    });
+    let chains = line(&json, "other tables' chains").expect("the line");
+    let state = chains["state"].as_str().unwrap_or_default();
+    assert!(
+        state.contains("inet hostfw forward: hook forward, type filter, priority 0, policy drop")
+            && state.contains(
+                "inet hostfw early: hook prerouting, type filter, priority -300, \
+                               policy accept (before kpng's, priority "
+            )
+            && !state.contains("hostfw late"),
+        "{state}"
+    );
+    assert!(
+        text.contains("PROBLEM: another table drops by policy what its rules do not accept")
+            && text.contains("inet hostfw forward: hook forward"),
+        "{text}"
+    );
+    let trace = std::process::Command::new(KPNG)
+        .args([
+            "trace",
+            "--from",
+            "10.244.1.5",
+            "--to",
+            "10.96.0.10:80",
+            "--admin-socket",
+        ])
+        .arg(&admin)
+        .output()
+        .expect("kpng trace");
+    let trace = String::from_utf8_lossy(&trace.stdout);
+    assert!(
+        trace.contains("note:       this follows kpng's rules only; other tables' chains")
+            && trace.contains(
+                "inet hostfw forward: hook forward, type filter, priority 0, \
+                               policy drop"
+            ),
+        "{trace}"
+    );
+    drop(kpng);
+}
+
+/// The iptables backend sets `net.ipv4.conf.all.route_localnet` (IPv4 node ports on
+/// 127.0.0.1) and used to do it in silence, again after an admin reset it: it now says so
+/// once at INFO, naming the flag that avoids it, and warns when it finds it reset.
+#[test]
+fn route_localnet_set_is_said_once_and_a_reset_warned() {
+    require_root!();
+    let ns = Netns::new("rlnote").expect("netns");
+    let sysctl = "net.ipv4.conf.all.route_localnet";
+    ns.run_ok(["sysctl", "-qw", &format!("{sysctl}=0")])
+        .expect("route_localnet=0");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let mut kpng = start(
+        &ns,
+        &admin,
+        &[
+            "iptables",
+            "--iptables-mode",
+            "nft",
+            "--full-sync-period",
+            "1s",
+        ],
+    );
+    let set = "set net.ipv4.conf.all.route_localnet=1 (it was 0)";
+    let reset = "net.ipv4.conf.all.route_localnet was reset to 0 after kpng had set it to 1";
+    let wait_log = |kpng: &Spawned, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !kpng.stderr_text().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "{what:?} not logged:\n{}",
+                kpng.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_log(&kpng, set);
+    let log = kpng.stderr_text();
+    let said = log.lines().find(|l| l.contains(set)).unwrap_or_default();
+    assert!(
+        said.contains("INFO")
+            && said.contains("--iptables-localhost-nodeports=false")
+            && said.contains("kubernetes#90259"),
+        "{said}"
+    );
+    // Full syncs (every second here) find it 1: nothing more is said.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(kpng.stderr_text().matches(set).count(), 1);
+    // An admin resets it: the next full sync sets it again and warns.
+    ns.run_ok(["sysctl", "-qw", &format!("{sysctl}=0")])
+        .expect("reset");
+    wait_log(&kpng, reset);
+    let log = kpng.stderr_text();
+    let warned = log.lines().find(|l| l.contains(reset)).unwrap_or_default();
+    assert!(
+        warned.contains("WARN") && warned.contains("--iptables-localhost-nodeports=false"),
+        "{warned}"
+    );
+    assert_eq!(log.matches(set).count(), 1, "INFO once:\n{log}");
+    let _ = kpng.try_wait();
+    drop(kpng);
+    // Put it back and forget the record (/run/kpng), as an operator leaving would.
+    let out = ns.exec([KPNG, "cleanup"]).expect("kpng cleanup");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
