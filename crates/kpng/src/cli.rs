@@ -819,8 +819,9 @@ pub struct ToLocal {
 /// `--detect-local-mode`: how pod traffic is told apart from other traffic (kube-proxy's values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DetectLocalMode {
-    /// Sources inside `--cluster-cidr`.
-    #[value(name = "ClusterCIDR")]
+    /// Sources inside `--cluster-cidr`. Also the empty value (`--detect-local-mode=`), as
+    /// kube-proxy and the configuration file's `detectLocalMode: ""` take it.
+    #[value(name = "ClusterCIDR", alias = "")]
     ClusterCidr,
     /// Sources inside this node's pod CIDRs (from the Node object).
     #[value(name = "NodeCIDR")]
