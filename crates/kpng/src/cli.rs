@@ -631,6 +631,12 @@ pub struct TraceArgs {
     /// tcp, udp or sctp.
     #[arg(long, default_value = "tcp")]
     pub proto: String,
+    /// The interface the packet arrives on (`cni0`, `cali1234`): with --detect-local-mode
+    /// BridgeInterface or InterfaceNamePrefix the rules tell pods by it, so the trace decides
+    /// by it exactly as they do (without it, the trace assumes from the Node's podCIDRs and
+    /// says so).
+    #[arg(long, value_name = "NAME")]
+    pub in_interface: Option<String>,
     /// `text` or `json`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
     pub output: LogFormat,

@@ -1437,4 +1437,17 @@ fn pod_interface_names_are_checked_and_an_empty_detect_local_mode_is_the_default
         stdout.lines().any(|l| l == "detectLocalMode: ClusterCIDR"),
         "{stdout}"
     );
+    // The trace's interface is a link name too, checked before kpng is asked.
+    let out = kpng()
+        .args(["trace", "--from", "10.244.1.5", "--to", "10.96.0.10:80"])
+        .args(["--in-interface", "cni0 x", "--admin-socket"])
+        .arg(dir.path().join("none.sock"))
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--in-interface \"cni0 x\": has ' '"),
+        "{stderr}"
+    );
 }
