@@ -373,13 +373,15 @@ async fn trace(
     trace_answer(Some(&handle), p).await
 }
 
-/// A trace request's query string (`from`, `to`, `proto`), on the admin socket and the status
-/// page alike.
+/// A trace request's query string (`from`, `to`, `proto`, `iif`), on the admin socket and the
+/// status page alike.
 #[derive(Debug, serde::Deserialize)]
 pub struct TraceParams {
     from: String,
     to: String,
     proto: Option<String>,
+    /// The input interface (`kpng trace --in-interface`); blank: not given.
+    iif: Option<String>,
 }
 
 /// The status of the ports `query` selects as JSON, or why there is none (no handle: a
@@ -408,7 +410,7 @@ pub async fn trace_answer(
     let Some(handle) = handle else {
         return not_answering();
     };
-    let query = match parse_trace(&p.from, &p.to, p.proto.as_deref()) {
+    let query = match parse_trace(&p.from, &p.to, p.proto.as_deref(), p.iif.as_deref()) {
         Ok(q) => q,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e:#}\n")).into_response(),
     };
@@ -429,8 +431,14 @@ fn not_answering() -> axum::response::Response {
 
 /// A trace request, checked. An IPv6 `--from` may be bracketed as in `--to`; an IPv4-mapped
 /// IPv6 address (`::ffff:10.96.0.20`) is the IPv4 address, as the kernel sends it and
-/// kube-proxy's rules see it.
-pub fn parse_trace(from: &str, to: &str, proto: Option<&str>) -> anyhow::Result<TraceQuery> {
+/// kube-proxy's rules see it. `in_interface` (blank: not given) must be a name the kernel
+/// accepts for a link.
+pub fn parse_trace(
+    from: &str,
+    to: &str,
+    proto: Option<&str>,
+    in_interface: Option<&str>,
+) -> anyhow::Result<TraceQuery> {
     let bare = from.trim();
     let bare = bare
         .strip_prefix('[')
@@ -454,7 +462,19 @@ pub fn parse_trace(from: &str, to: &str, proto: Option<&str>) -> anyhow::Result<
     if from.is_ipv4() != to.is_ipv4() {
         bail!("--from {from} and --to {to} are of different IP families");
     }
-    Ok(TraceQuery { from, to, protocol })
+    let in_interface = in_interface
+        .filter(|i| !i.is_empty())
+        .map(|i| match crate::config::checks::link_name_problem(i) {
+            Some(problem) => Err(anyhow::anyhow!("--in-interface {i:?}: {problem}")),
+            None => Ok(i.to_string()),
+        })
+        .transpose()?;
+    Ok(TraceQuery {
+        from,
+        to,
+        protocol,
+        in_interface,
+    })
 }
 
 /// How long `kpng status` and `kpng trace` wait for the kpng's answer by default: a healthy
@@ -1622,11 +1642,21 @@ fn row(p: &PortStatus) -> [String; 6] {
 
 /// `kpng trace`.
 pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
-    let q = parse_trace(&args.from, &args.to, Some(&args.proto))?;
+    let q = parse_trace(
+        &args.from,
+        &args.to,
+        Some(&args.proto),
+        args.in_interface.as_deref(),
+    )?;
+    let iif = q
+        .in_interface
+        .as_deref()
+        .map(|i| format!("&iif={}", query_escape(i)))
+        .unwrap_or_default();
     let body = get(
         socket,
         &format!(
-            "/v1/trace?from={}&to={}&proto={}",
+            "/v1/trace?from={}&to={}&proto={}{iif}",
             q.from,
             q.to,
             proto_word(q.protocol)
@@ -1752,6 +1782,9 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
         let _ = writeln!(out, "  affinity:   ClientIP, {timeout} s");
     }
     let _ = writeln!(out, "  why:        {}", s("reason"));
+    if let Some(interface) = t["interface"].as_str() {
+        let _ = writeln!(out, "  interface:  {interface}");
+    }
     if let Ok(r) = serde_json::from_value::<RejectedStatus>(t["rejected"].clone()) {
         let _ = writeln!(
             out,
@@ -1843,7 +1876,7 @@ pub fn node_facts(
 ) -> NodeFacts {
     use kpng_backend::settings::DetectLocal;
     use kpng_model::Family;
-    use kpng_model::trace::LocalPods;
+    use kpng_model::trace::{InterfaceRule, LocalPods};
     #[cfg(target_os = "linux")]
     let host = kpng_backend::host::local_addresses();
     // Elsewhere (Windows) the node's own addresses stand for the host's: HNS serves node
@@ -1875,11 +1908,11 @@ pub fn node_facts(
             DetectLocal::ClusterCidr(c) => LocalPods::Cidrs(c.clone()),
             DetectLocal::NodeCidr => LocalPods::NodeCidrs(snapshot.node.pod_cidrs.clone()),
             DetectLocal::BridgeInterface(b) => LocalPods::Interface {
-                rule: format!("entering from {b}"),
+                rule: InterfaceRule::Bridge(b.clone()),
                 assumed: snapshot.node.pod_cidrs.clone(),
             },
             DetectLocal::InterfaceNamePrefix(p) => LocalPods::Interface {
-                rule: format!("entering from {p}*"),
+                rule: InterfaceRule::Prefix(p.clone()),
                 assumed: snapshot.node.pod_cidrs.clone(),
             },
         },
@@ -2112,8 +2145,8 @@ mod tests {
 
     #[test]
     fn trace_requests_are_checked() {
-        assert!(parse_trace("10.0.0.1", "10.96.0.1:80", None).is_ok());
-        assert!(parse_trace("fd00::1", "[fd00:96::1]:80", Some("UDP")).is_ok());
+        assert!(parse_trace("10.0.0.1", "10.96.0.1:80", None, None).is_ok());
+        assert!(parse_trace("fd00::1", "[fd00:96::1]:80", Some("UDP"), None).is_ok());
         // A bracketed IPv6 source, as in --to; IPv4-mapped addresses are IPv4.
         for (from, to, want_from, want_to) in [
             (
@@ -2141,7 +2174,7 @@ mod tests {
                 "10.96.0.20:80",
             ),
         ] {
-            let q = parse_trace(from, to, None).expect(from);
+            let q = parse_trace(from, to, None, None).expect(from);
             assert_eq!(q.from.to_string(), want_from, "{from}");
             assert_eq!(q.to.to_string(), want_to, "{to}");
         }
@@ -2152,7 +2185,7 @@ mod tests {
             ("10.0.0.1", "10.96.0.1:80", Some("icmp"), "tcp, udp or sctp"),
             ("fd00::1", "10.96.0.1:80", None, "different IP families"),
         ] {
-            let e = parse_trace(from, to, proto).expect_err(says);
+            let e = parse_trace(from, to, proto, None).expect_err(says);
             assert!(format!("{e:#}").contains(says), "{e:#}");
         }
     }
@@ -2163,7 +2196,7 @@ mod tests {
     /// `masquerade: no` into `yes`).
     #[test]
     fn a_trace_says_when_the_first_sync_is_held() {
-        let q = parse_trace("10.244.1.5", "10.96.0.10:80", None).expect("query");
+        let q = parse_trace("10.244.1.5", "10.96.0.10:80", None, None).expect("query");
         let cases = [
             "nothing is programmed yet: the first sync is held until Node \"n\" has \
              spec.podCIDRs (--detect-local-mode NodeCIDR; kube-proxy waits for them too); this \
@@ -2191,7 +2224,7 @@ mod tests {
     /// that may pick another endpoint.
     #[test]
     fn the_masquerade_line_says_when_hairpin_is_certain() {
-        let q = parse_trace("10.244.1.5", "10.96.0.10:80", None).expect("query");
+        let q = parse_trace("10.244.1.5", "10.96.0.10:80", None, None).expect("query");
         for (what, masquerade, hairpin, only_itself, endpoints, says) in [
             (
                 "only itself",
@@ -2725,7 +2758,7 @@ mod tests {
             "{text}"
         );
 
-        let q = parse_trace("10.0.0.1", "10.96.0.60:80", None).expect("query");
+        let q = parse_trace("10.0.0.1", "10.96.0.60:80", None, None).expect("query");
         let mut t = serde_json::json!({"verdict": "none", "reason": forged, "inSync": true,
             "inputProblem": forged, format!("key{forged}"): 1});
         escape_value_controls(&mut t);
@@ -2765,7 +2798,7 @@ mod tests {
 
     #[test]
     fn a_trace_notes_a_stale_input_and_a_kpng_that_does_not_answer_is_named() {
-        let q = parse_trace("10.0.0.1", "10.96.0.60:80", None).expect("query");
+        let q = parse_trace("10.0.0.1", "10.96.0.60:80", None, None).expect("query");
         let t = serde_json::json!({"verdict": "none", "reason": "r", "inSync": true,
             "inputProblem": "this node's input (brain tcp://b:1) has a problem"});
         let text = trace_text(&q, &t);
@@ -2896,7 +2929,7 @@ mod tests {
         ] {
             assert_eq!(row(&port(ranges, other))[4], want);
         }
-        let q = parse_trace("198.51.100.7", "203.0.113.42:80", None).expect("query");
+        let q = parse_trace("198.51.100.7", "203.0.113.42:80", None, None).expect("query");
         let t = serde_json::json!({"verdict": "dnat", "reason": "r", "inSync": true,
             "service": "t/lb2:http", "frontend": "loadBalancer",
             "sourceRangesOfOtherFamiliesOnly": ["fd00::/8"]});

@@ -635,6 +635,12 @@ pub struct TraceArgs {
     /// tcp, udp or sctp.
     #[arg(long, default_value = "tcp")]
     pub proto: String,
+    /// The interface the packet arrives on (`cni0`, `cali1234`): with --detect-local-mode
+    /// BridgeInterface or InterfaceNamePrefix the rules tell pods by it, so the trace decides
+    /// by it exactly as they do (without it, the trace assumes from the Node's podCIDRs and
+    /// says so).
+    #[arg(long, value_name = "NAME")]
+    pub in_interface: Option<String>,
     /// `text` or `json`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = LogFormat::Text)]
     pub output: LogFormat,
@@ -823,8 +829,9 @@ pub struct ToLocal {
 /// `--detect-local-mode`: how pod traffic is told apart from other traffic (kube-proxy's values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DetectLocalMode {
-    /// Sources inside `--cluster-cidr`.
-    #[value(name = "ClusterCIDR")]
+    /// Sources inside `--cluster-cidr`. Also the empty value (`--detect-local-mode=`), as
+    /// kube-proxy and the configuration file's `detectLocalMode: ""` take it.
+    #[value(name = "ClusterCIDR", alias = "")]
     ClusterCidr,
     /// Sources inside this node's pod CIDRs (from the Node object).
     #[value(name = "NodeCIDR")]

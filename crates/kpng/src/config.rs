@@ -9,7 +9,7 @@
 //! kube-proxy itself ignores most flags when `--config` is given (only `--hostname-override` and
 //! the logging flags win); letting every explicit flag win is a superset of that.
 
-mod checks;
+pub(crate) mod checks;
 mod duration;
 mod json_keys;
 mod load;
@@ -180,6 +180,15 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
             missing.flag,
             missing.field
         );
+    }
+    if let Some((setting, problem)) = checks::pod_interfaces_problem(
+        flags.pod_bridge_interface.as_deref().unwrap_or_default(),
+        flags
+            .pod_interface_name_prefix
+            .as_deref()
+            .unwrap_or_default(),
+    ) {
+        anyhow::bail!("{} {problem}", setting.flag);
     }
     settle_proxy_mode(flags, matches, &mut report)?;
     // klog's -v, as kube-proxy's logging flags, wins over the file; --log-level over both.

@@ -48,6 +48,8 @@ mod own_rules;
 #[cfg(target_os = "linux")]
 mod peer_owner;
 #[cfg(target_os = "linux")]
+mod pod_interfaces;
+#[cfg(target_os = "linux")]
 mod prereq;
 mod process_metrics;
 mod run;

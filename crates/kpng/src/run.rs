@@ -892,7 +892,29 @@ where
             Some(probe) => handle.with_foreign_chains_probe(probe),
             None => handle,
         };
-        admin = Some(match facts.data_plane.clone() {
+        // Interface settings of the pod detector that cannot work here: warned now and when
+        // the links change, and a line of `kpng status` (a Linux backend's).
+        #[cfg(target_os = "linux")]
+        let data_plane = match crate::pod_interfaces::Check::new(&flags)
+            .filter(|_| facts.kind.is_some_and(|k| k != BackendKind::Hns))
+        {
+            Some(check) => {
+                check.start();
+                let interfaces = check.probe();
+                Some(match facts.data_plane.clone() {
+                    Some(probe) => Arc::new(move || {
+                        let mut lines = probe();
+                        lines.extend(interfaces());
+                        lines
+                    }) as kpng_runner::admin::DataPlaneProbe,
+                    None => interfaces,
+                })
+            }
+            None => facts.data_plane.clone(),
+        };
+        #[cfg(not(target_os = "linux"))]
+        let data_plane = facts.data_plane.clone();
+        admin = Some(match data_plane {
             Some(probe) => handle.with_data_plane_probe(probe),
             None => handle,
         });

@@ -199,6 +199,7 @@ async function refresh() {
 
 async function trace() {
   const q = new URLSearchParams({ from: $("from").value.trim(), to: $("to").value.trim(), proto: $("proto").value });
+  if ($("iif").value.trim()) q.set("iif", $("iif").value.trim());
   const out = $("trace-result");
   try {
     const r = await fetch("status/trace.json?" + q);
@@ -216,6 +217,7 @@ async function trace() {
     }
     if (t.affinityTimeoutSeconds) lines.push("affinity: ClientIP, " + t.affinityTimeoutSeconds + " s");
     lines.push("why: " + t.reason);
+    if (t.interface) lines.push("interface: " + t.interface);
     if (t.rejected) lines.push("note: the Service's latest version is rejected (field " + t.rejected.field + ": " +
       t.rejected.message + "), so this traces its last good version");
     if (t.healthCheckNotServed) lines.push("note: this node does not serve the Service's health check (healthCheckNodePort " +
@@ -233,6 +235,6 @@ $("trace-form").addEventListener("submit", (e) => { e.preventDefault(); trace();
 // Deep links: /status?filter=web&from=10.244.1.5&to=10.96.0.10:80 fills the page in.
 const params = new URLSearchParams(location.search);
 if (params.get("filter")) $("filter").value = params.get("filter");
-for (const k of ["from", "to", "proto"]) if (params.get(k)) $(k).value = params.get(k);
+for (const k of ["from", "to", "proto", "iif"]) if (params.get(k)) $(k).value = params.get(k);
 refresh().then(() => { if (params.get("from") && params.get("to")) trace(); });
 setInterval(refresh, 5000);

@@ -1411,3 +1411,105 @@ fn a_brain_says_who_can_read_it_and_names_a_key_every_user_can_read() {
         err.contains(&node_warning)
     });
 }
+
+/// Interface names are spliced into the rules: the flags and the file's fields take only names
+/// the kernel could give a link, without wildcards (which iptables and nftables read
+/// differently); `--detect-local-mode=` (empty) is ClusterCIDR, as kube-proxy and the file's
+/// `detectLocalMode: ""` take it.
+#[test]
+fn pod_interface_names_are_checked_and_an_empty_detect_local_mode_is_the_default() {
+    for (args, says) in [
+        (
+            &[
+                "--detect-local-mode",
+                "BridgeInterface",
+                "--pod-bridge-interface",
+                "cni0\" counter \"",
+            ][..],
+            "--pod-bridge-interface \"cni0\\\" counter \\\"\": has '\"'",
+        ),
+        (
+            &[
+                "--detect-local-mode",
+                "BridgeInterface",
+                "--pod-bridge-interface",
+                "cni+",
+            ][..],
+            "--pod-bridge-interface \"cni+\": a bridge name is exact; for a wildcard use \
+             --detect-local-mode InterfaceNamePrefix with the prefix, without `*`",
+        ),
+        (
+            &[
+                "--detect-local-mode",
+                "InterfaceNamePrefix",
+                "--pod-interface-name-prefix",
+                "cali*",
+            ][..],
+            "--pod-interface-name-prefix \"cali*\": a prefix matches every name that starts with it",
+        ),
+        (
+            &["--pod-bridge-interface", "a-very-long-bridge-nm"][..],
+            "--pod-bridge-interface \"a-very-long-bridge-nm\": is 21 bytes long; a link name has \
+             at most 15",
+        ),
+    ] {
+        let out = kpng()
+            .args(args)
+            .args(["--write-config-to", "-"])
+            .output()
+            .expect("run kpng");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing written");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("kp.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: \"veth+\"}\n",
+    )
+    .expect("write");
+    let out = kpng()
+        .arg("--config")
+        .arg(&file)
+        .arg("version")
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("field detectLocal.interfaceNamePrefix \"veth+\": a prefix matches"),
+        "{stderr}"
+    );
+    // Empty: the default mode.
+    let out = kpng()
+        .args(["--detect-local-mode=", "--cluster-cidr", "10.244.0.0/16"])
+        .args(["--write-config-to", "-"])
+        .output()
+        .expect("run kpng");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.lines().any(|l| l == "detectLocalMode: ClusterCIDR"),
+        "{stdout}"
+    );
+    // The trace's interface is a link name too, checked before kpng is asked.
+    let out = kpng()
+        .args(["trace", "--from", "10.244.1.5", "--to", "10.96.0.10:80"])
+        .args(["--in-interface", "cni0 x", "--admin-socket"])
+        .arg(dir.path().join("none.sock"))
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--in-interface \"cni0 x\": has ' '"),
+        "{stderr}"
+    );
+}

@@ -340,3 +340,94 @@ fn a_restart_deletes_the_chains_the_adopted_table_no_longer_needs() {
     );
     bed.wait_served(10, "after the restart");
 }
+
+/// Interface settings of the pod detector that cannot work on the node are warned about at
+/// start and shown in `kpng status` (they were silent: every pod masqueraded): a prefix whose
+/// links are all ports of a bridge (the testkit's pods hang off `cbr0` by `veth-…` ports),
+/// a bridge that does not exist (until it is created: the link watch sees it come), and an
+/// interface flag for a mode that ignores it.
+#[test]
+fn pod_interface_settings_that_cannot_work_are_warned_and_shown() {
+    use e2e::harness::{Kpng, manifest};
+    kpng_testkit::require_root!();
+    let b = e2e::Backend::Nft;
+    let c = kpng_testkit::Cluster::create(&b.prefix("podif")).expect("cluster");
+    let ns = &c.node1.ns;
+    let problem = |k: &Kpng<'_>| -> Option<String> {
+        let status = k.status_json();
+        status["dataPlane"]
+            .as_array()
+            .and_then(|lines| lines.iter().find(|l| l["what"] == "pod interfaces"))
+            .and_then(|l| l["problem"].as_str().map(String::from))
+    };
+    let mut k = Kpng::start(
+        b,
+        ns,
+        &manifest(&[]),
+        &[
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "--pod-interface-name-prefix",
+            "veth-",
+        ],
+    );
+    let ports = "is a port of bridge cbr0: their packets arrive on the bridge, not on them, so \
+                 no packet is taken for a pod's: pods' ClusterIP traffic is masqueraded, and \
+                 pods get no externalTrafficPolicy Local short-circuit; use --detect-local-mode \
+                 BridgeInterface --pod-bridge-interface cbr0";
+    k.wait_logged("the bridge ports warning", |e| e.contains(ports));
+    assert!(
+        problem(&k).is_some_and(|p| p.contains(ports)),
+        "{:?}",
+        problem(&k)
+    );
+
+    k.terminate();
+    k.set_extra(&[
+        "--detect-local-mode",
+        "BridgeInterface",
+        "--pod-bridge-interface",
+        "cbr9",
+    ]);
+    k.spawn();
+    let missing = "--detect-local-mode BridgeInterface cbr9: no link named cbr9 on this node";
+    k.wait_logged("the missing bridge warning", |e| e.contains(missing));
+    assert!(
+        problem(&k).is_some_and(|p| p.contains(missing)),
+        "{:?}",
+        problem(&k)
+    );
+    // The bridge comes: the link watch sees it, the problem goes.
+    ns.run_ok(["ip", "link", "add", "cbr9", "type", "bridge"])
+        .expect("add cbr9");
+    k.wait_logged("the problem gone", |e| {
+        e.contains("pod interfaces: --detect-local-mode BridgeInterface cbr9: present")
+            && e.contains("the earlier problem is gone")
+    });
+    assert_eq!(problem(&k), None);
+    ns.run_ok(["ip", "link", "del", "cbr9"]).expect("del cbr9");
+
+    k.terminate();
+    k.set_extra(&["--pod-bridge-interface", "cbr0"]);
+    k.spawn();
+    let ignored = "--pod-bridge-interface cbr0 (detectLocal.bridgeInterface) is ignored: \
+                   --detect-local-mode ClusterCIDR tells pods by --cluster-cidr";
+    k.wait_logged("the ignored flag warning", |e| e.contains(ignored));
+    assert!(
+        problem(&k).is_some_and(|p| p.contains(ignored)),
+        "{:?}",
+        problem(&k)
+    );
+
+    // Right: nothing to say.
+    k.terminate();
+    k.set_extra(&[
+        "--detect-local-mode",
+        "BridgeInterface",
+        "--pod-bridge-interface",
+        "cbr0",
+    ]);
+    k.spawn();
+    assert_eq!(problem(&k), None);
+    assert!(!k.stderr().contains("pod interfaces"), "{}", k.stderr());
+}

@@ -2246,3 +2246,92 @@ fn brain_command(input: &std::path::Path, listen: &str) -> Command {
         ]);
     command
 }
+
+/// With an interface detector the rules tell pods by the input interface: `kpng trace
+/// --in-interface` decides by it as the rules do, and without it the trace says the answer
+/// depends on it and what it assumed (it answered from the Node's podCIDRs as if certain).
+#[test]
+fn a_trace_under_an_interface_detector_names_the_interface_or_its_assumption() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
+    )
+    .expect("example");
+    std::fs::write(&input, example).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let mut running = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "node1",
+                "--detect-local-mode",
+                "BridgeInterface",
+            ])
+            .args(["--pod-bridge-interface", "cni0"])
+            .args([
+                "--metrics-bind-address",
+                "",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+            ])
+            .arg("--admin-socket")
+            .arg(&socket)
+            .args(["to-file", "--output"])
+            .arg(dir.path().join("out.yaml")),
+    );
+    running.wait("the first sync", |e| e.contains(" synced "));
+    let trace = |from: &str, iif: Option<&str>| -> String {
+        let mut command = kpng();
+        command
+            .args([
+                "trace",
+                "--from",
+                from,
+                "--to",
+                "10.96.1.30:80",
+                "--admin-socket",
+            ])
+            .arg(&socket);
+        if let Some(iif) = iif {
+            command.args(["--in-interface", iif]);
+        }
+        let out = command.output().expect("run");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // A pod outside node1's podCIDRs (10.244.1.0/24), as Calico's IPAM gives them.
+    let assumed = trace("10.244.7.3", None);
+    assert!(
+        assumed.contains("  masquerade: yes\n")
+            && assumed.contains(
+                "  interface:  depends on the input interface, which the rules decide by \
+                 (--detect-local-mode BridgeInterface, --pod-bridge-interface cni0: a pod if it \
+                 arrives on cni0); not told it, this trace assumed 10.244.7.3 arrives elsewhere, \
+                 as it is outside the Node's pod CIDRs (10.244.1.0/24, fd00:244:1::/64); \
+                 `--in-interface NAME` traces it as arriving on NAME\n"
+            ),
+        "{assumed}"
+    );
+    let on_bridge = trace("10.244.7.3", Some("cni0"));
+    assert!(
+        on_bridge.contains("  masquerade: no\n")
+            && on_bridge.contains("  why:        it arrives on cni0, so it is a pod's")
+            && on_bridge.contains("  interface:  arrives on cni0: a pod's"),
+        "{on_bridge}"
+    );
+    // An address of node1's podCIDR arriving from the LAN is not a pod's to the rules.
+    let from_lan = trace("10.244.1.9", Some("eth0"));
+    assert!(
+        from_lan.contains("  masquerade: yes\n")
+            && from_lan.contains("  interface:  arrives on eth0: not a pod's"),
+        "{from_lan}"
+    );
+}

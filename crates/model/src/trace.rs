@@ -17,7 +17,7 @@ use crate::model::Snapshot;
 use crate::service_port::ServicePort;
 
 /// One packet to trace: the first packet of a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceQuery {
     /// Its source address.
     pub from: IpAddr,
@@ -25,6 +25,10 @@ pub struct TraceQuery {
     pub to: SocketAddr,
     /// Its protocol.
     pub protocol: Protocol,
+    /// The interface it arrives on (`kpng trace --in-interface`), when the asker knows it:
+    /// with `--detect-local-mode BridgeInterface|InterfaceNamePrefix` the rules tell pods by
+    /// it, not by the source address, and without it the trace can only assume.
+    pub in_interface: Option<String>,
 }
 
 /// What the node knows beyond the model: which sources are its pods and itself, and which of
@@ -103,15 +107,60 @@ pub enum LocalPods {
     /// Sources inside the Node's pod CIDRs (mode NodeCIDR) are pods: a separate variant so
     /// that a family without one is explained by the Node, not by `--cluster-cidr`.
     NodeCidrs(Vec<IpNet>),
-    /// Decided by the interface the packet came in on, which a trace does not know: the
-    /// trace takes sources inside `assumed` (the node's pod CIDRs, whose pods sit behind that
-    /// interface) as pods; `rule` names the real rule for the reason text.
+    /// Decided by the interface the packet came in on: by `rule` when the query names the
+    /// interface ([`TraceQuery::in_interface`]); otherwise the trace takes sources inside
+    /// `assumed` (the node's pod CIDRs, whose pods usually sit behind that interface) as
+    /// pods, and says that it assumed so ([`Trace::interface`]): the assumption is wrong both
+    /// ways on some CNIs (a pod CIDR routed elsewhere, pods outside the Node's podCIDRs).
     Interface {
-        /// The interface rule, in words.
-        rule: String,
-        /// The CIDRs whose sources are taken as coming in through it.
+        /// The rule the backends write.
+        rule: InterfaceRule,
+        /// The CIDRs whose sources are taken as coming in through it when the query names no
+        /// interface.
         assumed: Vec<IpNet>,
     },
+}
+
+/// An interface-based pod detector, as the rules match it (`iifname`/`-i`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InterfaceRule {
+    /// `--detect-local-mode BridgeInterface`: packets arriving on this bridge (exact name).
+    Bridge(String),
+    /// `--detect-local-mode InterfaceNamePrefix`: packets arriving on an interface whose name
+    /// starts with this prefix (`iifname "cali*"`, `-i cali+`).
+    Prefix(String),
+}
+
+impl InterfaceRule {
+    /// Whether a packet arriving on `interface` is a pod's, as the rules decide.
+    pub fn matches(&self, interface: &str) -> bool {
+        match self {
+            InterfaceRule::Bridge(b) => interface == b,
+            InterfaceRule::Prefix(p) => interface.starts_with(p.as_str()),
+        }
+    }
+
+    /// The rule in words: "a pod if it arrives on cni0".
+    pub fn words(&self) -> String {
+        match self {
+            InterfaceRule::Bridge(b) => format!("a pod if it arrives on {b}"),
+            InterfaceRule::Prefix(p) => {
+                format!("a pod if it arrives on an interface whose name starts with {p}")
+            }
+        }
+    }
+
+    /// The setting: `--detect-local-mode BridgeInterface, --pod-bridge-interface cni0`.
+    pub fn setting(&self) -> String {
+        match self {
+            InterfaceRule::Bridge(b) => {
+                format!("--detect-local-mode BridgeInterface, --pod-bridge-interface {b}")
+            }
+            InterfaceRule::Prefix(p) => {
+                format!("--detect-local-mode InterfaceNamePrefix, --pod-interface-name-prefix {p}")
+            }
+        }
+    }
 }
 
 /// The outcome for the packet.
@@ -182,6 +231,12 @@ pub struct Trace {
     /// ClientIP session affinity's timeout, when the Service has it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_seconds: Option<u32>,
+    /// How the input interface decided whether the source is a pod, when it mattered for the
+    /// answer: with an interface detector and no [`TraceQuery::in_interface`], that the
+    /// answer depends on it and what was assumed; with one given, what it meant. Also says
+    /// when a given interface is not what the detector looks at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
     /// Why, in words.
     pub reason: String,
 }
@@ -199,6 +254,7 @@ impl Trace {
             only_itself: false,
             translated_at_socket: false,
             affinity_timeout_seconds: None,
+            interface: None,
             reason,
         }
     }
@@ -259,20 +315,28 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
         );
         return t;
     }
-    let from_pod = is_local_pod(facts, q.from);
+    let pod = pod_source(facts, q);
+    let from_pod = pod.is_pod;
     let from_node = facts.local_ips.contains(&q.from);
+    // Whether the decision below looked at pod-ness: only then does an interface detector's
+    // input interface change the answer.
+    let mut consulted = false;
     let (list, masquerade, why) = match frontend {
         Frontend::ClusterIp => {
             let detecting = is_detecting(facts, q.from);
+            consulted = detecting && !facts.masquerade_all;
             let masq = facts.masquerade_all || (detecting && !from_pod);
             let why = if facts.masquerade_all {
                 "masquerade-all".to_string()
             } else if masq {
-                "the source is not a pod (--detect-local-mode): ClusterIP traffic from outside is masqueraded".to_string()
+                format!(
+                    "{}: ClusterIP traffic from outside is masqueraded",
+                    pod.not_pod_words
+                )
             } else if !detecting {
                 no_detector(&facts.local_pods, Family::of(&q.from))
             } else {
-                "the source is a pod (--detect-local-mode), its address kept".to_string()
+                format!("{}, its address kept", pod.pod_words)
             };
             let list = if port.internal_policy_local {
                 "local"
@@ -286,22 +350,41 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
             true,
             "externalTrafficPolicy Cluster: external traffic is masqueraded".to_string(),
         ),
-        _ if from_pod => (
-            "cluster",
-            facts.masquerade_all,
-            "externalTrafficPolicy Local, but the source is a pod (--detect-local-mode): every endpoint".to_string(),
-        ),
+        // kube-proxy sends a pod's packet to the Service's cluster chain, whose masquerade-all
+        // rule matches ClusterIP destinations only: the pod's address is kept.
+        _ if from_pod => {
+            consulted = true;
+            (
+                "cluster",
+                false,
+                format!(
+                    "externalTrafficPolicy Local, but {}: every endpoint, its address kept{}",
+                    pod.pod_words,
+                    masquerade_all_note(facts)
+                ),
+            )
+        }
         _ if from_node => (
             "cluster",
             true,
             "externalTrafficPolicy Local, but the node itself is the source: every endpoint, masqueraded".to_string(),
         ),
-        _ => (
-            "local",
-            facts.masquerade_all,
-            "externalTrafficPolicy Local: this node's endpoints, the client's address kept".to_string(),
-        ),
+        _ => {
+            consulted = true;
+            (
+                "local",
+                false,
+                format!(
+                    "externalTrafficPolicy Local: this node's endpoints, the client's address \
+                     kept{}",
+                    masquerade_all_note(facts)
+                ),
+            )
+        }
     };
+    if consulted || pod.note_always {
+        t.interface = pod.note;
+    }
     let endpoints = if list == "local" {
         &port.local_endpoints
     } else {
@@ -356,6 +439,20 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
     } else if facts.backend.proxies_connections {
         t.masquerade = true;
         t.reason = "the userspace proxy connects to the endpoint from the node".to_string();
+    } else if t.only_itself {
+        // The masquerade line says yes (hairpin): so must the why line, first.
+        t.masquerade = masquerade;
+        t.reason = format!(
+            "hairpin: the client is the only endpoint it can pick, and a connection to itself \
+             is always masqueraded to a node address (else the reply would not come back \
+             through the node); without the hairpin: {why}"
+        );
+    } else if t.hairpin && !masquerade {
+        t.masquerade = masquerade;
+        t.reason = format!(
+            "{why}; the client is also one of the endpoints: a connection it makes to itself \
+             is masqueraded (hairpin)"
+        );
     } else {
         t.masquerade = masquerade;
         t.reason = why;
@@ -482,13 +579,104 @@ fn is_detecting(facts: &NodeFacts, source: IpAddr) -> bool {
     }
 }
 
-fn is_local_pod(facts: &NodeFacts, ip: IpAddr) -> bool {
+/// Whether the source of `q` is a pod's, as the rules decide, and how to say so.
+struct PodSource {
+    /// The rules take the packet for a pod's.
+    is_pod: bool,
+    /// "the source is a pod (--detect-local-mode)", or the interface it arrives on.
+    pod_words: String,
+    /// "the source is not a pod (--detect-local-mode)", likewise.
+    not_pod_words: String,
+    /// What the trace assumed or was told about the input interface ([`Trace::interface`]).
+    note: Option<String>,
+    /// The note is worth showing whatever decided (a given interface the detector ignores).
+    note_always: bool,
+}
+
+fn pod_source(facts: &NodeFacts, q: &TraceQuery) -> PodSource {
+    let by_address = |is_pod: bool, note: Option<String>| PodSource {
+        is_pod,
+        pod_words: "the source is a pod (--detect-local-mode)".into(),
+        not_pod_words: "the source is not a pod (--detect-local-mode)".into(),
+        note_always: note.is_some(),
+        note,
+    };
+    let ignored = |mode: &str| {
+        q.in_interface.as_ref().map(|i| {
+            format!(
+                "--in-interface {i} is not used: --detect-local-mode {mode} tells pods by the \
+                 source address, not by the input interface"
+            )
+        })
+    };
     match &facts.local_pods {
-        LocalPods::None => false,
-        LocalPods::Cidrs(cidrs) | LocalPods::NodeCidrs(cidrs) => {
-            cidrs.iter().any(|c| c.contains(&ip))
-        }
-        LocalPods::Interface { assumed, .. } => assumed.iter().any(|c| c.contains(&ip)),
+        LocalPods::None => by_address(false, ignored("None")),
+        LocalPods::Cidrs(cidrs) => by_address(
+            cidrs.iter().any(|c| c.contains(&q.from)),
+            ignored("ClusterCIDR"),
+        ),
+        LocalPods::NodeCidrs(cidrs) => by_address(
+            cidrs.iter().any(|c| c.contains(&q.from)),
+            ignored("NodeCIDR"),
+        ),
+        LocalPods::Interface { rule, assumed } => match &q.in_interface {
+            Some(iif) => {
+                let is_pod = rule.matches(iif);
+                PodSource {
+                    is_pod,
+                    pod_words: format!(
+                        "it arrives on {iif}, so it is a pod's ({})",
+                        rule.setting()
+                    ),
+                    not_pod_words: format!(
+                        "it arrives on {iif}, so it is not a pod's ({})",
+                        rule.setting()
+                    ),
+                    note: Some(format!(
+                        "arrives on {iif}: {} ({}; {})",
+                        if is_pod { "a pod's" } else { "not a pod's" },
+                        rule.setting(),
+                        rule.words()
+                    )),
+                    note_always: false,
+                }
+            }
+            None => {
+                let is_pod = assumed.iter().any(|c| c.contains(&q.from));
+                let why = if assumed.is_empty() {
+                    "the Node has no pod CIDR".to_string()
+                } else if is_pod {
+                    format!("it is inside the Node's pod CIDRs ({})", join(assumed))
+                } else {
+                    format!("it is outside the Node's pod CIDRs ({})", join(assumed))
+                };
+                PodSource {
+                    is_pod,
+                    pod_words: "the source is taken for a pod (see interface)".into(),
+                    not_pod_words: "the source is not taken for a pod (see interface)".into(),
+                    note: Some(format!(
+                        "depends on the input interface, which the rules decide by ({}: {}); \
+                         not told it, this trace assumed {} arrives {}, as {why}; \
+                         `--in-interface NAME` traces it as arriving on NAME",
+                        rule.setting(),
+                        rule.words(),
+                        q.from,
+                        if is_pod { "on it" } else { "elsewhere" }
+                    )),
+                    note_always: false,
+                }
+            }
+        },
+    }
+}
+
+/// Why `--masquerade-all` does not masquerade a node port, an external IP or a load-balancer
+/// IP: kube-proxy's masquerade-all rule matches ClusterIP destinations only.
+fn masquerade_all_note(facts: &NodeFacts) -> &'static str {
+    if facts.masquerade_all {
+        " (--masquerade-all masquerades ClusterIP destinations only)"
+    } else {
+        ""
     }
 }
 

@@ -12,7 +12,10 @@
 //! - NodePorts on the primary node IPs (`--nodeport-addresses primary`) and no node IP of one
 //!   family: that family's NodePorts answer on every local address of it, as kube-proxy's;
 //! - `--detect-local-mode ClusterCIDR` and no `--cluster-cidr` of a family the Node uses: no
-//!   traffic of that family is taken for a pod's.
+//!   traffic of that family is taken for a pod's;
+//! - `--detect-local-mode NodeCIDR` and a Node with pod CIDRs of one family only, though it
+//!   has addresses of the other: likewise for the other (kube-proxy logs "Detect-local-mode
+//!   set to NodeCIDR, but no PodCIDR defined at node for family").
 
 use std::net::IpAddr;
 
@@ -40,6 +43,9 @@ pub struct NodeConfigCheck {
     /// same family still shows in `kpng status`, but is not logged a second time
     /// ([`NodeConfigCheck::problems_to_warn`]).
     pub cluster_cidr_warned_at_start: Vec<Family>,
+    /// The backend's families when pods are told by the Node's pod CIDRs (`--detect-local-mode
+    /// NodeCIDR`): one the Node has addresses of but no pod CIDR of has no pod detection.
+    pub node_cidr_families: Vec<Family>,
 }
 
 /// One problem the checks found, and the family whose `--cluster-cidr` it says is missing.
@@ -129,6 +135,32 @@ impl NodeConfigCheck {
                             join(&self.cluster_cidrs)
                         ),
                         no_cluster_cidr_of: Some(family),
+                    });
+                }
+            }
+        }
+        // No pod CIDR at all holds the first sync, and is reported on its own
+        // (`admin::node_problem`).
+        if !node.pod_cidrs.is_empty() {
+            for family in &self.node_cidr_families {
+                let has_ip = node.ips.iter().any(|ip| Family::of(ip) == *family);
+                let has_cidr = node
+                    .pod_cidrs
+                    .iter()
+                    .any(|c| Family::of(&c.addr()) == *family);
+                if has_ip && !has_cidr {
+                    out.push(Found {
+                        text: format!(
+                        "{family}: --detect-local-mode NodeCIDR, but Node {} has no {family} pod \
+                         CIDR (spec.podCIDRs: {}) though it has {family} addresses: no \
+                         {family} pod detection rule, so {family} ClusterIP traffic from \
+                         outside the cluster is not masqueraded and {family} pods get no \
+                         externalTrafficPolicy Local short-circuit (as kube-proxy, which logs \
+                         \"no PodCIDR defined at node for family\")",
+                        node.name,
+                        join(&node.pod_cidrs)
+                    ),
+                        no_cluster_cidr_of: None,
                     });
                 }
             }
@@ -284,6 +316,7 @@ mod tests {
             cluster_cidrs_detect_pods: detect,
             primary_node_port_families: primary.to_vec(),
             cluster_cidr_warned_at_start: Vec::new(),
+            node_cidr_families: Vec::new(),
         };
         let both = [Family::V4, Family::V6];
         let v6_node_ips = "IPv6: no node IP in the Node object; IPv6 NodePorts answer on every \
@@ -348,5 +381,73 @@ mod tests {
         let got = check(&both, &[], false)
             .problems(&node(&["192.168.77.1"], &["fd00:77::/64"]), &[Family::V4]);
         assert_eq!(got, [v6_node_ips]);
+    }
+
+    /// `--detect-local-mode NodeCIDR` on a dual-stack node whose Node has one family's pod
+    /// CIDR only: the other family has no pod detection, one line for it (as kube-proxy logs).
+    #[test]
+    fn node_cidr_detection_names_a_family_without_a_pod_cidr() {
+        let node = |ips: &[&str], pods: &[&str]| NodeState {
+            name: "node1".into(),
+            known: true,
+            ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
+            pod_cidrs: pods.iter().map(|c| c.parse().expect("cidr")).collect(),
+            ..NodeState::default()
+        };
+        let both = [Family::V4, Family::V6];
+        let check = |families: &[Family]| NodeConfigCheck {
+            node_cidr_families: families.to_vec(),
+            ..NodeConfigCheck::default()
+        };
+        let dual = ["192.168.77.1", "fd00:77::1"];
+        let cases: [(&str, NodeConfigCheck, NodeState, &[&str]); 6] = [
+            (
+                "dual-stack, an IPv4 pod CIDR only",
+                check(&both),
+                node(&dual, &["10.244.1.0/24"]),
+                &[
+                    "IPv6: --detect-local-mode NodeCIDR, but Node node1 has no IPv6 pod CIDR \
+                   (spec.podCIDRs: 10.244.1.0/24) though it has IPv6 addresses: no IPv6 pod \
+                   detection rule",
+                ],
+            ),
+            (
+                "dual-stack, an IPv6 pod CIDR only",
+                check(&both),
+                node(&dual, &["fd00:244:1::/64"]),
+                &["IPv4: --detect-local-mode NodeCIDR, but Node node1 has no IPv4 pod CIDR"],
+            ),
+            (
+                "dual-stack, both",
+                check(&both),
+                node(&dual, &["10.244.1.0/24", "fd00:244:1::/64"]),
+                &[],
+            ),
+            (
+                "an IPv4 node on a dual-stack backend",
+                check(&both),
+                node(&["192.168.77.1"], &["10.244.1.0/24"]),
+                &[],
+            ),
+            (
+                "no pod CIDR at all: reported elsewhere",
+                check(&both),
+                node(&dual, &[]),
+                &[],
+            ),
+            (
+                "another mode",
+                check(&[]),
+                node(&dual, &["10.244.1.0/24"]),
+                &[],
+            ),
+        ];
+        for (what, check, node, want) in cases {
+            let got = check.problems(&node, &[]);
+            assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+            for (g, w) in got.iter().zip(want) {
+                assert!(g.starts_with(w), "{what}: {g:?} is not {w:?}…");
+            }
+        }
     }
 }

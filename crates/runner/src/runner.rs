@@ -207,7 +207,9 @@ impl<M: NodeModel> Runner<M> {
     /// `--detect-local-mode NodeCIDR`: the first sync waits for the Node's podCIDRs, as
     /// kube-proxy never programs rules without them (without them nothing tells pod traffic
     /// apart: external clients are not masqueraded and pods lose the eTP Local
-    /// short-circuit). After the first sync the model keeps the last pod CIDRs it had.
+    /// short-circuit). After the first sync the model keeps the last pod CIDRs it had. A
+    /// family of the backend the Node has addresses of but no pod CIDR of is named by the
+    /// node's checks (once in the log, and in `kpng status`), as kube-proxy logs it.
     pub fn requiring_pod_cidrs(mut self) -> Runner<M> {
         self.node_needs.pod_cidrs = true;
         self
@@ -316,6 +318,9 @@ impl<M: NodeModel> Runner<M> {
         let families = self.backend.families();
         if self.node_needs.primary_node_ports.is_some() {
             self.node_check.primary_node_port_families = families.clone();
+        }
+        if self.node_needs.pod_cidrs {
+            self.node_check.node_cidr_families = families.clone();
         }
         self.metrics
             .export_from_start(self.backend.name(), &families);

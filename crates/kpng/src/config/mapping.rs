@@ -385,6 +385,14 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
             detect_local_mode.as_str()
         );
     }
+    // Spliced into the rules: refused unless the kernel could have such a link, and without
+    // wildcards, which the backends read differently.
+    if let Some((setting, problem)) = super::checks::pod_interfaces_problem(
+        config.detect_local.bridge_interface.trim(),
+        config.detect_local.interface_name_prefix.trim(),
+    ) {
+        bail!("field detectLocal.{} {problem}", setting.field);
+    }
     let conntrack = &config.conntrack;
     let count = |field: &str, value: Option<i32>, default: u64| -> anyhow::Result<u64> {
         match value {

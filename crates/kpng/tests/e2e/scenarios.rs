@@ -1408,13 +1408,22 @@ pub fn masquerade_all_masquerades_pod_traffic(b: Backend) {
     let _k = Kpng::start(
         b,
         &c.node1.ns,
-        &manifest(&[svc(
-            "web",
-            120,
-            "ClusterIP",
-            "",
-            &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
-        )]),
+        &manifest(&[
+            svc(
+                "web",
+                120,
+                "ClusterIP",
+                "",
+                &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
+            ),
+            svc(
+                "local",
+                121,
+                "NodePort",
+                "externalTrafficPolicy: Local",
+                &[("pod1b", Cond::Ready), ("pod2a", Cond::Ready)],
+            ),
+        ]),
         &["--masquerade-all"],
     );
     let pod = &c.pod("pod1a").ns;
@@ -1430,6 +1439,32 @@ pub fn masquerade_all_masquerades_pod_traffic(b: Backend) {
         for r in &results {
             assert_pod_masqueraded(b, r, &["pod1b", "pod2a"], c.pod("pod1a").ip(v6));
         }
+    }
+    // masquerade-all masquerades ClusterIP destinations only (kube-proxy's rule matches the
+    // ClusterIP): a pod to an eTP Local node port is short-circuited to every endpoint and
+    // keeps its address. The probes are traced: the trace must say so too.
+    for node in [
+        IpAddr::from(addr::NODE1_LAN_V4),
+        IpAddr::from(addr::NODE1_LAN_V6),
+    ] {
+        let results = probes(pod, Proto::Tcp, sa(node, node_port(121)), 30);
+        assert_eq!(
+            names(&tally(&results)),
+            set(&["pod1b", "pod2a"]),
+            "pod → {node} node port: {:?}",
+            tally(&results)
+        );
+        for r in &results {
+            assert_direct(b, r, &["pod1b", "pod2a"], c.pod("pod1a").ip(node.is_ipv6()));
+        }
+        // From outside: the local endpoint, which sees the client's address.
+        let ext = if node.is_ipv6() {
+            IpAddr::from(addr::EXT_V6)
+        } else {
+            IpAddr::from(addr::EXT_V4)
+        };
+        let r = probe(&c.ext.ns, Proto::Tcp, sa(node, node_port(121)), OK_T);
+        assert_direct(b, &r, &["pod1b"], ext);
     }
 }
 

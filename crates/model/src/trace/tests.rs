@@ -150,6 +150,7 @@ fn clusterip_masquerade_follows_the_detection_of_the_packets_family() {
                 from: from.parse().expect("ip"),
                 to: to.parse().expect("addr"),
                 protocol: Protocol::Tcp,
+                in_interface: None,
             },
         );
         assert_eq!(t.verdict, Verdict::Dnat, "{what}: {t:?}");
@@ -158,7 +159,7 @@ fn clusterip_masquerade_follows_the_detection_of_the_packets_family() {
     // Interfaces tell pods in both families.
     let facts = NodeFacts {
         local_pods: LocalPods::Interface {
-            rule: "entering from cbr0".into(),
+            rule: InterfaceRule::Bridge("cbr0".into()),
             assumed: vec!["10.244.1.0/24".parse().expect("cidr")],
         },
         ..facts()
@@ -170,6 +171,7 @@ fn clusterip_masquerade_follows_the_detection_of_the_packets_family() {
             from: node.parse().expect("ip"),
             to: "10.96.0.10:80".parse().expect("addr"),
             protocol: Protocol::Tcp,
+            in_interface: None,
         },
     );
     assert!(t.masquerade, "{t:?}");
@@ -277,6 +279,7 @@ fn the_reason_names_what_decided() {
                 from: c.from.parse().expect("ip"),
                 to: c.to.parse().expect("addr"),
                 protocol: Protocol::Tcp,
+                in_interface: None,
             },
         );
         assert_eq!(t.verdict, c.verdict, "{}: {t:?}", c.what);
@@ -457,6 +460,7 @@ fn packets_meet_the_same_rules_as_in_the_kernel() {
                 from: c.from.parse().expect("ip"),
                 to: c.to.parse().expect("addr"),
                 protocol: Protocol::Tcp,
+                in_interface: None,
             },
         );
         let endpoints: Vec<String> = t.endpoints.iter().map(|e| e.to_string()).collect();
@@ -481,9 +485,18 @@ fn hairpin_and_affinity_are_reported() {
             from: "10.244.1.5".parse().expect("ip"),
             to: "10.96.0.10:80".parse().expect("addr"),
             protocol: Protocol::Tcp,
+            in_interface: None,
         },
     );
     assert!(t.hairpin && !t.masquerade && !t.only_itself, "{t:?}");
+    assert!(
+        t.reason
+            .starts_with("the source is a pod (--detect-local-mode), its address kept")
+            && t.reason
+                .ends_with("a connection it makes to itself is masqueraded (hairpin)"),
+        "{}",
+        t.reason
+    );
     assert_eq!(t.affinity_timeout_seconds, Some(60));
     // Its only endpoint is itself: always hairpin, and said so.
     let mut alone = web();
@@ -497,9 +510,17 @@ fn hairpin_and_affinity_are_reported() {
             from: "10.244.1.5".parse().expect("ip"),
             to: "10.96.0.10:80".parse().expect("addr"),
             protocol: Protocol::Tcp,
+            in_interface: None,
         },
     );
     assert!(t.hairpin && t.only_itself, "{t:?}");
+    // The why line gives the hairpin, not "its address kept" under "masquerade: yes".
+    assert!(
+        t.reason
+            .starts_with("hairpin: the client is the only endpoint it can pick"),
+        "{}",
+        t.reason
+    );
     assert_eq!(
         serde_json::to_value(&t).expect("json")["onlyItself"],
         serde_json::Value::Bool(true)
@@ -511,6 +532,7 @@ fn hairpin_and_affinity_are_reported() {
             from: "10.244.1.7".parse().expect("ip"),
             to: "10.96.0.10:80".parse().expect("addr"),
             protocol: Protocol::Udp,
+            in_interface: None,
         },
     );
     assert_eq!(udp.verdict, Verdict::Reject, "TCP only: {udp:?}");
@@ -539,6 +561,7 @@ fn a_service_ip_on_a_node_address_wins_over_a_node_port() {
                 from: "10.244.1.7".parse().expect("ip"),
                 to: "172.18.0.2:30080".parse().expect("addr"),
                 protocol: Protocol::Tcp,
+                in_interface: None,
             },
         );
         assert_eq!(
@@ -556,6 +579,7 @@ fn backend_differences_change_the_trace() {
         from: "10.244.1.7".parse().expect("ip"),
         to: to.parse().expect("addr"),
         protocol: Protocol::Tcp,
+        in_interface: None,
     };
     let iptables = NodeFacts {
         backend: BackendTraits {
@@ -758,6 +782,7 @@ fn sockets_of_this_node_are_translated_at_the_socket_with_ebpf() {
                 from: c.from.parse().expect("ip"),
                 to: c.to.parse().expect("addr"),
                 protocol: c.protocol,
+                in_interface: None,
             },
         );
         assert_eq!(t.verdict, Verdict::Dnat, "{}: {t:?}", c.what);
@@ -797,6 +822,7 @@ fn sockets_of_this_node_are_translated_at_the_socket_with_ebpf() {
                 from: from.parse().expect("ip"),
                 to: "10.96.0.10:80".parse().expect("addr"),
                 protocol,
+                in_interface: None,
             },
         );
         assert_eq!(t.verdict, Verdict::Reject, "{from}: {t:?}");
@@ -806,5 +832,284 @@ fn sockets_of_this_node_are_translated_at_the_socket_with_ebpf() {
             at_socket,
             "{from}: {t:?}"
         );
+    }
+}
+
+/// `--masquerade-all` masquerades ClusterIP destinations only (kube-proxy's rule matches the
+/// ClusterIP): a pod's or an outside client's packet to an eTP Local node port, external IP
+/// or load-balancer IP keeps its address, as the real-packet suite sees.
+#[test]
+fn masquerade_all_masquerades_cluster_ip_destinations_only() {
+    let all = NodeFacts {
+        masquerade_all: true,
+        ..facts()
+    };
+    let local: fn(&mut ServicePort) = |p| p.external_policy_local = true;
+    for (what, port, from, to, list, masquerade) in [
+        (
+            "pod to ClusterIP",
+            same as fn(&mut ServicePort),
+            "10.244.1.7",
+            "10.96.0.10:80",
+            "cluster",
+            true,
+        ),
+        (
+            "outside to ClusterIP",
+            same,
+            "203.0.113.1",
+            "10.96.0.10:80",
+            "cluster",
+            true,
+        ),
+        (
+            "pod to eTP Local node port",
+            local,
+            "10.244.1.7",
+            "172.18.0.2:30080",
+            "cluster",
+            false,
+        ),
+        (
+            "pod to eTP Local external IP",
+            local,
+            "10.244.1.7",
+            "192.0.2.10:80",
+            "cluster",
+            false,
+        ),
+        (
+            "pod to eTP Local LB IP",
+            local,
+            "10.244.1.7",
+            "198.51.100.10:80",
+            "cluster",
+            false,
+        ),
+        (
+            "outside to eTP Local node port",
+            local,
+            "203.0.113.1",
+            "172.18.0.2:30080",
+            "local",
+            false,
+        ),
+        (
+            "node to eTP Local node port",
+            local,
+            "172.18.0.2",
+            "172.18.0.2:30080",
+            "cluster",
+            true,
+        ),
+        (
+            "pod to eTP Cluster node port",
+            same,
+            "10.244.1.7",
+            "172.18.0.2:30080",
+            "cluster",
+            true,
+        ),
+    ] {
+        let mut p = web();
+        port(&mut p);
+        let t = trace(
+            &snapshot(vec![p]),
+            &all,
+            &TraceQuery {
+                from: from.parse().expect("ip"),
+                to: to.parse().expect("addr"),
+                protocol: Protocol::Tcp,
+                in_interface: None,
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Dnat, "{what}: {t:?}");
+        assert_eq!(t.endpoint_list, Some(list), "{what}: {t:?}");
+        assert_eq!(t.masquerade, masquerade, "{what}: {t:?}");
+        if !masquerade {
+            assert!(
+                t.reason
+                    .ends_with("(--masquerade-all masquerades ClusterIP destinations only)"),
+                "{what}: {}",
+                t.reason
+            );
+        }
+    }
+}
+
+/// With an interface detector the rules tell pods by the input interface: given one, the
+/// trace decides by it exactly as the rules do (wrong both ways otherwise: a pod CIDR that
+/// arrives from elsewhere, pods outside the Node's podCIDRs); without one, it says the answer
+/// depends on it and what it assumed.
+#[test]
+fn interface_detection_decides_by_the_given_interface_or_says_what_it_assumed() {
+    let with = |rule: InterfaceRule| NodeFacts {
+        local_pods: LocalPods::Interface {
+            rule,
+            assumed: vec!["10.244.1.0/24".parse().expect("cidr")],
+        },
+        ..facts()
+    };
+    let bridge = || with(InterfaceRule::Bridge("cni0".into()));
+    let prefix = || with(InterfaceRule::Prefix("cali".into()));
+    let cluster_ip = "10.96.0.10:80";
+    let node_port = "172.18.0.2:30080";
+    struct C {
+        what: &'static str,
+        facts: NodeFacts,
+        etp_local: bool,
+        from: &'static str,
+        to: &'static str,
+        iif: Option<&'static str>,
+        masquerade: bool,
+        list: &'static str,
+        note: Option<&'static str>,
+    }
+    let cases = [
+        C {
+            what: "bridge, a Node pod CIDR source, no interface: assumed on it",
+            facts: bridge(),
+            etp_local: false,
+            from: "10.244.1.7",
+            to: cluster_ip,
+            iif: None,
+            masquerade: false,
+            list: "cluster",
+            note: Some(
+                "depends on the input interface, which the rules decide by \
+                 (--detect-local-mode BridgeInterface, --pod-bridge-interface cni0: a pod if it \
+                 arrives on cni0); not told it, this trace assumed 10.244.1.7 arrives on it, as \
+                 it is inside the Node's pod CIDRs (10.244.1.0/24); `--in-interface NAME` \
+                 traces it as arriving on NAME",
+            ),
+        },
+        C {
+            what: "bridge, outside the Node's pod CIDRs, no interface: assumed elsewhere",
+            facts: bridge(),
+            etp_local: false,
+            from: "10.244.9.9",
+            to: cluster_ip,
+            iif: None,
+            masquerade: true,
+            list: "cluster",
+            note: Some("this trace assumed 10.244.9.9 arrives elsewhere, as it is outside"),
+        },
+        C {
+            what: "bridge, outside the Node's pod CIDRs, on cni0: a pod",
+            facts: bridge(),
+            etp_local: false,
+            from: "10.244.9.9",
+            to: cluster_ip,
+            iif: Some("cni0"),
+            masquerade: false,
+            list: "cluster",
+            note: Some("arrives on cni0: a pod's"),
+        },
+        C {
+            what: "bridge, a pod CIDR source arriving on eth0: not a pod",
+            facts: bridge(),
+            etp_local: false,
+            from: "10.244.1.7",
+            to: cluster_ip,
+            iif: Some("eth0"),
+            masquerade: true,
+            list: "cluster",
+            note: Some("arrives on eth0: not a pod's"),
+        },
+        C {
+            what: "bridge, a port of the bridge is not the bridge",
+            facts: bridge(),
+            etp_local: false,
+            from: "10.244.1.7",
+            to: cluster_ip,
+            iif: Some("cni0x"),
+            masquerade: true,
+            list: "cluster",
+            note: Some("arrives on cni0x: not a pod's"),
+        },
+        C {
+            what: "prefix, on cali1234: a pod, eTP Local node port short-circuits",
+            facts: prefix(),
+            etp_local: true,
+            from: "10.244.9.9",
+            to: node_port,
+            iif: Some("cali1234"),
+            masquerade: false,
+            list: "cluster",
+            note: Some("arrives on cali1234: a pod's"),
+        },
+        C {
+            what: "prefix, the prefix itself matches",
+            facts: prefix(),
+            etp_local: false,
+            from: "10.244.9.9",
+            to: cluster_ip,
+            iif: Some("cali"),
+            masquerade: false,
+            list: "cluster",
+            note: Some("arrives on cali: a pod's"),
+        },
+        C {
+            what: "prefix, on eth0: eTP Local node port, the local list",
+            facts: prefix(),
+            etp_local: true,
+            from: "10.244.1.7",
+            to: node_port,
+            iif: Some("eth0"),
+            masquerade: false,
+            list: "local",
+            note: Some("arrives on eth0: not a pod's"),
+        },
+        C {
+            what: "eTP Cluster node port: pod-ness does not matter, no note",
+            facts: bridge(),
+            etp_local: false,
+            from: "10.244.9.9",
+            to: node_port,
+            iif: None,
+            masquerade: true,
+            list: "cluster",
+            note: None,
+        },
+        C {
+            what: "ClusterCIDR mode: the interface is not used, and said so",
+            facts: facts(),
+            etp_local: false,
+            from: "10.244.1.7",
+            to: cluster_ip,
+            iif: Some("eth0"),
+            masquerade: false,
+            list: "cluster",
+            note: Some(
+                "--in-interface eth0 is not used: --detect-local-mode ClusterCIDR tells pods by \
+                 the source address, not by the input interface",
+            ),
+        },
+    ];
+    for c in cases {
+        let mut p = web();
+        p.external_policy_local = c.etp_local;
+        let t = trace(
+            &snapshot(vec![p]),
+            &c.facts,
+            &TraceQuery {
+                from: c.from.parse().expect("ip"),
+                to: c.to.parse().expect("addr"),
+                protocol: Protocol::Tcp,
+                in_interface: c.iif.map(String::from),
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Dnat, "{}: {t:?}", c.what);
+        assert_eq!(t.masquerade, c.masquerade, "{}: {t:?}", c.what);
+        assert_eq!(t.endpoint_list, Some(c.list), "{}: {t:?}", c.what);
+        match c.note {
+            None => assert_eq!(t.interface, None, "{}", c.what),
+            Some(n) => assert!(
+                t.interface.as_deref().is_some_and(|i| i.contains(n)),
+                "{}: {:?} lacks {n:?}",
+                c.what,
+                t.interface
+            ),
+        }
     }
 }

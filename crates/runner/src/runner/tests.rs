@@ -1870,6 +1870,7 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
             from: "10.0.0.1".parse().expect("ip"),
             to: "10.96.0.1:80".parse().expect("addr"),
             protocol: kpng_model::Protocol::Tcp,
+            in_interface: None,
         })
         .await
         .expect("trace");
@@ -1903,6 +1904,7 @@ async fn node_cidr_mode_holds_the_first_sync_until_the_node_has_pod_cidrs() {
             from: "10.0.0.1".parse().expect("ip"),
             to: "10.96.0.1:80".parse().expect("addr"),
             protocol: kpng_model::Protocol::Tcp,
+            in_interface: None,
         })
         .await
         .expect("trace");
