@@ -118,6 +118,12 @@ pub trait Iptables: Send {
     }
     /// The variant, for logs (`iptables-nft`, `dry run`, …).
     fn describe(&self) -> String;
+    /// Whether these rules NAT in this namespace's kernel, so that the backend holds an
+    /// anchor table for their established connections (`kpng_netfilter::anchor`); not for a
+    /// dry run or a recorder, which must not touch the kernel.
+    fn nats_in_kernel(&self) -> bool {
+        false
+    }
     /// Whether [`Iptables::save`] shows the kernel (a dry run shows nothing).
     fn reads_kernel(&self) -> bool {
         true
@@ -224,6 +230,10 @@ impl Iptables for IptablesCommand {
 
     fn notifies(&self) -> bool {
         self.mode == Mode::Nft
+    }
+
+    fn nats_in_kernel(&self) -> bool {
+        true
     }
 
     fn describe(&self) -> String {

@@ -164,6 +164,9 @@ pub struct IptablesBackend {
     watcher: Option<watch::Watcher>,
     /// The nf_tables notification monitor, once the runner asked for it (iptables-nft).
     monitor: Option<kpng_netfilter::monitor::TableMonitor>,
+    /// The anchor tables, held from the runner's start to the process's end: established
+    /// connections keep their NAT through a foreign `iptables -F`/`iptables-restore`.
+    _anchor: Option<kpng_netfilter::anchor::Anchor>,
     config: IptablesConfig,
     ipt: Box<dyn Iptables>,
     states: Vec<FamilyState>,
@@ -220,6 +223,7 @@ impl IptablesBackend {
             watch_state: Default::default(),
             watcher: None,
             monitor: None,
+            _anchor: None,
             config,
             ipt,
             states,
@@ -795,6 +799,9 @@ impl Backend for IptablesBackend {
     }
 
     fn watch_tampering(&mut self, alarm: TamperAlarm) -> Result<bool, BackendError> {
+        if self.ipt.nats_in_kernel() {
+            self._anchor = kpng_netfilter::anchor::hold_logged(&self.families());
+        }
         let Some(ipt) = self.ipt.watcher() else {
             return Ok(false);
         };

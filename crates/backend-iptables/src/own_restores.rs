@@ -172,6 +172,10 @@ impl Iptables for Counting {
         self.inner.reads_kernel()
     }
 
+    fn nats_in_kernel(&self) -> bool {
+        self.inner.nats_in_kernel()
+    }
+
     fn chains_per_restore(&self) -> Option<usize> {
         self.inner.chains_per_restore()
     }

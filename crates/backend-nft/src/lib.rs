@@ -203,6 +203,10 @@ pub struct NftBackend {
     watch_kernel: bool,
     /// The watcher, once the runner asked for it ([`Backend::watch_tampering`]).
     monitor: Option<netlink::monitor::TableMonitor>,
+    /// The anchor tables, held from the runner's start to the process's end: established
+    /// connections keep their NAT through a foreign `nft flush ruleset`
+    /// (`kpng_netfilter::anchor`).
+    _anchor: Option<kpng_netfilter::anchor::Anchor>,
     config: NftConfig,
     exec: Box<dyn NftExec>,
     /// kpng's own commits (through `exec` and `netlink`), counted against the kernel's
@@ -296,6 +300,7 @@ impl NftBackend {
         NftBackend {
             watch_kernel: false,
             monitor: None,
+            _anchor: None,
             config,
             exec: own.exec(exec),
             own,
@@ -1188,6 +1193,7 @@ impl Backend for NftBackend {
         if !self.watch_kernel {
             return Ok(false);
         }
+        self._anchor = kpng_netfilter::anchor::hold_logged(&self.config.families);
         let watched = netlink::monitor::Watched {
             tables: self
                 .config

@@ -32,6 +32,14 @@ fn fault_jump_deleted() {
     e2e::faults::iptables_jump_deleted(e2e::Backend::IptablesLegacy);
 }
 
+/// An external client's connection held through a node port survives
+/// `iptables-legacy-restore` of a saved ruleset (the anchor table keeps a conntrack user in the
+/// namespace; docs/reliability.md).
+#[test]
+fn fault_restore_keeps_a_node_port_connection() {
+    e2e::faults::iptables_restored_node_port(e2e::Backend::IptablesLegacy);
+}
+
 #[test]
 fn fault_killed_during_a_sync_and_restarted() {
     e2e::faults::kill_during_sync_and_restart(e2e::Backend::IptablesLegacy);

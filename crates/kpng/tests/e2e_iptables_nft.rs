@@ -70,6 +70,18 @@ fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::IptablesNft);
 }
 
+/// An external client's connection held through a node port survives `nft flush ruleset`
+/// and `iptables-nft-restore` of a saved ruleset (the anchor table; docs/reliability.md).
+#[test]
+fn fault_ruleset_flushed_keeps_a_node_port_connection() {
+    e2e::faults::nft_ruleset_flushed_node_port(e2e::Backend::IptablesNft);
+}
+
+#[test]
+fn fault_restore_keeps_a_node_port_connection() {
+    e2e::faults::iptables_restored_node_port(e2e::Backend::IptablesNft);
+}
+
 #[test]
 fn one_instance_per_namespace() {
     e2e::faults::one_instance_per_namespace(e2e::Backend::IptablesNft);

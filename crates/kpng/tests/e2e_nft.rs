@@ -76,6 +76,13 @@ fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::Nft);
 }
 
+/// An external client's connection held through a node port survives `nft flush ruleset`
+/// (the anchor table keeps it NATed until the repair; docs/reliability.md).
+#[test]
+fn fault_ruleset_flushed_keeps_a_node_port_connection() {
+    e2e::faults::nft_ruleset_flushed_node_port(e2e::Backend::Nft);
+}
+
 #[test]
 fn fault_chain_flushed() {
     e2e::faults::nft_chain_flushed(e2e::Backend::Nft);

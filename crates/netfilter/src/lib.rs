@@ -11,11 +11,13 @@
 //! elements, no other table's); the nftables backend tells someone else's commits during its
 //! own from kpng's with [`generation`], and so does the iptables backend in its nft variant (in
 //! the shared tables, its own chains and the jumps to them only). Backends never depend on
-//! each other.
+//! each other. Both hold an [`anchor`] while they run: a table bound to kpng's process that
+//! keeps established connections NATed while someone else flushes every other table.
 //!
 //! Unsafe code is confined to [`socket`] (std has no netlink sockets), each call with its SAFETY
 //! argument.
 
+pub mod anchor;
 pub mod attr;
 pub mod dump;
 pub mod elements;

@@ -10,6 +10,7 @@
 //! connection survived. The figures are printed (`FAULT …` lines, `--nocapture`) and are the
 //! ones `docs/reliability.md` reports.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -134,20 +135,38 @@ impl Bed {
     /// Starts the prober in pod1a (held connection through `hold`, new ones to `web`) and
     /// waits until its first new connection succeeded.
     pub fn prober(&self) -> Prober {
+        self.prober_in(
+            &self.c.pod("pod1a").ns,
+            sa(cip(111, false), SVC_PORT),
+            sa(cip(10, false), SVC_PORT),
+        )
+    }
+
+    /// Starts the prober in the external client `ext`, through node1's node ports: the held
+    /// connection through `hold-np`, new ones to `web-np` ([`node_port_services`]).
+    pub fn prober_outside(&self) -> Prober {
+        let node1 = IpAddr::V4(kpng_testkit::addr::NODE1_LAN_V4);
+        self.prober_in(
+            &self.c.ext.ns,
+            sa(node1, node_port(HOLD_NP)),
+            sa(node1, node_port(WEB_NP)),
+        )
+    }
+
+    /// Starts the prober in `ns` (held connection to `held`, new ones to `new`) and waits
+    /// until its first new connection succeeded.
+    fn prober_in(&self, ns: &kpng_testkit::Netns, held: SocketAddr, new: SocketAddr) -> Prober {
         let dir = tempfile::tempdir().expect("tempdir");
         let stop = dir.path().join("repaired");
-        let mut spawned = self
-            .c
-            .pod("pod1a")
-            .ns
+        let mut spawned = ns
             .spawn([
                 "python3",
                 "-c",
                 PROBER,
-                &cip(111, false).to_string(),
-                &SVC_PORT.to_string(),
-                &cip(10, false).to_string(),
-                &SVC_PORT.to_string(),
+                &held.ip().to_string(),
+                &held.port().to_string(),
+                &new.ip().to_string(),
+                &new.port().to_string(),
                 &stop.display().to_string(),
             ])
             .expect("prober");
@@ -239,17 +258,64 @@ fn no_figures() -> Figures {
 /// Runs the fault `inject` (commands run in node1, in order) against backend `b`.
 #[track_caller]
 pub fn run_fault(b: Backend, tag: &str, what: &str, inject: &[&[&str]]) -> Figures {
+    run_fault_probed(b, tag, what, inject, false)
+}
+
+/// `hold-np`: the NodePort (30000 + this) the external client holds its connection through
+/// (→ pod2a's line server).
+const HOLD_NP: u8 = 112;
+/// `web-np`: the NodePort (30000 + this) the external client opens new connections to (→
+/// pod1b's echo server).
+const WEB_NP: u8 = 113;
+
+/// The Services [`Bed::prober_outside`] goes through.
+fn node_port_services() -> [String; 2] {
+    [
+        svc(
+            "hold-np",
+            HOLD_NP,
+            "NodePort",
+            "",
+            &[("pod2a", Cond::Ready)],
+        ),
+        svc("web-np", WEB_NP, "NodePort", "", &[("pod1b", Cond::Ready)]),
+    ]
+}
+
+/// [`run_fault`], probed from pod1a through ClusterIPs, or (`outside`) from the external
+/// client through node1's node ports. From outside, a packet the kernel does not translate
+/// reaches node1 itself, which answers a node port it does not listen on with a reset: the
+/// held connection is lost unless its NAT goes on through the fault (the anchor table,
+/// `kpng_netfilter::anchor`), where a pod's packet to a ClusterIP is only dropped and
+/// retransmitted.
+#[track_caller]
+pub fn run_fault_probed(
+    b: Backend,
+    tag: &str,
+    what: &str,
+    inject: &[&[&str]],
+    outside: bool,
+) -> Figures {
     require_root!(no_figures());
     let bed = Bed::new(b, tag);
-    let mut k = Kpng::start(b, &bed.c.node1.ns, &manifest(&[web(), hold()]), &[]);
+    let mut services = vec![web(), hold()];
+    if outside {
+        services.extend(node_port_services());
+    }
+    let mut k = Kpng::start(b, &bed.c.node1.ns, &manifest(&services), &[]);
     // Our own changes are not tampering: one more sync of a real change, then none reported.
-    k.apply(&manifest(&[web(), hold(), more()]));
+    services.push(more());
+    k.apply(&manifest(&services));
     assert!(
         !k.stderr().contains("changed by someone else"),
         "kpng took its own changes for tampering:\n{}",
         k.stderr()
     );
-    let prober = bed.prober();
+    let prober = if outside {
+        bed.prober_outside()
+    } else {
+        bed.prober()
+    };
 
     let (ok, failed) = k.sync_counts();
     // From before the commands: the figures include their own run time (an upper bound).
@@ -356,6 +422,35 @@ pub fn nft_ruleset_flushed(b: Backend) {
         &[&["nft", "flush", "ruleset"]],
     );
     assert_repaired("ruleset flushed", &f);
+}
+
+/// `nft flush ruleset` with an external client's connection held through a node port: the
+/// anchor table keeps it NATed until the repair (without it, node1 reset it every time).
+pub fn nft_ruleset_flushed_node_port(b: Backend) {
+    let f = run_fault_probed(
+        b,
+        "flushnp",
+        "nft flush ruleset (held NodePort connection)",
+        &[&["nft", "flush", "ruleset"]],
+        true,
+    );
+    assert_repaired("ruleset flushed, NodePort", &f);
+}
+
+/// `iptables-restore` of a saved ruleset (filter and nat, no `--noflush`: every chain of
+/// both flushed, kpng's deleted) with an external client's connection held through a node
+/// port. Without the anchor, iptables-nft and iptables-legacy alike reset it every time (no
+/// conntrack user was left in the namespace, so no packet was matched to its entry).
+pub fn iptables_restored_node_port(b: Backend) {
+    let tool = b.iptables_tool().expect("an iptables backend");
+    let what = format!("{tool}-restore of a saved ruleset (held NodePort connection)");
+    let script = format!(
+        "printf '*filter\\n:INPUT ACCEPT [0:0]\\n:FORWARD ACCEPT [0:0]\\n:OUTPUT ACCEPT [0:0]\\n\
+         COMMIT\\n*nat\\n:PREROUTING ACCEPT [0:0]\\n:INPUT ACCEPT [0:0]\\n\
+         :OUTPUT ACCEPT [0:0]\\n:POSTROUTING ACCEPT [0:0]\\nCOMMIT\\n' | {tool}-restore"
+    );
+    let f = run_fault_probed(b, "restnp", &what, &[&["sh", "-c", &script]], true);
+    assert_repaired("iptables-restore, NodePort", &f);
 }
 
 /// `systemctl restart nftables` (ExecStop `nft flush ruleset`, ExecStart `nft -f FILE` whose
