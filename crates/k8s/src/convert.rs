@@ -520,10 +520,10 @@ pub fn endpoint_slice(
         return Ok(info);
     }
     for (i, p) in ports.iter().enumerate() {
-        let Some(name) = p.name.clone() else {
-            c.warn(format!("ports[{i}].name"), "nil port name");
-            continue;
-        };
+        // The API server defaults a nil name to "" (discovery/v1 SetDefaults_EndpointPort), so
+        // kube-proxy never sees one; a hand-written slice gets the same default, where
+        // dropping the port left the single unnamed Service port without endpoints.
+        let name = p.name.clone().unwrap_or_default();
         // Upstream's validatePorts: empty or a DNS-1123 label. The whole slice is refused, as
         // for a bad protocol: without this port its endpoints would vanish from the Service.
         if !name.is_empty() {
