@@ -112,13 +112,36 @@ impl ServiceSource {
         self.ports_for(node)
             .into_iter()
             .map(|port| {
-                let explained = self
-                    .candidates_for(&port.key, node)
-                    .map(|c| crate::inspect::explain_endpoints(&port, &c, node))
-                    .unwrap_or_default();
+                let explained = self.explain(&port, node).unwrap_or_default();
                 (port, explained)
             })
             .collect()
+    }
+
+    /// Every endpoint of `port` (a port of this Service as `node` programs it) with whether
+    /// `node` uses it, and if not why, and the other copies of an endpoint that several slices
+    /// hold ([`crate::inspect`]); `None` when the Service has no such port.
+    pub fn explain(
+        &self,
+        port: &ServicePort,
+        node: &NodeState,
+    ) -> Option<Vec<crate::inspect::EndpointStatus>> {
+        let key = &port.key;
+        let info = self.info.as_ref()?;
+        let port_info = info
+            .ports
+            .iter()
+            .find(|p| p.name == key.port_name && p.protocol == key.protocol)?;
+        let candidates = self.candidates_for(key, node)?;
+        let mut explained = crate::inspect::explain_endpoints(port, &candidates, node);
+        let mut notes =
+            crate::build::copy_notes(port_info, key.family, self.slices.iter(), &node.name);
+        if !notes.is_empty() {
+            for e in &mut explained {
+                e.other_copies = notes.remove(&e.address);
+            }
+        }
+        Some(explained)
     }
 
     /// The nodes [`ServiceSource::depends_on_node`] is true for, sorted and without

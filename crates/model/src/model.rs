@@ -217,15 +217,9 @@ impl Model {
     /// `None` for a port the snapshot does not hold.
     pub fn explain(&self, key: &PortKey) -> Option<Vec<crate::inspect::EndpointStatus>> {
         let port = self.snapshot.ports.get(key)?;
-        let candidates = self
-            .cluster
+        self.cluster
             .source(&key.service)?
-            .candidates_for(key, &self.snapshot.node)?;
-        Some(crate::inspect::explain_endpoints(
-            port,
-            &candidates,
-            &self.snapshot.node,
-        ))
+            .explain(port, &self.snapshot.node)
     }
 
     /// The `loadBalancerSourceRanges` of the Service of `key` when none is of the port's

@@ -1472,3 +1472,58 @@ fn node_lifecycle_keeps_the_last_ips_and_pod_cidrs() {
         );
     }
 }
+
+/// One address in two slices with different conditions: one copy is used (a local copy, else
+/// the first, as upstream), and `kpng status` says the other exists and whose conditions it
+/// shows; a copy with the same conditions is no news.
+#[test]
+fn an_endpoint_in_two_slices_notes_the_other_copy() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("dup", basic_spec())));
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-1",
+        8080,
+        &[
+            ("10.244.1.2", "node-b", true, true, false),
+            ("10.244.1.3", "node-b", true, true, false),
+        ],
+    )));
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-2",
+        8080,
+        &[
+            ("10.244.1.2", "node-b", false, false, true),
+            ("10.244.1.3", "node-b", true, true, false),
+        ],
+    )));
+    let explained = m.explain(&key("dup", Family::V4)).expect("the port");
+    let notes: Vec<(String, Option<&str>)> = explained
+        .iter()
+        .map(|e| (e.address.to_string(), e.other_copies.as_deref()))
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            (
+                "10.244.1.2:8080".to_string(),
+                Some("also in slice dup-2 (not serving); dup-1's conditions used")
+            ),
+            ("10.244.1.3:8080".to_string(), None),
+        ]
+    );
+    // A local copy wins, whatever the slice order.
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-2",
+        8080,
+        &[("10.244.1.2", "node-a", false, true, true)],
+    )));
+    let explained = m.explain(&key("dup", Family::V4)).expect("the port");
+    assert!(!explained[0].ready && explained[0].local, "{explained:?}");
+    assert_eq!(
+        explained[0].other_copies.as_deref(),
+        Some("also in slice dup-1 (ready, on another node); dup-2's conditions used")
+    );
+}
