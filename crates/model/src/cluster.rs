@@ -287,6 +287,31 @@ impl ClusterModel {
         self.sources.iter()
     }
 
+    /// The Service that shows `ip` as an address that gets no rules on purpose (an
+    /// ExternalName Service's clusterIP, an `ipMode: Proxy` ingress IP), the first by
+    /// namespace/name if several do; what `kpng trace` names. Walks every Service: asked on
+    /// demand only.
+    pub fn not_proxied(&self, ip: std::net::IpAddr) -> Option<crate::trace::NotProxied> {
+        use crate::trace::{NotProxied, NotProxiedKind};
+        self.sources
+            .iter()
+            .filter_map(|(key, source)| {
+                let info = source.info.as_ref()?;
+                info.not_proxied_ips
+                    .as_deref()?
+                    .contains(&ip)
+                    .then(|| NotProxied {
+                        service: key.clone(),
+                        kind: if info.ignored == Some(crate::records::Ignored::ExternalName) {
+                            NotProxiedKind::ExternalNameClusterIp
+                        } else {
+                            NotProxiedKind::ProxyModeIngress
+                        },
+                    })
+            })
+            .min_by(|a, b| a.service.cmp(&b.service))
+    }
+
     /// Why Service `key`, which the model holds, gets no rules at all (headless, another
     /// proxy's, every frontend another Service's, …), in words for `kpng status NAME`; `None`
     /// for a Service the model does not hold, or one whose ports depend on the node only.

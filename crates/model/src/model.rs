@@ -198,6 +198,12 @@ impl Model {
         self.cluster.rejected()
     }
 
+    /// The Service that shows `ip` as an address that gets no rules on purpose
+    /// ([`ClusterModel::not_proxied`]), for [`crate::trace::trace_noting`].
+    pub fn not_proxied(&self, ip: IpAddr) -> Option<crate::trace::NotProxied> {
+        self.cluster.not_proxied(ip)
+    }
+
     /// Every Service the model holds that has no port on this node and matches `wanted`
     /// (namespace, name), with why ([`ClusterModel::why_not_programmed`]): what `kpng status
     /// NAME` says instead of "no such Service". Walks every Service: asked on demand only.

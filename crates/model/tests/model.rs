@@ -1527,3 +1527,39 @@ fn an_endpoint_in_two_slices_notes_the_other_copy() {
         Some("also in slice dup-1 (ready, on another node); dup-2's conditions used")
     );
 }
+
+/// The model keeps, for `kpng trace`, the addresses a Service shows that get no rules on
+/// purpose: an ExternalName Service's stray clusterIP and ipMode Proxy ingress IPs.
+#[test]
+fn addresses_left_without_rules_on_purpose_are_found_by_their_service() {
+    let mut m = model();
+    m.apply(Event::Apply(svc(
+        "alias",
+        json!({"type": "ExternalName", "externalName": "example.com", "clusterIP": "10.96.7.7"}),
+    )));
+    m.apply(Event::Apply(service(json!({
+        "metadata": {"namespace": "ns", "name": "gw"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.20",
+                 "ports": [{"name": "p80", "port": 80, "protocol": "TCP", "nodePort": 30080}]},
+        "status": {"loadBalancer": {"ingress": [
+            {"ip": "203.0.113.9", "ipMode": "Proxy"}, {"ip": "203.0.113.10"}
+        ]}}
+    }))));
+    let found = |ip: &str| {
+        m.not_proxied(ip.parse().expect("ip"))
+            .map(|n| (n.service.to_string(), n.kind))
+    };
+    assert_eq!(
+        found("10.96.7.7"),
+        Some((
+            "ns/alias".into(),
+            trace::NotProxiedKind::ExternalNameClusterIp
+        ))
+    );
+    assert_eq!(
+        found("203.0.113.9"),
+        Some(("ns/gw".into(), trace::NotProxiedKind::ProxyModeIngress))
+    );
+    assert_eq!(found("203.0.113.10"), None, "a VIP ingress is programmed");
+    assert_eq!(found("10.96.0.20"), None);
+}
