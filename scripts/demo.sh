@@ -8,13 +8,14 @@
 #
 # Needs root (namespaces, nftables); installs what it uses when missing: nftables and
 # iproute2, clang and libbpf-dev (kpng's build compiles the eBPF backend's programs), and
-# iptables for the iptables backend.
+# iptables for the iptables backend. A node built by hand instead needs hairpin on the bridge
+# ports, a default route and routes for the LB IPs (docs/architecture.md, "sandbox node").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend="${1:-nft}"
 case "$backend" in
   nft|iptables|userspace|ebpf) ;;
-  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "unknown backend \"$backend\": nft, iptables, userspace or ebpf" >&2; exit 2 ;;
 esac
 if [ "$(id -u)" != 0 ]; then

@@ -7,7 +7,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use ipnet::IpNet;
 use kpng_model::{Endpoint, ServicePort};
 
 use crate::affinity::{self, Marks};
@@ -286,27 +285,24 @@ pub fn port_elements(sp: &ServicePort, marks: Option<Marks>, node_ips: &[IpAddr]
     }
 
     // loadBalancerSourceRanges: only load-balancer IPs are filtered, from every source.
+    // The allowed sources are disjoint prefixes (the model's one normalisation): the set is
+    // an interval set, which refuses overlapping elements.
     if !sp.source_ranges.is_empty() {
-        let ranges = IpNet::aggregate(&sp.source_ranges);
-        let node_inside = node_ips
-            .iter()
-            .any(|ip| ranges.iter().any(|r| r.contains(ip)));
+        let allowed = sp.load_balancer_allowed_sources(node_ips);
         for vip in &sp.load_balancer_ips {
             out.push(el(Set::FirewallIps, vip_key(vip), None));
-            let allow = |source| {
-                el(
+            for net in &allowed {
+                // A single address as one (the form nft lists it in).
+                let source = if net.prefix_len() == net.max_prefix_len() {
+                    Source::Addr(net.addr())
+                } else {
+                    Source::Net(*net)
+                };
+                out.push(el(
                     Set::FirewallAllow,
                     Key::VipSource(*vip, proto, sp.port, source),
                     None,
-                )
-            };
-            for r in &ranges {
-                out.push(allow(Source::Net(*r)));
-            }
-            if node_inside {
-                for lb in &sp.load_balancer_ips {
-                    out.push(allow(Source::Addr(*lb)));
-                }
+                ));
             }
         }
     }

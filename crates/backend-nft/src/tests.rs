@@ -93,6 +93,84 @@ fn example_cluster_full_transactions_are_golden() {
     check_golden("example-full.ip6", &s[1]);
 }
 
+/// LoadBalancers whose `loadBalancerSourceRanges` hold the node and the ingress IP (the
+/// node's subnet, `/0`) or overlap, in both families.
+const SOURCE_RANGES: &str = "
+kind: Node
+metadata: {name: node1}
+status: {addresses: [{type: InternalIP, address: 192.168.100.1}, {type: InternalIP, address: 'fd00:100::1'}]}
+---
+kind: Service
+metadata: {namespace: t, name: subnet}
+spec:
+  type: LoadBalancer
+  clusterIPs: [10.96.9.1, 'fd00:96::9:1']
+  clusterIP: 10.96.9.1
+  loadBalancerSourceRanges: [192.168.100.0/24, 'fd00:100::/64']
+  ports: [{name: a, port: 80, nodePort: 30901}]
+status: {loadBalancer: {ingress: [{ip: 192.168.100.80}, {ip: 203.0.113.80}, {ip: 'fd00:100::80'}]}}
+---
+kind: Service
+metadata: {namespace: t, name: world}
+spec:
+  type: LoadBalancer
+  clusterIPs: [10.96.9.2, 'fd00:96::9:2']
+  clusterIP: 10.96.9.2
+  loadBalancerSourceRanges: [0.0.0.0/0, '::/0']
+  ports: [{name: a, port: 80, nodePort: 30902}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.2}, {ip: '2001:db8::2'}]}}
+---
+kind: Service
+metadata: {namespace: t, name: overlap}
+spec:
+  type: LoadBalancer
+  clusterIPs: [10.96.9.3, 'fd00:96::9:3']
+  clusterIP: 10.96.9.3
+  loadBalancerSourceRanges: [10.0.0.0/8, 10.1.0.0/16, 11.0.0.0/8, 'fd00:1::/48', 'fd00:1:0:1::/64']
+  ports: [{name: a, port: 80, nodePort: 30903}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.3}, {ip: '2001:db8::3'}]}}
+";
+
+/// The `add element` block of `set` in a transaction script.
+fn element_block(script: &str, set: &str) -> String {
+    let head = format!(" {set} {{");
+    let mut out = String::new();
+    let mut inside = false;
+    for line in script.lines() {
+        if line.starts_with("add element ") && line.ends_with(&head) {
+            inside = true;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+            if line == "}" {
+                inside = false;
+            }
+        }
+    }
+    out
+}
+
+/// The load-balancer firewall's elements are disjoint whatever the ranges: a range that holds
+/// the node and the ingress IP, `/0`, overlapping ranges (each once made every transaction
+/// fail, `File exists`, the interval set refusing the ingress IP inside a range).
+#[test]
+fn source_ranges_holding_the_node_and_ingress_ips_are_golden() {
+    let model = model_from(SOURCE_RANGES);
+    let (mut b, r) = backend();
+    full_sync(&mut b, &model);
+    let s = scripts(&r);
+    assert_eq!(s.len(), 2, "one transaction per family");
+    for (script, family) in s.iter().zip(["ip", "ip6"]) {
+        let text = format!(
+            "{}{}",
+            element_block(script, "firewall-ips"),
+            element_block(script, "firewall-allow")
+        );
+        check_golden(&format!("source-ranges.{family}"), &text);
+    }
+}
+
 const ONE_SERVICE: &str = "
 kind: Node
 metadata: {name: node1}

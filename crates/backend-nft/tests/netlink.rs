@@ -1475,3 +1475,75 @@ fn kpng_netfilter_tables() -> Vec<(String, String)> {
         .map(|t| (t.family.to_string(), t.name))
         .collect()
 }
+
+/// Load-balancer ports whose source ranges hold the node and the ingress IP (the node's
+/// subnet, `/0`) or overlap: the kernel takes their `firewall-allow` elements through both
+/// paths. The ingress IP allowed beside the range holding it was refused (`File exists`), and
+/// with it every transaction of the node.
+#[test]
+fn source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel() {
+    kpng_testkit::require_root!();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    in_fresh_netns("inner_source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel");
+}
+
+#[test]
+#[ignore = "run inside a namespace by source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel"]
+fn inner_source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel() {
+    if !inside_netns() {
+        return;
+    }
+    let mut writer = NetlinkWriter::open().expect("opening the netlink socket");
+    for family in Family::ALL {
+        let (node, ingress, cases): (&str, &str, [&[&str]; 3]) = match family {
+            Family::V4 => (
+                "192.168.100.1",
+                "192.168.100.80",
+                [
+                    &["192.168.100.0/24"],
+                    &["0.0.0.0/0"],
+                    &["192.168.0.0/16", "192.168.100.0/24", "192.168.100.80/32"],
+                ],
+            ),
+            Family::V6 => (
+                "fd00:100::1",
+                "fd00:100::80",
+                [
+                    &["fd00:100::/64"],
+                    &["::/0"],
+                    &["fd00::/16", "fd00:100::/64", "fd00:100::80/128"],
+                ],
+            ),
+        };
+        let mut elements = Vec::new();
+        for (i, ranges) in cases.iter().enumerate() {
+            let mut sp = service_port(8, family, 1);
+            sp.key.service = ServiceKey::new("t", format!("lb{i}"));
+            sp.port = 80 + i as u16;
+            sp.load_balancer_ips = vec![ip(ingress)];
+            sp.source_ranges = ranges.iter().map(|r| net(r)).collect();
+            elements.extend(
+                port_elements(&sp, None, &[ip(node)])
+                    .into_iter()
+                    .filter(|e| matches!(e.set, Set::FirewallIps | Set::FirewallAllow)),
+            );
+        }
+        // In the order the port gives them: the kernel refuses an address inside a range
+        // added before it (a range around an address added before is not detected).
+        let f = fam_word(family);
+        for table in ["kpng", "kpngtext"] {
+            nft(&table_script(family, table, &elements));
+        }
+        nft(&elements_script(family, "kpngtext", &elements));
+        writer
+            .apply(family, "kpng", &[], &[], &elements)
+            .expect("netlink add");
+        let listed = list_set(f, "kpngtext", Set::FirewallAllow);
+        println!("{f}: {listed}");
+        assert_eq!(
+            normalized(&nft_list(&["table", f, "kpng"]), "kpng"),
+            normalized(&nft_list(&["table", f, "kpngtext"]), "kpngtext"),
+            "{f}: both paths hold the same elements"
+        );
+    }
+}

@@ -255,19 +255,14 @@ pub fn port_entries(sp: &ServicePort, listeners: ListenerPorts, node_ips: &[IpAd
         }));
     }
 
+    // Disjoint prefixes (the model's one normalisation): `firewall-allow` is an interval set,
+    // which refuses overlapping elements.
     if !sp.source_ranges.is_empty() {
-        let ranges = IpNet::aggregate(&sp.source_ranges);
-        let node_inside = node_ips
-            .iter()
-            .any(|ip| ranges.iter().any(|r| r.contains(ip)));
+        let allowed = sp.load_balancer_allowed_sources(node_ips);
         for lb in &sp.load_balancer_ips {
             let ip = *lb;
             out.push(member(EntryKey::FirewallVip { ip, protocol, port }));
-            let mut allowed = ranges.clone();
-            if node_inside {
-                allowed.extend(sp.load_balancer_ips.iter().map(|l| IpNet::from(*l)));
-            }
-            for source in allowed {
+            for source in allowed.iter().copied() {
                 out.push(member(EntryKey::FirewallAllow {
                     ip,
                     protocol,
@@ -309,7 +304,9 @@ pub fn node_entries(
             NodePortScope::Cidrs(cidrs) => nets.extend(IpNet::aggregate(&cidrs)),
         }
     }
-    let mut out: Vec<Entry> = nets
+    // Aggregated as the other interval sets: `nodeport-addresses` refuses overlapping
+    // elements (a node listing one address twice, or inside a CIDR also listed).
+    let mut out: Vec<Entry> = IpNet::aggregate(&nets)
         .into_iter()
         .map(|n| member(EntryKey::NodePortAddresses(n)))
         .collect();

@@ -381,7 +381,10 @@ impl UserspaceBackend {
         self.previous = None;
         let (_, mut entries) = kpng_backend_kit::claims::order(rebuild);
         entries.sort();
-        let n = self.capture.replace(&entries).map_err(capture_error)?;
+        let n = self
+            .capture
+            .replace(&entries)
+            .map_err(|e| capture_error(e, entries.len()))?;
         self.capture_in_sync = true;
         Ok(n)
     }
@@ -418,7 +421,11 @@ impl UserspaceBackend {
             }
             ports_touched += 1;
         }
-        Ok(ports_touched + self.capture.update(&ops).map_err(capture_error)?)
+        let changed = self
+            .capture
+            .update(&ops)
+            .map_err(|e| capture_error(e, ops.len()))?;
+        Ok(ports_touched + changed)
     }
 }
 
@@ -462,10 +469,12 @@ fn previous_port(previous: &HashMap<EntryKey, u16>, sp: &ServicePort, scope: Sco
     keys.iter().find_map(|k| previous.get(k).copied())
 }
 
-fn capture_error(e: capture::CaptureError) -> BackendError {
+/// The error of a refused capture change of `operations` entries (a full replace counts every
+/// entry, an update its deletes and adds), as a successful one counts them.
+fn capture_error(e: capture::CaptureError, operations: usize) -> BackendError {
     BackendError::Transaction {
         backend: "userspace",
-        operations: 0,
+        operations,
         message: e.to_string(),
     }
 }

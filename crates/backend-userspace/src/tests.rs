@@ -555,6 +555,46 @@ async fn after_a_failed_capture_the_next_sync_replaces_it_whole() {
     );
 }
 
+/// A refused capture change says how many operations it held, as a successful one counts
+/// them (it said "transaction of 0 operations" whatever it held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_capture_change_counts_its_operations() {
+    let fail = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let recorder = Recorder::new();
+    let mut b = UserspaceBackend::new(
+        UserspaceConfig::default(),
+        Box::new(Flaky {
+            fail: fail.clone(),
+            inner: recorder.clone(),
+        }),
+    );
+    let (a, _ta) = tcp_endpoint("a").await;
+    let sp = with_endpoints(Protocol::Tcp, std::slice::from_ref(&a));
+    let snap = snapshot(&[&sp]);
+    let refused = b.sync(&SyncRequest {
+        diff: &Diff::full(&snap),
+        snapshot: &snap,
+        full: true,
+    });
+    fail.store(0, std::sync::atomic::Ordering::Relaxed);
+    let whole = full(&mut b, &[&sp]);
+    assert!(whole > 0);
+    let Err(BackendError::Transaction { operations, .. }) = refused else {
+        panic!("a refused replace: {refused:?}");
+    };
+    assert_eq!(operations, whole, "a refused replace counts its entries");
+
+    fail.store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
+    let mut np = (*sp).clone();
+    np.node_port = Some(30080);
+    let np = Arc::new(np);
+    let refused = change(&mut b, Some(&sp), Some(&np));
+    let Err(BackendError::Transaction { operations, .. }) = refused else {
+        panic!("a refused update: {refused:?}");
+    };
+    assert!(operations > 0, "a refused update counts its operations");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sctp_and_unconfigured_families_are_not_proxied() {
     let sctp = with_endpoints(Protocol::Sctp, &[]);

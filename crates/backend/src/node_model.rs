@@ -48,6 +48,13 @@ pub trait NodeModel: Send + 'static {
     ) -> Vec<ipnet::IpNet> {
         Vec::new()
     }
+    /// The Service that shows `ip` as an address that gets no rules on purpose (an
+    /// ExternalName Service's clusterIP, an `ipMode: Proxy` ingress IP), for `kpng trace` to
+    /// name it; `None` when no Service does, or when this model does not see Services (a
+    /// brain's node gets only what is programmed).
+    fn not_proxied(&self, _ip: std::net::IpAddr) -> Option<kpng_model::trace::NotProxied> {
+        None
+    }
     /// The objects whose latest version was rejected, for `kpng status`; empty when this model
     /// does not see objects (a brain's node gets views; the brain's own status names them).
     fn rejected(&self) -> Vec<kpng_model::records::Rejection> {
@@ -161,6 +168,10 @@ impl NodeModel for Model {
 
     fn source_ranges_of_other_families_only(&self, key: &kpng_model::PortKey) -> Vec<ipnet::IpNet> {
         Model::source_ranges_of_other_families_only(self, key)
+    }
+
+    fn not_proxied(&self, ip: std::net::IpAddr) -> Option<kpng_model::trace::NotProxied> {
+        Model::not_proxied(self, ip)
     }
 
     fn rejected(&self) -> Vec<kpng_model::records::Rejection> {

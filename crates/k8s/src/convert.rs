@@ -243,6 +243,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         internal_policy_local: false,
         health_check_node_port: None,
         preserve_destination: false,
+        not_proxied_ips: None,
         created: svc
             .metadata
             .creation_timestamp
@@ -268,6 +269,15 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
     }
     if type_ == "ExternalName" {
         info.ignored = Some(Ignored::ExternalName);
+        // No rule for them, as kube-proxy; kept for `kpng trace` to name the Service.
+        let stray: Vec<IpAddr> = spec
+            .cluster_ips
+            .iter()
+            .flatten()
+            .chain(&spec.cluster_ip)
+            .filter_map(|raw| parse_ip_sloppy(raw))
+            .collect();
+        info.not_proxied_ips = not_proxied(stray);
         return Ok(info);
     }
     if !matches!(type_, "ClusterIP" | "NodePort" | "LoadBalancer") {
@@ -351,6 +361,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
     // (checked as external IPs are, but without ValidateEndpointIP: upstream accepts any
     // address there, and kube-proxy programs it); `ipMode` is VIP or Proxy, and only beside an
     // `ip`. What it refuses is dropped here with a warning, the rest of the Service used.
+    let mut proxy_mode_ips = Vec::new();
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
         let mode = ing.ip_mode.as_deref();
         let Some(raw) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
@@ -375,7 +386,10 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         match mode {
             None | Some("VIP") => {}
             // ipMode Proxy: the load balancer delivers to the node itself, so no VIP rules.
-            Some("Proxy") => continue,
+            Some("Proxy") => {
+                proxy_mode_ips.extend(parse_ip_sloppy(raw));
+                continue;
+            }
             Some(other) => {
                 c.warn(
                     format!("status.loadBalancer.ingress[{i}].ipMode"),
@@ -395,6 +409,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
             ),
         }
     }
+    info.not_proxied_ips = not_proxied(proxy_mode_ips);
     for (i, raw) in spec
         .load_balancer_source_ranges
         .iter()
@@ -444,6 +459,13 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         )?;
     }
     Ok(info)
+}
+
+/// [`ServiceInfo::not_proxied_ips`] of `ips`: sorted, unique, `None` when empty.
+fn not_proxied(mut ips: Vec<IpAddr>) -> Option<Box<[IpAddr]>> {
+    ips.sort();
+    ips.dedup();
+    (!ips.is_empty()).then(|| ips.into_boxed_slice())
 }
 
 /// Converts an EndpointSlice.
@@ -520,10 +542,10 @@ pub fn endpoint_slice(
         return Ok(info);
     }
     for (i, p) in ports.iter().enumerate() {
-        let Some(name) = p.name.clone() else {
-            c.warn(format!("ports[{i}].name"), "nil port name");
-            continue;
-        };
+        // The API server defaults a nil name to "" (discovery/v1 SetDefaults_EndpointPort), so
+        // kube-proxy never sees one; a hand-written slice gets the same default, where
+        // dropping the port left the single unnamed Service port without endpoints.
+        let name = p.name.clone().unwrap_or_default();
         // Upstream's validatePorts: empty or a DNS-1123 label. The whole slice is refused, as
         // for a bad protocol: without this port its endpoints would vanish from the Service.
         if !name.is_empty() {

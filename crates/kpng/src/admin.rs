@@ -1069,20 +1069,15 @@ fn table(status: &Status, wide: bool) -> String {
         let _ = writeln!(out, "{}", line(&cells));
         if wide {
             for e in &port.endpoints {
-                let state = if e.ready {
-                    "ready"
-                } else if e.serving && e.terminating {
-                    "terminating"
-                } else if e.serving {
-                    "serving"
-                } else {
-                    "not serving"
-                };
-                let used = if e.used_by.is_empty() {
+                let state = kpng_model::inspect::condition_word(e.ready, e.serving, e.terminating);
+                let mut used = if e.used_by.is_empty() {
                     format!("unused: {}", e.reason.as_deref().unwrap_or("not selected"))
                 } else {
                     format!("used ({})", e.used_by.join(", "))
                 };
+                if let Some(copies) = &e.other_copies {
+                    let _ = write!(used, "; {copies}");
+                }
                 let _ = writeln!(
                     out,
                     "    {:<24} {:<11} {:<6} {used}",
@@ -2276,6 +2271,38 @@ mod tests {
         }
     }
 
+    /// An endpoint several slices hold with other conditions: the wide view says so after its
+    /// use, and JSON has `otherCopies`.
+    #[test]
+    fn the_other_copies_of_an_endpoint_are_shown() {
+        let note = "also in slice dup-1 (ready); dup-2's conditions used";
+        let port = serde_json::from_value::<PortStatus>(serde_json::json!({
+            "service": "default/dup", "portName": "", "protocol": "TCP", "family": "IPv4",
+            "clusterIp": "10.96.7.8", "port": 80, "externalTrafficPolicy": "Cluster",
+            "internalTrafficPolicy": "Cluster",
+            "endpoints": [{
+                "address": "10.244.1.2:8080", "ready": false, "serving": false,
+                "terminating": true, "local": true, "usedBy": [],
+                "reason": "not serving (conditions.serving is false)", "otherCopies": note,
+            }],
+        }))
+        .expect("a port");
+        let status = Status {
+            node: "node1".into(),
+            services: vec![port],
+            ..Status::default()
+        };
+        let wide = table(&status, true);
+        assert!(
+            wide.contains(&format!(
+                "not serving local  unused: not serving (conditions.serving is false); {note}"
+            )),
+            "{wide}"
+        );
+        let json = serde_json::to_value(&status).expect("JSON");
+        assert_eq!(json["services"][0]["endpoints"][0]["otherCopies"], note);
+    }
+
     /// A node fed by a brain knows only the endpoints it uses: no "0/0 used" (it would say the
     /// Service has none), and one hint pointing at the brain when a port uses none.
     #[test]
@@ -2292,6 +2319,7 @@ mod tests {
                     node_hints: Vec::new(),
                     used_by: vec!["local".into()],
                     reason: None,
+                    other_copies: None,
                 }]
             } else {
                 Vec::new()

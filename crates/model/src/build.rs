@@ -11,48 +11,128 @@ use crate::node::NodeState;
 use crate::records::{PortInfo, ServiceInfo, SliceInfo};
 use crate::service_port::{Endpoint, ServicePort};
 
+/// Every copy of the endpoints of one Service port (matched by name and protocol) of one family
+/// in `slices`, in slice order, with the name of the slice holding it.
+fn copies<'a>(
+    port: &'a PortInfo,
+    family: Family,
+    slices: impl Iterator<Item = &'a SliceInfo> + 'a,
+    node_name: &'a str,
+) -> impl Iterator<Item = (&'a str, AddrText, EndpointCandidate)> + 'a {
+    slices.flat_map(move |slice| {
+        slice
+            .ports
+            .iter()
+            .filter(move |p| p.name == port.name && p.protocol == port.protocol)
+            .flat_map(move |slice_port| {
+                slice
+                    .endpoints
+                    .iter()
+                    .filter(move |e| Family::of(&e.ip) == family)
+                    .map(move |ep| {
+                        let is_local =
+                            !node_name.is_empty() && ep.node_name.as_deref() == Some(node_name);
+                        let candidate = EndpointCandidate {
+                            endpoint: Endpoint {
+                                ip: ep.ip,
+                                port: slice_port.port,
+                                is_local,
+                                ready: ep.ready,
+                                serving: ep.serving,
+                                terminating: ep.terminating,
+                            },
+                            zone_hints: ep.zone_hints().to_vec(),
+                            node_hints: ep.node_hints().to_vec(),
+                        };
+                        (
+                            &*slice.name,
+                            AddrText::of(ep.ip, slice_port.port),
+                            candidate,
+                        )
+                    })
+            })
+    })
+}
+
+/// Whether `candidate`, a later copy of an endpoint, replaces the one kept so far: a local
+/// copy wins, else the first (upstream's endpointslicecache).
+fn replaces(candidate: &EndpointCandidate, kept: Option<&EndpointCandidate>) -> bool {
+    candidate.endpoint.is_local || kept.is_none()
+}
+
 /// Collects the endpoints of one Service port (matched by name and protocol) of one family,
 /// de-duplicated by `IP:port` (a local copy wins, as upstream) and sorted by `IP:port`.
 pub(crate) fn candidates<'a>(
-    port: &PortInfo,
+    port: &'a PortInfo,
     family: Family,
-    slices: impl Iterator<Item = &'a SliceInfo>,
-    node_name: &str,
+    slices: impl Iterator<Item = &'a SliceInfo> + 'a,
+    node_name: &'a str,
 ) -> Vec<EndpointCandidate> {
     let mut by_addr: BTreeMap<AddrText, EndpointCandidate> = BTreeMap::new();
-    for slice in slices {
-        for slice_port in slice
-            .ports
-            .iter()
-            .filter(|p| p.name == port.name && p.protocol == port.protocol)
-        {
-            for ep in slice
-                .endpoints
-                .iter()
-                .filter(|e| Family::of(&e.ip) == family)
-            {
-                let is_local = !node_name.is_empty() && ep.node_name.as_deref() == Some(node_name);
-                let candidate = EndpointCandidate {
-                    endpoint: Endpoint {
-                        ip: ep.ip,
-                        port: slice_port.port,
-                        is_local,
-                        ready: ep.ready,
-                        serving: ep.serving,
-                        terminating: ep.terminating,
-                    },
-                    zone_hints: ep.zone_hints().to_vec(),
-                    node_hints: ep.node_hints().to_vec(),
-                };
-                let key = AddrText::of(ep.ip, slice_port.port);
-                if is_local || !by_addr.contains_key(&key) {
-                    by_addr.insert(key, candidate);
-                }
-            }
+    for (_, key, candidate) in copies(port, family, slices, node_name) {
+        if replaces(&candidate, by_addr.get(&key)) {
+            by_addr.insert(key, candidate);
         }
     }
     // BTreeMap over the "IP:port" string is already upstream's sort order.
     by_addr.into_values().collect()
+}
+
+/// For each endpoint that more than one slice of the port holds with different conditions
+/// (or on another node), a note for `kpng status`: the other copies and which slice's
+/// conditions [`candidates`] kept (`also in slice dup-1 (ready); dup-2's conditions used`).
+/// Asked on demand only: the sync path never builds it.
+pub(crate) fn copy_notes<'a>(
+    port: &'a PortInfo,
+    family: Family,
+    slices: impl Iterator<Item = &'a SliceInfo> + 'a,
+    node_name: &'a str,
+) -> BTreeMap<SocketAddr, String> {
+    // Per address: every copy with its slice, and which one is kept.
+    type Copies<'s> = (Vec<(&'s str, EndpointCandidate)>, usize);
+    let mut by_addr: BTreeMap<AddrText, Copies<'_>> = BTreeMap::new();
+    for (slice, key, candidate) in copies(port, family, slices, node_name) {
+        let (all, kept) = by_addr.entry(key).or_default();
+        if replaces(&candidate, all.get(*kept).map(|(_, c)| c)) {
+            *kept = all.len();
+        }
+        all.push((slice, candidate));
+    }
+    let facts = |c: &EndpointCandidate| {
+        let e = &c.endpoint;
+        (e.ready, e.serving, e.terminating, e.is_local)
+    };
+    let mut out = BTreeMap::new();
+    for (all, kept) in by_addr.into_values() {
+        let Some((kept_slice, kept)) = all.get(kept) else {
+            continue;
+        };
+        let others: Vec<String> = all
+            .iter()
+            .filter(|(_, c)| facts(c) != facts(kept))
+            .map(|(slice, c)| {
+                let e = &c.endpoint;
+                let state = crate::inspect::condition_word(e.ready, e.serving, e.terminating);
+                if e.is_local == kept.endpoint.is_local {
+                    format!("{slice} ({state})")
+                } else if e.is_local {
+                    format!("{slice} ({state}, on this node)")
+                } else {
+                    format!("{slice} ({state}, on another node)")
+                }
+            })
+            .collect();
+        if !others.is_empty() {
+            out.insert(
+                kept.endpoint.addr(),
+                format!(
+                    "also in slice {}; {kept_slice}'s conditions used",
+                    others.join(", ")
+                ),
+            );
+        }
+    }
+    out
 }
 
 /// The IPs of `family`, without the ones `lost` to another Service, sorted and unique.

@@ -112,13 +112,36 @@ impl ServiceSource {
         self.ports_for(node)
             .into_iter()
             .map(|port| {
-                let explained = self
-                    .candidates_for(&port.key, node)
-                    .map(|c| crate::inspect::explain_endpoints(&port, &c, node))
-                    .unwrap_or_default();
+                let explained = self.explain(&port, node).unwrap_or_default();
                 (port, explained)
             })
             .collect()
+    }
+
+    /// Every endpoint of `port` (a port of this Service as `node` programs it) with whether
+    /// `node` uses it, and if not why, and the other copies of an endpoint that several slices
+    /// hold ([`crate::inspect`]); `None` when the Service has no such port.
+    pub fn explain(
+        &self,
+        port: &ServicePort,
+        node: &NodeState,
+    ) -> Option<Vec<crate::inspect::EndpointStatus>> {
+        let key = &port.key;
+        let info = self.info.as_ref()?;
+        let port_info = info
+            .ports
+            .iter()
+            .find(|p| p.name == key.port_name && p.protocol == key.protocol)?;
+        let candidates = self.candidates_for(key, node)?;
+        let mut explained = crate::inspect::explain_endpoints(port, &candidates, node);
+        let mut notes =
+            crate::build::copy_notes(port_info, key.family, self.slices.iter(), &node.name);
+        if !notes.is_empty() {
+            for e in &mut explained {
+                e.other_copies = notes.remove(&e.address);
+            }
+        }
+        Some(explained)
     }
 
     /// The nodes [`ServiceSource::depends_on_node`] is true for, sorted and without
@@ -262,6 +285,31 @@ impl ClusterModel {
     /// Every Service with known inputs, in no particular order.
     pub fn sources(&self) -> impl Iterator<Item = (&ServiceKey, &Arc<ServiceSource>)> {
         self.sources.iter()
+    }
+
+    /// The Service that shows `ip` as an address that gets no rules on purpose (an
+    /// ExternalName Service's clusterIP, an `ipMode: Proxy` ingress IP), the first by
+    /// namespace/name if several do; what `kpng trace` names. Walks every Service: asked on
+    /// demand only.
+    pub fn not_proxied(&self, ip: std::net::IpAddr) -> Option<crate::trace::NotProxied> {
+        use crate::trace::{NotProxied, NotProxiedKind};
+        self.sources
+            .iter()
+            .filter_map(|(key, source)| {
+                let info = source.info.as_ref()?;
+                info.not_proxied_ips
+                    .as_deref()?
+                    .contains(&ip)
+                    .then(|| NotProxied {
+                        service: key.clone(),
+                        kind: if info.ignored == Some(crate::records::Ignored::ExternalName) {
+                            NotProxiedKind::ExternalNameClusterIp
+                        } else {
+                            NotProxiedKind::ProxyModeIngress
+                        },
+                    })
+            })
+            .min_by(|a, b| a.service.cmp(&b.service))
     }
 
     /// Why Service `key`, which the model holds, gets no rules at all (headless, another

@@ -39,6 +39,27 @@ pub struct EndpointStatus {
     /// Why it is not used, when it is in no list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When other slices of the Service hold the same `IP:port` with other conditions (or on
+    /// another node): those copies, and whose conditions the fields above are (one copy is
+    /// used, as upstream), e.g. `also in slice dup-1 (ready); dup-2's conditions used`.
+    /// Otherwise the other copy's conditions would be invisible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_copies: Option<String>,
+}
+
+/// An endpoint's conditions in one word, as `kpng status` shows them: `ready`,
+/// `terminating` (serving while terminating), `serving` (neither ready nor terminating) or
+/// `not serving`.
+pub fn condition_word(ready: bool, serving: bool, terminating: bool) -> &'static str {
+    if ready {
+        "ready"
+    } else if serving && terminating {
+        "terminating"
+    } else if serving {
+        "serving"
+    } else {
+        "not serving"
+    }
 }
 
 /// The endpoints of `port` with their use: `candidates` are every endpoint of the port's slices
@@ -80,6 +101,7 @@ pub fn explain_endpoints(
                 node_hints: c.node_hints.clone(),
                 used_by,
                 reason,
+                other_copies: None,
             }
         })
         .collect()

@@ -198,6 +198,12 @@ impl Model {
         self.cluster.rejected()
     }
 
+    /// The Service that shows `ip` as an address that gets no rules on purpose
+    /// ([`ClusterModel::not_proxied`]), for [`crate::trace::trace_noting`].
+    pub fn not_proxied(&self, ip: IpAddr) -> Option<crate::trace::NotProxied> {
+        self.cluster.not_proxied(ip)
+    }
+
     /// Every Service the model holds that has no port on this node and matches `wanted`
     /// (namespace, name), with why ([`ClusterModel::why_not_programmed`]): what `kpng status
     /// NAME` says instead of "no such Service". Walks every Service: asked on demand only.
@@ -217,15 +223,9 @@ impl Model {
     /// `None` for a port the snapshot does not hold.
     pub fn explain(&self, key: &PortKey) -> Option<Vec<crate::inspect::EndpointStatus>> {
         let port = self.snapshot.ports.get(key)?;
-        let candidates = self
-            .cluster
+        self.cluster
             .source(&key.service)?
-            .candidates_for(key, &self.snapshot.node)?;
-        Some(crate::inspect::explain_endpoints(
-            port,
-            &candidates,
-            &self.snapshot.node,
-        ))
+            .explain(port, &self.snapshot.node)
     }
 
     /// The `loadBalancerSourceRanges` of the Service of `key` when none is of the port's

@@ -154,6 +154,12 @@ pub struct ServiceInfo {
     /// `metadata.creationTimestamp`: when two Services claim the same ClusterIP port or node
     /// port, the oldest keeps it (`None`, as in a hand-written manifest, counts as the newest).
     pub created: Option<std::time::SystemTime>,
+    /// Addresses the Service shows that get no rules on purpose, as in kube-proxy: an
+    /// ExternalName Service's `clusterIP(s)` (the API server refuses them; a hand-written
+    /// manifest may have one) and load-balancer ingress IPs with `ipMode: Proxy` (the load
+    /// balancer delivers to the nodes' own addresses). Only `kpng trace` reads them, to name
+    /// the Service instead of "not a Service address". Boxed: almost every Service has none.
+    pub not_proxied_ips: Option<Box<[IpAddr]>>,
     /// Values the conversion dropped from the Service, the rest being used (an `fe80::1%eth0`
     /// external IP): the model keeps them apart ([`crate::cluster::ClusterModel::dropped`])
     /// for `kpng status`, which otherwise said the input was fine while the log warned.

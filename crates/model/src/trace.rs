@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::Serialize;
 
-use crate::key::{Family, Protocol};
+use crate::key::{Family, Protocol, ServiceKey};
 use crate::model::Snapshot;
 use crate::service_port::ServicePort;
 
@@ -260,8 +260,57 @@ impl Trace {
     }
 }
 
+/// A Service that shows an address on purpose left without rules (see
+/// [`crate::records::ServiceInfo::not_proxied_ips`]): what a trace to it names instead of
+/// "not a Service address" or "unallocated ClusterIP".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotProxied {
+    /// The Service.
+    pub service: ServiceKey,
+    /// Which of its addresses it is.
+    pub kind: NotProxiedKind,
+}
+
+/// Which address of a Service gets no rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotProxiedKind {
+    /// The `clusterIP` of an ExternalName Service (a DNS alias).
+    ExternalNameClusterIp,
+    /// A load-balancer ingress IP with `ipMode: Proxy`.
+    ProxyModeIngress,
+}
+
+impl NotProxied {
+    /// What the address is, in words, starting with it.
+    fn words(&self, dst: IpAddr) -> String {
+        match self.kind {
+            NotProxiedKind::ExternalNameClusterIp => format!(
+                "{dst} is the clusterIP of ExternalName Service {}, which gets no rules (a DNS \
+                 alias, as kube-proxy; the API server refuses a clusterIP on it)",
+                self.service
+            ),
+            NotProxiedKind::ProxyModeIngress => format!(
+                "{dst} is an ingress IP of {} with ipMode Proxy: not programmed on nodes, as \
+                 upstream (the load balancer delivers to the nodes' own addresses)",
+                self.service
+            ),
+        }
+    }
+}
+
 /// Traces `q` through `snapshot` on a node described by `facts`.
 pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
+    trace_noting(snapshot, facts, q, None)
+}
+
+/// [`trace`], naming the Service that shows the destination when no frontend matches and
+/// `not_proxied` says which ([`crate::Model::not_proxied`]).
+pub fn trace_noting(
+    snapshot: &Snapshot,
+    facts: &NodeFacts,
+    q: &TraceQuery,
+    not_proxied: Option<&NotProxied>,
+) -> Trace {
     let family = Family::of(&q.to.ip());
     let ports: Vec<&ServicePort> = snapshot
         .family(family)
@@ -294,7 +343,7 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
             .map(|p| (*p, Frontend::NodePort))
     });
     let Some((port, frontend)) = matched else {
-        return no_frontend(snapshot, facts, q, family);
+        return no_frontend(snapshot, facts, q, family, not_proxied);
     };
     let name = format!("{}:{}", port.key.service, port.key.port_name);
     let mut t = Trace {
@@ -470,8 +519,15 @@ pub fn trace(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery) -> Trace {
 
 /// No frontend matched: a ClusterIP on another port, an unallocated Service IP, the node
 /// itself, or nothing of ours.
-fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: Family) -> Trace {
+fn no_frontend(
+    snapshot: &Snapshot,
+    facts: &NodeFacts,
+    q: &TraceQuery,
+    family: Family,
+    not_proxied: Option<&NotProxied>,
+) -> Trace {
     let dst = q.to.ip();
+    let shown = not_proxied.map(|n| n.words(dst));
     if snapshot.family(family).any(|p| p.cluster_ip == dst) && facts.backend.rejects_unknown_ports {
         return Trace::unmatched(
             Verdict::Reject,
@@ -491,10 +547,16 @@ fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: F
     {
         return Trace::unmatched(
             Verdict::Drop,
-            format!(
-                "{dst} is in the Service CIDR {cidr} but no Service has it: traffic to \
-                 unallocated ClusterIPs is dropped"
-            ),
+            match &shown {
+                Some(shown) => format!(
+                    "{shown}: in the Service CIDR {cidr} it is an unallocated ClusterIP, and \
+                     traffic to unallocated ClusterIPs is dropped"
+                ),
+                None => format!(
+                    "{dst} is in the Service CIDR {cidr} but no Service has it: traffic to \
+                     unallocated ClusterIPs is dropped"
+                ),
+            },
         );
     }
     let node_port_elsewhere = snapshot
@@ -540,7 +602,10 @@ fn no_frontend(snapshot: &Snapshot, facts: &NodeFacts, q: &TraceQuery, family: F
             ),
         );
     }
-    Trace::unmatched(Verdict::None, format!("{} is not a Service address", q.to))
+    match shown {
+        Some(shown) => Trace::unmatched(Verdict::None, format!("{shown}; kpng does not touch it")),
+        None => Trace::unmatched(Verdict::None, format!("{} is not a Service address", q.to)),
+    }
 }
 
 /// Why ClusterIP traffic of `family` is not masqueraded when no rule of the family tells pods

@@ -1472,3 +1472,94 @@ fn node_lifecycle_keeps_the_last_ips_and_pod_cidrs() {
         );
     }
 }
+
+/// One address in two slices with different conditions: one copy is used (a local copy, else
+/// the first, as upstream), and `kpng status` says the other exists and whose conditions it
+/// shows; a copy with the same conditions is no news.
+#[test]
+fn an_endpoint_in_two_slices_notes_the_other_copy() {
+    let mut m = model();
+    m.apply(Event::Apply(svc("dup", basic_spec())));
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-1",
+        8080,
+        &[
+            ("10.244.1.2", "node-b", true, true, false),
+            ("10.244.1.3", "node-b", true, true, false),
+        ],
+    )));
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-2",
+        8080,
+        &[
+            ("10.244.1.2", "node-b", false, false, true),
+            ("10.244.1.3", "node-b", true, true, false),
+        ],
+    )));
+    let explained = m.explain(&key("dup", Family::V4)).expect("the port");
+    let notes: Vec<(String, Option<&str>)> = explained
+        .iter()
+        .map(|e| (e.address.to_string(), e.other_copies.as_deref()))
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            (
+                "10.244.1.2:8080".to_string(),
+                Some("also in slice dup-2 (not serving); dup-1's conditions used")
+            ),
+            ("10.244.1.3:8080".to_string(), None),
+        ]
+    );
+    // A local copy wins, whatever the slice order.
+    m.apply(Event::Apply(eps(
+        "dup",
+        "dup-2",
+        8080,
+        &[("10.244.1.2", "node-a", false, true, true)],
+    )));
+    let explained = m.explain(&key("dup", Family::V4)).expect("the port");
+    assert!(!explained[0].ready && explained[0].local, "{explained:?}");
+    assert_eq!(
+        explained[0].other_copies.as_deref(),
+        Some("also in slice dup-1 (ready, on another node); dup-2's conditions used")
+    );
+}
+
+/// The model keeps, for `kpng trace`, the addresses a Service shows that get no rules on
+/// purpose: an ExternalName Service's stray clusterIP and ipMode Proxy ingress IPs.
+#[test]
+fn addresses_left_without_rules_on_purpose_are_found_by_their_service() {
+    let mut m = model();
+    m.apply(Event::Apply(svc(
+        "alias",
+        json!({"type": "ExternalName", "externalName": "example.com", "clusterIP": "10.96.7.7"}),
+    )));
+    m.apply(Event::Apply(service(json!({
+        "metadata": {"namespace": "ns", "name": "gw"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.20",
+                 "ports": [{"name": "p80", "port": 80, "protocol": "TCP", "nodePort": 30080}]},
+        "status": {"loadBalancer": {"ingress": [
+            {"ip": "203.0.113.9", "ipMode": "Proxy"}, {"ip": "203.0.113.10"}
+        ]}}
+    }))));
+    let found = |ip: &str| {
+        m.not_proxied(ip.parse().expect("ip"))
+            .map(|n| (n.service.to_string(), n.kind))
+    };
+    assert_eq!(
+        found("10.96.7.7"),
+        Some((
+            "ns/alias".into(),
+            trace::NotProxiedKind::ExternalNameClusterIp
+        ))
+    );
+    assert_eq!(
+        found("203.0.113.9"),
+        Some(("ns/gw".into(), trace::NotProxiedKind::ProxyModeIngress))
+    );
+    assert_eq!(found("203.0.113.10"), None, "a VIP ingress is programmed");
+    assert_eq!(found("10.96.0.20"), None);
+}

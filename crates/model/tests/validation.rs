@@ -225,6 +225,34 @@ fn a_refused_update_keeps_the_last_good_version() {
     }
 }
 
+/// A slice port without `name` is the unnamed port, as the API server defaults it
+/// (`SetDefaults_EndpointPort`: nil becomes ""): a hand-written selectorless slice of a
+/// Service with one unnamed port gives it its endpoints (its port was dropped, "nil port
+/// name", and the Service had none).
+#[test]
+fn a_slice_port_without_a_name_is_the_unnamed_port() {
+    let mut m = model();
+    let svc = from_json::<Service>(json!({
+        "metadata": {"namespace": "ns", "name": "web"},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .expect("valid Service JSON");
+    let mut value = slice_json("ns", "web-1", "web", "", &["10.244.1.2"]);
+    value["ports"] = json!([{"port": 8080, "protocol": "TCP"}]);
+    let c = slice(value);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    m.apply(Event::Apply(svc.object));
+    m.apply(Event::Apply(c.object));
+    let ports: Vec<_> = m.snapshot().ports.values().collect();
+    assert_eq!(ports.len(), 1);
+    let eps: Vec<String> = ports[0]
+        .cluster_endpoints
+        .iter()
+        .map(|e| e.addr().to_string())
+        .collect();
+    assert_eq!(eps, ["10.244.1.2:8080"]);
+}
+
 /// `a` / `b/c` and `a/b` / `c` were both `a/b/c:http` to the iptables backend: one
 /// `KUBE-SVC-` chain for two Services of two namespaces. Neither can be converted now.
 #[test]

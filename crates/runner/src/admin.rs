@@ -1074,6 +1074,7 @@ fn used_endpoints(port: &ServicePort) -> Vec<EndpointStatus> {
                     node_hints: Vec::new(),
                     used_by: vec![list.to_string()],
                     reason: None,
+                    other_copies: None,
                 }),
             }
         }

@@ -670,7 +670,9 @@ impl<M: NodeModel> LoopState<M> {
             }
             Query::Trace(q, reply) => {
                 let facts = admin::facts_or_default(self.facts.as_ref(), snapshot);
-                let trace = kpng_model::trace::trace(snapshot, &facts, &q);
+                let not_proxied = self.runner.model.not_proxied(q.to.ip());
+                let trace =
+                    kpng_model::trace::trace_noting(snapshot, &facts, &q, not_proxied.as_ref());
                 let rejected = trace
                     .service
                     .as_deref()

@@ -177,8 +177,8 @@ fn load_balancer_source_ranges_filter_only_the_load_balancer_ips() {
         "203.0.113.0/25".parse().unwrap(),
         "203.0.113.128/25".parse().unwrap(),
     ];
-    let firewall = |node_ips: &[IpAddr]| -> Vec<EntryKey> {
-        port_entries(&sp, LISTENERS, node_ips)
+    let firewall = |sp: &kpng_model::ServicePort, node_ips: &[IpAddr]| -> Vec<EntryKey> {
+        port_entries(sp, LISTENERS, node_ips)
             .into_iter()
             .filter(|e| {
                 matches!(
@@ -202,14 +202,28 @@ fn load_balancer_source_ranges_filter_only_the_load_balancer_ips() {
     };
     // Adjacent ranges are aggregated; the external IP is not filtered.
     assert_eq!(
-        firewall(&[ip("192.168.100.1")]),
+        firewall(&sp, &[ip("192.168.100.1")]),
         vec![lb.clone(), allow("203.0.113.0/24")]
     );
     // A node inside the ranges may reach the LB IP from the LB IP itself (hairpin).
     assert_eq!(
-        firewall(&[ip("203.0.113.9")]),
-        vec![lb, allow("203.0.113.0/24"), allow("198.51.100.8/32")]
+        firewall(&sp, &[ip("203.0.113.9")]),
+        vec![
+            lb.clone(),
+            allow("198.51.100.8/32"),
+            allow("203.0.113.0/24")
+        ]
     );
+    // A range holding both the node and the LB IP (or /0) is the only element: the set is an
+    // interval set, and the LB IP inside it as well made every transaction fail.
+    for range in ["198.51.100.0/24", "0.0.0.0/0"] {
+        sp.source_ranges = vec![range.parse().unwrap()];
+        assert_eq!(
+            firewall(&sp, &[ip("198.51.100.1")]),
+            vec![lb.clone(), allow(range)],
+            "{range}"
+        );
+    }
 }
 
 #[test]

@@ -424,6 +424,18 @@ pub fn external_ip_and_load_balancer_source_ranges(b: Backend) {
     // And back: allowed again.
     k.apply(&objects("192.168.100.0/24"));
     assert_masqueraded(&probe(&c.ext.ns, Proto::Tcp, lb, OK_T), &two);
+    // A range holding the node and the LB IP (every source here): with the LB IP allowed
+    // beside the range that holds it, the interval set refused every full transaction and
+    // no Service of the node was programmed (a sync that fails fails the test). The restart
+    // makes the full sync: a partial one only added the range around the LB IP, which the
+    // kernel does not catch.
+    k.apply(&objects("0.0.0.0/0"));
+    k.restart();
+    assert_masqueraded(&probe(&c.ext.ns, Proto::Tcp, lb, OK_T), &two);
+    assert_masqueraded(
+        &probe(&c.ext.ns, Proto::Tcp, sa(vip(30), SVC_PORT), OK_T),
+        &two,
+    );
 }
 
 /// Two Services name one IP, port and protocol, one as its load-balancer IP, the other as an

@@ -1113,3 +1113,50 @@ fn interface_detection_decides_by_the_given_interface_or_says_what_it_assumed() 
         }
     }
 }
+
+/// An address a Service shows but that gets no rules on purpose is named with its Service:
+/// an ExternalName Service's stray clusterIP ("unallocated ClusterIP" before) and an ipMode
+/// Proxy ingress IP ("not a Service address" before); the verdict does not change.
+#[test]
+fn addresses_left_without_rules_on_purpose_name_their_service() {
+    let s = snapshot(vec![web()]);
+    let q = |to: &str| TraceQuery {
+        from: "192.168.100.10".parse().expect("ip"),
+        to: to.parse().expect("addr"),
+        protocol: Protocol::Tcp,
+        in_interface: None,
+    };
+    let external_name = NotProxied {
+        service: ServiceKey::new("ns", "alias"),
+        kind: NotProxiedKind::ExternalNameClusterIp,
+    };
+    let t = trace_noting(&s, &facts(), &q("10.96.7.7:80"), Some(&external_name));
+    assert_eq!(t.verdict, Verdict::Drop);
+    assert!(
+        t.reason.starts_with(
+            "10.96.7.7 is the clusterIP of ExternalName Service ns/alias, which gets no rules"
+        ) && t
+            .reason
+            .contains("in the Service CIDR 10.96.0.0/16 it is an unallocated ClusterIP"),
+        "{}",
+        t.reason
+    );
+    let proxy = NotProxied {
+        service: ServiceKey::new("ns", "gw"),
+        kind: NotProxiedKind::ProxyModeIngress,
+    };
+    let t = trace_noting(&s, &facts(), &q("203.0.113.9:443"), Some(&proxy));
+    assert_eq!(t.verdict, Verdict::None);
+    assert_eq!(t.service, None);
+    assert!(
+        t.reason.starts_with(
+            "203.0.113.9 is an ingress IP of ns/gw with ipMode Proxy: not programmed on nodes, \
+             as upstream"
+        ),
+        "{}",
+        t.reason
+    );
+    // Without the note, as before.
+    let t = trace(&s, &facts(), &q("203.0.113.9:443"));
+    assert_eq!(t.reason, "203.0.113.9:443 is not a Service address");
+}

@@ -122,6 +122,74 @@ fn the_full_script_is_golden() {
     check_golden("replace.nft", &c.replace_script(&sample_entries()));
 }
 
+/// The firewall entries of load balancers whose source ranges hold the node and the ingress
+/// IP (the node's subnet, `/0`) or overlap, both families, as the capture adds them: disjoint
+/// prefixes (the ingress IP inside a range as well made every capture change fail, `File
+/// exists`: the set is an interval set).
+#[test]
+fn source_ranges_holding_the_node_and_ingress_ips_are_golden() {
+    use crate::entries::{ListenerPorts, port_entries};
+    use crate::testutil::{endpoint, service_port};
+    let listeners = ListenerPorts {
+        internal: 41000,
+        external: Some(42000),
+        short_circuit: None,
+    };
+    let cases: [(&str, &str, &[&str], &[&str]); 6] = [
+        (
+            "subnet",
+            "10.96.9.1",
+            &["192.168.100.80", "203.0.113.80"],
+            &["192.168.100.0/24"],
+        ),
+        ("world", "10.96.9.2", &["198.51.100.2"], &["0.0.0.0/0"]),
+        (
+            "overlap",
+            "10.96.9.3",
+            &["198.51.100.3"],
+            &["10.0.0.0/8", "10.1.0.0/16", "11.0.0.0/8"],
+        ),
+        (
+            "subnet6",
+            "fd00:96::9:1",
+            &["fd00:100::80"],
+            &["fd00:100::/64"],
+        ),
+        ("world6", "fd00:96::9:2", &["2001:db8::2"], &["::/0"]),
+        (
+            "overlap6",
+            "fd00:96::9:3",
+            &["2001:db8::3"],
+            &["fd00:1::/48", "fd00:1:0:1::/64"],
+        ),
+    ];
+    let node_ips = ["192.168.100.1", "fd00:100::1"].map(|s| s.parse().unwrap());
+    let mut entries = Vec::new();
+    for (name, cluster_ip, lbs, ranges) in cases {
+        let ep = if cluster_ip.contains(':') {
+            "fd00:244:1::2"
+        } else {
+            "10.244.1.2"
+        };
+        let mut sp = service_port(name, Protocol::Tcp, cluster_ip, &[endpoint(ep, true)]);
+        sp.load_balancer_ips = lbs.iter().map(|s| s.parse().unwrap()).collect();
+        sp.source_ranges = ranges.iter().map(|s| s.parse().unwrap()).collect();
+        entries.extend(
+            port_entries(&sp, listeners, &node_ips)
+                .into_iter()
+                .filter(|e| matches!(e.key, EntryKey::FirewallAllow { .. })),
+        );
+    }
+    entries.sort();
+    let c = NftCapture::dry_run(Family::ALL.to_vec());
+    let script = c.replace_script(&entries);
+    let elements: Vec<&str> = script
+        .lines()
+        .filter(|l| l.starts_with("add element"))
+        .collect();
+    check_golden("source-ranges.nft", &elements.join("\n"));
+}
+
 #[test]
 fn pods_are_matched_as_the_detect_local_mode_says() {
     let cases = [
