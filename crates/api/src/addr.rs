@@ -45,6 +45,11 @@ fn hint_suffix(hint: &Option<String>) -> String {
     hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default()
 }
 
+/// The hint for an address that lists several: one is taken, and a DNS name spreads nodes.
+const SEVERAL_BRAINS: &str = "one brain address only; for several brains use one DNS name with \
+                              several addresses (each connection picks one; a node moves to \
+                              another when its brain goes away)";
+
 impl FromStr for ApiAddr {
     type Err = AddrError;
 
@@ -66,6 +71,11 @@ impl FromStr for ApiAddr {
                     ),
                 ));
             }
+        }
+        // `tcp://a:1,tcp://b:2` is an attempt at several brains: the IPv6 hint below would
+        // mislead (until 2026-12-07 it was given), so say how several brains are reached.
+        if s.contains(',') {
+            return Err(AddrError::hinted(s, SEVERAL_BRAINS.into()));
         }
         let hostport = s.strip_prefix("tcp://").unwrap_or(s);
         match hostport.rsplit_once(':') {
@@ -186,6 +196,20 @@ mod tests {
             "\"tcp://fd00:1::2:12390\" is not tcp://HOST:PORT, unix:///PATH or HOST:PORT (an \
              IPv6 address goes in brackets: tcp://[fd00:1::2]:12390)"
         );
+        // What each mistake is told (a table: the input, and the hint in its message).
+        let hints = [
+            ("tcp://a:1,tcp://b:2", SEVERAL_BRAINS),
+            ("a:1,b:2", SEVERAL_BRAINS),
+            ("tcp://[fd00::1]:1,tcp://[fd00::2]:2", SEVERAL_BRAINS),
+            (
+                "tcp://fd00::1:9000",
+                "an IPv6 address goes in brackets: tcp://[fd00::1]:9000",
+            ),
+        ];
+        for (input, hint) in hints {
+            let said = input.parse::<ApiAddr>().expect_err(input).to_string();
+            assert!(said.ends_with(&format!("({hint})")), "{input}: {said}");
+        }
         let said = ApiAddr::Tcp("brain:9000".into())
             .socket_addr()
             .expect_err("a host name")

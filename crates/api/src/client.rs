@@ -628,10 +628,11 @@ async fn session(
         .get(crate::server::CONTINUOUS_HEADER)
         .is_some();
     let mut stream = response.into_inner();
-    info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
-    *connected = true;
+    // Headers only say the brain answered: a brain that refuses this node (another node's
+    // certificate, too many watches) answers too, and then ends the stream with its refusal.
+    // Connected, and the outage over, once its first item arrives (until 2026-12-07 at the
+    // headers, and a refused node warned and said "watching the brain" at every retry).
     let connected_at = std::time::SystemTime::now();
-    config.health.recovered(BRAIN);
     // What the brain reported before is the earlier connection's until this one sends state.
     config.health.brain_connected();
     // A brain that accepts this node and sends nothing (it restarted and is still listing its
@@ -659,6 +660,13 @@ async fn session(
         let Some(item) = item.transpose()? else {
             break;
         };
+        if !*connected {
+            *connected = true;
+            info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
+            if !no_state_recorded {
+                config.health.recovered(BRAIN);
+            }
+        }
         if let Some(Op::Bundle(bundle)) = &item.op {
             for op in crate::bundle::unbundle(bundle)? {
                 if let Err(e) = wire.apply(op) {
@@ -848,11 +856,14 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                     (true, Some(telling)) => telling.to_string(),
                     _ => cause.clone(),
                 };
-                config.health.failing(
-                    BRAIN,
-                    &format!("unreachable: {shown}; keeping the rules as they are, retrying"),
-                    std::time::SystemTime::now(),
-                );
+                let problem = if failure.refused {
+                    format!("{shown}; keeping the rules as they are, retrying")
+                } else {
+                    format!("unreachable: {shown}; keeping the rules as they are, retrying")
+                };
+                config
+                    .health
+                    .failing(BRAIN, &problem, std::time::SystemTime::now());
                 let restarting = shut_down_at.is_some_and(|at| at.elapsed() < RESTART_GRACE);
                 if connected {
                     shut_down_at = None;
@@ -866,6 +877,16 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                             retry_in = ?delay,
                             "the brain is not back yet, keeping the rules as they are: {cause}"
                         );
+                    }
+                } else if failure.refused {
+                    if warned.first_time(&failure) {
+                        warn!(
+                            brain = %config.addr,
+                            retry_in = ?delay,
+                            "{cause}; keeping the rules as they are (retries are logged at debug)"
+                        );
+                    } else {
+                        debug!(brain = %config.addr, retry_in = ?delay, "still {cause}");
                     }
                 } else if warned.first_time(&failure) {
                     warn!(
@@ -906,6 +927,29 @@ struct Failure {
     /// A connection that closed while connecting, with no cause of its own ([`is_closed`]):
     /// often the consequence of a cause an attempt just before said.
     follow_on: bool,
+    /// The brain answered and refused this node ([`brain_refusal`]): it is reachable, and
+    /// retrying changes nothing until someone fixes what it says.
+    refused: bool,
+}
+
+/// What a brain's refusal of this node says, when `error` is one (`None` otherwise): a
+/// status ending the stream before any state, for something about this node (another node's
+/// certificate, a name that is not a Node's, too many watches) rather than the connection.
+fn brain_refusal(error: &SessionError) -> Option<String> {
+    let SessionError::Status(status) = error else {
+        return None;
+    };
+    match status.code() {
+        tonic::Code::PermissionDenied
+        | tonic::Code::InvalidArgument
+        | tonic::Code::ResourceExhausted
+        | tonic::Code::Unauthenticated => Some(format!(
+            "the brain refused this node: {} ({:?})",
+            status.message(),
+            status.code()
+        )),
+        _ => None,
+    }
 }
 
 impl Failure {
@@ -917,17 +961,26 @@ impl Failure {
         ever_connected: bool,
         connected: bool,
     ) -> Failure {
+        if let Some(refusal) = brain_refusal(error) {
+            return Failure {
+                cause: refusal,
+                follow_on: false,
+                refused: true,
+            };
+        }
         let text = error.to_string();
         if let Some(alert) = brain_alert(&text) {
             return Failure {
                 cause: format!("{alert} ({text})"),
                 follow_on: false,
+                refused: false,
             };
         }
         let hint = tls_hint(&text, tls, ever_connected);
         Failure {
             follow_on: !connected && is_closed(&text),
             cause: format!("{text}{hint}"),
+            refused: false,
         }
     }
 }

@@ -7,21 +7,27 @@
 
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-/// The node names a DER certificate allows; empty when it cannot be parsed.
+/// The node names a DER certificate allows, each once (a certificate usually repeats its CN
+/// as a DNS SAN, and the brain's log said `["n1", "n1"]`); empty when it cannot be parsed.
 pub fn node_names(der: &[u8]) -> Vec<String> {
     let Ok((_, cert)) = X509Certificate::from_der(der) else {
         return Vec::new();
     };
-    let mut names = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut add = |name: &str| {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    };
     for cn in cert.subject().iter_common_name() {
         if let Ok(cn) = cn.as_str() {
-            names.push(cn.strip_prefix("system:node:").unwrap_or(cn).to_string());
+            add(cn.strip_prefix("system:node:").unwrap_or(cn));
         }
     }
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
             if let GeneralName::DNSName(dns) = name {
-                names.push((*dns).to_string());
+                add(dns);
             }
         }
     }
@@ -81,6 +87,13 @@ mod tests {
                 "kpng",
                 &["node3", "node3.example"],
                 &["kpng", "node3", "node3.example"],
+            ),
+            ("CN repeated as a SAN", "n1", &["n1"], &["n1"]),
+            (
+                "kubelet CN and its name as a SAN",
+                "system:node:n2",
+                &["n2", "n2.example"],
+                &["n2", "n2.example"],
             ),
         ];
         for (name, cn, sans, want) in cases {

@@ -32,6 +32,10 @@ pub struct ApiMetrics {
     /// `kpng_api_tls_reload_failures_total`: changed TLS files the brain could not take (it
     /// keeps serving the previous ones), one per change of the files.
     pub tls_reload_failures: Counter,
+    /// `kpng_api_tls_handshake_failures_total`: connections whose TLS handshake failed (a
+    /// client certificate refused, a plaintext client, no handshake in time); the log names
+    /// the first of each address and then summarises, this counts every one.
+    pub tls_handshake_failures: Counter,
     /// What the brain serves over TLS, for `kpng status`.
     pub tls: ServedTls,
     /// `kpng_object_errors_total{kind}`: objects rejected (their last good version kept), as
@@ -151,6 +155,11 @@ impl ApiMetrics {
             "Changes of the API server's TLS files that could not be taken (the previous \
              certificate is still served)",
             m.tls_reload_failures.clone(),
+        );
+        registry.register(
+            "kpng_api_tls_handshake_failures",
+            "Connections to the API server whose TLS handshake failed",
+            m.tls_handshake_failures.clone(),
         );
         // Each kind at 0 from the start, as on a node: the first rejection shows in
         // `increase()`.

@@ -163,6 +163,8 @@ impl SetsService {
             step: Step::Request,
             queue: VecDeque::new(),
             stopping: Box::pin(self.stopping.clone().cancelled_owned()),
+            watching_since: None,
+            why: None,
         }));
         let headers = response.headers_mut();
         headers.insert(
@@ -416,6 +418,16 @@ struct WatchBody {
     queue: VecDeque<Bytes>,
     /// Completes when the server shuts down: the stream then ends with [`SHUTTING_DOWN`].
     stopping: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Since when the client watches (registered): how long it stayed, when it leaves.
+    watching_since: Option<std::time::Instant>,
+    /// Why the stream ended, when known: said when the client leaves.
+    why: Option<String>,
+}
+
+/// A client's address as the log shows it: `10.77.0.3:42690`, `unix, pid 12`, or `unknown`
+/// (not `Some("10.77.0.3:42690")`, as until 2026-12-07).
+fn shown_peer(peer: &Option<String>) -> &str {
+    peer.as_deref().unwrap_or("unknown")
 }
 
 impl WatchBody {
@@ -434,13 +446,13 @@ impl WatchBody {
             self.continuous = request.continuous;
             self.bundles = request.accept_zstd;
         }
-        let peer = &self.client.peer;
+        let peer = shown_peer(&self.client.peer);
         if !crate::identity::is_node_name(&node_name) {
             // The name goes to the log and the client escaped and cut short, never raw.
             let shown = escaped_prefix(&node_name);
             if self.refused(Refusal::NotANodeName) {
                 warn!(
-                    ?peer,
+                    %peer,
                     name_bytes = node_name.len(),
                     "refusing a Watch: {shown} is not a Node's name{SUMMARISED}"
                 );
@@ -455,10 +467,11 @@ impl WatchBody {
         {
             if self.refused(Refusal::OtherNode) {
                 warn!(
-                    ?peer,
+                    %peer,
                     node = %node_name,
-                    "refusing a Watch: the client certificate names {allowed:?}, not this \
-                     node{SUMMARISED}"
+                    "refusing a Watch: the client certificate names {}, not this \
+                     node{SUMMARISED}",
+                    allowed.join(", ")
                 );
             }
             return Step::End(Status::permission_denied(format!(
@@ -486,7 +499,7 @@ impl WatchBody {
                         };
                         if self.refused(kind) {
                             warn!(
-                                ?peer,
+                                %peer,
                                 node = %node_name,
                                 "refusing a Watch: {refused}{SUMMARISED}"
                             );
@@ -496,8 +509,10 @@ impl WatchBody {
                 };
                 let watching = self.client.conn.as_ref().map(|state| state.watching());
                 self.client.admitted = Some((admitted, watching));
-                info!(?peer, node = %node_name, "API client watching");
-                self.registration = Some(self.hub.register_from(&node_name, peer.clone()));
+                info!(%peer, node = %node_name, "API client watching");
+                self.watching_since = Some(std::time::Instant::now());
+                self.registration =
+                    Some(self.hub.register_from(&node_name, self.client.peer.clone()));
             }
         }
         Step::ChangeSet
@@ -550,7 +565,9 @@ impl WatchBody {
                 None
             }
             Poll::Ready(Some(Err(status))) => {
-                debug!(peer = ?self.client.peer, "watch stream ended: {status}");
+                debug!(peer = %shown_peer(&self.client.peer), "watch stream ended: {status}");
+                self.why
+                    .get_or_insert_with(|| format!("its requests failed: {status}"));
                 Some(Step::End(Status::ok("")))
             }
         }
@@ -621,7 +638,7 @@ impl http_body::Body for WatchBody {
                             && this.first_request.as_mut().poll(cx).is_ready() =>
                     {
                         debug!(
-                            peer = ?this.client.peer,
+                            peer = %shown_peer(&this.client.peer),
                             "closing a Watch stream that sent no request within \
                              {FIRST_REQUEST_TIMEOUT:?}"
                         );
@@ -631,9 +648,18 @@ impl http_body::Body for WatchBody {
                     }
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Some(Ok(request))) => this.requested(request),
-                    Poll::Ready(None) => Step::End(Status::ok("")),
+                    Poll::Ready(None) => {
+                        this.why
+                            .get_or_insert_with(|| "it closed its stream".to_string());
+                        Step::End(Status::ok(""))
+                    }
                     Poll::Ready(Some(Err(status))) => {
-                        debug!(peer = ?this.client.peer, "watch stream ended: {status}");
+                        debug!(
+                            peer = %shown_peer(&this.client.peer),
+                            "watch stream ended: {status}"
+                        );
+                        this.why
+                            .get_or_insert_with(|| format!("its requests failed: {status}"));
                         Step::End(Status::ok(""))
                     }
                 },
@@ -666,6 +692,10 @@ impl http_body::Body for WatchBody {
                 },
                 Step::End(status) => {
                     let status = std::mem::replace(status, Status::ok(""));
+                    if status.code() != tonic::Code::Ok {
+                        this.why
+                            .get_or_insert_with(|| format!("ended with: {}", status.message()));
+                    }
                     this.step = Step::Done;
                     let mut trailers = status.into_http::<()>().into_parts().0.headers;
                     trailers.remove(http::header::CONTENT_TYPE);
@@ -681,7 +711,20 @@ impl http_body::Body for WatchBody {
 impl Drop for WatchBody {
     fn drop(&mut self) {
         if let Some(reg) = &self.registration {
-            info!(peer = ?self.client.peer, node = %reg.node_name(), "API client gone");
+            let connected_for = self
+                .watching_since
+                .map(|since| std::time::Duration::from_secs(since.elapsed().as_secs()))
+                .unwrap_or_default();
+            let why = self
+                .why
+                .as_deref()
+                .unwrap_or("its connection closed or the brain dropped it");
+            info!(
+                peer = %shown_peer(&self.client.peer),
+                node = %reg.node_name(),
+                connected_for = %humantime::format_duration(connected_for),
+                "API client gone: {why}"
+            );
         }
     }
 }
@@ -784,7 +827,7 @@ fn serve_on<S, IO>(
 ) -> Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>
 where
     S: Stream<Item = std::io::Result<Limited<IO>>> + Send + 'static,
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + PeerIp + Unpin + Send + 'static,
     IO::ConnectInfo: Clone + Send + Sync + 'static,
 {
     use tokio_stream::StreamExt;
@@ -801,7 +844,7 @@ where
         )),
         Some(tls) => Box::pin(serve_and_summarise(
             router.serve_with_incoming_shutdown(
-                tls::accept(incoming, tls.clone()).map(move |conn| {
+                tls::accept(incoming, tls.clone(), refusals.clone()).map(move |conn| {
                     conn.map(|io| authority::AuthorityFix::new(io, fix_authority))
                 }),
                 shutdown,

@@ -106,3 +106,67 @@ async fn a_refusal_loop_logs_one_line_per_peer_and_kind() {
         assert!(line.contains("summarised once a minute"), "{line}");
     }
 }
+
+/// A watcher's lines name its address plainly (`peer=127.0.0.1:40000`, not
+/// `peer=Some("127.0.0.1:40000")` as until 2026-12-07), and when it leaves, how long it
+/// watched and why.
+#[tokio::test]
+async fn a_watcher_is_logged_by_its_address_and_its_leaving_says_how_long_and_why() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let (hub, _) = common::hub_with_one_service();
+    let brain = common::serve_tcp(hub).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let (requests, rx) = tokio::sync::mpsc::channel(4);
+    requests
+        .send(proto::WatchReq {
+            node_name: "n1".into(),
+            continuous: true,
+            accept_zstd: false,
+        })
+        .await
+        .expect("request");
+    let mut stream = proto::sets_client::SetsClient::new(channel)
+        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("watching")
+        .into_inner();
+    stream.message().await.expect("the state").expect("an item");
+    // The node says it is done: it closes its requests and goes.
+    drop(requests);
+    drop(stream);
+    let gone = async {
+        loop {
+            let gone = lines.matching("API client gone");
+            if !gone.is_empty() {
+                return gone;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let gone = tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the client's leaving logged");
+    let watching = lines.matching("API client watching");
+    assert_eq!(watching.len(), 1, "{watching:?}");
+    for line in [&watching[0], &gone[0]] {
+        assert!(
+            line.contains(" peer=127.0.0.1:") && !line.contains("Some("),
+            "{line}"
+        );
+    }
+    assert!(
+        gone[0].contains("connected_for=0s") && gone[0].contains("API client gone: "),
+        "{}",
+        gone[0]
+    );
+}

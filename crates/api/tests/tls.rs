@@ -500,3 +500,110 @@ async fn a_node_refused_by_mtls_warns_once_naming_the_brains_alert() {
         .clone();
     assert!(problem.contains("unknown CA"), "{problem}");
 }
+
+/// A node the brain refuses (its certificate names node1, it watches as node2): the brain
+/// answers, then ends the stream with PERMISSION_DENIED. One warning saying the brain refused
+/// this node, its retries at debug, and no "watching the brain" (until 2026-12-07 the
+/// answer counted as connected, so each refusal was a new outage: "watching the brain" and
+/// "brain unreachable … PERMISSION_DENIED" at every retry, forever).
+#[tokio::test]
+async fn a_node_the_brain_refuses_warns_once_that_it_is_refused() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    // This thread's subscriber: the node's and the brain's tasks run on it.
+    let _log = tracing::subscriber::set_default(subscriber);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server_tls, client_tls) = certificates(dir.path());
+    let (_, addr) = tls_brain(dir.path(), hub_with_fixture(), &server_tls).await;
+    let (tx, _rx) = tokio::sync::mpsc::channel(4);
+    let config = WatchConfig {
+        node_name: "node2".into(),
+        ..node_config(&addr, &client_tls)
+    };
+    let health = config.health.clone();
+    let node = tokio::spawn(watch(config, tx));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    node.abort();
+    let ours = lines.matching(&format!("brain={addr}"));
+    let of = |level: &str| -> Vec<&String> { ours.iter().filter(|l| l.contains(level)).collect() };
+    let warned = of(" WARN ");
+    let retries = of(" DEBUG ");
+    assert_eq!(warned.len(), 1, "{}", ours.join("\n"));
+    assert!(retries.len() >= 3, "{}", ours.join("\n"));
+    assert!(
+        warned[0].contains("the brain refused this node: the client certificate does not name")
+            && !warned[0].contains("unreachable"),
+        "{}",
+        warned[0]
+    );
+    assert!(
+        lines.matching("watching the brain").is_empty(),
+        "{}",
+        ours.join("\n")
+    );
+    let problem = health
+        .state()
+        .problems
+        .get("brain")
+        .expect("a problem")
+        .message
+        .clone();
+    assert!(
+        problem.starts_with("the brain refused this node: "),
+        "{problem}"
+    );
+}
+
+/// A node whose certificate the brain refuses: the brain warns once naming the node's address
+/// and the reason, and counts every failed handshake (until 2026-12-07 only a debug line
+/// without the address said so, and the brain's operator saw nothing).
+#[tokio::test]
+async fn a_failed_handshake_is_warned_once_per_address_naming_it_and_counted() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (brain_ca, other_ca) = (Ca::new("brain-ca"), Ca::new("other-ca"));
+    let server_tls = brain_ca.issue(dir.path(), "server", &["localhost"], 2030, &[&brain_ca]);
+    let node_tls = other_ca.issue(dir.path(), "node", &["node1"], 2030, &[&brain_ca]);
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind on loopback");
+        listener.local_addr().expect("bound address").port()
+    };
+    let addr: ApiAddr = format!("tcp://127.0.0.1:{port}").parse().expect("addr");
+    let hub = hub_with_fixture();
+    let server = kpng_api::server::serve(
+        hub.clone(),
+        &addr,
+        &server_tls,
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .expect("listen with TLS");
+    tokio::spawn(server);
+    let (tx, _rx) = tokio::sync::mpsc::channel(4);
+    let node = tokio::spawn(watch(node_config(&addr, &node_tls), tx));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    node.abort();
+    let warned = lines.matching("TLS handshake with 127.0.0.1:");
+    let warned: Vec<&String> = warned.iter().filter(|l| l.contains(" WARN ")).collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains("failed: ") && warned[0].contains("UnknownIssuer"),
+        "{}",
+        warned[0]
+    );
+    let failures = hub.metrics().tls_handshake_failures.get();
+    assert!(failures >= 3, "every failed handshake counted: {failures}");
+}

@@ -849,6 +849,7 @@ fn an_outage_warns_once_per_cause() {
                     &super::Failure {
                         cause: c.to_string(),
                         follow_on: c.starts_with('~'),
+                        refused: false,
                     },
                     start + std::time::Duration::from_secs(i as u64),
                 )
@@ -863,10 +864,12 @@ fn an_outage_warns_once_per_cause() {
     let closed = |n: u8| super::Failure {
         cause: format!("~{n}"),
         follow_on: true,
+        refused: false,
     };
     let alert = super::Failure {
         cause: "expired".into(),
         follow_on: false,
+        refused: false,
     };
     assert!(!warned.first_time_at(&closed(1), at(0)));
     assert!(!warned.first_time_at(&closed(2), at(85)));

@@ -7,7 +7,7 @@
 //! stream lasts as long as the node runs, so a working node is never idle.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -160,20 +160,32 @@ impl<IO: Connected> Connected for Limited<IO> {
 
 /// An accepted connection's peer address, for the refusal log.
 pub trait PeerIp {
+    /// The remote address; `None` over a Unix socket.
+    fn peer_socket_addr(&self) -> Option<SocketAddr>;
+
     /// The remote IP address; `None` over a Unix socket.
-    fn peer_ip(&self) -> Option<IpAddr>;
+    fn peer_ip(&self) -> Option<IpAddr> {
+        self.peer_socket_addr().map(|a| a.ip())
+    }
 }
 
 impl PeerIp for tokio::net::TcpStream {
-    fn peer_ip(&self) -> Option<IpAddr> {
-        self.peer_addr().ok().map(|a| a.ip())
+    fn peer_socket_addr(&self) -> Option<SocketAddr> {
+        self.peer_addr().ok()
     }
 }
 
 #[cfg(unix)]
 impl PeerIp for tokio::net::UnixStream {
-    fn peer_ip(&self) -> Option<IpAddr> {
+    fn peer_socket_addr(&self) -> Option<SocketAddr> {
         None
+    }
+}
+
+/// A limited connection's peer is its connection's (the TLS handshake's log names it).
+impl<IO: PeerIp> PeerIp for Limited<IO> {
+    fn peer_socket_addr(&self) -> Option<SocketAddr> {
+        self.io.peer_socket_addr()
     }
 }
 

@@ -37,12 +37,15 @@ pub(crate) enum Refusal {
     TooManyWatchesFromPeer,
     /// A connection over `--max-connections`.
     TooManyConnections,
+    /// A connection whose TLS handshake failed (counted in
+    /// `kpng_api_tls_handshake_failures_total`, not in `kpng_api_refused_total`).
+    TlsHandshake,
 }
 
 impl Refusal {
     /// Whether a connection, not a Watch, was refused.
     fn is_connection(self) -> bool {
-        self == Refusal::TooManyConnections
+        matches!(self, Refusal::TooManyConnections | Refusal::TlsHandshake)
     }
 
     /// The reason, as `kpng_api_refused_total`'s label.
@@ -53,6 +56,7 @@ impl Refusal {
             Refusal::TooManyWatches => "too_many_watches",
             Refusal::TooManyWatchesFromPeer => "too_many_watches_from_peer",
             Refusal::TooManyConnections => "too_many_connections",
+            Refusal::TlsHandshake => "tls_handshake",
         }
     }
 
@@ -64,6 +68,7 @@ impl Refusal {
             Refusal::TooManyWatches => "too many Watch streams",
             Refusal::TooManyWatchesFromPeer => "too many Watch streams from this client",
             Refusal::TooManyConnections => "too many connections (--max-connections)",
+            Refusal::TlsHandshake => "failed TLS handshakes",
         }
     }
 }
@@ -97,11 +102,13 @@ impl RefusalLog {
     /// Records a refusal from `peer`: whether to log it in full (the caller does, with its
     /// details); the others are told in [`RefusalLog::flush`]'s summaries.
     pub(crate) fn record(&self, peer: Peer, refusal: Refusal) -> bool {
-        self.counted
-            .get_or_create(&RefusedLabel {
-                reason: refusal.label().to_string(),
-            })
-            .inc();
+        if refusal != Refusal::TlsHandshake {
+            self.counted
+                .get_or_create(&RefusedLabel {
+                    reason: refusal.label().to_string(),
+                })
+                .inc();
+        }
         let peer = peer.map(|ip| ip.to_canonical());
         self.limiter
             .lock()

@@ -15,6 +15,7 @@
 //! failure counter goes up, and the files are tried again at their next change.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::Stream;
 use tracing::{debug, info, warn};
 
+use super::conn::PeerIp;
+use super::refusal_log::{Refusal, RefusalLog};
 use crate::addr::TlsFiles;
 use crate::metrics::{ApiMetrics, TlsFileLabel, TlsStatus};
 
@@ -540,9 +543,17 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The accepted connections of `incoming` after their TLS handshake, each with the
 /// configuration current when it started. Handshakes run side by side (one slow client holds
-/// up no other), at most [`HANDSHAKE_TIMEOUT`] each; a failed one is a debug line, as tonic
-/// logs them.
-pub(crate) fn accept<S, IO>(incoming: S, tls: Arc<ServerTls>) -> TlsIncoming<S, IO>
+/// up no other), at most [`HANDSHAKE_TIMEOUT`] each. A failed one is counted
+/// (`kpng_api_tls_handshake_failures_total`) and warned about naming its peer and the reason,
+/// the first from each address in full and the rest summarised in `refusals` (until
+/// 2026-12-07 it was a debug line, and a node refused for its certificate left no trace in
+/// the brain's log). A connection closed before its handshake ended, with no reason of its
+/// own (a TCP probe of the port), is a debug line only.
+pub(crate) fn accept<S, IO>(
+    incoming: S,
+    tls: Arc<ServerTls>,
+    refusals: Arc<RefusalLog>,
+) -> TlsIncoming<S, IO>
 where
     S: Stream<Item = io::Result<IO>>,
 {
@@ -550,7 +561,33 @@ where
         incoming: Box::pin(incoming),
         incoming_done: false,
         tls,
+        refusals,
         handshakes: JoinSet::new(),
+    }
+}
+
+/// A failed handshake of `peer` (`None`: a Unix-socket client): counted, and warned about
+/// when `refusals` says so.
+fn handshake_failed(
+    tls: &ServerTls,
+    refusals: &RefusalLog,
+    peer: Option<SocketAddr>,
+    e: &io::Error,
+) {
+    let from = peer.map_or_else(|| "a Unix-socket client".to_string(), |a| a.to_string());
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        debug!("a connection from {from} closed before its TLS handshake ended: {e}");
+        return;
+    }
+    tls.metrics.tls_handshake_failures.inc();
+    if refusals.record(peer.map(|a| a.ip()), Refusal::TlsHandshake) {
+        warn!(
+            peer = %from,
+            "TLS handshake with {from} failed: {e}; further failures from this address are \
+             summarised once a minute"
+        );
+    } else {
+        debug!(peer = %from, "TLS handshake failed: {e}");
     }
 }
 
@@ -559,23 +596,38 @@ pub(crate) struct TlsIncoming<S, IO> {
     incoming: Pin<Box<S>>,
     incoming_done: bool,
     tls: Arc<ServerTls>,
-    handshakes: JoinSet<io::Result<TlsStream<IO>>>,
+    refusals: Arc<RefusalLog>,
+    handshakes: JoinSet<Handshake<IO>>,
 }
 
-async fn handshake<IO>(tls: Arc<ServerTls>, io: IO) -> io::Result<TlsStream<IO>>
+/// A handshake's outcome: the stream, or the peer's address (`None` over a Unix socket) and
+/// why it failed.
+type Handshake<IO> = Result<TlsStream<IO>, (Option<SocketAddr>, io::Error)>;
+
+/// The handshake of `io`; its failure with the peer's address.
+async fn handshake<IO>(tls: Arc<ServerTls>, io: IO) -> Handshake<IO>
 where
-    IO: AsyncRead + AsyncWrite + Unpin,
+    IO: AsyncRead + AsyncWrite + PeerIp + Unpin,
 {
+    let peer = io.peer_socket_addr();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timeout"))?
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err((peer, e)),
+        Err(_) => Err((
+            peer,
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}"),
+            ),
+        )),
+    }
 }
 
 impl<S, IO> Stream for TlsIncoming<S, IO>
 where
     S: Stream<Item = io::Result<IO>>,
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    IO: AsyncRead + AsyncWrite + PeerIp + Unpin + Send + 'static,
 {
     type Item = io::Result<TlsStream<IO>>;
 
@@ -594,7 +646,9 @@ where
         loop {
             match this.handshakes.poll_join_next(cx) {
                 Poll::Ready(Some(Ok(Ok(stream)))) => return Poll::Ready(Some(Ok(stream))),
-                Poll::Ready(Some(Ok(Err(e)))) => debug!("TLS handshake failed: {e}"),
+                Poll::Ready(Some(Ok(Err((peer, e))))) => {
+                    handshake_failed(&this.tls, &this.refusals, peer, &e);
+                }
                 Poll::Ready(Some(Err(e))) => debug!("TLS handshake task failed: {e}"),
                 Poll::Ready(None) if this.incoming_done => return Poll::Ready(None),
                 Poll::Ready(None) | Poll::Pending => return Poll::Pending,
