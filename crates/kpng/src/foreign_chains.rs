@@ -53,9 +53,17 @@ fn families(word: &str) -> &'static [Family] {
 /// The chains of `chains` that are not kpng's and, on a hook kpng uses, run before kpng's
 /// chain there or drop by policy; each with its relation to kpng's chain.
 pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
-    let is_own = |c: &BaseChain| match own {
-        Own::NftTable(table) => c.table == *table && matches!(c.family, "ip" | "ip6"),
-        Own::Iptables => false,
+    // kpng's anchor tables (`kpng-anchor`, `kpng-anchor-<pid>`) are kpng's whatever the
+    // backend: verdict-free NAT chains that keep the kernel NAT-ing through a foreign flush.
+    let is_anchor = |c: &BaseChain| {
+        matches!(c.family, "ip" | "ip6") && c.table.starts_with(kpng_netfilter::anchor::TABLE)
+    };
+    let is_own = |c: &BaseChain| {
+        is_anchor(c)
+            || match own {
+                Own::NftTable(table) => c.table == *table && matches!(c.family, "ip" | "ip6"),
+                Own::Iptables => false,
+            }
     };
     // kpng's earliest priority on (family, hook).
     let kpng_priority = |family: Family, hook: u32| -> Option<i32> {
@@ -136,7 +144,7 @@ mod tests {
 
     /// A host firewall's drop policy and a chain before kpng's are named with their relation
     /// to kpng's chain on the hook; kpng's own chains, accepting chains after kpng's, other
-    /// hooks and other families (bridge, netdev) are not.
+    /// hooks, other families (bridge, netdev) and kpng's anchor tables are not.
     #[test]
     fn chains_before_kpng_or_dropping_by_policy_are_named() {
         let chains = [
@@ -174,6 +182,9 @@ mod tests {
             &[
                 chain("ip", "filter", "FORWARD", 2, 0, true),
                 chain("inet", "fw", "forward", 2, -10, false),
+                // kpng's anchor tables are kpng's whatever the backend.
+                chain("ip", "kpng-anchor", "prerouting", 0, -200, false),
+                chain("ip6", "kpng-anchor-42", "output", 3, -200, false),
             ],
             &Own::Iptables,
         );

@@ -115,8 +115,14 @@ fn wait_tables(ns: &Netns, kpng: &Spawned, what: &str, check: impl Fn(&str) -> b
 fn tables_if_any(ns: &Netns) -> String {
     let present = ns
         .run_ok(["nft", "list", "tables"])
-        .is_ok_and(|t| t.contains("table ip kpng") && t.contains("table ip6 kpng"));
+        .is_ok_and(|t| has_table(&t, "table ip kpng") && has_table(&t, "table ip6 kpng"));
     if present { tables(ns) } else { String::new() }
+}
+
+/// Whether `nft list tables` lists exactly `table` (a line of its own): kpng's anchor table
+/// (`kpng-anchor`) shares the prefix of `table ip kpng`.
+fn has_table(listing: &str, table: &str) -> bool {
+    listing.lines().any(|line| line.trim() == table)
 }
 
 #[test]

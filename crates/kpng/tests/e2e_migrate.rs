@@ -103,6 +103,12 @@ fn tables(ns: &Netns) -> String {
         .expect("nft list tables")
 }
 
+/// Whether `nft list tables` lists exactly `table` (a line of its own): kpng's anchor table
+/// (`kpng-anchor`) shares the prefix of `table ip kpng`.
+fn has_table(listing: &str, table: &str) -> bool {
+    listing.lines().any(|line| line.trim() == table)
+}
+
 #[test]
 fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
     require_root!();
@@ -236,7 +242,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
 
     let listed = tables(&c.node1.ns);
     assert!(
-        listed.contains("table ip kpng") && listed.contains("table ip6 kpng"),
+        has_table(&listed, "table ip kpng") && has_table(&listed, "table ip6 kpng"),
         "{listed}"
     );
     assert!(!listed.contains("kube-proxy"), "{listed}");
@@ -381,7 +387,7 @@ fn cleanup_kpng_only_leaves_kube_proxys_rules() {
     );
     let left = tables(&ns);
     assert!(
-        !left.contains("table ip kpng") && !left.contains("table ip6 kpng"),
+        !has_table(&left, "table ip kpng") && !has_table(&left, "table ip6 kpng"),
         "{left}"
     );
     assert!(
@@ -420,7 +426,7 @@ fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
         ])
         .expect("kpng");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !tables(&ns).contains("table ip kpng") {
+    while !has_table(&tables(&ns), "table ip kpng") {
         assert!(
             Instant::now() < deadline,
             "kpng programmed nothing: {}",
@@ -441,7 +447,7 @@ fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
         )),
         "{stderr}"
     );
-    assert!(tables(&ns).contains("table ip kpng"), "nothing removed");
+    assert!(has_table(&tables(&ns), "table ip kpng"), "nothing removed");
     let dry = ns
         .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup", "--dry-run"])
         .expect("a dry run still answers");
@@ -635,7 +641,7 @@ fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
         assert!(!out.status.success(), "without {cap}: {said}");
         assert!(said.contains(named), "without {cap}: {said}");
         assert!(
-            tables(&ns).contains("table ip kpng"),
+            has_table(&tables(&ns), "table ip kpng"),
             "without {cap}: {said}"
         );
     }
@@ -679,7 +685,7 @@ fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!tables(&ns).contains("table ip kpng"));
+    assert!(!has_table(&tables(&ns), "table ip kpng"));
 }
 
 /// kpng's iptables backend sets `route_localnet` (node ports on 127.0.0.1) and records the
