@@ -62,6 +62,11 @@ admin_socket_id() { stat -c '%i %Y' "$default_admin_socket" 2>/dev/null || echo 
 admin_socket_before=$(admin_socket_id)
 check_default_admin_socket() {
   local now
+  # A test (or kpng) that replaced /dev/null with a file would break every later command.
+  if [ ! -c /dev/null ]; then
+    echo "FAILED: $1 replaced /dev/null (no longer a character device)"
+    exit 1
+  fi
   now=$(admin_socket_id)
   if [ "$now" != none ] && [ "$now" != "$admin_socket_before" ]; then
     echo "FAILED: $1 left kpng's default admin socket $default_admin_socket: a kpng was started"

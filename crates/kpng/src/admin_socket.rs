@@ -4,7 +4,7 @@
 //!
 //! - Unix: a socket file, mode 0600 (root only), replaced when a dead kpng left it and left
 //!   alone when a live process answers on it; served again within seconds when someone
-//!   removes it while kpng runs.
+//!   removes it while kpng runs. A path holding anything but a socket is never removed.
 //! - Windows: `\\.\pipe\kpng` by default, local clients only. The pipe keeps Windows' default
 //!   security: full control for SYSTEM, Administrators and its creator, read-only for everyone
 //!   else, and a read-only client cannot send a request, so only an administrator (or the
@@ -31,9 +31,20 @@ pub struct SocketFile(#[cfg_attr(not(unix), allow(dead_code))] pub std::path::Pa
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
+        // Only a socket: a file someone put at the path meanwhile is theirs.
         #[cfg(unix)]
-        let _ = std::fs::remove_file(&self.0);
+        if std::fs::symlink_metadata(&self.0).is_ok_and(|m| is_socket(&m)) {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
+}
+
+/// Whether `meta` (not following a symlink) is a Unix socket: the only kind of file kpng
+/// removes at the admin socket's path.
+#[cfg(unix)]
+fn is_socket(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    meta.file_type().is_socket()
 }
 
 /// A future serving the admin questions until the process ends.
@@ -48,7 +59,16 @@ pub async fn serve(path: &Path, app: axum::Router) -> anyhow::Result<Option<Serv
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating {} for --admin-socket", dir.display()))?;
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        // Only a socket a dead kpng left is replaced: connecting to any other file fails as a
+        // dead socket does, and removing it would delete what `--admin-socket` named by
+        // mistake (`/dev/null`, a config file).
+        if !is_socket(&meta) {
+            anyhow::bail!(
+                "{} exists and is not a socket; kpng replaces only a socket a stopped kpng left                  (give --admin-socket another path, or --admin-socket= for none)",
+                path.display()
+            );
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             served_elsewhere(path);
             return Ok(None);
@@ -75,8 +95,12 @@ pub async fn serve(path: &Path, app: axum::Router) -> anyhow::Result<Option<Serv
                 continue;
             }
             // Removed (or replaced by someone else's file): serve a new socket at the path,
-            // unless a live process answers there now.
-            if now.is_some() && std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            // unless a live process answers there now or what is there now is not a socket
+            // (someone's file, never removed).
+            if now.is_some()
+                && (std::os::unix::net::UnixStream::connect(&path).is_ok()
+                    || !std::fs::symlink_metadata(&path).is_ok_and(|m| is_socket(&m)))
+            {
                 continue;
             }
             let _ = std::fs::remove_file(&path);
@@ -300,5 +324,40 @@ mod pipe {
         fn local_addr(&self) -> std::io::Result<String> {
             Ok(self.name.to_string_lossy().into_owned())
         }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// `--admin-socket` naming a file that is not a socket (`/dev/null` by mistake, a config
+    /// file) is refused and the file left as it was; a socket a stopped kpng left is replaced,
+    /// and removed again when kpng stops.
+    #[tokio::test]
+    async fn only_a_socket_is_ever_removed_at_the_admin_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("not-a-socket");
+        std::fs::write(&file, "keep me").expect("write");
+        let refused = serve(&file, axum::Router::new()).await;
+        let err = refused
+            .err()
+            .expect("a regular file is refused")
+            .to_string();
+        assert!(err.contains("is not a socket"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(&file).expect("still there"),
+            "keep me"
+        );
+        // Dropping a SocketFile for it (as at exit) leaves it too.
+        drop(SocketFile(file.clone()));
+        assert!(file.exists());
+
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+        let served = serve(&stale, axum::Router::new()).await.expect("serve");
+        assert!(served.is_some(), "a dead socket is replaced");
+        drop(SocketFile(stale.clone()));
+        assert!(!stale.exists());
     }
 }
