@@ -88,8 +88,28 @@ impl Backend for FileSink {
     }
 }
 
+/// Writes `text` to `path`: a regular file is replaced atomically (a reader never sees half a
+/// dump); a symlink is followed to its file; anything else (`/dev/stdout`, `/dev/null`, a FIFO)
+/// is written in place, since renaming a file over it would replace the device node itself.
 fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), BackendError> {
     let io = |context: String| move |source| BackendError::Io { context, source };
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(path)
+                .map_err(io(format!("opening {}", path.display())))?;
+            return out
+                .write_all(text.as_bytes())
+                .map_err(io(format!("writing {}", path.display())));
+        }
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            let target = std::fs::canonicalize(path)
+                .map_err(io(format!("resolving the symlink {}", path.display())))?;
+            return write_atomically(&target, text);
+        }
+    }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -282,6 +302,34 @@ pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeErro
 
 #[cfg(test)]
 mod tests {
+    use super::write_atomically;
+
+    /// A symlinked output keeps its symlink (its file gets the dump), and a path that is not a
+    /// regular file is written in place, never replaced: `--output /dev/stdout` or `/dev/null`
+    /// once replaced the device node with a file.
+    #[cfg(unix)]
+    #[test]
+    fn an_output_that_is_not_a_regular_file_is_written_not_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("dump.yaml");
+        std::fs::write(&file, "old").expect("write");
+        let link = dir.path().join("link.yaml");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        write_atomically(&link, "new").expect("write through the link");
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .expect("link")
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "new");
+        // A directory path is not replaced either: writing into it fails.
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).expect("mkdir");
+        assert!(write_atomically(&sub, "x").is_err());
+        assert!(sub.is_dir());
+    }
+
     use super::*;
     use kpng_model::{Family, NodeState, PortKey, Protocol, ServiceKey};
 
