@@ -401,6 +401,41 @@ static __always_inline void forget(struct bpf_sock_addr *ctx, const struct front
 	}
 }
 
+// The peer socket `sk` is connected to, into `peer` (IPv4 mapped, the port in network byte
+// order): 1, or 0 for a socket without one (never connected, or not IPv4/IPv6). Every field
+// is read once, up front and volatile: read in the branches below, clang merges the two
+// families' last address word into one load at a computed offset, which the verifier refuses
+// (no arithmetic on the context pointer). One copy for the sendmsg hooks (ctx->sk) and
+// sock_release (its context), so both read the peer the same way.
+static __always_inline int peer_of(struct bpf_sock *sk, struct endpoint *peer)
+{
+	__u32 family = *(volatile __u32 *)&sk->family;
+	__u16 port = *(volatile __u16 *)&sk->dst_port;
+	__u32 v4 = *(volatile __u32 *)&sk->dst_ip4;
+	__u32 v6[4];
+	v6[0] = *(volatile __u32 *)&sk->dst_ip6[0];
+	v6[1] = *(volatile __u32 *)&sk->dst_ip6[1];
+	v6[2] = *(volatile __u32 *)&sk->dst_ip6[2];
+	v6[3] = *(volatile __u32 *)&sk->dst_ip6[3];
+	if (port == 0)
+		return 0;
+	if (family == AF_INET) {
+		peer->addr[0] = 0;
+		peer->addr[1] = 0;
+		peer->addr[2] = bpf_htonl(0xffff);
+		peer->addr[3] = v4;
+	} else if (family == AF_INET6) {
+		peer->addr[0] = v6[0];
+		peer->addr[1] = v6[1];
+		peer->addr[2] = v6[2];
+		peer->addr[3] = v6[3];
+	} else {
+		return 0;
+	}
+	peer->port = port;
+	return 1;
+}
+
 // Whether a datagram goes to the peer its socket is connected to. A send() on a connected
 // socket runs no sendmsg hook, except on a dual-stack socket connected to an IPv4-mapped
 // address, to which the kernel's udpv6_sendmsg hands udp_sendmsg the peer as an address of its
@@ -414,22 +449,8 @@ static __always_inline int to_own_peer(struct bpf_sock_addr *ctx, const struct f
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
 		return 0;
-	// Read once each, volatile, as in kpng_sock_release (no computed context offsets).
-	__u32 family = *(volatile __u32 *)&sk->family;
-	__u16 port = *(volatile __u16 *)&sk->dst_port;
-	__u32 v4 = *(volatile __u32 *)&sk->dst_ip4;
-	__u32 v6[4];
-	v6[0] = *(volatile __u32 *)&sk->dst_ip6[0];
-	v6[1] = *(volatile __u32 *)&sk->dst_ip6[1];
-	v6[2] = *(volatile __u32 *)&sk->dst_ip6[2];
-	v6[3] = *(volatile __u32 *)&sk->dst_ip6[3];
-	if (port == 0 || port != k->port)
-		return 0;
-	if (family == AF_INET)
-		return k->addr[0] == 0 && k->addr[1] == 0 && k->addr[2] == bpf_htonl(0xffff) &&
-		       k->addr[3] == v4;
-	return v6[0] == k->addr[0] && v6[1] == k->addr[1] && v6[2] == k->addr[2] &&
-	       v6[3] == k->addr[3];
+	struct endpoint peer = {};
+	return peer_of(sk, &peer) && is_frontend(&peer, k);
 }
 
 // IPv4 hooks: the address is ctx->user_ip4, the key holds it IPv4-mapped.
@@ -610,32 +631,9 @@ int kpng_sock_release(void *ctx)
 	struct bpf_sock *sk = ctx;
 	if (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP)
 		return 1;
-	// Every field read once, up front and volatile: read in the branches below, clang merges
-	// the two families' last address word into one load at a computed offset, which the
-	// verifier refuses (no arithmetic on the context pointer).
-	__u32 family = *(volatile __u32 *)&sk->family;
-	__u16 port = *(volatile __u16 *)&sk->dst_port;
-	__u32 v4 = *(volatile __u32 *)&sk->dst_ip4;
-	__u32 v6[4];
-	v6[0] = *(volatile __u32 *)&sk->dst_ip6[0];
-	v6[1] = *(volatile __u32 *)&sk->dst_ip6[1];
-	v6[2] = *(volatile __u32 *)&sk->dst_ip6[2];
-	v6[3] = *(volatile __u32 *)&sk->dst_ip6[3];
-	if (port == 0)
-		return 1; // never connected: nothing of its can be named
 	struct reverse_key rk = {};
-	if (family == AF_INET) {
-		rk.ep.addr[2] = bpf_htonl(0xffff);
-		rk.ep.addr[3] = v4;
-	} else if (family == AF_INET6) {
-		rk.ep.addr[0] = v6[0];
-		rk.ep.addr[1] = v6[1];
-		rk.ep.addr[2] = v6[2];
-		rk.ep.addr[3] = v6[3];
-	} else {
-		return 1;
-	}
-	rk.ep.port = port;
+	if (!peer_of(sk, &rk.ep))
+		return 1; // never connected: nothing of its can be named
 	rk.cookie = bpf_get_socket_cookie(sk);
 	// Most sockets were never translated: a lookup (lock-free) is cheaper than a delete (the
 	// bucket's lock) that finds nothing.

@@ -17,7 +17,7 @@
 
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -269,7 +269,8 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
     }
     if type_ == "ExternalName" {
         info.ignored = Some(Ignored::ExternalName);
-        // No rule for them, as kube-proxy; kept for `kpng trace` to name the Service.
+        // No rule for them, as kube-proxy (ShouldSkipService skips an ExternalName Service
+        // whatever its clusterIP); kept for `kpng trace` to name the Service.
         let stray: Vec<IpAddr> = spec
             .cluster_ips
             .iter()
@@ -278,6 +279,7 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
             .filter_map(|raw| parse_ip_sloppy(raw))
             .collect();
         info.not_proxied_ips = not_proxied(stray);
+        external_name_cluster_ip(&mut c, spec);
         return Ok(info);
     }
     if !matches!(type_, "ClusterIP" | "NodePort" | "LoadBalancer") {
@@ -459,6 +461,43 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         )?;
     }
     Ok(info)
+}
+
+/// Says once, naming the Service, that an ExternalName Service's cluster IP gets no rules:
+/// kube-proxy skips the Service entirely (only at its debug verbosity), so a user who set one
+/// (the API server refuses it; a manifest or an old object can carry it) would otherwise
+/// expect it to work. One warning for the Service, naming every address, at `spec.clusterIP`
+/// (`spec.clusterIPs` when only that is set).
+fn external_name_cluster_ip(c: &mut Checker<'_>, spec: &ServiceSpec) {
+    let set = |ip: &&String| !ip.is_empty() && ip.as_str() != "None";
+    let mut ips: Vec<&String> = Vec::new();
+    for ip in spec
+        .cluster_ip
+        .iter()
+        .chain(spec.cluster_ips.iter().flatten())
+    {
+        if set(&ip) && !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    let field = if spec.cluster_ip.as_ref().is_some_and(|ip| set(&ip)) {
+        "spec.clusterIP"
+    } else {
+        "spec.clusterIPs"
+    };
+    if ips.is_empty() {
+        return;
+    }
+    let ips: Vec<String> = ips.iter().map(|ip| format!("{ip:?}")).collect();
+    c.warn(
+        field,
+        format!(
+            "cluster IP {} of an ExternalName Service gets no rules: as kube-proxy, kpng does \
+             not proxy ExternalName Services (a DNS name only); make it a ClusterIP Service to \
+             have it proxied, or remove the cluster IP",
+            ips.join(", ")
+        ),
+    );
 }
 
 /// [`ServiceInfo::not_proxied_ips`] of `ips`: sorted, unique, `None` when empty.

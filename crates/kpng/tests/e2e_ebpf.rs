@@ -11,6 +11,7 @@ use std::time::Duration;
 use e2e::Backend;
 use e2e::harness::*;
 use e2e::scenarios::HeldConnection;
+use e2e::sockets::*;
 use kpng_testkit::{Cluster, Outcome, Proto, Spawned, require_root};
 
 const B: Backend = Backend::Ebpf;
@@ -83,24 +84,18 @@ fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
     held.second("pod2a").expect("the connection works");
     // The application still sees the Service as its peer (the programs translate getpeername
     // back).
-    let out = c
-        .pod("pod1a")
-        .ns
-        .exec([
-            "python3",
-            "-c",
-            "import socket, sys\n\
-             s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n\
-             print('%s %d' % s.getpeername()[:2])",
-            &cip(10, false).to_string(),
-            &SVC_PORT.to_string(),
-        ])
-        .expect("python3 getpeername");
+    let out = python(
+        &c,
+        "pod1a",
+        "import socket, sys\n\
+         s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n\
+         print('%s %d' % s.getpeername()[:2])",
+        &[cip(10, false).to_string(), SVC_PORT.to_string()],
+    );
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        out.trim(),
         format!("{} {SVC_PORT}", cip(10, false)),
-        "getpeername shows the ClusterIP: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "getpeername shows the ClusterIP"
     );
 }
 
@@ -137,10 +132,7 @@ while not os.path.exists(sys.argv[5]):
 fn udp_clients_keep_working_across_an_endpoint_change() {
     require_root!();
     let c = Cluster::create(&B.prefix("udpchg")).expect("cluster");
-    let _echo: Vec<Spawned> = ["pod1b", "pod2a"]
-        .iter()
-        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
-        .collect();
+    let _echo = echo_in(&c, &["pod1b", "pod2a"]);
     // `other` keeps pod1b: sockets translated for it are not the change's.
     let other = svc("other", 11, "ClusterIP", "", &[("pod1b", Cond::Ready)]);
     let mut k = Kpng::start(
@@ -152,13 +144,9 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
         ]),
         &[],
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (mark, stop) = (dir.path().join("mark"), dir.path().join("stop"));
+    let signals = Signals::new();
     let pod1b = c.pod("pod1b").addr_v4(EP_PORT);
-    let mapped = match cip(10, false) {
-        std::net::IpAddr::V4(v4) => std::net::IpAddr::V6(v4.to_ipv6_mapped()),
-        v6 => v6,
-    };
+    let mapped = v4_mapped(cip(10, false));
     // (what, destination, how): the three through the changed Service (one of them a
     // dual-stack AF_INET6 socket connected to the IPv4-mapped ClusterIP, which `ss` shows as
     // `[::ffff:…]`), then two connected to pod1b that must be left alone: directly, and
@@ -173,20 +161,18 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
     let mut clients: Vec<Spawned> = cases
         .iter()
         .map(|(_, (ip, port), how)| {
-            let mut client = c
-                .pod("pod1a")
-                .ns
-                .spawn([
-                    "python3",
-                    "-c",
-                    UDP_CLIENT,
-                    &ip.to_string(),
-                    &port.to_string(),
-                    how,
-                    &mark.display().to_string(),
-                    &stop.display().to_string(),
-                ])
-                .expect("python3 UDP client");
+            let mut client = spawn_python(
+                &c,
+                "pod1a",
+                UDP_CLIENT,
+                &[
+                    ip.to_string(),
+                    port.to_string(),
+                    (*how).to_owned(),
+                    signals.path("mark"),
+                    signals.path("stop"),
+                ],
+            );
             client
                 .wait_for_line(|l| l == "got pod1b", Duration::from_secs(5))
                 .expect("an answer from pod1b before the change");
@@ -199,7 +185,7 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
         svc("dns", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)]),
         other,
     ]));
-    std::fs::write(&mark, "").expect("mark");
+    signals.raise("mark");
     for ((what, _, _), client) in cases.iter().zip(clients.iter_mut()) {
         let seen = client
             .wait_for_line(|l| l == "mark" || l == "aborted", Duration::from_secs(5))
@@ -237,7 +223,7 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
         Some(0.0),
         "{metrics}"
     );
-    std::fs::write(&stop, "").expect("stop");
+    signals.raise("stop");
 }
 
 /// Two rounds of 20 datagrams through one unconnected socket (`sendto`) to argv[1]:argv[2],
@@ -261,10 +247,7 @@ round()
 fn an_unconnected_udp_socket_keeps_its_endpoint_while_it_serves() {
     require_root!();
     let c = Cluster::create(&B.prefix("udpflow")).expect("cluster");
-    let _echo: Vec<Spawned> = ["pod1a", "pod1b", "pod2a"]
-        .iter()
-        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
-        .collect();
+    let _echo = echo_in(&c, &["pod1a", "pod1b", "pod2a"]);
     let both = [("pod1b", Cond::Ready), ("pod2a", Cond::Ready)];
     let mut k = Kpng::start(
         B,
@@ -272,20 +255,17 @@ fn an_unconnected_udp_socket_keeps_its_endpoint_while_it_serves() {
         &manifest(&[svc("dns", 10, "ClusterIP", "", &both)]),
         &[],
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let next = dir.path().join("next");
-    let mut client = c
-        .pod("pod1a")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            UDP_ROUNDS,
-            &cip(10, false).to_string(),
-            &SVC_PORT.to_string(),
-            &next.display().to_string(),
-        ])
-        .expect("python3 UDP client");
+    let signals = Signals::new();
+    let mut client = spawn_python(
+        &c,
+        "pod1a",
+        UDP_ROUNDS,
+        &[
+            cip(10, false).to_string(),
+            SVC_PORT.to_string(),
+            signals.path("next"),
+        ],
+    );
     let names = |line: &str| -> std::collections::BTreeSet<String> {
         line.split_whitespace().map(String::from).collect()
     };
@@ -305,7 +285,7 @@ fn an_unconnected_udp_socket_keeps_its_endpoint_while_it_serves() {
         "",
         &[(stays, Cond::Ready), ("pod1a", Cond::Ready)],
     )]));
-    std::fs::write(&next, "").expect("next");
+    signals.raise("next");
     let second = client
         .wait_for_line(|l| !l.is_empty(), Duration::from_secs(10))
         .expect("the second round");
@@ -328,12 +308,7 @@ fn a_restart_adopts_the_pinned_programs_and_maps() {
     let before = attached(&c);
     assert_eq!(before.len(), 9, "nine programs attached: {before:?}");
     // Every map's kernel memory is reported, the affinity map's too.
-    let out = c
-        .node1
-        .ns
-        .exec(["curl", "-s", "http://127.0.0.1:10249/metrics"])
-        .expect("curl");
-    let metrics = String::from_utf8_lossy(&out.stdout);
+    let metrics = scrape_metrics(&c);
     for map in kpng_backend_ebpf::kernel::MAP_NAMES {
         let line = format!("kpng_ebpf_map_memory_bytes{{map=\"{map}\"}} ");
         assert!(metrics.contains(&line), "{line}in:\n{metrics}");
@@ -788,7 +763,7 @@ fn reverse_entries(c: &Cluster) -> usize {
 fn a_closed_socket_leaves_nothing_in_the_reverse_map() {
     require_root!();
     let c = Cluster::create(&B.prefix("release")).expect("cluster");
-    let _echo = c.pod("pod2a").start_echo(EP_PORT).expect("echo");
+    let _echo = echo_in(&c, &["pod2a"]);
     let _line_server = start_line_server(&c, "pod1b");
     let _k = Kpng::start(
         B,
@@ -1133,10 +1108,7 @@ fn hide_pins(c: &Cluster, suffix: &str) -> PinsGone {
 fn a_start_that_cannot_see_the_old_pins_detaches_the_old_programs() {
     require_root!();
     let c = Cluster::create(&B.prefix("stale")).expect("cluster");
-    let _echo: Vec<Spawned> = ["pod2a", "pod1b"]
-        .iter()
-        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
-        .collect();
+    let _echo = echo_in(&c, &["pod2a", "pod1b"]);
     let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
     let mut k = Kpng::start(
         B,
@@ -1231,10 +1203,7 @@ fn a_full_frontends_map_converges() {
     use std::os::fd::AsFd;
     require_root!();
     let c = Cluster::create(&B.prefix("fullmap")).expect("cluster");
-    let _echo: Vec<Spawned> = ["pod2a", "pod1b"]
-        .iter()
-        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
-        .collect();
+    let _echo = echo_in(&c, &["pod2a", "pod1b"]);
     let web = svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)]);
     let mut k = Kpng::start(B, &c.node1.ns, &manifest(std::slice::from_ref(&web)), &[]);
     k.stop();
@@ -1273,27 +1242,6 @@ fn a_full_frontends_map_converges() {
         4,
     );
     assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
-}
-
-/// node1's `/metrics`.
-fn scrape_metrics(c: &Cluster) -> String {
-    let out = c
-        .node1
-        .ns
-        .exec(["curl", "-s", "http://127.0.0.1:10249/metrics"])
-        .expect("curl");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The value of the sample `series` (name and labels, as written) in `metrics`.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 /// `/metrics` answers the questions about the socket half: the programs attached to which
@@ -1391,10 +1339,7 @@ fn metrics_show_the_programs_translating_and_the_maps_filling() {
 fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
     require_root!();
     let c = Cluster::create(&B.prefix("switch")).expect("cluster");
-    let _echo: Vec<Spawned> = ["pod2a", "pod1b"]
-        .iter()
-        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
-        .collect();
+    let _echo = echo_in(&c, &["pod2a", "pod1b"]);
     let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
     let mut k = Kpng::start(
         B,

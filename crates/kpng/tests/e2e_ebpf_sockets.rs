@@ -12,24 +12,10 @@ use std::time::Duration;
 
 use e2e::Backend;
 use e2e::harness::*;
+use e2e::sockets::*;
 use kpng_testkit::{Cluster, Spawned, require_root};
 
 const B: Backend = Backend::Ebpf;
-
-/// Runs python `script` with `args` in `pod`, and returns its standard output once it exited
-/// successfully (its standard error in the panic otherwise).
-fn python(c: &Cluster, pod: &str, script: &str, args: &[String]) -> String {
-    let mut all = vec!["python3".to_owned(), "-c".into(), script.into()];
-    all.extend(args.iter().cloned());
-    let out = c.pod(pod).ns.exec(&all).expect("python3");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{pod}: python failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
 
 /// One unconnected UDP socket sends to Services A (argv[1]) and B (argv[2]), both on port
 /// argv[3], whose only endpoint is the same pod (argv[4], port argv[5]): rounds of one
@@ -63,7 +49,7 @@ print("done", flush=True)
 fn an_unconnected_socket_using_two_services_of_one_endpoint_gets_each_reply_from_its_service() {
     require_root!();
     let c = Cluster::create(&B.prefix("twosvc")).expect("cluster");
-    let _echo = c.pod("pod1b").start_echo(EP_PORT).expect("echo");
+    let _echo = echo_in(&c, &["pod1b"]);
     let one = [("pod1b", Cond::Ready)];
     let _k = Kpng::start(
         B,
@@ -162,33 +148,23 @@ for _ in range(30):
 fn a_udp_service_without_endpoints_fails_at_recv_and_serves_the_socket_once_they_come() {
     require_root!();
     let c = Cluster::create(&B.prefix("udpnoep")).expect("cluster");
-    let _echo = c.pod("pod1b").start_echo(EP_PORT).expect("echo");
+    let _echo = echo_in(&c, &["pod1b"]);
     let mut k = Kpng::start(
         B,
         &c.node1.ns,
         &manifest(&[svc("dns", 12, "ClusterIP", "", &[])]),
         &[],
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let come = dir.path().join("come");
-    let mapped = match cip(12, false) {
-        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().to_string(),
-        v6 => v6.to_string(),
-    };
-    let mut clients: Vec<Spawned> = [cip(12, false).to_string(), mapped]
+    let signals = Signals::new();
+    let mut clients: Vec<Spawned> = [cip(12, false), v4_mapped(cip(12, false))]
         .iter()
         .map(|dst| {
-            c.pod("pod1a")
-                .ns
-                .spawn([
-                    "python3",
-                    "-c",
-                    NO_ENDPOINTS_YET,
-                    dst,
-                    &SVC_PORT.to_string(),
-                    &come.display().to_string(),
-                ])
-                .expect("python3")
+            spawn_python(
+                &c,
+                "pod1a",
+                NO_ENDPOINTS_YET,
+                &[dst.to_string(), SVC_PORT.to_string(), signals.path("come")],
+            )
         })
         .collect();
     for client in &mut clients {
@@ -206,7 +182,7 @@ fn a_udp_service_without_endpoints_fails_at_recv_and_serves_the_socket_once_they
         "",
         &[("pod1b", Cond::Ready)],
     )]));
-    std::fs::write(&come, "").expect("come");
+    signals.raise("come");
     for client in &mut clients {
         let line = client
             .wait_for_line(|_| true, Duration::from_secs(15))
@@ -233,10 +209,7 @@ while not os.path.exists(sys.argv[3]): time.sleep(0.05)
 fn a_kpng_without_host_pids_counts_and_says_the_udp_sockets_it_cannot_destroy() {
     require_root!();
     let c = Cluster::create(&B.prefix("hostpid")).expect("cluster");
-    let _echo: Vec<Spawned> = ["pod1b", "pod2a"]
-        .iter()
-        .map(|p| c.pod(p).start_echo(EP_PORT).expect("echo"))
-        .collect();
+    let _echo = echo_in(&c, &["pod1b", "pod2a"]);
     let mut k = Kpng::start_wrapped(
         B,
         &c.node1.ns,
@@ -250,20 +223,17 @@ fn a_kpng_without_host_pids_counts_and_says_the_udp_sockets_it_cannot_destroy() 
         "{}",
         k.stderr()
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let stop = dir.path().join("stop");
-    let mut client = c
-        .pod("pod1a")
-        .ns
-        .spawn([
-            "python3",
-            "-c",
-            HELD_UDP,
-            &cip(10, false).to_string(),
-            &SVC_PORT.to_string(),
-            &stop.display().to_string(),
-        ])
-        .expect("python3");
+    let signals = Signals::new();
+    let mut client = spawn_python(
+        &c,
+        "pod1a",
+        HELD_UDP,
+        &[
+            cip(10, false).to_string(),
+            SVC_PORT.to_string(),
+            signals.path("stop"),
+        ],
+    );
     client
         .wait_for_line(|l| l == "ready", Duration::from_secs(5))
         .unwrap_or_else(|e| panic!("{e}: {}", client.stderr_text()));
@@ -278,17 +248,11 @@ fn a_kpng_without_host_pids_counts_and_says_the_udp_sockets_it_cannot_destroy() 
         err.contains("1 UDP sockets translated to endpoints that left their Service were not found")
             && err.contains("run kpng with hostPID")
     });
-    let out = c
-        .node1
-        .ns
-        .exec(["curl", "-s", "http://127.0.0.1:10249/metrics"])
-        .expect("curl");
-    let metrics = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "kpng_ebpf_udp_socket_destroy_failures_total 1"),
+    let metrics = scrape_metrics(&c);
+    assert_eq!(
+        sample(&metrics, "kpng_ebpf_udp_socket_destroy_failures_total"),
+        Some(1.0),
         "{metrics}"
     );
-    std::fs::write(&stop, "").expect("stop");
+    signals.raise("stop");
 }

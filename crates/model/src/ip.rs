@@ -15,9 +15,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnet::IpNet;
 
 /// Parses an IP address, accepting decimal octets with leading zeros; an IPv4-mapped IPv6
-/// address is returned as IPv4. `None` when invalid.
+/// address is returned as IPv4. `None` when invalid, white space around it included: Go's
+/// `netutils.ParseIPSloppy` trims nothing, so kube-proxy skips `" 10.0.0.1"` as an invalid IP
+/// (an external IP, an ingress IP) or refuses the object (a cluster IP), and so must kpng.
 pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
-    let s = s.trim();
     if s.contains(':') {
         return s.parse::<IpAddr>().ok().map(|ip| ip.to_canonical());
     }
@@ -63,9 +64,11 @@ pub enum CidrError {
 pub fn parse_cidr_sloppy(s: &str) -> Result<IpNet, CidrError> {
     let invalid = || CidrError::Invalid(s.to_string());
     let (addr, prefix) = s.trim().split_once('/').ok_or_else(invalid)?;
-    // Not `parse_ip_sloppy`: the prefix of a mapped address counts in IPv6 bits.
+    // Not `parse_ip_sloppy`: the prefix of a mapped address counts in IPv6 bits. Trimmed, as
+    // before: a CIDR's white space is kept apart from an IP's (kube-proxy trims source ranges).
+    let addr = addr.trim();
     let ip = if addr.contains(':') {
-        addr.trim().parse::<IpAddr>().map_err(|_| invalid())?
+        addr.parse::<IpAddr>().map_err(|_| invalid())?
     } else {
         parse_ip_sloppy(addr).ok_or_else(invalid)?
     };
@@ -108,7 +111,12 @@ mod tests {
             ("10.0.0.1", Some("10.0.0.1")),
             ("172.30.0.041", Some("172.30.0.41")),
             ("010.000.000.001", Some("10.0.0.1")),
-            (" 1.2.3.4 ", Some("1.2.3.4")),
+            // Go's ParseIPSloppy trims nothing: white space makes an address invalid.
+            (" 1.2.3.4 ", None),
+            ("1.2.3.4 ", None),
+            ("\t1.2.3.4", None),
+            (" 2001:db8::1", None),
+            ("2001:db8::1\n", None),
             ("2001:db8::1", Some("2001:db8::1")),
             ("2001:DB8:0::1", Some("2001:db8::1")),
             ("::ffff:10.96.0.99", Some("10.96.0.99")),
@@ -142,6 +150,8 @@ mod tests {
             ("10.0.0.0", INVALID),
             ("10.0.0.0/", INVALID),
             ("0.0.0.0/0", Ok("0.0.0.0/0")),
+            // A CIDR is trimmed, as kube-proxy trims loadBalancerSourceRanges (an IP is not).
+            (" 10.0.0.1/8 ", Ok("10.0.0.0/8")),
             ("fd00:100::10%eth0/128", INVALID),
             ("::ffff:192.168.100.0/120", Ok("192.168.100.0/24")),
             ("::ffff:192.168.100.7/128", Ok("192.168.100.7/32")),

@@ -18,10 +18,12 @@ use crate::records::{ServiceInfo, Warning};
 use crate::service_port::ServicePort;
 
 impl ServicePort {
-    /// The sources allowed to reach this port's load-balancer IPs, given the node's
-    /// addresses `node_ips`; empty when the port has no `loadBalancerSourceRanges` (every
-    /// source is). The ranges, plus, when one of them holds a node address, the load-balancer
-    /// IPs themselves (kube-proxy's exception: with the VIP routed locally, the node's own
+    /// The sources allowed to reach this port's load-balancer IPs, given the node's primary
+    /// IPs `node_ips` ([`crate::NodeState::ips`]: one per family, as kube-proxy's `nodeIPs`,
+    /// never every local address); empty when the port has no `loadBalancerSourceRanges`
+    /// (every source is). The ranges, plus, when one of them holds the node IP of the port's
+    /// family, the load-balancer IPs themselves (kube-proxy's exception, `cidr.Contains(nodeIP)`
+    /// in its nftables and iptables proxiers: with the VIP routed locally, the node's own
     /// requests to it arrive with the VIP as source).
     ///
     /// Aggregated into the fewest disjoint prefixes: nftables interval sets refuse overlapping

@@ -1528,6 +1528,67 @@ fn an_endpoint_in_two_slices_notes_the_other_copy() {
     );
 }
 
+/// An ExternalName Service is skipped whatever its clusterIP, as kube-proxy's service change
+/// tracker skips it (ShouldSkipService); one that also has a clusterIP says so once, naming
+/// the Service and the field, in the log (the conversion's warning) and in `kpng status` (the
+/// model's dropped values), rather than being taken silently.
+#[test]
+fn an_external_name_service_with_a_cluster_ip_is_skipped_and_says_so_once() {
+    // (case, spec, the field of the one note, what it names), or no note.
+    let cases = [
+        (
+            "clusterIP",
+            json!({"type": "ExternalName", "externalName": "example.com", "clusterIP": "10.96.7.7"}),
+            Some(("spec.clusterIP", "\"10.96.7.7\"")),
+        ),
+        (
+            "dual-stack clusterIPs: one note naming both",
+            json!({"type": "ExternalName", "externalName": "example.com", "clusterIP": "10.96.7.7",
+                   "clusterIPs": ["10.96.7.7", "fd00:96::7"]}),
+            Some(("spec.clusterIP", "\"10.96.7.7\", \"fd00:96::7\"")),
+        ),
+        (
+            "clusterIPs only",
+            json!({"type": "ExternalName", "externalName": "example.com", "clusterIPs": ["10.96.7.7"]}),
+            Some(("spec.clusterIPs", "\"10.96.7.7\"")),
+        ),
+        (
+            "no cluster IP",
+            json!({"type": "ExternalName", "externalName": "example.com"}),
+            None,
+        ),
+        (
+            "clusterIP None",
+            json!({"type": "ExternalName", "externalName": "example.com", "clusterIP": "None"}),
+            None,
+        ),
+    ];
+    for (case, spec, note) in cases {
+        let converted = from_json::<Service>(json!({
+            "metadata": {"namespace": "ns", "name": "alias"}, "spec": spec
+        }))
+        .expect("valid Service JSON");
+        let logged: Vec<String> = converted.warnings.iter().map(|w| w.to_string()).collect();
+        let mut m = model();
+        let out = m.apply(Event::Apply(converted.object));
+        assert!(out.errors.is_empty(), "{case}: {:?}", out.errors);
+        assert!(m.snapshot().ports.is_empty(), "{case}: no rules");
+        let shown: Vec<String> = m.dropped().map(|(_, w)| w.to_string()).collect();
+        assert_eq!(shown, logged, "{case}: the status shows what the log said");
+        match note {
+            Some((field, ips)) => {
+                assert_eq!(logged.len(), 1, "{case}: said once: {logged:?}");
+                let want = format!(
+                    "Service ns/alias: field {field}: cluster IP {ips} of an ExternalName Service \
+                     gets no rules"
+                );
+                assert!(logged[0].starts_with(&want), "{case}: {}", logged[0]);
+            }
+            None => assert!(logged.is_empty(), "{case}: {logged:?}"),
+        }
+    }
+}
+
 /// The model keeps, for `kpng trace`, the addresses a Service shows that get no rules on
 /// purpose: an ExternalName Service's stray clusterIP and ipMode Proxy ingress IPs.
 #[test]

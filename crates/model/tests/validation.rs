@@ -570,3 +570,108 @@ fn node_and_service_cidr_names_follow_the_api_server() {
     assert_eq!(out.errors.len(), 2, "{:?}", out.errors);
     assert_eq!(m.snapshot(), &before);
 }
+
+/// An address with white space around it is no address, as for Go's `ParseIPSloppy`, which
+/// trims nothing (kube-proxy refuses or skips it): a cluster IP rejects the Service, any
+/// other address is dropped; the error or warning names the object and the field.
+#[test]
+fn addresses_with_white_space_are_invalid_naming_object_and_field() {
+    let svc = |spec: Value, status: Value| -> Converted {
+        from_json::<Service>(json!({
+            "metadata": {"namespace": "ns", "name": "web"}, "spec": spec, "status": status
+        }))
+        .expect("valid Service JSON")
+    };
+    let ports = json!([{"name": "p", "port": 80, "protocol": "TCP"}]);
+    // (case, the converted object, rejected rather than dropped, object, field, raw value)
+    let cases: Vec<(&str, Converted, bool, &str, &str, &str)> = vec![
+        (
+            "clusterIP",
+            svc(
+                json!({"clusterIP": " 10.96.0.10", "ports": ports}),
+                json!({}),
+            ),
+            true,
+            "Service ns/web",
+            "spec.clusterIP",
+            " 10.96.0.10",
+        ),
+        (
+            "clusterIPs",
+            svc(
+                json!({"clusterIP": "10.96.0.10 ", "clusterIPs": ["10.96.0.10 "], "ports": ports}),
+                json!({}),
+            ),
+            true,
+            "Service ns/web",
+            "spec.clusterIPs[0]",
+            "10.96.0.10 ",
+        ),
+        (
+            "IPv6 clusterIP",
+            svc(
+                json!({"clusterIP": "\tfd00:96::10", "ports": ports}),
+                json!({}),
+            ),
+            true,
+            "Service ns/web",
+            "spec.clusterIP",
+            "\tfd00:96::10",
+        ),
+        (
+            "external IP",
+            svc(
+                json!({"clusterIP": "10.96.0.10", "externalIPs": [" 192.168.77.1"], "ports": ports}),
+                json!({}),
+            ),
+            false,
+            "Service ns/web",
+            "spec.externalIPs[0]",
+            " 192.168.77.1",
+        ),
+        (
+            "load-balancer ingress IP",
+            svc(
+                json!({"type": "LoadBalancer", "clusterIP": "10.96.0.10", "ports": ports}),
+                json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.7 "}]}}),
+            ),
+            false,
+            "Service ns/web",
+            "status.loadBalancer.ingress[0].ip",
+            "203.0.113.7 ",
+        ),
+        (
+            "endpoint address",
+            slice(slice_json("ns", "web-1", "web", "p", &[" 10.244.1.5"])),
+            false,
+            "EndpointSlice ns/web-1",
+            "endpoints[0].addresses[0]",
+            " 10.244.1.5",
+        ),
+        (
+            "node address",
+            from_json::<Node>(json!({
+                "metadata": {"name": "node1"},
+                "status": {"addresses": [{"type": "InternalIP", "address": "192.168.77.1 "}]}
+            }))
+            .expect("valid Node JSON"),
+            false,
+            "Node node1",
+            "status.addresses[0].address",
+            "192.168.77.1 ",
+        ),
+    ];
+    for (case, c, rejects, object, field, raw) in cases {
+        let (got_object, got_field, message) = match (rejects, rejected(&c), c.warnings.first()) {
+            (true, Some(e), _) => (e.object.to_string(), e.field.clone(), e.message.clone()),
+            (false, None, Some(w)) => (w.object.to_string(), w.field.clone(), w.message.clone()),
+            _ => panic!("{case}: {:?}, warnings {:?}", c.object, c.warnings),
+        };
+        assert_eq!(got_object, object, "{case}");
+        assert_eq!(got_field, field, "{case}");
+        assert_eq!(message, format!("{raw:?} is not an IP address"), "{case}");
+        if !rejects {
+            assert_eq!(c.warnings.len(), 1, "{case}: {:?}", c.warnings);
+        }
+    }
+}

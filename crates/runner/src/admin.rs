@@ -821,15 +821,22 @@ impl DroppedStatus {
     }
 }
 
+/// `Kind namespace/name` (`Kind name` for a cluster-scoped object) of an object a node's brain
+/// reports by its parts, written as [`kpng_model::event::ObjectRef`] writes a local one, so
+/// that the status reads the same whichever converted it.
+fn reported_object(kind: &str, namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {namespace}/{name}")
+    }
+}
+
 impl DroppedStatus {
     /// The status of one value a brain reported it dropped.
     pub fn of_reported(d: &kpng_model::input::ReportedDropped) -> DroppedStatus {
         DroppedStatus {
-            object: if d.namespace.is_empty() {
-                format!("{} {}", d.kind, d.name)
-            } else {
-                format!("{} {}/{}", d.kind, d.namespace, d.name)
-            },
+            object: reported_object(&d.kind, &d.namespace, &d.name),
             service: d.service.clone(),
             field: d.field.clone(),
             message: d.message.clone(),
@@ -852,11 +859,7 @@ impl RejectedStatus {
     /// The status of a rejection a node's brain reports.
     pub fn of_reported(r: &kpng_model::input::ReportedRejection) -> RejectedStatus {
         RejectedStatus {
-            object: if r.namespace.is_empty() {
-                format!("{} {}", r.kind, r.name)
-            } else {
-                format!("{} {}/{}", r.kind, r.namespace, r.name)
-            },
+            object: reported_object(&r.kind, &r.namespace, &r.name),
             field: r.field.clone(),
             message: r.message.clone(),
             location: r.location.clone(),
@@ -1095,6 +1098,18 @@ pub(crate) fn facts_or_default(facts: Option<&FactsFn>, snapshot: &Snapshot) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A brain's rejected and dropped objects read as a local one's (`ObjectRef`'s display).
+    #[test]
+    fn a_reported_object_is_named_kind_namespace_name() {
+        let cases = [
+            ("Service", "default", "web", "Service default/web"),
+            ("Node", "", "node1", "Node node1"),
+        ];
+        for (kind, namespace, name, want) in cases {
+            assert_eq!(reported_object(kind, namespace, name), want);
+        }
+    }
 
     #[test]
     fn a_stale_input_is_one_line_naming_the_first_problem_and_counting_the_others() {

@@ -224,15 +224,21 @@ fn join<T: std::fmt::Display>(items: &[T]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_node_whose_addresses_are_elsewhere_or_whose_pods_are_outside_the_cluster_is_named() {
-        let node = |ips: &[&str], pods: &[&str]| NodeState {
-            name: "node2".into(),
+    /// Node `name`, known, with InternalIPs `ips` and pod CIDRs `pods`: the fixture of every
+    /// case below.
+    fn node_state(name: &str, ips: &[&str], pods: &[&str]) -> NodeState {
+        NodeState {
+            name: name.into(),
             known: true,
             ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
             pod_cidrs: pods.iter().map(|c| c.parse().expect("cidr")).collect(),
             ..NodeState::default()
-        };
+        }
+    }
+
+    #[test]
+    fn a_node_whose_addresses_are_elsewhere_or_whose_pods_are_outside_the_cluster_is_named() {
+        let node = |ips: &[&str], pods: &[&str]| node_state("node2", ips, pods);
         let check = |host: Option<&[&str]>, cluster: &[&str]| NodeConfigCheck {
             host_addresses: host.map(|h| h.iter().map(|i| i.parse().expect("ip")).collect()),
             cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
@@ -303,13 +309,7 @@ mod tests {
     /// kube-proxy logs, shown in `kpng status` and warned once.
     #[test]
     fn a_family_without_node_ip_or_cluster_cidr_is_named() {
-        let node = |ips: &[&str], pods: &[&str]| NodeState {
-            name: "node1".into(),
-            known: true,
-            ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
-            pod_cidrs: pods.iter().map(|c| c.parse().expect("cidr")).collect(),
-            ..NodeState::default()
-        };
+        let node = |ips: &[&str], pods: &[&str]| node_state("node1", ips, pods);
         let check = |primary: &[Family], cluster: &[&str], detect: bool| NodeConfigCheck {
             host_addresses: None,
             cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
@@ -387,13 +387,7 @@ mod tests {
     /// CIDR only: the other family has no pod detection, one line for it (as kube-proxy logs).
     #[test]
     fn node_cidr_detection_names_a_family_without_a_pod_cidr() {
-        let node = |ips: &[&str], pods: &[&str]| NodeState {
-            name: "node1".into(),
-            known: true,
-            ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
-            pod_cidrs: pods.iter().map(|c| c.parse().expect("cidr")).collect(),
-            ..NodeState::default()
-        };
+        let node = |ips: &[&str], pods: &[&str]| node_state("node1", ips, pods);
         let both = [Family::V4, Family::V6];
         let check = |families: &[Family]| NodeConfigCheck {
             node_cidr_families: families.to_vec(),

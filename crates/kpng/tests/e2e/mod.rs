@@ -22,6 +22,7 @@
 pub mod faults;
 pub mod harness;
 pub mod scenarios;
+pub mod sockets;
 pub mod traced;
 
 /// A backend under test, with the arguments that select it after the global flags.
