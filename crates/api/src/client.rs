@@ -618,15 +618,21 @@ async fn session(
     };
     // The receiver lives in the stream below; a failed send only means the stream is gone.
     let _ = requests.send(request.clone()).await;
-    let response = SetsClient::new(channel)
-        .watch(ReceiverStream::new(requests_rx))
-        .await?;
+    let mut watch = tonic::Request::new(ReceiverStream::new(requests_rx));
+    // This node's version, for the brain's status and its mismatch warning (KPNG's brain
+    // ignores metadata it does not know).
+    watch.metadata_mut().insert(
+        crate::version::HEADER,
+        tonic::metadata::MetadataValue::from_static(crate::version::VERSION),
+    );
+    let response = SetsClient::new(channel).watch(watch).await?;
     // A brain that honours `continuous` says so; any other (KPNG's, an older kpng) is asked
     // for each change set, as the protocol always had it.
     let continuous = response
         .metadata()
         .get(crate::server::CONTINUOUS_HEADER)
         .is_some();
+    let brain_version = response_version(&response);
     let mut stream = response.into_inner();
     // Headers only say the brain answered: a brain that refuses this node (another node's
     // certificate, too many watches) answers too, and then ends the stream with its refusal.
@@ -635,6 +641,7 @@ async fn session(
     let connected_at = std::time::SystemTime::now();
     // What the brain reported before is the earlier connection's until this one sends state.
     config.health.brain_connected();
+    brain_answered(config, brain_version);
     // A brain that accepts this node and sends nothing (it restarted and is still listing its
     // input, perhaps forever) is an input problem after the grace, until its first state.
     let no_state = tokio::time::sleep(config.no_state_grace);
@@ -707,6 +714,45 @@ async fn session(
         }
     }
     Err(SessionError::Closed)
+}
+
+/// The brain's version from its response headers (see [`crate::version`]).
+fn response_version<T>(response: &tonic::Response<T>) -> Option<String> {
+    response
+        .metadata()
+        .get(crate::version::HEADER)
+        .and_then(|v| crate::version::from_header(v.as_bytes()))
+}
+
+/// The problem of a node whose brain answered (the stream's headers) and has sent nothing
+/// yet: true between a reconnect and the first item, where the outage's "unreachable" would
+/// no longer be (and a refusal may still follow).
+pub const WAITING_FOR_FIRST_STATE: &str = "connected, waiting for the brain's first state \
+     since the reconnect; keeping the rules as they are";
+
+/// The brain answered this node's Watch: its version is recorded (and warned about once per
+/// change when its major.minor differs from this node's), and an outage's problem, if one is
+/// held, becomes [`WAITING_FOR_FIRST_STATE`] (keeping when the outage began: the node is not
+/// up to date until the first state arrives). Returns whether it warned.
+fn brain_answered(config: &WatchConfig, version: Option<String>) -> bool {
+    let warned = config.health.set_brain_version(version.clone())
+        && version
+            .as_deref()
+            .is_some_and(|theirs| crate::version::mismatch(crate::version::VERSION, theirs));
+    if let (true, Some(theirs)) = (warned, &version) {
+        warn!(
+            brain = %config.addr,
+            "the brain runs kpng {theirs}, this node {}: their major.minor versions differ (a \
+             rollout in progress?); finish it so that both sides mean the same by the protocol",
+            crate::version::VERSION
+        );
+    }
+    if config.health.state().problems.contains_key(BRAIN) {
+        config
+            .health
+            .failing(BRAIN, WAITING_FOR_FIRST_STATE, std::time::SystemTime::now());
+    }
+    warned
 }
 
 /// What a failure's text says about a TLS mismatch between this node and its brain, as a

@@ -747,6 +747,10 @@ pub struct WatcherStatus {
     pub pending_service_changes: usize,
     /// How long the oldest of those has waited: the node's lag behind the brain.
     pub lag_seconds: f64,
+    /// The kpng version its Watch request named (`kpng-version` metadata; absent: KPNG's
+    /// client, a kpng before 2026-12-07, or a backend of one's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 impl Slot {
@@ -834,6 +838,8 @@ struct Watcher {
     node_name: String,
     /// Where its connection comes from (see [`WatcherStatus::peer`]).
     peer: Option<String>,
+    /// Its kpng version (see [`WatcherStatus::version`]).
+    version: Option<String>,
     slot: Arc<Slot>,
 }
 
@@ -1170,6 +1176,13 @@ impl Registration {
         &self.node_name
     }
 
+    /// Records the kpng version the watcher's client sent (shown in the brain's status).
+    pub fn set_version(&self, version: Option<String>) {
+        if let Some(w) = self.hub.lock().watchers.get_mut(&self.id) {
+            w.version = version;
+        }
+    }
+
     /// The watcher now watches as another node: everything is re-evaluated for it.
     pub fn rename(&mut self, node_name: &str) {
         let mut state = self.hub.lock();
@@ -1236,13 +1249,18 @@ impl Hub {
     }
 
     /// Sets the gauges of what the brain's `kpng status` calls problems with its nodes (Nodes
-    /// without a kpng, names claimed twice, names no Node has), for an alert. The brain calls
-    /// it every second with [`Hub::refresh_report`]: it walks the watchers and the Nodes.
+    /// without a kpng, names claimed twice, names no Node has), for an alert, and the Nodes
+    /// it knows and those with a kpng connected to it: with several brains behind one
+    /// Service, only these add up across brains (docs/observability.md). The brain calls it
+    /// every second with [`Hub::refresh_report`]: it walks the watchers and the Nodes.
     pub fn refresh_node_gauges(&self) {
         let as_gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.metrics
             .nodes_not_connected
             .set(as_gauge(self.not_connected().len()));
+        let (nodes, connected) = self.connected_nodes();
+        self.metrics.nodes.set(as_gauge(nodes));
+        self.metrics.set_connected_nodes(connected);
         self.metrics
             .duplicate_node_names
             .set(as_gauge(self.duplicate_nodes().len()));
@@ -1309,6 +1327,7 @@ impl Hub {
             Watcher {
                 node_name: node_name.to_string(),
                 peer,
+                version: None,
                 slot: slot.clone(),
             },
         );
@@ -1389,6 +1408,7 @@ impl Hub {
                         .pending_since
                         .and_then(|since| now.duration_since(since).ok())
                         .map_or(0.0, |d| d.as_secs_f64()),
+                    version: w.version.clone(),
                 }
             })
             .collect();
@@ -1437,6 +1457,26 @@ impl Hub {
             .collect();
         out.sort();
         out
+    }
+
+    /// How many Nodes the cluster has, and those of them with a kpng connected to this brain
+    /// (names no Node has are left out: they are counted apart).
+    fn connected_nodes(&self) -> (usize, BTreeSet<String>) {
+        let state = self.lock();
+        let watched: std::collections::HashSet<&str> = state
+            .watchers
+            .values()
+            .map(|w| w.node_name.as_str())
+            .collect();
+        let mut nodes = 0;
+        let mut connected = BTreeSet::new();
+        for name in state.cluster.node_names() {
+            nodes += 1;
+            if watched.contains(name) {
+                connected.insert(name.to_string());
+            }
+        }
+        (nodes, connected)
     }
 
     /// The names of the cluster's Nodes, sorted: what `kpng status --node` on the brain

@@ -5,6 +5,7 @@
 //!   sets, per-node views computed only for the Services that changed.
 //! - [`server`]: `to-api`, the gRPC server (TCP or Unix socket, optional TLS/mTLS).
 //! - [`client`]: `local` / `api`, a remote brain as the runner's source.
+//! - [`version`]: the `kpng-version` header each side sends, and the mismatch warning.
 //! - [`proto`]: the generated messages, server and client.
 //!
 //! Sources and backends never depend on this crate; the binary wires it.
@@ -21,6 +22,7 @@ pub mod hub;
 pub mod identity;
 pub mod metrics;
 pub mod server;
+pub mod version;
 
 /// The generated `localv1` messages, `Sets` server and client.
 #[allow(missing_docs, clippy::all)]

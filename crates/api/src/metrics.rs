@@ -1,5 +1,6 @@
 //! The brain's own metrics, in a registry the binary owns (no globals).
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -44,8 +45,20 @@ pub struct ApiMetrics {
     /// `kpng_rejected_objects`: objects whose latest version is rejected now, as a node's
     /// kpng reports it (the alert docs/observability.md recommends).
     pub rejected_objects: Gauge,
-    /// `kpng_api_nodes_not_connected`: the cluster's Nodes with no kpng connected.
+    /// `kpng_api_nodes_not_connected`: the cluster's Nodes with no kpng connected to *this*
+    /// brain. True for a lone brain; with several behind one Service each counts the nodes
+    /// connected to the others, so an alert adds [`ApiMetrics::node_connected`] up instead.
     pub nodes_not_connected: Gauge,
+    /// `kpng_api_nodes`: the cluster's Nodes this brain knows (the same on every brain of a
+    /// cluster, once listed).
+    pub nodes: Gauge,
+    /// `kpng_api_node_connected{node}`: 1 for each of the cluster's Nodes with a kpng
+    /// connected to this brain, no series for the others. Summed over several brains it says
+    /// which Nodes follow some brain (a Node may follow only one at a time): the alert on
+    /// Nodes following none is `kpng_api_nodes` minus the Nodes with a series.
+    pub node_connected: Family<NodeLabel, Gauge>,
+    /// The nodes [`ApiMetrics::node_connected`] has a series for, to remove those that left.
+    connected_shown: Arc<Mutex<BTreeSet<String>>>,
     /// `kpng_api_duplicate_node_names`: node names more than one connected kpng asks for.
     pub duplicate_node_names: Gauge,
     /// `kpng_api_unknown_node_names`: node names connected kpngs ask for that no Node has
@@ -100,6 +113,13 @@ pub struct TlsStatus {
     pub reload_failure: Option<String>,
 }
 
+/// The label of `kpng_api_node_connected`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// The Node's name.
+    pub node: String,
+}
+
 /// The label of `kpng_object_errors_total` (the same as a node's kpng's).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -116,6 +136,26 @@ pub struct RefusedLabel {
 }
 
 impl ApiMetrics {
+    /// Makes `kpng_api_node_connected` hold a series for exactly the nodes in `connected`:
+    /// the new ones are added and those that left removed (never all cleared at once, so a
+    /// scrape never sees a connected node missing).
+    pub fn set_connected_nodes(&self, connected: BTreeSet<String>) {
+        let mut shown = self
+            .connected_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for gone in shown.difference(&connected) {
+            self.node_connected
+                .remove(&NodeLabel { node: gone.clone() });
+        }
+        for node in &connected {
+            self.node_connected
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(1);
+        }
+        *shown = connected;
+    }
+
     /// Creates the metrics and registers them.
     pub fn new(registry: &mut Registry) -> ApiMetrics {
         let m = ApiMetrics::default();
@@ -180,8 +220,18 @@ impl ApiMetrics {
         );
         registry.register(
             "kpng_api_nodes_not_connected",
-            "The cluster's Nodes with no kpng connected (they do not follow the cluster; `kpng status` on the brain names them)",
+            "The cluster's Nodes with no kpng connected to this brain (`kpng status` on the brain names them); with several brains behind one Service a node connected to another brain counts too: alert on kpng_api_nodes and kpng_api_node_connected instead",
             m.nodes_not_connected.clone(),
+        );
+        registry.register(
+            "kpng_api_nodes",
+            "The cluster's Nodes this brain knows",
+            m.nodes.clone(),
+        );
+        registry.register(
+            "kpng_api_node_connected",
+            "1 for each of the cluster's Nodes with a kpng connected to this brain (summed over brains: the Nodes that follow one)",
+            m.node_connected.clone(),
         );
         registry.register(
             "kpng_api_duplicate_node_names",

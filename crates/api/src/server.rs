@@ -95,6 +95,8 @@ pub struct SetsService {
     /// Cancelled when the server shuts down: every Watch stream then ends with
     /// [`SHUTTING_DOWN`], so nodes reconnect at once and say why.
     stopping: CancellationToken,
+    /// The node versions whose mismatch with this brain's was warned about (once each).
+    versions: Arc<crate::version::Warned>,
 }
 
 /// The status a Watch stream ends with when the brain shuts down (a restart, a rollout):
@@ -109,6 +111,7 @@ impl SetsService {
             admission: Arc::new(admission::Admission::new(MAX_WATCHES, MAX_WATCHES_PER_PEER)),
             refusals: Arc::default(),
             stopping: CancellationToken::new(),
+            versions: Arc::default(),
         }
     }
 
@@ -129,6 +132,11 @@ impl SetsService {
             return Status::unimplemented(no_method(request.uri().path())).into_http();
         }
         let from = connection(request.extensions());
+        // The node's kpng version (`kpng-version` metadata; KPNG's clients send none).
+        let version = request
+            .headers()
+            .get(crate::version::HEADER)
+            .and_then(|v| crate::version::from_header(v.as_bytes()));
         // With mTLS, the node names the client's certificate allows.
         let allowed = peer_certs(request.extensions()).map(|certs| {
             certs
@@ -153,7 +161,9 @@ impl SetsService {
                 conn: from.state,
                 allowed,
                 admitted: None,
+                version,
             },
+            versions: self.versions.clone(),
             first_request: Box::pin(tokio::time::sleep(FIRST_REQUEST_TIMEOUT)),
             registration: None,
             continuous: false,
@@ -173,6 +183,11 @@ impl SetsService {
         );
         // Tells a kpng client that asking once is enough (`WatchReq.Continuous`).
         headers.insert(CONTINUOUS_HEADER, http::HeaderValue::from_static("1"));
+        // This brain's version, for the node's status and its mismatch warning.
+        headers.insert(
+            crate::version::HEADER,
+            http::HeaderValue::from_static(crate::version::VERSION),
+        );
         response
     }
 }
@@ -360,6 +375,8 @@ struct Client {
     /// from being closed as idle. A stream that has not asked holds neither (see
     /// [`admission`]).
     admitted: Option<(admission::Admitted, Option<conn::WatchGuard>)>,
+    /// The kpng version its request named (see [`crate::version`]).
+    version: Option<String>,
 }
 
 /// What a large change set's task hands the response body.
@@ -399,6 +416,8 @@ struct WatchBody {
     refusals: Arc<refusal_log::RefusalLog>,
     requests: Streaming<proto::WatchReq>,
     client: Client,
+    /// Shared by the service's streams: the node versions already warned about.
+    versions: Arc<crate::version::Warned>,
     /// Until the first request: when the stream is closed without one
     /// ([`FIRST_REQUEST_TIMEOUT`]).
     first_request: Pin<Box<Sleep>>,
@@ -509,10 +528,27 @@ impl WatchBody {
                 };
                 let watching = self.client.conn.as_ref().map(|state| state.watching());
                 self.client.admitted = Some((admitted, watching));
-                info!(%peer, node = %node_name, "API client watching");
+                let version = self.client.version.as_deref().unwrap_or("unknown");
+                info!(%peer, node = %node_name, %version, "API client watching");
+                if let Some(theirs) = &self.client.version
+                    && self
+                        .versions
+                        .first_mismatch(crate::version::VERSION, theirs)
+                {
+                    warn!(
+                        %peer,
+                        node = %node_name,
+                        "a node runs kpng {theirs}, this brain {}: their major.minor versions \
+                         differ (a rollout in progress?); finish it so that both sides mean \
+                         the same by the protocol (said once per version; `kpng status` lists \
+                         every node's)",
+                        crate::version::VERSION
+                    );
+                }
                 self.watching_since = Some(std::time::Instant::now());
-                self.registration =
-                    Some(self.hub.register_from(&node_name, self.client.peer.clone()));
+                let registration = self.hub.register_from(&node_name, self.client.peer.clone());
+                registration.set_version(self.client.version.clone());
+                self.registration = Some(registration);
             }
         }
         Step::ChangeSet

@@ -129,3 +129,61 @@ async fn over_a_unix_socket_the_address_is_the_peers_process() {
         }]
     );
 }
+
+/// The version exchange: a client's `kpng-version` metadata is shown with its watcher (a
+/// client without it, KPNG's, shows none), and the brain answers with its own in the response
+/// headers, which KPNG's clients ignore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_side_tells_the_other_its_version() {
+    let (hub, _) = common::hub_with_one_service();
+    let brain = common::serve_tcp(hub.clone()).await;
+    let watch = |version: Option<&'static str>, node: &'static str| async move {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let (requests, rx) = tokio::sync::mpsc::channel(4);
+        requests
+            .send(proto::WatchReq {
+                node_name: node.into(),
+                continuous: true,
+                accept_zstd: false,
+            })
+            .await
+            .expect("request");
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        if let Some(v) = version {
+            request.metadata_mut().insert(
+                kpng_api::version::HEADER,
+                tonic::metadata::MetadataValue::from_static(v),
+            );
+        }
+        let response = proto::sets_client::SetsClient::new(channel)
+            .watch(request)
+            .await
+            .expect("watch");
+        let brains = response
+            .metadata()
+            .get(kpng_api::version::HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (requests, response.into_inner(), brains)
+    };
+    let (_a, _sa, brains) = watch(Some("99.1.0"), "n1").await;
+    assert_eq!(brains.as_deref(), Some(kpng_api::version::VERSION));
+    let (_b, _sb, _) = watch(None, "n2").await;
+    watchers(&hub, 2).await;
+    let versions: Vec<(String, Option<String>)> = hub
+        .watchers()
+        .into_iter()
+        .map(|w| (w.node, w.version))
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            ("n1".to_string(), Some("99.1.0".to_string())),
+            ("n2".to_string(), None)
+        ]
+    );
+}

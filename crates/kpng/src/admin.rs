@@ -1187,9 +1187,13 @@ fn write_input(out: &mut String, input: &InputStatus, dropped: usize) {
         (p, 1) => format!("{}, 1 VALUE DROPPED", problems_word(p)),
         (p, n) => format!("{}, {n} VALUES DROPPED", problems_word(p)),
     };
+    let version = match &input.brain_version {
+        Some(v) => format!(" (kpng {v})"),
+        None => String::new(),
+    };
     let _ = writeln!(
         out,
-        "input {}  {state}  last good input {last}",
+        "input {}{version}  {state}  last good input {last}",
         input.source
     );
     write_problems(out, &input.problems);
@@ -1367,19 +1371,20 @@ fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], w
     };
     let _ = writeln!(
         out,
-        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}  PEER",
-        "NODE", "CONNECTED", "SENT", "LAST SENT", "PENDING", "LAG"
+        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}  {:<10} PEER",
+        "NODE", "CONNECTED", "SENT*", "LAST SENT*", "PENDING", "LAG*", "VERSION"
     );
     for n in &order[..shown] {
         let _ = writeln!(
             out,
-            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s  {}",
+            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s  {:<10} {}",
             n.node,
             n.connected_at,
             n.change_sets_sent,
             n.last_sent_at.as_deref().unwrap_or("-"),
             n.pending_service_changes,
             n.lag_seconds,
+            n.version.as_deref().unwrap_or("-"),
             n.peer.as_deref().unwrap_or("-"),
         );
     }
@@ -1390,7 +1395,19 @@ fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], w
             order.len() - shown
         );
     }
+    if !nodes.is_empty() {
+        out.push_str(BRAIN_NODES_NOTE);
+    }
 }
+
+/// Below a brain's table of nodes: what SENT, LAST SENT and LAG measure. The brain knows what
+/// it handed to a node's connection, not what the node applied (the protocol has no
+/// acknowledgement from a node that asked once), so a node whose connection stalls or whose
+/// sync fails still looks up to date here.
+const BRAIN_NODES_NOTE: &str = "* SENT, LAST SENT: change sets handed to the node's connection \
+     (HTTP/2), not confirmed as applied: the node's own `kpng status` says what it programmed; \
+     LAG: how long the oldest PENDING change has waited to be handed over. VERSION: the \
+     node's kpng (- : KPNG's or before 2026-12-07).\n";
 
 /// What a load balancer probing the health check gets, in a few words.
 fn health_check_answer(hc: &kpng_runner::service_health::HealthCheckAnswer) -> String {
@@ -1443,8 +1460,8 @@ fn write_not_connected(out: &mut String, nodes: &[String]) {
     let more = nodes.len() - shown.len();
     let _ = writeln!(
         out,
-        "not connected: {} without a kpng following this brain (down, or cannot reach it): \
-         {}{}",
+        "not connected: {} without a kpng following this brain (down, cannot reach it, or \
+         following another brain behind the same Service): {}{}",
         plural(nodes.len(), "Node"),
         shown.join(", "),
         if more > 0 {
@@ -2415,13 +2432,25 @@ mod tests {
     #[test]
     fn the_input_and_the_repairs_are_one_line_each_and_a_line_per_problem() {
         use kpng_runner::admin::InputProblemStatus;
-        let cases: [(InputStatus, &str); 3] = [
+        let cases: [(InputStatus, &str); 4] = [
+            // A node fed by a brain names the brain's version (the `kpng-version` header).
+            (
+                InputStatus {
+                    source: "brain tcp://kind-control-plane:12090".into(),
+                    problems: vec![],
+                    last_good: Some("T1".into()),
+                    detail: None,
+                    brain_version: Some("0.1.0".into()),
+                },
+                "input brain tcp://kind-control-plane:12090 (kpng 0.1.0)  ok  last good input T1\n",
+            ),
             (
                 InputStatus {
                     source: "file /etc/kpng/cluster.yaml".into(),
                     problems: vec![],
                     last_good: Some("T1".into()),
                     detail: Some("18 objects".into()),
+                    brain_version: None,
                 },
                 "input file /etc/kpng/cluster.yaml  ok  last good input T1 (18 objects)\n",
             ),
@@ -2435,6 +2464,7 @@ mod tests {
                     }],
                     last_good: None,
                     detail: None,
+                    brain_version: None,
                 },
                 "input kube https://10.0.0.1:6443/  1 PROBLEM  last good input never\n  \
                  API server (since T0): unreachable: refused\n",
@@ -2451,6 +2481,7 @@ mod tests {
                         .to_vec(),
                     last_good: Some("T1".into()),
                     detail: None,
+                    brain_version: None,
                 },
                 "input directory /m  2 PROBLEMS  last good input T1\n  \
                  /m/a.yaml (since T0): not loaded\n  /m/b.yaml (since T0): not loaded\n",
@@ -2542,6 +2573,7 @@ mod tests {
             problems: Vec::new(),
             last_good: Some("T1".into()),
             detail: None,
+            brain_version: None,
         };
         let status = brain_status(&hub, input, &StatusQuery::default());
         assert_eq!(
@@ -2863,6 +2895,7 @@ mod tests {
                 .collect(),
             last_good: Some("T1".into()),
             detail: None,
+            brain_version: None,
         };
         for (problems, dropped, want) in [
             (0, 0, "input file /c.yaml  ok  last good input T1\n"),
@@ -3024,6 +3057,7 @@ mod tests {
             last_sent_at: None,
             pending_service_changes: pending,
             lag_seconds: lag,
+            version: None,
         };
         let mut nodes: Vec<_> = (0..60).map(|i| node(&format!("n{i:02}"), 0.0, 0)).collect();
         nodes.push(node("slow", 4.5, 7));
@@ -3037,6 +3071,10 @@ mod tests {
         };
         let mut out = String::new();
         write_brain_nodes(&mut out, &nodes, false);
+        let out = out
+            .strip_suffix(BRAIN_NODES_NOTE)
+            .expect("the note")
+            .to_string();
         let listed = names(&out);
         assert_eq!(listed[..3], ["slow", "queued", "n00"], "{out}");
         assert_eq!(listed.len(), BRAIN_NODES_LISTED + 1, "{out}");
@@ -3046,7 +3084,8 @@ mod tests {
         );
         let mut wide = String::new();
         write_brain_nodes(&mut wide, &nodes, true);
-        assert_eq!(names(&wide).len(), 62, "{wide}");
+        let wide = wide.strip_suffix(BRAIN_NODES_NOTE).expect("the note");
+        assert_eq!(names(wide).len(), 62, "{wide}");
     }
 
     #[test]
@@ -3077,11 +3116,18 @@ mod tests {
             last_sent_at: None,
             pending_service_changes: 0,
             lag_seconds: 0.0,
+            version: Some("0.1.0".into()),
         };
         write_brain_nodes(&mut table, &[watcher], false);
         let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[0].ends_with("  PEER"), "{table}");
-        assert!(lines[1].ends_with("  10.0.0.5:41000"), "{table}");
+        assert!(lines[0].ends_with(" VERSION    PEER"), "{table}");
+        assert!(lines[1].ends_with("  0.1.0      10.0.0.5:41000"), "{table}");
+        // What SENT and LAG measure is said under the table: handed over, not applied.
+        assert!(
+            table.ends_with(BRAIN_NODES_NOTE)
+                && BRAIN_NODES_NOTE.contains("not confirmed as applied"),
+            "{table}"
+        );
     }
 
     #[test]

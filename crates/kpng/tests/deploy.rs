@@ -545,3 +545,460 @@ fn the_least_privilege_daemon_set_differs_by_its_security_context_only() {
         .map(str::trim);
     assert!(matches!(mode, Some("nftables" | "iptables")), "{mode:?}");
 }
+
+/// Every document of every `*.yaml` in `deploy/<dir>`, with its file name.
+fn documents_in(dir: &str) -> Vec<(String, Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy").join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let name = format!("{dir}/{}", file.file_name().unwrap().to_string_lossy());
+        out.extend(
+            docs.into_iter()
+                .filter(|d| !d.is_null())
+                .map(|d| (name.clone(), d)),
+        );
+    }
+    out
+}
+
+/// `deploy/split/`: split mode's brains and nodes (docs/deploy.md, "Split mode").
+struct Split {
+    service_account: ServiceAccount,
+    role: ClusterRole,
+    binding: ClusterRoleBinding,
+    brain: k8s_openapi::api::apps::v1::Deployment,
+    service: k8s_openapi::api::core::v1::Service,
+    budget: k8s_openapi::api::policy::v1::PodDisruptionBudget,
+    nodes: DaemonSet,
+}
+
+fn split() -> Split {
+    let (mut sa, mut role, mut binding, mut brain, mut service, mut budget, mut nodes) =
+        (None, None, None, None, None, None, None);
+    for (file, doc) in documents_in("split") {
+        match doc["kind"].as_str().unwrap_or_default() {
+            "ServiceAccount" => sa = Some(typed(&file, &doc)),
+            "ClusterRole" => role = Some(typed(&file, &doc)),
+            "ClusterRoleBinding" => binding = Some(typed(&file, &doc)),
+            "Deployment" => brain = Some(typed(&file, &doc)),
+            "Service" => service = Some(typed(&file, &doc)),
+            "PodDisruptionBudget" => budget = Some(typed(&file, &doc)),
+            "DaemonSet" => nodes = Some(typed(&file, &doc)),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+    Split {
+        service_account: sa.expect("a ServiceAccount"),
+        role: role.expect("a ClusterRole"),
+        binding: binding.expect("a ClusterRoleBinding"),
+        brain: brain.expect("the brains' Deployment"),
+        service: service.expect("the brains' Service"),
+        budget: budget.expect("the brains' PodDisruptionBudget"),
+        nodes: nodes.expect("the nodes' DaemonSet"),
+    }
+}
+
+/// A ClusterRole's grants as `group/resource` → sorted verbs.
+fn grants(role: &ClusterRole) -> BTreeMap<String, Vec<String>> {
+    let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for rule in role.rules.clone().unwrap() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for group in rule.api_groups.unwrap() {
+            for resource in rule.resources.clone().unwrap() {
+                let verbs = grants.entry(format!("{group}/{resource}")).or_default();
+                verbs.extend(rule.verbs.iter().cloned());
+                verbs.sort();
+            }
+        }
+    }
+    grants
+}
+
+/// The value of `--flag=VALUE` in `args`.
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter()
+        .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+}
+
+/// The port of `HOST:PORT`, `tcp://HOST:PORT` or `https://HOST:PORT`.
+fn port_of(address: &str) -> i32 {
+    let (_, port) = address.rsplit_once(':').unwrap();
+    port.parse()
+        .unwrap_or_else(|e| panic!("{address}: port: {e}"))
+}
+
+fn int(port: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString) -> i32 {
+    match port {
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => *p,
+        other => panic!("a port number, not {other:?}"),
+    }
+}
+
+/// The volume mounted at the directory holding `path` in `pod`'s first container.
+fn volume_holding<'a>(
+    pod: &'a k8s_openapi::api::core::v1::PodSpec,
+    path: &str,
+) -> &'a k8s_openapi::api::core::v1::Volume {
+    let (dir, _) = path.rsplit_once('/').unwrap();
+    let mount = pod.containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == dir)
+        .unwrap_or_else(|| panic!("{path}: nothing mounted at {dir}"));
+    pod.volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap_or_else(|| panic!("{path}: no volume {}", mount.name))
+}
+
+/// The brains read exactly what the `kube` source reads for every node: deploy/00-rbac.yaml's
+/// rules without `get` on Nodes (a node's kpng reads its own Node so) and without Events
+/// (posted about a node by its own kpng only); the nodes have no credentials at all.
+#[test]
+fn split_mode_rbac_is_the_brains_only_and_no_more_than_it_reads() {
+    let s = split();
+    let mut want = grants(&deploy().role);
+    want.remove("events.k8s.io/events");
+    want.get_mut("/nodes").unwrap().retain(|v| v != "get");
+    assert_eq!(grants(&s.role), want);
+    assert_eq!(
+        Some(&s.binding.role_ref.name),
+        s.role.metadata.name.as_ref()
+    );
+    let subjects = s.binding.subjects.unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        Some(&subjects[0].name),
+        s.service_account.metadata.name.as_ref()
+    );
+    assert_eq!(subjects[0].namespace, s.service_account.metadata.namespace);
+    let brain = s.brain.spec.unwrap().template.spec.unwrap();
+    assert_eq!(brain.service_account_name, s.service_account.metadata.name);
+    let node = s.nodes.spec.unwrap().template.spec.unwrap();
+    assert_eq!(node.automount_service_account_token, Some(false));
+    assert_eq!(
+        node.service_account_name, None,
+        "the nodes have no identity of their own"
+    );
+    let args = node.containers[0].args.clone().unwrap();
+    assert!(!args.iter().any(|a| a.contains("kubeconfig")), "{args:?}");
+}
+
+/// The brains: two replicas behind a Service whose ports are the containers' and the flags',
+/// probes on the metrics port the flag opens, TLS files where their volumes are, and nothing
+/// on the ports or admin socket of the node's own kpng beside it on a control-plane host.
+#[test]
+fn the_brains_ports_probes_and_certificates_are_consistent() {
+    let s = split();
+    let spec = s.brain.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let labels = spec.template.metadata.as_ref().unwrap().labels.clone();
+    assert_eq!(spec.selector.match_labels, labels);
+    assert_eq!(s.service.spec.as_ref().unwrap().selector, labels);
+    assert_eq!(
+        s.budget
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .as_ref()
+            .unwrap()
+            .match_labels,
+        labels
+    );
+    for ns in [
+        &s.brain.metadata.namespace,
+        &s.service.metadata.namespace,
+        &s.budget.metadata.namespace,
+        &s.nodes.metadata.namespace,
+        &s.service_account.metadata.namespace,
+    ] {
+        assert_eq!(ns.as_deref(), Some("kube-system"));
+    }
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(
+        pod.host_network,
+        Some(true),
+        "nodes reach it without a ClusterIP"
+    );
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-cluster-critical")
+    );
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap();
+    assert_eq!(args[0], "kube");
+    assert!(args.contains(&"to-api".to_string()), "{args:?}");
+    let container_port = |name: &str| {
+        c.ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} port"))
+            .container_port
+    };
+    let listen = flag(&args, "listen").unwrap();
+    assert!(listen.starts_with("tcp://0.0.0.0:"), "{listen}");
+    assert_eq!(port_of(listen), container_port("api"));
+    let metrics = flag(&args, "metrics-bind-address").unwrap();
+    assert!(
+        metrics.starts_with("0.0.0.0:"),
+        "the kubelet probes it: {metrics}"
+    );
+    assert_eq!(port_of(metrics), container_port("metrics"));
+    let probe = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let get = p.as_ref().unwrap().http_get.clone().unwrap();
+        (get.path.unwrap(), int(&get.port))
+    };
+    assert_eq!(
+        probe(&c.readiness_probe),
+        ("/healthz".into(), port_of(metrics))
+    );
+    assert_eq!(
+        probe(&c.liveness_probe),
+        ("/livez".into(), port_of(metrics))
+    );
+    for p in s.service.spec.unwrap().ports.unwrap() {
+        let target = match p.target_port.unwrap() {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name) => name,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(p.port, container_port(&target), "Service port {target}");
+    }
+    // TLS with client certificates: the files are the volumes'.
+    let cert = flag(&args, "listen-tls-cert").unwrap();
+    let key = flag(&args, "listen-tls-key").unwrap();
+    let ca = flag(&args, "listen-tls-ca").unwrap();
+    let secret = volume_holding(&pod, cert).secret.clone().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("kpng-brain-tls"));
+    assert_eq!(
+        secret.default_mode,
+        Some(0o400),
+        "the key readable by its owner only"
+    );
+    assert_eq!(
+        volume_holding(&pod, key).name,
+        volume_holding(&pod, cert).name
+    );
+    assert!(
+        cert.ends_with("/tls.crt") && key.ends_with("/tls.key"),
+        "a kubernetes.io/tls Secret"
+    );
+    let cluster_ca = volume_holding(&pod, ca).config_map.clone().unwrap();
+    assert_eq!(cluster_ca.name, "kube-root-ca.crt");
+    assert!(ca.ends_with("/ca.crt"));
+    // The API server is read at the address the ConfigMap's kubeconfig names.
+    let kubeconfig = flag(&args, "kubeconfig").unwrap();
+    let cm = volume_holding(&pod, kubeconfig).config_map.clone().unwrap();
+    assert_eq!(Some(cm.name), deploy().config_map.metadata.name);
+    // Beside a node's kpng on one host: other ports, another admin socket.
+    let node_config: Value =
+        serde_saphyr::from_str(&deploy().config_map.data.unwrap()["config.conf"]).unwrap();
+    let node_ports = [
+        port_of(node_config["healthzBindAddress"].as_str().unwrap()),
+        port_of(node_config["metricsBindAddress"].as_str().unwrap()),
+    ];
+    for port in [port_of(listen), port_of(metrics)] {
+        assert!(!node_ports.contains(&port), "{port} is a node kpng's");
+    }
+    let admin = flag(&args, "admin-socket").unwrap();
+    assert_ne!(admin, "/run/kpng/kpng.sock");
+    assert!(volume_holding(&pod, admin).empty_dir.is_some(), "{admin}");
+}
+
+/// The nodes' DaemonSet runs as deploy/20-daemonset.yaml does (host network, priority,
+/// tolerations, securityContext, probe, resources and ports), dials the brains' port with
+/// their certificate's name, and proves its node with the kubelet's client certificate.
+#[test]
+fn the_split_nodes_run_like_the_daemon_set_and_dial_the_brains() {
+    let s = split();
+    let default = deploy().daemon_set.spec.unwrap().template.spec.unwrap();
+    let pod = s.nodes.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_network, default.host_network);
+    assert_eq!(pod.priority_class_name, default.priority_class_name);
+    assert_eq!(pod.tolerations, default.tolerations);
+    assert_eq!(pod.node_selector, default.node_selector);
+    let (c, d) = (&pod.containers[0], &default.containers[0]);
+    assert_eq!(c.command, d.command);
+    assert_eq!(c.security_context, d.security_context);
+    assert_eq!(c.liveness_probe, d.liveness_probe);
+    assert_eq!(c.resources, d.resources);
+    assert_eq!(c.ports, d.ports);
+    assert_eq!(c.env, d.env);
+    let args = c.args.clone().unwrap();
+    let words: Vec<&str> = args
+        .iter()
+        .filter(|a| !a.starts_with("--"))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(words, ["api", "to-local", "nft"]);
+    assert_eq!(flag(&args, "hostname-override"), Some("$(NODE_NAME)"));
+    assert_eq!(
+        flag(&args, "config"),
+        d.args
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find_map(|a| a.strip_prefix("--config="))
+    );
+    // The brains' port, at the control-plane host the kubeconfig names, checked against
+    // the name the brains' certificate holds: the Service's.
+    let brain_args = s.brain.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let api = flag(&args, "api").unwrap();
+    assert_eq!(port_of(api), port_of(flag(&brain_args, "listen").unwrap()));
+    let data = deploy().config_map.data.unwrap();
+    let kubeconfig: Value = serde_saphyr::from_str(&data["kubeconfig.conf"]).unwrap();
+    let server = kubeconfig["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .unwrap();
+    let host = |a: &str| {
+        let rest = a.split_once("://").map_or(a, |(_, r)| r);
+        rest.rsplit_once(':').unwrap().0.to_string()
+    };
+    assert_eq!(host(api), host(server), "the control-plane endpoint");
+    let service = &s.service.metadata;
+    assert_eq!(
+        flag(&args, "api-tls-server-name").unwrap(),
+        format!(
+            "{}.{}.svc",
+            service.name.as_deref().unwrap(),
+            service.namespace.as_deref().unwrap()
+        )
+    );
+    let ca = flag(&args, "api-tls-ca").unwrap();
+    assert_eq!(
+        volume_holding(&pod, ca).config_map.as_ref().unwrap().name,
+        "kpng-brain-ca"
+    );
+    let cert = flag(&args, "api-tls-cert").unwrap();
+    assert_eq!(
+        flag(&args, "api-tls-key"),
+        Some(cert),
+        "the kubelet's pair is one file"
+    );
+    let kubelet = volume_holding(&pod, cert).host_path.clone().unwrap();
+    assert_eq!(kubelet.path, "/var/lib/kubelet/pki");
+    // The mounts the node's kpng needs from its host, as the default DaemonSet's.
+    let mounts = |p: &k8s_openapi::api::core::v1::PodSpec| -> BTreeSet<String> {
+        p.containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| m.mount_path.clone())
+            .collect()
+    };
+    assert!(
+        mounts(&pod).is_superset(&mounts(&default)),
+        "{:?}",
+        mounts(&pod)
+    );
+}
+
+/// The containers running kpng in every manifest under deploy/, with the file each is in.
+fn kpng_containers() -> Vec<(String, k8s_openapi::api::core::v1::Container)> {
+    let mut out = Vec::new();
+    let docs = documents()
+        .into_iter()
+        .chain(documents_in("least-privilege"))
+        .chain(documents_in("split"));
+    for (file, doc) in docs {
+        let pod = &doc["spec"]["template"]["spec"];
+        if pod.is_null() {
+            continue;
+        }
+        let pod: k8s_openapi::api::core::v1::PodSpec =
+            serde_json::from_value(pod.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        for c in pod.containers {
+            if c.command.as_deref() == Some(&["/usr/local/bin/kpng".to_string()][..]) {
+                out.push((file.clone(), c));
+            }
+        }
+    }
+    out
+}
+
+/// Runs `kpng ARGS --write-config-to -` (parses the whole command line with the real CLI,
+/// loads the config, and stops before starting): its success, and what it logged.
+fn parse_with_kpng(args: &[String], config: &Path) -> (bool, String) {
+    let mut line: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a.starts_with("--config=") {
+                format!("--config={}", config.display())
+            } else {
+                a.replace("$(NODE_NAME)", "node-1")
+            }
+        })
+        .collect();
+    line.extend(["--write-config-to".into(), "-".into()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(&line)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!("{line:?}\n{}", String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+/// Every kpng command line in deploy/ (the default, least-privilege and split-mode ones)
+/// parses with the real CLI and loads the ConfigMap's config without a warning; a misspelt
+/// flag would fail here, which the test checks on the brain's line.
+#[test]
+fn every_kpng_command_line_in_deploy_parses_with_the_real_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.conf");
+    std::fs::write(&config, &deploy().config_map.data.unwrap()["config.conf"]).unwrap();
+    let containers = kpng_containers();
+    let files: BTreeSet<&str> = containers.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(
+        files,
+        BTreeSet::from([
+            "20-daemonset.yaml",
+            "least-privilege/20-daemonset.yaml",
+            "split/10-brain.yaml",
+            "split/20-node-daemonset.yaml",
+        ])
+    );
+    for (file, c) in &containers {
+        let args = c.args.clone().unwrap();
+        let (ok, log) = parse_with_kpng(&args, &config);
+        assert!(ok, "{file}: kpng refused its command line: {log}");
+        assert!(
+            !log.contains("WARN") && !log.contains("ERROR"),
+            "{file}: {log}"
+        );
+    }
+    // The check catches a wrong flag: the brain's line with one misspelt.
+    let (_, brain) = containers
+        .iter()
+        .find(|(f, _)| f == "split/10-brain.yaml")
+        .unwrap();
+    let wrong: Vec<String> = brain
+        .args
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|a| a.replace("--listen-tls-ca=", "--listen-tls-client-ca="))
+        .collect();
+    let (ok, log) = parse_with_kpng(&wrong, &config);
+    assert!(!ok, "a misspelt flag must fail: {log}");
+}

@@ -887,8 +887,8 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     let table = brain_table();
     assert!(
         table.contains(
-            "not connected: 1 Node without a kpng following this brain (down, or cannot \
-             reach it): node2\n"
+            "not connected: 1 Node without a kpng following this brain (down, cannot \
+             reach it, or following another brain behind the same Service): node2\n"
         ) && table.contains("  1 node connected\n"),
         "{table}"
     );

@@ -2169,6 +2169,13 @@ fn split_mode(what: SplitCheck) {
         ) && summary.contains("kpng status --node NODE default/itp"),
         "{summary}"
     );
+    // Each node's kpng version, and what SENT and LAG measure, in the brain's table.
+    let table = ask(&brain_admin, &["status"]);
+    assert!(
+        table.contains(&format!("  {}  ", env!("CARGO_PKG_VERSION")))
+            && table.contains("not confirmed as applied"),
+        "{table}"
+    );
     let rejected = ask(&brain_admin, &["status", "default/broken"]);
     assert!(
         rejected.contains("REJECTED: Service default/broken"),
@@ -2218,6 +2225,9 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
             "\nkpng_rejected_objects 1\n",
             "\nkpng_object_errors_total{kind=\"Service\"} 1\n",
             "\nkpng_api_nodes_not_connected 1\n",
+            // What adds up across several brains (docs/observability.md's alert).
+            "\nkpng_api_nodes 2\n",
+            "\nkpng_api_node_connected{node=\"node2\"} 1\n",
             "\nkpng_api_duplicate_node_names 0\n",
             "\nkpng_api_unknown_node_names 0\n",
         ],

@@ -49,6 +49,10 @@ pub struct InputState {
     /// is connected to now (perhaps a restarted one, still listing its input) has sent no
     /// state yet, so the report may be out of date until it does.
     pub brain_report_from_earlier_connection: bool,
+    /// On a node fed by a brain: the kpng version the brain sent at the last connection's
+    /// headers (`None`: not connected yet, or a brain that sends none: KPNG's, a kpng before
+    /// 2026-12-07).
+    pub brain_version: Option<String>,
 }
 
 /// What a brain reports to its nodes about its own input: a node never sees the Kubernetes
@@ -209,6 +213,16 @@ impl InputHealth {
     pub fn brain_connected(&self) {
         let mut state = self.lock();
         state.brain_report_from_earlier_connection = state.brain_report.is_some();
+    }
+
+    /// A node fed by a brain: the version the brain sent when this connection began (`None`:
+    /// it sent none). Returns whether it differs from the one held (a first connection, or
+    /// another brain behind the same address), for a warning once per change.
+    pub fn set_brain_version(&self, version: Option<String>) -> bool {
+        let mut state = self.lock();
+        let changed = state.brain_version != version;
+        state.brain_version = version;
+        changed
     }
 
     /// The record now.

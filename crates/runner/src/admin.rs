@@ -655,6 +655,10 @@ pub struct InputStatus {
     /// What that load held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// On a node fed by a brain: the kpng version the brain sent at the last connection
+    /// (absent: not connected yet, or KPNG's brain or a kpng before 2026-12-07).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brain_version: Option<String>,
 }
 
 /// One problem of the input.
@@ -703,6 +707,7 @@ impl InputStatus {
                 .collect(),
             last_good: state.last_good.map(rfc3339),
             detail: state.detail.clone(),
+            brain_version: state.brain_version.clone(),
         }
     }
 }
@@ -1123,6 +1128,7 @@ mod tests {
             problems,
             last_good: None,
             detail: None,
+            brain_version: None,
         };
         let cases = [
             (vec![], None),

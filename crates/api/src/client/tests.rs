@@ -1008,3 +1008,93 @@ async fn serve_on(hub: &Arc<Hub>, socket: &std::path::Path) -> ApiAddr {
     tokio::spawn(server);
     addr
 }
+
+/// Between a reconnect's headers and the brain's first item the node is connected: its
+/// status says so, no longer the outage's "unreachable" (which it kept until 2026-12-07),
+/// keeping when the outage began; the first state ends the problem. The brain's version
+/// arrives with the headers, and the brain lists the node's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reconnect_the_status_says_connected_and_waiting_until_the_first_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    // A brain still listing its input: it answers and sends nothing.
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        crate::metrics::ApiMetrics::default(),
+    ));
+    let addr = serve_on(&hub, &socket).await;
+    let node_input = InputHealth::default();
+    let outage_began = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+    node_input.failing(
+        "brain",
+        "unreachable: transport error: Connection refused; keeping the rules as they are, \
+         retrying",
+        outage_began,
+    );
+    let config = WatchConfig {
+        addr,
+        tls: TlsFiles::default(),
+        tls_server_name: None,
+        node_name: "n1".into(),
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: node_input.clone(),
+        no_state_grace: Duration::from_secs(60),
+    };
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(config, updates));
+    let waiting = async {
+        loop {
+            let state = node_input.state();
+            if let Some(p) = state.problems.get("brain")
+                && p.message == crate::client::WAITING_FOR_FIRST_STATE
+            {
+                return (p.since, state.brain_version);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (since, brain_version) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("still {:?}", node_input.state().problems));
+    assert_eq!(since, outage_began, "the outage's start is kept");
+    assert_eq!(brain_version.as_deref(), Some(crate::version::VERSION));
+    let watchers = hub.watchers();
+    assert_eq!(watchers.len(), 1);
+    assert_eq!(
+        watchers[0].version.as_deref(),
+        Some(crate::version::VERSION)
+    );
+
+    hub.apply(fixtures::cluster_event());
+    next_update(&mut received, "the replay").await;
+    let state = node_input.state();
+    assert!(state.problems.is_empty(), "{:?}", state.problems);
+    watching.abort();
+}
+
+/// The brain's version is recorded at each connection; a major.minor mismatch is warned once
+/// per change of the brain's version, not at every reconnect; a brain that sends none (KPNG's)
+/// is no mismatch.
+#[test]
+fn a_brain_of_another_minor_version_is_warned_about_once() {
+    let config = WatchConfig::new("unix:///nowhere.sock".parse().expect("addr"), "n1");
+    let other = "99.0.0".to_string();
+    for (step, version, warns) in [
+        (1, Some(crate::version::VERSION.to_string()), false),
+        (2, Some(crate::version::VERSION.to_string()), false),
+        (3, Some(other.clone()), true),
+        (4, Some(other.clone()), false),
+        (5, None, false),
+        (6, Some(other.clone()), true),
+    ] {
+        assert_eq!(
+            super::brain_answered(&config, version.clone()),
+            warns,
+            "step {step}"
+        );
+        assert_eq!(config.health.state().brain_version, version, "step {step}");
+    }
+    // Without an outage's problem, connecting records none.
+    assert!(config.health.state().problems.is_empty());
+}

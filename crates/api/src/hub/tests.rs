@@ -908,3 +908,69 @@ fn the_brain_counts_rejections_as_a_node_does() {
         1
     );
 }
+
+/// Two brains behind one Service, each with some of the nodes: each brain's
+/// `kpng_api_nodes_not_connected` counts the other's nodes (the false alarm an operator met),
+/// while `kpng_api_nodes` and `kpng_api_node_connected{node}` add up to the truth, as the
+/// alert in docs/observability.md computes it from the scraped text. A node that leaves loses
+/// its series.
+#[test]
+fn two_brains_export_which_nodes_follow_one_of_them() {
+    let brain = || {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::metrics::ApiMetrics::new(&mut registry);
+        let hub = Arc::new(Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            metrics,
+        ));
+        hub.apply(fixtures::cluster_event());
+        (hub, registry)
+    };
+    let scrape = |registry: &prometheus_client::registry::Registry| {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
+        text
+    };
+    // What the documented alert computes: max(kpng_api_nodes) minus the Nodes with a
+    // kpng_api_node_connected series on some brain.
+    let not_following = |texts: &[String]| {
+        let mut nodes = 0;
+        let mut connected = BTreeSet::new();
+        for text in texts {
+            for line in text.lines() {
+                if let Some(n) = line.strip_prefix("kpng_api_nodes ") {
+                    nodes = nodes.max(n.parse::<usize>().expect("a count"));
+                }
+                if let Some(rest) = line.strip_prefix("kpng_api_node_connected{node=\"") {
+                    let (node, value) = rest.split_once("\"} ").expect("one label");
+                    assert_eq!(value, "1");
+                    connected.insert(node.to_string());
+                }
+            }
+        }
+        nodes - connected.len()
+    };
+    let (a, registry_a) = brain();
+    let (b, registry_b) = brain();
+    let n1 = a.register("n1");
+    let _n2 = b.register("n2");
+    a.refresh_node_gauges();
+    b.refresh_node_gauges();
+    // Per brain: each counts the other's node as not connected.
+    assert_eq!(a.metrics().nodes_not_connected.get(), 2);
+    assert_eq!(b.metrics().nodes_not_connected.get(), 2);
+    let texts = [scrape(&registry_a), scrape(&registry_b)];
+    assert_eq!(
+        not_following(&texts),
+        1,
+        "n3 only:\n{}{}",
+        texts[0],
+        texts[1]
+    );
+
+    drop(n1);
+    a.refresh_node_gauges();
+    let texts = [scrape(&registry_a), scrape(&registry_b)];
+    assert!(!texts[0].contains("node=\"n1\""), "{}", texts[0]);
+    assert_eq!(not_following(&texts), 2, "n1 and n3");
+}
