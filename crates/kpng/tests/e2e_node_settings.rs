@@ -6,8 +6,8 @@
 //!   are fixed (sysctls read at start and at every full or periodic sync).
 //! - `route_localnet`, which the iptables backend sets: said once at INFO, and a WARN when
 //!   kpng finds it reset after it had set it.
-//! - Another table's base chain that drops by policy or runs before kpng's: shown by `kpng
-//!   status` and noted by `kpng trace`.
+//! - Another table's base chain that drops by policy or runs before kpng's, and legacy
+//!   iptables' drop policies and drop rules: shown by `kpng status` and noted by `kpng trace`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -194,8 +194,14 @@ fn another_tables_drop_policy_is_shown_by_status_and_trace() {
     let dir = tempfile::tempdir().expect("tempdir");
     let admin = dir.path().join("admin.sock");
     let kpng = start(&ns, &admin, &["nft"]);
+    // Once kpng's table is there (before its first sync only the anchor's chains are).
     let (json, text) = wait_status(&admin, &kpng, "the other tables' chains", |json, _| {
-        line(json, "other tables' chains").is_some_and(|l| l["problem"].is_string())
+        line(json, "other tables' chains").is_some_and(|l| {
+            l["problem"].is_string()
+                && l["state"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("hostfw early: hook prerouting, type filter, priority -300, policy accept (before kpng's"))
+        })
     });
     let chains = line(&json, "other tables' chains").expect("the line");
     let state = chains["state"].as_str().unwrap_or_default();
@@ -232,6 +238,78 @@ fn another_tables_drop_policy_is_shown_by_status_and_trace() {
                 "inet hostfw forward: hook forward, type filter, priority 0, \
                                policy drop"
             ),
+        "{trace}"
+    );
+    drop(kpng);
+}
+
+/// Legacy iptables (x_tables) is not nf_tables: the chain dump behind the "other tables'
+/// chains" never saw a legacy `-P FORWARD DROP` (Docker on a legacy host) or a legacy
+/// `INPUT` drop, and status said nothing of them. Now both are listed (the policy as a
+/// problem) and `kpng trace` notes them. Skipped, saying why, without `iptables-legacy`
+/// (never in CI, where test.sh installs it).
+#[test]
+fn legacy_iptables_drops_are_shown_by_status_and_trace() {
+    require_root!();
+    let have = std::process::Command::new("iptables-legacy")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false");
+        assert!(
+            !ci,
+            "iptables-legacy is not installed, and CI is set: refusing to skip"
+        );
+        eprintln!(
+            "SKIPPED legacy_iptables_drops_are_shown_by_status_and_trace: iptables-legacy not installed"
+        );
+        return;
+    }
+    let ns = Netns::new("fwlegacy").expect("netns");
+    ns.run_ok([
+        "sh",
+        "-c",
+        "iptables-legacy -P FORWARD DROP && \
+         iptables-legacy -A INPUT -p tcp --dport 30080 -j DROP",
+    ])
+    .expect("the legacy rules");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let kpng = start(&ns, &admin, &["nft"]);
+    let (json, text) = wait_status(&admin, &kpng, "the legacy drops", |json, _| {
+        line(json, "other tables' chains").is_some_and(|l| l["problem"].is_string())
+    });
+    let chains = line(&json, "other tables' chains").expect("the line");
+    let state = chains["state"].as_str().unwrap_or_default();
+    assert!(
+        state.contains("iptables-legacy filter FORWARD: policy DROP")
+            && state.contains(
+                "iptables-legacy filter INPUT: -A INPUT -p tcp -m tcp --dport 30080 -j DROP"
+            ),
+        "{state}"
+    );
+    assert!(
+        text.contains("PROBLEM: another table drops by policy what its rules do not accept")
+            && text.contains("iptables-legacy filter FORWARD: policy DROP"),
+        "{text}"
+    );
+    let trace = std::process::Command::new(KPNG)
+        .args([
+            "trace",
+            "--from",
+            "192.0.2.9",
+            "--to",
+            "10.96.0.10:80",
+            "--admin-socket",
+        ])
+        .arg(&admin)
+        .output()
+        .expect("kpng trace");
+    let trace = String::from_utf8_lossy(&trace.stdout);
+    assert!(
+        trace.contains("iptables-legacy filter FORWARD: policy DROP")
+            && trace.contains("iptables-legacy filter INPUT: -A INPUT"),
         "{trace}"
     );
     drop(kpng);
