@@ -105,7 +105,9 @@ fn wait_status(
 /// IP forwarding off (a new namespace's default) and bridge netfilter off in a namespace
 /// with a bridge of "pods": until 2026-12-07 kpng said nothing and `kpng status` was fine
 /// while every forwarded Service packet was dropped. Now each is warned once and shown as
-/// a `node checks` problem, which goes (with an INFO line) once the setting is fixed.
+/// a `node checks` problem, which goes (with an INFO line) once the setting is fixed. A
+/// second, Docker-like bridge (ports, an address outside the pod CIDRs, no endpoint) is not
+/// named: it cannot lose a Service connection to bridge netfilter.
 #[test]
 fn forwarding_and_bridge_netfilter_off_are_warned_and_shown() {
     require_root!();
@@ -115,6 +117,10 @@ fn forwarding_and_bridge_netfilter_off_are_warned_and_shown() {
         "-c",
         "ip link add br0 type bridge && ip link add p0 type veth peer name p1 && \
          ip link set p0 master br0 && ip link set br0 up && ip link set p0 up && \
+         ip addr add 10.244.1.1/24 dev br0 && \
+         ip link add dk0 type bridge && ip link add d0 type veth peer name d1 && \
+         ip link set d0 master dk0 && ip link set dk0 up && ip link set d0 up && \
+         ip addr add 172.17.0.1/16 dev dk0 && \
          sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0",
     ])
     .expect("the bridge");
@@ -141,6 +147,16 @@ fn forwarding_and_bridge_netfilter_off_are_warned_and_shown() {
         bridge,
     ] {
         assert!(problem.contains(want), "{want:?} not in {problem}");
+    }
+    // dk0, a Docker-like bridge whose containers are no endpoint and outside the pod CIDRs,
+    // is no pod bridge: not named (it used to be, as "(br0, dk0)").
+    assert!(!problem.contains("dk0"), "{problem}");
+    if br_netfilter {
+        let state = checks["state"].as_str().unwrap_or_default();
+        assert!(
+            state.contains("bridges of pods: br0; other bridges with ports: dk0"),
+            "{state}"
+        );
     }
     assert!(
         text.contains("node checks: net.ipv4.ip_forward 0")
