@@ -63,10 +63,10 @@ fn families(word: &str) -> &'static [Family] {
 /// The chains of `chains` that are not kpng's and, on a hook kpng uses, run before kpng's
 /// chain there or drop by policy; each with its relation to kpng's chain.
 pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
-    // kpng's anchor tables (`kpng-anchor`, `kpng-anchor-<pid>`) are kpng's whatever the
-    // backend: verdict-free NAT chains that keep the kernel NAT-ing through a foreign flush.
+    // kpng's anchor tables (`kpng-anchor`, `kpng-anchor-<pid>-<random>`) are kpng's whatever
+    // the backend: verdict-free NAT chains that keep the kernel NAT-ing through a foreign flush.
     let is_anchor = |c: &BaseChain| {
-        matches!(c.family, "ip" | "ip6") && c.table.starts_with(kpng_netfilter::anchor::TABLE)
+        matches!(c.family, "ip" | "ip6") && kpng_netfilter::anchor::is_anchor_table(&c.table)
     };
     // kpng's rules: its table's chains (the anchor's are not: they translate nothing).
     let is_rules = |c: &BaseChain| match own {
@@ -200,6 +200,7 @@ mod tests {
                 // kpng's anchor tables are kpng's whatever the backend.
                 chain("ip", "kpng-anchor", "prerouting", 0, -200, false),
                 chain("ip6", "kpng-anchor-42", "output", 3, -200, false),
+                chain("ip", "kpng-anchor-1-0a1b2c3d", "input", 1, 100, false),
             ],
             &Own::Iptables { legacy: false },
         );
