@@ -1198,6 +1198,49 @@ fn inner_unprivileged_batch_is_refused_as_a_whole() {
     }
 }
 
+/// kpng's anchor tables (`kpng_netfilter::anchor`) of three kpngs with the same pid in one
+/// namespace (two containers' pid 1 and the upgrade of one of them; here three holds by one
+/// process, which is what the kernel sees): each holds its own. Until 2026-12-07 the fallback
+/// was `kpng-anchor-<pid>`, and the third found it taken and got no anchor.
+#[test]
+fn anchors_of_kpngs_sharing_a_pid_are_all_held() {
+    kpng_testkit::require_root!();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    in_fresh_netns("inner_anchors_of_kpngs_sharing_a_pid_are_all_held");
+}
+
+#[test]
+#[ignore = "run inside a namespace by anchors_of_kpngs_sharing_a_pid_are_all_held"]
+fn inner_anchors_of_kpngs_sharing_a_pid_are_all_held() {
+    use kpng_netfilter::anchor::{Anchor, is_anchor_table};
+    if !inside_netns() {
+        return;
+    }
+    let families = [Family::V4, Family::V6];
+    let anchors: Vec<Anchor> = (0..3)
+        .map(|i| Anchor::hold(&families).unwrap_or_else(|e| panic!("anchor {i}: {e}")))
+        .collect();
+    let held: BTreeSet<String> = anchors
+        .iter()
+        .flat_map(|a| a.tables().iter().cloned())
+        .collect();
+    println!("held: {held:?}");
+    assert_eq!(held.len(), 6, "{held:?}");
+    let listed = nft_list(&["tables"]);
+    for table in &held {
+        let (_, name) = table.split_once(' ').expect("family name");
+        assert!(is_anchor_table(name), "{table}");
+        assert!(
+            listed.lines().any(|l| l.trim() == format!("table {table}")),
+            "{table} not in:\n{listed}"
+        );
+    }
+    // Each goes with its holder.
+    drop(anchors);
+    let listed = nft_list(&["tables"]);
+    assert!(!listed.contains("kpng-anchor"), "{listed}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Measurements
 // ---------------------------------------------------------------------------------------------

@@ -511,8 +511,11 @@ mod linux {
                     Mode::Nft => Variant::Nft,
                 });
                 // A dry run has no mode (and commits nothing to count).
-                foreign_chains = mode
-                    .map(|_| crate::foreign_chains::probe(crate::foreign_chains::Own::Iptables));
+                foreign_chains = mode.map(|m| {
+                    crate::foreign_chains::probe(crate::foreign_chains::Own::Iptables {
+                        legacy: m == Mode::Legacy,
+                    })
+                });
                 data_plane = mode.map(|m| {
                     let detected = args.iptables_mode == IptablesMode::Auto;
                     crate::iptables_status::probe(m, detected, b.rule_counts())

@@ -7,7 +7,8 @@
 //!
 //! Read with one netlink chain dump ([`kpng_netfilter::tables::base_chains`]) when a status
 //! or a trace is asked for, never in the sync loop. iptables rules of the legacy variant are
-//! not nftables chains and are not seen.
+//! not nftables chains: their drop policies and `DROP`/`REJECT` rules are read with
+//! `iptables-legacy-save` at the same time, when legacy tables exist ([`crate::legacy_chains`]).
 
 use std::sync::Arc;
 
@@ -21,8 +22,12 @@ pub enum Own {
     /// The nftables backend's table of this name in `ip` and `ip6` (`kpng`).
     NftTable(String),
     /// The iptables backend: its jumps are in the iptables tables' built-in chains, at their
-    /// fixed priorities (nat -100 before, 100 after routing; filter 0).
-    Iptables,
+    /// fixed priorities (nat -100 before, 100 after routing; filter 0). `legacy`: in the
+    /// legacy (x_tables) variant, whose `KUBE-*` chains are then kpng's.
+    Iptables {
+        /// Whether kpng's iptables rules are legacy ones.
+        legacy: bool,
+    },
 }
 
 /// The hooks kpng uses: prerouting, input, forward, output, postrouting.
@@ -34,9 +39,14 @@ const IPTABLES_HOOKS: [(u32, i32); 6] = [(0, -100), (1, 0), (2, 0), (3, -100), (
 /// The probe for a backend whose chains are `own`.
 pub fn probe(own: Own) -> ForeignChainsProbe {
     Arc::new(move || {
-        kpng_netfilter::tables::base_chains()
+        let mut found = kpng_netfilter::tables::base_chains()
             .map(|chains| foreign(&chains, &own))
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        found.extend(crate::legacy_chains::list(matches!(
+            own,
+            Own::Iptables { legacy: true }
+        )));
+        Ok(found)
     })
 }
 
@@ -53,27 +63,28 @@ fn families(word: &str) -> &'static [Family] {
 /// The chains of `chains` that are not kpng's and, on a hook kpng uses, run before kpng's
 /// chain there or drop by policy; each with its relation to kpng's chain.
 pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
-    // kpng's anchor tables (`kpng-anchor`, `kpng-anchor-<pid>`) are kpng's whatever the
-    // backend: verdict-free NAT chains that keep the kernel NAT-ing through a foreign flush.
+    // kpng's anchor tables (`kpng-anchor`, `kpng-anchor-<pid>-<random>`) are kpng's whatever
+    // the backend: verdict-free NAT chains that keep the kernel NAT-ing through a foreign flush.
     let is_anchor = |c: &BaseChain| {
-        matches!(c.family, "ip" | "ip6") && c.table.starts_with(kpng_netfilter::anchor::TABLE)
+        matches!(c.family, "ip" | "ip6") && kpng_netfilter::anchor::is_anchor_table(&c.table)
     };
-    let is_own = |c: &BaseChain| {
-        is_anchor(c)
-            || match own {
-                Own::NftTable(table) => c.table == *table && matches!(c.family, "ip" | "ip6"),
-                Own::Iptables => false,
-            }
+    // kpng's rules: its table's chains (the anchor's are not: they translate nothing).
+    let is_rules = |c: &BaseChain| match own {
+        Own::NftTable(table) => c.table == *table && matches!(c.family, "ip" | "ip6"),
+        Own::Iptables { .. } => false,
     };
-    // kpng's earliest priority on (family, hook).
+    let is_own = |c: &BaseChain| is_anchor(c) || is_rules(c);
+    // kpng's earliest priority on (family, hook). Not the anchor's: its verdict-free NAT
+    // chains (input and postrouting at 100) made a foreign `input` chain at priority 10 read
+    // "before kpng's" where kpng has no input chain at all.
     let kpng_priority = |family: Family, hook: u32| -> Option<i32> {
         match own {
             Own::NftTable(_) => chains
                 .iter()
-                .filter(|c| is_own(c) && c.hook == hook && families(c.family).contains(&family))
+                .filter(|c| is_rules(c) && c.hook == hook && families(c.family).contains(&family))
                 .map(|c| c.priority)
                 .min(),
-            Own::Iptables => IPTABLES_HOOKS
+            Own::Iptables { .. } => IPTABLES_HOOKS
                 .iter()
                 .filter(|(h, _)| *h == hook)
                 .map(|(_, p)| *p)
@@ -159,6 +170,10 @@ mod tests {
             chain("bridge", "filter", "forward", 2, -200, true),
             chain("netdev", "x", "ingress", 5, -500, true),
             chain("ip6", "fw", "output", 3, 0, true),
+            // The anchor's chains are not where kpng's rules are: a foreign accepting input
+            // chain is neither before nor after a kpng chain there.
+            chain("ip", "kpng-anchor", "input", 1, 100, false),
+            chain("ip", "late", "in", 1, 10, false),
         ];
         let got = foreign(&chains, &Own::NftTable("kpng".into()));
         let lines: Vec<&str> = got.iter().map(|c| c.line.as_str()).collect();
@@ -185,8 +200,9 @@ mod tests {
                 // kpng's anchor tables are kpng's whatever the backend.
                 chain("ip", "kpng-anchor", "prerouting", 0, -200, false),
                 chain("ip6", "kpng-anchor-42", "output", 3, -200, false),
+                chain("ip", "kpng-anchor-1-0a1b2c3d", "input", 1, 100, false),
             ],
-            &Own::Iptables,
+            &Own::Iptables { legacy: false },
         );
         let lines: Vec<&str> = got.iter().map(|c| c.line.as_str()).collect();
         assert_eq!(

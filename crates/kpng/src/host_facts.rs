@@ -1,13 +1,16 @@
 //! Reads the node's kernel settings that Services need ([`kpng_runner::host_check`]) from
 //! `/proc/sys` and `/sys/class/net`: a few small files, cheap enough for every full or periodic
-//! sync. The decision and the words are the runner's.
+//! sync, and, only when bridge netfilter is off or not loaded, the addresses of the bridges
+//! with ports (`ip -o addr show dev BRIDGE`), which tell a pod bridge from Docker's. The
+//! decision and the words are the runner's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use kpng_model::Family;
-use kpng_runner::host_check::{HostFacts, HostNeeds, HostProbe};
+use kpng_runner::host_check::{Bridge, HostFacts, HostNeeds, HostProbe};
 
 use crate::backends::BackendKind;
 
@@ -24,13 +27,47 @@ pub fn needs(kind: BackendKind) -> HostNeeds {
     }
 }
 
-/// The probe reading this process's network namespace.
-pub fn probe() -> HostProbe {
-    Arc::new(|| read(Path::new("/proc/sys"), Path::new("/sys/class/net")))
+/// The probe reading this process's network namespace; `pod_bridge`: the configured
+/// `--pod-bridge-interface` (`detectLocalMode: BridgeInterface`), if any.
+pub fn probe(pod_bridge: Option<String>) -> HostProbe {
+    Arc::new(move || {
+        let mut facts = read(Path::new("/proc/sys"), Path::new("/sys/class/net"), |dev| {
+            bridge_addresses(dev)
+        });
+        facts.configured_pod_bridge.clone_from(&pod_bridge);
+        facts
+    })
 }
 
-/// Reads the facts from `proc_sys` (`/proc/sys`) and `class_net` (`/sys/class/net`).
-pub fn read(proc_sys: &Path, class_net: &Path) -> HostFacts {
+/// The addresses of `dev` (`ip -o addr show dev DEV`); none when `ip` fails.
+fn bridge_addresses(dev: &str) -> Vec<IpNet> {
+    std::process::Command::new("ip")
+        .args(["-o", "addr", "show", "dev", dev])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| parse_addresses(&String::from_utf8_lossy(&o.stdout)))
+        .unwrap_or_default()
+}
+
+/// The `inet`/`inet6` addresses with prefix of `ip -o addr` output.
+fn parse_addresses(text: &str) -> Vec<IpNet> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            words.next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Reads the facts from `proc_sys` (`/proc/sys`) and `class_net` (`/sys/class/net`), and the
+/// bridges' addresses with `addresses` when bridge netfilter may be off for some family.
+pub fn read(
+    proc_sys: &Path,
+    class_net: &Path,
+    addresses: impl Fn(&str) -> Vec<IpNet>,
+) -> HostFacts {
     let flag = |path: PathBuf| std::fs::read_to_string(path).ok().map(|v| v.trim() != "0");
     let mut forwarding = BTreeMap::new();
     for (family, key) in [
@@ -51,11 +88,29 @@ pub fn read(proc_sys: &Path, class_net: &Path) -> HostFacts {
             bridge_nf_call.insert(family, on);
         }
     }
+    let br_netfilter_loaded = bridge.join("bridge-nf-call-iptables").exists();
+    let may_be_off = kpng_runner::host_check::bridge_netfilter_may_be_off(
+        br_netfilter_loaded,
+        &bridge_nf_call,
+        &Family::ALL,
+    );
+    let bridges_with_ports = bridges_with_ports(class_net)
+        .into_iter()
+        .map(|name| Bridge {
+            addresses: if may_be_off {
+                addresses(&name)
+            } else {
+                Vec::new()
+            },
+            name,
+        })
+        .collect();
     HostFacts {
         forwarding,
-        br_netfilter_loaded: bridge.join("bridge-nf-call-iptables").exists(),
+        br_netfilter_loaded,
         bridge_nf_call,
-        bridges_with_ports: bridges_with_ports(class_net),
+        bridges_with_ports,
+        configured_pod_bridge: None,
     }
 }
 
@@ -97,20 +152,51 @@ mod tests {
         std::fs::create_dir_all(net.join("docker0/bridge")).expect("mkdir");
         std::fs::create_dir_all(net.join("docker0/brif")).expect("mkdir");
         std::fs::create_dir_all(net.join("eth0")).expect("mkdir");
-        let facts = read(&sys, &net);
+        let addrs = |dev: &str| -> Vec<IpNet> {
+            if dev == "cni0" {
+                vec!["10.244.1.1/24".parse().expect("net")]
+            } else {
+                Vec::new()
+            }
+        };
+        let facts = read(&sys, &net, addrs);
         assert_eq!(
             facts.forwarding,
             BTreeMap::from([(Family::V4, false), (Family::V6, true)])
         );
         assert!(!facts.br_netfilter_loaded && facts.bridge_nf_call.is_empty());
-        assert_eq!(facts.bridges_with_ports, ["cni0"]);
-        write(&sys.join("net/bridge/bridge-nf-call-iptables"), "0\n");
+        // br_netfilter not loaded: the addresses are read.
+        assert_eq!(
+            facts.bridges_with_ports,
+            [Bridge {
+                name: "cni0".into(),
+                addresses: addrs("cni0")
+            }]
+        );
+        write(&sys.join("net/bridge/bridge-nf-call-iptables"), "1\n");
         write(&sys.join("net/bridge/bridge-nf-call-ip6tables"), "1\n");
-        let facts = read(&sys, &net);
+        // Bridge netfilter on: nothing depends on the addresses, which are not read.
+        let facts = read(&sys, &net, |_: &str| -> Vec<IpNet> { panic!("read") });
+        assert!(facts.bridges_with_ports[0].addresses.is_empty());
+        write(&sys.join("net/bridge/bridge-nf-call-iptables"), "0\n");
+        let facts = read(&sys, &net, addrs);
         assert!(facts.br_netfilter_loaded);
         assert_eq!(
             facts.bridge_nf_call,
             BTreeMap::from([(Family::V4, false), (Family::V6, true)])
         );
+        assert_eq!(facts.bridges_with_ports[0].addresses, addrs("cni0"));
+    }
+
+    #[test]
+    fn parses_ip_o_addr_with_prefixes() {
+        let text = "5: cni0    inet 10.244.1.1/24 brd 10.244.1.255 scope global cni0\\       \
+                    valid_lft forever preferred_lft forever\n\
+                    5: cni0    inet6 fd00:244:1::1/64 scope global \\       valid_lft forever\n";
+        let got: Vec<String> = parse_addresses(text)
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(got, ["10.244.1.1/24", "fd00:244:1::1/64"]);
     }
 }

@@ -34,6 +34,8 @@ mod kube_proxy_checks;
 mod kube_proxy_flags;
 mod kube_proxy_process;
 mod leftovers;
+#[cfg(target_os = "linux")]
+mod legacy_chains;
 mod listen;
 mod log_dedup;
 mod logging;

@@ -834,7 +834,11 @@ where
         && let Some(needs) = facts.kind.map(crate::host_facts::needs)
         && needs != kpng_runner::host_check::HostNeeds::default()
     {
-        runner = runner.checking_host(crate::host_facts::probe(), needs);
+        let pod_bridge = match crate::pod_interfaces::Setting::of(&flags) {
+            Some(crate::pod_interfaces::Setting::Bridge(name)) => Some(name),
+            _ => None,
+        };
+        runner = runner.checking_host(crate::host_facts::probe(pod_bridge), needs);
     }
     if !flags.masquerade_all
         && matches!(

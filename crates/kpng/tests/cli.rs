@@ -1315,7 +1315,7 @@ fn an_empty_rust_log_does_not_silence_the_log() {
 #[test]
 fn a_brain_says_who_can_read_it_and_names_a_key_every_user_can_read() {
     kpng_testkit::require_root!();
-    let ns = kpng_testkit::Netns::new("cli-expose").expect("netns");
+    let ns = kpng_testkit::Netns::node("cli-expose").expect("netns");
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("c.yaml");
     std::fs::write(&input, service("10.96.0.9", 80)).expect("write");

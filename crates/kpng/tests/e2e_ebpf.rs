@@ -43,6 +43,14 @@ fn one_instance_per_namespace() {
     e2e::faults::one_instance_per_namespace(e2e::Backend::Ebpf);
 }
 
+/// An external client's connection held through a node port survives `nft flush ruleset`:
+/// outside clients are served by the nftables half, whose anchor table keeps the NAT hooks
+/// until the repair (docs/reliability.md).
+#[test]
+fn fault_ruleset_flushed_keeps_a_node_port_connection() {
+    e2e::faults::nft_ruleset_flushed_node_port(e2e::Backend::Ebpf);
+}
+
 #[test]
 fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
     require_root!();

@@ -128,7 +128,7 @@ fn has_table(listing: &str, table: &str) -> bool {
 #[test]
 fn kube_programs_the_same_rules_as_file_and_follows_an_endpoint_change() {
     require_root!();
-    let ns = Netns::new("kube").expect("netns");
+    let ns = Netns::node("kube").expect("netns");
     let example = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml"),
     )
@@ -220,7 +220,7 @@ fn on_the_example(ns: &Netns, prepare: impl FnOnce(&mut FakeServer)) -> OnTheExa
 #[test]
 fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
     require_root!();
-    let ns = Netns::new("kubehc").expect("netns");
+    let ns = Netns::node("kubehc").expect("netns");
     let OnTheExample {
         dir,
         mut server,
@@ -278,7 +278,7 @@ fn a_health_check_that_cannot_start_is_an_event_on_the_service() {
 #[test]
 fn refused_event_posts_are_one_warning_each() {
     require_root!();
-    let ns = Netns::new("kubeev").expect("netns");
+    let ns = Netns::node("kubeev").expect("netns");
     let OnTheExample {
         dir: _dir,
         mut server,

@@ -270,7 +270,7 @@ fn kpng_replaces_a_running_kube_proxy_without_failing_a_connection() {
 #[test]
 fn cleanup_removes_every_proxys_rules_and_only_those() {
     require_root!();
-    let ns = Netns::new("kpclean").expect("netns");
+    let ns = Netns::node("kpclean").expect("netns");
     ns.nft(&kube_proxy_ruleset())
         .expect("kube-proxy's nftables ruleset");
     let iptables_rules = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n\
@@ -346,7 +346,7 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
 #[test]
 fn cleanup_kpng_only_leaves_kube_proxys_rules() {
     require_root!();
-    let ns = Netns::new("kpcleanown").expect("netns");
+    let ns = Netns::node("kpcleanown").expect("netns");
     ns.nft(&kube_proxy_ruleset())
         .expect("kube-proxy's nftables ruleset");
     ns.nft("add table ip kpng\nadd table ip6 kpng\n")
@@ -407,7 +407,7 @@ fn cleanup_kpng_only_leaves_kube_proxys_rules() {
 #[test]
 fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
     require_root!();
-    let ns = Netns::new("kpcleanrun").expect("netns");
+    let ns = Netns::node("kpcleanrun").expect("netns");
     let dir = tempfile::tempdir().expect("tempdir");
     let admin = dir.path().join("admin.sock");
     let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
@@ -473,7 +473,7 @@ fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
 #[test]
 fn init_only_sets_the_sysctls_and_exits() {
     require_root!();
-    let ns = Netns::new("kpinit").expect("netns");
+    let ns = Netns::node("kpinit").expect("netns");
     // Conntrack's per-namespace sysctls exist once the module is loaded.
     ns.nft("add table ip t\nadd chain ip t c\nadd rule ip t c ct state new accept\n")
         .expect("load conntrack");
@@ -528,7 +528,7 @@ fn init_only_sets_the_sysctls_and_exits() {
 #[test]
 fn sigterm_does_not_wait_for_the_leftover_sweep() {
     require_root!();
-    let ns = Netns::new("kpsweep").expect("netns");
+    let ns = Netns::node("kpsweep").expect("netns");
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).expect("mkdir");
@@ -616,7 +616,7 @@ fn sigterm_does_not_wait_for_the_leftover_sweep() {
 #[test]
 fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
     require_root!();
-    let ns = Netns::new("kpcleancap").expect("netns");
+    let ns = Netns::node("kpcleancap").expect("netns");
     ns.nft("add table ip kpng\n").expect("a kpng table");
     ns.run_ok(["iptables-legacy", "-t", "nat", "-N", "KUBE-SERVICES"])
         .expect("a legacy chain");
@@ -694,7 +694,7 @@ fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
 #[test]
 fn cleanup_puts_route_localnet_back_as_it_was() {
     require_root!();
-    let ns = Netns::new("kpcleanrl").expect("netns");
+    let ns = Netns::node("kpcleanrl").expect("netns");
     let sysctl = "net.ipv4.conf.all.route_localnet";
     let value = || {
         ns.run_ok(["sysctl", "-n", sysctl])
@@ -752,7 +752,7 @@ fn cleanup_puts_route_localnet_back_as_it_was() {
 #[test]
 fn iptables_legacy_without_net_raw_names_the_capability_and_the_tools_words() {
     require_root!();
-    let ns = Netns::new("kplegraw").expect("netns");
+    let ns = Netns::node("kplegraw").expect("netns");
     let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
     let out = ns
         .exec([

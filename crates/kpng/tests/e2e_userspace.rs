@@ -313,6 +313,15 @@ fn fault_ruleset_flushed() {
     e2e::faults::nft_ruleset_flushed(e2e::Backend::Userspace);
 }
 
+/// An external client's connection held through a node port survives `nft flush ruleset`:
+/// its redirect to the proxy's listener lives in conntrack, and the anchor table keeps the
+/// NAT hooks that apply it until the capture is repaired (docs/reliability.md; without the
+/// anchor node1 reset it).
+#[test]
+fn fault_ruleset_flushed_keeps_a_node_port_connection() {
+    e2e::faults::nft_ruleset_flushed_node_port(e2e::Backend::Userspace);
+}
+
 #[test]
 fn one_instance_per_namespace() {
     e2e::faults::one_instance_per_namespace(e2e::Backend::Userspace);

@@ -827,7 +827,7 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
 #[test]
 fn a_health_check_that_cannot_be_served_is_listed_with_why() {
     kpng_testkit::require_root!();
-    let ns = kpng_testkit::Netns::new("kpnghc").expect("netns");
+    let ns = kpng_testkit::Netns::node("kpnghc").expect("netns");
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("admin.sock");
     let input = dir.path().join("cluster.yaml");
@@ -1290,7 +1290,7 @@ fn the_status_page_shows_a_repair_problem() {
 #[test]
 fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_for() {
     kpng_testkit::require_root!();
-    let ns = kpng_testkit::Netns::new("obs-bind").expect("netns");
+    let ns = kpng_testkit::Netns::node("obs-bind").expect("netns");
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("cluster.yaml");
     std::fs::write(&input, MANIFEST).expect("write");
@@ -1360,7 +1360,7 @@ fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_
 #[test]
 fn the_status_page_answers_root_and_refuses_another_local_user() {
     kpng_testkit::require_root!();
-    let ns = kpng_testkit::Netns::new("obs-uid").expect("netns");
+    let ns = kpng_testkit::Netns::node("obs-uid").expect("netns");
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("cluster.yaml");
     std::fs::write(&input, MANIFEST).expect("write");
@@ -1528,7 +1528,7 @@ fn the_open_files_limit_is_raised_to_the_hard_limit() {
 fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
     use std::os::unix::fs::MetadataExt;
     kpng_testkit::require_root!();
-    let ns = kpng_testkit::Netns::new("obs-kill").expect("netns");
+    let ns = kpng_testkit::Netns::node("obs-kill").expect("netns");
     let netns = std::fs::metadata(format!("/run/netns/{}", ns.name()))
         .expect("the namespace's bind mount")
         .ino();

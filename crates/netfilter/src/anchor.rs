@@ -30,8 +30,57 @@ use crate::attr::{
 use crate::socket::Socket;
 
 /// The anchor table's name in each family; a second process holding it makes the next one
-/// take `kpng-anchor-<pid>` ([`Anchor::hold`]).
+/// take `kpng-anchor-<pid>-<random>` ([`Anchor::hold`], [`fallback_name`]).
 pub const TABLE: &str = "kpng-anchor";
+
+/// How many fallback names [`Anchor::hold`] tries before giving up (each taken name is
+/// another live kpng's; four collisions of 32 random bits do not happen).
+const FALLBACK_TRIES: usize = 4;
+
+/// The fallback name of process `pid` with random `suffix`: `kpng-anchor-<pid>-<8 hex>`.
+///
+/// Why the suffix: the pid alone (`kpng-anchor-<pid>`, until 2026-12-07) is the same for two
+/// kpngs that are each pid 1 of their own container and share one network namespace (two
+/// host-network containers, or the old and the new one of an upgrade): the third of them
+/// found the fallback taken and ran without an anchor.
+pub fn fallback_name(pid: u32, suffix: u32) -> String {
+    format!("{TABLE}-{pid}-{suffix:08x}")
+}
+
+/// Whether `name` is one of kpng's anchor tables: [`TABLE`], a fallback of today
+/// (`kpng-anchor-<pid>-<hex>`) or of earlier versions (`kpng-anchor-<pid>`). `kpng status`
+/// and `kpng trace` count them as kpng's (not another program's chains); `kpng cleanup`
+/// leaves them alone (each goes with its process, and the kernel refuses anyone else).
+pub fn is_anchor_table(name: &str) -> bool {
+    if name == TABLE {
+        return true;
+    }
+    let Some(rest) = name.strip_prefix(TABLE).and_then(|r| r.strip_prefix('-')) else {
+        return false;
+    };
+    let (pid, suffix) = match rest.split_once('-') {
+        Some((pid, suffix)) => (pid, Some(suffix)),
+        None => (rest, None),
+    };
+    !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && suffix.is_none_or(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// 32 random bits: std's `RandomState` keys come from the OS's randomness (`getrandom`), and
+/// hashing the time and pid into them keeps two calls of one process apart too.
+fn random_suffix() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    hasher.write_u128(now);
+    hasher.write_u32(std::process::id());
+    let h = hasher.finish();
+    (h ^ (h >> 32)) as u32
+}
 
 /// What the table's comment says to an admin reading `nft list ruleset`.
 pub const COMMENT: &str =
@@ -127,9 +176,10 @@ pub struct Anchor {
 
 impl Anchor {
     /// Creates the anchor table of every family of `families` in the calling thread's network
-    /// namespace. The name is [`TABLE`], or `kpng-anchor-<pid>` when a table of that name
-    /// exists already (a second kpng in the namespace, or the one being replaced while it
-    /// still runs: each holds its own, and each vanishes with its process).
+    /// namespace. The name is [`TABLE`], or [`fallback_name`] (`kpng-anchor-<pid>-<random>`)
+    /// when a table of that name exists already (a second kpng in the namespace, or the one
+    /// being replaced while it still runs: each holds its own, and each vanishes with its
+    /// process); a fallback taken too is tried again with another random suffix.
     ///
     /// # Errors
     /// [`AnchorError::Unsupported`] on kernels without the owner flag; any other refusal of the
@@ -143,17 +193,17 @@ impl Anchor {
         let mut seq = 1;
         for &family in families {
             let word = family_word(family);
-            let name = match create(&socket, family, TABLE, &mut seq) {
-                Err(AnchorError::Taken(_)) => {
-                    let own = format!("{TABLE}-{}", std::process::id());
-                    create(&socket, family, &own, &mut seq)?;
-                    own
+            let mut name = TABLE.to_string();
+            let mut tries = 0;
+            loop {
+                match create(&socket, family, &name, &mut seq) {
+                    Err(AnchorError::Taken(_)) if tries < FALLBACK_TRIES => {
+                        tries += 1;
+                        name = fallback_name(std::process::id(), random_suffix());
+                    }
+                    other => break other?,
                 }
-                other => {
-                    other?;
-                    TABLE.to_string()
-                }
-            };
+            }
             tables.push(format!("{word} {name}"));
         }
         Ok(Anchor {
@@ -454,6 +504,35 @@ mod tests {
             .map(|(_, e)| attr::string_attr(&nested(e)[0].1))
             .collect();
         assert_eq!(names, ["ct", "bitwise", "cmp"]);
+    }
+
+    /// Every anchor name is recognised, the fallbacks of two pid-1 kpngs differ, and kpng's
+    /// other tables or look-alikes are not anchors.
+    #[test]
+    fn anchor_names_are_unique_per_process_and_recognised() {
+        let cases = [
+            (TABLE.to_string(), true),
+            (fallback_name(1, 0xdead_beef), true),
+            (fallback_name(4_194_304, 0), true),
+            // What kpng before 2026-12-07 named its fallback.
+            ("kpng-anchor-1".to_string(), true),
+            ("kpng".to_string(), false),
+            ("kpng-userspace".to_string(), false),
+            ("kpng-anchors".to_string(), false),
+            ("kpng-anchor-".to_string(), false),
+            ("kpng-anchor-x1".to_string(), false),
+            ("kpng-anchor-1-".to_string(), false),
+            ("kpng-anchor-1-zz".to_string(), false),
+        ];
+        for (name, want) in cases {
+            assert_eq!(is_anchor_table(&name), want, "{name}");
+        }
+        assert_eq!(fallback_name(1, 0xab), "kpng-anchor-1-000000ab");
+        // Two pid-1 processes in one namespace: the kernel's random bits tell them apart.
+        let (a, b) = (random_suffix(), random_suffix());
+        assert_ne!(fallback_name(1, a), fallback_name(1, b));
+        // Within nft's 256-byte name limit.
+        assert!(fallback_name(u32::MAX, u32::MAX).len() < 256);
     }
 
     #[test]

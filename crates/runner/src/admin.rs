@@ -39,7 +39,9 @@ pub struct ForeignChain {
     pub line: String,
     /// The families whose packets it sees (`inet`: both).
     pub families: Vec<kpng_model::Family>,
-    /// Whether its policy drops what no rule accepted.
+    /// Whether it drops whatever its rules do not accept: a drop policy, or a legacy iptables
+    /// built-in chain's `DROP`/`REJECT` rule that matches every packet (RHEL's final
+    /// `-A INPUT -j REJECT`), which is the same thing written as a rule.
     pub policy_drop: bool,
 }
 

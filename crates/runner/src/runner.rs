@@ -1062,7 +1062,28 @@ impl<M: NodeModel> LoopState<M> {
             .copied()
             .filter(|f| snapshot.family(*f).next().is_some())
             .collect();
-        let problems = crate::host_check::problems(&facts, *needs, &families);
+        // Which bridges carry pods: only when bridge netfilter may be off (the bridges'
+        // addresses were read), the endpoints walked once for the whole check.
+        let pod_bridges = if !facts.bridges_with_ports.is_empty()
+            && crate::host_check::bridge_netfilter_may_be_off(
+                facts.br_netfilter_loaded,
+                &facts.bridge_nf_call,
+                &families,
+            ) {
+            let mut cidrs = self.runner.node_check.cluster_cidrs.clone();
+            cidrs.extend(snapshot.node.pod_cidrs.iter().copied());
+            let endpoints: std::collections::BTreeSet<std::net::IpAddr> = snapshot
+                .ports
+                .values()
+                .flat_map(|p| p.cluster_endpoints.iter().chain(&p.local_endpoints))
+                .map(|e| e.ip)
+                .collect();
+            let endpoints: Vec<std::net::IpAddr> = endpoints.into_iter().collect();
+            crate::host_check::pod_bridges(&facts, &cidrs, &endpoints)
+        } else {
+            Vec::new()
+        };
+        let problems = crate::host_check::problems(&facts, *needs, &families, &pod_bridges);
         let before = self.host_checked.take().map(|(_, p)| p).unwrap_or_default();
         for p in &problems {
             if !before.iter().any(|b| b.key == p.key) {
@@ -1074,7 +1095,7 @@ impl<M: NodeModel> LoopState<M> {
                 info!("node check: fixed now ({})", b.key);
             }
         }
-        let state = crate::host_check::describe(&facts, &families);
+        let state = crate::host_check::describe(&facts, &families, &pod_bridges);
         self.host_checked = Some((state, problems));
     }
 

@@ -46,6 +46,20 @@ impl Netns {
         Ok(ns)
     }
 
+    /// Create a namespace set up as a Kubernetes node's, for a test that runs the proxy in a
+    /// bare namespace: [`Netns::new`], then IPv4 and IPv6 forwarding on, as on every node
+    /// (a new namespace has them off, and kpng's node check rightly warns of it: in tests
+    /// not about forwarding that warning is only noise in their logs).
+    pub fn node(prefix: &str) -> Result<Netns> {
+        let ns = Self::new(prefix)?;
+        // ip_forward first: changing it resets other settings of the namespace.
+        ns.sysctls(&[
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+        ])?;
+        Ok(ns)
+    }
+
     /// Create the namespace without configuring anything in it.
     pub(crate) fn add(prefix: &str) -> Result<Netns> {
         if prefix.is_empty()

@@ -89,6 +89,11 @@ pub struct NftCapture {
     /// Watches our tables for others' changes, once [`Capture::watch`] started it; our own
     /// scripts run between its `begin_own` and `end_own`.
     monitor: Option<Arc<TableMonitor>>,
+    /// kpng's anchor tables ([`kpng_netfilter::anchor`]), held once [`Capture::watch`] ran (a
+    /// real run): an outside client's NodePort connection is a `redirect` in conntrack, and a
+    /// foreign `nft flush ruleset` took every NAT hook with the capture table, so its packets
+    /// reached the node un-NATed and were reset until the repair.
+    anchor: Option<Arc<kpng_netfilter::anchor::Anchor>>,
     table: String,
     families: Vec<Family>,
     pods: PodMatch,
@@ -105,6 +110,7 @@ impl NftCapture {
     pub fn with_binary(families: Vec<Family>, binary: impl Into<PathBuf>) -> NftCapture {
         NftCapture {
             monitor: None,
+            anchor: None,
             table: TABLE.into(),
             families,
             pods: PodMatch::None,
@@ -122,6 +128,7 @@ impl NftCapture {
     pub fn dry_run(families: Vec<Family>) -> NftCapture {
         NftCapture {
             monitor: None,
+            anchor: None,
             table: TABLE.into(),
             families,
             pods: PodMatch::None,
@@ -133,6 +140,7 @@ impl NftCapture {
     pub fn recording(families: Vec<Family>, scripts: Arc<Mutex<Vec<String>>>) -> NftCapture {
         NftCapture {
             monitor: None,
+            anchor: None,
             table: TABLE.into(),
             families,
             pods: PodMatch::None,
@@ -233,6 +241,7 @@ impl Capture for NftCapture {
         if !matches!(self.runner, Runner::Command(_)) {
             return Ok(false);
         }
+        self.anchor = kpng_netfilter::anchor::hold_logged(&self.families).map(Arc::new);
         let watched = Watched {
             tables: self
                 .families

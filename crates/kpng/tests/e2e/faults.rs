@@ -1082,6 +1082,12 @@ pub fn one_instance_per_namespace(b: Backend) {
             std::thread::sleep(Duration::from_millis(10));
         };
         assert!(!status.success());
+        // The exit can be seen before the reader thread drained the pipe (under the whole
+        // suite's load the message once read empty): wait for the refusal's text.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !second.stderr_text().contains("another kpng (pid ") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         second.stderr_text()
     };
     let err = refused(k.spawn_another(&c.node1.ns));
