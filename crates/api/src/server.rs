@@ -478,7 +478,10 @@ impl WatchBody {
                 "the client certificate does not name node {node_name:?}"
             )));
         }
-        if self.registration.as_ref().is_none_or(|reg| reg.node_name() != node_name)
+        if self
+            .registration
+            .as_ref()
+            .is_none_or(|reg| reg.node_name() != node_name)
             && let Some(why) = self.hub.refusal(&node_name)
         {
             return self.refuse_unknown_node(why);

@@ -526,10 +526,16 @@ fn metric(ns: &Netns, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// The problem `what` of node `name`'s input, if it has one (its message).
+/// The problem `what` of node `name`'s input, if it has one (its message); `None` too while
+/// its kpng does not answer yet.
 fn node_problem(socket: &Path, name: &str, what: &str) -> Option<String> {
-    let input = node_input(socket, name);
-    input["problems"]
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(admin_socket(socket, name))
+        .output()
+        .ok()?;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    status["input"]["problems"]
         .as_array()?
         .iter()
         .find(|p| p["what"] == what)
@@ -566,7 +572,11 @@ fn a_brain_restarted_on_an_empty_input_does_not_empty_its_nodes() {
         for log in &brain_logs {
             s.push_str(&std::fs::read_to_string(log).unwrap_or_default());
         }
-        format!("{s}\n--- node1:\n{}{}", node_log.borrow(), node.stderr_text())
+        format!(
+            "{s}\n--- node1:\n{}{}",
+            node_log.borrow(),
+            node.stderr_text()
+        )
     };
     wait_until(
         "the node synced from the brain",
@@ -616,7 +626,11 @@ fn a_brain_restarted_on_an_empty_input_does_not_empty_its_nodes() {
         logs(&node)
     );
     assert_eq!(count(&node, "synced backend="), 0, "{}", logs(&node));
-    assert_eq!(servers(from, cip, 5), set(&["pod1a"]), "the adopted rules stay");
+    assert_eq!(
+        servers(from, cip, 5),
+        set(&["pod1a"]),
+        "the adopted rules stay"
+    );
 
     // The brain's input has the Services again: the node follows and the problem clears.
     write_atomically(&empty.join("cluster.yaml"), &manifest(&web));

@@ -87,8 +87,8 @@ impl EmptyStateHold {
             self.programmed = Programmed::Services(services_now);
             return Verdict::Apply(merged);
         }
-        let keeps_something = self.programmed != Programmed::Nothing
-            && self.programmed != Programmed::Services(0);
+        let keeps_something =
+            self.programmed != Programmed::Nothing && self.programmed != Programmed::Services(0);
         if update.replay && services_now == 0 && keeps_something && !self.accept_empty {
             self.held = Some(update);
             return Verdict::Hold {
@@ -147,7 +147,11 @@ mod tests {
                 .iter()
                 .map(|s| {
                     let (sign, name) = s.split_at(1);
-                    let ports = if sign == "+" { vec![port(name)] } else { Vec::new() };
+                    let ports = if sign == "+" {
+                        vec![port(name)]
+                    } else {
+                        Vec::new()
+                    };
                     (ServiceKey::new("ns", name), ports)
                 })
                 .collect(),

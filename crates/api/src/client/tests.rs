@@ -1165,7 +1165,10 @@ async fn a_new_brains_empty_state_is_held_until_it_has_a_service() {
     );
     assert_eq!(held.get(), 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(received.try_recv().is_err(), "the empty state is not applied");
+    assert!(
+        received.try_recv().is_err(),
+        "the empty state is not applied"
+    );
 
     // Its input is back: one update, the held replay and the Services together.
     empty.apply(fixtures::cluster_event());

@@ -969,11 +969,21 @@ fn a_node_the_brains_cluster_does_not_have_is_refused() {
         case("another cluster's node", true, "elsewhere", true),
         Case {
             early: true,
-            ..case("another cluster's node, before the listing", true, "elsewhere", true)
+            ..case(
+                "another cluster's node, before the listing",
+                true,
+                "elsewhere",
+                true,
+            )
         },
         Case {
             early: true,
-            ..case("a Node of the cluster, before the listing", true, "n2", false)
+            ..case(
+                "a Node of the cluster, before the listing",
+                true,
+                "n2",
+                false,
+            )
         },
         Case {
             rename: true,
@@ -983,7 +993,12 @@ fn a_node_the_brains_cluster_does_not_have_is_refused() {
             delete_first: true,
             ..case("a Node the brain saw, deleted since", true, "n3", false)
         },
-        case("any name, when the source has no Node", false, "elsewhere", false),
+        case(
+            "any name, when the source has no Node",
+            false,
+            "elsewhere",
+            false,
+        ),
     ];
     for c in cases {
         let hub = hub();
@@ -1030,10 +1045,9 @@ fn a_refused_node_is_served_once_its_node_appears() {
     assert!(first_answer(&hub.register("n4")).is_err());
     hub.refresh_node_gauges();
     assert_eq!(hub.metrics().unknown_node_names.get(), 1, "counted");
-    let node = kpng_source_file::parse_manifests(
-        "apiVersion: v1\nkind: Node\nmetadata: {name: n4}\n",
-    )
-    .expect("parses");
+    let node =
+        kpng_source_file::parse_manifests("apiVersion: v1\nkind: Node\nmetadata: {name: n4}\n")
+            .expect("parses");
     for o in node.objects {
         hub.apply(Event::Apply(o));
     }
