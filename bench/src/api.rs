@@ -491,6 +491,13 @@ pub fn run(
     let manifests = scratch.0.join("manifests");
     let spread = Endpoints::Spread(clients);
     workload::generate(&manifests, n, m, spread).map_err(|e| format!("generating: {e}"))?;
+    // A brain whose input has Nodes serves only those: every simulated node gets its Node
+    // (the workload declares node1).
+    let nodes_yaml: String = (0..clients)
+        .filter(|i| *i != 1)
+        .map(|i| format!("---\nkind: Node\nmetadata: {{name: node{i}}}\n"))
+        .collect();
+    std::fs::write(manifests.join("nodes.yaml"), nodes_yaml).map_err(|e| e.to_string())?;
     let socket = scratch.0.join("brain.sock");
     let log = std::fs::File::create(scratch.0.join("brain.log")).map_err(|e| e.to_string())?;
     let started = Instant::now();

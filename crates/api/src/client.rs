@@ -37,6 +37,10 @@ use crate::proto;
 use crate::proto::op_item::Op;
 use crate::proto::sets_client::SetsClient;
 
+pub mod hold;
+
+use hold::{EmptyStateHold, Programmed, Verdict};
+
 /// One change set, decoded: what the runner applies.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RemoteUpdate {
@@ -389,6 +393,15 @@ pub struct WatchConfig {
     /// ([`NO_STATE_GRACE`] by default): a brain that restarted and cannot list its input
     /// accepts nodes and sends them nothing, which without this looks "ok" on every node.
     pub no_state_grace: Duration,
+    /// The backend found rules an earlier kpng left in the kernel and adopts them (the
+    /// nftables backend's table): a first state with no Service is held, as it is for a node
+    /// that programs Services from an earlier session ([`hold`]).
+    pub earlier_rules: bool,
+    /// `--api-accept-empty-state`: apply a new session's first state even when it holds no
+    /// Service and would empty this node.
+    pub accept_empty_state: bool,
+    /// `kpng_api_held_empty_state`: 1 while a state with no Service is held ([`hold`]).
+    pub held_empty_state: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl WatchConfig {
@@ -405,9 +418,26 @@ impl WatchConfig {
             retry_max: Duration::from_secs(5),
             health: InputHealth::default(),
             no_state_grace: NO_STATE_GRACE,
+            earlier_rules: false,
+            accept_empty_state: false,
+            held_empty_state: prometheus_client::metrics::gauge::Gauge::default(),
         }
     }
+
+    /// Registers `kpng_api_held_empty_state` in a node's `registry`.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "kpng_api_held_empty_state",
+            "1 while this node keeps its rules instead of applying a new brain session's first \
+             state, which holds no Service (a brain given an empty or wrong input); \
+             --api-accept-empty-state applies such a state",
+            self.held_empty_state.clone(),
+        );
+    }
 }
+
+/// What `kpng status` calls the problem of a node holding a state with no Service.
+const HELD_EMPTY: &str = "brain state";
 
 /// How long a node connected to its brain waits for the brain's first state before it
 /// records "the brain has sent no state yet" as an input problem: longer than a healthy
@@ -608,6 +638,7 @@ async fn session(
     updates: &mpsc::Sender<RemoteUpdate>,
     backoff: &mut Backoff,
     connected: &mut bool,
+    hold: &mut EmptyStateHold,
 ) -> Result<(), SessionError> {
     let channel = connect(config).await?;
     let (requests, requests_rx) = mpsc::channel(2);
@@ -700,10 +731,23 @@ async fn session(
                     }
                     config.health.recovered(BRAIN);
                 }
-                if updates.send(update).await.is_err() {
-                    return Ok(());
+                let was_holding = hold.holding();
+                match hold.decide(update, wire.services.len()) {
+                    Verdict::Apply(update) => {
+                        if was_holding {
+                            released(config, wire.services.len());
+                        }
+                        if updates.send(update).await.is_err() {
+                            return Ok(());
+                        }
+                        config.health.loaded(std::time::SystemTime::now(), None);
+                    }
+                    Verdict::Hold { first, keeping } => {
+                        if first {
+                            held(config, keeping);
+                        }
+                    }
                 }
-                config.health.loaded(std::time::SystemTime::now(), None);
                 backoff.reset();
                 if !continuous {
                     // Ready for the next change set.
@@ -753,6 +797,44 @@ fn brain_answered(config: &WatchConfig, version: Option<String>) -> bool {
             .failing(BRAIN, WAITING_FOR_FIRST_STATE, std::time::SystemTime::now());
     }
     warned
+}
+
+/// A new session's first state holds no Service and the node programs `keeping`: it is not
+/// applied ([`hold`]); said once per hold, in the log, `kpng status` and the gauge.
+fn held(config: &WatchConfig, keeping: Programmed) {
+    let kept = match keeping {
+        Programmed::Services(n) => format!("the {n} Services it programs"),
+        _ => "the rules an earlier kpng left (adopted at start)".to_string(),
+    };
+    warn!(
+        brain = %config.addr,
+        "the brain at {} sent a complete state with no Service, which would delete every \
+         Service rule of this node: not applied, keeping {kept} until the brain's state holds a \
+         Service (a brain given an empty or wrong input: an empty manifest directory, another \
+         cluster's kubeconfig?; a real cluster always has default/kubernetes; \
+         --api-accept-empty-state applies such a state)",
+        config.addr
+    );
+    config.held_empty_state.set(1);
+    config.health.failing(
+        HELD_EMPTY,
+        &format!(
+            "the brain sent a state with no Service: not applied, keeping {kept} until it \
+             holds a Service (an empty or wrong brain input?)"
+        ),
+        std::time::SystemTime::now(),
+    );
+}
+
+/// The brain's state holds Services again after a hold: the held state goes through.
+fn released(config: &WatchConfig, services: usize) {
+    info!(
+        brain = %config.addr,
+        "the brain's state holds {services} Services again: applying it (the state held since \
+         it had none included)"
+    );
+    config.held_empty_state.set(0);
+    config.health.recovered(HELD_EMPTY);
 }
 
 /// What a failure's text says about a TLS mismatch between this node and its brain, as a
@@ -847,6 +929,13 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut backoff = Backoff::new(config.retry_min, config.retry_max, seed);
     let mut wire = WireState::default();
     config.health.set_source(format!("brain {}", config.addr));
+    // Kept across sessions: what the node programs, and a state held since an earlier one.
+    let programmed = if config.earlier_rules {
+        Programmed::EarlierRules
+    } else {
+        Programmed::Nothing
+    };
+    let mut hold = EmptyStateHold::new(programmed, config.accept_empty_state);
     // The causes warned about in this outage: an outage is one warning per cause, its
     // retries debug lines, as the `kube` source logs an API server outage. A set, not the
     // last cause: a refused connection fails in turn as "operation was canceled" and as a
@@ -859,7 +948,15 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut told = WarnedCauses::default();
     loop {
         let mut connected = false;
-        match session(&config, &mut wire, &updates, &mut backoff, &mut connected).await {
+        let attempt = session(
+            &config,
+            &mut wire,
+            &updates,
+            &mut backoff,
+            &mut connected,
+            &mut hold,
+        );
+        match attempt.await {
             Ok(()) => return,
             Err(e) if is_brain_shutting_down(&e) => {
                 // A restart or a rollout of the brain: not a failure to warn about. The rules
@@ -980,13 +1077,15 @@ struct Failure {
 
 /// What a brain's refusal of this node says, when `error` is one (`None` otherwise): a
 /// status ending the stream before any state, for something about this node (another node's
-/// certificate, a name that is not a Node's, too many watches) rather than the connection.
+/// certificate, a name that is not a Node's, a node the brain's cluster does not have, too
+/// many watches) rather than the connection.
 fn brain_refusal(error: &SessionError) -> Option<String> {
     let SessionError::Status(status) = error else {
         return None;
     };
     match status.code() {
         tonic::Code::PermissionDenied
+        | tonic::Code::FailedPrecondition
         | tonic::Code::InvalidArgument
         | tonic::Code::ResourceExhausted
         | tonic::Code::Unauthenticated => Some(format!(

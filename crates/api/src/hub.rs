@@ -45,6 +45,7 @@ use crate::proto;
 use crate::proto::op_item::Op;
 
 mod batch;
+mod unknown_node;
 
 pub use batch::{Batch, BatchChange};
 
@@ -186,6 +187,9 @@ pub struct Pending {
     pub service_cidrs: Option<Arc<Vec<IpNet>>>,
     /// The brain's report on its input, when it must be sent (a change, or a replay).
     pub brain_report: Option<Arc<SharedReport>>,
+    /// The watcher is not served: its node is not one of the brain's cluster's
+    /// ([`unknown_node`]); the stream ends with this message instead of a change set.
+    pub refused: Option<String>,
 }
 
 /// The brain's report on its own input as one op, encoded once and passed to every watcher by
@@ -217,7 +221,8 @@ impl SharedReport {
 impl Pending {
     fn is_ready(&self) -> bool {
         // Before its first change set (`old_node: None`) a watcher waits for the replay.
-        self.replay
+        self.refused.is_some()
+            || self.replay
             || self.old_node.as_ref().is_some_and(|old| {
                 self.base.is_some()
                     || !self.changes.is_empty()
@@ -830,6 +835,7 @@ fn take_pending(pending: &mut Pending) -> Pending {
         node: pending.node.clone(),
         service_cidrs: pending.service_cidrs.take(),
         brain_report: pending.brain_report.take(),
+        refused: pending.refused.take(),
     }
 }
 
@@ -915,6 +921,8 @@ struct State {
     /// Every Node name the cluster has had since the brain started: a watcher asking for one
     /// that is gone now asks for a deleted Node, not a typo.
     nodes_seen: std::collections::HashSet<String>,
+    /// The node names refused lately as not the cluster's ([`unknown_node`]).
+    refused_names: unknown_node::RefusedNames,
 }
 
 impl State {
@@ -966,6 +974,7 @@ impl State {
         for name in &out.nodes {
             if self.cluster.node(name).is_some() && !self.nodes_seen.contains(name) {
                 self.nodes_seen.insert(name.clone());
+                self.refused_names.forget(name);
             }
             let node = Arc::new(self.node(name));
             for (id, w) in self.watchers.iter().filter(|(_, w)| &w.node_name == name) {
@@ -982,6 +991,24 @@ impl State {
             self.synced = true;
             // The replay starts from the entries as they are: nothing before it is sent apart.
             applied.changes.clear();
+            if self.cluster.node_names().next().is_none() {
+                tracing::info!(
+                    "the source has no Node objects: nodes are served without checking that \
+                     they belong to this cluster"
+                );
+            }
+            let names: Vec<(u64, String)> = self
+                .watchers
+                .iter()
+                .map(|(id, w)| (*id, w.node_name.clone()))
+                .collect();
+            for (id, name) in names {
+                if let Some(why) = self.refusal(&name)
+                    && let Some(w) = self.watchers.get(&id)
+                {
+                    w.slot.lock().refused = Some(why);
+                }
+            }
             for (id, w) in &self.watchers {
                 let mut pending = w.slot.lock();
                 pending.replay = true;
@@ -1067,6 +1094,30 @@ impl State {
         node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
     }
 
+    /// Why a watcher for node `name` is not served, when it is not ([`unknown_node`]): the
+    /// cluster is listed, has Nodes, and has never had one of that name since the brain
+    /// started. A refusal is recorded for the status, and warned about once per name.
+    fn refusal(&mut self, name: &str) -> Option<String> {
+        if !self.synced || self.cluster.node(name).is_some() || self.nodes_seen.contains(name) {
+            return None;
+        }
+        let nodes = self.cluster.node_names().count();
+        if nodes == 0 {
+            return None;
+        }
+        let why = unknown_node::refusal(name, nodes);
+        if self.refused_names.record(name, std::time::Instant::now()) {
+            tracing::warn!(
+                node = %name,
+                "not serving node {name:?}: {why} (refused again at every retry: counted in \
+                 kpng_api_refused_total{{reason=\"unknown_node\"}}, logged again only after it \
+                 stopped for {:?})",
+                unknown_node::SHOWN_FOR
+            );
+        }
+        Some(why)
+    }
+
     /// The node names watchers ask for that no Node has now, sorted, split into those the
     /// cluster had before (deleted Nodes) and those it never had (once it is listed).
     fn missing_nodes(&self) -> (Vec<String>, Vec<String>) {
@@ -1077,6 +1128,7 @@ impl State {
             .watchers
             .values()
             .map(|w| w.node_name.as_str())
+            .chain(self.refused_names.recent(std::time::Instant::now()))
             .filter(|n| self.cluster.node(n).is_none())
             .collect();
         names.sort_unstable();
@@ -1189,9 +1241,11 @@ impl Registration {
         let node = Arc::new(state.node(node_name));
         let entries = state.entries.clone();
         let synced = state.synced;
+        let refused = state.refusal(node_name);
         if let Some(w) = state.watchers.get_mut(&self.id) {
             w.node_name = node_name.to_string();
             let mut pending = w.slot.lock();
+            pending.refused = refused;
             pending.node = node;
             if synced {
                 pending.base = Some(entries);
@@ -1305,6 +1359,7 @@ impl Hub {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
+        let refused = state.refusal(node_name);
         let slot = Arc::new(Slot {
             pending: Mutex::new(Pending {
                 replay: state.synced,
@@ -1312,6 +1367,7 @@ impl Hub {
                 service_cidrs: state.replay_cidrs(),
                 brain_report: state.replay_report(),
                 node: Arc::new(state.node(node_name)),
+                refused,
                 ..Pending::default()
             }),
             waker: Mutex::new(None),
@@ -1339,6 +1395,14 @@ impl Hub {
             slot,
             node_name: node_name.to_string(),
         }
+    }
+
+    /// Why a Watch for node `node_name` is refused, when it is: the brain's cluster has Nodes
+    /// and never had one of that name (a node of another cluster, or a Node not registered
+    /// yet: see [`unknown_node`]). `None` too before the cluster is listed: a watcher
+    /// registered then is refused when it is ([`Pending::refused`]).
+    pub fn refusal(&self, node_name: &str) -> Option<String> {
+        self.lock().refusal(node_name)
     }
 
     /// Applies one event to the cluster and records what it changed for every watcher.

@@ -497,6 +497,14 @@ impl WatchBody {
                 "the client certificate does not name node {node_name:?}"
             )));
         }
+        if self
+            .registration
+            .as_ref()
+            .is_none_or(|reg| reg.node_name() != node_name)
+            && let Some(why) = self.hub.refusal(&node_name)
+        {
+            return self.refuse_unknown_node(why);
+        }
         match &mut self.registration {
             Some(reg) => {
                 if reg.node_name() != node_name {
@@ -554,8 +562,19 @@ impl WatchBody {
         Step::ChangeSet
     }
 
+    /// Ends the stream of a node the brain's cluster does not have ([`crate::hub::Hub::refusal`]): the
+    /// hub warned once for the name; counted here, and summarised per peer.
+    fn refuse_unknown_node(&self, why: String) -> Step {
+        // The hub's warning is the full line: only the summaries are the refusal log's.
+        let _ = self.refused(Refusal::UnknownNode);
+        Step::End(Status::failed_precondition(why))
+    }
+
     /// Starts sending `pending`: encoded here when small, else by a task of its own.
-    fn send(&mut self, pending: Pending) -> Step {
+    fn send(&mut self, mut pending: Pending) -> Step {
+        if let Some(why) = pending.refused.take() {
+            return self.refuse_unknown_node(why);
+        }
         let small =
             !pending.replay && pending.base.is_none() && pending.changes.len() <= INLINE_SERVICES;
         if !small {

@@ -79,10 +79,16 @@ fn certificates(dir: &Path) -> (TlsFiles, TlsFiles) {
 const END_OF_2029: i64 = 1_893_456_000;
 const END_OF_2030: i64 = 1_924_992_000;
 
+/// The fixture's cluster and a Node `node1`, the node the certificates name (a brain whose
+/// input has Nodes serves only those).
 fn fixture() -> Event {
+    let manifests = format!(
+        "{}\n---\nkind: Node\nmetadata: {{name: node1}}\n",
+        include_str!("data/cluster.yaml")
+    );
     Event::Replace {
         kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
-        objects: kpng_source_file::parse_manifests(include_str!("data/cluster.yaml"))
+        objects: kpng_source_file::parse_manifests(&manifests)
             .expect("fixture")
             .objects,
     }
@@ -123,6 +129,9 @@ async fn mtls_brain_serves_clients_with_certificates_only() {
         retry_max: Duration::from_millis(200),
         health: Default::default(),
         no_state_grace: kpng_api::client::NO_STATE_GRACE,
+        earlier_rules: false,
+        accept_empty_state: false,
+        held_empty_state: Default::default(),
     };
     let client = tokio::spawn(watch(config.clone(), tx));
     let update = rx.recv().await.expect("a change set over mTLS");
@@ -260,6 +269,9 @@ fn node_config(addr: &ApiAddr, tls: &TlsFiles) -> WatchConfig {
         retry_max: Duration::from_millis(200),
         health: Default::default(),
         no_state_grace: kpng_api::client::NO_STATE_GRACE,
+        earlier_rules: false,
+        accept_empty_state: false,
+        held_empty_state: Default::default(),
     }
 }
 

@@ -329,7 +329,8 @@ pub struct BrainStatus {
     /// The cluster's Nodes with no kpng connected: they do not follow the cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_connected: Vec<String>,
-    /// Node names connected kpngs ask for that no Node of the cluster has had.
+    /// Node names kpngs ask for (connected, or refused in the last 5 minutes) that no Node of
+    /// the cluster has had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknown_nodes: Vec<String>,
     /// Node names connected kpngs ask for whose Node the brain saw, and is deleted now.
@@ -803,8 +804,9 @@ fn brain_text(brain: &BrainStatus, service: Option<&str>, wide: bool) -> String 
     write_not_connected(&mut text, &brain.not_connected);
     if !brain.unknown_nodes.is_empty() {
         text.push_str(&format!(
-            "PROBLEM: connected kpngs ask for node names no Node has (a typo, or a short \
-             hostname where the Node is an FQDN: they get no local endpoint): {}\n",
+            "PROBLEM: kpngs ask for node names no Node has (a node of another cluster, a typo, \
+             or a short hostname where the Node is an FQDN; a brain whose input has Nodes \
+             refuses them, one without Nodes serves them without local endpoints): {}\n",
             brain.unknown_nodes.join(", ")
         ));
     }

@@ -759,6 +759,12 @@ pub struct BrainFlags {
     /// `kpng status` and `kpng_input_problems`; the rules stay as they are meanwhile.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub api_state_grace: Duration,
+    /// Apply a new brain session's first state even when it holds no Service. By default such
+    /// a state (a brain given an empty manifest directory, or another cluster's kubeconfig) is
+    /// not applied while this node programs Services: the rules stay, `kpng status` says so,
+    /// and the brain's state goes through once it holds a Service again.
+    #[arg(long)]
+    pub api_accept_empty_state: bool,
 }
 
 /// `kpng local …`.

@@ -465,6 +465,9 @@ struct SinkFacts {
     kube_errors: Option<kpng_source_kube::SourceErrors>,
     /// The source's record of its input's health, shown by `kpng status`.
     input: Option<InputHealth>,
+    /// A node fed by a brain: how it watches the brain (its metrics are registered with the
+    /// rest; whether the backend found an earlier run's rules is decided there once).
+    watch_config: Option<kpng_api::client::WatchConfig>,
     /// What `kpng status` adds about the backend's data plane beyond its rules
     /// ([`crate::backends::Built::data_plane`]).
     data_plane: Option<kpng_runner::admin::DataPlaneProbe>,
@@ -491,6 +494,7 @@ impl SinkFacts {
         client_metrics: None,
         kube_errors: None,
         input: None,
+        watch_config: None,
         data_plane: None,
         cluster_cidr_warned: Vec::new(),
         foreign_chains: None,
@@ -597,6 +601,7 @@ fn local_backend(
         client_metrics: None,
         kube_errors: None,
         input: None,
+        watch_config: None,
         data_plane: built.data_plane,
         cluster_cidr_warned: built.cluster_cidr_warned,
         foreign_chains: built.foreign_chains,
@@ -674,10 +679,13 @@ async fn serve_remote(
         tls_server_name: brain.api_tls_server_name.clone(),
         retry_max: brain.api_retry_max,
         no_state_grace: brain.api_state_grace,
+        earlier_rules: earlier_rules_found(facts.dry_run.is_some(), facts.kind.as_ref()),
+        accept_empty_state: brain.api_accept_empty_state,
         ..kpng_api::client::WatchConfig::new(brain.api.clone(), &node_name)
     };
     let facts = SinkFacts {
         input: Some(config.health.clone()),
+        watch_config: Some(config.clone()),
         ..facts
     };
     serve(flags, model, backend, facts, |tx| async move {
@@ -685,6 +693,15 @@ async fn serve_remote(
         Ok(())
     })
     .await
+}
+
+/// Whether an earlier run's rules still route traffic until the first sync: the nftables
+/// backend's table is one netlink dump away (its first sync adopts or replaces it). The other
+/// backends cannot tell as cheaply, and say nothing.
+fn earlier_rules_found(dry_run: bool, kind: Option<&BackendKind>) -> bool {
+    !dry_run
+        && matches!(kind, Some(BackendKind::Nft))
+        && crate::leftovers::Leftover::KpngNft.present(&crate::leftovers::EbpfPlaces::from_env())
 }
 
 /// Settings a node fed by a brain has but cannot apply, one line each: the brain chooses the
@@ -785,6 +802,9 @@ where
     if let Some(kube_errors) = &facts.kube_errors {
         kube_errors.register(&mut registry);
     }
+    if let Some(config) = &facts.watch_config {
+        config.register_metrics(&mut registry);
+    }
     let metrics = ProxyMetrics::new(&mut registry);
     let refused_connections = metrics.http_connections_refused.clone();
     let health = Arc::new(ProxyHealth::new(
@@ -809,9 +829,10 @@ where
     // Whether an earlier run's rules still route traffic until the first sync: the nftables
     // backend's table is one netlink dump away (its first sync adopts or replaces it). The
     // other backends cannot tell as cheaply, and say nothing.
-    if !dry_run && matches!(facts.kind, Some(BackendKind::Nft)) {
-        let places = crate::leftovers::EbpfPlaces::from_env();
-        runner = runner.with_earlier_rules(crate::leftovers::Leftover::KpngNft.present(&places));
+    if let Some(config) = &facts.watch_config {
+        runner = runner.with_earlier_rules(config.earlier_rules);
+    } else {
+        runner = runner.with_earlier_rules(earlier_rules_found(dry_run, facts.kind.as_ref()));
     }
     if let Some(input) = facts.input.clone() {
         runner = runner.with_input_health(input);

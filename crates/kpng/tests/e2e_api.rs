@@ -148,6 +148,11 @@ impl Drop for Brain {
 
 /// `kpng local --api … nft` in a node namespace.
 fn start_node(ns: &Netns, name: &str, socket: &Path) -> Spawned {
+    start_node_with(ns, name, socket, "")
+}
+
+/// [`start_node`] serving its metrics on `metrics` (empty: none).
+fn start_node_with(ns: &Netns, name: &str, socket: &Path, metrics: &str) -> Spawned {
     ns.spawn([
         env!("CARGO_BIN_EXE_kpng"),
         "local",
@@ -166,7 +171,7 @@ fn start_node(ns: &Netns, name: &str, socket: &Path) -> Spawned {
         "--healthz-bind-address",
         "127.0.0.1:10256",
         "--metrics-bind-address",
-        "",
+        metrics,
         "--admin-socket",
         &admin_socket(socket, name).display().to_string(),
         "nft",
@@ -508,6 +513,203 @@ fn a_node_notices_a_brain_that_hangs_and_follows_it_when_it_wakes() {
     wait_until(
         "the brain problem ended",
         || node_input(&socket, "node1")["problems"] == serde_json::json!([]),
+        logs,
+    );
+}
+
+/// One metric's value from the node kpng's `/metrics` on 127.0.0.1:10249 in `ns`.
+fn metric(ns: &Netns, name: &str) -> Option<f64> {
+    let text = ns
+        .run_ok(["curl", "-s", "http://127.0.0.1:10249/metrics"])
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The problem `what` of node `name`'s input, if it has one (its message); `None` too while
+/// its kpng does not answer yet.
+fn node_problem(socket: &Path, name: &str, what: &str) -> Option<String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "-o", "json", "--admin-socket"])
+        .arg(admin_socket(socket, name))
+        .output()
+        .ok()?;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    status["input"]["problems"]
+        .as_array()?
+        .iter()
+        .find(|p| p["what"] == what)
+        .and_then(|p| p["message"].as_str().map(str::to_string))
+}
+
+/// A brain restarted on an empty manifest directory sends its nodes a complete state with no
+/// Service: the node keeps its rules (a ClusterIP keeps answering), says why in `kpng status`
+/// and `kpng_api_held_empty_state`, also when it restarts meanwhile and adopts its table; once
+/// the brain's input has the Services again, the node follows it and the problem clears.
+#[test]
+fn a_brain_restarted_on_an_empty_input_does_not_empty_its_nodes() {
+    require_root!();
+    let c = Cluster::builder("apiempty").create().expect("cluster");
+    let _echo: Vec<Spawned> = c
+        .pods
+        .iter()
+        .map(|p| p.start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let full = dir.path().join("full");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&full).expect("mkdir");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let web = [("pod1a", addr::POD1A_V4, "node1")];
+    write_atomically(&full.join("cluster.yaml"), &manifest(&web));
+    let socket = dir.path().join("brain.sock");
+    let brain_logs = [dir.path().join("brain1.log"), dir.path().join("brain2.log")];
+    let mut brain = Brain::start(&full, &socket, &brain_logs[0]);
+    let node_log = std::cell::RefCell::new(String::new());
+    let mut node = start_node_with(&c.node1.ns, "node1", &socket, "127.0.0.1:10249");
+    let logs = |node: &Spawned| {
+        let mut s = String::new();
+        for log in &brain_logs {
+            s.push_str(&std::fs::read_to_string(log).unwrap_or_default());
+        }
+        format!(
+            "{s}\n--- node1:\n{}{}",
+            node_log.borrow(),
+            node.stderr_text()
+        )
+    };
+    wait_until(
+        "the node synced from the brain",
+        || count(&node, "synced backend=") >= 1,
+        || logs(&node),
+    );
+    let cip = sa(std::net::Ipv4Addr::new(10, 96, 0, 10), 80);
+    let from = &c.pod("pod1b").ns;
+    assert_eq!(servers(from, cip, 5), set(&["pod1a"]));
+    assert_eq!(metric(&c.node1.ns, "kpng_api_held_empty_state"), Some(0.0));
+
+    // The brain restarts on an empty directory: no Service, no Node.
+    brain.kill();
+    let _brain2 = Brain::start(&empty, &socket, &brain_logs[1]);
+    wait_until(
+        "the node holds the empty state",
+        || node_problem(&socket, "node1", "brain state").is_some(),
+        || logs(&node),
+    );
+    let message = node_problem(&socket, "node1", "brain state").unwrap_or_default();
+    assert!(
+        message.starts_with("the brain sent a state with no Service: not applied, keeping the "),
+        "{message}"
+    );
+    assert_eq!(count(&node, "sent a complete state with no Service"), 1);
+    assert_eq!(metric(&c.node1.ns, "kpng_api_held_empty_state"), Some(1.0));
+    assert_eq!(servers(from, cip, 5), set(&["pod1a"]), "the rules stay");
+    let brain2_log = std::fs::read_to_string(&brain_logs[1]).unwrap_or_default();
+    assert!(
+        brain2_log.contains("the source has no Node objects"),
+        "{brain2_log}"
+    );
+
+    // Restarted meanwhile, the node adopts its table and keeps it too.
+    node_log.borrow_mut().push_str(&node.stderr_text());
+    node.kill().expect("kill the node");
+    node = start_node_with(&c.node1.ns, "node1", &socket, "127.0.0.1:10249");
+    wait_until(
+        "the restarted node holds the empty state",
+        || count(&node, "sent a complete state with no Service") == 1,
+        || logs(&node),
+    );
+    assert!(
+        node.stderr_text()
+            .contains("keeping the rules an earlier kpng left (adopted at start)"),
+        "{}",
+        logs(&node)
+    );
+    assert_eq!(count(&node, "synced backend="), 0, "{}", logs(&node));
+    assert_eq!(
+        servers(from, cip, 5),
+        set(&["pod1a"]),
+        "the adopted rules stay"
+    );
+
+    // The brain's input has the Services again: the node follows and the problem clears.
+    write_atomically(&empty.join("cluster.yaml"), &manifest(&web));
+    wait_until(
+        "the node applied the brain's state",
+        || count(&node, "synced backend=") >= 1,
+        || logs(&node),
+    );
+    wait_until(
+        "the problem cleared",
+        || node_problem(&socket, "node1", "brain state").is_none(),
+        || logs(&node),
+    );
+    assert_eq!(metric(&c.node1.ns, "kpng_api_held_empty_state"), Some(0.0));
+    assert_eq!(servers(from, cip, 5), set(&["pod1a"]));
+    // Its first sync says what the adopted table holds now, not the empty model's diff.
+    assert!(
+        node.stderr_text()
+            .contains("first sync after adopting the rules an earlier kpng left: they now hold"),
+        "{}",
+        logs(&node)
+    );
+}
+
+/// A brain whose input has Nodes but not this node's (another cluster's, or the Node not
+/// registered yet) sends it nothing and the node says why; it is served once the Node comes.
+#[test]
+fn a_brain_without_the_nodes_node_sends_it_nothing_and_says_why() {
+    require_root!();
+    let c = Cluster::builder("apiother").create().expect("cluster");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let socket = dir.path().join("brain.sock");
+    let web = [("pod1a", addr::POD1A_V4, "node1")];
+    write_atomically(&input, &manifest(&web));
+    let log = dir.path().join("brain.log");
+    let _brain = Brain::start(&input, &socket, &log);
+    let node = start_node(&c.node1.ns, "node9", &socket);
+    let logs = || {
+        format!(
+            "{}\n--- node9:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            node.stderr_text()
+        )
+    };
+    wait_until(
+        "the node shows the refusal",
+        || node_problem(&socket, "node9", "brain").is_some(),
+        logs,
+    );
+    let message = node_problem(&socket, "node9", "brain").unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "the brain refused this node: this brain's cluster has no Node named \"node9\" (it \
+             has 3 Nodes)"
+        ),
+        "{message}"
+    );
+    // It keeps being refused: no state, one warning each side.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(count(&node, "synced backend="), 0, "{}", logs());
+    assert_eq!(count(&node, "the brain refused this node"), 1, "{}", logs());
+    let brain_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        brain_log.matches("not serving node \"node9\"").count(),
+        1,
+        "{brain_log}"
+    );
+    // Its Node registered: served.
+    let node9 = "apiVersion: v1\nkind: Node\nmetadata: {name: node9}\n---\n";
+    write_atomically(&input, &format!("{node9}{}", manifest(&web)));
+    wait_until(
+        "the node synced once its Node exists",
+        || count(&node, "synced backend=") >= 1,
+        logs,
+    );
+    wait_until(
+        "the problem cleared",
+        || node_problem(&socket, "node9", "brain").is_none(),
         logs,
     );
 }

@@ -1345,6 +1345,9 @@ impl<M: NodeModel> LoopState<M> {
         let repairing = if full { self.repair_for.clone() } else { None };
         let mut changes = match &repairing {
             Some(what) => repair_changes(what, &summary),
+            // The model started empty: its diff would read "no Service port changed" for a
+            // sync that emptied a table of thousands, and "N added" for ports already there.
+            None if self.earlier_rules_in_place() => adoption_changes(snapshot),
             None => summary.to_string(),
         };
         if let Some(addresses) = self.addresses_changed.take() {
@@ -1773,6 +1776,25 @@ mod tests;
 fn service_of(port: &str) -> Option<(&str, &str)> {
     let service = port.rsplit_once(':').map_or(port, |(s, _)| s);
     service.split_once('/')
+}
+
+/// The history's text for the first sync after the backend adopted an earlier run's rules:
+/// what the data plane holds now, since what the earlier rules held is not known here (the
+/// model started empty, so its diff says nothing true about them).
+fn adoption_changes(snapshot: &kpng_model::Snapshot) -> String {
+    let services: BTreeSet<&ServiceKey> = snapshot.ports.keys().map(|k| &k.service).collect();
+    if services.is_empty() {
+        "first sync after adopting the rules an earlier kpng left: this state has no Service \
+         port, so every Service rule they held was removed"
+            .to_string()
+    } else {
+        format!(
+            "first sync after adopting the rules an earlier kpng left: they now hold {} Service \
+             ports of {} Services; the earlier rules of any other Service were removed",
+            snapshot.ports.len(),
+            services.len()
+        )
+    }
 }
 
 /// The history's text for a repairing sync: what was repaired, then the Service changes it

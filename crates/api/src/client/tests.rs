@@ -490,6 +490,9 @@ fn watch_as_node_a(addr: ApiAddr) -> (tokio::task::JoinHandle<()>, mpsc::Receive
         retry_max: Duration::from_millis(200),
         health: InputHealth::default(),
         no_state_grace: crate::client::NO_STATE_GRACE,
+        earlier_rules: false,
+        accept_empty_state: false,
+        held_empty_state: Default::default(),
     };
     let (updates, received) = mpsc::channel(4);
     (tokio::spawn(watch(config, updates)), received)
@@ -708,6 +711,9 @@ async fn the_brains_report_reaches_the_nodes_input_record() {
         retry_max: Duration::from_millis(200),
         health: node_input.clone(),
         no_state_grace: crate::client::NO_STATE_GRACE,
+        earlier_rules: false,
+        accept_empty_state: false,
+        held_empty_state: Default::default(),
     };
     let (updates, mut received) = mpsc::channel(4);
     let watching = tokio::spawn(watch(config, updates));
@@ -961,6 +967,9 @@ async fn a_brain_that_sends_no_state_is_an_input_problem_after_the_grace() {
         retry_max: Duration::from_millis(200),
         health: node_input.clone(),
         no_state_grace: Duration::from_millis(200),
+        earlier_rules: false,
+        accept_empty_state: false,
+        held_empty_state: Default::default(),
     };
     let (updates, mut received) = mpsc::channel(4);
     let watching = tokio::spawn(watch(config, updates));
@@ -1032,14 +1041,11 @@ async fn after_a_reconnect_the_status_says_connected_and_waiting_until_the_first
         outage_began,
     );
     let config = WatchConfig {
-        addr,
-        tls: TlsFiles::default(),
-        tls_server_name: None,
-        node_name: "n1".into(),
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
         health: node_input.clone(),
         no_state_grace: Duration::from_secs(60),
+        ..WatchConfig::new(addr, "n1")
     };
     let (updates, mut received) = mpsc::channel(4);
     let watching = tokio::spawn(watch(config, updates));
@@ -1097,4 +1103,167 @@ fn a_brain_of_another_minor_version_is_warned_about_once() {
     }
     // Without an outage's problem, connecting records none.
     assert!(config.health.state().problems.is_empty());
+}
+
+/// A brain on `socket` until `stop` fires (it then ends its streams as shutting down).
+async fn serve_until(
+    hub: &Arc<Hub>,
+    socket: &std::path::Path,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> (ApiAddr, tokio::task::JoinHandle<()>) {
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let server = crate::server::serve(
+        hub.clone(),
+        &addr,
+        &TlsFiles::default(),
+        Default::default(),
+        async move {
+            let _ = stop.await;
+        },
+    )
+    .await
+    .expect("listen");
+    let task = tokio::spawn(async move {
+        let _ = server.await;
+    });
+    (addr, task)
+}
+
+/// The real client watching `addr` as `node`, recording in `health`.
+fn node_config(addr: ApiAddr, node: &str, health: &InputHealth) -> WatchConfig {
+    WatchConfig {
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        health: health.clone(),
+        ..WatchConfig::new(addr, node)
+    }
+}
+
+/// Waits until `health` has a problem `what` (its message), within 10 s.
+async fn problem(health: &InputHealth, what: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(p) = health.state().problems.get(what) {
+            return p.message.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a {what:?} problem within 10 s: {:?}",
+            health.state().problems
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A brain whose cluster has Nodes but not this node's refuses it with a status the node
+/// shows; the node gets no state, retries, and is served once the Node appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_cluster_gets_no_state_and_is_told_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        crate::metrics::ApiMetrics::default(),
+    ));
+    hub.apply(fixtures::cluster_event());
+    let addr = serve_on(&hub, &dir.path().join("brain.sock")).await;
+    let health = InputHealth::default();
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(node_config(addr, "n4", &health), updates));
+    let message = problem(&health, "brain").await;
+    assert!(
+        message.starts_with(
+            "the brain refused this node: this brain's cluster has no Node named \"n4\" (it has \
+             3 Nodes)"
+        ) && message.contains("(FailedPrecondition)")
+            && message.ends_with("; keeping the rules as they are, retrying"),
+        "{message}"
+    );
+    assert!(received.try_recv().is_err(), "no state");
+    let refused = hub
+        .metrics()
+        .refused
+        .get_or_create(&crate::metrics::RefusedLabel {
+            reason: "unknown_node".into(),
+        })
+        .get();
+    assert!(refused >= 1, "counted: {refused}");
+    hub.apply(Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::core::v1::Node>(
+            json!({"metadata": {"name": "n4"}}),
+        )
+        .expect("node")
+        .object,
+    ));
+    let update = next_update(&mut received, "the state once the Node exists").await;
+    assert!(update.replay && !update.services.is_empty(), "{update:?}");
+    assert!(!health.state().problems.contains_key("brain"));
+    watching.abort();
+}
+
+/// A node that programs Services does not apply a new brain's first state when it holds no
+/// Service (a brain restarted on an empty input): it keeps them, says so, and applies the
+/// brain's state, the held one included, once it holds a Service again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_brains_empty_state_is_held_until_it_has_a_service() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let new_hub = || {
+        Arc::new(Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::default(),
+        ))
+    };
+    let first = new_hub();
+    first.apply(fixtures::cluster_event());
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let (addr, server) = serve_until(&first, &socket, stopped).await;
+    let health = InputHealth::default();
+    let config = node_config(addr, "n1", &health);
+    let held = config.held_empty_state.clone();
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(config, updates));
+    let replay = next_update(&mut received, "the first brain's state").await;
+    let services = replay.services.len();
+    assert!(services > 1, "{replay:?}");
+
+    // The brain restarts on an empty input (no Service, no Node).
+    let _ = stop.send(());
+    let _ = server.await;
+    let empty = new_hub();
+    empty.apply(Event::Replace {
+        kinds: vec![
+            kpng_model::Kind::Service,
+            kpng_model::Kind::EndpointSlice,
+            kpng_model::Kind::Node,
+        ],
+        objects: Vec::new(),
+    });
+    let (_keep_serving, serving) = tokio::sync::oneshot::channel();
+    let (_, _server) = serve_until(&empty, &socket, serving).await;
+    let message = problem(&health, "brain state").await;
+    assert!(
+        message.starts_with(&format!(
+            "the brain sent a state with no Service: not applied, keeping the {services} \
+             Services it programs"
+        )),
+        "{message}"
+    );
+    assert_eq!(held.get(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        received.try_recv().is_err(),
+        "the empty state is not applied"
+    );
+
+    // Its input is back: one update, the held replay and the Services together.
+    empty.apply(fixtures::cluster_event());
+    let update = next_update(&mut received, "the state once it has Services").await;
+    assert!(update.replay, "the held replay goes through with it");
+    assert_eq!(update.services.len(), services, "{update:?}");
+    assert!(update.services.iter().all(|(_, ports)| !ports.is_empty()));
+    assert_eq!(held.get(), 0);
+    assert!(!health.state().problems.contains_key("brain state"));
+    watching.abort();
 }

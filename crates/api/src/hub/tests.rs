@@ -974,3 +974,150 @@ fn two_brains_export_which_nodes_follow_one_of_them() {
     assert!(!texts[0].contains("node=\"n1\""), "{}", texts[0]);
     assert_eq!(not_following(&texts), 2, "n1 and n3");
 }
+
+/// The fixture's objects, without its Nodes or with them, as one complete list.
+fn cluster_event_with_nodes(with_nodes: bool) -> Event {
+    let loaded = kpng_source_file::parse_manifests(fixtures::CLUSTER_YAML).expect("parses");
+    Event::Replace {
+        kinds: vec![
+            kpng_model::Kind::Service,
+            kpng_model::Kind::EndpointSlice,
+            kpng_model::Kind::Node,
+        ],
+        objects: loaded
+            .objects
+            .into_iter()
+            .filter(|o| with_nodes || o.kind() != kpng_model::Kind::Node)
+            .collect(),
+    }
+}
+
+/// What a watcher's first change set is: a refusal's message, or a replay.
+fn first_answer(reg: &Registration) -> Result<(), String> {
+    let mut pending = block_on(reg.slot.next());
+    match pending.refused.take() {
+        Some(why) => Err(why),
+        None => {
+            assert!(pending.replay, "a first change set is a replay");
+            Ok(())
+        }
+    }
+}
+
+/// A brain whose cluster has Nodes serves only them (and a Node it saw, deleted since): a
+/// node of another cluster, asking before or after the brain listed its input or renaming
+/// itself, is refused with why; a brain whose source has no Node serves every name.
+#[test]
+fn a_node_the_brains_cluster_does_not_have_is_refused() {
+    struct Case {
+        what: &'static str,
+        with_nodes: bool,
+        name: &'static str,
+        /// Registered before the brain listed its input.
+        early: bool,
+        /// Renamed to `name` from `n1` after its replay, instead of registered as `name`.
+        rename: bool,
+        /// The Node deleted before the watcher comes.
+        delete_first: bool,
+        refused: bool,
+    }
+    let case = |what, with_nodes, name, refused| Case {
+        what,
+        with_nodes,
+        name,
+        early: false,
+        rename: false,
+        delete_first: false,
+        refused,
+    };
+    let cases = [
+        case("a Node of the cluster", true, "n1", false),
+        case("another cluster's node", true, "elsewhere", true),
+        Case {
+            early: true,
+            ..case(
+                "another cluster's node, before the listing",
+                true,
+                "elsewhere",
+                true,
+            )
+        },
+        Case {
+            early: true,
+            ..case(
+                "a Node of the cluster, before the listing",
+                true,
+                "n2",
+                false,
+            )
+        },
+        Case {
+            rename: true,
+            ..case("renamed to another cluster's node", true, "elsewhere", true)
+        },
+        Case {
+            delete_first: true,
+            ..case("a Node the brain saw, deleted since", true, "n3", false)
+        },
+        case(
+            "any name, when the source has no Node",
+            false,
+            "elsewhere",
+            false,
+        ),
+    ];
+    for c in cases {
+        let hub = hub();
+        let early = c.early.then(|| hub.register(c.name));
+        hub.apply(cluster_event_with_nodes(c.with_nodes));
+        if c.delete_first {
+            hub.apply(Event::Delete(kpng_model::ObjectRef {
+                kind: kpng_model::Kind::Node,
+                namespace: "".into(),
+                name: c.name.into(),
+            }));
+        }
+        let answer = match early {
+            Some(reg) => first_answer(&reg),
+            None if c.rename => {
+                let mut reg = hub.register("n1");
+                assert_eq!(first_answer(&reg), Ok(()), "{}: as n1", c.what);
+                reg.rename(c.name);
+                first_answer(&reg)
+            }
+            None => first_answer(&hub.register(c.name)),
+        };
+        assert_eq!(hub.refusal(c.name).is_some(), c.refused, "{}", c.what);
+        match (answer, c.refused) {
+            (Ok(()), false) => {}
+            (Err(why), true) => {
+                assert!(
+                    why.contains(&format!("has no Node named {:?} (it has 3 Nodes)", c.name)),
+                    "{}: {why}",
+                    c.what
+                );
+                assert_eq!(hub.unknown_watchers(), [c.name], "{}: shown", c.what);
+            }
+            (answer, _) => panic!("{}: {answer:?}", c.what),
+        }
+    }
+}
+
+/// A node refused while its Node was not registered yet is served once the brain has it.
+#[test]
+fn a_refused_node_is_served_once_its_node_appears() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    assert!(first_answer(&hub.register("n4")).is_err());
+    hub.refresh_node_gauges();
+    assert_eq!(hub.metrics().unknown_node_names.get(), 1, "counted");
+    let node =
+        kpng_source_file::parse_manifests("apiVersion: v1\nkind: Node\nmetadata: {name: n4}\n")
+            .expect("parses");
+    for o in node.objects {
+        hub.apply(Event::Apply(o));
+    }
+    assert_eq!(hub.refusal("n4"), None);
+    assert_eq!(first_answer(&hub.register("n4")), Ok(()));
+    assert_eq!(hub.unknown_watchers(), Vec::<String>::new());
+}

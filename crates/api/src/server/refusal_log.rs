@@ -31,6 +31,8 @@ pub(crate) enum Refusal {
     NotANodeName,
     /// A Watch for a node the client certificate does not name.
     OtherNode,
+    /// A Watch for a node the brain's cluster does not have (`crate::hub::Hub::refusal`).
+    UnknownNode,
     /// A Watch over [`super::MAX_WATCHES`].
     TooManyWatches,
     /// A Watch over [`super::MAX_WATCHES_PER_PEER`] from one peer.
@@ -53,6 +55,7 @@ impl Refusal {
         match self {
             Refusal::NotANodeName => "not_a_node_name",
             Refusal::OtherNode => "other_node",
+            Refusal::UnknownNode => "unknown_node",
             Refusal::TooManyWatches => "too_many_watches",
             Refusal::TooManyWatchesFromPeer => "too_many_watches_from_peer",
             Refusal::TooManyConnections => "too_many_connections",
@@ -65,6 +68,7 @@ impl Refusal {
         match self {
             Refusal::NotANodeName => "not a Node's name",
             Refusal::OtherNode => "a node the client certificate does not name",
+            Refusal::UnknownNode => "a node this brain's cluster does not have",
             Refusal::TooManyWatches => "too many Watch streams",
             Refusal::TooManyWatchesFromPeer => "too many Watch streams from this client",
             Refusal::TooManyConnections => "too many connections (--max-connections)",

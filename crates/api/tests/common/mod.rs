@@ -182,14 +182,15 @@ pub async fn serve_tcp(hub: Arc<Hub>) -> std::net::SocketAddr {
     }
 }
 
-/// A brain holding node `n1` and Service `default/a`: the manifest text, to append to.
+/// A brain holding nodes `n1` and `n2` and Service `default/a`: the manifest text, to append
+/// to. (A brain whose input has Nodes serves only those.)
 pub fn hub_with_one_service() -> (Arc<Hub>, String) {
     let hub = Arc::new(Hub::new(
         kpng_model::ClusterModel::new(kpng_model::ClusterConfig::default()),
         kpng_api::metrics::ApiMetrics::default(),
     ));
     let state = format!(
-        "kind: Node\nmetadata: {{name: n1}}\n{}",
+        "kind: Node\nmetadata: {{name: n1}}\n---\nkind: Node\nmetadata: {{name: n2}}\n{}",
         service("a", "10.96.0.1")
     );
     hub.apply(manifest(&state));

@@ -2027,3 +2027,30 @@ async fn a_status_only_node_change_is_synced_only_where_the_status_is_shown() {
         );
     }
 }
+
+/// The first sync after the backend adopted an earlier run's rules says what the rules hold
+/// now and that the others went, not the empty model's diff ("no Service port changed" for a
+/// sync that emptied the table, "N added" for ports already there).
+#[tokio::test(start_paused = true)]
+async fn the_first_sync_after_adopting_earlier_rules_says_what_it_did() {
+    for (objects, want) in [
+        (
+            Vec::new(),
+            "first sync after adopting the rules an earlier kpng left: this state has no \
+             Service port, so every Service rule they held was removed",
+        ),
+        (
+            vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
+            "first sync after adopting the rules an earlier kpng left: they now hold 2 Service \
+             ports of 2 Services; the earlier rules of any other Service were removed",
+        ),
+    ] {
+        let h = start_full(SyncTiming::default(), None, None, None, None, |r| {
+            r.with_earlier_rules(true)
+        });
+        h.tx.send(all_kinds(objects)).await.expect("send");
+        settle().await;
+        let status = status_of(&h).await;
+        assert_eq!(status.recent_syncs[0].changes, want);
+    }
+}
