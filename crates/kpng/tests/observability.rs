@@ -238,6 +238,10 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
         "{metrics}"
     );
     assert!(value("process_resident_memory_bytes") > 1e6);
+    // The peak a memory request must hold (VmHWM), never below the current size.
+    assert!(
+        value("kpng_process_max_resident_memory_bytes") >= value("process_resident_memory_bytes")
+    );
     assert!(value("process_open_fds") >= 3.0);
     assert!(value("process_cpu_seconds_total") >= 0.0);
     let started = value("process_start_time_seconds");

@@ -1599,6 +1599,9 @@ impl<M: NodeModel> LoopState<M> {
             m.model_service_ports
                 .get_or_create(&(*family).into())
                 .set(c.ports);
+            m.model_endpoints
+                .get_or_create(&(*family).into())
+                .set(c.endpoints);
             for (policy, n) in [("internal", c.internal), ("external", c.external)] {
                 let label = NoLocalLabel {
                     traffic_policy: policy.into(),
@@ -1639,12 +1642,13 @@ fn count_changes(counts: &mut BTreeMap<Family, ModelCounts>, diff: &Diff) {
     }
 }
 
-/// What the model gauges count in one family: Service ports, and those of each traffic
-/// policy Local that have endpoints but none on this node
+/// What the model gauges count in one family: Service ports, their serving endpoints, and
+/// the ports of each traffic policy Local that have endpoints but none on this node
 /// (`kubeproxy_sync_proxy_rules_no_local_endpoints_total`).
 #[derive(Debug, Clone, Copy, Default)]
 struct ModelCounts {
     ports: i64,
+    endpoints: i64,
     internal: i64,
     external: i64,
 }
@@ -1653,6 +1657,7 @@ impl ModelCounts {
     /// Counts `sp` `n` times (-1 takes it away).
     fn add(&mut self, sp: &kpng_model::ServicePort, n: i64) {
         self.ports += n;
+        self.endpoints += n * i64::try_from(sp.serving_endpoints.len()).unwrap_or(i64::MAX);
         let no_local = sp.has_any_endpoints && sp.local_endpoints.is_empty();
         if sp.internal_policy_local && no_local {
             self.internal += n;
