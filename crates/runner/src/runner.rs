@@ -390,6 +390,7 @@ impl<M: NodeModel> Runner<M> {
             last_ok_at: None,
             last_error: None,
             warnings: crate::warning_budget::WarningBudget::default(),
+            sync_log: crate::sync_log::SyncLog::default(),
             repair_for: None,
             repair_since: None,
             repairs: None,
@@ -458,6 +459,8 @@ struct LoopState<M: NodeModel> {
     last_error: Option<String>,
     /// Warnings about objects shown since the last sync (the rest go to debug).
     warnings: crate::warning_budget::WarningBudget,
+    /// Which routine syncs are logged at info level, and the summary of the others.
+    sync_log: crate::sync_log::SyncLog,
     /// What someone else changed, when the next full sync repairs it (the first report of a
     /// burst).
     repair_for: Option<String>,
@@ -1304,6 +1307,15 @@ impl<M: NodeModel> LoopState<M> {
         self.end_backoff_if_quiet(now);
         crate::warning_budget::held_back(self.warnings.next_interval());
         let timing = self.runner.timing;
+        let first = self.last_sync.is_none();
+        if let Some(held) = self.sync_log.roll(now.into_std()) {
+            info!(
+                backend = %self.runner.backend.name(),
+                syncs = held.syncs,
+                "{}",
+                held.describe()
+            );
+        }
         let full_due = self.last_full.is_some_and(|t| {
             !timing.full_sync_period.is_zero() && now >= t + timing.full_sync_period
         });
@@ -1326,11 +1338,15 @@ impl<M: NodeModel> LoopState<M> {
             Some(what) => repair_changes(what, &summary),
             None => summary.to_string(),
         };
+        // A change of the node's own is always logged at info level.
+        let mut node_changed = false;
         if let Some(addresses) = self.addresses_changed.take() {
             changes.push_str(&format!("; the node's addresses changed ({addresses})"));
+            node_changed = true;
         }
         if std::mem::take(&mut self.node_status_changed) {
             changes.push_str("; the node's status changed");
+            node_changed = true;
         }
         let changed_names = changed_services(&pending);
         let diff = if full {
@@ -1472,15 +1488,41 @@ impl<M: NodeModel> LoopState<M> {
                 // A change is logged even when the backend counted no operation for it (a
                 // sync that empties the node rebuilds the table with nothing in it).
                 if stats.operations > 0 || full || !diff.is_empty() || repaired {
-                    info!(
-                        backend = %backend.backend,
-                        full,
-                        ports = ports_total,
-                        operations = stats.operations,
-                        ?duration,
-                        changes = %changes,
-                        "synced"
-                    );
+                    // The first sync, full ones, repairs, node changes and slow syncs always
+                    // at info level; routine ones within the minute's budget (`sync_log`).
+                    let routine = !first
+                        && !full
+                        && !repaired
+                        && !node_changed
+                        && duration < crate::sync_log::SLOW;
+                    let shown = !routine
+                        || self.sync_log.admit(
+                            now.into_std(),
+                            duration,
+                            stats.operations,
+                            diff.changes.keys().map(|k| k.service.to_string()),
+                        );
+                    if shown {
+                        info!(
+                            backend = %backend.backend,
+                            full,
+                            ports = ports_total,
+                            operations = stats.operations,
+                            ?duration,
+                            changes = %changes,
+                            "synced"
+                        );
+                    } else {
+                        debug!(
+                            backend = %backend.backend,
+                            full,
+                            ports = ports_total,
+                            operations = stats.operations,
+                            ?duration,
+                            changes = %changes,
+                            "synced"
+                        );
+                    }
                     if !changed_names.is_empty() {
                         debug!("synced Services: {}", changed_names.join(", "));
                     }
