@@ -275,6 +275,11 @@ impl Kpng {
             "10.128.0.0/9",
             "--service-node-port-range",
             crate::workload::NODE_PORT_RANGE,
+            // Every sync's line: beyond the first ten routine syncs of a minute they are
+            // logged at debug level (crates/runner/src/sync_log.rs), and the benchmark reads
+            // each one's duration.
+            "--log-level",
+            "info,kpng_runner::runner=debug",
         ];
         args.extend_from_slice(backend.args());
         let mut command = ns.command(args);

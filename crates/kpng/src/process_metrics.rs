@@ -5,7 +5,9 @@
 //! run, without a second exporter. The names are the Prometheus client libraries' own
 //! (`process_cpu_seconds_total`, `process_resident_memory_bytes`, …), so existing dashboards
 //! and alerts work unchanged. Values come from `/proc/self` on Linux; elsewhere only the build
-//! information is exported.
+//! information is exported. Beside them, `kpng_process_max_resident_memory_bytes` (the peak,
+//! VmHWM): what a memory request must hold is the start's peak, which a scrape of the current
+//! resident size every 30 s misses (docs/deploy.md, "Sizing").
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -76,11 +78,17 @@ impl Collector for ProcessCollector {
             None,
             counter.metric_type(),
         )?)?;
-        let gauges: [(&str, &str, Option<f64>); 5] = [
+        let gauges: [(&str, &str, Option<f64>); 6] = [
             (
                 "process_resident_memory_bytes",
                 "Resident memory size in bytes.",
                 sample.resident_bytes,
+            ),
+            (
+                "kpng_process_max_resident_memory_bytes",
+                "The highest resident memory size since the process started (VmHWM), in bytes: \
+                 the start's peak, which a memory request must hold.",
+                sample.max_resident_bytes,
             ),
             (
                 "process_virtual_memory_bytes",
@@ -125,6 +133,8 @@ mod proc {
     pub struct Sample {
         pub cpu_seconds: f64,
         pub resident_bytes: Option<f64>,
+        /// The peak resident size (VmHWM).
+        pub max_resident_bytes: Option<f64>,
         pub virtual_bytes: Option<f64>,
         pub open_fds: Option<f64>,
         pub max_fds: Option<f64>,
@@ -146,6 +156,7 @@ mod proc {
         Some(Sample {
             cpu_seconds: (utime + stime) as f64 / TICKS_PER_SECOND,
             resident_bytes: status_kib(&status, "VmRSS:").map(|k| k * 1024.0),
+            max_resident_bytes: status_kib(&status, "VmHWM:").map(|k| k * 1024.0),
             virtual_bytes: status_kib(&status, "VmSize:").map(|k| k * 1024.0),
             open_fds: std::fs::read_dir("/proc/self/fd")
                 .ok()
@@ -206,8 +217,10 @@ mod proc {
 
         #[test]
         fn status_limits_and_boot_time_parse() {
-            let status = "Name:\tkpng\nVmSize:\t  204800 kB\nVmRSS:\t    1536 kB\n";
+            let status =
+                "Name:\tkpng\nVmSize:\t  204800 kB\nVmHWM:\t    4096 kB\nVmRSS:\t    1536 kB\n";
             assert_eq!(status_kib(status, "VmRSS:"), Some(1536.0));
+            assert_eq!(status_kib(status, "VmHWM:"), Some(4096.0));
             assert_eq!(status_kib(status, "VmSize:"), Some(204800.0));
             assert_eq!(status_kib(status, "VmSwap:"), None);
             let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
@@ -224,6 +237,13 @@ mod proc {
         fn this_process_is_sampled() {
             let s = sample().expect("a sample on Linux");
             assert!(s.resident_bytes.is_some_and(|b| b > 0.0), "{s:?}");
+            // The peak is never below the current size.
+            assert!(
+                s.max_resident_bytes
+                    .zip(s.resident_bytes)
+                    .is_some_and(|(peak, now)| peak >= now),
+                "{s:?}"
+            );
             assert!(s.open_fds.is_some_and(|n| n >= 3.0), "{s:?}");
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -155,6 +155,66 @@ fn follows_edits_and_keeps_the_last_good_output_on_a_broken_edit() {
     );
 }
 
+/// Under churn a node's log stays bounded (docs/deploy.md, "Sizing"): the first sync and the
+/// first 10 routine syncs of a minute are `synced` lines at info level, the routine syncs after
+/// them at debug level only (summed up once the minute is over; each shown with `--log-level
+/// debug`). Before 2026-12-07 every sync was an info line: ~220 B/s per node at 10 changes/s.
+#[test]
+fn routine_syncs_past_ten_a_minute_are_logged_at_debug_level_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let output = out_dir.path().join("out.yaml");
+    std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
+    let start = |level: &str| {
+        Kpng::start(
+            Command::new(env!("CARGO_BIN_EXE_kpng"))
+                .args(["--log-level", level, "file", "--input"])
+                .arg(&input)
+                .args([
+                    "--node-name",
+                    "n1",
+                    "--healthz-bind-address",
+                    "",
+                    "--metrics-bind-address",
+                    "",
+                    "--admin-socket=",
+                    "--min-sync-period",
+                    "0",
+                    "to-file",
+                    "--output",
+                ])
+                .arg(&output),
+        )
+    };
+    for (level, info_lines, debug_lines) in [("info", 1 + 10, 0), ("debug", 1 + 10, 3)] {
+        std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
+        let mut kpng = start(level);
+        kpng.wait("the first sync", &output, |out, err| {
+            out.contains("10.96.0.1") && err.contains(" synced")
+        });
+        // 13 changes, each waited for: routine syncs, well within a minute.
+        for i in 2..15 {
+            let ip = format!("10.96.0.{i}");
+            std::fs::write(&input, service(&ip, 80)).expect("write");
+            kpng.wait("the change", &output, |out, _| out.contains(&ip));
+        }
+        // The last sync's line, if any, is written right after the output.
+        std::thread::sleep(Duration::from_millis(300));
+        let err = kpng.stderr();
+        let lines = |level: &str| {
+            err.lines()
+                .filter(|l| l.contains(level) && l.contains(" synced backend="))
+                .count()
+        };
+        assert_eq!(
+            (lines(" INFO "), lines(" DEBUG ")),
+            (info_lines, debug_lines),
+            "--log-level {level}:\n{err}"
+        );
+    }
+}
+
 #[test]
 fn config_file_and_flags_make_the_written_configuration() {
     let fixture = concat!(

@@ -283,6 +283,48 @@ fn daemon_set_runs_like_kube_proxy() {
     );
 }
 
+/// A binary quantity (`128Mi`, `1Gi`) in MiB.
+fn mebibytes(q: &str) -> u64 {
+    let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let n: u64 = n.parse().unwrap_or_else(|_| panic!("quantity {q:?}"));
+    match unit {
+        "Mi" => n,
+        "Gi" => n * 1024,
+        other => panic!("quantity {q:?}: unit {other:?} (write Mi or Gi)"),
+    }
+}
+
+/// What a planner reads in docs/deploy.md ("Sizing"): the requests hold the measured peak of a
+/// typical cluster, the memory a 64 MiB request did not (an nftables node of 30k Services was
+/// OOM-killed in 64 MiB while parsing; eBPF's maps alone are 69 MiB); no limit, a CPU quota
+/// least of all (a 100m one stretched a restart of 30k Services to 80 s); and a startup probe,
+/// so that a long first sync is not killed by the liveness probe.
+#[test]
+fn daemon_set_requests_what_a_typical_cluster_needs_and_limits_nothing() {
+    let pod = deploy().daemon_set.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let resources = c.resources.as_ref().expect("resources");
+    assert_eq!(resources.limits, None, "no limits (docs/deploy.md, Sizing)");
+    let requests = resources.requests.as_ref().expect("requests");
+    assert!(requests.contains_key("cpu"), "{requests:?}");
+    let memory = mebibytes(&requests["memory"].0);
+    // docs/deploy.md: nftables ≈ 11 MiB + 5 MiB per 1,000 Services (4 endpoints each), +5%
+    // after a restart; ebpf ≈ that + 70–85 MiB. A typical cluster: 10k Services (nftables,
+    // the ConfigMap's mode), 5k with ebpf.
+    let nft = |services: u64| (11 + 5 * services / 1000) * 105 / 100;
+    assert!(memory >= nft(10_000), "{memory} MiB < nftables at 10k");
+    assert!(memory >= nft(5_000) + 85, "{memory} MiB < ebpf at 5k");
+    // Liveness waits for the first sync: the startup probe is /healthz (200 once the first
+    // sync has programmed the node) on the health server, with minutes of budget.
+    let startup = c.startup_probe.as_ref().expect("a startupProbe");
+    let get = startup.http_get.as_ref().unwrap();
+    assert_eq!(get.path.as_deref(), Some("/healthz"));
+    let liveness = c.liveness_probe.as_ref().unwrap();
+    assert_eq!(get.port, liveness.http_get.as_ref().unwrap().port);
+    let budget = startup.period_seconds.unwrap_or(10) * startup.failure_threshold.unwrap_or(3);
+    assert!(budget >= 300, "startup budget {budget}s");
+}
+
 #[test]
 fn the_daemon_sets_command_line_and_config_load_without_a_warning() {
     let d = deploy();

@@ -238,6 +238,10 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
         "{metrics}"
     );
     assert!(value("process_resident_memory_bytes") > 1e6);
+    // The peak a memory request must hold (VmHWM), never below the current size.
+    assert!(
+        value("kpng_process_max_resident_memory_bytes") >= value("process_resident_memory_bytes")
+    );
     assert!(value("process_open_fds") >= 3.0);
     assert!(value("process_cpu_seconds_total") >= 0.0);
     let started = value("process_start_time_seconds");
@@ -817,6 +821,64 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
             && problems.contains("keeping the last good state"),
         "{problems}"
     );
+}
+
+/// The health checks a start opens are one info line, not one per Service (a start of 30k
+/// Services with 1,500 eTP Local ones wrote 1,500 `serving health check` lines): their count
+/// and the first names; a later change that opens one names it on a line of its own.
+#[test]
+fn health_checks_opened_together_are_one_line() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::new("kpnghcl").expect("netns");
+    // The node's address, where its health checks listen.
+    ns.run_ok(["ip", "addr", "add", "192.168.100.1/32", "dev", "lo"])
+        .expect("node address");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let local_lb = |i: u32| {
+        format!(
+            "---\nkind: Service\nmetadata: {{namespace: ns, name: lb{i}}}\nspec:\n  type: LoadBalancer\n  \
+             clusterIP: 10.96.0.{i}\n  externalTrafficPolicy: Local\n  healthCheckNodePort: {}\n  \
+             ports: [{{name: http, port: 80, protocol: TCP, nodePort: {}}}]\n",
+            32100 + i,
+            30100 + i
+        )
+    };
+    let manifest = |n: u32| {
+        let mut m = String::from(
+            "kind: Node\nmetadata: {name: node1}\n\
+             status: {addresses: [{type: InternalIP, address: 192.168.100.1}]}\n",
+        );
+        for i in 1..=n {
+            m.push_str(&local_lb(i));
+        }
+        m
+    };
+    std::fs::write(&input, manifest(5)).expect("write");
+    let mut command = ns.command([env!("CARGO_BIN_EXE_kpng")]);
+    command.arg("file").arg("--input").arg(&input).args([
+        "--node-name",
+        "node1",
+        "--min-sync-period",
+        "0",
+        "--metrics-bind-address",
+        "",
+        "--admin-socket=",
+        "to-local",
+        "nft",
+    ]);
+    let mut running = Running::start(&mut command);
+    let err = running.wait("the health checks", |e| e.contains("health checks: "));
+    assert!(
+        err.contains("serving 5 health checks: ns/lb1 :32101, ns/lb2 :32102, ns/lb3 :32103, …"),
+        "{err}"
+    );
+    assert!(!err.contains("serving health check"), "{err}");
+    // A change that opens one: its own line, naming it.
+    std::fs::write(&input, manifest(6)).expect("write");
+    running.wait("the new health check", |e| {
+        e.contains("service=ns/lb6 port=32106") && e.contains("serving health check")
+    });
 }
 
 /// A health check that cannot be served (here: node1's address is not on this namespace, as

@@ -11,6 +11,7 @@
 //! - [`host_check`]: the node's kernel settings Services need (IP forwarding, bridge
 //!   netfilter), warned of and shown in `kpng status`.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
+//! - [`sync_log`]: which syncs are logged at info level (a node's log volume under churn).
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
 //! - `address_watch` (Linux): the node's interface addresses, so that a change moves node ports
 //!   and health checks at once rather than at the next periodic sync.
@@ -33,6 +34,7 @@ pub mod open_files;
 pub mod repair_backoff;
 pub mod runner;
 pub mod service_health;
+pub mod sync_log;
 pub mod warning_budget;
 
 use std::time::Duration;

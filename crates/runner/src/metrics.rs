@@ -46,8 +46,20 @@ pub struct BackendLabel {
 type FloatGauge = Gauge<f64, AtomicU64>;
 type DurationHistograms = MetricFamily<FamilyLabel, Histogram, fn() -> Histogram>;
 
+/// kube-proxy's sync buckets, 1 ms doubling 15 times (up to 16.384 s), and three more (32.768,
+/// 65.536 and 131.072 s): a first sync or restart of 30k Services on a loaded or CPU-limited
+/// node takes 30 s to minutes, which kube-proxy's buckets put in `+Inf` only. Its bucket
+/// boundaries are all kept, so its dashboards' queries read the same series.
+pub fn sync_duration_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 18).collect()
+}
+
 fn sync_duration_histogram() -> Histogram {
-    // kube-proxy: 1 ms doubling 15 times (up to ~16 s).
+    Histogram::new(sync_duration_buckets())
+}
+
+/// kube-proxy's conntrack reconciler buckets as they are: 1 ms doubling 15 times.
+fn conntrack_duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
@@ -117,6 +129,10 @@ pub struct ProxyMetrics {
     pub repair_delay: MetricFamily<BackendLabel, FloatGauge>,
     /// `kpng_model_service_ports`: Service ports in the model, per family.
     pub model_service_ports: MetricFamily<FamilyLabel, Gauge>,
+    /// `kpng_model_endpoints`: the serving endpoints of those Service ports (an endpoint of
+    /// two ports counts twice), per family: with the ports, what memory and sync time grow
+    /// with (docs/deploy.md, "Sizing").
+    pub model_endpoints: MetricFamily<FamilyLabel, Gauge>,
     /// `kpng_service_healthcheck_failures_total`: health-check servers that could not start.
     pub healthcheck_failures: Counter,
     /// `kpng_service_healthchecks_not_served`: wanted health checks whose server is not
@@ -198,11 +214,12 @@ impl ProxyMetrics {
             tampering_detected: MetricFamily::default(),
             repair_delay: MetricFamily::default(),
             model_service_ports: MetricFamily::default(),
+            model_endpoints: MetricFamily::default(),
             healthcheck_failures: Counter::default(),
             healthchecks_not_served: Gauge::default(),
             http_connections_refused: crate::guarded_http::RefusedConnections::default(),
             conntrack_reconciler_duration: MetricFamily::new_with_constructor(
-                sync_duration_histogram,
+                conntrack_duration_histogram,
             ),
             conntrack_reconciler_deleted: MetricFamily::default(),
             conntrack_reconciler_failures: MetricFamily::default(),
@@ -320,6 +337,11 @@ impl ProxyMetrics {
             m.model_service_ports.clone(),
         );
         r.register(
+            "kpng_model_endpoints",
+            "Serving endpoints of the Service ports in the node-local model (one per port they serve)",
+            m.model_endpoints.clone(),
+        );
+        r.register(
             "kpng_service_healthcheck_failures",
             "Service health-check servers that could not be started (retried at the next sync)",
             m.healthcheck_failures.clone(),
@@ -369,6 +391,25 @@ mod tests {
     }
 
     #[test]
+    fn sync_buckets_are_kube_proxys_and_reach_two_minutes() {
+        let b = sync_duration_buckets();
+        // kube-proxy's 15 (1 ms … 16.384 s), unchanged, then up to 131.072 s.
+        assert_eq!(b.len(), 18);
+        let upstream: Vec<f64> = exponential_buckets(0.001, 2.0, 15).collect();
+        assert_eq!(&b[..15], upstream.as_slice());
+        assert!((b[14] - 16.384).abs() < 1e-9);
+        assert!((b[17] - 131.072).abs() < 1e-9);
+        // A 30 s, 60 s and 120 s sync each land in a bucket of their own, not in +Inf.
+        for (secs, le) in [(30.0, 32.768), (60.0, 65.536), (120.0, 131.072)] {
+            let first = b.iter().find(|&&x| x >= secs).copied();
+            assert!(
+                first.is_some_and(|x| (x - le).abs() < 1e-9),
+                "{secs}: {first:?}"
+            );
+        }
+    }
+
+    #[test]
     fn names_match_kube_proxy() {
         let mut registry = Registry::default();
         let m = ProxyMetrics::new(&mut registry);
@@ -396,6 +437,7 @@ mod tests {
         for needle in [
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\",ip_family=\"IPv4\"} 0",
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\",ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"131.072\",ip_family=\"IPv4\"} 1",
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.5",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
             "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.0\",ip_family=\"IPv6\"} 0",

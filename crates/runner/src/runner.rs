@@ -390,6 +390,7 @@ impl<M: NodeModel> Runner<M> {
             last_ok_at: None,
             last_error: None,
             warnings: crate::warning_budget::WarningBudget::default(),
+            sync_log: crate::sync_log::SyncLog::default(),
             repair_for: None,
             repair_since: None,
             repairs: None,
@@ -458,6 +459,8 @@ struct LoopState<M: NodeModel> {
     last_error: Option<String>,
     /// Warnings about objects shown since the last sync (the rest go to debug).
     warnings: crate::warning_budget::WarningBudget,
+    /// Which routine syncs are logged at info level, and the summary of the others.
+    sync_log: crate::sync_log::SyncLog,
     /// What someone else changed, when the next full sync repairs it (the first report of a
     /// burst).
     repair_for: Option<String>,
@@ -1325,6 +1328,15 @@ impl<M: NodeModel> LoopState<M> {
         self.end_backoff_if_quiet(now);
         crate::warning_budget::held_back(self.warnings.next_interval());
         let timing = self.runner.timing;
+        let first = self.last_sync.is_none();
+        if let Some(held) = self.sync_log.roll(now.into_std()) {
+            info!(
+                backend = %self.runner.backend.name(),
+                syncs = held.syncs,
+                "{}",
+                held.describe()
+            );
+        }
         let full_due = self.last_full.is_some_and(|t| {
             !timing.full_sync_period.is_zero() && now >= t + timing.full_sync_period
         });
@@ -1350,11 +1362,15 @@ impl<M: NodeModel> LoopState<M> {
             None if self.earlier_rules_in_place() => adoption_changes(snapshot),
             None => summary.to_string(),
         };
+        // A change of the node's own is always logged at info level.
+        let mut node_changed = false;
         if let Some(addresses) = self.addresses_changed.take() {
             changes.push_str(&format!("; the node's addresses changed ({addresses})"));
+            node_changed = true;
         }
         if std::mem::take(&mut self.node_status_changed) {
             changes.push_str("; the node's status changed");
+            node_changed = true;
         }
         let changed_names = changed_services(&pending);
         let diff = if full {
@@ -1496,15 +1512,41 @@ impl<M: NodeModel> LoopState<M> {
                 // A change is logged even when the backend counted no operation for it (a
                 // sync that empties the node rebuilds the table with nothing in it).
                 if stats.operations > 0 || full || !diff.is_empty() || repaired {
-                    info!(
-                        backend = %backend.backend,
-                        full,
-                        ports = ports_total,
-                        operations = stats.operations,
-                        ?duration,
-                        changes = %changes,
-                        "synced"
-                    );
+                    // The first sync, full ones, repairs, node changes and slow syncs always
+                    // at info level; routine ones within the minute's budget (`sync_log`).
+                    let routine = !first
+                        && !full
+                        && !repaired
+                        && !node_changed
+                        && duration < crate::sync_log::SLOW;
+                    let shown = !routine
+                        || self.sync_log.admit(
+                            now.into_std(),
+                            duration,
+                            stats.operations,
+                            diff.changes.keys().map(|k| k.service.to_string()),
+                        );
+                    if shown {
+                        info!(
+                            backend = %backend.backend,
+                            full,
+                            ports = ports_total,
+                            operations = stats.operations,
+                            ?duration,
+                            changes = %changes,
+                            "synced"
+                        );
+                    } else {
+                        debug!(
+                            backend = %backend.backend,
+                            full,
+                            ports = ports_total,
+                            operations = stats.operations,
+                            ?duration,
+                            changes = %changes,
+                            "synced"
+                        );
+                    }
                     if !changed_names.is_empty() {
                         debug!("synced Services: {}", changed_names.join(", "));
                     }
@@ -1623,6 +1665,9 @@ impl<M: NodeModel> LoopState<M> {
             m.model_service_ports
                 .get_or_create(&(*family).into())
                 .set(c.ports);
+            m.model_endpoints
+                .get_or_create(&(*family).into())
+                .set(c.endpoints);
             for (policy, n) in [("internal", c.internal), ("external", c.external)] {
                 let label = NoLocalLabel {
                     traffic_policy: policy.into(),
@@ -1663,12 +1708,13 @@ fn count_changes(counts: &mut BTreeMap<Family, ModelCounts>, diff: &Diff) {
     }
 }
 
-/// What the model gauges count in one family: Service ports, and those of each traffic
-/// policy Local that have endpoints but none on this node
+/// What the model gauges count in one family: Service ports, their serving endpoints, and
+/// the ports of each traffic policy Local that have endpoints but none on this node
 /// (`kubeproxy_sync_proxy_rules_no_local_endpoints_total`).
 #[derive(Debug, Clone, Copy, Default)]
 struct ModelCounts {
     ports: i64,
+    endpoints: i64,
     internal: i64,
     external: i64,
 }
@@ -1677,6 +1723,7 @@ impl ModelCounts {
     /// Counts `sp` `n` times (-1 takes it away).
     fn add(&mut self, sp: &kpng_model::ServicePort, n: i64) {
         self.ports += n;
+        self.endpoints += n * i64::try_from(sp.serving_endpoints.len()).unwrap_or(i64::MAX);
         let no_local = sp.has_any_endpoints && sp.local_endpoints.is_empty();
         if sp.internal_policy_local && no_local {
             self.internal += n;

@@ -672,6 +672,10 @@ impl ServiceHealthServers {
         // Every server that goes is closed before any opens: two Services that trade ports
         // (or an address and the wildcard that replaces it) both get theirs in the same sync.
         let mut to_start = Vec::new();
+        // Servers closed and started by this update, for the log: at start-up, one line per
+        // Service was 1,500 lines at 30k Services (a line each when few, `log_moves`).
+        let mut closed = Vec::new();
+        let mut started = Vec::new();
         for (key, check) in changes {
             self.set_count(&key, check);
             let same_port = match (self.running.get(&key), check) {
@@ -707,7 +711,7 @@ impl ServiceHealthServers {
                 continue;
             }
             if let Some(r) = self.running.remove(&key) {
-                info!(service = %key, port = r.port, "closing health check");
+                closed.push((key.clone(), r.port));
                 r.close().await;
             }
             if let Some(check) = check {
@@ -745,7 +749,7 @@ impl ServiceHealthServers {
                         "serving health check, after {} failed attempts",
                         f.attempts
                     ),
-                    None => info!(service = %key, port = check.port, "serving health check"),
+                    None => started.push((key.clone(), check.port)),
                 },
                 Err(error) => {
                     self.failures.inc();
@@ -774,6 +778,8 @@ impl ServiceHealthServers {
                 }
             }
         }
+        log_moves("closing", &closed);
+        log_moves("serving", &started);
         self.not_served
             .set(i64::try_from(self.not_started.len()).unwrap_or(i64::MAX));
     }
@@ -846,6 +852,36 @@ impl ServiceHealthServers {
         }
         Err(error)
     }
+}
+
+/// Health checks one update started or closed, each named in an info line when at most this
+/// many; otherwise one line counts them and names the first ones (each Service's line is at
+/// debug level).
+const NAMED_MOVES: usize = 3;
+
+/// Logs the health-check servers one update `verb`ed ("serving", "closing"): one info line per
+/// Service when at most [`NAMED_MOVES`], else one line with their count and the first names.
+fn log_moves(verb: &str, moved: &[(ServiceKey, u16)]) {
+    if moved.len() <= NAMED_MOVES {
+        for (key, port) in moved {
+            info!(service = %key, port = *port, "{verb} health check");
+        }
+        return;
+    }
+    for (key, port) in moved {
+        debug!(service = %key, port = *port, "{verb} health check");
+    }
+    let first: Vec<String> = moved
+        .iter()
+        .take(NAMED_MOVES)
+        .map(|(key, port)| format!("{key} :{port}"))
+        .collect();
+    info!(
+        count = moved.len(),
+        "{verb} {} health checks: {}, … (`--log-level debug` names each)",
+        moved.len(),
+        first.join(", ")
+    );
 }
 
 /// Binds a listener; IPv6 wildcard sockets are v6-only so that `0.0.0.0` and `[::]` can both be

@@ -1503,6 +1503,7 @@ async fn model_gauges_follow_each_sync_and_alert_counters_start_at_zero() {
     h.tx.send(all_kinds(vec![
         service("a", "10.96.0.1"),
         service("b", "10.96.0.2"),
+        slice("a-1", "10.0.0.1", None),
     ]))
     .await
     .expect("send");
@@ -1513,7 +1514,19 @@ async fn model_gauges_follow_each_sync_and_alert_counters_start_at_zero() {
             .get_or_create(&Family::V4.into())
             .get()
     };
+    let endpoints = |h: &Harness| {
+        h.metrics
+            .model_endpoints
+            .get_or_create(&Family::V4.into())
+            .get()
+    };
     assert_eq!(ports(&h), 2);
+    assert_eq!(endpoints(&h), 1, "a's one endpoint");
+    assert!(
+        encoded(&h).contains("kpng_model_endpoints{ip_family=\"IPv4\"} 1"),
+        "{}",
+        encoded(&h)
+    );
     h.tx.send(Event::Delete(kpng_model::ObjectRef {
         kind: Kind::Service,
         namespace: "ns".into(),
@@ -1528,6 +1541,13 @@ async fn model_gauges_follow_each_sync_and_alert_counters_start_at_zero() {
         "a partial sync, well before the periodic one"
     );
     assert_eq!(ports(&h), 1, "the gauge followed the partial sync");
+    assert_eq!(endpoints(&h), 1, "b had none");
+    // An endpoint change moves the endpoints, not the ports.
+    h.tx.send(Event::Apply(slice("a-2", "10.0.0.2", None)))
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!((ports(&h), endpoints(&h)), (1, 2));
 }
 
 fn node_state(known: bool, ips: &[&str], cidrs: &[&str]) -> kpng_model::NodeState {
