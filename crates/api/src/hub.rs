@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
 
@@ -706,6 +706,12 @@ fn peer_or_unknown(peer: &Option<String>) -> &str {
     peer.as_deref().unwrap_or("unknown")
 }
 
+/// How long two connections may claim one node name before the brain warns: the brain's
+/// keepalive (interval and timeout) closes the half-open connection of a node that reconnected
+/// within this time.
+const CLAIM_GRACE: Duration =
+    crate::server::KEEPALIVE_INTERVAL.saturating_add(crate::server::KEEPALIVE_TIMEOUT);
+
 /// One watcher's place in the hub.
 #[derive(Debug)]
 pub struct Slot {
@@ -1057,31 +1063,70 @@ impl State {
         }
     }
 
-    /// Warns when watcher `id` is the second to ask for its node name: the start of a
-    /// duplicate claim, logged once (not again for a third, nor while it lasts; again only
-    /// after it ended and began anew). `kpng status` on the brain shows it for as long as it
-    /// lasts ([`Hub::duplicate_nodes`]).
-    fn warn_if_claimed_twice(&self, id: u64) {
+    /// Warns when watcher `id` is the second to ask for its node name and both connections are
+    /// still open [`CLAIM_GRACE`] later: the start of a duplicate claim, logged once (not again
+    /// for a third, nor while it lasts; again only after it ended and began anew). Not at once:
+    /// a node that reconnects over a half-open connection (a brain that hung for a minute, a
+    /// network that dropped) is the second claim until the brain's keepalive closes the old
+    /// one; that is said at INFO. `kpng status` on the brain shows a duplicate for as long as
+    /// it lasts ([`Hub::duplicate_nodes`]). `hub` is this state's hub, looked at again then.
+    fn warn_if_claimed_twice(&self, id: u64, hub: Weak<Hub>) {
         let Some(me) = self.watchers.get(&id) else {
             return;
         };
-        let others: Vec<&Watcher> = self
+        let others: Vec<(u64, &Watcher)> = self
             .watchers
             .iter()
             .filter(|(other, w)| **other != id && w.node_name == me.node_name)
-            .map(|(_, w)| w)
+            .map(|(other, w)| (*other, w))
             .collect();
-        if let [other] = others[..] {
+        let [(other_id, other)] = others[..] else {
+            return;
+        };
+        let node = me.node_name.clone();
+        let (old_peer, new_peer) = (
+            peer_or_unknown(&other.peer).to_string(),
+            peer_or_unknown(&me.peer).to_string(),
+        );
+        let warn = move || {
             tracing::warn!(
-                node = %me.node_name,
-                "two kpngs claim node {:?}: connections from {} and {} (a copied DaemonSet or a \
-                 wrong --hostname-override/--node-name?); each gets that node's view, so one of \
-                 them programs its host with another node's local endpoints",
-                me.node_name,
-                peer_or_unknown(&other.peer),
-                peer_or_unknown(&me.peer),
+                node = %node,
+                "two kpngs claim node {node:?}: connections from {old_peer} and {new_peer} (a \
+                 copied DaemonSet or a wrong --hostname-override/--node-name?); each gets that \
+                 node's view, so one of them programs its host with another node's local \
+                 endpoints",
             );
-        }
+        };
+        // Without a runtime (a synchronous caller) nothing can wait: warn at once.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            warn();
+            return;
+        };
+        tracing::info!(
+            node = %me.node_name,
+            "node {:?} reconnected from {}; replacing the older connection from {} when it \
+             closes (if both are still open in {} s, two kpngs claim it)",
+            me.node_name,
+            peer_or_unknown(&me.peer),
+            peer_or_unknown(&other.peer),
+            CLAIM_GRACE.as_secs(),
+        );
+        let name = me.node_name.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(CLAIM_GRACE).await;
+            let Some(hub) = hub.upgrade() else {
+                return;
+            };
+            let both = {
+                let state = hub.lock();
+                [id, other_id]
+                    .iter()
+                    .all(|i| state.watchers.get(i).is_some_and(|w| w.node_name == name))
+            };
+            if both {
+                warn();
+            }
+        });
     }
 
     /// The ServiceCIDR ranges a replay sends: none when there are none (`Reset` already means
@@ -1251,7 +1296,7 @@ impl Registration {
                 pending.base = Some(entries);
             }
         }
-        state.warn_if_claimed_twice(self.id);
+        state.warn_if_claimed_twice(self.id, Arc::downgrade(&self.hub));
         self.node_name = node_name.to_string();
         self.slot.wake();
     }
@@ -1387,7 +1432,7 @@ impl Hub {
                 slot: slot.clone(),
             },
         );
-        state.warn_if_claimed_twice(id);
+        state.warn_if_claimed_twice(id, Arc::downgrade(self));
         self.metrics.clients_connected.inc();
         Registration {
             hub: self.clone(),

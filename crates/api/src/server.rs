@@ -46,10 +46,10 @@ use refusal_log::Refusal;
 /// Streams one connection may open (a node needs one).
 const STREAMS_PER_CONNECTION: u32 = 8;
 /// HTTP/2 pings find peers that vanished without closing (a node powered off).
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// Generous: a node busy decoding a replay (162k ops at 30k Services) may answer late, and
 /// dropping it makes it reconnect and replay everything again.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]

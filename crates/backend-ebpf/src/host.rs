@@ -164,8 +164,16 @@ pub const PRIVATE_CGROUP_NAMESPACE: &str = "kpng runs in a cgroup namespace of i
 /// attach: any directory is not (a cgroup v1 controller, the tmpfs of a hybrid host's
 /// `/sys/fs/cgroup`), and the kernel would refuse every attach at every retry.
 pub fn check_cgroup2_dir(path: &Path) -> Result<(), Error> {
-    let real = std::fs::canonicalize(path)
-        .map_err(|e| Error::io(format!("--cgroup-path {}", path.display()), e))?;
+    let real = std::fs::canonicalize(path).map_err(|e| {
+        let hint = (e.kind() == std::io::ErrorKind::NotFound)
+            .then(|| mounts().ok())
+            .flatten()
+            .and_then(|m| fresh_sys_hint(path, &m));
+        match hint {
+            Some(hint) => Error::Setup(format!("--cgroup-path {}: {e}; {hint}", path.display())),
+            None => Error::io(format!("--cgroup-path {}", path.display()), e),
+        }
+    })?;
     if !real.is_dir() {
         return Err(Error::Setup(format!(
             "--cgroup-path {}: not a directory (it names the cgroup v2 subtree whose sockets \
@@ -186,6 +194,25 @@ pub fn check_cgroup2_dir(path: &Path) -> Result<(), Error> {
             )
         ))),
     }
+}
+
+/// Why a path under `/sys` that the host has may be missing here: no cgroup file system is
+/// mounted below `/sys`, as in the fresh sysfs that `ip netns exec` mounts in the mount
+/// namespace it makes, which hides the host's `/sys/fs/cgroup` and `/sys/fs/bpf`. `None` when
+/// `path` is not under `/sys` or a cgroup hierarchy is mounted there (then the path is
+/// simply wrong).
+pub fn fresh_sys_hint(path: &Path, mounts: &[Mount]) -> Option<&'static str> {
+    let under_sys = |p: &Path| p.starts_with("/sys") && p != Path::new("/sys");
+    let cgroup_below_sys = mounts
+        .iter()
+        .any(|m| under_sys(&m.point) && m.fstype.starts_with("cgroup"));
+    (under_sys(path) && !cgroup_below_sys).then_some(
+        "no cgroup file system is mounted under /sys here: `ip netns exec` mounts a fresh /sys, \
+         which hides the host's /sys/fs/cgroup and /sys/fs/bpf. Mount cgroup2 and bpffs under \
+         /run on the host (mount -t cgroup2 none /run/kpng-cgroup; mount -t bpf bpf \
+         /run/kpng-bpf) and pass those paths as --cgroup-path and --bpf-pin-path, or leave \
+         --cgroup-path out (kpng then mounts the cgroup v2 hierarchy on /run/kpng/cgroupv2)",
+    )
 }
 
 /// The type of the file system `path` is on: that of the mount with the longest mount point
@@ -355,6 +382,34 @@ mod tests {
         assert_eq!(lock_holder(locks, 39274263), Some(12746));
         assert_eq!(lock_holder(locks, 1234), None, "a POSIX lock is not kpng's");
         assert_eq!(lock_holder(locks, 7), None);
+    }
+
+    /// A missing `--cgroup-path` under `/sys` gets the `ip netns exec` hint only when no
+    /// cgroup hierarchy is mounted below `/sys` (a fresh sysfs); otherwise the path is wrong.
+    #[test]
+    fn a_fresh_sys_is_named_for_a_missing_path_under_it() {
+        let host = "25 30 0:23 / /sys rw shared:7 - sysfs sysfs rw\n\
+                    31 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n\
+                    32 25 0:28 / /sys/fs/bpf rw - bpf bpf rw\n";
+        let netns_exec = "25 30 0:50 / /sys rw - sysfs wt-a rw\n\
+                          26 25 0:28 / /sys/fs/bpf rw - bpf bpf rw\n\
+                          27 1 0:1 / /run rw - tmpfs tmpfs rw\n";
+        for (mountinfo, path, hint) in [
+            (netns_exec, "/sys/fs/cgroup/kpng-test", true),
+            (netns_exec, "/run/kpng-cgroup/test", false),
+            (host, "/sys/fs/cgroup/kpng-test", false),
+            (host, "/run/kpng-cgroup/test", false),
+            ("", "/sys/fs/cgroup", true),
+        ] {
+            let got = fresh_sys_hint(Path::new(path), &parse_mountinfo(mountinfo));
+            assert_eq!(got.is_some(), hint, "{path} with {mountinfo:?}");
+            if let Some(text) = got {
+                assert!(
+                    text.contains("ip netns exec") && text.contains("/run"),
+                    "{text}"
+                );
+            }
+        }
     }
 
     /// (path, the type of the file system it is on)

@@ -72,7 +72,8 @@ pub enum Flags {
     /// `flags interval`: elements may be prefixes and ranges.
     Interval,
     /// `flags dynamic,timeout; timeout 1d; size 1048576`: the packet path writes the entries
-    /// (ClientIP affinity); kpng never flushes them, so stickiness survives restarts.
+    /// (ClientIP affinity); kpng never flushes them, so stickiness survives restarts (for ports
+    /// whose affinity id is the same after it: ids are allocated afresh at start).
     Dynamic,
 }
 

@@ -318,8 +318,7 @@ impl Reconciler {
             let kept: HashSet<Frontend> = change
                 .new
                 .iter()
-                .filter(|new| !new.serving_endpoints.is_empty())
-                .flat_map(|new| frontends_of(new))
+                .flat_map(|new| dnat_frontends(new))
                 .collect();
             for frontend in frontends_of(old) {
                 if !kept.contains(&frontend) && checked.remove(&frontend) {
@@ -343,12 +342,8 @@ impl Reconciler {
         };
         let kept: HashSet<Frontend> = ports
             .into_iter()
-            .filter(|p| {
-                p.key.family == family
-                    && p.key.protocol == Protocol::Udp
-                    && !p.serving_endpoints.is_empty()
-            })
-            .flat_map(frontends_of)
+            .filter(|p| p.key.family == family && p.key.protocol == Protocol::Udp)
+            .flat_map(dnat_frontends)
             .collect();
         let before = checked.len();
         checked.retain(|f| kept.contains(f));
@@ -415,13 +410,17 @@ impl Reconciler {
         } else {
             Vec::new()
         };
+        // Only the frontends the rules DNAT are remembered (and looked for as new): one whose
+        // endpoints are all serving but none usable is in the backend's no-endpoint sets, so
+        // a restart's look at the rules (the nftables dispatch maps) would not find it.
+        let dnat: HashSet<Frontend> = ports.iter().flat_map(|p| dnat_frontends(p)).collect();
         let filter = StaleFilter::new(family, ports, &local);
         let frontends = filter.frontends();
         let new: Vec<Frontend> = {
             let checked = self.checked.get(&family);
             frontends
                 .iter()
-                .filter(|f| !checked.is_some_and(|c| c.contains(f)))
+                .filter(|f| dnat.contains(f) && !checked.is_some_and(|c| c.contains(f)))
                 .copied()
                 .collect()
         };
@@ -447,7 +446,7 @@ impl Reconciler {
         if !stale.is_empty() {
             pass.outcome = self.table.delete(&stale)?;
         }
-        let now: HashSet<Frontend> = frontends.into_iter().collect();
+        let now: HashSet<Frontend> = frontends.into_iter().filter(|f| dnat.contains(f)).collect();
         if self.checked.insert(family, now.clone()).as_ref() != Some(&now) {
             self.checked_version += 1;
         }
@@ -457,6 +456,30 @@ impl Reconciler {
 }
 
 /// The frontends of one Service port.
+/// The frontends of `port` whose traffic the rules DNAT to endpoints, as every backend
+/// programs them (and kube-proxy): the ClusterIP when the endpoints for internal traffic are
+/// not empty, the external and load-balancer IPs and the node port when any endpoint is usable
+/// (ready, or serving and terminating). A serving endpoint that is neither ready nor
+/// terminating is not used (upstream's `CategorizeEndpoints`), so a port whose endpoints are
+/// all such has its frontends in the no-endpoint sets; its conntrack entries are still judged
+/// against the serving endpoints ([`StaleFilter`]), as upstream's cleanup does.
+fn dnat_frontends(port: &ServicePort) -> impl Iterator<Item = Frontend> + '_ {
+    let cluster_ip = (!port.internal_endpoints().is_empty())
+        .then(|| Frontend::Ip(std::net::SocketAddr::new(port.cluster_ip, port.port)));
+    let external = port
+        .has_any_endpoints
+        .then(|| {
+            port.external_ips
+                .iter()
+                .chain(&port.load_balancer_ips)
+                .map(|ip| Frontend::Ip(std::net::SocketAddr::new(*ip, port.port)))
+                .chain(port.node_port.map(Frontend::NodePort))
+        })
+        .into_iter()
+        .flatten();
+    cluster_ip.into_iter().chain(external)
+}
+
 fn frontends_of(port: &ServicePort) -> impl Iterator<Item = Frontend> + '_ {
     std::iter::once(&port.cluster_ip)
         .chain(&port.external_ips)

@@ -21,6 +21,7 @@ pub(crate) fn udp_port(name: &str, vip: &str, port: u16, serving: &[&str]) -> Se
     serving.sort();
     ServicePort {
         has_any_endpoints: !serving.is_empty(),
+        cluster_endpoints: serving.iter().map(|a| ready(*a)).collect(),
         serving_endpoints: serving,
         ..ServicePort::new(
             PortKey {
@@ -32,6 +33,18 @@ pub(crate) fn udp_port(name: &str, vip: &str, port: u16, serving: &[&str]) -> Se
             cluster_ip,
             port,
         )
+    }
+}
+
+/// A ready endpoint at `addr`, on another node.
+pub(crate) fn ready(addr: SocketAddr) -> kpng_model::Endpoint {
+    kpng_model::Endpoint {
+        ip: addr.ip(),
+        port: addr.port(),
+        is_local: false,
+        ready: true,
+        serving: true,
+        terminating: false,
     }
 }
 

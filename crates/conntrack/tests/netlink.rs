@@ -175,10 +175,24 @@ fn batches_of_thousands() {
     });
 }
 
+/// A ready endpoint at `addr`: what the rules DNAT to.
+fn ready(addr: &str) -> kpng_model::Endpoint {
+    let addr = sa(addr);
+    kpng_model::Endpoint {
+        ip: addr.ip(),
+        port: addr.port(),
+        is_local: false,
+        ready: true,
+        serving: true,
+        terminating: false,
+    }
+}
+
 fn dns_port(serving: &str) -> ServicePort {
     ServicePort {
         node_port: Some(30053),
         has_any_endpoints: true,
+        cluster_endpoints: vec![ready(serving)],
         serving_endpoints: vec![sa(serving)],
         ..ServicePort::new(
             PortKey {
@@ -284,6 +298,7 @@ trait WithServing {
 impl WithServing for ServicePort {
     fn with_serving(mut self, serving: &str) -> ServicePort {
         self.has_any_endpoints = true;
+        self.cluster_endpoints = vec![ready(serving)];
         self.serving_endpoints = vec![sa(serving)];
         self
     }

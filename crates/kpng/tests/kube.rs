@@ -860,8 +860,10 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         )),
         "{table}"
     );
-    brain.wait("the brain warns of the second claim", |_, err| {
-        err.contains("two kpngs claim node \"node1\"")
+    // Said at once as a possible reconnect; warned only if both are still open after the
+    // keepalive's grace (60 s, tested in the hub's tests), which the copy is not.
+    brain.wait("the brain says of the second claim", |_, err| {
+        err.contains("node \"node1\" reconnected from ")
     });
     copy.wait("the copy synced", |_, err| err.contains(" synced"));
     drop(copy);
@@ -872,8 +874,8 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     }
     assert_eq!(
         brain.stderr().matches("two kpngs claim node").count(),
-        1,
-        "warned once: {}",
+        0,
+        "gone within the grace: not warned: {}",
         brain.stderr()
     );
 

@@ -1121,3 +1121,73 @@ fn a_refused_node_is_served_once_its_node_appears() {
     assert_eq!(first_answer(&hub.register("n4")), Ok(()));
     assert_eq!(hub.unknown_watchers(), Vec::<String>::new());
 }
+
+/// The log lines written while a test's subscriber is the default (this thread's).
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A node that reconnects while its old connection is still half-open (a brain that hung a
+/// minute: `kill -STOP`, then `-CONT`) claims its name twice until the keepalive closes the old
+/// one: that is said at INFO, not warned as two kpngs; a second claim still there after the
+/// grace is warned, once. (Warned at once, the reconnect had been a false alarm.)
+#[tokio::test(start_paused = true)]
+async fn a_reconnect_is_not_warned_as_two_kpngs_but_a_lasting_second_claim_is() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _default = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let warned = |logs: &Logs| logs.text().matches("two kpngs claim node").count();
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+
+    // The reconnect: the old connection closes a moment after the new one came.
+    let old = hub.register_from("n1", Some("127.0.0.1:35754".into()));
+    let new = hub.register_from("n1", Some("127.0.0.1:52308".into()));
+    assert_eq!(warned(&logs), 0, "not at once: {}", logs.text());
+    assert!(
+        logs.text().contains(
+            "node \"n1\" reconnected from 127.0.0.1:52308; replacing the older connection from \
+             127.0.0.1:35754 when it closes"
+        ),
+        "{}",
+        logs.text()
+    );
+    tokio::time::sleep(Duration::from_millis(13)).await;
+    drop(old);
+    tokio::time::sleep(CLAIM_GRACE * 2).await;
+    assert_eq!(warned(&logs), 0, "a reconnect: {}", logs.text());
+
+    // A second kpng that stays: warned once the grace is over.
+    let copy = hub.register_from("n1", Some("10.0.0.9:40000".into()));
+    tokio::time::sleep(CLAIM_GRACE / 2).await;
+    assert_eq!(warned(&logs), 0, "{}", logs.text());
+    tokio::time::sleep(CLAIM_GRACE).await;
+    assert_eq!(warned(&logs), 1, "{}", logs.text());
+    assert!(
+        logs.text()
+            .contains("connections from 127.0.0.1:52308 and 10.0.0.9:40000"),
+        "{}",
+        logs.text()
+    );
+    drop((new, copy));
+}

@@ -473,3 +473,40 @@ fn a_frontend_that_left_the_rules_is_new_when_it_comes_back() {
     reconciler.forget_gone(Family::V4, &change(Some(dns(&["10.244.2.7:53"])), None));
     assert_ne!(reconciler.checked_version(), version, "forgotten");
 }
+
+/// Only the frontends the rules DNAT are remembered as checked: a port whose only endpoint is
+/// serving but neither ready nor terminating is in the backends' no-endpoint sets (upstream
+/// does not use such an endpoint), and so is the ClusterIP of an internal-traffic-policy-Local
+/// port without a local endpoint. Remembered, a restart that reads the rules in place (the
+/// nftables dispatch maps) did not find them and said another writer had taken them out.
+#[test]
+fn frontends_the_rules_do_not_dnat_are_not_remembered_as_checked() {
+    let fake = table(unrelated());
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    let mut ports = ports(&["10.244.2.7:53"]);
+    // stats: its only endpoint is serving, not ready, not terminating.
+    ports[1].cluster_endpoints.clear();
+    ports[1].has_any_endpoints = false;
+    // A third: internal traffic policy Local, its endpoints on other nodes only.
+    let mut local = udp_port("local", "10.96.0.30", 514, &["10.244.2.9:514"]);
+    local.internal_policy_local = true;
+    local.node_port = Some(30514);
+    ports.push(local);
+    let want: HashSet<Frontend> = [
+        Frontend::Ip(sa("10.96.0.10:53")),
+        Frontend::NodePort(30053),
+        Frontend::NodePort(30514),
+    ]
+    .into();
+    reconciler.reconcile(Family::V4, &ports).expect("pass");
+    assert_eq!(reconciler.checked().get(&Family::V4), Some(&want));
+    reconciler.keep_only(Family::V4, &ports);
+    assert_eq!(reconciler.checked().get(&Family::V4), Some(&want));
+    // Its entries are still judged against its serving endpoints, as upstream's cleanup does.
+    let stale = flow("10.244.1.9:6000", "10.96.0.20:8125", "10.244.1.5:8125");
+    let kept = flow("10.244.1.9:6001", "10.96.0.20:8125", "10.244.1.4:8125");
+    let fake = table(vec![stale, kept]);
+    let mut reconciler = Reconciler::new(Box::new(fake.clone()));
+    reconciler.reconcile(Family::V4, &ports).expect("pass");
+    assert_eq!(fake.flows(), vec![kept]);
+}
