@@ -1716,33 +1716,6 @@ fn a_full_mask_serves_the_next_affinity_port_without_affinity_until_ids_free_up(
     );
 }
 
-/// Services that come and go and come back leave as many elements as a fresh start: each
-/// affinity entry point holds one `affinity-bits-*` element per set bit of its id, and the
-/// ports re-created after churn take the lowest free ids again (reused last, they had taken
-/// ids above the churned ones', with more bits: `kpng_nftables_elements` stayed above its
-/// baseline and "elements ≠ baseline" alerts went off).
-#[test]
-fn churn_then_restore_leaves_the_element_count_of_a_fresh_start() {
-    let fresh = {
-        let model = model_from(&affinity_services(3));
-        let (mut b, _r) = backend();
-        full_sync(&mut b, &model);
-        b.states[0].store.len()
-    };
-    let mut model = model_from(&affinity_services(3));
-    let (mut b, _r) = backend();
-    full_sync(&mut b, &model);
-    assert_eq!(b.states[0].store.len(), fresh);
-    // 40 more come, then every one goes (the first 3 too), then the first 3 come back.
-    partial_sync_to(&mut b, &mut model, &affinity_services(43));
-    partial_sync_to(&mut b, &mut model, &affinity_services(0));
-    partial_sync_to(&mut b, &mut model, &affinity_services(3));
-    assert_eq!(b.states[0].store.len(), fresh, "after churn");
-    // The same at the next full sync.
-    full_sync(&mut b, &model);
-    assert_eq!(b.states[0].store.len(), fresh, "after a full sync");
-}
-
 #[test]
 fn restoring_rules_flushes_chains_and_redeclares_the_skeleton_without_elements() {
     let model = model_from(ONE_SERVICE);
