@@ -402,7 +402,10 @@ impl<'a> Kpng<'a> {
         args.push(env!("CARGO_BIN_EXE_kpng").into());
         // Every sync's `synced backend=` line, which `wait_synced` counts: past the first ten
         // routine syncs of a minute kpng logs them at debug level only (docs/observability.md).
-        args.extend(["--log-level".into(), "info,kpng_runner::runner=debug".into()]);
+        args.extend([
+            "--log-level".into(),
+            "info,kpng_runner::runner=debug".into(),
+        ]);
         match &self.source {
             Some(source) => args.extend(source.iter().cloned()),
             None => args.extend([
