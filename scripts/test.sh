@@ -55,6 +55,11 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# Broken intra-doc links and public docs pointing at private items fail here, not in a reader's
+# browser.
+echo "== cargo doc"
+RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps --locked
+
 # kpng's default admin socket: every kpng a test starts names its own (--admin-socket under its
 # temp dir, or "" for none), so the suite leaves no /run/kpng/kpng.sock behind. One left (a new
 # file, or another than before) means a test ran kpng with the default and killed it (SIGKILL
