@@ -36,11 +36,15 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 echo "== building"
 cargo build --quiet -p kpng -p kpng-testkit --bins
+# Where cargo put them: CARGO_TARGET_DIR or a `target-dir` in a cargo config moves them out of
+# target/ (and a stale target/debug/kpng left there must not be run instead).
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+bin="${target_dir:?cargo metadata did not name the target directory}/debug"
 echo "== the node-local model kpng computes for node1 (kpng file --input examples/cluster.yaml to-file):"
-timeout 3 target/debug/kpng file --input examples/cluster.yaml --node-name node1 \
+timeout 3 "$bin/kpng" file --input examples/cluster.yaml --node-name node1 \
   --healthz-bind-address 127.0.0.1:0 --metrics-bind-address "" --admin-socket "" \
   --log-level warn to-file --output - \
   | sed -n '1,40p' || true
 echo "   … (full model: examples/cluster.node1.yaml)"
 echo
-exec target/debug/kpng-demo --kpng target/debug/kpng --input examples/cluster.yaml --backend "$backend"
+exec "$bin/kpng-demo" --kpng "$bin/kpng" --input examples/cluster.yaml --backend "$backend"

@@ -40,7 +40,9 @@ if [ "${CI:-}" = true ]; then
 fi
 # The build needs several gigabytes; when the disk fills, the linker dies with a "Bus error"
 # that does not say why. Say it first.
-target_dir="${CARGO_TARGET_DIR:-target}"
+# Where cargo builds: CARGO_TARGET_DIR, a `target-dir` in a cargo config, else target/.
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+target_dir="${target_dir:-target}"
 mkdir -p "$target_dir"
 free_kb=$(df -Pk "$target_dir" | awk 'NR == 2 {print $4}')
 if [ -n "$free_kb" ] && [ "$free_kb" -lt $((8 * 1024 * 1024)) ]; then
@@ -52,6 +54,11 @@ cargo fmt --all -- --check
 
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# Broken intra-doc links and public docs pointing at private items fail here, not in a reader's
+# browser.
+echo "== cargo doc"
+RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps --locked
 
 # kpng's default admin socket: every kpng a test starts names its own (--admin-socket under its
 # temp dir, or "" for none), so the suite leaves no /run/kpng/kpng.sock behind. One left (a new
@@ -169,7 +176,7 @@ fi
 echo "== benchmark smoke run (kpng-bench all --quick)"
 if [ "$(id -u)" = 0 ]; then
   cargo build --quiet --locked -p kpng -p kpng-bench
-  target/debug/kpng-bench all --quick --kpng target/debug/kpng > /tmp/kpng-bench-quick.md
+  "$target_dir/debug/kpng-bench" all --quick --kpng "$target_dir/debug/kpng" > /tmp/kpng-bench-quick.md
   tail -n 12 /tmp/kpng-bench-quick.md
   check_default_admin_socket "kpng-bench all --quick"
 else

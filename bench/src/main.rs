@@ -2,12 +2,12 @@
 //! reported as ratios first.
 //!
 //! ```text
-//! kpng-bench all [--quick] [--kpng target/release/kpng] [--write-docs]
+//! kpng-bench all [--quick] [--kpng PATH] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
 //! kpng-bench data-plane --services 30000 [--backends nft,ebpf]
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
 //! kpng-bench startup --services 30000 --endpoints 4 [--rounds 3] [--before PATH] [--sources file,kube] [--kube-args "--kube-api-qps 50"]
-//! kpng-bench scaling [--quick] [--write-docs] [--kpng target/release/kpng]   (the curves of issue #19)
+//! kpng-bench scaling [--quick] [--write-docs] [--kpng PATH]   (the curves of issue #19)
 //! kpng-bench api-load --services 1000 --endpoints 4 --nodes 50,200   (no root needed)
 //! kpng-bench conntrack --entries 1000000
 //! kpng-bench hns --services 2000 --remote 5000 --local 15 --delay-ms 5   (no root needed)
@@ -131,7 +131,10 @@ fn main() -> ExitCode {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
     }
-    let kpng = flag(&args, "--kpng").unwrap_or_else(|| "target/release/kpng".into());
+    // Default: the kpng of this build (same target dir and profile), never a guessed target/.
+    let kpng = flag(&args, "--kpng")
+        .or_else(|| kpng_testkit::sibling_bin("kpng").map(|p| p.display().to_string()))
+        .unwrap_or_else(|| "kpng".into());
     let kpng = std::fs::canonicalize(&kpng)
         .map(|p| p.display().to_string())
         .unwrap_or(kpng);

@@ -357,7 +357,7 @@ impl Replay {
     /// Chunk `i` as `node_name` receives it: the whole chunk when it is
     /// [shared with](SharedChunk::shared_with) the node (as one bundle when the node reads
     /// bundles and compressing pays), else slices of it around the Services that depend on
-    /// the node (to a node that reads bundles, the parts of [`SERVICES_PER_PART`] Services
+    /// the node (to a node that reads bundles, the parts of `SERVICES_PER_PART` Services
     /// without one of those as bundles).
     pub fn runs_for(&self, i: usize, node_name: &str, bundles: bool) -> Vec<ChunkRun<'_>> {
         let Some(chunk) = self.chunks.get(i) else {

@@ -297,7 +297,7 @@ impl Pending {
 
     /// Every Service to evaluate, in key order, as (key, what the watcher holds, newest). A
     /// taken change set holds a shared batch only when nothing else is pending (see
-    /// [`Pending::settle`]).
+    /// `Pending::settle`).
     pub fn services(
         &self,
     ) -> impl Iterator<Item = (&ServiceKey, Option<&Arc<Entry>>, Option<&Arc<Entry>>)> {

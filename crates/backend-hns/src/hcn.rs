@@ -1,5 +1,5 @@
 //! The HCN calls the backend makes, as a trait: the real `computenetwork.dll` on Windows
-//! ([`crate::system`]) and the [`crate::sim::Simulator`] everywhere implement it, so the
+//! (`crate::system`, built on Windows only) and the [`crate::sim::Simulator`] everywhere implement it, so the
 //! reconciliation logic is the same code in production and in tests.
 //!
 //! The trait is deliberately the *call* level (one method per HCN call kpng uses), not a

@@ -144,6 +144,13 @@ impl BackendError {
 ///   invalid objects, and an empty snapshot is only sent when the cluster really is empty.
 /// - Leaving the process (SIGTERM) MUST leave the data plane as it is; only [`Backend::cleanup`]
 ///   removes it.
+///
+/// Writing one: `docs/backends.md`, "How to write a new backend in ~200 lines" walks through
+/// the crate, the `sync` pattern, the shared scenarios every backend passes
+/// (`kpng_backend_kit::conformance_tests!`), registering it in the CLI (`crates/kpng/src/cli.rs`,
+/// `backends.rs`) and its entry in `Leftover::ALL` (`crates/kpng/src/leftovers.rs`) so that
+/// kpng can clean up after it. The smallest complete one is
+/// `crates/kpng/examples/remote_backend.rs`.
 pub trait Backend: Send {
     /// Short name, used in logs, metrics and `/proxyMode` (`file`, `nftables`, …).
     fn name(&self) -> &'static str;

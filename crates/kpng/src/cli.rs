@@ -629,7 +629,7 @@ pub struct TraceArgs {
     /// The packet's source IP.
     #[arg(long)]
     pub from: String,
-    /// The packet's destination, IP:PORT (IPv6: [ADDRESS]:PORT).
+    /// The packet's destination, IP:PORT (an IPv6 address in brackets, as in a URL).
     #[arg(long)]
     pub to: String,
     /// tcp, udp or sctp.

@@ -77,3 +77,40 @@ fn demo_with_ebpf() {
     kpng_testkit::require_root!();
     run_demo("ebpf");
 }
+
+/// The scripts run the binaries cargo just built, wherever `CARGO_TARGET_DIR` (or a cargo
+/// config's `target-dir`) put them: a literal `target/debug/kpng` failed after a full build
+/// with `CARGO_TARGET_DIR` set ("No such file"), or silently ran a stale binary left in
+/// `target/`. No root needed.
+#[test]
+fn scripts_run_binaries_from_cargos_target_dir() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for script in ["scripts/demo.sh", "scripts/test.sh"] {
+        let text = std::fs::read_to_string(repo.join(script)).expect(script);
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split(" #").next().unwrap_or(line).trim_start();
+            if code.starts_with('#') {
+                continue;
+            }
+            for literal in ["target/debug", "target/release"] {
+                // `target/…` as a path of its own, not the end of `$windows_target/…`.
+                let hardcoded = code.match_indices(literal).any(|(i, _)| {
+                    code[..i]
+                        .chars()
+                        .next_back()
+                        .is_none_or(|c| !(c.is_alphanumeric() || "_/}$".contains(c)))
+                });
+                assert!(
+                    !hardcoded,
+                    "{script}:{}: runs {literal}/… instead of \"$target_dir/…\" from \
+                     `cargo metadata`: {line}",
+                    n + 1
+                );
+            }
+        }
+        assert!(
+            text.contains("cargo metadata --format-version 1 --no-deps"),
+            "{script} does not ask cargo where its target directory is"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! Why each endpoint of a Service port is used or not: the answer `kpng status` gives an
 //! operator asking "is my Service programmed, and why does it skip that pod?".
 //!
-//! The decision itself is made by [`crate::categorize`] when the port is built; this module
+//! The decision itself is made by [`crate::categorize_endpoints`] when the port is built; this module
 //! replays it per endpoint and words the outcome (topology hints, another node under a Local
 //! policy, terminating, not serving).
 

@@ -4,7 +4,8 @@
 //! [`Backend`]. Source inputs are applied to the model as they arrive and their diffs are merged
 //! into one pending diff; the backend is synced:
 //! - not before Services, EndpointSlices and Nodes have all been listed once (a source signals a
-//!   complete list with [`Event::Replace`] or [`Event::ListDone`]; a brain's first change set
+//!   complete list with [`Event::Replace`](kpng_model::Event::Replace) or
+//!   [`Event::ListDone`](kpng_model::Event::ListDone); a brain's first change set
 //!   counts as all of them), so a half-known cluster is never programmed;
 //! - at most once per `min_sync_period` after a sync that wrote to the data plane (a full one,
 //!   one with operations, a failed one); a sync that changed nothing, such as an idle periodic

@@ -72,7 +72,7 @@ impl ManifestErrors {
     }
 
     /// Logs why the file at `path` was not loaded: each unreadable document on its own line
-    /// (an operator fixes them in one pass, up to [`ERRORS_LOGGED`]), and what is in use
+    /// (an operator fixes them in one pass, up to `ERRORS_LOGGED`), and what is in use
     /// instead (`instead`: "keeping its last good state", or that nothing of it is).
     pub fn log(&self, path: &std::path::Path, instead: &str) {
         for e in self.errors.iter().take(ERRORS_LOGGED) {
@@ -404,7 +404,7 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
 /// A file with no document at all (empty, or only comments) is rejected too: it is far more
 /// often a file caught mid-write than a cluster without Services.
 ///
-/// The YAML parser's budget scales with each document's size (see [`yaml_options`]), so a
+/// The YAML parser's budget scales with each document's size (see `yaml_options`), so a
 /// `kind: List` of 100k Services loads, while an alias bomb (a few anchors expanded into
 /// millions of nodes) is still refused. Write `kind: List` with
 /// `items: []` to mean "nothing".

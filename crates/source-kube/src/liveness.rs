@@ -208,7 +208,7 @@ impl Reachability {
     }
 
     /// Probes the server through `client` for as long as it runs (see the module): while a
-    /// read's body is open and nothing came from the server for [`Self::probe_after`], and
+    /// read's body is open and nothing came from the server for `Self::probe_after`, and
     /// during an outage, so that its end is noticed and silent streams are resumed. Runs
     /// until dropped.
     pub async fn keep_alive(self, client: kube::Client) {

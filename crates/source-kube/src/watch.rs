@@ -470,7 +470,7 @@ impl KubeSource {
     }
 
     /// How long a list may go without a complete answer before `kpng status` shows it
-    /// ([`LIST_PATIENCE`] unless changed; tests shorten it).
+    /// (`LIST_PATIENCE` unless changed; tests shorten it).
     pub fn with_list_patience(mut self, patience: std::time::Duration) -> KubeSource {
         self.list_patience = patience;
         self

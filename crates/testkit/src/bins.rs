@@ -54,6 +54,26 @@ pub fn bin_path(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The cargo profile directory (`…/debug`, `…/release`) an executable was built into: its own
+/// directory, or the parent when that is `deps` (test executables). The binaries of one build
+/// sit side by side there, wherever `CARGO_TARGET_DIR` or a cargo config put the target dir.
+pub fn profile_dir_of(exe: &Path) -> Option<&Path> {
+    let dir = exe.parent()?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        return Some(dir.parent().unwrap_or(dir));
+    }
+    Some(dir)
+}
+
+/// Binary `name` of the same build as the running program (its profile directory), e.g. the
+/// `kpng` that `kpng-demo` and `kpng-bench` drive by default. `None` when the running
+/// program's path is unknown. Guessing `target/debug/NAME` instead ignored `CARGO_TARGET_DIR`
+/// and could run a stale binary left in `target/`.
+pub fn sibling_bin(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    profile_dir_of(&exe).map(|dir| dir.join(name))
+}
+
 fn locate(name: &str) -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(ENV_BIN_DIR) {
         let p = Path::new(&dir).join(name);
@@ -67,12 +87,8 @@ fn locate(name: &str) -> Result<PathBuf> {
         };
     }
     let exe = std::env::current_exe().map_err(|e| Error::io("locating the test executable", e))?;
-    let mut dir = exe
-        .parent()
+    let dir = profile_dir_of(&exe)
         .ok_or_else(|| Error::Other(format!("{} has no parent directory", exe.display())))?;
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir = dir.parent().unwrap_or(dir);
-    }
     let candidate = dir.join(name);
     let (package, source) = package_of(name);
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(source);
@@ -139,4 +155,42 @@ fn build(profile_dir: &Path, package: &str, package_dir: &Path) -> Result<()> {
         .arg("--target-dir")
         .arg(target_dir);
     run(&mut cmd).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_dir_follows_the_executable_not_target() {
+        for (exe, want) in [
+            ("/work/t/debug/kpng-demo", Some("/work/t/debug")),
+            ("/work/t/release/kpng-bench", Some("/work/t/release")),
+            ("/work/t/debug/deps/demo-0123abcd", Some("/work/t/debug")),
+            ("target/debug/kpng-demo", Some("target/debug")),
+            ("kpng-demo", Some("")),
+            ("/", None),
+        ] {
+            assert_eq!(
+                profile_dir_of(Path::new(exe)),
+                want.map(Path::new),
+                "profile directory of {exe}"
+            );
+        }
+    }
+
+    #[test]
+    fn sibling_bin_is_in_this_builds_target_dir() {
+        let exe = std::env::current_exe().expect("current_exe");
+        let kpng = sibling_bin("kpng").expect("sibling_bin");
+        // This test executable is `<target>/<profile>/deps/kpng_testkit-HASH`.
+        assert_eq!(
+            kpng.parent(),
+            exe.parent().and_then(Path::parent),
+            "{kpng:?}"
+        );
+        if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+            assert!(kpng.starts_with(&dir), "{kpng:?} is not under {dir:?}");
+        }
+    }
 }

@@ -95,7 +95,7 @@ mod output;
 mod probe;
 mod root;
 
-pub use bins::{ENV_BIN_DIR, bin_path};
+pub use bins::{ENV_BIN_DIR, bin_path, profile_dir_of, sibling_bin};
 pub use cluster::{Cluster, ClusterBuilder, Host, Node, NodeId, Pod, addr};
 pub use error::{Error, Result};
 pub use netns::{Netns, Spawned, reap_stale};

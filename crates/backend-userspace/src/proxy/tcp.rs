@@ -31,7 +31,7 @@ const QUIET_AT_STOP: Duration = Duration::from_millis(100);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Accepts connections until `stop`; then takes what the kernel already accepted and closes
-/// the listener (see [`take_accepted`]). Each connection is a task of `tasks`.
+/// the listener (see `take_accepted`). Each connection is a task of `tasks`.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<PortShared>,

@@ -8,7 +8,7 @@
 //! the README's command is a test too (`crates/kpng/tests/demo.rs` runs it).
 //!
 //! ```text
-//! kpng-demo --kpng target/debug/kpng --input examples/cluster.yaml [--backend nft|iptables|userspace|ebpf]
+//! kpng-demo [--kpng PATH] --input examples/cluster.yaml [--backend nft|iptables|userspace|ebpf]
 //! ```
 
 use std::collections::BTreeMap;
@@ -468,7 +468,10 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    let kpng = arg(&args, "--kpng").unwrap_or_else(|| "target/debug/kpng".into());
+    // Default: the kpng of this build (same target dir and profile), never a guessed target/.
+    let kpng = arg(&args, "--kpng")
+        .or_else(|| kpng_testkit::sibling_bin("kpng").map(|p| p.display().to_string()))
+        .unwrap_or_else(|| "kpng".into());
     let input = arg(&args, "--input").unwrap_or_else(|| "examples/cluster.yaml".into());
     let backend_name = arg(&args, "--backend").unwrap_or_else(|| "nft".into());
     let Some(backend) = Backend::parse(&backend_name) else {

@@ -5,8 +5,9 @@ use kpng_model::Protocol;
 use super::*;
 
 /// Compares `text` with the committed snapshot `tests/golden/{name}.snap` (insta: a change
-/// fails the test and, outside CI, writes `{name}.snap.new` to review with `cargo insta
-/// review`).
+/// fails the test and, outside CI, writes `{name}.snap.new` beside it to compare; to accept a
+/// deliberate change, `INSTA_UPDATE=always cargo test -p kpng-backend-userspace --lib` and review `git diff`;
+/// `cargo insta review` does the same when cargo-insta is installed).
 fn check_golden(name: &str, text: &str) {
     insta::with_settings!({
         snapshot_path => "../../../tests/golden",
