@@ -877,6 +877,7 @@ fn the_split_nodes_run_like_the_daemon_set_and_dial_the_brains() {
     assert_eq!(c.command, d.command);
     assert_eq!(c.security_context, d.security_context);
     assert_eq!(c.liveness_probe, d.liveness_probe);
+    assert_eq!(c.startup_probe, d.startup_probe);
     assert_eq!(c.resources, d.resources);
     assert_eq!(c.ports, d.ports);
     assert_eq!(c.env, d.env);
