@@ -188,7 +188,7 @@ pub struct Pending {
     /// The brain's report on its input, when it must be sent (a change, or a replay).
     pub brain_report: Option<Arc<SharedReport>>,
     /// The watcher is not served: its node is not one of the brain's cluster's
-    /// ([`unknown_node`]); the stream ends with this message instead of a change set.
+    /// (the `unknown_node` module); the stream ends with this message instead of a change set.
     pub refused: Option<String>,
 }
 
@@ -927,7 +927,7 @@ struct State {
     /// Every Node name the cluster has had since the brain started: a watcher asking for one
     /// that is gone now asks for a deleted Node, not a typo.
     nodes_seen: std::collections::HashSet<String>,
-    /// The node names refused lately as not the cluster's ([`unknown_node`]).
+    /// The node names refused lately as not the cluster's (the `unknown_node` module).
     refused_names: unknown_node::RefusedNames,
 }
 
@@ -1139,7 +1139,7 @@ impl State {
         node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
     }
 
-    /// Why a watcher for node `name` is not served, when it is not ([`unknown_node`]): the
+    /// Why a watcher for node `name` is not served, when it is not (the `unknown_node` module): the
     /// cluster is listed, has Nodes, and has never had one of that name since the brain
     /// started. A refusal is recorded for the status, and warned about once per name.
     fn refusal(&mut self, name: &str) -> Option<String> {
@@ -1444,7 +1444,7 @@ impl Hub {
 
     /// Why a Watch for node `node_name` is refused, when it is: the brain's cluster has Nodes
     /// and never had one of that name (a node of another cluster, or a Node not registered
-    /// yet: see [`unknown_node`]). `None` too before the cluster is listed: a watcher
+    /// yet: see the `unknown_node` module). `None` too before the cluster is listed: a watcher
     /// registered then is refused when it is ([`Pending::refused`]).
     pub fn refusal(&self, node_name: &str) -> Option<String> {
         self.lock().refusal(node_name)
