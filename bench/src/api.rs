@@ -492,10 +492,12 @@ pub fn run(
     let spread = Endpoints::Spread(clients);
     workload::generate(&manifests, n, m, spread).map_err(|e| format!("generating: {e}"))?;
     // A brain whose input has Nodes serves only those: every simulated node gets its Node
-    // (the workload declares node1).
+    // (the workload declares node1), and so does the in-process probe.
     let nodes_yaml: String = (0..clients)
         .filter(|i| *i != 1)
-        .map(|i| format!("---\nkind: Node\nmetadata: {{name: node{i}}}\n"))
+        .map(|i| format!("node{i}"))
+        .chain(std::iter::once("probe".to_string()))
+        .map(|name| format!("---\nkind: Node\nmetadata: {{name: {name}}}\n"))
         .collect();
     std::fs::write(manifests.join("nodes.yaml"), nodes_yaml).map_err(|e| e.to_string())?;
     let socket = scratch.0.join("brain.sock");
