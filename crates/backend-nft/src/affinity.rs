@@ -11,6 +11,9 @@
 //! Ids are reused last: a freed id goes to the back of the queue, so the stale affinity
 //! entries of a removed Service (which `affinity-valid` forgets anyway) have expired long
 //! before another Service gets its id.
+//!
+//! Across a restart over the earlier run's table, [`AffinityIds::seed`] gives each port back the
+//! id the table shows for it and counts the others it shows as freed ([`crate::affinity_seed`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -55,6 +58,24 @@ pub fn deposit(mut n: u32, mask: u32) -> u32 {
     out
 }
 
+/// Gathers the bits of `mark` at the set bits of `mask` into the low bits, lowest first (the
+/// x86 `pext`): the id whose mark value is `mark`, the inverse of [`deposit`] for a mark inside
+/// the mask. Used to read back the ids an adopted table holds.
+pub fn extract(mark: u32, mask: u32) -> u32 {
+    let mut out = 0;
+    let mut m = mask;
+    let mut i = 0;
+    while m != 0 {
+        let lowest = m & m.wrapping_neg();
+        if mark & lowest != 0 {
+            out |= 1 << i;
+        }
+        i += 1;
+        m &= m - 1;
+    }
+    out
+}
+
 /// The single-bit values of `mark`, lowest first: the `affinity-bits-*` elements of an id.
 pub fn bits(mark: u32) -> impl Iterator<Item = u32> {
     (0..32).map(|i| 1u32 << i).filter(move |b| mark & b != 0)
@@ -68,6 +89,10 @@ pub struct Marks {
     /// The local list's id, deposited into the mask.
     pub local: u32,
 }
+
+/// The first slot [`AffinityIds::seed`] ignores: 65,536 Service ports (the default mask has
+/// room for 2,047).
+pub const MAX_SEEDED_SLOT: u32 = 1 << 16;
 
 /// Allocates affinity ids to Service ports (owners) with ClientIP affinity.
 #[derive(Debug)]
@@ -139,6 +164,59 @@ impl AffinityIds {
         self.warned.remove(&owner);
         self.slots.insert(owner, slot);
         Ok(self.marks(slot))
+    }
+
+    /// The slot a mark read from an adopted table belongs to, if it is one this allocator could
+    /// have given: inside the mask, not 0, within capacity, and (when `local` says which list
+    /// the mark is of) odd for a cluster list, even for a local one.
+    pub fn slot_of(&self, mark: u32, local: Option<bool>) -> Option<u32> {
+        if mark == 0 || mark & !self.mask != 0 {
+            return None;
+        }
+        let id = extract(mark, self.mask);
+        let is_local = id.is_multiple_of(2);
+        if local.is_some_and(|l| l != is_local) {
+            return None;
+        }
+        let slot = (id - 1) / 2;
+        (slot < self.capacity()).then_some(slot)
+    }
+
+    /// Seeds an allocator that has given nothing yet from what the kernel's table held at
+    /// start-up (see `docs/nftables.md`, "Session affinity"): each owner of `claims` keeps its
+    /// slot, and every other slot up to the highest one `seen` (in use or with live affinity
+    /// entries) counts as freed, so that new ports take never-used slots first, as they would
+    /// have in the earlier run. The freed slots go to the back of the queue in two groups:
+    /// those the table said nothing of (freed long ago, or never used), then those it showed
+    /// (a removed port's, whose clients may still have affinity entries). Claims of a slot
+    /// already claimed, or out of capacity, are ignored; so is a seed of a used allocator. Slots
+    /// from [`MAX_SEEDED_SLOT`] on are ignored too (a wide mask's: the freed slots below the
+    /// highest are held in a queue, whose size a forged element must not choose).
+    pub fn seed(
+        &mut self,
+        claims: impl IntoIterator<Item = (OwnerId, u32)>,
+        seen: &std::collections::BTreeSet<u32>,
+    ) {
+        if self.next != 0 || !self.slots.is_empty() {
+            return;
+        }
+        let capacity = self.capacity().min(MAX_SEEDED_SLOT);
+        let mut taken = HashSet::new();
+        for (owner, slot) in claims {
+            if slot < capacity && !self.slots.contains_key(&owner) && taken.insert(slot) {
+                self.slots.insert(owner, slot);
+            }
+        }
+        let top = seen
+            .iter()
+            .chain(taken.iter())
+            .copied()
+            .filter(|s| *s < capacity)
+            .max();
+        self.next = top.map_or(0, |t| t + 1);
+        let unclaimed = (0..self.next).filter(|s| !taken.contains(s));
+        let (shown, unknown): (Vec<u32>, Vec<u32>) = unclaimed.partition(|s| seen.contains(s));
+        self.free = unknown.into_iter().chain(shown).collect();
     }
 
     /// The owner no longer needs ids (its port went away or lost affinity).
@@ -231,6 +309,124 @@ mod tests {
         assert_eq!(ids.ensure(13), Ok(b), "the freed slot");
         assert_eq!(ids.in_use(), 3);
         assert_eq!(ids.get(11), None);
+    }
+
+    #[test]
+    fn extract_undoes_deposit_inside_the_mask() {
+        for mask in [0xff00_f000, 0b1010_1000, u32::MAX, 0x8000_0001] {
+            for n in [0u32, 1, 2, 5, 0x7f, 0xfff] {
+                let n = n & deposit_limit(mask);
+                assert_eq!(extract(deposit(n, mask), mask), n, "{n:#x} in {mask:#x}");
+            }
+        }
+        // Bits outside the mask are dropped.
+        assert_eq!(extract(0x0000_1001, 0xff00_f000), 1);
+    }
+
+    /// The largest id `mask` holds.
+    fn deposit_limit(mask: u32) -> u32 {
+        if mask.count_ones() >= 32 {
+            u32::MAX
+        } else {
+            (1 << mask.count_ones()) - 1
+        }
+    }
+
+    /// A seeded allocator: the claimed owners keep their slots, and new owners take never-used
+    /// slots first, then the holes the table showed nothing of, then the slots it showed
+    /// (a removed port's, or live entries), oldest first.
+    #[test]
+    fn a_seeded_allocator_keeps_claims_and_gives_seen_slots_last() {
+        struct Case {
+            what: &'static str,
+            claims: Vec<(OwnerId, u32)>,
+            seen: Vec<u32>,
+            /// Slots the next owners get, in order, on a 3-bit mask (3 slots) or the default.
+            narrow: bool,
+            next: Vec<Option<u32>>,
+        }
+        let cases = [
+            Case {
+                what: "nothing seen: a fresh start",
+                claims: vec![],
+                seen: vec![],
+                narrow: false,
+                next: vec![Some(0), Some(1)],
+            },
+            Case {
+                what: "a removed port's slot 0 and live entries under 2 wait behind slot 3",
+                claims: vec![(1, 1)],
+                seen: vec![0, 1, 2],
+                narrow: false,
+                next: vec![Some(3), Some(4)],
+            },
+            Case {
+                what: "full: the unknown hole first, then the seen slots",
+                claims: vec![(1, 1)],
+                seen: vec![0, 2],
+                narrow: true,
+                next: vec![Some(0), Some(2), None],
+            },
+            Case {
+                what: "a hole the table showed nothing of comes before a seen slot",
+                claims: vec![(1, 2)],
+                seen: vec![0, 2],
+                narrow: true,
+                next: vec![Some(1), Some(0), None],
+            },
+            Case {
+                what: "a slot claimed twice goes to the first; out of capacity is ignored",
+                claims: vec![(1, 0), (2, 0), (3, 9)],
+                seen: vec![0, 9],
+                narrow: true,
+                next: vec![Some(1), Some(2), None],
+            },
+        ];
+        for case in cases {
+            let mask = if case.narrow {
+                0b1_0110_0000
+            } else {
+                DEFAULT_CONNTRACK_MARK_MASK
+            };
+            let mut ids = AffinityIds::new(mask);
+            let slot = |m: Marks| (extract(m.cluster, mask) - 1) / 2;
+            let seen = case.seen.iter().copied().collect();
+            ids.seed(case.claims.clone(), &seen);
+            for (owner, s) in &case.claims {
+                if let Some(m) = ids.get(*owner) {
+                    assert_eq!(slot(m), *s, "{}: owner {owner}", case.what);
+                }
+            }
+            let got: Vec<Option<u32>> = (100..100 + case.next.len() as OwnerId)
+                .map(|o| ids.ensure(o).ok().map(slot))
+                .collect();
+            assert_eq!(got, case.next, "{}", case.what);
+        }
+        // Only an allocator that has given nothing is seeded.
+        let mut ids = AffinityIds::new(DEFAULT_CONNTRACK_MARK_MASK);
+        let a = ids.ensure(1).expect("a");
+        ids.seed([(2, 0)], &[0].into_iter().collect());
+        assert_eq!(ids.get(2), None);
+        assert_eq!(ids.get(1), Some(a));
+    }
+
+    #[test]
+    fn marks_map_back_to_the_slot_of_their_list() {
+        let ids = AffinityIds::new(DEFAULT_CONNTRACK_MARK_MASK);
+        let m = DEFAULT_CONNTRACK_MARK_MASK;
+        for (mark, local, want) in [
+            (deposit(1, m), Some(false), Some(0)),
+            (deposit(2, m), Some(true), Some(0)),
+            (deposit(2, m), Some(false), None),
+            (deposit(7, m), None, Some(3)),
+            (deposit(8, m), None, Some(3)),
+            (0, None, None),
+            (0x1, None, None),
+            // Id 4095 would be slot 2047, one past the capacity.
+            (deposit(4095, m), Some(false), None),
+        ] {
+            assert_eq!(ids.slot_of(mark, local), want, "{mark:#x} {local:?}");
+        }
     }
 
     #[test]

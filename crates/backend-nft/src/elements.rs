@@ -123,6 +123,20 @@ impl Entry {
     }
 }
 
+/// The entry points of a Service port, as its `affinity-bits-*` elements key them: the
+/// ClusterIP first, then the external and load-balancer IPs, then the node port. All share the
+/// port's affinity ids; reading them back at start-up ([`crate::affinity_seed`]) looks the
+/// port up by these keys (ClusterIP first).
+pub fn entry_points(sp: &ServicePort) -> Vec<Key> {
+    let proto = sp.key.protocol;
+    let vips = std::iter::once(&sp.cluster_ip)
+        .chain(&sp.external_ips)
+        .chain(&sp.load_balancer_ips);
+    vips.map(|ip| Key::Vip(*ip, proto, sp.port))
+        .chain(sp.node_port.map(|np| Key::NodePort(proto, np)))
+        .collect()
+}
+
 /// Builds every element of one Service port. `marks` are the port's affinity ids (conntrack
 /// mark values, [`crate::affinity`]); a port with ClientIP affinity but without ids (the mask
 /// is full) is served without affinity. `node_ips` are the node's own addresses: a

@@ -25,6 +25,7 @@
 //! `docs/nftables.md`.
 
 pub mod affinity;
+pub mod affinity_seed;
 mod chain_refs;
 pub mod elements;
 pub mod exec;
@@ -217,6 +218,9 @@ pub struct NftBackend {
     owners: OwnerIds,
     /// Affinity ids of the Service ports with ClientIP affinity.
     affinity_ids: affinity::AffinityIds,
+    /// The first sync read back the affinity ids of the tables it adopts (once per process:
+    /// after that, the allocator's memory is what the tables hold).
+    affinity_seeded: bool,
     states: Vec<FamilyState>,
     metrics: NftMetrics,
     warned_no_node_ip: bool,
@@ -306,6 +310,7 @@ impl NftBackend {
             own,
             owners: OwnerIds::new(),
             affinity_ids,
+            affinity_seeded: false,
             states,
             metrics: NftMetrics::default(),
             warned_no_node_ip: false,
@@ -739,24 +744,7 @@ impl NftBackend {
         // in the kernel is our own change (the node's pod CIDRs changed), not someone else's.
         let ours_was = self.states[index].committed.take();
 
-        if self.states[index].kernel == KernelTable::Unknown
-            && let Some(writer) = &mut self.netlink
-        {
-            let state = &self.states[index];
-            let deleted_by_someone = state.ever_committed && !state.distrust;
-            self.states[index].kernel = match writer.probe_table(fam.0, &self.config.table) {
-                // Ours before, gone now, and no notification said so (it went while a
-                // transaction of ours was on its way): a repair, as the monitor's would be.
-                ProbedTable::Absent if deleted_by_someone => {
-                    self.found_gone.push(fam.0);
-                    KernelTable::Absent
-                }
-                ProbedTable::Absent => KernelTable::Absent,
-                // A fill that did not finish: no base chain, nothing runs through it.
-                ProbedTable::Present(marker) if ruleset::is_filling(&marker) => KernelTable::Absent,
-                ProbedTable::Present(marker) => KernelTable::Skeleton(marker),
-            };
-        }
+        self.probe(index);
         let kernel = match &self.states[index].kernel {
             _ if self.netlink.is_none() => KernelTable::Unknown,
             KernelTable::Skeleton(_) if self.states[index].replace_whole => {
@@ -846,6 +834,127 @@ impl NftBackend {
                 Err(self.fail_with(index, ops, message))
             }
         }
+    }
+
+    /// Reads family `index`'s table and marker once, when what the kernel holds is not known
+    /// (start-up, and after a failure or someone else's change).
+    fn probe(&mut self, index: usize) {
+        let fam = self.states[index].fam;
+        if self.states[index].kernel == KernelTable::Unknown
+            && let Some(writer) = &mut self.netlink
+        {
+            let state = &self.states[index];
+            let deleted_by_someone = state.ever_committed && !state.distrust;
+            self.states[index].kernel = match writer.probe_table(fam.0, &self.config.table) {
+                // Ours before, gone now, and no notification said so (it went while a
+                // transaction of ours was on its way): a repair, as the monitor's would be.
+                ProbedTable::Absent if deleted_by_someone => {
+                    self.found_gone.push(fam.0);
+                    KernelTable::Absent
+                }
+                ProbedTable::Absent => KernelTable::Absent,
+                // A fill that did not finish: no base chain, nothing runs through it.
+                ProbedTable::Present(marker) if ruleset::is_filling(&marker) => KernelTable::Absent,
+                ProbedTable::Present(marker) => KernelTable::Skeleton(marker),
+            };
+        }
+    }
+
+    /// Before the first sync allocates any affinity id: reads back, from every table of this
+    /// layout that the sync will adopt, which entry point had which id and which ids have live
+    /// affinity entries ([`affinity_seed`]), and seeds the allocator with it, so that each
+    /// Service port keeps its id across the restart and the ids of removed ports go to new ones
+    /// last. One element dump of the four `affinity-bits-*` sets and of the affinity map per
+    /// family, at start-up only; a table without them (or unreadable) falls back to fresh
+    /// allocation, said once.
+    fn seed_affinity_ids(&mut self, snapshot: &Snapshot) {
+        if self.netlink.is_none() {
+            return;
+        }
+        let mut tables = Vec::new();
+        let mut lacking = Vec::new();
+        for index in 0..self.states.len() {
+            self.probe(index);
+            let adoptable = matches!(
+                &self.states[index].kernel,
+                KernelTable::Skeleton(m) if ruleset::same_layout(m)
+            );
+            if !adoptable {
+                continue;
+            }
+            let fam = self.states[index].fam;
+            match self.read_table_ids(fam) {
+                Some(t) => tables.push((fam.0, t)),
+                None => lacking.push(format!("{} {}", fam.table_family(), self.config.table)),
+            }
+        }
+        if !lacking.is_empty() {
+            info!(
+                "table {}: its ClientIP affinity ids cannot be read (a table of an older kpng, \
+                 or the read failed): ids are allocated afresh, so a port whose id changes \
+                 loses its clients' stickiness once",
+                lacking.join(" and ")
+            );
+        }
+        if tables.is_empty() {
+            return;
+        }
+        let families: Vec<Family> = tables.iter().map(|(f, _)| *f).collect();
+        let ports: Vec<(OwnerId, &kpng_model::ServicePort)> = snapshot
+            .ports
+            .values()
+            .filter(|p| p.session_affinity.is_some() && families.contains(&p.key.family))
+            .map(|p| (self.owners.id(&p.key), &**p))
+            .collect();
+        let seed = affinity_seed::plan(&tables, &self.affinity_ids, ports.iter().copied());
+        if !seed.seen.is_empty() {
+            info!(
+                kept = seed.claims.len(),
+                affinity_ports = ports.len(),
+                ids_seen = seed.seen.len(),
+                "ClientIP affinity ids read back from the adopted table: Service ports keep theirs"
+            );
+        }
+        self.affinity_ids.seed(seed.claims, &seed.seen);
+    }
+
+    /// What family `fam`'s table holds of affinity ids: `None` when an `affinity-bits-*` set
+    /// cannot be read (the dynamic affinity map is optional: without it only live entries of
+    /// removed ports go unseen).
+    fn read_table_ids(&mut self, fam: Fam) -> Option<affinity_seed::TableIds> {
+        let writer = self.netlink.as_mut()?;
+        let table = &self.config.table;
+        let mut ids = affinity_seed::TableIds::default();
+        let mut odd = 0usize;
+        for (set, kind) in affinity_seed::BIT_SETS {
+            let decl = set.decl();
+            let read = writer.set_keys(fam.0, table, set, &mut |key| {
+                let fields = netlink::decode::key_fields(&decl, fam.0, key);
+                if !fields.is_some_and(|f| ids.add_bit_element(kind, &f)) {
+                    odd += 1;
+                }
+            });
+            if !read {
+                return None;
+            }
+        }
+        for set in Set::dynamic().filter(|s| s.in_family(fam.0) && *s != Set::AffinityPort) {
+            let decl = set.decl();
+            writer.set_keys(fam.0, table, set, &mut |key| {
+                let fields = netlink::decode::key_fields(&decl, fam.0, key);
+                if !fields.is_some_and(|f| ids.add_live_key(&f)) {
+                    odd += 1;
+                }
+            });
+        }
+        if odd > 0 {
+            debug!(
+                family = %fam.0,
+                odd,
+                "affinity elements of another shape ignored while reading back the ids"
+            );
+        }
+        Some(ids)
     }
 
     /// Calls `f` with the elements of every Service port of the family, one port at a time,
@@ -1231,6 +1340,10 @@ impl Backend for NftBackend {
                 state.committed = None;
                 state.distrust = true;
             }
+        }
+        if !self.affinity_seeded {
+            self.affinity_seeded = true;
+            self.seed_affinity_ids(request.snapshot);
         }
         if request.full {
             // A full sync carries the whole snapshot, not the removals: the ids of ports that

@@ -31,6 +31,7 @@
 //! and must know each element's byte offset to map an extended ACK back to it.
 
 mod batch;
+pub mod decode;
 mod encode;
 mod error;
 mod fake;
@@ -44,7 +45,7 @@ use crate::value::Key;
 
 pub use batch::{ElementBatch, Framed, MsgInfo, Operation};
 pub use error::{EncodeError, NetlinkError};
-pub use fake::{RecordedBatch, RecordingWriter};
+pub use fake::{RecordedBatch, RecordingWriter, SetKeys};
 pub use kernel::NetlinkWriter;
 /// The table monitor lives in `kpng-netfilter`, shared with the userspace capture.
 pub use kpng_netfilter::monitor;
@@ -121,6 +122,41 @@ pub trait ElementWriter: Send {
     /// the kernel, a failed dump): the chains kpng knows of are then all it deletes.
     fn chain_names(&mut self, _family: Family, _table: &str) -> Option<Vec<String>> {
         None
+    }
+
+    /// Calls `each` with the key of every element of one set of our table, as the kernel holds
+    /// it (one element dump, not collected: the dynamic affinity map may hold a million
+    /// entries), read once at start-up to learn the affinity ids of the table kpng adopts (the
+    /// `affinity-bits-*` sets and the affinity map). Never called by the sync loop. `false`
+    /// when the set is missing, the dump failed (`each` may have seen part of it), or this
+    /// writer cannot tell (fakes that do not model the kernel): the ids are then allocated
+    /// afresh.
+    fn set_keys(
+        &mut self,
+        _family: Family,
+        _table: &str,
+        _set: Set,
+        _each: &mut dyn FnMut(&[u8]),
+    ) -> bool {
+        false
+    }
+}
+
+/// [`ElementWriter::set_keys`] over netlink: one `NFT_MSG_GETSETELEM` dump of the set. A
+/// missing set or a failed dump is `false`.
+pub fn set_keys_with_netlink(
+    family: Family,
+    table: &str,
+    set: Set,
+    each: &mut dyn FnMut(&[u8]),
+) -> bool {
+    let f = crate::ruleset::Fam(family).table_family();
+    match kpng_netfilter::elements::each_set_element(f, table, set.name(), |e| each(&e.key)) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::debug!("cannot list the set {f} {table} {}: {e}", set.name());
+            false
+        }
     }
 }
 

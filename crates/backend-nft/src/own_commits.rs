@@ -211,6 +211,16 @@ impl ElementWriter for CountingWriter {
     fn chain_names(&mut self, family: Family, table: &str) -> Option<Vec<String>> {
         self.inner.chain_names(family, table)
     }
+
+    fn set_keys(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: crate::sets::Set,
+        each: &mut dyn FnMut(&[u8]),
+    ) -> bool {
+        self.inner.set_keys(family, table, set, each)
+    }
 }
 
 #[cfg(test)]

@@ -72,8 +72,8 @@ pub enum Flags {
     /// `flags interval`: elements may be prefixes and ranges.
     Interval,
     /// `flags dynamic,timeout; timeout 1d; size 1048576`: the packet path writes the entries
-    /// (ClientIP affinity); kpng never flushes them, so stickiness survives restarts (for ports
-    /// whose affinity id is the same after it: ids are allocated afresh at start).
+    /// (ClientIP affinity); kpng never flushes them, so stickiness survives restarts (each
+    /// port keeps its affinity id, read back at start-up: [`crate::affinity_seed`]).
     Dynamic,
 }
 

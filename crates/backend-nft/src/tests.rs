@@ -2071,3 +2071,154 @@ fn the_periodic_sync_finds_a_deleted_table() {
     try_full_sync(&mut b, &model).expect("the repair");
     assert!(!kernel.is_gone(Family::V4) && !kernel.is_gone(Family::V6));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Affinity ids across a restart (read back from the adopted table)
+// ---------------------------------------------------------------------------------------------
+
+/// The model of `affinity_services(n)` without the Services named in `without`, plus those of
+/// `extra` (more YAML documents).
+fn affinity_model(n: usize, without: &[&str], extra: &str) -> Model {
+    let all = affinity_services(n);
+    let kept: Vec<&str> = all
+        .split("---\n")
+        .filter(|d| !without.iter().any(|w| d.contains(&format!("name: {w}"))))
+        .collect();
+    let mut yaml = kept.join("---\n");
+    yaml.push_str(extra);
+    model_from(&yaml)
+}
+
+/// The marks `b` gave each affinity port of `model`, by Service name.
+fn marks_by_service(b: &NftBackend, model: &Model) -> BTreeMap<String, affinity::Marks> {
+    model
+        .snapshot()
+        .ports
+        .values()
+        .filter_map(|p| {
+            let owner = b.owners.get(&p.key)?;
+            Some((p.key.service.name.to_string(), b.affinity_ids.get(owner)?))
+        })
+        .collect()
+}
+
+/// What the kernel's IPv4 table holds after `b` programmed `model`: the `affinity-bits-*`
+/// elements, and one live affinity entry per port from `client` to its first endpoint.
+fn kernel_affinity_sets(b: &NftBackend, model: &Model, client: &str) -> netlink::SetKeys {
+    let mut sets: BTreeMap<Set, Vec<Key>> = BTreeMap::new();
+    let snapshot = model.snapshot();
+    for port in snapshot.family(Family::V4) {
+        let Some(owner) = b.owners.get(&port.key) else {
+            continue;
+        };
+        for e in b.port_elements(port, owner, &snapshot.node.ips) {
+            if matches!(e.set, Set::AffinityBits(_)) {
+                sets.entry(e.set).or_default().push(e.key);
+            }
+        }
+        if let Some(marks) = b.affinity_ids.get(owner) {
+            let client = client.parse().expect("client");
+            sets.entry(Set::Affinity)
+                .or_default()
+                .push(Key::ClientMark(client, marks.cluster));
+        }
+    }
+    sets.into_iter()
+        .map(|(set, keys)| (Family::V4, set, keys))
+        .collect()
+}
+
+/// A restart over the earlier run's table with `sticky0` removed and `sticky9` added: `sticky1`
+/// and `sticky2` keep their ids (their clients' affinity entries are keyed by them), and
+/// neither `sticky9` nor anyone gets `sticky0`'s id, which a client still has an entry under.
+/// The ids are read once, at the first sync: later syncs read no set. Without the data (a
+/// table of an older kpng), ids are allocated afresh.
+#[test]
+fn a_restart_over_the_table_keeps_each_ports_affinity_id() {
+    let first = affinity_model(3, &[], "");
+    let (mut earlier, _, _) = netlink_backend();
+    full_sync(&mut earlier, &first);
+    let before = marks_by_service(&earlier, &first);
+    assert_eq!(before.len(), 3, "{before:?}");
+    let sets = kernel_affinity_sets(&earlier, &first, "192.168.100.50");
+
+    let sticky9 = "---\nkind: Service\nmetadata: {namespace: ns, name: sticky9}\nspec: {clusterIP: 10.96.1.99, sessionAffinity: ClientIP, ports: [{name: p, port: 80}]}\n---\nkind: EndpointSlice\nmetadata: {namespace: ns, name: sticky9-1, labels: {kubernetes.io/service-name: sticky9}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints:\n- {addresses: [10.244.1.99], nodeName: node1}\n";
+    let second = affinity_model(3, &["sticky0"], sticky9);
+    struct Case {
+        what: &'static str,
+        sets: netlink::SetKeys,
+        kept: bool,
+    }
+    let cases = [
+        Case {
+            what: "the table holds the ids",
+            sets: sets.clone(),
+            kept: true,
+        },
+        Case {
+            what: "a table without affinity-bits sets (an older kpng's)",
+            sets: Vec::new(),
+            kept: false,
+        },
+    ];
+    for case in cases {
+        let (mut b, _, w) = netlink_backend();
+        keep_table(&w, &b, &second, Family::V4);
+        *w.sets.lock().expect("lock") = case.sets;
+        full_sync(&mut b, &second);
+        let after = marks_by_service(&b, &second);
+        let reads = *w.set_listings.lock().expect("lock");
+        if case.kept {
+            for name in ["sticky1", "sticky2"] {
+                assert_eq!(after.get(name), before.get(name), "{}: {name}", case.what);
+            }
+            let old = before.get("sticky0").expect("sticky0");
+            assert!(
+                after.values().all(|m| m != old),
+                "{}: sticky0's id went to another port: {after:?}",
+                case.what
+            );
+            assert_eq!(reads, 5, "four affinity-bits sets and the affinity map");
+        } else {
+            assert_eq!(
+                after.get("sticky1"),
+                before.get("sticky0"),
+                "{}: fresh allocation, in key order",
+                case.what
+            );
+        }
+        // Partial and full syncs after the first read nothing.
+        let mut third = affinity_model(3, &["sticky0"], sticky9);
+        let all = affinity_services(3);
+        let kept: Vec<&str> = all
+            .split("---\n")
+            .filter(|d| !d.contains("name: sticky0") && !d.contains("name: sticky2"))
+            .collect();
+        let loaded =
+            kpng_source_file::parse_manifests(&(kept.join("---\n") + sticky9)).expect("parses");
+        let out = third.apply(Event::Replace {
+            kinds: Kind::ALL.to_vec(),
+            objects: loaded.objects,
+        });
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        b.sync(&SyncRequest {
+            diff: &out.diff,
+            snapshot: third.snapshot(),
+            full: false,
+        })
+        .expect("partial sync");
+        full_sync(&mut b, &third);
+        assert_eq!(
+            *w.set_listings.lock().expect("lock"),
+            reads,
+            "{}: the sync loop read a set",
+            case.what
+        );
+        assert_eq!(
+            marks_by_service(&b, &third).get("sticky1"),
+            after.get("sticky1"),
+            "{}",
+            case.what
+        );
+    }
+}

@@ -348,6 +348,66 @@ fn a_restart_deletes_the_chains_the_adopted_table_no_longer_needs() {
     bed.wait_served(10, "after the restart");
 }
 
+/// ClientIP affinity across a restart whose Service set changed: `first` and `second` (both
+/// with affinity; `first` sorts first, so a fresh start gives its ports the lower ids), a client
+/// stuck to `second`'s endpoint X and, through `first`, to another endpoint Y. kpng stops (its
+/// table left in place), `first` goes, kpng starts again over the table: a fresh allocation
+/// would give `second` the id `first` had, whose affinity entry sends the client to Y (a valid
+/// endpoint of `second` too). Read back from the table, `second` keeps its id and the client
+/// still reaches X.
+#[test]
+fn a_restart_keeps_each_ports_affinity_id() {
+    use e2e::harness::{ALL3, Cond, Kpng, SVC_PORT, cip, echo_all, manifest, probes, sa, svc_v4};
+    use kpng_testkit::{Cluster, Proto, tally};
+    kpng_testkit::require_root!();
+    let c = Cluster::create(&e2e::Backend::Nft.prefix("affrst")).expect("cluster");
+    let _echo = echo_all(&c);
+    let ns = &c.node1.ns;
+    let affinity = "sessionAffinity: ClientIP";
+    let first = |eps: e2e::harness::Eps<'_>| svc_v4("first", 83, "ClusterIP", affinity, eps);
+    let second = svc_v4("second", 84, "ClusterIP", affinity, ALL3);
+    let mut k = Kpng::start(
+        e2e::Backend::Nft,
+        ns,
+        &manifest(&[first(ALL3), second.clone()]),
+        &[],
+    );
+    let ext = &c.ext.ns;
+    let sole = |n: u8, what: &str| {
+        let m = tally(&probes(ext, Proto::Tcp, sa(cip(n, false), SVC_PORT), 10));
+        assert_eq!(m.len(), 1, "{what}: expected one server, got {m:?}");
+        let name = m.keys().next().expect("one key").clone();
+        assert!(!name.starts_with('!'), "{what}: {m:?}");
+        name
+    };
+    let x = sole(84, "second, before the restart");
+    let y = ALL3
+        .iter()
+        .map(|(pod, _)| *pod)
+        .find(|pod| *pod != x)
+        .expect("another endpoint");
+    k.apply(&manifest(&[first(&[(y, Cond::Ready)]), second.clone()]));
+    assert_eq!(
+        sole(83, "first"),
+        y,
+        "first sticks the client to its endpoint"
+    );
+
+    k.terminate();
+    k.write(&manifest(std::slice::from_ref(&second)));
+    k.spawn();
+    assert_eq!(
+        sole(84, "second, after the restart"),
+        x,
+        "the client still reaches second's endpoint: second kept its affinity id"
+    );
+    let log = k.stderr();
+    assert!(
+        log.contains("ClientIP affinity ids read back from the adopted table"),
+        "{log}"
+    );
+}
+
 /// Interface settings of the pod detector that cannot work on the node are warned about at
 /// start and shown in `kpng status` (they were silent: every pod masqueraded): a prefix whose
 /// links are all ports of a bridge (the testkit's pods hang off `cbr0` by `veth-…` ports),

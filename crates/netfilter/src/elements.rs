@@ -43,6 +43,24 @@ pub struct Element {
 /// # Errors
 /// The socket fails, or the kernel refuses the dump for another reason.
 pub fn set_elements(family: &str, table: &str, set: &str) -> io::Result<Option<Vec<Element>>> {
+    let mut elements = Vec::new();
+    let found = each_set_element(family, table, set, |e| elements.push(e))?;
+    Ok(found.then_some(elements))
+}
+
+/// Calls `each` with every element of set or map `set` in table `table` of `family`, as the
+/// dump delivers them, without collecting them (a dynamic map may hold a million entries):
+/// `Ok(false)` when there is no such table or set.
+///
+/// # Errors
+/// The socket fails, or the kernel refuses the dump for another reason (`each` may have seen
+/// part of the elements).
+pub fn each_set_element(
+    family: &str,
+    table: &str,
+    set: &str,
+    mut each: impl FnMut(Element),
+) -> io::Result<bool> {
     let nfproto = dump::nfproto(family)?;
     let mut request = Vec::with_capacity(96);
     let start = attr::msg_start(
@@ -56,24 +74,22 @@ pub fn set_elements(family: &str, table: &str, set: &str) -> io::Result<Option<V
     attr::put_str(&mut request, NFTA_SET_ELEM_LIST_TABLE, table);
     attr::put_str(&mut request, NFTA_SET_ELEM_LIST_SET, set);
     attr::msg_end(&mut request, start);
-    let mut elements = Vec::new();
     let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM;
-    match dump::run(request, kind, |msg| parse_message(msg, &mut elements)) {
-        Ok(()) => Ok(Some(elements)),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+    match dump::run(request, kind, |msg| parse_message(msg, &mut each)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(e) => Err(e),
     }
 }
 
-/// Adds the elements of one `NFT_MSG_NEWSETELEM` message to `out`.
-fn parse_message(msg: &[u8], out: &mut Vec<Element>) {
+/// Hands the elements of one `NFT_MSG_NEWSETELEM` message to `each`.
+fn parse_message(msg: &[u8], each: &mut impl FnMut(Element)) {
     let lists = attr::nf_attrs(msg).filter(|(ty, _)| *ty == NFTA_SET_ELEM_LIST_ELEMENTS);
     for (_, list) in lists {
-        out.extend(
-            attr::attrs(list)
-                .filter(|(ty, _)| *ty == NFTA_LIST_ELEM)
-                .filter_map(|(_, elem)| parse_element(elem)),
-        );
+        attr::attrs(list)
+            .filter(|(ty, _)| *ty == NFTA_LIST_ELEM)
+            .filter_map(|(_, elem)| parse_element(elem))
+            .for_each(&mut *each);
     }
 }
 
@@ -178,7 +194,9 @@ mod tests {
         ];
         let mut out = Vec::new();
         let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM;
-        let step = dump::walk(&datagram(&elements), kind, |m| parse_message(m, &mut out));
+        let step = dump::walk(&datagram(&elements), kind, |m| {
+            parse_message(m, &mut |e| out.push(e))
+        });
         assert_eq!(step, dump::Step::Done);
         assert_eq!(out, elements);
     }

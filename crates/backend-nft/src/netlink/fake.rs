@@ -10,12 +10,18 @@ use kpng_model::Family;
 
 use crate::sets::Set;
 
+use crate::value::Key;
+
 use super::batch::{ElementBatch, MsgInfo, Operation};
+use super::encode::encode_fields;
 use super::error::NetlinkError;
 use super::{ElementWriter, ProbedTable};
 
 /// The chain names a [`RecordingWriter`] answers, per family.
 pub type ChainsPerFamily = Vec<(Family, Vec<String>)>;
+
+/// The elements a [`RecordingWriter`] says a set holds: family, set, keys.
+pub type SetKeys = Vec<(Family, Set, Vec<Key>)>;
 
 /// One transaction the fake writer received.
 #[derive(Debug, Clone)]
@@ -61,6 +67,11 @@ pub struct RecordingWriter {
     pub chains: Arc<Mutex<ChainsPerFamily>>,
     /// How many times [`ElementWriter::chain_names`] was asked (the table's chains listed).
     pub chain_listings: Arc<Mutex<usize>>,
+    /// What [`ElementWriter::set_keys`] answers, encoded as the kernel would hold the keys
+    /// (`None` for a set not listed: missing).
+    pub sets: Arc<Mutex<SetKeys>>,
+    /// How many times [`ElementWriter::set_keys`] was asked.
+    pub set_listings: Arc<Mutex<usize>>,
 }
 
 impl RecordingWriter {
@@ -127,5 +138,27 @@ impl ElementWriter for RecordingWriter {
             .iter()
             .find(|(f, _)| *f == family)
             .map(|(_, names)| names.clone())
+    }
+
+    fn set_keys(
+        &mut self,
+        family: Family,
+        _table: &str,
+        set: Set,
+        each: &mut dyn FnMut(&[u8]),
+    ) -> bool {
+        *self.set_listings.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let decl = set.decl();
+        let sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, _, keys)) = sets.iter().find(|(f, s, _)| *f == family && *s == set) else {
+            return false;
+        };
+        for key in keys {
+            match encode_fields(decl.key, &key.fields(), family, false) {
+                Ok((bytes, _)) => each(bytes.as_slice()),
+                Err(_) => return false,
+            }
+        }
+        true
     }
 }

@@ -291,6 +291,17 @@ impl ElementWriter for NetlinkWriter {
     fn chain_names(&mut self, family: kpng_model::Family, table: &str) -> Option<Vec<String>> {
         super::chain_names_with_netlink(family, table)
     }
+
+    /// One element dump of the set, at start-up only.
+    fn set_keys(
+        &mut self,
+        family: kpng_model::Family,
+        table: &str,
+        set: crate::sets::Set,
+        each: &mut dyn FnMut(&[u8]),
+    ) -> bool {
+        super::set_keys_with_netlink(family, table, set, each)
+    }
 }
 
 /// The error for the first failing message of `batch`, with its set and element.
