@@ -1,14 +1,25 @@
 #!/bin/bash
 # /livez under a CPU quota (docs/deploy.md, "Sizing"): a kpng restarts over its own nftables
 # rules in a cgroup v1 `cpu` group limited to QUOTA_US per 100 ms, and /livez is probed once a
-# second (curl -m 5) until the first sync is logged. Prints each probe's code and time.
+# second (curl -m 5) until the first sync is logged. Prints each probe's code and time, then
+# the group's `cpu.stat` (how often and how long CFS throttled it).
 #
-# Not a test: how long a probe waits depends on the machine's load and kernel (preemption
-# model), so no bound holds on a shared 2-core machine. 2026-12-07, debug build, 30k Services
-# (`kpng-bench gen --services 30000 --endpoints 4`), QUOTA_US=10000: the restart took ~170 s
-# and 2 probes of 5 s timed out while the sync committed.
+# Why probes stall: the restart refills every set in one nftables transaction, one `sendmsg`
+# the kernel runs without preemption (PREEMPT_NONE) for ~0.5 s (30k Services), far past the
+# quota; CFS then throttles every thread of the group, the health server's too, until that
+# debt is paid (~5 s at 10 ms per 100 ms). With LISTEN=1 a foreign process subscribes to
+# nftables notifications (as `nft monitor` would; the kernel checks for listeners host-wide,
+# across network namespaces) and the kernel also builds one notification per element in that
+# call: ~6.5 s of kernel CPU, a freeze of about a minute.
 #
-# usage (root): bench/cpu-quota-livez.sh KPNG WORKLOAD_DIR [QUOTA_US]
+# Not a test: how long a probe waits depends on the machine's load, its kernel (preemption
+# model) and whether anything on the host listens to nftables notifications (other kpngs'
+# monitors do), so no bound holds on a shared 2-core machine. 2026-12-07, release build, 30k
+# Services (`kpng-bench gen --services 30000 --endpoints 4`), QUOTA_US=10000, builds running
+# beside: LISTEN=1, the sync took 53-81 s and 7-12 probes in a row timed out; without a
+# listener on the host, 7.5-8 s and none (the slowest 1.4-4.1 s). More in docs/deploy.md, "Sizing".
+#
+# usage (root): [LISTEN=1] bench/cpu-quota-livez.sh KPNG WORKLOAD_DIR [QUOTA_US]
 set -u
 KPNG=$1; INPUT=$2; QUOTA=${3:-10000}
 NS=kpng-quota-$$
@@ -21,6 +32,7 @@ cleanup() {
   [ -n "${P:-}" ] && kill -TERM "$P" 2>/dev/null && wait "$P" 2>/dev/null
   ino=$(stat -L -c %i "/run/netns/$NS" 2>/dev/null) && rm -f /run/kpng/*."$ino"
   ip netns del "$NS" 2>/dev/null
+  [ -n "${L:-}" ] && kill "$L" 2>/dev/null
   rmdir "$CG" 2>/dev/null
   rm -rf "$LOG"
 }
@@ -33,7 +45,15 @@ ip netns exec "$NS" "$KPNG" "${args[@]}" > "$LOG/cold" 2>&1 &
 P=$!
 until grep -q " synced " "$LOG/cold"; do sleep 1; done
 kill -TERM "$P"; wait "$P"; P=
-# 2. The restart, in the limited group.
+# 2. The restart, in the limited group (with LISTEN=1, a foreign listener that never reads).
+if [ "${LISTEN:-0}" = 1 ]; then
+  python3 -c 'import socket, time
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
+s.bind((0, 0))
+s.setsockopt(270, 1, 7)  # SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, NFNLGRP_NFTABLES
+time.sleep(3600)' &
+  L=$!
+fi
 echo "$QUOTA" > "$CG/cpu.cfs_quota_us"
 sh -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$CG" ip netns exec "$NS" "$KPNG" "${args[@]}" > "$LOG/restart" 2>&1 &
 P=$!
@@ -43,3 +63,4 @@ while ! grep -q " synced " "$LOG/restart"; do
   sleep 1
 done
 echo "first sync after $(( $(date +%s) - start ))s: $(grep -o 'duration=[^ ]*' "$LOG/restart" | head -1)"
+echo "$(tr '\n' ' ' < "$CG/cpu.stat")"
