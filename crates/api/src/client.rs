@@ -394,7 +394,8 @@ pub struct WatchConfig {
     /// accepts nodes and sends them nothing, which without this looks "ok" on every node.
     pub no_state_grace: Duration,
     /// The backend found rules an earlier kpng left in the kernel and adopts them (the
-    /// nftables backend's table): a first state with no Service is held, as it is for a node
+    /// nftables table, the iptables chains, the eBPF maps; not the userspace proxy's, whose
+    /// listeners died with it): a first state with no Service is held, as it is for a node
     /// that programs Services from an earlier session ([`hold`]).
     pub earlier_rules: bool,
     /// `--api-accept-empty-state`: apply a new session's first state even when it holds no

@@ -128,6 +128,15 @@ pub fn inspect(pin_dir: &Path, cgroup: Option<&Path>) -> Inspection {
     }
 }
 
+/// Whether the frontends map pinned under `pin_dir` (this build's layout, the one a restarted
+/// kpng adopts) holds a Service frontend: the programs an earlier run attached keep
+/// translating with it until the first sync converges it. Asked once at start (one batched
+/// dump, ~10 ms at 30k Services); a missing or unreadable map is "no".
+pub fn frontends_pinned(pin_dir: &Path) -> bool {
+    let name = crate::plan::MapId::Frontends.name();
+    fill(&pin_dir.join(VERSION).join(name), name).is_ok_and(|f| f.entries > 0)
+}
+
 fn fill(path: &Path, name: &'static str) -> Result<MapFill, String> {
     use std::os::fd::AsFd;
     let data = MapData::from_pin(path).map_err(|e| e.to_string())?;

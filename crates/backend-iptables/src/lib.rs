@@ -5,6 +5,8 @@
 //! - [`skeleton`]: the chains and rules no Service owns, from the flags and the node;
 //! - [`script`]: restore input in the order iptables-restore needs;
 //! - [`save`]: reading `iptables-save` output (full syncs and cleanup only);
+//! - [`earlier`]: whether an earlier run's rules (or kube-proxy's) route Services, asked once
+//!   at start;
 //! - [`exec`]: the legacy or nft variant of the tools, a dry run, or a recorder for tests;
 //! - [`watch`]: a thread that notices, within a second, someone flushing or deleting our
 //!   chains, and asks the runner for a full sync (iptables-legacy); iptables-nft is watched
@@ -21,6 +23,7 @@
 //! what a previous run left, ensures the jumps from the built-in chains, and deletes stale
 //! Service chains found by `iptables-save`. See `docs/backends.md`.
 
+pub mod earlier;
 pub mod exec;
 pub mod names;
 pub mod own_restores;

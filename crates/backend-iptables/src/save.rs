@@ -73,15 +73,41 @@ impl Saved {
     }
 }
 
+impl Saved {
+    /// Whether `KUBE-SERVICES` sends at least one Service to its chain (`-j KUBE-SVC-…`,
+    /// `KUBE-SVL-`, `KUBE-EXT-`, `KUBE-FW-`): the skeleton alone (its node-port rule, which a
+    /// node with no Service has too) does not count.
+    pub fn sends_a_service(&self) -> bool {
+        self.rules
+            .iter()
+            .filter(|(chain, _)| chain == SERVICES)
+            .any(|(_, spec)| {
+                words(spec).windows(2).any(|w| {
+                    matches!(w[0], "-j" | "--jump" | "-g" | "--goto") && to_service_chain(w[1])
+                })
+            })
+    }
+}
+
+/// Whether a jump's target is a Service's chain (not an endpoint's).
+fn to_service_chain(target: &str) -> bool {
+    ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-"]
+        .iter()
+        .any(|p| target.starts_with(p))
+}
+
+/// The words of a rule outside double quotes: a comment never reads as a flag.
+fn words(spec: &str) -> Vec<&str> {
+    spec.split('"')
+        .step_by(2)
+        .flat_map(str::split_whitespace)
+        .collect()
+}
+
 /// The destination of one rule that sends UDP to a Service's chain: its single address
 /// (`-d IP/32` or `/128`; `None` without `-d`) and port; `None` for any other rule.
 fn udp_rule(spec: &str) -> Option<(Option<IpAddr>, u16)> {
-    // The words outside double quotes: a comment never reads as a flag.
-    let words: Vec<&str> = spec
-        .split('"')
-        .step_by(2)
-        .flat_map(str::split_whitespace)
-        .collect();
+    let words = words(spec);
     let value = |flag: &str| {
         words
             .iter()
@@ -89,10 +115,7 @@ fn udp_rule(spec: &str) -> Option<(Option<IpAddr>, u16)> {
             .and_then(|i| words.get(i + 1).copied())
     };
     let target = value("-j")?;
-    let to_service = ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-"]
-        .iter()
-        .any(|p| target.starts_with(p));
-    if !to_service || value("-p") != Some("udp") {
+    if !to_service_chain(target) || value("-p") != Some("udp") {
         return None;
     }
     let port: u16 = value("--dport")?.parse().ok()?;

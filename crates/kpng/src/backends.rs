@@ -325,6 +325,10 @@ pub struct Built {
     pub backend: Box<dyn Backend>,
     /// What of [`crate::leftovers::Leftover`] is its own; `None` for a dry run.
     pub own: Vec<crate::leftovers::Leftover>,
+    /// Rules an earlier run left (its own kind's) still route Service traffic until the
+    /// backend's first sync replaces them (`crate::earlier_rules`, asked once here); false for
+    /// a dry run, the userspace proxy and HNS.
+    pub earlier_rules: bool,
     /// What `kpng status` adds about the backend's data plane beyond its rules (the nftables
     /// table's name and size, the eBPF backend's programs and maps, the HNS network and
     /// objects, the iptables variant and rule counts); none for a dry run and for the
@@ -493,6 +497,11 @@ mod linux {
             }
             LocalBackend::Iptables(_) | LocalBackend::Hns(_) => {}
         }
+        // Where the eBPF backend's earlier maps are pinned (asked only of `to-local ebpf`).
+        let pins = match backend {
+            LocalBackend::Ebpf(args) => args.bpf_pin_path.clone(),
+            _ => crate::leftovers::default_ebpf_pins(),
+        };
         let (backend, variant): (Box<dyn Backend>, Option<Variant>) = match backend {
             LocalBackend::Nft(args) => {
                 let b = nft(flags, args, node, refusals)?;
@@ -551,6 +560,7 @@ mod linux {
         } else {
             crate::leftovers::own(kind, variant)
         };
+        let earlier_rules = crate::earlier_rules::found(&own, &pins);
         // Another backend than eBPF: kpng socket programs left translating this node's
         // sockets are shown as a PROBLEM (the sweep removes them when it can).
         #[cfg(target_os = "linux")]
@@ -569,6 +579,7 @@ mod linux {
         Ok(Built {
             backend,
             own,
+            earlier_rules,
             data_plane,
             cluster_cidr_warned: Vec::new(),
             foreign_chains,
@@ -870,6 +881,9 @@ pub(crate) mod hns {
         Ok(Built {
             backend: Box::new(backend),
             own: Vec::new(),
+            // Not asked of HNS: whether the load balancers an earlier run left still serve is
+            // not looked at start (docs/reliability.md, "A brain whose state has no Service").
+            earlier_rules: false,
             data_plane,
             cluster_cidr_warned: Vec::new(),
             foreign_chains: None,

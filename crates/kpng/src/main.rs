@@ -17,6 +17,8 @@ mod config;
 mod conntrack;
 mod dry_run;
 #[cfg(target_os = "linux")]
+mod earlier_rules;
+#[cfg(target_os = "linux")]
 mod ebpf_status;
 #[cfg(target_os = "linux")]
 mod foreign_chains;

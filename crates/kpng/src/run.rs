@@ -476,6 +476,9 @@ struct SinkFacts {
     cluster_cidr_warned: Vec<kpng_model::Family>,
     /// The other programs' chains on kpng's hooks ([`crate::backends::Built::foreign_chains`]).
     foreign_chains: Option<kpng_runner::admin::ForeignChainsProbe>,
+    /// Rules an earlier run left route traffic until the first sync
+    /// ([`crate::backends::Built::earlier_rules`]).
+    earlier_rules: bool,
 }
 
 impl SinkFacts {
@@ -498,6 +501,7 @@ impl SinkFacts {
         data_plane: None,
         cluster_cidr_warned: Vec::new(),
         foreign_chains: None,
+        earlier_rules: false,
     };
 }
 
@@ -605,6 +609,7 @@ fn local_backend(
         data_plane: built.data_plane,
         cluster_cidr_warned: built.cluster_cidr_warned,
         foreign_chains: built.foreign_chains,
+        earlier_rules: built.earlier_rules,
     };
     Ok((built.backend, facts))
 }
@@ -679,7 +684,7 @@ async fn serve_remote(
         tls_server_name: brain.api_tls_server_name.clone(),
         retry_max: brain.api_retry_max,
         no_state_grace: brain.api_state_grace,
-        earlier_rules: earlier_rules_found(facts.dry_run.is_some(), facts.kind.as_ref()),
+        earlier_rules: facts.earlier_rules,
         accept_empty_state: brain.api_accept_empty_state,
         ..kpng_api::client::WatchConfig::new(brain.api.clone(), &node_name)
     };
@@ -693,15 +698,6 @@ async fn serve_remote(
         Ok(())
     })
     .await
-}
-
-/// Whether an earlier run's rules still route traffic until the first sync: the nftables
-/// backend's table is one netlink dump away (its first sync adopts or replaces it). The other
-/// backends cannot tell as cheaply, and say nothing.
-fn earlier_rules_found(dry_run: bool, kind: Option<&BackendKind>) -> bool {
-    !dry_run
-        && matches!(kind, Some(BackendKind::Nft))
-        && crate::leftovers::Leftover::KpngNft.present(&crate::leftovers::EbpfPlaces::from_env())
 }
 
 /// Settings a node fed by a brain has but cannot apply, one line each: the brain chooses the
@@ -826,14 +822,9 @@ where
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
     let mut runner = Runner::new(model, backend, timing, metrics, health)
         .with_free_repairs(flags.repairs_at_once);
-    // Whether an earlier run's rules still route traffic until the first sync: the nftables
-    // backend's table is one netlink dump away (its first sync adopts or replaces it). The
-    // other backends cannot tell as cheaply, and say nothing.
-    if let Some(config) = &facts.watch_config {
-        runner = runner.with_earlier_rules(config.earlier_rules);
-    } else {
-        runner = runner.with_earlier_rules(earlier_rules_found(dry_run, facts.kind.as_ref()));
-    }
+    // Whether an earlier run's rules still route traffic until the first sync (asked once,
+    // when the backend was built: `crate::earlier_rules`).
+    runner = runner.with_earlier_rules(facts.earlier_rules);
     if let Some(input) = facts.input.clone() {
         runner = runner.with_input_health(input);
     }

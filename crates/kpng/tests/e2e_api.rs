@@ -5,6 +5,8 @@
 //! answered only by each node's own endpoint, and a brain restart while traffic flows: an
 //! established UDP flow and new TCP connections keep working, the nodes' reconnect replays
 //! change nothing (no sync at all), and a change made after the restart reaches every node.
+//! A brain serving an empty state is not applied, also by a node restarted meanwhile (nft,
+//! iptables in both variants and eBPF: each finds the rules its earlier run left).
 //! Root only (skipped otherwise, failing under `CI`).
 
 use std::collections::BTreeSet;
@@ -153,7 +155,18 @@ fn start_node(ns: &Netns, name: &str, socket: &Path) -> Spawned {
 
 /// [`start_node`] serving its metrics on `metrics` (empty: none).
 fn start_node_with(ns: &Netns, name: &str, socket: &Path, metrics: &str) -> Spawned {
-    ns.spawn([
+    start_node_on(ns, name, socket, metrics, &["nft".to_string()])
+}
+
+/// [`start_node_with`] programming `backend` (the words from the backend's name on).
+fn start_node_on(
+    ns: &Netns,
+    name: &str,
+    socket: &Path,
+    metrics: &str,
+    backend: &[String],
+) -> Spawned {
+    let mut args: Vec<String> = [
         env!("CARGO_BIN_EXE_kpng"),
         "local",
         "--api",
@@ -174,9 +187,11 @@ fn start_node_with(ns: &Netns, name: &str, socket: &Path, metrics: &str) -> Spaw
         metrics,
         "--admin-socket",
         &admin_socket(socket, name).display().to_string(),
-        "nft",
-    ])
-    .expect("start kpng local")
+    ]
+    .map(str::to_string)
+    .to_vec();
+    args.extend(backend.iter().cloned());
+    ns.spawn(args).expect("start kpng local")
 }
 
 /// Where node `name`'s kpng answers `kpng status` (each its own: the nodes share one file
@@ -653,6 +668,153 @@ fn a_brain_restarted_on_an_empty_input_does_not_empty_its_nodes() {
         "{}",
         logs(&node)
     );
+}
+
+/// A node of `backend` killed (SIGKILL) and started again while its brain, restarted on an
+/// empty directory, serves a state with no Service: the restarted node finds the rules its
+/// earlier run left, holds that state and keeps them (a ClusterIP keeps answering, no sync),
+/// and follows the brain once its Services are back, its first sync saying it adopted them.
+/// Until 2026-12-07 only the nft backend said it found earlier rules: an iptables or eBPF node
+/// applied the empty state and deleted every Service rule.
+fn a_node_restarted_against_an_empty_brain_keeps_its_rules(
+    prefix: &str,
+    backend: impl Fn(&Netns) -> Vec<String>,
+) {
+    require_root!();
+    let c = Cluster::builder(prefix).create().expect("cluster");
+    let _echo: Vec<Spawned> = c
+        .pods
+        .iter()
+        .map(|p| p.start_echo(EP_PORT).expect("echo"))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let full = dir.path().join("full");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&full).expect("mkdir");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let web = [("pod1a", addr::POD1A_V4, "node1")];
+    write_atomically(&full.join("cluster.yaml"), &manifest(&web));
+    let socket = dir.path().join("brain.sock");
+    let brain_logs = [dir.path().join("brain1.log"), dir.path().join("brain2.log")];
+    let mut brain = Brain::start(&full, &socket, &brain_logs[0]);
+    let args = backend(&c.node1.ns);
+    let node_log = std::cell::RefCell::new(String::new());
+    let mut node = start_node_on(&c.node1.ns, "node1", &socket, "", &args);
+    let logs = |node: &Spawned| {
+        let mut s = String::new();
+        for log in &brain_logs {
+            s.push_str(&std::fs::read_to_string(log).unwrap_or_default());
+        }
+        format!(
+            "{s}\n--- node1:\n{}{}",
+            node_log.borrow(),
+            node.stderr_text()
+        )
+    };
+    wait_until(
+        "the node synced from the brain",
+        || count(&node, "synced backend=") >= 1,
+        || logs(&node),
+    );
+    let cip = sa(std::net::Ipv4Addr::new(10, 96, 0, 10), 80);
+    let from = &c.pod("pod1b").ns;
+    assert_eq!(servers(from, cip, 5), set(&["pod1a"]));
+
+    // The node is killed; the brain restarts on an empty directory; the node starts again.
+    node_log.borrow_mut().push_str(&node.stderr_text());
+    node.kill().expect("kill the node");
+    brain.kill();
+    let _brain2 = Brain::start(&empty, &socket, &brain_logs[1]);
+    node = start_node_on(&c.node1.ns, "node1", &socket, "", &args);
+    wait_until(
+        "the restarted node holds the empty state",
+        || count(&node, "sent a complete state with no Service") == 1,
+        || logs(&node),
+    );
+    assert!(
+        node.stderr_text()
+            .contains("keeping the rules an earlier kpng left (adopted at start)"),
+        "{}",
+        logs(&node)
+    );
+    assert_eq!(count(&node, "synced backend="), 0, "{}", logs(&node));
+    assert_eq!(
+        servers(from, cip, 5),
+        set(&["pod1a"]),
+        "the earlier run's rules stay"
+    );
+
+    // The brain's input has the Services again: the node follows and says what it adopted.
+    write_atomically(&empty.join("cluster.yaml"), &manifest(&web));
+    wait_until(
+        "the node applied the brain's state",
+        || count(&node, "synced backend=") >= 1,
+        || logs(&node),
+    );
+    assert!(
+        node.stderr_text()
+            .contains("first sync after adopting the rules an earlier kpng left: they now hold"),
+        "{}",
+        logs(&node)
+    );
+    assert_eq!(servers(from, cip, 5), set(&["pod1a"]));
+    node.kill().expect("stop the node");
+}
+
+#[test]
+fn an_iptables_legacy_node_restarted_against_an_empty_brain_keeps_its_rules() {
+    a_node_restarted_against_an_empty_brain_keeps_its_rules("apiipl", |_| {
+        ["iptables", "--iptables-mode", "legacy"]
+            .map(String::from)
+            .to_vec()
+    });
+}
+
+#[test]
+fn an_iptables_nft_node_restarted_against_an_empty_brain_keeps_its_rules() {
+    a_node_restarted_against_an_empty_brain_keeps_its_rules("apiipn", |_| {
+        ["iptables", "--iptables-mode", "nft"]
+            .map(String::from)
+            .to_vec()
+    });
+}
+
+/// The eBPF node's two halves both stay: the nftables rules (the pod's packets) and the
+/// socket programs with their pinned maps (its connects).
+#[test]
+fn an_ebpf_node_restarted_against_an_empty_brain_keeps_its_rules() {
+    let scope = std::cell::RefCell::new(None);
+    let cleanup = Cleanup(&scope);
+    a_node_restarted_against_an_empty_brain_keeps_its_rules("apiebpf", |ns| {
+        let (cgroup, pins) = kpng_testkit::cgroups::socket_scope(ns.name()).expect("eBPF scope");
+        *scope.borrow_mut() = Some((cgroup.clone(), pins.clone()));
+        vec![
+            "ebpf".into(),
+            "--cgroup-path".into(),
+            cgroup.display().to_string(),
+            "--bpf-pin-path".into(),
+            pins.display().to_string(),
+        ]
+    });
+    drop(cleanup);
+
+    /// Removes the node's pins (which keep its programs attached) and test cgroups, once its
+    /// kpng is gone.
+    struct Cleanup<'a>(&'a std::cell::RefCell<Option<(std::path::PathBuf, std::path::PathBuf)>>);
+    impl Drop for Cleanup<'_> {
+        fn drop(&mut self) {
+            let Some((local, pins)) = self.0.borrow_mut().take() else {
+                return;
+            };
+            let _ = std::fs::remove_dir_all(pins);
+            if let Some(groups) = local.parent() {
+                for group in ["local", "outside"] {
+                    let _ = std::fs::remove_dir(groups.join(group));
+                }
+                let _ = std::fs::remove_dir(groups);
+            }
+        }
+    }
 }
 
 /// A brain whose input has Nodes but not this node's (another cluster's, or the Node not

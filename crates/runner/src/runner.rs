@@ -158,8 +158,8 @@ impl<M: NodeModel> Runner<M> {
         self
     }
 
-    /// The backend's rules from an earlier run of kpng were found at start (its table in the
-    /// kernel): until the first sync replaces them they still route traffic, which `kpng
+    /// The backend's rules from an earlier run of kpng were found at start (its table, chains or
+    /// pinned maps in the kernel): until the first sync replaces them they still route traffic, which `kpng
     /// status` and `kpng trace` say while the first sync is held, instead of only "nothing is
     /// programmed".
     pub fn with_earlier_rules(mut self, found: bool) -> Runner<M> {
