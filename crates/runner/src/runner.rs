@@ -51,6 +51,20 @@ use crate::repair_backoff::RepairBackoff;
 use crate::service_health::{ListenAddresses, ServiceHealthServers, wanted, wanted_for};
 use kpng_backend::{Backend, InputInfo, NodeModel, SyncRequest, TamperAlarm, Tampering};
 
+/// Logs a sync's `synced` line at info level when `$shown`, at debug level otherwise (the
+/// routine syncs beyond the minute's budget, see [`crate::sync_log`]). One macro keeps the two
+/// lines' fields the same: tracing fixes an event's level per callsite, so a function could not
+/// choose it at run time.
+macro_rules! synced_line {
+    ($shown:expr, $($field:tt)+) => {
+        if $shown {
+            info!($($field)+ "synced");
+        } else {
+            debug!($($field)+ "synced");
+        }
+    };
+}
+
 /// The kinds a source must list before anything is programmed.
 const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
 
@@ -1527,27 +1541,15 @@ impl<M: NodeModel> LoopState<M> {
                             stats.operations,
                             diff.changes.keys().map(|k| k.service.to_string()),
                         );
-                    if shown {
-                        info!(
-                            backend = %backend.backend,
-                            full,
-                            ports = ports_total,
-                            operations = stats.operations,
-                            ?duration,
-                            changes = %changes,
-                            "synced"
-                        );
-                    } else {
-                        debug!(
-                            backend = %backend.backend,
-                            full,
-                            ports = ports_total,
-                            operations = stats.operations,
-                            ?duration,
-                            changes = %changes,
-                            "synced"
-                        );
-                    }
+                    synced_line!(
+                        shown,
+                        backend = %backend.backend,
+                        full,
+                        ports = ports_total,
+                        operations = stats.operations,
+                        ?duration,
+                        changes = %changes,
+                    );
                     if !changed_names.is_empty() {
                         debug!("synced Services: {}", changed_names.join(", "));
                     }
