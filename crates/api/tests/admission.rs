@@ -6,8 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Watcher, next_change_set};
-use kpng_api::hub::Hub;
+use common::{Watcher, channel_to, next_change_set, watch_as, watchers};
 use kpng_api::proto;
 use kpng_api::server::{ConnLimits, FIRST_REQUEST_TIMEOUT, MAX_WATCHES_PER_PEER};
 use prost::bytes::Bytes;
@@ -41,56 +40,6 @@ async fn silent_watch(
         .body(())
         .expect("request");
     client.send_request(request, false).expect("open a stream")
-}
-
-/// A Watch stream over TCP to `addr` from `local` for node `node`, asked once.
-async fn watch_tcp(
-    channel: tonic::transport::Channel,
-    node: &str,
-) -> Result<
-    (
-        tokio::sync::mpsc::Sender<proto::WatchReq>,
-        tonic::Streaming<proto::OpItem>,
-    ),
-    tonic::Status,
-> {
-    let (requests, rx) = tokio::sync::mpsc::channel(4);
-    requests
-        .send(proto::WatchReq {
-            node_name: node.into(),
-            continuous: true,
-            accept_zstd: false,
-        })
-        .await
-        .expect("request");
-    let stream = proto::sets_client::SetsClient::new(channel)
-        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    Ok((requests, stream))
-}
-
-/// A connection to `brain` from the loopback address `local`.
-async fn channel_from(brain: std::net::SocketAddr, local: [u8; 4]) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
-        .expect("uri")
-        .local_address(Some(local.into()))
-        .connect()
-        .await
-        .expect("connect")
-}
-
-/// Waits until the hub has `n` watchers.
-async fn watchers(hub: &Hub, n: usize) {
-    let start = Instant::now();
-    while hub.watchers().len() != n {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{} watchers after 20 s, not {n}",
-            hub.watchers().len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,18 +114,18 @@ async fn one_client_gets_only_its_share_of_the_watch_streams() {
 
     // One client (127.0.0.1) takes its whole share, eight streams per connection.
     let mut held = Vec::new();
-    let mut channel = channel_from(brain, [127, 0, 0, 1]).await;
+    let mut channel = channel_to(brain, Some([127, 0, 0, 1])).await;
     for i in 0..MAX_WATCHES_PER_PEER {
         if i % 8 == 0 {
-            channel = channel_from(brain, [127, 0, 0, 1]).await;
+            channel = channel_to(brain, Some([127, 0, 0, 1])).await;
         }
-        held.push(watch_tcp(channel.clone(), "n1").await.expect("watch"));
+        held.push(watch_as(channel.clone(), "n1").await.expect("watch"));
     }
     watchers(&hub, MAX_WATCHES_PER_PEER).await;
 
     // One more from it is refused…
-    let channel = channel_from(brain, [127, 0, 0, 1]).await;
-    let refused = match watch_tcp(channel, "n1").await {
+    let channel = channel_to(brain, Some([127, 0, 0, 1])).await;
+    let refused = match watch_as(channel, "n1").await {
         Err(status) => status,
         Ok((_requests, mut stream)) => {
             tokio::time::timeout(Duration::from_secs(10), stream.message())
@@ -193,7 +142,7 @@ async fn one_client_gets_only_its_share_of_the_watch_streams() {
     assert_eq!(hub.watchers().len(), MAX_WATCHES_PER_PEER);
 
     // …while another client (127.0.0.2) is served.
-    let (_requests, mut stream) = watch_tcp(channel_from(brain, [127, 0, 0, 2]).await, "n2")
+    let (_requests, mut stream) = watch_as(channel_to(brain, Some([127, 0, 0, 2])).await, "n2")
         .await
         .expect("watch");
     let mut first = next_change_set(&mut stream).await;

@@ -4,53 +4,21 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
-use common::Watcher;
-use kpng_api::hub::{DuplicateNode, Hub};
+use common::{Watcher, channel_to, watch_as, watch_request, watchers};
+use kpng_api::hub::DuplicateNode;
 use kpng_api::proto;
 
-/// Waits until the hub has `n` watchers.
-async fn watchers(hub: &Hub, n: usize) {
-    let start = Instant::now();
-    while hub.watchers().len() != n {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{} watchers after 10 s, not {n}",
-            hub.watchers().len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A Watch stream over TCP to `addr` for node `node`, asked once (kept open while returned).
+/// A Watch of `node` over TCP to `brain`, asked once (kept open while returned).
 async fn watch_tcp(
-    addr: std::net::SocketAddr,
+    brain: std::net::SocketAddr,
     node: &str,
 ) -> (
     tokio::sync::mpsc::Sender<proto::WatchReq>,
     tonic::Streaming<proto::OpItem>,
 ) {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let (requests, rx) = tokio::sync::mpsc::channel(4);
-    requests
-        .send(proto::WatchReq {
-            node_name: node.into(),
-            continuous: true,
-            accept_zstd: false,
-        })
-        .await
-        .expect("request");
-    let stream = proto::sets_client::SetsClient::new(channel)
-        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+    watch_as(channel_to(brain, None).await, node)
         .await
         .expect("watch")
-        .into_inner();
-    (requests, stream)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,21 +106,9 @@ async fn each_side_tells_the_other_its_version() {
     let (hub, _) = common::hub_with_one_service();
     let brain = common::serve_tcp(hub.clone()).await;
     let watch = |version: Option<&'static str>, node: &'static str| async move {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
-        let (requests, rx) = tokio::sync::mpsc::channel(4);
-        requests
-            .send(proto::WatchReq {
-                node_name: node.into(),
-                continuous: true,
-                accept_zstd: false,
-            })
-            .await
-            .expect("request");
-        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let channel = channel_to(brain, None).await;
+        let (requests, rx) = watch_request(node).await;
+        let mut request = tonic::Request::new(rx);
         if let Some(v) = version {
             request.metadata_mut().insert(
                 kpng_api::version::HEADER,

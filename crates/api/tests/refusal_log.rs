@@ -5,72 +5,20 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kpng_api::proto;
-
-/// The log lines written while the test's subscriber is the default (the test runs on one
-/// thread, the server's tasks with it).
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn matching(&self, text: &str) -> Vec<String> {
-        let bytes = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|l| l.contains(text))
-            .map(str::to_string)
-            .collect()
-    }
-}
+use common::{Lines, channel_to, watch_as};
 
 /// Asks for a Watch of `node` from loopback address `local` and waits for its refusal.
 async fn refused_watch(brain: std::net::SocketAddr, local: [u8; 4], node: &str) -> tonic::Code {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
-        .expect("uri")
-        .local_address(Some(local.into()))
-        .connect()
-        .await
-        .expect("connect");
-    let (requests, rx) = tokio::sync::mpsc::channel(4);
-    requests
-        .send(proto::WatchReq {
-            node_name: node.into(),
-            continuous: true,
-            accept_zstd: false,
-        })
-        .await
-        .expect("request");
-    let answer = proto::sets_client::SetsClient::new(channel)
-        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await;
-    let status = match answer {
+    let status = match watch_as(channel_to(brain, Some(local)).await, node).await {
         Err(status) => status,
-        Ok(stream) => tokio::time::timeout(Duration::from_secs(10), stream.into_inner().message())
-            .await
-            .expect("an answer")
-            .expect_err("refused"),
+        Ok((_requests, mut stream)) => {
+            tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .expect("an answer")
+                .expect_err("refused")
+        }
     };
     status.code()
 }
@@ -78,12 +26,7 @@ async fn refused_watch(brain: std::net::SocketAddr, local: [u8; 4], node: &str) 
 #[tokio::test]
 async fn a_refusal_loop_logs_one_line_per_peer_and_kind() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _log = tracing::subscriber::set_default(subscriber);
+    let _log = tracing::subscriber::set_default(lines.subscriber(tracing::Level::INFO));
     let (hub, _) = common::hub_with_one_service();
     let brain = common::serve_tcp(hub).await;
 
@@ -113,33 +56,12 @@ async fn a_refusal_loop_logs_one_line_per_peer_and_kind() {
 #[tokio::test]
 async fn a_watcher_is_logged_by_its_address_and_its_leaving_says_how_long_and_why() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _log = tracing::subscriber::set_default(subscriber);
+    let _log = tracing::subscriber::set_default(lines.subscriber(tracing::Level::INFO));
     let (hub, _) = common::hub_with_one_service();
     let brain = common::serve_tcp(hub).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
-        .expect("uri")
-        .connect()
+    let (requests, mut stream) = watch_as(channel_to(brain, None).await, "n1")
         .await
-        .expect("connect");
-    let (requests, rx) = tokio::sync::mpsc::channel(4);
-    requests
-        .send(proto::WatchReq {
-            node_name: "n1".into(),
-            continuous: true,
-            accept_zstd: false,
-        })
-        .await
-        .expect("request");
-    let mut stream = proto::sets_client::SetsClient::new(channel)
-        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("watching")
-        .into_inner();
+        .expect("watching");
     stream.message().await.expect("the state").expect("an item");
     // The node says it is done: it closes its requests and goes.
     drop(requests);

@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Watcher, manifest, service};
-use kpng_api::hub::Hub;
+use common::{Watcher, manifest, service, watchers};
 
 /// Appends `n` Services `bulkNN` to the manifest `state` (more than are encoded inline);
 /// returns their paths.
@@ -20,19 +19,6 @@ fn add_bulk(state: &mut String, n: usize) -> Vec<String> {
             format!("default/{name}")
         })
         .collect()
-}
-
-/// Waits until the hub has `n` watchers (a stream's end unregisters it).
-async fn watchers(hub: &Hub, n: usize) {
-    let start = Instant::now();
-    while hub.watchers().len() != n {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{} watchers after 10 s, not {n}",
-            hub.watchers().len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,13 @@
 //! TLS and mTLS between a brain and its clients: with the right certificates the client gets
 //! the state; without a client certificate an mTLS brain refuses the stream.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::Lines;
 use hyper_util::rt::TokioIo;
 use kpng_api::addr::{ApiAddr, TlsFiles};
 use kpng_api::client::{WatchConfig, watch};
@@ -422,40 +425,6 @@ async fn a_silent_client_is_dropped_at_the_handshake_timeout() {
     );
 }
 
-/// The log lines written while a test's subscriber is the default (the test runs on one
-/// thread, the node's and the brain's tasks with it).
-#[derive(Clone, Default)]
-struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn matching(&self, text: &str) -> Vec<String> {
-        let bytes = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|l| l.contains(text))
-            .map(str::to_string)
-            .collect()
-    }
-}
-
 /// A node whose certificate the brain refuses (signed by a CA the brain does not trust) fails
 /// in turn as the brain's TLS alert, a broken pipe and a cancelled operation: one warning,
 /// naming the alert, and its retries at debug, however long it goes on (until 2026-12-06 each
@@ -463,12 +432,7 @@ impl Lines {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_refused_by_mtls_warns_once_naming_the_brains_alert() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
     // The node and the brain on threads of their own, as in kpng (on one thread the alert
     // always arrives first): the process's subscriber, this test's lines told apart by the
     // brain's socket, which each line names.
@@ -521,12 +485,7 @@ async fn a_node_refused_by_mtls_warns_once_naming_the_brains_alert() {
 #[tokio::test]
 async fn a_node_the_brain_refuses_warns_once_that_it_is_refused() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
     // This thread's subscriber: the node's and the brain's tasks run on it.
     let _log = tracing::subscriber::set_default(subscriber);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -577,12 +536,7 @@ async fn a_node_the_brain_refuses_warns_once_that_it_is_refused() {
 #[tokio::test]
 async fn a_failed_handshake_is_warned_once_per_address_naming_it_and_counted() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
     let _log = tracing::subscriber::set_default(subscriber);
     let dir = tempfile::tempdir().expect("tempdir");
     let (brain_ca, other_ca) = (Ca::new("brain-ca"), Ca::new("other-ca"));

@@ -736,11 +736,18 @@ fn hostname() -> anyhow::Result<String> {
 
 /// Runs one source into one backend until the source ends or SIGINT/SIGTERM arrives.
 /// Rules are left in place on exit.
+///
+/// In steps: the metrics ([`metrics_registry`]), the health server, the runner and what it
+/// checks, its admin handle ([`with_admin_handle`]), the metrics server, the admin socket
+/// ([`serve_admin_socket`]), Service health checks and the conntrack cleanup
+/// ([`with_conntrack_cleanup`]), the sweep of other proxies' rules
+/// ([`sweep_after_first_sync`]) and the node's Events, then the source task and the servers
+/// ([`spawn_server`]), and the loop until kpng ends ([`run_until_end`]).
 async fn serve<M, F, Fut>(
     flags: GlobalFlags,
     model: M,
     mut backend: Box<dyn Backend>,
-    facts: SinkFacts,
+    mut facts: SinkFacts,
     source: F,
 ) -> anyhow::Result<()>
 where
@@ -749,7 +756,7 @@ where
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     // Held until kpng ends.
-    let _lock = facts.lock;
+    let _lock = facts.lock.take();
     let build = crate::version::BuildInfo::current();
     info!(
         node = %model.snapshot().node.name,
@@ -760,7 +767,7 @@ where
     );
     // Removed when this function returns (a clean shutdown, or an error kpng reports).
     #[cfg(target_os = "linux")]
-    let run_marker = facts.run_marker;
+    let run_marker = facts.run_marker.take();
     #[cfg(target_os = "linux")]
     let previous_run = run_marker
         .as_ref()
@@ -776,31 +783,11 @@ where
         sync_period: flags.sync_period,
         full_sync_period: flags.full_sync_period,
     };
-    let mut registry = Registry::default();
-    crate::process_metrics::register(&mut registry);
     #[cfg(target_os = "linux")]
-    if run_marker.is_some() {
-        crate::process_metrics::register_unclean_previous_exit(
-            &mut registry,
-            previous_run.is_some(),
-        );
-    }
-    backend.register_metrics(&mut registry);
-    if let Some(source_metrics) = &facts.source_metrics {
-        source_metrics.register(&mut registry);
-    }
-    if let Some(input) = &facts.input {
-        crate::input_metrics::register(&mut registry, input.clone());
-    }
-    if let Some(client_metrics) = &facts.client_metrics {
-        client_metrics.register(&mut registry);
-    }
-    if let Some(kube_errors) = &facts.kube_errors {
-        kube_errors.register(&mut registry);
-    }
-    if let Some(config) = &facts.watch_config {
-        config.register_metrics(&mut registry);
-    }
+    let unclean_previous_exit = run_marker.is_some().then_some(previous_run.is_some());
+    #[cfg(not(target_os = "linux"))]
+    let unclean_previous_exit = None;
+    let mut registry = metrics_registry(&*backend, &facts, unclean_previous_exit);
     let metrics = ProxyMetrics::new(&mut registry);
     let refused_connections = metrics.http_connections_refused.clone();
     let health = Arc::new(ProxyHealth::new(
@@ -873,67 +860,9 @@ where
     // a dry run, which opens nothing.
     let mut admin = None;
     if !dry_run {
-        let nodeport = facts
-            .kind
-            .and_then(|k| k.nodeport_addresses(&flags).ok())
-            .unwrap_or(kpng_backend::settings::NodePortAddresses::Primary);
-        let detect = crate::backends::detect_local(&flags)
-            .unwrap_or(kpng_backend::settings::DetectLocal::None);
-        let masquerade_all = flags.masquerade_all;
-        let kind = facts.kind;
-        let localhost_node_ports = flags.iptables_localhost_nodeports;
-        let service_cidrs = flags.service_cidr.clone();
-        let (with_admin, handle) = runner.with_admin(Box::new(move |snapshot| {
-            let mut node = crate::admin::node_facts(
-                snapshot,
-                &nodeport,
-                &detect,
-                masquerade_all,
-                kind,
-                &service_cidrs,
-            );
-            // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
-            if kind == Some(BackendKind::Iptables) && localhost_node_ports {
-                node.nodeport_ips
-                    .push(std::net::IpAddr::from([127, 0, 0, 1]));
-            }
-            node
-        }));
+        let (with_admin, handle) = with_admin_handle(runner, &flags, &facts, previous_run.clone());
         runner = with_admin;
-        let handle = match previous_run.clone() {
-            Some(note) => handle.with_previous_run(note),
-            None => handle,
-        };
-        let handle = match facts.foreign_chains.clone() {
-            Some(probe) => handle.with_foreign_chains_probe(probe),
-            None => handle,
-        };
-        // Interface settings of the pod detector that cannot work here: warned now and when
-        // the links change, and a line of `kpng status` (a Linux backend's).
-        #[cfg(target_os = "linux")]
-        let data_plane = match crate::pod_interfaces::Check::new(&flags)
-            .filter(|_| facts.kind.is_some_and(|k| k != BackendKind::Hns))
-        {
-            Some(check) => {
-                check.start();
-                let interfaces = check.probe();
-                Some(match facts.data_plane.clone() {
-                    Some(probe) => Arc::new(move || {
-                        let mut lines = probe();
-                        lines.extend(interfaces());
-                        lines
-                    }) as kpng_runner::admin::DataPlaneProbe,
-                    None => interfaces,
-                })
-            }
-            None => facts.data_plane.clone(),
-        };
-        #[cfg(not(target_os = "linux"))]
-        let data_plane = facts.data_plane.clone();
-        admin = Some(match data_plane {
-            Some(probe) => handle.with_data_plane_probe(probe),
-            None => handle,
-        });
+        admin = Some(handle);
     }
     let metrics_server = if dry_run || flags.metrics_bind_address.trim().is_empty() {
         None
@@ -964,22 +893,7 @@ where
     if let Some(handle) = admin.clone()
         && !flags.admin_socket.is_empty()
     {
-        match crate::admin::serve(std::path::Path::new(&flags.admin_socket), handle).await {
-            Ok(Some(server)) => {
-                _admin_socket = Some(crate::admin_socket::SocketFile(
-                    flags.admin_socket.clone().into(),
-                ));
-                tokio::spawn(async move {
-                    if let Err(e) = server.await {
-                        tracing::error!("admin socket stopped: {e}");
-                    }
-                });
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!("no admin socket (`kpng status` will not reach this kpng): {e:#}")
-            }
-        }
+        _admin_socket = serve_admin_socket(&flags.admin_socket, handle).await;
     }
     if let Some(addresses) = facts.health_checks {
         // The node's conntrack table, as kube-proxy sets it (Linux's sysctls); a dry run
@@ -1003,71 +917,10 @@ where
     }
     #[cfg(target_os = "linux")]
     if facts.cleans_conntrack {
-        match kpng_conntrack::Reconciler::open() {
-            Ok(reconciler) => {
-                runner = runner.with_conntrack_cleanup(reconciler);
-                // What the cleanup checked, kept across restarts of this boot: a restart that
-                // keeps the rules in place need not walk the table once per UDP frontend.
-                use kpng_conntrack::memory;
-                let mut kpng_ran_here = true;
-                if let (Some(path), Some(boot)) = (memory::default_path(), memory::boot_id()) {
-                    let mut file = memory::MemoryFile::new(path, boot);
-                    let loaded = file.load();
-                    kpng_ran_here = !matches!(loaded, Ok(None));
-                    // The memory is trusted only for the frontends still in kpng's table
-                    // (another kpng build may have adopted it meanwhile): read before the
-                    // first commit, while the cluster loads. iptables says which frontends
-                    // it found itself.
-                    let nft_table =
-                        matches!(facts.kind, Some(BackendKind::Nft | BackendKind::Ebpf));
-                    if nft_table && matches!(loaded, Ok(Some(_))) && !dry_run {
-                        let table = kpng_backend_nft::NftConfig::default().table;
-                        let reading =
-                            std::thread::spawn(move || crate::own_rules::read_nft(&table));
-                        runner = runner.with_conntrack_rules_in_place(
-                            kpng_runner::conntrack_cleanup::StartRead::new(move || {
-                                reading.join().unwrap_or_default()
-                            }),
-                        );
-                    }
-                    runner = runner.with_conntrack_memory(file, loaded);
-                }
-                // What kube-proxy's rules, if it ran here, had checked for us: read while the
-                // cluster loads, waited for before the first commit (so that kpng's own rules
-                // are never read as kube-proxy's), used after the first sync.
-                if !dry_run {
-                    let reading =
-                        std::thread::spawn(move || crate::kube_proxy_checks::read(kpng_ran_here));
-                    runner = runner.with_conntrack_inherited(
-                        kpng_runner::conntrack_cleanup::StartRead::new(move || {
-                            let checked = reading.join().unwrap_or_default();
-                            crate::kube_proxy_checks::log(&checked);
-                            checked
-                        }),
-                    );
-                }
-            }
-            Err(e) => tracing::warn!("UDP conntrack cleanup is off: {e}"),
-        }
+        runner = with_conntrack_cleanup(runner, facts.kind, dry_run);
     }
-    if let Some(own) = facts.sweeps {
-        // Once this backend's rules are in place, every other proxy's rules go (other kpng
-        // backends', kube-proxy's of any mode): traffic keeps flowing through whichever set
-        // matches first meanwhile, and established connections keep their conntrack state.
-        let mut reports = runner.subscribe();
-        tokio::spawn(async move {
-            while reports.changed().await.is_ok() {
-                let ok = reports.borrow_and_update().as_ref().is_some_and(|r| r.ok);
-                if ok {
-                    let own = own.clone();
-                    let _ = tokio::task::spawn_blocking(move || {
-                        crate::leftovers::sweep(&own, &crate::leftovers::EbpfPlaces::from_env())
-                    })
-                    .await;
-                    return;
-                }
-            }
-        });
+    if let Some(own) = facts.sweeps.take() {
+        tokio::spawn(sweep_after_first_sync(own, runner.subscribe()));
     }
     if let Some(events) = facts.events.clone().filter(|_| !dry_run) {
         if let Some(failures) = runner.health_check_failures() {
@@ -1078,22 +931,81 @@ where
     let (tx, rx) = mpsc::channel(1024);
     let source_task = tokio::spawn(source(tx));
     if let Some(server) = health_server {
-        tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!("health server stopped: {e}");
-            }
-        });
+        spawn_server("health server", server);
     }
     if let Some(server) = metrics_server {
-        tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!("metrics server stopped: {e}");
-            }
-        });
+        spawn_server("metrics server", server);
     }
 
+    run_until_end(runner, rx, source_task, facts.dry_run, exit_drain).await
+}
+
+/// Serves `kpng status` and `kpng trace` on the admin socket at `path`, in a task of its own;
+/// returns the socket file, removed when dropped (when kpng ends). Without it (the socket
+/// could not be made) kpng runs on and says `kpng status` will not reach it.
+async fn serve_admin_socket(
+    path: &str,
+    handle: kpng_runner::admin::AdminHandle,
+) -> Option<crate::admin_socket::SocketFile> {
+    match crate::admin::serve(std::path::Path::new(path), handle).await {
+        Ok(Some(server)) => {
+            let file = crate::admin_socket::SocketFile(path.into());
+            spawn_server("admin socket", server);
+            Some(file)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("no admin socket (`kpng status` will not reach this kpng): {e:#}");
+            None
+        }
+    }
+}
+
+/// Once this backend's rules are in place (the first successful sync), every other proxy's
+/// rules go (other kpng backends', kube-proxy's of any mode): traffic keeps flowing through
+/// whichever set matches first meanwhile, and established connections keep their conntrack
+/// state.
+async fn sweep_after_first_sync(
+    own: Vec<crate::leftovers::Leftover>,
+    mut reports: tokio::sync::watch::Receiver<Option<kpng_runner::runner::SyncReport>>,
+) {
+    while reports.changed().await.is_ok() {
+        let ok = reports.borrow_and_update().as_ref().is_some_and(|r| r.ok);
+        if ok {
+            let own = own.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::leftovers::sweep(&own, &crate::leftovers::EbpfPlaces::from_env())
+            })
+            .await;
+            return;
+        }
+    }
+}
+
+/// Serves a listener's connections in a task of its own; its failure is logged and kpng goes
+/// on without it (the data plane matters more than its probes).
+fn spawn_server(
+    what: &'static str,
+    server: impl Future<Output = std::io::Result<()>> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!("{what} stopped: {e}");
+        }
+    });
+}
+
+/// Runs the sync loop until kpng ends: the source's end (its error, if any, is kpng's),
+/// SIGINT or SIGTERM (the rules stay in place, and what the backend carries itself drains
+/// first), or in a dry run the first change it refuses (an error).
+async fn run_until_end<M: NodeModel>(
+    runner: Runner<M>,
+    rx: mpsc::Receiver<M::Input>,
+    source_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    refusals: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    exit_drain: Option<kpng_backend::ExitDrain>,
+) -> anyhow::Result<()> {
     let shutdown = crate::signals::shutdown()?;
-    let refusals = facts.dry_run;
     let refused = async move {
         match refusals {
             Some(rx) => crate::dry_run::refused(rx).await,
@@ -1118,6 +1030,177 @@ where
                 drain.await;
             }
             Ok(())
+        }
+    }
+}
+
+/// The metrics `/metrics` serves beside the runner's: the process's, whether the previous run
+/// ended uncleanly (`Some` where kpng keeps a run marker), the backend's and those of the
+/// source, input and brain client this sink has. Registered in this order, which is the
+/// order `/metrics` lists them in.
+fn metrics_registry(
+    backend: &dyn Backend,
+    facts: &SinkFacts,
+    unclean_previous_exit: Option<bool>,
+) -> Registry {
+    let mut registry = Registry::default();
+    crate::process_metrics::register(&mut registry);
+    // Only Linux keeps a run marker: elsewhere this is always `None`.
+    #[cfg(target_os = "linux")]
+    if let Some(unclean) = unclean_previous_exit {
+        crate::process_metrics::register_unclean_previous_exit(&mut registry, unclean);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = unclean_previous_exit;
+    backend.register_metrics(&mut registry);
+    if let Some(source_metrics) = &facts.source_metrics {
+        source_metrics.register(&mut registry);
+    }
+    if let Some(input) = &facts.input {
+        crate::input_metrics::register(&mut registry, input.clone());
+    }
+    if let Some(client_metrics) = &facts.client_metrics {
+        client_metrics.register(&mut registry);
+    }
+    if let Some(kube_errors) = &facts.kube_errors {
+        kube_errors.register(&mut registry);
+    }
+    if let Some(config) = &facts.watch_config {
+        config.register_metrics(&mut registry);
+    }
+    registry
+}
+
+/// The runner with its admin handle: what `kpng status`, `kpng trace` and the status page
+/// ask. The handle knows the node's facts the model lacks (NodePort addresses, local-traffic
+/// detection, the backend), the previous run's unclean end, and the probes of the data
+/// plane (foreign chains, pod interface settings) this sink has. Not for a dry run, which
+/// opens nothing.
+fn with_admin_handle<M: NodeModel>(
+    runner: Runner<M>,
+    flags: &GlobalFlags,
+    facts: &SinkFacts,
+    previous_run: Option<String>,
+) -> (Runner<M>, kpng_runner::admin::AdminHandle) {
+    let nodeport = facts
+        .kind
+        .and_then(|k| k.nodeport_addresses(flags).ok())
+        .unwrap_or(kpng_backend::settings::NodePortAddresses::Primary);
+    let detect =
+        crate::backends::detect_local(flags).unwrap_or(kpng_backend::settings::DetectLocal::None);
+    let masquerade_all = flags.masquerade_all;
+    let kind = facts.kind;
+    let localhost_node_ports = flags.iptables_localhost_nodeports;
+    let service_cidrs = flags.service_cidr.clone();
+    let (runner, handle) = runner.with_admin(Box::new(move |snapshot| {
+        let mut node = crate::admin::node_facts(
+            snapshot,
+            &nodeport,
+            &detect,
+            masquerade_all,
+            kind,
+            &service_cidrs,
+        );
+        // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
+        if kind == Some(BackendKind::Iptables) && localhost_node_ports {
+            node.nodeport_ips
+                .push(std::net::IpAddr::from([127, 0, 0, 1]));
+        }
+        node
+    }));
+    let handle = match previous_run {
+        Some(note) => handle.with_previous_run(note),
+        None => handle,
+    };
+    let handle = match facts.foreign_chains.clone() {
+        Some(probe) => handle.with_foreign_chains_probe(probe),
+        None => handle,
+    };
+    // Interface settings of the pod detector that cannot work here: warned now and when
+    // the links change, and a line of `kpng status` (a Linux backend's).
+    #[cfg(target_os = "linux")]
+    let data_plane = match crate::pod_interfaces::Check::new(flags)
+        .filter(|_| facts.kind.is_some_and(|k| k != BackendKind::Hns))
+    {
+        Some(check) => {
+            check.start();
+            let interfaces = check.probe();
+            Some(match facts.data_plane.clone() {
+                Some(probe) => Arc::new(move || {
+                    let mut lines = probe();
+                    lines.extend(interfaces());
+                    lines
+                }) as kpng_runner::admin::DataPlaneProbe,
+                None => interfaces,
+            })
+        }
+        None => facts.data_plane.clone(),
+    };
+    #[cfg(not(target_os = "linux"))]
+    let data_plane = facts.data_plane.clone();
+    let handle = match data_plane {
+        Some(probe) => handle.with_data_plane_probe(probe),
+        None => handle,
+    };
+    (runner, handle)
+}
+
+/// The runner with the UDP conntrack cleanup, when the kernel's conntrack can be opened
+/// (else a warning: the cleanup is off). Its memory of what it checked, kept across restarts
+/// of this boot, and what kube-proxy's rules had checked are read while the cluster loads,
+/// so that a restart that keeps the rules in place need not walk the table again.
+#[cfg(target_os = "linux")]
+fn with_conntrack_cleanup<M: NodeModel>(
+    runner: Runner<M>,
+    kind: Option<BackendKind>,
+    dry_run: bool,
+) -> Runner<M> {
+    match kpng_conntrack::Reconciler::open() {
+        Ok(reconciler) => {
+            let mut runner = runner.with_conntrack_cleanup(reconciler);
+            // What the cleanup checked, kept across restarts of this boot: a restart that
+            // keeps the rules in place need not walk the table once per UDP frontend.
+            use kpng_conntrack::memory;
+            let mut kpng_ran_here = true;
+            if let (Some(path), Some(boot)) = (memory::default_path(), memory::boot_id()) {
+                let mut file = memory::MemoryFile::new(path, boot);
+                let loaded = file.load();
+                kpng_ran_here = !matches!(loaded, Ok(None));
+                // The memory is trusted only for the frontends still in kpng's table
+                // (another kpng build may have adopted it meanwhile): read before the
+                // first commit, while the cluster loads. iptables says which frontends
+                // it found itself.
+                let nft_table = matches!(kind, Some(BackendKind::Nft | BackendKind::Ebpf));
+                if nft_table && matches!(loaded, Ok(Some(_))) && !dry_run {
+                    let table = kpng_backend_nft::NftConfig::default().table;
+                    let reading = std::thread::spawn(move || crate::own_rules::read_nft(&table));
+                    runner = runner.with_conntrack_rules_in_place(
+                        kpng_runner::conntrack_cleanup::StartRead::new(move || {
+                            reading.join().unwrap_or_default()
+                        }),
+                    );
+                }
+                runner = runner.with_conntrack_memory(file, loaded);
+            }
+            // What kube-proxy's rules, if it ran here, had checked for us: read while the
+            // cluster loads, waited for before the first commit (so that kpng's own rules
+            // are never read as kube-proxy's), used after the first sync.
+            if !dry_run {
+                let reading =
+                    std::thread::spawn(move || crate::kube_proxy_checks::read(kpng_ran_here));
+                runner = runner.with_conntrack_inherited(
+                    kpng_runner::conntrack_cleanup::StartRead::new(move || {
+                        let checked = reading.join().unwrap_or_default();
+                        crate::kube_proxy_checks::log(&checked);
+                        checked
+                    }),
+                );
+            }
+            runner
+        }
+        Err(e) => {
+            tracing::warn!("UDP conntrack cleanup is off: {e}");
+            runner
         }
     }
 }

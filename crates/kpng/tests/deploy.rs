@@ -21,26 +21,7 @@ fn repo() -> PathBuf {
 
 /// Every document of every `deploy/*.yaml`, with the file it came from.
 fn documents() -> Vec<(String, Value)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "deploy/ holds no manifests");
-    let mut out = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let name = file.file_name().unwrap().to_string_lossy().into_owned();
-        out.extend(
-            docs.into_iter()
-                .filter(|d| !d.is_null())
-                .map(|d| (name.clone(), d)),
-        );
-    }
-    out
+    documents_in("")
 }
 
 /// Reads a document into its typed object and checks that writing it back gives the same
@@ -117,17 +98,7 @@ fn deploy() -> Deploy {
 #[test]
 fn rbac_grants_exactly_what_the_kube_source_watches_and_its_events() {
     let d = deploy();
-    let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for rule in d.role.rules.unwrap() {
-        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
-        for group in rule.api_groups.unwrap() {
-            for resource in rule.resources.clone().unwrap() {
-                let verbs = grants.entry(format!("{group}/{resource}")).or_default();
-                verbs.extend(rule.verbs.iter().cloned());
-                verbs.sort();
-            }
-        }
-    }
+    let grants = grants(&d.role);
     let want: BTreeMap<String, Vec<String>> = [
         ("/services", vec!["list", "watch"]),
         ("/nodes", vec!["get", "list", "watch"]),
@@ -588,7 +559,8 @@ fn the_least_privilege_daemon_set_differs_by_its_security_context_only() {
     assert!(matches!(mode, Some("nftables" | "iptables")), "{mode:?}");
 }
 
-/// Every document of every `*.yaml` in `deploy/<dir>`, with its file name.
+/// Every document of every `*.yaml` in `deploy/<dir>` (`""`: `deploy/` itself), with its file
+/// name (`<dir>/<file>`, or `<file>` in `deploy/`).
 fn documents_in(dir: &str) -> Vec<(String, Value)> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy").join(dir))
         .unwrap()
@@ -596,12 +568,18 @@ fn documents_in(dir: &str) -> Vec<(String, Value)> {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     files.sort();
+    assert!(!files.is_empty(), "deploy/{dir} holds no manifests");
     let mut out = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
         let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let name = format!("{dir}/{}", file.file_name().unwrap().to_string_lossy());
+        let file_name = file.file_name().unwrap().to_string_lossy();
+        let name = if dir.is_empty() {
+            file_name.into_owned()
+        } else {
+            format!("{dir}/{file_name}")
+        };
         out.extend(
             docs.into_iter()
                 .filter(|d| !d.is_null())

@@ -148,6 +148,62 @@ impl Drop for Brain {
     }
 }
 
+/// A brain on a manifest of `web` with pod1a, and one node's kpng named `name` in node1's
+/// namespace watching it ([`Brain::with_node`]): the fixture of the tests that follow one node.
+/// The node is stopped first, then the brain, then their files are removed.
+struct OneNode {
+    /// The node's kpng.
+    node: Spawned,
+    /// The brain.
+    brain: Brain,
+    /// The node's name.
+    name: String,
+    /// The brain's input manifest (rewritten atomically to change the cluster).
+    input: std::path::PathBuf,
+    /// The brain's socket.
+    socket: std::path::PathBuf,
+    /// The brain's log.
+    log: std::path::PathBuf,
+    /// Holds the files above.
+    _dir: tempfile::TempDir,
+}
+
+impl Brain {
+    /// A brain and one node's kpng watching it ([`OneNode`]), as `name` (a node the brain's
+    /// input need not have) in node1's namespace of `c`.
+    fn with_node(c: &Cluster, name: &str) -> OneNode {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("cluster.yaml");
+        let socket = dir.path().join("brain.sock");
+        let web = [("pod1a", addr::POD1A_V4, "node1")];
+        write_atomically(&input, &manifest(&web));
+        let log = dir.path().join("brain.log");
+        let brain = Brain::start(&input, &socket, &log);
+        let node = start_node(&c.node1.ns, name, &socket);
+        OneNode {
+            node,
+            brain,
+            name: name.to_string(),
+            input,
+            socket,
+            log,
+            _dir: dir,
+        }
+    }
+}
+
+impl OneNode {
+    /// The brain's log and the node's, for a failed assertion.
+    fn logs(&self) -> String {
+        format!(
+            "{}\n--- {}:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+            self.name,
+            self.node.stderr_text()
+        )
+    }
+}
+
 /// `kpng local --api … nft` in a node namespace.
 fn start_node(ns: &Netns, name: &str, socket: &Path) -> Spawned {
     start_node_with(ns, name, socket, "")
@@ -464,24 +520,12 @@ fn three_nodes_follow_one_brain_through_a_restart() {
 fn a_node_notices_a_brain_that_hangs_and_follows_it_when_it_wakes() {
     require_root!();
     let c = Cluster::builder("apihang").create().expect("cluster");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    let socket = dir.path().join("brain.sock");
-    let web = [("pod1a", addr::POD1A_V4, "node1")];
-    write_atomically(&input, &manifest(&web));
-    let log = dir.path().join("brain.log");
-    let brain = Brain::start(&input, &socket, &log);
-    let node = start_node(&c.node1.ns, "node1", &socket);
-    let logs = || {
-        format!(
-            "{}\n--- node1:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default(),
-            node.stderr_text()
-        )
-    };
+    let f = Brain::with_node(&c, "node1");
+    let (brain, node, socket, input) = (&f.brain, &f.node, &f.socket, &f.input);
+    let logs = || f.logs();
     wait_until(
         "the node synced from the brain",
-        || count(&node, "synced backend=") >= 1,
+        || count(node, "synced backend=") >= 1,
         logs,
     );
     // The brain hangs (as one whose host lost power: the connection stays open, nothing
@@ -495,12 +539,12 @@ fn a_node_notices_a_brain_that_hangs_and_follows_it_when_it_wakes() {
     };
     // The node may have warned already, when it started before the brain listened: only a
     // warning after the hang counts.
-    let warnings_before = count(&node, "brain unreachable");
+    let warnings_before = count(node, "brain unreachable");
     signal("-STOP");
     let hung = Instant::now();
     // Within the keepalive's interval and timeout (45 s), and some slack.
     let deadline = hung + Duration::from_secs(60);
-    while count(&node, "brain unreachable") == warnings_before {
+    while count(node, "brain unreachable") == warnings_before {
         assert!(
             Instant::now() < deadline,
             "the node noticed the hung brain within 60 s:\n{}",
@@ -509,15 +553,15 @@ fn a_node_notices_a_brain_that_hangs_and_follows_it_when_it_wakes() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let noticed = hung.elapsed();
-    let problems = node_input(&socket, "node1")["problems"].clone();
+    let problems = node_input(socket, "node1")["problems"].clone();
     assert_eq!(problems[0]["what"], "brain", "{problems}");
     eprintln!("the node noticed the hung brain after {noticed:?}");
     // Awake again: the node follows it, and a change made meanwhile arrives.
-    let syncs = count(&node, "synced backend=");
-    write_atomically(&input, &manifest(&[]));
+    let syncs = count(node, "synced backend=");
+    write_atomically(input, &manifest(&[]));
     signal("-CONT");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while count(&node, "synced backend=") == syncs {
+    while count(node, "synced backend=") == syncs {
         assert!(
             Instant::now() < deadline,
             "the node synced the change after the brain woke:\n{}",
@@ -527,7 +571,7 @@ fn a_node_notices_a_brain_that_hangs_and_follows_it_when_it_wakes() {
     }
     wait_until(
         "the brain problem ended",
-        || node_input(&socket, "node1")["problems"] == serde_json::json!([]),
+        || node_input(socket, "node1")["problems"] == serde_json::json!([]),
         logs,
     );
 }
@@ -823,27 +867,15 @@ fn an_ebpf_node_restarted_against_an_empty_brain_keeps_its_rules() {
 fn a_brain_without_the_nodes_node_sends_it_nothing_and_says_why() {
     require_root!();
     let c = Cluster::builder("apiother").create().expect("cluster");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    let socket = dir.path().join("brain.sock");
-    let web = [("pod1a", addr::POD1A_V4, "node1")];
-    write_atomically(&input, &manifest(&web));
-    let log = dir.path().join("brain.log");
-    let _brain = Brain::start(&input, &socket, &log);
-    let node = start_node(&c.node1.ns, "node9", &socket);
-    let logs = || {
-        format!(
-            "{}\n--- node9:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default(),
-            node.stderr_text()
-        )
-    };
+    let f = Brain::with_node(&c, "node9");
+    let (node, socket, input, log) = (&f.node, &f.socket, &f.input, &f.log);
+    let logs = || f.logs();
     wait_until(
         "the node shows the refusal",
-        || node_problem(&socket, "node9", "brain").is_some(),
+        || node_problem(socket, "node9", "brain").is_some(),
         logs,
     );
-    let message = node_problem(&socket, "node9", "brain").unwrap_or_default();
+    let message = node_problem(socket, "node9", "brain").unwrap_or_default();
     assert!(
         message.starts_with(
             "the brain refused this node: this brain's cluster has no Node named \"node9\" (it \
@@ -853,9 +885,9 @@ fn a_brain_without_the_nodes_node_sends_it_nothing_and_says_why() {
     );
     // It keeps being refused: no state, one warning each side.
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(count(&node, "synced backend="), 0, "{}", logs());
-    assert_eq!(count(&node, "the brain refused this node"), 1, "{}", logs());
-    let brain_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(count(node, "synced backend="), 0, "{}", logs());
+    assert_eq!(count(node, "the brain refused this node"), 1, "{}", logs());
+    let brain_log = std::fs::read_to_string(log).unwrap_or_default();
     assert_eq!(
         brain_log.matches("not serving node \"node9\"").count(),
         1,
@@ -863,15 +895,16 @@ fn a_brain_without_the_nodes_node_sends_it_nothing_and_says_why() {
     );
     // Its Node registered: served.
     let node9 = "apiVersion: v1\nkind: Node\nmetadata: {name: node9}\n---\n";
-    write_atomically(&input, &format!("{node9}{}", manifest(&web)));
+    let web = [("pod1a", addr::POD1A_V4, "node1")];
+    write_atomically(input, &format!("{node9}{}", manifest(&web)));
     wait_until(
         "the node synced once its Node exists",
-        || count(&node, "synced backend=") >= 1,
+        || count(node, "synced backend=") >= 1,
         logs,
     );
     wait_until(
         "the problem cleared",
-        || node_problem(&socket, "node9", "brain").is_none(),
+        || node_problem(socket, "node9", "brain").is_none(),
         logs,
     );
 }

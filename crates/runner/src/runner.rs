@@ -46,10 +46,24 @@ use crate::admin::{
 use crate::conntrack_cleanup::ConntrackCleanup;
 use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
-use crate::metrics::{BackendLabel, FamilyLabel, KindLabel, NoLocalLabel};
+use crate::metrics::{BackendLabel, KindLabel, NoLocalLabel};
 use crate::repair_backoff::RepairBackoff;
 use crate::service_health::{ListenAddresses, ServiceHealthServers, wanted, wanted_for};
-use kpng_backend::{Backend, InputInfo, NodeModel, SyncRequest, TamperAlarm, Tampering};
+use kpng_backend::{Backend, InputInfo, NodeModel, TamperAlarm, Tampering};
+
+/// Logs a sync's `synced` line at info level when `$shown`, at debug level otherwise (the
+/// routine syncs beyond the minute's budget, see [`crate::sync_log`]). One macro keeps the two
+/// lines' fields the same: tracing fixes an event's level per callsite, so a function could not
+/// choose it at run time.
+macro_rules! synced_line {
+    ($shown:expr, $($field:tt)+) => {
+        if $shown {
+            info!($($field)+ "synced");
+        } else {
+            debug!($($field)+ "synced");
+        }
+    };
+}
 
 /// The kinds a source must list before anything is programmed.
 const REQUIRED_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
@@ -1324,309 +1338,6 @@ impl<M: NodeModel> LoopState<M> {
         self.pending.merge(diff);
     }
 
-    async fn sync(&mut self) {
-        let now = Instant::now();
-        self.end_backoff_if_quiet(now);
-        crate::warning_budget::held_back(self.warnings.next_interval());
-        let timing = self.runner.timing;
-        let first = self.last_sync.is_none();
-        if let Some(held) = self.sync_log.roll(now.into_std()) {
-            info!(
-                backend = %self.runner.backend.name(),
-                syncs = held.syncs,
-                "{}",
-                held.describe()
-            );
-        }
-        let full_due = self.last_full.is_some_and(|t| {
-            !timing.full_sync_period.is_zero() && now >= t + timing.full_sync_period
-        });
-        let full = self.need_full || full_due;
-        if full || self.pending.is_empty() {
-            self.check_host();
-        }
-        let snapshot = self.runner.model.snapshot();
-        // What this sync carries, for its log line: the changes since the last sync (a full
-        // sync reprograms everything, but the operator asks what changed). A sync takes every
-        // pending change whatever its outcome, so a full sync drops them before it builds its
-        // diff of every port: at start-up both are as large as the cluster (~3 MB at 30k
-        // Services), and only one need be alive at the peak.
-        let pending = std::mem::take(&mut self.pending);
-        let summary = DiffSummary::of(&pending);
-        // A full sync repairs what someone else changed; the sync says so (its changes alone
-        // would read "no Service port changed").
-        let repairing = if full { self.repair_for.clone() } else { None };
-        let mut changes = match &repairing {
-            Some(what) => repair_changes(what, &summary),
-            // The model started empty: its diff would read "no Service port changed" for a
-            // sync that emptied a table of thousands, and "N added" for ports already there.
-            None if self.earlier_rules_in_place() => adoption_changes(snapshot),
-            None => summary.to_string(),
-        };
-        // A change of the node's own is always logged at info level.
-        let mut node_changed = false;
-        if let Some(addresses) = self.addresses_changed.take() {
-            changes.push_str(&format!("; the node's addresses changed ({addresses})"));
-            node_changed = true;
-        }
-        if std::mem::take(&mut self.node_status_changed) {
-            changes.push_str("; the node's status changed");
-            node_changed = true;
-        }
-        let changed_names = changed_services(&pending);
-        let diff = if full {
-            drop(pending);
-            Diff::full(snapshot)
-        } else {
-            pending
-        };
-        let ports_total = snapshot.ports.len();
-        if self.last_sync.is_none() && ports_total >= LARGE_FIRST_SYNC {
-            info!("first sync: programming {ports_total} Service ports");
-        }
-        #[cfg(target_os = "linux")]
-        if let Some(conntrack) = &mut self.runner.conntrack {
-            conntrack.before_sync(&self.families, &diff, snapshot, full);
-        }
-        let started = std::time::Instant::now();
-        let result = self.runner.backend.sync(&SyncRequest {
-            diff: &diff,
-            snapshot,
-            full,
-        });
-        let duration = started.elapsed();
-        self.generation += 1;
-        self.last_sync = Some(now);
-        let backend = BackendLabel {
-            backend: self.runner.backend.name().to_string(),
-        };
-        let m = &self.runner.metrics;
-        // As kube-proxy, a sync attempt takes every pending change, whatever its outcome.
-        self.pending_services.clear();
-        self.pending_endpoints = 0;
-        m.service_changes_pending.set(0);
-        m.endpoint_changes_pending.set(0);
-        // Whether this sync put back what someone else changed: always in the history.
-        let mut repaired = false;
-        // The families whose rules stayed in place through this sync (the first one after a
-        // restart that adopted the last run's table).
-        #[cfg(target_os = "linux")]
-        let kept_rules = result
-            .as_ref()
-            .map(crate::conntrack_cleanup::KeptRules::of)
-            .unwrap_or_default();
-        // Every attempt is timed, a failed one too (kube-proxy observes in a defer).
-        for family in &self.families {
-            let label: FamilyLabel = (*family).into();
-            m.sync_duration
-                .get_or_create(&label)
-                .observe(duration.as_secs_f64());
-            let by_kind = if full {
-                &m.full_sync_duration
-            } else {
-                &m.partial_sync_duration
-            };
-            by_kind
-                .get_or_create(&label)
-                .observe(duration.as_secs_f64());
-        }
-        let wall = SystemTime::now();
-        // The families this sync programmed: all of them, or those a failure did not name
-        // (each family is synced on its own, as kube-proxy's proxiers are).
-        let failed: Vec<Family> = match &result {
-            Ok(_) => Vec::new(),
-            Err(e) => e
-                .failed_families()
-                .map(<[Family]>::to_vec)
-                .unwrap_or_else(|| self.families.clone()),
-        };
-        for family in &self.families {
-            if failed.contains(family) {
-                // Not programmed: as a change kube-proxy queued and could not apply, `/healthz`
-                // and `/livez` fail if no sync succeeds within the health timeout.
-                self.runner.health.queued(*family, wall);
-            } else {
-                m.last_sync_timestamp
-                    .get_or_create(&(*family).into())
-                    .set(unix_seconds(wall));
-                self.runner.health.updated(*family, wall);
-            }
-        }
-        // A full sync rewrites the backend's tables whatever it counts (nftables counts the
-        // elements, not the skeleton it commits), and a failed one may have written part.
-        let wrote = match &result {
-            Ok(stats) => full || stats.operations > 0,
-            Err(_) => true,
-        };
-        if wrote {
-            self.last_write = Some(now);
-        }
-        let report = match result {
-            Ok(stats) => {
-                m.sync_operations
-                    .get_or_create(&backend)
-                    .inc_by(stats.operations as u64);
-                // Programmed now: how long since each endpoint change was triggered.
-                for trigger in std::mem::take(&mut self.pending_triggers) {
-                    if self.families.contains(&trigger.family) {
-                        let latency = wall.duration_since(trigger.at).unwrap_or_default();
-                        m.network_programming_duration
-                            .get_or_create(&trigger.family.into())
-                            .observe(latency.as_secs_f64());
-                    }
-                }
-                // Counted over every Service port at full and periodic syncs; a change's sync
-                // moves them by what it changed, so they never lag (kube-proxy sets them at
-                // every sync).
-                if full || diff.is_empty() {
-                    self.model_counts = count_model(self.runner.model.snapshot(), &self.families);
-                } else {
-                    count_changes(&mut self.model_counts, &diff);
-                }
-                self.record_model_gauges();
-                if full {
-                    self.pending = Diff::default();
-                    self.last_full = Some(now);
-                }
-                self.need_full = false;
-                self.retry_at = None;
-                self.retry_delay = Duration::ZERO;
-                // A repair the backend found itself (no alarm before the sync) is one too.
-                let repairing = match (repairing, stats.repaired) {
-                    (Some(what), _) => Some(what),
-                    (None, Some(found)) => {
-                        m.tampering_detected.get_or_create(&backend).inc();
-                        changes = repair_changes(&found, &summary);
-                        Some(found)
-                    }
-                    (None, None) => None,
-                };
-                if let Some(what) = repairing {
-                    repaired = true;
-                    self.repair_for = None;
-                    self.repair_since = None;
-                    let repairs = self.repairs.get_or_insert_with(RepairStatus::default);
-                    repairs.count += 1;
-                    repairs.last_at = admin::rfc3339(wall);
-                    repairs.last_change = what;
-                }
-                // A change is logged even when the backend counted no operation for it (a
-                // sync that empties the node rebuilds the table with nothing in it).
-                if stats.operations > 0 || full || !diff.is_empty() || repaired {
-                    // The first sync, full ones, repairs, node changes and slow syncs always
-                    // at info level; routine ones within the minute's budget (`sync_log`).
-                    let routine = !first
-                        && !full
-                        && !repaired
-                        && !node_changed
-                        && duration < crate::sync_log::SLOW;
-                    let shown = !routine
-                        || self.sync_log.admit(
-                            now.into_std(),
-                            duration,
-                            stats.operations,
-                            diff.changes.keys().map(|k| k.service.to_string()),
-                        );
-                    if shown {
-                        info!(
-                            backend = %backend.backend,
-                            full,
-                            ports = ports_total,
-                            operations = stats.operations,
-                            ?duration,
-                            changes = %changes,
-                            "synced"
-                        );
-                    } else {
-                        debug!(
-                            backend = %backend.backend,
-                            full,
-                            ports = ports_total,
-                            operations = stats.operations,
-                            ?duration,
-                            changes = %changes,
-                            "synced"
-                        );
-                    }
-                    if !changed_names.is_empty() {
-                        debug!("synced Services: {}", changed_names.join(", "));
-                    }
-                } else {
-                    debug!(backend = %backend.backend, ?duration, "periodic sync, nothing to change");
-                }
-                SyncReport {
-                    generation: self.generation,
-                    ok: true,
-                    full,
-                    operations: stats.operations,
-                    duration,
-                    error: None,
-                }
-            }
-            Err(e) => {
-                m.sync_failures.get_or_create(&backend).inc();
-                self.need_full = true;
-                self.pending = Diff::default();
-                self.retry_delay = if self.retry_delay.is_zero() {
-                    timing.min_sync_period.max(Duration::from_millis(500))
-                } else {
-                    (self.retry_delay * 2).min(timing.sync_period)
-                };
-                self.retry_at = Some(now + self.retry_delay);
-                // Out of descriptors (a low `ulimit -n`): the message says what to raise.
-                let message = crate::open_files::with_advice(e.to_string());
-                error!(backend = %backend.backend, retry_in = ?self.retry_delay, "sync failed, will retry with a full sync: {message}");
-                self.last_error = Some(message);
-                SyncReport {
-                    generation: self.generation,
-                    ok: false,
-                    full,
-                    operations: 0,
-                    duration,
-                    error: self.last_error.clone(),
-                }
-            }
-        };
-        let ended = SystemTime::now();
-        let status = SyncStatus {
-            at: admin::rfc3339(ended),
-            ok: report.ok,
-            full: report.full,
-            operations: report.operations,
-            duration_seconds: report.duration.as_secs_f64(),
-            changes,
-            error: (!report.ok).then(|| self.last_error.clone()).flatten(),
-        };
-        if !report.ok || report.full || report.operations > 0 || repaired {
-            self.sync_history.push_front(status.clone());
-            self.sync_history.truncate(admin::SYNC_HISTORY);
-        }
-        self.last_sync_status = Some(status);
-        if report.ok {
-            self.last_ok_at = Some(ended);
-            self.last_error = None;
-        }
-        let ok = report.ok;
-        self.runner.reports.send_replace(Some(report));
-        if ok {
-            self.sync_service_health(&diff, full).await;
-            // Once the data plane has changed: a client's next packet follows the new rules.
-            #[cfg(target_os = "linux")]
-            if let Some(conntrack) = &mut self.runner.conntrack {
-                if repaired {
-                    conntrack.rules_were_missing();
-                }
-                conntrack.after_sync(
-                    &self.families,
-                    &diff,
-                    self.runner.model.snapshot(),
-                    full,
-                    &kept_rules,
-                );
-            }
-        }
-    }
-
     /// Health-check servers after a sync. A full sync, a change of the node (its IPs may be
     /// the servers' addresses) or a move of the addresses they listen on reconciles every
     /// Service; otherwise only the Services the diff touched are looked at: walking every
@@ -1817,6 +1528,7 @@ pub(crate) fn earlier_rules_note(note: &str) -> String {
     )
 }
 
+mod sync;
 #[cfg(test)]
 mod tests;
 

@@ -1,9 +1,10 @@
-//! What the API tests share: a Watch client over a Unix socket and small manifests.
+//! What the API tests share: a Watch client over a Unix socket, Watch streams over TCP, the
+//! wait for the hub's watchers, a log capture and small manifests.
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use kpng_api::hub::Hub;
@@ -195,4 +196,116 @@ pub fn hub_with_one_service() -> (Arc<Hub>, String) {
     );
     hub.apply(manifest(&state));
     (hub, state)
+}
+
+/// A connection to the brain at `brain` over TCP, from the loopback address `local` when
+/// given (a test telling peers apart by address), else from the system's choice.
+pub async fn channel_to(
+    brain: std::net::SocketAddr,
+    local: Option<[u8; 4]>,
+) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{brain}"))
+        .expect("uri")
+        .local_address(local.map(Into::into))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// The request stream of a Watch of `node` that asks once (`continuous`): the sender keeps
+/// the stream open while it lives.
+pub async fn watch_request(
+    node: &str,
+) -> (
+    tokio::sync::mpsc::Sender<proto::WatchReq>,
+    tokio_stream::wrappers::ReceiverStream<proto::WatchReq>,
+) {
+    let (requests, rx) = tokio::sync::mpsc::channel(4);
+    requests
+        .send(proto::WatchReq {
+            node_name: node.into(),
+            continuous: true,
+            accept_zstd: false,
+        })
+        .await
+        .expect("request");
+    (requests, tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A Watch of `node` on `channel`, asked once ([`watch_request`]): its request sender (the
+/// stream stays open while it lives) and its stream, or the brain's refusal.
+pub async fn watch_as(
+    channel: tonic::transport::Channel,
+    node: &str,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<proto::WatchReq>,
+        tonic::Streaming<proto::OpItem>,
+    ),
+    tonic::Status,
+> {
+    let (requests, rx) = watch_request(node).await;
+    let stream = proto::sets_client::SetsClient::new(channel)
+        .watch(rx)
+        .await?
+        .into_inner();
+    Ok((requests, stream))
+}
+
+/// Waits until the hub has `n` watchers (20 s at most).
+pub async fn watchers(hub: &Hub, n: usize) {
+    let start = Instant::now();
+    while hub.watchers().len() != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{} watchers after 20 s, not {n}",
+            hub.watchers().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The log lines written while a test's subscriber ([`Lines::subscriber`]) is the default
+/// (or the global one): what a test asserts about logs.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// A subscriber writing here, plain text (no colours), at `level` and above.
+    pub fn subscriber(&self, level: tracing::Level) -> impl tracing::Subscriber + Send + Sync {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(level)
+            .with_ansi(false)
+            .finish()
+    }
+
+    /// The lines written so far that contain `text`.
+    pub fn matching(&self, text: &str) -> Vec<String> {
+        let bytes = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_string)
+            .collect()
+    }
 }

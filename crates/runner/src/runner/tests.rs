@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use super::*;
-use kpng_backend::{BackendError, SyncStats};
+use kpng_backend::{BackendError, SyncRequest, SyncStats};
 
 #[derive(Default)]
 struct Calls {
