@@ -1000,7 +1000,7 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                     (true, Some(telling)) => telling.to_string(),
                     _ => cause.clone(),
                 };
-                let problem = if failure.refused {
+                let problem = if failure.refused.is_some() {
                     format!("{shown}; keeping the rules as they are, retrying")
                 } else {
                     format!("unreachable: {shown}; keeping the rules as they are, retrying")
@@ -1022,7 +1022,7 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                             "the brain is not back yet, keeping the rules as they are: {cause}"
                         );
                     }
-                } else if failure.refused {
+                } else if failure.refused.is_some() {
                     if warned.first_time(&failure) {
                         warn!(
                             brain = %config.addr,
@@ -1071,16 +1071,18 @@ struct Failure {
     /// A connection that closed while connecting, with no cause of its own ([`is_closed`]):
     /// often the consequence of a cause an attempt just before said.
     follow_on: bool,
-    /// The brain answered and refused this node ([`brain_refusal`]): it is reachable, and
-    /// retrying changes nothing until someone fixes what it says.
-    refused: bool,
+    /// The brain answered and refused this node ([`brain_refusal`]), with this status: it is
+    /// reachable, and retrying changes nothing until someone fixes what it says. The code
+    /// names the reason (a bad name, another node's certificate, too many watches, a node
+    /// its cluster does not have): one refusal, however its counts change ([`Failure::warn_key`]).
+    refused: Option<tonic::Code>,
 }
 
 /// What a brain's refusal of this node says, when `error` is one (`None` otherwise): a
 /// status ending the stream before any state, for something about this node (another node's
 /// certificate, a name that is not a Node's, a node the brain's cluster does not have, too
 /// many watches) rather than the connection.
-fn brain_refusal(error: &SessionError) -> Option<String> {
+fn brain_refusal(error: &SessionError) -> Option<(String, tonic::Code)> {
     let SessionError::Status(status) = error else {
         return None;
     };
@@ -1089,10 +1091,13 @@ fn brain_refusal(error: &SessionError) -> Option<String> {
         | tonic::Code::FailedPrecondition
         | tonic::Code::InvalidArgument
         | tonic::Code::ResourceExhausted
-        | tonic::Code::Unauthenticated => Some(format!(
-            "the brain refused this node: {} ({:?})",
-            status.message(),
-            status.code()
+        | tonic::Code::Unauthenticated => Some((
+            format!(
+                "the brain refused this node: {} ({:?})",
+                status.message(),
+                status.code()
+            ),
+            status.code(),
         )),
         _ => None,
     }
@@ -1107,11 +1112,11 @@ impl Failure {
         ever_connected: bool,
         connected: bool,
     ) -> Failure {
-        if let Some(refusal) = brain_refusal(error) {
+        if let Some((refusal, code)) = brain_refusal(error) {
             return Failure {
                 cause: refusal,
                 follow_on: false,
-                refused: true,
+                refused: Some(code),
             };
         }
         let text = error.to_string();
@@ -1119,14 +1124,25 @@ impl Failure {
             return Failure {
                 cause: format!("{alert} ({text})"),
                 follow_on: false,
-                refused: false,
+                refused: None,
             };
         }
         let hint = tls_hint(&text, tls, ever_connected);
         Failure {
             follow_on: !connected && is_closed(&text),
             cause: format!("{text}{hint}"),
-            refused: false,
+            refused: None,
+        }
+    }
+
+    /// What tells this failure apart from the others of an outage, for its one warning
+    /// ([`WarnedCauses`]): its cause, or for a refusal its status code only. A refusal's words
+    /// carry counts that change while the node retries (the brain's Node count for an unknown
+    /// node): until 2026-12-07 each new count warned again, up to [`WarnedCauses::MAX`].
+    fn warn_key(&self) -> String {
+        match self.refused {
+            Some(code) => format!("refused ({code:?})"),
+            None => self.cause.clone(),
         }
     }
 }
@@ -1143,7 +1159,8 @@ impl Failure {
 /// alert, so a count alone still warned first of a closed connection).
 #[derive(Debug, Default)]
 struct WarnedCauses {
-    causes: Vec<String>,
+    /// Each warned cause: its [`Failure::warn_key`] and its words.
+    causes: Vec<(String, String)>,
     /// Attempts of this outage that only closed, before any was warned about.
     closed: usize,
     /// When the first of them failed.
@@ -1177,18 +1194,18 @@ impl WarnedCauses {
                 return false;
             }
         }
-        let cause = &failure.cause;
-        if self.causes.len() >= Self::MAX || self.causes.iter().any(|c| c == cause) {
+        let key = failure.warn_key();
+        if self.causes.len() >= Self::MAX || self.causes.iter().any(|(k, _)| *k == key) {
             return false;
         }
-        self.causes.push(cause.clone());
+        self.causes.push((key, failure.cause.clone()));
         true
     }
 
     /// The last cause warned about this outage: what `kpng status` keeps showing while the
     /// attempts only close.
     fn telling(&self) -> Option<&str> {
-        self.causes.last().map(String::as_str)
+        self.causes.last().map(|(_, cause)| cause.as_str())
     }
 }
 

@@ -163,15 +163,25 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
     let mut ports: Vec<&ServicePort> = ports.to_vec();
     ports.sort_by(|a, b| a.key.cmp(&b.key));
     let first = *ports.first()?;
-    let key = &first.key.service;
+    // The per-Service fields, from the first port; the per-port ones are read (every field
+    // named) in the loop below.
+    let ServicePort {
+        key: PortKey { service: key, .. },
+        session_affinity,
+        external_policy_local,
+        internal_policy_local,
+        health_check_node_port,
+        preserve_destination,
+        ..
+    } = first;
     let mut service = proto::Service {
         namespace: key.namespace.to_string(),
         name: key.name.to_string(),
         r#type: service_type(&ports).to_string(),
-        external_traffic_to_local: first.external_policy_local,
-        internal_traffic_to_local: first.internal_policy_local,
-        health_check_node_port: first.health_check_node_port.map_or(0, port_i32),
-        session_affinity: first.session_affinity.map(|a| {
+        external_traffic_to_local: *external_policy_local,
+        internal_traffic_to_local: *internal_policy_local,
+        health_check_node_port: health_check_node_port.map_or(0, port_i32),
+        session_affinity: session_affinity.map(|a| {
             proto::service::SessionAffinity::ClientIp(proto::ClientIpAffinity {
                 timeout_seconds: i32::try_from(a.timeout_seconds).unwrap_or(i32::MAX),
             })
@@ -180,7 +190,7 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
     };
     // localv1 has no field for preserve-DIP; KPNG's Windows proxier read the Service's
     // annotation from `Annotations`, so it travels there.
-    if first.preserve_destination {
+    if *preserve_destination {
         service.annotations.insert(
             ANNOTATION_PRESERVE_DESTINATION.to_string(),
             "true".to_string(),
@@ -193,49 +203,82 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
     let mut mappings: BTreeMap<(Name, Protocol), proto::PortMapping> = BTreeMap::new();
     let mut endpoints: BTreeMap<IpAddr, (Endpoint, EndpointBuild)> = BTreeMap::new();
     for sp in &ports {
-        if !cluster_ips.contains(&sp.cluster_ip) {
-            cluster_ips.push(sp.cluster_ip);
-            external_ips.extend(sp.external_ips.iter().copied());
-            lb_ips.extend(sp.load_balancer_ips.iter().copied());
-            ranges.extend(sp.source_ranges.iter().copied());
+        // Every field is named (no `..`): a field added to the model does not build until it
+        // is sent here (and decoded in `decode_service`) or said not to need to be.
+        let ServicePort {
+            key: port_key,
+            cluster_ip,
+            port,
+            node_port,
+            target_port,
+            external_ips: port_external_ips,
+            load_balancer_ips,
+            source_ranges,
+            // Per Service (the API server's spec): sent once, from the first port, above.
+            session_affinity: _,
+            external_policy_local,
+            internal_policy_local,
+            // Per Service, sent from the first port above.
+            health_check_node_port: _,
+            // Per Service (an annotation), sent from the first port above.
+            preserve_destination: _,
+            cluster_endpoints,
+            local_endpoints,
+            has_any_endpoints,
+            local_ready_endpoints,
+            serving_endpoints,
+        } = *sp;
+        if !cluster_ips.contains(cluster_ip) {
+            cluster_ips.push(*cluster_ip);
+            external_ips.extend(port_external_ips.iter().copied());
+            lb_ips.extend(load_balancer_ips.iter().copied());
+            ranges.extend(source_ranges.iter().copied());
         }
-        let pk = (sp.key.port_name.clone(), sp.key.protocol);
+        let pk = (port_key.port_name.clone(), port_key.protocol);
         mappings.entry(pk.clone()).or_insert_with(|| {
-            let (target_port, target_port_name) = target_port_to_wire(&sp.target_port);
+            let (target_port, target_port_name) = target_port_to_wire(target_port);
             proto::PortMapping {
-                name: sp.key.port_name.to_string(),
-                protocol: protocol_to_wire(sp.key.protocol) as i32,
-                port: port_i32(sp.port),
-                node_port: sp.node_port.map_or(0, port_i32),
+                name: port_key.port_name.to_string(),
+                protocol: protocol_to_wire(port_key.protocol) as i32,
+                port: port_i32(*port),
+                node_port: node_port.map_or(0, port_i32),
                 target_port,
                 target_port_name,
             }
         });
         service.kpng_ports.push(proto::KpngPortStatus {
-            name: sp.key.port_name.to_string(),
-            protocol: protocol_to_wire(sp.key.protocol) as i32,
-            family: family_to_wire(sp.key.family) as i32,
-            has_any_endpoints: sp.has_any_endpoints,
-            local_ready_endpoints: sp.local_ready_endpoints,
-            serving_only_endpoints: sp
-                .serving_endpoints
+            name: port_key.port_name.to_string(),
+            protocol: protocol_to_wire(port_key.protocol) as i32,
+            family: family_to_wire(port_key.family) as i32,
+            has_any_endpoints: *has_any_endpoints,
+            local_ready_endpoints: *local_ready_endpoints,
+            serving_only_endpoints: serving_endpoints
                 .iter()
                 .filter(|addr| {
-                    !sp.cluster_endpoints
+                    !cluster_endpoints
                         .iter()
-                        .chain(sp.local_endpoints.iter())
+                        .chain(local_endpoints.iter())
                         .any(|e| e.serving && e.addr() == **addr)
                 })
                 .map(|a| a.to_string())
                 .collect(),
         });
-        for (list, in_cluster) in [(&sp.cluster_endpoints, true), (&sp.local_endpoints, false)] {
+        for (list, in_cluster) in [(cluster_endpoints, true), (local_endpoints, false)] {
             // Which traffic uses this list (ServicePort::internal_endpoints / external_endpoints).
-            let internal = sp.internal_policy_local != in_cluster;
-            let external = sp.external_policy_local != in_cluster;
+            let internal = *internal_policy_local != in_cluster;
+            let external = *external_policy_local != in_cluster;
             for ep in list {
+                // Every field named, as for the port above.
+                let Endpoint {
+                    ip,
+                    port: ep_port,
+                    is_local,
+                    ready,
+                    serving,
+                    terminating,
+                } = ep;
                 let (_, build) = endpoints
-                    .entry(ep.ip)
+                    .entry(*ip)
                     .or_insert_with(|| (ep.clone(), EndpointBuild::default()));
                 build.internal |= internal;
                 build.external |= external;
@@ -244,14 +287,15 @@ pub fn encode_service(ports: &[&ServicePort]) -> Option<ServiceMessages> {
                         .ports
                         .entry(pk.clone())
                         .or_insert_with(|| proto::KpngEndpointPort {
-                            name: sp.key.port_name.to_string(),
-                            protocol: protocol_to_wire(sp.key.protocol) as i32,
-                            port: port_i32(ep.port),
-                            is_local: ep.is_local,
-                            ready: ep.ready,
-                            serving: ep.serving,
-                            terminating: ep.terminating,
-                            ..proto::KpngEndpointPort::default()
+                            name: port_key.port_name.to_string(),
+                            protocol: protocol_to_wire(port_key.protocol) as i32,
+                            port: port_i32(*ep_port),
+                            is_local: *is_local,
+                            ready: *ready,
+                            serving: *serving,
+                            terminating: *terminating,
+                            cluster: false,
+                            local_policy: false,
                         });
                 if in_cluster {
                     port.cluster = true;
@@ -634,16 +678,35 @@ pub fn decode_service_cidrs(value: &proto::KpngServiceCidRs) -> Result<Vec<IpNet
 }
 
 /// Encodes the watching node's properties.
+///
+/// Every field of [`NodeState`] is named (no `..`): a field added to it does not build until it
+/// is sent here (and decoded in [`decode_node`]) or said not to need to be.
 pub fn encode_node(node: &NodeState) -> Bytes {
+    let NodeState {
+        name,
+        known,
+        ips,
+        zone,
+        pod_cidrs,
+        deleting,
+        to_be_deleted,
+        // The rest is the watching node's own memory ([`kpng_model::NodeMemory`] on its side
+        // recomputes each from what it was sent before and its wait for node IPs): the brain
+        // sends the Node as it is now, so that a brain restart does not change them.
+        ever_known: _,
+        ips_kept: _,
+        pod_cidrs_kept: _,
+        nodeports_on_all_local: _,
+    } = node;
     Bytes::from(
         proto::KpngNode {
-            name: node.name.clone(),
-            known: node.known,
-            i_ps: Some(ip_set(&node.ips)),
-            zone: node.zone.clone(),
-            pod_cid_rs: node.pod_cidrs.iter().map(|n| n.to_string()).collect(),
-            deleting: node.deleting,
-            to_be_deleted: node.to_be_deleted,
+            name: name.clone(),
+            known: *known,
+            i_ps: Some(ip_set(ips)),
+            zone: zone.clone(),
+            pod_cid_rs: pod_cidrs.iter().map(|n| n.to_string()).collect(),
+            deleting: *deleting,
+            to_be_deleted: *to_be_deleted,
         }
         .encode_to_vec(),
     )
@@ -671,7 +734,11 @@ pub fn decode_node(node: &proto::KpngNode) -> Result<NodeState, DecodeError> {
         pod_cidrs,
         deleting: node.deleting,
         to_be_deleted: node.to_be_deleted,
-        ..NodeState::default()
+        // Not sent ([`encode_node`]): this node's [`kpng_model::NodeMemory`] sets them.
+        ever_known: false,
+        ips_kept: false,
+        pod_cidrs_kept: false,
+        nodeports_on_all_local: false,
     })
 }
 

@@ -738,6 +738,39 @@ fn generated(family: Family, services: u32, endpoints: u32) -> Vec<Element> {
 // Tests
 // ---------------------------------------------------------------------------------------------
 
+/// The first 20 lines that differ between the netlink listing `a` and the `nft -f` one `b`, a
+/// line only one of them has included (shown as `(none)`): pairing them with `zip` stopped at
+/// the shorter one, so a listing with extra trailing lines failed with an empty diff.
+fn listing_differences(a: &str, b: &str) -> Vec<String> {
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    (0..a.len().max(b.len()))
+        .map(|i| (a.get(i).copied(), b.get(i).copied()))
+        .filter(|(x, y)| x != y)
+        .take(20)
+        .map(|(x, y)| {
+            format!(
+                "netlink: {}\nnft -f:  {}",
+                x.unwrap_or("(none)"),
+                y.unwrap_or("(none)")
+            )
+        })
+        .collect()
+}
+
+/// Listings that differ only by trailing lines are told apart by what those lines are.
+#[test]
+fn listing_differences_name_lines_only_one_side_has() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("x\ny", "x\ny", &[]),
+        ("x\ny", "x\nz", &["netlink: y\nnft -f:  z"]),
+        ("x\ny\nextra", "x\ny", &["netlink: extra\nnft -f:  (none)"]),
+        ("x", "x\nmissing", &["netlink: (none)\nnft -f:  missing"]),
+    ];
+    for (a, b, want) in cases {
+        assert_eq!(listing_differences(a, b), *want, "{a:?} vs {b:?}");
+    }
+}
+
 #[test]
 fn every_set_type_lists_like_nft_text() {
     kpng_testkit::require_root!();
@@ -772,13 +805,7 @@ fn inner_every_set_type_lists_like_nft_text() {
             normalized(&via_text, "kpngtext"),
         );
         if a != b {
-            let diff: Vec<String> = a
-                .lines()
-                .zip(b.lines())
-                .filter(|(x, y)| x != y)
-                .take(20)
-                .map(|(x, y)| format!("netlink: {x}\nnft -f:  {y}"))
-                .collect();
+            let diff = listing_differences(&a, &b);
             panic!("{f}: listings differ:\n{}", diff.join("\n"));
         }
         println!(

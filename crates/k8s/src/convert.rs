@@ -422,7 +422,9 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         // that allowed the only legitimate clients gone, fewer ranges would let more sources
         // in (no range at all lets every source in). A broken object keeps its last good
         // version instead.
-        let net = parse_cidr_sloppy(raw).map_err(|e| {
+        // Trimmed first, as kube-proxy does (`MapCIDRsByIPFamily`), and the API server's
+        // validation before it: white space around a source range is no error there.
+        let net = parse_cidr_sloppy(raw.trim()).map_err(|e| {
             c.error(
                 format!("spec.loadBalancerSourceRanges[{i}]"),
                 format!("{e}; an invalid source range never widens access, so the Service is not used as it is"),

@@ -60,13 +60,13 @@ pub enum CidrError {
 
 /// Parses a CIDR leniently (leading zeros in octets and prefix length) and returns the
 /// *network* (host bits cleared), as Go's `ParseCIDR` does; an IPv4-mapped CIDR is returned
-/// as the IPv4 one ([`unmap_cidr`]).
+/// as the IPv4 one ([`unmap_cidr`]). White space anywhere makes it invalid, as in
+/// `netutils.ParseCIDRSloppy` (which trims nothing): a field kube-proxy trims first
+/// (`loadBalancerSourceRanges`) is trimmed by its caller.
 pub fn parse_cidr_sloppy(s: &str) -> Result<IpNet, CidrError> {
     let invalid = || CidrError::Invalid(s.to_string());
-    let (addr, prefix) = s.trim().split_once('/').ok_or_else(invalid)?;
-    // Not `parse_ip_sloppy`: the prefix of a mapped address counts in IPv6 bits. Trimmed, as
-    // before: a CIDR's white space is kept apart from an IP's (kube-proxy trims source ranges).
-    let addr = addr.trim();
+    let (addr, prefix) = s.split_once('/').ok_or_else(invalid)?;
+    // Not `parse_ip_sloppy`: the prefix of a mapped address counts in IPv6 bits.
     let ip = if addr.contains(':') {
         addr.parse::<IpAddr>().map_err(|_| invalid())?
     } else {
@@ -150,8 +150,18 @@ mod tests {
             ("10.0.0.0", INVALID),
             ("10.0.0.0/", INVALID),
             ("0.0.0.0/0", Ok("0.0.0.0/0")),
-            // A CIDR is trimmed, as kube-proxy trims loadBalancerSourceRanges (an IP is not).
-            (" 10.0.0.1/8 ", Ok("10.0.0.0/8")),
+            // Go's ParseCIDRSloppy trims nothing: white space anywhere makes a CIDR invalid
+            // (the caller trims loadBalancerSourceRanges, as kube-proxy does).
+            (" 10.0.0.1/8 ", INVALID),
+            ("10.0.0.1/8 ", INVALID),
+            ("\t10.0.0.1/8", INVALID),
+            ("10.0.0.0 /8", INVALID),
+            ("10.0.0.0/ 8", INVALID),
+            ("10.0.0.0/8\n", INVALID),
+            ("10.0.0. 0/8", INVALID),
+            (" 2001:db8::/64", INVALID),
+            ("2001:db8:: /64", INVALID),
+            ("2001:db8::/ 64", INVALID),
             ("fd00:100::10%eth0/128", INVALID),
             ("::ffff:192.168.100.0/120", Ok("192.168.100.0/24")),
             ("::ffff:192.168.100.7/128", Ok("192.168.100.7/32")),

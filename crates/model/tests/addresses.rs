@@ -242,6 +242,72 @@ fn an_invalid_source_range_rejects_the_service() {
     }
 }
 
+/// White space in a CIDR is read as kube-proxy reads it: `netutils.ParseCIDRSloppy` trims
+/// nothing, so a pod CIDR or a range with white space is invalid; kube-proxy trims a
+/// `loadBalancerSourceRanges` entry first (as the API server does), so white space around
+/// one is accepted, and inside one rejects the Service, as any invalid range does.
+#[test]
+fn white_space_in_cidrs_is_read_as_kube_proxy_reads_it() {
+    // (source range, Ok(programmed ranges) or Err(words of the error))
+    let ranges: &[(&str, Result<&str, &str>)] = &[
+        ("fd00:100::/64", Ok("fd00:100::/64")),
+        (" fd00:100::/64\t", Ok("fd00:100::/64")),
+        ("fd00:100:: /64", Err("\"fd00:100:: /64\" is not a CIDR")),
+        ("fd00:100::/ 64", Err("\"fd00:100::/ 64\" is not a CIDR")),
+    ];
+    for (range, want) in ranges {
+        let mut m = model();
+        let lb = json!({"type": "LoadBalancer", "clusterIP": "fd00:96::a1",
+                        "allocateLoadBalancerNodePorts": false,
+                        "loadBalancerSourceRanges": [range],
+                        "ports": [{"name": "http", "port": 80}]});
+        let out = m.apply(Event::Apply(service("ws", lb, &["fd00:203::a1"]).object));
+        match want {
+            Ok(programmed_range) => {
+                assert!(out.errors.is_empty(), "{range:?}: {:?}", out.errors);
+                assert_eq!(
+                    programmed(&m),
+                    [format!(
+                        "ns/ws IPv6 fd00:96::a1 ext= lb=fd00:203::a1 ranges={programmed_range} eps="
+                    )],
+                    "{range:?}"
+                );
+            }
+            Err(says) => {
+                assert_eq!(out.errors.len(), 1, "{range:?}");
+                assert!(
+                    out.errors[0].to_string().contains(says),
+                    "{range:?}: {:?}",
+                    out.errors
+                );
+                assert!(programmed(&m).is_empty(), "{range:?}");
+            }
+        }
+    }
+    // (pod CIDR, programmed pod CIDRs)
+    let pod_cidrs: &[(&str, &[&str])] = &[
+        ("10.244.1.0/24", &["10.244.1.0/24"]),
+        (" 10.244.1.0/24", &[]),
+        ("10.244.1.0/24 ", &[]),
+        ("10.244.1.0 /24", &[]),
+        ("10.244.1.0/ 24", &[]),
+    ];
+    for (cidr, want) in pod_cidrs {
+        let converted = from_json::<Node>(json!({
+            "metadata": {"name": "node1"},
+            "spec": {"podCIDRs": [cidr]},
+        }))
+        .expect("valid Node JSON");
+        let Object::Node(node) = &converted.object else {
+            panic!("not a Node: {:?}", converted.object)
+        };
+        let got: Vec<String> = node.pod_cidrs.iter().map(|c| c.to_string()).collect();
+        assert_eq!(got, *want, "{cidr:?}");
+        let warned: Vec<String> = converted.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(warned.len(), 1 - want.len(), "{cidr:?}: {warned:?}");
+    }
+}
+
 /// What the conversion dropped stays listed while the object that had it is in use: a new
 /// version without it, the object's deletion or a list without it clears it.
 #[test]

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kpng_backend::{Backend, BackendError, SyncRequest, SyncStats};
-use kpng_model::{Endpoint, ServicePort, Snapshot};
+use kpng_model::{Endpoint, NodeState, ServicePort, Snapshot};
 use serde::Serialize;
 
 /// Where the sink writes.
@@ -139,6 +139,10 @@ struct NodeView<'a> {
     zone: Option<&'a str>,
     #[serde(rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
     pod_cidrs: Vec<String>,
+    /// No node IP is known after the wait for one: NodePorts (`--nodeport-addresses primary`)
+    /// are served on every local address. Shown only when set, so other dumps are unchanged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    node_ports_on_all_local: bool,
 }
 
 #[derive(Serialize)]
@@ -207,30 +211,81 @@ fn policy(local: bool) -> &'static str {
     if local { "Local" } else { "Cluster" }
 }
 
+/// Every field of [`ServicePort`] is named (no `..`): a field added to the model does not build
+/// until it is written here or said not to need to be.
 fn port_view(p: &ServicePort) -> PortView<'_> {
     let eps = |v: &[Endpoint]| v.iter().map(endpoint_label).collect::<Vec<_>>();
+    let ServicePort {
+        key,
+        cluster_ip,
+        port,
+        node_port,
+        // Not programmed: each endpoint's own port (shown with it) is the DNAT target.
+        target_port: _,
+        external_ips,
+        load_balancer_ips,
+        source_ranges,
+        session_affinity,
+        external_policy_local,
+        internal_policy_local,
+        health_check_node_port,
+        preserve_destination,
+        cluster_endpoints,
+        local_endpoints,
+        has_any_endpoints,
+        local_ready_endpoints,
+        // Not programmed: only conntrack clean-up reads them (endpoints no longer serving).
+        serving_endpoints: _,
+    } = p;
     PortView {
-        service: p.key.service.to_string(),
-        port_name: &p.key.port_name,
-        protocol: p.key.protocol.as_str(),
-        family: p.key.family.label(),
-        cluster_ip: p.cluster_ip.to_string(),
-        port: p.port,
-        node_port: p.node_port,
-        external_ips: strings(&p.external_ips),
-        load_balancer_ips: strings(&p.load_balancer_ips),
-        load_balancer_source_ranges: strings(&p.source_ranges),
-        session_affinity_timeout_seconds: p.session_affinity.map(|a| a.timeout_seconds),
-        external_traffic_policy: policy(p.external_policy_local),
-        internal_traffic_policy: policy(p.internal_policy_local),
-        health_check_node_port: p.health_check_node_port,
-        preserve_destination: p.preserve_destination,
-        has_any_endpoints: p.has_any_endpoints,
-        local_ready_endpoints: p.local_ready_endpoints,
-        cluster_endpoints: p
-            .uses_cluster_endpoints()
-            .then(|| eps(&p.cluster_endpoints)),
-        local_endpoints: p.uses_local_endpoints().then(|| eps(&p.local_endpoints)),
+        service: key.service.to_string(),
+        port_name: &key.port_name,
+        protocol: key.protocol.as_str(),
+        family: key.family.label(),
+        cluster_ip: cluster_ip.to_string(),
+        port: *port,
+        node_port: *node_port,
+        external_ips: strings(external_ips),
+        load_balancer_ips: strings(load_balancer_ips),
+        load_balancer_source_ranges: strings(source_ranges),
+        session_affinity_timeout_seconds: session_affinity.map(|a| a.timeout_seconds),
+        external_traffic_policy: policy(*external_policy_local),
+        internal_traffic_policy: policy(*internal_policy_local),
+        health_check_node_port: *health_check_node_port,
+        preserve_destination: *preserve_destination,
+        has_any_endpoints: *has_any_endpoints,
+        local_ready_endpoints: *local_ready_endpoints,
+        cluster_endpoints: p.uses_cluster_endpoints().then(|| eps(cluster_endpoints)),
+        local_endpoints: p.uses_local_endpoints().then(|| eps(local_endpoints)),
+    }
+}
+
+/// The `node:` block. Every field of [`NodeState`] is named (no `..`), as for [`port_view`].
+fn node_view(node: &NodeState) -> NodeView<'_> {
+    let NodeState {
+        name,
+        known,
+        ips,
+        zone,
+        pod_cidrs,
+        // Shown through `eligible`.
+        deleting: _,
+        to_be_deleted: _,
+        // Status only (why the values are what they are), for `kpng status`: the dump shows
+        // what the node programs.
+        ever_known: _,
+        ips_kept: _,
+        pod_cidrs_kept: _,
+        nodeports_on_all_local,
+    } = node;
+    NodeView {
+        name,
+        known: *known,
+        eligible: node.eligible(),
+        ips: strings(ips),
+        zone: zone.as_deref(),
+        pod_cidrs: strings(pod_cidrs),
+        node_ports_on_all_local: *nodeports_on_all_local,
     }
 }
 
@@ -247,14 +302,7 @@ pub fn render(snapshot: &Snapshot) -> Result<String, serde_saphyr::SerializeErro
     let node = &snapshot.node;
     let ports: Vec<PortView<'_>> = snapshot.ports.values().map(|p| port_view(p)).collect();
     let view = SnapshotView {
-        node: NodeView {
-            name: &node.name,
-            known: node.known,
-            eligible: node.eligible(),
-            ips: strings(&node.ips),
-            zone: node.zone.as_deref(),
-            pod_cidrs: strings(&node.pod_cidrs),
-        },
+        node: node_view(node),
         service_cidrs: strings(&snapshot.service_cidrs),
         // Written in this pass when empty (`servicePorts: []`), below otherwise.
         service_ports: ports.is_empty().then_some(&[]),
@@ -402,6 +450,7 @@ mod tests {
                     ips: Vec::new(),
                     zone: None,
                     pod_cidrs: Vec::new(),
+                    node_ports_on_all_local: false,
                 },
                 service_cidrs: Vec::new(),
                 service_ports: Some(&ports),
@@ -414,6 +463,35 @@ mod tests {
                 render(&snapshot).expect("render"),
                 expected,
                 "{count} ports"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use super::render;
+    use kpng_model::{NodeState, Snapshot};
+
+    /// Whether NodePorts go to every local address is what the node programs (no node IP
+    /// known after the wait): the dump says so, and says nothing when they do not.
+    #[test]
+    fn the_node_block_shows_nodeports_on_every_local_address() {
+        for all_local in [false, true] {
+            let snapshot = Snapshot {
+                node: NodeState {
+                    name: "node1".into(),
+                    nodeports_on_all_local: all_local,
+                    ..NodeState::default()
+                },
+                ..Snapshot::default()
+            };
+            let text = render(&snapshot).expect("render");
+            assert_eq!(text.contains("nodePortsOnAllLocal"), all_local, "{text}");
+            assert_eq!(
+                text.contains("\n  nodePortsOnAllLocal: true\n"),
+                all_local,
+                "{text}"
             );
         }
     }

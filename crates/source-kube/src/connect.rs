@@ -239,6 +239,91 @@ mod tests {
         }
     }
 
+    /// A kubeconfig whose `client-certificate` and `client-key` name the same file, the
+    /// certificate and its key in it (the kubelet's `kubelet-client-current.pem`, which a
+    /// kube-proxy or kpng on the node often uses), gives a client whose TLS identity is that
+    /// pair, in either order; a file without a key is refused when the client is built (so the
+    /// identity is read then, not at the first request).
+    #[tokio::test]
+    async fn a_combined_certificate_and_key_file_is_a_client_identity() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["system:node:node1".to_string()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:node1");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("cert").pem();
+        let key = key.serialize_pem();
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, &cert).expect("write the CA");
+        /// (file name, contents)
+        type Files = Vec<(&'static str, String)>;
+        // (what the kubeconfig names, the files' contents, whether a client is built)
+        let cases: [(&str, Files, bool); 5] = [
+            (
+                "separate files",
+                vec![("client.crt", cert.clone()), ("client.key", key.clone())],
+                true,
+            ),
+            (
+                "one file, the certificate first (as the kubelet writes it)",
+                vec![("both.pem", format!("{cert}{key}"))],
+                true,
+            ),
+            (
+                "one file, the key first",
+                vec![("both.pem", format!("{key}{cert}"))],
+                true,
+            ),
+            (
+                "one file without a key",
+                vec![("both.pem", cert.clone())],
+                false,
+            ),
+            (
+                "one file without a certificate",
+                vec![("both.pem", key.clone())],
+                false,
+            ),
+        ];
+        for (what, files, builds) in cases {
+            for (name, text) in &files {
+                std::fs::write(dir.path().join(name), text).expect("write");
+            }
+            let first = dir.path().join(files[0].0);
+            let last = dir.path().join(files[files.len() - 1].0);
+            let kubeconfig = dir.path().join("kubeconfig");
+            std::fs::write(
+                &kubeconfig,
+                format!(
+                    "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  \
+                     cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority: \
+                     {}\nusers:\n- name: u\n  user:\n    client-certificate: {}\n    \
+                     client-key: {}\ncontexts:\n- name: c\n  context:\n    cluster: k\n    \
+                     user: u\n",
+                    ca.display(),
+                    first.display(),
+                    last.display()
+                ),
+            )
+            .expect("write the kubeconfig");
+            let options = ClientOptions {
+                kubeconfig: Some(kubeconfig),
+                ..ClientOptions::default()
+            };
+            match (client(&options).await, builds) {
+                (Ok(_), true) => {}
+                (Err(e), false) => {
+                    let text = e.to_string();
+                    assert!(text.contains("building the API client"), "{what}: {text}");
+                }
+                (Ok(_), false) => panic!("{what}: a client without an identity"),
+                (Err(e), true) => panic!("{what}: {e}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn an_unreadable_kubeconfig_is_named_once_with_where_it_came_from() {
         let options = ClientOptions {

@@ -855,7 +855,7 @@ fn an_outage_warns_once_per_cause() {
                     &super::Failure {
                         cause: c.to_string(),
                         follow_on: c.starts_with('~'),
-                        refused: false,
+                        refused: None,
                     },
                     start + std::time::Duration::from_secs(i as u64),
                 )
@@ -870,12 +870,12 @@ fn an_outage_warns_once_per_cause() {
     let closed = |n: u8| super::Failure {
         cause: format!("~{n}"),
         follow_on: true,
-        refused: false,
+        refused: None,
     };
     let alert = super::Failure {
         cause: "expired".into(),
         follow_on: false,
-        refused: false,
+        refused: None,
     };
     assert!(!warned.first_time_at(&closed(1), at(0)));
     assert!(!warned.first_time_at(&closed(2), at(85)));
@@ -885,6 +885,63 @@ fn an_outage_warns_once_per_cause() {
     );
     assert!(warned.first_time_at(&alert, at(700)));
     assert!(!warned.first_time_at(&closed(2), at(3_000)));
+}
+
+/// A refusal is warned about once per episode, however its words change while the node
+/// retries: a node the brain's cluster does not have is told the brain's Node count, and until
+/// 2026-12-07 each new count warned again. Another refusal (another code) or another cause
+/// still warns.
+#[test]
+fn a_refusal_warns_once_whatever_its_counts() {
+    let unknown = |nodes: usize| super::Failure {
+        cause: format!(
+            "the brain refused this node: this brain's cluster has no Node named \"n9\" (it \
+             has {nodes} Nodes): … (FailedPrecondition)"
+        ),
+        follow_on: false,
+        refused: Some(tonic::Code::FailedPrecondition),
+    };
+    let busy = super::Failure {
+        cause: "the brain refused this node: too many watches (ResourceExhausted)".into(),
+        follow_on: false,
+        refused: Some(tonic::Code::ResourceExhausted),
+    };
+    let unreachable = super::Failure {
+        cause: "transport error".into(),
+        follow_on: false,
+        refused: None,
+    };
+    // (the failures of one outage in order, which of them warn)
+    let cases: [(Vec<super::Failure>, &[bool]); 3] = [
+        (
+            vec![unknown(3), unknown(4), unknown(5), unknown(3), unknown(6)],
+            &[true, false, false, false, false],
+        ),
+        (
+            vec![unknown(3), busy.clone(), unknown(4), busy.clone()],
+            &[true, true, false, false],
+        ),
+        (
+            vec![
+                unknown(3),
+                unreachable.clone(),
+                unknown(4),
+                unreachable.clone(),
+            ],
+            &[true, true, false, false],
+        ),
+    ];
+    let start = std::time::Instant::now();
+    for (i, (failures, want)) in cases.into_iter().enumerate() {
+        let mut warned = super::WarnedCauses::default();
+        let got: Vec<bool> = failures
+            .iter()
+            .map(|f| warned.first_time_at(f, start))
+            .collect();
+        assert_eq!(got, want, "case {i}");
+        // What `kpng status` shows is the last warned refusal's words, as before.
+        assert!(warned.telling().is_some(), "case {i}");
+    }
 }
 
 /// The brain's TLS alerts are named as its refusal of this node's certificate, with what to
