@@ -19,6 +19,7 @@ mod dry_run;
 #[cfg(target_os = "linux")]
 mod ebpf_status;
 #[cfg(target_os = "linux")]
+mod fatal_line;
 mod foreign_chains;
 mod hns_status;
 #[cfg(target_os = "linux")]
@@ -38,6 +39,8 @@ mod leftovers;
 mod legacy_chains;
 mod listen;
 mod log_dedup;
+#[cfg(target_os = "linux")]
+mod lock_askers;
 mod logging;
 mod memory;
 mod metrics_text;
@@ -155,6 +158,18 @@ fn main() -> std::process::ExitCode {
         }
     };
     let to_file = matches!(target, logging::LogTarget::File(_));
+    let ends = fatal_line::Ending {
+        to_file,
+        one_shot: matches!(
+            cli.command,
+            Some(
+                cli::Command::Cleanup(_)
+                    | cli::Command::Version(_)
+                    | cli::Command::Status(_)
+                    | cli::Command::Trace(_)
+            )
+        ),
+    };
     logging::init(&cli.global.log_level, cli.global.logging_format, target);
     for note in &report.notes {
         tracing::info!("--config: {note}");
@@ -181,7 +196,7 @@ fn main() -> std::process::ExitCode {
     if cli.global.windows_service
         && let Err(e) = windows_service()
     {
-        fatal(&e, to_file);
+        ends.fatal(&describe(&e));
         return std::process::ExitCode::FAILURE;
     }
     let result = match cli.global.write_config_to.clone() {
@@ -205,20 +220,10 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            fatal(&e, to_file);
+            ends.fatal(&describe(&e));
             winservice::stopped(1);
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// The error kpng stops with: on standard error, once and always (a log filter could hide a
-/// log line), and in the `--log-file` too, where a Windows service's operator looks.
-fn fatal(e: &anyhow::Error, to_file: bool) {
-    let text = describe(e);
-    eprintln!("kpng: {text}");
-    if to_file {
-        tracing::error!("stopping: {text}");
     }
 }
 

@@ -2407,3 +2407,92 @@ fn a_trace_under_an_interface_detector_names_the_interface_or_its_assumption() {
         "{from_lan}"
     );
 }
+
+/// A second kpng started in the same network namespace with `--logging-format json` says why
+/// it stops as a JSON log line (level, timestamp), not a bare `kpng: …` line a log pipeline
+/// cannot parse; the running one logs, once per asker, that a second one was refused.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_refused_second_kpng_is_a_json_line_and_the_first_one_logs_it() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::node("obs-two").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let args = |socket: &str| {
+        vec![
+            env!("CARGO_BIN_EXE_kpng").to_string(),
+            "--logging-format".into(),
+            "json".into(),
+            "--admin-socket".into(),
+            dir.path().join(socket).to_string_lossy().into_owned(),
+            "file".into(),
+            "--input".into(),
+            input.to_string_lossy().into_owned(),
+            "--node-name".into(),
+            "n1".into(),
+            "--metrics-bind-address".into(),
+            "127.0.0.1:10249".into(),
+            "--healthz-bind-address".into(),
+            "127.0.0.1:10256".into(),
+            "to-local".into(),
+            "nft".into(),
+        ]
+    };
+    let first = ns.spawn(args("first.sock")).expect("kpng");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !first.stderr_text().contains("synced") {
+        assert!(Instant::now() < deadline, "{}", first.stderr_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = first.id();
+    for _ in 0..3 {
+        let out = ns.exec(args("second.sock")).expect("second kpng");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(&format!("another kpng (pid {pid}) already runs")))
+            .unwrap_or_else(|| panic!("the refusal:\n{stderr}"));
+        let json: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: not JSON: {line}"));
+        assert!(
+            json["ts"].is_number()
+                && json["severity"] == "ERROR"
+                && json["msg"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("stopping: another kpng")),
+            "an ERROR log line with its time: {line}"
+        );
+        assert!(
+            !stderr.lines().any(|l| l.starts_with("kpng: ")),
+            "no plain line too:\n{stderr}"
+        );
+    }
+    // The running one said it once (the next two within a minute are counted, not logged).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let said = loop {
+        let said: Vec<String> = first
+            .stderr_text()
+            .lines()
+            .filter(|l| l.contains("tried to start here and was refused"))
+            .map(str::to_string)
+            .collect();
+        if !said.is_empty() || Instant::now() > deadline {
+            break said;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        said.len() == 1
+            && said[0].contains("a second kpng (pid ")
+            && serde_json::from_str::<serde_json::Value>(&said[0])
+                .is_ok_and(|j| j["severity"] == "WARNING"),
+        "one warning:\n{}",
+        first.stderr_text()
+    );
+    first
+        .terminate(Duration::from_secs(10))
+        .expect("terminate")
+        .expect("a clean exit");
+}
