@@ -1671,6 +1671,8 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
         unclean(&ns).as_deref(),
         Some("kpng_unclean_previous_exit 0")
     );
+    // Alive past one heartbeat (10 s): the marker says so after the kill.
+    std::thread::sleep(Duration::from_secs(12));
     let killed = first.id();
     first.kill().expect("SIGKILL");
     let _ = std::fs::remove_file(&socket);
@@ -1683,6 +1685,23 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
     assert!(
         warned.len() == 1 && warned[0].contains(" WARN ") && warned[0].ends_with(ending),
         "one warning naming the killed kpng {killed}: {warned:?}\n{said}"
+    );
+    // "started T1, last seen alive at T2)": T2 at least one heartbeat after T1.
+    let seconds = |t: &str| -> u64 {
+        let hms = t.split('T').nth(1).unwrap_or_default().trim_end_matches('Z');
+        hms.split(':')
+            .map(|n| n.parse::<u64>().unwrap_or_else(|_| panic!("{t}")))
+            .fold(0, |acc, n| acc * 60 + n)
+    };
+    let (started, alive) = warned[0]
+        .split_once(", started ")
+        .and_then(|(_, rest)| rest.split_once(", last seen alive at "))
+        .and_then(|(started, rest)| Some((started, rest.split_once(')')?.0)))
+        .unwrap_or_else(|| panic!("the time last seen alive: {}", warned[0]));
+    assert!(
+        (seconds(alive) + 86400 - seconds(started)) % 86400 >= 10,
+        "touched while it ran: {}",
+        warned[0]
     );
     assert_eq!(
         unclean(&ns).as_deref(),
