@@ -1091,6 +1091,9 @@ fn table(status: &Status, wide: bool) -> String {
         }
     }
     write_brain_hint(&mut out, status);
+    if wide {
+        crate::status_history::write(&mut out, &status.recent_syncs);
+    }
     out
 }
 

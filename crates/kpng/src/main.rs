@@ -61,6 +61,7 @@ mod run;
 #[cfg(target_os = "linux")]
 mod run_marker;
 mod signals;
+mod status_history;
 mod version;
 mod winservice;
 mod zpages;

@@ -2515,3 +2515,91 @@ fn a_refused_second_kpng_is_a_json_line_and_the_first_one_logs_it() {
         .expect("terminate")
         .expect("a clean exit");
 }
+
+/// `nft flush ruleset` run by someone else: the warning, the status's repairs line and the
+/// repairing sync of `kpng status -o wide`'s history name the process that did it, as the
+/// kernel reports it (`by process 1234 (nft)`); the anchor table outlives the flush.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_repair_names_the_process_that_changed_the_rules_and_the_history_is_text() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::node("obs-who").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let k = ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "--admin-socket",
+            socket.to_str().expect("utf-8"),
+            "file",
+            "--input",
+            input.to_str().expect("utf-8"),
+            "--node-name",
+            "n1",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "to-local",
+            "nft",
+        ])
+        .expect("kpng");
+    let wait = |what: &str, check: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !check(&k.stderr_text()) {
+            assert!(Instant::now() < deadline, "{what}:\n{}", k.stderr_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait("the first sync", &|s| s.contains(" synced"));
+    ns.run_ok(["nft", "flush", "ruleset"]).expect("nft flush ruleset");
+    wait("the repair", &|s| s.contains("repair after a change by someone else ("));
+    // "…: table deleted by process 1234 (nft))"
+    let named = |text: &str| {
+        text.split(": table deleted by process ").nth(1).is_some_and(|rest| {
+            rest.split_once(' ').is_some_and(|(pid, name)| {
+                pid.parse::<u32>().is_ok() && name.starts_with("(nft))")
+            })
+        })
+    };
+    let stderr = k.stderr_text();
+    let warning = stderr
+        .lines()
+        .find(|l| l.contains(" WARN ") && l.contains("changed by someone else ("))
+        .unwrap_or_else(|| panic!("the warning:\n{stderr}"));
+    assert!(named(warning), "the process in the warning: {warning}");
+    let status = kpng()
+        .args(["status", "-o", "wide", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("kpng status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    let repairs = text
+        .lines()
+        .find(|l| l.starts_with("repaired once after changes by someone else"))
+        .unwrap_or_else(|| panic!("the repairs line:\n{text}"));
+    assert!(named(repairs), "{repairs}");
+    let history: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "recent syncs (newest first):")
+        .skip(1)
+        .collect();
+    assert!(
+        history.len() >= 2
+            && history
+                .iter()
+                .all(|l| l.starts_with("  2") && l.contains(" operations  "))
+            && history
+                .iter()
+                .any(|l| l.contains("  ok  full  ") && named(l)),
+        "the history, the repair in it:\n{text}"
+    );
+    // The anchor is the flushing process's to keep, not to delete (owner flag).
+    let tables = ns.run_ok(["nft", "list", "tables"]).expect("nft list tables");
+    assert!(tables.contains("table ip kpng-anchor"), "{tables}");
+    k.terminate(Duration::from_secs(10))
+        .expect("terminate")
+        .expect("a clean exit");
+}
