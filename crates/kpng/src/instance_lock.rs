@@ -98,7 +98,8 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
     let listener = match UnixListener::bind_addr(&addr) {
         Ok(l) => l,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            let who = holder(backend, &Asking::Start(backend.to_string())).unwrap_or_else(|| "another kpng".to_string());
+            let who = holder(backend, &Asking::Start(backend.to_string()))
+                .unwrap_or_else(|| "another kpng".to_string());
             anyhow::bail!(
                 "{who} already runs `to-local {backend}` in this network namespace \
                  (it holds the abstract socket @{name}); two would fight over the same \

@@ -43,7 +43,9 @@ impl Asking {
             Some(("start", backend))
                 if !backend.is_empty()
                     && backend.len() <= 32
-                    && backend.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') =>
+                    && backend
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-') =>
             {
                 Some(Asking::Start(backend.to_string()))
             }
@@ -137,7 +139,14 @@ mod tests {
             assert_eq!(Asking::parse(&asking.line()), Some(asking.clone()));
             assert_eq!(asking.said(Some(42), "nft"), want);
         }
-        for garbage in ["", "start", "start ", "start a b", "start \u{1b}[31m", "who"] {
+        for garbage in [
+            "",
+            "start",
+            "start ",
+            "start a b",
+            "start \u{1b}[31m",
+            "who",
+        ] {
             assert_eq!(Asking::parse(garbage), None, "{garbage:?}");
         }
     }
@@ -162,7 +171,10 @@ mod tests {
             assert_eq!(limit.admit(t0 + s(at)), want, "at {at} s");
         }
         assert_eq!(
-            line("a second kpng (pid 7) tried to start here and was refused", 3),
+            line(
+                "a second kpng (pid 7) tried to start here and was refused",
+                3
+            ),
             "a second kpng (pid 7) tried to start here and was refused (3 more asked since \
              the last such line, not logged)"
         );

@@ -38,9 +38,9 @@ mod leftovers;
 #[cfg(target_os = "linux")]
 mod legacy_chains;
 mod listen;
-mod log_dedup;
 #[cfg(target_os = "linux")]
 mod lock_askers;
+mod log_dedup;
 mod logging;
 mod memory;
 mod metrics_text;

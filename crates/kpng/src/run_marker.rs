@@ -179,8 +179,7 @@ fn heartbeat(path: PathBuf, period: std::time::Duration) -> Option<std::sync::mp
     std::thread::Builder::new()
         .name("kpng-run-marker".into())
         .spawn(move || {
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                stopped.recv_timeout(period)
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(period)
             {
                 if let Err(e) = touch(&path) {
                     tracing::debug!("touching the run marker {}: {e}", path.display());

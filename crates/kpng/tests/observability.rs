@@ -1688,7 +1688,11 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
     );
     // "started T1, last seen alive at T2)": T2 at least one heartbeat after T1.
     let seconds = |t: &str| -> u64 {
-        let hms = t.split('T').nth(1).unwrap_or_default().trim_end_matches('Z');
+        let hms = t
+            .split('T')
+            .nth(1)
+            .unwrap_or_default()
+            .trim_end_matches('Z');
         hms.split(':')
             .map(|n| n.parse::<u64>().unwrap_or_else(|_| panic!("{t}")))
             .fold(0, |acc, n| acc * 60 + n)
@@ -2554,15 +2558,20 @@ fn a_repair_names_the_process_that_changed_the_rules_and_the_history_is_text() {
         }
     };
     wait("the first sync", &|s| s.contains(" synced"));
-    ns.run_ok(["nft", "flush", "ruleset"]).expect("nft flush ruleset");
-    wait("the repair", &|s| s.contains("repair after a change by someone else ("));
+    ns.run_ok(["nft", "flush", "ruleset"])
+        .expect("nft flush ruleset");
+    wait("the repair", &|s| {
+        s.contains("repair after a change by someone else (")
+    });
     // "…: table deleted by process 1234 (nft))"
     let named = |text: &str| {
-        text.split(": table deleted by process ").nth(1).is_some_and(|rest| {
-            rest.split_once(' ').is_some_and(|(pid, name)| {
-                pid.parse::<u32>().is_ok() && name.starts_with("(nft))")
+        text.split(": table deleted by process ")
+            .nth(1)
+            .is_some_and(|rest| {
+                rest.split_once(' ').is_some_and(|(pid, name)| {
+                    pid.parse::<u32>().is_ok() && name.starts_with("(nft))")
+                })
             })
-        })
     };
     let stderr = k.stderr_text();
     let warning = stderr
@@ -2597,7 +2606,9 @@ fn a_repair_names_the_process_that_changed_the_rules_and_the_history_is_text() {
         "the history, the repair in it:\n{text}"
     );
     // The anchor is the flushing process's to keep, not to delete (owner flag).
-    let tables = ns.run_ok(["nft", "list", "tables"]).expect("nft list tables");
+    let tables = ns
+        .run_ok(["nft", "list", "tables"])
+        .expect("nft list tables");
     assert!(tables.contains("table ip kpng-anchor"), "{tables}");
     k.terminate(Duration::from_secs(10))
         .expect("terminate")
