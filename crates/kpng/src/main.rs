@@ -18,8 +18,8 @@ mod conntrack;
 mod dry_run;
 #[cfg(target_os = "linux")]
 mod ebpf_status;
-#[cfg(target_os = "linux")]
 mod fatal_line;
+#[cfg(target_os = "linux")]
 mod foreign_chains;
 mod hns_status;
 #[cfg(target_os = "linux")]
