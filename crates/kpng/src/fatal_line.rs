@@ -30,12 +30,14 @@ struct Outputs {
 impl Ending {
     /// Writes `text`, the error kpng stops with.
     pub fn fatal(&self, text: &str) {
-        let out = self.outputs(tracing::enabled!(tracing::Level::ERROR));
+        // The target `kpng` (the crate's, not this module's): the line reads
+        // `ERROR kpng: stopping: …` as it did when `main` logged it.
+        let out = self.outputs(tracing::enabled!(target: "kpng", tracing::Level::ERROR));
         if out.plain {
             eprintln!("kpng: {text}");
         }
         if out.logged {
-            tracing::error!("stopping: {text}");
+            tracing::error!(target: "kpng", "stopping: {text}");
         }
     }
 
