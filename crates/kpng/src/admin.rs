@@ -630,6 +630,11 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
                 None => 0,
             };
             let mut text = table(&typed, args.output == StatusOutput::Wide);
+            // The node's sync history, in the wide view of the whole node (about one Service,
+            // the syncs' text names others).
+            if args.output == StatusOutput::Wide && args.service.is_none() {
+                crate::status_history::write(&mut text, &typed.recent_syncs);
+            }
             if not_shown > 0 {
                 text.push_str(&format!(
                     "({} rejected, not shown: `kpng status` without a Service lists them)\n",

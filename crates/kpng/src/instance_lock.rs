@@ -6,7 +6,9 @@
 //! in the network namespace, so instances in different namespaces (containers, tests) never
 //! block each other, and the name vanishes with the process, whatever killed it: no stale lock
 //! file. The holder answers every connection with its pid, so a second instance refuses to
-//! start with a message naming the first. On Windows the lock is a named mutex.
+//! start with a message naming the first; the asker then says why it asked (a start, a
+//! cleanup), which the holder logs ([`crate::lock_askers`]). On Windows the lock is a named
+//! mutex.
 
 /// Held for the life of the process (dropping it does not release the name; exiting does).
 #[derive(Debug)]
@@ -25,16 +27,19 @@ pub fn lock_name(backend: &str) -> String {
 
 /// The kpng holding `backend`'s lock in this network namespace, as a message's subject
 /// ("another kpng (pid 4242)"); `None` when nobody holds it. Connecting only asks: it never
-/// takes the name, so a kpng starting meanwhile is not disturbed.
+/// takes the name, so a kpng starting meanwhile is not disturbed. `asking` tells the holder
+/// why, which it logs ([`crate::lock_askers`]).
 #[cfg(target_os = "linux")]
-pub fn holder(backend: &str) -> Option<String> {
-    use std::io::{BufRead, BufReader};
+pub fn holder(backend: &str, asking: &crate::lock_askers::Asking) -> Option<String> {
+    use std::io::{BufRead, BufReader, Write};
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixStream};
     use std::time::Duration;
 
     let addr = SocketAddr::from_abstract_name(lock_name(backend).as_bytes()).ok()?;
-    let stream = UnixStream::connect_addr(&addr).ok()?;
+    let mut stream = UnixStream::connect_addr(&addr).ok()?;
+    // Before reading: the holder answers first, then reads this (an older holder never does).
+    let _ = stream.write_all(asking.line().as_bytes());
     let pid = stream
         .set_read_timeout(Some(Duration::from_secs(1)))
         .ok()
@@ -84,7 +89,7 @@ fn describe_holder(line: &str, own_namespace: Option<u64>) -> String {
 /// refuse, and the next start wins).
 #[cfg(target_os = "linux")]
 pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
-    use std::io::Write;
+    use crate::lock_askers::Asking;
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixListener};
 
@@ -93,7 +98,8 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
     let listener = match UnixListener::bind_addr(&addr) {
         Ok(l) => l,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            let who = holder(backend).unwrap_or_else(|| "another kpng".to_string());
+            let who = holder(backend, &Asking::Start(backend.to_string()))
+                .unwrap_or_else(|| "another kpng".to_string());
             anyhow::bail!(
                 "{who} already runs `to-local {backend}` in this network namespace \
                  (it holds the abstract socket @{name}); two would fight over the same \
@@ -103,7 +109,7 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
         Err(e) => return Err(e.into()),
     };
     for other in others.iter().filter(|o| **o != backend) {
-        if let Some(who) = holder(other) {
+        if let Some(who) = holder(other, &Asking::Start(backend.to_string())) {
             anyhow::bail!(
                 "{who} runs `to-local {other}` in this network namespace; `to-local {backend}` \
                  beside it would remove or rewrite its rules, and it would put them back: two \
@@ -113,17 +119,53 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
         }
     }
     let pid = std::process::id();
+    let backend = backend.to_string();
     let thread = std::thread::Builder::new()
         .name("kpng-instance-lock".into())
         .spawn(move || {
-            for mut stream in listener.incoming().flatten() {
-                let _ = match pid_namespace() {
-                    Some(ns) => writeln!(stream, "{pid} {ns}"),
-                    None => writeln!(stream, "{pid}"),
-                };
+            let mut limit = crate::lock_askers::Limit::default();
+            for stream in listener.incoming().flatten() {
+                answer(stream, pid, &backend, &mut limit);
             }
         })?;
     Ok(InstanceLock { _listener: thread })
+}
+
+/// Answers one asker with this kpng's pid (and PID namespace), then reads why it asked and
+/// logs it, rate-limited ([`crate::lock_askers`]). The asker's line is already sent when it
+/// reads the answer, so the short wait only delays a client that sends nothing.
+#[cfg(target_os = "linux")]
+fn answer(
+    mut stream: std::os::unix::net::UnixStream,
+    pid: u32,
+    backend: &str,
+    limit: &mut crate::lock_askers::Limit,
+) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let _ = match pid_namespace() {
+        Some(ns) => writeln!(stream, "{pid} {ns}"),
+        None => writeln!(stream, "{pid}"),
+    };
+    let asker = crate::admin_socket::peer_pid(&stream);
+    if stream
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .is_err()
+    {
+        return;
+    }
+    let mut line = String::new();
+    let _ = BufReader::new(stream.take(64)).read_line(&mut line);
+    let Some(asking) = crate::lock_askers::Asking::parse(&line) else {
+        tracing::debug!(
+            "asked who holds the instance lock{}",
+            asker.map_or_else(String::new, |p| format!(" by pid {p}"))
+        );
+        return;
+    };
+    let said = asking.said(asker, backend);
+    if let Some(quiet) = limit.admit(std::time::Instant::now()) {
+        tracing::warn!("{}", crate::lock_askers::line(&said, quiet));
+    }
 }
 
 /// Windows: one kpng per node programs HNS. Two own the same load balancers and replace each
@@ -222,11 +264,16 @@ mod tests {
             "{err}"
         );
         assert!(err.contains(&format!("to-local {backend}")), "{err}");
+        let asking = crate::lock_askers::Asking::Start(backend.clone());
         assert_eq!(
-            holder(&backend),
+            holder(&backend, &asking),
             Some(format!("another kpng (pid {})", std::process::id()))
         );
-        assert_eq!(holder(&format!("{backend}-none")), None, "nobody holds it");
+        assert_eq!(
+            holder(&format!("{backend}-none"), &asking),
+            None,
+            "nobody holds it"
+        );
         // Another backend is another lock, refused while the first runs when it is told
         // about the first one's backend (as kpng tells it about every backend).
         let other = format!("{backend}-other");

@@ -20,6 +20,7 @@ mod dry_run;
 mod earlier_rules;
 #[cfg(target_os = "linux")]
 mod ebpf_status;
+mod fatal_line;
 #[cfg(target_os = "linux")]
 mod foreign_chains;
 mod hns_status;
@@ -39,6 +40,8 @@ mod leftovers;
 #[cfg(target_os = "linux")]
 mod legacy_chains;
 mod listen;
+#[cfg(target_os = "linux")]
+mod lock_askers;
 mod log_dedup;
 mod logging;
 mod memory;
@@ -60,6 +63,7 @@ mod run;
 #[cfg(target_os = "linux")]
 mod run_marker;
 mod signals;
+mod status_history;
 mod version;
 mod winservice;
 mod zpages;
@@ -157,6 +161,18 @@ fn main() -> std::process::ExitCode {
         }
     };
     let to_file = matches!(target, logging::LogTarget::File(_));
+    let ends = fatal_line::Ending {
+        to_file,
+        one_shot: matches!(
+            cli.command,
+            Some(
+                cli::Command::Cleanup(_)
+                    | cli::Command::Version(_)
+                    | cli::Command::Status(_)
+                    | cli::Command::Trace(_)
+            )
+        ),
+    };
     logging::init(&cli.global.log_level, cli.global.logging_format, target);
     for note in &report.notes {
         tracing::info!("--config: {note}");
@@ -183,7 +199,7 @@ fn main() -> std::process::ExitCode {
     if cli.global.windows_service
         && let Err(e) = windows_service()
     {
-        fatal(&e, to_file);
+        ends.fatal(&describe(&e));
         return std::process::ExitCode::FAILURE;
     }
     let result = match cli.global.write_config_to.clone() {
@@ -207,20 +223,10 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            fatal(&e, to_file);
+            ends.fatal(&describe(&e));
             winservice::stopped(1);
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// The error kpng stops with: on standard error, once and always (a log filter could hide a
-/// log line), and in the `--log-file` too, where a Windows service's operator looks.
-fn fatal(e: &anyhow::Error, to_file: bool) {
-    let text = describe(e);
-    eprintln!("kpng: {text}");
-    if to_file {
-        tracing::error!("stopping: {text}");
     }
 }
 

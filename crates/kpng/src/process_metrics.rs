@@ -25,7 +25,8 @@ pub fn register(registry: &mut Registry) {
 /// Registers `kpng_unclean_previous_exit`: 1 when the previous kpng of this network namespace
 /// ended without a clean shutdown (killed, OOM; its run marker was still there at start,
 /// [`crate::run_marker`]), 0 otherwise, for the life of the process. A crash loop of a
-/// DaemonSet's pod then shows on a dashboard, not only in `dmesg`.
+/// DaemonSet's pod then shows on a dashboard, not only in `dmesg`; the start's warning says
+/// when the dead run was last seen alive ([`crate::run_marker::HEARTBEAT`]).
 #[cfg(target_os = "linux")]
 pub fn register_unclean_previous_exit(registry: &mut Registry, unclean: bool) {
     let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
@@ -33,7 +34,8 @@ pub fn register_unclean_previous_exit(registry: &mut Registry, unclean: bool) {
     registry.register(
         "kpng_unclean_previous_exit",
         "1 when the previous kpng in this network namespace ended without a clean shutdown \
-         (killed, OOM), 0 otherwise.",
+         (killed, OOM), 0 otherwise; the start's warning says when it was last seen alive \
+         (it died within 10 s after).",
         gauge,
     );
 }

@@ -145,7 +145,8 @@ fn remove_conntrack_memory(dry_run: bool) -> anyhow::Result<usize> {
 #[cfg(target_os = "linux")]
 fn refuse_while_running(dry_run: bool) -> anyhow::Result<()> {
     for kind in BackendKind::ALL {
-        let Some(who) = crate::instance_lock::holder(kind.word()) else {
+        let asking = crate::lock_askers::Asking::Cleanup { dry_run };
+        let Some(who) = crate::instance_lock::holder(kind.word(), &asking) else {
             continue;
         };
         let running = format!(

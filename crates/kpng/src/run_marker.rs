@@ -13,6 +13,11 @@
 //! ([`crate::netns_records`]), a marker whose namespace is gone is forgotten by the next
 //! sweep. A marker from another boot, or of an earlier namespace whose inode this one got
 //! (told apart by the namespace's cookie, on Linux 5.14 and later), is ignored.
+//!
+//! The time of death: a running kpng touches its marker (its modification time) every
+//! [`HEARTBEAT`], so the marker a killed run left says when it was last seen alive, at most
+//! that long before it died; without it an incident's timeline had the start of the dead run
+//! and the start of the next, nothing in between.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -22,6 +27,10 @@ use serde::{Deserialize, Serialize};
 
 /// The record name, followed by `.<netns inode>` (and `.tmp` while being written).
 pub const PREFIX: &str = "running.";
+
+/// How often a running kpng touches its marker: the precision of "last seen alive". One
+/// `utimensat` per period, whatever the sync rate.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the marker holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,14 +59,20 @@ pub struct Previous {
     pub pid: u32,
     /// When it started (RFC 3339).
     pub started: String,
+    /// When it last touched its marker (RFC 3339): it died at most [`HEARTBEAT`] later.
+    pub last_alive: Option<String>,
 }
 
 impl Previous {
     /// The warning and `kpng status` line.
     pub fn note(&self) -> String {
+        let alive = self
+            .last_alive
+            .as_ref()
+            .map_or_else(String::new, |t| format!(", last seen alive at {t}"));
         format!(
-            "the previous kpng (pid {}, started {}) ended without a clean shutdown (killed, \
-             OOM — see `dmesg` / `journalctl -k`)",
+            "the previous kpng (pid {}, started {}{alive}) ended without a clean shutdown \
+             (killed, OOM — see `dmesg` / `journalctl -k`)",
             self.pid, self.started
         )
     }
@@ -71,6 +86,8 @@ pub struct RunMarker {
     path: Option<PathBuf>,
     /// The run before this one, when it ended uncleanly.
     previous: Option<Previous>,
+    /// Stops the heartbeat thread when dropped.
+    _heartbeat: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl RunMarker {
@@ -83,13 +100,19 @@ impl RunMarker {
             return RunMarker {
                 path: None,
                 previous: None,
+                _heartbeat: None,
             };
         };
         let here = Here {
             boot_id: kpng_conntrack::memory::boot_id().unwrap_or_default(),
             netns_cookie: kpng_netfilter::socket::netns_cookie(),
         };
-        let previous = read(&path).and_then(|r| left_by_previous(r, &here));
+        let previous = read(&path).and_then(|(r, touched)| {
+            left_by_previous(r, &here).map(|p| Previous {
+                last_alive: touched.map(|t| humantime::format_rfc3339_seconds(t).to_string()),
+                ..p
+            })
+        });
         let record = Record {
             pid,
             started: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
@@ -104,7 +127,12 @@ impl RunMarker {
                 None
             }
         };
-        RunMarker { path, previous }
+        let heartbeat = path.clone().and_then(|p| heartbeat(p, HEARTBEAT));
+        RunMarker {
+            path,
+            previous,
+            _heartbeat: heartbeat,
+        }
     }
 
     /// The earlier run that ended without a clean shutdown, if the marker it left was found.
@@ -130,14 +158,44 @@ fn marker_path(dir: &Path) -> Option<PathBuf> {
     Some(dir.join(format!("{PREFIX}{netns}")))
 }
 
-/// The record at `path`: `None` when there is none, or it is not a regular file, or it does
-/// not parse (a marker is small: more than 4 KiB is not one).
-fn read(path: &Path) -> Option<Record> {
+/// The record at `path` and when it was last touched: `None` when there is none, or it is
+/// not a regular file, or it does not parse (a marker is small: more than 4 KiB is not one).
+fn read(path: &Path) -> Option<(Record, Option<std::time::SystemTime>)> {
     let meta = std::fs::symlink_metadata(path).ok()?;
     if !meta.file_type().is_file() || meta.len() > 4096 {
         return None;
     }
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+    let record = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    Some((record, meta.modified().ok()))
+}
+
+/// Touches the marker at `path` every `period` on a thread of its own (a sleeping thread, not
+/// a task of the proxy's runtime: the runtime's periodic work runs only with an admin socket
+/// or at `--sync-period`, and a heartbeat must not depend on either), until the returned
+/// sender is dropped. `None` when the thread cannot start (the marker then says the start
+/// time only).
+fn heartbeat(path: PathBuf, period: std::time::Duration) -> Option<std::sync::mpsc::Sender<()>> {
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("kpng-run-marker".into())
+        .spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(period)
+            {
+                if let Err(e) = touch(&path) {
+                    tracing::debug!("touching the run marker {}: {e}", path.display());
+                }
+            }
+        })
+        .ok()?;
+    Some(stop)
+}
+
+/// Sets the marker's modification time to now; a marker removed meanwhile is not created.
+fn touch(path: &Path) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .set_modified(std::time::SystemTime::now())
 }
 
 /// Where this run is: what tells a marker of this boot and namespace from another's.
@@ -170,6 +228,7 @@ fn left_by_previous(record: Record, here: &Here) -> Option<Previous> {
     Some(Previous {
         pid: record.pid,
         started: record.started,
+        last_alive: None,
     })
 }
 
@@ -204,7 +263,7 @@ mod tests {
         let first = RunMarker::start(dir.path(), "nft", 4242);
         assert_eq!(first.previous(), None, "nothing before the first run");
         let path = marker_path(dir.path()).expect("path");
-        let record = read(&path).expect("the marker is written");
+        let (record, _) = read(&path).expect("the marker is written");
         assert_eq!((record.pid, record.backend.as_str()), (4242, "nft"));
         // A kill: the marker stays.
         std::mem::forget(first);
@@ -212,6 +271,7 @@ mod tests {
         let previous = second.previous().expect("the killed run is found").clone();
         assert_eq!(previous.pid, 4242);
         assert_eq!(previous.started, record.started);
+        assert!(previous.last_alive.is_some(), "the marker's time");
         assert!(
             previous
                 .note()
@@ -263,6 +323,43 @@ mod tests {
                 "{boot:?} {cookie:?} {our_boot:?} {ours:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_running_kpng_touches_its_marker_which_says_when_it_was_last_alive() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("running.1");
+        std::fs::write(&path, "{}").expect("write");
+        let long_ago = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        file.set_modified(long_ago).expect("set the time");
+        let stop = heartbeat(path.clone(), std::time::Duration::from_millis(20));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let modified = || std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        while modified() == Some(long_ago) {
+            assert!(std::time::Instant::now() < deadline, "not touched");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Stopped with the marker; a marker removed is not created again.
+        drop(stop);
+        std::fs::remove_file(&path).expect("remove");
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert!(!path.exists());
+        assert!(touch(&path).is_err());
+        let previous = Previous {
+            pid: 7,
+            started: "2026-12-07T07:22:42Z".into(),
+            last_alive: Some("2026-12-07T07:28:30Z".into()),
+        };
+        assert_eq!(
+            previous.note(),
+            "the previous kpng (pid 7, started 2026-12-07T07:22:42Z, last seen alive at \
+             2026-12-07T07:28:30Z) ended without a clean shutdown (killed, OOM — see `dmesg` / \
+             `journalctl -k`)"
+        );
     }
 
     #[test]

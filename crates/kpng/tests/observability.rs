@@ -1671,6 +1671,8 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
         unclean(&ns).as_deref(),
         Some("kpng_unclean_previous_exit 0")
     );
+    // Alive past one heartbeat (10 s): the marker says so after the kill.
+    std::thread::sleep(Duration::from_secs(12));
     let killed = first.id();
     first.kill().expect("SIGKILL");
     let _ = std::fs::remove_file(&socket);
@@ -1683,6 +1685,27 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
     assert!(
         warned.len() == 1 && warned[0].contains(" WARN ") && warned[0].ends_with(ending),
         "one warning naming the killed kpng {killed}: {warned:?}\n{said}"
+    );
+    // "started T1, last seen alive at T2)": T2 at least one heartbeat after T1.
+    let seconds = |t: &str| -> u64 {
+        let hms = t
+            .split('T')
+            .nth(1)
+            .unwrap_or_default()
+            .trim_end_matches('Z');
+        hms.split(':')
+            .map(|n| n.parse::<u64>().unwrap_or_else(|_| panic!("{t}")))
+            .fold(0, |acc, n| acc * 60 + n)
+    };
+    let (started, alive) = warned[0]
+        .split_once(", started ")
+        .and_then(|(_, rest)| rest.split_once(", last seen alive at "))
+        .and_then(|(started, rest)| Some((started, rest.split_once(')')?.0)))
+        .unwrap_or_else(|| panic!("the time last seen alive: {}", warned[0]));
+    assert!(
+        (seconds(alive) + 86400 - seconds(started)) % 86400 >= 10,
+        "touched while it ran: {}",
+        warned[0]
     );
     assert_eq!(
         unclean(&ns).as_deref(),
@@ -2406,4 +2429,188 @@ fn a_trace_under_an_interface_detector_names_the_interface_or_its_assumption() {
             && from_lan.contains("  interface:  arrives on eth0: not a pod's"),
         "{from_lan}"
     );
+}
+
+/// A second kpng started in the same network namespace with `--logging-format json` says why
+/// it stops as a JSON log line (level, timestamp), not a bare `kpng: …` line a log pipeline
+/// cannot parse; the running one logs, once per asker, that a second one was refused.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_refused_second_kpng_is_a_json_line_and_the_first_one_logs_it() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::node("obs-two").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let args = |socket: &str| {
+        vec![
+            env!("CARGO_BIN_EXE_kpng").to_string(),
+            "--logging-format".into(),
+            "json".into(),
+            "--admin-socket".into(),
+            dir.path().join(socket).to_string_lossy().into_owned(),
+            "file".into(),
+            "--input".into(),
+            input.to_string_lossy().into_owned(),
+            "--node-name".into(),
+            "n1".into(),
+            "--metrics-bind-address".into(),
+            "127.0.0.1:10249".into(),
+            "--healthz-bind-address".into(),
+            "127.0.0.1:10256".into(),
+            "to-local".into(),
+            "nft".into(),
+        ]
+    };
+    let first = ns.spawn(args("first.sock")).expect("kpng");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !first.stderr_text().contains("synced") {
+        assert!(Instant::now() < deadline, "{}", first.stderr_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = first.id();
+    for _ in 0..3 {
+        let out = ns.exec(args("second.sock")).expect("second kpng");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(&format!("another kpng (pid {pid}) already runs")))
+            .unwrap_or_else(|| panic!("the refusal:\n{stderr}"));
+        let json: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: not JSON: {line}"));
+        assert!(
+            json["ts"].is_number()
+                && json["severity"] == "ERROR"
+                && json["msg"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("stopping: another kpng")),
+            "an ERROR log line with its time: {line}"
+        );
+        assert!(
+            !stderr.lines().any(|l| l.starts_with("kpng: ")),
+            "no plain line too:\n{stderr}"
+        );
+    }
+    // The running one said it once (the next two within a minute are counted, not logged).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let said = loop {
+        let said: Vec<String> = first
+            .stderr_text()
+            .lines()
+            .filter(|l| l.contains("tried to start here and was refused"))
+            .map(str::to_string)
+            .collect();
+        if !said.is_empty() || Instant::now() > deadline {
+            break said;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        said.len() == 1
+            && said[0].contains("a second kpng (pid ")
+            && serde_json::from_str::<serde_json::Value>(&said[0])
+                .is_ok_and(|j| j["severity"] == "WARNING"),
+        "one warning:\n{}",
+        first.stderr_text()
+    );
+    first
+        .terminate(Duration::from_secs(10))
+        .expect("terminate")
+        .expect("a clean exit");
+}
+
+/// `nft flush ruleset` run by someone else: the warning, the status's repairs line and the
+/// repairing sync of `kpng status -o wide`'s history name the process that did it, as the
+/// kernel reports it (`by process 1234 (nft)`); the anchor table outlives the flush.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_repair_names_the_process_that_changed_the_rules_and_the_history_is_text() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::node("obs-who").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    let socket = dir.path().join("admin.sock");
+    let k = ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "--admin-socket",
+            socket.to_str().expect("utf-8"),
+            "file",
+            "--input",
+            input.to_str().expect("utf-8"),
+            "--node-name",
+            "n1",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "to-local",
+            "nft",
+        ])
+        .expect("kpng");
+    let wait = |what: &str, check: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !check(&k.stderr_text()) {
+            assert!(Instant::now() < deadline, "{what}:\n{}", k.stderr_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait("the first sync", &|s| s.contains(" synced"));
+    ns.run_ok(["nft", "flush", "ruleset"])
+        .expect("nft flush ruleset");
+    wait("the repair", &|s| {
+        s.contains("repair after a change by someone else (")
+    });
+    // "…: table deleted by process 1234 (nft))"
+    let named = |text: &str| {
+        text.split(": table deleted by process ")
+            .nth(1)
+            .is_some_and(|rest| {
+                rest.split_once(' ').is_some_and(|(pid, name)| {
+                    pid.parse::<u32>().is_ok() && name.starts_with("(nft))")
+                })
+            })
+    };
+    let stderr = k.stderr_text();
+    let warning = stderr
+        .lines()
+        .find(|l| l.contains(" WARN ") && l.contains("changed by someone else ("))
+        .unwrap_or_else(|| panic!("the warning:\n{stderr}"));
+    assert!(named(warning), "the process in the warning: {warning}");
+    let status = kpng()
+        .args(["status", "-o", "wide", "--admin-socket"])
+        .arg(&socket)
+        .output()
+        .expect("kpng status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    let repairs = text
+        .lines()
+        .find(|l| l.starts_with("repaired once after changes by someone else"))
+        .unwrap_or_else(|| panic!("the repairs line:\n{text}"));
+    assert!(named(repairs), "{repairs}");
+    let history: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "recent syncs (newest first):")
+        .skip(1)
+        .collect();
+    assert!(
+        history.len() >= 2
+            && history
+                .iter()
+                .all(|l| l.starts_with("  2") && l.contains(" operations  "))
+            && history
+                .iter()
+                .any(|l| l.contains("  ok  full  ") && named(l)),
+        "the history, the repair in it:\n{text}"
+    );
+    // The anchor is the flushing process's to keep, not to delete (owner flag).
+    let tables = ns
+        .run_ok(["nft", "list", "tables"])
+        .expect("nft list tables");
+    assert!(tables.contains("table ip kpng-anchor"), "{tables}");
+    k.terminate(Duration::from_secs(10))
+        .expect("terminate")
+        .expect("a clean exit");
 }

@@ -96,6 +96,10 @@ fn significance(note: &Notification) -> u8 {
 
 /// `NFT_MSG_NEWGEN`: the kernel's last notification of every committed transaction.
 const MSG_NEWGEN: u16 = 15;
+/// `NFTA_GEN_PROC_PID` of a [`MSG_NEWGEN`]: the committing process's pid (big-endian).
+const ATTR_GEN_PROC_PID: u16 = 2;
+/// `NFTA_GEN_PROC_NAME` of a [`MSG_NEWGEN`]: the committing process's name (its `comm`).
+const ATTR_GEN_PROC_NAME: u16 = 3;
 /// `NFT_MSG_NEWTABLE`.
 const MSG_NEWTABLE: u16 = 0;
 /// `NFT_MSG_DELTABLE`.
@@ -116,6 +120,31 @@ pub struct Burst {
     /// A table was deleted and its transaction's end ([`MSG_NEWGEN`]) has not been read yet:
     /// the rest of it may still re-add the table.
     transaction_open: bool,
+    /// A change reported was read and its transaction's end has not been: the process that
+    /// end names made it.
+    unattributed: bool,
+    /// The processes whose transactions made the changes reported, in order, each once.
+    by: Vec<Process>,
+}
+
+/// The process that committed a transaction, as the kernel names it at the transaction's end
+/// (what `nft monitor` prints as "by process 1234 (nft)").
+///
+/// Why: a repair line said only that someone else changed the rules; who did (`nft`, a
+/// firewall daemon, `iptables-restore`) is what an operator must find next, and after the fact
+/// nothing else records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Process {
+    /// Its pid, as the initial PID namespace (the host) numbers it.
+    pub pid: u32,
+    /// Its name (`comm`: at most 15 bytes, control characters escaped).
+    pub name: String,
+}
+
+impl std::fmt::Display for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.pid, self.name)
+    }
 }
 
 impl Burst {
@@ -136,6 +165,7 @@ impl Burst {
 
     /// Takes `note`, someone else's change described as `what` ([`Watched::tampering`]).
     pub fn add(&mut self, note: &Notification, what: String) {
+        self.unattributed = true;
         if note.msg == MSG_DELTABLE
             && let Some((table, _)) = what.split_once(": ")
         {
@@ -165,7 +195,15 @@ impl Burst {
             {
                 self.re_added.push(table.to_string());
             }
-            (MSG_NEWGEN, _) => self.transaction_open = false,
+            (MSG_NEWGEN, _) => {
+                self.transaction_open = false;
+                if std::mem::take(&mut self.unattributed)
+                    && let Some(process) = &note.process
+                    && !self.by.contains(process)
+                {
+                    self.by.push(process.clone());
+                }
+            }
             _ => {}
         }
     }
@@ -177,8 +215,25 @@ impl Burst {
     }
 
     /// The line to report: the most telling change, with every table deleted named; tables
-    /// deleted and added again are said to be replaced, with what that did to ours.
+    /// deleted and added again are said to be replaced, with what that did to ours; then the
+    /// processes that made the changes (`by process 1234 (nft)`), when the kernel named them.
     pub fn report(self) -> Option<String> {
+        let by = match self.by.as_slice() {
+            [] => String::new(),
+            [one] => format!(" by process {one}"),
+            many => format!(
+                " by processes {}",
+                many.iter()
+                    .map(Process::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+        };
+        self.what().map(|what| what + &by)
+    }
+
+    /// [`Burst::report`] without the processes.
+    fn what(self) -> Option<String> {
         let (rank, what) = self.telling?;
         if rank != 6 {
             return Some(what);
@@ -246,6 +301,8 @@ pub struct Notification {
     pub rule: Vec<u8>,
     /// The sender's netlink port id (0: the kernel itself).
     pub portid: u32,
+    /// The process that committed the transaction (a transaction's end, [`MSG_NEWGEN`], only).
+    pub process: Option<Process>,
 }
 
 /// Decodes every nf_tables notification of one datagram (others are skipped; a truncated
@@ -267,9 +324,15 @@ pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
             chain: None,
             rule: Vec::new(),
             portid,
+            process: None,
         };
         if is_rule(n.msg) {
             n.rule = msg[NLMSG_HDRLEN + NFGENMSG_LEN..].to_vec();
+        }
+        if n.msg == MSG_NEWGEN {
+            n.process = generation_process(msg);
+            out.push(n);
+            continue;
         }
         for (ty, payload) in attr::nf_attrs(msg) {
             match ty {
@@ -283,6 +346,36 @@ pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
         out.push(n);
     }
     out
+}
+
+/// The process a transaction's end ([`MSG_NEWGEN`]) names, when it names one (Linux 5.3+).
+fn generation_process(msg: &[u8]) -> Option<Process> {
+    let mut pid = None;
+    let mut name = None;
+    for (ty, payload) in attr::nf_attrs(msg) {
+        match ty {
+            ATTR_GEN_PROC_PID => {
+                pid = payload
+                    .get(..4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_be_bytes);
+            }
+            ATTR_GEN_PROC_NAME => {
+                name = Some(
+                    string_attr(payload)
+                        .chars()
+                        .flat_map(char::escape_default)
+                        .take(64)
+                        .collect(),
+                );
+            }
+            _ => {}
+        }
+    }
+    Some(Process {
+        pid: pid?,
+        name: name.unwrap_or_else(|| "?".to_string()),
+    })
 }
 
 /// What to watch.

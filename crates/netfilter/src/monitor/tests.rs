@@ -53,6 +53,7 @@ fn one_datagram_holds_several_notifications() {
             chain: None,
             rule: Vec::new(),
             portid: 43,
+            process: None,
         }
     );
     assert_eq!(notes[2].table, None);
@@ -211,6 +212,7 @@ fn the_most_telling_change_of_a_burst_is_the_one_reported() {
         chain: None,
         rule: Vec::new(),
         portid: 4242,
+        process: None,
     };
     // What `nft delete table` and `nft flush table` send, in the kernel's order.
     let burst = [
@@ -324,4 +326,99 @@ fn a_table_deleted_and_added_again_is_reported_as_replaced() {
     );
     // A table added that was never deleted is nobody's tampering.
     assert_eq!(feed(&[message(0, IP, 9, &[(1, "filter")])]).report(), None);
+}
+
+/// A transaction's end as the kernel sends it: generation id, then the committing process's
+/// pid (big-endian) and name.
+fn newgen(pid: u32, name: &str) -> Vec<u8> {
+    let mut body = vec![0, 0, 0, 0];
+    for (kind, payload) in [
+        (1u16, 7u32.to_be_bytes().to_vec()),
+        (2, pid.to_be_bytes().to_vec()),
+        (3, [name.as_bytes(), &[0]].concat()),
+    ] {
+        body.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
+        body.extend_from_slice(&kind.to_ne_bytes());
+        body.extend_from_slice(&payload);
+        body.resize(body.len().next_multiple_of(4), 0);
+    }
+    let mut out = Vec::new();
+    out.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
+    out.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | MSG_NEWGEN).to_ne_bytes());
+    out.extend_from_slice(&0u16.to_ne_bytes());
+    out.extend_from_slice(&7u32.to_ne_bytes());
+    out.extend_from_slice(&9u32.to_ne_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The report names the process whose transaction made the change (what `nft monitor` prints
+/// as "by process 1234 (nft)"), each once; a transaction that changed nothing of ours is not
+/// named, nor is one whose end carries no process (kernels before 5.3).
+#[test]
+fn a_report_names_the_process_that_made_the_change() {
+    let w = watched();
+    let feed = |datagrams: &[Vec<u8>]| {
+        let mut burst = Burst::default();
+        for d in datagrams {
+            for note in parse_notifications(d) {
+                burst.take(&w, &note);
+            }
+        }
+        burst.report()
+    };
+    let flush = [
+        message(2, IP, 9, &[(1, "kpng")]),
+        message(2, IP6, 9, &[(1, "kpng")]),
+        newgen(1234, "nft"),
+    ];
+    let cases: [(Vec<Vec<u8>>, Option<&str>); 5] = [
+        (
+            flush.to_vec(),
+            Some("ip kpng and ip6 kpng: table deleted by process 1234 (nft)"),
+        ),
+        // Someone's transaction elsewhere, then ours touched: only the second one is named.
+        (
+            vec![
+                newgen(1, "firewalld"),
+                message(8, IP, 9, &[(1, "kpng"), (2, "services")]),
+                newgen(77, "iptables-nft-re"),
+            ],
+            Some("ip kpng: rule deleted by process 77 (iptables-nft-re)"),
+        ),
+        // Two transactions: both named, each once.
+        (
+            vec![
+                message(14, IP, 9, &[(1, "kpng"), (2, "cluster-ips")]),
+                newgen(5, "nft"),
+                message(2, IP, 9, &[(1, "kpng")]),
+                newgen(6, "nft"),
+                message(14, IP, 9, &[(1, "kpng"), (2, "cluster-ips")]),
+                newgen(5, "nft"),
+            ],
+            Some("ip kpng: table deleted by processes 5 (nft) and 6 (nft)"),
+        ),
+        // No process in the transaction's end, or no end read yet.
+        (
+            vec![message(2, IP, 9, &[(1, "kpng")]), message(15, 0, 9, &[])],
+            Some("ip kpng: table deleted"),
+        ),
+        // A name with control characters is escaped.
+        (
+            vec![message(2, IP, 9, &[(1, "kpng")]), newgen(3, "x\x1b[31m")],
+            Some("ip kpng: table deleted by process 3 (x\\u{1b}[31m)"),
+        ),
+    ];
+    for (datagrams, want) in cases {
+        assert_eq!(feed(&datagrams).as_deref(), want);
+    }
+    let notes = parse_notifications(&newgen(1234, "nft"));
+    assert_eq!(
+        notes[0].process,
+        Some(Process {
+            pid: 1234,
+            name: "nft".into()
+        })
+    );
+    assert_eq!(notes[0].table, None, "the generation id is no table name");
 }
