@@ -842,7 +842,9 @@ fn released(config: &WatchConfig, services: usize) {
 /// pipe", "UnsupportedCertVersion") do not name TLS.
 ///
 /// A connection closed at once, before this node was ever served, is named as a possible
-/// mismatch only then (`ever_connected` false): later it is a brain going away.
+/// mismatch only then (`ever_connected` false): later it is a brain going away. A load
+/// balancer (a Service's, a cloud one) with no brain behind it accepts and closes at once
+/// too, which looks the same from here, so the hint names it as well.
 pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool) -> &'static str {
     let closed_at_once = !ever_connected && is_closed(failure);
     if !tls.enabled()
@@ -852,8 +854,9 @@ pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool
          if it asks for client certificates)"
     } else if !tls.enabled() && closed_at_once {
         " (if the brain serves TLS: give --api-tls-ca, and --api-tls-cert/--api-tls-key if it \
-         asks for client certificates; a brain at its --max-connections also closes new \
-         connections at once, and its log says so)"
+         asks for client certificates; or a load balancer with no brain behind it accepted the \
+         connection: see that the brain's Service has endpoints; a brain at its \
+         --max-connections also closes new connections at once, and its log says so)"
     } else if tls.enabled()
         && (failure.contains("InvalidContentType") || failure.contains("corrupt message"))
     {
@@ -863,7 +866,8 @@ pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool
          node's --api-tls-cert as well as the brain's)"
     } else if tls.enabled() && tls.cert.is_none() && closed_at_once {
         " (the brain may ask for a client certificate (mTLS): give --api-tls-cert and \
-         --api-tls-key)"
+         --api-tls-key; or a load balancer with no brain behind it accepted the connection: \
+         see that the brain's Service has endpoints)"
     } else {
         ""
     }

@@ -639,7 +639,7 @@ fn tls_mismatches_get_a_hint_naming_the_flags() {
         ..TlsFiles::default()
     };
     // (failure, TLS files, ever connected, a piece of the hint or "" for none)
-    let cases: [(&str, &TlsFiles, bool, &str); 8] = [
+    let cases: [(&str, &TlsFiles, bool, &str); 10] = [
         (
             "http2 error: GoAway(b\"\", FRAME_SIZE_ERROR)",
             &plain,
@@ -673,6 +673,19 @@ fn tls_mismatches_get_a_hint_naming_the_flags() {
             "X.509 v1",
         ),
         ("broken pipe", &ca_only, false, "client certificate (mTLS)"),
+        // A load balancer with no brain behind it accepts, then closes at once.
+        (
+            "connection closed",
+            &plain,
+            false,
+            "or a load balancer with no brain behind it",
+        ),
+        (
+            "broken pipe",
+            &ca_only,
+            false,
+            "or a load balancer with no brain behind it",
+        ),
     ];
     for (failure, tls, ever, want) in cases {
         let hint = tls_hint(failure, tls, ever);
