@@ -402,6 +402,10 @@ pub struct WatchConfig {
     pub accept_empty_state: bool,
     /// `kpng_api_held_empty_state`: 1 while a state with no Service is held ([`hold`]).
     pub held_empty_state: prometheus_client::metrics::gauge::Gauge,
+    /// This node's build as the brain is told it ([`crate::version::build`]; the bare version
+    /// by default): the binary passes its git commit in, shown in the brain's `kpng status`
+    /// and counted in its `kpng_api_connected_node_versions`.
+    pub version: String,
 }
 
 impl WatchConfig {
@@ -421,6 +425,7 @@ impl WatchConfig {
             earlier_rules: false,
             accept_empty_state: false,
             held_empty_state: prometheus_client::metrics::gauge::Gauge::default(),
+            version: crate::version::VERSION.to_string(),
         }
     }
 
@@ -652,10 +657,10 @@ async fn session(
     let mut watch = tonic::Request::new(ReceiverStream::new(requests_rx));
     // This node's version, for the brain's status and its mismatch warning (KPNG's brain
     // ignores metadata it does not know).
-    watch.metadata_mut().insert(
-        crate::version::HEADER,
-        tonic::metadata::MetadataValue::from_static(crate::version::VERSION),
-    );
+    // A build identity is visible ASCII; anything else falls back to the bare version.
+    let version = tonic::metadata::MetadataValue::try_from(config.version.as_str())
+        .unwrap_or_else(|_| tonic::metadata::MetadataValue::from_static(crate::version::VERSION));
+    watch.metadata_mut().insert(crate::version::HEADER, version);
     let response = SetsClient::new(channel).watch(watch).await?;
     // A brain that honours `continuous` says so; any other (KPNG's, an older kpng) is asked
     // for each change set, as the protocol always had it.
@@ -782,13 +787,13 @@ fn brain_answered(config: &WatchConfig, version: Option<String>) -> bool {
     let warned = config.health.set_brain_version(version.clone())
         && version
             .as_deref()
-            .is_some_and(|theirs| crate::version::mismatch(crate::version::VERSION, theirs));
+            .is_some_and(|theirs| crate::version::mismatch(&config.version, theirs));
     if let (true, Some(theirs)) = (warned, &version) {
         warn!(
             brain = %config.addr,
             "the brain runs kpng {theirs}, this node {}: their major.minor versions differ (a \
              rollout in progress?); finish it so that both sides mean the same by the protocol",
-            crate::version::VERSION
+            config.version
         );
     }
     if config.health.state().problems.contains_key(BRAIN) {
