@@ -644,6 +644,7 @@ async fn session(
     backoff: &mut Backoff,
     connected: &mut bool,
     hold: &mut EmptyStateHold,
+    last_heard: &mut Option<tokio::time::Instant>,
 ) -> Result<(), SessionError> {
     let channel = connect(config).await?;
     let (requests, requests_rx) = mpsc::channel(2);
@@ -678,6 +679,7 @@ async fn session(
     // What the brain reported before is the earlier connection's until this one sends state.
     config.health.brain_connected();
     brain_answered(config, brain_version);
+    *last_heard = Some(tokio::time::Instant::now());
     // A brain that accepts this node and sends nothing (it restarted and is still listing its
     // input, perhaps forever) is an input problem after the grace, until its first state.
     let no_state = tokio::time::sleep(config.no_state_grace);
@@ -703,6 +705,7 @@ async fn session(
         let Some(item) = item.transpose()? else {
             break;
         };
+        *last_heard = Some(tokio::time::Instant::now());
         if !*connected {
             *connected = true;
             info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
@@ -842,6 +845,27 @@ fn released(config: &WatchConfig, services: usize) {
     config.health.recovered(HELD_EMPTY);
 }
 
+/// What a stream that broke says about a brain that went silent, as a hint to append (empty
+/// when nothing): a brain whose host vanished (powered off, its network gone) sends nothing
+/// and closes nothing, and this node notices only when its keepalive ping goes unanswered for
+/// [`KEEPALIVE_TIMEOUT`]; hyper then drops the connection, and the stream fails as "broken
+/// pipe", the words of a connection the brain closed. Neither hyper nor h2 tells the two
+/// apart, so the time since the brain's last message does: at least [`KEEPALIVE_TIMEOUT`] on
+/// a stream that was `connected` (a brain killed after as long a quiet spell reads the same,
+/// hence the "if").
+pub fn silence_hint(failure: &str, connected: bool, silent_for: Option<Duration>) -> String {
+    match silent_for {
+        Some(silent) if connected && is_closed(failure) && silent >= KEEPALIVE_TIMEOUT => format!(
+            " (nothing came from the brain in the last {}: unless it was killed, it went \
+             silent, its host gone or the network between, and this node's keepalive gave the \
+             connection up after its ping had no answer within {})",
+            humantime::format_duration(Duration::from_secs(silent.as_secs())),
+            humantime::format_duration(KEEPALIVE_TIMEOUT)
+        ),
+        _ => String::new(),
+    }
+}
+
 /// What a failure's text says about a TLS mismatch between this node and its brain, as a
 /// hint to append (empty when nothing): the transport's own words ("FRAME_SIZE_ERROR", "broken
 /// pipe", "UnsupportedCertVersion") do not name TLS.
@@ -957,6 +981,8 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut told = WarnedCauses::default();
     loop {
         let mut connected = false;
+        // When the brain last sent something on this attempt's stream (its headers, an item).
+        let mut last_heard = None;
         let attempt = session(
             &config,
             &mut wire,
@@ -964,6 +990,7 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             &mut backoff,
             &mut connected,
             &mut hold,
+            &mut last_heard,
         );
         match attempt.await {
             Ok(()) => return,
@@ -999,7 +1026,11 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                     // A "no state yet" problem is over: the outage begins now.
                     config.health.recovered(BRAIN);
                 }
-                let failure = Failure::of(&e, &config.tls, ever_connected, connected);
+                let silent_for = last_heard.map(|t| t.elapsed());
+                let mut failure = Failure::of(&e, &config.tls, ever_connected, connected);
+                failure
+                    .cause
+                    .push_str(&silence_hint(&failure.cause, connected, silent_for));
                 let cause = failure.cause.clone();
                 // Recorded before it is logged: whoever reads the warning and then asks
                 // `kpng status` finds the problem there. A bare "broken pipe" after the

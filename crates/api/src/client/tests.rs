@@ -631,6 +631,35 @@ async fn a_replay_in_bundles_gives_the_client_the_whole_state_for_fewer_bytes() 
     watching.abort();
 }
 
+/// A stream that broke after the brain said nothing for the keepalive's timeout is named as a
+/// brain gone silent (its host vanished): until 2026-12-07 the node said only "h2 protocol
+/// error: … broken pipe", the words of a brain that closed the connection.
+#[test]
+fn a_stream_broken_after_the_keepalives_timeout_names_a_silent_brain() {
+    let pipe = "h2 protocol error: stream closed because of a broken pipe";
+    let long = Some(KEEPALIVE_TIMEOUT + Duration::from_secs(9));
+    // (failure, connected, silent for, a piece of the hint or "" for none)
+    let cases: [(&str, bool, Option<Duration>, &str); 6] = [
+        (pipe, true, long, "went silent"),
+        (pipe, true, long, "39s"),
+        (pipe, true, long, "keepalive"),
+        // The brain sent something a moment ago: it closed the connection itself.
+        (pipe, true, Some(Duration::from_secs(2)), ""),
+        // Never watching: a connection that fails at once is not a silence.
+        (pipe, false, long, ""),
+        // Another failure than a closed connection says what it is.
+        ("status: Internal, message: \"boom\"", true, long, ""),
+    ];
+    for (failure, connected, silent, want) in cases {
+        let hint = silence_hint(failure, connected, silent);
+        if want.is_empty() {
+            assert_eq!(hint, "", "{failure} {silent:?}");
+        } else {
+            assert!(hint.contains(want), "{want:?} in {hint}");
+        }
+    }
+}
+
 #[test]
 fn tls_mismatches_get_a_hint_naming_the_flags() {
     use crate::addr::TlsFiles;
