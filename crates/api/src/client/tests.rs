@@ -1170,6 +1170,8 @@ async fn brain_and_node_exchange_their_builds_and_the_brain_counts_them() {
         text.lines()
             .filter(|l| l.starts_with("kpng_api_connected_node_versions{"))
             .map(str::to_string)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect::<Vec<_>>()
     };
     assert_eq!(
