@@ -403,6 +403,10 @@ pub struct WatchConfig {
     pub accept_empty_state: bool,
     /// `kpng_api_held_empty_state`: 1 while a state with no Service is held ([`hold`]).
     pub held_empty_state: prometheus_client::metrics::gauge::Gauge,
+    /// This node's build as the brain is told it ([`crate::version::build`]; the bare version
+    /// by default): the binary passes its git commit in, shown in the brain's `kpng status`
+    /// and counted in its `kpng_api_connected_node_versions`.
+    pub version: String,
 }
 
 impl WatchConfig {
@@ -422,6 +426,7 @@ impl WatchConfig {
             earlier_rules: false,
             accept_empty_state: false,
             held_empty_state: prometheus_client::metrics::gauge::Gauge::default(),
+            version: crate::version::VERSION.to_string(),
         }
     }
 
@@ -640,6 +645,7 @@ async fn session(
     backoff: &mut Backoff,
     connected: &mut bool,
     hold: &mut EmptyStateHold,
+    last_heard: &mut Option<tokio::time::Instant>,
 ) -> Result<(), SessionError> {
     let channel = connect(config).await?;
     let (requests, requests_rx) = mpsc::channel(2);
@@ -653,10 +659,10 @@ async fn session(
     let mut watch = tonic::Request::new(ReceiverStream::new(requests_rx));
     // This node's version, for the brain's status and its mismatch warning (KPNG's brain
     // ignores metadata it does not know).
-    watch.metadata_mut().insert(
-        crate::version::HEADER,
-        tonic::metadata::MetadataValue::from_static(crate::version::VERSION),
-    );
+    // A build identity is visible ASCII; anything else falls back to the bare version.
+    let version = tonic::metadata::MetadataValue::try_from(config.version.as_str())
+        .unwrap_or_else(|_| tonic::metadata::MetadataValue::from_static(crate::version::VERSION));
+    watch.metadata_mut().insert(crate::version::HEADER, version);
     let response = SetsClient::new(channel).watch(watch).await?;
     // A brain that honours `continuous` says so; any other (KPNG's, an older kpng) is asked
     // for each change set, as the protocol always had it.
@@ -674,6 +680,7 @@ async fn session(
     // What the brain reported before is the earlier connection's until this one sends state.
     config.health.brain_connected();
     brain_answered(config, brain_version);
+    *last_heard = Some(tokio::time::Instant::now());
     // A brain that accepts this node and sends nothing (it restarted and is still listing its
     // input, perhaps forever) is an input problem after the grace, until its first state.
     let no_state = tokio::time::sleep(config.no_state_grace);
@@ -699,6 +706,7 @@ async fn session(
         let Some(item) = item.transpose()? else {
             break;
         };
+        *last_heard = Some(tokio::time::Instant::now());
         if !*connected {
             *connected = true;
             info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
@@ -783,13 +791,13 @@ fn brain_answered(config: &WatchConfig, version: Option<String>) -> bool {
     let warned = config.health.set_brain_version(version.clone())
         && version
             .as_deref()
-            .is_some_and(|theirs| crate::version::mismatch(crate::version::VERSION, theirs));
+            .is_some_and(|theirs| crate::version::mismatch(&config.version, theirs));
     if let (true, Some(theirs)) = (warned, &version) {
         warn!(
             brain = %config.addr,
             "the brain runs kpng {theirs}, this node {}: their major.minor versions differ (a \
              rollout in progress?); finish it so that both sides mean the same by the protocol",
-            crate::version::VERSION
+            config.version
         );
     }
     if config.health.state().problems.contains_key(BRAIN) {
@@ -838,12 +846,35 @@ fn released(config: &WatchConfig, services: usize) {
     config.health.recovered(HELD_EMPTY);
 }
 
+/// What a stream that broke says about a brain that went silent, as a hint to append (empty
+/// when nothing): a brain whose host vanished (powered off, its network gone) sends nothing
+/// and closes nothing, and this node notices only when its keepalive ping goes unanswered for
+/// [`KEEPALIVE_TIMEOUT`]; hyper then drops the connection, and the stream fails as "broken
+/// pipe", the words of a connection the brain closed. Neither hyper nor h2 tells the two
+/// apart, so the time since the brain's last message does: at least [`KEEPALIVE_TIMEOUT`] on
+/// a stream that was `connected` (a brain killed after as long a quiet spell reads the same,
+/// hence the "if").
+pub fn silence_hint(failure: &str, connected: bool, silent_for: Option<Duration>) -> String {
+    match silent_for {
+        Some(silent) if connected && is_closed(failure) && silent >= KEEPALIVE_TIMEOUT => format!(
+            " (nothing came from the brain in the last {}: unless it was killed, it went \
+             silent, its host gone or the network between, and this node's keepalive gave the \
+             connection up after its ping had no answer within {})",
+            humantime::format_duration(Duration::from_secs(silent.as_secs())),
+            humantime::format_duration(KEEPALIVE_TIMEOUT)
+        ),
+        _ => String::new(),
+    }
+}
+
 /// What a failure's text says about a TLS mismatch between this node and its brain, as a
 /// hint to append (empty when nothing): the transport's own words ("FRAME_SIZE_ERROR", "broken
 /// pipe", "UnsupportedCertVersion") do not name TLS.
 ///
 /// A connection closed at once, before this node was ever served, is named as a possible
-/// mismatch only then (`ever_connected` false): later it is a brain going away.
+/// mismatch only then (`ever_connected` false): later it is a brain going away. A load
+/// balancer (a Service's, a cloud one) with no brain behind it accepts and closes at once
+/// too, which looks the same from here, so the hint names it as well.
 pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool) -> &'static str {
     let closed_at_once = !ever_connected && is_closed(failure);
     if !tls.enabled()
@@ -853,8 +884,9 @@ pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool
          if it asks for client certificates)"
     } else if !tls.enabled() && closed_at_once {
         " (if the brain serves TLS: give --api-tls-ca, and --api-tls-cert/--api-tls-key if it \
-         asks for client certificates; a brain at its --max-connections also closes new \
-         connections at once, and its log says so)"
+         asks for client certificates; or a load balancer with no brain behind it accepted the \
+         connection: see that the brain's Service has endpoints; a brain at its \
+         --max-connections also closes new connections at once, and its log says so)"
     } else if tls.enabled()
         && (failure.contains("InvalidContentType") || failure.contains("corrupt message"))
     {
@@ -864,7 +896,8 @@ pub fn tls_hint(failure: &str, tls: &crate::addr::TlsFiles, ever_connected: bool
          node's --api-tls-cert as well as the brain's)"
     } else if tls.enabled() && tls.cert.is_none() && closed_at_once {
         " (the brain may ask for a client certificate (mTLS): give --api-tls-cert and \
-         --api-tls-key)"
+         --api-tls-key; or a load balancer with no brain behind it accepted the connection: \
+         see that the brain's Service has endpoints)"
     } else {
         ""
     }
@@ -949,6 +982,8 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut told = WarnedCauses::default();
     loop {
         let mut connected = false;
+        // When the brain last sent something on this attempt's stream (its headers, an item).
+        let mut last_heard = None;
         let attempt = session(
             &config,
             &mut wire,
@@ -956,6 +991,7 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             &mut backoff,
             &mut connected,
             &mut hold,
+            &mut last_heard,
         );
         match attempt.await {
             Ok(()) => return,
@@ -991,7 +1027,11 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                     // A "no state yet" problem is over: the outage begins now.
                     config.health.recovered(BRAIN);
                 }
-                let failure = Failure::of(&e, &config.tls, ever_connected, connected);
+                let silent_for = last_heard.map(|t| t.elapsed());
+                let mut failure = Failure::of(&e, &config.tls, ever_connected, connected);
+                failure
+                    .cause
+                    .push_str(&silence_hint(&failure.cause, connected, silent_for));
                 let cause = failure.cause.clone();
                 // Recorded before it is logged: whoever reads the warning and then asks
                 // `kpng status` finds the problem there. A bare "broken pipe" after the

@@ -1253,6 +1253,8 @@ pub struct ServiceSummary {
 pub struct Hub {
     state: Mutex<State>,
     metrics: ApiMetrics,
+    /// This brain's build, as sent to its nodes ([`crate::version::build`]).
+    version: String,
     /// The newest snapshot's replay, encoded once for every watcher that replays it.
     replay_cache: ReplayCache,
 }
@@ -1320,8 +1322,22 @@ impl Hub {
                 ..State::default()
             }),
             metrics,
+            version: crate::version::VERSION.to_string(),
             replay_cache: ReplayCache::default(),
         }
+    }
+
+    /// Names this brain's build (`0.1.0+COMMIT`, [`crate::version::build`]) to its nodes and
+    /// in its status, instead of the bare version: the binary knows its git commit, this crate
+    /// does not, and without it two builds of one release looked the same mid-rollout.
+    pub fn with_version(mut self, version: String) -> Hub {
+        self.version = version;
+        self
+    }
+
+    /// This brain's build, as its nodes are told it.
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// Sends the brain's report on its own input to every node: the objects it rejects and
@@ -1360,6 +1376,7 @@ impl Hub {
         let (nodes, connected) = self.connected_nodes();
         self.metrics.nodes.set(as_gauge(nodes));
         self.metrics.set_connected_nodes(connected);
+        self.metrics.set_node_versions(self.node_versions());
         self.metrics
             .duplicate_node_names
             .set(as_gauge(self.duplicate_nodes().len()));
@@ -1522,6 +1539,19 @@ impl Hub {
             })
             .collect();
         out.sort_by(|a, b| a.node.cmp(&b.node).then(a.peer.cmp(&b.peer)));
+        out
+    }
+
+    /// How many connected watchers run each build (`unknown`: a client that sent none, KPNG's
+    /// or a kpng before 2026-12-07): a rollout's progress, as
+    /// `kpng_api_connected_node_versions`.
+    pub fn node_versions(&self) -> BTreeMap<String, i64> {
+        let state = self.lock();
+        let mut out: BTreeMap<String, i64> = BTreeMap::new();
+        for w in state.watchers.values() {
+            let version = w.version.as_deref().unwrap_or("unknown");
+            *out.entry(version.to_string()).or_default() += 1;
+        }
         out
     }
 

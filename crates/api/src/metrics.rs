@@ -64,6 +64,19 @@ pub struct ApiMetrics {
     /// `kpng_api_unknown_node_names`: node names connected kpngs ask for that no Node has
     /// (never had, or deleted).
     pub unknown_node_names: Gauge,
+    /// `kpng_api_connected_node_versions{version}`: connected nodes per kpng build
+    /// (`0.1.0+COMMIT`; `unknown` for a client that sends none): a rollout's progress per
+    /// brain, summed over brains for the cluster's.
+    pub connected_node_versions: Family<VersionLabel, Gauge>,
+    /// The versions [`ApiMetrics::connected_node_versions`] has a series for.
+    versions_shown: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// The label of `kpng_api_connected_node_versions`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    /// A node's kpng build, as it sent it.
+    pub version: String,
 }
 
 /// The label of `kpng_api_tls_certificate_expiry_timestamp_seconds`.
@@ -156,6 +169,29 @@ impl ApiMetrics {
         *shown = connected;
     }
 
+    /// Makes `kpng_api_connected_node_versions` hold a series for exactly the builds in
+    /// `counts`, with their counts: a build no node runs any more has no series (a rollout's
+    /// old build disappears), and none is cleared before it is set again.
+    pub fn set_node_versions(&self, counts: std::collections::BTreeMap<String, i64>) {
+        let mut shown = self
+            .versions_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for gone in shown.iter().filter(|v| !counts.contains_key(*v)) {
+            self.connected_node_versions.remove(&VersionLabel {
+                version: gone.clone(),
+            });
+        }
+        for (version, n) in &counts {
+            self.connected_node_versions
+                .get_or_create(&VersionLabel {
+                    version: version.clone(),
+                })
+                .set(*n);
+        }
+        *shown = counts.into_keys().collect();
+    }
+
     /// Creates the metrics and registers them.
     pub fn new(registry: &mut Registry) -> ApiMetrics {
         let m = ApiMetrics::default();
@@ -242,6 +278,11 @@ impl ApiMetrics {
             "kpng_api_unknown_node_names",
             "Node names connected kpngs ask for that no Node has now (a typo, a short hostname, or a deleted Node)",
             m.unknown_node_names.clone(),
+        );
+        registry.register(
+            "kpng_api_connected_node_versions",
+            "Connected kpngs per build (version+git commit; unknown: one that sends none): a rollout's progress",
+            m.connected_node_versions.clone(),
         );
         m
     }

@@ -97,6 +97,8 @@ pub struct SetsService {
     stopping: CancellationToken,
     /// The node versions whose mismatch with this brain's was warned about (once each).
     versions: Arc<crate::version::Warned>,
+    /// This brain's build, as its response headers name it (the hub's).
+    version: http::HeaderValue,
 }
 
 /// The status a Watch stream ends with when the brain shuts down (a restart, a rollout):
@@ -106,7 +108,11 @@ pub const SHUTTING_DOWN: &str = "the kpng brain is shutting down";
 impl SetsService {
     /// Serves this hub.
     pub fn new(hub: Arc<Hub>) -> SetsService {
+        // A build identity is visible ASCII; anything else falls back to the bare version.
+        let version = http::HeaderValue::from_str(hub.version())
+            .unwrap_or_else(|_| http::HeaderValue::from_static(crate::version::VERSION));
         SetsService {
+            version,
             hub,
             admission: Arc::new(admission::Admission::new(MAX_WATCHES, MAX_WATCHES_PER_PEER)),
             refusals: Arc::default(),
@@ -184,10 +190,7 @@ impl SetsService {
         // Tells a kpng client that asking once is enough (`WatchReq.Continuous`).
         headers.insert(CONTINUOUS_HEADER, http::HeaderValue::from_static("1"));
         // This brain's version, for the node's status and its mismatch warning.
-        headers.insert(
-            crate::version::HEADER,
-            http::HeaderValue::from_static(crate::version::VERSION),
-        );
+        headers.insert(crate::version::HEADER, self.version.clone());
         response
     }
 }
@@ -538,10 +541,9 @@ impl WatchBody {
                 self.client.admitted = Some((admitted, watching));
                 let version = self.client.version.as_deref().unwrap_or("unknown");
                 info!(%peer, node = %node_name, %version, "API client watching");
+                let ours = self.hub.version();
                 if let Some(theirs) = &self.client.version
-                    && self
-                        .versions
-                        .first_mismatch(crate::version::VERSION, theirs)
+                    && self.versions.first_mismatch(ours, theirs)
                 {
                     warn!(
                         %peer,
@@ -550,7 +552,7 @@ impl WatchBody {
                          differ (a rollout in progress?); finish it so that both sides mean \
                          the same by the protocol (said once per version; `kpng status` lists \
                          every node's)",
-                        crate::version::VERSION
+                        ours
                     );
                 }
                 self.watching_since = Some(std::time::Instant::now());

@@ -1,7 +1,13 @@
-//! The version exchange between a brain and its nodes: each side sends its kpng version in a
+//! The version exchange between a brain and its nodes: each side sends its kpng build in a
 //! gRPC metadata header ([`HEADER`], the node with its Watch request, the brain with its
 //! response headers), shows the other's in `kpng status`, and warns once when their
 //! major.minor versions differ.
+//!
+//! The value is the build's identity, [`build`]: the version and the git commit
+//! (`0.1.0+1a2b3c4d5e6f`), since every build of a release has the same version and a rollout
+//! from one commit to the next was invisible. The commit is the binary's (`kpng_build_info`'s
+//! `git_commit`), passed in by it: this crate does not know it. Peers before 2026-12-07 sent
+//! the version alone, and read ours as one ([`mismatch`] ignores what follows a `+`).
 //!
 //! Why a header and not a message field: KPNG's Go clients and servers ignore metadata they do
 //! not know, so the `localv1` messages stay KPNG's, and the peer's version is known at the
@@ -14,6 +20,19 @@ use std::sync::Mutex;
 
 /// This build's version (the workspace's: every kpng crate has the binary's).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The identity a build sends in [`HEADER`]: [`VERSION`]`+COMMIT` (semver build metadata), or
+/// [`VERSION`] alone when the commit is not known (empty, `unknown`: a build outside git).
+/// Two builds of one release then differ in `kpng status` and in the brain's
+/// `kpng_api_connected_node_versions`, while [`mismatch`] still compares major.minor only.
+pub fn build(git_commit: &str) -> String {
+    let commit = git_commit.trim();
+    if commit.is_empty() || commit == "unknown" {
+        VERSION.to_string()
+    } else {
+        format!("{VERSION}+{commit}")
+    }
+}
 
 /// The gRPC metadata header (request on the node's side, response on the brain's) that holds
 /// the sender's kpng version. A peer without it is KPNG's or a kpng before 2026-12-07.
@@ -99,6 +118,25 @@ mod tests {
         ] {
             assert_eq!(mismatch(ours, theirs), want, "{ours} vs {theirs}");
         }
+    }
+
+    #[test]
+    fn a_build_is_its_version_and_commit_and_matches_its_release() {
+        let ours = build("1a2b3c4d5e6f");
+        assert_eq!(ours, format!("{VERSION}+1a2b3c4d5e6f"));
+        assert_eq!(
+            build("1a2b3c4d5e6f-dirty"),
+            format!("{VERSION}+1a2b3c4d5e6f-dirty")
+        );
+        assert_eq!(build("unknown"), VERSION);
+        assert_eq!(build(""), VERSION);
+        // Another commit of the release differs, but is no mismatch (nor is an older peer's
+        // bare version): the warning stays about major.minor.
+        assert_ne!(ours, build("ffffffffffff"));
+        assert!(!mismatch(&ours, &build("ffffffffffff")));
+        assert!(!mismatch(&ours, VERSION));
+        assert!(!mismatch(VERSION, &ours));
+        assert_eq!(from_header(ours.as_bytes()), Some(ours.clone()));
     }
 
     #[test]

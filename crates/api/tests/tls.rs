@@ -135,6 +135,7 @@ async fn mtls_brain_serves_clients_with_certificates_only() {
         earlier_rules: false,
         accept_empty_state: false,
         held_empty_state: Default::default(),
+        version: kpng_api::version::VERSION.into(),
     };
     let client = tokio::spawn(watch(config.clone(), tx));
     let update = rx.recv().await.expect("a change set over mTLS");
@@ -275,6 +276,7 @@ fn node_config(addr: &ApiAddr, tls: &TlsFiles) -> WatchConfig {
         earlier_rules: false,
         accept_empty_state: false,
         held_empty_state: Default::default(),
+        version: kpng_api::version::VERSION.into(),
     }
 }
 

@@ -774,8 +774,7 @@ impl NftBackend {
                         was.change_to(&cfg)
                     ),
                     None => tracing::info!(
-                        "table {} {}: another configuration's rules; putting ours in place and \
-                         refilling its sets",
+                        "table {} {}: {ADOPTING_EARLIER}",
                         fam.table_family(),
                         self.config.table
                     ),
@@ -1500,6 +1499,13 @@ pub fn name_all(lost: &[(String, &str)]) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// What a full sync says when it adopts a table of our layout whose rules this process did
+/// not write: an earlier kpng's, of another build (a rolling upgrade or a rollback) or run
+/// with other flags. Not a conflict with someone else's rules, which it must not read like.
+const ADOPTING_EARLIER: &str = "rules left by an earlier kpng (another build or configuration \
+     of the same table layout); adopting the table: putting this build's rules in place and \
+     refilling its sets";
 
 #[cfg(test)]
 mod tests;

@@ -1820,6 +1820,18 @@ fn a_table_of_another_configuration_gets_its_rules_in_place_and_another_layout_i
     );
 }
 
+/// Adopting the table an earlier kpng left (a rolling upgrade from another build, a restart
+/// with other flags) says so: "another configuration's rules" read like a conflict with
+/// someone else's rules to the operator of a cross-build restart.
+#[test]
+fn adopting_an_earlier_kpngs_table_says_so() {
+    let said = crate::ADOPTING_EARLIER;
+    for want in ["earlier kpng", "another build", "adopting"] {
+        assert!(said.contains(want), "{want:?} in {said:?}");
+    }
+    assert!(!said.contains("another configuration's rules"), "{said}");
+}
+
 /// A full sync that replaces our own rules after the node's pod CIDRs changed says what
 /// changed, not "another configuration's rules" (which reads like someone else's change).
 #[test]

@@ -117,6 +117,7 @@ fn brain_status(hub: &kpng_api::hub::Hub, input: InputStatus, query: &StatusQuer
         });
     BrainStatus {
         role: "brain".into(),
+        version: Some(hub.version().to_string()),
         synced: hub.synced(),
         services: hub.service_count(),
         nodes: hub.watchers(),
@@ -320,6 +321,10 @@ async fn brain_trace() -> axum::response::Response {
 pub struct BrainStatus {
     /// `brain`: tells the client which view this is.
     pub role: String,
+    /// The brain's build (`0.1.0+COMMIT`), which its nodes' VERSION is compared with: a
+    /// rollout shows as nodes of another build (absent from a brain before 2026-12-07).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// Whether every list is complete (nodes are served).
     pub synced: bool,
     /// Services the brain holds.
@@ -826,7 +831,7 @@ fn brain_text(brain: &BrainStatus, service: Option<&str>, wide: bool) -> String 
     write_duplicate_nodes(&mut text, &brain.duplicate_nodes);
     write_rejected(&mut text, &brain.rejected);
     write_dropped(&mut text, &brain.dropped);
-    write_brain_nodes(&mut text, &brain.nodes, wide);
+    write_brain_nodes(&mut text, &brain.nodes, brain.version.as_deref(), wide);
     text
 }
 
@@ -1362,8 +1367,48 @@ fn write_tls(out: &mut String, tls: &kpng_api::metrics::TlsStatus, now: std::tim
 /// A brain's connected nodes, the most behind first (the longest lag, then the most pending
 /// changes, then by name): on a large cluster the table shows the first
 /// [`BRAIN_NODES_LISTED`] and counts the rest, `-o wide` shows all.
-fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], wide: bool) {
+fn write_brain_nodes(
+    out: &mut String,
+    nodes: &[kpng_api::hub::WatcherStatus],
+    brain_version: Option<&str>,
+    wide: bool,
+) {
     use std::fmt::Write as _;
+    // A node of another build than the brain's: a rollout in progress, or one left behind.
+    let other_build = |n: &kpng_api::hub::WatcherStatus| {
+        brain_version.is_some_and(|b| n.version.as_deref() != Some(b))
+    };
+    if let Some(ours) = brain_version
+        && nodes.iter().any(other_build)
+    {
+        let mut builds: std::collections::BTreeMap<&str, usize> = Default::default();
+        for n in nodes {
+            *builds
+                .entry(n.version.as_deref().unwrap_or("-"))
+                .or_default() += 1;
+        }
+        let counts: Vec<String> = builds.iter().map(|(v, n)| format!("{n} on {v}")).collect();
+        let _ = writeln!(
+            out,
+            "builds: this brain runs {ours}; its nodes: {} (a rollout in progress? `!` marks \
+             the nodes of another build)",
+            counts.join(", ")
+        );
+    }
+    let version_of = |n: &kpng_api::hub::WatcherStatus| {
+        let v = n.version.as_deref().unwrap_or("-");
+        if other_build(n) {
+            format!("{v}!")
+        } else {
+            v.to_string()
+        }
+    };
+    let width = nodes
+        .iter()
+        .map(|n| version_of(n).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(10);
     let mut order: Vec<&kpng_api::hub::WatcherStatus> = nodes.iter().collect();
     order.sort_by(|a, b| {
         b.lag_seconds
@@ -1378,20 +1423,20 @@ fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], w
     };
     let _ = writeln!(
         out,
-        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}  {:<10} PEER",
+        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}  {:<width$} PEER",
         "NODE", "CONNECTED", "SENT*", "LAST SENT*", "PENDING", "LAG*", "VERSION"
     );
     for n in &order[..shown] {
         let _ = writeln!(
             out,
-            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s  {:<10} {}",
+            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s  {:<width$} {}",
             n.node,
             n.connected_at,
             n.change_sets_sent,
             n.last_sent_at.as_deref().unwrap_or("-"),
             n.pending_service_changes,
             n.lag_seconds,
-            n.version.as_deref().unwrap_or("-"),
+            version_of(n),
             n.peer.as_deref().unwrap_or("-"),
         );
     }
@@ -1414,7 +1459,8 @@ fn write_brain_nodes(out: &mut String, nodes: &[kpng_api::hub::WatcherStatus], w
 const BRAIN_NODES_NOTE: &str = "* SENT, LAST SENT: change sets handed to the node's connection \
      (HTTP/2), not confirmed as applied: the node's own `kpng status` says what it programmed; \
      LAG: how long the oldest PENDING change has waited to be handed over. VERSION: the \
-     node's kpng (- : KPNG's or before 2026-12-07).\n";
+     node's kpng build, version+git commit (- : KPNG's or before 2026-12-07; ! : another \
+     build than this brain's).\n";
 
 /// What a load balancer probing the health check gets, in a few words.
 fn health_check_answer(hc: &kpng_runner::service_health::HealthCheckAnswer) -> String {
@@ -3077,7 +3123,7 @@ mod tests {
                 .collect()
         };
         let mut out = String::new();
-        write_brain_nodes(&mut out, &nodes, false);
+        write_brain_nodes(&mut out, &nodes, None, false);
         let out = out
             .strip_suffix(BRAIN_NODES_NOTE)
             .expect("the note")
@@ -3090,9 +3136,60 @@ mod tests {
             "{out}"
         );
         let mut wide = String::new();
-        write_brain_nodes(&mut wide, &nodes, true);
+        write_brain_nodes(&mut wide, &nodes, None, true);
         let wide = wide.strip_suffix(BRAIN_NODES_NOTE).expect("the note");
         assert_eq!(names(wide).len(), 62, "{wide}");
+    }
+
+    /// Mid-rollout, the brain's table says which nodes run another build than the brain's
+    /// (the same release, another commit) and how many run each: until 2026-12-07 every build
+    /// showed as `0.1.0`, and a rollout's progress was invisible.
+    #[test]
+    fn nodes_of_another_build_than_the_brains_are_marked_and_counted() {
+        let node = |name: &str, version: Option<&str>| kpng_api::hub::WatcherStatus {
+            node: name.into(),
+            peer: None,
+            connected_at: "T0".into(),
+            change_sets_sent: 1,
+            last_sent_at: None,
+            pending_service_changes: 0,
+            lag_seconds: 0.0,
+            version: version.map(str::to_string),
+        };
+        let ours = "0.1.0+aaaaaaaaaaaa";
+        let nodes = [
+            node("n1", Some(ours)),
+            node("n2", Some("0.1.0+bbbbbbbbbbbb")),
+            node("n3", None),
+        ];
+        let mut table = String::new();
+        write_brain_nodes(&mut table, &nodes, Some(ours), false);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "builds: this brain runs 0.1.0+aaaaaaaaaaaa; its nodes: 1 on -, 1 on \
+             0.1.0+aaaaaaaaaaaa, 1 on 0.1.0+bbbbbbbbbbbb (a rollout in progress? `!` marks the \
+             nodes of another build)",
+            "{table}"
+        );
+        let row = |name: &str| {
+            lines
+                .iter()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{name} in {table}"))
+                .split_whitespace()
+                .nth(6)
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(row("n1"), ours);
+        assert_eq!(row("n2"), "0.1.0+bbbbbbbbbbbb!");
+        assert_eq!(row("n3"), "-!");
+        // All on the brain's build: no line, no mark.
+        let mut same = String::new();
+        write_brain_nodes(&mut same, &nodes[..1], Some(ours), false);
+        assert!(same.starts_with("NODE "), "{same}");
+        assert!(!same.contains(&format!("{ours}!")), "{same}");
     }
 
     #[test]
@@ -3125,7 +3222,7 @@ mod tests {
             lag_seconds: 0.0,
             version: Some("0.1.0".into()),
         };
-        write_brain_nodes(&mut table, &[watcher], false);
+        write_brain_nodes(&mut table, &[watcher], Some("0.1.0"), false);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].ends_with(" VERSION    PEER"), "{table}");
         assert!(lines[1].ends_with("  0.1.0      10.0.0.5:41000"), "{table}");

@@ -64,7 +64,8 @@ where
             }),
             metrics,
         )
-        .reporting(input.clone()),
+        .reporting(input.clone())
+        .with_version(crate::version::BuildInfo::current().api_version()),
     );
     if let Some(addr) = flags.healthz_bind_address
         && (addr.port() != crate::config::HEALTHZ_PORT || !addr.ip().is_unspecified())

@@ -687,6 +687,7 @@ async fn serve_remote(
         no_state_grace: brain.api_state_grace,
         earlier_rules: facts.earlier_rules,
         accept_empty_state: brain.api_accept_empty_state,
+        version: crate::version::BuildInfo::current().api_version(),
         ..kpng_api::client::WatchConfig::new(brain.api.clone(), &node_name)
     };
     let facts = SinkFacts {

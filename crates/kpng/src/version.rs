@@ -41,6 +41,14 @@ impl BuildInfo {
 }
 
 impl BuildInfo {
+    /// What a brain and its nodes tell each other (`kpng-version`): the version and the git
+    /// commit, [`kpng_api::version::build`], from the same source as `kpng_build_info`'s
+    /// labels, so that `kpng status` and the brain's `kpng_api_connected_node_versions` tell
+    /// two builds of one release apart.
+    pub fn api_version(&self) -> String {
+        kpng_api::version::build(self.git_commit)
+    }
+
     /// The first line's version: the crate's and the Kubernetes API's as `vMAJOR.MINOR`
     /// (`0.1.0 (Kubernetes v1.33 API)`), the form kube-proxy's `Kubernetes v1.x.y` has and
     /// version-matching scripts look for.

@@ -716,14 +716,67 @@ fn split_mode_rbac_is_the_brains_only_and_no_more_than_it_reads() {
     assert!(!args.iter().any(|a| a.contains("kubeconfig")), "{args:?}");
 }
 
-/// The brains: two replicas behind a Service whose ports are the containers' and the flags',
-/// probes on the metrics port the flag opens, TLS files where their volumes are, and nothing
-/// on the ports or admin socket of the node's own kpng beside it on a control-plane host.
+/// The brains run one per control-plane host (required anti-affinity, the ports are the
+/// host's): a replica more than there are control-plane nodes stays Pending for ever. The
+/// manifests name kind's default cluster (`kind-control-plane`), which has one, so the
+/// Deployment asks for one, and says at the field when to raise it.
+#[test]
+fn the_brains_replicas_fit_the_control_plane_nodes() {
+    let s = split();
+    let spec = s.brain.spec.as_ref().unwrap();
+    let pod = spec.template.spec.as_ref().unwrap();
+    let one_per_host = pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_some_and(|terms| {
+            terms
+                .iter()
+                .any(|t| t.topology_key == "kubernetes.io/hostname")
+        });
+    assert!(one_per_host, "one brain per host");
+    let on_control_planes = pod
+        .node_selector
+        .as_ref()
+        .is_some_and(|s| s.contains_key("node-role.kubernetes.io/control-plane"));
+    assert!(on_control_planes, "the brains run on control-plane nodes");
+    let kind_control_planes = 1;
+    let replicas = spec.replicas.unwrap_or(1);
+    assert!(
+        replicas <= kind_control_planes,
+        "{replicas} brains on kind's {kind_control_planes} control-plane node: the rest stay \
+         Pending"
+    );
+    let text = std::fs::read_to_string(repo().join("deploy/split/10-brain.yaml")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("replicas:"))
+        .expect("a replicas field");
+    let comment = lines[..at]
+        .iter()
+        .rev()
+        .take_while(|l| l.trim_start().starts_with('#'))
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        comment.contains("number of control-plane nodes"),
+        "the replicas field says its limit: {comment:?}"
+    );
+}
+
+/// The brains: behind a Service whose ports are the containers' and the flags', probes on
+/// the metrics port the flag opens, TLS files where their volumes are, and nothing on the
+/// ports or admin socket of the node's own kpng beside it on a control-plane host.
 #[test]
 fn the_brains_ports_probes_and_certificates_are_consistent() {
     let s = split();
     let spec = s.brain.spec.unwrap();
-    assert_eq!(spec.replicas, Some(2));
     let labels = spec.template.metadata.as_ref().unwrap().labels.clone();
     assert_eq!(spec.selector.match_labels, labels);
     assert_eq!(s.service.spec.as_ref().unwrap().selector, labels);

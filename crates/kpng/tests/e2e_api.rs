@@ -553,6 +553,16 @@ fn a_node_notices_a_brain_that_hangs_and_follows_it_when_it_wakes() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let noticed = hung.elapsed();
+    // The warning says why: the brain went silent and the keepalive gave it up (until
+    // 2026-12-07 only "h2 protocol error: … broken pipe", a brain closing the connection).
+    let said = node.stderr_text();
+    assert!(
+        said.lines()
+            .filter(|l| l.contains("brain unreachable"))
+            .any(|l| l.contains("went silent") && l.contains("keepalive")),
+        "{}",
+        logs()
+    );
     let problems = node_input(socket, "node1")["problems"].clone();
     assert_eq!(problems[0]["what"], "brain", "{problems}");
     eprintln!("the node noticed the hung brain after {noticed:?}");

@@ -141,7 +141,7 @@ fn a_restart_with_another_configuration_puts_the_rules_in_place() {
     let restarted = t0.elapsed();
     let log = k.stderr();
     assert!(
-        log.contains("another configuration's rules; putting ours in place"),
+        log.contains("rules left by an earlier kpng (another build or configuration"),
         "{log}"
     );
     let second = marker();

@@ -2254,10 +2254,13 @@ fn split_mode(what: SplitCheck) {
         ) && summary.contains("kpng status --node NODE default/itp"),
         "{summary}"
     );
-    // Each node's kpng version, and what SENT and LAG measure, in the brain's table.
+    // Each node's kpng build (version+commit; the version alone outside git), and what SENT
+    // and LAG measure, in the brain's table; the node runs the brain's build: nothing marked.
     let table = ask(&brain_admin, &["status"]);
+    let version = env!("CARGO_PKG_VERSION");
     assert!(
-        table.contains(&format!("  {}  ", env!("CARGO_PKG_VERSION")))
+        (table.contains(&format!("  {version}+")) || table.contains(&format!("  {version}  ")))
+            && !table.contains("builds:")
             && table.contains("not confirmed as applied"),
         "{table}"
     );

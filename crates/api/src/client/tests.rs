@@ -493,6 +493,7 @@ fn watch_as_node_a(addr: ApiAddr) -> (tokio::task::JoinHandle<()>, mpsc::Receive
         earlier_rules: false,
         accept_empty_state: false,
         held_empty_state: Default::default(),
+        version: crate::version::VERSION.into(),
     };
     let (updates, received) = mpsc::channel(4);
     (tokio::spawn(watch(config, updates)), received)
@@ -630,6 +631,35 @@ async fn a_replay_in_bundles_gives_the_client_the_whole_state_for_fewer_bytes() 
     watching.abort();
 }
 
+/// A stream that broke after the brain said nothing for the keepalive's timeout is named as a
+/// brain gone silent (its host vanished): until 2026-12-07 the node said only "h2 protocol
+/// error: … broken pipe", the words of a brain that closed the connection.
+#[test]
+fn a_stream_broken_after_the_keepalives_timeout_names_a_silent_brain() {
+    let pipe = "h2 protocol error: stream closed because of a broken pipe";
+    let long = Some(KEEPALIVE_TIMEOUT + Duration::from_secs(9));
+    // (failure, connected, silent for, a piece of the hint or "" for none)
+    let cases: [(&str, bool, Option<Duration>, &str); 6] = [
+        (pipe, true, long, "went silent"),
+        (pipe, true, long, "39s"),
+        (pipe, true, long, "keepalive"),
+        // The brain sent something a moment ago: it closed the connection itself.
+        (pipe, true, Some(Duration::from_secs(2)), ""),
+        // Never watching: a connection that fails at once is not a silence.
+        (pipe, false, long, ""),
+        // Another failure than a closed connection says what it is.
+        ("status: Internal, message: \"boom\"", true, long, ""),
+    ];
+    for (failure, connected, silent, want) in cases {
+        let hint = silence_hint(failure, connected, silent);
+        if want.is_empty() {
+            assert_eq!(hint, "", "{failure} {silent:?}");
+        } else {
+            assert!(hint.contains(want), "{want:?} in {hint}");
+        }
+    }
+}
+
 #[test]
 fn tls_mismatches_get_a_hint_naming_the_flags() {
     use crate::addr::TlsFiles;
@@ -639,7 +669,7 @@ fn tls_mismatches_get_a_hint_naming_the_flags() {
         ..TlsFiles::default()
     };
     // (failure, TLS files, ever connected, a piece of the hint or "" for none)
-    let cases: [(&str, &TlsFiles, bool, &str); 8] = [
+    let cases: [(&str, &TlsFiles, bool, &str); 10] = [
         (
             "http2 error: GoAway(b\"\", FRAME_SIZE_ERROR)",
             &plain,
@@ -673,6 +703,19 @@ fn tls_mismatches_get_a_hint_naming_the_flags() {
             "X.509 v1",
         ),
         ("broken pipe", &ca_only, false, "client certificate (mTLS)"),
+        // A load balancer with no brain behind it accepts, then closes at once.
+        (
+            "connection closed",
+            &plain,
+            false,
+            "or a load balancer with no brain behind it",
+        ),
+        (
+            "broken pipe",
+            &ca_only,
+            false,
+            "or a load balancer with no brain behind it",
+        ),
     ];
     for (failure, tls, ever, want) in cases {
         let hint = tls_hint(failure, tls, ever);
@@ -714,6 +757,7 @@ async fn the_brains_report_reaches_the_nodes_input_record() {
         earlier_rules: false,
         accept_empty_state: false,
         held_empty_state: Default::default(),
+        version: crate::version::VERSION.into(),
     };
     let (updates, mut received) = mpsc::channel(4);
     let watching = tokio::spawn(watch(config, updates));
@@ -1027,6 +1071,7 @@ async fn a_brain_that_sends_no_state_is_an_input_problem_after_the_grace() {
         earlier_rules: false,
         accept_empty_state: false,
         held_empty_state: Default::default(),
+        version: crate::version::VERSION.into(),
     };
     let (updates, mut received) = mpsc::channel(4);
     let watching = tokio::spawn(watch(config, updates));
@@ -1133,6 +1178,74 @@ async fn after_a_reconnect_the_status_says_connected_and_waiting_until_the_first
     next_update(&mut received, "the replay").await;
     let state = node_input.state();
     assert!(state.problems.is_empty(), "{:?}", state.problems);
+    watching.abort();
+}
+
+/// Two builds of one release tell each other apart: the brain and the node send their build
+/// (version and git commit, as the binary passes them in), each side records the other's, and
+/// the brain counts its connected nodes per build in `kpng_api_connected_node_versions`, a
+/// client that sends none as `unknown`. Until 2026-12-07 both sent `0.1.0` whatever the
+/// commit, and a rollout's progress could not be seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brain_and_node_exchange_their_builds_and_the_brain_counts_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let brain_build = crate::version::build("aaaaaaaaaaaa");
+    let node_build = crate::version::build("bbbbbbbbbbbb");
+    let mut registry = prometheus_client::registry::Registry::default();
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::new(&mut registry),
+        )
+        .with_version(brain_build.clone()),
+    );
+    hub.apply(fixtures::cluster_event());
+    let addr = serve_on(&hub, &socket).await;
+    let node_input = InputHealth::default();
+    let config = WatchConfig {
+        version: node_build.clone(),
+        ..node_config(addr, "n1", &node_input)
+    };
+    let (updates, mut received) = mpsc::channel(4);
+    let watching = tokio::spawn(watch(config, updates));
+    next_update(&mut received, "the replay").await;
+    assert_eq!(
+        node_input.state().brain_version.as_deref(),
+        Some(brain_build.as_str()),
+        "the node's `(kpng X)`"
+    );
+    let watchers = hub.watchers();
+    assert_eq!(watchers.len(), 1);
+    assert_eq!(watchers[0].version.as_deref(), Some(node_build.as_str()));
+    // A client that sends no version (KPNG's Go client, a kpng before 2026-12-07).
+    let older = hub.register("n2");
+    let gauges = || {
+        hub.refresh_node_gauges();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        text.lines()
+            .filter(|l| l.starts_with("kpng_api_connected_node_versions{"))
+            .map(str::to_string)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        gauges(),
+        [
+            format!("kpng_api_connected_node_versions{{version=\"{node_build}\"}} 1"),
+            "kpng_api_connected_node_versions{version=\"unknown\"} 1".to_string(),
+        ]
+    );
+    // A build no node runs any more has no series: the rollout's old build disappears.
+    drop(older);
+    assert_eq!(
+        gauges(),
+        [format!(
+            "kpng_api_connected_node_versions{{version=\"{node_build}\"}} 1"
+        )]
+    );
     watching.abort();
 }
 
