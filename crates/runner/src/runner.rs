@@ -391,6 +391,7 @@ impl<M: NodeModel> Runner<M> {
             last_ok_at: None,
             last_error: None,
             warnings: crate::warning_budget::WarningBudget::default(),
+            rejections: crate::rejection_log::RejectionLog::default(),
             sync_log: crate::sync_log::SyncLog::default(),
             repair_for: None,
             repair_since: None,
@@ -460,6 +461,8 @@ struct LoopState<M: NodeModel> {
     last_error: Option<String>,
     /// Warnings about objects shown since the last sync (the rest go to debug).
     warnings: crate::warning_budget::WarningBudget,
+    /// When each rejected object was first rejected, for the line that ends it.
+    rejections: crate::rejection_log::RejectionLog,
     /// Which routine syncs are logged at info level, and the summary of the others.
     sync_log: crate::sync_log::SyncLog,
     /// What someone else changed, when the next full sync repairs it (the first report of a
@@ -1236,17 +1239,30 @@ impl<M: NodeModel> LoopState<M> {
                 admin::BrainReportStatus::of(&r, &self.runner.model.snapshot().node.name)
                     .rejected_total
             });
-        m.rejected_objects.set(
-            i64::try_from(self.runner.model.rejected_count() as u64 + brain_rejected)
-                .unwrap_or(i64::MAX),
-        );
+        let rejected_count = self.runner.model.rejected_count();
+        m.rejected_objects
+            .set(i64::try_from(rejected_count as u64 + brain_rejected).unwrap_or(i64::MAX));
+        let now = SystemTime::now();
+        for ended in &outcome.accepted_again {
+            self.rejections.accepted_again(ended, now);
+        }
         for e in &outcome.errors {
-            error!("rejected {e}");
+            self.rejections.rejected(e, now);
             m.object_errors
                 .get_or_create(&KindLabel {
                     kind: e.error.object.kind.as_str().into(),
                 })
                 .inc();
+        }
+        if self.rejections.len() > rejected_count {
+            // Some went without a usable version (deleted, or gone from a list).
+            let still = self
+                .runner
+                .model
+                .rejected()
+                .into_iter()
+                .map(|r| r.error.object);
+            self.rejections.keep_only(&still.collect());
         }
         for (kind, count) in outcome.applied.iter() {
             let label = KindLabel {
