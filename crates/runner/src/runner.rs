@@ -1846,19 +1846,22 @@ fn service_of(port: &str) -> Option<(&str, &str)> {
 /// what the data plane holds now, since what the earlier rules held is not known here (the
 /// model started empty, so its diff says nothing true about them).
 fn adoption_changes(snapshot: &kpng_model::Snapshot) -> String {
+    // The backend only tells whether earlier rules were there, not what they held: say that,
+    // rather than "any other Service's were removed", which reads as if some were.
     let services: BTreeSet<&ServiceKey> = snapshot.ports.keys().map(|k| &k.service).collect();
-    if services.is_empty() {
-        "first sync after adopting the rules an earlier kpng left: this state has no Service \
-         port, so every Service rule they held was removed"
-            .to_string()
+    let now = if services.is_empty() {
+        "they now hold no Service port".to_string()
     } else {
         format!(
-            "first sync after adopting the rules an earlier kpng left: they now hold {} Service \
-             ports of {} Services; the earlier rules of any other Service were removed",
+            "they now hold {} Service ports of {} Services and no other Service's",
             snapshot.ports.len(),
             services.len()
         )
-    }
+    };
+    format!(
+        "first sync after adopting the rules an earlier kpng left: {now} (how many Services the \
+         earlier rules held is not known: they were adopted without being read)"
+    )
 }
 
 /// The history's text for a repairing sync: what was repaired, then the Service changes it
