@@ -142,6 +142,8 @@ where
     let feed = async {
         // A brain has no syncs: its warning budget is renewed every ten seconds.
         let mut warnings = kpng_runner::warning_budget::WarningBudget::default();
+        // Rejections in the log, each with its end.
+        let mut rejections = kpng_runner::rejection_log::RejectionLog::default();
         let mut renew = tokio::time::interval(WARNING_INTERVAL);
         let mut report = tokio::time::interval(REPORT_INTERVAL);
         report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -158,8 +160,12 @@ where
                         events.push(event);
                     }
                     for out in hub.apply_all(events) {
+                        let now = std::time::SystemTime::now();
+                        for ended in &out.accepted_again {
+                            rejections.accepted_again(ended, now);
+                        }
                         for e in &out.errors {
-                            error!("rejected {e}");
+                            rejections.rejected(e, now);
                         }
                         for w in &out.warnings {
                             if warnings.admit() {
@@ -174,6 +180,11 @@ where
                     kpng_runner::warning_budget::held_back(warnings.next_interval());
                 }
                 _ = report.tick() => {
+                    if !rejections.is_empty() {
+                        // Forget those that went without a usable version (deleted).
+                        let still = hub.rejected().into_iter().map(|r| r.error.object);
+                        rejections.keep_only(&still.collect());
+                    }
                     hub.refresh_report();
                     hub.refresh_node_gauges();
                 }

@@ -955,6 +955,22 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
         "{err}"
     );
 
+    // A rejected object fixed in the API server: the brain logs the end of its rejection
+    // (until 2026-12-07 nothing followed the rejection's line).
+    let typo2 = |protocol: &str| {
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "default", "name": "typo2"},
+            "spec": {"clusterIP": "10.96.9.10", "ports": [{"port": 80, "protocol": protocol}]}})
+    };
+    server.apply(typo2("TPC")).expect("apply");
+    brain.wait("the brain rejects the second Service", |_, err| {
+        err.contains("rejected Service default/typo2")
+    });
+    server.apply(typo2("TCP")).expect("apply");
+    brain.wait("the end of its rejection", |_, err| {
+        err.contains("Service default/typo2: accepted again (rejected since 20")
+    });
+
     // The brain's API server goes away: node1 says its brain's source fails, and stays
     // healthy itself (its rules are as the brain last knew, nothing is pending).
     server.stop();

@@ -364,6 +364,63 @@ fn make_unreadable(running: &mut Running, dir: &std::path::Path) {
     });
 }
 
+/// A fix is logged: a broken manifest put back to its version in use, and a rejected object
+/// replaced by its good version (equal to the one kept, so no rule and no sync line changes),
+/// each end with a line saying the problem is over and how long it lasted; the input's last
+/// good time moves to the fix. Until 2026-12-07 both left an error line with no end.
+#[test]
+fn the_end_of_a_problem_is_logged() {
+    let (mut running, dir) = on_the_example("");
+    let socket_flag = dir.path().join("admin.sock").display().to_string();
+    running.wait("the first sync", |e| e.contains(" synced "));
+    let input = dir.path().join("cluster.yaml");
+    let good = std::fs::read_to_string(&input).expect("read");
+    let last_good = || {
+        let out = kpng()
+            .args(["status", "-o", "json", "--admin-socket", &socket_flag])
+            .output()
+            .expect("run");
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        status["input"]["lastGood"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let put_back = || {
+        let tmp = dir.path().join(".cluster.yaml.tmp");
+        std::fs::write(&tmp, &good).expect("write");
+        std::fs::rename(&tmp, &input).expect("rename");
+    };
+    let loaded_at = last_good();
+    make_unreadable(&mut running, dir.path());
+    // RFC 3339 to the millisecond: a later time reads later.
+    std::thread::sleep(Duration::from_millis(50));
+    put_back();
+    let log = running.wait("the end of the broken file", |e| {
+        e.contains("cluster.yaml: loaded again, the problem is over (it lasted ")
+    });
+    assert!(log.contains("s)"), "{log}");
+    let fixed_at = last_good();
+    assert!(fixed_at > loaded_at, "{loaded_at} then {fixed_at}");
+
+    break_two_services(&mut running, dir.path());
+    put_back();
+    let log = running.wait("the end of the rejection", |e| {
+        e.contains("Service default/web: accepted again (rejected since 20")
+    });
+    // Rejections are the user's objects: a warning, not an error.
+    let rejected = log
+        .lines()
+        .find(|l| l.contains("rejected Service default/web"))
+        .unwrap_or_default();
+    assert!(rejected.contains("WARN"), "{rejected}");
+    // The typo Service went with the file's good version: no end to log, it is deleted.
+    assert!(
+        !log.contains("Service default/typo: accepted again"),
+        "{log}"
+    );
+}
+
 #[test]
 fn status_and_trace_answer_from_the_running_proxy() {
     let (mut running, dir) = on_the_example("");

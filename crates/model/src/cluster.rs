@@ -201,6 +201,11 @@ pub struct ClusterOutcome {
     pub nodes: BTreeSet<String>,
     /// Objects that could not be used; their previous version (if any) was kept.
     pub errors: Vec<Rejection>,
+    /// Objects whose latest version was rejected and that a usable version now replaces, with
+    /// the rejection that ends: the caller logs that the problem is over (an error line with
+    /// no end leaves an operator unable to tell when it was fixed, and a good version equal to
+    /// the one kept changes no rule, so no sync line says it either).
+    pub accepted_again: Vec<Rejection>,
     /// Objects accepted, per kind.
     pub applied: AppliedCounts,
     /// Kinds whose complete list this event finished ([`Event::Replace`], [`Event::ListDone`]).
@@ -490,8 +495,11 @@ impl ClusterModel {
     }
 
     fn apply_object(&mut self, object: Object, out: &mut ClusterOutcome, touched: &mut Touched) {
-        if !self.rejected.is_empty() && !matches!(object, Object::Rejected(_)) {
-            self.rejected.remove(&object.reference());
+        if !self.rejected.is_empty()
+            && !matches!(object, Object::Rejected(_))
+            && let Some(ended) = self.rejected.remove(&object.reference())
+        {
+            out.accepted_again.push(ended);
         }
         let mut object = object;
         self.keep_dropped(&mut object);

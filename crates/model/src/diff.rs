@@ -1,6 +1,7 @@
 //! What changed between two snapshots: the only thing a backend needs to do O(changes) work.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::key::{PortKey, ServiceKey};
@@ -132,11 +133,115 @@ pub struct DiffSummary {
     pub services: Vec<ServiceKey>,
     /// How many Services the changes belong to in all.
     pub service_count: usize,
+    /// The first ports whose endpoints alone changed, each with what changed, at most
+    /// [`DiffSummary::DETAILED`]: "with new endpoints" alone does not say which endpoint, nor
+    /// whether one went or came back (a flapping readiness probe reads as any other change).
+    pub endpoint_changes: Vec<EndpointChanges>,
+}
+
+/// What changed in the endpoints of one port, in the words of the sync line:
+/// `default/web:80/TCP endpoints 2→1 (-10.244.1.2:8080)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointChanges {
+    /// The port: `namespace/name:port/protocol`, ` IPv6` added for that family.
+    pub port: String,
+    /// How many endpoints the port used before and after.
+    pub before: usize,
+    /// See `before`.
+    pub after: usize,
+    /// The first changes, at most [`EndpointChanges::LISTED`]: `+IP:port` (now used),
+    /// `-IP:port` (no longer used: gone, or not ready; ` still serving` when its slice says it
+    /// serves, as a terminating endpoint does, or one another zone's hints keep), `IP:port
+    /// ready→terminating` (used in both, its state changed).
+    pub listed: Vec<String>,
+    /// How many more changes there are.
+    pub more: usize,
+}
+
+impl EndpointChanges {
+    /// How many endpoint changes a port's account lists.
+    pub const LISTED: usize = 3;
+
+    /// What changed from `old` to `new`, two states of the same port (O(endpoints of the
+    /// port); the summary does it for [`DiffSummary::DETAILED`] ports at most).
+    pub fn of(old: &ServicePort, new: &ServicePort) -> EndpointChanges {
+        let used = |p: &ServicePort| -> BTreeMap<SocketAddr, &'static str> {
+            p.cluster_endpoints
+                .iter()
+                .chain(&p.local_endpoints)
+                .map(|e| {
+                    let state = crate::inspect::condition_word(e.ready, e.serving, e.terminating);
+                    (e.addr(), state)
+                })
+                .collect()
+        };
+        let (was, now) = (used(old), used(new));
+        let mut out = EndpointChanges {
+            port: port_words(new),
+            before: was.len(),
+            after: now.len(),
+            ..EndpointChanges::default()
+        };
+        let mut note = |change: String| {
+            if out.listed.len() < Self::LISTED {
+                out.listed.push(change);
+            } else {
+                out.more += 1;
+            }
+        };
+        for (addr, state) in &was {
+            match now.get(addr) {
+                None if new.serving_endpoints.binary_search(addr).is_ok() => {
+                    note(format!("-{addr} still serving"));
+                }
+                None => note(format!("-{addr}")),
+                Some(later) if later != state => note(format!("{addr} {state}→{later}")),
+                Some(_) => {}
+            }
+        }
+        for (addr, state) in &now {
+            if !was.contains_key(addr) {
+                match *state {
+                    "ready" => note(format!("+{addr}")),
+                    other => note(format!("+{addr} {other}")),
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A port as the sync line names it: `default/web:80/TCP` (` IPv6` added for that family).
+fn port_words(port: &ServicePort) -> String {
+    let family = match port.key.family {
+        crate::key::Family::V4 => "",
+        crate::key::Family::V6 => " IPv6",
+    };
+    format!(
+        "{}:{}/{}{family}",
+        port.key.service, port.port, port.key.protocol
+    )
+}
+
+impl std::fmt::Display for EndpointChanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} endpoints {}→{}", self.port, self.before, self.after)?;
+        if !self.listed.is_empty() {
+            write!(f, " ({}", self.listed.join(", "))?;
+            if self.more > 0 {
+                write!(f, ", +{} more", self.more)?;
+            }
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
 }
 
 impl DiffSummary {
     /// How many Services a summary names.
     pub const NAMED: usize = 3;
+    /// How many ports' endpoint changes a summary details ([`DiffSummary::endpoint_changes`]).
+    pub const DETAILED: usize = 2;
 
     /// Counts a diff's changes (one pass; the ports of a Service are adjacent in key order).
     pub fn of(diff: &Diff) -> DiffSummary {
@@ -156,7 +261,12 @@ impl DiffSummary {
             match (&change.old, &change.new) {
                 (None, Some(_)) => s.added += 1,
                 (Some(_), None) => s.removed += 1,
-                (Some(old), Some(new)) if old.same_frontend(new) => s.endpoints_changed += 1,
+                (Some(old), Some(new)) if old.same_frontend(new) => {
+                    s.endpoints_changed += 1;
+                    if s.endpoint_changes.len() < Self::DETAILED {
+                        s.endpoint_changes.push(EndpointChanges::of(old, new));
+                    }
+                }
                 (Some(_), Some(_)) => s.frontend_changed += 1,
                 (None, None) => {}
             }
@@ -191,6 +301,19 @@ impl std::fmt::Display for DiffSummary {
                     more => write!(f, " and {more} more Services")?,
                 }
                 f.write_str(")")?;
+            }
+            for (i, change) in self.endpoint_changes.iter().enumerate() {
+                f.write_str(if i == 0 { ": " } else { "; " })?;
+                write!(f, "{change}")?;
+            }
+            match self
+                .endpoints_changed
+                .saturating_sub(self.endpoint_changes.len())
+            {
+                0 => {}
+                _ if self.endpoint_changes.is_empty() => {}
+                1 => f.write_str("; 1 more port with new endpoints")?,
+                more => write!(f, "; {more} more ports with new endpoints")?,
             }
         }
         if self.node_changed {
@@ -264,6 +387,13 @@ mod tests {
                 Some(with_endpoint(port("a"))),
                 DiffSummary {
                     endpoints_changed: 1,
+                    endpoint_changes: vec![EndpointChanges {
+                        port: "ns/a:80/TCP".into(),
+                        before: 0,
+                        after: 1,
+                        listed: vec!["+10.244.0.5:8080".into()],
+                        more: 0,
+                    }],
                     ..one_service("a")
                 },
             ),
@@ -293,6 +423,104 @@ mod tests {
         assert_eq!(
             text,
             "Service ports: 2 added, 1 with new endpoints; node or Service CIDRs changed"
+        );
+    }
+
+    fn endpoint(ip: &str, ready: bool, terminating: bool) -> Endpoint {
+        Endpoint {
+            ip: ip.parse().expect("ip"),
+            port: 8080,
+            is_local: false,
+            ready,
+            serving: ready || terminating,
+            terminating,
+        }
+    }
+
+    /// `port("a")` using `used`, serving `serving` too (endpoints not used, still serving).
+    fn using(used: &[Endpoint], serving: &[Endpoint]) -> ServicePort {
+        let mut p = port("a");
+        p.cluster_endpoints = used.to_vec();
+        p.serving_endpoints = used.iter().chain(serving).map(Endpoint::addr).collect();
+        p.serving_endpoints.sort();
+        p.has_any_endpoints = !used.is_empty();
+        p
+    }
+
+    /// The sync line names which endpoints changed and how, a few of them at most.
+    /// (case, old state, new state, the line)
+    #[test]
+    fn a_summary_names_the_endpoints_that_changed() {
+        let a = endpoint("10.244.1.1", true, false);
+        let b = endpoint("10.244.1.2", true, false);
+        let b_terminating = endpoint("10.244.1.2", false, true);
+        let many: Vec<Endpoint> = (1..=5)
+            .map(|i| endpoint(&format!("10.244.2.{i}"), true, false))
+            .collect();
+        let cases = [
+            (
+                "one became not ready",
+                using(&[a.clone(), b.clone()], &[]),
+                using(std::slice::from_ref(&a), &[]),
+                "Service ports: 1 with new endpoints (ns/a): ns/a:80/TCP endpoints 2→1 \
+                 (-10.244.1.2:8080)",
+            ),
+            (
+                "one is terminating, still serving",
+                using(&[a.clone(), b.clone()], &[]),
+                using(
+                    std::slice::from_ref(&a),
+                    std::slice::from_ref(&b_terminating),
+                ),
+                "Service ports: 1 with new endpoints (ns/a): ns/a:80/TCP endpoints 2→1 \
+                 (-10.244.1.2:8080 still serving)",
+            ),
+            (
+                "one came back",
+                using(std::slice::from_ref(&a), &[]),
+                using(&[a.clone(), b.clone()], &[]),
+                "Service ports: 1 with new endpoints (ns/a): ns/a:80/TCP endpoints 1→2 \
+                 (+10.244.1.2:8080)",
+            ),
+            (
+                "the last one used while terminating (fallback)",
+                using(std::slice::from_ref(&b), &[]),
+                using(std::slice::from_ref(&b_terminating), &[]),
+                "Service ports: 1 with new endpoints (ns/a): ns/a:80/TCP endpoints 1→1 \
+                 (10.244.1.2:8080 ready→terminating)",
+            ),
+            (
+                "many: the first few",
+                using(&[], &[]),
+                using(&many, &[]),
+                "Service ports: 1 with new endpoints (ns/a): ns/a:80/TCP endpoints 0→5 \
+                 (+10.244.2.1:8080, +10.244.2.2:8080, +10.244.2.3:8080, +2 more)",
+            ),
+        ];
+        for (case, old, new, want) in cases {
+            let mut diff = Diff::default();
+            diff.record(old.key.clone(), Some(Arc::new(old)), Some(Arc::new(new)));
+            assert_eq!(DiffSummary::of(&diff).to_string(), want, "{case}");
+        }
+    }
+
+    /// Thousands of Services whose endpoints changed still make one short line: two ports
+    /// detailed, the rest counted.
+    #[test]
+    fn a_summary_of_many_endpoint_changes_stays_short() {
+        let mut diff = Diff::default();
+        for i in 0..5000 {
+            let mut old = using(&[endpoint("10.244.1.1", true, false)], &[]);
+            old.key.service = ServiceKey::new("ns", format!("s{i:04}"));
+            let mut new = using(&[], &[]);
+            new.key = old.key.clone();
+            diff.record(old.key.clone(), Some(Arc::new(old)), Some(Arc::new(new)));
+        }
+        assert_eq!(
+            DiffSummary::of(&diff).to_string(),
+            "Service ports: 5000 with new endpoints (ns/s0000, ns/s0001, ns/s0002 and 4997 more \
+             Services): ns/s0000:80/TCP endpoints 1→0 (-10.244.1.1:8080); ns/s0001:80/TCP \
+             endpoints 1→0 (-10.244.1.1:8080); 4998 more ports with new endpoints"
         );
     }
 

@@ -172,25 +172,30 @@ impl InputHealth {
         }
     }
 
-    /// `what` works again (nothing happens when it had no problem).
-    pub fn recovered(&self, what: &str) {
+    /// `what` works again (nothing happens when it had no problem). Returns when its problem
+    /// began, if it had one: the source logs that the problem is over and how long it lasted
+    /// (an error line with no end leaves an operator unable to tell when it was fixed).
+    pub fn recovered(&self, what: &str) -> Option<SystemTime> {
         if self.0.problems.load(Ordering::Acquire) == 0 {
-            return;
+            return None;
         }
         let mut state = self.lock();
-        if state.problems.remove(what).is_some() {
-            self.count(&state);
-        }
+        let ended = state.problems.remove(what)?;
+        self.count(&state);
+        Some(ended.since)
     }
 
-    /// Every problem is over (a single file loaded whole).
-    pub fn recovered_all(&self) {
+    /// Every problem is over (a single file loaded whole). Returns when the earliest of them
+    /// began, if there was any (see [`InputHealth::recovered`]).
+    pub fn recovered_all(&self) -> Option<SystemTime> {
         if self.0.problems.load(Ordering::Acquire) == 0 {
-            return;
+            return None;
         }
         let mut state = self.lock();
+        let since = state.problems.values().map(|p| p.since).min();
         state.problems.clear();
         self.count(&state);
+        since
     }
 
     /// The input loaded (or a list completed) at `at`; `detail` says what it held.
@@ -198,6 +203,15 @@ impl InputHealth {
         let mut state = self.lock();
         state.last_good = Some(at);
         state.detail = detail;
+    }
+
+    /// The input is good again at `at` without a new load: a file back to the version in use
+    /// after a broken edit (or readable again). What it holds is unchanged, so the detail
+    /// stays; the time moves, so "last good input" (and
+    /// `kpng_input_last_good_timestamp_seconds`) says when the problem ended, not when the
+    /// version was first loaded.
+    pub fn good_again(&self, at: SystemTime) {
+        self.lock().last_good = Some(at);
     }
 
     /// A node fed by a brain: what the brain now reports about its own input (`None`: it
@@ -231,6 +245,17 @@ impl InputHealth {
     }
 }
 
+/// How long a problem lasted, in the words of the line that says it is over: `42s`, `3m 5s`,
+/// `2h 7m` (whole seconds; a clock that went back reads as `0s`).
+pub fn lasted(since: SystemTime, until: SystemTime) -> String {
+    let secs = until.duration_since(since).unwrap_or_default().as_secs();
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m {}s", secs / 60, secs % 60),
+        _ => format!("{}h {}m", secs / 3600, secs % 3600 / 60),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,9 +282,15 @@ mod tests {
                 |h, t| h.failing("b.yaml", "not YAML", t(3)),
                 &[("a.yaml", "bad protocol", 1), ("b.yaml", "not YAML", 3)],
             ),
-            (|h, _| h.recovered("a.yaml"), &[("b.yaml", "not YAML", 3)]),
-            (|h, _| h.recovered("a.yaml"), &[("b.yaml", "not YAML", 3)]),
-            (|h, _| h.recovered_all(), &[]),
+            (
+                |h, t| assert_eq!(h.recovered("a.yaml"), Some(t(1))),
+                &[("b.yaml", "not YAML", 3)],
+            ),
+            (
+                |h, _| assert_eq!(h.recovered("a.yaml"), None),
+                &[("b.yaml", "not YAML", 3)],
+            ),
+            (|h, t| assert_eq!(h.recovered_all(), Some(t(3))), &[]),
         ];
         for (i, (step, want)) in steps.into_iter().enumerate() {
             step(&health, &t);
@@ -280,6 +311,27 @@ mod tests {
         assert_eq!(state.source, "file /x.yaml");
         assert_eq!(state.last_good, Some(t(9)));
         assert_eq!(state.detail.as_deref(), Some("18 objects"));
+        // Good again with no new load: the time moves, what it holds stays.
+        assert_eq!(health.recovered_all(), None);
+        health.good_again(t(12));
+        let state = clone.state();
+        assert_eq!(state.last_good, Some(t(12)));
+        assert_eq!(state.detail.as_deref(), Some("18 objects"));
+    }
+
+    /// (case, seconds, text)
+    #[test]
+    fn how_long_a_problem_lasted_reads_short() {
+        let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        for (case, secs, want) in [
+            ("under a second", 0, "0s"),
+            ("seconds", 42, "42s"),
+            ("minutes", 185, "3m 5s"),
+            ("hours", 7_620, "2h 7m"),
+        ] {
+            assert_eq!(lasted(t(100), t(100 + secs)), want, "{case}");
+        }
+        assert_eq!(lasted(t(100), t(50)), "0s", "a clock that went back");
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub use categorize::{
 pub use cluster::{
     ClusterConfig, ClusterModel, ClusterOutcome, ServiceSource, TriggerTime, node_state,
 };
-pub use diff::{Change, Diff, DiffSummary};
+pub use diff::{Change, Diff, DiffSummary, EndpointChanges};
 pub use event::{AppliedCounts, Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
 pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};

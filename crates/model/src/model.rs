@@ -130,6 +130,9 @@ pub struct ApplyOutcome {
     pub node_status_changed: bool,
     /// Objects that could not be used; their previous version (if any) was kept.
     pub errors: Vec<Rejection>,
+    /// Objects rejected until now that a usable version replaces (see
+    /// [`crate::ClusterOutcome::accepted_again`]).
+    pub accepted_again: Vec<Rejection>,
     /// Values refused in objects otherwise used (see [`crate::ClusterOutcome::warnings`]).
     pub warnings: Vec<Warning>,
     /// Objects accepted into the model, per kind.
@@ -251,6 +254,7 @@ impl Model {
         let touched = self.cluster.apply(event);
         let mut out = ApplyOutcome {
             errors: touched.errors,
+            accepted_again: touched.accepted_again,
             warnings: touched.warnings,
             applied: touched.applied,
             listed: touched.listed,

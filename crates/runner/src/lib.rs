@@ -11,6 +11,7 @@
 //! - [`host_check`]: the node's kernel settings Services need (IP forwarding, bridge
 //!   netfilter), warned of and shown in `kpng status`.
 //! - [`service_health`]: the `healthCheckNodePort` servers of eTP Local LoadBalancer Services.
+//! - [`rejection_log`]: rejected objects in the log, and the end of each rejection.
 //! - [`sync_log`]: which syncs are logged at info level (a node's log volume under churn).
 //! - `conntrack_cleanup` (Linux): stale UDP conntrack entries after syncs that can strand them.
 //! - `address_watch` (Linux): the node's interface addresses, so that a change moves node ports
@@ -31,6 +32,7 @@ pub mod host_check;
 pub mod metrics;
 pub mod node_config_check;
 pub mod open_files;
+pub mod rejection_log;
 pub mod repair_backoff;
 pub mod runner;
 pub mod service_health;

@@ -405,6 +405,7 @@ impl<M: NodeModel> Runner<M> {
             last_ok_at: None,
             last_error: None,
             warnings: crate::warning_budget::WarningBudget::default(),
+            rejections: crate::rejection_log::RejectionLog::default(),
             sync_log: crate::sync_log::SyncLog::default(),
             repair_for: None,
             repair_since: None,
@@ -474,6 +475,8 @@ struct LoopState<M: NodeModel> {
     last_error: Option<String>,
     /// Warnings about objects shown since the last sync (the rest go to debug).
     warnings: crate::warning_budget::WarningBudget,
+    /// When each rejected object was first rejected, for the line that ends it.
+    rejections: crate::rejection_log::RejectionLog,
     /// Which routine syncs are logged at info level, and the summary of the others.
     sync_log: crate::sync_log::SyncLog,
     /// What someone else changed, when the next full sync repairs it (the first report of a
@@ -1250,17 +1253,30 @@ impl<M: NodeModel> LoopState<M> {
                 admin::BrainReportStatus::of(&r, &self.runner.model.snapshot().node.name)
                     .rejected_total
             });
-        m.rejected_objects.set(
-            i64::try_from(self.runner.model.rejected_count() as u64 + brain_rejected)
-                .unwrap_or(i64::MAX),
-        );
+        let rejected_count = self.runner.model.rejected_count();
+        m.rejected_objects
+            .set(i64::try_from(rejected_count as u64 + brain_rejected).unwrap_or(i64::MAX));
+        let now = SystemTime::now();
+        for ended in &outcome.accepted_again {
+            self.rejections.accepted_again(ended, now);
+        }
         for e in &outcome.errors {
-            error!("rejected {e}");
+            self.rejections.rejected(e, now);
             m.object_errors
                 .get_or_create(&KindLabel {
                     kind: e.error.object.kind.as_str().into(),
                 })
                 .inc();
+        }
+        if self.rejections.len() > rejected_count {
+            // Some went without a usable version (deleted, or gone from a list).
+            let still = self
+                .runner
+                .model
+                .rejected()
+                .into_iter()
+                .map(|r| r.error.object);
+            self.rejections.keep_only(&still.collect());
         }
         for (kind, count) in outcome.applied.iter() {
             let label = KindLabel {
@@ -1542,19 +1558,22 @@ fn service_of(port: &str) -> Option<(&str, &str)> {
 /// what the data plane holds now, since what the earlier rules held is not known here (the
 /// model started empty, so its diff says nothing true about them).
 fn adoption_changes(snapshot: &kpng_model::Snapshot) -> String {
+    // The backend only tells whether earlier rules were there, not what they held: say that,
+    // rather than "any other Service's were removed", which reads as if some were.
     let services: BTreeSet<&ServiceKey> = snapshot.ports.keys().map(|k| &k.service).collect();
-    if services.is_empty() {
-        "first sync after adopting the rules an earlier kpng left: this state has no Service \
-         port, so every Service rule they held was removed"
-            .to_string()
+    let now = if services.is_empty() {
+        "they now hold no Service port".to_string()
     } else {
         format!(
-            "first sync after adopting the rules an earlier kpng left: they now hold {} Service \
-             ports of {} Services; the earlier rules of any other Service were removed",
+            "they now hold {} Service ports of {} Services and no other Service's",
             snapshot.ports.len(),
             services.len()
         )
-    }
+    };
+    format!(
+        "first sync after adopting the rules an earlier kpng left: {now} (how many Services the \
+         earlier rules held is not known: they were adopted without being read)"
+    )
 }
 
 /// The history's text for a repairing sync: what was repaired, then the Service changes it

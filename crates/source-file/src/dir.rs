@@ -150,7 +150,14 @@ impl DirState {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // The file is gone: so are its objects, and its problem.
-                self.metrics.health.recovered(&path.to_string_lossy());
+                if self
+                    .metrics
+                    .health
+                    .recovered(&path.to_string_lossy())
+                    .is_some()
+                {
+                    info!("{}: removed, so its problem is over", path.display());
+                }
                 self.broken.remove(path.as_os_str());
                 self.held.remove(path.as_os_str());
                 let Some(refs) = self.files.remove(path.as_os_str()).map(|(_, r)| r.unpack())
@@ -183,7 +190,12 @@ impl DirState {
         {
             if !self.broken.contains(path.as_os_str()) {
                 // The last good version, read again: a read problem meanwhile is over.
-                self.metrics.health.recovered(&path.to_string_lossy());
+                if let Some(since) = self.metrics.health.recovered(&path.to_string_lossy()) {
+                    // Nothing to load (the version is in use), so no other line says it.
+                    let now = std::time::SystemTime::now();
+                    info!("{}", crate::metrics::problem_over(path, since, now));
+                    self.metrics.health.good_again(now);
+                }
                 // Written again: what it lacks waits for a new quiet period.
                 if let Some(held) = self.held.get_mut(path.as_os_str()) {
                     held.rewritten(seen);
@@ -214,7 +226,10 @@ impl DirState {
             Ok(mut loaded) => {
                 loaded.log_omissions(path);
                 loaded.locate_in(path);
-                self.metrics.good_load(path);
+                if let Some(since) = self.metrics.good_load(path) {
+                    let now = std::time::SystemTime::now();
+                    info!("{}", crate::metrics::problem_over(path, since, now));
+                }
                 if !self.broken.is_empty() {
                     self.broken.remove(path.as_os_str());
                 }

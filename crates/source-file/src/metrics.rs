@@ -65,11 +65,22 @@ impl SourceMetrics {
             .failing(&file.to_string_lossy(), message, SystemTime::now());
     }
 
-    /// Records a good load of `file`: its problem, if any, is over.
-    pub fn good_load(&self, file: &std::path::Path) {
+    /// Records a good load of `file`: its problem, if any, is over. Returns when that problem
+    /// began (see [`problem_over`]).
+    pub fn good_load(&self, file: &std::path::Path) -> Option<SystemTime> {
         // Borrowed, not allocated, for a UTF-8 path: this runs per file of a large directory.
-        self.health.recovered(&file.to_string_lossy());
+        self.health.recovered(&file.to_string_lossy())
     }
+}
+
+/// The line that ends a problem of `file` that began at `since`: the error line said it began
+/// and what is kept meanwhile, and without this one nothing says when it was fixed.
+pub(crate) fn problem_over(file: &std::path::Path, since: SystemTime, now: SystemTime) -> String {
+    format!(
+        "{}: loaded again, the problem is over (it lasted {})",
+        file.display(),
+        kpng_model::input::lasted(since, now)
+    )
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::dirwatch::DirWatch;
-use crate::metrics::SourceMetrics;
+use crate::metrics::{SourceMetrics, problem_over};
 use crate::parse::{ExpansionLimit, parse_manifests_with};
 use crate::refs::{DELETE_QUIET, Held, PackedRefs, until};
 
@@ -297,7 +297,12 @@ impl FileSource {
                 // The version in use, read again (back from a broken edit, or readable again
                 // after a moment): whatever went wrong meanwhile is over.
                 state.bad = None;
-                self.metrics.health.recovered_all();
+                if let Some(since) = self.metrics.health.recovered_all() {
+                    // Nothing to load (the version is in use), so no other line says it.
+                    let now = std::time::SystemTime::now();
+                    info!("{}", problem_over(&self.path, since, now));
+                    self.metrics.health.good_again(now);
+                }
                 // Written again: what it lacks waits for a new quiet period.
                 if let Some(held) = &mut state.held {
                     held.rewritten(seen);
@@ -374,11 +379,17 @@ impl FileSource {
                 state.refs = PackedRefs::pack(&refs);
                 state.good = Some(state.digests.of(&text));
                 state.bad = None;
-                self.metrics.good_load(&self.path);
                 let health = &self.metrics.health;
-                health.recovered_all();
+                let since = match (self.metrics.good_load(&self.path), health.recovered_all()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let now = std::time::SystemTime::now();
+                if let Some(since) = since {
+                    info!("{}", problem_over(&self.path, since, now));
+                }
                 health.loaded(
-                    std::time::SystemTime::now(),
+                    now,
                     Some(objects_loaded(loaded.objects.len(), loaded.rejected())),
                 );
                 if hold_deletions {
