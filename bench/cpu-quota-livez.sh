@@ -4,7 +4,9 @@
 # second (curl -m 5) until the first sync is logged. Prints each probe's code and time, then
 # the group's `cpu.stat` (how often and how long CFS throttled it).
 #
-# Why probes stall: the restart refills every set in one nftables transaction, one `sendmsg`
+# Why probes stalled (before 2026-12-07: a restart now sends only what differs from the table,
+# nothing after a plain restart; repairs and the periodic full sync still refill): the restart
+# refilled every set in one nftables transaction, one `sendmsg`
 # the kernel runs without preemption (PREEMPT_NONE) for ~0.5 s (30k Services), far past the
 # quota; CFS then throttles every thread of the group, the health server's too, until that
 # debt is paid (~5 s at 10 ms per 100 ms). With LISTEN=1 a foreign process subscribes to

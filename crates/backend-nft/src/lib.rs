@@ -27,6 +27,7 @@
 pub mod affinity;
 pub mod affinity_seed;
 mod chain_refs;
+mod diff_refill;
 pub mod elements;
 pub mod exec;
 mod fill;
@@ -124,6 +125,9 @@ struct FamilyState {
     kept_rules: bool,
     /// A full sync has committed this table: finding it absent later means someone deleted it.
     ever_committed: bool,
+    /// The first full sync read the adopted table's elements ([`diff_refill`]): once per
+    /// process, never again (a retry or a later full sync flushes and refills).
+    elements_read: bool,
     /// This sync committed the table whole (created, replaced or refilled): it is confirmed
     /// once the sync's window of own changes has closed ([`NftBackend::confirm`]).
     full_done: bool,
@@ -295,6 +299,7 @@ impl NftBackend {
                 replace_whole: false,
                 kept_rules: false,
                 ever_committed: false,
+                elements_read: false,
                 full_done: false,
                 rules_seen: None,
             })
@@ -997,6 +1002,14 @@ impl NftBackend {
     ) -> Option<(Result<(), String>, ElementStore, usize)> {
         if adopt == Adopt::No {
             return self.cold_fill(index, snapshot, cfg);
+        }
+        let state = &mut self.states[index];
+        if adopt == Adopt::Sets && !state.ever_committed && !state.elements_read {
+            // A restart over our own table: send only what differs.
+            state.elements_read = true;
+            if let Some(done) = self.diffed_refill(index, snapshot, cfg) {
+                return Some(done);
+            }
         }
         let fam = self.states[index].fam;
         let table = self.config.table.clone();

@@ -31,6 +31,7 @@
 //! and must know each element's byte offset to map an extended ACK back to it.
 
 mod batch;
+pub mod content;
 pub mod decode;
 mod encode;
 mod error;
@@ -45,7 +46,7 @@ use crate::value::Key;
 
 pub use batch::{ElementBatch, Framed, MsgInfo, Operation};
 pub use error::{EncodeError, NetlinkError};
-pub use fake::{RecordedBatch, RecordingWriter, SetKeys};
+pub use fake::{HeldExtra, RecordedBatch, RecordingWriter, SetKeys};
 pub use kernel::NetlinkWriter;
 /// The table monitor lives in `kpng-netfilter`, shared with the userspace capture.
 pub use kpng_netfilter::monitor;
@@ -140,6 +141,22 @@ pub trait ElementWriter: Send {
     ) -> bool {
         false
     }
+
+    /// Calls `each` with every element of one set of our table as the kernel holds it (key,
+    /// verdict or value, comment; one element dump, not collected), read once at the first
+    /// full sync of a process that adopts a table with its own skeleton, to send only what
+    /// differs instead of flushing and refilling every set. Never called by the sync loop.
+    /// `false` when the set is missing, the dump failed (`each` may have seen part of it), or
+    /// this writer cannot tell: that sync then flushes and refills.
+    fn set_elements(
+        &mut self,
+        _family: Family,
+        _table: &str,
+        _set: Set,
+        _each: &mut dyn FnMut(&kpng_netfilter::elements::Element),
+    ) -> bool {
+        false
+    }
 }
 
 /// [`ElementWriter::set_keys`] over netlink: one `NFT_MSG_GETSETELEM` dump of the set. A
@@ -152,6 +169,24 @@ pub fn set_keys_with_netlink(
 ) -> bool {
     let f = crate::ruleset::Fam(family).table_family();
     match kpng_netfilter::elements::each_set_element(f, table, set.name(), |e| each(&e.key)) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::debug!("cannot list the set {f} {table} {}: {e}", set.name());
+            false
+        }
+    }
+}
+
+/// [`ElementWriter::set_elements`] over netlink: one `NFT_MSG_GETSETELEM` dump of the set. A
+/// missing set or a failed dump is `false`.
+pub fn set_elements_with_netlink(
+    family: Family,
+    table: &str,
+    set: Set,
+    each: &mut dyn FnMut(&kpng_netfilter::elements::Element),
+) -> bool {
+    let f = crate::ruleset::Fam(family).table_family();
+    match kpng_netfilter::elements::each_set_element(f, table, set.name(), |e| each(&e)) {
         Ok(found) => found,
         Err(e) => {
             tracing::debug!("cannot list the set {f} {table} {}: {e}", set.name());

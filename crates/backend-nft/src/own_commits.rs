@@ -221,6 +221,16 @@ impl ElementWriter for CountingWriter {
     ) -> bool {
         self.inner.set_keys(family, table, set, each)
     }
+
+    fn set_elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: crate::sets::Set,
+        each: &mut dyn FnMut(&kpng_netfilter::elements::Element),
+    ) -> bool {
+        self.inner.set_elements(family, table, set, each)
+    }
 }
 
 #[cfg(test)]

@@ -2234,3 +2234,202 @@ fn a_restart_over_the_table_keeps_each_ports_affinity_id() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A restart over kpng's own table: only what differs is sent
+// ---------------------------------------------------------------------------------------------
+
+use crate::ruleset::PickKind;
+use kpng_model::Protocol;
+
+/// The elements `b` wants in `family`'s table for `model` (each once), as a table it committed
+/// holds them.
+fn wanted_elements(b: &mut NftBackend, model: &Model, family: Family) -> Vec<Element> {
+    let mut store = ElementStore::new();
+    let mut out = Vec::new();
+    b.each_owner(Fam(family), model.snapshot(), |owner, elements| {
+        for e in elements {
+            if store.build_one(owner, &e) == store::Built::Emit {
+                out.push(e);
+            }
+        }
+    });
+    out
+}
+
+/// A restart over the table an earlier run left, with its skeleton: the first full sync reads
+/// each owned set once and sends only the difference, in one transaction: nothing over an
+/// identical table; one delete and one add for a stale and a missing element (a foreign
+/// element is the stale one); a delete and an add of the same key for a changed value; a
+/// changed range refills its set alone. A table it cannot read, or that differs by more than
+/// half, is flushed and refilled as before; and the sync loop never reads elements again.
+#[test]
+fn a_restart_over_its_own_table_sends_only_what_differs() {
+    let model = model_from(&many_services(20, 2));
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().expect("ip") };
+    let foreign = Element {
+        set: Set::ClusterIps,
+        key: Key::Addr(ip("10.96.99.99")),
+        value: None,
+        comment: None,
+    };
+    type Edit = fn(&mut Vec<Element>, &Element);
+    struct Case {
+        what: &'static str,
+        edit: Edit,
+        /// A catch-all element in `service-ips` (no key: cannot be decoded).
+        catch_all: bool,
+        /// The fake answers the dump.
+        readable: bool,
+        /// Expected (deletes, adds, flushed sets); `None`: flushed and refilled.
+        diff: Option<(usize, usize, Vec<Set>)>,
+    }
+    let cases = [
+        Case {
+            what: "identical table",
+            edit: |_, _| {},
+            catch_all: false,
+            readable: true,
+            diff: Some((0, 0, vec![])),
+        },
+        Case {
+            what: "a stale (foreign) element and a missing one",
+            edit: |held, foreign| {
+                let i = held
+                    .iter()
+                    .position(|e| e.set == Set::Endpoints(PickKind::Cluster, Protocol::Tcp))
+                    .expect("an endpoint");
+                held.remove(i);
+                held.push(foreign.clone());
+            },
+            catch_all: false,
+            readable: true,
+            diff: Some((1, 1, vec![])),
+        },
+        Case {
+            what: "a value changed by someone",
+            edit: |held, _| {
+                let e = held
+                    .iter_mut()
+                    .find(|e| e.set == Set::ServiceIps)
+                    .expect("a dispatch element");
+                e.value = Some(value::Value::Verdict(value::Verdict::goto(
+                    value::FixedChain::Reject,
+                )));
+            },
+            catch_all: false,
+            readable: true,
+            diff: Some((1, 1, vec![])),
+        },
+        Case {
+            what: "a range changed: its set alone is refilled",
+            edit: |held, _| {
+                let e = held
+                    .iter_mut()
+                    .find(|e| e.set == Set::ServiceCidrs)
+                    .expect("a service CIDR");
+                e.key = Key::Net("10.96.0.0/12".parse().expect("net"));
+            },
+            catch_all: false,
+            readable: true,
+            diff: Some((0, 1, vec![Set::ServiceCidrs])),
+        },
+        Case {
+            what: "more than half differs",
+            edit: |held, _| held.retain(|e| e.set == Set::ServiceCidrs),
+            catch_all: false,
+            readable: true,
+            diff: None,
+        },
+        Case {
+            what: "an element that cannot be decoded",
+            edit: |_, _| {},
+            catch_all: true,
+            readable: true,
+            diff: None,
+        },
+        Case {
+            what: "the sets cannot be read",
+            edit: |_, _| {},
+            catch_all: false,
+            readable: false,
+            diff: None,
+        },
+    ];
+    for case in cases {
+        let (b, _r) = backend();
+        let w = RecordingWriter::default();
+        let mut b = b.with_netlink(w.clone());
+        b.config.families = vec![Family::V4];
+        b.states.retain(|s| s.fam.0 == Family::V4);
+        keep_table(&w, &b, &model, Family::V4);
+        let mut held = wanted_elements(&mut b, &model, Family::V4);
+        (case.edit)(&mut held, &foreign);
+        if case.readable {
+            *w.contents.lock().expect("lock") = vec![(Family::V4, held)];
+        }
+        if case.catch_all {
+            w.held_extra.lock().expect("lock").push((
+                Family::V4,
+                Set::ServiceIps,
+                kpng_netfilter::elements::Element {
+                    flags: 4,
+                    verdict: Some(kpng_netfilter::elements::Verdict {
+                        code: kpng_netfilter::attr::NF_DROP,
+                        chain: None,
+                    }),
+                    ..Default::default()
+                },
+            ));
+        }
+        let stats = try_full_sync(&mut b, &model).expect("sync");
+        assert_eq!(stats.kept_rules, [Family::V4], "{}", case.what);
+        let batches = w.recorded();
+        let got = batches
+            .iter()
+            .map(|b| (b.deletes, b.adds, b.flushed()))
+            .collect::<Vec<_>>();
+        match &case.diff {
+            Some((0, 0, _)) => assert_eq!(got, vec![], "{}: nothing sent", case.what),
+            Some(diff) => assert_eq!(got, vec![diff.clone()], "{}", case.what),
+            None => {
+                assert_eq!(got.len(), 1, "{}: one transaction", case.what);
+                assert_eq!(
+                    got[0].2,
+                    Set::owned(Family::V4).collect::<Vec<_>>(),
+                    "{}: every set flushed",
+                    case.what
+                );
+                assert_eq!(got[0].1, stats.operations, "{}", case.what);
+            }
+        }
+        if case.what == "a stale (foreign) element and a missing one" {
+            // The delete names the foreign element; the add, the missing endpoint.
+            let deletes: Vec<_> = batches[0]
+                .messages
+                .iter()
+                .filter(|m| m.op == Operation::Delete)
+                .map(|m| m.set)
+                .collect();
+            let adds: Vec<_> = batches[0]
+                .messages
+                .iter()
+                .filter(|m| m.op == Operation::Add)
+                .map(|m| m.set)
+                .collect();
+            assert_eq!(deletes, [Set::ClusterIps]);
+            assert_eq!(adds, [Set::Endpoints(PickKind::Cluster, Protocol::Tcp)]);
+        }
+        // Once per process: the next full sync flushes and refills without reading.
+        let listings = *w.element_listings.lock().expect("lock");
+        full_sync(&mut b, &model);
+        assert_eq!(
+            *w.element_listings.lock().expect("lock"),
+            listings,
+            "{}: the sync loop read elements",
+            case.what
+        );
+        let last = w.recorded().pop().expect("a refill");
+        assert_eq!(last.flushed(), Set::owned(Family::V4).collect::<Vec<_>>());
+    }
+}

@@ -193,6 +193,31 @@ impl Key {
     }
 }
 
+impl Key {
+    /// The key of these fields (as [`crate::netlink::decode::key_fields`] reads them back):
+    /// the inverse of [`Key::fields`] for every shape but the prefixes of interval sets;
+    /// `None` for a sequence no key has. A restart uses it to delete, by key, the elements
+    /// the kernel holds that kpng does not want.
+    pub fn from_fields(fields: &[FieldValue]) -> Option<Key> {
+        use FieldValue as F;
+        Some(match *fields {
+            [F::Addr(a)] => Key::Addr(a),
+            [F::Addr(a), F::Proto(p), F::Port(port)] => Key::Vip(a, p, port),
+            [F::Proto(p), F::Port(port)] => Key::NodePort(p, port),
+            [F::Mark(m)] => Key::Mark(m),
+            [F::Addr(a), F::Port(port), F::Slot(slot)] => Key::VipSlot(a, port, slot),
+            [F::Port(port), F::Slot(slot)] => Key::NodePortSlot(port, slot),
+            [F::Mark(m), F::Addr(a), F::Port(port)] => Key::MarkEndpoint(m, a, port),
+            [F::Addr(a), F::Addr(b), F::Proto(p), F::Port(port)] => Key::Hairpin(a, b, p, port),
+            [F::Addr(a), F::Mark(m)] => Key::ClientMark(a, m),
+            [F::Mark(m), F::Slot(h)] => Key::MarkHash(m, h),
+            [F::Addr(a), F::Proto(p), F::Port(port), F::Mark(bit)] => Key::VipBit(a, p, port, bit),
+            [F::Proto(p), F::Port(port), F::Mark(bit)] => Key::NodePortBit(p, port, bit),
+            _ => return None,
+        })
+    }
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.fields().fmt(f)

@@ -835,6 +835,73 @@ fn inner_every_set_type_lists_like_nft_text() {
     }
 }
 
+/// What a restart reads back from the kernel ([`ElementWriter::set_elements`]) hashes exactly
+/// like the elements written, whether they went over netlink or as nft text: every set and
+/// map, verdicts, values, comments, ranges. Else a restart over an unchanged table would
+/// delete and add what it holds (`src/diff_refill.rs`).
+#[test]
+fn every_set_type_reads_back_as_written() {
+    kpng_testkit::require_root!();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    in_fresh_netns("inner_every_set_type_reads_back_as_written");
+}
+
+#[test]
+#[ignore = "run inside a namespace by every_set_type_reads_back_as_written"]
+fn inner_every_set_type_reads_back_as_written() {
+    if !inside_netns() {
+        return;
+    }
+    use netlink::content::Contents;
+    let mut writer = NetlinkWriter::open().expect("opening the netlink socket");
+    for family in Family::ALL {
+        let f = fam_word(family);
+        let mut elements = every_set_type(family);
+        elements.extend(generated(family, 50, 3));
+        for table in ["kpng", "kpngtext"] {
+            nft(&table_script(family, table, &elements));
+        }
+        writer
+            .apply(family, "kpng", &[], &[], &elements)
+            .expect("netlink add");
+        nft(&elements_script(family, "kpngtext", &elements));
+        let mut contents = Contents::new(family);
+        for table in ["kpng", "kpngtext"] {
+            for set in Set::owned(family) {
+                let mut wanted = BTreeSet::new();
+                for e in elements.iter().filter(|e| e.set == set) {
+                    let (start, end) = contents.wanted(e).expect("encodes");
+                    wanted.insert(start);
+                    wanted.extend(end);
+                }
+                let mut held = BTreeSet::new();
+                let mut odd = Vec::new();
+                let read = writer.set_elements(family, table, set, &mut |e| {
+                    if netlink::content::is_zero_end(e) {
+                        return; // nft text's, before the first range
+                    }
+                    let h = contents.held(set, e);
+                    if !wanted.contains(&h) {
+                        odd.push(format!("{e:?}"));
+                    }
+                    held.insert(h);
+                });
+                assert!(read, "{f} {table} {set}: not read");
+                assert!(
+                    odd.is_empty() && held == wanted,
+                    "{f} {table} {set}: {} held, {} written; held but not as written: {odd:?}",
+                    held.len(),
+                    wanted.len()
+                );
+            }
+        }
+        println!(
+            "{f}: {} elements read back as written, over netlink and as nft text",
+            elements.len()
+        );
+    }
+}
+
 #[test]
 fn replace_delete_and_flush() {
     kpng_testkit::require_root!();

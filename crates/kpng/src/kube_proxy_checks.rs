@@ -157,7 +157,11 @@ mod tests {
             (v4([10, 96, 0, 14], 17, 53), None),
             (v6, to("service-CCC")),
         ]
-        .map(|(key, verdict)| Element { key, verdict });
+        .map(|(key, verdict)| Element {
+            key,
+            verdict,
+            ..Element::default()
+        });
         let cases: [(Family, &[&str]); 2] = [
             (
                 Family::V4,

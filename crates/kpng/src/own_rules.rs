@@ -95,7 +95,10 @@ mod tests {
     use super::*;
 
     fn element(key: Vec<u8>) -> Element {
-        Element { key, verdict: None }
+        Element {
+            key,
+            ..Element::default()
+        }
     }
 
     #[test]

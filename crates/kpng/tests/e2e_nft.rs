@@ -348,6 +348,66 @@ fn a_restart_deletes_the_chains_the_adopted_table_no_longer_needs() {
     bed.wait_served(10, "after the restart");
 }
 
+/// A restart over kpng's own table sends only what differs from it (crates/backend-nft/src/
+/// diff_refill.rs), in one transaction: while kpng was stopped, someone added an element
+/// (`web`'s VIP in `no-endpoint-services`, dropping its traffic) and removed one (`web`'s
+/// dispatch in `service-ips`); the restarted kpng deletes the first and adds the second, and
+/// nothing else (the IPv6 table, unchanged, gets no transaction), and `web` is served again.
+#[test]
+fn a_restart_over_its_table_sends_only_what_differs() {
+    use e2e::faults::{Bed, hold, web};
+    use e2e::harness::{Kpng, OK_T, SVC_PORT, cip, manifest, probe, sa};
+    kpng_testkit::require_root!();
+    let bed = Bed::new(e2e::Backend::Nft, "diffrst");
+    let ns = &bed.c.node1.ns;
+    let mut k = Kpng::start(e2e::Backend::Nft, ns, &manifest(&[web(), hold()]), &[]);
+    bed.assert_served(10, "before the restart");
+    k.terminate();
+    ns.run_ok([
+        "nft",
+        "add element ip kpng no-endpoint-services { 10.96.0.10 . tcp . 80 : drop }",
+    ])
+    .expect("someone's element");
+    ns.run_ok([
+        "nft",
+        "delete element ip kpng service-ips { 10.96.0.10 . tcp . 80 }",
+    ])
+    .expect("someone removes one");
+    let pod1a = &bed.c.pod("pod1a").ns;
+    let web_vip = sa(cip(10, false), SVC_PORT);
+    assert!(
+        !probe(pod1a, kpng_testkit::Proto::Tcp, web_vip, OK_T).is_ok(),
+        "web is not served while the table holds the changes"
+    );
+    k.spawn();
+    bed.wait_served(10, "after the restart");
+    let log = k.stderr();
+    let adopted = |table: &str| {
+        log.lines()
+            .rev()
+            .find(|l| l.contains(&format!("adopting table {table}: its sets read once")))
+            .unwrap_or_else(|| panic!("no start-up read of {table} in the log:\n{log}"))
+            .to_string()
+    };
+    let v4 = adopted("ip kpng");
+    assert!(
+        v4.contains("deleted=1") && v4.contains("added=1") && v4.contains("refilled=[]"),
+        "one delete and one add: {v4}"
+    );
+    let v6 = adopted("ip6 kpng");
+    assert!(
+        v6.contains("deleted=0") && v6.contains("added=0"),
+        "nothing to send: {v6}"
+    );
+    let dropped = ns
+        .run_ok(["nft", "list", "map", "ip", "kpng", "no-endpoint-services"])
+        .expect("the map");
+    assert!(
+        !dropped.contains("10.96.0.10"),
+        "someone's element is deleted: {dropped}"
+    );
+}
+
 /// ClientIP affinity across a restart whose Service set changed: `first` and `second` (both
 /// with affinity; `first` sorts first, so a fresh start gives its ports the lower ids), a client
 /// stuck to `second`'s endpoint X and, through `first`, to another endpoint Y. kpng stops (its

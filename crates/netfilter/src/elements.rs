@@ -9,8 +9,9 @@ use std::io;
 
 use crate::attr::{
     self, NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
-    NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS,
-    NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE,
+    NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY,
+    NFTA_SET_ELEM_KEY_END, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE,
     NLM_F_REQUEST, string_attr,
 };
 use crate::dump::{self, NLM_F_DUMP};
@@ -28,13 +29,25 @@ pub struct Verdict {
 }
 
 /// One element as the kernel holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Element {
     /// The key's bytes (a concatenation's fields each padded to 4 bytes, in network order
-    /// where the type is).
+    /// where the type is); empty for a catch-all element (`*`), which has no key.
     pub key: Vec<u8>,
+    /// The last values of a range in a set with a concatenated interval key
+    /// (`NFTA_SET_ELEM_KEY_END`); `None` elsewhere.
+    pub key_end: Option<Vec<u8>>,
     /// The verdict of a verdict map's element; `None` for a set's or a data map's.
     pub verdict: Option<Verdict>,
+    /// The value of a data map's element (`NFTA_DATA_VALUE`); `None` for a set's or a verdict
+    /// map's. Read so that a restart can compare the kernel's elements with the ones it wants
+    /// (nftables backend) instead of flushing and refilling every set.
+    pub data: Option<Vec<u8>>,
+    /// The element's user data (`NFTA_SET_ELEM_USERDATA`: nft's comment and flags TLVs), as
+    /// stored; `None` without.
+    pub userdata: Option<Vec<u8>>,
+    /// `NFTA_SET_ELEM_FLAGS` (`NFT_SET_ELEM_INTERVAL_END`, `NFT_SET_ELEM_CATCHALL`, …); 0 without.
+    pub flags: u32,
 }
 
 /// The elements of set or map `set` in table `table` of `family` (`ip`, `ip6`, `inet`):
@@ -93,25 +106,40 @@ fn parse_message(msg: &[u8], each: &mut impl FnMut(Element)) {
     }
 }
 
-/// One `NFTA_LIST_ELEM`'s key and verdict.
+/// One `NFTA_LIST_ELEM`: key, verdict or data, user data and flags. An element without a key
+/// (a catch-all) is handed on with an empty one, so that a reader never misses it.
 fn parse_element(elem: &[u8]) -> Option<Element> {
-    let (mut key, mut verdict) = (None, None);
+    let mut out = Element::default();
     for (ty, payload) in attr::attrs(elem) {
         match ty {
             NFTA_SET_ELEM_KEY => {
-                key = attr::attrs(payload)
+                out.key = attr::attrs(payload)
+                    .find(|(t, _)| *t == NFTA_DATA_VALUE)
+                    .map(|(_, value)| value.to_vec())
+                    .unwrap_or_default();
+            }
+            NFTA_SET_ELEM_KEY_END => {
+                out.key_end = attr::attrs(payload)
                     .find(|(t, _)| *t == NFTA_DATA_VALUE)
                     .map(|(_, value)| value.to_vec());
             }
             NFTA_SET_ELEM_DATA => {
-                verdict = attr::attrs(payload)
-                    .find(|(t, _)| *t == NFTA_DATA_VERDICT)
-                    .and_then(|(_, v)| parse_verdict(v));
+                for (t, value) in attr::attrs(payload) {
+                    match t {
+                        NFTA_DATA_VERDICT => out.verdict = parse_verdict(value),
+                        NFTA_DATA_VALUE => out.data = Some(value.to_vec()),
+                        _ => {}
+                    }
+                }
+            }
+            NFTA_SET_ELEM_USERDATA => out.userdata = Some(payload.to_vec()),
+            NFTA_SET_ELEM_FLAGS => {
+                out.flags = u32::from_be_bytes(payload.get(..4)?.try_into().ok()?);
             }
             _ => {}
         }
     }
-    Some(Element { key: key?, verdict })
+    Some(out)
 }
 
 fn parse_verdict(payload: &[u8]) -> Option<Verdict> {
@@ -147,9 +175,19 @@ mod tests {
         let list = nest_start(&mut buf, NFTA_SET_ELEM_LIST_ELEMENTS);
         for e in elements {
             let elem = nest_start(&mut buf, NFTA_LIST_ELEM);
-            let k = nest_start(&mut buf, NFTA_SET_ELEM_KEY);
-            put_attr(&mut buf, NFTA_DATA_VALUE, &e.key);
-            nest_end(&mut buf, k);
+            if e.flags != 0 {
+                put_attr(&mut buf, NFTA_SET_ELEM_FLAGS, &e.flags.to_be_bytes());
+            }
+            if !e.key.is_empty() {
+                let k = nest_start(&mut buf, NFTA_SET_ELEM_KEY);
+                put_attr(&mut buf, NFTA_DATA_VALUE, &e.key);
+                nest_end(&mut buf, k);
+            }
+            if let Some(end) = &e.key_end {
+                let k = nest_start(&mut buf, NFTA_SET_ELEM_KEY_END);
+                put_attr(&mut buf, NFTA_DATA_VALUE, end);
+                nest_end(&mut buf, k);
+            }
             if let Some(verdict) = &e.verdict {
                 let data = nest_start(&mut buf, NFTA_SET_ELEM_DATA);
                 let v = nest_start(&mut buf, NFTA_DATA_VERDICT);
@@ -160,6 +198,14 @@ mod tests {
                 nest_end(&mut buf, v);
                 nest_end(&mut buf, data);
             }
+            if let Some(value) = &e.data {
+                let data = nest_start(&mut buf, NFTA_SET_ELEM_DATA);
+                put_attr(&mut buf, NFTA_DATA_VALUE, value);
+                nest_end(&mut buf, data);
+            }
+            if let Some(udata) = &e.userdata {
+                put_attr(&mut buf, NFTA_SET_ELEM_USERDATA, udata);
+            }
             nest_end(&mut buf, elem);
         }
         nest_end(&mut buf, list);
@@ -169,8 +215,10 @@ mod tests {
         buf
     }
 
+    /// Keys, verdicts, data values, user data (comments) and flags come back as the kernel
+    /// sent them; a catch-all element (no key) is handed on with an empty key, not dropped.
     #[test]
-    fn keys_and_verdicts_are_read_from_a_dump() {
+    fn elements_are_read_from_a_dump_with_their_values_and_comments() {
         let key = vec![10, 96, 0, 10, 17, 0, 0, 0, 0, 53, 0, 0];
         let elements = [
             Element {
@@ -179,6 +227,7 @@ mod tests {
                     code: NFT_GOTO,
                     chain: Some("service-AAA".into()),
                 }),
+                ..Element::default()
             },
             Element {
                 key: key[..4].to_vec(),
@@ -186,10 +235,30 @@ mod tests {
                     code: NF_DROP,
                     chain: None,
                 }),
+                userdata: Some(vec![0, 4, b'a', b'/', b'b', 0]),
+                ..Element::default()
             },
             Element {
                 key: key[..4].to_vec(),
-                verdict: None,
+                ..Element::default()
+            },
+            Element {
+                key: key[..8].to_vec(),
+                key_end: Some(key[4..].to_vec()),
+                ..Element::default()
+            },
+            Element {
+                key: key[..8].to_vec(),
+                data: Some(vec![10, 244, 1, 2, 0x1f, 0x90, 0, 0]),
+                ..Element::default()
+            },
+            Element {
+                verdict: Some(Verdict {
+                    code: NF_DROP,
+                    chain: None,
+                }),
+                flags: 4,
+                ..Element::default()
             },
         ];
         let mut out = Vec::new();

@@ -49,7 +49,7 @@ impl Bytes {
     }
 
     /// Adds one to the value read as a big-endian number; `false` when it wraps to zero.
-    fn increment(&mut self) -> bool {
+    pub(super) fn increment(&mut self) -> bool {
         for b in self.buf[..self.len].iter_mut().rev() {
             let (v, carry) = b.overflowing_add(1);
             *b = v;
@@ -174,7 +174,7 @@ pub(super) fn check_name(name: &str) -> Result<(), EncodeError> {
 }
 
 /// A verdict's code and chain.
-fn verdict_code(v: &Verdict) -> (i32, Option<&Chain>) {
+pub(super) fn verdict_code(v: &Verdict) -> (i32, Option<&Chain>) {
     match v {
         Verdict::Drop => (NF_DROP, None),
         Verdict::Accept => (NF_ACCEPT, None),
@@ -201,7 +201,7 @@ enum ElemData<'a> {
 
 /// The comment as nft's text path stores it: `"` becomes `'` (nft's syntax has no escape for
 /// it), cut to nft's maximum at a character boundary.
-fn put_comment(out: &mut Vec<u8>, comment: &str) {
+pub(super) fn put_comment(out: &mut Vec<u8>, comment: &str) {
     let mut cut = comment.len().min(COMMENT_MAX);
     while !comment.is_char_boundary(cut) {
         cut -= 1;
@@ -214,6 +214,14 @@ fn put_comment(out: &mut Vec<u8>, comment: &str) {
             .map(|b| if *b == b'"' { b'\'' } else { *b }),
     );
     out.push(0);
+}
+
+/// The user data TLV saying that a one-field range runs to the last address ("open": it has no
+/// end element, whose key would wrap to zero).
+pub(super) fn put_open_flag(out: &mut Vec<u8>) {
+    out.push(UDATA_ELEM_FLAGS);
+    out.push(4);
+    out.extend_from_slice(&UDATA_ELEM_F_INTERVAL_OPEN.to_ne_bytes());
 }
 
 /// Encodes one element of `decl`'s set (or, for a one-field interval set, its start and end
@@ -280,9 +288,7 @@ pub(super) fn encode_element(
             put_comment(out, c);
         }
         if open {
-            out.push(UDATA_ELEM_FLAGS);
-            out.push(4);
-            out.extend_from_slice(&UDATA_ELEM_F_INTERVAL_OPEN.to_ne_bytes());
+            put_open_flag(out);
         }
         nest_end(out, udata);
         out.resize(out.len().next_multiple_of(4), 0);

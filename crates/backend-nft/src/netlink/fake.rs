@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use kpng_model::Family;
 
 use crate::sets::Set;
-
+use crate::store::Element;
 use crate::value::Key;
 
 use super::batch::{ElementBatch, MsgInfo, Operation};
@@ -72,7 +72,22 @@ pub struct RecordingWriter {
     pub sets: Arc<Mutex<SetKeys>>,
     /// How many times [`ElementWriter::set_keys`] was asked.
     pub set_listings: Arc<Mutex<usize>>,
+    /// What [`ElementWriter::set_elements`] answers: every element of a family's table, in
+    /// the form a dump reads back ([`super::content::kernel_form`]); a family not listed:
+    /// cannot tell (`false`).
+    pub contents: Arc<Mutex<Contents>>,
+    /// Elements [`ElementWriter::set_elements`] answers besides `contents`, as a dump reads
+    /// them (a catch-all, a protocol kpng never writes): family, set, element.
+    pub held_extra: Arc<Mutex<HeldExtra>>,
+    /// How many times [`ElementWriter::set_elements`] was asked.
+    pub element_listings: Arc<Mutex<usize>>,
 }
+
+/// The typed elements a [`RecordingWriter`]'s table holds, per family.
+pub type Contents = Vec<(Family, Vec<Element>)>;
+
+/// Raw elements a [`RecordingWriter`]'s sets hold: family, set, the element as dumped.
+pub type HeldExtra = Vec<(Family, Set, kpng_netfilter::elements::Element)>;
 
 impl RecordingWriter {
     /// A copy of the recorded batches.
@@ -138,6 +153,38 @@ impl ElementWriter for RecordingWriter {
             .iter()
             .find(|(f, _)| *f == family)
             .map(|(_, names)| names.clone())
+    }
+
+    fn set_elements(
+        &mut self,
+        family: Family,
+        _table: &str,
+        set: Set,
+        each: &mut dyn FnMut(&kpng_netfilter::elements::Element),
+    ) -> bool {
+        *self
+            .element_listings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) += 1;
+        let contents = self.contents.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, elements)) = contents.iter().find(|(f, _)| *f == family) else {
+            return false;
+        };
+        let mut held = kpng_netfilter::elements::Element::default();
+        for e in elements.iter().filter(|e| e.set == set) {
+            let Ok(end) = super::content::kernel_form(family, e, &mut held) else {
+                return false;
+            };
+            each(&held);
+            if let Some(end) = end {
+                each(&end);
+            }
+        }
+        let extra = self.held_extra.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, _, e) in extra.iter().filter(|(f, s, _)| *f == family && *s == set) {
+            each(e);
+        }
+        true
     }
 
     fn set_keys(

@@ -302,6 +302,17 @@ impl ElementWriter for NetlinkWriter {
     ) -> bool {
         super::set_keys_with_netlink(family, table, set, each)
     }
+
+    /// One element dump of the set, at the first full sync of a process only.
+    fn set_elements(
+        &mut self,
+        family: kpng_model::Family,
+        table: &str,
+        set: crate::sets::Set,
+        each: &mut dyn FnMut(&kpng_netfilter::elements::Element),
+    ) -> bool {
+        super::set_elements_with_netlink(family, table, set, each)
+    }
 }
 
 /// The error for the first failing message of `batch`, with its set and element.
