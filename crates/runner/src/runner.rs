@@ -33,7 +33,7 @@ use kpng_model::input::InputHealth;
 use kpng_model::{Diff, DiffSummary, Family, Kind, Model, ServiceKey, TriggerTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::SyncTiming;
 use crate::address_change::AddressChange;
