@@ -1473,6 +1473,118 @@ fn node_lifecycle_keeps_the_last_ips_and_pod_cidrs() {
     }
 }
 
+/// A Node event, for the zone table.
+enum ZoneStep {
+    /// Apply the Node (InternalIP 10.1.1.1) with this zone label, or none.
+    Apply(Option<&'static str>),
+    /// Delete the Node.
+    Delete,
+}
+
+/// The zone survives the Node's deletion, as upstream's `NodeTopologyConfig` ignores a Node
+/// delete (topology hints keep applying instead of sending Services across zones until the
+/// Node is back); a live Node that drops the label, or a re-created one without it, clears
+/// it; a deletion that keeps the zone programs nothing new.
+#[test]
+fn node_lifecycle_keeps_the_last_zone() {
+    use ZoneStep::*;
+    // (what, steps, then: zone, the cluster endpoints of the zone-hinted Service, whether the
+    // last step changed what the backends program)
+    type Case = (
+        &'static str,
+        Vec<ZoneStep>,
+        Option<&'static str>,
+        &'static [&'static str],
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "zone-b",
+            vec![Apply(Some("zone-b"))],
+            Some("zone-b"),
+            &["10.0.0.2:80"],
+            true,
+        ),
+        (
+            "zone-b, deleted: kept",
+            vec![Apply(Some("zone-b")), Delete],
+            Some("zone-b"),
+            &["10.0.0.2:80"],
+            false,
+        ),
+        (
+            "zone-b, label removed from the live Node: cleared",
+            vec![Apply(Some("zone-b")), Apply(None)],
+            None,
+            &["10.0.0.1:80", "10.0.0.2:80"],
+            true,
+        ),
+        (
+            "zone-b, deleted, re-created without a zone: cleared",
+            vec![Apply(Some("zone-b")), Delete, Apply(None)],
+            None,
+            &["10.0.0.1:80", "10.0.0.2:80"],
+            true,
+        ),
+        (
+            "zone-b, deleted, re-created in zone-a",
+            vec![Apply(Some("zone-b")), Delete, Apply(Some("zone-a"))],
+            Some("zone-a"),
+            &["10.0.0.1:80"],
+            true,
+        ),
+        (
+            "no zone, deleted",
+            vec![Apply(None), Delete],
+            None,
+            &["10.0.0.1:80", "10.0.0.2:80"],
+            false,
+        ),
+    ];
+    for (what, steps, zone, endpoints, programmed) in cases {
+        let mut m = model();
+        m.apply(Event::Apply(svc("z", basic_spec())));
+        m.apply(Event::Apply(slice(json!({
+            "metadata": {"namespace": "ns", "name": "z-1", "labels": {"kubernetes.io/service-name": "z"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}],
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": "zone-a"}]}},
+                {"addresses": ["10.0.0.2"], "hints": {"forZones": [{"name": "zone-b"}]}}
+            ]
+        }))));
+        let mut last = None;
+        for step in steps {
+            last = Some(m.apply(match step {
+                Apply(zone) => {
+                    let labels =
+                        zone.map_or(json!({}), |z| json!({"topology.kubernetes.io/zone": z}));
+                    Event::Apply(node_a(labels, json!({}), "10.1.1.1", "10.244.1.0/24"))
+                }
+                Delete => Event::Delete(ObjectRef {
+                    kind: Kind::Node,
+                    namespace: "".into(),
+                    name: "node-a".into(),
+                }),
+            }));
+        }
+        let out = last.expect("a step");
+        assert_eq!(
+            (
+                m.snapshot().node.zone.as_deref(),
+                endpoint_strings(&m.snapshot().ports[&key("z", Family::V4)].cluster_endpoints),
+                out.diff.node_changed,
+            ),
+            (
+                zone,
+                endpoints.iter().map(|s| s.to_string()).collect(),
+                programmed
+            ),
+            "{what}"
+        );
+    }
+}
+
 /// One address in two slices with different conditions: one copy is used (a local copy, else
 /// the first, as upstream), and `kpng status` says the other exists and whose conditions it
 /// shows; a copy with the same conditions is no news.
