@@ -1736,3 +1736,75 @@ fn addresses_left_without_rules_on_purpose_are_found_by_their_service() {
     assert_eq!(found("203.0.113.10"), None, "a VIP ingress is programmed");
     assert_eq!(found("10.96.0.20"), None);
 }
+
+/// The clusterIP of a Service kpng does not proxy by its labels (headless, another proxy's)
+/// is found by its Service for `kpng trace`; an owned Service's is not.
+#[test]
+fn a_clusterip_of_a_service_not_ours_is_found_by_its_service() {
+    let labelled = |name: &str, ip: &str, labels: Value| {
+        service(json!({
+            "metadata": {"namespace": "ns", "name": name, "labels": labels},
+            "spec": {"clusterIP": ip, "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}]}
+        }))
+    };
+    let events = || {
+        [
+            labelled("mine", "10.96.1.5", json!({})),
+            labelled(
+                "other",
+                "10.96.1.6",
+                json!({"service.kubernetes.io/service-proxy-name": "cilium"}),
+            ),
+            labelled(
+                "quiet",
+                "10.96.1.7",
+                json!({"service.kubernetes.io/headless": ""}),
+            ),
+        ]
+    };
+    // (--service-proxy-name, then what each clusterIP is found as)
+    let cases: [(Option<&str>, [Option<(&str, trace::NotProxiedKind)>; 3]); 2] = [
+        (
+            None,
+            [
+                None,
+                Some((
+                    "ns/other",
+                    trace::NotProxiedKind::OtherProxyClusterIp(Some("cilium".into())),
+                )),
+                Some(("ns/quiet", trace::NotProxiedKind::HeadlessLabelClusterIp)),
+            ],
+        ),
+        (
+            Some("cilium"),
+            [
+                Some(("ns/mine", trace::NotProxiedKind::OtherProxyClusterIp(None))),
+                None,
+                Some(("ns/quiet", trace::NotProxiedKind::HeadlessLabelClusterIp)),
+            ],
+        ),
+    ];
+    for (proxy_name, want) in cases {
+        let mut m = Model::new(ModelConfig {
+            node_name: "node-a".into(),
+            service_proxy_name: proxy_name.map(str::to_string),
+            ..ModelConfig::default()
+        });
+        for e in events() {
+            m.apply(Event::Apply(e));
+        }
+        let found: Vec<Option<(String, trace::NotProxiedKind)>> =
+            ["10.96.1.5", "10.96.1.6", "10.96.1.7"]
+                .iter()
+                .map(|ip| {
+                    m.not_proxied(ip.parse().expect("ip"))
+                        .map(|n| (n.service.to_string(), n.kind))
+                })
+                .collect();
+        let want: Vec<Option<(String, trace::NotProxiedKind)>> = want
+            .into_iter()
+            .map(|w| w.map(|(s, k)| (s.to_string(), k)))
+            .collect();
+        assert_eq!(found, want, "--service-proxy-name {proxy_name:?}");
+    }
+}
