@@ -782,6 +782,11 @@ where
     };
     let mut registry = Registry::default();
     crate::process_metrics::register(&mut registry);
+    // The conntrack table's fill, where `kpng status` shows it (a backend programming the node).
+    #[cfg(target_os = "linux")]
+    if facts.cleans_conntrack {
+        crate::conntrack_metrics::register(&mut registry);
+    }
     #[cfg(target_os = "linux")]
     if run_marker.is_some() {
         crate::process_metrics::register_unclean_previous_exit(

@@ -993,6 +993,15 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         .expect("a number");
     let conntrack = &status()["conntrack"];
     assert_eq!(conntrack["max"], max, "{conntrack}");
+    // The same fill as gauges, for an alert before the table drops connections.
+    let metrics_text = ns
+        .run_ok(["curl", "-s", &format!("http://{metrics}/metrics")])
+        .expect("metrics");
+    assert!(
+        metrics_text.contains(&format!("\nkpng_conntrack_entries_limit {max}\n"))
+            && metrics_text.contains("\nkpng_conntrack_entries "),
+        "{metrics_text}"
+    );
     assert!(conntrack["entries"].as_u64().is_some(), "{conntrack}");
     let wide = kpng()
         .args(["status", "-o", "wide", "--admin-socket"])
