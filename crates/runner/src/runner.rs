@@ -1241,7 +1241,16 @@ impl<M: NodeModel> LoopState<M> {
                 .unwrap_or(i64::MAX),
         );
         for e in &outcome.errors {
-            error!("rejected {e}");
+            // The object as fields too: a JSON log is searched by them, not by the message.
+            let object = &e.error.object;
+            error!(
+                kind = object.kind.as_str(),
+                namespace = %object.namespace,
+                name = %object.name,
+                field = %e.error.field,
+                kept = e.kept,
+                "rejected {e}"
+            );
             m.object_errors
                 .get_or_create(&KindLabel {
                     kind: e.error.object.kind.as_str().into(),
@@ -1534,6 +1543,7 @@ impl<M: NodeModel> LoopState<M> {
                             ports = ports_total,
                             operations = stats.operations,
                             ?duration,
+                            duration_ms = duration.as_secs_f64() * 1000.0,
                             changes = %changes,
                             "synced"
                         );
@@ -1544,6 +1554,7 @@ impl<M: NodeModel> LoopState<M> {
                             ports = ports_total,
                             operations = stats.operations,
                             ?duration,
+                            duration_ms = duration.as_secs_f64() * 1000.0,
                             changes = %changes,
                             "synced"
                         );
