@@ -1763,7 +1763,8 @@ fn a_clusterip_of_a_service_not_ours_is_found_by_its_service() {
         ]
     };
     // (--service-proxy-name, then what each clusterIP is found as)
-    let cases: [(Option<&str>, [Option<(&str, trace::NotProxiedKind)>; 3]); 2] = [
+    type Found = Option<(&'static str, trace::NotProxiedKind)>;
+    let cases: [(Option<&str>, [Found; 3]); 2] = [
         (
             None,
             [
