@@ -924,9 +924,11 @@ struct State {
     report_rejected: usize,
     /// The model's [`ClusterModel::dropped_changes`] when the report was made.
     report_dropped: u64,
-    /// Every Node name the cluster has had since the brain started: a watcher asking for one
-    /// that is gone now asks for a deleted Node, not a typo.
-    nodes_seen: std::collections::HashSet<String>,
+    /// Every Node name the cluster has had since the brain started, with the zone label its
+    /// Node had last: a watcher asking for one that is gone now asks for a deleted Node, not a
+    /// typo, and its endpoints are still chosen by that zone (`State::node`), as the node's
+    /// own `NodeMemory` keeps it and upstream's `NodeTopologyConfig` ignores a Node's deletion.
+    nodes_seen: std::collections::HashMap<String, Option<String>>,
     /// The node names refused lately as not the cluster's (the `unknown_node` module).
     refused_names: unknown_node::RefusedNames,
 }
@@ -978,8 +980,12 @@ impl State {
             self.record_changes(applied);
         }
         for name in &out.nodes {
-            if self.cluster.node(name).is_some() && !self.nodes_seen.contains(name) {
-                self.nodes_seen.insert(name.clone());
+            if let Some(info) = self.cluster.node(name)
+                && self
+                    .nodes_seen
+                    .insert(name.clone(), info.zone.clone())
+                    .is_none()
+            {
                 self.refused_names.forget(name);
             }
             let node = Arc::new(self.node(name));
@@ -1135,15 +1141,21 @@ impl State {
         (self.synced && !self.service_cidrs.is_empty()).then(|| self.service_cidrs.clone())
     }
 
+    /// Node `name` as its endpoints are chosen: the Node as it is now, with the last zone
+    /// while it is deleted (topology hints keep applying until it is back, as on the node).
     fn node(&self, name: &str) -> NodeState {
-        node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[])
+        let mut node = node_state(name, self.cluster.node(name).map(|n| n.as_ref()), &[]);
+        if !node.known {
+            node.zone = self.nodes_seen.get(name).cloned().flatten();
+        }
+        node
     }
 
     /// Why a watcher for node `name` is not served, when it is not (the `unknown_node` module): the
     /// cluster is listed, has Nodes, and has never had one of that name since the brain
     /// started. A refusal is recorded for the status, and warned about once per name.
     fn refusal(&mut self, name: &str) -> Option<String> {
-        if !self.synced || self.cluster.node(name).is_some() || self.nodes_seen.contains(name) {
+        if !self.synced || self.cluster.node(name).is_some() || self.nodes_seen.contains_key(name) {
             return None;
         }
         let nodes = self.cluster.node_names().count();
@@ -1180,7 +1192,7 @@ impl State {
         names.dedup();
         let (deleted, unknown): (Vec<&str>, Vec<&str>) = names
             .into_iter()
-            .partition(|n| self.nodes_seen.contains(*n));
+            .partition(|n| self.nodes_seen.contains_key(*n));
         let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
         (owned(deleted), owned(unknown))
     }
@@ -1649,7 +1661,7 @@ impl Hub {
     pub fn node_view(&self, node_name: &str, wanted: &dyn Fn(&str, &str) -> bool) -> NodeView {
         let state = self.lock();
         let mut node = state.node(node_name);
-        node.ever_known = node.known || state.nodes_seen.contains(node_name);
+        node.ever_known = node.known || state.nodes_seen.contains_key(node_name);
         let mut ports = Vec::new();
         let mut not_programmed = Vec::new();
         for (key, source) in state.cluster.sources() {

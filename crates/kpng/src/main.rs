@@ -15,6 +15,8 @@ mod cli;
 mod config;
 #[cfg(target_os = "linux")]
 mod conntrack;
+#[cfg(target_os = "linux")]
+mod conntrack_metrics;
 mod dry_run;
 #[cfg(target_os = "linux")]
 mod earlier_rules;

@@ -1047,6 +1047,11 @@ fn metrics_registry(
 ) -> Registry {
     let mut registry = Registry::default();
     crate::process_metrics::register(&mut registry);
+    // The conntrack table's fill, where `kpng status` shows it (a backend programming the node).
+    #[cfg(target_os = "linux")]
+    if facts.cleans_conntrack {
+        crate::conntrack_metrics::register(&mut registry);
+    }
     // Only Linux keeps a run marker: elsewhere this is always `None`.
     #[cfg(target_os = "linux")]
     if let Some(unclean) = unclean_previous_exit {

@@ -137,6 +137,67 @@ fn a_log_level_that_is_not_a_level_is_refused() {
     }
 }
 
+/// A rejected object's ERROR line carries the object as fields (kind, namespace, name, field,
+/// kept), so a JSON log pipeline finds it without parsing `msg`.
+#[test]
+fn json_logs_name_a_rejected_object_in_fields() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &input,
+        "kind: Node\nmetadata: {name: n1}\n---\nkind: Service\n\
+         metadata: {namespace: ns, name: web}\n\
+         spec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 99999}]}\n",
+    )
+    .expect("write");
+    let mut running = Running::start(
+        kpng()
+            .env_remove("RUST_LOG")
+            .args(["--logging-format", "json", "file", "--input"])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "n1",
+                "--debounce",
+                "0",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join("out.yaml")),
+    );
+    let err = running.wait("the rejection", |e| e.contains("rejected Service ns/web"));
+    let rejected = err
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| {
+            l["msg"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("rejected Service ns/web"))
+        })
+        .expect("the rejection as a JSON line");
+    assert_eq!(
+        (
+            &rejected["kind"],
+            &rejected["namespace"],
+            &rejected["name"],
+            &rejected["field"],
+            &rejected["kept"]
+        ),
+        (
+            &serde_json::json!("Service"),
+            &serde_json::json!("ns"),
+            &serde_json::json!("web"),
+            &serde_json::json!("spec.ports[0].port"),
+            &serde_json::json!(false)
+        ),
+        "{rejected}"
+    );
+}
+
 #[test]
 fn json_logs_sync_summaries_and_build_and_process_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -193,6 +254,12 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
     // the line does not claim it did.
     assert_eq!(sync["changes"], "Service ports: 1 added (ns/web)");
     assert_eq!(sync["ports"], 1);
+    // The duration as a number for queries (milliseconds), beside the text for humans.
+    assert!(sync["duration"].is_string(), "{sync}");
+    assert!(
+        sync["duration_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{sync}"
+    );
     let metrics_addr = lines
         .iter()
         .filter_map(|l| l["msg"].as_str())
@@ -1050,6 +1117,15 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         .expect("a number");
     let conntrack = &status()["conntrack"];
     assert_eq!(conntrack["max"], max, "{conntrack}");
+    // The same fill as gauges, for an alert before the table drops connections.
+    let metrics_text = ns
+        .run_ok(["curl", "-s", &format!("http://{metrics}/metrics")])
+        .expect("metrics");
+    assert!(
+        metrics_text.contains(&format!("\nkpng_conntrack_entries_limit {max}\n"))
+            && metrics_text.contains("\nkpng_conntrack_entries "),
+        "{metrics_text}"
+    );
     assert!(conntrack["entries"].as_u64().is_some(), "{conntrack}");
     let wide = kpng()
         .args(["status", "-o", "wide", "--admin-socket"])

@@ -293,26 +293,37 @@ impl ClusterModel {
     }
 
     /// The Service that shows `ip` as an address that gets no rules on purpose (an
-    /// ExternalName Service's clusterIP, an `ipMode: Proxy` ingress IP), the first by
-    /// namespace/name if several do; what `kpng trace` names. Walks every Service: asked on
-    /// demand only.
+    /// ExternalName Service's clusterIP, an `ipMode: Proxy` ingress IP, the clusterIP of a
+    /// Service labelled headless or another proxy's), the first by namespace/name if several
+    /// do; what `kpng trace` names. Walks every Service: asked on demand only.
     pub fn not_proxied(&self, ip: std::net::IpAddr) -> Option<crate::trace::NotProxied> {
         use crate::trace::{NotProxied, NotProxiedKind};
         self.sources
             .iter()
             .filter_map(|(key, source)| {
                 let info = source.info.as_ref()?;
-                info.not_proxied_ips
-                    .as_deref()?
-                    .contains(&ip)
-                    .then(|| NotProxied {
-                        service: key.clone(),
-                        kind: if info.ignored == Some(crate::records::Ignored::ExternalName) {
-                            NotProxiedKind::ExternalNameClusterIp
-                        } else {
-                            NotProxiedKind::ProxyModeIngress
-                        },
-                    })
+                let kind = if info
+                    .not_proxied_ips
+                    .as_deref()
+                    .is_some_and(|ips| ips.contains(&ip))
+                {
+                    if info.ignored == Some(crate::records::Ignored::ExternalName) {
+                        NotProxiedKind::ExternalNameClusterIp
+                    } else {
+                        NotProxiedKind::ProxyModeIngress
+                    }
+                } else if source.owned || info.ignored.is_some() || !info.cluster_ips.contains(&ip)
+                {
+                    return None;
+                } else if info.headless_label {
+                    NotProxiedKind::HeadlessLabelClusterIp
+                } else {
+                    NotProxiedKind::OtherProxyClusterIp(info.proxy_name_label.clone())
+                };
+                Some(NotProxied {
+                    service: key.clone(),
+                    kind,
+                })
             })
             .min_by(|a, b| a.service.cmp(&b.service))
     }

@@ -18,7 +18,8 @@ pub struct NodeState {
     /// The node's primary IPs: InternalIP, then ExternalIP, one per family at most, unless
     /// overridden by configuration. Used for `--nodeport-addresses primary`.
     pub ips: Vec<IpAddr>,
-    /// The `topology.kubernetes.io/zone` label: selects zone-hinted endpoints.
+    /// The `topology.kubernetes.io/zone` label: selects zone-hinted endpoints. While the Node is
+    /// deleted, the last one it had ([`NodeMemory`]).
     pub zone: Option<String>,
     /// `spec.podCIDRs`: the local-traffic detector in NodeCIDR mode.
     pub pod_cidrs: Vec<IpNet>,
@@ -99,7 +100,10 @@ pub enum NodeChange {
 /// kube-proxy fixes its node IPs and pod CIDRs at start and never drops them while it runs;
 /// dropping them would stop the NodePorts on them while the health-check node ports still
 /// answer. So a Node that is deleted, or stops listing addresses or podCIDRs, leaves the last
-/// values in place (`ips_kept`, `pod_cidrs_kept`); a new value replaces them. The memory is
+/// values in place (`ips_kept`, `pod_cidrs_kept`); a new value replaces them. The zone is kept
+/// while the Node is gone, as upstream's `NodeTopologyConfig` ignores a Node's deletion:
+/// dropping it would turn topology hints off and send Services across zones until the Node is
+/// back; a live Node that drops its zone label does clear it. The memory is
 /// the running process's, as kube-proxy's: a kpng restarted while its Node is deleted knows no
 /// node IP, whichever source feeds it.
 #[derive(Debug, Clone, Default)]
@@ -108,6 +112,8 @@ pub struct NodeMemory {
     ips: Vec<IpAddr>,
     /// `spec.podCIDRs`, last non-empty value.
     pod_cidrs: Vec<IpNet>,
+    /// The `topology.kubernetes.io/zone` label of the last Node seen (`None` when it had none).
+    zone: Option<String>,
     /// Whether the Node has been seen at all.
     seen: bool,
     /// The wait for node IPs is over ([`NodeMemory::give_up_waiting_for_ips`]).
@@ -126,6 +132,9 @@ impl NodeMemory {
         if !current.pod_cidrs.is_empty() {
             self.pod_cidrs = current.pod_cidrs.clone();
         }
+        if current.known {
+            self.zone = current.zone.clone();
+        }
         self.seen |= current.known;
         let mut state = NodeState {
             ips_kept: false,
@@ -141,6 +150,9 @@ impl NodeMemory {
         if state.pod_cidrs.is_empty() && !self.pod_cidrs.is_empty() {
             state.pod_cidrs = self.pod_cidrs.clone();
             state.pod_cidrs_kept = true;
+        }
+        if !state.known {
+            state.zone = self.zone.clone();
         }
         state.ips = crate::cluster::override_node_ips(&state.ips, override_ips);
         state.ever_known = state.known || self.seen;

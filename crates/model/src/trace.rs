@@ -272,18 +272,24 @@ pub struct NotProxied {
 }
 
 /// Which address of a Service gets no rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotProxiedKind {
     /// The `clusterIP` of an ExternalName Service (a DNS alias).
     ExternalNameClusterIp,
     /// A load-balancer ingress IP with `ipMode: Proxy`.
     ProxyModeIngress,
+    /// The `clusterIP` of a Service labelled `service.kubernetes.io/headless`, which kube-proxy
+    /// leaves to other components (a trace used to say "no Service has it").
+    HeadlessLabelClusterIp,
+    /// The `clusterIP` of another proxy's Service: its `service.kubernetes.io/service-proxy-name`
+    /// label (`None`: unlabelled, while kpng runs with `--service-proxy-name`).
+    OtherProxyClusterIp(Option<String>),
 }
 
 impl NotProxied {
     /// What the address is, in words, starting with it.
     fn words(&self, dst: IpAddr) -> String {
-        match self.kind {
+        match &self.kind {
             NotProxiedKind::ExternalNameClusterIp => format!(
                 "{dst} is the clusterIP of ExternalName Service {}, which gets no rules (a DNS \
                  alias, as kube-proxy; the API server refuses a clusterIP on it)",
@@ -292,6 +298,22 @@ impl NotProxied {
             NotProxiedKind::ProxyModeIngress => format!(
                 "{dst} is an ingress IP of {} with ipMode Proxy: not programmed on nodes, as \
                  upstream (the load balancer delivers to the nodes' own addresses)",
+                self.service
+            ),
+            NotProxiedKind::HeadlessLabelClusterIp => format!(
+                "{dst} is the clusterIP of {}, labelled service.kubernetes.io/headless: kpng \
+                 (like kube-proxy) does not proxy it",
+                self.service
+            ),
+            NotProxiedKind::OtherProxyClusterIp(Some(proxy)) => format!(
+                "{dst} is the clusterIP of {}, labelled for proxy '{proxy}' \
+                 (service.kubernetes.io/service-proxy-name): kpng (like kube-proxy) does not \
+                 proxy it",
+                self.service
+            ),
+            NotProxiedKind::OtherProxyClusterIp(None) => format!(
+                "{dst} is the clusterIP of {}, which has no service.kubernetes.io/service-proxy-name \
+                 label while kpng runs with --service-proxy-name: kpng does not proxy it",
                 self.service
             ),
         }

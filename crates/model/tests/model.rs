@@ -1473,6 +1473,118 @@ fn node_lifecycle_keeps_the_last_ips_and_pod_cidrs() {
     }
 }
 
+/// A Node event, for the zone table.
+enum ZoneStep {
+    /// Apply the Node (InternalIP 10.1.1.1) with this zone label, or none.
+    Apply(Option<&'static str>),
+    /// Delete the Node.
+    Delete,
+}
+
+/// The zone survives the Node's deletion, as upstream's `NodeTopologyConfig` ignores a Node
+/// delete (topology hints keep applying instead of sending Services across zones until the
+/// Node is back); a live Node that drops the label, or a re-created one without it, clears
+/// it; a deletion that keeps the zone programs nothing new.
+#[test]
+fn node_lifecycle_keeps_the_last_zone() {
+    use ZoneStep::*;
+    // (what, steps, then: zone, the cluster endpoints of the zone-hinted Service, whether the
+    // last step changed what the backends program)
+    type Case = (
+        &'static str,
+        Vec<ZoneStep>,
+        Option<&'static str>,
+        &'static [&'static str],
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "zone-b",
+            vec![Apply(Some("zone-b"))],
+            Some("zone-b"),
+            &["10.0.0.2:80"],
+            true,
+        ),
+        (
+            "zone-b, deleted: kept",
+            vec![Apply(Some("zone-b")), Delete],
+            Some("zone-b"),
+            &["10.0.0.2:80"],
+            false,
+        ),
+        (
+            "zone-b, label removed from the live Node: cleared",
+            vec![Apply(Some("zone-b")), Apply(None)],
+            None,
+            &["10.0.0.1:80", "10.0.0.2:80"],
+            true,
+        ),
+        (
+            "zone-b, deleted, re-created without a zone: cleared",
+            vec![Apply(Some("zone-b")), Delete, Apply(None)],
+            None,
+            &["10.0.0.1:80", "10.0.0.2:80"],
+            true,
+        ),
+        (
+            "zone-b, deleted, re-created in zone-a",
+            vec![Apply(Some("zone-b")), Delete, Apply(Some("zone-a"))],
+            Some("zone-a"),
+            &["10.0.0.1:80"],
+            true,
+        ),
+        (
+            "no zone, deleted",
+            vec![Apply(None), Delete],
+            None,
+            &["10.0.0.1:80", "10.0.0.2:80"],
+            false,
+        ),
+    ];
+    for (what, steps, zone, endpoints, programmed) in cases {
+        let mut m = model();
+        m.apply(Event::Apply(svc("z", basic_spec())));
+        m.apply(Event::Apply(slice(json!({
+            "metadata": {"namespace": "ns", "name": "z-1", "labels": {"kubernetes.io/service-name": "z"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}],
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": "zone-a"}]}},
+                {"addresses": ["10.0.0.2"], "hints": {"forZones": [{"name": "zone-b"}]}}
+            ]
+        }))));
+        let mut last = None;
+        for step in steps {
+            last = Some(m.apply(match step {
+                Apply(zone) => {
+                    let labels =
+                        zone.map_or(json!({}), |z| json!({"topology.kubernetes.io/zone": z}));
+                    Event::Apply(node_a(labels, json!({}), "10.1.1.1", "10.244.1.0/24"))
+                }
+                Delete => Event::Delete(ObjectRef {
+                    kind: Kind::Node,
+                    namespace: "".into(),
+                    name: "node-a".into(),
+                }),
+            }));
+        }
+        let out = last.expect("a step");
+        assert_eq!(
+            (
+                m.snapshot().node.zone.as_deref(),
+                endpoint_strings(&m.snapshot().ports[&key("z", Family::V4)].cluster_endpoints),
+                out.diff.node_changed,
+            ),
+            (
+                zone,
+                endpoints.iter().map(|s| s.to_string()).collect(),
+                programmed
+            ),
+            "{what}"
+        );
+    }
+}
+
 /// One address in two slices with different conditions: one copy is used (a local copy, else
 /// the first, as upstream), and `kpng status` says the other exists and whose conditions it
 /// shows; a copy with the same conditions is no news.
@@ -1623,4 +1735,77 @@ fn addresses_left_without_rules_on_purpose_are_found_by_their_service() {
     );
     assert_eq!(found("203.0.113.10"), None, "a VIP ingress is programmed");
     assert_eq!(found("10.96.0.20"), None);
+}
+
+/// The clusterIP of a Service kpng does not proxy by its labels (headless, another proxy's)
+/// is found by its Service for `kpng trace`; an owned Service's is not.
+#[test]
+fn a_clusterip_of_a_service_not_ours_is_found_by_its_service() {
+    let labelled = |name: &str, ip: &str, labels: Value| {
+        service(json!({
+            "metadata": {"namespace": "ns", "name": name, "labels": labels},
+            "spec": {"clusterIP": ip, "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}]}
+        }))
+    };
+    let events = || {
+        [
+            labelled("mine", "10.96.1.5", json!({})),
+            labelled(
+                "other",
+                "10.96.1.6",
+                json!({"service.kubernetes.io/service-proxy-name": "cilium"}),
+            ),
+            labelled(
+                "quiet",
+                "10.96.1.7",
+                json!({"service.kubernetes.io/headless": ""}),
+            ),
+        ]
+    };
+    // (--service-proxy-name, then what each clusterIP is found as)
+    type Found = Option<(&'static str, trace::NotProxiedKind)>;
+    let cases: [(Option<&str>, [Found; 3]); 2] = [
+        (
+            None,
+            [
+                None,
+                Some((
+                    "ns/other",
+                    trace::NotProxiedKind::OtherProxyClusterIp(Some("cilium".into())),
+                )),
+                Some(("ns/quiet", trace::NotProxiedKind::HeadlessLabelClusterIp)),
+            ],
+        ),
+        (
+            Some("cilium"),
+            [
+                Some(("ns/mine", trace::NotProxiedKind::OtherProxyClusterIp(None))),
+                None,
+                Some(("ns/quiet", trace::NotProxiedKind::HeadlessLabelClusterIp)),
+            ],
+        ),
+    ];
+    for (proxy_name, want) in cases {
+        let mut m = Model::new(ModelConfig {
+            node_name: "node-a".into(),
+            service_proxy_name: proxy_name.map(str::to_string),
+            ..ModelConfig::default()
+        });
+        for e in events() {
+            m.apply(Event::Apply(e));
+        }
+        let found: Vec<Option<(String, trace::NotProxiedKind)>> =
+            ["10.96.1.5", "10.96.1.6", "10.96.1.7"]
+                .iter()
+                .map(|ip| {
+                    m.not_proxied(ip.parse().expect("ip"))
+                        .map(|n| (n.service.to_string(), n.kind))
+                })
+                .collect();
+        let want: Vec<Option<(String, trace::NotProxiedKind)>> = want
+            .into_iter()
+            .map(|w| w.map(|(s, k)| (s.to_string(), k)))
+            .collect();
+        assert_eq!(found, want, "--service-proxy-name {proxy_name:?}");
+    }
 }

@@ -30,7 +30,16 @@ impl RejectionLog {
     /// Logs `rejection`, which happened at `at`, and remembers when the object's run of
     /// rejections began (a second bad version keeps the first's time).
     pub fn rejected(&mut self, rejection: &Rejection, at: SystemTime) {
-        tracing::warn!("rejected {rejection}");
+        // The object as fields too: a JSON log is searched by them, not by the message.
+        let object = &rejection.error.object;
+        tracing::warn!(
+            kind = object.kind.as_str(),
+            namespace = %object.namespace,
+            name = %object.name,
+            field = %rejection.error.field,
+            kept = rejection.kept,
+            "rejected {rejection}"
+        );
         self.since
             .entry(rejection.error.object.clone())
             .or_insert(at);

@@ -1650,10 +1650,13 @@ fn describe_node(node: &kpng_model::NodeState) -> String {
 fn node_changes(was: &kpng_model::NodeState, now: &kpng_model::NodeState) -> Vec<String> {
     let name = &now.name;
     if was.known && !now.known {
-        let zone = if was.zone != now.zone {
-            format!("; zone {}", change(&zone_name(was), &zone_name(now)))
-        } else {
-            String::new()
+        // The zone is kept too (`NodeMemory`): topology hints keep applying.
+        let zone = match &now.zone {
+            _ if was.zone != now.zone => {
+                format!("; zone {}", change(&zone_name(was), &zone_name(now)))
+            }
+            Some(zone) => format!("; keeping zone {zone} (topology hints still apply)"),
+            None => String::new(),
         };
         return vec![format!(
             "Node {name:?} was deleted; keeping node IPs {} and pod CIDRs {} (as kube-proxy \

@@ -393,6 +393,50 @@ fn a_change_that_does_not_concern_a_node_sends_nothing() {
     assert!(next(&n3).is_empty());
 }
 
+/// A deleted Node keeps its zone for the endpoints the brain chooses, as the node's own
+/// `NodeMemory` and upstream's `NodeTopologyConfig` (which ignores a Node's deletion) do:
+/// dropping it would send the node's zone-hinted Services across zones until the Node is back.
+/// A re-created Node without the label clears it.
+#[test]
+fn a_deleted_node_keeps_its_zone() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let n1 = hub.register("n1");
+    next(&n1);
+    let delete = || {
+        Event::Delete(kpng_model::ObjectRef {
+            kind: kpng_model::Kind::Node,
+            namespace: "".into(),
+            name: "n1".into(),
+        })
+    };
+    hub.apply(delete());
+    let ops = next(&n1);
+    assert!(
+        !ops.iter().any(|op| op.contains("other/zoned")),
+        "the zone-hinted endpoints stay as they were: {ops:?}"
+    );
+    let everything = |_: &str, _: &str| true;
+    assert_eq!(
+        hub.node_view("n1", &everything).node.zone.as_deref(),
+        Some("za")
+    );
+    // Re-created without a zone: hints no longer apply, every endpoint is used.
+    hub.apply(Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::core::v1::Node>(
+            json!({"metadata": {"name": "n1"}}),
+        )
+        .expect("node")
+        .object,
+    ));
+    let ops = next(&n1);
+    assert!(
+        ops.contains(&"set ep other/zoned/10.244.2.7".to_string()),
+        "{ops:?}"
+    );
+    assert_eq!(hub.node_view("n1", &everything).node.zone, None);
+}
+
 #[test]
 fn a_node_zone_change_re_evaluates_that_node_only() {
     let hub = hub();

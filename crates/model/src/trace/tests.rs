@@ -1160,3 +1160,47 @@ fn addresses_left_without_rules_on_purpose_name_their_service() {
     let t = trace(&s, &facts(), &q("203.0.113.9:443"));
     assert_eq!(t.reason, "203.0.113.9:443 is not a Service address");
 }
+
+/// The clusterIP of a Service kpng leaves alone on purpose, as kube-proxy (labelled
+/// `service.kubernetes.io/headless`, or another proxy's by `service-proxy-name`), is named
+/// with its Service and why, where a trace said "no Service has it"; still dropped as an
+/// unallocated ClusterIP in the Service CIDR.
+#[test]
+fn a_clusterip_of_a_service_kpng_does_not_proxy_names_it() {
+    let s = snapshot(vec![web()]);
+    let q = TraceQuery {
+        from: "192.168.100.10".parse().expect("ip"),
+        to: "10.96.1.6:80".parse().expect("addr"),
+        protocol: Protocol::Tcp,
+        in_interface: None,
+    };
+    let unallocated = ": in the Service CIDR 10.96.0.0/16 it is an unallocated ClusterIP, and \
+                       traffic to unallocated ClusterIPs is dropped";
+    let cases = [
+        (
+            NotProxiedKind::HeadlessLabelClusterIp,
+            "10.96.1.6 is the clusterIP of default/other, labelled service.kubernetes.io/headless: \
+             kpng (like kube-proxy) does not proxy it",
+        ),
+        (
+            NotProxiedKind::OtherProxyClusterIp(Some("cilium".into())),
+            "10.96.1.6 is the clusterIP of default/other, labelled for proxy 'cilium' \
+             (service.kubernetes.io/service-proxy-name): kpng (like kube-proxy) does not proxy it",
+        ),
+        (
+            NotProxiedKind::OtherProxyClusterIp(None),
+            "10.96.1.6 is the clusterIP of default/other, which has no \
+             service.kubernetes.io/service-proxy-name label while kpng runs with \
+             --service-proxy-name: kpng does not proxy it",
+        ),
+    ];
+    for (kind, want) in cases {
+        let note = NotProxied {
+            service: ServiceKey::new("default", "other"),
+            kind,
+        };
+        let t = trace_noting(&s, &facts(), &q, Some(&note));
+        assert_eq!(t.verdict, Verdict::Drop);
+        assert_eq!(t.reason, format!("{want}{unallocated}"));
+    }
+}

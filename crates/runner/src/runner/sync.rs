@@ -385,6 +385,7 @@ impl<M: NodeModel> LoopState<M> {
             ports = plan.ports_total,
             operations,
             ?duration,
+            duration_ms = duration.as_secs_f64() * 1000.0,
             changes = %plan.changes,
         );
         if !plan.changed_names.is_empty() {

@@ -1589,6 +1589,10 @@ fn node_changes_say_what_changed_from_what_to_what() {
         zone: Some("z1".into()),
         ..present.clone()
     };
+    let deleted_zoned = kpng_model::NodeState {
+        zone: Some("z1".into()),
+        ..deleted.clone()
+    };
     let tainted = kpng_model::NodeState {
         to_be_deleted: true,
         ..present.clone()
@@ -1626,9 +1630,9 @@ fn node_changes_say_what_changed_from_what_to_what() {
         (
             "deleted with its zone",
             &zoned,
-            &deleted,
+            &deleted_zoned,
             &[
-                "Node \"n\" was deleted; keeping node IPs [10.1.1.1] and pod CIDRs [10.244.1.0/24] (as kube-proxy keeps its start-up ones); zone z1 → none",
+                "Node \"n\" was deleted; keeping node IPs [10.1.1.1] and pod CIDRs [10.244.1.0/24] (as kube-proxy keeps its start-up ones); keeping zone z1 (topology hints still apply)",
             ],
         ),
         (
