@@ -96,9 +96,9 @@ fn significance(note: &Notification) -> u8 {
 
 /// `NFT_MSG_NEWGEN`: the kernel's last notification of every committed transaction.
 const MSG_NEWGEN: u16 = 15;
-/// `NFTA_GEN_PROC_PID` of a [`MSG_NEWGEN`]: the committing process's pid (big-endian).
+/// `NFTA_GEN_PROC_PID` of a `NFT_MSG_NEWGEN`: the committing process's pid (big-endian).
 const ATTR_GEN_PROC_PID: u16 = 2;
-/// `NFTA_GEN_PROC_NAME` of a [`MSG_NEWGEN`]: the committing process's name (its `comm`).
+/// `NFTA_GEN_PROC_NAME` of a `NFT_MSG_NEWGEN`: the committing process's name (its `comm`).
 const ATTR_GEN_PROC_NAME: u16 = 3;
 /// `NFT_MSG_NEWTABLE`.
 const MSG_NEWTABLE: u16 = 0;
@@ -117,7 +117,7 @@ pub struct Burst {
     /// (`iptables-restore` of a saved `filter`, a host firewall's reload) deletes the table
     /// and adds it again in one transaction, which is a replacement, not a deletion.
     re_added: Vec<String>,
-    /// A table was deleted and its transaction's end ([`MSG_NEWGEN`]) has not been read yet:
+    /// A table was deleted and its transaction's end (`NFT_MSG_NEWGEN`) has not been read yet:
     /// the rest of it may still re-add the table.
     transaction_open: bool,
     /// A change reported was read and its transaction's end has not been: the process that
@@ -301,7 +301,7 @@ pub struct Notification {
     pub rule: Vec<u8>,
     /// The sender's netlink port id (0: the kernel itself).
     pub portid: u32,
-    /// The process that committed the transaction (a transaction's end, [`MSG_NEWGEN`], only).
+    /// The process that committed the transaction (a transaction's end, `NFT_MSG_NEWGEN`, only).
     pub process: Option<Process>,
 }
 
@@ -348,7 +348,7 @@ pub fn parse_notifications(datagram: &[u8]) -> Vec<Notification> {
     out
 }
 
-/// The process a transaction's end ([`MSG_NEWGEN`]) names, when it names one (Linux 5.3+).
+/// The process a transaction's end (`NFT_MSG_NEWGEN`) names, when it names one (Linux 5.3+).
 fn generation_process(msg: &[u8]) -> Option<Process> {
     let mut pid = None;
     let mut name = None;

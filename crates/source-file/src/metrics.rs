@@ -66,7 +66,7 @@ impl SourceMetrics {
     }
 
     /// Records a good load of `file`: its problem, if any, is over. Returns when that problem
-    /// began (see [`problem_over`]).
+    /// began (its log line says how long the problem lasted).
     pub fn good_load(&self, file: &std::path::Path) -> Option<SystemTime> {
         // Borrowed, not allocated, for a UTF-8 path: this runs per file of a large directory.
         self.health.recovered(&file.to_string_lossy())
