@@ -771,6 +771,19 @@ fn listing_differences_name_lines_only_one_side_has() {
     }
 }
 
+/// Declares the tables `kpng` and `kpngtext` for `elements`' sets and writes the elements to
+/// the first over netlink and to the second as nft text: the two listings or dumps the
+/// round-trip tests compare.
+fn write_netlink_and_text(writer: &mut NetlinkWriter, family: Family, elements: &[Element]) {
+    for table in ["kpng", "kpngtext"] {
+        nft(&table_script(family, table, elements));
+    }
+    writer
+        .apply(family, "kpng", &[], &[], elements)
+        .expect("netlink add");
+    nft(&elements_script(family, "kpngtext", elements));
+}
+
 #[test]
 fn every_set_type_lists_like_nft_text() {
     kpng_testkit::require_root!();
@@ -790,13 +803,7 @@ fn inner_every_set_type_lists_like_nft_text() {
         let mut elements = every_set_type(family);
         elements.extend(generated(family, 400, 3));
         let sets: BTreeSet<Set> = elements.iter().map(|e| e.set).collect();
-        for table in ["kpng", "kpngtext"] {
-            nft(&table_script(family, table, &elements));
-        }
-        writer
-            .apply(family, "kpng", &[], &[], &elements)
-            .expect("netlink add");
-        nft(&elements_script(family, "kpngtext", &elements));
+        write_netlink_and_text(&mut writer, family, &elements);
 
         let via_netlink = nft_list(&["table", f, "kpng"]);
         let via_text = nft_list(&["table", f, "kpngtext"]);
@@ -858,13 +865,7 @@ fn inner_every_set_type_reads_back_as_written() {
         let f = fam_word(family);
         let mut elements = every_set_type(family);
         elements.extend(generated(family, 50, 3));
-        for table in ["kpng", "kpngtext"] {
-            nft(&table_script(family, table, &elements));
-        }
-        writer
-            .apply(family, "kpng", &[], &[], &elements)
-            .expect("netlink add");
-        nft(&elements_script(family, "kpngtext", &elements));
+        write_netlink_and_text(&mut writer, family, &elements);
         let mut contents = Contents::new(family);
         for table in ["kpng", "kpngtext"] {
             for set in Set::owned(family) {

@@ -13,8 +13,7 @@
 use std::path::PathBuf;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 /// Registers the gauges on `registry`, read from the running network namespace's `/proc/sys`.
@@ -56,13 +55,7 @@ impl Collector for ConntrackCollector {
         ];
         for (file, name, help) in gauges {
             if let Some(value) = self.read(file) {
-                let gauge = ConstGauge::new(value);
-                gauge.encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    gauge.metric_type(),
-                )?)?;
+                crate::process_metrics::encode_gauge(&mut encoder, name, help, value)?;
             }
         }
         Ok(())

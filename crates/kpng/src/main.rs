@@ -163,18 +163,17 @@ fn main() -> std::process::ExitCode {
         }
     };
     let to_file = matches!(target, logging::LogTarget::File(_));
-    let ends = fatal_line::Ending {
-        to_file,
-        one_shot: matches!(
-            cli.command,
-            Some(
-                cli::Command::Cleanup(_)
-                    | cli::Command::Version(_)
-                    | cli::Command::Status(_)
-                    | cli::Command::Trace(_)
-            )
-        ),
-    };
+    // A command that runs once and ends, rather than a proxy.
+    let one_shot = matches!(
+        cli.command,
+        Some(
+            cli::Command::Cleanup(_)
+                | cli::Command::Version(_)
+                | cli::Command::Status(_)
+                | cli::Command::Trace(_)
+        )
+    );
+    let ends = fatal_line::Ending { to_file, one_shot };
     logging::init(&cli.global.log_level, cli.global.logging_format, target);
     for note in &report.notes {
         tracing::info!("--config: {note}");
@@ -186,15 +185,7 @@ fn main() -> std::process::ExitCode {
         tracing::warn!("{warning}");
     }
     #[cfg(target_os = "linux")]
-    raise_open_files_limit(!matches!(
-        cli.command,
-        Some(
-            cli::Command::Cleanup(_)
-                | cli::Command::Version(_)
-                | cli::Command::Status(_)
-                | cli::Command::Trace(_)
-        )
-    ));
+    raise_open_files_limit(!one_shot);
     if let Some(class) = cli.global.windows_priority_class {
         windows_priority(class);
     }

@@ -115,13 +115,7 @@ impl Collector for ProcessCollector {
         ];
         for (name, help, value) in gauges {
             if let Some(value) = value {
-                let gauge = ConstGauge::new(value);
-                gauge.encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    gauge.metric_type(),
-                )?)?;
+                encode_gauge(&mut encoder, name, help, value)?;
             }
         }
         Ok(())
@@ -258,4 +252,16 @@ mod proc {
             );
         }
     }
+}
+
+/// Writes one gauge read at scrape time (a value kpng does not keep, but reads when asked):
+/// the process's and the conntrack table's collectors share it.
+pub(crate) fn encode_gauge<V: prometheus_client::encoding::EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: V,
+) -> Result<(), std::fmt::Error> {
+    let gauge = ConstGauge::new(value);
+    gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)
 }

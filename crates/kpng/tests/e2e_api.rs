@@ -285,6 +285,33 @@ fn sa(ip: impl Into<std::net::IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
 }
 
+/// A node restarted against a brain that serves no Service holds that state: it says it keeps
+/// the rules an earlier kpng left, syncs nothing, and `cip` still reaches pod1a from `from`.
+fn holds_the_empty_state_on_adopted_rules(
+    node: &Spawned,
+    from: &Netns,
+    cip: SocketAddr,
+    logs: impl Fn() -> String,
+) {
+    wait_until(
+        "the restarted node holds the empty state",
+        || count(node, "sent a complete state with no Service") == 1,
+        &logs,
+    );
+    assert!(
+        node.stderr_text()
+            .contains("keeping the rules an earlier kpng left (adopted at start)"),
+        "{}",
+        logs()
+    );
+    assert_eq!(count(node, "synced backend="), 0, "{}", logs());
+    assert_eq!(
+        servers(from, cip, 5),
+        set(&["pod1a"]),
+        "the adopted rules stay"
+    );
+}
+
 fn servers(ns: &Netns, target: SocketAddr, n: usize) -> BTreeSet<String> {
     let results = ns
         .probe(
@@ -683,23 +710,7 @@ fn a_brain_restarted_on_an_empty_input_does_not_empty_its_nodes() {
     node_log.borrow_mut().push_str(&node.stderr_text());
     node.kill().expect("kill the node");
     node = start_node_with(&c.node1.ns, "node1", &socket, "127.0.0.1:10249");
-    wait_until(
-        "the restarted node holds the empty state",
-        || count(&node, "sent a complete state with no Service") == 1,
-        || logs(&node),
-    );
-    assert!(
-        node.stderr_text()
-            .contains("keeping the rules an earlier kpng left (adopted at start)"),
-        "{}",
-        logs(&node)
-    );
-    assert_eq!(count(&node, "synced backend="), 0, "{}", logs(&node));
-    assert_eq!(
-        servers(from, cip, 5),
-        set(&["pod1a"]),
-        "the adopted rules stay"
-    );
+    holds_the_empty_state_on_adopted_rules(&node, from, cip, || logs(&node));
 
     // The brain's input has the Services again: the node follows and the problem clears.
     write_atomically(&empty.join("cluster.yaml"), &manifest(&web));
@@ -780,23 +791,7 @@ fn a_node_restarted_against_an_empty_brain_keeps_its_rules(
     brain.kill();
     let _brain2 = Brain::start(&empty, &socket, &brain_logs[1]);
     node = start_node_on(&c.node1.ns, "node1", &socket, "", &args);
-    wait_until(
-        "the restarted node holds the empty state",
-        || count(&node, "sent a complete state with no Service") == 1,
-        || logs(&node),
-    );
-    assert!(
-        node.stderr_text()
-            .contains("keeping the rules an earlier kpng left (adopted at start)"),
-        "{}",
-        logs(&node)
-    );
-    assert_eq!(count(&node, "synced backend="), 0, "{}", logs(&node));
-    assert_eq!(
-        servers(from, cip, 5),
-        set(&["pod1a"]),
-        "the earlier run's rules stay"
-    );
+    holds_the_empty_state_on_adopted_rules(&node, from, cip, || logs(&node));
 
     // The brain's input has the Services again: the node follows and says what it adopted.
     write_atomically(&empty.join("cluster.yaml"), &manifest(&web));

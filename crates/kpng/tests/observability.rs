@@ -10,6 +10,29 @@ fn kpng() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kpng"))
 }
 
+/// A kpng logging JSON that reads `input` and writes its model to `output`, on ephemeral
+/// metrics and health ports: the JSON log tests' process.
+fn json_logging_kpng(input: &std::path::Path, output: &std::path::Path) -> Command {
+    let mut cmd = kpng();
+    cmd.env_remove("RUST_LOG")
+        .args(["--logging-format", "json", "file", "--input"])
+        .arg(input)
+        .args([
+            "--node-name",
+            "n1",
+            "--debounce",
+            "0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "to-file",
+            "--output",
+        ])
+        .arg(output);
+    cmd
+}
+
 /// A running `kpng`, stopped when dropped (SIGTERM, so that it removes its admin socket;
 /// killed if it has not exited within 5 s).
 struct Running {
@@ -150,25 +173,7 @@ fn json_logs_name_a_rejected_object_in_fields() {
          spec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 99999}]}\n",
     )
     .expect("write");
-    let mut running = Running::start(
-        kpng()
-            .env_remove("RUST_LOG")
-            .args(["--logging-format", "json", "file", "--input"])
-            .arg(&input)
-            .args([
-                "--node-name",
-                "n1",
-                "--debounce",
-                "0",
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-                "--healthz-bind-address",
-                "127.0.0.1:0",
-                "to-file",
-                "--output",
-            ])
-            .arg(dir.path().join("out.yaml")),
-    );
+    let mut running = Running::start(&mut json_logging_kpng(&input, &dir.path().join("out.yaml")));
     let err = running.wait("the rejection", |e| e.contains("rejected Service ns/web"));
     let rejected = err
         .lines()
@@ -203,25 +208,7 @@ fn json_logs_sync_summaries_and_build_and_process_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("cluster.yaml");
     std::fs::write(&input, MANIFEST).expect("write");
-    let mut running = Running::start(
-        kpng()
-            .env_remove("RUST_LOG")
-            .args(["--logging-format", "json", "file", "--input"])
-            .arg(&input)
-            .args([
-                "--node-name",
-                "n1",
-                "--debounce",
-                "0",
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-                "--healthz-bind-address",
-                "127.0.0.1:0",
-                "to-file",
-                "--output",
-            ])
-            .arg(dir.path().join("out.yaml")),
-    );
+    let mut running = Running::start(&mut json_logging_kpng(&input, &dir.path().join("out.yaml")));
     // The metrics server logs its address from its own task, which may run after the sync.
     let err = running.wait("the first sync and the metrics address", |e| {
         e.contains("\"synced\"") && e.contains("serving /metrics on http://")
