@@ -1423,13 +1423,13 @@ fn write_brain_nodes(
     };
     let _ = writeln!(
         out,
-        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}  {:<width$} PEER",
+        "{:<24} {:<26} {:>9} {:<26} {:>8} {:>8}  {:<width$}  PEER",
         "NODE", "CONNECTED", "SENT*", "LAST SENT*", "PENDING", "LAG*", "VERSION"
     );
     for n in &order[..shown] {
         let _ = writeln!(
             out,
-            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s  {:<width$} {}",
+            "{:<24} {:<26} {:>9} {:<26} {:>8} {:>7.1}s  {:<width$}  {}",
             n.node,
             n.connected_at,
             n.change_sets_sent,
@@ -3224,8 +3224,32 @@ mod tests {
         };
         write_brain_nodes(&mut table, &[watcher], Some("0.1.0"), false);
         let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[0].ends_with(" VERSION    PEER"), "{table}");
-        assert!(lines[1].ends_with("  0.1.0      10.0.0.5:41000"), "{table}");
+        assert!(lines[0].ends_with(" VERSION     PEER"), "{table}");
+        assert!(
+            lines[1].ends_with("  0.1.0       10.0.0.5:41000"),
+            "{table}"
+        );
+        // The widest build fills its column and two spaces still part it from the peer (a
+        // build with its commit is wider than the column's minimum).
+        let mut table = String::new();
+        let watcher = kpng_api::hub::WatcherStatus {
+            node: "node1".into(),
+            peer: Some("10.0.0.5:41000".into()),
+            connected_at: "T0".into(),
+            change_sets_sent: 1,
+            last_sent_at: None,
+            pending_service_changes: 0,
+            lag_seconds: 0.0,
+            version: Some("0.1.0+188f6b2e5dae".into()),
+        };
+        write_brain_nodes(&mut table, &[watcher], Some("0.1.0+188f6b2e5dae"), false);
+        assert!(
+            table
+                .lines()
+                .nth(1)
+                .is_some_and(|l| l.ends_with("  0.1.0+188f6b2e5dae  10.0.0.5:41000")),
+            "{table}"
+        );
         // What SENT and LAG measure is said under the table: handed over, not applied.
         assert!(
             table.ends_with(BRAIN_NODES_NOTE)
