@@ -96,8 +96,13 @@ sleep 0.5
 tr -d '\r' < windows.yaml > windows.lf.yaml
 diff -u linux.yaml windows.lf.yaml || fail "kpng.exe and kpng give different models"
 echo "ok: kpng.exe to-file: the same model ($(wc -l < linux.yaml) lines)"
-# The first line has the sync's time and duration; the input's line its load time.
-answers() { sed -e 1d -e 's/last good input [^ ]*/last good input T/'; }
+# The first line has the sync's time and duration; the input's line its load time; each line
+# of the sync history (`recent syncs`) its time and duration.
+answers() {
+  sed -E -e 1d -e 's/last good input [^ ]*/last good input T/' \
+    -e 's/^  [0-9]{4}-[0-9-]+T[0-9:.]+Z  /  T  /' \
+    -e '/^  T  /s/  [0-9.]+ ?(ns|µs|us|ms|s)  /  D  /'
+}
 "$linux" status -o wide --admin-socket "$work/admin.sock" | answers > linux-status.txt
 win status -o wide --admin-socket "$pipe" 2>windows-status.err | tr -d '\r' | answers \
   > windows-status.txt || true
