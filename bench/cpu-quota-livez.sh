@@ -2,7 +2,9 @@
 # /livez under a CPU quota (docs/deploy.md, "Sizing"): a kpng restarts over its own nftables
 # rules in a cgroup v1 `cpu` group limited to QUOTA_US per 100 ms, and /livez is probed once a
 # second (curl -m 5) until the first sync is logged. Prints each probe's code and time, then
-# the group's `cpu.stat` (how often and how long CFS throttled it).
+# the group's `cpu.stat` (how often and how long CFS throttled it). Ends with the longest time
+# between two answered probes and the most probes unanswered in a row, and the first sync's
+# log lines (a restart that read its table logs "its sets read once").
 #
 # Why probes stalled (before 2026-12-07: a restart now sends only what differs from the table,
 # nothing after a plain restart; repairs and the periodic full sync still refill): the restart
@@ -19,7 +21,12 @@
 # monitors do), so no bound holds on a shared 2-core machine. 2026-12-07, release build, 30k
 # Services (`kpng-bench gen --services 30000 --endpoints 4`), QUOTA_US=10000, builds running
 # beside: LISTEN=1, the sync took 53-81 s and 7-12 probes in a row timed out; without a
-# listener on the host, 7.5-8 s and none (the slowest 1.4-4.1 s). More in docs/deploy.md, "Sizing".
+# listener on the host, 7.5-8 s and none (the slowest 1.4-4.1 s). 2026-12-07 10:30-10:50, the
+# builds before (94946be) and after the diff-only refill alternating, 3 runs each, LISTEN=1, load
+# 9-12: before, the sync took 82-132 s, 13-21 probes in a row timed out (gap 77-129 s); after,
+# 14.5-14.8 s and none (gap 1.2-1.3 s). Other kpngs running on the host listen too (their
+# monitors): LISTEN=0 runs then look like LISTEN=1 ones. More in docs/deploy.md, "Sizing", and
+# docs/benchmarks.md ("a restart over its own table, the diff-only refill").
 #
 # usage (root): [LISTEN=1] bench/cpu-quota-livez.sh KPNG WORKLOAD_DIR [QUOTA_US]
 set -u
@@ -45,7 +52,7 @@ mkdir "$CG"
 # 1. A cold start, unlimited; SIGTERM leaves its rules in place.
 ip netns exec "$NS" "$KPNG" "${args[@]}" > "$LOG/cold" 2>&1 &
 P=$!
-until grep -q " synced " "$LOG/cold"; do sleep 1; done
+until grep -q " synced " "$LOG/cold" 2>/dev/null; do sleep 1; done
 kill -TERM "$P"; wait "$P"; P=
 # 2. The restart, in the limited group (with LISTEN=1, a foreign listener that never reads).
 if [ "${LISTEN:-0}" = 1 ]; then
@@ -59,10 +66,28 @@ fi
 echo "$QUOTA" > "$CG/cpu.cfs_quota_us"
 sh -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$CG" ip netns exec "$NS" "$KPNG" "${args[@]}" > "$LOG/restart" 2>&1 &
 P=$!
-start=$(date +%s)
+start=$(date +%s.%N)
+# One probe: prints "<seconds since start>s <code> <time>s"; the time it was answered (start +
+# time taken) goes to $LOG/answered when the code is 200.
+probe() {
+  local t r
+  t=$(date +%s.%N)
+  r=$(ip netns exec "$NS" curl -s -m 5 -o /dev/null -w '%{http_code} %{time_total}' http://127.0.0.1:10256/livez)
+  printf '%.1fs %ss\n' "$(echo "$t - $start" | bc)" "$r"
+  echo "${r%% *}" >> "$LOG/codes"
+  [ "${r%% *}" = 200 ] && echo "$t + ${r#* }" | bc >> "$LOG/answered"
+}
+sleep 0.5  # the health server's bind
 while ! grep -q " synced " "$LOG/restart"; do
-  echo "$(( $(date +%s) - start ))s $(ip netns exec "$NS" curl -s -m 5 -o /dev/null -w '%{http_code} %{time_total}s' http://127.0.0.1:10256/livez)"
+  probe
   sleep 1
 done
-echo "first sync after $(( $(date +%s) - start ))s: $(grep -o 'duration=[^ ]*' "$LOG/restart" | head -1)"
+probe  # the first after the sync: closes a gap that lasted until then
+line=$(grep -m1 " synced " "$LOG/restart")
+printf 'first sync logged %.1fs after the start: %s\n' "$(echo "$(date -d "${line%%Z *}Z" +%s.%N) - $start" | bc)" "$(grep -o 'duration=[^ ]*' <<< "$line")"
+# The longest time between two answered probes (a probe is sent every second or after the
+# previous one's 5 s timeout, so ~1 s means no gap).
+awk 'NR > 1 && $1 - p > m { m = $1 - p } { p = $1 } END { printf "longest /livez gap: %.1fs", m }' "$LOG/answered"
+awk '$1 != 200 { n++; if (n > m) m = n; next } { n = 0 } END { printf ", probes unanswered in a row: %d\n", m }' "$LOG/codes"
 echo "$(tr '\n' ' ' < "$CG/cpu.stat")"
+grep -E 'its sets read once|differ too much|synced' "$LOG/restart" | head -2
