@@ -19,7 +19,25 @@ exe=$(realpath "$1")
 linux=$(realpath "$2")
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-trap 'wineserver -k >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+# On every exit, a failed check's too: Wine's processes are stopped (the wineserver), and so is
+# every process started here in the background and still running (the Linux kpng's `to-file`,
+# which no wineserver stops), SIGTERM then, after 10 s, SIGKILL; all are reaped and the scratch
+# directory removed, so a failed comparison leaves nothing behind.
+cleanup() {
+  local i left
+  wineserver -k >/dev/null 2>&1 || true
+  left=$(jobs -pr)
+  [ -z "$left" ] || kill $left 2>/dev/null || true
+  for i in $(seq 1 100); do
+    left=$(jobs -pr)
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
+  [ -z "$left" ] || kill -KILL $left 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
 cp "$exe" "$work/kpng.exe"
 x86_64-w64-mingw32-gcc -shared -o "$work/bcryptprimitives.dll" \
   "$here/scripts/wine/bcryptprimitives.c" -ladvapi32

@@ -90,6 +90,21 @@ fn inside_netns() -> bool {
     false
 }
 
+/// Declares the outer test `$outer`: as root, one at a time ([`SERIAL`]), it runs the
+/// `#[ignore]`d test `$inner` in a fresh namespace ([`in_fresh_netns`]). Doc comments before
+/// the name go to the test.
+macro_rules! outer_test {
+    ($(#[$attr:meta])* $outer:ident, $inner:ident) => {
+        $(#[$attr])*
+        #[test]
+        fn $outer() {
+            kpng_testkit::require_root!();
+            let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+            in_fresh_netns(stringify!($inner));
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // nft helpers (inside the namespace)
 // ---------------------------------------------------------------------------------------------
@@ -784,12 +799,19 @@ fn write_netlink_and_text(writer: &mut NetlinkWriter, family: Family, elements: 
     nft(&elements_script(family, "kpngtext", elements));
 }
 
-#[test]
-fn every_set_type_lists_like_nft_text() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_every_set_type_lists_like_nft_text");
+/// [`every_set_type`] and `services` generated Services of `family` (3 endpoints each),
+/// written as [`write_netlink_and_text`] writes them: the round-trip tests' elements.
+fn write_every_set_type(writer: &mut NetlinkWriter, family: Family, services: u32) -> Vec<Element> {
+    let mut elements = every_set_type(family);
+    elements.extend(generated(family, services, 3));
+    write_netlink_and_text(writer, family, &elements);
+    elements
 }
+
+outer_test!(
+    every_set_type_lists_like_nft_text,
+    inner_every_set_type_lists_like_nft_text
+);
 
 #[test]
 #[ignore = "run inside a namespace by every_set_type_lists_like_nft_text"]
@@ -800,10 +822,8 @@ fn inner_every_set_type_lists_like_nft_text() {
     let mut writer = NetlinkWriter::open().expect("opening the netlink socket");
     for family in Family::ALL {
         let f = fam_word(family);
-        let mut elements = every_set_type(family);
-        elements.extend(generated(family, 400, 3));
+        let elements = write_every_set_type(&mut writer, family, 400);
         let sets: BTreeSet<Set> = elements.iter().map(|e| e.set).collect();
-        write_netlink_and_text(&mut writer, family, &elements);
 
         let via_netlink = nft_list(&["table", f, "kpng"]);
         let via_text = nft_list(&["table", f, "kpngtext"]);
@@ -842,16 +862,14 @@ fn inner_every_set_type_lists_like_nft_text() {
     }
 }
 
-/// What a restart reads back from the kernel ([`ElementWriter::set_elements`]) hashes exactly
-/// like the elements written, whether they went over netlink or as nft text: every set and
-/// map, verdicts, values, comments, ranges. Else a restart over an unchanged table would
-/// delete and add what it holds (`src/diff_refill.rs`).
-#[test]
-fn every_set_type_reads_back_as_written() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_every_set_type_reads_back_as_written");
-}
+outer_test!(
+    /// What a restart reads back from the kernel ([`ElementWriter::set_elements`]) hashes exactly
+    /// like the elements written, whether they went over netlink or as nft text: every set and
+    /// map, verdicts, values, comments, ranges. Else a restart over an unchanged table would
+    /// delete and add what it holds (`src/diff_refill.rs`).
+    every_set_type_reads_back_as_written,
+    inner_every_set_type_reads_back_as_written
+);
 
 #[test]
 #[ignore = "run inside a namespace by every_set_type_reads_back_as_written"]
@@ -863,9 +881,7 @@ fn inner_every_set_type_reads_back_as_written() {
     let mut writer = NetlinkWriter::open().expect("opening the netlink socket");
     for family in Family::ALL {
         let f = fam_word(family);
-        let mut elements = every_set_type(family);
-        elements.extend(generated(family, 50, 3));
-        write_netlink_and_text(&mut writer, family, &elements);
+        let elements = write_every_set_type(&mut writer, family, 50);
         let mut contents = Contents::new(family);
         for table in ["kpng", "kpngtext"] {
             for set in Set::owned(family) {
@@ -903,12 +919,7 @@ fn inner_every_set_type_reads_back_as_written() {
     }
 }
 
-#[test]
-fn replace_delete_and_flush() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_replace_delete_and_flush");
-}
+outer_test!(replace_delete_and_flush, inner_replace_delete_and_flush);
 
 #[test]
 #[ignore = "run inside a namespace by replace_delete_and_flush"]
@@ -1007,12 +1018,10 @@ fn inner_replace_delete_and_flush() {
     }
 }
 
-#[test]
-fn errors_name_set_and_element_and_apply_nothing() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_errors_name_set_and_element_and_apply_nothing");
-}
+outer_test!(
+    errors_name_set_and_element_and_apply_nothing,
+    inner_errors_name_set_and_element_and_apply_nothing
+);
 
 #[test]
 #[ignore = "run inside a namespace by errors_name_set_and_element_and_apply_nothing"]
@@ -1171,12 +1180,10 @@ fn inner_errors_name_set_and_element_and_apply_nothing() {
     assert!(nft_list(&["set", "ip", "kpng", "cluster-ips"]).contains("10.96.77.78"));
 }
 
-#[test]
-fn interval_sets_written_over_netlink_match_packets() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_interval_sets_written_over_netlink_match_packets");
-}
+outer_test!(
+    interval_sets_written_over_netlink_match_packets,
+    inner_interval_sets_written_over_netlink_match_packets
+);
 
 /// The rbtree (`service-cidrs`) and pipapo (`firewall-allow`) elements written over netlink
 /// match packets as intended, through the skeleton's own output-hook rules: a UDP datagram the
@@ -1309,16 +1316,14 @@ fn inner_unprivileged_batch_is_refused_as_a_whole() {
     }
 }
 
-/// kpng's anchor tables (`kpng_netfilter::anchor`) of three kpngs with the same pid in one
-/// namespace (two containers' pid 1 and the upgrade of one of them; here three holds by one
-/// process, which is what the kernel sees): each holds its own. Until 2026-12-07 the fallback
-/// was `kpng-anchor-<pid>`, and the third found it taken and got no anchor.
-#[test]
-fn anchors_of_kpngs_sharing_a_pid_are_all_held() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_anchors_of_kpngs_sharing_a_pid_are_all_held");
-}
+outer_test!(
+    /// kpng's anchor tables (`kpng_netfilter::anchor`) of three kpngs with the same pid in one
+    /// namespace (two containers' pid 1 and the upgrade of one of them; here three holds by one
+    /// process, which is what the kernel sees): each holds its own. Until 2026-12-07 the fallback
+    /// was `kpng-anchor-<pid>`, and the third found it taken and got no anchor.
+    anchors_of_kpngs_sharing_a_pid_are_all_held,
+    inner_anchors_of_kpngs_sharing_a_pid_are_all_held
+);
 
 #[test]
 #[ignore = "run inside a namespace by anchors_of_kpngs_sharing_a_pid_are_all_held"]
@@ -1562,12 +1567,10 @@ fn inner_load_nft_command() {
     summarize("nft -f", samples);
 }
 
-#[test]
-fn the_start_up_probe_reads_the_skeleton_id_without_nft() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_the_start_up_probe_reads_the_skeleton_id_without_nft");
-}
+outer_test!(
+    the_start_up_probe_reads_the_skeleton_id_without_nft,
+    inner_the_start_up_probe_reads_the_skeleton_id_without_nft
+);
 
 #[test]
 #[ignore = "run inside a namespace by the_start_up_probe_reads_the_skeleton_id_without_nft"]
@@ -1630,16 +1633,14 @@ fn kpng_netfilter_tables() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Load-balancer ports whose source ranges hold the node and the ingress IP (the node's
-/// subnet, `/0`) or overlap: the kernel takes their `firewall-allow` elements through both
-/// paths. The ingress IP allowed beside the range holding it was refused (`File exists`), and
-/// with it every transaction of the node.
-#[test]
-fn source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel() {
-    kpng_testkit::require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    in_fresh_netns("inner_source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel");
-}
+outer_test!(
+    /// Load-balancer ports whose source ranges hold the node and the ingress IP (the node's
+    /// subnet, `/0`) or overlap: the kernel takes their `firewall-allow` elements through both
+    /// paths. The ingress IP allowed beside the range holding it was refused (`File exists`), and
+    /// with it every transaction of the node.
+    source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel,
+    inner_source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel
+);
 
 #[test]
 #[ignore = "run inside a namespace by source_ranges_holding_the_ingress_ip_are_accepted_by_the_kernel"]

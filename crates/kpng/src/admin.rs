@@ -3100,17 +3100,29 @@ mod tests {
         }
     }
 
+    /// A brain's node `name` running `version`, connected at `T0`, one change set sent and
+    /// nothing pending: the brain-table tests' row, each test changing what it checks.
+    fn watcher(name: &str, version: Option<&str>) -> kpng_api::hub::WatcherStatus {
+        kpng_api::hub::WatcherStatus {
+            node: name.into(),
+            peer: None,
+            connected_at: "T0".into(),
+            change_sets_sent: 1,
+            last_sent_at: None,
+            pending_service_changes: 0,
+            lag_seconds: 0.0,
+            version: version.map(str::to_string),
+        }
+    }
+
     #[test]
     fn a_brains_nodes_are_listed_most_behind_first_and_capped_unless_wide() {
         let node = |name: &str, lag: f64, pending: usize| kpng_api::hub::WatcherStatus {
-            node: name.into(),
             peer: Some("10.0.0.9:41000".into()),
-            connected_at: "T0".into(),
             change_sets_sent: 3,
-            last_sent_at: None,
             pending_service_changes: pending,
             lag_seconds: lag,
-            version: None,
+            ..watcher(name, None)
         };
         let mut nodes: Vec<_> = (0..60).map(|i| node(&format!("n{i:02}"), 0.0, 0)).collect();
         nodes.push(node("slow", 4.5, 7));
@@ -3146,21 +3158,11 @@ mod tests {
     /// showed as `0.1.0`, and a rollout's progress was invisible.
     #[test]
     fn nodes_of_another_build_than_the_brains_are_marked_and_counted() {
-        let node = |name: &str, version: Option<&str>| kpng_api::hub::WatcherStatus {
-            node: name.into(),
-            peer: None,
-            connected_at: "T0".into(),
-            change_sets_sent: 1,
-            last_sent_at: None,
-            pending_service_changes: 0,
-            lag_seconds: 0.0,
-            version: version.map(str::to_string),
-        };
         let ours = "0.1.0+aaaaaaaaaaaa";
         let nodes = [
-            node("n1", Some(ours)),
-            node("n2", Some("0.1.0+bbbbbbbbbbbb")),
-            node("n3", None),
+            watcher("n1", Some(ours)),
+            watcher("n2", Some("0.1.0+bbbbbbbbbbbb")),
+            watcher("n3", None),
         ];
         let mut table = String::new();
         write_brain_nodes(&mut table, &nodes, Some(ours), false);
@@ -3212,17 +3214,11 @@ mod tests {
             "{out}"
         );
         let mut table = String::new();
-        let watcher = kpng_api::hub::WatcherStatus {
-            node: "node1".into(),
+        let node = kpng_api::hub::WatcherStatus {
             peer: Some("10.0.0.5:41000".into()),
-            connected_at: "T0".into(),
-            change_sets_sent: 1,
-            last_sent_at: None,
-            pending_service_changes: 0,
-            lag_seconds: 0.0,
-            version: Some("0.1.0".into()),
+            ..watcher("node1", Some("0.1.0"))
         };
-        write_brain_nodes(&mut table, &[watcher], Some("0.1.0"), false);
+        write_brain_nodes(&mut table, &[node], Some("0.1.0"), false);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].ends_with(" VERSION     PEER"), "{table}");
         assert!(
@@ -3232,17 +3228,11 @@ mod tests {
         // The widest build fills its column and two spaces still part it from the peer (a
         // build with its commit is wider than the column's minimum).
         let mut table = String::new();
-        let watcher = kpng_api::hub::WatcherStatus {
-            node: "node1".into(),
+        let node = kpng_api::hub::WatcherStatus {
             peer: Some("10.0.0.5:41000".into()),
-            connected_at: "T0".into(),
-            change_sets_sent: 1,
-            last_sent_at: None,
-            pending_service_changes: 0,
-            lag_seconds: 0.0,
-            version: Some("0.1.0+188f6b2e5dae".into()),
+            ..watcher("node1", Some("0.1.0+188f6b2e5dae"))
         };
-        write_brain_nodes(&mut table, &[watcher], Some("0.1.0+188f6b2e5dae"), false);
+        write_brain_nodes(&mut table, &[node], Some("0.1.0+188f6b2e5dae"), false);
         assert!(
             table
                 .lines()

@@ -810,22 +810,21 @@ fn a_node_restarted_against_an_empty_brain_keeps_its_rules(
     node.kill().expect("stop the node");
 }
 
+/// The backend arguments of an iptables node in `mode` (`legacy` or `nft`).
+fn iptables_in(mode: &str) -> Vec<String> {
+    ["iptables", "--iptables-mode", mode]
+        .map(String::from)
+        .to_vec()
+}
+
 #[test]
 fn an_iptables_legacy_node_restarted_against_an_empty_brain_keeps_its_rules() {
-    a_node_restarted_against_an_empty_brain_keeps_its_rules("apiipl", |_| {
-        ["iptables", "--iptables-mode", "legacy"]
-            .map(String::from)
-            .to_vec()
-    });
+    a_node_restarted_against_an_empty_brain_keeps_its_rules("apiipl", |_| iptables_in("legacy"));
 }
 
 #[test]
 fn an_iptables_nft_node_restarted_against_an_empty_brain_keeps_its_rules() {
-    a_node_restarted_against_an_empty_brain_keeps_its_rules("apiipn", |_| {
-        ["iptables", "--iptables-mode", "nft"]
-            .map(String::from)
-            .to_vec()
-    });
+    a_node_restarted_against_an_empty_brain_keeps_its_rules("apiipn", |_| iptables_in("nft"));
 }
 
 /// The eBPF node's two halves both stay: the nftables rules (the pod's packets) and the

@@ -531,3 +531,102 @@ fn dry_run_prints_the_hcn_plan_against_what_hcn_holds() {
         "a dry run writes nothing"
     );
 }
+
+/// `scripts/wine-compare.sh` failing mid-way (here kpng.exe's model differs from kpng's) stops
+/// and reaps every process it started: the Linux kpng's `to-file` and the (stubbed) Wine one.
+/// Its trap used to stop only Wine's processes (`wineserver -k`), leaving the Linux kpng running
+/// after every failed comparison. Wine and mingw are stand-ins on PATH, so this runs without
+/// Wine: `wine` answers `version` as kpng.exe would, and for `to-file` writes a wrong model and
+/// stays up, as a Wine process would.
+#[cfg(unix)]
+#[test]
+fn wine_compare_failing_midway_leaves_no_process_running() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = dir.path().join("bin");
+    let pids = dir.path().join("pids");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    std::fs::create_dir_all(&pids).expect("pids dir");
+    let script = |name: &str, text: &str| {
+        let path = bin.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{text}")).expect("stand-in");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
+    };
+    script(
+        "x86_64-w64-mingw32-gcc",
+        "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && : > \"$2\"; shift; done\n",
+    );
+    script("wineserver", "exit 0\n");
+    script(
+        "wine",
+        "shift\n\
+         if [ \"$1\" = version ]; then\n\
+           \"$KPNG_REAL\" version | sed -n 1p; echo 'platform: windows/amd64'; exit 0\n\
+         fi\n\
+         while [ $# -gt 0 ]; do\n\
+           if [ \"$1\" = --output ]; then echo 'not the model' > \"$2\"; fi; shift\n\
+         done\n\
+         echo $$ > \"$PIDS/wine-$$\"\n\
+         exec sleep 600\n",
+    );
+    // The Linux kpng, through a wrapper that notes its pid (exec keeps it).
+    let linux = script(
+        "kpng-linux",
+        "echo $$ > \"$PIDS/kpng-$$\"\nexec \"$KPNG_REAL\" \"$@\"\n",
+    );
+    let exe = dir.path().join("kpng.exe");
+    std::fs::write(&exe, "").expect("kpng.exe stand-in");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out =
+        Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/wine-compare.sh"))
+            .arg(&exe)
+            .arg(&linux)
+            .env("PATH", path)
+            .env("KPNG_REAL", env!("CARGO_BIN_EXE_kpng"))
+            .env("PIDS", &pids)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run wine-compare.sh");
+    let started: Vec<(String, u32)> = std::fs::read_dir(&pids)
+        .expect("pids")
+        .map(|e| {
+            let e = e.expect("pid file");
+            let pid = std::fs::read_to_string(e.path()).expect("pid");
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                pid.trim().parse().expect("a pid"),
+            )
+        })
+        .collect();
+    // Whatever the outcome, nothing this test started stays behind.
+    let running: Vec<&(String, u32)> = started
+        .iter()
+        .filter(|(_, pid)| Path::new(&format!("/proc/{pid}")).exists())
+        .collect();
+    for (_, pid) in &running {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("FAILED: kpng.exe and kpng give different models"),
+        "it should fail at the model comparison:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.iter().any(|(name, _)| name.starts_with("kpng-"))
+            && started.iter().any(|(name, _)| name.starts_with("wine-")),
+        "both to-file runs started: {started:?}"
+    );
+    assert!(
+        running.is_empty(),
+        "still running after the script ended: {running:?}"
+    );
+}

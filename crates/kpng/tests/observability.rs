@@ -10,6 +10,43 @@ fn kpng() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kpng"))
 }
 
+/// A temporary directory holding the [`MANIFEST`] as `cluster.yaml`, and that file's path: the
+/// input of most tests here (the directory also holds their admin sockets and outputs).
+fn manifest_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(&input, MANIFEST).expect("write");
+    (dir, input)
+}
+
+/// `kpng GLOBAL… file --input INPUT --node-name n1 … to-local nft`, on the metrics and health
+/// addresses of a [`kpng_testkit::Netns::node`]: the proxy the root tests start in their
+/// namespace.
+#[cfg(target_os = "linux")]
+fn nft_proxy_args(global: &[&str], input: &std::path::Path) -> Vec<String> {
+    let mut args = vec![env!("CARGO_BIN_EXE_kpng").to_string()];
+    args.extend(global.iter().map(|a| a.to_string()));
+    args.extend([
+        "file".into(),
+        "--input".into(),
+        input.to_string_lossy().into_owned(),
+    ]);
+    args.extend(
+        [
+            "--node-name",
+            "n1",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "to-local",
+            "nft",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
 /// A kpng logging JSON that reads `input` and writes its model to `output`, on ephemeral
 /// metrics and health ports: the JSON log tests' process.
 fn json_logging_kpng(input: &std::path::Path, output: &std::path::Path) -> Command {
@@ -205,9 +242,7 @@ fn json_logs_name_a_rejected_object_in_fields() {
 
 #[test]
 fn json_logs_sync_summaries_and_build_and_process_metrics() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let mut running = Running::start(&mut json_logging_kpng(&input, &dir.path().join("out.yaml")));
     // The metrics server logs its address from its own task, which may run after the sync.
     let err = running.wait("the first sync and the metrics address", |e| {
@@ -1360,9 +1395,7 @@ fn the_status_page_shows_a_repair_problem() {
     let Some(browser) = browser_or_skip() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let mut node = Running::start(
         kpng()
             .env_remove("RUST_LOG")
@@ -1473,9 +1506,7 @@ fn the_status_page_shows_a_repair_problem() {
 fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_for() {
     kpng_testkit::require_root!();
     let ns = kpng_testkit::Netns::node("obs-bind").expect("netns");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let mut command = ns.command([env!("CARGO_BIN_EXE_kpng")]);
     command
         .arg("file")
@@ -1543,9 +1574,7 @@ fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_
 fn the_status_page_answers_root_and_refuses_another_local_user() {
     kpng_testkit::require_root!();
     let ns = kpng_testkit::Netns::node("obs-uid").expect("netns");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let mut command = ns.command([env!("CARGO_BIN_EXE_kpng")]);
     command
         .arg("file")
@@ -1620,9 +1649,7 @@ fn the_status_page_answers_root_and_refuses_another_local_user() {
 /// within seconds, serves it again and says so, so that `kpng status` keeps working.
 #[test]
 fn a_removed_admin_socket_is_served_again() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let socket = dir.path().join("admin.sock");
     let mut running = Running::start(
         kpng()
@@ -1664,9 +1691,7 @@ fn a_removed_admin_socket_is_served_again() {
 #[cfg(target_os = "linux")]
 #[test]
 fn the_open_files_limit_is_raised_to_the_hard_limit() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let mut command = Command::new("sh");
     command
         .arg("-c")
@@ -1723,9 +1748,7 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
         }
     }
     let _remove = Remove(marker.clone());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let socket = dir.path().join("admin.sock");
     let metrics = "127.0.0.1:10249";
     let args = [
@@ -1891,9 +1914,7 @@ fn the_start_after_a_kill_says_the_previous_run_ended_uncleanly() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_low_open_files_limit_is_raised_or_warned_about() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let command = |limit: &str| {
         let mut command = Command::new("prlimit");
         command
@@ -2562,28 +2583,14 @@ fn a_trace_under_an_interface_detector_names_the_interface_or_its_assumption() {
 fn a_refused_second_kpng_is_a_json_line_and_the_first_one_logs_it() {
     kpng_testkit::require_root!();
     let ns = kpng_testkit::Netns::node("obs-two").expect("netns");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let args = |socket: &str| {
-        vec![
-            env!("CARGO_BIN_EXE_kpng").to_string(),
-            "--logging-format".into(),
-            "json".into(),
-            "--admin-socket".into(),
-            dir.path().join(socket).to_string_lossy().into_owned(),
-            "file".into(),
-            "--input".into(),
-            input.to_string_lossy().into_owned(),
-            "--node-name".into(),
-            "n1".into(),
-            "--metrics-bind-address".into(),
-            "127.0.0.1:10249".into(),
-            "--healthz-bind-address".into(),
-            "127.0.0.1:10256".into(),
-            "to-local".into(),
-            "nft".into(),
-        ]
+        let socket = dir.path().join(socket);
+        let socket = socket.to_str().expect("utf-8");
+        nft_proxy_args(
+            &["--logging-format", "json", "--admin-socket", socket],
+            &input,
+        )
     };
     let first = ns.spawn(args("first.sock")).expect("kpng");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -2651,27 +2658,13 @@ fn a_refused_second_kpng_is_a_json_line_and_the_first_one_logs_it() {
 fn a_repair_names_the_process_that_changed_the_rules_and_the_history_is_text() {
     kpng_testkit::require_root!();
     let ns = kpng_testkit::Netns::node("obs-who").expect("netns");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("cluster.yaml");
-    std::fs::write(&input, MANIFEST).expect("write");
+    let (dir, input) = manifest_dir();
     let socket = dir.path().join("admin.sock");
     let k = ns
-        .spawn([
-            env!("CARGO_BIN_EXE_kpng"),
-            "--admin-socket",
-            socket.to_str().expect("utf-8"),
-            "file",
-            "--input",
-            input.to_str().expect("utf-8"),
-            "--node-name",
-            "n1",
-            "--metrics-bind-address",
-            "127.0.0.1:10249",
-            "--healthz-bind-address",
-            "127.0.0.1:10256",
-            "to-local",
-            "nft",
-        ])
+        .spawn(nft_proxy_args(
+            &["--admin-socket", socket.to_str().expect("utf-8")],
+            &input,
+        ))
         .expect("kpng");
     let wait = |what: &str, check: &dyn Fn(&str) -> bool| {
         let deadline = Instant::now() + Duration::from_secs(20);

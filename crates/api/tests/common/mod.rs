@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
@@ -12,6 +12,11 @@ use kpng_api::proto;
 use kpng_api::server::ConnLimits;
 use kpng_model::{Event, Kind};
 use tokio::net::UnixStream;
+
+mod lines;
+// Not every test binary captures logs.
+#[allow(unused_imports)]
+pub use lines::Lines;
 
 /// The objects of `text` (YAML manifests), as one listing of every kind.
 pub fn manifest(text: &str) -> Event {
@@ -262,50 +267,5 @@ pub async fn watchers(hub: &Hub, n: usize) {
             hub.watchers().len()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The log lines written while a test's subscriber ([`Lines::subscriber`]) is the default
-/// (or the global one): what a test asserts about logs.
-#[derive(Clone, Default)]
-pub struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    /// A subscriber writing here, plain text (no colours), at `level` and above.
-    pub fn subscriber(&self, level: tracing::Level) -> impl tracing::Subscriber + Send + Sync {
-        let writer = self.clone();
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_max_level(level)
-            .with_ansi(false)
-            .finish()
-    }
-
-    /// The lines written so far that contain `text`.
-    pub fn matching(&self, text: &str) -> Vec<String> {
-        let bytes = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|l| l.contains(text))
-            .map(str::to_string)
-            .collect()
     }
 }

@@ -1,5 +1,10 @@
 use super::*;
 
+/// The log capture the integration tests use too.
+#[path = "../../../tests/common/lines.rs"]
+mod lines;
+use lines::Lines;
+
 /// A certificate for `cn` (self-signed; nothing verifies it here) and its key, as PEM.
 fn pair(cn: &str) -> (String, String) {
     let mut params = rcgen::CertificateParams::new(vec![cn.to_string()]).expect("params");
@@ -322,40 +327,9 @@ fn invalid_files_at_start_are_errors_naming_the_file() {
 /// (until 2026-12-06 every reload was logged as the certificate's); both changed, both.
 #[test]
 fn a_reload_logs_what_changed() {
-    use std::sync::{Arc, Mutex, PoisonError};
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _log = tracing::subscriber::set_default(subscriber);
-    let last_line = || {
-        let bytes = lines
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string()
-    };
+    let _log = tracing::subscriber::set_default(lines.subscriber(tracing::Level::INFO));
+    let last_line = || lines.last();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = |name: &str| dir.path().join(name);
     let write = |name: &str, text: &str| {
