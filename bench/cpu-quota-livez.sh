@@ -4,8 +4,9 @@
 # second (curl -m 5) until the first sync is logged. Prints each probe's code and time, then
 # the group's `cpu.stat` (how often and how long CFS throttled it).
 #
-# Why probes stalled (before 2026-12-07: a restart now sends only what differs from the table,
-# nothing after a plain restart; repairs and the periodic full sync still refill): the restart
+# Why probes stalled (before 2026-12-07: a restart, a repair and the periodic full sync now
+# send only what differs from the table, nothing after a plain restart; a table created anew
+# and the fallbacks still fill or refill it, docs/deploy.md "Sizing"): the restart
 # refilled every set in one nftables transaction, one `sendmsg`
 # the kernel runs without preemption (PREEMPT_NONE) for ~0.5 s (30k Services), far past the
 # quota; CFS then throttles every thread of the group, the health server's too, until that
