@@ -6,8 +6,9 @@
 # between two answered probes and the most probes unanswered in a row, and the first sync's
 # log lines (a restart that read its table logs "its sets read once").
 #
-# Why probes stalled (before 2026-12-07: a restart now sends only what differs from the table,
-# nothing after a plain restart; repairs and the periodic full sync still refill): the restart
+# Why probes stalled (before 2026-12-07: a restart, a repair and the periodic full sync now
+# send only what differs from the table, nothing after a plain restart; a table created anew
+# and the fallbacks still fill or refill it, docs/deploy.md "Sizing"): the restart
 # refilled every set in one nftables transaction, one `sendmsg`
 # the kernel runs without preemption (PREEMPT_NONE) for ~0.5 s (30k Services), far past the
 # quota; CFS then throttles every thread of the group, the health server's too, until that

@@ -1,12 +1,22 @@
-//! The first full sync of a process over a table it adopts with its own skeleton: read what
-//! the table's sets hold, once, and send only what differs, in one transaction.
+//! A full sync over a table with kpng's own skeleton: read what the table's sets hold, once,
+//! and send only what differs, in one transaction.
 //!
-//! Why: the refill that adopting a table meant before (flush every set, add every element, in
-//! one transaction) is ~344k operations at 30k Services × 4 endpoints, though after a plain
-//! restart almost nothing differs. The kernel runs that transaction inside one `sendmsg`
-//! (0.2–0.5 s on a `PREEMPT_NONE` kernel), and when any process on the host listens for
-//! nftables notifications it builds one per element: ~6.5 s of kernel CPU, which a 100m CPU
-//! limit stretches to over a minute of throttling (`docs/deploy.md`, "Sizing").
+//! Why: the refill such a full sync meant before (flush every set, add every element, in one
+//! transaction) is ~344k operations at 30k Services × 4 endpoints, though after a plain
+//! restart almost nothing differs, and after a repair only what someone else changed. The
+//! kernel runs that transaction inside one `sendmsg` (0.2–0.5 s on a `PREEMPT_NONE` kernel),
+//! and when any process on the host listens for nftables notifications it builds one per
+//! element: ~6.5 s of kernel CPU, which a 100m CPU limit stretches to over a minute of
+//! throttling (`docs/deploy.md`, "Sizing").
+//!
+//! When ([`Why`]): the first full sync of a process that adopts its earlier table
+//! ([`Why::Adopting`]), a repair of someone else's change to a table that still carries this
+//! skeleton's marker ([`Why::Repairing`]: an element added or deleted, a set flushed, a rule
+//! changed; the rules are put back by text first, the set and map elements are diffed), and
+//! every other full sync over it (`--full-sync-period`, a retry: [`Why::FullSync`]), one dump
+//! per set each time, never in the sync loop. A table that is gone, or whose marker is not
+//! this skeleton's, is created or replaced as before; a set that is gone fails its dump, and
+//! the refill's text declares it again.
 //!
 //! How, without holding every element twice: the wanted elements are generated once to build
 //! the store and remember each one's content hash (16 bytes apiece,
@@ -16,10 +26,11 @@
 //! (`service-cidrs`, `firewall-allow`), whose ranges a dump returns in pieces, are compared
 //! whole: one that differs at all is flushed and refilled in the same transaction.
 //!
-//! Falls back to the flush and refill (`None`) when a dump fails, a held element cannot be
-//! decoded (a catch-all, a protocol kpng never writes), two owners disagree about an element,
-//! or the difference is more than half the wanted elements (then the refill costs about as
-//! much). Never used after the first full sync: the sync loop does not read elements.
+//! Falls back to the flush and refill (`Err` with the reason, which the caller logs) when a
+//! dump fails, a held element cannot be decoded (a catch-all, a protocol kpng never writes),
+//! two owners disagree about an element, or the difference is more than half the wanted
+//! elements (then the refill costs about as much); and the full sync after one whose
+//! difference the kernel refused flushes and refills without reading (it names the element).
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
@@ -52,15 +63,45 @@ struct Read {
     over: bool,
 }
 
+/// Which full sync reads the table's sets, for its log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// The first full sync of a process, over the table an earlier run left.
+    Adopting,
+    /// The repair of someone else's change to the table.
+    Repairing,
+    /// Any other full sync over the table this process committed (`--full-sync-period`, a
+    /// retry, a node change).
+    FullSync,
+}
+
+impl Why {
+    /// How the log lines begin: `adopting table ip kpng`.
+    pub(crate) fn verb(self) -> &'static str {
+        match self {
+            Why::Adopting => "adopting",
+            Why::Repairing => "repairing",
+            Why::FullSync => "full sync of",
+        }
+    }
+}
+
+/// A full sync's outcome through [`NftBackend::diffed_refill`]: the result of its
+/// transactions, the store it built, and the operations sent.
+pub(crate) type Diffed = (Result<(), String>, ElementStore, usize);
+
 impl NftBackend {
-    /// [`crate::NftBackend::streamed_full`]'s path for the first full sync of a table adopted
-    /// as it is ([`Adopt::Sets`]): `None` to fall back to the flush and refill.
+    /// [`crate::NftBackend::streamed_full`]'s path for a full sync over a table with this
+    /// skeleton (`adopt`: [`Adopt::Sets`], or [`Adopt::RulesAndSets`] for a repair whose rules
+    /// are put back first): `Err` with the reason to fall back to the flush and refill.
     pub(crate) fn diffed_refill(
         &mut self,
         index: usize,
         snapshot: &Snapshot,
         cfg: &crate::ruleset::StaticConfig,
-    ) -> Option<(Result<(), String>, ElementStore, usize)> {
+        adopt: Adopt,
+        why: Why,
+    ) -> Result<Diffed, &'static str> {
         let fam = self.states[index].fam;
         let table = self.config.table.clone();
         let started = Instant::now();
@@ -99,15 +140,20 @@ impl NftBackend {
                 }
             }
         });
-        if superseded || unencodable {
-            // The refill sorts conflicts out, and names an element that does not encode.
-            return None;
+        if superseded {
+            // The refill sorts conflicts out.
+            return Err("two Services want the same element");
+        }
+        if unencodable {
+            // The refill names an element that does not encode.
+            return Err("an element cannot be encoded");
         }
         let desired = wanted.len();
         let generated = started.elapsed();
 
         // The kernel's elements, each set once.
-        let mut batch = ElementBatch::new(fam.0, &table).ok()?;
+        let mut batch =
+            ElementBatch::new(fam.0, &table).map_err(|_| "the table's name cannot be encoded")?;
         let mut read = Read {
             bound: desired / 2,
             ..Read::default()
@@ -115,8 +161,8 @@ impl NftBackend {
         let mut refilled: Vec<Set> = Vec::new();
         for set in Set::owned(fam.0) {
             if !self.read_set(fam, set, &contents, &mut wanted, &mut batch, &mut read) {
-                debug!(family = %fam.0, set = %set, "the start-up read of the set failed: refilling");
-                return None;
+                debug!(family = %fam.0, set = %set, "reading the set failed: refilling");
+                return Err("a set could not be read (gone, or not readable)");
             }
             if let Some(&(_, count)) = ranges.iter().find(|(s, _)| *s == set) {
                 let matched = std::mem::take(&mut read.kept_in_range);
@@ -145,10 +191,13 @@ impl NftBackend {
                 deletes = batch.deletes(),
                 missing,
                 wanted = desired,
-                "adopting the table: its sets differ too much from what is wanted (or hold \
-                 elements kpng cannot read); flushing and refilling them"
+                "{} table {} {}: its sets differ too much from what is wanted (or hold \
+                 elements kpng cannot read)",
+                why.verb(),
+                fam.table_family(),
+                table
             );
-            return None;
+            return Err("its sets differ too much from what is wanted");
         }
 
         // What is missing, generated again and added.
@@ -171,7 +220,7 @@ impl NftBackend {
         });
         let (deletes, adds) = (batch.deletes(), batch.adds());
         if let Some(message) = failed {
-            return Some((Err(message), store, adds));
+            return Ok((Err(message), store, adds));
         }
         info!(
             family = %fam.0,
@@ -181,17 +230,18 @@ impl NftBackend {
             refilled = ?refilled.iter().map(|s| s.name()).collect::<Vec<_>>(),
             generate_ms = generated.as_millis() as u64,
             read_ms = read_took.as_millis() as u64,
-            "adopting table {} {}: its sets read once; only what differs is sent, in one \
+            "{} table {} {}: its sets read once; only what differs is sent, in one \
              transaction",
+            why.verb(),
             fam.table_family(),
             table
         );
         self.states[index].chains.clear();
         self.states[index].chain_refs = refs;
         let result = self
-            .adopt_rules(index, cfg, Adopt::Sets, chains)
+            .adopt_rules(index, cfg, adopt, chains)
             .and_then(|()| self.commit_diff(batch));
-        Some((result, store, deletes + adds))
+        Ok((result, store, deletes + adds))
     }
 
     /// Dumps one owned set: a held element that is wanted is crossed off `wanted`; any other

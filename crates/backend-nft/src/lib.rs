@@ -16,8 +16,10 @@
 //! The first full sync of each family reads the kernel once
 //! ([`netlink::ElementWriter::probe_table`]: the table and its `skeleton` marker chain, which
 //! says the layout and skeleton it was written with, never its elements) and decides: adopt a
-//! table a previous run left (refill its sets in one transaction), put the rules back then the
-//! sets (same layout, another configuration, or tampered with), or replace it whole. Either way
+//! table a previous run left (its sets read once each and sent only what differs, in one
+//! transaction: [`diff_refill`]), put the rules back then the sets (same layout, another
+//! configuration, or tampered with: the sets diffed too when the skeleton is this one), or
+//! replace it whole. Either way
 //! established connections are untouched, because their NAT lives in conntrack. A full sync
 //! that reuses the table also lists its chains (one chain dump) to delete the dynamic chains no
 //! element refers to. Every other sync sends only the elements that changed, and the sync loop
@@ -125,9 +127,11 @@ struct FamilyState {
     kept_rules: bool,
     /// A full sync has committed this table: finding it absent later means someone deleted it.
     ever_committed: bool,
-    /// The first full sync read the adopted table's elements ([`diff_refill`]): once per
-    /// process, never again (a retry or a later full sync flushes and refills).
-    elements_read: bool,
+    /// The last full sync read the table's elements and sent their difference
+    /// ([`diff_refill`]), and that failed: the next full sync flushes and refills without
+    /// reading (trusting nothing read, and naming an element the kernel rejects). Cleared by
+    /// a full sync that succeeds.
+    refill_next: bool,
     /// This sync committed the table whole (created, replaced or refilled): it is confirmed
     /// once the sync's window of own changes has closed ([`NftBackend::confirm`]).
     full_done: bool,
@@ -142,7 +146,8 @@ struct FamilyState {
 enum Adopt {
     /// Not adopted: created, or replaced whole.
     No,
-    /// Its sets flushed and refilled in one transaction; its rules trusted.
+    /// Its sets read and sent only what differs ([`diff_refill`]), or flushed and refilled,
+    /// in one transaction; its rules trusted.
     Sets,
     /// Its rules put back first ([`script::restore_rules`]): someone else changed them, or
     /// the table has another skeleton of our layout (another configuration).
@@ -299,7 +304,7 @@ impl NftBackend {
                 replace_whole: false,
                 kept_rules: false,
                 ever_committed: false,
-                elements_read: false,
+                refill_next: false,
                 full_done: false,
                 rules_seen: None,
             })
@@ -731,8 +736,9 @@ impl NftBackend {
     }
 
     /// Rebuilds the whole family. With netlink, and when the kernel's table already has this
-    /// skeleton, that is one atomic netlink transaction flushing and refilling every set (the
-    /// affinity map is kept); without a table, the skeleton goes as text and then the elements;
+    /// skeleton, that is one atomic netlink transaction sending the sets only what differs
+    /// ([`diff_refill`]), or flushing and refilling every set (the affinity map is kept);
+    /// without a table, the skeleton goes as text and then the elements;
     /// otherwise one atomic text transaction replaces the table.
     fn full_sync(
         &mut self,
@@ -798,8 +804,22 @@ impl NftBackend {
             ),
             _ => {}
         }
+        // Its own skeleton, marker and all: its sets and maps are declared as this build
+        // declares them, so what they hold can be compared element by element.
+        let why = match &kernel {
+            KernelTable::Skeleton(m) if *m == marker && adopt => {
+                Some(if self.states[index].distrust {
+                    diff_refill::Why::Repairing
+                } else if self.states[index].ever_committed {
+                    diff_refill::Why::FullSync
+                } else {
+                    diff_refill::Why::Adopting
+                })
+            }
+            _ => None,
+        };
         let streamed = if adopt || kernel == KernelTable::Absent {
-            self.streamed_full(index, request.snapshot, &cfg, adopting)
+            self.streamed_full(index, request.snapshot, &cfg, adopting, why)
         } else {
             None
         };
@@ -818,6 +838,7 @@ impl NftBackend {
                 state.ever_committed = true;
                 state.full_done = true;
                 state.kept_rules = adopting == Adopt::Sets;
+                state.refill_next = false;
                 if adopt {
                     self.delete_chains_the_table_holds_unreferenced(index);
                 }
@@ -990,28 +1011,44 @@ impl NftBackend {
 
     /// The full sync over netlink, encoding elements as they are generated so that no list of
     /// every element is ever held (that list was the largest allocation of a cold start). A
-    /// table just created goes through [`NftBackend::cold_fill`]; an adopted one is flushed
-    /// and refilled in one transaction. `None` when two owners disagree about an element in a
-    /// way only the collected path resolves (rare: conflicting Services).
+    /// table just created goes through [`NftBackend::cold_fill`]; an adopted one with this
+    /// skeleton (`why` says why it is synced whole) gets only what differs
+    /// ([`diff_refill`]), and otherwise is flushed and refilled in one transaction. `None`
+    /// when two owners disagree about an element in a way only the collected path resolves
+    /// (rare: conflicting Services).
     fn streamed_full(
         &mut self,
         index: usize,
         snapshot: &Snapshot,
         cfg: &StaticConfig,
         adopt: Adopt,
+        why: Option<diff_refill::Why>,
     ) -> Option<(Result<(), String>, ElementStore, usize)> {
         if adopt == Adopt::No {
             return self.cold_fill(index, snapshot, cfg);
         }
-        let state = &mut self.states[index];
-        if adopt == Adopt::Sets && !state.ever_committed && !state.elements_read {
-            // A restart over our own table: send only what differs.
-            state.elements_read = true;
-            if let Some(done) = self.diffed_refill(index, snapshot, cfg) {
-                return Some(done);
-            }
-        }
         let fam = self.states[index].fam;
+        let refill_why = match why {
+            Some(_) if self.states[index].refill_next => {
+                Some("the last full sync of it failed: nothing read is trusted".to_string())
+            }
+            Some(why) => {
+                self.states[index].refill_next = true;
+                match self.diffed_refill(index, snapshot, cfg, adopt, why) {
+                    Ok(done) => return Some(done),
+                    Err(reason) => Some(reason.to_string()),
+                }
+            }
+            None => None,
+        };
+        if let (Some(reason), Some(why)) = (refill_why, why) {
+            info!(
+                "{} table {} {}: flushing and refilling its sets in one transaction ({reason})",
+                why.verb(),
+                fam.table_family(),
+                self.config.table
+            );
+        }
         let table = self.config.table.clone();
         let mut store = ElementStore::new();
         let mut refill = match netlink::ElementBatch::new(fam.0, &table) {

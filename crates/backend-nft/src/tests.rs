@@ -441,8 +441,13 @@ fn an_adopted_tables_unreferenced_dynamic_chains_go_at_the_full_sync() {
         Some(2),
         "the metric counts the table's chains"
     );
-    // Partial and periodic syncs do not list the kernel.
-    let listings = |w: &RecordingWriter| *w.chain_listings.lock().expect("lock");
+    // Partial and periodic syncs do not list the kernel: no chain dump, no element dump.
+    let listings = |w: &RecordingWriter| {
+        (
+            *w.chain_listings.lock().expect("lock"),
+            *w.element_listings.lock().expect("lock"),
+        )
+    };
     let before = listings(&w);
     partial_sync_to(&mut b, &mut model, &scaled(2, 0));
     let empty = Diff::default();
@@ -452,7 +457,7 @@ fn an_adopted_tables_unreferenced_dynamic_chains_go_at_the_full_sync() {
         full: false,
     })
     .expect("periodic sync");
-    assert_eq!(listings(&w), before, "no chain dump outside full syncs");
+    assert_eq!(listings(&w), before, "no dump outside full syncs");
 }
 
 /// A delete nft refused once is tried again by the next full sync that reuses the table (the
@@ -2262,7 +2267,8 @@ fn wanted_elements(b: &mut NftBackend, model: &Model, family: Family) -> Vec<Ele
 /// identical table; one delete and one add for a stale and a missing element (a foreign
 /// element is the stale one); a delete and an add of the same key for a changed value; a
 /// changed range refills its set alone. A table it cannot read, or that differs by more than
-/// half, is flushed and refilled as before; and the sync loop never reads elements again.
+/// half, is flushed and refilled as before. Every later full sync over the table reads it
+/// again the same way; the sync loop never reads elements.
 #[test]
 fn a_restart_over_its_own_table_sends_only_what_differs() {
     let model = model_from(&many_services(20, 2));
@@ -2420,16 +2426,132 @@ fn a_restart_over_its_own_table_sends_only_what_differs() {
             assert_eq!(deletes, [Set::ClusterIps]);
             assert_eq!(adds, [Set::Endpoints(PickKind::Cluster, Protocol::Tcp)]);
         }
-        // Once per process: the next full sync flushes and refills without reading.
+        // The next full sync (`--full-sync-period`) reads the sets again, once each, and
+        // decides the same way (the fake does not apply what was sent); the partial and
+        // periodic syncs in between read nothing
+        // (`an_adopted_tables_unreferenced_dynamic_chains_go_at_the_full_sync`).
         let listings = *w.element_listings.lock().expect("lock");
+        let sent = w.recorded().len();
         full_sync(&mut b, &model);
-        assert_eq!(
-            *w.element_listings.lock().expect("lock"),
-            listings,
-            "{}: the sync loop read elements",
-            case.what
-        );
-        let last = w.recorded().pop().expect("a refill");
-        assert_eq!(last.flushed(), Set::owned(Family::V4).collect::<Vec<_>>());
+        let read = *w.element_listings.lock().expect("lock") - listings;
+        let again = w.recorded().split_off(sent);
+        match &case.diff {
+            Some((0, 0, _)) => assert_eq!(again.len(), 0, "{}: nothing sent again", case.what),
+            Some((deletes, adds, _)) => assert_eq!(
+                (again.len(), again[0].deletes, again[0].adds),
+                (1, *deletes, *adds),
+                "{}: the same difference again",
+                case.what
+            ),
+            None => assert_eq!(
+                again.last().map(|b| b.flushed()),
+                Some(Set::owned(Family::V4).collect::<Vec<_>>()),
+                "{}: refilled again",
+                case.what
+            ),
+        }
+        if case.readable {
+            assert!(
+                read >= 1,
+                "{}: the full sync read the sets again",
+                case.what
+            );
+        }
     }
+}
+
+/// A difference the kernel refuses fails the full sync, and the retry flushes and refills
+/// without reading (trusting nothing it read, and naming the element the kernel rejects); the
+/// full sync after that one reads again.
+#[test]
+fn a_refused_difference_is_retried_as_a_refill() {
+    let model = model_from(&many_services(20, 2));
+    let (b, _r) = backend();
+    let w = RecordingWriter::default();
+    let mut b = b.with_netlink(w.clone());
+    b.config.families = vec![Family::V4];
+    b.states.retain(|s| s.fam.0 == Family::V4);
+    keep_table(&w, &b, &model, Family::V4);
+    let mut held = wanted_elements(&mut b, &model, Family::V4);
+    let dispatch = held
+        .iter()
+        .position(|e| e.set == Set::ServiceIps)
+        .expect("a dispatch element");
+    held.remove(dispatch);
+    *w.contents.lock().expect("lock") = vec![(Family::V4, held)];
+    *w.fail_with.lock().expect("lock") = Some("injected".into());
+    try_full_sync(&mut b, &model).expect_err("the difference is refused");
+    *w.fail_with.lock().expect("lock") = None;
+    let listings = *w.element_listings.lock().expect("lock");
+    full_sync(&mut b, &model);
+    assert_eq!(
+        *w.element_listings.lock().expect("lock"),
+        listings,
+        "the retry read nothing"
+    );
+    let last = w.recorded().pop().expect("a refill");
+    assert_eq!(last.flushed(), Set::owned(Family::V4).collect::<Vec<_>>());
+    full_sync(&mut b, &model);
+    assert!(*w.element_listings.lock().expect("lock") > listings);
+    let last = w.recorded().pop().expect("the difference");
+    assert_eq!((last.deletes, last.adds, last.flushed()), (0, 1, vec![]));
+}
+
+/// A repair of someone else's change to a table that keeps kpng's skeleton (its marker
+/// chain): the rules are put back by text (`restore_rules`: every chain flushed and declared
+/// again, no element), and the sets get only what differs, read once each: a flushed map is
+/// refilled alone (deleted 0, added its elements), not every set of the table. A repair of a
+/// table whose marker is gone replaces it whole, as before.
+#[test]
+fn a_repair_of_a_table_with_its_skeleton_sends_only_what_differs() {
+    let model = model_from(&many_services(20, 2));
+    let (b, r) = backend();
+    let w = RecordingWriter::default();
+    let mut b = b.with_netlink(w.clone());
+    b.config.families = vec![Family::V4];
+    b.states.retain(|s| s.fam.0 == Family::V4);
+    keep_table(&w, &b, &model, Family::V4);
+    let wanted = wanted_elements(&mut b, &model, Family::V4);
+    *w.contents.lock().expect("lock") = vec![(Family::V4, wanted.clone())];
+    full_sync(&mut b, &model);
+    // Someone flushes `service-ips`; the monitor's report makes the next full sync a repair.
+    let flushed: Vec<Element> = wanted
+        .iter()
+        .filter(|e| e.set != Set::ServiceIps)
+        .cloned()
+        .collect();
+    let lost = wanted.len() - flushed.len();
+    assert!(lost >= 20, "one dispatch element per Service port: {lost}");
+    *w.contents.lock().expect("lock") = vec![(Family::V4, flushed)];
+    b.states[0].kernel = KernelTable::Unknown;
+    b.states[0].committed = None;
+    b.states[0].distrust = true;
+    let before = (w.recorded().len(), scripts(&r).len());
+    let stats = try_full_sync(&mut b, &model).expect("the repair");
+    let sent = w.recorded().split_off(before.0);
+    assert_eq!(
+        sent.iter()
+            .map(|b| (b.deletes, b.adds, b.flushed()))
+            .collect::<Vec<_>>(),
+        vec![(0, lost, vec![])],
+        "only the flushed map's elements are added"
+    );
+    assert_eq!(stats.operations, lost);
+    let text = scripts(&r).split_off(before.1);
+    assert!(
+        text.iter().any(|t| t.starts_with("flush table ip kpng\n")),
+        "the rules are put back first: {text:?}"
+    );
+    // The marker gone (someone replaced the table): replaced whole, nothing read.
+    w.tables.lock().expect("lock").clear();
+    w.tables
+        .lock()
+        .expect("lock")
+        .push((Family::V4, ProbedTable::Present(String::new())));
+    b.states[0].kernel = KernelTable::Unknown;
+    b.states[0].committed = None;
+    b.states[0].distrust = true;
+    let listings = *w.element_listings.lock().expect("lock");
+    full_sync(&mut b, &model);
+    assert_eq!(*w.element_listings.lock().expect("lock"), listings);
 }

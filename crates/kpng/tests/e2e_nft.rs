@@ -408,6 +408,106 @@ fn a_restart_over_its_table_sends_only_what_differs() {
     );
 }
 
+/// A repair over kpng's own table sends only what differs (crates/backend-nft/src/
+/// diff_refill.rs), not a flush and refill of every set: someone flushes `service-ips` (every
+/// Service's dispatch: `web` is no longer served), and the repair reads the sets once and adds
+/// the map's elements back (deleted=0); someone then deletes `web`'s dispatch and adds a drop
+/// of it in `no-endpoint-services` in one transaction, and the repair deletes the one and adds
+/// the other. A table deleted whole is created again as a new one, nothing read. `web` is
+/// served after each.
+#[test]
+fn a_repair_over_its_table_sends_only_what_differs() {
+    use e2e::faults::{Bed, hold, web};
+    use e2e::harness::{Kpng, manifest};
+    kpng_testkit::require_root!();
+    let bed = Bed::new(e2e::Backend::Nft, "diffrep");
+    let ns = &bed.c.node1.ns;
+    let mut k = Kpng::start(e2e::Backend::Nft, ns, &manifest(&[web(), hold()]), &[]);
+    bed.assert_served(10, "before the faults");
+    const READ: &str = "repairing table ip kpng: its sets read once";
+    const REFILLED: &str = "repairing table ip kpng: flushing and refilling";
+    // Injects `cmd` in node1, waits for the repair (and, with `read`, for its line about
+    // the IPv4 table's read) and returns the lines about the IPv4 table it logged.
+    let repair = |k: &mut Kpng, cmd: &str, what: &str, read: bool| -> Vec<String> {
+        let before = k.stderr().lines().count();
+        let (ok, failed) = k.sync_counts();
+        ns.run_ok(["nft", cmd]).expect(what);
+        k.wait_synced(ok, failed);
+        if read {
+            k.wait_logged(what, |log| {
+                log.lines().skip(before).any(|l| l.contains(READ))
+            });
+        }
+        bed.wait_served(10, what);
+        let log = k.stderr();
+        assert!(
+            log.lines()
+                .skip(before)
+                .any(|l| l.contains("repair after a change by someone else")),
+            "{what}: repaired:\n{log}"
+        );
+        log.lines()
+            .skip(before)
+            .filter(|l| l.contains("table ip kpng"))
+            .map(str::to_string)
+            .collect()
+    };
+    let find = |lines: &[String], what: &str| -> String {
+        lines
+            .iter()
+            .find(|l| l.contains(READ))
+            .unwrap_or_else(|| panic!("{what}: not repaired by a difference: {lines:?}"))
+            .clone()
+    };
+    // The map's elements (one per Service port and IP: `: goto` each), all to be added back.
+    let held = ns
+        .run_ok(["nft", "list", "map", "ip", "kpng", "service-ips"])
+        .expect("the map")
+        .matches(": goto ")
+        .count();
+    assert!(held >= 2, "web's and hold's dispatch at least");
+    let lines = repair(
+        &mut k,
+        "flush map ip kpng service-ips",
+        "service-ips flushed",
+        true,
+    );
+    let line = find(&lines, "flush");
+    assert!(
+        line.contains("deleted=0")
+            && line.contains(&format!("added={held} "))
+            && line.contains("refilled=[]"),
+        "the map's {held} elements added back, nothing else: {line}"
+    );
+    let lines = repair(
+        &mut k,
+        "delete element ip kpng service-ips { 10.96.0.10 . tcp . 80 }; \
+         add element ip kpng no-endpoint-services { 10.96.0.10 . tcp . 80 : drop }",
+        "web's dispatch replaced by a drop",
+        true,
+    );
+    let line = find(&lines, "element changes");
+    assert!(
+        line.contains("deleted=1") && line.contains("added=1"),
+        "one delete, one add: {line}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains(REFILLED)),
+        "no refill: {lines:?}"
+    );
+    let lines = repair(&mut k, "delete table ip kpng", "table deleted", false);
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("its sets read once") || l.contains(REFILLED)),
+        "a deleted table is created again, nothing read: {lines:?}"
+    );
+    let held = ns
+        .run_ok(["nft", "list", "map", "ip", "kpng", "service-ips"])
+        .expect("the map is there again");
+    assert!(held.contains("10.96.0.10"), "{held}");
+}
+
 /// ClientIP affinity across a restart whose Service set changed: `first` and `second` (both
 /// with affinity; `first` sorts first, so a fresh start gives its ports the lower ids), a client
 /// stuck to `second`'s endpoint X and, through `first`, to another endpoint Y. kpng stops (its

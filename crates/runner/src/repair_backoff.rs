@@ -1,7 +1,7 @@
 //! How long a repair of someone else's change waits, when such changes keep coming.
 //!
-//! A repair is a full sync (at 30k Services about 1 s of CPU and one large kernel
-//! transaction). One change by someone else (a firewall reload, `nft flush ruleset`) is
+//! A repair is a full sync (at 30k Services about 1 s of CPU, and a read of the table or one
+//! large kernel transaction, by backend). One change by someone else (a firewall reload, `nft flush ruleset`) is
 //! repaired at once: that is the 1 s restore target of `docs/reliability.md`. But a
 //! misconfigured node undoes kpng's rules in a loop (a firewall manager reloading every few
 //! seconds, a cron job flushing the ruleset, a second kpng or kube-proxy fighting for the same
