@@ -200,24 +200,28 @@ impl NftBackend {
             return Err("its sets differ too much from what is wanted");
         }
 
-        // What is missing, generated again and added.
+        // What is missing, generated again and added; after a plain restart or in a quiet
+        // hour nothing is, and the second pass (as long as the first) is skipped.
         let mut failed = None;
         let mut added_ranges: HashSet<u128> = HashSet::new();
-        self.each_owner(fam, snapshot, |_, elements| {
-            for e in elements {
-                let Ok((start, _)) = contents.wanted(&e) else {
-                    continue;
-                };
-                let add = if refilled.contains(&e.set) {
-                    added_ranges.insert(start)
-                } else {
-                    wanted.remove(&start)
-                };
-                if add && let Err(err) = batch.add(&e) {
-                    failed.get_or_insert(err.to_string());
+        let nothing_missing = wanted.is_empty() && refilled.is_empty();
+        if !nothing_missing {
+            self.each_owner(fam, snapshot, |_, elements| {
+                for e in elements {
+                    let Ok((start, _)) = contents.wanted(&e) else {
+                        continue;
+                    };
+                    let add = if refilled.contains(&e.set) {
+                        added_ranges.insert(start)
+                    } else {
+                        wanted.remove(&start)
+                    };
+                    if add && let Err(err) = batch.add(&e) {
+                        failed.get_or_insert(err.to_string());
+                    }
                 }
-            }
-        });
+            });
+        }
         let (deletes, adds) = (batch.deletes(), batch.adds());
         if let Some(message) = failed {
             return Ok((Err(message), store, adds));
