@@ -490,14 +490,19 @@ impl Kernel {
     }
 
     /// Every entry of one map, as a sealed table (full syncs compare against it); read with
-    /// `BPF_MAP_LOOKUP_BATCH` where the kernel has it.
-    pub fn dump(&self, map: MapId) -> Result<Table, Error> {
-        let (keys, values) = self
-            .batch(map)
-            .dump()
+    /// `BPF_MAP_LOOKUP_BATCH` where the kernel has it, a batch at a time ([`batch::Map::dump_each`]):
+    /// the frontends' values are kept as digests ([`Table::read_back`]), never whole, and `each`
+    /// sees every element as read, for the caller to keep what a digest loses.
+    pub fn dump(&self, map: MapId, each: &mut dyn FnMut(&[u8], &[u8])) -> Result<Table, Error> {
+        let mut table = Table::read_back(map);
+        self.batch(map)
+            .dump_each(|k, v| {
+                each(k, v);
+                table.push_read(k, v);
+            })
             .map_err(|e| Error::Bpf(format!("reading {}: {e}", map.name())))?;
-        Table::from_flat(map, keys, values)
-            .ok_or_else(|| Error::Bpf(format!("reading {}: a short element", map.name())))
+        table.seal();
+        Ok(table)
     }
 
     /// The connected sockets translated for a (frontend, endpoint) pair in `pairs` (from the reverse

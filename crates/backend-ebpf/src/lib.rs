@@ -325,7 +325,8 @@ impl EbpfBackend {
     }
 
     /// Converges the maps on `snapshot` from whatever they hold: the kernel's contents are
-    /// read back (sealed tables), and each wanted element is compared with them as it is
+    /// read back a batch at a time into sealed tables (the frontends' values as digests,
+    /// [`plan::digest`]), and each wanted element is compared with them as it is
     /// computed ([`plan::Converge`]) and written in batches, so no image of the wanted state
     /// is built beside the dump.
     ///
@@ -345,9 +346,17 @@ impl EbpfBackend {
             .kernel
             .as_ref()
             .ok_or_else(|| Error::Setup("eBPF programs not loaded".into()))?;
+        // Read back a batch at a time: the frontends' values as digests, and of those the
+        // UDP ones' endpoints on the side (which UDP pairs go away).
         let mut old = Entries::default();
+        let mut old_udp = Vec::new();
         for m in MapId::ALL {
-            old.0.insert(m, kernel.dump(m)?);
+            let table = kernel.dump(m, &mut |k, v| {
+                if m == MapId::Frontends {
+                    old_udp.extend(udp_inline(k, v));
+                }
+            })?;
+            old.0.insert(m, table);
         }
         let dumped = started.elapsed();
         let empty = plan::Table::new(MapId::Frontends);
@@ -453,7 +462,7 @@ impl EbpfBackend {
             let keys: Vec<u8> = c.stale().flatten().copied().collect();
             operations += delete(map, &keys)?;
         }
-        let gone: BTreeSet<UdpPair> = udp_pairs(&old)
+        let gone: BTreeSet<UdpPair> = udp_pairs_with(old_udp, old.table(MapId::Slots))
             .into_iter()
             .filter(|pair| !udp_now.contains(pair))
             .collect();
@@ -526,28 +535,39 @@ fn group_pairs(g: &Group) -> impl Iterator<Item = UdpPair> + '_ {
     })
 }
 
+/// A UDP frontend as (frontend, service id, the endpoints inline in its value).
+type UdpInline = (SocketAddr, u32, Vec<SocketAddr>);
+
+/// The frontend `k` → `v` as a [`UdpInline`] if it is a UDP one.
+fn udp_inline(k: &[u8], v: &[u8]) -> Option<UdpInline> {
+    let udp = layout::ip_proto(Protocol::Udp);
+    if k.get(18) != udp.as_ref() {
+        return None;
+    }
+    Some((
+        layout::endpoint_of(k)?,
+        layout::service_id_of(v)?,
+        layout::service_endpoints(v),
+    ))
+}
+
 /// The (frontend, endpoint) pairs of the UDP frontends in `e` (inline and overflow endpoints).
 fn udp_pairs(e: &Entries) -> BTreeSet<UdpPair> {
-    let udp = layout::ip_proto(Protocol::Udp);
-    let mut inline: Vec<(SocketAddr, u32, Vec<SocketAddr>)> = Vec::new();
-    for (k, v) in e
+    let inline = e
         .table(MapId::Frontends)
         .into_iter()
         .flat_map(plan::Table::iter)
-    {
-        if k.get(18) == udp.as_ref()
-            && let (Some(frontend), Some(id)) = (layout::endpoint_of(k), layout::service_id_of(v))
-        {
-            inline.push((frontend, id, layout::service_endpoints(v)));
-        }
-    }
+        .filter_map(|(k, v)| udp_inline(k, v))
+        .collect();
+    udp_pairs_with(inline, e.table(MapId::Slots))
+}
+
+/// The (frontend, endpoint) pairs of the UDP frontends `inline`, with their overflow endpoints
+/// from `slots`.
+fn udp_pairs_with(inline: Vec<UdpInline>, slots: Option<&plan::Table>) -> BTreeSet<UdpPair> {
     let ids: BTreeSet<u32> = inline.iter().map(|(_, id, _)| *id).collect();
     let mut overflow: HashMap<u32, Vec<SocketAddr>> = HashMap::new();
-    for (k, v) in e
-        .table(MapId::Slots)
-        .into_iter()
-        .flat_map(plan::Table::iter)
-    {
+    for (k, v) in slots.into_iter().flat_map(plan::Table::iter) {
         if let (Some(id), Some(ep)) = (layout::service_id_of(k), layout::endpoint_of(v))
             && ids.contains(&id)
         {
@@ -678,5 +698,50 @@ impl Backend for EbpfBackend {
         self.metrics.kernel.set(None);
         kernel::remove_pins(&self.config.pin_dir)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full sync reads the old UDP pairs as the frontends stream by (their values are kept
+    /// only as digests): the same pairs as from whole tables, overflow slots included.
+    #[test]
+    fn udp_pairs_read_while_streaming_are_the_tables_pairs() {
+        let udp = layout::ip_proto(Protocol::Udp).unwrap_or(17);
+        let eps = |n: u16| -> Vec<SocketAddr> {
+            (1..=n)
+                .map(|i| SocketAddr::from(([10, 0, 0, 1], 1000 + i)))
+                .collect()
+        };
+        // (what, protocol, endpoints): inline only, overflowing into slots, TCP (no pair).
+        let cases: [(&str, u8, u16); 3] = [
+            ("a short UDP list", udp, 3),
+            ("a UDP list longer than the inline endpoints", udp, 12),
+            ("TCP", 6, 3),
+        ];
+        for (what, proto, n) in cases {
+            let g = Group {
+                scope: plan::Scope::Internal,
+                frontends: vec![("10.96.0.10".parse().expect("ip"), 53)],
+                endpoints: eps(n),
+                affinity_seconds: 0,
+                refuse: false,
+            };
+            let mut e = Entries::default();
+            e.add_group(7, proto, &g);
+            e.seal();
+            let streamed: Vec<UdpInline> = e
+                .table(MapId::Frontends)
+                .into_iter()
+                .flat_map(plan::Table::iter)
+                .filter_map(|(k, v)| udp_inline(k, v))
+                .collect();
+            let pairs = udp_pairs_with(streamed, e.table(MapId::Slots));
+            assert_eq!(pairs, udp_pairs(&e), "{what}");
+            let want = if proto == udp { usize::from(n) } else { 0 };
+            assert_eq!(pairs.len(), want, "{what}");
+        }
     }
 }

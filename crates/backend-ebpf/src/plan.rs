@@ -281,6 +281,29 @@ pub struct Table {
     keys: Vec<u8>,
     values: Vec<u8>,
     sealed: bool,
+    /// The values are [`digest`]s of the map's values ([`Table::digests`]).
+    digested: bool,
+}
+
+/// The bytes of a [`digest`].
+pub const DIGEST: usize = 16;
+
+/// What a full sync keeps of a frontend value it reads back from the kernel (`struct service`,
+/// [`layout::SERVICE`] = 176 bytes): its first 8 bytes as they are (the service id and the
+/// endpoint count, which the sync reads: [`layout::service_id_of`]) and a 64-bit hash of the
+/// whole value, enough to tell whether the value it wants differs. A restart at 30k Services
+/// thus holds ~1.8 MB of old frontends instead of ~10 MB (and their copies while sorted),
+/// beside the nftables half's own peak. Two different values with the same first 8 bytes and
+/// the same hash (odds about 1 in 10^19 per frontend) would leave the old one in place until
+/// the Service next changes.
+pub fn digest(value: &[u8]) -> [u8; DIGEST] {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let mut d = [0u8; DIGEST];
+    let head = value.len().min(8);
+    d[..head].copy_from_slice(&value[..head]);
+    let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(value);
+    d[8..].copy_from_slice(&hash.to_ne_bytes());
+    d
 }
 
 impl Table {
@@ -293,7 +316,54 @@ impl Table {
             keys: Vec::new(),
             values: Vec::new(),
             sealed: true,
+            digested: false,
         }
+    }
+
+    /// An empty table of `map`'s keys whose values are [`digest`]s: what a full sync reads
+    /// back of the frontends ([`Table::push_read`]), compared with [`Table::holds`].
+    pub fn digests(map: MapId) -> Table {
+        Table {
+            value_size: DIGEST,
+            digested: true,
+            ..Table::new(map)
+        }
+    }
+
+    /// An empty table for what a full sync reads back of `map` from the kernel
+    /// ([`Table::push_read`]): the frontends' values as [`digest`]s, the other maps' as they
+    /// are (a few bytes each; and the slots' endpoints are read for the UDP pairs that go).
+    pub fn read_back(map: MapId) -> Table {
+        match map {
+            MapId::Frontends => Table::digests(map),
+            MapId::Slots | MapId::Members => Table::new(map),
+        }
+    }
+
+    /// Appends an element read from the kernel: its value as it is, or its [`digest`] in a
+    /// [`Table::digests`] table.
+    pub fn push_read(&mut self, key: &[u8], value: &[u8]) {
+        if self.digested {
+            self.push(key, &digest(value));
+        } else {
+            self.push(key, value);
+        }
+    }
+
+    /// Whether row `i` holds `value` (a whole value of the map, compared by [`digest`] in a
+    /// [`Table::digests`] table).
+    pub fn holds(&self, i: usize, value: &[u8]) -> bool {
+        if self.digested {
+            self.value(i) == digest(value)
+        } else {
+            self.value(i) == value
+        }
+    }
+
+    /// The bytes the table's elements take (keys and values): what a full sync holds of a map
+    /// it read back.
+    pub fn bytes(&self) -> usize {
+        self.keys.len() + self.values.len()
     }
 
     /// A table of `map`'s elements from flat arrays (a kernel dump); `None` if the lengths do
@@ -484,9 +554,9 @@ pub fn for_group(id: u32, proto: u8, group: &Group, out: &mut ElementSink<'_>) {
 /// a table of the wanted state: [`Converge::put`] skips what the map already holds, collects
 /// the rest into a batch of [`CHUNK`](crate::batch::CHUNK) elements for the caller to write,
 /// and marks the old rows still wanted, so that [`Converge::stale`] is what to delete
-/// afterwards. A full sync at 30k Services thus holds the kernel's dump and one batch, not a
-/// second image of every map: only the keys it adds are remembered, to count the map's
-/// elements ([`Converge::wanted`]).
+/// afterwards. A full sync at 30k Services thus holds the kernel's dump (frontend values as
+/// [`digest`]s, [`Table::holds`]) and one batch, not a second image of every map: only the
+/// keys it adds are remembered, to count the map's elements ([`Converge::wanted`]).
 #[derive(Debug)]
 pub struct Converge<'a> {
     old: &'a Table,
@@ -529,7 +599,7 @@ impl<'a> Converge<'a> {
         if let Ok(i) = self.old.find(key) {
             self.seen[i] = true;
             self.put_old[i] = true;
-            if self.old.value(i) == value {
+            if self.old.holds(i, value) {
                 return false;
             }
         } else {
