@@ -1373,13 +1373,15 @@ impl<M: NodeModel> LoopState<M> {
         let reread = full || diff.node_changed || diff.is_empty();
         let (addresses, moved) = listen.at_sync(&self.families, &snapshot.node.ips, reread);
         if full || diff.node_changed || moved {
-            servers.sync(&wanted(snapshot), &addresses).await;
+            servers
+                .sync(&wanted(snapshot, &self.families), &addresses)
+                .await;
             return;
         }
         let mut changes = BTreeMap::new();
         for key in diff.changes.keys() {
             if !changes.contains_key(&key.service) {
-                let check = wanted_for(snapshot, &key.service);
+                let check = wanted_for(snapshot, &key.service, &self.families);
                 changes.insert(key.service.clone(), check);
             }
         }
