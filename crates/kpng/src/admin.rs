@@ -1959,6 +1959,13 @@ pub fn node_facts(
     // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
     // (iptables mode's 127.0.0.1 exception is added by the caller).
     nodeport_ips.retain(|ip| !ip.is_loopback());
+    let node_ips_not_on_host: Vec<IpAddr> = snapshot
+        .node
+        .ips
+        .iter()
+        .copied()
+        .filter(|ip| !host.contains(ip))
+        .collect();
     let mut local_ips = host.clone();
     local_ips.extend(snapshot.node.ips.iter().copied());
     local_ips.sort();
@@ -1966,6 +1973,7 @@ pub fn node_facts(
     NodeFacts {
         local_ips,
         nodeport_ips,
+        node_ips_not_on_host,
         nodeport_setting: nodeport_setting(nodeport),
         service_cidrs: service_cidrs.to_vec(),
         local_pods: match detect {
