@@ -1057,6 +1057,18 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         .output()
         .expect("kpng status");
     let table = String::from_utf8_lossy(&table.stdout);
+    // Where the node ports are, said under the node's line (the Node's IPs, which this
+    // namespace lacks: why the check cannot be served).
+    assert_eq!(
+        status()["nodePortsOn"],
+        "192.168.100.1, fd00:100::1 (--nodeport-addresses primary)"
+    );
+    assert!(
+        table.contains(
+            "\nnode ports on: 192.168.100.1, fd00:100::1 (--nodeport-addresses primary)\n"
+        ),
+        "{table}"
+    );
     assert!(
         table.contains("health checks not served: 1 (a load balancer probing one sees this node as unhealthy")
             && table.contains("  shop/storefront healthCheckNodePort 32100: 192.168.100.1:32100: Cannot assign requested address"),

@@ -44,6 +44,11 @@ pub struct NodeFacts {
     /// trace says so rather than calling them this node's. Empty where the host's addresses
     /// are not read.
     pub node_ips_not_on_host: Vec<IpAddr>,
+    /// Where NodePorts are served now, in words for `kpng status`'s header (`192.168.100.1,
+    /// fd00:100::1 (--nodeport-addresses primary)`, `every local address but loopback
+    /// (--nodeport-addresses unset)`): an operator reads where they are without working the
+    /// flag out against the host's addresses. Empty when the binary does not say.
+    pub node_ports_on: String,
     /// `--nodeport-addresses` as set, in words (`primary`, CIDRs, every local address): a
     /// node port reached on another of the node's addresses is not served there, and the
     /// trace names the setting that decided so.

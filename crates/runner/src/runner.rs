@@ -660,6 +660,11 @@ impl<M: NodeModel> LoopState<M> {
                         .map(|c| c.to_string())
                         .collect(),
                     zone: snapshot.node.zone.clone(),
+                    node_ports_on: self
+                        .facts
+                        .as_ref()
+                        .map(|f| f(snapshot).node_ports_on)
+                        .filter(|words| !words.is_empty()),
                     waiting_for: unlisted.iter().map(|k| k.as_str().into()).collect(),
                     repairs: self.repair_status(),
                     health_checks_not_served: self

@@ -68,6 +68,7 @@ fn facts() -> NodeFacts {
         nodeport_ips: vec!["172.18.0.2".parse().expect("ip")],
         nodeport_setting: "primary".into(),
         node_ips_not_on_host: Vec::new(),
+        node_ports_on: String::new(),
         service_cidrs: Vec::new(),
         local_pods: LocalPods::Cidrs(vec!["10.244.1.0/24".parse().expect("cidr")]),
         masquerade_all: false,
