@@ -23,7 +23,8 @@ use hyper_util::rt::TokioIo;
 use kpng_backend::{InputInfo, NodeModel};
 use kpng_model::input::InputHealth;
 use kpng_model::{
-    ApplyOutcome, Diff, Kind, NodeChange, NodeMemory, NodeState, ServiceKey, ServicePort, Snapshot,
+    ApplyOutcome, Diff, Kind, NodeChange, NodeChanges, NodeMemory, NodeState, ServiceKey,
+    ServicePort, Snapshot,
 };
 use prost::Message;
 use tokio::sync::mpsc;
@@ -100,9 +101,10 @@ impl RemoteModel {
 
     /// Sets the node from what the brain sent last and what this node remembers; what that
     /// changed (for the backends, or in the node's status only).
-    fn refresh_node(&mut self) -> NodeChange {
+    fn refresh_node(&mut self) -> (NodeChange, NodeChanges) {
         let node = self.memory.view(&self.received_node, &self.node_ips);
-        self.snapshot.node.replace(node)
+        let changes = NodeChanges::between(&self.snapshot.node, &node);
+        (self.snapshot.node.replace(node), changes)
     }
 }
 
@@ -124,9 +126,12 @@ impl NodeModel for RemoteModel {
         if let Some(node) = update.node {
             self.received_node = node;
             match self.refresh_node() {
-                NodeChange::None => {}
-                NodeChange::Status => node_status_changed = true,
-                NodeChange::Programmed => diff.node_changed = true,
+                (NodeChange::None, _) => {}
+                (NodeChange::Status, _) => node_status_changed = true,
+                (NodeChange::Programmed, changes) => {
+                    diff.node_changed = true;
+                    diff.node_changes.merge(changes);
+                }
             }
         }
         if let Some(cidrs) = update.service_cidrs
@@ -134,6 +139,7 @@ impl NodeModel for RemoteModel {
         {
             self.snapshot.service_cidrs = cidrs;
             diff.node_changed = true;
+            diff.node_changes.service_cidrs = true;
         }
         for (key, ports) in update.services {
             self.snapshot.replace_service(&key, ports, &mut diff);
@@ -173,8 +179,15 @@ impl NodeModel for RemoteModel {
     fn give_up_waiting_for_node_ips(&mut self) -> Diff {
         self.memory.give_up_waiting_for_ips();
         // Only `nodeports_on_all_local` can change, a programmed value.
+        let (change, node_changes) = self.refresh_node();
+        let node_changed = change == NodeChange::Programmed;
         Diff {
-            node_changed: self.refresh_node() == NodeChange::Programmed,
+            node_changed,
+            node_changes: if node_changed {
+                node_changes
+            } else {
+                NodeChanges::default()
+            },
             ..Diff::default()
         }
     }

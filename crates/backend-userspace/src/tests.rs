@@ -124,6 +124,7 @@ fn change(
             },
         )]),
         node_changed: false,
+        ..Diff::default()
     };
     b.sync(&SyncRequest {
         diff: &diff,

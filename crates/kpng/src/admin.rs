@@ -1027,6 +1027,9 @@ fn table(status: &Status, wide: bool) -> String {
             status.zone.clone().unwrap_or_else(none)
         );
     }
+    if let Some(words) = &status.node_ports_on {
+        let _ = writeln!(out, "node ports on: {words}");
+    }
     if let Some(problem) = &status.node_problem {
         let _ = writeln!(out, "PROBLEM: {problem}");
     }
@@ -1930,6 +1933,54 @@ fn nodeport_setting(nodeport: &kpng_backend::settings::NodePortAddresses) -> Str
     }
 }
 
+/// Where NodePorts are served, in words: per family the addresses `--nodeport-addresses`
+/// selects on this node (`every local IPv6 address` for a family served on all, as a
+/// `primary` family the Node lists no IP of), then the flag.
+fn node_ports_on(
+    nodeport: &kpng_backend::settings::NodePortAddresses,
+    snapshot: &kpng_model::Snapshot,
+    host: &[IpAddr],
+) -> String {
+    use kpng_backend::settings::{NodePortAddresses, NodePortScope};
+    use kpng_model::Family;
+    let scopes = Family::ALL.map(|family| (family, nodeport.scope_on(family, &snapshot.node)));
+    if scopes
+        .iter()
+        .all(|(_, scope)| matches!(scope, NodePortScope::AllLocal))
+    {
+        let why = match nodeport {
+            NodePortAddresses::AllLocal => "unset".to_string(),
+            NodePortAddresses::Primary => "primary, and no node IP".to_string(),
+            NodePortAddresses::Cidrs(_) => nodeport_setting(nodeport),
+        };
+        return format!("every local address but loopback (--nodeport-addresses {why})");
+    }
+    let parts: Vec<String> = scopes
+        .iter()
+        .map(|(family, scope)| match scope {
+            NodePortScope::AllLocal => format!("every local {family} address"),
+            scope => {
+                let ips: Vec<String> = scope
+                    .addresses(*family, &snapshot.node.ips, || host.to_vec())
+                    .iter()
+                    .filter(|ip| !ip.is_loopback())
+                    .map(ToString::to_string)
+                    .collect();
+                if ips.is_empty() {
+                    format!("no {family} address")
+                } else {
+                    ips.join(", ")
+                }
+            }
+        })
+        .collect();
+    format!(
+        "{} (--nodeport-addresses {})",
+        parts.join(", "),
+        nodeport_setting(nodeport)
+    )
+}
+
 /// The trace facts of a node, from the flags and the current snapshot.
 pub fn node_facts(
     snapshot: &kpng_model::Snapshot,
@@ -1959,6 +2010,18 @@ pub fn node_facts(
     // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
     // (iptables mode's 127.0.0.1 exception is added by the caller).
     nodeport_ips.retain(|ip| !ip.is_loopback());
+    // A sink that programs no node (to-file, a brain's view) serves no node port.
+    let node_ports_on = match kind {
+        Some(_) => node_ports_on(nodeport, snapshot, &host),
+        None => String::new(),
+    };
+    let node_ips_not_on_host: Vec<IpAddr> = snapshot
+        .node
+        .ips
+        .iter()
+        .copied()
+        .filter(|ip| !host.contains(ip))
+        .collect();
     let mut local_ips = host.clone();
     local_ips.extend(snapshot.node.ips.iter().copied());
     local_ips.sort();
@@ -1966,6 +2029,8 @@ pub fn node_facts(
     NodeFacts {
         local_ips,
         nodeport_ips,
+        node_ips_not_on_host,
+        node_ports_on,
         nodeport_setting: nodeport_setting(nodeport),
         service_cidrs: service_cidrs.to_vec(),
         local_pods: match detect {
@@ -2033,6 +2098,72 @@ fn backend_traits(kind: Option<crate::backends::BackendKind>) -> kpng_model::tra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kpng status`'s "node ports on:" words for each `--nodeport-addresses` mode: the
+    /// addresses per family, "every local … address" where a family is served on all, and the
+    /// flag that decided it.
+    #[test]
+    fn node_ports_on_names_the_addresses_and_the_flag() {
+        use kpng_backend::settings::NodePortAddresses;
+        let ip = |s: &str| -> std::net::IpAddr { s.parse().expect("ip") };
+        let host = [
+            ip("127.0.0.1"),
+            ip("192.168.100.1"),
+            ip("10.244.1.1"),
+            ip("::1"),
+            ip("2001:db8:1::20"),
+            ip("fd00:100::1"),
+        ];
+        let snapshot = |ips: &[&str], all_local: bool| {
+            let mut s = kpng_model::Snapshot::default();
+            s.node.ips = ips.iter().map(|i| ip(i)).collect();
+            s.node.nodeports_on_all_local = all_local;
+            s
+        };
+        let cidrs = |l: &[&str]| {
+            NodePortAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
+        };
+        for (what, setting, node, want) in [
+            (
+                "primary",
+                NodePortAddresses::Primary,
+                snapshot(&["192.168.100.1", "fd00:100::1"], false),
+                "192.168.100.1, fd00:100::1 (--nodeport-addresses primary)",
+            ),
+            (
+                "primary, an IPv6-only Node",
+                NodePortAddresses::Primary,
+                snapshot(&["fd00:100::1"], false),
+                "every local IPv4 address, fd00:100::1 (--nodeport-addresses primary)",
+            ),
+            (
+                "primary, no node IP after the wait",
+                NodePortAddresses::Primary,
+                snapshot(&[], true),
+                "every local address but loopback (--nodeport-addresses primary, and no node IP)",
+            ),
+            (
+                "unset (iptables)",
+                NodePortAddresses::AllLocal,
+                snapshot(&["192.168.100.1"], false),
+                "every local address but loopback (--nodeport-addresses unset)",
+            ),
+            (
+                "an IPv6 CIDR",
+                cidrs(&["2001:db8:1::/64"]),
+                snapshot(&["fd00:100::1"], false),
+                "every local IPv4 address, 2001:db8:1::20 (--nodeport-addresses 2001:db8:1::/64)",
+            ),
+            (
+                "CIDRs one family matches nothing of",
+                cidrs(&["10.0.0.0/8", "2001:db8:9::/64"]),
+                snapshot(&["192.168.100.1"], false),
+                "10.244.1.1, no IPv6 address (--nodeport-addresses 10.0.0.0/8,2001:db8:9::/64)",
+            ),
+        ] {
+            assert_eq!(super::node_ports_on(&setting, &node, &host), want, "{what}");
+        }
+    }
 
     /// The traits per backend, as they were written before one arm per backend (a
     /// `matches!` list then): unchanged.

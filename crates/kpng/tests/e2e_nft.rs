@@ -26,6 +26,14 @@ fn health_check_listens_on_the_node_port_addresses() {
     e2e::scenarios::health_check_listens_on_the_node_port_addresses(e2e::Backend::Nft);
 }
 
+/// IPv6 health checks on an edge node: per the Service's families, and following duplicate
+/// address detection (the runner's and the node reader's, the same for every node backend;
+/// nftables shows the `nodeport-ips` set).
+#[test]
+fn ipv6_health_checks_follow_dad_and_the_service_families() {
+    e2e::scenarios::ipv6_health_checks_follow_dad_and_the_service_families(e2e::Backend::Nft);
+}
+
 // The fault suite (`e2e/faults.rs`; figures in docs/reliability.md).
 
 #[test]

@@ -356,7 +356,14 @@ fn a_deleted_node_keeps_its_node_ports_on_the_last_node_ips() {
         "{log}"
     );
     let since = log.get(logged_before..).unwrap_or_default();
-    assert!(!since.contains("node or Service CIDRs changed"), "{log}");
+    for node_change in [
+        "node or Service CIDRs changed",
+        "node IPs changed",
+        "pod CIDRs changed",
+        "zone changed",
+    ] {
+        assert!(!since.contains(node_change), "{node_change}:\n{log}");
+    }
     assert!(
         node_port_answers(&c),
         "NodePort served after the re-creation:\n{}",

@@ -32,6 +32,9 @@ pub struct Diff {
     /// are kept, a re-created one with the same values, eligibility): that is
     /// [`crate::ApplyOutcome::node_status_changed`], and no work for a backend.
     pub node_changed: bool,
+    /// Which of those values changed, for the sync line (none named in a full diff, which
+    /// describes everything as new).
+    pub node_changes: crate::NodeChanges,
 }
 
 impl Diff {
@@ -54,6 +57,7 @@ impl Diff {
         Diff {
             changes,
             node_changed: true,
+            node_changes: crate::NodeChanges::default(),
         }
     }
 
@@ -88,6 +92,7 @@ impl Diff {
     /// Folds a later diff into this one.
     pub fn merge(&mut self, later: Diff) {
         self.node_changed |= later.node_changed;
+        self.node_changes.merge(later.node_changes);
         for (key, change) in later.changes {
             self.record(key, change.old, change.new);
         }
@@ -128,6 +133,8 @@ pub struct DiffSummary {
     /// Whether node-level state the backends program (the node's IPs, zone, pod CIDRs,
     /// Service CIDRs …) changed.
     pub node_changed: bool,
+    /// Which of them, named in the line.
+    pub node_changes: crate::NodeChanges,
     /// The first Services the changes belong to, in key order, at most
     /// [`DiffSummary::NAMED`]: an operator reads which Service an edit reached.
     pub services: Vec<ServiceKey>,
@@ -247,6 +254,7 @@ impl DiffSummary {
     pub fn of(diff: &Diff) -> DiffSummary {
         let mut s = DiffSummary {
             node_changed: diff.node_changed,
+            node_changes: diff.node_changes,
             ..DiffSummary::default()
         };
         let mut last: Option<&ServiceKey> = None;
@@ -317,7 +325,12 @@ impl std::fmt::Display for DiffSummary {
             }
         }
         if self.node_changed {
-            f.write_str("; node or Service CIDRs changed")?;
+            let named = self.node_changes.to_string();
+            if named.is_empty() {
+                f.write_str("; node or Service CIDRs changed")?;
+            } else {
+                write!(f, "; {named}")?;
+            }
         }
         Ok(())
     }
@@ -424,6 +437,73 @@ mod tests {
             text,
             "Service ports: 2 added, 1 with new endpoints; node or Service CIDRs changed"
         );
+    }
+
+    /// The sync line names which node-level values changed, not a catch-all: after a Node
+    /// address change it said "node or Service CIDRs changed".
+    #[test]
+    fn the_summary_names_what_changed_on_the_node() {
+        use crate::NodeChanges;
+        let none = NodeChanges::default();
+        for (what, changes, want) in [
+            (
+                "node IPs",
+                NodeChanges { ips: true, ..none },
+                "no Service port changed; node IPs changed",
+            ),
+            (
+                "Service CIDRs",
+                NodeChanges {
+                    service_cidrs: true,
+                    ..none
+                },
+                "no Service port changed; Service CIDRs changed",
+            ),
+            (
+                "three",
+                NodeChanges {
+                    ips: true,
+                    pod_cidrs: true,
+                    zone: true,
+                    ..none
+                },
+                "no Service port changed; node IPs, pod CIDRs and zone changed",
+            ),
+            (
+                "the wait for node IPs given up",
+                NodeChanges {
+                    nodeports_on_all_local: Some(true),
+                    ..none
+                },
+                "no Service port changed; NodePorts on every local address (no node IP)",
+            ),
+            (
+                "an IP at last",
+                NodeChanges {
+                    ips: true,
+                    nodeports_on_all_local: Some(false),
+                    ..none
+                },
+                "no Service port changed; node IPs changed; NodePorts back on the node IPs",
+            ),
+        ] {
+            let mut diff = Diff {
+                node_changed: true,
+                ..Diff::default()
+            };
+            // Two syncs' worth merged: named once.
+            diff.merge(Diff {
+                node_changed: true,
+                node_changes: changes,
+                ..Diff::default()
+            });
+            diff.merge(Diff {
+                node_changed: true,
+                node_changes: changes,
+                ..Diff::default()
+            });
+            assert_eq!(DiffSummary::of(&diff).to_string(), want, "{what}");
+        }
     }
 
     fn endpoint(ip: &str, ready: bool, terminating: bool) -> Endpoint {

@@ -42,7 +42,7 @@ pub use diff::{Change, Diff, DiffSummary, EndpointChanges};
 pub use event::{AppliedCounts, Event, Kind, Object, ObjectRef};
 pub use key::{Family, Name, PortKey, Protocol, ServiceKey};
 pub use model::{ApplyOutcome, Model, ModelConfig, Snapshot};
-pub use node::{NodeChange, NodeMemory, NodeState};
+pub use node::{NodeChange, NodeChanges, NodeMemory, NodeState};
 pub use port_range::{NodePortRange, PortRangeError};
 pub use records::{ConversionError, Warning};
 pub use service_port::{Endpoint, ServicePort, SessionAffinity, TargetPort};

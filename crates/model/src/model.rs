@@ -269,6 +269,7 @@ impl Model {
             if cidrs != self.snapshot.service_cidrs {
                 self.snapshot.service_cidrs = cidrs;
                 out.diff.node_changed = true;
+                out.diff.node_changes.service_cidrs = true;
             }
         }
         let node_dirty = touched.nodes.contains(&self.config.node_name);
@@ -313,6 +314,7 @@ impl Model {
         if node_dirty {
             let state = self.node_state();
             let zone_changed = state.zone != self.snapshot.node.zone;
+            let changes = crate::NodeChanges::between(&self.snapshot.node, &state);
             match self.snapshot.node.replace(state) {
                 NodeChange::None => {}
                 NodeChange::Status => status_changed = true,
@@ -322,6 +324,7 @@ impl Model {
                         dirty.extend(self.snapshot.ports.keys().map(|k| k.service.clone()));
                     }
                     diff.node_changed = true;
+                    diff.node_changes.merge(changes);
                 }
             }
         }

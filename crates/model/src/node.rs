@@ -80,6 +80,80 @@ impl NodeState {
     }
 }
 
+/// Which values the backends program a new view of the node changed, and the cluster's
+/// Service CIDRs: what the sync line names ("node IPs changed"), so that an operator reads
+/// which one moved rather than a catch-all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeChanges {
+    /// The node IPs.
+    pub ips: bool,
+    /// The pod CIDRs.
+    pub pod_cidrs: bool,
+    /// The zone.
+    pub zone: bool,
+    /// Whether NodePorts go to every local address, when that changed: its new value.
+    pub nodeports_on_all_local: Option<bool>,
+    /// The cluster's Service CIDRs.
+    pub service_cidrs: bool,
+}
+
+impl NodeChanges {
+    /// What the backends program differently in `new` than in `old`.
+    pub fn between(old: &NodeState, new: &NodeState) -> NodeChanges {
+        NodeChanges {
+            ips: old.ips != new.ips,
+            pod_cidrs: old.pod_cidrs != new.pod_cidrs,
+            zone: old.zone != new.zone,
+            nodeports_on_all_local: (old.nodeports_on_all_local != new.nodeports_on_all_local)
+                .then_some(new.nodeports_on_all_local),
+            service_cidrs: false,
+        }
+    }
+
+    /// Folds a later change into this one (the later value of `nodeports_on_all_local` wins).
+    pub fn merge(&mut self, later: NodeChanges) {
+        self.ips |= later.ips;
+        self.pod_cidrs |= later.pod_cidrs;
+        self.zone |= later.zone;
+        self.service_cidrs |= later.service_cidrs;
+        self.nodeports_on_all_local = later.nodeports_on_all_local.or(self.nodeports_on_all_local);
+    }
+}
+
+impl std::fmt::Display for NodeChanges {
+    /// `node IPs and pod CIDRs changed`, `NodePorts on every local address`; empty when
+    /// nothing is named.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = [
+            (self.ips, "node IPs"),
+            (self.pod_cidrs, "pod CIDRs"),
+            (self.zone, "zone"),
+            (self.service_cidrs, "Service CIDRs"),
+        ]
+        .into_iter()
+        .filter_map(|(changed, name)| changed.then_some(name))
+        .collect();
+        if let Some((last, first)) = names.split_last() {
+            if first.is_empty() {
+                write!(f, "{last} changed")?;
+            } else {
+                write!(f, "{} and {last} changed", first.join(", "))?;
+            }
+        }
+        if let Some(all) = self.nodeports_on_all_local {
+            if !names.is_empty() {
+                f.write_str("; ")?;
+            }
+            f.write_str(if all {
+                "NodePorts on every local address (no node IP)"
+            } else {
+                "NodePorts back on the node IPs"
+            })?;
+        }
+        Ok(())
+    }
+}
+
 /// What a new view of the node changed ([`NodeState::replace`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeChange {

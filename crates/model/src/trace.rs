@@ -39,6 +39,16 @@ pub struct NodeFacts {
     pub local_ips: Vec<IpAddr>,
     /// The addresses that accept node ports (`--nodeport-addresses`).
     pub nodeport_ips: Vec<IpAddr>,
+    /// Of `local_ips`, the Node object's addresses that no interface of the host has (a
+    /// stale InternalIP, an address moved away): no packet to them reaches this node, and the
+    /// trace says so rather than calling them this node's. Empty where the host's addresses
+    /// are not read.
+    pub node_ips_not_on_host: Vec<IpAddr>,
+    /// Where NodePorts are served now, in words for `kpng status`'s header (`192.168.100.1,
+    /// fd00:100::1 (--nodeport-addresses primary)`, `every local address but loopback
+    /// (--nodeport-addresses unset)`): an operator reads where they are without working the
+    /// flag out against the host's addresses. Empty when the binary does not say.
+    pub node_ports_on: String,
     /// `--nodeport-addresses` as set, in words (`primary`, CIDRs, every local address): a
     /// node port reached on another of the node's addresses is not served there, and the
     /// trace names the setting that decided so.
@@ -607,8 +617,9 @@ fn no_frontend(
         return Trace::unmatched(
             Verdict::Accept,
             format!(
-                "{dst} is this node's, but {not_served}: node port {}/{} is not served on it, \
-                 so the packet goes to the node untouched",
+                "{}, but {not_served}: node port {}/{} is not served on it, so the packet \
+                 goes to the node untouched",
+                whose(dst, facts),
                 q.to.port(),
                 q.protocol
             ),
@@ -618,7 +629,8 @@ fn no_frontend(
         return Trace::unmatched(
             Verdict::Accept,
             format!(
-                "{dst} is this node's; no node port {}/{} here",
+                "{}; no node port {}/{} here",
+                whose(dst, facts),
                 q.to.port(),
                 q.protocol
             ),
@@ -627,6 +639,15 @@ fn no_frontend(
     match shown {
         Some(shown) => Trace::unmatched(Verdict::None, format!("{shown}; kpng does not touch it")),
         None => Trace::unmatched(Verdict::None, format!("{} is not a Service address", q.to)),
+    }
+}
+
+/// Whose address `dst` is, one of the node's: the host's, or only the Node object's.
+fn whose(dst: IpAddr, facts: &NodeFacts) -> String {
+    if facts.node_ips_not_on_host.contains(&dst) {
+        format!("{dst} is the Node object's address, not present on the host")
+    } else {
+        format!("{dst} is this node's")
     }
 }
 

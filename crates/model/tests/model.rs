@@ -1142,9 +1142,10 @@ fn node_a(labels: Value, annotations: Value, ip: &str, cidr: &str) -> Object {
 
 /// A Node event only the backends' values decide about: a deletion that keeps the node IPs
 /// and pod CIDRs, a re-creation with the same values or a label/annotation edit changes
-/// nothing they program (no `node_changed`, so no "node or Service CIDRs changed" and no
+/// nothing they program (no `node_changed`, so no node change in the sync line and no
 /// refill of the node's sets), and says whether the node's status changed (for `/healthz`
-/// and the log); a new IP, pod CIDR or zone is a node change, as before.
+/// and the log); a new IP, pod CIDR or zone is a node change, as before, and the sync line
+/// names which.
 #[test]
 fn only_a_change_of_what_the_backends_program_is_a_node_change() {
     let plain = || node_a(json!({}), json!({}), "10.1.1.1", "10.244.1.0/24");
@@ -1171,7 +1172,6 @@ fn only_a_change_of_what_the_backends_program_is_a_node_change() {
         }))
     };
     const SAME: &str = "no Service port changed";
-    const CLAIM: &str = "no Service port changed; node or Service CIDRs changed";
     // (what, events before, the event, then: its summary, node status changed)
     let cases: Vec<(&str, Vec<Event>, Event, &str, bool)> = vec![
         ("deleted, values kept", vec![], delete(), SAME, true),
@@ -1207,21 +1207,21 @@ fn only_a_change_of_what_the_backends_program_is_a_node_change() {
             "a new pod CIDR",
             vec![],
             Event::Apply(node_a(json!({}), json!({}), "10.1.1.1", "10.244.9.0/24")),
-            CLAIM,
+            "no Service port changed; pod CIDRs changed",
             false,
         ),
         (
             "a new node IP",
             vec![],
             Event::Apply(node_a(json!({}), json!({}), "10.1.1.9", "10.244.1.0/24")),
-            CLAIM,
+            "no Service port changed; node IPs changed",
             false,
         ),
         (
             "re-created with a new node IP",
             vec![delete()],
             Event::Apply(node_a(json!({}), json!({}), "10.1.1.9", "10.244.1.0/24")),
-            CLAIM,
+            "no Service port changed; node IPs changed",
             false,
         ),
         (
@@ -1233,7 +1233,7 @@ fn only_a_change_of_what_the_backends_program_is_a_node_change() {
                 "10.1.1.1",
                 "10.244.1.0/24",
             )),
-            CLAIM,
+            "no Service port changed; zone changed",
             false,
         ),
     ];

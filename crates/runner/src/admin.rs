@@ -433,6 +433,10 @@ pub struct Status {
     /// The pod CIDRs in use (the NodeCIDR local-traffic detector's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_cidrs: Vec<String>,
+    /// Where NodePorts are served now, and the `--nodeport-addresses` that decided it
+    /// ([`NodeFacts::node_ports_on`]; none where the binary gave no node facts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ports_on: Option<String>,
     /// The node's zone (selects zone-hinted endpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,

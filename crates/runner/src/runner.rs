@@ -660,6 +660,11 @@ impl<M: NodeModel> LoopState<M> {
                         .map(|c| c.to_string())
                         .collect(),
                     zone: snapshot.node.zone.clone(),
+                    node_ports_on: self
+                        .facts
+                        .as_ref()
+                        .map(|f| f(snapshot).node_ports_on)
+                        .filter(|words| !words.is_empty()),
                     waiting_for: unlisted.iter().map(|k| k.as_str().into()).collect(),
                     repairs: self.repair_status(),
                     health_checks_not_served: self
@@ -1373,13 +1378,15 @@ impl<M: NodeModel> LoopState<M> {
         let reread = full || diff.node_changed || diff.is_empty();
         let (addresses, moved) = listen.at_sync(&self.families, &snapshot.node.ips, reread);
         if full || diff.node_changed || moved {
-            servers.sync(&wanted(snapshot), &addresses).await;
+            servers
+                .sync(&wanted(snapshot, &self.families), &addresses)
+                .await;
             return;
         }
         let mut changes = BTreeMap::new();
         for key in diff.changes.keys() {
             if !changes.contains_key(&key.service) {
-                let check = wanted_for(snapshot, &key.service);
+                let check = wanted_for(snapshot, &key.service, &self.families);
                 changes.insert(key.service.clone(), check);
             }
         }

@@ -11,7 +11,9 @@
 //! Where they listen follows `--nodeport-addresses` as kube-proxy's `newServiceHealthServer`
 //! does ([`HealthCheckAddresses`]): with CIDRs, only the node's addresses inside them (per
 //! family, as the node ports themselves), read again at full, node and periodic syncs so that an
-//! address added is bound and one removed is closed ([`ListenAddresses`]).
+//! address added is bound and one removed is closed ([`ListenAddresses`]). Each Service's
+//! check listens only on the addresses of its own families ([`ServiceFamilies`]), as upstream's
+//! server per family's proxier: an IPv6-only Service's check has no IPv4 listener.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -270,12 +272,68 @@ pub struct HealthCheck {
     pub port: u16,
     /// Local ready endpoints (terminating ones excluded), over all ports and families.
     pub local_endpoints: u32,
+    /// The Service's families (among the backend's): its check listens on addresses of these
+    /// only.
+    pub families: ServiceFamilies,
 }
 
-/// The health checks a snapshot calls for, per Service.
-pub fn wanted(snapshot: &Snapshot) -> BTreeMap<ServiceKey, HealthCheck> {
+/// The IP families a Service has ports of. kube-proxy runs a health server per family's
+/// proxier, and a proxier sees only its family's Services: an IPv6-only Service's check
+/// listens on no IPv4 address (where its node port is not served either), whatever the
+/// IPv4 listen address would be.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceFamilies {
+    v4: bool,
+    v6: bool,
+}
+
+impl ServiceFamilies {
+    /// Both families (a dual-stack Service).
+    pub const BOTH: ServiceFamilies = ServiceFamilies { v4: true, v6: true };
+
+    /// One family.
+    pub fn of(family: Family) -> ServiceFamilies {
+        ServiceFamilies {
+            v4: family == Family::V4,
+            v6: family == Family::V6,
+        }
+    }
+
+    /// Whether `family` is one of them.
+    pub fn contains(self, family: Family) -> bool {
+        match family {
+            Family::V4 => self.v4,
+            Family::V6 => self.v6,
+        }
+    }
+
+    /// These and `other`'s.
+    pub fn union(self, other: ServiceFamilies) -> ServiceFamilies {
+        ServiceFamilies {
+            v4: self.v4 || other.v4,
+            v6: self.v6 || other.v6,
+        }
+    }
+
+    /// Of the node's listen addresses (wildcards included), those of these families: where
+    /// the Service's check listens.
+    pub fn select(self, addresses: &[IpAddr]) -> Vec<IpAddr> {
+        addresses
+            .iter()
+            .copied()
+            .filter(|ip| self.contains(Family::of(ip)))
+            .collect()
+    }
+}
+
+/// The health checks a snapshot calls for, per Service, from its ports of the backend's
+/// `families` (a single-stack node has no check for a Service of the other family only).
+pub fn wanted(snapshot: &Snapshot, families: &[Family]) -> BTreeMap<ServiceKey, HealthCheck> {
     let mut out: BTreeMap<ServiceKey, HealthCheck> = BTreeMap::new();
     for sp in snapshot.ports.values() {
+        if !families.contains(&sp.key.family) {
+            continue;
+        }
         if let Some(check) = port_check(sp) {
             out.entry(sp.key.service.clone())
                 .and_modify(|c| *c = merge(*c, check))
@@ -287,9 +345,14 @@ pub fn wanted(snapshot: &Snapshot) -> BTreeMap<ServiceKey, HealthCheck> {
 
 /// The health check of one Service, read from its ports only: what a change to that Service
 /// needs, without walking every port of the cluster.
-pub fn wanted_for(snapshot: &Snapshot, service: &ServiceKey) -> Option<HealthCheck> {
+pub fn wanted_for(
+    snapshot: &Snapshot,
+    service: &ServiceKey,
+    families: &[Family],
+) -> Option<HealthCheck> {
     snapshot
         .service_ports(service)
+        .filter(|sp| families.contains(&sp.key.family))
         .filter_map(|sp| port_check(sp))
         .reduce(merge)
 }
@@ -299,16 +362,19 @@ fn port_check(sp: &ServicePort) -> Option<HealthCheck> {
     sp.health_check_node_port.map(|port| HealthCheck {
         port,
         local_endpoints: sp.local_ready_endpoints,
+        families: ServiceFamilies::of(sp.key.family),
     })
 }
 
 /// Two ports' views of one Service's check. kube-proxy reports the Service's local ready
 /// endpoints; ports of one Service share them, so the largest per-port count is the Service's.
-/// The port is the first port's (all ports of a Service carry the same one).
+/// The port is the first port's (all ports of a Service carry the same one); the families are
+/// both ports'.
 fn merge(first: HealthCheck, other: HealthCheck) -> HealthCheck {
     HealthCheck {
         port: first.port,
         local_endpoints: first.local_endpoints.max(other.local_endpoints),
+        families: first.families.union(other.families),
     }
 }
 
@@ -638,7 +704,8 @@ impl ServiceHealthServers {
 
     /// Opens, moves and closes servers so that exactly `wanted` are served on `addresses`
     /// (`0.0.0.0` and `[::]` for every address; none: listening nowhere, when no address of
-    /// the node is inside `--nodeport-addresses`), and updates the counts.
+    /// the node is inside `--nodeport-addresses`), each on those of its families, and updates
+    /// the counts.
     pub async fn sync(&mut self, wanted: &BTreeMap<ServiceKey, HealthCheck>, addresses: &[IpAddr]) {
         let mut services: BTreeSet<ServiceKey> = self.running.keys().cloned().collect();
         services.extend(self.counts().keys().cloned());
@@ -654,7 +721,8 @@ impl ServiceHealthServers {
     }
 
     /// Brings the given Services (and any whose server could not start before) to their
-    /// wanted check on `addresses`: `None` closes a Service's server. Other servers are left
+    /// wanted check on `addresses` (those of its families): `None` closes a Service's server.
+    /// Other servers are left
     /// as they are, so a change to one Service costs one Service's work, not the cluster's.
     /// A server whose addresses changed (and whose port did not) keeps the ones still wanted.
     pub async fn update(
@@ -683,20 +751,21 @@ impl ServiceHealthServers {
                 _ => false,
             };
             if same_port {
-                // The node's addresses moved: the ones that went close, the others keep
-                // serving (and their connections), the new ones are bound below.
+                // The node's addresses (or the Service's families) moved: the ones that went
+                // close, the others keep serving (and their connections), the new ones are
+                // bound below.
+                let own = check.map_or_else(Vec::new, |c| c.families.select(&addresses));
                 if let Some(r) = self.running.get_mut(&key)
-                    && r.addresses != addresses
+                    && r.addresses != own
                 {
                     // (One line per Service: `ListenAddresses` logs the move once.)
                     debug!(
                         service = %key,
                         port = r.port,
-                        "moving the health check to the node's addresses {addresses:?} \
-                         (was {:?})",
+                        "moving the health check to the node's addresses {own:?} (was {:?})",
                         r.addresses
                     );
-                    r.move_to(&addresses).await;
+                    r.move_to(&own).await;
                 }
                 // Served where it could be: the addresses it could not bind are tried again
                 // without closing the others.
@@ -723,13 +792,16 @@ impl ServiceHealthServers {
             let before = failed_before
                 .get(&key)
                 .filter(|f| f.check.port == check.port);
-            let mut running = self.running.remove(&key).unwrap_or_else(|| Running {
-                port: check.port,
-                addresses: addresses.clone(),
-                unbound: addresses.clone(),
-                tasks: Vec::new(),
-                nowhere_since: addresses.is_empty().then(SystemTime::now),
-                refusals: RefusalTally::default(),
+            let mut running = self.running.remove(&key).unwrap_or_else(|| {
+                let own = check.families.select(&addresses);
+                Running {
+                    port: check.port,
+                    nowhere_since: own.is_empty().then(SystemTime::now),
+                    unbound: own.clone(),
+                    addresses: own,
+                    tasks: Vec::new(),
+                    refusals: RefusalTally::default(),
+                }
             });
             let bound = self.bind_unbound(&key, &mut running);
             let nowhere = running.addresses.is_empty();

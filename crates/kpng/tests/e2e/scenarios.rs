@@ -1993,6 +1993,141 @@ pub fn health_check_listens_on_the_node_port_addresses(b: Backend) {
     k.stop();
 }
 
+/// An edge node's IPv6 health checks with `--nodeport-addresses` an IPv6 CIDR only:
+/// - an IPv6-only Service's check listens on IPv6 only (upstream's health server per family's
+///   proxier), not also on `0.0.0.0` because IPv4 has no CIDR;
+/// - an address added with duplicate address detection on (the default; the test cluster
+///   turns it off) is listened on once the detection succeeds, within seconds: while
+///   tentative it cannot be bound, and the detection's end is a gain for kpng's address
+///   watch, not a periodic sync (an hour here) later;
+/// - an address whose detection failed (node2 has it) is not the node's: neither in the
+///   `nodeport-ips` set nor listened on, and no health check is reported not served.
+pub fn ipv6_health_checks_follow_dad_and_the_service_families(b: Backend) {
+    require_root!();
+    let c = Cluster::create(&b.prefix("hcdad")).expect("cluster");
+    let _echo = echo_all(&c);
+    let cluster_ip = cip(62, true);
+    let service = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: hc6}}\n\
+         spec: {{type: LoadBalancer, clusterIP: \"{cluster_ip}\", clusterIPs: [\"{cluster_ip}\"], \
+         ipFamilies: [IPv6], ipFamilyPolicy: SingleStack, ports: [{{name: tcp, port: {SVC_PORT}, \
+         protocol: TCP, targetPort: {EP_PORT}, nodePort: {np}}}], externalTrafficPolicy: Local, \
+         healthCheckNodePort: 32162}}\n",
+        np = node_port(62)
+    );
+    let objects = format!("{service}---\n{}", slices("hc6", &[("pod1a", Cond::Ready)]));
+    let mut k = Kpng::start(
+        b,
+        &c.node1.ns,
+        &manifest(&[objects]),
+        &[
+            "--nodeport-addresses",
+            "fd00:100::/64",
+            "--sync-period",
+            "1h",
+        ],
+    );
+    let node1 = &c.node1.ns;
+    let listening = || -> Vec<String> {
+        let out = node1
+            .run_ok(["ss", "-H", "-l", "-t", "-n", "sport = :32162"])
+            .expect("ss");
+        let mut local: Vec<String> = out
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .map(str::to_string)
+            .collect();
+        local.sort();
+        local
+    };
+    let wait_for = |what: &str, done: &dyn Fn(&[String]) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = listening();
+            if done(&now) {
+                return now;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} within 5 s: listening on {now:?}\n{}",
+                k.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let first = wait_for("the health check listening", &|l| !l.is_empty());
+    assert_eq!(
+        first,
+        [format!("[{}]:32162", addr::NODE1_LAN_V6)],
+        "an IPv6-only Service's check listens on IPv6 only"
+    );
+    // Duplicate address detection on node1's LAN link; node2 already has fd00:100::30.
+    node1
+        .sysctl("net.ipv6.conf.eth0.accept_dad", "1")
+        .expect("accept_dad");
+    c.node2
+        .ns
+        .ip(["addr", "add", "fd00:100::30/64", "dev", "eth0", "nodad"])
+        .expect("node2's address");
+    let added = std::time::Instant::now();
+    for ip in ["fd00:100::20/64", "fd00:100::30/64"] {
+        node1
+            .ip(["addr", "add", ip, "dev", "eth0"])
+            .expect("add an address");
+    }
+    let good = "[fd00:100::20]:32162".to_string();
+    wait_for(
+        "the address listened on once its detection succeeded",
+        &|l| l.contains(&good),
+    );
+    eprintln!(
+        "fd00:100::20 listened on {:?} after it was added",
+        added.elapsed()
+    );
+    let (status, _, text) = http_get(&c.ext.ns, "http://[fd00:100::20]:32162/");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\"localEndpoints\": 1"), "{text}");
+    // fd00:100::30's detection fails (node2 answers for it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let addrs = node1
+            .ip(["-o", "addr", "show", "dev", "eth0"])
+            .expect("ip addr");
+        if addrs
+            .lines()
+            .any(|l| l.contains("fd00:100::30/64") && l.contains("dadfailed"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fd00:100::30's detection did not fail within 5 s:\n{addrs}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Time for a sync the kernel's notifications might bring.
+    std::thread::sleep(Duration::from_secs(1));
+    let set = node1
+        .run_ok(["nft", "list", "set", "ip6", "kpng", "nodeport-ips"])
+        .expect("nft list set");
+    assert!(set.contains("fd00:100::20"), "{set}");
+    assert!(
+        !set.contains("fd00:100::30"),
+        "an address whose detection failed is not the node's:\n{set}"
+    );
+    assert_eq!(
+        listening(),
+        [format!("[{}]:32162", addr::NODE1_LAN_V6), good],
+        "not listened on where the detection failed"
+    );
+    let log = k.stderr();
+    assert!(
+        !log.contains("cannot start the health check"),
+        "no health check failed to start:\n{log}"
+    );
+    k.stop();
+}
+
 // ---------------------------------------------------------------------------------------
 // iptables only: kube-proxy's chains, and repair after someone flushes the tables.
 // ---------------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ fn facts() -> NodeFacts {
         local_ips: vec!["172.18.0.2".parse().expect("ip")],
         nodeport_ips: vec!["172.18.0.2".parse().expect("ip")],
         nodeport_setting: "primary".into(),
+        node_ips_not_on_host: Vec::new(),
+        node_ports_on: String::new(),
         service_cidrs: Vec::new(),
         local_pods: LocalPods::Cidrs(vec!["10.244.1.0/24".parse().expect("cidr")]),
         masquerade_all: false,
@@ -249,6 +251,30 @@ fn the_reason_names_what_decided() {
             says: "10.244.1.1 is this node's, but it is not one of the node-port addresses \
                    (--nodeport-addresses primary: 172.18.0.2): node port 30080/TCP is not \
                    served on it",
+        },
+        Why {
+            what: "a Node object's address the host no longer has (no node port there)",
+            facts: |f| {
+                f.node_ips_not_on_host
+                    .push("172.18.0.2".parse().expect("ip"))
+            },
+            from: "192.168.100.10",
+            to: "172.18.0.2:9999",
+            verdict: Verdict::Accept,
+            says: "172.18.0.2 is the Node object's address, not present on the host; no node \
+                   port 9999/TCP here",
+        },
+        Why {
+            what: "a Node object's address the host no longer has, outside the CIDRs",
+            facts: |f| {
+                f.local_ips.push("10.1.1.9".parse().expect("ip"));
+                f.node_ips_not_on_host.push("10.1.1.9".parse().expect("ip"));
+            },
+            from: "192.168.100.10",
+            to: "10.1.1.9:30080",
+            verdict: Verdict::Accept,
+            says: "10.1.1.9 is the Node object's address, not present on the host, but it is \
+                   not one of the node-port addresses",
         },
         Why {
             what: "a node port on loopback",

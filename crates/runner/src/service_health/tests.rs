@@ -79,6 +79,7 @@ async fn answers_by_local_endpoint_count_and_closes_with_the_service() {
             HealthCheck {
                 port,
                 local_endpoints: count,
+                families: ServiceFamilies::BOTH,
             },
         )]);
         hc.sync(&wanted, &loopback).await;
@@ -124,6 +125,7 @@ async fn an_unhealthy_proxy_answers_503_even_with_endpoints() {
             HealthCheck {
                 port,
                 local_endpoints: 3,
+                families: ServiceFamilies::BOTH,
             },
         )]),
         &[IpAddr::from([127, 0, 0, 1])],
@@ -155,6 +157,7 @@ fn one_check(port: u16) -> (ServiceKey, BTreeMap<ServiceKey, HealthCheck>) {
     let check = HealthCheck {
         port,
         local_endpoints: 1,
+        families: ServiceFamilies::BOTH,
     };
     (key.clone(), BTreeMap::from([(key, check)]))
 }
@@ -269,6 +272,7 @@ async fn a_port_in_use_is_retried_by_an_update_that_names_other_services() {
     let check = HealthCheck {
         port,
         local_endpoints: 1,
+        families: ServiceFamilies::BOTH,
     };
     let loopback = [IpAddr::from([127, 0, 0, 1])];
     hc.update(BTreeMap::from([(key.clone(), Some(check))]), &loopback)
@@ -292,6 +296,7 @@ async fn an_update_leaves_the_services_it_does_not_name() {
     let check = |port, local_endpoints| HealthCheck {
         port,
         local_endpoints,
+        families: ServiceFamilies::BOTH,
     };
     let loopback = [IpAddr::from([127, 0, 0, 1])];
     hc.sync(
@@ -348,7 +353,7 @@ fn one_services_check_is_what_the_whole_snapshot_says_for_it() {
         ]),
         ..Snapshot::default()
     };
-    let all = wanted(&snapshot);
+    let all = wanted(&snapshot, &Family::ALL);
     for (service, want) in [
         ("lb", Some((30100, 3))),
         ("lb-plain", None),
@@ -356,7 +361,7 @@ fn one_services_check_is_what_the_whole_snapshot_says_for_it() {
         ("absent", None),
     ] {
         let key = ServiceKey::new("ns", service);
-        let one = wanted_for(&snapshot, &key);
+        let one = wanted_for(&snapshot, &key, &Family::ALL);
         assert_eq!(one.map(|c| (c.port, c.local_endpoints)), want, "{service}");
         assert_eq!(
             one,
@@ -374,6 +379,7 @@ async fn two_services_that_trade_ports_both_serve_after_one_sync() {
     let check = |port| HealthCheck {
         port,
         local_endpoints: 1,
+        families: ServiceFamilies::BOTH,
     };
     let loopback = [IpAddr::from([127, 0, 0, 1])];
     hc.sync(
@@ -683,6 +689,7 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
         HealthCheck {
             port,
             local_endpoints: 1,
+            families: ServiceFamilies::BOTH,
         },
     )]);
     hc.sync(&wanted, &[IpAddr::from([127, 0, 0, 1])]).await;
@@ -755,4 +762,163 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
         closed, 100,
         "every connection of the flood ends closed by the server"
     );
+}
+
+/// Where one Service's check listens, per its families and `--nodeport-addresses`: on the
+/// node's listen addresses of its own families only (kube-proxy's server per family's
+/// proxier). An IPv6-only Service on a dual-stack node gets no IPv4 listener, not even the
+/// IPv4 wildcard a family without a Node IP or CIDR listens on.
+#[test]
+fn a_services_check_listens_on_addresses_of_its_own_families() {
+    let local = || ips(&["127.0.0.1", "10.1.2.3", "::1", "2001:db8:1::20"]);
+    let both = [Family::V4, Family::V6];
+    let cidrs = |l: &[&str]| {
+        HealthCheckAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
+    };
+    let v4 = ServiceFamilies::of(Family::V4);
+    let v6 = ServiceFamilies::of(Family::V6);
+    let dual = ServiceFamilies::BOTH;
+    /// What, the setting, the Node's IPs, the Service's families, where its check listens.
+    type Row<'a> = (
+        &'a str,
+        HealthCheckAddresses,
+        Vec<IpAddr>,
+        ServiceFamilies,
+        Vec<IpAddr>,
+    );
+    let v6_node = ips(&["2001:db8:1::10"]);
+    let dual_node = ips(&["10.1.2.3", "2001:db8:1::10"]);
+    let table: Vec<Row<'_>> = vec![
+        (
+            "all, IPv6-only",
+            HealthCheckAddresses::All,
+            dual_node.clone(),
+            v6,
+            ips(&["::"]),
+        ),
+        (
+            "all, IPv4-only",
+            HealthCheckAddresses::All,
+            dual_node.clone(),
+            v4,
+            ips(&["0.0.0.0"]),
+        ),
+        (
+            "all, dual",
+            HealthCheckAddresses::All,
+            dual_node.clone(),
+            dual,
+            ips(&["0.0.0.0", "::"]),
+        ),
+        (
+            "IPv6 Node IP, IPv6-only (no 0.0.0.0 for the IPv4 family without a Node IP)",
+            HealthCheckAddresses::NodeIps,
+            v6_node.clone(),
+            v6,
+            ips(&["2001:db8:1::10"]),
+        ),
+        (
+            "IPv6 Node IP, IPv4-only: every IPv4 address, as its node ports",
+            HealthCheckAddresses::NodeIps,
+            v6_node.clone(),
+            v4,
+            ips(&["0.0.0.0"]),
+        ),
+        (
+            "IPv6 Node IP, dual",
+            HealthCheckAddresses::NodeIps,
+            v6_node.clone(),
+            dual,
+            ips(&["0.0.0.0", "2001:db8:1::10"]),
+        ),
+        (
+            "dual Node IPs, IPv6-only",
+            HealthCheckAddresses::NodeIps,
+            dual_node.clone(),
+            v6,
+            ips(&["2001:db8:1::10"]),
+        ),
+        (
+            "Node IPs unknown (node ports on every address), IPv6-only",
+            HealthCheckAddresses::NodeIps,
+            Vec::new(),
+            v6,
+            ips(&["::"]),
+        ),
+        (
+            "an IPv6 CIDR only, IPv6-only (no IPv4 CIDR: match all, but not this Service's)",
+            cidrs(&["2001:db8:1::/64"]),
+            v6_node.clone(),
+            v6,
+            ips(&["2001:db8:1::20"]),
+        ),
+        (
+            "an IPv6 CIDR only, dual",
+            cidrs(&["2001:db8:1::/64"]),
+            v6_node.clone(),
+            dual,
+            ips(&["0.0.0.0", "2001:db8:1::20"]),
+        ),
+        (
+            "an IPv4 /0 and an IPv6 CIDR, IPv6-only",
+            cidrs(&["0.0.0.0/0", "2001:db8:1::/64"]),
+            v6_node.clone(),
+            v6,
+            ips(&["2001:db8:1::20"]),
+        ),
+        (
+            "CIDRs of both families, IPv4-only",
+            cidrs(&["10.0.0.0/8", "2001:db8:1::/64"]),
+            dual_node.clone(),
+            v4,
+            ips(&["10.1.2.3"]),
+        ),
+    ];
+    for (what, setting, node, families, want) in table {
+        let chosen = setting.choose(&both, &node, local);
+        assert_eq!(families.select(&chosen.addresses), want, "{what}");
+    }
+}
+
+/// The servers listen per Service on its families' addresses: an IPv6-only Service given the
+/// node's IPv4 and IPv6 addresses answers on IPv6 only, a dual-stack one on both, and a
+/// Service turning dual-stack gains its IPv4 listener at the next update.
+#[tokio::test]
+async fn an_ipv6_only_services_check_has_no_ipv4_listener() {
+    let (mut hc, _) = servers(true);
+    let port = free_port();
+    let key = ServiceKey::new("edge", "v6only");
+    let addresses = ips(&["127.0.0.1", "::1"]);
+    let check = |families| HealthCheck {
+        port,
+        local_endpoints: 1,
+        families,
+    };
+    let connects = |ip: &'static str| {
+        tokio::task::spawn_blocking(move || {
+            std::net::TcpStream::connect_timeout(
+                &SocketAddr::new(ip.parse().expect("ip"), port),
+                Duration::from_secs(1),
+            )
+            .is_ok()
+        })
+    };
+    hc.sync(
+        &BTreeMap::from([(key.clone(), check(ServiceFamilies::of(Family::V6)))]),
+        &addresses,
+    )
+    .await;
+    assert!(connects("::1").await.expect("join"), "served on IPv6");
+    assert!(
+        !connects("127.0.0.1").await.expect("join"),
+        "an IPv6-only Service's check listens on no IPv4 address"
+    );
+    assert!(hc.not_served().is_empty());
+    hc.update(
+        BTreeMap::from([(key.clone(), Some(check(ServiceFamilies::BOTH)))]),
+        &addresses,
+    )
+    .await;
+    assert!(connects("127.0.0.1").await.expect("join"), "dual-stack now");
+    assert!(connects("::1").await.expect("join"), "IPv6 kept");
 }
