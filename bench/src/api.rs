@@ -80,7 +80,7 @@ impl ApiResult {
     /// One table row.
     pub fn markdown_row(&self) -> String {
         format!(
-            "| {} | {} × {} | {} | {:.2} s | {:.2} s | {} | {:.2} s / {:.2} ms | {:.2} MB | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} MB | {:.0} MB |",
+            "| {} | {} × {} | {} | {:.2} s | {:.2} s | {} | {:.2} s / {:.2} ms | {:.2} MB | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} MiB | {:.0} MiB |",
             self.label,
             self.n,
             self.m,

@@ -139,7 +139,7 @@ impl Restart {
                 .unwrap_or_else(|| "—".into())
         };
         format!(
-            "| {} | {n} × {m} | {} | {:.2} s | {:.2} s | {} | {} | {:.0} MB |",
+            "| {} | {n} × {m} | {} | {:.2} s | {:.2} s | {} | {} | {:.0} MiB |",
             backend.label(),
             self.exit_after_sigterm
                 .map(|d| format!("{:.2} s", d.as_secs_f64()))
@@ -162,7 +162,7 @@ impl ControlResult {
     /// One table row.
     pub fn markdown_row(&self) -> String {
         format!(
-            "| {} | {} × {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} | {:.0} MB | {} |",
+            "| {} | {} × {} | {:.2} s | {:.2} s | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} | {:.0} MiB | {} |",
             self.backend.label(),
             self.n,
             self.m,
@@ -372,7 +372,8 @@ impl Kpng {
     }
 }
 
-/// Peak resident memory of a process, in MB.
+/// Peak resident memory of a process (`VmHWM`), in MiB (1,048,576 bytes): the output labels
+/// say MiB; 150 MiB is 157.3 MB.
 pub fn peak_rss_mb(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()

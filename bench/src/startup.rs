@@ -121,7 +121,7 @@ impl StartupResult {
                 })
                 .unwrap_or_else(|| "—".into());
             s.push_str(&format!(
-                "| {} | {} × {} | {list} s | {median:.2} s | {cpu} | {ops} | {rss:.0} MB | {load} |\n",
+                "| {} | {} × {} | {list} s | {median:.2} s | {cpu} | {ops} | {rss:.0} MiB | {load} |\n",
                 row.label, self.n, self.m
             ));
         }
