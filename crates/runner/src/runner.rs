@@ -754,6 +754,7 @@ impl<M: NodeModel> LoopState<M> {
             return kpng_conntrack::table_usage().map(|u| ConntrackStatus {
                 entries: u.entries as u64,
                 max: u.max as u64,
+                max_read_only: !u.max_writable,
             });
         }
         None
