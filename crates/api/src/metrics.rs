@@ -143,8 +143,8 @@ pub struct KindLabel {
 /// The label of `kpng_api_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabel {
-    /// `not_a_node_name`, `other_node`, `too_many_watches`, `too_many_watches_from_peer` or
-    /// `too_many_connections`.
+    /// `not_a_node_name`, `other_node`, `unknown_node`, `too_many_watches`,
+    /// `too_many_watches_from_peer` or `too_many_connections`; each exists at 0 from the start.
     pub reason: String,
 }
 
@@ -216,6 +216,13 @@ impl ApiMetrics {
             "Bytes of gRPC messages sent to API clients (bundles compressed)",
             m.sent_bytes.clone(),
         );
+        // Each reason at 0 from the start (an alerting counter, docs/observability.md): the
+        // first refusal shows in `increase()`.
+        for refusal in crate::server::refusal_log::Refusal::COUNTED {
+            let _ = m.refused.get_or_create(&RefusedLabel {
+                reason: refusal.label().into(),
+            });
+        }
         registry.register(
             "kpng_api_refused",
             "Watches and connections the API server refused, by reason",
@@ -291,6 +298,27 @@ impl ApiMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An alerting counter exists at 0 from the start, every reason of it (it had no series
+    /// until the first refusal, so `increase()` missed that one).
+    #[test]
+    fn every_refusal_reason_is_exported_at_0_from_the_start() {
+        let mut registry = Registry::default();
+        let _metrics = ApiMetrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for reason in [
+            "not_a_node_name",
+            "other_node",
+            "unknown_node",
+            "too_many_watches",
+            "too_many_watches_from_peer",
+            "too_many_connections",
+        ] {
+            let line = format!("\nkpng_api_refused_total{{reason=\"{reason}\"}} 0\n");
+            assert!(text.contains(&line), "{line}{text}");
+        }
+    }
 
     /// The certificate's expiry is a Unix time: Prometheus' convention names it `…_timestamp_seconds`.
     #[test]

@@ -27,7 +27,7 @@ mod admission;
 mod authority;
 mod conn;
 mod delegate;
-mod refusal_log;
+pub(crate) mod refusal_log;
 mod request_wake;
 mod tls;
 #[cfg(unix)]

@@ -126,14 +126,19 @@ impl KernelTable {
     }
 }
 
-/// How full this network namespace's conntrack table is: a full table drops the first packet
-/// of every new connection, Services included, and nothing else says why.
+/// How full this network namespace's conntrack table is: a full table makes the kernel evict
+/// unreplied entries and, when it finds none, drop new connections' packets, Services
+/// included, and nothing else says why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableUsage {
     /// Entries now (`nf_conntrack_count`).
     pub entries: usize,
     /// The limit (`nf_conntrack_max`).
     pub max: usize,
+    /// Whether this process may write `nf_conntrack_max`: not outside the host network
+    /// namespace (the table's size is the host's) nor where `/proc/sys` is mounted read-only,
+    /// so advice to raise kpng's flags would not help there.
+    pub max_writable: bool,
 }
 
 /// The table's usage now; `None` when conntrack is not loaded (no sysctls).
@@ -141,6 +146,11 @@ pub fn table_usage() -> Option<TableUsage> {
     Some(TableUsage {
         entries: read_sysctl("nf_conntrack_count")?,
         max: read_sysctl("nf_conntrack_max")?,
+        // Opening for writing checks the permission and writes nothing.
+        max_writable: std::fs::OpenOptions::new()
+            .write(true)
+            .open("/proc/sys/net/netfilter/nf_conntrack_max")
+            .is_ok(),
     })
 }
 

@@ -1529,7 +1529,8 @@ fn write_not_connected(out: &mut String, nodes: &[String]) {
 }
 
 /// The conntrack table's usage: always in the wide view, and unasked when it is nearly full
-/// (a full table drops new connections, and nothing else on the node says why).
+/// (a full table drops new connections, and nothing else on the node says why), with what to
+/// do: kpng's flags where it can set the size, the host's setting where it cannot.
 fn write_conntrack(out: &mut String, c: &ConntrackStatus, wide: bool) {
     use std::fmt::Write as _;
     if !wide && !c.nearly_full() {
@@ -1546,10 +1547,22 @@ fn write_conntrack(out: &mut String, c: &ConntrackStatus, wide: bool) {
     if c.nearly_full() {
         let _ = write!(
             out,
-            ": when full, the kernel drops the first packet of every new connection (dmesg: \
-             \"nf_conntrack: table full, dropping packet\"); raise --conntrack-max-per-core or \
-             --conntrack-min, or find what opens so many connections"
+            ": when full, the kernel evicts unreplied entries to make room and, when it finds \
+             none, drops new connections' packets (dmesg: \"nf_conntrack: table full, dropping \
+             packet\"; `conntrack -S`: early_drop, then drop); "
         );
+        if c.max_read_only {
+            let _ = write!(
+                out,
+                "kpng cannot raise it: {}; or find what opens so many connections",
+                ConntrackStatus::MAX_READ_ONLY
+            );
+        } else {
+            out.push_str(
+                "raise --conntrack-max-per-core or --conntrack-min, or find what opens so many \
+                 connections",
+            );
+        }
     }
     out.push('\n');
 }
@@ -3208,7 +3221,15 @@ mod tests {
         ];
         for (entries, max, wide, want) in cases {
             let mut out = String::new();
-            write_conntrack(&mut out, &ConntrackStatus { entries, max }, wide);
+            write_conntrack(
+                &mut out,
+                &ConntrackStatus {
+                    entries,
+                    max,
+                    max_read_only: false,
+                },
+                wide,
+            );
             assert_eq!(out, want, "{entries}/{max} wide {wide}");
         }
         for wide in [false, true] {
@@ -3218,17 +3239,41 @@ mod tests {
                 &ConntrackStatus {
                     entries: 235_930,
                     max: 262_144,
+                    max_read_only: false,
                 },
                 wide,
             );
             assert!(
                 out.starts_with(
                     "conntrack table 90 % full (235930 of 262144 entries): when full, the kernel \
-                     drops the first packet of every new connection"
+                     evicts unreplied entries to make room and, when it finds none, drops new \
+                     connections' packets (dmesg: \"nf_conntrack: table full, dropping packet\"; \
+                     `conntrack -S`: early_drop, then drop); raise"
                 ) && out.ends_with("--conntrack-min, or find what opens so many connections\n"),
                 "{out}"
             );
         }
+        // Where kpng cannot set the size (not the host network namespace, /proc/sys
+        // read-only), its flags would not help: the status says why and what to do instead
+        // (it advised the flags).
+        let mut out = String::new();
+        write_conntrack(
+            &mut out,
+            &ConntrackStatus {
+                entries: 262_144,
+                max: 262_144,
+                max_read_only: true,
+            },
+            false,
+        );
+        assert!(
+            out.contains(
+                "kpng cannot raise it: nf_conntrack_max is read-only here: not the host network \
+                 namespace, or /proc/sys mounted read-only"
+            ) && out.contains("set net.netfilter.nf_conntrack_max on the host")
+                && !out.contains("--conntrack-max-per-core"),
+            "{out}"
+        );
     }
 
     /// A brain's node `name` running `version`, connected at `T0`, one change set sent and

@@ -131,15 +131,27 @@ impl ConntrackSettings {
     }
 }
 
-/// The warning for a setting that could not be written: the value kept, and the way out where
-/// `/proc/sys` is read-only (an unprivileged container), where it is expected.
+/// The warning for a setting that could not be written: the value kept, and, where it is
+/// read-only (the table's size outside the host network namespace, `/proc/sys` in an
+/// unprivileged container), why and the way out: kpng's own flags cannot help there.
 fn cannot_set(path: &Path, value: u64, current: Option<u64>, e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
     let kept = current.map_or_else(|| "the kernel's value".to_string(), |c| c.to_string());
-    let hint = if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem {
-        " (/proc/sys is read-only outside a privileged container: set the config's conntrack \
-         values to 0 to leave them to the node)"
+    let read_only = matches!(
+        e.kind(),
+        ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied
+    );
+    let hint = if read_only && path.ends_with("nf_conntrack_max") {
+        format!(
+            " ({}; --conntrack-max-per-core 0 leaves it to the node and stops this warning)",
+            kpng_runner::admin::ConntrackStatus::MAX_READ_ONLY
+        )
+    } else if read_only {
+        " (/proc/sys is read-only outside a privileged container: run kpng privileged, or set \
+         the config's conntrack values to 0 to leave them to the node)"
+            .to_string()
     } else {
-        ""
+        String::new()
     };
     format!(
         "cannot set {} to {value} ({e}); continuing with {kept}{hint}",
@@ -175,7 +187,18 @@ mod tests {
                 && said.contains("conntrack values to 0"),
             "{said}"
         );
-        let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        // The table's size outside the host network namespace: why, and what to do on the
+        // host (it said only "continuing with N", and the status advised kpng's flags).
+        let max = Path::new("/proc/sys/net/netfilter/nf_conntrack_max");
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let said = cannot_set(max, 262144, Some(131072), &denied);
+        assert!(
+            said.contains("; continuing with 131072 (nf_conntrack_max is read-only here: not the host network namespace, or /proc/sys mounted read-only")
+                && said.contains("set net.netfilter.nf_conntrack_max on the host")
+                && said.contains("run kpng privileged in the host network namespace"),
+            "{said}"
+        );
+        let other = std::io::Error::from(std::io::ErrorKind::NotFound);
         let said = cannot_set(path, 86400, None, &other);
         assert!(
             said.ends_with("continuing with the kernel's value"),

@@ -27,8 +27,13 @@ pub fn register(registry: &mut Registry) {
 /// [`crate::run_marker`]), 0 otherwise, for the life of the process. A crash loop of a
 /// DaemonSet's pod then shows on a dashboard, not only in `dmesg`; the start's warning says
 /// when the dead run was last seen alive ([`crate::run_marker::HEARTBEAT`]).
+///
+/// And `kpng_unhealthy_previous_exit`: 1 when it shut down cleanly while its syncs were
+/// failing (the kubelet's SIGTERM after its `/livez` failed: a liveness-probe restart, which
+/// left no trace before), 0 otherwise. Apart, as a crash and a liveness kill call for other
+/// searches (`dmesg` for the one, the sync error in the start's warning for the other).
 #[cfg(target_os = "linux")]
-pub fn register_unclean_previous_exit(registry: &mut Registry, unclean: bool) {
+pub fn register_previous_exit(registry: &mut Registry, unclean: bool, unhealthy: bool) {
     let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     gauge.set(i64::from(unclean));
     registry.register(
@@ -36,6 +41,15 @@ pub fn register_unclean_previous_exit(registry: &mut Registry, unclean: bool) {
         "1 when the previous kpng in this network namespace ended without a clean shutdown \
          (killed, OOM), 0 otherwise; the start's warning says when it was last seen alive \
          (it died within 10 s after).",
+        gauge,
+    );
+    let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    gauge.set(i64::from(unhealthy));
+    registry.register(
+        "kpng_unhealthy_previous_exit",
+        "1 when the previous kpng in this network namespace shut down cleanly while its syncs \
+         were failing (a liveness-probe restart, likely), 0 otherwise; the start's warning \
+         says since when and the last error.",
         gauge,
     );
 }

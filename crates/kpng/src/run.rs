@@ -769,7 +769,7 @@ where
     );
     // Removed when this function returns (a clean shutdown, or an error kpng reports).
     #[cfg(target_os = "linux")]
-    let run_marker = facts.run_marker.take();
+    let mut run_marker = facts.run_marker.take();
     #[cfg(target_os = "linux")]
     let previous_run = run_marker
         .as_ref()
@@ -785,11 +785,16 @@ where
         sync_period: flags.sync_period,
         full_sync_period: flags.full_sync_period,
     };
+    // (unclean, unhealthy): whether the previous run was killed, or shut down while its
+    // syncs failed; `None` where there is no run marker.
     #[cfg(target_os = "linux")]
-    let unclean_previous_exit = run_marker.is_some().then_some(previous_run.is_some());
+    let previous_exit = run_marker.as_ref().map(|m| {
+        m.previous()
+            .map_or((false, false), |p| (p.unclean(), !p.unclean()))
+    });
     #[cfg(not(target_os = "linux"))]
-    let unclean_previous_exit = None;
-    let mut registry = metrics_registry(&*backend, &facts, unclean_previous_exit);
+    let previous_exit = None;
+    let mut registry = metrics_registry(&*backend, &facts, previous_exit);
     let metrics = ProxyMetrics::new(&mut registry);
     let refused_connections = metrics.http_connections_refused.clone();
     let health = Arc::new(ProxyHealth::new(
@@ -809,8 +814,16 @@ where
     };
     let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
-    let mut runner = Runner::new(model, backend, timing, metrics, health)
+    let mut runner = Runner::new(model, backend, timing, metrics, health.clone())
         .with_free_repairs(flags.repairs_at_once);
+    // A clean shutdown while the syncs fail (the kubelet's SIGTERM after `/livez` failed)
+    // leaves the marker saying so, for the next start.
+    #[cfg(target_os = "linux")]
+    if let Some(marker) = &mut run_marker {
+        marker.follow(runner.subscribe(), health);
+    }
+    #[cfg(not(target_os = "linux"))]
+    drop(health);
     // Whether an earlier run's rules still route traffic until the first sync (asked once,
     // when the backend was built: `crate::earlier_rules`).
     runner = runner.with_earlier_rules(facts.earlier_rules);
@@ -1043,7 +1056,7 @@ async fn run_until_end<M: NodeModel>(
 fn metrics_registry(
     backend: &dyn Backend,
     facts: &SinkFacts,
-    unclean_previous_exit: Option<bool>,
+    previous_exit: Option<(bool, bool)>,
 ) -> Registry {
     let mut registry = Registry::default();
     crate::process_metrics::register(&mut registry);
@@ -1054,11 +1067,11 @@ fn metrics_registry(
     }
     // Only Linux keeps a run marker: elsewhere this is always `None`.
     #[cfg(target_os = "linux")]
-    if let Some(unclean) = unclean_previous_exit {
-        crate::process_metrics::register_unclean_previous_exit(&mut registry, unclean);
+    if let Some((unclean, unhealthy)) = previous_exit {
+        crate::process_metrics::register_previous_exit(&mut registry, unclean, unhealthy);
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = unclean_previous_exit;
+    let _ = previous_exit;
     backend.register_metrics(&mut registry);
     if let Some(source_metrics) = &facts.source_metrics {
         source_metrics.register(&mut registry);

@@ -18,10 +18,21 @@
 //! [`HEARTBEAT`], so the marker a killed run left says when it was last seen alive, at most
 //! that long before it died; without it an incident's timeline had the start of the dead run
 //! and the start of the next, nothing in between.
+//!
+//! A run that ends cleanly while its syncs fail (a persistent failure fails `/livez`, the
+//! kubelet's liveness probe sends SIGTERM, kpng exits cleanly) keeps its marker, rewritten to
+//! say so ([`RunMarker::follow`]): the next start warns `the previous kpng … ended unhealthy:
+//! …`, `kpng status` shows it and `kpng_unhealthy_previous_exit` is 1. Until 2026-12-07 such
+//! a restart left no trace at all.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use kpng_runner::health::ProxyHealth;
+use kpng_runner::runner::SyncReport;
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +61,10 @@ struct Record {
     /// (test namespaces, pods), and the cookie tells them apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     netns_cookie: Option<u64>,
+    /// Set by a clean shutdown while the syncs were failing: what was wrong (since when, the
+    /// last error). A marker without it that is still there is a run that did not shut down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ended_unhealthy: Option<String>,
 }
 
 /// The run of kpng that ended without a clean shutdown, as the marker it left says.
@@ -61,11 +76,27 @@ pub struct Previous {
     pub started: String,
     /// When it last touched its marker (RFC 3339): it died at most [`HEARTBEAT`] later.
     pub last_alive: Option<String>,
+    /// It shut down cleanly, but while its syncs were failing: what was wrong.
+    pub unhealthy: Option<String>,
 }
 
 impl Previous {
+    /// Whether it ended without a clean shutdown (`kpng_unclean_previous_exit`), rather than
+    /// cleanly while unhealthy (`kpng_unhealthy_previous_exit`).
+    pub fn unclean(&self) -> bool {
+        self.unhealthy.is_none()
+    }
+
     /// The warning and `kpng status` line.
     pub fn note(&self) -> String {
+        if let Some(what) = &self.unhealthy {
+            return format!(
+                "the previous kpng (pid {}, started {}) ended unhealthy: {what}; it shut down \
+                 cleanly, as when the kubelet restarts it for a failed liveness probe (see the \
+                 pod's events)",
+                self.pid, self.started
+            );
+        }
         let alive = self
             .last_alive
             .as_ref()
@@ -86,8 +117,58 @@ pub struct RunMarker {
     path: Option<PathBuf>,
     /// The run before this one, when it ended uncleanly.
     previous: Option<Previous>,
+    /// This run's record, as written.
+    record: Option<Record>,
+    /// What the syncs' reports say now, once [`RunMarker::follow`] follows them.
+    syncs: Arc<Mutex<SyncsFailing>>,
+    /// The proxy's health, to say whether `/livez` failed at the end.
+    health: Option<Arc<ProxyHealth>>,
     /// Stops the heartbeat thread when dropped.
     _heartbeat: Option<std::sync::mpsc::Sender<()>>,
+}
+
+/// The syncs failing now (none when `since` is `None`), from the runner's reports.
+#[derive(Debug, Default, Clone)]
+struct SyncsFailing {
+    /// When the first failure of the current run of them was reported.
+    since: Option<SystemTime>,
+    /// How many failed since.
+    failures: u64,
+    /// The last one's error.
+    last_error: String,
+}
+
+impl SyncsFailing {
+    /// Takes one sync's report into account.
+    fn report(&mut self, report: &SyncReport, now: SystemTime) {
+        if report.ok {
+            *self = SyncsFailing::default();
+            return;
+        }
+        self.since.get_or_insert(now);
+        self.failures += 1;
+        self.last_error = report.error.clone().unwrap_or_default();
+    }
+
+    /// What the marker says when the run ends now: `None` when the syncs do not fail.
+    fn note(&self, livez_failing: bool) -> Option<String> {
+        let since = self.since?;
+        let failures = if self.failures == 1 {
+            "1 failure".to_string()
+        } else {
+            format!("{} failures", self.failures)
+        };
+        Some(format!(
+            "its syncs had been failing since {} ({failures}; last error: {}){}",
+            humantime::format_rfc3339_seconds(since),
+            self.last_error,
+            if livez_failing {
+                ", and /livez was failing"
+            } else {
+                ""
+            }
+        ))
+    }
 }
 
 impl RunMarker {
@@ -100,6 +181,9 @@ impl RunMarker {
             return RunMarker {
                 path: None,
                 previous: None,
+                record: None,
+                syncs: Arc::default(),
+                health: None,
                 _heartbeat: None,
             };
         };
@@ -119,6 +203,7 @@ impl RunMarker {
             backend: backend.to_string(),
             boot_id: here.boot_id,
             netns_cookie: here.netns_cookie,
+            ended_unhealthy: None,
         };
         let path = match write(&path, &record) {
             Ok(()) => Some(path),
@@ -131,8 +216,47 @@ impl RunMarker {
         RunMarker {
             path,
             previous,
+            record: Some(record),
+            syncs: Arc::default(),
+            health: None,
             _heartbeat: heartbeat,
         }
+    }
+
+    /// Follows the runner's sync reports (a task of the current runtime), so that a clean
+    /// shutdown while the syncs fail leaves the marker saying so, and `health` to say whether
+    /// `/livez` failed then: the kubelet restarts a kpng whose `/livez` fails with a SIGTERM,
+    /// a clean exit that left nothing for the next start to tell.
+    pub fn follow(
+        &mut self,
+        mut reports: tokio::sync::watch::Receiver<Option<SyncReport>>,
+        health: Arc<ProxyHealth>,
+    ) {
+        self.health = Some(health);
+        let syncs = Arc::clone(&self.syncs);
+        tokio::spawn(async move {
+            while reports.changed().await.is_ok() {
+                let report = reports.borrow_and_update().clone();
+                if let Some(report) = report {
+                    syncs
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .report(&report, SystemTime::now());
+                }
+            }
+        });
+    }
+
+    /// What the marker says at a clean shutdown now: `None` when the syncs do not fail.
+    fn ended_unhealthy(&self) -> Option<String> {
+        let livez_failing = self
+            .health
+            .as_ref()
+            .is_some_and(|h| !h.is_healthy(SystemTime::now()));
+        self.syncs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .note(livez_failing)
     }
 
     /// The earlier run that ended without a clean shutdown, if the marker it left was found.
@@ -143,6 +267,19 @@ impl RunMarker {
 
 impl Drop for RunMarker {
     fn drop(&mut self) {
+        // A clean shutdown while the syncs fail: the marker stays, saying so.
+        if let (Some(path), Some(record), Some(what)) =
+            (&self.path, &self.record, self.ended_unhealthy())
+        {
+            let record = Record {
+                ended_unhealthy: Some(what),
+                ..record.clone()
+            };
+            match write(path, &record) {
+                Ok(()) => return,
+                Err(e) => tracing::debug!("rewriting the run marker {}: {e}", path.display()),
+            }
+        }
         if let Some(path) = &self.path
             && let Err(e) = std::fs::remove_file(path)
             && e.kind() != std::io::ErrorKind::NotFound
@@ -229,6 +366,7 @@ fn left_by_previous(record: Record, here: &Here) -> Option<Previous> {
         pid: record.pid,
         started: record.started,
         last_alive: None,
+        unhealthy: record.ended_unhealthy,
     })
 }
 
@@ -297,6 +435,7 @@ mod tests {
             backend: "nft".into(),
             boot_id: boot.into(),
             netns_cookie: cookie,
+            ended_unhealthy: None,
         };
         let here = |boot: &str, cookie: Option<u64>| Here {
             boot_id: boot.into(),
@@ -353,6 +492,7 @@ mod tests {
             pid: 7,
             started: "2026-12-07T07:22:42Z".into(),
             last_alive: Some("2026-12-07T07:28:30Z".into()),
+            unhealthy: None,
         };
         assert_eq!(
             previous.note(),
@@ -360,6 +500,71 @@ mod tests {
              2026-12-07T07:28:30Z) ended without a clean shutdown (killed, OOM — see `dmesg` / \
              `journalctl -k`)"
         );
+    }
+
+    /// A clean shutdown while the syncs fail (the kubelet's SIGTERM after `/livez` failed)
+    /// leaves the marker saying so, and the next start says it; a clean shutdown once they
+    /// succeed again leaves nothing. Until 2026-12-07 such a restart left no trace.
+    #[tokio::test]
+    async fn a_clean_shutdown_while_syncs_fail_is_told_at_the_next_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = |ok: bool| SyncReport {
+            generation: 1,
+            ok,
+            full: true,
+            operations: 0,
+            duration: std::time::Duration::ZERO,
+            error: (!ok).then(|| "iptables-restore: exit status 1".to_string()),
+        };
+        let health = Arc::new(ProxyHealth::new(
+            &[kpng_model::Family::V4],
+            std::time::Duration::from_secs(60),
+        ));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let failures = |marker: &RunMarker| marker.syncs.lock().expect("lock").failures;
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let mut first = RunMarker::start(dir.path(), "iptables", 4242);
+        first.follow(rx, health.clone());
+        for n in 1..=2 {
+            tx.send_replace(Some(report(false)));
+            while failures(&first) < n {
+                assert!(std::time::Instant::now() < deadline, "reports not followed");
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+        drop(first);
+        let second = RunMarker::start(dir.path(), "iptables", 4343);
+        let previous = second
+            .previous()
+            .expect("the unhealthy end is found")
+            .clone();
+        assert!(!previous.unclean(), "it shut down cleanly");
+        let note = previous.note();
+        assert!(
+            note.starts_with("the previous kpng (pid 4242, started 2")
+                && note.contains(") ended unhealthy: its syncs had been failing since 2")
+                && note.contains(
+                    "(2 failures; last error: iptables-restore: exit status 1); it shut down \
+                     cleanly, as when the kubelet restarts it for a failed liveness probe"
+                ),
+            "{note}"
+        );
+        // Recovered before the shutdown: nothing is left.
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let mut third = second;
+        third.follow(rx, health);
+        tx.send_replace(Some(report(false)));
+        while third.ended_unhealthy().is_none() {
+            assert!(std::time::Instant::now() < deadline, "report not followed");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tx.send_replace(Some(report(true)));
+        while third.ended_unhealthy().is_some() {
+            assert!(std::time::Instant::now() < deadline, "report not followed");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        drop(third);
+        assert!(!marker_path(dir.path()).expect("path").exists());
     }
 
     #[test]

@@ -2474,6 +2474,96 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
         ],
     );
     wait_for(node_metrics, &["\nkpng_rejected_objects 1\n"]);
+    let brain = http_get(brain_metrics, "/metrics");
+    let node = http_get(node_metrics, "/metrics");
+    // Alerting counters exist at 0 from the start, each label value a refusal can have
+    // (until 2026-12-07 these had no series before the first refusal).
+    for (text, line) in [
+        (&brain, "kpng_api_refused_total{reason=\"unknown_node\"} 0"),
+        (
+            &brain,
+            "kpng_api_refused_total{reason=\"too_many_connections\"} 0",
+        ),
+        (
+            &brain,
+            "kpng_http_connections_refused_total{server=\"metrics\",reason=\"per_peer\"} 0",
+        ),
+        (
+            &node,
+            "kpng_http_connections_refused_total{server=\"healthz\",reason=\"total\"} 0",
+        ),
+        (
+            &node,
+            "kpng_http_connections_refused_total{server=\"metrics\",reason=\"evicted\"} 0",
+        ),
+        (&node, "kpng_sync_failures_total{backend=\"file\"} 0"),
+    ] {
+        assert!(text.contains(&format!("\n{line}\n")), "{line}:\n{text}");
+    }
+    // The alert rules of docs/observability.md use only names a real scrape exports (a
+    // renamed or misspelled metric makes a rule that never fires).
+    let exported = |name: &str| {
+        [&brain, &node].iter().any(|text| {
+            text.lines().any(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(['{', ' ']))
+            })
+        })
+    };
+    let names = documented_alert_metrics();
+    assert!(
+        names.contains("kpng_api_duplicate_node_names")
+            && names.contains("kpng_sync_failures_total"),
+        "{names:?}"
+    );
+    let missing: Vec<&String> = names
+        .iter()
+        // Exported only by a backend programming a Linux node (not this to-file node).
+        .filter(|n| !n.starts_with("kpng_conntrack_") && !n.ends_with("_previous_exit"))
+        .filter(|n| !exported(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/observability.md's alerts use {missing:?}, which neither a brain nor a node \
+         exports:\n{brain}\n{node}"
+    );
+}
+
+/// The `kpng_*` and `kubeproxy_*` metric names the alert rules (`expr:` in YAML blocks) of
+/// docs/observability.md use.
+fn documented_alert_metrics() -> std::collections::BTreeSet<String> {
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/observability.md"),
+    )
+    .expect("docs/observability.md");
+    let mut names = std::collections::BTreeSet::new();
+    let mut in_expr = false;
+    for line in docs.lines() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix("expr:") {
+            in_expr = rest.trim() == "|";
+            collect_metric_names(rest, &mut names);
+            continue;
+        }
+        if in_expr {
+            // A block scalar's lines are indented further than `expr:`; a key ends it.
+            if trimmed.starts_with("for:") || trimmed.starts_with("- ") || trimmed.is_empty() {
+                in_expr = false;
+            } else {
+                collect_metric_names(trimmed, &mut names);
+            }
+        }
+    }
+    names
+}
+
+/// Adds the `kpng_*` and `kubeproxy_*` names in `expr` to `names`.
+fn collect_metric_names(expr: &str, names: &mut std::collections::BTreeSet<String>) {
+    for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("kpng_") || word.starts_with("kubeproxy_") {
+            names.insert(word.to_string());
+        }
+    }
 }
 
 /// `kpng file --input INPUT … to-api --listen LISTEN`: a brain with its metrics and health

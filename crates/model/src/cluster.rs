@@ -513,16 +513,13 @@ impl ClusterModel {
             out.accepted_again.push(ended);
         }
         let mut object = object;
+        let range_warnings = self.drop_out_of_range(&mut object);
         self.keep_dropped(&mut object);
         match object {
             Object::Service(info) => {
                 let mut info = *info;
                 info.shrink_to_fit();
                 out.applied.add(Kind::Service);
-                let range_warnings = match self.config.node_port_range {
-                    Some(range) => drop_out_of_range(&mut info, range),
-                    None => Vec::new(),
-                };
                 let owned = self.owns(&info);
                 let cidrs = if owned && !info.external_ips.is_empty() {
                     self.all_service_cidrs()
@@ -748,6 +745,26 @@ impl ClusterModel {
             Arc::make_mut(source).lost = lost;
             services.insert(key);
         }
+    }
+
+    /// Drops the node ports of a Service this proxy programs that are outside
+    /// `--service-node-port-range`, adding each to the Service's dropped values (so that
+    /// `kpng status` shows them while they last, not only a warning that scrolls away), and
+    /// returns the warnings, logged when the Service changes.
+    fn drop_out_of_range(&self, object: &mut Object) -> Vec<Warning> {
+        let (Object::Service(info), Some(range)) = (object, self.config.node_port_range) else {
+            return Vec::new();
+        };
+        if !self.owns(info) {
+            return Vec::new();
+        }
+        let warnings = drop_out_of_range(info, range);
+        if !warnings.is_empty() {
+            let mut all = info.dropped.take().map(Vec::from).unwrap_or_default();
+            all.extend(warnings.iter().cloned());
+            info.dropped = crate::records::dropped(&all);
+        }
+        warnings
     }
 
     /// Moves the values the conversion dropped from `object` (a Service or EndpointSlice)

@@ -171,6 +171,10 @@ fn node_ports_outside_the_range_are_dropped_with_a_warning() {
         let warnings: Vec<String> = out.warnings.iter().map(|w| w.to_string()).collect();
         assert_eq!(warnings, case.warnings, "{}", case.name);
         assert_eq!(programmed(&m), [case.programmed], "{}", case.name);
+        // Kept among the dropped values while it lasts, so that `kpng status` shows it (it
+        // was a warning only, gone once the log scrolled).
+        let dropped: Vec<String> = m.dropped().map(|(_, w)| w.to_string()).collect();
+        assert_eq!(dropped, case.warnings, "{}: dropped", case.name);
         // The rest of the Service is kept.
         let port = m.snapshot().ports.values().next().expect("a port");
         assert_eq!(port.external_ips.len(), 1, "{}", case.name);
@@ -178,6 +182,14 @@ fn node_ports_outside_the_range_are_dropped_with_a_warning() {
         let again = m.apply(service("default", "web", None, spec));
         assert!(again.warnings.is_empty(), "{}", case.name);
         assert!(again.diff.is_empty(), "{}", case.name);
+        // A version inside the range ends it.
+        let inside = json!({
+            "type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "clusterIP": "10.96.0.10", "externalIPs": ["192.0.2.10"],
+            "ports": [{"name": "p", "port": 80}]
+        });
+        m.apply(service("default", "web", None, inside));
+        assert_eq!(m.dropped().count(), 0, "{}: fixed", case.name);
     }
 }
 

@@ -449,7 +449,8 @@ pub struct Status {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health_checks_not_served: Vec<HealthCheckStatus>,
     /// The node's conntrack table (backends that program a Linux node): when it is full the
-    /// kernel drops the first packet of every new connection.
+    /// kernel evicts unreplied entries and, when it finds none, drops new connections'
+    /// packets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackStatus>,
     /// The previous kpng of this network namespace ended without a clean shutdown (killed,
@@ -589,9 +590,20 @@ pub struct ConntrackStatus {
     pub entries: u64,
     /// The limit (`nf_conntrack_max`).
     pub max: u64,
+    /// kpng cannot change the limit here (not the host network namespace, or `/proc/sys`
+    /// read-only): raising its flags would not help, the host's setting must change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub max_read_only: bool,
 }
 
 impl ConntrackStatus {
+    /// Why kpng cannot change `nf_conntrack_max` where it is read-only, and what to do
+    /// instead: said by the warning of a failed write and by `kpng status`.
+    pub const MAX_READ_ONLY: &'static str = "nf_conntrack_max is read-only here: not the host \
+        network namespace, or /proc/sys mounted read-only (an unprivileged container); set \
+        net.netfilter.nf_conntrack_max on the host (sysctl), or run kpng privileged in the \
+        host network namespace (hostNetwork: true)";
+
     /// Whether the table is close enough to full (90 %) to say so without being asked: past
     /// it, bursts of new connections start being dropped.
     pub fn nearly_full(&self) -> bool {

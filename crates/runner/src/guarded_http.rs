@@ -118,6 +118,9 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every reason, for the series created at 0 when a server starts.
+    pub const ALL: [Refusal; 3] = [Refusal::PeerCap, Refusal::TotalCap, Refusal::Evicted];
+
     /// The metric label.
     fn label(self) -> &'static str {
         match self {
@@ -177,6 +180,14 @@ impl RefusedConnections {
             .get()
     }
 
+    /// Creates `server`'s series of every reason at 0: an alerting counter exists from the
+    /// start (docs/observability.md), so that the first refusal shows in `increase()`.
+    fn start(&self, server: &str) {
+        for reason in Refusal::ALL {
+            let _ = self.get(server, reason);
+        }
+    }
+
     fn inc(&self, server: &str, reason: Refusal) {
         self.0
             .get_or_create(&RefusedLabel {
@@ -220,6 +231,7 @@ impl Guard {
         limits: ConnectionLimits,
         refused: RefusedConnections,
     ) -> Guard {
+        refused.start(server);
         Guard {
             server,
             what,

@@ -418,6 +418,8 @@ impl<M: NodeModel> Runner<M> {
             node_status_changed: false,
             warned_node_config: Vec::new(),
             host_checked: None,
+            unsynced: None,
+            failing: None,
         };
         // As kube-proxy's sync loop, which calls `Updated` as it starts: `/healthz` reports
         // the loop's start as each family's `lastUpdated` rather than the zero time, and a
@@ -508,6 +510,13 @@ struct LoopState<M: NodeModel> {
     /// The node's kernel settings as last read and their problems ([`Runner::checking_host`]),
     /// each problem warned once, again only after it went away and came back.
     host_checked: Option<(String, Vec<crate::host_check::HostProblem>)>,
+    /// The changes that failed syncs took and did not program: they stay pending (in `kpng
+    /// status` and the pending gauges) until a sync succeeds, and its `changes=` names them,
+    /// since that sync is what programs them. `None` when nothing failed, or when no sync
+    /// succeeded yet (the retry's full diff then is every change).
+    unsynced: Option<Diff>,
+    /// The syncs failing now, if they are: the success that ends it logs that it is over.
+    failing: Option<sync::Failing>,
 }
 
 /// The wait for node IPs ([`Runner::with_node_ips_wait`]).
@@ -617,7 +626,7 @@ impl<M: NodeModel> LoopState<M> {
                     programmed: self.last_ok_at.is_some(),
                     generation: self.generation,
                     in_sync: self.in_sync(),
-                    pending_port_changes: self.pending.changes.len(),
+                    pending_port_changes: self.pending_port_changes(),
                     last_sync: self.last_sync_status.clone(),
                     last_successful_sync: self.last_ok_at.map(admin::rfc3339),
                     last_error: self.last_error.clone(),
@@ -750,6 +759,7 @@ impl<M: NodeModel> LoopState<M> {
             return kpng_conntrack::table_usage().map(|u| ConntrackStatus {
                 entries: u.entries as u64,
                 max: u.max as u64,
+                max_read_only: !u.max_writable,
             });
         }
         None
@@ -796,6 +806,26 @@ impl<M: NodeModel> LoopState<M> {
     /// first sync, and only when the backend found its table at start.
     fn earlier_rules_in_place(&self) -> bool {
         self.last_sync.is_none() && self.runner.earlier_rules_found
+    }
+
+    /// The Service port changes not programmed yet: those waiting for a sync, those failed
+    /// syncs took (counted once), and every port while no sync succeeded after a failure.
+    fn pending_port_changes(&self) -> usize {
+        if self.last_ok_at.is_none() && self.failing.is_some() {
+            return self.runner.model.snapshot().ports.len();
+        }
+        match &self.unsynced {
+            Some(unsynced) => {
+                let new = self
+                    .pending
+                    .changes
+                    .keys()
+                    .filter(|k| !unsynced.changes.contains_key(*k))
+                    .count();
+                unsynced.changes.len() + new
+            }
+            None => self.pending.changes.len(),
+        }
     }
 
     /// Whether the data plane holds exactly the model: synced at least once, nothing waiting,

@@ -1019,6 +1019,61 @@ fn two_brains_export_which_nodes_follow_one_of_them() {
     assert_eq!(not_following(&texts), 2, "n1 and n3");
 }
 
+/// The expression of the alert `name` in docs/observability.md's rules.
+fn documented_alert(name: &str) -> String {
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/observability.md"),
+    )
+    .expect("docs/observability.md");
+    let (_, rule) = docs
+        .split_once(&format!("- alert: {name}\n"))
+        .unwrap_or_else(|| panic!("no alert {name} in docs/observability.md"));
+    let (_, expr) = rule.split_once("expr:").expect("an expr");
+    let (expr, _) = expr.split_once("  for:").expect("a for");
+    expr.trim_start_matches([' ', '|']).trim().to_string()
+}
+
+/// Two kpngs claiming one node on the same brain: the brain exports one
+/// `kpng_api_node_connected{node}` series for it (a set of names), so the documented
+/// `KpngNodeClaimedTwice` alert must read `kpng_api_duplicate_node_names` too: counting the
+/// series per node alone (what it did) only ever fires across two brains.
+#[test]
+fn a_node_claimed_twice_on_one_brain_fires_the_documented_alert() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = crate::metrics::ApiMetrics::new(&mut registry);
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        metrics,
+    ));
+    hub.apply(fixtures::cluster_event());
+    let _first = hub.register_from("n1", Some("10.0.0.5:41000".into()));
+    let _second = hub.register_from("n1", Some("10.0.0.7:39000".into()));
+    hub.refresh_node_gauges();
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("kpng_api_node_connected{"))
+        .collect::<Vec<_>>();
+    assert_eq!(series, ["kpng_api_node_connected{node=\"n1\"} 1"], "{text}");
+    assert!(
+        text.contains("\nkpng_api_duplicate_node_names 1\n"),
+        "{text}"
+    );
+    // The documented rule: the brain's own count of doubled names, or the same node's
+    // series on two brains.
+    let expr = documented_alert("KpngNodeClaimedTwice");
+    let terms: Vec<String> = expr
+        .split(" or ")
+        .map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert!(
+        terms.contains(&"max(kpng_api_duplicate_node_names) > 0".to_string())
+            && terms.contains(&"count by (node) (kpng_api_node_connected) > 1".to_string()),
+        "{expr}"
+    );
+}
+
 /// The fixture's objects, without its Nodes or with them, as one complete list.
 fn cluster_event_with_nodes(with_nodes: bool) -> Event {
     let loaded = kpng_source_file::parse_manifests(fixtures::CLUSTER_YAML).expect("parses");

@@ -45,13 +45,23 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
+    /// The refusals `kpng_api_refused_total` counts, each a `reason`.
+    pub(crate) const COUNTED: [Refusal; 6] = [
+        Refusal::NotANodeName,
+        Refusal::OtherNode,
+        Refusal::UnknownNode,
+        Refusal::TooManyWatches,
+        Refusal::TooManyWatchesFromPeer,
+        Refusal::TooManyConnections,
+    ];
+
     /// Whether a connection, not a Watch, was refused.
     fn is_connection(self) -> bool {
         matches!(self, Refusal::TooManyConnections | Refusal::TlsHandshake)
     }
 
     /// The reason, as `kpng_api_refused_total`'s label.
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Refusal::NotANodeName => "not_a_node_name",
             Refusal::OtherNode => "other_node",

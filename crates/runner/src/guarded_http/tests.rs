@@ -513,3 +513,28 @@ async fn a_request_header_over_16_kib_gets_431() {
     .expect("the answer");
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 }
+
+/// A server's refusal counters exist at 0 from its start, every reason (they had no series
+/// until the first refusal, against the policy that alerting counters start at 0); a server
+/// that does not run has none.
+#[test]
+fn a_servers_refusal_counters_exist_at_0_from_its_start() {
+    let refused = RefusedConnections::default();
+    let mut registry = Registry::default();
+    refused.register_in(&mut registry);
+    let _guard = Guard::new(
+        "metrics",
+        "metrics server",
+        ConnectionLimits::default(),
+        refused.clone(),
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for reason in ["per_peer", "total", "evicted"] {
+        let line = format!(
+            "\nkpng_http_connections_refused_total{{server=\"metrics\",reason=\"{reason}\"}} 0\n"
+        );
+        assert!(text.contains(&line), "{line}{text}");
+    }
+    assert!(!text.contains("server=\"healthz\""), "{text}");
+}

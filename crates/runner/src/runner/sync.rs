@@ -19,6 +19,31 @@ use super::{
 use crate::admin::{self, RepairStatus, SyncStatus};
 use crate::metrics::{BackendLabel, FamilyLabel};
 
+/// Syncs failing in a row: when it began and how many failed, for the line that says it is
+/// over (an error line each time, and without this nothing said when they succeeded again).
+#[derive(Debug, Clone)]
+pub(super) struct Failing {
+    /// When the first failed sync ended.
+    pub(super) since: SystemTime,
+    /// How many syncs failed since.
+    pub(super) failures: u32,
+}
+
+impl Failing {
+    /// The line the first successful sync after them logs.
+    pub(super) fn over(&self, now: SystemTime) -> String {
+        let syncs = if self.failures == 1 {
+            "1 failure".to_string()
+        } else {
+            format!("{} failures", self.failures)
+        };
+        format!(
+            "syncs succeed again after {syncs} (failing for {}), the problem is over",
+            kpng_model::input::lasted(self.since, now)
+        )
+    }
+}
+
 /// What one sync carries, decided before the backend is called ([`LoopState::plan_sync`]).
 struct SyncPlan {
     /// When the sync started (the loop's clock).
@@ -29,6 +54,10 @@ struct SyncPlan {
     full: bool,
     /// What the backend gets: the pending changes, or every port on a full sync.
     diff: Diff,
+    /// On a full sync, the changes it takes (with those of failed syncs), kept in case it
+    /// fails: the sync that programs them names them. `None` while no sync succeeded (then
+    /// every port is a change, and the full diff says so).
+    taken: Option<Diff>,
     /// The counts of the changes taken, for the log line.
     summary: DiffSummary,
     /// The log line's and the history's text of what changed.
@@ -63,7 +92,7 @@ impl<M: NodeModel> LoopState<M> {
         let wall = self.record_attempt(&plan, duration, &result);
         let (report, repaired) = match result {
             Ok(stats) => self.sync_succeeded(&mut plan, stats, duration, wall),
-            Err(e) => (self.sync_failed(&plan, &e, duration), false),
+            Err(e) => (self.sync_failed(&mut plan, &e, duration), false),
         };
         let ok = report.ok;
         self.record_status(&report, plan.changes, repaired);
@@ -101,7 +130,7 @@ impl<M: NodeModel> LoopState<M> {
     }
 
     /// Decides what this sync carries: full or not, the diff (taking every pending change,
-    /// whatever the outcome, as kube-proxy does) and the text that says what changed. Reads
+    /// and those failed syncs took and did not program) and the text that says what changed. Reads
     /// the host's settings when the sync is full or periodic, the syncs that look again.
     fn plan_sync(&mut self, now: Instant) -> SyncPlan {
         let timing = self.runner.timing;
@@ -114,13 +143,39 @@ impl<M: NodeModel> LoopState<M> {
             self.check_host();
         }
         let snapshot = self.runner.model.snapshot();
-        // What this sync carries, for its log line: the changes since the last sync (a full
-        // sync reprograms everything, but the operator asks what changed). A sync takes every
-        // pending change whatever its outcome, so a full sync drops them before it builds its
-        // diff of every port: at start-up both are as large as the cluster (~3 MB at 30k
-        // Services), and only one need be alive at the peak.
-        let pending = std::mem::take(&mut self.pending);
-        let summary = DiffSummary::of(&pending);
+        // What this sync carries, for its log line: the changes since the last successful
+        // sync (a full sync reprograms everything, but the operator asks what changed), those
+        // failed syncs took included: they are not programmed yet either, and this sync is the
+        // one that programs them. A full sync keeps them beside its diff of every port only
+        // once a sync succeeded: before, both are as large as the cluster (~3 MB at 30k
+        // Services), the full diff says the same (every port added), and only one need be
+        // alive at the peak.
+        let mut pending = std::mem::take(&mut self.pending);
+        let carried = self.failing.as_ref().map_or(0, |f| f.failures);
+        if let Some(mut unsynced) = self.unsynced.take() {
+            unsynced.merge(pending);
+            pending = unsynced;
+        }
+        let changed_names = changed_services(&pending);
+        let (diff, taken, summary) = if full {
+            let full_diff = Diff::full(snapshot);
+            if self.last_ok_at.is_some() {
+                let summary = DiffSummary::of(&pending);
+                (full_diff, Some(pending), summary)
+            } else if carried > 0 {
+                // Nothing programmed yet after a failed sync: every port is a change.
+                drop(pending);
+                let summary = DiffSummary::of(&full_diff);
+                (full_diff, None, summary)
+            } else {
+                let summary = DiffSummary::of(&pending);
+                drop(pending);
+                (full_diff, None, summary)
+            }
+        } else {
+            let summary = DiffSummary::of(&pending);
+            (pending, None, summary)
+        };
         // A full sync repairs what someone else changed; the sync says so (its changes alone
         // would read "no Service port changed").
         let repairing = if full { self.repair_for.clone() } else { None };
@@ -131,6 +186,14 @@ impl<M: NodeModel> LoopState<M> {
             None if self.earlier_rules_in_place() => adoption_changes(snapshot),
             None => summary.to_string(),
         };
+        if carried > 0 {
+            let syncs = if carried == 1 {
+                "the failed sync".to_string()
+            } else {
+                format!("the {carried} failed syncs")
+            };
+            changes.push_str(&format!(" (including the changes of {syncs} before it)"));
+        }
         // A change of the node's own is always logged at info level.
         let mut node_changed = false;
         if let Some(addresses) = self.addresses_changed.take() {
@@ -141,19 +204,13 @@ impl<M: NodeModel> LoopState<M> {
             changes.push_str("; the node's status changed");
             node_changed = true;
         }
-        let changed_names = changed_services(&pending);
-        let diff = if full {
-            drop(pending);
-            Diff::full(snapshot)
-        } else {
-            pending
-        };
         let ports_total = snapshot.ports.len();
         SyncPlan {
             now,
             first,
             full,
             diff,
+            taken,
             summary,
             changes,
             repairing,
@@ -203,11 +260,15 @@ impl<M: NodeModel> LoopState<M> {
         self.generation += 1;
         self.last_sync = Some(plan.now);
         let m = &self.runner.metrics;
-        // As kube-proxy, a sync attempt takes every pending change, whatever its outcome.
-        self.pending_services.clear();
-        self.pending_endpoints = 0;
-        m.service_changes_pending.set(0);
-        m.endpoint_changes_pending.set(0);
+        // The pending changes are taken by a successful sync only: a failed one leaves them
+        // pending, so that `kubeproxy_sync_proxy_rules_*_changes_pending` and `kpng status`
+        // say that they are not programmed (kube-proxy zeroes them at every attempt).
+        if result.is_ok() {
+            self.pending_services.clear();
+            self.pending_endpoints = 0;
+            m.service_changes_pending.set(0);
+            m.endpoint_changes_pending.set(0);
+        }
         // Every attempt is timed, a failed one too (kube-proxy observes in a defer).
         for family in &self.families {
             let label: FamilyLabel = (*family).into();
@@ -274,6 +335,15 @@ impl<M: NodeModel> LoopState<M> {
         self.need_full = false;
         self.retry_at = None;
         self.retry_delay = Duration::ZERO;
+        self.unsynced = None;
+        if let Some(failing) = self.failing.take() {
+            info!(
+                backend = %self.runner.backend.name(),
+                failures = failing.failures,
+                "{}",
+                failing.over(wall)
+            );
+        }
         let repaired = self.note_repair(plan, stats.repaired.take(), wall);
         self.log_synced(plan, stats.operations, duration, repaired);
         let report = SyncReport {
@@ -396,7 +466,12 @@ impl<M: NodeModel> LoopState<M> {
     /// A failed sync: the next one is full, after a backoff that doubles up to
     /// `sync_period`, and the error (with advice when it is out of descriptors) is kept for
     /// `kpng status`.
-    fn sync_failed(&mut self, plan: &SyncPlan, e: &BackendError, duration: Duration) -> SyncReport {
+    fn sync_failed(
+        &mut self,
+        plan: &mut SyncPlan,
+        e: &BackendError,
+        duration: Duration,
+    ) -> SyncReport {
         let timing = self.runner.timing;
         let backend = self.backend_label();
         self.runner
@@ -405,7 +480,17 @@ impl<M: NodeModel> LoopState<M> {
             .get_or_create(&backend)
             .inc();
         self.need_full = true;
-        self.pending = Diff::default();
+        // What it took is still to program: the next sync carries it (and names it).
+        self.unsynced = if plan.full {
+            plan.taken.take()
+        } else {
+            Some(std::mem::take(&mut plan.diff))
+        };
+        let failing = self.failing.get_or_insert(Failing {
+            since: SystemTime::now(),
+            failures: 0,
+        });
+        failing.failures += 1;
         self.retry_delay = if self.retry_delay.is_zero() {
             timing.min_sync_period.max(Duration::from_millis(500))
         } else {

@@ -387,6 +387,114 @@ async fn a_failed_sync_is_retried_as_a_full_sync_and_health_turns_bad_then_good(
     assert!(h.health.is_healthy(SystemTime::now()));
 }
 
+/// The changes failed syncs took are not programmed: they stay pending (status and gauges)
+/// until a sync succeeds, and that sync's `changes=` names them (it read "no Service port
+/// changed" although it programmed the new Service first).
+#[tokio::test(start_paused = true)]
+async fn a_failed_syncs_changes_stay_pending_and_the_recovery_sync_names_them() {
+    let timing = SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(10),
+        ..SyncTiming::default()
+    };
+    let h = start(timing);
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    settle().await;
+    // Two retries fail too.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(log(&h).len(), 4, "{:?}", log(&h));
+    let status = status_of(&h).await;
+    assert_eq!(status.pending_port_changes, 1, "ns/b is not programmed");
+    assert_eq!(h.metrics.service_changes_pending.get(), 1);
+    h.tx.send(Event::Apply(service("c", "10.96.0.3")))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(status_of(&h).await.pending_port_changes, 2);
+    h.calls.fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = status_of(&h).await;
+    let last = status.last_sync.expect("a sync");
+    assert!(last.ok, "{last:?}");
+    assert_eq!(
+        last.changes,
+        "Service ports: 2 added (ns/b, ns/c) (including the changes of the 3 failed syncs \
+         before it)"
+    );
+    assert_eq!(status.pending_port_changes, 0);
+    assert_eq!(h.metrics.service_changes_pending.get(), 0);
+    // The next failure starts a new count.
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(Event::Apply(service("d", "10.96.0.4")))
+        .await
+        .expect("send");
+    settle().await;
+    h.calls.fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let last = status_of(&h).await.last_sync.expect("a sync");
+    assert_eq!(
+        last.changes,
+        "Service ports: 1 added (ns/d) (including the changes of the failed sync before it)"
+    );
+}
+
+/// A first sync that fails: the retry that succeeds programs every port, and says so.
+#[tokio::test(start_paused = true)]
+async fn a_failed_first_syncs_retry_names_every_port() {
+    let h = start(SyncTiming {
+        min_sync_period: Duration::ZERO,
+        ..SyncTiming::default()
+    });
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+    assert_eq!(status_of(&h).await.pending_port_changes, 1);
+    h.calls.fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let last = status_of(&h).await.last_sync.expect("a sync");
+    assert!(last.ok);
+    assert_eq!(
+        last.changes,
+        "Service ports: 1 added (ns/a); node or Service CIDRs changed (including the changes of \
+         the failed sync before it)"
+    );
+}
+
+/// The line that ends a run of failed syncs: how many, and for how long.
+#[test]
+fn the_end_of_failing_syncs_says_how_many_and_how_long() {
+    let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    for (failures, since, now, want) in [
+        (
+            1,
+            0,
+            2,
+            "syncs succeed again after 1 failure (failing for 2s), the problem is over",
+        ),
+        (
+            7,
+            10,
+            100,
+            "syncs succeed again after 7 failures (failing for 1m 30s), the problem is over",
+        ),
+    ] {
+        let failing = sync::Failing {
+            since: t(since),
+            failures,
+        };
+        assert_eq!(failing.over(t(now)), want);
+    }
+}
+
 /// A sync that fails with nothing pending (a periodic one, or the repair after a change by
 /// someone else) leaves the data plane unlike the model as much as a failed change's sync:
 /// `/healthz` and `/livez` fail once it lasts 2 × the sync period, as the docs promise, and
