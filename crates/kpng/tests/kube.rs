@@ -252,7 +252,7 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
         |_, err| {
             watching("/api/v1/services")
                 && watching("/apis/discovery.k8s.io/v1/endpointslices")
-                && err.contains("Node watch refused: 403")
+                && err.contains("Node list refused: 403")
         },
     );
     // The runner says, after applying what it received, that only the Node list is missing:
@@ -271,24 +271,46 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     let status = status_json(admin);
     assert_eq!(status["waitingFor"], json!(["Node"]), "{status}");
     let problem = &status["input"]["problems"][0];
-    assert_eq!(problem["what"], "Node watch", "{status}");
+    assert_eq!(problem["what"], "Node list", "{status}");
+    // It names the resource, who kpng is (as the server says) and how to check.
     assert!(
-        problem["message"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("Node watch refused: 403 Forbidden")
-                && m.ends_with("check kpng's permissions (RBAC: list and watch)")),
+        problem["message"].as_str().is_some_and(|m| m
+            .starts_with("Node list refused: 403 Forbidden")
+            && m.ends_with(
+                "kpng (\"system:serviceaccount:kube-system:kpng\") may not list nodes: \
+                     grant list and watch on it (RBAC), check with `kubectl auth can-i list \
+                     nodes --as=system:serviceaccount:kube-system:kpng`"
+            )),
         "{status}"
     );
 
+    let body = http_get(port, "/metrics").1;
     assert_eq!(
-        metric(&http_get(port, "/metrics").1, "kpng_input_problems"),
+        metric(&body, "kpng_input_problems"),
         Some(1.0),
-        "the refused watch, for an alert"
+        "the refused list, for an alert"
+    );
+    assert_eq!(
+        metric(&body, "kpng_input_problems_by_input{input=\"list\"}"),
+        Some(1.0),
+        "a refused list is the list's problem: {body}"
+    );
+    assert_eq!(
+        metric(&body, "kpng_input_problems_by_input{input=\"watch\"}"),
+        Some(0.0),
+        "{body}"
     );
 
     server.forbid(Resource::Nodes, false);
     kpng.wait("the first sync", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+    // The warning said it began; a line says it ended.
+    kpng.wait("the refusal's end logged", |_, err| {
+        err.lines().any(|l| {
+            l.contains("INFO")
+                && l.contains("Node list works again, the problem is over (it lasted ")
+        })
     });
     let status = status_json(admin);
     assert!(status.get("waitingFor").is_none(), "{status}");
@@ -1275,7 +1297,7 @@ fn a_list_cut_short_is_shown_counted_and_over_when_a_list_completes() {
     assert!(
         problems
             .as_array()
-            .is_some_and(|p| p.iter().any(|p| p["what"] == "Service watch"
+            .is_some_and(|p| p.iter().any(|p| p["what"] == "Service list"
                 && p["message"]
                     .as_str()
                     .is_some_and(|m| m.contains("could not be read")))),

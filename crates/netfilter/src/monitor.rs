@@ -32,7 +32,7 @@ use tracing::debug;
 use crate::attr::{
     self, NFGENMSG_LEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN, string_attr, u16_at, u32_at,
 };
-use crate::socket::Socket;
+use crate::socket::{Socket, Waker};
 use crate::{MonitorError, io_err};
 
 /// `NFNLGRP_NFTABLES`: the multicast group of nf_tables notifications.
@@ -40,8 +40,9 @@ const NFNLGRP_NFTABLES: libc::c_int = 7;
 /// Receive buffer asked for: a burst (`nft flush ruleset` of a large table) should not
 /// overflow it; our own full syncs may, harmlessly.
 const RCVBUF: libc::c_int = 4 << 20;
-/// How often the thread looks at its stop flag.
-const POLL_MS: i32 = 200;
+/// How long the thread pauses after a failed wait before it waits again (an error, not
+/// the idle path: at idle it sleeps until a notification arrives or it is stopped).
+const RETRY_MS: u64 = 200;
 /// How long a drain waits for the rest of a transaction that deleted a table (its
 /// notifications are queued while the kernel commits it), at most [`TRANSACTION_END_WAITS`]
 /// times.
@@ -489,6 +490,12 @@ struct Shared {
     watched: Watched,
     alarm: TamperAlarm,
     stop: AtomicBool,
+    /// Woken on stop: the thread waits on it and the socket together, with no timeout, so an
+    /// idle node's thread never wakes (it woke 5 times a second to look at `stop`).
+    waker: Waker,
+    /// How often the thread woke with nothing to read and no stop (diagnostics and tests:
+    /// it should stay 0).
+    idle_wakeups: AtomicU64,
     /// Someone else changed our tables since the backend last asked.
     tampered: AtomicBool,
     own_seen: AtomicU64,
@@ -609,6 +616,7 @@ impl TableMonitor {
             NFNLGRP_NFTABLES,
         )
         .map_err(io_err("subscribing to nftables notifications"))?;
+        let waker = Waker::new().map_err(io_err("creating the watcher thread's eventfd"))?;
         let shared = Arc::new(Shared {
             sock,
             inner: Mutex::new(Inner {
@@ -618,6 +626,8 @@ impl TableMonitor {
             watched,
             alarm,
             stop: AtomicBool::new(false),
+            waker,
+            idle_wakeups: AtomicU64::new(0),
             tampered: AtomicBool::new(false),
             own_seen: AtomicU64::new(0),
             foreign_seen: AtomicU64::new(0),
@@ -673,11 +683,22 @@ impl TableMonitor {
     pub fn foreign_seen(&self) -> u64 {
         self.shared.foreign_seen.load(Ordering::Relaxed)
     }
+
+    /// How often the watcher thread woke with nothing to read (diagnostics: an idle monitor
+    /// must not cost a small node periodic wakeups; 0 unless a wait failed).
+    pub fn idle_wakeups(&self) -> u64 {
+        self.shared.idle_wakeups.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for TableMonitor {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        if let Err(e) = self.shared.waker.wake() {
+            // Cannot happen with an open eventfd; the thread would then never end: leave it.
+            debug!("waking the nftables watcher thread to stop: {e}");
+            return;
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -686,16 +707,21 @@ impl Drop for TableMonitor {
 
 fn watch(shared: &Shared) {
     while !shared.stop.load(Ordering::SeqCst) {
-        // Wait without the lock, so that our own syncs are never held up.
-        match shared.sock.wait_readable(POLL_MS) {
-            Ok(true) => {
+        // Wait without the lock, so that our own syncs are never held up; with no timeout:
+        // a stop wakes the waker.
+        match shared.sock.wait_readable_or_woken(&shared.waker) {
+            Ok((_, true)) => {}
+            Ok((true, false)) => {
                 let mut inner = shared.lock();
                 shared.drain(&mut inner);
             }
-            Ok(false) => {}
+            Ok((false, false)) => {
+                shared.idle_wakeups.fetch_add(1, Ordering::Relaxed);
+            }
             Err(e) => {
+                shared.idle_wakeups.fetch_add(1, Ordering::Relaxed);
                 debug!("waiting for nftables notifications: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+                std::thread::sleep(std::time::Duration::from_millis(RETRY_MS));
             }
         }
     }

@@ -10,6 +10,33 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// How many buffers one datagram may be gathered from (`UIO_MAXIOV` is 1024).
 pub const MAX_PARTS: usize = 1000;
 
+/// An eventfd that wakes a thread waiting in [`Socket::wait_readable_or_woken`] (to stop it),
+/// closed on drop.
+#[derive(Debug)]
+pub struct Waker {
+    fd: OwnedFd,
+}
+
+impl Waker {
+    /// A new, unwoken waker.
+    pub fn new() -> io::Result<Waker> {
+        // SAFETY: eventfd(2) takes no pointers; it returns a new descriptor or -1.
+        let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        // SAFETY: `fd` was just returned by eventfd(2), is open, and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Waker { fd })
+    }
+
+    /// Wakes the waiting thread, now and at every later wait (the count is never read back).
+    pub fn wake(&self) -> io::Result<()> {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: the pointer is to `one`, 8 live bytes, and the length is 8, as eventfd
+        // requires.
+        let n = unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        check(n as libc::c_int).map(drop)
+    }
+}
+
 /// A `NETLINK_NETFILTER` socket, closed on drop.
 #[derive(Debug)]
 pub struct Socket {
@@ -71,6 +98,37 @@ impl Socket {
             let n = unsafe { libc::poll(&raw mut pfd, 1, timeout_ms) };
             if n >= 0 {
                 return Ok(n > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Waits until a datagram can be read or `waker` is woken ([`Waker::wake`]), with no
+    /// timeout: a thread that only waits for notifications then sleeps until there is work
+    /// or it must stop, instead of waking periodically to look at a flag. Returns whether
+    /// the socket is readable and whether the waker was woken (both may be).
+    pub fn wait_readable_or_woken(&self, waker: &Waker) -> io::Result<(bool, bool)> {
+        let mut pfds = [
+            libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: waker.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        loop {
+            // SAFETY: the pointer is to two live pollfds, and we pass a count of 2.
+            let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+            if n >= 0 {
+                let ready = |p: &libc::pollfd| p.revents != 0;
+                return Ok((ready(&pfds[0]), ready(&pfds[1])));
             }
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {

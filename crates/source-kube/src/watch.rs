@@ -215,8 +215,9 @@ async fn serves_service_cidrs(client: kube::Client) -> bool {
 /// Logs watch errors so that a persistent problem is one line, not one per retry.
 #[derive(Default)]
 struct ErrorLog {
-    /// The last problem logged per kind; cleared when that watcher makes progress.
-    last: HashMap<Kind, String>,
+    /// The problem shown per kind; cleared (with a line saying so) when that watcher makes
+    /// progress.
+    last: HashMap<Kind, Shown>,
     /// Where each kind's problem is shown (`kpng status`) until that watcher makes progress.
     health: InputHealth,
     /// Lists that failed after their answer began, counted.
@@ -235,6 +236,50 @@ struct PendingList {
     started: tokio::time::Instant,
     /// Whether it is shown as a problem already.
     overdue: bool,
+}
+
+/// A watcher's problem as logged and shown: under which name (`<Kind> list` or
+/// `<Kind> watch`), what it says, since when (for the line that says it is over).
+struct Shown {
+    what: String,
+    message: String,
+    since: std::time::SystemTime,
+}
+
+/// The API resource a kind is read from, as RBAC and `kubectl auth can-i` name it.
+fn resource_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Service => "services",
+        Kind::EndpointSlice => "endpointslices.discovery.k8s.io",
+        Kind::Node => "nodes",
+        Kind::ServiceCidr => "servicecidrs.networking.k8s.io",
+    }
+}
+
+/// Who the API server says kpng is, from a 403's message (`… User "system:serviceaccount:
+/// kube-system:kpng" cannot list …`): RBAC is granted to that name, and it is the one to
+/// check, whatever the kubeconfig or token says.
+fn forbidden_user(message: &str) -> Option<&str> {
+    let (_, rest) = message.split_once("User \"")?;
+    let (user, _) = rest.split_once('"')?;
+    (!user.is_empty()).then_some(user)
+}
+
+/// What a 403 for `verb` on `kind` says to do: the permission RBAC lacks, for whom, and the
+/// command that checks it (an operator should not have to work out the API group).
+fn forbidden_advice(kind: Kind, verb: &str, message: &str) -> String {
+    let resource = resource_name(kind);
+    let (who, as_) = match forbidden_user(message) {
+        Some(user) => (format!("kpng (\"{user}\")"), user.to_string()),
+        None => (
+            "kpng's service account".to_string(),
+            "system:serviceaccount:<namespace>:<name>".to_string(),
+        ),
+    };
+    format!(
+        "{who} may not {verb} {resource}: grant list and watch on it (RBAC), check with \
+         `kubectl auth can-i {verb} {resource} --as={as_}`"
+    )
 }
 
 /// What a watcher's problem concerns, in `kpng status`.
@@ -277,8 +322,15 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 impl ErrorLog {
     fn progress(&mut self, kind: Kind) {
         // Per event: only a watcher that had a problem touches the shared record.
-        if self.last.remove(&kind).is_some() {
-            self.health.recovered(&watch_name(kind));
+        if let Some(shown) = self.last.remove(&kind) {
+            self.health.recovered(&shown.what);
+            // The warning said it began; without this nothing says when it was fixed (a
+            // refusal ends up to 30 s after RBAC allows it again, the backoff's wait).
+            info!(
+                "{} works again, the problem is over (it lasted {})",
+                shown.what,
+                kpng_model::input::lasted(shown.since, std::time::SystemTime::now())
+            );
         }
     }
 
@@ -332,6 +384,10 @@ impl ErrorLog {
                 continue;
             }
             list.overdue = true;
+            if self.last.contains_key(kind) {
+                // Its failure is shown already and says more than the wait.
+                continue;
+            }
             let what = kind.as_str();
             let problem = format!(
                 "waiting for the {what} list: no complete answer for {}s; changes to {what}s \
@@ -345,6 +401,12 @@ impl ErrorLog {
 
     fn error(&mut self, kind: Kind, e: &watcher::Error) {
         let what = kind.as_str();
+        // A failed list is the list's problem (`kpng_input_problems_by_input{input="list"}`),
+        // a failed watch the watch's.
+        let (shown_as, verb) = match e {
+            watcher::Error::InitialListFailed(_) => (list_name(kind), "list"),
+            _ => (watch_name(kind), "watch"),
+        };
         let problem = match e {
             watcher::Error::WatchError(status) if status.code == 410 => {
                 info!(
@@ -388,7 +450,7 @@ impl ErrorLog {
                 if s.code == 404 =>
             {
                 format!(
-                    "{what} watch: the API server does not serve this API (404 {}: {}); \
+                    "{what} {verb}: the API server does not serve this API (404 {}: {}); \
                      is it older than kpng needs? retrying with backoff",
                     s.reason, s.message
                 )
@@ -399,14 +461,18 @@ impl ErrorLog {
                 if !(500..600).contains(&s.code) =>
             {
                 // 401: who kpng is was not accepted; 403: what it may read (RBAC).
-                let check = if s.code == 401 {
-                    "check kpng's credentials (the kubeconfig's or service account's token or \
-                     client certificate)"
-                } else {
-                    "check kpng's permissions (RBAC: list and watch)"
+                let check = match s.code {
+                    401 => "check kpng's credentials (the kubeconfig's or service account's \
+                            token or client certificate)"
+                        .to_string(),
+                    403 => forbidden_advice(kind, verb, &s.message),
+                    _ => format!(
+                        "check kpng's permissions (RBAC: list and watch {})",
+                        resource_name(kind)
+                    ),
                 };
                 format!(
-                    "{what} watch refused: {} {} ({}); {check}",
+                    "{what} {verb} refused: {} {} ({}); {check}",
                     s.code, s.reason, s.message
                 )
             }
@@ -426,14 +492,34 @@ impl ErrorLog {
                 return;
             }
         };
-        if self.last.get(&kind) != Some(&problem) {
-            warn!("{problem}");
-            self.health
-                .failing(&watch_name(kind), &problem, std::time::SystemTime::now());
-            self.last.insert(kind, problem);
-        } else {
+        let same = self
+            .last
+            .get(&kind)
+            .is_some_and(|s| s.what == shown_as && s.message == problem);
+        if same {
             debug!("{problem}");
+            return;
         }
+        warn!("{problem}");
+        let now = std::time::SystemTime::now();
+        // A problem that changes (a list refused, then its watch) keeps when it began.
+        let since = match self.last.remove(&kind) {
+            Some(earlier) if earlier.what == shown_as => earlier.since,
+            Some(earlier) => {
+                self.health.recovered(&earlier.what);
+                earlier.since
+            }
+            None => now,
+        };
+        self.health.failing(&shown_as, &problem, since);
+        self.last.insert(
+            kind,
+            Shown {
+                what: shown_as,
+                message: problem,
+                since,
+            },
+        );
     }
 }
 
@@ -598,20 +684,34 @@ mod tests {
             };
             e
         };
-        let cases: [(watcher::Error, Option<(&str, &str)>); 6] = [
+        let cases: [(watcher::Error, Option<(&str, &str)>); 7] = [
             // A list answered whose body does not decode: a problem of its own.
             (
                 watcher::Error::InitialListFailed(kube::Error::SerdeError(undecodable())),
                 Some((
-                    "Node watch",
+                    "Node list",
                     "the Node list does not decode: expected value at line 1 column 1; retrying, the programmed rules stay",
                 )),
             ),
+            // A refused list is the list's problem; it names the resource, who kpng is (as the
+            // server says) and the command that checks.
             (
                 watcher::Error::InitialListFailed(api(403, "Forbidden")),
                 Some((
+                    "Node list",
+                    "Node list refused: 403 Forbidden (the server says why); kpng's service account may not list nodes: grant list and watch on it (RBAC), check with `kubectl auth can-i list nodes --as=system:serviceaccount:<namespace>:<name>`",
+                )),
+            ),
+            (
+                watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(kube::core::Status {
+                    code: 403,
+                    reason: "Forbidden".into(),
+                    message: "endpointslices.discovery.k8s.io is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot watch resource \"endpointslices\" in API group \"discovery.k8s.io\" at the cluster scope".into(),
+                    ..kube::core::Status::default()
+                }))),
+                Some((
                     "Node watch",
-                    "Node watch refused: 403 Forbidden (the server says why); check kpng's permissions (RBAC: list and watch)",
+                    "Node watch refused: 403 Forbidden (endpointslices.discovery.k8s.io is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot watch resource \"endpointslices\" in API group \"discovery.k8s.io\" at the cluster scope); kpng (\"system:serviceaccount:kube-system:kpng\") may not watch nodes: grant list and watch on it (RBAC), check with `kubectl auth can-i watch nodes --as=system:serviceaccount:kube-system:kpng`",
                 )),
             ),
             (
@@ -624,8 +724,8 @@ mod tests {
             (
                 watcher::Error::InitialListFailed(api(404, "NotFound")),
                 Some((
-                    "Node watch",
-                    "Node watch: the API server does not serve this API (404 NotFound: the server says why); is it older than kpng needs? retrying with backoff",
+                    "Node list",
+                    "Node list: the API server does not serve this API (404 NotFound: the server says why); is it older than kpng needs? retrying with backoff",
                 )),
             ),
             // Expired: a relist, not a problem.
@@ -756,6 +856,44 @@ mod tests {
             Kind::Service,
             &Event::ListDone {
                 kinds: vec![Kind::Service],
+            },
+        );
+        assert!(health.state().problems.is_empty());
+    }
+
+    /// A list refused (or failing) past the patience keeps saying why: the wait would hide
+    /// the refusal behind "waiting for the list"; it is still checked once only.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_list_past_the_patience_keeps_its_reason() {
+        let health = InputHealth::default();
+        let mut log = ErrorLog {
+            health: health.clone(),
+            patience: std::time::Duration::from_secs(30),
+            ..ErrorLog::default()
+        };
+        let start = Event::ListStart {
+            kinds: vec![Kind::EndpointSlice],
+        };
+        log.event(Kind::EndpointSlice, &start);
+        log.error(
+            Kind::EndpointSlice,
+            &watcher::Error::InitialListFailed(api(403, "Forbidden")),
+        );
+        tokio::time::advance(std::time::Duration::from_secs(31)).await;
+        log.check_overdue();
+        assert_eq!(log.next_overdue(), None, "checked once");
+        let problems = health.state().problems;
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems["EndpointSlice list"].message.contains(
+                "may not list endpointslices.discovery.k8s.io: grant list and watch on it (RBAC)"
+            ),
+            "{problems:?}"
+        );
+        log.event(
+            Kind::EndpointSlice,
+            &Event::ListDone {
+                kinds: vec![Kind::EndpointSlice],
             },
         );
         assert!(health.state().problems.is_empty());

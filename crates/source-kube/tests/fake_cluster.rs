@@ -689,10 +689,7 @@ async fn a_list_that_always_fails_backs_off_and_a_404_says_the_api_is_not_served
         started.elapsed()
     );
     assert!(
-        r.logged
-            .lines()
-            .iter()
-            .all(|l| !l.contains("check kpng's permissions")),
+        r.logged.lines().iter().all(|l| !l.contains("RBAC")),
         "{:#?}",
         r.logged.lines()
     );
@@ -737,7 +734,7 @@ async fn a_list_cut_short_is_warned_once_shown_and_counted_until_a_list_complete
     .await;
     let problems = health.state().problems;
     let message = problems
-        .get("Service watch")
+        .get("Service list")
         .map(|p| p.message.clone())
         .unwrap_or_else(|| panic!("the Service list is a problem: {problems:?}"));
     assert!(
