@@ -49,7 +49,7 @@ use std::time::Duration;
 /// root, where the benchmarks are run from).
 const BENCHMARKS_MD: &str = "docs/benchmarks.md";
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--check] [--write-docs] [--kpng PATH] | control-plane | data-plane | api [--clients 1000,5000 --read decode|frames --ask once,each --zstd on,off --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--check] [--write-docs] [--kpng PATH] | control-plane [--services N --endpoints M --backend nft|iptables-nft|iptables-legacy|ebpf --changes K --kpng PATH] | data-plane [--services N --backends nft,iptables-nft,iptables-legacy,ebpf --connects K --kpng PATH] | gen [--services N --endpoints M --out DIR] | mem [--input DIR] | kube-proxy-nft [--services N --endpoints M --cap-secs S] | api [--clients 1000,5000 --read decode|frames --ask once,each --zstd on,off --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -122,6 +122,47 @@ fn zstd_flag(args: &[String]) -> Result<Vec<bool>, String> {
         .collect()
 }
 
+/// The flags that take a whole number ([`num`] reads them).
+const NUMBER_FLAGS: [&str; 13] = [
+    "--services",
+    "--endpoints",
+    "--changes",
+    "--connects",
+    "--rounds",
+    "--clients",
+    "--entries",
+    "--remote",
+    "--local",
+    "--delay-ms",
+    "--cap-secs",
+    "--duration-ms",
+    "--count",
+];
+
+/// Refuses a number flag whose value is missing or not a whole number (`--services 10k`),
+/// naming it: [`num`] would otherwise run with the default, a benchmark of the wrong size.
+/// (`--clients` also takes a comma-separated list.)
+fn check_numbers(args: &[String]) -> Result<(), String> {
+    for (i, a) in args.iter().enumerate() {
+        if !NUMBER_FLAGS.contains(&a.as_str()) {
+            continue;
+        }
+        let value = args
+            .get(i + 1)
+            .ok_or_else(|| format!("{a}: a number is missing"))?;
+        let list = a == "--clients";
+        let ok = value
+            .split(if list { ',' } else { '\n' })
+            .all(|v| v.trim().parse::<usize>().is_ok());
+        if !ok {
+            return Err(format!("{a} {value:?}: not a whole number"));
+        }
+    }
+    Ok(())
+}
+
+/// The value of the number flag `name`, or `default` when it is not given (a bad value was
+/// refused by [`check_numbers`] before).
 fn num(args: &[String], name: &str, default: usize) -> usize {
     flag(args, name)
         .and_then(|v| v.parse().ok())
@@ -133,6 +174,10 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
+    }
+    if let Err(e) = check_numbers(&args) {
+        eprintln!("kpng-bench: {e}\n{USAGE}");
+        return ExitCode::from(2);
     }
     // Default: the kpng of this build (same target dir and profile), never a guessed target/.
     let kpng = flag(&args, "--kpng")
@@ -834,4 +879,44 @@ fn targets(
         s.push_str(&format!("| {t} | {m} | {v} |\n"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_numbers;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_bad_number_is_refused_naming_its_flag() {
+        let cases: [(&[&str], Option<&str>); 6] = [
+            (&["kpng-bench", "control-plane", "--services", "1000"], None),
+            (
+                &["kpng-bench", "control-plane", "--services", "10k"],
+                Some("--services"),
+            ),
+            (
+                &["kpng-bench", "data-plane", "--connects", "-1"],
+                Some("--connects"),
+            ),
+            (
+                &["kpng-bench", "control-plane", "--changes"],
+                Some("--changes"),
+            ),
+            (&["kpng-bench", "api", "--clients", "1000,5000"], None),
+            (
+                &["kpng-bench", "api", "--clients", "1000,5k"],
+                Some("--clients"),
+            ),
+        ];
+        for (given, refused) in cases {
+            match (check_numbers(&args(given)), refused) {
+                (Ok(()), None) => {}
+                (Err(e), Some(flag)) => assert!(e.starts_with(flag), "{given:?}: {e}"),
+                (got, want) => panic!("{given:?}: {got:?}, expected a refusal of {want:?}"),
+            }
+        }
+    }
 }
