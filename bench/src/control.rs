@@ -154,6 +154,36 @@ impl Restart {
 }
 
 impl ControlResult {
+    /// kpng's own commit of one change (its "synced" line's duration), median.
+    pub fn change_backend_p50(&self) -> Duration {
+        self.change_backend_p50
+    }
+
+    /// Every figure of the row by name, for `--check` (each must be measured: finite and
+    /// positive).
+    pub fn checked_figures(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("cold: backend sync", self.cold_backend.as_secs_f64()),
+            (
+                "cold: process start → programmed",
+                self.cold_wall.as_secs_f64(),
+            ),
+            ("cold operations", self.cold_ops as f64),
+            ("one change p50", self.change_p50.as_secs_f64()),
+            ("one change p99", self.change_p99.as_secs_f64()),
+            (
+                "of which backend p50",
+                self.change_backend_p50.as_secs_f64(),
+            ),
+            ("ops / change", self.ops_per_change),
+            ("kpng peak RSS", self.peak_rss_mb),
+            (
+                "restart: start → programmed",
+                self.restart.wall.as_secs_f64(),
+            ),
+        ]
+    }
+
     /// The table header matching [`ControlResult::markdown_row`].
     pub fn markdown_header() -> &'static str {
         "| backend | Services × endpoints | cold: backend sync | cold: process start → programmed | operations (nft: elements; iptables: lines) | one change p50 | one change p99 | of which backend p50 | ops / change | kpng peak RSS | kpng CPU, cold (user + sys) |\n|---|---|---|---|---|---|---|---|---|---|---|\n"

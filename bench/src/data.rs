@@ -73,9 +73,12 @@ struct Case {
     round_p50_us: Vec<f64>,
     /// The connections/s of each round, paired likewise.
     round_rates: Vec<f64>,
-    /// Connections that failed (timed out or were refused); reported, not fatal: on a busy
-    /// 2-vCPU machine a SYN is occasionally lost.
+    /// Connections that failed (timed out or were refused); reported, not fatal, except
+    /// beyond a small share under `--check` ([`DataResult::failures`]): on a busy 2-vCPU
+    /// machine a SYN is occasionally lost.
     failed: u64,
+    /// Connections tried (measured and rate runs; warm-up excluded).
+    attempted: u64,
 }
 
 /// Figures of one data-plane run.
@@ -161,6 +164,29 @@ impl DataResult {
             paired_ratio(&kpng.round_p50_us, &direct.round_p50_us),
             paired_ratio(&kpng.round_rates, &direct.round_rates),
         ))
+    }
+
+    /// Each case's failed and attempted connections, for `--check`.
+    pub fn failures(&self) -> Vec<(&str, u64, u64)> {
+        self.cases
+            .iter()
+            .map(|c| (c.label.as_str(), c.failed, c.attempted))
+            .collect()
+    }
+
+    /// Each case's figures by name (p50, p99, connections/s), for `--check`.
+    pub fn checked_figures(&self) -> Vec<(String, f64)> {
+        self.cases
+            .iter()
+            .flat_map(|c| {
+                let mut l = c.latencies_us.clone();
+                [
+                    (format!("{}: p50", c.label), percentile(&mut l, 50.0)),
+                    (format!("{}: p99", c.label), percentile(&mut l, 99.0)),
+                    (format!("{}: connections/s", c.label), c.rate()),
+                ]
+            })
+            .collect()
     }
 
     /// A markdown table, ratios against the floor first.
@@ -485,6 +511,7 @@ pub fn run(
             round_p50_us: Vec::new(),
             round_rates: Vec::new(),
             failed: 0,
+            attempted: 0,
         })
         .collect();
     let command = |target: &str, until: Until, what: [&str; 2]| -> Vec<String> {
@@ -524,6 +551,7 @@ pub fn run(
                 .flatten()
                 .filter_map(|x| x.as_f64())
                 .collect();
+            results[i].attempted += failed + latencies.len() as u64;
             results[i]
                 .round_p50_us
                 .push(percentile(&mut latencies, 50.0));
@@ -539,6 +567,7 @@ pub fn run(
                 results[i].failed += failed;
             }
             let ok = r["ok"].as_f64().unwrap_or(0.0);
+            results[i].attempted += failed + r["ok"].as_u64().unwrap_or(0);
             results[i]
                 .round_rates
                 .push(ok / r["secs"].as_f64().unwrap_or(1.0));

@@ -2,7 +2,7 @@
 //! reported as ratios first.
 //!
 //! ```text
-//! kpng-bench all [--quick] [--kpng PATH] [--write-docs]
+//! kpng-bench all [--quick] [--check] [--kpng PATH] [--write-docs]
 //! kpng-bench control-plane --services 30000 --endpoints 4 [--backend nft|iptables-nft|iptables-legacy]
 //! kpng-bench data-plane --services 30000 [--backends nft,ebpf]
 //! kpng-bench api --services 30000 --endpoints 4 --clients 1000
@@ -14,8 +14,10 @@
 //! kpng-bench gen --services 30000 --endpoints 4 --out DIR
 //! ```
 //! Needs root (network namespaces, nftables, conntrack). The data plane also measures the
-//! userspace backend (up to 5000 Services). Internal subcommands `connect`, `serve` and
-//! `conntrack-inner` run inside the namespaces.
+//! userspace backend (up to 5000 Services). `--check` (CI's smoke run) exits non-zero when a
+//! figure is missing, connections failed, or kpng is grossly slower than a reference measured
+//! in the same run (`check.rs`). Internal subcommands `connect`, `serve`, `conntrack-inner` and
+//! `nft-reference-inner` run inside the namespaces.
 
 /// The same allocator as kpng, so `mem` measures what kpng would hold.
 #[global_allocator]
@@ -24,6 +26,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 mod api;
 mod api_load;
 mod changes;
+mod check;
 mod comparison;
 mod conntrack;
 mod control;
@@ -46,7 +49,7 @@ use std::time::Duration;
 /// root, where the benchmarks are run from).
 const BENCHMARKS_MD: &str = "docs/benchmarks.md";
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--write-docs] [--kpng PATH] | control-plane | data-plane | api [--clients 1000,5000 --read decode|frames --ask once,each --zstd on,off --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--check] [--write-docs] [--kpng PATH] | control-plane [--services N --endpoints M --backend nft|iptables-nft|iptables-legacy|ebpf --changes K --kpng PATH] | data-plane [--services N --backends nft,iptables-nft,iptables-legacy,ebpf --connects K --kpng PATH] | gen [--services N --endpoints M --out DIR] | mem [--input DIR] | kube-proxy-nft [--services N --endpoints M --cap-secs S] | api [--clients 1000,5000 --read decode|frames --ask once,each --zstd on,off --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -119,6 +122,47 @@ fn zstd_flag(args: &[String]) -> Result<Vec<bool>, String> {
         .collect()
 }
 
+/// The flags that take a whole number ([`num`] reads them).
+const NUMBER_FLAGS: [&str; 13] = [
+    "--services",
+    "--endpoints",
+    "--changes",
+    "--connects",
+    "--rounds",
+    "--clients",
+    "--entries",
+    "--remote",
+    "--local",
+    "--delay-ms",
+    "--cap-secs",
+    "--duration-ms",
+    "--count",
+];
+
+/// Refuses a number flag whose value is missing or not a whole number (`--services 10k`),
+/// naming it: [`num`] would otherwise run with the default, a benchmark of the wrong size.
+/// (`--clients` also takes a comma-separated list.)
+fn check_numbers(args: &[String]) -> Result<(), String> {
+    for (i, a) in args.iter().enumerate() {
+        if !NUMBER_FLAGS.contains(&a.as_str()) {
+            continue;
+        }
+        let value = args
+            .get(i + 1)
+            .ok_or_else(|| format!("{a}: a number is missing"))?;
+        let list = a == "--clients";
+        let ok = value
+            .split(if list { ',' } else { '\n' })
+            .all(|v| v.trim().parse::<usize>().is_ok());
+        if !ok {
+            return Err(format!("{a} {value:?}: not a whole number"));
+        }
+    }
+    Ok(())
+}
+
+/// The value of the number flag `name`, or `default` when it is not given (a bad value was
+/// refused by [`check_numbers`] before).
 fn num(args: &[String], name: &str, default: usize) -> usize {
     flag(args, name)
         .and_then(|v| v.parse().ok())
@@ -130,6 +174,10 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
+    }
+    if let Err(e) = check_numbers(&args) {
+        eprintln!("kpng-bench: {e}\n{USAGE}");
+        return ExitCode::from(2);
     }
     // Default: the kpng of this build (same target dir and profile), never a guessed target/.
     let kpng = flag(&args, "--kpng")
@@ -311,6 +359,7 @@ fn main() -> ExitCode {
             println!("{}", r.markdown_row());
         }),
         Some("conntrack-inner") => conntrack::inner(num(&args, "--entries", 1_000_000)),
+        Some("nft-reference-inner") => check::inner(),
         Some("scaling") => scaling::run(
             &kpng,
             args.iter().any(|a| a == "--quick"),
@@ -320,6 +369,7 @@ fn main() -> ExitCode {
             &kpng,
             args.iter().any(|a| a == "--quick"),
             args.iter().any(|a| a == "--write-docs"),
+            args.iter().any(|a| a == "--check"),
         ),
         _ => {
             eprintln!("{USAGE}");
@@ -335,8 +385,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs every benchmark and prints (and optionally writes) the report.
-fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
+/// Runs every benchmark and prints (and optionally writes) the report; with `check`, also
+/// judges it ([`check`]) and fails when a check does not hold.
+fn all(kpng: &str, quick: bool, write_docs: bool, check: bool) -> Result<(), String> {
     if !kpng_testkit::is_root() {
         return Err("needs root (network namespaces, nftables, iptables)".into());
     }
@@ -352,6 +403,13 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     report.push_str("\n## Control plane\n\n");
     report.push_str(control::ControlResult::markdown_header());
     let mut control_results = Vec::new();
+    // Measured next to the control plane's first (nft) run, which the checks judge by it.
+    let reference = if check {
+        eprintln!("check: the nft binary's one-element changes, for reference …");
+        Some(check::nft_reference()?)
+    } else {
+        None
+    };
     for (n, m) in sizes {
         for backend in control::BackendKind::ALL {
             // The iptables tools read or rewrite the whole table on every change (legacy:
@@ -462,6 +520,11 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
     ));
     report.push_str(&targets(&control_results, &data_results, &cleanup));
     report.push_str(&comparison::target_rows(&kube_proxy, &control_results));
+    let checks =
+        reference.map(|reference| checks_of(reference, &control_results, &data_results, &cleanup));
+    if let Some(checks) = &checks {
+        report.push_str(&checks.markdown());
+    }
     if write_docs {
         let kpng_cold: Vec<plots::Series> = control::BackendKind::ALL
             .into_iter()
@@ -495,7 +558,106 @@ fn all(kpng: &str, quick: bool, write_docs: bool) -> Result<(), String> {
             ),
         )?;
     }
-    Ok(())
+    match checks.map(|c| c.failed()) {
+        Some(failed) if failed > 0 => Err(format!(
+            "{failed} check(s) failed (the \"Checks\" table above)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What `all --check` judges: every figure measured, no more than a few connections failed,
+/// and kpng's nftables one change against the `nft` binary's one-element change measured in
+/// the same run (`check.rs` says why and how the bounds were chosen).
+fn checks_of(
+    reference: check::NftReference,
+    control: &[control::ControlResult],
+    data: &[data::DataResult],
+    cleanup: &conntrack::ConntrackResult,
+) -> check::Checks {
+    let mut checks = check::Checks::default();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+    checks.push(
+        "reference: `nft -f -` one-element add, p50 (replace: delete + add)",
+        format!(
+            "{:.1} ms (replace {:.1} ms)",
+            ms(reference.add),
+            ms(reference.replace)
+        ),
+        true,
+    );
+    for r in control {
+        checks.figures(
+            &format!("control plane {} {} × {}", r.backend.label(), r.n, r.m),
+            &r.checked_figures(),
+        );
+    }
+    let smallest_nft = control
+        .iter()
+        .filter(|r| r.backend == control::BackendKind::Nft)
+        .min_by_key(|r| r.n);
+    match smallest_nft {
+        Some(r) => {
+            let backend = ms(r.change_backend_p50());
+            let bound = check::BACKEND_OVER_NFT_ADD * ms(reference.add);
+            checks.push(
+                format!(
+                    "nft {} × {}: kpng's commit of one change (backend p50) ≤ {}× the nft add",
+                    r.n,
+                    r.m,
+                    check::BACKEND_OVER_NFT_ADD
+                ),
+                format!("{backend:.2} ms (bound {bound:.1} ms)"),
+                backend <= bound,
+            );
+            let change = ms(r.change_p50);
+            let bound = check::CHANGE_OVER_NFT_ADD * ms(reference.add);
+            checks.push(
+                format!(
+                    "nft {} × {}: one change, file event → committed (p50) ≤ {}× the nft add",
+                    r.n,
+                    r.m,
+                    check::CHANGE_OVER_NFT_ADD
+                ),
+                format!("{change:.2} ms (bound {bound:.1} ms)"),
+                change <= bound,
+            );
+        }
+        None => checks.push("nft control plane measured", "no nft row", false),
+    }
+    for d in data {
+        let figures = d.checked_figures();
+        let named: Vec<(&str, f64)> = figures.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        checks.figures(&format!("data plane {} Services", d.n), &named);
+        for (label, failed, attempted) in d.failures() {
+            let share = failed as f64 / attempted.max(1) as f64;
+            checks.push(
+                format!(
+                    "data plane: {label}: connections made, at most {:.0} % failed",
+                    check::FAILED_CONNECTIONS_SHARE * 100.0
+                ),
+                format!("{failed} of {attempted} failed"),
+                attempted > 0 && share <= check::FAILED_CONNECTIONS_SHARE,
+            );
+        }
+    }
+    checks.figures(
+        "UDP conntrack cleanup",
+        &[(
+            "after a change",
+            cleanup.after_change.duration.as_secs_f64(),
+        )],
+    );
+    checks.push(
+        "UDP conntrack cleanup after a change deletes no unrelated entry",
+        if cleanup.after_change.exact() {
+            "none deleted"
+        } else {
+            "unrelated entries deleted"
+        },
+        cleanup.after_change.exact(),
+    );
+    checks
 }
 
 /// Resident memory of this process, and the bytes jemalloc reports live in allocations, so
@@ -754,7 +916,7 @@ fn targets(
 
 #[cfg(test)]
 mod tests {
-    use super::{Bound, verdict};
+    use super::{Bound, check_numbers, verdict};
 
     /// The verdict cell reads measured, then the target with its comparison, then met or
     /// missed, in the same direction for "≤" and "≥" targets: a 19.9× speed-up against a
@@ -807,6 +969,41 @@ mod tests {
                 want,
                 "{bound:?} {measured} {target}"
             );
+        }
+    }
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_bad_number_is_refused_naming_its_flag() {
+        let cases: [(&[&str], Option<&str>); 6] = [
+            (&["kpng-bench", "control-plane", "--services", "1000"], None),
+            (
+                &["kpng-bench", "control-plane", "--services", "10k"],
+                Some("--services"),
+            ),
+            (
+                &["kpng-bench", "data-plane", "--connects", "-1"],
+                Some("--connects"),
+            ),
+            (
+                &["kpng-bench", "control-plane", "--changes"],
+                Some("--changes"),
+            ),
+            (&["kpng-bench", "api", "--clients", "1000,5000"], None),
+            (
+                &["kpng-bench", "api", "--clients", "1000,5k"],
+                Some("--clients"),
+            ),
+        ];
+        for (given, refused) in cases {
+            match (check_numbers(&args(given)), refused) {
+                (Ok(()), None) => {}
+                (Err(e), Some(flag)) => assert!(e.starts_with(flag), "{given:?}: {e}"),
+                (got, want) => panic!("{given:?}: {got:?}, expected a refusal of {want:?}"),
+            }
         }
     }
 }

@@ -193,6 +193,11 @@ pub struct IptablesBackend {
     /// kpng's own restores, counted against the kernel's generation id
     /// ([`IptablesBackend::check_overlap`]).
     own: own_restores::OwnRestores,
+    /// Reads the kernel's generation id and kpng's rules ([`IptablesBackend::check_overlap`])
+    /// over one socket kept for the process's life: a socket closed after every sync costs an
+    /// RCU grace period when the sync deleted something
+    /// (`kpng_netfilter::generation::KernelReader`).
+    kernel_reader: kpng_netfilter::generation::KernelReader,
     /// The chains kpng's restores changed since its rules were last read: left out of the
     /// next comparison, so that the rules need not be read after every sync.
     touched_since_read: own_restores::TouchedChains,
@@ -238,6 +243,7 @@ impl IptablesBackend {
             rule_counts: SharedRuleCounts::default(),
             route_localnet_failed: false,
             own,
+            kernel_reader: kpng_netfilter::generation::KernelReader::new(),
             touched_since_read: Default::default(),
             last_read: None,
             overlap_pending: false,
@@ -839,11 +845,11 @@ impl Backend for IptablesBackend {
         }
         // Where kpng's window of own restores starts: the kernel's generation, and kpng's
         // count of its commits; what its restores change from here on is this window's.
-        let window = self
-            .monitor
-            .as_ref()
-            .and_then(|_| kpng_netfilter::generation::generation().ok())
-            .map(|generation| (generation, self.own.now()));
+        let window = match self.monitor {
+            Some(_) => self.kernel_reader.generation().ok(),
+            None => None,
+        }
+        .map(|generation| (generation, self.own.now()));
         let result = self.sync_all(request);
         if let Some(m) = &self.monitor {
             m.end_own();
@@ -941,7 +947,10 @@ impl IptablesBackend {
     /// rules of its chains and, in the built-in chains, those that jump to its chains. Other
     /// programs' chains and rules in these shared tables (Docker's, a CNI's) are left out: their
     /// commits are not a change of kpng's rules. `None`: a dump failed.
-    fn read_ours(family: Family) -> Option<Vec<(&'static str, String, u64)>> {
+    fn read_ours(
+        reader: &mut kpng_netfilter::generation::KernelReader,
+        family: Family,
+    ) -> Option<Vec<(&'static str, String, u64)>> {
         let fam = match family {
             Family::V4 => "ip",
             Family::V6 => "ip6",
@@ -958,8 +967,7 @@ impl IptablesBackend {
                     || (BUILTIN_CHAINS.contains(&chain)
                         && targets.iter().any(|t| kpng_netfilter::attr::names(rule, t)))
             };
-            let rules =
-                kpng_netfilter::generation::rule_handles_where(fam, table.name(), keep).ok()?;
+            let rules = reader.rule_handles_where(fam, table.name(), keep).ok()?;
             ours.extend(rules.into_iter().map(|(c, h)| (table.name(), c, h)));
         }
         Some(ours)
@@ -989,7 +997,7 @@ impl IptablesBackend {
     /// repair those.
     fn check_overlap(&mut self, window: (u32, u64)) {
         let (before, counted) = window;
-        let Ok(after) = kpng_netfilter::generation::generation() else {
+        let Ok(after) = self.kernel_reader.generation() else {
             self.forget_rules_seen();
             return;
         };
@@ -1029,7 +1037,7 @@ impl IptablesBackend {
                 continue;
             }
             let family = state.family;
-            let now = Self::read_ours(family);
+            let now = Self::read_ours(&mut self.kernel_reader, family);
             let differ: Vec<&str> = match (&now, &state.rules_seen) {
                 (Some(now), Some(seen)) if foreign > 0 => {
                     let untouched = |rules: &[(&'static str, String, u64)], table: &str| {

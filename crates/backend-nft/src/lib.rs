@@ -222,6 +222,10 @@ pub struct NftBackend {
     /// kpng's own commits (through `exec` and `netlink`), counted against the kernel's
     /// generation id ([`NftBackend::check_overlap`]).
     own: own_commits::OwnCommits,
+    /// Reads the kernel's generation id and our tables' rules ([`NftBackend::check_overlap`])
+    /// over one socket kept for the process's life: a socket closed after every sync cost an
+    /// RCU grace period per change (`kpng_netfilter::generation::KernelReader`).
+    kernel_reader: kpng_netfilter::generation::KernelReader,
     /// Service port ↔ its owner id; the reverse recomputes an owner's elements when a shared
     /// element passes to it.
     owners: OwnerIds,
@@ -318,6 +322,7 @@ impl NftBackend {
             config,
             exec: own.exec(exec),
             own,
+            kernel_reader: kpng_netfilter::generation::KernelReader::new(),
             owners: OwnerIds::new(),
             affinity_ids,
             affinity_seeded: false,
@@ -1233,7 +1238,7 @@ impl NftBackend {
     fn check_overlap(&mut self, window: (u32, own_commits::Counted)) {
         let (before, counted) = window;
         let touched = self.own.take_touched();
-        let Ok(after) = kpng_netfilter::generation::generation() else {
+        let Ok(after) = self.kernel_reader.generation() else {
             // This sync's own changes are not in the rules read last: comparing the next
             // sync's with them would take kpng's own change for someone else's.
             for state in &mut self.states {
@@ -1255,7 +1260,7 @@ impl NftBackend {
                 continue;
             }
             let fam = state.fam.table_family();
-            let now = kpng_netfilter::generation::rule_handles(fam, &table).ok();
+            let now = self.kernel_reader.rule_handles(fam, &table).ok();
             let evidence = match (&now, &state.rules_seen) {
                 (Some(now), Some(seen)) if foreign > 0 && !touched.whole(fam, &table) => {
                     let untouched = |rules: &[(String, u64)]| -> Vec<(String, u64)> {
@@ -1374,11 +1379,11 @@ impl Backend for NftBackend {
         let tampered = self.monitor.as_ref().is_some_and(|m| m.begin_own());
         // Where kpng's window of own commits starts: the kernel's generation, and kpng's
         // count of its commits.
-        let window = self
-            .monitor
-            .as_ref()
-            .and_then(|_| kpng_netfilter::generation::generation().ok())
-            .map(|generation| (generation, self.own.now()));
+        let window = match self.monitor {
+            Some(_) => self.kernel_reader.generation().ok(),
+            None => None,
+        }
+        .map(|generation| (generation, self.own.now()));
         // What kpng's text changes from here on is this window's (`check_overlap`).
         self.own.take_touched();
         if tampered {

@@ -1357,6 +1357,134 @@ fn inner_anchors_of_kpngs_sharing_a_pid_are_all_held() {
     assert!(!listed.contains("kpng-anchor"), "{listed}");
 }
 
+/// One Service of four endpoints, the fourth `last` (nft's YAML as `kpng-source-file` reads
+/// it).
+fn one_service(last: u32) -> String {
+    format!(
+        "kind: Node
+metadata: {{name: node1}}
+status: {{addresses: [{{type: InternalIP, address: 192.168.100.1}}]}}
+---
+kind: Service
+metadata: {{namespace: ns, name: web}}
+spec: {{clusterIP: 10.96.0.10, ports: [{{name: http, port: 80}}]}}
+---
+kind: EndpointSlice
+metadata: {{namespace: ns, name: web-1, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+- {{addresses: [10.244.1.2], nodeName: node1}}
+- {{addresses: [10.244.1.3], nodeName: node1}}
+- {{addresses: [10.244.1.4], nodeName: node1}}
+- {{addresses: [10.244.2.{last}], nodeName: node2}}
+"
+    )
+}
+
+/// The backend's syncs, as kpng runs it (`--nft-exec auto`: elements over netlink, watching
+/// the kernel), open no netlink socket once the first has run: the generation id read before
+/// and after each sync goes over a socket kept for the process's life. Until 2026-12-07 each
+/// read opened (and closed) a socket of its own, and the close after a sync that deleted an
+/// element waited for an RCU grace period: one change took 8–14 ms instead of ~1 ms at 1k
+/// Services (docs/benchmarks.md). Counted, not timed, so a loaded machine cannot flake it.
+#[test]
+fn backend_syncs_open_no_netlink_socket() {
+    kpng_testkit::require_root!();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    in_fresh_netns("inner_backend_syncs_open_no_netlink_socket");
+}
+
+#[test]
+#[ignore = "run inside a namespace by backend_syncs_open_no_netlink_socket"]
+fn inner_backend_syncs_open_no_netlink_socket() {
+    use kpng_backend::{Backend, SyncRequest, TamperAlarm};
+    use kpng_backend_nft::NftBackend;
+    use kpng_backend_nft::exec::Auto;
+    use kpng_model::{Diff, Event, Kind, Model, ModelConfig};
+    use kpng_netfilter::socket::Socket;
+    if !inside_netns() {
+        return;
+    }
+    let objects = |last: u32| {
+        kpng_source_file::parse_manifests(&one_service(last))
+            .expect("manifest parses")
+            .objects
+    };
+    let mut model = Model::new(ModelConfig {
+        node_name: "node1".into(),
+        ..ModelConfig::default()
+    });
+    let kinds = vec![Kind::Service, Kind::EndpointSlice, Kind::Node];
+    let out = model.apply(Event::Replace {
+        kinds: kinds.clone(),
+        objects: objects(2),
+    });
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let config = kpng_backend_nft::NftConfig {
+        families: vec![Family::V4],
+        ..Default::default()
+    };
+    let writer = NetlinkWriter::open().expect("netlink writer");
+    let mut backend = NftBackend::new(config, Box::new(Auto::new("nft")))
+        .watching_kernel()
+        .with_netlink(writer);
+    let alarms = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let sink = alarms.clone();
+    let alarm = TamperAlarm::new(move |t| {
+        if let Ok(mut v) = sink.lock() {
+            v.push(t.what);
+        }
+    });
+    assert!(backend.watch_tampering(alarm).expect("monitor"));
+    let full = Diff::full(model.snapshot());
+    backend
+        .sync(&SyncRequest {
+            diff: &full,
+            snapshot: model.snapshot(),
+            full: true,
+        })
+        .expect("full sync");
+    // The first change opens what stays open (the generation reader's socket).
+    let mut change = |last: u32| {
+        let out = model.apply(Event::Replace {
+            kinds: kinds.clone(),
+            objects: objects(last),
+        });
+        assert!(!out.diff.is_empty(), "endpoint {last} changed nothing");
+        backend
+            .sync(&SyncRequest {
+                diff: &out.diff,
+                snapshot: model.snapshot(),
+                full: false,
+            })
+            .expect("partial sync");
+    };
+    change(3);
+    let before = Socket::opened_on_this_thread();
+    const CHANGES: u32 = 10;
+    for i in 0..CHANGES {
+        // Each replaces the fourth endpoint: elements deleted and added.
+        change(4 + i);
+    }
+    let opened = Socket::opened_on_this_thread() - before;
+    println!("netlink sockets opened by {CHANGES} one-endpoint syncs: {opened}");
+    assert_eq!(
+        opened, 0,
+        "each sync must reuse the backend's sockets: a socket closed after a sync that deleted \
+         elements waits for an RCU grace period"
+    );
+    let listed = list_set(
+        "ip",
+        "kpng",
+        Set::Endpoints(PickKind::Cluster, Protocol::Tcp),
+    );
+    assert!(listed.contains("10.244.2.13"), "{listed}");
+    // kpng's own commits are not taken for someone else's.
+    let alarms = alarms.lock().map(|v| v.clone()).unwrap_or_default();
+    assert!(alarms.is_empty(), "{alarms:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Measurements
 // ---------------------------------------------------------------------------------------------

@@ -74,8 +74,26 @@ pub fn walk(datagram: &[u8], kind: u16, mut each: impl FnMut(&[u8])) -> Step {
 ///
 /// # Errors
 /// The socket fails, or the kernel refuses the dump (`ENOENT`: no such object).
-pub fn run(request: Vec<u8>, kind: u16, mut each: impl FnMut(&[u8])) -> io::Result<()> {
-    let socket = Socket::open()?;
+pub fn run(request: Vec<u8>, kind: u16, each: impl FnMut(&[u8])) -> io::Result<()> {
+    run_on(&Socket::open()?, request, kind, each)
+}
+
+/// [`run`] over `socket`, which the caller keeps open for its next request.
+///
+/// Why: closing a netfilter socket that has sent something makes nf_tables finish its
+/// deferred destroy work, which waits for an RCU grace period (milliseconds) when a recent
+/// transaction deleted something; a reader that runs after every sync keeps its socket.
+/// The socket is left with nothing queued when this returns `Ok` or the kernel refused the
+/// dump (its error ends the dump); after any other error, replies may still be queued.
+///
+/// # Errors
+/// The socket fails, or the kernel refuses the dump (`ENOENT`: no such object).
+pub fn run_on(
+    socket: &Socket,
+    request: Vec<u8>,
+    kind: u16,
+    mut each: impl FnMut(&[u8]),
+) -> io::Result<()> {
     socket.send(&[request])?;
     // A dump datagram is at most a page or the receive buffer, whichever is larger.
     let mut buf = vec![0u8; 64 * 1024];

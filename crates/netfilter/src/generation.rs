@@ -30,30 +30,140 @@ const NFTA_RULE_CHAIN: u16 = 2;
 /// `NFTA_RULE_HANDLE`.
 const NFTA_RULE_HANDLE: u16 = 3;
 
-/// The calling thread's network namespace's nf_tables generation id (one
-/// `NFT_MSG_GETGEN` request).
+/// Reads the nf_tables generation id and a table's rule handles over one long-lived socket.
 ///
-/// # Errors
-/// The socket fails or the kernel refuses.
-pub fn generation() -> io::Result<u32> {
-    let socket = Socket::open()?;
-    let mut request = Vec::with_capacity(32);
-    let start = attr::msg_start(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN,
-        NLM_F_REQUEST,
-        1,
-        libc::AF_UNSPEC as u8,
-        0,
-    );
-    attr::msg_end(&mut request, start);
-    socket.send(&[request])?;
-    let mut buf = vec![0u8; 8 * 1024];
-    loop {
-        let n = socket.recv(&mut buf, false)?;
-        if let Some(answer) = parse_generation(&buf[..n]) {
-            return answer;
+/// Why long-lived: a backend reads the generation before and after every sync. Closing a
+/// netfilter socket that has sent something makes nf_tables finish its deferred destroy work,
+/// which waits for an RCU grace period (2–15 ms measured) whenever the sync just deleted
+/// something: a socket per read made a one-Service change 5–40× slower (docs/nftables.md,
+/// "Talking to the kernel"). Until 2026-12-07 each read opened its own.
+///
+/// The socket is opened at the first read, in the calling thread's network namespace (the
+/// thread that syncs, as the element writer's), and kept until the reader is dropped; after a
+/// failed read (replies may still be queued) the next read opens a fresh one.
+#[derive(Debug, Default)]
+pub struct KernelReader {
+    socket: Option<Socket>,
+    /// Reused receive buffer.
+    buf: Vec<u8>,
+}
+
+impl KernelReader {
+    /// A reader that opens its socket at its first read.
+    pub fn new() -> KernelReader {
+        KernelReader::default()
+    }
+
+    /// The socket, opened on first use.
+    fn socket(&mut self) -> io::Result<&Socket> {
+        if self.socket.is_none() {
+            self.socket = Some(Socket::open()?);
         }
+        self.socket
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+    }
+
+    /// Keeps the socket after `result` unless replies may still be queued on it.
+    fn settle<T>(&mut self, result: io::Result<T>) -> io::Result<T> {
+        match &result {
+            Ok(_) => {}
+            // The kernel's refusal of a dump ends it: nothing is left queued.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(_) => self.socket = None,
+        }
+        result
+    }
+
+    /// The network namespace's nf_tables generation id (one `NFT_MSG_GETGEN` request).
+    ///
+    /// # Errors
+    /// The socket fails or the kernel refuses.
+    pub fn generation(&mut self) -> io::Result<u32> {
+        let result = self.read_generation();
+        self.settle(result)
+    }
+
+    fn read_generation(&mut self) -> io::Result<u32> {
+        let mut request = Vec::with_capacity(32);
+        let start = attr::msg_start(
+            &mut request,
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN,
+            NLM_F_REQUEST,
+            1,
+            libc::AF_UNSPEC as u8,
+            0,
+        );
+        attr::msg_end(&mut request, start);
+        if self.buf.len() < 8 * 1024 {
+            self.buf.resize(8 * 1024, 0);
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let answer = (|| {
+            let socket = self.socket()?;
+            socket.send(&[request])?;
+            loop {
+                let n = socket.recv(&mut buf, false)?;
+                if let Some(answer) = parse_generation(&buf[..n]) {
+                    return answer;
+                }
+            }
+        })();
+        self.buf = buf;
+        answer
+    }
+
+    /// Every rule of table `table` of `family` (`ip`, `ip6`) as (chain, handle), sorted:
+    /// empty when there is no such table. One rule dump: no set element is read.
+    ///
+    /// # Errors
+    /// The socket fails or the kernel refuses the dump.
+    pub fn rule_handles(&mut self, family: &str, table: &str) -> io::Result<Vec<(String, u64)>> {
+        self.rule_handles_where(family, table, |_, _| true)
+    }
+
+    /// The rules of [`KernelReader::rule_handles`] that `keep` keeps, given each rule's chain
+    /// and attributes as sent (its expressions hold the name of a chain it jumps to: see
+    /// [`attr::names`]).
+    ///
+    /// Why: in a table shared with other programs (iptables-nft's `nat`, `filter`, `mangle`,
+    /// which Docker and CNIs write too) only the backend's own chains and the rules that jump
+    /// to them are its to compare; the others' commits must not look like a change of its
+    /// rules.
+    ///
+    /// # Errors
+    /// The socket fails or the kernel refuses the dump.
+    pub fn rule_handles_where(
+        &mut self,
+        family: &str,
+        table: &str,
+        keep: impl Fn(&str, &[u8]) -> bool,
+    ) -> io::Result<Vec<(String, u64)>> {
+        let nfproto = dump::nfproto(family)?;
+        let mut request = Vec::with_capacity(64);
+        let start = attr::msg_start(
+            &mut request,
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            1,
+            nfproto,
+            0,
+        );
+        attr::put_str(&mut request, NFTA_RULE_TABLE, table);
+        attr::msg_end(&mut request, start);
+        let mut rules = Vec::new();
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE;
+        let result = self.socket().and_then(|socket| {
+            dump::run_on(socket, request, kind, |msg| {
+                rules.extend(rule_of_table(msg, table).filter(|(chain, _)| keep(chain, msg)))
+            })
+        });
+        match self.settle(result) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            other => other?,
+        }
+        rules.sort();
+        Ok(rules)
     }
 }
 
@@ -80,54 +190,6 @@ fn parse_generation(datagram: &[u8]) -> Option<io::Result<u32>> {
         }
     }
     None
-}
-
-/// Every rule of table `table` of `family` (`ip`, `ip6`) as (chain, handle), sorted: empty
-/// when there is no such table. One rule dump: no set element is read.
-///
-/// # Errors
-/// The socket fails or the kernel refuses the dump.
-pub fn rule_handles(family: &str, table: &str) -> io::Result<Vec<(String, u64)>> {
-    rule_handles_where(family, table, |_, _| true)
-}
-
-/// The rules of [`rule_handles`] that `keep` keeps, given each rule's chain and attributes as
-/// sent (its expressions hold the name of a chain it jumps to: see [`attr::names`]).
-///
-/// Why: in a table shared with other programs (iptables-nft's `nat`, `filter`, `mangle`, which
-/// Docker and CNIs write too) only the backend's own chains and the rules that jump to them are
-/// its to compare; the others' commits must not look like a change of its rules.
-///
-/// # Errors
-/// The socket fails or the kernel refuses the dump.
-pub fn rule_handles_where(
-    family: &str,
-    table: &str,
-    keep: impl Fn(&str, &[u8]) -> bool,
-) -> io::Result<Vec<(String, u64)>> {
-    let nfproto = dump::nfproto(family)?;
-    let mut request = Vec::with_capacity(64);
-    let start = attr::msg_start(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        nfproto,
-        0,
-    );
-    attr::put_str(&mut request, NFTA_RULE_TABLE, table);
-    attr::msg_end(&mut request, start);
-    let mut rules = Vec::new();
-    let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE;
-    let result = dump::run(request, kind, |msg| {
-        rules.extend(rule_of_table(msg, table).filter(|(chain, _)| keep(chain, msg)))
-    });
-    match result {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
-        other => other?,
-    }
-    rules.sort();
-    Ok(rules)
 }
 
 /// The chain and handle of one `NFT_MSG_NEWRULE` message, when it belongs to `table` (older

@@ -65,7 +65,21 @@ impl Socket {
         })?;
         // SAFETY: `fd` was just returned by socket(2), is open, and nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        #[cfg(feature = "test-hooks")]
+        OPENED.with(|n| n.set(n.get() + 1));
         Ok(Socket { fd })
+    }
+
+    /// How many sockets [`Socket::open`] opened on the calling thread so far.
+    ///
+    /// Why: a test hook (feature `test-hooks`, enabled only by the backends' tests) that lets
+    /// a test check that a sync opens no socket of its own, without timing anything: a socket
+    /// opened and closed per sync costs an RCU grace period at its close (see
+    /// [`crate::generation::KernelReader`]). Per thread, so that tests running in parallel
+    /// in one process do not count each other's.
+    #[cfg(feature = "test-hooks")]
+    pub fn opened_on_this_thread() -> u64 {
+        OPENED.with(std::cell::Cell::get)
     }
 
     /// Binds the socket to a kernel-chosen port id, subscribed to no group. Needed before
@@ -227,6 +241,12 @@ impl Socket {
             }
         }
     }
+}
+
+#[cfg(feature = "test-hooks")]
+thread_local! {
+    /// The count [`Socket::opened_on_this_thread`] reads (test builds only).
+    static OPENED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// `SO_NETNS_COOKIE` (Linux 5.14) where its value is asm-generic's (`libc` does not name it);
