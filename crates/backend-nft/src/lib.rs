@@ -17,7 +17,7 @@
 //! ([`netlink::ElementWriter::probe_table`]: the table and its `skeleton` marker chain, which
 //! says the layout and skeleton it was written with, never its elements) and decides: adopt a
 //! table a previous run left (its sets read once each and sent only what differs, in one
-//! transaction: [`diff_refill`]), put the rules back then the sets (same layout, another
+//! transaction: `diff_refill`), put the rules back then the sets (same layout, another
 //! configuration, or tampered with: the sets diffed too when the skeleton is this one), or
 //! replace it whole. Either way
 //! established connections are untouched, because their NAT lives in conntrack. A full sync
