@@ -1892,6 +1892,46 @@ pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
     );
 }
 
+/// The kernel's listening TCP sockets on `port` in `ns`, as `ss` names their local addresses,
+/// sorted: where a load balancer's probe of the node can be answered.
+fn tcp_listeners(ns: &Netns, port: u16) -> Vec<String> {
+    let filter = format!("sport = :{port}");
+    let out = ns
+        .run_ok(["ss", "-H", "-l", "-t", "-n", filter.as_str()])
+        .expect("ss");
+    let mut local: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .map(str::to_string)
+        .collect();
+    local.sort();
+    local
+}
+
+/// Polls [`tcp_listeners`] until `done` holds, for at most 5 s: a timeout names `what`, what
+/// was listened on and kpng's log.
+fn wait_for_listeners(
+    ns: &Netns,
+    port: u16,
+    k: &Kpng,
+    what: &str,
+    done: &dyn Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = tcp_listeners(ns, port);
+        if done(&now) {
+            return now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} within 5 s: listening on {now:?}\n{}",
+            k.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// With CIDR `--nodeport-addresses`, Service health checks listen where the node ports are, as
 /// kube-proxy's (`GetNodeIPs`): on node1's IPv4 addresses inside the CIDR (its pod bridge's),
 /// on every IPv6 address (no IPv6 CIDR given: upstream's rule per family), and not on its LAN
@@ -1918,35 +1958,8 @@ pub fn health_check_listens_on_the_node_port_addresses(b: Backend) {
             "1h",
         ],
     );
-    // The kernel's listening sockets on the port, as `ss` names their addresses.
-    let listening = || -> Vec<String> {
-        let out = c
-            .node1
-            .ns
-            .run_ok(["ss", "-H", "-l", "-t", "-n", "sport = :32161"])
-            .expect("ss");
-        let mut local: Vec<String> = out
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(3))
-            .map(str::to_string)
-            .collect();
-        local.sort();
-        local
-    };
     let wait_for = |what: &str, done: &dyn Fn(&[String]) -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let now = listening();
-            if done(&now) {
-                return now;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what} within 5 s: listening on {now:?}\n{}",
-                k.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_listeners(&c.node1.ns, 32161, &k, what, done)
     };
     let gateway = format!("{}:32161", addr::NODE1_POD_GW_V4);
     let first = wait_for("the health check listening", &|l| !l.is_empty());
@@ -2028,32 +2041,9 @@ pub fn ipv6_health_checks_follow_dad_and_the_service_families(b: Backend) {
         ],
     );
     let node1 = &c.node1.ns;
-    let listening = || -> Vec<String> {
-        let out = node1
-            .run_ok(["ss", "-H", "-l", "-t", "-n", "sport = :32162"])
-            .expect("ss");
-        let mut local: Vec<String> = out
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(3))
-            .map(str::to_string)
-            .collect();
-        local.sort();
-        local
-    };
+    let listening = || tcp_listeners(node1, 32162);
     let wait_for = |what: &str, done: &dyn Fn(&[String]) -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let now = listening();
-            if done(&now) {
-                return now;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what} within 5 s: listening on {now:?}\n{}",
-                k.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_listeners(node1, 32162, &k, what, done)
     };
     let first = wait_for("the health check listening", &|l| !l.is_empty());
     assert_eq!(
