@@ -218,6 +218,23 @@ fn tampering_detected(h: &Harness) -> u64 {
     h.metrics.tampering_detected.get_or_create(&label).get()
 }
 
+/// Timing where every change syncs at once and the periodic sync is 10 s away.
+fn prompt_timing() -> SyncTiming {
+    SyncTiming {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(10),
+        ..SyncTiming::default()
+    }
+}
+
+/// Sends the first full state, one Service `a` at 10.96.0.1, and lets its sync run.
+async fn first_state_with_one_service(h: &Harness) {
+    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
+        .await
+        .expect("send");
+    settle().await;
+}
+
 async fn settle() {
     // Let the runner task process what is queued (time is paused; this only yields).
     for _ in 0..20 {
@@ -242,10 +259,7 @@ async fn nothing_is_programmed_before_every_kind_is_listed() {
         log(&h).is_empty(),
         "synced before EndpointSlices and Nodes were listed"
     );
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     assert_eq!(
         log(&h),
         vec![(true, 1, 1)],
@@ -284,10 +298,7 @@ async fn only_a_sync_that_wrote_delays_the_next_change_by_min_sync_period() {
         sync_period: Duration::from_secs(30),
         full_sync_period: Duration::from_secs(60),
     });
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     assert_eq!(log(&h), vec![(true, 1, 1)]);
     // The idle periodic sync at 30 s, then a change 10 ms later: synced at once.
     tokio::time::sleep(Duration::from_millis(30_010)).await;
@@ -348,11 +359,7 @@ async fn a_sync_out_of_file_descriptors_says_to_raise_the_limit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_sync_is_retried_as_a_full_sync_and_health_turns_bad_then_good() {
-    let timing = SyncTiming {
-        min_sync_period: Duration::ZERO,
-        sync_period: Duration::from_secs(10),
-        ..SyncTiming::default()
-    };
+    let timing = prompt_timing();
     let mut h = start(timing);
     h.tx.send(all_kinds(vec![])).await.expect("send");
     settle().await;
@@ -392,16 +399,9 @@ async fn a_failed_sync_is_retried_as_a_full_sync_and_health_turns_bad_then_good(
 /// changed" although it programmed the new Service first).
 #[tokio::test(start_paused = true)]
 async fn a_failed_syncs_changes_stay_pending_and_the_recovery_sync_names_them() {
-    let timing = SyncTiming {
-        min_sync_period: Duration::ZERO,
-        sync_period: Duration::from_secs(10),
-        ..SyncTiming::default()
-    };
+    let timing = prompt_timing();
     let h = start(timing);
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     h.calls.fail.store(true, Ordering::SeqCst);
     h.tx.send(Event::Apply(service("b", "10.96.0.2")))
         .await
@@ -453,10 +453,7 @@ async fn a_failed_first_syncs_retry_names_every_port() {
         ..SyncTiming::default()
     });
     h.calls.fail.store(true, Ordering::SeqCst);
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     assert_eq!(status_of(&h).await.pending_port_changes, 1);
     h.calls.fail.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -501,16 +498,9 @@ fn the_end_of_failing_syncs_says_how_many_and_how_long() {
 /// are good again after the next successful sync.
 #[tokio::test(start_paused = true)]
 async fn failed_repairs_and_periodic_syncs_make_health_fail_after_two_sync_periods() {
-    let timing = SyncTiming {
-        min_sync_period: Duration::ZERO,
-        sync_period: Duration::from_secs(10),
-        ..SyncTiming::default()
-    };
+    let timing = prompt_timing();
     let h = start(timing);
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     let livez_in = |h: &Harness, secs: u64| {
         h.health
             .report(SystemTime::now() + Duration::from_secs(secs), false)
@@ -561,10 +551,7 @@ async fn every_sync_attempt_is_timed_a_failed_one_too() {
         min_sync_period: Duration::ZERO,
         ..SyncTiming::default()
     });
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     h.calls.fail.store(true, Ordering::SeqCst);
     h.tx.send(Event::Apply(service("b", "10.96.0.2")))
         .await
@@ -587,19 +574,12 @@ async fn every_sync_attempt_is_timed_a_failed_one_too() {
 /// timestamp move on (kube-proxy's IPv4 proxier would not know of the IPv6 one's failure).
 #[tokio::test(start_paused = true)]
 async fn a_failure_of_one_family_leaves_the_other_healthy_and_current() {
-    let timing = SyncTiming {
-        min_sync_period: Duration::ZERO,
-        sync_period: Duration::from_secs(10),
-        ..SyncTiming::default()
-    };
+    let timing = prompt_timing();
     let calls = Arc::new(Calls::default());
     calls.dual_stack.store(true, Ordering::SeqCst);
     *calls.fail_family.lock().expect("lock") = Some(Family::V6);
     let h = start_calls(calls, timing, None, None, None, |r| r);
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     let last_sync = |h: &Harness, family: Family| {
         h.metrics
             .last_sync_timestamp
@@ -635,10 +615,7 @@ async fn periodic_and_full_resyncs() {
         full_sync_period: Duration::from_secs(90),
     };
     let h = start(timing);
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(
         log(&h),
@@ -660,10 +637,7 @@ async fn tampering_forces_one_prompt_full_sync_whatever_min_sync_period() {
         min_sync_period: Duration::from_secs(10),
         ..SyncTiming::default()
     });
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     assert_eq!(log(&h), vec![(true, 1, 1)]);
     let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
     // A burst (`nft flush ruleset`: many notifications) is one repair.
@@ -713,10 +687,7 @@ fn repair_delay(h: &Harness) -> f64 {
 #[tokio::test(start_paused = true)]
 async fn repairs_that_keep_coming_back_off_and_reset_once_quiet() {
     let h = start(SyncTiming::default());
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
     let started = Instant::now();
     // When each repair (a full sync after the first) was made, in ms from the first flush.
@@ -784,10 +755,7 @@ async fn repairs_that_keep_coming_back_off_and_reset_once_quiet() {
 async fn a_repair_waiting_in_the_backoff_is_shown_and_counts_for_healthz() {
     let sync_period = SyncTiming::default().sync_period;
     let h = start(SyncTiming::default());
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     h.health.set_node_eligible(true);
     let alarm = h.calls.alarm.lock().expect("lock").clone().expect("alarm");
     // Five repairs at once, then the sixth waits 1 s.
@@ -837,10 +805,7 @@ async fn a_repair_waiting_in_the_backoff_is_shown_and_counts_for_healthz() {
 #[tokio::test(start_paused = true)]
 async fn a_repair_the_backend_found_itself_is_counted_and_shown() {
     let h = start(SyncTiming::default());
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     let found = "IPv4 iptables flushed: the KUBE-PROXY-CANARY chain in mangle was gone";
     *h.calls.found.lock().expect("lock") = Some(found.to_string());
     tokio::time::sleep(SyncTiming::default().sync_period + Duration::from_millis(1)).await;
@@ -1335,10 +1300,7 @@ async fn healthz_while_starting_is_as_kube_proxys() {
     );
     assert!(!report.body.contains("0001-01-01"), "{}", report.body);
     // The lists end without a Node named "n".
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     let report = h.health.report(SystemTime::now(), true);
     assert_eq!(report.status, 503, "{}", report.body);
     assert!(
@@ -1435,10 +1397,7 @@ async fn network_programming_latency_is_observed_once_the_change_is_programmed()
         ..SyncTiming::default()
     };
     let h = start(timing);
-    h.tx.send(all_kinds(vec![service("a", "10.96.0.1")]))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_with_one_service(&h).await;
     // A change from before kpng started is not measured.
     let old = SystemTime::UNIX_EPOCH + Duration::from_secs(946_684_800);
     h.tx.send(Event::Apply(slice("a-1", "10.0.0.1", Some(old))))
