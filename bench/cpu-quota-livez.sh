@@ -57,11 +57,7 @@ until grep -q " synced " "$LOG/cold" 2>/dev/null; do sleep 1; done
 kill -TERM "$P"; wait "$P"; P=
 # 2. The restart, in the limited group (with LISTEN=1, a foreign listener that never reads).
 if [ "${LISTEN:-0}" = 1 ]; then
-  python3 -c 'import socket, time
-s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
-s.bind((0, 0))
-s.setsockopt(270, 1, 7)  # SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, NFNLGRP_NFTABLES
-time.sleep(3600)' &
+  python3 "$(dirname "$0")/nft-listener.py" &
   L=$!
 fi
 echo "$QUOTA" > "$CG/cpu.cfs_quota_us"

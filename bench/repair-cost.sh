@@ -39,11 +39,7 @@ P=$!
 until grep -q " synced " "$LOG/kpng"; do sleep 1; done
 sleep 5
 if [ "${LISTEN:-0}" = 1 ]; then
-  python3 -c 'import socket, time
-s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
-s.bind((0, 0))
-s.setsockopt(270, 1, 7)  # SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, NFNLGRP_NFTABLES
-time.sleep(3600)' &
+  python3 "$(dirname "$0")/nft-listener.py" &
   L=$!
 fi
 # utime and stime of kpng's process (every thread), in seconds.
