@@ -457,10 +457,13 @@ fn three_nodes_follow_one_brain_through_a_restart() {
             "{name}: {message}"
         );
     }
-    // Rules stay: new connections work without the brain.
+    // Rules stay: new connections work without the brain. 30 connections, as above: with 20,
+    // one endpoint of three goes unpicked once in about a thousand runs (CI met it once).
     assert_eq!(
-        servers(&c.pod("pod2a").ns, cip, 20),
-        set(&["pod1a", "pod2a", "pod3a"])
+        servers(&c.pod("pod2a").ns, cip, 30),
+        set(&["pod1a", "pod2a", "pod3a"]),
+        "new connections without the brain\n{}",
+        logs()
     );
     // The outage is one warning per cause (the dropped stream, then the refused connects),
     // not one per retry (every 500 ms at most here: at least four in these 2 s).
