@@ -2247,6 +2247,21 @@ fn a_restart_over_the_table_keeps_each_ports_affinity_id() {
 use crate::ruleset::PickKind;
 use kpng_model::Protocol;
 
+/// An IPv4-only backend whose netlink batches `w` records, with kpng's table in the kernel
+/// already (its marker as `model`'s skeleton writes it), and its text recorder.
+///
+/// Why: the start of every test of how a full sync adopts a table it finds and compares its
+/// sets with what it wants.
+fn adopting_v4_backend(model: &Model) -> (NftBackend, RecordingWriter, Recorder) {
+    let (b, r) = backend();
+    let w = RecordingWriter::default();
+    let mut b = b.with_netlink(w.clone());
+    b.config.families = vec![Family::V4];
+    b.states.retain(|s| s.fam.0 == Family::V4);
+    keep_table(&w, &b, model, Family::V4);
+    (b, w, r)
+}
+
 /// The elements `b` wants in `family`'s table for `model` (each once), as a table it committed
 /// holds them.
 fn wanted_elements(b: &mut NftBackend, model: &Model, family: Family) -> Vec<Element> {
@@ -2363,12 +2378,7 @@ fn a_restart_over_its_own_table_sends_only_what_differs() {
         },
     ];
     for case in cases {
-        let (b, _r) = backend();
-        let w = RecordingWriter::default();
-        let mut b = b.with_netlink(w.clone());
-        b.config.families = vec![Family::V4];
-        b.states.retain(|s| s.fam.0 == Family::V4);
-        keep_table(&w, &b, &model, Family::V4);
+        let (mut b, w, _r) = adopting_v4_backend(&model);
         let mut held = wanted_elements(&mut b, &model, Family::V4);
         (case.edit)(&mut held, &foreign);
         if case.readable {
@@ -2466,12 +2476,7 @@ fn a_restart_over_its_own_table_sends_only_what_differs() {
 #[test]
 fn a_refused_difference_is_retried_as_a_refill() {
     let model = model_from(&many_services(20, 2));
-    let (b, _r) = backend();
-    let w = RecordingWriter::default();
-    let mut b = b.with_netlink(w.clone());
-    b.config.families = vec![Family::V4];
-    b.states.retain(|s| s.fam.0 == Family::V4);
-    keep_table(&w, &b, &model, Family::V4);
+    let (mut b, w, _r) = adopting_v4_backend(&model);
     let mut held = wanted_elements(&mut b, &model, Family::V4);
     let dispatch = held
         .iter()
@@ -2505,12 +2510,7 @@ fn a_refused_difference_is_retried_as_a_refill() {
 #[test]
 fn a_repair_of_a_table_with_its_skeleton_sends_only_what_differs() {
     let model = model_from(&many_services(20, 2));
-    let (b, r) = backend();
-    let w = RecordingWriter::default();
-    let mut b = b.with_netlink(w.clone());
-    b.config.families = vec![Family::V4];
-    b.states.retain(|s| s.fam.0 == Family::V4);
-    keep_table(&w, &b, &model, Family::V4);
+    let (mut b, w, r) = adopting_v4_backend(&model);
     let wanted = wanted_elements(&mut b, &model, Family::V4);
     *w.contents.lock().expect("lock") = vec![(Family::V4, wanted.clone())];
     full_sync(&mut b, &model);

@@ -29,9 +29,45 @@ pub fn lock_name(backend: &str) -> String {
 /// ("another kpng (pid 4242)"); `None` when nobody holds it. Connecting only asks: it never
 /// takes the name, so a kpng starting meanwhile is not disturbed. `asking` tells the holder
 /// why, which it logs ([`crate::lock_askers`]).
+///
+/// A connection closed or reset before any answer means the name is going away, not that a
+/// kpng runs: a kpng killed while it started a tool (`iptables-restore`) leaves the child it
+/// forked holding a copy of the socket until that child's `exec` closes it, which on a loaded
+/// node can be long enough for a `kpng cleanup` run right after to connect; it then refused
+/// with "another kpng runs …" and removed nothing. It asks again, a few times, until the name
+/// is free or someone answers; a holder that stays connected and silent (a hung kpng) still
+/// counts.
 #[cfg(target_os = "linux")]
 pub fn holder(backend: &str, asking: &crate::lock_askers::Asking) -> Option<String> {
-    use std::io::{BufRead, BufReader, Write};
+    use std::time::Duration;
+
+    /// How many times a holder that closes without answering is asked again.
+    const ASKS: usize = 10;
+    for _ in 0..ASKS {
+        match ask(backend, asking)? {
+            Answer::Line(line) => return Some(describe_holder(&line, pid_namespace())),
+            Answer::Silent => return Some("another kpng".to_string()),
+            Answer::Closed => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    Some("another kpng".to_string())
+}
+
+/// What the holder of a lock's name said when asked.
+#[cfg(target_os = "linux")]
+enum Answer {
+    /// Its answer: `PID [PID-NAMESPACE]`.
+    Line(String),
+    /// Nothing within a second, the connection open (a hung or very old holder).
+    Silent,
+    /// The connection closed or was reset before an answer: the name's holder went away.
+    Closed,
+}
+
+/// Asks the holder of `backend`'s lock who it is; `None` when nobody holds the name.
+#[cfg(target_os = "linux")]
+fn ask(backend: &str, asking: &crate::lock_askers::Asking) -> Option<Answer> {
+    use std::io::{BufRead, BufReader, ErrorKind, Write};
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixStream};
     use std::time::Duration;
@@ -40,18 +76,19 @@ pub fn holder(backend: &str, asking: &crate::lock_askers::Asking) -> Option<Stri
     let mut stream = UnixStream::connect_addr(&addr).ok()?;
     // Before reading: the holder answers first, then reads this (an older holder never does).
     let _ = stream.write_all(asking.line().as_bytes());
-    let pid = stream
+    if stream
         .set_read_timeout(Some(Duration::from_secs(1)))
-        .ok()
-        .and_then(|()| {
-            let mut line = String::new();
-            BufReader::new(stream).read_line(&mut line).ok()?;
-            Some(line)
-        });
-    Some(pid.map_or_else(
-        || "another kpng".to_string(),
-        |line| describe_holder(&line, pid_namespace()),
-    ))
+        .is_err()
+    {
+        return Some(Answer::Silent);
+    }
+    let mut line = String::new();
+    Some(match BufReader::new(stream).read_line(&mut line) {
+        Ok(0) => Answer::Closed,
+        Ok(_) => Answer::Line(line),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Answer::Silent,
+        Err(_) => Answer::Closed,
+    })
 }
 
 /// This process's PID namespace (its inode), which the holder also sends: a pid means
@@ -289,5 +326,56 @@ mod tests {
         let third = format!("{backend}-third");
         let alone = acquire(&third, &[third.as_str(), "none-running"]).expect("no other runs");
         drop((first, alone));
+    }
+
+    /// A name whose holder goes away without answering (a killed kpng's child between its
+    /// fork and `exec`, which holds a copy of the socket) is not a running kpng: `kpng
+    /// cleanup` right after such a kill refused, saying "another kpng runs …". A holder that
+    /// stays silent still counts.
+    #[test]
+    fn a_holder_that_goes_away_without_answering_is_nobody() {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
+        use std::time::Duration;
+
+        /// What the fake holder does with the name after it is bound.
+        #[derive(Debug, Clone, Copy)]
+        enum Holder {
+            /// Never accepts; closes the name after a moment (the connection is reset).
+            ClosesUnaccepted,
+            /// Accepts the connection and drops it unanswered, then closes the name.
+            HangsUp,
+            /// Accepts and keeps the connection open, silent, for longer than the asker waits.
+            Silent,
+        }
+        let cases = [
+            (Holder::ClosesUnaccepted, None),
+            (Holder::HangsUp, None),
+            (Holder::Silent, Some("another kpng".to_string())),
+        ];
+        for (i, (what, want)) in cases.into_iter().enumerate() {
+            let backend = format!("test-{}-gone-{i}", std::process::id());
+            let addr =
+                SocketAddr::from_abstract_name(lock_name(&backend).as_bytes()).expect("addr");
+            let listener = UnixListener::bind_addr(&addr).expect("bind");
+            let fake = std::thread::spawn(move || match what {
+                Holder::ClosesUnaccepted => {
+                    std::thread::sleep(Duration::from_millis(200));
+                    drop(listener);
+                }
+                Holder::HangsUp => {
+                    let (conn, _) = listener.accept().expect("accept");
+                    drop((conn, listener));
+                }
+                Holder::Silent => {
+                    let (conn, _) = listener.accept().expect("accept");
+                    std::thread::sleep(Duration::from_millis(1500));
+                    drop((conn, listener));
+                }
+            });
+            let asking = crate::lock_askers::Asking::Cleanup { dry_run: false };
+            assert_eq!(holder(&backend, &asking), want, "{what:?}");
+            fake.join().expect("the fake holder");
+        }
     }
 }

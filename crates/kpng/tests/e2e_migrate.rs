@@ -18,8 +18,8 @@ use e2e::harness::{
 };
 use e2e::scenarios::HeldConnection;
 use kpng_testkit::{
-    Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, bin_path, require_root,
-    tally,
+    Cluster, Netns, Outcome, Probe, ProbeResult, Proto, Spawned, addr, bin_path, describe_output,
+    require_root, tally,
 };
 
 /// kube-proxy's nftables ruleset (v1.31–v1.35 layout) for Service `mig` (ClusterIP
@@ -107,6 +107,21 @@ fn tables(ns: &Netns) -> String {
 /// (`kpng-anchor`) shares the prefix of `table ip kpng`.
 fn has_table(listing: &str, table: &str) -> bool {
     listing.lines().any(|line| line.trim() == table)
+}
+
+/// `kpng ARGS…` run in `ns` to its end: its standard output. A non-zero exit panics with the
+/// exit status, standard output and standard error (testkit's message for a failed command).
+fn kpng_ok(ns: &Netns, args: &[&str]) -> String {
+    let what = format!("kpng {}", args.join(" "));
+    ns.run_ok(std::iter::once(env!("CARGO_BIN_EXE_kpng")).chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// `kpng ARGS…` run in `ns` to its end, whatever its exit: a test that expects a refusal reads
+/// it, and names all of it with [`describe_output`] when it is not the one expected.
+fn kpng_run(ns: &Netns, args: &[&str]) -> std::process::Output {
+    ns.exec(std::iter::once(env!("CARGO_BIN_EXE_kpng")).chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("kpng {}: {e}", args.join(" ")))
 }
 
 #[test]
@@ -290,9 +305,7 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
             .unwrap_or_else(|e| panic!("{restore}: {e}"));
     }
     // A dry run says what it would remove and removes nothing.
-    let out = ns
-        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup", "--dry-run"])
-        .expect("kpng --cleanup --dry-run");
+    let out = kpng_ok(&ns, &["--cleanup", "--dry-run"]);
     for would in [
         "kpng: would remove kube-proxy's iptables chains in iptables-legacy",
         "kpng: would remove kube-proxy's iptables chains in iptables-nft",
@@ -305,9 +318,7 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
         tables(&ns).contains("kube-proxy"),
         "a dry run removes nothing"
     );
-    let out = ns
-        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup"])
-        .expect("kpng --cleanup");
+    let out = kpng_ok(&ns, &["--cleanup"]);
     for removed in [
         "kpng: removed kube-proxy's iptables chains in iptables-legacy",
         "kpng: removed kube-proxy's iptables chains in iptables-nft",
@@ -334,9 +345,7 @@ fn cleanup_removes_every_proxys_rules_and_only_those() {
         );
         assert!(saved.contains(":KUBE-KUBELET-CANARY"), "{save}:\n{saved}");
     }
-    let again = ns
-        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup"])
-        .expect("kpng --cleanup again");
+    let again = kpng_ok(&ns, &["--cleanup"]);
     assert_eq!(again.trim(), "kpng: nothing to remove");
 }
 
@@ -356,31 +365,15 @@ fn cleanup_kpng_only_leaves_kube_proxys_rules() {
         "*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n",
     )
     .expect("kube-proxy's iptables chains");
-    let dry = ns
-        .run_ok([
-            env!("CARGO_BIN_EXE_kpng"),
-            "--dry-run",
-            "cleanup",
-            "--kpng-only",
-        ])
-        .expect("a dry run");
+    let dry = kpng_ok(&ns, &["--dry-run", "cleanup", "--kpng-only"]);
     assert_eq!(
         dry.trim(),
         "kpng: would remove kpng's nftables tables (`to-local nft`)"
     );
     // Written after the subcommand, as most people would, it says the same.
-    let after = ns
-        .run_ok([
-            env!("CARGO_BIN_EXE_kpng"),
-            "cleanup",
-            "--kpng-only",
-            "--dry-run",
-        ])
-        .expect("kpng cleanup --kpng-only --dry-run");
+    let after = kpng_ok(&ns, &["cleanup", "--kpng-only", "--dry-run"]);
     assert_eq!(after, dry);
-    let out = ns
-        .run_ok([env!("CARGO_BIN_EXE_kpng"), "cleanup", "--kpng-only"])
-        .expect("kpng cleanup --kpng-only");
+    let out = kpng_ok(&ns, &["cleanup", "--kpng-only"]);
     assert_eq!(
         out.trim(),
         "kpng: removed kpng's nftables tables (`to-local nft`)"
@@ -434,23 +427,20 @@ fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let refused = ns
-        .exec([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
-        .expect("kpng cleanup");
+    let refused = kpng_run(&ns, &["cleanup"]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "{stderr}");
+    assert!(!refused.status.success(), "{}", describe_output(&refused));
     assert!(
         stderr.contains(&format!(
             "another kpng (pid {}) runs `to-local nft` in this network namespace: it would put \
              back at once what cleanup removes",
             kpng.id()
         )),
-        "{stderr}"
+        "{}",
+        describe_output(&refused)
     );
     assert!(has_table(&tables(&ns), "table ip kpng"), "nothing removed");
-    let dry = ns
-        .run_ok([env!("CARGO_BIN_EXE_kpng"), "--cleanup", "--dry-run"])
-        .expect("a dry run still answers");
+    let dry = kpng_ok(&ns, &["--cleanup", "--dry-run"]);
     assert!(dry.contains("cleanup would refuse until it stops"), "{dry}");
     assert!(
         dry.contains("kpng: would remove kpng's nftables tables"),
@@ -458,9 +448,7 @@ fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
     );
 
     kpng.terminate(Duration::from_secs(5)).expect("stop kpng");
-    let out = ns
-        .run_ok([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
-        .expect("kpng cleanup once it stopped");
+    let out = kpng_ok(&ns, &["cleanup"]);
     assert!(
         out.contains("kpng: removed kpng's nftables tables"),
         "{out}"
@@ -481,39 +469,40 @@ fn init_only_sets_the_sysctls_and_exits() {
     // A dry run checks and prints, and writes nothing.
     let before = ns.run_ok(["cat", key]).expect("read sysctl");
     assert_ne!(before.trim(), "7200");
-    let out = ns
-        .exec([
-            env!("CARGO_BIN_EXE_kpng"),
+    let out = kpng_run(
+        &ns,
+        &[
             "--init-only",
             "--dry-run",
             "--proxy-mode=nftables",
             "--conntrack-tcp-timeout-established=2h",
-        ])
-        .expect("run kpng");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", describe_output(&out));
     assert!(
         stdout.contains(&format!("# would write 7200 to {key}")),
-        "{stdout}"
+        "{}",
+        describe_output(&out)
     );
     assert_eq!(ns.run_ok(["cat", key]).expect("read sysctl"), before);
-    let out = ns
-        .exec([
-            env!("CARGO_BIN_EXE_kpng"),
+    let out = kpng_run(
+        &ns,
+        &[
             "--init-only",
             "--proxy-mode=nftables",
             "--conntrack-tcp-timeout-established=2h",
-        ])
-        .expect("run kpng");
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("--init-only: done"), "{stderr}");
+    assert!(out.status.success(), "{}", describe_output(&out));
+    assert!(
+        stderr.contains("--init-only: done"),
+        "{}",
+        describe_output(&out)
+    );
     let value = ns.run_ok(["cat", key]).expect("read sysctl");
-    assert_eq!(value.trim(), "7200", "{stderr}");
+    assert_eq!(value.trim(), "7200", "{}", describe_output(&out));
     assert!(
         !tables(&ns).contains("kpng"),
         "--init-only programs no rules"
@@ -638,11 +627,12 @@ fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(!out.status.success(), "without {cap}: {said}");
-        assert!(said.contains(named), "without {cap}: {said}");
+        let all = describe_output(&out);
+        assert!(!out.status.success(), "without {cap}: {all}");
+        assert!(said.contains(named), "without {cap}: {all}");
         assert!(
             has_table(&tables(&ns), "table ip kpng"),
-            "without {cap}: {said}"
+            "without {cap}: {all}"
         );
     }
     let saved = ns
@@ -674,17 +664,11 @@ fn cleanup_without_the_capabilities_it_needs_refuses_and_says_which() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && said.contains("`to-local nft` needs CAP_NET_ADMIN"),
-        "{said}"
+        "{}",
+        describe_output(&out)
     );
     // With both, it removes both.
-    let out = ns
-        .exec([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
-        .expect("kpng cleanup");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kpng_ok(&ns, &["cleanup"]);
     assert!(!has_table(&tables(&ns), "table ip kpng"));
 }
 
@@ -732,11 +716,7 @@ fn cleanup_puts_route_localnet_back_as_it_was() {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(kpng);
-    let out = ns
-        .exec([env!("CARGO_BIN_EXE_kpng"), "cleanup"])
-        .expect("kpng cleanup");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}");
+    let said = kpng_ok(&ns, &["cleanup"]);
     assert!(
         said.contains("put net.ipv4.conf.all.route_localnet back to 0"),
         "{said}"
@@ -782,6 +762,7 @@ fn iptables_legacy_without_net_raw_names_the_capability_and_the_tools_words() {
         !out.status.success()
             && said.contains("`to-local iptables` with iptables-legacy needs CAP_NET_RAW")
             && said.contains("Permission denied (you must be root)"),
-        "{said}"
+        "{}",
+        describe_output(&out)
     );
 }

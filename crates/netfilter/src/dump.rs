@@ -1,10 +1,11 @@
-//! Reading an nf_tables dump (`NLM_F_DUMP`): the datagrams the kernel sends until
-//! `NLMSG_DONE`, shared by the table dump ([`crate::tables`]) and the element dump
-//! ([`crate::elements`]).
+//! Asking for and reading an nf_tables dump (`NLM_F_DUMP`): the request, then the datagrams
+//! the kernel sends until `NLMSG_DONE`; shared by the table and chain dumps
+//! ([`crate::tables`]), the element dump ([`crate::elements`]) and the rule dump
+//! ([`crate::generation`]).
 
 use std::io;
 
-use crate::attr::{self, NLMSG_ERROR, NLMSG_HDRLEN, u16_at};
+use crate::attr::{self, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, NLMSG_ERROR, NLMSG_HDRLEN, u16_at};
 use crate::socket::Socket;
 
 /// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`).
@@ -40,6 +41,39 @@ pub fn nfproto(family: &str) -> io::Result<u8> {
         }
     };
     Ok(value as u8)
+}
+
+/// A dump request for nf_tables message `get` (an `NFT_MSG_GET…`) over every object of
+/// `family` (`ip`, `ip6`, `inet`) that the string attributes `filters` (type, value) name:
+/// the table, and for elements the set.
+///
+/// Why one place: the rule, chain and element dumps ask the kernel with the same header
+/// (`NLM_F_REQUEST | NLM_F_DUMP`, sequence 1, the family's `NFPROTO_*`); only the message and
+/// the attributes naming the table differ.
+///
+/// # Errors
+/// A family other than `ip`, `ip6`, `inet` (see [`nfproto`]).
+pub fn table_request(get: u16, family: &str, filters: &[(u16, &str)]) -> io::Result<Vec<u8>> {
+    Ok(request(get, nfproto(family)?, filters))
+}
+
+/// [`table_request`] for an `NFPROTO_*` value itself (`NFPROTO_UNSPEC`: every family's tables
+/// or chains).
+pub fn request(get: u16, nfproto: u8, filters: &[(u16, &str)]) -> Vec<u8> {
+    let mut request = Vec::with_capacity(64);
+    let start = attr::msg_start(
+        &mut request,
+        (NFNL_SUBSYS_NFTABLES << 8) | get,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        1,
+        nfproto,
+        0,
+    );
+    for (ty, value) in filters {
+        attr::put_str(&mut request, *ty, value);
+    }
+    attr::msg_end(&mut request, start);
+    request
 }
 
 /// The errno an `NLMSG_ERROR` message carries (0 for an acknowledgement).
@@ -119,6 +153,33 @@ mod tests {
         buf.extend_from_slice(&[0; NLMSG_HDRLEN]);
         attr::msg_end(&mut buf, start);
         buf
+    }
+
+    #[test]
+    fn a_table_request_asks_for_a_dump_of_the_named_objects() {
+        let request = table_request(13, "ip6", &[(1, "kpng"), (2, "svc")]).expect("ip6 is known");
+        let mut header = Vec::new();
+        let start = attr::msg_start(
+            &mut header,
+            (NFNL_SUBSYS_NFTABLES << 8) | 13,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            1,
+            libc::NFPROTO_IPV6 as u8,
+            0,
+        );
+        let mut expected = header.clone();
+        attr::put_str(&mut expected, 1, "kpng");
+        attr::put_str(&mut expected, 2, "svc");
+        attr::msg_end(&mut expected, start);
+        assert_eq!(request, expected);
+        let attrs: Vec<_> = attr::nf_attrs(&request)
+            .map(|(ty, p)| (ty, attr::string_attr(p)))
+            .collect();
+        assert_eq!(attrs, [(1, "kpng".to_string()), (2, "svc".to_string())]);
+        assert_eq!(
+            table_request(13, "arp", &[]).map_err(|e| e.kind()),
+            Err(io::ErrorKind::InvalidInput)
+        );
     }
 
     #[test]

@@ -12,9 +12,9 @@ use crate::attr::{
     NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY,
     NFTA_SET_ELEM_KEY_END, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
     NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE,
-    NLM_F_REQUEST, string_attr,
+    string_attr,
 };
-use crate::dump::{self, NLM_F_DUMP};
+use crate::dump;
 
 /// `NFT_MSG_GETSETELEM`.
 const NFT_MSG_GETSETELEM: u16 = 13;
@@ -74,19 +74,14 @@ pub fn each_set_element(
     set: &str,
     mut each: impl FnMut(Element),
 ) -> io::Result<bool> {
-    let nfproto = dump::nfproto(family)?;
-    let mut request = Vec::with_capacity(96);
-    let start = attr::msg_start(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        nfproto,
-        0,
-    );
-    attr::put_str(&mut request, NFTA_SET_ELEM_LIST_TABLE, table);
-    attr::put_str(&mut request, NFTA_SET_ELEM_LIST_SET, set);
-    attr::msg_end(&mut request, start);
+    let request = dump::table_request(
+        NFT_MSG_GETSETELEM,
+        family,
+        &[
+            (NFTA_SET_ELEM_LIST_TABLE, table),
+            (NFTA_SET_ELEM_LIST_SET, set),
+        ],
+    )?;
     let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM;
     match dump::run(request, kind, |msg| parse_message(msg, &mut each)) {
         Ok(()) => Ok(true),

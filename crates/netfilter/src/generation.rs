@@ -10,7 +10,7 @@
 use std::io;
 
 use crate::attr::{self, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, NLMSG_ERROR, string_attr, u16_at};
-use crate::dump::{self, NLM_F_DUMP};
+use crate::dump;
 use crate::socket::Socket;
 
 /// `NFT_MSG_NEWRULE`: what each rule of a dump arrives as.
@@ -139,18 +139,7 @@ impl KernelReader {
         table: &str,
         keep: impl Fn(&str, &[u8]) -> bool,
     ) -> io::Result<Vec<(String, u64)>> {
-        let nfproto = dump::nfproto(family)?;
-        let mut request = Vec::with_capacity(64);
-        let start = attr::msg_start(
-            &mut request,
-            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE,
-            NLM_F_REQUEST | NLM_F_DUMP,
-            1,
-            nfproto,
-            0,
-        );
-        attr::put_str(&mut request, NFTA_RULE_TABLE, table);
-        attr::msg_end(&mut request, start);
+        let request = dump::table_request(NFT_MSG_GETRULE, family, &[(NFTA_RULE_TABLE, table)])?;
         let mut rules = Vec::new();
         let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE;
         let result = self.socket().and_then(|socket| {

@@ -11,7 +11,7 @@ use std::io;
 use crate::attr::{
     self, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, NLMSG_ERROR, NLMSG_HDRLEN, string_attr, u16_at,
 };
-use crate::dump::{self, NLM_F_DUMP};
+use crate::dump;
 use crate::socket::Socket;
 
 /// `NFT_MSG_GETTABLE`.
@@ -61,16 +61,7 @@ fn family_word(nfproto: u8) -> &'static str {
 
 /// Every table of the calling thread's network namespace, in the kernel's order.
 pub fn list_tables() -> io::Result<Vec<TableInfo>> {
-    let mut request = Vec::with_capacity(32);
-    let start = attr::msg_start(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        libc::NFPROTO_UNSPEC as u8,
-        0,
-    );
-    attr::msg_end(&mut request, start);
+    let request = dump::request(NFT_MSG_GETTABLE, libc::NFPROTO_UNSPEC as u8, &[]);
     let mut tables = Vec::new();
     let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE;
     dump::run(request, kind, |msg| tables.extend(parse_table(msg)))?;
@@ -119,19 +110,8 @@ pub fn chain_comment(family: &str, table: &str, chain: &str) -> io::Result<Optio
 /// Why: a table kpng adopts may hold chains it did not create (a previous run's, or someone's),
 /// which only a listing reveals; kpng reads it at full syncs, never in the steady-state loop.
 pub fn chain_names(family: &str, table: &str) -> io::Result<Vec<String>> {
-    let nfproto = dump::nfproto(family)?;
-    let mut request = Vec::with_capacity(64);
-    let start = attr::msg_start(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        nfproto,
-        0,
-    );
     // Older kernels dump every table's chains whatever this says: filtered below as well.
-    attr::put_str(&mut request, NFTA_CHAIN_TABLE, table);
-    attr::msg_end(&mut request, start);
+    let request = dump::table_request(NFT_MSG_GETCHAIN, family, &[(NFTA_CHAIN_TABLE, table)])?;
     let mut names = Vec::new();
     let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN;
     dump::run(request, kind, |msg| {
@@ -193,16 +173,7 @@ impl BaseChain {
 /// what they do not accept, so that "is it kpng or the firewall?" has an answer on the node;
 /// read when the status is asked for, never in the sync loop.
 pub fn base_chains() -> io::Result<Vec<BaseChain>> {
-    let mut request = Vec::with_capacity(32);
-    let start = attr::msg_start(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        libc::NFPROTO_UNSPEC as u8,
-        0,
-    );
-    attr::msg_end(&mut request, start);
+    let request = dump::request(NFT_MSG_GETCHAIN, libc::NFPROTO_UNSPEC as u8, &[]);
     let mut chains = Vec::new();
     let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN;
     dump::run(request, kind, |msg| chains.extend(parse_base_chain(msg)))?;

@@ -953,6 +953,27 @@ fn the_brain_counts_rejections_as_a_node_does() {
     );
 }
 
+/// A brain with the fixture cluster applied, and the registry its metrics are in.
+///
+/// Why: the tests of what a scrape shows (the documented alerts) read the encoded text.
+fn scraped_brain() -> (Arc<Hub>, prometheus_client::registry::Registry) {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = crate::metrics::ApiMetrics::new(&mut registry);
+    let hub = Arc::new(Hub::new(
+        ClusterModel::new(ClusterConfig::default()),
+        metrics,
+    ));
+    hub.apply(fixtures::cluster_event());
+    (hub, registry)
+}
+
+/// The text a scrape of `registry` reads.
+fn scrape(registry: &prometheus_client::registry::Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
+    text
+}
+
 /// Two brains behind one Service, each with some of the nodes: each brain's
 /// `kpng_api_nodes_not_connected` counts the other's nodes (the false alarm an operator met),
 /// while `kpng_api_nodes` and `kpng_api_node_connected{node}` add up to the truth, as the
@@ -960,21 +981,6 @@ fn the_brain_counts_rejections_as_a_node_does() {
 /// its series.
 #[test]
 fn two_brains_export_which_nodes_follow_one_of_them() {
-    let brain = || {
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = crate::metrics::ApiMetrics::new(&mut registry);
-        let hub = Arc::new(Hub::new(
-            ClusterModel::new(ClusterConfig::default()),
-            metrics,
-        ));
-        hub.apply(fixtures::cluster_event());
-        (hub, registry)
-    };
-    let scrape = |registry: &prometheus_client::registry::Registry| {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
-        text
-    };
     // What the documented alert computes: max(kpng_api_nodes) minus the Nodes with a
     // kpng_api_node_connected series on some brain.
     let not_following = |texts: &[String]| {
@@ -994,8 +1000,8 @@ fn two_brains_export_which_nodes_follow_one_of_them() {
         }
         nodes - connected.len()
     };
-    let (a, registry_a) = brain();
-    let (b, registry_b) = brain();
+    let (a, registry_a) = scraped_brain();
+    let (b, registry_b) = scraped_brain();
     let n1 = a.register("n1");
     let _n2 = b.register("n2");
     a.refresh_node_gauges();
@@ -1039,18 +1045,11 @@ fn documented_alert(name: &str) -> String {
 /// series per node alone (what it did) only ever fires across two brains.
 #[test]
 fn a_node_claimed_twice_on_one_brain_fires_the_documented_alert() {
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = crate::metrics::ApiMetrics::new(&mut registry);
-    let hub = Arc::new(Hub::new(
-        ClusterModel::new(ClusterConfig::default()),
-        metrics,
-    ));
-    hub.apply(fixtures::cluster_event());
+    let (hub, registry) = scraped_brain();
     let _first = hub.register_from("n1", Some("10.0.0.5:41000".into()));
     let _second = hub.register_from("n1", Some("10.0.0.7:39000".into()));
     hub.refresh_node_gauges();
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let text = scrape(&registry);
     let series = text
         .lines()
         .filter(|l| l.starts_with("kpng_api_node_connected{"))

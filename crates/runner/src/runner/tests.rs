@@ -235,6 +235,19 @@ async fn first_state_with_one_service(h: &Harness) {
     settle().await;
 }
 
+/// [`first_state_with_one_service`], then every sync fails from now on and a second Service
+/// `b` at 10.96.0.2 arrives: its (failing) sync runs.
+///
+/// Why: the start of the tests of what failed syncs leave behind.
+async fn first_state_then_a_failing_change(h: &Harness) {
+    first_state_with_one_service(h).await;
+    h.calls.fail.store(true, Ordering::SeqCst);
+    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
+        .await
+        .expect("send");
+    settle().await;
+}
+
 async fn settle() {
     // Let the runner task process what is queued (time is paused; this only yields).
     for _ in 0..20 {
@@ -401,12 +414,7 @@ async fn a_failed_sync_is_retried_as_a_full_sync_and_health_turns_bad_then_good(
 async fn a_failed_syncs_changes_stay_pending_and_the_recovery_sync_names_them() {
     let timing = prompt_timing();
     let h = start(timing);
-    first_state_with_one_service(&h).await;
-    h.calls.fail.store(true, Ordering::SeqCst);
-    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_then_a_failing_change(&h).await;
     // Two retries fail too.
     tokio::time::sleep(Duration::from_millis(1600)).await;
     assert_eq!(log(&h).len(), 4, "{:?}", log(&h));
@@ -551,12 +559,7 @@ async fn every_sync_attempt_is_timed_a_failed_one_too() {
         min_sync_period: Duration::ZERO,
         ..SyncTiming::default()
     });
-    first_state_with_one_service(&h).await;
-    h.calls.fail.store(true, Ordering::SeqCst);
-    h.tx.send(Event::Apply(service("b", "10.96.0.2")))
-        .await
-        .expect("send");
-    settle().await;
+    first_state_then_a_failing_change(&h).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     // The first full sync, the failed partial one, the failed full retry.
     assert_eq!(log(&h), vec![(true, 1, 1), (false, 1, 2), (true, 2, 2)]);
