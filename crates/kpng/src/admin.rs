@@ -1948,8 +1948,31 @@ fn nodeport_setting(nodeport: &kpng_backend::settings::NodePortAddresses) -> Str
 
 /// Where NodePorts are served, in words: per family the addresses `--nodeport-addresses`
 /// selects on this node (`every local IPv6 address` for a family served on all, as a
-/// `primary` family the Node lists no IP of), then the flag.
+/// `primary` family the Node lists no IP of), then the flag; and 127.0.0.1 when
+/// `localhost_v4` (iptables mode's `--iptables-localhost-nodeports`) applies to the IPv4
+/// scope ([`kpng_backend::settings::NodePortScope::takes_ipv4_localhost`]), as the backend
+/// then serves node ports there too (until 2026-12-07 the line said "but loopback" then).
 fn node_ports_on(
+    nodeport: &kpng_backend::settings::NodePortAddresses,
+    snapshot: &kpng_model::Snapshot,
+    host: &[IpAddr],
+    localhost_v4: bool,
+) -> String {
+    use kpng_model::Family;
+    let words = node_ports_on_without_localhost(nodeport, snapshot, host);
+    if localhost_v4
+        && nodeport
+            .scope_on(Family::V4, &snapshot.node)
+            .takes_ipv4_localhost()
+    {
+        format!("{words} and 127.0.0.1 (--iptables-localhost-nodeports)")
+    } else {
+        words
+    }
+}
+
+/// [`node_ports_on`] without 127.0.0.1: the addresses `--nodeport-addresses` selects.
+fn node_ports_on_without_localhost(
     nodeport: &kpng_backend::settings::NodePortAddresses,
     snapshot: &kpng_model::Snapshot,
     host: &[IpAddr],
@@ -1994,7 +2017,9 @@ fn node_ports_on(
     )
 }
 
-/// The trace facts of a node, from the flags and the current snapshot.
+/// The trace facts of a node, from the flags and the current snapshot. `localhost_v4`:
+/// iptables mode with `--iptables-localhost-nodeports`, which also serves IPv4 node ports on
+/// 127.0.0.1 (route_localnet) where the IPv4 scope takes loopback.
 pub fn node_facts(
     snapshot: &kpng_model::Snapshot,
     nodeport: &kpng_backend::settings::NodePortAddresses,
@@ -2002,6 +2027,7 @@ pub fn node_facts(
     masquerade_all: bool,
     kind: Option<crate::backends::BackendKind>,
     service_cidrs: &[ipnet::IpNet],
+    localhost_v4: bool,
 ) -> NodeFacts {
     use kpng_backend::settings::DetectLocal;
     use kpng_model::Family;
@@ -2021,11 +2047,18 @@ pub fn node_facts(
         ));
     }
     // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
-    // (iptables mode's 127.0.0.1 exception is added by the caller).
+    // (but iptables mode's 127.0.0.1, with route_localnet).
     nodeport_ips.retain(|ip| !ip.is_loopback());
+    if localhost_v4
+        && nodeport
+            .scope_on(Family::V4, &snapshot.node)
+            .takes_ipv4_localhost()
+    {
+        nodeport_ips.push(IpAddr::from([127, 0, 0, 1]));
+    }
     // A sink that programs no node (to-file, a brain's view) serves no node port.
     let node_ports_on = match kind {
-        Some(_) => node_ports_on(nodeport, snapshot, &host),
+        Some(_) => node_ports_on(nodeport, snapshot, &host, localhost_v4),
         None => String::new(),
     };
     let node_ips_not_on_host: Vec<IpAddr> = snapshot
@@ -2174,7 +2207,87 @@ mod tests {
                 "10.244.1.1, no IPv6 address (--nodeport-addresses 10.0.0.0/8,2001:db8:9::/64)",
             ),
         ] {
-            assert_eq!(super::node_ports_on(&setting, &node, &host), want, "{what}");
+            assert_eq!(
+                super::node_ports_on(&setting, &node, &host, false),
+                want,
+                "{what}"
+            );
+        }
+        // iptables mode's --iptables-localhost-nodeports: 127.0.0.1 too, where the IPv4 scope
+        // takes loopback (every local address, or a CIDR holding 127.0.0.1), never with
+        // primary (as the backend, which adds no rule for it then).
+        let with_ips = snapshot(&["192.168.100.1"], false);
+        for (what, setting, want) in [
+            (
+                "unset",
+                NodePortAddresses::AllLocal,
+                "every local address but loopback (--nodeport-addresses unset) and 127.0.0.1 \
+                 (--iptables-localhost-nodeports)",
+            ),
+            (
+                "a CIDR holding 127.0.0.1",
+                cidrs(&["192.168.0.0/16", "127.0.0.0/8", "fd00::/8"]),
+                "192.168.100.1, fd00:100::1 (--nodeport-addresses \
+                 192.168.0.0/16,127.0.0.0/8,fd00::/8) and 127.0.0.1 \
+                 (--iptables-localhost-nodeports)",
+            ),
+            (
+                "primary",
+                NodePortAddresses::Primary,
+                "192.168.100.1, every local IPv6 address (--nodeport-addresses primary)",
+            ),
+            (
+                "CIDRs without loopback",
+                cidrs(&["192.168.0.0/16"]),
+                "192.168.100.1, every local IPv6 address (--nodeport-addresses 192.168.0.0/16)",
+            ),
+        ] {
+            assert_eq!(
+                super::node_ports_on(&setting, &with_ips, &host, true),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    /// `kpng trace` to 127.0.0.1:NODEPORT is served in iptables mode with
+    /// --iptables-localhost-nodeports where the backend serves it (node ports on every local
+    /// address), not with `primary`, where it adds no rule for it (the trace said it was).
+    #[test]
+    fn localhost_node_ports_are_traced_where_the_backend_serves_them() {
+        use crate::backends::BackendKind;
+        use kpng_backend::settings::{DetectLocal, NodePortAddresses};
+        let mut snapshot = kpng_model::Snapshot::default();
+        snapshot.node.ips = vec!["192.168.100.1".parse().expect("ip")];
+        let localhost: IpAddr = "127.0.0.1".parse().expect("ip");
+        for (setting, localhost_v4, want) in [
+            (NodePortAddresses::AllLocal, true, true),
+            (NodePortAddresses::AllLocal, false, false),
+            (NodePortAddresses::Primary, true, false),
+        ] {
+            let facts = node_facts(
+                &snapshot,
+                &setting,
+                &DetectLocal::None,
+                false,
+                Some(BackendKind::Iptables),
+                &[],
+                localhost_v4,
+            );
+            assert_eq!(
+                facts.nodeport_ips.contains(&localhost),
+                want,
+                "{setting:?} {localhost_v4}: {:?}",
+                facts.nodeport_ips
+            );
+            assert_eq!(
+                facts
+                    .node_ports_on
+                    .ends_with(" and 127.0.0.1 (--iptables-localhost-nodeports)"),
+                want,
+                "{}",
+                facts.node_ports_on
+            );
         }
     }
 
