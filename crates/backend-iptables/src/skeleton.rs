@@ -102,15 +102,9 @@ impl StaticConfig {
         let of_family = |ip: &IpAddr| Family::of(ip) == family;
         let v4 = family == Family::V4;
         let scope = inputs.nodeport_addresses.scope_on(family, node);
-        let (scope_is_all, cidrs): (bool, Vec<IpNet>) = match &scope {
-            NodePortScope::AllLocal => (true, Vec::new()),
-            NodePortScope::Primary => (false, Vec::new()),
-            NodePortScope::Cidrs(mine) => (false, mine.clone()),
-        };
-        let loopback_v4: IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
-        let localhost_node_ports = inputs.localhost_node_ports
-            && v4
-            && (scope_is_all || cidrs.iter().any(|c| c.contains(&loopback_v4)));
+        let scope_is_all = matches!(scope, NodePortScope::AllLocal);
+        let localhost_node_ports =
+            inputs.localhost_node_ports && v4 && scope.takes_ipv4_localhost();
         let node_ports = if scope_is_all {
             NodePortDestinations::AllLocal {
                 exclude: match (v4, localhost_node_ports) {

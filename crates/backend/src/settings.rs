@@ -80,6 +80,20 @@ impl NodePortAddresses {
 }
 
 impl NodePortScope {
+    /// Whether node ports on 127.0.0.1 (iptables mode's `--iptables-localhost-nodeports`,
+    /// with `route_localnet`) apply in this IPv4 scope: every local address, or a CIDR that
+    /// holds 127.0.0.1. As in kube-proxy, which serves them only where node ports are on
+    /// loopback at all (never with `primary`). One rule for the backend that programs them
+    /// and for `kpng status`, which says where node ports are.
+    pub fn takes_ipv4_localhost(&self) -> bool {
+        let loopback: IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
+        match self {
+            NodePortScope::AllLocal => true,
+            NodePortScope::Primary => false,
+            NodePortScope::Cidrs(cidrs) => cidrs.iter().any(|c| c.contains(&loopback)),
+        }
+    }
+
     /// The addresses of `family` this scope selects, from the node's primary IPs and its
     /// interface addresses (`local_addresses` is only called when needed: it reads the
     /// kernel). Sorted, without duplicates; loopback is the caller's decision.

@@ -604,6 +604,12 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         escape_value_controls(&mut status);
     }
     if status["role"] == "brain" {
+        if args.problems {
+            bail!(
+                "--problems selects a node's Service ports; a brain lists its nodes (ask with \
+                 --node NODE for a node's view, or the node's own kpng)"
+            );
+        }
         return print_brain(&status, args.service.as_deref(), args.output);
     }
     if let Some(node) = node
@@ -625,16 +631,38 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         }
     }
     match args.output {
-        StatusOutput::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(&status)?)),
-        StatusOutput::Yaml => print_out(&serde_saphyr::to_string(&status)?),
+        StatusOutput::Json | StatusOutput::Yaml => {
+            if args.problems {
+                let typed: Status = serde_json::from_value(status.clone())
+                    .context("kpng's status does not have the expected shape")?;
+                crate::status_problems::keep_ports_with_problems_json(&mut status, &typed);
+            }
+            match args.output {
+                StatusOutput::Json => {
+                    print_out(&format!("{}\n", serde_json::to_string_pretty(&status)?))
+                }
+                _ => print_out(&serde_saphyr::to_string(&status)?),
+            }
+        }
         StatusOutput::Table | StatusOutput::Wide => {
             let mut typed: Status = serde_json::from_value(status)
                 .context("kpng's status does not have the expected shape")?;
+            // Which ports have a problem is judged with every rejection and dropped value
+            // of the node, before those of other Services are left out.
+            let hidden = args
+                .problems
+                .then(|| crate::status_problems::keep_ports_with_problems(&mut typed));
             let not_shown = match &args.service {
                 Some(filter) => keep_rejections_of(&mut typed, filter),
                 None => 0,
             };
-            let mut text = table(&typed, args.output == StatusOutput::Wide);
+            let wide = args.output == StatusOutput::Wide;
+            let view = TableView {
+                wide,
+                detailed: wide || args.service.is_some() || args.problems,
+                hidden,
+            };
+            let mut text = table_of(&typed, view);
             // The node's sync history, in the wide view of the whole node (about one Service,
             // the syncs' text names others).
             if args.output == StatusOutput::Wide && args.service.is_none() {
@@ -980,9 +1008,42 @@ fn query_escape(text: &str) -> String {
     out
 }
 
-/// The human view: a header, one line per Service port, and with `wide` one per endpoint.
+/// The human view: a header, one line per Service port, and with `wide` one per endpoint
+/// (the tests' shorthand for [`table_of`]).
+#[cfg(test)]
 fn table(status: &Status, wide: bool) -> String {
+    table_of(
+        status,
+        TableView {
+            wide,
+            detailed: wide,
+            hidden: None,
+        },
+    )
+}
+
+/// How [`table_of`] shows the ports.
+#[derive(Debug, Clone, Copy)]
+struct TableView {
+    /// One line per endpoint under each port (`-o wide`).
+    wide: bool,
+    /// The POLICY cell's detail under each port ([`crate::status_policy::details`]): about
+    /// one Service, in the wide view and for the ports with a problem.
+    detailed: bool,
+    /// How many ports `kpng status --problems` left out, when it did: the header's problem
+    /// line then says so.
+    hidden: Option<usize>,
+}
+
+/// The human view, as `view` says: a header, one line per Service port, and in the wide
+/// view one per endpoint.
+fn table_of(status: &Status, view: TableView) -> String {
     use std::fmt::Write as _;
+    let TableView {
+        wide,
+        detailed,
+        hidden,
+    } = view;
     let mut out = String::new();
     let last = status.last_sync.as_ref().map_or("never".to_string(), |s| {
         format!(
@@ -1052,6 +1113,9 @@ fn table(status: &Status, wide: bool) -> String {
     write_rejected(&mut out, &status.rejected);
     write_dropped(&mut out, &status.dropped);
     write_health_checks(&mut out, &status.health_checks_not_served);
+    if let Some(line) = crate::status_problems::header_line(status, hidden) {
+        let _ = writeln!(out, "{line}");
+    }
     let rows: Vec<[String; 6]> = status.services.iter().map(row).collect();
     let header = [
         "SERVICE",
@@ -1082,6 +1146,11 @@ fn table(status: &Status, wide: bool) -> String {
     for (r, port) in rows.iter().zip(&status.services) {
         let cells: Vec<&str> = r.iter().map(String::as_str).collect();
         let _ = writeln!(out, "{}", line(&cells));
+        if detailed {
+            for d in crate::status_policy::details(port) {
+                let _ = writeln!(out, "    {d}");
+            }
+        }
         if wide {
             for e in &port.endpoints {
                 let state = kpng_model::inspect::condition_word(e.ready, e.serving, e.terminating);
@@ -1102,6 +1171,9 @@ fn table(status: &Status, wide: bool) -> String {
                 );
             }
         }
+    }
+    if let Some(legend) = crate::status_policy::legend(&status.services, detailed) {
+        let _ = writeln!(out, "{legend}");
     }
     write_brain_hint(&mut out, status);
     out
@@ -1465,34 +1537,6 @@ const BRAIN_NODES_NOTE: &str = "* SENT, LAST SENT: change sets handed to the nod
      node's kpng build, version+git commit (- : KPNG's or before 2026-12-07; ! : another \
      build than this brain's).\n";
 
-/// What a load balancer probing the health check gets, in a few words.
-fn health_check_answer(hc: &kpng_runner::service_health::HealthCheckAnswer) -> String {
-    let why = match (hc.status, hc.local_endpoints) {
-        (None, _) => return format!("health check :{} NOT SERVED", hc.port),
-        (Some(200), n) => format!("{n} local"),
-        (Some(_), 0) => "no local ready endpoint".to_string(),
-        (Some(_), _) => "kpng not healthy".to_string(),
-    };
-    let answers = format!(
-        "health check :{} answers {} ({why})",
-        hc.port,
-        hc.status.unwrap_or_default()
-    );
-    let answers = match &hc.not_served {
-        // Served on some of the node's addresses only (another family's is missing, say).
-        Some(e) => format!("{answers}, NOT SERVED on {e}"),
-        None => answers,
-    };
-    match hc.refused_connections {
-        // A flood holds the listener: probers may be refused or have connections closed.
-        Some((total, ago)) => format!(
-            "{answers}, REFUSING CONNECTIONS over its caps ({total} since it started, the \
-             last {ago} s ago; the log names the sources)"
-        ),
-        None => answers,
-    }
-}
-
 /// `1 node`, `2 nodes`.
 fn plural(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -1660,15 +1704,6 @@ fn rejected_line(r: &RejectedStatus) -> String {
     )
 }
 
-/// Ranges for a status line, comma-separated.
-fn join_ranges(ranges: &[ipnet::IpNet]) -> String {
-    ranges
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// The cells of one Service port's line.
 fn row(p: &PortStatus) -> [String; 6] {
     let mut frontends = vec![format!("{}", SocketAddr::new(p.cluster_ip, p.port))];
@@ -1677,25 +1712,7 @@ fn row(p: &PortStatus) -> [String; 6] {
     }
     frontends.extend(p.external_ips.iter().map(|ip| format!("ext {ip}")));
     frontends.extend(p.load_balancer_ips.iter().map(|ip| format!("lb {ip}")));
-    let mut policy = format!(
-        "ext {} / int {}",
-        p.external_traffic_policy, p.internal_traffic_policy
-    );
-    if let Some(t) = p.affinity_timeout_seconds {
-        policy.push_str(&format!(", affinity {t}s"));
-    }
-    if let Some(hc) = &p.health_check {
-        policy.push_str(&format!(", {}", health_check_answer(hc)));
-    }
-    if !p.source_ranges.is_empty() {
-        policy.push_str(&format!(", lb sources {}", join_ranges(&p.source_ranges)));
-    } else if !p.source_ranges_of_other_families_only.is_empty() {
-        policy.push_str(&format!(
-            ", lb sources ALL (loadBalancerSourceRanges {} name no {} range)",
-            join_ranges(&p.source_ranges_of_other_families_only),
-            p.family
-        ));
-    }
+    let policy = crate::status_policy::cell(p);
     let used = p.endpoints.iter().filter(|e| !e.used_by.is_empty()).count();
     // A brain-fed node knows only the endpoints it uses: "0/0" would say there are none.
     let mut endpoints = if p.only_used_known {
@@ -1948,8 +1965,31 @@ fn nodeport_setting(nodeport: &kpng_backend::settings::NodePortAddresses) -> Str
 
 /// Where NodePorts are served, in words: per family the addresses `--nodeport-addresses`
 /// selects on this node (`every local IPv6 address` for a family served on all, as a
-/// `primary` family the Node lists no IP of), then the flag.
+/// `primary` family the Node lists no IP of), then the flag; and 127.0.0.1 when
+/// `localhost_v4` (iptables mode's `--iptables-localhost-nodeports`) applies to the IPv4
+/// scope ([`kpng_backend::settings::NodePortScope::takes_ipv4_localhost`]), as the backend
+/// then serves node ports there too (until 2026-12-07 the line said "but loopback" then).
 fn node_ports_on(
+    nodeport: &kpng_backend::settings::NodePortAddresses,
+    snapshot: &kpng_model::Snapshot,
+    host: &[IpAddr],
+    localhost_v4: bool,
+) -> String {
+    use kpng_model::Family;
+    let words = node_ports_on_without_localhost(nodeport, snapshot, host);
+    if localhost_v4
+        && nodeport
+            .scope_on(Family::V4, &snapshot.node)
+            .takes_ipv4_localhost()
+    {
+        format!("{words} and 127.0.0.1 (--iptables-localhost-nodeports)")
+    } else {
+        words
+    }
+}
+
+/// [`node_ports_on`] without 127.0.0.1: the addresses `--nodeport-addresses` selects.
+fn node_ports_on_without_localhost(
     nodeport: &kpng_backend::settings::NodePortAddresses,
     snapshot: &kpng_model::Snapshot,
     host: &[IpAddr],
@@ -1994,7 +2034,9 @@ fn node_ports_on(
     )
 }
 
-/// The trace facts of a node, from the flags and the current snapshot.
+/// The trace facts of a node, from the flags and the current snapshot. `localhost_v4`:
+/// iptables mode with `--iptables-localhost-nodeports`, which also serves IPv4 node ports on
+/// 127.0.0.1 (route_localnet) where the IPv4 scope takes loopback.
 pub fn node_facts(
     snapshot: &kpng_model::Snapshot,
     nodeport: &kpng_backend::settings::NodePortAddresses,
@@ -2002,6 +2044,7 @@ pub fn node_facts(
     masquerade_all: bool,
     kind: Option<crate::backends::BackendKind>,
     service_cidrs: &[ipnet::IpNet],
+    localhost_v4: bool,
 ) -> NodeFacts {
     use kpng_backend::settings::DetectLocal;
     use kpng_model::Family;
@@ -2021,11 +2064,18 @@ pub fn node_facts(
         ));
     }
     // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
-    // (iptables mode's 127.0.0.1 exception is added by the caller).
+    // (but iptables mode's 127.0.0.1, with route_localnet).
     nodeport_ips.retain(|ip| !ip.is_loopback());
+    if localhost_v4
+        && nodeport
+            .scope_on(Family::V4, &snapshot.node)
+            .takes_ipv4_localhost()
+    {
+        nodeport_ips.push(IpAddr::from([127, 0, 0, 1]));
+    }
     // A sink that programs no node (to-file, a brain's view) serves no node port.
     let node_ports_on = match kind {
-        Some(_) => node_ports_on(nodeport, snapshot, &host),
+        Some(_) => node_ports_on(nodeport, snapshot, &host, localhost_v4),
         None => String::new(),
     };
     let node_ips_not_on_host: Vec<IpAddr> = snapshot
@@ -2174,7 +2224,87 @@ mod tests {
                 "10.244.1.1, no IPv6 address (--nodeport-addresses 10.0.0.0/8,2001:db8:9::/64)",
             ),
         ] {
-            assert_eq!(super::node_ports_on(&setting, &node, &host), want, "{what}");
+            assert_eq!(
+                super::node_ports_on(&setting, &node, &host, false),
+                want,
+                "{what}"
+            );
+        }
+        // iptables mode's --iptables-localhost-nodeports: 127.0.0.1 too, where the IPv4 scope
+        // takes loopback (every local address, or a CIDR holding 127.0.0.1), never with
+        // primary (as the backend, which adds no rule for it then).
+        let with_ips = snapshot(&["192.168.100.1"], false);
+        for (what, setting, want) in [
+            (
+                "unset",
+                NodePortAddresses::AllLocal,
+                "every local address but loopback (--nodeport-addresses unset) and 127.0.0.1 \
+                 (--iptables-localhost-nodeports)",
+            ),
+            (
+                "a CIDR holding 127.0.0.1",
+                cidrs(&["192.168.0.0/16", "127.0.0.0/8", "fd00::/8"]),
+                "192.168.100.1, fd00:100::1 (--nodeport-addresses \
+                 192.168.0.0/16,127.0.0.0/8,fd00::/8) and 127.0.0.1 \
+                 (--iptables-localhost-nodeports)",
+            ),
+            (
+                "primary",
+                NodePortAddresses::Primary,
+                "192.168.100.1, every local IPv6 address (--nodeport-addresses primary)",
+            ),
+            (
+                "CIDRs without loopback",
+                cidrs(&["192.168.0.0/16"]),
+                "192.168.100.1, every local IPv6 address (--nodeport-addresses 192.168.0.0/16)",
+            ),
+        ] {
+            assert_eq!(
+                super::node_ports_on(&setting, &with_ips, &host, true),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    /// `kpng trace` to 127.0.0.1:NODEPORT is served in iptables mode with
+    /// --iptables-localhost-nodeports where the backend serves it (node ports on every local
+    /// address), not with `primary`, where it adds no rule for it (the trace said it was).
+    #[test]
+    fn localhost_node_ports_are_traced_where_the_backend_serves_them() {
+        use crate::backends::BackendKind;
+        use kpng_backend::settings::{DetectLocal, NodePortAddresses};
+        let mut snapshot = kpng_model::Snapshot::default();
+        snapshot.node.ips = vec!["192.168.100.1".parse().expect("ip")];
+        let localhost: IpAddr = "127.0.0.1".parse().expect("ip");
+        for (setting, localhost_v4, want) in [
+            (NodePortAddresses::AllLocal, true, true),
+            (NodePortAddresses::AllLocal, false, false),
+            (NodePortAddresses::Primary, true, false),
+        ] {
+            let facts = node_facts(
+                &snapshot,
+                &setting,
+                &DetectLocal::None,
+                false,
+                Some(BackendKind::Iptables),
+                &[],
+                localhost_v4,
+            );
+            assert_eq!(
+                facts.nodeport_ips.contains(&localhost),
+                want,
+                "{setting:?} {localhost_v4}: {:?}",
+                facts.nodeport_ips
+            );
+            assert_eq!(
+                facts
+                    .node_ports_on
+                    .ends_with(" and 127.0.0.1 (--iptables-localhost-nodeports)"),
+                want,
+                "{}",
+                facts.node_ports_on
+            );
         }
     }
 
@@ -3172,20 +3302,37 @@ mod tests {
             endpoints: Vec::new(),
             only_used_known: false,
         };
-        for (ranges, other, want) in [
-            (&[][..], &[][..], "ext Cluster / int Cluster"),
+        for (ranges, other, want, detail) in [
+            (&[][..], &[][..], "C/C", None),
             (
                 &["10.1.0.0/16"][..],
                 &[][..],
-                "ext Cluster / int Cluster, lb sources 10.1.0.0/16",
+                "C/C src 1",
+                Some("lb sources 10.1.0.0/16"),
             ),
             (
                 &[][..],
                 &["fd00::/8"][..],
-                "ext Cluster / int Cluster, lb sources ALL (loadBalancerSourceRanges fd00::/8 name no IPv4 range)",
+                "C/C src ALL",
+                Some("lb sources ALL (loadBalancerSourceRanges fd00::/8 name no IPv4 range)"),
             ),
         ] {
-            assert_eq!(row(&port(ranges, other))[4], want);
+            let port = port(ranges, other);
+            assert_eq!(row(&port)[4], want);
+            // In full under the row, about one Service.
+            let status = Status {
+                services: vec![port],
+                ..Status::default()
+            };
+            let view = TableView {
+                wide: false,
+                detailed: true,
+                hidden: None,
+            };
+            let text = table_of(&status, view);
+            if let Some(detail) = detail {
+                assert!(text.contains(&format!("\n    {detail}\n")), "{text}");
+            }
         }
         let q = parse_trace("198.51.100.7", "203.0.113.42:80", None, None).expect("query");
         let t = serde_json::json!({"verdict": "dnat", "reason": "r", "inSync": true,
@@ -3465,7 +3612,7 @@ mod tests {
                  (968 since it started, the last 3 s ago; the log names the sources)",
             ),
         ] {
-            assert_eq!(health_check_answer(&hc), want);
+            assert_eq!(crate::status_policy::health_check_answer(&hc), want);
         }
     }
 

@@ -604,6 +604,12 @@ pub struct StatusArgs {
     /// `table`, `wide` (every endpoint and why it is unused), `json` or `yaml`.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusOutput::Table)]
     pub output: StatusOutput,
+    /// Only the Service ports with a problem: an endpoint list they need is empty, their
+    /// health check is not served or unhealthy with local endpoints, their load balancer's
+    /// source ranges name none of their family, or their Service had values dropped or is
+    /// rejected (the node's own problems stay above the table). With -o json|yaml too.
+    #[arg(long)]
+    pub problems: bool,
     /// How long to wait for the kpng's answer (a hung kpng is an error after it; 0: as long
     /// as it takes).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]

@@ -66,6 +66,8 @@ mod run;
 mod run_marker;
 mod signals;
 mod status_history;
+mod status_policy;
+mod status_problems;
 mod version;
 mod winservice;
 mod zpages;

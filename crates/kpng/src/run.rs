@@ -1113,20 +1113,16 @@ fn with_admin_handle<M: NodeModel>(
     let localhost_node_ports = flags.iptables_localhost_nodeports;
     let service_cidrs = flags.service_cidr.clone();
     let (runner, handle) = runner.with_admin(Box::new(move |snapshot| {
-        let mut node = crate::admin::node_facts(
+        // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
+        crate::admin::node_facts(
             snapshot,
             &nodeport,
             &detect,
             masquerade_all,
             kind,
             &service_cidrs,
-        );
-        // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
-        if kind == Some(BackendKind::Iptables) && localhost_node_ports {
-            node.nodeport_ips
-                .push(std::net::IpAddr::from([127, 0, 0, 1]));
-        }
-        node
+            kind == Some(BackendKind::Iptables) && localhost_node_ports,
+        )
     }));
     let handle = match previous_run {
         Some(note) => handle.with_previous_run(note),

@@ -408,9 +408,10 @@ pub struct Status {
     /// brain's first state, not for lists of its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fed_by_brain: bool,
-    /// Before the first sync: the backend found rules an earlier run of kpng left (its table,
-    /// chains or pinned maps, adopted at start), which still route traffic as they were until the first sync
-    /// replaces them. `false` also when the backend cannot tell.
+    /// Before the first successful sync: the backend found rules an earlier run of kpng left
+    /// (its table, chains or pinned maps, adopted at start), which still route traffic as they
+    /// were until a sync replaces them (a failed one did not). `false` also when the backend
+    /// cannot tell.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub earlier_rules_in_place: bool,
     /// How the source is doing: what it reads, its problems now, its last good load.

@@ -803,9 +803,12 @@ impl<M: NodeModel> LoopState<M> {
     }
 
     /// Whether rules an earlier run left are still in place and serving: only before the
-    /// first sync, and only when the backend found its table at start.
+    /// first successful sync, and only when the backend found its table at start. A first
+    /// sync that failed did not replace them (the retry is still the sync that adopts them:
+    /// until 2026-12-07 it read as a plain full sync, "N added", and the status and traces
+    /// stopped saying the earlier rules route traffic).
     fn earlier_rules_in_place(&self) -> bool {
-        self.last_sync.is_none() && self.runner.earlier_rules_found
+        self.last_ok_at.is_none() && self.runner.earlier_rules_found
     }
 
     /// The Service port changes not programmed yet: those waiting for a sync, those failed
@@ -1593,23 +1596,36 @@ fn service_of(port: &str) -> Option<(&str, &str)> {
 
 /// The history's text for the first sync after the backend adopted an earlier run's rules:
 /// what the data plane holds now, since what the earlier rules held is not known here (the
-/// model started empty, so its diff says nothing true about them).
-fn adoption_changes(snapshot: &kpng_model::Snapshot) -> String {
+/// model started empty, so its diff says nothing true about them). `failed`: the attempts
+/// that failed before it (a retry still adopts the earlier rules).
+fn adoption_changes(snapshot: &kpng_model::Snapshot, failed: u32) -> String {
     // The backend only tells whether earlier rules were there, not what they held: say that,
     // rather than "any other Service's were removed", which reads as if some were.
     let services: BTreeSet<&ServiceKey> = snapshot.ports.keys().map(|k| &k.service).collect();
     let now = if services.is_empty() {
         "they now hold no Service port".to_string()
     } else {
+        let plural = |n: usize, noun: &str| {
+            if n == 1 {
+                format!("1 {noun}")
+            } else {
+                format!("{n} {noun}s")
+            }
+        };
         format!(
-            "they now hold {} Service ports of {} Services and no other Service's",
-            snapshot.ports.len(),
-            services.len()
+            "they now hold {} of {} and no other Service's",
+            plural(snapshot.ports.len(), "Service port"),
+            plural(services.len(), "Service")
         )
     };
+    let retry = match failed {
+        0 => String::new(),
+        1 => " (a retry: the first attempt failed)".to_string(),
+        n => format!(" (a retry: the {n} attempts before it failed)"),
+    };
     format!(
-        "first sync after adopting the rules an earlier kpng left: {now} (how many Services the \
-         earlier rules held is not known: they were adopted without being read)"
+        "first sync after adopting the rules an earlier kpng left{retry}: {now} (how many \
+         Services the earlier rules held is not known: they were adopted without being read)"
     )
 }
 

@@ -183,10 +183,11 @@ impl<M: NodeModel> LoopState<M> {
             Some(what) => repair_changes(what, &summary),
             // The model started empty: its diff would read "no Service port changed" for a
             // sync that emptied a table of thousands, and "N added" for ports already there.
-            None if self.earlier_rules_in_place() => adoption_changes(snapshot),
+            None if self.earlier_rules_in_place() => adoption_changes(snapshot, carried),
             None => summary.to_string(),
         };
-        if carried > 0 {
+        // The adoption's text says what the rules hold now, and the failed attempts already.
+        if carried > 0 && !(repairing.is_none() && self.earlier_rules_in_place()) {
             let syncs = if carried == 1 {
                 "the failed sync".to_string()
             } else {

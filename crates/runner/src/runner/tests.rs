@@ -2150,3 +2150,41 @@ async fn the_first_sync_after_adopting_earlier_rules_says_what_it_did() {
         assert_eq!(status.recent_syncs[0].changes, want);
     }
 }
+
+/// A first sync that fails after the backend found an earlier kpng's rules leaves them in
+/// place: the status keeps saying so, and the retry that succeeds is still the sync that
+/// adopts them, and says so (it read as a plain full sync, "1 added", before).
+#[tokio::test(start_paused = true)]
+async fn a_failed_first_sync_over_earlier_rules_is_retried_as_their_adoption() {
+    let h = start_full(
+        SyncTiming {
+            min_sync_period: Duration::ZERO,
+            ..SyncTiming::default()
+        },
+        None,
+        None,
+        None,
+        None,
+        |r| r.with_earlier_rules(true),
+    );
+    h.calls.fail.store(true, Ordering::SeqCst);
+    first_state_with_one_service(&h).await;
+    let failed = status_of(&h).await;
+    assert!(!failed.last_sync.expect("a sync").ok);
+    assert!(
+        failed.earlier_rules_in_place,
+        "the failed sync replaced nothing"
+    );
+    h.calls.fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = status_of(&h).await;
+    let last = status.last_sync.expect("a sync");
+    assert!(last.ok);
+    assert_eq!(
+        last.changes,
+        "first sync after adopting the rules an earlier kpng left (a retry: the first attempt \
+         failed): they now hold 1 Service port of 1 Service and no other Service's (how many \
+         Services the earlier rules held is not known: they were adopted without being read)"
+    );
+    assert!(!status.earlier_rules_in_place, "replaced now");
+}
