@@ -7,7 +7,8 @@ Per change (from the benchmark's rename to the next), in ms after the rename: th
 hub apply (if the `applyin` uprobe was recorded), its first, middle and last change-set write
 (`writev` > 40 bytes), the span first → last write and how much of it were gaps of more than
 2 ms in which no brain thread wrote anything (the brain off the CPUs), the nodes' last read
-and their last `sync` line. Medians and maxima at the end.
+and their last `sync` line. Medians and maxima at the end. A change the recording cut short (fewer
+brain writes than 0.9 × the nodes' reads, or no read) is left out.
 """
 import re
 import statistics
@@ -35,7 +36,7 @@ for k, t0 in enumerate(starts):
     writes = [t for t, pid, name, _ in window if pid == brain and 'writev' in name]
     reads = [t for t, pid, name, _ in window if pid == clients and 'recvfrom' in name]
     syncs = [t for t, pid, name, _ in window if pid == clients and 'sys_enter_write' in name]
-    if len(writes) < 10:
+    if len(writes) < 10 or (reads and len(writes) < 0.9 * max(len(reads), 1)) or not reads:
         continue
     gaps = sum(b - a for a, b in zip(writes, writes[1:]) if b - a > 0.002)
     row = {
