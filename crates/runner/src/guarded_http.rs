@@ -534,6 +534,34 @@ pub async fn serve(
     guard: Guard,
     open: OpenConnections,
 ) -> io::Result<()> {
+    serve_inner(listener, app, guard, open, None::<()>).await
+}
+
+/// Serves as [`serve`] does, every request of this listener carrying `tag` as an extension
+/// (for axum's `Extension` extractor).
+///
+/// Why: many listeners can then share one `app` and still tell which listener a request came
+/// through. The Service health checks were a `Router` each, built with the Service in its
+/// state: at 30k Services, 1,500 routers of ~3.5 KiB, which set kpng's peak RSS after the first
+/// sync (docs/benchmarks.md, "the health checks' routers").
+pub async fn serve_tagged<T: Clone + Send + Sync + 'static>(
+    listener: TcpListener,
+    app: Router,
+    guard: Guard,
+    open: OpenConnections,
+    tag: T,
+) -> io::Result<()> {
+    serve_inner(listener, app, guard, open, Some(tag)).await
+}
+
+/// [`serve`], with `tag` in every request's extensions when there is one.
+async fn serve_inner<T: Clone + Send + Sync + 'static>(
+    listener: TcpListener,
+    app: Router,
+    guard: Guard,
+    open: OpenConnections,
+    tag: Option<T>,
+) -> io::Result<()> {
     let on = guard.listener_name(listener.local_addr().ok());
     let mut log_tick = tokio::time::interval(LOG_INTERVAL / 4);
     log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -568,6 +596,7 @@ pub async fn serve(
                     stream,
                     remote,
                     app.clone(),
+                    tag.clone(),
                     guard.limits,
                     admitted.permit,
                     admitted.closed,
@@ -613,11 +642,12 @@ async fn told_to_close(closed: oneshot::Receiver<()>, reset: Arc<AtomicBool>) {
 }
 
 /// Serves one connection: HTTP/1.1 with the header timeout, closed when idle too long or
-/// when `closed` completes (evicted for a newcomer).
-async fn serve_connection(
+/// when `closed` completes (evicted for a newcomer). Each request carries `tag`, if any.
+async fn serve_connection<T: Clone + Send + Sync + 'static>(
     stream: TcpStream,
     remote: SocketAddr,
     app: Router,
+    tag: Option<T>,
     limits: ConnectionLimits,
     permit: Permit,
     closed: oneshot::Receiver<()>,
@@ -638,6 +668,9 @@ async fn serve_connection(
         request.extensions_mut().insert(ConnectInfo(remote));
         if let Some(local) = local {
             request.extensions_mut().insert(local);
+        }
+        if let Some(tag) = &tag {
+            request.extensions_mut().insert(tag.clone());
         }
         let mut app = app.clone();
         app.call(request.map(axum::body::Body::new))
