@@ -210,8 +210,9 @@ pub fn fresh_sys_hint(path: &Path, mounts: &[Mount]) -> Option<&'static str> {
         "no cgroup file system is mounted under /sys here: `ip netns exec` mounts a fresh /sys, \
          which hides the host's /sys/fs/cgroup and /sys/fs/bpf. Mount cgroup2 and bpffs under \
          /run on the host (mount -t cgroup2 none /run/kpng-cgroup; mount -t bpf bpf \
-         /run/kpng-bpf) and pass those paths as --cgroup-path and --bpf-pin-path, or leave \
-         --cgroup-path out (kpng then mounts the cgroup v2 hierarchy on /run/kpng/cgroupv2)",
+         /run/kpng-bpf) and pass /run/kpng-cgroup as --cgroup-path and a directory of kpng's \
+         own on the bpffs, /run/kpng-bpf/kpng, as --bpf-pin-path, or leave --cgroup-path out \
+         (kpng then mounts the cgroup v2 hierarchy on /run/kpng/cgroupv2)",
     )
 }
 
@@ -223,6 +224,23 @@ fn fstype_of<'m>(mounts: &'m [Mount], path: &Path) -> Option<&'m str> {
         .filter(|m| path.starts_with(&m.point))
         .max_by_key(|m| m.point.as_os_str().len())
         .map(|m| m.fstype.as_str())
+}
+
+/// The mount point of the bpffs holding `path` (the mount with the longest mount point holding
+/// it, when that is a bpffs), `path` resolved first when it exists: where a pin path that is
+/// not a directory of kpng's own should have one (`<mount>/kpng`).
+pub fn bpffs_mount_of(path: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    bpffs_mount_in(&mounts().ok()?, &real)
+}
+
+fn bpffs_mount_in(mounts: &[Mount], path: &Path) -> Option<PathBuf> {
+    mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.point))
+        .max_by_key(|m| m.point.as_os_str().len())
+        .filter(|m| m.fstype == "bpf")
+        .map(|m| m.point.clone())
 }
 
 /// The mount point of the first `cgroup2` mount that shows a whole hierarchy.
@@ -245,9 +263,12 @@ pub struct PinLock {
 }
 
 /// Takes the pin directory for this kpng (mounting a bpffs and creating the directory as
-/// [`ensure_bpffs`] does), or says which process holds it.
+/// [`ensure_bpffs`] does), or says which process holds it. A directory kpng cannot have to
+/// itself (a bpffs mount root, one holding other tools' pins) is refused ([`crate::pins::check`]).
 pub fn lock_pins(pin_dir: &Path) -> Result<PinLock, Error> {
     ensure_bpffs(pin_dir)?;
+    // Before anything is created there: a directory other tools use is refused.
+    crate::pins::check(pin_dir)?;
     std::fs::create_dir_all(pin_dir)
         .map_err(|e| Error::io(format!("creating {}", pin_dir.display()), e))?;
     let dir = std::fs::File::open(pin_dir)
@@ -308,7 +329,8 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), Error> {
     let conventional = Path::new("/sys/fs/bpf");
     if !pin_dir.starts_with(conventional) {
         return Err(Error::Setup(format!(
-            "{} is not on a BPF file system (mount one: mount -t bpf bpf DIR)",
+            "{} is not on a BPF file system (mount one on a directory above it: mount -t bpf \
+             bpf DIR, and pass DIR/kpng: kpng refuses the mount itself, which other tools share)",
             pin_dir.display()
         )));
     }
@@ -409,6 +431,29 @@ mod tests {
                     "{text}"
                 );
             }
+        }
+    }
+
+    /// (path, the bpffs mount holding it): where `<mount>/kpng` is suggested, and how a pin
+    /// path that is a mount root is told.
+    #[test]
+    fn the_bpffs_of_a_path_is_the_innermost_mount_holding_it() {
+        let text = "32 25 0:28 / /sys/fs/bpf rw - bpf bpf rw\n\
+                    40 1 0:1 / /run rw - tmpfs tmpfs rw\n\
+                    41 40 0:50 / /run/x-bpf rw - bpf bpf rw\n";
+        let mounts = parse_mountinfo(text);
+        for (path, want) in [
+            ("/sys/fs/bpf", Some("/sys/fs/bpf")),
+            ("/sys/fs/bpf/kpng", Some("/sys/fs/bpf")),
+            ("/run/x-bpf", Some("/run/x-bpf")),
+            ("/run/x-bpf/tc/globals", Some("/run/x-bpf")),
+            ("/run/kpng", None),
+        ] {
+            assert_eq!(
+                bpffs_mount_in(&mounts, Path::new(path)),
+                want.map(PathBuf::from),
+                "{path}"
+            );
         }
     }
 

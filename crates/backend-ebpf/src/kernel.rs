@@ -15,7 +15,7 @@
 //! The programs' counters (`kpng_counters`) are pinned the same way, so the counts go on across
 //! a restart. A pin set of a build without them lacks that pin: the loader creates the map
 //! beside the adopted ones; a rollback to such a build leaves it unused until the next upgrade
-//! or `kpng cleanup` (which removes the whole pin directory).
+//! or `kpng cleanup` (which removes kpng's pins, [`crate::pins::remove`]).
 //!
 //! aya 0.14 has no batch map API: the maps are written and read through [`crate::batch`]
 //! (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH`, `BPF_MAP_LOOKUP_BATCH` on the fds aya
@@ -141,6 +141,64 @@ pub fn node_programs(
     }
 }
 
+/// A kpng program that translates sockets of the cgroups kpng answers for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The name of kpng's program for its hook.
+    pub name: &'static str,
+    /// The program.
+    pub program: crate::links::CgroupProgram,
+    /// Where it is attached, when found below the cgroups by a link nobody holds
+    /// ([`crate::strays`]); `None` when it runs for the cgroups themselves ([`node_programs`]).
+    pub below: Option<PathBuf>,
+}
+
+impl Found {
+    /// In words: `kpng_connect4 (program 812)`, with the cgroup when found below.
+    pub fn describe(&self) -> String {
+        match &self.below {
+            Some(cgroup) => format!(
+                "{} (program {}, attached to cgroup {})",
+                self.name,
+                self.program.id,
+                cgroup.display()
+            ),
+            None => format!("{} (program {})", self.name, self.program.id),
+        }
+    }
+}
+
+/// Every kpng program that translates the sockets of any of `cgroups`: those that run for the
+/// cgroups themselves ([`node_programs`]: attached there or above, held or not) and those
+/// attached to a cgroup below them by a link no running process holds ([`crate::strays`]:
+/// a stopped eBPF kpng's on a `--cgroup-path` subtree); each program once. Errors as
+/// [`node_programs`]; when the kernel's links cannot be listed, the first kind only.
+pub fn found_programs(cgroups: &[PathBuf]) -> std::io::Result<Vec<Found>> {
+    let mut out: Vec<Found> = node_programs(cgroups)?
+        .into_iter()
+        .map(|(name, program)| Found {
+            name,
+            program,
+            below: None,
+        })
+        .collect();
+    match crate::strays::find(cgroups) {
+        Ok(strays) => {
+            for stray in strays {
+                if !out.iter().any(|f| f.program.id == stray.program.id) {
+                    out.push(Found {
+                        name: stray.name,
+                        program: stray.program,
+                        below: Some(stray.cgroup),
+                    });
+                }
+            }
+        }
+        Err(e) => tracing::debug!("listing the kernel's cgroup links: {e}"),
+    }
+    Ok(out)
+}
+
 /// The pid of a running process holding the link of one of the kpng programs that run for the
 /// sockets of `cgroups` (a running eBPF kpng, whatever its pins), if any.
 pub fn node_programs_holder(cgroups: &[PathBuf]) -> Option<u32> {
@@ -170,11 +228,11 @@ pub struct ProgramSweep {
     pub left: Vec<String>,
 }
 
-/// Detaches every kpng program that runs for the sockets of `cgroups` ([`node_programs`]),
+/// Detaches every kpng program that translates the sockets of `cgroups` ([`found_programs`]),
 /// wherever it is pinned (pins that this process cannot see: another `--bpf-pin-path`, a bpffs
 /// of its own) and whatever cgroup it is attached to (an ancestor above this process's cgroup
-/// namespace): the links are found through the kernel's list of links, not through pins or
-/// cgroup directories. A link a running process holds (`/proc/PID/fdinfo`) is a running eBPF
+/// namespace, a descendant: a stopped kpng's `--cgroup-path` subtree): the links are found
+/// through the kernel's list of links, not through pins. A link a running process holds (`/proc/PID/fdinfo`) is a running eBPF
 /// kpng's and is kept. Links whose pins were just removed are released by the kernel in a work
 /// queue: what is still attached is looked at again for up to `wait`.
 pub fn sweep_programs(
@@ -184,15 +242,16 @@ pub fn sweep_programs(
     let deadline = std::time::Instant::now() + wait;
     let mut out = ProgramSweep::default();
     loop {
-        let found = node_programs(cgroups)
+        let found = found_programs(cgroups)
             .map_err(|e| Error::io("querying the cgroups' kpng programs", e))?;
         let links = crate::links::cgroup_links()
             .map_err(|e| Error::io("listing the kernel's cgroup links", e))?;
         let held = crate::links::held_links();
         out.held.clear();
         let mut left = Vec::new();
-        for (name, program) in found {
-            let what = format!("{name} (program {})", program.id);
+        for found in found {
+            let what = found.describe();
+            let program = found.program;
             let theirs: Vec<u32> = links
                 .iter()
                 .filter(|l| l.program == program.id && l.cgroup_id != 0)
@@ -389,7 +448,7 @@ impl Kernel {
             tracing::info!("carried over {carried}: its definition did not change");
         }
         // The previous programs are detached: pins of another layout have no reader left.
-        remove_other_layouts(pin_dir)?;
+        crate::pins::remove_other_layouts(pin_dir, VERSION);
         Ok(Kernel {
             frontends: take(&mut ebpf, MapId::Frontends.name())?,
             slots: take(&mut ebpf, MapId::Slots.name())?,
@@ -814,16 +873,19 @@ pub const CARRIED: [&str; 1] = ["kpng_reverse"];
 /// carried over, in words.
 fn carry_over(ebpf: &Ebpf, pin_dir: &Path) -> Vec<String> {
     let mut carried = Vec::new();
-    let Ok(entries) = std::fs::read_dir(pin_dir) else {
+    // kpng's own directories only: another tool's `v2` holds nothing of kpng's.
+    let Ok(found) = crate::pins::contents(pin_dir) else {
         return carried;
     };
-    for entry in entries.filter_map(Result::ok) {
-        let layout = entry.file_name();
-        if layout == LINKS || layout == VERSION || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+    for dir in found.owned.into_iter().filter(|p| p.is_dir()) {
+        let Some(layout) = dir.file_name().map(std::ffi::OsStr::to_os_string) else {
+            continue;
+        };
+        if layout == LINKS || layout == VERSION {
             continue;
         }
         for name in CARRIED {
-            let old = entry.path().join(name);
+            let old = dir.join(name);
             if !old.exists() {
                 continue;
             }
@@ -877,50 +939,6 @@ fn carry(ebpf: &Ebpf, name: &str, old: &Path) -> Result<Option<usize>, Error> {
         .update(&keys, &values)
         .map_err(|e| Error::io(format!("writing {name}"), e))?;
     Ok(Some(keys.len() / key.max(1)))
-}
-
-/// Removes what the pin directory holds besides the links and this layout's maps: the map pins
-/// of other layout versions (before versions, the maps were pinned in the directory itself).
-/// Their programs are detached by then, and the maps go with their last pin.
-fn remove_other_layouts(pin_dir: &Path) -> Result<(), Error> {
-    let entries = std::fs::read_dir(pin_dir)
-        .map_err(|e| Error::io(format!("reading {}", pin_dir.display()), e))?;
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name();
-        if name == LINKS || name == VERSION {
-            continue;
-        }
-        let path = entry.path();
-        let removed = if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
-        };
-        match removed {
-            Ok(()) => tracing::info!(
-                "removed {} (maps of another layout than {VERSION})",
-                path.display()
-            ),
-            Err(e) => return Err(Error::io(format!("removing {}", path.display()), e)),
-        }
-    }
-    Ok(())
-}
-
-/// Removes every pin under `pin_dir` (links first: that detaches the programs) and the
-/// directory. Absent is fine.
-pub fn remove_pins(pin_dir: &Path) -> Result<bool, Error> {
-    if !pin_dir.exists() {
-        return Ok(false);
-    }
-    let links = pin_dir.join(LINKS);
-    if links.exists() {
-        std::fs::remove_dir_all(&links)
-            .map_err(|e| Error::io(format!("removing {}", links.display()), e))?;
-    }
-    std::fs::remove_dir_all(pin_dir)
-        .map_err(|e| Error::io(format!("removing {}", pin_dir.display()), e))?;
-    Ok(true)
 }
 
 /// The `memlock:` figure of a BPF map's fdinfo text.

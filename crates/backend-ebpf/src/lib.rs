@@ -22,8 +22,10 @@ pub mod layout;
 pub mod links;
 pub mod metrics;
 mod object;
+pub mod pins;
 pub mod plan;
 pub mod sockets;
+pub mod strays;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -696,7 +698,7 @@ impl Backend for EbpfBackend {
     fn cleanup(&mut self) -> Result<(), BackendError> {
         self.kernel = None;
         self.metrics.kernel.set(None);
-        kernel::remove_pins(&self.config.pin_dir)?;
+        pins::remove(&self.config.pin_dir)?;
         Ok(())
     }
 }

@@ -166,6 +166,15 @@ fn program_name(info: &ProgInfo) -> String {
     String::from_utf8_lossy(&info.name[..len]).into_owned()
 }
 
+/// The name (at most 15 bytes) of the loaded program with id `id`: what tells kpng's
+/// programs (`kpng_*`) among those a link attaches.
+pub fn program_name_by_id(id: u32) -> io::Result<String> {
+    let fd = fd_by_id(PROG_GET_FD_BY_ID, id)?;
+    let mut info = ProgInfo::default();
+    info_of(&fd, &mut info)?;
+    Ok(program_name(&info))
+}
+
 /// A program attached to a cgroup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupProgram {
@@ -276,6 +285,8 @@ pub struct CgroupLink {
     pub program: u32,
     /// The id of the cgroup it is attached to (0: detached).
     pub cgroup_id: u64,
+    /// The hook it attaches to (`enum bpf_attach_type`).
+    pub attach_type: u32,
 }
 
 /// Every live cgroup link of the kernel (`BPF_LINK_GET_NEXT_ID`): unlike pins and cgroup
@@ -307,6 +318,7 @@ pub fn cgroup_links() -> io::Result<Vec<CgroupLink>> {
             id,
             program: info.prog_id,
             cgroup_id: info.cgroup_id,
+            attach_type: info.attach_type,
         });
     }
     Ok(out)

@@ -120,8 +120,8 @@ impl Leftover {
             }
             Leftover::KpngEbpf => format!(
                 "the eBPF backend's pinned programs and maps under {} and the kpng programs \
-                 that translate the sockets of {} or of kpng's own cgroup, wherever they are \
-                 pinned (`to-local ebpf`)",
+                 that translate the sockets of {} (or of a cgroup below it) or of kpng's own \
+                 cgroup, wherever they are pinned (`to-local ebpf`)",
                 ebpf.pins.display(),
                 ebpf.cgroup.as_ref().map_or_else(
                     || "the cgroup v2 root".into(),
@@ -351,13 +351,13 @@ pub fn foreign_ebpf_probe(ebpf: EbpfPlaces) -> kpng_runner::admin::DataPlaneProb
     let cgroups = std::sync::OnceLock::new();
     std::sync::Arc::new(move || {
         let cgroups = cgroups.get_or_init(|| imp::ebpf_cgroups(&ebpf, false));
-        let found = kpng_backend_ebpf::kernel::node_programs(cgroups).unwrap_or_default();
+        let found = kpng_backend_ebpf::kernel::found_programs(cgroups).unwrap_or_default();
         if found.is_empty() {
             return Vec::new();
         }
         let names: Vec<String> = found
             .iter()
-            .map(|(name, p)| format!("{name} (program {})", p.id))
+            .map(kpng_backend_ebpf::kernel::Found::describe)
             .collect();
         let holder = kpng_backend_ebpf::kernel::node_programs_holder(cgroups)
             .map_or_else(String::new, |pid| {
@@ -374,6 +374,48 @@ pub fn foreign_ebpf_probe(ebpf: EbpfPlaces) -> kpng_runner::admin::DataPlaneProb
             )),
         }]
     })
+}
+
+/// What removing the eBPF backend's leftovers came to: the pins' removal (`pins`, under
+/// `dir`) and the programs' sweep, each done whatever became of the other. Logs what was
+/// removed and detached, and what was kept (other tools' pins in a shared directory); returns
+/// every failure, in words (none: all gone).
+#[cfg(target_os = "linux")]
+fn ebpf_removal(
+    dir: &Path,
+    pins: Result<kpng_backend_ebpf::pins::Removed, kpng_backend_ebpf::Error>,
+    swept: Result<kpng_backend_ebpf::kernel::ProgramSweep, kpng_backend_ebpf::Error>,
+) -> Vec<String> {
+    let mut failed = Vec::new();
+    match pins {
+        Ok(removed) if !removed.kept.is_empty() => tracing::info!(
+            "kept {} in {}: not kpng's (kpng removes only its own pins)",
+            removed.kept.join(", "),
+            dir.display()
+        ),
+        Ok(_) => {}
+        Err(e) => failed.push(format!("removing the eBPF backend's pins: {e}")),
+    }
+    match swept {
+        Ok(swept) => {
+            if !swept.detached.is_empty() {
+                tracing::info!(
+                    "detached the kpng eBPF programs that translated this node's sockets: {}",
+                    swept.detached.join(", ")
+                );
+            }
+            let mut left = swept.left;
+            left.extend(swept.held);
+            if !left.is_empty() {
+                failed.push(format!(
+                    "kpng eBPF programs still translate this node's sockets: {}",
+                    left.join("; ")
+                ));
+            }
+        }
+        Err(e) => failed.push(format!("detaching kpng programs: {e}")),
+    }
+    failed
 }
 
 /// Whether an iptables chain is kube-proxy's (any mode) or kpng's iptables backend's, never
@@ -579,10 +621,11 @@ mod imp {
         cgroups
     }
 
-    /// The kpng programs that run for those cgroups' sockets (none when they cannot be read).
+    /// The kpng programs that translate those cgroups' sockets, attached there, above or below
+    /// (none when they cannot be read).
     fn ebpf_programs(ebpf: &EbpfPlaces) -> Vec<u32> {
-        kpng_backend_ebpf::kernel::node_programs(&ebpf_cgroups(ebpf, true))
-            .map(|found| found.into_iter().map(|(_, p)| p.id).collect())
+        kpng_backend_ebpf::kernel::found_programs(&ebpf_cgroups(ebpf, true))
+            .map(|found| found.into_iter().map(|f| f.program.id).collect())
             .unwrap_or_default()
     }
 
@@ -609,7 +652,9 @@ mod imp {
             Leftover::KpngUserspace => {
                 has_table(kpng_backend_userspace::capture::nft::TABLE, &["ip", "ip6"])
             }
-            Leftover::KpngEbpf => ebpf.pins.exists() || !ebpf_programs(ebpf).is_empty(),
+            Leftover::KpngEbpf => {
+                kpng_backend_ebpf::pins::holds_pins(&ebpf.pins) || !ebpf_programs(ebpf).is_empty()
+            }
             Leftover::KubeProxyNft => has_table("kube-proxy", &["ip", "ip6"]),
             Leftover::IptablesChains(v) => Family::ALL
                 .iter()
@@ -629,29 +674,20 @@ mod imp {
                 .cleanup()
                 .context("removing the userspace proxy's nftables tables")?,
             Leftover::KpngEbpf => {
-                kpng_backend_ebpf::kernel::remove_pins(&ebpf.pins)
-                    .context("removing the eBPF backend's pins")?;
+                // kpng's pins only: a pin directory shared with other tools keeps theirs.
+                let pins = kpng_backend_ebpf::pins::remove(&ebpf.pins);
                 // Programs attached with no pin this process can see (a kpng that ran with
-                // another pin directory or bpffs), or attached above the cgroup root it sees:
-                // found through the kernel's links, and none is a running kpng's.
+                // another pin directory or bpffs), attached above the cgroup root it sees, or
+                // below the cgroups (a stopped kpng's --cgroup-path subtree): found through the
+                // kernel's links, and none is a running kpng's. Swept whatever became of the
+                // pins: a failure there must not leave programs translating from frozen maps.
                 let swept = kpng_backend_ebpf::kernel::sweep_programs(
                     &ebpf_cgroups(ebpf, true),
                     std::time::Duration::from_secs(2),
-                )
-                .context("detaching kpng programs")?;
-                if !swept.detached.is_empty() {
-                    tracing::info!(
-                        "detached the kpng eBPF programs that translated this node's sockets: {}",
-                        swept.detached.join(", ")
-                    );
-                }
-                let mut failed = swept.left;
-                failed.extend(swept.held);
+                );
+                let failed = super::ebpf_removal(&ebpf.pins, pins, swept);
                 if !failed.is_empty() {
-                    bail!(
-                        "kpng eBPF programs still translate this node's sockets: {}",
-                        failed.join("; ")
-                    );
+                    bail!("{}", failed.join("; "));
                 }
             }
             Leftover::KubeProxyNft => {
@@ -787,6 +823,51 @@ COMMIT
             "KUBE-FORWARD",
         ] {
             assert!(is_proxy_chain(proxy), "{proxy}");
+        }
+    }
+
+    /// (case, the pins' removal failed, the sweep, the failures reported): a failure of one
+    /// half never hides the other's.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_ebpf_removal_reports_every_failure() {
+        use kpng_backend_ebpf::Error;
+        use kpng_backend_ebpf::kernel::ProgramSweep;
+        let dir = Path::new("/run/x-bpf/kpng");
+        let pins_failed = || Err(Error::Setup("removing /run/x-bpf/kpng/v3: busy".into()));
+        let pins_ok = || Ok(kpng_backend_ebpf::pins::Removed::default());
+        let left = || {
+            Ok(ProgramSweep {
+                left: vec!["kpng_connect4 (program 9): detaching link 3: denied".into()],
+                ..ProgramSweep::default()
+            })
+        };
+        let clean = || Ok(ProgramSweep::default());
+        let sweep_failed = || Err(Error::Bpf("listing links: denied".into()));
+        type Pins = Result<kpng_backend_ebpf::pins::Removed, Error>;
+        type Sweep = Result<ProgramSweep, Error>;
+        let cases: [(&str, Pins, Sweep, &[&str]); 4] = [
+            ("all gone", pins_ok(), clean(), &[]),
+            (
+                "both fail",
+                pins_failed(),
+                left(),
+                &["v3: busy", "kpng_connect4 (program 9)"],
+            ),
+            ("the pins fail", pins_failed(), clean(), &["v3: busy"]),
+            (
+                "the sweep fails",
+                pins_ok(),
+                sweep_failed(),
+                &["detaching kpng programs: eBPF: listing links: denied"],
+            ),
+        ];
+        for (case, pins, swept, want) in cases {
+            let failed = ebpf_removal(dir, pins, swept);
+            assert_eq!(failed.len(), want.len(), "{case}: {failed:?}");
+            for (got, want) in failed.iter().zip(want) {
+                assert!(got.contains(want), "{case}: {got}");
+            }
         }
     }
 

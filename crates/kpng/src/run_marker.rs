@@ -19,8 +19,8 @@
 //! that long before it died; without it an incident's timeline had the start of the dead run
 //! and the start of the next, nothing in between.
 //!
-//! A run that ends cleanly while its syncs fail (a persistent failure fails `/livez`, the
-//! kubelet's liveness probe sends SIGTERM, kpng exits cleanly) keeps its marker, rewritten to
+//! A run that ends cleanly while its syncs fail (stopped by a SIGTERM: the kubelet's, once a
+//! persistent failure fails `/livez`, or anyone's) keeps its marker, rewritten to
 //! say so ([`RunMarker::follow`]): the next start warns `the previous kpng … ended unhealthy:
 //! …`, `kpng status` shows it and `kpng_unhealthy_previous_exit` is 1. Until 2026-12-07 such
 //! a restart left no trace at all.
@@ -87,13 +87,15 @@ impl Previous {
         self.unhealthy.is_none()
     }
 
-    /// The warning and `kpng status` line.
+    /// The warning and `kpng status` line. For a clean end while unhealthy it says only what is
+    /// known (stopped while unhealthy) and gives the liveness probe as one possible reason:
+    /// the marker does not record who sent the signal.
     pub fn note(&self) -> String {
         if let Some(what) = &self.unhealthy {
             return format!(
-                "the previous kpng (pid {}, started {}) ended unhealthy: {what}; it shut down \
-                 cleanly, as when the kubelet restarts it for a failed liveness probe (see the \
-                 pod's events)",
+                "the previous kpng (pid {}, started {}) ended unhealthy: {what}; it was \
+                 stopped while unhealthy and shut down cleanly (e.g. the kubelet restarting it \
+                 for a failed liveness probe: see the pod's events)",
                 self.pid, self.started
             );
         }
@@ -544,8 +546,9 @@ mod tests {
             note.starts_with("the previous kpng (pid 4242, started 2")
                 && note.contains(") ended unhealthy: its syncs had been failing since 2")
                 && note.contains(
-                    "(2 failures; last error: iptables-restore: exit status 1); it shut down \
-                     cleanly, as when the kubelet restarts it for a failed liveness probe"
+                    "(2 failures; last error: iptables-restore: exit status 1); it was stopped \
+                     while unhealthy and shut down cleanly (e.g. the kubelet restarting it for a \
+                     failed liveness probe"
                 ),
             "{note}"
         );

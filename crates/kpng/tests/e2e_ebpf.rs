@@ -1394,11 +1394,13 @@ fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
     // its programs attached.
     k.stop();
     assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
-    let mut nft = Kpng::start(
+    let scope = node_scope(&c);
+    let mut nft = Kpng::start_wrapped(
         Backend::Nft,
         &c.node1.ns,
         &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)])]),
         &[],
+        &["env", &scope],
     );
     nft.wait_logged("the detach", |err| {
         err.contains("detached the kpng eBPF programs that translated this node's sockets")
@@ -1418,4 +1420,242 @@ fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
         !status["dataPlane"].to_string().contains("another kpng"),
         "{status}"
     );
+}
+
+/// `KPNG_CGROUP_PATH=` node1's test group (the parent of its `local` and `outside` cgroups), for
+/// a kpng of another backend: its sweep looks for kpng programs at or below that cgroup only.
+/// Without it, the test hierarchy's root: every test's cgroups, and the sweep would detach the
+/// programs a test running beside stopped on purpose (an adoption, a cleanup).
+fn node_scope(c: &Cluster) -> String {
+    let (local, _) = ebpf_scope(&c.node1.ns);
+    let group = local
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or(local);
+    format!("KPNG_CGROUP_PATH={}", group.display())
+}
+
+/// Puts a namespace's programs back in their cgroup when dropped (on failure too).
+struct Regroup<'a>(&'a str, std::path::PathBuf);
+
+impl Drop for Regroup<'_> {
+    fn drop(&mut self) {
+        let _ = kpng_testkit::cgroups::assign(self.0, &self.1);
+    }
+}
+
+/// A switch from eBPF to nftables by a kpng that is not in the eBPF kpng's `--cgroup-path`
+/// subtree (node1's cgroup, below the test hierarchy's root; the nftables kpng runs in node1's
+/// network namespace but in the sibling cgroup): the effective programs of the root and of its
+/// own cgroup do not include the subtree's, so until 2026-12-07 its sweep found nothing, and
+/// the subtree's pods kept going to the endpoints of the frozen maps while `kpng status` said
+/// ok. Now the sweep finds them among the kernel's links wherever they are attached, detaches
+/// them, and says where they were.
+#[test]
+fn a_switch_detaches_programs_left_on_a_cgroup_subtree() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("subtree")).expect("cluster");
+    let _echo = echo_in(&c, &["pod2a", "pod1b"]);
+    let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
+    let mut k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
+        &[],
+    );
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    k.stop();
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+
+    let (local, _) = ebpf_scope(&c.node1.ns);
+    let outside = local.with_file_name("outside");
+    kpng_testkit::cgroups::assign(c.node1.ns.name(), &outside).expect("regroup node1");
+    let _back = Regroup(c.node1.ns.name(), local.clone());
+    let scope = node_scope(&c);
+    let mut nft = Kpng::start_wrapped(
+        Backend::Nft,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &[("pod1b", Cond::Ready)])]),
+        &[],
+        &["env", &scope],
+    );
+    let place = format!("attached to cgroup {})", local.display());
+    nft.wait_logged("the detach", |err| {
+        err.contains("detached the kpng eBPF programs that translated this node's sockets")
+            && err.contains("kpng_connect4 (program ")
+            && err.contains(&place)
+    });
+    assert!(attached(&c).is_empty(), "{:?}", attached(&c));
+    // pod2a left the Service with the switch: the frozen map still had it.
+    let reached = spread(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(10, false), SVC_PORT),
+        8,
+    );
+    assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
+    let status = nft.status_json();
+    assert!(
+        !status["dataPlane"].to_string().contains(&place),
+        "{status}"
+    );
+}
+
+/// A bpffs of a test's own, with another tool's map in it, unmounted when dropped.
+struct SharedBpffs(std::path::PathBuf);
+
+impl SharedBpffs {
+    fn mount(name: &str) -> SharedBpffs {
+        let root = std::path::PathBuf::from(format!("/run/{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .expect("run");
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let at = |p: &str| root.join(p).display().to_string();
+        run(&["mount", "-t", "bpf", "bpf", &at("")]);
+        let shared = SharedBpffs(root.clone());
+        std::fs::create_dir_all(root.join("tc/globals")).expect("mkdir");
+        std::fs::create_dir_all(root.join("shared")).expect("mkdir");
+        let map = |path: &str, name: &str| {
+            run(&[
+                "bpftool",
+                "map",
+                "create",
+                &at(path),
+                "type",
+                "hash",
+                "key",
+                "4",
+                "value",
+                "4",
+                "entries",
+                "8",
+                "name",
+                name,
+            ]);
+        };
+        map("tc/globals/othertool_map", "othermap");
+        map("shared/othertool", "othermap2");
+        // What kpng leaves: a first-layout map in the directory itself and a layout directory.
+        std::fs::create_dir_all(root.join("v3")).expect("mkdir");
+        map("kpng_services", "kpng_services");
+        map("v3/kpng_frontends", "kpng_frontends");
+        shared
+    }
+}
+
+impl Drop for SharedBpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// `--bpf-pin-path` on a bpffs mount root (as the docs advised until 2026-12-07) or on a
+/// directory holding another tool's pins is refused at start, naming the flag and the directory
+/// to use; nothing of the other tool's is touched. Before, the start removed every entry but
+/// its own layout's (another tool's `tc/globals` maps) and then failed every sync on the
+/// kernel's `progs.debug`, and `kpng cleanup` removed the other tool's pins too. `kpng cleanup`
+/// on such a directory removes kpng's pins and keeps the rest.
+#[test]
+fn a_pin_path_shared_with_other_tools_is_refused_and_never_emptied() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("pinroot")).expect("cluster");
+    let bpffs = SharedBpffs::mount("kpng-e2e-pinroot");
+    let root = bpffs.0.clone();
+    let (cgroup, _) = ebpf_scope(&c.node1.ns);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &input,
+        manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]),
+    )
+    .expect("write");
+    let start = |pins: &std::path::Path| {
+        let out = c
+            .node1
+            .ns
+            .command([
+                "timeout",
+                "20",
+                env!("CARGO_BIN_EXE_kpng"),
+                "file",
+                "--input",
+            ])
+            .arg(&input)
+            .args([
+                "--node-name",
+                "node1",
+                "--metrics-bind-address=",
+                "--healthz-bind-address=127.0.0.1:0",
+                "--admin-socket=",
+                "to-local",
+                "ebpf",
+                "--bpf-pin-path",
+            ])
+            .arg(pins)
+            .arg("--cgroup-path")
+            .arg(&cgroup)
+            .output()
+            .expect("kpng");
+        assert!(!out.status.success(), "{pins:?} was taken");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let kept = |when: &str| {
+        for foreign in ["tc/globals/othertool_map", "shared/othertool"] {
+            assert!(root.join(foreign).exists(), "{foreign} removed {when}");
+        }
+    };
+    let said = start(&root);
+    assert!(
+        said.contains(&format!(
+            "--bpf-pin-path {} is the root of a BPF file system",
+            root.display()
+        )) && said.contains(&format!("pass --bpf-pin-path {}/kpng", root.display())),
+        "{said}"
+    );
+    kept("by a start on the mount root");
+    let said = start(&root.join("shared"));
+    assert!(
+        said.contains("holds entries kpng did not create (othertool)")
+            && said.contains(&format!("pass --bpf-pin-path {}/kpng", root.display())),
+        "{said}"
+    );
+    kept("by a start on a shared directory");
+    assert!(attached(&c).is_empty(), "{:?}", attached(&c));
+
+    // `kpng cleanup` on the mount root: kpng's pins go, the other tool's stay.
+    let out = c
+        .node1
+        .ns
+        .command([
+            env!("CARGO_BIN_EXE_kpng"),
+            "cleanup",
+            "--kpng-only",
+            "--bpf-pin-path",
+        ])
+        .arg(&root)
+        .arg("--cgroup-path")
+        .arg(&cgroup)
+        .output()
+        .expect("kpng cleanup");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    for gone in ["kpng_services", "v3"] {
+        assert!(!root.join(gone).exists(), "{gone} kept: {said}");
+    }
+    kept("by kpng cleanup");
+    assert!(root.exists(), "{said}");
 }
