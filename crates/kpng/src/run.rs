@@ -480,6 +480,9 @@ struct SinkFacts {
     /// Rules an earlier run left route traffic until the first sync
     /// ([`crate::backends::Built::earlier_rules`]).
     earlier_rules: bool,
+    /// Which local sockets the eBPF backend translates (its `--cgroup-path` and
+    /// `--socket-lb-host-netns-only`), for `kpng trace`.
+    local_sockets: kpng_model::trace::LocalSockets,
 }
 
 impl SinkFacts {
@@ -503,6 +506,10 @@ impl SinkFacts {
         cluster_cidr_warned: Vec::new(),
         foreign_chains: None,
         earlier_rules: false,
+        local_sockets: kpng_model::trace::LocalSockets {
+            cgroup_subtree: None,
+            host_netns_only: false,
+        },
     };
 }
 
@@ -611,8 +618,22 @@ fn local_backend(
         cluster_cidr_warned: built.cluster_cidr_warned,
         foreign_chains: built.foreign_chains,
         earlier_rules: built.earlier_rules,
+        local_sockets: local_sockets(backend),
     };
     Ok((built.backend, facts))
+}
+
+/// Which local sockets `backend` translates, for `kpng trace` (only the eBPF backend's
+/// settings narrow them).
+fn local_sockets(backend: &LocalBackend) -> kpng_model::trace::LocalSockets {
+    match backend {
+        #[cfg(target_os = "linux")]
+        LocalBackend::Ebpf(args) => crate::ebpf_status::local_sockets(
+            args.cgroup_path.as_deref(),
+            args.socket_lb_host_netns_only,
+        ),
+        _ => kpng_model::trace::LocalSockets::default(),
+    }
 }
 
 /// The backend of an in-process sink (not `to-api`) and what `serve` must know about it.
@@ -1112,6 +1133,7 @@ fn with_admin_handle<M: NodeModel>(
     let kind = facts.kind;
     let localhost_node_ports = flags.iptables_localhost_nodeports;
     let service_cidrs = flags.service_cidr.clone();
+    let local_sockets = facts.local_sockets.clone();
     let (runner, handle) = runner.with_admin(Box::new(move |snapshot| {
         let mut node = crate::admin::node_facts(
             snapshot,
@@ -1121,6 +1143,7 @@ fn with_admin_handle<M: NodeModel>(
             kind,
             &service_cidrs,
         );
+        node.local_sockets = local_sockets.clone();
         // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
         if kind == Some(BackendKind::Iptables) && localhost_node_ports {
             node.nodeport_ips
