@@ -189,6 +189,21 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpng_counters SEC(".maps");
 
+// `--socket-lb-host-netns-only`: the network namespace cookie of the sockets to translate
+// (kpng's own namespace, the node's), 0 for every socket. Set by the loader before the
+// programs load; read-only to them, so with 0 the verifier drops the test. Pods' sockets are
+// then left to the nftables rules, per packet, where a sidecar's REDIRECT in the pod still
+// sees the Service address (docs/backends.md, "Service meshes").
+const volatile __u64 kpng_host_netns = 0;
+
+// Whether this socket is one the programs leave alone (another network namespace than the
+// node's, with --socket-lb-host-netns-only). A socket's namespace never changes, so every
+// hook answers alike for it: a socket never translated is never reverse-translated either.
+static __always_inline int not_ours(struct bpf_sock_addr *ctx)
+{
+	return kpng_host_netns && bpf_get_netns_cookie(ctx) != kpng_host_netns;
+}
+
 // `hook` and `event` are constants at every call (the helpers are inlined): the index folds.
 static __always_inline void tally(__u32 hook, __u32 event)
 {
@@ -526,24 +541,32 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, __u32 hook)
 SEC("cgroup/connect4")
 int kpng_connect4(struct bpf_sock_addr *ctx)
 {
+	if (not_ours(ctx))
+		return 1;
 	return translate4(ctx, HOOK_CONNECT4);
 }
 
 SEC("cgroup/connect6")
 int kpng_connect6(struct bpf_sock_addr *ctx)
 {
+	if (not_ours(ctx))
+		return 1;
 	return translate6(ctx, HOOK_CONNECT6);
 }
 
 SEC("cgroup/sendmsg4")
 int kpng_sendmsg4(struct bpf_sock_addr *ctx)
 {
+	if (not_ours(ctx))
+		return 1;
 	return translate4(ctx, HOOK_SENDMSG4);
 }
 
 SEC("cgroup/sendmsg6")
 int kpng_sendmsg6(struct bpf_sock_addr *ctx)
 {
+	if (not_ours(ctx))
+		return 1;
 	return translate6(ctx, HOOK_SENDMSG6);
 }
 
@@ -592,28 +615,32 @@ static __always_inline void reverse6(struct bpf_sock_addr *ctx)
 SEC("cgroup/recvmsg4")
 int kpng_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	reverse4(ctx);
+	if (!not_ours(ctx))
+		reverse4(ctx);
 	return 1;
 }
 
 SEC("cgroup/recvmsg6")
 int kpng_recvmsg6(struct bpf_sock_addr *ctx)
 {
-	reverse6(ctx);
+	if (!not_ours(ctx))
+		reverse6(ctx);
 	return 1;
 }
 
 SEC("cgroup/getpeername4")
 int kpng_getpeername4(struct bpf_sock_addr *ctx)
 {
-	reverse4(ctx);
+	if (!not_ours(ctx))
+		reverse4(ctx);
 	return 1;
 }
 
 SEC("cgroup/getpeername6")
 int kpng_getpeername6(struct bpf_sock_addr *ctx)
 {
-	reverse6(ctx);
+	if (!not_ours(ctx))
+		reverse6(ctx);
 	return 1;
 }
 

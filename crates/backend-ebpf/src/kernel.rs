@@ -348,6 +348,10 @@ fn pin_over(link: FdLink, links_dir: &Path, name: &str) -> Result<PinnedLink, Er
     Ok(held)
 }
 
+/// The programs' global holding the network namespace cookie of the sockets they translate
+/// (0: every socket): `--socket-lb-host-netns-only`.
+const HOST_NETNS: &str = "kpng_host_netns";
+
 /// The directory of the link pins inside the pin directory.
 pub const LINKS: &str = "links";
 
@@ -406,7 +410,10 @@ fn take<K: aya::Pod, V: aya::Pod>(
 impl Kernel {
     /// Loads the object (adopting pinned maps under `pin_dir`), attaches every program to the
     /// cgroup v2 directory `cgroup` and pins the links, replacing a previous kpng's.
-    pub fn open(pin_dir: &Path, cgroup: &Path) -> Result<Kernel, Error> {
+    /// `host_netns`: the network namespace cookie of the only sockets to translate
+    /// (`--socket-lb-host-netns-only`, [`crate::netns::own_cookie`]); `None`: every socket of
+    /// the subtree.
+    pub fn open(pin_dir: &Path, cgroup: &Path, host_netns: Option<u64>) -> Result<Kernel, Error> {
         crate::host::ensure_bpffs(pin_dir)?;
         let links = pin_dir.join(LINKS);
         let maps = pin_dir.join(VERSION);
@@ -414,12 +421,15 @@ impl Kernel {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         }
+        // 0: every socket (the programs' global `kpng_host_netns`, read-only to them).
+        let netns = host_netns.unwrap_or(0);
         let mut ebpf = EbpfLoader::new()
             // No CO-RE relocations in these programs (they read only `bpf_sock_addr`, which
             // the verifier rewrites): without the kernel's BTF (parsed by `new()`, 5 MB of
             // types) the load neither keeps nor walks it.
             .btf(None)
             .default_map_pin_directory(&maps)
+            .override_global(HOST_NETNS, &netns, true)
             .load(&OBJECT.0)
             .map_err(|e| permission_hint(bpf_err("loading the socket programs", e)))?;
         let cg = File::open(cgroup)

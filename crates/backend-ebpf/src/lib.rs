@@ -21,6 +21,7 @@ pub mod kernel;
 pub mod layout;
 pub mod links;
 pub mod metrics;
+pub mod netns;
 mod object;
 pub mod pins;
 pub mod plan;
@@ -91,6 +92,10 @@ pub struct EbpfConfig {
     pub nodeport_addresses: NodePortAddresses,
     /// Destroy connected UDP sockets whose endpoint left.
     pub destroy_udp_sockets: bool,
+    /// `--socket-lb-host-netns-only`: translate only the sockets of kpng's own network
+    /// namespace (the node's); pods' sockets go through the nftables rules, where a service
+    /// mesh's sidecar (an iptables REDIRECT in the pod) still sees the Service address.
+    pub host_netns_only: bool,
 }
 
 impl Default for EbpfConfig {
@@ -100,6 +105,7 @@ impl Default for EbpfConfig {
             cgroup: None,
             nodeport_addresses: NodePortAddresses::Primary,
             destroy_udp_sockets: true,
+            host_netns_only: false,
         }
     }
 }
@@ -269,7 +275,12 @@ impl EbpfBackend {
                     host::cgroup2_root()?
                 }
             };
-            let k = Kernel::open(&self.config.pin_dir, &cgroup)?;
+            let host_netns = if self.config.host_netns_only {
+                Some(netns::own_cookie().map_err(|e| Error::Setup(netns::unsupported(&e)))?)
+            } else {
+                None
+            };
+            let k = Kernel::open(&self.config.pin_dir, &cgroup, host_netns)?;
             // Detached at once, before the first sync: until then the other generation's
             // programs would keep running ahead of these.
             match k.detach_strangers() {
@@ -285,9 +296,16 @@ impl EbpfBackend {
                 Err(e) => warn!("looking for other kpng programs on the cgroup: {e}"),
             }
             info!(
-                "socket programs attached to cgroup {}, maps and links pinned under {}",
+                "socket programs attached to cgroup {}, maps and links pinned under {}{}",
                 cgroup.display(),
-                self.config.pin_dir.display()
+                self.config.pin_dir.display(),
+                match host_netns {
+                    Some(cookie) => format!(
+                        "; translating the sockets of this network namespace only (cookie \
+                         {cookie}, --socket-lb-host-netns-only): pods' go through the rules"
+                    ),
+                    None => String::new(),
+                }
             );
             match k.counters() {
                 Ok(map) => self.metrics.kernel.set(Some(map)),

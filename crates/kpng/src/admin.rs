@@ -1828,6 +1828,17 @@ fn masquerade_words(t: &serde_json::Value) -> String {
             "{yes_no} (translated at the socket: no NAT, the endpoint sees the client's address)"
         );
     }
+    if let Some(cgroup) = t["atSocketIfInCgroup"].as_str() {
+        let rules = match (t["masquerade"] == true, t["hairpin"] == true) {
+            (true, _) => "yes",
+            (false, true) => "no (and whenever the client picks itself: hairpin)",
+            (false, false) => "no",
+        };
+        return format!(
+            "{rules} through the rules; no from a process in cgroup {cgroup}'s subtree \
+             (translated at the socket)"
+        );
+    }
     match (t["masquerade"] == true, t["hairpin"] == true) {
         (_, true) if t["onlyItself"] == true => {
             "yes (hairpin: the client is the only endpoint it can pick, so it always reaches \
@@ -1853,9 +1864,14 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
         q.to,
         s("verdict").to_uppercase(),
         if t["translatedAtSocket"] == true {
-            " (at the socket: connect()/sendmsg(), not per packet)"
+            " (at the socket: connect()/sendmsg(), not per packet)".to_string()
+        } else if let Some(cgroup) = t["atSocketIfInCgroup"].as_str() {
+            format!(
+                " (at the socket if the process is in cgroup {cgroup}'s subtree, otherwise per \
+                 packet through the rules)"
+            )
         } else {
-            ""
+            String::new()
         }
     );
     if let Some(service) = t["service"].as_str() {
@@ -2048,7 +2064,7 @@ pub fn node_facts(
 ) -> NodeFacts {
     use kpng_backend::settings::DetectLocal;
     use kpng_model::Family;
-    use kpng_model::trace::{InterfaceRule, LocalPods};
+    use kpng_model::trace::{InterfaceRule, LocalPods, LocalSockets};
     #[cfg(target_os = "linux")]
     let host = kpng_backend::host::local_addresses();
     // Elsewhere (Windows) the node's own addresses stand for the host's: HNS serves node
@@ -2111,6 +2127,8 @@ pub fn node_facts(
         },
         masquerade_all,
         backend: backend_traits(kind),
+        // The eBPF backend's settings, set by the caller that knows them.
+        local_sockets: LocalSockets::default(),
     }
 }
 

@@ -493,6 +493,13 @@ mod linux {
                     }
                     kpng_backend_ebpf::host::check_cgroup2_dir(cgroup)?;
                 }
+                // An old kernel never gets the cookie: say so now, not at every retry.
+                if args.socket_lb_host_netns_only
+                    && !dry_run
+                    && let Err(e) = kpng_backend_ebpf::netns::own_cookie()
+                {
+                    anyhow::bail!("{}", kpng_backend_ebpf::netns::unsupported(&e));
+                }
                 crate::prereq::check(kind, &args.nft_binary)?
             }
             LocalBackend::Iptables(_) | LocalBackend::Hns(_) => {}
@@ -543,6 +550,7 @@ mod linux {
                     let sockets = crate::ebpf_status::probe(
                         args.bpf_pin_path.clone(),
                         args.cgroup_path.clone(),
+                        args.socket_lb_host_netns_only,
                     );
                     data_plane = Some(std::sync::Arc::new(move || {
                         let mut lines = rules();
@@ -725,6 +733,7 @@ mod linux {
             pin_dir: args.bpf_pin_path.clone(),
             cgroup: args.cgroup_path.clone(),
             nodeport_addresses: node.nodeport_addresses.clone(),
+            host_netns_only: args.socket_lb_host_netns_only,
             ..EbpfConfig::default()
         };
         let nft_args = NftArgs {

@@ -1004,6 +1004,17 @@ pub struct EbpfArgs {
     /// that subtree are translated. Default: the root of the cgroup v2 mount (every process).
     #[arg(long, env = "KPNG_CGROUP_PATH")]
     pub cgroup_path: Option<std::path::PathBuf>,
+    /// Translate only the sockets of kpng's own network namespace (the node's: hostNetwork
+    /// pods and host processes); pods' sockets reach Services through the nftables rules,
+    /// packet by packet, so a service mesh's sidecar (an iptables REDIRECT in the pod) still
+    /// sees the Service address (Cilium's bpf-lb-sock-hostns-only; docs/backends.md,
+    /// "Service meshes"). Needs Linux 5.14.
+    #[arg(
+        long,
+        env = "KPNG_SOCKET_LB_HOST_NETNS_ONLY",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub socket_lb_host_netns_only: bool,
     /// Where maps and links are pinned (on a BPF file system; `/sys/fs/bpf` is mounted when
     /// missing). The next kpng adopts them; `kpng cleanup` removes them (it reads the same
     /// environment variable).

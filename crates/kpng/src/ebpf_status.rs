@@ -9,8 +9,9 @@ use kpng_backend_ebpf::kernel::PROGRAMS;
 use kpng_runner::admin::{DataPlaneDetail, DataPlaneProbe};
 
 /// The probe for a backend pinning under `pin_dir` and attached to `cgroup` (`None`: the
-/// cgroup v2 root).
-pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
+/// cgroup v2 root), translating only the node's network namespace's sockets when
+/// `host_netns_only` (`--socket-lb-host-netns-only`).
+pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>, host_netns_only: bool) -> DataPlaneProbe {
     Arc::new(move || {
         use kpng_backend_ebpf::host;
         // In a cgroup namespace of its own, the default root is its container's cgroup.
@@ -37,6 +38,11 @@ pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
                 (scope, root)
             }
         };
+        let scope = if host_netns_only {
+            format!("{scope}, {HOST_NETNS_ONLY}")
+        } else {
+            scope
+        };
         let mut shown = details(&inspect(&pin_dir, dir.as_deref()), &pin_dir, &scope);
         if private && let Some(programs) = shown.first_mut() {
             let problem = host::PRIVATE_CGROUP_NAMESPACE.to_string();
@@ -48,6 +54,28 @@ pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>) -> DataPlaneProbe {
         shown
     })
 }
+
+/// Which sockets the programs translate, for `kpng trace`: a `--cgroup-path` that is not
+/// the cgroup v2 root kpng attaches to by default is a subtree whose processes the trace cannot
+/// tell from others.
+pub fn local_sockets(
+    cgroup: Option<&Path>,
+    host_netns_only: bool,
+) -> kpng_model::trace::LocalSockets {
+    let root = kpng_backend_ebpf::host::cgroup2_root().ok();
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let cgroup_subtree = cgroup
+        .filter(|c| root.as_deref().map(canonical) != Some(canonical(c)))
+        .map(|c| c.display().to_string());
+    kpng_model::trace::LocalSockets {
+        cgroup_subtree,
+        host_netns_only,
+    }
+}
+
+/// What `--socket-lb-host-netns-only` narrows the programs' scope to, in `kpng status`.
+pub const HOST_NETNS_ONLY: &str = "the node's network namespace only \
+    (--socket-lb-host-netns-only: pods' sockets go through the nftables rules)";
 
 /// A map's name for an operator. `kpng_reverse` holds an entry per open connected socket
 /// (deleted as it closes) and per (unconnected UDP socket, endpoint it sent to), which stays

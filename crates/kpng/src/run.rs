@@ -480,6 +480,9 @@ struct SinkFacts {
     /// Rules an earlier run left route traffic until the first sync
     /// ([`crate::backends::Built::earlier_rules`]).
     earlier_rules: bool,
+    /// Which local sockets the eBPF backend translates (its `--cgroup-path` and
+    /// `--socket-lb-host-netns-only`), for `kpng trace`.
+    local_sockets: kpng_model::trace::LocalSockets,
 }
 
 impl SinkFacts {
@@ -503,6 +506,10 @@ impl SinkFacts {
         cluster_cidr_warned: Vec::new(),
         foreign_chains: None,
         earlier_rules: false,
+        local_sockets: kpng_model::trace::LocalSockets {
+            cgroup_subtree: None,
+            host_netns_only: false,
+        },
     };
 }
 
@@ -611,8 +618,22 @@ fn local_backend(
         cluster_cidr_warned: built.cluster_cidr_warned,
         foreign_chains: built.foreign_chains,
         earlier_rules: built.earlier_rules,
+        local_sockets: local_sockets(backend),
     };
     Ok((built.backend, facts))
+}
+
+/// Which local sockets `backend` translates, for `kpng trace` (only the eBPF backend's
+/// settings narrow them).
+fn local_sockets(backend: &LocalBackend) -> kpng_model::trace::LocalSockets {
+    match backend {
+        #[cfg(target_os = "linux")]
+        LocalBackend::Ebpf(args) => crate::ebpf_status::local_sockets(
+            args.cgroup_path.as_deref(),
+            args.socket_lb_host_netns_only,
+        ),
+        _ => kpng_model::trace::LocalSockets::default(),
+    }
 }
 
 /// The backend of an in-process sink (not `to-api`) and what `serve` must know about it.
@@ -1112,9 +1133,10 @@ fn with_admin_handle<M: NodeModel>(
     let kind = facts.kind;
     let localhost_node_ports = flags.iptables_localhost_nodeports;
     let service_cidrs = flags.service_cidr.clone();
+    let local_sockets = facts.local_sockets.clone();
     let (runner, handle) = runner.with_admin(Box::new(move |snapshot| {
         // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
-        crate::admin::node_facts(
+        let mut node = crate::admin::node_facts(
             snapshot,
             &nodeport,
             &detect,
@@ -1122,7 +1144,9 @@ fn with_admin_handle<M: NodeModel>(
             kind,
             &service_cidrs,
             kind == Some(BackendKind::Iptables) && localhost_node_ports,
-        )
+        );
+        node.local_sockets = local_sockets.clone();
+        node
     }));
     let handle = match previous_run {
         Some(note) => handle.with_previous_run(note),

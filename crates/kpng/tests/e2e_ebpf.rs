@@ -107,6 +107,171 @@ fn a_pod_connection_to_a_cluster_ip_has_no_conntrack_nat_entry() {
     );
 }
 
+/// A service mesh's sidecar in pod1a: accepts what the pod's own REDIRECT rule sends to port
+/// argv[1] and answers each line with `sidecar-IP:PORT LINE`, the connection's original
+/// destination (`SO_ORIGINAL_DST`), as Envoy reads it to route by Service.
+const SIDECAR: &str = r#"
+import socket, struct, sys, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(16)
+print("ready", flush=True)
+def serve(c):
+    port, ip = struct.unpack_from("!2xH4s", c.getsockopt(socket.SOL_IP, 80, 16))
+    who = ("sidecar-%s:%d" % (socket.inet_ntoa(ip), port)).encode()
+    for line in c.makefile("rb"):
+        c.sendall(who + b" " + line)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Connects to argv[1]:argv[2], sends one line and prints the answer.
+const ONE_LINE: &str = "import socket, sys\n\
+    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n\
+    c.sendall(b'one\\n'); print(c.makefile('rb').readline().decode().strip())";
+
+/// `--socket-lb-host-netns-only` (Cilium's bpf-lb-sock-hostns-only) for service meshes: a
+/// pod's connection to a ClusterIP keeps the ClusterIP as its destination, so the sidecar's
+/// REDIRECT in the pod catches it and reads the Service as its original destination, and the
+/// node's rules DNAT it when it leaves the pod (a conntrack NAT entry on node1); the node's
+/// own sockets are still translated at connect() (no NAT entry). Without the option the
+/// programs translate the pod's connect() to the endpoint: the sidecar's rule, written for the
+/// ClusterIP, never matches, and the connection reaches the endpoint in plaintext past it.
+#[test]
+fn host_netns_only_leaves_pods_to_the_rules_so_a_sidecar_sees_the_service() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("mesh")).expect("cluster");
+    let _line_server = start_line_server(&c, "pod2a");
+    let manifest = manifest(&[svc("web", 10, "ClusterIP", "", &[("pod2a", Cond::Ready)])]);
+    let ip = cip(10, false);
+    let pod = &c.pod("pod1a").ns;
+    pod.nft(&format!(
+        "table ip mesh {{\n chain out {{\n type nat hook output priority -100;\n \
+         ip daddr {ip} tcp dport {SVC_PORT} redirect to :15001\n }}\n}}\n"
+    ))
+    .expect("the sidecar's REDIRECT rule");
+    let mut sidecar = pod
+        .spawn(["python3", "-c", SIDECAR, "15001"])
+        .expect("python3 sidecar");
+    sidecar
+        .wait_for_line(|l| l == "ready", Duration::from_secs(10))
+        .expect("sidecar ready");
+    let through = |what: &str| -> String {
+        let out = python(
+            &c,
+            "pod1a",
+            ONE_LINE,
+            &[ip.to_string(), SVC_PORT.to_string()],
+        );
+        eprintln!("{what}: {out}");
+        out.trim().to_owned()
+    };
+
+    // Without the option: translated at connect(), past the sidecar.
+    let mut k = Kpng::start(B, &c.node1.ns, &manifest, &[]);
+    assert_eq!(
+        through("every socket translated"),
+        "pod2a one",
+        "without the option the pod's connect() goes to the endpoint, past the sidecar"
+    );
+    k.terminate();
+
+    // With it (the restarted kpng's programs replace the previous ones): the sidecar sees
+    // the Service.
+    let k = Kpng::start_with(
+        B,
+        &c.node1.ns,
+        &manifest,
+        None,
+        &[],
+        &["--socket-lb-host-netns-only"],
+    );
+    assert_eq!(
+        through("host netns only"),
+        format!("sidecar-{ip}:{SVC_PORT} one"),
+        "the sidecar's REDIRECT caught the pod's connection, original destination the Service"
+    );
+    // Without the sidecar the node's rules serve the pod's ClusterIP traffic (DNAT), and the
+    // node's own socket is still translated at connect().
+    pod.nft("delete table ip mesh\n")
+        .expect("remove the REDIRECT");
+    let mut from_pod = HeldConnection::open(pod, ip, "pod2a");
+    let mut from_node = HeldConnection::open(&c.node1.ns, ip, "pod2a");
+    let conntrack = |args: &[&str]| -> String {
+        let mut all = vec!["conntrack", "-L", "-p", "tcp"];
+        all.extend(args);
+        c.node1
+            .ns
+            .exec(all)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let (pod_v4, _, _) = pod_ips("pod1a");
+    let to_service: Vec<String> = conntrack(&["--orig-dst", &ip.to_string()])
+        .lines()
+        .filter(|l| l.contains("ESTABLISHED"))
+        .map(String::from)
+        .collect();
+    assert!(
+        to_service.len() == 1
+            && to_service[0].contains(&format!("src={pod_v4} dst={ip} "))
+            && to_service[0].contains("src=10.244.2.2 "),
+        "one NAT entry, the pod's, DNATed by the rules: {to_service:?}"
+    );
+    let direct: Vec<String> = conntrack(&["--orig-dst", "10.244.2.2", "--dport", "8080"])
+        .lines()
+        .filter(|l| l.contains("ESTABLISHED") && !l.contains(&format!("src={pod_v4} ")))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        direct.len(),
+        1,
+        "the node's connection went to the endpoint itself (translated at connect()): {direct:?}"
+    );
+    from_pod
+        .second("pod2a")
+        .expect("the pod's connection works");
+    from_node
+        .second("pod2a")
+        .expect("the node's connection works");
+    // kpng status and kpng trace say so.
+    let status = k.status_json();
+    assert!(
+        status["dataPlane"]
+            .as_array()
+            .is_some_and(|lines| lines.iter().any(|l| l["state"]
+                .as_str()
+                .is_some_and(|s| s.contains("--socket-lb-host-netns-only")))),
+        "{status}"
+    );
+    let trace = |from: &str| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .args([
+                "trace",
+                "--from",
+                from,
+                "--to",
+                &format!("{ip}:{SVC_PORT}"),
+                "-o",
+                "json",
+            ])
+            .arg("--admin-socket")
+            .arg(k.admin_socket())
+            .output()
+            .expect("kpng trace");
+        serde_json::from_slice(&out.stdout).expect("trace JSON")
+    };
+    let t = trace(&pod_v4.to_string());
+    assert!(
+        t["translatedAtSocket"] != true
+            && t["atSocketIfInCgroup"].is_null()
+            && t["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("--socket-lb-host-netns-only")),
+        "a pod's source: the rules: {t}"
+    );
+}
+
 /// Sends a datagram every 50 ms and prints `got NAME` or `miss`, through an unconnected socket
 /// (`sendto`, argv[3] == "sendto") or a connected one that is re-made when the kernel aborts
 /// it (`ECONNABORTED`: its endpoint left); prints `mark` once file argv[4] exists, stops when

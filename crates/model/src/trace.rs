@@ -62,6 +62,23 @@ pub struct NodeFacts {
     pub masquerade_all: bool,
     /// Where the backend departs from nftables mode by design (docs/backends.md).
     pub backend: BackendTraits,
+    /// Which of the node's sockets the backend translates, when it translates local sockets
+    /// ([`BackendTraits::translates_local_sockets`]): its settings narrow them.
+    pub local_sockets: LocalSockets,
+}
+
+/// Which of the node's sockets the eBPF programs translate (`to-local ebpf`'s
+/// `--cgroup-path` and `--socket-lb-host-netns-only`): the rest reach Services through the
+/// rules, and a trace must not promise the socket path for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LocalSockets {
+    /// `--cgroup-path` when it is not the cgroup v2 root: only the sockets of processes in
+    /// that subtree are translated. A trace knows the source address, not the process, so it
+    /// gives both outcomes.
+    pub cgroup_subtree: Option<String>,
+    /// `--socket-lb-host-netns-only`: only the sockets of the node's network namespace (the
+    /// node's own processes, hostNetwork pods); pods' go through the rules.
+    pub host_netns_only: bool,
 }
 
 /// The deliberate differences between backends that change a packet's fate.
@@ -238,6 +255,11 @@ pub struct Trace {
     /// backend) rather than rewritten packet by packet: for a source on this node.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub translated_at_socket: bool,
+    /// The socket path applies only to the processes of this cgroup subtree (`--cgroup-path`
+    /// is not the cgroup root): from one of them the connection is made to an endpoint at the
+    /// socket; from any other process the rest of this trace (the rules) holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_socket_if_in_cgroup: Option<String>,
     /// ClientIP session affinity's timeout, when the Service has it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_seconds: Option<u32>,
@@ -263,6 +285,7 @@ impl Trace {
             hairpin: false,
             only_itself: false,
             translated_at_socket: false,
+            at_socket_if_in_cgroup: None,
             affinity_timeout_seconds: None,
             interface: None,
             reason,
@@ -474,10 +497,20 @@ pub fn trace_noting(
     t.endpoint_list = Some(list);
     t.endpoints = endpoints.iter().map(|e| e.addr()).collect();
     let from_this_node = from_node || snapshot.node.pod_cidrs.iter().any(|c| c.contains(&q.from));
-    let at_socket = facts.backend.translates_local_sockets
+    let socket_lb = facts.backend.translates_local_sockets
         && from_this_node
         && q.protocol != Protocol::Sctp
         && (frontend != Frontend::LoadBalancer || port.source_ranges.is_empty());
+    let (at_socket, pod_left_to_rules, only_in) =
+        socket_path(&facts.local_sockets, socket_lb, from_node);
+    // Without endpoints the programs act only by refusing a TCP connect() (a Service without
+    // any endpoint); the rest is the rules' in any case.
+    let refused = !port.has_any_endpoints && q.protocol == Protocol::Tcp;
+    let notes = SocketNotes {
+        only_in: only_in.filter(|_| !endpoints.is_empty() || refused),
+        pod_left_to_rules,
+        refused: endpoints.is_empty() && refused,
+    };
     if endpoints.is_empty() {
         (t.verdict, t.reason) = if port.has_any_endpoints {
             (
@@ -503,7 +536,7 @@ pub fn trace_noting(
         } else {
             (Verdict::Reject, "the Service has no endpoints".to_string())
         };
-        return t;
+        return notes.apply(t);
     }
     t.hairpin = endpoints.iter().any(|e| e.ip == q.from);
     t.only_itself = endpoints.iter().all(|e| e.ip == q.from);
@@ -514,8 +547,7 @@ pub fn trace_noting(
         t.only_itself = false;
         t.reason = "a socket on this node (the node's, or a pod's of this node): the eBPF \
                     programs connect it to one of the endpoints at connect()/sendmsg(), so no \
-                    packet is rewritten and the endpoint sees the client's own address (a \
-                    process outside --cgroup-path's subtree goes through the rules instead)"
+                    packet is rewritten and the endpoint sees the client's own address"
             .to_string();
     } else if facts.backend.proxies_connections {
         t.masquerade = true;
@@ -546,7 +578,67 @@ pub fn trace_noting(
             join(&port.source_ranges)
         ));
     }
-    t
+    notes.apply(t)
+}
+
+/// Whether a socket the eBPF backend would translate (`socket_lb`: a local source, a
+/// protocol and frontend the programs serve) is translated given the settings `scope`:
+/// (certainly at the socket; a pod's socket left to the rules by
+/// `--socket-lb-host-netns-only`; at the socket only if its process is in this cgroup
+/// subtree, `--cgroup-path`).
+fn socket_path(
+    scope: &LocalSockets,
+    socket_lb: bool,
+    from_node: bool,
+) -> (bool, bool, Option<&str>) {
+    if !socket_lb {
+        return (false, false, None);
+    }
+    if scope.host_netns_only && !from_node {
+        return (false, true, None);
+    }
+    match scope.cgroup_subtree.as_deref() {
+        Some(cgroup) => (false, false, Some(cgroup)),
+        None => (true, false, None),
+    }
+}
+
+/// What a matched port's trace says about the socket path beyond its rules' answer.
+struct SocketNotes<'a> {
+    /// The socket path holds only for the processes of this cgroup subtree.
+    only_in: Option<&'a str>,
+    /// A pod's socket the programs would translate but for `--socket-lb-host-netns-only`.
+    pod_left_to_rules: bool,
+    /// The programs refuse the connect() (a TCP Service without any endpoint).
+    refused: bool,
+}
+
+impl SocketNotes<'_> {
+    /// `t` (the rules' answer when the socket path is not certain) with both outcomes, or
+    /// with why a pod's socket takes the rules.
+    fn apply(&self, mut t: Trace) -> Trace {
+        if let Some(cgroup) = self.only_in {
+            let socket = if self.refused {
+                "the eBPF programs fail its connect() with ECONNREFUSED at once"
+            } else {
+                "the eBPF programs connect it to one of the endpoints at connect()/sendmsg(), \
+                 no packet rewritten and the endpoint sees the client's own address"
+            };
+            t.at_socket_if_in_cgroup = Some(cgroup.to_string());
+            t.reason = format!(
+                "at the socket if the sending process is in cgroup {cgroup}'s subtree \
+                 (--cgroup-path): {socket}; otherwise through the rules: {}",
+                t.reason
+            );
+        } else if self.pod_left_to_rules {
+            t.reason.push_str(
+                "; a pod's socket is not translated by the eBPF programs \
+                 (--socket-lb-host-netns-only): its packets go through these rules, after a \
+                 sidecar in the pod saw the Service address",
+            );
+        }
+        t
+    }
 }
 
 /// No frontend matched: a ClusterIP on another port, an unallocated Service IP, the node

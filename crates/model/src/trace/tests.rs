@@ -73,6 +73,7 @@ fn facts() -> NodeFacts {
         local_pods: LocalPods::Cidrs(vec!["10.244.1.0/24".parse().expect("cidr")]),
         masquerade_all: false,
         backend: BackendTraits::default(),
+        local_sockets: LocalSockets::default(),
     }
 }
 
@@ -858,6 +859,169 @@ fn sockets_of_this_node_are_translated_at_the_socket_with_ebpf() {
             at_socket,
             "{from}: {t:?}"
         );
+    }
+}
+
+/// The eBPF backend's settings narrow which sockets are translated: with
+/// `--socket-lb-host-netns-only` a pod's socket goes through the rules (a sidecar in the pod
+/// sees the Service address) while the node's own stays at the socket; with a `--cgroup-path`
+/// below the root the trace cannot know the sending process and gives both outcomes.
+#[test]
+fn ebpf_settings_decide_which_local_sockets_are_translated() {
+    // (what, host netns only, cgroup subtree, from, protocol, endpoints, at the socket,
+    // only if in this cgroup, words in the reason)
+    type Case = (
+        &'static str,
+        bool,
+        Option<&'static str>,
+        &'static str,
+        Protocol,
+        bool,
+        bool,
+        Option<&'static str>,
+        &'static str,
+    );
+    let cases: [Case; 8] = [
+        (
+            "pod, every socket",
+            false,
+            None,
+            "10.244.1.7",
+            Protocol::Tcp,
+            true,
+            true,
+            None,
+            "eBPF",
+        ),
+        (
+            "pod, host netns only: the rules",
+            true,
+            None,
+            "10.244.1.7",
+            Protocol::Tcp,
+            true,
+            false,
+            None,
+            "--socket-lb-host-netns-only",
+        ),
+        (
+            "the node itself, host netns only: still at the socket",
+            true,
+            None,
+            "172.18.0.2",
+            Protocol::Tcp,
+            true,
+            true,
+            None,
+            "eBPF",
+        ),
+        (
+            "pod, a cgroup subtree: both outcomes",
+            false,
+            Some("/sys/fs/cgroup/system.slice"),
+            "10.244.1.7",
+            Protocol::Tcp,
+            true,
+            false,
+            Some("/sys/fs/cgroup/system.slice"),
+            "otherwise through the rules",
+        ),
+        (
+            "node, host netns only and a cgroup subtree: both outcomes",
+            true,
+            Some("/sys/fs/cgroup/system.slice"),
+            "172.18.0.2",
+            Protocol::Udp,
+            true,
+            false,
+            Some("/sys/fs/cgroup/system.slice"),
+            "subtree (--cgroup-path)",
+        ),
+        (
+            "pod, host netns only and a cgroup subtree: the rules only",
+            true,
+            Some("/sys/fs/cgroup/system.slice"),
+            "10.244.1.7",
+            Protocol::Tcp,
+            true,
+            false,
+            None,
+            "--socket-lb-host-netns-only",
+        ),
+        (
+            "no endpoints, a cgroup subtree: refused at the socket or by the rules",
+            false,
+            Some("/sys/fs/cgroup/system.slice"),
+            "10.244.1.7",
+            Protocol::Tcp,
+            false,
+            false,
+            Some("/sys/fs/cgroup/system.slice"),
+            "ECONNREFUSED",
+        ),
+        (
+            "a pod of another node: the rules, no note",
+            true,
+            None,
+            "10.244.2.9",
+            Protocol::Tcp,
+            true,
+            false,
+            None,
+            "its address kept",
+        ),
+    ];
+    for (what, host_netns_only, subtree, from, protocol, endpoints, at_socket, only_in, words) in
+        cases
+    {
+        let facts = NodeFacts {
+            backend: BackendTraits {
+                translates_local_sockets: true,
+                ..BackendTraits::default()
+            },
+            local_sockets: LocalSockets {
+                cgroup_subtree: subtree.map(String::from),
+                host_netns_only,
+            },
+            local_pods: LocalPods::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")]),
+            ..facts()
+        };
+        let mut port = web();
+        port.key.protocol = protocol;
+        if !endpoints {
+            port.cluster_endpoints.clear();
+            port.local_endpoints.clear();
+            port.has_any_endpoints = false;
+        }
+        let mut snap = snapshot(vec![port]);
+        snap.node.pod_cidrs = vec!["10.244.1.0/24".parse().expect("cidr")];
+        let t = trace(
+            &snap,
+            &facts,
+            &TraceQuery {
+                from: from.parse().expect("ip"),
+                to: "10.96.0.10:80".parse().expect("addr"),
+                protocol,
+                in_interface: None,
+            },
+        );
+        assert_eq!(t.translated_at_socket, at_socket, "{what}: {t:?}");
+        assert_eq!(
+            t.at_socket_if_in_cgroup.as_deref(),
+            only_in,
+            "{what}: {t:?}"
+        );
+        assert!(t.reason.contains(words), "{what}: {t:?}");
+        let noted = t.reason.contains("--socket-lb-host-netns-only");
+        assert_eq!(
+            noted,
+            words == "--socket-lb-host-netns-only",
+            "{what}: the option named only where it decided: {t:?}"
+        );
+        if !at_socket && only_in.is_none() && endpoints {
+            // The rules' answer: a pod's address kept, not masqueraded.
+            assert!(!t.masquerade, "{what}: {t:?}");
+        }
     }
 }
 
