@@ -78,6 +78,16 @@ mod tests {
 
     use super::*;
 
+    /// Extra flags, sink, health on, metrics on, admin socket on, what the note says.
+    type Case<'a> = (
+        &'a [&'a str],
+        &'a [&'a str],
+        bool,
+        bool,
+        bool,
+        Option<&'a str>,
+    );
+
     fn run(line: &[&str]) -> (Cli, Option<String>) {
         let matches = Cli::command()
             .try_get_matches_from(line)
@@ -93,7 +103,7 @@ mod tests {
     fn to_file_opens_only_the_listeners_asked_for() {
         let file = ["kpng", "file", "--input", "x.yaml", "--node-name", "n1"];
         // (extra flags, sink, health on, metrics on, admin socket on, note has)
-        let cases: &[(&[&str], &[&str], bool, bool, bool, Option<&str>)] = &[
+        let cases: &[Case] = &[
             (
                 &[],
                 &["to-file"],

@@ -207,7 +207,7 @@ fn go_time_text(t: Option<SystemTime>) -> String {
     };
     let s = humantime::format_rfc3339_nanos(t).to_string();
     // "2026-11-30T08:31:46.123000000Z" → "2026-11-30T08:31:46.123Z"
-    let trimmed = match s.strip_suffix('Z').and_then(|b| b.split_once('.')) {
+    match s.strip_suffix('Z').and_then(|b| b.split_once('.')) {
         Some((secs, frac)) => {
             let frac = frac.trim_end_matches('0');
             if frac.is_empty() {
@@ -217,8 +217,7 @@ fn go_time_text(t: Option<SystemTime>) -> String {
             }
         }
         None => s,
-    };
-    trimmed
+    }
 }
 
 #[cfg(test)]
