@@ -1930,6 +1930,9 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
     if let Some(note) = t["inputProblem"].as_str() {
         let _ = writeln!(out, "  note:       {note}");
     }
+    if let Some(note) = t["programsNothing"].as_str() {
+        let _ = writeln!(out, "  note:       {note}");
+    }
     if let Some(ranges) = t["sourceRangesOfOtherFamiliesOnly"]
         .as_array()
         .filter(|a| !a.is_empty())

@@ -891,7 +891,7 @@ pub(crate) mod hns {
             backend: Box::new(backend),
             own: Vec::new(),
             // Not asked of HNS: whether the load balancers an earlier run left still serve is
-            // not looked at start (docs/reliability.md, "A brain whose state has no Service").
+            // not looked at start (docs/observability.md, "A brain whose state has no Service").
             earlier_rules: false,
             data_plane,
             cluster_cidr_warned: Vec::new(),

@@ -96,9 +96,9 @@ impl Backend for Beside {
         };
         let (rules, sockets) = (rules?, sockets?);
         tracing::debug!(
-            rules_ms = rules_s.as_secs_f64() * 1e3,
-            sockets_ms = sockets_s.as_secs_f64() * 1e3,
-            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            rules_ms = kpng_runner::sync_log::log_millis(rules_s),
+            sockets_ms = kpng_runner::sync_log::log_millis(sockets_s),
+            total_ms = kpng_runner::sync_log::log_millis(started.elapsed()),
             rules_ops = rules.operations,
             sockets_ops = sockets.operations,
             "synced both halves"

@@ -215,7 +215,7 @@ pub struct GlobalFlags {
 
     /// The admin socket: a running kpng answers `kpng status` and `kpng trace` on it (root
     /// only; on Windows a named pipe, `\\.\pipe\kpng`, administrators only); the client
-    /// commands ask the kpng serving it. Empty: none.
+    /// commands ask the kpng serving it. Empty: none; `to-file` opens none unless given.
     #[arg(
         long,
         global = true,
@@ -367,8 +367,9 @@ pub struct GlobalFlags {
     #[arg(long, global = true, value_name = "RANGE", help_heading = "Node")]
     pub service_node_port_range: Option<kpng_model::NodePortRange>,
 
-    /// Where /healthz and /livez are served (kube-proxy's health server); empty disables; a
-    /// bare IP gets port 10256, as kube-proxy's.
+    /// Where /healthz and /livez are served (kube-proxy's health server), and /readyz (200
+    /// once the first sync programmed the node); empty disables; a bare IP gets port 10256, as
+    /// kube-proxy's. `to-file` serves none unless given.
     // (`::std::option::Option`: the parser itself says `None` for an empty value, where
     // clap's `Option` would mean "not given".)
     #[arg(
@@ -381,7 +382,7 @@ pub struct GlobalFlags {
     pub healthz_bind_address: ::std::option::Option<SocketAddr>,
 
     /// Where /metrics, /healthz and /proxyMode are served; empty disables; a bare IP gets
-    /// port 10249, as kube-proxy's.
+    /// port 10249, as kube-proxy's. `to-file` serves none unless given.
     #[arg(
         long,
         global = true,

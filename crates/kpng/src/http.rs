@@ -1,7 +1,9 @@
 //! kube-proxy's HTTP endpoints.
 //!
 //! - health server (`--healthz-bind-address`, default `0.0.0.0:10256`): `/healthz`, `/livez`
-//!   with kube-proxy's JSON body and status rules;
+//!   with kube-proxy's JSON body and status rules, and kpng's `/readyz` (503 until this run's
+//!   first sync has programmed the node: the startup probe's signal, which `/healthz`, 200 from
+//!   the start as kube-proxy's, is not);
 //! - metrics server (`--metrics-bind-address`, default `127.0.0.1:10249`): `/metrics`
 //!   (Prometheus/OpenMetrics text), `/healthz` (plain `ok`; a brain's readiness on a brain,
 //!   with `/livez`) and `/proxyMode`.
@@ -65,6 +67,21 @@ async fn livez(State(state): State<HealthState>) -> Response {
     health_answer(&state, false)
 }
 
+/// `/readyz`: whether this run's first sync has programmed the node, for the startup probe.
+async fn readyz(State(state): State<HealthState>) -> Response {
+    let report = state.health.readiness(SystemTime::now());
+    let status = StatusCode::from_u16(report.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        report.body,
+    )
+        .into_response()
+}
+
 /// Binds the health server now (so a port conflict fails start-up; an address the node does
 /// not have yet is tried again, `listen.rs`) and returns its future.
 pub async fn health_server(
@@ -81,6 +98,7 @@ pub async fn health_server(
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
         .with_state(HealthState { health, metrics });
     let listener = Listener::bind(addr, "the health server (--healthz-bind-address)")?;
     Ok(async move {

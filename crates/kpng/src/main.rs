@@ -61,6 +61,7 @@ mod pod_interfaces;
 #[cfg(target_os = "linux")]
 mod prereq;
 mod process_metrics;
+mod quiet_sink;
 mod run;
 #[cfg(target_os = "linux")]
 mod run_marker;
@@ -148,6 +149,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    // A to-file run opens no listener it was not asked for (`quiet_sink`).
+    let quiet_sink =
+        quiet_sink::turn_off_unasked(&mut cli, |id| config::given_on_command_line(&matches, id));
     // After the file applied: /flagz shows the values in force.
     cli.global.effective_flags =
         zpages::effective_flags(&cli::Cli::command(), &matches, &cli.global);
@@ -165,20 +169,26 @@ fn main() -> std::process::ExitCode {
         }
     };
     let to_file = matches!(target, logging::LogTarget::File(_));
-    // A command that runs once and ends, rather than a proxy.
-    let one_shot = matches!(
-        cli.command,
-        Some(
-            cli::Command::Cleanup(_)
-                | cli::Command::Version(_)
-                | cli::Command::Status(_)
-                | cli::Command::Trace(_)
-        )
-    );
+    // A command that runs once and ends, rather than a proxy. kube-proxy's `--cleanup` is
+    // `kpng cleanup` and ends as it does (its refusal was an ERROR log line, `kpng cleanup`'s a
+    // plain `kpng: …`, until 2026-12-07).
+    let one_shot = cli.global.cleanup
+        || matches!(
+            cli.command,
+            Some(
+                cli::Command::Cleanup(_)
+                    | cli::Command::Version(_)
+                    | cli::Command::Status(_)
+                    | cli::Command::Trace(_)
+            )
+        );
     let ends = fatal_line::Ending { to_file, one_shot };
     logging::init(&cli.global.log_level, cli.global.logging_format, target);
     for note in &report.notes {
         tracing::info!("--config: {note}");
+    }
+    if let Some(note) = &quiet_sink {
+        tracing::info!("{note}");
     }
     for warning in &report.warnings {
         tracing::warn!("--config: {warning}");

@@ -848,6 +848,13 @@ where
     // Whether an earlier run's rules still route traffic until the first sync (asked once,
     // when the backend was built: `crate::earlier_rules`).
     runner = runner.with_earlier_rules(facts.earlier_rules);
+    // A sink that programs nothing (`to-file`): `kpng trace` says its verdict is the model's.
+    if facts.kind.is_none() {
+        runner = runner.programming_nothing(format!(
+            "backend {proxy_mode} programs nothing: this is the model's verdict, not what a \
+             kernel does with the packet"
+        ));
+    }
     if let Some(input) = facts.input.clone() {
         runner = runner.with_input_health(input);
     }
@@ -973,7 +980,8 @@ where
         spawn_server("metrics server", server);
     }
 
-    run_until_end(runner, rx, source_task, facts.dry_run, exit_drain).await
+    let ending = left_behind(facts.kind.is_some(), dry_run);
+    run_until_end(runner, rx, source_task, facts.dry_run, exit_drain, ending).await
 }
 
 /// Serves `kpng status` and `kpng trace` on the admin socket at `path`, in a task of its own;
@@ -1031,15 +1039,28 @@ fn spawn_server(
     });
 }
 
+/// What the shutdown line says kpng leaves behind: only a run that programs the node leaves
+/// rules (a dry run and `to-file` said "leaving rules in place" too until 2026-12-07, which
+/// sent readers looking for rules that were never there).
+fn left_behind(programs_node: bool, dry_run: bool) -> &'static str {
+    match (programs_node, dry_run) {
+        (_, true) => "a dry run: nothing was applied",
+        (true, false) => "leaving rules in place",
+        (false, false) => "this sink programs no rules",
+    }
+}
+
 /// Runs the sync loop until kpng ends: the source's end (its error, if any, is kpng's),
 /// SIGINT or SIGTERM (the rules stay in place, and what the backend carries itself drains
-/// first), or in a dry run the first change it refuses (an error).
+/// first; the line says `ending`, [`left_behind`]), or in a dry run the first change it
+/// refuses (an error).
 async fn run_until_end<M: NodeModel>(
     runner: Runner<M>,
     rx: mpsc::Receiver<M::Input>,
     source_task: tokio::task::JoinHandle<anyhow::Result<()>>,
     refusals: Option<tokio::sync::watch::Receiver<Option<String>>>,
     exit_drain: Option<kpng_backend::ExitDrain>,
+    ending: &'static str,
 ) -> anyhow::Result<()> {
     let shutdown = crate::signals::shutdown()?;
     let refused = async move {
@@ -1059,7 +1080,7 @@ async fn run_until_end<M: NodeModel>(
             }
         }
         why = shutdown => {
-            info!("{why}; leaving rules in place");
+            info!("{why}; {ending}");
             // The runner, and the backend with it, are gone; what the backend carried itself
             // finishes (bounded by the backend's grace) before the process exits.
             if let Some(drain) = exit_drain {
@@ -1324,6 +1345,18 @@ mod tests {
     use super::chosen_backend;
     use crate::backends::{BackendKind, Platform};
     use crate::cli::Cli;
+
+    #[test]
+    fn the_shutdown_line_leaves_rules_only_where_there_are_some() {
+        // (programs the node, dry run, what the line says)
+        for (programs, dry, said) in [
+            (true, false, "leaving rules in place"),
+            (true, true, "a dry run: nothing was applied"),
+            (false, false, "this sink programs no rules"),
+        ] {
+            assert_eq!(super::left_behind(programs, dry), said, "{programs} {dry}");
+        }
+    }
 
     #[test]
     fn a_node_fed_by_a_brain_names_the_settings_only_the_brain_applies() {

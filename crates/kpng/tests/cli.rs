@@ -1573,3 +1573,36 @@ fn pod_interface_names_are_checked_and_an_empty_detect_local_mode_is_the_default
         "{stderr}"
     );
 }
+
+/// README's first command, `kpng file --input examples/cluster.yaml --node-name node1 to-file
+/// --output -`, runs on a node whose proxy holds kube-proxy's health and metrics ports: a sink
+/// that programs nothing opens no listener unless asked (until 2026-12-07 it bound
+/// 0.0.0.0:10256 and failed with "Address already in use").
+#[test]
+fn to_file_runs_beside_a_proxy_holding_the_health_and_metrics_ports() {
+    // Held here, or already held by someone else: either way taken.
+    let _health = std::net::TcpListener::bind("0.0.0.0:10256");
+    let _metrics = std::net::TcpListener::bind("127.0.0.1:10249");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = dir.path().join("out.yaml");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    let mut kpng = Kpng::start(
+        Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .env_remove("RUST_LOG")
+            .args(["file", "--input"])
+            .arg(&example)
+            .args(["--node-name", "node1", "to-file", "--output"])
+            .arg(&output),
+    );
+    kpng.wait("the model written", &output, |out, err| {
+        !out.is_empty() && err.contains(" synced")
+    });
+    let err = kpng.stderr();
+    assert!(
+        err.contains(
+            "to-file programs nothing: no health server, no metrics server, no admin socket \
+             (give --healthz-bind-address, --metrics-bind-address, --admin-socket to have them)"
+        ) && !err.contains("serving /healthz"),
+        "{err}"
+    );
+}

@@ -26,6 +26,10 @@ fn run_demo(backend: &str) {
         format!("… to-local {backend}"),
         "default/web ClusterIP 10.96.0.10:80".to_owned(),
         "inspect it yourself".to_owned(),
+        // The socket's own path, so that the line runs as printed (it said `…` until
+        // 2026-12-07).
+        "--admin-socket /".to_owned(),
+        "KPNG_DEMO_PAUSE_SECS=600 ./scripts/demo.sh".to_owned(),
         "== done; removing the sandbox".to_owned(),
     ] {
         assert!(stdout.contains(&line), "no {line:?} in:\n{stdout}");
@@ -113,4 +117,26 @@ fn scripts_run_binaries_from_cargos_target_dir() {
             "{script} does not ask cargo where its target directory is"
         );
     }
+}
+
+/// `./scripts/demo.sh --help` prints its comment block, the environment it reads included, and
+/// no code (it printed `set -euo pipefail` until 2026-12-07). No root needed.
+#[test]
+fn the_demo_script_help_is_its_comment_block() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("bash")
+        .arg(repo.join("scripts/demo.sh"))
+        .arg("--help")
+        .output()
+        .expect("run demo.sh --help");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.starts_with("The demo: builds kpng")
+            && text.contains("KPNG_BIN_DIR=DIR")
+            && text.contains("KPNG_DEMO_PAUSE_SECS=N")
+            && !text.contains("set -euo")
+            && !text.contains('#'),
+        "{text}"
+    );
 }

@@ -285,15 +285,40 @@ fn daemon_set_requests_what_a_typical_cluster_needs_and_limits_nothing() {
     let nft = |services: u64| (11 + 5 * services / 1000) * 105 / 100;
     assert!(memory >= nft(10_000), "{memory} MiB < nftables at 10k");
     assert!(memory >= nft(5_000) + 85, "{memory} MiB < ebpf at 5k");
-    // Liveness waits for the first sync: the startup probe is /healthz (200 once the first
-    // sync has programmed the node) on the health server, with minutes of budget.
+    // Liveness waits for the first sync: the startup probe is /readyz (200 once this run's
+    // first sync has programmed the node; /healthz is 200 from the start, as kube-proxy's) on
+    // the health server, with minutes of budget.
     let startup = c.startup_probe.as_ref().expect("a startupProbe");
     let get = startup.http_get.as_ref().unwrap();
-    assert_eq!(get.path.as_deref(), Some("/healthz"));
+    assert_eq!(get.path.as_deref(), Some("/readyz"));
     let liveness = c.liveness_probe.as_ref().unwrap();
     assert_eq!(get.port, liveness.http_get.as_ref().unwrap().port);
     let budget = startup.period_seconds.unwrap_or(10) * startup.failure_threshold.unwrap_or(3);
     assert!(budget >= 300, "startup budget {budget}s");
+}
+
+/// Every node DaemonSet's startup probe asks `/readyz`: `/healthz` answers 200 before the
+/// first sync (as kube-proxy's), so until 2026-12-07 the probe passed within seconds and a long
+/// first sync was guarded by `/livez` alone.
+#[test]
+fn every_node_daemon_set_starts_liveness_after_the_first_sync() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for file in [
+        "deploy/20-daemonset.yaml",
+        "deploy/split/20-node-daemonset.yaml",
+        "deploy/least-privilege/20-daemonset.yaml",
+    ] {
+        let text = std::fs::read_to_string(repo.join(file)).expect(file);
+        let probe = text
+            .split_once("startupProbe:")
+            .map(|(_, rest)| rest)
+            .unwrap_or_else(|| panic!("{file}: no startupProbe"));
+        let path = probe
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("path: "))
+            .unwrap_or_else(|| panic!("{file}: no startupProbe path"));
+        assert_eq!(path, "/readyz", "{file}");
+    }
 }
 
 #[test]

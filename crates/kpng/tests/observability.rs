@@ -146,6 +146,70 @@ fn http_get(addr: &str, path: &str) -> String {
 const MANIFEST: &str = "kind: Node\nmetadata: {name: n1}\n---\nkind: Service\n\
     metadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}]}\n";
 
+/// `/readyz`, the DaemonSet's startup probe, answers 503 until this run's first sync has
+/// programmed the node and 200 after; `/healthz` answers 200 from the start, as kube-proxy's
+/// does, so it cannot tell a long first sync from a done one.
+#[test]
+fn readyz_waits_for_the_first_sync_and_healthz_does_not() {
+    let (dir, input) = manifest_dir();
+    let start = |source: &[&str], out: &str| {
+        let mut command = kpng();
+        command
+            .env_remove("RUST_LOG")
+            .args(source)
+            .args([
+                "--node-name",
+                "n1",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "to-file",
+                "--output",
+            ])
+            .arg(dir.path().join(out));
+        Running::start(&mut command)
+    };
+    let health_addr = |log: &str| {
+        log.lines()
+            .find_map(|l| l.split_once("serving /healthz and /livez on http://"))
+            .map(|(_, a)| a.trim().to_string())
+            .expect("the health address")
+    };
+    // An API server that never answers: nothing is listed, so nothing is ever synced.
+    let mut never = start(&["kube", "--master", "http://127.0.0.1:1"], "never.yaml");
+    let log = never.wait("the health server", |e| {
+        e.contains("serving /healthz and /livez on http://")
+    });
+    let addr = health_addr(&log);
+    let healthz = http_get(&addr, "/healthz");
+    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+    let readyz = http_get(&addr, "/readyz");
+    assert!(readyz.starts_with("HTTP/1.1 503"), "{readyz}");
+    let body: serde_json::Value =
+        serde_json::from_str(http_body(&readyz).trim()).expect("a JSON body");
+    assert_eq!(body["ready"], false, "{body}");
+    assert_eq!(body["firstSync"], "0001-01-01T00:00:00Z", "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("waiting for the first sync of this run")),
+        "{body}"
+    );
+    drop(never);
+
+    let mut synced = start(&["file", "--input", &input.to_string_lossy()], "out.yaml");
+    let log = synced.wait("the first sync and the health server", |e| {
+        e.contains(" synced ") && e.contains("serving /healthz and /livez on http://")
+    });
+    let readyz = http_get(&health_addr(&log), "/readyz");
+    assert!(readyz.starts_with("HTTP/1.1 200"), "{readyz}");
+    let body: serde_json::Value =
+        serde_json::from_str(http_body(&readyz).trim()).expect("a JSON body");
+    assert_eq!(body["ready"], true, "{body}");
+    assert_ne!(body["firstSync"], "0001-01-01T00:00:00Z", "{body}");
+}
+
 #[test]
 fn version_names_the_commit_build_and_apis() {
     let out = kpng()
@@ -606,6 +670,16 @@ fn status_and_trace_answer_from_the_running_proxy() {
     assert_eq!(empty["verdict"], "reject", "{empty}");
     let nothing = trace("10.244.1.9", "192.0.2.99:443");
     assert_eq!(nothing["verdict"], "none", "{nothing}");
+    // `to-file` programs nothing: the trace says its verdict is the model's (until
+    // 2026-12-07 it read as what the kernel does).
+    let text = ask(&["trace", "--from", "10.244.1.9", "--to", "10.96.1.30:80"]);
+    assert!(
+        text.contains(
+            "\n  note:       backend file programs nothing: this is the model's verdict, not \
+             what a kernel does with the packet\n"
+        ),
+        "{text}"
+    );
 
     // Mistakes are named.
     let bad = kpng()
@@ -1564,7 +1638,8 @@ fn the_status_page_shows_a_repair_problem() {
 /// kube-proxy's servers bind as Go does: the health server's default `0.0.0.0:10256` is one
 /// dual-stack socket, so it answers over IPv6 too (an IPv6-only node's probes); an address the
 /// node does not have yet (here the metrics address) is tried again every 5 s rather than
-/// ending kpng, and is served once it appears.
+/// ending kpng, and is served once it appears. (`to-file` opens a health server only when
+/// asked since 2026-12-07: the default address is given as it is.)
 #[test]
 fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_for() {
     kpng_testkit::require_root!();
@@ -1578,6 +1653,8 @@ fn the_default_health_address_answers_over_ipv6_and_a_missing_address_is_waited_
         .args([
             "--node-name",
             "n1",
+            "--healthz-bind-address",
+            "0.0.0.0:10256",
             "--metrics-bind-address",
             "10.99.0.1:10249",
             "--admin-socket=",

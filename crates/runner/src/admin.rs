@@ -293,6 +293,10 @@ pub struct TraceAnswer {
     /// is held ([`Status::earlier_rules_in_place`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub earlier_rules_in_place: bool,
+    /// For a sink that programs nothing (`to-file`, a dry run): says so, and that the verdict
+    /// is kpng's model's, not what any kernel does with the packet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub programs_nothing: Option<String>,
     /// On a node fed by a brain, when the matched Service port uses no endpoint here: the
     /// brain's command that explains the endpoints this node does not receive ([`brain_explains`]),
     /// as `kpng status` points at it for such a port.

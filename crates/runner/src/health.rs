@@ -1,6 +1,10 @@
 //! Proxy health, kube-proxy's rules: `/livez` and `/healthz` fail when a queued change has not
 //! been synced within the health timeout (2 × `--sync-period`); `/healthz` also needs the node to
 //! be eligible (Node known, not being deleted, not tainted for deletion by the autoscaler).
+//!
+//! As kube-proxy's, both answer 200 before the first sync (nothing is pending yet), so neither
+//! says that this node is programmed. `/readyz`, kpng's own, does: 503 until every family's
+//! first sync of this run has been programmed, 200 from then on (the DaemonSet's startup probe).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -12,6 +16,8 @@ use kpng_model::Family;
 struct FamilyHealth {
     last_updated: Option<SystemTime>,
     oldest_pending: Option<SystemTime>,
+    /// When this run first programmed the family (`/readyz`); `None` until then.
+    first_programmed: Option<SystemTime>,
 }
 
 #[derive(Debug)]
@@ -47,7 +53,10 @@ impl ProxyHealth {
             timeout,
             inner: Mutex::new(Inner {
                 families,
-                node_eligible: false,
+                // As kube-proxy's: eligible while starting, until the Node says otherwise.
+                // The health server answers before the sync loop has run its first
+                // `set_node_eligible`, and answered 503 (`nodeEligible: false`) in between.
+                node_eligible: true,
             }),
         }
     }
@@ -73,6 +82,56 @@ impl ProxyHealth {
             h.oldest_pending = None;
             h.last_updated = Some(now);
         });
+    }
+
+    /// A sync programmed `family`: [`ProxyHealth::updated`], and the first one makes `/readyz`
+    /// answer 200 once every family has had one (the start's `updated` does not count: it only
+    /// starts the health timeout, as kube-proxy's sync loop does).
+    pub fn programmed(&self, family: Family, now: SystemTime) {
+        self.with(|i| {
+            let h = i.families.entry(family).or_default();
+            h.oldest_pending = None;
+            h.last_updated = Some(now);
+            h.first_programmed.get_or_insert(now);
+        });
+    }
+
+    /// The `/readyz` answer at `now`: 200 once every family's first sync of this run has been
+    /// programmed, 503 before, with a JSON body saying which families still wait.
+    pub fn readiness(&self, now: SystemTime) -> HealthReport {
+        self.with(|i| {
+            let waiting: Vec<&str> = i
+                .families
+                .iter()
+                .filter(|(_, h)| h.first_programmed.is_none())
+                .map(|(f, _)| f.label())
+                .collect();
+            let ready = waiting.is_empty();
+            let first_sync = if ready {
+                i.families.values().filter_map(|h| h.first_programmed).max()
+            } else {
+                None
+            };
+            let reason = if ready {
+                "the first sync of this run has programmed the node".to_string()
+            } else {
+                format!(
+                    "waiting for the first sync of this run to program {} (the rules of an \
+                     earlier run, if any, stay in place meanwhile)",
+                    waiting.join(" and ")
+                )
+            };
+            let body = serde_json::json!({
+                "ready": ready,
+                "firstSync": serde_json::Value::String(go_time_text(first_sync)),
+                "currentTime": serde_json::Value::String(go_time_text(Some(now))),
+                "reason": reason,
+            });
+            HealthReport {
+                status: if ready { 200 } else { 503 },
+                body: body.to_string(),
+            }
+        })
     }
 
     /// Records whether the node may receive load-balancer traffic.
@@ -138,12 +197,17 @@ impl ProxyHealth {
 /// A time as Go's `encoding/json` writes a `time.Time` (RFC 3339, nanoseconds without trailing
 /// zeros, `Z` for UTC; the zero time for "never").
 fn go_time(t: Option<SystemTime>) -> String {
+    format!("\"{}\"", go_time_text(t))
+}
+
+/// [`go_time`] without the quotes.
+fn go_time_text(t: Option<SystemTime>) -> String {
     let Some(t) = t else {
-        return "\"0001-01-01T00:00:00Z\"".to_string();
+        return "0001-01-01T00:00:00Z".to_string();
     };
     let s = humantime::format_rfc3339_nanos(t).to_string();
     // "2026-11-30T08:31:46.123000000Z" → "2026-11-30T08:31:46.123Z"
-    let trimmed = match s.strip_suffix('Z').and_then(|b| b.split_once('.')) {
+    match s.strip_suffix('Z').and_then(|b| b.split_once('.')) {
         Some((secs, frac)) => {
             let frac = frac.trim_end_matches('0');
             if frac.is_empty() {
@@ -153,8 +217,7 @@ fn go_time(t: Option<SystemTime>) -> String {
             }
         }
         None => s,
-    };
-    format!("\"{trimmed}\"")
+    }
 }
 
 #[cfg(test)]
@@ -193,11 +256,55 @@ mod tests {
     #[test]
     fn healthz_needs_an_eligible_node_livez_does_not() {
         let h = ProxyHealth::new(&[Family::V4], Duration::from_secs(60));
+        assert_eq!(
+            h.report(at(0), true).status,
+            200,
+            "eligible while starting, as kube-proxy's, before anyone said otherwise"
+        );
+        h.set_node_eligible(false);
         let healthz = h.report(at(0), true);
         assert_eq!(healthz.status, 503);
         assert!(healthz.body.contains("\"nodeEligible\":false"));
         assert_eq!(h.report(at(0), false).status, 200);
         assert!(!h.report(at(0), false).body.contains("nodeEligible"));
+    }
+
+    #[test]
+    fn readyz_waits_for_every_family_first_programmed_healthz_does_not() {
+        let h = ProxyHealth::new(&[Family::V4, Family::V6], Duration::from_secs(60));
+        h.set_node_eligible(true);
+        // As kube-proxy's sync loop at its start: `updated` starts the timeout only.
+        h.updated(Family::V4, at(0));
+        h.updated(Family::V6, at(0));
+        assert_eq!(
+            h.report(at(1), true).status,
+            200,
+            "/healthz as kube-proxy's"
+        );
+        let r = h.readiness(at(1));
+        assert_eq!(r.status, 503, "{}", r.body);
+        let v: serde_json::Value = serde_json::from_str(&r.body).expect("JSON");
+        assert_eq!(v["ready"], false);
+        assert_eq!(v["firstSync"], "0001-01-01T00:00:00Z");
+        assert!(
+            v["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("IPv4 and IPv6")),
+            "{v}"
+        );
+        h.programmed(Family::V4, at(2));
+        let r = h.readiness(at(3));
+        assert_eq!(r.status, 503, "IPv6 still waits: {}", r.body);
+        assert!(r.body.contains("to program IPv6 ("), "{}", r.body);
+        h.programmed(Family::V6, at(4));
+        let r = h.readiness(at(5));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v: serde_json::Value = serde_json::from_str(&r.body).expect("JSON");
+        assert_eq!(v["firstSync"], "2027-01-15T08:00:04Z");
+        // Later failures are /livez's business: /readyz stays 200.
+        h.queued(Family::V4, at(6));
+        assert_eq!(h.readiness(at(600)).status, 200);
+        assert_eq!(h.report(at(600), false).status, 503);
     }
 
     #[test]

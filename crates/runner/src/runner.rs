@@ -110,6 +110,8 @@ pub struct Runner<M: NodeModel = Model> {
     node_needs: admin::NodeNeeds,
     /// The backend's rules from an earlier run were found at start ([`Runner::with_earlier_rules`]).
     earlier_rules_found: bool,
+    /// Set for a sink that programs nothing (`to-file`, a dry run): `kpng trace` says so.
+    programs_nothing: Option<String>,
     /// Checks of the node's configuration ([`Runner::checking_node_config`]).
     node_check: crate::node_config_check::NodeConfigCheck,
     /// Whether the host's addresses are compared with the Node's.
@@ -144,6 +146,7 @@ impl<M: NodeModel> Runner<M> {
             input: None,
             node_needs: admin::NodeNeeds::default(),
             earlier_rules_found: false,
+            programs_nothing: None,
             node_check: Default::default(),
             node_ips_on_host: false,
             free_repairs: crate::repair_backoff::FREE_REPAIRS,
@@ -178,6 +181,14 @@ impl<M: NodeModel> Runner<M> {
     /// programmed".
     pub fn with_earlier_rules(mut self, found: bool) -> Runner<M> {
         self.earlier_rules_found = found;
+        self
+    }
+
+    /// The sink programs nothing (`to-file`, a dry run): every `kpng trace` answer carries
+    /// `note`, so that its verdict is not read as what the kernel does (until 2026-12-07 a
+    /// trace of a `to-file` kpng read as if its rules were in place).
+    pub fn programming_nothing(mut self, note: String) -> Runner<M> {
+        self.programs_nothing = Some(note);
         self
     }
 
@@ -746,6 +757,7 @@ impl<M: NodeModel> LoopState<M> {
                     first_sync_held: self.first_sync_held(),
                     input_problem,
                     earlier_rules_in_place: self.earlier_rules_in_place(),
+                    programs_nothing: self.runner.programs_nothing.clone(),
                 });
             }
         }

@@ -304,7 +304,7 @@ impl<M: NodeModel> LoopState<M> {
                 m.last_sync_timestamp
                     .get_or_create(&(*family).into())
                     .set(unix_seconds(wall));
-                self.runner.health.updated(*family, wall);
+                self.runner.health.programmed(*family, wall);
             }
         }
         // A full sync rewrites the backend's tables whatever it counts (nftables counts the
@@ -456,7 +456,7 @@ impl<M: NodeModel> LoopState<M> {
             ports = plan.ports_total,
             operations,
             ?duration,
-            duration_ms = duration.as_secs_f64() * 1000.0,
+            duration_ms = crate::sync_log::log_millis(duration),
             changes = %plan.changes,
         );
         if !plan.changed_names.is_empty() {

@@ -1,7 +1,8 @@
 //! `kpng-demo`: the README's demo. Builds a two-node sandbox out of network namespaces, runs
 //! echo pods, starts `kpng file --input examples/cluster.yaml … to-local BACKEND` on node1,
 //! and shows where real connections to the example Services go. Everything is removed at the
-//! end.
+//! end; `KPNG_DEMO_PAUSE_SECS=N` keeps it N seconds first, for the `ip netns exec …`,
+//! `kpng status` and `kpng trace` lines it prints.
 //!
 //! Each line is also checked against what the Service asks for (spread over several pods,
 //! one pod, refused, dropped…); a line that does not hold is marked and the demo exits 1, so
@@ -336,7 +337,11 @@ fn run(kpng: &str, input: &str, backend: Backend) -> kpng_testkit::Result<usize>
     show_kernel_state(node1, backend, pins.as_deref())?;
     // Ask the running kpng what it programmed and what a packet meets.
     let ask = |what: &str, args: &[&str]| {
-        println!("\n== {what}: kpng {} --admin-socket …", args.join(" "));
+        // The socket's real path: the line runs as it is while the demo pauses.
+        println!(
+            "\n== {what}: kpng {} --admin-socket {admin}",
+            args.join(" ")
+        );
         match std::process::Command::new(kpng)
             .args(args)
             .args(["--admin-socket", &admin])
@@ -374,12 +379,18 @@ fn run(kpng: &str, input: &str, backend: Backend) -> kpng_testkit::Result<usize>
             "final check failed: {r:?}"
         )));
     }
-    if let Some(secs) = std::env::var("KPNG_DEMO_PAUSE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        println!("\n== pausing {secs} s (KPNG_DEMO_PAUSE_SECS) so you can look around");
-        std::thread::sleep(Duration::from_secs(secs));
+    match pause_secs() {
+        Some(secs) => {
+            println!(
+                "\n== pausing {secs} s (KPNG_DEMO_PAUSE_SECS) so you can look around: the \
+                 `ip netns exec …` and `kpng … --admin-socket …` lines above work until then"
+            );
+            std::thread::sleep(Duration::from_secs(secs));
+        }
+        None => println!(
+            "\n== the sandbox goes now; to run the lines above yourself, keep it a while: \
+             KPNG_DEMO_PAUSE_SECS=600 ./scripts/demo.sh"
+        ),
     }
     println!("\n== done; removing the sandbox");
     // SIGTERM, as a node's shutdown would: kpng leaves its rules in place and removes its admin
@@ -393,6 +404,14 @@ fn run(kpng: &str, input: &str, backend: Backend) -> kpng_testkit::Result<usize>
         let _ = std::fs::remove_dir_all(pins);
     }
     Ok(report.unmet)
+}
+
+/// `KPNG_DEMO_PAUSE_SECS`: how long to keep the sandbox before removing it, if set.
+fn pause_secs() -> Option<u64> {
+    std::env::var("KPNG_DEMO_PAUSE_SECS")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|s| *s > 0)
 }
 
 /// What kpng put in node1's kernel, and how to look at it.
@@ -410,7 +429,8 @@ fn show_kernel_state(
     };
     let look = |cmd: &str| {
         println!(
-            "   inspect it yourself: ip netns exec {} {cmd}",
+            "   inspect it yourself (with KPNG_DEMO_PAUSE_SECS set, before the sandbox goes): \
+             ip netns exec {} {cmd}",
             node1.name()
         )
     };
