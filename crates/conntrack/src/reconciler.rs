@@ -201,6 +201,10 @@ pub struct Pass {
     pub scanned: usize,
     /// Entries found stale.
     pub stale: usize,
+    /// The Service ports (`namespace/name:port`, sorted, each once) whose entries were found
+    /// stale: the deletion log line names them, so that "deleted=1" says whose clients were
+    /// moved to a new endpoint.
+    pub services: Vec<String>,
     /// What deleting them did.
     pub outcome: DeleteOutcome,
     /// How long the pass took.
@@ -424,7 +428,7 @@ impl Reconciler {
         // endpoints are all serving but none usable is in the backend's no-endpoint sets, so
         // a restart's look at the rules (the nftables dispatch maps) would not find it.
         let dnat: HashSet<Frontend> = ports.iter().flat_map(|p| dnat_frontends(p)).collect();
-        let filter = StaleFilter::new(family, ports, &local);
+        let filter = StaleFilter::new(family, ports.iter().copied(), &local);
         let frontends = filter.frontends();
         let new: Vec<Frontend> = {
             let checked = self.checked.get(&family);
@@ -453,6 +457,7 @@ impl Reconciler {
         })?;
         pass.dumps = dumps;
         pass.stale = stale.len();
+        pass.services = services_of(&stale, &ports, &local);
         if !stale.is_empty() {
             pass.outcome = self.table.delete(&stale)?;
         }
@@ -465,7 +470,25 @@ impl Reconciler {
     }
 }
 
-/// The frontends of one Service port.
+/// The Service ports (`namespace/name:port`, sorted, each once) whose frontend each of `stale`
+/// was sent to: a Service IP and port, or a node port on one of the node's `local` addresses.
+fn services_of(stale: &[Flow], ports: &[&ServicePort], local: &[IpAddr]) -> Vec<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for flow in stale {
+        let dst = flow.original.dst;
+        for port in ports {
+            let hit = frontends_of(port).any(|f| match f {
+                Frontend::Ip(addr) => addr == dst,
+                Frontend::NodePort(p) => p == dst.port() && local.contains(&dst.ip()),
+            });
+            if hit {
+                out.insert(format!("{}:{}", port.key.service, port.key.port_name));
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// The frontends of `port` whose traffic the rules DNAT to endpoints, as every backend
 /// programs them (and kube-proxy): the ClusterIP when the endpoints for internal traffic are
 /// not empty, the external and load-balancer IPs and the node port when any endpoint is usable

@@ -1952,7 +1952,8 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
         let _ = writeln!(
             out,
             "  note:       this follows kpng's rules only; other tables' chains on its hooks see \
-             the packet before kpng's or drop what they do not accept: {}",
+             the packet before kpng's, drop what they do not accept, or hold rules that may drop \
+             it: {}",
             chains.join("; ")
         );
     }
@@ -2148,6 +2149,7 @@ fn backend_traits(kind: Option<crate::backends::BackendKind>) -> kpng_model::tra
         enforces_source_ranges: true,
         rejects_without_endpoints: true,
         external_ips_before_load_balancers: false,
+        accepts_masqueraded_in_forward: false,
     };
     let Some(kind) = kind else {
         return nftables;
@@ -2157,6 +2159,7 @@ fn backend_traits(kind: Option<crate::backends::BackendKind>) -> kpng_model::tra
         BackendKind::Iptables => BackendTraits {
             rejects_unknown_ports: false,
             external_ips_before_load_balancers: true,
+            accepts_masqueraded_in_forward: true,
             ..nftables
         },
         BackendKind::Userspace => BackendTraits {
@@ -2344,6 +2347,7 @@ mod tests {
                 t.enforces_source_ranges,
                 t.rejects_without_endpoints,
                 t.external_ips_before_load_balancers,
+                t.accepts_masqueraded_in_forward,
             ];
             let want = [
                 !matches!(kind, Some(BackendKind::Iptables | BackendKind::Hns)),
@@ -2351,6 +2355,7 @@ mod tests {
                 kind == Some(BackendKind::Ebpf),
                 kind != Some(BackendKind::Hns),
                 kind != Some(BackendKind::Hns),
+                kind == Some(BackendKind::Iptables),
                 kind == Some(BackendKind::Iptables),
             ];
             assert_eq!(got, want, "{kind:?}");

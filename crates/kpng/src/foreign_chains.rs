@@ -1,7 +1,15 @@
 //! Other programs' base chains on the hooks kpng uses, for `kpng status` and `kpng trace`
 //! ([`kpng_runner::admin::ForeignChain`]): those that see a packet before kpng's chain on
-//! the same hook (a lower priority number) and those whose policy drops what their rules do
-//! not accept. Why: `kpng trace` replays kpng's model only and status says "ok" while a host
+//! the same hook (a lower priority number), those whose policy drops what their rules do
+//! not accept, and filter chains holding drop or reject rules (in the chain or in a chain it
+//! jumps to), each such rule listed. A filter chain's drop drops whatever its priority: a
+//! multi-tenant CNI's `inet tenantpolicy input` at priority 0, policy accept, with
+//! `tcp dport { 32010, 30000-32767 } drop` dropped every health check and node port while
+//! status said nothing (until 2026-12-07 only chains before kpng's or with a drop policy were
+//! listed). The rules are read with one rule dump per such table
+//! ([`kpng_netfilter::rules::rules`]) and walked as legacy iptables' are
+//! ([`crate::legacy_chains::table_drops`]); their matches are named, not compared with
+//! kpng's ports and addresses, so a listed rule "may" drop kpng's traffic. Why: `kpng trace` replays kpng's model only and status says "ok" while a host
 //! firewall (`inet filter forward … policy drop`) drops the Service's traffic first; at 3 a.m.
 //! "is it kpng or my firewall?" needs both halves on one screen.
 //!
@@ -10,11 +18,15 @@
 //! not nftables chains: their drop policies and `DROP`/`REJECT` rules are read with
 //! `iptables-legacy-save` at the same time, when legacy tables exist ([`crate::legacy_chains`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kpng_model::Family;
+use kpng_netfilter::rules::{RuleSummary, RuleVerdict};
 use kpng_netfilter::tables::BaseChain;
 use kpng_runner::admin::{ForeignChain, ForeignChainsProbe};
+
+use crate::legacy_chains::{Rule, Table};
 
 /// Which chains are kpng's, to tell the others apart and to know kpng's priority per hook.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +51,11 @@ const IPTABLES_HOOKS: [(u32, i32); 6] = [(0, -100), (1, 0), (2, 0), (3, -100), (
 /// The probe for a backend whose chains are `own`.
 pub fn probe(own: Own) -> ForeignChainsProbe {
     Arc::new(move || {
+        let read = |family: &str, table: &str| {
+            kpng_netfilter::rules::rules(family, table).map_err(|e| e.to_string())
+        };
         let mut found = kpng_netfilter::tables::base_chains()
-            .map(|chains| foreign(&chains, &own))
+            .map(|chains| foreign(&chains, &own, &read))
             .map_err(|e| e.to_string())?;
         found.extend(crate::legacy_chains::list(matches!(
             own,
@@ -60,9 +75,48 @@ fn families(word: &str) -> &'static [Family] {
     }
 }
 
+/// How the rules of one table read (`read(family, table)`), for the walk.
+pub type ReadRules<'a> = &'a dyn Fn(&str, &str) -> Result<Vec<RuleSummary>, String>;
+
+/// The walk's view of an nf_tables table's rules.
+fn table_of(rules: &[RuleSummary]) -> Table {
+    let mut table = Table::default();
+    for r in rules {
+        let target = match &r.verdict {
+            RuleVerdict::Drop => Some("DROP".to_string()),
+            RuleVerdict::Reject => Some("REJECT".to_string()),
+            RuleVerdict::Jump(c) | RuleVerdict::Goto(c) => Some(c.clone()),
+            RuleVerdict::Accept => Some("ACCEPT".to_string()),
+            RuleVerdict::Return | RuleVerdict::Continue => None,
+        };
+        let verdict = match &r.verdict {
+            RuleVerdict::Drop => "drop".to_string(),
+            RuleVerdict::Reject => "reject".to_string(),
+            other => format!("{other:?}").to_lowercase(),
+        };
+        let comment = r
+            .comment
+            .as_deref()
+            .map(|c| format!(" \"{c}\""))
+            .unwrap_or_default();
+        let matching = if r.matches.is_empty() {
+            "matching every packet".to_string()
+        } else {
+            format!("matching on {}", r.matches.join(", "))
+        };
+        table.rules.entry(r.chain.clone()).or_default().push(Rule {
+            text: format!("rule handle {}{comment} {matching}: {verdict}", r.handle),
+            target,
+            unconditional: r.matches.is_empty(),
+        });
+    }
+    table
+}
+
 /// The chains of `chains` that are not kpng's and, on a hook kpng uses, run before kpng's
-/// chain there or drop by policy; each with its relation to kpng's chain.
-pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
+/// chain there, drop by policy, or (filter chains) hold drop or reject rules, read with
+/// `read`; each with its relation to kpng's chain, followed by its drop rules.
+pub fn foreign(chains: &[BaseChain], own: &Own, read: ReadRules<'_>) -> Vec<ForeignChain> {
     // kpng's anchor tables (`kpng-anchor`, `kpng-anchor-<pid>-<random>`) are kpng's whatever
     // the backend: verdict-free NAT chains that keep the kernel NAT-ing through a foreign flush.
     let is_anchor = |c: &BaseChain| {
@@ -91,6 +145,14 @@ pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
                 .min(),
         }
     };
+    // In the iptables backend's nft variant, its `KUBE-*` chains in iptables-nft's tables are
+    // kpng's: never walked into, and a drop's place is told relative to the jump to them.
+    let kpng_chain = |family: &str, chain: &str| {
+        matches!(own, Own::Iptables { legacy: false })
+            && matches!(family, "ip" | "ip6")
+            && crate::legacy_chains::is_kpng_chain(chain)
+    };
+    let mut tables: BTreeMap<(&str, &str), Result<Table, String>> = BTreeMap::new();
     let mut out = Vec::new();
     for c in chains {
         let fams = families(c.family);
@@ -99,7 +161,33 @@ pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
         }
         let kpng = fams.iter().filter_map(|f| kpng_priority(*f, c.hook)).min();
         let before = kpng.is_some_and(|k| c.priority < k);
-        if !before && !c.policy_drop {
+        let label = format!("{} {}", c.family, c.table);
+        // A filter chain's drop rules drop whatever its priority.
+        let drops = if c.kind == "filter" {
+            let table = tables
+                .entry((c.family, c.table.as_str()))
+                .or_insert_with(|| read(c.family, &c.table).map(|r| table_of(&r)));
+            match table {
+                Ok(table) => {
+                    let walked = Table {
+                        builtin: vec![(c.name.clone(), "ACCEPT".into())],
+                        rules: table.rules.clone(),
+                    };
+                    let is_kpng = |chain: &str| kpng_chain(c.family, chain);
+                    let see = format!("nft -a list table {label}");
+                    crate::legacy_chains::table_drops(&label, &walked, fams, &is_kpng, &see)
+                }
+                Err(e) => vec![ForeignChain {
+                    line: format!("{label} {}: its rules cannot be read ({e})", c.name),
+                    families: fams.to_vec(),
+                    policy_drop: false,
+                    rule_in: None,
+                }],
+            }
+        } else {
+            Vec::new()
+        };
+        if !before && !c.policy_drop && drops.is_empty() {
             continue;
         }
         let relation = match kpng {
@@ -125,7 +213,9 @@ pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
             ),
             families: fams.to_vec(),
             policy_drop: c.policy_drop,
+            rule_in: None,
         });
+        out.extend(drops);
     }
     out
 }
@@ -133,6 +223,11 @@ pub fn foreign(chains: &[BaseChain], own: &Own) -> Vec<ForeignChain> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tables without rules.
+    fn no_rules(_: &str, _: &str) -> Result<Vec<RuleSummary>, String> {
+        Ok(Vec::new())
+    }
 
     fn chain(
         family: &'static str,
@@ -175,7 +270,7 @@ mod tests {
             chain("ip", "kpng-anchor", "input", 1, 100, false),
             chain("ip", "late", "in", 1, 10, false),
         ];
-        let got = foreign(&chains, &Own::NftTable("kpng".into()));
+        let got = foreign(&chains, &Own::NftTable("kpng".into()), &no_rules);
         let lines: Vec<&str> = got.iter().map(|c| c.line.as_str()).collect();
         assert_eq!(
             lines,
@@ -203,6 +298,7 @@ mod tests {
                 chain("ip", "kpng-anchor-1-0a1b2c3d", "input", 1, 100, false),
             ],
             &Own::Iptables { legacy: false },
+            &no_rules,
         );
         let lines: Vec<&str> = got.iter().map(|c| c.line.as_str()).collect();
         assert_eq!(
@@ -214,5 +310,161 @@ mod tests {
                  kpng's, priority 0)",
             ]
         );
+    }
+
+    fn rule(chain: &str, handle: u64, verdict: RuleVerdict, matches: &[&str]) -> RuleSummary {
+        RuleSummary {
+            chain: chain.into(),
+            handle,
+            verdict,
+            matches: matches.iter().map(|m| m.to_string()).collect(),
+            comment: None,
+        }
+    }
+
+    /// Filter chains after kpng's with policy accept are listed when they hold drop or reject
+    /// rules (followed through jumps, iptables-nft's included), each rule with its table and
+    /// chain for the trace; chains that only accept, NAT chains and kpng's own chains in
+    /// iptables-nft's tables are not; a rule matching every packet is a drop policy.
+    #[test]
+    fn filter_chains_with_drop_rules_are_listed_whatever_their_priority() {
+        use RuleVerdict::{Accept, Drop, Jump, Reject};
+        struct Case {
+            what: &'static str,
+            chains: Vec<BaseChain>,
+            own: Own,
+            rules: fn(&str, &str) -> Result<Vec<RuleSummary>, String>,
+            lines: &'static [&'static str],
+            rule_in: &'static [Option<(&'static str, &'static str)>],
+            drop_all: &'static [bool],
+        }
+        let nft = || Own::NftTable("kpng".into());
+        let mut nat = chain("ip", "nat", "PREROUTING", 0, -100, false);
+        nat.kind = "nat".into();
+        let cases = [
+            Case {
+                what: "a tenant's port drop at priority 0, policy accept",
+                chains: vec![
+                    chain("ip", "kpng", "filter-input", 1, -110, false),
+                    chain("inet", "tenantpolicy", "input", 1, 0, false),
+                ],
+                own: nft(),
+                rules: |_, table| {
+                    Ok(if table == "tenantpolicy" {
+                        vec![rule(
+                            "input",
+                            3,
+                            Drop,
+                            &["meta", "cmp", "payload", "lookup"],
+                        )]
+                    } else {
+                        Vec::new()
+                    })
+                },
+                lines: &[
+                    "inet tenantpolicy input: hook input, type filter, priority 0, policy accept \
+                     (after kpng's, priority -110)",
+                    "inet tenantpolicy input: rule handle 3 matching on meta, cmp, payload, \
+                     lookup: drop",
+                ],
+                rule_in: &[None, Some(("inet tenantpolicy", "input"))],
+                drop_all: &[false, false],
+            },
+            Case {
+                what: "accepting rules only, and a NAT chain: nothing",
+                chains: vec![
+                    chain("ip", "kpng", "nat-prerouting", 0, -100, false),
+                    chain("inet", "quiet", "input", 1, 10, false),
+                    nat.clone(),
+                ],
+                own: nft(),
+                rules: |_, _| {
+                    Ok(vec![
+                        rule("input", 1, Accept, &["ct"]),
+                        rule("PREROUTING", 2, Drop, &[]),
+                    ])
+                },
+                lines: &[],
+                rule_in: &[],
+                drop_all: &[],
+            },
+            Case {
+                what: "Calico's iptables-nft chain, reached by a jump",
+                chains: vec![chain("ip", "filter", "INPUT", 1, 0, false)],
+                own: nft(),
+                rules: |_, _| {
+                    Ok(vec![
+                        rule("INPUT", 4, Jump("cali-INPUT".into()), &[]),
+                        rule("cali-INPUT", 9, Reject, &["xt tcp"]),
+                    ])
+                },
+                lines: &[
+                    "ip filter INPUT: hook input, type filter, priority 0, policy accept (kpng \
+                     has no chain on this hook)",
+                    "ip filter INPUT → cali-INPUT: rule handle 9 matching on xt tcp: reject",
+                ],
+                rule_in: &[None, Some(("ip filter", "cali-INPUT"))],
+                drop_all: &[false, false],
+            },
+            Case {
+                what: "a final unconditional drop is a drop policy",
+                chains: vec![chain("inet", "deny", "output", 3, 0, false)],
+                own: nft(),
+                rules: |_, _| Ok(vec![rule("output", 2, Drop, &[])]),
+                lines: &[
+                    "inet deny output: hook output, type filter, priority 0, policy accept \
+                     (kpng has no chain on this hook)",
+                    "inet deny output: rule handle 2 matching every packet: drop (every packet \
+                     that reaches it: a drop policy)",
+                ],
+                rule_in: &[None, Some(("inet deny", "output"))],
+                drop_all: &[false, true],
+            },
+            Case {
+                what: "the iptables backend's nft variant: its chains are kpng's, a drop's place is told",
+                chains: vec![chain("ip", "filter", "FORWARD", 2, 0, false)],
+                own: Own::Iptables { legacy: false },
+                rules: |_, _| {
+                    Ok(vec![
+                        rule("FORWARD", 1, Jump("KUBE-FORWARD".into()), &[]),
+                        rule("FORWARD", 2, Drop, &["payload", "cmp"]),
+                        rule("KUBE-FORWARD", 3, Drop, &["ct"]),
+                    ])
+                },
+                lines: &[
+                    "ip filter FORWARD: hook forward, type filter, priority 0, policy accept \
+                     (same priority as kpng's, 0)",
+                    "ip filter FORWARD: rule handle 2 matching on payload, cmp: drop (after \
+                     kpng's jump)",
+                ],
+                rule_in: &[None, Some(("ip filter", "FORWARD"))],
+                drop_all: &[false, false],
+            },
+            Case {
+                what: "rules that cannot be read are said",
+                chains: vec![chain("inet", "t", "input", 1, 0, false)],
+                own: nft(),
+                rules: |_, _| Err("EPERM".into()),
+                lines: &[
+                    "inet t input: hook input, type filter, priority 0, policy accept (kpng has \
+                     no chain on this hook)",
+                    "inet t input: its rules cannot be read (EPERM)",
+                ],
+                rule_in: &[None, None],
+                drop_all: &[false, false],
+            },
+        ];
+        for case in cases {
+            let got = foreign(&case.chains, &case.own, &case.rules);
+            let lines: Vec<&str> = got.iter().map(|c| c.line.as_str()).collect();
+            assert_eq!(lines, case.lines, "{}", case.what);
+            let rule_in: Vec<Option<(&str, &str)>> = got
+                .iter()
+                .map(|c| c.rule_in.as_ref().map(|(t, c)| (t.as_str(), c.as_str())))
+                .collect();
+            assert_eq!(rule_in, case.rule_in, "{}", case.what);
+            let all: Vec<bool> = got.iter().map(|c| c.policy_drop).collect();
+            assert_eq!(all, case.drop_all, "{}", case.what);
+        }
     }
 }

@@ -64,6 +64,7 @@ pub fn list(kpng_legacy: bool) -> Vec<ForeignChain> {
                 ),
                 families: vec![family],
                 policy_drop: false,
+                rule_in: None,
             }),
         }
     }
@@ -79,7 +80,7 @@ fn prefix(family: Family) -> &'static str {
 }
 
 /// Whether `chain` is one of the chains kpng's iptables backend writes.
-fn is_kpng_chain(chain: &str) -> bool {
+pub fn is_kpng_chain(chain: &str) -> bool {
     [
         SERVICES,
         EXTERNAL_SERVICES,
@@ -95,13 +96,38 @@ fn is_kpng_chain(chain: &str) -> bool {
         || is_service_chain(chain)
 }
 
-/// One table of the save text.
-#[derive(Default)]
-struct Table {
-    /// Built-in chains in order, with their policy (`ACCEPT`, `DROP`).
-    builtin: Vec<(String, String)>,
-    /// Every rule's words after `-A CHAIN`, per chain, in order.
-    rules: BTreeMap<String, Vec<String>>,
+/// One table's chains, whatever wrote them: legacy iptables' save text, or an nf_tables
+/// table's rules as the kernel lists them ([`crate::foreign_chains`]). One walk
+/// ([`table_drops`]) finds the drops of both.
+#[derive(Default, Clone)]
+pub struct Table {
+    /// Built-in (base) chains in order, with their policy (`ACCEPT`, `DROP`): walked from.
+    pub builtin: Vec<(String, String)>,
+    /// Every rule per chain, in order.
+    pub rules: BTreeMap<String, Vec<Rule>>,
+}
+
+/// One rule, as far as the walk needs it.
+#[derive(Clone)]
+pub struct Rule {
+    /// How the line shows it (`-A INPUT -p tcp … -j DROP`, `rule handle 7 matching …: drop`).
+    pub text: String,
+    /// Its target or verdict: `DROP`, `REJECT`, or the chain it jumps or goes to.
+    pub target: Option<String>,
+    /// Whether it matches every packet that reaches it.
+    pub unconditional: bool,
+}
+
+impl Rule {
+    /// The rule of a save text's `-A CHAIN spec` line.
+    fn of_spec(chain: &str, spec: &str) -> Rule {
+        let w = words(spec);
+        Rule {
+            text: format!("-A {chain} {spec}"),
+            target: target(&w).map(|(t, _)| t.to_string()),
+            unconditional: unconditional(&w),
+        }
+    }
 }
 
 /// The words of a rule spec, double-quoted words (comments) kept whole, quotes removed.
@@ -178,88 +204,112 @@ fn parse(text: &str) -> Vec<(String, Table)> {
                 .rules
                 .entry(chain.to_string())
                 .or_default()
-                .push(spec.to_string());
+                .push(Rule::of_spec(chain, spec));
         }
     }
     tables
 }
 
 /// The drops of one family's save text: each built-in chain with policy `DROP`, and each
-/// `DROP`/`REJECT` rule in a built-in chain or in a chain it jumps to (followed depth-first,
-/// each chain once). A rule that drops every packet reaching a built-in chain counts as a
-/// drop policy (`policy_drop`), as RHEL's `-A INPUT -j REJECT` does. When `kpng_legacy`,
-/// kpng's own chains are skipped and a rule in a built-in chain says whether it comes before
-/// or after kpng's jump there.
+/// `DROP`/`REJECT` rule in a built-in chain or in a chain it jumps to ([`table_drops`]). When
+/// `kpng_legacy`, kpng's own chains are skipped and a rule in a built-in chain says whether it
+/// comes before or after kpng's jump there.
 pub fn drops(text: &str, family: Family, kpng_legacy: bool) -> Vec<ForeignChain> {
     let mut out = Vec::new();
-    let chain_of = |line: String, policy_drop: bool| ForeignChain {
-        line,
-        families: vec![family],
-        policy_drop,
-    };
     for (table_name, table) in parse(text) {
         let label = format!("{} {table_name}", prefix(family));
-        let mut rules = Vec::new();
-        for (builtin, policy) in &table.builtin {
-            if policy == "DROP" {
-                out.push(chain_of(format!("{label} {builtin}: policy DROP"), true));
-            }
-            // kpng's first jump in this built-in chain, when its rules are legacy too.
-            let specs = table.rules.get(builtin).cloned().unwrap_or_default();
-            let kpng_jump = specs.iter().position(|spec| {
-                kpng_legacy && target(&words(spec)).is_some_and(|(t, _)| is_kpng_chain(t))
-            });
-            let mut seen = BTreeSet::from([builtin.clone()]);
-            // (path to the chain, chain, index in the built-in chain of the rule leading here)
-            let mut stack: Vec<(String, String, Option<usize>)> =
-                vec![(builtin.clone(), builtin.clone(), None)];
-            while let Some((path, chain, from)) = stack.pop() {
-                let specs = table.rules.get(&chain).cloned().unwrap_or_default();
-                let mut deeper = Vec::new();
-                for (i, spec) in specs.iter().enumerate() {
-                    let w = words(spec);
-                    let Some((t, _)) = target(&w) else { continue };
-                    let at = from.or((chain == *builtin).then_some(i));
-                    if t == "DROP" || t == "REJECT" {
-                        let relation = match (kpng_jump, at) {
-                            (Some(k), Some(at)) if at < k => " (before kpng's jump)",
-                            (Some(_), Some(_)) => " (after kpng's jump)",
-                            _ => "",
-                        };
-                        let all = chain == *builtin && unconditional(&w);
-                        let what = if all {
-                            " (every packet that reaches it: a drop policy)"
-                        } else {
-                            ""
-                        };
-                        rules.push(chain_of(
-                            format!("{label} {path}: -A {chain} {spec}{what}{relation}"),
-                            all,
-                        ));
-                    } else if table.rules.contains_key(t)
-                        && !(kpng_legacy && is_kpng_chain(t))
-                        && seen.insert(t.to_string())
-                    {
-                        deeper.push((format!("{path} → {t}"), t.to_string(), at));
-                    }
-                }
-                // Depth-first in rule order.
-                stack.extend(deeper.into_iter().rev());
-            }
-        }
-        let more = rules.len().saturating_sub(MAX_RULES);
-        // Whole-chain drops first: they are the ones that stop everything.
-        rules.sort_by_key(|c| !c.policy_drop);
-        out.extend(rules.into_iter().take(MAX_RULES));
-        if more > 0 {
+        let see = format!("{} -t {table_name}", save_tool(family));
+        let is_kpng = |chain: &str| kpng_legacy && is_kpng_chain(chain);
+        out.extend(table_drops(&label, &table, &[family], &is_kpng, &see));
+    }
+    out
+}
+
+/// The drops of one table: each built-in chain with policy `DROP`, and each `DROP`/`REJECT`
+/// rule in a built-in chain or in a chain it jumps to (followed depth-first, each chain once,
+/// never into a chain `is_kpng` says is kpng's). A rule that drops every packet reaching a
+/// built-in chain counts as a drop policy (`policy_drop`), as RHEL's `-A INPUT -j REJECT` does.
+/// A rule in a built-in chain that also jumps to kpng's says whether it comes before or after
+/// kpng's jump. At most [`MAX_RULES`] rule lines, then a count pointing at `see`.
+///
+/// Why one walk for legacy save text and nf_tables rules: a CNI's drop in an iptables-nft
+/// `cali-*` chain or in its own `inet` table drops kpng's traffic as surely as a legacy one.
+pub fn table_drops(
+    label: &str,
+    table: &Table,
+    families: &[Family],
+    is_kpng: &dyn Fn(&str) -> bool,
+    see: &str,
+) -> Vec<ForeignChain> {
+    let mut out = Vec::new();
+    let chain_of = |line: String, policy_drop: bool, rule_in: Option<String>| ForeignChain {
+        line,
+        families: families.to_vec(),
+        policy_drop,
+        rule_in: rule_in.map(|chain| (label.to_string(), chain)),
+    };
+    let mut rules = Vec::new();
+    for (builtin, policy) in &table.builtin {
+        if policy == "DROP" {
             out.push(chain_of(
-                format!(
-                    "{label}: {more} more DROP/REJECT rules (see {} -t {table_name})",
-                    save_tool(family)
-                ),
-                false,
+                format!("{label} {builtin}: policy DROP"),
+                true,
+                None,
             ));
         }
+        let none = Vec::new();
+        let specs = table.rules.get(builtin).unwrap_or(&none);
+        // kpng's first jump in this built-in chain.
+        let kpng_jump = specs
+            .iter()
+            .position(|r| r.target.as_deref().is_some_and(is_kpng));
+        let mut seen = BTreeSet::from([builtin.clone()]);
+        // (path to the chain, chain, index in the built-in chain of the rule leading here)
+        let mut stack: Vec<(String, String, Option<usize>)> =
+            vec![(builtin.clone(), builtin.clone(), None)];
+        while let Some((path, chain, from)) = stack.pop() {
+            let specs = table.rules.get(&chain).unwrap_or(&none);
+            let mut deeper = Vec::new();
+            for (i, rule) in specs.iter().enumerate() {
+                let Some(t) = rule.target.as_deref() else {
+                    continue;
+                };
+                let at = from.or((chain == *builtin).then_some(i));
+                if t == "DROP" || t == "REJECT" {
+                    let relation = match (kpng_jump, at) {
+                        (Some(k), Some(at)) if at < k => " (before kpng's jump)",
+                        (Some(_), Some(_)) => " (after kpng's jump)",
+                        _ => "",
+                    };
+                    let all = chain == *builtin && rule.unconditional;
+                    let what = if all {
+                        " (every packet that reaches it: a drop policy)"
+                    } else {
+                        ""
+                    };
+                    rules.push(chain_of(
+                        format!("{label} {path}: {}{what}{relation}", rule.text),
+                        all,
+                        Some(chain.clone()),
+                    ));
+                } else if table.rules.contains_key(t) && !is_kpng(t) && seen.insert(t.to_string()) {
+                    deeper.push((format!("{path} → {t}"), t.to_string(), at));
+                }
+            }
+            // Depth-first in rule order.
+            stack.extend(deeper.into_iter().rev());
+        }
+    }
+    let more = rules.len().saturating_sub(MAX_RULES);
+    // Whole-chain drops first: they are the ones that stop everything.
+    rules.sort_by_key(|c| !c.policy_drop);
+    out.extend(rules.into_iter().take(MAX_RULES));
+    if more > 0 {
+        out.push(chain_of(
+            format!("{label}: {more} more DROP/REJECT rules (see {see})"),
+            false,
+            None,
+        ));
     }
     out
 }

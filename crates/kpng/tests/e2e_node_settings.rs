@@ -191,9 +191,12 @@ fn forwarding_and_bridge_netfilter_off_are_warned_and_shown() {
     );
 }
 
-/// A host firewall's table with a forward chain whose policy drops, and a prerouting chain
-/// before kpng's: `kpng status` lists both (the drop as a problem) and `kpng trace` notes
-/// them, where it used to say nothing and status "ok".
+/// A host firewall's table with a forward chain whose policy drops, a prerouting chain
+/// before kpng's, and a multi-tenant CNI's drops in chains after kpng's with policy accept (an
+/// `inet` table's input chain at priority 10, an iptables-nft `cali-INPUT` chain): `kpng
+/// status` lists them all (the drop policy as a problem) and `kpng trace` notes them, a drop
+/// rule as "may drop this". Until 2026-12-07 the chains after kpng's that drop by rule were
+/// never listed, and a trace to the health-check node port said "no node port here".
 #[test]
 fn another_tables_drop_policy_is_shown_by_status_and_trace() {
     require_root!();
@@ -204,9 +207,21 @@ fn another_tables_drop_policy_is_shown_by_status_and_trace() {
            chain forward { type filter hook forward priority 0; policy drop; }\n\
            chain early { type filter hook prerouting priority -300; policy accept; }\n\
            chain late { type filter hook input priority 10; policy accept; }\n\
+           chain quiet { type filter hook output priority 10; policy accept; ct state established accept; }\n\
+         }\n\
+         table inet tenantpolicy {\n\
+           chain input { type filter hook input priority 0; policy accept;\n\
+             tcp dport { 32100, 30000-32767 } drop comment \"tenant a\"; }\n\
          }\n",
     )
     .expect("the host firewall");
+    ns.run_ok([
+        "sh",
+        "-c",
+        "iptables-nft -N cali-INPUT && iptables-nft -A INPUT -j cali-INPUT && \
+         iptables-nft -A cali-INPUT -p tcp --dport 32100 -j DROP",
+    ])
+    .expect("the CNI's iptables-nft chain");
     let dir = tempfile::tempdir().expect("tempdir");
     let admin = dir.path().join("admin.sock");
     let kpng = start(&ns, &admin, &["nft"]);
@@ -221,13 +236,21 @@ fn another_tables_drop_policy_is_shown_by_status_and_trace() {
     });
     let chains = line(&json, "other tables' chains").expect("the line");
     let state = chains["state"].as_str().unwrap_or_default();
+    for want in [
+        "inet hostfw forward: hook forward, type filter, priority 0, policy drop",
+        "inet hostfw early: hook prerouting, type filter, priority -300, policy accept (before \
+         kpng's, priority ",
+        "inet tenantpolicy input: hook input, type filter, priority 0, policy accept (",
+        "inet tenantpolicy input: rule handle ",
+        " \"tenant a\" matching on ",
+        "ip filter INPUT: hook input, type filter, priority 0, policy accept",
+        "ip filter INPUT → cali-INPUT: rule handle ",
+    ] {
+        assert!(state.contains(want), "{want}:\n{state}");
+    }
+    // An accepting chain after kpng's without drop rules is not listed.
     assert!(
-        state.contains("inet hostfw forward: hook forward, type filter, priority 0, policy drop")
-            && state.contains(
-                "inet hostfw early: hook prerouting, type filter, priority -300, \
-                               policy accept (before kpng's, priority "
-            )
-            && !state.contains("hostfw late"),
+        !state.contains("hostfw late") && !state.contains("hostfw quiet"),
         "{state}"
     );
     assert!(
@@ -235,26 +258,33 @@ fn another_tables_drop_policy_is_shown_by_status_and_trace() {
             && text.contains("inet hostfw forward: hook forward"),
         "{text}"
     );
-    let trace = std::process::Command::new(KPNG)
-        .args([
-            "trace",
-            "--from",
-            "10.244.1.5",
-            "--to",
-            "10.96.0.10:80",
-            "--admin-socket",
-        ])
-        .arg(&admin)
-        .output()
-        .expect("kpng trace");
-    let trace = String::from_utf8_lossy(&trace.stdout);
+    let trace = |from: &str, to: &str| {
+        let out = std::process::Command::new(KPNG)
+            .args(["trace", "--from", from, "--to", to, "--admin-socket"])
+            .arg(&admin)
+            .output()
+            .expect("kpng trace");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let to_service = trace("10.244.1.5", "10.96.0.10:80");
     assert!(
-        trace.contains("note:       this follows kpng's rules only; other tables' chains")
-            && trace.contains(
+        to_service.contains("note:       this follows kpng's rules only; other tables' chains")
+            && to_service.contains(
                 "inet hostfw forward: hook forward, type filter, priority 0, \
                                policy drop"
             ),
-        "{trace}"
+        "{to_service}"
+    );
+    // The health-check node port: named as such, and the tenant's drop rule may drop it.
+    let to_check = trace("203.0.113.1", "192.168.100.1:32100");
+    assert!(
+        to_check.contains("32100/TCP is the health-check node port of shop/storefront")
+            && to_check.contains(
+                "a rule in table inet tenantpolicy chain input may drop this: inet tenantpolicy \
+                 input: rule handle "
+            )
+            && to_check.contains("a rule in table ip filter chain cali-INPUT may drop this"),
+        "{to_check}"
     );
     // The namespace is set up as a node's (Netns::node: forwarding on): no node check warns,
     // where a bare namespace's log used to carry the forwarding warnings as noise.

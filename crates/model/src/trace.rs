@@ -107,6 +107,12 @@ pub struct BackendTraits {
     /// rule comes first); nftables mode serves it as the load balancer, firewall included
     /// (one map key for both, the firewall keyed by the load-balancer IP).
     pub external_ips_before_load_balancers: bool,
+    /// Forwarded traffic marked for masquerading is accepted in filter `FORWARD` by
+    /// `KUBE-FORWARD` (`-m mark --mark 0x4000/0x4000 -j ACCEPT`), before any chain jumped to
+    /// after kpng's there (iptables mode, as kube-proxy): NetworkPolicy and firewall rules
+    /// placed after kpng's jump never see it, and a trace of such a packet says so. The
+    /// nftables backend accepts nothing, so policy still sees it.
+    pub accepts_masqueraded_in_forward: bool,
 }
 
 impl Default for BackendTraits {
@@ -119,6 +125,7 @@ impl Default for BackendTraits {
             enforces_source_ranges: true,
             rejects_without_endpoints: true,
             external_ips_before_load_balancers: false,
+            accepts_masqueraded_in_forward: false,
         }
     }
 }
@@ -570,6 +577,13 @@ pub fn trace_noting(
         t.masquerade = masquerade;
         t.reason = why;
     }
+    if t.masquerade && !from_node && facts.backend.accepts_masqueraded_in_forward {
+        t.reason.push_str(
+            "; forwarded, it is accepted in filter FORWARD by KUBE-FORWARD (the masquerade \
+             mark, as kube-proxy): NetworkPolicy or firewall chains jumped to after kpng's \
+             there never see it",
+        );
+    }
     if outside_ranges {
         t.reason.push_str(&format!(
             "; {} is outside loadBalancerSourceRanges ({}), which this backend does not \
@@ -718,6 +732,33 @@ fn no_frontend(
         );
     }
     if facts.local_ips.contains(&dst) || facts.nodeport_ips.contains(&dst) {
+        // A health-check node port (eTP Local): no Service rule, kpng itself answers on the
+        // node. Load balancers probe it from outside, and a host firewall dropping it takes
+        // the node out of the Service's pool.
+        let checked: Vec<String> = snapshot
+            .family(family)
+            .filter(|p| {
+                q.protocol == Protocol::Tcp && p.health_check_node_port == Some(q.to.port())
+            })
+            .map(|p| p.key.service.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !checked.is_empty() {
+            return Trace::unmatched(
+                Verdict::Accept,
+                format!(
+                    "{}; {}/TCP is the health-check node port of {} (externalTrafficPolicy \
+                     Local): no Service rule, kpng's health-check server answers it on the node \
+                     (200 while the node has a ready local endpoint); load balancers probe it \
+                     from outside, so a host firewall that drops it takes the node out of the \
+                     pool",
+                    whose(dst, facts),
+                    q.to.port(),
+                    checked.join(", ")
+                ),
+            );
+        }
         return Trace::unmatched(
             Verdict::Accept,
             format!(

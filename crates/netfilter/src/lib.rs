@@ -23,6 +23,7 @@ pub mod dump;
 pub mod elements;
 pub mod generation;
 pub mod monitor;
+pub mod rules;
 pub mod socket;
 pub mod tables;
 

@@ -43,6 +43,23 @@ pub struct ForeignChain {
     /// built-in chain's `DROP`/`REJECT` rule that matches every packet (RHEL's final
     /// `-A INPUT -j REJECT`), which is the same thing written as a rule.
     pub policy_drop: bool,
+    /// For a drop or reject rule: its table (`inet tenantpolicy`, `iptables-legacy filter`)
+    /// and chain, which `kpng trace` names ("a rule in table X chain Y may drop this"): the
+    /// rule's matches are not compared with the packet, so it may or may not match.
+    pub rule_in: Option<(String, String)>,
+}
+
+impl ForeignChain {
+    /// How `kpng trace` lists it: a drop rule says that it may drop the packet.
+    pub fn trace_line(&self) -> String {
+        match &self.rule_in {
+            Some((table, chain)) => format!(
+                "a rule in table {table} chain {chain} may drop this: {}",
+                self.line
+            ),
+            None => self.line.clone(),
+        }
+    }
 }
 
 /// Lists the [`ForeignChain`]s now, when a status or a trace is asked for: one netlink dump on
@@ -141,7 +158,7 @@ impl AdminHandle {
             answer.other_chains = found
                 .into_iter()
                 .filter(|c| c.families.contains(&family))
-                .map(|c| c.line)
+                .map(|c| c.trace_line())
                 .collect();
         }
         Some(answer)
@@ -171,11 +188,13 @@ pub fn foreign_chains_detail(found: Result<Vec<ForeignChain>, String>) -> DataPl
             .join("; ")
     };
     let state = if chains.is_empty() {
-        "no other table's base chain runs before kpng's or drops by policy on its hooks".into()
+        "no other table's base chain runs before kpng's, drops by policy or holds drop rules \
+         on its hooks"
+            .into()
     } else {
         format!(
-            "base chains of other tables on kpng's hooks that run before kpng's or drop by \
-             policy: {}",
+            "base chains of other tables on kpng's hooks that run before kpng's, drop by \
+             policy or hold drop rules (which drop whatever their priority): {}",
             lines(false)
         )
     };

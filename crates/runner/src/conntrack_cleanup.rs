@@ -327,9 +327,11 @@ impl ConntrackCleanup {
                         .collect::<Vec<_>>()
                         .join(", ");
                     if outcome.deleted > 0 {
+                        let services = capped_list(&pass.services);
                         info!(
                             %family,
                             deleted = outcome.deleted,
+                            %services,
                             scanned = pass.scanned,
                             %read,
                             duration = ?pass.duration,
@@ -359,5 +361,40 @@ impl ConntrackCleanup {
             }
         }
         self.save();
+    }
+}
+
+/// At most this many Service ports are named in a deletion log line; the rest are counted.
+const MAX_NAMED_SERVICES: usize = 5;
+
+/// `ns/a:dns, ns/b:dns and 3 more`: the Service ports a deletion log line names, capped so
+/// that a pass over a thousand Services stays one readable line.
+fn capped_list(services: &[String]) -> String {
+    let mut out = services
+        .iter()
+        .take(MAX_NAMED_SERVICES)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = services.len().saturating_sub(MAX_NAMED_SERVICES);
+    if more > 0 {
+        out.push_str(&format!(" and {more} more"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod capped_list_tests {
+    use super::*;
+
+    #[test]
+    fn the_services_of_a_deletion_are_listed_up_to_a_cap() {
+        let names = |n: usize| (0..n).map(|i| format!("ns/s{i}:dns")).collect::<Vec<_>>();
+        assert_eq!(capped_list(&[]), "");
+        assert_eq!(capped_list(&names(2)), "ns/s0:dns, ns/s1:dns");
+        assert_eq!(
+            capped_list(&names(7)),
+            "ns/s0:dns, ns/s1:dns, ns/s2:dns, ns/s3:dns, ns/s4:dns and 2 more"
+        );
     }
 }

@@ -88,6 +88,42 @@ fn first_pass_reads_each_new_frontend_and_deletes_every_stale_entry() {
     assert_eq!(originals(&fake.flows()), originals(&unrelated()));
 }
 
+/// The pass names the Service ports whose entries it found stale (by Service IP and by node
+/// port), and only those: the deletion log line says whose clients were moved.
+#[test]
+fn a_pass_names_the_services_whose_entries_were_stale() {
+    // (what, extra flows, services named)
+    let cases: [(&str, Vec<Flow>, &[&str]); 3] = [
+        ("nothing stale", Vec::new(), &[]),
+        (
+            "dns by ClusterIP and node port",
+            dnat_stale(),
+            &["ns/dns:dns"],
+        ),
+        (
+            "dns and stats",
+            [
+                never_dnated(),
+                vec![flow(
+                    "10.244.1.9:6000",
+                    "10.96.0.20:8125",
+                    "10.244.9.9:8125",
+                )],
+            ]
+            .concat(),
+            &["ns/dns:dns", "ns/stats:dns"],
+        ),
+    ];
+    for (what, extra, want) in cases {
+        let fake = table([unrelated(), extra].concat());
+        let mut reconciler = Reconciler::new(Box::new(fake));
+        let pass = reconciler
+            .reconcile(Family::V4, &ports(&["10.244.2.7:53"]))
+            .expect("pass");
+        assert_eq!(pass.services, want, "{what}");
+    }
+}
+
 #[test]
 fn later_passes_read_only_dnated_entries_and_new_frontends() {
     let fake = table(unrelated());

@@ -286,6 +286,16 @@ fn the_reason_names_what_decided() {
             says: "loopback is never a node-port address",
         },
         Why {
+            what: "a health-check node port, on the node",
+            facts: |_| {},
+            from: "203.0.113.1",
+            to: "172.18.0.2:32010",
+            verdict: Verdict::Accept,
+            says: "172.18.0.2 is this node's; 32010/TCP is the health-check node port of \
+                   ns/web (externalTrafficPolicy Local): no Service rule, kpng's health-check \
+                   server answers it",
+        },
+        Why {
             what: "a port that is no node port, on the node",
             facts: |_| {},
             from: "203.0.113.1",
@@ -297,7 +307,9 @@ fn the_reason_names_what_decided() {
     for c in cases {
         let mut facts = facts();
         (c.facts)(&mut facts);
-        let mut snap = snapshot(vec![web()]);
+        let mut w = web();
+        w.health_check_node_port = Some(32010);
+        let mut snap = snapshot(vec![w]);
         snap.service_cidrs.clear();
         let t = trace(
             &snap,
@@ -1392,5 +1404,71 @@ fn a_clusterip_of_a_service_kpng_does_not_proxy_names_it() {
         let t = trace_noting(&s, &facts(), &q, Some(&note));
         assert_eq!(t.verdict, Verdict::Drop);
         assert_eq!(t.reason, format!("{want}{unallocated}"));
+    }
+}
+
+/// With the iptables backend, forwarded masqueraded traffic is accepted by KUBE-FORWARD in
+/// filter FORWARD before policy chains after kpng's jump: the trace says so there, and only
+/// for masqueraded traffic that is forwarded (not the node's own, not with nftables).
+#[test]
+fn iptables_traces_say_kube_forward_accepts_masqueraded_traffic() {
+    let iptables = NodeFacts {
+        backend: BackendTraits {
+            accepts_masqueraded_in_forward: true,
+            ..BackendTraits::default()
+        },
+        ..facts()
+    };
+    let snap = snapshot(vec![web()]);
+    // (what, facts, from, to, says it)
+    let cases = [
+        (
+            "iptables, outside → node port (eTP Cluster)",
+            &iptables,
+            "203.0.113.1",
+            "172.18.0.2:30080",
+            true,
+        ),
+        (
+            "iptables, a pod → ClusterIP: not masqueraded",
+            &iptables,
+            "10.244.1.7",
+            "10.96.0.10:80",
+            false,
+        ),
+        (
+            "iptables, the node itself → node port",
+            &iptables,
+            "172.18.0.2",
+            "172.18.0.2:30080",
+            false,
+        ),
+        (
+            "nftables, outside → node port",
+            &facts(),
+            "203.0.113.1",
+            "172.18.0.2:30080",
+            false,
+        ),
+    ];
+    for (what, facts, from, to, says) in cases {
+        let t = trace(
+            &snap,
+            facts,
+            &TraceQuery {
+                from: from.parse().expect("ip"),
+                to: to.parse().expect("addr"),
+                protocol: Protocol::Tcp,
+                in_interface: None,
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Dnat, "{what}: {t:?}");
+        assert_eq!(
+            t.reason
+                .contains("accepted in filter FORWARD by KUBE-FORWARD"),
+            says,
+            "{what}: {}",
+            t.reason
+        );
     }
 }
