@@ -12,8 +12,8 @@
 
 use std::io;
 
-use crate::attr::{self, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, string_attr};
-use crate::dump::{self, NLM_F_DUMP};
+use crate::attr::{self, NFNL_SUBSYS_NFTABLES, string_attr};
+use crate::dump;
 
 /// `NFT_MSG_NEWRULE`: what each rule of a dump arrives as.
 const NFT_MSG_NEWRULE: u16 = 6;
@@ -90,18 +90,7 @@ pub struct RuleSummary {
 /// # Errors
 /// The socket fails or the kernel refuses the dump.
 pub fn rules(family: &str, table: &str) -> io::Result<Vec<RuleSummary>> {
-    let nfproto = dump::nfproto(family)?;
-    let mut request = Vec::with_capacity(64);
-    let start = attr::msg_start(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        nfproto,
-        0,
-    );
-    attr::put_str(&mut request, NFTA_RULE_TABLE, table);
-    attr::msg_end(&mut request, start);
+    let request = dump::table_request(NFT_MSG_GETRULE, family, &[(NFTA_RULE_TABLE, table)])?;
     let mut out = Vec::new();
     let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE;
     match dump::run(request, kind, |msg| out.extend(parse_rule(msg, table))) {
