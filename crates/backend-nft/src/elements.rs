@@ -48,11 +48,33 @@ fn port_comment(comment: &str) -> Arc<str> {
             .collect();
         comment = &cleaned;
     }
-    let mut end = comment.len().min(MAX_COMMENT);
-    while !comment.is_char_boundary(end) {
-        end -= 1;
+    if comment.len() <= MAX_COMMENT {
+        return Arc::from(comment);
     }
-    Arc::from(&comment[..end])
+    Arc::from(shortened(comment).as_str())
+}
+
+/// `ns/name:port` over [`MAX_COMMENT`] bytes, shortened in the middle of `ns/name` (its
+/// start and end kept around a `…`) and never in `:port`: two ports of a Service whose
+/// namespace and name are long (63 bytes each) keep comments telling them apart. Cutting
+/// the end, as until 2026-12-07, gave both the same comment.
+fn shortened(comment: &str) -> String {
+    const CUT: &str = "…";
+    let (head, tail) = match comment.rfind(':') {
+        // A port name has at most 15 characters (IANA_SVC_NAME): room is always left.
+        Some(at) if comment.len() - at < MAX_COMMENT / 2 => comment.split_at(at),
+        _ => (comment, ""),
+    };
+    let room = MAX_COMMENT - tail.len() - CUT.len();
+    let mut start = room.div_ceil(2);
+    while !head.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = head.len() - (room - start);
+    while !head.is_char_boundary(end) {
+        end += 1;
+    }
+    format!("{}{CUT}{}{tail}", &head[..start], &head[end..])
 }
 
 fn commented(set: Set, key: Key, value: Verdict, comment: &Arc<str>) -> Element {
@@ -344,9 +366,35 @@ mod comment_tests {
             ("ns/web:a\n-I X\n#", "ns/web:a_-I X_#".to_string()),
             ("ns/web:a\"b", "ns/web:a'b".to_string()),
             ("ns/web:\u{1b}[2J", "ns/web:_[2J".to_string()),
-            (&"é".repeat(100), "é".repeat(63)),
+            (
+                &"é".repeat(100),
+                format!("{}…{}", "é".repeat(31), "é".repeat(31)),
+            ),
         ] {
             assert_eq!(&*port_comment(raw), want.as_str(), "{raw:?}");
+            assert!(port_comment(raw).len() <= MAX_COMMENT, "{raw:?}");
         }
+    }
+
+    /// A long `namespace/name` is shortened in its middle, never the `:port` that tells a
+    /// Service's ports apart (until 2026-12-07 the end was cut, and two ports of a Service with
+    /// a 63-byte namespace and name had the same comment).
+    #[test]
+    fn long_names_keep_the_port_in_the_comment() {
+        let ns = format!("a{}", "n".repeat(61)) + "z";
+        let name = format!("b{}", "m".repeat(61)) + "y";
+        let service = format!("{ns}/{name}");
+        let mut seen = std::collections::BTreeSet::new();
+        for port in ["http", "metrics-port-15"] {
+            let comment = port_comment(&format!("{service}:{port}"));
+            assert!(comment.len() <= MAX_COMMENT, "{comment}");
+            assert!(comment.ends_with(&format!("y:{port}")), "{comment}");
+            assert!(comment.starts_with("an"), "{comment}");
+            assert!(comment.contains('…'), "{comment}");
+            assert!(seen.insert(comment.to_string()), "{comment}: twice");
+        }
+        // Within the limit: unchanged.
+        let fits = format!("{}/web:http", "n".repeat(63));
+        assert_eq!(&*port_comment(&fits), fits.as_str());
     }
 }

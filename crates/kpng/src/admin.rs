@@ -599,7 +599,8 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(str::trim)
         .filter(|n| !n.is_empty());
-    let mut status = read_status(socket, args.service.as_deref(), node, args.timeout)?;
+    let service = service_filter(args.service.as_deref(), args.namespace.as_deref())?;
+    let mut status = read_status(socket, service.as_deref(), node, args.timeout)?;
     if matches!(args.output, StatusOutput::Table | StatusOutput::Wide) {
         escape_value_controls(&mut status);
     }
@@ -610,7 +611,7 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
                  --node NODE for a node's view, or the node's own kpng)"
             );
         }
-        return print_brain(&status, args.service.as_deref(), args.output);
+        return print_brain(&status, service.as_deref(), args.output);
     }
     if let Some(node) = node
         && status.get("brainView").is_none()
@@ -622,7 +623,7 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             crate::logging::escape_controls(status["node"].as_str().unwrap_or("?"))
         );
     }
-    if let Some(filter) = &args.service
+    if let Some(filter) = &service
         && let Some(services) = status.get_mut("services").and_then(|s| s.as_array_mut())
     {
         services.retain(|s| service_matches(s, filter));
@@ -652,20 +653,20 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             let hidden = args
                 .problems
                 .then(|| crate::status_problems::keep_ports_with_problems(&mut typed));
-            let not_shown = match &args.service {
+            let not_shown = match &service {
                 Some(filter) => keep_rejections_of(&mut typed, filter),
                 None => 0,
             };
             let wide = args.output == StatusOutput::Wide;
             let view = TableView {
                 wide,
-                detailed: wide || args.service.is_some() || args.problems,
+                detailed: wide || service.is_some() || args.problems,
                 hidden,
             };
             let mut text = table_of(&typed, view);
             // The node's sync history, in the wide view of the whole node (about one Service,
             // the syncs' text names others).
-            if args.output == StatusOutput::Wide && args.service.is_none() {
+            if args.output == StatusOutput::Wide && service.is_none() {
                 crate::status_history::write(&mut text, &typed.recent_syncs);
             }
             if not_shown > 0 {
@@ -676,13 +677,35 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             }
             // About one Service, the input's problem is said as when no port matches: what is
             // shown may be out of date (the header's PROBLEM line does not say so of it).
-            if args.service.is_some()
+            if service.is_some()
                 && let Some(note) = typed.input.as_ref().and_then(InputStatus::stale_note)
             {
                 text.push_str(&format!("note: {note}\n"));
             }
             print_out(&terminal_safe(&text))
         }
+    }
+}
+
+/// The Services `kpng status` asks for: `service` as given, within `namespace` (`-n`) when
+/// one is given (`NAMESPACE/` alone: all of that namespace's). `Err` when the two name
+/// different namespaces.
+fn service_filter(
+    service: Option<&str>,
+    namespace: Option<&str>,
+) -> anyhow::Result<Option<String>> {
+    let Some(namespace) = namespace.map(str::trim).filter(|n| !n.is_empty()) else {
+        return Ok(service.map(str::to_string));
+    };
+    match service {
+        None => Ok(Some(format!("{namespace}/"))),
+        Some(s) => match s.split_once('/') {
+            None => Ok(Some(format!("{namespace}/{s}"))),
+            Some((ns, _)) if ns == namespace => Ok(Some(s.to_string())),
+            Some((ns, _)) => {
+                bail!("{s:?} is in namespace {ns:?}, not in {namespace:?} (-n): give one of them")
+            }
+        },
     }
 }
 
@@ -729,7 +752,8 @@ fn no_port_matches(status: &serde_json::Value, filter: &str) -> String {
         );
     }
     format!(
-        "no Service port matches {filter:?} (NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT){stale}"
+        "no Service port matches {filter:?} (NAME, NAMESPACE/NAME, NAMESPACE/NAME:PORT, or \
+         NAMESPACE/ or -n NAMESPACE for a whole namespace){stale}"
     )
 }
 
@@ -2757,6 +2781,9 @@ mod tests {
     fn rejected_objects_are_listed_above_the_ports_with_what_is_in_use() {
         let rejection = |name: &str, kept: bool| RejectedStatus {
             object: format!("Service ns/{name}"),
+            kind: "Service".into(),
+            namespace: "ns".into(),
+            name: name.into(),
             field: "spec.ports[0].port".into(),
             message: "port 0 is not in 1-65535".into(),
             location: Some("cluster.yaml: document 2 (line 9)".into()),

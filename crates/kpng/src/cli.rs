@@ -596,8 +596,12 @@ pub enum Command {
 /// `kpng status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// One Service: NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT (PORT: the port's name or number).
+    /// One Service: NAME, NAMESPACE/NAME or NAMESPACE/NAME:PORT (PORT: the port's name or
+    /// number); NAMESPACE/ for every Service of a namespace.
     pub service: Option<String>,
+    /// Only this namespace's Services (kubectl's habit): with NAME, NAMESPACE/NAME.
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
     /// Asked of a brain (`to-api`): node NODE's view as the brain computes it, every endpoint
     /// used or not and why (a node fed by a brain receives only the endpoints it uses).
     #[arg(long, value_name = "NODE")]

@@ -2967,3 +2967,105 @@ fn a_repair_names_the_process_that_changed_the_rules_and_the_history_is_text() {
         .expect("terminate")
         .expect("a clean exit");
 }
+
+/// A multi-tenant cluster as its platform team audits it: a Service whose external IP is
+/// another tenant's ClusterIP, or whose node port another tenant's Service holds, says so in
+/// `kpng status NS/NAME` (text and JSON; until 2026-12-07 only a WARN line did), a whole
+/// namespace is asked for as `NS/` or `-n NS`, and a rejection's JSON names its kind,
+/// namespace and name apart, as the log line does.
+#[test]
+fn a_tenants_status_says_which_values_another_service_holds() {
+    let (mut running, dir) = on_the_example("");
+    let socket_flag = dir.path().join("admin.sock").display().to_string();
+    running.wait("the first sync", |e| e.contains(" synced "));
+    let input = dir.path().join("cluster.yaml");
+    let mut text = std::fs::read_to_string(&input).expect("read");
+    text.push_str(
+        "---\napiVersion: v1\nkind: Service\n\
+         metadata: {namespace: tenant-b, name: web, creationTimestamp: \"2024-01-01T00:00:00Z\"}\n\
+         spec: {type: NodePort, clusterIP: 10.96.2.10, ports: [{name: http, port: 80, nodePort: 30080}]}\n\
+         ---\napiVersion: v1\nkind: Service\n\
+         metadata: {namespace: tenant-a, name: evil, creationTimestamp: \"2025-01-01T00:00:00Z\"}\n\
+         spec: {clusterIP: 10.96.1.5, externalIPs: [10.96.2.10], ports: [{name: http, port: 80}]}\n\
+         ---\napiVersion: v1\nkind: Service\n\
+         metadata: {namespace: tenant-c, name: npdup, creationTimestamp: \"2025-01-01T00:00:00Z\"}\n\
+         spec: {type: NodePort, clusterIP: 10.96.3.5, ports: [{name: http, port: 8080, nodePort: 30080}]}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {namespace: tenant-b, name: broken}\n\
+         spec: {clusterIP: 10.96.2.99, ports: [{name: http, port: 0}]}\n",
+    );
+    let tmp = dir.path().join(".cluster.yaml.tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    running.wait("the tenants' conflicts", |e| {
+        e.contains("tenant-a/evil") && e.contains("tenant-c/npdup") && e.contains("tenant-b/broken")
+    });
+    let ask = |args: &[&str]| {
+        let out = kpng()
+            .args(args)
+            .args(["--admin-socket", &socket_flag])
+            .output()
+            .expect("run");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let (wide, _) = ask(&["status", "tenant-a/evil", "-o", "wide"]);
+    assert!(
+        wide.contains("Service tenant-a/evil: field spec.externalIPs: 10.96.2.10 port 80/TCP is also Service tenant-b/web's, as its ClusterIP"),
+        "{wide}"
+    );
+    let (wide, _) = ask(&["status", "tenant-c/npdup"]);
+    assert!(
+        wide.contains("Service tenant-c/npdup: field spec.ports[0].nodePort: node port 30080/TCP is also Service tenant-b/web's"),
+        "{wide}"
+    );
+    let (json, _) = ask(&["status", "tenant-a/evil", "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let dropped = status["dropped"].as_array().expect("dropped");
+    assert!(
+        dropped.iter().any(|d| d["service"] == "tenant-a/evil"
+            && d["field"] == "spec.externalIPs"
+            && d["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Service tenant-b/web's"))),
+        "{json}"
+    );
+    let rejected = status["rejected"].as_array().expect("rejected");
+    assert!(
+        rejected
+            .iter()
+            .any(|r| r["object"] == "Service tenant-b/broken"
+                && r["kind"] == "Service"
+                && r["namespace"] == "tenant-b"
+                && r["name"] == "broken"),
+        "{json}"
+    );
+
+    // A whole namespace: its Services, its rejections, no other tenant's.
+    for args in [
+        &["status", "tenant-b/"][..],
+        &["status", "-n", "tenant-b"],
+        &["status", "--namespace", "tenant-b", "web"],
+    ] {
+        let (table, err) = ask(args);
+        assert!(
+            table.contains("tenant-b/web") && !table.contains("tenant-a/evil"),
+            "{args:?}: {table}{err}"
+        );
+        if args.len() == 2 || args[1] == "-n" {
+            assert!(
+                table.contains("Service tenant-b/broken"),
+                "{args:?}: {table}"
+            );
+        }
+    }
+    let (_, err) = ask(&["status", "-n", "tenant-b", "tenant-a/evil"]);
+    assert!(err.contains("not in \"tenant-b\""), "{err}");
+    let (_, err) = ask(&["status", "tenant-z/"]);
+    assert!(
+        err.contains("no Service port matches \"tenant-z/\"") && err.contains("-n NAMESPACE"),
+        "{err}"
+    );
+}

@@ -269,6 +269,11 @@ pub struct ClusterModel {
     /// Values the conversion dropped from the latest version of each object (`records::Dropped`),
     /// until a version without them arrives or the object goes: `kpng status` shows them.
     dropped: BTreeMap<ObjectRef, Box<[Warning]>>,
+    /// The frontends each Service lost to another one (`ServiceSource::lost`), as dropped
+    /// values naming the field, the value and the Service that keeps it: `kpng status` and
+    /// the brain's report show them beside `dropped` (a warning alone scrolls away, and a
+    /// tenant whose value another tenant's Service holds must see why it is not programmed).
+    conflicts: BTreeMap<ServiceKey, Box<[Warning]>>,
     /// Changes of `dropped` so far ([`ClusterModel::dropped_changes`]).
     dropped_changes: u64,
 }
@@ -726,13 +731,22 @@ impl ClusterModel {
     ) {
         for key in self.claims.update(old, new, seen) {
             let Some(source) = self.sources.get_mut(&key) else {
+                self.set_conflicts(&key, Vec::new());
                 continue;
             };
             let lost = match &source.info {
                 Some(info) if source.owned => self.claims.lost(info),
                 _ => Lost::new(),
             };
+            let conflicts = match &source.info {
+                Some(info) => lost
+                    .iter()
+                    .flat_map(|(frontend, owner)| conflict_warnings(info, *frontend, owner))
+                    .collect(),
+                None => Vec::new(),
+            };
             if lost == source.lost {
+                self.set_conflicts(&key, conflicts);
                 continue;
             }
             if let Some(info) = &source.info {
@@ -743,8 +757,22 @@ impl ClusterModel {
                 }
             }
             Arc::make_mut(source).lost = lost;
+            self.set_conflicts(&key, conflicts);
             services.insert(key);
         }
+    }
+
+    /// Records the frontends `key` lost as its dropped values (`conflicts`), counting a change.
+    fn set_conflicts(&mut self, key: &ServiceKey, conflicts: Vec<Warning>) {
+        let changed = if conflicts.is_empty() {
+            self.conflicts.remove(key).is_some()
+        } else if self.conflicts.get(key).map(|c| &c[..]) == Some(&conflicts[..]) {
+            false
+        } else {
+            self.conflicts.insert(key.clone(), conflicts.into());
+            true
+        };
+        self.dropped_changes += u64::from(changed);
     }
 
     /// Drops the node ports of a Service this proxy programs that are outside
@@ -800,9 +828,25 @@ impl ClusterModel {
     }
 
     /// The values the conversion dropped from the objects in use (the rest of each object is
-    /// used), in kind and name order, each with the Service it concerns (a Service's own, an
-    /// EndpointSlice's owner): shown by `kpng status` beside the input's health.
+    /// used), and the frontends a Service lost to another Service that keeps them, in kind and
+    /// name order, each with the Service it concerns (a Service's own, an EndpointSlice's
+    /// owner): shown by `kpng status` beside the input's health.
     pub fn dropped(&self) -> impl Iterator<Item = (Option<&ServiceKey>, &Warning)> {
+        let mut all: Vec<(Option<&ServiceKey>, &Warning)> = self.converted_dropped().collect();
+        if !self.conflicts.is_empty() {
+            all.extend(
+                self.conflicts
+                    .iter()
+                    .flat_map(|(key, warnings)| warnings.iter().map(move |w| (Some(key), w))),
+            );
+            // Stable: each object's values stay in field order, conversion's first.
+            all.sort_by(|a, b| a.1.object.cmp(&b.1.object));
+        }
+        all.into_iter()
+    }
+
+    /// The values the conversion dropped (`dropped`), each with the Service it concerns.
+    fn converted_dropped(&self) -> impl Iterator<Item = (Option<&ServiceKey>, &Warning)> {
         self.dropped.iter().flat_map(|(object, warnings)| {
             let service = match object.kind {
                 Kind::EndpointSlice => self

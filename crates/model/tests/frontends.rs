@@ -363,6 +363,19 @@ fn conflicting_frontends_go_to_the_oldest_service() {
                 .collect();
             want.sort();
             assert_eq!(got, want, "{} ({order})", case.name);
+            // Each lost frontend is also a dropped value of the loser, which `kpng status`
+            // and the brain's report show while it lasts (the warning alone scrolls away).
+            let mut dropped: Vec<(String, String)> = m
+                .dropped()
+                .map(|(service, w)| {
+                    let object = format!("{}/{}", w.object.namespace, w.object.name);
+                    assert_eq!(service.map(|k| k.to_string()), Some(object.clone()));
+                    (object, w.field.clone())
+                })
+                .collect();
+            dropped.sort();
+            dropped.dedup();
+            assert_eq!(dropped, want, "{} ({order}): dropped", case.name);
             for (loser, owner, _) in case.warned {
                 // The last warning for the loser names the final owner.
                 let w = warnings
@@ -1177,5 +1190,104 @@ fn source_ranges_of_another_family_only_are_warned_about() {
             })
             .collect();
         assert_eq!(open, case.open, "{}", case.name);
+    }
+}
+
+/// A frontend a Service lost to another one is one of its dropped values, naming the field,
+/// the value and the Service that keeps it, for as long as it is lost: a tenant whose
+/// external IP or node port another tenant's Service holds sees why in `kpng status`, not
+/// only in a warning that scrolls away. Each change moves `dropped_changes` (the brain sends
+/// its report again).
+#[test]
+fn lost_frontends_are_dropped_values_while_they_last() {
+    let web = || {
+        service(
+            "tenant-b",
+            "web",
+            OLD,
+            json!({"type": "NodePort", "clusterIP": "10.96.2.10",
+                   "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}),
+        )
+    };
+    let evil = || {
+        service(
+            "tenant-a",
+            "evil",
+            NEW,
+            json!({"clusterIP": "10.96.1.5", "externalIPs": ["10.96.2.10"],
+                   "ports": [{"name": "http", "port": 80}]}),
+        )
+    };
+    let npdup = || {
+        service(
+            "tenant-c",
+            "npdup",
+            NEW,
+            json!({"type": "NodePort", "clusterIP": "10.96.3.5",
+                   "ports": [{"name": "http", "port": 8080, "nodePort": 30080}]}),
+        )
+    };
+    const EVIL: &str = "Service tenant-a/evil: field spec.externalIPs: 10.96.2.10 port 80/TCP is also Service tenant-b/web's, as its ClusterIP, which keeps it whatever the Services' ages (the API server allocates a ClusterIP to one Service; an external or load-balancer IP naming it never takes it over); 10.96.2.10 is not programmed for this Service port (ignored)";
+    const NPDUP: &str = "Service tenant-c/npdup: field spec.ports[0].nodePort: node port 30080/TCP is also Service tenant-b/web's, which is older (created earlier; without creation times, known to kpng first, then first by namespace/name) and keeps it; the node port is not programmed (ignored)";
+    struct Case {
+        name: &'static str,
+        events: Vec<Event>,
+        dropped: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "an external IP that is another Service's ClusterIP",
+            events: vec![web(), evil()],
+            dropped: &[EVIL],
+        },
+        Case {
+            name: "the loser arriving first loses it all the same",
+            events: vec![evil(), npdup(), web()],
+            dropped: &[EVIL, NPDUP],
+        },
+        Case {
+            name: "a node port another Service holds",
+            events: vec![web(), npdup()],
+            dropped: &[NPDUP],
+        },
+        Case {
+            name: "the owner gone: nothing lost any more",
+            events: vec![web(), evil(), npdup(), delete("tenant-b", "web")],
+            dropped: &[],
+        },
+        Case {
+            name: "the loser gone",
+            events: vec![web(), evil(), delete("tenant-a", "evil")],
+            dropped: &[],
+        },
+        Case {
+            name: "the loser fixed",
+            events: vec![
+                web(),
+                evil(),
+                service(
+                    "tenant-a",
+                    "evil",
+                    NEW,
+                    json!({"clusterIP": "10.96.1.5", "ports": [{"name": "http", "port": 80}]}),
+                ),
+            ],
+            dropped: &[],
+        },
+    ];
+    for case in cases {
+        let mut m = ClusterModel::new(ClusterConfig::default());
+        let mut changes = m.dropped_changes();
+        let mut before: Vec<String> = Vec::new();
+        for event in case.events {
+            m.apply(event);
+            let now: Vec<String> = m.dropped().map(|(_, w)| w.to_string()).collect();
+            if now != before {
+                assert!(m.dropped_changes() > changes, "{}: {now:?}", case.name);
+            }
+            changes = m.dropped_changes();
+            before = now;
+        }
+        assert_eq!(before, case.dropped, "{}", case.name);
     }
 }

@@ -220,8 +220,9 @@ pub fn foreign_chains_detail(found: Result<Vec<ForeignChain>, String>) -> DataPl
 /// and at most [`StatusQuery::limit`] ports are kept, from [`StatusQuery::offset`] on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct StatusQuery {
-    /// `NAME` (any namespace), `NAMESPACE/NAME` or `NAMESPACE/NAME:PORT`: what `kpng status
-    /// SERVICE` asks for.
+    /// `NAME` (any namespace), `NAMESPACE/NAME`, `NAMESPACE/NAME:PORT` or `NAMESPACE/` (every
+    /// Service of the namespace, as `kpng status -n NAMESPACE`): what `kpng status SERVICE`
+    /// asks for.
     #[serde(default)]
     pub service: Option<String>,
     /// Text the port's row must contain, case-insensitively: its Service, port, protocol,
@@ -259,7 +260,8 @@ impl StatusQuery {
         };
         let svc = filter.rsplit_once(':').map_or(filter, |(s, _)| s);
         match svc.split_once('/') {
-            Some((ns, n)) => ns == namespace && n == name,
+            // `NAMESPACE/` (or `NAMESPACE/*`): every Service of the namespace.
+            Some((ns, n)) => ns == namespace && (n.is_empty() || n == "*" || n == name),
             None => svc == name,
         }
     }
@@ -828,8 +830,19 @@ impl BrainReportStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RejectedStatus {
-    /// `Kind namespace/name`.
+    /// `Kind namespace/name`: the object in words, as before `kind`, `namespace` and `name`
+    /// were added (kept for the readers of that JSON).
     pub object: String,
+    /// The object's kind (`Service`, `EndpointSlice`, `Node`, `ServiceCIDR`), as the log line's
+    /// `kind` field: a script filters on it without parsing `object`.
+    #[serde(default)]
+    pub kind: String,
+    /// The object's namespace (empty for a cluster-scoped kind), as the log line's field.
+    #[serde(default)]
+    pub namespace: String,
+    /// The object's name, as the log line's field.
+    #[serde(default)]
+    pub name: String,
     /// The field at fault.
     pub field: String,
     /// What is wrong with it.
@@ -896,6 +909,9 @@ impl RejectedStatus {
     pub fn of(r: &kpng_model::records::Rejection) -> RejectedStatus {
         RejectedStatus {
             object: r.error.object.to_string(),
+            kind: r.error.object.kind.as_str().to_string(),
+            namespace: r.error.object.namespace.to_string(),
+            name: r.error.object.name.to_string(),
             field: r.error.field.clone(),
             message: r.error.message.clone(),
             location: r.error.location.clone(),
@@ -907,6 +923,9 @@ impl RejectedStatus {
     pub fn of_reported(r: &kpng_model::input::ReportedRejection) -> RejectedStatus {
         RejectedStatus {
             object: reported_object(&r.kind, &r.namespace, &r.name),
+            kind: r.kind.clone(),
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
             field: r.field.clone(),
             message: r.message.clone(),
             location: r.location.clone(),
