@@ -47,14 +47,20 @@ fn health_answer(state: &HealthState, healthz: bool) -> Response {
         &state.metrics.livez_total
     };
     counter.get_or_create(&code).inc();
-    let status = StatusCode::from_u16(report.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    json_answer(report.status, report.body)
+}
+
+/// One shape for every probe's answer: a status code (an unknown one is a 503, never a 200)
+/// and a JSON body that browsers must not sniff as something else.
+fn json_answer(code: u16, body: String) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (
         status,
         [
             (header::CONTENT_TYPE, "application/json"),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
-        report.body,
+        body,
     )
         .into_response()
 }
@@ -70,16 +76,7 @@ async fn livez(State(state): State<HealthState>) -> Response {
 /// `/readyz`: whether this run's first sync has programmed the node, for the startup probe.
 async fn readyz(State(state): State<HealthState>) -> Response {
     let report = state.health.readiness(SystemTime::now());
-    let status = StatusCode::from_u16(report.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    (
-        status,
-        [
-            (header::CONTENT_TYPE, "application/json"),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        ],
-        report.body,
-    )
-        .into_response()
+    json_answer(report.status, report.body)
 }
 
 /// Binds the health server now (so a port conflict fails start-up; an address the node does

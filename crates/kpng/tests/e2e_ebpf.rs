@@ -1273,6 +1273,25 @@ fn hide_pins(c: &Cluster, suffix: &str) -> PinsGone {
     PinsGone(hidden)
 }
 
+/// The endpoints of the Service `web` the switch and restart tests start with: one pod on each
+/// node, both ready.
+const WEB_ENDPOINTS: [(&str, Cond); 2] = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
+
+/// node1 of `c` with an eBPF kpng serving `web` and its nine programs attached: where the
+/// tests of a later kpng meeting those programs start. The echo servers live as long as the
+/// returned handles.
+fn ebpf_serving_web(c: &Cluster) -> (Vec<Spawned>, Kpng<'_>) {
+    let echo = echo_in(c, &["pod2a", "pod1b"]);
+    let k = Kpng::start(
+        B,
+        &c.node1.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &WEB_ENDPOINTS)]),
+        &[],
+    );
+    assert_eq!(attached(c).len(), 9, "{:?}", attached(c));
+    (echo, k)
+}
+
 /// A kpng that cannot see its predecessor's pins (another `--bpf-pin-path`, its own bpffs, a
 /// DaemonSet without the host's `/sys/fs/bpf`) finds the previous generation on its cgroup and
 /// detaches it, instead of leaving it to run first and translate from a map nobody updates;
@@ -1281,15 +1300,8 @@ fn hide_pins(c: &Cluster, suffix: &str) -> PinsGone {
 fn a_start_that_cannot_see_the_old_pins_detaches_the_old_programs() {
     require_root!();
     let c = Cluster::create(&B.prefix("stale")).expect("cluster");
-    let _echo = echo_in(&c, &["pod2a", "pod1b"]);
-    let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
-    let mut k = Kpng::start(
-        B,
-        &c.node1.ns,
-        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
-        &[],
-    );
-    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    let (_echo, mut k) = ebpf_serving_web(&c);
+    let both = WEB_ENDPOINTS;
     k.stop();
     let _old = hide_pins(&c, "old");
 
@@ -1512,15 +1524,8 @@ fn metrics_show_the_programs_translating_and_the_maps_filling() {
 fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
     require_root!();
     let c = Cluster::create(&B.prefix("switch")).expect("cluster");
-    let _echo = echo_in(&c, &["pod2a", "pod1b"]);
-    let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
-    let mut k = Kpng::start(
-        B,
-        &c.node1.ns,
-        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
-        &[],
-    );
-    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    let (_echo, mut k) = ebpf_serving_web(&c);
+    let both = WEB_ENDPOINTS;
 
     // An nftables kpng in a namespace of node1's cgroup (pod1a's) while the eBPF kpng runs:
     // the programs are that kpng's, held open, and stay; its status says they translate.
@@ -1620,15 +1625,7 @@ impl Drop for Regroup<'_> {
 fn a_switch_detaches_programs_left_on_a_cgroup_subtree() {
     require_root!();
     let c = Cluster::create(&B.prefix("subtree")).expect("cluster");
-    let _echo = echo_in(&c, &["pod2a", "pod1b"]);
-    let both = [("pod2a", Cond::Ready), ("pod1b", Cond::Ready)];
-    let mut k = Kpng::start(
-        B,
-        &c.node1.ns,
-        &manifest(&[svc("web", 10, "ClusterIP", "", &both)]),
-        &[],
-    );
-    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    let (_echo, mut k) = ebpf_serving_web(&c);
     k.stop();
     assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
 

@@ -131,6 +131,20 @@ impl Drop for Running {
     }
 }
 
+/// Runs `kpng ARGS --admin-socket SOCKET` and returns its stdout and stderr, for the tests
+/// that look at both (a refusal's text is on stderr).
+fn ask_admin(socket: &str, args: &[&str]) -> (String, String) {
+    let out = kpng()
+        .args(args)
+        .args(["--admin-socket", socket])
+        .output()
+        .expect("run");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn http_get(addr: &str, path: &str) -> String {
     let mut stream = std::net::TcpStream::connect(addr).expect("connect");
     write!(
@@ -2248,17 +2262,7 @@ fn a_node_whose_brain_sends_no_state_says_its_input_is_stale() {
         addr_of("serving /metrics on http://"),
         addr_of("serving /healthz and /livez on http://"),
     );
-    let ask = |args: &[&str]| {
-        let out = kpng()
-            .args(args)
-            .args(["--admin-socket", &admin])
-            .output()
-            .expect("run");
-        (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let ask = |args: &[&str]| ask_admin(&admin, args);
     let (table, _) = ask(&["status"]);
     assert!(
         table.contains("\nbrain reports: its input file ") && table.contains("rejects 2 objects"),
@@ -2999,17 +3003,7 @@ fn a_tenants_status_says_which_values_another_service_holds() {
     running.wait("the tenants' conflicts", |e| {
         e.contains("tenant-a/evil") && e.contains("tenant-c/npdup") && e.contains("tenant-b/broken")
     });
-    let ask = |args: &[&str]| {
-        let out = kpng()
-            .args(args)
-            .args(["--admin-socket", &socket_flag])
-            .output()
-            .expect("run");
-        (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let ask = |args: &[&str]| ask_admin(&socket_flag, args);
 
     let (wide, _) = ask(&["status", "tenant-a/evil", "-o", "wide"]);
     assert!(
