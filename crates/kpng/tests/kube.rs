@@ -420,7 +420,8 @@ fn a_bad_object_is_rejected_alone_and_shown() {
     });
     assert_eq!(
         status_json(admin)["rejected"],
-        json!([{"object": "Service default/named", "field": "spec.ports[0].port",
+        json!([{"object": "Service default/named", "kind": "Service", "namespace": "default",
+            "name": "named", "field": "spec.ports[0].port",
             "message": "invalid type: string \"http\", expected i32", "kept": false}]),
     );
 
@@ -948,7 +949,8 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     assert_eq!(reports["healthy"], true, "{reports}");
     assert_eq!(
         reports["rejected"],
-        json!([{"object": "Service default/typo", "field": "spec.ports[0].protocol",
+        json!([{"object": "Service default/typo", "kind": "Service", "namespace": "default",
+                "name": "typo", "field": "spec.ports[0].protocol",
                 "message": reports["rejected"][0]["message"], "kept": false}]),
         "{reports}"
     );
