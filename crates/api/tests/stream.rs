@@ -188,16 +188,17 @@ async fn a_brain_that_shuts_down_ends_every_stream_saying_so_and_its_server_ends
 
     stop.send(()).expect("the server is running");
     // Both streams, one waiting for its client's next request and one for the next change,
-    // end with UNAVAILABLE and the words nodes look for.
-    waiting
+    // end with UNAVAILABLE and the words nodes look for. The request may find the waiting
+    // stream already ended by the shutdown (its request channel closed, a `SendError`, seen
+    // once in CI): either way the stream must end with the status checked below.
+    let _ = waiting
         .requests
         .send(kpng_api::proto::WatchReq {
             node_name: "n1".into(),
             continuous: false,
             accept_zstd: false,
         })
-        .await
-        .expect("request");
+        .await;
     for node in [&mut waiting, &mut continuous] {
         let status = tokio::time::timeout(Duration::from_secs(10), node.stream.message())
             .await
