@@ -1572,12 +1572,20 @@ fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
         &[],
         &["env", &scope],
     );
+    switched_to_nft(&c, &mut nft, "", "another kpng");
+}
+
+/// What a switch from eBPF to nftables must leave: the nftables kpng logged the detach (naming
+/// `place`, where the programs were attached, when not empty), nothing is attached, pod1a
+/// reaches pod1b only (pod2a left the Service with the switch: the frozen map still had it), and
+/// the data-plane status no longer mentions `gone`.
+fn switched_to_nft(c: &Cluster, nft: &mut Kpng<'_>, place: &str, gone: &str) {
     nft.wait_logged("the detach", |err| {
         err.contains("detached the kpng eBPF programs that translated this node's sockets")
             && err.contains("kpng_connect4 (program ")
+            && err.contains(place)
     });
-    assert!(attached(&c).is_empty(), "{:?}", attached(&c));
-    // pod2a left the Service with the switch: the frozen map still had it.
+    assert!(attached(c).is_empty(), "{:?}", attached(c));
     let reached = spread(
         &c.pod("pod1a").ns,
         Proto::Tcp,
@@ -1586,10 +1594,7 @@ fn a_switch_to_nftables_detaches_programs_whose_pins_it_cannot_see() {
     );
     assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
     let status = nft.status_json();
-    assert!(
-        !status["dataPlane"].to_string().contains("another kpng"),
-        "{status}"
-    );
+    assert!(!status["dataPlane"].to_string().contains(gone), "{status}");
 }
 
 /// `KPNG_CGROUP_PATH=` node1's test group (the parent of its `local` and `outside` cgroups), for
@@ -1642,25 +1647,7 @@ fn a_switch_detaches_programs_left_on_a_cgroup_subtree() {
         &["env", &scope],
     );
     let place = format!("attached to cgroup {})", local.display());
-    nft.wait_logged("the detach", |err| {
-        err.contains("detached the kpng eBPF programs that translated this node's sockets")
-            && err.contains("kpng_connect4 (program ")
-            && err.contains(&place)
-    });
-    assert!(attached(&c).is_empty(), "{:?}", attached(&c));
-    // pod2a left the Service with the switch: the frozen map still had it.
-    let reached = spread(
-        &c.pod("pod1a").ns,
-        Proto::Tcp,
-        sa(cip(10, false), SVC_PORT),
-        8,
-    );
-    assert_eq!(names(&reached), set(&["pod1b"]), "{reached:?}");
-    let status = nft.status_json();
-    assert!(
-        !status["dataPlane"].to_string().contains(&place),
-        "{status}"
-    );
+    switched_to_nft(&c, &mut nft, &place, &place);
 }
 
 /// A bpffs of a test's own, with another tool's map in it, unmounted when dropped.
