@@ -426,7 +426,7 @@ pub async fn trace_answer(
     }
 }
 
-fn not_answering() -> axum::response::Response {
+pub(crate) fn not_answering() -> axum::response::Response {
     use axum::response::IntoResponse;
     (
         axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -954,7 +954,7 @@ fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
 /// Service `filter` names, and of the dropped values those of that Service and its
 /// EndpointSlices: `kpng status NAME` is about one Service. How many other rejections were
 /// left out.
-fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
+pub(crate) fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
     let service = filter.split_once(':').map_or(filter, |(s, _)| s);
     let query = StatusQuery {
         service: Some(service.to_string()),

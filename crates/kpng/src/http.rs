@@ -194,11 +194,19 @@ async fn status_style() -> Response {
         .into_response()
 }
 
+/// The page's status: `kpng status`'s, with its POLICY cells, legend and problem count
+/// (`status_web.rs`).
 async fn status_json(
     State(state): State<MetricsState>,
-    axum::extract::Query(query): axum::extract::Query<kpng_runner::admin::StatusQuery>,
+    axum::extract::Query(query): axum::extract::Query<crate::status_web::PageQuery>,
 ) -> Response {
-    crate::admin::status_answer(state.admin.as_ref(), query).await
+    match &state.admin {
+        Some(admin) => match crate::status_web::answer(admin, query).await {
+            Some(value) => axum::Json(value).into_response(),
+            None => crate::admin::not_answering(),
+        },
+        None => crate::admin::not_answering(),
+    }
 }
 
 async fn trace_json(

@@ -69,6 +69,7 @@ mod signals;
 mod status_history;
 mod status_policy;
 mod status_problems;
+mod status_web;
 mod version;
 mod winservice;
 mod zpages;

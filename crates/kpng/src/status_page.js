@@ -11,6 +11,11 @@ const text = (tag, value, cls) => {
 let status = null;
 // Ports per answer: enough to read, small enough for the node agent to build every 5 s.
 const PAGE_PORTS = 500;
+// Answers rendered so far (the Services table body's data-answers): the page refreshes every 5 s
+// and its filters, namespace and toggle stay as they are across refreshes.
+let answers = 0;
+// Namespaces seen in answers, offered by the namespace field.
+const namespaces = new Set();
 
 function frontends(p) {
   const f = [p.clusterIp + ":" + p.port];
@@ -18,6 +23,22 @@ function frontends(p) {
   (p.externalIps || []).forEach((ip) => f.push("external " + ip));
   (p.loadBalancerIps || []).forEach((ip) => f.push("load balancer " + ip));
   return f.join(", ");
+}
+
+// A cell of lines: the first as it is, the others (detail) under it.
+function cell(lines, cls, detailCls) {
+  const td = document.createElement("td");
+  if (cls) td.className = cls;
+  lines.forEach((l, i) => td.appendChild(text("div", l, i ? detailCls : "")));
+  return td;
+}
+
+// The values dropped from port p's Service (a frontend lost to another Service among them:
+// the port is not reachable there), this node's and its brain's, as kpng status lists them.
+function droppedOf(p) {
+  const report = status.brainReports;
+  return (status.dropped || []).concat((report && report.dropped) || [])
+    .filter((d) => d.service === p.service);
 }
 
 function endpointCell(p) {
@@ -149,28 +170,43 @@ function render() {
   }
   // kpng filters and caps the list itself (the whole list is tens of MB on a large cluster).
   const matching = status.matchingPorts ?? status.services.length;
+  const what = $("problemsonly").checked ? " ports with a problem" : " matching ports";
   $("shown").textContent = status.services.length < matching
-    ? "showing the first " + status.services.length + " of " + matching + " matching ports (" +
+    ? "showing the first " + status.services.length + " of " + matching + what + " (" +
       status.totalPorts + " in all): type to narrow"
     : matching + " of " + (status.totalPorts ?? matching) + " ports";
+  // kpng counts the ports with a problem over the whole selection, as `kpng status` does.
+  $("problemsline").hidden = !status.problemsLine;
+  $("problemsline").textContent = status.problemsLine || "";
+  $("problemsline").classList.toggle("bad", status.problemPorts > 0);
+  $("notshown").hidden = !status.rejectedNotShown;
+  $("notshown").textContent = status.rejectedNotShown
+    ? "(" + status.rejectedNotShown + " other object" + (status.rejectedNotShown === 1 ? "" : "s") +
+      " rejected, not shown: clear the namespace to list them)" : "";
   const body = $("services").querySelector("tbody");
   body.replaceChildren();
   for (const p of status.services) {
-    const row = [p.service, (p.portName ? p.portName + "/" : "") + p.protocol, p.family, frontends(p),
-      "external " + p.externalTrafficPolicy + ", internal " + p.internalTrafficPolicy +
-        (p.affinityTimeoutSeconds ? ", affinity " + p.affinityTimeoutSeconds + "s" : "") +
-        (p.healthCheck ? ", health check :" + p.healthCheck.port + (p.healthCheck.status
-          ? " answers " + p.healthCheck.status + " (" + (p.healthCheck.status === 200
-            ? p.healthCheck.localEndpoints + " local"
-            : p.healthCheck.localEndpoints === 0 ? "no local ready endpoint" : "kpng not healthy") + ")" +
-            (p.healthCheck.notServed ? ", NOT SERVED on " + p.healthCheck.notServed : "")
-          : " NOT SERVED") : "")];
+    namespaces.add(p.service.split("/")[0]);
+    const problems = p.problems || [];
     const tr = document.createElement("tr");
-    tr.className = "service";
-    row.forEach((v) => tr.appendChild(text("td", v)));
+    tr.className = "service" + (problems.length ? " problem" : "");
+    tr.appendChild(cell([p.service].concat(problems.length ? ["PROBLEM: " + problems.join(", ")] : []), "", "bad"));
+    tr.appendChild(text("td", (p.portName ? p.portName + "/" : "") + p.protocol));
+    tr.appendChild(text("td", p.family));
+    // The frontends in use, then the values dropped from the Service (a frontend lost to
+    // another Service is one: it is not among the frontends).
+    tr.appendChild(cell([frontends(p)].concat(droppedOf(p).map((d) =>
+      "DROPPED " + d.field + ": " + d.message)), "frontends", "bad"));
+    // The POLICY cell and its detail, computed by kpng as `kpng status` prints them.
+    tr.appendChild(cell([p.policyCell || ""].concat(p.policyDetails || []), "policy", "detail"));
     tr.appendChild(endpointCell(p));
     body.appendChild(tr);
   }
+  $("legend").textContent = status.policyLegend || "";
+  const known = $("namespaces");
+  known.replaceChildren(...[...namespaces].sort().map((n) => Object.assign(document.createElement("option"), { value: n })));
+  answers += 1;
+  body.dataset.answers = String(answers);
   const syncs = $("syncs").querySelector("tbody");
   syncs.replaceChildren();
   for (const s of status.recentSyncs || []) {
@@ -188,6 +224,11 @@ function render() {
 async function refresh() {
   try {
     const q = new URLSearchParams({ limit: String(PAGE_PORTS), q: $("filter").value.trim() });
+    // A namespace name holds no "/": `NAMESPACE/` selects all of its Services (`kpng status -n`).
+    const ns = $("namespace").value.trim().replace(/\/.*$/, "");
+    if (ns) q.set("service", ns + "/");
+    if ($("problemsonly").checked) q.set("problems", "true");
+    keepInAddress(ns);
     const r = await fetch("status/status.json?" + q);
     if (!r.ok) throw new Error(await r.text());
     status = await r.json();
@@ -232,12 +273,31 @@ async function trace() {
   }
 }
 
+// The page's selection in its address, so that a reload or a copied link shows the same.
+function keepInAddress(ns) {
+  const params = new URLSearchParams(location.search);
+  const set = (k, v) => { if (v) params.set(k, v); else params.delete(k); };
+  set("filter", $("filter").value.trim());
+  set("namespace", ns);
+  set("problems", $("problemsonly").checked ? "1" : "");
+  const search = params.toString();
+  if (search !== location.search.replace(/^\?/, "")) {
+    history.replaceState(null, "", location.pathname + (search ? "?" + search : ""));
+  }
+}
+
 let typing;
-$("filter").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(refresh, 250); });
+const typed = () => { clearTimeout(typing); typing = setTimeout(refresh, 250); };
+$("filter").addEventListener("input", typed);
+$("namespace").addEventListener("input", typed);
+$("problemsonly").addEventListener("change", refresh);
 $("trace-form").addEventListener("submit", (e) => { e.preventDefault(); trace(); });
-// Deep links: /status?filter=web&from=10.244.1.5&to=10.96.0.10:80 fills the page in.
+// Deep links: /status?filter=web&namespace=shop&problems=1&from=10.244.1.5&to=10.96.0.10:80
+// fills the page in.
 const params = new URLSearchParams(location.search);
 if (params.get("filter")) $("filter").value = params.get("filter");
+if (params.get("namespace")) $("namespace").value = params.get("namespace");
+$("problemsonly").checked = params.get("problems") === "1";
 for (const k of ["from", "to", "proto", "iif"]) if (params.get(k)) $(k).value = params.get(k);
 refresh().then(() => { if (params.get("from") && params.get("to")) trace(); });
 setInterval(refresh, 5000);

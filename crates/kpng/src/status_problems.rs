@@ -87,41 +87,75 @@ pub fn has_any(port: &PortStatus, status: &Status) -> bool {
     !of_port(port, status).is_empty()
 }
 
+/// How many Service ports have a problem, of how many, and of which kinds: counted port by
+/// port, so that the status page's answer counts over every port of its selection while it
+/// holds one page of them at a time (`status_web.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProblemCounts {
+    /// Ports with at least one problem.
+    ports: usize,
+    /// Ports counted, with or without a problem.
+    total: usize,
+    /// Ports per kind of problem.
+    kinds: std::collections::BTreeMap<PortProblem, usize>,
+}
+
+impl ProblemCounts {
+    /// Counts one port with `problems` ([`of_port`]).
+    pub fn add(&mut self, problems: &[PortProblem]) {
+        self.total += 1;
+        if !problems.is_empty() {
+            self.ports += 1;
+        }
+        for p in problems {
+            *self.kinds.entry(*p).or_default() += 1;
+        }
+    }
+
+    /// How many ports counted have a problem.
+    pub fn ports(&self) -> usize {
+        self.ports
+    }
+
+    /// `PROBLEMS: N of M Service ports (K kind, …)`, as `kpng status` starts its line; `None`
+    /// when no port has a problem.
+    pub fn summary(&self) -> Option<String> {
+        if self.ports == 0 {
+            return None;
+        }
+        let kinds: Vec<String> = self
+            .kinds
+            .iter()
+            .map(|(p, n)| format!("{n} {}", p.words()))
+            .collect();
+        Some(format!(
+            "PROBLEMS: {} of {} Service ports ({})",
+            self.ports,
+            self.total,
+            kinds.join(", ")
+        ))
+    }
+}
+
 /// The header's line when some ports have a problem: how many, of which kinds, and the
 /// command that lists only them; `None` when no port has one. `hidden`: how many ports
 /// `--problems` left out, when it did (the line then says so, also when none is left).
 pub fn header_line(status: &Status, hidden: Option<usize>) -> Option<String> {
-    let mut counts = std::collections::BTreeMap::<PortProblem, usize>::new();
-    let mut ports = 0;
+    let mut counts = ProblemCounts::default();
     for port in &status.services {
-        let problems = of_port(port, status);
-        if !problems.is_empty() {
-            ports += 1;
-        }
-        for p in problems {
-            *counts.entry(p).or_default() += 1;
-        }
+        counts.add(&of_port(port, status));
     }
-    let total = status.services.len() + hidden.unwrap_or(0);
-    let kinds: Vec<String> = counts
-        .iter()
-        .map(|(p, n)| format!("{n} {}", p.words()))
-        .collect();
-    match hidden {
-        None if ports == 0 => None,
-        None => Some(format!(
-            "PROBLEMS: {ports} of {total} Service ports ({}): `kpng status --problems` lists \
-             only them",
-            kinds.join(", ")
+    counts.total += hidden.unwrap_or(0);
+    match (hidden, counts.summary()) {
+        (None, None) => None,
+        (None, Some(line)) => Some(format!("{line}: `kpng status --problems` lists only them")),
+        (Some(_), None) => Some(format!(
+            "no Service port has a problem (--problems: {} not shown)",
+            counts.total
         )),
-        Some(_) if ports == 0 => Some(format!(
-            "no Service port has a problem (--problems: {total} not shown)"
-        )),
-        Some(hidden) => Some(format!(
-            "PROBLEMS: {ports} of {total} Service ports ({}); --problems: the other {hidden} \
-             not shown",
-            kinds.join(", ")
-        )),
+        (Some(hidden), Some(line)) => {
+            Some(format!("{line}; --problems: the other {hidden} not shown"))
+        }
     }
 }
 

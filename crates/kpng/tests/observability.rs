@@ -1057,6 +1057,216 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
     );
 }
 
+/// The DOM after the page's scripts ran, and what its console said (Chromium logs it to
+/// stderr, an uncaught exception as `Uncaught …`).
+fn dom_and_console(browser: &str, url: &str) -> (String, String) {
+    let out = Command::new(browser)
+        .args(["--enable-logging=stderr", "--v=0"])
+        .args(dump_dom_args(url))
+        .output()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The attributes and text of the page's `<div id="ID">`, if it is there.
+fn div_of<'a>(page: &'a str, id: &str) -> Option<(&'a str, &'a str)> {
+    let rest = page.split(&format!("<div id=\"{id}\"")).nth(1)?;
+    let (attributes, rest) = rest.split_once('>')?;
+    Some((attributes, rest.split("</div>").next()?))
+}
+
+/// How many answers the page rendered (its Services table body's `data-answers`): more than one
+/// means a periodic refresh ran.
+fn answers_rendered(page: &str) -> usize {
+    page.split("data-answers=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The status page tells the on-call engineer what `kpng status` tells: the same compact
+/// POLICY cell and legend, the same `PROBLEMS: N of M Service ports (…)` line, a "problems
+/// only" selection and a namespace selection (as `--problems` and `-n`), and the values
+/// dropped from each Service (a frontend lost to another tenant's Service) in its row. Its
+/// selection survives the periodic refresh, a 63-character namespace and name render, and no
+/// script error is logged. Until 2026-12-07 the page kept the old POLICY wording and had none
+/// of these.
+#[test]
+fn the_status_page_tells_what_kpng_status_tells() {
+    let Some(browser) = browser_or_skip() else {
+        return;
+    };
+    let (mut running, dir) = on_the_example("127.0.0.1:0");
+    let socket_flag = dir.path().join("admin.sock").display().to_string();
+    let log = running.wait("the first sync and the metrics address", |e| {
+        e.contains(" synced ") && e.contains("serving /metrics on http://")
+    });
+    let addr = log
+        .lines()
+        .find_map(|l| {
+            l.split_once("serving /metrics on http://")
+                .map(|(_, a)| a.trim())
+        })
+        .expect("the metrics address")
+        .to_string();
+    let long_ns = format!("tenant-{}", "n".repeat(56));
+    let long_name = format!("svc-{}", "x".repeat(59));
+    let input = dir.path().join("cluster.yaml");
+    let mut text = std::fs::read_to_string(&input).expect("read");
+    text.push_str(&format!(
+        "---\napiVersion: v1\nkind: Service\n\
+         metadata: {{namespace: tenant-b, name: web, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\n\
+         spec: {{clusterIP: 10.96.2.10, ports: [{{name: http, port: 80}}]}}\n\
+         ---\napiVersion: v1\nkind: Service\n\
+         metadata: {{namespace: tenant-a, name: evil, creationTimestamp: \"2025-01-01T00:00:00Z\"}}\n\
+         spec: {{clusterIP: 10.96.1.5, externalIPs: [10.96.2.10], ports: [{{name: http, port: 80}}]}}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: {long_ns}, name: {long_name}}}\n\
+         spec: {{clusterIP: 10.96.7.7, ports: [{{name: http, port: 80}}]}}\n"
+    ));
+    let tmp = dir.path().join(".cluster.yaml.tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    running.wait("the lost external IP", |e| {
+        e.contains("tenant-a/evil") && e.contains("spec.externalIPs")
+    });
+    let (cli, _) = ask_admin(&socket_flag, &["status"]);
+    let cli_problems = cli
+        .lines()
+        .find(|l| l.starts_with("PROBLEMS: "))
+        .unwrap_or_else(|| panic!("the CLI's problem line: {cli}"));
+    let cli_problems = cli_problems
+        .split(": `kpng status --problems`")
+        .next()
+        .unwrap_or_default();
+    let no_errors = |console: &str| {
+        assert!(
+            !console.contains("Uncaught") && !console.contains(":ERROR:CONSOLE"),
+            "the page's script failed: {console}"
+        );
+    };
+
+    // Everything: the CLI's problem line, the CLI's POLICY cells and legend.
+    let (page, console) = dom_and_console(browser, &format!("http://{addr}/status"));
+    no_errors(&console);
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    assert_eq!(
+        div_of(&page, "problemsline"),
+        Some((" class=\"bad\"", cli_problems)),
+        "the CLI's line: {page}"
+    );
+    let storefront = services
+        .split("<div>shop/storefront</div>")
+        .nth(1)
+        .and_then(|r| r.split("<td class=\"policy\"><div>").nth(1))
+        .and_then(|c| c.split("</div>").next())
+        .unwrap_or_else(|| panic!("storefront's POLICY cell: {services}"));
+    assert_eq!(storefront, "L/C src 2");
+    let cli_row = cli
+        .lines()
+        .find(|l| l.starts_with("shop/storefront "))
+        .unwrap_or_else(|| panic!("storefront's row: {cli}"));
+    assert!(
+        cli_row.contains(&format!("  {storefront}  ")),
+        "the CLI's cell: {cli_row}"
+    );
+    let cli_legend = cli
+        .lines()
+        .find(|l| l.starts_with("POLICY: "))
+        .unwrap_or_else(|| panic!("the CLI's legend: {cli}"));
+    let legend = cli_legend.split("; in full:").next().unwrap_or_default();
+    assert_eq!(
+        div_of(&page, "legend").map(|(_, t)| t),
+        Some(legend),
+        "the CLI's legend {cli_legend:?}: {page}"
+    );
+    assert!(
+        services.contains(&format!("<div>{long_ns}/{long_name}</div>")),
+        "the long name: {services}"
+    );
+    assert!(
+        services.contains(
+            "DROPPED spec.externalIPs: 10.96.2.10 port 80/TCP is also Service tenant-b/web's"
+        ),
+        "evil's lost external IP in its row: {services}"
+    );
+
+    // Only the ports with a problem, kept across the periodic refresh.
+    let (page, console) = dom_and_console(browser, &format!("http://{addr}/status?problems=1"));
+    no_errors(&console);
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    assert!(answers_rendered(&page) >= 2, "a refresh ran: {page}");
+    assert_eq!(
+        div_of(&page, "problemsline"),
+        Some((" class=\"bad\"", cli_problems)),
+        "the CLI's line: {page}"
+    );
+    assert!(
+        services.contains(
+            "tenant-a/evil</div><div class=\"bad\">PROBLEM: without endpoints, values dropped"
+        ),
+        "{services}"
+    );
+    assert!(
+        !services.contains("shop/storefront") && !services.contains("default/zonal"),
+        "ports without a problem are not shown: {services}"
+    );
+
+    // One namespace, its Service's dropped value in its row, the others' left out.
+    let (page, console) = dom_and_console(
+        browser,
+        &format!("http://{addr}/status?namespace=tenant-a&problems=1"),
+    );
+    no_errors(&console);
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    assert!(answers_rendered(&page) >= 2, "a refresh ran: {page}");
+    assert_eq!(
+        div_of(&page, "problemsline"),
+        Some((
+            " class=\"bad\"",
+            "PROBLEMS: 1 of 1 Service ports (1 without endpoints, 1 values dropped)"
+        )),
+        "{page}"
+    );
+    assert!(
+        services.contains("tenant-a/evil")
+            && services.contains("DROPPED spec.externalIPs: 10.96.2.10")
+            && !services.contains("<div>tenant-b/web</div>")
+            && !services.contains("<div>default/"),
+        "{services}"
+    );
+    let (page, console) = dom_and_console(
+        browser,
+        &format!("http://{addr}/status?namespace={long_ns}"),
+    );
+    no_errors(&console);
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    assert!(
+        services.contains(&long_name) && !services.contains("tenant-a/evil"),
+        "{services}"
+    );
+    assert_eq!(
+        div_of(&page, "problemsline"),
+        Some((
+            " class=\"bad\"",
+            "PROBLEMS: 1 of 1 Service ports (1 without endpoints)"
+        )),
+        "the namespace's only port has no endpoint: {page}"
+    );
+    assert!(
+        !page.contains("<div id=\"dropped\">"),
+        "the other namespaces' dropped values are left out: {page}"
+    );
+}
+
 /// The health checks a start opens are one info line, not one per Service (a start of 30k
 /// Services with 1,500 eTP Local ones wrote 1,500 `serving health check` lines): their count
 /// and the first names; a later change that opens one names it on a line of its own.
