@@ -846,6 +846,11 @@ where
         }
         _ => None,
     };
+    // The metrics server answers the same probes (`crate::http`).
+    let metrics_probes = crate::http::MetricsProbes::Node {
+        health: health.clone(),
+        metrics: Box::new(metrics.clone()),
+    };
     let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
     let mut runner = Runner::new(model, backend, timing, metrics, health.clone())
@@ -937,7 +942,7 @@ where
                 proxy_mode,
                 z,
                 admin.clone(),
-                None,
+                metrics_probes,
                 refused_connections,
             )
             .await?,
