@@ -20,6 +20,7 @@ use kpng_runner::admin::{
 
 use crate::admin_socket::Serving;
 use crate::cli::{StatusArgs, StatusOutput, TraceArgs};
+use crate::exit_codes::{Classified, Failure};
 
 /// Serves `handle` on the admin socket `path` until the process ends (`crate::admin_socket`:
 /// `Ok(None)` when another process serves it).
@@ -493,7 +494,8 @@ pub const DEFAULT_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::fro
 /// its process where the socket tells), rather than a client waiting forever.
 fn get(socket: &Path, target: &str, timeout: std::time::Duration) -> anyhow::Result<String> {
     use std::io::{Read, Write};
-    let mut stream = crate::admin_socket::connect(socket)?;
+    let mut stream = crate::admin_socket::connect(socket)
+        .map_err(|e| Classified::error(Failure::NotReachable, crate::describe(&e)))?;
     let peer = crate::admin_socket::peer_pid(&stream);
     let request = format!("GET {target} HTTP/1.1\r\nHost: kpng\r\nConnection: close\r\n\r\n");
     // The exchange on a thread of its own: a named pipe (Windows) has no read timeout, and a
@@ -518,7 +520,12 @@ fn get(socket: &Path, target: &str, timeout: std::time::Duration) -> anyhow::Res
     };
     let response = match answered {
         Ok(response) => response?,
-        Err(()) => bail!("{}", no_answer(socket, peer, timeout)),
+        Err(()) => {
+            return Err(Classified::error(
+                Failure::NoAnswer,
+                no_answer(socket, peer, timeout),
+            ));
+        }
     };
     let (head, body) = response
         .split_once("\r\n\r\n")
@@ -527,7 +534,12 @@ fn get(socket: &Path, target: &str, timeout: std::time::Duration) -> anyhow::Res
     // A 404 with words is kpng's own answer that what was asked for is not there (a brain
     // asked for a node it has no Node of, or for a trace): said as it is.
     if code == "404" && !body.trim().is_empty() {
-        bail!("{}", body.trim());
+        let kind = if body.starts_with("this kpng is a brain") {
+            Failure::Usage
+        } else {
+            Failure::NoMatch
+        };
+        return Err(Classified::error(kind, body.trim()));
     }
     if code != "200" {
         bail!("kpng answered {code}: {}", body.trim());
@@ -592,6 +604,11 @@ pub fn serving_backend(socket: &Path) -> Option<String> {
     status["backend"].as_str().map(str::to_string)
 }
 
+/// The version of the JSON (and YAML) documents `kpng status`, `kpng trace` and their errors
+/// print, as their `schemaVersion`: raised only when a field is removed or changes its meaning
+/// (docs/observability.md, "Output for scripts"); new fields come without a raise.
+pub const SCHEMA_VERSION: u32 = 1;
+
 /// `kpng status`.
 pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
     let node = args
@@ -599,55 +616,72 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(str::trim)
         .filter(|n| !n.is_empty());
-    let service = service_filter(args.service.as_deref(), args.namespace.as_deref())?;
+    let service = service_filter(args.service.as_deref(), args.namespace.as_deref())
+        .map_err(|e| Classified::error(Failure::Usage, e.to_string()))?;
     let mut status = read_status(socket, service.as_deref(), node, args.timeout)?;
     if matches!(args.output, StatusOutput::Table | StatusOutput::Wide) {
         escape_value_controls(&mut status);
     }
     if status["role"] == "brain" {
-        if args.problems {
-            bail!(
-                "--problems selects a node's Service ports; a brain lists its nodes (ask with \
-                 --node NODE for a node's view, or the node's own kpng)"
-            );
+        if args.problems || args.fail_on_problems {
+            return Err(Classified::error(
+                Failure::Usage,
+                "--problems and --fail-on-problems judge a node's Service ports; a brain lists \
+                 its nodes (ask with --node NODE for a node's view, or the node's own kpng)",
+            ));
         }
+        with_schema_version(&mut status);
         return print_brain(&status, service.as_deref(), args.output);
     }
     if let Some(node) = node
         && status.get("brainView").is_none()
     {
-        bail!(
-            "--node {} asks a brain (`kpng ... to-api`) for a node's view; this kpng is \
-             node {}'s own: ask without --node, or ask the brain's --admin-socket",
-            crate::logging::escape_controls(node),
-            crate::logging::escape_controls(status["node"].as_str().unwrap_or("?"))
-        );
+        return Err(Classified::error(
+            Failure::Usage,
+            format!(
+                "--node {} asks a brain (`kpng ... to-api`) for a node's view; this kpng is \
+                 node {}'s own: ask without --node, or ask the brain's --admin-socket",
+                crate::logging::escape_controls(node),
+                crate::logging::escape_controls(status["node"].as_str().unwrap_or("?"))
+            ),
+        ));
     }
     if let Some(filter) = &service
         && let Some(services) = status.get_mut("services").and_then(|s| s.as_array_mut())
     {
         services.retain(|s| service_matches(s, filter));
-        if services.is_empty() {
-            bail!("{}", no_port_matches(&status, filter));
+        // As a document, a rejected Service is an answer: no port, and its rejection.
+        let document = matches!(args.output, StatusOutput::Json | StatusOutput::Yaml);
+        if services.is_empty() && !(document && rejected_service(&status, filter).is_some()) {
+            return Err(Classified::error(
+                Failure::NoMatch,
+                no_port_matches(&status, filter),
+            ));
         }
     }
+    let with_problems;
     match args.output {
         StatusOutput::Json | StatusOutput::Yaml => {
-            if args.problems {
-                let typed: Status = serde_json::from_value(status.clone())
-                    .context("kpng's status does not have the expected shape")?;
-                crate::status_problems::keep_ports_with_problems_json(&mut status, &typed);
-            }
+            let typed: Status = serde_json::from_value(status.clone())
+                .context("kpng's status does not have the expected shape")?;
+            with_problems =
+                crate::status_problems::add_problems_json(&mut status, &typed, args.problems);
+            with_schema_version(&mut status);
             match args.output {
                 StatusOutput::Json => {
-                    print_out(&format!("{}\n", serde_json::to_string_pretty(&status)?))
+                    print_out(&format!("{}\n", serde_json::to_string_pretty(&status)?))?
                 }
-                _ => print_out(&serde_saphyr::to_string(&status)?),
+                _ => print_out(&serde_saphyr::to_string(&status)?)?,
             }
         }
         StatusOutput::Table | StatusOutput::Wide => {
             let mut typed: Status = serde_json::from_value(status)
                 .context("kpng's status does not have the expected shape")?;
+            with_problems = typed
+                .services
+                .iter()
+                .filter(|p| crate::status_problems::has_any(p, &typed))
+                .count();
             // Which ports have a problem is judged with every rejection and dropped value
             // of the node, before those of other Services are left out.
             let hidden = args
@@ -682,8 +716,25 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             {
                 text.push_str(&format!("note: {note}\n"));
             }
-            print_out(&terminal_safe(&text))
+            print_out(&terminal_safe(&text))?;
         }
+    }
+    if args.fail_on_problems && with_problems > 0 {
+        return Err(Classified::error(
+            Failure::Problems,
+            match with_problems {
+                1 => "1 Service port has a problem (--fail-on-problems)".to_string(),
+                n => format!("{n} Service ports have a problem (--fail-on-problems)"),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// Adds `schemaVersion` ([`SCHEMA_VERSION`]) to a JSON document kpng prints.
+fn with_schema_version(value: &mut serde_json::Value) {
+    if let serde_json::Value::Object(map) = value {
+        map.insert("schemaVersion".to_string(), SCHEMA_VERSION.into());
     }
 }
 
@@ -1769,7 +1820,8 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
         &args.to,
         Some(&args.proto),
         args.in_interface.as_deref(),
-    )?;
+    )
+    .map_err(|e| Classified::error(Failure::Usage, crate::describe(&e)))?;
     let iif = q
         .in_interface
         .as_deref()
@@ -1788,6 +1840,7 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
     let mut t: serde_json::Value =
         serde_json::from_str(&body).context("kpng's trace is not JSON")?;
     if args.output == crate::cli::LogFormat::Json {
+        with_schema_version(&mut t);
         return print_out(&format!("{}\n", serde_json::to_string_pretty(&t)?));
     }
     escape_value_controls(&mut t);

@@ -965,7 +965,9 @@ pub(crate) mod hns {
     /// The cleanup of HNS over `hcn` (the system's on Windows; the simulator in tests):
     /// refuses while `running` (who programs HNS, a refusal's subject) unless `dry_run`, which
     /// says it would refuse; then removes, or lists, the load balancers and remote endpoints
-    /// on `network_name` and says how many. Free of the platform, so that it is tested on any.
+    /// on `network_name` and says how many. A dry run that would be refused then fails as the
+    /// real run would, so that a script's dry-run check does not read success. Free of the
+    /// platform, so that it is tested on any.
     #[cfg_attr(not(windows), allow(dead_code))] // Windows' cleanup; tested everywhere
     pub(crate) fn clean(
         hcn: Box<dyn Hcn>,
@@ -974,6 +976,7 @@ pub(crate) mod hns {
         running: Option<Programmer>,
         out: &mut dyn std::io::Write,
     ) -> anyhow::Result<()> {
+        let would_refuse = running.is_some();
         if let Some(Programmer { who, stop }) = running {
             if !dry_run {
                 anyhow::bail!(
@@ -1003,6 +1006,9 @@ pub(crate) mod hns {
             }
             for ep in &report.remote_endpoints {
                 writeln!(out, "  remote endpoint {ep}")?;
+            }
+            if would_refuse {
+                anyhow::bail!("--dry-run: the real cleanup would refuse (said above), and fail so");
             }
         }
         Ok(())
@@ -1281,7 +1287,11 @@ mod hns_cleanup_tests {
         assert_eq!(sim.state().load_balancers.len(), 2);
         // The dry run says it would refuse, naming the mutex, and lists what would go.
         let (result, said) = run(&sim, true, Some(Programmer::kpng(held)));
-        result.expect("a dry run");
+        // …and fails as the real run would.
+        let err = result
+            .expect_err("a dry run of a refused cleanup")
+            .to_string();
+        assert!(err.contains("the real cleanup would refuse"), "{err}");
         assert!(
             said.contains("holds the mutex Global\\kpng-hns); cleanup would refuse"),
             "{said}"

@@ -88,7 +88,7 @@ where
             "api",
             crate::zpages::ZPages::new(&flags, "to-api"),
             None,
-            Some(crate::http::BrainHealth {
+            crate::http::MetricsProbes::Brain(crate::http::BrainHealth {
                 hub: hub.clone(),
                 input: input.clone(),
             }),

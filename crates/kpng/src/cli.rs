@@ -540,7 +540,8 @@ pub struct GlobalFlags {
     pub log_level: String,
 
     /// Log line format: `text` for people, `json` (one object per line) for log collectors;
-    /// kube-proxy's --logging-format and the config file's `logging.format`.
+    /// kube-proxy's --logging-format and the config file's `logging.format`. Log lines only:
+    /// `kpng version`, `status` and `trace` print JSON with their own `-o json`.
     #[arg(
         long,
         global = true,
@@ -615,6 +616,11 @@ pub struct StatusArgs {
     /// rejected (the node's own problems stay above the table). With -o json|yaml too.
     #[arg(long)]
     pub problems: bool,
+    /// Exit with status 6 when a Service port shown has a problem (as --problems judges it),
+    /// after printing the status as usual: for a check or an alerting script (exit codes:
+    /// docs/observability.md).
+    #[arg(long)]
+    pub fail_on_problems: bool,
     /// How long to wait for the kpng's answer (a hung kpng is an error after it; 0: as long
     /// as it takes).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -693,13 +699,16 @@ pub struct VersionArgs {
     pub output: LogFormat,
 }
 
-/// Text for people or JSON for machines: the log line format and `kpng version -o`.
+/// Text for people or JSON for machines: `--logging-format` (log lines only) and the `-o` of
+/// `kpng version` and `kpng trace`. Its values' words are shown under each of those flags,
+/// so they say nothing of the others: `--logging-format json` once claimed to make `kpng
+/// version` and `kpng trace` print JSON, which only their own `-o json` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum LogFormat {
-    /// Human-readable lines.
+    /// For people.
     #[default]
     Text,
-    /// JSON: one object per line for log lines; one indented object for `kpng version` and `kpng trace`.
+    /// For machines (JSON).
     Json,
 }
 

@@ -5,8 +5,9 @@
 //!   first sync has programmed the node: the startup probe's signal, which `/healthz`, 200 from
 //!   the start as kube-proxy's, is not);
 //! - metrics server (`--metrics-bind-address`, default `127.0.0.1:10249`): `/metrics`
-//!   (Prometheus/OpenMetrics text), `/healthz` (plain `ok`; a brain's readiness on a brain,
-//!   with `/livez`) and `/proxyMode`.
+//!   (Prometheus/OpenMetrics text), `/proxyMode`, and on a node the health server's own
+//!   `/healthz`, `/livez` and `/readyz` (kube-proxy's is a plain `ok` whatever the proxy's
+//!   state: a probe pointed at the wrong port read healthy forever); on a brain its readiness.
 //!
 //! Both are served within `kpng_runner::guarded_http`'s connection caps and timeouts, so
 //! that one client flooding or holding connections cannot take them from the kubelet's probes
@@ -114,7 +115,23 @@ struct MetricsState {
     proxy_mode: &'static str,
     z: Arc<crate::zpages::ZPages>,
     admin: Option<kpng_runner::admin::AdminHandle>,
-    brain: Option<BrainHealth>,
+    probes: MetricsProbes,
+}
+
+/// What the metrics server's `/healthz`, `/livez` and `/readyz` answer.
+#[derive(Clone)]
+pub enum MetricsProbes {
+    /// A node's: the health server's answers, from the same state and handler, so a probe
+    /// pointed at either port reads the proxy's health.
+    Node {
+        /// The proxy's health, as the health server reads it.
+        health: Arc<ProxyHealth>,
+        /// Where the probes are counted (`kubeproxy_proxy_healthz_total`, …); boxed, as the
+        /// brain's variant is much smaller.
+        metrics: Box<ProxyMetrics>,
+    },
+    /// A brain's readiness and liveness (it has no health server).
+    Brain(BrainHealth),
 }
 
 /// What a brain's `/healthz` and `/livez` (on its metrics server: it has no health server)
@@ -152,16 +169,42 @@ impl BrainHealth {
 }
 
 async fn metrics_healthz(State(state): State<MetricsState>) -> Response {
-    match &state.brain {
-        Some(brain) => brain.answer(true),
-        None => "ok".into_response(),
+    match state.probes {
+        MetricsProbes::Brain(brain) => brain.answer(true),
+        MetricsProbes::Node { health, metrics } => health_answer(
+            &HealthState {
+                health,
+                metrics: *metrics,
+            },
+            true,
+        ),
     }
 }
 
 async fn metrics_livez(State(state): State<MetricsState>) -> Response {
-    match &state.brain {
-        Some(brain) => brain.answer(false),
-        None => "ok".into_response(),
+    match state.probes {
+        MetricsProbes::Brain(brain) => brain.answer(false),
+        MetricsProbes::Node { health, metrics } => health_answer(
+            &HealthState {
+                health,
+                metrics: *metrics,
+            },
+            false,
+        ),
+    }
+}
+
+/// A node's `/readyz` (a brain has none: its `/healthz` is its readiness).
+async fn metrics_readyz(State(state): State<MetricsState>) -> Response {
+    match state.probes {
+        MetricsProbes::Brain(_) => StatusCode::NOT_FOUND.into_response(),
+        MetricsProbes::Node { health, metrics } => {
+            readyz(State(HealthState {
+                health,
+                metrics: *metrics,
+            }))
+            .await
+        }
     }
 }
 
@@ -275,16 +318,15 @@ fn host_is_an_address(host: &str) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
 }
 
-/// Binds the metrics server now and returns its future. `/healthz` there is kube-proxy's
-/// plain `ok`, or a brain's readiness when `brain` is given (with `/livez`). Connections it
-/// closes for a cap are counted in `refused`.
+/// Binds the metrics server now and returns its future. `/healthz`, `/livez` and `/readyz`
+/// there answer as `probes` says. Connections it closes for a cap are counted in `refused`.
 pub async fn metrics_server(
     addr: SocketAddr,
     registry: Arc<Registry>,
     proxy_mode: &'static str,
     z: crate::zpages::ZPages,
     admin: Option<kpng_runner::admin::AdminHandle>,
-    brain: Option<BrainHealth>,
+    probes: MetricsProbes,
     refused: RefusedConnections,
 ) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
     let app = Router::new()
@@ -297,6 +339,7 @@ pub async fn metrics_server(
         .route("/metrics", get(metrics))
         .route("/healthz", get(metrics_healthz))
         .route("/livez", get(metrics_livez))
+        .route("/readyz", get(metrics_readyz))
         .route("/proxyMode", get(proxy_mode_text))
         .route("/configz", get(configz))
         .route("/flagz", get(flagz))
@@ -306,7 +349,7 @@ pub async fn metrics_server(
             proxy_mode,
             z: Arc::new(z),
             admin,
-            brain,
+            probes,
         });
     let listener = Listener::bind(addr, "the metrics server (--metrics-bind-address)")?;
     Ok(async move {

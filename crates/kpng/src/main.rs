@@ -22,6 +22,7 @@ mod dry_run;
 mod earlier_rules;
 #[cfg(target_os = "linux")]
 mod ebpf_status;
+mod exit_codes;
 mod fatal_line;
 #[cfg(target_os = "linux")]
 mod foreign_chains;
@@ -184,6 +185,7 @@ fn main() -> std::process::ExitCode {
             )
         );
     let ends = fatal_line::Ending { to_file, one_shot };
+    let error_document = error_document_of(cli.command.as_ref());
     logging::init(&cli.global.log_level, cli.global.logging_format, target);
     for note in &report.notes {
         tracing::info!("--config: {note}");
@@ -229,10 +231,33 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            ends.fatal(&describe(&e));
+            let text = describe(&e);
+            let kind = exit_codes::kind_of(&e);
+            // A script reading `-o json|yaml` gets a document in every case (`exit_codes`).
+            if let Some(document) = exit_codes::error_document(error_document, kind, &text) {
+                print!("{document}");
+            }
+            ends.fatal(&text);
             winservice::stopped(1);
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(kind.exit_code())
         }
+    }
+}
+
+/// Whether a failure of `command` is also printed as a document on standard output: `kpng
+/// status -o json|yaml` and `kpng trace -o json`, whose output a script parses.
+fn error_document_of(command: Option<&cli::Command>) -> exit_codes::ErrorDocument {
+    use exit_codes::ErrorDocument;
+    match command {
+        Some(cli::Command::Status(args)) => match args.output {
+            cli::StatusOutput::Json => ErrorDocument::Json,
+            cli::StatusOutput::Yaml => ErrorDocument::Yaml,
+            _ => ErrorDocument::None,
+        },
+        Some(cli::Command::Trace(args)) if args.output == cli::LogFormat::Json => {
+            ErrorDocument::Json
+        }
+        _ => ErrorDocument::None,
     }
 }
 

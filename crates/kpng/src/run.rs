@@ -57,9 +57,14 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
     #[cfg(not(windows))]
     {
         let _ = flags;
+        // A dry run goes on past what the real run would refuse, listing what it would
+        // remove, and then ends as the real run would: a script's `--dry-run` check must not
+        // read success where the real run fails.
+        #[allow(unused_mut)]
+        let mut would_refuse = false;
         #[cfg(target_os = "linux")]
         {
-            refuse_while_running(dry_run)?;
+            would_refuse |= refuse_while_running(dry_run)?;
             // Without these, tables and chains cannot even be listed: they would look absent
             // and cleanup would report success.
             let unreadable = crate::caps::legacy_unreadable();
@@ -68,9 +73,11 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
                     println!(
                         "kpng: cleanup would refuse: it needs CAP_NET_ADMIN, which this process lacks"
                     );
+                    would_refuse = true;
                 }
                 if let Some(why) = &unreadable {
                     println!("kpng: cleanup would refuse: {why}");
+                    would_refuse = true;
                 }
             } else {
                 crate::caps::need_net_admin("kpng cleanup")?;
@@ -100,6 +107,9 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
         }
         if removed == 0 {
             println!("kpng: nothing to remove");
+        }
+        if would_refuse {
+            anyhow::bail!("--dry-run: the real cleanup would refuse (said above), and fail so");
         }
         Ok(())
     }
@@ -141,9 +151,11 @@ fn remove_conntrack_memory(dry_run: bool) -> anyhow::Result<usize> {
 
 /// A kpng still programming this network namespace would put back at once what cleanup
 /// removes (it repairs changes by someone else within 100 ms), so cleanup would report
-/// success and change nothing: refuse, naming it. A dry run only says so.
+/// success and change nothing: refuse, naming it. A dry run only says so, and gets whether
+/// the real run would refuse.
 #[cfg(target_os = "linux")]
-fn refuse_while_running(dry_run: bool) -> anyhow::Result<()> {
+fn refuse_while_running(dry_run: bool) -> anyhow::Result<bool> {
+    let mut would_refuse = false;
     for kind in BackendKind::ALL {
         let asking = crate::lock_askers::Asking::Cleanup { dry_run };
         let Some(who) = crate::instance_lock::holder(kind.word(), &asking) else {
@@ -155,6 +167,7 @@ fn refuse_while_running(dry_run: bool) -> anyhow::Result<()> {
         );
         if dry_run {
             println!("kpng: {running}; cleanup would refuse until it stops");
+            would_refuse = true;
             continue;
         }
         anyhow::bail!(
@@ -162,7 +175,7 @@ fn refuse_while_running(dry_run: bool) -> anyhow::Result<()> {
              systemd unit, or the DaemonSet's pod on this node), then run cleanup again"
         );
     }
-    Ok(())
+    Ok(would_refuse)
 }
 
 /// Runs the command line.
@@ -833,6 +846,11 @@ where
         }
         _ => None,
     };
+    // The metrics server answers the same probes (`crate::http`).
+    let metrics_probes = crate::http::MetricsProbes::Node {
+        health: health.clone(),
+        metrics: Box::new(metrics.clone()),
+    };
     let exit_drain = backend.exit_drain();
     let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
     let mut runner = Runner::new(model, backend, timing, metrics, health.clone())
@@ -924,7 +942,7 @@ where
                 proxy_mode,
                 z,
                 admin.clone(),
-                None,
+                metrics_probes,
                 refused_connections,
             )
             .await?,

@@ -28,6 +28,27 @@ pub enum PortProblem {
 }
 
 impl PortProblem {
+    /// Every kind, in the header's order.
+    pub const ALL: [PortProblem; 5] = [
+        PortProblem::NoEndpoints,
+        PortProblem::HealthCheck,
+        PortProblem::SourceRanges,
+        PortProblem::DroppedValues,
+        PortProblem::Rejected,
+    ];
+
+    /// The kind's name in `-o json|yaml` (a port's `problems`, `problemCounts`): a stable
+    /// camelCase word scripts match on (docs/observability.md).
+    pub fn word(self) -> &'static str {
+        match self {
+            PortProblem::NoEndpoints => "noEndpoints",
+            PortProblem::HealthCheck => "healthCheck",
+            PortProblem::SourceRanges => "sourceRanges",
+            PortProblem::DroppedValues => "droppedValues",
+            PortProblem::Rejected => "rejected",
+        }
+    }
+
     /// The header's words for ports with this problem.
     pub fn words(self) -> &'static str {
         match self {
@@ -168,17 +189,40 @@ pub fn keep_ports_with_problems(status: &mut Status) -> usize {
     before - status.services.len()
 }
 
-/// The same selection on the status as JSON (`-o json|yaml`, which print every field the
-/// running kpng sent): `services` keeps the ports with a problem and `matchingPorts` counts
-/// them. `typed` is `value` read as a [`Status`].
-pub fn keep_ports_with_problems_json(value: &mut serde_json::Value, typed: &Status) {
-    let keep: Vec<bool> = typed.services.iter().map(|p| has_any(p, typed)).collect();
-    if let Some(services) = value.get_mut("services").and_then(|s| s.as_array_mut()) {
-        let mut flags = keep.into_iter();
-        services.retain(|_| flags.next().unwrap_or(false));
-        let kept = services.len();
-        value["matchingPorts"] = kept.into();
+/// Adds to the status as JSON (`-o json|yaml`) what the table judges, so that a script need
+/// not judge it again: each port's `problems` (its kinds' [`PortProblem::word`]s, `[]` when
+/// fine), `problemCounts` (ports per kind, every kind named), `portsWithProblems`, and
+/// `problemsOnly` (`--problems` was given: `services` keeps the ports with a problem,
+/// `portsNotShown` says how many others were left out, and `matchingPorts` counts the kept
+/// ones). `typed` is `value` read as a [`Status`], with every rejection and dropped value of
+/// the node: the problems are judged on it. How many ports have a problem.
+pub fn add_problems_json(value: &mut serde_json::Value, typed: &Status, only: bool) -> usize {
+    let found: Vec<Vec<PortProblem>> = typed.services.iter().map(|p| of_port(p, typed)).collect();
+    let mut counts = serde_json::Map::new();
+    for kind in PortProblem::ALL {
+        let n = found.iter().filter(|f| f.contains(&kind)).count();
+        counts.insert(kind.word().to_string(), n.into());
     }
+    let with_problems = found.iter().filter(|f| !f.is_empty()).count();
+    let mut not_shown = 0;
+    if let Some(services) = value.get_mut("services").and_then(|s| s.as_array_mut()) {
+        for (port, problems) in services.iter_mut().zip(&found) {
+            let words: Vec<&str> = problems.iter().map(|p| p.word()).collect();
+            port["problems"] = words.into();
+        }
+        if only {
+            let mut kinds = found.iter();
+            let before = services.len();
+            services.retain(|_| kinds.next().is_some_and(|k| !k.is_empty()));
+            not_shown = before - services.len();
+            value["matchingPorts"] = with_problems.into();
+        }
+    }
+    value["problemCounts"] = counts.into();
+    value["portsWithProblems"] = with_problems.into();
+    value["problemsOnly"] = only.into();
+    value["portsNotShown"] = not_shown.into();
+    with_problems
 }
 
 #[cfg(test)]
@@ -323,10 +367,27 @@ mod tests {
             )
         );
         let mut json = serde_json::to_value(&status).expect("JSON");
-        keep_ports_with_problems_json(&mut json, &status);
+        assert_eq!(add_problems_json(&mut json, &status, false), 1);
+        assert_eq!(json["services"].as_array().map(Vec::len), Some(3), "{json}");
+        assert_eq!(json["services"][0]["problems"], serde_json::json!([]));
+        assert_eq!(
+            json["services"][1]["problems"],
+            serde_json::json!(["noEndpoints"])
+        );
+        assert_eq!(
+            json["problemCounts"],
+            serde_json::json!({"noEndpoints": 1, "healthCheck": 0, "sourceRanges": 0,
+                "droppedValues": 0, "rejected": 0})
+        );
+        assert_eq!(json["portsWithProblems"], 1);
+        assert_eq!(json["problemsOnly"], false);
+        let mut json = serde_json::to_value(&status).expect("JSON");
+        add_problems_json(&mut json, &status, true);
         assert_eq!(json["services"].as_array().map(Vec::len), Some(1), "{json}");
         assert_eq!(json["services"][0]["service"], "ns/empty");
         assert_eq!(json["matchingPorts"], 1);
+        assert_eq!(json["problemsOnly"], true);
+        assert_eq!(json["portsNotShown"], 2);
         assert_eq!(keep_ports_with_problems(&mut status), 2);
         assert_eq!(status.services.len(), 1);
         assert_eq!(status.services[0].service, "ns/empty");

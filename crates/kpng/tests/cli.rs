@@ -795,6 +795,18 @@ fn help_lists_the_global_flags_once_grouped() {
         "{order:?} in:\n{root}"
     );
     assert_eq!(root.matches("--masquerade-bit <").count(), 1, "{root}");
+    // --logging-format changes the log lines only: its values claim nothing of `kpng
+    // version` or `kpng trace` (whose JSON is their own `-o json`).
+    let logging = root
+        .split_once("--logging-format <")
+        .and_then(|(_, rest)| rest.split_once("--log-file"))
+        .map(|(text, _)| text)
+        .unwrap_or_else(|| panic!("--logging-format in:\n{root}"));
+    assert!(
+        !logging.contains("for `kpng version` and `kpng trace`"),
+        "{logging}"
+    );
+    assert!(logging.contains("Log lines only"), "{logging}");
     assert!(root.contains("--conntrack-mark-mask <MASK>"), "{root}");
 
     for args in [
@@ -1335,7 +1347,8 @@ fn status_gives_up_on_a_hung_kpng_and_stops_quietly_when_its_reader_does() {
     let out = status.wait_with_output().expect("kpng status");
     let said = String::from_utf8_lossy(&out.stderr);
     let code = ended.unwrap_or_else(|| panic!("still waiting after 20 s: {said}"));
-    assert!(!code.success(), "{said}");
+    // No answer within --timeout has its own exit code (docs/observability.md).
+    assert_eq!(code.code(), Some(4), "{said}");
     assert!(
         said.contains(&format!(
             "the kpng at {} (pid {pid}) did not answer within 1s",
@@ -1567,7 +1580,8 @@ fn pod_interface_names_are_checked_and_an_empty_detect_local_mode_is_the_default
         .output()
         .expect("run kpng");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // A wrong command line: exit 2 (docs/observability.md, "Output for scripts").
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("--in-interface \"cni0 x\": has ' '"),
         "{stderr}"
@@ -1605,4 +1619,182 @@ fn to_file_runs_beside_a_proxy_holding_the_health_and_metrics_ports() {
         ) && !err.contains("serving /healthz"),
         "{err}"
     );
+}
+
+/// `kpng status -o json` of the kpng at `admin` with `args`: the exit code, standard output
+/// read as JSON (`Null` when it is not), and standard error.
+fn status_json(admin: &Path, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+    let out = kpng()
+        .args(args)
+        .arg("--admin-socket")
+        .arg(admin)
+        .output()
+        .expect("run kpng");
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (
+        out.status.code(),
+        json,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Automation around kpng tells its failures apart by exit code (docs/observability.md): no
+/// kpng 3, no match 5, a wrong command line 2, ports with a problem 6 with
+/// `--fail-on-problems`; with `-o json` a failure is a JSON error on standard output too, and
+/// the status says each port's problems, their counts and its schema's version.
+#[test]
+fn status_and_trace_exit_codes_and_json_are_for_scripts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    // No kpng: not reachable.
+    let (code, json, said) = status_json(&admin, &["status", "-o", "json"]);
+    assert_eq!(code, Some(3), "{said}");
+    assert_eq!(json["error"]["code"], "notReachable", "{json}");
+    assert_eq!(json["error"]["exitCode"], 3, "{json}");
+    assert_eq!(json["schemaVersion"], 1, "{json}");
+    let (code, json, said) = status_json(&admin, &["status"]);
+    assert_eq!((code, json), (Some(3), serde_json::Value::Null), "{said}");
+
+    let input = dir.path().join("c.yaml");
+    // ns/bad is rejected: it has no port.
+    let bad = "---\nkind: Service\nmetadata: {namespace: ns, name: bad}\n\
+               spec: {clusterIP: 10.96.0.8, ports: [{name: http, port: 99999}]}\n";
+    std::fs::write(&input, service("10.96.0.9", 80) + bad).expect("write");
+    let output = dir.path().join("out.yaml");
+    let mut running = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--healthz-bind-address", ""])
+            .args(["--debounce", "0", "--metrics-bind-address="])
+            .arg("--admin-socket")
+            .arg(&admin)
+            .args(["to-file", "--output"])
+            .arg(&output),
+    );
+    running.wait("the first sync", &output, |_, err| err.contains(" synced"));
+
+    // The Service has no endpoints: its port says so, and the counts.
+    let (code, json, said) = status_json(&admin, &["status", "-o", "json"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(json["schemaVersion"], 1, "{json}");
+    assert_eq!(
+        json["services"][0]["problems"],
+        serde_json::json!(["noEndpoints"]),
+        "{json}"
+    );
+    assert_eq!(json["problemCounts"]["noEndpoints"], 1, "{json}");
+    assert_eq!(json["problemCounts"]["rejected"], 0, "{json}");
+    assert_eq!(json["portsWithProblems"], 1, "{json}");
+    assert_eq!(json["problemsOnly"], false, "{json}");
+    let (_, json, _) = status_json(&admin, &["status", "-o", "json", "--problems"]);
+    assert_eq!(json["problemsOnly"], true, "{json}");
+    assert_eq!(json["portsNotShown"], 0, "{json}");
+
+    // Asked to, a status with a problem fails with its own code, printed all the same.
+    let out = kpng()
+        .args(["status", "--fail-on-problems", "--admin-socket"])
+        .arg(&admin)
+        .output()
+        .expect("run kpng");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{said}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ns/web"));
+    assert!(
+        said.contains("1 Service port has a problem (--fail-on-problems)"),
+        "{said}"
+    );
+    let (code, json, said) = status_json(&admin, &["status", "-o", "json", "--fail-on-problems"]);
+    assert_eq!(code, Some(6), "{said}");
+    assert_eq!(json["portsWithProblems"], 1, "{json}");
+
+    // Nothing matches: 5, and a JSON error.
+    let (code, json, said) = status_json(&admin, &["status", "-o", "json", "ns/nosuch"]);
+    assert_eq!(code, Some(5), "{said}");
+    assert_eq!(json["error"]["code"], "noMatch", "{json}");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no Service port matches")),
+        "{json}"
+    );
+    // A rejected Service is a document with its rejection; in a table, no port matches.
+    let (code, json, said) = status_json(&admin, &["status", "-o", "json", "ns/bad"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(json["services"], serde_json::json!([]), "{json}");
+    assert_eq!(json["rejected"][0]["object"], "Service ns/bad", "{json}");
+    let (code, _, said) = status_json(&admin, &["status", "ns/bad"]);
+    assert_eq!(code, Some(5), "{said}");
+    assert!(
+        said.contains("no Service port matches \"ns/bad\""),
+        "{said}"
+    );
+    // A wrong command line: 2.
+    let (code, json, said) = status_json(
+        &admin,
+        &[
+            "status",
+            "-o",
+            "yaml",
+            "-n",
+            "a",
+            "b/web",
+            "--timeout",
+            "5s",
+        ],
+    );
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(json, serde_json::Value::Null, "YAML, not JSON");
+    let trace = |to: &str| {
+        status_json(
+            &admin,
+            &["trace", "-o", "json", "--from", "10.244.1.5", "--to", to],
+        )
+    };
+    let (code, json, said) = trace("[fd00::9]:80");
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(json["error"]["code"], "usage", "{json}");
+    let (code, json, said) = trace("10.96.0.9:80");
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(json["schemaVersion"], 1, "{json}");
+}
+
+/// A probe pointed at the metrics port reads the proxy's health as at the health port: the
+/// same JSON answers on `/healthz`, `/livez` and `/readyz` (it was a plain `ok` forever, and
+/// no `/readyz`).
+#[test]
+fn the_metrics_port_answers_the_health_servers_probes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let output = dir.path().join("out.yaml");
+    let mut running = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--healthz-bind-address", "127.0.0.1:0"])
+            .args(["--debounce", "0", "--metrics-bind-address=127.0.0.1:0"])
+            .arg("--admin-socket=")
+            .args(["to-file", "--output"])
+            .arg(&output),
+    );
+    const SERVING: &str = "serving /metrics on http://";
+    running.wait("the first sync", &output, |_, err| {
+        err.contains(" synced") && err.contains(SERVING)
+    });
+    let port = running
+        .stderr()
+        .lines()
+        .find_map(|l| l.split_once(SERVING))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("no metrics address in:\n{}", running.stderr()))
+        .port();
+    for path in ["/healthz", "/livez", "/readyz"] {
+        let (code, body) = http_get(port, path).unwrap_or_else(|| panic!("{path}"));
+        assert_eq!(code, 200, "{path}: {body}");
+        let json: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+        assert!(json.is_object(), "{path}: {body}");
+    }
 }

@@ -440,7 +440,15 @@ fn cleanup_refuses_while_a_kpng_programs_the_namespace() {
         describe_output(&refused)
     );
     assert!(has_table(&tables(&ns), "table ip kpng"), "nothing removed");
-    let dry = kpng_ok(&ns, &["--cleanup", "--dry-run"]);
+    // The dry run lists what it would remove, and ends as the real run would: refused.
+    let dry_run = kpng_run(&ns, &["--cleanup", "--dry-run"]);
+    assert_eq!(
+        dry_run.status.code(),
+        refused.status.code(),
+        "{}",
+        describe_output(&dry_run)
+    );
+    let dry = String::from_utf8_lossy(&dry_run.stdout).into_owned();
     assert!(dry.contains("cleanup would refuse until it stops"), "{dry}");
     assert!(
         dry.contains("kpng: would remove kpng's nftables tables"),
