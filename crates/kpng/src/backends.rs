@@ -500,6 +500,14 @@ mod linux {
                 {
                     anyhow::bail!("{}", kpng_backend_ebpf::netns::unsupported(&e));
                 }
+                // Outside the host's namespace the option narrows to kpng's own: said, not
+                // refused (a namespace standing for a node, in tests, is meant).
+                if args.socket_lb_host_netns_only
+                    && !dry_run
+                    && let Some(what) = kpng_backend_ebpf::netns::Placement::find().not_host()
+                {
+                    tracing::warn!("{what}");
+                }
                 crate::prereq::check(kind, &args.nft_binary)?
             }
             LocalBackend::Iptables(_) | LocalBackend::Hns(_) => {}

@@ -234,15 +234,38 @@ fn host_netns_only_leaves_pods_to_the_rules_so_a_sidecar_sees_the_service() {
     from_node
         .second("pod2a")
         .expect("the node's connection works");
-    // kpng status and kpng trace say so.
+    // kpng status and kpng trace say so. kpng runs in node1's namespace, not the host's: the
+    // option means node1's namespace, which the start's warning and the
+    // status name (until 2026-12-07 they said "the node's network namespace" in any case).
     let status = k.status_json();
     assert!(
         status["dataPlane"]
             .as_array()
             .is_some_and(|lines| lines.iter().any(|l| l["state"]
                 .as_str()
-                .is_some_and(|s| s.contains("--socket-lb-host-netns-only")))),
+                .is_some_and(|s| s.contains("--socket-lb-host-netns-only")
+                    && s.contains("kpng's own network namespace only, which is not the host's"))
+                && l["problem"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("not the host's (net:[")))),
         "{status}"
+    );
+    assert!(
+        k.stderr().contains("WARN")
+            && k.stderr()
+                .contains("--socket-lb-host-netns-only translates the sockets of kpng's own"),
+        "{}",
+        k.stderr()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket"])
+        .arg(k.admin_socket())
+        .output()
+        .expect("kpng status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("PROBLEM: kpng runs in network namespace net:["),
+        "{text}"
     );
     let trace = |from: &str| -> serde_json::Value {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
