@@ -59,7 +59,7 @@ fn unescape(s: &str) -> String {
     out
 }
 
-fn mounts() -> Result<Vec<Mount>, Error> {
+pub(crate) fn mounts() -> Result<Vec<Mount>, Error> {
     let text = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| Error::io("reading /proc/self/mountinfo", e))?;
     Ok(parse_mountinfo(&text))

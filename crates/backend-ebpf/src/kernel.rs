@@ -199,20 +199,21 @@ pub fn found_programs(cgroups: &[PathBuf]) -> std::io::Result<Vec<Found>> {
     Ok(out)
 }
 
-/// The pid of a running process holding the link of one of the kpng programs that run for the
-/// sockets of `cgroups` (a running eBPF kpng, whatever its pins), if any.
-pub fn node_programs_holder(cgroups: &[PathBuf]) -> Option<u32> {
+/// The running kpng that owns the link of one of the kpng programs that run for the sockets
+/// of `cgroups` (a running eBPF kpng, whatever its pins), in words ([`crate::owners`]: `pid
+/// 812`, …), if any.
+pub fn node_programs_holder(cgroups: &[PathBuf]) -> Option<String> {
     let found = node_programs(cgroups).ok()?;
     if found.is_empty() {
         return None;
     }
     let links = crate::links::cgroup_links().ok()?;
-    let held = crate::links::held_links();
+    let owners = crate::owners::Owners::find();
     found.iter().find_map(|(_, p)| {
         links
             .iter()
             .filter(|l| l.program == p.id)
-            .find_map(|l| held.get(&l.id).copied())
+            .find_map(|l| owners.of(l))
     })
 }
 
@@ -221,7 +222,7 @@ pub fn node_programs_holder(cgroups: &[PathBuf]) -> Option<u32> {
 pub struct ProgramSweep {
     /// Detached (`BPF_LINK_DETACH`).
     pub detached: Vec<String>,
-    /// Kept: a running process holds its link (a running eBPF kpng), with its pid.
+    /// Kept: a running kpng owns its link ([`crate::owners`]), with who.
     pub held: Vec<String>,
     /// Still attached, and why: no link of it could be found or detached (attached without a
     /// bpf_link, by another tool, or the kernel refused).
@@ -232,8 +233,9 @@ pub struct ProgramSweep {
 /// wherever it is pinned (pins that this process cannot see: another `--bpf-pin-path`, a bpffs
 /// of its own) and whatever cgroup it is attached to (an ancestor above this process's cgroup
 /// namespace, a descendant: a stopped kpng's `--cgroup-path` subtree): the links are found
-/// through the kernel's list of links, not through pins. A link a running process holds (`/proc/PID/fdinfo`) is a running eBPF
-/// kpng's and is kept. Links whose pins were just removed are released by the kernel in a work
+/// through the kernel's list of links, not through pins. A link a running kpng owns
+/// ([`crate::owners`]: held open, its program held, or pinned in a locked pin directory) is a
+/// running eBPF kpng's and is kept. Links whose pins were just removed are released by the kernel in a work
 /// queue: what is still attached is looked at again for up to `wait`.
 pub fn sweep_programs(
     cgroups: &[PathBuf],
@@ -246,21 +248,21 @@ pub fn sweep_programs(
             .map_err(|e| Error::io("querying the cgroups' kpng programs", e))?;
         let links = crate::links::cgroup_links()
             .map_err(|e| Error::io("listing the kernel's cgroup links", e))?;
-        let held = crate::links::held_links();
+        let owners = crate::owners::Owners::find();
         out.held.clear();
         let mut left = Vec::new();
         for found in found {
             let what = found.describe();
             let program = found.program;
-            let theirs: Vec<u32> = links
+            let theirs: Vec<&crate::links::CgroupLink> = links
                 .iter()
                 .filter(|l| l.program == program.id && l.cgroup_id != 0)
-                .map(|l| l.id)
                 .collect();
-            if let Some(pid) = theirs.iter().find_map(|l| held.get(l)) {
-                out.held.push(format!("{what}, held by pid {pid}"));
+            if let Some(owner) = theirs.iter().find_map(|l| owners.of(l)) {
+                out.held.push(format!("{what}, held by {owner}"));
                 continue;
             }
+            let theirs: Vec<u32> = theirs.iter().map(|l| l.id).collect();
             if theirs.is_empty() {
                 left.push(format!("{what}: no bpf_link attaches it"));
                 continue;

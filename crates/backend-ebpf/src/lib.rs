@@ -23,6 +23,7 @@ pub mod links;
 pub mod metrics;
 pub mod netns;
 mod object;
+pub mod owners;
 pub mod pins;
 pub mod plan;
 pub mod sockets;

@@ -335,12 +335,23 @@ pub fn detach_link(id: u32) -> io::Result<()> {
     unsafe { bpf_returning(LINK_DETACH, &mut attr) }.map(drop)
 }
 
-/// The links that a running process of this pid namespace holds open, by link id, with one of
-/// the pids holding each: a running eBPF kpng holds its links, and they are not leftovers
-/// whatever its pins. From `/proc/PID/fdinfo` (`link_id:`), for the fds that are links.
-pub fn held_links() -> std::collections::BTreeMap<u32, u32> {
+/// The bpf objects that the running processes of this pid namespace (but this one) hold open,
+/// by id, with one of the pids holding each: links (`link_id:`) and programs (`prog_id:`), from
+/// `/proc/PID/fd` and `/proc/PID/fdinfo`. A running eBPF kpng holds both, and its links are
+/// not leftovers whatever its pins. Processes whose fds cannot be read (another pid namespace,
+/// a process this one may not trace) are not seen: see [`crate::owners`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Link id → pid.
+    pub links: std::collections::BTreeMap<u32, u32>,
+    /// Program id → pid.
+    pub programs: std::collections::BTreeMap<u32, u32>,
+}
+
+/// What the running processes hold ([`Held`]).
+pub fn held() -> Held {
     let me = std::process::id();
-    let mut held = std::collections::BTreeMap::new();
+    let mut held = Held::default();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return held;
     };
@@ -359,28 +370,31 @@ pub fn held_links() -> std::collections::BTreeMap<u32, u32> {
             continue;
         };
         for fd in fds.filter_map(Result::ok) {
-            let is_link = std::fs::read_link(fd.path())
-                .is_ok_and(|t| t.as_os_str().as_bytes() == b"anon_inode:bpf_link");
-            if !is_link {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
                 continue;
-            }
+            };
+            let (key, into) = match target.as_os_str().as_bytes() {
+                b"anon_inode:bpf_link" => ("link_id:", &mut held.links),
+                b"anon_inode:bpf-prog" => ("prog_id:", &mut held.programs),
+                _ => continue,
+            };
             let info = proc.path().join("fdinfo").join(fd.file_name());
-            if let Some(link) = std::fs::read_to_string(info)
+            if let Some(id) = std::fs::read_to_string(info)
                 .ok()
                 .as_deref()
-                .and_then(fdinfo_link_id)
+                .and_then(|t| fdinfo_id(t, key))
             {
-                held.entry(link).or_insert(pid);
+                into.entry(id).or_insert(pid);
             }
         }
     }
     held
 }
 
-/// The `link_id:` of a link fd's fdinfo text.
-fn fdinfo_link_id(text: &str) -> Option<u32> {
+/// The value of `key` (`link_id:`, `prog_id:`) in a bpf fd's fdinfo text.
+fn fdinfo_id(text: &str, key: &str) -> Option<u32> {
     text.lines()
-        .find_map(|l| l.strip_prefix("link_id:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().parse().ok())
 }
 
@@ -413,6 +427,15 @@ pub fn open_pin(pin: &Path) -> io::Result<OwnedFd> {
     let fd = i32::try_from(fd).map_err(|_| io::Error::other("BPF_OBJ_GET: not an fd"))?;
     // SAFETY: a successful `BPF_OBJ_GET` returns a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The id of the cgroup link pinned at `pin`: which of the kernel's links
+/// ([`cgroup_links`]) a pin keeps.
+pub fn pinned_link_id(pin: &Path) -> io::Result<u32> {
+    let fd = open_pin(pin)?;
+    let mut info = CgroupLinkInfo::default();
+    info_of(&fd, &mut info)?;
+    Ok(info.id)
 }
 
 /// Where the link pinned at `pin` is attached, and the id of its program.
@@ -490,8 +513,9 @@ mod tests {
     fn the_link_id_is_read_from_fdinfo() {
         let text = "pos:\t0\nflags:\t02000000\nmnt_id:\t15\nino:\t1057\nlink_type:\tcgroup\n\
                     link_id:\t812\nprog_tag:\t0123456789abcdef\nprog_id:\t77\n";
-        assert_eq!(fdinfo_link_id(text), Some(812));
-        assert_eq!(fdinfo_link_id("pos:\t0\n"), None);
+        assert_eq!(fdinfo_id(text, "link_id:"), Some(812));
+        assert_eq!(fdinfo_id(text, "prog_id:"), Some(77));
+        assert_eq!(fdinfo_id("pos:\t0\n", "link_id:"), None);
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! updates, and `kpng status` said all was well. The kernel's list of links
 //! ([`crate::links::cgroup_links`]) has every one of them, wherever attached and pinned.
 //!
-//! Only links no running process holds count: a held link is a running eBPF kpng's (another
-//! node's on a host of several, as kind's, or a test's), whose maps are kept up to date. And
+//! Only links no running kpng owns count ([`crate::owners`]: held open by a running process,
+//! its program held, or pinned in a pin directory a running kpng has locked): an owned link
+//! is a running eBPF kpng's (another node's on a host of several, as kind's, or a test's),
+//! whose maps are kept up to date. And
 //! only links on a cgroup found below the cgroups asked about: a cgroup outside them (another
 //! node's container, in a cgroup namespace of its own) is not this node's.
 
@@ -42,14 +44,13 @@ impl Stray {
 }
 
 /// Every kpng program (by name: `kpng_*`, on one of kpng's hooks) that a link no running
-/// process holds attaches to one of `cgroups` or a cgroup below it. The cgroup tree is walked
+/// kpng owns ([`crate::owners`]) attaches to one of `cgroups` or a cgroup below it. The cgroup tree is walked
 /// only when the kernel has such links, and only until all of them are placed.
 pub fn find(cgroups: &[PathBuf]) -> std::io::Result<Vec<Stray>> {
     let links = crate::links::cgroup_links()?;
-    let held = crate::links::held_links();
-    let candidates: Vec<(&'static str, CgroupProgram, u64)> = links
+    let kpngs: Vec<(&'static str, CgroupProgram, u64, &crate::links::CgroupLink)> = links
         .iter()
-        .filter(|l| l.cgroup_id != 0 && !held.contains_key(&l.id))
+        .filter(|l| l.cgroup_id != 0)
         .filter_map(|l| {
             let hook = crate::kernel::program_for(l.attach_type)?;
             // Gone since the walk: nothing to report.
@@ -60,9 +61,19 @@ pub fn find(cgroups: &[PathBuf]) -> std::io::Result<Vec<Stray>> {
                     name,
                     attach_type: l.attach_type,
                 };
-                (hook, program, l.cgroup_id)
+                (hook, program, l.cgroup_id, l)
             })
         })
+        .collect();
+    if kpngs.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Looked for only when the kernel has kpng links: a walk of /proc and of the bpffs mounts.
+    let owners = crate::owners::Owners::find();
+    let candidates: Vec<(&'static str, CgroupProgram, u64)> = kpngs
+        .into_iter()
+        .filter(|(_, _, _, l)| owners.of(l).is_none())
+        .map(|(hook, program, cgroup, _)| (hook, program, cgroup))
         .collect();
     if candidates.is_empty() {
         return Ok(Vec::new());

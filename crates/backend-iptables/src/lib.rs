@@ -28,6 +28,8 @@ pub mod exec;
 pub mod names;
 pub mod own_restores;
 pub mod route_localnet;
+
+pub use route_localnet::LocalhostFailure;
 pub mod rules;
 pub mod save;
 pub mod script;
@@ -188,8 +190,8 @@ pub struct IptablesBackend {
     rule_counts: SharedRuleCounts,
     /// `route_localnet` could not be set (a read-only `/proc/sys`, as in an unprivileged
     /// Pod): node ports are served without 127.0.0.1 from then on, rather than IPv4 failing
-    /// every sync.
-    route_localnet_failed: bool,
+    /// every sync. Shared with `kpng status` and `kpng trace` ([`IptablesBackend::localhost_failure`]).
+    route_localnet_failed: LocalhostFailure,
     /// kpng's own restores, counted against the kernel's generation id
     /// ([`IptablesBackend::check_overlap`]).
     own: own_restores::OwnRestores,
@@ -241,13 +243,21 @@ impl IptablesBackend {
             found_flushed: Vec::new(),
             alarm: None,
             rule_counts: SharedRuleCounts::default(),
-            route_localnet_failed: false,
+            route_localnet_failed: LocalhostFailure::default(),
             own,
             kernel_reader: kpng_netfilter::generation::KernelReader::new(),
             touched_since_read: Default::default(),
             last_read: None,
             overlap_pending: false,
         }
+    }
+
+    /// Why node ports are not served on 127.0.0.1 although asked (`--iptables-localhost-nodeports`):
+    /// `route_localnet` could not be set, with the kernel's answer; `None` while they are
+    /// (or were not asked). Read by `kpng status` and `kpng trace`, which would otherwise
+    /// promise 127.0.0.1.
+    pub fn localhost_failure(&self) -> LocalhostFailure {
+        self.route_localnet_failed.clone()
     }
 
     /// The rules kept per family, updated after every commit.
@@ -267,7 +277,8 @@ impl IptablesBackend {
             masquerade_bit: self.config.masquerade_bit,
             detect_local: &self.config.detect_local,
             nodeport_addresses: &self.config.nodeport_addresses,
-            localhost_node_ports: self.config.localhost_node_ports && !self.route_localnet_failed,
+            localhost_node_ports: self.config.localhost_node_ports
+                && self.route_localnet_failed.get().is_none(),
             tcp_be_liberal: self.config.tcp_be_liberal,
         };
         StaticConfig::new(&inputs, family, &snapshot.node, &self.known_addresses)
@@ -373,7 +384,9 @@ impl IptablesBackend {
                  127.0.0.1, or give kpng a writable /proc/sys (a privileged container)",
                 self.ipt.describe()
             );
-            self.route_localnet_failed = true;
+            self.route_localnet_failed.set(format!(
+                "net.ipv4.conf.all.route_localnet cannot be set: {e}"
+            ));
             cfg = self.static_config(family, snapshot);
         }
         let nat = self

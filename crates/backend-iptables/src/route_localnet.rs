@@ -230,3 +230,29 @@ mod tests {
         assert_eq!(sysctl(&proc_sys).trim(), "1");
     }
 }
+
+/// Why node ports are not served on 127.0.0.1 although `--iptables-localhost-nodeports` asks
+/// for them (`route_localnet` could not be set), shared between the backend, which finds out
+/// at a sync, and `kpng status` / `kpng trace`, which must not claim 127.0.0.1 then. Clones
+/// share one value.
+#[derive(Debug, Clone, Default)]
+pub struct LocalhostFailure(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl LocalhostFailure {
+    /// The reason, if it failed.
+    pub fn get(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the failure (the first reason is kept).
+    pub fn set(&self, why: String) {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.get_or_insert(why);
+    }
+}

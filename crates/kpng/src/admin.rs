@@ -2060,28 +2060,46 @@ fn nodeport_setting(nodeport: &kpng_backend::settings::NodePortAddresses) -> Str
     }
 }
 
+/// Whether IPv4 node ports are served on 127.0.0.1 (iptables mode's
+/// `--iptables-localhost-nodeports`, which needs `net.ipv4.conf.all.route_localnet=1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub enum LocalhostV4 {
+    /// Not asked (another backend, or the flag off).
+    Off,
+    /// Asked and served (where the IPv4 scope takes loopback).
+    Served,
+    /// Asked, but `route_localnet` could not be set: not served, and why (until 2026-12-07
+    /// `kpng status` and `kpng trace` claimed 127.0.0.1 all the same).
+    Failed(String),
+}
+
 /// Where NodePorts are served, in words: per family the addresses `--nodeport-addresses`
 /// selects on this node (`every local IPv6 address` for a family served on all, as a
 /// `primary` family the Node lists no IP of), then the flag; and 127.0.0.1 when
 /// `localhost_v4` (iptables mode's `--iptables-localhost-nodeports`) applies to the IPv4
 /// scope ([`kpng_backend::settings::NodePortScope::takes_ipv4_localhost`]), as the backend
-/// then serves node ports there too (until 2026-12-07 the line said "but loopback" then).
+/// then serves node ports there too (until 2026-12-07 the line said "but loopback" then);
+/// when `route_localnet` could not be set, that 127.0.0.1 is not, and why.
 fn node_ports_on(
     nodeport: &kpng_backend::settings::NodePortAddresses,
     snapshot: &kpng_model::Snapshot,
     host: &[IpAddr],
-    localhost_v4: bool,
+    localhost_v4: &LocalhostV4,
 ) -> String {
     use kpng_model::Family;
     let words = node_ports_on_without_localhost(nodeport, snapshot, host);
-    if localhost_v4
-        && nodeport
-            .scope_on(Family::V4, &snapshot.node)
-            .takes_ipv4_localhost()
-    {
-        format!("{words} and 127.0.0.1 (--iptables-localhost-nodeports)")
-    } else {
-        words
+    let takes = nodeport
+        .scope_on(Family::V4, &snapshot.node)
+        .takes_ipv4_localhost();
+    match localhost_v4 {
+        LocalhostV4::Served if takes => {
+            format!("{words} and 127.0.0.1 (--iptables-localhost-nodeports)")
+        }
+        LocalhostV4::Failed(why) if takes => format!(
+            "{words}; not 127.0.0.1, although --iptables-localhost-nodeports asks for it: {why}"
+        ),
+        _ => words,
     }
 }
 
@@ -2133,7 +2151,8 @@ fn node_ports_on_without_localhost(
 
 /// The trace facts of a node, from the flags and the current snapshot. `localhost_v4`:
 /// iptables mode with `--iptables-localhost-nodeports`, which also serves IPv4 node ports on
-/// 127.0.0.1 (route_localnet) where the IPv4 scope takes loopback.
+/// 127.0.0.1 (route_localnet) where the IPv4 scope takes loopback, unless the sysctl could
+/// not be set.
 pub fn node_facts(
     snapshot: &kpng_model::Snapshot,
     nodeport: &kpng_backend::settings::NodePortAddresses,
@@ -2141,7 +2160,7 @@ pub fn node_facts(
     masquerade_all: bool,
     kind: Option<crate::backends::BackendKind>,
     service_cidrs: &[ipnet::IpNet],
-    localhost_v4: bool,
+    localhost_v4: &LocalhostV4,
 ) -> NodeFacts {
     use kpng_backend::settings::DetectLocal;
     use kpng_model::Family;
@@ -2163,13 +2182,16 @@ pub fn node_facts(
     // Loopback never reaches a node port by this route: a DNAT from it to a pod is a martian
     // (but iptables mode's 127.0.0.1, with route_localnet).
     nodeport_ips.retain(|ip| !ip.is_loopback());
-    if localhost_v4
-        && nodeport
-            .scope_on(Family::V4, &snapshot.node)
-            .takes_ipv4_localhost()
-    {
+    let takes_localhost = nodeport
+        .scope_on(Family::V4, &snapshot.node)
+        .takes_ipv4_localhost();
+    if *localhost_v4 == LocalhostV4::Served && takes_localhost {
         nodeport_ips.push(IpAddr::from([127, 0, 0, 1]));
     }
+    let localhost_not_served = match localhost_v4 {
+        LocalhostV4::Failed(why) if takes_localhost => Some(why.clone()),
+        _ => None,
+    };
     // A sink that programs no node (to-file, a brain's view) serves no node port.
     let node_ports_on = match kind {
         Some(_) => node_ports_on(nodeport, snapshot, &host, localhost_v4),
@@ -2210,6 +2232,7 @@ pub fn node_facts(
         backend: backend_traits(kind),
         // The eBPF backend's settings, set by the caller that knows them.
         local_sockets: LocalSockets::default(),
+        localhost_not_served,
     }
 }
 
@@ -2326,7 +2349,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                super::node_ports_on(&setting, &node, &host, false),
+                super::node_ports_on(&setting, &node, &host, &super::LocalhostV4::Off),
                 want,
                 "{what}"
             );
@@ -2361,7 +2384,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                super::node_ports_on(&setting, &with_ips, &host, true),
+                super::node_ports_on(&setting, &with_ips, &host, &super::LocalhostV4::Served),
                 want,
                 "{what}"
             );
@@ -2370,7 +2393,9 @@ mod tests {
 
     /// `kpng trace` to 127.0.0.1:NODEPORT is served in iptables mode with
     /// --iptables-localhost-nodeports where the backend serves it (node ports on every local
-    /// address), not with `primary`, where it adds no rule for it (the trace said it was).
+    /// address), not with `primary`, where it adds no rule for it (the trace said it was), nor
+    /// when `route_localnet` could not be set: then the status line and the trace say why
+    /// (until 2026-12-07 both claimed 127.0.0.1).
     #[test]
     fn localhost_node_ports_are_traced_where_the_backend_serves_them() {
         use crate::backends::BackendKind;
@@ -2378,10 +2403,19 @@ mod tests {
         let mut snapshot = kpng_model::Snapshot::default();
         snapshot.node.ips = vec!["192.168.100.1".parse().expect("ip")];
         let localhost: IpAddr = "127.0.0.1".parse().expect("ip");
-        for (setting, localhost_v4, want) in [
-            (NodePortAddresses::AllLocal, true, true),
-            (NodePortAddresses::AllLocal, false, false),
-            (NodePortAddresses::Primary, true, false),
+        let failed = LocalhostV4::Failed("read-only /proc/sys".into());
+        for (setting, localhost_v4, want, not_served) in [
+            (NodePortAddresses::AllLocal, LocalhostV4::Served, true, None),
+            (NodePortAddresses::AllLocal, LocalhostV4::Off, false, None),
+            (NodePortAddresses::Primary, LocalhostV4::Served, false, None),
+            (
+                NodePortAddresses::AllLocal,
+                failed.clone(),
+                false,
+                Some("read-only /proc/sys"),
+            ),
+            // Not asked of this scope: nothing to say about it.
+            (NodePortAddresses::Primary, failed.clone(), false, None),
         ] {
             let facts = node_facts(
                 &snapshot,
@@ -2390,12 +2424,12 @@ mod tests {
                 false,
                 Some(BackendKind::Iptables),
                 &[],
-                localhost_v4,
+                &localhost_v4,
             );
             assert_eq!(
                 facts.nodeport_ips.contains(&localhost),
                 want,
-                "{setting:?} {localhost_v4}: {:?}",
+                "{setting:?} {localhost_v4:?}: {:?}",
                 facts.nodeport_ips
             );
             assert_eq!(
@@ -2403,6 +2437,20 @@ mod tests {
                     .node_ports_on
                     .ends_with(" and 127.0.0.1 (--iptables-localhost-nodeports)"),
                 want,
+                "{}",
+                facts.node_ports_on
+            );
+            assert_eq!(
+                facts.localhost_not_served.as_deref(),
+                not_served,
+                "{setting:?} {localhost_v4:?}"
+            );
+            assert_eq!(
+                facts.node_ports_on.contains(
+                    "; not 127.0.0.1, although --iptables-localhost-nodeports asks for it: \
+                     read-only /proc/sys"
+                ),
+                not_served.is_some(),
                 "{}",
                 facts.node_ports_on
             );

@@ -341,7 +341,15 @@ pub struct Built {
     /// (the nftables and iptables backends, and the eBPF backend's rules half); none for a
     /// dry run.
     pub foreign_chains: Option<kpng_runner::admin::ForeignChainsProbe>,
+    /// Why node ports are not served on 127.0.0.1 although `--iptables-localhost-nodeports`
+    /// asks for them (the iptables backend could not set `route_localnet`), asked by `kpng
+    /// status` and `kpng trace`; none for the other backends and a dry run.
+    pub localhost_failure: Option<LocalhostFailureProbe>,
 }
+
+/// Why IPv4 node ports are not served on 127.0.0.1 right now, if they are not although asked
+/// ([`Built::localhost_failure`]).
+pub type LocalhostFailureProbe = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// What every node backend is configured with, whatever the backend.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -466,6 +474,7 @@ mod linux {
         // What `kpng status` adds about the backend beyond its rules (none for a dry run).
         let mut data_plane = None;
         let mut foreign_chains = None;
+        let mut localhost_failure: Option<super::LocalhostFailureProbe> = None;
         let kind = BackendKind::of(backend);
         let dry_run = BackendKind::dry_run(backend);
         // Without it every transaction fails with an error that names no capability.
@@ -499,6 +508,14 @@ mod linux {
                     && let Err(e) = kpng_backend_ebpf::netns::own_cookie()
                 {
                     anyhow::bail!("{}", kpng_backend_ebpf::netns::unsupported(&e));
+                }
+                // Outside the host's namespace the option narrows to kpng's own: said, not
+                // refused (a namespace standing for a node, in tests, is meant).
+                if args.socket_lb_host_netns_only
+                    && !dry_run
+                    && let Some(what) = kpng_backend_ebpf::netns::Placement::find().not_host()
+                {
+                    tracing::warn!("{what}");
                 }
                 crate::prereq::check(kind, &args.nft_binary)?
             }
@@ -536,6 +553,10 @@ mod linux {
                     let detected = args.iptables_mode == IptablesMode::Auto;
                     crate::iptables_status::probe(m, detected, b.rule_counts())
                 });
+                if mode.is_some() {
+                    let failure = b.localhost_failure();
+                    localhost_failure = Some(std::sync::Arc::new(move || failure.get()));
+                }
                 (Box::new(b), variant)
             }
             LocalBackend::Userspace(args) => (Box::new(userspace(flags, args, node)), None),
@@ -591,6 +612,7 @@ mod linux {
             data_plane,
             cluster_cidr_warned: Vec::new(),
             foreign_chains,
+            localhost_failure,
         })
     }
 
@@ -896,6 +918,7 @@ pub(crate) mod hns {
             data_plane,
             cluster_cidr_warned: Vec::new(),
             foreign_chains: None,
+            localhost_failure: None,
         })
     }
 

@@ -12,6 +12,10 @@ use kpng_runner::admin::{DataPlaneDetail, DataPlaneProbe};
 /// cgroup v2 root), translating only the node's network namespace's sockets when
 /// `host_netns_only` (`--socket-lb-host-netns-only`).
 pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>, host_netns_only: bool) -> DataPlaneProbe {
+    // kpng's namespace does not change while it runs.
+    let not_host = host_netns_only
+        .then(|| kpng_backend_ebpf::netns::Placement::find().not_host())
+        .flatten();
     Arc::new(move || {
         use kpng_backend_ebpf::host;
         // In a cgroup namespace of its own, the default root is its container's cgroup.
@@ -38,18 +42,23 @@ pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>, host_netns_only: bool) -
                 (scope, root)
             }
         };
-        let scope = if host_netns_only {
-            format!("{scope}, {HOST_NETNS_ONLY}")
-        } else {
-            scope
+        let scope = match (host_netns_only, &not_host) {
+            (true, None) => format!("{scope}, {HOST_NETNS_ONLY}"),
+            (true, Some(_)) => format!("{scope}, {OWN_NETNS_ONLY}"),
+            (false, _) => scope,
         };
         let mut shown = details(&inspect(&pin_dir, dir.as_deref()), &pin_dir, &scope);
-        if private && let Some(programs) = shown.first_mut() {
-            let problem = host::PRIVATE_CGROUP_NAMESPACE.to_string();
-            programs.problem = Some(match programs.problem.take() {
-                Some(other) => format!("{problem}; {other}"),
-                None => problem,
-            });
+        let problems = [
+            private.then(|| host::PRIVATE_CGROUP_NAMESPACE.to_string()),
+            not_host.clone(),
+        ];
+        if let Some(programs) = shown.first_mut() {
+            for problem in problems.into_iter().flatten().rev() {
+                programs.problem = Some(match programs.problem.take() {
+                    Some(other) => format!("{problem}; {other}"),
+                    None => problem,
+                });
+            }
         }
         shown
     })
@@ -76,6 +85,11 @@ pub fn local_sockets(
 /// What `--socket-lb-host-netns-only` narrows the programs' scope to, in `kpng status`.
 pub const HOST_NETNS_ONLY: &str = "the node's network namespace only \
     (--socket-lb-host-netns-only: pods' sockets go through the nftables rules)";
+
+/// What `--socket-lb-host-netns-only` narrows the programs' scope to when kpng does not run in
+/// the host's network namespace ([`kpng_backend_ebpf::netns::Placement`]): its own.
+pub const OWN_NETNS_ONLY: &str = "kpng's own network namespace only, which is not the host's \
+    (--socket-lb-host-netns-only: every other socket goes through the nftables rules)";
 
 /// A map's name for an operator. `kpng_reverse` holds an entry per open connected socket
 /// (deleted as it closes) and per (unconnected UDP socket, endpoint it sent to), which stays

@@ -360,8 +360,8 @@ pub fn foreign_ebpf_probe(ebpf: EbpfPlaces) -> kpng_runner::admin::DataPlaneProb
             .map(kpng_backend_ebpf::kernel::Found::describe)
             .collect();
         let holder = kpng_backend_ebpf::kernel::node_programs_holder(cgroups)
-            .map_or_else(String::new, |pid| {
-                format!(" (pid {pid} holds them: stop it)")
+            .map_or_else(String::new, |owner| {
+                format!(" ({owner} holds them: stop it)")
             });
         vec![kpng_runner::admin::DataPlaneDetail {
             what: "eBPF socket programs of another kpng".into(),
@@ -641,7 +641,7 @@ mod imp {
             Leftover::KpngEbpf => kpng_backend_ebpf::kernel::node_programs_holder(&ebpf_cgroups(
                 ebpf, true,
             ))
-            .map(|pid| format!("a running kpng (pid {pid}, which holds its programs' links)")),
+            .map(|owner| format!("a running kpng ({owner}, which holds its programs' links)")),
             _ => None,
         }
     }

@@ -496,6 +496,9 @@ struct SinkFacts {
     /// Which local sockets the eBPF backend translates (its `--cgroup-path` and
     /// `--socket-lb-host-netns-only`), for `kpng trace`.
     local_sockets: kpng_model::trace::LocalSockets,
+    /// Why node ports are not served on 127.0.0.1 although asked
+    /// ([`crate::backends::Built::localhost_failure`]), for `kpng status` and `kpng trace`.
+    localhost_failure: Option<crate::backends::LocalhostFailureProbe>,
 }
 
 impl SinkFacts {
@@ -517,6 +520,7 @@ impl SinkFacts {
         watch_config: None,
         data_plane: None,
         cluster_cidr_warned: Vec::new(),
+        localhost_failure: None,
         foreign_chains: None,
         earlier_rules: false,
         local_sockets: kpng_model::trace::LocalSockets {
@@ -629,6 +633,7 @@ fn local_backend(
         watch_config: None,
         data_plane: built.data_plane,
         cluster_cidr_warned: built.cluster_cidr_warned,
+        localhost_failure: built.localhost_failure,
         foreign_chains: built.foreign_chains,
         earlier_rules: built.earlier_rules,
         local_sockets: local_sockets(backend),
@@ -1173,8 +1178,18 @@ fn with_admin_handle<M: NodeModel>(
     let localhost_node_ports = flags.iptables_localhost_nodeports;
     let service_cidrs = flags.service_cidr.clone();
     let local_sockets = facts.local_sockets.clone();
+    let localhost_failure = facts.localhost_failure.clone();
     let (runner, handle) = runner.with_admin(Box::new(move |snapshot| {
-        // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet).
+        // iptables mode also serves IPv4 node ports on 127.0.0.1 (route_localnet), unless
+        // the sysctl could not be set.
+        let localhost = if kind == Some(BackendKind::Iptables) && localhost_node_ports {
+            match localhost_failure.as_ref().and_then(|f| f()) {
+                Some(why) => crate::admin::LocalhostV4::Failed(why),
+                None => crate::admin::LocalhostV4::Served,
+            }
+        } else {
+            crate::admin::LocalhostV4::Off
+        };
         let mut node = crate::admin::node_facts(
             snapshot,
             &nodeport,
@@ -1182,7 +1197,7 @@ fn with_admin_handle<M: NodeModel>(
             masquerade_all,
             kind,
             &service_cidrs,
-            kind == Some(BackendKind::Iptables) && localhost_node_ports,
+            &localhost,
         );
         node.local_sockets = local_sockets.clone();
         node

@@ -234,15 +234,38 @@ fn host_netns_only_leaves_pods_to_the_rules_so_a_sidecar_sees_the_service() {
     from_node
         .second("pod2a")
         .expect("the node's connection works");
-    // kpng status and kpng trace say so.
+    // kpng status and kpng trace say so. kpng runs in node1's namespace, not the host's: the
+    // option means node1's namespace, which the start's warning and the
+    // status name (until 2026-12-07 they said "the node's network namespace" in any case).
     let status = k.status_json();
     assert!(
         status["dataPlane"]
             .as_array()
             .is_some_and(|lines| lines.iter().any(|l| l["state"]
                 .as_str()
-                .is_some_and(|s| s.contains("--socket-lb-host-netns-only")))),
+                .is_some_and(|s| s.contains("--socket-lb-host-netns-only")
+                    && s.contains("kpng's own network namespace only, which is not the host's"))
+                && l["problem"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("not the host's (net:[")))),
         "{status}"
+    );
+    assert!(
+        k.stderr().contains("WARN")
+            && k.stderr()
+                .contains("--socket-lb-host-netns-only translates the sockets of kpng's own"),
+        "{}",
+        k.stderr()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["status", "--admin-socket"])
+        .arg(k.admin_socket())
+        .output()
+        .expect("kpng status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("PROBLEM: kpng runs in network namespace net:["),
+        "{text}"
     );
     let trace = |from: &str| -> serde_json::Value {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
@@ -1648,6 +1671,76 @@ fn a_switch_detaches_programs_left_on_a_cgroup_subtree() {
     );
     let place = format!("attached to cgroup {})", local.display());
     switched_to_nft(&c, &mut nft, &place, &place);
+}
+
+/// Two nodes of one host (node1 and node2, network namespaces standing for nodes, as kind's
+/// containers or parallel test runs share a kernel): node1 runs an eBPF kpng, node2 starts an
+/// nftables kpng in a PID namespace of its own (a DaemonSet without `hostPID`) whose sweep
+/// covers node1's cgroup (`KPNG_CGROUP_PATH`: the scope a sweep without one has too, narrowed
+/// to this test's cgroups so that it leaves tests running beside alone). The links' own fds are
+/// out of its sight, so until 2026-12-07 the sweep took the running kpng's links for a stopped
+/// one's and detached them: node1's pods lost socket load balancing. Now a link pinned in a pin
+/// directory a running kpng has locked is that kpng's: the programs stay and still translate.
+#[test]
+fn a_running_ebpf_kpngs_programs_survive_an_nft_kpng_of_another_node() {
+    require_root!();
+    let c = Cluster::create(&B.prefix("neighbour")).expect("cluster");
+    let (_echo, _k) = ebpf_serving_web(&c);
+    let scope = node_scope(&c);
+    let mut nft = Kpng::start_wrapped(
+        Backend::Nft,
+        &c.node2.ns,
+        &manifest(&[svc("web", 10, "ClusterIP", "", &WEB_ENDPOINTS)]),
+        &[],
+        &[
+            "env",
+            &scope,
+            "RUST_LOG=info,kpng::leftovers=debug",
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+        ],
+    );
+    // The sweep found nothing of the eBPF backend's to remove.
+    nft.wait_logged("its sweep", |err| {
+        err.contains("no the eBPF backend's pinned programs")
+            || err.contains("detached the kpng eBPF programs")
+    });
+    assert!(
+        !nft.stderr().contains("detached the kpng eBPF programs"),
+        "{}",
+        nft.stderr()
+    );
+    assert_eq!(attached(&c).len(), 9, "{:?}", attached(&c));
+    // node1's pods still go to both endpoints, translated by the programs at connect(): no
+    // connection of theirs reached node1 addressed to the ClusterIP (node1's rules would DNAT
+    // it, with a conntrack entry saying so).
+    let reached = spread(
+        &c.pod("pod1a").ns,
+        Proto::Tcp,
+        sa(cip(10, false), SVC_PORT),
+        16,
+    );
+    assert_eq!(names(&reached), set(&["pod1b", "pod2a"]), "{reached:?}");
+    let to_service = c
+        .node1
+        .ns
+        .exec([
+            "conntrack",
+            "-L",
+            "-p",
+            "tcp",
+            "--orig-dst",
+            &cip(10, false).to_string(),
+        ])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(
+        !to_service.contains(&format!("dport={SVC_PORT} ")),
+        "no connection to the ClusterIP went through node1's rules: {to_service:?}"
+    );
 }
 
 /// A bpffs of a test's own, with another tool's map in it, unmounted when dropped.

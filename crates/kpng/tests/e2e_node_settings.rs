@@ -434,3 +434,84 @@ fn route_localnet_set_is_said_once_and_a_reset_warned() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// kpng in iptables mode with `--iptables-localhost-nodeports` (the default) where
+/// `net.ipv4.conf.all.route_localnet` cannot be set (a read-only `/proc/sys`, as in a container
+/// that is not privileged; here a read-only bind mount in a mount namespace of kpng's own):
+/// the backend serves node ports without 127.0.0.1, and until 2026-12-07 `kpng status`'s
+/// "node ports on:" and `kpng trace` to 127.0.0.1 still said 127.0.0.1 was served. Both now
+/// say it is not, and why.
+#[test]
+fn a_route_localnet_that_cannot_be_set_is_said_by_status_and_trace() {
+    require_root!();
+    let ns = Netns::node("rlro").expect("netns");
+    ns.run_ok(["sysctl", "-qw", "net.ipv4.conf.all.route_localnet=0"])
+        .expect("route_localnet=0");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let input = example();
+    let admin_arg = admin.to_str().expect("utf-8");
+    let kpng = ns
+        .spawn([
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && \
+             exec \"$@\"",
+            "sh",
+            KPNG,
+            "file",
+            "--input",
+            &input,
+            "--node-name",
+            "node1",
+            "--metrics-bind-address=",
+            "--healthz-bind-address=127.0.0.1:0",
+            "--admin-socket",
+            admin_arg,
+            "to-local",
+            "iptables",
+            "--iptables-mode",
+            "nft",
+        ])
+        .expect("kpng");
+    let (_, text) = wait_status(&admin, &kpng, "node ports without 127.0.0.1", |_, text| {
+        text.contains("not 127.0.0.1")
+    });
+    let on = text
+        .lines()
+        .find(|l| l.starts_with("node ports on: "))
+        .unwrap_or_default();
+    assert!(
+        !on.contains(" and 127.0.0.1 (--iptables-localhost-nodeports)")
+            && on.contains(
+                "; not 127.0.0.1, although --iptables-localhost-nodeports asks for it: \
+                 net.ipv4.conf.all.route_localnet cannot be set: "
+            ),
+        "{on}\n{}",
+        kpng.stderr_text()
+    );
+    let out = std::process::Command::new(KPNG)
+        .args(["trace", "--from", "127.0.0.1", "--to", "127.0.0.1:30443"])
+        .arg("--admin-socket")
+        .arg(&admin)
+        .output()
+        .expect("kpng trace");
+    let trace = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        trace.contains(
+            "node ports on 127.0.0.1 are not served although --iptables-localhost-nodeports \
+             asks for them (net.ipv4.conf.all.route_localnet cannot be set: "
+        ),
+        "{trace}"
+    );
+    drop(kpng);
+    // The record kpng may have made (/run/kpng) goes, as an operator leaving would.
+    let out = ns.exec([KPNG, "cleanup"]).expect("kpng cleanup");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -65,6 +65,11 @@ pub struct NodeFacts {
     /// Which of the node's sockets the backend translates, when it translates local sockets
     /// ([`BackendTraits::translates_local_sockets`]): its settings narrow them.
     pub local_sockets: LocalSockets,
+    /// Why IPv4 node ports are not served on 127.0.0.1 although the backend was asked to
+    /// (iptables mode's `--iptables-localhost-nodeports`, whose `route_localnet` sysctl could
+    /// not be set): the trace names the reason instead of the general "loopback is never a
+    /// node-port address". `None` otherwise.
+    pub localhost_not_served: Option<String>,
 }
 
 /// Which of the node's sockets the eBPF programs translate (`to-local ebpf`'s
@@ -702,7 +707,13 @@ fn no_frontend(
         .any(|p| p.key.protocol == q.protocol && p.node_port == Some(q.to.port()));
     if node_port_elsewhere && facts.local_ips.contains(&dst) && !facts.nodeport_ips.contains(&dst) {
         let not_served = if dst.is_loopback() {
-            "loopback is never a node-port address".to_string()
+            match (&facts.localhost_not_served, dst) {
+                (Some(why), IpAddr::V4(_)) => format!(
+                    "node ports on 127.0.0.1 are not served although \
+                     --iptables-localhost-nodeports asks for them ({why})"
+                ),
+                _ => "loopback is never a node-port address".to_string(),
+            }
         } else {
             let served: Vec<String> = facts
                 .nodeport_ips

@@ -74,6 +74,7 @@ fn facts() -> NodeFacts {
         masquerade_all: false,
         backend: BackendTraits::default(),
         local_sockets: LocalSockets::default(),
+        localhost_not_served: None,
     }
 }
 
@@ -284,6 +285,21 @@ fn the_reason_names_what_decided() {
             to: "127.0.0.1:30080",
             verdict: Verdict::Accept,
             says: "loopback is never a node-port address",
+        },
+        Why {
+            what: "a node port on 127.0.0.1 asked for, but route_localnet could not be set",
+            facts: |f| {
+                f.local_ips.push("127.0.0.1".parse().expect("ip"));
+                f.localhost_not_served = Some(
+                    "net.ipv4.conf.all.route_localnet cannot be set: read-only file system".into(),
+                );
+            },
+            from: "127.0.0.1",
+            to: "127.0.0.1:30080",
+            verdict: Verdict::Accept,
+            says: "node ports on 127.0.0.1 are not served although \
+                   --iptables-localhost-nodeports asks for them (net.ipv4.conf.all.\
+                   route_localnet cannot be set: read-only file system)",
         },
         Why {
             what: "a health-check node port, on the node",
