@@ -788,6 +788,7 @@ pub fn brain_report<'a>(
                 message: r.error.message.clone(),
                 location: r.error.location.clone(),
                 kept: r.kept,
+                service: r.error.service.as_ref().map(ToString::to_string),
             })
             .collect(),
         rejected_total: total,
@@ -838,6 +839,7 @@ pub fn decode_brain_report(value: &proto::KpngBrainReport) -> kpng_model::input:
                 kind: r.kind.clone(),
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
+                service: r.service.clone(),
                 field: r.field.clone(),
                 message: r.message.clone(),
                 location: r.location.clone(),

@@ -65,6 +65,7 @@ impl Checker<'_> {
             field: field.into(),
             message: message.into(),
             location: None,
+            service: None,
         }
     }
 
@@ -145,6 +146,7 @@ fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), Conversi
         field: field.to_string(),
         message: "must be set".to_string(),
         location: None,
+        service: None,
     };
     if object.name.is_empty() {
         return Err(err("metadata.name"));
@@ -170,6 +172,7 @@ fn require_identity(object: &ObjectRef, namespaced: bool) -> Result<(), Conversi
                 field: field.to_string(),
                 message: "must not contain control characters".to_string(),
                 location: None,
+                service: None,
             });
         }
     }
@@ -186,6 +189,7 @@ fn require_valid_names(object: &ObjectRef) -> Result<(), ConversionError> {
         field: field.to_string(),
         message,
         location: None,
+        service: None,
     };
     validate::dns1123_label(&object.namespace).map_err(|m| err("metadata.namespace", m))?;
     let name = match object.kind {
@@ -206,10 +210,12 @@ fn require_valid_cluster_name(object: &ObjectRef) -> Result<(), ConversionError>
         field: "metadata.name".to_string(),
         message,
         location: None,
+        service: None,
     })
 }
 
 /// Converts a Service. Errors make the whole Service unusable; warnings drop single values.
+/// (An error's [`ConversionError::service`] is filled in by [`crate::Convert`], for every kind.)
 pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo, ConversionError> {
     let object = object_ref(Kind::Service, &svc.metadata);
     require_identity(&object, true)?;
@@ -510,6 +516,8 @@ fn not_proxied(mut ips: Vec<IpAddr>) -> Option<Box<[IpAddr]>> {
 }
 
 /// Converts an EndpointSlice.
+/// (An error's [`ConversionError::service`], the label's Service, is filled in by
+/// [`crate::Convert`].)
 pub fn endpoint_slice(
     slice: &EndpointSlice,
     warnings: &mut Vec<Warning>,

@@ -8,17 +8,20 @@
 //! [`Warning`]s for the source to log. Start with [`Convert`].
 
 pub mod convert;
+pub mod owner;
 pub mod validate;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kpng_model::records::Warning;
 use kpng_model::{Kind, Object};
 
 pub use convert::{
     LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, last_change_trigger_time,
 };
+pub use owner::{owning_service, owning_service_of};
 
 /// The API resources kpng reads (group/version and kind), for `kpng version` and the docs:
 /// an operator checking compatibility with their cluster asks exactly this.
@@ -63,14 +66,21 @@ pub trait Convert {
     fn convert(&self) -> Converted;
 }
 
+/// The object as the model receives it. A rejection carries the Service the object concerns
+/// (`meta`'s, read as [`owning_service_of`]), whichever check made it: every error path of a
+/// conversion ends here.
 fn converted<T>(
     result: Result<T, kpng_model::records::ConversionError>,
     warnings: Vec<Warning>,
+    (kind, meta): (Kind, &ObjectMeta),
     wrap: impl FnOnce(T) -> Object,
 ) -> Converted {
     let object = match result {
         Ok(record) => wrap(record),
-        Err(e) => Object::Rejected(Box::new(e)),
+        Err(mut e) => {
+            e.service = owning_service_of(kind, meta).map(Box::new);
+            Object::Rejected(Box::new(e))
+        }
     };
     Converted { object, warnings }
 }
@@ -83,7 +93,9 @@ impl Convert for Service {
             r.dropped = kpng_model::records::dropped(&warnings);
             r
         });
-        converted(result, warnings, |r| Object::Service(Box::new(r)))
+        converted(result, warnings, (Self::KIND, &self.metadata), |r| {
+            Object::Service(Box::new(r))
+        })
     }
 }
 
@@ -96,9 +108,11 @@ impl Convert for EndpointSlice {
             r
         });
         let trigger_time = last_change_trigger_time(self);
-        converted(result, warnings, |slice| Object::EndpointSlice {
-            slice: Box::new(slice),
-            trigger_time,
+        converted(result, warnings, (Self::KIND, &self.metadata), |slice| {
+            Object::EndpointSlice {
+                slice: Box::new(slice),
+                trigger_time,
+            }
         })
     }
 }
@@ -108,7 +122,9 @@ impl Convert for Node {
     fn convert(&self) -> Converted {
         let mut warnings = Vec::new();
         let result = convert::node(self, &mut warnings);
-        converted(result, warnings, |r| Object::Node(Box::new(r)))
+        converted(result, warnings, (Self::KIND, &self.metadata), |r| {
+            Object::Node(Box::new(r))
+        })
     }
 }
 
@@ -117,7 +133,9 @@ impl Convert for ServiceCIDR {
     fn convert(&self) -> Converted {
         let mut warnings = Vec::new();
         let result = convert::service_cidr(self, &mut warnings);
-        converted(result, warnings, |r| Object::ServiceCidr(Box::new(r)))
+        converted(result, warnings, (Self::KIND, &self.metadata), |r| {
+            Object::ServiceCidr(Box::new(r))
+        })
     }
 }
 

@@ -21,6 +21,7 @@ use kpng_runner::admin::{
 use crate::admin_socket::Serving;
 use crate::cli::{StatusArgs, StatusOutput, TraceArgs};
 use crate::exit_codes::{Classified, Failure};
+use crate::status_filter::{keep_rejections_of, keep_rejections_of_json};
 
 /// Serves `handle` on the admin socket `path` until the process ends (`crate::admin_socket`:
 /// `Ok(None)` when another process serves it).
@@ -667,6 +668,12 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             with_problems =
                 crate::status_problems::add_problems_json(&mut status, &typed, args.problems);
             with_schema_version(&mut status);
+            // About some Services, as the table: their rejections and dropped values only
+            // (until 2026-12-07 the JSON listed every object's), after the problems were
+            // judged with all of them.
+            if let Some(filter) = &service {
+                keep_rejections_of_json(&mut status, filter);
+            }
             match args.output {
                 StatusOutput::Json => {
                     print_out(&format!("{}\n", serde_json::to_string_pretty(&status)?))?
@@ -999,49 +1006,6 @@ fn service_matches(service: &serde_json::Value, filter: &str) -> bool {
             .and_then(|p| u16::try_from(p).ok())
             .unwrap_or_default(),
     )
-}
-
-/// Keeps, of the rejections `status` lists (this kpng's own and its brain's), those of the
-/// Service `filter` names, and of the dropped values those of that Service and its
-/// EndpointSlices: `kpng status NAME` is about one Service. How many other rejections were
-/// left out.
-pub(crate) fn keep_rejections_of(status: &mut Status, filter: &str) -> usize {
-    let service = filter.split_once(':').map_or(filter, |(s, _)| s);
-    let query = StatusQuery {
-        service: Some(service.to_string()),
-        ..StatusQuery::default()
-    };
-    let of_service = |r: &RejectedStatus| {
-        r.object
-            .strip_prefix("Service ")
-            .and_then(|o| o.split_once('/'))
-            .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
-    };
-    status.dropped.retain(|d| {
-        d.service
-            .as_deref()
-            .and_then(|s| s.split_once('/'))
-            .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
-    });
-    if let Some(report) = &mut status.brain_reports {
-        report.dropped.retain(|d| {
-            d.service
-                .as_deref()
-                .and_then(|s| s.split_once('/'))
-                .is_some_and(|(namespace, name)| query.wants_service(namespace, name, "", 0))
-        });
-        report.dropped_total = report.dropped.len() as u64;
-    }
-    let before = status.rejected.len();
-    status.rejected.retain(of_service);
-    let mut not_shown = before - status.rejected.len();
-    if let Some(report) = &mut status.brain_reports {
-        let total = usize::try_from(report.rejected_total).unwrap_or(usize::MAX);
-        report.rejected.retain(of_service);
-        not_shown += total.saturating_sub(report.rejected.len());
-        report.rejected_total = report.rejected.len() as u64;
-    }
-    not_shown
 }
 
 /// The rejection of the Service `filter` names (its port left out), in words: why a Service the
@@ -2885,6 +2849,7 @@ mod tests {
             kind: "Service".into(),
             namespace: "ns".into(),
             name: name.into(),
+            service: Some(format!("ns/{name}")),
             field: "spec.ports[0].port".into(),
             message: "port 0 is not in 1-65535".into(),
             location: Some("cluster.yaml: document 2 (line 9)".into()),

@@ -67,6 +67,7 @@ mod run;
 #[cfg(target_os = "linux")]
 mod run_marker;
 mod signals;
+mod status_filter;
 mod status_history;
 mod status_policy;
 mod status_problems;

@@ -86,7 +86,7 @@ pub async fn answer(handle: &AdminHandle, query: PageQuery) -> Option<serde_json
     // About one namespace or Service, the rejections and dropped values of others are left
     // out, as `kpng status NAMESPACE/` leaves them out.
     let not_shown = service.as_deref().map_or(0, |filter| {
-        crate::admin::keep_rejections_of(&mut status, filter)
+        crate::status_filter::keep_rejections_of(&mut status, filter)
     });
     let (ports, problems): (Vec<PortStatus>, Vec<Vec<PortProblem>>) = kept.into_iter().unzip();
     status.services = ports;

@@ -421,7 +421,7 @@ fn a_bad_object_is_rejected_alone_and_shown() {
     assert_eq!(
         status_json(admin)["rejected"],
         json!([{"object": "Service default/named", "kind": "Service", "namespace": "default",
-            "name": "named", "field": "spec.ports[0].port",
+            "name": "named", "service": "default/named", "field": "spec.ports[0].port",
             "message": "invalid type: string \"http\", expected i32", "kept": false}]),
     );
 
@@ -476,6 +476,23 @@ fn a_bad_object_is_rejected_alone_and_shown() {
             json!(["EndpointSlice default/web-2", false]),
         ],
         "every rejection listed, each saying whether a last good version is in use"
+    );
+    // A slice's rejection names its Service (the label's), whichever check refused it, and
+    // `kpng status default/web` lists the slices' rejections, not the other Service's.
+    let web = status_json_of(admin, &["default/web"]);
+    let objects: Vec<Value> = web["rejected"]
+        .as_array()
+        .expect("rejected")
+        .iter()
+        .map(|r| json!([r["object"], r["service"]]))
+        .collect();
+    assert_eq!(
+        objects,
+        [
+            json!(["EndpointSlice default/web-1", "default/web"]),
+            json!(["EndpointSlice default/web-2", "default/web"]),
+        ],
+        "{web}"
     );
     assert_eq!(
         status_json(admin)["input"]["problems"],
@@ -583,8 +600,15 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
 
 /// `kpng status -o json` of the kpng serving `admin`.
 fn status_json(admin: &str) -> Value {
+    status_json_of(admin, &[])
+}
+
+/// `kpng status ARGS -o json` of the kpng at `admin` (`ARGS`: a Service, `-n NAMESPACE`).
+fn status_json_of(admin: &str, args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
-        .args(["status", "-o", "json", "--admin-socket", admin])
+        .arg("status")
+        .args(args)
+        .args(["-o", "json", "--admin-socket", admin])
         .output()
         .expect("kpng status");
     serde_json::from_slice(&out.stdout)
@@ -950,7 +974,7 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     assert_eq!(
         reports["rejected"],
         json!([{"object": "Service default/typo", "kind": "Service", "namespace": "default",
-                "name": "typo", "field": "spec.ports[0].protocol",
+                "name": "typo", "service": "default/typo", "field": "spec.ports[0].protocol",
                 "message": reports["rejected"][0]["message"], "kept": false}]),
         "{reports}"
     );

@@ -520,6 +520,144 @@ fn break_two_services(running: &mut Running, dir: &std::path::Path) {
     });
 }
 
+/// `kpng status NS/NAME` is about one Service, in every output: its own EndpointSlices'
+/// rejections are listed under it (they carry the Service their `kubernetes.io/service-name`
+/// label names; until 2026-12-07 they named only the slice and were left out, with the other
+/// objects'), and `-o json` keeps the same rejections and dropped values as the table (it
+/// listed every object's). A whole namespace keeps every object of it.
+#[test]
+fn one_services_status_lists_its_slices_rejections_in_the_table_and_in_json() {
+    let (mut running, dir) = on_the_example("");
+    let socket_flag = dir.path().join("admin.sock").display().to_string();
+    running.wait("the first sync", |e| e.contains(" synced "));
+    let input = dir.path().join("cluster.yaml");
+    let text = std::fs::read_to_string(&input).expect("read");
+    let slice = |name: &str, label: &str, port: &str| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: default, name: {name}{label}}}\naddressType: IPv4\n\
+             ports: [{{name: http, {port}}}]\nendpoints:\n- addresses: [10.244.1.77]\n"
+        )
+    };
+    let owned = ", labels: {kubernetes.io/service-name: web}";
+    let broken = [
+        // Converted and refused (an unknown protocol).
+        slice("web-bad", owned, "port: 8080, protocol: TPC"),
+        // Not even read (a port that is not a number).
+        slice("web-odd", owned, "port: eighty"),
+        // A slice of no Service, in the same namespace.
+        slice("orphan", "", "port: 8080, protocol: TPC"),
+    ]
+    .concat();
+    let others = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: typo}\n\
+        spec: {clusterIP: 10.96.9.9, ports: [{port: 80, protocol: TPC}]}\n\
+        ---\napiVersion: v1\nkind: Service\nmetadata: {namespace: other, name: dropper}\n\
+        spec: {clusterIP: 10.96.9.8, externalIPs: [not-an-ip], ports: [{port: 80}]}\n";
+    let tmp = dir.path().join(".cluster.yaml.tmp");
+    std::fs::write(&tmp, format!("{text}{broken}{others}")).expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    running.wait("the four rejections and the dropped value", |e| {
+        [
+            "web-bad",
+            "web-odd",
+            "default/orphan",
+            "default/typo",
+            "other/dropper",
+        ]
+        .iter()
+        .all(|o| e.contains(o))
+    });
+    let ask = |args: &[&str]| {
+        let (out, err) = ask_admin(&socket_flag, args);
+        assert!(!out.is_empty(), "{args:?}: {err}");
+        out
+    };
+    let json =
+        |args: &[&str]| -> serde_json::Value { serde_json::from_str(&ask(args)).expect("JSON") };
+    // (object, service) of each rejection, sorted.
+    let rejected = |status: &serde_json::Value| -> Vec<(String, String)> {
+        let mut list: Vec<(String, String)> = status["rejected"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r["object"].as_str().unwrap_or_default().to_string(),
+                    r["service"].as_str().unwrap_or("-").to_string(),
+                )
+            })
+            .collect();
+        list.sort();
+        list
+    };
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(o, s)| (o.to_string(), s.to_string()))
+            .collect()
+    };
+    let web_slices = [
+        ("EndpointSlice default/web-bad", "default/web"),
+        ("EndpointSlice default/web-odd", "default/web"),
+    ];
+
+    // The whole node: everything, each rejection with the Service it concerns.
+    let all = json(&["status", "-o", "json"]);
+    let mut want = pairs(&web_slices);
+    want.extend(pairs(&[
+        ("EndpointSlice default/orphan", "-"),
+        ("Service default/typo", "default/typo"),
+    ]));
+    want.sort();
+    assert_eq!(rejected(&all), want, "{all}");
+    assert_eq!(
+        all["dropped"][0]["object"], "Service other/dropper",
+        "{all}"
+    );
+
+    // One Service: its slices' rejections, in the table and in JSON alike, nothing else.
+    let table = ask(&["status", "default/web"]);
+    assert!(
+        table.contains("EndpointSlice default/web-bad")
+            && table.contains("EndpointSlice default/web-odd")
+            && !table.contains("default/typo")
+            && !table.contains("default/orphan")
+            && table.contains("(2 other objects rejected, not shown"),
+        "{table}"
+    );
+    for args in [
+        &["status", "default/web", "-o", "json"][..],
+        &["status", "default/web:http", "-o", "json"],
+        &["status", "-n", "default", "web", "-o", "json"],
+    ] {
+        let one = json(args);
+        assert_eq!(rejected(&one), pairs(&web_slices), "{args:?}: {one}");
+        assert!(one.get("dropped").is_none(), "{args:?}: {one}");
+        assert!(
+            one["services"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty() && s.iter().all(|p| p["service"] == "default/web")),
+            "{args:?}: {one}"
+        );
+    }
+    let yaml = ask(&["status", "default/web", "-o", "yaml"]);
+    assert!(
+        yaml.contains("default/web-bad") && !yaml.contains("default/typo"),
+        "{yaml}"
+    );
+
+    // A whole namespace: its objects' rejections (the ownerless slice's too), not another
+    // namespace's dropped value.
+    let namespace = json(&["status", "-n", "default", "-o", "json"]);
+    assert_eq!(rejected(&namespace), want, "{namespace}");
+    assert!(namespace.get("dropped").is_none(), "{namespace}");
+    let other = json(&["status", "other/", "-o", "json"]);
+    assert!(other.get("rejected").is_none(), "{other}");
+    assert_eq!(
+        other["dropped"][0]["object"], "Service other/dropper",
+        "{other}"
+    );
+}
+
 /// Replaces the running example's input with a file that is not YAML, and waits until kpng
 /// has reported it: the last good state stays in use.
 fn make_unreadable(running: &mut Running, dir: &std::path::Path) {
@@ -2639,7 +2777,11 @@ fn split_mode(what: SplitCheck) {
         addressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\n\
         endpoints:\n- addresses: [10.244.1.2]\n  nodeName: node1\n\
         ---\napiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: broken}\n\
-        spec: {clusterIP: 10.96.7.8, ports: [{port: nope}]}\n";
+        spec: {clusterIP: 10.96.7.8, ports: [{port: nope}]}\n\
+        ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+        metadata: {namespace: default, name: itp-bad, labels: {kubernetes.io/service-name: itp}}\n\
+        addressType: IPv4\nports: [{name: http, port: 8080, protocol: TPC}]\n\
+        endpoints:\n- addresses: [10.244.1.3]\n  nodeName: node1\n";
     std::fs::write(&input, format!("{example}{extra}")).expect("write");
     let listen = dir.path().join("brain.sock");
     let brain_admin = dir.path().join("brain-admin.sock");
@@ -2718,6 +2860,25 @@ fn split_mode(what: SplitCheck) {
         on_node.contains("`kpng status --node node2 default/itp` on the brain"),
         "{on_node}"
     );
+    // The brain's rejection of the Service's own slice is listed under it (the brain sends
+    // the slice's Service, `KpngRejectedObject.Service`), the other Service's is not, in the
+    // table and in JSON (until 2026-12-07 the slice's was left out, and JSON listed both).
+    assert!(
+        on_node.contains("rejected EndpointSlice default/itp-bad")
+            && !on_node.contains("default/broken")
+            && on_node.contains("(1 other object rejected, not shown"),
+        "{on_node}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ask(&node_admin, &["status", "default/itp", "-o", "json"]))
+            .expect("JSON");
+    let report = &json["brainReports"];
+    assert_eq!(report["rejectedTotal"], 1, "{json}");
+    assert_eq!(
+        report["rejected"][0]["object"],
+        "EndpointSlice default/itp-bad"
+    );
+    assert_eq!(report["rejected"][0]["service"], "default/itp", "{json}");
     // Its trace says the same of a packet to that Service (until 2026-12-06 it said only
     // that there is no endpoint).
     let traced = ask(
@@ -2812,8 +2973,9 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
     wait_for(
         brain_metrics,
         &[
-            "\nkpng_rejected_objects 1\n",
+            "\nkpng_rejected_objects 2\n",
             "\nkpng_object_errors_total{kind=\"Service\"} 1\n",
+            "\nkpng_object_errors_total{kind=\"EndpointSlice\"} 1\n",
             "\nkpng_api_nodes_not_connected 1\n",
             // What adds up across several brains (docs/observability.md's alert).
             "\nkpng_api_nodes 2\n",
@@ -2822,7 +2984,7 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
             "\nkpng_api_unknown_node_names 0\n",
         ],
     );
-    wait_for(node_metrics, &["\nkpng_rejected_objects 1\n"]);
+    wait_for(node_metrics, &["\nkpng_rejected_objects 2\n"]);
     let brain = http_get(brain_metrics, "/metrics");
     let node = http_get(node_metrics, "/metrics");
     // Alerting counters exist at 0 from the start, each label value a refusal can have
@@ -3236,6 +3398,11 @@ fn a_tenants_status_says_which_values_another_service_holds() {
                 .is_some_and(|m| m.contains("Service tenant-b/web's"))),
         "{json}"
     );
+    // Another tenant's rejection is not about this Service (until 2026-12-07 `-o json` listed
+    // it, while the table did not); its namespace's status has it.
+    assert!(status.get("rejected").is_none(), "{json}");
+    let (json, _) = ask(&["status", "-n", "tenant-b", "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     let rejected = status["rejected"].as_array().expect("rejected");
     assert!(
         rejected
@@ -3243,7 +3410,8 @@ fn a_tenants_status_says_which_values_another_service_holds() {
             .any(|r| r["object"] == "Service tenant-b/broken"
                 && r["kind"] == "Service"
                 && r["namespace"] == "tenant-b"
-                && r["name"] == "broken"),
+                && r["name"] == "broken"
+                && r["service"] == "tenant-b/broken"),
         "{json}"
     );
 

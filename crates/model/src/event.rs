@@ -115,6 +115,18 @@ impl Object {
         }
     }
 
+    /// The Service this object concerns: a Service's own key, an EndpointSlice's owner, a
+    /// rejected object's [`ConversionError::service`]. Lets a source that rejects an object
+    /// it had converted (a duplicate, a cut-off end of a manifest) keep saying whose it is.
+    pub fn service(&self) -> Option<crate::key::ServiceKey> {
+        match self {
+            Object::Service(s) => Some(s.key.clone()),
+            Object::EndpointSlice { slice, .. } => slice.service.clone(),
+            Object::Node(_) | Object::ServiceCidr(_) => None,
+            Object::Rejected(e) => e.service.as_deref().cloned(),
+        }
+    }
+
     /// The reference (kind, namespace, name) naming this object in errors and deletes.
     pub fn reference(&self) -> ObjectRef {
         let (namespace, name): (Name, Name) = match self {

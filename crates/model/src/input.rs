@@ -104,6 +104,9 @@ pub struct ReportedRejection {
     pub namespace: String,
     /// Its name.
     pub name: String,
+    /// The Service it concerns (`namespace/name`: a Service's own, an EndpointSlice's owner),
+    /// if any; `None` also from a brain older than this field.
+    pub service: Option<String>,
     /// The field at fault.
     pub field: String,
     /// What is wrong with it.

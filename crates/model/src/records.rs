@@ -34,6 +34,14 @@ pub struct ConversionError {
     /// file, document and line: `cluster.yaml: document 3 (line 41)`), so the operator can go
     /// straight to it.
     pub location: Option<String>,
+    /// The Service the object concerns, when it names one validly: a Service's own key, an
+    /// EndpointSlice's owner (its `kubernetes.io/service-name` label). Carried from where the
+    /// error is made, as the record that would say it is not there: `kpng status NS/NAME`
+    /// shows the rejection of the Service's own slices under it, where an operator debugging
+    /// that Service looks (a slice rejection named only the slice, and was left out). Boxed:
+    /// every conversion returns this error type, and it stays small (clippy's
+    /// `result_large_err`).
+    pub service: Option<Box<ServiceKey>>,
 }
 
 /// A rejected object as the model answered it: whether it still uses a last good version or

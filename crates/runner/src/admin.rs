@@ -843,6 +843,12 @@ pub struct RejectedStatus {
     /// The object's name, as the log line's field.
     #[serde(default)]
     pub name: String,
+    /// The Service it concerns (`namespace/name`: a Service's own, an EndpointSlice's owner
+    /// by its `kubernetes.io/service-name` label), as [`DroppedStatus::service`]: `kpng status
+    /// NS/NAME` shows the rejections of the Service's own slices under it. Absent when the
+    /// object names no Service validly, or a brain older than the field reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     /// The field at fault.
     pub field: String,
     /// What is wrong with it.
@@ -912,11 +918,29 @@ impl RejectedStatus {
             kind: r.error.object.kind.as_str().to_string(),
             namespace: r.error.object.namespace.to_string(),
             name: r.error.object.name.to_string(),
+            service: r.error.service.as_ref().map(ToString::to_string),
             field: r.error.field.clone(),
             message: r.error.message.clone(),
             location: r.error.location.clone(),
             kept: r.kept,
         }
+    }
+
+    /// The Service the rejection concerns, as `(namespace, name)`: the one it carries
+    /// ([`RejectedStatus::service`]), else a Service's own (a status from a kpng older than
+    /// that field names only the object, by `kind`, `namespace` and `name` or, older still,
+    /// by `object` alone).
+    pub fn concerned_service(&self) -> Option<(&str, &str)> {
+        if let Some(service) = &self.service {
+            return service.split_once('/');
+        }
+        if self.kind == "Service" {
+            return Some((&self.namespace, &self.name));
+        }
+        if self.kind.is_empty() {
+            return self.object.strip_prefix("Service ")?.split_once('/');
+        }
+        None
     }
 
     /// The status of a rejection a node's brain reports.
@@ -926,6 +950,7 @@ impl RejectedStatus {
             kind: r.kind.clone(),
             namespace: r.namespace.clone(),
             name: r.name.clone(),
+            service: r.service.clone(),
             field: r.field.clone(),
             message: r.message.clone(),
             location: r.location.clone(),

@@ -105,6 +105,7 @@ mod tests {
                 field: "spec.ports[0].protocol".into(),
                 message: "unknown protocol \"TPC\"".into(),
                 location: None,
+                service: None,
             },
             kept: true,
         }

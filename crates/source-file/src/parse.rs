@@ -334,6 +334,7 @@ fn object(
         }
         (Err(e), Undecodable::Reject, Some(object)) => {
             let rejected = ConversionError {
+                service: owner_of(&value, &object).map(Box::new),
                 object,
                 field: e.field.unwrap_or_else(|| ".".into()),
                 message: e.message,
@@ -365,6 +366,17 @@ fn reference_of(value: &Value, kind: &str) -> Option<ObjectRef> {
         namespace: namespace.into(),
         name: name.into(),
     })
+}
+
+/// The Service `object` (read from `value`) concerns, as a rejection of it carries it: its
+/// own, or an EndpointSlice's `kubernetes.io/service-name` label's (see
+/// [`kpng_k8s::owning_service`]).
+fn owner_of(value: &Value, object: &ObjectRef) -> Option<kpng_model::ServiceKey> {
+    let label = value
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(kpng_k8s::LABEL_SERVICE_NAME))
+        .and_then(Value::as_str);
+    kpng_k8s::owning_service(object.kind, &object.namespace, &object.name, label)
 }
 
 /// `namespace/name`, or `name` for a cluster-scoped object (what [`ManifestError::object`] holds).
@@ -756,6 +768,7 @@ fn reject_a_cut_off_end(loaded: &mut Loaded, origins: &[Origin], last_document: 
     let kind = object.kind().as_str();
     *object = Object::Rejected(Box::new(ConversionError {
         object: object.reference(),
+        service: object.service().map(Box::new),
         field: part.into(),
         message: format!(
             "missing, and the {kind} ends the file, as a write cut off mid-object does (the \
@@ -794,6 +807,7 @@ fn reject_duplicates(loaded: &mut Loaded, origins: &mut Vec<Origin>) {
         };
         *object = Object::Rejected(Box::new(ConversionError {
             object: object.reference(),
+            service: object.service().map(Box::new),
             field: "metadata.name".into(),
             message: format!(
                 "defined {} times in the file ({}); none of them is used",

@@ -333,6 +333,7 @@ impl<K: Convert + k8s_openapi::Metadata<Ty = ObjectMeta>> Convert for Slim<K> {
             field: undecodable.field.clone(),
             message: undecodable.message.clone(),
             location: None,
+            service: kpng_k8s::owning_service_of(<K as Convert>::KIND, meta).map(Box::new),
         };
         Converted {
             object: Object::Rejected(Box::new(error)),
@@ -459,7 +460,8 @@ mod tests {
     /// object (its name, to keep the last good version by) is read.
     #[test]
     fn a_wrong_type_in_a_part_rejects_the_object_naming_the_field() {
-        let meta = json!({"namespace": "ns", "name": "web"});
+        let meta = json!({"namespace": "ns", "name": "web",
+            "labels": {"kubernetes.io/service-name": "owned"}});
         let cases: [(&str, serde_json::Value, &str, &str); 7] = [
             (
                 "Service",
@@ -519,6 +521,14 @@ mod tests {
                 panic!("{body}: not rejected: {:?}", converted.object);
             };
             assert_eq!(error.object.to_string(), format!("{kind} ns/web"), "{body}");
+            // The Service it concerns: a Service's own, a slice's label's (`owned`).
+            let owner = if kind == "Service" {
+                "ns/web"
+            } else {
+                "ns/owned"
+            };
+            let service = error.service.as_ref().map(ToString::to_string);
+            assert_eq!(service.as_deref(), Some(owner), "{body}");
             assert_eq!(
                 (error.field.as_str(), error.message.as_str()),
                 (field, message),

@@ -337,3 +337,70 @@ fn target_ports_are_the_services_as_kpng_sent_them() {
         assert_eq!(got, ports, "{target} {endpoint_ports:?}");
     }
 }
+
+/// A rejection's Service travels in the brain's report, and a report from a brain older than
+/// the field (no field 8 on the wire) decodes with none: old peers simply lack it.
+#[test]
+fn a_rejections_service_travels_and_an_old_brains_lacks_it() {
+    use kpng_model::records::{ConversionError, Rejection};
+    let rejection = |service: Option<Box<ServiceKey>>| Rejection {
+        error: ConversionError {
+            object: kpng_model::ObjectRef {
+                kind: kpng_model::Kind::EndpointSlice,
+                namespace: "shop".into(),
+                name: "cart-abc".into(),
+            },
+            field: "ports[0].protocol".into(),
+            message: "unknown protocol".into(),
+            location: None,
+            service,
+        },
+        kept: false,
+    };
+    let input = kpng_model::input::InputState::default();
+    // (case, the rejection's Service, as the node reads it)
+    let cases = [
+        (
+            "an owned slice",
+            Some(ServiceKey::new("shop", "cart")),
+            Some("shop/cart"),
+        ),
+        ("a slice of no Service", None, None),
+    ];
+    for (case, service, want) in cases {
+        let rejections = [rejection(service.map(Box::new))];
+        let wire = brain_report(&input, rejections.iter(), std::iter::empty()).encode_to_vec();
+        let report = proto::KpngBrainReport::decode(wire.as_slice()).expect("decodes");
+        let got = decode_brain_report(&report);
+        assert_eq!(got.rejected[0].service.as_deref(), want, "{case}");
+    }
+    // An older brain's rejection: fields 1-7 only.
+    let old = proto::KpngRejectedObject {
+        kind: "EndpointSlice".into(),
+        namespace: "shop".into(),
+        name: "cart-abc".into(),
+        field: "ports[0].protocol".into(),
+        message: "unknown protocol".into(),
+        location: None,
+        kept: false,
+        service: None,
+    };
+    let report = proto::KpngBrainReport {
+        rejected: vec![old.clone()],
+        rejected_total: 1,
+        ..Default::default()
+    };
+    let got = decode_brain_report(
+        &proto::KpngBrainReport::decode(report.encode_to_vec().as_slice()).expect("decodes"),
+    );
+    assert_eq!(got.rejected[0].service, None);
+    assert_eq!(got.rejected[0].name, "cart-abc");
+    // And a new brain's field is one an older node skips as unknown: the bytes of the old
+    // message are a prefix-compatible subset (field 8 is appended).
+    let new = proto::KpngRejectedObject {
+        service: Some("shop/cart".into()),
+        ..old.clone()
+    };
+    let new_bytes = new.encode_to_vec();
+    assert!(new_bytes.starts_with(&old.encode_to_vec()));
+}

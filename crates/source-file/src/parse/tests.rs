@@ -699,3 +699,72 @@ fn a_service_cut_off_at_the_end_of_the_file_is_rejected() {
         }
     }
 }
+
+/// A rejection carries the Service the object concerns, whichever path made it: a Service's
+/// own, an EndpointSlice's by its label (so `kpng status NS/NAME` lists it under the
+/// Service), none for a slice without a valid label or another kind.
+#[test]
+fn a_rejection_names_the_service_it_concerns() {
+    const SLICE: &str = "kind: EndpointSlice\nmetadata: {namespace: ns, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: []\n";
+    // (case, manifest, the first rejection's Service)
+    let cases: &[(&str, String, Option<&str>)] = &[
+        (
+            "slice refused by conversion",
+            format!("{SLICE}ports: [{{name: x, port: 99999}}]\n"),
+            Some("ns/web"),
+        ),
+        (
+            "slice that does not read",
+            format!("{SLICE}ports: [{{name: x, port: eighty}}]\n"),
+            Some("ns/web"),
+        ),
+        (
+            "slice defined twice",
+            format!("{SLICE}ports: []\n---\n{SLICE}ports: []\n"),
+            Some("ns/web"),
+        ),
+        (
+            "slice without the label",
+            "kind: EndpointSlice\nmetadata: {namespace: ns, name: s}\naddressType: IPv4\nendpoints: []\nports: [{name: x, port: 99999}]\n".to_string(),
+            None,
+        ),
+        (
+            "slice whose label is refused",
+            "kind: EndpointSlice\nmetadata: {namespace: ns, name: s, labels: {kubernetes.io/service-name: a/b}}\naddressType: IPv4\nendpoints: []\nports: []\n".to_string(),
+            None,
+        ),
+        (
+            "Service refused",
+            "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n".to_string(),
+            Some("ns/web"),
+        ),
+        (
+            "Service that does not read",
+            "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: eighty}]}\n".to_string(),
+            Some("ns/web"),
+        ),
+        (
+            "Service cut off at the end of the file",
+            "kind: Service\nmetadata: {namespace: ns, name: web}\n".to_string(),
+            Some("ns/web"),
+        ),
+        (
+            "Node",
+            "kind: Node\nmetadata: {name: a}\n---\nkind: Node\nmetadata: {name: a}\n"
+                .to_string(),
+            None,
+        ),
+    ];
+    for (case, text, want) in cases {
+        let loaded = parse_manifests(text).expect(case);
+        let service = loaded.objects.iter().find_map(|o| match o {
+            Object::Rejected(e) => Some(e.service.as_ref().map(ToString::to_string)),
+            _ => None,
+        });
+        assert_eq!(
+            service.unwrap_or_else(|| panic!("{case}: nothing rejected")),
+            want.map(String::from),
+            "{case}"
+        );
+    }
+}
