@@ -230,6 +230,17 @@ pub struct GlobalFlags {
     #[arg(skip)]
     pub effective_flags: Vec<String>,
 
+    /// How a running kpng checks a new content of its `--config` file (`config::watch`);
+    /// set by `main` once `--config` applied.
+    #[arg(skip)]
+    pub config_recheck: Option<crate::config::watch::Recheck>,
+
+    /// Exit 1 when the --config file draws a warning (a field kpng does not know, a setting it
+    /// ignores or replaces) instead of running with it: for a CI check of a ConfigMap
+    /// (`--strict-config --config FILE --write-config-to - version`).
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Output")]
+    pub strict_config: bool,
+
     /// Write the effective configuration as a KubeProxyConfiguration to FILE (`-`: standard
     /// output) and exit without running the command.
     #[arg(long, global = true, value_name = "FILE", help_heading = "Output")]
@@ -1099,8 +1110,84 @@ pub struct ToFile {
     pub output: String,
 }
 
+/// kpng's command line, where an environment variable set to nothing (or spaces: what an
+/// empty `$(VAR)` or a blank ConfigMap key gives a DaemonSet's `env`) is not set at all, as
+/// kube-proxy's `--hostname-override=` and kpng's `KPNG_NODE_NAME` always were. Before
+/// 2026-12-07 `KPNG_BPF_PIN_PATH=` stopped kpng with "a value is required for
+/// '--bpf-pin-path'", `KPNG_SOCKET_LB_HOST_NETNS_ONLY=` with "invalid value ''".
+pub fn command() -> clap::Command {
+    let set_to_nothing = |name: &std::ffi::OsStr| {
+        std::env::var_os(name).is_some_and(|v| v.to_string_lossy().trim().is_empty())
+    };
+    without_empty_env(<Cli as clap::CommandFactory>::command(), &set_to_nothing)
+}
+
+/// `cmd` and its subcommands without the environment variables `empty` says are set to
+/// nothing.
+fn without_empty_env(
+    mut cmd: clap::Command,
+    empty: &dyn Fn(&std::ffi::OsStr) -> bool,
+) -> clap::Command {
+    let unset: Vec<clap::Id> = cmd
+        .get_arguments()
+        .filter(|a| a.get_env().is_some_and(empty))
+        .map(|a| a.get_id().clone())
+        .collect();
+    for id in unset {
+        cmd = cmd.mut_arg(id, |a| a.env(None::<&'static str>));
+    }
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |c| without_empty_env(c, empty));
+    }
+    cmd
+}
+
+/// The environment variable a refused value came from, when the flag it fills is not on the
+/// line but its variable is set: the error names the flag (`--socket-lb-host-netns-only`),
+/// and the operator looks for it in vain in the DaemonSet's `args`.
+fn from_environment(
+    error: &clap::Error,
+    path: &[clap::Command],
+    args: &[String],
+) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        error.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let Some(ContextValue::String(shown)) = error.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let long = shown.split([' ', '=']).next()?.trim_start_matches('-');
+    let arg = path
+        .iter()
+        .rev()
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long))?;
+    let on_line = args.iter().skip(1).any(|a| {
+        a.strip_prefix("--")
+            .and_then(|a| a.split('=').next())
+            .is_some_and(|a| a == long || arg.get_all_aliases().is_some_and(|al| al.contains(&a)))
+    });
+    let var = arg.get_env()?;
+    if on_line || std::env::var_os(var).is_none() {
+        return None;
+    }
+    Some(format!(
+        "the value comes from the environment variable {} (the Pod's `env`), not the command \
+         line",
+        var.to_string_lossy()
+    ))
+}
+
 /// A line to add to a command-line error: which backends or sources exist where an unknown
-/// word stood, or where a misplaced flag belongs.
+/// word stood, where a misplaced flag belongs, or which environment variable gave a bad value.
 pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     let root = <Cli as clap::CommandFactory>::command();
@@ -1115,6 +1202,9 @@ pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
         if let Some(sub) = next {
             path.push(sub);
         }
+    }
+    if let Some(var) = from_environment(error, &path, args) {
+        return Some(var);
     }
     let names = |c: &clap::Command| -> Vec<String> {
         c.get_subcommands()

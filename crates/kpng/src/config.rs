@@ -15,6 +15,7 @@ mod json_keys;
 mod load;
 mod mapping;
 mod v1alpha1;
+pub mod watch;
 pub mod why;
 mod write;
 
@@ -59,13 +60,17 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Command-line flags kpng ignores, one line each, naming the flag.
     pub flag_warnings: Vec<String>,
+    /// The file's content as applied, which a running kpng compares the file with
+    /// (`watch`); `None` without `--config`.
+    pub text: Option<String>,
 }
 
 /// A node name must be a Node's name (an RFC 1123 subdomain): anything else can never match
 /// a Node, so every local endpoint and the node's addresses would be missed in silence. The
 /// usual cause is a DaemonSet whose `$(NODE_NAME)` was not expanded, which the error names.
-/// `typed` is the name as given (before lower-casing), which the error quotes.
-fn check_node_name(name: &str, typed: &str) -> anyhow::Result<()> {
+/// `typed` is the name as given (before lower-casing), which the error quotes; `from` says
+/// where it was given.
+fn check_node_name(name: &str, typed: &str, from: &str) -> anyhow::Result<()> {
     if kpng_api::identity::is_node_name(name) {
         return Ok(());
     }
@@ -76,10 +81,15 @@ fn check_node_name(name: &str, typed: &str) -> anyhow::Result<()> {
         ""
     };
     anyhow::bail!(
-        "the node name {typed:?} (--hostname-override, --node-name or the file's \
-         hostnameOverride) is not a Node's name (lower-case letters, digits, '-' and '.'){hint}"
+        "the node name {typed:?} ({from}) is not a Node's name (lower-case letters, digits, \
+         '-' and '.'){hint}"
     )
 }
+
+/// The longest conntrack timeout every kernel accepts: `INT_MAX` jiffies at HZ=1000
+/// (596h31m23s); a longer one is refused with EINVAL on such kernels.
+pub const MAX_CONNTRACK_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(i32::MAX as u64 / 1000);
 
 /// Applies `--config` (if given) to the flags; flags given on the command line win.
 pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Report> {
@@ -106,9 +116,8 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
     if let Some(path) = flags.config.clone() {
         let (mut settings, mut file_report) = read(&path)?;
         // Only kube-proxy's own line without --proxy-mode takes the backend from the file.
-        let chosen_elsewhere = given_on_command_line(matches, "proxy_mode")
-            || matches.subcommand_name().is_some()
-            || flags.cleanup;
+        let chosen_elsewhere =
+            given_on_command_line(matches, "proxy_mode") || runs_without_the_mode(flags, matches);
         if chosen_elsewhere {
             // How an empty mode chooses the backend does not matter here.
             file_report
@@ -153,7 +162,17 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
             .filter(|n| !n.is_empty());
     }
     if let Some(name) = &flags.node_name {
-        check_node_name(name, typed.as_deref().unwrap_or(name))?;
+        // The environment variable by its name: the operator looks for it in the Pod's `env`.
+        let from = if !node_name_given {
+            "the file's hostnameOverride"
+        } else if command_line_matches(matches, "node_name")
+            .is_some_and(|m| m.value_source("node_name") == Some(ValueSource::EnvVariable))
+        {
+            "the KPNG_NODE_NAME environment variable"
+        } else {
+            "--hostname-override or --node-name"
+        };
+        check_node_name(name, typed.as_deref().unwrap_or(name), from)?;
     }
     if given_on_command_line(matches, "proxy_mode") {
         flags.proxy_mode_origin = Some("--proxy-mode".into());
@@ -189,6 +208,50 @@ pub fn apply(flags: &mut GlobalFlags, matches: &ArgMatches) -> anyhow::Result<Re
             .unwrap_or_default(),
     ) {
         anyhow::bail!("{} {problem}", setting.flag);
+    }
+    // kube-proxy validates the periods whether a flag or the file gave them; the file's own
+    // were checked on reading, a flag beside it was not (until 2026-12-07).
+    if flags.min_sync_period > flags.sync_period {
+        anyhow::bail!(
+            "--min-sync-period ({}) must not exceed --sync-period ({}) (the file's \
+             minSyncPeriod and syncPeriod, where no flag gives them)",
+            format_go_duration(flags.min_sync_period),
+            format_go_duration(flags.sync_period)
+        );
+    }
+    // The conntrack timeouts are sysctls the kernel holds in jiffies in an int: it refuses
+    // (EINVAL) more than INT_MAX/HZ seconds, which a dry run would not say and the start only
+    // warned about; the bound is the one of HZ=1000 kernels.
+    for (value, flag, field) in [
+        (
+            flags.conntrack_tcp_timeout_established,
+            "--conntrack-tcp-timeout-established",
+            "conntrack.tcpEstablishedTimeout",
+        ),
+        (
+            flags.conntrack_tcp_timeout_close_wait,
+            "--conntrack-tcp-timeout-close-wait",
+            "conntrack.tcpCloseWaitTimeout",
+        ),
+        (
+            flags.conntrack_udp_timeout,
+            "--conntrack-udp-timeout",
+            "conntrack.udpTimeout",
+        ),
+        (
+            flags.conntrack_udp_timeout_stream,
+            "--conntrack-udp-timeout-stream",
+            "conntrack.udpStreamTimeout",
+        ),
+    ] {
+        if value > MAX_CONNTRACK_TIMEOUT {
+            anyhow::bail!(
+                "{flag} ({field}): {} is more than the kernel's conntrack timeouts hold (0 to \
+                 {}; 0 leaves the sysctl to the node)",
+                format_go_duration(value),
+                format_go_duration(MAX_CONNTRACK_TIMEOUT)
+            );
+        }
     }
     settle_proxy_mode(flags, matches, &mut report)?;
     // klog's -v, as kube-proxy's logging flags, wins over the file; --log-level over both.
@@ -246,7 +309,10 @@ fn deprecated_ports(flags: &mut GlobalFlags) {
 fn read(path: &Path) -> anyhow::Result<(mapping::FileSettings, Report)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading --config {}", path.display()))?;
-    from_text(&text).with_context(|| format!("--config {}", path.display()))
+    let (settings, mut report) =
+        from_text(&text).with_context(|| format!("--config {}", path.display()))?;
+    report.text = Some(text);
+    Ok((settings, report))
 }
 
 /// Parses and maps the text of a configuration file.
@@ -266,6 +332,7 @@ fn from_text(text: &str) -> anyhow::Result<(mapping::FileSettings, Report)> {
         warnings,
         notes: mapped.notes,
         flag_warnings: Vec::new(),
+        text: None,
     };
     Ok((mapped.settings, report))
 }
@@ -283,7 +350,7 @@ fn settle_proxy_mode(
         None => {}
         Some(ProxyModeArg::Runs(kind)) => flags.proxy_mode = Some(kind),
         Some(ProxyModeArg::Refused(why)) => {
-            if !(flags.cleanup || matches.subcommand_name().is_some()) {
+            if !runs_without_the_mode(flags, matches) {
                 anyhow::bail!("--proxy-mode: {why}");
             }
             flags.proxy_mode = None;
@@ -294,6 +361,23 @@ fn settle_proxy_mode(
         }
     }
     Ok(())
+}
+
+/// Whether this command runs no backend of the mode (`--cleanup`, or a subcommand: `to-local`
+/// names its own, `status` asks a running kpng), so a mode kpng refuses is only a warning.
+/// Not `--write-config-to FILE version`, docs/deploy.md's pre-flight check of kube-proxy's
+/// command line: it writes what that line would run, so it fails where that line would
+/// (until 2026-12-07 it warned and exited 0 on `mode: ipvs` or a misspelt mode, which the
+/// DaemonSet's kpng then refused).
+fn runs_without_the_mode(flags: &GlobalFlags, matches: &ArgMatches) -> bool {
+    if flags.cleanup {
+        return true;
+    }
+    match matches.subcommand_name() {
+        None => false,
+        Some("version") => flags.write_config_to.is_none(),
+        Some(_) => true,
+    }
 }
 
 /// Why a refused mode does not stop this command, for its warning.

@@ -153,10 +153,34 @@ fn cannot_set(path: &Path, value: u64, current: Option<u64>, e: &std::io::Error)
     } else {
         String::new()
     };
+    // Named by its flag and field: the path alone does not say which setting to change.
+    let setting = setting_of(path).map_or_else(String::new, |s| format!("{s}: "));
     format!(
-        "cannot set {} to {value} ({e}); continuing with {kept}{hint}",
+        "{setting}cannot set {} to {value} ({e}); continuing with {kept}{hint}",
         path.display()
     )
+}
+
+/// The flag and `--config` field that set the sysctl at `path`.
+fn setting_of(path: &Path) -> Option<&'static str> {
+    let name = path.file_name()?.to_str()?;
+    Some(match name {
+        "nf_conntrack_max" => {
+            "--conntrack-max-per-core/--conntrack-min (conntrack.maxPerCore, conntrack.min)"
+        }
+        "nf_conntrack_tcp_timeout_established" => {
+            "--conntrack-tcp-timeout-established (conntrack.tcpEstablishedTimeout)"
+        }
+        "nf_conntrack_tcp_timeout_close_wait" => {
+            "--conntrack-tcp-timeout-close-wait (conntrack.tcpCloseWaitTimeout)"
+        }
+        "nf_conntrack_tcp_be_liberal" => "--conntrack-tcp-be-liberal (conntrack.tcpBeLiberal)",
+        "nf_conntrack_udp_timeout" => "--conntrack-udp-timeout (conntrack.udpTimeout)",
+        "nf_conntrack_udp_timeout_stream" => {
+            "--conntrack-udp-timeout-stream (conntrack.udpStreamTimeout)"
+        }
+        _ => return None,
+    })
 }
 
 /// The conntrack hash table should have a bucket per four entries (kube-proxy's rule).
@@ -196,6 +220,16 @@ mod tests {
             said.contains("; continuing with 131072 (nf_conntrack_max is read-only here: not the host network namespace, or /proc/sys mounted read-only")
                 && said.contains("set net.netfilter.nf_conntrack_max on the host")
                 && said.contains("run kpng privileged in the host network namespace"),
+            "{said}"
+        );
+        // A value the kernel refuses names the setting to change.
+        let einval = std::io::Error::from_raw_os_error(22);
+        let said = cannot_set(path, 3_600_000_000, Some(86400), &einval);
+        assert!(
+            said.starts_with(
+                "--conntrack-tcp-timeout-established (conntrack.tcpEstablishedTimeout): cannot \
+                 set /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established to 3600000000"
+            ),
             "{said}"
         );
         let other = std::io::Error::from(std::io::ErrorKind::NotFound);

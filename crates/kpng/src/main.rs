@@ -94,7 +94,7 @@ fn main() -> std::process::ExitCode {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let matches = match cli::Cli::command().try_get_matches_from(&extracted.args) {
+    let matches = match cli::command().try_get_matches_from(&extracted.args) {
         Ok(matches) => matches,
         Err(e)
             if matches!(
@@ -148,10 +148,19 @@ fn main() -> std::process::ExitCode {
     let report = match config::apply(&mut cli.global, &matches) {
         Ok(report) => report,
         Err(e) => {
-            eprintln!("kpng: {}", describe(&e));
+            config_refused(&cli.global, &describe(&e));
             return std::process::ExitCode::FAILURE;
         }
     };
+    // A running kpng reads its --config file again and checks a new content as this start
+    // did (`config::watch`).
+    if let (Some(path), Some(text)) = (cli.global.config.clone(), report.text.clone()) {
+        let matches = matches.clone();
+        cli.global.config_recheck = Some(config::watch::Recheck::new(path, text, move || {
+            let mut again = cli::Cli::from_arg_matches(&matches)?;
+            config::apply(&mut again.global, &matches).map(drop)
+        }));
+    }
     // A to-file run opens no listener it was not asked for (`quiet_sink`).
     let quiet_sink =
         quiet_sink::turn_off_unasked(&mut cli, |id| config::given_on_command_line(&matches, id));
@@ -199,6 +208,19 @@ fn main() -> std::process::ExitCode {
     }
     for warning in report.flag_warnings.iter().chain(&extracted.warnings) {
         tracing::warn!("{warning}");
+    }
+    // `--strict-config`: a CI check of a ConfigMap fails on what only warns at a start.
+    if cli.global.strict_config && !report.warnings.is_empty() {
+        ends.fatal(&format!(
+            "--strict-config: {} warning(s) about --config {} (above)",
+            report.warnings.len(),
+            cli.global
+                .config
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""))
+                .display()
+        ));
+        return std::process::ExitCode::FAILURE;
     }
     #[cfg(target_os = "linux")]
     raise_open_files_limit(!one_shot);
@@ -259,6 +281,28 @@ fn error_document_of(command: Option<&cli::Command>) -> exit_codes::ErrorDocumen
             ErrorDocument::Json
         }
         _ => ErrorDocument::None,
+    }
+}
+
+/// A `--config` file refused before the logger exists: a plain `kpng: …` line, or with
+/// `--logging-format json` on the line an ERROR line in JSON, which a log pipeline parsing
+/// JSON keeps (until 2026-12-07 it was plain text there too).
+fn config_refused(flags: &cli::GlobalFlags, text: &str) {
+    if flags.logging_format != cli::LogFormat::Json {
+        eprintln!("kpng: {text}");
+        return;
+    }
+    match logging::LogTarget::open(flags.log_file.as_deref()) {
+        Ok(target) => {
+            let to_file = matches!(target, logging::LogTarget::File(_));
+            logging::init(&flags.log_level, flags.logging_format, target);
+            fatal_line::Ending {
+                to_file,
+                one_shot: false,
+            }
+            .fatal(text);
+        }
+        Err(_) => eprintln!("kpng: {text}"),
     }
 }
 

@@ -834,6 +834,14 @@ where
     #[cfg(not(target_os = "linux"))]
     let previous_exit = None;
     let mut registry = metrics_registry(&*backend, &facts, previous_exit);
+    // The --config file read again while kpng runs (`config::watch`).
+    let config_watch = flags
+        .config_recheck
+        .clone()
+        .map(crate::config::watch::Watch::new);
+    if let Some(watch) = &config_watch {
+        watch.register_metrics(&mut registry);
+    }
     let metrics = ProxyMetrics::new(&mut registry);
     let refused_connections = metrics.http_connections_refused.clone();
     let health = Arc::new(ProxyHealth::new(
@@ -926,7 +934,15 @@ where
     // a dry run, which opens nothing.
     let mut admin = None;
     if !dry_run {
-        let (with_admin, handle) = with_admin_handle(runner, &flags, &facts, previous_run.clone());
+        let (with_admin, handle) = with_admin_handle(
+            runner,
+            &flags,
+            &facts,
+            previous_run.clone(),
+            config_watch
+                .as_ref()
+                .map(crate::config::watch::Watch::probe),
+        );
         runner = with_admin;
         admin = Some(handle);
     }
@@ -1004,7 +1020,25 @@ where
     }
 
     let ending = left_behind(facts.kind.is_some(), dry_run);
-    run_until_end(runner, rx, source_task, facts.dry_run, exit_drain, ending).await
+    let ends = Ends {
+        refusals: facts.dry_run,
+        exit_drain,
+        ending,
+        config_watch,
+    };
+    run_until_end(runner, rx, source_task, ends).await
+}
+
+/// What, besides the source, ends [`run_until_end`], and what it says then.
+struct Ends {
+    /// A dry run's refusals.
+    refusals: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    /// What the backend carries itself, drained before the process exits.
+    exit_drain: Option<kpng_backend::ExitDrain>,
+    /// What a shutdown leaves behind ([`left_behind`]).
+    ending: &'static str,
+    /// A new valid content of the `--config` file (`config::watch`).
+    config_watch: Option<crate::config::watch::Watch>,
 }
 
 /// Serves `kpng status` and `kpng trace` on the admin socket at `path`, in a task of its own;
@@ -1076,16 +1110,27 @@ fn left_behind(programs_node: bool, dry_run: bool) -> &'static str {
 /// Runs the sync loop until kpng ends: the source's end (its error, if any, is kpng's),
 /// SIGINT or SIGTERM (the rules stay in place, and what the backend carries itself drains
 /// first; the line says `ending`, [`left_behind`]), or in a dry run the first change it
-/// refuses (an error).
+/// refuses (an error), or a new valid `--config` file (an error, as kube-proxy's, so that the
+/// restart applies it; the rules stay).
 async fn run_until_end<M: NodeModel>(
     runner: Runner<M>,
     rx: mpsc::Receiver<M::Input>,
     source_task: tokio::task::JoinHandle<anyhow::Result<()>>,
-    refusals: Option<tokio::sync::watch::Receiver<Option<String>>>,
-    exit_drain: Option<kpng_backend::ExitDrain>,
-    ending: &'static str,
+    ends: Ends,
 ) -> anyhow::Result<()> {
+    let Ends {
+        refusals,
+        exit_drain,
+        ending,
+        config_watch,
+    } = ends;
     let shutdown = crate::signals::shutdown()?;
+    let config_changed = async move {
+        match config_watch {
+            Some(watch) => watch.changed().await,
+            None => std::future::pending().await,
+        }
+    };
     let refused = async move {
         match refusals {
             Some(rx) => crate::dry_run::refused(rx).await,
@@ -1094,6 +1139,7 @@ async fn run_until_end<M: NodeModel>(
     };
     tokio::select! {
         why = refused => Err(anyhow::anyhow!("--dry-run: {why}")),
+        why = config_changed => Err(anyhow::anyhow!(why)),
         _ = runner.run(rx) => {
             // The runner only ends when the source does.
             match source_task.await {
@@ -1166,6 +1212,7 @@ fn with_admin_handle<M: NodeModel>(
     flags: &GlobalFlags,
     facts: &SinkFacts,
     previous_run: Option<String>,
+    config_probe: Option<kpng_runner::admin::DataPlaneProbe>,
 ) -> (Runner<M>, kpng_runner::admin::AdminHandle) {
     let nodeport = facts
         .kind
@@ -1232,6 +1279,15 @@ fn with_admin_handle<M: NodeModel>(
     };
     #[cfg(not(target_os = "linux"))]
     let data_plane = facts.data_plane.clone();
+    // The --config file's line (a PROBLEM while a new content of it is refused).
+    let data_plane = match (data_plane, config_probe) {
+        (Some(probe), Some(config)) => Some(Arc::new(move || {
+            let mut lines = probe();
+            lines.extend(config());
+            lines
+        }) as kpng_runner::admin::DataPlaneProbe),
+        (probe, config) => probe.or(config),
+    };
     let handle = match data_plane {
         Some(probe) => handle.with_data_plane_probe(probe),
         None => handle,

@@ -248,16 +248,40 @@ fn config_file_and_flags_make_the_written_configuration() {
         ) && warnings[0].ends_with(": --sync-period/--iptables-sync-period (iptables.syncPeriod)"),
         "{stderr}"
     );
-    // Where the command line chooses (a subcommand), the note would only be noise.
-    let quiet = Command::new(env!("CARGO_BIN_EXE_kpng"))
-        .args(["--config", fixture, "--write-config-to", "-", "version"])
+    // Where the command line chooses (a subcommand), the note would only be noise; the
+    // pre-flight check of kube-proxy's line (`--write-config-to - version`) says it, as that
+    // line's start does.
+    for (args, noted) in [
+        (&["version"][..], false),
+        (&["--write-config-to", "-", "version"][..], true),
+    ] {
+        let quiet = Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .args(["--config", fixture])
+            .args(args)
+            .output()
+            .expect("run kpng");
+        let said = String::from_utf8_lossy(&quiet.stderr);
+        assert!(
+            quiet.status.success()
+                && said.contains("mode is empty") == noted
+                && !said.contains("WARN"),
+            "{args:?}: {said}"
+        );
+    }
+    // A flag beside the file meets the file's checks: --write-config-to never writes a file
+    // --config refuses.
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["--config", fixture, "--write-config-to", "-"])
+        .args(["--min-sync-period", "1m"])
         .output()
         .expect("run kpng");
-    let said = String::from_utf8_lossy(&quiet.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        quiet.status.success() && !said.contains("mode is empty") && !said.contains("WARN"),
-        "{said}"
+        stderr.contains("--min-sync-period (1m0s) must not exceed --sync-period (30s)"),
+        "{stderr}"
     );
+    assert!(out.stdout.is_empty(), "nothing written: {stderr}");
     for line in [
         "clusterCIDR: 10.244.0.0/16",
         "  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf",
@@ -441,6 +465,44 @@ fn proxy_modes_choose_the_backend_or_say_what_to_use() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("\"ipvs\" is not supported"), "{stderr}");
+    // docs/deploy.md's pre-flight check (`--write-config-to - version`) fails where the
+    // DaemonSet's kube-proxy line would: the mode of the flag or of the file, refused or
+    // misspelt; `version` alone still only warns.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (mode, said) in [
+        ("ipvs", "\"ipvs\" is not supported"),
+        ("nftable", "nftable"),
+    ] {
+        let file = dir.path().join(format!("{mode}.conf"));
+        std::fs::write(
+            &file,
+            format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n"),
+        )
+        .expect("write");
+        for (args, code) in [
+            (vec!["--write-config-to", "-", "version"], Some(1)),
+            (vec![], Some(1)),
+            (vec!["version"], Some(0)),
+        ] {
+            let out = kpng()
+                .arg("--config")
+                .arg(&file)
+                .args(&args)
+                .args(["--metrics-bind-address", "", "--healthz-bind-address", ""])
+                .args(["--admin-socket", ""])
+                .output()
+                .expect("run kpng");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), code, "{mode} {args:?}: {stderr}");
+            assert!(stderr.contains(said), "{mode} {args:?}: {stderr}");
+        }
+    }
+    let out = kpng()
+        .args(["--proxy-mode", "ipvs", "--write-config-to", "-", "version"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     // A mode that contradicts the subcommand's backend.
     let out = kpng()
         .args(["--proxy-mode", "iptables", "file", "--input", "/dev/null"])
@@ -1797,4 +1859,229 @@ fn the_metrics_port_answers_the_health_servers_probes() {
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
         assert!(json.is_object(), "{path}: {body}");
     }
+}
+
+/// A DaemonSet's `env` set to nothing (an empty `$(VAR)`, a blank ConfigMap key) is as if
+/// unset; a bad value names its variable, which the operator finds in the Pod's `env`
+/// rather than in its `args`.
+#[test]
+fn empty_environment_variables_are_unset_and_bad_ones_are_named() {
+    let ebpf = ["--write-config-to", "-", "file", "--input", "/dev/null"];
+    for (var, value, code, said) in [
+        ("KPNG_BPF_PIN_PATH", "", Some(0), ""),
+        ("KPNG_SOCKET_LB_HOST_NETNS_ONLY", "", Some(0), ""),
+        ("KPNG_CGROUP_PATH", " ", Some(0), ""),
+        (
+            "KPNG_SOCKET_LB_HOST_NETNS_ONLY",
+            "maybe",
+            Some(2),
+            "hint: the value comes from the environment variable \
+             KPNG_SOCKET_LB_HOST_NETNS_ONLY",
+        ),
+    ] {
+        let out = kpng()
+            .args(ebpf)
+            .args(["to-local", "ebpf"])
+            .env(var, value)
+            .output()
+            .expect("run kpng");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), code, "{var}={value:?}: {stderr}");
+        assert!(stderr.contains(said), "{var}={value:?}: {stderr}");
+    }
+    // On the command line, the flag is the one named: no hint about a variable.
+    let out = kpng()
+        .args(ebpf)
+        .args(["to-local", "ebpf", "--socket-lb-host-netns-only=maybe"])
+        .env("KPNG_SOCKET_LB_HOST_NETNS_ONLY", "true")
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("environment variable"), "{stderr}");
+    let out = kpng()
+        .args(["--write-config-to", "-"])
+        .env("KPNG_NODE_NAME", "Node_1")
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the node name \"Node_1\" (the KPNG_NODE_NAME environment variable)"),
+        "{stderr}"
+    );
+}
+
+/// The `--config` file of a running kpng, mounted as the kubelet mounts a ConfigMap
+/// (`config.conf -> ..data/config.conf`, `..data -> ..<version>`) and updated by its swap of
+/// `..data`: a new content kpng cannot use is refused loudly while kpng runs on (an ERROR
+/// naming the field, a `kpng status` PROBLEM, the gauge), and a valid one ends kpng (status 1,
+/// as kube-proxy) so that its restart applies it. kpng ignored both until 2026-12-07.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_changed_config_file_ends_kpng_when_valid_and_is_refused_loudly_when_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mount = dir.path().join("mount");
+    std::fs::create_dir(&mount).expect("mkdir");
+    let version = |n: u32, body: &str| {
+        let data = mount.join(format!("..v{n}"));
+        std::fs::create_dir(&data).expect("mkdir");
+        std::fs::write(
+            data.join("config.conf"),
+            format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"
+            ),
+        )
+        .expect("write");
+        // The kubelet's atomic swap: a new link renamed over `..data`.
+        let tmp = mount.join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..v{n}"), &tmp).expect("symlink");
+        std::fs::rename(&tmp, mount.join("..data")).expect("rename");
+    };
+    version(1, "clusterCIDR: 10.244.0.0/16\n");
+    let config = mount.join("config.conf");
+    std::os::unix::fs::symlink("..data/config.conf", &config).expect("symlink");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
+    let output = dir.path().join("out.yaml");
+    let admin = dir.path().join("admin.sock");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut running = Kpng::start(
+        kpng()
+            .arg("--config")
+            .arg(&config)
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--healthz-bind-address", "127.0.0.1:0"])
+            .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
+            .arg("--admin-socket")
+            .arg(&admin)
+            .args(["--min-sync-period", "0", "to-file", "--output"])
+            .arg(&output),
+    );
+    running.wait("the first sync", &output, |out, err| {
+        out.contains("10.96.0.1") && err.contains(" synced")
+    });
+    let gauge = || {
+        http_get(port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("kpng_config_file_rejected "))
+            .map(str::to_string)
+    };
+    assert_eq!(gauge().as_deref(), Some("kpng_config_file_rejected 0"));
+
+    // A bad merge: kpng runs on, and says so where the operator looks.
+    version(
+        2,
+        "clusterCIDR: 10.244.0.0/16\nconntrack:\n  maxPerCore: -1\n",
+    );
+    running.wait("the refusal", &output, |_, err| {
+        err.contains(" ERROR ")
+            && err.contains("changed but cannot be used")
+            && err.contains("field conntrack.maxPerCore: -1 is negative")
+    });
+    let status = kpng()
+        .args(["status", "--admin-socket"])
+        .arg(&admin)
+        .output()
+        .expect("kpng status");
+    let said = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        said.contains("--config: ")
+            && said.contains("(changed, refused); PROBLEM: the file changed but cannot be used")
+            && said.contains("conntrack.maxPerCore"),
+        "{said}"
+    );
+    assert_eq!(gauge().as_deref(), Some("kpng_config_file_rejected 1"));
+    std::fs::write(&input, service("10.96.0.2", 80)).expect("write");
+    running.wait("kpng still follows its input", &output, |out, _| {
+        out.contains("10.96.0.2")
+    });
+
+    // A valid new content: kpng ends so that its restart applies it.
+    version(3, "clusterCIDR: 10.245.0.0/16\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = running.child.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kpng did not end:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = running.stderr();
+    assert_eq!(exit.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("changed: ending so that the restart applies it"),
+        "{stderr}"
+    );
+    assert!(!admin.exists(), "the admin socket is removed at the end");
+}
+
+/// `--strict-config`: a CI check of a ConfigMap fails (status 1) on what only warns at a
+/// start (a field kpng does not know, a setting it ignores); without it, or on a clean
+/// file, it passes. And with `--logging-format json` on the line, a refused file is said
+/// in JSON, which a log pipeline parsing JSON keeps (it was a plain `kpng: …` line).
+#[test]
+fn strict_config_fails_on_a_warning_and_a_refused_file_is_said_in_the_log_format() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = |name: &str, body: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n{body}"),
+        )
+        .expect("write");
+        path
+    };
+    let typo = file("typo.conf", "clusterCDIR: 10.244.0.0/16\n");
+    let clean = file("clean.conf", "clusterCIDR: 10.244.0.0/16\n");
+    for (path, strict, code) in [
+        (&typo, true, Some(1)),
+        (&typo, false, Some(0)),
+        (&clean, true, Some(0)),
+    ] {
+        let mut cmd = kpng();
+        cmd.arg("--config").arg(path);
+        if strict {
+            cmd.arg("--strict-config");
+        }
+        let out = cmd
+            .args(["--write-config-to", "-", "version"])
+            .output()
+            .expect("run kpng");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), code, "{path:?} {strict}: {stderr}");
+        if code == Some(1) {
+            assert!(
+                stderr.contains("clusterCDIR") && stderr.contains("--strict-config: 1 warning"),
+                "{stderr}"
+            );
+            assert!(out.stdout.is_empty(), "nothing written");
+        }
+    }
+    let bad = file("bad.conf", "nftables:\n  masqueradeBit: 40\n");
+    let out = kpng()
+        .args(["--logging-format", "json", "--config"])
+        .arg(&bad)
+        .args(["--write-config-to", "-"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line: serde_json::Value = serde_json::from_str(stderr.trim())
+        .unwrap_or_else(|e| panic!("not one JSON line ({e}): {stderr}"));
+    assert!(
+        line.to_string()
+            .contains("field nftables.masqueradeBit: 40 is not in 0-31"),
+        "{line}"
+    );
 }

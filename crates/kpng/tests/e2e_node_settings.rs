@@ -515,3 +515,101 @@ fn a_route_localnet_that_cannot_be_set_is_said_by_status_and_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// kube-proxy's line (`--config` alone choosing the nftables backend) in its own network
+/// namespace, its file updated as a ConfigMap mount is (the kubelet's swap of `..data`): a
+/// content kpng cannot use is refused while it runs on, shown by `kpng status` as a
+/// `--config` problem; a valid one ends kpng with status 1 (as kube-proxy) and leaves its
+/// rules in place for the restart to adopt. Until 2026-12-07 kpng ignored the change.
+#[test]
+fn a_changed_config_file_is_refused_or_ends_kpng_leaving_its_rules() {
+    require_root!();
+    let ns = Netns::new("cfgwatch").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mount = dir.path().join("mount");
+    std::fs::create_dir(&mount).expect("mkdir");
+    let version = |n: u32, body: &str| {
+        let data = mount.join(format!("..v{n}"));
+        std::fs::create_dir(&data).expect("mkdir");
+        std::fs::write(
+            data.join("config.conf"),
+            format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                 mode: nftables\nhostnameOverride: node1\nmetricsBindAddress: \"\"\n\
+                 healthzBindAddress: 127.0.0.1:10256\nconntrack:\n  maxPerCore: 0\n{body}"
+            ),
+        )
+        .expect("write");
+        let tmp = mount.join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..v{n}"), &tmp).expect("symlink");
+        std::fs::rename(&tmp, mount.join("..data")).expect("rename");
+    };
+    version(1, "clusterCIDR: 10.244.0.0/16\n");
+    let config = mount.join("config.conf");
+    std::os::unix::fs::symlink("..data/config.conf", &config).expect("symlink");
+    let admin = dir.path().join("admin.sock");
+    // kube-proxy's line reads the API server; this one reads the example cluster instead
+    // (`file … to-local nft`), the same proxy loop.
+    let input = example();
+    let mut kpng = ns
+        .spawn([
+            KPNG,
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--metrics-bind-address=",
+            "--admin-socket",
+            admin.to_str().expect("utf-8"),
+            "file",
+            "--input",
+            &input,
+            "to-local",
+            "nft",
+        ])
+        .expect("kpng");
+    wait_status(&admin, &kpng, "the first sync", |json, _| {
+        json["lastSuccessfulSync"].is_string()
+    });
+    version(
+        2,
+        "clusterCIDR: 10.244.0.0/16\nnftables:\n  masqueradeBit: 40\n",
+    );
+    let (json, text) = wait_status(&admin, &kpng, "the refusal", |json, _| {
+        line(json, "--config").is_some_and(|l| l["problem"].is_string())
+    });
+    let problem = line(&json, "--config").expect("--config")["problem"].clone();
+    assert!(
+        problem
+            .as_str()
+            .is_some_and(|p| p.contains("field nftables.masqueradeBit: 40 is not in 0-31")),
+        "{problem}"
+    );
+    assert!(text.contains("(changed, refused); PROBLEM: "), "{text}");
+    assert!(
+        kpng.stderr_text().contains(" ERROR ")
+            && kpng.stderr_text().contains("changed but cannot be used"),
+        "{}",
+        kpng.stderr_text()
+    );
+    version(3, "clusterCIDR: 10.245.0.0/16\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = kpng.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kpng did not end:\n{}",
+            kpng.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = kpng.stderr_text();
+    assert_eq!(exit.code(), Some(1), "{log}");
+    assert!(
+        log.contains("changed: ending so that the restart applies it"),
+        "{log}"
+    );
+    // The rules stay for the restart to adopt.
+    let tables = ns.nft("list tables").expect("nft");
+    assert!(tables.contains("kpng"), "{tables}");
+}

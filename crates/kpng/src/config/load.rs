@@ -290,7 +290,10 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
 fn in_words(message: &str) -> String {
     let mut out = message.to_string();
     for (rust, words) in [
-        ("expected i32", "expected an integer"),
+        (
+            "expected i32",
+            "expected an integer from -2147483648 to 2147483647",
+        ),
         ("expected i64", "expected an integer"),
         ("expected u32", "expected a whole number"),
         ("expected u64", "expected a whole number"),

@@ -13,8 +13,10 @@
 //!   only when it differs from its zero value or kube-proxy's default, so that a stock kubeadm
 //!   file loads silently.
 //! - **no effect**: fields that change nothing observable in kpng are accepted silently
-//!   (`clientConnection.contentType`: kpng speaks JSON; `bindAddressHardFail`: kpng always stops
-//!   when it cannot bind; `logging.flushFrequency` and `logging.options`).
+//!   (`clientConnection.contentType`: kpng speaks JSON; `bindAddressHardFail`: kpng decides by
+//!   the cause whatever the value, stopping when another process holds its port and retrying
+//!   an address the node lacks every 5 s (`crate::listen`); `logging.flushFrequency` and
+//!   `logging.options`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -397,8 +399,14 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
     let count = |field: &str, value: Option<i32>, default: u64| -> anyhow::Result<u64> {
         match value {
             None => Ok(default),
-            Some(n) => u64::try_from(n)
-                .with_context(|| format!("field conntrack.{field}: {n} is negative")),
+            // The conversion's own error ("out of range integral type conversion
+            // attempted") says nothing an operator can use: the field and its range do.
+            Some(n) => u64::try_from(n).map_err(|_| {
+                anyhow::anyhow!(
+                    "field conntrack.{field}: {n} is negative (0 to 2147483647; 0 leaves the \
+                     sysctl to the node)"
+                )
+            }),
         }
     };
     let client = &config.client_connection;

@@ -504,7 +504,11 @@ fn bad_values_are_errors_naming_the_field() {
         ),
         (
             "conntrack:\n  maxPerCore: -1\n",
-            "field conntrack.maxPerCore: -1 is negative",
+            "field conntrack.maxPerCore: -1 is negative (0 to 2147483647; 0 leaves the sysctl to the node)",
+        ),
+        (
+            "conntrack:\n  maxPerCore: 4000000000\n",
+            "field conntrack.maxPerCore: invalid value: integer `4000000000`, expected an integer from -2147483648 to 2147483647",
         ),
         (
             "conntrack:\n  udpTimeout: 5\n",
@@ -538,6 +542,8 @@ fn bad_values_are_errors_naming_the_field() {
     for (body, want) in cases {
         let err = format!("{:#}", from_text(&doc(body)).expect_err(body));
         assert!(err.contains(want), "{body:?}:\n  got  {err}\n  want {want}");
+        // Rust's own words for a failed conversion tell an operator nothing.
+        assert!(!err.contains("integral type"), "{body:?}: {err}");
     }
     for (text, want) in [
         (
@@ -1630,4 +1636,59 @@ fn the_health_server_is_turned_off_as_in_kube_proxy() {
             "{what}"
         );
     }
+}
+
+/// A conntrack timeout the kernel's sysctl cannot hold is refused at once, naming the flag
+/// and the field, from the file or the line (a dry run says it too): it was a warning
+/// without either once kpng ran.
+#[test]
+fn conntrack_timeouts_beyond_the_kernels_range_are_refused_with_their_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    std::fs::write(
+        &path,
+        doc("conntrack:\n  tcpEstablishedTimeout: 1000000h\n"),
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    let err = format!(
+        "{:#}",
+        run_cli(&["kpng", "--config", path, "version"]).unwrap_err()
+    );
+    assert_eq!(
+        err,
+        "--conntrack-tcp-timeout-established (conntrack.tcpEstablishedTimeout): 1000000h0m0s \
+         is more than the kernel's conntrack timeouts hold (0 to 596h31m23s; 0 leaves the \
+         sysctl to the node)"
+    );
+    let err = format!(
+        "{:#}",
+        run_cli(&["kpng", "--conntrack-udp-timeout", "900h", "version"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with("--conntrack-udp-timeout (conntrack.udpTimeout): 900h0m0s is more"),
+        "{err}"
+    );
+    run_cli(&["kpng", "--conntrack-udp-timeout", "596h31m23s", "version"]).unwrap();
+}
+
+/// kube-proxy checks minSyncPeriod ≤ syncPeriod whoever gave them: a flag beside the file
+/// (or alone) too, so `--write-config-to` never writes a file `--config` refuses.
+#[test]
+fn the_sync_periods_are_checked_after_the_flags_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    std::fs::write(&path, doc("iptables:\n  syncPeriod: 10s\n")).unwrap();
+    let path = path.to_str().unwrap();
+    for args in [
+        &["kpng", "--config", path, "--min-sync-period", "20s"][..],
+        &["kpng", "--min-sync-period", "20s", "--sync-period", "10s"][..],
+    ] {
+        let err = format!("{:#}", run_cli(args).unwrap_err());
+        assert!(
+            err.starts_with("--min-sync-period (20s) must not exceed --sync-period (10s)"),
+            "{args:?}: {err}"
+        );
+    }
+    run_cli(&["kpng", "--config", path, "--min-sync-period", "10s"]).unwrap();
 }
