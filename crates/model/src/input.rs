@@ -217,6 +217,21 @@ impl InputHealth {
         self.lock().last_good = Some(at);
     }
 
+    /// The input is known current at `at` without a new load (a watch streaming from a
+    /// reachable API server): moves "last good input" if it loaded before and has no problem
+    /// now. Returns whether it moved.
+    pub fn still_good(&self, at: SystemTime) -> bool {
+        if self.0.problems.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        let mut state = self.lock();
+        if state.last_good.is_none() || !state.problems.is_empty() {
+            return false;
+        }
+        state.last_good = Some(at);
+        true
+    }
+
     /// A node fed by a brain: what the brain now reports about its own input (`None`: it
     /// reports nothing).
     pub fn set_brain_report(&self, report: Option<BrainReport>) {
@@ -263,6 +278,40 @@ pub fn lasted(since: SystemTime, until: SystemTime) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// "Last good input" moves on a still-current input only if it loaded before (a first
+    /// list not yet done is not good) and nothing is wrong now.
+    #[test]
+    fn still_good_moves_the_last_good_time_only_after_a_load_and_without_a_problem() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let later = t0 + Duration::from_secs(60);
+        // (case, loaded at t0?, a problem now?, moved?)
+        let cases = [
+            ("never loaded", false, false, false),
+            ("loaded, a problem now", true, true, false),
+            ("loaded, nothing wrong", true, false, true),
+        ];
+        for (case, loaded, problem, moved) in cases {
+            let health = InputHealth::new("kube https://10.0.0.1:6443/");
+            if loaded {
+                health.loaded(t0, Some("3 objects".into()));
+            }
+            if problem {
+                health.failing("Service watch", "refused", t0);
+            }
+            assert_eq!(health.still_good(later), moved, "{case}");
+            let state = health.state();
+            let want = match (loaded, moved) {
+                (false, _) => None,
+                (true, false) => Some(t0),
+                (true, true) => Some(later),
+            };
+            assert_eq!(state.last_good, want, "{case}");
+            if loaded {
+                assert_eq!(state.detail.as_deref(), Some("3 objects"), "{case}: kept");
+            }
+        }
+    }
 
     #[test]
     fn a_problem_keeps_its_start_until_it_is_over() {

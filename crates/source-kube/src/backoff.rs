@@ -10,18 +10,30 @@
 //! A request cancelled because the outage it was sent into ended
 //! ([`crate::reachability::Superseded`]) is made again at once: the server is back, and the
 //! point of cancelling it was not to wait.
+//!
+//! A watcher waiting out its delay when the API server is reachable again (an answer ends
+//! the outage, see [`crate::reachability`]) retries within [`RECOVERY_JITTER`] instead: after
+//! an outage of a minute the delay had grown to 15–30 s, and convergence waited for it while
+//! everything said the server was back. The jitter keeps a cluster's nodes from retrying all
+//! at once. A delay is never shorter than the `Retry-After` the server last asked for.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
+use futures::future::BoxFuture;
 use kube::runtime::watcher;
+
+use crate::reachability::Reachability;
 
 /// First delay after an error.
 pub const MIN: Duration = Duration::from_millis(800);
 /// Longest delay.
 pub const MAX: Duration = Duration::from_secs(30);
+/// The longest wait, once the API server is reachable again, of a watcher that was waiting
+/// out its delay (drawn from [0, this]).
+pub const RECOVERY_JITTER: Duration = Duration::from_millis(500);
 
 /// Exponential delays with jitter (xorshift: no dependency, and the spread, not its quality,
 /// is what matters).
@@ -60,6 +72,15 @@ impl Delays {
         let half = d / 2;
         let spread = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
         half + Duration::from_nanos(self.rng % spread)
+    }
+
+    /// A delay drawn from [0, `max`] (the wait after a recovery).
+    pub fn jitter(&mut self, max: Duration) -> Duration {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let spread = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Duration::from_nanos(self.rng % spread)
     }
 
     /// After real progress: start again from [`MIN`].
@@ -108,11 +129,17 @@ pub fn superseded(error: &watcher::Error) -> bool {
 }
 
 /// A watcher stream with [`Delays`] after each error: the error is yielded at once, and the
-/// watcher is polled again only after the delay.
+/// watcher is polled again only after the delay (cut short when the API server is reachable
+/// again).
 pub struct Backoff<S> {
     inner: S,
     delays: Delays,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The client's reachability: its recoveries cut a delay short, its `Retry-After`
+    /// lengthens one (`None`: neither).
+    reachability: Option<Reachability>,
+    /// Resolves when an outage ends during the current delay.
+    recovered: Option<BoxFuture<'static, ()>>,
 }
 
 impl<S> Backoff<S> {
@@ -122,7 +149,41 @@ impl<S> Backoff<S> {
             inner,
             delays: Delays::new(seed),
             sleep: None,
+            reachability: None,
+            recovered: None,
         }
+    }
+
+    /// Delays from `first` doubling to `longest` instead of [`MIN`] to [`MAX`].
+    pub fn with_delays(mut self, first: Duration, longest: Duration) -> Backoff<S> {
+        self.delays = Delays::between(first, longest, self.delays.rng);
+        self
+    }
+
+    /// Follows `reachability` (the client's): a delay ends soon after the server is
+    /// reachable again, and lasts at least the `Retry-After` it asked for.
+    pub fn with_reachability(mut self, reachability: Option<Reachability>) -> Backoff<S> {
+        self.reachability = reachability;
+        self
+    }
+
+    /// Starts the delay after an error.
+    fn start_delay(&mut self) {
+        let mut delay = self.delays.next_delay();
+        if let Some(r) = &self.reachability {
+            if let Some(asked) = r.retry_after() {
+                delay = delay.max(asked);
+            }
+            // Subscribed now: only an outage that ends from here on cuts this delay short.
+            let mut rx = r.recoveries.subscribe();
+            self.recovered = Some(Box::pin(async move {
+                if rx.changed().await.is_err() {
+                    // The client is gone: no outage will end.
+                    std::future::pending::<()>().await;
+                }
+            }));
+        }
+        self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
     }
 }
 
@@ -133,11 +194,27 @@ where
     type Item = S::Item;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        if let Some(sleep) = self.sleep.as_mut() {
-            if sleep.as_mut().poll(cx).is_pending() {
+        if self.sleep.is_some() {
+            if let Some(recovered) = self.recovered.as_mut()
+                && recovered.as_mut().poll(cx).is_ready()
+            {
+                // Reachable again: retry soon, not at the end of a delay grown long.
+                self.recovered = None;
+                let soon = self.delays.jitter(RECOVERY_JITTER);
+                let deadline = tokio::time::Instant::now() + soon;
+                if let Some(sleep) = self.sleep.as_mut()
+                    && sleep.deadline() > deadline
+                {
+                    sleep.as_mut().reset(deadline);
+                }
+            }
+            if let Some(sleep) = self.sleep.as_mut()
+                && sleep.as_mut().poll(cx).is_pending()
+            {
                 return Poll::Pending;
             }
             self.sleep = None;
+            self.recovered = None;
         }
         let item = match Pin::new(&mut self.inner).poll_next(cx) {
             Poll::Ready(Some(item)) => item,
@@ -146,8 +223,7 @@ where
         if let Err(e) = &item
             && !superseded(e)
         {
-            let delay = self.delays.next_delay();
-            self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
+            self.start_delay();
         } else if progress(&item) {
             self.delays.reset();
         }

@@ -189,6 +189,13 @@ pub async fn connect(
     // Counted from each request sent, not from when its pooled connection went idle.
     config.read_timeout = Some(options.idle_timeout);
     config.reset_reader_on_write = true;
+    // No retries inside kube's stack: its default (`RetryPolicy::server_retry`, up to 15
+    // attempts with delays doubling to minutes on 429, 503 and 504) sits below kpng's layers,
+    // so a sustained 503 stalled the node for minutes with no warning, no `kpng status`
+    // problem and no `rest_client_requests_total{code="503"}`. Every attempt now passes
+    // through the reachability and metrics layers; the watchers' backoff (which honours
+    // `Retry-After`) makes them again.
+    config.default_retry = false;
     // Named in logs, `kpng status` and metrics: never with a password from `--master`.
     let server = without_credentials(&config.cluster_url.to_string());
     // client-go's `host` label: the URL's host and port, not the whole URL.

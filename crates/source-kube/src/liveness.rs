@@ -44,6 +44,10 @@ use crate::reachability::{Reachability, Superseded};
 /// no idle timeout is set: client-go's HTTP/2 `ReadIdleTimeout`.
 pub const PROBE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How often a streaming read moves "last good input" at most (a watch's every event would
+/// take the input record's lock).
+pub const GOOD_MARKED_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The first delay between probes during an outage (doubling, with jitter).
 const PROBE_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -150,6 +154,9 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 this.last = Instant::now();
                 this.tracker.heard();
+                if this.open.is_some() {
+                    this.tracker.read_progressed();
+                }
                 return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
@@ -200,6 +207,28 @@ impl Reachability {
         self.streams().heard = Instant::now();
     }
 
+    /// A read's body received bytes (a watch event, a bookmark, a list page): while the
+    /// server is reachable, the input is current, so "last good input"
+    /// (`kpng_input_last_good_timestamp_seconds`) moves, at most every
+    /// [`GOOD_MARKED_EVERY`]. It moved only on a completed list, so a healthy node that
+    /// kept watching showed its start time, and an alert on its age fired on healthy nodes.
+    pub(crate) fn read_progressed(&self) {
+        let now = Instant::now();
+        {
+            let mut streams = self.streams();
+            if streams
+                .good_marked
+                .is_some_and(|at| now.duration_since(at) < GOOD_MARKED_EVERY)
+            {
+                return;
+            }
+            streams.good_marked = Some(now);
+        }
+        if !self.is_down() {
+            self.health.still_good(std::time::SystemTime::now());
+        }
+    }
+
     /// How long the client may hear nothing before it probes: a third of the idle timeout
     /// (a hang is noticed well before a silent connection runs into it), [`PROBE_AFTER`]
     /// without one.
@@ -234,10 +263,13 @@ impl Reachability {
                         let streams = self.streams();
                         (streams.open, streams.heard)
                     };
-                    if open == 0 {
+                    let down = self.is_down();
+                    // During an outage even without an open read (every watch failed, each
+                    // waiting out its backoff): the probe's answer ends it, and they retry.
+                    if open == 0 && !down {
                         continue;
                     }
-                    if self.is_down() {
+                    if down {
                         if now >= next_retry {
                             probes.push(self.probe(client.clone(), silence));
                             next_retry = now + delays.next_delay();
@@ -272,7 +304,37 @@ impl Reachability {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kpng_model::input::InputHealth;
     use std::time::Duration;
+
+    /// A streaming read moves "last good input" while the server is reachable, at most every
+    /// [`GOOD_MARKED_EVERY`]; during an outage it does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_streaming_read_moves_the_last_good_time_rate_limited() {
+        let health = InputHealth::default();
+        let r = Reachability::new("http://127.0.0.1:1").with_health(health.clone());
+        let listed = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        health.loaded(listed, None);
+        let last = || health.state().last_good.expect("loaded");
+        r.read_progressed();
+        let first = last();
+        assert!(first > listed, "moved by the watch");
+        // Within the interval: not moved (the clock it writes is the system's).
+        health.loaded(listed, None);
+        tokio::time::advance(GOOD_MARKED_EVERY / 2).await;
+        r.read_progressed();
+        assert_eq!(last(), listed, "rate limited");
+        tokio::time::advance(GOOD_MARKED_EVERY).await;
+        assert!(r.failed(&"refused"));
+        r.read_progressed();
+        assert_eq!(last(), listed, "not during an outage");
+        assert!(r.answered().is_some());
+        assert!(last() > listed, "reachable again moves it");
+        health.loaded(listed, None);
+        tokio::time::advance(GOOD_MARKED_EVERY).await;
+        r.read_progressed();
+        assert!(last() > listed, "moved again after the interval");
+    }
 
     /// A body fed by the test, one frame per message.
     struct Fed(tokio::sync::mpsc::UnboundedReceiver<&'static str>);

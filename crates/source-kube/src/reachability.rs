@@ -1,9 +1,12 @@
 //! Whether the API server answers, logged once per outage rather than once per attempt.
 //!
-//! Every request of the client passes through [`ReachabilityLayer`]: a connection error or a
-//! 5xx answer while the server was reachable logs one warning; further failures are debug
-//! lines; the first good answer after that logs how long the outage lasted. Watchers retry
-//! on their own with backoff and jitter; the programmed rules stay untouched meanwhile.
+//! Every request of the client passes through [`ReachabilityLayer`]: a connection error, a
+//! 5xx or a 429 answer while the server was reachable logs one warning (and is the input's
+//! `API server` problem in `kpng status`); further failures are debug lines; the first good
+//! answer after that logs how long the outage lasted. Watchers retry on their own with
+//! backoff and jitter (at least the `Retry-After` a 429 or 503 asked for), and a watcher
+//! waiting out its backoff retries soon after the outage ends; the programmed rules stay
+//! untouched meanwhile.
 //!
 //! A request still waiting for its answer's headers when the outage ends is one sent to the
 //! hung or dead server (a stall, a connection that went silent): it would wait for the idle
@@ -45,7 +48,7 @@ pub struct Reachability {
     pub(crate) server: Arc<str>,
     state: Arc<Mutex<State>>,
     /// Where an outage is recorded for `kpng status`, as it begins and ends.
-    health: InputHealth,
+    pub(crate) health: InputHealth,
     /// The client's idle timeout (`--kube-api-idle-timeout`), named when a request ran into
     /// it: "timed out" alone does not tell a hung server from a slow network.
     pub(crate) idle_timeout: Option<std::time::Duration>,
@@ -65,6 +68,8 @@ pub(crate) struct Streams {
     pub(crate) open: usize,
     /// When the last answer's headers or body bytes arrived, from any request.
     pub(crate) heard: Instant,
+    /// When a read's bytes last moved "last good input" (see `Reachability::read_progressed`).
+    pub(crate) good_marked: Option<Instant>,
 }
 
 /// How long a GET sent while the API server is unreachable waits for its answer's headers
@@ -90,7 +95,12 @@ pub struct NoAnswerDuringOutage(std::time::Duration);
 #[derive(Debug, Default)]
 struct State {
     down_since: Option<Instant>,
+    /// When the server was last heard from before the outage began (an outage is detected
+    /// only after a hang's probe or idle timeout): named when it ends.
+    silent_since: Option<Instant>,
     failures: u64,
+    /// Until when the server asked not to be asked again (`Retry-After` of a 429 or 503).
+    retry_after: Option<Instant>,
 }
 
 impl Reachability {
@@ -105,6 +115,7 @@ impl Reachability {
             streams: Arc::new(Mutex::new(Streams {
                 open: 0,
                 heard: Instant::now(),
+                good_marked: None,
             })),
         }
     }
@@ -140,6 +151,8 @@ impl Reachability {
     /// A request failed to reach the server (or the server failed it). Returns whether this
     /// failure began an outage (and was therefore logged as a warning).
     pub fn failed(&self, why: &dyn Display) -> bool {
+        // Read before the state is locked (`heard` locks them in the other order).
+        let heard = self.streams().heard;
         let mut s = self.lock();
         s.failures += 1;
         // Recorded before it is logged: whoever reads the warning and then asks `kpng status`
@@ -148,6 +161,7 @@ impl Reachability {
         self.record(why);
         if s.down_since.is_none() {
             s.down_since = Some(Instant::now());
+            s.silent_since = Some(heard);
             warn!(
                 server = %self.server,
                 "API server unreachable: {why}; keeping the programmed rules, retrying with backoff"
@@ -159,6 +173,21 @@ impl Reachability {
         }
     }
 
+    /// The server answered with `Retry-After` (seconds, as the API server sends it):
+    /// watchers wait at least that long before their next attempt.
+    pub(crate) fn asked_to_wait(&self, wait: std::time::Duration) {
+        // Bounded: a bogus header must not park the watchers for hours.
+        let wait = wait.min(crate::backoff::MAX);
+        self.lock().retry_after = Some(Instant::now() + wait);
+    }
+
+    /// How much longer the server asked not to be asked again, if it did.
+    pub(crate) fn retry_after(&self) -> Option<std::time::Duration> {
+        let until = self.lock().retry_after?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
     /// A request got an answer. Returns how long the outage it ends lasted, if it ends one.
     pub fn answered(&self) -> Option<std::time::Duration> {
         self.answered_to(None)
@@ -168,6 +197,16 @@ impl Reachability {
     /// began (a watch whose headers arrive late, under load) says nothing about the server
     /// now: it neither ends the outage nor starts a second warning later.
     pub fn answered_to(&self, sent: Option<Instant>) -> Option<std::time::Duration> {
+        self.end_outage(sent).map(|(outage, _)| outage)
+    }
+
+    /// [`Reachability::answered_to`]; returns, for an outage it ends, how long ago it was
+    /// detected and how long nothing had come from the server (since before it was detected:
+    /// a hang is found only after a probe's silence or the idle timeout).
+    fn end_outage(
+        &self,
+        sent: Option<Instant>,
+    ) -> Option<(std::time::Duration, std::time::Duration)> {
         let mut s = self.lock();
         if let (Some(sent), Some(since)) = (sent, s.down_since)
             && sent < since
@@ -175,21 +214,32 @@ impl Reachability {
             return None;
         }
         let began = s.down_since.take();
+        let silent_since = s.silent_since.take();
+        s.retry_after = None;
         let outage = began.map(|since| since.elapsed());
+        let mut ended = None;
         if let Some(outage) = outage {
             self.health.recovered(API_SERVER);
+            // "Last good input" says when the input was last known current: now (if it
+            // loaded before and nothing else is wrong).
+            self.health.still_good(SystemTime::now());
             // Requests still waiting on the hung server are cancelled and made again, and
             // streams silent since the outage began are ended and resumed.
             self.recoveries.send_replace(began);
+            // Detected is not begun: a hang is found only after a probe's silence (30 s by
+            // default) or the idle timeout, so both are named.
+            let silent = silent_since.map_or(outage, |heard| heard.elapsed().max(outage));
             info!(
                 server = %self.server,
                 failed_requests = s.failures,
-                ?outage,
+                outage_since_detected = ?outage,
+                nothing_heard_for = ?silent,
                 "API server reachable again"
             );
+            ended = Some((outage, silent));
         }
         s.failures = 0;
-        outage
+        ended
     }
 }
 
@@ -221,6 +271,12 @@ fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
         cause = c.source();
     }
     false
+}
+
+/// Whether an answer with `status` means the server cannot serve kpng now: a 5xx, or a 429
+/// (overloaded: API Priority and Fairness rejects requests with it).
+fn failing(status: http::StatusCode) -> bool {
+    status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS
 }
 
 /// What an outage concerns, in `kpng status`.
@@ -313,8 +369,21 @@ where
                 tracker.heard();
             }
             match &result {
-                Ok(r) if r.status().is_server_error() => {
-                    tracker.failed(&r.status());
+                Ok(r) if failing(r.status()) => {
+                    let retry_after = r
+                        .headers()
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(std::time::Duration::from_secs);
+                    if let Some(wait) = retry_after {
+                        tracker.asked_to_wait(wait);
+                    }
+                    tracker.failed(&format_args!(
+                        "it answers {}{}",
+                        r.status(),
+                        retry_after.map_or(String::new(), |w| format!(" (Retry-After {w:?})"))
+                    ));
                 }
                 Ok(_) => {
                     tracker.answered_to(Some(sent));
@@ -352,6 +421,24 @@ mod tests {
         assert_eq!(r.answered(), Some(std::time::Duration::from_secs(7)));
         assert!(!r.is_down());
         assert!(r.failed(&"refused"), "a new outage warns again");
+    }
+
+    /// A hang is detected only after a silence: the end of the outage names both how long
+    /// ago it was detected and how long nothing came (the 61 s hang read "outage=28.8s").
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_an_outage_names_the_silence_before_it_was_detected() {
+        let s = std::time::Duration::from_secs;
+        let r = Reachability::new("http://127.0.0.1:1");
+        r.heard();
+        tokio::time::advance(s(35)).await;
+        assert!(r.failed(&"no answer to the probe"));
+        tokio::time::advance(s(26)).await;
+        assert_eq!(r.end_outage(None), Some((s(26), s(61))));
+        // A failure with no silence before it (a 503): both the same.
+        r.heard();
+        assert!(r.failed(&"it answers 503"));
+        tokio::time::advance(s(4)).await;
+        assert_eq!(r.end_outage(None), Some((s(4), s(4))));
     }
 
     #[tokio::test(start_paused = true)]

@@ -72,6 +72,8 @@ pub struct KubeSource {
     health: InputHealth,
     errors: SourceErrors,
     list_patience: std::time::Duration,
+    /// A watcher's first and longest delay after an error ([`crate::backoff`]).
+    retry_delays: (std::time::Duration, std::time::Duration),
     /// The client's reachability, probed while the source runs (`None`: no probe).
     reachability: Option<crate::reachability::Reachability>,
 }
@@ -124,7 +126,7 @@ fn translate<K: Resource + Convert>(event: watcher::Event<K>) -> Event {
 /// Kubernetes object outlives its event), errors followed by backoff with jitter (0.8 s
 /// doubling to 30 s, reset only by real progress: [`crate::backoff`]), bookmarks on
 /// (kube-runtime's default), a relist after `410 Gone`.
-fn watch<K>(api: Api<K>, config: watcher::Config) -> BoxStream<'static, Item>
+fn watch<K>(api: Api<K>, config: watcher::Config, source: &KubeSource) -> BoxStream<'static, Item>
 where
     K: Resource + Convert + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -132,12 +134,12 @@ where
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos() as u64 ^ (K::KIND as u64).rotate_left(17))
         .unwrap_or(1);
-    let items =
-        crate::backoff::Backoff::new(watcher::watcher(api, config).boxed(), seed).map(|result| {
-            Item {
-                kind: K::KIND,
-                result: result.map(translate),
-            }
+    let items = crate::backoff::Backoff::new(watcher::watcher(api, config).boxed(), seed)
+        .with_delays(source.retry_delays.0, source.retry_delays.1)
+        .with_reachability(source.reachability.clone())
+        .map(|result| Item {
+            kind: K::KIND,
+            result: result.map(translate),
         });
     on_own_task(items)
 }
@@ -458,7 +460,7 @@ impl ErrorLog {
             watcher::Error::InitialListFailed(kube::Error::Api(s))
             | watcher::Error::WatchStartFailed(kube::Error::Api(s))
             | watcher::Error::WatchFailed(kube::Error::Api(s))
-                if !(500..600).contains(&s.code) =>
+                if !(500..600).contains(&s.code) && s.code != 429 =>
             {
                 // 401: who kpng is was not accepted; 403: what it may read (RBAC).
                 let check = match s.code {
@@ -486,7 +488,7 @@ impl ErrorLog {
                 format!("{what}: the API server sent no resourceVersion; relisting")
             }
             other => {
-                // Connection problems and 5xx: the client's reachability layer logs the
+                // Connection problems, 5xx and 429: the client's reachability layer logs the
                 // outage once; each attempt is only a debug line.
                 debug!("{what} watch: {other}");
                 return;
@@ -532,6 +534,7 @@ impl KubeSource {
             health: InputHealth::default(),
             errors: SourceErrors::default(),
             list_patience: LIST_PATIENCE,
+            retry_delays: (crate::backoff::MIN, crate::backoff::MAX),
             reachability: None,
         }
     }
@@ -562,6 +565,17 @@ impl KubeSource {
         self
     }
 
+    /// A watcher's first and longest delay after an error (0.8 s doubling to 30 s unless
+    /// changed): tests make a delay long at once instead of failing for a minute first.
+    pub fn with_retry_delays(
+        mut self,
+        first: std::time::Duration,
+        longest: std::time::Duration,
+    ) -> KubeSource {
+        self.retry_delays = (first, longest.max(first));
+        self
+    }
+
     /// Records each watcher's problems (RBAC refusals, APIs not served, undecodable lists)
     /// and every completed list in `health`, for `kpng status`.
     pub fn with_health(mut self, health: InputHealth) -> KubeSource {
@@ -582,12 +596,14 @@ impl KubeSource {
             watch(
                 Api::<Slim<Service>>::all(self.client.clone()),
                 labelled.clone(),
+                self,
             ),
             watch(
                 Api::<Slim<EndpointSlice>>::all(self.client.clone()),
                 labelled,
+                self,
             ),
-            watch(Api::<Slim<Node>>::all(self.client.clone()), node),
+            watch(Api::<Slim<Node>>::all(self.client.clone()), node, self),
         ])
     }
 
@@ -644,6 +660,7 @@ impl KubeSource {
                         streams.push(watch(
                             Api::<ServiceCIDR>::all(self.client.clone()),
                             watcher::Config::default(),
+                            &self,
                         ));
                     } else {
                         info!("the API server serves no ServiceCIDRs: only --service-cidr ranges are dropped");

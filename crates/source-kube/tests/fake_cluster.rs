@@ -1026,3 +1026,178 @@ async fn a_list_outstanding_past_the_patience_is_shown_until_it_completes() {
         health.state().problems
     );
 }
+
+/// A source on a client from [`connect`] (probed, outages in `health`, requests counted in
+/// `metrics`), configured by `configure`.
+async fn run_connected(
+    server: &FakeApiServer,
+    health: &InputHealth,
+    metrics: &ClientMetrics,
+    configure: impl FnOnce(KubeSource) -> KubeSource,
+) -> Running {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&path).expect("kubeconfig");
+    let connection = connect(
+        &ClientOptions {
+            kubeconfig: Some(path),
+            ..ClientOptions::default()
+        },
+        metrics,
+        health,
+    )
+    .await
+    .expect("client");
+    let source = KubeSource::new(
+        connection.client,
+        SourceConfig {
+            node_name: Some("node1".into()),
+            service_proxy_name: None,
+        },
+    )
+    .with_reachability(connection.reachability)
+    .with_health(health.clone());
+    let source = configure(source);
+    let (tx, events) = mpsc::channel(64);
+    let logged = Logged::default();
+    Running {
+        events,
+        _task: tokio::spawn(source.run(tx).with_subscriber(logged.clone())),
+        logged,
+    }
+}
+
+/// `rest_client_requests_total` by code, as exported.
+fn requests_by_code(metrics: &ClientMetrics, code: &str) -> f64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("rest_client_requests_total{") && l.contains(&format!("code=\"{code}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A sustained 503 (or 429) from the API server is an outage like a refused connection: one
+/// warning, the `API server` problem in the record, every attempt counted by its code, and a
+/// Service created meanwhile arrives seconds after the 503s stop. kube's client retried them
+/// itself, below kpng's layers (up to 15 times, its delays doubling to minutes): nothing was
+/// logged, shown or counted, and the Service arrived long after.
+#[tokio::test]
+async fn a_sustained_503_is_warned_shown_counted_and_the_change_arrives_soon_after() {
+    for code in [503, 429] {
+        let server = FakeApiServer::start().expect("server");
+        cluster(&server);
+        let health = InputHealth::default();
+        let metrics = ClientMetrics::default();
+        let mut r = run_connected(&server, &health, &metrics, |source| source).await;
+        until(&mut r, list_done(&Kind::ALL)).await;
+
+        server.fail(code, 1_000_000).expect("fail");
+        // The watches' connections end: each watcher asks again, and gets the failure.
+        server.drop_watches();
+        server
+            .apply(service("new", "10.96.0.20", json!({})))
+            .expect("apply");
+        wait_for(
+            "the failures warned about, shown and counted",
+            || {
+                r.logged
+                    .any(&format!("WARN API server unreachable: it answers {code}"))
+                    && health.state().problems.contains_key("API server")
+                    && requests_by_code(&metrics, &code.to_string()) >= 3.0
+            },
+            || {
+                format!(
+                    "{code}: {:#?} {:?} {}",
+                    r.logged.lines(),
+                    health.state().problems,
+                    requests_by_code(&metrics, &code.to_string())
+                )
+            },
+        )
+        .await;
+        // Long enough for the watchers' delays to grow.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let warned = r
+            .logged
+            .lines()
+            .iter()
+            .filter(|l| l.starts_with("WARN") && !l.starts_with("WARN eof in poll"))
+            .count();
+        assert_eq!(
+            warned,
+            1,
+            "{code}: once, not per attempt: {:#?}",
+            r.logged.lines()
+        );
+        assert!(
+            r.events.try_recv().is_err(),
+            "{code}: nothing arrived meanwhile"
+        );
+        server.fail(code, 0).expect("stop failing");
+        let back = tokio::time::Instant::now();
+        let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
+        assert_eq!(names(&events, Kind::Service), ["new"], "{code}");
+        assert!(
+            back.elapsed() < Duration::from_secs(6),
+            "{code}: arrived {:?} after the failures stopped",
+            back.elapsed()
+        );
+        wait_for(
+            "the outage over in the record",
+            || health.state().problems.is_empty(),
+            || format!("{:?}", health.state().problems),
+        )
+        .await;
+    }
+}
+
+/// A watcher waiting out a long delay when the API server is reachable again retries within
+/// a second: the probe finds the server back and the change made meanwhile arrives seconds
+/// after it returns. (The delays are made 10–20 s at once here, as after an outage of a
+/// minute; they ran out first, so the change waited up to 30 s while everything said the
+/// server was back.)
+#[tokio::test]
+async fn watchers_waiting_out_a_long_delay_retry_soon_after_the_server_is_back() {
+    let mut server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let health = InputHealth::default();
+    let metrics = ClientMetrics::default();
+    let long = Duration::from_secs(20);
+    let mut r = run_connected(&server, &health, &metrics, |source| {
+        source.with_retry_delays(long, long)
+    })
+    .await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+    let listed = health.state().last_good.expect("listed");
+
+    server.stop();
+    wait_for(
+        "the outage",
+        || r.logged.any("WARN API server unreachable"),
+        || format!("{:#?}", r.logged.lines()),
+    )
+    .await;
+    // Every watcher has failed and waits 10–20 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.restart().expect("restart");
+    let back = tokio::time::Instant::now();
+    server.apply(slice("web", "10.244.1.7")).expect("apply");
+    let events = until(&mut r, |e| matches!(e, Event::Apply(_))).await;
+    let Some(Event::Apply(Object::EndpointSlice { slice, .. })) = events.last() else {
+        panic!("{events:#?}")
+    };
+    assert_eq!(slice.endpoints[0].ip.to_string(), "10.244.1.7");
+    assert!(
+        back.elapsed() < Duration::from_secs(7),
+        "arrived {:?} after the server was back",
+        back.elapsed()
+    );
+    // "Last good input" moved when the server was reachable again, without a new list.
+    let last_good = health.state().last_good.expect("still listed");
+    assert!(last_good > listed, "{last_good:?} after {listed:?}");
+}
