@@ -2658,7 +2658,11 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
     let missing: Vec<&String> = names
         .iter()
         // Exported only by a backend programming a Linux node (not this to-file node).
-        .filter(|n| !n.starts_with("kpng_conntrack_") && !n.ends_with("_previous_exit"))
+        .filter(|n| {
+            !n.starts_with("kpng_conntrack_")
+                && !n.starts_with("kpng_node_check_")
+                && !n.ends_with("_previous_exit")
+        })
         .filter(|n| !exported(n))
         .collect();
     assert!(
