@@ -1295,10 +1295,18 @@ impl<M: NodeModel> LoopState<M> {
         let outcome = self.runner.model.apply(input);
         let m = &self.runner.metrics;
         for w in &outcome.warnings {
+            // The object and field as fields, as rejection lines carry them: a JSON log is
+            // searched by them, not by the message.
+            let (kind, namespace, name, field) = (
+                w.object.kind.as_str(),
+                &*w.object.namespace,
+                &*w.object.name,
+                w.field.as_str(),
+            );
             if self.warnings.admit() {
-                warn!("{w}");
+                warn!(kind, namespace, name, field, "{w}");
             } else {
-                debug!("{w}");
+                debug!(kind, namespace, name, field, "{w}");
             }
         }
         // On a node fed by a brain, the brain rejects the objects: its count, as it reports it

@@ -201,12 +201,11 @@ impl DirState {
                     self.metrics
                         .health
                         .failing(&path.to_string_lossy(), &message, now);
-                } else if let Some(since) = self.metrics.health.recovered(&path.to_string_lossy())
-                {
+                } else if let Some(since) = self.metrics.health.recovered(&path.to_string_lossy()) {
                     // The last good version, read again: a read problem meanwhile is over.
                     // Nothing to load (the version is in use), so no other line says it.
                     let now = std::time::SystemTime::now();
-                    info!("{}", crate::metrics::problem_over(path, since, now));
+                    crate::metrics::log_problem_over(path, since, now);
                     self.metrics.health.good_again(now);
                 }
                 // Written again: what it lacks waits for a new quiet period.
@@ -244,7 +243,7 @@ impl DirState {
                 let still_held_back = was_held_back && loaded.ends_rejected();
                 if !still_held_back && let Some(since) = self.metrics.good_load(path) {
                     let now = std::time::SystemTime::now();
-                    info!("{}", crate::metrics::problem_over(path, since, now));
+                    crate::metrics::log_problem_over(path, since, now);
                 }
                 if !self.broken.is_empty() {
                     self.broken.remove(path.as_os_str());
@@ -282,7 +281,8 @@ impl DirState {
                         &crate::watch::held_back_problem(gone.len()),
                         now,
                     );
-                    self.held_back.insert(path.as_os_str().to_owned(), gone.len());
+                    self.held_back
+                        .insert(path.as_os_str().to_owned(), gone.len());
                     new_refs.extend(gone);
                     gone = Vec::new();
                 } else if still_held_back {
@@ -290,7 +290,7 @@ impl DirState {
                     // `old`, so this is only reached when none is kept any more.
                     if let Some(since) = self.metrics.good_load(path) {
                         let now = std::time::SystemTime::now();
-                        info!("{}", crate::metrics::problem_over(path, since, now));
+                        crate::metrics::log_problem_over(path, since, now);
                     }
                 } else if !gone.is_empty() && crate::watch::written_in_place(before, seen) {
                     // Maybe a write in progress: deleted once the file has been quiet.

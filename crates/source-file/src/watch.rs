@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::dirwatch::DirWatch;
-use crate::metrics::{SourceMetrics, problem_over};
+use crate::metrics::SourceMetrics;
 use crate::parse::{ExpansionLimit, parse_manifests_with};
 use crate::refs::{DELETE_QUIET, Held, PackedRefs, until};
 
@@ -302,11 +302,13 @@ impl FileSource {
                     // read problem meanwhile ends with it).
                     let message = held_back_problem(kept);
                     let now = std::time::SystemTime::now();
-                    self.metrics.health.failing(&self.path.to_string_lossy(), &message, now);
+                    self.metrics
+                        .health
+                        .failing(&self.path.to_string_lossy(), &message, now);
                 } else if let Some(since) = self.metrics.health.recovered_all() {
                     // Nothing to load (the version is in use), so no other line says it.
                     let now = std::time::SystemTime::now();
-                    info!("{}", problem_over(&self.path, since, now));
+                    crate::metrics::log_problem_over(&self.path, since, now);
                     self.metrics.health.good_again(now);
                 }
                 // Written again: what it lacks waits for a new quiet period.
@@ -392,13 +394,12 @@ impl FileSource {
                 let now = std::time::SystemTime::now();
                 let still_held_back = held_back.is_some() && state.held_back.is_some();
                 if !still_held_back {
-                    let since = match (self.metrics.good_load(&self.path), health.recovered_all())
-                    {
+                    let since = match (self.metrics.good_load(&self.path), health.recovered_all()) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     };
                     if let Some(since) = since {
-                        info!("{}", problem_over(&self.path, since, now));
+                        crate::metrics::log_problem_over(&self.path, since, now);
                     }
                 }
                 if let Some(kept) = held_back {
