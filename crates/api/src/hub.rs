@@ -1490,7 +1490,8 @@ impl Hub {
     }
 
     /// Counts the objects `outcomes` refused and sets the gauge of those refused now, as a
-    /// non-split kpng does (`kpng_object_errors_total`, `kpng_rejected_objects`).
+    /// non-split kpng does (`kpng_object_errors_total`, `kpng_rejected_objects`), and the
+    /// values dropped from objects in use (`kpng_dropped_values`).
     fn count_rejections(&self, state: &State, outcomes: &[ClusterOutcome]) {
         for e in outcomes.iter().flat_map(|out| &out.errors) {
             self.metrics
@@ -1503,6 +1504,9 @@ impl Hub {
         self.metrics
             .rejected_objects
             .set(i64::try_from(state.cluster.rejected().len()).unwrap_or(i64::MAX));
+        self.metrics
+            .dropped_values
+            .set(i64::try_from(state.cluster.dropped().count()).unwrap_or(i64::MAX));
     }
 
     /// Applies `events` as one change: what they change together reaches each watcher in one

@@ -45,6 +45,9 @@ pub struct ApiMetrics {
     /// `kpng_rejected_objects`: objects whose latest version is rejected now, as a node's
     /// kpng reports it (the alert docs/observability.md recommends).
     pub rejected_objects: Gauge,
+    /// `kpng_dropped_values`: values dropped now from objects in use, as a node's kpng
+    /// reports it (the brain is where they are dropped in split mode).
+    pub dropped_values: Gauge,
     /// `kpng_api_nodes_not_connected`: the cluster's Nodes with no kpng connected to *this*
     /// brain. True for a lone brain; with several behind one Service each counts the nodes
     /// connected to the others, so an alert adds [`ApiMetrics::node_connected`] up instead.
@@ -260,6 +263,11 @@ impl ApiMetrics {
             "kpng_rejected_objects",
             "Objects whose latest version is rejected as invalid (an earlier version, if any, is in use; `kpng status` names them)",
             m.rejected_objects.clone(),
+        );
+        registry.register(
+            "kpng_dropped_values",
+            "Values dropped from objects in use (the rest of each object is used: a node port out of range or held by another Service, an external IP that is not an IP); `kpng status` names them",
+            m.dropped_values.clone(),
         );
         registry.register(
             "kpng_api_nodes_not_connected",

@@ -228,10 +228,12 @@ impl NftBackend {
         }
         info!(
             family = %fam.0,
-            kept = read.kept,
+            // `kept` is a rejection's boolean elsewhere: one name, one type in a JSON log.
+            kept_count = read.kept,
             deleted = deletes,
             added = adds,
-            refilled = ?refilled.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            refilled_count = refilled.len(),
+            refilled_sets = %refilled.iter().map(|s| s.name()).collect::<Vec<_>>().join(","),
             generate_ms = generated.as_millis() as u64,
             read_ms = read_took.as_millis() as u64,
             "{} table {} {}: its sets read once; only what differs is sent, in one \

@@ -939,7 +939,7 @@ impl NftBackend {
         let seed = affinity_seed::plan(&tables, &self.affinity_ids, ports.iter().copied());
         if !seed.seen.is_empty() {
             info!(
-                kept = seed.claims.len(),
+                kept_count = seed.claims.len(),
                 affinity_ports = ports.len(),
                 ids_seen = seed.seen.len(),
                 "ClientIP affinity ids read back from the adopted table: Service ports keep theirs"

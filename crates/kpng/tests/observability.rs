@@ -318,6 +318,136 @@ fn json_logs_name_a_rejected_object_in_fields() {
     );
 }
 
+/// One field name has one JSON type on every line (a log pipeline maps each field once:
+/// Elasticsearch refuses a document whose `kept` is a number after it mapped a boolean), and
+/// the lines an operator searches carry their object and duration as fields: a dropped value
+/// (a nodePort another Service holds) as a rejection does, the errors of a failed load, and
+/// the end of a problem with `lasted_seconds`. Until 2026-12-07 the dropped value and the
+/// failed load's errors had no such fields, and the end of a problem said how long only in
+/// words.
+#[test]
+fn json_log_fields_have_one_type_and_name_their_object() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("cluster.yaml");
+    let node_port = |name: &str, ip: &str| {
+        format!(
+            "---\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\n\
+             spec: {{type: NodePort, clusterIP: {ip}, ports: [{{port: 80, nodePort: 30080}}]}}\n"
+        )
+    };
+    let good = format!(
+        "kind: Node\nmetadata: {{name: n1}}\n{}{}---\nkind: Service\n\
+         metadata: {{namespace: ns, name: bad}}\n\
+         spec: {{clusterIP: 10.96.0.3, ports: [{{port: 99999}}]}}\n---\nkind: Node\nmetadata: {{name: n2}}\n",
+        node_port("a", "10.96.0.1"),
+        node_port("b", "10.96.0.2"),
+    );
+    std::fs::write(&input, &good).expect("write");
+    let mut running = Running::start(&mut json_logging_kpng(&input, &dir.path().join("out.yaml")));
+    running.wait("the first load", |e| e.contains("rejected Service ns/bad"));
+    // A broken edit: a Service rejected for a field, then a document that is not YAML.
+    std::fs::write(
+        &input,
+        format!(
+            "{good}---\nkind: Service\nmetadata: {{namespace: exj, name: typo}}\n\
+             spec: {{clusterIP: 10.96.0.9, ports: [{{port: 80, protocol: TPC}}]}}\n\
+             ---\nkind: Service\nmetadata: {{name: [oops\n"
+        ),
+    )
+    .expect("write");
+    running.wait("the failed load", |e| e.contains("invalid YAML"));
+    std::fs::write(&input, &good).expect("write");
+    let err = running.wait("the end of the problem", |e| {
+        e.contains("loaded again, the problem is over")
+    });
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let find = |what: &str, check: &dyn Fn(&str) -> bool| {
+        lines
+            .iter()
+            .find(|l| l["msg"].as_str().is_some_and(check))
+            .unwrap_or_else(|| panic!("no {what} line:\n{err}"))
+    };
+    let kind_of = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "boolean",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "object",
+    };
+    let types = |line: &serde_json::Value, keys: &[&str]| -> Vec<String> {
+        keys.iter()
+            .map(|k| format!("{k}:{}", kind_of(&line[*k])))
+            .collect()
+    };
+    let object = ["kind", "namespace", "name", "field"];
+    let dropped = find("dropped value", &|m| m.contains("spec.ports[0].nodePort"));
+    assert_eq!(
+        (types(dropped, &object), &dropped["name"], &dropped["field"]),
+        (
+            object.map(|k| format!("{k}:string")).to_vec(),
+            &serde_json::json!("b"),
+            &serde_json::json!("spec.ports[0].nodePort")
+        ),
+        "{dropped}"
+    );
+    let rejected = find("rejection", &|m| m.starts_with("rejected Service ns/bad"));
+    assert_eq!(types(rejected, &["kept"]), ["kept:boolean"], "{rejected}");
+    let would_be = find("would-be rejection of the failed load", &|m| {
+        m.contains("Service exj/typo")
+    });
+    assert_eq!(
+        types(
+            would_be,
+            &["kind", "namespace", "name", "field", "document", "line"]
+        ),
+        [
+            "kind:string",
+            "namespace:string",
+            "name:string",
+            "field:string",
+            "document:number",
+            "line:number"
+        ],
+        "{would_be}"
+    );
+    let fatal = find("syntax error", &|m| m.contains("invalid YAML"));
+    assert_eq!(
+        types(fatal, &["document", "line"]),
+        ["document:number", "line:number"],
+        "{fatal}"
+    );
+    let over = find("end of the problem", &|m| {
+        m.contains("loaded again, the problem is over")
+    });
+    assert_eq!(
+        types(over, &["lasted_seconds", "file"]),
+        ["lasted_seconds:number", "file:string"],
+        "{over}"
+    );
+    // Every field, on every line of the run, has one type.
+    let mut seen: std::collections::BTreeMap<String, (&str, String)> = Default::default();
+    for line in &lines {
+        let Some(fields) = line.as_object() else {
+            continue;
+        };
+        for (key, value) in fields {
+            let (first, example) = seen
+                .entry(key.clone())
+                .or_insert((kind_of(value), line.to_string()));
+            assert_eq!(
+                *first,
+                kind_of(value),
+                "{key} is a {first} on {example} and a {} on {line}",
+                kind_of(value)
+            );
+        }
+    }
+}
+
 #[test]
 fn json_logs_sync_summaries_and_build_and_process_metrics() {
     let (dir, input) = manifest_dir();
@@ -3030,7 +3160,11 @@ fn check_split_metrics(brain_metrics: &str, node_metrics: &str) {
     let missing: Vec<&String> = names
         .iter()
         // Exported only by a backend programming a Linux node (not this to-file node).
-        .filter(|n| !n.starts_with("kpng_conntrack_") && !n.ends_with("_previous_exit"))
+        .filter(|n| {
+            !n.starts_with("kpng_conntrack_")
+                && !n.starts_with("kpng_node_check_")
+                && !n.ends_with("_previous_exit")
+        })
         .filter(|n| !exported(n))
         .collect();
     assert!(

@@ -266,12 +266,19 @@ impl InputHealth {
 /// How long a problem lasted, in the words of the line that says it is over: `42s`, `3m 5s`,
 /// `2h 7m` (whole seconds; a clock that went back reads as `0s`).
 pub fn lasted(since: SystemTime, until: SystemTime) -> String {
-    let secs = until.duration_since(since).unwrap_or_default().as_secs();
+    let secs = lasted_seconds(since, until);
     match secs {
         0..60 => format!("{secs}s"),
         60..3600 => format!("{}m {}s", secs / 60, secs % 60),
         _ => format!("{}h {}m", secs / 3600, secs % 3600 / 60),
     }
+}
+
+/// How long a problem that began at `since` lasted until `until`, in whole seconds (as
+/// [`lasted`] words it): the `lasted_seconds` field of the lines that end a problem, a number a
+/// log pipeline sums or alerts on without parsing `9m 2s` out of the message.
+pub fn lasted_seconds(since: SystemTime, until: SystemTime) -> u64 {
+    until.duration_since(since).unwrap_or_default().as_secs()
 }
 
 #[cfg(test)]

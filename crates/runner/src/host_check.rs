@@ -117,6 +117,9 @@ pub struct HostNeeds {
 pub struct HostProblem {
     /// `forwarding IPv4`, `bridge-nf IPv6`, …
     pub key: String,
+    /// The setting at fault, the `check` label of `kpng_node_check_problems` (one of
+    /// [`checks`]).
+    pub check: &'static str,
     /// What is wrong, what breaks, and the fix.
     pub message: String,
 }
@@ -135,6 +138,7 @@ pub fn problems(
             let key = forwarding_sysctl(*family);
             out.push(HostProblem {
                 key: format!("forwarding {family}"),
+                check: key,
                 message: format!(
                     "{key} is 0: the node forwards no {family} packet, so Service traffic \
                      translated to a pod or another host (a pod's connection to a ClusterIP, a \
@@ -153,6 +157,7 @@ pub fn problems(
             if !families.is_empty() {
                 out.push(HostProblem {
                     key: "br_netfilter".into(),
+                    check: BR_NETFILTER,
                     message: format!(
                         "the br_netfilter module is not loaded and the node bridges pods \
                          ({bridges}): {effect}; load it (modprobe br_netfilter) and keep \
@@ -166,6 +171,7 @@ pub fn problems(
                     let key = bridge_sysctl(*family);
                     out.push(HostProblem {
                         key: format!("bridge-nf {family}"),
+                        check: key,
                         message: format!(
                             "{key} is 0 and the node bridges pods ({bridges}): {effect}; set \
                              it to 1 (sysctl -w {key}=1)"
@@ -184,6 +190,23 @@ pub fn forwarding_sysctl(family: Family) -> &'static str {
         Family::V4 => "net.ipv4.ip_forward",
         Family::V6 => "net.ipv6.conf.all.forwarding",
     }
+}
+
+/// The check of the `br_netfilter` module being loaded.
+pub const BR_NETFILTER: &str = "br_netfilter";
+
+/// Every check a backend needing `needs` has, as `kpng_node_check_problems` labels them (each
+/// exported, 0 when fine, so that an alert does not depend on a series appearing).
+pub fn checks(needs: HostNeeds) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if needs.forwarding {
+        out.extend([Family::V4, Family::V6].map(forwarding_sysctl));
+    }
+    if needs.bridge_netfilter {
+        out.push(BR_NETFILTER);
+        out.extend([Family::V4, Family::V6].map(bridge_sysctl));
+    }
+    out
 }
 
 /// The bridge-netfilter sysctl of `family`, as `sysctl` names it.

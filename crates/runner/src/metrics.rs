@@ -36,6 +36,14 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// The node check of `kpng_node_check_problems{check}`: the kernel setting as `sysctl` names
+/// it (`net.ipv4.ip_forward`) or `br_netfilter` (the module not loaded).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckLabel {
+    /// The setting checked.
+    pub check: String,
+}
+
 /// A backend label for kpng's own sync counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabel {
@@ -116,6 +124,15 @@ pub struct ProxyMetrics {
     /// `kpng_rejected_objects`: objects whose latest version is rejected now (a counter of
     /// errors cannot tell a problem fixed since from one still there; alert on this).
     pub rejected_objects: Gauge,
+    /// `kpng_dropped_values`: values dropped now from objects in use (a value out of
+    /// `--service-node-port-range`, a frontend another Service holds, an external IP that is
+    /// not an IP), this kpng's and, on a node fed by a brain, those its brain reports. The
+    /// rest of each object is used, so nothing else says a Service lacks a frontend.
+    pub dropped_values: Gauge,
+    /// `kpng_node_check_problems{check}`: 1 while a kernel setting Services need is wrong
+    /// (`kpng status`' `node checks` line), every check the backend needs exported from the
+    /// first reading (0 when fine); none where the node is not checked.
+    pub node_check_problems: MetricFamily<CheckLabel, Gauge>,
     /// `kpng_sync_failures_total`: failed syncs of any backend.
     pub sync_failures: MetricFamily<BackendLabel, Counter>,
     /// `kpng_sync_operations_total`: data-plane operations sent.
@@ -209,6 +226,8 @@ impl ProxyMetrics {
             objects_applied: MetricFamily::default(),
             object_errors: MetricFamily::default(),
             rejected_objects: Gauge::default(),
+            dropped_values: Gauge::default(),
+            node_check_problems: MetricFamily::default(),
             sync_failures: MetricFamily::default(),
             sync_operations: MetricFamily::default(),
             tampering_detected: MetricFamily::default(),
@@ -310,6 +329,16 @@ impl ProxyMetrics {
             "kpng_rejected_objects",
             "Objects whose latest version is rejected as invalid (an earlier version, if any, is in use; `kpng status` names them)",
             m.rejected_objects.clone(),
+        );
+        r.register(
+            "kpng_dropped_values",
+            "Values dropped from objects in use (the rest of each object is used: a node port out of range or held by another Service, an external IP that is not an IP); `kpng status` names them",
+            m.dropped_values.clone(),
+        );
+        r.register(
+            "kpng_node_check_problems",
+            "1 while the node's kernel setting `check` breaks Services (IP forwarding off, bridge netfilter off where pods are bridged); `kpng status` shows it under node checks",
+            m.node_check_problems.clone(),
         );
         r.register(
             "kpng_sync_failures",

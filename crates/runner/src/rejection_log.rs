@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;
 
 use kpng_model::ObjectRef;
-use kpng_model::input::lasted;
+use kpng_model::input::{lasted, lasted_seconds};
 use kpng_model::records::Rejection;
 
 /// When each object still rejected was first rejected (in this run of rejections). One entry
@@ -48,7 +48,24 @@ impl RejectionLog {
     /// Logs that `ended`'s object has a usable version again at `at`, and forgets it.
     pub fn accepted_again(&mut self, ended: &Rejection, at: SystemTime) {
         let since = self.since.remove(&ended.error.object);
-        tracing::info!("{}", accepted_again_line(&ended.error.object, since, at));
+        let object = &ended.error.object;
+        let line = accepted_again_line(object, since, at);
+        // The object as the rejection line had it, and how long it was rejected as a number.
+        match since {
+            Some(since) => tracing::info!(
+                kind = object.kind.as_str(),
+                namespace = %object.namespace,
+                name = %object.name,
+                lasted_seconds = lasted_seconds(since, at),
+                "{line}"
+            ),
+            None => tracing::info!(
+                kind = object.kind.as_str(),
+                namespace = %object.namespace,
+                name = %object.name,
+                "{line}"
+            ),
+        }
     }
 
     /// How many objects it remembers.

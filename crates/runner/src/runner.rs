@@ -1155,6 +1155,16 @@ impl<M: NodeModel> LoopState<M> {
             Vec::new()
         };
         let problems = crate::host_check::problems(&facts, *needs, &families, &pod_bridges);
+        for check in crate::host_check::checks(*needs) {
+            let count = problems.iter().filter(|p| p.check == check).count();
+            self.runner
+                .metrics
+                .node_check_problems
+                .get_or_create(&crate::metrics::CheckLabel {
+                    check: check.into(),
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
         let before = self.host_checked.take().map(|(_, p)| p).unwrap_or_default();
         for p in &problems {
             if !before.iter().any(|b| b.key == p.key) {
@@ -1285,27 +1295,41 @@ impl<M: NodeModel> LoopState<M> {
         let outcome = self.runner.model.apply(input);
         let m = &self.runner.metrics;
         for w in &outcome.warnings {
+            // The object and field as fields, as rejection lines carry them: a JSON log is
+            // searched by them, not by the message.
+            let (kind, namespace, name, field) = (
+                w.object.kind.as_str(),
+                &*w.object.namespace,
+                &*w.object.name,
+                w.field.as_str(),
+            );
             if self.warnings.admit() {
-                warn!("{w}");
+                warn!(kind, namespace, name, field, "{w}");
             } else {
-                debug!("{w}");
+                debug!(kind, namespace, name, field, "{w}");
             }
         }
         // On a node fed by a brain, the brain rejects the objects: its count, as it reports it
         // to this node (other nodes' Node objects left out), so the alert on this gauge works
         // per node in split mode too.
-        let brain_rejected = self
+        let (brain_rejected, brain_dropped) = self
             .runner
             .input
             .as_ref()
             .and_then(|h| h.state().brain_report)
-            .map_or(0, |r| {
-                admin::BrainReportStatus::of(&r, &self.runner.model.snapshot().node.name)
-                    .rejected_total
+            .map_or((0, 0), |r| {
+                let report =
+                    admin::BrainReportStatus::of(&r, &self.runner.model.snapshot().node.name);
+                (report.rejected_total, report.dropped_total)
             });
         let rejected_count = self.runner.model.rejected_count();
         m.rejected_objects
             .set(i64::try_from(rejected_count as u64 + brain_rejected).unwrap_or(i64::MAX));
+        // The same for values dropped from objects in use (a node port another Service holds):
+        // only a warning and `kpng status` said so.
+        let dropped_count = self.runner.model.dropped().len() as u64;
+        m.dropped_values
+            .set(i64::try_from(dropped_count + brain_dropped).unwrap_or(i64::MAX));
         let now = SystemTime::now();
         for ended in &outcome.accepted_again {
             self.rejections.accepted_again(ended, now);

@@ -56,6 +56,10 @@ struct DirState {
     /// same file) may be caught between its writer's parts; a file replaced atomically is
     /// whole.
     last_good: BTreeMap<OsString, Fingerprint>,
+    /// Files whose version in use keeps this many objects only because its last object was
+    /// rejected ([`crate::watch::held_back_problem`], an input problem until a version whose
+    /// end reads). Empty unless such a file exists.
+    held_back: BTreeMap<OsString, usize>,
 }
 
 fn text_hash(text: &str) -> u64 {
@@ -160,6 +164,7 @@ impl DirState {
                 }
                 self.broken.remove(path.as_os_str());
                 self.held.remove(path.as_os_str());
+                self.held_back.remove(path.as_os_str());
                 let Some(refs) = self.files.remove(path.as_os_str()).map(|(_, r)| r.unpack())
                 else {
                     return Vec::new();
@@ -189,11 +194,18 @@ impl DirState {
             .is_some_and(|(last, _)| *last == hash)
         {
             if !self.broken.contains(path.as_os_str()) {
-                // The last good version, read again: a read problem meanwhile is over.
-                if let Some(since) = self.metrics.health.recovered(&path.to_string_lossy()) {
+                if let Some(kept) = self.held_back.get(path.as_os_str()) {
+                    // Still the version that holds deletions back: that problem goes on.
+                    let message = crate::watch::held_back_problem(*kept);
+                    let now = std::time::SystemTime::now();
+                    self.metrics
+                        .health
+                        .failing(&path.to_string_lossy(), &message, now);
+                } else if let Some(since) = self.metrics.health.recovered(&path.to_string_lossy()) {
+                    // The last good version, read again: a read problem meanwhile is over.
                     // Nothing to load (the version is in use), so no other line says it.
                     let now = std::time::SystemTime::now();
-                    info!("{}", crate::metrics::problem_over(path, since, now));
+                    crate::metrics::log_problem_over(path, since, now);
                     self.metrics.health.good_again(now);
                 }
                 // Written again: what it lacks waits for a new quiet period.
@@ -226,9 +238,12 @@ impl DirState {
             Ok(mut loaded) => {
                 loaded.log_omissions(path);
                 loaded.locate_in(path);
-                if let Some(since) = self.metrics.good_load(path) {
+                let was_held_back = self.held_back.remove(path.as_os_str()).is_some();
+                // A version that still holds deletions back goes on with that problem.
+                let still_held_back = was_held_back && loaded.ends_rejected();
+                if !still_held_back && let Some(since) = self.metrics.good_load(path) {
                     let now = std::time::SystemTime::now();
-                    info!("{}", crate::metrics::problem_over(path, since, now));
+                    crate::metrics::log_problem_over(path, since, now);
                 }
                 if !self.broken.is_empty() {
                     self.broken.remove(path.as_os_str());
@@ -258,8 +273,25 @@ impl DirState {
                         crate::watch::HELD_DELETIONS,
                         gone.len()
                     );
+                    // An input problem too, until a version whose end reads: the warning
+                    // alone scrolls away, and `kpng status` said `ok`.
+                    let now = std::time::SystemTime::now();
+                    self.metrics.health.failing(
+                        &path.to_string_lossy(),
+                        &crate::watch::held_back_problem(gone.len()),
+                        now,
+                    );
+                    self.held_back
+                        .insert(path.as_os_str().to_owned(), gone.len());
                     new_refs.extend(gone);
                     gone = Vec::new();
+                } else if still_held_back {
+                    // Cut off again, lacking nothing more: the objects kept earlier are in
+                    // `old`, so this is only reached when none is kept any more.
+                    if let Some(since) = self.metrics.good_load(path) {
+                        let now = std::time::SystemTime::now();
+                        crate::metrics::log_problem_over(path, since, now);
+                    }
                 } else if !gone.is_empty() && crate::watch::written_in_place(before, seen) {
                     // Maybe a write in progress: deleted once the file has been quiet.
                     info!(

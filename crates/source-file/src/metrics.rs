@@ -73,6 +73,17 @@ impl SourceMetrics {
     }
 }
 
+/// Logs [`problem_over`] at info level, with how long the problem lasted as a number
+/// (`lasted_seconds`) and the file (`file`), for a log pipeline that cannot parse `9m 2s`.
+pub(crate) fn log_problem_over(file: &std::path::Path, since: SystemTime, now: SystemTime) {
+    tracing::info!(
+        file = %file.display(),
+        lasted_seconds = kpng_model::input::lasted_seconds(since, now),
+        "{}",
+        problem_over(file, since, now)
+    );
+}
+
 /// The line that ends a problem of `file` that began at `since`: the error line said it began
 /// and what is kept meanwhile, and without this one nothing says when it was fixed.
 pub(crate) fn problem_over(file: &std::path::Path, since: SystemTime, now: SystemTime) -> String {

@@ -32,6 +32,10 @@ pub struct ManifestError {
     pub field: Option<String>,
     /// What is wrong.
     pub message: String,
+    /// Whether this error alone keeps the file from loading (a document that does not read);
+    /// false for an object that would only be rejected once the file reads. The fatal ones
+    /// come first: `kpng status` shows the first error, which must be what made the load fail.
+    pub fatal: bool,
 }
 
 impl fmt::Display for ManifestError {
@@ -56,11 +60,13 @@ impl fmt::Display for ManifestError {
 }
 
 /// Why a manifest file was not loaded at all: every document that could not be read, in file
-/// order (at least one). All of them, so that an operator fixes a file in one pass rather than
-/// one error per reload.
+/// order (at least one), then the objects that would be rejected once it reads, in file order.
+/// All of them, so that an operator fixes a file in one pass rather than one error per reload;
+/// the fatal ones first, so that the first error (the one `kpng status` shows) is what made
+/// the load fail, not an object rejected earlier in the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ManifestErrors {
-    /// The errors, in file order; never empty.
+    /// The errors, the fatal ones first, each group in file order; never empty.
     pub errors: Vec<ManifestError>,
 }
 
@@ -74,9 +80,31 @@ impl ManifestErrors {
     /// Logs why the file at `path` was not loaded: each unreadable document on its own line
     /// (an operator fixes them in one pass, up to `ERRORS_LOGGED`), and what is in use
     /// instead (`instead`: "keeping its last good state", or that nothing of it is).
+    /// A would-be rejection carries its object as fields (`kind`, `namespace`, `name`,
+    /// `field`), as the rejection lines of a file that loads do; every line has `document` and
+    /// `line` (numbers).
     pub fn log(&self, path: &std::path::Path, instead: &str) {
         for e in self.errors.iter().take(ERRORS_LOGGED) {
-            tracing::error!("{}: {e}; {instead}", path.display());
+            let at = path.display();
+            match (&e.kind, &e.object) {
+                (Some(kind), Some(object)) if !e.fatal => {
+                    let (namespace, name) = object.split_once('/').unwrap_or(("", object));
+                    tracing::error!(
+                        kind = kind.as_str(),
+                        namespace,
+                        name,
+                        field = e.field.as_deref().unwrap_or_default(),
+                        document = e.document as u64,
+                        line = e.line as u64,
+                        "{at}: {e}; {instead}"
+                    );
+                }
+                _ => tracing::error!(
+                    document = e.document as u64,
+                    line = e.line as u64,
+                    "{at}: {e}; {instead}"
+                ),
+            }
         }
         if let Some(more) = self
             .errors
@@ -268,6 +296,7 @@ impl Origin {
             object: value.and_then(name_of),
             field,
             message,
+            fatal: true,
         }
     }
 }
@@ -437,6 +466,7 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             kind: None,
             object: None,
             field: None,
+            fatal: true,
             message: "the file holds no document (write `kind: List` with `items: []` for an empty cluster)".into(),
         }));
     }
@@ -563,12 +593,15 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
                     object: Some(namespaced_name(&e.object)),
                     field: Some(e.field.clone()),
                     message: e.message.clone(),
+                    fatal: false,
                     ..origin.error(None, None, None, String::new())
                 }),
                 _ => None,
             },
         ));
-        errors.sort_by_key(|e| (e.document, e.item));
+        // What made the load fail first: `kpng status` shows the first error, and an object
+        // rejected earlier in the file is not why the file was refused.
+        errors.sort_by_key(|e| (!e.fatal, e.document, e.item));
         return Err(ManifestErrors { errors });
     }
     Ok(loaded)

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::dirwatch::DirWatch;
-use crate::metrics::{SourceMetrics, problem_over};
+use crate::metrics::SourceMetrics;
 use crate::parse::{ExpansionLimit, parse_manifests_with};
 use crate::refs::{DELETE_QUIET, Held, PackedRefs, until};
 
@@ -297,10 +297,18 @@ impl FileSource {
                 // The version in use, read again (back from a broken edit, or readable again
                 // after a moment): whatever went wrong meanwhile is over.
                 state.bad = None;
-                if let Some(since) = self.metrics.health.recovered_all() {
+                if let Some(kept) = state.held_back {
+                    // Still the version that holds deletions back: that problem goes on (a
+                    // read problem meanwhile ends with it).
+                    let message = held_back_problem(kept);
+                    let now = std::time::SystemTime::now();
+                    self.metrics
+                        .health
+                        .failing(&self.path.to_string_lossy(), &message, now);
+                } else if let Some(since) = self.metrics.health.recovered_all() {
                     // Nothing to load (the version is in use), so no other line says it.
                     let now = std::time::SystemTime::now();
-                    info!("{}", problem_over(&self.path, since, now));
+                    crate::metrics::log_problem_over(&self.path, since, now);
                     self.metrics.health.good_again(now);
                 }
                 // Written again: what it lacks waits for a new quiet period.
@@ -367,6 +375,9 @@ impl FileSource {
                 let wait_for_quiet =
                     !cut_off && !gone.is_empty() && written_in_place(before, state.seen);
                 let hold_deletions = cut_off || wait_for_quiet;
+                // Objects kept only because the file may be cut off: an input problem until a
+                // version whose end reads (a warning alone scrolls away).
+                let held_back = (cut_off && !gone.is_empty()).then_some(gone.len());
                 if cut_off {
                     warn!("{}: {HELD_DELETIONS}", self.path.display());
                 } else if wait_for_quiet {
@@ -380,14 +391,21 @@ impl FileSource {
                 state.good = Some(state.digests.of(&text));
                 state.bad = None;
                 let health = &self.metrics.health;
-                let since = match (self.metrics.good_load(&self.path), health.recovered_all()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
                 let now = std::time::SystemTime::now();
-                if let Some(since) = since {
-                    info!("{}", problem_over(&self.path, since, now));
+                let still_held_back = held_back.is_some() && state.held_back.is_some();
+                if !still_held_back {
+                    let since = match (self.metrics.good_load(&self.path), health.recovered_all()) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    if let Some(since) = since {
+                        crate::metrics::log_problem_over(&self.path, since, now);
+                    }
                 }
+                if let Some(kept) = held_back {
+                    health.failing(&self.path.to_string_lossy(), &held_back_problem(kept), now);
+                }
+                state.held_back = held_back;
                 health.loaded(
                     now,
                     Some(objects_loaded(loaded.objects.len(), loaded.rejected())),
@@ -415,6 +433,21 @@ impl FileSource {
 pub(crate) const HELD_DELETIONS: &str = "its last object was rejected, as in a file cut off \
     mid-write: objects no longer in it are kept, not deleted, until a version whose last object \
     reads (fix or remove that object to apply deletions)";
+
+/// The input problem of a manifest whose last object was rejected while it lacks `kept`
+/// objects an earlier version had ([`HELD_DELETIONS`]): shown by `kpng status` and counted in
+/// `kpng_input_problems` until a version whose last object reads, as the WARNING line alone
+/// left it unseen.
+pub(crate) fn held_back_problem(kept: usize) -> String {
+    let kept = match kept {
+        1 => "1 object no longer in it is kept".to_string(),
+        n => format!("{n} objects no longer in it are kept"),
+    };
+    format!(
+        "loaded, but its last object was rejected, as in a file cut off mid-write: {kept}, not \
+         deleted; deletions are held back until the file is whole (fix or remove that object)"
+    )
+}
 
 /// Why a load that lacks objects the last one had does not delete them yet.
 pub(crate) fn held_until_quiet(gone: usize) -> String {
@@ -447,6 +480,9 @@ struct ReloadState {
     refs: PackedRefs,
     /// Deletions waiting for the file to be quiet.
     held: Option<Held>,
+    /// How many objects the version in use keeps only because its last object was rejected
+    /// ([`held_back_problem`]); `None` when its end reads.
+    held_back: Option<usize>,
 }
 
 impl ReloadState {

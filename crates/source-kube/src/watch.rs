@@ -328,10 +328,12 @@ impl ErrorLog {
             self.health.recovered(&shown.what);
             // The warning said it began; without this nothing says when it was fixed (a
             // refusal ends up to 30 s after RBAC allows it again, the backoff's wait).
+            let now = std::time::SystemTime::now();
             info!(
+                lasted_seconds = kpng_model::input::lasted_seconds(shown.since, now),
                 "{} works again, the problem is over (it lasted {})",
                 shown.what,
-                kpng_model::input::lasted(shown.since, std::time::SystemTime::now())
+                kpng_model::input::lasted(shown.since, now)
             );
         }
     }

@@ -953,6 +953,29 @@ fn the_brain_counts_rejections_as_a_node_does() {
     );
 }
 
+/// The brain counts values dropped from objects in use (`kpng_dropped_values`) as a node's
+/// kpng does: until 2026-12-07 only its log and `kpng status` said so.
+#[test]
+fn the_brain_counts_dropped_values_as_a_node_does() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let dual = kpng_source_file::parse_manifests(
+        "kind: Service\nmetadata: {namespace: default, name: dual}\n\
+         spec: {clusterIP: 10.96.9.9, externalIPs: [\"fe80::1%eth0\"], ports: [{port: 80}]}\n",
+    )
+    .expect("parses");
+    for o in dual.objects {
+        hub.apply(Event::Apply(o));
+    }
+    assert_eq!(hub.metrics().dropped_values.get(), 1);
+    hub.apply(Event::Delete(kpng_model::ObjectRef {
+        kind: kpng_model::Kind::Service,
+        namespace: "default".into(),
+        name: "dual".into(),
+    }));
+    assert_eq!(hub.metrics().dropped_values.get(), 0);
+}
+
 /// A brain with the fixture cluster applied, and the registry its metrics are in.
 ///
 /// Why: the tests of what a scrape shows (the documented alerts) read the encoded text.

@@ -2188,3 +2188,83 @@ async fn a_failed_first_sync_over_earlier_rules_is_retried_as_their_adoption() {
     );
     assert!(!status.earlier_rules_in_place, "replaced now");
 }
+
+/// A NodePort Service `name` at `ip` with node port `node_port`.
+fn node_port_service(name: &str, ip: &str, node_port: u16) -> Object {
+    kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(json!({
+        "metadata": {"namespace": "ns", "name": name},
+        "spec": {"type": "NodePort", "clusterIP": ip,
+            "ports": [{"name": "p", "port": 80, "nodePort": node_port}]}}))
+    .expect("service")
+    .object
+}
+
+/// The value of the sample `series` (`name{labels}`) in `text`, if exported.
+fn sample(text: &str, series: &str) -> Option<i64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A value dropped from an object in use (a node port another Service holds) and a node check
+/// that fails (IP forwarding off) are gauges an alert can use: until 2026-12-07 only a warning
+/// and `kpng status` said so (`kpng_input_problems` stayed 0, no metric for either).
+#[tokio::test(start_paused = true)]
+async fn dropped_values_and_node_check_problems_are_gauges() {
+    use crate::host_check::{HostFacts, HostNeeds, HostProbe};
+    let facts = HostFacts {
+        forwarding: [(Family::V4, false), (Family::V6, true)].into(),
+        br_netfilter_loaded: true,
+        bridge_nf_call: [(Family::V4, true), (Family::V6, true)].into(),
+        ..HostFacts::default()
+    };
+    let probe: HostProbe = Arc::new(move || facts.clone());
+    let needs = HostNeeds {
+        forwarding: true,
+        bridge_netfilter: true,
+    };
+    let h = start_full(prompt_timing(), None, None, None, None, |r| {
+        r.checking_host(probe, needs)
+    });
+    h.tx.send(all_kinds(vec![
+        node_port_service("a", "10.96.0.1", 30080),
+        node_port_service("b", "10.96.0.2", 30080),
+    ]))
+    .await
+    .expect("send");
+    settle().await;
+    let text = encoded(&h);
+    assert_eq!(sample(&text, "kpng_dropped_values"), Some(1), "{text}");
+    let check = |name: &str| format!("kpng_node_check_problems{{check=\"{name}\"}}");
+    let checks: Vec<(&str, Option<i64>)> = [
+        "net.ipv4.ip_forward",
+        "net.ipv6.conf.all.forwarding",
+        "br_netfilter",
+        "net.bridge.bridge-nf-call-iptables",
+        "net.bridge.bridge-nf-call-ip6tables",
+    ]
+    .into_iter()
+    .map(|c| (c, sample(&text, &check(c))))
+    .collect();
+    assert_eq!(
+        checks,
+        [
+            ("net.ipv4.ip_forward", Some(1)),
+            ("net.ipv6.conf.all.forwarding", Some(0)),
+            ("br_netfilter", Some(0)),
+            ("net.bridge.bridge-nf-call-iptables", Some(0)),
+            ("net.bridge.bridge-nf-call-ip6tables", Some(0)),
+        ],
+        "{text}"
+    );
+    // The Service holding the port goes: the other one has it, nothing is dropped.
+    h.tx.send(Event::Delete(kpng_model::ObjectRef {
+        kind: Kind::Service,
+        namespace: "ns".into(),
+        name: "a".into(),
+    }))
+    .await
+    .expect("send");
+    settle().await;
+    let text = encoded(&h);
+    assert_eq!(sample(&text, "kpng_dropped_values"), Some(0), "{text}");
+}

@@ -130,11 +130,16 @@ fn unreadable_documents_reject_the_file_naming_each_place() {
             want: &["document 1 (line 1), Service, field spec.ports[0].port: invalid type"],
         },
         Case {
-            name: "objects that would be rejected are named beside what makes the file unreadable",
-            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n---\nkind: Service\nmetadata: {name: [oops\n",
+            // What made the load fail first (the status shows the first error), though the
+            // rejected object comes earlier in the file: until 2026-12-07 the status said
+            // `not loaded: document 1 …, Service ns/web, field spec.ports[0].port … (and 1
+            // more error)`, blaming the object.
+            name: "objects that would be rejected are named after what makes the file unreadable",
+            text: "kind: Service\nmetadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n---\nkind: Service\nmetadata: {namespace: exj, name: typo}\nspec: {clusterIP: 10.96.0.2, ports: [{port: 80, protocol: TPC}]}\n---\nkind: Service\nmetadata: {name: [oops\n",
             want: &[
+                "document 3 (line 9): invalid YAML",
                 "document 1 (line 1), Service ns/web, field spec.ports[0].port: port 0 is not in 1-65535",
-                "document 2 (line 5): invalid YAML",
+                "document 2 (line 5), Service exj/typo, field spec.ports[0].protocol: unknown protocol",
             ],
         },
         Case {
@@ -153,6 +158,12 @@ fn unreadable_documents_reject_the_file_naming_each_place() {
         assert_prefixes(case.name, &got, case.want);
         let shown = errors.to_string();
         assert!(shown.starts_with(case.want[0]), "{}: {shown}", case.name);
+        assert!(
+            errors.summary().starts_with(case.want[0]),
+            "{}: {}",
+            case.name,
+            errors.summary()
+        );
         let more = case.want.len() - 1;
         assert_eq!(
             shown.contains(&format!("(and {more} more error")),
