@@ -11,14 +11,17 @@
 //! kernel's time at 30k Services × 4, measured with `perf`). Returning to user space between
 //! transactions lets each doubling finish.
 //!
-//! So a cold fill is cut, at Service-port boundaries, into transactions that at most double
-//! what the table holds ([`FillBatches`]): about six at 30k × 4, each adding whole Service
-//! ports. The table has no base chain meanwhile: the skeleton goes in two parts
-//! ([`crate::ruleset::skeleton_in_two`]), the base chains last, once every element is in. So
-//! no packet meets a half-filled table (every Service appears at once), and the kernel, which
-//! validates a table from its base chains at each commit that adds a `goto` element, has
-//! nothing to validate until the last one. If a transaction fails, the table is left marked
-//! as filling, unhooked, and the runner's retry fills it again from scratch.
+//! So a cold fill is cut, at Service-port boundaries, into transactions that at most double what
+//! the table holds and hold at most [`MAX_FILL_ELEMENTS`] ([`FillBatches`]): about twelve at
+//! 30k × 4, each adding whole Service ports. The cap is for memory: the encoded transactions alive at
+//! once (one committing, one queued, one being encoded) are part of the first sync's peak RSS, and
+//! doubling alone let the last ones reach 131k elements (5.8 MB encoded) beside the next (2.8 MB).
+//! The table has no base chain meanwhile: the skeleton goes in two parts
+//! ([`crate::ruleset::skeleton_in_two`]), the base chains last, once every element is in. So no
+//! packet meets a half-filled table (every Service appears at once), and the kernel, which
+//! validates a table from its base chains at each commit that adds a `goto` element, has nothing to
+//! validate until the last one. If a transaction fails, the table is left marked as filling,
+//! unhooked, and the runner's retry fills it again from scratch.
 //!
 //! The transactions are committed by a second thread while the sync's thread builds and
 //! encodes the next ([`NftBackend::cold_fill`]): the kernel's inserts take about two thirds of
@@ -46,8 +49,15 @@ use crate::{NftBackend, script};
 /// commit's fixed costs dominate.
 const FIRST_FILL_ELEMENTS: usize = 16 * 1024;
 
+/// The most elements a cold fill's transaction holds (≈ 1.5 MB encoded), past the first port
+/// that reaches it. Without a cap the doubling made the last transactions of a 30k × 4 fill
+/// 64k and 131k elements, ≈ 8.6 MB alive together at the first sync's peak; at this size the
+/// per-transaction costs (`BATCH_BEGIN`/`END`, one commit of an unhooked table) stay noise
+/// (docs/benchmarks.md, "The first sync's peak RSS").
+pub(crate) const MAX_FILL_ELEMENTS: usize = 32 * 1024;
+
 /// Transactions encoded ahead of the one the kernel is committing. One is enough to keep both
-/// sides busy; each holds up to half the table's elements (≈ 7 MB at 30k × 4), so no more.
+/// sides busy; each holds at most [`MAX_FILL_ELEMENTS`], so no more.
 const ENCODED_AHEAD: usize = 1;
 
 /// The transactions of a cold fill, cut as the module says.
@@ -69,14 +79,15 @@ impl FillBatches {
     }
 
     /// Called after each Service port's elements (and the node's): the transaction to commit
-    /// now, when the current one would at least double what the earlier ones put in the table.
+    /// now, when the current one would at least double what the earlier ones put in the table,
+    /// or holds [`MAX_FILL_ELEMENTS`].
     pub fn owner_done(
         &mut self,
         family: Family,
         table: &str,
     ) -> Result<Option<ElementBatch>, NetlinkError> {
         let adds = self.current.adds();
-        if adds < FIRST_FILL_ELEMENTS.max(self.sent) {
+        if adds < FIRST_FILL_ELEMENTS.max(self.sent).min(MAX_FILL_ELEMENTS) {
             return Ok(None);
         }
         let next = ElementBatch::new(family, table)?;
@@ -357,7 +368,7 @@ mod tests {
     fn a_cold_fill_is_cut_at_port_boundaries_each_at_most_doubling_the_table() {
         let sizes = cut(30_000, 11);
         assert_eq!(sizes.iter().sum::<usize>(), 330_000);
-        assert!(sizes.len() >= 4 && sizes.len() <= 8, "{sizes:?}");
+        assert!(sizes.len() >= 4 && sizes.len() <= 12, "{sizes:?}");
         let mut before = 0;
         for (i, n) in sizes.iter().enumerate() {
             assert_eq!(n % 11, 0, "batch {i} splits a port: {sizes:?}");
@@ -366,6 +377,20 @@ mod tests {
                 assert!(*n <= before + 11, "batch {i} more than doubles: {sizes:?}");
             }
             before += n;
+        }
+    }
+
+    /// The transactions alive at once are part of the first sync's peak RSS: none may grow
+    /// with the table past the cap (plus the port that reached it).
+    #[test]
+    fn no_cold_fill_transaction_holds_more_than_the_cap() {
+        for (owners, per_owner) in [(30_000, 11), (100_000, 6), (5_000, 200)] {
+            let sizes = cut(owners, per_owner);
+            let largest = sizes.iter().copied().max().unwrap_or(0);
+            assert!(
+                largest < MAX_FILL_ELEMENTS + per_owner as usize,
+                "{owners} × {per_owner}: {sizes:?}"
+            );
         }
     }
 
