@@ -123,8 +123,9 @@ fn pinned_in(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// The subdirectories of `dir` (symbolic links not followed).
-fn subdirectories(dir: &Path) -> Vec<PathBuf> {
+/// The subdirectories of `dir` (symbolic links not followed); unreadable entries are skipped.
+/// Shared with [`crate::strays`], whose cgroup walk lists directories the same way.
+pub(crate) fn subdirectories(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };

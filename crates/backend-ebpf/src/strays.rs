@@ -16,7 +16,7 @@
 //! node's container, in a cgroup namespace of its own) is not this node's.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::links::CgroupProgram;
 
@@ -117,26 +117,15 @@ pub fn cgroup_dirs(roots: &[PathBuf], wanted: &BTreeSet<u64>) -> BTreeMap<u64, P
         if wanted.contains(&id) {
             found.insert(id, dir.clone());
         }
-        stack.extend(subdirectories(&dir));
+        stack.extend(crate::owners::subdirectories(&dir));
     }
     found
-}
-
-/// The subdirectories of `dir` (symbolic links not followed).
-fn subdirectories(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     /// The walk finds directories by inode at any depth, below every root, each once, and
     /// nothing outside the roots.

@@ -239,10 +239,11 @@ async fn status_style() -> Response {
 
 /// The page's status: `kpng status`'s, with its POLICY cells, legend and problem count
 /// (`status_web.rs`).
-async fn status_json(
-    State(state): State<MetricsState>,
-    axum::extract::Query(query): axum::extract::Query<crate::status_web::PageQuery>,
-) -> Response {
+async fn status_json(State(state): State<MetricsState>, uri: axum::http::Uri) -> Response {
+    let query = match crate::status_web::PageQuery::from_uri(&uri) {
+        Ok(query) => query,
+        Err(rejection) => return rejection.into_response(),
+    };
     match &state.admin {
         Some(admin) => match crate::status_web::answer(admin, query).await {
             Some(value) => axum::Json(value).into_response(),

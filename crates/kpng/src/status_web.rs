@@ -10,6 +10,9 @@
 //! `kpng status` counts): the ports are read from the node's loop a page at a time, so the
 //! answer never holds them all at once.
 
+use axum::extract::Query;
+use axum::extract::rejection::QueryRejection;
+use axum::http::Uri;
 use kpng_runner::admin::{AdminHandle, PortStatus, Status, StatusQuery};
 use serde::Deserialize;
 
@@ -19,40 +22,50 @@ use crate::status_problems::{self, PortProblem, ProblemCounts};
 /// size `kpng status` reads with.
 const SCAN_PAGE: usize = 2000;
 
-/// What the page asks: [`StatusQuery`]'s fields (the page sends `service=NAMESPACE/` for its
-/// namespace filter, `q` for its text filter), and whether it shows only the ports with a
-/// problem.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+/// What the page asks: the [`StatusQuery`] the node agent answers `kpng status` with (the page
+/// sends `service=NAMESPACE/` for its namespace filter, `q` for its text filter, `limit` and
+/// `offset`), and whether it shows only the ports with a problem.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PageQuery {
-    /// As [`StatusQuery::service`].
-    #[serde(default)]
-    pub service: Option<String>,
-    /// As [`StatusQuery::text`].
-    #[serde(default, rename = "q")]
-    pub text: Option<String>,
-    /// At most this many ports in `services`.
-    #[serde(default)]
-    pub limit: Option<usize>,
-    /// Selected ports to skip first.
-    #[serde(default)]
-    pub offset: Option<usize>,
+    /// The ports asked for, read by the runner's own [`StatusQuery`], so that the page's
+    /// parameters and `kpng status`'s cannot drift apart.
+    pub status: StatusQuery,
     /// Only the ports with a problem (`kpng status --problems`); `matchingPorts` then counts
     /// them.
-    #[serde(default)]
     pub problems: bool,
+}
+
+/// The page's one parameter that [`StatusQuery`] does not have.
+#[derive(Deserialize)]
+struct ProblemsParam {
+    #[serde(default)]
+    problems: bool,
+}
+
+impl PageQuery {
+    /// Reads the page's query string: once as a [`StatusQuery`], once for `problems` (each
+    /// reading ignores the other's parameters). Not one struct with `#[serde(flatten)]`: the
+    /// URL-encoded reader then hands `limit`, `offset` and `problems` over as strings, which a
+    /// number or a boolean refuses.
+    pub fn from_uri(uri: &Uri) -> Result<Self, QueryRejection> {
+        let Query(status) = Query::<StatusQuery>::try_from_uri(uri)?;
+        let Query(ProblemsParam { problems }) = Query::<ProblemsParam>::try_from_uri(uri)?;
+        Ok(Self { status, problems })
+    }
 }
 
 /// The page's answer as JSON; `None` when the node's loop does not answer.
 pub async fn answer(handle: &AdminHandle, query: PageQuery) -> Option<serde_json::Value> {
     let service = query
+        .status
         .service
         .as_deref()
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string);
     let (limit, offset) = (
-        query.limit.unwrap_or(usize::MAX),
-        query.offset.unwrap_or_default(),
+        query.status.limit.unwrap_or(usize::MAX),
+        query.status.offset.unwrap_or_default(),
     );
     // The pages must come from one generation of the model, as `kpng status`'s: a sync in
     // between starts over (twice at most).
@@ -151,7 +164,7 @@ async fn scan(
         let mut page = handle
             .status(StatusQuery {
                 service: service.map(str::to_string),
-                text: query.text.clone(),
+                text: query.status.text.clone(),
                 limit: Some(SCAN_PAGE),
                 offset: Some(read_so_far),
             })
@@ -236,15 +249,16 @@ mod tests {
             "/status/status.json?limit=500&q=web&service=shop%2F&problems=true"
                 .parse()
                 .expect("a URI");
-        let axum::extract::Query(q) =
-            axum::extract::Query::<PageQuery>::try_from_uri(&uri).expect("a query");
+        let q = PageQuery::from_uri(&uri).expect("a query");
         assert_eq!(
             q,
             PageQuery {
-                service: Some("shop/".into()),
-                text: Some("web".into()),
-                limit: Some(500),
-                offset: None,
+                status: StatusQuery {
+                    service: Some("shop/".into()),
+                    text: Some("web".into()),
+                    limit: Some(500),
+                    offset: None,
+                },
                 problems: true,
             }
         );

@@ -1924,23 +1924,18 @@ fn a_changed_config_file_ends_kpng_when_valid_and_is_refused_loudly_when_not() {
     let mount = dir.path().join("mount");
     std::fs::create_dir(&mount).expect("mkdir");
     let version = |n: u32, body: &str| {
-        let data = mount.join(format!("..v{n}"));
-        std::fs::create_dir(&data).expect("mkdir");
-        std::fs::write(
-            data.join("config.conf"),
-            format!(
+        kpng_testkit::configmap_version(
+            &mount,
+            n,
+            "config.conf",
+            &format!(
                 "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"
             ),
         )
-        .expect("write");
-        // The kubelet's atomic swap: a new link renamed over `..data`.
-        let tmp = mount.join("..data_tmp");
-        std::os::unix::fs::symlink(format!("..v{n}"), &tmp).expect("symlink");
-        std::fs::rename(&tmp, mount.join("..data")).expect("rename");
+        .expect("a ConfigMap version");
     };
     version(1, "clusterCIDR: 10.244.0.0/16\n");
     let config = mount.join("config.conf");
-    std::os::unix::fs::symlink("..data/config.conf", &config).expect("symlink");
     let input = dir.path().join("c.yaml");
     std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
     let output = dir.path().join("out.yaml");
@@ -2005,18 +2000,8 @@ fn a_changed_config_file_ends_kpng_when_valid_and_is_refused_loudly_when_not() {
 
     // A valid new content: kpng ends so that its restart applies it.
     version(3, "clusterCIDR: 10.245.0.0/16\n");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = running.child.try_wait().expect("wait") {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "kpng did not end:\n{}",
-            running.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let exit = kpng_testkit::wait_exit(&mut running.child, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("kpng did not end:\n{}", running.stderr()));
     let stderr = running.stderr();
     assert_eq!(exit.code(), Some(1), "{stderr}");
     assert!(

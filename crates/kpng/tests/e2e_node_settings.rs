@@ -427,6 +427,12 @@ fn route_localnet_set_is_said_once_and_a_reset_warned() {
     let _ = kpng.try_wait();
     drop(kpng);
     // Put it back and forget the record (/run/kpng), as an operator leaving would.
+    cleanup(&ns);
+}
+
+/// Runs `kpng cleanup` in `ns` and checks it succeeded: what kpng changed in the namespace's
+/// settings is put back and its record (/run/kpng) goes, as an operator leaving would.
+fn cleanup(ns: &Netns) {
     let out = ns.exec([KPNG, "cleanup"]).expect("kpng cleanup");
     assert!(
         out.status.success(),
@@ -508,12 +514,7 @@ fn a_route_localnet_that_cannot_be_set_is_said_by_status_and_trace() {
     );
     drop(kpng);
     // The record kpng may have made (/run/kpng) goes, as an operator leaving would.
-    let out = ns.exec([KPNG, "cleanup"]).expect("kpng cleanup");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cleanup(&ns);
 }
 
 /// kube-proxy's line (`--config` alone choosing the nftables backend) in its own network
@@ -529,24 +530,20 @@ fn a_changed_config_file_is_refused_or_ends_kpng_leaving_its_rules() {
     let mount = dir.path().join("mount");
     std::fs::create_dir(&mount).expect("mkdir");
     let version = |n: u32, body: &str| {
-        let data = mount.join(format!("..v{n}"));
-        std::fs::create_dir(&data).expect("mkdir");
-        std::fs::write(
-            data.join("config.conf"),
-            format!(
+        kpng_testkit::configmap_version(
+            &mount,
+            n,
+            "config.conf",
+            &format!(
                 "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-                 mode: nftables\nhostnameOverride: node1\nmetricsBindAddress: \"\"\n\
-                 healthzBindAddress: 127.0.0.1:10256\nconntrack:\n  maxPerCore: 0\n{body}"
+                     mode: nftables\nhostnameOverride: node1\nmetricsBindAddress: \"\"\n\
+                     healthzBindAddress: 127.0.0.1:10256\nconntrack:\n  maxPerCore: 0\n{body}"
             ),
         )
-        .expect("write");
-        let tmp = mount.join("..data_tmp");
-        std::os::unix::fs::symlink(format!("..v{n}"), &tmp).expect("symlink");
-        std::fs::rename(&tmp, mount.join("..data")).expect("rename");
+        .expect("a ConfigMap version");
     };
     version(1, "clusterCIDR: 10.244.0.0/16\n");
     let config = mount.join("config.conf");
-    std::os::unix::fs::symlink("..data/config.conf", &config).expect("symlink");
     let admin = dir.path().join("admin.sock");
     // kube-proxy's line reads the API server; this one reads the example cluster instead
     // (`file … to-local nft`), the same proxy loop.
@@ -591,18 +588,9 @@ fn a_changed_config_file_is_refused_or_ends_kpng_leaving_its_rules() {
         kpng.stderr_text()
     );
     version(3, "clusterCIDR: 10.245.0.0/16\n");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = kpng.try_wait().expect("wait") {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "kpng did not end:\n{}",
-            kpng.stderr_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let exit = kpng
+        .wait_exit(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("kpng did not end:\n{}", kpng.stderr_text()));
     let log = kpng.stderr_text();
     assert_eq!(exit.code(), Some(1), "{log}");
     assert!(

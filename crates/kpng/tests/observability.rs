@@ -116,6 +116,27 @@ impl Running {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// Waits until kpng has synced and logged its metrics address (`what` names both in a
+    /// failure) and returns that address, where the status page is served too.
+    #[track_caller]
+    fn wait_synced_metrics(&mut self, what: &str) -> String {
+        let log = self.wait(what, |e| {
+            e.contains(" synced ") && e.contains("serving /metrics on http://")
+        });
+        metrics_addr(&log)
+    }
+}
+
+/// The address of the first "serving /metrics on http://ADDR" line of `log`.
+#[track_caller]
+fn metrics_addr(log: &str) -> String {
+    log.lines()
+        .find_map(|l| {
+            l.split_once("serving /metrics on http://")
+                .map(|(_, a)| a.trim().to_string())
+        })
+        .expect("the metrics address")
 }
 
 impl Drop for Running {
@@ -1194,17 +1215,7 @@ fn the_status_page_shows_services_endpoints_syncs_and_a_trace_in_a_browser() {
         return;
     };
     let (mut running, dir) = on_the_example("127.0.0.1:0");
-    let log = running.wait("the first sync and the metrics address", |e| {
-        e.contains(" synced ") && e.contains("serving /metrics on http://")
-    });
-    let addr = log
-        .lines()
-        .find_map(|l| {
-            l.split_once("serving /metrics on http://")
-                .map(|(_, a)| a.trim())
-        })
-        .expect("the metrics address")
-        .to_string();
+    let addr = running.wait_synced_metrics("the first sync and the metrics address");
 
     let page = dom(
         browser,
@@ -1375,17 +1386,7 @@ fn the_status_page_tells_what_kpng_status_tells() {
     };
     let (mut running, dir) = on_the_example("127.0.0.1:0");
     let socket_flag = dir.path().join("admin.sock").display().to_string();
-    let log = running.wait("the first sync and the metrics address", |e| {
-        e.contains(" synced ") && e.contains("serving /metrics on http://")
-    });
-    let addr = log
-        .lines()
-        .find_map(|l| {
-            l.split_once("serving /metrics on http://")
-                .map(|(_, a)| a.trim())
-        })
-        .expect("the metrics address")
-        .to_string();
+    let addr = running.wait_synced_metrics("the first sync and the metrics address");
     let long_ns = format!("tenant-{}", "n".repeat(56));
     let long_name = format!("svc-{}", "x".repeat(59));
     let input = dir.path().join("cluster.yaml");
@@ -1415,17 +1416,21 @@ fn the_status_page_tells_what_kpng_status_tells() {
         .split(": `kpng status --problems`")
         .next()
         .unwrap_or_default();
-    let no_errors = |console: &str| {
+    // The page at `/status{query}`, its script run without an error, and its Services table.
+    let page_and_services = |query: &str| {
+        let (page, console) = dom_and_console(browser, &format!("http://{addr}/status{query}"));
         assert!(
             !console.contains("Uncaught") && !console.contains(":ERROR:CONSOLE"),
             "the page's script failed: {console}"
         );
+        let services = table_after(&page, "<table id=\"services\">")
+            .expect("the Services table")
+            .to_string();
+        (page, services)
     };
 
     // Everything: the CLI's problem line, the CLI's POLICY cells and legend.
-    let (page, console) = dom_and_console(browser, &format!("http://{addr}/status"));
-    no_errors(&console);
-    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    let (page, services) = page_and_services("");
     assert_eq!(
         div_of(&page, "problemsline"),
         Some((" class=\"bad\"", cli_problems)),
@@ -1468,9 +1473,7 @@ fn the_status_page_tells_what_kpng_status_tells() {
     );
 
     // Only the ports with a problem, kept across the periodic refresh.
-    let (page, console) = dom_and_console(browser, &format!("http://{addr}/status?problems=1"));
-    no_errors(&console);
-    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    let (page, services) = page_and_services("?problems=1");
     assert!(answers_rendered(&page) >= 2, "a refresh ran: {page}");
     assert_eq!(
         div_of(&page, "problemsline"),
@@ -1489,12 +1492,7 @@ fn the_status_page_tells_what_kpng_status_tells() {
     );
 
     // One namespace, its Service's dropped value in its row, the others' left out.
-    let (page, console) = dom_and_console(
-        browser,
-        &format!("http://{addr}/status?namespace=tenant-a&problems=1"),
-    );
-    no_errors(&console);
-    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    let (page, services) = page_and_services("?namespace=tenant-a&problems=1");
     assert!(answers_rendered(&page) >= 2, "a refresh ran: {page}");
     assert_eq!(
         div_of(&page, "problemsline"),
@@ -1511,12 +1509,7 @@ fn the_status_page_tells_what_kpng_status_tells() {
             && !services.contains("<div>default/"),
         "{services}"
     );
-    let (page, console) = dom_and_console(
-        browser,
-        &format!("http://{addr}/status?namespace={long_ns}"),
-    );
-    no_errors(&console);
-    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    let (page, services) = page_and_services(&format!("?namespace={long_ns}"));
     assert!(
         services.contains(&long_name) && !services.contains("tenant-a/evil"),
         "{services}"
@@ -1924,17 +1917,7 @@ fn the_status_page_of_a_node_shows_what_its_brain_rejects() {
             ])
             .arg(dir.path().join("out.yaml")),
     );
-    let log = node.wait("the node's first sync and its metrics address", |e| {
-        e.contains(" synced ") && e.contains("serving /metrics on http://")
-    });
-    let addr = log
-        .lines()
-        .find_map(|l| {
-            l.split_once("serving /metrics on http://")
-                .map(|(_, a)| a.trim())
-        })
-        .expect("the metrics address")
-        .to_string();
+    let addr = node.wait_synced_metrics("the node's first sync and its metrics address");
     let page = dom(browser, &format!("http://{addr}/status"));
     assert!(
         page.contains("brain reports: its input file ") && page.contains("it rejects 1 object"),
@@ -2044,17 +2027,7 @@ fn the_status_page_shows_a_repair_problem() {
             ])
             .arg(dir.path().join("out.yaml")),
     );
-    let log = node.wait("the first sync and the metrics address", |e| {
-        e.contains(" synced ") && e.contains("serving /metrics on http://")
-    });
-    let addr = log
-        .lines()
-        .find_map(|l| {
-            l.split_once("serving /metrics on http://")
-                .map(|(_, a)| a.trim())
-        })
-        .expect("the metrics address")
-        .to_string();
+    let addr = node.wait_synced_metrics("the first sync and the metrics address");
     // The status page answers requests naming it by address only (`http_get` names `kpng`).
     let get = |path: &str| {
         let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
@@ -2928,15 +2901,7 @@ fn split_mode(what: SplitCheck) {
     let log = brain.wait("the brain's metrics address", |e| {
         e.contains("serving /metrics on http://")
     });
-    let metrics_of = |log: &str| {
-        log.lines()
-            .find_map(|l| {
-                l.split_once("serving /metrics on http://")
-                    .map(|(_, a)| a.trim().to_string())
-            })
-            .expect("the metrics address")
-    };
-    let brain_metrics = metrics_of(&log);
+    let brain_metrics = metrics_addr(&log);
     let node_admin = dir.path().join("node-admin.sock");
     let mut node = Running::start(
         kpng()
@@ -2956,10 +2921,7 @@ fn split_mode(what: SplitCheck) {
             .args(["to-file", "--output"])
             .arg(dir.path().join("out.yaml")),
     );
-    let log = node.wait("the node's first sync and its metrics address", |e| {
-        e.contains(" synced ") && e.contains("serving /metrics on http://")
-    });
-    let node_metrics = metrics_of(&log);
+    let node_metrics = node.wait_synced_metrics("the node's first sync and its metrics address");
     let ask = |socket: &std::path::Path, args: &[&str]| {
         let out = kpng()
             .args(args)

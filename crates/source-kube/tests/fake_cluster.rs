@@ -120,15 +120,17 @@ impl tracing::Subscriber for Logged {
 
 /// Polls `ok` until it holds; fails with `what` and `context()` after [`WAIT`].
 async fn wait_for(what: &str, ok: impl Fn() -> bool, context: impl Fn() -> String) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !ok() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {WAIT:?}; {}",
-            context()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_longer(what, WAIT, ok, context).await;
+}
+
+/// Waits until `health` records no problem: the outage is over in what `kpng status` shows.
+async fn outage_over(health: &InputHealth) {
+    wait_for(
+        "the outage over in the record",
+        || health.state().problems.is_empty(),
+        || format!("{:?}", health.state().problems),
+    )
+    .await;
 }
 
 /// How many watches of `path` the server was asked for.
@@ -856,12 +858,7 @@ async fn requests_hung_during_an_outage_are_made_again_when_the_server_is_back()
         "{:?} after the server answered again",
         unstalled.elapsed()
     );
-    wait_for(
-        "the outage over in the record",
-        || health.state().problems.is_empty(),
-        || format!("{:?}", health.state().problems),
-    )
-    .await;
+    outage_over(&health).await;
 }
 
 /// A watch already streaming when the API server hung (its connection stays open, nothing
@@ -957,12 +954,7 @@ async fn a_watch_streaming_when_the_server_hung_resumes_soon_after_it_answers() 
         "resumed from the resourceVersion, not relisted: {events:#?}"
     );
     assert_eq!(lists(&server), lists_before, "no relist");
-    wait_for(
-        "the outage over in the record",
-        || health.state().problems.is_empty(),
-        || format!("{:?}", health.state().problems),
-    )
-    .await;
+    outage_over(&health).await;
 }
 
 /// [`wait_for`] with a longer patience.
@@ -1147,12 +1139,7 @@ async fn a_sustained_503_is_warned_shown_counted_and_the_change_arrives_soon_aft
             "{code}: arrived {:?} after the failures stopped",
             back.elapsed()
         );
-        wait_for(
-            "the outage over in the record",
-            || health.state().problems.is_empty(),
-            || format!("{:?}", health.state().problems),
-        )
-        .await;
+        outage_over(&health).await;
     }
 }
 

@@ -89,6 +89,7 @@
 mod bins;
 pub mod cgroups;
 mod cluster;
+mod configmap;
 mod error;
 mod netns;
 mod output;
@@ -97,8 +98,9 @@ mod root;
 
 pub use bins::{ENV_BIN_DIR, bin_path, profile_dir_of, sibling_bin};
 pub use cluster::{Cluster, ClusterBuilder, Host, Node, NodeId, Pod, addr};
+pub use configmap::configmap_version;
 pub use error::{Error, Result};
-pub use netns::{Netns, Spawned, reap_stale};
+pub use netns::{Netns, Spawned, reap_stale, wait_exit};
 pub use output::{collect_output, describe_output};
 pub use probe::{Outcome, Probe, ProbeLine, ProbeResult, Proto, parse_reply, spread, tally};
 pub use root::{SKIPPED_TESTS_ENV, is_root, root_or_skip};

@@ -401,6 +401,24 @@ fn parse_start_time(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// `child`'s exit status once it has ended, waiting at most `timeout`; `None` when it still
+/// runs then (or cannot be waited for).
+///
+/// Why: tests that expect kpng to end by itself (a changed `--config`) wait for it with a
+/// deadline, whether they started it with [`Netns::spawn`] or with a plain [`Command`].
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A process started with [`Netns::spawn`]; killed (and reaped) when dropped.
 ///
 /// It exists so that servers started by a test cannot outlive it, even when the
@@ -492,17 +510,10 @@ impl Spawned {
         }
     }
 
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
+    /// The process's exit status once it has ended, waiting at most `timeout`; `None` when it
+    /// still runs then. For the tests in which kpng is expected to end by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        wait_exit(&mut self.child, timeout)
     }
 
     fn kill_and_reap(&mut self) -> Result<()> {
