@@ -83,7 +83,10 @@ where
             )
         })?;
         let server = crate::http::metrics_server(
-            addr,
+            crate::listen::BindTo {
+                addr,
+                hard_fail: flags.bind_address_hard_fail,
+            },
             Arc::new(registry),
             "api",
             crate::zpages::ZPages::new(&flags, "to-api"),

@@ -181,8 +181,8 @@ Examples:
 kube-proxy flags kpng accepts without effect, each warning once when set away from kube-proxy's
 default: --feature-gates, --profiling, --show-hidden-metrics-for-version, --oom-score-adj,
 --config-sync-period, --proxy-port-range, --ipvs-*, --vmodule. Accepted silently, because kpng
-already does what they ask or they only tune kube-proxy's own logging: --bind-address-hard-fail,
---kube-api-content-type, --log-flush-frequency, --log-{json,text}-*.";
+already does what they ask or they only tune kube-proxy's own logging: --kube-api-content-type,
+--log-flush-frequency, --log-{json,text}-*.";
 
 /// What feeds the model: hand-written manifests, or objects an API server has validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -402,6 +402,13 @@ pub struct GlobalFlags {
         help_heading = "Output"
     )]
     pub metrics_bind_address: String,
+
+    /// When the health or metrics server cannot bind its address (a port another process
+    /// holds, an address the node does not have yet): `true` ends kpng (status 1), as
+    /// kube-proxy's `bindAddressHardFail`; `false`, kube-proxy's default, logs it and tries
+    /// again every 5 s while kpng runs on.
+    #[arg(long, global = true, action = clap::ArgAction::Set, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", help_heading = "Output")]
+    pub bind_address_hard_fail: bool,
 
     /// Minimum time from a sync that wrote to the data plane (a full sync, one with operations,
     /// or a failed one) to the next sync; a periodic sync that changed nothing does not hold

@@ -14,6 +14,7 @@ mod duration;
 mod json_keys;
 mod load;
 mod mapping;
+mod unwritten;
 mod v1alpha1;
 pub mod watch;
 pub mod why;
@@ -396,8 +397,13 @@ const MODE_SECTION: &str = "<mode>";
 /// name and the field: beside `--config`, kube-proxy ignores them all (it honors only
 /// `--hostname-override` and the logging flags there), kpng lets them win. A field under
 /// [`MODE_SECTION`] is in the section of the file's mode (`nftables.syncPeriod`).
-const FLAGS_OF_FIELDS: [(&str, &str, &str); 30] = [
+const FLAGS_OF_FIELDS: [(&str, &str, &str); 31] = [
     ("node_ip", "--bind-address", "bindAddress"),
+    (
+        "bind_address_hard_fail",
+        "--bind-address-hard-fail",
+        "bindAddressHardFail",
+    ),
     ("cluster_cidr", "--cluster-cidr", "clusterCIDR"),
     ("masquerade_all", "--masquerade-all", "<mode>.masqueradeAll"),
     (
@@ -557,6 +563,7 @@ fn overlay(flags: &mut GlobalFlags, file: mapping::FileSettings, given: impl Fn(
         nodeport_addresses,
         healthz_bind_address,
         metrics_bind_address,
+        bind_address_hard_fail,
         min_sync_period,
         sync_period,
         conntrack_max_per_core,
@@ -610,11 +617,18 @@ fn command_line_value(matches: &ArgMatches, id: &str) -> Option<String> {
     raw.next_back().map(|v| v.to_string_lossy().into_owned())
 }
 
-/// `--write-config-to`: writes the effective configuration (`-`: standard output).
-pub fn write_effective(flags: &GlobalFlags, destination: &str) -> anyhow::Result<()> {
+/// `--write-config-to`: writes the effective configuration (`-`: standard output), then warns
+/// about each setting in force the file does not hold: values the format reads otherwise
+/// (`write::not_written`) and kpng's own flags given on `matches` (`unwritten::named`).
+pub fn write_effective(
+    flags: &GlobalFlags,
+    destination: &str,
+    matches: &ArgMatches,
+) -> anyhow::Result<()> {
     let config = write::effective(flags)?;
     write::write_to(destination, &write::render(&config)?)?;
-    for lost in write::not_written(flags) {
+    let kpng_only = unwritten::named(&crate::cli::command(), matches);
+    for lost in write::not_written(flags).iter().chain(&kpng_only) {
         tracing::warn!("--write-config-to: {lost}");
     }
     Ok(())

@@ -29,7 +29,7 @@ use kpng_runner::health::ProxyHealth;
 use kpng_runner::metrics::{CodeLabel, ProxyMetrics};
 use prometheus_client::registry::Registry;
 
-use crate::listen::Listener;
+use crate::listen::{BindTo, Listener};
 
 #[derive(Clone)]
 struct HealthState {
@@ -80,10 +80,10 @@ async fn readyz(State(state): State<HealthState>) -> Response {
     json_answer(report.status, report.body)
 }
 
-/// Binds the health server now (so a port conflict fails start-up; an address the node does
-/// not have yet is tried again, `listen.rs`) and returns its future.
+/// Binds the health server now and returns its future. A failure to bind fails start-up with
+/// `to.hard_fail` (`bindAddressHardFail`), and is tried again every 5 s without (`listen.rs`).
 pub async fn health_server(
-    addr: SocketAddr,
+    to: BindTo,
     health: Arc<ProxyHealth>,
     metrics: ProxyMetrics,
 ) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
@@ -98,9 +98,10 @@ pub async fn health_server(
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .with_state(HealthState { health, metrics });
-    let listener = Listener::bind(addr, "the health server (--healthz-bind-address)")?;
+    let addr = to.addr;
+    let listener = Listener::bind(to, "the health server (--healthz-bind-address)")?;
     Ok(async move {
-        let listener = listener.ready().await?;
+        let listener = listener.ready().await;
         tracing::info!(
             "serving /healthz and /livez on http://{}",
             listener.local_addr().unwrap_or(addr)
@@ -319,10 +320,11 @@ fn host_is_an_address(host: &str) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
 }
 
-/// Binds the metrics server now and returns its future. `/healthz`, `/livez` and `/readyz`
-/// there answer as `probes` says. Connections it closes for a cap are counted in `refused`.
+/// Binds the metrics server now and returns its future (a failure to bind as for
+/// [`health_server`], by `to.hard_fail`). `/healthz`, `/livez` and `/readyz` there answer as
+/// `probes` says. Connections it closes for a cap are counted in `refused`.
 pub async fn metrics_server(
-    addr: SocketAddr,
+    to: BindTo,
     registry: Arc<Registry>,
     proxy_mode: &'static str,
     z: crate::zpages::ZPages,
@@ -352,9 +354,10 @@ pub async fn metrics_server(
             admin,
             probes,
         });
-    let listener = Listener::bind(addr, "the metrics server (--metrics-bind-address)")?;
+    let addr = to.addr;
+    let listener = Listener::bind(to, "the metrics server (--metrics-bind-address)")?;
     Ok(async move {
-        let listener = listener.ready().await?;
+        let listener = listener.ready().await;
         tracing::info!(
             "serving /metrics on http://{}",
             listener.local_addr().unwrap_or(addr)

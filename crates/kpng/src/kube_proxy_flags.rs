@@ -150,7 +150,6 @@ pub const IGNORED: &[Ignored] = &[
         false,
         "clientConnection.contentType",
     ),
-    silent("bind-address-hard-fail", true, "bindAddressHardFail"),
     silent("log-flush-frequency", false, "logging.flushFrequency"),
     silent(
         "log-json-split-stream",
@@ -268,7 +267,6 @@ mod tests {
             "--hostname-override=node1",
             "--ipvs-scheduler",
             "rr",
-            "--bind-address-hard-fail",
             "--kube-api-content-type",
             "application/vnd.kubernetes.protobuf",
             "--feature-gates=Bar=false",

@@ -5,10 +5,13 @@
 //!   socket that also accepts IPv4 (`IPV6_V6ONLY` off), as Go's `net.Listen("tcp", …)` makes
 //!   it: the default `0.0.0.0:10256` then answers on an IPv6-only node too. Without IPv6 it
 //!   is an IPv4 socket;
-//! - an address this node does not have (yet: a node IP that DHCP has not given, `127.0.0.1`
-//!   on a node without it) is not fatal: kube-proxy logs the failure and tries again every 5 s,
-//!   and so does kpng. A port another process holds stays fatal at start: on a node that is
-//!   almost always a second proxy (kube-proxy not stopped yet), and two proxies fight.
+//! - a failure to bind (a port another process holds, an address this node does not have yet:
+//!   a node IP that DHCP has not given, `127.0.0.1` on a node without it) is decided by
+//!   kube-proxy's `bindAddressHardFail` (`--bind-address-hard-fail`), as kube-proxy decides it:
+//!   `true` ends kpng at start, whatever the cause; `false` (kube-proxy's default) logs the
+//!   failure and tries again every 5 s while kpng runs on, whatever the cause, so a port that
+//!   a stopping proxy still holds is taken once it lets go. Until 2026-12-07 kpng ignored the
+//!   setting and decided by the cause (a held port ended kpng, a missing address was retried).
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -16,15 +19,24 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
 
-/// How often an address the node does not have is tried again (kube-proxy's `wait.Until`
-/// period for its servers).
+/// How often a server that could not bind tries again (kube-proxy's `wait.Until` period for
+/// its servers).
 const RETRY: Duration = Duration::from_secs(5);
 
-/// A server's listener: bound at start, or still waiting for its address to appear.
+/// Where a server listens, and what a failure to bind it does.
+#[derive(Debug, Clone, Copy)]
+pub struct BindTo {
+    /// The address to listen on.
+    pub addr: SocketAddr,
+    /// `bindAddressHardFail`: a failure ends kpng at start, instead of being tried again.
+    pub hard_fail: bool,
+}
+
+/// A server's listener: bound at start, or still trying to bind.
 pub enum Listener {
     /// Bound.
     Bound(TcpListener),
-    /// The address is not on this node yet; [`Listener::ready`] binds it once it is.
+    /// Binding failed (without `bindAddressHardFail`); [`Listener::ready`] tries again.
     Waiting {
         /// The address to bind.
         addr: SocketAddr,
@@ -34,41 +46,69 @@ pub enum Listener {
 }
 
 impl Listener {
-    /// Binds `addr` for `what` (a server and its flag, for messages). Errors other than an
-    /// address this node does not have fail the start.
-    pub fn bind(addr: SocketAddr, what: &'static str) -> anyhow::Result<Listener> {
+    /// Binds `to.addr` for `what` (a server and its flag, for messages). With `to.hard_fail`
+    /// (`bindAddressHardFail`) any failure fails the start; without it the failure is logged
+    /// and [`Listener::ready`] tries again.
+    pub fn bind(to: BindTo, what: &'static str) -> anyhow::Result<Listener> {
+        let BindTo { addr, hard_fail } = to;
         match bind_like_go(addr) {
             Ok(listener) => Ok(Listener::Bound(listener)),
-            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+            Err(e) if hard_fail => Err(anyhow::Error::new(e).context(format!(
+                "binding {what} to {addr} (bindAddressHardFail, --bind-address-hard-fail: a \
+                 server that cannot bind ends kpng, as it ends kube-proxy)"
+            ))),
+            Err(e) => {
                 tracing::error!(
-                    "cannot bind {what} to {addr}: {e}; this node does not have that address \
-                     (yet): trying again every {}s, as kube-proxy does",
+                    "cannot bind {what} to {addr}: {e}{}: trying again every {}s while kpng \
+                     runs on, as kube-proxy does with bindAddressHardFail false \
+                     (--bind-address-hard-fail=true ends kpng instead)",
+                    cause(&e),
                     RETRY.as_secs()
                 );
                 Ok(Listener::Waiting { addr, what })
             }
-            Err(e) => Err(anyhow::Error::new(e).context(format!("binding {what} to {addr}"))),
         }
     }
 
-    /// The bound listener: at once, or once its address appears on the node. Other errors
-    /// while waiting end the wait (and the server) with that error.
-    pub async fn ready(self) -> io::Result<TcpListener> {
+    /// The bound listener: at once, or once binding succeeds (tried every [`RETRY`]; a
+    /// failure that changes is logged again).
+    pub async fn ready(self) -> TcpListener {
         let (addr, what) = match self {
-            Listener::Bound(listener) => return Ok(listener),
+            Listener::Bound(listener) => return listener,
             Listener::Waiting { addr, what } => (addr, what),
         };
+        let mut last: Option<io::ErrorKind> = None;
         loop {
             tokio::time::sleep(RETRY).await;
             match bind_like_go(addr) {
                 Ok(listener) => {
-                    tracing::info!("{addr} is on this node now: {what} is bound");
-                    return Ok(listener);
+                    tracing::info!("{what} is bound to {addr} now");
+                    return listener;
                 }
-                Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    if last.is_some_and(|k| k != e.kind()) {
+                        tracing::error!(
+                            "cannot bind {what} to {addr}: {e}{}: trying again every {}s",
+                            cause(&e),
+                            RETRY.as_secs()
+                        );
+                    }
+                    last = Some(e.kind());
+                }
             }
         }
+    }
+}
+
+/// What a bind failure usually means on a node, for the log.
+fn cause(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::AddrInUse => {
+            " (another process holds the port: often a proxy not stopped yet, and two proxies \
+             on one node fight)"
+        }
+        io::ErrorKind::AddrNotAvailable => " (this node does not have that address yet)",
+        _ => "",
     }
 }
 

@@ -240,7 +240,7 @@ fn main() -> std::process::ExitCode {
             if flags.proxy_mode.is_none() {
                 flags.proxy_mode = cli.command.as_ref().and_then(run::local_kind);
             }
-            config::write_effective(&flags, &destination)
+            config::write_effective(&flags, &destination, &matches)
         }
         None => run::main(cli),
     };

@@ -834,11 +834,13 @@ where
     #[cfg(not(target_os = "linux"))]
     let previous_exit = None;
     let mut registry = metrics_registry(&*backend, &facts, previous_exit);
+    let dry_run = facts.dry_run.is_some();
     // The --config file read again while kpng runs (`config::watch`).
+    let on_valid = on_config_change(facts.kind.is_some(), dry_run);
     let config_watch = flags
         .config_recheck
         .clone()
-        .map(crate::config::watch::Watch::new);
+        .map(|recheck| crate::config::watch::Watch::new(recheck, on_valid));
     if let Some(watch) = &config_watch {
         watch.register_metrics(&mut registry);
     }
@@ -849,14 +851,21 @@ where
         timing.sync_period * 2,
     ));
     let proxy_mode = backend.name();
-    let dry_run = facts.dry_run.is_some();
 
     // A dry run opens no listener: it must not change the host, nor take the ports of a
     // proxy running on it. An empty --healthz-bind-address opens none either.
     let health_server = match flags.healthz_bind_address {
-        Some(addr) if !dry_run => {
-            Some(crate::http::health_server(addr, health.clone(), metrics.clone()).await?)
-        }
+        Some(addr) if !dry_run => Some(
+            crate::http::health_server(
+                crate::listen::BindTo {
+                    addr,
+                    hard_fail: flags.bind_address_hard_fail,
+                },
+                health.clone(),
+                metrics.clone(),
+            )
+            .await?,
+        ),
         _ => None,
     };
     // The metrics server answers the same probes (`crate::http`).
@@ -958,7 +967,10 @@ where
         let z = crate::zpages::ZPages::new(&flags, proxy_mode);
         Some(
             crate::http::metrics_server(
-                addr,
+                crate::listen::BindTo {
+                    addr,
+                    hard_fail: flags.bind_address_hard_fail,
+                },
                 Arc::new(registry),
                 proxy_mode,
                 z,
@@ -1107,11 +1119,28 @@ fn left_behind(programs_node: bool, dry_run: bool) -> &'static str {
     }
 }
 
+/// What a new valid `--config` file does to a run (`config::watch`): a dry run says so and
+/// goes on (it previews one start, and nobody restarts it); a proxy ends so that its restart
+/// applies it, leaving its rules, and so does a sink that programs nothing (`to-file`: its
+/// output would describe a configuration the file no longer holds).
+fn on_config_change(programs_node: bool, dry_run: bool) -> crate::config::watch::OnValid {
+    use crate::config::watch::OnValid;
+    match (programs_node, dry_run) {
+        (_, true) => OnValid::Say,
+        (true, false) => OnValid::End {
+            meanwhile: "the rules stay in place until then",
+        },
+        (false, false) => OnValid::End {
+            meanwhile: "this sink programs no rules",
+        },
+    }
+}
+
 /// Runs the sync loop until kpng ends: the source's end (its error, if any, is kpng's),
 /// SIGINT or SIGTERM (the rules stay in place, and what the backend carries itself drains
 /// first; the line says `ending`, [`left_behind`]), or in a dry run the first change it
 /// refuses (an error), or a new valid `--config` file (an error, as kube-proxy's, so that the
-/// restart applies it; the rules stay).
+/// restart applies it; the rules stay; not in a dry run: [`on_config_change`]).
 async fn run_until_end<M: NodeModel>(
     runner: Runner<M>,
     rx: mpsc::Receiver<M::Input>,
@@ -1444,6 +1473,36 @@ mod tests {
             (false, false, "this sink programs no rules"),
         ] {
             assert_eq!(super::left_behind(programs, dry), said, "{programs} {dry}");
+        }
+    }
+
+    #[test]
+    fn a_new_config_file_ends_a_proxy_and_to_file_but_not_a_dry_run() {
+        use crate::config::watch::OnValid;
+        // (programs the node, dry run, what a valid new --config content does)
+        for (programs, dry, does) in [
+            (
+                true,
+                false,
+                OnValid::End {
+                    meanwhile: "the rules stay in place until then",
+                },
+            ),
+            (
+                false,
+                false,
+                OnValid::End {
+                    meanwhile: "this sink programs no rules",
+                },
+            ),
+            (true, true, OnValid::Say),
+            (false, true, OnValid::Say),
+        ] {
+            assert_eq!(
+                super::on_config_change(programs, dry),
+                does,
+                "{programs} {dry}"
+            );
         }
     }
 

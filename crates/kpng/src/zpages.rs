@@ -160,6 +160,7 @@ fn effective_value(flags: &GlobalFlags, id: &str) -> Option<String> {
             .healthz_bind_address
             .map_or_else(String::new, |a| a.to_string()),
         "metrics_bind_address" => flags.metrics_bind_address.clone(),
+        "bind_address_hard_fail" => flags.bind_address_hard_fail.to_string(),
         "min_sync_period" => d(flags.min_sync_period),
         "sync_period" => d(flags.sync_period),
         "conntrack_max_per_core" => flags.conntrack_max_per_core.to_string(),

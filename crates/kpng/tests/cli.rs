@@ -2004,11 +2004,73 @@ fn a_changed_config_file_ends_kpng_when_valid_and_is_refused_loudly_when_not() {
         .unwrap_or_else(|| panic!("kpng did not end:\n{}", running.stderr()));
     let stderr = running.stderr();
     assert_eq!(exit.code(), Some(1), "{stderr}");
+    // A `to-file` run leaves no rules, and its line says so (it said "the rules stay in
+    // place" until 2026-12-07).
     assert!(
-        stderr.contains("changed: ending so that the restart applies it"),
+        stderr.contains(
+            "changed: ending so that the restart applies it (this sink programs no rules)"
+        ),
         "{stderr}"
     );
     assert!(!admin.exists(), "the admin socket is removed at the end");
+}
+
+/// A `--dry-run` previews one start and nobody restarts it: a new content of its `--config`
+/// file does not end it (until 2026-12-07 a valid one ended it with status 1, the status a dry
+/// run's failure has); it says whether a start would take the new content and goes on.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_dry_run_goes_on_when_its_config_file_changes_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mount = dir.path().join("mount");
+    std::fs::create_dir(&mount).expect("mkdir");
+    let version = |n: u32, body: &str| {
+        kpng_testkit::configmap_version(
+            &mount,
+            n,
+            "config.conf",
+            &format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n{body}"
+            ),
+        )
+        .expect("a ConfigMap version");
+    };
+    version(1, "clusterCIDR: 10.244.0.0/16\n");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
+    let nft = fake_nft(dir.path(), "cat >/dev/null\nexit 0\n");
+    let output = dir.path().join("none.yaml");
+    let mut running = Kpng::start(
+        kpng()
+            .arg("--config")
+            .arg(mount.join("config.conf"))
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--min-sync-period", "0"])
+            .args(["to-local", "nft", "--dry-run", "--nft-binary"])
+            .arg(&nft)
+            .stdout(Stdio::null()),
+    );
+    running.wait("the first sync", &output, |_, err| err.contains(" synced"));
+    version(2, "clusterCIDR: 10.245.0.0/16\n");
+    running.wait("the change said", &output, |_, err| {
+        err.contains(" WARN ")
+            && err.contains(
+                "changed (a start would accept it): this dry run goes on with the configuration \
+                 it started with",
+            )
+    });
+    version(3, "conntrack:\n  maxPerCore: -1\n");
+    running.wait("the refusal said", &output, |_, err| {
+        err.contains("changed but cannot be used")
+            && err.contains("field conntrack.maxPerCore: -1 is negative")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        running.child.try_wait().expect("try_wait").is_none(),
+        "the dry run goes on:\n{}",
+        running.stderr()
+    );
 }
 
 /// `--strict-config`: a CI check of a ConfigMap fails (status 1) on what only warns at a
@@ -2068,5 +2130,205 @@ fn strict_config_fails_on_a_warning_and_a_refused_file_is_said_in_the_log_format
         line.to_string()
             .contains("field nftables.masqueradeBit: 40 is not in 0-31"),
         "{line}"
+    );
+}
+
+/// `--write-config-to` writes kube-proxy's format, which has no field for kpng's own flags nor
+/// for a source or sink other than kube-proxy's: each one given is named in a warning saying to
+/// keep it on the command line (until 2026-12-07 they were left out in silence, and a kpng
+/// started from the file ran without them). Flags the file holds, and the pre-flight check
+/// `--write-config-to FILE version`, warn about nothing.
+#[test]
+fn write_config_to_names_each_kpng_flag_the_file_cannot_hold() {
+    let write = |args: &[&str]| {
+        let out = kpng()
+            .args(["--write-config-to", "-"])
+            .args(args)
+            .env_remove("KPNG_BPF_PIN_PATH")
+            .output()
+            .expect("run kpng");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("kind: KubeProxyConfiguration"),
+            "{args:?}: the file is written"
+        );
+        stderr
+    };
+    let keep = "a kpng flag with no KubeProxyConfiguration field, not in the file: keep it on \
+                kpng's command line beside --config";
+    let said = write(&[
+        "--service-cidr=10.96.0.0/12",
+        "--full-sync-period",
+        "2h",
+        "--master",
+        "https://admin:secret@10.0.0.1:6443",
+        "--cluster-cidr=10.244.0.0/16",
+        "--hostname-override=n1",
+        "kube",
+        "to-local",
+        "ebpf",
+        "--bpf-pin-path",
+        "/sys/fs/bpf/kpng-test",
+        "--socket-lb-host-netns-only",
+    ]);
+    for flag in [
+        "--service-cidr=10.96.0.0/12: ".to_string(),
+        "--full-sync-period=2h: ".to_string(),
+        "--bpf-pin-path=/sys/fs/bpf/kpng-test (of `kube to-local ebpf`): ".to_string(),
+        "--socket-lb-host-netns-only (of `kube to-local ebpf`): ".to_string(),
+    ] {
+        assert!(
+            said.contains(&format!("--write-config-to: {flag}{keep}")),
+            "{flag}: {said}"
+        );
+    }
+    assert!(
+        said.contains("--master=https://***@10.0.0.1:6443") && !said.contains("secret"),
+        "the URL without its credentials: {said}"
+    );
+    assert!(
+        !said.contains("--cluster-cidr") && !said.contains("--hostname-override"),
+        "flags the file holds are not named: {said}"
+    );
+    let said = write(&[
+        "--log-level=warn",
+        "file",
+        "--input",
+        "/dev/null",
+        "to-file",
+        "--output",
+        "-",
+    ]);
+    assert!(
+        said.contains("--input=/dev/null (of `file`): ")
+            && said.contains("--output=- (of `file to-file`): ")
+            && said
+                .contains("`file to-file`: the source and sink of this command line have no field")
+            && said.contains("--log-level=warn has no logging.verbosity of its own"),
+        "{said}"
+    );
+    for quiet in [
+        &[
+            "--hostname-override=n1",
+            "--cluster-cidr=10.244.0.0/16",
+            "-v=4",
+        ][..],
+        &["--service-cidr=10.96.0.0/12", "version"][..],
+        &["--proxy-mode=nftables", "kube", "to-local", "nft"][..],
+    ] {
+        let said = write(quiet);
+        assert!(!said.contains("--write-config-to"), "{quiet:?}: {said}");
+    }
+}
+
+/// kube-proxy's `bindAddressHardFail` (`--bind-address-hard-fail`), as kube-proxy reads it: a
+/// health or metrics server that cannot bind ends kpng when true, whatever the cause (a port
+/// held, an address the node lacks), and is tried again every 5 s while kpng runs when false
+/// (kube-proxy's default), taking the port once it is free. `/configz` says the value in force.
+/// Until 2026-12-07 kpng decided by the cause whatever the value (a held port ended it, a
+/// missing address was retried) and `/configz` said `true`.
+#[test]
+fn bind_address_hard_fail_decides_what_a_server_that_cannot_bind_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
+    let output = dir.path().join("out.yaml");
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to hold");
+    let held_port = held.local_addr().expect("addr").port();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+    };
+    let run = |healthz: &str, extra: &[&str]| {
+        let mut cmd = kpng();
+        cmd.args(extra)
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--admin-socket="])
+            .arg(format!("--healthz-bind-address={healthz}"))
+            .args(["to-file", "--output"])
+            .arg(&output);
+        cmd
+    };
+    // true, from the flag or the file: the start fails, naming the setting, whatever the
+    // cause (192.0.2.1, TEST-NET-1, is on no node).
+    let config = dir.path().join("hard.conf");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAddressHardFail: true\n",
+    )
+    .expect("write");
+    let config_arg = format!("--config={}", config.display());
+    let held_address = format!("127.0.0.1:{held_port}");
+    let missing_address = format!("192.0.2.1:{}", free_port());
+    for (healthz, extra) in [
+        (
+            held_address.as_str(),
+            &["--bind-address-hard-fail=true", "--metrics-bind-address="][..],
+        ),
+        (
+            missing_address.as_str(),
+            &[config_arg.as_str(), "--metrics-bind-address="][..],
+        ),
+    ] {
+        // Bounded: a kpng that retries instead runs until killed.
+        let mut refused = Kpng::start(run(healthz, extra).stdout(Stdio::null()));
+        let exit = kpng_testkit::wait_exit(&mut refused.child, Duration::from_secs(10));
+        let stderr = refused.stderr();
+        assert_eq!(
+            exit.and_then(|e| e.code()),
+            Some(1),
+            "{healthz} {extra:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!(
+                "binding the health server (--healthz-bind-address) to {healthz} \
+                 (bindAddressHardFail, --bind-address-hard-fail: a server that cannot bind ends \
+                 kpng, as it ends kube-proxy)"
+            )),
+            "{healthz} {extra:?}: {stderr}"
+        );
+    }
+    // false (the default): kpng runs on, says so, and binds once the port is free.
+    let metrics = free_port();
+    let mut running = Kpng::start(&mut run(
+        &held_address,
+        &[&format!("--metrics-bind-address=127.0.0.1:{metrics}")],
+    ));
+    running.wait(
+        "the first sync despite the held port",
+        &output,
+        |out, err| {
+            out.contains("10.96.0.1")
+                && err.contains(&format!(
+                    "cannot bind the health server (--healthz-bind-address) to {held_address}"
+                ))
+                && err.contains("another process holds the port")
+                && err.contains("trying again every 5s while kpng runs on")
+        },
+    );
+    let configz = http_get(metrics, "/configz")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    assert!(
+        configz.contains("\"bindAddressHardFail\":false"),
+        "/configz says the value in force: {configz}"
+    );
+    drop(held);
+    running.wait(
+        "the health server bound once the port is free",
+        &output,
+        |_, err| {
+            err.contains(&format!(
+                "serving /healthz and /livez on http://{held_address}"
+            ))
+        },
+    );
+    assert_eq!(
+        http_get(held_port, "/livez").map(|(code, _)| code),
+        Some(200)
     );
 }

@@ -1081,8 +1081,16 @@ fn every_kpng_command_line_in_deploy_parses_with_the_real_cli() {
         let args = c.args.clone().unwrap();
         let (ok, log) = parse_with_kpng(&args, &config);
         assert!(ok, "{file}: kpng refused its command line: {log}");
+        // What the written file cannot hold (the brain's and the split node's kpng flags) is
+        // about the write this check borrows, not about the line or the config.
+        let about_the_line: Vec<&str> = log
+            .lines()
+            .filter(|l| !l.contains(" --write-config-to: "))
+            .collect();
         assert!(
-            !log.contains("WARN") && !log.contains("ERROR"),
+            about_the_line
+                .iter()
+                .all(|l| !l.contains("WARN") && !l.contains("ERROR")),
             "{file}: {log}"
         );
     }

@@ -13,10 +13,9 @@
 //!   only when it differs from its zero value or kube-proxy's default, so that a stock kubeadm
 //!   file loads silently.
 //! - **no effect**: fields that change nothing observable in kpng are accepted silently
-//!   (`clientConnection.contentType`: kpng speaks JSON; `bindAddressHardFail`: kpng decides by
-//!   the cause whatever the value, stopping when another process holds its port and retrying
-//!   an address the node lacks every 5 s (`crate::listen`); `logging.flushFrequency` and
-//!   `logging.options`).
+//!   (`clientConnection.contentType`: kpng speaks JSON; `logging.flushFrequency` and
+//!   `logging.options`). `bindAddressHardFail` is mapped (`--bind-address-hard-fail`,
+//!   `crate::listen`); until 2026-12-07 it was accepted without effect.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -73,6 +72,8 @@ pub struct FileSettings {
     pub healthz_bind_address: Option<SocketAddr>,
     /// `metricsBindAddress`.
     pub metrics_bind_address: String,
+    /// `bindAddressHardFail`: a server that cannot bind ends kpng (`crate::listen`).
+    pub bind_address_hard_fail: bool,
     /// `<section>.minSyncPeriod`.
     pub min_sync_period: Duration,
     /// `<section>.syncPeriod`.
@@ -422,6 +423,7 @@ pub fn map_on(config: &KubeProxyConfiguration, platform: Platform) -> anyhow::Re
         nodeport_addresses: nodeport_addresses(config.node_port_addresses.as_deref())?,
         healthz_bind_address: Some(healthz_bind_address),
         metrics_bind_address,
+        bind_address_hard_fail: config.bind_address_hard_fail,
         min_sync_period,
         sync_period,
         conntrack_max_per_core: count("maxPerCore", conntrack.max_per_core, 32768)?,

@@ -110,6 +110,7 @@ fn defaults() -> FileSettings {
         nodeport_addresses: vec![],
         healthz_bind_address: Some("0.0.0.0:10256".parse().unwrap()),
         metrics_bind_address: "127.0.0.1:10249".into(),
+        bind_address_hard_fail: false,
         min_sync_period: Duration::from_secs(1),
         sync_period: Duration::from_secs(30),
         conntrack_max_per_core: 32768,
@@ -289,6 +290,14 @@ fn fields_map_onto_flags() {
                     "10.244.0.0/16".parse().unwrap(),
                     "fd00:10:244::/56".parse().unwrap(),
                 ],
+                ..defaults()
+            },
+        ),
+        (
+            "bindAddressHardFail: a server that cannot bind ends kpng",
+            doc("bindAddressHardFail: true\n"),
+            FileSettings {
+                bind_address_hard_fail: true,
                 ..defaults()
             },
         ),
@@ -902,13 +911,16 @@ fn written_configuration_reads_back_to_the_same_flags() {
         "30s",
         "--log-level",
         "debug",
+        "--bind-address-hard-fail",
         "file",
         "--input",
         "x",
         "to-file",
     ])
     .unwrap();
+    assert!(flags.bind_address_hard_fail);
     let text = write::render(&write::effective(&flags).unwrap()).unwrap();
+    assert!(text.contains("\nbindAddressHardFail: true\n"), "{text}");
     let (settings, report) = from_text(&text).unwrap();
     // Only the note that an empty mode is kube-proxy's default (iptables).
     assert!(report.warnings.is_empty(), "{text}");
@@ -1691,4 +1703,72 @@ fn the_sync_periods_are_checked_after_the_flags_apply() {
         );
     }
     run_cli(&["kpng", "--config", path, "--min-sync-period", "10s"]).unwrap();
+}
+
+/// `--write-config-to` names each flag given that the file cannot hold (kpng's own, a
+/// subcommand's, through its environment variable too) and a source or sink other than
+/// kube-proxy's; flags with a field, and what only says what the command does, are not named.
+#[test]
+fn the_flags_a_written_file_cannot_hold_are_named() {
+    let keep = ": a kpng flag with no KubeProxyConfiguration field, not in the file: keep it on \
+                kpng's command line beside --config";
+    let sink = "`file to-file`: the source and sink of this command line have no field: `kpng \
+                --config FILE` alone runs kube-proxy's (the `kube` source into the `mode`'s \
+                backend), so keep them on kpng's command line beside --config";
+    // (command line, the lines)
+    let cases: Vec<(Vec<&str>, Vec<String>)> = vec![
+        (
+            vec!["kpng", "--config", "c", "--hostname-override=n1", "-v=4"],
+            vec![],
+        ),
+        (
+            vec![
+                "kpng",
+                "--bind-address-hard-fail",
+                "--proxy-mode=nftables",
+                "--dry-run",
+            ],
+            vec![],
+        ),
+        (
+            vec!["kpng", "--service-cidr=10.96.0.0/12", "version"],
+            vec![],
+        ),
+        (
+            vec![
+                "kpng",
+                "--service-cidr=10.96.0.0/12,fd00::/108",
+                "kube",
+                "to-local",
+                "nft",
+            ],
+            vec![format!("--service-cidr=10.96.0.0/12,fd00::/108{keep}")],
+        ),
+        (
+            vec![
+                "kpng",
+                "kube",
+                "--admin-socket=/x",
+                "to-local",
+                "nft",
+                "--dry-run",
+            ],
+            vec![format!("--admin-socket=/x{keep}")],
+        ),
+        (
+            vec!["kpng", "file", "--input", "in.yaml", "to-file"],
+            vec![
+                format!("--input=in.yaml (of `file`){keep}"),
+                sink.to_string(),
+            ],
+        ),
+    ];
+    for (line, want) in cases {
+        let matches = crate::cli::command().try_get_matches_from(&line).unwrap();
+        assert_eq!(
+            unwritten::named(&crate::cli::command(), &matches),
+            want,
+            "{line:?}"
+        );
+    }
 }

@@ -12,6 +12,13 @@
 //!   loudly (an ERROR naming the file and the field, a `kpng status` PROBLEM line, the
 //!   `kpng_config_file_rejected` gauge at 1), so a bad merge does not crash-loop every node.
 //!   Writing back the content kpng runs with clears it.
+//!
+//! What a valid new content does depends on the run ([`OnValid`]): a proxy ends, and so does
+//! a `to-file` run (its output describes the configuration it started with, and a supervisor
+//! restarting it writes the new one; its line says it leaves no rules); a `--dry-run`, which
+//! previews one start and which nobody restarts, says that the file changed and that it goes
+//! on with what it started with (until 2026-12-07 it ended with status 1, which reads as the
+//! failure a dry run reports).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -58,10 +65,25 @@ impl Recheck {
     }
 }
 
+/// What a new valid content of the file does to this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnValid {
+    /// End (status 1, as kube-proxy) so that the restart applies it: a proxy, or a `to-file`
+    /// run. `meanwhile` says what stays until then (`the rules stay in place until then`).
+    End {
+        /// What the ending leaves behind, for its line.
+        meanwhile: &'static str,
+    },
+    /// Say so and go on with the configuration it started with: a dry run, which previews one
+    /// start and which nobody restarts.
+    Say,
+}
+
 /// A running watch: its state for `kpng status` and `/metrics`.
 #[derive(Clone)]
 pub struct Watch {
     recheck: Recheck,
+    on_valid: OnValid,
     /// Why the file's current content is not used; `None` while it is the one in use.
     rejected: Arc<Mutex<Option<String>>>,
     gauge: Gauge,
@@ -84,10 +106,12 @@ pub enum Verdict {
 }
 
 impl Watch {
-    /// Starts with the content kpng runs with as the last one seen.
-    pub fn new(recheck: Recheck) -> Watch {
+    /// Starts with the content kpng runs with as the last one seen; a new valid content does
+    /// what `on_valid` says.
+    pub fn new(recheck: Recheck, on_valid: OnValid) -> Watch {
         Watch {
             recheck,
+            on_valid,
             rejected: Arc::default(),
             gauge: Gauge::default(),
         }
@@ -139,8 +163,9 @@ impl Watch {
         }
     }
 
-    /// Completes with the line kpng ends with once the file holds a new valid content;
-    /// refusals and restorations are logged and shown meanwhile.
+    /// Completes with the line kpng ends with once the file holds a new valid content (with
+    /// [`OnValid::End`]; with [`OnValid::Say`] it never completes); refusals and
+    /// restorations are logged and shown meanwhile.
     pub async fn changed(self) -> String {
         let path = self.recheck.path.clone();
         let read = || -> Read {
@@ -159,13 +184,24 @@ impl Watch {
                         path.display()
                     );
                 }
-                Verdict::Apply => {
-                    return format!(
-                        "--config {} changed: ending so that the restart applies it (the rules \
-                         stay in place until then), as kube-proxy does",
-                        path.display()
-                    );
-                }
+                Verdict::Apply => match self.on_valid {
+                    OnValid::End { meanwhile } => {
+                        return format!(
+                            "--config {} changed: ending so that the restart applies it \
+                             ({meanwhile}), as kube-proxy does",
+                            path.display()
+                        );
+                    }
+                    OnValid::Say => {
+                        self.set_rejected(None);
+                        tracing::warn!(
+                            "--config {} changed (a start would accept it): this dry run goes \
+                             on with the configuration it started with; run it again to see \
+                             what the new one does",
+                            path.display()
+                        );
+                    }
+                },
                 Verdict::Reject(why) => {
                     tracing::error!(
                         "--config {} changed but cannot be used, kpng runs on with the \
@@ -196,10 +232,12 @@ mod tests {
 
     #[test]
     fn a_new_content_is_applied_refused_or_back_to_the_one_in_use() {
-        let watch = Watch::new(Recheck::new("/c".into(), "good".into(), || {
-            anyhow::bail!("field x: bad")
-        }));
-        let valid = Watch::new(Recheck::new("/c".into(), "good".into(), || Ok(())));
+        let end = OnValid::End { meanwhile: "-" };
+        let watch = Watch::new(
+            Recheck::new("/c".into(), "good".into(), || anyhow::bail!("field x: bad")),
+            end,
+        );
+        let valid = Watch::new(Recheck::new("/c".into(), "good".into(), || Ok(())), end);
         let ok = |s: &str| -> Read { Ok(s.to_string()) };
         let cases: [(&Watch, Read, Read, Verdict); 5] = [
             (&valid, ok("good"), ok("good"), Verdict::Same),

@@ -8,7 +8,7 @@
 //! system (iptables on Linux, kernelspace on Windows; both read the iptables section's sync
 //! periods, so the sections written are the same). kpng-only flags (`--service-cidr`,
 //! `--service-proxy-name`, `--full-sync-period`, the sink's flags) have no field and are not
-//! written. A `minSyncPeriod` of 0 and an empty (disabled) `--metrics-bind-address` are written
+//! written: `super::unwritten` names each one given in a warning. A `minSyncPeriod` of 0 and an empty (disabled) `--metrics-bind-address` are written
 //! as given but read back as defaults (the file format reads 0 as "1s" and an empty address as
 //! the default one), so [`not_written`] names them for a warning.
 
@@ -86,7 +86,7 @@ pub fn effective(flags: &GlobalFlags) -> anyhow::Result<KubeProxyConfiguration> 
     Ok(KubeProxyConfiguration {
         api_version: API_VERSION.into(),
         bind_address,
-        bind_address_hard_fail: true,
+        bind_address_hard_fail: flags.bind_address_hard_fail,
         client_connection: client_connection(client),
         cluster_cidr: cluster_cidr.join(","),
         config_sync_period: GoDuration(CONFIG_SYNC_PERIOD),
@@ -205,10 +205,11 @@ fn client_connection(client: &ClientConnection) -> ClientConnectionConfiguration
     }
 }
 
-/// A `--log-level` as klog verbosity (the inverse of the mapping on reading).
 /// Settings in force that the file cannot carry, one line each naming the flag to keep on the
-/// command line: `bindAddress` holds one node IP, not a dual-stack pair; the file reads a `minSyncPeriod` of 0 as kube-proxy's default 1s, and an
-/// empty `metricsBindAddress` as the default address, as kube-proxy does.
+/// command line: `bindAddress` holds one node IP, not a dual-stack pair; `logging.verbosity`
+/// holds info, debug or trace, not a `--log-level` of warn or per-module directives; the file
+/// reads a `minSyncPeriod` of 0 as kube-proxy's default 1s, and an empty
+/// `metricsBindAddress` as the default address, as kube-proxy does.
 pub fn not_written(flags: &GlobalFlags) -> Vec<String> {
     let mut lost = Vec::new();
     if let [first, rest @ ..] = flags.node_ip.as_slice()
@@ -223,6 +224,18 @@ pub fn not_written(flags: &GlobalFlags) -> Vec<String> {
             all.join(","),
             left.join(","),
             all.join(",")
+        ));
+    }
+    // The file's level is klog's verbosity: `--log-level` warn, error, off or per-module
+    // directives have none, and read back as info (or debug, trace).
+    let read_back = super::mapping::log_level(verbosity(&flags.log_level));
+    if !read_back.eq_ignore_ascii_case(flags.log_level.trim()) {
+        lost.push(format!(
+            "--log-level={} has no logging.verbosity of its own: it is written as {}, which the \
+             file reads as {read_back}: keep --log-level={} on the command line",
+            flags.log_level.trim(),
+            verbosity(&flags.log_level),
+            flags.log_level.trim()
         ));
     }
     if flags.min_sync_period.is_zero() {
@@ -251,6 +264,7 @@ pub fn not_written(flags: &GlobalFlags) -> Vec<String> {
     lost
 }
 
+/// A `--log-level` as klog verbosity (the inverse of the mapping on reading).
 fn verbosity(log_level: &str) -> u32 {
     match log_level.trim() {
         "debug" => 4,
