@@ -542,6 +542,14 @@ fn get(socket: &Path, target: &str, timeout: std::time::Duration) -> anyhow::Res
         };
         return Err(Classified::error(kind, body.trim()));
     }
+    // A 503 is a kpng that cannot answer now (it is stopping): its own exit code, so that a
+    // script retries rather than reporting a broken kpng (until 2026-12-07: exit 1).
+    if code == "503" {
+        return Err(Classified::error(
+            Failure::Unavailable,
+            format!("kpng answered 503: {}", body.trim()),
+        ));
+    }
     if code != "200" {
         bail!("kpng answered {code}: {}", body.trim());
     }
@@ -1803,12 +1811,39 @@ pub fn print_trace(socket: &Path, args: &TraceArgs) -> anyhow::Result<()> {
     )?;
     let mut t: serde_json::Value =
         serde_json::from_str(&body).context("kpng's trace is not JSON")?;
+    // No Service frontend matched: exit 5 as a status that matches nothing, after the trace
+    // (which says what the node does with the packet: delivered to itself, left alone,
+    // dropped as an unallocated Service IP). Until 2026-12-07 such a trace exited 0.
+    let no_match = no_frontend_matched(&t).then(|| {
+        format!(
+            "no Service frontend matches {} {} (the trace above says what this node does with it)",
+            proto_word(q.protocol),
+            q.to
+        )
+    });
     if args.output == crate::cli::LogFormat::Json {
         with_schema_version(&mut t);
-        return print_out(&format!("{}\n", serde_json::to_string_pretty(&t)?));
+        if let (Some(message), serde_json::Value::Object(map)) = (&no_match, &mut t) {
+            map.insert(
+                "error".to_string(),
+                crate::exit_codes::error_object(Failure::NoMatch, message),
+            );
+        }
+        print_out(&format!("{}\n", serde_json::to_string_pretty(&t)?))?;
+    } else {
+        escape_value_controls(&mut t);
+        print_out(&terminal_safe(&trace_text(&q, &t)))?;
     }
-    escape_value_controls(&mut t);
-    print_out(&terminal_safe(&trace_text(&q, &t)))
+    match no_match {
+        Some(message) => Err(Classified::after_output(Failure::NoMatch, message)),
+        None => Ok(()),
+    }
+}
+
+/// Whether the trace `t` matched no Service frontend (no `service`): `kpng trace` then exits
+/// 5 ([`Failure::NoMatch`]).
+fn no_frontend_matched(t: &serde_json::Value) -> bool {
+    t.get("service").is_none_or(serde_json::Value::is_null)
 }
 
 /// Every string of `value` (and every key) with its control characters escaped (`\n`,
@@ -1869,15 +1904,14 @@ fn masquerade_words(t: &serde_json::Value) -> String {
             "{yes_no} (translated at the socket: no NAT, the endpoint sees the client's address)"
         );
     }
-    if let Some(cgroup) = t["atSocketIfInCgroup"].as_str() {
+    if let Some(condition) = socket_condition(t) {
         let rules = match (t["masquerade"] == true, t["hairpin"] == true) {
             (true, _) => "yes",
             (false, true) => "no (and whenever the client picks itself: hairpin)",
             (false, false) => "no",
         };
         return format!(
-            "{rules} through the rules; no from a process in cgroup {cgroup}'s subtree \
-             (translated at the socket)"
+            "{rules} through the rules; no from a process {condition} (translated at the socket)"
         );
     }
     match (t["masquerade"] == true, t["hairpin"] == true) {
@@ -1889,6 +1923,22 @@ fn masquerade_words(t: &serde_json::Value) -> String {
         (true, _) => "yes".to_string(),
         (false, true) => "no (and whenever the client picks itself: hairpin)".to_string(),
         (false, false) => "no".to_string(),
+    }
+}
+
+/// Which processes' sockets the trace `t` says are translated at the socket when that is not
+/// certain: `in cgroup X's subtree` (`atSocketIfInCgroup`), `in kpng's network namespace
+/// net:[N]` (`atSocketIfInNetns`: `--socket-lb-host-netns-only` outside the host's), or both.
+fn socket_condition(t: &serde_json::Value) -> Option<String> {
+    let cgroup = t["atSocketIfInCgroup"]
+        .as_str()
+        .map(|c| format!("in cgroup {c}'s subtree"));
+    let netns = t["atSocketIfInNetns"]
+        .as_str()
+        .map(|n| format!("in kpng's network namespace {n} (not the host's)"));
+    match (cgroup, netns) {
+        (Some(c), Some(n)) => Some(format!("{c} and {n}")),
+        (c, n) => c.or(n),
     }
 }
 
@@ -1906,10 +1956,10 @@ fn trace_text(q: &TraceQuery, t: &serde_json::Value) -> String {
         s("verdict").to_uppercase(),
         if t["translatedAtSocket"] == true {
             " (at the socket: connect()/sendmsg(), not per packet)".to_string()
-        } else if let Some(cgroup) = t["atSocketIfInCgroup"].as_str() {
+        } else if let Some(condition) = socket_condition(t) {
             format!(
-                " (at the socket if the process is in cgroup {cgroup}'s subtree, otherwise per \
-                 packet through the rules)"
+                " (at the socket if the process is {condition}, otherwise per packet through \
+                 the rules)"
             )
         } else {
             String::new()
@@ -2730,6 +2780,54 @@ mod tests {
         }
     }
 
+    /// `--socket-lb-host-netns-only` outside the host's network namespace: the text says the
+    /// socket path holds for kpng's namespace only, as the status's PROBLEM says, with the
+    /// rules' answer for the others (a cgroup subtree is said alike, and both together).
+    #[test]
+    fn a_socket_path_for_some_processes_only_is_said_with_its_condition() {
+        let q = parse_trace("172.18.0.2", "10.96.0.10:80", None, None).expect("query");
+        for (cgroup, netns, says) in [
+            (
+                None,
+                Some("net:[8]"),
+                "(at the socket if the process is in kpng's network namespace net:[8] (not the \
+                 host's), otherwise per packet through the rules)",
+            ),
+            (
+                Some("/sys/fs/cgroup/a"),
+                None,
+                "(at the socket if the process is in cgroup /sys/fs/cgroup/a's subtree, \
+                 otherwise per packet through the rules)",
+            ),
+            (
+                Some("/sys/fs/cgroup/a"),
+                Some("net:[8]"),
+                "no from a process in cgroup /sys/fs/cgroup/a's subtree and in kpng's network \
+                 namespace net:[8] (not the host's) (translated at the socket)",
+            ),
+        ] {
+            let t = serde_json::json!({
+                "verdict": "dnat",
+                "service": "ns/web:http",
+                "frontend": "clusterIP",
+                "endpointList": "cluster",
+                "endpoints": ["10.244.2.5:8080"],
+                "masquerade": true,
+                "hairpin": false,
+                "atSocketIfInCgroup": cgroup,
+                "atSocketIfInNetns": netns,
+                "reason": "r",
+                "inSync": true,
+            });
+            let text = trace_text(&q, &t);
+            assert!(text.contains(says), "{text}");
+            assert!(!no_frontend_matched(&t));
+        }
+        assert!(no_frontend_matched(
+            &serde_json::json!({"verdict": "none", "reason": "r"})
+        ));
+    }
+
     /// An endpoint several slices hold with other conditions: the wide view says so after its
     /// use, and JSON has `otherCopies`.
     #[test]
@@ -2887,6 +2985,7 @@ mod tests {
                     last_good: Some("T1".into()),
                     detail: None,
                     brain_version: Some("0.1.0".into()),
+                    ..Default::default()
                 },
                 "input brain tcp://kind-control-plane:12090 (kpng 0.1.0)  ok  last good input T1\n",
             ),
@@ -2897,6 +2996,7 @@ mod tests {
                     last_good: Some("T1".into()),
                     detail: Some("18 objects".into()),
                     brain_version: None,
+                    ..Default::default()
                 },
                 "input file /etc/kpng/cluster.yaml  ok  last good input T1 (18 objects)\n",
             ),
@@ -2911,6 +3011,7 @@ mod tests {
                     last_good: None,
                     detail: None,
                     brain_version: None,
+                    ..Default::default()
                 },
                 "input kube https://10.0.0.1:6443/  1 PROBLEM  last good input never\n  \
                  API server (since T0): unreachable: refused\n",
@@ -2928,6 +3029,7 @@ mod tests {
                     last_good: Some("T1".into()),
                     detail: None,
                     brain_version: None,
+                    ..Default::default()
                 },
                 "input directory /m  2 PROBLEMS  last good input T1\n  \
                  /m/a.yaml (since T0): not loaded\n  /m/b.yaml (since T0): not loaded\n",
@@ -3020,6 +3122,7 @@ mod tests {
             last_good: Some("T1".into()),
             detail: None,
             brain_version: None,
+            ..Default::default()
         };
         let status = brain_status(&hub, input, &StatusQuery::default());
         assert_eq!(
@@ -3342,6 +3445,7 @@ mod tests {
             last_good: Some("T1".into()),
             detail: None,
             brain_version: None,
+            ..Default::default()
         };
         for (problems, dropped, want) in [
             (0, 0, "input file /c.yaml  ok  last good input T1\n"),
@@ -3418,6 +3522,7 @@ mod tests {
             health_check_node_port: None,
             health_check: None,
             without_endpoints: None,
+            without_endpoints_detail: None,
             endpoints: Vec::new(),
             only_used_known: false,
         };

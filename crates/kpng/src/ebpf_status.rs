@@ -66,7 +66,8 @@ pub fn probe(pin_dir: PathBuf, cgroup: Option<PathBuf>, host_netns_only: bool) -
 
 /// Which sockets the programs translate, for `kpng trace`: a `--cgroup-path` that is not
 /// the cgroup v2 root kpng attaches to by default is a subtree whose processes the trace cannot
-/// tell from others.
+/// tell from others; `--socket-lb-host-netns-only` in a kpng outside the host's network
+/// namespace means kpng's own (the status's PROBLEM), which the trace says too.
 pub fn local_sockets(
     cgroup: Option<&Path>,
     host_netns_only: bool,
@@ -76,9 +77,17 @@ pub fn local_sockets(
     let cgroup_subtree = cgroup
         .filter(|c| root.as_deref().map(canonical) != Some(canonical(c)))
         .map(|c| c.display().to_string());
+    // kpng's namespace does not change while it runs: looked at once, as the status's probe.
+    let own_netns_not_host = match host_netns_only.then(kpng_backend_ebpf::netns::Placement::find) {
+        Some(kpng_backend_ebpf::netns::Placement::Other { own, .. }) => {
+            Some(format!("net:[{own}]"))
+        }
+        _ => None,
+    };
     kpng_model::trace::LocalSockets {
         cgroup_subtree,
         host_netns_only,
+        own_netns_not_host,
     }
 }
 

@@ -24,6 +24,10 @@ pub enum Failure {
     /// `kpng status --fail-on-problems`: some Service port has a problem (the status was
     /// printed as usual): 6.
     Problems,
+    /// A kpng answered, but that it cannot answer now (HTTP 503: it is stopping): 7. Told
+    /// apart from 1 so that a script retries (a new kpng starts, or the socket goes away and
+    /// the next try says 3) instead of reporting a broken kpng.
+    Unavailable,
 }
 
 impl Failure {
@@ -36,6 +40,7 @@ impl Failure {
             Failure::NoAnswer => 4,
             Failure::NoMatch => 5,
             Failure::Problems => 6,
+            Failure::Unavailable => 7,
         }
     }
 
@@ -48,6 +53,7 @@ impl Failure {
             Failure::NoAnswer => "noAnswer",
             Failure::NoMatch => "noMatch",
             Failure::Problems => "problems",
+            Failure::Unavailable => "unavailable",
         }
     }
 }
@@ -59,6 +65,10 @@ pub struct Classified {
     pub message: String,
     /// Which kind of failure: the exit code.
     pub kind: Failure,
+    /// The command printed its document already (a trace that matches no Service: the trace
+    /// says what the node does with the packet, and carries the `error`): no error document
+    /// is printed after it.
+    pub printed: bool,
 }
 
 impl Classified {
@@ -67,6 +77,18 @@ impl Classified {
         Classified {
             message: message.into(),
             kind,
+            printed: false,
+        }
+        .into()
+    }
+
+    /// An error of kind `kind` saying `message`, after the command printed its document
+    /// (which says the error itself where a document was asked for).
+    pub fn after_output(kind: Failure, message: impl Into<String>) -> anyhow::Error {
+        Classified {
+            message: message.into(),
+            kind,
+            printed: true,
         }
         .into()
     }
@@ -85,6 +107,23 @@ pub fn kind_of(e: &anyhow::Error) -> Failure {
     e.chain()
         .find_map(|cause| cause.downcast_ref::<Classified>())
         .map_or(Failure::Other, |c| c.kind)
+}
+
+/// Whether the command printed its document before failing with `e` ([`Classified::after_output`]).
+pub fn printed(e: &anyhow::Error) -> bool {
+    e.chain()
+        .find_map(|cause| cause.downcast_ref::<Classified>())
+        .is_some_and(|c| c.printed)
+}
+
+/// The `error` object of a document: `{"code", "exitCode", "message"}`, also carried by a
+/// trace that matches no Service.
+pub fn error_object(kind: Failure, message: &str) -> serde_json::Value {
+    serde_json::json!({
+        "code": kind.word(),
+        "exitCode": kind.exit_code(),
+        "message": message,
+    })
 }
 
 /// How an admin-client command's failure is printed on standard output, besides the
@@ -109,11 +148,7 @@ pub fn error_document(format: ErrorDocument, kind: Failure, message: &str) -> Op
     }
     let value = serde_json::json!({
         "schemaVersion": crate::admin::SCHEMA_VERSION,
-        "error": {
-            "code": kind.word(),
-            "exitCode": kind.exit_code(),
-            "message": message,
-        }
+        "error": error_object(kind, message),
     });
     match format {
         ErrorDocument::None => None,
@@ -135,6 +170,7 @@ mod tests {
             Failure::NoAnswer,
             Failure::NoMatch,
             Failure::Problems,
+            Failure::Unavailable,
         ];
         let codes: std::collections::BTreeSet<u8> = all.iter().map(|f| f.exit_code()).collect();
         let words: std::collections::BTreeSet<&str> = all.iter().map(|f| f.word()).collect();

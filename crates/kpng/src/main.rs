@@ -257,7 +257,11 @@ fn main() -> std::process::ExitCode {
             let text = describe(&e);
             let kind = exit_codes::kind_of(&e);
             // A script reading `-o json|yaml` gets a document in every case (`exit_codes`).
-            if let Some(document) = exit_codes::error_document(error_document, kind, &text) {
+            // (Unless the command printed its own, which says the error: `kpng trace` to an
+            // address no Service has.)
+            if !exit_codes::printed(&e)
+                && let Some(document) = exit_codes::error_document(error_document, kind, &text)
+            {
                 print!("{document}");
             }
             ends.fatal(&text);

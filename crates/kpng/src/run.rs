@@ -526,6 +526,7 @@ impl SinkFacts {
         local_sockets: kpng_model::trace::LocalSockets {
             cgroup_subtree: None,
             host_netns_only: false,
+            own_netns_not_host: None,
         },
     };
 }

@@ -254,9 +254,11 @@ async function trace() {
         ? "yes (hairpin: the client is the only endpoint it can pick)"
         : (t.masquerade ? "yes" : "no") + (t.translatedAtSocket
           ? " (translated at the socket: no NAT, the endpoint sees the client's address)"
-          : t.atSocketIfInCgroup
-            ? " through the rules; no from a process in cgroup " + t.atSocketIfInCgroup +
-              "'s subtree (translated at the socket)"
+          : t.atSocketIfInCgroup || t.atSocketIfInNetns
+            ? " through the rules; no from a process " + [
+                t.atSocketIfInCgroup && "in cgroup " + t.atSocketIfInCgroup + "'s subtree",
+                t.atSocketIfInNetns && "in kpng's network namespace " + t.atSocketIfInNetns + " (not the host's)",
+              ].filter(Boolean).join(" and ") + " (translated at the socket)"
           : t.hairpin ? " (hairpin when the client picks itself)" : "")));
     }
     if (t.affinityTimeoutSeconds) lines.push("affinity: ClientIP, " + t.affinityTimeoutSeconds + " s");

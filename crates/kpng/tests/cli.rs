@@ -1819,6 +1819,141 @@ fn status_and_trace_exit_codes_and_json_are_for_scripts() {
     let (code, json, said) = trace("10.96.0.9:80");
     assert_eq!(code, Some(0), "{said}");
     assert_eq!(json["schemaVersion"], 1, "{json}");
+    assert!(json.get("error").is_none(), "{json}");
+    // An address no Service has: the trace still says what the node does with it, and
+    // exits 5 as a status that matches nothing; as JSON, the trace carries the error (one
+    // document). Until 2026-12-07: exit 0.
+    let (code, json, said) = trace("192.0.2.1:80");
+    assert_eq!(code, Some(5), "{said}");
+    assert_eq!(json["error"]["code"], "noMatch", "{json}");
+    assert_eq!(json["error"]["exitCode"], 5, "{json}");
+    assert_eq!(json["schemaVersion"], 1, "{json}");
+    assert!(json["service"].is_null(), "{json}");
+    assert!(
+        json["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{json}"
+    );
+    assert!(
+        said.contains("no Service frontend matches tcp 192.0.2.1:80"),
+        "{said}"
+    );
+    let out = kpng()
+        .args(["trace", "--from", "10.244.1.5", "--to", "192.0.2.1:80"])
+        .arg("--admin-socket")
+        .arg(&admin)
+        .output()
+        .expect("run kpng");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(5), "{text}");
+    assert!(
+        text.contains("  why:        "),
+        "the explanation stays: {text}"
+    );
+}
+
+/// Every time in a JSON document of `kpng status` is RFC 3339 in UTC with milliseconds
+/// (docs/observability.md, "Output for scripts").
+fn assert_times_have_milliseconds(value: &serde_json::Value) {
+    match value {
+        serde_json::Value::String(s)
+            if s.len() >= 11 && s.as_bytes()[4] == b'-' && s.as_bytes()[10] == b'T' =>
+        {
+            let b = s.as_bytes();
+            assert!(
+                s.len() == 24 && b[19] == b'.' && s.ends_with('Z'),
+                "{s:?} is not RFC 3339 with milliseconds"
+            );
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(assert_times_have_milliseconds),
+        serde_json::Value::Object(map) => map.values().for_each(assert_times_have_milliseconds),
+        _ => {}
+    }
+}
+
+/// The status's prose has machine-readable companions (docs/observability.md, "Output for
+/// scripts"): the input's kind, location and state, what a port without endpoints meets as
+/// words; its times have one precision.
+#[test]
+fn the_status_json_has_words_for_scripts_beside_its_prose() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    let output = dir.path().join("out.yaml");
+    let mut running = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--node-name", "n1", "--healthz-bind-address", ""])
+            .args(["--debounce", "0", "--metrics-bind-address="])
+            .arg("--admin-socket")
+            .arg(&admin)
+            .args(["to-file", "--output"])
+            .arg(&output),
+    );
+    running.wait("the first sync", &output, |_, err| err.contains(" synced"));
+    let (code, json, said) = status_json(&admin, &["status", "-o", "json"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(json["input"]["kind"], "file", "{json}");
+    assert_eq!(
+        json["input"]["location"],
+        input.display().to_string(),
+        "{json}"
+    );
+    assert_eq!(json["input"]["state"], "ok", "{json}");
+    assert_eq!(
+        json["services"][0]["withoutEndpointsDetail"],
+        serde_json::json!({"reason": "noEndpoints", "traffic": "all", "verdict": "reject"}),
+        "{json}"
+    );
+    assert!(json["lastSuccessfulSync"].is_string(), "{json}");
+    assert_times_have_milliseconds(&json);
+}
+
+/// A kpng that answers 503 (it is stopping) is exit 7, `unavailable`: a script retries,
+/// rather than reporting a broken kpng (it was exit 1, "other").
+#[test]
+fn a_kpng_that_answers_503_is_exit_7() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&admin).expect("bind");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                request.push(byte[0]);
+            }
+            let body = "this kpng does not answer status questions (a brain, or it is stopping)\n";
+            let _ = write!(
+                stream,
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    for args in [
+        &["status", "-o", "json"][..],
+        &[
+            "trace",
+            "-o",
+            "json",
+            "--from",
+            "10.0.0.1",
+            "--to",
+            "10.96.0.9:80",
+        ][..],
+    ] {
+        let (code, json, said) = status_json(&admin, args);
+        assert_eq!(code, Some(7), "{args:?}: {said}");
+        assert_eq!(json["error"]["code"], "unavailable", "{json}");
+        assert_eq!(json["error"]["exitCode"], 7, "{json}");
+        assert!(said.contains("it is stopping"), "{said}");
+    }
+    let (code, _, said) = status_json(&admin, &["status"]);
+    assert_eq!(code, Some(7), "{said}");
 }
 
 /// A probe pointed at the metrics port reads the proxy's health as at the health port: the

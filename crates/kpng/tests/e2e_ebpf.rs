@@ -293,6 +293,20 @@ fn host_netns_only_leaves_pods_to_the_rules_so_a_sidecar_sees_the_service() {
                 .is_some_and(|r| r.contains("--socket-lb-host-netns-only")),
         "a pod's source: the rules: {t}"
     );
+    // The node's own address: kpng's namespace is node1's, not the host's, so the trace says
+    // both outcomes, as the status's PROBLEM (until 2026-12-07: "at the socket").
+    let t = trace(&c.node1.lan_ipv4.to_string());
+    assert!(
+        t["translatedAtSocket"] != true
+            && t["atSocketIfInNetns"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("net:["))
+            && t["reason"].as_str().is_some_and(|r| {
+                r.contains("in kpng's own network namespace net:[")
+                    && r.contains("otherwise through the rules")
+            }),
+        "the node's source: both outcomes: {t}"
+    );
 }
 
 /// Sends a datagram every 50 ms and prints `got NAME` or `miss`, through an unconnected socket

@@ -971,8 +971,24 @@ fn status_and_trace_answer_from_the_running_proxy() {
     assert_eq!(outside["masquerade"], true);
     let empty = trace("10.244.1.9", "10.96.0.60:80");
     assert_eq!(empty["verdict"], "reject", "{empty}");
-    let nothing = trace("10.244.1.9", "192.0.2.99:443");
+    // An address no Service has: exit 5 (nothing matches), the trace printed all the same.
+    let out = kpng()
+        .args([
+            "trace",
+            "--from",
+            "10.244.1.9",
+            "--to",
+            "192.0.2.99:443",
+            "-o",
+            "json",
+        ])
+        .args(["--admin-socket", &socket_flag])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    let nothing: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(nothing["verdict"], "none", "{nothing}");
+    assert_eq!(nothing["error"]["code"], "noMatch", "{nothing}");
     // `to-file` programs nothing: the trace says its verdict is the model's (until
     // 2026-12-07 it read as what the kernel does).
     let text = ask(&["trace", "--from", "10.244.1.9", "--to", "10.96.1.30:80"]);

@@ -41,6 +41,9 @@ pub struct InputState {
     pub last_good: Option<SystemTime>,
     /// What that load held, in words ("18 objects, 1 rejected").
     pub detail: Option<String>,
+    /// What that load held as numbers and a path, beside `detail`'s words, for scripts
+    /// (`kpng status -o json`'s `input.lastGoodObjects`, `lastGoodFiles`, `lastChangeFrom`).
+    pub load: LoadFacts,
     /// On a node fed by a brain: what the brain last reported about its own input (`None`:
     /// it reported nothing, such as KPNG's brain or an older kpng). Shared, so reading the
     /// record copies none of it.
@@ -53,6 +56,18 @@ pub struct InputState {
     /// headers (`None`: not connected yet, or a brain that sends none: KPNG's, a kpng before
     /// 2026-12-07).
     pub brain_version: Option<String>,
+}
+
+/// What a load held, as numbers and a path ([`InputState::load`]); empty where the source
+/// does not say (a brain's state, the API server's lists).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadFacts {
+    /// How many objects the whole load held.
+    pub objects: Option<usize>,
+    /// From how many files (a directory's manifests).
+    pub files: Option<usize>,
+    /// The file whose change was the last load (a directory's manifest re-read alone).
+    pub changed_file: Option<String>,
 }
 
 /// What a brain reports to its nodes about its own input: a node never sees the Kubernetes
@@ -203,9 +218,15 @@ impl InputHealth {
 
     /// The input loaded (or a list completed) at `at`; `detail` says what it held.
     pub fn loaded(&self, at: SystemTime, detail: Option<String>) {
+        self.loaded_with(at, detail, LoadFacts::default());
+    }
+
+    /// [`InputHealth::loaded`], with what the load held as numbers and a path (`load`).
+    pub fn loaded_with(&self, at: SystemTime, detail: Option<String>, load: LoadFacts) {
         let mut state = self.lock();
         state.last_good = Some(at);
         state.detail = detail;
+        state.load = load;
     }
 
     /// The input is good again at `at` without a new load: a file back to the version in use

@@ -84,6 +84,13 @@ pub struct LocalSockets {
     /// `--socket-lb-host-netns-only`: only the sockets of the node's network namespace (the
     /// node's own processes, hostNetwork pods); pods' go through the rules.
     pub host_netns_only: bool,
+    /// kpng's own network namespace (`net:[N]`) when it is not the host's: the option then
+    /// means that namespace, and the node's processes and hostNetwork pods go through the
+    /// rules like the pods (what `kpng status` says as a PROBLEM). A trace knows the source
+    /// address, not the socket's namespace (where a namespace stands for a node, as in tests,
+    /// the node's addresses are in it), so it gives both outcomes. `None`: the host's, or
+    /// unknown.
+    pub own_netns_not_host: Option<String>,
 }
 
 /// The deliberate differences between backends that change a packet's fate.
@@ -272,6 +279,14 @@ pub struct Trace {
     /// socket; from any other process the rest of this trace (the rules) holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_socket_if_in_cgroup: Option<String>,
+    /// The socket path applies only to the sockets of kpng's own network namespace
+    /// (`net:[N]`), which is not the host's, under `--socket-lb-host-netns-only`
+    /// ([`LocalSockets::own_netns_not_host`]): from a process in it the connection is made at
+    /// the socket; from any other (the host's processes, hostNetwork pods) the rest of this
+    /// trace (the rules) holds. Until 2026-12-07 the trace said "at the socket" whatever the
+    /// namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_socket_if_in_netns: Option<String>,
     /// ClientIP session affinity's timeout, when the Service has it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_seconds: Option<u32>,
@@ -298,6 +313,7 @@ impl Trace {
             only_itself: false,
             translated_at_socket: false,
             at_socket_if_in_cgroup: None,
+            at_socket_if_in_netns: None,
             affinity_timeout_seconds: None,
             interface: None,
             reason,
@@ -513,13 +529,15 @@ pub fn trace_noting(
         && from_this_node
         && q.protocol != Protocol::Sctp
         && (frontend != Frontend::LoadBalancer || port.source_ranges.is_empty());
-    let (at_socket, pod_left_to_rules, only_in) =
-        socket_path(&facts.local_sockets, socket_lb, from_node);
+    let path = socket_path(&facts.local_sockets, socket_lb, from_node);
+    let (at_socket, pod_left_to_rules) = (path.certain, path.pod_left_to_rules);
     // Without endpoints the programs act only by refusing a TCP connect() (a Service without
     // any endpoint); the rest is the rules' in any case.
     let refused = !port.has_any_endpoints && q.protocol == Protocol::Tcp;
+    let acts = !endpoints.is_empty() || refused;
     let notes = SocketNotes {
-        only_in: only_in.filter(|_| !endpoints.is_empty() || refused),
+        only_in: path.only_in_cgroup.filter(|_| acts),
+        only_in_netns: path.only_in_netns.filter(|_| acts),
         pod_left_to_rules,
         refused: endpoints.is_empty() && refused,
     };
@@ -600,32 +618,51 @@ pub fn trace_noting(
     notes.apply(t)
 }
 
+/// Which sockets of a local source the eBPF programs translate ([`socket_path`]).
+struct SocketPath<'a> {
+    /// Certainly at the socket.
+    certain: bool,
+    /// A pod's socket left to the rules by `--socket-lb-host-netns-only`.
+    pod_left_to_rules: bool,
+    /// At the socket only if its process is in this cgroup subtree (`--cgroup-path`).
+    only_in_cgroup: Option<&'a str>,
+    /// At the socket only if it is in kpng's own network namespace, not the host's
+    /// ([`LocalSockets::own_netns_not_host`]).
+    only_in_netns: Option<&'a str>,
+}
+
 /// Whether a socket the eBPF backend would translate (`socket_lb`: a local source, a
-/// protocol and frontend the programs serve) is translated given the settings `scope`:
-/// (certainly at the socket; a pod's socket left to the rules by
-/// `--socket-lb-host-netns-only`; at the socket only if its process is in this cgroup
-/// subtree, `--cgroup-path`).
-fn socket_path(
-    scope: &LocalSockets,
-    socket_lb: bool,
-    from_node: bool,
-) -> (bool, bool, Option<&str>) {
+/// protocol and frontend the programs serve) is translated given the settings `scope`.
+fn socket_path(scope: &LocalSockets, socket_lb: bool, from_node: bool) -> SocketPath<'_> {
+    let mut path = SocketPath {
+        certain: false,
+        pod_left_to_rules: false,
+        only_in_cgroup: None,
+        only_in_netns: None,
+    };
     if !socket_lb {
-        return (false, false, None);
+        return path;
     }
     if scope.host_netns_only && !from_node {
-        return (false, true, None);
+        path.pod_left_to_rules = true;
+        return path;
     }
-    match scope.cgroup_subtree.as_deref() {
-        Some(cgroup) => (false, false, Some(cgroup)),
-        None => (true, false, None),
-    }
+    path.only_in_cgroup = scope.cgroup_subtree.as_deref();
+    path.only_in_netns = scope
+        .own_netns_not_host
+        .as_deref()
+        .filter(|_| scope.host_netns_only);
+    path.certain = path.only_in_cgroup.is_none() && path.only_in_netns.is_none();
+    path
 }
 
 /// What a matched port's trace says about the socket path beyond its rules' answer.
 struct SocketNotes<'a> {
     /// The socket path holds only for the processes of this cgroup subtree.
     only_in: Option<&'a str>,
+    /// The socket path holds only for the sockets of kpng's own network namespace, not the
+    /// host's.
+    only_in_netns: Option<&'a str>,
     /// A pod's socket the programs would translate but for `--socket-lb-host-netns-only`.
     pod_left_to_rules: bool,
     /// The programs refuse the connect() (a TCP Service without any endpoint).
@@ -636,17 +673,32 @@ impl SocketNotes<'_> {
     /// `t` (the rules' answer when the socket path is not certain) with both outcomes, or
     /// with why a pod's socket takes the rules.
     fn apply(&self, mut t: Trace) -> Trace {
-        if let Some(cgroup) = self.only_in {
+        let cgroup_words = self
+            .only_in
+            .map(|cgroup| format!("in cgroup {cgroup}'s subtree (--cgroup-path)"));
+        let netns_words = self.only_in_netns.map(|netns| {
+            format!(
+                "in kpng's own network namespace {netns}, which is not the host's \
+                 (--socket-lb-host-netns-only translates that namespace's sockets only: the \
+                 host's processes and hostNetwork pods go through the rules)"
+            )
+        });
+        let condition = match (cgroup_words, netns_words) {
+            (Some(c), Some(n)) => Some(format!("{c} and {n}")),
+            (c, n) => c.or(n),
+        };
+        if let Some(condition) = condition {
             let socket = if self.refused {
                 "the eBPF programs fail its connect() with ECONNREFUSED at once"
             } else {
                 "the eBPF programs connect it to one of the endpoints at connect()/sendmsg(), \
                  no packet rewritten and the endpoint sees the client's own address"
             };
-            t.at_socket_if_in_cgroup = Some(cgroup.to_string());
+            t.at_socket_if_in_cgroup = self.only_in.map(str::to_string);
+            t.at_socket_if_in_netns = self.only_in_netns.map(str::to_string);
             t.reason = format!(
-                "at the socket if the sending process is in cgroup {cgroup}'s subtree \
-                 (--cgroup-path): {socket}; otherwise through the rules: {}",
+                "at the socket if the sending process is {condition}: {socket}; otherwise \
+                 through the rules: {}",
                 t.reason
             );
         } else if self.pod_left_to_rules {

@@ -463,6 +463,11 @@ pub struct Status {
     /// ([`NodeFacts::node_ports_on`]; none where the binary gave no node facts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ports_on: Option<String>,
+    /// The addresses NodePorts are served on now, one by one (`node_ports_on` without its
+    /// words, for scripts; 127.0.0.1 included when iptables mode serves it); present when
+    /// `node_ports_on` is, possibly empty (since 2026-12-07).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port_ips: Option<Vec<IpAddr>>,
     /// The node's zone (selects zone-hinted endpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
@@ -685,11 +690,23 @@ pub struct RepairStatus {
 }
 
 /// The source's input as the status reports it (see [`kpng_model::input`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InputStatus {
     /// What is read: `file PATH`, `kube URL`, `brain ADDRESS`.
     pub source: String,
+    /// `source`'s kind, for scripts: `file`, `directory`, `kube` or `brain` (empty when
+    /// kpng has not said yet what it reads, or a kpng before 2026-12-07 answered).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// `source` without its kind: the path, the API server's URL, the brain's address.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub location: String,
+    /// The input's state in one word, for scripts: `ok` (no problem now) or `problem` (see
+    /// `problems`; what is shown is from the last good input). Empty from a kpng before
+    /// 2026-12-07.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
     /// The problems now, by what they concern; empty when the input is fine.
     #[serde(default)]
     pub problems: Vec<InputProblemStatus>,
@@ -699,6 +716,16 @@ pub struct InputStatus {
     /// What that load held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// How many objects that load held (a file's or a directory's whole load), beside
+    /// `detail`'s words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good_objects: Option<usize>,
+    /// From how many files (a directory's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good_files: Option<usize>,
+    /// The file whose change was that load (a directory's manifest re-read alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_change_from: Option<String>,
     /// On a node fed by a brain: the kpng version the brain sent at the last connection
     /// (absent: not connected yet, or KPNG's brain or a kpng before 2026-12-07).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -738,8 +765,17 @@ impl InputStatus {
 
     /// The status of an input's record.
     pub fn of(state: &kpng_model::input::InputState) -> InputStatus {
+        let (kind, location) = source_parts(&state.source);
         InputStatus {
             source: state.source.clone(),
+            kind: kind.to_string(),
+            location: location.to_string(),
+            state: if state.problems.is_empty() {
+                "ok"
+            } else {
+                "problem"
+            }
+            .to_string(),
             problems: state
                 .problems
                 .iter()
@@ -751,8 +787,21 @@ impl InputStatus {
                 .collect(),
             last_good: state.last_good.map(rfc3339),
             detail: state.detail.clone(),
+            last_good_objects: state.load.objects,
+            last_good_files: state.load.files,
+            last_change_from: state.load.changed_file.clone(),
             brain_version: state.brain_version.clone(),
         }
+    }
+}
+
+/// An input's `source` (`file /etc/kpng/cluster.yaml`) as its kind and location (`file`,
+/// `/etc/kpng/cluster.yaml`): the kinds are the words the sources write first. Anything else
+/// (nothing said yet) is no kind, and the whole as its location.
+fn source_parts(source: &str) -> (&str, &str) {
+    match source.split_once(' ') {
+        Some((kind @ ("file" | "directory" | "kube" | "brain"), location)) => (kind, location),
+        _ => ("", source),
     }
 }
 
@@ -1036,6 +1085,10 @@ pub struct PortStatus {
     /// none suits the policy; HNS: not answered, as there is no load balancer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub without_endpoints: Option<String>,
+    /// `without_endpoints` as stable words for scripts: which list is empty, which traffic
+    /// meets it and what it meets (since 2026-12-07).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub without_endpoints_detail: Option<WithoutEndpoints>,
     /// Every endpoint, used or not, and why.
     pub endpoints: Vec<EndpointStatus>,
     /// Only the used endpoints are known, not the others nor why they are unused: a node fed
@@ -1057,6 +1110,7 @@ impl PortStatus {
         let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_string();
         let only_used_known = explained.is_none();
         let endpoints = explained.unwrap_or_else(|| used_endpoints(port));
+        let without = without_endpoints(port, traits);
         PortStatus {
             service: port.key.service.to_string(),
             port_name: port.key.port_name.to_string(),
@@ -1074,7 +1128,8 @@ impl PortStatus {
             affinity_timeout_seconds: port.session_affinity.map(|a| a.timeout_seconds),
             health_check_node_port: port.health_check_node_port,
             health_check: None,
-            without_endpoints: without_endpoints(port, traits),
+            without_endpoints: without.as_ref().map(|(text, _)| text.clone()),
+            without_endpoints_detail: without.map(|(_, detail)| detail),
             endpoints,
             only_used_known,
         }
@@ -1109,43 +1164,108 @@ impl PortStatus {
     }
 }
 
+/// What traffic meets when an endpoint list a port needs is empty, for scripts
+/// ([`PortStatus::without_endpoints_detail`]): [`PortStatus::without_endpoints`]'s sentence
+/// as three stable camelCase words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WithoutEndpoints {
+    /// Which list is empty: `noEndpoints` (the Service has none at all), `noUsableEndpoint`
+    /// (none serving), `noLocalEndpoint` (none on this node, under a Local policy).
+    pub reason: String,
+    /// Which traffic meets it: `all`, `clusterIP` (internalTrafficPolicy Local) or
+    /// `external` (node ports, external and load-balancer IPs: externalTrafficPolicy Local).
+    pub traffic: String,
+    /// What it meets: `reject` (refused at once), `drop` (silently dropped), `noAnswer` (HNS:
+    /// no load balancer, the client times out).
+    pub verdict: String,
+}
+
 /// What happens to traffic whose endpoint list is empty, on a backend with `traits` (the
 /// Linux backends reject a Service without endpoints and drop what no endpoint suits; HNS has
-/// no load balancer for an empty list, so nothing answers); `None` when every list it needs
-/// has endpoints.
-fn without_endpoints(port: &ServicePort, traits: &BackendTraits) -> Option<String> {
+/// no load balancer for an empty list, so nothing answers): in words, and as
+/// [`WithoutEndpoints`]; `None` when every list it needs has endpoints.
+fn without_endpoints(
+    port: &ServicePort,
+    traits: &BackendTraits,
+) -> Option<(String, WithoutEndpoints)> {
     let cluster_empty = port.uses_cluster_endpoints() && port.cluster_endpoints.is_empty();
     let local_empty = port.uses_local_endpoints() && port.local_endpoints.is_empty();
-    let text = if !port.has_any_endpoints {
-        if traits.rejects_without_endpoints {
-            "no endpoints: connections are rejected"
+    let hns = !traits.rejects_without_endpoints;
+    let (text, reason, traffic) = if !port.has_any_endpoints {
+        if hns {
+            (
+                "no endpoints: no HNS load balancer (HNS refuses one without endpoints), so \
+                 connections are not answered: they time out",
+                "noEndpoints",
+                "all",
+            )
         } else {
-            "no endpoints: no HNS load balancer (HNS refuses one without endpoints), so \
-             connections are not answered: they time out"
+            (
+                "no endpoints: connections are rejected",
+                "noEndpoints",
+                "all",
+            )
         }
-    } else if !traits.rejects_without_endpoints {
+    } else if hns {
         // HNS: an empty list is a load balancer that does not exist, not a drop rule.
         if cluster_empty {
-            "no usable endpoint: no HNS load balancer, so connections are not answered"
+            (
+                "no usable endpoint: no HNS load balancer, so connections are not answered",
+                "noUsableEndpoint",
+                "all",
+            )
         } else if local_empty && port.internal_policy_local {
-            "no local endpoint: no ClusterIP load balancer, so ClusterIP connections are not \
-             answered (internalTrafficPolicy Local)"
+            (
+                "no local endpoint: no ClusterIP load balancer, so ClusterIP connections are not \
+                 answered (internalTrafficPolicy Local)",
+                "noLocalEndpoint",
+                "clusterIP",
+            )
         } else if local_empty {
-            "no local endpoint: no external load balancers, so external connections are not \
-             answered (externalTrafficPolicy Local)"
+            (
+                "no local endpoint: no external load balancers, so external connections are not \
+                 answered (externalTrafficPolicy Local)",
+                "noLocalEndpoint",
+                "external",
+            )
         } else {
             return None;
         }
     } else if cluster_empty {
-        "no usable endpoint: connections are dropped"
+        (
+            "no usable endpoint: connections are dropped",
+            "noUsableEndpoint",
+            "all",
+        )
     } else if local_empty && port.internal_policy_local {
-        "no local endpoint: ClusterIP connections are dropped (internalTrafficPolicy Local)"
+        (
+            "no local endpoint: ClusterIP connections are dropped (internalTrafficPolicy Local)",
+            "noLocalEndpoint",
+            "clusterIP",
+        )
     } else if local_empty {
-        "no local endpoint: external connections are dropped (externalTrafficPolicy Local)"
+        (
+            "no local endpoint: external connections are dropped (externalTrafficPolicy Local)",
+            "noLocalEndpoint",
+            "external",
+        )
     } else {
         return None;
     };
-    Some(text.to_string())
+    let verdict = match (hns, reason) {
+        (true, _) => "noAnswer",
+        (false, "noEndpoints") => "reject",
+        (false, _) => "drop",
+    };
+    Some((
+        text.to_string(),
+        WithoutEndpoints {
+            reason: reason.to_string(),
+            traffic: traffic.to_string(),
+            verdict: verdict.to_string(),
+        },
+    ))
 }
 
 /// The endpoints a port uses, when nothing more is known (a brain's view).
@@ -1215,6 +1335,7 @@ mod tests {
             last_good: None,
             detail: None,
             brain_version: None,
+            ..Default::default()
         };
         let cases = [
             (vec![], None),
@@ -1371,14 +1492,85 @@ mod tests {
             ),
             ("served, HNS", port(&remote_only, false, false), &hns, None),
         ];
-        for (what, port, traits, want) in cases {
+        // The same, as words for scripts (`withoutEndpointsDetail`): reason, traffic, verdict.
+        let details = [
+            Some(("noEndpoints", "all", "reject")),
+            Some(("noEndpoints", "all", "noAnswer")),
+            Some(("noLocalEndpoint", "external", "drop")),
+            Some(("noLocalEndpoint", "external", "noAnswer")),
+            Some(("noLocalEndpoint", "clusterIP", "drop")),
+            Some(("noLocalEndpoint", "clusterIP", "noAnswer")),
+            None,
+            None,
+        ];
+        for ((what, port, traits, want), detail) in cases.into_iter().zip(details) {
+            let status = PortStatus::of(&port, None, traits);
+            assert_eq!(status.without_endpoints.as_deref(), want, "{what}");
             assert_eq!(
-                PortStatus::of(&port, None, traits)
-                    .without_endpoints
-                    .as_deref(),
-                want,
+                status.without_endpoints_detail,
+                detail.map(|(reason, traffic, verdict)| WithoutEndpoints {
+                    reason: reason.into(),
+                    traffic: traffic.into(),
+                    verdict: verdict.into(),
+                }),
                 "{what}"
             );
+        }
+        // Every endpoint not serving: no usable endpoint, dropped.
+        let mut unusable = port(&remote_only, false, false);
+        unusable.cluster_endpoints.clear();
+        let status = PortStatus::of(&unusable, None, &linux);
+        assert_eq!(
+            status
+                .without_endpoints_detail
+                .map(|d| (d.reason, d.traffic, d.verdict)),
+            Some(("noUsableEndpoint".into(), "all".into(), "drop".into()))
+        );
+    }
+
+    /// The input's prose has words for scripts beside it: its kind and location, its state,
+    /// and what the last load held as numbers and a path.
+    #[test]
+    fn the_input_is_said_in_words_for_scripts_too() {
+        use kpng_model::input::{InputHealth, LoadFacts};
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let health = InputHealth::new("directory /etc/kpng/manifests");
+        health.loaded_with(
+            at,
+            Some("18 objects from 3 files".into()),
+            LoadFacts {
+                objects: Some(18),
+                files: Some(3),
+                changed_file: None,
+            },
+        );
+        let status = InputStatus::of(&health.state());
+        assert_eq!(
+            (status.kind.as_str(), status.location.as_str()),
+            ("directory", "/etc/kpng/manifests")
+        );
+        assert_eq!(status.state, "ok");
+        assert_eq!(
+            (status.last_good_objects, status.last_good_files),
+            (Some(18), Some(3))
+        );
+        assert_eq!(
+            status.last_good.as_deref(),
+            Some("2027-01-15T08:00:00.000Z")
+        );
+        health.failing("/etc/kpng/manifests/a.yaml", "not YAML", at);
+        assert_eq!(InputStatus::of(&health.state()).state, "problem");
+        for (source, kind, location) in [
+            ("file /c.yaml", "file", "/c.yaml"),
+            (
+                "kube https://10.0.0.1:6443/",
+                "kube",
+                "https://10.0.0.1:6443/",
+            ),
+            ("brain tcp://b:1", "brain", "tcp://b:1"),
+            ("", "", ""),
+        ] {
+            assert_eq!(source_parts(source), (kind, location), "{source}");
         }
     }
 }

@@ -629,6 +629,13 @@ impl<M: NodeModel> LoopState<M> {
                 };
                 let unlisted = self.unlisted();
                 let input = self.runner.input.as_ref().map(|h| h.state());
+                // Where NodePorts are served, in words and as addresses; none where the
+                // binary gave no node facts, or its sink serves no node port (no words).
+                let node_facts = self
+                    .facts
+                    .as_ref()
+                    .map(|f| f(snapshot))
+                    .filter(|f| !f.node_ports_on.is_empty());
                 let _ = reply.send(Status {
                     node: snapshot.node.name.clone(),
                     brain_view: None,
@@ -680,11 +687,8 @@ impl<M: NodeModel> LoopState<M> {
                         .map(|c| c.to_string())
                         .collect(),
                     zone: snapshot.node.zone.clone(),
-                    node_ports_on: self
-                        .facts
-                        .as_ref()
-                        .map(|f| f(snapshot).node_ports_on)
-                        .filter(|words| !words.is_empty()),
+                    node_ports_on: node_facts.as_ref().map(|f| f.node_ports_on.clone()),
+                    node_port_ips: node_facts.map(|f| f.nodeport_ips),
                     waiting_for: unlisted.iter().map(|k| k.as_str().into()).collect(),
                     repairs: self.repair_status(),
                     health_checks_not_served: self

@@ -328,9 +328,13 @@ async fn send_changes(
     if changes.is_empty() {
         return true;
     }
-    state.metrics.health.loaded(
+    state.metrics.health.loaded_with(
         std::time::SystemTime::now(),
         Some(format!("last change from {}", path.display())),
+        kpng_model::input::LoadFacts {
+            changed_file: Some(path.display().to_string()),
+            ..Default::default()
+        },
     );
     // One file's changes are one event: applied as one change everywhere (a brain's nodes
     // never see its Service without its EndpointSlice).
@@ -605,9 +609,14 @@ pub(crate) async fn run(
         dir.display(),
         files(paths.len())
     );
-    state.metrics.health.loaded(
+    state.metrics.health.loaded_with(
         std::time::SystemTime::now(),
         Some(format!("{count} objects from {}", files(paths.len()))),
+        kpng_model::input::LoadFacts {
+            objects: Some(count),
+            files: Some(paths.len()),
+            changed_file: None,
+        },
     );
     if events.send(Event::ListDone { kinds }).await.is_err() {
         return Ok(());

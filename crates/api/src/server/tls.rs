@@ -178,11 +178,13 @@ impl Leaf {
         })
     }
 
+    /// notAfter as every time of `kpng status`'s JSON is written: RFC 3339 in UTC with
+    /// milliseconds (`2030-01-01T00:00:00.000Z`; until 2026-12-07 this one had none).
     fn not_after_rfc3339(&self) -> String {
         u64::try_from(self.not_after)
             .ok()
             .map(|s| std::time::UNIX_EPOCH + Duration::from_secs(s))
-            .map(|t| humantime::format_rfc3339(t).to_string())
+            .map(|t| humantime::format_rfc3339_millis(t).to_string())
             .unwrap_or_else(|| self.not_after.to_string())
     }
 }

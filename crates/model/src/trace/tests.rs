@@ -1010,6 +1010,7 @@ fn ebpf_settings_decide_which_local_sockets_are_translated() {
             local_sockets: LocalSockets {
                 cgroup_subtree: subtree.map(String::from),
                 host_netns_only,
+                own_netns_not_host: None,
             },
             local_pods: LocalPods::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")]),
             ..facts()
@@ -1050,6 +1051,81 @@ fn ebpf_settings_decide_which_local_sockets_are_translated() {
             // The rules' answer: a pod's address kept, not masqueraded.
             assert!(!t.masquerade, "{what}: {t:?}");
         }
+    }
+}
+
+/// `--socket-lb-host-netns-only` in a kpng outside the host's network namespace means kpng's
+/// own (`kpng status` says so as a PROBLEM): a socket of the node's address is translated only
+/// if it is in that namespace, which the trace cannot tell, so it gives both outcomes; until
+/// 2026-12-07 it said "at the socket" as if kpng were in the host's namespace.
+#[test]
+fn host_netns_only_outside_the_hosts_namespace_gives_both_outcomes_for_the_node() {
+    // (own namespace when not the host's, cgroup subtree, at the socket, words)
+    let cases = [
+        (None, None, true, "the eBPF programs connect it"),
+        (
+            Some("net:[8]"),
+            None,
+            false,
+            "at the socket if the sending process is in kpng's own network namespace net:[8], \
+             which is not the host's",
+        ),
+        (
+            Some("net:[8]"),
+            Some("/sys/fs/cgroup/system.slice"),
+            false,
+            "subtree (--cgroup-path) and in kpng's own network namespace net:[8]",
+        ),
+    ];
+    for (netns, subtree, at_socket, words) in cases {
+        let facts = NodeFacts {
+            backend: BackendTraits {
+                translates_local_sockets: true,
+                ..BackendTraits::default()
+            },
+            local_sockets: LocalSockets {
+                cgroup_subtree: subtree.map(String::from),
+                host_netns_only: true,
+                own_netns_not_host: netns.map(String::from),
+            },
+            local_pods: LocalPods::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")]),
+            ..facts()
+        };
+        let t = trace(
+            &snapshot(vec![web()]),
+            &facts,
+            &TraceQuery {
+                from: "172.18.0.2".parse().expect("ip"),
+                to: "10.96.0.10:80".parse().expect("addr"),
+                protocol: Protocol::Tcp,
+                in_interface: None,
+            },
+        );
+        assert_eq!(t.translated_at_socket, at_socket, "{netns:?}: {t:?}");
+        assert_eq!(t.at_socket_if_in_netns.as_deref(), netns, "{t:?}");
+        assert_eq!(t.at_socket_if_in_cgroup.as_deref(), subtree, "{t:?}");
+        assert!(t.reason.contains(words), "{netns:?}: {t:?}");
+        if netns.is_some() {
+            assert!(
+                t.reason.contains("otherwise through the rules"),
+                "the rules' answer too: {t:?}"
+            );
+        }
+        // A pod's socket: the rules, whatever kpng's namespace.
+        let t = trace(
+            &snapshot(vec![web()]),
+            &facts,
+            &TraceQuery {
+                from: "10.244.1.7".parse().expect("ip"),
+                to: "10.96.0.10:80".parse().expect("addr"),
+                protocol: Protocol::Tcp,
+                in_interface: None,
+            },
+        );
+        assert!(
+            !t.translated_at_socket && t.at_socket_if_in_netns.is_none(),
+            "{t:?}"
+        );
     }
 }
 

@@ -376,3 +376,14 @@ fn a_reload_logs_what_changed() {
         "{line}"
     );
 }
+
+/// The certificate's notAfter in `kpng status`'s JSON has the milliseconds every other time
+/// there has (docs/observability.md, "Output for scripts"): it had none.
+#[test]
+fn not_after_has_the_status_times_precision() {
+    let leaf = Leaf {
+        subject: "CN=brain".into(),
+        not_after: 1_893_456_000,
+    };
+    assert_eq!(leaf.not_after_rfc3339(), "2030-01-01T00:00:00.000Z");
+}
