@@ -8,6 +8,12 @@
 //! for reuse, and just before the first sync (the peak) they all go back; from then on pages
 //! are returned at once again.
 //!
+//! The hold is for sources that read the cluster over the network (`kube`, a brain): a `file`
+//! source reads its manifests in one pass, and there the hold saved 0-5 % of a start's CPU but
+//! set the peak of a restart over kpng's own rules, 148 against 138 MiB at 30k x 4
+//! (docs/benchmarks.md, "Where the peak of a restart over its own rules is set"): a `file`
+//! start returns pages at once throughout ([`WhileLoading::ReturnAtOnce`]).
+//!
 //! An operator who sets `_RJEM_MALLOC_CONF` chose the allocator's behaviour: it is left alone.
 
 use kpng_backend::{Backend, BackendError, ExitDrain, SyncRequest, SyncStats, TamperAlarm};
@@ -20,6 +26,18 @@ use prometheus_client::registry::Registry;
 /// keeping them until the first sync (-1) gains no more and peaks at 152-154 MB, the freed
 /// pages of the whole load being resident at once.
 const HOLD_DECAY_MS: isize = 100;
+
+/// What happens to freed pages while the source loads the cluster, chosen by source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WhileLoading {
+    /// Kept [`HOLD_DECAY_MS`] for reuse (the `kube` source and a brain's nodes: each object
+    /// arrives and is decoded on its own, and re-faulting what the last one gave back costs).
+    #[default]
+    Hold,
+    /// Returned at once, as after the first sync (the `file` source: the hold raised a
+    /// restart's peak by 10 MiB and saved next to no CPU).
+    ReturnAtOnce,
+}
 
 /// Whether the operator configured jemalloc, in which case kpng does not retune it.
 fn operator_configured() -> bool {
@@ -63,9 +81,10 @@ pub struct ReleaseBeforeFirstSync {
 }
 
 impl ReleaseBeforeFirstSync {
-    /// Starts keeping freed pages (unless the operator configured jemalloc) and wraps `inner`.
-    pub fn hold(inner: Box<dyn Backend>) -> ReleaseBeforeFirstSync {
-        let holding = !operator_configured();
+    /// Starts keeping freed pages if `while_loading` asks for it (unless the operator
+    /// configured jemalloc) and wraps `inner`.
+    pub fn hold(inner: Box<dyn Backend>, while_loading: WhileLoading) -> ReleaseBeforeFirstSync {
+        let holding = while_loading == WhileLoading::Hold && !operator_configured();
         if holding {
             set_decay(HOLD_DECAY_MS);
         }
@@ -147,12 +166,20 @@ mod tests {
     }
 
     #[test]
-    fn pages_are_kept_while_loading_and_returned_from_the_first_sync_on() {
+    fn pages_are_kept_while_a_kube_source_loads_and_returned_from_the_first_sync_on() {
         if operator_configured() {
             eprintln!("skipped: _RJEM_MALLOC_CONF is set, so kpng leaves jemalloc alone");
             return;
         }
-        let mut backend = ReleaseBeforeFirstSync::hold(Box::new(OneOperation));
+        // A `file` source's load: nothing held (the build's default, pages returned at once).
+        let _file =
+            ReleaseBeforeFirstSync::hold(Box::new(OneOperation), WhileLoading::ReturnAtOnce);
+        assert_eq!(
+            default_decay(),
+            0,
+            "a file source's load returns pages at once"
+        );
+        let mut backend = ReleaseBeforeFirstSync::hold(Box::new(OneOperation), WhileLoading::Hold);
         assert_eq!(default_decay(), HOLD_DECAY_MS, "while loading");
         let (snapshot, diff) = (Snapshot::default(), Diff::default());
         let request = SyncRequest {

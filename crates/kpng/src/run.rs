@@ -243,6 +243,7 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
                 let facts = SinkFacts {
                     source_metrics: Some(source_metrics),
                     input: Some(input),
+                    while_loading: crate::memory::WhileLoading::ReturnAtOnce,
                     ..facts
                 };
                 serve(flags, model, backend, facts, run_source).await
@@ -499,6 +500,9 @@ struct SinkFacts {
     /// Why node ports are not served on 127.0.0.1 although asked
     /// ([`crate::backends::Built::localhost_failure`]), for `kpng status` and `kpng trace`.
     localhost_failure: Option<crate::backends::LocalhostFailureProbe>,
+    /// What happens to freed memory while the source loads: the source decides
+    /// ([`crate::memory::WhileLoading`]).
+    while_loading: crate::memory::WhileLoading,
 }
 
 impl SinkFacts {
@@ -528,6 +532,7 @@ impl SinkFacts {
             host_netns_only: false,
             own_netns_not_host: None,
         },
+        while_loading: crate::memory::WhileLoading::Hold,
     };
 }
 
@@ -638,6 +643,7 @@ fn local_backend(
         foreign_chains: built.foreign_chains,
         earlier_rules: built.earlier_rules,
         local_sockets: local_sockets(backend),
+        while_loading: crate::memory::WhileLoading::Hold,
     };
     Ok((built.backend, facts))
 }
@@ -875,7 +881,10 @@ where
         metrics: Box::new(metrics.clone()),
     };
     let exit_drain = backend.exit_drain();
-    let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(backend));
+    let backend = Box::new(crate::memory::ReleaseBeforeFirstSync::hold(
+        backend,
+        facts.while_loading,
+    ));
     let mut runner = Runner::new(model, backend, timing, metrics, health.clone())
         .with_free_repairs(flags.repairs_at_once);
     // A clean shutdown while the syncs fail (the kubelet's SIGTERM after `/livez` failed)
