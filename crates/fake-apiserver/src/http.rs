@@ -152,6 +152,9 @@ pub(crate) struct Shared {
 pub(crate) struct Faults {
     /// The next `.1` requests are answered with status `.0` (a `Status` body).
     pub fail: Option<(StatusCode, u64)>,
+    /// The `Retry-After` (seconds) those failed answers carry, as API Priority and Fairness
+    /// sends with its 429s: `None` sends none.
+    pub retry_after: Option<u64>,
     /// List bodies longer than this are cut after this many bytes (the connection is then
     /// aborted, as by a proxy that gave up mid-answer).
     pub truncate: Option<usize>,
@@ -253,9 +256,9 @@ async fn handle(
     body: axum::body::Bytes,
 ) -> Response {
     shared.counters.requests.fetch_add(1, Ordering::Relaxed);
-    let (failure, delay) = {
+    let (failure, retry_after, delay) = {
         let mut faults = shared.faults();
-        (faults.take_failure(), faults.delay)
+        (faults.take_failure(), faults.retry_after, faults.delay)
     };
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
@@ -266,7 +269,13 @@ async fn handle(
             .canonical_reason()
             .unwrap_or("Failure")
             .replace(' ', "");
-        return error(code, &reason, "failing as the test asked (fail CODE N)");
+        let mut response = error(code, &reason, "failing as the test asked (fail CODE N)");
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
+        return response;
     }
     if shared.stalled.load(Ordering::SeqCst) {
         // Hung: never answers; the future is dropped when the client gives up.
@@ -349,9 +358,23 @@ fn answer(
         );
     }
     if forbidden {
+        // The real server's words: the verb asked for and the API group ("" for the core
+        // group), which is what `kubectl auth can-i` and an RBAC rule need.
+        let verb = if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            "watch"
+        } else if name.is_some() {
+            "get"
+        } else {
+            "list"
+        };
+        let group = resource.group();
+        let qualified = if group.is_empty() {
+            resource.plural().to_string()
+        } else {
+            format!("{}.{group}", resource.plural())
+        };
         let message = format!(
-            "{} is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot list resource \"{}\" at the cluster scope",
-            resource.plural(),
+            "{qualified} is forbidden: User \"system:serviceaccount:kube-system:kpng\" cannot {verb} resource \"{}\" in API group \"{group}\" at the cluster scope",
             resource.plural()
         );
         return error(StatusCode::FORBIDDEN, "Forbidden", &message);

@@ -23,9 +23,10 @@
 //! (connections cut mid-stream), [`FakeApiServer::expire_watches`] (410, so clients relist),
 //! [`FakeApiServer::stop`] / [`FakeApiServer::restart`] (an outage: connections refused, on
 //! the same port afterwards), [`FakeApiServer::stall`] (a hung server: connections open, no
-//! answer), [`FakeApiServer::fail`] (5xx answers), [`FakeApiServer::truncate`] (list bodies
-//! cut short), [`FakeApiServer::delay`] (latency), and objects no validation would let
-//! through.
+//! answer), [`FakeApiServer::fail`] (5xx and 429 answers, with a `Retry-After` if asked),
+//! [`FakeApiServer::forbid`] (one resource refused with 403, as a missing RBAC rule),
+//! [`FakeApiServer::truncate`] (list bodies cut short), [`FakeApiServer::delay`] (latency),
+//! and objects no validation would let through.
 //!
 //! The server runs on its own small runtime, so plain `#[test]`s and async tests can both use
 //! it; every method is synchronous.
@@ -314,9 +315,23 @@ impl FakeApiServer {
     /// and a `Status` body, as an overloaded API server (500, 503) or a proxy in front of it
     /// (502, 504) does. `count` 0 stops failing. A code that is not an HTTP status is refused.
     pub fn fail(&self, code: u16, count: u64) -> Result<(), Error> {
+        self.fail_retry_after(code, count, None)
+    }
+
+    /// [`FakeApiServer::fail`], each answer with `Retry-After: SECONDS` when `retry_after`
+    /// is given: API Priority and Fairness sends one with its 429s, and a client should wait
+    /// that long before it asks again.
+    pub fn fail_retry_after(
+        &self,
+        code: u16,
+        count: u64,
+        retry_after: Option<u64>,
+    ) -> Result<(), Error> {
         let code =
             axum::http::StatusCode::from_u16(code).map_err(|e| Error::Fault(e.to_string()))?;
-        self.shared.faults().fail = (count > 0).then_some((code, count));
+        let mut faults = self.shared.faults();
+        faults.fail = (count > 0).then_some((code, count));
+        faults.retry_after = retry_after;
         Ok(())
     }
 

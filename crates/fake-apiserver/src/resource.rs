@@ -53,6 +53,25 @@ impl Resource {
         }
     }
 
+    /// Its API group (`""` for the core group), as RBAC rules and 403 messages name it.
+    pub fn group(self) -> &'static str {
+        match self {
+            Resource::Services | Resource::Nodes => "",
+            Resource::EndpointSlices => "discovery.k8s.io",
+            Resource::ServiceCidrs => "networking.k8s.io",
+        }
+    }
+
+    /// The resource named `plural` (`endpointslices`), optionally with its group
+    /// (`endpointslices.discovery.k8s.io`), as `kubectl` and RBAC rules name it: how the
+    /// binary's `forbid` command takes it.
+    pub fn of_plural(name: &str) -> Option<Resource> {
+        Resource::ALL.into_iter().find(|r| {
+            name == r.plural()
+                || (!r.group().is_empty() && name == format!("{}.{}", r.plural(), r.group()))
+        })
+    }
+
     /// Whether objects live in namespaces.
     pub fn namespaced(self) -> bool {
         matches!(self, Resource::Services | Resource::EndpointSlices)

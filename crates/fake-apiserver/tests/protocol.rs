@@ -538,7 +538,9 @@ fn the_binary_prints_its_usage() {
     let out = String::from_utf8_lossy(&help.stdout);
     assert!(help.status.success(), "{help:?}");
     assert!(
-        out.contains("usage: kpng-fake-apiserver") && out.contains("fail CODE N"),
+        out.contains("usage: kpng-fake-apiserver")
+            && out.contains("fail CODE N")
+            && out.contains("forbid RESOURCE"),
         "{out}"
     );
     let bad = std::process::Command::new(exe)
@@ -547,4 +549,99 @@ fn the_binary_prints_its_usage() {
         .expect("run");
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("see --help"));
+}
+
+/// `GET path` (HTTP/1.0) on the server at `url`: the status line and headers, and the body.
+fn raw_get(url: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    (head.to_ascii_lowercase(), body.to_string())
+}
+
+/// The binary's `forbid RESOURCE` / `allow RESOURCE` (a missing RBAC rule for one resource,
+/// worded as the real server words it: the verb, the API group) and `fail CODE N RETRY-AFTER`
+/// (a 429 with the `Retry-After` API Priority and Fairness sends). Its command line had only
+/// `forbid-events`, so a script could not test the RBAC advice for one resource.
+#[test]
+fn the_binary_forbids_one_resource_and_fails_with_a_retry_after() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kpng-fake-apiserver"))
+        .arg("--kubeconfig")
+        .arg(dir.path().join("kubeconfig"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = || {
+        let mut l = String::new();
+        stdout.read_line(&mut l).expect("read");
+        l.trim_end().to_string()
+    };
+    let url = line()
+        .strip_prefix("listening ")
+        .expect("listening URL")
+        .to_string();
+    let mut command = |c: &str| {
+        writeln!(stdin, "{c}").expect("write");
+        stdin.flush().expect("flush");
+        line()
+    };
+    let slices = "/apis/discovery.k8s.io/v1/endpointslices";
+
+    assert_eq!(command("forbid endpointslices"), "ok");
+    let (head, body) = raw_get(&url, slices);
+    assert!(head.split_whitespace().nth(1) == Some("403"), "{head}");
+    assert!(
+        body.contains(
+            "endpointslices.discovery.k8s.io is forbidden: User \\\"system:serviceaccount:kube-system:kpng\\\" cannot list resource \\\"endpointslices\\\" in API group \\\"discovery.k8s.io\\\" at the cluster scope"
+        ),
+        "{body}"
+    );
+    let (_, body) = raw_get(&url, &format!("{slices}?watch=true"));
+    assert!(body.contains("cannot watch resource"), "{body}");
+    let (head, body) = raw_get(&url, "/api/v1/services");
+    assert!(
+        head.split_whitespace().nth(1) == Some("200"),
+        "only that resource: {head}"
+    );
+    assert!(body.contains("ServiceList"), "{body}");
+    assert_eq!(command("allow endpointslices.discovery.k8s.io"), "ok");
+    assert!(raw_get(&url, slices).0.split_whitespace().nth(1) == Some("200"));
+    assert!(
+        command("forbid widgets").starts_with("error unknown resource \"widgets\""),
+        "an unknown resource is refused"
+    );
+    assert_eq!(command("forbid nodes"), "ok");
+    let (_, body) = raw_get(&url, "/api/v1/nodes");
+    assert!(
+        body.contains("nodes is forbidden") && body.contains("in API group \\\"\\\""),
+        "the core group: {body}"
+    );
+
+    assert_eq!(command("fail 429 1 3"), "ok");
+    let (head, body) = raw_get(&url, "/api/v1/services");
+    assert!(head.split_whitespace().nth(1) == Some("429"), "{head}");
+    assert!(head.contains("\r\nretry-after: 3"), "{head}");
+    assert!(body.contains("TooManyRequests"), "{body}");
+    assert!(
+        raw_get(&url, "/api/v1/services")
+            .0
+            .starts_with("http/1.0 200")
+    );
+    assert_eq!(command("fail 503 1"), "ok");
+    let (head, _) = raw_get(&url, "/api/v1/services");
+    assert!(
+        head.split_whitespace().nth(1) == Some("503") && !head.contains("retry-after"),
+        "no Retry-After unless asked: {head}"
+    );
+    drop(stdin);
+    let _ = child.wait();
 }

@@ -57,12 +57,7 @@ fn normalize(spec: &str) -> String {
 /// lines (a connection pool's checkouts, a buffer worker's polls) outnumbered kpng's own
 /// thirty to eleven, and hid the proxy's detail that the level is asked for.
 pub fn filter_spec(spec: &str) -> String {
-    let mut filter = normalize(spec);
-    for chatty in ["kube_client", "kube_runtime"] {
-        if !spec.contains(chatty) {
-            filter.push_str(&format!(",{chatty}=off"));
-        }
-    }
+    let mut filter = kube_quiet(spec);
     let verbose = filter.split(',').any(|d| matches!(d, "debug" | "trace"));
     if verbose {
         for plumbing in PLUMBING {
@@ -72,6 +67,27 @@ pub fn filter_spec(spec: &str) -> String {
         }
     }
     filter
+}
+
+/// The directives of `spec` with kube's own crates off unless it names them: they warn per
+/// attempt what the `kube` source reports once (`eof in poll` for every watch an API-server
+/// restart cut, `watch initlist error with 403` at every retry of a refused list), which broke
+/// the one-warning-per-outage rule.
+fn kube_quiet(spec: &str) -> String {
+    let mut filter = normalize(spec);
+    for chatty in ["kube_client", "kube_runtime"] {
+        if !spec.contains(chatty) {
+            filter.push_str(&format!(",{chatty}=off"));
+        }
+    }
+    filter
+}
+
+/// `RUST_LOG` as the filter: as given, but with kube's own crates off unless it names them
+/// ([`kube_quiet`]). `RUST_LOG=info` let through a WARN from kube's client for every watch an
+/// API-server restart cut (`eof in poll`) beside kpng's one warning for the outage.
+pub fn rust_log_spec(rust_log: &str) -> String {
+    kube_quiet(rust_log)
 }
 
 /// Libraries whose debug lines are about their own machinery, not the proxy.
@@ -124,7 +140,7 @@ pub fn init(level: &str, format: LogFormat, target: LogTarget) {
     // An empty RUST_LOG (`RUST_LOG= kpng …`, a template that left it blank) is no filter:
     // taken as one, it silenced every line, errors included.
     let filter = rust_log()
-        .and_then(|_| tracing_subscriber::EnvFilter::try_from_default_env().ok())
+        .and_then(|spec| tracing_subscriber::EnvFilter::try_new(rust_log_spec(&spec)).ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(filter_spec(level)));
     let (writer, ansi) = match target {
         LogTarget::Stderr => (
@@ -221,6 +237,28 @@ mod tests {
             filter_spec("info,kube_client=debug"),
             "info,kube_client=debug,kube_runtime=off"
         );
+    }
+
+    /// RUST_LOG is taken as given, but kube's crates stay off unless it names them: they
+    /// warn per cut watch or per retry what the `kube` source reports once.
+    #[test]
+    fn rust_log_keeps_kube_crates_quiet_unless_named() {
+        let cases = [
+            ("info", "info,kube_client=off,kube_runtime=off"),
+            // No plumbing rule: RUST_LOG=debug asks for everything else.
+            ("debug", "debug,kube_client=off,kube_runtime=off"),
+            (
+                "warn,kube_client=info",
+                "warn,kube_client=info,kube_runtime=off",
+            ),
+            (
+                "info, kube_runtime=debug,kube_client=trace",
+                "info,kube_runtime=debug,kube_client=trace",
+            ),
+        ];
+        for (rust_log, want) in cases {
+            assert_eq!(rust_log_spec(rust_log), want, "{rust_log}");
+        }
     }
 
     #[test]

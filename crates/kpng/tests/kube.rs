@@ -22,6 +22,11 @@ struct Kpng {
 
 impl Kpng {
     fn start(args: &[&str]) -> Kpng {
+        Kpng::start_with_rust_log(args, None)
+    }
+
+    /// [`Kpng::start`] with `RUST_LOG` set to `rust_log` (unset when `None`).
+    fn start_with_rust_log(args: &[&str], rust_log: Option<&str>) -> Kpng {
         let mut command = Command::new(env!("CARGO_BIN_EXE_kpng"));
         command.args(args);
         if !args.contains(&"--healthz-bind-address") {
@@ -35,8 +40,11 @@ impl Kpng {
         {
             command.arg("--admin-socket=");
         }
+        match rust_log {
+            Some(filter) => command.env("RUST_LOG", filter),
+            None => command.env_remove("RUST_LOG"),
+        };
         let mut child = command
-            .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -596,6 +604,71 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     kpng.wait("the change made during the outage", |_, _| {
         std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
     });
+}
+
+/// Watches cut mid-stream and an API-server restart, with `RUST_LOG=info` (as many DaemonSets
+/// set it): one warning for the outage, none per cut watch. kube's client warned `eof in poll`
+/// for every watch the restart cut (three or four a restart, beside kpng's one warning), as
+/// `RUST_LOG` let its crates through.
+#[test]
+fn an_api_server_restart_is_one_warning_even_with_rust_log() {
+    let mut server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let mut args = kube_args(&k, &["--metrics-bind-address", "", "to-file", "--output"]);
+    args.push(output.to_str().expect("utf-8"));
+    let mut kpng = Kpng::start_with_rust_log(&args, Some("info"));
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+    let before = kpng.stderr().len();
+    let watching = |server: &FakeApiServer| server.load().watches_open >= 3;
+    let wait_watching = |server: &FakeApiServer| {
+        let deadline = Instant::now() + WAIT;
+        while !watching(server) {
+            assert!(Instant::now() < deadline, "the watches resumed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_watching(&server);
+    let watches = server.load().watches;
+
+    // Connections cut mid-stream, the server up: the watches resume, nothing is wrong.
+    server.drop_watches();
+    let deadline = Instant::now() + WAIT;
+    while server.load().watches < watches + 3 {
+        assert!(Instant::now() < deadline, "the watches made again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A restart: the watches cut, then refused until the server is back.
+    wait_watching(&server);
+    server.stop();
+    server
+        .apply(endpoints("web-1", "web", "10.244.1.4", None))
+        .expect("a change during the outage");
+    kpng.wait("the outage", |_, err| {
+        err.contains("API server unreachable")
+    });
+    server.restart().expect("restart");
+    kpng.wait("the change made during the outage", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
+    });
+    kpng.wait("the outage's end", |_, err| {
+        err.contains("API server reachable again")
+    });
+    let err = kpng.stderr();
+    let warnings: Vec<&str> = err[before..]
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning, for the outage:\n{err}");
+    assert!(
+        warnings[0].contains("API server unreachable: "),
+        "{warnings:?}"
+    );
+    assert!(!err.contains("eof in poll"), "{err}");
 }
 
 /// `kpng status -o json` of the kpng serving `admin`.
@@ -1337,5 +1410,158 @@ fn a_list_cut_short_is_shown_counted_and_over_when_a_list_completes() {
     });
     kpng.wait("the problem over", |_, _| {
         status_json(admin)["input"]["problems"] == json!([])
+    });
+}
+
+/// `kpng-fake-apiserver` as a process, driven through its standard input as a test script
+/// would drive it; ended (standard input closed, then killed) when dropped.
+struct FakeProcess {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl FakeProcess {
+    /// Starts it with `manifest` applied and its kubeconfig written to `kubeconfig`.
+    fn start(manifest: &Path, kubeconfig: &Path) -> FakeProcess {
+        let exe = kpng_testkit::bin_path("kpng-fake-apiserver").expect("the fake's binary");
+        let mut child = Command::new(exe)
+            .arg("--manifest")
+            .arg(manifest)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start kpng-fake-apiserver");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut fake = FakeProcess {
+            child,
+            stdin,
+            stdout,
+        };
+        let first = fake.line();
+        assert!(first.starts_with("listening http://"), "{first}");
+        fake
+    }
+
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("read the fake's answer");
+        line.trim_end().to_string()
+    }
+
+    /// Runs one command; its answer (`ok …` or `error …`).
+    fn command(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").expect("write the command");
+        self.stdin.flush().expect("flush");
+        self.line()
+    }
+}
+
+impl Drop for FakeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// RBAC missing for one resource (the fake's `forbid endpointslices`): the refusal names
+/// that resource with its API group, who the server says kpng is, and the `kubectl auth
+/// can-i` command for exactly that resource; the other kinds are unaffected, and `allow`
+/// ends it. The fake's command line had no per-resource 403, so a script could not test the
+/// advice for anything but Events.
+#[test]
+fn a_refused_endpointslice_list_names_the_resource_and_the_command_that_checks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &manifest,
+        r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node1}
+status: {addresses: [{type: InternalIP, address: 192.168.100.1}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: default, name: web}
+spec:
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10]
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: default
+  name: web-1
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.2], nodeName: node1, conditions: {ready: true}}]
+"#,
+    )
+    .expect("manifest");
+    let k = dir.path().join("kubeconfig");
+    let mut fake = FakeProcess::start(&manifest, &k);
+    assert_eq!(fake.command("forbid endpointslices"), "ok");
+    assert!(
+        fake.command("forbid pods")
+            .starts_with("error unknown resource \"pods\""),
+        "only the resources it serves"
+    );
+    let output = dir.path().join("out.yaml");
+    let admin = dir.path().join("admin.sock");
+    let admin = admin.to_str().expect("utf-8");
+    let mut args = kube_args(
+        &k,
+        &[
+            "--metrics-bind-address",
+            "",
+            "--admin-socket",
+            admin,
+            "to-file",
+            "--output",
+        ],
+    );
+    args.push(output.to_str().expect("utf-8"));
+    let mut kpng = Kpng::start(&args);
+    let advice = "kpng (\"system:serviceaccount:kube-system:kpng\") may not list \
+                  endpointslices.discovery.k8s.io: grant list and watch on it (RBAC), check \
+                  with `kubectl auth can-i list endpointslices.discovery.k8s.io \
+                  --as=system:serviceaccount:kube-system:kpng`";
+    kpng.wait("the refusal warned", |_, err| {
+        err.lines().any(|l| {
+            l.contains("WARN")
+                && l.contains("EndpointSlice list refused: 403 Forbidden (endpointslices.discovery.k8s.io is forbidden")
+                && l.ends_with(advice)
+        })
+    });
+    let status = status_json(admin);
+    assert_eq!(status["waitingFor"], json!(["EndpointSlice"]), "{status}");
+    let problems = status["input"]["problems"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(problems.len(), 1, "only the EndpointSlice list: {status}");
+    assert_eq!(problems[0]["what"], "EndpointSlice list", "{status}");
+    assert!(
+        problems[0]["message"].as_str().is_some_and(|m| m
+            .contains("cannot list resource \"endpointslices\" in API group \"discovery.k8s.io\"")
+            && m.ends_with(advice)),
+        "{status}"
+    );
+
+    assert_eq!(fake.command("allow endpointslices.discovery.k8s.io"), "ok");
+    kpng.wait("the first sync", |_, _| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
+    });
+    kpng.wait("the refusal's end logged", |_, err| {
+        err.contains("EndpointSlice list works again, the problem is over")
     });
 }

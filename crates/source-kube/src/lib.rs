@@ -32,7 +32,8 @@ pub use events::{EventError, NodeEvents};
 pub use liveness::{PROBE_AFTER, ProbeUnanswered, Watched};
 pub use rate_limit::{RateLimitLayer, TokenBucket};
 pub use reachability::{
-    NoAnswerDuringOutage, OUTAGE_HEADER_TIMEOUT, Reachability, ReachabilityLayer, Superseded,
+    Failure, NoAnswerDuringOutage, OUTAGE_HEADER_TIMEOUT, Reachability, ReachabilityLayer,
+    Superseded,
 };
 pub use source_errors::{ListFailure, SourceErrors};
 pub use token_file::{TokenFile, TokenFileError, TokenFileLayer};

@@ -159,7 +159,21 @@ where
                 }
                 return Poll::Ready(Some(Ok(frame)));
             }
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Err(e))) => {
+                let e: tower::BoxError = e.into();
+                if this.open.is_some() {
+                    // kube's client turns a watch cut mid-stream into the watch's end (and
+                    // warns "eof in poll", a line kpng's filter leaves out): the watcher
+                    // resumes from its resourceVersion, and only a reconnect that fails is
+                    // an outage, warned about once.
+                    debug!(
+                        server = %this.tracker.server,
+                        "a read's answer was cut: {e}; its watch resumes from its \
+                         resourceVersion (a list is made again)"
+                    );
+                }
+                return Poll::Ready(Some(Err(e)));
+            }
             Poll::Ready(None) => {
                 this.open = None;
                 return Poll::Ready(None);

@@ -3,7 +3,12 @@
 //! Every request of the client passes through [`ReachabilityLayer`]: a connection error, a
 //! 5xx or a 429 answer while the server was reachable logs one warning (and is the input's
 //! `API server` problem in `kpng status`); further failures are debug lines; the first good
-//! answer after that logs how long the outage lasted. Watchers retry on their own with
+//! answer after that logs how long the outage lasted. The words say which it is
+//! ([`Failure`]): `unreachable` (no answer: a refused or reset connection, TLS, a timeout),
+//! `unavailable` (a 5xx: the server or a proxy in front of it answers but cannot serve) or
+//! `throttled` (a 429: the server is up and sheds kpng's requests, API Priority and Fairness);
+//! each calls for a different look, and a 429 read "unreachable" sent operators after the
+//! network. Watchers retry on their own with
 //! backoff and jitter (at least the `Retry-After` a 429 or 503 asked for), and a watcher
 //! waiting out its backoff retries soon after the outage ends; the programmed rules stay
 //! untouched meanwhile.
@@ -78,6 +83,64 @@ pub(crate) struct Streams {
 /// leaves the request to be made again with backoff.
 pub const OUTAGE_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// What a failed request says about the API server: how an outage is worded in the log and in
+/// `kpng status`, since each calls for a different look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No answer: a connection refused or reset, a TLS failure, a timeout, a hung server.
+    Unreachable,
+    /// A 5xx answer: the server, or a proxy in front of it, answers but cannot serve.
+    Unavailable,
+    /// A 429 answer: the server is up and throttling kpng (API Priority and Fairness, the
+    /// max-in-flight limit); the `Retry-After` it sends is honoured.
+    Throttled,
+}
+
+impl Failure {
+    /// The failure an answer with `status` is, if it is one: a 5xx, or a 429.
+    pub fn of_status(status: http::StatusCode) -> Option<Failure> {
+        if status == http::StatusCode::TOO_MANY_REQUESTS {
+            Some(Failure::Throttled)
+        } else if status.is_server_error() {
+            Some(Failure::Unavailable)
+        } else {
+            None
+        }
+    }
+
+    /// The word for it: `unreachable`, `unavailable` or `throttled`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Failure::Unreachable => "unreachable",
+            Failure::Unavailable => "unavailable",
+            Failure::Throttled => "throttled",
+        }
+    }
+
+    /// What kpng does meanwhile (and, for a 429, what it means).
+    fn meanwhile(self) -> &'static str {
+        match self {
+            Failure::Unreachable | Failure::Unavailable => {
+                "keeping the programmed rules, retrying with backoff"
+            }
+            Failure::Throttled => {
+                "the server is up and sheds kpng's requests (API Priority and Fairness); \
+                 keeping the programmed rules, retrying with backoff, no sooner than its \
+                 Retry-After"
+            }
+        }
+    }
+
+    /// The INFO line that ends an outage whose last failure was this.
+    fn over(self) -> &'static str {
+        match self {
+            Failure::Unreachable => "API server reachable again",
+            Failure::Unavailable => "API server available again",
+            Failure::Throttled => "API server no longer throttling",
+        }
+    }
+}
+
 /// A request cancelled because the outage it was sent into ended while it still had no
 /// answer: the watcher makes it again at once (no backoff, see `crate::backoff`).
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +162,8 @@ struct State {
     /// only after a hang's probe or idle timeout): named when it ends.
     silent_since: Option<Instant>,
     failures: u64,
+    /// What the last failure of the outage was (the status shows its words).
+    last_failure: Option<Failure>,
     /// Until when the server asked not to be asked again (`Retry-After` of a 429 or 503).
     retry_after: Option<Instant>,
 }
@@ -148,27 +213,36 @@ impl Reachability {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A request failed to reach the server (or the server failed it). Returns whether this
-    /// failure began an outage (and was therefore logged as a warning).
+    /// A request failed to reach the server. Returns whether this failure began an outage
+    /// (and was therefore logged as a warning).
     pub fn failed(&self, why: &dyn Display) -> bool {
+        self.failed_as(Failure::Unreachable, why)
+    }
+
+    /// A request failed as `failure` says (no answer, a 5xx, a 429). Returns whether this
+    /// failure began an outage (and was therefore logged as a warning): one warning per
+    /// outage whatever its failures are, worded after the first; the status has the latest.
+    pub fn failed_as(&self, failure: Failure, why: &dyn Display) -> bool {
         // Read before the state is locked (`heard` locks them in the other order).
         let heard = self.streams().heard;
         let mut s = self.lock();
         s.failures += 1;
+        s.last_failure = Some(failure);
         // Recorded before it is logged: whoever reads the warning and then asks `kpng status`
         // finds the problem there. The latest reason (a refused connection may become a
-        // timeout).
-        self.record(why);
+        // timeout, a 429 a 503).
+        self.record(failure, why);
+        let word = failure.word();
         if s.down_since.is_none() {
             s.down_since = Some(Instant::now());
             s.silent_since = Some(heard);
             warn!(
                 server = %self.server,
-                "API server unreachable: {why}; keeping the programmed rules, retrying with backoff"
+                "API server {word}: {why}; {}", failure.meanwhile()
             );
             true
         } else {
-            debug!(server = %self.server, failures = s.failures, "API server still unreachable: {why}");
+            debug!(server = %self.server, failures = s.failures, "API server still {word}: {why}");
             false
         }
     }
@@ -215,6 +289,7 @@ impl Reachability {
         }
         let began = s.down_since.take();
         let silent_since = s.silent_since.take();
+        let last_failure = s.last_failure.take().unwrap_or(Failure::Unreachable);
         s.retry_after = None;
         let outage = began.map(|since| since.elapsed());
         let mut ended = None;
@@ -234,7 +309,8 @@ impl Reachability {
                 failed_requests = s.failures,
                 outage_since_detected = ?outage,
                 nothing_heard_for = ?silent,
-                "API server reachable again"
+                "{}",
+                last_failure.over()
             );
             ended = Some((outage, silent));
         }
@@ -273,20 +349,14 @@ fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Whether an answer with `status` means the server cannot serve kpng now: a 5xx, or a 429
-/// (overloaded: API Priority and Fairness rejects requests with it).
-fn failing(status: http::StatusCode) -> bool {
-    status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS
-}
-
 /// What an outage concerns, in `kpng status`.
 const API_SERVER: &str = "API server";
 
 impl Reachability {
-    fn record(&self, why: &dyn Display) {
+    fn record(&self, failure: Failure, why: &dyn Display) {
         self.health.failing(
             API_SERVER,
-            &format!("unreachable: {why}; keeping the programmed rules, retrying with backoff"),
+            &format!("{}: {why}; {}", failure.word(), failure.meanwhile()),
             SystemTime::now(),
         );
     }
@@ -369,7 +439,7 @@ where
                 tracker.heard();
             }
             match &result {
-                Ok(r) if failing(r.status()) => {
+                Ok(r) if let Some(failure) = Failure::of_status(r.status()) => {
                     let retry_after = r
                         .headers()
                         .get(http::header::RETRY_AFTER)
@@ -379,11 +449,9 @@ where
                     if let Some(wait) = retry_after {
                         tracker.asked_to_wait(wait);
                     }
-                    tracker.failed(&format_args!(
-                        "it answers {}{}",
-                        r.status(),
-                        retry_after.map_or(String::new(), |w| format!(" (Retry-After {w:?})"))
-                    ));
+                    let asked =
+                        retry_after.map_or(String::new(), |w| format!(" (Retry-After {w:?})"));
+                    tracker.failed_as(failure, &format_args!("it answers {}{asked}", r.status()));
                 }
                 Ok(_) => {
                     tracker.answered_to(Some(sent));
@@ -421,6 +489,69 @@ mod tests {
         assert_eq!(r.answered(), Some(std::time::Duration::from_secs(7)));
         assert!(!r.is_down());
         assert!(r.failed(&"refused"), "a new outage warns again");
+    }
+
+    /// Each failure is worded for what it says about the server, in the record `kpng status`
+    /// shows: a 429 is the server throttling kpng (it read "unreachable", which sent operators
+    /// after the network), a 5xx the server unable to serve, no answer unreachable. One
+    /// warning per outage still: a 429 then a 503 is one outage, the record has the latest.
+    #[tokio::test(start_paused = true)]
+    async fn each_failure_is_worded_for_what_it_says_about_the_server() {
+        let cases = [
+            (
+                http::StatusCode::TOO_MANY_REQUESTS,
+                Some(Failure::Throttled),
+            ),
+            (
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                Some(Failure::Unavailable),
+            ),
+            (
+                http::StatusCode::GATEWAY_TIMEOUT,
+                Some(Failure::Unavailable),
+            ),
+            (
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                Some(Failure::Unavailable),
+            ),
+            (http::StatusCode::FORBIDDEN, None),
+            (http::StatusCode::OK, None),
+        ];
+        for (status, want) in cases {
+            assert_eq!(Failure::of_status(status), want, "{status}");
+        }
+        let health = InputHealth::default();
+        let r = Reachability::new("http://127.0.0.1:1").with_health(health.clone());
+        let shown = || health.state().problems[API_SERVER].message.clone();
+        let words = [
+            (
+                Failure::Throttled,
+                "it answers 429 Too Many Requests (Retry-After 2s)",
+                true,
+            ),
+            (
+                Failure::Unavailable,
+                "it answers 503 Service Unavailable",
+                false,
+            ),
+            (Failure::Unreachable, "Connection refused", false),
+        ];
+        for (failure, why, warns) in words {
+            assert_eq!(r.failed_as(failure, &why), warns, "{failure:?}");
+            let message = shown();
+            assert!(
+                message.starts_with(&format!("{}: {why}; ", failure.word())),
+                "{message}"
+            );
+        }
+        assert!(!r.failed_as(Failure::Throttled, &"x"), "the same outage");
+        assert!(
+            shown().starts_with("throttled: x; the server is up"),
+            "{}",
+            shown()
+        );
+        assert!(r.answered().is_some());
+        assert!(health.state().problems.is_empty());
     }
 
     /// A hang is detected only after a silence: the end of the outage names both how long

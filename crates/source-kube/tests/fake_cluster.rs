@@ -1077,10 +1077,31 @@ fn requests_by_code(metrics: &ClientMetrics, code: &str) -> f64 {
 /// warning, the `API server` problem in the record, every attempt counted by its code, and a
 /// Service created meanwhile arrives seconds after the 503s stop. kube's client retried them
 /// itself, below kpng's layers (up to 15 times, its delays doubling to minutes): nothing was
-/// logged, shown or counted, and the Service arrived long after.
+/// logged, shown or counted, and the Service arrived long after. Each is worded for what it
+/// says: a 503 is the server `unavailable`, a 429 the server up and `throttled` (with the
+/// `Retry-After` it asked for); both read "unreachable", which sent operators after the
+/// network.
 #[tokio::test]
 async fn a_sustained_503_is_warned_shown_counted_and_the_change_arrives_soon_after() {
-    for code in [503, 429] {
+    for (code, retry_after, warning, shown, over) in [
+        (
+            503,
+            None,
+            "WARN API server unavailable: it answers 503 Service Unavailable; keeping the \
+             programmed rules, retrying with backoff",
+            "unavailable: it answers 503 Service Unavailable; ",
+            "INFO API server available again",
+        ),
+        (
+            429,
+            Some(1),
+            "WARN API server throttled: it answers 429 Too Many Requests (Retry-After 1s); the \
+             server is up and sheds kpng's requests (API Priority and Fairness); keeping the \
+             programmed rules, retrying with backoff, no sooner than its Retry-After",
+            "throttled: it answers 429 Too Many Requests (Retry-After 1s); the server is up",
+            "INFO API server no longer throttling",
+        ),
+    ] {
         let server = FakeApiServer::start().expect("server");
         cluster(&server);
         let health = InputHealth::default();
@@ -1088,18 +1109,26 @@ async fn a_sustained_503_is_warned_shown_counted_and_the_change_arrives_soon_aft
         let mut r = run_connected(&server, &health, &metrics, |source| source).await;
         until(&mut r, list_done(&Kind::ALL)).await;
 
-        server.fail(code, 1_000_000).expect("fail");
+        server
+            .fail_retry_after(code, 1_000_000, retry_after)
+            .expect("fail");
         // The watches' connections end: each watcher asks again, and gets the failure.
         server.drop_watches();
         server
             .apply(service("new", "10.96.0.20", json!({})))
             .expect("apply");
+        let problem = || {
+            health
+                .state()
+                .problems
+                .get("API server")
+                .map(|p| p.message.clone())
+        };
         wait_for(
             "the failures warned about, shown and counted",
             || {
-                r.logged
-                    .any(&format!("WARN API server unreachable: it answers {code}"))
-                    && health.state().problems.contains_key("API server")
+                r.logged.any(warning)
+                    && problem().is_some_and(|p| p.starts_with(shown))
                     && requests_by_code(&metrics, &code.to_string()) >= 3.0
             },
             || {
@@ -1127,6 +1156,15 @@ async fn a_sustained_503_is_warned_shown_counted_and_the_change_arrives_soon_aft
             r.logged.lines()
         );
         assert!(
+            !r.logged
+                .lines()
+                .iter()
+                .any(|l| (l.starts_with("WARN") || l.starts_with("INFO"))
+                    && l.contains("unreachable")),
+            "{code}: the server answers, it is not unreachable: {:#?}",
+            r.logged.lines()
+        );
+        assert!(
             r.events.try_recv().is_err(),
             "{code}: nothing arrived meanwhile"
         );
@@ -1140,6 +1178,7 @@ async fn a_sustained_503_is_warned_shown_counted_and_the_change_arrives_soon_aft
             back.elapsed()
         );
         outage_over(&health).await;
+        assert!(r.logged.any(over), "{code}: {:#?}", r.logged.lines());
     }
 }
 

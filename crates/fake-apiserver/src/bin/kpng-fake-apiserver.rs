@@ -14,12 +14,17 @@
 //! - `expire` (410 Gone to every watch), `drop` (cut every watch), `bookmark`;
 //! - `stop` / `restart` (an outage and its end); `stall` / `unstall` (a hung server: open
 //!   connections go silent, new requests get no answer; and its end, for new requests);
-//! - `fail CODE N` (the next N requests answered with status CODE, even while stalled; N 0
-//!   stops), `truncate BYTES` (list bodies cut after BYTES, then the connection aborted;
+//! - `fail CODE N [RETRY-AFTER]` (the next N requests answered with status CODE, even while
+//!   stalled, with `Retry-After: RETRY-AFTER` seconds when given, as API Priority and
+//!   Fairness sends with its 429s; N 0 stops), `truncate BYTES` (list bodies cut after BYTES, then the connection aborted;
 //!   `truncate off` to stop), `delay MS` (every request answered MS milliseconds late; 0 to
 //!   stop);
 //! - `events`: the Events posted so far, as a JSON array after `ok`;
-//! - `forbid-events` / `allow-events`: Event posts refused with 403 (no RBAC rule), or not.
+//! - `forbid-events` / `allow-events`: Event posts refused with 403 (no RBAC rule), or not;
+//! - `forbid RESOURCE` / `allow RESOURCE`: every request for one resource (`services`,
+//!   `endpointslices`, `nodes`, `servicecidrs`, with or without its group, as `kubectl`
+//!   names it) refused with 403 as the real server words it, or served again: a missing RBAC
+//!   rule for that resource alone.
 //!
 //! It exits when standard input closes. `--help` prints this usage.
 
@@ -27,7 +32,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use kpng_fake_apiserver::FakeApiServer;
+use kpng_fake_apiserver::{FakeApiServer, Resource};
 
 /// What `--help` prints (the commands are the module's list).
 const USAGE: &str = "\
@@ -42,11 +47,16 @@ line on standard input and answers `ok [RESOURCEVERSION]` or `error MESSAGE`:
   expire | drop | bookmark   410 Gone to every watch | cut every watch | a bookmark now
   stop | restart             an outage (connections refused) and its end
   stall | unstall            a hung server (no answers) and its end, for new requests
-  fail CODE N                answer the next N requests with status CODE (N 0: stop)
+  fail CODE N [RETRY-AFTER]  answer the next N requests with status CODE (N 0: stop),
+                             with `Retry-After: RETRY-AFTER` (seconds) when given
   truncate BYTES|off         cut list bodies after BYTES and abort the connection
   delay MS                   answer every request MS milliseconds late (0: stop)
   events                     the Events posted so far, as a JSON array
   forbid-events | allow-events
+  forbid RESOURCE | allow RESOURCE
+                             refuse every request for RESOURCE with 403 (a missing RBAC
+                             rule), or serve it again: services, endpointslices, nodes,
+                             servicecidrs
 
 It exits when standard input closes.
 ";
@@ -106,12 +116,25 @@ fn command(server: &mut FakeApiServer, line: &str) -> Result<String, String> {
         ["stall"] => server.stall(true),
         ["unstall"] => server.stall(false),
         ["restart"] => server.restart().map_err(|e| e.to_string())?,
-        ["fail", code, count] => {
+        ["fail", code, count] | ["fail", code, count, _] => {
             let number = |w: &str| w.parse::<u64>().map_err(|e| format!("{w:?}: {e}"));
             let code = u16::try_from(number(code)?).map_err(|e| e.to_string())?;
+            let retry_after = match words[..] {
+                [_, _, _, seconds] => Some(number(seconds)?),
+                _ => None,
+            };
             server
-                .fail(code, number(count)?)
+                .fail_retry_after(code, number(count)?, retry_after)
                 .map_err(|e| e.to_string())?;
+        }
+        ["forbid" | "allow", resource] => {
+            let named = Resource::of_plural(resource).ok_or_else(|| {
+                format!(
+                    "unknown resource {resource:?} (one of services, endpointslices, nodes, \
+                     servicecidrs)"
+                )
+            })?;
+            server.forbid(named, words[0] == "forbid");
         }
         ["truncate", "off"] => server.truncate(None),
         ["truncate", bytes] => {
