@@ -718,12 +718,7 @@ pub fn print_status(socket: &Path, args: &StatusArgs) -> anyhow::Result<()> {
             if args.output == StatusOutput::Wide && service.is_none() {
                 crate::status_history::write(&mut text, &typed.recent_syncs);
             }
-            if not_shown > 0 {
-                text.push_str(&format!(
-                    "({} rejected, not shown: `kpng status` without a Service lists them)\n",
-                    plural(not_shown, "other object")
-                ));
-            }
+            write_not_shown(&mut text, not_shown);
             // About one Service, the input's problem is said as when no port matches: what is
             // shown may be out of date (the header's PROBLEM line does not say so of it).
             if service.is_some()
@@ -885,26 +880,50 @@ fn read_status(
 }
 
 /// A brain's status: its nodes, what each took and how far behind it is; with `service`, what
-/// the brain can say of that Service without a node first.
+/// the brain can say of that Service without a node first ([`brain_output`]).
 fn print_brain(
     status: &serde_json::Value,
     service: Option<&str>,
     output: StatusOutput,
 ) -> anyhow::Result<()> {
-    match output {
-        StatusOutput::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(status)?)),
-        StatusOutput::Yaml => print_out(&serde_saphyr::to_string(status)?),
+    print_out(&brain_output(status, service, output)?)
+}
+
+/// What `kpng status` prints of a brain's status in `output`; with `service`, of the brain's
+/// rejections and dropped values only that Service's, as on a node
+/// ([`keep_rejections_of_json`]).
+fn brain_output(
+    status: &serde_json::Value,
+    service: Option<&str>,
+    output: StatusOutput,
+) -> anyhow::Result<String> {
+    let mut status = status.clone();
+    // About some Services, the brain's rejections and dropped values are those of these
+    // Services, in every output (until 2026-12-07 a brain listed every object's, while a node
+    // asked the same listed the Service's only). Done here, not by the brain, so a brain of
+    // an older build is narrowed too.
+    let not_shown = service.map_or(0, |filter| keep_rejections_of_json(&mut status, filter));
+    Ok(match output {
+        StatusOutput::Json => format!("{}\n", serde_json::to_string_pretty(&status)?),
+        StatusOutput::Yaml => serde_saphyr::to_string(&status)?,
         StatusOutput::Table | StatusOutput::Wide => {
-            let mut status = status.clone();
             escape_value_controls(&mut status);
             let brain: BrainStatus = serde_json::from_value(status)
                 .context("the brain's status does not have the expected shape")?;
-            print_out(&terminal_safe(&brain_text(
-                &brain,
-                service,
-                output == StatusOutput::Wide,
-            )))
+            let mut text = brain_text(&brain, service, output == StatusOutput::Wide);
+            write_not_shown(&mut text, not_shown);
+            terminal_safe(&text)
         }
+    })
+}
+
+/// The line saying how many other objects' rejections a status about some Services left out.
+fn write_not_shown(text: &mut String, not_shown: usize) {
+    if not_shown > 0 {
+        text.push_str(&format!(
+            "({} rejected, not shown: `kpng status` without a Service lists them)\n",
+            plural(not_shown, "other object")
+        ));
     }
 }
 
@@ -3142,6 +3161,119 @@ mod tests {
                      Service ns/web: field spec.externalIPs[0]: \"nope\" is not an IP address\n"
                 ),
             "{text}"
+        );
+    }
+
+    /// `kpng status NS/NAME` asked of a brain lists, of its rejections and dropped values,
+    /// that Service's only (its own and its EndpointSlices'), in the table and in JSON alike,
+    /// as a node does; the table says how many others it left out. Until 2026-12-07 a brain
+    /// listed every object's.
+    #[test]
+    fn a_brains_status_about_one_service_lists_that_services_rejections_only() {
+        let hub = kpng_api::hub::Hub::new(
+            kpng_model::ClusterModel::new(kpng_model::ClusterConfig::default()),
+            kpng_api::metrics::ApiMetrics::default(),
+        );
+        let service = |namespace: &str, name: &str, ip: &str, extra: serde_json::Value| {
+            let mut spec = serde_json::json!({"clusterIP": ip, "ports": [{"port": 80}]});
+            if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+                spec.extend(extra.clone());
+            }
+            kpng_model::Event::Apply(
+                kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(serde_json::json!({
+                    "metadata": {"namespace": namespace, "name": name}, "spec": spec,
+                }))
+                .expect("a Service")
+                .object,
+            )
+        };
+        let slice = |name: &str| {
+            kpng_model::Event::Apply(
+                kpng_k8s::from_json::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+                    serde_json::json!({
+                        "metadata": {"namespace": "ns", "name": name,
+                                     "labels": {"kubernetes.io/service-name": "web"}},
+                        "addressType": "IPv4",
+                        "ports": [{"port": 8080, "protocol": "TPC"}],
+                        "endpoints": [{"addresses": ["10.244.1.7"]}],
+                    }),
+                )
+                .expect("an EndpointSlice")
+                .object,
+            )
+        };
+        hub.apply(service("ns", "web", "10.96.0.1", serde_json::json!({})));
+        hub.apply(slice("web-bad"));
+        hub.apply(service(
+            "ns",
+            "typo",
+            "10.96.0.2",
+            serde_json::json!({"ports": [{"port": 80, "protocol": "TPC"}]}),
+        ));
+        hub.apply(service(
+            "other",
+            "dropper",
+            "10.96.0.3",
+            serde_json::json!({"externalIPs": ["nope"]}),
+        ));
+        let input = InputStatus {
+            source: "file /c.yaml".into(),
+            problems: Vec::new(),
+            last_good: Some("T1".into()),
+            detail: None,
+            brain_version: None,
+        };
+        let query = StatusQuery {
+            service: Some("ns/web".into()),
+            ..StatusQuery::default()
+        };
+        let status = serde_json::to_value(brain_status(&hub, input, &query)).expect("JSON");
+        assert_eq!(
+            status["rejected"].as_array().map(Vec::len),
+            Some(2),
+            "{status}"
+        );
+        assert_eq!(
+            status["dropped"].as_array().map(Vec::len),
+            Some(1),
+            "{status}"
+        );
+
+        let table = brain_output(&status, Some("ns/web"), StatusOutput::Table).expect("table");
+        assert!(
+            table.contains("rejected objects: 1\n  EndpointSlice ns/web-bad")
+                && !table.contains("ns/typo")
+                && !table.contains("other/dropper")
+                && !table.contains("VALUE DROPPED")
+                && table.contains("(1 other object rejected, not shown"),
+            "{table}"
+        );
+        let json: serde_json::Value = serde_json::from_str(
+            &brain_output(&status, Some("ns/web"), StatusOutput::Json).expect("JSON"),
+        )
+        .expect("JSON");
+        let objects: Vec<&str> = json["rejected"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["object"].as_str())
+            .collect();
+        assert_eq!(objects, ["EndpointSlice ns/web-bad"], "{json}");
+        assert!(json.get("dropped").is_none(), "{json}");
+        // Another namespace's Service: its dropped value, no rejection.
+        let other =
+            brain_output(&status, Some("other/dropper"), StatusOutput::Table).expect("table");
+        assert!(
+            other.contains("1 VALUE DROPPED")
+                && !other.contains("rejected objects")
+                && other.contains("(2 other objects rejected, not shown"),
+            "{other}"
+        );
+        // Without a Service, everything.
+        let all = brain_output(&status, None, StatusOutput::Table).expect("table");
+        assert!(
+            all.contains("rejected objects: 2") && all.contains("1 VALUE DROPPED"),
+            "{all}"
         );
     }
 

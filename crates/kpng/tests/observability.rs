@@ -3025,6 +3025,24 @@ fn split_mode(what: SplitCheck) {
         ) && summary.contains("kpng status --node NODE default/itp"),
         "{summary}"
     );
+    // About one Service, the brain lists that Service's rejections only (its slice's), as the
+    // node does, in the table and in JSON (until 2026-12-07 it listed every object's).
+    assert!(
+        summary.contains("EndpointSlice default/itp-bad")
+            && !summary.contains("default/broken")
+            && summary.contains("(1 other object rejected, not shown"),
+        "{summary}"
+    );
+    let on_brain: serde_json::Value =
+        serde_json::from_str(&ask(&brain_admin, &["status", "default/itp", "-o", "json"]))
+            .expect("JSON");
+    let objects: Vec<&str> = on_brain["rejected"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["object"].as_str())
+        .collect();
+    assert_eq!(objects, ["EndpointSlice default/itp-bad"], "{on_brain}");
     // Each node's kpng build (version+commit; the version alone outside git), and what SENT
     // and LAG measure, in the brain's table; the node runs the brain's build: nothing marked.
     let table = ask(&brain_admin, &["status"]);
@@ -3040,6 +3058,78 @@ fn split_mode(what: SplitCheck) {
         rejected.contains("REJECTED: Service default/broken"),
         "{rejected}"
     );
+    // The brain's report reaches the node again whenever what it says changes, not only the
+    // number of rejections: one fixed and another broken in the same load, then a message
+    // changed (until 2026-12-07 the node kept showing the fixed one).
+    let reported = |want: &[(&str, &str)]| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let json: serde_json::Value =
+                serde_json::from_str(&ask(&node_admin, &["status", "-o", "json"])).expect("JSON");
+            let mut got: Vec<(String, String)> = json["brainReports"]["rejected"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    let field = r["field"].as_str().unwrap_or_default();
+                    let message = r["message"].as_str().unwrap_or_default();
+                    (
+                        r["object"].as_str().unwrap_or_default().to_string(),
+                        format!("{field}: {message}"),
+                    )
+                })
+                .collect();
+            got.sort();
+            let matches = got.len() == want.len()
+                && got
+                    .iter()
+                    .zip(want)
+                    .all(|((o, m), (wo, wm))| o == wo && m.contains(wm));
+            if matches {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the node's brain report is not {want:?} within 20 s: {got:?}; the brain: {}",
+                ask(&brain_admin, &["status", "-o", "json"])
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let swapped = extra
+        .replace("ports: [{port: nope}]", "ports: [{port: 80}]")
+        .replace("name: itp-bad, labels", "name: itp-bad2, labels");
+    assert_ne!(swapped, extra);
+    // The example last: a file whose last object is rejected reads as cut off, and its
+    // deletions are held back (itp-bad would stay).
+    let rewrite = |text: &str| {
+        let tmp = dir.path().join(".cluster.yaml.tmp");
+        std::fs::write(&tmp, format!("{text}---\n{example}")).expect("write");
+        std::fs::rename(&tmp, &input).expect("rename");
+    };
+    // Fixed: Service default/broken; broken: itp-bad2 (itp-bad deleted); still two in all.
+    let before = reported(&[
+        ("EndpointSlice default/itp-bad", "TPC"),
+        ("Service default/broken", ""),
+    ]);
+    rewrite(&format!(
+        "{swapped}---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: \
+         typo}}\nspec: {{clusterIP: 10.96.7.9, ports: [{{port: 80, protocol: TPC}}]}}\n"
+    ));
+    let after = reported(&[
+        ("EndpointSlice default/itp-bad2", "TPC"),
+        ("Service default/typo", "TPC"),
+    ]);
+    assert_eq!(before.len(), after.len());
+    // The same two objects, one's message changed.
+    rewrite(&format!(
+        "{swapped}---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: \
+         typo}}\nspec: {{clusterIP: 10.96.7.9, ports: [{{port: 80, protocol: UPD}}]}}\n"
+    ));
+    reported(&[
+        ("EndpointSlice default/itp-bad2", "TPC"),
+        ("Service default/typo", "UPD"),
+    ]);
     // A node the brain has no Node object of: said plainly, with the Nodes it knows and the
     // connected node names, and an error (until 2026-12-06 it answered with node9's "view",
     // a node without endpoints of its own, as if it existed).

@@ -1312,3 +1312,78 @@ async fn a_reconnect_is_not_warned_as_two_kpngs_but_a_lasting_second_claim_is() 
     );
     drop((new, copy));
 }
+
+/// A Service `default/NAME` (ClusterIP `ip`, port 80 over `protocol`).
+fn service_named(name: &str, ip: &str, protocol: &str) -> Event {
+    Event::Apply(
+        kpng_k8s::from_json::<k8s_openapi::api::core::v1::Service>(json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"clusterIP": ip, "ports": [{"port": 80, "protocol": protocol}]}
+        }))
+        .expect("service")
+        .object,
+    )
+}
+
+/// The rejections a brain's report in `ops` names, as `Kind ns/name: message`.
+fn reported_messages(ops: &[proto::OpItem]) -> Option<Vec<String>> {
+    ops.iter().find_map(|item| match &item.op {
+        Some(Op::Set(v))
+            if v.r#ref.as_ref().map(|r| r.set) == Some(proto::Set::KpngBrainReportSet as i32) =>
+        {
+            let r = proto::KpngBrainReport::decode(v.bytes.clone()).expect("a report");
+            Some(
+                r.rejected
+                    .iter()
+                    .map(|o| format!("{} {}/{}: {}", o.kind, o.namespace, o.name, o.message))
+                    .collect(),
+            )
+        }
+        _ => None,
+    })
+}
+
+/// The report goes out again whenever what it says changes, not only how many objects it
+/// names: one rejection fixed and another made in the same change (the count unchanged), and
+/// a rejection whose message changes, each reach the nodes.
+#[test]
+fn the_brains_report_is_sent_again_when_its_rejections_change_but_not_their_number() {
+    let input = kpng_model::input::InputHealth::new("file /etc/kpng/cluster.yaml");
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::default(),
+        )
+        .reporting(input),
+    );
+    let n1 = hub.register("n1");
+    hub.apply(fixtures::cluster_event());
+    next_ops(&n1);
+    hub.apply(service_named("one", "10.96.9.1", "TPC"));
+    let first = reported_messages(&next_ops(&n1)).expect("a report");
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(first[0].starts_with("Service default/one: "), "{first:?}");
+
+    // `one` fixed and `two` broken in one change: still one rejection, another one.
+    hub.apply_all(vec![
+        service_named("one", "10.96.9.1", "TCP"),
+        service_named("two", "10.96.9.2", "TPC"),
+    ]);
+    let swapped = reported_messages(&next_ops(&n1)).expect("a report");
+    assert_eq!(swapped.len(), 1, "{swapped:?}");
+    assert!(
+        swapped[0].starts_with("Service default/two: "),
+        "{swapped:?}"
+    );
+
+    // `two` broken otherwise: the same object, another message.
+    hub.apply(service_named("two", "10.96.9.2", "UPD"));
+    let reworded = reported_messages(&next_ops(&n1)).expect("a report");
+    assert_eq!(reworded.len(), 1, "{reworded:?}");
+    assert_ne!(reworded, swapped, "the message changed");
+
+    // And nothing when nothing changed.
+    hub.apply(service_named("two", "10.96.9.2", "UPD"));
+    hub.refresh_report();
+    assert!(!ready(&n1), "the same report is not sent again");
+}
