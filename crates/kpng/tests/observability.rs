@@ -1655,6 +1655,25 @@ fn problems_only_pages_past_the_first_500_ports() {
             .collect()
     };
 
+    // The count is kept between refreshes (status_web.rs): the second answer reads only the
+    // ports it shows, and must be the first one's.
+    let second_page = |what: &str| {
+        let answer = status_get(
+            &addr,
+            "/status/status.json?service=many%2F&problems=true&offset=500&limit=500",
+        );
+        let body: serde_json::Value = serde_json::from_str(&http_body(&answer))
+            .unwrap_or_else(|e| panic!("{what}: {e}: {answer}"));
+        body
+    };
+    // Another selection first, so that the first answer counts (one selection is kept).
+    status_get(&addr, "/status/status.json?service=default%2F&limit=1");
+    let (counted, kept) = (second_page("counted"), second_page("kept"));
+    for field in ["services", "problemsLine", "matchingPorts", "problemPorts"] {
+        assert_eq!(counted[field], kept[field], "{field}");
+    }
+    assert_eq!(kept["services"].as_array().map(Vec::len), Some(100));
+
     // The first page: the first 500 of the 600 ports with a problem, all past row 500.
     let page = dom(
         browser,
