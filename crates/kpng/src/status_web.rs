@@ -302,13 +302,9 @@ async fn read_counted(
     }
     // The positions to read: the page's ports, or the span of its ports with a problem.
     let (from, to, selected) = if query.problems {
-        let shown = counted
-            .positions
-            .get(offset..)
-            .unwrap_or_default()
-            .iter()
-            .take(limit);
-        match (shown.clone().next(), shown.last()) {
+        let rest = counted.positions.get(offset..).unwrap_or_default();
+        let shown = rest.get(..limit.min(rest.len())).unwrap_or_default();
+        match (shown.first(), shown.last()) {
             (Some(a), Some(b)) => (*a, b + 1, counted.positions.len()),
             _ => (0, 0, counted.positions.len()),
         }
