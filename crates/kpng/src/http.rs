@@ -117,6 +117,8 @@ struct MetricsState {
     z: Arc<crate::zpages::ZPages>,
     admin: Option<kpng_runner::admin::AdminHandle>,
     probes: MetricsProbes,
+    /// The status page's problem count, kept from one refresh to the next.
+    counts: crate::status_web::CountCache,
 }
 
 /// What the metrics server's `/healthz`, `/livez` and `/readyz` answer.
@@ -246,7 +248,7 @@ async fn status_json(State(state): State<MetricsState>, uri: axum::http::Uri) ->
         Err(rejection) => return rejection.into_response(),
     };
     match &state.admin {
-        Some(admin) => match crate::status_web::answer(admin, query).await {
+        Some(admin) => match crate::status_web::answer(admin, &state.counts, query).await {
             Some(value) => axum::Json(value).into_response(),
             None => crate::admin::not_answering(),
         },
@@ -353,6 +355,7 @@ pub async fn metrics_server(
             z: Arc::new(z),
             admin,
             probes,
+            counts: crate::status_web::CountCache::default(),
         });
     let addr = to.addr;
     let listener = Listener::bind(to, "the metrics server (--metrics-bind-address)")?;

@@ -16,6 +16,18 @@ const PAGE_PORTS = 500;
 let answers = 0;
 // Namespaces seen in answers, offered by the namespace field.
 const namespaces = new Set();
+// Which page of the selection is shown (0: its first PAGE_PORTS ports); a new selection starts
+// at the first.
+let pageIndex = 0;
+// Requests sent so far, and the number of the one whose answer is shown. Why: an answer can
+// arrive late (a slow node agent at 30k Services, a periodic refresh after the engineer
+// changed the filter); an answer to an older request or to another selection than the one
+// now in the fields must never replace what is shown.
+let asked = 0;
+let renderedRequest = 0;
+// The request in flight: its number, its query and how to abort it (a new selection aborts
+// it; a periodic refresh waits for it instead of piling up on a slow node agent).
+let inflight = null;
 
 function frontends(p) {
   const f = [p.clusterIp + ":" + p.port];
@@ -171,10 +183,17 @@ function render() {
   // kpng filters and caps the list itself (the whole list is tens of MB on a large cluster).
   const matching = status.matchingPorts ?? status.services.length;
   const what = $("problemsonly").checked ? " ports with a problem" : " matching ports";
-  $("shown").textContent = status.services.length < matching
-    ? "showing the first " + status.services.length + " of " + matching + what + " (" +
-      status.totalPorts + " in all): type to narrow"
+  const from = pageIndex * PAGE_PORTS;
+  $("shown").textContent = !status.services.length && from
+    ? "page " + (pageIndex + 1) + " is past the " + matching + what + ": go back"
+    : status.services.length < matching
+    ? "showing " + (status.services.length ? from + 1 : 0) + "–" + (from + status.services.length) +
+      " of " + matching + what + " (" + status.totalPorts + " in all)"
     : matching + " of " + (status.totalPorts ?? matching) + " ports";
+  // The previous and next pages of the selection (with "problems only", of its ports with a
+  // problem: kpng selects them over every port before it pages).
+  $("previous").hidden = pageIndex === 0;
+  $("next").hidden = from + status.services.length >= matching;
   // kpng counts the ports with a problem over the whole selection, as `kpng status` does.
   $("problemsline").hidden = !status.problemsLine;
   $("problemsline").textContent = status.problemsLine || "";
@@ -221,21 +240,50 @@ function render() {
   }
 }
 
-async function refresh() {
+// The status answer's query for what the page's fields select now.
+function selection() {
+  const q = new URLSearchParams({ limit: String(PAGE_PORTS), q: $("filter").value.trim() });
+  // A namespace name holds no "/": `NAMESPACE/` selects all of its Services (`kpng status -n`).
+  const ns = $("namespace").value.trim().replace(/\/.*$/, "");
+  if (ns) q.set("service", ns + "/");
+  if ($("problemsonly").checked) q.set("problems", "true");
+  if (pageIndex) q.set("offset", String(pageIndex * PAGE_PORTS));
+  return { ns, query: q.toString() };
+}
+
+// Asks for the selection and shows the answer, unless a newer one was shown meanwhile or the
+// selection changed. `periodic`: the 5-s refresh, which does not ask again while an answer to
+// the same selection is on its way.
+async function refresh(periodic) {
+  const { ns, query } = selection();
+  if (inflight && inflight.query === query && periodic === true) return;
+  if (inflight) inflight.controller.abort();
+  const request = { number: ++asked, query, controller: new AbortController() };
+  inflight = request;
   try {
-    const q = new URLSearchParams({ limit: String(PAGE_PORTS), q: $("filter").value.trim() });
-    // A namespace name holds no "/": `NAMESPACE/` selects all of its Services (`kpng status -n`).
-    const ns = $("namespace").value.trim().replace(/\/.*$/, "");
-    if (ns) q.set("service", ns + "/");
-    if ($("problemsonly").checked) q.set("problems", "true");
     keepInAddress(ns);
-    const r = await fetch("status/status.json?" + q);
+    const r = await fetch("status/status.json?" + query, { signal: request.controller.signal });
     if (!r.ok) throw new Error(await r.text());
-    status = await r.json();
+    const answer = await r.json();
+    if (request.number < renderedRequest || query !== selection().query) return;
+    renderedRequest = request.number;
+    status = answer;
     render();
   } catch (e) {
+    // An aborted request was replaced by a newer one, which says what there is to say.
+    if (e.name === "AbortError" || request.number < renderedRequest) return;
+    if (query !== selection().query) return;
+    renderedRequest = request.number;
     $("header").textContent = "kpng does not answer: " + e.message;
+  } finally {
+    if (inflight === request) inflight = null;
   }
+}
+
+// A new selection is shown from its first page.
+function reselect() {
+  pageIndex = 0;
+  refresh();
 }
 
 async function trace() {
@@ -282,6 +330,7 @@ function keepInAddress(ns) {
   set("filter", $("filter").value.trim());
   set("namespace", ns);
   set("problems", $("problemsonly").checked ? "1" : "");
+  set("page", pageIndex ? String(pageIndex + 1) : "");
   const search = params.toString();
   if (search !== location.search.replace(/^\?/, "")) {
     history.replaceState(null, "", location.pathname + (search ? "?" + search : ""));
@@ -289,17 +338,20 @@ function keepInAddress(ns) {
 }
 
 let typing;
-const typed = () => { clearTimeout(typing); typing = setTimeout(refresh, 250); };
+const typed = () => { clearTimeout(typing); typing = setTimeout(reselect, 250); };
 $("filter").addEventListener("input", typed);
 $("namespace").addEventListener("input", typed);
-$("problemsonly").addEventListener("change", refresh);
+$("problemsonly").addEventListener("change", reselect);
+$("previous").addEventListener("click", () => { pageIndex = Math.max(pageIndex - 1, 0); refresh(); });
+$("next").addEventListener("click", () => { pageIndex += 1; refresh(); });
 $("trace-form").addEventListener("submit", (e) => { e.preventDefault(); trace(); });
-// Deep links: /status?filter=web&namespace=shop&problems=1&from=10.244.1.5&to=10.96.0.10:80
+// Deep links: /status?filter=web&namespace=shop&problems=1&page=2&from=10.244.1.5&to=10.96.0.10:80
 // fills the page in.
 const params = new URLSearchParams(location.search);
 if (params.get("filter")) $("filter").value = params.get("filter");
 if (params.get("namespace")) $("namespace").value = params.get("namespace");
 $("problemsonly").checked = params.get("problems") === "1";
+pageIndex = Math.max(parseInt(params.get("page") || "1", 10) - 1, 0) || 0;
 for (const k of ["from", "to", "proto", "iif"]) if (params.get(k)) $(k).value = params.get(k);
 refresh().then(() => { if (params.get("from") && params.get("to")) trace(); });
-setInterval(refresh, 5000);
+setInterval(() => refresh(true), 5000);

@@ -178,6 +178,20 @@ fn http_get(addr: &str, path: &str) -> String {
     body
 }
 
+/// `path` asked of the status page at `addr`, naming it by its address as the page requires
+/// (`http_get` names `kpng`); the whole response.
+fn status_get(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("response");
+    answer
+}
+
 const MANIFEST: &str = "kind: Node\nmetadata: {name: n1}\n---\nkind: Service\n\
     metadata: {namespace: ns, name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}]}\n";
 
@@ -1544,6 +1558,184 @@ fn the_status_page_tells_what_kpng_status_tells() {
     );
 }
 
+/// An answer that comes late never replaces a newer one: the page asked for every port, the
+/// engineer typed `zonal`, and the answer to the first request arrived after the answer to
+/// `zonal` (at 30k Services an answer can take longer than typing; the periodic refresh can
+/// cross a change of the fields too). Until 2026-12-07 the late answer was shown, under the
+/// filter `zonal`. The page's script runs from file:// in headless Chromium behind a harness
+/// (`tests/status_page/late_answers.js`) whose `fetch` answers in the order it chooses.
+#[test]
+fn the_status_page_shows_no_answer_older_than_the_one_it_shows() {
+    let Some(browser) = browser_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = include_str!("../src/status_page.html")
+        .replace("<link rel=\"stylesheet\" href=\"status/page.css\">", "")
+        .replace(
+            "<script src=\"status/page.js\"></script>",
+            "<script src=\"harness.js\"></script><script src=\"page.js\"></script>",
+        );
+    assert!(
+        page.contains("harness.js"),
+        "the page loads its script: {page}"
+    );
+    std::fs::write(dir.path().join("status.html"), page).expect("write");
+    std::fs::write(
+        dir.path().join("page.js"),
+        include_str!("../src/status_page.js"),
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("harness.js"),
+        include_str!("status_page/late_answers.js"),
+    )
+    .expect("write");
+    let url = format!("file://{}", dir.path().join("status.html").display());
+    let (page, console) = dom_and_console(browser, &url);
+    assert!(
+        !console.contains("Uncaught") && !console.contains(":ERROR:CONSOLE"),
+        "the page's script failed: {console}"
+    );
+    assert!(
+        page.contains("data-harness=\"done\""),
+        "the harness ran: {page}"
+    );
+    assert!(
+        page.contains("q=zonal"),
+        "the page asked again for zonal: {page}"
+    );
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    assert!(
+        services.contains("default/zonal") && !services.contains("default/web"),
+        "the late answer to the first request replaced the answer to zonal: {services}"
+    );
+    let (_, header) = div_of(&page, "header").expect("the header");
+    assert!(
+        header.starts_with("node node1 · backend file"),
+        "an abandoned request is no error: {header}"
+    );
+}
+
+/// "problems only" reaches every port with a problem, however far past the first 500 ports
+/// they lie: 1,200 Services, the first 600 with an endpoint, the last 600 without (every
+/// problem past row 500 of the whole list). kpng selects the ports with a problem over every
+/// port and pages them; the page shows the first 500 and its "next" button the other 100
+/// (`page=2` in its address). Until 2026-12-07 the page had no next page: the last 100 ports
+/// with a problem could not be reached from it.
+#[test]
+fn problems_only_pages_past_the_first_500_ports() {
+    let Some(browser) = browser_or_skip() else {
+        return;
+    };
+    let (mut running, dir) = on_the_example("127.0.0.1:0");
+    let addr = running.wait_synced_metrics("the first sync and the metrics address");
+    let input = dir.path().join("cluster.yaml");
+    let mut text = std::fs::read_to_string(&input).expect("read");
+    for i in 0..1200 {
+        let (hi, lo) = (i / 250, i % 250 + 1);
+        text.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: many, name: svc-{i:04}}}\n\
+             spec: {{clusterIP: 10.97.{hi}.{lo}, ports: [{{name: http, port: 80}}]}}\n"
+        ));
+        if i < 600 {
+            text.push_str(&format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{namespace: many, name: svc-{i:04}-a, labels: {{kubernetes.io/service-name: svc-{i:04}}}}}\n\
+                 addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\n\
+                 endpoints: [{{addresses: [10.244.1.2], nodeName: node1, conditions: {{ready: true}}}}]\n"
+            ));
+        }
+    }
+    let tmp = dir.path().join(".cluster.yaml.tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, &input).expect("rename");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = status_get(
+            &addr,
+            "/status/status.json?service=many%2F&problems=true&limit=1",
+        );
+        if answer.contains("\"matchingPorts\":600") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the 1,200 Services: {answer}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let names = |services: &str| -> Vec<String> {
+        services
+            .split("<div>many/svc-")
+            .skip(1)
+            .filter_map(|r| r.get(..4))
+            .map(str::to_string)
+            .collect()
+    };
+
+    // The count is kept between refreshes (status_web.rs): the second answer reads only the
+    // ports it shows, and must be the first one's.
+    let second_page = |what: &str| {
+        let answer = status_get(
+            &addr,
+            "/status/status.json?service=many%2F&problems=true&offset=500&limit=500",
+        );
+        let body: serde_json::Value = serde_json::from_str(&http_body(&answer))
+            .unwrap_or_else(|e| panic!("{what}: {e}: {answer}"));
+        body
+    };
+    // Another selection first, so that the first answer counts (one selection is kept).
+    status_get(&addr, "/status/status.json?service=default%2F&limit=1");
+    let (counted, kept) = (second_page("counted"), second_page("kept"));
+    for field in ["services", "problemsLine", "matchingPorts", "problemPorts"] {
+        assert_eq!(counted[field], kept[field], "{field}");
+    }
+    assert_eq!(kept["services"].as_array().map(Vec::len), Some(100));
+
+    // The first page: the first 500 of the 600 ports with a problem, all past row 500.
+    let page = dom(
+        browser,
+        &format!("http://{addr}/status?namespace=many&problems=1"),
+    );
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    let shown = names(services);
+    assert_eq!(shown.len(), 500, "{services}");
+    assert_eq!(
+        (shown[0].as_str(), shown[499].as_str()),
+        ("0600", "1099"),
+        "{services}"
+    );
+    let (_, line) = div_of(&page, "problemsline").expect("the problem line");
+    assert_eq!(
+        line,
+        "PROBLEMS: 600 of 1200 Service ports (600 without endpoints)"
+    );
+    assert!(
+        page.contains("showing 1–500 of 600 ports with a problem (")
+            && page.contains("<button type=\"button\" id=\"next\">next</button>")
+            && page.contains("<button type=\"button\" id=\"previous\" hidden=\"\">"),
+        "{page}"
+    );
+
+    // The next page: the other 100, the last of every port.
+    let page = dom(
+        browser,
+        &format!("http://{addr}/status?namespace=many&problems=1&page=2"),
+    );
+    let services = table_after(&page, "<table id=\"services\">").expect("the Services table");
+    let shown = names(services);
+    assert_eq!(shown.len(), 100, "{services}");
+    assert_eq!(
+        (shown[0].as_str(), shown[99].as_str()),
+        ("1100", "1199"),
+        "{services}"
+    );
+    assert!(
+        page.contains("showing 501–600 of 600 ports with a problem (")
+            && page.contains("<button type=\"button\" id=\"next\" hidden=\"\">")
+            && page.contains("<button type=\"button\" id=\"previous\">previous</button>"),
+        "{page}"
+    );
+}
+
 /// The health checks a start opens are one info line, not one per Service (a start of 30k
 /// Services with 1,500 eTP Local ones wrote 1,500 `serving health check` lines): their count
 /// and the first names; a later change that opens one names it on a line of its own.
@@ -2044,18 +2236,7 @@ fn the_status_page_shows_a_repair_problem() {
             .arg(dir.path().join("out.yaml")),
     );
     let addr = node.wait_synced_metrics("the first sync and the metrics address");
-    // The status page answers requests naming it by address only (`http_get` names `kpng`).
-    let get = |path: &str| {
-        let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .expect("request");
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).expect("response");
-        answer
-    };
+    let get = |path: &str| status_get(&addr, path);
     let page = http_body(&get("/status"));
     let script = http_body(&get("/status/page.js"));
     let style = http_body(&get("/status/page.css"));
