@@ -3218,9 +3218,15 @@ mod tests {
         ));
         let input = InputStatus {
             source: "file /c.yaml".into(),
+            kind: "file".into(),
+            location: "/c.yaml".into(),
+            state: "ok".into(),
             problems: Vec::new(),
             last_good: Some("T1".into()),
             detail: None,
+            last_good_objects: None,
+            last_good_files: None,
+            last_change_from: None,
             brain_version: None,
         };
         let query = StatusQuery {
