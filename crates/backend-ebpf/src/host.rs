@@ -212,7 +212,10 @@ fn missing_cgroup_path_in(path: &Path, mounts: &[Mount]) -> String {
             "--cgroup-path {}: no such directory in kpng's mount namespace ({what}); {hint}",
             path.display()
         ),
-        None => format!("--cgroup-path {}: no such directory ({what})", path.display()),
+        None => format!(
+            "--cgroup-path {}: no such directory ({what})",
+            path.display()
+        ),
     }
 }
 
@@ -546,7 +549,10 @@ mod tests {
             ),
             (
                 MountNamespace::Unknown,
-                &["If kpng runs in a mount namespace of its own", "starts cold"][..],
+                &[
+                    "If kpng runs in a mount namespace of its own",
+                    "starts cold",
+                ][..],
                 &[][..],
             ),
         ] {
