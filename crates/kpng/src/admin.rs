@@ -3418,6 +3418,7 @@ mod tests {
             health_check_node_port: None,
             health_check: None,
             without_endpoints: None,
+            without_local_endpoint_only: false,
             endpoints: Vec::new(),
             only_used_known: false,
         };

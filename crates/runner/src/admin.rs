@@ -1036,6 +1036,12 @@ pub struct PortStatus {
     /// none suits the policy; HNS: not answered, as there is no load balancer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub without_endpoints: Option<String>,
+    /// The empty list `without_endpoints` names is only the local one (eTP or iTP Local with
+    /// no endpoint on this node) while the Service has usable endpoints elsewhere: `kpng
+    /// status` counts such a port apart from one without endpoints, which an operator would
+    /// otherwise look for in the EndpointSlices.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub without_local_endpoint_only: bool,
     /// Every endpoint, used or not, and why.
     pub endpoints: Vec<EndpointStatus>,
     /// Only the used endpoints are known, not the others nor why they are unused: a node fed
@@ -1075,6 +1081,7 @@ impl PortStatus {
             health_check_node_port: port.health_check_node_port,
             health_check: None,
             without_endpoints: without_endpoints(port, traits),
+            without_local_endpoint_only: without_local_endpoint_only(port),
             endpoints,
             only_used_known,
         }
@@ -1146,6 +1153,14 @@ fn without_endpoints(port: &ServicePort, traits: &BackendTraits) -> Option<Strin
         return None;
     };
     Some(text.to_string())
+}
+
+/// Whether the only empty list `port` needs is its local one: it has usable endpoints, none
+/// on this node, and a Local policy wants one (see [`PortStatus::without_local_endpoint_only`]).
+fn without_local_endpoint_only(port: &ServicePort) -> bool {
+    let cluster_empty = port.uses_cluster_endpoints() && port.cluster_endpoints.is_empty();
+    let local_empty = port.uses_local_endpoints() && port.local_endpoints.is_empty();
+    port.has_any_endpoints && !cluster_empty && local_empty
 }
 
 /// The endpoints a port uses, when nothing more is known (a brain's view).
@@ -1372,13 +1387,22 @@ mod tests {
             ("served, HNS", port(&remote_only, false, false), &hns, None),
         ];
         for (what, port, traits, want) in cases {
-            assert_eq!(
-                PortStatus::of(&port, None, traits)
-                    .without_endpoints
-                    .as_deref(),
-                want,
-                "{what}"
-            );
+            let status = PortStatus::of(&port, None, traits);
+            assert_eq!(status.without_endpoints.as_deref(), want, "{what}");
+            // Only the local list empty: `kpng status` counts it apart from "no endpoints".
+            let local_only = want.is_some_and(|w| w.starts_with("no local endpoint"));
+            assert_eq!(status.without_local_endpoint_only, local_only, "{what}");
         }
+        // Endpoints, none usable (all not ready): the cluster list is empty, not only the
+        // local one.
+        let mut unusable = port(&remote_only, true, false);
+        unusable.cluster_endpoints.clear();
+        unusable.local_endpoints.clear();
+        let status = PortStatus::of(&unusable, None, &linux);
+        assert_eq!(
+            status.without_endpoints.as_deref(),
+            Some("no usable endpoint: connections are dropped")
+        );
+        assert!(!status.without_local_endpoint_only);
     }
 }
