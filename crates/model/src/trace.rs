@@ -665,9 +665,9 @@ impl SocketNotes<'_> {
 /// this port (by its name): an operator who sees endpoints in `kubectl get endpointslices`
 /// is told which port is missing from them.
 fn no_endpoints_words(snapshot: &Snapshot, port: &ServicePort) -> String {
-    let siblings_served = snapshot.family(port.key.family).any(|p| {
-        p.key.service == port.key.service && p.key != port.key && p.has_any_endpoints
-    });
+    let siblings_served = snapshot
+        .family(port.key.family)
+        .any(|p| p.key.service == port.key.service && p.key != port.key && p.has_any_endpoints);
     if siblings_served {
         let name = if port.key.port_name.is_empty() {
             "(unnamed)".to_string()
