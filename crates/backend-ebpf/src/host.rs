@@ -196,6 +196,29 @@ pub fn check_cgroup2_dir(path: &Path) -> Result<(), Error> {
     }
 }
 
+/// The error for a `--cgroup-path` that does not exist: what the option names and, when the
+/// path is under a fresh `/sys` (`ip netns exec`), that it may well exist on the host, why it
+/// is not seen here and what to do ([`fresh_sys_hint`]). Without the hint an operator who
+/// sees the directory in another shell has nothing to go on.
+pub fn missing_cgroup_path(path: &Path) -> String {
+    missing_cgroup_path_in(path, &mounts().unwrap_or_default())
+}
+
+fn missing_cgroup_path_in(path: &Path, mounts: &[Mount]) -> String {
+    let what = "it names the cgroup v2 subtree whose sockets are translated; default: the \
+                cgroup v2 root";
+    match fresh_sys_hint(path, mounts) {
+        Some(hint) => format!(
+            "--cgroup-path {}: no such directory in kpng's mount namespace ({what}); {hint}",
+            path.display()
+        ),
+        None => format!(
+            "--cgroup-path {}: no such directory ({what})",
+            path.display()
+        ),
+    }
+}
+
 /// Why a path under `/sys` that the host has may be missing here: no cgroup file system is
 /// mounted below `/sys`, as in the fresh sysfs that `ip netns exec` mounts in the mount
 /// namespace it makes, which hides the host's `/sys/fs/cgroup` and `/sys/fs/bpf`. `None` when
@@ -208,7 +231,9 @@ pub fn fresh_sys_hint(path: &Path, mounts: &[Mount]) -> Option<&'static str> {
         .any(|m| under_sys(&m.point) && m.fstype.starts_with("cgroup"));
     (under_sys(path) && !cgroup_below_sys).then_some(
         "no cgroup file system is mounted under /sys here: `ip netns exec` mounts a fresh /sys, \
-         which hides the host's /sys/fs/cgroup and /sys/fs/bpf. Mount cgroup2 and bpffs under \
+         which hides the host's /sys/fs/cgroup and /sys/fs/bpf, so a directory the host has is \
+         not seen. Run kpng with `nsenter --net=/run/netns/NAME` instead (it enters the network \
+         namespace only and keeps the host's mounts), or mount cgroup2 and bpffs under \
          /run on the host (mount -t cgroup2 none /run/kpng-cgroup; mount -t bpf bpf \
          /run/kpng-bpf) and pass /run/kpng-cgroup as --cgroup-path and a directory of kpng's \
          own on the bpffs, /run/kpng-bpf/kpng, as --bpf-pin-path, or leave --cgroup-path out \
@@ -335,14 +360,72 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), Error> {
         )));
     }
     mount("bpf", conventional)?;
-    tracing::warn!(
-        "mounted a BPF file system on /sys/fs/bpf: none was visible, so this mount is kpng's \
-         own (a private mount namespace, such as `ip netns exec` or a container without a \
-         /sys/fs/bpf hostPath, makes one) and the pins go with it: the next kpng starts cold \
-         instead of adopting the programs and maps (mount /sys/fs/bpf on the host, or pass it \
-         in as a hostPath)"
-    );
+    let place = MountNamespace::find();
+    tracing::warn!("{}", bpffs_mounted(place));
     Ok(())
+}
+
+/// Whose mount namespace kpng runs in, which decides whether a bpffs it mounts outlives it:
+/// the host's lives on (the next kpng adopts the pins), a private one (`ip netns exec`, a
+/// container) ends with its processes and takes the pins with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountNamespace {
+    /// The same as PID 1's, in the host's PID namespace: the host's.
+    Host,
+    /// Not PID 1's (`ip netns exec` makes one for its command).
+    Private,
+    /// Cannot tell: PID 1 is not the host's init (a PID namespace of kpng's own, a container)
+    /// or its namespace cannot be read.
+    Unknown,
+}
+
+impl MountNamespace {
+    /// Compares `/proc/self/ns/mnt` with `/proc/1/ns/mnt` (when PID 1 is the host's init).
+    pub fn find() -> MountNamespace {
+        let read = |p: &str| std::fs::read_link(p).ok();
+        Self::judge(
+            read("/proc/self/ns/mnt").as_deref(),
+            read("/proc/1/ns/mnt").as_deref(),
+            in_private_pid_namespace(),
+        )
+    }
+
+    /// The namespace from kpng's and PID 1's `ns/mnt` links (`mnt:[INODE]`), and whether
+    /// kpng's PID namespace is its own (then PID 1 is not the host's init).
+    fn judge(own: Option<&Path>, init: Option<&Path>, private_pid: bool) -> MountNamespace {
+        match (own, init) {
+            _ if private_pid => MountNamespace::Unknown,
+            (Some(own), Some(init)) if own == init => MountNamespace::Host,
+            (Some(_), Some(_)) => MountNamespace::Private,
+            _ => MountNamespace::Unknown,
+        }
+    }
+}
+
+/// What kpng says after mounting a bpffs on `/sys/fs/bpf` where none was, in mount namespace
+/// `place`: in the host's it changed the host, and the pins stay for the next kpng; in a
+/// private one they go with it (the next kpng starts cold).
+fn bpffs_mounted(place: MountNamespace) -> String {
+    let gone = "the pins go with it: the next kpng starts cold instead of adopting the \
+                programs and maps (mount /sys/fs/bpf on the host, or pass it in as a hostPath)";
+    match place {
+        MountNamespace::Host => "mounted a BPF file system on /sys/fs/bpf: none was mounted \
+             there, and kpng runs in the host's mount namespace, so this changed the host: the \
+             mount stays after kpng exits and the next kpng adopts the programs and maps \
+             (`umount /sys/fs/bpf` after `kpng cleanup` undoes it; most distributions mount it \
+             at boot)"
+            .to_string(),
+        MountNamespace::Private => format!(
+            "mounted a BPF file system on /sys/fs/bpf: none was visible, and kpng runs in a \
+             mount namespace other than the host's (`ip netns exec` makes one; `nsenter --net` \
+             keeps the host's), so this mount is kpng's own and {gone}"
+        ),
+        MountNamespace::Unknown => format!(
+            "mounted a BPF file system on /sys/fs/bpf: none was visible. If kpng runs in a \
+             mount namespace of its own (a container without a /sys/fs/bpf hostPath, `ip netns \
+             exec`), this mount is its own and {gone}"
+        ),
+    }
 }
 
 /// Creates `dir` and mounts a file system of type `fstype` on it (`mount -t TYPE TYPE DIR`).
@@ -431,6 +514,91 @@ mod tests {
                     "{text}"
                 );
             }
+        }
+    }
+
+    /// The bpffs warning says what is true of kpng's mount namespace: the host's keeps the
+    /// mount and the pins (a restarted kpng adopts them), a private one takes them away.
+    #[test]
+    fn the_bpffs_mount_warning_follows_the_mount_namespace() {
+        let host = Some(Path::new("mnt:[4026531832]"));
+        let other = Some(Path::new("mnt:[4026532400]"));
+        for (own, init, private_pid, want) in [
+            (host, host, false, MountNamespace::Host),
+            (other, host, false, MountNamespace::Private),
+            (host, host, true, MountNamespace::Unknown),
+            (host, None, false, MountNamespace::Unknown),
+            (None, host, false, MountNamespace::Unknown),
+        ] {
+            assert_eq!(
+                MountNamespace::judge(own, init, private_pid),
+                want,
+                "{own:?} {init:?} {private_pid}"
+            );
+        }
+        for (place, says, never) in [
+            (
+                MountNamespace::Host,
+                &["host's mount namespace", "stays after kpng exits", "adopts"][..],
+                &["go with it", "starts cold"][..],
+            ),
+            (
+                MountNamespace::Private,
+                &["other than the host's", "ip netns exec", "starts cold"][..],
+                &["adopts the"][..],
+            ),
+            (
+                MountNamespace::Unknown,
+                &[
+                    "If kpng runs in a mount namespace of its own",
+                    "starts cold",
+                ][..],
+                &[][..],
+            ),
+        ] {
+            let text = bpffs_mounted(place);
+            for s in says {
+                assert!(text.contains(s), "{s:?} in {text}");
+            }
+            for s in never {
+                assert!(!text.contains(s), "{s:?} not in {text}");
+            }
+        }
+    }
+
+    /// A missing `--cgroup-path` says why under a fresh `/sys` (`ip netns exec`), and only
+    /// what the option names elsewhere.
+    #[test]
+    fn a_missing_cgroup_path_says_why_under_a_fresh_sys() {
+        let netns_exec = "25 30 0:50 / /sys rw - sysfs wt-a rw\n";
+        let host = "25 30 0:23 / /sys rw - sysfs sysfs rw\n\
+                    31 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        for (mountinfo, path, want) in [
+            (
+                netns_exec,
+                "/sys/fs/cgroup/unified/x",
+                &[
+                    "--cgroup-path /sys/fs/cgroup/unified/x: no such directory in kpng's mount \
+                     namespace",
+                    "`ip netns exec` mounts a fresh /sys",
+                    "nsenter --net",
+                ][..],
+            ),
+            (
+                host,
+                "/sys/fs/cgroup/x",
+                &["--cgroup-path /sys/fs/cgroup/x: no such directory (it names"][..],
+            ),
+        ] {
+            let got = missing_cgroup_path_in(Path::new(path), &parse_mountinfo(mountinfo));
+            for w in want {
+                assert!(got.contains(w), "{w:?} in {got}");
+            }
+            assert_eq!(
+                got.contains("ip netns exec"),
+                mountinfo == netns_exec,
+                "{got}"
+            );
         }
     }
 

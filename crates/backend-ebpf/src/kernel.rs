@@ -587,7 +587,7 @@ impl Kernel {
     pub fn translated_sockets(
         &self,
         pairs: &std::collections::BTreeSet<(std::net::SocketAddr, std::net::SocketAddr)>,
-    ) -> std::collections::BTreeMap<u64, std::net::SocketAddr> {
+    ) -> std::collections::BTreeMap<u64, (std::net::SocketAddr, std::net::SocketAddr)> {
         use aya::maps::IterableMap;
         use std::os::fd::AsFd;
         let mut map = batch::Map::new(self.reverse.map().fd().as_fd(), REVERSE_KEY, ENDPOINT);
@@ -603,7 +603,7 @@ impl Kernel {
                     let frontend = crate::layout::endpoint_of(value)?;
                     pairs
                         .contains(&(frontend, endpoint))
-                        .then_some((cookie, endpoint))
+                        .then_some((cookie, (frontend, endpoint)))
                 })
                 .collect(),
             Err(e) => {

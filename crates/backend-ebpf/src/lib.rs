@@ -541,6 +541,29 @@ impl EbpfBackend {
     }
 }
 
+/// The Service (`namespace/name`) with UDP frontend `frontend` in `snapshot`: its ClusterIP,
+/// an external or load-balancer IP with its port, or a node port; `None` when none has it (the
+/// Service was deleted).
+fn udp_service_of(snapshot: &Snapshot, frontend: SocketAddr) -> Option<String> {
+    let ip = frontend.ip().to_canonical();
+    let udp = || {
+        snapshot
+            .ports
+            .values()
+            .filter(|p| p.key.protocol == Protocol::Udp)
+    };
+    // A Service IP first: a node port is only a port, on the node's addresses.
+    udp()
+        .find(|p| {
+            p.port == frontend.port()
+                && (p.cluster_ip == ip
+                    || p.external_ips.contains(&ip)
+                    || p.load_balancer_ips.contains(&ip))
+        })
+        .or_else(|| udp().find(|p| p.node_port == Some(frontend.port())))
+        .map(|p| p.key.service.to_string())
+}
+
 /// A UDP frontend and one of its endpoints. When the pair goes (the endpoint left the
 /// frontend's list), the sockets the programs translated to that endpoint *for that frontend*
 /// are destroyed, as kube-proxy deletes the conntrack entries DNATed from the Service's IP to
@@ -648,11 +671,15 @@ impl Backend for EbpfBackend {
         if self.config.destroy_udp_sockets && !gone.is_empty() {
             // Only the sockets the programs translated for a gone pair: the reverse map names
             // each by its cookie.
-            let targets = self
+            let translated = self
                 .kernel
                 .as_ref()
                 .map(|k| k.translated_sockets(&gone))
                 .unwrap_or_default();
+            let targets: std::collections::BTreeMap<u64, SocketAddr> = translated
+                .iter()
+                .map(|(cookie, (_, endpoint))| (*cookie, *endpoint))
+                .collect();
             if let Some(cgroup) = &self.cgroup
                 && !targets.is_empty()
             {
@@ -661,16 +688,20 @@ impl Backend for EbpfBackend {
                     failed,
                     missing,
                     namespaces,
+                    cookies,
                 } = sockets::destroy_udp(cgroup, &targets);
                 // Not found, and still in the reverse map: open sockets kpng cannot reach.
                 let missed = if missing.is_empty() {
                     0
                 } else {
-                    let now = self
+                    let now: std::collections::BTreeMap<u64, SocketAddr> = self
                         .kernel
                         .as_ref()
                         .map(|k| k.translated_sockets(&gone))
-                        .unwrap_or_default();
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(cookie, (_, endpoint))| (cookie, endpoint))
+                        .collect();
                     sockets::still_there(&missing, &now)
                 };
                 self.metrics.sockets_destroyed.inc_by(destroyed as u64);
@@ -699,9 +730,14 @@ impl Backend for EbpfBackend {
                 }
                 let n = destroyed;
                 if n > 0 {
+                    let which = sockets::destroyed_by_service(&cookies, &translated, |f| {
+                        udp_service_of(request.snapshot, f)
+                    });
                     info!(
                         "destroyed {n} UDP sockets translated to endpoints that left their \
-                         Service ({} pairs gone)",
+                         Service ({} pairs gone): {which}; their applications get EDESTADDRREQ \
+                         (\"Destination address required\") at their next send and must \
+                         reconnect (docs/backends.md)",
                         gone.len()
                     );
                 }

@@ -156,6 +156,9 @@ pub struct Destroyed {
     /// The network namespaces found in the cgroup subtree: 0 when `cgroup.procs` read empty
     /// everywhere (another PID namespace's view).
     pub namespaces: usize,
+    /// The cookies of the sockets destroyed (those `ss -K` named back), so that the log can
+    /// say which Services' sockets they were.
+    pub cookies: Vec<u64>,
 }
 
 /// The sockets of `targets` (`targets` of them) that were to be destroyed and were not, after
@@ -243,6 +246,7 @@ pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> Destro
     let mut destroyed = 0;
     let mut a_run_failed = false;
     let mut found = BTreeSet::new();
+    let mut cookies = Vec::new();
     let namespaces = namespaces(cgroup);
     for (ns, pid) in &namespaces {
         let (ns, pid) = (ns.as_str(), *pid);
@@ -250,15 +254,16 @@ pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> Destro
             a_run_failed = true;
             continue;
         };
-        let exact: Vec<(SocketAddr, SocketAddr)> = lines
+        let with_cookies: Vec<(SocketAddr, SocketAddr, u64)> = lines
             .iter()
             .filter_map(|l| parse_line(l))
             .filter(|(_, peer, cookie)| targets.get(cookie).is_some_and(|t| same_peer(*t, *peer)))
-            .map(|(local, peer, cookie)| {
-                found.insert(cookie);
-                (local, peer)
+            .inspect(|(_, _, cookie)| {
+                found.insert(*cookie);
             })
             .collect();
+        let exact: Vec<(SocketAddr, SocketAddr)> =
+            with_cookies.iter().map(|(l, p, _)| (*l, *p)).collect();
         if exact.is_empty() {
             continue;
         }
@@ -269,6 +274,7 @@ pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> Destro
                 debug!("destroyed {} UDP sockets in {ns} (pid {pid})", lines.len());
                 a_run_failed |= lines.len() < exact.len();
                 destroyed += lines.len();
+                cookies.extend(killed_cookies(&lines, &with_cookies));
             }
             None => a_run_failed = true,
         }
@@ -287,12 +293,136 @@ pub fn destroy_udp(cgroup: &Path, targets: &BTreeMap<u64, SocketAddr>) -> Destro
         failed: failed(targets.len(), found.len(), destroyed, a_run_failed),
         missing,
         namespaces: namespaces.len(),
+        cookies,
     }
+}
+
+/// Which Services the destroyed sockets (`cookies`) were translated for, for the log line an
+/// operator finds when an application reports `EDESTADDRREQ` ("Destination address
+/// required"): per Service (`service_of` a UDP frontend, `None` for one whose Service is gone),
+/// its frontends as `address:port/UDP` with how many sockets each, and the endpoints that
+/// left. `translated`: cookie → (frontend, endpoint), as the reverse map had them.
+pub fn destroyed_by_service(
+    cookies: &[u64],
+    translated: &BTreeMap<u64, (SocketAddr, SocketAddr)>,
+    service_of: impl Fn(SocketAddr) -> Option<String>,
+) -> String {
+    // Service → frontend → (sockets, endpoints).
+    type PerFrontend = BTreeMap<SocketAddr, (usize, BTreeSet<SocketAddr>)>;
+    let mut per: BTreeMap<String, PerFrontend> = BTreeMap::new();
+    for (frontend, endpoint) in cookies.iter().filter_map(|c| translated.get(c)) {
+        let service = service_of(*frontend).unwrap_or_else(|| "a deleted Service".to_owned());
+        let entry = per
+            .entry(service)
+            .or_default()
+            .entry(*frontend)
+            .or_default();
+        entry.0 += 1;
+        entry.1.insert(*endpoint);
+    }
+    per.iter()
+        .map(|(service, frontends)| {
+            let total: usize = frontends.values().map(|(n, _)| n).sum();
+            let each: Vec<String> = frontends
+                .iter()
+                .map(|(f, (n, eps))| {
+                    let eps: Vec<String> = eps.iter().map(ToString::to_string).collect();
+                    format!("{f}/UDP: {n} to {}", eps.join(", "))
+                })
+                .collect();
+            format!("{service} {total} ({})", each.join("; "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The cookies of the sockets `ss -K` named back in `killed` (its lines: local and peer
+/// address, no cookie), from the `found` sockets (local, peer, cookie) it was told to destroy.
+fn killed_cookies(killed: &[String], found: &[(SocketAddr, SocketAddr, u64)]) -> Vec<u64> {
+    killed
+        .iter()
+        .filter_map(|line| {
+            let mut addresses = line.split_whitespace().filter_map(socket_address);
+            let (local, peer) = (addresses.next()?, addresses.next()?);
+            found
+                .iter()
+                .find(|(l, p, _)| *l == local && same_peer(*p, peer))
+                .map(|(_, _, c)| *c)
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The log line names each Service, its frontends with their socket counts and the
+    /// endpoints that left; a socket not destroyed is not counted, a gone Service is said so.
+    #[test]
+    fn destroyed_sockets_are_named_by_service() {
+        let web = sa("10.96.44.10:5353");
+        let web_np = sa("192.168.1.2:30053");
+        let dns = sa("[fd00:96::10]:53");
+        let gone = sa("10.96.44.99:53");
+        let translated: BTreeMap<u64, (SocketAddr, SocketAddr)> = [
+            (1, (web, sa("10.244.1.3:8080"))),
+            (2, (web, sa("10.244.1.3:8080"))),
+            (3, (web_np, sa("10.244.1.2:8080"))),
+            (4, (dns, sa("[fd00:244::3]:53"))),
+            (5, (gone, sa("10.244.1.9:53"))),
+            (6, (web, sa("10.244.1.4:8080"))),
+        ]
+        .into_iter()
+        .collect();
+        let service_of = |f: SocketAddr| {
+            if f == web || f == web_np {
+                Some("default/web".to_owned())
+            } else if f == dns {
+                Some("kube-system/dns".to_owned())
+            } else {
+                None
+            }
+        };
+        for (cookies, want) in [
+            (&[][..], ""),
+            (
+                &[1, 2, 3][..],
+                "default/web 3 (10.96.44.10:5353/UDP: 2 to 10.244.1.3:8080; \
+                 192.168.1.2:30053/UDP: 1 to 10.244.1.2:8080)",
+            ),
+            (
+                &[4, 5, 1, 99][..],
+                "a deleted Service 1 (10.96.44.99:53/UDP: 1 to 10.244.1.9:53), default/web 1 \
+                 (10.96.44.10:5353/UDP: 1 to 10.244.1.3:8080), kube-system/dns 1 \
+                 ([fd00:96::10]:53/UDP: 1 to [fd00:244::3]:53)",
+            ),
+            (
+                &[1, 6][..],
+                "default/web 2 (10.96.44.10:5353/UDP: 2 to 10.244.1.3:8080, 10.244.1.4:8080)",
+            ),
+        ] {
+            assert_eq!(
+                destroyed_by_service(cookies, &translated, service_of),
+                want,
+                "{cookies:?}"
+            );
+        }
+    }
+
+    /// `ss -K` names the destroyed sockets by addresses only: each is matched back to the
+    /// cookie of the socket found with them.
+    #[test]
+    fn killed_lines_are_matched_to_their_cookies() {
+        let found = [
+            (sa("10.244.1.10:49009"), sa("10.244.1.3:8080"), 7),
+            (sa("10.244.1.10:49010"), sa("10.244.1.3:8080"), 8),
+        ];
+        let killed = vec![
+            "UNCONN 0 0 10.244.1.10:49010 10.244.1.3:8080".to_owned(),
+            "UNCONN 0 0 10.244.1.10:1 10.244.1.3:8080".to_owned(),
+        ];
+        assert_eq!(killed_cookies(&killed, &found), vec![8]);
+    }
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().expect("socket address")

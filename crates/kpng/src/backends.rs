@@ -494,11 +494,7 @@ mod linux {
                 // A mistyped path never becomes right: say so now, not at every retry.
                 if let Some(cgroup) = args.cgroup_path.as_ref() {
                     if !cgroup.exists() {
-                        anyhow::bail!(
-                            "--cgroup-path {}: no such directory (it names the cgroup v2 \
-                             subtree whose sockets are translated; default: the cgroup v2 root)",
-                            cgroup.display()
-                        );
+                        anyhow::bail!("{}", kpng_backend_ebpf::host::missing_cgroup_path(cgroup));
                     }
                     kpng_backend_ebpf::host::check_cgroup2_dir(cgroup)?;
                 }

@@ -14,8 +14,13 @@ use kpng_runner::admin::{PortStatus, Status};
 /// One kind of problem a Service port has, in the order the header names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PortProblem {
-    /// An endpoint list the port needs is empty (`withoutEndpoints`).
+    /// An endpoint list the port needs is empty (`withoutEndpoints`): the Service has no
+    /// endpoint, or none usable.
     NoEndpoints,
+    /// Only its local endpoint list is empty (eTP or iTP Local, no endpoint on this node): the
+    /// Service has endpoints elsewhere, so it is not counted as without endpoints (an operator
+    /// would look for them in the EndpointSlices and find them).
+    NoLocalEndpoint,
     /// Its health check is not served everywhere, refuses probes, or says unhealthy while it
     /// has local endpoints.
     HealthCheck,
@@ -29,8 +34,9 @@ pub enum PortProblem {
 
 impl PortProblem {
     /// Every kind, in the header's order.
-    pub const ALL: [PortProblem; 5] = [
+    pub const ALL: [PortProblem; 6] = [
         PortProblem::NoEndpoints,
+        PortProblem::NoLocalEndpoint,
         PortProblem::HealthCheck,
         PortProblem::SourceRanges,
         PortProblem::DroppedValues,
@@ -42,6 +48,7 @@ impl PortProblem {
     pub fn word(self) -> &'static str {
         match self {
             PortProblem::NoEndpoints => "noEndpoints",
+            PortProblem::NoLocalEndpoint => "noLocalEndpoint",
             PortProblem::HealthCheck => "healthCheck",
             PortProblem::SourceRanges => "sourceRanges",
             PortProblem::DroppedValues => "droppedValues",
@@ -53,6 +60,7 @@ impl PortProblem {
     pub fn words(self) -> &'static str {
         match self {
             PortProblem::NoEndpoints => "without endpoints",
+            PortProblem::NoLocalEndpoint => "without a local endpoint",
             PortProblem::HealthCheck => "health check",
             PortProblem::SourceRanges => "lb sources of another family only",
             PortProblem::DroppedValues => "values dropped",
@@ -65,7 +73,11 @@ impl PortProblem {
 pub fn of_port(port: &PortStatus, status: &Status) -> Vec<PortProblem> {
     let mut found = Vec::new();
     if port.without_endpoints.is_some() {
-        found.push(PortProblem::NoEndpoints);
+        found.push(if port.without_local_endpoint_only {
+            PortProblem::NoLocalEndpoint
+        } else {
+            PortProblem::NoEndpoints
+        });
     }
     let check_wrong = port.health_check.as_ref().is_some_and(|hc| {
         hc.status.is_none()
@@ -276,6 +288,17 @@ mod tests {
                 vec![PortProblem::NoEndpoints],
             ),
             (
+                "endpoints, none local (eTP Local)",
+                port(
+                    "ns/a",
+                    serde_json::json!({"withoutEndpoints": "no local endpoint: external \
+                        connections are dropped (externalTrafficPolicy Local)",
+                        "withoutLocalEndpointOnly": true}),
+                ),
+                none.clone(),
+                vec![PortProblem::NoLocalEndpoint],
+            ),
+            (
                 "check answers 200",
                 port("ns/a", serde_json::json!({"healthCheck": hc(Some(200), 1)})),
                 none.clone(),
@@ -354,6 +377,31 @@ mod tests {
             serde_json::json!({"withoutEndpoints": "no endpoints: connections are rejected"}),
         );
         let fine = port("ns/fine", serde_json::json!({}));
+        let remote = port(
+            "ns/remote",
+            serde_json::json!({"withoutEndpoints": "no local endpoint: ClusterIP connections \
+                are dropped (internalTrafficPolicy Local)", "withoutLocalEndpointOnly": true}),
+        );
+        let mut with_remote = Status {
+            node: "n1".into(),
+            services: vec![fine.clone(), empty.clone(), remote.clone(), remote],
+            ..Status::default()
+        };
+        assert_eq!(
+            header_line(&with_remote, None).as_deref(),
+            Some(
+                "PROBLEMS: 3 of 4 Service ports (1 without endpoints, 2 without a local \
+                 endpoint): `kpng status --problems` lists only them"
+            )
+        );
+        let mut json = serde_json::to_value(&with_remote).expect("JSON");
+        add_problems_json(&mut json, &with_remote, false);
+        assert_eq!(
+            json["services"][2]["problems"],
+            serde_json::json!(["noLocalEndpoint"])
+        );
+        assert_eq!(json["problemCounts"]["noLocalEndpoint"], 2, "{json}");
+        assert_eq!(keep_ports_with_problems(&mut with_remote), 1);
         let mut status = Status {
             node: "n1".into(),
             services: vec![fine.clone(), empty, fine],
@@ -376,7 +424,8 @@ mod tests {
         );
         assert_eq!(
             json["problemCounts"],
-            serde_json::json!({"noEndpoints": 1, "healthCheck": 0, "sourceRanges": 0,
+            serde_json::json!({"noEndpoints": 1, "noLocalEndpoint": 0, "healthCheck": 0,
+                "sourceRanges": 0,
                 "droppedValues": 0, "rejected": 0})
         );
         assert_eq!(json["portsWithProblems"], 1);

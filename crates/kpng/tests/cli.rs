@@ -1443,6 +1443,35 @@ fn an_empty_rust_log_does_not_silence_the_log() {
     assert!(stderr.contains(" INFO "), "{stderr}");
 }
 
+/// Under `ip netns exec` (a fresh /sys), a `--cgroup-path` under /sys that the host has is
+/// not seen: the refusal says so and what to do, not only "no such directory".
+#[test]
+fn a_cgroup_path_hidden_by_ip_netns_exec_is_explained() {
+    kpng_testkit::require_root!();
+    let ns = kpng_testkit::Netns::node("cli-ebpffix44").expect("netns");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
+    // A path the host has (its cgroup mount), hidden by the namespace's fresh /sys.
+    let hidden = "/sys/fs/cgroup/kpng-ebpffix44-hidden";
+    let out = ns
+        .command([env!("CARGO_BIN_EXE_kpng")])
+        .args(["file", "--input"])
+        .arg(&input)
+        .args(["to-local", "ebpf", "--dry-run", "--cgroup-path", hidden])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    for want in [
+        &format!("--cgroup-path {hidden}: no such directory in kpng's mount namespace")[..],
+        "`ip netns exec` mounts a fresh /sys",
+        "nsenter --net",
+    ] {
+        assert!(stderr.contains(want), "{want:?} in {stderr}");
+    }
+}
+
 /// Who can read a brain, said once at start-up. With TLS but without `--listen-tls-ca` beyond
 /// loopback, any client that reaches it reads any node's view by naming the node: that was
 /// silent. A private key every local user can read is named with its mode (the brain's and a

@@ -425,6 +425,16 @@ fn udp_clients_keep_working_across_an_endpoint_change() {
                 });
         }
     }
+    // The destroys are logged naming the Service, its frontend and the endpoint that left:
+    // what an operator whose application says EDESTADDRREQ can find.
+    let frontend = format!("{}:{SVC_PORT}/UDP: 2 to {pod1b}", cip(10, false));
+    k.wait_logged("the destroyed sockets' Service", |log| {
+        log.lines().any(|l| {
+            l.contains("destroyed 2 UDP sockets")
+                && l.contains(&format!("default/dns 2 ({frontend})"))
+                && l.contains("EDESTADDRREQ")
+        })
+    });
     // Every translated connected socket was found and destroyed; the unconnected socket's
     // translations are no socket to destroy (nor a failure to find one).
     let metrics = scrape_metrics(&c);

@@ -564,7 +564,7 @@ pub fn trace_noting(
                     .to_string(),
             )
         } else {
-            (Verdict::Reject, "the Service has no endpoints".to_string())
+            (Verdict::Reject, no_endpoints_words(snapshot, port))
         };
         return notes.apply(t);
     }
@@ -712,6 +712,30 @@ impl SocketNotes<'_> {
     }
 }
 
+/// Why a port without any endpoint has none, in words: when another port of its Service in
+/// the same family has endpoints, the EndpointSlices are not empty, they only do not list
+/// this port (by its name): an operator who sees endpoints in `kubectl get endpointslices`
+/// is told which port is missing from them.
+fn no_endpoints_words(snapshot: &Snapshot, port: &ServicePort) -> String {
+    let siblings_served = snapshot
+        .family(port.key.family)
+        .any(|p| p.key.service == port.key.service && p.key != port.key && p.has_any_endpoints);
+    if siblings_served {
+        let name = if port.key.port_name.is_empty() {
+            "(unnamed)".to_string()
+        } else {
+            port.key.port_name.to_string()
+        };
+        format!(
+            "the Service has no endpoints for this port: its {} endpoints list no port named \
+             {name} (other ports of the Service have endpoints)",
+            port.key.family
+        )
+    } else {
+        "the Service has no endpoints".to_string()
+    }
+}
+
 /// No frontend matched: a ClusterIP on another port, an unallocated Service IP, the node
 /// itself, or nothing of ours.
 fn no_frontend(
@@ -724,12 +748,19 @@ fn no_frontend(
     let dst = q.to.ip();
     let shown = not_proxied.map(|n| n.words(dst));
     if snapshot.family(family).any(|p| p.cluster_ip == dst) && facts.backend.rejects_unknown_ports {
+        // The ports it does have settle a wrong port or protocol at once.
+        let has: Vec<String> = snapshot
+            .family(family)
+            .filter(|p| p.cluster_ip == dst)
+            .map(|p| format!("{}/{}", p.port, p.key.protocol))
+            .collect();
         return Trace::unmatched(
             Verdict::Reject,
             format!(
-                "{dst} is a ClusterIP, but no Service port {}/{} is on it",
+                "{dst} is a ClusterIP, but no Service port {}/{} is on it (its ports: {})",
                 q.to.port(),
-                q.protocol
+                q.protocol,
+                has.join(", ")
             ),
         );
     }
@@ -764,7 +795,10 @@ fn no_frontend(
                     "node ports on 127.0.0.1 are not served although \
                      --iptables-localhost-nodeports asks for them ({why})"
                 ),
-                _ => "loopback is never a node-port address".to_string(),
+                _ => "loopback is never a node-port address here (kube-proxy's nftables \
+                      mode never serves node ports on loopback; its iptables mode serves IPv4 \
+                      ones on 127.0.0.1 only with --iptables-localhost-nodeports)"
+                    .to_string(),
             }
         } else {
             let served: Vec<String> = facts
@@ -786,11 +820,13 @@ fn no_frontend(
         return Trace::unmatched(
             Verdict::Accept,
             format!(
-                "{}, but {not_served}: node port {}/{} is not served on it, so the packet \
-                 goes to the node untouched",
+                "{}, but {not_served}: node port {port}/{proto} is not served on it, so the \
+                 packet goes to the node untouched: nothing is proxied there, only a process \
+                 of the node listening on {port}/{proto} answers, and without one the client \
+                 is refused (ECONNREFUSED)",
                 whose(dst, facts),
-                q.to.port(),
-                q.protocol
+                port = q.to.port(),
+                proto = q.protocol
             ),
         );
     }

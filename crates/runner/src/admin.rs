@@ -1089,6 +1089,12 @@ pub struct PortStatus {
     /// meets it and what it meets (since 2026-12-07).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub without_endpoints_detail: Option<WithoutEndpoints>,
+    /// The empty list `without_endpoints` names is only the local one (eTP or iTP Local with
+    /// no endpoint on this node) while the Service has usable endpoints elsewhere: `kpng
+    /// status` counts such a port apart from one without endpoints, which an operator would
+    /// otherwise look for in the EndpointSlices.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub without_local_endpoint_only: bool,
     /// Every endpoint, used or not, and why.
     pub endpoints: Vec<EndpointStatus>,
     /// Only the used endpoints are known, not the others nor why they are unused: a node fed
@@ -1130,6 +1136,7 @@ impl PortStatus {
             health_check: None,
             without_endpoints: without.as_ref().map(|(text, _)| text.clone()),
             without_endpoints_detail: without.map(|(_, detail)| detail),
+            without_local_endpoint_only: without_local_endpoint_only(port),
             endpoints,
             only_used_known,
         }
@@ -1266,6 +1273,14 @@ fn without_endpoints(
             verdict: verdict.to_string(),
         },
     ))
+}
+
+/// Whether the only empty list `port` needs is its local one: it has usable endpoints, none
+/// on this node, and a Local policy wants one (see [`PortStatus::without_local_endpoint_only`]).
+fn without_local_endpoint_only(port: &ServicePort) -> bool {
+    let cluster_empty = port.uses_cluster_endpoints() && port.cluster_endpoints.is_empty();
+    let local_empty = port.uses_local_endpoints() && port.local_endpoints.is_empty();
+    port.has_any_endpoints && !cluster_empty && local_empty
 }
 
 /// The endpoints a port uses, when nothing more is known (a brain's view).
@@ -1506,6 +1521,9 @@ mod tests {
         for ((what, port, traits, want), detail) in cases.into_iter().zip(details) {
             let status = PortStatus::of(&port, None, traits);
             assert_eq!(status.without_endpoints.as_deref(), want, "{what}");
+            // Only the local list empty: `kpng status` counts it apart from "no endpoints".
+            let local_only = want.is_some_and(|w| w.starts_with("no local endpoint"));
+            assert_eq!(status.without_local_endpoint_only, local_only, "{what}");
             assert_eq!(
                 status.without_endpoints_detail,
                 detail.map(|(reason, traffic, verdict)| WithoutEndpoints {
@@ -1526,6 +1544,9 @@ mod tests {
                 .map(|d| (d.reason, d.traffic, d.verdict)),
             Some(("noUsableEndpoint".into(), "all".into(), "drop".into()))
         );
+        // Endpoints, none usable: the cluster list is empty, not only the local one.
+        let status = PortStatus::of(&unusable, None, &linux);
+        assert!(!status.without_local_endpoint_only);
     }
 
     /// The input's prose has words for scripts beside it: its kind and location, its state,

@@ -242,7 +242,8 @@ fn the_reason_names_what_decided() {
             from: "192.168.100.10",
             to: "10.96.0.10:81",
             verdict: Verdict::Reject,
-            says: "10.96.0.10 is a ClusterIP, but no Service port 81/TCP is on it",
+            says: "10.96.0.10 is a ClusterIP, but no Service port 81/TCP is on it (its \
+                   ports: 80/TCP)",
         },
         Why {
             what: "a node port on a local address that is not a node-port address",
@@ -284,7 +285,12 @@ fn the_reason_names_what_decided() {
             from: "127.0.0.1",
             to: "127.0.0.1:30080",
             verdict: Verdict::Accept,
-            says: "loopback is never a node-port address",
+            says: "loopback is never a node-port address here (kube-proxy's nftables mode \
+                   never serves node ports on loopback; its iptables mode serves IPv4 ones on \
+                   127.0.0.1 only with --iptables-localhost-nodeports): node port 30080/TCP is \
+                   not served on it, so the packet goes to the node untouched: nothing is \
+                   proxied there, only a process of the node listening on 30080/TCP answers, \
+                   and without one the client is refused (ECONNREFUSED)",
         },
         Why {
             what: "a node port on 127.0.0.1 asked for, but route_localnet could not be set",
@@ -1562,5 +1568,57 @@ fn iptables_traces_say_kube_forward_accepts_masqueraded_traffic() {
             "{what}: {}",
             t.reason
         );
+    }
+}
+
+/// A port without endpoints whose Service's other port of the family has some: the
+/// EndpointSlices are not empty, they do not list this port's name, and the trace says so
+/// (an operator sees endpoints in `kubectl get endpointslices` and would be confused by "the
+/// Service has no endpoints"); a Service with none at all is told as before.
+#[test]
+fn a_port_missing_from_the_endpoints_is_named() {
+    let dns = |family: Family, ip: &str| {
+        let mut p = ServicePort::new(
+            PortKey {
+                service: ServiceKey::new("ns", "web"),
+                port_name: "dns".into(),
+                protocol: Protocol::Udp,
+                family,
+            },
+            ip.parse().expect("ip"),
+            5353,
+        );
+        p.has_any_endpoints = false;
+        p
+    };
+    let mut alone = web6();
+    alone.key.service = ServiceKey::new("ns", "other");
+    for (what, ports, to, says) in [
+        (
+            "the v6 slice lists only http",
+            vec![web6(), dns(Family::V6, "fd00:96::10")],
+            "[fd00:96::10]:5353",
+            "the Service has no endpoints for this port: its IPv6 endpoints list no port named \
+             dns (other ports of the Service have endpoints)",
+        ),
+        (
+            "the v4 half's endpoints do not count for IPv6",
+            vec![web(), dns(Family::V6, "fd00:96::10"), alone],
+            "[fd00:96::10]:5353",
+            "the Service has no endpoints",
+        ),
+    ] {
+        let t = trace(
+            &snapshot(ports),
+            &facts(),
+            &TraceQuery {
+                from: "fd00:244:1::9".parse().expect("ip"),
+                to: to.parse().expect("addr"),
+                protocol: Protocol::Udp,
+                in_interface: None,
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Reject, "{what}: {t:?}");
+        assert_eq!(t.reason, says, "{what}");
     }
 }
