@@ -501,5 +501,4 @@ mod tests {
             fake.join().expect("the fake holder");
         }
     }
-
 }
