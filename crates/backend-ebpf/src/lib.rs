@@ -133,13 +133,17 @@ pub struct EbpfBackend {
 }
 
 /// The words for kpng programs of another generation detached from `cgroup`, logged as a
-/// warning and shown as a repair.
+/// warning and shown as a repair. Detaching leaves the other kpng's pins (its links and maps,
+/// in the kernel while pinned) where it left them, which this kpng cannot find from the
+/// programs: the words tell the operator how to remove them.
 fn strangers_detached(cgroup: &std::path::Path, detached: &[String]) -> String {
     format!(
         "kpng eBPF programs that are not this kpng's were attached to cgroup {}, detached: \
          {} (a previous kpng whose pins this one cannot see: another --bpf-pin-path, a bpffs of \
          its own, a DaemonSet without the host's /sys/fs/bpf; or a second kpng on this cgroup, \
-         which is unsupported: two kpngs need their own --cgroup-path and --bpf-pin-path)",
+         which is unsupported: two kpngs need their own --cgroup-path and --bpf-pin-path). \
+         That kpng's pin directory (its links and maps) stays pinned: once no kpng uses it, \
+         `kpng cleanup --bpf-pin-path DIR` with its directory removes it",
         cgroup.display(),
         detached.join(", ")
     )
@@ -760,6 +764,23 @@ impl Backend for EbpfBackend {
 
 #[cfg(test)]
 mod tests {
+
+    /// After a restart with another `--bpf-pin-path`, the old programs were detached but the
+    /// old pin directory stayed pinned, unmentioned: the warning says how to remove it.
+    #[test]
+    fn detached_strangers_say_how_to_remove_their_pins() {
+        let text = strangers_detached(
+            std::path::Path::new("/sys/fs/cgroup"),
+            &["kpng_connect4 (program 283)".to_string()],
+        );
+        assert!(
+            text.contains("cgroup /sys/fs/cgroup")
+                && text.contains("kpng_connect4 (program 283)")
+                && text.contains("stays pinned")
+                && text.contains("kpng cleanup --bpf-pin-path DIR"),
+            "{text}"
+        );
+    }
     use super::*;
 
     /// A full sync reads the old UDP pairs as the frontends stream by (their values are kept

@@ -48,6 +48,16 @@ pub enum MemoryError {
         /// What it says.
         text: String,
     },
+    /// The file does not start with the header kpng writes: it is damaged, or not kpng's.
+    /// Said rather than ignored, so that after a crash the operator learns the previous
+    /// run's record was there but unreadable.
+    #[error("{path}: not kpng's conntrack memory: its first line is {first:?}")]
+    Header {
+        /// The file.
+        path: PathBuf,
+        /// Its first line (at most 80 characters of it).
+        first: String,
+    },
 }
 
 /// The first line of the file, before the boot id.
@@ -72,14 +82,20 @@ pub fn encode(boot_id: &str, checked: &Checked) -> String {
     text
 }
 
-/// Reads [`encode`]'s text back; `None` when it was written in another boot (or is not
-/// such a file).
+/// Reads [`encode`]'s text back; `None` when it was written in another boot.
 ///
 /// # Errors
-/// A line that is not a frontend (the file is then not used at all).
+/// The header is not kpng's, or a line is not a frontend (the file is then not used at all).
 pub fn decode(path: &Path, text: &str, boot_id: &str) -> Result<Option<Checked>, MemoryError> {
     let mut lines = text.lines();
-    if lines.next().and_then(|l| l.strip_prefix(HEADER)) != Some(boot_id) {
+    let first = lines.next().unwrap_or_default();
+    let Some(boot) = first.strip_prefix(HEADER) else {
+        return Err(MemoryError::Header {
+            path: path.to_path_buf(),
+            first: first.chars().take(80).collect(),
+        });
+    };
+    if boot != boot_id {
         return Ok(None);
     }
     let mut checked = Checked::new();
@@ -251,7 +267,22 @@ mod tests {
             Some(checked())
         );
         assert_eq!(decode(path, &text, "boot-2").expect("reads"), None);
-        assert_eq!(decode(path, "", "boot-1").expect("reads"), None);
+    }
+
+    /// A damaged file (one without kpng's header) was ignored silently, as if written in
+    /// another boot; it is refused naming the file, which the start logs.
+    #[test]
+    fn a_file_without_the_header_is_refused_naming_it() {
+        let path = Path::new("/run/kpng/conntrack-checked.1");
+        for bad in ["\0\0garbage", "", "# kpng conntrack: UDP frontends checked"] {
+            let err = decode(path, bad, "b").expect_err(bad).to_string();
+            assert!(
+                err.contains("/run/kpng/conntrack-checked.1") && err.contains("not kpng's"),
+                "{err}"
+            );
+        }
+        let other_boot = format!("{HEADER}a\nIPv4 nodeport 30053\n");
+        assert_eq!(decode(path, &other_boot, "b").expect("another boot"), None);
     }
 
     #[test]

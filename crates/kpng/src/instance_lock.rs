@@ -39,18 +39,63 @@ pub fn lock_name(backend: &str) -> String {
 /// counts.
 #[cfg(target_os = "linux")]
 pub fn holder(backend: &str, asking: &crate::lock_askers::Asking) -> Option<String> {
+    identify(backend, asking).map(|h| match h {
+        Holder::Named(who) => who,
+        Holder::Unnamed => "another kpng".to_string(),
+    })
+}
+
+/// Who holds a lock's name, as far as its holder said.
+#[cfg(target_os = "linux")]
+enum Holder {
+    /// It answered with its pid: a running kpng ("another kpng (pid 4242)").
+    Named(String),
+    /// It did not say who it is: a hung kpng, or one being torn down by the kernel.
+    Unnamed,
+}
+
+/// [`holder`], telling a holder that named itself from one that did not.
+#[cfg(target_os = "linux")]
+fn identify(backend: &str, asking: &crate::lock_askers::Asking) -> Option<Holder> {
     use std::time::Duration;
 
     /// How many times a holder that closes without answering is asked again.
     const ASKS: usize = 10;
     for _ in 0..ASKS {
         match ask(backend, asking)? {
-            Answer::Line(line) => return Some(describe_holder(&line, pid_namespace())),
-            Answer::Silent => return Some("another kpng".to_string()),
+            Answer::Line(line) => {
+                return Some(Holder::Named(describe_holder(&line, pid_namespace())));
+            }
+            Answer::Silent => return Some(Holder::Unnamed),
             Answer::Closed => std::thread::sleep(Duration::from_millis(50)),
         }
     }
-    Some("another kpng".to_string())
+    Some(Holder::Unnamed)
+}
+
+/// [`holder`], waiting until `deadline` for one that does not say who it is to go away (a
+/// kpng of another backend killed a moment ago): `None` when the name is free by then.
+#[cfg(target_os = "linux")]
+fn settled_holder(
+    backend: &str,
+    asking: &crate::lock_askers::Asking,
+    deadline: std::time::Instant,
+) -> Option<String> {
+    loop {
+        match identify(backend, asking)? {
+            Holder::Named(who) => return Some(who),
+            Holder::Unnamed if std::time::Instant::now() < deadline => {
+                std::thread::sleep(UNNAMED_HOLDER_POLL);
+            }
+            Holder::Unnamed => {
+                return Some(
+                    "another kpng (which did not say its pid: a kpng that is exiting, or a \
+                     hung one)"
+                        .to_string(),
+                );
+            }
+        }
+    }
 }
 
 /// What the holder of a lock's name said when asked.
@@ -132,21 +177,31 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
 
     let name = lock_name(backend);
     let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
-    let listener = match UnixListener::bind_addr(&addr) {
-        Ok(l) => l,
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            let who = holder(backend, &Asking::Start(backend.to_string()))
-                .unwrap_or_else(|| "another kpng".to_string());
-            anyhow::bail!(
-                "{who} already runs `to-local {backend}` in this network namespace \
-                 (it holds the abstract socket @{name}); two would fight over the same \
-                 rules: stop it first"
-            );
+    let deadline = std::time::Instant::now() + UNNAMED_HOLDER_WAIT;
+    let listener = loop {
+        match UnixListener::bind_addr(&addr) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                match identify(backend, &Asking::Start(backend.to_string())) {
+                    Some(Holder::Named(who)) => anyhow::bail!(
+                        "{who} already runs `to-local {backend}` in this network namespace \
+                         (it holds the abstract socket @{name}); two would fight over the \
+                         same rules: stop it first"
+                    ),
+                    // Gone meanwhile, or not saying who it is: a kpng killed a moment ago
+                    // holds the name until the kernel has torn it down (tens of
+                    // milliseconds), so it is asked again for a while.
+                    _ if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(UNNAMED_HOLDER_POLL);
+                    }
+                    _ => anyhow::bail!("{}", unnamed_holder_refusal(backend, &name)),
+                }
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => return Err(e.into()),
     };
     for other in others.iter().filter(|o| **o != backend) {
-        if let Some(who) = holder(other, &Asking::Start(backend.to_string())) {
+        if let Some(who) = settled_holder(other, &Asking::Start(backend.to_string()), deadline) {
             anyhow::bail!(
                 "{who} runs `to-local {other}` in this network namespace; `to-local {backend}` \
                  beside it would remove or rewrite its rules, and it would put them back: two \
@@ -166,6 +221,30 @@ pub fn acquire(backend: &str, others: &[&str]) -> anyhow::Result<InstanceLock> {
             }
         })?;
     Ok(InstanceLock { _listener: thread })
+}
+
+/// How long a start waits for a lock whose holder does not say who it is: a kpng killed
+/// (`kill -9`) keeps its lock's name while the kernel tears the process down, 40–80 ms as
+/// measured, and a start right after the kill was refused for good, though no kpng ran a
+/// moment later. A running kpng answers with its pid and is refused at once.
+#[cfg(target_os = "linux")]
+const UNNAMED_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How often the lock is tried again meanwhile.
+#[cfg(target_os = "linux")]
+const UNNAMED_HOLDER_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Why a start refuses when the lock stayed held through [`UNNAMED_HOLDER_WAIT`] by a holder
+/// that never said who it is: a hung kpng, or one that is exiting very slowly.
+#[cfg(target_os = "linux")]
+fn unnamed_holder_refusal(backend: &str, name: &str) -> String {
+    format!(
+        "another kpng holds the lock of `to-local {backend}` in this network namespace (the \
+         abstract socket @{name}) and did not say its pid within {}s: a kpng that is exiting, \
+         or a hung one, may hold it; two would fight over the same rules: stop it first \
+         (`ss -xlp | grep @{name}` shows the holder)",
+        UNNAMED_HOLDER_WAIT.as_secs()
+    )
 }
 
 /// Answers one asker with this kpng's pid (and PID namespace), then reads why it asked and
@@ -375,6 +454,50 @@ mod tests {
             });
             let asking = crate::lock_askers::Asking::Cleanup { dry_run: false };
             assert_eq!(holder(&backend, &asking), want, "{what:?}");
+            fake.join().expect("the fake holder");
+        }
+    }
+
+    /// `kill -9` and an immediate start: the killed kpng holds its lock's name for a few tens
+    /// of milliseconds more, never answering, and the start was refused for good ("another
+    /// kpng already runs …", no pid) though no kpng ran a moment later. A start waits for
+    /// such a holder; one that keeps the name longer is still refused, saying it may be
+    /// exiting.
+    #[test]
+    fn a_lock_held_by_an_exiting_holder_is_waited_for() {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
+        use std::time::Duration;
+
+        let cases = [
+            // Like a killed kpng (tens of ms), with room for a loaded machine.
+            (Duration::from_millis(300), true),
+            // Well past the wait: a hung holder.
+            (UNNAMED_HOLDER_WAIT * 2, false),
+        ];
+        for (i, (held, taken)) in cases.into_iter().enumerate() {
+            let backend = format!("test-{}-exiting-{i}", std::process::id());
+            let addr =
+                SocketAddr::from_abstract_name(lock_name(&backend).as_bytes()).expect("addr");
+            // Bound and never accepting: what a process being torn down looks like.
+            let listener = UnixListener::bind_addr(&addr).expect("bind");
+            let fake = std::thread::spawn(move || {
+                std::thread::sleep(held);
+                drop(listener);
+            });
+            let got = acquire(&backend, &[]);
+            match (taken, got) {
+                (true, Ok(lock)) => drop(lock),
+                (false, Err(e)) => {
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("a kpng that is exiting")
+                            && e.contains(&format!("@{}", lock_name(&backend))),
+                        "{e}"
+                    );
+                }
+                (want, got) => panic!("held {held:?}: want taken={want}, got {got:?}"),
+            }
             fake.join().expect("the fake holder");
         }
     }

@@ -193,7 +193,16 @@ impl RunMarker {
             boot_id: kpng_conntrack::memory::boot_id().unwrap_or_default(),
             netns_cookie: kpng_netfilter::socket::netns_cookie(),
         };
-        let previous = read(&path).and_then(|(r, touched)| {
+        let found = read(&path).unwrap_or_else(|why| {
+            // An operator after a crash looks for the previous run's record: say it was there
+            // but unreadable, rather than nothing.
+            tracing::info!(
+                "{why}; ignored (whether the kpng before this one shut down cleanly is unknown), \
+                 and replaced with this run's"
+            );
+            None
+        });
+        let previous = found.and_then(|(r, touched)| {
             left_by_previous(r, &here).map(|p| Previous {
                 last_alive: touched.map(|t| humantime::format_rfc3339_seconds(t).to_string()),
                 ..p
@@ -297,15 +306,32 @@ fn marker_path(dir: &Path) -> Option<PathBuf> {
     Some(dir.join(format!("{PREFIX}{netns}")))
 }
 
-/// The record at `path` and when it was last touched: `None` when there is none, or it is
-/// not a regular file, or it does not parse (a marker is small: more than 4 KiB is not one).
-fn read(path: &Path) -> Option<(Record, Option<std::time::SystemTime>)> {
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    if !meta.file_type().is_file() || meta.len() > 4096 {
-        return None;
+/// The record at `path` and when it was last touched: `None` when there is none.
+///
+/// # Errors
+/// Why the file there is not a marker, naming it: not a regular file, larger than a marker
+/// (4 KiB), unreadable, or it does not parse.
+fn read(path: &Path) -> Result<Option<(Record, Option<std::time::SystemTime>)>, String> {
+    let shown = path.display();
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("the run marker {shown} cannot be read: {e}")),
+    };
+    if !meta.file_type().is_file() {
+        return Err(format!("the run marker {shown} is not a regular file"));
     }
-    let record = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    Some((record, meta.modified().ok()))
+    if meta.len() > 4096 {
+        return Err(format!(
+            "the run marker {shown} is not one: {} bytes, a marker is under 4 KiB",
+            meta.len()
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("the run marker {shown} cannot be read: {e}"))?;
+    let record = serde_json::from_str(&text)
+        .map_err(|e| format!("the run marker {shown} does not parse: {e}"))?;
+    Ok(Some((record, meta.modified().ok())))
 }
 
 /// Touches the marker at `path` every `period` on a thread of its own (a sleeping thread, not
@@ -403,7 +429,9 @@ mod tests {
         let first = RunMarker::start(dir.path(), "nft", 4242);
         assert_eq!(first.previous(), None, "nothing before the first run");
         let path = marker_path(dir.path()).expect("path");
-        let (record, _) = read(&path).expect("the marker is written");
+        let (record, _) = read(&path)
+            .expect("readable")
+            .expect("the marker is written");
         assert_eq!((record.pid, record.backend.as_str()), (4242, "nft"));
         // A kill: the marker stays.
         std::mem::forget(first);
@@ -570,14 +598,30 @@ mod tests {
         assert!(!marker_path(dir.path()).expect("path").exists());
     }
 
+    /// What is not a marker is not read as one, and the reason names the file (a corrupt
+    /// marker was ignored silently: after a crash, the operator wants to know the previous
+    /// run's record was there but unreadable); no file at all is simply no previous run.
     #[test]
-    fn what_is_not_a_marker_is_ignored() {
+    fn what_is_not_a_marker_is_ignored_saying_why() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("running.1");
-        std::fs::write(&path, "not json").expect("write");
-        assert_eq!(read(&path), None);
-        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("running.2")).expect("symlink");
-        assert_eq!(read(&dir.path().join("running.2")), None);
-        assert_eq!(read(&dir.path().join("running.3")), None);
+        let at = |name: &str| dir.path().join(name);
+        std::fs::write(at("running.1"), "not json").expect("write");
+        std::fs::write(at("running.4"), r#"{"pid":999"#).expect("write");
+        std::fs::write(at("running.5"), vec![b'x'; 5000]).expect("write");
+        std::os::unix::fs::symlink("/etc/hostname", at("running.2")).expect("symlink");
+        let cases = [
+            ("running.1", "does not parse"),
+            ("running.4", "does not parse: EOF"),
+            ("running.5", "5000 bytes"),
+            ("running.2", "is not a regular file"),
+        ];
+        for (name, why) in cases {
+            let err = read(&at(name)).expect_err(name);
+            assert!(
+                err.contains(&at(name).display().to_string()) && err.contains(why),
+                "{name}: {err}"
+            );
+        }
+        assert_eq!(read(&at("running.3")), Ok(None), "no marker");
     }
 }
