@@ -1718,14 +1718,14 @@ mod tests {
         let cli = Cli::try_parse_from(["kpng", "--enable-dsr=true"]).expect("parses");
         assert!(cli.global.enable_dsr);
         // Every boolean flag of the root takes a value: one that is a bare switch (SetTrue)
-        // refuses `=true`. Only kpng's own --dry-run is a switch.
+        // refuses `=true`. Only kpng's own --dry-run and --kpng-only are switches.
         let root = <Cli as clap::CommandFactory>::command();
         let switches: Vec<&str> = root
             .get_arguments()
             .filter(|a| matches!(a.get_action(), clap::ArgAction::SetTrue))
             .map(|a| a.get_id().as_str())
             .collect();
-        assert_eq!(switches, ["dry_run"]);
+        assert_eq!(switches, ["dry_run", "kpng_only"]);
     }
 
     /// pflag's booleans take Go's `strconv.ParseBool` spellings; anything else is refused,
