@@ -64,6 +64,10 @@ pub struct Cli {
     /// --init-only: check, and print the sysctls instead of writing them.
     #[arg(long, help_heading = "Backend")]
     pub dry_run: bool,
+    /// With --cleanup: remove only what kpng alone installs, as `kpng cleanup --kpng-only`
+    /// (for going back to a kube-proxy that runs again).
+    #[arg(long, help_heading = "Node")]
+    pub kpng_only: bool,
     /// What to read cluster state from; none: kube-proxy's command line.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -686,7 +690,7 @@ pub struct TraceArgs {
 }
 
 /// `kpng cleanup`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct CleanupArgs {
     /// Remove only what kpng alone installs (its `kpng` and `kpng-userspace` nftables tables,
     /// the eBPF backend's pins), never kube-proxy's rules: for going back to a kube-proxy that
@@ -697,6 +701,22 @@ pub struct CleanupArgs {
     /// Print what would be removed, remove nothing (`kpng --cleanup --dry-run` says the same).
     #[arg(long)]
     pub dry_run: bool,
+    /// Remove nothing until `http://ADDR/healthz` answers 200 (ADDR: IP:PORT, a bare IP means
+    /// port 10256): going back to kube-proxy, its health server once it has synced, so that
+    /// kpng's rules (which win over kube-proxy's while they stay) are removed only once
+    /// kube-proxy's are in place. Any other answer, or none, is "not yet".
+    #[arg(long, value_name = "ADDR", value_parser = |s: &str| listen_address(s, 10256))]
+    pub after_healthy: Option<SocketAddr>,
+    /// Remove nothing until `http://ADDR/metrics` answers with
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds` above 0 (ADDR: IP:PORT, a bare IP
+    /// means port 10249): kube-proxy has programmed the node once. Stricter than
+    /// --after-healthy, whose 200 kube-proxy answers from its start, before its first sync.
+    #[arg(long, value_name = "ADDR", value_parser = |s: &str| listen_address(s, 10249), conflicts_with = "after_healthy")]
+    pub after_synced: Option<SocketAddr>,
+    /// How long --after-healthy or --after-synced waits before giving up (exit status 1,
+    /// nothing removed); 0: as long as it takes.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
     /// The eBPF backend's pin directory to remove, as `to-local ebpf --bpf-pin-path` had it
     /// (pins a running kpng holds are kept).
     #[arg(long, env = "KPNG_BPF_PIN_PATH", default_value = crate::leftovers::DEFAULT_EBPF_PINS)]
@@ -1327,6 +1347,21 @@ pub fn hint(error: &clap::Error, args: &[String]) -> Option<String> {
     }
 }
 
+/// The usage line of the subcommand a [`hint`] says a misplaced flag belongs to (`--{flag} is
+/// a flag of `kpng A … B``): what the user should have typed, in place of clap's usage of
+/// where the parse stopped. `None` for any other hint.
+pub fn usage_for_hint(hint: &str) -> Option<String> {
+    let (_, rest) = hint.split_once(" is a flag of `kpng ")?;
+    let (path, _) = rest.split_once('`')?;
+    let mut root = command();
+    root.build();
+    let mut here = &mut root;
+    for name in path.split(" … ") {
+        here = here.find_subcommand_mut(name)?;
+    }
+    Some(here.render_usage().to_string().trim_end().to_string())
+}
+
 /// `IP:port`, or a bare IP given `port` (kube-proxy's `AppendPortIfNeeded`, which its
 /// `--healthz-bind-address` and `--metrics-bind-address` go through: its help says "set to
 /// 0.0.0.0 for all IPv4 interfaces").
@@ -1683,14 +1718,14 @@ mod tests {
         let cli = Cli::try_parse_from(["kpng", "--enable-dsr=true"]).expect("parses");
         assert!(cli.global.enable_dsr);
         // Every boolean flag of the root takes a value: one that is a bare switch (SetTrue)
-        // refuses `=true`. Only kpng's own --dry-run is a switch.
+        // refuses `=true`. Only kpng's own --dry-run and --kpng-only are switches.
         let root = <Cli as clap::CommandFactory>::command();
         let switches: Vec<&str> = root
             .get_arguments()
             .filter(|a| matches!(a.get_action(), clap::ArgAction::SetTrue))
             .map(|a| a.get_id().as_str())
             .collect();
-        assert_eq!(switches, ["dry_run"]);
+        assert_eq!(switches, ["dry_run", "kpng_only"]);
     }
 
     /// pflag's booleans take Go's `strconv.ParseBool` spellings; anything else is refused,

@@ -5,6 +5,7 @@
 
 mod admin;
 mod admin_socket;
+mod after_healthy;
 mod backends;
 #[cfg(target_os = "linux")]
 mod beside;
@@ -118,8 +119,18 @@ fn main() -> std::process::ExitCode {
                 // a flag of the wrong backend) would only mislead, so it is left out.
                 Some(hint) if hint.contains(" is a flag of `kpng ") => {
                     let text = e.render().to_string();
+                    // clap's usage line shows where the parse stopped (with flags the line
+                    // never gave); the usage that helps is the one of where the flag belongs.
+                    let usage = cli::usage_for_hint(&hint);
                     let mut kept = String::new();
                     for line in text.split_inclusive('\n') {
+                        if let Some(usage) = &usage
+                            && line.starts_with("Usage:")
+                        {
+                            kept.push_str(usage);
+                            kept.push('\n');
+                            continue;
+                        }
                         let blank_again = line.trim().is_empty() && kept.ends_with("\n\n");
                         if !blank_again
                             && !line

@@ -51,7 +51,7 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(main: F) -> any
 fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Result<()> {
     #[cfg(windows)]
     return {
-        let _ = args;
+        wait_healthy(args, dry_run)?;
         crate::backends::hns::cleanup(flags, dry_run)
     };
     #[cfg(not(windows))]
@@ -62,9 +62,14 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
         // read success where the real run fails.
         #[allow(unused_mut)]
         let mut would_refuse = false;
+        // With --after-healthy or --after-synced, a kpng still running here is waited for
+        // rather than refused (`wait_healthy`): kpng is being replaced node by node.
+        let waits = args.after_healthy.is_some() || args.after_synced.is_some();
         #[cfg(target_os = "linux")]
         {
-            would_refuse |= refuse_while_running(dry_run)?;
+            if !waits || dry_run {
+                would_refuse |= refuse_while_running(dry_run)?;
+            }
             // Without these, tables and chains cannot even be listed: they would look absent
             // and cleanup would report success.
             let unreadable = crate::caps::legacy_unreadable();
@@ -85,6 +90,12 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
                     anyhow::bail!("kpng cleanup: {why}");
                 }
             }
+        }
+        let _ = waits;
+        if wait_healthy(args, dry_run)? {
+            // A kpng started while this waited would put back what cleanup removes.
+            #[cfg(target_os = "linux")]
+            refuse_while_running(false)?;
         }
         let scope = if args.kpng_only {
             crate::leftovers::Scope::KpngOnly
@@ -113,6 +124,33 @@ fn cleanup(flags: &GlobalFlags, args: &CleanupArgs, dry_run: bool) -> anyhow::Re
         }
         Ok(())
     }
+}
+
+/// `--after-healthy`, `--after-synced`: waits until the proxy taking over is healthy or has
+/// synced (`crate::after_healthy`); a dry run only says it would. Whether it waited.
+fn wait_healthy(args: &CleanupArgs, dry_run: bool) -> anyhow::Result<bool> {
+    use crate::after_healthy::Until;
+    let (addr, until, flag) = match (args.after_healthy, args.after_synced) {
+        (Some(addr), _) => (addr, Until::Healthy, "--after-healthy"),
+        (None, Some(addr)) => (addr, Until::Synced, "--after-synced"),
+        (None, None) => return Ok(false),
+    };
+    if dry_run {
+        println!("kpng: would wait ({flag} {addr}, --timeout), then:");
+        return Ok(false);
+    }
+    #[cfg(target_os = "linux")]
+    let blocker = || {
+        BackendKind::ALL.iter().find_map(|kind| {
+            let asking = crate::lock_askers::Asking::Cleanup { dry_run: true };
+            crate::instance_lock::holder(kind.word(), &asking)
+        })
+    };
+    #[cfg(not(target_os = "linux"))]
+    let blocker = || None;
+    crate::after_healthy::wait(addr, until, args.timeout, &blocker)
+        .map_err(|e| anyhow::anyhow!("kpng cleanup {flag}: {e}"))?;
+    Ok(true)
 }
 
 /// Removes the records of network namespaces that no longer exist (`crate::netns_records`);
@@ -185,19 +223,28 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
     if flags.cleanup {
         // kube-proxy's line has no eBPF flags: the pins of `$KPNG_BPF_PIN_PATH` or the default.
         let args = CleanupArgs {
-            kpng_only: false,
+            kpng_only: cli.kpng_only,
             dry_run: cli.dry_run,
+            after_healthy: None,
+            after_synced: None,
+            timeout: std::time::Duration::ZERO,
             bpf_pin_path: crate::leftovers::default_ebpf_pins(),
             cgroup_path: crate::leftovers::EbpfPlaces::from_env().cgroup,
         };
         return cleanup(&flags, &args, cli.dry_run);
+    }
+    if cli.kpng_only && !matches!(cli.command, Some(Command::Cleanup(_))) {
+        anyhow::bail!("--kpng-only goes with --cleanup or `kpng cleanup`, and only there");
     }
     let command = match cli.command {
         Some(command) => command,
         None => return kube_proxy(flags, cli.dry_run),
     };
     if let Command::Cleanup(args) = &command {
-        return cleanup(&flags, args, cli.dry_run || args.dry_run);
+        let mut args = args.clone();
+        // `kpng --kpng-only cleanup`: the root's flag, written before the subcommand.
+        args.kpng_only |= cli.kpng_only;
+        return cleanup(&flags, &args, cli.dry_run || args.dry_run);
     }
     if cli.dry_run {
         anyhow::bail!(

@@ -2496,3 +2496,55 @@ fn bind_address_hard_fail_decides_what_a_server_that_cannot_bind_does() {
         Some(200)
     );
 }
+
+/// A flag of `kpng cleanup` written beside kube-proxy's `--cleanup`: the usage line shown is
+/// `kpng cleanup`'s (where the flag belongs), not the root's with flags the line never gave;
+/// `--kpng-only` is accepted there; `--kpng-only` without a cleanup is refused.
+#[test]
+fn cleanup_flags_beside_dash_dash_cleanup() {
+    let out = kpng()
+        .args([
+            "--cleanup",
+            "--dry-run",
+            "--after-healthy",
+            "127.0.0.1:10256",
+        ])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("hint: --after-healthy is a flag of `kpng cleanup`")
+            && stderr.contains("Usage: kpng cleanup")
+            && !stderr.contains("--init-only"),
+        "{stderr}"
+    );
+    // Parsed (the cleanup itself runs only as root in a namespace: e2e_migrate).
+    let out = kpng()
+        .args(["--kpng-only", "version"])
+        .output()
+        .expect("run kpng");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--kpng-only goes with --cleanup or `kpng cleanup`"),
+        "{stderr}"
+    );
+    // A bad address or duration is a usage error.
+    let out = kpng()
+        .args(["cleanup", "--after-healthy", "nowhere"])
+        .output()
+        .expect("run kpng");
+    assert_eq!(out.status.code(), Some(2));
+    let out = kpng()
+        .args([
+            "cleanup",
+            "--after-healthy",
+            "127.0.0.1",
+            "--after-synced",
+            "127.0.0.1",
+        ])
+        .output()
+        .expect("run kpng");
+    assert_eq!(out.status.code(), Some(2), "one of the two");
+}

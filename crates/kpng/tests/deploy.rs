@@ -1109,3 +1109,52 @@ fn every_kpng_command_line_in_deploy_parses_with_the_real_cli() {
     let (ok, log) = parse_with_kpng(&wrong, &config);
     assert!(!ok, "a misspelt flag must fail: {log}");
 }
+
+/// `deploy/rollback/kpng-cleanup.yaml`: a valid DaemonSet on the host network whose privileged
+/// init container removes only kpng's own rules, and only once kube-proxy has synced (it waits
+/// as long as it takes); its flags are ones `kpng cleanup` takes.
+#[test]
+fn the_rollback_cleanup_waits_for_kube_proxy_then_removes_only_kpngs_rules() {
+    let docs = documents_in("rollback");
+    assert_eq!(docs.len(), 1, "one DaemonSet");
+    let (file, doc) = &docs[0];
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = typed(file, doc);
+    let pod = ds.spec.and_then(|s| s.template.spec).expect("a pod spec");
+    assert_eq!(
+        pod.host_network,
+        Some(true),
+        "{file}: kpng's tables are the node's"
+    );
+    let init = pod.init_containers.expect("an init container");
+    let cleanup = &init[0];
+    assert_eq!(
+        cleanup.command.as_deref(),
+        Some(&["/usr/local/bin/kpng".to_string()][..])
+    );
+    let args = cleanup.args.clone().expect("args");
+    assert_eq!(
+        args,
+        [
+            "cleanup",
+            "--kpng-only",
+            "--after-synced=127.0.0.1:10249",
+            "--timeout=0"
+        ],
+        "{file}"
+    );
+    assert_eq!(
+        cleanup.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    // The real CLI takes the line (its help stops it before anything runs).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(&args)
+        .arg("--help")
+        .output()
+        .expect("run kpng");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

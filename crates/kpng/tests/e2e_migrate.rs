@@ -373,6 +373,9 @@ fn cleanup_kpng_only_leaves_kube_proxys_rules() {
     // Written after the subcommand, as most people would, it says the same.
     let after = kpng_ok(&ns, &["cleanup", "--kpng-only", "--dry-run"]);
     assert_eq!(after, dry);
+    // And beside kube-proxy's --cleanup, which an operator used to kube-proxy types.
+    let beside = kpng_ok(&ns, &["--cleanup", "--dry-run", "--kpng-only"]);
+    assert_eq!(beside, dry);
     let out = kpng_ok(&ns, &["cleanup", "--kpng-only"]);
     assert_eq!(
         out.trim(),
@@ -392,6 +395,158 @@ fn cleanup_kpng_only_leaves_kube_proxys_rules() {
         saved.contains(":KUBE-SERVICES"),
         "kube-proxy's chains stay: {saved}"
     );
+}
+
+/// kube-proxy's health and metrics in `ns` on 127.0.0.1:`port`: `/healthz` answers 503 and
+/// `/metrics` a last-sync timestamp of 0 until the file `healthy` exists, then 200 and a
+/// timestamp (kube-proxy before and after its first sync).
+fn start_health_server(ns: &Netns, port: u16, healthy: &std::path::Path) -> Spawned {
+    const SERVER: &str = "\
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        up = os.path.exists(sys.argv[2])
+        if self.path == '/metrics':
+            code, body = 200, 'kubeproxy_sync_proxy_rules_last_timestamp_seconds %s\\n' % ('1.7966e+09' if up else '0')
+        else:
+            code, body = (200 if up else 503), '{}'
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body.encode())
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H)
+print('listening', flush=True)
+s.serve_forever()
+";
+    let port = port.to_string();
+    let healthy = healthy.to_str().expect("a UTF-8 path");
+    let mut server = ns
+        .spawn(["python3", "-c", SERVER, &port, healthy])
+        .expect("health server");
+    server
+        .wait_for_line(|l| l == "listening", Duration::from_secs(10))
+        .expect("health server listening");
+    server
+}
+
+/// Going back to kube-proxy: `kpng cleanup --kpng-only --after-healthy ADDR` keeps kpng's
+/// tables while kube-proxy's `/healthz` answers 503 (removing them then would leave no Service
+/// rules at all) and removes them once it answers 200 (until then they win over kube-proxy's).
+#[test]
+fn cleanup_after_healthy_waits_for_the_returning_proxy() {
+    cleanup_waits_then_removes("kpcleanhz", "--after-healthy", "answered HTTP 503; waiting");
+}
+
+/// `--after-synced ADDR`: the same, waiting for kube-proxy's metrics to show a first sync
+/// (its `/healthz` answers 200 before it).
+#[test]
+fn cleanup_after_synced_waits_for_the_first_sync() {
+    cleanup_waits_then_removes("kpcleansy", "--after-synced", "(no sync yet); waiting");
+}
+
+/// `kpng cleanup --kpng-only FLAG 127.0.0.1:10256` in a fresh node namespace holding kpng's
+/// tables: it says `waiting` (a line containing it), the tables stay, and once the
+/// proxy is up they are removed and cleanup ends 0.
+fn cleanup_waits_then_removes(prefix: &str, flag: &str, waiting: &str) {
+    require_root!();
+    let ns = Netns::node(prefix).expect("netns");
+    ns.ip(["link", "set", "lo", "up"]).expect("lo up");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let healthy = dir.path().join("healthy");
+    let _server = start_health_server(&ns, 10256, &healthy);
+    ns.nft("add table ip kpng\nadd table ip6 kpng\n")
+        .expect("kpng's tables");
+    let mut cleanup = ns
+        .spawn([
+            env!("CARGO_BIN_EXE_kpng"),
+            "cleanup",
+            "--kpng-only",
+            flag,
+            "127.0.0.1:10256",
+            "--timeout",
+            "2m",
+        ])
+        .expect("kpng cleanup");
+    cleanup
+        .wait_for_line(|l| l.contains(waiting), Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}: {}", cleanup.stderr_text()));
+    // Asked again at least once more meanwhile: the tables are still there.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(cleanup.try_wait().expect("try_wait"), None, "still waiting");
+    let left = tables(&ns);
+    assert!(
+        has_table(&left, "table ip kpng") && has_table(&left, "table ip6 kpng"),
+        "kpng's tables stay while the proxy is not ready: {left}"
+    );
+    std::fs::write(&healthy, "").expect("healthy");
+    cleanup
+        .wait_for_line(
+            |l| l == "kpng: removed kpng's nftables tables (`to-local nft`)",
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("{e}: {}", cleanup.stderr_text()));
+    let status = cleanup
+        .wait_exit(Duration::from_secs(20))
+        .expect("cleanup ended");
+    assert!(status.success(), "{status:?}: {}", cleanup.stderr_text());
+    let left = tables(&ns);
+    assert!(
+        !has_table(&left, "table ip kpng") && !has_table(&left, "table ip6 kpng"),
+        "{left}"
+    );
+}
+
+/// `--after-healthy` gives up after `--timeout`: exit status 1, a message naming the address
+/// and the last answer, and nothing removed.
+#[test]
+fn cleanup_after_healthy_times_out_and_removes_nothing() {
+    require_root!();
+    let ns = Netns::node("kpcleanto").expect("netns");
+    ns.ip(["link", "set", "lo", "up"]).expect("lo up");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _server = start_health_server(&ns, 10256, &dir.path().join("never"));
+    ns.nft("add table ip kpng\n").expect("kpng's table");
+    let out = kpng_run(
+        &ns,
+        &[
+            "cleanup",
+            "--kpng-only",
+            "--after-healthy",
+            "127.0.0.1:10256",
+            "--timeout",
+            "2s",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        stderr.contains("http://127.0.0.1:10256/healthz did not answer 200 within 2s")
+            && stderr.contains("last: answered HTTP 503")
+            && stderr.contains("removed nothing"),
+        "{}",
+        describe_output(&out)
+    );
+    assert!(has_table(&tables(&ns), "table ip kpng"), "the table stays");
+    // Nobody listening at all is "not yet" too.
+    let out = kpng_run(
+        &ns,
+        &[
+            "cleanup",
+            "--kpng-only",
+            "--after-healthy",
+            "127.0.0.1:10257",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("last: could not be reached"),
+        "{}",
+        describe_output(&out)
+    );
+    assert!(has_table(&tables(&ns), "table ip kpng"), "the table stays");
 }
 
 /// `kpng cleanup` while a kpng still programs the namespace would report success and change
