@@ -6,15 +6,16 @@
 //! Why: kpng's `table ip/ip6 kpng` hooks NAT at the same priority as kube-proxy's rules and
 //! was registered first, so while it stays it keeps translating every Service it knows with
 //! kpng's last endpoints, and kube-proxy's rules are not reached. Removing it before kube-proxy
-//! has synced leaves no Service rules at all (kpng removed kube-proxy's at swap-in). kube-proxy
-//! answers 200 on `/healthz` once it has synced (503 before), which is the moment to remove
-//! kpng's table. kube-proxy's `/healthz` answers 200 as soon as its health server listens
-//! (before its first sync; 503 only once a change waited longer than its health timeout), so
-//! 200 says it runs, not that its rules are in place: `--after-synced` waits for its
+//! has synced leaves no Service rules at all (kpng removed kube-proxy's at swap-in). kube-proxy's
+//! `/healthz` answers 200 as soon as its health server listens (before its first sync; 503 only
+//! once a change waited longer than its health timeout), so 200 says it runs, not that its rules
+//! are in place: `--after-synced`, the one the rollback manifest uses, waits for its
 //! `kubeproxy_sync_proxy_rules_last_timestamp_seconds` (0 until its first successful sync).
 //!
-//! Only 200 (and, for `--after-synced`, a non-zero timestamp) counts: any other status, a refused connection, or an answer that is not HTTP is
-//! "not yet", reported when it changes, and the last one is named if the wait times out.
+//! Only 200 (and, for `--after-synced`, a non-zero timestamp) counts: any other status, a
+//! refused connection, or an answer that is not HTTP is "not yet", reported when it changes, and
+//! the last one is named if the wait times out. A blocking GET over a `TcpStream` to a loopback
+//! address is all it takes: no HTTP client crate is pulled into the cleanup for it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
