@@ -524,9 +524,9 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
     let output = dir.path().join("out.yaml");
-    // The reachability layer's debug lines count the failed attempts during the outage.
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
+    // The reachability layer's debug lines count the failed attempts during the outage.
     let mut kpng = Kpng::start(&kube_to_file(
         &k,
         &[
