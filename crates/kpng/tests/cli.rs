@@ -1350,22 +1350,7 @@ fn status_gives_up_on_a_hung_kpng_and_stops_quietly_when_its_reader_does() {
     std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
     let output = dir.path().join("out.yaml");
     let admin = dir.path().join("admin.sock");
-    let mut running = Kpng::start(
-        kpng()
-            .args(["file", "--input"])
-            .arg(&input)
-            .args(["--node-name", "n1", "--healthz-bind-address", "127.0.0.1:0"])
-            .args([
-                "--debounce",
-                "0",
-                "--metrics-bind-address=",
-                "--admin-socket",
-            ])
-            .arg(&admin)
-            .args(["to-file", "--output"])
-            .arg(&output),
-    );
-    running.wait("the first sync", &output, |_, err| err.contains(" synced"));
+    let running = synced_with_admin_socket(&input, &admin, &output);
 
     // The reader is gone before kpng writes.
     let mut status = kpng()
@@ -1712,6 +1697,24 @@ fn to_file_runs_beside_a_proxy_holding_the_health_and_metrics_ports() {
     );
 }
 
+/// A `kpng file … to-file` of `input` into `output` answering `kpng status` at `admin` (no
+/// health or metrics server), once it has synced: what the tests of `kpng status` ask.
+fn synced_with_admin_socket(input: &Path, admin: &Path, output: &Path) -> Kpng {
+    let mut running = Kpng::start(
+        kpng()
+            .args(["file", "--input"])
+            .arg(input)
+            .args(["--node-name", "n1", "--healthz-bind-address", ""])
+            .args(["--debounce", "0", "--metrics-bind-address="])
+            .arg("--admin-socket")
+            .arg(admin)
+            .args(["to-file", "--output"])
+            .arg(output),
+    );
+    running.wait("the first sync", output, |_, err| err.contains(" synced"));
+    running
+}
+
 /// `kpng status -o json` of the kpng at `admin` with `args`: the exit code, standard output
 /// read as JSON (`Null` when it is not), and standard error.
 fn status_json(admin: &Path, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
@@ -1752,18 +1755,7 @@ fn status_and_trace_exit_codes_and_json_are_for_scripts() {
                spec: {clusterIP: 10.96.0.8, ports: [{name: http, port: 99999}]}\n";
     std::fs::write(&input, service("10.96.0.9", 80) + bad).expect("write");
     let output = dir.path().join("out.yaml");
-    let mut running = Kpng::start(
-        kpng()
-            .args(["file", "--input"])
-            .arg(&input)
-            .args(["--node-name", "n1", "--healthz-bind-address", ""])
-            .args(["--debounce", "0", "--metrics-bind-address="])
-            .arg("--admin-socket")
-            .arg(&admin)
-            .args(["to-file", "--output"])
-            .arg(&output),
-    );
-    running.wait("the first sync", &output, |_, err| err.contains(" synced"));
+    let _running = synced_with_admin_socket(&input, &admin, &output);
 
     // The Service has no endpoints: its port says so, and the counts.
     let (code, json, said) = status_json(&admin, &["status", "-o", "json"]);
@@ -1909,18 +1901,7 @@ fn the_status_json_has_words_for_scripts_beside_its_prose() {
     let input = dir.path().join("c.yaml");
     std::fs::write(&input, service("10.96.0.9", 80)).expect("write");
     let output = dir.path().join("out.yaml");
-    let mut running = Kpng::start(
-        kpng()
-            .args(["file", "--input"])
-            .arg(&input)
-            .args(["--node-name", "n1", "--healthz-bind-address", ""])
-            .args(["--debounce", "0", "--metrics-bind-address="])
-            .arg("--admin-socket")
-            .arg(&admin)
-            .args(["to-file", "--output"])
-            .arg(&output),
-    );
-    running.wait("the first sync", &output, |_, err| err.contains(" synced"));
+    let _running = synced_with_admin_socket(&input, &admin, &output);
     let (code, json, said) = status_json(&admin, &["status", "-o", "json"]);
     assert_eq!(code, Some(0), "{said}");
     assert_eq!(json["input"]["kind"], "file", "{json}");

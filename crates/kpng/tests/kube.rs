@@ -90,6 +90,14 @@ impl Kpng {
         self.stderr().matches(" synced").count()
     }
 
+    /// Waits until the file `output` (of `to-file`) holds `text`; panics as [`Kpng::wait`].
+    #[track_caller]
+    fn wait_written(&mut self, what: &str, output: &Path, text: &str) {
+        self.wait(what, |_, _| {
+            std::fs::read_to_string(output).is_ok_and(|t| t.contains(text))
+        });
+    }
+
     /// The port of a server kpng was given `127.0.0.1:0` for, once it logged `serving WHAT on
     /// http://ADDR` (`/metrics`, `/healthz and /livez`). A port found free, released and given
     /// to kpng could be taken by another test of this binary before kpng binds it.
@@ -222,6 +230,14 @@ fn kube_args<'a>(kubeconfig: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
+/// [`kube_args`] for a kpng writing its rules to `output` (`to-file`), with `flags` (the
+/// servers, the admin socket) before the sink.
+fn kube_to_file<'a>(kubeconfig: &'a Path, flags: &[&'a str], output: &'a Path) -> Vec<&'a str> {
+    let mut args = kube_args(kubeconfig, flags);
+    args.extend(["to-file", "--output", output.to_str().expect("utf-8")]);
+    args
+}
+
 #[test]
 fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     let server = FakeApiServer::start().expect("server");
@@ -234,19 +250,16 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     let output = dir.path().join("out.yaml");
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
-    let mut args = kube_args(
+    let mut kpng = Kpng::start(&kube_to_file(
         &k,
         &[
             "--metrics-bind-address",
             "127.0.0.1:0",
             "--admin-socket",
             admin,
-            "to-file",
-            "--output",
         ],
-    );
-    args.push(output.to_str().expect("utf-8"));
-    let mut kpng = Kpng::start(&args);
+        &output,
+    ));
     let port = kpng.served_port("/metrics");
 
     let watching = |path: &str| {
@@ -310,9 +323,7 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
     );
 
     server.forbid(Resource::Nodes, false);
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
-    });
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
     // The warning said it began; a line says it ended.
     kpng.wait("the refusal's end logged", |_, err| {
         err.lines().any(|l| {
@@ -342,9 +353,7 @@ fn nothing_is_programmed_before_every_list_then_changes_and_metrics_follow() {
             Some(SystemTime::now()),
         ))
         .expect("apply");
-    kpng.wait("the endpoint change", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.3:8080"))
-    });
+    kpng.wait_written("the endpoint change", &output, "10.244.1.3:8080");
     let programmed = "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}";
     // Observed right after the sync that wrote the file.
     kpng.wait("the latency observed", |_, _| {
@@ -419,13 +428,12 @@ fn a_bad_object_is_rejected_alone_and_shown() {
     let output = dir.path().join("out.yaml");
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
-    let mut args = kube_args(&k, &["--metrics-bind-address", "", "to-file", "--output"]);
-    args.push(output.to_str().expect("utf-8"));
-    args.extend(["--admin-socket", admin]);
-    let mut kpng = Kpng::start(&args);
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
-    });
+    let mut kpng = Kpng::start(&kube_to_file(
+        &k,
+        &["--metrics-bind-address", "", "--admin-socket", admin],
+        &output,
+    ));
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
     assert_eq!(
         status_json(admin)["rejected"],
         json!([{"object": "Service default/named", "kind": "Service", "namespace": "default",
@@ -516,28 +524,25 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
     let output = dir.path().join("out.yaml");
+    let admin = dir.path().join("admin.sock");
+    let admin = admin.to_str().expect("utf-8");
     // The reachability layer's debug lines count the failed attempts during the outage.
-    let mut args = kube_args(
+    let mut kpng = Kpng::start(&kube_to_file(
         &k,
         &[
             "--log-level",
             "info,kpng_source_kube=debug",
             "--metrics-bind-address",
             "",
-            "to-file",
-            "--output",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--admin-socket",
+            admin,
         ],
-    );
-    args.push(output.to_str().expect("utf-8"));
-    args.extend(["--healthz-bind-address", "127.0.0.1:0"]);
-    let admin = dir.path().join("admin.sock");
-    let admin = admin.to_str().expect("utf-8");
-    args.extend(["--admin-socket", admin]);
-    let mut kpng = Kpng::start(&args);
+        &output,
+    ));
     let health_port = kpng.served_port("/healthz and /livez");
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
-    });
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
     let before = std::fs::read_to_string(&output).expect("output");
     let input = status_json(admin)["input"].clone();
     assert!(
@@ -601,9 +606,11 @@ fn an_outage_keeps_the_rules_logs_once_and_recovers() {
         json!([]),
         "the outage is over"
     );
-    kpng.wait("the change made during the outage", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
-    });
+    kpng.wait_written(
+        "the change made during the outage",
+        &output,
+        "10.244.1.4:8080",
+    );
 }
 
 /// Watches cut mid-stream and an API-server restart, with `RUST_LOG=info` (as many DaemonSets
@@ -617,12 +624,9 @@ fn an_api_server_restart_is_one_warning_even_with_rust_log() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
     let output = dir.path().join("out.yaml");
-    let mut args = kube_args(&k, &["--metrics-bind-address", "", "to-file", "--output"]);
-    args.push(output.to_str().expect("utf-8"));
+    let args = kube_to_file(&k, &["--metrics-bind-address", ""], &output);
     let mut kpng = Kpng::start_with_rust_log(&args, Some("info"));
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
-    });
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
     let before = kpng.stderr().len();
     let watching = |server: &FakeApiServer| server.load().watches_open >= 3;
     let wait_watching = |server: &FakeApiServer| {
@@ -652,9 +656,11 @@ fn an_api_server_restart_is_one_warning_even_with_rust_log() {
         err.contains("API server unreachable")
     });
     server.restart().expect("restart");
-    kpng.wait("the change made during the outage", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
-    });
+    kpng.wait_written(
+        "the change made during the outage",
+        &output,
+        "10.244.1.4:8080",
+    );
     kpng.wait("the outage's end", |_, err| {
         err.contains("API server reachable again")
     });
@@ -1249,21 +1255,12 @@ fn node_ports_from_the_api_server_are_programmed_outside_the_default_range() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kubeconfig(&server, dir.path());
     let output = dir.path().join("out.yaml");
-    let mut args = kube_args(
+    let mut kpng = Kpng::start(&kube_to_file(
         &k,
-        &[
-            "--metrics-bind-address",
-            "",
-            "--admin-socket=",
-            "to-file",
-            "--output",
-        ],
-    );
-    args.push(output.to_str().expect("utf-8"));
-    let mut kpng = Kpng::start(&args);
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("default/low"))
-    });
+        &["--metrics-bind-address", "", "--admin-socket="],
+        &output,
+    ));
+    kpng.wait_written("the first sync", &output, "default/low");
     let text = std::fs::read_to_string(&output).expect("output");
     assert!(text.contains("nodePort: 20080"), "{text}");
     assert!(
@@ -1287,7 +1284,7 @@ fn a_hung_api_server_is_given_up_on_and_the_changes_arrive_after() {
     let output = dir.path().join("out.yaml");
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
-    let mut args = kube_args(
+    let mut kpng = Kpng::start(&kube_to_file(
         &k,
         &[
             "--kube-api-idle-timeout",
@@ -1296,15 +1293,10 @@ fn a_hung_api_server_is_given_up_on_and_the_changes_arrive_after() {
             "",
             "--admin-socket",
             admin,
-            "to-file",
-            "--output",
         ],
-    );
-    args.push(output.to_str().expect("utf-8"));
-    let mut kpng = Kpng::start(&args);
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
-    });
+        &output,
+    ));
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
     server.stall(true);
     server
         .apply(endpoints("web-1", "web", "10.244.1.4", None))
@@ -1332,9 +1324,11 @@ fn a_hung_api_server_is_given_up_on_and_the_changes_arrive_after() {
         "kpng status says why nothing changes: {problems}"
     );
     server.stall(false);
-    kpng.wait("the change made while the server hung", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
-    });
+    kpng.wait_written(
+        "the change made while the server hung",
+        &output,
+        "10.244.1.4:8080",
+    );
 }
 
 /// A list the API server answers and then cuts short (a proxy giving up mid-answer) is
@@ -1359,23 +1353,18 @@ fn a_list_cut_short_is_shown_counted_and_over_when_a_list_completes() {
     let output = dir.path().join("out.yaml");
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
-    let mut args = kube_args(
+    let mut kpng = Kpng::start(&kube_to_file(
         &k,
         &[
             "--metrics-bind-address",
             "127.0.0.1:0",
             "--admin-socket",
             admin,
-            "to-file",
-            "--output",
         ],
-    );
-    args.push(output.to_str().expect("utf-8"));
-    let mut kpng = Kpng::start(&args);
+        &output,
+    ));
     let port = kpng.served_port("/metrics");
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
-    });
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
     let read_errors = || {
         metric(
             &http_get(port, "/metrics").1,
@@ -1405,9 +1394,7 @@ fn a_list_cut_short_is_shown_counted_and_over_when_a_list_completes() {
     assert!(read_errors().is_some_and(|n| n >= 1.0));
 
     server.truncate(None);
-    kpng.wait("the change made meanwhile", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.4:8080"))
-    });
+    kpng.wait_written("the change made meanwhile", &output, "10.244.1.4:8080");
     kpng.wait("the problem over", |_, _| {
         status_json(admin)["input"]["problems"] == json!([])
     });
@@ -1518,19 +1505,11 @@ endpoints: [{addresses: [10.244.1.2], nodeName: node1, conditions: {ready: true}
     let output = dir.path().join("out.yaml");
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().expect("utf-8");
-    let mut args = kube_args(
+    let mut kpng = Kpng::start(&kube_to_file(
         &k,
-        &[
-            "--metrics-bind-address",
-            "",
-            "--admin-socket",
-            admin,
-            "to-file",
-            "--output",
-        ],
-    );
-    args.push(output.to_str().expect("utf-8"));
-    let mut kpng = Kpng::start(&args);
+        &["--metrics-bind-address", "", "--admin-socket", admin],
+        &output,
+    ));
     let advice = "kpng (\"system:serviceaccount:kube-system:kpng\") may not list \
                   endpointslices.discovery.k8s.io: grant list and watch on it (RBAC), check \
                   with `kubectl auth can-i list endpointslices.discovery.k8s.io \
@@ -1558,9 +1537,7 @@ endpoints: [{addresses: [10.244.1.2], nodeName: node1, conditions: {ready: true}
     );
 
     assert_eq!(fake.command("allow endpointslices.discovery.k8s.io"), "ok");
-    kpng.wait("the first sync", |_, _| {
-        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("10.244.1.2:8080"))
-    });
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
     kpng.wait("the refusal's end logged", |_, err| {
         err.contains("EndpointSlice list works again, the problem is over")
     });

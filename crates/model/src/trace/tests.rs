@@ -1097,16 +1097,20 @@ fn host_netns_only_outside_the_hosts_namespace_gives_both_outcomes_for_the_node(
             local_pods: LocalPods::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")]),
             ..facts()
         };
-        let t = trace(
-            &snapshot(vec![web()]),
-            &facts,
-            &TraceQuery {
-                from: "172.18.0.2".parse().expect("ip"),
-                to: "10.96.0.10:80".parse().expect("addr"),
-                protocol: Protocol::Tcp,
-                in_interface: None,
-            },
-        );
+        // The same Service port, asked from `from`.
+        let trace_from = |from: &str| {
+            trace(
+                &snapshot(vec![web()]),
+                &facts,
+                &TraceQuery {
+                    from: from.parse().expect("ip"),
+                    to: "10.96.0.10:80".parse().expect("addr"),
+                    protocol: Protocol::Tcp,
+                    in_interface: None,
+                },
+            )
+        };
+        let t = trace_from("172.18.0.2");
         assert_eq!(t.translated_at_socket, at_socket, "{netns:?}: {t:?}");
         assert_eq!(t.at_socket_if_in_netns.as_deref(), netns, "{t:?}");
         assert_eq!(t.at_socket_if_in_cgroup.as_deref(), subtree, "{t:?}");
@@ -1118,16 +1122,7 @@ fn host_netns_only_outside_the_hosts_namespace_gives_both_outcomes_for_the_node(
             );
         }
         // A pod's socket: the rules, whatever kpng's namespace.
-        let t = trace(
-            &snapshot(vec![web()]),
-            &facts,
-            &TraceQuery {
-                from: "10.244.1.7".parse().expect("ip"),
-                to: "10.96.0.10:80".parse().expect("addr"),
-                protocol: Protocol::Tcp,
-                in_interface: None,
-            },
-        );
+        let t = trace_from("10.244.1.7");
         assert!(
             !t.translated_at_socket && t.at_socket_if_in_netns.is_none(),
             "{t:?}"
