@@ -3661,7 +3661,6 @@ mod tests {
             health_check: None,
             without_endpoints: None,
             without_endpoints_detail: None,
-            without_local_endpoint_only: false,
             endpoints: Vec::new(),
             only_used_known: false,
         };

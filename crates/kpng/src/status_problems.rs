@@ -73,7 +73,7 @@ impl PortProblem {
 pub fn of_port(port: &PortStatus, status: &Status) -> Vec<PortProblem> {
     let mut found = Vec::new();
     if port.without_endpoints.is_some() {
-        found.push(if port.without_local_endpoint_only {
+        found.push(if port.without_local_endpoint_only() {
             PortProblem::NoLocalEndpoint
         } else {
             PortProblem::NoEndpoints
@@ -293,7 +293,8 @@ mod tests {
                     "ns/a",
                     serde_json::json!({"withoutEndpoints": "no local endpoint: external \
                         connections are dropped (externalTrafficPolicy Local)",
-                        "withoutLocalEndpointOnly": true}),
+                        "withoutEndpointsDetail": {"reason": "noLocalEndpoint",
+                            "traffic": "external", "verdict": "drop"}}),
                 ),
                 none.clone(),
                 vec![PortProblem::NoLocalEndpoint],
@@ -380,7 +381,8 @@ mod tests {
         let remote = port(
             "ns/remote",
             serde_json::json!({"withoutEndpoints": "no local endpoint: ClusterIP connections \
-                are dropped (internalTrafficPolicy Local)", "withoutLocalEndpointOnly": true}),
+                are dropped (internalTrafficPolicy Local)", "withoutEndpointsDetail": {"reason":
+                "noLocalEndpoint", "traffic": "clusterIP", "verdict": "drop"}}),
         );
         let mut with_remote = Status {
             node: "n1".into(),

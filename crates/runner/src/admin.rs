@@ -1089,12 +1089,6 @@ pub struct PortStatus {
     /// meets it and what it meets (since 2026-12-07).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub without_endpoints_detail: Option<WithoutEndpoints>,
-    /// The empty list `without_endpoints` names is only the local one (eTP or iTP Local with
-    /// no endpoint on this node) while the Service has usable endpoints elsewhere: `kpng
-    /// status` counts such a port apart from one without endpoints, which an operator would
-    /// otherwise look for in the EndpointSlices.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub without_local_endpoint_only: bool,
     /// Every endpoint, used or not, and why.
     pub endpoints: Vec<EndpointStatus>,
     /// Only the used endpoints are known, not the others nor why they are unused: a node fed
@@ -1105,6 +1099,16 @@ pub struct PortStatus {
 }
 
 impl PortStatus {
+    /// Whether the empty list `without_endpoints` names is only the local one (eTP or iTP Local
+    /// with no endpoint on this node while the Service has usable endpoints elsewhere): `kpng
+    /// status` counts such a port apart from one without endpoints, which an operator would
+    /// otherwise look for in the EndpointSlices.
+    pub fn without_local_endpoint_only(&self) -> bool {
+        self.without_endpoints_detail
+            .as_ref()
+            .is_some_and(|d| d.reason == "noLocalEndpoint")
+    }
+
     /// The status of `port`; `explained` lists every endpoint with reasons when the model
     /// can tell (an in-process model), else the used ones are listed from the port itself;
     /// `traits` (the backend's) say what traffic meets when an endpoint list is empty.
@@ -1136,7 +1140,6 @@ impl PortStatus {
             health_check: None,
             without_endpoints: without.as_ref().map(|(text, _)| text.clone()),
             without_endpoints_detail: without.map(|(_, detail)| detail),
-            without_local_endpoint_only: without_local_endpoint_only(port),
             endpoints,
             only_used_known,
         }
@@ -1273,14 +1276,6 @@ fn without_endpoints(
             verdict: verdict.to_string(),
         },
     ))
-}
-
-/// Whether the only empty list `port` needs is its local one: it has usable endpoints, none
-/// on this node, and a Local policy wants one (see [`PortStatus::without_local_endpoint_only`]).
-fn without_local_endpoint_only(port: &ServicePort) -> bool {
-    let cluster_empty = port.uses_cluster_endpoints() && port.cluster_endpoints.is_empty();
-    let local_empty = port.uses_local_endpoints() && port.local_endpoints.is_empty();
-    port.has_any_endpoints && !cluster_empty && local_empty
 }
 
 /// The endpoints a port uses, when nothing more is known (a brain's view).
@@ -1523,7 +1518,7 @@ mod tests {
             assert_eq!(status.without_endpoints.as_deref(), want, "{what}");
             // Only the local list empty: `kpng status` counts it apart from "no endpoints".
             let local_only = want.is_some_and(|w| w.starts_with("no local endpoint"));
-            assert_eq!(status.without_local_endpoint_only, local_only, "{what}");
+            assert_eq!(status.without_local_endpoint_only(), local_only, "{what}");
             assert_eq!(
                 status.without_endpoints_detail,
                 detail.map(|(reason, traffic, verdict)| WithoutEndpoints {
@@ -1546,7 +1541,7 @@ mod tests {
         );
         // Endpoints, none usable: the cluster list is empty, not only the local one.
         let status = PortStatus::of(&unusable, None, &linux);
-        assert!(!status.without_local_endpoint_only);
+        assert!(!status.without_local_endpoint_only());
     }
 
     /// The input's prose has words for scripts beside it: its kind and location, its state,
