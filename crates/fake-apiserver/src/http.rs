@@ -723,7 +723,7 @@ fn bookmark(resource: Resource, rv: u64, initial_events_end: bool) -> WatchEvent
 type Line = Result<String, std::io::Error>;
 
 fn watch_response(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     resource: Resource,
     filter: Filter,
     query: &HashMap<String, String>,
@@ -767,6 +767,7 @@ fn watch_response(
             tokio::spawn(stream_events(
                 tx,
                 open,
+                shared.clone(),
                 resource,
                 filter,
                 start,
@@ -825,6 +826,7 @@ struct WatchOptions {
 async fn stream_events(
     tx: mpsc::Sender<Line>,
     open: OpenWatch,
+    shared: Arc<Shared>,
     resource: Resource,
     filter: Filter,
     start: WatchStart,
@@ -841,16 +843,26 @@ async fn stream_events(
         rv,
     } = start;
     let mut last_rv = rv;
+    // A stall makes every stream silent, also one whose handler subscribed to the notices
+    // just after the stall's notice went out (it passed the stalled check just before).
+    let silent_if_stalled = || async {
+        if shared.stalled.load(Ordering::SeqCst) {
+            tx.closed().await;
+            true
+        } else {
+            false
+        }
+    };
     for change in &replay {
         if let Some(event) = event_for(change, &filter)
-            && tx.send(Ok(format!("{event}\n"))).await.is_err()
+            && (silent_if_stalled().await || tx.send(Ok(format!("{event}\n"))).await.is_err())
         {
             return;
         }
     }
     if options.initial_end {
         let end = bookmark(resource, rv, true);
-        if tx.send(Ok(format!("{end}\n"))).await.is_err() {
+        if silent_if_stalled().await || tx.send(Ok(format!("{end}\n"))).await.is_err() {
             return;
         }
     }
@@ -909,7 +921,7 @@ async fn stream_events(
             } => return,
             () = tx.closed() => return,
         };
-        if tx.send(line).await.is_err() {
+        if silent_if_stalled().await || tx.send(line).await.is_err() {
             return;
         }
     }

@@ -15,7 +15,8 @@
 //!   version, so none is lost. A stream that received anything meanwhile (its connection
 //!   survived) is left alone.
 //! - **An outage that only silent streams would sit through is probed for**
-//!   ([`Reachability::keep_alive`]): while a read's body is open and nothing at all came from
+//!   ([`Reachability::keep_alive`]): while a read is outstanding (waiting for its answer's
+//!   headers, or its body open) and nothing at all came from
 //!   the server for a third of the idle timeout (30 s by default), the client asks for
 //!   `GET /version`. No answer within 5 s (at most the idle timeout) begins an outage; then
 //!   the probe is repeated every 1 to 4 s (doubling, with jitter), and the first answer ends
@@ -83,9 +84,20 @@ fn next_recovery(mut rx: watch::Receiver<Option<Instant>>) -> Recovery {
     })
 }
 
-/// Counts an open body of a read until it is dropped or ends.
+/// Counts an outstanding read (a GET waiting for its answer, or its body being read) until
+/// dropped: what [`Reachability::keep_alive`] probes on. A read still waiting for its headers
+/// counts too: a server that hangs while the watchers make their requests (at start, or as
+/// they resume after an outage) would otherwise be found only by the idle timeout.
 #[derive(Debug)]
-struct Open(Reachability);
+pub(crate) struct Open(Reachability);
+
+impl Open {
+    /// Counts one more outstanding read of `tracker`'s server.
+    pub(crate) fn new(tracker: &Reachability) -> Open {
+        tracker.streams().open += 1;
+        Open(tracker.clone())
+    }
+}
 
 impl Drop for Open {
     fn drop(&mut self) {
@@ -115,10 +127,9 @@ impl<B> Watched<B> {
     /// (`get`) is ended by a recovery and counts as an open stream.
     pub(crate) fn new(inner: B, tracker: &Reachability, get: bool) -> Watched<B> {
         let (recovery, open) = if get {
-            tracker.streams().open += 1;
             (
                 Some(next_recovery(tracker.recoveries.subscribe())),
-                Some(Open(tracker.clone())),
+                Some(Open::new(tracker)),
             )
         } else {
             (None, None)
@@ -251,7 +262,7 @@ impl Reachability {
     }
 
     /// Probes the server through `client` for as long as it runs (see the module): while a
-    /// read's body is open and nothing came from the server for `Self::probe_after`, and
+    /// read is outstanding and nothing came from the server for `Self::probe_after`, and
     /// during an outage, so that its end is noticed and silent streams are resumed. Runs
     /// until dropped.
     pub async fn keep_alive(self, client: kube::Client) {

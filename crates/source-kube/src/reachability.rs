@@ -42,7 +42,7 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use kpng_model::input::InputHealth;
 
-use crate::liveness::Watched;
+use crate::liveness::{Open, Watched};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -69,7 +69,7 @@ pub struct Reachability {
 /// Response bodies of reads and when the server was last heard from.
 #[derive(Debug)]
 pub(crate) struct Streams {
-    /// Open response bodies of GETs (watches, lists being read).
+    /// Outstanding GETs (watches, lists): waiting for their answer or reading its body.
     pub(crate) open: usize,
     /// When the last answer's headers or body bytes arrived, from any request.
     pub(crate) heard: Instant,
@@ -410,6 +410,8 @@ where
         // Subscribed now: an outage that ends from here on supersedes this request.
         let mut recovered = tracker.recoveries.subscribe();
         let header_timeout = tracker.outage_header_timeout();
+        // A read waiting for its answer is outstanding: a hang now is probed for.
+        let waiting = get.then(|| Open::new(&tracker));
         Box::pin(async move {
             let mut response = std::pin::pin!(response);
             let mut check = tokio::time::interval_at(sent + header_timeout, header_timeout);
@@ -468,7 +470,9 @@ where
                 }
             }
             // A read's body is followed: ended if it stays silent across an outage's end.
-            result.map(|r| r.map(|body| Watched::new(body, &tracker, get)))
+            let followed = result.map(|r| r.map(|body| Watched::new(body, &tracker, get)));
+            drop(waiting);
+            followed
         })
     }
 }

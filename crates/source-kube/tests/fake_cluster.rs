@@ -871,38 +871,8 @@ async fn requests_hung_during_an_outage_are_made_again_when_the_server_is_back()
 async fn a_watch_streaming_when_the_server_hung_resumes_soon_after_it_answers() {
     let server = FakeApiServer::start().expect("server");
     cluster(&server);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&path).expect("kubeconfig");
     let idle = Duration::from_secs(30);
-    let health = InputHealth::default();
-    let connection = connect(
-        &ClientOptions {
-            kubeconfig: Some(path),
-            idle_timeout: idle,
-            ..ClientOptions::default()
-        },
-        &ClientMetrics::default(),
-        &health,
-    )
-    .await
-    .expect("client");
-    let source = KubeSource::new(
-        connection.client,
-        SourceConfig {
-            node_name: Some("node1".into()),
-            service_proxy_name: None,
-        },
-    )
-    .with_reachability(connection.reachability)
-    .with_health(health.clone());
-    let (tx, events) = mpsc::channel(64);
-    let logged = Logged::default();
-    let mut r = Running {
-        events,
-        _task: tokio::spawn(source.run(tx).with_subscriber(logged.clone())),
-        logged,
-    };
+    let (mut r, health) = run_probed(&server, idle).await;
     until(&mut r, list_done(&Kind::ALL)).await;
     let lists = |server: &FakeApiServer| {
         server
@@ -954,6 +924,78 @@ async fn a_watch_streaming_when_the_server_hung_resumes_soon_after_it_answers() 
         "resumed from the resourceVersion, not relisted: {events:#?}"
     );
     assert_eq!(lists(&server), lists_before, "no relist");
+    outage_over(&health).await;
+}
+
+/// A source whose client probes the server (its reachability followed, idle timeout `idle`),
+/// and the input health it records outages in.
+async fn run_probed(server: &FakeApiServer, idle: Duration) -> (Running, InputHealth) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&path).expect("kubeconfig");
+    let health = InputHealth::default();
+    let connection = connect(
+        &ClientOptions {
+            kubeconfig: Some(path),
+            idle_timeout: idle,
+            ..ClientOptions::default()
+        },
+        &ClientMetrics::default(),
+        &health,
+    )
+    .await
+    .expect("client");
+    let source = KubeSource::new(
+        connection.client,
+        SourceConfig {
+            node_name: Some("node1".into()),
+            service_proxy_name: None,
+        },
+    )
+    .with_reachability(connection.reachability)
+    .with_health(health.clone());
+    let (tx, events) = mpsc::channel(64);
+    let logged = Logged::default();
+    let running = Running {
+        events,
+        _task: tokio::spawn(source.run(tx).with_subscriber(logged.clone())),
+        logged,
+    };
+    (running, health)
+}
+
+/// A server hung while the requests are being made (here from the start: every list waits
+/// for its answer, no body is open) is found by the probe, well before the idle timeout:
+/// the probe looked only while a body was open, so a hang as the watchers made their
+/// requests (at start, or as they resumed) was found only by the idle timeout (90 s by
+/// default). Once it answers again the lists complete.
+#[tokio::test]
+async fn a_server_hung_before_any_answer_is_found_by_the_probe() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    server.stall(true);
+    let idle = Duration::from_secs(30);
+    let hung = tokio::time::Instant::now();
+    let (mut r, health) = run_probed(&server, idle).await;
+    // The probe (after 10 s of silence, a third of the idle timeout) finds the hang 5 s later.
+    wait_for_longer(
+        "the hang found",
+        Duration::from_secs(25),
+        || r.logged.any("WARN API server unreachable"),
+        || format!("{:#?}", r.logged.lines()),
+    )
+    .await;
+    assert!(
+        hung.elapsed() < idle,
+        "found by the probe, not the idle timeout"
+    );
+    assert!(
+        health.state().problems.contains_key("API server"),
+        "{:?}",
+        health.state().problems
+    );
+    server.stall(false);
+    until(&mut r, list_done(&Kind::ALL)).await;
     outage_over(&health).await;
 }
 
