@@ -80,13 +80,15 @@ async fn readyz(State(state): State<HealthState>) -> Response {
     json_answer(report.status, report.body)
 }
 
-/// Binds the health server now and returns its future. A failure to bind fails start-up with
-/// `to.hard_fail` (`bindAddressHardFail`), and is tried again every 5 s without (`listen.rs`).
+/// Binds the health server now and returns its future, and why the bind failed if it did
+/// (for kube-proxy's `FailedToStartProxierHealthcheck` Event). A failure to bind fails
+/// start-up with `to.hard_fail` (`bindAddressHardFail`), and is tried again every 5 s without
+/// (`listen.rs`).
 pub async fn health_server(
     to: BindTo,
     health: Arc<ProxyHealth>,
     metrics: ProxyMetrics,
-) -> anyhow::Result<impl Future<Output = std::io::Result<()>>> {
+) -> anyhow::Result<(impl Future<Output = std::io::Result<()>>, Option<String>)> {
     let guard = Guard::new(
         "healthz",
         "health server",
@@ -100,14 +102,16 @@ pub async fn health_server(
         .with_state(HealthState { health, metrics });
     let addr = to.addr;
     let listener = Listener::bind(to, "the health server (--healthz-bind-address)")?;
-    Ok(async move {
+    let bind_failure = listener.failure().map(str::to_string);
+    let serve = async move {
         let listener = listener.ready().await;
         tracing::info!(
             "serving /healthz and /livez on http://{}",
             listener.local_addr().unwrap_or(addr)
         );
         guarded_http::serve(listener, app, guard, OpenConnections::default()).await
-    })
+    };
+    Ok((serve, bind_failure))
 }
 
 #[derive(Clone)]

@@ -42,6 +42,8 @@ pub enum Listener {
         addr: SocketAddr,
         /// What the server is, for the log (`the health server (--healthz-bind-address)`).
         what: &'static str,
+        /// Why the first bind failed, as logged (for the Node Event kube-proxy posts).
+        failure: String,
     },
 }
 
@@ -58,15 +60,27 @@ impl Listener {
                  server that cannot bind ends kpng, as it ends kube-proxy)"
             ))),
             Err(e) => {
+                let failure = format!("cannot bind {what} to {addr}: {e}{}", cause(&e));
                 tracing::error!(
-                    "cannot bind {what} to {addr}: {e}{}: trying again every {}s while kpng \
-                     runs on, as kube-proxy does with bindAddressHardFail false \
-                     (--bind-address-hard-fail=true ends kpng instead)",
-                    cause(&e),
+                    "{failure}: trying again every {}s while kpng runs on, as kube-proxy does \
+                     with bindAddressHardFail false (--bind-address-hard-fail=true ends kpng \
+                     instead)",
                     RETRY.as_secs()
                 );
-                Ok(Listener::Waiting { addr, what })
+                Ok(Listener::Waiting {
+                    addr,
+                    what,
+                    failure,
+                })
             }
+        }
+    }
+
+    /// Why binding failed at start (`None`: bound), as the log said it.
+    pub fn failure(&self) -> Option<&str> {
+        match self {
+            Listener::Bound(_) => None,
+            Listener::Waiting { failure, .. } => Some(failure),
         }
     }
 
@@ -75,7 +89,7 @@ impl Listener {
     pub async fn ready(self) -> TcpListener {
         let (addr, what) = match self {
             Listener::Bound(listener) => return listener,
-            Listener::Waiting { addr, what } => (addr, what),
+            Listener::Waiting { addr, what, .. } => (addr, what),
         };
         let mut last: Option<io::ErrorKind> = None;
         loop {

@@ -909,8 +909,8 @@ where
     // A dry run opens no listener: it must not change the host, nor take the ports of a
     // proxy running on it. An empty --healthz-bind-address opens none either.
     let health_server = match flags.healthz_bind_address {
-        Some(addr) if !dry_run => Some(
-            crate::http::health_server(
+        Some(addr) if !dry_run => {
+            let started = crate::http::health_server(
                 crate::listen::BindTo {
                     addr,
                     hard_fail: flags.bind_address_hard_fail,
@@ -918,8 +918,29 @@ where
                 health.clone(),
                 metrics.clone(),
             )
-            .await?,
-        ),
+            .await;
+            let events = facts.events.as_ref();
+            match started {
+                Ok((server, failure)) => {
+                    if let (Some(events), Some(failure)) = (events, failure) {
+                        tokio::spawn(report_health_server_failure(events.clone(), failure));
+                    }
+                    Some(server)
+                }
+                Err(e) => {
+                    if let Some(events) = events {
+                        // Before kpng ends: bounded, an API server that does not answer must
+                        // not hold up the exit.
+                        let _ = tokio::time::timeout(
+                            EXIT_EVENT_PATIENCE,
+                            report_health_server_failure(events.clone(), format!("{e:#}")),
+                        )
+                        .await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
         _ => None,
     };
     // The metrics server answers the same probes (`crate::http`).
@@ -1478,6 +1499,17 @@ impl RefusedPosts {
         } else {
             tracing::warn!("cannot post the {what} Event: {e}");
         }
+    }
+}
+
+/// How long an exit for a health server that cannot bind waits for its Event to be posted.
+const EXIT_EVENT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// kube-proxy's `FailedToStartProxierHealthcheck` Node Event, for a health server that could
+/// not bind (`failure` says where and why): best effort, as every Event.
+async fn report_health_server_failure(events: kpng_source_kube::NodeEvents, failure: String) {
+    if let Err(e) = events.proxier_health_check_failed(&failure).await {
+        RefusedPosts::default().log("FailedToStartProxierHealthcheck", e);
     }
 }
 

@@ -1196,6 +1196,73 @@ fn node_events_say_kpng_started_and_that_syncs_keep_failing() {
     });
 }
 
+/// A health server that cannot bind is kube-proxy's `Warning FailedToStartProxierHealthcheck`
+/// Event on the Node, naming the address and why, whether kpng then runs on
+/// (`bindAddressHardFail` false: it tries again) or ends (true: posted before it exits).
+/// Alerting on Events saw nothing of it before: only the log said so.
+#[test]
+fn a_health_server_that_cannot_bind_is_a_node_event() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server, false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubeconfig(&server, dir.path());
+    let output = dir.path().join("out.yaml");
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to hold");
+    let held = held.local_addr().expect("its address").to_string();
+    let failed = || -> Vec<Value> {
+        server
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == "FailedToStartProxierHealthcheck")
+            .collect()
+    };
+    let flags = [
+        "--healthz-bind-address",
+        &held,
+        "--metrics-bind-address",
+        "",
+    ];
+    let mut kpng = Kpng::start(&kube_to_file(&k, &flags, &output));
+    kpng.wait_written("the first sync", &output, "10.244.1.2:8080");
+    let deadline = Instant::now() + WAIT;
+    while failed().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no Event; events {:?}; kpng said:\n{}",
+            server.events(),
+            kpng.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let event = &failed()[0];
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert_eq!(event["action"], "StartKubeProxy", "{event}");
+    assert_eq!(event["regarding"]["kind"], "Node", "{event}");
+    assert_eq!(event["regarding"]["name"], "node1", "{event}");
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "cannot bind the health server (--healthz-bind-address) to {held}"
+        )),
+        "{event}"
+    );
+    drop(kpng);
+
+    let hard = [&flags[..], &["--bind-address-hard-fail=true"]].concat();
+    let mut kpng = Kpng::start(&kube_to_file(&k, &hard, &output));
+    let exit = kpng_testkit::wait_exit(&mut kpng.child, Duration::from_secs(20));
+    assert_eq!(exit.and_then(|e| e.code()), Some(1), "{}", kpng.stderr());
+    let events = failed();
+    assert_eq!(events.len(), 2, "posted before it ended: {events:?}");
+    let note = events[1]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "binding the health server (--healthz-bind-address) to {held} (bindAddressHardFail"
+        )),
+        "{note}"
+    );
+}
+
 /// kube-proxy's command line with kpng's `--dry-run` (and kpng's backend word for
 /// `--proxy-mode`): the `kube` source into the nftables backend's dry run, which prints the
 /// transaction and opens no server.

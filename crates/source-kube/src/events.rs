@@ -84,6 +84,21 @@ impl NodeEvents {
         .await
     }
 
+    /// `Warning FailedToStartProxierHealthcheck`: this node's health server could not bind
+    /// (`error` says where and why). kube-proxy posts it for every failed bind, so an
+    /// operator alerting on Events sees a node whose `/healthz` a load balancer or the kubelet
+    /// cannot reach, whether the proxy then exits (`bindAddressHardFail`) or tries again.
+    pub async fn proxier_health_check_failed(&self, error: &str) -> Result<(), EventError> {
+        self.publish(Event {
+            type_: EventType::Warning,
+            reason: "FailedToStartProxierHealthcheck".into(),
+            note: Some(truncate(error)),
+            action: "StartKubeProxy".into(),
+            secondary: None,
+        })
+        .await
+    }
+
     /// `Warning FailedToStartServiceHealthcheck` on Service `namespace/name`: this node could
     /// not serve its `healthCheckNodePort`, so load balancers see the node as unhealthy for
     /// it (kube-proxy's Event, seen in `kubectl describe service`).
