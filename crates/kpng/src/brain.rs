@@ -30,9 +30,14 @@ const MAX_EVENTS_AT_ONCE: usize = 1024;
 /// says so.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Runs the source (of `kind`) into a hub and serves it until the source ends or
-/// SIGINT/SIGTERM. `source_metrics` registers the source's own metrics (its errors, the API
-/// client's requests) with the brain's.
+/// What a brain's ending leaves, for the line it ends with after a `--config` change.
+const BRAIN_ENDING_LEAVES: &str =
+    "its nodes keep their rules meanwhile and watch the restarted brain";
+
+/// Runs the source (of `kind`) into a hub and serves it until the source ends,
+/// SIGINT/SIGTERM, or a new valid `--config` file (an error, as a node's kpng).
+/// `source_metrics` registers the source's own metrics (its errors, the API client's
+/// requests) with the brain's.
 pub async fn serve<F, Fut>(
     flags: GlobalFlags,
     to_api: &ToApi,
@@ -50,6 +55,25 @@ where
     crate::input_metrics::register(&mut registry, input.clone());
     source_metrics(&mut registry);
     let metrics = ApiMetrics::new(&mut registry);
+    // The --config file read again while the brain runs (`config::watch`): a valid change
+    // ends it, as it ends a node's kpng and kube-proxy, so that its restart applies it.
+    let config_watch = flags.config_recheck.clone().map(|recheck| {
+        crate::config::watch::Watch::new(
+            recheck,
+            crate::config::watch::OnValid::End {
+                meanwhile: BRAIN_ENDING_LEAVES,
+            },
+        )
+    });
+    if let Some(watch) = &config_watch {
+        watch.register_metrics(&mut registry);
+    }
+    let config_changed = async move {
+        match config_watch {
+            Some(watch) => watch.changed().await,
+            None => std::future::pending().await,
+        }
+    };
     let refused_connections = kpng_runner::guarded_http::RefusedConnections::default();
     refused_connections.register_in(&mut registry);
     // Its nodes show what it rejects and how its input is doing (`kpng status`, "brain
@@ -210,6 +234,7 @@ where
             }
         }
         why = shutdown => { info!("{why}"); Ok(()) }
+        why = config_changed => Err(anyhow::anyhow!(why)),
     };
     let _ = stop_tx.send(());
     if !server_ended {

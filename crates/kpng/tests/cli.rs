@@ -2057,6 +2057,66 @@ fn empty_environment_variables_are_unset_and_bad_ones_are_named() {
     );
 }
 
+/// A brain's `--config` file is read again as a node's kpng reads it: a content it cannot use
+/// is refused loudly while it serves on, a valid one ends it (status 1) so that its restart
+/// applies it, saying its nodes keep their rules meanwhile. A brain ignored its file until
+/// 2026-12-07 (`/configz` kept the old values while the ConfigMap said otherwise).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_brains_changed_config_file_ends_it_when_valid_and_is_refused_loudly_when_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mount = dir.path().join("mount");
+    std::fs::create_dir(&mount).expect("mkdir");
+    let version = |n: u32, body: &str| {
+        kpng_testkit::configmap_version(
+            &mount,
+            n,
+            "config.conf",
+            &format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"
+            ),
+        )
+        .expect("a ConfigMap version");
+    };
+    version(1, "clusterCIDR: 10.244.0.0/16\n");
+    let input = dir.path().join("c.yaml");
+    std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
+    let mut brain = Kpng::start(
+        kpng()
+            .arg("--config")
+            .arg(mount.join("config.conf"))
+            .args(["file", "--input"])
+            .arg(&input)
+            .args(["--admin-socket=", "--metrics-bind-address=127.0.0.1:0"])
+            .args(["to-api", "--listen"])
+            .arg(format!("unix://{}", dir.path().join("b.sock").display())),
+    );
+    brain.wait("the brain serving", &input, |_, err| {
+        err.contains("starting kpng brain")
+    });
+    version(
+        2,
+        "clusterCIDR: 10.244.0.0/16\nconntrack:\n  maxPerCore: -1\n",
+    );
+    brain.wait("the refusal", &input, |_, err| {
+        err.contains(" ERROR ")
+            && err.contains("changed but cannot be used")
+            && err.contains("field conntrack.maxPerCore: -1 is negative")
+    });
+    version(3, "clusterCIDR: 10.245.0.0/16\n");
+    let exit = kpng_testkit::wait_exit(&mut brain.child, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("the brain did not end:\n{}", brain.stderr()));
+    let stderr = brain.stderr();
+    assert_eq!(exit.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "changed: ending so that the restart applies it (its nodes keep their rules \
+             meanwhile and watch the restarted brain)"
+        ),
+        "{stderr}"
+    );
+}
+
 /// The `--config` file of a running kpng, mounted as the kubelet mounts a ConfigMap
 /// (`config.conf -> ..data/config.conf`, `..data -> ..<version>`) and updated by its swap of
 /// `..data`: a new content kpng cannot use is refused loudly while kpng runs on (an ERROR
