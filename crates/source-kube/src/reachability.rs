@@ -21,7 +21,9 @@
 //!   cancelled ([`Superseded`]) and the watcher makes it again at once;
 //! - a GET sent during an outage gets [`OUTAGE_HEADER_TIMEOUT`] (at most the idle timeout)
 //!   for its headers: without that, if every watcher's request hung, none would ever succeed
-//!   to end the outage before the idle timeout;
+//!   to end the outage before the idle timeout. Only while the server does not answer at all
+//!   (`unreachable`): a server answering 429 or 5xx is up, and its slow answers are waited
+//!   for;
 //! - when an answer ends an outage, every response body of a GET (a streaming watch, a list
 //!   being read) that has received nothing since the outage began is ended
 //!   ([`crate::liveness`]): the watcher resumes from its last resourceVersion at once;
@@ -207,6 +209,15 @@ impl Reachability {
     /// Whether the last request failed to reach the server.
     pub fn is_down(&self) -> bool {
         self.lock().down_since.is_some()
+    }
+
+    /// Whether the server is down because it does not answer (not because it answers 5xx or
+    /// 429): only then is a read without headers after [`OUTAGE_HEADER_TIMEOUT`] hung rather
+    /// than slow. A throttled or overloaded server answers late; cutting its lists at 5 s
+    /// made every attempt fail again and added to its load.
+    pub fn is_unreachable(&self) -> bool {
+        let s = self.lock();
+        s.down_since.is_some() && s.last_failure == Some(Failure::Unreachable)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -429,7 +440,7 @@ where
                         return Err(Superseded.into());
                     }
                     _ = check.tick(), if get => {
-                        if tracker.is_down() {
+                        if tracker.is_unreachable() {
                             let error = NoAnswerDuringOutage(header_timeout);
                             tracker.failed(&error);
                             return Err(error.into());

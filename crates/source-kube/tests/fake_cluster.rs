@@ -1115,6 +1115,48 @@ fn requests_by_code(metrics: &ClientMetrics, code: &str) -> f64 {
         .sum()
 }
 
+/// A throttled API server (429) answers, late: a watch or list sent during that outage is
+/// waited for, not cut after 5 s as one sent to a server that does not answer at all is.
+/// Every attempt was cut (each answer here takes 7 s), the outage was then worded
+/// "unreachable", the Service never arrived, and the retries added to the server's load.
+#[tokio::test]
+async fn a_slow_answer_while_throttled_is_waited_for() {
+    let server = FakeApiServer::start().expect("server");
+    cluster(&server);
+    let health = InputHealth::default();
+    let metrics = ClientMetrics::default();
+    let mut r = run_connected(&server, &health, &metrics, |source| source).await;
+    until(&mut r, list_done(&Kind::ALL)).await;
+    // Every answer takes 7 s; the first four (the watchers asking again) are 429s.
+    server.delay(Some(Duration::from_secs(7)));
+    server.fail(429, 4).expect("fail");
+    server.drop_watches();
+    server
+        .apply(service("new", "10.96.0.20", json!({})))
+        .expect("apply");
+    // Two rounds of 7 s answers and a backoff: longer than `until`'s patience.
+    let arrived = tokio::time::timeout(Duration::from_secs(45), async {
+        while let Some(e) = r.events.recv().await {
+            if matches!(&e, Event::Apply(Object::Service(s)) if &*s.key.name == "new") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        arrived.is_ok(),
+        "the Service made while throttled arrives: {:#?}",
+        r.logged.lines()
+    );
+    assert!(
+        !r.logged.any("while the API server is unreachable"),
+        "no slow answer cut: {:#?}",
+        r.logged.lines()
+    );
+    server.delay(None);
+    outage_over(&health).await;
+}
+
 /// A sustained 503 (or 429) from the API server is an outage like a refused connection: one
 /// warning, the `API server` problem in the record, every attempt counted by its code, and a
 /// Service created meanwhile arrives seconds after the 503s stop. kube's client retried them
