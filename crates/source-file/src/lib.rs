@@ -56,4 +56,4 @@ pub use parse::{
     ExpansionLimit, Loaded, ManifestError, ManifestErrors, parse_manifests, parse_manifests_with,
 };
 pub use refs::DELETE_QUIET;
-pub use watch::{FileSource, SourceError};
+pub use watch::{FIRST_LIST_WAIT, FileSource, SourceError};
