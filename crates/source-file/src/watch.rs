@@ -289,7 +289,11 @@ impl FileSource {
         state.first_list_held = Some(tokio::time::Instant::now() + FIRST_LIST_WAIT);
         let now = std::time::SystemTime::now();
         let health = &self.metrics.health;
-        health.failing(&self.path.to_string_lossy(), FIRST_LIST_HELD, now);
+        health.failing(
+            &self.path.to_string_lossy(),
+            &first_list_held_problem(),
+            now,
+        );
         health.loaded(
             now,
             Some(objects_loaded(loaded.objects.len(), loaded.rejected())),
@@ -367,9 +371,11 @@ impl FileSource {
                 if state.first_list_held.is_some() {
                     // Still the cut-off first version: the first list is still held.
                     let now = std::time::SystemTime::now();
-                    self.metrics
-                        .health
-                        .failing(&self.path.to_string_lossy(), FIRST_LIST_HELD, now);
+                    self.metrics.health.failing(
+                        &self.path.to_string_lossy(),
+                        &first_list_held_problem(),
+                        now,
+                    );
                 } else if let Some(kept) = state.held_back {
                     // Still the version that holds deletions back: that problem goes on (a
                     // read problem meanwhile ends with it).
@@ -511,10 +517,14 @@ impl FileSource {
 /// The input problem of a first load whose last object was rejected: it is not taken as the
 /// complete list (the first sync waits) until a version whose last object reads, or
 /// [`FIRST_LIST_WAIT`] without a change.
-pub(crate) const FIRST_LIST_HELD: &str = "loaded, but its last object was rejected, as in a \
-    file cut off mid-write: it is not taken as the complete list, so the first sync waits (the \
-    rules an earlier kpng left, if any, keep routing) until a version whose last object reads, \
-    or until it has been unchanged for 10s";
+pub(crate) fn first_list_held_problem() -> String {
+    format!(
+        "loaded, but its last object was rejected, as in a file cut off mid-write: it is not \
+         taken as the complete list, so the first sync waits (the rules an earlier kpng left, if \
+         any, keep routing) until a version whose last object reads, or until it has been \
+         unchanged for {FIRST_LIST_WAIT:?}"
+    )
+}
 
 /// Why a load whose last object was rejected deletes nothing ([`crate::parse::Loaded::ends_rejected`]).
 pub(crate) const HELD_DELETIONS: &str = "its last object was rejected, as in a file cut off \
