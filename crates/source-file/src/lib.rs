@@ -57,7 +57,8 @@ mod watch;
 
 pub use metrics::{ReasonLabel, SourceMetrics};
 pub use parse::{
-    ExpansionLimit, Loaded, ManifestError, ManifestErrors, parse_manifests, parse_manifests_with,
+    CutOffEnd, ExpansionLimit, Loaded, ManifestError, ManifestErrors, parse_manifests,
+    parse_manifests_with,
 };
 pub use refs::DELETE_QUIET;
 pub use watch::{FIRST_LIST_WAIT, FileSource, SourceError};
