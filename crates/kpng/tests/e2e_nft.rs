@@ -597,7 +597,12 @@ fn a_restart_on_a_manifest_cut_off_mid_write_keeps_the_earlier_rules() {
     let whole = manifest(&services);
     let mut k = Kpng::start(e2e::Backend::Nft, ns, &whole, &[]);
     let served = |n: u8, what: &str| {
-        let answers = tally(&probes(&c.ext.ns, Proto::Tcp, sa(cip(n, false), SVC_PORT), 6));
+        let answers = tally(&probes(
+            &c.ext.ns,
+            Proto::Tcp,
+            sa(cip(n, false), SVC_PORT),
+            6,
+        ));
         assert!(
             !answers.is_empty() && answers.keys().all(|server| !server.starts_with('!')),
             "{what}: Service {n} not served: {answers:?}"
@@ -621,7 +626,11 @@ fn a_restart_on_a_manifest_cut_off_mid_write_keeps_the_earlier_rules() {
     for n in [91, 92, 93] {
         served(n, "while the restart reads a cut-off file");
     }
-    assert_eq!(k.sync_counts(), (0, 0), "no sync from a cut-off file:\n{log}");
+    assert_eq!(
+        k.sync_counts(),
+        (0, 0),
+        "no sync from a cut-off file:\n{log}"
+    );
 
     k.write(&whole);
     k.wait_synced(0, 0);
