@@ -195,8 +195,9 @@ impl Loaded {
     /// `addresses:` without its list, a Service without `spec` or ports at the end: see
     /// `reject_a_cut_off_end`).
     ///
-    /// Why these two: writers end their last line, and a cut at a byte offset rarely falls on
-    /// a line break; a cut that does fall on one leaves the last object lacking what its
+    /// Why these two: writers end their last line (a JSON file may not, but it ends with its
+    /// closing `}` or `]`, which is no cut), and a cut at a byte offset rarely falls on a
+    /// line break; a cut that does fall on one leaves the last object lacking what its
     /// writer had not written yet. A value present but wrong (a port out of range, a field of
     /// the wrong type) is an object written wrong, as operators and tests write on purpose:
     /// holding a first list for it would delay every such start (see `watch`).
@@ -204,12 +205,13 @@ impl Loaded {
         let Some(Object::Rejected(last)) = self.objects.last() else {
             return None;
         };
-        if !text.is_empty() && !text.ends_with('\n') {
-            let line = text.lines().count().max(1);
-            let column = text
-                .rsplit('\n')
-                .next()
-                .map_or(1, |l| l.chars().count() + 1);
+        // Trailing blanks are no sign, and a text that ends a flow collection (`}`, `]`: every
+        // JSON file, as `json.dump` and `serde_json::to_string` write it, without a line
+        // break) ended where its writer closed it: a cut inside one is not YAML at all.
+        let end = text.trim_end_matches([' ', '\t', '\r']);
+        if !end.is_empty() && !end.ends_with(['\n', '}', ']']) {
+            let line = end.lines().count().max(1);
+            let column = end.rsplit('\n').next().map_or(1, |l| l.chars().count() + 1);
             return Some(CutOffEnd::MidLine { line, column });
         }
         self.ends_lacking.then(|| CutOffEnd::Lacking {

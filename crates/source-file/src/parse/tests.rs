@@ -790,7 +790,7 @@ fn only_an_end_that_stops_mid_line_or_lacks_a_part_looks_cut_off() {
     let a = "kind: Service\nmetadata: {namespace: ns, name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\n";
     let b = "kind: Service\nmetadata:\n  namespace: ns\n  name: b\nspec:\n  clusterIP: 10.96.0.2\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n";
     // (case, text, Some("mid-line") / Some(the field it lacks) when it looks cut off)
-    let cases: [(&str, String, Option<&str>); 12] = [
+    let cases: [(&str, String, Option<&str>); 15] = [
         ("a whole file", format!("{a}{b}"), None),
         (
             "cut mid-value: an unknown protocol, no line break",
@@ -847,6 +847,25 @@ fn only_an_end_that_stops_mid_line_or_lacks_a_part_looks_cut_off() {
             None,
         ),
         (
+            "written wrong, in JSON without a line break (as serde_json and json.dump write)",
+            format!(
+                "{a}{{\"kind\": \"Service\", \"metadata\": {{\"namespace\": \"ns\", \"name\": \"b\"}}, \"spec\": {{\"clusterIP\": \"10.96.0.2\", \"ports\": [{{\"port\": 99999}}]}}}}"
+            ),
+            None,
+        ),
+        (
+            "written wrong, in flow style without a line break",
+            format!(
+                "{a}kind: Service\nmetadata: {{namespace: ns, name: b}}\nspec: {{clusterIP: 10.96.0.2, ports: [{{port: 99999}}]}}"
+            ),
+            None,
+        ),
+        (
+            "cut mid-value, trailing blanks after it",
+            format!("{a}{}  \t", &b[..b.len() - 2]),
+            Some("mid-line"),
+        ),
+        (
             "a valid last object without a line break",
             format!("{a}{}", b.trim_end()),
             None,
@@ -858,7 +877,7 @@ fn only_an_end_that_stops_mid_line_or_lacks_a_part_looks_cut_off() {
         match (cut, &got) {
             (None, None) => {}
             (Some("mid-line"), Some(CutOffEnd::MidLine { line, .. })) => {
-                assert_eq!(*line, text.lines().count(), "{case}");
+                assert_eq!(*line, text.trim_end().lines().count(), "{case}");
                 assert!(
                     got.as_ref()
                         .is_some_and(|c| c.to_string().contains(&format!("line {line}"))),
