@@ -576,6 +576,69 @@ fn a_restart_keeps_each_ports_affinity_id() {
     );
 }
 
+/// A restart on a manifest cut off mid-write (a writer that writes in place, caught between
+/// its parts: the file stops inside Service `b`, and `c` is not written yet) holds the first
+/// sync: the rules the earlier run left keep serving `b` and `c` until the writer finishes,
+/// when the first sync follows. Before 2026-12-07 the cut-off file was the complete list, and
+/// the first sync removed `b` and `c` until the rest was written (crash44: 1,797 Services for
+/// 2.5 s).
+#[test]
+fn a_restart_on_a_manifest_cut_off_mid_write_keeps_the_earlier_rules() {
+    use e2e::harness::{ALL3, Kpng, SVC_PORT, cip, echo_all, manifest, probes, sa, svc_v4};
+    use kpng_testkit::{Cluster, Proto, tally};
+    kpng_testkit::require_root!();
+    let c = Cluster::create(&e2e::Backend::Nft.prefix("cutrst")).expect("cluster");
+    let _echo = echo_all(&c);
+    let ns = &c.node1.ns;
+    let services: Vec<String> = [("a", 91), ("b", 92), ("c", 93)]
+        .iter()
+        .map(|(name, n)| svc_v4(name, *n, "ClusterIP", "", ALL3))
+        .collect();
+    let whole = manifest(&services);
+    let mut k = Kpng::start(e2e::Backend::Nft, ns, &whole, &[]);
+    let served = |n: u8, what: &str| {
+        let answers = tally(&probes(
+            &c.ext.ns,
+            Proto::Tcp,
+            sa(cip(n, false), SVC_PORT),
+            6,
+        ));
+        assert!(
+            !answers.is_empty() && answers.keys().all(|server| !server.starts_with('!')),
+            "{what}: Service {n} not served: {answers:?}"
+        );
+    };
+    for n in [91, 92, 93] {
+        served(n, "before the restart");
+    }
+
+    k.terminate();
+    // Cut inside `b`'s Service, right after `spec:` (mid-line): `b` is rejected, `c` absent.
+    let b = whole.find("name: b}").expect("b's Service");
+    let cut = b + whole[b..].find("spec:").expect("b's spec") + "spec:".len();
+    k.write(&whole[..cut]);
+    k.spawn_unsynced();
+    k.wait_logged("the held first sync", |err| {
+        err.contains("the first sync waits: the file looks cut off mid-write")
+    });
+    let log = k.stderr();
+    assert!(log.contains("stops mid-line, at line"), "{log}");
+    for n in [91, 92, 93] {
+        served(n, "while the restart reads a cut-off file");
+    }
+    assert_eq!(
+        k.sync_counts(),
+        (0, 0),
+        "no sync from a cut-off file:\n{log}"
+    );
+
+    k.write(&whole);
+    k.wait_synced(0, 0);
+    for n in [91, 92, 93] {
+        served(n, "once the file is whole");
+    }
+}
+
 /// Interface settings of the pod detector that cannot work on the node are warned about at
 /// start and shown in `kpng status` (they were silent: every pod masqueraded): a prefix whose
 /// links are all ports of a bridge (the testkit's pods hang off `cbr0` by `veth-…` ports),

@@ -30,6 +30,12 @@
 //! load written in place (the same file as the last good read) no longer has is deleted only
 //! once the file has been unchanged for [`DELETE_QUIET`] (`refs`), while what it adds or
 //! changes is applied at once. A file replaced atomically is whole: it deletes at once.
+//! A *first* load that looks cut off mid-write ([`Loaded::cut_off_end`]: its last object
+//! rejected, and the text stopping mid-line or that object lacking a field never written) is
+//! not sent as the complete list (its objects are applied one by one, so the runner's first
+//! sync waits and rules an earlier kpng left keep routing) until a version that does not look
+//! so, or until it has been unchanged for [`FIRST_LIST_WAIT`]. A last object merely written
+//! wrong (a value out of range) does not hold it.
 //!
 //! The source never goes quietly stale: besides inotify on the file's directory, the resolved
 //! file (symlinks followed, into any directory) is checked every two seconds, and a
@@ -53,7 +59,8 @@ mod watch;
 
 pub use metrics::{ReasonLabel, SourceMetrics};
 pub use parse::{
-    ExpansionLimit, Loaded, ManifestError, ManifestErrors, parse_manifests, parse_manifests_with,
+    CutOffEnd, ExpansionLimit, Loaded, ManifestError, ManifestErrors, parse_manifests,
+    parse_manifests_with,
 };
 pub use refs::DELETE_QUIET;
-pub use watch::{FileSource, SourceError};
+pub use watch::{FIRST_LIST_WAIT, FileSource, SourceError};

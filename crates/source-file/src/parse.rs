@@ -45,6 +45,7 @@ impl fmt::Display for ManifestError {
             item: self.item,
             line: self.line,
             lacks: None,
+            absent: false,
         };
         write!(f, "{place}")?;
         match (&self.kind, &self.object) {
@@ -164,6 +165,10 @@ pub struct Loaded {
     pub skipped_kinds: BTreeSet<String>,
     /// Values the conversion dropped (the rest of their objects is used).
     pub warnings: Vec<Warning>,
+    /// Whether the last object, ending the file, was rejected for lacking what a write cut off
+    /// before it leaves out (a field absent or empty, a Service without `spec` or ports): one
+    /// of the two signs [`Loaded::cut_off_end`] reads.
+    ends_lacking: bool,
 }
 
 impl Loaded {
@@ -181,6 +186,43 @@ impl Loaded {
     /// down working rules, so the sources keep those objects until the end of the file reads.
     pub fn ends_rejected(&self) -> bool {
         matches!(self.objects.last(), Some(Object::Rejected(_)))
+    }
+
+    /// Why the end of the file reads as a write cut off mid-object rather than as an object
+    /// written wrong: `None` unless the last object was rejected ([`Loaded::ends_rejected`])
+    /// and either `text` (what was parsed) stops mid-line, or the field it was rejected at is
+    /// not written at all or empty (a port never written, a `namespace` not yet written, an
+    /// `addresses:` without its list, a Service without `spec` or ports at the end: see
+    /// `reject_a_cut_off_end`).
+    ///
+    /// Why these two: writers end their last line (a JSON file may not, but it ends with its
+    /// closing `}` or `]`, which is no cut), and a cut at a byte offset rarely falls on a
+    /// line break; a cut that does fall on one leaves the last object lacking what its
+    /// writer had not written yet. A value present but wrong (a port out of range, a field of
+    /// the wrong type) is an object written wrong, as operators and tests write on purpose:
+    /// holding a first list for it would delay every such start (see `watch`).
+    pub fn cut_off_end(&self, text: &str) -> Option<CutOffEnd> {
+        let Some(Object::Rejected(last)) = self.objects.last() else {
+            return None;
+        };
+        // Trailing blanks are no sign, and a text that ends a flow collection (`}`, `]`: every
+        // JSON file, as `json.dump` and `serde_json::to_string` write it, without a line
+        // break) ended where its writer closed it: a cut inside one is not YAML at all.
+        let end = text.trim_end_matches([' ', '\t', '\r']);
+        if !end.is_empty() && !end.ends_with(['\n', '}', ']']) {
+            let line = end.lines().count().max(1);
+            let column = end.rsplit('\n').next().map_or(1, |l| l.chars().count() + 1);
+            return Some(CutOffEnd::MidLine { line, column });
+        }
+        self.ends_lacking.then(|| CutOffEnd::Lacking {
+            object: format!(
+                "{} {}",
+                last.object.kind.as_str(),
+                namespaced_name(&last.object)
+            ),
+            field: last.field.clone(),
+            location: last.location.clone().unwrap_or_default(),
+        })
     }
 
     /// Prefixes each rejected object's location with the file it came from, so that the error
@@ -204,6 +246,50 @@ impl Loaded {
         }
         for warning in &self.warnings {
             warn!("{}: {warning}", source.display());
+        }
+    }
+}
+
+/// What makes the end of a file read as a write cut off mid-object ([`Loaded::cut_off_end`]),
+/// worded for the operator: where the file stops, or what its last object lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CutOffEnd {
+    /// The text stops mid-line (no line break ends it): its last character is at `line`,
+    /// before `column`.
+    MidLine {
+        /// The last line (1-based).
+        line: usize,
+        /// Where the next character would have gone (1-based, in characters).
+        column: usize,
+    },
+    /// The last object was rejected for lacking a part its writer had not written yet.
+    Lacking {
+        /// `Kind namespace/name`.
+        object: String,
+        /// The field it lacks (or that is empty).
+        field: String,
+        /// Where the object is (file, document and line).
+        location: String,
+    },
+}
+
+impl fmt::Display for CutOffEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CutOffEnd::MidLine { line, column } => write!(
+                f,
+                "it stops mid-line, at line {line} column {column} (no line break ends it), \
+                 its last object rejected"
+            ),
+            CutOffEnd::Lacking {
+                object,
+                field,
+                location,
+            } => write!(
+                f,
+                "its last object, {object} ({location}), lacks {field}, as a write cut off \
+                 before it does"
+            ),
         }
     }
 }
@@ -268,6 +354,10 @@ struct Origin {
     /// Service's `spec`), named as a field. At the end of a file it marks a write cut off
     /// mid-object (see [`reject_a_cut_off_end`]).
     lacks: Option<&'static str>,
+    /// For an object rejected here: whether the field it was rejected at is absent or empty
+    /// in what was written (a port never written reads as 0, out of range), as a write cut
+    /// off before it leaves it; not a value written wrong (see [`Loaded::cut_off_end`]).
+    absent: bool,
 }
 
 impl fmt::Display for Origin {
@@ -359,9 +449,19 @@ fn object(
     };
     match (converted, undecodable, reference_of(&value, &kind)) {
         (Ok((lacks, converted)), _, _) => {
-            accept(converted, Origin { lacks, ..origin }, loaded, origins)
+            let absent = match &converted.object {
+                Object::Rejected(e) => field_absent(&value, &e.field),
+                _ => false,
+            };
+            let origin = Origin {
+                lacks,
+                absent,
+                ..origin
+            };
+            accept(converted, origin, loaded, origins)
         }
         (Err(e), Undecodable::Reject, Some(object)) => {
+            let absent = field_absent(&value, e.field.as_deref().unwrap_or("."));
             let rejected = ConversionError {
                 service: owner_of(&value, &object).map(Box::new),
                 object,
@@ -373,7 +473,7 @@ fn object(
                 object: Object::Rejected(Box::new(rejected)),
                 warnings: Vec::new(),
             };
-            accept(converted, origin, loaded, origins);
+            accept(converted, Origin { absent, ..origin }, loaded, origins);
         }
         (Err(e), _, _) => return Err(e),
     }
@@ -495,6 +595,7 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
             item: None,
             line,
             lacks: None,
+            absent: false,
         };
         if doc
             .lines()
@@ -583,6 +684,10 @@ pub fn parse_manifests_with(text: &str, limit: ExpansionLimit) -> Result<Loaded,
     }
     reject_a_cut_off_end(&mut loaded, &origins, last_document);
     reject_duplicates(&mut loaded, &mut origins);
+    loaded.ends_lacking = loaded.ends_rejected()
+        && origins
+            .last()
+            .is_some_and(|o| o.document == last_document && (o.absent || o.lacks.is_some()));
     if !errors.is_empty() {
         // The objects that would be rejected once the file reads are named too, in file
         // order: everything to fix, in one pass.
@@ -756,11 +861,12 @@ fn top_level_kind(doc: &str) -> Option<&str> {
 }
 
 /// A Service or EndpointSlice document read straight into its type and converted, with the
-/// required part it lacks (see [`Origin::lacks`]); `None` for any other document or when it
-/// does not read so (the generic path then says why).
+/// required part it lacks (see [`Origin::lacks`]); `None` for any other document, when it
+/// does not read so, or when it converts to a rejection (the generic path then says why, and
+/// whether the field at fault was written at all: [`Origin::absent`]).
 fn direct(doc: &str, limit: ExpansionLimit) -> Option<(Option<&'static str>, Converted)> {
     let options = || yaml_options(doc.len(), limit);
-    match top_level_kind(doc)? {
+    let read = match top_level_kind(doc)? {
         "Service" => serde_saphyr::from_str_with_options::<Service>(doc, options())
             .ok()
             .map(|o| (service_lacks(&o), o.convert())),
@@ -768,7 +874,38 @@ fn direct(doc: &str, limit: ExpansionLimit) -> Option<(Option<&'static str>, Con
             .ok()
             .map(|o| (None, o.convert())),
         _ => None,
+    };
+    read.filter(|(_, c)| !matches!(c.object, Object::Rejected(_)))
+}
+
+/// Whether `field` (a rejection's path, `spec.ports[0].port`) is absent or null in `value`,
+/// the object as written: what a write cut off before the field leaves. A path that does
+/// not walk (`.`, the object itself) is not absent.
+fn field_absent(value: &Value, field: &str) -> bool {
+    if field.is_empty() || field == "." {
+        return false;
     }
+    let mut at = value;
+    for segment in field.split('.') {
+        let mut parts = segment.split('[');
+        let key = parts.next().unwrap_or_default();
+        if !key.is_empty() {
+            match at.get(key) {
+                Some(v) => at = v,
+                None => return true,
+            }
+        }
+        for index in parts {
+            let Ok(index) = index.trim_end_matches(']').parse::<usize>() else {
+                return false;
+            };
+            match at.get(index) {
+                Some(v) => at = v,
+                None => return true,
+            }
+        }
+    }
+    at.is_null()
 }
 
 /// The part of a Service the API server requires that it lacks: its `spec`, or the ports of

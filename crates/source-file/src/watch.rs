@@ -30,6 +30,14 @@ pub const POLL: Duration = Duration::from_secs(2);
 pub const QUIET: Duration = Duration::from_millis(500);
 /// How many newer versions one reload follows while the file keeps changing.
 const MAX_RETRIES: usize = 20;
+/// How long a first load that looks cut off mid-write ([`crate::Loaded::cut_off_end`]: its
+/// last object rejected, and the text stopping mid-line or that object lacking a part) is
+/// held back from being the complete list while the file stays unchanged: the first sync
+/// waits for it, so the rules an earlier kpng left keep routing meanwhile; a file that still
+/// looks so after this is taken as whole with a broken last object (see docs/reliability.md).
+/// A last object that is only written wrong (a value out of range, of the wrong type) does
+/// not hold the first list at all.
+pub const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 
 /// What identifies a version of a file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +190,25 @@ impl FileSource {
                         return Ok(());
                     }
                 }
+                _ = until(state.first_list_held.as_ref().map(|h| h.until)) => {
+                    // Unchanged for FIRST_LIST_WAIT and still cut off: its end is taken as a
+                    // broken last object, and the version is read again as the complete list.
+                    warn!(
+                        "{}: still looks cut off mid-write after {FIRST_LIST_WAIT:?} unchanged: \
+                         taking it as the complete list, its last object broken (the first sync \
+                         follows; what an earlier kpng programmed that the file lacks is removed)",
+                        self.path.display()
+                    );
+                    state.first_list_held = None;
+                    state.good = None;
+                    state.take_as_whole = true;
+                    let alive = self.reload(&events, &mut state).await;
+                    state.take_as_whole = false;
+                    if !alive {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 _ = until(state.held.as_ref().map(|h| h.due)) => {
                     if !self.release_held(&events, &mut state).await {
                         return Ok(());
@@ -233,6 +260,49 @@ impl FileSource {
             events,
         )
         .await
+    }
+
+    /// A first load that looks cut off mid-write (`cut`): its objects are applied one by one,
+    /// not sent as the complete list, so the runner's first sync waits and removes nothing the
+    /// rules an earlier kpng left serve (crash44: a restart between a writer's two parts
+    /// removed 1,797 Services for 2.5 s). An input problem names the file and where it looks
+    /// cut until a version that does not look so, or [`FIRST_LIST_WAIT`] without a change.
+    /// Returns false when the receiver is gone.
+    async fn hold_first_list(
+        &self,
+        events: &mpsc::Sender<Event>,
+        state: &mut ReloadState,
+        text: &str,
+        loaded: crate::parse::Loaded,
+        cut: crate::parse::CutOffEnd,
+    ) -> bool {
+        let problem = first_list_held_problem(&cut);
+        warn!("{}: {problem}", self.path.display());
+        // What the model has from the file: this version's objects and an earlier held one's.
+        let mut refs = state.refs.unpack();
+        refs.extend(loaded.objects.iter().map(Object::reference));
+        refs.sort();
+        refs.dedup();
+        state.refs = PackedRefs::pack(&refs);
+        state.good = Some(state.digests.of(text));
+        state.bad = None;
+        let now = std::time::SystemTime::now();
+        let health = &self.metrics.health;
+        health.failing(&self.path.to_string_lossy(), &problem, now);
+        state.first_list_held = Some(FirstListHeld {
+            until: tokio::time::Instant::now() + FIRST_LIST_WAIT,
+            problem,
+        });
+        health.loaded(
+            now,
+            Some(objects_loaded(loaded.objects.len(), loaded.rejected())),
+        );
+        for object in loaded.objects {
+            if events.send(Event::Apply(object)).await.is_err() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Deletes what the version in use lacks, once it has been unchanged for [`DELETE_QUIET`];
@@ -297,7 +367,13 @@ impl FileSource {
                 // The version in use, read again (back from a broken edit, or readable again
                 // after a moment): whatever went wrong meanwhile is over.
                 state.bad = None;
-                if let Some(kept) = state.held_back {
+                if let Some(held) = &state.first_list_held {
+                    // Still the cut-off first version: the first list is still held.
+                    let now = std::time::SystemTime::now();
+                    self.metrics
+                        .health
+                        .failing(&self.path.to_string_lossy(), &held.problem, now);
+                } else if let Some(kept) = state.held_back {
                     // Still the version that holds deletions back: that problem goes on (a
                     // read problem meanwhile ends with it).
                     let message = held_back_problem(kept);
@@ -362,16 +438,29 @@ impl FileSource {
                 }
                 let mut refs: Vec<ObjectRef> =
                     loaded.objects.iter().map(Object::reference).collect();
+                // No complete list sent yet: the first load, or one held as cut off.
+                let listing = state.good.is_none() || state.first_list_held.is_some();
+                // Only an end that looks cut off holds it: a last object merely written wrong
+                // is the operator's, and the list is complete (`Loaded::cut_off_end`).
+                let cut = (listing && !state.take_as_whole)
+                    .then(|| loaded.cut_off_end(&text))
+                    .flatten();
+                if let Some(cut) = cut {
+                    return self
+                        .hold_first_list(events, state, &text, loaded, cut)
+                        .await;
+                }
+                state.first_list_held = None;
                 let gone = match state.good {
-                    Some(_) => state.refs.gone_from(&refs),
-                    None => Vec::new(),
+                    Some(_) if !listing => state.refs.gone_from(&refs),
+                    _ => Vec::new(),
                 };
                 state.held = None;
                 // A possibly cut-off file after a good one: apply what it has, delete nothing
                 // until a version whose end reads. Another version written in place that lacks
                 // objects may be a write in progress: they are deleted once the file has been
                 // quiet. A file replaced atomically is whole: its deletions apply at once.
-                let cut_off = state.good.is_some() && loaded.ends_rejected();
+                let cut_off = !listing && loaded.ends_rejected();
                 let wait_for_quiet =
                     !cut_off && !gone.is_empty() && written_in_place(before, state.seen);
                 let hold_deletions = cut_off || wait_for_quiet;
@@ -429,6 +518,26 @@ impl FileSource {
     }
 }
 
+/// The input problem (and WARN line) of a first load that looks cut off mid-write (`cut`
+/// says where): it is not taken as the complete list, so the first sync waits, until a
+/// version that does not look cut off, or [`FIRST_LIST_WAIT`] without a change.
+pub(crate) fn first_list_held_problem(cut: &crate::parse::CutOffEnd) -> String {
+    format!(
+        "the first sync waits: the file looks cut off mid-write ({cut}); its objects are applied \
+         but it is not taken as the complete list, so nothing an earlier kpng programmed is \
+         removed, until a version that does not look cut off, or for at most \
+         {FIRST_LIST_WAIT:?} while it stays unchanged"
+    )
+}
+
+/// A first list held because the file looks cut off ([`FileSource::hold_first_list`]).
+struct FirstListHeld {
+    /// When the version is taken as whole anyway.
+    until: tokio::time::Instant,
+    /// The input problem shown meanwhile ([`first_list_held_problem`]).
+    problem: String,
+}
+
 /// Why a load whose last object was rejected deletes nothing ([`crate::parse::Loaded::ends_rejected`]).
 pub(crate) const HELD_DELETIONS: &str = "its last object was rejected, as in a file cut off \
     mid-write: objects no longer in it are kept, not deleted, until a version whose last object \
@@ -483,6 +592,11 @@ struct ReloadState {
     /// How many objects the version in use keeps only because its last object was rejected
     /// ([`held_back_problem`]); `None` when its end reads.
     held_back: Option<usize>,
+    /// While the first load looks cut off and no complete list was sent: when it is taken as
+    /// whole anyway ([`FileSource::hold_first_list`]).
+    first_list_held: Option<FirstListHeld>,
+    /// The next load is the complete list even if its last object is rejected.
+    take_as_whole: bool,
 }
 
 impl ReloadState {

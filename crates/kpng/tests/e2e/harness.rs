@@ -332,6 +332,13 @@ impl<'a> Kpng<'a> {
         super::traced::serving(&self.admin_socket());
     }
 
+    /// Starts kpng without waiting for anything: for a start whose first sync is held (a
+    /// manifest cut off mid-write), where [`Kpng::spawn`] would wait for the sync.
+    pub fn spawn_unsynced(&mut self) {
+        let args = self.args();
+        self.proc = Some(self.ns.spawn(&args).expect("start kpng"));
+    }
+
     /// Where this kpng answers `kpng status` and `kpng trace`.
     pub fn admin_socket(&self) -> PathBuf {
         self.input.with_file_name("admin.sock")

@@ -435,6 +435,7 @@ const FIRST: Origin = Origin {
     item: None,
     line: 1,
     lacks: None,
+    absent: false,
 };
 
 /// What the whole-document reading of `doc` (the YAML parser's value) loads, and from where.
@@ -777,5 +778,128 @@ fn a_rejection_names_the_service_it_concerns() {
             want.map(String::from),
             "{case}"
         );
+    }
+}
+
+/// Whether the end of a file reads as a write cut off mid-object (`Loaded::cut_off_end`),
+/// which holds a first load back from being the complete list (`watch`), or as a last object
+/// written wrong on purpose, which must not: only a rejected last object with the text
+/// stopping mid-line, or lacking what its writer had not written yet, looks cut off.
+#[test]
+fn only_an_end_that_stops_mid_line_or_lacks_a_part_looks_cut_off() {
+    let a = "kind: Service\nmetadata: {namespace: ns, name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\n";
+    let b = "kind: Service\nmetadata:\n  namespace: ns\n  name: b\nspec:\n  clusterIP: 10.96.0.2\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n";
+    // (case, text, Some("mid-line") / Some(the field it lacks) when it looks cut off)
+    let cases: [(&str, String, Option<&str>); 15] = [
+        ("a whole file", format!("{a}{b}"), None),
+        (
+            "cut mid-value: an unknown protocol, no line break",
+            format!("{a}{}", &b[..b.len() - 2]),
+            Some("mid-line"),
+        ),
+        (
+            // Not covered: what was cut reads as a valid Service (a cut mid-key is not YAML:
+            // the whole file is refused, and nothing of it is a list either).
+            "cut mid-value, the value valid",
+            format!("{a}{}", &b[..b.find("80").expect("80") + 1]),
+            None,
+        ),
+        (
+            "cut after ports:",
+            format!("{a}{}", &b[..b.find("  - name").expect("ports")]),
+            Some("spec.ports"),
+        ),
+        (
+            "cut before a port's number",
+            format!("{a}{}", &b[..b.find("    port:").expect("port")]),
+            Some("spec.ports[0].port"),
+        ),
+        (
+            "cut after a key with no value yet",
+            format!("{a}{}", &b[..b.find(" 80").expect("80")]) + "\n",
+            Some("spec.ports[0].port"),
+        ),
+        (
+            "cut before the Service's namespace",
+            format!("{a}kind: Service\nmetadata:\n  name: b\n"),
+            Some("metadata.namespace"),
+        ),
+        (
+            "written wrong: a port out of range",
+            format!("{a}{}", b.replace("port: 80", "port: 99999")),
+            None,
+        ),
+        (
+            "written wrong: a port of the wrong type",
+            format!("{a}{}", b.replace("port: 80", "port: eighty")),
+            None,
+        ),
+        (
+            "written wrong: an unknown protocol",
+            format!("{a}{}", b.replace("TCP", "TCPX")),
+            None,
+        ),
+        (
+            "written wrong, in flow style on one line",
+            format!(
+                "{a}kind: Service\nmetadata: {{namespace: ns, name: b}}\nspec: {{clusterIP: 10.96.0.2, ports: [{{port: 99999}}]}}\n"
+            ),
+            None,
+        ),
+        (
+            "written wrong, in JSON without a line break (as serde_json and json.dump write)",
+            format!(
+                "{a}{{\"kind\": \"Service\", \"metadata\": {{\"namespace\": \"ns\", \"name\": \"b\"}}, \"spec\": {{\"clusterIP\": \"10.96.0.2\", \"ports\": [{{\"port\": 99999}}]}}}}"
+            ),
+            None,
+        ),
+        (
+            "written wrong, in flow style without a line break",
+            format!(
+                "{a}kind: Service\nmetadata: {{namespace: ns, name: b}}\nspec: {{clusterIP: 10.96.0.2, ports: [{{port: 99999}}]}}"
+            ),
+            None,
+        ),
+        (
+            "cut mid-value, trailing blanks after it",
+            format!("{a}{}  \t", &b[..b.len() - 2]),
+            Some("mid-line"),
+        ),
+        (
+            "a valid last object without a line break",
+            format!("{a}{}", b.trim_end()),
+            None,
+        ),
+    ];
+    for (case, text, cut) in cases {
+        let loaded = parse_manifests(&text).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let got = loaded.cut_off_end(&text);
+        match (cut, &got) {
+            (None, None) => {}
+            (Some("mid-line"), Some(CutOffEnd::MidLine { line, .. })) => {
+                assert_eq!(*line, text.trim_end().lines().count(), "{case}");
+                assert!(
+                    got.as_ref()
+                        .is_some_and(|c| c.to_string().contains(&format!("line {line}"))),
+                    "{case}"
+                );
+            }
+            (
+                Some(field),
+                Some(CutOffEnd::Lacking {
+                    field: f, object, ..
+                }),
+            ) => {
+                assert_eq!(f, field, "{case}");
+                assert!(
+                    object == "Service ns/b" || object == "Service b",
+                    "{case}: {object}"
+                );
+            }
+            _ => panic!(
+                "{case}: expected {cut:?}, got {got:?} from {:?}",
+                loaded.objects.last()
+            ),
+        }
     }
 }
