@@ -3138,6 +3138,29 @@ mod tests {
         );
     }
 
+    /// A Node whose kpng left is listed with since when and after how long it had been
+    /// connected (until 2026-12-07 by name alone: a node that flapped a minute ago read as one
+    /// gone all day); a Node never connected is named alone.
+    #[test]
+    fn a_node_that_left_is_listed_with_since_when() {
+        let left = kpng_api::hub::DisconnectedNode {
+            node: "n3".into(),
+            since: "2026-12-07T22:27:10.000Z".into(),
+            since_unix: 1_796_682_430,
+            connected_for_seconds: 28,
+        };
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_796_682_430 + 150);
+        let mut out = String::new();
+        write_not_connected(&mut out, &["n3".into(), "n5".into()], &[left], now);
+        assert!(
+            out.contains(
+                ": n3 (disconnected since 2026-12-07T22:27:10.000Z (2m 30s ago), after 28s \
+                 connected), n5\n"
+            ),
+            "{out}"
+        );
+    }
+
     /// A status as a node answers it, from its JSON fields (the rest empty).
     fn node_status(fields: serde_json::Value) -> Status {
         let mut value = serde_json::json!({
