@@ -977,7 +977,7 @@ mod tests {
     /// api --clients 200` silently started a brain of 30,000 Services.
     #[test]
     fn the_api_modes_usage_names_its_size_flags_and_default() {
-        let api = USAGE
+        let api = super::USAGE
             .split(" | ")
             .find(|mode| mode.starts_with("api ["))
             .expect("the api mode");

@@ -665,9 +665,9 @@ async fn session(
     backoff: &mut Backoff,
     connected: &mut bool,
     hold: &mut EmptyStateHold,
-    last_heard: &mut Option<tokio::time::Instant>,
-    outage: &mut Option<Outage>,
+    link: &mut Link,
 ) -> Result<(), SessionError> {
+    let Link { last_heard, outage } = link;
     let channel = connect(config).await?;
     let (requests, requests_rx) = mpsc::channel(2);
     let request = proto::WatchReq {
@@ -1021,8 +1021,10 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut outage: Option<Outage> = None;
     loop {
         let mut connected = false;
-        // When the brain last sent something on this attempt's stream (its headers, an item).
-        let mut last_heard = None;
+        let mut link = Link {
+            last_heard: None,
+            outage: outage.take(),
+        };
         let attempt = session(
             &config,
             &mut wire,
@@ -1030,10 +1032,14 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             &mut backoff,
             &mut connected,
             &mut hold,
-            &mut last_heard,
-            &mut outage,
+            &mut link,
         );
         let result = attempt.await;
+        let Link {
+            last_heard,
+            outage: still,
+        } = link;
+        outage = still;
         if result.is_err() {
             if connected {
                 outage = None;
@@ -1162,6 +1168,15 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             }
         }
     }
+}
+
+/// What one attempt learns of the link to the brain, kept across attempts by [`watch`].
+#[derive(Debug, Default)]
+struct Link {
+    /// When the brain last sent something on this attempt's stream (its headers, an item).
+    last_heard: Option<tokio::time::Instant>,
+    /// The outage under way, if any: ended (and said) when the brain's first item arrives.
+    outage: Option<Outage>,
 }
 
 /// When an outage began (the stream broke, or the first attempt failed) and how many

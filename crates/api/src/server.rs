@@ -834,47 +834,6 @@ fn fell_behind(node: &str, lag: Duration, pending: usize) -> String {
     )
 }
 
-#[cfg(test)]
-mod gone_tests {
-    use super::*;
-
-    /// A stream that ends while its node is behind by the lag threshold is a node that fell
-    /// behind, warned with its lag and pending changes (until 2026-12-07 it read "its
-    /// connection closed or the brain dropped it", at INFO); a reason the stream recorded
-    /// wins, and a node that was not behind closed its connection.
-    #[test]
-    fn a_stream_lost_while_its_node_is_behind_says_it_fell_behind() {
-        let ten = Duration::from_secs(10);
-        let cases: [(Option<&str>, (Duration, usize), bool, &str); 4] = [
-            (
-                None,
-                (Duration::from_secs(44), 179),
-                true,
-                "node \"n4\" fell behind: 179 Service changes pending for 44s when its connection \
-                 ended",
-            ),
-            (None, (Duration::from_secs(44), 179), true, "full state"),
-            (
-                None,
-                (Duration::from_secs(2), 3),
-                false,
-                "its connection closed or the brain dropped it",
-            ),
-            (
-                Some("it closed its stream"),
-                (Duration::from_secs(44), 1),
-                false,
-                "it closed its stream",
-            ),
-        ];
-        for (why, behind, warned, words) in cases {
-            let (warn, text) = gone_reason(why, "n4", behind, ten);
-            assert_eq!(warn, warned, "{text}");
-            assert!(text.contains(words), "{words:?} in {text}");
-        }
-    }
-}
-
 /// Serves `hub` on `addr` until `shutdown` completes, within `limits`. Binds before returning
 /// the future, so a bad address fails start-up.
 pub async fn serve(
@@ -1018,5 +977,48 @@ async fn serve_and_summarise(
         result = server => result.map_err(ServeError::from),
         () = refusals.flush_every_interval() => Ok(()),
         () = watch_tls => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod gone_tests {
+    use super::*;
+
+    /// A stream that ends while its node is behind by the lag threshold is a node that fell
+    /// behind, warned with its lag and pending changes (until 2026-12-07 it read "its
+    /// connection closed or the brain dropped it", at INFO); a reason the stream recorded
+    /// wins, and a node that was not behind closed its connection.
+    #[test]
+    fn a_stream_lost_while_its_node_is_behind_says_it_fell_behind() {
+        let ten = Duration::from_secs(10);
+        // (the stream's own reason, how far behind, warned, words of the line)
+        type Case<'a> = (Option<&'a str>, (Duration, usize), bool, &'a str);
+        let cases: [Case; 4] = [
+            (
+                None,
+                (Duration::from_secs(44), 179),
+                true,
+                "node \"n4\" fell behind: 179 Service changes pending for 44s when its connection \
+                 ended",
+            ),
+            (None, (Duration::from_secs(44), 179), true, "full state"),
+            (
+                None,
+                (Duration::from_secs(2), 3),
+                false,
+                "its connection closed or the brain dropped it",
+            ),
+            (
+                Some("it closed its stream"),
+                (Duration::from_secs(44), 1),
+                false,
+                "it closed its stream",
+            ),
+        ];
+        for (why, behind, warned, words) in cases {
+            let (warn, text) = gone_reason(why, "n4", behind, ten);
+            assert_eq!(warn, warned, "{text}");
+            assert!(text.contains(words), "{words:?} in {text}");
+        }
     }
 }
