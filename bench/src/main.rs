@@ -49,7 +49,7 @@ use std::time::Duration;
 /// root, where the benchmarks are run from).
 const BENCHMARKS_MD: &str = "docs/benchmarks.md";
 
-const USAGE: &str = "usage: kpng-bench all [--quick] [--check] [--write-docs] [--kpng PATH] | control-plane [--services N --endpoints M --backend nft|iptables-nft|iptables-legacy|ebpf --changes K --kpng PATH] | data-plane [--services N --backends nft,iptables-nft,iptables-legacy,ebpf --connects K --kpng PATH] | gen [--services N --endpoints M --out DIR] | mem [--input DIR] | kube-proxy-nft [--services N --endpoints M --cap-secs S] | api [--clients 1000,5000 --read decode|frames --ask once,each --zstd on,off --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
+const USAGE: &str = "usage: kpng-bench all [--quick] [--check] [--write-docs] [--kpng PATH] | control-plane [--services N --endpoints M --backend nft|iptables-nft|iptables-legacy|ebpf --changes K --kpng PATH] | data-plane [--services N --backends nft,iptables-nft,iptables-legacy,ebpf --connects K --kpng PATH] | gen [--services N --endpoints M --out DIR] | mem [--input DIR] | kube-proxy-nft [--services N --endpoints M --cap-secs S] | api [--services N (default 30000: a heavy run; give a small N for a quick check) --endpoints M (4) --changes K (20) --clients 1000,5000 --read decode|frames --ask once,each --zstd on,off --before PATH] | api-load [--services N --endpoints M --nodes 50,200] | scaling [--quick] [--write-docs] [--kpng PATH] | startup [--services N (default 30000) --endpoints M --rounds R --before PATH --sources file,kube] | conntrack [--entries N] | hns [--services N --remote N --local N --delay-ms MS]";
 
 /// The programs the full run drives. Checked before anything starts, so a machine without
 /// them gets one clear error instead of kpng retrying a failing sync until a timeout.
@@ -969,6 +969,24 @@ mod tests {
                 want,
                 "{bound:?} {measured} {target}"
             );
+        }
+    }
+
+    /// The usage names every flag the `api` mode reads, and its heavy `--services` default:
+    /// until 2026-12-07 it hid `--services`, `--endpoints` and `--changes`, and `kpng-bench
+    /// api --clients 200` silently started a brain of 30,000 Services.
+    #[test]
+    fn the_api_modes_usage_names_its_size_flags_and_default() {
+        let api = super::USAGE
+            .split(" | ")
+            .find(|mode| mode.starts_with("api ["))
+            .expect("the api mode");
+        for flag in [
+            "--services N (default 30000",
+            "--endpoints M (4)",
+            "--changes K (20)",
+        ] {
+            assert!(api.contains(flag), "{flag} in {api}");
         }
     }
 

@@ -504,12 +504,9 @@ pub enum SessionError {
 fn status_text(status: &tonic::Status) -> String {
     match std::error::Error::source(status) {
         Some(source) => {
-            let causes = with_causes(source);
-            if causes.starts_with(status.message()) {
-                causes
-            } else {
-                format!("{}: {causes}", status.message())
-            }
+            let mut text = status.message().to_string();
+            join_causes(&mut text, source);
+            text
         }
         None => status.to_string(),
     }
@@ -518,17 +515,27 @@ fn status_text(status: &tonic::Status) -> String {
 /// `error` and each of its causes, joined by ": ", a cause that repeats its wrapper's text
 /// left out (hyper's errors often do).
 fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
+    let mut text = String::new();
+    join_causes(&mut text, error);
+    text
+}
+
+/// Appends `error` and each of its causes to `text`, joined by ": ": a piece `text` already
+/// ends with is left out, and one that begins with all of `text` replaces it. tonic's
+/// message for a broken stream ("h2 protocol error: error reading a body from connection")
+/// ends with its source's words, which until 2026-12-07 were shown twice.
+fn join_causes(text: &mut String, error: &(dyn std::error::Error + 'static)) {
+    let mut cause = Some(error);
     while let Some(e) = cause {
         let line = e.to_string();
-        if !text.ends_with(&line) {
+        if text.is_empty() || line.starts_with(text.as_str()) {
+            *text = line;
+        } else if !text.ends_with(&line) {
             text.push_str(": ");
             text.push_str(&line);
         }
         cause = e.source();
     }
-    text
 }
 
 /// Exponential backoff with jitter: each delay is drawn from [d/2, d], d doubling from `min`
@@ -658,8 +665,9 @@ async fn session(
     backoff: &mut Backoff,
     connected: &mut bool,
     hold: &mut EmptyStateHold,
-    last_heard: &mut Option<tokio::time::Instant>,
+    link: &mut Link,
 ) -> Result<(), SessionError> {
+    let Link { last_heard, outage } = link;
     let channel = connect(config).await?;
     let (requests, requests_rx) = mpsc::channel(2);
     let request = proto::WatchReq {
@@ -723,6 +731,18 @@ async fn session(
         if !*connected {
             *connected = true;
             info!(brain = %config.addr, node = %config.node_name, continuous, "watching the brain");
+            if let Some(over) = outage.take() {
+                info!(
+                    brain = %config.addr,
+                    failed_attempts = over.failed_attempts,
+                    "brain reachable again: this node was cut off from it for {}",
+                    humantime::format_duration(Duration::from_millis(
+                        u64::try_from(over.since.elapsed().as_millis()).unwrap_or(u64::MAX)
+                            / 100
+                            * 100
+                    ))
+                );
+            }
             if !no_state_recorded {
                 config.health.recovered(BRAIN);
             }
@@ -993,10 +1013,18 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
     let mut shut_down_at: Option<tokio::time::Instant> = None;
     // The causes logged at INFO while its successor was awaited.
     let mut told = WarnedCauses::default();
+    // This outage was warned about: its other causes are INFO lines, its retries debug
+    // (until 2026-12-07 a brain killed gave two warnings, the broken stream and the refused
+    // connection after it).
+    let mut outage_warned = false;
+    // Since when the node has been cut off from the brain, for the line when it is back.
+    let mut outage: Option<Outage> = None;
     loop {
         let mut connected = false;
-        // When the brain last sent something on this attempt's stream (its headers, an item).
-        let mut last_heard = None;
+        let mut link = Link {
+            last_heard: None,
+            outage: outage.take(),
+        };
         let attempt = session(
             &config,
             &mut wire,
@@ -1004,15 +1032,33 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             &mut backoff,
             &mut connected,
             &mut hold,
-            &mut last_heard,
+            &mut link,
         );
-        match attempt.await {
+        let result = attempt.await;
+        let Link {
+            last_heard,
+            outage: still,
+        } = link;
+        outage = still;
+        if result.is_err() {
+            if connected {
+                outage = None;
+            }
+            outage
+                .get_or_insert_with(|| Outage {
+                    since: tokio::time::Instant::now(),
+                    failed_attempts: 0,
+                })
+                .failed_attempts += u64::from(!connected);
+        }
+        match result {
             Ok(()) => return,
             Err(e) if is_brain_shutting_down(&e) => {
                 // A restart or a rollout of the brain: not a failure to warn about. The rules
                 // stay as they are and the next brain is asked at once.
                 ever_connected = true;
                 warned = WarnedCauses::default();
+                outage_warned = false;
                 told = WarnedCauses::default();
                 shut_down_at = Some(tokio::time::Instant::now());
                 backoff.reset();
@@ -1036,6 +1082,7 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                 let delay = backoff.next_delay();
                 if connected {
                     warned = WarnedCauses::default();
+                    outage_warned = false;
                     ever_connected = true;
                     // A "no state yet" problem is over: the outage begins now.
                     config.health.recovered(BRAIN);
@@ -1086,12 +1133,31 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
                         debug!(brain = %config.addr, retry_in = ?delay, "still {cause}");
                     }
                 } else if warned.first_time(&failure) {
-                    warn!(
-                        brain = %config.addr,
-                        retry_in = ?delay,
-                        "brain unreachable, keeping the rules as they are (retries are logged at \
-                         debug): {cause}"
-                    );
+                    if outage_warned {
+                        info!(
+                            brain = %config.addr,
+                            retry_in = ?delay,
+                            "brain still unreachable, now: {cause}"
+                        );
+                    } else if connected && is_closed(&cause) && !cause.contains("went silent") {
+                        outage_warned = true;
+                        warn!(
+                            brain = %config.addr,
+                            retry_in = ?delay,
+                            "lost the brain's stream, keeping the rules as they are (retries \
+                             are logged at debug, another cause at info): {cause} (the brain \
+                             went away, or ended this node's stream: one that falls behind, not \
+                             reading it, is dropped; the brain's log says which)"
+                        );
+                    } else {
+                        outage_warned = true;
+                        warn!(
+                            brain = %config.addr,
+                            retry_in = ?delay,
+                            "brain unreachable, keeping the rules as they are (retries are \
+                             logged at debug, another cause at info): {cause}"
+                        );
+                    }
                 } else {
                     debug!(brain = %config.addr, retry_in = ?delay, "brain still unreachable: {e}");
                 }
@@ -1102,6 +1168,24 @@ pub async fn watch(config: WatchConfig, updates: mpsc::Sender<RemoteUpdate>) {
             }
         }
     }
+}
+
+/// What one attempt learns of the link to the brain, kept across attempts by [`watch`].
+#[derive(Debug, Default)]
+struct Link {
+    /// When the brain last sent something on this attempt's stream (its headers, an item).
+    last_heard: Option<tokio::time::Instant>,
+    /// The outage under way, if any: ended (and said) when the brain's first item arrives.
+    outage: Option<Outage>,
+}
+
+/// When an outage began (the stream broke, or the first attempt failed) and how many
+/// attempts to reconnect failed since: said when the brain is reachable again, as the `kube`
+/// source says how long the API server was out of reach.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    since: tokio::time::Instant,
+    failed_attempts: u64,
 }
 
 /// How long after a brain said it shuts down its successor's absence is expected (logged at

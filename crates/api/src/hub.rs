@@ -731,6 +731,9 @@ struct SlotStats {
     last_sent_at: Option<SystemTime>,
     /// When the oldest change not yet sent to it arrived.
     pending_since: Option<SystemTime>,
+    /// While it is warned about as behind ([`Hub::refresh_node_gauges`]): since when it was
+    /// behind, for the INFO line when it caught up.
+    behind_since: Option<SystemTime>,
 }
 
 /// One connected node as the brain sees it: for `kpng status` on a brain.
@@ -780,6 +783,30 @@ impl Slot {
     /// Something was queued for this watcher now.
     fn queued(&self, now: SystemTime) {
         self.stats().pending_since.get_or_insert(now);
+    }
+
+    /// Services changed since the watcher's last change set.
+    fn pending_changes(&self) -> usize {
+        let pending = self.lock();
+        pending.changes.len() + pending.batch.as_ref().map_or(0, |b| b.changes().len())
+    }
+
+    /// How long the oldest change not yet sent to this watcher has waited at `now` (zero when
+    /// it has everything).
+    fn lag_at(&self, now: SystemTime) -> Duration {
+        self.stats()
+            .pending_since
+            .and_then(|since| now.duration_since(since).ok())
+            .unwrap_or_default()
+    }
+
+    /// How far behind the watcher is now: how long its oldest unsent change has waited, and
+    /// how many Services changed since its last change set. What the server says when it
+    /// loses a watcher that was behind: a node that stopped reading its stream, whose
+    /// connection the keepalive then closed, is named as such rather than as a connection
+    /// that just closed.
+    pub fn behind(&self) -> (Duration, usize) {
+        (self.lag_at(SystemTime::now()), self.pending_changes())
     }
 
     /// Wakes whoever waits in [`Slot::poll_next`].
@@ -931,6 +958,34 @@ struct State {
     nodes_seen: std::collections::HashMap<String, Option<String>>,
     /// The node names refused lately as not the cluster's (the `unknown_node` module).
     refused_names: unknown_node::RefusedNames,
+    /// Node names whose last watcher went away, with when and how long it had been
+    /// connected: the brain's status says since when a Node is not connected. One entry per
+    /// name a watcher had (removed when one watches it again); only names of the cluster's
+    /// Nodes are shown.
+    disconnected: HashMap<String, Left>,
+}
+
+/// When the last watcher of a node name went away ([`State::disconnected`]).
+#[derive(Debug, Clone, Copy)]
+struct Left {
+    at: SystemTime,
+    connected_for: Duration,
+}
+
+/// One of the cluster's Nodes whose kpng was connected to this brain and went away: when,
+/// and after how long. `kpng status` on the brain says "disconnected since …" with it, so a
+/// node that flapped a minute ago is told from one gone all day without the logs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DisconnectedNode {
+    /// The Node's name.
+    pub node: String,
+    /// When its last connection to this brain ended (RFC 3339).
+    pub since: String,
+    /// The same, as a Unix time (what the status compares with the clock).
+    pub since_unix: i64,
+    /// How long that connection had lasted, in seconds.
+    pub connected_for_seconds: u64,
 }
 
 impl State {
@@ -1269,7 +1324,14 @@ pub struct Hub {
     version: String,
     /// The newest snapshot's replay, encoded once for every watcher that replays it.
     replay_cache: ReplayCache,
+    /// How long a watcher may be behind before it is warned about ([`DEFAULT_LAG_WARNING`]).
+    lag_warning: Duration,
 }
+
+/// How long a node may be behind (its oldest unsent change waiting) before the brain warns:
+/// longer than a node takes to decode a large replay, shorter than the keepalive that drops a
+/// node that stopped reading (its interval and timeout, a minute).
+pub const DEFAULT_LAG_WARNING: Duration = Duration::from_secs(10);
 
 /// A registered watcher; unregisters when dropped.
 #[derive(Debug)]
@@ -1301,6 +1363,7 @@ impl Registration {
         let entries = state.entries.clone();
         let synced = state.synced;
         let refused = state.refusal(node_name);
+        state.disconnected.remove(node_name);
         if let Some(w) = state.watchers.get_mut(&self.id) {
             w.node_name = node_name.to_string();
             let mut pending = w.slot.lock();
@@ -1319,8 +1382,25 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut state = self.hub.lock();
-        if state.watchers.remove(&self.id).is_some() {
+        if let Some(gone) = state.watchers.remove(&self.id) {
             self.hub.metrics.clients_connected.dec();
+            let name = gone.node_name;
+            // Only the cluster's Nodes: names no Node ever had (a typo retried) are not kept.
+            if state.nodes_seen.contains_key(&name)
+                && !state.watchers.values().any(|w| w.node_name == name)
+            {
+                let now = SystemTime::now();
+                let connected_for = now
+                    .duration_since(self.slot.stats().connected_at)
+                    .unwrap_or_default();
+                state.disconnected.insert(
+                    name,
+                    Left {
+                        at: now,
+                        connected_for,
+                    },
+                );
+            }
         }
     }
 }
@@ -1336,7 +1416,20 @@ impl Hub {
             metrics,
             version: crate::version::VERSION.to_string(),
             replay_cache: ReplayCache::default(),
+            lag_warning: DEFAULT_LAG_WARNING,
         }
+    }
+
+    /// How long a node may be behind before it is warned about ([`Hub::with_lag_warning`]).
+    pub fn lag_warning(&self) -> Duration {
+        self.lag_warning
+    }
+
+    /// Warns about a node once it has been behind for `after` ([`DEFAULT_LAG_WARNING`]
+    /// unless set): tests set a short one.
+    pub fn with_lag_warning(mut self, after: Duration) -> Hub {
+        self.lag_warning = after;
+        self
     }
 
     /// Names this brain's build (`0.1.0+COMMIT`, [`crate::version::build`]) to its nodes and
@@ -1388,6 +1481,7 @@ impl Hub {
         let (nodes, connected) = self.connected_nodes();
         self.metrics.nodes.set(as_gauge(nodes));
         self.metrics.set_connected_nodes(connected);
+        self.metrics.set_node_lags(&self.check_lags());
         self.metrics.set_node_versions(self.node_versions());
         self.metrics
             .duplicate_node_names
@@ -1396,6 +1490,83 @@ impl Hub {
         self.metrics
             .unknown_node_names
             .set(as_gauge(deleted.len() + unknown.len()));
+    }
+
+    /// Each watched node name's largest lag, in seconds; and a watcher behind for longer
+    /// than [`Hub::with_lag_warning`] is warned about once, with an INFO line when it caught
+    /// up (until 2026-12-07 a node that stopped reading its stream showed only in the brain's
+    /// `kpng status`, and the brain said nothing until the keepalive dropped it).
+    fn check_lags(&self) -> BTreeMap<String, f64> {
+        let state = self.lock();
+        let now = SystemTime::now();
+        let mut lags: BTreeMap<String, f64> = BTreeMap::new();
+        for w in state.watchers.values() {
+            if w.slot.lock().refused.is_some() {
+                // Refused (a name no Node has): its stream ends, it is not behind.
+                continue;
+            }
+            let lag = w.slot.lag_at(now);
+            let seconds = lags.entry(w.node_name.clone()).or_default();
+            *seconds = seconds.max(lag.as_secs_f64());
+            let mut stats = w.slot.stats();
+            match stats.behind_since {
+                None if lag >= self.lag_warning && !self.lag_warning.is_zero() => {
+                    stats.behind_since = stats.pending_since;
+                    drop(stats);
+                    tracing::warn!(
+                        node = %w.node_name,
+                        peer = %peer_or_unknown(&w.peer),
+                        "node {:?} is falling behind: {} Service changes pending for {} (it \
+                         does not read its stream: stopped, overloaded, or a slow network); \
+                         the brain keeps coalescing its changes, and ends its connection if \
+                         its keepalive pings go unanswered for {}",
+                        w.node_name,
+                        w.slot.pending_changes(),
+                        humantime::format_duration(Duration::from_secs(lag.as_secs())),
+                        humantime::format_duration(crate::server::KEEPALIVE_TIMEOUT),
+                    );
+                }
+                Some(since) if lag < self.lag_warning => {
+                    stats.behind_since = None;
+                    let behind = now.duration_since(since).unwrap_or_default();
+                    tracing::info!(
+                        node = %w.node_name,
+                        peer = %peer_or_unknown(&w.peer),
+                        "node {:?} caught up: it took its pending changes after about {} behind",
+                        w.node_name,
+                        humantime::format_duration(Duration::from_secs(behind.as_secs())),
+                    );
+                }
+                _ => {}
+            }
+        }
+        lags
+    }
+
+    /// The cluster's Nodes not connected now whose kpng was connected to this brain before,
+    /// sorted: when it went away and after how long ([`DisconnectedNode`]). A Node never
+    /// connected since the brain started is not among them.
+    pub fn disconnected_nodes(&self) -> Vec<DisconnectedNode> {
+        let state = self.lock();
+        let mut out: Vec<DisconnectedNode> = state
+            .disconnected
+            .iter()
+            .filter(|(name, _)| {
+                state.cluster.node(name).is_some()
+                    && !state.watchers.values().any(|w| &w.node_name == *name)
+            })
+            .map(|(name, left)| DisconnectedNode {
+                node: name.clone(),
+                since: humantime::format_rfc3339_millis(left.at).to_string(),
+                since_unix: left
+                    .at
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+                connected_for_seconds: left.connected_for.as_secs(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        out
     }
 
     /// Where replays of the newest snapshot are encoded once for all watchers.
@@ -1450,8 +1621,10 @@ impl Hub {
                 change_sets_sent: 0,
                 last_sent_at: None,
                 pending_since: None,
+                behind_since: None,
             }),
         });
+        state.disconnected.remove(node_name);
         state.watchers.insert(
             id,
             Watcher {

@@ -1,6 +1,7 @@
 //! The brain's own metrics, in a registry the binary owns (no globals).
 
 use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -62,6 +63,14 @@ pub struct ApiMetrics {
     pub node_connected: Family<NodeLabel, Gauge>,
     /// The nodes [`ApiMetrics::node_connected`] has a series for, to remove those that left.
     connected_shown: Arc<Mutex<BTreeSet<String>>>,
+    /// `kpng_api_node_lag_seconds{node}`: for each of the cluster's Nodes with a kpng
+    /// connected to this brain (the series of [`ApiMetrics::node_connected`], no others), how
+    /// long the oldest change not yet sent to it has waited (0: it has everything). A node
+    /// that stops reading its stream (hung, stopped, overloaded) shows here long before the
+    /// keepalive drops it; until 2026-12-07 only the brain's `kpng status` showed it.
+    pub node_lag_seconds: Family<NodeLabel, Gauge<f64, AtomicU64>>,
+    /// The nodes [`ApiMetrics::node_lag_seconds`] has a series for.
+    lag_shown: Arc<Mutex<BTreeSet<String>>>,
     /// `kpng_api_duplicate_node_names`: node names more than one connected kpng asks for.
     pub duplicate_node_names: Gauge,
     /// `kpng_api_unknown_node_names`: node names connected kpngs ask for that no Node has
@@ -168,6 +177,32 @@ impl ApiMetrics {
             self.node_connected
                 .get_or_create(&NodeLabel { node: node.clone() })
                 .set(1);
+        }
+        *shown = connected;
+    }
+
+    /// Sets `kpng_api_node_lag_seconds` to `lags` (a node's largest lag over its watchers),
+    /// for the nodes [`ApiMetrics::set_connected_nodes`] has a series for: the others' series
+    /// are removed, so it is bounded as `kpng_api_node_connected` is (the cluster's Nodes
+    /// with a kpng connected, not every name a client asks for).
+    pub fn set_node_lags(&self, lags: &std::collections::BTreeMap<String, f64>) {
+        let connected = self
+            .connected_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut shown = self
+            .lag_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for gone in shown.difference(&connected) {
+            self.node_lag_seconds
+                .remove(&NodeLabel { node: gone.clone() });
+        }
+        for node in &connected {
+            self.node_lag_seconds
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(lags.get(node).copied().unwrap_or(0.0));
         }
         *shown = connected;
     }
@@ -283,6 +318,11 @@ impl ApiMetrics {
             "kpng_api_node_connected",
             "1 for each of the cluster's Nodes with a kpng connected to this brain (summed over brains: the Nodes that follow one)",
             m.node_connected.clone(),
+        );
+        registry.register(
+            "kpng_api_node_lag_seconds",
+            "For each Node with a kpng connected to this brain, how long the oldest change not yet sent to it has waited (0: it has everything); a node that stopped reading its stream grows here until the keepalive drops it",
+            m.node_lag_seconds.clone(),
         );
         registry.register(
             "kpng_api_duplicate_node_names",

@@ -772,18 +772,66 @@ impl Drop for WatchBody {
                 .watching_since
                 .map(|since| std::time::Duration::from_secs(since.elapsed().as_secs()))
                 .unwrap_or_default();
-            let why = self
-                .why
-                .as_deref()
-                .unwrap_or("its connection closed or the brain dropped it");
-            info!(
-                peer = %shown_peer(&self.client.peer),
-                node = %reg.node_name(),
-                connected_for = %humantime::format_duration(connected_for),
-                "API client gone: {why}"
+            let (lag, pending) = reg.slot.behind();
+            let (behind, why) = gone_reason(
+                self.why.as_deref(),
+                reg.node_name(),
+                (lag, pending),
+                self.hub.lag_warning(),
             );
+            if behind {
+                warn!(
+                    peer = %shown_peer(&self.client.peer),
+                    node = %reg.node_name(),
+                    connected_for = %humantime::format_duration(connected_for),
+                    "API client gone: {why}"
+                );
+            } else {
+                info!(
+                    peer = %shown_peer(&self.client.peer),
+                    node = %reg.node_name(),
+                    connected_for = %humantime::format_duration(connected_for),
+                    "API client gone: {why}"
+                );
+            }
         }
     }
+}
+
+/// Why a Watch stream of node `node` ended, and whether it is a warning: the reason the
+/// stream recorded (`why`); else, when the node was `behind` (its oldest unsent change's
+/// wait, and the Services changed) by at least `threshold` (the hub's lag warning), a node
+/// that fell behind ([`fell_behind`]); else a connection that closed.
+fn gone_reason(
+    why: Option<&str>,
+    node: &str,
+    behind: (Duration, usize),
+    threshold: Duration,
+) -> (bool, String) {
+    match why {
+        Some(why) => (false, why.to_string()),
+        None if !threshold.is_zero() && behind.0 >= threshold => {
+            (true, fell_behind(node, behind.0, behind.1))
+        }
+        None => (
+            false,
+            "its connection closed or the brain dropped it".to_string(),
+        ),
+    }
+}
+
+/// Why a stream ended whose node was `lag` behind with `pending` Services changed: it stopped
+/// reading (stopped, hung, overloaded) and its connection closed, most often the keepalive's
+/// doing. The connection is gone, so the node cannot be told; it replays everything when it
+/// watches again. Until 2026-12-07 this read "its connection closed or the brain dropped it".
+fn fell_behind(node: &str, lag: Duration, pending: usize) -> String {
+    format!(
+        "node {node:?} fell behind: {pending} Service changes pending for {} when its \
+         connection ended (it stopped reading its stream; the brain ends a connection whose \
+         keepalive pings go unanswered for {}); it will get the full state when it watches again",
+        humantime::format_duration(Duration::from_secs(lag.as_secs())),
+        humantime::format_duration(KEEPALIVE_TIMEOUT),
+    )
 }
 
 /// Serves `hub` on `addr` until `shutdown` completes, within `limits`. Binds before returning
@@ -929,5 +977,48 @@ async fn serve_and_summarise(
         result = server => result.map_err(ServeError::from),
         () = refusals.flush_every_interval() => Ok(()),
         () = watch_tls => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod gone_tests {
+    use super::*;
+
+    /// A stream that ends while its node is behind by the lag threshold is a node that fell
+    /// behind, warned with its lag and pending changes (until 2026-12-07 it read "its
+    /// connection closed or the brain dropped it", at INFO); a reason the stream recorded
+    /// wins, and a node that was not behind closed its connection.
+    #[test]
+    fn a_stream_lost_while_its_node_is_behind_says_it_fell_behind() {
+        let ten = Duration::from_secs(10);
+        // (the stream's own reason, how far behind, warned, words of the line)
+        type Case<'a> = (Option<&'a str>, (Duration, usize), bool, &'a str);
+        let cases: [Case; 4] = [
+            (
+                None,
+                (Duration::from_secs(44), 179),
+                true,
+                "node \"n4\" fell behind: 179 Service changes pending for 44s when its connection \
+                 ended",
+            ),
+            (None, (Duration::from_secs(44), 179), true, "full state"),
+            (
+                None,
+                (Duration::from_secs(2), 3),
+                false,
+                "its connection closed or the brain dropped it",
+            ),
+            (
+                Some("it closed its stream"),
+                (Duration::from_secs(44), 1),
+                false,
+                "it closed its stream",
+            ),
+        ];
+        for (why, behind, warned, words) in cases {
+            let (warn, text) = gone_reason(why, "n4", behind, ten);
+            assert_eq!(warn, warned, "{text}");
+            assert!(text.contains(words), "{words:?} in {text}");
+        }
     }
 }

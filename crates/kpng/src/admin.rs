@@ -124,6 +124,7 @@ fn brain_status(hub: &kpng_api::hub::Hub, input: InputStatus, query: &StatusQuer
         services: hub.service_count(),
         nodes: hub.watchers(),
         not_connected: hub.not_connected(),
+        disconnected: hub.disconnected_nodes(),
         unknown_nodes: hub.unknown_watchers(),
         deleted_nodes: hub.deleted_node_watchers(),
         duplicate_nodes: hub.duplicate_nodes(),
@@ -336,6 +337,11 @@ pub struct BrainStatus {
     /// The cluster's Nodes with no kpng connected: they do not follow the cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_connected: Vec<String>,
+    /// Those of them whose kpng was connected to this brain and went away: since when, and
+    /// after how long (absent from a brain before 2026-12-07, and for a Node not connected
+    /// since the brain started).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disconnected: Vec<kpng_api::hub::DisconnectedNode>,
     /// Node names kpngs ask for (connected, or refused in the last 5 minutes) that no Node of
     /// the cluster has had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -948,7 +954,12 @@ fn brain_text(brain: &BrainStatus, service: Option<&str>, wide: bool) -> String 
     if let Some(tls) = &brain.tls {
         write_tls(&mut text, tls, std::time::SystemTime::now());
     }
-    write_not_connected(&mut text, &brain.not_connected);
+    write_not_connected(
+        &mut text,
+        &brain.not_connected,
+        &brain.disconnected,
+        std::time::SystemTime::now(),
+    );
     if !brain.unknown_nodes.is_empty() {
         text.push_str(&format!(
             "PROBLEM: kpngs ask for node names no Node has (a node of another cluster, a typo, \
@@ -1612,8 +1623,15 @@ fn plural(n: usize, noun: &str) -> String {
     }
 }
 
-/// The cluster's Nodes no kpng follows the brain for: the first few by name, and how many.
-fn write_not_connected(out: &mut String, nodes: &[String]) {
+/// The cluster's Nodes no kpng follows the brain for: the first few by name, and how many;
+/// each one whose kpng was connected and went away with since when (`disconnected`, at
+/// `now`), so a node that flapped a minute ago is told from one gone all day.
+fn write_not_connected(
+    out: &mut String,
+    nodes: &[String],
+    disconnected: &[kpng_api::hub::DisconnectedNode],
+    now: std::time::SystemTime,
+) {
     use std::fmt::Write as _;
     if nodes.is_empty() {
         return;
@@ -1621,7 +1639,22 @@ fn write_not_connected(out: &mut String, nodes: &[String]) {
     let shown = nodes
         .iter()
         .take(NOT_CONNECTED_LISTED)
-        .cloned()
+        .map(|node| match disconnected.iter().find(|d| &d.node == node) {
+            Some(d) => {
+                let since = std::time::UNIX_EPOCH
+                    + std::time::Duration::from_secs(u64::try_from(d.since_unix).unwrap_or(0));
+                let ago = now.duration_since(since).unwrap_or_default();
+                format!(
+                    "{node} (disconnected since {} ({} ago), after {} connected)",
+                    d.since,
+                    humantime::format_duration(std::time::Duration::from_secs(ago.as_secs())),
+                    humantime::format_duration(std::time::Duration::from_secs(
+                        d.connected_for_seconds
+                    )),
+                )
+            }
+            None => node.clone(),
+        })
         .collect::<Vec<_>>();
     let more = nodes.len() - shown.len();
     let _ = writeln!(
@@ -3102,6 +3135,29 @@ mod tests {
         assert_eq!(
             out,
             "PROBLEM: ip kpng: table deleted (reported at T): not repaired yet\n"
+        );
+    }
+
+    /// A Node whose kpng left is listed with since when and after how long it had been
+    /// connected (until 2026-12-07 by name alone: a node that flapped a minute ago read as one
+    /// gone all day); a Node never connected is named alone.
+    #[test]
+    fn a_node_that_left_is_listed_with_since_when() {
+        let left = kpng_api::hub::DisconnectedNode {
+            node: "n3".into(),
+            since: "2026-12-07T22:27:10.000Z".into(),
+            since_unix: 1_796_682_430,
+            connected_for_seconds: 28,
+        };
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_796_682_430 + 150);
+        let mut out = String::new();
+        write_not_connected(&mut out, &["n3".into(), "n5".into()], &[left], now);
+        assert!(
+            out.contains(
+                ": n3 (disconnected since 2026-12-07T22:27:10.000Z (2m 30s ago), after 28s \
+                 connected), n5\n"
+            ),
+            "{out}"
         );
     }
 

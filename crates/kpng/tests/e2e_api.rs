@@ -272,6 +272,11 @@ fn count(p: &Spawned, needle: &str) -> usize {
     p.stderr_text().matches(needle).count()
 }
 
+/// The node's warnings that it lost its brain: its stream broke, or it could not connect.
+fn warned(p: &Spawned) -> usize {
+    count(p, "lost the brain's stream") + count(p, "brain unreachable")
+}
+
 #[track_caller]
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool, logs: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -438,11 +443,13 @@ fn three_nodes_follow_one_brain_through_a_restart() {
     };
     // The flow is established (its first answer came back) before the brain goes.
     let mut udp = vec![next_result(&mut flow)];
+    // A node that started before the brain listened warned then: only the outage's count.
+    let warned_before: Vec<usize> = kpngs.iter().map(warned).collect();
     brain.kill();
-    for k in &kpngs {
+    for (k, before) in kpngs.iter().zip(&warned_before) {
         wait_until(
             "the node noticed the brain is gone",
-            || count(k, "brain unreachable") >= 1,
+            || warned(k) > *before,
             logs,
         );
     }
@@ -465,16 +472,13 @@ fn three_nodes_follow_one_brain_through_a_restart() {
         "new connections without the brain\n{}",
         logs()
     );
-    // The outage is one warning per cause (the dropped stream, then the refused connects),
-    // not one per retry (every 500 ms at most here: at least four in these 2 s).
+    // The outage is one warning (the dropped stream; the refused connects after it are an
+    // INFO line: until 2026-12-07 a second warning), not one per retry (every 500 ms at most
+    // here: at least four in these 2 s).
     std::thread::sleep(Duration::from_secs(2));
-    for (k, name) in kpngs.iter().zip(names) {
-        let warned = count(k, "brain unreachable");
-        assert!(
-            (1..=3).contains(&warned),
-            "{name}: {warned} warnings:\n{}",
-            logs()
-        );
+    for ((k, name), before) in kpngs.iter().zip(names).zip(&warned_before) {
+        let warned = warned(k) - before;
+        assert_eq!(warned, 1, "{name}: {warned} warnings:\n{}", logs());
     }
     let _brain2 = Brain::start(&input, &socket, &dir.path().join("brain2.log"));
     for (k, before) in kpngs.iter().zip(&replays_before) {
@@ -482,6 +486,15 @@ fn three_nodes_follow_one_brain_through_a_restart() {
             "the node applied the new brain's replay",
             || count(k, "watching the brain") >= 2 && replays(k) > *before,
             logs,
+        );
+        // And said how long it was cut off (subtracting timestamps until 2026-12-07).
+        assert!(
+            count(
+                k,
+                "brain reachable again: this node was cut off from it for"
+            ) >= 1,
+            "{}",
+            logs()
         );
     }
     for name in names {

@@ -1016,9 +1016,17 @@ fn kube_feeds_a_brain_whose_nodes_get_their_own_view_and_the_service_cidrs() {
     assert!(
         table.contains(
             "not connected: 1 Node without a kpng following this brain (down, cannot \
-             reach it, or following another brain behind the same Service): node2\n"
+             reach it, or following another brain behind the same Service): node2 \
+             (disconnected since "
         ) && table.contains("  1 node connected\n"),
         "{table}"
+    );
+    // Since when (the name alone until 2026-12-07).
+    assert_eq!(
+        status_json(brain_admin)["disconnected"][0]["node"],
+        "node2",
+        "{}",
+        status_json(brain_admin)
     );
 
     // An object the brain cannot use is named by the brain's status (its nodes never see it).

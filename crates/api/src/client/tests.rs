@@ -1437,3 +1437,165 @@ async fn a_new_brains_empty_state_is_held_until_it_has_a_service() {
     assert!(!health.state().problems.contains_key("brain state"));
     watching.abort();
 }
+
+/// An error and its causes, for the display of a chain.
+#[derive(Debug)]
+struct Chain(&'static str, Option<Box<Chain>>);
+
+impl std::fmt::Display for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Chain {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.1
+            .as_deref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A broken stream's status shows each cause once: tonic's message ends with its source's
+/// words, which until 2026-12-07 were shown twice ("h2 protocol error: error reading a body
+/// from connection: error reading a body from connection: stream closed because of a broken
+/// pipe").
+#[test]
+fn a_status_shows_each_cause_once() {
+    let chain = || {
+        Chain(
+            "error reading a body from connection",
+            Some(Box::new(Chain(
+                "stream closed because of a broken pipe",
+                None,
+            ))),
+        )
+    };
+    let mut status =
+        tonic::Status::unknown("h2 protocol error: error reading a body from connection");
+    status.set_source(Arc::new(chain()));
+    assert_eq!(
+        super::status_text(&status),
+        "h2 protocol error: error reading a body from connection: stream closed because of a \
+         broken pipe"
+    );
+    // A message its source begins with (the source says more), and a plain chain.
+    let mut status = tonic::Status::unknown("error reading");
+    status.set_source(Arc::new(chain()));
+    assert_eq!(
+        super::status_text(&status),
+        "error reading a body from connection: stream closed because of a broken pipe"
+    );
+    assert_eq!(
+        super::with_causes(&Chain(
+            "transport error",
+            Some(Box::new(Chain(
+                "transport error",
+                Some(Box::new(Chain("refused", None)))
+            )))
+        )),
+        "transport error: refused"
+    );
+}
+
+/// A brain killed (its process gone: connections dropped without a status) and started
+/// again: the node warns once for the outage, though it fails first as a broken stream and
+/// then as refused connections (two warnings until 2026-12-07, whose text said retries are
+/// logged at debug), and says how long it was cut off when the brain is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_brain_is_one_warning_and_its_return_says_how_long_the_outage_was() {
+    use tracing::instrument::WithSubscriber;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("brain.sock");
+    let hub = hub();
+    // A brain in a runtime of its own: shutting it down drops every connection at once, as
+    // a `kill -9` does.
+    let brain = |hub: Arc<Hub>, socket: std::path::PathBuf| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.spawn(async move {
+            let addr: ApiAddr = format!("unix://{}", socket.display())
+                .parse()
+                .expect("addr");
+            let server = crate::server::serve(
+                hub,
+                &addr,
+                &TlsFiles::default(),
+                Default::default(),
+                std::future::pending(),
+            )
+            .await
+            .expect("listen");
+            let _ = server.await;
+        });
+        runtime
+    };
+    let first = brain(hub.clone(), socket.clone());
+    let addr: ApiAddr = format!("unix://{}", socket.display())
+        .parse()
+        .expect("addr");
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let health = InputHealth::default();
+    let (updates, mut received) = mpsc::channel(4);
+    let watching =
+        tokio::spawn(watch(node_config(addr, "n1", &health), updates).with_subscriber(subscriber));
+    next_update(&mut received, "the first state").await;
+    // The outage's lines only (the node may have started before the brain listened).
+    let before = logs.text().len();
+
+    first.shutdown_background();
+    // Several attempts fail on the missing brain (retries every 50–200 ms).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !logs.text().contains("brain still unreachable, now:")
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = brain(hub.clone(), socket.clone());
+    next_update(&mut received, "the replay from the brain started again").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !logs.text().contains("brain reachable again") && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = logs.text().split_off(before);
+    assert_eq!(text.matches(" WARN ").count(), 1, "{text}");
+    assert!(text.contains("lost the brain's stream"), "{text}");
+    assert!(
+        text.contains("brain reachable again: this node was cut off from it for"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("error reading a body from connection: error reading a body"),
+        "{text}"
+    );
+    watching.abort();
+    second.shutdown_background();
+}
+
+/// The log lines a test's subscriber wrote.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -1387,3 +1387,114 @@ fn the_brains_report_is_sent_again_when_its_rejections_change_but_not_their_numb
     hub.refresh_report();
     assert!(!ready(&n1), "the same report is not sent again");
 }
+
+/// A node that stops taking its changes is measured (`kpng_api_node_lag_seconds{node}`, a
+/// series only for the cluster's connected Nodes), warned about once when it has been behind
+/// for the threshold, and said at INFO to have caught up when it took them. Until 2026-12-07
+/// only the brain's `kpng status` showed it. The threshold is set small; the test waits past
+/// it, it times nothing.
+#[test]
+fn a_node_that_falls_behind_is_measured_warned_once_and_said_to_catch_up() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _default = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::default(),
+        )
+        .with_lag_warning(Duration::from_millis(20)),
+    );
+    hub.apply(fixtures::cluster_event());
+    let n1 = hub.register("n1");
+    let n2 = hub.register("n2");
+    let typo = hub.register("no-such-node");
+    for reg in [&n1, &n2] {
+        next(reg);
+    }
+    let lag = |node: &str| {
+        hub.metrics()
+            .node_lag_seconds
+            .get_or_create(&crate::metrics::NodeLabel { node: node.into() })
+            .get()
+    };
+    let warned = |logs: &Logs| logs.text().matches("is falling behind").count();
+
+    hub.apply(service_named("late", "10.96.0.77", "TCP"));
+    next(&n2);
+    std::thread::sleep(Duration::from_millis(40));
+    hub.refresh_node_gauges();
+    assert!(lag("n1") >= 0.04, "n1 is behind: {}", lag("n1"));
+    assert_eq!(lag("n2"), 0.0, "n2 took its change");
+    assert_eq!(warned(&logs), 1, "{}", logs.text());
+    assert!(
+        logs.text()
+            .contains("node \"n1\" is falling behind: 1 Service changes pending for"),
+        "{}",
+        logs.text()
+    );
+    hub.refresh_node_gauges();
+    assert_eq!(warned(&logs), 1, "once per episode: {}", logs.text());
+    assert!(!logs.text().contains("caught up"), "{}", logs.text());
+
+    next(&n1);
+    hub.refresh_node_gauges();
+    assert_eq!(lag("n1"), 0.0);
+    assert!(
+        logs.text().contains("node \"n1\" caught up"),
+        "{}",
+        logs.text()
+    );
+
+    // Bounded as kpng_api_node_connected: a name no Node has gets no series; a node that
+    // left loses its series.
+    drop(n2);
+    hub.refresh_node_gauges();
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register(
+        "kpng_api_node_lag_seconds",
+        "",
+        hub.metrics().node_lag_seconds.clone(),
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(text.contains("node=\"n1\""), "{text}");
+    assert!(!text.contains("node=\"n2\""), "{text}");
+    assert!(!text.contains("no-such-node"), "{text}");
+    drop((n1, typo));
+}
+
+/// A Node whose kpng went away is listed with since when and after how long it had been
+/// connected (the status said only that it was not connected, until 2026-12-07); it leaves
+/// the list when one watches it again, and names no Node has are not kept.
+#[test]
+fn a_node_that_left_is_listed_with_since_when() {
+    let hub = hub();
+    hub.apply(fixtures::cluster_event());
+    let before = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let n1 = hub.register("n1");
+    let typo = hub.register("no-such-node");
+    assert!(hub.disconnected_nodes().is_empty());
+    drop((n1, typo));
+    let left = hub.disconnected_nodes();
+    assert_eq!(
+        left.iter().map(|d| d.node.as_str()).collect::<Vec<_>>(),
+        ["n1"],
+        "{left:?}"
+    );
+    assert!(u64::try_from(left[0].since_unix).expect("positive") >= before);
+    assert!(left[0].since.ends_with('Z'), "{}", left[0].since);
+    assert_eq!(hub.not_connected(), ["n1", "n2", "n3"]);
+
+    let again = hub.register("n1");
+    assert!(hub.disconnected_nodes().is_empty());
+    drop(again);
+}
