@@ -2065,26 +2065,15 @@ fn empty_environment_variables_are_unset_and_bad_ones_are_named() {
 #[test]
 fn a_brains_changed_config_file_ends_it_when_valid_and_is_refused_loudly_when_not() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mount = dir.path().join("mount");
-    std::fs::create_dir(&mount).expect("mkdir");
-    let version = |n: u32, body: &str| {
-        kpng_testkit::configmap_version(
-            &mount,
-            n,
-            "config.conf",
-            &format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"
-            ),
-        )
-        .expect("a ConfigMap version");
-    };
+    let volume = kpng_testkit::ProxyConfigMount::new(dir.path(), "").expect("a ConfigMap volume");
+    let version = |n: u32, body: &str| volume.version(n, body).expect("a ConfigMap version");
     version(1, "clusterCIDR: 10.244.0.0/16\n");
     let input = dir.path().join("c.yaml");
     std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
     let mut brain = Kpng::start(
         kpng()
             .arg("--config")
-            .arg(mount.join("config.conf"))
+            .arg(volume.file())
             .args(["file", "--input"])
             .arg(&input)
             .args(["--admin-socket=", "--metrics-bind-address=127.0.0.1:0"])
@@ -2126,21 +2115,10 @@ fn a_brains_changed_config_file_ends_it_when_valid_and_is_refused_loudly_when_no
 #[test]
 fn a_changed_config_file_ends_kpng_when_valid_and_is_refused_loudly_when_not() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mount = dir.path().join("mount");
-    std::fs::create_dir(&mount).expect("mkdir");
-    let version = |n: u32, body: &str| {
-        kpng_testkit::configmap_version(
-            &mount,
-            n,
-            "config.conf",
-            &format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"
-            ),
-        )
-        .expect("a ConfigMap version");
-    };
+    let volume = kpng_testkit::ProxyConfigMount::new(dir.path(), "").expect("a ConfigMap volume");
+    let version = |n: u32, body: &str| volume.version(n, body).expect("a ConfigMap version");
     version(1, "clusterCIDR: 10.244.0.0/16\n");
-    let config = mount.join("config.conf");
+    let config = volume.file();
     let input = dir.path().join("c.yaml");
     std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
     let output = dir.path().join("out.yaml");
@@ -2227,19 +2205,9 @@ fn a_changed_config_file_ends_kpng_when_valid_and_is_refused_loudly_when_not() {
 #[test]
 fn a_dry_run_goes_on_when_its_config_file_changes_and_says_so() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mount = dir.path().join("mount");
-    std::fs::create_dir(&mount).expect("mkdir");
-    let version = |n: u32, body: &str| {
-        kpng_testkit::configmap_version(
-            &mount,
-            n,
-            "config.conf",
-            &format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n{body}"
-            ),
-        )
-        .expect("a ConfigMap version");
-    };
+    let volume = kpng_testkit::ProxyConfigMount::new(dir.path(), "mode: nftables\n")
+        .expect("a ConfigMap volume");
+    let version = |n: u32, body: &str| volume.version(n, body).expect("a ConfigMap version");
     version(1, "clusterCIDR: 10.244.0.0/16\n");
     let input = dir.path().join("c.yaml");
     std::fs::write(&input, service("10.96.0.1", 80)).expect("write");
@@ -2248,7 +2216,7 @@ fn a_dry_run_goes_on_when_its_config_file_changes_and_says_so() {
     let mut running = Kpng::start(
         kpng()
             .arg("--config")
-            .arg(mount.join("config.conf"))
+            .arg(volume.file())
             .args(["file", "--input"])
             .arg(&input)
             .args(["--node-name", "n1", "--min-sync-period", "0"])

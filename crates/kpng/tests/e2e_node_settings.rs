@@ -527,23 +527,15 @@ fn a_changed_config_file_is_refused_or_ends_kpng_leaving_its_rules() {
     require_root!();
     let ns = Netns::new("cfgwatch").expect("netns");
     let dir = tempfile::tempdir().expect("tempdir");
-    let mount = dir.path().join("mount");
-    std::fs::create_dir(&mount).expect("mkdir");
-    let version = |n: u32, body: &str| {
-        kpng_testkit::configmap_version(
-            &mount,
-            n,
-            "config.conf",
-            &format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-                     mode: nftables\nhostnameOverride: node1\nmetricsBindAddress: \"\"\n\
-                     healthzBindAddress: 127.0.0.1:10256\nconntrack:\n  maxPerCore: 0\n{body}"
-            ),
-        )
-        .expect("a ConfigMap version");
-    };
+    let volume = kpng_testkit::ProxyConfigMount::new(
+        dir.path(),
+        "mode: nftables\nhostnameOverride: node1\nmetricsBindAddress: \"\"\n\
+         healthzBindAddress: 127.0.0.1:10256\nconntrack:\n  maxPerCore: 0\n",
+    )
+    .expect("a ConfigMap volume");
+    let version = |n: u32, body: &str| volume.version(n, body).expect("a ConfigMap version");
     version(1, "clusterCIDR: 10.244.0.0/16\n");
-    let config = mount.join("config.conf");
+    let config = volume.file();
     let admin = dir.path().join("admin.sock");
     // kube-proxy's line reads the API server; this one reads the example cluster instead
     // (`file … to-local nft`), the same proxy loop.

@@ -930,37 +930,13 @@ async fn a_watch_streaming_when_the_server_hung_resumes_soon_after_it_answers() 
 /// A source whose client probes the server (its reachability followed, idle timeout `idle`),
 /// and the input health it records outages in.
 async fn run_probed(server: &FakeApiServer, idle: Duration) -> (Running, InputHealth) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&path).expect("kubeconfig");
     let health = InputHealth::default();
-    let connection = connect(
-        &ClientOptions {
-            kubeconfig: Some(path),
-            idle_timeout: idle,
-            ..ClientOptions::default()
-        },
-        &ClientMetrics::default(),
-        &health,
-    )
-    .await
-    .expect("client");
-    let source = KubeSource::new(
-        connection.client,
-        SourceConfig {
-            node_name: Some("node1".into()),
-            service_proxy_name: None,
-        },
-    )
-    .with_reachability(connection.reachability)
-    .with_health(health.clone());
-    let (tx, events) = mpsc::channel(64);
-    let logged = Logged::default();
-    let running = Running {
-        events,
-        _task: tokio::spawn(source.run(tx).with_subscriber(logged.clone())),
-        logged,
+    let options = ClientOptions {
+        idle_timeout: idle,
+        ..ClientOptions::default()
     };
+    let running =
+        run_connected_with(server, options, &health, &ClientMetrics::default(), |s| s).await;
     (running, health)
 }
 
@@ -1069,13 +1045,24 @@ async fn run_connected(
     metrics: &ClientMetrics,
     configure: impl FnOnce(KubeSource) -> KubeSource,
 ) -> Running {
+    run_connected_with(server, ClientOptions::default(), health, metrics, configure).await
+}
+
+/// [`run_connected`] with the client's `options` (its kubeconfig is the server's).
+async fn run_connected_with(
+    server: &FakeApiServer,
+    options: ClientOptions,
+    health: &InputHealth,
+    metrics: &ClientMetrics,
+    configure: impl FnOnce(KubeSource) -> KubeSource,
+) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("kubeconfig");
     server.write_kubeconfig(&path).expect("kubeconfig");
     let connection = connect(
         &ClientOptions {
             kubeconfig: Some(path),
-            ..ClientOptions::default()
+            ..options
         },
         metrics,
         health,

@@ -5,7 +5,7 @@
 //! and the node-settings end-to-end one) make the same layout, here once.
 
 use std::os::unix::fs::symlink;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
@@ -32,3 +32,47 @@ pub fn configmap_version(mount: &Path, n: u32, file: &str, content: &str) -> Res
     }
     Ok(())
 }
+
+/// A kube-proxy configuration file (`config.conf`, as kubeadm names it) in a ConfigMap volume,
+/// each version a `KubeProxyConfiguration` whose fields start with the same `header`: what
+/// every test of a running kpng's `--config` writes again and again.
+#[derive(Debug)]
+pub struct ProxyConfigMount {
+    mount: PathBuf,
+    header: String,
+}
+
+impl ProxyConfigMount {
+    /// An empty volume at `parent/mount`; each version's fields start with `header` (whole
+    /// lines, or empty).
+    pub fn new(parent: &Path, header: &str) -> Result<ProxyConfigMount> {
+        let mount = parent.join("mount");
+        std::fs::create_dir(&mount)
+            .map_err(|e| Error::io(format!("creating {}", mount.display()), e))?;
+        Ok(ProxyConfigMount {
+            mount,
+            header: header.to_string(),
+        })
+    }
+
+    /// The file kpng is given (`--config`): the volume's link to the current version.
+    pub fn file(&self) -> PathBuf {
+        self.mount.join(CONFIG_FILE)
+    }
+
+    /// Makes version `n` (a new `n` for each call) current: the header, then `fields`.
+    pub fn version(&self, n: u32, fields: &str) -> Result<()> {
+        configmap_version(
+            &self.mount,
+            n,
+            CONFIG_FILE,
+            &format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{}{fields}",
+                self.header
+            ),
+        )
+    }
+}
+
+/// The key kubeadm's kube-proxy ConfigMap keeps the configuration under.
+const CONFIG_FILE: &str = "config.conf";

@@ -98,7 +98,7 @@ mod root;
 
 pub use bins::{ENV_BIN_DIR, bin_path, profile_dir_of, sibling_bin};
 pub use cluster::{Cluster, ClusterBuilder, Host, Node, NodeId, Pod, addr};
-pub use configmap::configmap_version;
+pub use configmap::{ProxyConfigMount, configmap_version};
 pub use error::{Error, Result};
 pub use netns::{Netns, Spawned, reap_stale, wait_exit};
 pub use output::{collect_output, describe_output};
