@@ -106,6 +106,21 @@ async fn next(rx: &mut mpsc::Receiver<Event>) -> Option<Event> {
         .flatten()
 }
 
+/// Asserts that the next event is `what`: a whole load (every kind listed) of `objects`
+/// objects.
+async fn assert_whole_list(rx: &mut mpsc::Receiver<Event>, objects: usize, what: &str) {
+    match next(rx).await {
+        Some(Event::Replace {
+            kinds,
+            objects: got,
+        }) => {
+            assert_eq!(kinds.len(), 4, "a whole load lists every kind");
+            assert_eq!(got.len(), objects, "{what}: {got:?}");
+        }
+        other => panic!("expected {what}, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn edits_are_sent_broken_edits_are_not_and_replaced_files_are_still_watched() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -601,13 +616,7 @@ async fn a_file_cut_off_mid_write_deletes_nothing_until_its_end_reads() {
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, three_services(None)).expect("write");
     let (mut rx, health, task) = watch(&path);
-    match next(&mut rx).await {
-        Some(Event::Replace { kinds, objects }) => {
-            assert_eq!(kinds.len(), 4, "a whole load lists every kind");
-            assert_eq!(objects.len(), 3);
-        }
-        other => panic!("expected the first load, got {other:?}"),
-    }
+    assert_whole_list(&mut rx, 3, "the first load").await;
     // Cut inside b's protocol: b is rejected and c is missing. The load applies a, keeps b's
     // last good version (the model does), and must not delete c.
     std::fs::write(&path, three_services(Some(B_CUT))).expect("write");
@@ -978,13 +987,7 @@ async fn a_file_cut_off_at_start_is_not_a_complete_list_until_its_end_reads() {
         "{message}"
     );
     std::fs::write(&path, three_services(None)).expect("write");
-    match next(&mut rx).await {
-        Some(Event::Replace { kinds, objects }) => {
-            assert_eq!(kinds.len(), 4, "a whole load lists every kind");
-            assert_eq!(objects.len(), 3);
-        }
-        other => panic!("expected the complete list once the file is whole, got {other:?}"),
-    }
+    assert_whole_list(&mut rx, 3, "the complete list once the file is whole").await;
     assert_eq!(problems_of(&health), [], "the file is whole");
     task.abort();
 }

@@ -1,6 +1,7 @@
 //! Client tests: a change set becomes model ports; a Reset replay of the same state is no
 //! change at all; the backoff grows with jitter.
 
+use crate::fixtures::Logs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1538,11 +1539,7 @@ async fn a_killed_brain_is_one_warning_and_its_return_says_how_long_the_outage_w
         .parse()
         .expect("addr");
     let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
+    let subscriber = logs.subscriber();
     let health = InputHealth::default();
     let (updates, mut received) = mpsc::channel(4);
     let watching =
@@ -1578,24 +1575,4 @@ async fn a_killed_brain_is_one_warning_and_its_return_says_how_long_the_outage_w
     );
     watching.abort();
     second.shutdown_background();
-}
-
-/// The log lines a test's subscriber wrote.
-#[derive(Clone, Default)]
-struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }

@@ -1,5 +1,6 @@
 //! Protocol tests of the brain: op order, per-node views, coalescing for slow watchers.
 
+use crate::fixtures::Logs;
 use std::sync::Arc;
 
 use futures_free::block_on;
@@ -1243,40 +1244,13 @@ fn a_refused_node_is_served_once_its_node_appears() {
     assert_eq!(hub.unknown_watchers(), Vec::<String>::new());
 }
 
-/// The log lines written while a test's subscriber is the default (this thread's).
-#[derive(Clone, Default)]
-struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A node that reconnects while its old connection is still half-open (a brain that hung a
 /// minute: `kill -STOP`, then `-CONT`) claims its name twice until the keepalive closes the old
 /// one: that is said at INFO, not warned as two kpngs; a second claim still there after the
 /// grace is warned, once. (Warned at once, the reconnect had been a false alarm.)
 #[tokio::test(start_paused = true)]
 async fn a_reconnect_is_not_warned_as_two_kpngs_but_a_lasting_second_claim_is() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let _default = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish(),
-    );
+    let (logs, _default) = Logs::capture();
     let warned = |logs: &Logs| logs.text().matches("two kpngs claim node").count();
     let hub = hub();
     hub.apply(fixtures::cluster_event());
@@ -1395,14 +1369,7 @@ fn the_brains_report_is_sent_again_when_its_rejections_change_but_not_their_numb
 /// it, it times nothing.
 #[test]
 fn a_node_that_falls_behind_is_measured_warned_once_and_said_to_catch_up() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let _default = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish(),
-    );
+    let (logs, _default) = Logs::capture();
     let hub = Arc::new(
         Hub::new(
             ClusterModel::new(ClusterConfig::default()),
