@@ -605,7 +605,7 @@ impl<M: NodeModel> LoopState<M> {
                     if port.health_check_node_port.is_some()
                         && let Some((servers, _)) = &self.runner.service_health
                     {
-                        status.health_check = servers.answer(svc);
+                        status.health_check = servers.answer(svc, key.family);
                     }
                     if text.as_deref().is_none_or(|t| status.row_contains(t)) {
                         if in_page(matching) {
