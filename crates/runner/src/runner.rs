@@ -602,6 +602,9 @@ impl<M: NodeModel> LoopState<M> {
                     let mut status = PortStatus::of(port, self.runner.model.explain(key), &traits);
                     status.source_ranges_of_other_families_only =
                         self.runner.model.source_ranges_of_other_families_only(key);
+                    status.note_slices_of_unserved_families(
+                        &self.runner.model.slices_of_unserved_families(key),
+                    );
                     if port.health_check_node_port.is_some()
                         && let Some((servers, _)) = &self.runner.service_health
                     {
