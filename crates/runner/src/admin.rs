@@ -1571,7 +1571,8 @@ mod tests {
 
         // The Service's slices of a family it does not serve are named beside "no endpoints";
         // a port with endpoints has no such sentence to add to.
-        let note_cases: [(&str, ServicePort, &[(Family, usize, usize)], Option<&str>); 4] = [
+        type Unserved = &'static [(Family, usize, usize)];
+        let note_cases: [(&str, ServicePort, Unserved, Option<&str>); 4] = [
             (
                 "one IPv6 slice",
                 port(&[], false, false),

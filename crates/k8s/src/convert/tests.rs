@@ -9,8 +9,11 @@ use serde_json::{Value, json};
 
 use crate::from_json;
 
-/// The Service's cluster IPs, or the rejected field and message; and its warnings' fields.
-fn convert(spec: Value) -> (Result<Vec<IpAddr>, (String, String)>, Vec<String>) {
+/// The Service's cluster IPs, or the rejected field and message.
+type Outcome = Result<Vec<IpAddr>, (String, String)>;
+
+/// The Service's [`Outcome`], and its warnings' fields.
+fn convert(spec: Value) -> (Outcome, Vec<String>) {
     let mut spec = spec;
     spec["ports"] = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
     let converted = from_json::<Service>(json!({
