@@ -614,7 +614,8 @@ pub struct HealthCheckAnswer {
     /// ready endpoint, or the proxy is not healthy); `None` when nothing answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
-    /// The local ready endpoints it reports (`X-Load-Balancing-Endpoint-Weight`).
+    /// The local ready endpoints it reports (`X-Load-Balancing-Endpoint-Weight`) on the
+    /// addresses of the family asked about: that family's only.
     pub local_endpoints: u32,
     /// Why nothing answers, when the server could not start; with a `status`, where it could
     /// not start while it answers on the node's other addresses.
